@@ -1,0 +1,200 @@
+//! Time as the core sees it: a monotonic [`Nanos`] count and the [`Clock`] that supplies it.
+//!
+//! The core never reads a clock on its own: every time-dependent function takes
+//! `now: Nanos` as an argument. Only adapters hold a [`Clock`]: [`MonotonicClock`] in
+//! production, [`ManualClock`] in tests and in the simulator, where time moves only
+//! when the caller advances it.
+//!
+//! ```
+//! use rocgate::clock::{Clock, ManualClock, Nanos};
+//! use std::time::Duration;
+//!
+//! let clock = ManualClock::new();
+//! assert_eq!(clock.now(), Nanos::ZERO);
+//! clock.advance(Duration::from_millis(250));
+//! assert_eq!(clock.now(), Nanos::from_millis(250));
+//! ```
+
+use std::fmt;
+use std::ops::{Add, Sub};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A point in time: nanoseconds since the origin of the clock that produced it.
+///
+/// Monotonic and `Copy`; 64 bits cover 584 years. Arithmetic saturates rather than wraps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nanos(u64);
+
+impl Nanos {
+    /// The clock's origin.
+    pub const ZERO: Nanos = Nanos(0);
+
+    /// A time `n` nanoseconds after the origin.
+    pub const fn new(n: u64) -> Self {
+        Nanos(n)
+    }
+
+    /// A time `ms` milliseconds after the origin.
+    pub const fn from_millis(ms: u64) -> Self {
+        Nanos(ms.saturating_mul(1_000_000))
+    }
+
+    /// A time `secs` seconds after the origin.
+    pub const fn from_secs(secs: u64) -> Self {
+        Nanos(secs.saturating_mul(1_000_000_000))
+    }
+
+    /// A time `secs` (fractional) seconds after the origin; negative values give the origin.
+    pub fn from_secs_f64(secs: f64) -> Self {
+        Nanos((secs * 1e9).max(0.0) as u64)
+    }
+
+    /// Nanoseconds since the origin.
+    pub const fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// Seconds since the origin.
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 / 1e9
+    }
+
+    /// The time elapsed from `earlier` to `self`, zero if `earlier` is later.
+    pub fn saturating_since(self, earlier: Nanos) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl Add<Duration> for Nanos {
+    type Output = Nanos;
+    fn add(self, rhs: Duration) -> Nanos {
+        Nanos(self.0.saturating_add(duration_nanos(rhs)))
+    }
+}
+
+impl Sub<Duration> for Nanos {
+    type Output = Nanos;
+    fn sub(self, rhs: Duration) -> Nanos {
+        Nanos(self.0.saturating_sub(duration_nanos(rhs)))
+    }
+}
+
+impl fmt::Display for Nanos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.3}s", self.as_secs_f64())
+    }
+}
+
+/// A duration in nanoseconds, saturating at `u64::MAX` (584 years).
+pub(crate) fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A source of monotonic time.
+pub trait Clock: Send + Sync {
+    /// The current time. Never goes backwards.
+    fn now(&self) -> Nanos;
+}
+
+/// The production clock: the OS monotonic clock, counted from when this value was built.
+///
+/// Build it once and share it; reading it costs one `Instant::now()`.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicClock {
+    origin: std::time::Instant,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is the moment of this call.
+    #[allow(clippy::disallowed_methods)] // the one place that reads the OS clock
+    pub fn new() -> Self {
+        MonotonicClock {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    #[allow(clippy::disallowed_methods)] // the one place that reads the OS clock
+    fn now(&self) -> Nanos {
+        Nanos(duration_nanos(self.origin.elapsed()))
+    }
+}
+
+/// A clock that moves only when told to: for tests and simulation.
+///
+/// Shareable across threads; every reader sees the same time.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now: AtomicU64,
+}
+
+impl ManualClock {
+    /// A manual clock standing at its origin.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A manual clock standing at `at`.
+    pub fn starting_at(at: Nanos) -> Self {
+        ManualClock {
+            now: AtomicU64::new(at.0),
+        }
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        self.now.fetch_add(duration_nanos(by), Ordering::AcqRel);
+    }
+
+    /// Sets the clock to `to`; a time earlier than the current one is ignored,
+    /// so the clock stays monotonic.
+    pub fn set(&self, to: Nanos) {
+        self.now.fetch_max(to.0, Ordering::AcqRel);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Nanos {
+        Nanos(self.now.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_moves_only_forward() {
+        let c = ManualClock::starting_at(Nanos::from_secs(5));
+        c.set(Nanos::from_secs(3));
+        assert_eq!(c.now(), Nanos::from_secs(5));
+        c.advance(Duration::from_millis(1500));
+        assert_eq!(c.now(), Nanos::from_millis(6500));
+    }
+
+    #[test]
+    fn nanos_arithmetic_saturates() {
+        assert_eq!(Nanos::ZERO - Duration::from_secs(1), Nanos::ZERO);
+        assert_eq!(Nanos::new(u64::MAX) + Duration::from_secs(1), Nanos::new(u64::MAX));
+        assert_eq!(
+            Nanos::from_secs(2).saturating_since(Nanos::from_secs(3)),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn monotonic_clock_does_not_go_backwards() {
+        let c = MonotonicClock::new();
+        let a = c.now();
+        let b = c.now();
+        assert!(b >= a);
+    }
+}

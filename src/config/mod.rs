@@ -1,0 +1,196 @@
+//! Typed configuration: the validated types the engine is built from.
+//!
+//! Nothing invalid can be constructed from a file: the raw serde structs in `raw`
+//! convert into these types with [`TryFrom`]-style validation, and every error names
+//! the file and the field path (`routes[2].cut_limit: must be ≤ base_limit (200), got 300`).
+
+use crate::controller::ControllerParams;
+use crate::limiter::Algorithm;
+use crate::window::WindowSpec;
+use std::time::{Duration, SystemTime};
+
+/// A whole, validated configuration.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Config {
+    /// Routes in match order: the first route that matches a request takes it.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// One protected route.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteConfig {
+    /// Unique name; the only route identifier that reaches metrics labels.
+    pub name: String,
+    /// Which requests belong to the route.
+    pub matcher: RouteMatch,
+    /// Enforce, or only count.
+    pub mode: Mode,
+    /// Shape of the ROC window.
+    pub window: WindowSpec,
+    /// The ROC controller's parameters (limits are per key on partitioned routes).
+    pub controller: ControllerParams,
+    /// The enforcing algorithm.
+    pub algorithm: Algorithm,
+    /// Whether the limit applies to the route as a whole or to each key.
+    pub partition: Partition,
+    /// Key values with limits of their own (partitioned routes only).
+    pub tiers: Vec<Tier>,
+    /// Scheduled events that run another profile for a while.
+    pub events: Vec<Event>,
+}
+
+/// Which requests a route takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteMatch {
+    /// Upper-case HTTP method, or any method when `None`.
+    pub method: Option<String>,
+    /// The path pattern.
+    pub path: PathPattern,
+}
+
+impl RouteMatch {
+    /// Whether a request with this method and path belongs to the route.
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        self.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method))
+            && self.path.matches(path)
+    }
+}
+
+/// A path pattern.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PathPattern {
+    /// The path must equal this.
+    Exact(String),
+    /// The path must start with this.
+    Prefix(String),
+    /// Segment by segment; `{name}` stands for any one non-empty segment.
+    Template(Vec<Segment>),
+}
+
+/// One segment of a path template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Segment {
+    /// Must equal this text.
+    Literal(String),
+    /// Any one non-empty segment, bound to this name.
+    Param(String),
+}
+
+impl PathPattern {
+    /// Parses `/api/items/{id}` (a template), or any path without braces (exact).
+    /// Returns `None` when braces are unbalanced or a parameter has no name.
+    pub fn parse_path(path: &str) -> Option<PathPattern> {
+        if !path.contains(['{', '}']) {
+            return Some(PathPattern::Exact(path.to_owned()));
+        }
+        let segments = path
+            .trim_start_matches('/')
+            .split('/')
+            .map(|seg| match seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                Some(name) if !name.is_empty() && !name.contains(['{', '}']) => {
+                    Some(Segment::Param(name.to_owned()))
+                }
+                Some(_) => None,
+                None if seg.contains(['{', '}']) => None,
+                None => Some(Segment::Literal(seg.to_owned())),
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(PathPattern::Template(segments))
+    }
+
+    /// Whether `path` (without query string) matches.
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathPattern::Exact(p) => p == path,
+            PathPattern::Prefix(p) => path.starts_with(p.as_str()),
+            PathPattern::Template(segments) => {
+                let mut parts = path.trim_start_matches('/').split('/');
+                segments.iter().all(|seg| match (seg, parts.next()) {
+                    (Segment::Literal(l), Some(p)) => l == p,
+                    (Segment::Param(_), Some(p)) => !p.is_empty(),
+                    (_, None) => false,
+                }) && parts.next().is_none()
+            }
+        }
+    }
+}
+
+/// What the route does with the controller's decisions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Reject what the limiter rejects.
+    #[default]
+    Enforce,
+    /// Decide and count everything, admit all.
+    Shadow,
+    /// Enforce the base limit only; count what the ROC cut would have rejected.
+    ShadowAdaptive,
+}
+
+impl Mode {
+    /// The mode's name as written in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+            Mode::ShadowAdaptive => "shadow_adaptive",
+        }
+    }
+}
+
+/// How a route's limit is shared out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Partition {
+    /// One limiter for the whole route.
+    #[default]
+    Route,
+    /// One limiter per client IP.
+    ClientIp(KeyLimits),
+    /// One limiter per value of this request header (lower-case name).
+    Header(String, KeyLimits),
+}
+
+/// Bounds on per-key state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyLimits {
+    /// Most keys tracked at once. When the table is full, new keys share one overflow
+    /// limiter (at the route's per-key limit) until idle keys are evicted.
+    pub max_keys: usize,
+    /// A key unseen for this long is evicted.
+    pub idle_timeout: Duration,
+}
+
+impl Default for KeyLimits {
+    fn default() -> Self {
+        KeyLimits {
+            max_keys: 10_000,
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Key values with limits of their own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tier {
+    /// The tier's name.
+    pub name: String,
+    /// Key values (header values or IPs as text) that belong to the tier.
+    pub values: Vec<String>,
+    /// Per-key base limit for the tier, req/s.
+    pub base_limit_rps: f64,
+    /// Per-key cut limit for the tier, req/s.
+    pub cut_limit_rps: f64,
+}
+
+/// A scheduled event: from `start` for `duration`, the route runs `controller`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// The event's name, shown as the active event.
+    pub name: String,
+    /// Wall-clock start.
+    pub start: SystemTime,
+    /// How long it lasts.
+    pub duration: Duration,
+    /// The profile in force meanwhile (the route's own, overridden field by field).
+    pub controller: ControllerParams,
+}

@@ -1,0 +1,547 @@
+//! The ROC controller: a small state machine that turns window samples into a route's
+//! current limit.
+//!
+//! ```text
+//! Normal ── roc > danger_roc ──▶ Cut (limit = cut_limit)
+//! Cut ── roc < safe_roc continuously for `hold` ──▶ Recovering
+//! Cut ── in Cut for `max_cut` ──▶ Recovering (regardless of ROC)
+//! Recovering: every `restore_interval`, limit += restore_step (up to base_limit)
+//! Recovering ── roc > danger_roc ──▶ Cut        Recovering ── limit == base ──▶ Normal
+//! ```
+//!
+//! It is stepped once per completed window slot with that slot's [`SampleAt`]. Every
+//! timed rule is evaluated from timestamps, not from the number of steps, so a route
+//! that fell silent and is stepped once at the end of a long gap lands exactly where
+//! per-slot stepping would have put it, and a burst of requests can never undo a cut.
+//!
+//! Guards against false cuts, each on its own parameter:
+//! - no cut while the later half-window's demand is below `min_rps`, or holds fewer
+//!   than `min_samples` arrivals;
+//! - no action before one full window has passed since start or [`Controller::rearm`];
+//! - no transition out of a state before `min_dwell` has passed in it;
+//! - `max_cut` bounds how long a cut can last.
+//!
+//! ```
+//! use rocgate::clock::Nanos;
+//! use rocgate::controller::{Controller, ControllerParams, ControllerState};
+//! use rocgate::window::{RocSample, SampleAt};
+//! use std::time::Duration;
+//!
+//! let params = ControllerParams::default(); // base 200, cut 60, danger 80, safe 20
+//! let mut c = Controller::new(params, Nanos::ZERO, Duration::from_secs(6));
+//! let spike = RocSample { n_prev: 120, n_recent: 1500, rate_prev_rps: 40.0, rate_recent_rps: 500.0, roc: 460.0 };
+//! let mut seen = Vec::new();
+//! c.observe(SampleAt { at: Nanos::from_secs(10), sample: spike }, |t| seen.push(t));
+//! assert_eq!(c.state(), ControllerState::Cut);
+//! assert_eq!(c.limit_rps(), 60.0);
+//! assert_eq!(seen[0].to, ControllerState::Cut);
+//! ```
+
+use crate::clock::{duration_nanos, Nanos};
+use crate::window::{RocMode, SampleAt};
+use std::fmt;
+use std::time::Duration;
+
+/// Every parameter of the controller. Validated by the config layer; the controller
+/// itself only relies on `cut_limit ≤ base_limit`, `safe_roc ≤ danger_roc` and a
+/// non-zero `restore_interval`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControllerParams {
+    /// Limit in normal operation, req/s.
+    pub base_limit_rps: f64,
+    /// Limit right after a cut, req/s.
+    pub cut_limit_rps: f64,
+    /// ROC above which the route is cut (req/s per half-window, or a ratio in relative mode).
+    pub danger_roc: f64,
+    /// ROC below which the route counts as calm again.
+    pub safe_roc: f64,
+    /// How long ROC must stay below `safe_roc` before restoring starts.
+    pub hold: Duration,
+    /// How much the limit rises at each restore step, req/s.
+    pub restore_step_rps: f64,
+    /// Time between restore steps.
+    pub restore_interval: Duration,
+    /// No cut while the later half-window's demand is below this, req/s. Also the
+    /// floor of the denominator in relative mode.
+    pub min_rps: f64,
+    /// No cut while the later half-window holds fewer arrivals than this.
+    pub min_samples: u64,
+    /// Minimum time in a state before leaving it.
+    pub min_dwell: Duration,
+    /// Longest cut: after it, restoring starts whatever ROC says.
+    pub max_cut: Duration,
+    /// Absolute or relative ROC.
+    pub roc_mode: RocMode,
+}
+
+impl Default for ControllerParams {
+    /// The classic values: base 200, cut 60, danger 80, safe 20, step 20 every 1 s
+    /// after a 2 s hold.
+    fn default() -> Self {
+        ControllerParams {
+            base_limit_rps: 200.0,
+            cut_limit_rps: 60.0,
+            danger_roc: 80.0,
+            safe_roc: 20.0,
+            hold: Duration::from_secs(2),
+            restore_step_rps: 20.0,
+            restore_interval: Duration::from_secs(1),
+            min_rps: 10.0,
+            min_samples: 20,
+            min_dwell: Duration::from_secs(1),
+            max_cut: Duration::from_secs(60),
+            roc_mode: RocMode::Absolute,
+        }
+    }
+}
+
+/// Where the controller stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ControllerState {
+    /// The limit is the base limit.
+    Normal,
+    /// The limit is the cut limit.
+    Cut,
+    /// The limit climbs back to base, one step per `restore_interval`.
+    Recovering,
+}
+
+impl ControllerState {
+    /// Lower-case name, as used in metrics, logs and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControllerState::Normal => "normal",
+            ControllerState::Cut => "cut",
+            ControllerState::Recovering => "recovering",
+        }
+    }
+
+    /// A small number per state, for a gauge: 0 normal, 1 cut, 2 recovering.
+    pub fn as_index(self) -> u8 {
+        match self {
+            ControllerState::Normal => 0,
+            ControllerState::Cut => 1,
+            ControllerState::Recovering => 2,
+        }
+    }
+}
+
+impl fmt::Display for ControllerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A change of state, reported to the caller for metrics and logs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Transition {
+    /// State left.
+    pub from: ControllerState,
+    /// State entered.
+    pub to: ControllerState,
+    /// When the change took effect.
+    pub at: Nanos,
+    /// ROC (in the configured mode) of the sample that caused it.
+    pub roc: f64,
+    /// The limit after the change, req/s.
+    pub limit_rps: f64,
+}
+
+/// The ROC state machine of one route.
+#[derive(Clone, Debug)]
+pub struct Controller {
+    params: ControllerParams,
+    state: ControllerState,
+    entered_at: Nanos,
+    armed_at: Nanos,
+    safe_since: Option<Nanos>,
+    limit_rps: f64,
+    last_roc: f64,
+}
+
+impl Controller {
+    /// A controller in `Normal` at `now`, which takes no action before `now + window`.
+    pub fn new(params: ControllerParams, now: Nanos, window: Duration) -> Self {
+        let limit_rps = params.base_limit_rps;
+        Controller {
+            params,
+            state: ControllerState::Normal,
+            entered_at: now,
+            armed_at: now + window,
+            safe_since: None,
+            limit_rps,
+            last_roc: 0.0,
+        }
+    }
+
+    /// The parameters in force.
+    pub fn params(&self) -> &ControllerParams {
+        &self.params
+    }
+
+    /// The current state.
+    pub fn state(&self) -> ControllerState {
+        self.state
+    }
+
+    /// The current limit, req/s.
+    pub fn limit_rps(&self) -> f64 {
+        self.limit_rps
+    }
+
+    /// ROC (in the configured mode) of the last sample observed.
+    pub fn last_roc(&self) -> f64 {
+        self.last_roc
+    }
+
+    /// When the current state was entered.
+    pub fn entered_at(&self) -> Nanos {
+        self.entered_at
+    }
+
+    /// Where the limit stands between cut (0.0) and base (1.0). Routes with several
+    /// tiers scale each tier's own limits by it.
+    pub fn progress(&self) -> f64 {
+        let span = self.params.base_limit_rps - self.params.cut_limit_rps;
+        if span <= 0.0 {
+            1.0
+        } else {
+            ((self.limit_rps - self.params.cut_limit_rps) / span).clamp(0.0, 1.0)
+        }
+    }
+
+    /// Suspends action for one full window from `now`, as after a reload. The state
+    /// and the limit are kept.
+    pub fn rearm(&mut self, now: Nanos, window: Duration) {
+        self.armed_at = now + window;
+    }
+
+    /// Replaces the parameters (a runtime change, or a scheduled event starting or
+    /// ending), keeping the state: the limit is recomputed for the state under the new
+    /// parameters.
+    pub fn set_params(&mut self, params: ControllerParams, now: Nanos) {
+        self.params = params;
+        self.limit_rps = match self.state {
+            ControllerState::Normal => self.params.base_limit_rps,
+            ControllerState::Cut => self.params.cut_limit_rps,
+            ControllerState::Recovering => self.recovering_limit(now),
+        };
+        if self.state == ControllerState::Recovering
+            && self.limit_rps >= self.params.base_limit_rps
+        {
+            self.state = ControllerState::Normal;
+            self.entered_at = now;
+        }
+    }
+
+    /// When the limit will next rise if ROC stays safe, for `Retry-After` on a cut.
+    /// `None` in `Normal`.
+    pub fn next_raise_at(&self) -> Option<Nanos> {
+        match self.state {
+            ControllerState::Normal => None,
+            ControllerState::Cut => {
+                let max_cut = self.entered_at + self.params.max_cut;
+                let by_hold = self.safe_since.map(|s| self.hold_done(s));
+                Some(by_hold.map_or(max_cut, |t| t.min(max_cut)) + self.params.restore_interval)
+            }
+            ControllerState::Recovering => {
+                let interval = duration_nanos(self.params.restore_interval).max(1);
+                let done = self.limit_steps() * interval;
+                Some(Nanos::new(self.entered_at.as_u64().saturating_add(done + interval)))
+            }
+        }
+    }
+
+    /// Observes one completed slot. Transitions are passed to `on_transition` in order.
+    pub fn observe(&mut self, s: SampleAt, mut on_transition: impl FnMut(Transition)) {
+        let p = &self.params;
+        let roc = s.sample.roc_in(p.roc_mode, p.min_rps);
+        self.last_roc = roc;
+        let now = s.at;
+        if now < self.armed_at {
+            return;
+        }
+        let dwelt = now.saturating_since(self.entered_at) >= p.min_dwell;
+        let may_cut = roc > p.danger_roc
+            && s.sample.rate_recent_rps >= p.min_rps
+            && s.sample.n_recent >= p.min_samples;
+        match self.state {
+            ControllerState::Normal | ControllerState::Recovering if may_cut && dwelt => {
+                self.enter(ControllerState::Cut, now, roc, &mut on_transition);
+                return;
+            }
+            ControllerState::Normal | ControllerState::Recovering => {}
+            ControllerState::Cut => {
+                if roc < p.safe_roc {
+                    self.safe_since.get_or_insert(now);
+                } else {
+                    self.safe_since = None;
+                }
+                let by_hold = self.safe_since.map(|since| self.hold_done(since));
+                let by_max = self.entered_at + self.params.max_cut;
+                let start = by_hold.map_or(by_max, |t| t.min(by_max));
+                if start <= now {
+                    self.enter(ControllerState::Recovering, start, roc, &mut on_transition);
+                }
+            }
+        }
+        if self.state == ControllerState::Recovering {
+            self.limit_rps = self.recovering_limit(now);
+            if self.limit_rps >= self.params.base_limit_rps {
+                let steps = self.steps_to_base();
+                let interval = duration_nanos(self.params.restore_interval);
+                let at = Nanos::new(
+                    self.entered_at
+                        .as_u64()
+                        .saturating_add(steps.saturating_mul(interval)),
+                );
+                self.enter(ControllerState::Normal, at, roc, &mut on_transition);
+            }
+        }
+    }
+
+    /// The earliest time a calm stretch starting at `since` lets restoring begin.
+    fn hold_done(&self, since: Nanos) -> Nanos {
+        (since + self.params.hold).max(self.entered_at + self.params.min_dwell)
+    }
+
+    fn steps_to_base(&self) -> u64 {
+        let p = &self.params;
+        if p.restore_step_rps <= 0.0 {
+            return u64::MAX;
+        }
+        ((p.base_limit_rps - p.cut_limit_rps) / p.restore_step_rps)
+            .ceil()
+            .max(0.0) as u64
+    }
+
+    /// Restore steps taken so far in `Recovering`, derived from the limit.
+    fn limit_steps(&self) -> u64 {
+        let p = &self.params;
+        if p.restore_step_rps <= 0.0 {
+            return 0;
+        }
+        ((self.limit_rps - p.cut_limit_rps) / p.restore_step_rps)
+            .round()
+            .max(0.0) as u64
+    }
+
+    fn recovering_limit(&self, now: Nanos) -> f64 {
+        let p = &self.params;
+        let interval = duration_nanos(p.restore_interval).max(1);
+        let steps = now.saturating_since(self.entered_at).as_nanos() as u64 / interval;
+        (p.cut_limit_rps + steps as f64 * p.restore_step_rps).min(p.base_limit_rps)
+    }
+
+    fn enter(
+        &mut self,
+        to: ControllerState,
+        at: Nanos,
+        roc: f64,
+        on_transition: &mut impl FnMut(Transition),
+    ) {
+        let from = self.state;
+        self.state = to;
+        self.entered_at = at;
+        self.safe_since = None;
+        self.limit_rps = match to {
+            ControllerState::Normal => self.params.base_limit_rps,
+            ControllerState::Cut | ControllerState::Recovering => self.params.cut_limit_rps,
+        };
+        on_transition(Transition {
+            from,
+            to,
+            at,
+            roc,
+            limit_rps: self.limit_rps,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::window::RocSample;
+
+    fn sample(at_ms: u64, rate_prev: f64, rate_recent: f64) -> SampleAt {
+        SampleAt {
+            at: Nanos::from_millis(at_ms),
+            sample: RocSample {
+                n_prev: (rate_prev * 3.0) as u64,
+                n_recent: (rate_recent * 3.0) as u64,
+                rate_prev_rps: rate_prev,
+                rate_recent_rps: rate_recent,
+                roc: rate_recent - rate_prev,
+            },
+        }
+    }
+
+    fn controller() -> Controller {
+        Controller::new(ControllerParams::default(), Nanos::ZERO, Duration::from_secs(6))
+    }
+
+    fn run(c: &mut Controller, from_ms: u64, to_ms: u64, prev: f64, recent: f64) -> Vec<Transition> {
+        let mut out = Vec::new();
+        let mut t = from_ms;
+        while t <= to_ms {
+            c.observe(sample(t, prev, recent), |tr| out.push(tr));
+            t += 100;
+        }
+        out
+    }
+
+    #[test]
+    fn no_action_before_the_first_full_window() {
+        let mut c = controller();
+        assert!(run(&mut c, 100, 5900, 40.0, 600.0).is_empty());
+        let t = run(&mut c, 6000, 6000, 40.0, 600.0);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].to, ControllerState::Cut);
+        assert_eq!(c.limit_rps(), 60.0);
+    }
+
+    #[test]
+    fn cut_hold_restore_step_by_step_then_normal() {
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        // Calm from 12 s: hold of 2 s ends at 14 s.
+        run(&mut c, 10_100, 11_900, 500.0, 560.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        let t = run(&mut c, 12_000, 13_900, 600.0, 600.0);
+        assert!(t.is_empty());
+        let t = run(&mut c, 14_000, 14_000, 600.0, 600.0);
+        assert_eq!(t[0].to, ControllerState::Recovering);
+        assert_eq!(t[0].at, Nanos::from_secs(14));
+        assert_eq!(c.limit_rps(), 60.0);
+        run(&mut c, 14_100, 15_000, 600.0, 600.0);
+        assert_eq!(c.limit_rps(), 80.0);
+        run(&mut c, 15_100, 17_500, 600.0, 600.0);
+        assert_eq!(c.limit_rps(), 120.0);
+        // 7 steps of 20 from 60: base 200 at 14 s + 7 s.
+        let t = run(&mut c, 17_600, 21_000, 600.0, 600.0);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].to, ControllerState::Normal);
+        assert_eq!(t[0].at, Nanos::from_secs(21));
+        assert_eq!(c.limit_rps(), 200.0);
+    }
+
+    #[test]
+    fn an_unsafe_sample_restarts_the_hold() {
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 11_500, 100.0, 100.0);
+        run(&mut c, 11_600, 11_600, 100.0, 150.0); // roc 50: neither safe nor danger
+        run(&mut c, 11_700, 13_600, 100.0, 100.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        run(&mut c, 13_700, 13_700, 100.0, 100.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+    }
+
+    #[test]
+    fn danger_while_recovering_cuts_again() {
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 13_000, 100.0, 100.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+        let t = run(&mut c, 13_100, 13_100, 100.0, 400.0);
+        assert_eq!(t[0].from, ControllerState::Recovering);
+        assert_eq!(t[0].to, ControllerState::Cut);
+        assert_eq!(c.limit_rps(), 60.0);
+    }
+
+    #[test]
+    fn guards_block_cuts_on_quiet_or_thin_demand() {
+        let mut p = ControllerParams {
+            danger_roc: 2.0,
+            safe_roc: 1.0,
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p.clone(), Nanos::ZERO, Duration::from_secs(6));
+        run(&mut c, 6_000, 20_000, 1.0, 8.0); // roc 7 > 2, but 8 req/s < min_rps 10
+        assert_eq!(c.state(), ControllerState::Normal);
+        p.min_rps = 1.0;
+        p.min_samples = 100; // 8 req/s × 3 s = 24 arrivals < 100
+        let mut c = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        run(&mut c, 6_000, 20_000, 1.0, 8.0);
+        assert_eq!(c.state(), ControllerState::Normal);
+    }
+
+    #[test]
+    fn min_dwell_delays_leaving_a_state() {
+        let p = ControllerParams {
+            min_dwell: Duration::from_secs(5),
+            hold: Duration::from_millis(500),
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 14_900, 100.0, 100.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        let t = run(&mut c, 15_000, 15_000, 100.0, 100.0);
+        assert_eq!(t[0].to, ControllerState::Recovering);
+        assert_eq!(t[0].at, Nanos::from_secs(15));
+    }
+
+    #[test]
+    fn max_cut_starts_restoring_regardless() {
+        let p = ControllerParams {
+            max_cut: Duration::from_secs(10),
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 19_900, 100.0, 150.0); // roc 50, never safe
+        assert_eq!(c.state(), ControllerState::Cut);
+        let t = run(&mut c, 20_000, 20_000, 100.0, 150.0);
+        assert_eq!(t[0].to, ControllerState::Recovering);
+    }
+
+    #[test]
+    fn one_late_sample_lands_where_per_slot_stepping_would() {
+        let mut stepped = controller();
+        run(&mut stepped, 10_000, 10_000, 40.0, 600.0);
+        run(&mut stepped, 10_100, 40_000, 0.0, 0.0);
+        let mut jumped = controller();
+        run(&mut jumped, 10_000, 10_000, 40.0, 600.0);
+        let mut seen = Vec::new();
+        jumped.observe(sample(10_100, 0.0, 0.0), |t| seen.push(t));
+        jumped.observe(sample(40_000, 0.0, 0.0), |t| seen.push(t));
+        assert_eq!(jumped.state(), stepped.state());
+        assert_eq!(jumped.limit_rps(), stepped.limit_rps());
+        let times: Vec<Nanos> = seen.iter().map(|t| t.at).collect();
+        // Calm from 10.1 s: recovering at 12.1 s, normal 7 steps later.
+        assert_eq!(times, vec![Nanos::from_millis(12_100), Nanos::from_millis(19_100)]);
+    }
+
+    #[test]
+    fn event_params_apply_to_the_current_state() {
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        let sale = ControllerParams {
+            base_limit_rps: 400.0,
+            cut_limit_rps: 150.0,
+            ..ControllerParams::default()
+        };
+        c.set_params(sale, Nanos::from_millis(10_050));
+        assert_eq!(c.state(), ControllerState::Cut);
+        assert_eq!(c.limit_rps(), 150.0);
+        assert!((c.progress() - 0.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn relative_mode_uses_the_ratio() {
+        let p = ControllerParams {
+            roc_mode: RocMode::Relative,
+            danger_roc: 1.0,
+            safe_roc: 0.25,
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        run(&mut c, 6_000, 6_000, 30.0, 55.0); // +83%
+        assert_eq!(c.state(), ControllerState::Normal);
+        run(&mut c, 6_100, 6_100, 30.0, 65.0); // +117%
+        assert_eq!(c.state(), ControllerState::Cut);
+        assert!((c.last_roc() - 35.0 / 30.0).abs() < 1e-9);
+    }
+}

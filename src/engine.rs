@@ -1,0 +1,664 @@
+//! The engine: route table, partitions, windows, controllers and limiters behind one call.
+//!
+//! [`Engine::check`] decides one request: count it in the route's window (one relaxed
+//! atomic add), and, if its slot is later than the one accumulating, advance the
+//! window and step the controller first; then ask the limiter (one CAS on the bucket
+//! word). Only the one request that wins a slot rollover takes the route's state lock,
+//! with `try_lock`: no request ever waits for another, and nothing allocates unless a
+//! new key enters a partitioned route.
+//!
+//! ```
+//! use rocgate::clock::Nanos;
+//! use rocgate::config::{Config, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
+//! use rocgate::controller::ControllerParams;
+//! use rocgate::engine::{Engine, Key};
+//! use std::time::SystemTime;
+//!
+//! let route = RouteConfig {
+//!     name: "order".into(),
+//!     matcher: RouteMatch { method: Some("POST".into()), path: PathPattern::Exact("/api/order".into()) },
+//!     mode: Mode::Enforce,
+//!     window: Default::default(),
+//!     controller: ControllerParams::default(),
+//!     algorithm: Default::default(),
+//!     partition: Partition::Route,
+//!     tiers: vec![],
+//!     events: vec![],
+//! };
+//! let engine = Engine::new(&Config { routes: vec![route] }, Nanos::ZERO, SystemTime::UNIX_EPOCH);
+//! let id = engine.route_for("POST", "/api/order").unwrap();
+//! let admitted = (0..300).filter(|_| engine.check(id, Key::None, Nanos::ZERO).is_admit()).count();
+//! assert_eq!(admitted, 200); // one second of burst at the base limit
+//! ```
+
+use crate::clock::Nanos;
+use crate::config::{Config, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier};
+use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
+use crate::limiter::{Admit, Algorithm, Decision, Level, Limiter, Reason};
+use crate::window::{RocSample, SlotCounter, SlotRing, WindowSpec};
+use dashmap::DashMap;
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+/// Index of a route in the engine's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RouteId(pub usize);
+
+/// The partition key of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key<'a> {
+    /// No key: the route-level limiter, or a shared anonymous key on partitioned routes.
+    None,
+    /// The client's IP address.
+    Ip(IpAddr),
+    /// A header value (API key, user id).
+    Value(&'a str),
+}
+
+/// Called with each controller transition: the route's name and the transition.
+pub type TransitionHook = Arc<dyn Fn(&str, &Transition) + Send + Sync>;
+
+/// Every route's window, controller and limiters.
+pub struct Engine {
+    routes: Box<[Route]>,
+    hook: Option<TransitionHook>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("routes", &self.routes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per-reason counters.
+#[derive(Debug, Default)]
+struct ReasonCounters([AtomicU64; Reason::ALL.len()]);
+
+impl ReasonCounters {
+    fn add(&self, reason: Reason) {
+        self.0[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> [u64; Reason::ALL.len()] {
+        std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
+    }
+}
+
+struct Route {
+    name: Box<str>,
+    matcher: RouteMatch,
+    mode: Mode,
+    window: WindowSpec,
+    counter: SlotCounter,
+    /// Route-level enforcement (partition `Route`); for shadow_adaptive, at base limit.
+    limiter: Limiter,
+    /// shadow_adaptive only: at the controller's limit, to count what a cut would reject.
+    shadow: Option<Limiter>,
+    keys: Option<Keys>,
+    /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
+    generation: AtomicU64,
+    /// Controller progress between cut (0) and base (1), as f64 bits.
+    progress: AtomicU64,
+    /// Whether the controller holds the limit below base.
+    engaged: AtomicBool,
+    rejected: ReasonCounters,
+    shadow_rejected: ReasonCounters,
+    state: Mutex<RouteState>,
+}
+
+struct RouteState {
+    ring: SlotRing,
+    controller: Controller,
+    /// The route's own profile, in force outside events.
+    own: ControllerParams,
+    events: Vec<ScheduledEvent>,
+    active_event: Option<usize>,
+    transitions: [[u64; 3]; 3],
+    cuts: u64,
+    time_in_cut: Duration,
+    last_sweep: Nanos,
+}
+
+struct ScheduledEvent {
+    name: String,
+    start: Nanos,
+    end: Nanos,
+    params: ControllerParams,
+}
+
+impl Engine {
+    /// Builds every route from a validated config. `now` is the engine's start (no
+    /// controller acts before one full window after it); `wall_now` is the wall-clock
+    /// time at `now`, which places scheduled events on the engine's clock.
+    pub fn new(config: &Config, now: Nanos, wall_now: SystemTime) -> Self {
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| Route::new(r, now, wall_now))
+            .collect();
+        Engine { routes, hook: None }
+    }
+
+    /// Calls `hook` with every controller transition (for metrics, logs, simulation).
+    pub fn with_transition_hook(mut self, hook: TransitionHook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// The first route that takes a request with this method and path.
+    pub fn route_for(&self, method: &str, path: &str) -> Option<RouteId> {
+        self.routes
+            .iter()
+            .position(|r| r.matcher.matches(method, path))
+            .map(RouteId)
+    }
+
+    /// The route with this name.
+    pub fn route_id(&self, name: &str) -> Option<RouteId> {
+        self.routes
+            .iter()
+            .position(|r| &*r.name == name)
+            .map(RouteId)
+    }
+
+    /// Names of all routes, in match order.
+    pub fn route_names(&self) -> impl Iterator<Item = &str> {
+        self.routes.iter().map(|r| &*r.name)
+    }
+
+    /// Decides one request on `route` for `key` at `now`.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    #[inline]
+    pub fn check(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Decision {
+        let r = &self.routes[route.0];
+        let idx = r.counter.slot_index(now);
+        if r.counter.needs_roll(idx) {
+            self.roll(r, idx, now);
+        }
+        r.counter.add();
+        let decision = match &r.keys {
+            None => r.limiter.check(now),
+            Some(keys) => keys.check(r, key, now),
+        };
+        let decision = match decision {
+            Decision::Reject(mut rej) => {
+                if rej.reason == Reason::Limit
+                    && r.mode != Mode::ShadowAdaptive
+                    && r.engaged.load(Ordering::Relaxed)
+                {
+                    rej.reason = Reason::RocCut;
+                }
+                rej
+            }
+            admit => return self.after_admit(r, admit, now),
+        };
+        match r.mode {
+            Mode::Enforce | Mode::ShadowAdaptive => {
+                r.rejected.add(decision.reason);
+                Decision::Reject(decision)
+            }
+            Mode::Shadow => {
+                r.shadow_rejected.add(decision.reason);
+                Decision::Admit(Admit::Now)
+            }
+        }
+    }
+
+    /// shadow_adaptive: an admitted request is also tried against the cut limit.
+    #[inline]
+    fn after_admit(&self, r: &Route, admit: Decision, now: Nanos) -> Decision {
+        if let Some(shadow) = &r.shadow {
+            if r.engaged.load(Ordering::Relaxed) && !shadow.check(now).is_admit() {
+                r.shadow_rejected.add(Reason::RocCut);
+            }
+        }
+        admit
+    }
+
+    /// Advances the route's window to slot `idx` and steps the controller, if no other
+    /// request is doing so already.
+    #[cold]
+    fn roll(&self, r: &Route, idx: u64, now: Nanos) {
+        let Ok(mut guard) = r.state.try_lock() else {
+            return;
+        };
+        let st = &mut *guard;
+        let before = (st.controller.limit_rps(), st.controller.params().base_limit_rps);
+        let hook = self.hook.as_deref();
+        let RouteState {
+            ring,
+            controller,
+            own,
+            events,
+            active_event,
+            transitions,
+            cuts,
+            time_in_cut,
+            ..
+        } = st;
+        ring.advance(&r.counter, idx, |s| {
+            let active = events.iter().position(|e| e.start <= s.at && s.at < e.end);
+            if active != *active_event {
+                *active_event = active;
+                let params = active.map_or_else(|| own.clone(), |i| events[i].params.clone());
+                controller.set_params(params, s.at);
+            }
+            let entered = controller.entered_at();
+            controller.observe(s, |t| {
+                transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
+                if t.to == ControllerState::Cut {
+                    *cuts += 1;
+                }
+                if t.from == ControllerState::Cut {
+                    *time_in_cut += t.at.saturating_since(entered);
+                }
+                if let Some(h) = hook {
+                    h(&r.name, &t);
+                }
+            });
+        });
+        let after = (st.controller.limit_rps(), st.controller.params().base_limit_rps);
+        if after != before {
+            r.apply_limit(&st.controller, now);
+        }
+        if let Some(keys) = &r.keys {
+            keys.sweep(&mut st.last_sweep, now);
+        }
+    }
+
+    /// A read-only view of every route at `now`.
+    pub fn snapshot(&self, now: Nanos) -> Vec<RouteSnapshot> {
+        self.routes.iter().map(|r| r.snapshot(now)).collect()
+    }
+
+    /// A read-only view of one route at `now`.
+    pub fn route_snapshot(&self, route: RouteId, now: Nanos) -> RouteSnapshot {
+        self.routes[route.0].snapshot(now)
+    }
+}
+
+impl Route {
+    fn new(cfg: &RouteConfig, now: Nanos, wall_now: SystemTime) -> Self {
+        let p = &cfg.controller;
+        let enforced_limit = p.base_limit_rps;
+        let keys = match &cfg.partition {
+            Partition::Route => None,
+            Partition::ClientIp(limits) => Some(Keys::Ip(KeyTable::new(cfg, *limits, now))),
+            Partition::Header(_, limits) => Some(Keys::Value(KeyTable::new(cfg, *limits, now))),
+        };
+        let shadow = (cfg.mode == Mode::ShadowAdaptive && keys.is_none())
+            .then(|| Limiter::new(cfg.algorithm, p.base_limit_rps, now));
+        let events = cfg
+            .events
+            .iter()
+            .map(|e| ScheduledEvent::place(e, now, wall_now))
+            .collect();
+        let route = Route {
+            name: cfg.name.as_str().into(),
+            matcher: cfg.matcher.clone(),
+            mode: cfg.mode,
+            window: cfg.window,
+            counter: SlotCounter::new(&cfg.window),
+            limiter: Limiter::new(cfg.algorithm, enforced_limit, now),
+            shadow,
+            keys,
+            generation: AtomicU64::new(0),
+            progress: AtomicU64::new(1.0f64.to_bits()),
+            engaged: AtomicBool::new(false),
+            rejected: ReasonCounters::default(),
+            shadow_rejected: ReasonCounters::default(),
+            state: Mutex::new(RouteState {
+                ring: SlotRing::new(&cfg.window),
+                controller: Controller::new(p.clone(), now, cfg.window.window()),
+                own: p.clone(),
+                events,
+                active_event: None,
+                transitions: [[0; 3]; 3],
+                cuts: 0,
+                time_in_cut: Duration::ZERO,
+                last_sweep: now,
+            }),
+        };
+        route.counter_start(now);
+        route
+    }
+
+    /// Starts the window at the slot containing `now`, so a clock that starts far from
+    /// zero does not replay empty slots since its origin.
+    fn counter_start(&self, now: Nanos) {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let idx = self.counter.slot_index(now);
+        st.ring.advance(&self.counter, idx, |_| {});
+    }
+
+    /// Pushes the controller's limit to the limiters.
+    fn apply_limit(&self, c: &Controller, now: Nanos) {
+        let limit = c.limit_rps();
+        let base = c.params().base_limit_rps;
+        match (self.mode, &self.shadow) {
+            (Mode::ShadowAdaptive, Some(shadow)) => {
+                self.limiter.set_limit(base, now);
+                shadow.set_limit(limit, now);
+            }
+            (Mode::ShadowAdaptive, None) => {}
+            _ => self.limiter.set_limit(limit, now),
+        }
+        self.progress.store(c.progress().to_bits(), Ordering::Relaxed);
+        self.engaged
+            .store(c.state() != ControllerState::Normal && limit < base, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn snapshot(&self, now: Nanos) -> RouteSnapshot {
+        let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = &st.controller;
+        let p = c.params();
+        let offered = st.ring.total() + self.counter.pending();
+        let rejected = self.rejected.read();
+        let rejected_total: u64 = rejected.iter().sum();
+        RouteSnapshot {
+            name: self.name.to_string(),
+            mode: self.mode,
+            state: c.state(),
+            state_since: c.entered_at(),
+            sample: st.ring.sample(),
+            roc: c.last_roc(),
+            limit_rps: c.limit_rps(),
+            base_limit_rps: p.base_limit_rps,
+            cut_limit_rps: p.cut_limit_rps,
+            danger_roc: p.danger_roc,
+            safe_roc: p.safe_roc,
+            level: self.limiter.level(now),
+            offered,
+            admitted: offered.saturating_sub(rejected_total),
+            rejected: Reason::ALL.into_iter().zip(rejected).collect(),
+            shadow_rejected: Reason::ALL
+                .into_iter()
+                .zip(self.shadow_rejected.read())
+                .collect(),
+            cuts: st.cuts,
+            time_in_cut: st.time_in_cut
+                + if c.state() == ControllerState::Cut {
+                    now.saturating_since(c.entered_at())
+                } else {
+                    Duration::ZERO
+                },
+            transitions: st.transitions,
+            active_event: st.active_event.map(|i| st.events[i].name.clone()),
+            keys: self.keys.as_ref().map_or(0, Keys::len),
+            window: self.window,
+        }
+    }
+}
+
+impl ScheduledEvent {
+    fn place(e: &Event, now: Nanos, wall_now: SystemTime) -> Self {
+        let start = match e.start.duration_since(wall_now) {
+            Ok(ahead) => now + ahead,
+            Err(past) => now - past.duration(),
+        };
+        ScheduledEvent {
+            name: e.name.clone(),
+            start,
+            end: start + e.duration,
+            params: e.controller.clone(),
+        }
+    }
+}
+
+/// Per-key state of a partitioned route.
+enum Keys {
+    Ip(KeyTable<IpAddr>),
+    Value(KeyTable<Box<str>>),
+}
+
+impl Keys {
+    #[inline]
+    fn check(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
+        match (self, key) {
+            (Keys::Ip(t), Key::Ip(ip)) => t.check(r, &ip, now, |ip| *ip),
+            (Keys::Value(t), Key::Value(v)) => t.check(r, v, now, |v: &str| Box::from(v)),
+            (Keys::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
+            (Keys::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
+        }
+    }
+
+    fn sweep(&self, last: &mut Nanos, now: Nanos) {
+        match self {
+            Keys::Ip(t) => t.sweep(last, now),
+            Keys::Value(t) => t.sweep(last, now),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Keys::Ip(t) => t.len.load(Ordering::Relaxed),
+            Keys::Value(t) => t.len.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Tier limits resolved for the key table: `(values, base, cut)`, and the default.
+struct TierTable {
+    default: (f64, f64),
+    tiers: Vec<(Vec<String>, f64, f64)>,
+    algorithm: Algorithm,
+}
+
+impl TierTable {
+    fn limits_for(&self, key: &str) -> (u16, f64, f64) {
+        for (i, (values, base, cut)) in self.tiers.iter().enumerate() {
+            if values.iter().any(|v| v == key) {
+                return (i as u16 + 1, *base, *cut);
+            }
+        }
+        (0, self.default.0, self.default.1)
+    }
+
+    fn limit(&self, tier: u16, progress: f64) -> f64 {
+        let (base, cut) = match tier {
+            0 => self.default,
+            i => {
+                let (_, b, c) = &self.tiers[usize::from(i) - 1];
+                (*b, *c)
+            }
+        };
+        cut + (base - cut) * progress
+    }
+}
+
+struct KeyEntry {
+    limiter: Limiter,
+    tier: u16,
+    generation: AtomicU64,
+    last_seen: AtomicU64,
+}
+
+impl KeyEntry {
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u64, now: Nanos) -> Self {
+        KeyEntry {
+            limiter: Limiter::new(tiers.algorithm, tiers.limit(tier, progress), now),
+            tier,
+            generation: AtomicU64::new(generation),
+            last_seen: AtomicU64::new(now.as_u64()),
+        }
+    }
+
+    /// Catches up with the route's limit if it changed since this key last looked.
+    #[inline]
+    fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
+        let generation = r.generation.load(Ordering::Acquire);
+        if self.generation.load(Ordering::Relaxed) != generation {
+            self.generation.store(generation, Ordering::Relaxed);
+            let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
+            let progress = if r.mode == Mode::ShadowAdaptive { 1.0 } else { progress };
+            self.limiter.set_limit(tiers.limit(self.tier, progress), now);
+        }
+        let seen = self.last_seen.load(Ordering::Relaxed);
+        if now.as_u64().saturating_sub(seen) > 1_000_000_000 {
+            self.last_seen.store(now.as_u64(), Ordering::Relaxed);
+        }
+        self.limiter.check(now)
+    }
+}
+
+struct KeyTable<K> {
+    map: DashMap<K, Arc<KeyEntry>>,
+    len: AtomicUsize,
+    limits: KeyLimits,
+    tiers: TierTable,
+    /// Shared by new keys while the table is full.
+    overflow: KeyEntry,
+    /// Shared by requests that carry no key.
+    anonymous: KeyEntry,
+}
+
+impl<K: Hash + Eq> KeyTable<K> {
+    fn new(cfg: &RouteConfig, limits: KeyLimits, now: Nanos) -> Self {
+        let p = &cfg.controller;
+        let tiers = TierTable {
+            default: (p.base_limit_rps, p.cut_limit_rps),
+            tiers: cfg
+                .tiers
+                .iter()
+                .map(|t: &Tier| (t.values.clone(), t.base_limit_rps, t.cut_limit_rps))
+                .collect(),
+            algorithm: cfg.algorithm,
+        };
+        KeyTable {
+            map: DashMap::new(),
+            len: AtomicUsize::new(0),
+            limits,
+            overflow: KeyEntry::new(&tiers, 0, 1.0, 0, now),
+            anonymous: KeyEntry::new(&tiers, 0, 1.0, 0, now),
+            tiers,
+        }
+    }
+
+    #[inline]
+    fn check<Q>(&self, r: &Route, key: &Q, now: Nanos, own: impl FnOnce(&Q) -> K) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized + KeyText,
+    {
+        if let Some(entry) = self.map.get(key) {
+            return entry.check(r, &self.tiers, now);
+        }
+        if self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
+            return self.overflow.check(r, &self.tiers, now);
+        }
+        let (tier, _, _) = self.tiers.limits_for(&key.text());
+        let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
+        let generation = r.generation.load(Ordering::Acquire);
+        let entry = Arc::clone(
+            self.map
+                .entry(own(key))
+                .or_insert_with(|| {
+                    self.len.fetch_add(1, Ordering::Relaxed);
+                    Arc::new(KeyEntry::new(&self.tiers, tier, progress, generation, now))
+                })
+                .value(),
+        );
+        entry.check(r, &self.tiers, now)
+    }
+
+    /// Evicts keys idle for `idle_timeout`, at most every half of it.
+    fn sweep(&self, last: &mut Nanos, now: Nanos) {
+        let every = self.limits.idle_timeout / 2;
+        if now.saturating_since(*last) < every {
+            return;
+        }
+        *last = now;
+        let cutoff = (now - self.limits.idle_timeout).as_u64();
+        self.map.retain(|_, e| {
+            let keep = e.last_seen.load(Ordering::Relaxed) > cutoff
+                || Arc::strong_count(e) > 1
+                || matches!(&e.limiter, Limiter::Concurrency(c) if c.level().value > 0.0);
+            if !keep {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            keep
+        });
+    }
+}
+
+/// A key as text, to match it against tier values.
+trait KeyText {
+    fn text(&self) -> std::borrow::Cow<'_, str>;
+}
+
+impl KeyText for IpAddr {
+    fn text(&self) -> std::borrow::Cow<'_, str> {
+        self.to_string().into()
+    }
+}
+
+impl KeyText for str {
+    fn text(&self) -> std::borrow::Cow<'_, str> {
+        self.into()
+    }
+}
+
+/// A read-only view of one route.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteSnapshot {
+    /// Route name.
+    pub name: String,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// Controller state.
+    pub state: ControllerState,
+    /// When the controller entered its state.
+    pub state_since: Nanos,
+    /// Demand in each half-window over completed slots.
+    pub sample: RocSample,
+    /// ROC of the last completed slot, in the route's mode.
+    pub roc: f64,
+    /// The controller's current limit, req/s (per key on partitioned routes).
+    pub limit_rps: f64,
+    /// The base limit in force (an event's, while one is active).
+    pub base_limit_rps: f64,
+    /// The cut limit in force.
+    pub cut_limit_rps: f64,
+    /// The danger threshold in force.
+    pub danger_roc: f64,
+    /// The safe threshold in force.
+    pub safe_roc: f64,
+    /// The route-level limiter's level (tokens, count, queue or in-flight).
+    pub level: Level,
+    /// Requests offered (admitted and rejected alike).
+    pub offered: u64,
+    /// Requests admitted (offered less rejected; shadow modes admit all).
+    pub admitted: u64,
+    /// Requests rejected, by reason.
+    pub rejected: Vec<(Reason, u64)>,
+    /// Requests a shadow mode admitted but would have rejected, by reason.
+    pub shadow_rejected: Vec<(Reason, u64)>,
+    /// Cuts since start.
+    pub cuts: u64,
+    /// Total time spent in `Cut`.
+    pub time_in_cut: Duration,
+    /// Transition counts, `[from][to]` indexed by [`ControllerState::as_index`].
+    pub transitions: [[u64; 3]; 3],
+    /// The scheduled event in force, if any.
+    pub active_event: Option<String>,
+    /// Keys tracked (partitioned routes).
+    pub keys: usize,
+    /// The window's shape.
+    pub window: WindowSpec,
+}
+
+impl RouteSnapshot {
+    /// Total rejected, all reasons.
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected.iter().map(|(_, n)| n).sum()
+    }
+}

@@ -1,0 +1,18 @@
+//! rocgate: an adaptive admission controller for HTTP services.
+//!
+//! Per route, a slotted sliding [`window`] measures the rate of change (ROC) of
+//! demand between its two half-windows; the [`controller`] cuts the route's limit
+//! when ROC passes a danger threshold and restores it step by step once ROC stays
+//! safe; a [`limiter`] enforces the current limit. The [`engine`] ties them together
+//! behind one call, `check(route, key, now)`.
+//!
+//! The core (`clock`, `window`, `controller`, `limiter`, `engine`, `config`, `sim`)
+//! is pure: it takes the time as an argument, does no network I/O and needs no
+//! async runtime, so it is deterministic under a [`clock::ManualClock`].
+
+pub mod clock;
+pub mod config;
+pub mod controller;
+pub mod engine;
+pub mod limiter;
+pub mod window;

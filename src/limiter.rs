@@ -1,0 +1,938 @@
+//! Enforcement: the absolute limiters that hold a route (or one key) to its current limit.
+//!
+//! The controller decides the limit; a limiter enforces it. Five algorithms, one
+//! [`Limiter`] enum (static dispatch, no allocation per check):
+//!
+//! | algorithm | state | limit means | rejects with |
+//! |---|---|---|---|
+//! | [`TokenBucket`] (GCRA, default) | one atomic word | refill, req/s; capacity `limit × burst` | `limit` |
+//! | [`FixedWindow`] | one atomic word | req/s, counted per window | `limit` |
+//! | [`SlidingWindowCounter`] | one atomic word | req/s, previous window weighted | `limit` |
+//! | [`LeakyBucket`] | one atomic word | paced output, req/s; bounded queue | `queue_full` |
+//! | [`Concurrency`] | in-flight count | requests in flight; optional bounded queue | `concurrency`, `queue_full` |
+//!
+//! Every check takes `now` and returns a [`Decision`]: admit, or reject with the exact
+//! time after which the same request would be admitted (`retry_after`) and a
+//! [`Reason`]. [`Limiter::set_limit`] changes rate and capacity of the *existing*
+//! state: tokens are kept (clamped to the new capacity), never refilled by the change.
+//!
+//! A request that races with a limit change (a rare event: at most once per
+//! controller step) may be charged at either the old or the new rate.
+//!
+//! ```
+//! use rocgate::clock::Nanos;
+//! use rocgate::limiter::{Decision, Reason, TokenBucket};
+//! use std::time::Duration;
+//!
+//! // 10 req/s, burst of 2 tokens.
+//! let bucket = TokenBucket::new(10.0, Duration::from_millis(200), Nanos::ZERO);
+//! assert!(bucket.check(Nanos::ZERO).is_admit());
+//! assert!(bucket.check(Nanos::ZERO).is_admit());
+//! match bucket.check(Nanos::ZERO) {
+//!     Decision::Reject(r) => {
+//!         assert_eq!(r.reason, Reason::Limit);
+//!         assert_eq!(r.retry_after, Duration::from_millis(100));
+//!     }
+//!     Decision::Admit(_) => unreachable!(),
+//! }
+//! assert!(bucket.check(Nanos::from_millis(100)).is_admit());
+//! ```
+
+use crate::clock::{duration_nanos, Nanos};
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// Why a request was rejected. One vocabulary for metric labels, headers, bodies and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// The absolute limit (the base limit, or a tier's) is exhausted.
+    Limit,
+    /// The limit is exhausted while the ROC controller holds it below base.
+    RocCut,
+    /// Too many requests in flight.
+    Concurrency,
+    /// The pacing or waiting queue is full.
+    QueueFull,
+    /// Rejected by the local fallback limiter while the shared store is unreachable.
+    FallbackLocal,
+}
+
+impl Reason {
+    /// Every reason, in a fixed order (for counters indexed by reason).
+    pub const ALL: [Reason; 5] = [
+        Reason::Limit,
+        Reason::RocCut,
+        Reason::Concurrency,
+        Reason::QueueFull,
+        Reason::FallbackLocal,
+    ];
+
+    /// The reason's name: `limit`, `roc_cut`, `concurrency`, `queue_full`, `fallback_local`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Limit => "limit",
+            Reason::RocCut => "roc_cut",
+            Reason::Concurrency => "concurrency",
+            Reason::QueueFull => "queue_full",
+            Reason::FallbackLocal => "fallback_local",
+        }
+    }
+
+    /// Position in [`Reason::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refused request: when to come back, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The same request sent `retry_after` from now would be admitted, if nothing else
+    /// arrives meanwhile and the limit does not change.
+    pub retry_after: Duration,
+    /// Why it was refused.
+    pub reason: Reason,
+}
+
+/// How an admitted request proceeds.
+#[derive(Debug)]
+pub enum Admit {
+    /// Go ahead now.
+    Now,
+    /// Go ahead after waiting this long (leaky bucket pacing).
+    Paced(Duration),
+    /// Go ahead now, holding this permit until the response is done (concurrency).
+    Held(Permit),
+    /// Wait for a permit: await the ticket (concurrency with a queue).
+    Queued(Ticket),
+}
+
+/// The outcome of a check.
+#[derive(Debug)]
+#[must_use]
+pub enum Decision {
+    /// Let the request through.
+    Admit(Admit),
+    /// Refuse it.
+    Reject(Rejection),
+}
+
+impl Decision {
+    /// Whether the request is admitted (now, paced, held or queued).
+    pub fn is_admit(&self) -> bool {
+        matches!(self, Decision::Admit(_))
+    }
+
+    /// The rejection, if any.
+    pub fn rejection(&self) -> Option<Rejection> {
+        match self {
+            Decision::Reject(r) => Some(*r),
+            Decision::Admit(_) => None,
+        }
+    }
+}
+
+/// Which algorithm enforces a limit, with its own settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Algorithm {
+    /// GCRA token bucket; capacity is `limit × burst` (at least one token).
+    TokenBucket {
+        /// Seconds of the limit the bucket holds.
+        burst: Duration,
+    },
+    /// Counts per fixed window of this length; `limit × window` per window.
+    FixedWindow {
+        /// Window length.
+        window: Duration,
+    },
+    /// Current window plus the previous one weighted by its remaining overlap.
+    SlidingWindow {
+        /// Window length.
+        window: Duration,
+    },
+    /// Paces output at the limit; holds at most `queue` requests waiting.
+    LeakyBucket {
+        /// Requests that may wait.
+        queue: u32,
+    },
+    /// At most `limit` requests in flight; up to `queue` more may wait.
+    Concurrency {
+        /// Requests that may wait for a permit (0: reject at once).
+        queue: u32,
+    },
+}
+
+impl Algorithm {
+    /// The algorithm's name as written in config.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::SlidingWindow { .. } => "sliding_window",
+            Algorithm::LeakyBucket { .. } => "leaky_bucket",
+            Algorithm::Concurrency { .. } => "concurrency",
+        }
+    }
+}
+
+impl Default for Algorithm {
+    /// A token bucket holding one second of the limit.
+    fn default() -> Self {
+        Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How full a limiter is, for snapshots and gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Level {
+    /// Tokens left, requests counted in the window, requests queued, or in flight.
+    pub value: f64,
+    /// The most `value` can be.
+    pub capacity: f64,
+}
+
+/// Any of the five limiters.
+#[derive(Debug)]
+pub enum Limiter {
+    /// See [`TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// See [`FixedWindow`].
+    FixedWindow(FixedWindow),
+    /// See [`SlidingWindowCounter`].
+    SlidingWindow(SlidingWindowCounter),
+    /// See [`LeakyBucket`].
+    LeakyBucket(LeakyBucket),
+    /// See [`Concurrency`].
+    Concurrency(Concurrency),
+}
+
+impl Limiter {
+    /// A limiter of this algorithm at `limit`, full (or empty, for counters) at `now`.
+    pub fn new(algorithm: Algorithm, limit: f64, now: Nanos) -> Self {
+        match algorithm {
+            Algorithm::TokenBucket { burst } => {
+                Limiter::TokenBucket(TokenBucket::new(limit, burst, now))
+            }
+            Algorithm::FixedWindow { window } => {
+                Limiter::FixedWindow(FixedWindow::new(limit, window))
+            }
+            Algorithm::SlidingWindow { window } => {
+                Limiter::SlidingWindow(SlidingWindowCounter::new(limit, window))
+            }
+            Algorithm::LeakyBucket { queue } => Limiter::LeakyBucket(LeakyBucket::new(limit, queue)),
+            Algorithm::Concurrency { queue } => Limiter::Concurrency(Concurrency::new(limit, queue)),
+        }
+    }
+
+    /// Decides one request at `now`.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        match self {
+            Limiter::TokenBucket(l) => l.check(now),
+            Limiter::FixedWindow(l) => l.check(now),
+            Limiter::SlidingWindow(l) => l.check(now),
+            Limiter::LeakyBucket(l) => l.check(now),
+            Limiter::Concurrency(l) => l.check(),
+        }
+    }
+
+    /// Changes the limit of the existing state at `now`.
+    pub fn set_limit(&self, limit: f64, now: Nanos) {
+        match self {
+            Limiter::TokenBucket(l) => l.set_limit(limit, now),
+            Limiter::FixedWindow(l) => l.set_limit(limit),
+            Limiter::SlidingWindow(l) => l.set_limit(limit),
+            Limiter::LeakyBucket(l) => l.set_limit(limit),
+            Limiter::Concurrency(l) => l.set_limit(limit),
+        }
+    }
+
+    /// How full the limiter is at `now`.
+    pub fn level(&self, now: Nanos) -> Level {
+        match self {
+            Limiter::TokenBucket(l) => l.level(now),
+            Limiter::FixedWindow(l) => l.level(now),
+            Limiter::SlidingWindow(l) => l.level(now),
+            Limiter::LeakyBucket(l) => l.level(now),
+            Limiter::Concurrency(l) => l.level(),
+        }
+    }
+}
+
+/// Nanoseconds between two units at `per_sec` units per second (at least 1 ns).
+fn interval_ns(per_sec: f64) -> u64 {
+    if per_sec <= 0.0 || !per_sec.is_finite() {
+        return u64::MAX / 4;
+    }
+    ((1e9 / per_sec).round() as u64).clamp(1, u64::MAX / 4)
+}
+
+fn reject(retry_after_ns: u64, reason: Reason) -> Decision {
+    Decision::Reject(Rejection {
+        retry_after: Duration::from_nanos(retry_after_ns.max(1)),
+        reason,
+    })
+}
+
+/// A token bucket as GCRA: the whole state is one atomic word, the theoretical arrival
+/// time (TAT) of the next request. Refills at `limit` per second; holds
+/// `limit × burst` tokens (at least one).
+#[derive(Debug)]
+pub struct TokenBucket {
+    tat: AtomicU64,
+    /// Emission interval T: nanoseconds per token.
+    emission_ns: AtomicU64,
+    /// Tolerance τ = capacity × T.
+    tolerance_ns: AtomicU64,
+    burst: Duration,
+}
+
+impl TokenBucket {
+    /// A full bucket at `now`.
+    pub fn new(limit: f64, burst: Duration, now: Nanos) -> Self {
+        let (t, tau) = Self::params(limit, burst);
+        TokenBucket {
+            tat: AtomicU64::new(now.as_u64()),
+            emission_ns: AtomicU64::new(t),
+            tolerance_ns: AtomicU64::new(tau),
+            burst,
+        }
+    }
+
+    fn params(limit: f64, burst: Duration) -> (u64, u64) {
+        let t = interval_ns(limit);
+        let capacity = (limit * burst.as_secs_f64()).floor().max(1.0);
+        let tau = (capacity * t as f64).min((u64::MAX / 4) as f64) as u64;
+        (t, tau)
+    }
+
+    /// Takes one token at `now`, or says when one will be there.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        let now = now.as_u64();
+        let t = self.emission_ns.load(Ordering::Relaxed);
+        let tau = self.tolerance_ns.load(Ordering::Relaxed);
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            let next = tat.max(now) + t;
+            if next - now > tau {
+                return reject(next - tau - now, Reason::Limit);
+            }
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Decision::Admit(Admit::Now),
+                Err(seen) => tat = seen,
+            }
+        }
+    }
+
+    /// Changes rate and capacity, keeping the tokens there are (clamped to the new capacity).
+    pub fn set_limit(&self, limit: f64, now: Nanos) {
+        let now = now.as_u64();
+        let (t2, tau2) = Self::params(limit, self.burst);
+        let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
+        let tau1 = self.tolerance_ns.swap(tau2, Ordering::AcqRel);
+        let _ = self
+            .tat
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |tat| {
+                let backlog = tat.saturating_sub(now);
+                let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
+                let capacity2 = tau2 as f64 / t2 as f64;
+                let kept = tokens.min(capacity2);
+                Some(now + tau2 - (kept * t2 as f64).min(tau2 as f64) as u64)
+            });
+    }
+
+    /// Tokens left at `now` and the capacity.
+    pub fn level(&self, now: Nanos) -> Level {
+        let t = self.emission_ns.load(Ordering::Relaxed) as f64;
+        let tau = self.tolerance_ns.load(Ordering::Relaxed);
+        let backlog = self.tat.load(Ordering::Relaxed).saturating_sub(now.as_u64());
+        Level {
+            value: tau.saturating_sub(backlog) as f64 / t,
+            capacity: tau as f64 / t,
+        }
+    }
+}
+
+/// Bits of a packed window word given to the window index.
+const IDX_BITS: u32 = 24;
+/// Bits given to each count (20 bits: up to 1,048,575 per window).
+const COUNT_BITS: u32 = 20;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+const IDX_MASK: u64 = (1 << IDX_BITS) - 1;
+
+/// The most requests a window-counting limiter can count in one window.
+pub const MAX_WINDOW_COUNT: u64 = COUNT_MAX;
+
+/// Window index, previous count and current count packed in one word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Packed {
+    idx: u64,
+    prev: u64,
+    cur: u64,
+}
+
+impl Packed {
+    fn load(word: u64) -> Self {
+        Packed {
+            idx: word >> (2 * COUNT_BITS),
+            prev: (word >> COUNT_BITS) & COUNT_MAX,
+            cur: word & COUNT_MAX,
+        }
+    }
+
+    fn store(self) -> u64 {
+        ((self.idx & IDX_MASK) << (2 * COUNT_BITS)) | (self.prev.min(COUNT_MAX) << COUNT_BITS) | self.cur.min(COUNT_MAX)
+    }
+
+    /// The word as seen from window `idx`: rolled forward if it is older.
+    fn at(self, idx: u64) -> Self {
+        match idx.wrapping_sub(self.idx) & IDX_MASK {
+            0 => self,
+            1 => Packed { idx, prev: self.cur, cur: 0 },
+            _ => Packed { idx, prev: 0, cur: 0 },
+        }
+    }
+}
+
+/// Counts requests per fixed window; admits `limit × window` per window.
+#[derive(Debug)]
+pub struct FixedWindow {
+    word: AtomicU64,
+    window_ns: u64,
+    limit_bits: AtomicU64,
+}
+
+impl FixedWindow {
+    /// An empty counter.
+    pub fn new(limit: f64, window: Duration) -> Self {
+        FixedWindow {
+            word: AtomicU64::new(0),
+            window_ns: duration_nanos(window).max(1),
+            limit_bits: AtomicU64::new(limit.to_bits()),
+        }
+    }
+
+    fn quota(&self) -> u64 {
+        let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
+        ((limit * self.window_ns as f64 / 1e9).floor() as u64).min(COUNT_MAX)
+    }
+
+    /// Counts one request at `now`, or says when the window ends.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        let idx = (now.as_u64() / self.window_ns) & IDX_MASK;
+        let quota = self.quota();
+        let mut word = self.word.load(Ordering::Relaxed);
+        loop {
+            let p = Packed::load(word).at(idx);
+            if p.cur >= quota {
+                let end = (now.as_u64() / self.window_ns + 1) * self.window_ns;
+                return reject(end - now.as_u64(), Reason::Limit);
+            }
+            let next = Packed { cur: p.cur + 1, ..p }.store();
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Decision::Admit(Admit::Now),
+                Err(seen) => word = seen,
+            }
+        }
+    }
+
+    /// Changes the per-second limit; the current window's count is kept.
+    pub fn set_limit(&self, limit: f64) {
+        self.limit_bits.store(limit.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Requests counted in the current window, and the quota.
+    pub fn level(&self, now: Nanos) -> Level {
+        let idx = (now.as_u64() / self.window_ns) & IDX_MASK;
+        let p = Packed::load(self.word.load(Ordering::Relaxed)).at(idx);
+        Level {
+            value: p.cur as f64,
+            capacity: self.quota() as f64,
+        }
+    }
+}
+
+/// The sliding-window counter: the current window's count plus the previous window's
+/// count weighted by how much of it still overlaps the sliding window. O(1), one word.
+#[derive(Debug)]
+pub struct SlidingWindowCounter {
+    word: AtomicU64,
+    window_ns: u64,
+    limit_bits: AtomicU64,
+}
+
+impl SlidingWindowCounter {
+    /// An empty counter.
+    pub fn new(limit: f64, window: Duration) -> Self {
+        SlidingWindowCounter {
+            word: AtomicU64::new(0),
+            window_ns: duration_nanos(window).max(1),
+            limit_bits: AtomicU64::new(limit.to_bits()),
+        }
+    }
+
+    fn quota(&self) -> f64 {
+        let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
+        (limit * self.window_ns as f64 / 1e9).floor().min(COUNT_MAX as f64)
+    }
+
+    /// The weighted count at `now` from a word.
+    fn estimate(&self, p: Packed, now: u64) -> f64 {
+        let into = (now % self.window_ns) as f64 / self.window_ns as f64;
+        p.prev as f64 * (1.0 - into) + p.cur as f64
+    }
+
+    /// Counts one request at `now`, or says when the weighted count will allow it.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        let now = now.as_u64();
+        let idx = (now / self.window_ns) & IDX_MASK;
+        let quota = self.quota();
+        let mut word = self.word.load(Ordering::Relaxed);
+        loop {
+            let p = Packed::load(word).at(idx);
+            if self.estimate(p, now) + 1.0 > quota {
+                return reject(self.retry_after(p, now, quota), Reason::Limit);
+            }
+            let next = Packed { cur: p.cur + 1, ..p }.store();
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Decision::Admit(Admit::Now),
+                Err(seen) => word = seen,
+            }
+        }
+    }
+
+    /// Time until `prev × (1 − into) + cur + 1 ≤ quota`, or until the next window if
+    /// the current count alone is too high.
+    fn retry_after(&self, p: Packed, now: u64, quota: f64) -> u64 {
+        let w = self.window_ns;
+        let start = now - now % w;
+        let to_next = start + w - now;
+        let cur = p.cur as f64;
+        if p.prev > 0 && cur + 1.0 <= quota {
+            // Solve prev × (1 − x/w) = quota − cur − 1 for x, the offset into this window.
+            let x = (1.0 - (quota - cur - 1.0) / p.prev as f64) * w as f64;
+            let at = start + x.ceil() as u64;
+            if at > now {
+                return (at - now).min(to_next);
+            }
+        }
+        // Next window: the current count becomes the weighted previous one.
+        let x = if cur > 0.0 && cur + 1.0 > quota {
+            ((1.0 - (quota - 1.0).max(0.0) / cur) * w as f64).ceil() as u64
+        } else {
+            0
+        };
+        to_next + x.min(w)
+    }
+
+    /// Changes the per-second limit; counts are kept.
+    pub fn set_limit(&self, limit: f64) {
+        self.limit_bits.store(limit.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The weighted count at `now`, and the quota.
+    pub fn level(&self, now: Nanos) -> Level {
+        let now = now.as_u64();
+        let idx = (now / self.window_ns) & IDX_MASK;
+        let p = Packed::load(self.word.load(Ordering::Relaxed)).at(idx);
+        Level {
+            value: self.estimate(p, now),
+            capacity: self.quota(),
+        }
+    }
+}
+
+/// Paces requests out at the limit, each after the one before it; at most `queue`
+/// may be waiting. The state is one atomic word: when the next request may leave.
+#[derive(Debug)]
+pub struct LeakyBucket {
+    next_free: AtomicU64,
+    emission_ns: AtomicU64,
+    queue: u32,
+}
+
+impl LeakyBucket {
+    /// An idle bucket.
+    pub fn new(limit: f64, queue: u32) -> Self {
+        LeakyBucket {
+            next_free: AtomicU64::new(0),
+            emission_ns: AtomicU64::new(interval_ns(limit)),
+            queue,
+        }
+    }
+
+    /// Schedules one request at `now`: admitted with the delay it must wait, or
+    /// rejected with `queue_full` when `queue` requests are already waiting.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        let now = now.as_u64();
+        let t = self.emission_ns.load(Ordering::Relaxed);
+        let max_wait = t.saturating_mul(u64::from(self.queue));
+        let mut next_free = self.next_free.load(Ordering::Relaxed);
+        loop {
+            let start = next_free.max(now);
+            let wait = start - now;
+            if wait > max_wait {
+                return reject(wait - max_wait, Reason::QueueFull);
+            }
+            match self.next_free.compare_exchange_weak(
+                next_free,
+                start + t,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) if wait == 0 => return Decision::Admit(Admit::Now),
+                Ok(_) => return Decision::Admit(Admit::Paced(Duration::from_nanos(wait))),
+                Err(seen) => next_free = seen,
+            }
+        }
+    }
+
+    /// Changes the pace; requests already scheduled keep their departure times.
+    pub fn set_limit(&self, limit: f64) {
+        self.emission_ns.store(interval_ns(limit), Ordering::Relaxed);
+    }
+
+    /// Requests waiting at `now`, and the queue size.
+    pub fn level(&self, now: Nanos) -> Level {
+        let t = self.emission_ns.load(Ordering::Relaxed);
+        let backlog = self.next_free.load(Ordering::Relaxed).saturating_sub(now.as_u64());
+        Level {
+            value: (backlog / t.max(1)) as f64,
+            capacity: f64::from(self.queue),
+        }
+    }
+}
+
+/// Limits requests in flight. A permit is an RAII guard: dropping it frees the slot.
+/// With a queue, requests over the limit may wait (await the [`Ticket`]); requests
+/// beyond the queue are rejected with `queue_full`, without a queue with `concurrency`.
+#[derive(Debug, Clone)]
+pub struct Concurrency {
+    shared: Arc<ConcurrencyShared>,
+}
+
+#[derive(Debug)]
+struct ConcurrencyShared {
+    in_flight: AtomicU64,
+    waiting: AtomicU64,
+    limit: AtomicU64,
+    queue: u32,
+    wakers: Mutex<VecDeque<Waker>>,
+}
+
+/// How long a rejected request is told to wait when the limit is in flight counts
+/// (there is no schedule to derive it from).
+const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
+
+impl ConcurrencyShared {
+    fn try_acquire(&self) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed);
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < limit).then_some(n + 1))
+            .is_ok()
+    }
+
+    fn wake_one(&self) {
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            let waker = self.wakers.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl Concurrency {
+    /// No requests in flight; at most `limit` at once, `queue` more waiting.
+    pub fn new(limit: f64, queue: u32) -> Self {
+        Concurrency {
+            shared: Arc::new(ConcurrencyShared {
+                in_flight: AtomicU64::new(0),
+                waiting: AtomicU64::new(0),
+                limit: AtomicU64::new(limit.max(0.0) as u64),
+                queue,
+                wakers: Mutex::new(VecDeque::new()),
+            }),
+        }
+    }
+
+    /// Takes a permit, a place in the queue, or neither.
+    pub fn check(&self) -> Decision {
+        let s = &self.shared;
+        if s.waiting.load(Ordering::Acquire) == 0 && s.try_acquire() {
+            return Decision::Admit(Admit::Held(Permit {
+                shared: Arc::clone(s),
+            }));
+        }
+        if s.queue == 0 {
+            return reject(duration_nanos(CONCURRENCY_RETRY), Reason::Concurrency);
+        }
+        let queued = s
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < u64::from(s.queue)).then_some(n + 1)
+            })
+            .is_ok();
+        if queued {
+            Decision::Admit(Admit::Queued(Ticket {
+                shared: Some(Arc::clone(s)),
+            }))
+        } else {
+            reject(duration_nanos(CONCURRENCY_RETRY), Reason::QueueFull)
+        }
+    }
+
+    /// Changes the number of permits. Requests in flight keep theirs; lowering the
+    /// limit only stops new ones until enough have finished.
+    pub fn set_limit(&self, limit: f64) {
+        self.shared.limit.store(limit.max(0.0) as u64, Ordering::Relaxed);
+        self.shared.wake_one();
+    }
+
+    /// Requests in flight and the limit.
+    pub fn level(&self) -> Level {
+        Level {
+            value: self.shared.in_flight.load(Ordering::Relaxed) as f64,
+            capacity: self.shared.limit.load(Ordering::Relaxed) as f64,
+        }
+    }
+
+    /// Requests waiting for a permit.
+    pub fn waiting(&self) -> u64 {
+        self.shared.waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// A slot in flight; dropping it lets the next request in.
+#[derive(Debug)]
+pub struct Permit {
+    shared: Arc<ConcurrencyShared>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.shared.wake_one();
+    }
+}
+
+/// A place in a concurrency queue. Awaiting it yields a [`Permit`]; dropping it
+/// gives the place up. Waiters are woken in order, but a woken waiter competes with
+/// the next permit release, so the order is not strictly first-come first-served.
+#[derive(Debug)]
+pub struct Ticket {
+    shared: Option<Arc<ConcurrencyShared>>,
+}
+
+impl Future for Ticket {
+    type Output = Permit;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Permit> {
+        let Some(shared) = self.shared.clone() else {
+            return Poll::Pending;
+        };
+        let acquired = shared.try_acquire() || {
+            shared
+                .wakers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(cx.waker().clone());
+            // A permit freed between the first try and the registration woke nobody.
+            shared.try_acquire()
+        };
+        if !acquired {
+            return Poll::Pending;
+        }
+        self.shared = None;
+        shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        Poll::Ready(Permit { shared })
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.waiting.fetch_sub(1, Ordering::AcqRel);
+            // This waiter may have been woken for a permit it will not take.
+            shared.wake_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Nanos {
+        Nanos::from_millis(n)
+    }
+
+    fn admitted(d: Decision) -> bool {
+        d.is_admit()
+    }
+
+    #[test]
+    fn token_bucket_burst_then_rate() {
+        let b = TokenBucket::new(100.0, Duration::from_secs(1), ms(0));
+        let n = (0..150).filter(|_| admitted(b.check(ms(0)))).count();
+        assert_eq!(n, 100);
+        let r = b.check(ms(0)).rejection().unwrap();
+        assert_eq!(r.retry_after, Duration::from_millis(10));
+        assert!(!admitted(b.check(ms(9))));
+        assert!(admitted(b.check(ms(10))));
+        // A second later, a full second of tokens minus the one just taken... capped at capacity.
+        let n = (0..150).filter(|_| admitted(b.check(ms(2000)))).count();
+        assert_eq!(n, 100);
+    }
+
+    #[test]
+    fn token_bucket_limit_change_keeps_tokens() {
+        let b = TokenBucket::new(200.0, Duration::from_secs(1), ms(0));
+        for _ in 0..150 {
+            assert!(admitted(b.check(ms(0))));
+        }
+        assert!((b.level(ms(0)).value - 50.0).abs() < 1e-6);
+        // Cut to 60: capacity 60, the 50 tokens stay.
+        b.set_limit(60.0, ms(0));
+        let l = b.level(ms(0));
+        assert!((l.value - 50.0).abs() < 1e-6, "{l:?}");
+        assert!((l.capacity - 60.0).abs() < 1e-6);
+        // Raise to 200 again: still 50 tokens, not a fresh burst.
+        b.set_limit(200.0, ms(0));
+        assert!((b.level(ms(0)).value - 50.0).abs() < 1e-6);
+        // From full, a cut clamps to the new capacity.
+        let b = TokenBucket::new(200.0, Duration::from_secs(1), ms(0));
+        b.set_limit(60.0, ms(0));
+        let n = (0..300).filter(|_| admitted(b.check(ms(0)))).count();
+        assert_eq!(n, 60);
+    }
+
+    #[test]
+    fn fixed_window_counts_per_window() {
+        let w = FixedWindow::new(10.0, Duration::from_secs(1));
+        let n = (0..20).filter(|_| admitted(w.check(ms(100)))).count();
+        assert_eq!(n, 10);
+        let r = w.check(ms(300)).rejection().unwrap();
+        assert_eq!(r.retry_after, Duration::from_millis(700));
+        assert!(admitted(w.check(ms(1000))));
+        assert_eq!(w.level(ms(1000)).value, 1.0);
+        w.set_limit(1.0);
+        assert!(!admitted(w.check(ms(1001))));
+    }
+
+    #[test]
+    fn sliding_window_weights_the_previous_window() {
+        let w = SlidingWindowCounter::new(10.0, Duration::from_secs(1));
+        let n = (0..20).filter(|_| admitted(w.check(ms(900)))).count();
+        assert_eq!(n, 10);
+        // At 1.5 s the previous window weighs half: 5 estimated, 5 more fit.
+        let n = (0..20).filter(|_| admitted(w.check(ms(1500)))).count();
+        assert_eq!(n, 5);
+        let r = w.check(ms(1500)).rejection().unwrap();
+        // prev 10 × (1 − x) + 5 + 1 ≤ 10 ⇒ x ≥ 0.6: 100 ms from now.
+        assert_eq!(r.retry_after, Duration::from_millis(100));
+        assert!(admitted(w.check(ms(1600))));
+    }
+
+    #[test]
+    fn leaky_bucket_paces_and_bounds_its_queue() {
+        let b = LeakyBucket::new(10.0, 2);
+        assert!(matches!(b.check(ms(0)), Decision::Admit(Admit::Now)));
+        match b.check(ms(0)) {
+            Decision::Admit(Admit::Paced(d)) => assert_eq!(d, Duration::from_millis(100)),
+            other => panic!("{other:?}"),
+        }
+        match b.check(ms(0)) {
+            Decision::Admit(Admit::Paced(d)) => assert_eq!(d, Duration::from_millis(200)),
+            other => panic!("{other:?}"),
+        }
+        let r = b.check(ms(0)).rejection().unwrap();
+        assert_eq!(r.reason, Reason::QueueFull);
+        assert_eq!(r.retry_after, Duration::from_millis(100));
+        assert!(b.check(ms(100)).is_admit());
+    }
+
+    #[test]
+    fn concurrency_permits_are_released_on_drop() {
+        let c = Concurrency::new(2.0, 0);
+        let a = c.check();
+        let b = c.check();
+        assert!(a.is_admit() && b.is_admit());
+        assert_eq!(c.check().rejection().unwrap().reason, Reason::Concurrency);
+        assert_eq!(c.level().value, 2.0);
+        drop(a);
+        assert!(c.check().is_admit());
+    }
+
+    fn noop_waker() -> Waker {
+        Waker::noop().clone()
+    }
+
+    #[test]
+    fn concurrency_queue_hands_over_permits() {
+        let c = Concurrency::new(1.0, 1);
+        let held = c.check();
+        let Decision::Admit(Admit::Queued(mut ticket)) = c.check() else {
+            panic!("expected a queue place");
+        };
+        assert_eq!(c.check().rejection().unwrap().reason, Reason::QueueFull);
+        let waker = noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut ticket).poll(&mut cx).is_pending());
+        drop(held);
+        let Poll::Ready(permit) = Pin::new(&mut ticket).poll(&mut cx) else {
+            panic!("permit not handed over");
+        };
+        assert_eq!(c.waiting(), 0);
+        assert_eq!(c.level().value, 1.0);
+        drop(permit);
+        assert_eq!(c.level().value, 0.0);
+    }
+
+    #[test]
+    fn dropping_a_ticket_frees_its_place() {
+        let c = Concurrency::new(0.0, 1);
+        let t = c.check();
+        assert!(t.is_admit());
+        assert_eq!(c.check().rejection().unwrap().reason, Reason::QueueFull);
+        drop(t);
+        assert!(c.check().is_admit());
+    }
+
+    #[test]
+    fn packed_word_rolls_forward() {
+        let p = Packed { idx: 5, prev: 3, cur: 7 };
+        assert_eq!(Packed::load(p.store()), p);
+        assert_eq!(p.at(6), Packed { idx: 6, prev: 7, cur: 0 });
+        assert_eq!(p.at(8), Packed { idx: 8, prev: 0, cur: 0 });
+        let wrap = Packed { idx: IDX_MASK, prev: 0, cur: 4 };
+        assert_eq!(wrap.at(0), Packed { idx: 0, prev: 4, cur: 0 });
+    }
+}
