@@ -233,8 +233,12 @@ impl Limiter {
             Algorithm::SlidingWindow { window } => {
                 Limiter::SlidingWindow(SlidingWindowCounter::new(limit, window))
             }
-            Algorithm::LeakyBucket { queue } => Limiter::LeakyBucket(LeakyBucket::new(limit, queue)),
-            Algorithm::Concurrency { queue } => Limiter::Concurrency(Concurrency::new(limit, queue)),
+            Algorithm::LeakyBucket { queue } => {
+                Limiter::LeakyBucket(LeakyBucket::new(limit, queue))
+            }
+            Algorithm::Concurrency { queue } => {
+                Limiter::Concurrency(Concurrency::new(limit, queue))
+            }
         }
     }
 
@@ -363,7 +367,10 @@ impl TokenBucket {
     pub fn level(&self, now: Nanos) -> Level {
         let t = self.emission_ns.load(Ordering::Relaxed) as f64;
         let tau = self.tolerance_ns.load(Ordering::Relaxed);
-        let backlog = self.tat.load(Ordering::Relaxed).saturating_sub(now.as_u64());
+        let backlog = self
+            .tat
+            .load(Ordering::Relaxed)
+            .saturating_sub(now.as_u64());
         Level {
             value: tau.saturating_sub(backlog) as f64 / t,
             capacity: tau as f64 / t,
@@ -399,15 +406,39 @@ impl Packed {
     }
 
     fn store(self) -> u64 {
-        ((self.idx & IDX_MASK) << (2 * COUNT_BITS)) | (self.prev.min(COUNT_MAX) << COUNT_BITS) | self.cur.min(COUNT_MAX)
+        ((self.idx & IDX_MASK) << (2 * COUNT_BITS))
+            | (self.prev.min(COUNT_MAX) << COUNT_BITS)
+            | self.cur.min(COUNT_MAX)
     }
 
-    /// The word as seen from window `idx`: rolled forward if it is older.
+    /// The word as seen from window `idx`: rolled forward if it is older. A caller
+    /// whose `idx` is older than the word's (a thread that read the clock just before
+    /// another one advanced the window) counts in the word's window, so a late
+    /// reader can never reopen a window that has been counted.
     fn at(self, idx: u64) -> Self {
         match idx.wrapping_sub(self.idx) & IDX_MASK {
             0 => self,
-            1 => Packed { idx, prev: self.cur, cur: 0 },
-            _ => Packed { idx, prev: 0, cur: 0 },
+            1 => Packed {
+                idx,
+                prev: self.cur,
+                cur: 0,
+            },
+            d if d > IDX_MASK / 2 => self,
+            _ => Packed {
+                idx,
+                prev: 0,
+                cur: 0,
+            },
+        }
+    }
+
+    /// `now`, or the start of the word's window if the word is ahead of `now`.
+    fn effective_now(self, now: u64, window_ns: u64) -> u64 {
+        let ahead = self.idx.wrapping_sub(now / window_ns) & IDX_MASK;
+        if ahead == 0 || ahead > IDX_MASK / 2 {
+            now
+        } else {
+            (now / window_ns + ahead) * window_ns
         }
     }
 }
@@ -444,10 +475,15 @@ impl FixedWindow {
         loop {
             let p = Packed::load(word).at(idx);
             if p.cur >= quota {
-                let end = (now.as_u64() / self.window_ns + 1) * self.window_ns;
+                let at = p.effective_now(now.as_u64(), self.window_ns);
+                let end = (at / self.window_ns + 1) * self.window_ns;
                 return reject(end - now.as_u64(), Reason::Limit);
             }
-            let next = Packed { cur: p.cur + 1, ..p }.store();
+            let next = Packed {
+                cur: p.cur + 1,
+                ..p
+            }
+            .store();
             match self
                 .word
                 .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
@@ -495,7 +531,9 @@ impl SlidingWindowCounter {
 
     fn quota(&self) -> f64 {
         let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
-        (limit * self.window_ns as f64 / 1e9).floor().min(COUNT_MAX as f64)
+        (limit * self.window_ns as f64 / 1e9)
+            .floor()
+            .min(COUNT_MAX as f64)
     }
 
     /// The weighted count at `now` from a word.
@@ -513,10 +551,15 @@ impl SlidingWindowCounter {
         let mut word = self.word.load(Ordering::Relaxed);
         loop {
             let p = Packed::load(word).at(idx);
-            if self.estimate(p, now) + 1.0 > quota {
-                return reject(self.retry_after(p, now, quota), Reason::Limit);
+            let at = p.effective_now(now, self.window_ns);
+            if self.estimate(p, at) + 1.0 > quota {
+                return reject(self.retry_after(p, at, quota) + (at - now), Reason::Limit);
             }
-            let next = Packed { cur: p.cur + 1, ..p }.store();
+            let next = Packed {
+                cur: p.cur + 1,
+                ..p
+            }
+            .store();
             match self
                 .word
                 .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
@@ -616,13 +659,17 @@ impl LeakyBucket {
 
     /// Changes the pace; requests already scheduled keep their departure times.
     pub fn set_limit(&self, limit: f64) {
-        self.emission_ns.store(interval_ns(limit), Ordering::Relaxed);
+        self.emission_ns
+            .store(interval_ns(limit), Ordering::Relaxed);
     }
 
     /// Requests waiting at `now`, and the queue size.
     pub fn level(&self, now: Nanos) -> Level {
         let t = self.emission_ns.load(Ordering::Relaxed);
-        let backlog = self.next_free.load(Ordering::Relaxed).saturating_sub(now.as_u64());
+        let backlog = self
+            .next_free
+            .load(Ordering::Relaxed)
+            .saturating_sub(now.as_u64());
         Level {
             value: (backlog / t.max(1)) as f64,
             capacity: f64::from(self.queue),
@@ -655,13 +702,19 @@ impl ConcurrencyShared {
     fn try_acquire(&self) -> bool {
         let limit = self.limit.load(Ordering::Relaxed);
         self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < limit).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
             .is_ok()
     }
 
     fn wake_one(&self) {
         if self.waiting.load(Ordering::Acquire) > 0 {
-            let waker = self.wakers.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            let waker = self
+                .wakers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front();
             if let Some(w) = waker {
                 w.wake();
             }
@@ -712,7 +765,9 @@ impl Concurrency {
     /// Changes the number of permits. Requests in flight keep theirs; lowering the
     /// limit only stops new ones until enough have finished.
     pub fn set_limit(&self, limit: f64) {
-        self.shared.limit.store(limit.max(0.0) as u64, Ordering::Relaxed);
+        self.shared
+            .limit
+            .store(limit.max(0.0) as u64, Ordering::Relaxed);
         self.shared.wake_one();
     }
 
@@ -848,6 +903,17 @@ mod tests {
     }
 
     #[test]
+    fn a_late_reader_cannot_reopen_a_counted_window() {
+        let w = FixedWindow::new(2.0, Duration::from_secs(1));
+        assert!(admitted(w.check(ms(1000))));
+        assert!(admitted(w.check(ms(1000))));
+        // A thread that read the clock in the previous window arrives late.
+        let r = w.check(ms(999)).rejection().unwrap();
+        assert_eq!(r.retry_after, Duration::from_millis(1001));
+        assert!(admitted(w.check(ms(999) + r.retry_after)));
+    }
+
+    #[test]
     fn sliding_window_weights_the_previous_window() {
         let w = SlidingWindowCounter::new(10.0, Duration::from_secs(1));
         let n = (0..20).filter(|_| admitted(w.check(ms(900)))).count();
@@ -928,11 +994,55 @@ mod tests {
 
     #[test]
     fn packed_word_rolls_forward() {
-        let p = Packed { idx: 5, prev: 3, cur: 7 };
+        let p = Packed {
+            idx: 5,
+            prev: 3,
+            cur: 7,
+        };
         assert_eq!(Packed::load(p.store()), p);
-        assert_eq!(p.at(6), Packed { idx: 6, prev: 7, cur: 0 });
-        assert_eq!(p.at(8), Packed { idx: 8, prev: 0, cur: 0 });
-        let wrap = Packed { idx: IDX_MASK, prev: 0, cur: 4 };
-        assert_eq!(wrap.at(0), Packed { idx: 0, prev: 4, cur: 0 });
+        assert_eq!(
+            p.at(6),
+            Packed {
+                idx: 6,
+                prev: 7,
+                cur: 0
+            }
+        );
+        assert_eq!(
+            p.at(8),
+            Packed {
+                idx: 8,
+                prev: 0,
+                cur: 0
+            }
+        );
+        let wrap = Packed {
+            idx: IDX_MASK,
+            prev: 0,
+            cur: 4,
+        };
+        assert_eq!(
+            wrap.at(0),
+            Packed {
+                idx: 0,
+                prev: 4,
+                cur: 0
+            }
+        );
+        // An older window index sees the newer word unchanged.
+        assert_eq!(p.at(4), p);
+        assert_eq!(
+            Packed {
+                idx: 0,
+                prev: 1,
+                cur: 2
+            }
+            .at(IDX_MASK),
+            Packed {
+                idx: 0,
+                prev: 1,
+                cur: 2
+            }
+        );
     }
 }

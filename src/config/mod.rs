@@ -39,6 +39,24 @@ pub struct RouteConfig {
     pub events: Vec<Event>,
 }
 
+impl RouteConfig {
+    /// A route with every other setting at its default: enforce mode, a 6 s window of
+    /// 100 ms slots, the classic controller values, a token bucket, no partition.
+    pub fn new(name: impl Into<String>, matcher: RouteMatch) -> Self {
+        RouteConfig {
+            name: name.into(),
+            matcher,
+            mode: Mode::Enforce,
+            window: WindowSpec::default(),
+            controller: ControllerParams::default(),
+            algorithm: Algorithm::default(),
+            partition: Partition::Route,
+            tiers: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+}
+
 /// Which requests a route takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteMatch {
@@ -49,9 +67,35 @@ pub struct RouteMatch {
 }
 
 impl RouteMatch {
+    /// Every request.
+    pub fn any() -> Self {
+        RouteMatch {
+            method: None,
+            path: PathPattern::Prefix("/".into()),
+        }
+    }
+
+    /// Requests whose path starts with `prefix`, any method.
+    pub fn prefix(prefix: impl Into<String>) -> Self {
+        RouteMatch {
+            method: None,
+            path: PathPattern::Prefix(prefix.into()),
+        }
+    }
+
+    /// Requests with exactly this method and path.
+    pub fn exact(method: &str, path: impl Into<String>) -> Self {
+        RouteMatch {
+            method: Some(method.to_ascii_uppercase()),
+            path: PathPattern::Exact(path.into()),
+        }
+    }
+
     /// Whether a request with this method and path belongs to the route.
     pub fn matches(&self, method: &str, path: &str) -> bool {
-        self.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method))
+        self.method
+            .as_deref()
+            .is_none_or(|m| m.eq_ignore_ascii_case(method))
             && self.path.matches(path)
     }
 }
@@ -86,14 +130,16 @@ impl PathPattern {
         let segments = path
             .trim_start_matches('/')
             .split('/')
-            .map(|seg| match seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
-                Some(name) if !name.is_empty() && !name.contains(['{', '}']) => {
-                    Some(Segment::Param(name.to_owned()))
-                }
-                Some(_) => None,
-                None if seg.contains(['{', '}']) => None,
-                None => Some(Segment::Literal(seg.to_owned())),
-            })
+            .map(
+                |seg| match seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                    Some(name) if !name.is_empty() && !name.contains(['{', '}']) => {
+                        Some(Segment::Param(name.to_owned()))
+                    }
+                    Some(_) => None,
+                    None if seg.contains(['{', '}']) => None,
+                    None => Some(Segment::Literal(seg.to_owned())),
+                },
+            )
             .collect::<Option<Vec<_>>>()?;
         Some(PathPattern::Template(segments))
     }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole test suite, as README.md gives it and as CI runs it.
+#
+# Installs what the tests need that the machine lacks, then: formatting, clippy with
+# warnings as errors (every target, every feature), the core alone without default
+# features, every test (unit, integration, doc), and the API docs with warnings as errors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "toolchain components"
+for component in rustfmt clippy; do
+    if ! rustup component list --installed 2>/dev/null | grep -q "^${component}"; then
+        rustup component add "$component"
+    fi
+done
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, all features, -D warnings)"
+cargo clippy --all-targets --all-features -- -D warnings
+
+step "the core alone: cargo check --lib --no-default-features"
+cargo check --lib --no-default-features
+
+step "cargo test --all-features"
+cargo test --all-features
+
+step "cargo doc (-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+
+echo
+echo "all checks passed"

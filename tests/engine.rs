@@ -1,0 +1,304 @@
+//! Behaviour of the engine on a virtual clock: modes, partitions, tiers, events, bounds.
+
+use rocgate::clock::Nanos;
+use rocgate::config::{
+    Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch, Tier,
+};
+use rocgate::controller::{ControllerParams, ControllerState};
+use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::limiter::{Algorithm, Decision, Reason};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, SystemTime};
+
+fn engine(routes: Vec<RouteConfig>) -> Engine {
+    Engine::new(&Config { routes }, Nanos::ZERO, SystemTime::UNIX_EPOCH)
+}
+
+/// Offers `rate` req/s evenly from `from` to `to` (seconds) and returns (admitted, rejected).
+fn offer(e: &Engine, id: RouteId, key: Key<'_>, from: f64, to: f64, rate: f64) -> (u64, u64) {
+    let (mut admitted, mut rejected) = (0, 0);
+    let n = ((to - from) * rate).round() as u64;
+    for k in 0..n {
+        let now = Nanos::from_secs_f64(from + k as f64 / rate);
+        match e.check(id, key, now) {
+            Decision::Admit(_) => admitted += 1,
+            Decision::Reject(_) => rejected += 1,
+        }
+    }
+    (admitted, rejected)
+}
+
+fn ip(n: u32) -> Key<'static> {
+    Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
+}
+
+#[test]
+fn routes_match_by_method_exact_prefix_and_template() {
+    let mut items = RouteConfig::new("items", RouteMatch::any());
+    items.matcher = RouteMatch {
+        method: Some("GET".into()),
+        path: PathPattern::parse_path("/api/items/{id}").unwrap(),
+    };
+    let e = engine(vec![
+        RouteConfig::new("order", RouteMatch::exact("post", "/api/order")),
+        items,
+        RouteConfig::new("api", RouteMatch::prefix("/api/")),
+        RouteConfig::new("rest", RouteMatch::any()),
+    ]);
+    let name = |m: &str, p: &str| {
+        e.route_for(m, p)
+            .map(|id| e.route_names().nth(id.0).unwrap().to_owned())
+    };
+    assert_eq!(name("POST", "/api/order").as_deref(), Some("order"));
+    assert_eq!(name("GET", "/api/order").as_deref(), Some("api"));
+    assert_eq!(name("GET", "/api/items/42").as_deref(), Some("items"));
+    assert_eq!(name("GET", "/api/items/42/x").as_deref(), Some("api"));
+    assert_eq!(name("GET", "/api/items/").as_deref(), Some("api"));
+    assert_eq!(name("GET", "/health").as_deref(), Some("rest"));
+    assert_eq!(e.route_id("items"), Some(RouteId(1)));
+}
+
+#[test]
+fn a_spike_cuts_the_limit_and_rejections_say_roc_cut() {
+    let e = engine(vec![RouteConfig::new("order", RouteMatch::any())]);
+    let id = RouteId(0);
+    let (a, r) = offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    assert_eq!((a, r), (400, 0));
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(11));
+    assert_eq!(s.state, ControllerState::Cut);
+    assert_eq!(s.limit_rps, 60.0);
+    assert_eq!(s.cuts, 1);
+    let (a, r) = offer(&e, id, Key::None, 11.0, 12.0, 600.0);
+    assert!(a <= 61, "admitted {a} in one second at a cut limit of 60");
+    assert!(r > 500);
+    let s = e.route_snapshot(id, Nanos::from_secs(12));
+    let by = |reason| s.rejected.iter().find(|(x, _)| *x == reason).unwrap().1;
+    assert!(by(Reason::RocCut) >= r);
+    assert_eq!(s.offered, 400 + 600 + 600);
+    assert_eq!(s.admitted + s.rejected_total(), s.offered);
+}
+
+#[test]
+fn rejections_at_base_say_limit() {
+    let e = engine(vec![RouteConfig::new("flat", RouteMatch::any())]);
+    // 300 req/s from the start: over base (200) but no acceleration after the first window.
+    offer(&e, RouteId(0), Key::None, 0.0, 20.0, 300.0);
+    let s = e.route_snapshot(RouteId(0), Nanos::from_secs(20));
+    assert_eq!(s.state, ControllerState::Normal);
+    let limit = s
+        .rejected
+        .iter()
+        .find(|(x, _)| *x == Reason::Limit)
+        .unwrap()
+        .1;
+    assert!(limit > 1500, "{s:?}");
+    assert_eq!(s.rejected_total(), limit);
+}
+
+#[test]
+fn shadow_mode_admits_everything_and_counts_what_it_would_reject() {
+    let mut cfg = RouteConfig::new("shadow", RouteMatch::any());
+    cfg.mode = Mode::Shadow;
+    let e = engine(vec![cfg]);
+    let (a, r) = offer(&e, RouteId(0), Key::None, 0.0, 10.0, 40.0);
+    assert_eq!((a, r), (400, 0));
+    let (a, r) = offer(&e, RouteId(0), Key::None, 10.0, 13.0, 600.0);
+    assert_eq!((a, r), (1800, 0));
+    let s = e.route_snapshot(RouteId(0), Nanos::from_secs(13));
+    assert_eq!(s.state, ControllerState::Cut);
+    assert_eq!(s.rejected_total(), 0);
+    let would: u64 = s.shadow_rejected.iter().map(|(_, n)| n).sum();
+    // Enforcing would have admitted the 200-token burst, 200/s until the cut at
+    // about 10.5 s, then 60/s: about 450 of the 1,800.
+    assert!((1300..=1400).contains(&would), "would-reject {would}");
+}
+
+#[test]
+fn shadow_adaptive_enforces_base_and_counts_the_cut() {
+    let mut cfg = RouteConfig::new("sa", RouteMatch::any());
+    cfg.mode = Mode::ShadowAdaptive;
+    let e = engine(vec![cfg]);
+    offer(&e, RouteId(0), Key::None, 0.0, 10.0, 40.0);
+    offer(&e, RouteId(0), Key::None, 10.0, 11.0, 600.0);
+    assert_eq!(
+        e.route_snapshot(RouteId(0), Nanos::from_secs(11)).state,
+        ControllerState::Cut
+    );
+    let (a, _) = offer(&e, RouteId(0), Key::None, 11.0, 14.0, 600.0);
+    // Enforced at base 200/s, not at the cut limit 60/s.
+    assert!((590..=610).contains(&a), "admitted {a} over 3 s");
+    let s = e.route_snapshot(RouteId(0), Nanos::from_secs(14));
+    let limit = s
+        .rejected
+        .iter()
+        .find(|(x, _)| *x == Reason::Limit)
+        .unwrap()
+        .1;
+    assert_eq!(
+        s.rejected_total(),
+        limit,
+        "enforced rejections are at the base limit"
+    );
+    let cut = s
+        .shadow_rejected
+        .iter()
+        .find(|(x, _)| *x == Reason::RocCut)
+        .unwrap()
+        .1;
+    assert!(
+        cut > 300,
+        "a cut to 60/s would have rejected most of the 200/s admitted: {cut}"
+    );
+}
+
+#[test]
+fn per_ip_partition_gives_each_client_its_own_bucket() {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    let e = engine(vec![cfg]);
+    let (a1, _) = offer(&e, RouteId(0), ip(1), 0.0, 0.1, 100.0);
+    let (a2, _) = offer(&e, RouteId(0), ip(2), 0.0, 0.1, 100.0);
+    assert_eq!((a1, a2), (10, 10));
+    assert_eq!(e.route_snapshot(RouteId(0), Nanos::from_secs(1)).keys, 2);
+}
+
+#[test]
+fn tiers_get_their_own_limits_and_follow_the_cut() {
+    let mut cfg = RouteConfig::new("keys", RouteMatch::any());
+    cfg.partition = Partition::Header("x-api-key".into(), KeyLimits::default());
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 2.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    cfg.tiers = vec![Tier {
+        name: "vip".into(),
+        values: vec!["gold".into()],
+        base_limit_rps: 100.0,
+        cut_limit_rps: 40.0,
+    }];
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    let (vip, _) = offer(&e, id, Key::Value("gold"), 0.0, 0.5, 1000.0);
+    let (std_, _) = offer(&e, id, Key::Value("plain"), 0.0, 0.5, 1000.0);
+    // A full bucket plus the refill over the 0.499 s the 500 requests span.
+    assert_eq!(vip, 100 + 49);
+    assert_eq!(std_, 10 + 4);
+    // Quiet until the window is full, then a spike of anonymous-key demand cuts the route.
+    offer(&e, id, Key::Value("plain"), 0.5, 10.0, 10.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+    assert_eq!(
+        e.route_snapshot(id, Nanos::from_secs(11)).state,
+        ControllerState::Cut
+    );
+    // Keys drained to zero... each now refills at its tier's cut limit.
+    offer(&e, id, Key::Value("gold"), 11.0, 12.0, 1000.0);
+    let (vip, _) = offer(&e, id, Key::Value("gold"), 12.0, 13.0, 1000.0);
+    assert!(
+        (39..=41).contains(&vip),
+        "vip at cut limit 40/s admitted {vip}"
+    );
+}
+
+#[test]
+fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        max_keys: 3,
+        idle_timeout: Duration::from_secs(10),
+    });
+    cfg.controller.base_limit_rps = 5.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    for n in 0..3 {
+        assert!(e.check(id, ip(n), Nanos::ZERO).is_admit());
+    }
+    // 100 new clients share one 5-token overflow bucket.
+    let admitted = (100..200)
+        .filter(|n| e.check(id, ip(*n), Nanos::ZERO).is_admit())
+        .count();
+    assert_eq!(admitted, 5);
+    assert_eq!(e.route_snapshot(id, Nanos::ZERO).keys, 3);
+    // Idle keys are evicted at a later rollover; new keys get their own buckets again.
+    assert!(e.check(id, ip(7), Nanos::from_secs(30)).is_admit());
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 1);
+}
+
+#[test]
+fn a_scheduled_event_switches_profile_at_its_start_and_back_at_its_end() {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(20);
+    cfg.events = vec![Event {
+        name: "flash".into(),
+        start,
+        duration: Duration::from_secs(10),
+        controller: ControllerParams {
+            base_limit_rps: 50.0,
+            cut_limit_rps: 20.0,
+            ..ControllerParams::default()
+        },
+    }];
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    offer(&e, id, Key::None, 0.0, 19.0, 30.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(19));
+    assert_eq!((s.base_limit_rps, s.active_event.as_deref()), (200.0, None));
+    offer(&e, id, Key::None, 19.0, 21.0, 30.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(21));
+    assert_eq!(
+        (s.base_limit_rps, s.active_event.as_deref()),
+        (50.0, Some("flash"))
+    );
+    assert_eq!(s.limit_rps, 50.0);
+    // The bucket now holds at most 50 tokens.
+    let (a, _) = offer(&e, id, Key::None, 25.0, 25.001, 1e6);
+    assert!(a <= 51, "admitted {a} in a burst during the event");
+    offer(&e, id, Key::None, 25.001, 31.0, 30.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(31));
+    assert_eq!((s.base_limit_rps, s.active_event), (200.0, None));
+}
+
+#[test]
+fn a_silent_cut_route_restores_on_the_next_request() {
+    let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+    let id = RouteId(0);
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    assert_eq!(
+        e.route_snapshot(id, Nanos::from_secs(11)).state,
+        ControllerState::Cut
+    );
+    // Nothing for an hour, then one request: the controller lands in Normal.
+    let _ = e.check(id, Key::None, Nanos::from_secs(3600));
+    let s = e.route_snapshot(id, Nanos::from_secs(3600));
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Normal, 200.0));
+    assert_eq!(s.transitions[1][2] + s.transitions[2][0], 2);
+}
+
+#[test]
+fn other_algorithms_follow_the_controller_limit() {
+    for algorithm in [
+        Algorithm::FixedWindow {
+            window: Duration::from_secs(1),
+        },
+        Algorithm::SlidingWindow {
+            window: Duration::from_secs(1),
+        },
+        Algorithm::LeakyBucket { queue: 0 },
+    ] {
+        let mut cfg = RouteConfig::new("r", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        let e = engine(vec![cfg]);
+        offer(&e, RouteId(0), Key::None, 0.0, 10.0, 40.0);
+        offer(&e, RouteId(0), Key::None, 10.0, 11.0, 600.0);
+        let (a, _) = offer(&e, RouteId(0), Key::None, 12.0, 14.0, 600.0);
+        assert!(
+            (100..=130).contains(&a),
+            "{}: admitted {a} in 2 s at a cut limit of 60/s",
+            algorithm.name()
+        );
+    }
+}

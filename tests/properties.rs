@@ -1,0 +1,197 @@
+//! Property tests of the core's invariants (proptest; failures are kept in
+//! `tests/properties.proptest-regressions`).
+
+use proptest::prelude::*;
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, RouteConfig, RouteMatch};
+use rocgate::controller::{Controller, ControllerParams, ControllerState};
+use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::limiter::{Decision, FixedWindow, SlidingWindowCounter, TokenBucket};
+use rocgate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
+use std::time::{Duration, SystemTime};
+
+/// Arrival times from gaps in microseconds.
+fn times(gaps_us: &[u64]) -> Vec<Nanos> {
+    let mut t = 0u64;
+    gaps_us
+        .iter()
+        .map(|g| {
+            t += g * 1_000;
+            Nanos::new(t)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// In every interval [a, b] the bucket admits at most capacity + rate × (b − a)
+    /// (+1 for the nanosecond rounding of the emission interval).
+    #[test]
+    fn token_bucket_never_admits_more_than_capacity_plus_refill(
+        rate in 1.0f64..2_000.0,
+        burst_ms in 1u64..3_000,
+        gaps in prop::collection::vec(0u64..20_000, 1..300),
+    ) {
+        let burst = Duration::from_millis(burst_ms);
+        let b = TokenBucket::new(rate, burst, Nanos::ZERO);
+        let capacity = (rate * burst.as_secs_f64()).floor().max(1.0);
+        let admitted: Vec<Nanos> = times(&gaps)
+            .into_iter()
+            .filter(|t| b.check(*t).is_admit())
+            .collect();
+        for i in 0..admitted.len() {
+            for j in i..admitted.len() {
+                let span = admitted[j].saturating_since(admitted[i]).as_secs_f64();
+                let count = (j - i + 1) as f64;
+                prop_assert!(
+                    count <= capacity + rate * span + 1.0,
+                    "{count} admitted in {span}s (capacity {capacity}, rate {rate})"
+                );
+            }
+        }
+    }
+
+    /// A request sent exactly `retry_after` after a rejection is admitted.
+    #[test]
+    fn retry_after_is_exact(
+        rate in 0.5f64..5_000.0,
+        burst_ms in 1u64..2_000,
+        gaps in prop::collection::vec(0u64..5_000, 1..200),
+    ) {
+        let b = TokenBucket::new(rate, Duration::from_millis(burst_ms), Nanos::ZERO);
+        for t in times(&gaps) {
+            if let Decision::Reject(r) = b.check(t) {
+                prop_assert!(r.retry_after > Duration::ZERO);
+                prop_assert!(b.check(t + r.retry_after).is_admit());
+                break;
+            }
+        }
+    }
+
+    /// The window-counting limiters honour their retry_after too, and never admit
+    /// more than their quota in one fixed window.
+    #[test]
+    fn window_limiters_retry_after_and_quota(
+        rate in 1.0f64..500.0,
+        gaps in prop::collection::vec(0u64..10_000, 1..400),
+    ) {
+        let counted = FixedWindow::new(rate, Duration::from_secs(1));
+        let fixed = FixedWindow::new(rate, Duration::from_secs(1));
+        let sliding = SlidingWindowCounter::new(rate, Duration::from_secs(1));
+        let quota = rate.floor() as u64;
+        let mut per_window = std::collections::HashMap::<u64, u64>::new();
+        for t in times(&gaps) {
+            if counted.check(t).is_admit() {
+                *per_window.entry(t.as_u64() / 1_000_000_000).or_default() += 1;
+            }
+            if let Decision::Reject(r) = fixed.check(t) {
+                prop_assert!(fixed.check(t + r.retry_after).is_admit());
+            }
+            if let Decision::Reject(r) = sliding.check(t) {
+                prop_assert!(sliding.check(t + r.retry_after).is_admit(), "sliding retry_after {:?} at {t}", r.retry_after);
+            }
+        }
+        prop_assert!(per_window.values().all(|n| *n <= quota));
+    }
+
+    /// Half-window rates are never negative and the halves never hold more than
+    /// what arrived.
+    #[test]
+    fn window_rates_are_non_negative(
+        slots in prop::collection::vec((0u64..50, 0u64..2_000), 1..200),
+    ) {
+        let spec = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
+        let counter = SlotCounter::new(&spec);
+        let mut ring = SlotRing::new(&spec);
+        let mut t = 0u64;
+        let mut arrived = 0u64;
+        for (n, gap_ms) in slots {
+            t += gap_ms * 1_000_000;
+            let idx = counter.slot_index(Nanos::new(t));
+            if counter.needs_roll(idx) {
+                ring.advance(&counter, idx, |s| {
+                    assert!(s.sample.rate_prev_rps >= 0.0 && s.sample.rate_recent_rps >= 0.0);
+                });
+            }
+            for _ in 0..n {
+                counter.add();
+            }
+            arrived += n;
+            let s = ring.sample();
+            prop_assert!(s.rate_prev_rps >= 0.0 && s.rate_recent_rps >= 0.0);
+            prop_assert!(s.n_prev + s.n_recent <= arrived);
+            prop_assert!((s.roc - (s.rate_recent_rps - s.rate_prev_rps)).abs() < 1e-9);
+        }
+    }
+
+    /// Whatever the samples, the limit stays within [cut_limit, base_limit], and once
+    /// demand stops it returns to base.
+    #[test]
+    fn limit_stays_in_bounds_and_returns_to_base(
+        rates in prop::collection::vec(0.0f64..2_000.0, 1..400),
+        cut in 1.0f64..200.0,
+        extra in 0.0f64..500.0,
+        step in 1.0f64..100.0,
+    ) {
+        let params = ControllerParams {
+            base_limit_rps: cut + extra,
+            cut_limit_rps: cut,
+            restore_step_rps: step,
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(params.clone(), Nanos::ZERO, Duration::from_secs(6));
+        let mut prev = 0.0;
+        let mut t = 0u64;
+        for r in rates {
+            t += 100;
+            let sample = RocSample {
+                n_prev: (prev * 3.0) as u64,
+                n_recent: (r * 3.0) as u64,
+                rate_prev_rps: prev,
+                rate_recent_rps: r,
+                roc: r - prev,
+            };
+            c.observe(SampleAt { at: Nanos::from_millis(t), sample }, |_| {});
+            prop_assert!(c.limit_rps() >= params.cut_limit_rps && c.limit_rps() <= params.base_limit_rps);
+            prev = r;
+        }
+        // Demand gone: one calm sample, then one long after the longest possible cut.
+        let calm = SampleAt { at: Nanos::from_millis(t + 100), sample: RocSample::default() };
+        c.observe(calm, |_| {});
+        let steps = ((params.base_limit_rps - params.cut_limit_rps) / step).ceil() as u64;
+        let later = Nanos::from_millis(t + 100) + params.max_cut + params.hold
+            + params.min_dwell + params.restore_interval * (steps as u32 + 1);
+        c.observe(SampleAt { at: later, sample: RocSample::default() }, |_| {});
+        prop_assert_eq!(c.state(), ControllerState::Normal);
+        prop_assert_eq!(c.limit_rps(), params.base_limit_rps);
+    }
+
+    /// The same holds through the engine: random demand never pushes the limit out
+    /// of bounds, and silence brings it back to base.
+    #[test]
+    fn engine_limit_returns_to_base_after_load_falls(
+        rates in prop::collection::vec(0u64..800, 5..40),
+    ) {
+        let e = Engine::new(
+            &Config { routes: vec![RouteConfig::new("r", RouteMatch::any())] },
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        );
+        let id = RouteId(0);
+        let mut t = 0.0f64;
+        for rate in rates {
+            for k in 0..rate {
+                let _ = e.check(id, Key::None, Nanos::from_secs_f64(t + k as f64 / rate as f64));
+            }
+            t += 1.0;
+            let s = e.route_snapshot(id, Nanos::from_secs_f64(t));
+            prop_assert!(s.limit_rps >= s.cut_limit_rps && s.limit_rps <= s.base_limit_rps);
+        }
+        let end = Nanos::from_secs_f64(t + 120.0);
+        let _ = e.check(id, Key::None, end);
+        let s = e.route_snapshot(id, end);
+        prop_assert_eq!(s.state, ControllerState::Normal);
+        prop_assert_eq!(s.limit_rps, s.base_limit_rps);
+    }
+}
