@@ -183,7 +183,10 @@ mod tests {
     #[test]
     fn nanos_arithmetic_saturates() {
         assert_eq!(Nanos::ZERO - Duration::from_secs(1), Nanos::ZERO);
-        assert_eq!(Nanos::new(u64::MAX) + Duration::from_secs(1), Nanos::new(u64::MAX));
+        assert_eq!(
+            Nanos::new(u64::MAX) + Duration::from_secs(1),
+            Nanos::new(u64::MAX)
+        );
         assert_eq!(
             Nanos::from_secs(2).saturating_since(Nanos::from_secs(3)),
             Duration::ZERO

@@ -226,8 +226,7 @@ impl Controller {
             ControllerState::Cut => self.params.cut_limit_rps,
             ControllerState::Recovering => self.recovering_limit(now),
         };
-        if self.state == ControllerState::Recovering
-            && self.limit_rps >= self.params.base_limit_rps
+        if self.state == ControllerState::Recovering && self.limit_rps >= self.params.base_limit_rps
         {
             self.state = ControllerState::Normal;
             self.entered_at = now;
@@ -247,7 +246,9 @@ impl Controller {
             ControllerState::Recovering => {
                 let interval = duration_nanos(self.params.restore_interval).max(1);
                 let done = self.limit_steps() * interval;
-                Some(Nanos::new(self.entered_at.as_u64().saturating_add(done + interval)))
+                Some(Nanos::new(
+                    self.entered_at.as_u64().saturating_add(done + interval),
+                ))
             }
         }
     }
@@ -377,10 +378,20 @@ mod tests {
     }
 
     fn controller() -> Controller {
-        Controller::new(ControllerParams::default(), Nanos::ZERO, Duration::from_secs(6))
+        Controller::new(
+            ControllerParams::default(),
+            Nanos::ZERO,
+            Duration::from_secs(6),
+        )
     }
 
-    fn run(c: &mut Controller, from_ms: u64, to_ms: u64, prev: f64, recent: f64) -> Vec<Transition> {
+    fn run(
+        c: &mut Controller,
+        from_ms: u64,
+        to_ms: u64,
+        prev: f64,
+        recent: f64,
+    ) -> Vec<Transition> {
         let mut out = Vec::new();
         let mut t = from_ms;
         while t <= to_ms {
@@ -511,7 +522,10 @@ mod tests {
         assert_eq!(jumped.limit_rps(), stepped.limit_rps());
         let times: Vec<Nanos> = seen.iter().map(|t| t.at).collect();
         // Calm from 10.1 s: recovering at 12.1 s, normal 7 steps later.
-        assert_eq!(times, vec![Nanos::from_millis(12_100), Nanos::from_millis(19_100)]);
+        assert_eq!(
+            times,
+            vec![Nanos::from_millis(12_100), Nanos::from_millis(19_100)]
+        );
     }
 
     #[test]

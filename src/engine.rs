@@ -231,7 +231,10 @@ impl Engine {
             return;
         };
         let st = &mut *guard;
-        let before = (st.controller.limit_rps(), st.controller.params().base_limit_rps);
+        let before = (
+            st.controller.limit_rps(),
+            st.controller.params().base_limit_rps,
+        );
         let hook = self.hook.as_deref();
         let RouteState {
             ring,
@@ -265,7 +268,10 @@ impl Engine {
                 }
             });
         });
-        let after = (st.controller.limit_rps(), st.controller.params().base_limit_rps);
+        let after = (
+            st.controller.limit_rps(),
+            st.controller.params().base_limit_rps,
+        );
         if after != before {
             r.apply_limit(&st.controller, now);
         }
@@ -351,9 +357,12 @@ impl Route {
             (Mode::ShadowAdaptive, None) => {}
             _ => self.limiter.set_limit(limit, now),
         }
-        self.progress.store(c.progress().to_bits(), Ordering::Relaxed);
-        self.engaged
-            .store(c.state() != ControllerState::Normal && limit < base, Ordering::Relaxed);
+        self.progress
+            .store(c.progress().to_bits(), Ordering::Relaxed);
+        self.engaged.store(
+            c.state() != ControllerState::Normal && limit < base,
+            Ordering::Relaxed,
+        );
         self.generation.fetch_add(1, Ordering::Release);
     }
 
@@ -499,8 +508,13 @@ impl KeyEntry {
         if self.generation.load(Ordering::Relaxed) != generation {
             self.generation.store(generation, Ordering::Relaxed);
             let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
-            let progress = if r.mode == Mode::ShadowAdaptive { 1.0 } else { progress };
-            self.limiter.set_limit(tiers.limit(self.tier, progress), now);
+            let progress = if r.mode == Mode::ShadowAdaptive {
+                1.0
+            } else {
+                progress
+            };
+            self.limiter
+                .set_limit(tiers.limit(self.tier, progress), now);
         }
         let seen = self.last_seen.load(Ordering::Relaxed);
         if now.as_u64().saturating_sub(seen) > 1_000_000_000 {

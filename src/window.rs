@@ -250,7 +250,10 @@ impl SlotCounter {
     }
 
     fn drain(&self) -> u64 {
-        self.stripes.iter().map(|s| s.swap(0, Ordering::AcqRel)).sum()
+        self.stripes
+            .iter()
+            .map(|s| s.swap(0, Ordering::AcqRel))
+            .sum()
     }
 }
 
@@ -428,7 +431,12 @@ mod tests {
         let mut ring = SlotRing::new(&spec);
         // Slots 0..5 carry 2 arrivals each, slots 5..10 carry 6 each.
         for slot in 0..10u64 {
-            fill(&counter, &mut ring, Nanos::from_millis(slot * 100), if slot < 5 { 2 } else { 6 });
+            fill(
+                &counter,
+                &mut ring,
+                Nanos::from_millis(slot * 100),
+                if slot < 5 { 2 } else { 6 },
+            );
         }
         // Slot 9 is still accumulating: not counted yet; the oldest ring slot is still empty.
         let s = ring.sample();
@@ -457,7 +465,10 @@ mod tests {
         assert_eq!(samples.len(), 1 + 10 + 1);
         assert_eq!(samples.last().unwrap().at, Nanos::from_secs(3600));
         assert_eq!(ring.sample(), RocSample::default());
-        assert_eq!(counter.current(), counter.slot_index(Nanos::from_secs(3600)));
+        assert_eq!(
+            counter.current(),
+            counter.slot_index(Nanos::from_secs(3600))
+        );
     }
 
     #[test]
@@ -478,7 +489,12 @@ mod tests {
         let counter = SlotCounter::new(&spec);
         let mut ring = SlotRing::new(&spec);
         for (slot, n) in [1u64, 9, 9, 1, 0, 0, 5, 0, 0, 0].iter().enumerate() {
-            fill(&counter, &mut ring, Nanos::from_millis(slot as u64 * 100), *n);
+            fill(
+                &counter,
+                &mut ring,
+                Nanos::from_millis(slot as u64 * 100),
+                *n,
+            );
         }
         fill(&counter, &mut ring, Nanos::from_millis(1000), 0);
         assert_eq!(ring.max_run(2), 18);
