@@ -4,9 +4,41 @@
 //! convert into these types with [`TryFrom`]-style validation, and every error names
 //! the file and the field path (`routes[2].cut_limit: must be ≤ base_limit (200), got 300`).
 
+mod load;
+mod raw;
+
+pub use load::{ConfigError, Problem};
+
+/// `current` (the parameters of a route enforced by `algorithm`) changed by a JSON
+/// object of file fields (`{"base_limit": 300, "hold": "5s"}`), validated by the rules
+/// of the file; `origin` names the change in errors. For runtime changes through the
+/// admin API.
+///
+/// ```
+/// use rocgate::config::patch_controller;
+/// use rocgate::controller::ControllerParams;
+/// use rocgate::limiter::Algorithm;
+///
+/// let current = ControllerParams::default(); // base 200, cut 60
+/// let p = patch_controller(&current, &Algorithm::default(), r#"{"base_limit": 300, "hold": "5s"}"#, "PUT").unwrap();
+/// assert_eq!((p.base_limit_rps, p.hold.as_secs()), (300.0, 5));
+/// let e = patch_controller(&current, &Algorithm::default(), r#"{"cut_limit": 300}"#, "PUT").unwrap_err();
+/// assert_eq!(e.to_string(), "PUT: cut_limit: must be ≤ base_limit (200), got 300");
+/// ```
+pub fn patch_controller(
+    current: &ControllerParams,
+    algorithm: &Algorithm,
+    json: &str,
+    origin: &str,
+) -> Result<ControllerParams, ConfigError> {
+    raw::patch_controller(current, algorithm, json, origin)
+        .map_err(|problems| ConfigError::new(origin, problems))
+}
+
 use crate::controller::ControllerParams;
 use crate::limiter::Algorithm;
 use crate::window::WindowSpec;
+use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 /// A whole, validated configuration.
@@ -14,6 +46,18 @@ use std::time::{Duration, SystemTime};
 pub struct Config {
     /// Routes in match order: the first route that matches a request takes it.
     pub routes: Vec<RouteConfig>,
+    /// The reverse proxy's settings (`[server]` and `[admin]`); unused by the layer.
+    pub server: ServerConfig,
+}
+
+impl Config {
+    /// These routes, with the default proxy settings.
+    pub fn new(routes: Vec<RouteConfig>) -> Self {
+        Config {
+            routes,
+            server: ServerConfig::default(),
+        }
+    }
 }
 
 /// One protected route.
@@ -239,4 +283,46 @@ pub struct Event {
     pub duration: Duration,
     /// The profile in force meanwhile (the route's own, overridden field by field).
     pub controller: ControllerParams,
+}
+
+/// The reverse proxy's settings (`[server]` and `[admin]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerConfig {
+    /// Where clients connect.
+    pub listen: SocketAddr,
+    /// The upstream: `http://host:port`, no path.
+    pub upstream: String,
+    /// Longest wait for a TCP connection to the upstream.
+    pub connect_timeout: Duration,
+    /// Longest wait for the upstream's response head.
+    pub response_timeout: Duration,
+    /// Longest wait for a connection's first byte and complete request head.
+    pub header_read_timeout: Duration,
+    /// Largest request body forwarded.
+    pub max_body_bytes: u64,
+    /// Networks whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// How long requests in flight may finish after shutdown begins.
+    pub shutdown_grace: Duration,
+    /// Where the admin API listens.
+    pub admin_listen: SocketAddr,
+    /// Bearer token required by mutating admin endpoints, if set.
+    pub admin_token: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstream: "http://127.0.0.1:3000".into(),
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
+            max_body_bytes: 10 * 1024 * 1024,
+            trusted_proxies: Vec::new(),
+            shutdown_grace: Duration::from_secs(30),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            admin_token: None,
+        }
+    }
 }

@@ -1,0 +1,467 @@
+//! Loading a configuration: the TOML file, then overrides from the environment, then
+//! validation, with every problem reported in one [`ConfigError`].
+//!
+//! The file is read with the `config` crate, which also applies the overrides; see
+//! [`Config::load`] for how variables name fields.
+
+use super::raw::RawConfig;
+use super::Config;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+/// The documented default configuration, built into the binary.
+const EMBEDDED_DEFAULT: &str = include_str!("../../config/rocgate.toml");
+
+/// Prefix of the environment variables that override the file.
+const ENV_PREFIX: &str = "ROCGATE";
+/// Separator between the parts of an override's field path.
+const ENV_SEPARATOR: &str = "__";
+
+/// Why a configuration was refused: where it came from, and every problem found.
+///
+/// `Display` writes one problem per line, each prefixed with the origin:
+///
+/// ```text
+/// config/bad.toml: routes[2].cut_limit: must be ≤ base_limit (200), got 300
+/// config/bad.toml: line 4, column 9: invalid string, expected `"`
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    origin: String,
+    problems: Vec<Problem>,
+}
+
+impl ConfigError {
+    pub(crate) fn new(origin: &str, problems: Vec<Problem>) -> Self {
+        ConfigError {
+            origin: origin.to_owned(),
+            problems,
+        }
+    }
+
+    /// Where the configuration came from: the file path, or the origin given to
+    /// [`Config::from_toml_str`].
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// Every problem, in the order found (never empty).
+    pub fn problems(&self) -> &[Problem] {
+        &self.problems
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{}: {problem}", self.origin)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// One problem in a configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    location: String,
+    message: String,
+}
+
+impl Problem {
+    pub(crate) fn new(location: impl Into<String>, message: impl Into<String>) -> Self {
+        Problem {
+            location: location.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Where: a field path as written in the file (`routes[2].cut_limit`,
+    /// `defaults.hold`), a position for a syntax error (`line 4, column 9`), or empty
+    /// when the problem concerns the whole file.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// What is wrong, in lower case.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.location.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.location, self.message)
+        }
+    }
+}
+
+impl Config {
+    /// Loads and validates the file at `path`, with overrides from the process
+    /// environment.
+    ///
+    /// Any variable named `ROCGATE__` followed by a field path, with `__` between the
+    /// parts, overrides that field:
+    ///
+    /// ```text
+    /// ROCGATE__DEFAULTS__DANGER_ROC=95           # [defaults] danger_roc = 95
+    /// ROCGATE__ROUTES__0__BASE_LIMIT=300         # the first [[routes]]: base_limit = 300
+    /// ROCGATE__ROUTES__1__EVENTS__0__HOLD=5s     # its first event's hold
+    /// ```
+    ///
+    /// Names are case-insensitive; values are text, read as the field needs (`95`, `5s`,
+    /// `shadow`). A part made only of digits is an index into an array of tables
+    /// (`routes`, `events`, `tiers`, counted from 0), which must exist in the file: the
+    /// environment can change a route, not add one. Arrays of values (a tier's
+    /// `values`) cannot be set from the environment. An empty variable counts as unset.
+    /// Every `ROCGATE__` variable is an override, so an unknown field is an error as it
+    /// is in the file, and a problem in a value from the environment names the variable.
+    ///
+    /// ```
+    /// use rocgate::config::Config;
+    ///
+    /// let text = r#"
+    ///     [[routes]]
+    ///     name = "order"
+    ///     path = "/api/order"
+    /// "#;
+    /// let env = [("ROCGATE__DEFAULTS__DANGER_ROC".to_owned(), "95".to_owned())];
+    /// let config = Config::from_toml_str_with_env(text, "inline.toml", env).unwrap();
+    /// assert_eq!(config.routes[0].controller.danger_roc, 95.0);
+    /// ```
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new(
+                &origin,
+                vec![Problem::new("", format!("cannot read the file: {e}"))],
+            )
+        })?;
+        let env = std::env::vars_os().map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        });
+        Config::from_toml_str_with_env(&text, &origin, env)
+    }
+
+    /// Parses and validates TOML text, without environment overrides. `origin` names
+    /// the text in errors (a file path, or something like `"inline"`).
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str_with_env(text, origin, std::iter::empty())
+    }
+
+    /// Parses and validates TOML text with overrides from `env`, given as
+    /// `(name, value)` pairs; variables without the `ROCGATE__` prefix are ignored.
+    /// [`Config::load`] passes the process environment; tests pass their own.
+    pub fn from_toml_str_with_env(
+        text: &str,
+        origin: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let fail = |problems| ConfigError::new(origin, problems);
+        let file = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()
+            .map_err(|e| fail(vec![syntax_problem(text, &e)]))?;
+
+        let mut problems = Vec::new();
+        let mut overrides = Vec::new();
+        let mut vars = HashMap::new();
+        for (var, value) in env {
+            let Some(o) = Override::parse(var) else {
+                continue;
+            };
+            if value.is_empty() {
+                continue;
+            }
+            match o.missing_element(&file) {
+                Some(element) => problems.push(Problem::new(
+                    element,
+                    format!(
+                        "no such table in the file (set by environment variable {})",
+                        o.var
+                    ),
+                )),
+                None => {
+                    vars.insert(o.config_key(), value);
+                    overrides.push(o);
+                }
+            }
+        }
+
+        let merged = config::Config::builder()
+            .add_source(file)
+            .add_source(
+                config::Environment::with_prefix(ENV_PREFIX)
+                    .separator(ENV_SEPARATOR)
+                    .source(Some(vars.into_iter().collect())),
+            )
+            .build()
+            .map_err(|e| fail(vec![Problem::new("", e.to_string())]))?;
+        let found = match serde_path_to_error::deserialize::<_, RawConfig>(merged) {
+            Ok(raw) => match Config::try_from(raw) {
+                Ok(config) if problems.is_empty() => return Ok(config),
+                Ok(_) => Vec::new(),
+                Err(found) => found,
+            },
+            Err(e) => {
+                let location = match e.path().to_string() {
+                    root if root == "." => String::new(),
+                    path => path,
+                };
+                vec![Problem::new(location, shape_message(e.inner()))]
+            }
+        };
+        problems.extend(attribute(found, &overrides));
+        Err(fail(problems))
+    }
+
+    /// The documented default configuration (`config/rocgate.toml`, built in), without
+    /// environment overrides.
+    ///
+    /// # Panics
+    ///
+    /// Never in a released build: a unit test checks that the built-in file is valid.
+    pub fn embedded_default() -> Config {
+        Config::from_toml_str(EMBEDDED_DEFAULT, "config/rocgate.toml (built in)")
+            .expect("the built-in config/rocgate.toml is valid (checked by a unit test)")
+    }
+}
+
+/// One `ROCGATE__…` variable: its name and the field path it sets.
+struct Override {
+    var: String,
+    /// The field path as written in errors: `routes[0].events[1].hold`.
+    path: String,
+}
+
+impl Override {
+    /// The override a variable stands for, if it has the prefix.
+    fn parse(var: String) -> Option<Override> {
+        let lower = var.to_ascii_lowercase();
+        let prefix = format!("{}{ENV_SEPARATOR}", ENV_PREFIX.to_ascii_lowercase());
+        let rest = lower
+            .strip_prefix(&prefix)
+            .filter(|rest| !rest.is_empty())?;
+        let mut path = String::new();
+        for part in rest.split(ENV_SEPARATOR) {
+            if !path.is_empty() && !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+                path.push_str(&format!("[{part}]"));
+            } else {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(part);
+            }
+        }
+        Some(Override { var, path })
+    }
+
+    /// The key to give `config::Environment`, whose separator turns it back into the
+    /// path (an index stays an index: `ROCGATE__routes[0]__base_limit`).
+    fn config_key(&self) -> String {
+        format!(
+            "{ENV_PREFIX}{ENV_SEPARATOR}{}",
+            self.path.replace('.', ENV_SEPARATOR)
+        )
+    }
+
+    /// The first indexed table on the path that the file does not have, if any.
+    fn missing_element(&self, file: &config::Config) -> Option<String> {
+        self.path
+            .match_indices(']')
+            .map(|(end, _)| &self.path[..=end])
+            .find(|element| file.get::<config::Value>(element).is_err())
+            .map(str::to_owned)
+    }
+}
+
+/// Appends, to each problem in a value set from the environment, the variable that set it.
+fn attribute(problems: Vec<Problem>, overrides: &[Override]) -> Vec<Problem> {
+    problems
+        .into_iter()
+        .map(|mut problem| {
+            let within = |path: &str| {
+                problem.location.strip_prefix(path).is_some_and(|rest| {
+                    rest.is_empty() || rest.starts_with('.') || rest.starts_with('[')
+                })
+            };
+            if let Some(o) = overrides.iter().find(|o| within(&o.path)) {
+                problem.message = format!(
+                    "{} (set by environment variable {})",
+                    problem.message, o.var
+                );
+            }
+            problem
+        })
+        .collect()
+}
+
+/// The problem for a file the TOML parser refused, at its line and column.
+fn syntax_problem(text: &str, error: &config::ConfigError) -> Problem {
+    let cause = match error {
+        config::ConfigError::FileParse { cause, .. } => cause,
+        other => return Problem::new("", other.to_string()),
+    };
+    let Some(e) = cause.downcast_ref::<toml::de::Error>() else {
+        // A value the parser accepted but could not convert, such as an integer
+        // beyond 64 bits: the `config` crate gives no position for these.
+        return Problem::new("", format!("invalid TOML: {cause}"));
+    };
+    let message = e.message().lines().collect::<Vec<_>>().join("; ");
+    let Some(span) = e.span() else {
+        return Problem::new("", message);
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    Problem::new(format!("line {line}, column {column}"), message)
+}
+
+/// A deserialization error's message without the key and origin the `config` crate
+/// appends (the location is reported separately, and more precisely).
+fn shape_message(error: &config::ConfigError) -> String {
+    match error {
+        config::ConfigError::At { error, .. } => shape_message(error),
+        config::ConfigError::Type {
+            unexpected,
+            expected,
+            ..
+        } => format!("invalid type: {unexpected}, expected {expected}"),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Mode, Partition, PathPattern};
+    use crate::controller::ControllerParams;
+    use crate::limiter::Algorithm;
+    use crate::window::WindowSpec;
+    use std::time::Duration;
+
+    const ROUTE: &str = "[[routes]]\nname = \"order\"\npath = \"/api/order\"\n";
+
+    fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        vars.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn error(text: &str, vars: &[(&str, &str)]) -> String {
+        Config::from_toml_str_with_env(text, "t.toml", env(vars))
+            .expect_err("the config is invalid")
+            .to_string()
+    }
+
+    #[test]
+    fn the_embedded_default_is_valid_and_classic() {
+        let c = Config::embedded_default();
+        let order = &c.routes[0];
+        assert_eq!(order.name, "order");
+        assert_eq!(order.matcher.method.as_deref(), Some("POST"));
+        assert_eq!(order.matcher.path, PathPattern::Exact("/api/order".into()));
+        assert_eq!(order.controller, ControllerParams::default());
+        assert_eq!(order.window, WindowSpec::default());
+        assert_eq!(order.algorithm, Algorithm::default());
+        assert_eq!(order.mode, Mode::Enforce);
+        assert_eq!(order.partition, Partition::Route);
+        let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["order", "seckill", "default"]);
+        let catch_all = &c.routes[2];
+        assert_eq!(catch_all.matcher.path, PathPattern::Prefix("/".into()));
+        assert!(catch_all.controller.base_limit_rps > order.controller.base_limit_rps);
+    }
+
+    #[test]
+    fn env_overrides_defaults_routes_and_events() {
+        let text = format!("{ROUTE}[[routes.events]]\nname = \"sale\"\nstart = \"2030-01-01T00:00:00Z\"\nduration = \"30m\"\n");
+        let vars = env(&[
+            ("ROCGATE__DEFAULTS__DANGER_ROC", "95"),
+            ("rocgate__routes__0__base_limit", "300"),
+            ("ROCGATE__ROUTES__0__EVENTS__0__HOLD", "5s"),
+            ("ROCGATE__DEFAULTS__MODE", "shadow"),
+            ("ROCGATE__DEFAULTS__CUT_LIMIT", ""),
+            ("OTHER__DEFAULTS__BASE_LIMIT", "1"),
+        ]);
+        let c = Config::from_toml_str_with_env(&text, "t.toml", vars).unwrap();
+        let r = &c.routes[0];
+        assert_eq!(r.controller.danger_roc, 95.0);
+        assert_eq!(r.controller.base_limit_rps, 300.0);
+        assert_eq!(r.controller.cut_limit_rps, 60.0);
+        assert_eq!(r.mode, Mode::Shadow);
+        assert_eq!(r.events[0].controller.hold, Duration::from_secs(5));
+        assert_eq!(r.events[0].controller.base_limit_rps, 300.0);
+    }
+
+    #[test]
+    fn env_problems_name_the_variable() {
+        let e = error(ROUTE, &[("ROCGATE__DEFAULTS__HOLD", "soon")]);
+        assert!(
+            e.starts_with("t.toml: defaults.hold: invalid duration \"soon\""),
+            "{e}"
+        );
+        assert!(
+            e.ends_with("(set by environment variable ROCGATE__DEFAULTS__HOLD)"),
+            "{e}"
+        );
+        let e = error(ROUTE, &[("ROCGATE__ROUTES__3__BASE_LIMIT", "5")]);
+        assert_eq!(
+            e,
+            "t.toml: routes[3]: no such table in the file (set by environment variable ROCGATE__ROUTES__3__BASE_LIMIT)"
+        );
+        let e = error(ROUTE, &[("ROCGATE__DEFAULTS__DANGER", "5")]);
+        assert!(
+            e.starts_with("t.toml: defaults.danger: unknown field"),
+            "{e}"
+        );
+        assert!(e.contains("ROCGATE__DEFAULTS__DANGER)"), "{e}");
+        let e = error(ROUTE, &[("ROCGATE__ROUTES__0__CUT_LIMIT", "500")]);
+        assert!(
+            e.starts_with(
+                "t.toml: routes[0].cut_limit: must be ≤ base_limit (200), got 500 (set by"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_carry_line_and_column() {
+        let e = error("[defaults]\nhold = \"2s\"\nslot = \n", &[]);
+        assert!(e.starts_with("t.toml: line 3, column 8: "), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+        let e = error("[defaults]\nhold = \"2s\"\nhold = \"3s\"\n", &[]);
+        assert!(e.starts_with("t.toml: line 3, column 1: "), "{e}");
+        assert!(e.contains("duplicate key"), "{e}");
+    }
+
+    #[test]
+    fn an_unreadable_file_is_an_error_naming_it() {
+        let e = Config::load(Path::new("/nonexistent/rocgate.toml")).unwrap_err();
+        assert_eq!(e.origin(), "/nonexistent/rocgate.toml");
+        assert!(e
+            .to_string()
+            .starts_with("/nonexistent/rocgate.toml: cannot read the file: "));
+    }
+
+    #[test]
+    fn override_paths_turn_digits_into_indices() {
+        let o = Override::parse("ROCGATE__ROUTES__12__TIERS__0__BASE_LIMIT".into()).unwrap();
+        assert_eq!(o.path, "routes[12].tiers[0].base_limit");
+        assert_eq!(o.config_key(), "ROCGATE__routes[12]__tiers[0]__base_limit");
+        assert!(Override::parse("ROCGATEX__DEFAULTS__HOLD".into()).is_none());
+        assert!(Override::parse("ROCGATE_DEFAULTS_HOLD".into()).is_none());
+        assert!(Override::parse("ROCGATE__".into()).is_none());
+    }
+}

@@ -1,0 +1,1465 @@
+//! The file format: raw serde structs that mirror the TOML, and their validation into
+//! [`Config`].
+//!
+//! Deserialization checks only the shape (known fields, numbers where numbers go) and
+//! stops at the first shape error. Everything else (durations, names, modes, paths,
+//! limits and how they combine) is checked by [`Config::try_from`], which reports every
+//! problem, each under the field path as written in the file.
+//!
+//! A setting comes from the most specific place that gives it: an event, else its
+//! route, else `[defaults]`, else the built-in value (the classic ones of
+//! [`ControllerParams::default`]). A value that is wrong on its own is reported where it
+//! is written, once (`defaults.hold`, not once per route). Two values that do not fit
+//! together are reported at the more specific of the two: `[defaults]` `cut_limit = 60`
+//! with a route's `base_limit = 50` is `routes[i].base_limit: must be ≥ cut_limit (60)`.
+
+use super::load::Problem;
+use super::ServerConfig;
+use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
+use super::{Segment, Tier};
+use crate::controller::ControllerParams;
+use crate::limiter::{Algorithm, MAX_WINDOW_COUNT};
+use crate::window::{RocMode, WindowSpec};
+use serde::de::{self, Deserializer, Unexpected, Visitor};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, SystemTime};
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    #[serde(default)]
+    defaults: RawSettings,
+    #[serde(default)]
+    routes: Vec<RawRoute>,
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    admin: RawAdmin,
+}
+
+/// `[server]`: the reverse proxy.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    upstream: Option<String>,
+    connect_timeout: Option<String>,
+    response_timeout: Option<String>,
+    header_read_timeout: Option<String>,
+    max_body_bytes: Option<Whole>,
+    trusted_proxies: Option<Vec<String>>,
+    shutdown_grace: Option<String>,
+}
+
+/// `[admin]`: the admin API.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    listen: Option<String>,
+    token: Option<String>,
+}
+
+/// Declares `[defaults]` and `[[routes]]` from one list of settings, so that a route
+/// takes exactly the settings `[defaults]` takes, plus its own fields.
+macro_rules! tables {
+    (
+        settings { $($s:ident: $sty:ty,)* }
+        route { $($r:ident: $rty:ty,)* }
+    ) => {
+        /// `[defaults]`, or the settings part of a route or an event: every field optional.
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct RawSettings {
+            $($s: Option<$sty>,)*
+        }
+
+        /// One `[[routes]]` table.
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct RawRoute {
+            $(#[serde(default)] $r: $rty,)*
+            $($s: Option<$sty>,)*
+        }
+
+        /// A route's own fields, split from its settings.
+        struct RouteFields {
+            $($r: $rty,)*
+        }
+
+        impl RawRoute {
+            fn split(self) -> (RouteFields, RawSettings) {
+                (RouteFields { $($r: self.$r,)* }, RawSettings { $($s: self.$s,)* })
+            }
+        }
+    };
+}
+
+tables! {
+    settings {
+        window: String,
+        slot: String,
+        roc_mode: String,
+        base_limit: Num,
+        cut_limit: Num,
+        danger_roc: Num,
+        safe_roc: Num,
+        hold: String,
+        restore_step: Num,
+        restore_interval: String,
+        min_rps: Num,
+        min_samples: Whole,
+        min_dwell: String,
+        max_cut: String,
+        mode: String,
+        algorithm: String,
+        burst: String,
+        limiter_window: String,
+        queue: Whole,
+        partition: String,
+        max_keys: Whole,
+        idle_timeout: String,
+    }
+    route {
+        name: Option<String>,
+        method: Option<String>,
+        path: Option<String>,
+        path_prefix: Option<String>,
+        tiers: Vec<RawTier>,
+        events: Vec<RawEvent>,
+    }
+}
+
+/// One `[[routes.tiers]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    name: Option<String>,
+    values: Option<Vec<String>>,
+    base_limit: Option<Num>,
+    cut_limit: Option<Num>,
+}
+
+/// One `[[routes.events]]` table: when, and the controller settings it changes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvent {
+    name: Option<String>,
+    start: Option<String>,
+    duration: Option<String>,
+    base_limit: Option<Num>,
+    cut_limit: Option<Num>,
+    danger_roc: Option<Num>,
+    safe_roc: Option<Num>,
+    hold: Option<String>,
+    restore_step: Option<Num>,
+    restore_interval: Option<String>,
+    min_rps: Option<Num>,
+    min_samples: Option<Whole>,
+    min_dwell: Option<String>,
+    max_cut: Option<String>,
+    roc_mode: Option<String>,
+}
+
+impl RawEvent {
+    fn split(self) -> ([Option<String>; 3], RawSettings) {
+        let settings = RawSettings {
+            base_limit: self.base_limit,
+            cut_limit: self.cut_limit,
+            danger_roc: self.danger_roc,
+            safe_roc: self.safe_roc,
+            hold: self.hold,
+            restore_step: self.restore_step,
+            restore_interval: self.restore_interval,
+            min_rps: self.min_rps,
+            min_samples: self.min_samples,
+            min_dwell: self.min_dwell,
+            max_cut: self.max_cut,
+            roc_mode: self.roc_mode,
+            ..RawSettings::default()
+        };
+        ([self.name, self.start, self.duration], settings)
+    }
+}
+
+/// A number, as written in the file (integer or float) or as text from the
+/// environment. Stricter than the `config` crate's own conversion: `true` is not 1.
+#[derive(Clone, Copy, Debug)]
+struct Num(f64);
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct NumVisitor;
+        impl Visitor<'_> for NumVisitor {
+            type Value = Num;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(v as f64))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(v as f64))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Num, E> {
+                Ok(Num(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Num, E> {
+                v.trim()
+                    .parse()
+                    .map(Num)
+                    .map_err(|_| E::invalid_value(Unexpected::Str(v), &self))
+            }
+        }
+        d.deserialize_any(NumVisitor)
+    }
+}
+
+/// A whole number ≥ 0, as written in the file or as text from the environment.
+#[derive(Clone, Copy, Debug)]
+struct Whole(u64);
+
+impl<'de> Deserialize<'de> for Whole {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct WholeVisitor;
+        impl Visitor<'_> for WholeVisitor {
+            type Value = Whole;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number ≥ 0")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Whole, E> {
+                u64::try_from(v)
+                    .map(Whole)
+                    .map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Whole, E> {
+                Ok(Whole(v))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Whole, E> {
+                Err(E::invalid_value(Unexpected::Float(v), &self))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Whole, E> {
+                v.trim()
+                    .parse()
+                    .map(Whole)
+                    .map_err(|_| E::invalid_value(Unexpected::Str(v), &self))
+            }
+        }
+        d.deserialize_any(WholeVisitor)
+    }
+}
+
+/// Where a value was written. Later variants are more specific; only scopes of one
+/// route are ever compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    /// Not written anywhere: the built-in value.
+    Builtin,
+    /// The value in force before a runtime change.
+    Current,
+    /// `[defaults]`.
+    Defaults,
+    /// `routes[i]`.
+    Route(usize),
+    /// `routes[i].events[j]`.
+    Event(usize, usize),
+    /// `routes[i].tiers[j]`.
+    Tier(usize, usize),
+    /// A field of a runtime change.
+    Patch,
+}
+
+impl Scope {
+    /// The path of `field` at this scope, as written in the file.
+    fn path(self, field: &str) -> String {
+        match self {
+            Scope::Builtin | Scope::Defaults => format!("defaults.{field}"),
+            Scope::Current | Scope::Patch => field.to_owned(),
+            Scope::Route(i) => format!("routes[{i}].{field}"),
+            Scope::Event(i, j) => format!("routes[{i}].events[{j}].{field}"),
+            Scope::Tier(i, j) => format!("routes[{i}].tiers[{j}].{field}"),
+        }
+    }
+}
+
+/// A value and where it was written.
+#[derive(Clone, Debug)]
+struct Set<T> {
+    value: T,
+    scope: Scope,
+}
+
+/// A setting in force somewhere, or `None` where what was written is invalid (and
+/// already reported).
+type Res<T> = Option<Set<T>>;
+
+/// The problems found so far, without repeats (a `[defaults]` value that does not fit
+/// is found once per route).
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn at(&mut self, location: String, message: impl Into<String>) {
+        let problem = Problem::new(location, message);
+        if !self.0.contains(&problem) {
+            self.0.push(problem);
+        }
+    }
+}
+
+/// The enforcing algorithm, as named in the file; its settings are separate fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    TokenBucket,
+    FixedWindow,
+    SlidingWindow,
+    LeakyBucket,
+    Concurrency,
+}
+
+const ALGORITHMS: [(&str, Kind); 5] = [
+    ("token_bucket", Kind::TokenBucket),
+    ("fixed_window", Kind::FixedWindow),
+    ("sliding_window", Kind::SlidingWindow),
+    ("leaky_bucket", Kind::LeakyBucket),
+    ("concurrency", Kind::Concurrency),
+];
+
+/// The partition, as named in the file; its key limits are separate fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PartitionKind {
+    Route,
+    Ip,
+    /// Lower-case header name.
+    Header(String),
+}
+
+/// Every setting as in force at one place: `[defaults]`, a route, or an event.
+#[derive(Clone, Debug)]
+struct Settings {
+    window: Res<Duration>,
+    slot: Res<Duration>,
+    roc_mode: Res<RocMode>,
+    base_limit: Res<f64>,
+    cut_limit: Res<f64>,
+    danger_roc: Res<f64>,
+    safe_roc: Res<f64>,
+    hold: Res<Duration>,
+    restore_step: Res<f64>,
+    restore_interval: Res<Duration>,
+    min_rps: Res<f64>,
+    min_samples: Res<u64>,
+    min_dwell: Res<Duration>,
+    max_cut: Res<Duration>,
+    mode: Res<Mode>,
+    algorithm: Res<Kind>,
+    burst: Res<Duration>,
+    limiter_window: Res<Duration>,
+    queue: Res<u32>,
+    partition: Res<PartitionKind>,
+    max_keys: Res<usize>,
+    idle_timeout: Res<Duration>,
+}
+
+impl Settings {
+    /// The built-in values: the classic ones, a token bucket of one second, no partition.
+    fn builtin() -> Settings {
+        fn b<T>(value: T) -> Res<T> {
+            Some(Set {
+                value,
+                scope: Scope::Builtin,
+            })
+        }
+        let c = ControllerParams::default();
+        let w = WindowSpec::default();
+        let k = KeyLimits::default();
+        Settings {
+            window: b(w.window()),
+            slot: b(w.slot()),
+            roc_mode: b(c.roc_mode),
+            base_limit: b(c.base_limit_rps),
+            cut_limit: b(c.cut_limit_rps),
+            danger_roc: b(c.danger_roc),
+            safe_roc: b(c.safe_roc),
+            hold: b(c.hold),
+            restore_step: b(c.restore_step_rps),
+            restore_interval: b(c.restore_interval),
+            min_rps: b(c.min_rps),
+            min_samples: b(c.min_samples),
+            min_dwell: b(c.min_dwell),
+            max_cut: b(c.max_cut),
+            mode: b(Mode::default()),
+            algorithm: b(Kind::TokenBucket),
+            burst: b(Duration::from_secs(1)),
+            limiter_window: b(Duration::from_secs(1)),
+            queue: b(0),
+            partition: b(PartitionKind::Route),
+            max_keys: b(k.max_keys),
+            idle_timeout: b(k.idle_timeout),
+        }
+    }
+
+    /// These settings, overridden by those written at `at`; each value written there
+    /// is checked on its own.
+    fn over(&self, raw: RawSettings, at: Scope, p: &mut Problems) -> Settings {
+        let mut r = Reader { p, at };
+        Settings {
+            window: r.read("window", raw.window, &self.window, any_duration),
+            slot: r.read("slot", raw.slot, &self.slot, any_duration),
+            roc_mode: r.read("roc_mode", raw.roc_mode, &self.roc_mode, roc_mode),
+            base_limit: r.read("base_limit", raw.base_limit, &self.base_limit, positive),
+            cut_limit: r.read("cut_limit", raw.cut_limit, &self.cut_limit, positive),
+            danger_roc: r.read("danger_roc", raw.danger_roc, &self.danger_roc, finite),
+            safe_roc: r.read("safe_roc", raw.safe_roc, &self.safe_roc, finite),
+            hold: r.read("hold", raw.hold, &self.hold, any_duration),
+            restore_step: r.read(
+                "restore_step",
+                raw.restore_step,
+                &self.restore_step,
+                positive,
+            ),
+            restore_interval: r.read(
+                "restore_interval",
+                raw.restore_interval,
+                &self.restore_interval,
+                nonzero_duration,
+            ),
+            min_rps: r.read("min_rps", raw.min_rps, &self.min_rps, non_negative),
+            min_samples: r.read("min_samples", raw.min_samples, &self.min_samples, |w| {
+                Ok(w.0)
+            }),
+            min_dwell: r.read("min_dwell", raw.min_dwell, &self.min_dwell, any_duration),
+            max_cut: r.read("max_cut", raw.max_cut, &self.max_cut, nonzero_duration),
+            mode: r.read("mode", raw.mode, &self.mode, mode),
+            algorithm: r.read("algorithm", raw.algorithm, &self.algorithm, algorithm),
+            burst: r.read("burst", raw.burst, &self.burst, nonzero_duration),
+            limiter_window: r.read(
+                "limiter_window",
+                raw.limiter_window,
+                &self.limiter_window,
+                nonzero_duration,
+            ),
+            queue: r.read("queue", raw.queue, &self.queue, queue_length),
+            partition: r.read("partition", raw.partition, &self.partition, partition),
+            max_keys: r.read("max_keys", raw.max_keys, &self.max_keys, key_count),
+            idle_timeout: r.read(
+                "idle_timeout",
+                raw.idle_timeout,
+                &self.idle_timeout,
+                nonzero_duration,
+            ),
+        }
+    }
+}
+
+/// Reads the values written at one scope.
+struct Reader<'a> {
+    p: &'a mut Problems,
+    at: Scope,
+}
+
+impl Reader<'_> {
+    /// `raw` parsed and checked, if it was written; else the setting in force below.
+    fn read<R, T: Clone>(
+        &mut self,
+        field: &str,
+        raw: Option<R>,
+        under: &Res<T>,
+        parse: impl FnOnce(R) -> Result<T, String>,
+    ) -> Res<T> {
+        let Some(raw) = raw else {
+            return under.clone();
+        };
+        match parse(raw) {
+            Ok(value) => Some(Set {
+                value,
+                scope: self.at,
+            }),
+            Err(message) => {
+                self.p.at(self.at.path(field), message);
+                None
+            }
+        }
+    }
+
+    /// `raw` parsed and checked; reported as required when absent.
+    fn require<R, T: Clone>(
+        &mut self,
+        field: &str,
+        raw: Option<R>,
+        parse: impl FnOnce(R) -> Result<T, String>,
+    ) -> Res<T> {
+        if raw.is_none() {
+            self.p.at(self.at.path(field), "required");
+        }
+        self.read(field, raw, &None, parse)
+    }
+}
+
+fn any_duration(text: String) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
+}
+
+fn nonzero_duration(text: String) -> Result<Duration, String> {
+    match any_duration(text)? {
+        d if d.is_zero() => Err("must be longer than zero".to_owned()),
+        d => Ok(d),
+    }
+}
+
+fn utc_time(text: String) -> Result<SystemTime, String> {
+    humantime::parse_rfc3339(text.trim()).map_err(|e| {
+        format!(
+            "must be an RFC 3339 UTC time such as \"2026-11-27T20:00:00Z\" (no other offset than Z), got {text:?}: {e}"
+        )
+    })
+}
+
+fn queue_length(w: Whole) -> Result<u32, String> {
+    u32::try_from(w.0).map_err(|_| format!("must be at most {}, got {}", u32::MAX, w.0))
+}
+
+fn key_count(w: Whole) -> Result<usize, String> {
+    match usize::try_from(w.0) {
+        Ok(0) => Err("must be at least 1, got 0".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("must be at most {}, got {}", usize::MAX, w.0)),
+    }
+}
+
+fn positive(n: Num) -> Result<f64, String> {
+    if n.0.is_finite() && n.0 > 0.0 {
+        Ok(n.0)
+    } else {
+        Err(format!("must be a number > 0, got {}", n.0))
+    }
+}
+
+fn non_negative(n: Num) -> Result<f64, String> {
+    if n.0.is_finite() && n.0 >= 0.0 {
+        Ok(n.0)
+    } else {
+        Err(format!("must be a number ≥ 0, got {}", n.0))
+    }
+}
+
+fn finite(n: Num) -> Result<f64, String> {
+    if n.0.is_finite() {
+        Ok(n.0)
+    } else {
+        Err(format!("must be a finite number, got {}", n.0))
+    }
+}
+
+fn choice<T: Clone>(text: &str, options: &[(&str, T)]) -> Result<T, String> {
+    options
+        .iter()
+        .find(|(name, _)| *name == text)
+        .map(|(_, value)| value.clone())
+        .ok_or_else(|| {
+            let names: Vec<String> = options
+                .iter()
+                .map(|(name, _)| format!("{name:?}"))
+                .collect();
+            format!("must be one of {}, got {text:?}", names.join(", "))
+        })
+}
+
+fn roc_mode(text: String) -> Result<RocMode, String> {
+    choice(
+        &text,
+        &[
+            ("absolute", RocMode::Absolute),
+            ("relative", RocMode::Relative),
+        ],
+    )
+}
+
+fn mode(text: String) -> Result<Mode, String> {
+    choice(
+        &text,
+        &[Mode::Enforce, Mode::Shadow, Mode::ShadowAdaptive].map(|m| (m.as_str(), m)),
+    )
+}
+
+fn algorithm(text: String) -> Result<Kind, String> {
+    choice(&text, &ALGORITHMS)
+}
+
+fn partition(text: String) -> Result<PartitionKind, String> {
+    match text.as_str() {
+        "route" => Ok(PartitionKind::Route),
+        "ip" => Ok(PartitionKind::Ip),
+        _ => match text.strip_prefix("header:") {
+            Some(name) if is_token(name) => Ok(PartitionKind::Header(name.to_ascii_lowercase())),
+            Some(name) => Err(format!("{name:?} is not a valid HTTP header name")),
+            None => Err(format!(
+                r#"must be "route", "ip" or "header:<name>", got {text:?}"#
+            )),
+        },
+    }
+}
+
+/// Whether `s` is an HTTP token (RFC 9110 §5.6.2), as header names and methods are.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Checks a name that may become a metric label value: `A-Z a-z 0-9 _ . : -`.
+fn check_name(p: &mut Problems, at: Scope, raw: Option<String>) -> Option<String> {
+    let is_label = |n: &str| {
+        !n.is_empty()
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c))
+    };
+    match raw {
+        Some(n) if is_label(&n) => return Some(n),
+        Some(n) => p.at(
+            at.path("name"),
+            format!("must be non-empty and use only A-Z a-z 0-9 _ . : - (it is a metric label value), got {n:?}"),
+        ),
+        None => p.at(at.path("name"), "required"),
+    }
+    None
+}
+
+/// Reports `low` above `high` (or equal to it, when `strict`) at the more specific of
+/// the two.
+fn ordered(p: &mut Problems, low: (&str, &Set<f64>), high: (&str, &Set<f64>), strict: bool) {
+    let ((low_name, low), (high_name, high)) = (low, high);
+    let fits = if strict {
+        low.value < high.value
+    } else {
+        low.value <= high.value
+    };
+    if fits {
+        return;
+    }
+    let (below, above) = if strict { ("<", ">") } else { ("≤", "≥") };
+    if low.scope >= high.scope {
+        let message = format!(
+            "must be {below} {high_name} ({}), got {}",
+            high.value, low.value
+        );
+        p.at(low.scope.path(low_name), message);
+    } else {
+        let message = format!(
+            "must be {above} {low_name} ({}), got {}",
+            low.value, high.value
+        );
+        p.at(high.scope.path(high_name), message);
+    }
+}
+
+/// The controller parameters, with the checks of how they combine.
+fn controller_params(p: &mut Problems, s: &Settings) -> Option<ControllerParams> {
+    if let (Some(cut), Some(base)) = (&s.cut_limit, &s.base_limit) {
+        ordered(p, ("cut_limit", cut), ("base_limit", base), false);
+    }
+    if let (Some(safe), Some(danger)) = (&s.safe_roc, &s.danger_roc) {
+        ordered(p, ("safe_roc", safe), ("danger_roc", danger), true);
+    }
+    if let Some(mode) = s.roc_mode.as_ref().filter(|m| m.value == RocMode::Relative) {
+        for (field, threshold) in [("danger_roc", &s.danger_roc), ("safe_roc", &s.safe_roc)] {
+            if threshold
+                .as_ref()
+                .is_some_and(|t| t.scope == Scope::Builtin)
+            {
+                p.at(
+                    mode.scope.path(field),
+                    "must be set when roc_mode is relative: it is then a ratio (1.0 means demand doubled)",
+                );
+            }
+        }
+        if let Some(safe) = s.safe_roc.as_ref().filter(|t| t.value <= -1.0) {
+            p.at(
+                safe.scope.max(mode.scope).path("safe_roc"),
+                format!(
+                    "must be > -1 when roc_mode is relative (demand cannot fall by more than all of it), got {}",
+                    safe.value
+                ),
+            );
+        }
+        if let Some(min) = s.min_rps.as_ref().filter(|m| m.value == 0.0) {
+            p.at(
+                min.scope.max(mode.scope).path("min_rps"),
+                "must be > 0 when roc_mode is relative (it is the least denominator of the ratio)",
+            );
+        }
+    }
+    Some(ControllerParams {
+        base_limit_rps: s.base_limit.as_ref()?.value,
+        cut_limit_rps: s.cut_limit.as_ref()?.value,
+        danger_roc: s.danger_roc.as_ref()?.value,
+        safe_roc: s.safe_roc.as_ref()?.value,
+        hold: s.hold.as_ref()?.value,
+        restore_step_rps: s.restore_step.as_ref()?.value,
+        restore_interval: s.restore_interval.as_ref()?.value,
+        min_rps: s.min_rps.as_ref()?.value,
+        min_samples: s.min_samples.as_ref()?.value,
+        min_dwell: s.min_dwell.as_ref()?.value,
+        max_cut: s.max_cut.as_ref()?.value,
+        roc_mode: s.roc_mode.as_ref()?.value,
+    })
+}
+
+/// Checks limits against the algorithm that enforces them: whole numbers for
+/// `concurrency`, window quotas that a window counter can hold and that admit at least
+/// one request for `fixed_window` and `sliding_window`. Each limit is `(field, value,
+/// whether it is a limit rather than a step)`.
+fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool)]) {
+    let Some(kind) = &s.algorithm else { return };
+    for &(field, v, is_limit) in limits {
+        match kind.value {
+            Kind::Concurrency if v.value < 1.0 || v.value.fract() != 0.0 => p.at(
+                v.scope.max(kind.scope).path(field),
+                format!(
+                    "must be a whole number ≥ 1 with algorithm concurrency (it counts requests in flight), got {}",
+                    v.value
+                ),
+            ),
+            Kind::FixedWindow | Kind::SlidingWindow if is_limit => {
+                let Some(window) = &s.limiter_window else { continue };
+                let quota = v.value * window.value.as_secs_f64();
+                let at = v.scope.max(kind.scope).max(window.scope).path(field);
+                if quota > MAX_WINDOW_COUNT as f64 {
+                    p.at(
+                        at,
+                        format!(
+                            "{field} × limiter_window must be at most {MAX_WINDOW_COUNT} requests (what a window counter holds), got {quota}"
+                        ),
+                    );
+                } else if quota < 1.0 {
+                    p.at(at, format!("{field} × limiter_window must admit at least 1 request, got {quota}"));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The route-level limits of `s`, for [`check_limits`].
+fn check_route_limits(p: &mut Problems, s: &Settings) {
+    let mut limits = Vec::new();
+    for (field, v, is_limit) in [
+        ("base_limit", &s.base_limit, true),
+        ("cut_limit", &s.cut_limit, true),
+        ("restore_step", &s.restore_step, false),
+    ] {
+        if let Some(v) = v {
+            limits.push((field, v, is_limit));
+        }
+    }
+    check_limits(p, s, &limits);
+}
+
+/// The enforcing algorithm with its settings; a setting of another algorithm written
+/// on the route itself is reported, since it would do nothing.
+fn algorithm_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Algorithm> {
+    let kind = s.algorithm.as_ref()?.value;
+    let name = ALGORITHMS
+        .iter()
+        .find(|(_, k)| *k == kind)
+        .map_or("", |(n, _)| n);
+    let written_here = |scope: Option<Scope>| scope == Some(at);
+    for (field, scope, applies, algorithms) in [
+        (
+            "burst",
+            s.burst.as_ref().map(|v| v.scope),
+            kind == Kind::TokenBucket,
+            "token_bucket",
+        ),
+        (
+            "limiter_window",
+            s.limiter_window.as_ref().map(|v| v.scope),
+            matches!(kind, Kind::FixedWindow | Kind::SlidingWindow),
+            "fixed_window and sliding_window",
+        ),
+        (
+            "queue",
+            s.queue.as_ref().map(|v| v.scope),
+            matches!(kind, Kind::LeakyBucket | Kind::Concurrency),
+            "leaky_bucket and concurrency",
+        ),
+    ] {
+        if written_here(scope) && !applies {
+            p.at(
+                at.path(field),
+                format!("applies only to {algorithms}, and this route uses {name}"),
+            );
+        }
+    }
+    Some(match kind {
+        Kind::TokenBucket => Algorithm::TokenBucket {
+            burst: s.burst.as_ref()?.value,
+        },
+        Kind::FixedWindow => Algorithm::FixedWindow {
+            window: s.limiter_window.as_ref()?.value,
+        },
+        Kind::SlidingWindow => Algorithm::SlidingWindow {
+            window: s.limiter_window.as_ref()?.value,
+        },
+        Kind::LeakyBucket => Algorithm::LeakyBucket {
+            queue: s.queue.as_ref()?.value,
+        },
+        Kind::Concurrency => Algorithm::Concurrency {
+            queue: s.queue.as_ref()?.value,
+        },
+    })
+}
+
+/// The ROC window; a shape [`WindowSpec`] refuses is reported under `slot`.
+fn window_spec(p: &mut Problems, s: &Settings) -> Option<WindowSpec> {
+    let (window, slot) = (s.window.as_ref()?, s.slot.as_ref()?);
+    WindowSpec::new(window.value, slot.value)
+        .map_err(|e| p.at(window.scope.max(slot.scope).path("slot"), e.to_string()))
+        .ok()
+}
+
+/// The partition with its key limits; a key limit written on an unpartitioned route
+/// itself is reported, since it would do nothing.
+fn partition_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Partition> {
+    let kind = &s.partition.as_ref()?.value;
+    if *kind == PartitionKind::Route {
+        for (field, scope) in [
+            ("max_keys", s.max_keys.as_ref().map(|v| v.scope)),
+            ("idle_timeout", s.idle_timeout.as_ref().map(|v| v.scope)),
+        ] {
+            if scope == Some(at) {
+                p.at(
+                    at.path(field),
+                    r#"applies only to partitioned routes (partition = "ip" or "header:<name>")"#,
+                );
+            }
+        }
+    }
+    let limits = || {
+        Some(KeyLimits {
+            max_keys: s.max_keys.as_ref()?.value,
+            idle_timeout: s.idle_timeout.as_ref()?.value,
+        })
+    };
+    Some(match kind {
+        PartitionKind::Route => Partition::Route,
+        PartitionKind::Ip => Partition::ClientIp(limits()?),
+        PartitionKind::Header(header) => Partition::Header(header.clone(), limits()?),
+    })
+}
+
+/// Which requests the route takes.
+fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch> {
+    let method = match &own.method {
+        None => Some(None),
+        Some(m) if is_token(m) => Some(Some(m.to_ascii_uppercase())),
+        Some(m) => {
+            p.at(
+                at.path("method"),
+                format!(r#"must be an HTTP method such as "GET" or "POST", got {m:?}"#),
+            );
+            None
+        }
+    };
+    let mut check = |field: &str, path: &str| {
+        let problem = if !path.starts_with('/') {
+            format!("must start with '/', got {path:?}")
+        } else if path.contains(['?', '#']) || path.contains(char::is_whitespace) {
+            format!(
+                "must not contain '?', '#' or whitespace (only the path is matched), got {path:?}"
+            )
+        } else if field == "path_prefix" && path.contains(['{', '}']) {
+            format!("must not contain '{{' or '}}' (templates go in path), got {path:?}")
+        } else {
+            return true;
+        };
+        p.at(at.path(field), problem);
+        false
+    };
+    let pattern = match (&own.path, &own.path_prefix) {
+        (Some(_), Some(_)) => {
+            p.at(at.path("path_prefix"), "cannot be set together with path: set one of the two");
+            None
+        }
+        (None, None) => {
+            p.at(at.path("path"), "required: set path (exact or a template) or path_prefix");
+            None
+        }
+        (None, Some(prefix)) => check("path_prefix", prefix).then(|| PathPattern::Prefix(prefix.clone())),
+        (Some(path), None) if check("path", path) => PathPattern::parse_path(path).or_else(|| {
+            let message = format!(
+                r#"invalid template {path:?}: each {{param}} must be a whole segment with a name, as in "/api/items/{{id}}""#
+            );
+            p.at(at.path("path"), message);
+            None
+        }),
+        (Some(_), None) => None,
+    };
+    Some(RouteMatch {
+        method: method?,
+        path: pattern?,
+    })
+}
+
+/// The route's tiers: named key values with limits of their own.
+fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> Option<Vec<Tier>> {
+    let partition = s.partition.as_ref().map(|k| &k.value);
+    if !raw.is_empty() && partition == Some(&PartitionKind::Route) {
+        p.at(
+            format!("routes[{i}].tiers"),
+            r#"only partitioned routes have tiers: set partition = "ip" or "header:<name>""#,
+        );
+    }
+    let mut names = HashMap::new();
+    let mut owners: HashMap<String, String> = HashMap::new();
+    let mut tiers = Vec::new();
+    let mut complete = true;
+    for (j, t) in raw.into_iter().enumerate() {
+        let at = Scope::Tier(i, j);
+        let name = check_name(p, at, t.name);
+        if let Some(n) = &name {
+            if let Some(first) = names.insert(n.clone(), j) {
+                p.at(
+                    at.path("name"),
+                    format!("duplicate of routes[{i}].tiers[{first}].name ({n:?})"),
+                );
+            }
+        }
+        let mut values = Vec::new();
+        match t.values {
+            None => p.at(
+                at.path("values"),
+                "required: the key values that belong to the tier",
+            ),
+            Some(v) if v.is_empty() => p.at(at.path("values"), "must hold at least one key value"),
+            Some(v) => {
+                for (k, value) in v.into_iter().enumerate() {
+                    let location = format!("{}[{k}]", at.path("values"));
+                    let value = match partition {
+                        Some(PartitionKind::Ip) => match value.trim().parse::<IpAddr>() {
+                            Ok(ip) => ip.to_string(),
+                            Err(_) => {
+                                p.at(location, format!("must be an IP address, got {value:?}"));
+                                continue;
+                            }
+                        },
+                        _ if value.is_empty() => {
+                            p.at(location, "must not be empty");
+                            continue;
+                        }
+                        _ => value,
+                    };
+                    match owners.get(&value) {
+                        Some(first) => p.at(
+                            location,
+                            format!("duplicate of {first} ({value:?}): a key belongs to one tier"),
+                        ),
+                        None => {
+                            owners.insert(value.clone(), location);
+                        }
+                    }
+                    values.push(value);
+                }
+            }
+        }
+        let mut r = Reader { p: &mut *p, at };
+        let base = r.require("base_limit", t.base_limit, positive);
+        let cut = r.require("cut_limit", t.cut_limit, positive);
+        if let (Some(base), Some(cut)) = (&base, &cut) {
+            ordered(p, ("cut_limit", cut), ("base_limit", base), false);
+            check_limits(
+                p,
+                s,
+                &[("base_limit", base, true), ("cut_limit", cut, true)],
+            );
+        }
+        match (name, base, cut) {
+            (Some(name), Some(base), Some(cut)) if !values.is_empty() => tiers.push(Tier {
+                name,
+                values,
+                base_limit_rps: base.value,
+                cut_limit_rps: cut.value,
+            }),
+            _ => complete = false,
+        }
+    }
+    complete.then_some(tiers)
+}
+
+/// The route's scheduled events, each a profile over the route's own settings.
+fn route_events(
+    p: &mut Problems,
+    i: usize,
+    raw: Vec<RawEvent>,
+    s: &Settings,
+) -> Option<Vec<Event>> {
+    let mut names = HashMap::new();
+    let mut events = Vec::new();
+    let mut spans = Vec::new();
+    let mut complete = true;
+    for (j, e) in raw.into_iter().enumerate() {
+        let at = Scope::Event(i, j);
+        let ([name_raw, start_raw, duration_raw], settings) = e.split();
+        let es = s.over(settings, at, p);
+        let name = check_name(p, at, name_raw);
+        if let Some(n) = &name {
+            if let Some(first) = names.insert(n.clone(), j) {
+                p.at(
+                    at.path("name"),
+                    format!("duplicate of routes[{i}].events[{first}].name ({n:?})"),
+                );
+            }
+        }
+        let mut r = Reader { p: &mut *p, at };
+        let start = r.require("start", start_raw, utc_time);
+        let duration = r.require("duration", duration_raw, nonzero_duration);
+        if let (Some(start), Some(d)) = (&start, &duration) {
+            match start.value.checked_add(d.value) {
+                Some(end) => spans.push((start.value, end, j)),
+                None => p.at(
+                    at.path("duration"),
+                    "too long: the end of the event cannot be represented",
+                ),
+            }
+        }
+        let controller = controller_params(p, &es);
+        check_route_limits(p, &es);
+        match (name, start, duration, controller) {
+            (Some(name), Some(start), Some(duration), Some(controller)) => events.push(Event {
+                name,
+                start: start.value,
+                duration: duration.value,
+                controller,
+            }),
+            _ => complete = false,
+        }
+    }
+    spans.sort();
+    // In order of start: each event must start after every earlier one has ended.
+    let mut latest: Option<(SystemTime, usize)> = None;
+    for (start, end, j) in spans {
+        match latest {
+            Some((until, first)) if start < until => p.at(
+                Scope::Event(i, j).path("start"),
+                format!(
+                    "overlaps routes[{i}].events[{first}], which runs until {}: events of one route must not overlap",
+                    humantime::format_rfc3339(until)
+                ),
+            ),
+            _ => {}
+        }
+        if latest.is_none_or(|(until, _)| end > until) {
+            latest = Some((end, j));
+        }
+    }
+    complete.then_some(events)
+}
+
+/// One route, checked on its own.
+fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Option<RouteConfig> {
+    let at = Scope::Route(i);
+    let (mut own, settings) = raw.split();
+    let s = defaults.over(settings, at, p);
+    let name = check_name(p, at, own.name.take());
+    let matcher = matcher(p, at, &own);
+    let window = window_spec(p, &s);
+    let controller = controller_params(p, &s);
+    check_route_limits(p, &s);
+    let algorithm = algorithm_of(p, &s, at);
+    let partition = partition_of(p, &s, at);
+    let tiers = route_tiers(p, i, own.tiers, &s);
+    let events = route_events(p, i, own.events, &s);
+    Some(RouteConfig {
+        name: name?,
+        matcher: matcher?,
+        mode: s.mode.as_ref()?.value,
+        window: window?,
+        controller: controller?,
+        algorithm: algorithm?,
+        partition: partition?,
+        tiers: tiers?,
+        events: events?,
+    })
+}
+
+/// Whether `first` takes every request that `later` would match, so `later` never
+/// sees one.
+fn shadows(first: &RouteMatch, later: &RouteMatch) -> bool {
+    let methods = match (&first.method, &later.method) {
+        (None, _) => true,
+        (Some(a), Some(b)) => a == b,
+        (Some(_), None) => false,
+    };
+    methods
+        && match (&first.path, &later.path) {
+            (_, PathPattern::Exact(path)) => first.path.matches(path),
+            (PathPattern::Prefix(p), PathPattern::Prefix(q)) => q.starts_with(p.as_str()),
+            (PathPattern::Prefix(p), PathPattern::Template(segments)) => {
+                // Every path the template matches starts with its literal lead.
+                let mut lead = String::from("/");
+                for segment in segments {
+                    match segment {
+                        Segment::Literal(l) => {
+                            lead.push_str(l);
+                            lead.push('/');
+                        }
+                        Segment::Param(_) => break,
+                    }
+                }
+                lead.starts_with(p.as_str())
+            }
+            (a, b) => a == b,
+        }
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = Vec<Problem>;
+
+    /// Validates a file's content, reporting every problem found.
+    fn try_from(raw: RawConfig) -> Result<Config, Vec<Problem>> {
+        let mut p = Problems::default();
+        let defaults = Settings::builtin().over(raw.defaults, Scope::Defaults, &mut p);
+        if raw.routes.is_empty() {
+            p.at(
+                "routes".to_owned(),
+                "at least one [[routes]] table is required",
+            );
+        }
+        let routes: Vec<Option<RouteConfig>> = raw
+            .routes
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| route(&mut p, i, r, &defaults))
+            .collect();
+        let mut names = HashMap::new();
+        for (j, r) in routes.iter().enumerate() {
+            let Some(r) = r else { continue };
+            if let Some(first) = names.insert(r.name.as_str(), j) {
+                p.at(
+                    Scope::Route(j).path("name"),
+                    format!("duplicate of routes[{first}].name ({:?})", r.name),
+                );
+            }
+            let earlier = routes[..j]
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| Some((i, e.as_ref()?)));
+            if let Some((i, e)) = earlier
+                .into_iter()
+                .find(|(_, e)| shadows(&e.matcher, &r.matcher))
+            {
+                let field = match r.matcher.path {
+                    PathPattern::Prefix(_) => "path_prefix",
+                    _ => "path",
+                };
+                p.at(
+                    Scope::Route(j).path(field),
+                    format!("never matches: routes[{i}] ({:?}) comes first and takes every request it would", e.name),
+                );
+            }
+        }
+        let server = server_config(&mut p, raw.server, raw.admin);
+        if p.0.is_empty() {
+            Ok(Config {
+                routes: routes.into_iter().flatten().collect(),
+                server,
+            })
+        } else {
+            Err(p.0)
+        }
+    }
+}
+
+/// A socket address such as `127.0.0.1:8080` or `[::1]:8080`.
+fn socket_addr(text: String) -> Result<SocketAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!("must be an IP address and port such as \"127.0.0.1:8080\", got {text:?}")
+    })
+}
+
+/// An upstream URL: `http://host[:port]`, nothing after the authority but `/`.
+fn upstream_url(text: String) -> Result<String, String> {
+    let t = text.trim();
+    if t.starts_with("https://") {
+        return Err(format!(
+            "TLS upstreams are not supported: use http://, got {text:?}"
+        ));
+    }
+    let authority = t
+        .strip_prefix("http://")
+        .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
+        .filter(|a| !a.is_empty() && !a.contains(['/', '?', '#', '@', ' ']))
+        .ok_or_else(|| format!("must be http://host[:port] with no path, got {text:?}"))?;
+    if let Some((host, port)) = authority.rsplit_once(':') {
+        let bracketed_v6 = host.starts_with('[') && host.ends_with(']');
+        if !host.contains(':') || bracketed_v6 {
+            port.parse::<u16>()
+                .map_err(|_| format!("port must be a number from 0 to 65535, got {port:?}"))?;
+        }
+    }
+    Ok(format!("http://{authority}"))
+}
+
+/// A trusted proxy network: a CIDR (`10.0.0.0/8`) or one address.
+fn network(text: &str) -> Result<ipnet::IpNet, String> {
+    let t = text.trim();
+    t.parse::<ipnet::IpNet>()
+        .or_else(|_| t.parse::<IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| {
+            format!("must be a network such as \"10.0.0.0/8\" or an IP address, got {text:?}")
+        })
+}
+
+/// `[server]` and `[admin]`, each field checked on its own, defaults where absent.
+fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> ServerConfig {
+    let mut out = ServerConfig::default();
+    let field = |p: &mut Problems, path: &str, result: Result<(), String>| {
+        if let Err(message) = result {
+            p.at(path.to_owned(), message);
+        }
+    };
+    if let Some(v) = server.listen {
+        field(p, "server.listen", socket_addr(v).map(|a| out.listen = a));
+    }
+    if let Some(v) = server.upstream {
+        field(
+            p,
+            "server.upstream",
+            upstream_url(v).map(|u| out.upstream = u),
+        );
+    }
+    for (name, raw, slot) in [
+        (
+            "connect_timeout",
+            server.connect_timeout,
+            &mut out.connect_timeout,
+        ),
+        (
+            "response_timeout",
+            server.response_timeout,
+            &mut out.response_timeout,
+        ),
+        (
+            "header_read_timeout",
+            server.header_read_timeout,
+            &mut out.header_read_timeout,
+        ),
+        (
+            "shutdown_grace",
+            server.shutdown_grace,
+            &mut out.shutdown_grace,
+        ),
+    ] {
+        if let Some(v) = raw {
+            field(
+                p,
+                &format!("server.{name}"),
+                nonzero_duration(v).map(|d| *slot = d),
+            );
+        }
+    }
+    if let Some(w) = server.max_body_bytes {
+        let checked = match w.0 {
+            0 => Err("must be at least 1, got 0".to_owned()),
+            n => {
+                out.max_body_bytes = n;
+                Ok(())
+            }
+        };
+        field(p, "server.max_body_bytes", checked);
+    }
+    for (i, text) in server
+        .trusted_proxies
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let path = format!("server.trusted_proxies[{i}]");
+        field(p, &path, network(text).map(|n| out.trusted_proxies.push(n)));
+    }
+    if let Some(v) = admin.listen {
+        field(
+            p,
+            "admin.listen",
+            socket_addr(v).map(|a| out.admin_listen = a),
+        );
+    }
+    if let Some(token) = admin.token {
+        let checked = if token.trim().is_empty() {
+            Err("must not be empty; leave it out to run without a token".to_owned())
+        } else {
+            out.admin_token = Some(token);
+            Ok(())
+        };
+        field(p, "admin.token", checked);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matcher(method: Option<&str>, path: PathPattern) -> RouteMatch {
+        RouteMatch {
+            method: method.map(str::to_owned),
+            path,
+        }
+    }
+
+    fn template(path: &str) -> PathPattern {
+        PathPattern::parse_path(path).expect("a valid template")
+    }
+
+    #[test]
+    fn a_route_is_shadowed_only_when_every_request_it_matches_is_taken() {
+        let prefix = |p: &str| PathPattern::Prefix(p.to_owned());
+        let exact = |p: &str| PathPattern::Exact(p.to_owned());
+        let all = matcher(None, prefix("/"));
+        let api = matcher(None, prefix("/api/"));
+        let post_order = matcher(Some("POST"), exact("/api/order"));
+        let items = matcher(None, template("/api/items/{id}"));
+
+        assert!(shadows(&all, &post_order));
+        assert!(shadows(&api, &post_order));
+        assert!(shadows(&api, &items));
+        assert!(shadows(&api, &matcher(None, prefix("/api/v2"))));
+        assert!(shadows(&items, &matcher(None, exact("/api/items/7"))));
+        assert!(shadows(&post_order, &post_order.clone()));
+
+        assert!(!shadows(
+            &post_order,
+            &matcher(Some("GET"), exact("/api/order"))
+        ));
+        assert!(!shadows(&post_order, &matcher(None, exact("/api/order"))));
+        assert!(!shadows(&matcher(Some("GET"), prefix("/")), &post_order));
+        assert!(!shadows(&api, &matcher(None, prefix("/ap"))));
+        assert!(!shadows(
+            &items,
+            &matcher(None, exact("/api/items/7/reviews"))
+        ));
+        assert!(!shadows(&matcher(None, prefix("/api/items/1")), &items));
+    }
+
+    #[test]
+    fn every_algorithm_name_is_the_limiter_s_own() {
+        for (name, kind) in ALGORITHMS {
+            let s = Settings {
+                algorithm: Some(Set {
+                    value: kind,
+                    scope: Scope::Defaults,
+                }),
+                ..Settings::builtin()
+            };
+            let built = algorithm_of(&mut Problems::default(), &s, Scope::Defaults);
+            assert_eq!(built.map(|a| a.name()), Some(name));
+        }
+    }
+}
+
+/// The controller fields a runtime change may set: those of `[defaults]` that do not
+/// change the shape of a route's state.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPatch {
+    base_limit: Option<Num>,
+    cut_limit: Option<Num>,
+    danger_roc: Option<Num>,
+    safe_roc: Option<Num>,
+    hold: Option<String>,
+    restore_step: Option<Num>,
+    restore_interval: Option<String>,
+    min_rps: Option<Num>,
+    min_samples: Option<Whole>,
+    min_dwell: Option<String>,
+    max_cut: Option<String>,
+    roc_mode: Option<String>,
+}
+
+/// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by
+/// the rules of the file. Problems are named by field (`cut_limit: must be ≤ base_limit
+/// (200), got 300`), with `origin` as the error's origin.
+pub(crate) fn patch_controller(
+    current: &ControllerParams,
+    algorithm: &Algorithm,
+    json: &str,
+    origin: &str,
+) -> Result<ControllerParams, Vec<Problem>> {
+    let mut de = serde_json::Deserializer::from_str(json);
+    let raw: RawPatch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let location = match e.path().to_string() {
+            root if root == "." => String::new(),
+            path => path,
+        };
+        vec![Problem::new(
+            location,
+            format!("{} (in {origin})", e.inner()),
+        )]
+    })?;
+    let mut p = Problems::default();
+    let now = Settings::current(current, algorithm);
+    let settings = RawSettings {
+        base_limit: raw.base_limit,
+        cut_limit: raw.cut_limit,
+        danger_roc: raw.danger_roc,
+        safe_roc: raw.safe_roc,
+        hold: raw.hold,
+        restore_step: raw.restore_step,
+        restore_interval: raw.restore_interval,
+        min_rps: raw.min_rps,
+        min_samples: raw.min_samples,
+        min_dwell: raw.min_dwell,
+        max_cut: raw.max_cut,
+        roc_mode: raw.roc_mode,
+        ..RawSettings::default()
+    };
+    let s = now.over(settings, Scope::Patch, &mut p);
+    let params = controller_params(&mut p, &s);
+    check_route_limits(&mut p, &s);
+    match params {
+        Some(params) if p.0.is_empty() => Ok(params),
+        _ => Err(p.0),
+    }
+}
+
+impl Settings {
+    /// The settings of a running route: its controller parameters and algorithm.
+    fn current(c: &ControllerParams, algorithm: &Algorithm) -> Settings {
+        fn cur<T>(value: T) -> Res<T> {
+            Some(Set {
+                value,
+                scope: Scope::Current,
+            })
+        }
+        let (kind, burst, window, queue) = match *algorithm {
+            Algorithm::TokenBucket { burst } => (Kind::TokenBucket, Some(burst), None, None),
+            Algorithm::FixedWindow { window } => (Kind::FixedWindow, None, Some(window), None),
+            Algorithm::SlidingWindow { window } => (Kind::SlidingWindow, None, Some(window), None),
+            Algorithm::LeakyBucket { queue } => (Kind::LeakyBucket, None, None, Some(queue)),
+            Algorithm::Concurrency { queue } => (Kind::Concurrency, None, None, Some(queue)),
+        };
+        let builtin = Settings::builtin();
+        Settings {
+            roc_mode: cur(c.roc_mode),
+            base_limit: cur(c.base_limit_rps),
+            cut_limit: cur(c.cut_limit_rps),
+            danger_roc: cur(c.danger_roc),
+            safe_roc: cur(c.safe_roc),
+            hold: cur(c.hold),
+            restore_step: cur(c.restore_step_rps),
+            restore_interval: cur(c.restore_interval),
+            min_rps: cur(c.min_rps),
+            min_samples: cur(c.min_samples),
+            min_dwell: cur(c.min_dwell),
+            max_cut: cur(c.max_cut),
+            algorithm: cur(kind),
+            burst: burst.map_or(builtin.burst.clone(), cur),
+            limiter_window: window.map_or(builtin.limiter_window.clone(), cur),
+            queue: queue.map_or(builtin.queue.clone(), cur),
+            ..builtin
+        }
+    }
+}

@@ -1,0 +1,662 @@
+//! The shipped configuration files are valid, and broken ones are refused with the
+//! field path and the reason, every problem at once.
+
+use rocgate::config::{Config, Mode, Partition, ServerConfig};
+use rocgate::limiter::{Algorithm, MAX_WINDOW_COUNT};
+use rocgate::window::RocMode;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Every `.toml` file under `dir`, recursively, sorted.
+fn toml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("config/ is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            files.extend(toml_files(&path));
+        } else if path.extension().is_some_and(|e| e == "toml") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+fn config_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("config")
+}
+
+fn load(name: &str) -> Config {
+    let path = config_dir().join(name);
+    let text = std::fs::read_to_string(&path).expect("the file exists");
+    Config::from_toml_str(&text, name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn every_file_in_config_is_valid() {
+    let files = toml_files(&config_dir());
+    assert!(
+        files.len() >= 8,
+        "expected the default and 7 examples, found {files:?}"
+    );
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let origin = path.display().to_string();
+        let config = Config::from_toml_str(&text, &origin).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!config.routes.is_empty(), "{origin} has no route");
+    }
+}
+
+#[test]
+fn the_examples_show_what_they_are_named_for() {
+    let c = load("examples/flash-sale.toml");
+    assert_eq!(c.routes[0].name, "order");
+    assert_eq!(c.routes[0].controller, Default::default());
+
+    let c = load("examples/per-ip.toml");
+    assert!(matches!(c.routes[0].partition, Partition::ClientIp(k) if k.max_keys == 50_000));
+    assert_eq!(c.routes[2].partition, Partition::Route);
+
+    let c = load("examples/api-keys-tiers.toml");
+    let Partition::Header(header, _) = &c.routes[0].partition else {
+        panic!("partitioned by header")
+    };
+    assert_eq!(header, "x-api-key");
+    assert_eq!(c.routes[0].tiers[0].name, "vip");
+    assert_eq!(c.routes[0].tiers[0].base_limit_rps, 500.0);
+
+    let c = load("examples/scheduled-event.toml");
+    let events = &c.routes[0].events;
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0].controller.base_limit_rps, 400.0);
+    assert_eq!(events[0].controller.min_rps, c.routes[0].controller.min_rps);
+    assert_eq!(events[1].controller.cut_limit_rps, 60.0);
+
+    let c = load("examples/shadow.toml");
+    let modes: Vec<Mode> = c.routes.iter().map(|r| r.mode).collect();
+    assert_eq!(modes, [Mode::Shadow, Mode::ShadowAdaptive, Mode::Enforce]);
+
+    let c = load("examples/relative-roc.toml");
+    assert!(c
+        .routes
+        .iter()
+        .all(|r| r.controller.roc_mode == RocMode::Relative));
+    assert_eq!(c.routes[0].controller.danger_roc, 1.0);
+
+    let c = load("examples/algorithms.toml");
+    let names: Vec<&str> = c.routes.iter().map(|r| r.algorithm.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "token_bucket",
+            "fixed_window",
+            "sliding_window",
+            "leaky_bucket",
+            "concurrency"
+        ]
+    );
+    assert_eq!(c.routes[4].algorithm, Algorithm::Concurrency { queue: 10 });
+}
+
+const ORDER: &str = "[[routes]]\nname = \"order\"\npath = \"/api/order\"\n";
+
+/// The error lines for `text`, without the origin prefix.
+fn problems(text: &str) -> Vec<String> {
+    match Config::from_toml_str(text, "bad.toml") {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e
+            .to_string()
+            .lines()
+            .map(|line| {
+                line.strip_prefix("bad.toml: ")
+                    .unwrap_or_else(|| panic!("every line names the file: {line}"))
+                    .to_owned()
+            })
+            .collect(),
+    }
+}
+
+/// Asserts that `text` is refused with a problem at `path` whose message contains `message`.
+#[track_caller]
+fn refused(text: &str, path: &str, message: &str) {
+    let found = problems(text);
+    assert!(
+        found.iter().any(|line| line
+            .strip_prefix(path)
+            .and_then(|m| m.strip_prefix(": "))
+            .is_some_and(|m| m.contains(message))),
+        "expected `{path}: …{message}…` for\n{text}\ngot:\n{}",
+        found.join("\n")
+    );
+}
+
+fn route(extra: &str) -> String {
+    format!("{ORDER}{extra}\n")
+}
+
+#[test]
+fn limits_and_thresholds_must_fit_together() {
+    refused(
+        &route("cut_limit = 300"),
+        "routes[0].cut_limit",
+        "must be ≤ base_limit (200), got 300",
+    );
+    refused(
+        &route("safe_roc = 80"),
+        "routes[0].safe_roc",
+        "must be < danger_roc (80), got 80",
+    );
+    // A [defaults] value that only breaks with the route's own is named at the route.
+    refused(
+        &format!("[defaults]\ncut_limit = 60\n{}", route("base_limit = 50")),
+        "routes[0].base_limit",
+        "must be ≥ cut_limit (60), got 50",
+    );
+    // Both from [defaults]: reported there, once.
+    let found = problems(&format!(
+        "[defaults]\nsafe_roc = 90\n{ORDER}[[routes]]\nname = \"b\"\npath = \"/b\"\n"
+    ));
+    assert_eq!(
+        found,
+        ["defaults.safe_roc: must be < danger_roc (80), got 90"]
+    );
+}
+
+#[test]
+fn numbers_must_be_positive_and_numbers() {
+    refused(
+        &route("base_limit = -5"),
+        "routes[0].base_limit",
+        "must be a number > 0, got -5",
+    );
+    refused(
+        &route("cut_limit = 0"),
+        "routes[0].cut_limit",
+        "must be a number > 0, got 0",
+    );
+    refused(
+        &route("restore_step = 0"),
+        "routes[0].restore_step",
+        "must be a number > 0",
+    );
+    refused(
+        &route("min_rps = -1"),
+        "routes[0].min_rps",
+        "must be a number ≥ 0, got -1",
+    );
+    refused(
+        &route("base_limit = true"),
+        "routes[0].base_limit",
+        "invalid type: boolean `true`, expected a number",
+    );
+    refused(
+        &route("queue = -1"),
+        "routes[0].queue",
+        "expected a whole number ≥ 0",
+    );
+    refused(
+        &route("partition = \"ip\"\nmax_keys = 0"),
+        "routes[0].max_keys",
+        "must be at least 1, got 0",
+    );
+}
+
+#[test]
+fn the_window_must_split_into_halves_of_slots() {
+    refused(
+        &format!("[defaults]\nwindow = \"6s\"\nslot = \"700ms\"\n{ORDER}"),
+        "defaults.slot",
+        "must divide the window",
+    );
+    refused(
+        &route("window = \"500ms\""),
+        "routes[0].slot",
+        "an even number of at least 4 slots, got 5",
+    );
+    refused(
+        &route("window = \"200ms\""),
+        "routes[0].slot",
+        "at least 4 slots, got 2",
+    );
+}
+
+#[test]
+fn route_names_and_paths() {
+    refused(
+        &format!("{ORDER}{ORDER}"),
+        "routes[1].name",
+        "duplicate of routes[0].name (\"order\")",
+    );
+    refused(
+        "[[routes]]\nname = \"order page\"\npath = \"/\"\n",
+        "routes[0].name",
+        "use only A-Z a-z 0-9 _ . : -",
+    );
+    refused(
+        "[[routes]]\nname = \"order\"\n",
+        "routes[0].path",
+        "required",
+    );
+    refused(
+        "[[routes]]\nname = \"a\"\npath = \"/a\"\npath_prefix = \"/a\"\n",
+        "routes[0].path_prefix",
+        "cannot be set together with path",
+    );
+    refused(
+        "[[routes]]\nname = \"a\"\npath = \"api/order\"\n",
+        "routes[0].path",
+        "must start with '/'",
+    );
+    refused(
+        "[[routes]]\nname = \"a\"\npath = \"/api/items/{id\"\n",
+        "routes[0].path",
+        "invalid template \"/api/items/{id\"",
+    );
+    refused(
+        "[[routes]]\nname = \"a\"\nmethod = \"PO ST\"\npath = \"/a\"\n",
+        "routes[0].method",
+        "must be an HTTP method",
+    );
+    refused(
+        &format!("[[routes]]\nname = \"all\"\npath_prefix = \"/\"\n{ORDER}"),
+        "routes[1].path",
+        "never matches: routes[0] (\"all\") comes first",
+    );
+    refused(
+        "[defaults]\nhold = \"2s\"\n",
+        "routes",
+        "at least one [[routes]] table is required",
+    );
+}
+
+#[test]
+fn unknown_fields_and_values() {
+    refused(&route("danger = 90"), "routes[0].danger", "unknown field");
+    refused("[default]\nhold = \"2s\"\n", "default", "unknown field");
+    refused(
+        &route("hold = \"2 parsecs\""),
+        "routes[0].hold",
+        "invalid duration \"2 parsecs\"",
+    );
+    refused(&route("hold = 2"), "routes[0].hold", "time unit needed");
+    refused(
+        &route("mode = \"audit\""),
+        "routes[0].mode",
+        "must be one of \"enforce\", \"shadow\", \"shadow_adaptive\", got \"audit\"",
+    );
+    refused(
+        &route("algorithm = \"gcra\""),
+        "routes[0].algorithm",
+        "must be one of \"token_bucket\"",
+    );
+    refused(
+        &format!("[defaults]\nroc_mode = \"percent\"\n{ORDER}"),
+        "defaults.roc_mode",
+        "must be one of \"absolute\", \"relative\", got \"percent\"",
+    );
+    refused(
+        &route("partition = \"cookie:sid\""),
+        "routes[0].partition",
+        "must be \"route\", \"ip\" or \"header:<name>\"",
+    );
+    refused(
+        &route("partition = \"header:x api\""),
+        "routes[0].partition",
+        "\"x api\" is not a valid HTTP header name",
+    );
+    refused(
+        &route("partition = \"header:\""),
+        "routes[0].partition",
+        "is not a valid HTTP header name",
+    );
+}
+
+#[test]
+fn settings_of_another_algorithm_or_partition_are_refused() {
+    refused(
+        &route("algorithm = \"fixed_window\"\nburst = \"2s\""),
+        "routes[0].burst",
+        "applies only to token_bucket, and this route uses fixed_window",
+    );
+    refused(
+        &route("idle_timeout = \"1m\""),
+        "routes[0].idle_timeout",
+        "applies only to partitioned routes",
+    );
+}
+
+#[test]
+fn limits_must_suit_the_algorithm() {
+    refused(
+        &route("algorithm = \"fixed_window\"\nbase_limit = 2000000"),
+        "routes[0].base_limit",
+        &format!("base_limit × limiter_window must be at most {MAX_WINDOW_COUNT} requests"),
+    );
+    // The base limit comes from [defaults]; the window that makes it too big from the route.
+    refused(
+        &format!(
+            "[defaults]\nbase_limit = 200000\n{}",
+            route("algorithm = \"sliding_window\"\nlimiter_window = \"10s\"")
+        ),
+        "routes[0].base_limit",
+        "got 2000000",
+    );
+    refused(
+        &route("algorithm = \"fixed_window\"\nlimiter_window = \"100ms\"\ncut_limit = 5"),
+        "routes[0].cut_limit",
+        "must admit at least 1 request, got 0.5",
+    );
+    refused(
+        &route("algorithm = \"concurrency\"\nbase_limit = 10.5\ncut_limit = 4\nrestore_step = 2"),
+        "routes[0].base_limit",
+        "must be a whole number ≥ 1 with algorithm concurrency",
+    );
+}
+
+#[test]
+fn tiers() {
+    let tier =
+        "[[routes.tiers]]\nname = \"vip\"\nvalues = [\"k1\"]\nbase_limit = 100\ncut_limit = 200\n";
+    refused(
+        &route(tier),
+        "routes[0].tiers",
+        "only partitioned routes have tiers",
+    );
+    let keyed = route(&format!("partition = \"header:x-api-key\"\n{tier}"));
+    refused(
+        &keyed,
+        "routes[0].tiers[0].cut_limit",
+        "must be ≤ base_limit (100), got 200",
+    );
+    refused(
+        &route("partition = \"ip\"\n[[routes.tiers]]\nname = \"office\"\nvalues = [\"10.0.0.300\"]\nbase_limit = 100\ncut_limit = 50"),
+        "routes[0].tiers[0].values[0]",
+        "must be an IP address, got \"10.0.0.300\"",
+    );
+    refused(
+        &route("partition = \"ip\"\n[[routes.tiers]]\nname = \"office\"\nvalues = [\"10.0.0.1\"]\ncut_limit = 50"),
+        "routes[0].tiers[0].base_limit",
+        "required",
+    );
+    refused(
+        &route(
+            "partition = \"header:x-key\"\n\
+             [[routes.tiers]]\nname = \"a\"\nvalues = [\"k\"]\nbase_limit = 10\ncut_limit = 5\n\
+             [[routes.tiers]]\nname = \"b\"\nvalues = [\"k\"]\nbase_limit = 10\ncut_limit = 5",
+        ),
+        "routes[0].tiers[1].values[0]",
+        "duplicate of routes[0].tiers[0].values[0] (\"k\")",
+    );
+}
+
+#[test]
+fn events() {
+    let event = |start: &str, duration: &str| {
+        format!("[[routes.events]]\nname = \"e{start}\"\nstart = \"{start}\"\nduration = \"{duration}\"\n")
+    };
+    refused(
+        &route(&event("next friday", "30m")),
+        "routes[0].events[0].start",
+        "must be an RFC 3339 UTC time such as \"2026-11-27T20:00:00Z\"",
+    );
+    refused(
+        &route(&event("2026-11-27T20:00:00+01:00", "30m")),
+        "routes[0].events[0].start",
+        "no other offset than Z",
+    );
+    refused(
+        &route(&event("2026-11-27T20:00:00Z", "0s")),
+        "routes[0].events[0].duration",
+        "must be longer than zero",
+    );
+    refused(
+        &route(&format!(
+            "{}{}",
+            event("2026-11-27T20:00:00Z", "30m"),
+            event("2026-11-27T20:29:00Z", "5m")
+        )),
+        "routes[0].events[1].start",
+        "overlaps routes[0].events[0], which runs until 2026-11-27T20:30:00Z",
+    );
+    refused(
+        &route(&format!(
+            "{}cut_limit = 500\n",
+            event("2026-11-27T20:00:00Z", "30m")
+        )),
+        "routes[0].events[0].cut_limit",
+        "must be ≤ base_limit (200), got 500",
+    );
+    refused(
+        &route("[[routes.events]]\nname = \"e\"\nduration = \"1m\""),
+        "routes[0].events[0].start",
+        "required",
+    );
+    refused(
+        &route(&format!(
+            "{}min_rps = -1\n",
+            event("2026-11-27T20:00:00Z", "30m")
+        )),
+        "routes[0].events[0].min_rps",
+        "must be a number ≥ 0",
+    );
+}
+
+#[test]
+fn relative_thresholds_must_be_given() {
+    refused(
+        &route("roc_mode = \"relative\""),
+        "routes[0].danger_roc",
+        "must be set when roc_mode is relative",
+    );
+    refused(
+        &route("roc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = -2"),
+        "routes[0].safe_roc",
+        "must be > -1 when roc_mode is relative",
+    );
+}
+
+#[test]
+fn syntax_errors_carry_the_position() {
+    refused(
+        "[[routes]]\nname = \"order\npath = \"/a\"\n",
+        "line 2, column 14",
+        "invalid basic string",
+    );
+}
+
+#[test]
+fn several_errors_are_all_reported_each_once() {
+    let text = "\
+[defaults]
+hold = \"soon\"
+slot = \"700ms\"
+
+[[routes]]
+name = \"order\"
+path = \"/api/order\"
+cut_limit = 300
+
+[[routes]]
+name = \"order\"
+path = \"api/seckill\"
+mode = \"loud\"
+
+[[routes]]
+name = \"x y\"
+path = \"/c\"
+";
+    let found = problems(text);
+    let expected = [
+        "defaults.hold: invalid duration \"soon\"",
+        "defaults.slot: slot (700ms) must divide the window (6s)",
+        "routes[0].cut_limit: must be ≤ base_limit (200), got 300",
+        "routes[1].mode: must be one of",
+        "routes[1].path: must start with '/'",
+        "routes[2].name: must be non-empty",
+    ];
+    for e in expected {
+        assert_eq!(
+            found.iter().filter(|l| l.starts_with(e)).count(),
+            1,
+            "{e} in\n{}",
+            found.join("\n")
+        );
+    }
+    // The duplicate name is not reported: routes[1] was refused on its own.
+    assert_eq!(found.len(), expected.len(), "{}", found.join("\n"));
+}
+
+#[test]
+fn env_override_changes_a_default() {
+    let text =
+        std::fs::read_to_string(config_dir().join("rocgate.toml")).expect("the default config");
+    let env = [
+        ("ROCGATE__DEFAULTS__DANGER_ROC".to_owned(), "95".to_owned()),
+        ("ROCGATE__ROUTES__1__CUT_LIMIT".to_owned(), "40".to_owned()),
+    ];
+    let c = Config::from_toml_str_with_env(&text, "rocgate.toml", env)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.routes[0].controller.danger_roc, 95.0);
+    assert_eq!(c.routes[1].controller.cut_limit_rps, 40.0);
+    // The catch-all route sets its own threshold, which wins over [defaults].
+    assert_eq!(c.routes[2].controller.danger_roc, 400.0);
+
+    let env = [("ROCGATE__DEFAULTS__SAFE_ROC".to_owned(), "90".to_owned())];
+    let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "rocgate.toml: defaults.safe_roc: must be < danger_roc (80), got 90 \
+         (set by environment variable ROCGATE__DEFAULTS__SAFE_ROC)"
+    );
+}
+
+#[test]
+fn check_config_prints_ok_or_every_error() {
+    let bin = env!("CARGO_BIN_EXE_rocgate");
+    let dir = tempfile::tempdir().expect("a temp dir");
+
+    let out = Command::new(bin)
+        .args(["check-config"])
+        .arg(config_dir().join("rocgate.toml"))
+        .env_remove("ROCGATE__DEFAULTS__DANGER_ROC")
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, route("cut_limit = 300\nsafe_roc = 90")).expect("written");
+    let out = Command::new(bin)
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let shown = bad.display();
+    assert_eq!(
+        lines,
+        [
+            format!("{shown}: routes[0].cut_limit: must be ≤ base_limit (200), got 300"),
+            format!("{shown}: routes[0].safe_roc: must be < danger_roc (80), got 90"),
+        ]
+    );
+
+    let out = Command::new(bin)
+        .arg("check-config")
+        .arg(dir.path().join("missing.toml"))
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml: cannot read the file"));
+
+    let out = Command::new(bin)
+        .arg("check-config")
+        .arg(config_dir().join("rocgate.toml"))
+        .env("ROCGATE__DEFAULTS__CUT_LIMIT", "500")
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ROCGATE__DEFAULTS__CUT_LIMIT"));
+}
+
+#[test]
+fn server_and_admin_sections() {
+    let text = format!(
+        "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\
+         connect_timeout = \"500ms\"\nmax_body_bytes = 2048\n\
+         trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\n\
+         [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
+    );
+    let c = Config::from_toml_str(&text, "server.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.listen.to_string(), "0.0.0.0:8081");
+    assert_eq!(c.server.upstream, "http://10.1.2.3:3000");
+    assert_eq!(c.server.connect_timeout.as_millis(), 500);
+    assert_eq!(c.server.max_body_bytes, 2048);
+    let nets: Vec<String> = c
+        .server
+        .trusted_proxies
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(nets, ["10.0.0.0/8", "192.168.1.7/32"]);
+    assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9999");
+    assert_eq!(c.server.admin_token.as_deref(), Some("t0k"));
+    // Left out, the defaults.
+    assert_eq!(
+        load("examples/flash-sale.toml").server,
+        ServerConfig::default()
+    );
+
+    refused(
+        &route("[server]\nlisten = \"localhost\""),
+        "server.listen",
+        "must be an IP address and port",
+    );
+    refused(
+        &route("[server]\nupstream = \"https://x:443\""),
+        "server.upstream",
+        "TLS upstreams are not supported",
+    );
+    refused(
+        &route("[server]\nupstream = \"http://x:80/api\""),
+        "server.upstream",
+        "with no path",
+    );
+    refused(
+        &route("[server]\nupstream = \"http://x:http\""),
+        "server.upstream",
+        "port must be a number",
+    );
+    refused(
+        &route("[server]\nresponse_timeout = \"0s\""),
+        "server.response_timeout",
+        "longer than zero",
+    );
+    refused(
+        &route("[server]\nmax_body_bytes = 0"),
+        "server.max_body_bytes",
+        "at least 1",
+    );
+    refused(
+        &route("[server]\ntrusted_proxies = [\"10.0.0.0/33\"]"),
+        "server.trusted_proxies[0]",
+        "must be a network",
+    );
+    refused(
+        &route("[admin]\ntoken = \" \""),
+        "admin.token",
+        "must not be empty",
+    );
+    refused(
+        &route("[admin]\nport = 9090"),
+        "admin.port",
+        "unknown field",
+    );
+}
