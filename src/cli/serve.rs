@@ -1,0 +1,140 @@
+//! `rocgate serve`: the reverse proxy and admin API until SIGTERM or Ctrl-C.
+
+use super::ServeArgs;
+use rocgate::config::{Config, ServerConfig};
+use rocgate::http::ClientIpResolver;
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use std::process::ExitCode;
+
+/// The proxy settings: the file's, then the command line's overrides.
+fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, String> {
+    let upstream_text = args.upstream.as_deref().unwrap_or(&server.upstream);
+    let upstream: http::Uri = upstream_text
+        .parse()
+        .map_err(|e| format!("--upstream {upstream_text:?}: {e}"))?;
+    if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
+        return Err(format!(
+            "--upstream {upstream_text:?}: must be http://host[:port] (TLS upstreams are not supported)"
+        ));
+    }
+    Ok(ProxySettings {
+        listen: args.listen.unwrap_or(server.listen),
+        admin_listen: args.admin.unwrap_or(server.admin_listen),
+        forward: ForwardSettings {
+            upstream,
+            connect_timeout: server.connect_timeout,
+            response_timeout: server.response_timeout,
+            max_body_bytes: server.max_body_bytes,
+            resolver: ClientIpResolver::new(server.trusted_proxies.clone()),
+        },
+        header_read_timeout: server.header_read_timeout,
+        shutdown_grace: server.shutdown_grace,
+        admin_token: server.admin_token.clone(),
+    })
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+/// Reloads the config file on every SIGHUP; a bad file is logged and the running
+/// config kept.
+fn reload_on_sighup(reloader: Reloader) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            tracing::warn!("cannot listen for SIGHUP: reload through POST /admin/reload only");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            if let Err(errors) = reloader.reload() {
+                for e in errors {
+                    tracing::error!("reload refused, running config kept: {e}");
+                }
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    drop(reloader);
+}
+
+pub(crate) fn run(args: ServeArgs) -> ExitCode {
+    let config = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::embedded_default(),
+    };
+    let server = config.server.clone();
+    let settings = match settings(&server, &args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rocgate serve: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rocgate serve: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let proxy = match Proxy::bind(settings.clone(), &config, args.config.clone()).await {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!(
+                    "rocgate serve: cannot listen on {} / {}: {e}",
+                    settings.listen, settings.admin_listen
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        let (listen, admin) = (proxy.local_addr(), proxy.admin_addr());
+        tracing::info!(
+            listen = %listen.map_or_else(|e| e.to_string(), |a| a.to_string()),
+            admin = %admin.map_or_else(|e| e.to_string(), |a| a.to_string()),
+            upstream = %settings.forward.upstream,
+            routes = proxy.reloader().engine().route_names().count(),
+            "rocgate serving"
+        );
+        if !settings.admin_listen.ip().is_loopback() && settings.admin_token.is_none() {
+            tracing::warn!(
+                admin = %settings.admin_listen,
+                "the admin API listens beyond loopback without a token: anyone who reaches it can change limits"
+            );
+        }
+        reload_on_sighup(proxy.reloader().clone());
+        match proxy.run(shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rocgate serve: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}

@@ -1,0 +1,148 @@
+//! The client's IP address: from the socket, and from `X-Forwarded-For` only when the
+//! socket peer is a trusted proxy.
+
+use http::HeaderMap;
+use ipnet::IpNet;
+use std::net::{IpAddr, SocketAddr};
+
+/// The socket address of the connection's peer, as a request extension. The reverse
+/// proxy inserts it; in an axum app, `ConnectInfo<SocketAddr>` is used as well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Finds the client IP of a request.
+///
+/// The socket peer is the client unless it belongs to one of the trusted proxy
+/// networks. Then `X-Forwarded-For` is walked from the right (the entry the nearest
+/// proxy appended) past every trusted address; the first untrusted one is the client.
+/// Headers from untrusted peers are ignored, so a client cannot choose its own key.
+///
+/// ```
+/// use rocgate::http::ClientIpResolver;
+/// use http::HeaderMap;
+///
+/// let resolver = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.1.2.3".parse().unwrap());
+/// // Through the trusted proxies: the rightmost untrusted entry.
+/// assert_eq!(resolver.resolve(Some("10.0.0.1".parse().unwrap()), &headers), Some("203.0.113.7".parse().unwrap()));
+/// // From an untrusted peer, the header counts for nothing.
+/// assert_eq!(resolver.resolve(Some("198.51.100.1".parse().unwrap()), &headers), Some("198.51.100.1".parse().unwrap()));
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ClientIpResolver {
+    trusted: Vec<IpNet>,
+}
+
+impl ClientIpResolver {
+    /// Trusts `X-Forwarded-For` from peers in these networks.
+    pub fn new(trusted: Vec<IpNet>) -> Self {
+        ClientIpResolver { trusted }
+    }
+
+    /// The trusted proxy networks.
+    pub fn networks(&self) -> &[IpNet] {
+        &self.trusted
+    }
+
+    /// Whether `ip` belongs to a trusted proxy network.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client IP for a request from `peer` with these headers.
+    pub fn resolve(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
+        let peer = canonical(peer?);
+        if !self.is_trusted(peer) {
+            return Some(peer);
+        }
+        let mut client = peer;
+        let entries = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .rev()
+            .flat_map(|v| v.to_str().unwrap_or("").rsplit(','));
+        for entry in entries {
+            match entry.trim().parse::<IpAddr>() {
+                Ok(ip) => {
+                    client = canonical(ip);
+                    if !self.is_trusted(client) {
+                        break;
+                    }
+                }
+                // A malformed entry ends the walk: what lies left of it is unverifiable.
+                Err(_) => break,
+            }
+        }
+        Some(client)
+    }
+}
+
+/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) as plain IPv4, so one client is one key.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(xff: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in xff {
+            h.append("x-forwarded-for", v.parse().unwrap());
+        }
+        h
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn no_trusted_proxies_means_the_socket_peer() {
+        let r = ClientIpResolver::default();
+        assert_eq!(
+            r.resolve(Some(ip("1.2.3.4")), &headers(&["9.9.9.9"])),
+            Some(ip("1.2.3.4"))
+        );
+        assert_eq!(r.resolve(None, &headers(&["9.9.9.9"])), None);
+    }
+
+    #[test]
+    fn walks_several_headers_from_the_right() {
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let h = headers(&["1.1.1.1, 2.2.2.2", "10.0.0.9"]);
+        assert_eq!(r.resolve(Some(ip("10.0.0.1")), &h), Some(ip("2.2.2.2")));
+    }
+
+    #[test]
+    fn all_trusted_or_garbage_stops_at_the_last_good_hop() {
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        assert_eq!(
+            r.resolve(Some(ip("10.0.0.1")), &headers(&["10.0.0.3, 10.0.0.2"])),
+            Some(ip("10.0.0.3"))
+        );
+        assert_eq!(
+            r.resolve(Some(ip("10.0.0.1")), &headers(&["1.1.1.1, junk, 10.0.0.2"])),
+            Some(ip("10.0.0.2"))
+        );
+        assert_eq!(
+            r.resolve(Some(ip("10.0.0.1")), &HeaderMap::new()),
+            Some(ip("10.0.0.1"))
+        );
+    }
+
+    #[test]
+    fn mapped_ipv6_is_ipv4() {
+        let r = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        assert_eq!(
+            r.resolve(Some(ip("::ffff:127.0.0.1")), &headers(&["::ffff:8.8.8.8"])),
+            Some(ip("8.8.8.8"))
+        );
+    }
+}

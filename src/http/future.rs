@@ -1,0 +1,89 @@
+//! [`ResponseFuture`]: the inner service's future, after any pacing or queueing wait;
+//! or a ready rejection.
+//!
+//! An admitted request's inner future is created in `call` but polled only once the
+//! wait (leaky-bucket pacing, concurrency queue) is over; services whose futures do
+//! their work when polled (axum handlers, hyper clients) therefore start it then. A
+//! concurrency permit is held until the response head is returned.
+
+use super::body::ResponseBody;
+use crate::limiter::{Permit, Ticket};
+use http::Response;
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+/// What an admitted request waits for before its inner future is polled.
+pub(crate) enum Wait {
+    Ready,
+    Sleep(Pin<Box<tokio::time::Sleep>>),
+    Ticket(Ticket),
+}
+
+pin_project! {
+    /// The future of [`AdmissionService`](super::AdmissionService).
+    #[project = FutureProj]
+    pub struct ResponseFuture<F, B> {
+        #[pin]
+        kind: Kind<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B> {
+        Admitted { #[pin] inner: F, wait: Wait, permit: Option<Permit> },
+        Rejected { response: Option<Response<ResponseBody<B>>> },
+    }
+}
+
+impl<F, B> ResponseFuture<F, B> {
+    pub(crate) fn admitted(inner: F, wait: Wait, permit: Option<Permit>) -> Self {
+        ResponseFuture {
+            kind: Kind::Admitted {
+                inner,
+                wait,
+                permit,
+            },
+        }
+    }
+
+    pub(crate) fn rejected(response: Response<ResponseBody<B>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Rejected {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Admitted {
+                inner,
+                wait,
+                permit,
+            } => {
+                match wait {
+                    Wait::Ready => {}
+                    Wait::Sleep(sleep) => ready!(sleep.as_mut().poll(cx)),
+                    Wait::Ticket(ticket) => *permit = Some(ready!(Pin::new(ticket).poll(cx))),
+                }
+                *wait = Wait::Ready;
+                let response = ready!(inner.poll(cx))?;
+                Poll::Ready(Ok(response.map(ResponseBody::inner)))
+            }
+            KindProj::Rejected { response } => match response.take() {
+                Some(r) => Poll::Ready(Ok(r)),
+                None => Poll::Pending,
+            },
+        }
+    }
+}

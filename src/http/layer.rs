@@ -1,0 +1,206 @@
+//! [`AdmissionLayer`]: the tower layer, its builder, and the state all clones share.
+
+use super::client_ip::{ClientIpResolver, PeerAddr};
+use super::rejection::RejectionResponder;
+use super::service::AdmissionService;
+use crate::clock::{Clock, MonotonicClock};
+use crate::config::{Config, Partition};
+use crate::engine::{Engine, Key, RouteId};
+use crate::limiter::Decision;
+use arc_swap::ArcSwap;
+use axum::extract::{ConnectInfo, MatchedPath};
+use http::Request;
+use ipnet::IpNet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// How a request is mapped to a route.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouteKey {
+    /// The config's route matching (method and path pattern), in config order.
+    #[default]
+    Config,
+    /// axum's `MatchedPath` (the route template, such as `/api/items/{id}`) matched
+    /// against the config's patterns; requests without one match no route. Never the
+    /// raw path.
+    MatchedPath,
+}
+
+/// An engine that can be replaced while requests run (config reload): every request
+/// loads the current one once and uses it throughout.
+pub type SharedEngine = Arc<ArcSwap<Engine>>;
+
+/// Wraps an engine so that it can be shared by layers and swapped on reload.
+pub fn shared_engine(engine: Engine) -> SharedEngine {
+    Arc::new(ArcSwap::from_pointee(engine))
+}
+
+/// Everything every clone of the layer and its services shares: one engine.
+pub(crate) struct Gate {
+    pub(crate) engine: SharedEngine,
+    pub(crate) clock: Arc<dyn Clock>,
+    route_key: RouteKey,
+    resolver: ClientIpResolver,
+    pub(crate) responder: RejectionResponder,
+}
+
+impl Gate {
+    /// The route a request belongs to, if any.
+    pub(crate) fn route_of<B>(&self, engine: &Engine, req: &Request<B>) -> Option<RouteId> {
+        let method = req.method().as_str();
+        match self.route_key {
+            RouteKey::Config => engine.route_for(method, req.uri().path()),
+            RouteKey::MatchedPath => {
+                let path = req.extensions().get::<MatchedPath>()?;
+                engine.route_for(method, path.as_str())
+            }
+        }
+    }
+
+    /// Reads the clock once and decides the request.
+    #[inline]
+    pub(crate) fn decide<B>(&self, engine: &Engine, route: RouteId, req: &Request<B>) -> Decision {
+        let now = self.clock.now();
+        match engine.partition(route) {
+            Partition::Route => engine.check(route, Key::None, now),
+            Partition::ClientIp(_) => {
+                let ext = req.extensions();
+                let peer = ext
+                    .get::<PeerAddr>()
+                    .map(|p| p.0)
+                    .or_else(|| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))
+                    .map(|a| a.ip());
+                let key = self
+                    .resolver
+                    .resolve(peer, req.headers())
+                    .map_or(Key::None, Key::Ip);
+                engine.check(route, key, now)
+            }
+            Partition::Header(name, _) => {
+                let value = req
+                    .headers()
+                    .get(name.as_str())
+                    .and_then(|v| v.to_str().ok());
+                engine.check(route, value.map_or(Key::None, Key::Value), now)
+            }
+        }
+    }
+}
+
+/// A tower [`Layer`](tower::Layer) that admits or rejects requests with rocgate's engine.
+///
+/// Cloning is cheap and every clone, and every service it builds, shares one engine:
+/// limits hold across connections and tasks.
+#[derive(Clone)]
+pub struct AdmissionLayer {
+    gate: Arc<Gate>,
+}
+
+impl std::fmt::Debug for AdmissionLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdmissionLayer")
+            .field("engine", &self.gate.engine)
+            .field("route_key", &self.gate.route_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdmissionLayer {
+    /// A layer over a new engine built from `config`, with the system clock, config
+    /// route matching, no trusted proxies and 429 rejections.
+    pub fn from_config(config: &Config) -> Self {
+        AdmissionLayer::builder(config).build()
+    }
+
+    /// A builder over a new engine built from `config`.
+    pub fn builder(config: &Config) -> AdmissionLayerBuilder {
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
+        let wall_now = SystemTime::now();
+        let engine = Engine::new(config, clock.now(), wall_now);
+        AdmissionLayerBuilder::new(shared_engine(engine), clock)
+    }
+
+    /// A builder over an existing engine (shared with an admin API, metrics or a
+    /// reloader that swaps it) and the clock that engine was built against (a
+    /// [`ManualClock`](crate::clock::ManualClock) in tests).
+    pub fn with_engine(engine: SharedEngine, clock: Arc<dyn Clock>) -> AdmissionLayerBuilder {
+        AdmissionLayerBuilder::new(engine, clock)
+    }
+
+    /// The engine in force now.
+    pub fn engine(&self) -> Arc<Engine> {
+        self.gate.engine.load_full()
+    }
+}
+
+impl<S> tower::Layer<S> for AdmissionLayer {
+    type Service = AdmissionService<S>;
+
+    fn layer(&self, inner: S) -> AdmissionService<S> {
+        AdmissionService::new(inner, Arc::clone(&self.gate))
+    }
+}
+
+/// Builds an [`AdmissionLayer`].
+pub struct AdmissionLayerBuilder {
+    engine: SharedEngine,
+    clock: Arc<dyn Clock>,
+    route_key: RouteKey,
+    trusted: Vec<IpNet>,
+    responder: RejectionResponder,
+}
+
+impl std::fmt::Debug for AdmissionLayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdmissionLayerBuilder")
+            .field("route_key", &self.route_key)
+            .field("trusted", &self.trusted)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdmissionLayerBuilder {
+    fn new(engine: SharedEngine, clock: Arc<dyn Clock>) -> Self {
+        let responder = RejectionResponder::new();
+        AdmissionLayerBuilder {
+            engine,
+            clock,
+            route_key: RouteKey::Config,
+            trusted: Vec::new(),
+            responder,
+        }
+    }
+
+    /// How requests are mapped to routes.
+    pub fn route_key(mut self, route_key: RouteKey) -> Self {
+        self.route_key = route_key;
+        self
+    }
+
+    /// Proxies whose `X-Forwarded-For` is believed.
+    pub fn trusted_proxies(mut self, networks: Vec<IpNet>) -> Self {
+        self.trusted = networks;
+        self
+    }
+
+    /// How rejections are answered.
+    pub fn responder(mut self, responder: RejectionResponder) -> Self {
+        self.responder = responder;
+        self
+    }
+
+    /// The layer.
+    pub fn build(self) -> AdmissionLayer {
+        AdmissionLayer {
+            gate: Arc::new(Gate {
+                engine: self.engine,
+                clock: self.clock,
+                route_key: self.route_key,
+                resolver: ClientIpResolver::new(self.trusted),
+                responder: self.responder,
+            }),
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! HTTP adapters: rocgate as a tower [`Layer`](tower::Layer) inside an axum or tower
+//! service.
+//!
+//! [`AdmissionLayer`] wraps any `Service<Request<B>>`. Admission is decided in `call`
+//! (one clock read and [`Engine::check`](crate::engine::Engine::check)); `poll_ready`
+//! passes through. A rejection is a response (429 by default) with `Retry-After`,
+//! `RateLimit-Policy`/`RateLimit` headers and a small JSON body, never an `Err`.
+//! Every clone of the layer and of its services shares one engine.
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use rocgate::config::{Config, RouteConfig, RouteMatch};
+//! use rocgate::http::AdmissionLayer;
+//! use tower::ServiceExt;
+//! # tokio_test_block_on(async {
+//! let mut order = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+//! order.controller.base_limit_rps = 2.0; // a burst of 2, then 2 per second
+//! let layer = AdmissionLayer::from_config(&Config::new(vec![order]));
+//! let app = Router::new().route("/api/order", post(|| async { "ok" })).layer(layer);
+//!
+//! let post = || http::Request::post("/api/order").body(axum::body::Body::empty()).unwrap();
+//! assert_eq!(app.clone().oneshot(post()).await.unwrap().status(), 200);
+//! assert_eq!(app.clone().oneshot(post()).await.unwrap().status(), 200);
+//! let rejected = app.oneshot(post()).await.unwrap();
+//! assert_eq!(rejected.status(), 429);
+//! assert_eq!(rejected.headers()["retry-after"], "1");
+//! # });
+//! # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+//! #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+//! # }
+//! ```
+
+mod body;
+mod client_ip;
+mod future;
+mod layer;
+mod rejection;
+mod service;
+
+pub use body::ResponseBody;
+pub use client_ip::{ClientIpResolver, PeerAddr};
+pub use future::ResponseFuture;
+pub use layer::{shared_engine, AdmissionLayer, AdmissionLayerBuilder, RouteKey, SharedEngine};
+pub use rejection::RejectionResponder;
+pub use service::AdmissionService;

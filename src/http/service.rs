@@ -1,0 +1,78 @@
+//! [`AdmissionService`]: decides in `call`, passes `poll_ready` through.
+
+use super::future::{ResponseFuture, Wait};
+use super::layer::Gate;
+use super::rejection::RejectionResponder;
+use crate::limiter::{Admit, Decision};
+use http::{Request, Response};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// The service built by [`AdmissionLayer`](super::AdmissionLayer).
+#[derive(Clone)]
+pub struct AdmissionService<S> {
+    inner: S,
+    gate: Arc<Gate>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for AdmissionService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdmissionService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> AdmissionService<S> {
+    pub(crate) fn new(inner: S, gate: Arc<Gate>) -> Self {
+        AdmissionService { inner, gate }
+    }
+}
+
+impl<S, ReqBody, ResBody> tower::Service<Request<ReqBody>> for AdmissionService<S>
+where
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Response = Response<super::ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let gate = &*self.gate;
+        let engine = gate.engine.load();
+        let Some(route) = gate.route_of(&engine, &req) else {
+            return ResponseFuture::admitted(self.inner.call(req), Wait::Ready, None);
+        };
+        match gate.decide(&engine, route, &req) {
+            Decision::Admit(Admit::Now) => {
+                ResponseFuture::admitted(self.inner.call(req), Wait::Ready, None)
+            }
+            Decision::Admit(Admit::Held(permit)) => {
+                ResponseFuture::admitted(self.inner.call(req), Wait::Ready, Some(permit))
+            }
+            Decision::Admit(Admit::Paced(delay)) => ResponseFuture::admitted(
+                self.inner.call(req),
+                Wait::Sleep(Box::pin(tokio::time::sleep(delay))),
+                None,
+            ),
+            Decision::Admit(Admit::Queued(ticket)) => {
+                ResponseFuture::admitted(self.inner.call(req), Wait::Ticket(ticket), None)
+            }
+            Decision::Reject(rejection) => {
+                let now = gate.clock.now();
+                let eta = engine.restore_eta(route, now);
+                let retry_after = RejectionResponder::retry_after(&rejection, eta);
+                ResponseFuture::rejected(gate.responder.respond(
+                    &engine,
+                    route,
+                    &rejection,
+                    retry_after,
+                ))
+            }
+        }
+    }
+}

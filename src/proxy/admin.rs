@@ -1,0 +1,175 @@
+//! The admin API, on its own listener (loopback by default): health, readiness, the
+//! live state of every route, runtime changes and config reload.
+//!
+//! | endpoint | what |
+//! |---|---|
+//! | `GET /healthz` | the process is up |
+//! | `GET /readyz` | the engine has routes and serves |
+//! | `GET /admin/routes` | every route's live state as JSON |
+//! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
+//! | `POST /admin/reload` | read the config file again |
+//!
+//! Mutating endpoints require `Authorization: Bearer <token>` when a token is set.
+
+use super::Reloader;
+use crate::engine::RouteSnapshot;
+use crate::limiter::Reason;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+
+/// What the admin handlers share.
+#[derive(Clone, Debug)]
+pub(crate) struct AdminState {
+    pub(crate) reloader: Reloader,
+    pub(crate) token: Option<String>,
+}
+
+/// The admin router.
+pub(crate) fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .route("/admin/routes", get(routes))
+        .route("/admin/routes/{name}", get(one_route).put(update_route))
+        .route("/admin/reload", post(reload))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, errors: Vec<String>) -> Response {
+    (status, Json(json!({ "errors": errors }))).into_response()
+}
+
+/// The refusal of a mutating request without the right bearer token, if it lacks it.
+fn unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
+    let token = state.token.as_ref()?;
+    let given = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+        None
+    } else {
+        Some(error(
+            StatusCode::UNAUTHORIZED,
+            vec!["a valid bearer token is required".into()],
+        ))
+    }
+}
+
+/// Compares without an early exit, so the time taken says nothing about the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    if state.reloader.engine().route_names().next().is_some() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no routes").into_response()
+    }
+}
+
+async fn routes(State(state): State<AdminState>) -> Json<Value> {
+    let now = state.reloader.clock().now();
+    let routes: Vec<Value> = state
+        .reloader
+        .engine()
+        .snapshot(now)
+        .iter()
+        .map(route_json)
+        .collect();
+    Json(json!({ "routes": routes }))
+}
+
+async fn one_route(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
+    let engine = state.reloader.engine();
+    match engine.route_id(&name) {
+        Some(id) => Json(route_json(
+            &engine.route_snapshot(id, state.reloader.clock().now()),
+        ))
+        .into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            vec![format!("no route named {name:?}")],
+        ),
+    }
+}
+
+async fn update_route(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    if let Some(denied) = unauthorized(&state, &headers) {
+        return denied;
+    }
+    let engine = state.reloader.engine();
+    let Some(id) = engine.route_id(&name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            vec![format!("no route named {name:?}")],
+        );
+    };
+    let current = engine.route_params(id);
+    let origin = format!("PUT /admin/routes/{name}");
+    match crate::config::patch_controller(&current, engine.algorithm(id), &body, &origin) {
+        Ok(params) => {
+            let now = state.reloader.clock().now();
+            engine.update_route(id, params, now);
+            tracing::info!(route = %name, "route parameters changed at runtime");
+            Json(route_json(&engine.route_snapshot(id, now))).into_response()
+        }
+        Err(e) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            e.to_string().lines().map(str::to_owned).collect(),
+        ),
+    }
+}
+
+async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response {
+    if let Some(denied) = unauthorized(&state, &headers) {
+        return denied;
+    }
+    match state.reloader.reload() {
+        Ok(()) => Json(json!({ "reloaded": true })).into_response(),
+        Err(errors) => error(StatusCode::UNPROCESSABLE_ENTITY, errors),
+    }
+}
+
+/// One route's live state as JSON.
+pub(crate) fn route_json(s: &RouteSnapshot) -> Value {
+    let by_reason = |counts: &[(Reason, u64)]| {
+        counts
+            .iter()
+            .map(|(r, n)| (r.as_str().to_owned(), json!(n)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    json!({
+        "name": s.name,
+        "mode": s.mode.as_str(),
+        "state": s.state.as_str(),
+        "rate_prev_rps": s.sample.rate_prev_rps,
+        "rate_recent_rps": s.sample.rate_recent_rps,
+        "roc": s.roc,
+        "limit_rps": s.limit_rps,
+        "base_limit_rps": s.base_limit_rps,
+        "cut_limit_rps": s.cut_limit_rps,
+        "danger_roc": s.danger_roc,
+        "safe_roc": s.safe_roc,
+        "tokens": s.level.value,
+        "capacity": s.level.capacity,
+        "offered": s.offered,
+        "admitted": s.admitted,
+        "rejected": by_reason(&s.rejected),
+        "shadow_rejected": by_reason(&s.shadow_rejected),
+        "cuts": s.cuts,
+        "time_in_cut_seconds": s.time_in_cut.as_secs_f64(),
+        "active_event": s.active_event,
+        "keys": s.keys,
+    })
+}

@@ -1,0 +1,88 @@
+//! Every way forwarding can fail, and the one function that maps each to its status.
+
+use axum::body::Body;
+use http::{header, HeaderValue, Response, StatusCode};
+use std::error::Error as _;
+use std::fmt;
+
+/// Why a request could not be forwarded.
+#[derive(Debug)]
+pub enum ProxyError {
+    /// The request cannot be turned into an upstream request (400).
+    BadRequest,
+    /// The request body is larger than `max_body_bytes` (413).
+    BodyTooLarge,
+    /// The upstream refused or reset the connection, or spoke broken HTTP (502).
+    Upstream(hyper_util::client::legacy::Error),
+    /// Connecting to the upstream took longer than `connect_timeout` (504).
+    ConnectTimeout,
+    /// The upstream's response head took longer than `response_timeout` (504).
+    ResponseTimeout,
+}
+
+impl fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProxyError::BadRequest => f.write_str("request cannot be forwarded"),
+            ProxyError::BodyTooLarge => f.write_str("request body too large"),
+            ProxyError::Upstream(e) => write!(f, "upstream error: {e}"),
+            ProxyError::ConnectTimeout => f.write_str("upstream connect timed out"),
+            ProxyError::ResponseTimeout => f.write_str("upstream response timed out"),
+        }
+    }
+}
+
+impl std::error::Error for ProxyError {}
+
+impl ProxyError {
+    /// Classifies a client error: a connect that timed out, a body over the limit
+    /// (surfacing through the upstream request), or another upstream failure.
+    pub(crate) fn from_client(e: hyper_util::client::legacy::Error) -> Self {
+        let mut source = e.source();
+        while let Some(s) = source {
+            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                if e.is_connect() && io.kind() == std::io::ErrorKind::TimedOut {
+                    return ProxyError::ConnectTimeout;
+                }
+            }
+            if s.is::<http_body_util::LengthLimitError>() {
+                return ProxyError::BodyTooLarge;
+            }
+            source = s.source();
+        }
+        ProxyError::Upstream(e)
+    }
+
+    /// The status a client gets for this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BadRequest => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// A short machine-readable name, for the JSON body and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::BadRequest => "bad_request",
+            ProxyError::BodyTooLarge => "body_too_large",
+            ProxyError::Upstream(_) => "upstream_error",
+            ProxyError::ConnectTimeout => "connect_timeout",
+            ProxyError::ResponseTimeout => "response_timeout",
+        }
+    }
+
+    /// The response sent to the client.
+    pub fn into_response(self) -> Response<Body> {
+        let body = format!(r#"{{"error":"{}"}}"#, self.kind());
+        let mut res = Response::new(Body::from(body));
+        *res.status_mut() = self.status();
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        res
+    }
+}

@@ -1,0 +1,259 @@
+//! The forwarding service: rewrites a client request for the upstream, sends it over
+//! pooled keep-alive connections, streams both bodies, and maps failures to responses.
+
+use super::error::ProxyError;
+use crate::http::{ClientIpResolver, PeerAddr};
+use axum::body::Body;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri, Version};
+use http_body_util::Limited;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Where and how requests are forwarded.
+#[derive(Clone, Debug)]
+pub struct ForwardSettings {
+    /// The upstream's scheme and authority (`http://127.0.0.1:3000`).
+    pub upstream: Uri,
+    /// Longest wait for a TCP connection to the upstream.
+    pub connect_timeout: Duration,
+    /// Longest wait for the upstream's response head.
+    pub response_timeout: Duration,
+    /// Largest request body forwarded; larger ones get 413.
+    pub max_body_bytes: u64,
+    /// Proxies whose `X-Forwarded-For` chain is kept and extended.
+    pub resolver: ClientIpResolver,
+}
+
+impl ForwardSettings {
+    /// The trusted proxy networks, for the admission layer's client IP resolution.
+    pub fn resolver_networks(&self) -> Vec<ipnet::IpNet> {
+        self.resolver.networks().to_vec()
+    }
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Removes hop-by-hop headers, including every header named in `Connection`.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove(&PROXY_CONNECTION);
+}
+
+/// Forwards requests to the upstream. Cloning is one reference count: the connection
+/// pool and settings are shared.
+#[derive(Clone, Debug)]
+pub struct Forwarder {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client<HttpConnector, Body>,
+    settings: ForwardSettings,
+    scheme: Scheme,
+    authority: Authority,
+}
+
+impl Forwarder {
+    /// A forwarder with its own connection pool.
+    pub fn new(settings: ForwardSettings) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        let scheme = settings.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
+        let authority = settings
+            .upstream
+            .authority()
+            .cloned()
+            .unwrap_or_else(|| Authority::from_static("127.0.0.1:80"));
+        Forwarder {
+            inner: Arc::new(Inner {
+                client,
+                settings,
+                scheme,
+                authority,
+            }),
+        }
+    }
+}
+
+impl Inner {
+    /// Rewrites a client request into the upstream request.
+    fn rewrite(&self, req: Request<Incoming>) -> Result<Request<Body>, ProxyError> {
+        let (mut parts, body) = req.into_parts();
+        let max = self.settings.max_body_bytes;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max) {
+            return Err(ProxyError::BodyTooLarge);
+        }
+        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        strip_hop_by_hop(&mut parts.headers);
+        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+        self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
+        if let Some(host) = original_host {
+            parts.headers.insert(header::HOST, host);
+        }
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path)
+            .build()
+            .map_err(|_| ProxyError::BadRequest)?;
+        parts.version = Version::HTTP_11;
+        let body = match usize::try_from(max) {
+            Ok(max) => Body::new(Limited::new(body, max)),
+            Err(_) => Body::new(body),
+        };
+        Ok(Request::from_parts(parts, body))
+    }
+
+    /// `X-Forwarded-For`: the chain is kept and extended only when the peer is a
+    /// trusted proxy; otherwise it is replaced by the peer, so clients cannot forge
+    /// it for the upstream. `X-Forwarded-Proto` and `-Host` likewise.
+    fn set_forwarded(
+        &self,
+        headers: &mut HeaderMap,
+        peer: Option<std::net::IpAddr>,
+        host: Option<&HeaderValue>,
+    ) {
+        let trusted = peer.is_some_and(|ip| self.settings.resolver.is_trusted(ip));
+        let prior: Vec<String> = if trusted {
+            headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok().map(str::to_owned))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        headers.remove(&X_FORWARDED_FOR);
+        let mut chain = prior.join(", ");
+        if let Some(ip) = peer {
+            if !chain.is_empty() {
+                chain.push_str(", ");
+            }
+            chain.push_str(&ip.to_string());
+        }
+        if let Ok(v) = HeaderValue::from_str(&chain) {
+            if !chain.is_empty() {
+                headers.insert(X_FORWARDED_FOR.clone(), v);
+            }
+        }
+        if !(trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+            headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        }
+        if !(trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+            match host {
+                Some(h) => headers.insert(X_FORWARDED_HOST.clone(), h.clone()),
+                None => headers.remove(&X_FORWARDED_HOST),
+            };
+        }
+    }
+
+    /// Forwards one request; every failure becomes a response.
+    async fn forward(&self, req: Request<Incoming>) -> Response<Body> {
+        let upstream_req = match self.rewrite(req) {
+            Ok(r) => r,
+            Err(e) => return e.into_response(),
+        };
+        let timeout = self.settings.response_timeout;
+        match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
+            Ok(Ok(res)) => {
+                let (mut parts, body) = res.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Body::new(body))
+            }
+            Ok(Err(e)) => {
+                let e = ProxyError::from_client(e);
+                tracing::debug!(error = %e, "forwarding failed");
+                e.into_response()
+            }
+            Err(_) => ProxyError::ResponseTimeout.into_response(),
+        }
+    }
+}
+
+impl tower::Service<Request<Incoming>> for Forwarder {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move { Ok(inner.forward(req).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "keep-alive, X-Secret".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert(header::TE, "trailers".parse().unwrap());
+        h.insert(header::UPGRADE, "websocket".parse().unwrap());
+        h.insert("proxy-connection", "close".parse().unwrap());
+        h.insert("x-kept", "yes".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-kept"], "yes");
+    }
+}

@@ -1,0 +1,236 @@
+//! The standalone reverse proxy behind `rocgate serve`: the admission layer in front of
+//! a forwarding service, plus the admin API on its own listener.
+//!
+//! Clients speak HTTP/1.1 or h2c (HTTP/2 with prior knowledge); the upstream is reached
+//! over pooled keep-alive HTTP/1.1 connections. Admission is decided before the request
+//! body is read, so a rejected request is never forwarded and its body never read.
+//! Bodies stream both ways. A connection must send its first byte, then its complete
+//! request head, within `header_read_timeout` (slowloris). On shutdown the listeners
+//! close at once and requests in flight get up to `shutdown_grace` to finish.
+
+mod admin;
+mod error;
+mod forward;
+
+pub use error::ProxyError;
+pub use forward::{ForwardSettings, Forwarder};
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::http::{shared_engine, AdmissionLayer, PeerAddr, SharedEngine};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::net::{TcpListener, TcpStream};
+use tower::{Layer, Service};
+
+/// Everything `serve` needs besides the routes.
+#[derive(Clone, Debug)]
+pub struct ProxySettings {
+    /// Where clients connect.
+    pub listen: SocketAddr,
+    /// Where the admin API listens.
+    pub admin_listen: SocketAddr,
+    /// Forwarding: upstream, timeouts, body limit, trusted proxies.
+    pub forward: ForwardSettings,
+    /// Longest wait for a connection's first byte and for a complete request head.
+    pub header_read_timeout: Duration,
+    /// How long requests in flight may take to finish after shutdown begins.
+    pub shutdown_grace: Duration,
+    /// Bearer token required by the admin API's mutating endpoints, if set.
+    pub admin_token: Option<String>,
+}
+
+/// A bound, not yet running proxy.
+pub struct Proxy {
+    listener: TcpListener,
+    admin: TcpListener,
+    settings: ProxySettings,
+    reloader: Reloader,
+}
+
+/// Replaces the engine from a config file, keeping the live state of unchanged routes
+/// (see [`Engine::reload`]). Shared by `POST /admin/reload` and SIGHUP.
+#[derive(Clone)]
+pub struct Reloader {
+    engine: SharedEngine,
+    clock: Arc<dyn Clock>,
+    source: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reloader {
+    /// The engine in force.
+    pub fn engine(&self) -> Arc<Engine> {
+        self.engine.load_full()
+    }
+
+    /// The clock the engine runs on.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Reads the config file again and swaps the engine. An invalid file, or a proxy
+    /// started without one, keeps the running config and returns every error.
+    pub fn reload(&self) -> Result<(), Vec<String>> {
+        let Some(path) = &self.source else {
+            return Err(vec![
+                "no config file to reload: rocgate was started with the embedded default".into(),
+            ]);
+        };
+        let config = Config::load(path)
+            .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+        #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
+        let wall_now = SystemTime::now();
+        let next = self
+            .engine
+            .load()
+            .reload(&config, self.clock.now(), wall_now);
+        self.engine.store(Arc::new(next));
+        tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("listen", &self.listener.local_addr().ok())
+            .field("admin", &self.admin.local_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Proxy {
+    /// Binds both listeners and builds the engine from `config`, which was read from
+    /// `source` (reloaded from there), or is built in (`None`: nothing to reload).
+    pub async fn bind(
+        settings: ProxySettings,
+        config: &Config,
+        source: Option<PathBuf>,
+    ) -> io::Result<Proxy> {
+        let listener = TcpListener::bind(settings.listen).await?;
+        let admin = TcpListener::bind(settings.admin_listen).await?;
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
+        let wall_now = SystemTime::now();
+        let engine = Engine::new(config, clock.now(), wall_now);
+        Ok(Proxy {
+            listener,
+            admin,
+            settings,
+            reloader: Reloader {
+                engine: shared_engine(engine),
+                clock,
+                source,
+            },
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The admin API's address.
+    pub fn admin_addr(&self) -> io::Result<SocketAddr> {
+        self.admin.local_addr()
+    }
+
+    /// What reloads the config; also gives the engine in force.
+    pub fn reloader(&self) -> &Reloader {
+        &self.reloader
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting and lets requests in
+    /// flight finish for up to `shutdown_grace`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let layer = AdmissionLayer::with_engine(
+            Arc::clone(&self.reloader.engine),
+            Arc::clone(&self.reloader.clock),
+        )
+        .trusted_proxies(self.settings.forward.resolver_networks())
+        .build();
+        let service = layer.layer(Forwarder::new(self.settings.forward.clone()));
+        let admin_router = admin::router(admin::AdminState {
+            reloader: self.reloader.clone(),
+            token: self.settings.admin_token.clone(),
+        });
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_server = axum::serve(self.admin, admin_router).with_graceful_shutdown(async {
+            let _ = admin_stopped.await;
+        });
+        let admin = tokio::spawn(async move { admin_server.await });
+
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.settings.header_read_timeout);
+        let graceful = GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let service = service.clone();
+            let header_timeout = self.settings.header_read_timeout;
+            let builder = builder.clone();
+            let watcher = graceful.watcher();
+            tokio::spawn(async move {
+                if !first_byte_within(&stream, header_timeout).await {
+                    return;
+                }
+                let svc = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
+                    req.extensions_mut().insert(PeerAddr(peer));
+                    service.clone().call(req)
+                });
+                let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                if let Err(e) = watcher.watch(conn.into_owned()).await {
+                    tracing::debug!(error = %e, %peer, "connection ended with an error");
+                }
+            });
+        }
+        drop(self.listener);
+        tracing::info!(in_flight = graceful.count(), "shutting down");
+        let drained = tokio::time::timeout(self.settings.shutdown_grace, graceful.shutdown()).await;
+        if drained.is_err() {
+            tracing::warn!("shutdown grace period over; dropping remaining connections");
+        }
+        let _ = admin_stop.send(());
+        let _ = admin.await;
+        Ok(())
+    }
+}
+
+/// Waits for a connection's first byte; false if the peer sends none in time or closes.
+async fn first_byte_within(stream: &TcpStream, timeout: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(timeout, stream.peek(&mut byte)).await,
+        Ok(Ok(n)) if n > 0
+    )
+}

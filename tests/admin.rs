@@ -1,0 +1,274 @@
+//! The admin API over real sockets: live state, runtime changes, reload, bearer token.
+#![cfg(feature = "proxy")]
+
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rocgate::config::Config;
+use rocgate::http::ClientIpResolver;
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const CONFIG: &str = r#"
+[[routes]]
+name = "order"
+method = "POST"
+path = "/api/order"
+
+[[routes]]
+name = "rest"
+path_prefix = "/"
+base_limit = 1000
+cut_limit = 300
+"#;
+
+struct Running {
+    admin: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("proxy stops")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn start(token: Option<&str>) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    std::fs::write(&file, CONFIG).unwrap();
+    let config = Config::load(&file).unwrap();
+    let settings = ProxySettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        forward: ForwardSettings {
+            // Nothing is forwarded in these tests.
+            upstream: "http://127.0.0.1:9".parse().unwrap(),
+            connect_timeout: Duration::from_millis(200),
+            response_timeout: Duration::from_secs(1),
+            max_body_bytes: 1024,
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: Duration::from_secs(2),
+        shutdown_grace: Duration::from_secs(2),
+        admin_token: token.map(str::to_owned),
+    };
+    let proxy = Proxy::bind(settings, &config, Some(file.clone()))
+        .await
+        .unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    Running {
+        admin,
+        stop: Some(stop),
+        task,
+        file,
+        _dir: dir,
+    }
+}
+
+/// Sends one request to the admin API; returns the status and the JSON body.
+async fn call(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    token: Option<&str>,
+) -> (u16, Value) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{admin}{path}"));
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req.body(Full::from(body.to_owned())).unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(5), client.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = res.status().as_u16();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, json)
+}
+
+fn route<'a>(all: &'a Value, name: &str) -> &'a Value {
+    all["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn health_and_live_state() {
+    let p = start(None).await;
+    assert_eq!(call(p.admin, "GET", "/healthz", "", None).await.0, 200);
+    assert_eq!(call(p.admin, "GET", "/readyz", "", None).await.0, 200);
+    let (status, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
+    assert_eq!(status, 200);
+    let order = route(&all, "order");
+    assert_eq!(order["state"], "normal");
+    assert_eq!(order["base_limit_rps"], 200.0);
+    assert_eq!(order["tokens"], 200.0);
+    assert_eq!(order["rejected"]["roc_cut"], 0);
+    assert!(order["active_event"].is_null());
+    assert_eq!(
+        call(p.admin, "GET", "/admin/routes/nope", "", None).await.0,
+        404
+    );
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn a_runtime_change_is_validated_and_applied() {
+    let p = start(None).await;
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"base_limit": 100, "danger_roc": 120}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["base_limit_rps"], 100.0);
+    assert_eq!(body["limit_rps"], 100.0);
+    assert_eq!(body["danger_roc"], 120.0);
+    assert_eq!(body["tokens"], 100.0, "tokens clamped to the new capacity");
+
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"cut_limit": 500, "hold": "soon", "window": "10s"}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 422);
+    let errors: Vec<&str> = body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("window"),
+        "unknown field named: {errors:?}"
+    );
+
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"cut_limit": 500, "hold": "soon"}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 422);
+    let errors = body["errors"].to_string();
+    assert!(
+        errors.contains("cut_limit: must be ≤ base_limit (100), got 500"),
+        "{errors}"
+    );
+    assert!(errors.contains("hold: invalid duration"), "{errors}");
+    // The failed change left the route as it was.
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["base_limit_rps"], 100.0);
+    assert_eq!(order["cut_limit_rps"], 60.0);
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() {
+    let p = start(None).await;
+    std::fs::write(
+        &p.file,
+        CONFIG.replace("base_limit = 1000", "base_limit = 800"),
+    )
+    .unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
+    assert_eq!(route(&all, "rest")["base_limit_rps"], 800.0);
+
+    let broken = CONFIG
+        .replace("base_limit = 1000", "base_limit = 100")
+        .replace("cut_limit = 300", "cut_limit = 300\nwindow = \"6500ms\"");
+    std::fs::write(&p.file, broken).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 422);
+    let errors = body["errors"].to_string();
+    assert!(
+        errors.contains("routes[1].cut_limit: must be ≤ base_limit (100), got 300"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("routes[1].slot"),
+        "every error is reported: {errors}"
+    );
+    let (_, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
+    assert_eq!(
+        route(&all, "rest")["base_limit_rps"],
+        800.0,
+        "the running config stays"
+    );
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn mutating_endpoints_require_the_token_when_set() {
+    let p = start(Some("s3cret")).await;
+    assert_eq!(
+        call(p.admin, "POST", "/admin/reload", "", None).await.0,
+        401
+    );
+    assert_eq!(
+        call(p.admin, "POST", "/admin/reload", "", Some("wrong"))
+            .await
+            .0,
+        401
+    );
+    let put = r#"{"base_limit": 150}"#;
+    assert_eq!(
+        call(p.admin, "PUT", "/admin/routes/order", put, None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        call(p.admin, "PUT", "/admin/routes/order", put, Some("s3cret"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        call(p.admin, "POST", "/admin/reload", "", Some("s3cret"))
+            .await
+            .0,
+        200
+    );
+    // Reading needs no token.
+    assert_eq!(call(p.admin, "GET", "/admin/routes", "", None).await.0, 200);
+    p.stop().await;
+}

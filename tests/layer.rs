@@ -1,0 +1,210 @@
+//! The tower/axum layer: rejection responses, shared state across clones and
+//! connections, client IP keys, over `oneshot` and over real sockets on 127.0.0.1.
+#![cfg(feature = "http")]
+
+use axum::body::Body;
+use axum::routing::{get, post};
+use axum::Router;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use rocgate::clock::{Clock, ManualClock, Nanos};
+use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::engine::Engine;
+use rocgate::http::{shared_engine, AdmissionLayer, PeerAddr, RouteKey};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tower::ServiceExt;
+
+fn route(name: &str, matcher: RouteMatch, limit: f64) -> RouteConfig {
+    let mut r = RouteConfig::new(name, matcher);
+    r.controller.base_limit_rps = limit;
+    r.controller.cut_limit_rps = (limit / 3.0).max(1.0);
+    r
+}
+
+/// A layer over an engine on a manual clock.
+fn layer(routes: Vec<RouteConfig>) -> (AdmissionLayer, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let engine = Engine::new(&Config::new(routes), clock.now(), SystemTime::UNIX_EPOCH);
+    let l = AdmissionLayer::with_engine(shared_engine(engine), clock.clone()).build();
+    (l, clock)
+}
+
+fn app(layer: AdmissionLayer, hits: Arc<AtomicU64>) -> Router {
+    Router::new()
+        .route(
+            "/api/order",
+            post(move || {
+                let hits = hits.clone();
+                async move {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                    "ordered"
+                }
+            }),
+        )
+        .route("/api/items/{id}", get(|| async { "item" }))
+        .layer(layer)
+}
+
+fn post_order() -> Request<Body> {
+    Request::post("/api/order").body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn rejection_carries_retry_after_ratelimit_headers_and_json() {
+    let (l, clock) = layer(vec![route(
+        "order",
+        RouteMatch::exact("POST", "/api/order"),
+        2.0,
+    )]);
+    let hits = Arc::new(AtomicU64::new(0));
+    let app = app(l, hits.clone());
+    for _ in 0..2 {
+        assert_eq!(
+            app.clone().oneshot(post_order()).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    let res = app.clone().oneshot(post_order()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = res.headers();
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry >= 1);
+    assert_eq!(h["ratelimit-policy"], r#""order";q=2;w=1"#);
+    assert_eq!(h["ratelimit"], format!(r#""order";r=0;t={retry}"#).as_str());
+    assert_eq!(h["rocgate-reason"], "limit");
+    assert_eq!(h["content-type"], "application/json");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["reason"], "limit");
+    assert_eq!(json["route"], "order");
+    assert_eq!(json["error"], "rate_limited");
+    assert_eq!(json["retry_after_ms"], 500);
+    assert_eq!(
+        hits.load(Ordering::Relaxed),
+        2,
+        "the rejected request never reached the handler"
+    );
+    // Sent again after Retry-After, it is admitted.
+    clock.advance(Duration::from_secs(retry));
+    assert_eq!(
+        app.oneshot(post_order()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(hits.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test]
+async fn unmatched_requests_pass_and_matched_path_keys_by_template() {
+    let mut items = route("items", RouteMatch::any(), 1.0);
+    items.matcher.path = rocgate::config::PathPattern::parse_path("/api/items/{id}").unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let engine = Engine::new(
+        &Config::new(vec![items]),
+        clock.now(),
+        SystemTime::UNIX_EPOCH,
+    );
+    let l = AdmissionLayer::with_engine(shared_engine(engine), clock)
+        .route_key(RouteKey::MatchedPath)
+        .build();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    // Different raw paths, one template: one bucket of 1.
+    let get = |id: u32| {
+        Request::get(format!("/api/items/{id}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        app.clone().oneshot(get(1)).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.clone().oneshot(get(2)).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // No route in the config takes /api/order: never limited.
+    for _ in 0..10 {
+        assert_eq!(
+            app.clone().oneshot(post_order()).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+}
+
+#[tokio::test]
+async fn spoofed_forwarded_for_from_an_untrusted_peer_lands_in_one_bucket() {
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    r.partition = Partition::ClientIp(KeyLimits::default());
+    let (l, _clock) = layer(vec![r]);
+    let engine = l.engine().clone();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let mut admitted = 0;
+    for n in 0..1_000u32 {
+        let mut req = post_order();
+        req.headers_mut().insert(
+            "x-forwarded-for",
+            format!("203.0.{}.{}", n / 256, n % 256).parse().unwrap(),
+        );
+        req.extensions_mut()
+            .insert(PeerAddr("198.51.100.7:4242".parse().unwrap()));
+        if app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 5);
+    assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_connections_share_one_bucket() {
+    const CONNECTIONS: usize = 1_500;
+    const CAPACITY: u64 = 300;
+    // A frozen manual clock: the bucket never refills.
+    let (l, _clock) = layer(vec![route(
+        "order",
+        RouteMatch::exact("POST", "/api/order"),
+        CAPACITY as f64,
+    )]);
+    let hits = Arc::new(AtomicU64::new(0));
+    let app = app(l, hits.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..CONNECTIONS {
+        tasks.spawn(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            let req = Request::post("/api/order")
+                .header("host", "127.0.0.1")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap();
+            sender.send_request(req).await.unwrap().status()
+        });
+    }
+    let mut ok = 0u64;
+    let mut limited = 0u64;
+    let deadline = Duration::from_secs(60);
+    while let Some(status) = tokio::time::timeout(deadline, tasks.join_next())
+        .await
+        .unwrap()
+    {
+        match status.unwrap() {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    server.abort();
+    assert_eq!(ok, CAPACITY);
+    assert_eq!(limited, CONNECTIONS as u64 - CAPACITY);
+    assert_eq!(
+        hits.load(Ordering::Relaxed),
+        CAPACITY,
+        "the handler saw exactly the admitted requests"
+    );
+}

@@ -1,0 +1,141 @@
+//! `rocgate serve` as a process: forwards, and on SIGTERM finishes the requests in
+//! flight, refuses new connections and exits 0.
+#![cfg(all(unix, feature = "cli"))]
+
+use axum::routing::get;
+use axum::Router;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An upstream whose `/slow` takes `delay` and counts requests that arrived.
+async fn upstream(delay: Duration, arrived: Arc<AtomicU64>) -> SocketAddr {
+    let app = Router::new()
+        .route(
+            "/slow",
+            get(move || {
+                let arrived = arrived.clone();
+                async move {
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    "done"
+                }
+            }),
+        )
+        .route("/", get(|| async { "hello" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// The value of `key=` in a log line.
+fn field(line: &str, key: &str) -> Option<SocketAddr> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .and_then(|v| v.parse().ok())
+}
+
+async fn get_status(addr: SocketAddr, path: &str) -> Result<u16, String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header("host", "rocgate.test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    Ok(res.status().as_u16())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let arrived = Arc::new(AtomicU64::new(0));
+    let up = upstream(Duration::from_millis(800), arrived.clone()).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .arg("--upstream")
+        .arg(format!("http://{up}"))
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let listen = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("serve logs its address");
+        if let Some(addr) = field(&line, "listen=") {
+            break addr;
+        }
+    };
+    assert_eq!(get_status(listen, "/").await, Ok(200));
+
+    let in_flight: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(get_status(listen, "/slow")))
+        .collect();
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while arrived.load(Ordering::SeqCst) < 5 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the 5 requests reached the upstream");
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+
+    // New connections are refused once the listener is closed.
+    let refused = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if tokio::net::TcpStream::connect(listen).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(refused.is_ok(), "the listener closed after SIGTERM");
+
+    for request in in_flight {
+        let status = tokio::time::timeout(Duration::from_secs(10), request)
+            .await
+            .expect("in-flight request finishes")
+            .unwrap();
+        assert_eq!(status, Ok(200), "requests in flight complete");
+    }
+    let mut exited = None;
+    for _ in 0..400 {
+        if let Some(status) = child.try_wait().unwrap() {
+            exited = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let Some(status) = exited else {
+        let _ = child.kill();
+        panic!("rocgate serve did not exit within 20 s of SIGTERM");
+    };
+    assert!(status.success(), "exit status {status:?}");
+}
