@@ -25,7 +25,7 @@
 //!     tiers: vec![],
 //!     events: vec![],
 //! };
-//! let engine = Engine::new(&Config { routes: vec![route] }, Nanos::ZERO, SystemTime::UNIX_EPOCH);
+//! let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
 //! let id = engine.route_for("POST", "/api/order").unwrap();
 //! let admitted = (0..300).filter(|_| engine.check(id, Key::None, Nanos::ZERO).is_admit()).count();
 //! assert_eq!(admitted, 200); // one second of burst at the base limit
@@ -40,7 +40,7 @@ use dashmap::DashMap;
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -64,7 +64,7 @@ pub type TransitionHook = Arc<dyn Fn(&str, &Transition) + Send + Sync>;
 
 /// Every route's window, controller and limiters.
 pub struct Engine {
-    routes: Box<[Route]>,
+    routes: Box<[Arc<Route>]>,
     hook: Option<TransitionHook>,
 }
 
@@ -95,6 +95,8 @@ struct Route {
     matcher: RouteMatch,
     mode: Mode,
     window: WindowSpec,
+    algorithm: Algorithm,
+    tiers: Vec<Tier>,
     counter: SlotCounter,
     /// Route-level enforcement (partition `Route`); for shadow_adaptive, at base limit.
     limiter: Limiter,
@@ -107,6 +109,11 @@ struct Route {
     progress: AtomicU64,
     /// Whether the controller holds the limit below base.
     engaged: AtomicBool,
+    /// The controller's current limit, as f64 bits.
+    limit: AtomicU64,
+    /// When the controller will next raise the limit (ns on the engine's clock; 0: not cut).
+    next_raise: AtomicU64,
+    partition: Partition,
     rejected: ReasonCounters,
     shadow_rejected: ReasonCounters,
     state: Mutex<RouteState>,
@@ -140,9 +147,55 @@ impl Engine {
         let routes = config
             .routes
             .iter()
-            .map(|r| Route::new(r, now, wall_now))
+            .map(|r| Arc::new(Route::new(r, now, wall_now)))
             .collect();
         Engine { routes, hook: None }
+    }
+
+    /// A new engine for `config` that keeps the live state (window, controller,
+    /// buckets, keys, counters) of every route whose name and structure (matcher, mode,
+    /// window, algorithm, partition, tiers) are unchanged; their controller parameters
+    /// and events are replaced in place, and a route whose parameters changed takes no
+    /// action for one full window. Other routes start fresh. Both engines share the
+    /// kept routes, so requests still in flight on the old one count in the new one.
+    pub fn reload(&self, config: &Config, now: Nanos, wall_now: SystemTime) -> Engine {
+        let routes = config
+            .routes
+            .iter()
+            .map(
+                |cfg| match self.routes.iter().find(|r| r.same_structure(cfg)) {
+                    Some(r) => {
+                        r.reconfigure(&cfg.controller, Some(&cfg.events), now, wall_now);
+                        Arc::clone(r)
+                    }
+                    None => Arc::new(Route::new(cfg, now, wall_now)),
+                },
+            )
+            .collect();
+        Engine {
+            routes,
+            hook: self.hook.clone(),
+        }
+    }
+
+    /// Replaces a route's own controller parameters at runtime, keeping its state: the
+    /// limit is recomputed for the current controller state and applied to the existing
+    /// limiters (tokens clamped, never refilled). While an event is active, the event's
+    /// profile stays in force and the new parameters apply when it ends.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn update_route(&self, route: RouteId, params: ControllerParams, now: Nanos) {
+        self.routes[route.0].reconfigure(&params, None, now, SystemTime::UNIX_EPOCH);
+    }
+
+    /// The route's own controller parameters (outside events).
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn route_params(&self, route: RouteId) -> ControllerParams {
+        let st = self.routes[route.0].lock();
+        st.own.clone()
     }
 
     /// Calls `hook` with every controller transition (for metrics, logs, simulation).
@@ -275,8 +328,56 @@ impl Engine {
         if after != before {
             r.apply_limit(&st.controller, now);
         }
+        let next_raise = st.controller.next_raise_at().map_or(0, Nanos::as_u64);
+        r.next_raise.store(next_raise, Ordering::Relaxed);
         if let Some(keys) = &r.keys {
             keys.sweep(&mut st.last_sweep, now);
+        }
+    }
+
+    /// The route's name.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn route_name(&self, route: RouteId) -> &str {
+        &self.routes[route.0].name
+    }
+
+    /// How the route shares out its limit (which key a request needs).
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn partition(&self, route: RouteId) -> &Partition {
+        &self.routes[route.0].partition
+    }
+
+    /// The algorithm enforcing the route's limit.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn algorithm(&self, route: RouteId) -> &Algorithm {
+        &self.routes[route.0].algorithm
+    }
+
+    /// The controller's current limit, req/s (per key on partitioned routes). One
+    /// atomic load: cheap enough for response headers.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn limit_rps(&self, route: RouteId) -> f64 {
+        f64::from_bits(self.routes[route.0].limit.load(Ordering::Relaxed))
+    }
+
+    /// How long until the controller next raises a cut route's limit, if ROC stays
+    /// calm: the basis of `Retry-After` for `roc_cut` rejections. `None` when the
+    /// route is not cut. One atomic load.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn restore_eta(&self, route: RouteId, now: Nanos) -> Option<Duration> {
+        match self.routes[route.0].next_raise.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(Nanos::new(at).saturating_since(now)),
         }
     }
 
@@ -305,13 +406,15 @@ impl Route {
         let events = cfg
             .events
             .iter()
-            .map(|e| ScheduledEvent::place(e, now, wall_now))
+            .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
             .collect();
         let route = Route {
             name: cfg.name.as_str().into(),
             matcher: cfg.matcher.clone(),
             mode: cfg.mode,
             window: cfg.window,
+            algorithm: cfg.algorithm,
+            tiers: cfg.tiers.clone(),
             counter: SlotCounter::new(&cfg.window),
             limiter: Limiter::new(cfg.algorithm, enforced_limit, now),
             shadow,
@@ -319,6 +422,9 @@ impl Route {
             generation: AtomicU64::new(0),
             progress: AtomicU64::new(1.0f64.to_bits()),
             engaged: AtomicBool::new(false),
+            limit: AtomicU64::new(p.base_limit_rps.to_bits()),
+            next_raise: AtomicU64::new(0),
+            partition: cfg.partition.clone(),
             rejected: ReasonCounters::default(),
             shadow_rejected: ReasonCounters::default(),
             state: Mutex::new(RouteState {
@@ -337,10 +443,56 @@ impl Route {
         route
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, RouteState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `cfg` describes this route with the same shape of state.
+    fn same_structure(&self, cfg: &RouteConfig) -> bool {
+        *self.name == cfg.name
+            && self.matcher == cfg.matcher
+            && self.mode == cfg.mode
+            && self.window == cfg.window
+            && self.algorithm == cfg.algorithm
+            && self.partition == cfg.partition
+            && self.tiers == cfg.tiers
+    }
+
+    /// New own parameters (and, on reload, new events) applied to the live state.
+    fn reconfigure(
+        &self,
+        params: &ControllerParams,
+        events: Option<&[Event]>,
+        now: Nanos,
+        wall_now: SystemTime,
+    ) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let changed = st.own != *params;
+        st.own = params.clone();
+        if let Some(events) = events {
+            st.events = events
+                .iter()
+                .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
+                .collect();
+            st.active_event = None;
+        }
+        let in_force = st
+            .active_event
+            .map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
+        if events.is_some() || st.active_event.is_none() {
+            st.controller.set_params(in_force, now);
+        }
+        if changed {
+            st.controller.rearm(now, self.window.window());
+        }
+        self.apply_limit(&st.controller, now);
+    }
+
     /// Starts the window at the slot containing `now`, so a clock that starts far from
     /// zero does not replay empty slots since its origin.
     fn counter_start(&self, now: Nanos) {
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut st = self.lock();
         let idx = self.counter.slot_index(now);
         st.ring.advance(&self.counter, idx, |_| {});
     }
@@ -359,6 +511,7 @@ impl Route {
         }
         self.progress
             .store(c.progress().to_bits(), Ordering::Relaxed);
+        self.limit.store(limit.to_bits(), Ordering::Relaxed);
         self.engaged.store(
             c.state() != ControllerState::Normal && limit < base,
             Ordering::Relaxed,
@@ -367,7 +520,7 @@ impl Route {
     }
 
     fn snapshot(&self, now: Nanos) -> RouteSnapshot {
-        let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = self.lock();
         let c = &st.controller;
         let p = c.params();
         let offered = st.ring.total() + self.counter.pending();
@@ -409,17 +562,24 @@ impl Route {
 }
 
 impl ScheduledEvent {
-    fn place(e: &Event, now: Nanos, wall_now: SystemTime) -> Self {
-        let start = match e.start.duration_since(wall_now) {
-            Ok(ahead) => now + ahead,
-            Err(past) => now - past.duration(),
+    /// Places an event on the engine's clock, where `now` is `wall_now`. Both ends are
+    /// placed from wall time, so an event that began before `now` keeps its real end
+    /// (the clock cannot go below its origin); one that has already ended is dropped.
+    fn place(e: &Event, now: Nanos, wall_now: SystemTime) -> Option<Self> {
+        let (start, end) = match e.start.duration_since(wall_now) {
+            Ok(ahead) => (now + ahead, now + ahead + e.duration),
+            Err(past) => {
+                let elapsed = past.duration();
+                let left = e.duration.checked_sub(elapsed).filter(|d| !d.is_zero())?;
+                (now - elapsed, now + left)
+            }
         };
-        ScheduledEvent {
+        Some(ScheduledEvent {
             name: e.name.clone(),
             start,
-            end: start + e.duration,
+            end,
             params: e.controller.clone(),
-        }
+        })
     }
 }
 
@@ -484,27 +644,36 @@ impl TierTable {
     }
 }
 
+/// One key's state, stored inline in the key table (no allocation of its own).
 struct KeyEntry {
     limiter: Limiter,
+    /// The route generation this key's limit was last set for (wrapping; compared
+    /// for equality only).
+    generation: AtomicU32,
+    /// Whole seconds on the engine's clock when the key was last seen.
+    last_seen_s: AtomicU32,
     tier: u16,
-    generation: AtomicU64,
-    last_seen: AtomicU64,
+}
+
+/// Whole seconds on the engine's clock, as kept per key (136 years fit).
+fn secs(now: Nanos) -> u32 {
+    u32::try_from(now.as_u64() / 1_000_000_000).unwrap_or(u32::MAX)
 }
 
 impl KeyEntry {
-    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u64, now: Nanos) -> Self {
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
         KeyEntry {
             limiter: Limiter::new(tiers.algorithm, tiers.limit(tier, progress), now),
+            generation: AtomicU32::new(generation),
+            last_seen_s: AtomicU32::new(secs(now)),
             tier,
-            generation: AtomicU64::new(generation),
-            last_seen: AtomicU64::new(now.as_u64()),
         }
     }
 
     /// Catches up with the route's limit if it changed since this key last looked.
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        let generation = r.generation.load(Ordering::Acquire);
+        let generation = r.generation.load(Ordering::Acquire) as u32;
         if self.generation.load(Ordering::Relaxed) != generation {
             self.generation.store(generation, Ordering::Relaxed);
             let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
@@ -516,16 +685,16 @@ impl KeyEntry {
             self.limiter
                 .set_limit(tiers.limit(self.tier, progress), now);
         }
-        let seen = self.last_seen.load(Ordering::Relaxed);
-        if now.as_u64().saturating_sub(seen) > 1_000_000_000 {
-            self.last_seen.store(now.as_u64(), Ordering::Relaxed);
+        let now_s = secs(now);
+        if self.last_seen_s.load(Ordering::Relaxed) != now_s {
+            self.last_seen_s.store(now_s, Ordering::Relaxed);
         }
         self.limiter.check(now)
     }
 }
 
 struct KeyTable<K> {
-    map: DashMap<K, Arc<KeyEntry>>,
+    map: DashMap<K, KeyEntry>,
     len: AtomicUsize,
     limits: KeyLimits,
     tiers: TierTable,
@@ -571,16 +740,11 @@ impl<K: Hash + Eq> KeyTable<K> {
         }
         let (tier, _, _) = self.tiers.limits_for(&key.text());
         let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
-        let generation = r.generation.load(Ordering::Acquire);
-        let entry = Arc::clone(
-            self.map
-                .entry(own(key))
-                .or_insert_with(|| {
-                    self.len.fetch_add(1, Ordering::Relaxed);
-                    Arc::new(KeyEntry::new(&self.tiers, tier, progress, generation, now))
-                })
-                .value(),
-        );
+        let generation = r.generation.load(Ordering::Acquire) as u32;
+        let entry = self.map.entry(own(key)).or_insert_with(|| {
+            self.len.fetch_add(1, Ordering::Relaxed);
+            KeyEntry::new(&self.tiers, tier, progress, generation, now)
+        });
         entry.check(r, &self.tiers, now)
     }
 
@@ -591,10 +755,9 @@ impl<K: Hash + Eq> KeyTable<K> {
             return;
         }
         *last = now;
-        let cutoff = (now - self.limits.idle_timeout).as_u64();
+        let cutoff = secs(now - self.limits.idle_timeout);
         self.map.retain(|_, e| {
-            let keep = e.last_seen.load(Ordering::Relaxed) > cutoff
-                || Arc::strong_count(e) > 1
+            let keep = e.last_seen_s.load(Ordering::Relaxed) > cutoff
                 || matches!(&e.limiter, Limiter::Concurrency(c) if c.level().value > 0.0);
             if !keep {
                 self.len.fetch_sub(1, Ordering::Relaxed);

@@ -14,5 +14,10 @@ pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod engine;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod limiter;
+#[cfg(feature = "proxy")]
+pub mod proxy;
+pub mod sim;
 pub mod window;

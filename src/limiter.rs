@@ -43,7 +43,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -294,34 +294,43 @@ fn reject(retry_after_ns: u64, reason: Reason) -> Decision {
 
 /// A token bucket as GCRA: the whole state is one atomic word, the theoretical arrival
 /// time (TAT) of the next request. Refills at `limit` per second; holds
-/// `limit × burst` tokens (at least one).
+/// `limit × burst` tokens (at least one). `burst` is kept to the millisecond.
 #[derive(Debug)]
 pub struct TokenBucket {
     tat: AtomicU64,
     /// Emission interval T: nanoseconds per token.
     emission_ns: AtomicU64,
-    /// Tolerance τ = capacity × T.
-    tolerance_ns: AtomicU64,
-    burst: Duration,
+    /// Tokens the bucket holds; the tolerance τ is `capacity × T`.
+    capacity: AtomicU32,
+    /// Seconds of the limit the bucket holds, in milliseconds (32-bit fields keep a
+    /// [`Limiter`] at 32 bytes, which matters per key).
+    burst_ms: u32,
 }
 
 impl TokenBucket {
     /// A full bucket at `now`.
     pub fn new(limit: f64, burst: Duration, now: Nanos) -> Self {
-        let (t, tau) = Self::params(limit, burst);
+        let burst_ms = u32::try_from(burst.as_millis()).unwrap_or(u32::MAX);
+        let (t, capacity) = Self::params(limit, burst_ms);
         TokenBucket {
             tat: AtomicU64::new(now.as_u64()),
             emission_ns: AtomicU64::new(t),
-            tolerance_ns: AtomicU64::new(tau),
-            burst,
+            capacity: AtomicU32::new(capacity),
+            burst_ms,
         }
     }
 
-    fn params(limit: f64, burst: Duration) -> (u64, u64) {
-        let t = interval_ns(limit);
-        let capacity = (limit * burst.as_secs_f64()).floor().max(1.0);
-        let tau = (capacity * t as f64).min((u64::MAX / 4) as f64) as u64;
-        (t, tau)
+    /// Emission interval and capacity (at least one token) for `limit`.
+    fn params(limit: f64, burst_ms: u32) -> (u64, u32) {
+        let capacity = (limit * f64::from(burst_ms) / 1e3)
+            .floor()
+            .clamp(1.0, f64::from(u32::MAX));
+        (interval_ns(limit), capacity as u32)
+    }
+
+    /// Tolerance τ = capacity × T.
+    fn tolerance(t: u64, capacity: u32) -> u64 {
+        t.saturating_mul(u64::from(capacity)).min(u64::MAX / 4)
     }
 
     /// Takes one token at `now`, or says when one will be there.
@@ -329,7 +338,7 @@ impl TokenBucket {
     pub fn check(&self, now: Nanos) -> Decision {
         let now = now.as_u64();
         let t = self.emission_ns.load(Ordering::Relaxed);
-        let tau = self.tolerance_ns.load(Ordering::Relaxed);
+        let tau = Self::tolerance(t, self.capacity.load(Ordering::Relaxed));
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
             let next = tat.max(now) + t;
@@ -349,31 +358,32 @@ impl TokenBucket {
     /// Changes rate and capacity, keeping the tokens there are (clamped to the new capacity).
     pub fn set_limit(&self, limit: f64, now: Nanos) {
         let now = now.as_u64();
-        let (t2, tau2) = Self::params(limit, self.burst);
+        let (t2, c2) = Self::params(limit, self.burst_ms);
         let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
-        let tau1 = self.tolerance_ns.swap(tau2, Ordering::AcqRel);
+        let c1 = self.capacity.swap(c2, Ordering::AcqRel);
+        let (tau1, tau2) = (Self::tolerance(t1, c1), Self::tolerance(t2, c2));
         let _ = self
             .tat
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |tat| {
                 let backlog = tat.saturating_sub(now);
                 let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
-                let capacity2 = tau2 as f64 / t2 as f64;
-                let kept = tokens.min(capacity2);
+                let kept = tokens.min(f64::from(c2));
                 Some(now + tau2 - (kept * t2 as f64).min(tau2 as f64) as u64)
             });
     }
 
     /// Tokens left at `now` and the capacity.
     pub fn level(&self, now: Nanos) -> Level {
-        let t = self.emission_ns.load(Ordering::Relaxed) as f64;
-        let tau = self.tolerance_ns.load(Ordering::Relaxed);
+        let t = self.emission_ns.load(Ordering::Relaxed);
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        let tau = Self::tolerance(t, capacity);
         let backlog = self
             .tat
             .load(Ordering::Relaxed)
             .saturating_sub(now.as_u64());
         Level {
-            value: tau.saturating_sub(backlog) as f64 / t,
-            capacity: tau as f64 / t,
+            value: tau.saturating_sub(backlog) as f64 / t as f64,
+            capacity: f64::from(capacity),
         }
     }
 }
@@ -447,36 +457,46 @@ impl Packed {
 #[derive(Debug)]
 pub struct FixedWindow {
     word: AtomicU64,
-    window_ns: u64,
     limit_bits: AtomicU64,
+    /// Window length in milliseconds (32 bits keep a [`Limiter`] at 32 bytes).
+    window_ms: u32,
+}
+
+/// A window length in whole milliseconds, at least 1.
+fn window_ms(window: Duration) -> u32 {
+    u32::try_from(window.as_millis()).unwrap_or(u32::MAX).max(1)
 }
 
 impl FixedWindow {
-    /// An empty counter.
+    fn window_ns(&self) -> u64 {
+        u64::from(self.window_ms) * 1_000_000
+    }
+
+    /// An empty counter (the window is kept to the millisecond).
     pub fn new(limit: f64, window: Duration) -> Self {
         FixedWindow {
             word: AtomicU64::new(0),
-            window_ns: duration_nanos(window).max(1),
+            window_ms: window_ms(window),
             limit_bits: AtomicU64::new(limit.to_bits()),
         }
     }
 
     fn quota(&self) -> u64 {
         let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
-        ((limit * self.window_ns as f64 / 1e9).floor() as u64).min(COUNT_MAX)
+        ((limit * self.window_ns() as f64 / 1e9).floor() as u64).min(COUNT_MAX)
     }
 
     /// Counts one request at `now`, or says when the window ends.
     #[inline]
     pub fn check(&self, now: Nanos) -> Decision {
-        let idx = (now.as_u64() / self.window_ns) & IDX_MASK;
+        let idx = (now.as_u64() / self.window_ns()) & IDX_MASK;
         let quota = self.quota();
         let mut word = self.word.load(Ordering::Relaxed);
         loop {
             let p = Packed::load(word).at(idx);
             if p.cur >= quota {
-                let at = p.effective_now(now.as_u64(), self.window_ns);
-                let end = (at / self.window_ns + 1) * self.window_ns;
+                let at = p.effective_now(now.as_u64(), self.window_ns());
+                let end = (at / self.window_ns() + 1) * self.window_ns();
                 return reject(end - now.as_u64(), Reason::Limit);
             }
             let next = Packed {
@@ -501,7 +521,7 @@ impl FixedWindow {
 
     /// Requests counted in the current window, and the quota.
     pub fn level(&self, now: Nanos) -> Level {
-        let idx = (now.as_u64() / self.window_ns) & IDX_MASK;
+        let idx = (now.as_u64() / self.window_ns()) & IDX_MASK;
         let p = Packed::load(self.word.load(Ordering::Relaxed)).at(idx);
         Level {
             value: p.cur as f64,
@@ -515,30 +535,35 @@ impl FixedWindow {
 #[derive(Debug)]
 pub struct SlidingWindowCounter {
     word: AtomicU64,
-    window_ns: u64,
     limit_bits: AtomicU64,
+    /// Window length in milliseconds (32 bits keep a [`Limiter`] at 32 bytes).
+    window_ms: u32,
 }
 
 impl SlidingWindowCounter {
-    /// An empty counter.
+    fn window_ns(&self) -> u64 {
+        u64::from(self.window_ms) * 1_000_000
+    }
+
+    /// An empty counter (the window is kept to the millisecond).
     pub fn new(limit: f64, window: Duration) -> Self {
         SlidingWindowCounter {
             word: AtomicU64::new(0),
-            window_ns: duration_nanos(window).max(1),
+            window_ms: window_ms(window),
             limit_bits: AtomicU64::new(limit.to_bits()),
         }
     }
 
     fn quota(&self) -> f64 {
         let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
-        (limit * self.window_ns as f64 / 1e9)
+        (limit * self.window_ns() as f64 / 1e9)
             .floor()
             .min(COUNT_MAX as f64)
     }
 
     /// The weighted count at `now` from a word.
     fn estimate(&self, p: Packed, now: u64) -> f64 {
-        let into = (now % self.window_ns) as f64 / self.window_ns as f64;
+        let into = (now % self.window_ns()) as f64 / self.window_ns() as f64;
         p.prev as f64 * (1.0 - into) + p.cur as f64
     }
 
@@ -546,12 +571,12 @@ impl SlidingWindowCounter {
     #[inline]
     pub fn check(&self, now: Nanos) -> Decision {
         let now = now.as_u64();
-        let idx = (now / self.window_ns) & IDX_MASK;
+        let idx = (now / self.window_ns()) & IDX_MASK;
         let quota = self.quota();
         let mut word = self.word.load(Ordering::Relaxed);
         loop {
             let p = Packed::load(word).at(idx);
-            let at = p.effective_now(now, self.window_ns);
+            let at = p.effective_now(now, self.window_ns());
             if self.estimate(p, at) + 1.0 > quota {
                 return reject(self.retry_after(p, at, quota) + (at - now), Reason::Limit);
             }
@@ -573,7 +598,7 @@ impl SlidingWindowCounter {
     /// Time until `prev × (1 − into) + cur + 1 ≤ quota`, or until the next window if
     /// the current count alone is too high.
     fn retry_after(&self, p: Packed, now: u64, quota: f64) -> u64 {
-        let w = self.window_ns;
+        let w = self.window_ns();
         let start = now - now % w;
         let to_next = start + w - now;
         let cur = p.cur as f64;
@@ -602,7 +627,7 @@ impl SlidingWindowCounter {
     /// The weighted count at `now`, and the quota.
     pub fn level(&self, now: Nanos) -> Level {
         let now = now.as_u64();
-        let idx = (now / self.window_ns) & IDX_MASK;
+        let idx = (now / self.window_ns()) & IDX_MASK;
         let p = Packed::load(self.word.load(Ordering::Relaxed)).at(idx);
         Level {
             value: self.estimate(p, now),
@@ -990,6 +1015,16 @@ mod tests {
         assert_eq!(c.check().rejection().unwrap().reason, Reason::QueueFull);
         drop(t);
         assert!(c.check().is_admit());
+    }
+
+    #[test]
+    fn a_limiter_fits_in_32_bytes() {
+        // Kept per key on partitioned routes.
+        assert!(
+            std::mem::size_of::<Limiter>() <= 32,
+            "{}",
+            std::mem::size_of::<Limiter>()
+        );
     }
 
     #[test]

@@ -44,11 +44,7 @@ fn engine_route_admits_exactly_its_capacity_under_contention() {
     for threads in [2, 4, 8] {
         let mut cfg = RouteConfig::new("r", RouteMatch::any());
         cfg.controller.base_limit_rps = 1_000.0;
-        let e = Engine::new(
-            &Config { routes: vec![cfg] },
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        );
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
         let admitted = hammer(threads, || {
             e.check(RouteId(0), Key::None, Nanos::ZERO).is_admit()
         });
@@ -108,9 +104,7 @@ fn concurrency_permits_never_exceed_the_limit() {
 fn every_arrival_is_counted_across_slot_rollovers() {
     for threads in [2, 4, 8] {
         let e = Engine::new(
-            &Config {
-                routes: vec![RouteConfig::new("r", RouteMatch::any())],
-            },
+            &Config::new(vec![RouteConfig::new("r", RouteMatch::any())]),
             Nanos::ZERO,
             SystemTime::UNIX_EPOCH,
         );

@@ -7,11 +7,12 @@ use rocgate::config::{
 use rocgate::controller::{ControllerParams, ControllerState};
 use rocgate::engine::{Engine, Key, RouteId};
 use rocgate::limiter::{Algorithm, Decision, Reason};
+use rocgate::window::WindowSpec;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 
 fn engine(routes: Vec<RouteConfig>) -> Engine {
-    Engine::new(&Config { routes }, Nanos::ZERO, SystemTime::UNIX_EPOCH)
+    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH)
 }
 
 /// Offers `rate` req/s evenly from `from` to `to` (seconds) and returns (admitted, rejected).
@@ -301,4 +302,77 @@ fn other_algorithms_follow_the_controller_limit() {
             algorithm.name()
         );
     }
+}
+
+#[test]
+fn a_runtime_change_applies_to_the_live_state() {
+    let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+    let id = RouteId(0);
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    let before = e.route_snapshot(id, Nanos::from_secs(10));
+    let params = ControllerParams {
+        base_limit_rps: 100.0,
+        cut_limit_rps: 30.0,
+        ..e.route_params(id)
+    };
+    e.update_route(id, params, Nanos::from_secs(10));
+    let s = e.route_snapshot(id, Nanos::from_secs(10));
+    assert_eq!((s.base_limit_rps, s.limit_rps), (100.0, 100.0));
+    assert_eq!(s.offered, before.offered, "counters are not reset");
+    assert_eq!(e.limit_rps(id), 100.0);
+    // The bucket was full at 200 tokens: clamped to the new capacity, not refilled beyond it.
+    let (a, _) = offer(&e, id, Key::None, 10.0, 10.001, 1e6);
+    assert_eq!(a, 100);
+}
+
+#[test]
+fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
+    let kept = RouteConfig::new("kept", RouteMatch::prefix("/a"));
+    let changed = RouteConfig::new("changed", RouteMatch::prefix("/b"));
+    let e = engine(vec![kept.clone(), changed.clone()]);
+    offer(&e, RouteId(0), Key::None, 0.0, 5.0, 40.0);
+    offer(&e, RouteId(1), Key::None, 0.0, 5.0, 40.0);
+
+    let mut kept2 = kept;
+    kept2.controller.danger_roc = 120.0;
+    let mut changed2 = changed;
+    changed2.window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    let added = RouteConfig::new("added", RouteMatch::any());
+    let now = Nanos::from_secs(5);
+    let e2 = e.reload(
+        &Config::new(vec![added, changed2, kept2]),
+        now,
+        SystemTime::UNIX_EPOCH,
+    );
+
+    let names: Vec<&str> = e2.route_names().collect();
+    assert_eq!(names, ["added", "changed", "kept"]);
+    let snap = |name: &str| e2.route_snapshot(e2.route_id(name).unwrap(), now);
+    assert_eq!(snap("kept").offered, 200, "state carried over");
+    assert_eq!(snap("kept").danger_roc, 120.0);
+    assert_eq!(
+        snap("changed").offered,
+        0,
+        "a new window shape starts fresh"
+    );
+    assert_eq!(snap("added").offered, 0);
+    // The old engine's requests still count in the kept route.
+    let _ = e.check(RouteId(0), Key::None, now);
+    assert_eq!(snap("kept").offered, 201);
+}
+
+#[test]
+fn restore_eta_follows_the_cut() {
+    let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+    let id = RouteId(0);
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    assert_eq!(e.restore_eta(id, Nanos::from_secs(10)), None);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    let eta = e.restore_eta(id, Nanos::from_secs(11)).expect("cut");
+    // Not calm yet: at most max_cut (60 s) plus one restore interval away.
+    assert!(
+        eta > Duration::ZERO && eta <= Duration::from_secs(61),
+        "{eta:?}"
+    );
+    assert_eq!(e.limit_rps(id), 60.0);
 }

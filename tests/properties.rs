@@ -174,7 +174,7 @@ proptest! {
         rates in prop::collection::vec(0u64..800, 5..40),
     ) {
         let e = Engine::new(
-            &Config { routes: vec![RouteConfig::new("r", RouteMatch::any())] },
+            &Config::new(vec![RouteConfig::new("r", RouteMatch::any())]),
             Nanos::ZERO,
             SystemTime::UNIX_EPOCH,
         );
