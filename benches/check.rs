@@ -1,0 +1,370 @@
+//! The cost of one admission decision, beside governor and a naive baseline, in one
+//! criterion run so that ratios compare runs made under the same machine noise.
+//!
+//! Groups (each benchmark is one decision; criterion reports time per decision):
+//!
+//! - `primitives`: what the decisions below are made of, measured in the same run:
+//!   one time read (rocgate's `MonotonicClock`, which is `Instant::elapsed`;
+//!   `Instant::now()`, governor's std clock; governor's default `QuantaClock`, a TSC
+//!   read, scaled) and one uncontended atomic `fetch_add`.
+//! - `route`: `Engine::check` on one route with no partition (token bucket, never
+//!   rejecting), against governor's direct limiter with the same GCRA parameters.
+//! - `route_2_threads`: the same, with two threads hammering the same route or
+//!   limiter. The time is per decision *as each thread sees it* while the other thread
+//!   runs (the slower thread's wall time over its `iters` decisions): the two threads
+//!   together decide twice as often as that.
+//! - `keyed_10k`: a route partitioned by client IP, keys cycling over 10,000 IPv4
+//!   addresses, all present before measuring; against governor's keyed limiter
+//!   (DashMap store) over the same keys. Key insertion is not measured.
+//! - `reject`: the rejecting path (bucket empty): under a spike most requests take it.
+//! - `occupancy_1000rps`: the textbook sliding window log (`Mutex<VecDeque<Nanos>>`,
+//!   timestamps older than the window evicted on each call) against the engine, both
+//!   on a virtual clock advancing 1 ms per call, so the log holds ~1,000 timestamps of
+//!   its 1 s window in steady state; on 1 thread, then on 2 threads sharing the
+//!   virtual clock (a contended `fetch_add`, also measured alone).
+//!
+//! Clock fairness. governor reads its clock inside `check`; rocgate takes `now` as an
+//! argument and its adapters read the clock once per request. So `route`,
+//! `route_2_threads`, `keyed_10k` and `reject` each measure rocgate twice,
+//! `given_now` (time passed in) and `monotonic_clock` (`MonotonicClock::now()` read
+//! per call), and governor three times: `fake_clock` (`FakeRelativeClock`, an atomic
+//! load), `std_clock` (`Instant::now()`) and `quanta_clock` (its default). The
+//! like-for-like pairs are `given_now` ↔ `fake_clock` (the algorithm and its state,
+//! no real clock) and `monotonic_clock` ↔ `std_clock` (the same `Instant::now()`
+//! inside); `quanta_clock` is governor as shipped, with a cheaper clock than rocgate's.
+//!
+//! Both limiters admit at 10⁹/s with a burst of `u32::MAX` (emission interval 1 ns,
+//! tolerance ≈ 4.3 s): with a fixed `now` each decision takes one nanosecond of
+//! tolerance, so neither empties in a run. rocgate's controller never cuts here
+//! (`danger_roc` is `f64::MAX`), but its window still counts every request and rolls
+//! over at each 100 ms slot of the clock in use (never, with a fixed `now`).
+//!
+//! Run with bounded times: `scripts/bench.sh`, or
+//! `cargo bench --bench check -- --warm-up-time 1 --measurement-time 3`.
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion};
+use governor::clock::{Clock as _, FakeRelativeClock, QuantaClock};
+use governor::{Quota, RateLimiter};
+use rocgate::clock::{Clock as _, MonotonicClock, Nanos};
+use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::limiter::Algorithm;
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, SystemTime};
+
+/// Admitting limiters: one token per nanosecond.
+const RATE: u32 = 1_000_000_000;
+/// Admitting limiters: a tolerance of ≈ 4.3 s of tokens.
+const BURST: u32 = u32::MAX;
+/// Keys on the partitioned route.
+const KEYS: u32 = 10_000;
+/// The time passed to `check` in the `given_now` benchmarks.
+const NOW: Nanos = Nanos::from_secs(1);
+/// Virtual time between two calls in `occupancy_1000rps`.
+const STEP_NS: u64 = 1_000_000;
+/// Limit of the `occupancy_1000rps` limiters, twice the offered rate.
+const OCCUPANCY_LIMIT: u32 = 2_000;
+
+const ROUTE: RouteId = RouteId(0);
+
+/// One route taking every request, limited at `rate_rps` with a burst of `burst`, whose
+/// controller never cuts.
+fn route(rate_rps: u32, burst: Duration, partition: Partition) -> Engine {
+    let mut r = RouteConfig::new("bench", RouteMatch::any());
+    r.controller.base_limit_rps = f64::from(rate_rps);
+    r.controller.cut_limit_rps = f64::from(rate_rps);
+    r.controller.danger_roc = f64::MAX;
+    r.algorithm = Algorithm::TokenBucket { burst };
+    r.partition = partition;
+    Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+}
+
+/// rocgate with the same GCRA parameters as [`open_quota`].
+fn open_engine(partition: Partition) -> Engine {
+    route(RATE, Duration::from_nanos(BURST.into()), partition)
+}
+
+fn open_quota() -> Quota {
+    Quota::per_second(NonZeroU32::new(RATE).unwrap()).allow_burst(NonZeroU32::new(BURST).unwrap())
+}
+
+/// A 1 req/s limit with a burst of one, already spent.
+fn empty_engine() -> Engine {
+    let e = route(1, Duration::from_secs(1), Partition::Route);
+    assert!(e.check(ROUTE, Key::None, Nanos::ZERO).is_admit());
+    e
+}
+
+fn one_per_second() -> Quota {
+    Quota::per_second(NonZeroU32::MIN)
+}
+
+fn ips() -> Vec<IpAddr> {
+    (0..KEYS)
+        .map(|k| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + k)))
+        .collect()
+}
+
+/// Runs `op(thread, i)` for `i` in `0..iters` on each of two threads started together
+/// and returns the slower thread's time, measured inside the threads (thread start-up
+/// is not counted).
+fn on_two_threads<R>(iters: u64, op: impl Fn(u64, u64) -> R + Sync) -> Duration {
+    let barrier = Barrier::new(2);
+    let clock = MonotonicClock::new();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2)
+            .map(|thread| {
+                let (barrier, op) = (&barrier, &op);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = clock.now();
+                    for i in 0..iters {
+                        black_box(op(thread, i));
+                    }
+                    clock.now().saturating_since(start)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("benchmark thread panicked"))
+            .max()
+            .expect("two threads")
+    })
+}
+
+fn primitives(c: &mut Criterion) {
+    let mut g = c.benchmark_group("primitives");
+    let ours = MonotonicClock::new();
+    g.bench_function("rocgate_monotonic", |b| b.iter(|| ours.now()));
+    let std_clock = governor::clock::MonotonicClock;
+    g.bench_function("std_instant", |b| b.iter(|| std_clock.now()));
+    let quanta = QuantaClock::default();
+    g.bench_function("quanta", |b| b.iter(|| quanta.now()));
+    let counter = AtomicU64::new(0);
+    g.bench_function("fetch_add", |b| {
+        b.iter(|| counter.fetch_add(1, Ordering::Relaxed))
+    });
+    g.finish();
+}
+
+/// rocgate's two variants: `now` passed in, and `MonotonicClock::now()` read per call.
+/// Each gets a fresh engine from `engine`; `check` decides one request at a time.
+fn rocgate_variants<R>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    engine: impl Fn() -> Engine,
+    mut check: impl FnMut(&Engine, Nanos) -> R,
+) {
+    let e = engine();
+    g.bench_function("rocgate/given_now", |b| {
+        b.iter(|| check(&e, black_box(NOW)))
+    });
+    let e = engine();
+    let clock = MonotonicClock::new();
+    g.bench_function("rocgate/monotonic_clock", |b| {
+        b.iter(|| check(&e, clock.now()))
+    });
+}
+
+/// governor's three variants, one per clock: `|clock| build` makes a limiter for a
+/// clock, `|lim| check` decides one request. (A macro because each clock makes a
+/// limiter of another type, and a closure cannot be generic.)
+macro_rules! governor_variants {
+    ($g:expr, |$clock:ident| $build:expr, |$lim:ident| $check:expr) => {{
+        let g: &mut BenchmarkGroup<'_, WallTime> = $g;
+        let $clock = FakeRelativeClock::default();
+        let $lim = $build;
+        g.bench_function("governor/fake_clock", |b| b.iter(|| $check));
+        let $clock = governor::clock::MonotonicClock;
+        let $lim = $build;
+        g.bench_function("governor/std_clock", |b| b.iter(|| $check));
+        let $clock = QuantaClock::default();
+        let $lim = $build;
+        g.bench_function("governor/quanta_clock", |b| b.iter(|| $check));
+    }};
+}
+
+fn route_level(c: &mut Criterion) {
+    let mut g = c.benchmark_group("route");
+    rocgate_variants(
+        &mut g,
+        || open_engine(Partition::Route),
+        |e, now| e.check(ROUTE, Key::None, now),
+    );
+    governor_variants!(
+        &mut g,
+        |clock| RateLimiter::direct_with_clock(open_quota(), clock),
+        |lim| lim.check()
+    );
+    g.finish();
+}
+
+fn reject(c: &mut Criterion) {
+    let mut g = c.benchmark_group("reject");
+    rocgate_variants(&mut g, empty_engine, |e, now| {
+        e.check(ROUTE, Key::None, now)
+    });
+    governor_variants!(
+        &mut g,
+        |clock| {
+            let lim = RateLimiter::direct_with_clock(one_per_second(), clock);
+            assert!(lim.check().is_ok());
+            lim
+        },
+        |lim| lim.check()
+    );
+    g.finish();
+}
+
+fn keyed(c: &mut Criterion) {
+    let mut g = c.benchmark_group("keyed_10k");
+    let keys = ips();
+    let mut next = keys.iter().copied().cycle();
+    let partition = Partition::ClientIp(KeyLimits {
+        max_keys: KEYS as usize,
+        ..KeyLimits::default()
+    });
+    let filled_engine = || {
+        let e = open_engine(partition.clone());
+        for ip in &keys {
+            assert!(e.check(ROUTE, Key::Ip(*ip), Nanos::ZERO).is_admit());
+        }
+        e
+    };
+    rocgate_variants(&mut g, filled_engine, |e, now| {
+        e.check(ROUTE, Key::Ip(next.next().unwrap()), now)
+    });
+    governor_variants!(
+        &mut g,
+        |clock| {
+            let lim = RateLimiter::dashmap_with_clock(open_quota(), clock);
+            for ip in &keys {
+                assert!(lim.check_key(ip).is_ok());
+            }
+            lim
+        },
+        |lim| lim.check_key(&next.next().unwrap())
+    );
+    g.finish();
+}
+
+fn route_2_threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("route_2_threads");
+    let e = open_engine(Partition::Route);
+    g.bench_function("rocgate/given_now", |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| e.check(ROUTE, Key::None, black_box(NOW)))
+        })
+    });
+    let e = open_engine(Partition::Route);
+    let clock = MonotonicClock::new();
+    g.bench_function("rocgate/monotonic_clock", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| e.check(ROUTE, Key::None, clock.now())))
+    });
+    let lim = RateLimiter::direct_with_clock(open_quota(), FakeRelativeClock::default());
+    g.bench_function("governor/fake_clock", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| lim.check()))
+    });
+    let lim = RateLimiter::direct_with_clock(open_quota(), governor::clock::MonotonicClock);
+    g.bench_function("governor/std_clock", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| lim.check()))
+    });
+    let lim = RateLimiter::direct(open_quota());
+    g.bench_function("governor/quanta_clock", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| lim.check()))
+    });
+    g.finish();
+}
+
+/// The textbook sliding window log: every admitted request's timestamp, oldest first.
+struct TimestampLog {
+    window_ns: u64,
+    limit: usize,
+    log: Mutex<VecDeque<Nanos>>,
+}
+
+impl TimestampLog {
+    fn new(window: Duration, limit: u32) -> Self {
+        let limit = limit as usize;
+        TimestampLog {
+            window_ns: u64::try_from(window.as_nanos()).unwrap(),
+            limit,
+            log: Mutex::new(VecDeque::with_capacity(limit)),
+        }
+    }
+
+    /// Forgets timestamps older than the window, then admits if fewer than `limit` remain.
+    fn check(&self, now: Nanos) -> bool {
+        let mut log = self.log.lock().unwrap();
+        let horizon = now.as_u64().saturating_sub(self.window_ns);
+        while log.front().is_some_and(|t| t.as_u64() <= horizon) {
+            log.pop_front();
+        }
+        let admit = log.len() < self.limit;
+        if admit {
+            log.push_back(now);
+        }
+        admit
+    }
+}
+
+fn occupancy(c: &mut Criterion) {
+    let mut g = c.benchmark_group("occupancy_1000rps");
+    let second = Duration::from_secs(1);
+    // Each benchmark has its own virtual clock, so time never runs backwards.
+    let log = TimestampLog::new(second, OCCUPANCY_LIMIT);
+    let mut now = 0;
+    g.bench_function("timestamp_log", |b| {
+        b.iter(|| {
+            now += STEP_NS;
+            log.check(Nanos::new(now))
+        })
+    });
+    let e = route(OCCUPANCY_LIMIT, second, Partition::Route);
+    let mut now = 0;
+    g.bench_function("rocgate", |b| {
+        b.iter(|| {
+            now += STEP_NS;
+            e.check(ROUTE, Key::None, Nanos::new(now))
+        })
+    });
+    // Two threads share one virtual clock, as they would share a real one: each call
+    // takes the next millisecond. That read is a contended `fetch_add` that both sides
+    // pay; `virtual_clock_2_threads` measures it alone.
+    let tick =
+        |clock: &AtomicU64| Nanos::new(clock.fetch_add(STEP_NS, Ordering::Relaxed) + STEP_NS);
+    let clock = AtomicU64::new(0);
+    g.bench_function("virtual_clock_2_threads", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| tick(&clock)))
+    });
+    let (log, clock) = (
+        TimestampLog::new(second, OCCUPANCY_LIMIT),
+        AtomicU64::new(0),
+    );
+    g.bench_function("timestamp_log_2_threads", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| log.check(tick(&clock))))
+    });
+    let e = route(OCCUPANCY_LIMIT, second, Partition::Route);
+    let clock = AtomicU64::new(0);
+    g.bench_function("rocgate_2_threads", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| e.check(ROUTE, Key::None, tick(&clock))))
+    });
+    g.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    primitives(&mut c);
+    route_level(&mut c);
+    route_2_threads(&mut c);
+    keyed(&mut c);
+    reject(&mut c);
+    occupancy(&mut c);
+    c.final_summary();
+}
