@@ -18,6 +18,7 @@
 //!     name: "order".into(),
 //!     matcher: RouteMatch { method: Some("POST".into()), path: PathPattern::Exact("/api/order".into()) },
 //!     mode: Mode::Enforce,
+//!     reject_status: 429,
 //!     window: Default::default(),
 //!     controller: ControllerParams::default(),
 //!     algorithm: Default::default(),
@@ -40,7 +41,7 @@ use dashmap::DashMap;
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -97,6 +98,7 @@ struct Route {
     window: WindowSpec,
     algorithm: Algorithm,
     tiers: Vec<Tier>,
+    reject_status: AtomicU16,
     counter: SlotCounter,
     /// Route-level enforcement (partition `Route`); for shadow_adaptive, at base limit.
     limiter: Limiter,
@@ -166,6 +168,7 @@ impl Engine {
                 |cfg| match self.routes.iter().find(|r| r.same_structure(cfg)) {
                     Some(r) => {
                         r.reconfigure(&cfg.controller, Some(&cfg.events), now, wall_now);
+                        r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
                         Arc::clone(r)
                     }
                     None => Arc::new(Route::new(cfg, now, wall_now)),
@@ -301,12 +304,7 @@ impl Engine {
             ..
         } = st;
         ring.advance(&r.counter, idx, |s| {
-            let active = events.iter().position(|e| e.start <= s.at && s.at < e.end);
-            if active != *active_event {
-                *active_event = active;
-                let params = active.map_or_else(|| own.clone(), |i| events[i].params.clone());
-                controller.set_params(params, s.at);
-            }
+            follow_events(events, active_event, own, controller, s.at);
             let entered = controller.entered_at();
             controller.observe(s, |t| {
                 transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
@@ -349,6 +347,14 @@ impl Engine {
     /// If `route` does not come from this engine.
     pub fn partition(&self, route: RouteId) -> &Partition {
         &self.routes[route.0].partition
+    }
+
+    /// The HTTP status the route answers a rejection with.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn reject_status(&self, route: RouteId) -> u16 {
+        self.routes[route.0].reject_status.load(Ordering::Relaxed)
     }
 
     /// The algorithm enforcing the route's limit.
@@ -415,6 +421,7 @@ impl Route {
             window: cfg.window,
             algorithm: cfg.algorithm,
             tiers: cfg.tiers.clone(),
+            reject_status: AtomicU16::new(cfg.reject_status),
             counter: SlotCounter::new(&cfg.window),
             limiter: Limiter::new(cfg.algorithm, enforced_limit, now),
             shadow,
@@ -439,7 +446,7 @@ impl Route {
                 last_sweep: now,
             }),
         };
-        route.counter_start(now);
+        route.start(now);
         route
     }
 
@@ -475,26 +482,39 @@ impl Route {
                 .iter()
                 .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
                 .collect();
-            st.active_event = None;
         }
-        let in_force = st
-            .active_event
-            .map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
-        if events.is_some() || st.active_event.is_none() {
-            st.controller.set_params(in_force, now);
-        }
+        // Whatever was in force, the profile due now replaces it.
+        st.active_event = None;
+        st.controller.set_params(st.own.clone(), now);
+        follow_events(
+            &st.events,
+            &mut st.active_event,
+            &st.own,
+            &mut st.controller,
+            now,
+        );
         if changed {
             st.controller.rearm(now, self.window.window());
         }
         self.apply_limit(&st.controller, now);
     }
 
-    /// Starts the window at the slot containing `now`, so a clock that starts far from
-    /// zero does not replay empty slots since its origin.
-    fn counter_start(&self, now: Nanos) {
+    /// Starts the window at the slot containing `now` (so a clock that starts far from
+    /// zero does not replay empty slots since its origin), and puts in force the event
+    /// due now, if any.
+    fn start(&self, now: Nanos) {
         let mut st = self.lock();
+        let st = &mut *st;
         let idx = self.counter.slot_index(now);
         st.ring.advance(&self.counter, idx, |_| {});
+        follow_events(
+            &st.events,
+            &mut st.active_event,
+            &st.own,
+            &mut st.controller,
+            now,
+        );
+        self.apply_limit(&st.controller, now);
     }
 
     /// Pushes the controller's limit to the limiters.
@@ -580,6 +600,23 @@ impl ScheduledEvent {
             end,
             params: e.controller.clone(),
         })
+    }
+}
+
+/// Puts the profile due at `at` in force: the scheduled event running then, or the
+/// route's own parameters. Does nothing if that profile is already in force.
+fn follow_events(
+    events: &[ScheduledEvent],
+    active: &mut Option<usize>,
+    own: &ControllerParams,
+    controller: &mut Controller,
+    at: Nanos,
+) {
+    let due = events.iter().position(|e| e.start <= at && at < e.end);
+    if due != *active {
+        *active = due;
+        let params = due.map_or_else(|| own.clone(), |i| events[i].params.clone());
+        controller.set_params(params, at);
     }
 }
 

@@ -453,37 +453,61 @@ impl Packed {
     }
 }
 
-/// Counts requests per fixed window; admits `limit × window` per window.
+/// The limit and window length shared by the two window-counting limiters.
 #[derive(Debug)]
-pub struct FixedWindow {
-    word: AtomicU64,
+struct WindowQuota {
     limit_bits: AtomicU64,
     /// Window length in milliseconds (32 bits keep a [`Limiter`] at 32 bytes).
     window_ms: u32,
 }
 
-/// A window length in whole milliseconds, at least 1.
-fn window_ms(window: Duration) -> u32 {
-    u32::try_from(window.as_millis()).unwrap_or(u32::MAX).max(1)
+impl WindowQuota {
+    fn new(limit: f64, window: Duration) -> Self {
+        WindowQuota {
+            limit_bits: AtomicU64::new(limit.to_bits()),
+            window_ms: u32::try_from(window.as_millis()).unwrap_or(u32::MAX).max(1),
+        }
+    }
+
+    fn window_ns(&self) -> u64 {
+        u64::from(self.window_ms) * 1_000_000
+    }
+
+    /// Requests allowed per window: `limit × window`, whole, at most what a word counts.
+    fn quota(&self) -> f64 {
+        let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
+        (limit * self.window_ns() as f64 / 1e9)
+            .floor()
+            .min(COUNT_MAX as f64)
+    }
+
+    fn set_limit(&self, limit: f64) {
+        self.limit_bits.store(limit.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// Counts requests per fixed window; admits `limit × window` per window.
+#[derive(Debug)]
+pub struct FixedWindow {
+    word: AtomicU64,
+    quota: WindowQuota,
 }
 
 impl FixedWindow {
     fn window_ns(&self) -> u64 {
-        u64::from(self.window_ms) * 1_000_000
+        self.quota.window_ns()
     }
 
     /// An empty counter (the window is kept to the millisecond).
     pub fn new(limit: f64, window: Duration) -> Self {
         FixedWindow {
             word: AtomicU64::new(0),
-            window_ms: window_ms(window),
-            limit_bits: AtomicU64::new(limit.to_bits()),
+            quota: WindowQuota::new(limit, window),
         }
     }
 
     fn quota(&self) -> u64 {
-        let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
-        ((limit * self.window_ns() as f64 / 1e9).floor() as u64).min(COUNT_MAX)
+        self.quota.quota() as u64
     }
 
     /// Counts one request at `now`, or says when the window ends.
@@ -516,7 +540,7 @@ impl FixedWindow {
 
     /// Changes the per-second limit; the current window's count is kept.
     pub fn set_limit(&self, limit: f64) {
-        self.limit_bits.store(limit.to_bits(), Ordering::Relaxed);
+        self.quota.set_limit(limit);
     }
 
     /// Requests counted in the current window, and the quota.
@@ -535,30 +559,24 @@ impl FixedWindow {
 #[derive(Debug)]
 pub struct SlidingWindowCounter {
     word: AtomicU64,
-    limit_bits: AtomicU64,
-    /// Window length in milliseconds (32 bits keep a [`Limiter`] at 32 bytes).
-    window_ms: u32,
+    quota: WindowQuota,
 }
 
 impl SlidingWindowCounter {
     fn window_ns(&self) -> u64 {
-        u64::from(self.window_ms) * 1_000_000
+        self.quota.window_ns()
     }
 
     /// An empty counter (the window is kept to the millisecond).
     pub fn new(limit: f64, window: Duration) -> Self {
         SlidingWindowCounter {
             word: AtomicU64::new(0),
-            window_ms: window_ms(window),
-            limit_bits: AtomicU64::new(limit.to_bits()),
+            quota: WindowQuota::new(limit, window),
         }
     }
 
     fn quota(&self) -> f64 {
-        let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
-        (limit * self.window_ns() as f64 / 1e9)
-            .floor()
-            .min(COUNT_MAX as f64)
+        self.quota.quota()
     }
 
     /// The weighted count at `now` from a word.
@@ -621,7 +639,7 @@ impl SlidingWindowCounter {
 
     /// Changes the per-second limit; counts are kept.
     pub fn set_limit(&self, limit: f64) {
-        self.limit_bits.store(limit.to_bits(), Ordering::Relaxed);
+        self.quota.set_limit(limit);
     }
 
     /// The weighted count at `now`, and the quota.

@@ -23,6 +23,7 @@
 //!     name: "order".into(),
 //!     matcher: RouteMatch { method: None, path: PathPattern::Exact("/api/order".into()) },
 //!     mode: Mode::Enforce,
+//!     reject_status: 429,
 //!     window: Default::default(), // 6 s of 100 ms slots
 //!     controller: ControllerParams::default(), // base 200, cut 60, danger 80
 //!     algorithm: Default::default(),

@@ -26,6 +26,7 @@ cut_limit = 300
 "#;
 
 struct Running {
+    listen: SocketAddr,
     admin: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -70,11 +71,13 @@ async fn start(token: Option<&str>) -> Running {
         .await
         .unwrap();
     let admin = proxy.admin_addr().unwrap();
+    let listen = proxy.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(proxy.run(async {
         let _ = stopped.await;
     }));
     Running {
+        listen,
         admin,
         stop: Some(stop),
         task,
@@ -270,5 +273,34 @@ async fn mutating_endpoints_require_the_token_when_set() {
     );
     // Reading needs no token.
     assert_eq!(call(p.admin, "GET", "/admin/routes", "", None).await.0, 200);
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn a_scheduled_event_takes_effect_at_its_wall_clock_time() {
+    #[allow(clippy::disallowed_methods)] // the event is placed relative to the real wall clock
+    let started = std::time::SystemTime::now() - Duration::from_secs(5);
+    let config = format!(
+        "{CONFIG}\n[[routes.events]]\nname = \"sale\"\nstart = \"{}\"\nduration = \"1h\"\nbase_limit = 700\ncut_limit = 200\n",
+        humantime::format_rfc3339_seconds(started)
+    );
+    let p = start(None).await;
+    std::fs::write(&p.file, config).unwrap();
+    assert_eq!(
+        call(p.admin, "POST", "/admin/reload", "", None).await.0,
+        200
+    );
+    // The event is in force from the first slot the route sees after its start.
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let req = http::Request::get(format!("http://{}/anything", p.listen))
+        .body(Full::default())
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
+    let (_, rest) = call(p.admin, "GET", "/admin/routes/rest", "", None).await;
+    assert_eq!(rest["active_event"], "sale");
+    assert_eq!(rest["base_limit_rps"], 700.0);
+    assert_eq!(rest["cut_limit_rps"], 200.0);
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert!(order["active_event"].is_null());
     p.stop().await;
 }

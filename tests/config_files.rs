@@ -660,3 +660,16 @@ fn server_and_admin_sections() {
         "unknown field",
     );
 }
+
+#[test]
+fn reject_status_is_a_4xx_or_5xx() {
+    let c = Config::from_toml_str(&route("reject_status = 503"), "s.toml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.routes[0].reject_status, 503);
+    assert_eq!(load("rocgate.toml").routes[0].reject_status, 429);
+    refused(
+        &route("reject_status = 200"),
+        "routes[0].reject_status",
+        "from 400 to 599",
+    );
+}

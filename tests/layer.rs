@@ -208,3 +208,18 @@ async fn concurrent_connections_share_one_bucket() {
         "the handler saw exactly the admitted requests"
     );
 }
+
+#[tokio::test]
+async fn a_route_may_shed_with_another_status() {
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 1.0);
+    r.reject_status = 503;
+    let (l, _clock) = layer(vec![r]);
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    assert_eq!(
+        app.clone().oneshot(post_order()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let res = app.oneshot(post_order()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().contains_key("retry-after"));
+}

@@ -83,6 +83,13 @@ impl Upstream {
         seen.remove(0)
     }
 
+    /// The `n` requests to `path`.
+    fn only_n(&self, path: &str, n: usize) -> Vec<Seen> {
+        let seen = self.seen(path);
+        assert_eq!(seen.len(), n, "requests to {path}: {seen:?}");
+        seen
+    }
+
     fn all_paths(&self) -> Vec<String> {
         let seen = self.seen.lock().unwrap();
         seen.iter().map(|s| s.path.clone()).collect()
@@ -1059,4 +1066,40 @@ async fn shutdown_closes_the_listener_and_lets_requests_in_flight_finish() {
     assert_eq!(finished, IN_FLIGHT);
     within("run() returning", run).await.unwrap().unwrap();
     assert_eq!(upstream.hits(), IN_FLIGHT);
+}
+
+// ---------------------------------------------------------------------------------
+// HTTP/2 to clients
+
+/// A client speaking h2c (HTTP/2 with prior knowledge) is served like an HTTP/1.1 one:
+/// forwarded over HTTP/1.1, and limited by the same bucket.
+#[tokio::test]
+async fn h2c_clients_are_forwarded_and_limited() {
+    let up = start_upstream().await;
+    let proxy = start_proxy(settings(up.addr), vec![trickle_route("h2", "/", 2)]).await;
+    let stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let req = Request::get(format!("http://{HOST}/h2"))
+            .body(Full::<Bytes>::default())
+            .unwrap();
+        let res = within("h2 response", sender.send_request(req))
+            .await
+            .unwrap();
+        assert_eq!(res.version(), http::Version::HTTP_2);
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    let seen = up.only_n("/h2", 2);
+    assert_eq!(seen[0].headers["x-forwarded-host"], HOST);
+    let _ = proxy.shut_down().await;
 }

@@ -69,6 +69,8 @@ pub struct RouteConfig {
     pub matcher: RouteMatch,
     /// Enforce, or only count.
     pub mode: Mode,
+    /// Status of a rejection: 429, or e.g. 503 for capacity shedding.
+    pub reject_status: u16,
     /// Shape of the ROC window.
     pub window: WindowSpec,
     /// The ROC controller's parameters (limits are per key on partitioned routes).
@@ -91,6 +93,7 @@ impl RouteConfig {
             name: name.into(),
             matcher,
             mode: Mode::Enforce,
+            reject_status: 429,
             window: WindowSpec::default(),
             controller: ControllerParams::default(),
             algorithm: Algorithm::default(),

@@ -115,6 +115,7 @@ tables! {
         min_dwell: String,
         max_cut: String,
         mode: String,
+        reject_status: Whole,
         algorithm: String,
         burst: String,
         limiter_window: String,
@@ -355,6 +356,7 @@ struct Settings {
     min_dwell: Res<Duration>,
     max_cut: Res<Duration>,
     mode: Res<Mode>,
+    reject_status: Res<u16>,
     algorithm: Res<Kind>,
     burst: Res<Duration>,
     limiter_window: Res<Duration>,
@@ -392,6 +394,7 @@ impl Settings {
             min_dwell: b(c.min_dwell),
             max_cut: b(c.max_cut),
             mode: b(Mode::default()),
+            reject_status: b(429),
             algorithm: b(Kind::TokenBucket),
             burst: b(Duration::from_secs(1)),
             limiter_window: b(Duration::from_secs(1)),
@@ -434,6 +437,12 @@ impl Settings {
             min_dwell: r.read("min_dwell", raw.min_dwell, &self.min_dwell, any_duration),
             max_cut: r.read("max_cut", raw.max_cut, &self.max_cut, nonzero_duration),
             mode: r.read("mode", raw.mode, &self.mode, mode),
+            reject_status: r.read(
+                "reject_status",
+                raw.reject_status,
+                &self.reject_status,
+                reject_status,
+            ),
             algorithm: r.read("algorithm", raw.algorithm, &self.algorithm, algorithm),
             burst: r.read("burst", raw.burst, &self.burst, nonzero_duration),
             limiter_window: r.read(
@@ -576,6 +585,18 @@ fn roc_mode(text: String) -> Result<RocMode, String> {
             ("relative", RocMode::Relative),
         ],
     )
+}
+
+/// The status of a rejection: 429, or another 4xx or 5xx such as 503 for capacity
+/// shedding.
+fn reject_status(w: Whole) -> Result<u16, String> {
+    match u16::try_from(w.0) {
+        Ok(code @ 400..=599) => Ok(code),
+        _ => Err(format!(
+            "must be an HTTP status from 400 to 599, got {}",
+            w.0
+        )),
+    }
 }
 
 fn mode(text: String) -> Result<Mode, String> {
@@ -1076,6 +1097,7 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
         name: name?,
         matcher: matcher?,
         mode: s.mode.as_ref()?.value,
+        reject_status: s.reject_status.as_ref()?.value,
         window: window?,
         controller: controller?,
         algorithm: algorithm?,

@@ -1,7 +1,6 @@
 //! [`AdmissionLayer`]: the tower layer, its builder, and the state all clones share.
 
 use super::client_ip::{ClientIpResolver, PeerAddr};
-use super::rejection::RejectionResponder;
 use super::service::AdmissionService;
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, Partition};
@@ -42,7 +41,6 @@ pub(crate) struct Gate {
     pub(crate) clock: Arc<dyn Clock>,
     route_key: RouteKey,
     resolver: ClientIpResolver,
-    pub(crate) responder: RejectionResponder,
 }
 
 impl Gate {
@@ -108,7 +106,7 @@ impl std::fmt::Debug for AdmissionLayer {
 
 impl AdmissionLayer {
     /// A layer over a new engine built from `config`, with the system clock, config
-    /// route matching, no trusted proxies and 429 rejections.
+    /// route matching and no trusted proxies.
     pub fn from_config(config: &Config) -> Self {
         AdmissionLayer::builder(config).build()
     }
@@ -149,7 +147,6 @@ pub struct AdmissionLayerBuilder {
     clock: Arc<dyn Clock>,
     route_key: RouteKey,
     trusted: Vec<IpNet>,
-    responder: RejectionResponder,
 }
 
 impl std::fmt::Debug for AdmissionLayerBuilder {
@@ -163,13 +160,11 @@ impl std::fmt::Debug for AdmissionLayerBuilder {
 
 impl AdmissionLayerBuilder {
     fn new(engine: SharedEngine, clock: Arc<dyn Clock>) -> Self {
-        let responder = RejectionResponder::new();
         AdmissionLayerBuilder {
             engine,
             clock,
             route_key: RouteKey::Config,
             trusted: Vec::new(),
-            responder,
         }
     }
 
@@ -185,12 +180,6 @@ impl AdmissionLayerBuilder {
         self
     }
 
-    /// How rejections are answered.
-    pub fn responder(mut self, responder: RejectionResponder) -> Self {
-        self.responder = responder;
-        self
-    }
-
     /// The layer.
     pub fn build(self) -> AdmissionLayer {
         AdmissionLayer {
@@ -199,7 +188,6 @@ impl AdmissionLayerBuilder {
                 clock: self.clock,
                 route_key: self.route_key,
                 resolver: ClientIpResolver::new(self.trusted),
-                responder: self.responder,
             }),
         }
     }

@@ -34,12 +34,11 @@ mod body;
 mod client_ip;
 mod future;
 mod layer;
-mod rejection;
+pub mod rejection;
 mod service;
 
 pub use body::ResponseBody;
 pub use client_ip::{ClientIpResolver, PeerAddr};
 pub use future::ResponseFuture;
 pub use layer::{shared_engine, AdmissionLayer, AdmissionLayerBuilder, RouteKey, SharedEngine};
-pub use rejection::RejectionResponder;
 pub use service::AdmissionService;

@@ -11,7 +11,8 @@
 //! {"error":"rate_limited","reason":"roc_cut","retry_after_ms":2731,"route":"order"}
 //! ```
 //!
-//! `Retry-After` is whole seconds, rounded up, at least 1. For `roc_cut` it is derived
+//! The status is the route's `reject_status` (429 unless configured, e.g. 503 for
+//! capacity shedding). `Retry-After` is whole seconds, rounded up, at least 1. For `roc_cut` it is derived
 //! from the controller's restore schedule (when the limit will next rise) plus a random
 //! jitter of up to that long again (between 1 s and 10 s), so rejected clients do not
 //! all return in the same second. `RateLimit-Policy` and `RateLimit` follow the IETF
@@ -32,77 +33,53 @@ static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static REASON: HeaderName = HeaderName::from_static("rocgate-reason");
 static JSON: HeaderValue = HeaderValue::from_static("application/json");
 
-/// Builds rejection responses.
-#[derive(Clone, Debug, Default)]
-pub struct RejectionResponder {
-    /// Routes answered with another status than 429, by route name.
-    status: Vec<(String, StatusCode)>,
+/// The time a rejected client is told to wait: the limiter's exact time, or for a
+/// cut, the restore schedule (`restore_eta`) with jitter.
+pub fn retry_after(rejection: &Rejection, restore_eta: Option<Duration>) -> Duration {
+    match (rejection.reason, restore_eta) {
+        (Reason::RocCut, Some(eta)) => {
+            let spread = eta.clamp(Duration::from_secs(1), Duration::from_secs(10));
+            let jitter = spread.mul_f64(fastrand::f64());
+            rejection.retry_after.max(eta) + jitter
+        }
+        _ => rejection.retry_after,
+    }
 }
 
-impl RejectionResponder {
-    /// A responder answering every route with `429 Too Many Requests`.
-    pub fn new() -> Self {
-        Self::default()
+/// The response to a rejected request on `route`, with the route's status
+/// (`reject_status`, 429 by default).
+pub fn respond<B>(
+    engine: &Engine,
+    route: RouteId,
+    rejection: &Rejection,
+    retry_after: Duration,
+) -> Response<ResponseBody<B>> {
+    let name = engine.route_name(route);
+    let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    let secs = secs.max(1);
+    let reason = rejection.reason.as_str();
+    let mut body = String::with_capacity(96);
+    let _ = write!(
+        body,
+        r#"{{"error":"rate_limited","reason":"{reason}","retry_after_ms":{},"route":"{name}"}}"#,
+        retry_after.as_millis()
+    );
+    let mut response = Response::new(ResponseBody::rejected(Bytes::from(body)));
+    *response.status_mut() =
+        StatusCode::from_u16(engine.reject_status(route)).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    let quota = engine.limit_rps(route).floor() as u64;
+    // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w=1")) {
+        headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-
-    /// Answers the route named `route` with `status` instead (e.g. 503 for capacity
-    /// shedding).
-    pub fn with_status(mut self, route: impl Into<String>, status: StatusCode) -> Self {
-        self.status.push((route.into(), status));
-        self
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={secs}")) {
+        headers.insert(RATELIMIT.clone(), v);
     }
-
-    /// The time a rejected client is told to wait: the limiter's exact time, or for
-    /// a cut, the restore schedule with jitter.
-    pub fn retry_after(rejection: &Rejection, restore_eta: Option<Duration>) -> Duration {
-        match (rejection.reason, restore_eta) {
-            (Reason::RocCut, Some(eta)) => {
-                let spread = eta.clamp(Duration::from_secs(1), Duration::from_secs(10));
-                let jitter = spread.mul_f64(fastrand::f64());
-                rejection.retry_after.max(eta) + jitter
-            }
-            _ => rejection.retry_after,
-        }
-    }
-
-    /// The response to a rejected request on `route`.
-    pub fn respond<B>(
-        &self,
-        engine: &Engine,
-        route: RouteId,
-        rejection: &Rejection,
-        retry_after: Duration,
-    ) -> Response<ResponseBody<B>> {
-        let name = engine.route_name(route);
-        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-        let secs = secs.max(1);
-        let reason = rejection.reason.as_str();
-        let mut body = String::with_capacity(96);
-        let _ = write!(
-            body,
-            r#"{{"error":"rate_limited","reason":"{reason}","retry_after_ms":{},"route":"{name}"}}"#,
-            retry_after.as_millis()
-        );
-        let mut response = Response::new(ResponseBody::rejected(Bytes::from(body)));
-        *response.status_mut() = self
-            .status
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(StatusCode::TOO_MANY_REQUESTS, |(_, s)| *s);
-        let headers = response.headers_mut();
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-        let quota = engine.limit_rps(route).floor() as u64;
-        // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
-        if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w=1")) {
-            headers.insert(RATELIMIT_POLICY.clone(), v);
-        }
-        if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={secs}")) {
-            headers.insert(RATELIMIT.clone(), v);
-        }
-        headers.insert(REASON.clone(), HeaderValue::from_static(reason));
-        headers.insert(CONTENT_TYPE, JSON.clone());
-        response
-    }
+    headers.insert(REASON.clone(), HeaderValue::from_static(reason));
+    headers.insert(CONTENT_TYPE, JSON.clone());
+    response
 }
 
 #[cfg(test)]
@@ -118,7 +95,7 @@ mod tests {
         let eta = Duration::from_millis(2500);
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..500 {
-            let r = RejectionResponder::retry_after(&rej, Some(eta));
+            let r = retry_after(&rej, Some(eta));
             assert!(r >= eta && r < eta * 2, "{r:?}");
             seen.insert(r.as_secs());
         }
@@ -130,9 +107,6 @@ mod tests {
             retry_after: Duration::from_millis(20),
             reason: Reason::Limit,
         };
-        assert_eq!(
-            RejectionResponder::retry_after(&limit, Some(eta)),
-            Duration::from_millis(20)
-        );
+        assert_eq!(retry_after(&limit, Some(eta)), Duration::from_millis(20));
     }
 }

@@ -2,7 +2,7 @@
 
 use super::future::{ResponseFuture, Wait};
 use super::layer::Gate;
-use super::rejection::RejectionResponder;
+use super::rejection;
 use crate::limiter::{Admit, Decision};
 use http::{Request, Response};
 use std::sync::Arc;
@@ -65,8 +65,8 @@ where
             Decision::Reject(rejection) => {
                 let now = gate.clock.now();
                 let eta = engine.restore_eta(route, now);
-                let retry_after = RejectionResponder::retry_after(&rejection, eta);
-                ResponseFuture::rejected(gate.responder.respond(
+                let retry_after = rejection::retry_after(&rejection, eta);
+                ResponseFuture::rejected(rejection::respond(
                     &engine,
                     route,
                     &rejection,
