@@ -47,6 +47,7 @@ fn route(controller: ControllerParams) -> RouteConfig {
             path: PathPattern::Exact("/api/order".into()),
         },
         mode: Mode::Enforce,
+        reject_status: 429,
         window: WindowSpec::new(Duration::from_secs(6), Duration::from_millis(100)).unwrap(),
         controller,
         algorithm: Default::default(),
