@@ -36,7 +36,7 @@ use crate::clock::Nanos;
 use crate::config::{Config, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier};
 use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
 use crate::limiter::{Admit, Algorithm, Decision, Level, Limiter, Reason};
-use crate::window::{RocSample, SlotCounter, SlotRing, WindowSpec};
+use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
 use dashmap::DashMap;
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -63,10 +63,15 @@ pub enum Key<'a> {
 /// Called with each controller transition: the route's name and the transition.
 pub type TransitionHook = Arc<dyn Fn(&str, &Transition) + Send + Sync>;
 
+/// Called with every completed slot's ROC (in the route's mode): the route's name and
+/// the value. Once per slot and route, never per request.
+pub type SampleHook = Arc<dyn Fn(&str, f64) + Send + Sync>;
+
 /// Every route's window, controller and limiters.
 pub struct Engine {
     routes: Box<[Arc<Route>]>,
     hook: Option<TransitionHook>,
+    sample_hook: Option<SampleHook>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -77,22 +82,18 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// Per-reason counters.
-#[derive(Debug, Default)]
-struct ReasonCounters([AtomicU64; Reason::ALL.len()]);
-
-impl ReasonCounters {
-    fn add(&self, reason: Reason) {
-        self.0[reason.index()].fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn read(&self) -> [u64; Reason::ALL.len()] {
-        std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
-    }
+/// The lane counter (next to the window's arrivals) of rejections for `reason`: real
+/// ones, or in `shadow` mode the would-be ones.
+fn rejected_counter(reason: Reason) -> usize {
+    1 + reason.index()
 }
 
+/// The lane counter of what a cut would have rejected in `shadow_adaptive` mode.
+const SHADOW_CUT: usize = 1 + Reason::ALL.len();
+const _: () = assert!(SHADOW_CUT < crate::lanes::COUNTERS);
+
 struct Route {
-    name: Box<str>,
+    name: Arc<str>,
     matcher: RouteMatch,
     mode: Mode,
     window: WindowSpec,
@@ -116,8 +117,6 @@ struct Route {
     /// When the controller will next raise the limit (ns on the engine's clock; 0: not cut).
     next_raise: AtomicU64,
     partition: Partition,
-    rejected: ReasonCounters,
-    shadow_rejected: ReasonCounters,
     state: Mutex<RouteState>,
 }
 
@@ -151,7 +150,11 @@ impl Engine {
             .iter()
             .map(|r| Arc::new(Route::new(r, now, wall_now)))
             .collect();
-        Engine { routes, hook: None }
+        Engine {
+            routes,
+            hook: None,
+            sample_hook: None,
+        }
     }
 
     /// A new engine for `config` that keeps the live state (window, controller,
@@ -178,6 +181,7 @@ impl Engine {
         Engine {
             routes,
             hook: self.hook.clone(),
+            sample_hook: self.sample_hook.clone(),
         }
     }
 
@@ -204,6 +208,12 @@ impl Engine {
     /// Calls `hook` with every controller transition (for metrics, logs, simulation).
     pub fn with_transition_hook(mut self, hook: TransitionHook) -> Self {
         self.hook = Some(hook);
+        self
+    }
+
+    /// Calls `hook` with every completed slot's ROC (for the ROC histogram).
+    pub fn with_sample_hook(mut self, hook: SampleHook) -> Self {
+        self.sample_hook = Some(hook);
         self
     }
 
@@ -235,9 +245,8 @@ impl Engine {
     #[inline]
     pub fn check(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Decision {
         let r = &self.routes[route.0];
-        let idx = r.counter.slot_index(now);
-        if r.counter.needs_roll(idx) {
-            self.roll(r, idx, now);
+        if r.counter.needs_roll(now) {
+            self.roll(r, now);
         }
         r.counter.add();
         let decision = match &r.keys {
@@ -256,15 +265,10 @@ impl Engine {
             }
             admit => return self.after_admit(r, admit, now),
         };
+        r.counter.counters().add(rejected_counter(decision.reason));
         match r.mode {
-            Mode::Enforce | Mode::ShadowAdaptive => {
-                r.rejected.add(decision.reason);
-                Decision::Reject(decision)
-            }
-            Mode::Shadow => {
-                r.shadow_rejected.add(decision.reason);
-                Decision::Admit(Admit::Now)
-            }
+            Mode::Enforce | Mode::ShadowAdaptive => Decision::Reject(decision),
+            Mode::Shadow => Decision::Admit(Admit::Now),
         }
     }
 
@@ -273,16 +277,16 @@ impl Engine {
     fn after_admit(&self, r: &Route, admit: Decision, now: Nanos) -> Decision {
         if let Some(shadow) = &r.shadow {
             if r.engaged.load(Ordering::Relaxed) && !shadow.check(now).is_admit() {
-                r.shadow_rejected.add(Reason::RocCut);
+                r.counter.counters().add(SHADOW_CUT);
             }
         }
         admit
     }
 
-    /// Advances the route's window to slot `idx` and steps the controller, if no other
-    /// request is doing so already.
+    /// Advances the route's window to the slot of `now` and steps the controller, if
+    /// no other request is doing so already.
     #[cold]
-    fn roll(&self, r: &Route, idx: u64, now: Nanos) {
+    fn roll(&self, r: &Route, now: Nanos) {
         let Ok(mut guard) = r.state.try_lock() else {
             return;
         };
@@ -292,6 +296,7 @@ impl Engine {
             st.controller.params().base_limit_rps,
         );
         let hook = self.hook.as_deref();
+        let sample_hook = self.sample_hook.as_deref();
         let RouteState {
             ring,
             controller,
@@ -303,7 +308,7 @@ impl Engine {
             time_in_cut,
             ..
         } = st;
-        ring.advance(&r.counter, idx, |s| {
+        ring.advance(&r.counter, r.counter.slot_index(now), |s| {
             follow_events(events, active_event, own, controller, s.at);
             let entered = controller.entered_at();
             controller.observe(s, |t| {
@@ -318,6 +323,9 @@ impl Engine {
                     h(&r.name, &t);
                 }
             });
+            if let Some(h) = sample_hook {
+                h(&r.name, controller.last_roc());
+            }
         });
         let after = (
             st.controller.limit_rps(),
@@ -339,6 +347,15 @@ impl Engine {
     /// If `route` does not come from this engine.
     pub fn route_name(&self, route: RouteId) -> &str {
         &self.routes[route.0].name
+    }
+
+    /// The route's name, shared: cloning it is one reference count (for request
+    /// extensions and metric labels).
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn route_label(&self, route: RouteId) -> Arc<str> {
+        Arc::clone(&self.routes[route.0].name)
     }
 
     /// How the route shares out its limit (which key a request needs).
@@ -432,8 +449,6 @@ impl Route {
             limit: AtomicU64::new(p.base_limit_rps.to_bits()),
             next_raise: AtomicU64::new(0),
             partition: cfg.partition.clone(),
-            rejected: ReasonCounters::default(),
-            shadow_rejected: ReasonCounters::default(),
             state: Mutex::new(RouteState {
                 ring: SlotRing::new(&cfg.window),
                 controller: Controller::new(p.clone(), now, cfg.window.window()),
@@ -543,9 +558,21 @@ impl Route {
         let st = self.lock();
         let c = &st.controller;
         let p = c.params();
-        let offered = st.ring.total() + self.counter.pending();
-        let rejected = self.rejected.read();
-        let rejected_total: u64 = rejected.iter().sum();
+        let offered = self.counter.arrivals();
+        let counted = Reason::ALL.map(|r| (r, self.counter.counters().sum(rejected_counter(r))));
+        let none = Reason::ALL.map(|r| (r, 0));
+        let (rejected, shadow_rejected) = match self.mode {
+            Mode::Enforce => (counted, none),
+            Mode::Shadow => (none, counted),
+            Mode::ShadowAdaptive => {
+                let cut = self.counter.counters().sum(SHADOW_CUT);
+                (
+                    counted,
+                    none.map(|(r, _)| (r, if r == Reason::RocCut { cut } else { 0 })),
+                )
+            }
+        };
+        let rejected_total: u64 = rejected.iter().map(|(_, n)| n).sum();
         RouteSnapshot {
             name: self.name.to_string(),
             mode: self.mode,
@@ -561,11 +588,8 @@ impl Route {
             level: self.limiter.level(now),
             offered,
             admitted: offered.saturating_sub(rejected_total),
-            rejected: Reason::ALL.into_iter().zip(rejected).collect(),
-            shadow_rejected: Reason::ALL
-                .into_iter()
-                .zip(self.shadow_rejected.read())
-                .collect(),
+            rejected: rejected.to_vec(),
+            shadow_rejected: shadow_rejected.to_vec(),
             cuts: st.cuts,
             time_in_cut: st.time_in_cut
                 + if c.state() == ControllerState::Cut {
@@ -577,6 +601,9 @@ impl Route {
             active_event: st.active_event.map(|i| st.events[i].name.clone()),
             keys: self.keys.as_ref().map_or(0, Keys::len),
             window: self.window,
+            min_rps: p.min_rps,
+            roc_mode: p.roc_mode,
+            algorithm: self.algorithm.name(),
         }
     }
 }
@@ -868,6 +895,12 @@ pub struct RouteSnapshot {
     pub keys: usize,
     /// The window's shape.
     pub window: WindowSpec,
+    /// The `min_rps` in force (the floor of relative ROC).
+    pub min_rps: f64,
+    /// Whether `roc`, `danger_roc` and `safe_roc` are absolute or relative.
+    pub roc_mode: RocMode,
+    /// The enforcing algorithm's name, as in config.
+    pub algorithm: &'static str,
 }
 
 impl RouteSnapshot {

@@ -16,7 +16,10 @@ pub mod controller;
 pub mod engine;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod lanes;
 pub mod limiter;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 #[cfg(feature = "proxy")]
 pub mod proxy;
 pub mod sim;

@@ -595,7 +595,9 @@ impl SlidingWindowCounter {
         loop {
             let p = Packed::load(word).at(idx);
             let at = p.effective_now(now, self.window_ns());
-            if self.estimate(p, at) + 1.0 > quota {
+            // The tolerance absorbs float rounding, so that a request sent at exactly
+            // `retry_after` (solved from the same formula) is admitted.
+            if self.estimate(p, at) + 1.0 > quota + 1e-9 {
                 return reject(self.retry_after(p, at, quota) + (at - now), Reason::Limit);
             }
             let next = Packed {

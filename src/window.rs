@@ -5,9 +5,10 @@
 //! never O(requests).
 //!
 //! The window has two parts with different owners:
-//! - [`SlotCounter`] is the hot path. Every request adds one to the slot that is
-//!   accumulating, with one relaxed atomic add on a cache-line-padded stripe (so two
-//!   cores do not fight over one line). No lock, no allocation.
+//! - [`SlotCounter`] is the hot path. Every request adds one to the arrivals of the
+//!   slot that is accumulating, with a plain store on its thread's own cache line
+//!   ([`crate::lanes`]): no locked instruction, no lock, no allocation. Whether the
+//!   slot is over is one load and a comparison.
 //! - [`SlotRing`] holds the completed slots and the two half-window sums. It is plain
 //!   data, advanced at slot rollover by the one request that wins the rollover (the
 //!   engine keeps it behind a `try_lock` that no other request waits for). Each
@@ -41,18 +42,9 @@
 //! ```
 
 use crate::clock::{duration_nanos, Nanos};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::lanes::LaneCounters;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// Number of counter stripes. More than the cores the gateway uses buys nothing,
-/// fewer makes cores share a cache line on every request.
-const STRIPES: usize = 4;
-
-/// One counter alone on its 64-byte cache line.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-struct Stripe(AtomicU64);
 
 /// The validated shape of a window: its length and its slot length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,31 +180,23 @@ impl RocSample {
     }
 }
 
-thread_local! {
-    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
-
-/// This thread's stripe, assigned round-robin on first use.
-fn stripe() -> usize {
-    STRIPE.with(|s| {
-        let mut i = s.get();
-        if i == usize::MAX {
-            i = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed) % STRIPES;
-            s.set(i);
-        }
-        i
-    })
-}
-
-/// The lock-free front of the window: counts arrivals into the slot that is accumulating.
+/// The lock-free front of the window: counts arrivals into the slot that is
+/// accumulating, in [`LaneCounters`] (a plain store on the thread's own lane).
+///
+/// Its lane counters have room for more: the engine counts rejections there too
+/// ([`ARRIVALS`] is the window's).
 #[derive(Debug)]
 pub struct SlotCounter {
     slot_ns: u64,
-    /// Index (time / slot) of the slot the stripes are accumulating.
+    /// Index (time / slot) of the slot being accumulated.
     current: AtomicU64,
-    stripes: [Stripe; STRIPES],
+    /// When that slot ends, ns: `(current + 1) × slot`.
+    boundary: AtomicU64,
+    counters: LaneCounters,
 }
+
+/// The lane counter that counts arrivals.
+pub const ARRIVALS: usize = 0;
 
 impl SlotCounter {
     /// A counter for windows of this shape, accumulating slot 0.
@@ -220,7 +204,8 @@ impl SlotCounter {
         SlotCounter {
             slot_ns: spec.slot_ns,
             current: AtomicU64::new(0),
-            stripes: Default::default(),
+            boundary: AtomicU64::new(spec.slot_ns),
+            counters: LaneCounters::default(),
         }
     }
 
@@ -230,37 +215,32 @@ impl SlotCounter {
         now.as_u64() / self.slot_ns
     }
 
-    /// Whether slot `index` is later than the one accumulating, so the ring must
-    /// advance before this arrival is counted.
+    /// Whether `now` lies past the slot being accumulated, so the ring must advance
+    /// before an arrival at `now` is counted. One load and a comparison.
     #[inline]
-    pub fn needs_roll(&self, index: u64) -> bool {
-        index > self.current.load(Ordering::Acquire)
+    pub fn needs_roll(&self, now: Nanos) -> bool {
+        now.as_u64() >= self.boundary.load(Ordering::Acquire)
     }
 
     /// Counts one arrival in the accumulating slot.
     #[inline]
     pub fn add(&self) {
-        self.stripes[stripe()].0.fetch_add(1, Ordering::Relaxed);
+        self.counters.add(ARRIVALS);
     }
 
-    /// Arrivals counted in the accumulating slot so far (a racy read, for snapshots).
-    pub fn pending(&self) -> u64 {
-        self.stripes
-            .iter()
-            .map(|s| s.0.load(Ordering::Relaxed))
-            .sum()
+    /// The lane counters (arrivals in [`ARRIVALS`], the rest free for the caller).
+    pub fn counters(&self) -> &LaneCounters {
+        &self.counters
+    }
+
+    /// Every arrival counted so far (a relaxed read, for snapshots).
+    pub fn arrivals(&self) -> u64 {
+        self.counters.sum(ARRIVALS)
     }
 
     /// Index of the slot being accumulated.
     pub fn current(&self) -> u64 {
         self.current.load(Ordering::Acquire)
-    }
-
-    fn drain(&self) -> u64 {
-        self.stripes
-            .iter()
-            .map(|s| s.0.swap(0, Ordering::AcqRel))
-            .sum()
     }
 }
 
@@ -274,8 +254,8 @@ pub struct SlotRing {
     head: usize,
     prev_sum: u64,
     recent_sum: u64,
-    /// Every arrival ever moved into the ring.
-    total: u64,
+    /// The counter's arrivals already moved into the ring.
+    taken: u64,
 }
 
 impl SlotRing {
@@ -287,7 +267,7 @@ impl SlotRing {
             head: 0,
             prev_sum: 0,
             recent_sum: 0,
-            total: 0,
+            taken: 0,
         }
     }
 
@@ -305,7 +285,6 @@ impl SlotRing {
         self.recent_sum = self.recent_sum - u64::from(crossing) + u64::from(count);
         self.counts[self.head] = count;
         self.head = (self.head + 1) % n;
-        self.total += u64::from(count);
     }
 
     /// Moves the counter's accumulated arrivals into the ring as completed slot(s) and
@@ -324,7 +303,9 @@ impl SlotRing {
             return;
         }
         let slot_ns = counter.slot_ns;
-        let first = counter.drain();
+        let arrived = counter.arrivals();
+        let first = arrived.saturating_sub(self.taken);
+        self.taken = arrived;
         self.push(u32::try_from(first).unwrap_or(u32::MAX));
         on_slot(SampleAt {
             at: Nanos::new((from + 1).saturating_mul(slot_ns)),
@@ -346,6 +327,9 @@ impl SlotRing {
             });
         }
         counter.current.store(to_index, Ordering::Release);
+        counter
+            .boundary
+            .store((to_index + 1).saturating_mul(slot_ns), Ordering::Release);
     }
 
     /// The current reading over completed slots.
@@ -360,11 +344,6 @@ impl SlotRing {
             rate_recent_rps,
             roc: rate_recent_rps - rate_prev_rps,
         }
-    }
-
-    /// Every arrival moved into the ring since it was created.
-    pub fn total(&self) -> u64 {
-        self.total
     }
 
     /// The largest count in any run of `span_slots` consecutive completed slots.
@@ -401,9 +380,8 @@ mod tests {
 
     fn fill(counter: &SlotCounter, ring: &mut SlotRing, now: Nanos, n: u64) -> Vec<SampleAt> {
         let mut out = Vec::new();
-        let idx = counter.slot_index(now);
-        if counter.needs_roll(idx) {
-            ring.advance(counter, idx, |s| out.push(s));
+        if counter.needs_roll(now) {
+            ring.advance(counter, counter.slot_index(now), |s| out.push(s));
         }
         for _ in 0..n {
             counter.add();
@@ -458,7 +436,7 @@ mod tests {
         assert!((s.roc - 40.0).abs() < 1e-9);
         assert!((s.relative_roc(5.0) - 2.0).abs() < 1e-9);
         assert!((s.roc_in(RocMode::Relative, 100.0) - 0.4).abs() < 1e-9);
-        assert_eq!(ring.total(), 40);
+        assert_eq!(counter.arrivals(), 40);
     }
 
     #[test]
@@ -521,10 +499,11 @@ mod tests {
                 });
             }
         });
-        assert_eq!(counter.pending(), 40_000);
+        assert_eq!(counter.arrivals(), 40_000);
         let mut ring = SlotRing::new(&spec);
+        assert!(counter.needs_roll(Nanos::from_millis(100)));
         ring.advance(&counter, 1, |_| {});
-        assert_eq!(ring.total(), 40_000);
-        assert_eq!(counter.pending(), 0);
+        assert!(!counter.needs_roll(Nanos::from_millis(199)));
+        assert_eq!(ring.sample().n_recent, 40_000);
     }
 }

@@ -108,9 +108,9 @@ proptest! {
         let mut arrived = 0u64;
         for (n, gap_ms) in slots {
             t += gap_ms * 1_000_000;
-            let idx = counter.slot_index(Nanos::new(t));
-            if counter.needs_roll(idx) {
-                ring.advance(&counter, idx, |s| {
+            let now = Nanos::new(t);
+            if counter.needs_roll(now) {
+                ring.advance(&counter, counter.slot_index(now), |s| {
                     assert!(s.sample.rate_prev_rps >= 0.0 && s.sample.rate_recent_rps >= 0.0);
                 });
             }

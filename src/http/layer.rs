@@ -26,6 +26,11 @@ pub enum RouteKey {
     MatchedPath,
 }
 
+/// The rocgate route that admitted a request, as a request extension seen by the
+/// inner service (handlers, the proxy's forwarder): the name from config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatchedRoute(pub Arc<str>);
+
 /// An engine that can be replaced while requests run (config reload): every request
 /// loads the current one once and uses it throughout.
 pub type SharedEngine = Arc<ArcSwap<Engine>>;

@@ -40,5 +40,7 @@ mod service;
 pub use body::ResponseBody;
 pub use client_ip::{ClientIpResolver, PeerAddr};
 pub use future::ResponseFuture;
-pub use layer::{shared_engine, AdmissionLayer, AdmissionLayerBuilder, RouteKey, SharedEngine};
+pub use layer::{
+    shared_engine, AdmissionLayer, AdmissionLayerBuilder, MatchedRoute, RouteKey, SharedEngine,
+};
 pub use service::AdmissionService;

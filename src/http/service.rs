@@ -1,7 +1,7 @@
 //! [`AdmissionService`]: decides in `call`, passes `poll_ready` through.
 
 use super::future::{ResponseFuture, Wait};
-use super::layer::Gate;
+use super::layer::{Gate, MatchedRoute};
 use super::rejection;
 use crate::limiter::{Admit, Decision};
 use http::{Request, Response};
@@ -41,38 +41,33 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let gate = &*self.gate;
         let engine = gate.engine.load();
         let Some(route) = gate.route_of(&engine, &req) else {
             return ResponseFuture::admitted(self.inner.call(req), Wait::Ready, None);
         };
-        match gate.decide(&engine, route, &req) {
-            Decision::Admit(Admit::Now) => {
-                ResponseFuture::admitted(self.inner.call(req), Wait::Ready, None)
+        let (wait, permit) = match gate.decide(&engine, route, &req) {
+            Decision::Admit(Admit::Now) => (Wait::Ready, None),
+            Decision::Admit(Admit::Held(permit)) => (Wait::Ready, Some(permit)),
+            Decision::Admit(Admit::Paced(delay)) => {
+                (Wait::Sleep(Box::pin(tokio::time::sleep(delay))), None)
             }
-            Decision::Admit(Admit::Held(permit)) => {
-                ResponseFuture::admitted(self.inner.call(req), Wait::Ready, Some(permit))
-            }
-            Decision::Admit(Admit::Paced(delay)) => ResponseFuture::admitted(
-                self.inner.call(req),
-                Wait::Sleep(Box::pin(tokio::time::sleep(delay))),
-                None,
-            ),
-            Decision::Admit(Admit::Queued(ticket)) => {
-                ResponseFuture::admitted(self.inner.call(req), Wait::Ticket(ticket), None)
-            }
+            Decision::Admit(Admit::Queued(ticket)) => (Wait::Ticket(ticket), None),
             Decision::Reject(rejection) => {
                 let now = gate.clock.now();
                 let eta = engine.restore_eta(route, now);
                 let retry_after = rejection::retry_after(&rejection, eta);
-                ResponseFuture::rejected(rejection::respond(
+                return ResponseFuture::rejected(rejection::respond(
                     &engine,
                     route,
                     &rejection,
                     retry_after,
-                ))
+                ));
             }
-        }
+        };
+        req.extensions_mut()
+            .insert(MatchedRoute(engine.route_label(route)));
+        ResponseFuture::admitted(self.inner.call(req), wait, permit)
     }
 }

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | the engine has routes and serves |
+//! | `GET /metrics` | Prometheus metrics (see [`crate::metrics`]) |
 //! | `GET /admin/routes` | every route's live state as JSON |
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
 //! | `POST /admin/reload` | read the config file again |
@@ -14,18 +15,36 @@
 use super::Reloader;
 use crate::engine::RouteSnapshot;
 use crate::limiter::Reason;
+use crate::metrics::Collector;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 /// What the admin handlers share.
 #[derive(Clone, Debug)]
 pub(crate) struct AdminState {
     pub(crate) reloader: Reloader,
     pub(crate) token: Option<String>,
+    pub(crate) metrics: Arc<Exporter>,
+}
+
+/// What `/metrics` renders from.
+pub(crate) struct Exporter {
+    pub(crate) handle: PrometheusHandle,
+    pub(crate) collector: Collector,
+    pub(crate) in_flight: Arc<AtomicI64>,
+}
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter").finish_non_exhaustive()
+    }
 }
 
 /// The admin router.
@@ -33,6 +52,7 @@ pub(crate) fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
+        .route("/metrics", get(render_metrics))
         .route("/admin/routes", get(routes))
         .route("/admin/routes/{name}", get(one_route).put(update_route))
         .route("/admin/reload", post(reload))
@@ -63,6 +83,22 @@ fn unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
 /// Compares without an early exit, so the time taken says nothing about the token.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The Prometheus text exposition, collected from the engine just now.
+async fn render_metrics(State(state): State<AdminState>) -> Response {
+    let m = &state.metrics;
+    m.collector
+        .collect(&state.reloader.engine(), state.reloader.clock().now());
+    metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        m.handle.render(),
+    )
+        .into_response()
 }
 
 async fn ready(State(state): State<AdminState>) -> Response {

@@ -2,7 +2,9 @@
 //! pooled keep-alive connections, streams both bodies, and maps failures to responses.
 
 use super::error::ProxyError;
-use crate::http::{ClientIpResolver, PeerAddr};
+use crate::clock::Clock;
+use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr};
+use crate::metrics as metric;
 use axum::body::Body;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -14,6 +16,7 @@ use hyper_util::rt::TokioExecutor;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -78,17 +81,31 @@ pub struct Forwarder {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     client: Client<HttpConnector, Body>,
     settings: ForwardSettings,
     scheme: Scheme,
     authority: Authority,
+    clock: Arc<dyn Clock>,
+    in_flight: Arc<AtomicI64>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Forwarder {
-    /// A forwarder with its own connection pool.
-    pub fn new(settings: ForwardSettings) -> Self {
+    /// A forwarder with its own connection pool, timing upstream requests with
+    /// `clock` and counting requests in flight in `in_flight`.
+    pub fn new(
+        settings: ForwardSettings,
+        clock: Arc<dyn Clock>,
+        in_flight: Arc<AtomicI64>,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
@@ -108,6 +125,8 @@ impl Forwarder {
                 settings,
                 scheme,
                 authority,
+                clock,
+                in_flight,
             }),
         }
     }
@@ -200,26 +219,77 @@ impl Inner {
         }
     }
 
-    /// Forwards one request; every failure becomes a response.
+    /// Forwards one request; every failure becomes a response. Records the upstream
+    /// duration by route and status class, and failures by kind.
     async fn forward(&self, req: Request<Incoming>) -> Response<Body> {
-        let upstream_req = match self.rewrite(req) {
-            Ok(r) => r,
-            Err(e) => return e.into_response(),
+        let route = req
+            .extensions()
+            .get::<MatchedRoute>()
+            .map_or_else(|| Arc::from(UNMATCHED), |m| Arc::clone(&m.0));
+        let result = match self.rewrite(req) {
+            Ok(upstream_req) => {
+                let _in_flight = InFlight::enter(&self.in_flight);
+                let started = self.clock.now();
+                let timeout = self.settings.response_timeout;
+                let result =
+                    match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
+                        Ok(Ok(res)) => Ok(res),
+                        Ok(Err(e)) => Err(ProxyError::from_client(e)),
+                        Err(_) => Err(ProxyError::ResponseTimeout),
+                    };
+                if let Ok(res) = &result {
+                    let class = status_class(res.status());
+                    let took = self.clock.now().saturating_since(started);
+                    metrics::histogram!(metric::UPSTREAM_DURATION, "route" => Arc::clone(&route), "status_class" => class)
+                        .record(took.as_secs_f64());
+                }
+                result
+            }
+            Err(e) => Err(e),
         };
-        let timeout = self.settings.response_timeout;
-        match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
-            Ok(Ok(res)) => {
+        match result {
+            Ok(res) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 Response::from_parts(parts, Body::new(body))
             }
-            Ok(Err(e)) => {
-                let e = ProxyError::from_client(e);
-                tracing::debug!(error = %e, "forwarding failed");
+            Err(e) => {
+                tracing::debug!(error = %e, route = %route, "forwarding failed");
+                metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&route), "kind" => e.kind())
+                    .increment(1);
                 e.into_response()
             }
-            Err(_) => ProxyError::ResponseTimeout.into_response(),
         }
+    }
+}
+
+/// The route label of requests that matched no route.
+const UNMATCHED: &str = "unmatched";
+
+/// `1xx` … `5xx`.
+fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Counts a request as in flight to the upstream until dropped.
+struct InFlight<'a>(&'a AtomicI64);
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a AtomicI64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

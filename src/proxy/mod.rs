@@ -17,17 +17,22 @@ pub use forward::{ForwardSettings, Forwarder};
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::Config;
+use crate::controller::Transition;
 use crate::engine::Engine;
 use crate::http::{shared_engine, AdmissionLayer, PeerAddr, SharedEngine};
+use crate::metrics as metric;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 use tokio::net::{TcpListener, TcpStream};
 use tower::{Layer, Service};
@@ -129,7 +134,9 @@ impl Proxy {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
-        let engine = Engine::new(config, clock.now(), wall_now);
+        let engine = Engine::new(config, clock.now(), wall_now)
+            .with_transition_hook(Arc::new(log_transition))
+            .with_sample_hook(metric::roc_sample_hook());
         Ok(Proxy {
             listener,
             admin,
@@ -166,10 +173,31 @@ impl Proxy {
         )
         .trusted_proxies(self.settings.forward.resolver_networks())
         .build();
-        let service = layer.layer(Forwarder::new(self.settings.forward.clone()));
+        let in_flight = Arc::new(AtomicI64::new(0));
+        let service = layer.layer(Forwarder::new(
+            self.settings.forward.clone(),
+            Arc::clone(&self.reloader.clock),
+            Arc::clone(&in_flight),
+        ));
+        let prometheus = prometheus();
+        let upkeep = tokio::spawn({
+            let handle = prometheus.clone();
+            async move {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    handle.run_upkeep();
+                }
+            }
+        });
         let admin_router = admin::router(admin::AdminState {
             reloader: self.reloader.clone(),
             token: self.settings.admin_token.clone(),
+            metrics: Arc::new(admin::Exporter {
+                handle: prometheus,
+                collector: metric::Collector::new(),
+                in_flight,
+            }),
         });
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_server = axum::serve(self.admin, admin_router).with_graceful_shutdown(async {
@@ -222,8 +250,52 @@ impl Proxy {
         }
         let _ = admin_stop.send(());
         let _ = admin.await;
+        upkeep.abort();
         Ok(())
     }
+}
+
+/// The process-wide Prometheus recorder, installed on first use. If another recorder
+/// is installed already (a library user's), rocgate's metrics go to that one and
+/// `/metrics` shows only what this handle sees.
+fn prometheus() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(metric::ROC_OBSERVED.into()),
+                    &metric::ROC_BUCKETS,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(metric::UPSTREAM_DURATION.into()),
+                        &metric::DURATION_BUCKETS,
+                    )
+                })
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder is installed already: /metrics shows nothing");
+            } else {
+                metric::describe();
+            }
+            handle
+        })
+        .clone()
+}
+
+/// Logs a controller transition.
+fn log_transition(route: &str, t: &Transition) {
+    tracing::info!(
+        route,
+        from = t.from.as_str(),
+        to = t.to.as_str(),
+        roc = t.roc,
+        limit_rps = t.limit_rps,
+        "controller transition"
+    );
 }
 
 /// Waits for a connection's first byte; false if the peer sends none in time or closes.

@@ -1,0 +1,298 @@
+//! Metrics: every number an operator watches, named by Prometheus conventions and
+//! recorded through the [`metrics`] facade, so any recorder can collect them.
+//!
+//! Requests are not recorded one by one: the engine already counts them with its own
+//! atomics, so the hot path pays nothing for metrics. A [`Collector`] reads the
+//! engine's snapshots and sets counters (as absolute values) and gauges; call
+//! [`Collector::collect`] just before each scrape (the admin API's `/metrics` does).
+//! Only the ROC histogram is recorded as it happens, once per completed window slot
+//! and route, through [`roc_sample_hook`]. In proxy mode the forwarder records the
+//! upstream duration histogram and error counters.
+//!
+//! Labels carry values from config only (route names, reasons, states), never raw
+//! paths, client addresses or keys.
+//!
+//! | metric | type | labels | meaning |
+//! |---|---|---|---|
+//! | `rocgate_requests_total` | counter | `route`, `decision`, `reason` | requests by decision (`admitted`, `rejected`, `shadow_rejected`) and reason (`none` when admitted) |
+//! | `rocgate_demand_rps` | gauge | `route`, `half` | demand of the earlier (`prev`) and later (`recent`) half-window |
+//! | `rocgate_roc` | gauge | `route`, `mode` | ROC of the last completed slot, `absolute` and `relative` |
+//! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode |
+//! | `rocgate_limit_rps`, `rocgate_base_limit_rps`, `rocgate_cut_limit_rps` | gauge | `route` | current, base and cut limit |
+//! | `rocgate_danger_roc`, `rocgate_safe_roc` | gauge | `route` | thresholds in force |
+//! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, queue, in flight) and its maximum |
+//! | `rocgate_controller_state` | gauge | `route`, `state` | 1 for the state the controller is in, 0 for the others |
+//! | `rocgate_controller_transitions_total` | counter | `route`, `from`, `to` | state changes |
+//! | `rocgate_cuts_total` | counter | `route` | cuts |
+//! | `rocgate_cut_seconds_total` | counter | `route` | time spent in `cut`, whole seconds |
+//! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic |
+//! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
+//! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head |
+//! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_too_large` |
+//! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded |
+//! | `rocgate_store_mode` | gauge | `mode` | 1 for the state store in use (`local`) |
+//! | `rocgate_store_errors_total` | counter | | shared-store errors |
+//! | `rocgate_build_info` | gauge | `version` | always 1 |
+
+use crate::clock::Nanos;
+use crate::controller::ControllerState;
+use crate::engine::{Engine, RouteSnapshot, SampleHook};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// `rocgate_requests_total`.
+pub const REQUESTS: &str = "rocgate_requests_total";
+/// `rocgate_demand_rps`.
+pub const DEMAND: &str = "rocgate_demand_rps";
+/// `rocgate_roc`.
+pub const ROC: &str = "rocgate_roc";
+/// `rocgate_roc_observed` (histogram).
+pub const ROC_OBSERVED: &str = "rocgate_roc_observed";
+/// `rocgate_limit_rps`.
+pub const LIMIT: &str = "rocgate_limit_rps";
+/// `rocgate_base_limit_rps`.
+pub const BASE_LIMIT: &str = "rocgate_base_limit_rps";
+/// `rocgate_cut_limit_rps`.
+pub const CUT_LIMIT: &str = "rocgate_cut_limit_rps";
+/// `rocgate_danger_roc`.
+pub const DANGER_ROC: &str = "rocgate_danger_roc";
+/// `rocgate_safe_roc`.
+pub const SAFE_ROC: &str = "rocgate_safe_roc";
+/// `rocgate_limiter_level`.
+pub const LIMITER_LEVEL: &str = "rocgate_limiter_level";
+/// `rocgate_limiter_capacity`.
+pub const LIMITER_CAPACITY: &str = "rocgate_limiter_capacity";
+/// `rocgate_controller_state`.
+pub const CONTROLLER_STATE: &str = "rocgate_controller_state";
+/// `rocgate_controller_transitions_total`.
+pub const TRANSITIONS: &str = "rocgate_controller_transitions_total";
+/// `rocgate_cuts_total`.
+pub const CUTS: &str = "rocgate_cuts_total";
+/// `rocgate_cut_seconds_total`.
+pub const CUT_SECONDS: &str = "rocgate_cut_seconds_total";
+/// `rocgate_rejection_ratio`.
+pub const REJECTION_RATIO: &str = "rocgate_rejection_ratio";
+/// `rocgate_keys`.
+pub const KEYS: &str = "rocgate_keys";
+/// `rocgate_upstream_request_duration_seconds` (histogram).
+pub const UPSTREAM_DURATION: &str = "rocgate_upstream_request_duration_seconds";
+/// `rocgate_upstream_errors_total`.
+pub const UPSTREAM_ERRORS: &str = "rocgate_upstream_errors_total";
+/// `rocgate_in_flight_requests`.
+pub const IN_FLIGHT: &str = "rocgate_in_flight_requests";
+/// `rocgate_store_mode`.
+pub const STORE_MODE: &str = "rocgate_store_mode";
+/// `rocgate_store_errors_total`.
+pub const STORE_ERRORS: &str = "rocgate_store_errors_total";
+/// `rocgate_build_info`.
+pub const BUILD_INFO: &str = "rocgate_build_info";
+
+/// Every metric name rocgate exports.
+pub const ALL: [&str; 23] = [
+    REQUESTS,
+    DEMAND,
+    ROC,
+    ROC_OBSERVED,
+    LIMIT,
+    BASE_LIMIT,
+    CUT_LIMIT,
+    DANGER_ROC,
+    SAFE_ROC,
+    LIMITER_LEVEL,
+    LIMITER_CAPACITY,
+    CONTROLLER_STATE,
+    TRANSITIONS,
+    CUTS,
+    CUT_SECONDS,
+    REJECTION_RATIO,
+    KEYS,
+    UPSTREAM_DURATION,
+    UPSTREAM_ERRORS,
+    IN_FLIGHT,
+    STORE_MODE,
+    STORE_ERRORS,
+    BUILD_INFO,
+];
+
+/// Bucket bounds of `rocgate_roc_observed`: both absolute ROC (req/s per half-window)
+/// and relative ROC (ratios around ±1) fall in useful buckets.
+pub const ROC_BUCKETS: [f64; 27] = [
+    -1000.0, -400.0, -160.0, -80.0, -40.0, -20.0, -10.0, -5.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25,
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 400.0, 1000.0, 4000.0, 10000.0,
+];
+
+/// Bucket bounds of `rocgate_upstream_request_duration_seconds`.
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Registers the help text and unit of every metric. Call once after installing a
+/// recorder.
+pub fn describe() {
+    describe_counter!(REQUESTS, "Requests by route, decision and reason.");
+    describe_gauge!(DEMAND, "Demand of each half-window, req/s.");
+    describe_gauge!(
+        ROC,
+        "Rate of change of demand over the last completed slot."
+    );
+    describe_histogram!(
+        ROC_OBSERVED,
+        "Every completed slot's ROC, in the route's mode."
+    );
+    describe_gauge!(LIMIT, "The controller's current limit, req/s.");
+    describe_gauge!(BASE_LIMIT, "The base limit in force, req/s.");
+    describe_gauge!(CUT_LIMIT, "The cut limit in force, req/s.");
+    describe_gauge!(DANGER_ROC, "ROC above which the route is cut.");
+    describe_gauge!(SAFE_ROC, "ROC below which the route is calm.");
+    describe_gauge!(
+        LIMITER_LEVEL,
+        "Tokens left (or window count, queue depth, in flight)."
+    );
+    describe_gauge!(LIMITER_CAPACITY, "The most the limiter level can be.");
+    describe_gauge!(
+        CONTROLLER_STATE,
+        "1 for the controller's state, 0 for the others."
+    );
+    describe_counter!(TRANSITIONS, "Controller state changes.");
+    describe_counter!(CUTS, "Cuts.");
+    describe_counter!(CUT_SECONDS, Unit::Seconds, "Time spent in cut.");
+    describe_gauge!(
+        REJECTION_RATIO,
+        "Rejected over offered, over the last window at least."
+    );
+    describe_gauge!(KEYS, "Keys tracked by a partitioned route.");
+    describe_histogram!(
+        UPSTREAM_DURATION,
+        Unit::Seconds,
+        "Upstream time to response head."
+    );
+    describe_counter!(UPSTREAM_ERRORS, "Upstream failures by kind.");
+    describe_gauge!(IN_FLIGHT, "Requests being forwarded.");
+    describe_gauge!(STORE_MODE, "1 for the state store in use.");
+    describe_counter!(STORE_ERRORS, "Shared-store errors.");
+    describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
+}
+
+/// A sample hook recording each slot's ROC into `rocgate_roc_observed`.
+pub fn roc_sample_hook() -> SampleHook {
+    Arc::new(|route: &str, roc: f64| {
+        metrics::histogram!(ROC_OBSERVED, "route" => route.to_owned()).record(roc);
+    })
+}
+
+/// Offered and rejected counts of one route at one collection.
+#[derive(Clone, Copy, Debug)]
+struct Reading {
+    at: Nanos,
+    offered: u64,
+    rejected: u64,
+}
+
+/// Sets every engine metric from the engine's snapshots. Keeps the recent readings of
+/// each route to compute the rejection ratio over at least one window.
+#[derive(Debug, Default)]
+pub struct Collector {
+    history: Mutex<HashMap<String, VecDeque<Reading>>>,
+}
+
+impl Collector {
+    /// A collector with no history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets every metric of every route of `engine` as of `now`.
+    pub fn collect(&self, engine: &Engine, now: Nanos) {
+        let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
+        let snapshots = engine.snapshot(now);
+        history.retain(|name, _| snapshots.iter().any(|s| &s.name == name));
+        for s in &snapshots {
+            let readings = history.entry(s.name.clone()).or_default();
+            let ratio = rejection_ratio(readings, s, now);
+            record_route(s, ratio);
+        }
+        gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+        gauge!(STORE_MODE, "mode" => "local").set(1.0);
+        counter!(STORE_ERRORS).absolute(0);
+    }
+}
+
+/// Rejected ÷ offered between the newest reading at least one window old (or the
+/// oldest kept) and now.
+fn rejection_ratio(readings: &mut VecDeque<Reading>, s: &RouteSnapshot, now: Nanos) -> f64 {
+    let rejected = s.rejected_total() + s.shadow_rejected.iter().map(|(_, n)| n).sum::<u64>();
+    let current = Reading {
+        at: now,
+        offered: s.offered,
+        rejected,
+    };
+    let window = s.window.window();
+    // Keep one reading at least a window old, and everything newer.
+    while readings.len() >= 2 && now.saturating_since(readings[1].at) >= window {
+        readings.pop_front();
+    }
+    let base = readings.front().copied().unwrap_or(Reading {
+        at: now - window,
+        offered: 0,
+        rejected: 0,
+    });
+    readings.push_back(current);
+    if readings.len() > 1024 {
+        readings.pop_front();
+    }
+    let offered = current.offered.saturating_sub(base.offered);
+    if offered == 0 {
+        0.0
+    } else {
+        current.rejected.saturating_sub(base.rejected) as f64 / offered as f64
+    }
+}
+
+fn record_route(s: &RouteSnapshot, rejection_ratio: f64) {
+    let route = s.name.clone();
+    let r = || route.clone();
+    counter!(REQUESTS, "route" => r(), "decision" => "admitted", "reason" => "none")
+        .absolute(s.admitted);
+    for (reason, n) in &s.rejected {
+        counter!(REQUESTS, "route" => r(), "decision" => "rejected", "reason" => reason.as_str())
+            .absolute(*n);
+    }
+    for (reason, n) in &s.shadow_rejected {
+        counter!(REQUESTS, "route" => r(), "decision" => "shadow_rejected", "reason" => reason.as_str())
+            .absolute(*n);
+    }
+    gauge!(DEMAND, "route" => r(), "half" => "prev").set(s.sample.rate_prev_rps);
+    gauge!(DEMAND, "route" => r(), "half" => "recent").set(s.sample.rate_recent_rps);
+    gauge!(ROC, "route" => r(), "mode" => "absolute").set(s.sample.roc);
+    gauge!(ROC, "route" => r(), "mode" => "relative").set(s.sample.relative_roc(s.min_rps));
+    gauge!(LIMIT, "route" => r()).set(s.limit_rps);
+    gauge!(BASE_LIMIT, "route" => r()).set(s.base_limit_rps);
+    gauge!(CUT_LIMIT, "route" => r()).set(s.cut_limit_rps);
+    gauge!(DANGER_ROC, "route" => r()).set(s.danger_roc);
+    gauge!(SAFE_ROC, "route" => r()).set(s.safe_roc);
+    gauge!(LIMITER_LEVEL, "route" => r(), "algorithm" => s.algorithm).set(s.level.value);
+    gauge!(LIMITER_CAPACITY, "route" => r(), "algorithm" => s.algorithm).set(s.level.capacity);
+    let states = [
+        ControllerState::Normal,
+        ControllerState::Cut,
+        ControllerState::Recovering,
+    ];
+    for state in states {
+        let on = if s.state == state { 1.0 } else { 0.0 };
+        gauge!(CONTROLLER_STATE, "route" => r(), "state" => state.as_str()).set(on);
+    }
+    for from in states {
+        for to in states {
+            let n = s.transitions[from.as_index() as usize][to.as_index() as usize];
+            if from != to {
+                counter!(TRANSITIONS, "route" => r(), "from" => from.as_str(), "to" => to.as_str())
+                    .absolute(n);
+            }
+        }
+    }
+    counter!(CUTS, "route" => r()).absolute(s.cuts);
+    counter!(CUT_SECONDS, "route" => r()).absolute(s.time_in_cut.as_secs());
+    gauge!(REJECTION_RATIO, "route" => r()).set(rejection_ratio);
+    gauge!(KEYS, "route" => r()).set(s.keys as f64);
+}

@@ -1,0 +1,211 @@
+//! The metric set: dashboards and alert rules use only metrics rocgate exports, and
+//! raw paths and client addresses never become series.
+#![cfg(feature = "proxy")]
+
+use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::http::ClientIpResolver;
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+/// Every `rocgate_*` metric name in `text`, histogram suffixes removed.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("rocgate_") {
+        let start = i + at;
+        let before_ok =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let end = text[start..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(text.len(), |n| start + n);
+        if before_ok {
+            let name = &text[start..end];
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            names.insert(base.to_owned());
+        }
+        i = end;
+    }
+    names
+}
+
+#[test]
+fn dashboards_and_rules_use_only_exported_metrics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards");
+    let exported: BTreeSet<String> = rocgate::metrics::ALL
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut files = vec![root.join("alerts.yml")];
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            files.push(path);
+        }
+    }
+    assert!(files.len() >= 2, "a dashboard and the rules: {files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let used = metric_names(&text);
+        assert!(
+            !used.is_empty(),
+            "{} uses no rocgate metric",
+            file.display()
+        );
+        let unknown: Vec<_> = used.difference(&exported).collect();
+        assert!(
+            unknown.is_empty(),
+            "{} uses metrics rocgate does not export: {unknown:?}",
+            file.display()
+        );
+    }
+    // The dashboard is importable and provisionable: fixed uid, datasource variable.
+    let dash: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("rocgate.json")).unwrap()).unwrap();
+    assert_eq!(dash["uid"], "rocgate-overview");
+    assert!(dash.get("__inputs").is_none());
+    let vars: Vec<&str> = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(vars, ["datasource", "instance", "route"]);
+}
+
+#[test]
+fn names_are_found_in_expressions() {
+    let names = metric_names(
+        r#"histogram_quantile(0.99, rate(rocgate_upstream_request_duration_seconds_bucket[1m])) / xrocgate_no"#,
+    );
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["rocgate_upstream_request_duration_seconds"]
+    );
+}
+
+/// Series in an exposition: every non-comment line without its value.
+fn series(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s.to_owned()))
+        .collect()
+}
+
+async fn get(addr: std::net::SocketAddr, path: &str, xff: Option<String>) -> (u16, String) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::get(path).header("host", "rocgate.test");
+    if let Some(x) = xff {
+        req = req.header("x-forwarded-for", x);
+    }
+    let req = req
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = res.status().as_u16();
+    use http_body_util::BodyExt;
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_paths_and_clients_add_no_series() {
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    let up = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up_addr = up.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(up, app).await });
+    let mut per_ip = RouteConfig::new("per-ip", RouteMatch::prefix("/ip/"));
+    per_ip.partition = Partition::ClientIp(KeyLimits::default());
+    per_ip.controller.base_limit_rps = 1e6;
+    per_ip.controller.cut_limit_rps = 1e5;
+    let mut rest = RouteConfig::new("rest", RouteMatch::any());
+    rest.controller.base_limit_rps = 1e6;
+    rest.controller.cut_limit_rps = 1e5;
+    let settings = ProxySettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        forward: ForwardSettings {
+            upstream: format!("http://{up_addr}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(5),
+            max_body_bytes: 1024,
+            resolver: ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]),
+        },
+        header_read_timeout: Duration::from_secs(5),
+        shutdown_grace: Duration::from_secs(2),
+        admin_token: None,
+    };
+    let proxy = Proxy::bind(settings, &Config::new(vec![per_ip, rest]), None)
+        .await
+        .unwrap();
+    let (addr, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+
+    // Requests of each kind, in two window slots (the ROC histogram is recorded at
+    // slot rollover), create every series there is to be.
+    for _ in 0..2 {
+        assert_eq!(get(addr, "/ip/warm", Some("10.9.9.9".into())).await.0, 200);
+        assert_eq!(get(addr, "/warm", None).await.0, 200);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let (_, before) = get(admin, "/metrics", None).await;
+    let before = series(&before);
+    assert!(
+        before.iter().any(|s| s.contains(r#"route="per-ip""#)),
+        "{before:?}"
+    );
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..20u32 {
+        tasks.spawn(async move {
+            for n in 0..500u32 {
+                let id = worker * 500 + n;
+                let path = if id % 2 == 0 {
+                    format!("/ip/item/{id}")
+                } else {
+                    format!("/page/{id}?q={id}")
+                };
+                let xff = format!("203.0.{}.{}", id / 256 % 256, id % 256);
+                assert_eq!(get(addr, &path, Some(xff)).await.0, 200);
+            }
+        });
+    }
+    while let Some(done) = tokio::time::timeout(Duration::from_secs(120), tasks.join_next())
+        .await
+        .unwrap()
+    {
+        done.unwrap();
+    }
+    let (_, after_text) = get(admin, "/metrics", None).await;
+    let after = series(&after_text);
+    let added: Vec<_> = after.difference(&before).collect();
+    assert!(added.is_empty(), "new series: {added:?}");
+    assert!(
+        !after_text.contains("203.0."),
+        "no client address in any label"
+    );
+    assert!(!after_text.contains("/ip/item"), "no raw path in any label");
+    assert!(
+        after_text.contains(r#"rocgate_keys{route="per-ip"} 5001"#),
+        "keys are counted, not labelled"
+    );
+    let _ = stop.send(());
+    run.await.unwrap().unwrap();
+}
