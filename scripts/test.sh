@@ -16,6 +16,15 @@ for component in rustfmt clippy; do
     fi
 done
 
+step "test dependencies (Debian packages)"
+# tests/prometheus.rs runs a real Prometheus and promtool.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends prometheus
+fi
+prometheus --version 2>&1 | head -n 1
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -1,0 +1,371 @@
+//! rocgate's metrics as a real Prometheus sees them: every query of the dashboard
+//! returns data after a spike, the alert rules load and evaluate, and a scrape passes
+//! `promtool check metrics`.
+//!
+//! Needs the `prometheus` and `promtool` binaries (Debian's `prometheus` package,
+//! which `scripts/test.sh` installs). The test starts everything itself on loopback
+//! ports it picks, and stops it.
+#![cfg(feature = "proxy")]
+
+use axum::routing::get;
+use axum::Router;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rocgate::config::{Config, RouteConfig, RouteMatch};
+use rocgate::http::ClientIpResolver;
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<bytes::Bytes>>;
+
+/// A child process killed (by its PID) when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn which(name: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "`{name}` is not installed: scripts/test.sh installs Debian's prometheus package"
+            )
+        })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Percent-encodes a query parameter.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+async fn get_text(client: &HttpClient, url: &str) -> (u16, String) {
+    let req = http::Request::get(url).body(Full::default()).unwrap();
+    match tokio::time::timeout(Duration::from_secs(10), client.request(req)).await {
+        Ok(Ok(res)) => {
+            let status = res.status().as_u16();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+        _ => (0, String::new()),
+    }
+}
+
+/// An instant query's result vector.
+async fn query(client: &HttpClient, prom: SocketAddr, q: &str) -> Vec<Value> {
+    let (status, body) = get_text(
+        client,
+        &format!("http://{prom}/api/v1/query?query={}", encode(q)),
+    )
+    .await;
+    assert_eq!(status, 200, "query {q}: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "success", "query {q}: {body}");
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// Every query of a dashboard, with Grafana's variables given values. Template
+/// variable queries (`label_values(metric, label)`) become their metric selector.
+fn dashboard_queries(dashboard: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            out.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    for a in dashboard["annotations"]["list"].as_array().unwrap() {
+        if let Some(expr) = a["expr"].as_str() {
+            out.push(expr.to_owned());
+        }
+    }
+    for v in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = v["query"]["query"].as_str() {
+            let inner = q
+                .strip_prefix("label_values(")
+                .and_then(|r| r.rsplit_once(','))
+                .map(|(selector, _)| selector.to_owned())
+                .unwrap_or_else(|| panic!("unexpected variable query {q}"));
+            out.push(inner);
+        }
+    }
+    out.into_iter()
+        .map(|q| {
+            q.replace("$route", ".*")
+                .replace("$instance", ".*")
+                .replace("$__rate_interval", "15s")
+        })
+        .collect()
+}
+
+async fn upstream() -> SocketAddr {
+    let app = Router::new()
+        .route(
+            "/fail",
+            get(|| async { (http::StatusCode::SERVICE_UNAVAILABLE, "overloaded") }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                "late"
+            }),
+        )
+        .fallback(|| async { "ok" });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// A route that cuts within seconds: a 2 s window, low thresholds, fast restore.
+fn quick_route() -> RouteConfig {
+    let mut r = RouteConfig::new("order", RouteMatch::prefix("/api/order"));
+    r.window = rocgate::window::WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100))
+        .unwrap();
+    let c = &mut r.controller;
+    c.base_limit_rps = 200.0;
+    c.cut_limit_rps = 20.0;
+    c.danger_roc = 30.0;
+    c.safe_roc = 10.0;
+    c.min_rps = 5.0;
+    c.min_samples = 5;
+    c.hold = Duration::from_millis(500);
+    c.restore_step_rps = 30.0;
+    c.restore_interval = Duration::from_millis(500);
+    c.min_dwell = Duration::from_millis(200);
+    r
+}
+
+/// Sends `rate` requests per second to `path` for `secs`, without waiting for answers.
+async fn drive(client: &HttpClient, addr: SocketAddr, path: &str, rate: u32, secs: f64) {
+    let mut every = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    for _ in 0..(f64::from(rate) * secs) as u32 {
+        every.tick().await;
+        let client = client.clone();
+        let url = format!("http://{addr}{path}");
+        tokio::spawn(async move { get_text(&client, &url).await });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (prometheus, promtool) = (which("prometheus"), which("promtool"));
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+
+    let up = upstream().await;
+    let settings = ProxySettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        forward: ForwardSettings {
+            upstream: format!("http://{up}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_millis(200),
+            max_body_bytes: 1024,
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: Duration::from_secs(5),
+        shutdown_grace: Duration::from_secs(1),
+        admin_token: None,
+    };
+    let config = Config::new(vec![
+        quick_route(),
+        RouteConfig::new("rest", RouteMatch::any()),
+    ]);
+    let proxy = Proxy::bind(settings, &config, None).await.unwrap();
+    let (addr, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+
+    let dir = tempfile::tempdir().unwrap();
+    let prom_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let prom_config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &prom_config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: rocgate\n    static_configs:\n      - targets: [\"{admin}\"]\n",
+            root.join("dashboards/alerts.yml").display()
+        ),
+    )
+    .unwrap();
+    let _prometheus = Process(
+        Command::new(&prometheus)
+            .arg(format!("--config.file={}", prom_config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts"),
+    );
+    let ready = tokio::time::timeout(Duration::from_secs(60), async {
+        while get_text(&client, &format!("http://{prom_addr}/-/ready"))
+            .await
+            .0
+            != 200
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(ready.is_ok(), "prometheus became ready");
+    // Counters must be seen before the spike, or `increase` has nothing to compare.
+    let scraped = tokio::time::timeout(Duration::from_secs(30), async {
+        while query(&client, prom_addr, r#"rocgate_cuts_total{route="order"}"#)
+            .await
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        scraped.is_ok(),
+        "prometheus scraped rocgate before the spike"
+    );
+
+    // Warm traffic past the first window, a spike, then steady traffic with some
+    // upstream timeouts while the queries run.
+    drive(&client, addr, "/api/order", 20, 3.0).await;
+    drive(&client, addr, "/api/order", 300, 1.5).await;
+    let background = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            for _ in 0..60 {
+                drive(&client, addr, "/api/order", 20, 0.5).await;
+                drive(&client, addr, "/slow", 2, 0.5).await;
+                drive(&client, addr, "/fail", 4, 0.5).await;
+            }
+        })
+    };
+    let cut_seen = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if !query(
+                &client,
+                prom_addr,
+                r#"rocgate_cuts_total{route="order"} > 0"#,
+            )
+            .await
+            .is_empty()
+                && !query(&client, prom_addr, "rocgate_upstream_errors_total")
+                    .await
+                    .is_empty()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await;
+    assert!(
+        cut_seen.is_ok(),
+        "prometheus scraped the cut and an upstream error"
+    );
+    // A few more scrapes so that rates over 15 s have several points.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap(),
+    )
+    .unwrap();
+    let queries = dashboard_queries(&dashboard);
+    assert!(queries.len() >= 20, "{} queries", queries.len());
+    let mut empty = Vec::new();
+    for q in &queries {
+        if query(&client, prom_addr, q).await.is_empty() {
+            empty.push(q.clone());
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "queries without data:\n{}",
+        empty.join("\n")
+    );
+
+    // The alert rules loaded and evaluate without errors.
+    let (status, rules) = get_text(&client, &format!("http://{prom_addr}/api/v1/rules")).await;
+    assert_eq!(status, 200);
+    let rules: Value = serde_json::from_str(&rules).unwrap();
+    let loaded: Vec<&Value> = rules["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert_eq!(loaded.len(), 5);
+    for rule in loaded {
+        assert_ne!(rule["health"], "err", "{rule}");
+    }
+    let checked = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(root.join("dashboards/alerts.yml"))
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stdout)
+    );
+
+    // A scrape passes promtool's exposition lint.
+    let (_, scrape) = get_text(&client, &format!("http://{admin}/metrics")).await;
+    let mut lint = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let lint = lint.wait_with_output().unwrap();
+    assert!(
+        lint.status.success(),
+        "promtool check metrics:\n{}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+
+    background.abort();
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), run).await;
+}
