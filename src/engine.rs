@@ -501,13 +501,7 @@ impl Route {
         // Whatever was in force, the profile due now replaces it.
         st.active_event = None;
         st.controller.set_params(st.own.clone(), now);
-        follow_events(
-            &st.events,
-            &mut st.active_event,
-            &st.own,
-            &mut st.controller,
-            now,
-        );
+        st.follow_events(now);
         if changed {
             st.controller.rearm(now, self.window.window());
         }
@@ -522,13 +516,7 @@ impl Route {
         let st = &mut *st;
         let idx = self.counter.slot_index(now);
         st.ring.advance(&self.counter, idx, |_| {});
-        follow_events(
-            &st.events,
-            &mut st.active_event,
-            &st.own,
-            &mut st.controller,
-            now,
-        );
+        st.follow_events(now);
         self.apply_limit(&st.controller, now);
     }
 
@@ -627,6 +615,19 @@ impl ScheduledEvent {
             end,
             params: e.controller.clone(),
         })
+    }
+}
+
+impl RouteState {
+    /// Puts the profile due at `at` in force (see [`follow_events`]).
+    fn follow_events(&mut self, at: Nanos) {
+        follow_events(
+            &self.events,
+            &mut self.active_event,
+            &self.own,
+            &mut self.controller,
+            at,
+        );
     }
 }
 
