@@ -35,33 +35,60 @@ fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
             .unwrap();
     assert_eq!(summary["scenario"], "flash-sale");
-    assert_eq!(summary["route"], "order");
-    let cuts = summary["cuts"].as_array().unwrap();
+    assert_eq!(summary["access_logs"], serde_json::Value::Null);
+    let routes = summary["routes"].as_array().unwrap();
+    assert_eq!(routes.len(), 1);
+    let route = &routes[0];
+    assert_eq!(route["route"], "order");
+    let cuts = route["cuts"].as_array().unwrap();
     assert!(!cuts.is_empty(), "{summary}");
     assert_eq!(cuts[0]["to"], "cut");
-    let first_cut = summary["first_cut_s"].as_f64().unwrap();
+    let first_cut = route["first_cut_s"].as_f64().unwrap();
     assert!(first_cut > 20.0 && first_cut <= 20.6, "{first_cut}");
-    let offered = summary["offered"].as_u64().unwrap();
-    let admitted = summary["admitted"].as_u64().unwrap();
-    let rejected = summary["rejected"].as_u64().unwrap();
+    assert_eq!(summary["first_cut_s"], route["first_cut_s"]);
+    assert_eq!(summary["cut_count"], 1);
+    let offered = route["offered"].as_u64().unwrap();
+    let admitted = route["admitted"].as_u64().unwrap();
+    let rejected = route["rejected"].as_u64().unwrap();
     assert_eq!(admitted + rejected, offered);
+    assert_eq!(summary["offered"], route["offered"]);
+    assert_eq!(summary["capacity_rps"], serde_json::Value::Null);
+    assert_eq!(summary["overload"], 0);
 
     let csv = std::fs::read_to_string(out_dir.join("timeseries.csv")).unwrap();
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
         Some(
-            "t_s,offered,admitted,rejected,rejected_limit,rejected_roc_cut,\
+            "route,t_s,offered,admitted,rejected,rejected_limit,rejected_roc_cut,\
              rejected_concurrency,rejected_queue_full,rejected_fallback_local,\
-             shadow_rejected,roc,limit_rps,state,level,level_capacity"
+             shadow_rejected,overload,roc,danger_roc,safe_roc,limit_rps,base_limit_rps,\
+             state,level,level_capacity"
         )
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 600, "60 s in slots of 100 ms");
-    assert!(rows.iter().all(|r| r.len() == 15));
-    let offered_sum: u64 = rows.iter().map(|r| r[1].parse::<u64>().unwrap()).sum();
+    assert!(rows.iter().all(|r| r.len() == 20 && r[0] == "order"));
+    let offered_sum: u64 = rows.iter().map(|r| r[2].parse::<u64>().unwrap()).sum();
     assert_eq!(offered_sum, offered);
-    assert!(rows.iter().any(|r| r[12] == "cut"));
+    assert!(rows.iter().any(|r| r[17] == "cut"));
+    assert!(
+        rows.iter().all(|r| r[13] == "80" && r[14] == "20"),
+        "thresholds"
+    );
+
+    // The charts: an SVG with the thresholds, a PNG of the documented size.
+    let svg = std::fs::read_to_string(out_dir.join("chart.svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("danger_roc 80"),
+        "{}",
+        &svg[..200]
+    );
+    let png = std::fs::read(out_dir.join("chart.png")).unwrap();
+    let info = png::Decoder::new(std::io::Cursor::new(png))
+        .read_info()
+        .unwrap();
+    assert_eq!((info.info().width, info.info().height), (1200, 560));
 }
 
 #[test]
@@ -137,6 +164,314 @@ fn an_invalid_config_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out.stderr).contains("bad.toml"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// 27/Nov/2026:20:MM:SS +0100 for `s` seconds after 20:00.
+fn logged(s: u64) -> String {
+    format!("27/Nov/2026:20:{:02}:{:02} +0100", s / 60, s % 60)
+}
+
+/// A combined-format log: `orders(s)` orders in second `s` of 60, plus one page view
+/// per second from an IPv6 client.
+fn sale_log(orders: impl Fn(u64) -> u64) -> String {
+    let mut text = String::new();
+    for s in 0..60 {
+        for i in 0..orders(s) {
+            text.push_str(&format!(
+                "198.51.100.{} - - [{}] \"POST /api/order?item={i} HTTP/1.1\" 201 88 \"https://shop.example/cart\" \"Mozilla/5.0 (\\\"sale\\\")\"\n",
+                i % 250,
+                logged(s)
+            ));
+        }
+        text.push_str(&format!(
+            "2001:db8::1 - - [{}] \"GET /index.html HTTP/1.1\" 200 5120 \"-\" \"curl/8.5\"\n",
+            logged(s)
+        ));
+    }
+    text
+}
+
+fn flash_sale_log() -> String {
+    sale_log(|s| if (20..40).contains(&s) { 600 } else { 40 })
+}
+
+fn gzip(text: &str) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(text.as_bytes()).unwrap();
+    gz.finish().unwrap()
+}
+
+#[test]
+fn an_access_log_replays_every_route_it_reaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log.1.gz");
+    std::fs::write(&log, gzip(&flash_sale_log())).unwrap();
+    let out_dir = dir.path().join("run");
+    let out = rocgate(&[
+        "simulate",
+        "--access-log",
+        log.to_str().unwrap(),
+        "--capacity",
+        "250",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("13660 requests replayed"), "{stdout}");
+    assert!(stdout.contains("route         order (enforce)"), "{stdout}");
+    assert!(
+        stdout.contains("route         default (enforce)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("cuts          1, first at 20.500 s"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("admitted above 250 req/s"), "{stdout}");
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["access_logs"][0], log.to_str().unwrap());
+    assert_eq!(summary["log"]["lines"], 13_660);
+    assert_eq!(summary["log"]["replayed"], 13_660);
+    assert_eq!(summary["start_unix_s"], 1_795_806_000.0);
+    assert_eq!(summary["capacity_rps"], 250);
+    assert!(summary["overload"].as_u64().unwrap() > 0, "{summary}");
+    let names: Vec<&str> = summary["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["route"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["order", "default"]);
+    let csv = std::fs::read_to_string(out_dir.join("timeseries.csv")).unwrap();
+    assert_eq!(csv.lines().filter(|l| l.starts_with("order,")).count(), 600);
+    assert_eq!(
+        csv.lines().filter(|l| l.starts_with("default,")).count(),
+        600
+    );
+    let png = std::fs::read(out_dir.join("chart.png")).unwrap();
+    let info = png::Decoder::new(std::io::Cursor::new(png))
+        .read_info()
+        .unwrap();
+    assert_eq!(
+        (info.info().width, info.info().height),
+        (1200, 1120),
+        "one panel per route"
+    );
+}
+
+#[test]
+fn a_route_and_time_bounds_narrow_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, flash_sale_log()).unwrap();
+    let out = rocgate(&[
+        "simulate",
+        "--access-log",
+        log.to_str().unwrap(),
+        "--route",
+        "order",
+        "--from",
+        "2026-11-27T19:00:10Z",
+        "--to",
+        "27/Nov/2026:20:00:50 +0100",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("(12800 requests replayed, 40 on other routes, 820 outside --from/--to)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("t = 0 at 2026-11-27T19:00:10.000Z; 40.0 s"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("route         default"), "{stdout}");
+}
+
+#[test]
+fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut lines: Vec<String> = sale_log(|_| 1).lines().map(String::from).collect();
+    lines.insert(3, "[error] upstream timed out".into());
+    lines.insert(
+        7,
+        "198.51.100.1 - - [27/Nov/2026:20:00:03 +0100] \"GET / HTTP/1.1".into(),
+    );
+    std::fs::write(&log, lines.join("\n")).unwrap();
+    let path = log.to_str().unwrap();
+    let out = rocgate(&["simulate", "--access-log", path]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("2 of 122 lines (1.6%) are not access-log lines"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("access.log:4: no [time] after the user field"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("access.log:8: a quoted field has no closing quote"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--lenient"), "{stderr}");
+    assert!(out.stdout.is_empty());
+
+    let out = rocgate(&["simulate", "--access-log", path, "--lenient"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("warning: 2 unparsable line(s) skipped"),
+        "{stderr}"
+    );
+    assert!(text(&out.stdout).contains("120 requests replayed"));
+}
+
+#[test]
+fn same_input_and_seed_give_identical_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, flash_sale_log()).unwrap();
+    let files = ["summary.json", "timeseries.csv", "chart.svg", "chart.png"];
+    let run = |name: &str, traffic: &[&str]| -> Vec<Vec<u8>> {
+        let out_dir = dir.path().join(name);
+        let mut args = vec!["simulate", "--seed", "11", "--capacity", "300"];
+        args.extend_from_slice(traffic);
+        args.extend_from_slice(&["--out", out_dir.to_str().unwrap()]);
+        let out = rocgate(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        files
+            .iter()
+            .map(|f| std::fs::read(out_dir.join(f)).unwrap())
+            .collect()
+    };
+    let log_args = ["--access-log", log.to_str().unwrap()];
+    let (a, b) = (run("a", &log_args), run("b", &log_args));
+    for (f, (x, y)) in files.iter().zip(a.iter().zip(&b)) {
+        assert!(x == y, "{f} differs between two runs");
+    }
+    let profile_args = ["--scenario", "double-spike"];
+    let (c, d) = (run("c", &profile_args), run("d", &profile_args));
+    assert_eq!(c, d);
+    // The seed matters: another one places the requests elsewhere.
+    let out_dir = dir.path().join("e");
+    let out = rocgate(&[
+        "simulate",
+        "--seed",
+        "12",
+        "--capacity",
+        "300",
+        "--access-log",
+        log.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    assert_ne!(std::fs::read(out_dir.join("timeseries.csv")).unwrap(), a[1]);
+}
+
+#[test]
+fn a_sweep_prints_a_table_and_writes_sweep_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("sweep");
+    let out = rocgate(&[
+        "simulate",
+        "--scenario",
+        "flash-sale",
+        "--capacity",
+        "250",
+        "--sweep",
+        "danger_roc=40..160:20",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("sweep         7 run(s)"), "{stdout}");
+    assert!(
+        stdout.contains("danger_roc  rejected   cuts  first cut    in cut  peak 1 s    overload"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .contains("\n        80     66.0%      1     20.5 s     7.4 s       329        0.5%\n"),
+        "{stdout}"
+    );
+    let csv = std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 8);
+    assert!(lines[0].starts_with("danger_roc,offered,admitted,rejected,rejected_pct,"));
+    assert!(
+        lines[3].starts_with("80,16400,5574,10826,66.012,0,1,20.5,7.4,329,79,"),
+        "{}",
+        lines[3]
+    );
+    assert!(
+        !out_dir.join("summary.json").exists(),
+        "a sweep writes sweep.csv only"
+    );
+}
+
+#[test]
+fn bad_sweeps_exit_2_with_the_reason() {
+    for (args, expected) in [
+        (
+            vec!["--sweep", "danger_roc=40-160"],
+            "invalid value 'danger_roc=40-160' for '--sweep <PARAM>'",
+        ),
+        (
+            vec!["--sweep", "danger_roc=40..160"],
+            "a range needs a step, `:STEP`",
+        ),
+        (
+            vec!["--sweep", "dangerroc=1,2"],
+            "unknown parameter `dangerroc`; parameters: base_limit",
+        ),
+        (
+            vec!["--sweep", "danger_roc=21..40:1", "--sweep", "hold=1..21:1"],
+            "--sweep: danger_roc (20) × hold (21) = 420 runs, more than 400",
+        ),
+        (
+            vec!["--sweep", "danger_roc=10,80"],
+            "--sweep: at danger_roc=10: route `order`: danger_roc: must be > safe_roc (20), got 10",
+        ),
+        (
+            vec!["--sweep", "checkout.hold=1"],
+            "--sweep: `checkout.hold`: route `checkout` is not one of the routes run: order",
+        ),
+    ] {
+        let mut all = vec!["simulate"];
+        all.extend(args.iter().copied());
+        let out = rocgate(&all);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing ran");
+    }
+}
+
+#[test]
+fn a_profile_drives_one_route() {
+    let out = rocgate(&["simulate", "--route", "order", "--route", "seckill"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("a profile drives one route"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = rocgate(&["simulate", "--from", "2026-11-27T19:00:10Z"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--access-log"),
         "{}",
         text(&out.stderr)
     );

@@ -7,6 +7,7 @@ pub(crate) mod simulate;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 /// rocgate: adaptive admission control for HTTP routes.
 #[derive(Debug, Parser)]
@@ -20,7 +21,7 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Run the reverse proxy in front of an upstream, with the admin API.
     Serve(ServeArgs),
-    /// Replay a traffic profile through the engine on a virtual clock.
+    /// Replay a traffic profile or an access log through the engine on a virtual clock.
     Simulate(SimulateArgs),
     /// Validate a configuration file: prints `ok`, or every error (exit code 2).
     CheckConfig(CheckConfigArgs),
@@ -49,23 +50,49 @@ pub(crate) struct SimulateArgs {
     /// Configuration file (default: the embedded default configuration).
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
-    /// Route to drive (default: the first route).
-    #[arg(long)]
-    pub(crate) route: Option<String>,
+    /// Route to drive; repeat for several with --access-log (default: the first route
+    /// for a profile, every route the log reaches for an access log).
+    #[arg(long = "route", value_name = "NAME")]
+    pub(crate) routes: Vec<String>,
     /// Built-in scenario: steady, warmup, flash-sale, bot-burst, double-spike.
-    #[arg(long, conflicts_with = "profile")]
+    #[arg(long, conflicts_with_all = ["profile", "access_logs"])]
     pub(crate) scenario: Option<String>,
     /// CSV profile: `t_seconds,rate` lines, piecewise linear.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "access_logs")]
     pub(crate) profile: Option<PathBuf>,
-    /// Seed for Poisson arrivals; without it arrivals are evenly spaced.
+    /// nginx/Apache access log (common or combined format, gzip or not; `-` reads
+    /// stdin) to replay; repeat for several files.
+    #[arg(long = "access-log", value_name = "FILE")]
+    pub(crate) access_logs: Vec<PathBuf>,
+    /// Replay only requests logged at or after this time: RFC 3339 in UTC
+    /// (`2026-11-27T19:00:00Z`) or as logged (`27/Nov/2026:20:00:00 +0100`).
+    #[arg(long, requires = "access_logs", value_parser = simulate::parse_log_bound)]
+    pub(crate) from: Option<SystemTime>,
+    /// Replay only requests logged before this time (same forms as --from).
+    #[arg(long, requires = "access_logs", value_parser = simulate::parse_log_bound)]
+    pub(crate) to: Option<SystemTime>,
+    /// Go on when more than 1% of the log's lines cannot be parsed.
+    #[arg(long, requires = "access_logs")]
+    pub(crate) lenient: bool,
+    /// Seed: Poisson arrivals for a profile, random times inside each logged second
+    /// for an access log; without it, arrivals are evenly spaced.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
-    /// Wall-clock time of the profile's start, RFC 3339 (places scheduled events;
-    /// default: the profile's first `t_seconds`, read as Unix seconds).
+    /// Wall-clock time of t = 0, RFC 3339 (places scheduled events; default: the
+    /// profile's first `t_seconds` read as Unix seconds, or the log's first second).
     #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
-    pub(crate) start: Option<std::time::SystemTime>,
-    /// Directory for summary.json and timeseries.csv.
+    pub(crate) start: Option<SystemTime>,
+    /// Capacity of the protected service, req/s, all driven routes together: what is
+    /// admitted beyond it in a second counts as overload.
+    #[arg(long, value_name = "RPS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) capacity: Option<u64>,
+    /// Run once per value of a route parameter and print a table:
+    /// `[ROUTE.]NAME=START..END:STEP` or `[ROUTE.]NAME=V1,V2,…` (durations in seconds);
+    /// repeat for a grid of at most 400 runs.
+    #[arg(long = "sweep", value_name = "PARAM", value_parser = simulate::parse_sweep)]
+    pub(crate) sweeps: Vec<rocgate::sim::SweepParam>,
+    /// Directory for summary.json, timeseries.csv, chart.svg and chart.png (with
+    /// --sweep: sweep.csv).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
 }

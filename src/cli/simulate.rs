@@ -1,27 +1,35 @@
-//! `rocgate simulate`: replays a built-in scenario or a CSV profile through the engine
-//! on a virtual clock, prints a summary, and with `--out DIR` writes `DIR/summary.json`
-//! and `DIR/timeseries.csv` (their fields are described in [`rocgate::sim`]).
+//! `rocgate simulate`: replays a built-in scenario, a CSV profile or access logs through
+//! the engine on a virtual clock and prints a summary; with `--sweep`, runs the same
+//! traffic once per parameter value and prints a table. With `--out DIR` it writes
+//! `DIR/summary.json`, `DIR/timeseries.csv`, `DIR/chart.svg` and `DIR/chart.png`, or
+//! with `--sweep`, `DIR/sweep.csv` (their fields are described in [`rocgate::sim`] and
+//! [`rocgate::sim::sweep`]).
 //!
-//! Bad input (an invalid config, an unknown route or scenario, a malformed profile, an
-//! output directory that cannot be written) is reported on stderr, naming the file or
-//! option at fault, with exit code 2, before anything runs.
+//! Bad input (an invalid config, an unknown route or scenario, a malformed profile, a
+//! log with too many unparsable lines, a bad sweep, an output directory that cannot be
+//! written) is reported on stderr, naming the file, line or option at fault, with exit
+//! code 2, before anything runs.
 
 use super::SimulateArgs;
-use rocgate::config::Config;
-use rocgate::sim::{ArrivalModel, Profile, Scenario, SimResult, Simulator, Summary};
+use rocgate::config::{Config, Partition};
+use rocgate::sim::access_log::{self, LogError};
+use rocgate::sim::{
+    chart, sweep, AccessLog, ArrivalModel, LogOptions, LogReader, LogStats, Profile, RunSummary,
+    Scenario, SimError, SimRun, Simulator, Spread, Summary, Sweep, SweepParam, SweepRow,
+};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Exit code for bad input.
 const BAD_INPUT: u8 = 2;
 /// Exit code for a failure after the run (an output file could not be written).
 const FAILED: u8 = 1;
-/// Transitions listed in the printed summary; the rest are counted.
+/// Transitions listed per route in the printed summary; the rest are counted.
 const LISTED_TRANSITIONS: usize = 12;
 
 /// What went wrong: the message for stderr and the exit code.
@@ -48,59 +56,112 @@ pub(crate) fn run(args: SimulateArgs) -> ExitCode {
     }
 }
 
-/// Where the traffic came from, as written to `summary.json`.
+/// `--sweep`: a swept parameter.
+pub(crate) fn parse_sweep(text: &str) -> Result<SweepParam, String> {
+    text.parse()
+        .map_err(|e: rocgate::sim::SweepError| e.to_string())
+}
+
+/// `--from`, `--to`: an RFC 3339 UTC time, or a time as an access log writes it.
+pub(crate) fn parse_log_bound(text: &str) -> Result<SystemTime, String> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+        return Ok(t);
+    }
+    access_log::parse_time(text.trim().as_bytes())
+        .and_then(|s| {
+            let offset = Duration::from_secs(s.unsigned_abs());
+            if s >= 0 {
+                UNIX_EPOCH.checked_add(offset)
+            } else {
+                UNIX_EPOCH.checked_sub(offset)
+            }
+        })
+        .ok_or_else(|| {
+            format!(
+                "`{text}` is neither an RFC 3339 UTC time (2026-11-27T19:00:00Z) nor a time as logged (27/Nov/2026:20:00:00 +0100)"
+            )
+        })
+}
+
+/// The traffic to run.
+enum Traffic {
+    Profile {
+        scenario: Option<Scenario>,
+        profile: Profile,
+        model: ArrivalModel,
+    },
+    Log(AccessLog),
+}
+
+impl Traffic {
+    fn run(&self, sim: &Simulator) -> Result<SimRun, SimError> {
+        match self {
+            Traffic::Profile { profile, model, .. } => sim.run_profile_all(profile, *model),
+            Traffic::Log(log) => sim.replay(log),
+        }
+    }
+}
+
+/// The input and the run, as written to `summary.json`.
 #[derive(Serialize)]
 struct SummaryFile<'a> {
     /// The built-in scenario, if one was run.
     scenario: Option<&'a str>,
     /// The CSV profile, if one was run.
     profile: Option<String>,
-    /// The Poisson seed; `null` for evenly spaced arrivals.
+    /// The access logs, if replayed.
+    access_logs: Option<Vec<String>>,
+    /// The seed; `null` for evenly spaced arrivals.
     seed: Option<u64>,
+    /// What reading the access logs found.
+    log: Option<&'a LogStats>,
     #[serde(flatten)]
-    summary: &'a Summary,
+    summary: &'a RunSummary,
+    routes: Vec<&'a Summary>,
 }
 
-/// The two output files, created before the run so that an unwritable directory is
+/// Writes one output file.
+type Writer<'a> = Box<dyn FnOnce(&mut BufWriter<File>) -> io::Result<()> + 'a>;
+
+/// The output files, created before the run so that an unwritable directory is
 /// reported before any work is done.
 struct Outputs {
-    summary: (PathBuf, BufWriter<File>),
-    series: (PathBuf, BufWriter<File>),
+    files: Vec<(PathBuf, BufWriter<File>)>,
 }
 
 impl Outputs {
-    fn create(dir: &Path) -> Result<Self, Failure> {
+    fn create(dir: &Path, names: &[&str]) -> Result<Self, Failure> {
         fs::create_dir_all(dir).map_err(|e| {
             bad_input(format!(
                 "{}: cannot create the output directory: {e}",
                 dir.display()
             ))
         })?;
-        let open = |name: &str| {
-            let path = dir.join(name);
-            File::create(&path)
-                .map(|f| (path.clone(), BufWriter::new(f)))
-                .map_err(|e| bad_input(format!("{}: cannot write: {e}", path.display())))
-        };
-        Ok(Outputs {
-            summary: open("summary.json")?,
-            series: open("timeseries.csv")?,
-        })
+        let files = names
+            .iter()
+            .map(|name| {
+                let path = dir.join(name);
+                File::create(&path)
+                    .map(|f| (path.clone(), BufWriter::new(f)))
+                    .map_err(|e| bad_input(format!("{}: cannot write: {e}", path.display())))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Outputs { files })
     }
 
-    fn write(self, file: &SummaryFile<'_>, result: &SimResult) -> Result<(), Failure> {
-        let failed = |path: &Path, e: io::Error| Failure {
-            message: format!("{}: cannot write: {e}", path.display()),
-            code: FAILED,
-        };
-        let (path, mut out) = self.summary;
-        serde_json::to_writer_pretty(&mut out, file)
-            .map_err(io::Error::from)
-            .and_then(|()| writeln!(out))
-            .and_then(|()| out.flush())
-            .map_err(|e| failed(&path, e))?;
-        let (path, out) = self.series;
-        result.write_csv(out).map_err(|e| failed(&path, e))
+    /// Writes each file with its writer, in order, and names them.
+    fn write(self, writers: Vec<Writer<'_>>) -> Result<String, Failure> {
+        let mut names = Vec::new();
+        for ((path, mut out), write) in self.files.into_iter().zip(writers) {
+            write(&mut out)
+                .and_then(|()| out.flush())
+                .map_err(|e| Failure {
+                    message: format!("{}: cannot write: {e}", path.display()),
+                    code: FAILED,
+                })?;
+            names.push(path.display().to_string());
+        }
+        Ok(names.join(", "))
     }
 }
 
@@ -109,6 +170,31 @@ fn simulate(args: &SimulateArgs) -> Result<(), Failure> {
         Some(path) => Config::load(path).map_err(|e| bad_input(e.to_string()))?,
         None => Config::embedded_default(),
     };
+    let (traffic, label, routes) = if args.access_logs.is_empty() {
+        profile_traffic(args, &config)?
+    } else {
+        log_traffic(args, &config)?
+    };
+    let mut sim =
+        Simulator::for_routes(config, &routes).map_err(|e| bad_input(format!("--route: {e}")))?;
+    if let Some(at) = args.start {
+        sim = sim.wall_start(at);
+    }
+    if let Some(rps) = args.capacity {
+        sim = sim.capacity(rps);
+    }
+    if args.sweeps.is_empty() {
+        run_once(args, &sim, &traffic, &label)
+    } else {
+        run_sweep(args, &sim, &traffic, &label)
+    }
+}
+
+/// A scenario or a CSV profile, on one route.
+fn profile_traffic(
+    args: &SimulateArgs,
+    config: &Config,
+) -> Result<(Traffic, String, Vec<String>), Failure> {
     let (label, scenario, profile) = match (&args.scenario, &args.profile) {
         (Some(name), _) => {
             let s: Scenario = name
@@ -126,35 +212,125 @@ fn simulate(args: &SimulateArgs) -> Result<(), Failure> {
             (format!("scenario {}", s.name()), Some(s), s.profile())
         }
     };
-    let mut sim = Simulator::new(config, args.route.as_deref())
-        .map_err(|e| bad_input(format!("--route: {e}")))?;
-    if let Some(at) = args.start {
-        sim = sim.wall_start(at);
-    }
-    let outputs = args.out.as_deref().map(Outputs::create).transpose()?;
-
+    let route = match &args.routes[..] {
+        [] => config
+            .routes
+            .first()
+            .map(|r| r.name.clone())
+            .ok_or_else(|| bad_input("--route: the configuration has no routes"))?,
+        [one] => one.clone(),
+        _ => {
+            return Err(bad_input(
+                "--route: a profile drives one route; several routes are for --access-log",
+            ))
+        }
+    };
     let model = ArrivalModel::from_seed(args.seed);
-    let result = sim
-        .run_profile(&profile, model)
-        .map_err(|e| bad_input(format!("{label}: {e}")))?;
-    print!("{}", render(&result.summary, &label, model));
+    let label = format!("{label}, {model} arrivals");
+    let traffic = Traffic::Profile {
+        scenario,
+        profile,
+        model,
+    };
+    Ok((traffic, label, vec![route]))
+}
 
-    if let Some(outputs) = outputs {
-        let file = SummaryFile {
-            scenario: scenario.map(Scenario::name),
-            profile: args.profile.as_ref().map(|p| p.display().to_string()),
-            seed: args.seed,
-            summary: &result.summary,
+/// Access logs, on every route they reach (or the routes asked for).
+fn log_traffic(
+    args: &SimulateArgs,
+    config: &Config,
+) -> Result<(Traffic, String, Vec<String>), Failure> {
+    let options = LogOptions {
+        routes: args.routes.clone(),
+        from: args.from,
+        to: args.to,
+        spread: Spread::from_seed(args.seed),
+        lenient: args.lenient,
+    };
+    let mut reader = LogReader::new(config, options).map_err(|e| match e {
+        LogError::EmptyBounds => bad_input("--from must be before --to"),
+        e => bad_input(format!("--route: {e}")),
+    })?;
+    let mut names = Vec::new();
+    for path in &args.access_logs {
+        let name = if path.as_os_str() == "-" {
+            reader
+                .read("stdin", io::stdin().lock())
+                .map_err(|e| bad_input(e.to_string()))?;
+            "stdin".to_owned()
+        } else {
+            let name = path.display().to_string();
+            let input = access_log::open(path)
+                .map_err(|e| bad_input(format!("{name}: cannot read the access log: {e}")))?;
+            reader
+                .read(&name, input)
+                .map_err(|e| bad_input(e.to_string()))?;
+            name
         };
-        let paths = [outputs.summary.0.clone(), outputs.series.0.clone()];
-        outputs.write(&file, &result)?;
-        println!(
-            "wrote         {}, {}",
-            paths[0].display(),
-            paths[1].display()
+        names.push(name);
+    }
+    let log = reader.finish().map_err(|e| {
+        bad_input(match e {
+            LogError::TooManyUnparsable { .. } => {
+                format!("{}: {e} (--lenient replays the rest)", names.join(", "))
+            }
+            e => format!("{}: {e}", names.join(", ")),
+        })
+    })?;
+    let stats = log.stats();
+    if stats.unparsable > 0 {
+        let first: Vec<String> = stats
+            .first_unparsable
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        eprintln!(
+            "warning: {} unparsable line(s) skipped ({:.2}%): {}{}",
+            stats.unparsable,
+            100.0 * stats.unparsable_fraction(),
+            first.join("; "),
+            if stats.unparsable > first.len() as u64 {
+                "; …"
+            } else {
+                ""
+            }
         );
     }
-    Ok(())
+    let routes: Vec<String> = log
+        .routes()
+        .iter()
+        .map(|(id, _)| config.routes[id.0].name.clone())
+        .collect();
+    for route in config.routes.iter().filter(|r| routes.contains(&r.name)) {
+        if let Partition::Header(header, _) = &route.partition {
+            eprintln!(
+                "note: route `{}` is partitioned by the header `{header}`, which access logs do not carry: its requests are replayed as one keyless client",
+                route.name
+            );
+        }
+    }
+    let label = format!(
+        "access log {} ({}), {}",
+        names.join(", "),
+        describe_log(stats),
+        log.spread()
+    );
+    Ok((Traffic::Log(log), label, routes))
+}
+
+fn describe_log(s: &LogStats) -> String {
+    let mut parts = vec![format!("{} requests replayed", s.replayed)];
+    for (n, what) in [
+        (s.unmatched, "matching no route"),
+        (s.other_routes, "on other routes"),
+        (s.outside, "outside --from/--to"),
+        (s.unparsable, "unparsable lines"),
+    ] {
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    parts.join(", ")
 }
 
 fn read_profile(path: &Path) -> Result<Profile, Failure> {
@@ -163,86 +339,331 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
     Profile::parse_csv(&text).map_err(|e| bad_input(format!("{}: {e}", path.display())))
 }
 
-/// The summary as a short table.
-fn render(s: &Summary, label: &str, model: ArrivalModel) -> String {
-    let mut out = String::new();
-    let pct = |n: u64| 100.0 * n as f64 / s.offered.max(1) as f64;
-    // Writing to a String cannot fail.
-    let mut line = |args: std::fmt::Arguments<'_>| {
-        let _ = out.write_fmt(args);
-        out.push('\n');
+/// A run failed before it started: the error, with a hint for over-long logs.
+fn run_failure(label: &str, traffic: &Traffic, e: SimError) -> Failure {
+    let hint = match (&e, traffic) {
+        (SimError::TooManySlots { .. }, Traffic::Log(_)) => "; replay a part with --from/--to",
+        _ => "",
     };
-    line(format_args!(
-        "route         {} ({}), {label}, {model} arrivals",
-        s.route,
-        s.mode.as_str()
-    ));
-    line(format_args!(
-        "start         t = 0 at {}; {:.1} s in slots of {} ms",
-        wall_clock(s.start_unix_s),
-        s.duration_s,
-        s.slot_s * 1e3
-    ));
+    bad_input(format!("{label}: {e}{hint}"))
+}
+
+fn run_once(
+    args: &SimulateArgs,
+    sim: &Simulator,
+    traffic: &Traffic,
+    label: &str,
+) -> Result<(), Failure> {
+    let names = ["summary.json", "timeseries.csv", "chart.svg", "chart.png"];
+    let outputs = args
+        .out
+        .as_deref()
+        .map(|dir| Outputs::create(dir, &names))
+        .transpose()?;
+    let run = traffic
+        .run(sim)
+        .map_err(|e| run_failure(label, traffic, e))?;
+    print!("{}", render(&run, label));
+
+    let Some(outputs) = outputs else {
+        return Ok(());
+    };
+    let (scenario, profile, logs, log) = match traffic {
+        Traffic::Profile { scenario, .. } => (
+            scenario.map(Scenario::name),
+            args.profile.as_ref().map(|p| p.display().to_string()),
+            None,
+            None,
+        ),
+        Traffic::Log(log) => (
+            None,
+            None,
+            Some(
+                args.access_logs
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect(),
+            ),
+            Some(log.stats()),
+        ),
+    };
+    let file = SummaryFile {
+        scenario,
+        profile,
+        access_logs: logs,
+        seed: args.seed,
+        log,
+        summary: &run.summary,
+        routes: run.routes.iter().map(|r| &r.summary).collect(),
+    };
+    let chart_failed = |e: chart::ChartError| io::Error::other(e.to_string());
+    let written = outputs.write(vec![
+        Box::new(|out| {
+            serde_json::to_writer_pretty(&mut *out, &file).map_err(io::Error::from)?;
+            writeln!(out)
+        }),
+        Box::new(|out| run.write_csv(out)),
+        Box::new(|out| out.write_all(chart::svg(&run).map_err(chart_failed)?.as_bytes())),
+        Box::new(|out| out.write_all(&chart::png(&run).map_err(chart_failed)?)),
+    ])?;
+    println!("wrote         {written}");
+    if run.routes.len() > chart::MAX_ROUTES {
+        eprintln!(
+            "note: the chart shows the first {} of {} routes",
+            chart::MAX_ROUTES,
+            run.routes.len()
+        );
+    }
+    Ok(())
+}
+
+fn run_sweep(
+    args: &SimulateArgs,
+    sim: &Simulator,
+    traffic: &Traffic,
+    label: &str,
+) -> Result<(), Failure> {
+    let sweep = Sweep::new(args.sweeps.clone()).map_err(|e| bad_input(format!("--sweep: {e}")))?;
+    // Check every point before the output directory is touched.
+    sweep
+        .simulators(sim)
+        .map_err(|e| bad_input(format!("--sweep: {e}")))?;
+    let outputs = args
+        .out
+        .as_deref()
+        .map(|dir| Outputs::create(dir, &["sweep.csv"]))
+        .transpose()?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rows = sweep
+        .run(sim, threads, |s| traffic.run(s))
+        .map_err(|e| match e {
+            rocgate::sim::SweepError::Run { error, .. } => run_failure(label, traffic, error),
+            e => bad_input(format!("--sweep: {e}")),
+        })?;
+    print!(
+        "{}",
+        render_sweep(&sweep, &rows, sim, label, threads.min(rows.len()))
+    );
+    if let Some(outputs) = outputs {
+        let written = outputs.write(vec![Box::new(|out| sweep::write_csv(&sweep, &rows, out))])?;
+        println!("wrote         {written}");
+    }
+    Ok(())
+}
+
+/// Appends one formatted line to `out` (writing to a `String` cannot fail).
+fn line(out: &mut String, args: std::fmt::Arguments<'_>) {
+    let _ = out.write_fmt(args);
+    out.push('\n');
+}
+
+/// The run as a short report: the traffic, each route, and the totals.
+fn render(run: &SimRun, label: &str) -> String {
+    let mut out = String::new();
+    let t = &run.summary;
+    line(&mut out, format_args!("traffic       {label}"));
+    line(
+        &mut out,
+        format_args!(
+            "start         t = 0 at {}; {:.1} s",
+            wall_clock(t.start_unix_s),
+            t.duration_s
+        ),
+    );
+    for route in &run.routes {
+        render_route(&mut out, &route.summary);
+    }
+    let pct = |n: u64| 100.0 * n as f64 / t.offered.max(1) as f64;
+    if run.routes.len() > 1 {
+        line(
+            &mut out,
+            format_args!(
+                "all routes    offered {}, admitted {} ({:.1}%), rejected {} ({:.1}%), {} cut(s); peak admitted {} in 1 s from {:.1} s",
+                t.offered,
+                t.admitted,
+                pct(t.admitted),
+                t.rejected,
+                pct(t.rejected),
+                t.cut_count,
+                t.peak_admitted_1s,
+                t.peak_admitted_1s_at_s
+            ),
+        );
+    }
+    if let Some(rps) = t.capacity_rps {
+        line(
+            &mut out,
+            format_args!(
+                "overload      {:>8}  {:5.1}%  admitted above {rps} req/s, in {} s of {:.0}",
+                t.overload,
+                pct(t.overload),
+                t.overload_s,
+                t.duration_s.ceil()
+            ),
+        );
+    }
+    out
+}
+
+fn render_route(out: &mut String, s: &Summary) {
+    let pct = |n: u64| 100.0 * n as f64 / s.offered.max(1) as f64;
+    line(
+        out,
+        format_args!(
+            "route         {} ({}), slots of {} ms",
+            s.route,
+            s.mode.as_str(),
+            s.slot_s * 1e3
+        ),
+    );
     match s.first_cut_s {
-        None => line(format_args!("cuts          none")),
-        Some(first) => line(format_args!(
-            "cuts          {}, first at {first:.3} s",
-            s.cuts.len()
-        )),
+        None => line(out, format_args!("cuts          none")),
+        Some(first) => line(
+            out,
+            format_args!("cuts          {}, first at {first:.3} s", s.cuts.len()),
+        ),
     }
     for t in s.transitions.iter().take(LISTED_TRANSITIONS) {
-        line(format_args!(
-            "  {:>9.3} s  {:<21} roc {:.1}, limit {} req/s",
-            t.t_s,
-            format!("{} → {}", t.from, t.to),
-            t.roc,
-            t.limit_rps
-        ));
+        line(
+            out,
+            format_args!(
+                "  {:>9.3} s  {:<21} roc {:.1}, limit {} req/s",
+                t.t_s,
+                format!("{} → {}", t.from, t.to),
+                t.roc,
+                t.limit_rps
+            ),
+        );
     }
     if s.transitions.len() > LISTED_TRANSITIONS {
-        line(format_args!(
-            "  … and {} more transitions",
-            s.transitions.len() - LISTED_TRANSITIONS
-        ));
+        line(
+            out,
+            format_args!(
+                "  … and {} more transitions",
+                s.transitions.len() - LISTED_TRANSITIONS
+            ),
+        );
     }
-    line(format_args!("time in cut   {:.3} s", s.time_in_cut_s));
-    line(format_args!("offered       {:>8}", s.offered));
-    line(format_args!(
-        "admitted      {:>8}  {:5.1}%",
-        s.admitted,
-        pct(s.admitted)
-    ));
-    line(format_args!(
-        "rejected      {:>8}  {:5.1}%",
-        s.rejected,
-        pct(s.rejected)
-    ));
+    line(out, format_args!("time in cut   {:.3} s", s.time_in_cut_s));
+    line(out, format_args!("offered       {:>8}", s.offered));
+    line(
+        out,
+        format_args!("admitted      {:>8}  {:5.1}%", s.admitted, pct(s.admitted)),
+    );
+    line(
+        out,
+        format_args!("rejected      {:>8}  {:5.1}%", s.rejected, pct(s.rejected)),
+    );
     for (reason, n) in s.rejected_by_reason.iter().filter(|&(_, n)| n > 0) {
-        line(format_args!(
-            "  {:<12}{n:>8}  {:5.1}%",
-            reason.as_str(),
-            pct(n)
-        ));
+        line(
+            out,
+            format_args!("  {:<12}{n:>8}  {:5.1}%", reason.as_str(), pct(n)),
+        );
     }
     if s.shadow_rejected > 0 {
-        line(format_args!(
-            "would reject  {:>8}  {:5.1}%  (shadow)",
-            s.shadow_rejected,
-            pct(s.shadow_rejected)
-        ));
+        line(
+            out,
+            format_args!(
+                "would reject  {:>8}  {:5.1}%  (shadow)",
+                s.shadow_rejected,
+                pct(s.shadow_rejected)
+            ),
+        );
         for (reason, n) in s.shadow_rejected_by_reason.iter().filter(|&(_, n)| n > 0) {
-            line(format_args!(
-                "  {:<12}{n:>8}  {:5.1}%",
-                reason.as_str(),
-                pct(n)
-            ));
+            line(
+                out,
+                format_args!("  {:<12}{n:>8}  {:5.1}%", reason.as_str(), pct(n)),
+            );
         }
     }
-    line(format_args!(
-        "peak admitted {:>8}  in 1 s from {:.1} s (offered peak {} in 1 s)",
-        s.peak_admitted_1s, s.peak_admitted_1s_at_s, s.peak_offered_1s
-    ));
+    if s.overload > 0 {
+        line(
+            out,
+            format_args!("overload      {:>8}  {:5.1}%", s.overload, pct(s.overload)),
+        );
+    }
+    line(
+        out,
+        format_args!(
+            "peak admitted {:>8}  in 1 s from {:.1} s (offered peak {} in 1 s)",
+            s.peak_admitted_1s, s.peak_admitted_1s_at_s, s.peak_offered_1s
+        ),
+    );
+}
+
+/// The sweep as a table, one line per run.
+fn render_sweep(
+    sweep: &Sweep,
+    rows: &[SweepRow],
+    sim: &Simulator,
+    label: &str,
+    threads: usize,
+) -> String {
+    let mut out = String::new();
+    let routes: Vec<&str> = sim
+        .routes()
+        .iter()
+        .map(|r| sim.config().routes[r.0].name.as_str())
+        .collect();
+    line(&mut out, format_args!("traffic       {label}"));
+    line(
+        &mut out,
+        format_args!(
+            "sweep         {} run(s) on {} thread(s), route(s) {}",
+            rows.len(),
+            threads,
+            routes.join(", ")
+        ),
+    );
+    let overload = sim_capacity(rows).is_some();
+    let widths: Vec<usize> = sweep
+        .params()
+        .iter()
+        .map(|p| p.label.len().max(8))
+        .collect();
+    let mut header = String::new();
+    for (p, w) in sweep.params().iter().zip(&widths) {
+        let _ = write!(header, "{:>w$}  ", p.label);
+    }
+    header.push_str("rejected   cuts  first cut    in cut  peak 1 s");
+    if overload {
+        header.push_str("    overload");
+    }
+    line(&mut out, format_args!("{}", header.trim_end()));
+    for row in rows {
+        let s = &row.summary;
+        let mut text = String::new();
+        for (v, w) in row.values.iter().zip(&widths) {
+            let _ = write!(text, "{:>w$}  ", v.to_string());
+        }
+        let first = s
+            .first_cut_s
+            .map_or_else(|| "-".to_owned(), |t| format!("{t:.1} s"));
+        let _ = write!(
+            text,
+            "{:>7.1}%  {:>5}  {:>9}  {:>6.1} s  {:>8}",
+            row.rejected_pct(),
+            s.cut_count,
+            first,
+            s.time_in_cut_s,
+            s.peak_admitted_1s
+        );
+        if overload {
+            let _ = write!(text, "  {:>9.1}%", row.overload_pct());
+        }
+        line(&mut out, format_args!("{text}"));
+    }
+    if let Some(rps) = sim_capacity(rows) {
+        line(
+            &mut out,
+            format_args!("(overload: admitted above {rps} req/s, % of offered)"),
+        );
+    }
     out
+}
+
+fn sim_capacity(rows: &[SweepRow]) -> Option<u64> {
+    rows.first().and_then(|r| r.summary.capacity_rps)
 }
 
 /// Unix seconds as RFC 3339 when they fall between 1970 and 9999, else as a number.

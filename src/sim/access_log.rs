@@ -1,0 +1,1075 @@
+//! Access-log replay: reads nginx and Apache access logs (the common and combined
+//! formats) into an [`AccessLog`], each request matched to a route exactly as
+//! `rocgate serve` matches it ([`Engine::route_for`] on the method and the path
+//! without its query), and placed on the run's virtual clock.
+//!
+//! ```
+//! use rocgate::config::{Config, RouteConfig, RouteMatch};
+//! use rocgate::sim::{LogOptions, LogReader, Simulator};
+//!
+//! let config = Config::new(vec![RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"))]);
+//! let log = "\
+//! 203.0.113.7 - - [27/Nov/2026:20:00:00 +0000] \"POST /api/order?id=1 HTTP/1.1\" 200 12 \"-\" \"curl/8\"
+//! 2001:db8::1 - - [27/Nov/2026:20:00:00 +0000] \"POST /api/order HTTP/1.1\" 200 12
+//! 203.0.113.7 - - [27/Nov/2026:20:00:01 +0000] \"GET /api/order HTTP/1.1\" 200 12
+//! 203.0.113.7 - - [27/Nov/2026:20:00:02 +0000] \"POST /api/order HTTP/1.1\" 200 12
+//! ";
+//! let mut reader = LogReader::new(&config, LogOptions::default()).unwrap();
+//! reader.read("access.log", log.as_bytes()).unwrap();
+//! let log = reader.finish().unwrap();
+//! assert_eq!(log.stats().replayed, 3);
+//! assert_eq!(log.stats().unmatched, 1); // GET: the route takes POST only
+//! assert_eq!(log.duration().as_secs(), 3);
+//! // The two requests of the first second are spread evenly inside it.
+//! let times: Vec<f64> = log.requests().map(|r| r.at.as_secs_f64()).collect();
+//! assert_eq!(times, [0.25, 0.75, 2.5]);
+//! let run = Simulator::for_routes(config, &["order"]).unwrap().replay(&log).unwrap();
+//! assert_eq!(run.summary.offered, 3);
+//! ```
+//!
+//! # What is read
+//!
+//! A line is `client ident user [time] "request" status bytes`, optionally followed by
+//! `"referer" "user-agent"` (combined) and further fields (nginx formats often append
+//! `$request_time` or `$http_x_forwarded_for`), which are skipped. Quoted fields may
+//! hold escapes (`\"`, `\\`, `\xHH`), as both servers write them. The time is
+//! `dd/Mon/yyyy:hh:mm:ss ±hhmm`; the client may be IPv4, IPv6 or a host name. Blank
+//! lines are skipped; any other line that does not have this shape is *unparsable*: it
+//! is counted and the first few are reported with their line numbers, and more than
+//! [`MAX_UNPARSABLE_FRACTION`] of them is an error unless [`LogOptions::lenient`].
+//!
+//! A line whose request field is not `METHOD target [protocol]` (nginx logs `"-"` for
+//! a connection closed before a request, and the bytes of a TLS handshake sent to a
+//! plain port) is a valid line but no request: it counts as *unmatched*, as does a
+//! request no route takes.
+//!
+//! # Time
+//!
+//! Logged times have one-second resolution: each route's requests of one second are
+//! spread evenly inside it (request k of n at `k + ½` n-ths of the second, as a
+//! profile's uniform arrivals are) or, with [`Spread::Random`], at independent uniform
+//! random times drawn from the seed; the routes' requests are then interleaved by
+//! time. Lines need not be in time order (servers write a line when a request ends);
+//! within a second and a route, the log's order is kept. Time zero of the run is
+//! the start of `from` (whole seconds, rounded down) or of the first logged second, and
+//! the run ends at `to` (rounded up) or after the last logged second. The client
+//! address is the key of routes partitioned by client IP; routes partitioned by a
+//! header are replayed as one keyless client, since logs do not carry headers.
+
+use super::run::Request;
+use super::MAX_SLOTS;
+use crate::clock::Nanos;
+use crate::config::{Config, Partition};
+use crate::engine::{Engine, RouteId};
+use rand::{RngCore, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+use serde::Serialize;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, BufRead};
+use std::iter::FusedIterator;
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The largest share of unparsable lines (of the non-blank ones) accepted without
+/// [`LogOptions::lenient`]: 1%.
+pub const MAX_UNPARSABLE_FRACTION: f64 = 0.01;
+
+/// How many unparsable lines, and unmatched requests, are kept as examples.
+pub const EXAMPLES: usize = 5;
+
+/// No client address is kept for the request.
+const NO_CLIENT: u32 = u32::MAX;
+
+/// One line of an access log, as written: the fields hold their text as logged
+/// (escapes included), borrowed from the line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogLine<'a> {
+    /// The client: an address or a host name.
+    pub client: &'a [u8],
+    /// The logged time, Unix seconds.
+    pub time_unix_s: i64,
+    /// The request field, between its quotes, escapes not yet undone.
+    pub request: &'a [u8],
+    /// The response status.
+    pub status: u16,
+    /// The response size, or `None` for `-`.
+    pub bytes: Option<u64>,
+    /// The referer field (combined format), between its quotes.
+    pub referer: Option<&'a [u8]>,
+    /// The user-agent field (combined format), between its quotes.
+    pub user_agent: Option<&'a [u8]>,
+}
+
+impl LogLine<'_> {
+    /// The client's IP address, if the client field is one.
+    pub fn client_ip(&self) -> Option<IpAddr> {
+        std::str::from_utf8(self.client).ok()?.parse().ok()
+    }
+
+    /// The request field with its escapes undone, as text (invalid UTF-8 replaced).
+    pub fn request_text(&self) -> Cow<'_, str> {
+        unescape(self.request)
+    }
+
+    /// The method and the path (query and any `scheme://host` removed), as
+    /// `rocgate serve` sees them; `None` when the request field is not
+    /// `METHOD target [protocol]`.
+    pub fn method_and_path(&self) -> Option<(Cow<'_, str>, Cow<'_, str>)> {
+        let (method, target) = split_request(self.request)?;
+        let path = path_of(target);
+        Some((unescape(method), unescape(path)))
+    }
+}
+
+/// `METHOD target [protocol]` split into method and target.
+fn split_request(request: &[u8]) -> Option<(&[u8], &[u8])> {
+    let mut parts = request.split(|&b| b == b' ').filter(|p| !p.is_empty());
+    let method = parts.next()?;
+    let target = parts.next()?;
+    let protocol_ok = match parts.next() {
+        None => true,
+        Some(p) => p.starts_with(b"HTTP/") && parts.next().is_none(),
+    };
+    let is_token = method
+        .iter()
+        .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    (protocol_ok && is_token).then_some((method, target))
+}
+
+/// The path of a request target: no query, and no `scheme://authority` in front.
+fn path_of(target: &[u8]) -> &[u8] {
+    let target = match find(target, b"://") {
+        Some(i) if target[..i].iter().all(u8::is_ascii_alphabetic) => {
+            let rest = &target[i + 3..];
+            match rest.iter().position(|&b| b == b'/') {
+                Some(j) => &rest[j..],
+                None => b"/",
+            }
+        }
+        _ => target,
+    };
+    let end = target
+        .iter()
+        .position(|&b| b == b'?')
+        .unwrap_or(target.len());
+    &target[..end]
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A quoted field's text with `\"`, `\\`, `\xHH`, `\n`, `\r`, `\t` undone.
+fn unescape(field: &[u8]) -> Cow<'_, str> {
+    if !field.contains(&b'\\') {
+        return String::from_utf8_lossy(field);
+    }
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        match (field[i], field.get(i + 1)) {
+            (b'\\', Some(b'x')) => match field.get(i + 2..i + 4).and_then(hex_byte) {
+                Some(byte) => {
+                    out.push(byte);
+                    i += 4;
+                }
+                None => {
+                    out.push(b'x');
+                    i += 2;
+                }
+            },
+            (b'\\', Some(&c)) => {
+                out.push(match c {
+                    b'n' => b'\n',
+                    b'r' => b'\r',
+                    b't' => b'\t',
+                    other => other,
+                });
+                i += 2;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
+fn hex_byte(two: &[u8]) -> Option<u8> {
+    let digit = |b: u8| (b as char).to_digit(16);
+    Some((digit(two[0])? * 16 + digit(two[1])?) as u8)
+}
+
+/// Why a line is not an access-log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    /// The line does not start with a client field.
+    #[error("no client field")]
+    Client,
+    /// The ident and user fields are missing.
+    #[error("no ident and user fields after the client")]
+    Identity,
+    /// No `[time]` where it belongs.
+    #[error("no [time] after the user field")]
+    NoTime,
+    /// The time is not `dd/Mon/yyyy:hh:mm:ss ±hhmm`.
+    #[error("the time is not dd/Mon/yyyy:hh:mm:ss ±hhmm")]
+    BadTime,
+    /// No quoted request after the time.
+    #[error("no quoted request after the time")]
+    NoRequest,
+    /// A quoted field has no closing quote.
+    #[error("a quoted field has no closing quote")]
+    Unterminated,
+    /// No status code after the request.
+    #[error("no status code after the request")]
+    Status,
+    /// No response size after the status.
+    #[error("no response size after the status")]
+    Bytes,
+}
+
+/// Parses one line (without its line break) of the common or combined format.
+///
+/// ```
+/// use rocgate::sim::access_log::{parse_line, LineError};
+///
+/// let line = br#"::1 - alice [10/Oct/2000:13:55:36 -0700] "GET /a?b=\"c\" HTTP/1.0" 200 2326 "http://example.com/" "Mozilla/4.08 [en]""#;
+/// let l = parse_line(line).unwrap();
+/// assert_eq!(l.client_ip(), Some("::1".parse().unwrap()));
+/// assert_eq!(l.time_unix_s, 971_211_336);
+/// assert_eq!(l.request_text(), r#"GET /a?b="c" HTTP/1.0"#);
+/// assert_eq!(l.method_and_path().unwrap(), ("GET".into(), "/a".into()));
+/// assert_eq!((l.status, l.bytes), (200, Some(2326)));
+/// assert_eq!(l.user_agent, Some(&b"Mozilla/4.08 [en]"[..]));
+/// assert_eq!(parse_line(b"::1 - - [10/Oct/2000:13:55:36] \"GET / HTTP/1.0\" 200 1"), Err(LineError::BadTime));
+/// ```
+pub fn parse_line(line: &[u8]) -> Result<LogLine<'_>, LineError> {
+    parse_line_with(line, parse_time)
+}
+
+/// [`parse_line`], with `time` reading the time field.
+fn parse_line_with(
+    line: &[u8],
+    time: impl FnOnce(&[u8]) -> Option<i64>,
+) -> Result<LogLine<'_>, LineError> {
+    let mut cursor = Cursor { rest: line };
+    let client = cursor.token().ok_or(LineError::Client)?;
+    cursor.token().ok_or(LineError::Identity)?;
+    cursor.token().ok_or(LineError::Identity)?;
+    let time_field = cursor.bracketed().ok_or(LineError::NoTime)?;
+    let time_unix_s = time(time_field).ok_or(LineError::BadTime)?;
+    let request = cursor.quoted()?.ok_or(LineError::NoRequest)?;
+    let status = cursor
+        .token()
+        .filter(|t| t.len() == 3)
+        .and_then(number)
+        .ok_or(LineError::Status)? as u16;
+    let bytes = match cursor.token().ok_or(LineError::Bytes)? {
+        b"-" => None,
+        t => Some(number(t).ok_or(LineError::Bytes)?),
+    };
+    let referer = cursor.quoted()?;
+    let user_agent = match referer {
+        Some(_) => cursor.quoted()?,
+        None => None,
+    };
+    // Further fields: quoted or bare, skipped; a quote must still be closed.
+    while !cursor.rest.is_empty() {
+        if cursor.quoted()?.is_none() && cursor.token().is_none() {
+            break;
+        }
+    }
+    Ok(LogLine {
+        client,
+        time_unix_s,
+        request,
+        status,
+        bytes,
+        referer,
+        user_agent,
+    })
+}
+
+/// Reads fields off the front of a line.
+struct Cursor<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn skip_spaces(&mut self) {
+        let n = self.rest.iter().take_while(|&&b| b == b' ').count();
+        self.rest = &self.rest[n..];
+    }
+
+    /// The next space-separated field, if there is one.
+    fn token(&mut self) -> Option<&'a [u8]> {
+        self.skip_spaces();
+        let n = self.rest.iter().take_while(|&&b| b != b' ').count();
+        let (token, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        (!token.is_empty()).then_some(token)
+    }
+
+    /// The next field if it is `[...]`, without the brackets.
+    fn bracketed(&mut self) -> Option<&'a [u8]> {
+        self.skip_spaces();
+        let inner = self.rest.strip_prefix(b"[")?;
+        let end = inner.iter().position(|&b| b == b']')?;
+        self.rest = &inner[end + 1..];
+        Some(&inner[..end])
+    }
+
+    /// The next field if it is quoted, without the quotes; an error if its closing
+    /// quote is missing. A backslash escapes the byte after it.
+    fn quoted(&mut self) -> Result<Option<&'a [u8]>, LineError> {
+        self.skip_spaces();
+        let Some(inner) = self.rest.strip_prefix(b"\"") else {
+            return Ok(None);
+        };
+        let mut i = 0;
+        while i < inner.len() {
+            match inner[i] {
+                b'\\' => i += 2,
+                b'"' => {
+                    self.rest = &inner[i + 1..];
+                    return Ok(Some(&inner[..i]));
+                }
+                _ => i += 1,
+            }
+        }
+        Err(LineError::Unterminated)
+    }
+}
+
+/// A whole number of ASCII digits that fits 18 digits.
+fn number(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(digits.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
+}
+
+/// A logged time, `dd/Mon/yyyy:hh:mm:ss ±hhmm` (`27/Nov/2026:20:00:00 +0100`), as Unix
+/// seconds.
+pub fn parse_time(text: &[u8]) -> Option<i64> {
+    const MONTHS: [&[u8; 3]; 12] = [
+        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
+        b"Dec",
+    ];
+    if text.len() != 26 || text[2] != b'/' || text[6] != b'/' || text[20] != b' ' {
+        return None;
+    }
+    if [11, 14, 17].iter().any(|&i| text[i] != b':') {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| number(&text[range]).map(|n| n as i64);
+    let day = num(0..2)?;
+    let month = MONTHS.iter().position(|m| m[..] == text[3..6])? as i64 + 1;
+    let year = num(7..11)?;
+    let (hour, minute, second) = (num(12..14)?, num(15..17)?, num(18..20)?);
+    let sign = match text[21] {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return None,
+    };
+    let (off_h, off_m) = (num(22..24)?, num(24..26)?);
+    if !(1..=days_in_month(year, month)).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+        || off_h > 23
+        || off_m > 59
+    {
+        return None;
+    }
+    let local = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second;
+    Some(local - sign * (off_h * 3600 + off_m * 60))
+}
+
+fn days_in_month(year: i64, month: i64) -> i64 {
+    match month {
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days from 1970-01-01 to the given date (proleptic Gregorian; H. Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// How a second's requests are placed inside it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Spread {
+    /// Request k of n at `k + ½` n-ths of the second.
+    #[default]
+    Even,
+    /// At sorted uniform random times drawn from the seed (PCG-64 MCG).
+    Random {
+        /// The generator's seed.
+        seed: u64,
+    },
+}
+
+impl Spread {
+    /// Random with this seed, or even without one.
+    pub fn from_seed(seed: Option<u64>) -> Self {
+        seed.map_or(Spread::Even, |seed| Spread::Random { seed })
+    }
+}
+
+impl fmt::Display for Spread {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Spread::Even => f.write_str("evenly spread"),
+            Spread::Random { seed } => write!(f, "randomly spread (seed {seed})"),
+        }
+    }
+}
+
+/// What to read from a log, and how to place it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// Routes to replay, by name (empty: every route). Requests other routes take
+    /// are counted, not replayed.
+    pub routes: Vec<String>,
+    /// Skip requests logged before this time (rounded down to a whole second).
+    pub from: Option<SystemTime>,
+    /// Skip requests logged at or after this time (rounded up to a whole second).
+    pub to: Option<SystemTime>,
+    /// How a second's requests are placed inside it.
+    pub spread: Spread,
+    /// Accept more than [`MAX_UNPARSABLE_FRACTION`] of unparsable lines.
+    pub lenient: bool,
+}
+
+/// An unparsable line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BadLine {
+    /// The source it was read from.
+    pub source: String,
+    /// Its 1-based line number.
+    pub line: u64,
+    /// What is wrong with it.
+    #[serde(serialize_with = "display")]
+    pub error: LineError,
+}
+
+impl fmt::Display for BadLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.source, self.line, self.error)
+    }
+}
+
+fn display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// What reading the log found, line by line (see the module doc of [`crate::sim`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LogStats {
+    /// Lines read, blank ones included.
+    pub lines: u64,
+    /// Blank lines, skipped.
+    pub blank: u64,
+    /// Lines that are not access-log lines.
+    pub unparsable: u64,
+    /// The first [`EXAMPLES`] of them.
+    pub first_unparsable: Vec<BadLine>,
+    /// Requests logged outside `from`..`to`.
+    pub outside: u64,
+    /// Requests no route takes, and lines whose request field is not a request.
+    pub unmatched: u64,
+    /// The first [`EXAMPLES`] distinct unmatched `METHOD path`s.
+    pub unmatched_examples: Vec<String>,
+    /// Requests taken by routes that are not replayed.
+    pub other_routes: u64,
+    /// Requests replayed.
+    pub replayed: u64,
+}
+
+impl LogStats {
+    /// Unparsable lines as a fraction of the non-blank ones.
+    pub fn unparsable_fraction(&self) -> f64 {
+        let lines = self.lines - self.blank;
+        if lines == 0 {
+            0.0
+        } else {
+            self.unparsable as f64 / lines as f64
+        }
+    }
+}
+
+/// Why a log cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// A route asked for is not in the configuration.
+    #[error("unknown route `{name}`; routes in the configuration: {}", known.join(", "))]
+    UnknownRoute {
+        /// The name asked for.
+        name: String,
+        /// The routes there are.
+        known: Vec<String>,
+    },
+    /// `from` is not before `to`.
+    #[error("the time bounds are empty: `from` must be before `to`")]
+    EmptyBounds,
+    /// Reading failed.
+    #[error("{name}: {error}")]
+    Io {
+        /// The source being read.
+        name: String,
+        /// What failed.
+        error: io::Error,
+    },
+    /// Too many lines are not access-log lines.
+    #[error(
+        "{unparsable} of {lines} lines ({:.1}%) are not access-log lines (common or combined format), more than {:.0}%; first: {}",
+        100.0 * *unparsable as f64 / (*lines).max(1) as f64,
+        100.0 * MAX_UNPARSABLE_FRACTION,
+        first.iter().map(BadLine::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    TooManyUnparsable {
+        /// Unparsable lines.
+        unparsable: u64,
+        /// Non-blank lines.
+        lines: u64,
+        /// The first few.
+        first: Vec<BadLine>,
+    },
+    /// Nothing to replay.
+    #[error("no request to replay: {}", describe(stats))]
+    NoRequests {
+        /// What was read.
+        stats: Box<LogStats>,
+    },
+    /// The logged requests span more time than a run may.
+    #[error(
+        "the requests span {span_s} s, more than {MAX_SLOTS} s: choose a part with `from` and `to`"
+    )]
+    TooLong {
+        /// The span, seconds.
+        span_s: i64,
+    },
+}
+
+fn describe(s: &LogStats) -> String {
+    let mut parts = vec![format!("{} lines read", s.lines)];
+    for (n, what) in [
+        (s.unparsable, "unparsable"),
+        (s.outside, "outside the time bounds"),
+        (s.unmatched, "matching no route"),
+        (s.other_routes, "on routes not replayed"),
+    ] {
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    if !s.unmatched_examples.is_empty() {
+        parts.push(format!("unmatched: {}", s.unmatched_examples.join(", ")));
+    }
+    parts.join(", ")
+}
+
+/// One request read, before it is placed inside its second.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    second: i64,
+    route: u32,
+    client: u32,
+}
+
+/// Reads access logs into an [`AccessLog`], one source after another.
+#[derive(Debug)]
+pub struct LogReader {
+    /// The route table `serve` would build, for matching.
+    engine: Engine,
+    /// Per config route: replayed or not.
+    replayed: Vec<bool>,
+    /// Per config route: partitioned by client IP (the client is its key).
+    by_ip: Vec<bool>,
+    from_s: Option<i64>,
+    to_s: Option<i64>,
+    options: LogOptions,
+    entries: Vec<Entry>,
+    client_index: HashMap<IpAddr, u32>,
+    clients: Vec<IpAddr>,
+    stats: LogStats,
+    /// The last time field parsed and its value: consecutive lines mostly share it.
+    last_time: (Vec<u8>, i64),
+}
+
+impl LogReader {
+    /// A reader matching requests against `config`'s routes.
+    pub fn new(config: &Config, options: LogOptions) -> Result<Self, LogError> {
+        let mut replayed = vec![options.routes.is_empty(); config.routes.len()];
+        for name in &options.routes {
+            let i = config
+                .routes
+                .iter()
+                .position(|r| &r.name == name)
+                .ok_or_else(|| LogError::UnknownRoute {
+                    name: name.clone(),
+                    known: config.routes.iter().map(|r| r.name.clone()).collect(),
+                })?;
+            replayed[i] = true;
+        }
+        let from_s = options.from.map(|t| whole_seconds(t, false));
+        let to_s = options.to.map(|t| whole_seconds(t, true));
+        if let (Some(from), Some(to)) = (from_s, to_s) {
+            if from >= to {
+                return Err(LogError::EmptyBounds);
+            }
+        }
+        Ok(LogReader {
+            engine: Engine::new(config, Nanos::ZERO, UNIX_EPOCH),
+            replayed,
+            by_ip: config
+                .routes
+                .iter()
+                .map(|r| matches!(r.partition, Partition::ClientIp(_)))
+                .collect(),
+            from_s,
+            to_s,
+            options,
+            entries: Vec::new(),
+            client_index: HashMap::new(),
+            clients: Vec::new(),
+            stats: LogStats::default(),
+            last_time: (Vec::new(), 0),
+        })
+    }
+
+    /// Reads every line of `input`; `source` names it in reports (a file name).
+    pub fn read(&mut self, source: &str, mut input: impl BufRead) -> Result<(), LogError> {
+        let mut buf = Vec::with_capacity(512);
+        let mut line_no = 0u64;
+        loop {
+            buf.clear();
+            let n = input
+                .read_until(b'\n', &mut buf)
+                .map_err(|error| LogError::Io {
+                    name: source.to_owned(),
+                    error,
+                })?;
+            if n == 0 {
+                return Ok(());
+            }
+            line_no += 1;
+            let mut line = &buf[..];
+            while let [rest @ .., b'\n' | b'\r'] = line {
+                line = rest;
+            }
+            self.line(source, line_no, line);
+        }
+    }
+
+    fn line(&mut self, source: &str, line_no: u64, line: &[u8]) {
+        self.stats.lines += 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            self.stats.blank += 1;
+            return;
+        }
+        let parsed = self.parse_cached(line);
+        let l = match parsed {
+            Ok(l) => l,
+            Err(error) => {
+                self.stats.unparsable += 1;
+                if self.stats.first_unparsable.len() < EXAMPLES {
+                    self.stats.first_unparsable.push(BadLine {
+                        source: source.to_owned(),
+                        line: line_no,
+                        error,
+                    });
+                }
+                return;
+            }
+        };
+        if self.from_s.is_some_and(|from| l.time_unix_s < from)
+            || self.to_s.is_some_and(|to| l.time_unix_s >= to)
+        {
+            self.stats.outside += 1;
+            return;
+        }
+        let route = match l.method_and_path() {
+            Some((method, path)) => {
+                let route = self.engine.route_for(&method, &path);
+                if route.is_none() {
+                    self.note_unmatched(&method, &path);
+                }
+                route
+            }
+            None => None,
+        };
+        let Some(route) = route else {
+            self.stats.unmatched += 1;
+            return;
+        };
+        if !self.replayed[route.0] {
+            self.stats.other_routes += 1;
+            return;
+        }
+        let ip = if self.by_ip[route.0] {
+            l.client_ip()
+        } else {
+            None
+        };
+        let client = match ip {
+            Some(ip) => {
+                let next = self.clients.len() as u32;
+                *self.client_index.entry(ip).or_insert_with(|| {
+                    self.clients.push(ip);
+                    next
+                })
+            }
+            None => NO_CLIENT,
+        };
+        self.stats.replayed += 1;
+        self.entries.push(Entry {
+            second: l.time_unix_s,
+            route: route.0 as u32,
+            client,
+        });
+    }
+
+    /// Keeps an unmatched request as an example, if it is new and there is room.
+    fn note_unmatched(&mut self, method: &str, path: &str) {
+        if self.stats.unmatched_examples.len() < EXAMPLES {
+            let example = format!("{method} {path}");
+            if !self.stats.unmatched_examples.contains(&example) {
+                self.stats.unmatched_examples.push(example);
+            }
+        }
+    }
+
+    /// [`parse_line`], reusing the last time field's value when the line repeats it.
+    fn parse_cached<'l>(&mut self, line: &'l [u8]) -> Result<LogLine<'l>, LineError> {
+        let (text, value) = &mut self.last_time;
+        parse_line_with(line, |field| {
+            if field != &text[..] {
+                *value = parse_time(field)?;
+                text.clear();
+                text.extend_from_slice(field);
+            }
+            Some(*value)
+        })
+    }
+
+    /// What has been read so far.
+    pub fn stats(&self) -> &LogStats {
+        &self.stats
+    }
+
+    /// The requests read, in time order, ready to replay.
+    pub fn finish(mut self) -> Result<AccessLog, LogError> {
+        let s = &self.stats;
+        let lines = s.lines - s.blank;
+        if !self.options.lenient && s.unparsable_fraction() > MAX_UNPARSABLE_FRACTION {
+            return Err(LogError::TooManyUnparsable {
+                unparsable: s.unparsable,
+                lines,
+                first: s.first_unparsable.clone(),
+            });
+        }
+        let (Some(first), Some(last)) = (
+            self.entries.iter().map(|e| e.second).min(),
+            self.entries.iter().map(|e| e.second).max(),
+        ) else {
+            return Err(LogError::NoRequests {
+                stats: Box::new(self.stats),
+            });
+        };
+        let start_s = self.from_s.unwrap_or(first);
+        let end_s = self.to_s.unwrap_or(last + 1);
+        let span_s = end_s - start_s;
+        if span_s > MAX_SLOTS as i64 {
+            return Err(LogError::TooLong { span_s });
+        }
+        // Stable: within a second, each route's requests keep the log's order.
+        self.entries.sort_by_key(|e| e.second);
+        let mut per_second = vec![0u32; span_s as usize];
+        let mut route_counts = vec![0u64; self.replayed.len()];
+        let mut placed = Vec::with_capacity(self.entries.len());
+        let mut rng = match self.options.spread {
+            Spread::Even => None,
+            Spread::Random { seed } => Some(Pcg64Mcg::seed_from_u64(seed)),
+        };
+        // Per route: requests in the current second, and those already placed.
+        let mut in_second = vec![(0u32, 0u32); self.replayed.len()];
+        for second in self.entries.chunk_by(|a, b| a.second == b.second) {
+            let first = placed.len();
+            for e in second {
+                in_second[e.route as usize].0 += 1;
+            }
+            for e in second {
+                let (n, k) = &mut in_second[e.route as usize];
+                let fraction = match &mut rng {
+                    None => (f64::from(*k) + 0.5) / f64::from(*n),
+                    Some(rng) => uniform(rng),
+                };
+                *k += 1;
+                placed.push(Placed {
+                    offset_ns: ((fraction * 1e9).round() as u32).min(999_999_999),
+                    route: e.route,
+                    client: e.client,
+                });
+            }
+            for e in second {
+                in_second[e.route as usize] = (0, 0);
+                route_counts[e.route as usize] += 1;
+            }
+            // Stable: requests at the same time keep the log's order.
+            placed[first..].sort_by_key(|p: &Placed| p.offset_ns);
+            per_second[(second[0].second - start_s) as usize] = second.len() as u32;
+        }
+        Ok(AccessLog {
+            start_s,
+            per_second,
+            placed,
+            client_ips: self.clients,
+            route_counts,
+            spread: self.options.spread,
+            stats: self.stats,
+        })
+    }
+}
+
+/// A uniform draw in [0, 1) from 53 random bits.
+fn uniform(rng: &mut Pcg64Mcg) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A request placed inside its second.
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    /// Time since the start of its second, ns.
+    offset_ns: u32,
+    /// The route's index.
+    route: u32,
+    /// Index into the client addresses, or [`NO_CLIENT`].
+    client: u32,
+}
+
+/// Unix seconds of `t`, rounded down, or up when `up`.
+fn whole_seconds(t: SystemTime, up: bool) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64 + i64::from(up && d.subsec_nanos() > 0),
+        Err(e) => {
+            let d = e.duration();
+            -(d.as_secs() as i64) - i64::from(!up && d.subsec_nanos() > 0)
+        }
+    }
+}
+
+/// Requests read from access logs, in time order, each with its route (and client
+/// address, on routes partitioned by client IP).
+#[derive(Clone, Debug)]
+pub struct AccessLog {
+    /// Unix seconds of time zero.
+    start_s: i64,
+    /// Requests in each second from time zero.
+    per_second: Vec<u32>,
+    /// Every request, in time order.
+    placed: Vec<Placed>,
+    client_ips: Vec<IpAddr>,
+    /// Requests per config route.
+    route_counts: Vec<u64>,
+    spread: Spread,
+    stats: LogStats,
+}
+
+impl AccessLog {
+    /// Wall-clock time of time zero.
+    pub fn start(&self) -> SystemTime {
+        super::run::unix_time(self.start_s as f64)
+    }
+
+    /// From time zero to the end of the last second replayed.
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs(self.per_second.len() as u64)
+    }
+
+    /// Requests to replay.
+    pub fn len(&self) -> usize {
+        self.placed.len()
+    }
+
+    /// Whether there is no request to replay.
+    pub fn is_empty(&self) -> bool {
+        self.placed.is_empty()
+    }
+
+    /// What reading found.
+    pub fn stats(&self) -> &LogStats {
+        &self.stats
+    }
+
+    /// How requests are placed inside their second.
+    pub fn spread(&self) -> Spread {
+        self.spread
+    }
+
+    /// The routes that take at least one request, in config order, with their counts.
+    pub fn routes(&self) -> Vec<(RouteId, u64)> {
+        self.route_counts
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(i, &n)| (RouteId(i), n))
+            .collect()
+    }
+
+    /// The requests, in time order, generated lazily.
+    pub fn requests(&self) -> LogRequests<'_> {
+        LogRequests {
+            log: self,
+            second: 0,
+            left: 0,
+            next: 0,
+        }
+    }
+}
+
+/// The requests of an [`AccessLog`], in time order.
+#[derive(Clone, Debug)]
+pub struct LogRequests<'a> {
+    log: &'a AccessLog,
+    /// The next second to start.
+    second: usize,
+    /// Requests left in the current second.
+    left: u32,
+    /// Index of the next request.
+    next: usize,
+}
+
+impl Iterator for LogRequests<'_> {
+    type Item = Request;
+
+    #[inline]
+    fn next(&mut self) -> Option<Request> {
+        while self.left == 0 {
+            self.left = *self.log.per_second.get(self.second)?;
+            self.second += 1;
+        }
+        self.left -= 1;
+        let p = self.log.placed[self.next];
+        self.next += 1;
+        let second_ns = (self.second as u64 - 1) * 1_000_000_000;
+        Some(Request {
+            at: Nanos::new(second_ns + u64::from(p.offset_ns)),
+            route: RouteId(p.route as usize),
+            client: (p.client != NO_CLIENT).then(|| self.log.client_ips[p.client as usize]),
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.log.placed.len() - self.next;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for LogRequests<'_> {}
+impl FusedIterator for LogRequests<'_> {}
+
+/// Opens an access log for [`LogReader::read`]: a file, gzip-compressed or not (told
+/// by its first bytes, not its name; concatenated gzip members, as `logrotate` and
+/// `cat a.gz b.gz` make, are read through).
+pub fn open(path: &std::path::Path) -> io::Result<Box<dyn BufRead + Send>> {
+    let mut file = io::BufReader::with_capacity(1 << 16, std::fs::File::open(path)?);
+    let gzip = file.fill_buf()?.starts_with(&[0x1f, 0x8b]);
+    if !gzip {
+        return Ok(Box::new(file));
+    }
+    gunzip(file)
+}
+
+#[cfg(feature = "gzip")]
+fn gunzip(file: io::BufReader<std::fs::File>) -> io::Result<Box<dyn BufRead + Send>> {
+    Ok(Box::new(io::BufReader::with_capacity(
+        1 << 16,
+        flate2::bufread::MultiGzDecoder::new(file),
+    )))
+}
+
+#[cfg(not(feature = "gzip"))]
+fn gunzip(_: io::BufReader<std::fs::File>) -> io::Result<Box<dyn BufRead + Send>> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "the file is gzip-compressed, and this build reads no gzip (feature `gzip`)",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_convert_with_their_offset() {
+        let t = |s: &str| parse_time(s.as_bytes());
+        assert_eq!(t("01/Jan/1970:00:00:00 +0000"), Some(0));
+        assert_eq!(t("01/Jan/1970:01:00:00 +0100"), Some(0));
+        assert_eq!(t("31/Dec/1969:23:59:59 +0000"), Some(-1));
+        assert_eq!(t("29/Feb/2000:12:00:00 -0930"), Some(951_825_600 + 34_200));
+        assert_eq!(
+            t("29/Feb/1900:00:00:00 +0000"),
+            None,
+            "1900 is not a leap year"
+        );
+        assert_eq!(t("31/Apr/2026:00:00:00 +0000"), None);
+        assert_eq!(t("27/Nov/2026:24:00:00 +0000"), None);
+        assert_eq!(
+            t("27/nov/2026:20:00:00 +0000"),
+            None,
+            "months are capitalised"
+        );
+        assert_eq!(t("27/Nov/2026:20:00:00 0100"), None);
+        assert_eq!(t("27/Nov/2026:20:00:00.123 +0100"), None);
+    }
+
+    #[test]
+    fn bounds_round_outwards_to_whole_seconds() {
+        let at = |ms: i64| {
+            let d = Duration::from_millis(ms.unsigned_abs());
+            if ms >= 0 {
+                UNIX_EPOCH + d
+            } else {
+                UNIX_EPOCH - d
+            }
+        };
+        assert_eq!(whole_seconds(at(2_500), false), 2);
+        assert_eq!(whole_seconds(at(2_500), true), 3);
+        assert_eq!(whole_seconds(at(2_000), true), 2);
+        assert_eq!(whole_seconds(at(-1_500), false), -2);
+        assert_eq!(whole_seconds(at(-1_500), true), -1);
+    }
+
+    #[test]
+    fn escapes_are_undone_once() {
+        assert_eq!(unescape(br#"a\x41\\x41\"\tb\x4"#), "aA\\x41\"\tbx4");
+        assert_eq!(unescape(b"plain"), "plain");
+        assert_eq!(unescape(br"\xE2\x82\xAC \xFF"), "€ \u{FFFD}");
+    }
+
+    #[test]
+    fn request_targets_reduce_to_their_path() {
+        assert_eq!(path_of(b"/a/b?c=d"), b"/a/b");
+        assert_eq!(path_of(b"https://shop.example/a?x"), b"/a");
+        assert_eq!(path_of(b"http://shop.example"), b"/");
+        assert_eq!(path_of(b"/redirect?to=http://x/y"), b"/redirect");
+        assert_eq!(split_request(b"GET /x HTTP/1.1 extra"), None);
+        assert_eq!(split_request(b"G(T /x HTTP/1.1"), None);
+        assert_eq!(split_request(b"GET /x"), Some((&b"GET"[..], &b"/x"[..])));
+    }
+}

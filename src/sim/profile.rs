@@ -1,0 +1,548 @@
+//! Traffic profiles: a piecewise-linear request rate ([`Profile`]), the built-in
+//! [`Scenario`]s, and the arrival times a profile yields ([`Arrivals`]), evenly spaced
+//! or Poisson.
+
+use crate::clock::Nanos;
+use rand::{RngCore, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+use std::fmt;
+use std::iter::FusedIterator;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A request rate that varies linearly between points, over a finite span.
+///
+/// The rate is zero outside `[first point, last point)`. Two points at the same time
+/// make a step.
+///
+/// ```
+/// use rocgate::sim::Profile;
+///
+/// let p = Profile::parse_csv("t_seconds,rate\n0,10\n10,30\n10,0\n20,0\n").unwrap();
+/// assert_eq!(p.rate_at(5.0), 20.0);
+/// assert_eq!(p.rate_at(15.0), 0.0);
+/// assert_eq!(p.expected_arrivals(), 200.0);
+/// assert_eq!(p.duration().as_secs(), 20);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    /// `t_seconds` of the first point.
+    start_s: f64,
+    /// `(seconds since the first point, rate)`.
+    points: Box<[(f64, f64)]>,
+    /// Expected arrivals from the start to each point.
+    cumulative: Box<[f64]>,
+}
+
+/// Why a profile was refused. Line numbers are 1-based.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ProfileError {
+    /// A line does not hold exactly two comma-separated fields.
+    #[error("line {line}: expected `t_seconds,rate`, found {fields} field(s)")]
+    Fields {
+        /// The line.
+        line: usize,
+        /// How many fields it holds.
+        fields: usize,
+    },
+    /// A field is not a finite number.
+    #[error("line {line}: {field} is not a number: `{text}`")]
+    NotANumber {
+        /// The line.
+        line: usize,
+        /// `t_seconds` or `rate`.
+        field: &'static str,
+        /// The field as written.
+        text: String,
+    },
+    /// A rate is below zero.
+    #[error("line {line}: rate must not be negative, got {rate}")]
+    NegativeRate {
+        /// The line.
+        line: usize,
+        /// The rate.
+        rate: f64,
+    },
+    /// A point's time is earlier than the previous point's.
+    #[error("line {line}: t_seconds must increase, got {t} after {previous}")]
+    TimeNotIncreasing {
+        /// The line.
+        line: usize,
+        /// The point's time.
+        t: f64,
+        /// The previous point's time.
+        previous: f64,
+    },
+    /// Fewer than two points.
+    #[error("a profile needs at least 2 points, found {points}")]
+    TooFewPoints {
+        /// How many points there are.
+        points: usize,
+    },
+    /// The last point is at the same time as the first.
+    #[error("a profile must span some time, but all its points are at t = {t}")]
+    NoDuration {
+        /// The time of every point.
+        t: f64,
+    },
+}
+
+impl ProfileError {
+    /// The 1-based line the error is on, if it is about one line.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            ProfileError::Fields { line, .. }
+            | ProfileError::NotANumber { line, .. }
+            | ProfileError::NegativeRate { line, .. }
+            | ProfileError::TimeNotIncreasing { line, .. } => Some(*line),
+            ProfileError::TooFewPoints { .. } | ProfileError::NoDuration { .. } => None,
+        }
+    }
+}
+
+impl Profile {
+    /// A profile through `(t_seconds, rate)` points. Errors give the 1-based position of
+    /// the offending point as its line.
+    pub fn from_points(points: &[(f64, f64)]) -> Result<Self, ProfileError> {
+        Self::build(points.iter().enumerate().map(|(i, &p)| (i + 1, p)))
+    }
+
+    /// Parses `t_seconds,rate` lines. Blank lines and `#` comments are ignored, and
+    /// so is a first line with no number in it (a header).
+    pub fn parse_csv(text: &str) -> Result<Self, ProfileError> {
+        let mut points = Vec::new();
+        let mut seen_content = false;
+        for (i, raw) in text.lines().enumerate() {
+            let line = i + 1;
+            let content = raw.split('#').next().unwrap_or_default().trim();
+            if content.is_empty() {
+                continue;
+            }
+            let fields: Vec<&str> = content.split(',').map(str::trim).collect();
+            let is_header = !seen_content && fields.iter().all(|f| f.parse::<f64>().is_err());
+            seen_content = true;
+            if is_header {
+                continue;
+            }
+            let [t, rate] = fields[..] else {
+                return Err(ProfileError::Fields {
+                    line,
+                    fields: fields.len(),
+                });
+            };
+            points.push((
+                line,
+                (number(t, "t_seconds", line)?, number(rate, "rate", line)?),
+            ));
+        }
+        Self::build(points)
+    }
+
+    fn build(points: impl IntoIterator<Item = (usize, (f64, f64))>) -> Result<Self, ProfileError> {
+        let mut valid: Vec<(f64, f64)> = Vec::new();
+        for (line, (t, rate)) in points {
+            for (x, field) in [(t, "t_seconds"), (rate, "rate")] {
+                if !x.is_finite() {
+                    let text = x.to_string();
+                    return Err(ProfileError::NotANumber { line, field, text });
+                }
+            }
+            if rate < 0.0 {
+                return Err(ProfileError::NegativeRate { line, rate });
+            }
+            if let Some(&(previous, _)) = valid.last() {
+                if t < previous {
+                    return Err(ProfileError::TimeNotIncreasing { line, t, previous });
+                }
+            }
+            valid.push((t, rate));
+        }
+        match (valid.first(), valid.last()) {
+            _ if valid.len() < 2 => Err(ProfileError::TooFewPoints {
+                points: valid.len(),
+            }),
+            (Some(&(first, _)), Some(&(last, _))) if last <= first => {
+                Err(ProfileError::NoDuration { t: first })
+            }
+            _ => Ok(Self::assemble(&valid)),
+        }
+    }
+
+    /// A profile through points already known to be valid.
+    fn assemble(points: &[(f64, f64)]) -> Self {
+        let start_s = points.first().map_or(0.0, |p| p.0);
+        let points: Box<[(f64, f64)]> = points.iter().map(|&(t, r)| (t - start_s, r)).collect();
+        let mut area = 0.0;
+        let cumulative = std::iter::once(0.0)
+            .chain(points.windows(2).map(|w| {
+                area += 0.5 * (w[0].1 + w[1].1) * (w[1].0 - w[0].0);
+                area
+            }))
+            .collect();
+        Profile {
+            start_s,
+            points,
+            cumulative,
+        }
+    }
+
+    /// `t_seconds` of the first point: the profile's own time at the start of a run.
+    pub fn start_s(&self) -> f64 {
+        self.start_s
+    }
+
+    /// From the first point to the last.
+    pub fn duration(&self) -> Duration {
+        let end = self.points.last().map_or(0.0, |p| p.0);
+        Duration::try_from_secs_f64(end).unwrap_or(Duration::MAX)
+    }
+
+    /// The rate `t_s` seconds after the first point, req/s (zero outside the profile).
+    pub fn rate_at(&self, t_s: f64) -> f64 {
+        let i = self.points.partition_point(|p| p.0 <= t_s);
+        if i == 0 || i == self.points.len() {
+            return 0.0;
+        }
+        let (t0, r0) = self.points[i - 1];
+        let (t1, r1) = self.points[i];
+        r0 + (r1 - r0) * (t_s - t0) / (t1 - t0)
+    }
+
+    /// Requests the profile offers in expectation: the integral of its rate.
+    pub fn expected_arrivals(&self) -> f64 {
+        self.cumulative.last().copied().unwrap_or(0.0)
+    }
+
+    /// The arrival times of this profile under `model`, in seconds since its first
+    /// point, generated lazily.
+    pub fn arrivals(&self, model: ArrivalModel) -> Arrivals<'_> {
+        let (target, rng) = match model {
+            // Arrival k at the time the expected count reaches k − ½: evenly spread,
+            // never on a slot boundary at whole rates, and as many as the integral rounds to.
+            ArrivalModel::Uniform => (-0.5, None),
+            ArrivalModel::Poisson { seed } => (0.0, Some(Pcg64Mcg::seed_from_u64(seed))),
+        };
+        Arrivals {
+            profile: self,
+            segment: 0,
+            target,
+            rng,
+        }
+    }
+}
+
+fn number(text: &str, field: &'static str, line: usize) -> Result<f64, ProfileError> {
+    match text.parse::<f64>() {
+        Ok(x) if x.is_finite() => Ok(x),
+        _ => Err(ProfileError::NotANumber {
+            line,
+            field,
+            text: text.to_owned(),
+        }),
+    }
+}
+
+/// How arrivals are placed under a profile's rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArrivalModel {
+    /// Evenly spaced: arrival k comes when the integral of the rate reaches k − ½.
+    Uniform,
+    /// An inhomogeneous Poisson process (by time-rescaling), reproducible from the seed
+    /// (PCG-64 MCG, a value-stable generator).
+    Poisson {
+        /// The generator's seed.
+        seed: u64,
+    },
+}
+
+impl ArrivalModel {
+    /// Poisson with this seed, or uniform without one.
+    pub fn from_seed(seed: Option<u64>) -> Self {
+        seed.map_or(ArrivalModel::Uniform, |seed| ArrivalModel::Poisson { seed })
+    }
+}
+
+impl fmt::Display for ArrivalModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArrivalModel::Uniform => f.write_str("uniform"),
+            ArrivalModel::Poisson { seed } => write!(f, "poisson (seed {seed})"),
+        }
+    }
+}
+
+/// The arrival times of a profile, in time order, as time since its first point.
+///
+/// Time-rescaling: arrival k comes at the time the integral of the rate reaches a
+/// target, the k-th of evenly spaced targets (uniform) or of the partial sums of
+/// unit-mean exponential draws (Poisson). Each arrival costs a few floating-point
+/// operations and a square root; nothing is allocated.
+#[derive(Clone, Debug)]
+pub struct Arrivals<'a> {
+    profile: &'a Profile,
+    /// The segment `points[segment]..points[segment + 1]` holding the last arrival.
+    segment: usize,
+    /// Integral of the rate at the last arrival.
+    target: f64,
+    rng: Option<Pcg64Mcg>,
+}
+
+impl Iterator for Arrivals<'_> {
+    type Item = Nanos;
+
+    fn next(&mut self) -> Option<Nanos> {
+        self.target += match &mut self.rng {
+            None => 1.0,
+            Some(rng) => exponential(rng),
+        };
+        let points = &self.profile.points;
+        let cumulative = &self.profile.cumulative;
+        while self.segment + 1 < points.len() && self.target > cumulative[self.segment + 1] {
+            self.segment += 1;
+        }
+        if self.segment + 1 >= points.len() {
+            return None;
+        }
+        let (t0, r0) = points[self.segment];
+        let (t1, r1) = points[self.segment + 1];
+        let dt = t1 - t0;
+        let area = self.target - cumulative[self.segment];
+        // Solve r0·u + ½·slope·u² = area for u in a form that stays exact when the
+        // slope is zero and does not cancel when it is negative.
+        let u = if dt > 0.0 {
+            let slope = (r1 - r0) / dt;
+            let denominator = r0 + (r0 * r0 + 2.0 * slope * area).max(0.0).sqrt();
+            if denominator > 0.0 {
+                (2.0 * area / denominator).clamp(0.0, dt)
+            } else {
+                0.0
+            }
+        } else {
+            0.0
+        };
+        Some(Nanos::from_secs_f64(t0 + u))
+    }
+}
+
+impl FusedIterator for Arrivals<'_> {}
+
+/// A unit-mean exponential draw from 53 random bits.
+fn exponential(rng: &mut Pcg64Mcg) -> f64 {
+    let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+    -(-u).ln_1p()
+}
+
+/// The built-in traffic scenarios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// 40 req/s for 60 s: must never cut.
+    Steady,
+    /// A legitimate ramp, 5 → 40 req/s over 60 s: must never cut.
+    Warmup,
+    /// 40 req/s for 20 s, a step to 600 req/s held for 20 s, a decay back to 40 over
+    /// 10 s, a 10 s tail.
+    FlashSale,
+    /// 40 req/s, with a 2 s burst at 400 req/s from t = 20 s; 45 s in all.
+    BotBurst,
+    /// 40 req/s with two 500 req/s spikes: 15–20 s, then 26–30 s while the first cut
+    /// is still being restored; 60 s in all.
+    DoubleSpike,
+}
+
+impl Scenario {
+    /// Every scenario, in the order of [`Scenario::names`].
+    pub const ALL: [Scenario; 5] = [
+        Scenario::Steady,
+        Scenario::Warmup,
+        Scenario::FlashSale,
+        Scenario::BotBurst,
+        Scenario::DoubleSpike,
+    ];
+
+    /// The scenarios' names, as the CLI takes them.
+    pub fn names() -> [&'static str; 5] {
+        Self::ALL.map(Scenario::name)
+    }
+
+    /// The scenario's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Steady => "steady",
+            Scenario::Warmup => "warmup",
+            Scenario::FlashSale => "flash-sale",
+            Scenario::BotBurst => "bot-burst",
+            Scenario::DoubleSpike => "double-spike",
+        }
+    }
+
+    /// The scenario's rate profile.
+    pub fn profile(self) -> Profile {
+        let points: &[(f64, f64)] = match self {
+            Scenario::Steady => &[(0.0, 40.0), (60.0, 40.0)],
+            Scenario::Warmup => &[(0.0, 5.0), (60.0, 40.0)],
+            Scenario::FlashSale => &[
+                (0.0, 40.0),
+                (20.0, 40.0),
+                (20.0, 600.0),
+                (40.0, 600.0),
+                (50.0, 40.0),
+                (60.0, 40.0),
+            ],
+            Scenario::BotBurst => &[
+                (0.0, 40.0),
+                (20.0, 40.0),
+                (20.0, 400.0),
+                (22.0, 400.0),
+                (22.0, 40.0),
+                (45.0, 40.0),
+            ],
+            Scenario::DoubleSpike => &[
+                (0.0, 40.0),
+                (15.0, 40.0),
+                (15.0, 500.0),
+                (20.0, 500.0),
+                (20.0, 40.0),
+                (26.0, 40.0),
+                (26.0, 500.0),
+                (30.0, 500.0),
+                (30.0, 40.0),
+                (60.0, 40.0),
+            ],
+        };
+        // Constant points; a test checks that `from_points` accepts each of them.
+        Profile::assemble(points)
+    }
+}
+
+impl FromStr for Scenario {
+    type Err = UnknownScenario;
+
+    fn from_str(name: &str) -> Result<Self, UnknownScenario> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| UnknownScenario {
+                name: name.to_owned(),
+            })
+    }
+}
+
+/// A scenario name that is not built in.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scenario `{name}`; known scenarios: {}", Scenario::names().join(", "))]
+pub struct UnknownScenario {
+    /// The name asked for.
+    pub name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_errors_name_the_line() {
+        let err = |text: &str| Profile::parse_csv(text).unwrap_err();
+        assert_eq!(
+            err("# profile\nt,rate\n0,10\n\n5,abc\n"),
+            ProfileError::NotANumber {
+                line: 5,
+                field: "rate",
+                text: "abc".into()
+            }
+        );
+        assert_eq!(err("0,10\n1,-1\n").line(), Some(2));
+        assert!(matches!(
+            err("0,10\n1,2,3\n"),
+            ProfileError::Fields { line: 2, fields: 3 }
+        ));
+        assert!(matches!(
+            err("0,1\n5,1\n4,1\n"),
+            ProfileError::TimeNotIncreasing { line: 3, .. }
+        ));
+        assert!(matches!(
+            err("0,1\n1,inf\n"),
+            ProfileError::NotANumber { line: 2, .. }
+        ));
+        // A header is only taken on the first line with content, and only without numbers.
+        assert!(matches!(
+            err("0,1\nt,rate\n"),
+            ProfileError::NotANumber { line: 2, .. }
+        ));
+        assert!(matches!(
+            err("1O,40\n2,40\n"),
+            ProfileError::NotANumber { line: 1, .. }
+        ));
+        assert_eq!(
+            err("t,rate\n0,1\n"),
+            ProfileError::TooFewPoints { points: 1 }
+        );
+        assert_eq!(err("3,1\n3,5\n"), ProfileError::NoDuration { t: 3.0 });
+        let msg = err("0,1\n\n2,x\n").to_string();
+        assert!(msg.starts_with("line 3:"), "{msg}");
+    }
+
+    #[test]
+    fn csv_accepts_comments_steps_and_crlf() {
+        let p = Profile::parse_csv("t_seconds , rate\r\n10, 4 # warm\r\n20,4\r\n20,8\r\n30,8\r\n")
+            .unwrap();
+        assert_eq!(p.start_s(), 10.0);
+        assert_eq!(p.duration(), Duration::from_secs(20));
+        assert_eq!(p.rate_at(9.999), 4.0);
+        assert_eq!(p.rate_at(10.0), 8.0); // a step takes the later point
+        assert_eq!(p.expected_arrivals(), 120.0);
+    }
+
+    #[test]
+    fn uniform_arrivals_follow_the_integral() {
+        let p = Profile::from_points(&[(0.0, 0.0), (10.0, 20.0)]).unwrap();
+        let times: Vec<f64> = p
+            .arrivals(ArrivalModel::Uniform)
+            .map(Nanos::as_secs_f64)
+            .collect();
+        assert_eq!(times.len(), 100);
+        // Rate t·2: the integral is t², so arrival k is at √(k − ½).
+        for (k, t) in times.iter().enumerate() {
+            let expected = (k as f64 + 0.5).sqrt();
+            assert!(
+                (t - expected).abs() < 1e-6,
+                "arrival {k} at {t}, expected {expected}"
+            );
+        }
+        let down = Profile::from_points(&[(0.0, 20.0), (10.0, 0.0)]).unwrap();
+        let times: Vec<Nanos> = down.arrivals(ArrivalModel::Uniform).collect();
+        assert_eq!(times.len(), 100);
+        assert!(times.windows(2).all(|w| w[0] < w[1]));
+        assert!(*times.last().unwrap() < Nanos::from_secs(10));
+    }
+
+    #[test]
+    fn poisson_arrivals_have_the_profile_mean() {
+        let p = Scenario::FlashSale.profile();
+        for seed in 0..3 {
+            let mut arrivals = p.arrivals(ArrivalModel::Poisson { seed });
+            let n = arrivals.by_ref().count() as f64;
+            // 16,400 expected, standard deviation 128.
+            assert!((n - 16_400.0).abs() < 5.0 * 128.0, "seed {seed}: {n}");
+            assert_eq!(arrivals.next(), None);
+        }
+        let spike = p
+            .arrivals(ArrivalModel::Poisson { seed: 9 })
+            .filter(|t| (Nanos::from_secs(20)..Nanos::from_secs(40)).contains(t))
+            .count() as f64;
+        assert!((spike - 12_000.0).abs() < 5.0 * 110.0, "{spike}");
+    }
+
+    #[test]
+    fn scenarios_parse_by_name() {
+        for s in Scenario::ALL {
+            assert_eq!(s.name().parse::<Scenario>(), Ok(s));
+            assert_eq!(Profile::from_points(&s.profile().points), Ok(s.profile()));
+            assert!(s.profile().duration() >= Duration::from_secs(45));
+        }
+        let err = "flashsale".parse::<Scenario>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "unknown scenario `flashsale`; known scenarios: steady, warmup, flash-sale, bot-burst, double-spike"
+        );
+    }
+}

@@ -1,0 +1,975 @@
+//! Running traffic through the engine: the [`Simulator`], what it records ([`SimRun`]:
+//! a [`RunSummary`] and, per route, a [`SimResult`] of a [`Summary`] and [`SlotRow`]s),
+//! and the time series as CSV.
+
+use super::{ArrivalModel, Profile, MAX_ARRIVALS, MAX_SLOTS};
+use crate::clock::{duration_nanos, Nanos};
+use crate::config::{Config, Mode, Partition};
+use crate::controller::{ControllerState, Transition};
+use crate::engine::{Engine, Key, RouteId};
+use crate::limiter::{Decision, Reason};
+use serde::{Serialize, Serializer};
+use std::io;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// One second, in nanoseconds.
+const SECOND_NS: u64 = 1_000_000_000;
+/// The grid on which the run-wide busiest second is found: 100 ms, ten to a second.
+const PEAK_GRID_NS: u64 = SECOND_NS / PEAK_GRID_PER_S as u64;
+const PEAK_GRID_PER_S: usize = 10;
+
+/// Why a simulation cannot run.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// The configuration has no route to drive.
+    #[error("the configuration has no routes")]
+    NoRoutes,
+    /// An empty list of routes was asked for.
+    #[error("no route was selected to drive")]
+    NoRouteSelected,
+    /// No route has the name asked for.
+    #[error("unknown route `{name}`; routes in the configuration: {}", known.join(", "))]
+    UnknownRoute {
+        /// The name asked for.
+        name: String,
+        /// The routes there are.
+        known: Vec<String>,
+    },
+    /// The run would record more than [`MAX_SLOTS`] slots for one route.
+    #[error(
+        "a run of {duration:?} in slots of {slot:?} needs {slots} slots, more than {MAX_SLOTS}"
+    )]
+    TooManySlots {
+        /// Length of the run.
+        duration: Duration,
+        /// The route's slot.
+        slot: Duration,
+        /// Slots the run would record.
+        slots: u64,
+    },
+    /// The profile offers more than [`MAX_ARRIVALS`] requests.
+    #[error("the profile offers {expected:.0} requests, more than {MAX_ARRIVALS:.0}")]
+    TooManyArrivals {
+        /// Requests the profile offers.
+        expected: f64,
+    },
+}
+
+/// One request of a run: when it arrives, the route that takes it, and the client's
+/// address when known (the key of a route partitioned by client IP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Arrival, time since the start of the run.
+    pub at: Nanos,
+    /// The route that takes it, as [`Engine::route_for`] matched it.
+    pub route: RouteId,
+    /// The client's address, if known.
+    pub client: Option<IpAddr>,
+}
+
+/// Replays requests through a fresh [`Engine`] built from a configuration, recording
+/// one or more of its routes.
+#[derive(Clone, Debug)]
+pub struct Simulator {
+    config: Config,
+    /// The routes recorded, in config order, without repeats.
+    routes: Vec<RouteId>,
+    wall_start: Option<SystemTime>,
+    capacity_rps: Option<u64>,
+}
+
+impl Simulator {
+    /// A simulator for `route` (by name; the first route when `None`) of `config`.
+    pub fn new(config: Config, route: Option<&str>) -> Result<Self, SimError> {
+        match route {
+            None if config.routes.is_empty() => Err(SimError::NoRoutes),
+            None => Ok(Self::build(config, vec![RouteId(0)])),
+            Some(name) => Self::for_routes(config, &[name]),
+        }
+    }
+
+    /// A simulator recording every route named (in config order, whatever the order of
+    /// `names`): the routes of a multi-route replay.
+    pub fn for_routes(config: Config, names: &[impl AsRef<str>]) -> Result<Self, SimError> {
+        if config.routes.is_empty() {
+            return Err(SimError::NoRoutes);
+        }
+        if names.is_empty() {
+            return Err(SimError::NoRouteSelected);
+        }
+        let mut routes = names
+            .iter()
+            .map(|name| {
+                let name = name.as_ref();
+                config
+                    .routes
+                    .iter()
+                    .position(|r| r.name == name)
+                    // The engine builds its route table in config order.
+                    .map(RouteId)
+                    .ok_or_else(|| SimError::UnknownRoute {
+                        name: name.to_owned(),
+                        known: config.routes.iter().map(|r| r.name.clone()).collect(),
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        routes.sort_unstable();
+        routes.dedup();
+        Ok(Self::build(config, routes))
+    }
+
+    fn build(config: Config, routes: Vec<RouteId>) -> Self {
+        Simulator {
+            config,
+            routes,
+            wall_start: None,
+            capacity_rps: None,
+        }
+    }
+
+    /// Places virtual time zero at this wall-clock time, for scheduled events.
+    pub fn wall_start(mut self, at: SystemTime) -> Self {
+        self.wall_start = Some(at);
+        self
+    }
+
+    /// Models the protected service as taking at most `rps` requests in each whole
+    /// second of the run (all recorded routes together): in each second, the admitted
+    /// requests after the first `rps` count as overload.
+    pub fn capacity(mut self, rps: u64) -> Self {
+        self.capacity_rps = Some(rps);
+        self
+    }
+
+    /// The configuration the engine is built from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The routes recorded, in config order.
+    pub fn routes(&self) -> &[RouteId] {
+        &self.routes
+    }
+
+    /// The same simulator over another configuration with the same routes in the same
+    /// order (a sweep's variant of it).
+    pub(super) fn with_config(&self, config: Config) -> Simulator {
+        Simulator {
+            config,
+            ..self.clone()
+        }
+    }
+
+    /// Runs the profile's arrivals under `model` on the first recorded route, for the
+    /// profile's duration. Time zero is at wall-clock `UNIX_EPOCH + profile.start_s()`
+    /// unless [`Simulator::wall_start`] says otherwise.
+    pub fn run_profile(
+        &self,
+        profile: &Profile,
+        model: ArrivalModel,
+    ) -> Result<SimResult, SimError> {
+        self.run_profile_all(profile, model)
+            .and_then(SimRun::into_first)
+    }
+
+    /// [`Simulator::run_profile`], with the run-wide summary.
+    pub fn run_profile_all(
+        &self,
+        profile: &Profile,
+        model: ArrivalModel,
+    ) -> Result<SimRun, SimError> {
+        let expected = profile.expected_arrivals();
+        if expected > MAX_ARRIVALS {
+            return Err(SimError::TooManyArrivals { expected });
+        }
+        let wall = self
+            .wall_start
+            .unwrap_or_else(|| unix_time(profile.start_s()));
+        let route = self.routes[0];
+        let requests = profile.arrivals(model).map(|at| Request {
+            at,
+            route,
+            client: None,
+        });
+        self.execute(requests, profile.duration(), wall)
+    }
+
+    /// Runs arbitrary arrival times on the first recorded route (time since the start,
+    /// in order; an arrival earlier than the one before it is taken at that one's
+    /// time) until `duration`: the first arrival at or after `duration` ends the run.
+    /// Time zero is at wall-clock `UNIX_EPOCH` unless [`Simulator::wall_start`] says
+    /// otherwise.
+    pub fn run(
+        &self,
+        arrivals: impl IntoIterator<Item = Nanos>,
+        duration: Duration,
+    ) -> Result<SimResult, SimError> {
+        let route = self.routes[0];
+        let requests = arrivals.into_iter().map(|at| Request {
+            at,
+            route,
+            client: None,
+        });
+        self.run_requests(requests, duration)
+            .and_then(SimRun::into_first)
+    }
+
+    /// Runs requests to any routes, in time order (as for [`Simulator::run`]), until
+    /// `duration`. Requests to routes this simulator does not record are skipped. The
+    /// client address is the key of routes partitioned by client IP; every other
+    /// request is keyless. Time zero is at wall-clock `UNIX_EPOCH` unless
+    /// [`Simulator::wall_start`] says otherwise.
+    pub fn run_requests(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+        duration: Duration,
+    ) -> Result<SimRun, SimError> {
+        self.execute(requests, duration, self.wall_start.unwrap_or(UNIX_EPOCH))
+    }
+
+    /// Replays an access log: its requests, from its start for its duration. Time zero
+    /// is at the log's start unless [`Simulator::wall_start`] says otherwise.
+    pub fn replay(&self, log: &super::AccessLog) -> Result<SimRun, SimError> {
+        let wall = self.wall_start.unwrap_or_else(|| log.start());
+        self.execute(log.requests(), log.duration(), wall)
+    }
+
+    fn execute(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+        duration: Duration,
+        wall_start: SystemTime,
+    ) -> Result<SimRun, SimError> {
+        let end = Nanos::new(duration_nanos(duration));
+        let mut slot_of = vec![None; self.config.routes.len()];
+        let mut plans = Vec::with_capacity(self.routes.len());
+        for (i, &route) in self.routes.iter().enumerate() {
+            let cfg = &self.config.routes[route.0];
+            let slot = cfg.window.slot();
+            let slot_ns = duration_nanos(slot);
+            let slots = end.as_u64().div_ceil(slot_ns);
+            if slots > MAX_SLOTS {
+                return Err(SimError::TooManySlots {
+                    duration,
+                    slot,
+                    slots,
+                });
+            }
+            slot_of[route.0] = Some(i);
+            plans.push((route, slot_ns, slots));
+        }
+
+        let transitions = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&transitions);
+        let names: Vec<String> = self
+            .routes
+            .iter()
+            .map(|r| self.config.routes[r.0].name.clone())
+            .collect();
+        let engine = Engine::new(&self.config, Nanos::ZERO, wall_start).with_transition_hook(
+            Arc::new(move |route: &str, t: &Transition| {
+                if let Some(i) = names.iter().position(|n| n == route) {
+                    sink.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push((i, *t));
+                }
+            }),
+        );
+
+        let mut recorders: Vec<Recorder<'_>> = plans
+            .iter()
+            .map(|&(route, slot_ns, slots)| {
+                let by_ip = matches!(
+                    self.config.routes[route.0].partition,
+                    Partition::ClientIp(_)
+                );
+                Recorder::new(&engine, route, by_ip, slot_ns, slots)
+            })
+            .collect();
+        let mut load = Load::new(self.capacity_rps);
+        let mut last = Nanos::ZERO;
+        for r in requests {
+            let t = r.at.max(last);
+            if t >= end {
+                break;
+            }
+            last = t;
+            let Some(Some(i)) = slot_of.get(r.route.0) else {
+                continue;
+            };
+            let rec = &mut recorders[*i];
+            if rec.arrive(t, r.client) && load.admit(t.as_u64()) {
+                rec.row.overload += 1;
+            }
+        }
+
+        let mut by_route: Vec<Vec<TransitionRecord>> = vec![Vec::new(); recorders.len()];
+        let series: Vec<Vec<SlotRow>> = recorders
+            .into_iter()
+            .zip(&plans)
+            .map(|(rec, &(_, _, slots))| rec.finish(slots))
+            .collect();
+        let snaps: Vec<_> = self
+            .routes
+            .iter()
+            .map(|&r| engine.route_snapshot(r, end))
+            .collect();
+        drop(engine);
+        for (i, t) in
+            std::mem::take(&mut *transitions.lock().unwrap_or_else(PoisonError::into_inner))
+        {
+            by_route[i].push(TransitionRecord::from(&t));
+        }
+
+        let start_unix_s = unix_seconds(wall_start);
+        let routes: Vec<SimResult> = series
+            .into_iter()
+            .zip(snaps)
+            .zip(by_route)
+            .zip(&plans)
+            .map(|(((series, snap), transitions), &(_, slot_ns, _))| {
+                let summary = summarize(snap, &series, transitions, slot_ns, start_unix_s, end);
+                SimResult { summary, series }
+            })
+            .collect();
+        let summary = load.finish(&routes, self.capacity_rps, start_unix_s, end);
+        Ok(SimRun { summary, routes })
+    }
+}
+
+/// One route's summary from its final snapshot, its series and its transitions.
+fn summarize(
+    snap: crate::engine::RouteSnapshot,
+    series: &[SlotRow],
+    transitions: Vec<TransitionRecord>,
+    slot_ns: u64,
+    start_unix_s: f64,
+    end: Nanos,
+) -> Summary {
+    let cuts: Vec<TransitionRecord> = transitions
+        .iter()
+        .filter(|t| t.to == ControllerState::Cut)
+        .copied()
+        .collect();
+    let span = ((1e9 / slot_ns as f64).round() as usize).max(1);
+    let (peak_admitted_1s, peak_at) = peak(series, span, |r| r.admitted);
+    let (peak_offered_1s, _) = peak(series, span, |r| r.offered);
+    let rejected_by_reason = ReasonCounts::from_pairs(&snap.rejected);
+    let shadow_rejected_by_reason = ReasonCounts::from_pairs(&snap.shadow_rejected);
+    Summary {
+        route: snap.name,
+        mode: snap.mode,
+        start_unix_s,
+        duration_s: end.as_secs_f64(),
+        slot_s: Nanos::new(slot_ns).as_secs_f64(),
+        offered: snap.offered,
+        admitted: snap.admitted,
+        rejected: rejected_by_reason.total(),
+        rejected_by_reason,
+        shadow_rejected: shadow_rejected_by_reason.total(),
+        shadow_rejected_by_reason,
+        overload: series.iter().map(|r| r.overload).sum(),
+        first_cut_s: cuts.first().map(|c| c.t_s),
+        cuts,
+        time_in_cut_s: snap.time_in_cut.as_secs_f64(),
+        transitions,
+        peak_admitted_1s,
+        peak_admitted_1s_at_s: Nanos::new(peak_at as u64 * slot_ns).as_secs_f64(),
+        peak_offered_1s,
+    }
+}
+
+/// `UNIX_EPOCH + secs`, or the epoch itself when that is not a representable time.
+pub(super) fn unix_time(secs: f64) -> SystemTime {
+    let offset = Duration::try_from_secs_f64(secs.abs()).ok();
+    let at = if secs >= 0.0 {
+        offset.and_then(|d| UNIX_EPOCH.checked_add(d))
+    } else {
+        offset.and_then(|d| UNIX_EPOCH.checked_sub(d))
+    };
+    at.unwrap_or(UNIX_EPOCH)
+}
+
+/// Seconds since `UNIX_EPOCH`, negative before it.
+pub(super) fn unix_seconds(t: SystemTime) -> f64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(after) => after.as_secs_f64(),
+        Err(before) => -before.duration().as_secs_f64(),
+    }
+}
+
+/// The largest sum of `span` consecutive rows (all rows if fewer), and the first row's index.
+fn peak(rows: &[SlotRow], span: usize, value: impl Fn(&SlotRow) -> u64) -> (u64, usize) {
+    let span = span.min(rows.len());
+    let mut sum: u64 = rows[..span].iter().map(&value).sum();
+    let (mut best, mut at) = (sum, 0);
+    for i in span..rows.len() {
+        sum = sum + value(&rows[i]) - value(&rows[i - span]);
+        if sum > best {
+            (best, at) = (sum, i + 1 - span);
+        }
+    }
+    (best, at)
+}
+
+/// What the protected service receives, all recorded routes together: admitted
+/// requests per whole second against the capacity, and per 100 ms for the busiest
+/// second.
+struct Load {
+    capacity: Option<u64>,
+    /// End of the whole second being counted, ns.
+    second_end: u64,
+    admitted_in_second: u64,
+    second_overloaded: bool,
+    overload: u64,
+    overload_s: u64,
+    /// Index, end (ns) and count of the 100 ms cell being counted.
+    cell: u64,
+    cell_end: u64,
+    cell_count: u64,
+    /// The last ten closed cells, and their sum.
+    ring: [u64; PEAK_GRID_PER_S],
+    ring_sum: u64,
+    peak: u64,
+    /// First cell of the busiest second.
+    peak_cell: u64,
+}
+
+impl Load {
+    fn new(capacity: Option<u64>) -> Self {
+        Load {
+            capacity,
+            second_end: SECOND_NS,
+            admitted_in_second: 0,
+            second_overloaded: false,
+            overload: 0,
+            overload_s: 0,
+            cell: 0,
+            cell_end: PEAK_GRID_NS,
+            cell_count: 0,
+            ring: [0; PEAK_GRID_PER_S],
+            ring_sum: 0,
+            peak: 0,
+            peak_cell: 0,
+        }
+    }
+
+    /// Counts one admitted request at `t` ns; whether it is overload.
+    #[inline]
+    fn admit(&mut self, t: u64) -> bool {
+        if t >= self.cell_end {
+            self.close_cells(t / PEAK_GRID_NS);
+        }
+        self.cell_count += 1;
+        if t >= self.second_end {
+            self.second_end = (t / SECOND_NS + 1) * SECOND_NS;
+            self.admitted_in_second = 0;
+            self.second_overloaded = false;
+        }
+        let over = self.capacity.is_some_and(|c| self.admitted_in_second >= c);
+        self.admitted_in_second += 1;
+        if over {
+            self.overload += 1;
+            if !self.second_overloaded {
+                self.second_overloaded = true;
+                self.overload_s += 1;
+            }
+        }
+        over
+    }
+
+    /// Closes 100 ms cells until `cell` is the one being counted.
+    #[cold]
+    fn close_cells(&mut self, cell: u64) {
+        while self.cell < cell {
+            let slot = (self.cell % PEAK_GRID_PER_S as u64) as usize;
+            self.ring_sum = self.ring_sum + self.cell_count - self.ring[slot];
+            self.ring[slot] = self.cell_count;
+            if self.ring_sum > self.peak {
+                self.peak = self.ring_sum;
+                self.peak_cell = (self.cell + 1).saturating_sub(PEAK_GRID_PER_S as u64);
+            }
+            self.cell += 1;
+            self.cell_count = 0;
+            if self.ring_sum == 0 && self.cell < cell {
+                // Nothing left in the last second: skip the empty cells at once.
+                self.cell = cell;
+            }
+        }
+        self.cell_end = (self.cell + 1) * PEAK_GRID_NS;
+    }
+
+    fn finish(
+        mut self,
+        routes: &[SimResult],
+        capacity_rps: Option<u64>,
+        start_unix_s: f64,
+        end: Nanos,
+    ) -> RunSummary {
+        self.close_cells(end.as_u64().div_ceil(PEAK_GRID_NS).max(self.cell + 1));
+        let sum = |f: fn(&Summary) -> u64| routes.iter().map(|r| f(&r.summary)).sum::<u64>();
+        let first_cut_s = routes
+            .iter()
+            .filter_map(|r| r.summary.first_cut_s)
+            .reduce(f64::min);
+        RunSummary {
+            start_unix_s,
+            duration_s: end.as_secs_f64(),
+            capacity_rps,
+            offered: sum(|s| s.offered),
+            admitted: sum(|s| s.admitted),
+            rejected: sum(|s| s.rejected),
+            shadow_rejected: sum(|s| s.shadow_rejected),
+            overload: self.overload,
+            overload_s: self.overload_s,
+            cut_count: sum(|s| s.cuts.len() as u64),
+            first_cut_s,
+            time_in_cut_s: routes.iter().map(|r| r.summary.time_in_cut_s).sum(),
+            peak_admitted_1s: self.peak,
+            peak_admitted_1s_at_s: Nanos::new(self.peak_cell * PEAK_GRID_NS).as_secs_f64(),
+        }
+    }
+}
+
+/// Counts one route's arrivals slot by slot, and closes each slot with one engine
+/// snapshot.
+struct Recorder<'e> {
+    engine: &'e Engine,
+    route: RouteId,
+    /// Whether the route is partitioned by client IP (the client is its key).
+    by_ip: bool,
+    slot_ns: u64,
+    /// End of the slot being counted.
+    boundary: u64,
+    row: SlotRow,
+    /// Shadow would-rejects counted by the engine up to the last closed slot.
+    shadow_seen: u64,
+    rows: Vec<SlotRow>,
+}
+
+impl<'e> Recorder<'e> {
+    fn new(engine: &'e Engine, route: RouteId, by_ip: bool, slot_ns: u64, slots: u64) -> Self {
+        Recorder {
+            engine,
+            route,
+            by_ip,
+            slot_ns,
+            boundary: slot_ns,
+            row: SlotRow::empty(0.0),
+            shadow_seen: 0,
+            rows: Vec::with_capacity(usize::try_from(slots).unwrap_or(0)),
+        }
+    }
+
+    /// Decides one arrival; whether it was admitted.
+    #[inline]
+    fn arrive(&mut self, t: Nanos, client: Option<IpAddr>) -> bool {
+        while t.as_u64() >= self.boundary {
+            self.close();
+        }
+        self.row.offered += 1;
+        let key = match client {
+            Some(ip) if self.by_ip => Key::Ip(ip),
+            _ => Key::None,
+        };
+        match self.engine.check(self.route, key, t) {
+            Decision::Admit(_) => {
+                self.row.admitted += 1;
+                true
+            }
+            Decision::Reject(r) => {
+                self.row.rejected.add(r.reason);
+                false
+            }
+        }
+    }
+
+    /// Snapshots the engine at the slot's end (before any later arrival is decided)
+    /// and starts the next slot.
+    #[cold]
+    fn close(&mut self) {
+        let snap = self
+            .engine
+            .route_snapshot(self.route, Nanos::new(self.boundary));
+        let shadow: u64 = snap.shadow_rejected.iter().map(|(_, n)| n).sum();
+        let next = SlotRow::empty(Nanos::new(self.boundary).as_secs_f64());
+        let row = std::mem::replace(&mut self.row, next);
+        self.rows.push(SlotRow {
+            shadow_rejected: shadow - self.shadow_seen,
+            roc: snap.roc,
+            danger_roc: snap.danger_roc,
+            safe_roc: snap.safe_roc,
+            limit_rps: snap.limit_rps,
+            base_limit_rps: snap.base_limit_rps,
+            state: snap.state,
+            level: snap.level.value,
+            level_capacity: snap.level.capacity,
+            ..row
+        });
+        self.shadow_seen = shadow;
+        self.boundary = self.boundary.saturating_add(self.slot_ns);
+    }
+
+    fn finish(mut self, slots: u64) -> Vec<SlotRow> {
+        while (self.rows.len() as u64) < slots {
+            self.close();
+        }
+        self.rows
+    }
+}
+
+/// Requests counted by rejection reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReasonCounts {
+    /// `limit`: the absolute limit was exhausted.
+    pub limit: u64,
+    /// `roc_cut`: the limit was exhausted while cut by the controller.
+    pub roc_cut: u64,
+    /// `concurrency`: too many in flight.
+    pub concurrency: u64,
+    /// `queue_full`: the queue was full.
+    pub queue_full: u64,
+    /// `fallback_local`: rejected by the local fallback limiter.
+    pub fallback_local: u64,
+}
+
+impl ReasonCounts {
+    fn from_pairs(pairs: &[(Reason, u64)]) -> Self {
+        let mut counts = ReasonCounts::default();
+        for &(reason, n) in pairs {
+            *counts.slot(reason) += n;
+        }
+        counts
+    }
+
+    #[inline]
+    fn add(&mut self, reason: Reason) {
+        *self.slot(reason) += 1;
+    }
+
+    #[inline]
+    fn slot(&mut self, reason: Reason) -> &mut u64 {
+        match reason {
+            Reason::Limit => &mut self.limit,
+            Reason::RocCut => &mut self.roc_cut,
+            Reason::Concurrency => &mut self.concurrency,
+            Reason::QueueFull => &mut self.queue_full,
+            Reason::FallbackLocal => &mut self.fallback_local,
+        }
+    }
+
+    /// Every reason with its count, in the order of [`Reason::ALL`].
+    pub fn iter(&self) -> impl Iterator<Item = (Reason, u64)> {
+        let counts = [
+            self.limit,
+            self.roc_cut,
+            self.concurrency,
+            self.queue_full,
+            self.fallback_local,
+        ];
+        Reason::ALL.into_iter().zip(counts)
+    }
+
+    /// All reasons together.
+    pub fn total(&self) -> u64 {
+        self.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// A controller state change, in simulation time.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct TransitionRecord {
+    /// When the change took effect, seconds since the start.
+    pub t_s: f64,
+    /// State left.
+    #[serde(serialize_with = "state_name")]
+    pub from: ControllerState,
+    /// State entered.
+    #[serde(serialize_with = "state_name")]
+    pub to: ControllerState,
+    /// ROC of the sample that caused it.
+    pub roc: f64,
+    /// The limit after the change, req/s.
+    pub limit_rps: f64,
+}
+
+impl From<&Transition> for TransitionRecord {
+    fn from(t: &Transition) -> Self {
+        TransitionRecord {
+            t_s: t.at.as_secs_f64(),
+            from: t.from,
+            to: t.to,
+            roc: t.roc,
+            limit_rps: t.limit_rps,
+        }
+    }
+}
+
+/// One slot of a route's time series (see the module doc of [`crate::sim`] for each
+/// column).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SlotRow {
+    /// Start of the slot, seconds since the start.
+    pub t_s: f64,
+    /// Requests that arrived in the slot.
+    pub offered: u64,
+    /// Of those, admitted.
+    pub admitted: u64,
+    /// Of those, rejected, by reason.
+    pub rejected: ReasonCounts,
+    /// Shadow modes: admitted but would have been rejected.
+    pub shadow_rejected: u64,
+    /// Of the admitted, those above the service's capacity ([`Simulator::capacity`]).
+    pub overload: u64,
+    /// ROC of the last sample the controller saw when the slot began.
+    pub roc: f64,
+    /// The danger threshold in force.
+    pub danger_roc: f64,
+    /// The safe threshold in force.
+    pub safe_roc: f64,
+    /// The limit in force during the slot, req/s.
+    pub limit_rps: f64,
+    /// The base limit in force (an event's, while one is active), req/s.
+    pub base_limit_rps: f64,
+    /// The controller's state during the slot.
+    #[serde(serialize_with = "state_name")]
+    pub state: ControllerState,
+    /// The limiter's level at the end of the slot (tokens left, for a token bucket).
+    pub level: f64,
+    /// The most `level` can be.
+    pub level_capacity: f64,
+}
+
+impl SlotRow {
+    /// A slot starting at `t_s` in which nothing happened.
+    pub fn empty(t_s: f64) -> Self {
+        SlotRow {
+            t_s,
+            offered: 0,
+            admitted: 0,
+            rejected: ReasonCounts::default(),
+            shadow_rejected: 0,
+            overload: 0,
+            roc: 0.0,
+            danger_roc: 0.0,
+            safe_roc: 0.0,
+            limit_rps: 0.0,
+            base_limit_rps: 0.0,
+            state: ControllerState::Normal,
+            level: 0.0,
+            level_capacity: 0.0,
+        }
+    }
+}
+
+/// What a run did on one route, in a few numbers (see the module doc of
+/// [`crate::sim`] for each field).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    /// The route driven.
+    pub route: String,
+    /// Its mode.
+    #[serde(serialize_with = "mode_name")]
+    pub mode: Mode,
+    /// Wall-clock time of the start, Unix seconds.
+    pub start_unix_s: f64,
+    /// Length of the run, seconds.
+    pub duration_s: f64,
+    /// Length of one slot, seconds.
+    pub slot_s: f64,
+    /// Requests offered.
+    pub offered: u64,
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests rejected, all reasons.
+    pub rejected: u64,
+    /// Requests rejected, by reason.
+    pub rejected_by_reason: ReasonCounts,
+    /// Shadow modes: requests admitted that would have been rejected.
+    pub shadow_rejected: u64,
+    /// Shadow would-rejects, by reason.
+    pub shadow_rejected_by_reason: ReasonCounts,
+    /// Of the admitted, those above the service's capacity (0 without a capacity).
+    pub overload: u64,
+    /// Every transition into `cut`.
+    pub cuts: Vec<TransitionRecord>,
+    /// Time of the first cut, seconds since the start.
+    pub first_cut_s: Option<f64>,
+    /// Total time in `cut`, seconds.
+    pub time_in_cut_s: f64,
+    /// Every state change.
+    pub transitions: Vec<TransitionRecord>,
+    /// Most requests admitted in any 1 s (whole slots, sliding).
+    pub peak_admitted_1s: u64,
+    /// Start of that busiest second, seconds since the start.
+    pub peak_admitted_1s_at_s: f64,
+    /// Most requests offered in any 1 s.
+    pub peak_offered_1s: u64,
+}
+
+/// What a run did over all its routes (see the module doc of [`crate::sim`] for each
+/// field).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSummary {
+    /// Wall-clock time of the start, Unix seconds.
+    pub start_unix_s: f64,
+    /// Length of the run, seconds.
+    pub duration_s: f64,
+    /// The service's capacity, req/s, if one was modelled.
+    pub capacity_rps: Option<u64>,
+    /// Requests offered.
+    pub offered: u64,
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests rejected.
+    pub rejected: u64,
+    /// Shadow modes: requests admitted that would have been rejected.
+    pub shadow_rejected: u64,
+    /// Admitted requests above the capacity.
+    pub overload: u64,
+    /// Whole seconds in which more than the capacity was admitted.
+    pub overload_s: u64,
+    /// Cuts, all routes together.
+    pub cut_count: u64,
+    /// The earliest first cut of any route, seconds since the start.
+    pub first_cut_s: Option<f64>,
+    /// Time in `cut`, summed over the routes, seconds.
+    pub time_in_cut_s: f64,
+    /// Most requests admitted in any 1 s, all routes together (sliding by 100 ms).
+    pub peak_admitted_1s: u64,
+    /// Start of that busiest second, seconds since the start.
+    pub peak_admitted_1s_at_s: f64,
+}
+
+/// The outcome of a run on one route: a summary and the per-slot time series.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimResult {
+    /// The run in a few numbers.
+    pub summary: Summary,
+    /// One row per slot, from time zero.
+    pub series: Vec<SlotRow>,
+}
+
+/// The outcome of a run: over all routes, and route by route.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimRun {
+    /// All routes together.
+    pub summary: RunSummary,
+    /// One result per recorded route, in config order.
+    pub routes: Vec<SimResult>,
+}
+
+impl SimRun {
+    /// The header line of [`SimRun::write_csv`], without the line break.
+    pub const CSV_HEADER: &'static str = "route,t_s,offered,admitted,rejected,\
+        rejected_limit,rejected_roc_cut,rejected_concurrency,rejected_queue_full,\
+        rejected_fallback_local,shadow_rejected,overload,roc,danger_roc,safe_roc,\
+        limit_rps,base_limit_rps,state,level,level_capacity";
+
+    /// The first route's result (the only one of a single-route run).
+    fn into_first(self) -> Result<SimResult, SimError> {
+        self.routes
+            .into_iter()
+            .next()
+            .ok_or(SimError::NoRouteSelected)
+    }
+
+    /// Writes the time series as CSV: the header, then one line per slot of each
+    /// route, route after route in config order.
+    pub fn write_csv(&self, mut out: impl io::Write) -> io::Result<()> {
+        writeln!(out, "{}", Self::CSV_HEADER)?;
+        for route in &self.routes {
+            let name = csv_field(&route.summary.route);
+            for r in &route.series {
+                let x = &r.rejected;
+                writeln!(
+                    out,
+                    "{name},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    r.t_s,
+                    r.offered,
+                    r.admitted,
+                    x.total(),
+                    x.limit,
+                    x.roc_cut,
+                    x.concurrency,
+                    x.queue_full,
+                    x.fallback_local,
+                    r.shadow_rejected,
+                    r.overload,
+                    r.roc,
+                    r.danger_roc,
+                    r.safe_roc,
+                    r.limit_rps,
+                    r.base_limit_rps,
+                    r.state,
+                    r.level,
+                    r.level_capacity,
+                )?;
+            }
+        }
+        out.flush()
+    }
+}
+
+/// A CSV field: as is, or quoted (quotes doubled) when it holds a comma, quote or
+/// line break.
+pub(super) fn csv_field(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\"")).into()
+    } else {
+        text.into()
+    }
+}
+
+fn state_name<S: Serializer>(state: &ControllerState, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.as_str())
+}
+
+fn mode_name<S: Serializer>(mode: &Mode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(mode.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_slides_over_whole_rows() {
+        let rows: Vec<SlotRow> = [1u64, 5, 5, 1, 9]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| SlotRow {
+                admitted: n,
+                ..SlotRow::empty(i as f64)
+            })
+            .collect();
+        assert_eq!(peak(&rows, 2, |r| r.admitted), (10, 1));
+        assert_eq!(peak(&rows, 10, |r| r.admitted), (21, 0));
+        assert_eq!(peak(&[], 10, |r| r.admitted), (0, 0));
+    }
+
+    #[test]
+    fn load_counts_overload_per_whole_second() {
+        let mut load = Load::new(Some(2));
+        let ms = |n: u64| n * 1_000_000;
+        let over: Vec<bool> = [0, 100, 200, 900, 1_000, 1_500, 1_600, 2_100]
+            .iter()
+            .map(|&t| load.admit(ms(t)))
+            .collect();
+        assert_eq!(over, [false, false, true, true, false, false, true, false]);
+        assert_eq!((load.overload, load.overload_s), (3, 2));
+        let run = load.finish(&[], Some(2), 0.0, Nanos::from_secs(3));
+        // Busiest 1 s on the 100 ms grid: 4, first in 0 s..1 s (again in 0.7 s..1.7 s).
+        assert_eq!(run.peak_admitted_1s, 4);
+        assert_eq!(run.peak_admitted_1s_at_s, 0.0);
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_when_needed() {
+        assert_eq!(csv_field("order"), "order");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+}

@@ -1,0 +1,640 @@
+//! Parameter sweeps: the same traffic replayed under a grid of route parameter values,
+//! one run per point of the grid, on every core; each run reduced to a [`SweepRow`].
+//!
+//! A parameter is written `NAME=START..END:STEP` (both ends included) or
+//! `NAME=V1,V2,…`, where `NAME` is a route parameter as written in the config file,
+//! optionally prefixed by a route (`order.danger_roc`) to change that route only;
+//! otherwise the value applies to every route of the run. Durations are in seconds.
+//! Several parameters make a grid of every combination (the first one varies slowest),
+//! at most [`MAX_RUNS`] runs. Every point is checked by the config file's own rules
+//! before anything runs. A scheduled event's profile is left as configured.
+//!
+//! ```
+//! use rocgate::config::{Config, RouteConfig, RouteMatch};
+//! use rocgate::sim::{ArrivalModel, Scenario, Simulator, Sweep};
+//!
+//! let config = Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]);
+//! let sim = Simulator::new(config, None).unwrap().capacity(250);
+//! let sweep = Sweep::new(vec!["danger_roc=40..160:40".parse().unwrap()]).unwrap();
+//! let profile = Scenario::FlashSale.profile();
+//! let rows = sweep
+//!     .run(&sim, 2, |sim| sim.run_profile_all(&profile, ArrivalModel::Uniform))
+//!     .unwrap();
+//! assert_eq!(rows.iter().map(|r| r.values[0]).collect::<Vec<_>>(), [40.0, 80.0, 120.0, 160.0]);
+//! // A higher danger threshold cuts later: less rejected, more overload.
+//! assert!(rows[0].summary.first_cut_s <= rows[3].summary.first_cut_s);
+//! assert!(rows[0].summary.overload <= rows[3].summary.overload);
+//! ```
+//!
+//! # `sweep.csv`
+//!
+//! Written by [`write_csv`]: one row per run, in grid order.
+//!
+//! | column | meaning |
+//! |---|---|
+//! | one per parameter, named as written (`danger_roc`, `order.hold`) | the value of the run |
+//! | `offered`, `admitted`, `rejected` | requests, all routes of the run together |
+//! | `rejected_pct` | rejected, % of offered (3 decimals) |
+//! | `shadow_rejected` | shadow modes: admitted but would have been rejected |
+//! | `cut_count` | cuts, all routes |
+//! | `first_cut_s` | the earliest cut, seconds since the start (empty: none) |
+//! | `time_in_cut_s` | time in cut, summed over routes |
+//! | `peak_admitted_1s` | most requests admitted in any 1 s, all routes together |
+//! | `overload` | admitted requests above the capacity (0 without one) |
+//! | `overload_pct` | overload, % of offered (3 decimals) |
+//! | `overload_s` | whole seconds in which more than the capacity was admitted |
+
+use super::run::{csv_field, RunSummary, SimError, SimRun, Simulator};
+use crate::config::{patch_controller, RouteConfig};
+use crate::limiter::Algorithm;
+use crate::window::WindowSpec;
+use std::io;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The most runs one sweep may make.
+pub const MAX_RUNS: usize = 400;
+
+/// What a parameter's values are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unit {
+    /// A number.
+    Number,
+    /// A whole number ≥ 0.
+    Whole,
+    /// A duration in seconds.
+    Seconds,
+}
+
+/// The parameters a sweep can vary, as the config file names them.
+const PARAMS: [(&str, Unit); 15] = [
+    ("base_limit", Unit::Number),
+    ("cut_limit", Unit::Number),
+    ("danger_roc", Unit::Number),
+    ("safe_roc", Unit::Number),
+    ("hold", Unit::Seconds),
+    ("restore_step", Unit::Number),
+    ("restore_interval", Unit::Seconds),
+    ("min_rps", Unit::Number),
+    ("min_samples", Unit::Whole),
+    ("min_dwell", Unit::Seconds),
+    ("max_cut", Unit::Seconds),
+    ("window", Unit::Seconds),
+    ("slot", Unit::Seconds),
+    ("burst", Unit::Seconds),
+    ("queue", Unit::Whole),
+];
+
+/// The names of the parameters a sweep can vary.
+pub fn parameter_names() -> impl Iterator<Item = &'static str> {
+    PARAMS.iter().map(|(name, _)| *name)
+}
+
+/// Why a sweep cannot run.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SweepError {
+    /// The text is not `NAME=START..END:STEP` or `NAME=V1,V2,…`.
+    #[error("`{spec}`: {problem}; expected NAME=START..END:STEP or NAME=V1,V2,…")]
+    Syntax {
+        /// The parameter as written.
+        spec: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// No route parameter has this name.
+    #[error("`{spec}`: unknown parameter `{name}`; parameters: {}", parameter_names().collect::<Vec<_>>().join(", "))]
+    UnknownParameter {
+        /// The parameter as written.
+        spec: String,
+        /// The name asked for.
+        name: String,
+    },
+    /// The same parameter is given twice.
+    #[error("`{name}` is swept twice")]
+    Duplicate {
+        /// The parameter.
+        name: String,
+    },
+    /// The grid has too many points.
+    #[error("{} = {runs} runs, more than {MAX_RUNS}", counts.join(" × "))]
+    TooManyRuns {
+        /// Values per parameter, as `name (n)`.
+        counts: Vec<String>,
+        /// Runs the grid would make.
+        runs: u128,
+    },
+    /// A parameter names a route the run does not drive.
+    #[error("`{spec}`: route `{route}` is not one of the routes run: {}", run.join(", "))]
+    UnknownRoute {
+        /// The parameter as written.
+        spec: String,
+        /// The route named.
+        route: String,
+        /// The routes run.
+        run: Vec<String>,
+    },
+    /// A point of the grid is not a valid configuration.
+    #[error("at {point}: route `{route}`: {problem}")]
+    Invalid {
+        /// The point, as `name=value, …`.
+        point: String,
+        /// The route it makes invalid.
+        route: String,
+        /// Why.
+        problem: String,
+    },
+    /// A run failed.
+    #[error("at {point}: {error}")]
+    Run {
+        /// The point, as `name=value, …`.
+        point: String,
+        /// Why.
+        error: SimError,
+    },
+}
+
+/// One swept parameter: its name, the route it is limited to, and its values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepParam {
+    /// As written (`danger_roc`, `order.hold`): the column's name.
+    pub label: String,
+    /// The route it changes; every route of the run when `None`.
+    pub route: Option<String>,
+    /// The parameter, as the config file names it.
+    pub name: String,
+    /// The values, in order.
+    pub values: Vec<f64>,
+    unit: Unit,
+}
+
+impl FromStr for SweepParam {
+    type Err = SweepError;
+
+    /// Parses `[route.]NAME=START..END:STEP` or `[route.]NAME=V1,V2,…`.
+    ///
+    /// ```
+    /// use rocgate::sim::SweepParam;
+    ///
+    /// let p: SweepParam = "danger_roc=40..160:20".parse().unwrap();
+    /// assert_eq!(p.values, [40.0, 60.0, 80.0, 100.0, 120.0, 140.0, 160.0]);
+    /// let p: SweepParam = "order.hold=0.5,1,2".parse().unwrap();
+    /// assert_eq!((p.route.as_deref(), p.name.as_str()), (Some("order"), "hold"));
+    /// let e = "danger_roc=160..40:20".parse::<SweepParam>().unwrap_err().to_string();
+    /// assert_eq!(e, "`danger_roc=160..40:20`: the end 40 is below the start 160; expected NAME=START..END:STEP or NAME=V1,V2,…");
+    /// ```
+    fn from_str(spec: &str) -> Result<Self, SweepError> {
+        let syntax = |problem: String| SweepError::Syntax {
+            spec: spec.to_owned(),
+            problem,
+        };
+        let (label, values) = spec
+            .split_once('=')
+            .ok_or_else(|| syntax("no `=`".into()))?;
+        let label = label.trim();
+        let (route, name) = match label.rsplit_once('.') {
+            Some((route, name)) if !route.is_empty() => (Some(route.to_owned()), name),
+            _ => (None, label),
+        };
+        let unit = PARAMS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, unit)| unit)
+            .ok_or_else(|| SweepError::UnknownParameter {
+                spec: spec.to_owned(),
+                name: name.to_owned(),
+            })?;
+        let num = |text: &str, what: &str| -> Result<f64, SweepError> {
+            match text.trim().parse::<f64>() {
+                Ok(x) if x.is_finite() => Ok(x),
+                _ => Err(syntax(format!("{what} `{}` is not a number", text.trim()))),
+            }
+        };
+        let values = match values.split_once("..") {
+            Some((start, rest)) => {
+                let (end, step) = rest
+                    .split_once(':')
+                    .ok_or_else(|| syntax("a range needs a step, `:STEP`".into()))?;
+                let (start, end, step) =
+                    (num(start, "start")?, num(end, "end")?, num(step, "step")?);
+                if step <= 0.0 {
+                    return Err(syntax(format!("the step must be above 0, got {step}")));
+                }
+                if end < start {
+                    return Err(syntax(format!("the end {end} is below the start {start}")));
+                }
+                let steps = ((end - start) / step + 1e-9).floor();
+                if steps >= MAX_RUNS as f64 {
+                    return Err(SweepError::TooManyRuns {
+                        counts: vec![format!("{label} ({})", steps as u128 + 1)],
+                        runs: steps as u128 + 1,
+                    });
+                }
+                (0..=steps as u64)
+                    .map(|i| tidy(start + i as f64 * step))
+                    .collect()
+            }
+            None => values
+                .split(',')
+                .map(|v| num(v, "value"))
+                .collect::<Result<Vec<f64>, _>>()?,
+        };
+        for &v in &values {
+            let fits = match unit {
+                Unit::Number | Unit::Seconds => v >= 0.0,
+                Unit::Whole => v >= 0.0 && v.fract() == 0.0 && v <= f64::from(u32::MAX),
+            };
+            if !fits {
+                let kind = match unit {
+                    Unit::Whole => "a whole number ≥ 0",
+                    Unit::Number => "a number ≥ 0",
+                    Unit::Seconds => "a number of seconds ≥ 0",
+                };
+                return Err(syntax(format!("{name} must be {kind}, got {v}")));
+            }
+        }
+        Ok(SweepParam {
+            label: label.to_owned(),
+            route,
+            name: name.to_owned(),
+            values,
+            unit,
+        })
+    }
+}
+
+/// `x` without the float noise of repeated steps (`0.30000000000000004` → `0.3`).
+fn tidy(x: f64) -> f64 {
+    let scaled = (x * 1e9).round() / 1e9;
+    if (scaled - x).abs() < 1e-6 {
+        scaled
+    } else {
+        x
+    }
+}
+
+/// A grid of parameter values to run the same traffic under.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sweep {
+    params: Vec<SweepParam>,
+}
+
+/// One run of a sweep: its point of the grid and what it did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepRow {
+    /// One value per parameter, in the order of the sweep's parameters.
+    pub values: Vec<f64>,
+    /// The run over all its routes.
+    pub summary: RunSummary,
+}
+
+impl SweepRow {
+    /// Rejected, % of offered.
+    pub fn rejected_pct(&self) -> f64 {
+        percent(self.summary.rejected, self.summary.offered)
+    }
+
+    /// Overload, % of offered.
+    pub fn overload_pct(&self) -> f64 {
+        percent(self.summary.overload, self.summary.offered)
+    }
+}
+
+fn percent(n: u64, of: u64) -> f64 {
+    100.0 * n as f64 / of.max(1) as f64
+}
+
+impl Sweep {
+    /// A sweep over the grid of these parameters, at most [`MAX_RUNS`] runs, each
+    /// parameter (and route) given once, each with at least one value. Without
+    /// parameters, one run of the configuration as it is.
+    pub fn new(params: Vec<SweepParam>) -> Result<Self, SweepError> {
+        for (i, p) in params.iter().enumerate() {
+            if p.values.is_empty() {
+                return Err(SweepError::Syntax {
+                    spec: p.label.clone(),
+                    problem: "no values".into(),
+                });
+            }
+            let clash = params[..i].iter().find(|q| {
+                q.name == p.name && (q.route.is_none() || p.route.is_none() || q.route == p.route)
+            });
+            if let Some(q) = clash {
+                let name = if q.label == p.label {
+                    p.label.clone()
+                } else {
+                    format!("{} (as `{}` and `{}`)", p.name, q.label, p.label)
+                };
+                return Err(SweepError::Duplicate { name });
+            }
+        }
+        let runs: u128 = params.iter().map(|p| p.values.len() as u128).product();
+        if runs > MAX_RUNS as u128 {
+            return Err(SweepError::TooManyRuns {
+                counts: params
+                    .iter()
+                    .map(|p| format!("{} ({})", p.label, p.values.len()))
+                    .collect(),
+                runs,
+            });
+        }
+        Ok(Sweep { params })
+    }
+
+    /// The parameters, in order.
+    pub fn params(&self) -> &[SweepParam] {
+        &self.params
+    }
+
+    /// The number of runs: the size of the grid.
+    pub fn runs(&self) -> usize {
+        self.params.iter().map(|p| p.values.len()).product()
+    }
+
+    /// Point `i` of the grid (the first parameter varies slowest).
+    fn point(&self, mut i: usize) -> Vec<f64> {
+        let mut values = vec![0.0; self.params.len()];
+        for (slot, p) in values.iter_mut().zip(&self.params).rev() {
+            *slot = p.values[i % p.values.len()];
+            i /= p.values.len();
+        }
+        values
+    }
+
+    /// `name=value, …` for a point.
+    fn describe(&self, values: &[f64]) -> String {
+        self.params
+            .iter()
+            .zip(values)
+            .map(|(p, v)| format!("{}={v}", p.label))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// One simulator per point of the grid, every point checked before any runs.
+    pub fn simulators(&self, base: &Simulator) -> Result<Vec<(Vec<f64>, Simulator)>, SweepError> {
+        let names: Vec<String> = base
+            .routes()
+            .iter()
+            .map(|r| base.config().routes[r.0].name.clone())
+            .collect();
+        for p in &self.params {
+            if let Some(route) = &p.route {
+                if !names.contains(route) {
+                    return Err(SweepError::UnknownRoute {
+                        spec: p.label.clone(),
+                        route: route.clone(),
+                        run: names,
+                    });
+                }
+            }
+        }
+        (0..self.runs())
+            .map(|i| {
+                let values = self.point(i);
+                let mut config = base.config().clone();
+                for &id in base.routes() {
+                    let route = &mut config.routes[id.0];
+                    let changes: Vec<(&SweepParam, f64)> = self
+                        .params
+                        .iter()
+                        .zip(&values)
+                        .filter(|(p, _)| p.route.as_ref().is_none_or(|r| *r == route.name))
+                        .map(|(p, &v)| (p, v))
+                        .collect();
+                    apply(route, &changes).map_err(|problem| SweepError::Invalid {
+                        point: self.describe(&values),
+                        route: route.name.clone(),
+                        problem,
+                    })?;
+                }
+                Ok((values, base.with_config(config)))
+            })
+            .collect()
+    }
+
+    /// Runs `run` once per point of the grid on up to `threads` threads, and reduces
+    /// each run to a [`SweepRow`], in grid order whatever the threads.
+    pub fn run<F>(
+        &self,
+        base: &Simulator,
+        threads: usize,
+        run: F,
+    ) -> Result<Vec<SweepRow>, SweepError>
+    where
+        F: Fn(&Simulator) -> Result<SimRun, SimError> + Sync,
+    {
+        let sims = self.simulators(base)?;
+        let next = AtomicUsize::new(0);
+        let rows: Mutex<Vec<Option<Result<SweepRow, SweepError>>>> =
+            Mutex::new(vec![None; sims.len()]);
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((values, sim)) = sims.get(i) else {
+                return;
+            };
+            let row = run(sim)
+                .map(|r| SweepRow {
+                    values: values.clone(),
+                    summary: r.summary,
+                })
+                .map_err(|error| SweepError::Run {
+                    point: self.describe(values),
+                    error,
+                });
+            rows.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)[i] = Some(row);
+        };
+        std::thread::scope(|s| {
+            for _ in 1..threads.clamp(1, sims.len().max(1)) {
+                s.spawn(work);
+            }
+            work();
+        });
+        rows.into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// The header line of [`write_csv`], without the line break.
+    pub fn csv_header(&self) -> String {
+        let mut header: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| csv_field(&p.label).into_owned())
+            .collect();
+        header.extend(
+            [
+                "offered",
+                "admitted",
+                "rejected",
+                "rejected_pct",
+                "shadow_rejected",
+                "cut_count",
+                "first_cut_s",
+                "time_in_cut_s",
+                "peak_admitted_1s",
+                "overload",
+                "overload_pct",
+                "overload_s",
+            ]
+            .map(String::from),
+        );
+        header.join(",")
+    }
+}
+
+/// Writes the rows of a sweep as CSV: the header, then one line per run.
+pub fn write_csv(sweep: &Sweep, rows: &[SweepRow], mut out: impl io::Write) -> io::Result<()> {
+    writeln!(out, "{}", sweep.csv_header())?;
+    for row in rows {
+        let s = &row.summary;
+        for v in &row.values {
+            write!(out, "{v},")?;
+        }
+        writeln!(
+            out,
+            "{},{},{},{:.3},{},{},{},{},{},{},{:.3},{}",
+            s.offered,
+            s.admitted,
+            s.rejected,
+            row.rejected_pct(),
+            s.shadow_rejected,
+            s.cut_count,
+            s.first_cut_s.map(|t| t.to_string()).unwrap_or_default(),
+            s.time_in_cut_s,
+            s.peak_admitted_1s,
+            s.overload,
+            row.overload_pct(),
+            s.overload_s,
+        )?;
+    }
+    out.flush()
+}
+
+/// A duration of `secs` seconds (already checked ≥ 0 and finite).
+fn seconds(secs: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{secs} s is not a duration: {e}"))
+}
+
+/// Applies one point's values to a route, checked as the config file would be.
+fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), String> {
+    let mut patch = serde_json::Map::new();
+    for &(p, v) in changes {
+        match p.name.as_str() {
+            "window" | "slot" => {
+                let (mut window, mut slot) = (route.window.window(), route.window.slot());
+                if p.name == "window" {
+                    window = seconds(v)?;
+                } else {
+                    slot = seconds(v)?;
+                }
+                route.window =
+                    WindowSpec::new(window, slot).map_err(|e| format!("{}: {e}", p.name))?;
+            }
+            "burst" => match &mut route.algorithm {
+                Algorithm::TokenBucket { burst } if v > 0.0 => *burst = seconds(v)?,
+                Algorithm::TokenBucket { .. } => {
+                    return Err(format!("burst: must be longer than zero, got {v}"))
+                }
+                other => {
+                    return Err(format!(
+                        "burst applies to token_bucket, not {}",
+                        other.name()
+                    ))
+                }
+            },
+            "queue" => match &mut route.algorithm {
+                Algorithm::LeakyBucket { queue } | Algorithm::Concurrency { queue } => {
+                    *queue = v as u32;
+                }
+                other => {
+                    return Err(format!(
+                        "queue applies to leaky_bucket and concurrency, not {}",
+                        other.name()
+                    ))
+                }
+            },
+            name => {
+                let value = match p.unit {
+                    Unit::Seconds => {
+                        serde_json::Value::from(format!("{}ns", seconds(v)?.as_nanos()))
+                    }
+                    Unit::Whole => serde_json::Value::from(v as u64),
+                    Unit::Number => serde_json::Value::from(v),
+                };
+                patch.insert(name.to_owned(), value);
+            }
+        }
+    }
+    if !patch.is_empty() {
+        let json = serde_json::Value::Object(patch).to_string();
+        route.controller = patch_controller(&route.controller, &route.algorithm, &json, "--sweep")
+            .map_err(|e| {
+                e.problems()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_do_not_accumulate_float_noise() {
+        let p: SweepParam = "hold=0.1..0.5:0.1".parse().unwrap();
+        assert_eq!(p.values, [0.1, 0.2, 0.3, 0.4, 0.5]);
+        // The end is reached even when (end − start) / step is a hair below a whole number.
+        let p: SweepParam = "min_rps=0..0.3:0.1".parse().unwrap();
+        assert_eq!(p.values.len(), 4);
+    }
+
+    #[test]
+    fn the_grid_varies_the_first_parameter_slowest() {
+        let sweep = Sweep::new(vec![
+            "danger_roc=1,2".parse().unwrap(),
+            "safe_roc=3,4,5".parse().unwrap(),
+        ])
+        .unwrap();
+        let points: Vec<Vec<f64>> = (0..sweep.runs()).map(|i| sweep.point(i)).collect();
+        assert_eq!(
+            points,
+            [
+                [1.0, 3.0],
+                [1.0, 4.0],
+                [1.0, 5.0],
+                [2.0, 3.0],
+                [2.0, 4.0],
+                [2.0, 5.0]
+            ]
+        );
+    }
+
+    #[test]
+    fn routes_may_have_dots_in_their_names() {
+        let p: SweepParam = "api.v2.order.danger_roc=50".parse().unwrap();
+        assert_eq!(p.route.as_deref(), Some("api.v2.order"));
+        assert_eq!(p.name, "danger_roc");
+        assert_eq!(p.label, "api.v2.order.danger_roc");
+    }
+
+    #[test]
+    fn a_parameter_without_values_is_refused() {
+        let mut p: SweepParam = "danger_roc=50".parse().unwrap();
+        p.values.clear();
+        let e = Sweep::new(vec![p]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "`danger_roc`: no values; expected NAME=START..END:STEP or NAME=V1,V2,…"
+        );
+        assert_eq!(Sweep::new(vec![]).unwrap().runs(), 1);
+    }
+}
