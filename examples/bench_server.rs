@@ -10,6 +10,7 @@
 //! | mode | layer | quota |
 //! |---|---|---|
 //! | `bare` | none | — |
+//! | `noop-layer` | a layer that adds nothing (`layer_fn(\|s\| s)`): what any axum `Router::layer` costs | — |
 //! | `rocgate-admit` | `AdmissionLayer`, token bucket | 10,000,000 req/s, burst 10,000,000 |
 //! | `rocgate-reject` | `AdmissionLayer`, token bucket | 1 req/s, burst 1 |
 //! | `governor-admit` | `tower_governor::GovernorLayer`, one global key | 10,000,000 req/s, burst 10,000,000 |
@@ -50,8 +51,9 @@ const ADMIT: Quota = Quota {
 /// Low enough that all but about one request per second is rejected.
 const REJECT: Quota = Quota { rate_rps: 1 };
 
-const MODES: [&str; 5] = [
+const MODES: [&str; 6] = [
     "bare",
+    "noop-layer",
     "rocgate-admit",
     "rocgate-reject",
     "governor-admit",
@@ -84,6 +86,9 @@ fn main() -> ExitCode {
 fn app(mode: &str) -> Router {
     let hello = Router::new().route("/", get(|| async { "Hello, World!" }));
     match mode {
+        // Router::layer wraps the route in its own boxed service even when the layer
+        // returns it unchanged: the floor every layer below pays.
+        "noop-layer" => hello.layer(tower::layer::layer_fn(|inner| inner)),
         "rocgate-admit" => hello.layer(rocgate(ADMIT)),
         "rocgate-reject" => hello.layer(rocgate(REJECT)),
         "governor-admit" => hello.layer(governor(ADMIT)),

@@ -2,9 +2,10 @@
 # HTTP front benchmark: what the admission layer costs an axum server, side by side
 # with bare axum and with tower_governor.
 #
-# Builds examples/bench_server.rs in release and measures five configurations of the
+# Builds examples/bench_server.rs in release and measures six configurations of the
 # same hello world (GET / -> "Hello, World!"):
 #   bare              axum alone
+#   noop-layer        + a layer that adds nothing: what axum's Router::layer itself costs
 #   rocgate-admit     + rocgate's AdmissionLayer, quota so high nothing is rejected
 #   rocgate-reject    + AdmissionLayer at 1 req/s: almost everything gets a 429
 #   governor-admit    + tower_governor, the same quota as rocgate-admit
@@ -28,7 +29,7 @@
 # the ratio of the median req/s to bare axum's, with the targets (rocgate
 # admitting >= 0.97x bare, rocgate rejecting >= 0.95x bare).
 #
-# Usage:  scripts/bench-http.sh            (ROUNDS=3 DURATION=10 WARMUP=1: about 3 min)
+# Usage:  scripts/bench-http.sh            (ROUNDS=3 DURATION=10 WARMUP=1: about 4 min)
 #         ROUNDS=5 DURATION=20 QUIET_WAIT=60 RETRIES=2 scripts/bench-http.sh
 # Needs 2 CPUs, taskset, curl and wrk (installed with apt-get when missing). Loopback
 # only; stops by itself; the server is killed on exit, error or Ctrl-C. Ratios matter,
@@ -42,7 +43,7 @@ WARMUP=${WARMUP:-1}
 QUIET_WAIT=${QUIET_WAIT:-0}
 RETRIES=${RETRIES:-0}
 OTHERS_MAX=${OTHERS_MAX:-5}
-CONFIGS=(bare rocgate-admit rocgate-reject governor-admit governor-reject)
+CONFIGS=(bare noop-layer rocgate-admit rocgate-reject governor-admit governor-reject)
 
 for var in ROUNDS DURATION WARMUP QUIET_WAIT RETRIES OTHERS_MAX; do
     if ! [[ ${!var} =~ ^[0-9]+$ ]]; then
