@@ -2,7 +2,7 @@
 
 use super::client_ip::{ClientIpResolver, PeerAddr};
 use super::service::AdmissionService;
-use crate::clock::{Clock, MonotonicClock};
+use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::config::{Config, Partition};
 use crate::engine::{Engine, Key, RouteId};
 use crate::limiter::Decision;
@@ -46,6 +46,10 @@ pub(crate) struct Gate {
     pub(crate) clock: Arc<dyn Clock>,
     route_key: RouteKey,
     resolver: ClientIpResolver,
+    /// Whether admitted requests carry a [`MatchedRoute`] extension.
+    pub(crate) matched_route: bool,
+    /// Pre-built rejection headers, per route.
+    pub(crate) rejections: super::rejection::Templates,
 }
 
 impl Gate {
@@ -61,11 +65,16 @@ impl Gate {
         }
     }
 
-    /// Reads the clock once and decides the request.
+    /// Reads the clock once and decides the request; returns the time read too.
     #[inline]
-    pub(crate) fn decide<B>(&self, engine: &Engine, route: RouteId, req: &Request<B>) -> Decision {
+    pub(crate) fn decide<B>(
+        &self,
+        engine: &Engine,
+        route: RouteId,
+        req: &Request<B>,
+    ) -> (Decision, Nanos) {
         let now = self.clock.now();
-        match engine.partition(route) {
+        let decision = match engine.partition(route) {
             Partition::Route => engine.check(route, Key::None, now),
             Partition::ClientIp(_) => {
                 let ext = req.extensions();
@@ -87,7 +96,8 @@ impl Gate {
                     .and_then(|v| v.to_str().ok());
                 engine.check(route, value.map_or(Key::None, Key::Value), now)
             }
-        }
+        };
+        (decision, now)
     }
 }
 
@@ -152,6 +162,7 @@ pub struct AdmissionLayerBuilder {
     clock: Arc<dyn Clock>,
     route_key: RouteKey,
     trusted: Vec<IpNet>,
+    matched_route: bool,
 }
 
 impl std::fmt::Debug for AdmissionLayerBuilder {
@@ -170,7 +181,16 @@ impl AdmissionLayerBuilder {
             clock,
             route_key: RouteKey::Config,
             trusted: Vec::new(),
+            matched_route: false,
         }
+    }
+
+    /// Whether admitted requests carry a [`MatchedRoute`] extension for the inner
+    /// service (off by default: inserting an extension costs a hash-map insert and an
+    /// allocation per request).
+    pub fn matched_route(mut self, on: bool) -> Self {
+        self.matched_route = on;
+        self
     }
 
     /// How requests are mapped to routes.
@@ -193,6 +213,8 @@ impl AdmissionLayerBuilder {
                 clock: self.clock,
                 route_key: self.route_key,
                 resolver: ClientIpResolver::new(self.trusted),
+                matched_route: self.matched_route,
+                rejections: super::rejection::Templates::default(),
             }),
         }
     }

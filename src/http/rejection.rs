@@ -22,10 +22,12 @@
 use super::body::ResponseBody;
 use crate::engine::{Engine, RouteId};
 use crate::limiter::{Reason, Rejection};
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, Response, StatusCode};
 use std::fmt::Write as _;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -82,9 +84,195 @@ pub fn respond<B>(
     response
 }
 
+/// Rejection responses built once per engine and route limit, so that a rejection
+/// formats nothing and hashes no header name: it clones a header map (two
+/// allocations), writes the body into one exactly sized buffer, and replaces
+/// `Retry-After`, `RateLimit` and the reason only when they differ from the common
+/// case (a `limit` rejection told to come back in 1 s).
+#[derive(Default)]
+pub(crate) struct Templates {
+    built: ArcSwapOption<Built>,
+}
+
+struct Built {
+    /// The engine these were built for: a weak reference keeps its allocation, so no
+    /// later engine can share its address, without keeping the engine itself alive.
+    engine: Weak<Engine>,
+    routes: Box<[RouteTemplate]>,
+}
+
+struct RouteTemplate {
+    /// The limit (whole req/s) that `RateLimit-Policy` states.
+    quota: u64,
+    status: StatusCode,
+    /// Every header of a `limit` rejection with `Retry-After: 1`.
+    headers: HeaderMap,
+    /// `,"route":"NAME"}`: the end of the body.
+    body_end: Box<[u8]>,
+}
+
+const BODY_START: &[u8] = br#"{"error":"rate_limited","reason":""#;
+const BODY_MS: &[u8] = br#"","retry_after_ms":"#;
+
+impl Built {
+    fn new(engine: &Arc<Engine>) -> Self {
+        let routes = engine
+            .route_names()
+            .enumerate()
+            .map(|(i, name)| {
+                let route = RouteId(i);
+                let quota = engine.limit_rps(route).floor() as u64;
+                let mut headers = HeaderMap::with_capacity(5);
+                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+                // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
+                if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w=1")) {
+                    headers.insert(RATELIMIT_POLICY.clone(), v);
+                }
+                if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t=1")) {
+                    headers.insert(RATELIMIT.clone(), v);
+                }
+                headers.insert(
+                    REASON.clone(),
+                    HeaderValue::from_static(Reason::Limit.as_str()),
+                );
+                headers.insert(CONTENT_TYPE, JSON.clone());
+                RouteTemplate {
+                    quota,
+                    status: StatusCode::from_u16(engine.reject_status(route))
+                        .unwrap_or(StatusCode::TOO_MANY_REQUESTS),
+                    headers,
+                    body_end: format!(r#","route":"{name}"}}"#).into_bytes().into(),
+                }
+            })
+            .collect();
+        Built {
+            engine: Arc::downgrade(engine),
+            routes,
+        }
+    }
+}
+
+impl Templates {
+    /// The response to a rejected request on `route`: as [`respond`], from templates.
+    pub(crate) fn respond<B>(
+        &self,
+        engine: &Arc<Engine>,
+        route: RouteId,
+        rejection: &Rejection,
+        retry_after: Duration,
+    ) -> Response<ResponseBody<B>> {
+        let quota = engine.limit_rps(route).floor() as u64;
+        let guard = self.built.load();
+        let fresh;
+        let built = match guard.as_deref() {
+            Some(b)
+                if Weak::as_ptr(&b.engine) == Arc::as_ptr(engine)
+                    && b.routes[route.0].quota == quota =>
+            {
+                b
+            }
+            _ => {
+                fresh = Arc::new(Built::new(engine));
+                self.built.store(Some(Arc::clone(&fresh)));
+                &*fresh
+            }
+        };
+        let template = &built.routes[route.0];
+        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let secs = secs.max(1);
+        let reason = rejection.reason.as_str();
+
+        let mut digits = Digits::default();
+        let ms = digits.of(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX));
+        let mut body = Vec::with_capacity(
+            BODY_START.len() + reason.len() + BODY_MS.len() + ms.len() + template.body_end.len(),
+        );
+        body.extend_from_slice(BODY_START);
+        body.extend_from_slice(reason.as_bytes());
+        body.extend_from_slice(BODY_MS);
+        body.extend_from_slice(ms);
+        body.extend_from_slice(&template.body_end);
+
+        let mut response = Response::new(ResponseBody::rejected(Bytes::from(body)));
+        *response.status_mut() = template.status;
+        let headers = response.headers_mut();
+        *headers = template.headers.clone();
+        if secs != 1 {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+            let name = engine.route_name(route);
+            if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={secs}")) {
+                headers.insert(RATELIMIT.clone(), v);
+            }
+        }
+        if rejection.reason != Reason::Limit {
+            headers.insert(REASON.clone(), HeaderValue::from_static(reason));
+        }
+        response
+    }
+}
+
+/// Decimal digits of a number, on the stack.
+#[derive(Default)]
+struct Digits([u8; 20]);
+
+impl Digits {
+    fn of(&mut self, mut n: u64) -> &[u8] {
+        let mut i = self.0.len();
+        loop {
+            i -= 1;
+            self.0[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return &self.0[i..];
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Nanos;
+    use crate::config::{Config, RouteConfig, RouteMatch};
+
+    fn parts(r: Response<ResponseBody<()>>) -> (StatusCode, Vec<(String, String)>) {
+        let headers = r
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        (r.status(), headers)
+    }
+
+    #[test]
+    fn templates_answer_exactly_as_respond() {
+        let mut a = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+        a.reject_status = 503;
+        let b = RouteConfig::new("search", RouteMatch::prefix("/search"));
+        let engine = Arc::new(Engine::new(
+            &Config::new(vec![a, b]),
+            Nanos::ZERO,
+            std::time::SystemTime::UNIX_EPOCH,
+        ));
+        let templates = Templates::default();
+        for route in [RouteId(0), RouteId(1)] {
+            for reason in [Reason::Limit, Reason::RocCut, Reason::QueueFull] {
+                for ms in [1, 999, 1000, 1001, 2731, 60_000] {
+                    let rej = Rejection {
+                        retry_after: Duration::from_millis(ms),
+                        reason,
+                    };
+                    let wait = Duration::from_millis(ms);
+                    let want = respond::<()>(&engine, route, &rej, wait);
+                    let got = templates.respond::<()>(&engine, route, &rej, wait);
+                    let want_body = format!("{:?}", want.body());
+                    let got_body = format!("{:?}", got.body());
+                    assert_eq!(parts(got), parts(want), "{route:?} {reason:?} {ms}");
+                    assert_eq!(got_body, want_body);
+                }
+            }
+        }
+    }
 
     #[test]
     fn cut_retry_is_the_restore_eta_plus_bounded_jitter() {

@@ -47,7 +47,8 @@ where
         let Some(route) = gate.route_of(&engine, &req) else {
             return ResponseFuture::admitted(self.inner.call(req), Wait::Ready, None);
         };
-        let (wait, permit) = match gate.decide(&engine, route, &req) {
+        let (decision, now) = gate.decide(&engine, route, &req);
+        let (wait, permit) = match decision {
             Decision::Admit(Admit::Now) => (Wait::Ready, None),
             Decision::Admit(Admit::Held(permit)) => (Wait::Ready, Some(permit)),
             Decision::Admit(Admit::Paced(delay)) => {
@@ -55,10 +56,9 @@ where
             }
             Decision::Admit(Admit::Queued(ticket)) => (Wait::Ticket(ticket), None),
             Decision::Reject(rejection) => {
-                let now = gate.clock.now();
                 let eta = engine.restore_eta(route, now);
                 let retry_after = rejection::retry_after(&rejection, eta);
-                return ResponseFuture::rejected(rejection::respond(
+                return ResponseFuture::rejected(gate.rejections.respond(
                     &engine,
                     route,
                     &rejection,
@@ -66,8 +66,10 @@ where
                 ));
             }
         };
-        req.extensions_mut()
-            .insert(MatchedRoute(engine.route_label(route)));
+        if gate.matched_route {
+            req.extensions_mut()
+                .insert(MatchedRoute(engine.route_label(route)));
+        }
         ResponseFuture::admitted(self.inner.call(req), wait, permit)
     }
 }

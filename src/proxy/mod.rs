@@ -172,6 +172,7 @@ impl Proxy {
             Arc::clone(&self.reloader.clock),
         )
         .trusted_proxies(self.settings.forward.resolver_networks())
+        .matched_route(true)
         .build();
         let in_flight = Arc::new(AtomicI64::new(0));
         let service = layer.layer(Forwarder::new(
