@@ -909,4 +909,21 @@ impl RouteSnapshot {
     pub fn rejected_total(&self) -> u64 {
         self.rejected.iter().map(|(_, n)| n).sum()
     }
+
+    /// Rejected for `reason`.
+    pub fn rejected_for(&self, reason: Reason) -> u64 {
+        count_for(&self.rejected, reason)
+    }
+
+    /// Admitted by a shadow mode but would have been rejected for `reason`.
+    pub fn shadow_rejected_for(&self, reason: Reason) -> u64 {
+        count_for(&self.shadow_rejected, reason)
+    }
+}
+
+fn count_for(counts: &[(Reason, u64)], reason: Reason) -> u64 {
+    counts
+        .iter()
+        .find(|(r, _)| *r == reason)
+        .map_or(0, |(_, n)| *n)
 }

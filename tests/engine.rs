@@ -74,8 +74,7 @@ fn a_spike_cuts_the_limit_and_rejections_say_roc_cut() {
     assert!(a <= 61, "admitted {a} in one second at a cut limit of 60");
     assert!(r > 500);
     let s = e.route_snapshot(id, Nanos::from_secs(12));
-    let by = |reason| s.rejected.iter().find(|(x, _)| *x == reason).unwrap().1;
-    assert!(by(Reason::RocCut) >= r);
+    assert!(s.rejected_for(Reason::RocCut) >= r);
     assert_eq!(s.offered, 400 + 600 + 600);
     assert_eq!(s.admitted + s.rejected_total(), s.offered);
 }
@@ -87,12 +86,7 @@ fn rejections_at_base_say_limit() {
     offer(&e, RouteId(0), Key::None, 0.0, 20.0, 300.0);
     let s = e.route_snapshot(RouteId(0), Nanos::from_secs(20));
     assert_eq!(s.state, ControllerState::Normal);
-    let limit = s
-        .rejected
-        .iter()
-        .find(|(x, _)| *x == Reason::Limit)
-        .unwrap()
-        .1;
+    let limit = s.rejected_for(Reason::Limit);
     assert!(limit > 1500, "{s:?}");
     assert_eq!(s.rejected_total(), limit);
 }
@@ -130,23 +124,13 @@ fn shadow_adaptive_enforces_base_and_counts_the_cut() {
     // Enforced at base 200/s, not at the cut limit 60/s.
     assert!((590..=610).contains(&a), "admitted {a} over 3 s");
     let s = e.route_snapshot(RouteId(0), Nanos::from_secs(14));
-    let limit = s
-        .rejected
-        .iter()
-        .find(|(x, _)| *x == Reason::Limit)
-        .unwrap()
-        .1;
+    let limit = s.rejected_for(Reason::Limit);
     assert_eq!(
         s.rejected_total(),
         limit,
         "enforced rejections are at the base limit"
     );
-    let cut = s
-        .shadow_rejected
-        .iter()
-        .find(|(x, _)| *x == Reason::RocCut)
-        .unwrap()
-        .1;
+    let cut = s.shadow_rejected_for(Reason::RocCut);
     assert!(
         cut > 300,
         "a cut to 60/s would have rejected most of the 200/s admitted: {cut}"
