@@ -11,6 +11,7 @@
 mod admin;
 mod error;
 mod forward;
+mod hints;
 
 pub use error::ProxyError;
 pub use forward::{ForwardSettings, Forwarder};
@@ -60,6 +61,7 @@ pub struct Proxy {
     admin: TcpListener,
     settings: ProxySettings,
     reloader: Reloader,
+    advisor: Arc<hints::Advisor>,
 }
 
 /// Replaces the engine from a config file, keeping the live state of unchanged routes
@@ -134,13 +136,20 @@ impl Proxy {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
+        let advisor = Arc::new(hints::Advisor::new(&config.hints));
+        let roc_histogram = metric::roc_sample_hook();
+        let history = Arc::clone(&advisor);
         let engine = Engine::new(config, clock.now(), wall_now)
             .with_transition_hook(Arc::new(log_transition))
-            .with_sample_hook(metric::roc_sample_hook());
+            .with_sample_hook(Arc::new(move |route, report| {
+                roc_histogram(route, report);
+                history.on_slot(route, report);
+            }));
         Ok(Proxy {
             listener,
             admin,
             settings,
+            advisor,
             reloader: Reloader {
                 engine: shared_engine(engine),
                 clock,
@@ -179,6 +188,7 @@ impl Proxy {
             self.settings.forward.clone(),
             Arc::clone(&self.reloader.clock),
             Arc::clone(&in_flight),
+            self.advisor.meter(),
         ));
         let prometheus = prometheus();
         let upkeep = tokio::spawn({
@@ -191,8 +201,21 @@ impl Proxy {
                 }
             }
         });
+        let ticker = tokio::spawn({
+            let advisor = Arc::clone(&self.advisor);
+            let reloader = self.reloader.clone();
+            async move {
+                let mut every = tokio::time::interval(advisor.interval());
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    every.tick().await;
+                    advisor.tick(&reloader.engine(), reloader.clock().now());
+                }
+            }
+        });
         let admin_router = admin::router(admin::AdminState {
             reloader: self.reloader.clone(),
+            advisor: Arc::clone(&self.advisor),
             token: self.settings.admin_token.clone(),
             metrics: Arc::new(admin::Exporter {
                 handle: prometheus,
@@ -252,6 +275,7 @@ impl Proxy {
         let _ = admin_stop.send(());
         let _ = admin.await;
         upkeep.abort();
+        ticker.abort();
         Ok(())
     }
 }
