@@ -6,7 +6,6 @@
 //! their work when polled (axum handlers, hyper clients) therefore start it then. A
 //! concurrency permit is held until the response head is returned.
 
-use super::body::ResponseBody;
 use crate::limiter::{Permit, Ticket};
 use http::Response;
 use pin_project_lite::pin_project;
@@ -34,7 +33,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<F, B> {
         Admitted { #[pin] inner: F, wait: Wait, permit: Option<Permit> },
-        Rejected { response: Option<Response<ResponseBody<B>>> },
+        Rejected { response: Option<Response<B>> },
     }
 }
 
@@ -49,7 +48,7 @@ impl<F, B> ResponseFuture<F, B> {
         }
     }
 
-    pub(crate) fn rejected(response: Response<ResponseBody<B>>) -> Self {
+    pub(crate) fn rejected(response: Response<B>) -> Self {
         ResponseFuture {
             kind: Kind::Rejected {
                 response: Some(response),
@@ -62,7 +61,7 @@ impl<F, B, E> Future for ResponseFuture<F, B>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+    type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
@@ -77,8 +76,7 @@ where
                     Wait::Ticket(ticket) => *permit = Some(ready!(Pin::new(ticket).poll(cx))),
                 }
                 *wait = Wait::Ready;
-                let response = ready!(inner.poll(cx))?;
-                Poll::Ready(Ok(response.map(ResponseBody::inner)))
+                Poll::Ready(Ok(ready!(inner.poll(cx))?))
             }
             KindProj::Rejected { response } => match response.take() {
                 Some(r) => Poll::Ready(Ok(r)),

@@ -7,6 +7,11 @@
 //! `RateLimit-Policy`/`RateLimit` headers and a small JSON body, never an `Err`.
 //! Every clone of the layer and of its services shares one engine.
 //!
+//! The wrapped service's response body is passed through untouched (no wrapper, so
+//! axum does not box it again); a rejection's body is made with `From<Bytes>`, which
+//! axum's `Body` and `http_body_util::Full<Bytes>` implement. For another body type,
+//! map it first (`tower::ServiceBuilder::map_response_body`).
+//!
 //! ```
 //! use axum::{routing::post, Router};
 //! use rocgate::config::{Config, RouteConfig, RouteMatch};
@@ -30,14 +35,12 @@
 //! # }
 //! ```
 
-mod body;
 mod client_ip;
 mod future;
 mod layer;
 pub mod rejection;
 mod service;
 
-pub use body::ResponseBody;
 pub use client_ip::{ClientIpResolver, PeerAddr};
 pub use future::ResponseFuture;
 pub use layer::{

@@ -19,7 +19,6 @@
 //! draft (draft-ietf-httpapi-ratelimit-headers): the quota `q` is the route's current
 //! limit per `w = 1` second, `r` the remaining quota (0) and `t` the seconds to wait.
 
-use super::body::ResponseBody;
 use crate::engine::{Engine, RouteId};
 use crate::limiter::{Reason, Rejection};
 use arc_swap::ArcSwapOption;
@@ -50,12 +49,12 @@ pub fn retry_after(rejection: &Rejection, restore_eta: Option<Duration>) -> Dura
 
 /// The response to a rejected request on `route`, with the route's status
 /// (`reject_status`, 429 by default).
-pub fn respond<B>(
+pub fn respond<B: From<Bytes>>(
     engine: &Engine,
     route: RouteId,
     rejection: &Rejection,
     retry_after: Duration,
-) -> Response<ResponseBody<B>> {
+) -> Response<B> {
     let name = engine.route_name(route);
     let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     let secs = secs.max(1);
@@ -66,7 +65,7 @@ pub fn respond<B>(
         r#"{{"error":"rate_limited","reason":"{reason}","retry_after_ms":{},"route":"{name}"}}"#,
         retry_after.as_millis()
     );
-    let mut response = Response::new(ResponseBody::rejected(Bytes::from(body)));
+    let mut response = Response::new(B::from(Bytes::from(body)));
     *response.status_mut() =
         StatusCode::from_u16(engine.reject_status(route)).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let headers = response.headers_mut();
@@ -154,13 +153,13 @@ impl Built {
 
 impl Templates {
     /// The response to a rejected request on `route`: as [`respond`], from templates.
-    pub(crate) fn respond<B>(
+    pub(crate) fn respond<B: From<Bytes>>(
         &self,
         engine: &Arc<Engine>,
         route: RouteId,
         rejection: &Rejection,
         retry_after: Duration,
-    ) -> Response<ResponseBody<B>> {
+    ) -> Response<B> {
         let quota = engine.limit_rps(route).floor() as u64;
         let guard = self.built.load();
         let fresh;
@@ -193,7 +192,7 @@ impl Templates {
         body.extend_from_slice(ms);
         body.extend_from_slice(&template.body_end);
 
-        let mut response = Response::new(ResponseBody::rejected(Bytes::from(body)));
+        let mut response = Response::new(B::from(Bytes::from(body)));
         *response.status_mut() = template.status;
         let headers = response.headers_mut();
         *headers = template.headers.clone();
@@ -235,13 +234,13 @@ mod tests {
     use crate::clock::Nanos;
     use crate::config::{Config, RouteConfig, RouteMatch};
 
-    fn parts(r: Response<ResponseBody<()>>) -> (StatusCode, Vec<(String, String)>) {
+    fn parts(r: Response<Bytes>) -> (StatusCode, Vec<(String, String)>, Bytes) {
         let headers = r
             .headers()
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
             .collect();
-        (r.status(), headers)
+        (r.status(), headers, r.into_body())
     }
 
     #[test]
@@ -263,8 +262,8 @@ mod tests {
                         reason,
                     };
                     let wait = Duration::from_millis(ms);
-                    let want = respond::<()>(&engine, route, &rej, wait);
-                    let got = templates.respond::<()>(&engine, route, &rej, wait);
+                    let want = respond::<Bytes>(&engine, route, &rej, wait);
+                    let got = templates.respond::<Bytes>(&engine, route, &rej, wait);
                     let want_body = format!("{:?}", want.body());
                     let got_body = format!("{:?}", got.body());
                     assert_eq!(parts(got), parts(want), "{route:?} {reason:?} {ms}");

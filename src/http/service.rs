@@ -4,6 +4,7 @@ use super::future::{ResponseFuture, Wait};
 use super::layer::{Gate, MatchedRoute};
 use super::rejection;
 use crate::limiter::{Admit, Decision};
+use bytes::Bytes;
 use http::{Request, Response};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -32,8 +33,9 @@ impl<S> AdmissionService<S> {
 impl<S, ReqBody, ResBody> tower::Service<Request<ReqBody>> for AdmissionService<S>
 where
     S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<Bytes>,
 {
-    type Response = Response<super::ResponseBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody>;
 
