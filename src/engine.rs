@@ -82,6 +82,10 @@ pub struct SlotReport {
     pub state: ControllerState,
     /// The controller's limit after this sample, req/s.
     pub limit_rps: f64,
+    /// Whether the route-level limiter had no room left when the slot was closed (no
+    /// token, a full window, queue or set of permits). Always false on partitioned
+    /// routes, whose limiters are per key.
+    pub exhausted: bool,
 }
 
 /// Every route's window, controller and limiters.
@@ -330,6 +334,9 @@ impl Engine {
         );
         let hook = self.hook.as_deref();
         let sample_hook = self.sample_hook.as_deref();
+        let exhausted = sample_hook.is_some()
+            && r.keys.is_none()
+            && r.limiter.level(now).exhausted(&r.algorithm);
         let RouteState {
             ring,
             controller,
@@ -364,6 +371,7 @@ impl Engine {
                     roc: controller.last_roc(),
                     state: controller.state(),
                     limit_rps: controller.limit_rps(),
+                    exhausted,
                 };
                 h(&r.name, &report);
             }

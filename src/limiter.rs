@@ -207,6 +207,18 @@ pub struct Level {
     pub capacity: f64,
 }
 
+impl Level {
+    /// Whether there is no room for one more request: no token left in a token
+    /// bucket (whose level counts what is left), or a full window, queue or set of
+    /// permits (whose levels count what is used).
+    pub fn exhausted(&self, algorithm: &Algorithm) -> bool {
+        match algorithm {
+            Algorithm::TokenBucket { .. } => self.value < 1.0,
+            _ => self.capacity - self.value < 1.0,
+        }
+    }
+}
+
 /// Any of the five limiters.
 #[derive(Debug)]
 pub enum Limiter {

@@ -43,6 +43,9 @@ pub struct Interval {
     pub roc: Sketch,
     /// Seconds spent in each controller state, by [`ControllerState::as_index`].
     pub in_state: [f64; 3],
+    /// Seconds of slots that ended with the route-level limiter exhausted (the bucket
+    /// empty).
+    pub exhausted_s: f64,
     /// Cuts that began in the interval.
     pub cuts: u32,
     /// The highest ROC that started a cut in the interval (0 without a cut).
@@ -251,6 +254,9 @@ impl History {
         open.roc.record(report.roc);
         open.in_state[usize::from(report.state.as_index())] += report.slot.as_secs_f64();
         open.peak_demand_rps = open.peak_demand_rps.max(report.sample.rate_recent_rps);
+        if report.exhausted {
+            open.exhausted_s += report.slot.as_secs_f64();
+        }
         if report.state == ControllerState::Cut && h.last_state != ControllerState::Cut {
             open.cuts += 1;
             open.cut_roc = open.cut_roc.max(report.roc);
@@ -384,6 +390,7 @@ mod tests {
             roc,
             state,
             limit_rps: 60.0,
+            exhausted: state == ControllerState::Cut,
         }
     }
 
@@ -413,6 +420,7 @@ mod tests {
         assert_eq!((i.offered, i.rejected_total()), (250, 50), "bucket of 200");
         assert_eq!((i.cuts, i.cut_roc), (1, 90.0));
         assert!((i.time_in(ControllerState::Cut) - 0.2).abs() < 1e-9);
+        assert!((i.exhausted_s - 0.2).abs() < 1e-9);
         assert_eq!(i.roc.count(), 3);
         assert_eq!(i.peak_demand_rps, 90.0);
         let up = i.upstream.as_ref().unwrap();

@@ -241,6 +241,8 @@ struct Evidence<'a> {
     rejected: u64,
     base_rejected: u64,
     secs: f64,
+    /// Seconds with the route-level limiter exhausted.
+    exhausted_s: f64,
     cuts: Vec<CutEpisode>,
     roc: Sketch,
     latency: Sketch,
@@ -302,6 +304,7 @@ impl<'a> Evidence<'a> {
             rejected,
             base_rejected: rejected - cut_rejected,
             secs: intervals.iter().map(Interval::secs).sum(),
+            exhausted_s: intervals.iter().map(|i| i.exhausted_s).sum(),
             cuts,
             roc,
             latency,
@@ -342,6 +345,17 @@ impl<'a> Evidence<'a> {
 
     fn mean_rps(&self) -> f64 {
         self.offered as f64 / self.secs.max(1e-9)
+    }
+
+    /// ", the bucket empty N% of the time", when the limiter was measured exhausted.
+    fn exhausted_summary(&self) -> String {
+        if self.exhausted_s <= 0.0 {
+            return String::new();
+        }
+        format!(
+            ", the limiter exhausted {:.0}% of the time",
+            100.0 * self.exhausted_s / self.secs.max(1e-9)
+        )
     }
 
     fn health_summary(&self) -> String {
@@ -416,11 +430,12 @@ impl<'a> Evidence<'a> {
             Some("base_limit"),
             Some((Setting::Number(base), Setting::Number(suggested))),
             format!(
-                "{} of {} requests were rejected by the base limit of {} req/s (mean demand {} req/s) while {health}: raise it about 30%{bound}",
+                "{} of {} requests were rejected by the base limit of {} req/s (mean demand {} req/s{}) while {health}: raise it about 30%{bound}",
                 pct(self.base_rejected, self.offered),
                 self.offered,
                 fmt_num(base),
-                fmt_num(self.mean_rps())
+                fmt_num(self.mean_rps()),
+                self.exhausted_summary()
             ),
         ))
     }
@@ -499,7 +514,8 @@ impl<'a> Evidence<'a> {
             Some("burst"),
             Some((Setting::duration(burst), Setting::duration(suggested))),
             format!(
-                "rejections come in bursts ({high} intervals over 20% rejected, {low} under 2%) while mean demand of {} req/s fits the base limit of {} req/s; the largest burst exceeded it by {} requests: a larger bucket absorbs it",
+                "rejections come in bursts ({high} intervals over 20% rejected, {low} under 2%{}) while mean demand of {} req/s fits the base limit of {} req/s; the largest burst exceeded it by {} requests: a larger bucket absorbs it",
+                self.exhausted_summary(),
                 fmt_num(self.mean_rps()),
                 fmt_num(base),
                 fmt_num(excess)

@@ -6,6 +6,7 @@ use super::{SimResult, SimRun};
 use crate::config::Config;
 use crate::controller::ControllerState;
 use crate::hints::{self, Hint, Interval, Policy, RouteSettings, UpstreamCounts};
+use crate::limiter::{Algorithm, Level};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -16,8 +17,14 @@ fn slots_per_interval(slot_s: f64) -> usize {
 
 /// One route's series as one-second intervals. `half_slots` is the route's
 /// half-window in slots (demand is that half-window's rate, as the controller sees
-/// it); `capacity` says whether a capacity was modelled.
-pub fn intervals(result: &SimResult, half_slots: usize, capacity: bool) -> Vec<Interval> {
+/// it); `algorithm` reads the limiter's level; `capacity` says whether a capacity was
+/// modelled.
+pub fn intervals(
+    result: &SimResult,
+    half_slots: usize,
+    algorithm: &Algorithm,
+    capacity: bool,
+) -> Vec<Interval> {
     let slot_s = result.summary.slot_s;
     let per = slots_per_interval(slot_s);
     let half_secs = slot_s * half_slots.max(1) as f64;
@@ -38,6 +45,13 @@ pub fn intervals(result: &SimResult, half_slots: usize, capacity: bool) -> Vec<I
             i.shadow_rejected += row.shadow_rejected;
             i.roc.record(row.roc);
             i.in_state[usize::from(row.state.as_index())] += slot_s;
+            let level = Level {
+                value: row.level,
+                capacity: row.level_capacity,
+            };
+            if row.level_capacity > 0.0 && level.exhausted(algorithm) {
+                i.exhausted_s += slot_s;
+            }
             if row.state == ControllerState::Cut && last_state != ControllerState::Cut {
                 i.cuts += 1;
                 i.cut_roc = i.cut_roc.max(row.roc);
@@ -77,7 +91,12 @@ pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
                 algorithm: route.algorithm,
                 params: route.controller.clone(),
             };
-            let intervals = intervals(result, route.window.slots() / 2, capacity.is_some());
+            let intervals = intervals(
+                result,
+                route.window.slots() / 2,
+                &route.algorithm,
+                capacity.is_some(),
+            );
             let known = capacity.filter(|_| single).map(|c| c as f64);
             Some(hints::advise(&settings, &intervals, known, policy))
         })
@@ -127,6 +146,8 @@ mod tests {
                 row.admitted = row.offered - u64::from(k >= 15);
                 row.rejected.roc_cut = u64::from(k >= 15);
                 row.overload = u64::from(k == 19);
+                row.level_capacity = 100.0;
+                row.level = if k >= 15 { 0.5 } else { 50.0 };
                 row.roc = f64::from(k);
                 row.state = if k >= 15 {
                     ControllerState::Cut
@@ -136,7 +157,10 @@ mod tests {
                 row
             })
             .collect();
-        let out = intervals(&result(rows), 5, true);
+        let bucket = Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        };
+        let out = intervals(&result(rows), 5, &bucket, true);
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].offered, 100);
         assert_eq!(out[1].offered, 300);
@@ -149,6 +173,11 @@ mod tests {
         assert_eq!(out[0].peak_demand_rps, 100.0);
         let up = out[1].upstream.as_ref().unwrap();
         assert_eq!((up.requests, up.errors), (295, 1));
-        assert!(intervals(&result(Vec::new()), 5, false).is_empty());
+        assert!(
+            (out[1].exhausted_s - 0.5).abs() < 1e-9,
+            "tokens < 1 from slot 15"
+        );
+        assert_eq!(out[0].exhausted_s, 0.0);
+        assert!(intervals(&result(Vec::new()), 5, &bucket, false).is_empty());
     }
 }
