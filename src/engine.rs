@@ -374,6 +374,22 @@ impl Engine {
         self.routes[route.0].reject_status.load(Ordering::Relaxed)
     }
 
+    /// The shape of the route's ROC window.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn window(&self, route: RouteId) -> WindowSpec {
+        self.routes[route.0].window
+    }
+
+    /// The route's mode (enforce or a shadow mode).
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn mode(&self, route: RouteId) -> Mode {
+        self.routes[route.0].mode
+    }
+
     /// The algorithm enforcing the route's limit.
     ///
     /// # Panics

@@ -48,6 +48,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// The reverse proxy's settings (`[server]` and `[admin]`); unused by the layer.
     pub server: ServerConfig,
+    /// Where shared state lives (`[store]`): local by default.
+    pub store: crate::store::StoreConfig,
 }
 
 impl Config {
@@ -56,6 +58,7 @@ impl Config {
         Config {
             routes,
             server: ServerConfig::default(),
+            store: crate::store::StoreConfig::default(),
         }
     }
 }
