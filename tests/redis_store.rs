@@ -575,3 +575,121 @@ async fn local_and_redis_backends_admit_the_same_burst() {
     // The shared bucket refills in real time while the 300 round trips run.
     assert!((200..=205).contains(&admitted), "{admitted}");
 }
+
+/// `rocgate serve` with `[store] backend = "redis"`: two proxies in front of one
+/// upstream share one bucket, and each reports its store mode on `/metrics`.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_share_one_limit() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    use hyper_util::rt::TokioIo;
+    use rocgate::http::ClientIpResolver;
+    use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+    use rocgate::store::StoreConfig;
+    use std::net::SocketAddr;
+
+    let server = RedisServer::start().await;
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    let upstream_task = tokio::spawn(async move { axum::serve(upstream, app).await });
+
+    // 100 tokens refilling at 1/s: a short run admits its burst, shared.
+    let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
+    config.store = StoreConfig::Redis(store_config(&server, "serve"));
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let settings = ProxySettings {
+        listen: any,
+        admin_listen: any,
+        forward: ForwardSettings {
+            upstream: format!("http://{upstream_addr}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            max_body_bytes: 1024,
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(1),
+        admin_token: None,
+    };
+    let mut addrs = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..2 {
+        let proxy = Proxy::bind(settings.clone(), &config, None).await.unwrap();
+        addrs.push((proxy.local_addr().unwrap(), proxy.admin_addr().unwrap()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push((
+            stop,
+            tokio::spawn(proxy.run(async {
+                let _ = stopped.await;
+            })),
+        ));
+    }
+    async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        sender
+    }
+    let mut clients = Vec::new();
+    for (addr, _) in &addrs {
+        clients.push(connect(*addr).await);
+    }
+    let (mut admitted, mut rejected) = (0, 0);
+    for i in 0..300 {
+        let client = &mut clients[i % 2];
+        client.ready().await.unwrap();
+        let req = http::Request::post("/api/order")
+            .header("host", "shop.example")
+            .body(Empty::new())
+            .unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        match res.status().as_u16() {
+            200 => admitted += 1,
+            429 => {
+                assert_eq!(res.headers()["rocgate-reason"], "limit");
+                rejected += 1;
+            }
+            other => panic!("status {other}"),
+        }
+        let _ = res.into_body().collect().await;
+    }
+    assert!((100..=102).contains(&admitted), "admitted {admitted}");
+    assert_eq!(admitted + rejected, 300);
+    // Other paths match no route and pass through the local layer.
+    let mut client = connect(addrs[0].0).await;
+    let req = http::Request::get("/elsewhere")
+        .header("host", "shop.example")
+        .body(Empty::new())
+        .unwrap();
+    assert_eq!(client.send_request(req).await.unwrap().status(), 200);
+    // The admin API reports the store mode.
+    let mut admin = connect(addrs[0].1).await;
+    let req = http::Request::get("/metrics")
+        .header("host", "admin")
+        .body(Empty::new())
+        .unwrap();
+    let body = admin
+        .send_request(req)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await;
+    let text = String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(
+        text.contains("rocgate_store_mode{mode=\"shared\"} 1"),
+        "{text}"
+    );
+    for (stop, run) in stops {
+        let _ = stop.send(());
+        run.await.unwrap().unwrap();
+    }
+    upstream_task.abort();
+}

@@ -252,8 +252,9 @@ impl std::fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// A store on `config.url`, timing decisions with `clock` (the engine's). Never
-    /// waits for Redis: it connects in the background and starts in fallback if Redis
-    /// is not there. Starts the heartbeat, so it must run inside a tokio runtime.
+    /// waits for Redis: it connects in the background and falls back as soon as
+    /// Redis fails to answer. Starts the heartbeat, so it must run inside a tokio
+    /// runtime. Its metrics go to the `metrics` recorder installed when this is called.
     ///
     /// # Errors
     /// If the URL cannot be parsed.
@@ -286,7 +287,7 @@ impl RedisStore {
             fallbacks: AtomicU64::new(0),
             left: AtomicBool::new(false),
         });
-        inner.set_mode(StoreMode::Shared);
+        publish_mode(StoreMode::Shared);
         tokio::spawn(heartbeat(Arc::downgrade(&inner)));
         Ok(RedisStore { inner })
     }
@@ -455,19 +456,11 @@ impl Inner {
         }
     }
 
-    /// Sets the mode and its gauge (only when it changes, except the first time).
+    /// Sets the mode, and its gauge when it changes.
     fn set_mode(&self, mode: StoreMode) {
         let code = u8::from(mode == StoreMode::Fallback);
-        let before = self.mode.swap(code, Ordering::Relaxed);
-        if before == code && !self.routes.is_empty() {
-            return;
-        }
-        for m in [StoreMode::Shared, StoreMode::Fallback] {
-            let on = if m == mode { 1.0 } else { 0.0 };
-            metrics::gauge!(metric::STORE_MODE, "mode" => m.as_str()).set(on);
-        }
-        metrics::gauge!(metric::STORE_MODE, "mode" => "local").set(0.0);
-        if before != code {
+        if self.mode.swap(code, Ordering::Relaxed) != code {
+            publish_mode(mode);
             tracing::warn!(mode = mode.as_str(), "store mode changed");
         }
     }
@@ -582,6 +575,15 @@ impl Inner {
             Err(_) => None,
         }
     }
+}
+
+/// Sets `rocgate_store_mode`: 1 for `mode`, 0 for the others.
+fn publish_mode(mode: StoreMode) {
+    for m in [StoreMode::Shared, StoreMode::Fallback] {
+        let on = if m == mode { 1.0 } else { 0.0 };
+        metrics::gauge!(metric::STORE_MODE, "mode" => m.as_str()).set(on);
+    }
+    metrics::gauge!(metric::STORE_MODE, "mode" => "local").set(0.0);
 }
 
 /// Beats every `heartbeat` while the store lives.
