@@ -15,8 +15,9 @@
 //! Keys: `{<prefix>:<route>}:w` (window: `cur` and one field per slot index, kept two
 //! windows), `:b` (bucket: `tokens`, `ts`), `:c` (controller). The braces are a Redis
 //! Cluster hash tag, so a route's keys share one slot and one script may touch them
-//! all. Every write sets an expiry (`key_ttl`). Instances announce themselves in the
-//! sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and learn the live count.
+//! all. Every key has an expiry (`key_ttl`), renewed once per slot. Instances announce
+//! themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and learn the
+//! live count.
 //!
 //! Failure: a call that errs or takes longer than `timeout` is decided locally within
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
@@ -57,6 +58,9 @@ use std::time::Duration;
 ///   (used until the controller hash has one); `ARGV[4]` bucket burst, seconds;
 ///   `ARGV[5]` key expiry, ms.
 ///
+/// Expiries are renewed by the first call of each slot (a route's keys therefore
+/// outlive its last request by `ARGV[5]` at most, and at least that less one slot).
+///
 /// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, roll}`; `roll` is
 /// present only for the call that observed a new slot: `{lo, counts of slots lo..slot-1,
 /// controller fields (limit, state, through, entered, armed, safe, roc)}`.
@@ -71,7 +75,8 @@ local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered',
 local limit = tonumber(ctl[1]) or tonumber(ARGV[3])
 local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
 local roll = false
-if cur == nil or cur < slot then
+local fresh = cur == nil or cur < slot
+if fresh then
   redis.call('HSET', KEYS[1], 'cur', string.format('%.0f', slot))
   if cur ~= nil then
     local through = tonumber(ctl[3])
@@ -108,9 +113,11 @@ else
   wait = math.ceil((1 - tokens) * 1000000 / limit)
 end
 redis.call('HSET', KEYS[2], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.0f', ts))
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
-if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], ttl) end
+if fresh then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
 local result = {admit, wait, string.format('%.17g', limit), tonumber(ctl[2]) or 0, now, slot, ctl[7]}
 if roll then result[8] = roll end
 return result
