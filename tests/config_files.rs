@@ -676,7 +676,7 @@ fn reject_status_is_a_4xx_or_5xx() {
 
 #[test]
 fn store_section() {
-    use rocgate::store::{FailMode, RedisConfig, StoreConfig};
+    use rocgate::store::{FailMode, RedisConfig, StoreConfig, SyncMode};
     use std::time::Duration;
     assert_eq!(load("rocgate.toml").store, StoreConfig::Local);
     let StoreConfig::Redis(r) = load("examples/redis.toml").store else {
@@ -688,7 +688,7 @@ fn store_section() {
 
     let text = route(
         "[store]\nbackend = \"redis\"\nurl = \"redis://10.0.0.5:6380\"\ntimeout = \"20ms\"\n\
-         key_prefix = \"shop-eu\"\nfail_mode = \"closed\"\nheartbeat = \"2s\"\n\
+         key_prefix = \"shop-eu\"\nfail_mode = \"closed\"\nmode = \"batched\"\nheartbeat = \"2s\"\n\
          failures_to_open = 5\nprobe_interval = \"1s\"\nkey_ttl = \"1h\"\ninstance_id = \"gw-1\"",
     );
     let c = Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{e}"));
@@ -699,6 +699,7 @@ fn store_section() {
             timeout: Duration::from_millis(20),
             key_prefix: "shop-eu".into(),
             fail_mode: FailMode::Closed,
+            mode: SyncMode::Batched,
             heartbeat: Duration::from_secs(2),
             failures_to_open: 5,
             probe_interval: Duration::from_secs(1),
@@ -758,6 +759,11 @@ fn store_section() {
         &redis("fail_mode = \"panic\""),
         "store.fail_mode",
         "\"local\", \"open\" or \"closed\"",
+    );
+    refused(
+        &redis("mode = \"lazy\""),
+        "store.mode",
+        "\"exact\" or \"batched\"",
     );
     refused(
         &redis("failures_to_open = 0"),

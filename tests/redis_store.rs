@@ -693,3 +693,102 @@ async fn two_proxies_share_one_limit() {
     }
     upstream_task.abort();
 }
+
+fn batched(mut config: RedisConfig) -> RedisConfig {
+    config.mode = rocgate::store::SyncMode::Batched;
+    config
+}
+
+/// Batched mode: each instance decides locally at its share; together they admit at
+/// most what the shared limit allows (the same bound as exact mode), and every
+/// arrival reaches the shared window, one slot late at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_instances_admit_at_most_the_limit_and_count_every_arrival() {
+    let server = RedisServer::start().await;
+    let route = burst_route();
+    let config = batched(store_config(&server, "batch"));
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(b.store.beat().await, Some(2));
+    assert_eq!(a.store.beat().await, Some(2));
+    let started = tokio::time::Instant::now();
+    let together = two_instances_admit(&a, &b, 800).await;
+    let took = started.elapsed().as_secs_f64();
+    // 20 req/s with 50 s of burst, shared by two: 500 tokens each, 10/s each.
+    let most = 20.0 * (50.0 + took);
+    assert!(
+        together as f64 <= most * 1.01 + 2.0,
+        "admitted {together} in {took} s"
+    );
+    assert!(together >= 1000, "admitted {together}");
+    assert_eq!(
+        a.store.fallback_decisions() + b.store.fallback_decisions(),
+        0
+    );
+
+    // The next slot's first decision on each instance syncs what is left.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let _ = a.check().await;
+    let _ = b.check().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut conn = server.connection().unwrap();
+    let window: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+        .arg("{batch:order}:w")
+        .query(&mut conn)
+        .unwrap();
+    let counted: u64 = window
+        .iter()
+        .filter(|(k, _)| k.as_str() != "cur")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(counted, 1602, "{window:?}");
+    // No bucket in Redis: batched decisions take no shared token.
+    let bucket: bool = redis::cmd("EXISTS")
+        .arg("{batch:order}:b")
+        .query(&mut conn)
+        .unwrap();
+    assert!(!bucket);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_instances_cut_within_a_slot_or_two() {
+    let server = RedisServer::start().await;
+    let config = batched(store_config(&server, "bcut"));
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    let started = tokio::time::Instant::now();
+    let mut cut_at: [Option<Duration>; 2] = [None, None];
+    while started.elapsed() < Duration::from_secs(4) && cut_at.iter().any(Option::is_none) {
+        let spike = started.elapsed() > Duration::from_millis(1500);
+        for (i, inst) in [&a, &b].into_iter().enumerate() {
+            let _ = inst.check().await;
+            let view = inst.store.view("order").unwrap();
+            if view.state == ControllerState::Cut && cut_at[i].is_none() {
+                cut_at[i] = Some(started.elapsed());
+            }
+        }
+        let pause = if spike { 2 } else { 100 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    let (Some(ta), Some(tb)) = (cut_at[0], cut_at[1]) else {
+        panic!("not both cut: {cut_at:?}");
+    };
+    assert!(ta > Duration::from_millis(1500) && tb > Duration::from_millis(1500));
+    assert!(
+        ta.abs_diff(tb) <= Duration::from_millis(250),
+        "{ta:?} {tb:?}"
+    );
+    // Each enforces its share of the cut limit locally.
+    let mut reasons = Vec::new();
+    for _ in 0..200 {
+        if let rocgate::limiter::Decision::Reject(r) = a.check().await {
+            reasons.push(r.reason);
+        }
+    }
+    assert!(
+        !reasons.is_empty() && reasons.iter().all(|r| *r == Reason::RocCut),
+        "{reasons:?}"
+    );
+}

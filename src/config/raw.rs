@@ -19,7 +19,7 @@ use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig,
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
 use crate::limiter::{Algorithm, MAX_WINDOW_COUNT};
-use crate::store::{FailMode, RedisConfig, StoreConfig};
+use crate::store::{FailMode, RedisConfig, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::Deserialize;
@@ -53,6 +53,7 @@ struct RawStore {
     timeout: Option<String>,
     key_prefix: Option<String>,
     fail_mode: Option<String>,
+    mode: Option<String>,
     heartbeat: Option<String>,
     failures_to_open: Option<Whole>,
     probe_interval: Option<String>,
@@ -1351,6 +1352,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         ("timeout", raw.timeout.is_some()),
         ("key_prefix", raw.key_prefix.is_some()),
         ("fail_mode", raw.fail_mode.is_some()),
+        ("mode", raw.mode.is_some()),
         ("heartbeat", raw.heartbeat.is_some()),
         ("failures_to_open", raw.failures_to_open.is_some()),
         ("probe_interval", raw.probe_interval.is_some()),
@@ -1445,6 +1447,14 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
             )),
         };
         field(p, "fail_mode", checked.map(|m| out.fail_mode = m));
+    }
+    if let Some(mode) = raw.mode {
+        let checked = match mode.trim() {
+            "exact" => Ok(SyncMode::Exact),
+            "batched" => Ok(SyncMode::Batched),
+            _ => Err(format!("must be \"exact\" or \"batched\", got {mode:?}")),
+        };
+        field(p, "mode", checked.map(|m| out.mode = m));
     }
     if let Some(n) = raw.failures_to_open {
         let checked = match u32::try_from(n.0) {

@@ -36,6 +36,8 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// What a decision does when Redis cannot answer in time.
     pub fail_mode: FailMode,
+    /// One round trip per decision, or local decisions synchronised once per slot.
+    pub mode: SyncMode,
     /// How often an instance announces itself; it counts as gone after 3 missed beats.
     pub heartbeat: Duration,
     /// Failures in a row that open the breaker.
@@ -55,11 +57,34 @@ impl Default for RedisConfig {
             timeout: Duration::from_millis(50),
             key_prefix: "rocgate".into(),
             fail_mode: FailMode::Local,
+            mode: SyncMode::Exact,
             heartbeat: Duration::from_secs(1),
             failures_to_open: 3,
             probe_interval: Duration::from_millis(250),
             key_ttl: Duration::from_secs(600),
             instance_id: None,
+        }
+    }
+}
+
+/// How decisions use the shared state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Every decision is one atomic round trip on the shared window and bucket.
+    #[default]
+    Exact,
+    /// Decisions are local, at this instance's share of the shared limit; each
+    /// instance adds its arrivals to the shared window once per slot and learns the
+    /// shared limit back. No round trip on the hot path; see [`redis`] for the bound.
+    Batched,
+}
+
+impl SyncMode {
+    /// The name as written in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncMode::Exact => "exact",
+            SyncMode::Batched => "batched",
         }
     }
 }

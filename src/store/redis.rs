@@ -30,7 +30,7 @@
 //! other routes are decided by the local engine as before ([`RedisStore::shares`]).
 
 use super::breaker::{Breaker, Call};
-use super::{FailMode, RedisConfig};
+use super::{FailMode, RedisConfig, SyncMode};
 use crate::clock::{Clock, Nanos};
 use crate::config::{Mode, Partition};
 use crate::controller::{Controller, ControllerMemory, ControllerParams, ControllerState};
@@ -56,7 +56,9 @@ use std::time::Duration;
 ///   `through` (last slot stepped), `entered`, `armed`, `safe` (ns, Redis time), `roc`.
 /// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` base limit
 ///   (used until the controller hash has one); `ARGV[4]` bucket burst, seconds;
-///   `ARGV[5]` key expiry, ms.
+///   `ARGV[5]` key expiry, ms; `ARGV[6]` arrivals to count (1 per decision; a
+///   slot's worth in batched mode); `ARGV[7]` `1` to take a token, `0` to only count
+///   (batched mode: the answer then always admits).
 ///
 /// Expiries are renewed by the first call of each slot (a route's keys therefore
 /// outlive its last request by `ARGV[5]` at most, and at least that less one slot).
@@ -96,7 +98,10 @@ if fresh then
     end
   end
 end
-redis.call('HINCRBY', KEYS[1], string.format('%.0f', slot), 1)
+redis.call('HINCRBY', KEYS[1], string.format('%.0f', slot), tonumber(ARGV[6]))
+local admit = 1
+local wait = 0
+if ARGV[7] == '1' then
 local cap = math.max(math.floor(limit * tonumber(ARGV[4])), 1)
 local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
 local tokens = tonumber(b[1])
@@ -104,15 +109,14 @@ local ts = tonumber(b[2])
 if tokens == nil or ts == nil then tokens = cap; ts = now end
 if now > ts then tokens = tokens + (now - ts) * limit / 1000000; ts = now end
 if tokens > cap then tokens = cap end
-local admit = 0
-local wait = 0
 if tokens >= 1 then
-  admit = 1
   tokens = tokens - 1
 else
+  admit = 0
   wait = math.ceil((1 - tokens) * 1000000 / limit)
 end
 redis.call('HSET', KEYS[2], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.0f', ts))
+end
 if fresh then
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
@@ -217,6 +221,32 @@ struct SharedRoute {
     shadow_rejected: Counter,
     fallbacks: Counter,
     limit_gauge: Gauge,
+    /// Batched mode: arrivals since the last sync.
+    pending: AtomicU64,
+    /// Batched mode: the slot (on this instance's clock) of the last sync.
+    synced_slot: AtomicU64,
+}
+
+impl SharedRoute {
+    /// Why a shared limit rejects: a cut if the controller holds it below base.
+    fn reason(&self, limit: f64, state: u8) -> Reason {
+        let base = f64::from_bits(self.base_limit.load(Ordering::Relaxed));
+        if state != ControllerState::Normal.as_index() && limit < base {
+            Reason::RocCut
+        } else {
+            Reason::Limit
+        }
+    }
+
+    /// A rejection, counted; in shadow mode, an admission counted as shadow-rejected.
+    fn enforce(&self, mode: Mode, rejection: Rejection) -> Decision {
+        if mode == Mode::Shadow {
+            self.shadow_rejected.increment(1);
+            return Decision::Admit(Admit::Now);
+        }
+        self.rejected.increment(1);
+        Decision::Reject(rejection)
+    }
 }
 
 struct Inner {
@@ -310,9 +340,12 @@ impl RedisStore {
             && engine.window(route).slots() <= 1000
     }
 
-    /// Decides one request on a distributed route at `now` (the engine's clock): one
-    /// round trip to Redis, or a local decision if Redis errs, takes longer than
-    /// `timeout`, or the breaker is open. Never waits longer than `timeout`.
+    /// Decides one request on a distributed route at `now` (the engine's clock).
+    /// Exact mode: one round trip to Redis, or a local decision if Redis errs, takes
+    /// longer than `timeout`, or the breaker is open; never waits longer than
+    /// `timeout`. Batched mode: a local decision at this instance's share, never
+    /// waiting on Redis (the first decision of each slot starts the slot's sync in a
+    /// task of its own).
     ///
     /// # Panics
     /// If `route` does not come from `engine`.
@@ -320,79 +353,28 @@ impl RedisStore {
         let inner = &self.inner;
         let r = inner.route(engine, route, now);
         let mode = engine.mode(route);
+        if inner.config.mode == SyncMode::Batched {
+            return inner.batched(engine, route, &r, mode, now);
+        }
         if inner.breaker().call(now) == Call::Skip {
             return inner.fallback(&r, mode, now);
         }
-        let mut invocation = inner.decide.prepare_invoke();
-        for key in &r.keys {
-            invocation.key(key.as_str());
-        }
-        invocation
-            .arg(r.slot_us)
-            .arg(r.window.slots())
-            .arg(f64::from_bits(r.base_limit.load(Ordering::Relaxed)))
-            .arg(r.burst.as_secs_f64())
-            .arg(ttl_ms(inner.config.key_ttl));
-        let mut conn = inner.conn.clone();
-        let answer = tokio::time::timeout(
-            inner.config.timeout,
-            invocation.invoke_async::<Value>(&mut conn),
-        )
-        .await;
-        let reply = match answer {
-            Ok(Ok(value)) => Reply::parse(value),
-            Ok(Err(e)) => {
-                inner.errors.increment(1);
-                tracing::debug!(error = %e, "store call failed");
-                None
-            }
-            Err(_) => {
-                inner.timeouts.increment(1);
-                None
-            }
-        };
-        let Some(reply) = reply else {
-            inner.failed();
+        let Some(reply) = inner.call(&r, 1, true).await else {
             return inner.fallback(&r, mode, now);
         };
-        inner.breaker().success();
-        inner.set_mode(StoreMode::Shared);
-        r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
-        r.state.store(reply.state, Ordering::Relaxed);
-        r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
-        r.limit_gauge.set(reply.limit);
-        if let Some(roll) = reply.roll {
-            let params = engine.route_params(route);
-            r.base_limit
-                .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
-            tokio::spawn(step(
-                Arc::clone(inner),
-                Arc::clone(&r),
-                params,
-                reply.slot,
-                reply.now_us,
-                roll,
-            ));
-        }
-        if reply.admit {
+        let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
+        inner.absorb(&r, reply, || engine.route_params(route));
+        if admit {
             r.admitted.increment(1);
             return Decision::Admit(Admit::Now);
         }
-        let base = f64::from_bits(r.base_limit.load(Ordering::Relaxed));
-        let reason = if reply.state != ControllerState::Normal.as_index() && reply.limit < base {
-            Reason::RocCut
-        } else {
-            Reason::Limit
-        };
-        if mode == Mode::Shadow {
-            r.shadow_rejected.increment(1);
-            return Decision::Admit(Admit::Now);
-        }
-        r.rejected.increment(1);
-        Decision::Reject(Rejection {
-            retry_after: Duration::from_micros(reply.wait_us),
-            reason,
-        })
+        r.enforce(
+            mode,
+            Rejection {
+                retry_after: Duration::from_micros(wait_us),
+                reason: r.reason(limit, state),
+            },
+        )
     }
 
     /// Where this instance decides now.
@@ -520,9 +502,144 @@ impl Inner {
             shadow_rejected: counter("shadow_rejected"),
             fallbacks: metrics::counter!(metric::STORE_FALLBACK, "route" => label.to_string()),
             limit_gauge: metrics::gauge!(metric::STORE_LIMIT, "route" => label.to_string()),
+            pending: AtomicU64::new(0),
+            synced_slot: AtomicU64::new(u64::MAX),
         });
         self.routes.insert(label, Arc::clone(&r));
         r
+    }
+
+    /// Runs [`DECIDE`]: counts `arrivals`, and takes a token if `take`. `None` if
+    /// Redis erred, did not answer within `timeout`, or answered nonsense; the breaker
+    /// and the error counters know either way.
+    async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool) -> Option<Reply> {
+        let mut invocation = self.decide.prepare_invoke();
+        for key in &r.keys {
+            invocation.key(key.as_str());
+        }
+        invocation
+            .arg(r.slot_us)
+            .arg(r.window.slots())
+            .arg(f64::from_bits(r.base_limit.load(Ordering::Relaxed)))
+            .arg(r.burst.as_secs_f64())
+            .arg(ttl_ms(self.config.key_ttl))
+            .arg(arrivals)
+            .arg(u8::from(take));
+        let mut conn = self.conn.clone();
+        let answer = tokio::time::timeout(
+            self.config.timeout,
+            invocation.invoke_async::<Value>(&mut conn),
+        )
+        .await;
+        let reply = match answer {
+            Ok(Ok(value)) => Reply::parse(value),
+            Ok(Err(e)) => {
+                self.errors.increment(1);
+                tracing::debug!(error = %e, "store call failed");
+                None
+            }
+            Err(_) => {
+                self.timeouts.increment(1);
+                None
+            }
+        };
+        if reply.is_some() {
+            self.breaker().success();
+            self.set_mode(StoreMode::Shared);
+        } else {
+            self.failed();
+        }
+        reply
+    }
+
+    /// Takes in what Redis answered: the shared limit and state, and, for the winner
+    /// of a rollover, the controller step (in a task of its own).
+    fn absorb(
+        self: &Arc<Self>,
+        r: &Arc<SharedRoute>,
+        reply: Reply,
+        params: impl FnOnce() -> ControllerParams,
+    ) {
+        r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
+        r.state.store(reply.state, Ordering::Relaxed);
+        r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
+        r.limit_gauge.set(reply.limit);
+        if let Some(roll) = reply.roll {
+            let params = params();
+            r.base_limit
+                .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+            tokio::spawn(step(
+                Arc::clone(self),
+                Arc::clone(r),
+                params,
+                reply.slot,
+                reply.now_us,
+                roll,
+            ));
+        }
+    }
+
+    /// Batched mode: counts the request for the next sync, starts the sync if this is
+    /// the first decision of a slot, and decides locally at this instance's share.
+    fn batched(
+        self: &Arc<Self>,
+        engine: &Engine,
+        route: RouteId,
+        r: &Arc<SharedRoute>,
+        mode: Mode,
+        now: Nanos,
+    ) -> Decision {
+        r.pending.fetch_add(1, Ordering::Relaxed);
+        let slot = now.as_u64() / r.slot_us.saturating_mul(1000).max(1);
+        let last = r.synced_slot.load(Ordering::Relaxed);
+        if slot != last
+            && r.synced_slot
+                .compare_exchange(last, slot, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            // Arrivals of a failed or skipped sync are dropped: dumped into a later
+            // slot they would look like a spike.
+            let arrivals = r.pending.swap(0, Ordering::Relaxed);
+            if self.breaker().call(now) != Call::Skip {
+                tokio::spawn(sync(
+                    Arc::clone(self),
+                    Arc::clone(r),
+                    arrivals,
+                    engine.route_params(route),
+                ));
+            }
+        }
+        if self.mode() == StoreMode::Fallback {
+            return self.fallback(r, mode, now);
+        }
+        match self.share_check(r, now) {
+            Decision::Reject(rej) => {
+                let limit = f64::from_bits(r.limit.load(Ordering::Relaxed));
+                let reason = r.reason(limit, r.state.load(Ordering::Relaxed));
+                r.enforce(
+                    mode,
+                    Rejection {
+                        retry_after: rej.retry_after,
+                        reason,
+                    },
+                )
+            }
+            admit => {
+                r.admitted.increment(1);
+                admit
+            }
+        }
+    }
+
+    /// The local bucket at this instance's share of the shared limit (last seen ÷
+    /// live instances last counted).
+    fn share_check(&self, r: &SharedRoute, now: Nanos) -> Decision {
+        let share = f64::from_bits(r.limit.load(Ordering::Relaxed))
+            / self.instances.load(Ordering::Relaxed).max(1) as f64;
+        if r.fallback_limit.swap(share.to_bits(), Ordering::Relaxed) != share.to_bits() {
+            r.fallback.set_limit(share, now);
+        }
+        r.fallback.check(now)
     }
 
     /// Decides locally, by `fail_mode`.
@@ -535,20 +652,13 @@ impl Inner {
                 retry_after: self.config.probe_interval,
                 reason: Reason::FallbackLocal,
             },
-            FailMode::Local => {
-                let share = f64::from_bits(r.limit.load(Ordering::Relaxed))
-                    / self.instances.load(Ordering::Relaxed).max(1) as f64;
-                if r.fallback_limit.swap(share.to_bits(), Ordering::Relaxed) != share.to_bits() {
-                    r.fallback.set_limit(share, now);
-                }
-                match r.fallback.check(now) {
-                    Decision::Reject(rej) => Rejection {
-                        retry_after: rej.retry_after,
-                        reason: Reason::FallbackLocal,
-                    },
-                    admit => return admit,
-                }
-            }
+            FailMode::Local => match self.share_check(r, now) {
+                Decision::Reject(rej) => Rejection {
+                    retry_after: rej.retry_after,
+                    reason: Reason::FallbackLocal,
+                },
+                admit => return admit,
+            },
         };
         if mode == Mode::Shadow {
             return Decision::Admit(Admit::Now);
@@ -747,6 +857,14 @@ fn random_id() -> String {
         .build_hasher()
         .finish();
     format!("rocgate-{}-{bits:016x}", std::process::id())
+}
+
+/// Batched mode: adds a slot's arrivals to the shared window and learns the shared
+/// limit back.
+async fn sync(inner: Arc<Inner>, r: Arc<SharedRoute>, arrivals: u64, params: ControllerParams) {
+    if let Some(reply) = inner.call(&r, arrivals, false).await {
+        inner.absorb(&r, reply, || params);
+    }
 }
 
 /// Steps the controller over the slots the rollover completed and stores the result.
