@@ -9,10 +9,12 @@
 //!   backend; nothing waits);
 //! - `redis_ping`: one `PING` through the same connection manager (the floor: one
 //!   loopback round trip);
-//! - `redis_exact`: `RedisStore::check` (one `EVALSHA` of the decision script).
+//! - `redis_exact`: `RedisStore::check` (one `EVALSHA` of the decision script);
+//! - `redis_batched`: `RedisStore::check` in batched mode (a local decision; the first
+//!   of each slot spawns the slot's sync, which runs between timed decisions).
 //!
-//! Run with `cargo bench --bench store` (or `scripts/bench-store.sh`); `ROUNDS`
-//! decisions per backend (default 20000).
+//! Run with `cargo bench --bench store`; `ROUNDS` decisions per backend (default
+//! 20000).
 #![allow(clippy::disallowed_methods)] // a benchmark measures wall time, by definition
 
 use rocgate::clock::{Clock, MonotonicClock};
@@ -20,7 +22,7 @@ use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key};
 use rocgate::limiter::Algorithm;
 use rocgate::store::redis::RedisStore;
-use rocgate::store::RedisConfig;
+use rocgate::store::{RedisConfig, SyncMode};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -39,7 +41,7 @@ fn percentiles(name: &str, mut samples: Vec<Duration>) {
     samples.sort();
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     println!(
-        "{name:<12} n={:<6} p50={:>9.2?} p90={:>9.2?} p99={:>9.2?} p99.9={:>9.2?} max={:>9.2?}",
+        "{name:<14} n={:<6} p50={:>9.2?} p90={:>9.2?} p99={:>9.2?} p99.9={:>9.2?} max={:>9.2?}",
         samples.len(),
         at(0.5),
         at(0.9),
@@ -127,8 +129,32 @@ fn main() {
             assert!(d.is_admit());
         }
         assert_eq!(store.fallback_decisions(), 0, "every decision was shared");
+        let batched_store = RedisStore::connect(
+            &RedisConfig {
+                url: url.clone(),
+                timeout: Duration::from_secs(1),
+                key_prefix: "batched".into(),
+                mode: SyncMode::Batched,
+                ..RedisConfig::default()
+            },
+            Arc::clone(&clock),
+        )
+        .expect("the store");
+        let mut batched = Vec::with_capacity(rounds);
+        for i in 0..rounds {
+            let t = Instant::now();
+            let d = batched_store.check(&engine, id, clock.now()).await;
+            batched.push(t.elapsed());
+            assert!(d.is_admit());
+            if i % 100 == 0 {
+                // Lets the slot's sync run, outside the timed decisions.
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(batched_store.fallback_decisions(), 0, "Redis stayed up");
         percentiles("local", local);
         percentiles("redis_ping", ping);
         percentiles("redis_exact", exact);
+        percentiles("redis_batched", batched);
     });
 }

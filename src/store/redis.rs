@@ -25,6 +25,22 @@
 //! `failures_to_open` failures in a row and lets one decision probe it per
 //! `probe_interval`; the first answer returns the instance to shared state.
 //!
+//! Batched mode (`mode = "batched"`) takes Redis off the hot path: each decision is
+//! local, on a token bucket at this instance's share of the shared limit, and counts
+//! the request; the first decision of each slot (on the instance's clock) starts, in a
+//! task of its own, one [`DECIDE`] call that adds the arrivals since the last sync to
+//! the shared window without taking a token, and learns the shared limit and
+//! controller state back (rollovers step the controller as in exact mode). Its bounds:
+//! - admission: instance `i` admits at most `limit ÷ n` per second plus a burst of
+//!   `limit ÷ n × burst`, so the fleet admits at most what exact mode admits
+//!   (`limit × (T + burst)` over `T`), if `n` is the true live count. With uneven load
+//!   the fleet admits less: an instance cannot lend its unused share to another.
+//! - the window: while Redis answers, every arrival reaches it, at most one slot and
+//!   one round trip late (the arrivals of a failed or skipped sync are dropped rather
+//!   than dumped into a later slot as a false spike); so ROC, cuts and restores lag
+//!   exact mode by that much, and a new limit reaches an instance at its next sync
+//!   (one slot, while it has traffic).
+//!
 //! Distributed routes are those limited as a whole (`partition = "route"`) with the
 //! token bucket, in `enforce` or `shadow` mode, with at most 1000 slots per window;
 //! other routes are decided by the local engine as before ([`RedisStore::shares`]).
