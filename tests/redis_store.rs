@@ -552,28 +552,62 @@ async fn fail_modes_open_and_closed() {
     drop(server);
 }
 
-/// The engine's own behaviour, against both backends: a full bucket at the base limit
-/// admits one burst, then the refill rate.
+/// The engine's behaviour on a whole-route token bucket, against both backends: a
+/// full bucket admits one burst; a rejection says `limit` and when a token is due;
+/// shadow mode admits everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_and_redis_backends_admit_the_same_burst() {
+async fn local_and_redis_backends_behave_alike() {
     let server = RedisServer::start().await;
-    // 200 tokens refilling at 20/s.
-    let route = route(20.0, Duration::from_secs(10));
-    let clock = ManualClock::new();
-    let engine = Engine::new(
-        &Config::new(vec![route.clone()]),
-        clock.now(),
-        SystemTime::UNIX_EPOCH,
-    );
-    let id = engine.route_id("order").unwrap();
-    let local = (0..300)
-        .filter(|_| engine.check(id, Key::None, clock.now()).is_admit())
-        .count();
-    assert_eq!(local, 200);
-    let shared = Instance::system(&route, &store_config(&server, "both"));
-    let admitted = shared.offer(300).await;
-    // The shared bucket refills in real time while the 300 round trips run.
-    assert!((200..=205).contains(&admitted), "{admitted}");
+    for (shadow, prefix) in [(false, "both"), (true, "both-shadow")] {
+        // 200 tokens refilling at 20/s.
+        let mut route = route(20.0, Duration::from_secs(10));
+        if shadow {
+            route.mode = rocgate::config::Mode::Shadow;
+        }
+        let clock = ManualClock::new();
+        let engine = Engine::new(
+            &Config::new(vec![route.clone()]),
+            clock.now(),
+            SystemTime::UNIX_EPOCH,
+        );
+        let id = engine.route_id("order").unwrap();
+        let local: Vec<_> = (0..300)
+            .map(|_| engine.check(id, Key::None, clock.now()))
+            .collect();
+        let shared = Instance::system(&route, &store_config(&server, prefix));
+        let mut remote = Vec::new();
+        for _ in 0..300 {
+            remote.push(shared.check().await);
+        }
+        let admitted =
+            |ds: &[rocgate::limiter::Decision]| ds.iter().filter(|d| d.is_admit()).count();
+        if shadow {
+            assert_eq!((admitted(&local), admitted(&remote)), (300, 300));
+            continue;
+        }
+        assert_eq!(admitted(&local), 200);
+        // The shared bucket refills in real time while the 300 round trips run.
+        let n = admitted(&remote);
+        assert!((200..=205).contains(&n), "{n}");
+        for ds in [&local, &remote] {
+            let rejections: Vec<_> = ds
+                .iter()
+                .filter_map(|d| match d {
+                    rocgate::limiter::Decision::Reject(r) => Some(*r),
+                    _ => None,
+                })
+                .collect();
+            assert!(!rejections.is_empty());
+            for r in rejections {
+                assert_eq!(r.reason, Reason::Limit);
+                // One token every 50 ms.
+                assert!(
+                    r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_millis(50),
+                    "{r:?}"
+                );
+            }
+        }
+    }
 }
 
 /// `rocgate serve` with `[store] backend = "redis"`: two proxies in front of one
