@@ -205,6 +205,19 @@ impl Engine {
         st.own.clone()
     }
 
+    /// The controller parameters due at `now`: those of the scheduled event running
+    /// then, or else the route's own. (A shared store steps its controller with these.)
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn params_at(&self, route: RouteId, now: Nanos) -> ControllerParams {
+        let st = self.routes[route.0].lock();
+        st.events
+            .iter()
+            .find(|e| e.start <= now && now < e.end)
+            .map_or_else(|| st.own.clone(), |e| e.params.clone())
+    }
+
     /// Calls `hook` with every controller transition (for metrics, logs, simulation).
     pub fn with_transition_hook(mut self, hook: TransitionHook) -> Self {
         self.hook = Some(hook);

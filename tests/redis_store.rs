@@ -826,3 +826,34 @@ async fn batched_instances_cut_within_a_slot_or_two() {
         "{reasons:?}"
     );
 }
+
+/// A scheduled event's profile is in force on the shared state while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_event_sets_the_shared_limit() {
+    let server = RedisServer::start().await;
+    let mut route = route(20.0, Duration::from_secs(10));
+    let mut sale = route.controller.clone();
+    sale.base_limit_rps = 5.0;
+    sale.cut_limit_rps = 5.0;
+    route.events.push(rocgate::config::Event {
+        name: "sale".into(),
+        start: SystemTime::UNIX_EPOCH + Duration::from_secs(940),
+        duration: Duration::from_secs(3600),
+        controller: sale,
+    });
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    // The engine starts at wall time 1000 s: the sale began 60 s before.
+    let engine = Engine::new(
+        &Config::new(vec![route.clone()]),
+        clock.now(),
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
+    );
+    let id = engine.route_id("order").unwrap();
+    let store = RedisStore::connect(&store_config(&server, "event"), Arc::clone(&clock)).unwrap();
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += usize::from(store.check(&engine, id, clock.now()).await.is_admit());
+    }
+    // The sale's 5 req/s with 10 s of burst: 50 tokens, not the route's 200.
+    assert!((50..=52).contains(&admitted), "{admitted}");
+}

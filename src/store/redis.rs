@@ -379,7 +379,7 @@ impl RedisStore {
             return inner.fallback(&r, mode, now);
         };
         let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
-        inner.absorb(&r, reply, || engine.route_params(route));
+        inner.absorb(&r, reply, || engine.params_at(route, now));
         if admit {
             r.admitted.increment(1);
             return Decision::Admit(Admit::Now);
@@ -498,7 +498,7 @@ impl Inner {
             }
         }
         let label: Arc<str> = engine.route_label(route);
-        let base = engine.route_params(route).base_limit_rps;
+        let base = engine.params_at(route, now).base_limit_rps;
         let share = base / self.instances.load(Ordering::Relaxed).max(1) as f64;
         let tag = format!("{{{}:{}}}", self.config.key_prefix, label);
         let counter = |decision: &'static str| metrics::counter!(metric::STORE_REQUESTS, "route" => label.to_string(), "decision" => decision);
@@ -621,7 +621,7 @@ impl Inner {
                     Arc::clone(self),
                     Arc::clone(r),
                     arrivals,
-                    engine.route_params(route),
+                    engine.params_at(route, now),
                 ));
             }
         }
