@@ -63,9 +63,26 @@ pub enum Key<'a> {
 /// Called with each controller transition: the route's name and the transition.
 pub type TransitionHook = Arc<dyn Fn(&str, &Transition) + Send + Sync>;
 
-/// Called with every completed slot's ROC (in the route's mode): the route's name and
-/// the value. Once per slot and route, never per request.
-pub type SampleHook = Arc<dyn Fn(&str, f64) + Send + Sync>;
+/// Called with every completed slot: the route's name and what the controller saw and
+/// did. Once per slot and route, never per request.
+pub type SampleHook = Arc<dyn Fn(&str, &SlotReport) + Send + Sync>;
+
+/// One completed window slot of a route, as the controller saw it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlotReport {
+    /// End of the slot, on the engine's clock.
+    pub at: Nanos,
+    /// The slot's length.
+    pub slot: Duration,
+    /// The window's reading at the slot's end.
+    pub sample: RocSample,
+    /// ROC in the route's mode.
+    pub roc: f64,
+    /// The controller's state after this sample.
+    pub state: ControllerState,
+    /// The controller's limit after this sample, req/s.
+    pub limit_rps: f64,
+}
 
 /// Every route's window, controller and limiters.
 pub struct Engine {
@@ -205,6 +222,22 @@ impl Engine {
         st.own.clone()
     }
 
+    /// What the tuning hints need to know of the route: name, mode, algorithm and
+    /// the controller parameters in force (an event's while one is active).
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn route_settings(&self, route: RouteId) -> crate::hints::RouteSettings {
+        let r = &self.routes[route.0];
+        let params = r.lock().controller.params().clone();
+        crate::hints::RouteSettings {
+            name: r.name.to_string(),
+            mode: r.mode,
+            algorithm: r.algorithm,
+            params,
+        }
+    }
+
     /// The controller parameters due at `now`: those of the scheduled event running
     /// then, or else the route's own. (A shared store steps its controller with these.)
     ///
@@ -337,7 +370,15 @@ impl Engine {
                 }
             });
             if let Some(h) = sample_hook {
-                h(&r.name, controller.last_roc());
+                let report = SlotReport {
+                    at: s.at,
+                    slot: r.window.slot(),
+                    sample: s.sample,
+                    roc: controller.last_roc(),
+                    state: controller.state(),
+                    limit_rps: controller.limit_rps(),
+                };
+                h(&r.name, &report);
             }
         });
         let after = (

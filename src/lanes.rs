@@ -12,6 +12,7 @@
 //! A read is relaxed: an add on another core may be seen a moment later. Every add is
 //! seen once the adding thread has been joined, or after any other synchronisation.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 /// Lanes owned by one thread each. Gateways run about one busy thread per core.
@@ -22,6 +23,19 @@ pub const COUNTERS: usize = 8;
 
 /// Which owned lanes are taken, one bit each.
 static TAKEN: AtomicU8 = AtomicU8::new(0);
+
+/// [`LANE`] before the thread first counts.
+const UNCLAIMED: u8 = u8::MAX;
+/// [`LANE`] of a thread that found no owned lane free, or whose claim was released.
+const SHARED: u8 = OWNED_LANES as u8;
+
+thread_local! {
+    /// This thread's lane: const-initialised with no destructor, so reading it is a
+    /// plain thread-local load on the hot path.
+    static LANE: Cell<u8> = const { Cell::new(UNCLAIMED) };
+    /// The claim behind `LANE`, released (and `LANE` reset) when the thread exits.
+    static CLAIM: Claim = Claim::take();
+}
 
 /// A thread's claim on a lane, released when the thread exits.
 struct Claim(Option<usize>);
@@ -38,20 +52,34 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
+        // Counting after this (from another thread-local's destructor) goes to the
+        // shared lane, not to a lane the next owner may already hold.
+        LANE.set(SHARED);
         if let Some(lane) = self.0 {
             TAKEN.fetch_and(!(1u8 << lane), Ordering::AcqRel);
         }
     }
 }
 
-thread_local! {
-    static LANE: Claim = Claim::take();
-}
-
 /// This thread's own lane, or `None` if every owned lane is taken.
 #[inline]
 fn own_lane() -> Option<usize> {
-    LANE.try_with(|c| c.0).ok().flatten()
+    let lane = LANE.get();
+    if usize::from(lane) < OWNED_LANES {
+        Some(usize::from(lane))
+    } else if lane == UNCLAIMED {
+        claim_lane()
+    } else {
+        None
+    }
+}
+
+/// First count on this thread: claims a lane (or the shared one) for good.
+#[cold]
+fn claim_lane() -> Option<usize> {
+    let lane = CLAIM.try_with(|c| c.0).ok().flatten();
+    LANE.set(lane.map_or(SHARED, |l| l as u8));
+    lane
 }
 
 /// One lane: a cache line of counters.

@@ -6,7 +6,8 @@
 //! safe; a [`limiter`] enforces the current limit. The [`engine`] ties them together
 //! behind one call, `check(route, key, now)`.
 //!
-//! The core (`clock`, `window`, `controller`, `limiter`, `engine`, `config`, `sim`)
+//! The core (`clock`, `window`, `controller`, `limiter`, `engine`, `config`, `sim`,
+//! `hints`)
 //! is pure: it takes the time as an argument, does no network I/O and needs no
 //! async runtime, so it is deterministic under a [`clock::ManualClock`].
 
@@ -14,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod engine;
+pub mod hints;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod lanes;

@@ -42,6 +42,7 @@ use crate::clock::{duration_nanos, Nanos};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -108,6 +109,7 @@ pub struct Rejection {
 
 /// How an admitted request proceeds.
 #[derive(Debug)]
+#[repr(u8)] // An explicit tag: dropping a Decision is a compare, with no niche to decode.
 pub enum Admit {
     /// Go ahead now.
     Now,
@@ -245,6 +247,16 @@ impl Limiter {
     /// Decides one request at `now`.
     #[inline]
     pub fn check(&self, now: Nanos) -> Decision {
+        // The default algorithm is inlined into the caller; the others stay behind a
+        // call, so that the common hot path stays small enough to inline.
+        match self {
+            Limiter::TokenBucket(l) => l.check(now),
+            other => other.check_other(now),
+        }
+    }
+
+    #[inline(never)]
+    fn check_other(&self, now: Nanos) -> Decision {
         match self {
             Limiter::TokenBucket(l) => l.check(now),
             Limiter::FixedWindow(l) => l.check(now),
@@ -285,6 +297,7 @@ fn interval_ns(per_sec: f64) -> u64 {
     ((1e9 / per_sec).round() as u64).clamp(1, u64::MAX / 4)
 }
 
+#[inline]
 fn reject(retry_after_ns: u64, reason: Reason) -> Decision {
     Decision::Reject(Rejection {
         retry_after: Duration::from_nanos(retry_after_ns.max(1)),
@@ -329,6 +342,7 @@ impl TokenBucket {
     }
 
     /// Tolerance τ = capacity × T.
+    #[inline]
     fn tolerance(t: u64, capacity: u32) -> u64 {
         t.saturating_mul(u64::from(capacity)).min(u64::MAX / 4)
     }
@@ -785,9 +799,7 @@ impl Concurrency {
     pub fn check(&self) -> Decision {
         let s = &self.shared;
         if s.waiting.load(Ordering::Acquire) == 0 && s.try_acquire() {
-            return Decision::Admit(Admit::Held(Permit {
-                shared: Arc::clone(s),
-            }));
+            return Decision::Admit(Admit::Held(Permit::new(Arc::clone(s))));
         }
         if s.queue == 0 {
             return reject(duration_nanos(CONCURRENCY_RETRY), Reason::Concurrency);
@@ -800,7 +812,7 @@ impl Concurrency {
             .is_ok();
         if queued {
             Decision::Admit(Admit::Queued(Ticket {
-                shared: Some(Arc::clone(s)),
+                shared: ManuallyDrop::new(Some(Arc::clone(s))),
             }))
         } else {
             reject(duration_nanos(CONCURRENCY_RETRY), Reason::QueueFull)
@@ -833,13 +845,27 @@ impl Concurrency {
 /// A slot in flight; dropping it lets the next request in.
 #[derive(Debug)]
 pub struct Permit {
-    shared: Arc<ConcurrencyShared>,
+    // Always `Some` until dropped. In `ManuallyDrop` so that the out-of-line `Drop`
+    // below releases the `Arc` too: a `Decision`'s drop glue is then a tag check and
+    // at most one call, small enough to inline on the paths that hold no permit.
+    shared: ManuallyDrop<Option<Arc<ConcurrencyShared>>>,
+}
+
+impl Permit {
+    fn new(shared: Arc<ConcurrencyShared>) -> Self {
+        Permit {
+            shared: ManuallyDrop::new(Some(shared)),
+        }
+    }
 }
 
 impl Drop for Permit {
+    #[inline(never)]
     fn drop(&mut self) {
-        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.shared.wake_one();
+        if let Some(shared) = self.shared.take() {
+            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            shared.wake_one();
+        }
     }
 }
 
@@ -848,14 +874,15 @@ impl Drop for Permit {
 /// the next permit release, so the order is not strictly first-come first-served.
 #[derive(Debug)]
 pub struct Ticket {
-    shared: Option<Arc<ConcurrencyShared>>,
+    // `None` once the permit is taken; `ManuallyDrop` as in `Permit`.
+    shared: ManuallyDrop<Option<Arc<ConcurrencyShared>>>,
 }
 
 impl Future for Ticket {
     type Output = Permit;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Permit> {
-        let Some(shared) = self.shared.clone() else {
+        let Some(shared) = (*self.shared).clone() else {
             return Poll::Pending;
         };
         let acquired = shared.try_acquire() || {
@@ -870,13 +897,14 @@ impl Future for Ticket {
         if !acquired {
             return Poll::Pending;
         }
-        self.shared = None;
+        *self.shared = None;
         shared.waiting.fetch_sub(1, Ordering::AcqRel);
-        Poll::Ready(Permit { shared })
+        Poll::Ready(Permit::new(shared))
     }
 }
 
 impl Drop for Ticket {
+    #[inline(never)]
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
             shared.waiting.fetch_sub(1, Ordering::AcqRel);

@@ -1,5 +1,5 @@
 //! The `rocgate` command: serve as a reverse proxy, simulate a spike on a virtual
-//! clock, check a config file.
+//! clock, check a config file, print a running instance's tuning hints.
 
 mod cli;
 
@@ -21,5 +21,6 @@ fn main() -> ExitCode {
         cli::Command::Serve(a) => cli::serve::run(a),
         cli::Command::Simulate(a) => cli::simulate::run(a),
         cli::Command::CheckConfig(a) => cli::check_config::run(a),
+        cli::Command::Hints(a) => cli::hints::run(a),
     }
 }

@@ -40,7 +40,7 @@
 
 use crate::clock::Nanos;
 use crate::controller::ControllerState;
-use crate::engine::{Engine, RouteSnapshot, SampleHook};
+use crate::engine::{Engine, RouteSnapshot, SampleHook, SlotReport};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -199,8 +199,8 @@ pub fn describe() {
 
 /// A sample hook recording each slot's ROC into `rocgate_roc_observed`.
 pub fn roc_sample_hook() -> SampleHook {
-    Arc::new(|route: &str, roc: f64| {
-        metrics::histogram!(ROC_OBSERVED, "route" => route.to_owned()).record(roc);
+    Arc::new(|route: &str, report: &SlotReport| {
+        metrics::histogram!(ROC_OBSERVED, "route" => route.to_owned()).record(report.roc);
     })
 }
 

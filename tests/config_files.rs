@@ -778,3 +778,42 @@ fn store_section() {
     );
     refused(&redis("timeout = 5"), "store.timeout", "");
 }
+
+#[test]
+fn the_hints_section_is_read_and_checked() {
+    let c = Config::from_toml_str(
+        &route("[hints]\ninterval = \"5s\"\nkeep = \"30m\"\nlatency_budget = \"250ms\"\nerror_budget = 0.05\nmin_requests = 10"),
+        "ok.toml",
+    )
+    .unwrap();
+    assert_eq!(c.hints.interval.as_secs(), 5);
+    assert_eq!(c.hints.keep.as_secs(), 1800);
+    assert_eq!(c.hints.policy.latency_budget.as_millis(), 250);
+    assert_eq!(c.hints.policy.error_budget, 0.05);
+    assert_eq!(c.hints.policy.min_requests, 10);
+    assert_eq!(
+        load("examples/flash-sale.toml").hints,
+        rocgate::config::HintsConfig::default()
+    );
+
+    refused(
+        &route("[hints]\ninterval = \"0s\""),
+        "hints.interval",
+        "longer than zero",
+    );
+    refused(
+        &route("[hints]\nerror_budget = 1.5"),
+        "hints.error_budget",
+        "fraction from 0 up to 1",
+    );
+    refused(
+        &route("[hints]\ninterval = \"1m\"\nkeep = \"10s\""),
+        "hints.keep",
+        "at least hints.interval",
+    );
+    refused(
+        &route("[hints]\nbudget = 1"),
+        "hints.budget",
+        "unknown field",
+    );
+}

@@ -1,6 +1,7 @@
 //! Command-line arguments of the `rocgate` binary; one module per subcommand.
 
 pub(crate) mod check_config;
+pub(crate) mod hints;
 pub(crate) mod serve;
 pub(crate) mod simulate;
 
@@ -25,6 +26,22 @@ pub(crate) enum Command {
     Simulate(SimulateArgs),
     /// Validate a configuration file: prints `ok`, or every error (exit code 2).
     CheckConfig(CheckConfigArgs),
+    /// Print the tuning hints of a running `serve`, from its admin API.
+    Hints(HintsArgs),
+}
+
+/// Arguments of `rocgate hints`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct HintsArgs {
+    /// The admin API of the running `serve`.
+    #[arg(long, default_value = "http://127.0.0.1:9090")]
+    pub(crate) admin: String,
+    /// How far back to look (at most the history kept, `[hints] keep`).
+    #[arg(long, default_value = "15m")]
+    pub(crate) period: String,
+    /// Print the JSON the admin API returned instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// Arguments of `rocgate serve`.

@@ -118,6 +118,8 @@ struct SummaryFile<'a> {
     #[serde(flatten)]
     summary: &'a RunSummary,
     routes: Vec<&'a Summary>,
+    /// The tuning hints for the run.
+    hints: &'a [rocgate::hints::Hint],
 }
 
 /// Writes one output file.
@@ -364,6 +366,12 @@ fn run_once(
         .run(sim)
         .map_err(|e| run_failure(label, traffic, e))?;
     print!("{}", render(&run, label));
+    let config = sim.config();
+    let hints = rocgate::sim::hints::hints(&run, config, &config.hints.policy);
+    print!("hints\n{}", rocgate::hints::table(&hints));
+    if args.capacity.is_none() {
+        println!("  (without --capacity the rules that need upstream health stay silent)");
+    }
 
     let Some(outputs) = outputs else {
         return Ok(());
@@ -395,6 +403,7 @@ fn run_once(
         log,
         summary: &run.summary,
         routes: run.routes.iter().map(|r| &r.summary).collect(),
+        hints: &hints,
     };
     let chart_failed = |e: chart::ChartError| io::Error::other(e.to_string());
     let written = outputs.write(vec![

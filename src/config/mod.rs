@@ -48,6 +48,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// The reverse proxy's settings (`[server]` and `[admin]`); unused by the layer.
     pub server: ServerConfig,
+    /// What the tuning hints keep and call saturated (`[hints]`).
+    pub hints: HintsConfig,
     /// Where shared state lives (`[store]`): local by default.
     pub store: crate::store::StoreConfig,
 }
@@ -58,6 +60,7 @@ impl Config {
         Config {
             routes,
             server: ServerConfig::default(),
+            hints: HintsConfig::default(),
             store: crate::store::StoreConfig::default(),
         }
     }
@@ -329,6 +332,29 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
+        }
+    }
+}
+
+/// `[hints]`: the history the tuning hints are computed from, and when the upstream
+/// counts as saturated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HintsConfig {
+    /// Length of one history interval (the finest grain of a period).
+    pub interval: Duration,
+    /// How much history is kept (the longest period that can be asked for).
+    pub keep: Duration,
+    /// Saturation budgets and the least evidence.
+    pub policy: crate::hints::Policy,
+}
+
+impl Default for HintsConfig {
+    /// 10 s intervals, 1 h kept, [`crate::hints::Policy::default`].
+    fn default() -> Self {
+        HintsConfig {
+            interval: Duration::from_secs(10),
+            keep: Duration::from_secs(3600),
+            policy: crate::hints::Policy::default(),
         }
     }
 }

@@ -14,8 +14,8 @@
 //! with a route's `base_limit = 50` is `routes[i].base_limit: must be ≥ cut_limit (60)`.
 
 use super::load::Problem;
-use super::ServerConfig;
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
+use super::{HintsConfig, ServerConfig};
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
 use crate::limiter::{Algorithm, MAX_WINDOW_COUNT};
@@ -41,6 +41,7 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     admin: RawAdmin,
     #[serde(default)]
+    hints: RawHints,
     store: RawStore,
 }
 
@@ -81,6 +82,17 @@ struct RawServer {
 struct RawAdmin {
     listen: Option<String>,
     token: Option<String>,
+}
+
+/// `[hints]`: what the tuning hints keep and call saturated.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHints {
+    interval: Option<String>,
+    keep: Option<String>,
+    latency_budget: Option<String>,
+    error_budget: Option<Num>,
+    min_requests: Option<Whole>,
 }
 
 /// Declares `[defaults]` and `[[routes]]` from one list of settings, so that a route
@@ -1204,11 +1216,13 @@ impl TryFrom<RawConfig> for Config {
             }
         }
         let server = server_config(&mut p, raw.server, raw.admin);
+        let hints = hints_config(&mut p, raw.hints);
         let store = store_config(&mut p, raw.store);
         if p.0.is_empty() {
             Ok(Config {
                 routes: routes.into_iter().flatten().collect(),
                 server,
+                hints,
                 store,
             })
         } else {
@@ -1339,6 +1353,53 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             Ok(())
         };
         field(p, "admin.token", checked);
+    }
+    out
+}
+
+/// `[hints]`, each field checked on its own, defaults where absent.
+fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
+    let mut out = HintsConfig::default();
+    let mut field = |path: &str, result: Result<(), String>| {
+        if let Err(message) = result {
+            p.at(format!("hints.{path}"), message);
+        }
+    };
+    if let Some(v) = raw.interval {
+        field("interval", nonzero_duration(v).map(|d| out.interval = d));
+    }
+    if let Some(v) = raw.keep {
+        field("keep", nonzero_duration(v).map(|d| out.keep = d));
+    }
+    if let Some(v) = raw.latency_budget {
+        field(
+            "latency_budget",
+            nonzero_duration(v).map(|d| out.policy.latency_budget = d),
+        );
+    }
+    if let Some(v) = raw.error_budget {
+        let checked = if (0.0..1.0).contains(&v.0) {
+            out.policy.error_budget = v.0;
+            Ok(())
+        } else {
+            Err(format!(
+                "must be a fraction from 0 up to 1, such as 0.01, got {}",
+                v.0
+            ))
+        };
+        field("error_budget", checked);
+    }
+    if let Some(v) = raw.min_requests {
+        out.policy.min_requests = v.0;
+    }
+    if out.keep < out.interval {
+        field(
+            "keep",
+            Err(format!(
+                "must be at least hints.interval ({})",
+                humantime::format_duration(out.interval)
+            )),
+        );
     }
     out
 }

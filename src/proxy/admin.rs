@@ -9,14 +9,16 @@
 //! | `GET /admin/routes` | every route's live state as JSON |
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
 //! | `POST /admin/reload` | read the config file again |
+//! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
 //!
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set.
 
+use super::hints::Advisor;
 use super::Reloader;
 use crate::engine::RouteSnapshot;
 use crate::limiter::Reason;
 use crate::metrics::Collector;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
@@ -30,6 +32,7 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub(crate) struct AdminState {
     pub(crate) reloader: Reloader,
+    pub(crate) advisor: Arc<Advisor>,
     pub(crate) token: Option<String>,
     pub(crate) metrics: Arc<Exporter>,
 }
@@ -56,6 +59,7 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/admin/routes", get(routes))
         .route("/admin/routes/{name}", get(one_route).put(update_route))
         .route("/admin/reload", post(reload))
+        .route("/admin/hints", get(hints))
         .with_state(state)
 }
 
@@ -175,6 +179,32 @@ async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response
         Ok(()) => Json(json!({ "reloaded": true })).into_response(),
         Err(errors) => error(StatusCode::UNPROCESSABLE_ENTITY, errors),
     }
+}
+
+/// The query of `GET /admin/hints`.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct HintsQuery {
+    period: Option<String>,
+}
+
+/// The period hints cover when none is asked for.
+const DEFAULT_PERIOD: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+async fn hints(State(state): State<AdminState>, Query(q): Query<HintsQuery>) -> Response {
+    let period = match q.period.as_deref().map(humantime::parse_duration) {
+        None => DEFAULT_PERIOD,
+        Some(Ok(p)) if !p.is_zero() => p,
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                vec![format!(
+                    "period: must be a duration such as \"15m\" or \"1h\", got {:?}",
+                    q.period.unwrap_or_default()
+                )],
+            )
+        }
+    };
+    Json(state.advisor.report(period, state.reloader.clock().now())).into_response()
 }
 
 /// One route's live state as JSON.

@@ -3,6 +3,7 @@
 
 use super::error::ProxyError;
 use crate::clock::Clock;
+use crate::hints::UpstreamMeter;
 use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr};
 use crate::metrics as metric;
 use axum::body::Body;
@@ -88,6 +89,7 @@ struct Inner {
     authority: Authority,
     clock: Arc<dyn Clock>,
     in_flight: Arc<AtomicI64>,
+    meter: Arc<UpstreamMeter>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -100,11 +102,13 @@ impl std::fmt::Debug for Inner {
 
 impl Forwarder {
     /// A forwarder with its own connection pool, timing upstream requests with
-    /// `clock` and counting requests in flight in `in_flight`.
+    /// `clock`, counting requests in flight in `in_flight` and recording each
+    /// upstream outcome in `meter` (for the tuning hints).
     pub fn new(
         settings: ForwardSettings,
         clock: Arc<dyn Clock>,
         in_flight: Arc<AtomicI64>,
+        meter: Arc<UpstreamMeter>,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(settings.connect_timeout));
@@ -127,6 +131,7 @@ impl Forwarder {
                 authority,
                 clock,
                 in_flight,
+                meter,
             }),
         }
     }
@@ -237,12 +242,16 @@ impl Inner {
                         Ok(Err(e)) => Err(ProxyError::from_client(e)),
                         Err(_) => Err(ProxyError::ResponseTimeout),
                     };
+                let took = self.clock.now().saturating_since(started);
                 if let Ok(res) = &result {
                     let class = status_class(res.status());
-                    let took = self.clock.now().saturating_since(started);
                     metrics::histogram!(metric::UPSTREAM_DURATION, "route" => Arc::clone(&route), "status_class" => class)
                         .record(took.as_secs_f64());
                 }
+                let failed = result
+                    .as_ref()
+                    .map_or(true, |r| r.status().is_server_error());
+                self.meter.record(&route, took, failed);
                 result
             }
             Err(e) => Err(e),

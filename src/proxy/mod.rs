@@ -11,6 +11,7 @@
 mod admin;
 mod error;
 mod forward;
+mod hints;
 #[cfg(feature = "redis")]
 mod shared;
 
@@ -62,6 +63,7 @@ pub struct Proxy {
     admin: TcpListener,
     settings: ProxySettings,
     reloader: Reloader,
+    advisor: Arc<hints::Advisor>,
     /// The shared store of distributed routes (`[store] backend = "redis"`).
     #[cfg(feature = "redis")]
     store: Option<crate::store::redis::RedisStore>,
@@ -139,9 +141,15 @@ impl Proxy {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
+        let advisor = Arc::new(hints::Advisor::new(&config.hints));
+        let roc_histogram = metric::roc_sample_hook();
+        let history = Arc::clone(&advisor);
         let engine = Engine::new(config, clock.now(), wall_now)
             .with_transition_hook(Arc::new(log_transition))
-            .with_sample_hook(metric::roc_sample_hook());
+            .with_sample_hook(Arc::new(move |route, report| {
+                roc_histogram(route, report);
+                history.on_slot(route, report);
+            }));
         // The store's metric handles bind to the recorder installed now.
         #[cfg(feature = "redis")]
         let store = match config.store {
@@ -161,6 +169,7 @@ impl Proxy {
             listener,
             admin,
             settings,
+            advisor,
             #[cfg(feature = "redis")]
             store,
             reloader: Reloader {
@@ -201,6 +210,7 @@ impl Proxy {
             self.settings.forward.clone(),
             Arc::clone(&self.reloader.clock),
             Arc::clone(&in_flight),
+            self.advisor.meter(),
         );
         #[cfg(feature = "redis")]
         let service = shared::Front::new(
@@ -233,8 +243,21 @@ impl Proxy {
                 }
             }
         });
+        let ticker = tokio::spawn({
+            let advisor = Arc::clone(&self.advisor);
+            let reloader = self.reloader.clone();
+            async move {
+                let mut every = tokio::time::interval(advisor.interval());
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    every.tick().await;
+                    advisor.tick(&reloader.engine(), reloader.clock().now());
+                }
+            }
+        });
         let admin_router = admin::router(admin::AdminState {
             reloader: self.reloader.clone(),
+            advisor: Arc::clone(&self.advisor),
             token: self.settings.admin_token.clone(),
             metrics: Arc::new(admin::Exporter {
                 handle: prometheus,
@@ -298,6 +321,7 @@ impl Proxy {
         if let Some(store) = &self.store {
             store.leave().await;
         }
+        ticker.abort();
         Ok(())
     }
 }

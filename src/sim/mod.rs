@@ -149,6 +149,7 @@
 pub mod access_log;
 #[cfg(feature = "charts")]
 pub mod chart;
+pub mod hints;
 mod profile;
 mod run;
 pub mod sweep;

@@ -1,0 +1,128 @@
+//! `rocgate hints --admin URL`: asks a running `serve` for its tuning hints
+//! (`GET /admin/hints`) and prints them as a table, or as the JSON it returned.
+//!
+//! Exit codes: 0 with hints printed, 1 when the admin API cannot be reached or
+//! answers with an error, 2 for a bad `--admin` URL or `--period`.
+
+use super::HintsArgs;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rocgate::hints::{self, Hint};
+use serde::Deserialize;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// How long the whole request may take.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `GET /admin/hints`, as far as the table needs it.
+#[derive(Debug, Deserialize)]
+struct Report {
+    period_s: f64,
+    routes: Vec<RouteReport>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RouteReport {
+    route: String,
+    intervals: usize,
+    covered_s: f64,
+    offered: u64,
+    rejected: u64,
+    hints: Vec<Hint>,
+}
+
+/// Fetches and prints the hints.
+pub(crate) fn run(args: HintsArgs) -> ExitCode {
+    let base = args.admin.trim_end_matches('/');
+    let url: http::Uri = match format!("{base}/admin/hints?period={}", args.period).parse() {
+        Ok(u) if base.starts_with("http://") => u,
+        _ => {
+            eprintln!(
+                "--admin: must be the admin API's URL such as http://127.0.0.1:9090, got {:?}",
+                args.admin
+            );
+            return ExitCode::from(2);
+        }
+    };
+    if humantime::parse_duration(&args.period).map_or(true, |p| p.is_zero()) {
+        eprintln!(
+            "--period: must be a duration such as 15m or 1h, got {:?}",
+            args.period
+        );
+        return ExitCode::from(2);
+    }
+    let body = match fetch(url.clone()) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("{url}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        println!("{body}");
+        return ExitCode::SUCCESS;
+    }
+    match serde_json::from_str::<Report>(&body) {
+        Ok(report) => {
+            print!("{}", render(&report));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{url}: not a hints report: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The response body of a GET, or why there is none.
+fn fetch(url: http::Uri) -> Result<String, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    runtime.block_on(async {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+        let request = async {
+            let res = client
+                .get(url)
+                .await
+                .map_err(|e| format!("cannot connect: {e}"))?;
+            let status = res.status();
+            let bytes = res
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("reading the answer: {e}"))?
+                .to_bytes();
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            if status.is_success() {
+                Ok(text)
+            } else {
+                Err(format!("answered {status}: {text}"))
+            }
+        };
+        tokio::time::timeout(TIMEOUT, request)
+            .await
+            .map_err(|_| format!("no answer within {}", humantime::format_duration(TIMEOUT)))?
+    })
+}
+
+fn render(report: &Report) -> String {
+    let mut out = format!(
+        "hints over the last {}\n",
+        humantime::format_duration(Duration::from_secs_f64(report.period_s.max(0.0)))
+    );
+    if report.routes.is_empty() {
+        out.push_str("  no history yet: the first interval has not ended\n");
+    }
+    for r in &report.routes {
+        out.push_str(&format!(
+            "route {}: {} interval(s), {:.0} s, {} offered, {} rejected\n",
+            r.route, r.intervals, r.covered_s, r.offered, r.rejected
+        ));
+        out.push_str(&hints::table(&r.hints));
+    }
+    out
+}

@@ -1,0 +1,449 @@
+//! What the hints are computed from: each route's activity cut into fixed intervals,
+//! kept in a bounded history.
+//!
+//! A [`History`] is fed three ways, none of them per request through a lock:
+//! - [`History::on_slot`], from the engine's sample hook, once per completed window
+//!   slot and route: ROC, controller state, demand;
+//! - [`History::tick`], once per interval, with the engine's snapshots (cumulative
+//!   counters, diffed here) and the [`UpstreamMeter`]'s counts;
+//! - [`UpstreamMeter::record`], per forwarded request, into atomic buckets.
+//!
+//! Memory is bounded: `keep ÷ interval` intervals per route, each with two sparse
+//! [`Sketch`]es (at most one bucket per slot or per latency decade step).
+
+use super::sketch::Sketch;
+use crate::clock::Nanos;
+use crate::config::Mode;
+use crate::controller::{ControllerParams, ControllerState};
+use crate::engine::{RouteSnapshot, SlotReport};
+use crate::limiter::{Algorithm, Reason};
+use dashmap::DashMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Rejections by reason, indexed by [`Reason::index`].
+pub type ReasonArray = [u64; Reason::ALL.len()];
+
+/// One route's activity over one interval.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Interval {
+    /// Start, on the engine's clock.
+    pub start: Nanos,
+    /// Length.
+    pub length: Duration,
+    /// Requests offered.
+    pub offered: u64,
+    /// Requests rejected, by reason.
+    pub rejected: ReasonArray,
+    /// Requests a shadow mode admitted but would have rejected.
+    pub shadow_rejected: u64,
+    /// Every completed slot's ROC, in the route's mode.
+    pub roc: Sketch,
+    /// Seconds spent in each controller state, by [`ControllerState::as_index`].
+    pub in_state: [f64; 3],
+    /// Cuts that began in the interval.
+    pub cuts: u32,
+    /// The highest ROC that started a cut in the interval (0 without a cut).
+    pub cut_roc: f64,
+    /// The highest later-half-window demand seen at a slot's end, req/s.
+    pub peak_demand_rps: f64,
+    /// What the upstream did, when it is measured (the proxy, or a modelled capacity).
+    pub upstream: Option<UpstreamCounts>,
+}
+
+impl Interval {
+    /// An empty interval from `start`.
+    pub fn new(start: Nanos, length: Duration) -> Self {
+        Interval {
+            start,
+            length,
+            ..Interval::default()
+        }
+    }
+
+    /// Length in seconds (at least a nanosecond, so rates stay finite).
+    pub fn secs(&self) -> f64 {
+        self.length.as_secs_f64().max(1e-9)
+    }
+
+    /// All rejections.
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected.iter().sum()
+    }
+
+    /// Requests admitted.
+    pub fn admitted(&self) -> u64 {
+        self.offered.saturating_sub(self.rejected_total())
+    }
+
+    /// Seconds in `state`.
+    pub fn time_in(&self, state: ControllerState) -> f64 {
+        self.in_state[usize::from(state.as_index())]
+    }
+}
+
+/// Requests the upstream answered in one interval.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UpstreamCounts {
+    /// Requests forwarded.
+    pub requests: u64,
+    /// Of those, failed: a 5xx, a timeout or a connection error (or, simulated,
+    /// admitted beyond the modelled capacity).
+    pub errors: u64,
+    /// Time to the response head, seconds (empty when not measured).
+    pub latency: Sketch,
+}
+
+/// What a route is configured with, as the rules need it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteSettings {
+    /// Route name.
+    pub name: String,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// The enforcing algorithm.
+    pub algorithm: Algorithm,
+    /// The controller's parameters in force.
+    pub params: ControllerParams,
+}
+
+/// Upstream outcomes per route, recorded per forwarded request with atomics only.
+#[derive(Debug, Default)]
+pub struct UpstreamMeter {
+    routes: DashMap<Arc<str>, MeterCell>,
+}
+
+/// Latency buckets of the meter, upper bounds in seconds (the last one is open).
+const METER_BOUNDS: [f64; 16] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+];
+
+#[derive(Debug, Default)]
+struct MeterCell {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    buckets: [AtomicU64; METER_BOUNDS.len() + 1],
+}
+
+/// A meter's cumulative counts for one route.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct MeterReading {
+    requests: u64,
+    errors: u64,
+    buckets: [u64; METER_BOUNDS.len() + 1],
+}
+
+impl UpstreamMeter {
+    /// An empty meter.
+    pub fn new() -> Self {
+        UpstreamMeter::default()
+    }
+
+    /// Records one forwarded request of `route`: how long the upstream took to answer
+    /// (or to fail) and whether it failed.
+    pub fn record(&self, route: &Arc<str>, took: Duration, failed: bool) {
+        match self.routes.get(route) {
+            Some(cell) => cell.record(took, failed),
+            None => self
+                .routes
+                .entry(Arc::clone(route))
+                .or_default()
+                .record(took, failed),
+        }
+    }
+
+    fn reading(&self, route: &str) -> Option<MeterReading> {
+        let cell = self.routes.get(route)?;
+        Some(MeterReading {
+            requests: cell.requests.load(Ordering::Relaxed),
+            errors: cell.errors.load(Ordering::Relaxed),
+            buckets: std::array::from_fn(|i| cell.buckets[i].load(Ordering::Relaxed)),
+        })
+    }
+}
+
+impl MeterCell {
+    fn record(&self, took: Duration, failed: bool) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let secs = took.as_secs_f64();
+        let i = METER_BOUNDS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(METER_BOUNDS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl MeterReading {
+    /// What happened between `before` and `self`.
+    fn since(&self, before: &MeterReading) -> UpstreamCounts {
+        let mut latency = Sketch::new();
+        for (i, (&now, &then)) in self.buckets.iter().zip(&before.buckets).enumerate() {
+            let bound = METER_BOUNDS
+                .get(i)
+                .copied()
+                .unwrap_or(2.0 * METER_BOUNDS[15]);
+            latency.record_n(bound, now.saturating_sub(then));
+        }
+        UpstreamCounts {
+            requests: self.requests.saturating_sub(before.requests),
+            errors: self.errors.saturating_sub(before.errors),
+            latency,
+        }
+    }
+}
+
+/// Cumulative counters of one route at the last tick.
+#[derive(Clone, Copy, Debug, Default)]
+struct Totals {
+    offered: u64,
+    rejected: ReasonArray,
+    shadow_rejected: u64,
+    upstream: Option<MeterReading>,
+}
+
+#[derive(Debug)]
+struct RouteHistory {
+    settings: RouteSettings,
+    done: VecDeque<Interval>,
+    open: Interval,
+    totals: Totals,
+    last_state: ControllerState,
+}
+
+/// Every route's recent intervals.
+#[derive(Debug)]
+pub struct History {
+    interval: Duration,
+    keep: usize,
+    routes: BTreeMap<String, RouteHistory>,
+}
+
+impl History {
+    /// A history cutting time into `interval`s and keeping those of the last `keep`.
+    pub fn new(interval: Duration, keep: Duration) -> Self {
+        let interval = interval.max(Duration::from_millis(1));
+        let keep = (keep.as_nanos() / interval.as_nanos()).max(1);
+        History {
+            interval,
+            keep: usize::try_from(keep).unwrap_or(usize::MAX),
+            routes: BTreeMap::new(),
+        }
+    }
+
+    /// The interval length.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// One completed slot of `route` (the engine's sample hook). Routes not seen by a
+    /// [`History::tick`] yet are ignored.
+    pub fn on_slot(&mut self, route: &str, report: &SlotReport) {
+        let Some(h) = self.routes.get_mut(route) else {
+            return;
+        };
+        let open = &mut h.open;
+        open.roc.record(report.roc);
+        open.in_state[usize::from(report.state.as_index())] += report.slot.as_secs_f64();
+        open.peak_demand_rps = open.peak_demand_rps.max(report.sample.rate_recent_rps);
+        if report.state == ControllerState::Cut && h.last_state != ControllerState::Cut {
+            open.cuts += 1;
+            open.cut_roc = open.cut_roc.max(report.roc);
+        }
+        h.last_state = report.state;
+    }
+
+    /// Closes the open interval of every route in `snapshots` at `now` (counters
+    /// are cumulative; a counter that went back, after a reload, counts from zero)
+    /// and opens the next. `settings` gives each route's configuration, in the order
+    /// of `snapshots`. Routes gone from the engine keep their past intervals until
+    /// they age out.
+    pub fn tick(
+        &mut self,
+        now: Nanos,
+        snapshots: &[RouteSnapshot],
+        settings: impl IntoIterator<Item = RouteSettings>,
+        upstream: Option<&UpstreamMeter>,
+    ) {
+        for (snap, settings) in snapshots.iter().zip(settings) {
+            let totals = Totals {
+                offered: snap.offered,
+                rejected: reason_array(&snap.rejected),
+                shadow_rejected: snap.shadow_rejected.iter().map(|(_, n)| n).sum(),
+                upstream: upstream.and_then(|u| u.reading(&snap.name)),
+            };
+            let interval = self.interval;
+            let h = self
+                .routes
+                .entry(snap.name.clone())
+                .or_insert_with(|| RouteHistory {
+                    settings: settings.clone(),
+                    done: VecDeque::new(),
+                    open: Interval::new(now, interval),
+                    totals,
+                    last_state: snap.state,
+                });
+            let before = h.totals;
+            let open = &mut h.open;
+            open.length = now.saturating_since(open.start);
+            open.offered = delta(totals.offered, before.offered);
+            for (i, n) in totals.rejected.iter().enumerate() {
+                open.rejected[i] = delta(*n, before.rejected[i]);
+            }
+            open.shadow_rejected = delta(totals.shadow_rejected, before.shadow_rejected);
+            open.upstream = totals
+                .upstream
+                .map(|now| now.since(&before.upstream.unwrap_or_default()));
+            h.totals = totals;
+            h.settings = settings;
+            let closed = std::mem::replace(open, Interval::new(now, interval));
+            if !closed.length.is_zero() {
+                h.done.push_back(closed);
+            }
+            while h.done.len() > self.keep {
+                h.done.pop_front();
+            }
+        }
+        let keep = self
+            .interval
+            .saturating_mul(u32::try_from(self.keep).unwrap_or(u32::MAX));
+        self.routes
+            .retain(|_, h| now.saturating_since(h.open.start) <= keep);
+    }
+
+    /// Each route's settings and its closed intervals that started at or after `since`.
+    pub fn since(&self, since: Nanos) -> Vec<(RouteSettings, Vec<Interval>)> {
+        self.routes
+            .values()
+            .map(|h| {
+                let intervals = h
+                    .done
+                    .iter()
+                    .filter(|i| i.start >= since)
+                    .cloned()
+                    .collect();
+                (h.settings.clone(), intervals)
+            })
+            .collect()
+    }
+}
+
+/// `now − before`, or `now` when the counter restarted.
+fn delta(now: u64, before: u64) -> u64 {
+    if now >= before {
+        now - before
+    } else {
+        now
+    }
+}
+
+/// Counts by reason as an array indexed by [`Reason::index`].
+pub fn reason_array(counts: &[(Reason, u64)]) -> ReasonArray {
+    let mut out = [0; Reason::ALL.len()];
+    for &(r, n) in counts {
+        out[r.index()] += n;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{RouteConfig, RouteMatch};
+    use crate::engine::{Engine, Key, RouteId};
+    use crate::window::RocSample;
+    use std::time::UNIX_EPOCH;
+
+    fn settings(name: &str) -> RouteSettings {
+        RouteSettings {
+            name: name.into(),
+            mode: Mode::Enforce,
+            algorithm: Algorithm::TokenBucket {
+                burst: Duration::from_secs(1),
+            },
+            params: ControllerParams::default(),
+        }
+    }
+
+    fn report(at_ms: u64, roc: f64, state: ControllerState) -> SlotReport {
+        SlotReport {
+            at: Nanos::new(at_ms * 1_000_000),
+            slot: Duration::from_millis(100),
+            sample: RocSample {
+                n_prev: 0,
+                n_recent: 0,
+                rate_prev_rps: 0.0,
+                rate_recent_rps: roc,
+                roc,
+            },
+            roc,
+            state,
+            limit_rps: 60.0,
+        }
+    }
+
+    #[test]
+    fn ticks_diff_counters_and_slots_fill_the_open_interval() {
+        let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH);
+        let meter = UpstreamMeter::new();
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
+        let s = Nanos::from_secs;
+        h.tick(s(0), &engine.snapshot(s(0)), [settings("r")], Some(&meter));
+        for _ in 0..250 {
+            let _ = engine.check(RouteId(0), Key::None, s(0));
+        }
+        let route: Arc<str> = "r".into();
+        meter.record(&route, Duration::from_millis(30), false);
+        meter.record(&route, Duration::from_millis(700), true);
+        h.on_slot("r", &report(100, 90.0, ControllerState::Cut));
+        h.on_slot("r", &report(200, 10.0, ControllerState::Cut));
+        h.on_slot("r", &report(300, 5.0, ControllerState::Recovering));
+        h.on_slot("elsewhere", &report(300, 5.0, ControllerState::Cut));
+        h.tick(s(1), &engine.snapshot(s(1)), [settings("r")], Some(&meter));
+
+        let all = h.since(Nanos::ZERO);
+        assert_eq!(all.len(), 1);
+        let i = &all[0].1[0];
+        assert_eq!((i.offered, i.rejected_total()), (250, 50), "bucket of 200");
+        assert_eq!((i.cuts, i.cut_roc), (1, 90.0));
+        assert!((i.time_in(ControllerState::Cut) - 0.2).abs() < 1e-9);
+        assert_eq!(i.roc.count(), 3);
+        assert_eq!(i.peak_demand_rps, 90.0);
+        let up = i.upstream.as_ref().unwrap();
+        assert_eq!((up.requests, up.errors), (2, 1));
+        assert_eq!(up.latency.max(), Some(0.75));
+
+        // The next interval counts only what came after.
+        let _ = engine.check(RouteId(0), Key::None, s(1));
+        h.tick(s(2), &engine.snapshot(s(2)), [settings("r")], Some(&meter));
+        let all = h.since(s(1));
+        assert_eq!(all[0].1.len(), 1);
+        assert_eq!(all[0].1[0].offered, 1);
+        assert_eq!(all[0].1[0].upstream.as_ref().unwrap().requests, 0);
+    }
+
+    #[test]
+    fn history_is_bounded_and_gone_routes_age_out() {
+        let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH);
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
+        for t in 0..10 {
+            let now = Nanos::from_secs(t);
+            h.tick(now, &engine.snapshot(now), [settings("r")], None);
+        }
+        let kept = h.since(Nanos::ZERO);
+        assert_eq!(kept[0].1.len(), 3);
+        assert_eq!(kept[0].1[0].start, Nanos::from_secs(6));
+        // No snapshot of the route any more: it ages out after `keep`.
+        for t in 10..15 {
+            h.tick(Nanos::from_secs(t), &[], Vec::new(), None);
+        }
+        assert!(h.since(Nanos::ZERO).is_empty());
+    }
+}

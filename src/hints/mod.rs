@@ -1,0 +1,841 @@
+//! Tuning hints: what rocgate has seen of a route's traffic, turned into suggested
+//! values for its limits and thresholds, each with one sentence of reasoning that
+//! quotes the figures.
+//!
+//! Pure: [`advise`] takes one route's [`RouteSettings`] and its [`Interval`]s over a
+//! period (from a [`History`] in the proxy, or from a simulated run) and returns
+//! [`Hint`]s, the same for the same input. A route without evidence for any rule gets
+//! a single "no change" hint.
+//!
+//! Upstream health, per interval: *saturated* when more than
+//! [`Policy::error_budget`] of forwarded requests failed or their p99 latency exceeded
+//! [`Policy::latency_budget`]; *healthy* otherwise; *unknown* without measurements.
+//! The rules, in the order they are reported:
+//!
+//! | rule | evidence | suggestion |
+//! |---|---|---|
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity |
+//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity | `base_limit` −20%, or 90% of the rate at which it saturated if lower |
+//! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20%, ≥ 2 under 2%) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest excess seen, at least doubled |
+//! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC and the ROC that started each false cut |
+//! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
+//! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`) | `min_rps` 20% above the peak demand of those cuts, at least doubled |
+//! | `faster_restore` | over 10% rejected while recovering, for at least two restore intervals, the upstream measured healthy throughout recovery | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
+//! | `shadow_verdict` | shadow modes: what enforcing would have rejected | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated |
+//!
+//! Routes with fewer than [`Policy::min_requests`] offered in the period get
+//! "no change: too little traffic".
+
+mod history;
+mod sketch;
+
+pub use history::{
+    reason_array, History, Interval, ReasonArray, RouteSettings, UpstreamCounts, UpstreamMeter,
+};
+pub use sketch::Sketch;
+
+use crate::config::Mode;
+use crate::controller::ControllerState;
+use crate::limiter::{Algorithm, Reason};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// When the upstream counts as saturated, and how much evidence a rule needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    /// An interval whose upstream p99 latency exceeds this is saturated.
+    pub latency_budget: Duration,
+    /// An interval in which more than this fraction of forwarded requests failed is
+    /// saturated.
+    pub error_budget: f64,
+    /// Fewer requests than this in the period: no hint but "too little traffic".
+    pub min_requests: u64,
+}
+
+impl Default for Policy {
+    /// 500 ms p99, 1% errors, 200 requests.
+    fn default() -> Self {
+        Policy {
+            latency_budget: Duration::from_millis(500),
+            error_budget: 0.01,
+            min_requests: 200,
+        }
+    }
+}
+
+/// How much a hint matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth knowing; nothing is at risk.
+    Info,
+    /// Clients are rejected without need, or protection is weaker than it looks.
+    Warn,
+    /// The upstream was saturated and rocgate let it happen.
+    Critical,
+}
+
+impl Severity {
+    /// `info`, `warn` or `critical`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warn => "warn",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// A parameter's value, as written in config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Setting {
+    /// A number (a rate, a ROC).
+    Number(f64),
+    /// Anything else: a duration such as `"500ms"`, a mode.
+    Text(String),
+}
+
+impl Setting {
+    fn duration(d: Duration) -> Setting {
+        Setting::Text(humantime::format_duration(round_duration(d)).to_string())
+    }
+}
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Setting::Number(x) => write!(f, "{}", fmt_num(*x)),
+            Setting::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+/// One suggestion for one route.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hint {
+    /// The route.
+    pub route: String,
+    /// Which rule produced it (see the module doc), or `no_change`.
+    pub rule: String,
+    /// How much it matters.
+    pub severity: Severity,
+    /// The config field to change (`None` for "no change").
+    pub parameter: Option<String>,
+    /// Its value in force.
+    pub current: Option<Setting>,
+    /// The suggested value.
+    pub suggested: Option<Setting>,
+    /// Why, with the figures.
+    pub reason: String,
+}
+
+/// The hints for one route over the given intervals. `capacity_rps` is the
+/// upstream's capacity when known (a simulation's model); otherwise only measured
+/// health counts.
+pub fn advise(
+    settings: &RouteSettings,
+    intervals: &[Interval],
+    capacity_rps: Option<f64>,
+    policy: &Policy,
+) -> Vec<Hint> {
+    let e = Evidence::new(settings, intervals, capacity_rps, policy);
+    if e.offered < policy.min_requests {
+        return vec![e.hint(
+            "no_change",
+            Severity::Info,
+            None,
+            None,
+            format!(
+                "no change: too little traffic to judge ({} requests in {})",
+                e.offered,
+                fmt_secs(e.secs)
+            ),
+        )];
+    }
+    let quiet_cuts = e.raise_min_rps();
+    let mut hints: Vec<Hint> = [
+        e.raise_base_limit(),
+        e.lower_base_limit(),
+        e.raise_burst(),
+        if quiet_cuts.is_some() {
+            None
+        } else {
+            e.raise_danger_roc()
+        },
+        e.lower_danger_roc(),
+        quiet_cuts,
+        e.faster_restore(),
+        e.shadow_verdict(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if hints.is_empty() {
+        hints.push(e.hint(
+            "no_change",
+            Severity::Info,
+            None,
+            None,
+            format!(
+                "no change: {} requests, {} rejected, {} cut(s), upstream {}",
+                e.offered,
+                pct(e.rejected, e.offered),
+                e.cuts.len(),
+                e.health_summary()
+            ),
+        ));
+    }
+    hints
+}
+
+/// The hints as a table for a person: one line per hint (route, severity, the change)
+/// and its reasoning indented below.
+pub fn table(hints: &[Hint]) -> String {
+    let width = hints.iter().map(|h| h.route.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for h in hints {
+        let change = match (&h.parameter, &h.current, &h.suggested) {
+            (Some(p), Some(c), Some(s)) => format!("{p} {c} → {s}"),
+            (Some(p), _, _) => p.clone(),
+            (None, _, _) => "no change".to_owned(),
+        };
+        out.push_str(&format!(
+            "  {:<width$}  {:<8}  {change}\n  {:<width$}  {:<8}  {}\n",
+            h.route,
+            h.severity.as_str(),
+            "",
+            "",
+            h.reason
+        ));
+    }
+    out
+}
+
+/// An interval's upstream health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Health {
+    Unknown,
+    Healthy,
+    Saturated,
+}
+
+/// A run of consecutive intervals with time in `Cut`.
+#[derive(Clone, Copy, Debug)]
+struct CutEpisode {
+    /// Seconds since the period's start.
+    at_s: f64,
+    trigger_roc: f64,
+    peak_demand_rps: f64,
+    saturated: bool,
+}
+
+/// Everything the rules look at, computed once.
+struct Evidence<'a> {
+    s: &'a RouteSettings,
+    intervals: &'a [Interval],
+    health: Vec<Health>,
+    capacity_rps: Option<f64>,
+    offered: u64,
+    rejected: u64,
+    base_rejected: u64,
+    secs: f64,
+    cuts: Vec<CutEpisode>,
+    roc: Sketch,
+    latency: Sketch,
+}
+
+impl<'a> Evidence<'a> {
+    fn new(
+        s: &'a RouteSettings,
+        intervals: &'a [Interval],
+        capacity_rps: Option<f64>,
+        policy: &'a Policy,
+    ) -> Self {
+        let health: Vec<Health> = intervals.iter().map(|i| health(i, policy)).collect();
+        let mut roc = Sketch::new();
+        let mut latency = Sketch::new();
+        for i in intervals {
+            roc.merge(&i.roc);
+            if let Some(u) = &i.upstream {
+                latency.merge(&u.latency);
+            }
+        }
+        let offered = intervals.iter().map(|i| i.offered).sum();
+        let rejected = intervals.iter().map(Interval::rejected_total).sum();
+        let cut_rejected: u64 = intervals
+            .iter()
+            .map(|i| i.rejected[Reason::RocCut.index()])
+            .sum();
+        let start = intervals.first().map_or(0.0, |i| i.start.as_secs_f64());
+        let mut cuts: Vec<CutEpisode> = Vec::new();
+        let mut in_episode = false;
+        for (i, h) in intervals.iter().zip(&health) {
+            let cut = i.time_in(ControllerState::Cut) > 0.0 || i.cuts > 0;
+            if !cut {
+                in_episode = false;
+                continue;
+            }
+            let saturated = *h == Health::Saturated;
+            match cuts.last_mut() {
+                Some(ep) if in_episode => {
+                    ep.trigger_roc = ep.trigger_roc.max(i.cut_roc);
+                    ep.peak_demand_rps = ep.peak_demand_rps.max(i.peak_demand_rps);
+                    ep.saturated |= saturated;
+                }
+                _ => cuts.push(CutEpisode {
+                    at_s: i.start.as_secs_f64() - start,
+                    trigger_roc: i.cut_roc,
+                    peak_demand_rps: i.peak_demand_rps,
+                    saturated,
+                }),
+            }
+            in_episode = true;
+        }
+        Evidence {
+            s,
+            intervals,
+            health,
+            capacity_rps,
+            offered,
+            rejected,
+            base_rejected: rejected - cut_rejected,
+            secs: intervals.iter().map(Interval::secs).sum(),
+            cuts,
+            roc,
+            latency,
+        }
+    }
+
+    fn hint(
+        &self,
+        rule: &'static str,
+        severity: Severity,
+        parameter: Option<&'static str>,
+        change: Option<(Setting, Setting)>,
+        reason: String,
+    ) -> Hint {
+        let (current, suggested) = change.map_or((None, None), |(c, s)| (Some(c), Some(s)));
+        Hint {
+            route: self.s.name.clone(),
+            rule: rule.to_owned(),
+            severity,
+            parameter: parameter.map(str::to_owned),
+            current,
+            suggested,
+            reason,
+        }
+    }
+
+    fn base(&self) -> f64 {
+        self.s.params.base_limit_rps
+    }
+
+    fn count(&self, h: Health) -> usize {
+        self.health.iter().filter(|&&x| x == h).count()
+    }
+
+    fn known(&self) -> usize {
+        self.health.len() - self.count(Health::Unknown)
+    }
+
+    fn mean_rps(&self) -> f64 {
+        self.offered as f64 / self.secs.max(1e-9)
+    }
+
+    fn health_summary(&self) -> String {
+        if self.known() == 0 {
+            return "health not measured".into();
+        }
+        let saturated = self.count(Health::Saturated);
+        let p99 = self
+            .latency
+            .quantile(0.99)
+            .map(|l| format!(", p99 {}", fmt_secs(l)))
+            .unwrap_or_default();
+        if saturated == 0 {
+            format!("healthy throughout{p99}")
+        } else {
+            format!(
+                "healthy in {} of {} intervals, saturated in {saturated}{p99}",
+                self.known() - saturated,
+                self.known()
+            )
+        }
+    }
+
+    /// Measured, and saturated in at most 5% of the intervals (a bucket's first
+    /// burst may overshoot for a moment).
+    fn mostly_healthy(&self) -> bool {
+        self.known() > 0 && self.count(Health::Saturated) as f64 <= 0.05 * self.known() as f64
+    }
+
+    /// The upstream's capacity: the model's, or the median admitted rate of the
+    /// intervals in which it saturated.
+    fn observed_capacity(&self) -> Option<f64> {
+        if self.capacity_rps.is_some() {
+            return self.capacity_rps;
+        }
+        let mut rates: Vec<f64> = self
+            .intervals
+            .iter()
+            .zip(&self.health)
+            .filter(|(_, h)| **h == Health::Saturated)
+            .map(|(i, _)| i.admitted() as f64 / i.secs())
+            .collect();
+        median(&mut rates)
+    }
+
+    fn raise_base_limit(&self) -> Option<Hint> {
+        let ratio = self.base_rejected as f64 / self.offered as f64;
+        if ratio <= 0.10 || !self.mostly_healthy() {
+            return None;
+        }
+        let base = self.base();
+        let capacity = self.observed_capacity();
+        let mut target = base * 1.3;
+        let mut bound = String::new();
+        if let Some(cap) = capacity {
+            if cap <= base * 1.01 {
+                return None;
+            }
+            if cap < target {
+                target = cap;
+                bound = format!(
+                    ", bounded by the upstream's capacity of {} req/s",
+                    fmt_num(cap)
+                );
+            }
+        }
+        let health = format!("the upstream was {}", self.health_summary());
+        let suggested = round_up(target, base);
+        Some(self.hint(
+            "raise_base_limit",
+            Severity::Warn,
+            Some("base_limit"),
+            Some((Setting::Number(base), Setting::Number(suggested))),
+            format!(
+                "{} of {} requests were rejected by the base limit of {} req/s (mean demand {} req/s) while {health}: raise it about 30%{bound}",
+                pct(self.base_rejected, self.offered),
+                self.offered,
+                fmt_num(base),
+                fmt_num(self.mean_rps())
+            ),
+        ))
+    }
+
+    fn lower_base_limit(&self) -> Option<Hint> {
+        let saturated = self.count(Health::Saturated);
+        if saturated < 2 || (saturated as f64) < 0.10 * self.known() as f64 {
+            return None;
+        }
+        let base = self.base();
+        let capacity = self.observed_capacity();
+        let few_rejected = (self.rejected as f64) < 0.01 * self.offered as f64;
+        let above_capacity = capacity.is_some_and(|c| c < base);
+        if !few_rejected && !above_capacity {
+            return None;
+        }
+        let mut target = base * 0.8;
+        let mut why = String::new();
+        if let Some(cap) = capacity {
+            if cap * 0.9 < target {
+                target = cap * 0.9;
+                why = format!(
+                    "; it saturates at about {} req/s, so go to 90% of that",
+                    fmt_num(cap)
+                );
+            }
+        }
+        let suggested = round_down(target, base);
+        Some(self.hint(
+            "lower_base_limit",
+            Severity::Critical,
+            Some("base_limit"),
+            Some((Setting::Number(base), Setting::Number(suggested))),
+            format!(
+                "{} of {} requests were rejected while the upstream was {}: the base limit of {} req/s lets through more than it can take; lower it about 20%{why}",
+                pct(self.rejected, self.offered),
+                self.offered,
+                self.health_summary(),
+                fmt_num(base)
+            ),
+        ))
+    }
+
+    fn raise_burst(&self) -> Option<Hint> {
+        let Algorithm::TokenBucket { burst } = self.s.algorithm else {
+            return None;
+        };
+        if !self.mostly_healthy() || self.mean_rps() > self.base() {
+            return None;
+        }
+        let ratios: Vec<(f64, &Interval)> = self
+            .intervals
+            .iter()
+            .filter(|i| i.offered >= 10)
+            .map(|i| {
+                let base_rej = i.rejected_total() - i.rejected[Reason::RocCut.index()];
+                (base_rej as f64 / i.offered as f64, i)
+            })
+            .collect();
+        let high = ratios.iter().filter(|(r, _)| *r > 0.20).count();
+        let low = ratios.iter().filter(|(r, _)| *r < 0.02).count();
+        if high < 2 || low < 2 {
+            return None;
+        }
+        let base = self.base();
+        let excess = ratios
+            .iter()
+            .map(|(_, i)| i.offered as f64 - base * i.secs())
+            .fold(0.0, f64::max);
+        let current = burst.as_secs_f64();
+        let needed = (excess / base).max(2.0 * current);
+        let suggested = Duration::from_secs_f64(needed.min(current * 10.0).max(current * 2.0));
+        Some(self.hint(
+            "raise_burst",
+            Severity::Info,
+            Some("burst"),
+            Some((Setting::duration(burst), Setting::duration(suggested))),
+            format!(
+                "rejections come in bursts ({high} intervals over 20% rejected, {low} under 2%) while mean demand of {} req/s fits the base limit of {} req/s; the largest burst exceeded it by {} requests: a larger bucket absorbs it",
+                fmt_num(self.mean_rps()),
+                fmt_num(base),
+                fmt_num(excess)
+            ),
+        ))
+    }
+
+    fn raise_danger_roc(&self) -> Option<Hint> {
+        let base = self.base();
+        let false_cuts: Vec<&CutEpisode> = self
+            .cuts
+            .iter()
+            .filter(|c| !c.saturated && c.peak_demand_rps <= base)
+            .collect();
+        if false_cuts.is_empty() {
+            return None;
+        }
+        let danger = self.s.params.danger_roc;
+        let trigger = false_cuts
+            .iter()
+            .map(|c| c.trigger_roc)
+            .fold(danger, f64::max);
+        let high = self.roc.quantile(0.999).unwrap_or(danger);
+        let target = trigger.max(high) * 1.1;
+        let true_below: Vec<&CutEpisode> = self
+            .cuts
+            .iter()
+            .filter(|c| (c.saturated || c.peak_demand_rps > base) && c.trigger_roc < target)
+            .collect();
+        let suggested = round_up(target, danger);
+        let first = false_cuts[0];
+        let mut reason = format!(
+            "{} of {} cut(s) came while demand stayed under the base limit of {} req/s (peak {} req/s) and the upstream was not saturated, e.g. at +{} with ROC {}; p99.9 of ROC was {}: raise danger_roc just above both",
+            false_cuts.len(),
+            self.cuts.len(),
+            fmt_num(base),
+            fmt_num(first.peak_demand_rps),
+            fmt_secs(first.at_s),
+            fmt_num(first.trigger_roc),
+            fmt_num(high)
+        );
+        let severity = if true_below.is_empty() {
+            Severity::Warn
+        } else {
+            reason.push_str(&format!(
+                ", but {} needed cut(s) started below that, so this would miss them",
+                true_below.len()
+            ));
+            Severity::Info
+        };
+        Some(self.hint(
+            "raise_danger_roc",
+            severity,
+            Some("danger_roc"),
+            Some((Setting::Number(danger), Setting::Number(suggested))),
+            reason,
+        ))
+    }
+
+    fn lower_danger_roc(&self) -> Option<Hint> {
+        let p = &self.s.params;
+        let ramps: Vec<(f64, &Interval)> = self
+            .intervals
+            .iter()
+            .zip(&self.health)
+            .filter(|(i, h)| {
+                **h == Health::Saturated
+                    && i.time_in(ControllerState::Cut) == 0.0
+                    && i.time_in(ControllerState::Recovering) == 0.0
+            })
+            .filter_map(|(i, _)| i.roc.max().map(|m| (m, i)))
+            .filter(|(m, _)| *m > p.safe_roc && *m < p.danger_roc)
+            .collect();
+        let lowest = ramps.iter().map(|(m, _)| *m).reduce(f64::min)?;
+        let floor = p.safe_roc + 0.05 * (p.danger_roc - p.safe_roc).abs().max(1e-9);
+        let target = (0.8 * lowest).max(floor);
+        if target >= p.danger_roc {
+            return None;
+        }
+        let suggested = round_down(target, p.danger_roc).max(floor);
+        let peak = ramps.iter().map(|(m, _)| *m).fold(0.0, f64::max);
+        Some(self.hint(
+            "lower_danger_roc",
+            Severity::Critical,
+            Some("danger_roc"),
+            Some((Setting::Number(p.danger_roc), Setting::Number(suggested))),
+            format!(
+                "the upstream saturated in {} interval(s) of ramping demand (ROC up to {}, the lowest ramp {}) that never reached danger_roc {}: lower it below those ramps",
+                ramps.len(),
+                fmt_num(peak),
+                fmt_num(lowest),
+                fmt_num(p.danger_roc)
+            ),
+        ))
+    }
+
+    fn raise_min_rps(&self) -> Option<Hint> {
+        let base = self.base();
+        if self.cuts.len() < 3 || self.mean_rps() >= 0.2 * base {
+            return None;
+        }
+        let current = self.s.params.min_rps;
+        let peak = self
+            .cuts
+            .iter()
+            .map(|c| c.peak_demand_rps)
+            .fold(0.0, f64::max);
+        let target = (peak * 1.2).max(2.0 * current).min(0.5 * base);
+        if target <= current {
+            return None;
+        }
+        Some(self.hint(
+            "raise_min_rps",
+            Severity::Warn,
+            Some("min_rps"),
+            Some((Setting::Number(current), Setting::Number(round_up(target, current)))),
+            format!(
+                "{} cuts on a quiet route (mean demand {} req/s, base limit {} req/s, peak demand during cuts {} req/s): small numbers make ROC jumpy; raise min_rps above that peak",
+                self.cuts.len(),
+                fmt_num(self.mean_rps()),
+                fmt_num(base),
+                fmt_num(peak)
+            ),
+        ))
+    }
+
+    fn faster_restore(&self) -> Option<Hint> {
+        let p = &self.s.params;
+        let (mut secs, mut offered, mut rejected) = (0.0, 0u64, 0u64);
+        for (i, h) in self.intervals.iter().zip(&self.health) {
+            let t = i.time_in(ControllerState::Recovering);
+            if t < 0.5 * i.secs() {
+                continue;
+            }
+            if *h != Health::Healthy {
+                return None;
+            }
+            secs += t;
+            offered += i.offered;
+            rejected += i.rejected_total();
+        }
+        if offered == 0
+            || (rejected as f64) <= 0.10 * offered as f64
+            || secs < 2.0 * p.restore_interval.as_secs_f64()
+        {
+            return None;
+        }
+        let depth = (p.base_limit_rps - p.cut_limit_rps).max(0.0);
+        let figures = format!(
+            "{} of {} requests were rejected during {} of recovery while the upstream stayed healthy",
+            pct(rejected, offered),
+            offered,
+            fmt_secs(secs)
+        );
+        if p.restore_step_rps * 2.0 <= depth.max(p.restore_step_rps) && depth > 0.0 {
+            let suggested = round_up((p.restore_step_rps * 2.0).min(depth), p.restore_step_rps);
+            Some(self.hint(
+                "faster_restore",
+                Severity::Warn,
+                Some("restore_step"),
+                Some((
+                    Setting::Number(p.restore_step_rps),
+                    Setting::Number(suggested),
+                )),
+                format!("{figures}: restore in larger steps"),
+            ))
+        } else {
+            let suggested = (p.restore_interval / 2).max(Duration::from_millis(100));
+            if suggested >= p.restore_interval {
+                return None;
+            }
+            Some(self.hint(
+                "faster_restore",
+                Severity::Warn,
+                Some("restore_interval"),
+                Some((
+                    Setting::duration(p.restore_interval),
+                    Setting::duration(suggested),
+                )),
+                format!(
+                    "{figures}: restore steps are already large, shorten the interval between them"
+                ),
+            ))
+        }
+    }
+
+    fn shadow_verdict(&self) -> Option<Hint> {
+        let mode = match self.s.mode {
+            Mode::Enforce => return None,
+            Mode::Shadow => "shadow",
+            Mode::ShadowAdaptive => "shadow_adaptive",
+        };
+        let (mut would, mut would_saturated) = (0u64, 0u64);
+        for (i, h) in self.intervals.iter().zip(&self.health) {
+            would += i.shadow_rejected;
+            if *h == Health::Saturated {
+                would_saturated += i.shadow_rejected;
+            }
+        }
+        let what = if self.s.mode == Mode::Shadow {
+            "enforcing"
+        } else {
+            "the ROC cut"
+        };
+        let figures = format!(
+            "{what} would have rejected {} of {} requests ({})",
+            would,
+            self.offered,
+            pct(would, self.offered)
+        );
+        let change = Some((Setting::Text(mode.into()), Setting::Text("enforce".into())));
+        if (would as f64) <= 0.01 * self.offered as f64 {
+            return Some(self.hint(
+                "shadow_verdict",
+                Severity::Info,
+                Some("mode"),
+                change,
+                format!("{figures}: safe to enforce"),
+            ));
+        }
+        if would_saturated * 2 >= would {
+            return Some(self.hint(
+                "shadow_verdict",
+                Severity::Warn,
+                Some("mode"),
+                change,
+                format!(
+                    "{figures}, {} of them while the upstream was saturated: enforcing would have protected it; turn it on",
+                    pct(would_saturated, would)
+                ),
+            ));
+        }
+        Some(self.hint(
+            "shadow_verdict",
+            Severity::Info,
+            None,
+            None,
+            format!(
+                "{figures}, mostly while the upstream was not saturated: not safe to enforce yet; tune the limits first (see the other hints)"
+            ),
+        ))
+    }
+}
+
+fn health(i: &Interval, p: &Policy) -> Health {
+    let Some(u) = &i.upstream else {
+        return Health::Unknown;
+    };
+    if u.requests == 0 {
+        return Health::Unknown;
+    }
+    let errors = u.errors as f64 / u.requests as f64;
+    let slow = u
+        .latency
+        .quantile(0.99)
+        .is_some_and(|l| l > p.latency_budget.as_secs_f64());
+    if errors > p.error_budget || slow {
+        Health::Saturated
+    } else {
+        Health::Healthy
+    }
+}
+
+fn median(xs: &mut [f64]) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    Some(xs[xs.len() / 2])
+}
+
+/// `x` to `digits` significant digits, rounded up (`up`) or down.
+fn round_sig(x: f64, digits: i32, up: bool) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    let scaled = x * scale;
+    // Not a hair above a round value because of binary fractions.
+    let near = scaled.round();
+    let r = if (scaled - near).abs() < 1e-9 {
+        near
+    } else if up {
+        scaled.ceil()
+    } else {
+        scaled.floor()
+    };
+    r / scale
+}
+
+/// A suggested increase over `from`: `x` rounded up to a readable value.
+fn round_up(x: f64, from: f64) -> f64 {
+    (2..=4)
+        .map(|d| round_sig(x, d, true))
+        .find(|&r| r > from)
+        .unwrap_or(x)
+}
+
+/// A suggested decrease below `from`: `x` rounded down to a readable value.
+fn round_down(x: f64, from: f64) -> f64 {
+    (2..=4)
+        .map(|d| round_sig(x, d, false))
+        .find(|&r| r < from)
+        .unwrap_or(x)
+}
+
+fn round_duration(d: Duration) -> Duration {
+    if d >= Duration::from_secs(1) {
+        Duration::from_millis(u64::try_from(d.as_millis() / 100 * 100).unwrap_or(u64::MAX))
+    } else {
+        Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1))
+    }
+}
+
+/// A number as an operator reads it: no needless decimals.
+fn fmt_num(x: f64) -> String {
+    let r = (x * 1000.0).round() / 1000.0;
+    let r = if r.abs() >= 100.0 { r.round() } else { r };
+    if r.fract() == 0.0 && r.abs() < 1e15 {
+        format!("{r:.0}")
+    } else {
+        format!("{r}")
+    }
+}
+
+fn fmt_secs(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1000.0)
+    } else {
+        format!("{:.1} s", s)
+    }
+}
+
+fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "0%".into();
+    }
+    format!("{:.1}%", 100.0 * part as f64 / whole as f64)
+}

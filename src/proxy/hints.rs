@@ -1,0 +1,94 @@
+//! The proxy's side of the tuning hints: the bounded [`History`] it keeps of every
+//! route, fed by the engine's sample hook, a timer and the forwarder's
+//! [`UpstreamMeter`], and the report behind `GET /admin/hints`.
+
+use crate::clock::Nanos;
+use crate::config::HintsConfig;
+use crate::engine::{Engine, RouteId, SlotReport};
+use crate::hints::{self, History, Policy, UpstreamMeter};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Keeps the history and gives the hints.
+#[derive(Debug)]
+pub(crate) struct Advisor {
+    history: Mutex<History>,
+    meter: Arc<UpstreamMeter>,
+    policy: Policy,
+}
+
+impl Advisor {
+    /// An advisor with an empty history shaped by `config`.
+    pub(crate) fn new(config: &HintsConfig) -> Self {
+        Advisor {
+            history: Mutex::new(History::new(config.interval, config.keep)),
+            meter: Arc::new(UpstreamMeter::new()),
+            policy: config.policy.clone(),
+        }
+    }
+
+    fn history(&self) -> std::sync::MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The interval at which [`Advisor::tick`] must be called.
+    pub(crate) fn interval(&self) -> Duration {
+        self.history().interval()
+    }
+
+    /// Where the forwarder records upstream outcomes.
+    pub(crate) fn meter(&self) -> Arc<UpstreamMeter> {
+        Arc::clone(&self.meter)
+    }
+
+    /// One completed slot (from the engine's sample hook).
+    pub(crate) fn on_slot(&self, route: &str, report: &SlotReport) {
+        self.history().on_slot(route, report);
+    }
+
+    /// Closes the current interval of every route of `engine` at `now`.
+    pub(crate) fn tick(&self, engine: &Engine, now: Nanos) {
+        // Route locks are taken before, never under, the history's lock: the sample
+        // hook takes them in the other order.
+        let snapshots = engine.snapshot(now);
+        let settings: Vec<_> = (0..snapshots.len())
+            .map(|i| engine.route_settings(RouteId(i)))
+            .collect();
+        self.history()
+            .tick(now, &snapshots, settings, Some(&self.meter));
+    }
+
+    /// The hints over the last `period` before `now`, as the admin API returns them.
+    pub(crate) fn report(&self, period: Duration, now: Nanos) -> Value {
+        let since = Nanos::new(
+            now.as_u64()
+                .saturating_sub(u64::try_from(period.as_nanos()).unwrap_or(u64::MAX)),
+        );
+        let (interval, routes) = {
+            let h = self.history();
+            (h.interval(), h.since(since))
+        };
+        let routes: Vec<Value> = routes
+            .iter()
+            .map(|(settings, intervals)| {
+                let offered: u64 = intervals.iter().map(|i| i.offered).sum();
+                let rejected: u64 = intervals.iter().map(hints::Interval::rejected_total).sum();
+                let covered: f64 = intervals.iter().map(hints::Interval::secs).sum();
+                json!({
+                    "route": settings.name,
+                    "intervals": intervals.len(),
+                    "covered_s": covered,
+                    "offered": offered,
+                    "rejected": rejected,
+                    "hints": hints::advise(settings, intervals, None, &self.policy),
+                })
+            })
+            .collect();
+        json!({
+            "period_s": period.as_secs_f64(),
+            "interval_s": interval.as_secs_f64(),
+            "routes": routes,
+        })
+    }
+}

@@ -1,0 +1,154 @@
+//! Tuning hints for a simulated run: its per-slot series cut into one-second
+//! [`Interval`]s, with the modelled capacity standing in for upstream health (an
+//! admitted request beyond it counts as an upstream failure).
+
+use super::{SimResult, SimRun};
+use crate::config::Config;
+use crate::controller::ControllerState;
+use crate::hints::{self, Hint, Interval, Policy, RouteSettings, UpstreamCounts};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Slots per interval: one second of them, at least one.
+fn slots_per_interval(slot_s: f64) -> usize {
+    ((1.0 / slot_s).round() as usize).max(1)
+}
+
+/// One route's series as one-second intervals. `half_slots` is the route's
+/// half-window in slots (demand is that half-window's rate, as the controller sees
+/// it); `capacity` says whether a capacity was modelled.
+pub fn intervals(result: &SimResult, half_slots: usize, capacity: bool) -> Vec<Interval> {
+    let slot_s = result.summary.slot_s;
+    let per = slots_per_interval(slot_s);
+    let half_secs = slot_s * half_slots.max(1) as f64;
+    let mut recent: VecDeque<u64> = VecDeque::with_capacity(half_slots + 1);
+    let mut recent_sum = 0u64;
+    let mut last_state = ControllerState::Normal;
+    let slot = Duration::from_secs_f64(slot_s);
+    let mut out = Vec::new();
+    for chunk in result.series.chunks(per) {
+        let start = crate::clock::Nanos::new((chunk[0].t_s * 1e9).round() as u64);
+        let mut i = Interval::new(start, slot * u32::try_from(chunk.len()).unwrap_or(1));
+        let mut upstream = UpstreamCounts::default();
+        for row in chunk {
+            i.offered += row.offered;
+            for (reason, n) in row.rejected.iter() {
+                i.rejected[reason.index()] += n;
+            }
+            i.shadow_rejected += row.shadow_rejected;
+            i.roc.record(row.roc);
+            i.in_state[usize::from(row.state.as_index())] += slot_s;
+            if row.state == ControllerState::Cut && last_state != ControllerState::Cut {
+                i.cuts += 1;
+                i.cut_roc = i.cut_roc.max(row.roc);
+            }
+            last_state = row.state;
+            recent.push_back(row.offered);
+            recent_sum += row.offered;
+            if recent.len() > half_slots.max(1) {
+                recent_sum -= recent.pop_front().unwrap_or(0);
+            }
+            i.peak_demand_rps = i.peak_demand_rps.max(recent_sum as f64 / half_secs);
+            upstream.requests += row.admitted;
+            upstream.errors += row.overload;
+        }
+        if capacity {
+            i.upstream = Some(upstream);
+        }
+        out.push(i);
+    }
+    out
+}
+
+/// The hints for every route of `run`, simulated with `config`.
+pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
+    let capacity = run.summary.capacity_rps;
+    let single = run.routes.len() == 1;
+    run.routes
+        .iter()
+        .filter_map(|result| {
+            let route = config
+                .routes
+                .iter()
+                .find(|r| r.name == result.summary.route)?;
+            let settings = RouteSettings {
+                name: route.name.clone(),
+                mode: route.mode,
+                algorithm: route.algorithm,
+                params: route.controller.clone(),
+            };
+            let intervals = intervals(result, route.window.slots() / 2, capacity.is_some());
+            let known = capacity.filter(|_| single).map(|c| c as f64);
+            Some(hints::advise(&settings, &intervals, known, policy))
+        })
+        .flatten()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Reason;
+    use crate::sim::{SlotRow, Summary};
+
+    fn result(rows: Vec<SlotRow>) -> SimResult {
+        SimResult {
+            summary: Summary {
+                route: "r".into(),
+                mode: crate::config::Mode::Enforce,
+                start_unix_s: 0.0,
+                duration_s: rows.len() as f64 * 0.1,
+                slot_s: 0.1,
+                offered: 0,
+                admitted: 0,
+                rejected: 0,
+                rejected_by_reason: Default::default(),
+                shadow_rejected: 0,
+                shadow_rejected_by_reason: Default::default(),
+                overload: 0,
+                cuts: Vec::new(),
+                first_cut_s: None,
+                time_in_cut_s: 0.0,
+                transitions: Vec::new(),
+                peak_admitted_1s: 0,
+                peak_admitted_1s_at_s: 0.0,
+                peak_offered_1s: 0,
+            },
+            series: rows,
+        }
+    }
+
+    #[test]
+    fn rows_group_into_seconds_with_state_time_cuts_and_demand() {
+        let rows: Vec<SlotRow> = (0..20)
+            .map(|k| {
+                let mut row = SlotRow::empty(f64::from(k) * 0.1);
+                row.offered = if k < 10 { 10 } else { 30 };
+                row.admitted = row.offered - u64::from(k >= 15);
+                row.rejected.roc_cut = u64::from(k >= 15);
+                row.overload = u64::from(k == 19);
+                row.roc = f64::from(k);
+                row.state = if k >= 15 {
+                    ControllerState::Cut
+                } else {
+                    ControllerState::Normal
+                };
+                row
+            })
+            .collect();
+        let out = intervals(&result(rows), 5, true);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].offered, 100);
+        assert_eq!(out[1].offered, 300);
+        assert_eq!(out[1].rejected[Reason::RocCut.index()], 5);
+        assert_eq!(out[1].cuts, 1);
+        assert_eq!(out[1].cut_roc, 15.0);
+        assert!((out[1].time_in(ControllerState::Cut) - 0.5).abs() < 1e-9);
+        // Half-window of 5 slots of 0.1 s: 5 × 30 arrivals in 0.5 s.
+        assert!((out[1].peak_demand_rps - 300.0).abs() < 1e-9);
+        assert_eq!(out[0].peak_demand_rps, 100.0);
+        let up = out[1].upstream.as_ref().unwrap();
+        assert_eq!((up.requests, up.errors), (295, 1));
+        assert!(intervals(&result(Vec::new()), 5, false).is_empty());
+    }
+}

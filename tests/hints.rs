@@ -1,0 +1,225 @@
+//! Tuning hints on simulated traffic: for every rule, a scenario that triggers it
+//! (and the suggestion moves the right way by a sensible amount) and a close one that
+//! does not. The modelled capacity stands in for upstream health.
+
+use rocgate::config::Config;
+use rocgate::hints::{Hint, Policy, Setting};
+use rocgate::sim::{hints, ArrivalModel, Profile, Simulator};
+
+/// The hints for one route `r` (classic parameters plus `extra`, TOML lines of the
+/// route) under a profile of `(t_seconds, rate)` points.
+fn advise(extra: &str, points: &[(f64, f64)], capacity: Option<u64>) -> Vec<Hint> {
+    let toml = format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{extra}\n");
+    let config = Config::from_toml_str(&toml, "test").unwrap();
+    let mut sim = Simulator::new(config.clone(), Some("r")).unwrap();
+    if let Some(c) = capacity {
+        sim = sim.capacity(c);
+    }
+    let profile = Profile::from_points(points).unwrap();
+    let run = sim
+        .run_profile_all(&profile, ArrivalModel::Uniform)
+        .unwrap();
+    hints::hints(&run, &config, &Policy::default())
+}
+
+fn find<'a>(hints: &'a [Hint], rule: &str) -> Option<&'a Hint> {
+    hints.iter().find(|h| h.rule == rule)
+}
+
+fn rules(hints: &[Hint]) -> Vec<&str> {
+    hints.iter().map(|h| h.rule.as_str()).collect()
+}
+
+/// The suggested change of `rule` as (current, suggested) numbers.
+fn numbers(hints: &[Hint], rule: &str) -> (f64, f64) {
+    let h = find(hints, rule).unwrap_or_else(|| panic!("no {rule} in {:#?}", rules(hints)));
+    match (&h.current, &h.suggested) {
+        (Some(Setting::Number(c)), Some(Setting::Number(s))) => (*c, *s),
+        other => panic!("{rule}: not numbers: {other:?}"),
+    }
+}
+
+fn steady(rate: f64) -> Vec<(f64, f64)> {
+    vec![(0.0, rate), (60.0, rate)]
+}
+
+#[test]
+fn rejections_under_a_healthy_upstream_raise_the_base_limit() {
+    let h = advise("", &steady(300.0), Some(1000));
+    let (current, suggested) = numbers(&h, "raise_base_limit");
+    assert_eq!(current, 200.0);
+    assert_eq!(suggested, 260.0, "about 30%");
+    assert!(find(&h, "raise_base_limit")
+        .unwrap()
+        .reason
+        .contains("rejected by the base limit"));
+
+    // Bounded by the upstream's capacity.
+    let (_, bounded) = numbers(&advise("", &steady(300.0), Some(240)), "raise_base_limit");
+    assert_eq!(bounded, 240.0);
+
+    // 5% rejected is not enough; neither is an upstream no one measured.
+    assert!(find(&advise("", &steady(210.0), Some(1000)), "raise_base_limit").is_none());
+    assert!(find(&advise("", &steady(300.0), None), "raise_base_limit").is_none());
+}
+
+#[test]
+fn a_saturated_upstream_behind_few_rejections_lowers_the_base_limit() {
+    let h = advise("", &steady(180.0), Some(150));
+    let (current, suggested) = numbers(&h, "lower_base_limit");
+    assert_eq!(current, 200.0);
+    assert!(
+        (100.0..=135.0).contains(&suggested),
+        "90% of the 150 req/s it saturates at, rounded down: {suggested}"
+    );
+    // The same traffic under a capacity that holds: nothing to lower.
+    assert!(find(&advise("", &steady(180.0), Some(250)), "lower_base_limit").is_none());
+}
+
+/// 100 req/s with one second at 600 every 10 s: mean 150, under the base limit.
+fn bursts() -> Vec<(f64, f64)> {
+    let mut points = Vec::new();
+    for k in 0..6 {
+        let t = f64::from(k) * 10.0;
+        points.extend([
+            (t, 100.0),
+            (t + 9.0, 100.0),
+            (t + 9.0, 600.0),
+            (t + 10.0, 600.0),
+        ]);
+    }
+    points.push((60.0, 100.0));
+    points
+}
+
+#[test]
+fn bursty_rejections_raise_the_burst() {
+    // A high danger_roc keeps the controller out of it: only the bucket rejects.
+    let h = advise("danger_roc = 2000\nsafe_roc = 100", &bursts(), Some(1000));
+    let hint = find(&h, "raise_burst").unwrap_or_else(|| panic!("{:#?}", rules(&h)));
+    assert_eq!(hint.current, Some(Setting::Text("1s".into())));
+    assert_eq!(hint.suggested, Some(Setting::Text("2s".into())));
+    // A bucket of 3 s absorbs every burst: no rejections, no hint.
+    let h = advise(
+        "danger_roc = 2000\nsafe_roc = 100\nburst = \"3s\"",
+        &bursts(),
+        Some(1000),
+    );
+    assert!(find(&h, "raise_burst").is_none(), "{:#?}", rules(&h));
+}
+
+#[test]
+fn a_cut_under_the_base_limit_with_a_healthy_upstream_raises_danger_roc() {
+    // 20 → 150 req/s: ROC 130 passes danger 80, though 150 fits under base 200.
+    let step = |to: f64| vec![(0.0, 20.0), (30.0, 20.0), (30.0, to), (60.0, to)];
+    let h = advise("", &step(150.0), Some(1000));
+    let (current, suggested) = numbers(&h, "raise_danger_roc");
+    assert_eq!(current, 80.0);
+    assert!(
+        (130.0..=200.0).contains(&suggested),
+        "just above the ROC of 130 that cut: {suggested}"
+    );
+    // 20 → 90: ROC 70 never cuts.
+    assert!(find(&advise("", &step(90.0), Some(1000)), "raise_danger_roc").is_none());
+    // 20 → 400 overloads a 250 req/s upstream: that cut was needed.
+    assert!(find(&advise("", &step(400.0), Some(250)), "raise_danger_roc").is_none());
+}
+
+#[test]
+fn a_saturating_ramp_under_danger_lowers_danger_roc() {
+    // 50 → 300 req/s over 10 s: ROC about 75, just under danger 80.
+    let ramp = vec![(0.0, 50.0), (20.0, 50.0), (30.0, 300.0), (60.0, 300.0)];
+    let h = advise("", &ramp, Some(150));
+    let (current, suggested) = numbers(&h, "lower_danger_roc");
+    assert_eq!(current, 80.0);
+    assert!(
+        suggested > 20.0 && suggested < 70.0,
+        "below the ramp's ROC, above safe_roc: {suggested}"
+    );
+    // The same ramp into an upstream that copes.
+    assert!(find(&advise("", &ramp, Some(1000)), "lower_danger_roc").is_none());
+}
+
+/// 5 req/s with `n` three-second bursts at 20 req/s, 15 s apart.
+fn quiet(n: u32) -> Vec<(f64, f64)> {
+    let mut points = vec![(0.0, 5.0)];
+    for k in 0..n {
+        let t = 10.0 + f64::from(k) * 15.0;
+        points.extend([(t, 5.0), (t, 20.0), (t + 3.0, 20.0), (t + 3.0, 5.0)]);
+    }
+    points.push((70.0, 5.0));
+    points
+}
+
+const RELATIVE: &str = "roc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = 0.2\nmin_rps = 2\nmin_samples = 5\nhold = \"1s\"";
+
+#[test]
+fn many_cuts_on_a_quiet_route_raise_min_rps() {
+    let h = advise(RELATIVE, &quiet(4), Some(1000));
+    let (current, suggested) = numbers(&h, "raise_min_rps");
+    assert_eq!(current, 2.0);
+    assert!(
+        (15.0..=30.0).contains(&suggested),
+        "above the bursts' 20 req/s peak demand: {suggested}"
+    );
+    // Two cuts are not many.
+    let h = advise(RELATIVE, &quiet(2), Some(1000));
+    assert!(find(&h, "raise_min_rps").is_none(), "{:#?}", rules(&h));
+}
+
+#[test]
+fn heavy_rejection_while_recovering_under_a_healthy_upstream_restores_faster() {
+    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let h = advise("", &spike, Some(1000));
+    let (current, suggested) = numbers(&h, "faster_restore");
+    assert_eq!(current, 20.0);
+    assert_eq!(suggested, 40.0);
+    // An upstream that saturates during the recovery says the pace is right.
+    let h = advise("", &spike, Some(150));
+    assert!(find(&h, "faster_restore").is_none(), "{:#?}", rules(&h));
+}
+
+#[test]
+fn shadow_mode_says_whether_enforcing_is_safe() {
+    let shadow = "mode = \"shadow\"";
+    let safe = advise(shadow, &steady(150.0), Some(1000));
+    let hint = find(&safe, "shadow_verdict").unwrap();
+    assert_eq!(hint.suggested, Some(Setting::Text("enforce".into())));
+    assert!(hint.reason.contains("safe to enforce"), "{}", hint.reason);
+
+    let unsafe_ = advise(shadow, &steady(300.0), Some(1000));
+    let hint = find(&unsafe_, "shadow_verdict").unwrap();
+    assert_eq!(hint.suggested, None);
+    assert!(hint.reason.contains("not safe"), "{}", hint.reason);
+
+    let protect = advise(shadow, &steady(300.0), Some(150));
+    let hint = find(&protect, "shadow_verdict").unwrap();
+    assert_eq!(hint.suggested, Some(Setting::Text("enforce".into())));
+    assert!(hint.reason.contains("protected"), "{}", hint.reason);
+}
+
+#[test]
+fn a_quiet_healthy_route_gets_no_change() {
+    let h = advise("", &steady(100.0), Some(1000));
+    assert_eq!(rules(&h), ["no_change"]);
+    assert!(h[0].parameter.is_none());
+    let h = advise("", &steady(2.0), Some(1000));
+    assert_eq!(rules(&h), ["no_change"]);
+    assert!(
+        h[0].reason.contains("too little traffic"),
+        "{}",
+        h[0].reason
+    );
+}
+
+#[test]
+fn hints_are_deterministic() {
+    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let a = advise("", &spike, Some(1000));
+    let b = advise("", &spike, Some(1000));
+    assert_eq!(a, b);
+    assert_eq!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&b).unwrap()
+    );
+}

@@ -1,0 +1,182 @@
+//! Tuning hints from a running proxy: real upstream, real sockets, `GET /admin/hints`
+//! and `rocgate hints --admin`.
+#![cfg(feature = "cli")]
+
+use axum::Router;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rocgate::config::Config;
+use rocgate::http::ClientIpResolver;
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+/// One route limited to 50 req/s with a bucket of one second, history in 200 ms
+/// intervals, and little evidence needed.
+const CONFIG: &str = r#"
+[[routes]]
+name = "order"
+path_prefix = "/"
+base_limit = 50
+cut_limit = 20
+
+[hints]
+interval = "200ms"
+keep = "1m"
+min_requests = 50
+"#;
+
+async fn get(url: String) -> (u16, Value) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let res = tokio::time::timeout(Duration::from_secs(5), client.get(url.parse().unwrap()))
+        .await
+        .expect("answers in time")
+        .unwrap();
+    let status = res.status().as_u16();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+async fn start() -> (SocketAddr, SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let app = Router::new().fallback(|| async { "ok" });
+    tokio::spawn(async move { axum::serve(upstream, app).await });
+    let config = Config::from_toml_str(CONFIG, "test").unwrap();
+    let settings = ProxySettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        forward: ForwardSettings {
+            upstream: format!("http://{upstream_addr}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(5),
+            max_body_bytes: 1024,
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: Duration::from_secs(2),
+        shutdown_grace: Duration::from_secs(2),
+        admin_token: None,
+    };
+    let proxy = Proxy::bind(settings, &config, None).await.unwrap();
+    let (listen, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    (listen, admin, stop)
+}
+
+fn hint<'a>(report: &'a Value, rule: &str) -> Option<&'a Value> {
+    report["routes"]
+        .as_array()?
+        .iter()
+        .find_map(|r| r["hints"].as_array()?.iter().find(|h| h["rule"] == rule))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_proxy_gives_hints_over_http_and_to_the_cli() {
+    let (listen, admin, stop) = start().await;
+
+    // 300 requests at once against a bucket of 50: most are rejected, while the
+    // upstream answers everything it gets at once.
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let mut tasks = Vec::new();
+    for _ in 0..300 {
+        let client = client.clone();
+        let url: http::Uri = format!("http://{listen}/buy").parse().unwrap();
+        tasks.push(tokio::spawn(async move {
+            client.get(url).await.map(|r| r.status().as_u16())
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap().unwrap());
+    }
+    let rejected = statuses.iter().filter(|&&s| s == 429).count();
+    assert!(rejected > 200, "{rejected} of 300 rejected");
+
+    // The history closes an interval every 200 ms; wait (bounded) until the one
+    // holding the burst is closed.
+    let url = format!("http://{admin}/admin/hints?period=1m");
+    let mut report = Value::Null;
+    for _ in 0..50 {
+        let (status, body) = get(url.clone()).await;
+        assert_eq!(status, 200);
+        report = body;
+        if hint(&report, "raise_base_limit").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let raise = hint(&report, "raise_base_limit").unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(raise["route"], "order");
+    assert_eq!(raise["parameter"], "base_limit");
+    assert_eq!(raise["current"], 50.0);
+    assert_eq!(raise["suggested"], 65.0);
+    assert_eq!(raise["severity"], "warn");
+    assert!(
+        raise["reason"].as_str().unwrap().contains("healthy"),
+        "{raise}"
+    );
+    assert_eq!(report["period_s"], 60.0);
+    assert_eq!(report["interval_s"], 0.2);
+
+    let (status, body) = get(format!("http://{admin}/admin/hints?period=soon")).await;
+    assert_eq!(status, 400);
+    assert!(
+        body["errors"][0].as_str().unwrap().starts_with("period:"),
+        "{body}"
+    );
+
+    // The CLI prints the same hint as a table, or the JSON as returned.
+    let exe = env!("CARGO_BIN_EXE_rocgate");
+    let admin_url = format!("http://{admin}");
+    let (table, json, bad) = tokio::task::spawn_blocking(move || {
+        let run = |args: &[&str]| Command::new(exe).args(args).output().unwrap();
+        (
+            run(&["hints", "--admin", &admin_url, "--period", "1m"]),
+            run(&["hints", "--admin", &admin_url, "--json"]),
+            run(&["hints", "--admin", &admin_url, "--period", "never"]),
+        )
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{text}");
+    assert!(text.contains("base_limit 50 → 65"), "{text}");
+    assert!(text.contains("route order:"), "{text}");
+    let parsed: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(hint(&parsed, "raise_base_limit").is_some(), "{parsed:#}");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--period"));
+
+    let _ = stop.send(());
+}
+
+#[test]
+fn the_cli_reports_an_unreachable_admin_api() {
+    // A port nothing listens on: bind one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["hints", "--admin", &format!("http://127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["hints", "--admin", "127.0.0.1:9090"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin"));
+}
