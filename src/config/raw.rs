@@ -42,6 +42,7 @@ pub(crate) struct RawConfig {
     admin: RawAdmin,
     #[serde(default)]
     hints: RawHints,
+    #[serde(default)]
     store: RawStore,
 }
 
