@@ -472,6 +472,9 @@ async fn every_key_expires_and_a_routes_keys_share_one_slot() {
     let server = RedisServer::start().await;
     let config = store_config(&server, "keys");
     let route = quick_route();
+    // A batched instance first, so that an exact one creates the bucket mid-slot.
+    let c = Instance::system(&route, &batched(config.clone()));
+    let _ = c.check().await;
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
     a.store.beat().await;
@@ -479,6 +482,7 @@ async fn every_key_expires_and_a_routes_keys_share_one_slot() {
     while started.elapsed() < Duration::from_millis(1200) {
         let _ = a.check().await;
         let _ = b.check().await;
+        let _ = c.check().await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Let the last controller step land.
@@ -511,6 +515,19 @@ async fn every_key_expires_and_a_routes_keys_share_one_slot() {
         .query(&mut conn)
         .unwrap();
     assert!(through.is_some(), "the controller was stepped and stored");
+
+    // A bucket created after its slot's first call (by a batched instance) expires
+    // too, even if no call follows.
+    let config = store_config(&server, "late");
+    let c = Instance::system(&route, &batched(config.clone()));
+    let a = Instance::system(&route, &config);
+    let _ = c.check().await;
+    let _ = a.check().await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("{late:order}:b")
+        .query(&mut conn)
+        .unwrap();
+    assert!(ttl > 0, "bucket without expiry ({ttl})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

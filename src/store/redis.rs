@@ -76,8 +76,9 @@ use std::time::Duration;
 ///   slot's worth in batched mode); `ARGV[7]` `1` to take a token, `0` to only count
 ///   (batched mode: the answer then always admits).
 ///
-/// Expiries are renewed by the first call of each slot (a route's keys therefore
-/// outlive its last request by `ARGV[5]` at most, and at least that less one slot).
+/// Expiries are set when a key is created and renewed by the first call of each slot
+/// (a route's keys therefore outlive its last request by `ARGV[5]` at most, and at
+/// least that less one slot).
 ///
 /// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, roll}`; `roll` is
 /// present only for the call that observed a new slot: `{lo, counts of slots lo..slot-1,
@@ -118,20 +119,22 @@ redis.call('HINCRBY', KEYS[1], string.format('%.0f', slot), tonumber(ARGV[6]))
 local admit = 1
 local wait = 0
 if ARGV[7] == '1' then
-local cap = math.max(math.floor(limit * tonumber(ARGV[4])), 1)
-local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
-local tokens = tonumber(b[1])
-local ts = tonumber(b[2])
-if tokens == nil or ts == nil then tokens = cap; ts = now end
-if now > ts then tokens = tokens + (now - ts) * limit / 1000000; ts = now end
-if tokens > cap then tokens = cap end
-if tokens >= 1 then
-  tokens = tokens - 1
-else
-  admit = 0
-  wait = math.ceil((1 - tokens) * 1000000 / limit)
-end
-redis.call('HSET', KEYS[2], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.0f', ts))
+  local cap = math.max(math.floor(limit * tonumber(ARGV[4])), 1)
+  local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
+  local tokens = tonumber(b[1])
+  local ts = tonumber(b[2])
+  local created = tokens == nil or ts == nil
+  if created then tokens = cap; ts = now end
+  if now > ts then tokens = tokens + (now - ts) * limit / 1000000; ts = now end
+  if tokens > cap then tokens = cap end
+  if tokens >= 1 then
+    tokens = tokens - 1
+  else
+    admit = 0
+    wait = math.ceil((1 - tokens) * 1000000 / limit)
+  end
+  redis.call('HSET', KEYS[2], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.0f', ts))
+  if created then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
 if fresh then
   redis.call('PEXPIRE', KEYS[1], ttl)
