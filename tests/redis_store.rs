@@ -518,10 +518,15 @@ async fn every_key_expires_and_a_routes_keys_share_one_slot() {
 
     // A bucket created after its slot's first call (by a batched instance) expires
     // too, even if no call follows.
+    // (10 s slots: both calls fall in one slot but at a boundary.)
+    let mut route = route;
+    route.window = WindowSpec::new(Duration::from_secs(40), Duration::from_secs(10)).unwrap();
     let config = store_config(&server, "late");
     let c = Instance::system(&route, &batched(config.clone()));
     let a = Instance::system(&route, &config);
     let _ = c.check().await;
+    // The batched instance's sync (in a task of its own) opens the slot.
+    tokio::time::sleep(Duration::from_millis(50)).await;
     let _ = a.check().await;
     let ttl: i64 = redis::cmd("PTTL")
         .arg("{late:order}:b")
