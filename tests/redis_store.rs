@@ -19,20 +19,32 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// A `redis-server` of this test's own; killed (by PID) on drop.
+/// One test at a time: they measure real time (timeouts, fallback and recovery
+/// delays), which other tests of this file running alongside on a small machine
+/// would blur.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A `redis-server` of this test's own; killed (by PID) on drop. Holding one keeps
+/// the other tests of this file waiting.
 struct RedisServer {
     port: u16,
     child: Option<Child>,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl RedisServer {
     async fn start() -> RedisServer {
+        let serial = SERIAL.lock().await;
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let mut server = RedisServer { port, child: None };
+        let mut server = RedisServer {
+            port,
+            child: None,
+            _serial: serial,
+        };
         server.restart().await;
         server
     }
