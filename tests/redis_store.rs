@@ -755,6 +755,53 @@ async fn two_proxies_share_one_limit() {
         text.contains("rocgate_store_mode{mode=\"shared\"} 1"),
         "{text}"
     );
+
+    // Redis killed: answers go on, 200 or 429 (`fallback_local`), never a 5xx.
+    let mut server = server;
+    server.kill();
+    let mut reasons = std::collections::BTreeMap::new();
+    for i in 0..100 {
+        let client = &mut clients[i % 2];
+        client.ready().await.unwrap();
+        let req = http::Request::post("/api/order")
+            .header("host", "shop.example")
+            .body(Empty::new())
+            .unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        let reason = res
+            .headers()
+            .get("rocgate-reason")
+            .map(|v| v.to_str().unwrap().to_owned());
+        *reasons.entry((res.status().as_u16(), reason)).or_insert(0) += 1;
+        let _ = res.into_body().collect().await;
+    }
+    assert!(
+        reasons
+            .keys()
+            .all(|(status, reason)| *status == 200 && reason.is_none()
+                || *status == 429 && reason.as_deref() == Some("fallback_local")),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons.values().sum::<usize>(), 100);
+    let req = http::Request::get("/metrics")
+        .header("host", "admin")
+        .body(Empty::new())
+        .unwrap();
+    let body = admin
+        .send_request(req)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await;
+    let text = String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(
+        text.contains("rocgate_store_mode{mode=\"fallback_local\"} 1"),
+        "{text}"
+    );
     for (stop, run) in stops {
         let _ = stop.send(());
         run.await.unwrap().unwrap();
