@@ -756,6 +756,23 @@ async fn two_proxies_share_one_limit() {
         "{text}"
     );
 
+    let req = http::Request::get("/admin/store")
+        .header("host", "admin")
+        .body(Empty::new())
+        .unwrap();
+    let body = admin
+        .send_request(req)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await;
+    let status: serde_json::Value = serde_json::from_slice(&body.unwrap().to_bytes()).unwrap();
+    assert_eq!(status["backend"], "redis");
+    assert_eq!(status["mode"], "shared");
+    assert_eq!(status["routes"]["order"]["limit_rps"], 1.0);
+    assert_eq!(status["routes"]["order"]["state"], "normal");
+
     // Redis killed: answers go on, 200 or 429 (`fallback_local`), never a 5xx.
     let mut server = server;
     server.kill();

@@ -258,6 +258,8 @@ impl Proxy {
         let admin_router = admin::router(admin::AdminState {
             reloader: self.reloader.clone(),
             advisor: Arc::clone(&self.advisor),
+            #[cfg(feature = "redis")]
+            store: self.store.clone(),
             token: self.settings.admin_token.clone(),
             metrics: Arc::new(admin::Exporter {
                 handle: prometheus,

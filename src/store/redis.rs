@@ -247,6 +247,14 @@ struct SharedRoute {
 }
 
 impl SharedRoute {
+    fn view(&self) -> SharedView {
+        SharedView {
+            limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
+            state: state_of(self.state.load(Ordering::Relaxed)),
+            roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
+        }
+    }
+
     /// Why a shared limit rejects: a cut if the controller holds it below base.
     fn reason(&self, limit: f64, state: u8) -> Reason {
         let base = f64::from_bits(self.base_limit.load(Ordering::Relaxed));
@@ -418,12 +426,19 @@ impl RedisStore {
 
     /// What this instance last saw of a route's shared state, if it has decided on it.
     pub fn view(&self, route: &str) -> Option<SharedView> {
-        let r = self.inner.routes.get(route)?;
-        Some(SharedView {
-            limit_rps: f64::from_bits(r.limit.load(Ordering::Relaxed)),
-            state: state_of(r.state.load(Ordering::Relaxed)),
-            roc: f64::from_bits(r.roc.load(Ordering::Relaxed)),
-        })
+        Some(self.inner.routes.get(route)?.view())
+    }
+
+    /// Every route this instance has decided on, with what it last saw, by name.
+    pub fn views(&self) -> Vec<(String, SharedView)> {
+        let mut views: Vec<_> = self
+            .inner
+            .routes
+            .iter()
+            .map(|r| (r.key().to_string(), r.value().view()))
+            .collect();
+        views.sort_by(|a, b| a.0.cmp(&b.0));
+        views
     }
 
     /// Beats once now (the heartbeat task beats every `heartbeat`): announces this
