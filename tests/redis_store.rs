@@ -736,6 +736,7 @@ async fn two_proxies_share_one_limit() {
         .header("host", "shop.example")
         .body(Empty::new())
         .unwrap();
+    client.ready().await.unwrap();
     assert_eq!(client.send_request(req).await.unwrap().status(), 200);
     // The admin API reports the store mode.
     let mut admin = connect(addrs[0].1).await;
@@ -743,6 +744,7 @@ async fn two_proxies_share_one_limit() {
         .header("host", "admin")
         .body(Empty::new())
         .unwrap();
+    admin.ready().await.unwrap();
     let body = admin
         .send_request(req)
         .await
@@ -760,6 +762,7 @@ async fn two_proxies_share_one_limit() {
         .header("host", "admin")
         .body(Empty::new())
         .unwrap();
+    admin.ready().await.unwrap();
     let body = admin
         .send_request(req)
         .await
@@ -807,6 +810,7 @@ async fn two_proxies_share_one_limit() {
         .header("host", "admin")
         .body(Empty::new())
         .unwrap();
+    admin.ready().await.unwrap();
     let body = admin
         .send_request(req)
         .await
