@@ -24,6 +24,13 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
     apt-get install -y -qq --no-install-recommends prometheus
 fi
 prometheus --version 2>&1 | head -n 1
+# tests/redis_store.rs runs real redis-servers (the shared store).
+if ! command -v redis-server >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends redis-server
+fi
+redis-server --version
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -147,6 +147,25 @@ pub struct Transition {
     pub limit_rps: f64,
 }
 
+/// A controller's progress without its parameters: what a shared store keeps between
+/// steps so that whichever instance steps the controller next continues where the last
+/// one stopped ([`Controller::memory`], [`Controller::from_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ControllerMemory {
+    /// The state.
+    pub state: ControllerState,
+    /// When the state was entered.
+    pub entered_at: Nanos,
+    /// No action before this time.
+    pub armed_at: Nanos,
+    /// Since when ROC has stayed below `safe_roc` in `Cut`, if it has.
+    pub safe_since: Option<Nanos>,
+    /// The limit, req/s.
+    pub limit_rps: f64,
+    /// ROC of the last sample observed.
+    pub last_roc: f64,
+}
+
 /// The ROC state machine of one route.
 #[derive(Clone, Debug)]
 pub struct Controller {
@@ -172,6 +191,35 @@ impl Controller {
             limit_rps,
             last_roc: 0.0,
         }
+    }
+
+    /// Its progress, to be continued elsewhere with [`Controller::from_memory`].
+    pub fn memory(&self) -> ControllerMemory {
+        ControllerMemory {
+            state: self.state,
+            entered_at: self.entered_at,
+            armed_at: self.armed_at,
+            safe_since: self.safe_since,
+            limit_rps: self.limit_rps,
+            last_roc: self.last_roc,
+        }
+    }
+
+    /// A controller that continues from `memory` under `params` (the limit is
+    /// recomputed for the state under these parameters, as by
+    /// [`Controller::set_params`] at `now`).
+    pub fn from_memory(params: ControllerParams, memory: ControllerMemory, now: Nanos) -> Self {
+        let mut c = Controller {
+            params: params.clone(),
+            state: memory.state,
+            entered_at: memory.entered_at,
+            armed_at: memory.armed_at,
+            safe_since: memory.safe_since,
+            limit_rps: memory.limit_rps,
+            last_roc: memory.last_roc,
+        };
+        c.set_params(params, now);
+        c
     }
 
     /// The parameters in force.

@@ -242,6 +242,19 @@ impl Engine {
         }
     }
 
+    /// The controller parameters due at `now`: those of the scheduled event running
+    /// then, or else the route's own. (A shared store steps its controller with these.)
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn params_at(&self, route: RouteId, now: Nanos) -> ControllerParams {
+        let st = self.routes[route.0].lock();
+        st.events
+            .iter()
+            .find(|e| e.start <= now && now < e.end)
+            .map_or_else(|| st.own.clone(), |e| e.params.clone())
+    }
+
     /// Calls `hook` with every controller transition (for metrics, logs, simulation).
     pub fn with_transition_hook(mut self, hook: TransitionHook) -> Self {
         self.hook = Some(hook);
@@ -421,6 +434,22 @@ impl Engine {
     /// If `route` does not come from this engine.
     pub fn reject_status(&self, route: RouteId) -> u16 {
         self.routes[route.0].reject_status.load(Ordering::Relaxed)
+    }
+
+    /// The shape of the route's ROC window.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn window(&self, route: RouteId) -> WindowSpec {
+        self.routes[route.0].window
+    }
+
+    /// The route's mode (enforce or a shadow mode).
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn mode(&self, route: RouteId) -> Mode {
+        self.routes[route.0].mode
     }
 
     /// The algorithm enforcing the route's limit.

@@ -25,4 +25,5 @@ pub mod metrics;
 #[cfg(feature = "proxy")]
 pub mod proxy;
 pub mod sim;
+pub mod store;
 pub mod window;

@@ -30,8 +30,12 @@
 //! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head |
 //! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_too_large` |
 //! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded |
-//! | `rocgate_store_mode` | gauge | `mode` | 1 for the state store in use (`local`) |
-//! | `rocgate_store_errors_total` | counter | | shared-store errors |
+//! | `rocgate_store_mode` | gauge | `mode` | 1 for where decisions are taken: `local` (no shared store), `shared` (Redis), `fallback_local` (Redis unreachable) |
+//! | `rocgate_store_errors_total` | counter | `kind` | shared-store calls that failed: `timeout`, `error` (none in local mode) |
+//! | `rocgate_store_fallback_total` | counter | `route` | decisions on distributed routes taken locally because the store could not answer |
+//! | `rocgate_store_requests_total` | counter | `route`, `decision` | decisions on the shared state: `admitted`, `rejected`, `shadow_rejected` |
+//! | `rocgate_store_limit_rps` | gauge | `route` | the shared limit, as this instance last saw it |
+//! | `rocgate_store_instances` | gauge | | live instances, as last counted through the heartbeat |
 //! | `rocgate_build_info` | gauge | `version` | always 1 |
 
 use crate::clock::Nanos;
@@ -85,11 +89,19 @@ pub const IN_FLIGHT: &str = "rocgate_in_flight_requests";
 pub const STORE_MODE: &str = "rocgate_store_mode";
 /// `rocgate_store_errors_total`.
 pub const STORE_ERRORS: &str = "rocgate_store_errors_total";
+/// `rocgate_store_fallback_total`.
+pub const STORE_FALLBACK: &str = "rocgate_store_fallback_total";
+/// `rocgate_store_requests_total`.
+pub const STORE_REQUESTS: &str = "rocgate_store_requests_total";
+/// `rocgate_store_limit_rps`.
+pub const STORE_LIMIT: &str = "rocgate_store_limit_rps";
+/// `rocgate_store_instances`.
+pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 /// `rocgate_build_info`.
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 27] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -112,6 +124,10 @@ pub const ALL: [&str; 23] = [
     IN_FLIGHT,
     STORE_MODE,
     STORE_ERRORS,
+    STORE_FALLBACK,
+    STORE_REQUESTS,
+    STORE_LIMIT,
+    STORE_INSTANCES,
     BUILD_INFO,
 ];
 
@@ -170,7 +186,14 @@ pub fn describe() {
     describe_counter!(UPSTREAM_ERRORS, "Upstream failures by kind.");
     describe_gauge!(IN_FLIGHT, "Requests being forwarded.");
     describe_gauge!(STORE_MODE, "1 for the state store in use.");
-    describe_counter!(STORE_ERRORS, "Shared-store errors.");
+    describe_counter!(STORE_ERRORS, "Shared-store calls that failed, by kind.");
+    describe_counter!(
+        STORE_FALLBACK,
+        "Decisions on distributed routes taken locally because the store could not answer."
+    );
+    describe_counter!(STORE_REQUESTS, "Decisions on the shared state.");
+    describe_gauge!(STORE_LIMIT, "The shared limit as last seen, req/s.");
+    describe_gauge!(STORE_INSTANCES, "Live instances as last counted.");
     describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
 }
 
@@ -194,12 +217,21 @@ struct Reading {
 #[derive(Debug, Default)]
 pub struct Collector {
     history: Mutex<HashMap<String, VecDeque<Reading>>>,
+    /// Whether a shared store sets the store metrics itself.
+    shared_store: bool,
 }
 
 impl Collector {
     /// A collector with no history.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A collector that leaves the `rocgate_store_*` metrics to a shared store
+    /// (otherwise it reports the local store).
+    pub fn with_shared_store(mut self) -> Self {
+        self.shared_store = true;
+        self
     }
 
     /// Sets every metric of every route of `engine` as of `now`.
@@ -213,8 +245,9 @@ impl Collector {
             record_route(s, ratio);
         }
         gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
-        gauge!(STORE_MODE, "mode" => "local").set(1.0);
-        counter!(STORE_ERRORS).absolute(0);
+        if !self.shared_store {
+            gauge!(STORE_MODE, "mode" => "local").set(1.0);
+        }
     }
 }
 

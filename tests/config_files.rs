@@ -675,6 +675,111 @@ fn reject_status_is_a_4xx_or_5xx() {
 }
 
 #[test]
+fn store_section() {
+    use rocgate::store::{FailMode, RedisConfig, StoreConfig, SyncMode};
+    use std::time::Duration;
+    assert_eq!(load("rocgate.toml").store, StoreConfig::Local);
+    let StoreConfig::Redis(r) = load("examples/redis.toml").store else {
+        panic!("examples/redis.toml uses the redis backend");
+    };
+    assert_eq!(r.url, "redis://127.0.0.1:6379/0");
+    assert_eq!(r.timeout, Duration::from_millis(50));
+    assert_eq!(r.fail_mode, FailMode::Local);
+
+    let text = route(
+        "[store]\nbackend = \"redis\"\nurl = \"redis://10.0.0.5:6380\"\ntimeout = \"20ms\"\n\
+         key_prefix = \"shop-eu\"\nfail_mode = \"closed\"\nmode = \"batched\"\nheartbeat = \"2s\"\n\
+         failures_to_open = 5\nprobe_interval = \"1s\"\nkey_ttl = \"1h\"\ninstance_id = \"gw-1\"",
+    );
+    let c = Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.store,
+        StoreConfig::Redis(RedisConfig {
+            url: "redis://10.0.0.5:6380".into(),
+            timeout: Duration::from_millis(20),
+            key_prefix: "shop-eu".into(),
+            fail_mode: FailMode::Closed,
+            mode: SyncMode::Batched,
+            heartbeat: Duration::from_secs(2),
+            failures_to_open: 5,
+            probe_interval: Duration::from_secs(1),
+            key_ttl: Duration::from_secs(3600),
+            instance_id: Some("gw-1".into()),
+        })
+    );
+    // Defaults when only the backend is given.
+    let c = Config::from_toml_str(&route("[store]\nbackend = \"redis\""), "store.toml").unwrap();
+    assert_eq!(c.store, StoreConfig::Redis(RedisConfig::default()));
+    // From the environment, like any other field.
+    let env = [
+        (
+            "ROCGATE__STORE__URL".to_owned(),
+            "redis://cache:6379".to_owned(),
+        ),
+        ("ROCGATE__STORE__TIMEOUT".to_owned(), "30ms".to_owned()),
+    ];
+    let text = route("[store]\nbackend = \"redis\"");
+    let c = Config::from_toml_str_with_env(&text, "store.toml", env).unwrap();
+    let StoreConfig::Redis(r) = c.store else {
+        panic!("redis");
+    };
+    assert_eq!(
+        (r.url.as_str(), r.timeout),
+        ("redis://cache:6379", Duration::from_millis(30))
+    );
+
+    refused(
+        &route("[store]\nbackend = \"memcached\""),
+        "store.backend",
+        "must be \"local\" or \"redis\"",
+    );
+    refused(
+        &route("[store]\nurl = \"redis://x\""),
+        "store.url",
+        "only applies with backend = \"redis\"",
+    );
+    let redis = |extra: &str| route(&format!("[store]\nbackend = \"redis\"\n{extra}"));
+    refused(
+        &redis("url = \"http://x:6379\""),
+        "store.url",
+        "must be a URL such as",
+    );
+    refused(
+        &redis("timeout = \"0ms\""),
+        "store.timeout",
+        "longer than zero",
+    );
+    refused(&redis("timeout = \"soon\""), "store.timeout", "");
+    refused(
+        &redis("key_prefix = \"{a}\""),
+        "store.key_prefix",
+        "no braces",
+    );
+    refused(
+        &redis("fail_mode = \"panic\""),
+        "store.fail_mode",
+        "\"local\", \"open\" or \"closed\"",
+    );
+    refused(
+        &redis("mode = \"lazy\""),
+        "store.mode",
+        "\"exact\" or \"batched\"",
+    );
+    refused(
+        &redis("failures_to_open = 0"),
+        "store.failures_to_open",
+        "must be from 1",
+    );
+    refused(&redis("key_ttl = \"10ms\""), "store.key_ttl", "at least 1s");
+    refused(
+        &redis("instance_id = \" \""),
+        "store.instance_id",
+        "1 to 128 characters",
+    );
+    refused(&redis("timeout = 5"), "store.timeout", "");
+}
+
+#[test]
 fn the_hints_section_is_read_and_checked() {
     let c = Config::from_toml_str(
         &route("[hints]\ninterval = \"5s\"\nkeep = \"30m\"\nlatency_budget = \"250ms\"\nerror_budget = 0.05\nmin_requests = 10"),

@@ -50,6 +50,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// What the tuning hints keep and call saturated (`[hints]`).
     pub hints: HintsConfig,
+    /// Where shared state lives (`[store]`): local by default.
+    pub store: crate::store::StoreConfig,
 }
 
 impl Config {
@@ -59,6 +61,7 @@ impl Config {
             routes,
             server: ServerConfig::default(),
             hints: HintsConfig::default(),
+            store: crate::store::StoreConfig::default(),
         }
     }
 }

@@ -19,6 +19,7 @@ use super::{HintsConfig, ServerConfig};
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
 use crate::limiter::{Algorithm, MAX_WINDOW_COUNT};
+use crate::store::{FailMode, RedisConfig, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::Deserialize;
@@ -41,6 +42,25 @@ pub(crate) struct RawConfig {
     admin: RawAdmin,
     #[serde(default)]
     hints: RawHints,
+    #[serde(default)]
+    store: RawStore,
+}
+
+/// `[store]`: where shared state lives.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    backend: Option<String>,
+    url: Option<String>,
+    timeout: Option<String>,
+    key_prefix: Option<String>,
+    fail_mode: Option<String>,
+    mode: Option<String>,
+    heartbeat: Option<String>,
+    failures_to_open: Option<Whole>,
+    probe_interval: Option<String>,
+    key_ttl: Option<String>,
+    instance_id: Option<String>,
 }
 
 /// `[server]`: the reverse proxy.
@@ -1198,11 +1218,13 @@ impl TryFrom<RawConfig> for Config {
         }
         let server = server_config(&mut p, raw.server, raw.admin);
         let hints = hints_config(&mut p, raw.hints);
+        let store = store_config(&mut p, raw.store);
         if p.0.is_empty() {
             Ok(Config {
                 routes: routes.into_iter().flatten().collect(),
                 server,
                 hints,
+                store,
             })
         } else {
             Err(p.0)
@@ -1381,6 +1403,143 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
         );
     }
     out
+}
+
+/// `[store]`, each field checked on its own. Redis settings given with the local
+/// backend are refused rather than silently ignored.
+fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
+    let backend = raw.backend.as_deref().map(str::trim);
+    let redis_fields = [
+        ("url", raw.url.is_some()),
+        ("timeout", raw.timeout.is_some()),
+        ("key_prefix", raw.key_prefix.is_some()),
+        ("fail_mode", raw.fail_mode.is_some()),
+        ("mode", raw.mode.is_some()),
+        ("heartbeat", raw.heartbeat.is_some()),
+        ("failures_to_open", raw.failures_to_open.is_some()),
+        ("probe_interval", raw.probe_interval.is_some()),
+        ("key_ttl", raw.key_ttl.is_some()),
+        ("instance_id", raw.instance_id.is_some()),
+    ];
+    match backend {
+        None | Some("local") => {
+            for (name, given) in redis_fields {
+                if given {
+                    p.at(
+                        format!("store.{name}"),
+                        "only applies with backend = \"redis\"",
+                    );
+                }
+            }
+            return StoreConfig::Local;
+        }
+        Some("redis") => {}
+        Some(other) => {
+            p.at(
+                "store.backend".to_owned(),
+                format!("must be \"local\" or \"redis\", got {other:?}"),
+            );
+            return StoreConfig::Local;
+        }
+    }
+    let mut out = RedisConfig::default();
+    let field = |p: &mut Problems, name: &str, result: Result<(), String>| {
+        if let Err(message) = result {
+            p.at(format!("store.{name}"), message);
+        }
+    };
+    if let Some(url) = raw.url {
+        let t = url.trim();
+        let checked = if ["redis://", "rediss://", "unix://", "redis+unix://"]
+            .iter()
+            .any(|scheme| t.len() > scheme.len() && t.starts_with(scheme))
+        {
+            out.url = t.to_owned();
+            Ok(())
+        } else {
+            Err(format!(
+                "must be a URL such as \"redis://127.0.0.1:6379\" (redis://, rediss:// or unix://), got {url:?}"
+            ))
+        };
+        field(p, "url", checked);
+    }
+    for (name, raw, slot) in [
+        ("timeout", raw.timeout, &mut out.timeout),
+        ("heartbeat", raw.heartbeat, &mut out.heartbeat),
+        (
+            "probe_interval",
+            raw.probe_interval,
+            &mut out.probe_interval,
+        ),
+        ("key_ttl", raw.key_ttl, &mut out.key_ttl),
+    ] {
+        if let Some(v) = raw {
+            field(p, name, nonzero_duration(v).map(|d| *slot = d));
+        }
+    }
+    if out.key_ttl < Duration::from_secs(1) {
+        field(
+            p,
+            "key_ttl",
+            Err(format!("must be at least 1s, got {:?}", out.key_ttl)),
+        );
+    }
+    if let Some(prefix) = raw.key_prefix {
+        let checked = if prefix.is_empty()
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c))
+        {
+            Err(format!(
+                "must be one or more of A-Z a-z 0-9 _ . : - (no braces: rocgate adds the hash tag), got {prefix:?}"
+            ))
+        } else {
+            out.key_prefix = prefix;
+            Ok(())
+        };
+        field(p, "key_prefix", checked);
+    }
+    if let Some(mode) = raw.fail_mode {
+        let checked = match mode.trim() {
+            "local" => Ok(FailMode::Local),
+            "open" => Ok(FailMode::Open),
+            "closed" => Ok(FailMode::Closed),
+            _ => Err(format!(
+                "must be \"local\", \"open\" or \"closed\", got {mode:?}"
+            )),
+        };
+        field(p, "fail_mode", checked.map(|m| out.fail_mode = m));
+    }
+    if let Some(mode) = raw.mode {
+        let checked = match mode.trim() {
+            "exact" => Ok(SyncMode::Exact),
+            "batched" => Ok(SyncMode::Batched),
+            _ => Err(format!("must be \"exact\" or \"batched\", got {mode:?}")),
+        };
+        field(p, "mode", checked.map(|m| out.mode = m));
+    }
+    if let Some(n) = raw.failures_to_open {
+        let checked = match u32::try_from(n.0) {
+            Ok(n) if n >= 1 => {
+                out.failures_to_open = n;
+                Ok(())
+            }
+            _ => Err(format!("must be from 1 to {}, got {}", u32::MAX, n.0)),
+        };
+        field(p, "failures_to_open", checked);
+    }
+    if let Some(id) = raw.instance_id {
+        let checked = if id.trim().is_empty() || id.len() > 128 {
+            Err(format!(
+                "must be 1 to 128 characters; leave it out for a random one, got {id:?}"
+            ))
+        } else {
+            out.instance_id = Some(id);
+            Ok(())
+        };
+        field(p, "instance_id", checked);
+    }
+    StoreConfig::Redis(out)
 }
 
 #[cfg(test)]

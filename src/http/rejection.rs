@@ -55,6 +55,24 @@ pub fn respond<B: From<Bytes>>(
     rejection: &Rejection,
     retry_after: Duration,
 ) -> Response<B> {
+    respond_at_limit(
+        engine,
+        route,
+        rejection,
+        retry_after,
+        engine.limit_rps(route),
+    )
+}
+
+/// As [`respond`], with the quota in the `RateLimit-Policy` header taken from
+/// `limit_rps` rather than the engine's limit (a limit shared by a fleet of instances).
+pub fn respond_at_limit<B: From<Bytes>>(
+    engine: &Engine,
+    route: RouteId,
+    rejection: &Rejection,
+    retry_after: Duration,
+    limit_rps: f64,
+) -> Response<B> {
     let name = engine.route_name(route);
     let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     let secs = secs.max(1);
@@ -70,7 +88,7 @@ pub fn respond<B: From<Bytes>>(
         StatusCode::from_u16(engine.reject_status(route)).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-    let quota = engine.limit_rps(route).floor() as u64;
+    let quota = limit_rps.floor() as u64;
     // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
     if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w=1")) {
         headers.insert(RATELIMIT_POLICY.clone(), v);

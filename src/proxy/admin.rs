@@ -10,6 +10,7 @@
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
 //! | `POST /admin/reload` | read the config file again |
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
+//! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen |
 //!
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set.
 
@@ -35,6 +36,9 @@ pub(crate) struct AdminState {
     pub(crate) advisor: Arc<Advisor>,
     pub(crate) token: Option<String>,
     pub(crate) metrics: Arc<Exporter>,
+    /// The Redis store, if `[store] backend = "redis"`.
+    #[cfg(feature = "redis")]
+    pub(crate) store: Option<crate::store::redis::RedisStore>,
 }
 
 /// What `/metrics` renders from.
@@ -60,6 +64,7 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/admin/routes/{name}", get(one_route).put(update_route))
         .route("/admin/reload", post(reload))
         .route("/admin/hints", get(hints))
+        .route("/admin/store", get(store))
         .with_state(state)
 }
 
@@ -189,6 +194,35 @@ pub(crate) struct HintsQuery {
 
 /// The period hints cover when none is asked for.
 const DEFAULT_PERIOD: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// The state store as this instance sees it.
+async fn store(State(state): State<AdminState>) -> Json<Value> {
+    #[cfg(feature = "redis")]
+    if let Some(store) = &state.store {
+        let routes: serde_json::Map<String, Value> = store
+            .views()
+            .into_iter()
+            .map(|(name, v)| {
+                let view = json!({
+                    "limit_rps": v.limit_rps,
+                    "state": v.state.as_str(),
+                    "roc": v.roc,
+                });
+                (name, view)
+            })
+            .collect();
+        return Json(json!({
+            "backend": "redis",
+            "mode": store.mode().as_str(),
+            "instance_id": store.instance_id(),
+            "instances": store.instances(),
+            "fallback_decisions": store.fallback_decisions(),
+            "routes": routes,
+        }));
+    }
+    let _ = state;
+    Json(json!({ "backend": "local" }))
+}
 
 async fn hints(State(state): State<AdminState>, Query(q): Query<HintsQuery>) -> Response {
     let period = match q.period.as_deref().map(humantime::parse_duration) {

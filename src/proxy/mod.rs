@@ -12,6 +12,8 @@ mod admin;
 mod error;
 mod forward;
 mod hints;
+#[cfg(feature = "redis")]
+mod shared;
 
 pub use error::ProxyError;
 pub use forward::{ForwardSettings, Forwarder};
@@ -62,6 +64,9 @@ pub struct Proxy {
     settings: ProxySettings,
     reloader: Reloader,
     advisor: Arc<hints::Advisor>,
+    /// The shared store of distributed routes (`[store] backend = "redis"`).
+    #[cfg(feature = "redis")]
+    store: Option<crate::store::redis::RedisStore>,
 }
 
 /// Replaces the engine from a config file, keeping the live state of unchanged routes
@@ -145,11 +150,28 @@ impl Proxy {
                 roc_histogram(route, report);
                 history.on_slot(route, report);
             }));
+        // The store's metric handles bind to the recorder installed now.
+        #[cfg(feature = "redis")]
+        let store = match config.store {
+            crate::store::StoreConfig::Local => None,
+            crate::store::StoreConfig::Redis(_) => {
+                prometheus();
+                open_store(config, &clock)?
+            }
+        };
+        #[cfg(not(feature = "redis"))]
+        if config.store != crate::store::StoreConfig::Local {
+            return Err(io::Error::other(
+                "[store] backend = \"redis\" needs rocgate built with the `redis` feature",
+            ));
+        }
         Ok(Proxy {
             listener,
             admin,
             settings,
             advisor,
+            #[cfg(feature = "redis")]
+            store,
             reloader: Reloader {
                 engine: shared_engine(engine),
                 clock,
@@ -184,12 +206,32 @@ impl Proxy {
         .matched_route(true)
         .build();
         let in_flight = Arc::new(AtomicI64::new(0));
-        let service = layer.layer(Forwarder::new(
+        let forwarder = Forwarder::new(
             self.settings.forward.clone(),
             Arc::clone(&self.reloader.clock),
             Arc::clone(&in_flight),
             self.advisor.meter(),
-        ));
+        );
+        #[cfg(feature = "redis")]
+        let service = shared::Front::new(
+            layer.layer(forwarder.clone()),
+            self.store.clone().map(|store| shared::SharedGate {
+                store,
+                engine: Arc::clone(&self.reloader.engine),
+                clock: Arc::clone(&self.reloader.clock),
+                direct: forwarder,
+            }),
+        );
+        #[cfg(not(feature = "redis"))]
+        let service = layer.layer(forwarder);
+        #[cfg(feature = "redis")]
+        let collector = if self.store.is_some() {
+            metric::Collector::new().with_shared_store()
+        } else {
+            metric::Collector::new()
+        };
+        #[cfg(not(feature = "redis"))]
+        let collector = metric::Collector::new();
         let prometheus = prometheus();
         let upkeep = tokio::spawn({
             let handle = prometheus.clone();
@@ -216,10 +258,12 @@ impl Proxy {
         let admin_router = admin::router(admin::AdminState {
             reloader: self.reloader.clone(),
             advisor: Arc::clone(&self.advisor),
+            #[cfg(feature = "redis")]
+            store: self.store.clone(),
             token: self.settings.admin_token.clone(),
             metrics: Arc::new(admin::Exporter {
                 handle: prometheus,
-                collector: metric::Collector::new(),
+                collector,
                 in_flight,
             }),
         });
@@ -275,6 +319,10 @@ impl Proxy {
         let _ = admin_stop.send(());
         let _ = admin.await;
         upkeep.abort();
+        #[cfg(feature = "redis")]
+        if let Some(store) = &self.store {
+            store.leave().await;
+        }
         ticker.abort();
         Ok(())
     }
@@ -309,6 +357,28 @@ fn prometheus() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// The Redis store, if the config asks for one. It connects in the background: a
+/// Redis that is down at start leaves the proxy serving in fallback.
+#[cfg(feature = "redis")]
+fn open_store(
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+) -> io::Result<Option<crate::store::redis::RedisStore>> {
+    match &config.store {
+        crate::store::StoreConfig::Local => Ok(None),
+        crate::store::StoreConfig::Redis(c) => {
+            let store = crate::store::redis::RedisStore::connect(c, Arc::clone(clock))
+                .map_err(io::Error::other)?;
+            tracing::info!(
+                instance = store.instance_id(),
+                prefix = c.key_prefix,
+                "shared store: redis"
+            );
+            Ok(Some(store))
+        }
+    }
 }
 
 /// Logs a controller transition.

@@ -1,0 +1,122 @@
+//! Distributed routes in `rocgate serve`: requests on routes the Redis store shares
+//! are decided by [`RedisStore::check`] (one round trip, or a local decision within
+//! `timeout`) and forwarded directly; every other request goes through the admission
+//! layer as before. Without a store, [`Front`] is the layer itself behind one branch.
+
+use super::forward::Forwarder;
+use crate::clock::Clock;
+use crate::http::{rejection, MatchedRoute, SharedEngine};
+use crate::limiter::Decision;
+use crate::store::redis::RedisStore;
+use axum::body::Body;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use pin_project_lite::pin_project;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower::Service;
+
+type Reply = Result<Response<Body>, Infallible>;
+
+/// The proxy's front service: the admission layer (`layered`), and, with a store, the
+/// shared decision for distributed routes.
+#[derive(Clone)]
+pub(crate) struct Front<S> {
+    layered: S,
+    shared: Option<Arc<SharedGate>>,
+}
+
+pub(crate) struct SharedGate {
+    pub(crate) store: RedisStore,
+    pub(crate) engine: SharedEngine,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) direct: Forwarder,
+}
+
+impl<S> Front<S> {
+    pub(crate) fn new(layered: S, shared: Option<SharedGate>) -> Self {
+        Front {
+            layered,
+            shared: shared.map(Arc::new),
+        }
+    }
+}
+
+pin_project! {
+    #[project = FrontProj]
+    pub(crate) enum FrontFuture<F> {
+        Layered { #[pin] inner: F },
+        Shared { inner: Pin<Box<dyn Future<Output = Reply> + Send>> },
+    }
+}
+
+impl<F: Future<Output = Reply>> Future for FrontFuture<F> {
+    type Output = Reply;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
+        match self.project() {
+            FrontProj::Layered { inner } => inner.poll(cx),
+            FrontProj::Shared { inner } => inner.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<S> Service<Request<Incoming>> for Front<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = FrontFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.layered.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let Some(gate) = &self.shared else {
+            return FrontFuture::Layered {
+                inner: self.layered.call(req),
+            };
+        };
+        let engine = gate.engine.load_full();
+        let route = engine
+            .route_for(req.method().as_str(), req.uri().path())
+            .filter(|r| gate.store.shares(&engine, *r));
+        let Some(route) = route else {
+            return FrontFuture::Layered {
+                inner: self.layered.call(req),
+            };
+        };
+        let gate = Arc::clone(gate);
+        let now = gate.clock.now();
+        FrontFuture::Shared {
+            inner: Box::pin(async move {
+                let mut req = req;
+                match gate.store.check(&engine, route, now).await {
+                    Decision::Reject(rej) => {
+                        let limit = gate
+                            .store
+                            .view(engine.route_name(route))
+                            .map_or_else(|| engine.limit_rps(route), |v| v.limit_rps);
+                        Ok(rejection::respond_at_limit(
+                            &engine,
+                            route,
+                            &rej,
+                            rej.retry_after,
+                            limit,
+                        ))
+                    }
+                    Decision::Admit(_) => {
+                        req.extensions_mut()
+                            .insert(MatchedRoute(engine.route_label(route)));
+                        gate.direct.clone().call(req).await
+                    }
+                }
+            }),
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Where a route's state lives: in this process (the default), or shared by a fleet of
+//! instances in Redis, with a local fallback.
+//!
+//! This module holds the validated `[store]` settings and the [`breaker`], both pure.
+//! The Redis backend itself ([`redis`], feature `redis`) keeps each distributed route's
+//! slotted window, token bucket and controller state in Redis, updated by Lua scripts
+//! in one atomic round trip per decision. When Redis errs, is slower than `timeout`,
+//! or the breaker is open, the decision is taken locally at this instance's share of
+//! the shared limit (shared limit ÷ live instances), so the store can never turn into
+//! an outage.
+
+pub mod breaker;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+use std::time::Duration;
+
+/// `[store]`: where shared state lives.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum StoreConfig {
+    /// Every instance on its own (the default); no Redis anywhere.
+    #[default]
+    Local,
+    /// Distributed routes share their state in Redis.
+    Redis(RedisConfig),
+}
+
+/// `[store]` with `backend = "redis"`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host[:port][/db]` (or `rediss://`, `unix://`).
+    pub url: String,
+    /// Longest a decision waits for Redis before deciding locally.
+    pub timeout: Duration,
+    /// Prefix of every key rocgate writes (several fleets can share one Redis).
+    pub key_prefix: String,
+    /// What a decision does when Redis cannot answer in time.
+    pub fail_mode: FailMode,
+    /// One round trip per decision, or local decisions synchronised once per slot.
+    pub mode: SyncMode,
+    /// How often an instance announces itself; it counts as gone after 3 missed beats.
+    pub heartbeat: Duration,
+    /// Failures in a row that open the breaker.
+    pub failures_to_open: u32,
+    /// While the breaker is open, one decision per interval tries Redis again.
+    pub probe_interval: Duration,
+    /// Longest a route's keys outlive its last request.
+    pub key_ttl: Duration,
+    /// This instance's name in the heartbeat set; a random one when unset.
+    pub instance_id: Option<String>,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: "redis://127.0.0.1:6379".into(),
+            timeout: Duration::from_millis(50),
+            key_prefix: "rocgate".into(),
+            fail_mode: FailMode::Local,
+            mode: SyncMode::Exact,
+            heartbeat: Duration::from_secs(1),
+            failures_to_open: 3,
+            probe_interval: Duration::from_millis(250),
+            key_ttl: Duration::from_secs(600),
+            instance_id: None,
+        }
+    }
+}
+
+/// How decisions use the shared state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Every decision is one atomic round trip on the shared window and bucket.
+    #[default]
+    Exact,
+    /// Decisions are local, at this instance's share of the shared limit; each
+    /// instance adds its arrivals to the shared window once per slot and learns the
+    /// shared limit back. No round trip on the hot path; see [`redis`] for the bound.
+    Batched,
+}
+
+impl SyncMode {
+    /// The name as written in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncMode::Exact => "exact",
+            SyncMode::Batched => "batched",
+        }
+    }
+}
+
+/// What a decision does when the shared store cannot answer in time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailMode {
+    /// Decide locally at this instance's share of the shared limit (the default).
+    #[default]
+    Local,
+    /// Admit.
+    Open,
+    /// Reject (reason `fallback_local`, with the route's reject status).
+    Closed,
+}
+
+impl FailMode {
+    /// The name as written in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailMode::Local => "local",
+            FailMode::Open => "open",
+            FailMode::Closed => "closed",
+        }
+    }
+}

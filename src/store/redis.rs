@@ -1,0 +1,1104 @@
+//! The Redis backend: a distributed route's window, bucket and controller state shared
+//! by every instance, one atomic round trip per decision, with a local fallback.
+//!
+//! Each decision runs [`DECIDE`] (by SHA; `redis-rs` loads it again on `NOSCRIPT`),
+//! which reads the time from Redis (`TIME`, so instance clocks never matter), counts
+//! the arrival in the shared slotted window, takes a token from the shared bucket
+//! refilling at the shared limit, and answers with the decision, the shared limit and
+//! the controller state. The one call that observes a new slot wins the rollover: the
+//! script hands it the completed slots' counts and the controller's memory, and this
+//! instance steps the ordinary [`Controller`] on them (in a task of its own, off the
+//! decision's path) and stores the result with [`SAVE`], guarded so that a late writer
+//! cannot overwrite a newer step. Every instance then enforces the same limit and cuts
+//! together, and the controller is written once, in Rust.
+//!
+//! Keys: `{<prefix>:<route>}:w` (window: `cur` and one field per slot index, kept two
+//! windows), `:b` (bucket: `tokens`, `ts`), `:c` (controller). The braces are a Redis
+//! Cluster hash tag, so a route's keys share one slot and one script may touch them
+//! all. Every key has an expiry (`key_ttl`), renewed once per slot. Instances announce
+//! themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and learn the
+//! live count.
+//!
+//! Failure: a call that errs or takes longer than `timeout` is decided locally within
+//! the same request, at this instance's share (the shared limit last seen ÷ the live
+//! instances last seen), or by `fail_mode`. A [`Breaker`] stops calling Redis after
+//! `failures_to_open` failures in a row and lets one decision probe it per
+//! `probe_interval`; the first answer returns the instance to shared state.
+//!
+//! Batched mode (`mode = "batched"`) takes Redis off the hot path: each decision is
+//! local, on a token bucket at this instance's share of the shared limit, and counts
+//! the request; the first decision of each slot (on the instance's clock) starts, in a
+//! task of its own, one [`DECIDE`] call that adds the arrivals since the last sync to
+//! the shared window without taking a token, and learns the shared limit and
+//! controller state back (rollovers step the controller as in exact mode). Its bounds:
+//! - admission: instance `i` admits at most `limit ÷ n` per second plus a burst of
+//!   `limit ÷ n × burst`, so the fleet admits at most what exact mode admits
+//!   (`limit × (T + burst)` over `T`), if `n` is the true live count. With uneven load
+//!   the fleet admits less: an instance cannot lend its unused share to another.
+//! - the window: while Redis answers, every arrival reaches it, at most one slot and
+//!   one round trip late (the arrivals of a failed or skipped sync are dropped rather
+//!   than dumped into a later slot as a false spike); so ROC, cuts and restores lag
+//!   exact mode by that much, and a new limit reaches an instance at its next sync
+//!   (one slot, while it has traffic).
+//!
+//! Distributed routes are those limited as a whole (`partition = "route"`) with the
+//! token bucket, in `enforce` or `shadow` mode, with at most 1000 slots per window;
+//! other routes are decided by the local engine as before ([`RedisStore::shares`]).
+
+use super::breaker::{Breaker, Call};
+use super::{FailMode, RedisConfig, SyncMode};
+use crate::clock::{Clock, Nanos};
+use crate::config::{Mode, Partition};
+use crate::controller::{Controller, ControllerMemory, ControllerParams, ControllerState};
+use crate::engine::{Engine, RouteId};
+use crate::limiter::{Admit, Algorithm, Decision, Limiter, Reason, Rejection};
+use crate::metrics as metric;
+use crate::window::{RocSample, SampleAt, WindowSpec};
+use dashmap::DashMap;
+use metrics::{Counter, Gauge};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+/// One decision on a route's shared state.
+///
+/// - `KEYS[1]` window hash: `cur` (the slot accumulating) and one field per slot index
+///   (arrivals in it).
+/// - `KEYS[2]` bucket hash: `tokens` (float) and `ts` (µs, Redis time).
+/// - `KEYS[3]` controller hash: `limit`, `state` (0 normal, 1 cut, 2 recovering),
+///   `through` (last slot stepped), `entered`, `armed`, `safe` (ns, Redis time), `roc`.
+/// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` base limit
+///   (used until the controller hash has one); `ARGV[4]` bucket burst, seconds;
+///   `ARGV[5]` key expiry, ms; `ARGV[6]` arrivals to count (1 per decision; a
+///   slot's worth in batched mode); `ARGV[7]` `1` to take a token, `0` to only count
+///   (batched mode: the answer then always admits).
+///
+/// Expiries are set when a key is created and renewed by the first call of each slot
+/// (a route's keys therefore outlive its last request by `ARGV[5]` at most, and at
+/// least that less one slot).
+///
+/// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, roll}`; `roll` is
+/// present only for the call that observed a new slot: `{lo, counts of slots lo..slot-1,
+/// controller fields (limit, state, through, entered, armed, safe, roc)}`.
+pub const DECIDE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local slot_us = tonumber(ARGV[1])
+local slots = tonumber(ARGV[2])
+local ttl = ARGV[5]
+local slot = math.floor(now / slot_us)
+local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc')
+local limit = tonumber(ctl[1]) or tonumber(ARGV[3])
+local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
+local roll = false
+local fresh = cur == nil or cur < slot
+if fresh then
+  redis.call('HSET', KEYS[1], 'cur', string.format('%.0f', slot))
+  if cur ~= nil then
+    local through = tonumber(ctl[3])
+    local first = slot - 1
+    if through ~= nil then first = math.max(through + 1, slot - slots) end
+    if first <= slot - 1 then
+      local lo = first - slots + 1
+      local fields = {}
+      for i = lo, slot - 1 do fields[#fields + 1] = string.format('%.0f', i) end
+      local counts = redis.call('HMGET', KEYS[1], unpack(fields))
+      for i = 1, #counts do counts[i] = tonumber(counts[i]) or 0 end
+      roll = {lo, counts, ctl}
+    end
+    for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+      local i = tonumber(f)
+      if f ~= 'cur' and i ~= nil and i < slot - 2 * slots then redis.call('HDEL', KEYS[1], f) end
+    end
+  end
+end
+redis.call('HINCRBY', KEYS[1], string.format('%.0f', slot), tonumber(ARGV[6]))
+local admit = 1
+local wait = 0
+if ARGV[7] == '1' then
+  local cap = math.max(math.floor(limit * tonumber(ARGV[4])), 1)
+  local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
+  local tokens = tonumber(b[1])
+  local ts = tonumber(b[2])
+  local created = tokens == nil or ts == nil
+  if created then tokens = cap; ts = now end
+  if now > ts then tokens = tokens + (now - ts) * limit / 1000000; ts = now end
+  if tokens > cap then tokens = cap end
+  if tokens >= 1 then
+    tokens = tokens - 1
+  else
+    admit = 0
+    wait = math.ceil((1 - tokens) * 1000000 / limit)
+  end
+  redis.call('HSET', KEYS[2], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.0f', ts))
+  if created then redis.call('PEXPIRE', KEYS[2], ttl) end
+end
+if fresh then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
+local result = {admit, wait, string.format('%.17g', limit), tonumber(ctl[2]) or 0, now, slot, ctl[7]}
+if roll then result[8] = roll end
+return result
+";
+
+/// Stores a controller step, unless another instance stored a newer one meanwhile.
+///
+/// - `KEYS[1]` controller hash (see [`DECIDE`]).
+/// - `ARGV[1]` the `through` the step started from (empty: none); `ARGV[2]` the new
+///   `through`; `ARGV[3]` limit; `ARGV[4]` state; `ARGV[5]` entered; `ARGV[6]` armed;
+///   `ARGV[7]` safe since (empty: none); `ARGV[8]` roc; `ARGV[9]` key expiry, ms.
+///
+/// Returns 1 if stored, 0 if the hash had moved on.
+pub const SAVE: &str = r"
+local through = redis.call('HGET', KEYS[1], 'through')
+if (through or '') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'through', ARGV[2], 'limit', ARGV[3], 'state', ARGV[4],
+  'entered', ARGV[5], 'armed', ARGV[6], 'roc', ARGV[8])
+if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'safe') else redis.call('HSET', KEYS[1], 'safe', ARGV[7]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[9])
+return 1
+";
+
+/// Announces an instance and counts the live ones.
+///
+/// - `KEYS[1]` sorted set of instances, scored by their last beat (ms, Redis time).
+/// - `ARGV[1]` this instance's id; `ARGV[2]` how long a beat counts, ms.
+///
+/// Returns the number of instances that beat within `ARGV[2]`, this one included.
+pub const HEARTBEAT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// Why the store could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL is not one redis-rs can connect to.
+    #[error("store.url: {0}")]
+    Url(#[source] redis::RedisError),
+}
+
+/// Where an instance decides its distributed routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreMode {
+    /// On the shared state in Redis.
+    Shared,
+    /// Locally, while Redis is unreachable.
+    Fallback,
+}
+
+impl StoreMode {
+    /// The `mode` label of `rocgate_store_mode`: `shared` or `fallback_local`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreMode::Shared => "shared",
+            StoreMode::Fallback => "fallback_local",
+        }
+    }
+}
+
+/// What this instance last saw of a route's shared state.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharedView {
+    /// The shared limit, req/s.
+    pub limit_rps: f64,
+    /// The shared controller's state.
+    pub state: ControllerState,
+    /// ROC of the last slot the shared controller observed.
+    pub roc: f64,
+}
+
+/// A route's shared state as one instance sees it.
+struct SharedRoute {
+    keys: [String; 3],
+    window: WindowSpec,
+    burst: Duration,
+    slot_us: u64,
+    /// The route's own base limit, f64 bits (refreshed at each rollover won here).
+    base_limit: AtomicU64,
+    /// The shared limit last seen, f64 bits.
+    limit: AtomicU64,
+    /// The shared controller state last seen ([`ControllerState::as_index`]).
+    state: AtomicU8,
+    /// The shared ROC last seen, f64 bits.
+    roc: AtomicU64,
+    /// Decides while Redis is unreachable, at this instance's share.
+    fallback: Limiter,
+    /// The limit the fallback limiter is set to, f64 bits.
+    fallback_limit: AtomicU64,
+    admitted: Counter,
+    rejected: Counter,
+    shadow_rejected: Counter,
+    fallbacks: Counter,
+    limit_gauge: Gauge,
+    /// Batched mode: arrivals since the last sync.
+    pending: AtomicU64,
+    /// Batched mode: the slot (on this instance's clock) of the last sync.
+    synced_slot: AtomicU64,
+}
+
+impl SharedRoute {
+    fn view(&self) -> SharedView {
+        SharedView {
+            limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
+            state: state_of(self.state.load(Ordering::Relaxed)),
+            roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Why a shared limit rejects: a cut if the controller holds it below base.
+    fn reason(&self, limit: f64, state: u8) -> Reason {
+        let base = f64::from_bits(self.base_limit.load(Ordering::Relaxed));
+        if state != ControllerState::Normal.as_index() && limit < base {
+            Reason::RocCut
+        } else {
+            Reason::Limit
+        }
+    }
+
+    /// A rejection, counted; in shadow mode, an admission counted as shadow-rejected.
+    fn enforce(&self, mode: Mode, rejection: Rejection) -> Decision {
+        if mode == Mode::Shadow {
+            self.shadow_rejected.increment(1);
+            return Decision::Admit(Admit::Now);
+        }
+        self.rejected.increment(1);
+        Decision::Reject(rejection)
+    }
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    config: RedisConfig,
+    instance_id: String,
+    instances_key: String,
+    clock: Arc<dyn Clock>,
+    breaker: Mutex<Breaker>,
+    mode: AtomicU8,
+    instances: AtomicU64,
+    routes: DashMap<Arc<str>, Arc<SharedRoute>>,
+    decide: Script,
+    save: Script,
+    heartbeat: Script,
+    timeouts: Counter,
+    errors: Counter,
+    /// Decisions taken locally, all routes.
+    fallbacks: AtomicU64,
+    /// Set by [`RedisStore::leave`]: the heartbeat stops.
+    left: AtomicBool,
+}
+
+/// The shared state of every distributed route in Redis. Cloning is one reference
+/// count; dropping the last clone stops the heartbeat.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("instance_id", &self.inner.instance_id)
+            .field("mode", &self.mode())
+            .field("instances", &self.instances())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store on `config.url`, timing decisions with `clock` (the engine's). Never
+    /// waits for Redis: it connects in the background and falls back as soon as
+    /// Redis fails to answer. Starts the heartbeat, so it must run inside a tokio
+    /// runtime. Its metrics go to the `metrics` recorder installed when this is called.
+    ///
+    /// # Errors
+    /// If the URL cannot be parsed.
+    pub fn connect(config: &RedisConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        let client = redis::Client::open(config.url.as_str()).map_err(StoreError::Url)?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.timeout.max(Duration::from_millis(100))))
+            .set_response_timeout(None)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(config.probe_interval)
+            .set_number_of_retries(2);
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, manager).map_err(StoreError::Url)?;
+        let instance_id = config.instance_id.clone().unwrap_or_else(random_id);
+        let inner = Arc::new(Inner {
+            conn,
+            instances_key: format!("{{{}}}:instances", config.key_prefix),
+            config: config.clone(),
+            instance_id,
+            clock,
+            breaker: Mutex::new(Breaker::new(config.failures_to_open, config.probe_interval)),
+            mode: AtomicU8::new(0),
+            instances: AtomicU64::new(1),
+            routes: DashMap::new(),
+            decide: Script::new(DECIDE),
+            save: Script::new(SAVE),
+            heartbeat: Script::new(HEARTBEAT),
+            timeouts: metrics::counter!(metric::STORE_ERRORS, "kind" => "timeout"),
+            errors: metrics::counter!(metric::STORE_ERRORS, "kind" => "error"),
+            fallbacks: AtomicU64::new(0),
+            left: AtomicBool::new(false),
+        });
+        publish_mode(StoreMode::Shared);
+        tokio::spawn(heartbeat(Arc::downgrade(&inner)));
+        Ok(RedisStore { inner })
+    }
+
+    /// Whether `route` is decided on the shared state (see the module docs).
+    ///
+    /// # Panics
+    /// If `route` does not come from `engine`.
+    pub fn shares(&self, engine: &Engine, route: RouteId) -> bool {
+        matches!(engine.partition(route), Partition::Route)
+            && matches!(engine.algorithm(route), Algorithm::TokenBucket { .. })
+            && engine.mode(route) != Mode::ShadowAdaptive
+            && engine.window(route).slots() <= 1000
+    }
+
+    /// Decides one request on a distributed route at `now` (the engine's clock).
+    /// Exact mode: one round trip to Redis, or a local decision if Redis errs, takes
+    /// longer than `timeout`, or the breaker is open; never waits longer than
+    /// `timeout`. Batched mode: a local decision at this instance's share, never
+    /// waiting on Redis (the first decision of each slot starts the slot's sync in a
+    /// task of its own).
+    ///
+    /// # Panics
+    /// If `route` does not come from `engine`.
+    pub async fn check(&self, engine: &Engine, route: RouteId, now: Nanos) -> Decision {
+        let inner = &self.inner;
+        let r = inner.route(engine, route, now);
+        let mode = engine.mode(route);
+        if inner.config.mode == SyncMode::Batched {
+            return inner.batched(engine, route, &r, mode, now);
+        }
+        if inner.breaker().call(now) == Call::Skip {
+            return inner.fallback(&r, mode, now);
+        }
+        let Some(reply) = inner.call(&r, 1, true).await else {
+            return inner.fallback(&r, mode, now);
+        };
+        let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
+        inner.absorb(&r, reply, || engine.params_at(route, now));
+        if admit {
+            r.admitted.increment(1);
+            return Decision::Admit(Admit::Now);
+        }
+        r.enforce(
+            mode,
+            Rejection {
+                retry_after: Duration::from_micros(wait_us),
+                reason: r.reason(limit, state),
+            },
+        )
+    }
+
+    /// Where this instance decides now.
+    pub fn mode(&self) -> StoreMode {
+        self.inner.mode()
+    }
+
+    /// Live instances as last counted through the heartbeat (1 until first counted).
+    pub fn instances(&self) -> u64 {
+        self.inner.instances.load(Ordering::Relaxed)
+    }
+
+    /// Decisions on distributed routes taken locally since start.
+    pub fn fallback_decisions(&self) -> u64 {
+        self.inner.fallbacks.load(Ordering::Relaxed)
+    }
+
+    /// This instance's id in the heartbeat set.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance_id
+    }
+
+    /// What this instance last saw of a route's shared state, if it has decided on it.
+    pub fn view(&self, route: &str) -> Option<SharedView> {
+        Some(self.inner.routes.get(route)?.view())
+    }
+
+    /// Every route this instance has decided on, with what it last saw, by name.
+    pub fn views(&self) -> Vec<(String, SharedView)> {
+        let mut views: Vec<_> = self
+            .inner
+            .routes
+            .iter()
+            .map(|r| (r.key().to_string(), r.value().view()))
+            .collect();
+        views.sort_by(|a, b| a.0.cmp(&b.0));
+        views
+    }
+
+    /// Beats once now (the heartbeat task beats every `heartbeat`): announces this
+    /// instance and updates the live count. Returns the count, or `None` if Redis did
+    /// not answer within `timeout`.
+    pub async fn beat(&self) -> Option<u64> {
+        self.inner.beat().await
+    }
+
+    /// Stops the heartbeat and removes this instance from the heartbeat set (on
+    /// shutdown), so the others' shares grow at once instead of after three missed
+    /// beats.
+    pub async fn leave(&self) {
+        self.inner.left.store(true, Ordering::Relaxed);
+        let mut conn = self.inner.conn.clone();
+        let cmd = redis::cmd("ZREM")
+            .arg(&self.inner.instances_key)
+            .arg(&self.inner.instance_id)
+            .to_owned();
+        let _ = tokio::time::timeout(
+            self.inner.config.timeout,
+            cmd.query_async::<Value>(&mut conn),
+        )
+        .await;
+    }
+}
+
+impl Inner {
+    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn mode(&self) -> StoreMode {
+        if self.mode.load(Ordering::Relaxed) == 1 {
+            StoreMode::Fallback
+        } else {
+            StoreMode::Shared
+        }
+    }
+
+    /// Sets the mode, and its gauge when it changes.
+    fn set_mode(&self, mode: StoreMode) {
+        let code = u8::from(mode == StoreMode::Fallback);
+        if self.mode.swap(code, Ordering::Relaxed) != code {
+            publish_mode(mode);
+            tracing::warn!(mode = mode.as_str(), "store mode changed");
+        }
+    }
+
+    /// A call failed: feed the breaker; once it is open, the instance is in fallback.
+    fn failed(&self) {
+        let now = self.clock.now();
+        let open = {
+            let mut b = self.breaker();
+            b.failure(now);
+            b.is_open()
+        };
+        if open {
+            self.set_mode(StoreMode::Fallback);
+        }
+    }
+
+    /// The route's shared state, built on first use and rebuilt when its shape
+    /// (window, burst) changed on reload.
+    fn route(&self, engine: &Engine, route: RouteId, now: Nanos) -> Arc<SharedRoute> {
+        let name = engine.route_name(route);
+        let window = engine.window(route);
+        let burst = match engine.algorithm(route) {
+            Algorithm::TokenBucket { burst } => *burst,
+            _ => Duration::from_secs(1),
+        };
+        if let Some(r) = self.routes.get(name) {
+            if r.window == window && r.burst == burst {
+                return Arc::clone(&r);
+            }
+        }
+        let label: Arc<str> = engine.route_label(route);
+        let base = engine.params_at(route, now).base_limit_rps;
+        let share = base / self.instances.load(Ordering::Relaxed).max(1) as f64;
+        let tag = format!("{{{}:{}}}", self.config.key_prefix, label);
+        let counter = |decision: &'static str| metrics::counter!(metric::STORE_REQUESTS, "route" => label.to_string(), "decision" => decision);
+        let r = Arc::new(SharedRoute {
+            keys: [format!("{tag}:w"), format!("{tag}:b"), format!("{tag}:c")],
+            window,
+            burst,
+            slot_us: (window.slot().as_micros() as u64).max(1),
+            base_limit: AtomicU64::new(base.to_bits()),
+            limit: AtomicU64::new(base.to_bits()),
+            state: AtomicU8::new(ControllerState::Normal.as_index()),
+            roc: AtomicU64::new(0f64.to_bits()),
+            fallback: Limiter::new(Algorithm::TokenBucket { burst }, share, now),
+            fallback_limit: AtomicU64::new(share.to_bits()),
+            admitted: counter("admitted"),
+            rejected: counter("rejected"),
+            shadow_rejected: counter("shadow_rejected"),
+            fallbacks: metrics::counter!(metric::STORE_FALLBACK, "route" => label.to_string()),
+            limit_gauge: metrics::gauge!(metric::STORE_LIMIT, "route" => label.to_string()),
+            pending: AtomicU64::new(0),
+            synced_slot: AtomicU64::new(u64::MAX),
+        });
+        self.routes.insert(label, Arc::clone(&r));
+        r
+    }
+
+    /// Runs [`DECIDE`]: counts `arrivals`, and takes a token if `take`. `None` if
+    /// Redis erred, did not answer within `timeout`, or answered nonsense; the breaker
+    /// and the error counters know either way.
+    async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool) -> Option<Reply> {
+        let mut invocation = self.decide.prepare_invoke();
+        for key in &r.keys {
+            invocation.key(key.as_str());
+        }
+        invocation
+            .arg(r.slot_us)
+            .arg(r.window.slots())
+            .arg(f64::from_bits(r.base_limit.load(Ordering::Relaxed)))
+            .arg(r.burst.as_secs_f64())
+            .arg(ttl_ms(self.config.key_ttl))
+            .arg(arrivals)
+            .arg(u8::from(take));
+        let mut conn = self.conn.clone();
+        let answer = tokio::time::timeout(
+            self.config.timeout,
+            invocation.invoke_async::<Value>(&mut conn),
+        )
+        .await;
+        let reply = match answer {
+            Ok(Ok(value)) => Reply::parse(value),
+            Ok(Err(e)) => {
+                self.errors.increment(1);
+                tracing::debug!(error = %e, "store call failed");
+                None
+            }
+            Err(_) => {
+                self.timeouts.increment(1);
+                None
+            }
+        };
+        if reply.is_some() {
+            self.breaker().success();
+            self.set_mode(StoreMode::Shared);
+        } else {
+            self.failed();
+        }
+        reply
+    }
+
+    /// Takes in what Redis answered: the shared limit and state, and, for the winner
+    /// of a rollover, the controller step (in a task of its own).
+    fn absorb(
+        self: &Arc<Self>,
+        r: &Arc<SharedRoute>,
+        reply: Reply,
+        params: impl FnOnce() -> ControllerParams,
+    ) {
+        r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
+        r.state.store(reply.state, Ordering::Relaxed);
+        r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
+        r.limit_gauge.set(reply.limit);
+        if let Some(roll) = reply.roll {
+            let params = params();
+            r.base_limit
+                .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+            tokio::spawn(step(
+                Arc::clone(self),
+                Arc::clone(r),
+                params,
+                reply.slot,
+                reply.now_us,
+                roll,
+            ));
+        }
+    }
+
+    /// Batched mode: counts the request for the next sync, starts the sync if this is
+    /// the first decision of a slot, and decides locally at this instance's share.
+    fn batched(
+        self: &Arc<Self>,
+        engine: &Engine,
+        route: RouteId,
+        r: &Arc<SharedRoute>,
+        mode: Mode,
+        now: Nanos,
+    ) -> Decision {
+        r.pending.fetch_add(1, Ordering::Relaxed);
+        let slot = now.as_u64() / r.slot_us.saturating_mul(1000).max(1);
+        let last = r.synced_slot.load(Ordering::Relaxed);
+        if slot != last
+            && r.synced_slot
+                .compare_exchange(last, slot, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            // Arrivals of a failed or skipped sync are dropped: dumped into a later
+            // slot they would look like a spike.
+            let arrivals = r.pending.swap(0, Ordering::Relaxed);
+            if self.breaker().call(now) != Call::Skip {
+                tokio::spawn(sync(
+                    Arc::clone(self),
+                    Arc::clone(r),
+                    arrivals,
+                    engine.params_at(route, now),
+                ));
+            }
+        }
+        if self.mode() == StoreMode::Fallback {
+            return self.fallback(r, mode, now);
+        }
+        match self.share_check(r, now) {
+            Decision::Reject(rej) => {
+                let limit = f64::from_bits(r.limit.load(Ordering::Relaxed));
+                let reason = r.reason(limit, r.state.load(Ordering::Relaxed));
+                r.enforce(
+                    mode,
+                    Rejection {
+                        retry_after: rej.retry_after,
+                        reason,
+                    },
+                )
+            }
+            admit => {
+                r.admitted.increment(1);
+                admit
+            }
+        }
+    }
+
+    /// The local bucket at this instance's share of the shared limit (last seen ÷
+    /// live instances last counted).
+    fn share_check(&self, r: &SharedRoute, now: Nanos) -> Decision {
+        let share = f64::from_bits(r.limit.load(Ordering::Relaxed))
+            / self.instances.load(Ordering::Relaxed).max(1) as f64;
+        if r.fallback_limit.swap(share.to_bits(), Ordering::Relaxed) != share.to_bits() {
+            r.fallback.set_limit(share, now);
+        }
+        r.fallback.check(now)
+    }
+
+    /// Decides locally, by `fail_mode`.
+    fn fallback(&self, r: &SharedRoute, mode: Mode, now: Nanos) -> Decision {
+        r.fallbacks.increment(1);
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        let rejection = match self.config.fail_mode {
+            FailMode::Open => return Decision::Admit(Admit::Now),
+            FailMode::Closed => Rejection {
+                retry_after: self.config.probe_interval,
+                reason: Reason::FallbackLocal,
+            },
+            FailMode::Local => match self.share_check(r, now) {
+                Decision::Reject(rej) => Rejection {
+                    retry_after: rej.retry_after,
+                    reason: Reason::FallbackLocal,
+                },
+                admit => return admit,
+            },
+        };
+        if mode == Mode::Shadow {
+            return Decision::Admit(Admit::Now);
+        }
+        Decision::Reject(rejection)
+    }
+
+    async fn beat(&self) -> Option<u64> {
+        let mut invocation = self.heartbeat.prepare_invoke();
+        invocation
+            .key(self.instances_key.as_str())
+            .arg(self.instance_id.as_str())
+            .arg(ttl_ms(self.config.heartbeat * 3));
+        let mut conn = self.conn.clone();
+        let answer = tokio::time::timeout(
+            self.config.timeout,
+            invocation.invoke_async::<u64>(&mut conn),
+        )
+        .await;
+        match answer {
+            Ok(Ok(n)) => {
+                let n = n.max(1);
+                self.instances.store(n, Ordering::Relaxed);
+                metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
+                Some(n)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "heartbeat failed");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+/// Sets `rocgate_store_mode`: 1 for `mode`, 0 for the others.
+fn publish_mode(mode: StoreMode) {
+    for m in [StoreMode::Shared, StoreMode::Fallback] {
+        let on = if m == mode { 1.0 } else { 0.0 };
+        metrics::gauge!(metric::STORE_MODE, "mode" => m.as_str()).set(on);
+    }
+    metrics::gauge!(metric::STORE_MODE, "mode" => "local").set(0.0);
+}
+
+/// Beats every `heartbeat` while the store lives.
+async fn heartbeat(inner: Weak<Inner>) {
+    let every = match inner.upgrade() {
+        Some(i) => i.config.heartbeat,
+        None => return,
+    };
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.left.load(Ordering::Relaxed) {
+            return;
+        }
+        inner.beat().await;
+    }
+}
+
+/// What [`DECIDE`] answered.
+struct Reply {
+    admit: bool,
+    wait_us: u64,
+    limit: f64,
+    state: u8,
+    now_us: u64,
+    slot: u64,
+    roc: f64,
+    roll: Option<Roll>,
+}
+
+/// The completed slots a rollover hands to its winner.
+struct Roll {
+    lo: i64,
+    counts: Vec<u64>,
+    memory: StoredController,
+}
+
+/// The controller hash as read by [`DECIDE`].
+#[derive(Debug, Default, PartialEq)]
+struct StoredController {
+    through: Option<u64>,
+    memory: Option<ControllerMemory>,
+}
+
+impl Reply {
+    fn parse(value: Value) -> Option<Reply> {
+        let Value::Array(items) = value else {
+            return None;
+        };
+        let mut items = items.into_iter();
+        let mut next = || items.next();
+        let admit = int(&next()?)? == 1;
+        let wait_us = u64::try_from(int(&next()?)?).ok()?;
+        let limit = float(&next()?)?;
+        let state = u8::try_from(int(&next()?)?).ok()?;
+        let now_us = u64::try_from(int(&next()?)?).ok()?;
+        let slot = u64::try_from(int(&next()?)?).ok()?;
+        let roc = next().as_ref().and_then(float).unwrap_or(0.0);
+        let roll = match next() {
+            Some(Value::Array(roll)) => Some(Roll::parse(roll)?),
+            _ => None,
+        };
+        (limit.is_finite() && limit > 0.0).then_some(Reply {
+            admit,
+            wait_us,
+            limit,
+            state,
+            now_us,
+            slot,
+            roc,
+            roll,
+        })
+    }
+}
+
+impl Roll {
+    fn parse(items: Vec<Value>) -> Option<Roll> {
+        let [lo, Value::Array(counts), Value::Array(ctl)] = <[Value; 3]>::try_from(items).ok()?
+        else {
+            return None;
+        };
+        let lo = int(&lo)?;
+        let counts = counts
+            .iter()
+            .map(|c| int(c).and_then(|n| u64::try_from(n).ok()))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Roll {
+            lo,
+            counts,
+            memory: StoredController::parse(&ctl),
+        })
+    }
+}
+
+impl StoredController {
+    /// Fields `limit, state, through, entered, armed, safe, roc`; anything missing or
+    /// unreadable means no memory (the controller starts afresh).
+    fn parse(ctl: &[Value]) -> StoredController {
+        let field = |i: usize| ctl.get(i).and_then(float);
+        let through = field(2).map(|t| t as u64);
+        let memory = (|| {
+            Some(ControllerMemory {
+                limit_rps: field(0)?,
+                state: match field(1)? as u8 {
+                    0 => ControllerState::Normal,
+                    1 => ControllerState::Cut,
+                    2 => ControllerState::Recovering,
+                    _ => return None,
+                },
+                entered_at: Nanos::new(field(3)? as u64),
+                armed_at: Nanos::new(field(4)? as u64),
+                safe_since: field(5).map(|s| Nanos::new(s as u64)),
+                last_roc: field(6).unwrap_or(0.0),
+            })
+        })();
+        StoredController { through, memory }
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+fn float(v: &Value) -> Option<f64> {
+    match v {
+        Value::Int(n) => Some(*n as f64),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::Double(d) => Some(*d),
+        _ => None,
+    }
+}
+
+fn state_of(index: u8) -> ControllerState {
+    match index {
+        1 => ControllerState::Cut,
+        2 => ControllerState::Recovering,
+        _ => ControllerState::Normal,
+    }
+}
+
+fn ttl_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// A random instance id: the process id and 64 random bits.
+fn random_id() -> String {
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("rocgate-{}-{bits:016x}", std::process::id())
+}
+
+/// Batched mode: adds a slot's arrivals to the shared window and learns the shared
+/// limit back.
+async fn sync(inner: Arc<Inner>, r: Arc<SharedRoute>, arrivals: u64, params: ControllerParams) {
+    if let Some(reply) = inner.call(&r, arrivals, false).await {
+        inner.absorb(&r, reply, || params);
+    }
+}
+
+/// Steps the controller over the slots the rollover completed and stores the result.
+async fn step(
+    inner: Arc<Inner>,
+    r: Arc<SharedRoute>,
+    params: ControllerParams,
+    slot: u64,
+    now_us: u64,
+    roll: Roll,
+) {
+    let now = Nanos::new(now_us.saturating_mul(1000));
+    let Some((controller, through)) = replay(params, &r.window, &roll, slot, now) else {
+        return;
+    };
+    let m = controller.memory();
+    let nanos = |n: Nanos| n.as_u64().to_string();
+    let mut invocation = inner.save.prepare_invoke();
+    invocation
+        .key(r.keys[2].as_str())
+        .arg(
+            roll.memory
+                .through
+                .map_or_else(String::new, |t| t.to_string()),
+        )
+        .arg(through)
+        .arg(format!("{:?}", m.limit_rps))
+        .arg(m.state.as_index())
+        .arg(nanos(m.entered_at))
+        .arg(nanos(m.armed_at))
+        .arg(m.safe_since.map_or_else(String::new, nanos))
+        .arg(format!("{:?}", m.last_roc))
+        .arg(ttl_ms(inner.config.key_ttl));
+    let mut conn = inner.conn.clone();
+    match tokio::time::timeout(
+        inner.config.timeout,
+        invocation.invoke_async::<i64>(&mut conn),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            inner.errors.increment(1);
+            tracing::debug!(error = %e, "storing a controller step failed");
+        }
+        Err(_) => inner.timeouts.increment(1),
+    }
+}
+
+/// The controller after observing every slot from the one after `through` up to
+/// `slot - 1` (at most one window of them), and the new `through`; `None` if there is
+/// nothing to observe. Times are Redis's, in ns.
+fn replay(
+    params: ControllerParams,
+    window: &WindowSpec,
+    roll: &Roll,
+    slot: u64,
+    now: Nanos,
+) -> Option<(Controller, u64)> {
+    let last = slot.checked_sub(1)?;
+    let slots = window.slots() as u64;
+    let half = slots / 2;
+    let first = match roll.memory.through {
+        Some(t) => (t + 1).max(slot.saturating_sub(slots)),
+        None => last,
+    };
+    if first > last {
+        return None;
+    }
+    let mut controller = match roll.memory.memory {
+        Some(m) => Controller::from_memory(params, m, now),
+        None => Controller::new(params, now, window.window()),
+    };
+    let count = |i: u64| -> u64 {
+        let at = i as i64 - roll.lo;
+        usize::try_from(at)
+            .ok()
+            .and_then(|k| roll.counts.get(k).copied())
+            .unwrap_or(0)
+    };
+    let half_secs = window.half().as_secs_f64();
+    let slot_ns = window.slot().as_micros() as u64 * 1000;
+    for s in first..=last {
+        let start = (s + 1).saturating_sub(slots);
+        let n_prev: u64 = (start..start + half).map(count).sum();
+        let n_recent: u64 = (start + half..=s).map(count).sum();
+        let rate_prev_rps = n_prev as f64 / half_secs;
+        let rate_recent_rps = n_recent as f64 / half_secs;
+        let sample = RocSample {
+            n_prev,
+            n_recent,
+            rate_prev_rps,
+            rate_recent_rps,
+            roc: rate_recent_rps - rate_prev_rps,
+        };
+        let at = Nanos::new((s + 1).saturating_mul(slot_ns));
+        controller.observe(SampleAt { at, sample }, |t| {
+            tracing::info!(
+                from = t.from.as_str(),
+                to = t.to.as_str(),
+                roc = t.roc,
+                limit_rps = t.limit_rps,
+                "shared controller transition"
+            );
+        });
+    }
+    Some((controller, last))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window() -> WindowSpec {
+        WindowSpec::new(Duration::from_secs(1), Duration::from_millis(100)).unwrap()
+    }
+
+    fn roll(lo: i64, counts: Vec<u64>, through: Option<u64>) -> Roll {
+        Roll {
+            lo,
+            counts,
+            memory: StoredController {
+                through,
+                memory: None,
+            },
+        }
+    }
+
+    #[test]
+    fn replay_observes_each_completed_slot_once() {
+        // Slots 100..=109 complete: 10 arrivals each in 100..=104, 50 in 105..=109.
+        let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 50 }).collect();
+        let r = roll(100, counts, Some(108));
+        let params = ControllerParams {
+            min_samples: 1,
+            ..ControllerParams::default()
+        };
+        let now = Nanos::from_millis(11_000);
+        let (c, through) = replay(params, &window(), &r, 110, now).unwrap();
+        assert_eq!(through, 109);
+        // Half-windows of 0.5 s: 50 then 250 arrivals, 100 → 500 req/s.
+        assert_eq!(c.last_roc(), 400.0);
+        // Not armed yet: a fresh controller waits one window from `now`.
+        assert_eq!(c.state(), ControllerState::Normal);
+    }
+
+    #[test]
+    fn replay_with_nothing_new_does_nothing() {
+        let r = roll(100, vec![1; 10], Some(109));
+        assert!(replay(ControllerParams::default(), &window(), &r, 110, Nanos::ZERO).is_none());
+    }
+
+    #[test]
+    fn replay_continues_a_stored_controller_and_cuts() {
+        let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
+        let mut r = roll(100, counts, Some(108));
+        r.memory.memory = Some(ControllerMemory {
+            state: ControllerState::Normal,
+            entered_at: Nanos::ZERO,
+            armed_at: Nanos::ZERO,
+            safe_since: None,
+            limit_rps: 200.0,
+            last_roc: 0.0,
+        });
+        let (c, _) = replay(
+            ControllerParams::default(),
+            &window(),
+            &r,
+            110,
+            Nanos::from_secs(11),
+        )
+        .unwrap();
+        assert_eq!(c.state(), ControllerState::Cut);
+        assert_eq!(c.limit_rps(), 60.0);
+    }
+
+    #[test]
+    fn stored_controller_round_trips_through_the_hash_fields() {
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let ctl = [
+            text("60.0"),
+            text("1"),
+            text("42"),
+            text("1000"),
+            text("2000"),
+            Value::Nil,
+            text("123.5"),
+        ];
+        let stored = StoredController::parse(&ctl);
+        assert_eq!(stored.through, Some(42));
+        let m = stored.memory.unwrap();
+        assert_eq!(m.state, ControllerState::Cut);
+        assert_eq!(m.limit_rps, 60.0);
+        assert_eq!(
+            (m.entered_at, m.armed_at),
+            (Nanos::new(1000), Nanos::new(2000))
+        );
+        assert_eq!(m.safe_since, None);
+        assert_eq!(m.last_roc, 123.5);
+        let empty = StoredController::parse(&[Value::Nil, Value::Nil, Value::Nil]);
+        assert_eq!(empty, StoredController::default());
+    }
+}

@@ -1,0 +1,961 @@
+//! The Redis store against a real `redis-server` (started by each test on a free
+//! loopback port, killed by PID when the test ends): shared limits across instances,
+//! failure and recovery, clock skew, and the scripts' keys.
+//!
+//! Redis reads its own clock (`TIME`), so these tests run in real time; each is
+//! bounded to a few seconds and a few thousand decisions.
+#![cfg(feature = "redis")]
+
+use rocgate::clock::{Clock, ManualClock, MonotonicClock, Nanos};
+use rocgate::config::{Config, RouteConfig, RouteMatch};
+use rocgate::controller::ControllerState;
+use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::limiter::{Algorithm, Reason};
+use rocgate::store::redis::{RedisStore, StoreMode};
+use rocgate::store::RedisConfig;
+use rocgate::window::WindowSpec;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// One test at a time: they measure real time (timeouts, fallback and recovery
+/// delays), which other tests of this file running alongside on a small machine
+/// would blur.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A `redis-server` of this test's own; killed (by PID) on drop. Holding one keeps
+/// the other tests of this file waiting.
+struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl RedisServer {
+    async fn start() -> RedisServer {
+        let serial = SERIAL.lock().await;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = RedisServer {
+            port,
+            child: None,
+            _serial: serial,
+        };
+        server.restart().await;
+        server
+    }
+
+    /// Starts the server on its port (again, after a kill) and waits until it answers.
+    async fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test.sh installs it)");
+        self.child = Some(child);
+        for _ in 0..200 {
+            if self.ping() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("redis-server did not answer on port {}", self.port);
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(1))
+    }
+
+    fn ping(&self) -> bool {
+        self.connection()
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// `SIGKILL`, and reaps the process.
+    fn kill(&mut self) {
+        self.signal("-KILL");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn route(base: f64, burst: Duration) -> RouteConfig {
+    let mut r = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+    r.controller.base_limit_rps = base;
+    r.controller.cut_limit_rps = base.min(r.controller.cut_limit_rps);
+    r.algorithm = Algorithm::TokenBucket { burst };
+    r
+}
+
+/// A route that cuts within a second: a 1 s window of 100 ms slots, low thresholds.
+fn quick_route() -> RouteConfig {
+    let mut r = route(200.0, Duration::from_secs(1));
+    r.window = WindowSpec::new(Duration::from_secs(1), Duration::from_millis(100)).unwrap();
+    let c = &mut r.controller;
+    c.cut_limit_rps = 60.0;
+    c.danger_roc = 40.0;
+    c.safe_roc = 10.0;
+    c.min_rps = 5.0;
+    c.min_samples = 5;
+    c.min_dwell = Duration::from_millis(200);
+    c.hold = Duration::from_secs(5);
+    r
+}
+
+fn store_config(server: &RedisServer, prefix: &str) -> RedisConfig {
+    RedisConfig {
+        url: server.url(),
+        key_prefix: prefix.into(),
+        heartbeat: Duration::from_millis(200),
+        probe_interval: Duration::from_millis(100),
+        ..RedisConfig::default()
+    }
+}
+
+/// One rocgate instance: its own engine and clock, and a store on the shared Redis.
+struct Instance {
+    engine: Engine,
+    route: RouteId,
+    clock: Arc<dyn Clock>,
+    store: RedisStore,
+}
+
+impl Instance {
+    fn new(route: &RouteConfig, config: &RedisConfig, clock: Arc<dyn Clock>) -> Instance {
+        let engine = Engine::new(
+            &Config::new(vec![route.clone()]),
+            clock.now(),
+            SystemTime::UNIX_EPOCH,
+        );
+        let id = engine.route_id(&route.name).unwrap();
+        let store = RedisStore::connect(config, Arc::clone(&clock)).unwrap();
+        assert!(store.shares(&engine, id));
+        Instance {
+            engine,
+            route: id,
+            clock,
+            store,
+        }
+    }
+
+    fn system(route: &RouteConfig, config: &RedisConfig) -> Instance {
+        Instance::new(route, config, Arc::new(MonotonicClock::new()))
+    }
+
+    async fn check(&self) -> rocgate::limiter::Decision {
+        self.store
+            .check(&self.engine, self.route, self.clock.now())
+            .await
+    }
+
+    /// Offers `n` requests one after the other; returns how many were admitted.
+    async fn offer(&self, n: usize) -> usize {
+        let mut admitted = 0;
+        for _ in 0..n {
+            admitted += usize::from(self.check().await.is_admit());
+        }
+        admitted
+    }
+}
+
+/// A bucket of 1000 tokens refilling at 20/s: what a short run admits is the burst,
+/// plus a few refilled tokens, however the run is timed.
+fn burst_route() -> RouteConfig {
+    route(20.0, Duration::from_secs(50))
+}
+
+/// Admitted by two instances offering `per_instance` each, concurrently.
+async fn two_instances_admit(a: &Instance, b: &Instance, per_instance: usize) -> usize {
+    let (x, y) = tokio::join!(a.offer(per_instance), b.offer(per_instance));
+    x + y
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_together_admit_what_one_admits_alone() {
+    let server = RedisServer::start().await;
+    let route = burst_route();
+    let alone = Instance::system(&route, &store_config(&server, "alone"));
+    let admitted_alone = alone.offer(1600).await;
+    assert!((1000..=1020).contains(&admitted_alone), "{admitted_alone}");
+
+    let config = store_config(&server, "pair");
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    let together = two_instances_admit(&a, &b, 800).await;
+    let diff = (together as f64 - admitted_alone as f64).abs() / admitted_alone as f64;
+    assert!(diff <= 0.01, "alone {admitted_alone}, together {together}");
+    assert_eq!(
+        a.store.fallback_decisions() + b.store.fallback_decisions(),
+        0
+    );
+    // Each instance on its own would have admitted its full bucket: twice as many.
+    assert!(together < 2 * 1000 - 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_count_each_other_through_the_heartbeat() {
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "beat");
+    let a = Instance::system(&burst_route(), &config);
+    let b = Instance::system(&burst_route(), &config);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(b.store.beat().await, Some(2));
+    assert_eq!(a.store.beat().await, Some(2));
+    assert_eq!(a.store.instances(), 2);
+    assert_ne!(a.store.instance_id(), b.store.instance_id());
+    b.store.leave().await;
+    assert_eq!(a.store.beat().await, Some(1));
+    // An instance that stops beating drops out after three missed beats.
+    let c = Instance::system(&burst_route(), &config);
+    assert_eq!(c.store.beat().await, Some(2));
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(a.store.beat().await, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_see_the_same_roc_and_cut_together() {
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "cut");
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    let started = tokio::time::Instant::now();
+    // 1.5 s calm at ~20 req/s in all, then a spike at ~500 req/s until both are cut.
+    let mut cut_at: [Option<Duration>; 2] = [None, None];
+    while started.elapsed() < Duration::from_secs(4) && cut_at.iter().any(Option::is_none) {
+        let spike = started.elapsed() > Duration::from_millis(1500);
+        for (i, inst) in [&a, &b].into_iter().enumerate() {
+            let _ = inst.check().await;
+            let view = inst.store.view("order").unwrap();
+            if view.state == ControllerState::Cut && cut_at[i].is_none() {
+                cut_at[i] = Some(started.elapsed());
+            }
+        }
+        let pause = if spike { 4 } else { 100 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    let (Some(ta), Some(tb)) = (cut_at[0], cut_at[1]) else {
+        panic!("not both cut: {cut_at:?}");
+    };
+    assert!(ta > Duration::from_millis(1500) && tb > Duration::from_millis(1500));
+    let apart = ta.abs_diff(tb);
+    assert!(apart < Duration::from_millis(50), "cut {apart:?} apart");
+    let (va, vb) = (
+        a.store.view("order").unwrap(),
+        b.store.view("order").unwrap(),
+    );
+    assert_eq!(va.limit_rps, 60.0);
+    assert_eq!(vb.limit_rps, 60.0);
+    assert!(va.roc > 40.0 && vb.roc > 40.0, "{va:?} {vb:?}");
+    // Both read the one controller: the same ROC, unless a slot rolled between the
+    // two reads (then the next pair agrees).
+    let mut same = false;
+    for _ in 0..5 {
+        let _ = a.check().await;
+        let _ = b.check().await;
+        let (va, vb) = (
+            a.store.view("order").unwrap(),
+            b.store.view("order").unwrap(),
+        );
+        if va.roc == vb.roc && va.state == vb.state && va.limit_rps == vb.limit_rps {
+            same = true;
+            break;
+        }
+    }
+    assert!(same, "the instances disagree on the shared controller");
+    // Rejections under the cut name it.
+    let mut reasons = Vec::new();
+    for _ in 0..200 {
+        if let rocgate::limiter::Decision::Reject(r) = a.check().await {
+            reasons.push(r.reason);
+        }
+    }
+    assert!(
+        !reasons.is_empty() && reasons.iter().all(|r| *r == Reason::RocCut),
+        "{reasons:?}"
+    );
+}
+
+/// Decides on both instances every `pause` until `until` holds or `limit` passes;
+/// checks that no decision takes longer than `bound`. Returns decisions admitted by
+/// each instance and how long it took.
+async fn run_until(
+    instances: [&Instance; 2],
+    pause: Duration,
+    limit: Duration,
+    bound: Duration,
+    until: impl Fn() -> bool,
+) -> ([usize; 2], Duration) {
+    let started = tokio::time::Instant::now();
+    let mut admitted = [0; 2];
+    while started.elapsed() < limit && !until() {
+        for (i, inst) in instances.into_iter().enumerate() {
+            let t = tokio::time::Instant::now();
+            admitted[i] += usize::from(inst.check().await.is_admit());
+            let took = t.elapsed();
+            assert!(took <= bound, "a decision took {took:?}");
+        }
+        tokio::time::sleep(pause).await;
+    }
+    (admitted, started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_falls_back_at_the_share_and_comes_back() {
+    let mut server = RedisServer::start().await;
+    let config = store_config(&server, "kill");
+    let route = route(100.0, Duration::from_secs(1));
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    assert!(b.store.beat().await.is_some());
+    assert_eq!(a.store.beat().await, Some(2));
+    assert_eq!(b.store.beat().await, Some(2));
+    assert!(a.check().await.is_admit() && b.check().await.is_admit());
+    assert_eq!(a.store.mode(), StoreMode::Shared);
+
+    server.kill();
+    let bound = config.timeout + Duration::from_millis(10);
+    let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
+    let (_, took) = run_until(
+        [&a, &b],
+        Duration::from_millis(1),
+        Duration::from_secs(2),
+        bound,
+        fallen,
+    )
+    .await;
+    assert!(fallen(), "still shared after {took:?}");
+    assert!(took < Duration::from_secs(1), "fallback took {took:?}");
+
+    // In fallback, each instance admits at most its share (100 ÷ 2 live instances):
+    // a bucket of 50 plus 50/s.
+    let offered_for = Duration::from_millis(1500);
+    let (admitted, took) = run_until(
+        [&a, &b],
+        Duration::from_micros(500),
+        offered_for,
+        bound,
+        || false,
+    )
+    .await;
+    for n in admitted {
+        let most = 50.0 + 50.0 * took.as_secs_f64();
+        assert!(
+            n as f64 <= most * 1.01 + 1.0,
+            "admitted {n} in {took:?}, share allows {most}"
+        );
+        assert!(
+            n as f64 >= 50.0 * took.as_secs_f64() * 0.9,
+            "admitted only {n} in {took:?}"
+        );
+    }
+    assert!(a.store.fallback_decisions() > 0 && b.store.fallback_decisions() > 0);
+
+    server.restart().await;
+    let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
+    let (_, took) = run_until(
+        [&a, &b],
+        Duration::from_millis(5),
+        Duration::from_secs(3),
+        bound,
+        shared,
+    )
+    .await;
+    assert!(shared(), "not back after {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "back to shared after {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "stop");
+    let route = route(100.0, Duration::from_secs(1));
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    assert!(a.check().await.is_admit() && b.check().await.is_admit());
+
+    server.signal("-STOP");
+    let bound = config.timeout + Duration::from_millis(10);
+    let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
+    let (_, took) = run_until(
+        [&a, &b],
+        Duration::from_millis(1),
+        Duration::from_secs(2),
+        bound,
+        fallen,
+    )
+    .await;
+    assert!(fallen(), "still shared after {took:?}");
+    // Probes keep failing by timeout while it is stopped; none waits longer.
+    run_until(
+        [&a, &b],
+        Duration::from_millis(1),
+        Duration::from_millis(600),
+        bound,
+        || false,
+    )
+    .await;
+
+    server.signal("-CONT");
+    let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
+    let (_, took) = run_until(
+        [&a, &b],
+        Duration::from_millis(5),
+        Duration::from_secs(3),
+        bound,
+        shared,
+    )
+    .await;
+    assert!(shared(), "not back after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skewed_instance_clocks_change_no_total() {
+    let server = RedisServer::start().await;
+    let route = burst_route();
+    let config = store_config(&server, "even");
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    let even = two_instances_admit(&a, &b, 800).await;
+
+    // One instance 10 s ahead, one 10 s behind (manual clocks that never move).
+    let config = store_config(&server, "skew");
+    let ahead: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_010)));
+    let behind: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(990)));
+    let a = Instance::new(&route, &config, ahead);
+    let b = Instance::new(&route, &config, behind);
+    let skewed = two_instances_admit(&a, &b, 800).await;
+    let diff = (skewed as f64 - even as f64).abs() / even as f64;
+    assert!(diff <= 0.01, "even {even}, skewed {skewed}");
+}
+
+/// The hash tag of a key, as Redis Cluster reads it: the text in the first `{...}`, if
+/// not empty; otherwise the whole key.
+fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_expires_and_a_routes_keys_share_one_slot() {
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "keys");
+    let route = quick_route();
+    // A batched instance first, so that an exact one creates the bucket mid-slot.
+    let c = Instance::system(&route, &batched(config.clone()));
+    let _ = c.check().await;
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    a.store.beat().await;
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1200) {
+        let _ = a.check().await;
+        let _ = b.check().await;
+        let _ = c.check().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Let the last controller step land.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut conn = server.connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let route_keys: Vec<&String> = keys.iter().filter(|k| k.contains(":order}")).collect();
+    assert_eq!(route_keys.len(), 3, "{keys:?}");
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+        assert!(ttl > 0, "{key} has no expiry ({ttl})");
+    }
+    let tags: Vec<&str> = route_keys.iter().map(|k| hash_tag(k)).collect();
+    assert!(tags.iter().all(|t| *t == "keys:order"), "{tags:?}");
+    let window: Vec<String> = redis::cmd("HKEYS")
+        .arg(
+            route_keys
+                .iter()
+                .find(|k| k.ends_with(":w"))
+                .unwrap()
+                .as_str(),
+        )
+        .query(&mut conn)
+        .unwrap();
+    // `cur` and at most two windows of slots.
+    assert!(window.len() <= 1 + 2 * 10 + 1, "{window:?}");
+    let through: Option<u64> = redis::cmd("HGET")
+        .arg("{keys:order}:c")
+        .arg("through")
+        .query(&mut conn)
+        .unwrap();
+    assert!(through.is_some(), "the controller was stepped and stored");
+
+    // A bucket created after its slot's first call (by a batched instance) expires
+    // too, even if no call follows.
+    // (10 s slots: both calls fall in one slot but at a boundary.)
+    let mut route = route;
+    route.window = WindowSpec::new(Duration::from_secs(40), Duration::from_secs(10)).unwrap();
+    let config = store_config(&server, "late");
+    let c = Instance::system(&route, &batched(config.clone()));
+    let a = Instance::system(&route, &config);
+    let _ = c.check().await;
+    // The batched instance's sync (in a task of its own) opens the slot.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let _ = a.check().await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("{late:order}:b")
+        .query(&mut conn)
+        .unwrap();
+    assert!(ttl > 0, "bucket without expiry ({ttl})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_recovered_without_fallback() {
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "flush");
+    let a = Instance::system(&burst_route(), &config);
+    assert_eq!(a.offer(10).await, 10);
+    let mut conn = server.connection().unwrap();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    assert_eq!(a.offer(10).await, 10);
+    assert_eq!(a.store.fallback_decisions(), 0);
+    assert_eq!(a.store.mode(), StoreMode::Shared);
+    let loaded: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(redis::Script::new(rocgate::store::redis::DECIDE).get_hash())
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(loaded, [true]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_modes_open_and_closed() {
+    let server = RedisServer::start().await;
+    let route = route(100.0, Duration::from_secs(1));
+    let mut config = store_config(&server, "modes");
+    config.url = "redis://127.0.0.1:1".into(); // nothing listens there
+    config.fail_mode = rocgate::store::FailMode::Open;
+    let open = Instance::system(&route, &config);
+    assert_eq!(open.offer(500).await, 500);
+    config.fail_mode = rocgate::store::FailMode::Closed;
+    let closed = Instance::system(&route, &config);
+    for _ in 0..20 {
+        match closed.check().await {
+            rocgate::limiter::Decision::Reject(r) => assert_eq!(r.reason, Reason::FallbackLocal),
+            _ => panic!("closed admits nothing without the store"),
+        }
+    }
+    drop(server);
+}
+
+/// The engine's behaviour on a whole-route token bucket, against both backends: a
+/// full bucket admits one burst; a rejection says `limit` and when a token is due;
+/// shadow mode admits everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_redis_backends_behave_alike() {
+    let server = RedisServer::start().await;
+    for (shadow, prefix) in [(false, "both"), (true, "both-shadow")] {
+        // 200 tokens refilling at 20/s.
+        let mut route = route(20.0, Duration::from_secs(10));
+        if shadow {
+            route.mode = rocgate::config::Mode::Shadow;
+        }
+        let clock = ManualClock::new();
+        let engine = Engine::new(
+            &Config::new(vec![route.clone()]),
+            clock.now(),
+            SystemTime::UNIX_EPOCH,
+        );
+        let id = engine.route_id("order").unwrap();
+        let local: Vec<_> = (0..300)
+            .map(|_| engine.check(id, Key::None, clock.now()))
+            .collect();
+        let shared = Instance::system(&route, &store_config(&server, prefix));
+        let mut remote = Vec::new();
+        for _ in 0..300 {
+            remote.push(shared.check().await);
+        }
+        let admitted =
+            |ds: &[rocgate::limiter::Decision]| ds.iter().filter(|d| d.is_admit()).count();
+        if shadow {
+            assert_eq!((admitted(&local), admitted(&remote)), (300, 300));
+            continue;
+        }
+        assert_eq!(admitted(&local), 200);
+        // The shared bucket refills in real time while the 300 round trips run.
+        let n = admitted(&remote);
+        assert!((200..=205).contains(&n), "{n}");
+        for ds in [&local, &remote] {
+            let rejections: Vec<_> = ds
+                .iter()
+                .filter_map(|d| match d {
+                    rocgate::limiter::Decision::Reject(r) => Some(*r),
+                    _ => None,
+                })
+                .collect();
+            assert!(!rejections.is_empty());
+            for r in rejections {
+                assert_eq!(r.reason, Reason::Limit);
+                // One token every 50 ms.
+                assert!(
+                    r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_millis(50),
+                    "{r:?}"
+                );
+            }
+        }
+    }
+}
+
+/// `rocgate serve` with `[store] backend = "redis"`: two proxies in front of one
+/// upstream share one bucket, and each reports its store mode on `/metrics`.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_share_one_limit() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    use hyper_util::rt::TokioIo;
+    use rocgate::http::ClientIpResolver;
+    use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+    use rocgate::store::StoreConfig;
+    use std::net::SocketAddr;
+
+    let server = RedisServer::start().await;
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    let upstream_task = tokio::spawn(async move { axum::serve(upstream, app).await });
+
+    // 100 tokens refilling at 1/s: a short run admits its burst, shared.
+    let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
+    config.store = StoreConfig::Redis(store_config(&server, "serve"));
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let settings = ProxySettings {
+        listen: any,
+        admin_listen: any,
+        forward: ForwardSettings {
+            upstream: format!("http://{upstream_addr}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            max_body_bytes: 1024,
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(1),
+        admin_token: None,
+    };
+    let mut addrs = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..2 {
+        let proxy = Proxy::bind(settings.clone(), &config, None).await.unwrap();
+        addrs.push((proxy.local_addr().unwrap(), proxy.admin_addr().unwrap()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push((
+            stop,
+            tokio::spawn(proxy.run(async {
+                let _ = stopped.await;
+            })),
+        ));
+    }
+    async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        sender
+    }
+    let mut clients = Vec::new();
+    for (addr, _) in &addrs {
+        clients.push(connect(*addr).await);
+    }
+    let (mut admitted, mut rejected) = (0, 0);
+    for i in 0..300 {
+        let client = &mut clients[i % 2];
+        client.ready().await.unwrap();
+        let req = http::Request::post("/api/order")
+            .header("host", "shop.example")
+            .body(Empty::new())
+            .unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        match res.status().as_u16() {
+            200 => admitted += 1,
+            429 => {
+                assert_eq!(res.headers()["rocgate-reason"], "limit");
+                rejected += 1;
+            }
+            other => panic!("status {other}"),
+        }
+        let _ = res.into_body().collect().await;
+    }
+    assert!((100..=102).contains(&admitted), "admitted {admitted}");
+    assert_eq!(admitted + rejected, 300);
+    // Other paths match no route and pass through the local layer.
+    let mut client = connect(addrs[0].0).await;
+    let req = http::Request::get("/elsewhere")
+        .header("host", "shop.example")
+        .body(Empty::new())
+        .unwrap();
+    client.ready().await.unwrap();
+    assert_eq!(client.send_request(req).await.unwrap().status(), 200);
+    // The admin API reports the store mode.
+    let mut admin = connect(addrs[0].1).await;
+    let req = http::Request::get("/metrics")
+        .header("host", "admin")
+        .body(Empty::new())
+        .unwrap();
+    admin.ready().await.unwrap();
+    let body = admin
+        .send_request(req)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await;
+    let text = String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(
+        text.contains("rocgate_store_mode{mode=\"shared\"} 1"),
+        "{text}"
+    );
+
+    let req = http::Request::get("/admin/store")
+        .header("host", "admin")
+        .body(Empty::new())
+        .unwrap();
+    admin.ready().await.unwrap();
+    let body = admin
+        .send_request(req)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await;
+    let status: serde_json::Value = serde_json::from_slice(&body.unwrap().to_bytes()).unwrap();
+    assert_eq!(status["backend"], "redis");
+    assert_eq!(status["mode"], "shared");
+    assert_eq!(status["routes"]["order"]["limit_rps"], 1.0);
+    assert_eq!(status["routes"]["order"]["state"], "normal");
+
+    // Redis killed: answers go on, 200 or 429 (`fallback_local`), never a 5xx.
+    let mut server = server;
+    server.kill();
+    let mut reasons = std::collections::BTreeMap::new();
+    for i in 0..100 {
+        let client = &mut clients[i % 2];
+        client.ready().await.unwrap();
+        let req = http::Request::post("/api/order")
+            .header("host", "shop.example")
+            .body(Empty::new())
+            .unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        let reason = res
+            .headers()
+            .get("rocgate-reason")
+            .map(|v| v.to_str().unwrap().to_owned());
+        *reasons.entry((res.status().as_u16(), reason)).or_insert(0) += 1;
+        let _ = res.into_body().collect().await;
+    }
+    assert!(
+        reasons
+            .keys()
+            .all(|(status, reason)| *status == 200 && reason.is_none()
+                || *status == 429 && reason.as_deref() == Some("fallback_local")),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons.values().sum::<usize>(), 100);
+    let req = http::Request::get("/metrics")
+        .header("host", "admin")
+        .body(Empty::new())
+        .unwrap();
+    admin.ready().await.unwrap();
+    let body = admin
+        .send_request(req)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await;
+    let text = String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(
+        text.contains("rocgate_store_mode{mode=\"fallback_local\"} 1"),
+        "{text}"
+    );
+    for (stop, run) in stops {
+        let _ = stop.send(());
+        run.await.unwrap().unwrap();
+    }
+    upstream_task.abort();
+}
+
+fn batched(mut config: RedisConfig) -> RedisConfig {
+    config.mode = rocgate::store::SyncMode::Batched;
+    config
+}
+
+/// Batched mode: each instance decides locally at its share; together they admit at
+/// most what the shared limit allows (the same bound as exact mode), and every
+/// arrival reaches the shared window, one slot late at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_instances_admit_at_most_the_limit_and_count_every_arrival() {
+    let server = RedisServer::start().await;
+    let route = burst_route();
+    let config = batched(store_config(&server, "batch"));
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(b.store.beat().await, Some(2));
+    assert_eq!(a.store.beat().await, Some(2));
+    let started = tokio::time::Instant::now();
+    let together = two_instances_admit(&a, &b, 800).await;
+    let took = started.elapsed().as_secs_f64();
+    // 20 req/s with 50 s of burst, shared by two: 500 tokens each, 10/s each.
+    let most = 20.0 * (50.0 + took);
+    assert!(
+        together as f64 <= most * 1.01 + 2.0,
+        "admitted {together} in {took} s"
+    );
+    assert!(together >= 1000, "admitted {together}");
+    assert_eq!(
+        a.store.fallback_decisions() + b.store.fallback_decisions(),
+        0
+    );
+
+    // The next slot's first decision on each instance syncs what is left.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let _ = a.check().await;
+    let _ = b.check().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut conn = server.connection().unwrap();
+    let window: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+        .arg("{batch:order}:w")
+        .query(&mut conn)
+        .unwrap();
+    let counted: u64 = window
+        .iter()
+        .filter(|(k, _)| k.as_str() != "cur")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(counted, 1602, "{window:?}");
+    // No bucket in Redis: batched decisions take no shared token.
+    let bucket: bool = redis::cmd("EXISTS")
+        .arg("{batch:order}:b")
+        .query(&mut conn)
+        .unwrap();
+    assert!(!bucket);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_instances_cut_within_a_slot_or_two() {
+    let server = RedisServer::start().await;
+    let config = batched(store_config(&server, "bcut"));
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    let started = tokio::time::Instant::now();
+    let mut cut_at: [Option<Duration>; 2] = [None, None];
+    while started.elapsed() < Duration::from_secs(4) && cut_at.iter().any(Option::is_none) {
+        let spike = started.elapsed() > Duration::from_millis(1500);
+        for (i, inst) in [&a, &b].into_iter().enumerate() {
+            let _ = inst.check().await;
+            let view = inst.store.view("order").unwrap();
+            if view.state == ControllerState::Cut && cut_at[i].is_none() {
+                cut_at[i] = Some(started.elapsed());
+            }
+        }
+        let pause = if spike { 2 } else { 100 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    let (Some(ta), Some(tb)) = (cut_at[0], cut_at[1]) else {
+        panic!("not both cut: {cut_at:?}");
+    };
+    assert!(ta > Duration::from_millis(1500) && tb > Duration::from_millis(1500));
+    assert!(
+        ta.abs_diff(tb) <= Duration::from_millis(250),
+        "{ta:?} {tb:?}"
+    );
+    // Each enforces its share of the cut limit locally.
+    let mut reasons = Vec::new();
+    for _ in 0..200 {
+        if let rocgate::limiter::Decision::Reject(r) = a.check().await {
+            reasons.push(r.reason);
+        }
+    }
+    assert!(
+        !reasons.is_empty() && reasons.iter().all(|r| *r == Reason::RocCut),
+        "{reasons:?}"
+    );
+}
+
+/// A scheduled event's profile is in force on the shared state while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_event_sets_the_shared_limit() {
+    let server = RedisServer::start().await;
+    let mut route = route(20.0, Duration::from_secs(10));
+    let mut sale = route.controller.clone();
+    sale.base_limit_rps = 5.0;
+    sale.cut_limit_rps = 5.0;
+    route.events.push(rocgate::config::Event {
+        name: "sale".into(),
+        start: SystemTime::UNIX_EPOCH + Duration::from_secs(940),
+        duration: Duration::from_secs(3600),
+        controller: sale,
+    });
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    // The engine starts at wall time 1000 s: the sale began 60 s before.
+    let engine = Engine::new(
+        &Config::new(vec![route.clone()]),
+        clock.now(),
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
+    );
+    let id = engine.route_id("order").unwrap();
+    let store = RedisStore::connect(&store_config(&server, "event"), Arc::clone(&clock)).unwrap();
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += usize::from(store.check(&engine, id, clock.now()).await.is_admit());
+    }
+    // The sale's 5 req/s with 10 s of burst: 50 tokens, not the route's 200.
+    assert!((50..=52).contains(&admitted), "{admitted}");
+}
