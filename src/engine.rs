@@ -322,6 +322,21 @@ impl Engine {
         }
     }
 
+    /// Counts a request that was decided elsewhere (by a shared store) as offered,
+    /// and as rejected for `rejected` if it was: the route's counters, snapshots and
+    /// metrics then show this instance's traffic. Its window, controller and limiter
+    /// are left alone.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn record(&self, route: RouteId, rejected: Option<Reason>) {
+        let r = &self.routes[route.0];
+        r.counter.add();
+        if let Some(reason) = rejected {
+            r.counter.counters().add(rejected_counter(reason));
+        }
+    }
+
     /// shadow_adaptive: an admitted request is also tried against the cut limit.
     #[inline]
     fn after_admit(&self, r: &Route, admit: Decision, now: Nanos) -> Decision {

@@ -757,6 +757,28 @@ async fn two_proxies_share_one_limit() {
         text.contains("rocgate_store_mode{mode=\"shared\"} 1"),
         "{text}"
     );
+    // Each proxy's engine counts the shared decisions it made: together, all of them.
+    let (mut offered, mut engine_admitted) = (0, 0);
+    for (_, admin_addr) in &addrs {
+        let mut admin = connect(*admin_addr).await;
+        let req = http::Request::get("/admin/routes/order")
+            .header("host", "admin")
+            .body(Empty::new())
+            .unwrap();
+        admin.ready().await.unwrap();
+        let body = admin
+            .send_request(req)
+            .await
+            .unwrap()
+            .into_body()
+            .collect()
+            .await;
+        let route: serde_json::Value = serde_json::from_slice(&body.unwrap().to_bytes()).unwrap();
+        offered += route["offered"].as_u64().unwrap();
+        engine_admitted += route["admitted"].as_u64().unwrap();
+        assert_eq!(route["offered"], 150, "{route}");
+    }
+    assert_eq!((offered, engine_admitted), (300, admitted));
 
     let req = http::Request::get("/admin/store")
         .header("host", "admin")

@@ -96,7 +96,9 @@ where
         FrontFuture::Shared {
             inner: Box::pin(async move {
                 let mut req = req;
-                match gate.store.check(&engine, route, now).await {
+                let decision = gate.store.check(&engine, route, now).await;
+                engine.record(route, decision.rejection().map(|r| r.reason));
+                match decision {
                     Decision::Reject(rej) => {
                         let limit = gate
                             .store
