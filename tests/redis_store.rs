@@ -246,6 +246,35 @@ async fn instances_count_each_other_through_the_heartbeat() {
     assert_eq!(a.store.beat().await, Some(1));
 }
 
+/// 1.5 s calm (a request per instance every 100 ms), then a spike (one every `pause`)
+/// until both instances see the shared controller cut: when each saw it, after the
+/// spike began.
+async fn spike_until_both_cut(a: &Instance, b: &Instance, pause: Duration) -> (Duration, Duration) {
+    let started = tokio::time::Instant::now();
+    let mut cut_at: [Option<Duration>; 2] = [None, None];
+    while started.elapsed() < Duration::from_secs(4) && cut_at.iter().any(Option::is_none) {
+        let spike = started.elapsed() > Duration::from_millis(1500);
+        for (i, inst) in [a, b].into_iter().enumerate() {
+            let _ = inst.check().await;
+            let view = inst.store.view("order").unwrap();
+            if view.state == ControllerState::Cut && cut_at[i].is_none() {
+                cut_at[i] = Some(started.elapsed());
+            }
+        }
+        let wait = if spike {
+            pause
+        } else {
+            Duration::from_millis(100)
+        };
+        tokio::time::sleep(wait).await;
+    }
+    let (Some(ta), Some(tb)) = (cut_at[0], cut_at[1]) else {
+        panic!("not both cut: {cut_at:?}");
+    };
+    assert!(ta > Duration::from_millis(1500) && tb > Duration::from_millis(1500));
+    (ta, tb)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_see_the_same_roc_and_cut_together() {
     let server = RedisServer::start().await;
@@ -253,25 +282,7 @@ async fn instances_see_the_same_roc_and_cut_together() {
     let route = quick_route();
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
-    let started = tokio::time::Instant::now();
-    // 1.5 s calm at ~20 req/s in all, then a spike at ~500 req/s until both are cut.
-    let mut cut_at: [Option<Duration>; 2] = [None, None];
-    while started.elapsed() < Duration::from_secs(4) && cut_at.iter().any(Option::is_none) {
-        let spike = started.elapsed() > Duration::from_millis(1500);
-        for (i, inst) in [&a, &b].into_iter().enumerate() {
-            let _ = inst.check().await;
-            let view = inst.store.view("order").unwrap();
-            if view.state == ControllerState::Cut && cut_at[i].is_none() {
-                cut_at[i] = Some(started.elapsed());
-            }
-        }
-        let pause = if spike { 4 } else { 100 };
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-    }
-    let (Some(ta), Some(tb)) = (cut_at[0], cut_at[1]) else {
-        panic!("not both cut: {cut_at:?}");
-    };
-    assert!(ta > Duration::from_millis(1500) && tb > Duration::from_millis(1500));
+    let (ta, tb) = spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
     let apart = ta.abs_diff(tb);
     assert!(apart < Duration::from_millis(50), "cut {apart:?} apart");
     let (va, vb) = (
@@ -916,24 +927,7 @@ async fn batched_instances_cut_within_a_slot_or_two() {
     let route = quick_route();
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
-    let started = tokio::time::Instant::now();
-    let mut cut_at: [Option<Duration>; 2] = [None, None];
-    while started.elapsed() < Duration::from_secs(4) && cut_at.iter().any(Option::is_none) {
-        let spike = started.elapsed() > Duration::from_millis(1500);
-        for (i, inst) in [&a, &b].into_iter().enumerate() {
-            let _ = inst.check().await;
-            let view = inst.store.view("order").unwrap();
-            if view.state == ControllerState::Cut && cut_at[i].is_none() {
-                cut_at[i] = Some(started.elapsed());
-            }
-        }
-        let pause = if spike { 2 } else { 100 };
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-    }
-    let (Some(ta), Some(tb)) = (cut_at[0], cut_at[1]) else {
-        panic!("not both cut: {cut_at:?}");
-    };
-    assert!(ta > Duration::from_millis(1500) && tb > Duration::from_millis(1500));
+    let (ta, tb) = spike_until_both_cut(&a, &b, Duration::from_millis(2)).await;
     assert!(
         ta.abs_diff(tb) <= Duration::from_millis(250),
         "{ta:?} {tb:?}"
