@@ -271,3 +271,58 @@ fn checks_allocate_nothing_once_a_key_exists() {
         assert_eq!(info.count_total, 0, "{key:?}: {info:?}");
     }
 }
+
+/// The tuning hints' history of one route over an hour (360 intervals of 10 s, each
+/// slot's ROC spread over many histogram buckets, upstream latencies measured): the
+/// memory `serve` keeps per route for `GET /admin/hints`.
+#[test]
+fn an_hour_of_hints_history_per_route() {
+    use rocgate::controller::ControllerState;
+    use rocgate::engine::SlotReport;
+    use rocgate::hints::{History, UpstreamMeter};
+    use rocgate::window::RocSample;
+    use std::sync::Arc;
+
+    let engine = engine(vec![route(0, Partition::Route)]);
+    let settings = || vec![engine.route_settings(RouteId(0))];
+    let meter = UpstreamMeter::new();
+    let name: Arc<str> = "route-00000".into();
+    let (history, bytes) = retained(|| {
+        let mut h = History::new(Duration::from_secs(10), Duration::from_secs(3600));
+        let mut x: u64 = 1;
+        for interval in 0..=360u64 {
+            let start = interval * 10_000;
+            for slot in 0..100u64 {
+                // A deterministic spread of ROC values over about 60 buckets.
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let roc = (x >> 33) as f64 / f64::from(u32::MAX) * 300.0 - 50.0;
+                let report = SlotReport {
+                    at: Nanos::from_millis(start + slot * 100),
+                    slot: Duration::from_millis(100),
+                    sample: RocSample {
+                        n_prev: 0,
+                        n_recent: 0,
+                        rate_prev_rps: 0.0,
+                        rate_recent_rps: roc.abs(),
+                        roc,
+                    },
+                    roc,
+                    state: ControllerState::Normal,
+                    limit_rps: 200.0,
+                    exhausted: false,
+                };
+                h.on_slot("route-00000", &report);
+                meter.record(&name, Duration::from_micros(x % 400_000), x % 97 == 0);
+            }
+            let now = Nanos::from_millis(start + 10_000);
+            h.tick(now, &engine.snapshot(now), settings(), Some(&meter));
+        }
+        h
+    });
+    let kept = history.since(Nanos::ZERO);
+    assert_eq!(kept[0].1.len(), 360);
+    println!("hints history: {bytes} B per route for an hour in 10 s intervals");
+    assert!(bytes < 1 << 20, "{bytes} B");
+}
