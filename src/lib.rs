@@ -13,6 +13,8 @@
 pub mod clock;
 pub mod config;
 pub mod controller;
+#[cfg(feature = "demo")]
+pub mod demo;
 pub mod engine;
 #[cfg(feature = "http")]
 pub mod http;
