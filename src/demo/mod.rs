@@ -425,12 +425,14 @@ async fn drive<S: Future<Output = ()>>(
         Arc::clone(&counters),
     ));
     report::write_table_head(out, gate.is_some())?;
-    let mut tick = tokio::time::interval(OBSERVE_EVERY);
+    let mut tick = tokio::time::interval_at(start + OBSERVE_EVERY, OBSERVE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut row = Row {
         started: start,
         totals: LoadTotals::default(),
     };
+    // Rows end on whole seconds since the start, so the sale opens on a row boundary.
+    let mut next_row = start + Duration::from_secs(1);
     let mut worst_p99: Option<(f64, Duration)> = None;
     let mut interrupted = false;
     loop {
@@ -445,13 +447,10 @@ async fn drive<S: Future<Output = ()>>(
                 if let Some(o) = &mut observer {
                     o.observe();
                 }
-                if row.started.elapsed() >= Duration::from_secs(1) {
+                if Instant::now() >= next_row {
+                    next_row += Duration::from_secs(1);
                     let p99 = row.write(out, plan, start, &counters, observer.as_ref(), shop)?;
-                    if let Some((t_s, p99)) = p99 {
-                        if worst_p99.is_none_or(|(_, w)| p99 > w) {
-                            worst_p99 = Some((t_s, p99));
-                        }
-                    }
+                    keep_worst(&mut worst_p99, p99);
                 }
             }
         }
@@ -461,11 +460,7 @@ async fn drive<S: Future<Output = ()>>(
     }
     if !interrupted && row.started.elapsed() >= Duration::from_millis(200) {
         let p99 = row.write(out, plan, start, &counters, observer.as_ref(), shop)?;
-        if let Some((t_s, p99)) = p99 {
-            if worst_p99.is_none_or(|(_, w)| p99 > w) {
-                worst_p99 = Some((t_s, p99));
-            }
-        }
+        keep_worst(&mut worst_p99, p99);
     }
     let stats = shop.stats();
     let (routes, peak_roc, transitions) = match observer {
@@ -485,6 +480,15 @@ async fn drive<S: Future<Output = ()>>(
         peak_roc,
         routes,
     })
+}
+
+/// Keeps the higher p99 of `worst` and `period` with the time of its period.
+fn keep_worst(worst: &mut Option<(f64, Duration)>, period: Option<(f64, Duration)>) {
+    if let Some((t_s, p99)) = period {
+        if worst.is_none_or(|(_, w)| p99 > w) {
+            *worst = Some((t_s, p99));
+        }
+    }
 }
 
 /// The period of the next table row.
