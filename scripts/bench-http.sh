@@ -147,15 +147,14 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # Waits until process $2 ($1 names it) answers at `url` (set by running $3 with no
-# arguments until it prints a URL); stderr of the process is in $4.
+# arguments until it prints a URL). Returns 1 if the process exits.
 await_url() {
-    local name=$1 pid=$2 find_url=$3 err=$4 tries
+    local name=$1 pid=$2 find_url=$3 tries
     url=""
     for ((tries = 0; tries < 100; tries++)); do
         if ! kill -0 "$pid" 2>/dev/null; then
-            echo "bench-http: the $name exited:" >&2
-            cat "$err" >&2
-            exit 1
+            wait "$pid" 2>/dev/null || true
+            return 1
         fi
         url=$("$find_url")
         if [[ -n $url ]] && curl -s -o /dev/null --max-time 1 "$url/"; then
@@ -167,6 +166,11 @@ await_url() {
     exit 1
 }
 bench_server_url() { sed -n 's/^listening on //p' "$work/server.out"; }
+exited() {
+    echo "bench-http: the $1 exited:" >&2
+    cat "$2" >&2
+    exit 1
+}
 
 # Starts bench_server in mode $1 on CPU $2 and sets `url` once it answers.
 start_bench_server() {
@@ -175,14 +179,18 @@ start_bench_server() {
     # taskset execs the server: $! is the server's own PID.
     taskset -c "$cpu" "$server" "$mode" 127.0.0.1:0 >"$work/server.out" 2>"$work/server.err" &
     pids+=($!)
-    await_url "$mode server" "$!" bench_server_url "$work/server.err"
+    await_url "$mode server" "$!" bench_server_url ||
+        exited "$mode server" "$work/server.err"
 }
 
-# A port nothing listens on now (nginx cannot be given port 0).
+# A port nothing listens on now, below the range the kernel picks client ports from
+# (nginx cannot be given port 0).
 free_port() {
-    local port tries
+    local port tries low
+    low=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    ((low > 11000)) || low=32768
     for ((tries = 0; tries < 100; tries++)); do
-        port=$((20000 + RANDOM % 40000))
+        port=$((10000 + RANDOM % (low - 10000)))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port"
             return
@@ -221,15 +229,35 @@ TOML
     RUST_LOG=info taskset -c 0 "$rocgate" serve --config "$work/rocgate.toml" \
         >/dev/null 2>"$work/proxy.err" &
     pids+=($!)
-    await_url "rocgate serve" "$!" rocgate_url "$work/proxy.err"
+    await_url "rocgate serve" "$!" rocgate_url ||
+        exited "rocgate serve" "$work/proxy.err"
 }
 
 # Starts nginx with one worker on CPU 0 as a reverse proxy to the upstream at $2, with
 # limit_req at $1 r/s and a burst of as many (nodelay, status 429).
 start_nginx() {
-    local rate=$1 upstream=${2#http://} prefix="$work/nginx"
-    nginx_port=$(free_port)
+    local rate=$1 upstream=${2#http://} prefix="$work/nginx" attempt
     mkdir -p "$prefix/logs" "$prefix/tmp"
+    # The port may be taken between the check and nginx's bind: then try another.
+    for ((attempt = 0; attempt < 5; attempt++)); do
+        nginx_port=$(free_port)
+        : >"$prefix/logs/error.log"
+        write_nginx_conf "$rate" "$upstream" "$prefix"
+        # taskset execs nginx: $! is the master's PID; the worker inherits CPU 0.
+        taskset -c 0 "$nginx_bin" -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" \
+            >/dev/null 2>"$prefix/logs/stderr" &
+        if await_url nginx "$!" nginx_url; then
+            pids+=($!)
+            return
+        fi
+        grep -q "Address already in use" "$prefix/logs/error.log" || break
+    done
+    exited nginx "$prefix/logs/error.log"
+}
+
+# Writes nginx.conf into $3: limit_req at $1 r/s, upstream $2, port $nginx_port.
+write_nginx_conf() {
+    local rate=$1 upstream=$2 prefix=$3
     cat >"$prefix/nginx.conf" <<NGINX
 worker_processes 1;
 daemon off;
@@ -261,11 +289,6 @@ http {
     }
 }
 NGINX
-    # taskset execs nginx: $! is the master's PID; the worker inherits CPU 0.
-    taskset -c 0 "$nginx_bin" -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" \
-        >/dev/null 2>"$prefix/logs/stderr" &
-    pids+=($!)
-    await_url nginx "$!" nginx_url "$prefix/logs/error.log"
 }
 
 # Starts configuration $1 and sets `url` once it answers.
