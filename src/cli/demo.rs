@@ -3,7 +3,7 @@
 
 use rocgate::demo::{DemoSettings, Plan, ShopSettings};
 use rocgate::sim::ArrivalModel;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -19,9 +19,9 @@ pub(crate) struct DemoArgs {
     #[arg(long)]
     compare: bool,
     /// Address of the admin API (`/metrics`, `/admin/routes`); `127.0.0.1:0` takes any
-    /// free port.
-    #[arg(long, default_value = "127.0.0.1:9090")]
-    admin: SocketAddr,
+    /// free port [default: 127.0.0.1:9090, or any free port if that one is taken]
+    #[arg(long)]
+    admin: Option<SocketAddr>,
     /// Address the proxy listens on (default: any free port on loopback).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
@@ -43,12 +43,33 @@ fn parse_plan(text: &str) -> Result<Plan, String> {
     })
 }
 
+/// The admin API's usual address (the one `dashboards/prometheus.yml` scrapes).
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9090);
+
+/// `--admin`, or the usual address if it is free, or any free port: a demo should not
+/// fail because something else (often Prometheus itself) holds port 9090.
+fn admin_addr(given: Option<SocketAddr>) -> SocketAddr {
+    if let Some(addr) = given {
+        return addr;
+    }
+    match std::net::TcpListener::bind(DEFAULT_ADMIN) {
+        Ok(probe) => {
+            drop(probe);
+            DEFAULT_ADMIN
+        }
+        Err(e) => {
+            eprintln!("rocgate demo: {DEFAULT_ADMIN} is not free ({e}); the admin API takes any free port");
+            SocketAddr::new(DEFAULT_ADMIN.ip(), 0)
+        }
+    }
+}
+
 pub(crate) fn run(args: DemoArgs) -> ExitCode {
     let settings = DemoSettings {
         plan: args.duration,
         compare: args.compare,
         listen: args.listen,
-        admin: args.admin,
+        admin: admin_addr(args.admin),
         arrivals: ArrivalModel::from_seed(args.seed),
         shop: ShopSettings::default(),
     };

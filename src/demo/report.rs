@@ -288,7 +288,15 @@ fn write_comparison(
     gated: &RunReport,
     ungated: &RunReport,
 ) -> io::Result<()> {
-    writeln!(out, "\nwith and without rocgate (the same traffic)")?;
+    if ungated.interrupted {
+        writeln!(
+            out,
+            "\nwith and without rocgate (without: interrupted by Ctrl-C after {:.1} s)",
+            ungated.elapsed.as_secs_f64()
+        )?;
+    } else {
+        writeln!(out, "\nwith and without rocgate (the same traffic)")?;
+    }
     writeln!(out, "  {:<28} {:>14} {:>14}", "", "with rocgate", "without")?;
     let row = |out: &mut (dyn Write + Send), name: &str, f: &dyn Fn(&RunReport) -> String| {
         writeln!(out, "  {name:<28} {:>14} {:>14}", f(gated), f(ungated))
