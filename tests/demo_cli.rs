@@ -112,7 +112,10 @@ fn line_starting<'a>(text: &'a str, start: &str) -> &'a str {
 fn assert_cut_during_the_sale(text: &str, sale_opens_s: f64, plateau_s: f64) {
     assert!(text.contains("\nsummary (with rocgate)\n"), "{text}");
     let opened = line_starting(text, "  sale opened   at ");
-    assert_eq!(number_after(opened, "at "), sale_opens_s, "{opened}");
+    assert!(
+        (number_after(opened, "at ") - sale_opens_s).abs() < 0.01,
+        "{opened}"
+    );
     let cut = line_starting(text, "  cut           ");
     assert!(cut.starts_with("  cut           at "), "no cut: {cut}");
     let after = number_after(cut, "s, ");
@@ -137,7 +140,7 @@ fn a_short_sale_is_cut_and_summarized() {
     let status = demo.wait();
     assert!(status.success(), "exit status {status:?}\n{text}");
     // 10 s: the sale opens at 10/60 × 20 s and its plateau lasts as long.
-    assert_cut_during_the_sale(&text, 3.3, 10.0 / 3.0);
+    assert_cut_during_the_sale(&text, 10.0 / 3.0, 10.0 / 3.0);
     // A row per second, with the controller's columns.
     let rows = text
         .lines()

@@ -22,7 +22,7 @@ pub(crate) struct DemoArgs {
     /// free port [default: 127.0.0.1:9090, or any free port if that one is taken]
     #[arg(long)]
     admin: Option<SocketAddr>,
-    /// Address the proxy listens on (default: any free port on loopback).
+    /// Address the proxy listens on (`127.0.0.1:0`: any free port on loopback).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
     /// Poisson arrivals from this seed (default: evenly spaced).

@@ -168,7 +168,7 @@ pub fn write_report(out: &mut (dyn Write + Send), outcome: &Outcome) -> io::Resu
     }
     writeln!(
         out,
-        "  sale opened   at {:.1} s: 40 → 600 req/s",
+        "  sale opened   at {:.2} s: 40 → 600 req/s",
         plan.sale_opens_s()
     )?;
     write_cut(out, plan, gated)?;
