@@ -29,11 +29,29 @@
 # the ratio of the median req/s to bare axum's, with the issue's targets (rocgate
 # admitting >= 0.97x bare, rocgate rejecting >= 0.95x bare).
 #
-# Usage:  scripts/bench-http.sh            (ROUNDS=3 DURATION=10 WARMUP=1: about 4 min)
+# With SUITE=proxy (or SUITE=all, the default: both suites), the reverse proxies are
+# measured too, in front of the same upstream (bench_server bare, on CPU 1 with wrk):
+#   rocgate-serve-admit   `rocgate serve`, one route, token bucket at 10,000,000 req/s
+#                         with a bucket of one second: nothing is rejected
+#   rocgate-serve-reject  the same at 1 req/s: almost everything gets a 429
+#   nginx-admit           Debian's nginx (installed when missing) as a reverse proxy
+#                         with `limit_req` at the same rate and burst (`nodelay`,
+#                         `limit_req_status 429`), one worker, keep-alive upstream
+#                         connections, no access log
+#   nginx-reject          the same at 1 r/s, burst 1
+# Each proxy runs on CPU 0 (rocgate's runtime then has one worker thread; nginx one
+# worker process); its config is generated into a temporary directory, it is started
+# on a free port as a child (nginx with `-p DIR` and `daemon off`) and killed by PID.
+# The summary gives rocgate ÷ nginx for req/s and p99 with the targets (req/s >= 1,
+# p99 <= 1).
+#
+# Usage:  scripts/bench-http.sh            (ROUNDS=3 DURATION=10 WARMUP=1: about 8 min)
+#         SUITE=proxy scripts/bench-http.sh   (the proxies only: about 3 min)
 #         ROUNDS=5 DURATION=20 QUIET_WAIT=60 RETRIES=2 scripts/bench-http.sh
-# Needs 2 CPUs, taskset, curl and wrk (installed with apt-get when missing). Loopback
-# only; stops by itself; the server is killed on exit, error or Ctrl-C. Ratios matter,
-# not absolute figures: nothing else heavy (such as `cargo bench`) should run meanwhile.
+# Needs 2 CPUs, taskset, curl and wrk (installed with apt-get when missing; nginx too
+# for the proxy suite). Loopback only; stops by itself; every server is killed on exit,
+# error or Ctrl-C. Ratios matter, not absolute figures: nothing else heavy (such as
+# `cargo bench`) should run meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +61,23 @@ WARMUP=${WARMUP:-1}
 QUIET_WAIT=${QUIET_WAIT:-0}
 RETRIES=${RETRIES:-0}
 OTHERS_MAX=${OTHERS_MAX:-5}
-CONFIGS=(bare noop-layer rocgate-admit rocgate-reject governor-admit governor-reject)
+SUITE=${SUITE:-all}
+LAYER_CONFIGS=(bare noop-layer rocgate-admit rocgate-reject governor-admit governor-reject)
+PROXY_CONFIGS=(rocgate-serve-admit rocgate-serve-reject nginx-admit nginx-reject)
+case $SUITE in
+    layer) CONFIGS=("${LAYER_CONFIGS[@]}") ;;
+    proxy) CONFIGS=("${PROXY_CONFIGS[@]}") ;;
+    all) CONFIGS=("${LAYER_CONFIGS[@]}" "${PROXY_CONFIGS[@]}") ;;
+    *)
+        echo "bench-http: SUITE must be layer, proxy or all, got '$SUITE'" >&2
+        exit 2
+        ;;
+esac
+has_config() {
+    local c
+    for c in "${CONFIGS[@]}"; do [[ $c == "$1" ]] && return 0; done
+    return 1
+}
 
 for var in ROUNDS DURATION WARMUP QUIET_WAIT RETRIES OTHERS_MAX; do
     if ! [[ ${!var} =~ ^[0-9]+$ ]]; then
@@ -73,6 +107,13 @@ ensure() {
         { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
 }
 ensure wrk curl
+if has_config nginx-admit && ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then
+    echo "installing nginx"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q nginx-light >/dev/null 2>&1 || apt-get install -y -q nginx >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null && apt-get install -y -q nginx >/dev/null; }
+fi
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 command -v taskset >/dev/null || { echo "bench-http: taskset (util-linux) is missing" >&2; exit 1; }
 
 if others=$(pgrep -f "cargo bench|target/release/deps/check-" | tr '\n' ' ') && [[ -n $others ]]; then
@@ -81,15 +122,22 @@ fi
 
 cargo build --release --quiet --example bench_server --no-default-features --features http
 server="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
+if has_config rocgate-serve-admit; then
+    cargo build --release --quiet --bin rocgate
+fi
+rocgate="${CARGO_TARGET_DIR:-target}/release/rocgate"
 
 work=$(mktemp -d)
-server_pid=""
+# Every process of the configuration being measured: the server, or the upstream and
+# the proxy in front of it.
+pids=()
 stop_server() {
-    if [[ -n $server_pid ]]; then
-        kill "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-        server_pid=""
-    fi
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    pids=()
 }
 cleanup() {
     stop_server
@@ -98,29 +146,167 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Starts the server in mode $1 on CPU 0 and sets `url` once it answers.
-start_server() {
-    local mode=$1 tries
-    : >"$work/server.out"
-    # taskset execs the server: $! is the server's own PID.
-    taskset -c 0 "$server" "$mode" 127.0.0.1:0 >"$work/server.out" 2>"$work/server.err" &
-    server_pid=$!
+# Waits until process $2 ($1 names it) answers at `url` (set by running $3 with no
+# arguments until it prints a URL). Returns 1 if the process exits.
+await_url() {
+    local name=$1 pid=$2 find_url=$3 tries
     url=""
     for ((tries = 0; tries < 100; tries++)); do
-        if ! kill -0 "$server_pid" 2>/dev/null; then
-            echo "bench-http: the $mode server exited:" >&2
-            cat "$work/server.err" >&2
-            server_pid=""
-            exit 1
+        if ! kill -0 "$pid" 2>/dev/null; then
+            wait "$pid" 2>/dev/null || true
+            return 1
         fi
-        url=$(sed -n 's/^listening on //p' "$work/server.out")
+        url=$("$find_url")
         if [[ -n $url ]] && curl -s -o /dev/null --max-time 1 "$url/"; then
             return
         fi
         sleep 0.1
     done
-    echo "bench-http: the $mode server did not answer within 10 s" >&2
+    echo "bench-http: the $name did not answer within 10 s" >&2
     exit 1
+}
+bench_server_url() { sed -n 's/^listening on //p' "$work/server.out"; }
+exited() {
+    echo "bench-http: the $1 exited:" >&2
+    cat "$2" >&2
+    exit 1
+}
+
+# Starts bench_server in mode $1 on CPU $2 and sets `url` once it answers.
+start_bench_server() {
+    local mode=$1 cpu=$2
+    : >"$work/server.out"
+    # taskset execs the server: $! is the server's own PID.
+    taskset -c "$cpu" "$server" "$mode" 127.0.0.1:0 >"$work/server.out" 2>"$work/server.err" &
+    pids+=($!)
+    await_url "$mode server" "$!" bench_server_url ||
+        exited "$mode server" "$work/server.err"
+}
+
+# A port nothing listens on now, below the range the kernel picks client ports from
+# (nginx cannot be given port 0).
+free_port() {
+    local port tries low
+    low=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    ((low > 11000)) || low=32768
+    for ((tries = 0; tries < 100; tries++)); do
+        port=$((10000 + RANDOM % (low - 10000)))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "$port"
+            return
+        fi
+    done
+    echo "bench-http: no free port found" >&2
+    exit 1
+}
+
+rocgate_url() { sed -n 's/.*listen=\([0-9.:]*\).*/http:\/\/\1/p' "$work/proxy.err" | head -n 1; }
+nginx_url() { echo "http://127.0.0.1:$nginx_port"; }
+
+# Starts `rocgate serve` with one route limited to $1 req/s (a bucket of one second)
+# on CPU 0, in front of the upstream at $2.
+start_rocgate_serve() {
+    local rate=$1 upstream=$2
+    cat >"$work/rocgate.toml" <<TOML
+[defaults]
+base_limit = $rate
+cut_limit = $rate
+algorithm = "token_bucket"
+burst = "1s"
+
+[[routes]]
+name = "all"
+path_prefix = "/"
+
+[server]
+listen = "127.0.0.1:0"
+upstream = "$upstream"
+
+[admin]
+listen = "127.0.0.1:0"
+TOML
+    : >"$work/proxy.err"
+    RUST_LOG=info taskset -c 0 "$rocgate" serve --config "$work/rocgate.toml" \
+        >/dev/null 2>"$work/proxy.err" &
+    pids+=($!)
+    await_url "rocgate serve" "$!" rocgate_url ||
+        exited "rocgate serve" "$work/proxy.err"
+}
+
+# Starts nginx with one worker on CPU 0 as a reverse proxy to the upstream at $2, with
+# limit_req at $1 r/s and a burst of as many (nodelay, status 429).
+start_nginx() {
+    local rate=$1 upstream=${2#http://} prefix="$work/nginx" attempt
+    mkdir -p "$prefix/logs" "$prefix/tmp"
+    # The port may be taken between the check and nginx's bind: then try another.
+    for ((attempt = 0; attempt < 5; attempt++)); do
+        nginx_port=$(free_port)
+        : >"$prefix/logs/error.log"
+        write_nginx_conf "$rate" "$upstream" "$prefix"
+        # taskset execs nginx: $! is the master's PID; the worker inherits CPU 0.
+        taskset -c 0 "$nginx_bin" -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" \
+            >/dev/null 2>"$prefix/logs/stderr" &
+        if await_url nginx "$!" nginx_url; then
+            pids+=($!)
+            return
+        fi
+        grep -q "Address already in use" "$prefix/logs/error.log" || break
+    done
+    exited nginx "$prefix/logs/error.log"
+}
+
+# Writes nginx.conf into $3: limit_req at $1 r/s, upstream $2, port $nginx_port.
+write_nginx_conf() {
+    local rate=$1 upstream=$2 prefix=$3
+    cat >"$prefix/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $prefix/nginx.pid;
+error_log $prefix/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $prefix/tmp/body;
+    proxy_temp_path $prefix/tmp/proxy;
+    fastcgi_temp_path $prefix/tmp/fastcgi;
+    uwsgi_temp_path $prefix/tmp/uwsgi;
+    scgi_temp_path $prefix/tmp/scgi;
+    limit_req_zone \$server_name zone=bench:1m rate=${rate}r/s;
+    limit_req_status 429;
+    upstream up {
+        server $upstream;
+        keepalive 64;
+    }
+    server {
+        listen 127.0.0.1:$nginx_port;
+        server_name bench;
+        location / {
+            limit_req zone=bench burst=$rate nodelay;
+            proxy_pass http://up;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+NGINX
+}
+
+# Starts configuration $1 and sets `url` once it answers.
+start_server() {
+    local mode=$1 upstream
+    case $mode in
+        rocgate-serve-* | nginx-*)
+            start_bench_server bare 1
+            upstream=$url
+            case $mode in
+                rocgate-serve-admit) start_rocgate_serve 10000000 "$upstream" ;;
+                rocgate-serve-reject) start_rocgate_serve 1 "$upstream" ;;
+                nginx-admit) start_nginx 10000000 "$upstream" ;;
+                nginx-reject) start_nginx 1 "$upstream" ;;
+            esac
+            ;;
+        *) start_bench_server "$mode" 0 ;;
+    esac
 }
 
 # Converts a wrk latency ("812.00us", "1.23ms", "1.01s") to microseconds.
@@ -152,9 +338,15 @@ median() {
     }'
 }
 
-# CPU ticks (USER_HZ) a process has used, user and system.
+# CPU ticks (USER_HZ) the processes of the configuration and their children (nginx's
+# worker) have used, user and system.
 proc_ticks() {
-    awk '{ print $14 + $15 }' "/proc/$1/stat"
+    local pid all=()
+    for pid in "${pids[@]}"; do
+        all+=("/proc/$pid/stat")
+        for child in $(pgrep -P "$pid" || true); do all+=("/proc/$child/stat"); done
+    done
+    awk '{ t += $14 + $15 } END { print t + 0 }' "${all[@]}" 2>/dev/null || echo 0
 }
 
 # One measurement of configuration $1. Sets r (req/s), l (wrk's p99), total, bad
@@ -173,11 +365,11 @@ measure() {
         timeout $((WARMUP + 30)) taskset -c 1 wrk -t1 -c64 -d"${WARMUP}s" "$url/" >/dev/null
     fi
     read -r i1 t1 < <(cpu_times)
-    s1=$(proc_ticks "$server_pid")
+    s1=$(proc_ticks)
     local TIMEFORMAT='%U %S'
     { time timeout $((DURATION + 30)) taskset -c 1 \
         wrk -t1 -c64 -d"${DURATION}s" --latency "$url/" >"$work/wrk.out" 2>&1; } 2>"$work/wrk.time"
-    s2=$(proc_ticks "$server_pid")
+    s2=$(proc_ticks)
     read -r i2 t2 < <(cpu_times)
     stop_server
     w=$(awk '{ printf "%.0f", 100 * ($1 + $2) }' "$work/wrk.time")
@@ -201,7 +393,7 @@ declare -A rps p99 non2xx
 n=${#CONFIGS[@]}
 echo "$ROUNDS rounds x $n configurations x ${DURATION}s (+${WARMUP}s warm-up each)"
 echo
-printf '%-6s %-16s %10s %9s %8s %7s %7s  %s\n' round configuration req/s "p99 us" non-2xx \
+printf '%-6s %-20s %10s %9s %8s %7s %7s  %s\n' round configuration req/s "p99 us" non-2xx \
     busy others "socket errors"
 noisy=0
 for ((round = 1; round <= ROUNDS; round++)); do
@@ -210,14 +402,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
         for ((attempt = 0; ; attempt++)); do
             measure "$mode"
             ((others > OTHERS_MAX && attempt < RETRIES)) || break
-            printf '%-6s %-16s %10.0f  (discarded: others used %s%% of a CPU; retrying)\n' \
+            printf '%-6s %-20s %10.0f  (discarded: others used %s%% of a CPU; retrying)\n' \
                 "$round" "$mode" "$r" "$others"
         done
         ((others <= OTHERS_MAX)) || noisy=$((noisy + 1))
         rps[$mode,$round]=$r
         p99[$mode,$round]=$(to_us "$l")
         non2xx[$mode,$round]=$(awk -v b="${bad:-0}" -v t="$total" 'BEGIN { printf "%.1f%%", 100 * b / t }')
-        printf '%-6s %-16s %10.0f %9s %8s %6s%% %6s%%  %s\n' "$round" "$mode" "$r" \
+        printf '%-6s %-20s %10.0f %9s %8s %6s%% %6s%%  %s\n' "$round" "$mode" "$r" \
             "${p99[$mode,$round]}" "${non2xx[$mode,$round]}" "$busy" "$others" "${errors:-none}"
     done
 done
@@ -234,20 +426,38 @@ for mode in "${CONFIGS[@]}"; do
 done
 
 ratio() { awk -v a="${med_rps[$1]}" -v b="${med_rps[bare]}" 'BEGIN { printf "%.3f", a / b }'; }
-
-echo
-echo "medians over $ROUNDS rounds (server on 1 core, wrk -t1 -c64 -d${DURATION}s on the other):"
-printf '%-16s %12s %12s %10s\n' configuration req/s "p99 us" "x bare"
-for mode in "${CONFIGS[@]}"; do
-    printf '%-16s %12.0f %12.0f %10s\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}" "$(ratio "$mode")"
-done
-
-echo
 verdict() { awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "met" : "MISSED") }'; }
-a=$(ratio rocgate-admit)
-j=$(ratio rocgate-reject)
-echo "rocgate admitting ÷ bare: $a (target >= 0.97: $(verdict "$a" 0.97))"
-echo "rocgate rejecting ÷ bare: $j (target >= 0.95: $(verdict "$j" 0.95))"
+
+if has_config bare; then
+    echo
+    echo "medians over $ROUNDS rounds (server on 1 core, wrk -t1 -c64 -d${DURATION}s on the other):"
+    printf '%-20s %12s %12s %10s\n' configuration req/s "p99 us" "x bare"
+    for mode in "${LAYER_CONFIGS[@]}"; do
+        printf '%-20s %12.0f %12.0f %10s\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}" "$(ratio "$mode")"
+    done
+
+    echo
+    a=$(ratio rocgate-admit)
+    j=$(ratio rocgate-reject)
+    echo "rocgate admitting ÷ bare: $a (target >= 0.97: $(verdict "$a" 0.97))"
+    echo "rocgate rejecting ÷ bare: $j (target >= 0.95: $(verdict "$j" 0.95))"
+fi
+
+if has_config nginx-admit; then
+    echo
+    echo "medians over $ROUNDS rounds (proxy on CPU 0; upstream and wrk -t1 -c64 -d${DURATION}s on CPU 1):"
+    printf '%-20s %12s %12s\n' configuration req/s "p99 us"
+    for mode in "${PROXY_CONFIGS[@]}"; do
+        printf '%-20s %12.0f %12.0f\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}"
+    done
+    echo
+    for case in admit reject; do
+        rr=$(awk -v a="${med_rps[rocgate-serve-$case]}" -v b="${med_rps[nginx-$case]}" 'BEGIN { printf "%.3f", a / b }')
+        rl=$(awk -v a="${med_p99[rocgate-serve-$case]}" -v b="${med_p99[nginx-$case]}" 'BEGIN { printf "%.3f", a / b }')
+        lat=$(awk -v r="$rl" 'BEGIN { print (r <= 1 ? "met" : "MISSED") }')
+        echo "rocgate serve ÷ nginx, $case: req/s $rr (target >= 1: $(verdict "$rr" 1)), p99 $rl (target <= 1: $lat)"
+    done
+fi
 if ((noisy > 0)); then
     echo "warning: in $noisy runs other processes used more than ${OTHERS_MAX}% of a CPU: do not trust these ratios" >&2
 fi

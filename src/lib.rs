@@ -14,6 +14,8 @@
 pub mod clock;
 pub mod config;
 pub mod controller;
+#[cfg(feature = "demo")]
+pub mod demo;
 pub mod engine;
 pub mod hints;
 #[cfg(feature = "http")]

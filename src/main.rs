@@ -1,5 +1,5 @@
-//! The `rocgate` command: serve as a reverse proxy, simulate a spike on a virtual
-//! clock, check a config file, print a running instance's tuning hints.
+//! The `rocgate` command: a demo, serve as a reverse proxy, simulate a spike on a
+//! virtual clock, check a config file, print a running instance's tuning hints.
 
 mod cli;
 
@@ -8,16 +8,23 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    // The demo's table is on stdout; its info logs (each transition) would interleave
+    // with it on a terminal, so it logs warnings only unless RUST_LOG says otherwise.
+    let default_filter = match args.command {
+        cli::Command::Demo(_) => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let args = cli::Cli::parse();
     match args.command {
+        cli::Command::Demo(a) => cli::demo::run(a),
         cli::Command::Serve(a) => cli::serve::run(a),
         cli::Command::Simulate(a) => cli::simulate::run(a),
         cli::Command::CheckConfig(a) => cli::check_config::run(a),

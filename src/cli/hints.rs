@@ -8,30 +8,12 @@ use super::HintsArgs;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use rocgate::hints::{self, Hint};
-use serde::Deserialize;
+use rocgate::hints::{self, HintsReport};
 use std::process::ExitCode;
 use std::time::Duration;
 
 /// How long the whole request may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `GET /admin/hints`, as far as the table needs it.
-#[derive(Debug, Deserialize)]
-struct Report {
-    period_s: f64,
-    routes: Vec<RouteReport>,
-}
-
-#[derive(Debug, Deserialize)]
-struct RouteReport {
-    route: String,
-    intervals: usize,
-    covered_s: f64,
-    offered: u64,
-    rejected: u64,
-    hints: Vec<Hint>,
-}
 
 /// Fetches and prints the hints.
 pub(crate) fn run(args: HintsArgs) -> ExitCode {
@@ -64,7 +46,7 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
         println!("{body}");
         return ExitCode::SUCCESS;
     }
-    match serde_json::from_str::<Report>(&body) {
+    match serde_json::from_str::<HintsReport>(&body) {
         Ok(report) => {
             print!("{}", render(&report));
             ExitCode::SUCCESS
@@ -109,7 +91,7 @@ fn fetch(url: http::Uri) -> Result<String, String> {
     })
 }
 
-fn render(report: &Report) -> String {
+fn render(report: &HintsReport) -> String {
     let mut out = format!(
         "hints over the last {}\n",
         humantime::format_duration(Duration::from_secs_f64(report.period_s.max(0.0)))

@@ -1,6 +1,7 @@
 //! Command-line arguments of the `rocgate` binary; one module per subcommand.
 
 pub(crate) mod check_config;
+pub(crate) mod demo;
 pub(crate) mod hints;
 pub(crate) mod serve;
 pub(crate) mod simulate;
@@ -20,6 +21,9 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// A flash sale on a demo shop behind rocgate, over real HTTP on loopback, with a
+    /// live table; `--compare` also runs it without rocgate.
+    Demo(demo::DemoArgs),
     /// Run the reverse proxy in front of an upstream, with the admin API.
     Serve(ServeArgs),
     /// Replay a traffic profile or an access log through the engine on a virtual clock.

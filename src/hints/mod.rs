@@ -131,6 +131,54 @@ pub struct Hint {
     pub reason: String,
 }
 
+/// One route's hints over a period, with the evidence's size: what
+/// `GET /admin/hints` returns per route.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RouteHints {
+    /// The route.
+    pub route: String,
+    /// History intervals in the period.
+    pub intervals: usize,
+    /// Seconds they cover.
+    pub covered_s: f64,
+    /// Requests offered in them.
+    pub offered: u64,
+    /// Requests rejected in them.
+    pub rejected: u64,
+    /// The hints.
+    pub hints: Vec<Hint>,
+}
+
+impl RouteHints {
+    /// The hints for `settings` over `intervals` (see [`advise`]).
+    pub fn new(
+        settings: &RouteSettings,
+        intervals: &[Interval],
+        capacity_rps: Option<f64>,
+        policy: &Policy,
+    ) -> Self {
+        RouteHints {
+            route: settings.name.clone(),
+            intervals: intervals.len(),
+            covered_s: intervals.iter().map(Interval::secs).sum(),
+            offered: intervals.iter().map(|i| i.offered).sum(),
+            rejected: intervals.iter().map(Interval::rejected_total).sum(),
+            hints: advise(settings, intervals, capacity_rps, policy),
+        }
+    }
+}
+
+/// Every route's hints over a period: the body of `GET /admin/hints`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HintsReport {
+    /// The period asked for, seconds.
+    pub period_s: f64,
+    /// The history's interval, seconds.
+    pub interval_s: f64,
+    /// One entry per route with history in the period.
+    pub routes: Vec<RouteHints>,
+}
+
 /// The hints for one route over the given intervals. `capacity_rps` is the
 /// upstream's capacity when known (a simulation's model); otherwise only measured
 /// health counts.

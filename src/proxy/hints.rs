@@ -5,14 +5,13 @@
 use crate::clock::Nanos;
 use crate::config::HintsConfig;
 use crate::engine::{Engine, RouteId, SlotReport};
-use crate::hints::{self, History, Policy, UpstreamMeter};
-use serde_json::{json, Value};
+use crate::hints::{HintsReport, History, Policy, RouteHints, UpstreamMeter};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-/// Keeps the history and gives the hints.
+/// Keeps the history the tuning hints are computed from, and gives the hints.
 #[derive(Debug)]
-pub(crate) struct Advisor {
+pub struct Advisor {
     history: Mutex<History>,
     meter: Arc<UpstreamMeter>,
     policy: Policy,
@@ -47,8 +46,9 @@ impl Advisor {
         self.history().on_slot(route, report);
     }
 
-    /// Closes the current interval of every route of `engine` at `now`.
-    pub(crate) fn tick(&self, engine: &Engine, now: Nanos) {
+    /// Closes the current interval of every route of `engine` at `now` (the proxy
+    /// calls it every `[hints] interval`).
+    pub fn tick(&self, engine: &Engine, now: Nanos) {
         // Route locks are taken before, never under, the history's lock: the sample
         // hook takes them in the other order.
         let snapshots = engine.snapshot(now);
@@ -59,8 +59,10 @@ impl Advisor {
             .tick(now, &snapshots, settings, Some(&self.meter));
     }
 
-    /// The hints over the last `period` before `now`, as the admin API returns them.
-    pub(crate) fn report(&self, period: Duration, now: Nanos) -> Value {
+    /// The hints over the last `period` before `now`, as `GET /admin/hints` returns
+    /// them. The interval still open is not included: call [`Advisor::tick`] first to
+    /// close it.
+    pub fn report(&self, period: Duration, now: Nanos) -> HintsReport {
         let since = Nanos::new(
             now.as_u64()
                 .saturating_sub(u64::try_from(period.as_nanos()).unwrap_or(u64::MAX)),
@@ -69,26 +71,15 @@ impl Advisor {
             let h = self.history();
             (h.interval(), h.since(since))
         };
-        let routes: Vec<Value> = routes
-            .iter()
-            .map(|(settings, intervals)| {
-                let offered: u64 = intervals.iter().map(|i| i.offered).sum();
-                let rejected: u64 = intervals.iter().map(hints::Interval::rejected_total).sum();
-                let covered: f64 = intervals.iter().map(hints::Interval::secs).sum();
-                json!({
-                    "route": settings.name,
-                    "intervals": intervals.len(),
-                    "covered_s": covered,
-                    "offered": offered,
-                    "rejected": rejected,
-                    "hints": hints::advise(settings, intervals, None, &self.policy),
+        HintsReport {
+            period_s: period.as_secs_f64(),
+            interval_s: interval.as_secs_f64(),
+            routes: routes
+                .iter()
+                .map(|(settings, intervals)| {
+                    RouteHints::new(settings, intervals, None, &self.policy)
                 })
-            })
-            .collect();
-        json!({
-            "period_s": period.as_secs_f64(),
-            "interval_s": interval.as_secs_f64(),
-            "routes": routes,
-        })
+                .collect(),
+        }
     }
 }

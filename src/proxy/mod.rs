@@ -12,6 +12,8 @@ mod admin;
 mod error;
 mod forward;
 mod hints;
+
+pub use hints::Advisor;
 #[cfg(feature = "redis")]
 mod shared;
 
@@ -63,7 +65,7 @@ pub struct Proxy {
     admin: TcpListener,
     settings: ProxySettings,
     reloader: Reloader,
-    advisor: Arc<hints::Advisor>,
+    advisor: Arc<Advisor>,
     /// The shared store of distributed routes (`[store] backend = "redis"`).
     #[cfg(feature = "redis")]
     store: Option<crate::store::redis::RedisStore>,
@@ -141,7 +143,7 @@ impl Proxy {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
-        let advisor = Arc::new(hints::Advisor::new(&config.hints));
+        let advisor = Arc::new(Advisor::new(&config.hints));
         let roc_histogram = metric::roc_sample_hook();
         let history = Arc::clone(&advisor);
         let engine = Engine::new(config, clock.now(), wall_now)
@@ -188,6 +190,11 @@ impl Proxy {
     /// The admin API's address.
     pub fn admin_addr(&self) -> io::Result<SocketAddr> {
         self.admin.local_addr()
+    }
+
+    /// The tuning hints' history and rules (what `GET /admin/hints` answers from).
+    pub fn advisor(&self) -> Arc<Advisor> {
+        Arc::clone(&self.advisor)
     }
 
     /// What reloads the config; also gives the engine in force.

@@ -197,6 +197,27 @@ impl Profile {
         Duration::try_from_secs_f64(end).unwrap_or(Duration::MAX)
     }
 
+    /// The same rates over a timeline stretched by `factor` (below 1: compressed):
+    /// each point's time since the first is multiplied by `factor`. A factor that is
+    /// not finite and above zero is refused like a bad point.
+    ///
+    /// ```
+    /// use rocgate::sim::Scenario;
+    ///
+    /// let sale = Scenario::FlashSale.profile().time_scaled(0.5).unwrap();
+    /// assert_eq!(sale.duration().as_secs(), 30);
+    /// assert_eq!(sale.rate_at(9.9), 40.0);
+    /// assert_eq!(sale.rate_at(10.0), 600.0);
+    /// ```
+    pub fn time_scaled(&self, factor: f64) -> Result<Profile, ProfileError> {
+        let points: Vec<(f64, f64)> = self
+            .points
+            .iter()
+            .map(|&(t, rate)| (self.start_s + t * factor, rate))
+            .collect();
+        Self::from_points(&points)
+    }
+
     /// The rate `t_s` seconds after the first point, req/s (zero outside the profile).
     pub fn rate_at(&self, t_s: f64) -> f64 {
         let i = self.points.partition_point(|p| p.0 <= t_s);

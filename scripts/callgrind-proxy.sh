@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Instructions per request in user space, under callgrind: `rocgate serve` and nginx as
+# reverse proxies (the configurations of scripts/bench-http.sh's proxy suite), admitting
+# everything and rejecting almost everything. Unlike req/s, these counts barely move
+# from run to run, so they compare the two on a noisy machine.
+#
+# For each proxy: start it under `valgrind --tool=callgrind` in front of bench_server
+# (bare, not under valgrind), warm up with `wrk -t1 -c8` for 2 s, zero the counters,
+# run wrk for DURATION seconds (default 4), dump, and divide the instructions of every
+# thread by the requests wrk completed. nginx runs as one process (`master_process
+# off`). Prints one line per configuration; the callgrind files stay in OUT (default a
+# temporary directory, removed at the end) for `callgrind_annotate --inclusive=yes`.
+#
+# Usage:  scripts/callgrind-proxy.sh
+#         DURATION=8 OUT=/tmp/cg scripts/callgrind-proxy.sh
+# Needs valgrind, wrk, curl and nginx (installed with apt-get when missing). Loopback
+# only; every process it starts is killed by PID on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-4}
+if ! [[ $DURATION =~ ^[0-9]+$ ]] || ((DURATION < 1)); then
+    echo "callgrind-proxy: DURATION must be a whole number of seconds, got '$DURATION'" >&2
+    exit 2
+fi
+missing=()
+for tool in valgrind wrk curl; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+done
+command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx-light)
+if ((${#missing[@]} > 0)); then
+    echo "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q "${missing[@]}" >/dev/null ||
+        { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
+fi
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+
+cargo build --release --quiet --example bench_server --no-default-features --features http
+cargo build --release --quiet --bin rocgate
+target="${CARGO_TARGET_DIR:-target}/release"
+
+work=$(mktemp -d)
+out=${OUT:-$work/callgrind}
+mkdir -p "$out" "$work/nginx/logs" "$work/nginx/tmp"
+pids=()
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Runs $2 until it prints something, for up to $1 tenths of a second.
+poll() {
+    local tries=$1 result
+    shift
+    for ((; tries > 0; tries--)); do
+        if result=$("$@" 2>/dev/null) && [[ -n $result ]]; then
+            echo "$result"
+            return
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+"$target/examples/bench_server" bare 127.0.0.1:0 >"$work/upstream.out" 2>&1 &
+pids+=($!)
+upstream=$(poll 100 sed -n 's/^listening on //p' "$work/upstream.out") ||
+    { echo "callgrind-proxy: the upstream did not start" >&2; exit 1; }
+
+# Measures the proxy of PID $2 at URL $3 as configuration $1.
+measure() {
+    local name=$1 pid=$2 url=$3 file ir requests
+    poll 600 curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url/" >/dev/null ||
+        { echo "callgrind-proxy: $name does not answer" >&2; exit 1; }
+    wrk -t1 -c8 -d2s "$url/" >/dev/null
+    callgrind_control -z "$pid" >/dev/null
+    wrk -t1 -c8 -d"${DURATION}s" "$url/" >"$work/wrk.out"
+    callgrind_control -d "$pid" >/dev/null
+    file=$(poll 100 find "$out" -name "$name.$pid.*" -newer "$work/wrk.out") ||
+        { echo "callgrind-proxy: no dump for $name" >&2; exit 1; }
+    sleep 0.5 # the dump may still be being written
+    ir=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+    requests=$(awk '/ requests in / { print $1 }' "$work/wrk.out")
+    printf '%-16s %10s requests %14s instructions %8.0f per request\n' "$name" "$requests" "$ir" \
+        "$(awk -v i="$ir" -v r="$requests" 'BEGIN { print i / r }')"
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+}
+
+for rate in 10000000 1; do
+    if ((rate == 1)); then kind=reject; else kind=admit; fi
+    cat >"$work/rocgate.toml" <<TOML
+[defaults]
+base_limit = $rate
+cut_limit = $rate
+algorithm = "token_bucket"
+burst = "1s"
+
+[[routes]]
+name = "all"
+path_prefix = "/"
+
+[server]
+listen = "127.0.0.1:0"
+upstream = "$upstream"
+
+[admin]
+listen = "127.0.0.1:0"
+TOML
+    RUST_LOG=info valgrind --tool=callgrind --callgrind-out-file="$out/rocgate-$kind.%p" \
+        "$target/rocgate" serve --config "$work/rocgate.toml" >/dev/null 2>"$work/rocgate-$kind.err" &
+    pid=$!
+    pids+=("$pid")
+    listen=$(poll 600 sed -n 's/.*listen=\([0-9.:]*\).*/\1/p' "$work/rocgate-$kind.err") ||
+        { echo "callgrind-proxy: rocgate serve did not start" >&2; cat "$work/rocgate-$kind.err" >&2; exit 1; }
+    measure "rocgate-$kind" "$pid" "http://$listen"
+
+    port=$((10000 + RANDOM % 20000))
+    prefix="$work/nginx"
+    cat >"$prefix/nginx.conf" <<NGINX
+worker_processes 1;
+master_process off;
+daemon off;
+pid $prefix/nginx.pid;
+error_log $prefix/logs/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $prefix/tmp/body;
+    proxy_temp_path $prefix/tmp/proxy;
+    fastcgi_temp_path $prefix/tmp/fastcgi;
+    uwsgi_temp_path $prefix/tmp/uwsgi;
+    scgi_temp_path $prefix/tmp/scgi;
+    limit_req_zone \$server_name zone=bench:1m rate=${rate}r/s;
+    limit_req_status 429;
+    upstream up {
+        server ${upstream#http://};
+        keepalive 64;
+    }
+    server {
+        listen 127.0.0.1:$port;
+        server_name bench;
+        location / {
+            limit_req zone=bench burst=$rate nodelay;
+            proxy_pass http://up;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+NGINX
+    valgrind --tool=callgrind --callgrind-out-file="$out/nginx-$kind.%p" \
+        "$nginx_bin" -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" \
+        >/dev/null 2>"$work/nginx.err" &
+    pid=$!
+    pids+=("$pid")
+    measure "nginx-$kind" "$pid" "http://127.0.0.1:$port"
+done

@@ -1,0 +1,105 @@
+//! `rocgate demo`: the demo shop, the proxy in front of it and a flash sale over real
+//! HTTP on loopback, with a live table; see [`rocgate::demo`].
+
+use rocgate::demo::{DemoSettings, Plan, ShopSettings};
+use rocgate::sim::ArrivalModel;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Arguments of `rocgate demo`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// Length of the flash sale, warm-up to tail: seconds (`10`) or a duration (`90s`,
+    /// `2m`), 5 s to 1 h. The scenario and the config's times scale with it.
+    #[arg(long, default_value = "60", value_parser = parse_plan)]
+    duration: Plan,
+    /// Then play the same traffic straight to a new shop, without rocgate, and print
+    /// both side by side.
+    #[arg(long)]
+    compare: bool,
+    /// Address of the admin API (`/metrics`, `/admin/routes`); `127.0.0.1:0` takes any
+    /// free port [default: 127.0.0.1:9090, or any free port if that one is taken]
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Address the proxy listens on (`127.0.0.1:0`: any free port on loopback).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Poisson arrivals from this seed (default: evenly spaced).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+/// A `--duration`: whole or decimal seconds, or a humantime duration.
+fn parse_plan(text: &str) -> Result<Plan, String> {
+    let duration = match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s),
+        Ok(_) => return Err(format!("{text:?} is not a length of time")),
+        Err(_) => humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?,
+    };
+    Plan::new(duration).map_err(|e| {
+        e.strip_prefix("--duration: ")
+            .map_or_else(|| e.clone(), str::to_owned)
+    })
+}
+
+/// The admin API's usual address (the one `dashboards/prometheus.yml` scrapes).
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9090);
+
+/// `--admin`, or the usual address if it is free, or any free port: a demo should not
+/// fail because something else (often Prometheus itself) holds port 9090.
+fn admin_addr(given: Option<SocketAddr>) -> SocketAddr {
+    if let Some(addr) = given {
+        return addr;
+    }
+    match std::net::TcpListener::bind(DEFAULT_ADMIN) {
+        Ok(probe) => {
+            drop(probe);
+            DEFAULT_ADMIN
+        }
+        Err(e) => {
+            eprintln!("rocgate demo: {DEFAULT_ADMIN} is not free ({e}); the admin API takes any free port");
+            SocketAddr::new(DEFAULT_ADMIN.ip(), 0)
+        }
+    }
+}
+
+pub(crate) fn run(args: DemoArgs) -> ExitCode {
+    let settings = DemoSettings {
+        plan: args.duration,
+        compare: args.compare,
+        listen: args.listen,
+        admin: admin_addr(args.admin),
+        arrivals: ArrivalModel::from_seed(args.seed),
+        shop: ShopSettings::default(),
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rocgate demo: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout();
+    let outcome = runtime.block_on(rocgate::demo::run(&settings, &mut out, async {
+        let _ = tokio::signal::ctrl_c().await;
+    }));
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("rocgate demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = rocgate::demo::write_report(&mut out, &outcome) {
+        eprintln!("rocgate demo: cannot write the report: {e}");
+        return ExitCode::FAILURE;
+    }
+    // The runtime's leftover tasks (requests that were still in flight) end with it.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    if outcome.interrupted() {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

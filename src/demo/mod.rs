@@ -1,0 +1,654 @@
+//! `rocgate demo`: a flash sale absorbed in one command, over real HTTP on loopback.
+//!
+//! Three parts run in one process: a demo [`Shop`] with a modelled capacity (about
+//! 300 req/s: latency grows past it, and a full line answers `503`), the reverse proxy
+//! of `rocgate serve` in front of it with the built-in demo configuration
+//! ([`CONFIG_TOML`]), and an open-loop load generator ([`load`]) that plays the
+//! flash-sale scenario: 40 req/s, a step to 600 req/s when the sale opens, a plateau,
+//! a decay back to 40. While it runs, [`run`] writes a table once per second: offered,
+//! admitted, rejected and failed req/s as the client saw them, the sale route's ROC,
+//! controller state and limit, and the shop's p99 latency. The admin API (`/metrics`,
+//! `/admin/routes`) listens meanwhile, so Prometheus and Grafana can watch the run.
+//! With `compare`, the same traffic then goes straight to a fresh shop, without
+//! rocgate, and the report puts both side by side ([`write_report`]).
+//!
+//! The scenario is written for 60 s. A shorter or longer `duration` compresses or
+//! stretches its timeline *and* every duration of the configuration (window, slot,
+//! hold, restore interval, dwell, burst…) by the same factor ([`Plan::scale`]); rates
+//! and ROC thresholds, in req/s, are unchanged, so the controller sees the same
+//! demand curve and acts at the same points of it.
+
+pub mod load;
+mod report;
+mod shop;
+
+pub use load::{LoadCounters, LoadSettings, LoadTotals};
+pub use report::write_report;
+pub use shop::{Shop, ShopSettings, ShopStats};
+
+use crate::config::{Config, ConfigError};
+use crate::controller::ControllerState;
+use crate::engine::RouteSnapshot;
+use crate::hints::Hint;
+use crate::http::ClientIpResolver;
+use crate::limiter::Algorithm;
+use crate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use crate::sim::{ArrivalModel, Profile, Scenario};
+use crate::window::WindowSpec;
+use std::future::Future;
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The demo's configuration, built in: `config/demo.toml`.
+pub const CONFIG_TOML: &str = include_str!("../../config/demo.toml");
+
+/// The route the sale's traffic goes to (`POST /api/order`).
+pub const SALE_ROUTE: &str = "order";
+
+/// The path the sale's traffic goes to.
+pub const SALE_PATH: &str = "/api/order";
+
+/// The length the scenario and the configuration are written for.
+pub const NOMINAL_DURATION: Duration = Duration::from_secs(60);
+
+/// The shortest demo: below it, the compressed window would hold too few requests for
+/// a meaningful ROC.
+pub const MIN_DURATION: Duration = Duration::from_secs(5);
+
+/// The longest demo.
+pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+
+/// The scenario's timeline at nominal length, seconds: the sale opens (40 → 600
+/// req/s), the plateau ends, the decay back to 40 req/s ends.
+const SALE_OPENS_S: f64 = 20.0;
+const PLATEAU_ENDS_S: f64 = 40.0;
+const DECAY_ENDS_S: f64 = 50.0;
+
+/// How often the demo looks at the sale route's controller (to time its transitions).
+const OBSERVE_EVERY: Duration = Duration::from_millis(25);
+
+/// The flash sale at a given length.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    duration: Duration,
+    scale: f64,
+    profile: Profile,
+}
+
+impl Plan {
+    /// The flash-sale scenario over `duration`, between [`MIN_DURATION`] and
+    /// [`MAX_DURATION`].
+    pub fn new(duration: Duration) -> Result<Plan, String> {
+        if !(MIN_DURATION..=MAX_DURATION).contains(&duration) {
+            return Err(format!(
+                "--duration: must be between {} and {}, got {}",
+                humantime::format_duration(MIN_DURATION),
+                humantime::format_duration(MAX_DURATION),
+                humantime::format_duration(duration)
+            ));
+        }
+        let scale = duration.as_secs_f64() / NOMINAL_DURATION.as_secs_f64();
+        let profile = Scenario::FlashSale
+            .profile()
+            .time_scaled(scale)
+            .map_err(|e| format!("--duration: cannot scale the scenario: {e}"))?;
+        Ok(Plan {
+            duration,
+            scale,
+            profile,
+        })
+    }
+
+    /// The demo's length.
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// `duration` ÷ 60 s: the factor every time of the scenario and the configuration
+    /// is multiplied by.
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// The traffic: the flash-sale scenario on the scaled timeline.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// When the sale opens, seconds since the start.
+    pub fn sale_opens_s(&self) -> f64 {
+        SALE_OPENS_S * self.scale
+    }
+
+    /// The scenario's phase at `t_s` seconds since the start.
+    pub fn phase(&self, t_s: f64) -> &'static str {
+        let nominal = t_s / self.scale;
+        if nominal < SALE_OPENS_S {
+            "warm-up"
+        } else if nominal < PLATEAU_ENDS_S {
+            "sale"
+        } else if nominal < DECAY_ENDS_S {
+            "decay"
+        } else {
+            "after"
+        }
+    }
+
+    /// The demo configuration with every duration multiplied by [`Plan::scale`].
+    pub fn config(&self) -> Result<Config, ConfigError> {
+        let mut config = Config::from_toml_str(CONFIG_TOML, "config/demo.toml (built in)")?;
+        for route in &mut config.routes {
+            route.window = scaled_window(&route.window, self.scale);
+            let c = &mut route.controller;
+            for d in [
+                &mut c.hold,
+                &mut c.restore_interval,
+                &mut c.min_dwell,
+                &mut c.max_cut,
+            ] {
+                *d = d.mul_f64(self.scale);
+            }
+            match &mut route.algorithm {
+                Algorithm::TokenBucket { burst } => *burst = burst.mul_f64(self.scale),
+                Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
+                    *window = window.mul_f64(self.scale);
+                }
+                Algorithm::LeakyBucket { .. } | Algorithm::Concurrency { .. } => {}
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// The same number of slots, each `scale` times as long (whole microseconds, 1 ms at
+/// least, so the slot still divides the window exactly).
+fn scaled_window(window: &WindowSpec, scale: f64) -> WindowSpec {
+    let slot_us = (window.slot().as_secs_f64() * 1e6 * scale)
+        .round()
+        .max(1000.0);
+    let slot = Duration::from_micros(slot_us as u64);
+    let slots = u32::try_from(window.slots()).unwrap_or(u32::MAX);
+    WindowSpec::new(slot * slots, slot).unwrap_or(*window)
+}
+
+/// What [`run`] needs.
+#[derive(Clone, Debug)]
+pub struct DemoSettings {
+    /// The traffic and its timeline.
+    pub plan: Plan,
+    /// Also run the same traffic without rocgate.
+    pub compare: bool,
+    /// Where the proxy listens.
+    pub listen: SocketAddr,
+    /// Where the admin API listens.
+    pub admin: SocketAddr,
+    /// Evenly spaced or Poisson arrivals.
+    pub arrivals: ArrivalModel,
+    /// The shop's capacity model.
+    pub shop: ShopSettings,
+}
+
+/// Why the demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The built-in configuration was refused (a bug: a unit test checks it).
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// A listener could not be opened.
+    #[error("cannot listen on {what}: {source}")]
+    Listen {
+        /// Which listener, with its address.
+        what: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// Writing the table or the report failed.
+    #[error("cannot write the output: {0}")]
+    Output(#[from] io::Error),
+}
+
+/// A controller transition of the sale route, as the demo saw it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SeenTransition {
+    /// When the controller entered `to`, seconds since the start of the traffic.
+    pub t_s: f64,
+    /// The state before.
+    pub from: ControllerState,
+    /// The state after.
+    pub to: ControllerState,
+    /// The limit right after, req/s.
+    pub limit_rps: f64,
+}
+
+/// One run of the traffic, with or without rocgate.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// Whether rocgate was in front of the shop.
+    pub gated: bool,
+    /// Whether Ctrl-C cut the run short.
+    pub interrupted: bool,
+    /// How long the traffic ran, its last answers included.
+    pub elapsed: Duration,
+    /// The client's counts.
+    pub load: LoadTotals,
+    /// Requests the shop served.
+    pub served: u64,
+    /// Requests the shop turned away (`503`).
+    pub overloaded: u64,
+    /// The shop's p99 latency over the run.
+    pub shop_p99: Option<Duration>,
+    /// The worst of the shop's p99 latencies per second, and the end of that second
+    /// (seconds since the start).
+    pub worst_p99: Option<(f64, Duration)>,
+    /// The sale route's transitions (rocgate only).
+    pub transitions: Vec<SeenTransition>,
+    /// The highest ROC the sale route showed (rocgate only).
+    pub peak_roc: Option<f64>,
+    /// Every route's state at the end (rocgate only).
+    pub routes: Vec<RouteSnapshot>,
+}
+
+impl RunReport {
+    /// The sale route's final state (rocgate only).
+    pub fn sale_route(&self) -> Option<&RouteSnapshot> {
+        self.routes.iter().find(|r| r.name == SALE_ROUTE)
+    }
+
+    /// When the first cut came, seconds since the start.
+    pub fn first_cut_s(&self) -> Option<f64> {
+        self.transitions
+            .iter()
+            .find(|t| t.to == ControllerState::Cut)
+            .map(|t| t.t_s)
+    }
+}
+
+/// What the demo did.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The traffic.
+    pub plan: Plan,
+    /// The shop's capacity model.
+    pub shop: ShopSettings,
+    /// The run through rocgate.
+    pub gated: RunReport,
+    /// The same traffic straight to the shop, with `compare`.
+    pub ungated: Option<RunReport>,
+    /// The tuning hints for the run through rocgate, for every route that had
+    /// traffic (what `GET /admin/hints` answered at its end).
+    pub hints: Vec<Hint>,
+}
+
+impl Outcome {
+    /// Whether Ctrl-C cut the demo short.
+    pub fn interrupted(&self) -> bool {
+        self.gated.interrupted || self.ungated.as_ref().is_some_and(|u| u.interrupted)
+    }
+}
+
+/// Runs the demo: starts the shop and the proxy, plays the traffic while writing the
+/// live table to `out`, then (with `compare`) plays it again straight to a new shop.
+/// When `stop` completes (Ctrl-C), the traffic stops, everything shuts down, and the
+/// outcome so far is returned. The report is [`write_report`]'s.
+pub async fn run(
+    settings: &DemoSettings,
+    out: &mut (dyn Write + Send),
+    stop: impl Future<Output = ()>,
+) -> Result<Outcome, DemoError> {
+    tokio::pin!(stop);
+    let plan = &settings.plan;
+    let config = plan.config()?;
+    let shop = Shop::start(settings.shop)
+        .await
+        .map_err(|source| DemoError::Listen {
+            what: "127.0.0.1:0 (the demo shop)".into(),
+            source,
+        })?;
+    let upstream: http::Uri =
+        format!("http://{}", shop.addr())
+            .parse()
+            .map_err(|e| DemoError::Listen {
+                what: format!("{} (the demo shop)", shop.addr()),
+                source: io::Error::new(io::ErrorKind::InvalidInput, e),
+            })?;
+    let server = &config.server;
+    let proxy_settings = ProxySettings {
+        listen: settings.listen,
+        admin_listen: settings.admin,
+        forward: ForwardSettings {
+            upstream,
+            connect_timeout: server.connect_timeout,
+            response_timeout: server.response_timeout,
+            max_body_bytes: server.max_body_bytes,
+            resolver: ClientIpResolver::new(server.trusted_proxies.clone()),
+        },
+        header_read_timeout: server.header_read_timeout,
+        shutdown_grace: server.shutdown_grace,
+        admin_token: None,
+    };
+    let proxy = Proxy::bind(proxy_settings, &config, None)
+        .await
+        .map_err(|source| DemoError::Listen {
+            what: format!(
+                "{} (proxy) or {} (admin API; --admin 127.0.0.1:0 takes any free port)",
+                settings.listen, settings.admin
+            ),
+            source,
+        })?;
+    let proxy_addr = proxy.local_addr()?;
+    let admin_addr = proxy.admin_addr()?;
+    let reloader = proxy.reloader().clone();
+    let advisor = proxy.advisor();
+    report::write_header(
+        out,
+        plan,
+        &settings.shop,
+        &config,
+        shop.addr(),
+        proxy_addr,
+        admin_addr,
+    )?;
+    let (proxy_stop, proxy_stopped) = tokio::sync::oneshot::channel::<()>();
+    let proxy_task = tokio::spawn(proxy.run(async {
+        let _ = proxy_stopped.await;
+    }));
+
+    let load = LoadSettings {
+        target: proxy_addr,
+        method: http::Method::POST,
+        path: SALE_PATH.into(),
+        max_in_flight: 1000,
+        timeout: Duration::from_secs(10),
+    };
+    let gated = drive(
+        settings,
+        load.clone(),
+        Some(&reloader),
+        &shop,
+        out,
+        stop.as_mut(),
+    )
+    .await?;
+    // The hints over the whole run, its last partial interval closed first.
+    let now = reloader.clock().now();
+    advisor.tick(&reloader.engine(), now);
+    let hints = advisor
+        .report(gated.elapsed + Duration::from_secs(1), now)
+        .routes
+        .into_iter()
+        .filter(|r| r.offered > 0)
+        .flat_map(|r| r.hints)
+        .collect();
+    let _ = proxy_stop.send(());
+    let grace = Duration::from_secs(3);
+    if tokio::time::timeout(grace, proxy_task).await.is_err() {
+        tracing::warn!("the proxy did not stop within {grace:?}");
+    }
+    shop.stop(grace).await;
+
+    let mut ungated = None;
+    if settings.compare && !gated.interrupted {
+        let shop = Shop::start(settings.shop)
+            .await
+            .map_err(|source| DemoError::Listen {
+                what: "127.0.0.1:0 (the second demo shop)".into(),
+                source,
+            })?;
+        writeln!(
+            out,
+            "\nthe same traffic straight to a new shop at http://{}, without rocgate:\n",
+            shop.addr()
+        )?;
+        let direct = LoadSettings {
+            target: shop.addr(),
+            ..load
+        };
+        ungated = Some(drive(settings, direct, None, &shop, out, stop.as_mut()).await?);
+        shop.stop(grace).await;
+    }
+    Ok(Outcome {
+        plan: plan.clone(),
+        shop: settings.shop,
+        gated,
+        ungated,
+        hints,
+    })
+}
+
+/// Plays the traffic to `load.target` and writes a table row per second until the
+/// traffic is over or `stop` completes.
+async fn drive<S: Future<Output = ()>>(
+    settings: &DemoSettings,
+    load: LoadSettings,
+    gate: Option<&Reloader>,
+    shop: &Shop,
+    out: &mut (dyn Write + Send),
+    mut stop: Pin<&mut S>,
+) -> Result<RunReport, DemoError> {
+    let plan = &settings.plan;
+    let counters = Arc::new(LoadCounters::default());
+    let start = Instant::now();
+    let mut observer = gate.map(Observer::new);
+    let mut generator = tokio::spawn(load::run(
+        load,
+        plan.profile().clone(),
+        settings.arrivals,
+        start,
+        Arc::clone(&counters),
+    ));
+    report::write_table_head(out, gate.is_some())?;
+    let mut tick = tokio::time::interval_at(start + OBSERVE_EVERY, OBSERVE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut row = Row {
+        started: start,
+        totals: LoadTotals::default(),
+    };
+    // Rows end on whole seconds since the start, so the sale opens on a row boundary.
+    let mut next_row = start + Duration::from_secs(1);
+    let mut worst_p99: Option<(f64, Duration)> = None;
+    let mut interrupted = false;
+    loop {
+        tokio::select! {
+            _ = &mut generator => break,
+            () = &mut stop => {
+                interrupted = true;
+                generator.abort();
+                break;
+            }
+            _ = tick.tick() => {
+                if let Some(o) = &mut observer {
+                    o.observe();
+                }
+                if Instant::now() >= next_row {
+                    next_row += Duration::from_secs(1);
+                    let p99 = row.write(out, plan, start, &counters, observer.as_ref(), shop)?;
+                    keep_worst(&mut worst_p99, p99);
+                }
+            }
+        }
+    }
+    if let Some(o) = &mut observer {
+        o.observe();
+    }
+    if !interrupted && row.started.elapsed() >= Duration::from_millis(200) {
+        let p99 = row.write(out, plan, start, &counters, observer.as_ref(), shop)?;
+        keep_worst(&mut worst_p99, p99);
+    }
+    let stats = shop.stats();
+    let (routes, peak_roc, transitions) = match observer {
+        Some(o) => (o.final_routes(), o.peak_roc, o.transitions),
+        None => (Vec::new(), None, Vec::new()),
+    };
+    Ok(RunReport {
+        gated: gate.is_some(),
+        interrupted,
+        elapsed: start.elapsed(),
+        load: counters.totals(),
+        served: stats.served(),
+        overloaded: stats.overloaded(),
+        shop_p99: stats.run_p99(),
+        worst_p99,
+        transitions,
+        peak_roc,
+        routes,
+    })
+}
+
+/// Keeps the higher p99 of `worst` and `period` with the time of its period.
+fn keep_worst(worst: &mut Option<(f64, Duration)>, period: Option<(f64, Duration)>) {
+    if let Some((t_s, p99)) = period {
+        if worst.is_none_or(|(_, w)| p99 > w) {
+            *worst = Some((t_s, p99));
+        }
+    }
+}
+
+/// The period of the next table row.
+struct Row {
+    started: Instant,
+    totals: LoadTotals,
+}
+
+impl Row {
+    /// Writes the row for the period that ends now and starts the next one. Returns the
+    /// shop's p99 in the period, with the period's end (seconds since `start`).
+    fn write(
+        &mut self,
+        out: &mut (dyn Write + Send),
+        plan: &Plan,
+        start: Instant,
+        counters: &LoadCounters,
+        observer: Option<&Observer<'_>>,
+        shop: &Shop,
+    ) -> Result<Option<(f64, Duration)>, DemoError> {
+        let now = Instant::now();
+        let period = now.duration_since(self.started).as_secs_f64();
+        let totals = counters.totals();
+        let delta = totals - self.totals;
+        let p99 = shop.stats().take_period_p99();
+        let end_s = now.duration_since(start).as_secs_f64();
+        let mid_s = (end_s - period / 2.0).max(0.0);
+        let controller = observer.and_then(Observer::current);
+        report::write_row(
+            out,
+            end_s,
+            plan.phase(mid_s),
+            &delta,
+            period,
+            controller.as_ref(),
+            p99,
+        )?;
+        self.started = now;
+        self.totals = totals;
+        Ok(p99.map(|p| (end_s, p)))
+    }
+}
+
+/// Watches the sale route's controller through the engine, in process.
+struct Observer<'a> {
+    reloader: &'a Reloader,
+    /// The engine clock's reading when the traffic started.
+    start: crate::clock::Nanos,
+    last: Option<RouteSnapshot>,
+    transitions: Vec<SeenTransition>,
+    peak_roc: Option<f64>,
+}
+
+impl<'a> Observer<'a> {
+    fn new(reloader: &'a Reloader) -> Self {
+        Observer {
+            reloader,
+            start: reloader.clock().now(),
+            last: None,
+            transitions: Vec::new(),
+            peak_roc: None,
+        }
+    }
+
+    fn snapshot(&self) -> Option<RouteSnapshot> {
+        let engine = self.reloader.engine();
+        let id = engine.route_id(SALE_ROUTE)?;
+        Some(engine.route_snapshot(id, self.reloader.clock().now()))
+    }
+
+    fn observe(&mut self) {
+        let Some(now) = self.snapshot() else { return };
+        let from = self
+            .last
+            .as_ref()
+            .map_or(ControllerState::Normal, |s| s.state);
+        if now.state != from {
+            self.transitions.push(SeenTransition {
+                t_s: now.state_since.saturating_since(self.start).as_secs_f64(),
+                from,
+                to: now.state,
+                limit_rps: now.limit_rps,
+            });
+        }
+        if self.peak_roc.is_none_or(|p| now.roc > p) {
+            self.peak_roc = Some(now.roc);
+        }
+        self.last = Some(now);
+    }
+
+    fn current(&self) -> Option<RouteSnapshot> {
+        self.last.clone()
+    }
+
+    fn final_routes(&self) -> Vec<RouteSnapshot> {
+        self.reloader.engine().snapshot(self.reloader.clock().now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_config_is_valid_and_scales() {
+        let plan = Plan::new(Duration::from_secs(10)).unwrap();
+        let config = plan.config().unwrap();
+        let order = config.routes.iter().find(|r| r.name == SALE_ROUTE).unwrap();
+        assert!(order.matcher.matches("POST", SALE_PATH));
+        // 60 slots of 100 ms become 60 of 17 ms (16.67 rounded to whole µs).
+        assert_eq!(order.window.slots(), 60);
+        assert_eq!(order.window.slot(), Duration::from_micros(16_667));
+        assert_eq!(
+            order.controller.hold,
+            Duration::from_secs(2).mul_f64(1.0 / 6.0)
+        );
+        assert_eq!(order.controller.base_limit_rps, 200.0);
+        assert_eq!(order.controller.danger_roc, 80.0);
+        let nominal = Plan::new(NOMINAL_DURATION).unwrap().config().unwrap();
+        assert_eq!(
+            nominal,
+            Config::from_toml_str(CONFIG_TOML, "config/demo.toml (built in)").unwrap()
+        );
+    }
+
+    #[test]
+    fn the_plan_compresses_the_sale() {
+        let plan = Plan::new(Duration::from_secs(12)).unwrap();
+        assert_eq!(plan.sale_opens_s(), 4.0);
+        let p = plan.profile();
+        assert_eq!(p.rate_at(3.99), 40.0);
+        assert_eq!(p.rate_at(4.0), 600.0);
+        assert_eq!(p.rate_at(7.99), 600.0);
+        assert_eq!(p.duration(), Duration::from_secs(12));
+        assert_eq!(plan.phase(1.0), "warm-up");
+        assert_eq!(plan.phase(5.0), "sale");
+        assert_eq!(plan.phase(9.0), "decay");
+        assert_eq!(plan.phase(11.0), "after");
+        for bad in [0, 4, 3601] {
+            let err = Plan::new(Duration::from_secs(bad)).unwrap_err();
+            assert!(
+                err.starts_with("--duration: must be between 5s and 1h"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! What the demo writes: the header, the live table, and the final report.
+
+use super::{Outcome, Plan, RunReport, ShopSettings, SALE_PATH, SALE_ROUTE};
+use crate::config::Config;
+use crate::controller::ControllerState;
+use crate::engine::RouteSnapshot;
+use crate::limiter::Algorithm;
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Milliseconds with one decimal.
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "–".into()
+    } else {
+        format!("{:.1}%", 100.0 * part as f64 / whole as f64)
+    }
+}
+
+/// What runs where, and the traffic to come.
+pub(super) fn write_header(
+    out: &mut (dyn Write + Send),
+    plan: &Plan,
+    shop: &ShopSettings,
+    config: &Config,
+    shop_addr: SocketAddr,
+    proxy_addr: SocketAddr,
+    admin_addr: SocketAddr,
+) -> io::Result<()> {
+    let capacity = shop.capacity_rps();
+    writeln!(
+        out,
+        "rocgate demo: a flash sale on a shop that serves about {capacity:.0} req/s\n"
+    )?;
+    writeln!(
+        out,
+        "  shop      http://{shop_addr:<21}  {} workers × {} (≈{capacity:.0} req/s); {} more may wait, then 503",
+        shop.workers,
+        humantime::format_duration(shop.service_time),
+        shop.queue
+    )?;
+    if let Some(route) = config.routes.iter().find(|r| r.name == SALE_ROUTE) {
+        let c = &route.controller;
+        writeln!(
+            out,
+            "  rocgate   http://{proxy_addr:<21}  route {SALE_ROUTE} (POST {SALE_PATH}): limit {} req/s, cut to {} when ROC > {}",
+            c.base_limit_rps, c.cut_limit_rps, c.danger_roc
+        )?;
+    }
+    writeln!(
+        out,
+        "  admin     http://{admin_addr:<21}  /admin/routes, /metrics (Prometheus, Grafana: dashboards/)"
+    )?;
+    let s = plan.scale();
+    writeln!(
+        out,
+        "  traffic   flash-sale over {}: 40 req/s; at {:.1} s the sale opens, 600 req/s for {:.1} s, back to 40 req/s by {:.1} s",
+        humantime::format_duration(plan.duration()),
+        plan.sale_opens_s(),
+        20.0 * s,
+        50.0 * s,
+    )?;
+    if (s - 1.0).abs() > 1e-9 {
+        if let Some(route) = config.routes.iter().find(|r| r.name == SALE_ROUTE) {
+            let c = &route.controller;
+            let burst = match route.algorithm {
+                Algorithm::TokenBucket { burst } => format!(", burst {}", secs(burst)),
+                _ => String::new(),
+            };
+            writeln!(
+                out,
+                "  time      ×{s:.3} (scenario and config written for 60 s): window {}, slot {}, hold {}, a restore step every {}{burst}",
+                secs(route.window.window()),
+                secs(route.window.slot()),
+                secs(c.hold),
+                secs(c.restore_interval),
+            )?;
+        }
+    }
+    writeln!(out)
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{:.1} ms", s * 1e3)
+    }
+}
+
+/// The column names; the controller's columns only behind rocgate.
+pub(super) fn write_table_head(out: &mut (dyn Write + Send), gated: bool) -> io::Result<()> {
+    write!(
+        out,
+        "{:>6}  {:<8} {:>8} {:>9} {:>9} {:>7}",
+        "t", "phase", "offered", "admitted", "rejected", "failed"
+    )?;
+    if gated {
+        write!(out, " {:>7}  {:<10} {:>6}", "roc", "state", "limit")?;
+    }
+    writeln!(out, " {:>11}", "shop p99")?;
+    write!(
+        out,
+        "{:>6}  {:<8} {:>8} {:>9} {:>9} {:>7}",
+        "s", "", "req/s", "req/s", "req/s", "req/s"
+    )?;
+    if gated {
+        write!(out, " {:>7}  {:<10} {:>6}", "", "", "req/s")?;
+    }
+    writeln!(out)?;
+    out.flush()
+}
+
+/// One row: the client's counts over the last `period_s` as rates, the controller's
+/// state now, the shop's p99 over the period.
+pub(super) fn write_row(
+    out: &mut (dyn Write + Send),
+    end_s: f64,
+    phase: &str,
+    counts: &super::LoadTotals,
+    period_s: f64,
+    controller: Option<&RouteSnapshot>,
+    p99: Option<Duration>,
+) -> io::Result<()> {
+    let rate = |n: u64| format!("{:.0}", n as f64 / period_s.max(1e-3));
+    write!(
+        out,
+        "{:>6.1}  {:<8} {:>8} {:>9} {:>9} {:>7}",
+        end_s,
+        phase,
+        rate(counts.offered),
+        rate(counts.admitted()),
+        rate(counts.rejected),
+        rate(counts.failures()),
+    )?;
+    if let Some(c) = controller {
+        write!(
+            out,
+            " {:>7.1}  {:<10} {:>6.0}",
+            c.roc,
+            c.state.as_str(),
+            c.limit_rps
+        )?;
+    }
+    writeln!(out, " {:>11}", p99.map_or_else(|| "–".into(), ms))?;
+    out.flush()
+}
+
+/// The report after the run: what happened behind rocgate (when the cut came, how much
+/// was rejected, the shop's worst p99) and, after a `compare` run, both runs side by
+/// side, and the tuning hints for the run.
+pub fn write_report(out: &mut (dyn Write + Send), outcome: &Outcome) -> io::Result<()> {
+    let plan = &outcome.plan;
+    let gated = &outcome.gated;
+    writeln!(out, "\nsummary (with rocgate)")?;
+    if gated.interrupted {
+        writeln!(
+            out,
+            "  interrupted   by Ctrl-C after {:.1} s",
+            gated.elapsed.as_secs_f64()
+        )?;
+    }
+    writeln!(
+        out,
+        "  sale opened   at {:.2} s: 40 → 600 req/s",
+        plan.sale_opens_s()
+    )?;
+    write_cut(out, plan, gated)?;
+    let load = &gated.load;
+    writeln!(
+        out,
+        "  offered       {} requests in {:.1} s",
+        load.offered,
+        gated.elapsed.as_secs_f64()
+    )?;
+    writeln!(
+        out,
+        "  admitted      {:<7} {:>6}   the shop served {}, turned {} away (503)",
+        load.admitted(),
+        percent(load.admitted(), load.offered),
+        gated.served,
+        gated.overloaded
+    )?;
+    let reasons = gated
+        .sale_route()
+        .map(|r| {
+            r.rejected
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(reason, n)| format!("{} {n}", reason.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .filter(|s| !s.is_empty())
+        .map_or_else(String::new, |s| format!(" ({s})"));
+    writeln!(
+        out,
+        "  rejected      {:<7} {:>6}   429 from rocgate{reasons}",
+        load.rejected,
+        percent(load.rejected, load.offered)
+    )?;
+    writeln!(
+        out,
+        "  failed        {:<7} {:>6}   5xx or no answer",
+        load.failures(),
+        percent(load.failures(), load.offered)
+    )?;
+    if load.skipped > 0 {
+        writeln!(
+            out,
+            "  not sent      {:<7} {:>6}   the generator had 1000 requests outstanding",
+            load.skipped,
+            percent(load.skipped, load.offered)
+        )?;
+    }
+    writeln!(out, "  shop p99      {}", p99_line(gated))?;
+    if let Some(ungated) = &outcome.ungated {
+        write_comparison(out, gated, ungated)?;
+    }
+    if !outcome.hints.is_empty() {
+        writeln!(
+            out,
+            "\nhints (what this run suggests; GET /admin/hints on a live instance)"
+        )?;
+        write!(out, "{}", crate::hints::table(&outcome.hints))?;
+    }
+    out.flush()
+}
+
+/// The first cut, and the way back from it.
+fn write_cut(out: &mut (dyn Write + Send), plan: &Plan, run: &RunReport) -> io::Result<()> {
+    let route = run.sale_route();
+    let danger = route.map_or(0.0, |r| r.danger_roc);
+    let peak = run.peak_roc.unwrap_or(0.0);
+    let Some(first) = run
+        .transitions
+        .iter()
+        .position(|t| t.to == ControllerState::Cut)
+    else {
+        return writeln!(
+            out,
+            "  cut           none: ROC peaked at {peak:.1} (danger {danger})"
+        );
+    };
+    let cut = &run.transitions[first];
+    let base = route.map_or(0.0, |r| r.base_limit_rps);
+    writeln!(
+        out,
+        "  cut           at {:.2} s, {:.2} s after the sale opened: limit {base} → {} req/s (ROC peaked at {peak:.1}, danger {danger})",
+        cut.t_s,
+        cut.t_s - plan.sale_opens_s(),
+        cut.limit_rps
+    )?;
+    let later = &run.transitions[first + 1..];
+    let recovering = later.iter().find(|t| t.to == ControllerState::Recovering);
+    let normal = later.iter().find(|t| t.to == ControllerState::Normal);
+    let mut restore = match (recovering, normal) {
+        (Some(r), Some(n)) => format!(
+            "recovering at {:.2} s, back to normal at {:.2} s",
+            r.t_s, n.t_s
+        ),
+        (Some(r), None) => format!("recovering at {:.2} s, not back to normal yet", r.t_s),
+        _ => "still cut at the end".into(),
+    };
+    if let Some(r) = route {
+        restore.push_str(&format!(
+            "; {} cut(s), {:.2} s in cut",
+            r.cuts,
+            r.time_in_cut.as_secs_f64()
+        ));
+    }
+    writeln!(out, "  restore       {restore}")
+}
+
+fn p99_line(run: &RunReport) -> String {
+    let whole = run.shop_p99.map_or_else(
+        || "– (nothing served)".into(),
+        |p| format!("{} over the run", ms(p)),
+    );
+    match run.worst_p99 {
+        Some((t_s, p)) => format!("{whole}; worst second {} (ending at {t_s:.1} s)", ms(p)),
+        None => whole,
+    }
+}
+
+/// Both runs side by side.
+fn write_comparison(
+    out: &mut (dyn Write + Send),
+    gated: &RunReport,
+    ungated: &RunReport,
+) -> io::Result<()> {
+    if ungated.interrupted {
+        writeln!(
+            out,
+            "\nwith and without rocgate (without: interrupted by Ctrl-C after {:.1} s)",
+            ungated.elapsed.as_secs_f64()
+        )?;
+    } else {
+        writeln!(out, "\nwith and without rocgate (the same traffic)")?;
+    }
+    writeln!(out, "  {:<28} {:>14} {:>14}", "", "with rocgate", "without")?;
+    let row = |out: &mut (dyn Write + Send), name: &str, f: &dyn Fn(&RunReport) -> String| {
+        writeln!(out, "  {name:<28} {:>14} {:>14}", f(gated), f(ungated))
+    };
+    row(out, "offered", &|r| r.load.offered.to_string())?;
+    row(out, "served by the shop (2xx)", &|r| r.load.ok.to_string())?;
+    row(out, "rejected by rocgate (429)", &|r| {
+        r.load.rejected.to_string()
+    })?;
+    row(out, "failed (5xx or no answer)", &|r| {
+        r.load.failures().to_string()
+    })?;
+    row(out, "error rate (client)", &|r| {
+        percent(r.load.failures(), r.load.offered)
+    })?;
+    row(out, "shop error rate (503)", &|r| {
+        percent(r.overloaded, r.served + r.overloaded)
+    })?;
+    row(out, "shop p99", &|r| {
+        r.shop_p99.map_or_else(|| "–".into(), ms)
+    })?;
+    row(out, "shop worst 1-s p99", &|r| {
+        r.worst_p99.map_or_else(|| "–".into(), |(_, p)| ms(p))
+    })
+}

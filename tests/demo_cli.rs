@@ -1,0 +1,280 @@
+//! `rocgate demo` as a process: a short flash sale runs to the end, the cut comes from
+//! the sale's acceleration, the summary is printed and the exit code is 0; `--compare`
+//! prints both runs side by side; the admin API is live during the run and Ctrl-C
+//! stops it cleanly.
+#![cfg(all(unix, feature = "cli"))]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
+
+/// The demo process; killed (by its PID) if the test ends before it does.
+struct Demo {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Demo {
+    fn start(args: &[&str]) -> Demo {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .arg("demo")
+            .args(["--admin", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("rocgate starts");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Demo { child, lines }
+    }
+
+    /// Every line until the process closes its output; each line must come within
+    /// `gap` of the one before (the demo writes a row every second).
+    fn output(&self, gap: Duration) -> String {
+        let mut text = String::new();
+        loop {
+            match self.lines.recv_timeout(gap) {
+                Ok(line) => {
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return text,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("the demo wrote nothing for {gap:?}; so far:\n{text}")
+                }
+            }
+        }
+    }
+
+    /// Lines until one contains `needle`, within `limit`.
+    fn until(&self, needle: &str, limit: Duration) -> String {
+        let mut text = String::new();
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(limit)
+                .unwrap_or_else(|_| panic!("no line with {needle:?}; so far:\n{text}"));
+            text.push_str(&line);
+            text.push('\n');
+            if line.contains(needle) {
+                return text;
+            }
+        }
+    }
+
+    fn wait(&mut self) -> ExitStatus {
+        for _ in 0..200 {
+            if let Some(status) = self.child.try_wait().expect("wait for the demo") {
+                return status;
+            }
+            std::thread::park_timeout(Duration::from_millis(50));
+        }
+        panic!("the demo did not exit within 10 s of closing its output");
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The number after `prefix` in `line`.
+fn number_after(line: &str, prefix: &str) -> f64 {
+    let rest = &line[line.find(prefix).expect(prefix) + prefix.len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().unwrap_or_else(|_| panic!("{line}"))
+}
+
+fn line_starting<'a>(text: &'a str, start: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no line starting {start:?} in:\n{text}"))
+}
+
+/// Checks the summary of a run whose sale opens at `sale_opens_s` and ends (the
+/// plateau) `plateau_s` later: the first cut came after the sale opened and during it.
+fn assert_cut_during_the_sale(text: &str, sale_opens_s: f64, plateau_s: f64) {
+    assert!(text.contains("\nsummary (with rocgate)\n"), "{text}");
+    let opened = line_starting(text, "  sale opened   at ");
+    assert!(
+        (number_after(opened, "at ") - sale_opens_s).abs() < 0.01,
+        "{opened}"
+    );
+    let cut = line_starting(text, "  cut           ");
+    assert!(cut.starts_with("  cut           at "), "no cut: {cut}");
+    let after = number_after(cut, "s, ");
+    assert!(
+        (0.0..plateau_s).contains(&after),
+        "the cut came {after} s after the sale opened: {cut}"
+    );
+    assert!(cut.contains("limit 200 → 60 req/s"), "{cut}");
+    let rejected = line_starting(text, "  rejected      ");
+    assert!(number_after(rejected, "rejected      ") > 0.0, "{rejected}");
+    assert!(rejected.contains("roc_cut"), "{rejected}");
+    assert!(
+        line_starting(text, "  shop p99      ").contains(" ms over the run"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_short_sale_is_cut_and_summarized() {
+    let mut demo = Demo::start(&["--duration", "10"]);
+    let text = demo.output(Duration::from_secs(20));
+    let status = demo.wait();
+    assert!(status.success(), "exit status {status:?}\n{text}");
+    // 10 s: the sale opens at 10/60 × 20 s and its plateau lasts as long.
+    assert_cut_during_the_sale(&text, 10.0 / 3.0, 10.0 / 3.0);
+    // A row per second, with the controller's columns.
+    let rows = text
+        .lines()
+        .filter(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            cells.len() >= 10
+                && cells[0].parse::<f64>().is_ok()
+                && ["normal", "cut", "recovering"].contains(&cells[7])
+        })
+        .count();
+    assert!((8..=12).contains(&rows), "{rows} rows:\n{text}");
+    assert!(text.contains("  time      ×0.167"), "{text}");
+    assert!(!text.contains("with and without rocgate"), "{text}");
+    // The hints for the run close the report: the shop stayed healthy while the base
+    // limit turned requests away, so the first one says to raise it.
+    let hints = text
+        .split("\nhints (what this run suggests")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no hints:\n{text}"));
+    assert!(
+        hints.contains("order  warn      base_limit 200 → 260"),
+        "{hints}"
+    );
+}
+
+#[test]
+fn compare_prints_both_columns() {
+    let mut demo = Demo::start(&["--duration", "6", "--compare"]);
+    let text = demo.output(Duration::from_secs(20));
+    let status = demo.wait();
+    assert!(status.success(), "exit status {status:?}\n{text}");
+    assert_cut_during_the_sale(&text, 2.0, 2.0);
+    let table = &text[text
+        .find("\nwith and without rocgate")
+        .expect("a comparison")..];
+    let head = line_starting(table, "                               ");
+    assert!(
+        head.contains("with rocgate") && head.ends_with("without"),
+        "{head}"
+    );
+    let cells = |name: &str| -> Vec<String> {
+        line_starting(table, &format!("  {name}"))[30..]
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    let offered = cells("offered ");
+    assert_eq!(offered.len(), 2, "{offered:?}");
+    assert_eq!(offered[0], offered[1], "the same traffic twice");
+    let rejected = cells("rejected by rocgate (429)");
+    assert_ne!(rejected[0], "0");
+    assert_eq!(rejected[1], "0", "nothing rejects without rocgate");
+    // 600 req/s against a shop of about 300 req/s fills its line: 503s.
+    let failed: Vec<u64> = cells("failed (5xx or no answer)")
+        .iter()
+        .map(|c| c.parse().expect("a count"))
+        .collect();
+    assert!(failed[1] > 0, "{table}");
+    assert!(failed[0] < failed[1], "{table}");
+    for name in ["error rate (client)", "shop error rate (503)"] {
+        let rates = cells(name);
+        assert_eq!(rates.len(), 2, "{name}: {rates:?}");
+        assert!(rates.iter().all(|r| r.ends_with('%')), "{name}: {rates:?}");
+    }
+    for name in ["shop p99 ", "shop worst 1-s p99"] {
+        let p99 = cells(name); // ["12.3", "ms", "240.1", "ms"]
+        assert_eq!(p99.len(), 4, "{name}: {p99:?}");
+        assert_eq!((p99[1].as_str(), p99[3].as_str()), ("ms", "ms"), "{p99:?}");
+        assert!(p99[0].parse::<f64>().is_ok() && p99[2].parse::<f64>().is_ok());
+    }
+}
+
+/// The admin address from the header.
+fn admin_addr(header: &str) -> SocketAddr {
+    let line = line_starting(header, "  admin     http://");
+    line["  admin     http://".len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
+/// `GET path` on `addr`: status and body.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the admin API");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("set a timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: demo\r\nconnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or_else(String::new, |(_, b)| b.to_owned());
+    (status, body)
+}
+
+#[test]
+fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
+    let mut demo = Demo::start(&["--duration", "60"]);
+    let header = demo.until("  admin     ", Duration::from_secs(30));
+    let admin = admin_addr(&header);
+    // The first row: traffic is flowing.
+    demo.until("warm-up", Duration::from_secs(10));
+    let (status, routes) = get(admin, "/admin/routes");
+    assert_eq!(status, 200, "{routes}");
+    assert!(routes.contains(r#""name":"order""#), "{routes}");
+    let (status, metrics) = get(admin, "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains(r#"rocgate_requests_total{route="order",decision="admitted""#),
+        "{metrics}"
+    );
+    let interrupted = Command::new("kill")
+        .args(["-INT", &demo.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    let text = demo.output(Duration::from_secs(15));
+    let status = demo.wait();
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(text.contains("  interrupted   by Ctrl-C after "), "{text}");
+    assert!(
+        line_starting(&text, "  cut           ").contains("none"),
+        "{text}"
+    );
+}
