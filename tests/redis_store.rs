@@ -12,7 +12,7 @@ use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key, RouteId};
 use rocgate::limiter::{Algorithm, Reason};
 use rocgate::store::redis::{RedisStore, StoreMode};
-use rocgate::store::RedisConfig;
+use rocgate::store::{RedisConfig, RedisServers};
 use rocgate::window::WindowSpec;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -135,9 +135,20 @@ fn quick_route() -> RouteConfig {
     r
 }
 
-fn store_config(server: &RedisServer, prefix: &str) -> RedisConfig {
+/// Where a test's Redis is: one server or a cluster.
+trait Servers {
+    fn servers(&self) -> RedisServers;
+}
+
+impl Servers for RedisServer {
+    fn servers(&self) -> RedisServers {
+        RedisServers::Single(self.url())
+    }
+}
+
+fn store_config(server: &impl Servers, prefix: &str) -> RedisConfig {
     RedisConfig {
-        url: server.url(),
+        servers: server.servers(),
         key_prefix: prefix.into(),
         heartbeat: Duration::from_millis(200),
         probe_interval: Duration::from_millis(100),
@@ -582,7 +593,7 @@ async fn fail_modes_open_and_closed() {
     let server = RedisServer::start().await;
     let route = route(100.0, Duration::from_secs(1));
     let mut config = store_config(&server, "modes");
-    config.url = "redis://127.0.0.1:1".into(); // nothing listens there
+    config.servers = RedisServers::Single("redis://127.0.0.1:1".into()); // nothing listens there
     config.fail_mode = rocgate::store::FailMode::Open;
     let open = Instance::system(&route, &config);
     assert_eq!(open.offer(500).await, 500);

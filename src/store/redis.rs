@@ -46,7 +46,7 @@
 //! other routes are decided by the local engine as before ([`RedisStore::shares`]).
 
 use super::breaker::{Breaker, Call};
-use super::{FailMode, RedisConfig, SyncMode};
+use super::{FailMode, RedisConfig, RedisServers, SyncMode};
 use crate::clock::{Clock, Nanos};
 use crate::config::{Mode, Partition};
 use crate::controller::{Controller, ControllerMemory, ControllerParams, ControllerState};
@@ -57,9 +57,13 @@ use crate::window::{RocSample, SampleAt, WindowSpec};
 use dashmap::DashMap;
 use metrics::{Counter, Gauge};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
+};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -185,6 +189,89 @@ pub enum StoreError {
     /// The URL is not one redis-rs can connect to.
     #[error("store.url: {0}")]
     Url(#[source] redis::RedisError),
+    /// The cluster's seed nodes are not ones redis-rs can connect to.
+    #[error("store.cluster_nodes: {0}")]
+    ClusterNodes(#[source] redis::RedisError),
+}
+
+/// The connection to Redis: one server (reconnecting by itself), or a Redis Cluster
+/// (routing each command to the node that holds its keys' slot, following `MOVED` and
+/// `ASK`). Cloning either is one reference count.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Sends one command (on a cluster, to the node its first key's slot lives on).
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs a script by SHA (`EVALSHA`); if the node answering lacks it (`NOSCRIPT`:
+    /// restarted, flushed, or a cluster node that never ran it), runs it by body
+    /// (`EVAL`), which caches it there. Both go to the node of the script's keys: a
+    /// `SCRIPT LOAD` would go to every cluster master and fail while any is down.
+    async fn invoke<T: FromRedisValue>(&self, call: &LuaCall<'_>) -> RedisResult<T> {
+        match self.query(&call.command("EVALSHA", &call.lua.sha)).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.query(&call.command("EVAL", call.lua.body)).await
+            }
+            answer => answer,
+        }
+    }
+}
+
+/// A Lua script and its SHA1.
+struct Lua {
+    body: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(body: &'static str) -> Lua {
+        Lua {
+            body,
+            sha: Script::new(body).get_hash().to_owned(),
+        }
+    }
+
+    /// A call on `keys` (all of one route, so of one cluster slot).
+    fn call<'a>(&'a self, keys: &[&str]) -> LuaCall<'a> {
+        LuaCall {
+            lua: self,
+            keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Lua`] script: its keys and arguments.
+struct LuaCall<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl LuaCall<'_> {
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA sha` or `EVAL body`, then the keys and arguments.
+    fn command(&self, name: &str, script: &str) -> Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(script)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
 }
 
 /// Where an instance decides its distributed routes.
@@ -209,6 +296,8 @@ impl StoreMode {
 /// What this instance last saw of a route's shared state.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SharedView {
+    /// Whether this instance decides the route on the shared state or locally.
+    pub mode: StoreMode,
     /// The shared limit, req/s.
     pub limit_rps: f64,
     /// The shared controller's state.
@@ -219,7 +308,13 @@ pub struct SharedView {
 
 /// A route's shared state as one instance sees it.
 struct SharedRoute {
+    name: Arc<str>,
     keys: [String; 3],
+    /// Guards the calls on this route's keys: on a cluster, those go to the one node
+    /// that holds the route's slot, so each route falls back (and returns) on its own.
+    breaker: Mutex<Breaker>,
+    /// Whether this route is decided locally for now.
+    fallen: AtomicBool,
     window: WindowSpec,
     burst: Duration,
     slot_us: u64,
@@ -247,8 +342,21 @@ struct SharedRoute {
 }
 
 impl SharedRoute {
+    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn mode(&self) -> StoreMode {
+        if self.fallen.load(Ordering::Relaxed) {
+            StoreMode::Fallback
+        } else {
+            StoreMode::Shared
+        }
+    }
+
     fn view(&self) -> SharedView {
         SharedView {
+            mode: self.mode(),
             limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
             state: state_of(self.state.load(Ordering::Relaxed)),
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
@@ -277,18 +385,18 @@ impl SharedRoute {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
     config: RedisConfig,
     instance_id: String,
     instances_key: String,
     clock: Arc<dyn Clock>,
-    breaker: Mutex<Breaker>,
-    mode: AtomicU8,
+    /// Routes decided locally for now: the instance is in fallback while any is.
+    fallen: AtomicUsize,
     instances: AtomicU64,
     routes: DashMap<Arc<str>, Arc<SharedRoute>>,
-    decide: Script,
-    save: Script,
-    heartbeat: Script,
+    decide: Lua,
+    save: Lua,
+    heartbeat: Lua,
     timeouts: Counter,
     errors: Counter,
     /// Decisions taken locally, all routes.
@@ -315,23 +423,47 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// A store on `config.url`, timing decisions with `clock` (the engine's). Never
-    /// waits for Redis: it connects in the background and falls back as soon as
-    /// Redis fails to answer. Starts the heartbeat, so it must run inside a tokio
-    /// runtime. Its metrics go to the `metrics` recorder installed when this is called.
+    /// A store on `config.servers` (one Redis or a Redis Cluster), timing decisions
+    /// with `clock` (the engine's). Never waits for Redis: it connects in the
+    /// background and falls back as soon as Redis fails to answer. Starts the
+    /// heartbeat, so it must run inside a tokio runtime. Its metrics go to the
+    /// `metrics` recorder installed when this is called.
     ///
     /// # Errors
-    /// If the URL cannot be parsed.
+    /// If a URL cannot be parsed.
     pub fn connect(config: &RedisConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
-        let client = redis::Client::open(config.url.as_str()).map_err(StoreError::Url)?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.timeout.max(Duration::from_millis(100))))
-            .set_response_timeout(None)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(config.probe_interval)
-            .set_number_of_retries(2);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, manager).map_err(StoreError::Url)?;
+        let connect_timeout = config.timeout.max(Duration::from_millis(100));
+        let conn = match &config.servers {
+            RedisServers::Single(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(StoreError::Url)?;
+                let manager = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None)
+                    .set_min_delay(Duration::from_millis(20))
+                    .set_max_delay(config.probe_interval)
+                    .set_number_of_retries(2);
+                Conn::Single(
+                    ConnectionManager::new_lazy_with_config(client, manager)
+                        .map_err(StoreError::Url)?,
+                )
+            }
+            RedisServers::Cluster(nodes) => {
+                // Retries (a redirection, a node reconnecting) stay within the
+                // decision's own timeout, which bounds every call anyway.
+                let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                    .retries(2)
+                    .min_retry_wait(5)
+                    .max_retry_wait(
+                        u64::try_from(config.probe_interval.as_millis()).unwrap_or(u64::MAX),
+                    )
+                    .build()
+                    .map_err(StoreError::ClusterNodes)?;
+                let cluster = ClusterConfig::new()
+                    .set_connection_timeout(connect_timeout)
+                    .set_response_timeout(connect_timeout);
+                Conn::Cluster(client.get_pending_async_connection_with_config(cluster))
+            }
+        };
         let instance_id = config.instance_id.clone().unwrap_or_else(random_id);
         let inner = Arc::new(Inner {
             conn,
@@ -339,13 +471,12 @@ impl RedisStore {
             config: config.clone(),
             instance_id,
             clock,
-            breaker: Mutex::new(Breaker::new(config.failures_to_open, config.probe_interval)),
-            mode: AtomicU8::new(0),
+            fallen: AtomicUsize::new(0),
             instances: AtomicU64::new(1),
             routes: DashMap::new(),
-            decide: Script::new(DECIDE),
-            save: Script::new(SAVE),
-            heartbeat: Script::new(HEARTBEAT),
+            decide: Lua::new(DECIDE),
+            save: Lua::new(SAVE),
+            heartbeat: Lua::new(HEARTBEAT),
             timeouts: metrics::counter!(metric::STORE_ERRORS, "kind" => "timeout"),
             errors: metrics::counter!(metric::STORE_ERRORS, "kind" => "error"),
             fallbacks: AtomicU64::new(0),
@@ -383,7 +514,7 @@ impl RedisStore {
         if inner.config.mode == SyncMode::Batched {
             return inner.batched(engine, route, &r, mode, now);
         }
-        if inner.breaker().call(now) == Call::Skip {
+        if r.breaker().call(now) == Call::Skip {
             return inner.fallback(&r, mode, now);
         }
         let Some(reply) = inner.call(&r, 1, true).await else {
@@ -453,51 +584,60 @@ impl RedisStore {
     /// beats.
     pub async fn leave(&self) {
         self.inner.left.store(true, Ordering::Relaxed);
-        let mut conn = self.inner.conn.clone();
         let cmd = redis::cmd("ZREM")
             .arg(&self.inner.instances_key)
             .arg(&self.inner.instance_id)
             .to_owned();
         let _ = tokio::time::timeout(
             self.inner.config.timeout,
-            cmd.query_async::<Value>(&mut conn),
+            self.inner.conn.query::<Value>(&cmd),
         )
         .await;
     }
 }
 
 impl Inner {
-    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
-        self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn mode(&self) -> StoreMode {
-        if self.mode.load(Ordering::Relaxed) == 1 {
+        if self.fallen.load(Ordering::Relaxed) > 0 {
             StoreMode::Fallback
         } else {
             StoreMode::Shared
         }
     }
 
-    /// Sets the mode, and its gauge when it changes.
-    fn set_mode(&self, mode: StoreMode) {
-        let code = u8::from(mode == StoreMode::Fallback);
-        if self.mode.swap(code, Ordering::Relaxed) != code {
+    /// Sets a route's mode; the instance's, and its gauge, when that changes.
+    fn set_mode(&self, r: &SharedRoute, mode: StoreMode) {
+        let fall = mode == StoreMode::Fallback;
+        if r.fallen.swap(fall, Ordering::Relaxed) == fall {
+            return;
+        }
+        let before = if fall {
+            self.fallen.fetch_add(1, Ordering::Relaxed)
+        } else {
+            self.fallen.fetch_sub(1, Ordering::Relaxed)
+        };
+        tracing::info!(
+            route = r.name.as_ref(),
+            mode = mode.as_str(),
+            "route store mode changed"
+        );
+        if (before == 0) == fall {
             publish_mode(mode);
             tracing::warn!(mode = mode.as_str(), "store mode changed");
         }
     }
 
-    /// A call failed: feed the breaker; once it is open, the instance is in fallback.
-    fn failed(&self) {
+    /// A call on a route failed: feed its breaker; once that is open, the route is
+    /// decided locally.
+    fn failed(&self, r: &SharedRoute) {
         let now = self.clock.now();
         let open = {
-            let mut b = self.breaker();
+            let mut b = r.breaker();
             b.failure(now);
             b.is_open()
         };
         if open {
-            self.set_mode(StoreMode::Fallback);
+            self.set_mode(r, StoreMode::Fallback);
         }
     }
 
@@ -521,7 +661,13 @@ impl Inner {
         let tag = format!("{{{}:{}}}", self.config.key_prefix, label);
         let counter = |decision: &'static str| metrics::counter!(metric::STORE_REQUESTS, "route" => label.to_string(), "decision" => decision);
         let r = Arc::new(SharedRoute {
+            name: Arc::clone(&label),
             keys: [format!("{tag}:w"), format!("{tag}:b"), format!("{tag}:c")],
+            breaker: Mutex::new(Breaker::new(
+                self.config.failures_to_open,
+                self.config.probe_interval,
+            )),
+            fallen: AtomicBool::new(false),
             window,
             burst,
             slot_us: (window.slot().as_micros() as u64).max(1),
@@ -539,7 +685,9 @@ impl Inner {
             pending: AtomicU64::new(0),
             synced_slot: AtomicU64::new(u64::MAX),
         });
-        self.routes.insert(label, Arc::clone(&r));
+        if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
+            self.set_mode(&old, StoreMode::Shared);
+        }
         r
     }
 
@@ -547,10 +695,7 @@ impl Inner {
     /// Redis erred, did not answer within `timeout`, or answered nonsense; the breaker
     /// and the error counters know either way.
     async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool) -> Option<Reply> {
-        let mut invocation = self.decide.prepare_invoke();
-        for key in &r.keys {
-            invocation.key(key.as_str());
-        }
+        let mut invocation = self.decide.call(&[&r.keys[0], &r.keys[1], &r.keys[2]]);
         invocation
             .arg(r.slot_us)
             .arg(r.window.slots())
@@ -559,12 +704,8 @@ impl Inner {
             .arg(ttl_ms(self.config.key_ttl))
             .arg(arrivals)
             .arg(u8::from(take));
-        let mut conn = self.conn.clone();
-        let answer = tokio::time::timeout(
-            self.config.timeout,
-            invocation.invoke_async::<Value>(&mut conn),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
         let reply = match answer {
             Ok(Ok(value)) => Reply::parse(value),
             Ok(Err(e)) => {
@@ -578,10 +719,10 @@ impl Inner {
             }
         };
         if reply.is_some() {
-            self.breaker().success();
-            self.set_mode(StoreMode::Shared);
+            r.breaker().success();
+            self.set_mode(r, StoreMode::Shared);
         } else {
-            self.failed();
+            self.failed(r);
         }
         reply
     }
@@ -634,7 +775,7 @@ impl Inner {
             // Arrivals of a failed or skipped sync are dropped: dumped into a later
             // slot they would look like a spike.
             let arrivals = r.pending.swap(0, Ordering::Relaxed);
-            if self.breaker().call(now) != Call::Skip {
+            if r.breaker().call(now) != Call::Skip {
                 tokio::spawn(sync(
                     Arc::clone(self),
                     Arc::clone(r),
@@ -643,7 +784,7 @@ impl Inner {
                 ));
             }
         }
-        if self.mode() == StoreMode::Fallback {
+        if r.mode() == StoreMode::Fallback {
             return self.fallback(r, mode, now);
         }
         match self.share_check(r, now) {
@@ -701,17 +842,12 @@ impl Inner {
     }
 
     async fn beat(&self) -> Option<u64> {
-        let mut invocation = self.heartbeat.prepare_invoke();
+        let mut invocation = self.heartbeat.call(&[&self.instances_key]);
         invocation
-            .key(self.instances_key.as_str())
             .arg(self.instance_id.as_str())
             .arg(ttl_ms(self.config.heartbeat * 3));
-        let mut conn = self.conn.clone();
-        let answer = tokio::time::timeout(
-            self.config.timeout,
-            invocation.invoke_async::<u64>(&mut conn),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(self.config.timeout, self.conn.invoke::<u64>(&invocation)).await;
         match answer {
             Ok(Ok(n)) => {
                 let n = n.max(1);
@@ -916,9 +1052,8 @@ async fn step(
     };
     let m = controller.memory();
     let nanos = |n: Nanos| n.as_u64().to_string();
-    let mut invocation = inner.save.prepare_invoke();
+    let mut invocation = inner.save.call(&[&r.keys[2]]);
     invocation
-        .key(r.keys[2].as_str())
         .arg(
             roll.memory
                 .through
@@ -932,13 +1067,7 @@ async fn step(
         .arg(m.safe_since.map_or_else(String::new, nanos))
         .arg(format!("{:?}", m.last_roc))
         .arg(ttl_ms(inner.config.key_ttl));
-    let mut conn = inner.conn.clone();
-    match tokio::time::timeout(
-        inner.config.timeout,
-        invocation.invoke_async::<i64>(&mut conn),
-    )
-    .await
-    {
+    match tokio::time::timeout(inner.config.timeout, inner.conn.invoke::<i64>(&invocation)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {
             inner.errors.increment(1);
