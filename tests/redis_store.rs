@@ -119,7 +119,7 @@ fn route(base: f64, burst: Duration) -> RouteConfig {
 
 /// `POST /api/<name>`, limited as a whole by a token bucket.
 fn route_named(name: &str, base: f64, burst: Duration) -> RouteConfig {
-    let mut r = RouteConfig::new(name, RouteMatch::exact("POST", &format!("/api/{name}")));
+    let mut r = RouteConfig::new(name, RouteMatch::exact("POST", format!("/api/{name}")));
     r.controller.base_limit_rps = base;
     r.controller.cut_limit_rps = base.min(r.controller.cut_limit_rps);
     r.algorithm = Algorithm::TokenBucket { burst };
@@ -1162,7 +1162,7 @@ impl RedisCluster {
     async fn wait_ok(&self) {
         self.wait(|| {
             self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
-                n.query::<String>(&redis::cmd("CLUSTER").arg("INFO"))
+                n.query::<String>(redis::cmd("CLUSTER").arg("INFO"))
                     .is_ok_and(|info| {
                         info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
                     })
@@ -1175,9 +1175,9 @@ impl RedisCluster {
     fn owner(&self, key: &str) -> usize {
         let any = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
         let slot: i64 = any
-            .query(&redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+            .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
             .unwrap();
-        let ranges: Vec<redis::Value> = any.query(&redis::cmd("CLUSTER").arg("SLOTS")).unwrap();
+        let ranges: Vec<redis::Value> = any.query(redis::cmd("CLUSTER").arg("SLOTS")).unwrap();
         for range in ranges {
             let redis::Value::Array(fields) = range else {
                 continue;
@@ -1266,13 +1266,13 @@ async fn cluster_routes_on_different_masters_and_noscript() {
             .map(|k| format!("{{split:{name}}}:{k}"))
             .collect();
         let found: usize = cluster.nodes[owner]
-            .query(&redis::cmd("EXISTS").arg(&keys))
+            .query(redis::cmd("EXISTS").arg(&keys))
             .unwrap();
         assert_eq!(found, 3, "{keys:?} on node {owner}");
     }
 
     for node in &cluster.nodes {
-        let _: () = node.query(&redis::cmd("SCRIPT").arg("FLUSH")).unwrap();
+        let _: () = node.query(redis::cmd("SCRIPT").arg("FLUSH")).unwrap();
     }
     for name in [&a, &b] {
         for _ in 0..10 {
@@ -1286,7 +1286,7 @@ async fn cluster_routes_on_different_masters_and_noscript() {
         .to_owned();
     for owner in [na, nb] {
         let loaded: Vec<bool> = cluster.nodes[owner]
-            .query(&redis::cmd("SCRIPT").arg("EXISTS").arg(&sha))
+            .query(redis::cmd("SCRIPT").arg("EXISTS").arg(&sha))
             .unwrap();
         assert_eq!(loaded, [true], "node {owner}");
     }

@@ -19,11 +19,20 @@
 //! themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and learn the
 //! live count.
 //!
+//! Redis Cluster (`cluster_nodes`): the same scripts over redis-rs's cluster client,
+//! which sends each call to the master of its keys' slot and follows `MOVED`/`ASK`.
+//! Each [`DECIDE`] and [`SAVE`] call touches one route's keys only, so one slot;
+//! [`HEARTBEAT`] touches its own key only. Scripts go by `EVALSHA`, and by `EVAL` on
+//! `NOSCRIPT` (routed like any keyed command, where `SCRIPT LOAD` would go to every
+//! master and fail while any is down).
+//!
 //! Failure: a call that errs or takes longer than `timeout` is decided locally within
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
-//! instances last seen), or by `fail_mode`. A [`Breaker`] stops calling Redis after
-//! `failures_to_open` failures in a row and lets one decision probe it per
-//! `probe_interval`; the first answer returns the instance to shared state.
+//! instances last seen), or by `fail_mode`. Each route has a [`Breaker`]: it stops
+//! calling Redis for that route after `failures_to_open` failures in a row and lets
+//! one decision probe it per `probe_interval`; the first answer returns the route to
+//! shared state. On a cluster a dead master thus sends only the routes it holds to
+//! fallback. The instance counts as in fallback while any route is.
 //!
 //! Batched mode (`mode = "batched"`) takes Redis off the hot path: each decision is
 //! local, on a token bucket at this instance's share of the shared limit, and counts
@@ -535,7 +544,8 @@ impl RedisStore {
         )
     }
 
-    /// Where this instance decides now.
+    /// Where this instance decides now: [`StoreMode::Fallback`] while any route is
+    /// decided locally ([`SharedView::mode`] says which).
     pub fn mode(&self) -> StoreMode {
         self.inner.mode()
     }
