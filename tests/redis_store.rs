@@ -11,7 +11,7 @@ use rocgate::clock::{Clock, ManualClock, MonotonicClock, Nanos};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key, RouteId};
-use rocgate::limiter::{Algorithm, Reason};
+use rocgate::limiter::{Algorithm, Reason, Rejection};
 use rocgate::store::redis::{RedisStore, StoreMode};
 use rocgate::store::{RedisConfig, RedisServers};
 use rocgate::window::WindowSpec;
@@ -654,61 +654,242 @@ async fn fail_modes_open_and_closed() {
     drop(server);
 }
 
-/// The engine's behaviour on a whole-route token bucket, against both backends: a
-/// full bucket admits one burst; a rejection says `limit` and when a token is due;
-/// shadow mode admits everything.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_and_redis_backends_behave_alike() {
-    let server = RedisServer::start().await;
-    for (shadow, prefix) in [(false, "both"), (true, "both-shadow")] {
-        // 200 tokens refilling at 20/s.
-        let mut route = route(20.0, Duration::from_secs(10));
-        if shadow {
-            route.mode = rocgate::config::Mode::Shadow;
-        }
-        let clock = ManualClock::new();
+/// A backend under test: the local engine or the Redis store, both on the real clock
+/// (Redis reads its own; a manual clock cannot move it), driven by the same code.
+enum Backend {
+    Local {
+        engine: Engine,
+        route: RouteId,
+        clock: Arc<dyn Clock>,
+    },
+    Redis(Instance),
+}
+
+impl Backend {
+    /// The same route on both backends; on Redis under its own key prefix.
+    fn both(route: &RouteConfig, server: &impl Servers, prefix: &str) -> [Backend; 2] {
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         let engine = Engine::new(
             &Config::new(vec![route.clone()]),
             clock.now(),
             SystemTime::UNIX_EPOCH,
         );
-        let id = engine.route_id("order").unwrap();
-        let local: Vec<_> = (0..300)
-            .map(|_| engine.check(id, Key::None, clock.now()))
-            .collect();
-        let shared = Instance::system(&route, &store_config(&server, prefix));
-        let mut remote = Vec::new();
-        for _ in 0..300 {
-            remote.push(shared.check().await);
+        let id = engine.route_id(&route.name).unwrap();
+        [
+            Backend::Local {
+                engine,
+                route: id,
+                clock,
+            },
+            Backend::Redis(Instance::system(route, &store_config(server, prefix))),
+        ]
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Backend::Local { .. } => "local",
+            Backend::Redis(_) => "redis",
         }
-        let admitted =
-            |ds: &[rocgate::limiter::Decision]| ds.iter().filter(|d| d.is_admit()).count();
-        if shadow {
-            assert_eq!((admitted(&local), admitted(&remote)), (300, 300));
-            continue;
-        }
-        assert_eq!(admitted(&local), 200);
-        // The shared bucket refills in real time while the 300 round trips run.
-        let n = admitted(&remote);
-        assert!((200..=205).contains(&n), "{n}");
-        for ds in [&local, &remote] {
-            let rejections: Vec<_> = ds
-                .iter()
-                .filter_map(|d| match d {
-                    rocgate::limiter::Decision::Reject(r) => Some(*r),
-                    _ => None,
-                })
-                .collect();
-            assert!(!rejections.is_empty());
-            for r in rejections {
-                assert_eq!(r.reason, Reason::Limit);
-                // One token every 50 ms.
-                assert!(
-                    r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_millis(50),
-                    "{r:?}"
-                );
+    }
+
+    async fn check(&self) -> rocgate::limiter::Decision {
+        match self {
+            Backend::Local {
+                engine,
+                route,
+                clock,
+            } => engine.check(*route, Key::None, clock.now()),
+            Backend::Redis(inst) => {
+                let d = inst.check().await;
+                assert_eq!(inst.store.fallback_decisions(), 0, "a decision fell back");
+                d
             }
         }
+    }
+
+    /// The limit in force and the controller's state.
+    fn controller(&self) -> (f64, ControllerState) {
+        match self {
+            Backend::Local {
+                engine,
+                route,
+                clock,
+            } => {
+                let s = engine.route_snapshot(*route, clock.now());
+                (s.limit_rps, s.state)
+            }
+            Backend::Redis(inst) => {
+                let v = inst
+                    .store
+                    .view(&inst.engine.route_label(inst.route))
+                    .unwrap();
+                (v.limit_rps, v.state)
+            }
+        }
+    }
+
+    /// Offers requests back to back until one is rejected; returns the rejection.
+    async fn drain(&self) -> Rejection {
+        for _ in 0..10_000 {
+            if let rocgate::limiter::Decision::Reject(r) = self.check().await {
+                return r;
+            }
+        }
+        panic!("{}: never rejected", self.name());
+    }
+}
+
+/// Burst: a full bucket of 200 admits 200 (and what refills meanwhile); every
+/// rejection says `limit` and a wait of at most one token's time (50 ms at 20/s).
+async fn burst_then_limit(b: &Backend) {
+    let started = tokio::time::Instant::now();
+    let mut decisions = Vec::new();
+    for _ in 0..300 {
+        decisions.push(b.check().await);
+    }
+    let refilled = 20.0 * started.elapsed().as_secs_f64();
+    let admitted = decisions.iter().filter(|d| d.is_admit()).count();
+    assert!(
+        (200..=201 + refilled as usize).contains(&admitted),
+        "{}: admitted {admitted}",
+        b.name()
+    );
+    for d in &decisions {
+        if let rocgate::limiter::Decision::Reject(r) = d {
+            assert_eq!(r.reason, Reason::Limit, "{}", b.name());
+            assert!(
+                r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_millis(50),
+                "{}: {r:?}",
+                b.name()
+            );
+        }
+    }
+}
+
+/// `Retry-After` is honest: a client that waits what a rejection says is admitted.
+/// 50/s with 0.2 s of burst (10 tokens).
+async fn retry_after_is_honest(b: &Backend) {
+    for _ in 0..5 {
+        let r = b.drain().await;
+        assert!(
+            r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_millis(20),
+            "{}: {r:?}",
+            b.name()
+        );
+        tokio::time::sleep(r.retry_after + Duration::from_millis(1)).await;
+        assert!(
+            b.check().await.is_admit(),
+            "{}: rejected after {r:?}",
+            b.name()
+        );
+    }
+}
+
+/// Refill: with the bucket empty, offered at 4× the limit (50/s) for 1 s, it admits the
+/// limit: at most 50 × T + 1, at least 85% of that.
+async fn refill_at_the_limit(b: &Backend) {
+    b.drain().await;
+    let started = tokio::time::Instant::now();
+    let mut admitted = 0usize;
+    while started.elapsed() < Duration::from_secs(1) {
+        admitted += usize::from(b.check().await.is_admit());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let most = 50.0 * started.elapsed().as_secs_f64() + 1.0;
+    assert!(
+        admitted as f64 <= most && admitted as f64 >= 0.85 * (most - 1.0),
+        "{}: admitted {admitted}, the limit allows {most}",
+        b.name()
+    );
+}
+
+/// A cut on a spike and the restore on the calm after it: the limit goes 200 → 60 (the
+/// cut; the spike goes on 0.8 s, past the cut bucket of 60), then up by 35 every 200 ms once the ROC has stayed safe for 300 ms, back to
+/// 200, and the state back to normal; rejections under the cut say `roc_cut`.
+async fn cut_and_restore(b: &Backend) {
+    let started = tokio::time::Instant::now();
+    let mut limits = Vec::new();
+    let mut reasons = Vec::new();
+    let mut cut_at = None;
+    loop {
+        let decision = b.check().await;
+        let (limit, state) = b.controller();
+        if limits.last() != Some(&limit) {
+            limits.push(limit);
+        }
+        let t = started.elapsed();
+        if cut_at.is_none() && state == ControllerState::Cut {
+            cut_at = Some(t);
+        }
+        let spiking = t > Duration::from_millis(1500)
+            && cut_at.is_none_or(|c| t < c + Duration::from_millis(800));
+        if let (true, Some(_), rocgate::limiter::Decision::Reject(r)) = (spiking, cut_at, &decision)
+        {
+            reasons.push(r.reason);
+        }
+        if cut_at.is_some() && state == ControllerState::Normal && limit == 200.0 {
+            break;
+        }
+        assert!(
+            t < Duration::from_secs(8),
+            "{}: not restored; limits {limits:?}",
+            b.name()
+        );
+        let pause = if spiking { 2 } else { 50 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    assert_eq!(
+        limits,
+        [200.0, 60.0, 95.0, 130.0, 165.0, 200.0],
+        "{}",
+        b.name()
+    );
+    assert!(
+        !reasons.is_empty() && reasons.iter().all(|r| *r == Reason::RocCut),
+        "{}: {reasons:?}",
+        b.name()
+    );
+}
+
+/// The engine's behaviours on a whole-route token bucket, run against the local
+/// engine and the Redis store alike, with the same driver and the same expectations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_redis_backends_behave_alike() {
+    behave_alike(&RedisServer::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_redis_cluster_backends_behave_alike() {
+    behave_alike(&RedisCluster::start().await).await;
+}
+
+async fn behave_alike(server: &impl Servers) {
+    for b in Backend::both(&route(20.0, Duration::from_secs(10)), server, "burst") {
+        burst_then_limit(&b).await;
+    }
+    let fast = route(50.0, Duration::from_millis(200));
+    for b in Backend::both(&fast, server, "retry") {
+        retry_after_is_honest(&b).await;
+    }
+    for b in Backend::both(&fast, server, "refill") {
+        refill_at_the_limit(&b).await;
+    }
+    let mut restoring = quick_route();
+    restoring.controller.hold = Duration::from_millis(300);
+    restoring.controller.restore_interval = Duration::from_millis(200);
+    restoring.controller.restore_step_rps = 35.0;
+    for b in Backend::both(&restoring, server, "restore") {
+        cut_and_restore(&b).await;
+    }
+    // Shadow mode decides everything and admits everything.
+    let mut shadow = route(20.0, Duration::from_secs(10));
+    shadow.mode = rocgate::config::Mode::Shadow;
+    for b in Backend::both(&shadow, server, "shadow") {
+        let mut admitted = 0;
+        for _ in 0..300 {
+            admitted += usize::from(b.check().await.is_admit());
+        }
+        assert_eq!(admitted, 300, "{}", b.name());
     }
 }
 
