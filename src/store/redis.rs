@@ -1,7 +1,7 @@
 //! The Redis backend: a distributed route's window, bucket and controller state shared
 //! by every instance, one atomic round trip per decision, with a local fallback.
 //!
-//! Each decision runs [`DECIDE`] (by SHA; `redis-rs` loads it again on `NOSCRIPT`),
+//! Each decision runs [`DECIDE`] (by SHA, and by body on `NOSCRIPT`),
 //! which reads the time from Redis (`TIME`, so instance clocks never matter), counts
 //! the arrival in the shared slotted window, takes a token from the shared bucket
 //! refilling at the shared limit, and answers with the decision, the shared limit and
