@@ -1160,8 +1160,16 @@ async fn batched_instances_admit_at_most_the_limit_and_count_every_arrival() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_instances_cut_within_a_slot_or_two() {
-    let server = RedisServer::start().await;
-    let config = batched(store_config(&server, "bcut"));
+    batched_cut(&RedisServer::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_instances_cut_within_a_slot_or_two_on_a_cluster() {
+    batched_cut(&RedisCluster::start().await).await;
+}
+
+async fn batched_cut(server: &impl Servers) {
+    let config = batched(store_config(server, "bcut"));
     let route = quick_route();
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
