@@ -728,6 +728,19 @@ impl Backend {
         }
     }
 
+    /// The route as this backend's engine counted it (on Redis, the decisions the store
+    /// recorded there).
+    fn snapshot(&self) -> rocgate::engine::RouteSnapshot {
+        match self {
+            Backend::Local {
+                engine,
+                route,
+                clock,
+            } => engine.route_snapshot(*route, clock.now()),
+            Backend::Redis(inst) => inst.engine.route_snapshot(inst.route, inst.clock.now()),
+        }
+    }
+
     /// Offers requests back to back until one is rejected; returns the rejection.
     async fn drain(&self) -> Rejection {
         for _ in 0..10_000 {
@@ -752,6 +765,14 @@ async fn burst_then_limit(b: &Backend) {
     assert!(
         (200..=201 + refilled as usize).contains(&admitted),
         "{}: admitted {admitted}",
+        b.name()
+    );
+    // The engine counts every decision, the store's too.
+    let s = b.snapshot();
+    assert_eq!(
+        (s.offered, s.admitted, s.rejected_for(Reason::Limit)),
+        (300, admitted as u64, 300 - admitted as u64),
+        "{}",
         b.name()
     );
     for d in &decisions {
@@ -881,15 +902,26 @@ async fn behave_alike(server: &impl Servers) {
     for b in Backend::both(&restoring, server, "restore") {
         cut_and_restore(&b).await;
     }
-    // Shadow mode decides everything and admits everything.
+    // Shadow mode decides everything and admits everything, and counts what it would
+    // have rejected: 300 offered on a bucket of 200 (plus what refills meanwhile).
     let mut shadow = route(20.0, Duration::from_secs(10));
     shadow.mode = rocgate::config::Mode::Shadow;
     for b in Backend::both(&shadow, server, "shadow") {
+        let started = tokio::time::Instant::now();
         let mut admitted = 0;
         for _ in 0..300 {
             admitted += usize::from(b.check().await.is_admit());
         }
+        let refilled = 20.0 * started.elapsed().as_secs_f64();
         assert_eq!(admitted, 300, "{}", b.name());
+        let s = b.snapshot();
+        let would = s.shadow_rejected_for(Reason::Limit);
+        assert_eq!((s.offered, s.rejected_total()), (300, 0), "{}", b.name());
+        assert!(
+            (99 - refilled as u64..=100).contains(&would),
+            "{}: shadow-rejected {would}",
+            b.name()
+        );
     }
 }
 

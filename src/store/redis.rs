@@ -315,6 +315,9 @@ pub struct SharedView {
     pub roc: f64,
 }
 
+/// A decision, and the reason it rejected the request, or would have in shadow mode.
+type Verdict = (Decision, Option<Reason>);
+
 /// A route's shared state as one instance sees it.
 struct SharedRoute {
     name: Arc<str>,
@@ -383,13 +386,14 @@ impl SharedRoute {
     }
 
     /// A rejection, counted; in shadow mode, an admission counted as shadow-rejected.
-    fn enforce(&self, mode: Mode, rejection: Rejection) -> Decision {
+    fn enforce(&self, mode: Mode, rejection: Rejection) -> Verdict {
+        let reason = Some(rejection.reason);
         if mode == Mode::Shadow {
             self.shadow_rejected.increment(1);
-            return Decision::Admit(Admit::Now);
+            return (Decision::Admit(Admit::Now), reason);
         }
         self.rejected.increment(1);
-        Decision::Reject(rejection)
+        (Decision::Reject(rejection), reason)
     }
 }
 
@@ -514,9 +518,20 @@ impl RedisStore {
     /// waiting on Redis (the first decision of each slot starts the slot's sync in a
     /// task of its own).
     ///
+    /// The decision is counted in `engine` ([`Engine::record`]), as [`Engine::check`]
+    /// counts its own: offered, and rejected for its reason (in shadow mode,
+    /// shadow-rejected), so the engine's snapshots and metrics show this instance's
+    /// traffic on the route.
+    ///
     /// # Panics
     /// If `route` does not come from `engine`.
     pub async fn check(&self, engine: &Engine, route: RouteId, now: Nanos) -> Decision {
+        let (decision, rejected) = self.decide(engine, route, now).await;
+        engine.record(route, rejected);
+        decision
+    }
+
+    async fn decide(&self, engine: &Engine, route: RouteId, now: Nanos) -> Verdict {
         let inner = &self.inner;
         let r = inner.route(engine, route, now);
         let mode = engine.mode(route);
@@ -533,7 +548,7 @@ impl RedisStore {
         inner.absorb(&r, reply, || engine.params_at(route, now));
         if admit {
             r.admitted.increment(1);
-            return Decision::Admit(Admit::Now);
+            return (Decision::Admit(Admit::Now), None);
         }
         r.enforce(
             mode,
@@ -773,7 +788,7 @@ impl Inner {
         r: &Arc<SharedRoute>,
         mode: Mode,
         now: Nanos,
-    ) -> Decision {
+    ) -> Verdict {
         r.pending.fetch_add(1, Ordering::Relaxed);
         let slot = now.as_u64() / r.slot_us.saturating_mul(1000).max(1);
         let last = r.synced_slot.load(Ordering::Relaxed);
@@ -811,7 +826,7 @@ impl Inner {
             }
             admit => {
                 r.admitted.increment(1);
-                admit
+                (admit, None)
             }
         }
     }
@@ -828,11 +843,11 @@ impl Inner {
     }
 
     /// Decides locally, by `fail_mode`.
-    fn fallback(&self, r: &SharedRoute, mode: Mode, now: Nanos) -> Decision {
+    fn fallback(&self, r: &SharedRoute, mode: Mode, now: Nanos) -> Verdict {
         r.fallbacks.increment(1);
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         let rejection = match self.config.fail_mode {
-            FailMode::Open => return Decision::Admit(Admit::Now),
+            FailMode::Open => return (Decision::Admit(Admit::Now), None),
             FailMode::Closed => Rejection {
                 retry_after: self.config.probe_interval,
                 reason: Reason::FallbackLocal,
@@ -842,13 +857,14 @@ impl Inner {
                     retry_after: rej.retry_after,
                     reason: Reason::FallbackLocal,
                 },
-                admit => return admit,
+                admit => return (admit, None),
             },
         };
+        let reason = Some(rejection.reason);
         if mode == Mode::Shadow {
-            return Decision::Admit(Admit::Now);
+            return (Decision::Admit(Admit::Now), reason);
         }
-        Decision::Reject(rejection)
+        (Decision::Reject(rejection), reason)
     }
 
     async fn beat(&self) -> Option<u64> {
