@@ -651,6 +651,21 @@ async fn fail_modes_open_and_closed() {
             _ => panic!("closed admits nothing without the store"),
         }
     }
+    // A cluster none of whose seeds answers: the same, each decision within the
+    // timeout.
+    config.servers = RedisServers::Cluster(vec![
+        "redis://127.0.0.1:1".into(),
+        "redis://127.0.0.1:2".into(),
+    ]);
+    config.fail_mode = rocgate::store::FailMode::Open;
+    let open = Instance::system(&route, &config);
+    let bound = config.timeout + Duration::from_millis(10);
+    for _ in 0..200 {
+        let t = tokio::time::Instant::now();
+        assert!(open.check().await.is_admit());
+        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
+    }
+    assert_eq!(open.store.mode(), StoreMode::Fallback);
     drop(server);
 }
 
