@@ -22,7 +22,7 @@ use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key};
 use rocgate::limiter::Algorithm;
 use rocgate::store::redis::RedisStore;
-use rocgate::store::{RedisConfig, SyncMode};
+use rocgate::store::{RedisConfig, RedisServers, SyncMode};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -97,7 +97,7 @@ fn main() {
         let id = engine.route_id("order").expect("the route");
         let store = RedisStore::connect(
             &RedisConfig {
-                url: url.clone(),
+                servers: RedisServers::Single(url.clone()),
                 timeout: Duration::from_secs(1),
                 ..RedisConfig::default()
             },
@@ -131,7 +131,7 @@ fn main() {
         assert_eq!(store.fallback_decisions(), 0, "every decision was shared");
         let batched_store = RedisStore::connect(
             &RedisConfig {
-                url: url.clone(),
+                servers: RedisServers::Single(url.clone()),
                 timeout: Duration::from_secs(1),
                 key_prefix: "batched".into(),
                 mode: SyncMode::Batched,

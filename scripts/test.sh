@@ -24,11 +24,12 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
     apt-get install -y -qq --no-install-recommends prometheus
 fi
 prometheus --version 2>&1 | head -n 1
-# tests/redis_store.rs runs real redis-servers (the shared store).
-if ! command -v redis-server >/dev/null 2>&1; then
+# tests/redis_store.rs runs real redis-servers (the shared store), and builds Redis
+# Clusters with redis-cli (package redis-tools).
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends redis-server
+    apt-get install -y -qq --no-install-recommends redis-server redis-tools
 fi
 redis-server --version
 

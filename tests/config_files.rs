@@ -676,13 +676,16 @@ fn reject_status_is_a_4xx_or_5xx() {
 
 #[test]
 fn store_section() {
-    use rocgate::store::{FailMode, RedisConfig, StoreConfig, SyncMode};
+    use rocgate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
     use std::time::Duration;
     assert_eq!(load("rocgate.toml").store, StoreConfig::Local);
     let StoreConfig::Redis(r) = load("examples/redis.toml").store else {
         panic!("examples/redis.toml uses the redis backend");
     };
-    assert_eq!(r.url, "redis://127.0.0.1:6379/0");
+    assert_eq!(
+        r.servers,
+        RedisServers::Single("redis://127.0.0.1:6379/0".into())
+    );
     assert_eq!(r.timeout, Duration::from_millis(50));
     assert_eq!(r.fail_mode, FailMode::Local);
 
@@ -695,7 +698,7 @@ fn store_section() {
     assert_eq!(
         c.store,
         StoreConfig::Redis(RedisConfig {
-            url: "redis://10.0.0.5:6380".into(),
+            servers: RedisServers::Single("redis://10.0.0.5:6380".into()),
             timeout: Duration::from_millis(20),
             key_prefix: "shop-eu".into(),
             fail_mode: FailMode::Closed,
@@ -724,9 +727,38 @@ fn store_section() {
         panic!("redis");
     };
     assert_eq!(
-        (r.url.as_str(), r.timeout),
-        ("redis://cache:6379", Duration::from_millis(30))
+        (r.servers, r.timeout),
+        (
+            RedisServers::Single("redis://cache:6379".into()),
+            Duration::from_millis(30)
+        )
     );
+
+    // A Redis Cluster: its seed nodes, as a list or (from the environment) one string.
+    let cluster =
+        |nodes: &[&str]| RedisServers::Cluster(nodes.iter().map(|n| n.to_string()).collect());
+    let text = route(
+        "[store]\nbackend = \"redis\"\ncluster_nodes = [\"redis://10.0.0.1:7000\", \" redis://10.0.0.2:7000/0\"]",
+    );
+    let c = Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{e}"));
+    let StoreConfig::Redis(r) = c.store else {
+        panic!("redis");
+    };
+    assert_eq!(
+        r.servers,
+        cluster(&["redis://10.0.0.1:7000", "redis://10.0.0.2:7000/0"])
+    );
+    let env = [(
+        "ROCGATE__STORE__CLUSTER_NODES".to_owned(),
+        "redis://a:7000,redis://b:7001".to_owned(),
+    )];
+    let text = route("[store]\nbackend = \"redis\"");
+    let c =
+        Config::from_toml_str_with_env(&text, "store.toml", env).unwrap_or_else(|e| panic!("{e}"));
+    let StoreConfig::Redis(r) = c.store else {
+        panic!("redis");
+    };
+    assert_eq!(r.servers, cluster(&["redis://a:7000", "redis://b:7001"]));
 
     refused(
         &route("[store]\nbackend = \"memcached\""),
@@ -777,6 +809,36 @@ fn store_section() {
         "1 to 128 characters",
     );
     refused(&redis("timeout = 5"), "store.timeout", "");
+    refused(
+        &redis("url = \"redis://a:6379\"\ncluster_nodes = [\"redis://b:7000\"]"),
+        "store.cluster_nodes",
+        "not both",
+    );
+    refused(
+        &redis("cluster_nodes = []"),
+        "store.cluster_nodes",
+        "at least one node",
+    );
+    refused(
+        &redis("cluster_nodes = [\"redis://a:7000\", \"unix:///run/redis.sock\"]"),
+        "store.cluster_nodes[1]",
+        "must be a URL such as",
+    );
+    refused(
+        &redis("cluster_nodes = [\"redis://a:7000/2\"]"),
+        "store.cluster_nodes[0]",
+        "database 0 only",
+    );
+    refused(
+        &redis("cluster_nodes = [\"redis://a:7000\", \"rediss://b:7000\"]"),
+        "store.cluster_nodes",
+        "all rediss://",
+    );
+    refused(
+        &route("[store]\ncluster_nodes = [\"redis://a:7000\"]"),
+        "store.cluster_nodes",
+        "only applies with backend = \"redis\"",
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
-//! The Redis store against a real `redis-server` (started by each test on a free
-//! loopback port, killed by PID when the test ends): shared limits across instances,
-//! failure and recovery, clock skew, and the scripts' keys.
+//! The Redis store against a real `redis-server`, or a real three-master Redis Cluster
+//! (started by each test on free loopback ports, killed by PID when the test ends):
+//! shared limits across instances, failure and recovery, clock skew, and the scripts'
+//! keys.
 //!
 //! Redis reads its own clock (`TIME`), so these tests run in real time; each is
 //! bounded to a few seconds and a few thousand decisions.
@@ -10,9 +11,9 @@ use rocgate::clock::{Clock, ManualClock, MonotonicClock, Nanos};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key, RouteId};
-use rocgate::limiter::{Algorithm, Reason};
+use rocgate::limiter::{Algorithm, Reason, Rejection};
 use rocgate::store::redis::{RedisStore, StoreMode};
-use rocgate::store::RedisConfig;
+use rocgate::store::{RedisConfig, RedisServers};
 use rocgate::window::WindowSpec;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -113,7 +114,12 @@ impl Drop for RedisServer {
 }
 
 fn route(base: f64, burst: Duration) -> RouteConfig {
-    let mut r = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+    route_named("order", base, burst)
+}
+
+/// `POST /api/<name>`, limited as a whole by a token bucket.
+fn route_named(name: &str, base: f64, burst: Duration) -> RouteConfig {
+    let mut r = RouteConfig::new(name, RouteMatch::exact("POST", format!("/api/{name}")));
     r.controller.base_limit_rps = base;
     r.controller.cut_limit_rps = base.min(r.controller.cut_limit_rps);
     r.algorithm = Algorithm::TokenBucket { burst };
@@ -135,9 +141,20 @@ fn quick_route() -> RouteConfig {
     r
 }
 
-fn store_config(server: &RedisServer, prefix: &str) -> RedisConfig {
+/// Where a test's Redis is: one server or a cluster.
+trait Servers {
+    fn servers(&self) -> RedisServers;
+}
+
+impl Servers for RedisServer {
+    fn servers(&self) -> RedisServers {
+        RedisServers::Single(self.url())
+    }
+}
+
+fn store_config(server: &impl Servers, prefix: &str) -> RedisConfig {
     RedisConfig {
-        url: server.url(),
+        servers: server.servers(),
         key_prefix: prefix.into(),
         heartbeat: Duration::from_millis(200),
         probe_interval: Duration::from_millis(100),
@@ -155,14 +172,25 @@ struct Instance {
 
 impl Instance {
     fn new(route: &RouteConfig, config: &RedisConfig, clock: Arc<dyn Clock>) -> Instance {
+        Instance::with_routes(std::slice::from_ref(route), config, clock)
+    }
+
+    /// An instance with several routes; [`Instance::check`] decides on the first.
+    fn with_routes(
+        routes: &[RouteConfig],
+        config: &RedisConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Instance {
         let engine = Engine::new(
-            &Config::new(vec![route.clone()]),
+            &Config::new(routes.to_vec()),
             clock.now(),
             SystemTime::UNIX_EPOCH,
         );
-        let id = engine.route_id(&route.name).unwrap();
+        let id = engine.route_id(&routes[0].name).unwrap();
         let store = RedisStore::connect(config, Arc::clone(&clock)).unwrap();
-        assert!(store.shares(&engine, id));
+        for r in routes {
+            assert!(store.shares(&engine, engine.route_id(&r.name).unwrap()));
+        }
         Instance {
             engine,
             route: id,
@@ -179,6 +207,12 @@ impl Instance {
         self.store
             .check(&self.engine, self.route, self.clock.now())
             .await
+    }
+
+    /// Decides one request on the route named `name`.
+    async fn check_on(&self, name: &str) -> rocgate::limiter::Decision {
+        let id = self.engine.route_id(name).unwrap();
+        self.store.check(&self.engine, id, self.clock.now()).await
     }
 
     /// Offers `n` requests one after the other; returns how many were admitted.
@@ -205,13 +239,28 @@ async fn two_instances_admit(a: &Instance, b: &Instance, per_instance: usize) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_together_admit_what_one_admits_alone() {
-    let server = RedisServer::start().await;
-    let route = burst_route();
-    let alone = Instance::system(&route, &store_config(&server, "alone"));
-    let admitted_alone = alone.offer(1600).await;
-    assert!((1000..=1020).contains(&admitted_alone), "{admitted_alone}");
+    alone_and_together(&RedisServer::start().await).await;
+}
 
-    let config = store_config(&server, "pair");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_together_admit_what_one_admits_alone_on_a_cluster() {
+    alone_and_together(&RedisCluster::start().await).await;
+}
+
+async fn alone_and_together(server: &impl Servers) {
+    // 1000 tokens refilling at 2/s: a run admits its burst and a few refilled tokens,
+    // however slow the round trips.
+    let route = route(2.0, Duration::from_secs(500));
+    let alone = Instance::system(&route, &store_config(server, "alone"));
+    let started = tokio::time::Instant::now();
+    let admitted_alone = alone.offer(1600).await;
+    let refilled = 2.0 * started.elapsed().as_secs_f64();
+    assert!(
+        (1000..=1001 + refilled as usize).contains(&admitted_alone),
+        "{admitted_alone}"
+    );
+
+    let config = store_config(server, "pair");
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
     let together = two_instances_admit(&a, &b, 800).await;
@@ -277,8 +326,16 @@ async fn spike_until_both_cut(a: &Instance, b: &Instance, pause: Duration) -> (D
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_see_the_same_roc_and_cut_together() {
-    let server = RedisServer::start().await;
-    let config = store_config(&server, "cut");
+    cut_together(&RedisServer::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_see_the_same_roc_and_cut_together_on_a_cluster() {
+    cut_together(&RedisCluster::start().await).await;
+}
+
+async fn cut_together(server: &impl Servers) {
+    let config = store_config(server, "cut");
     let route = quick_route();
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
@@ -582,7 +639,7 @@ async fn fail_modes_open_and_closed() {
     let server = RedisServer::start().await;
     let route = route(100.0, Duration::from_secs(1));
     let mut config = store_config(&server, "modes");
-    config.url = "redis://127.0.0.1:1".into(); // nothing listens there
+    config.servers = RedisServers::Single("redis://127.0.0.1:1".into()); // nothing listens there
     config.fail_mode = rocgate::store::FailMode::Open;
     let open = Instance::system(&route, &config);
     assert_eq!(open.offer(500).await, 500);
@@ -594,64 +651,292 @@ async fn fail_modes_open_and_closed() {
             _ => panic!("closed admits nothing without the store"),
         }
     }
+    // A cluster none of whose seeds answers: the same, each decision within the
+    // timeout.
+    config.servers = RedisServers::Cluster(vec![
+        "redis://127.0.0.1:1".into(),
+        "redis://127.0.0.1:2".into(),
+    ]);
+    config.fail_mode = rocgate::store::FailMode::Open;
+    let open = Instance::system(&route, &config);
+    let bound = config.timeout + Duration::from_millis(10);
+    for _ in 0..200 {
+        let t = tokio::time::Instant::now();
+        assert!(open.check().await.is_admit());
+        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
+    }
+    assert_eq!(open.store.mode(), StoreMode::Fallback);
     drop(server);
 }
 
-/// The engine's behaviour on a whole-route token bucket, against both backends: a
-/// full bucket admits one burst; a rejection says `limit` and when a token is due;
-/// shadow mode admits everything.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_and_redis_backends_behave_alike() {
-    let server = RedisServer::start().await;
-    for (shadow, prefix) in [(false, "both"), (true, "both-shadow")] {
-        // 200 tokens refilling at 20/s.
-        let mut route = route(20.0, Duration::from_secs(10));
-        if shadow {
-            route.mode = rocgate::config::Mode::Shadow;
-        }
-        let clock = ManualClock::new();
+/// A backend under test: the local engine or the Redis store, both on the real clock
+/// (Redis reads its own; a manual clock cannot move it), driven by the same code.
+enum Backend {
+    Local {
+        engine: Engine,
+        route: RouteId,
+        clock: Arc<dyn Clock>,
+    },
+    Redis(Instance),
+}
+
+impl Backend {
+    /// The same route on both backends; on Redis under its own key prefix.
+    fn both(route: &RouteConfig, server: &impl Servers, prefix: &str) -> [Backend; 2] {
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         let engine = Engine::new(
             &Config::new(vec![route.clone()]),
             clock.now(),
             SystemTime::UNIX_EPOCH,
         );
-        let id = engine.route_id("order").unwrap();
-        let local: Vec<_> = (0..300)
-            .map(|_| engine.check(id, Key::None, clock.now()))
-            .collect();
-        let shared = Instance::system(&route, &store_config(&server, prefix));
-        let mut remote = Vec::new();
-        for _ in 0..300 {
-            remote.push(shared.check().await);
+        let id = engine.route_id(&route.name).unwrap();
+        [
+            Backend::Local {
+                engine,
+                route: id,
+                clock,
+            },
+            Backend::Redis(Instance::system(route, &store_config(server, prefix))),
+        ]
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Backend::Local { .. } => "local",
+            Backend::Redis(_) => "redis",
         }
-        let admitted =
-            |ds: &[rocgate::limiter::Decision]| ds.iter().filter(|d| d.is_admit()).count();
-        if shadow {
-            assert_eq!((admitted(&local), admitted(&remote)), (300, 300));
-            continue;
-        }
-        assert_eq!(admitted(&local), 200);
-        // The shared bucket refills in real time while the 300 round trips run.
-        let n = admitted(&remote);
-        assert!((200..=205).contains(&n), "{n}");
-        for ds in [&local, &remote] {
-            let rejections: Vec<_> = ds
-                .iter()
-                .filter_map(|d| match d {
-                    rocgate::limiter::Decision::Reject(r) => Some(*r),
-                    _ => None,
-                })
-                .collect();
-            assert!(!rejections.is_empty());
-            for r in rejections {
-                assert_eq!(r.reason, Reason::Limit);
-                // One token every 50 ms.
-                assert!(
-                    r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_millis(50),
-                    "{r:?}"
-                );
+    }
+
+    async fn check(&self) -> rocgate::limiter::Decision {
+        match self {
+            Backend::Local {
+                engine,
+                route,
+                clock,
+            } => engine.check(*route, Key::None, clock.now()),
+            Backend::Redis(inst) => {
+                let d = inst.check().await;
+                assert_eq!(inst.store.fallback_decisions(), 0, "a decision fell back");
+                d
             }
         }
+    }
+
+    /// The limit in force and the controller's state.
+    fn controller(&self) -> (f64, ControllerState) {
+        match self {
+            Backend::Local {
+                engine,
+                route,
+                clock,
+            } => {
+                let s = engine.route_snapshot(*route, clock.now());
+                (s.limit_rps, s.state)
+            }
+            Backend::Redis(inst) => {
+                let v = inst
+                    .store
+                    .view(&inst.engine.route_label(inst.route))
+                    .unwrap();
+                (v.limit_rps, v.state)
+            }
+        }
+    }
+
+    /// The route as this backend's engine counted it (on Redis, the decisions the store
+    /// recorded there).
+    fn snapshot(&self) -> rocgate::engine::RouteSnapshot {
+        match self {
+            Backend::Local {
+                engine,
+                route,
+                clock,
+            } => engine.route_snapshot(*route, clock.now()),
+            Backend::Redis(inst) => inst.engine.route_snapshot(inst.route, inst.clock.now()),
+        }
+    }
+
+    /// Offers requests back to back until one is rejected; returns the rejection.
+    async fn drain(&self) -> Rejection {
+        for _ in 0..10_000 {
+            if let rocgate::limiter::Decision::Reject(r) = self.check().await {
+                return r;
+            }
+        }
+        panic!("{}: never rejected", self.name());
+    }
+}
+
+/// Burst: a full bucket of 200 admits 200 (and what refills meanwhile); every
+/// rejection says `limit` and a wait of at most one token's time (50 ms at 20/s).
+async fn burst_then_limit(b: &Backend) {
+    let started = tokio::time::Instant::now();
+    let mut decisions = Vec::new();
+    for _ in 0..300 {
+        decisions.push(b.check().await);
+    }
+    let refilled = 20.0 * started.elapsed().as_secs_f64();
+    let admitted = decisions.iter().filter(|d| d.is_admit()).count();
+    assert!(
+        (200..=201 + refilled as usize).contains(&admitted),
+        "{}: admitted {admitted}",
+        b.name()
+    );
+    // The engine counts every decision, the store's too.
+    let s = b.snapshot();
+    assert_eq!(
+        (s.offered, s.admitted, s.rejected_for(Reason::Limit)),
+        (300, admitted as u64, 300 - admitted as u64),
+        "{}",
+        b.name()
+    );
+    for d in &decisions {
+        if let rocgate::limiter::Decision::Reject(r) = d {
+            assert_eq!(r.reason, Reason::Limit, "{}", b.name());
+            assert!(
+                r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_millis(50),
+                "{}: {r:?}",
+                b.name()
+            );
+        }
+    }
+}
+
+/// `Retry-After` is honest: a client that waits what a rejection says is admitted.
+/// 50/s with 0.2 s of burst (10 tokens).
+async fn retry_after_is_honest(b: &Backend) {
+    for _ in 0..5 {
+        let r = b.drain().await;
+        assert!(
+            r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_millis(20),
+            "{}: {r:?}",
+            b.name()
+        );
+        tokio::time::sleep(r.retry_after + Duration::from_millis(1)).await;
+        assert!(
+            b.check().await.is_admit(),
+            "{}: rejected after {r:?}",
+            b.name()
+        );
+    }
+}
+
+/// Refill: with the bucket empty, offered at 4× the limit (50/s) for 1 s, it admits the
+/// limit: at most 50 × T + 1, at least 85% of that.
+async fn refill_at_the_limit(b: &Backend) {
+    b.drain().await;
+    let started = tokio::time::Instant::now();
+    let mut admitted = 0usize;
+    while started.elapsed() < Duration::from_secs(1) {
+        admitted += usize::from(b.check().await.is_admit());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let most = 50.0 * started.elapsed().as_secs_f64() + 1.0;
+    assert!(
+        admitted as f64 <= most && admitted as f64 >= 0.85 * (most - 1.0),
+        "{}: admitted {admitted}, the limit allows {most}",
+        b.name()
+    );
+}
+
+/// A cut on a spike and the restore on the calm after it: the limit goes 200 → 60 (the
+/// cut; the spike goes on 0.8 s, past the cut bucket of 60), then up by 35 every 200 ms once the ROC has stayed safe for 300 ms, back to
+/// 200, and the state back to normal; rejections under the cut say `roc_cut`.
+async fn cut_and_restore(b: &Backend) {
+    let started = tokio::time::Instant::now();
+    let mut limits = Vec::new();
+    let mut reasons = Vec::new();
+    let mut cut_at = None;
+    loop {
+        let decision = b.check().await;
+        let (limit, state) = b.controller();
+        if limits.last() != Some(&limit) {
+            limits.push(limit);
+        }
+        let t = started.elapsed();
+        if cut_at.is_none() && state == ControllerState::Cut {
+            cut_at = Some(t);
+        }
+        let spiking = t > Duration::from_millis(1500)
+            && cut_at.is_none_or(|c| t < c + Duration::from_millis(800));
+        if let (true, Some(_), rocgate::limiter::Decision::Reject(r)) = (spiking, cut_at, &decision)
+        {
+            reasons.push(r.reason);
+        }
+        if cut_at.is_some() && state == ControllerState::Normal && limit == 200.0 {
+            break;
+        }
+        assert!(
+            t < Duration::from_secs(8),
+            "{}: not restored; limits {limits:?}",
+            b.name()
+        );
+        let pause = if spiking { 2 } else { 50 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    assert_eq!(
+        limits,
+        [200.0, 60.0, 95.0, 130.0, 165.0, 200.0],
+        "{}",
+        b.name()
+    );
+    assert!(
+        !reasons.is_empty() && reasons.iter().all(|r| *r == Reason::RocCut),
+        "{}: {reasons:?}",
+        b.name()
+    );
+}
+
+/// The engine's behaviours on a whole-route token bucket, run against the local
+/// engine and the Redis store alike, with the same driver and the same expectations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_redis_backends_behave_alike() {
+    behave_alike(&RedisServer::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_redis_cluster_backends_behave_alike() {
+    behave_alike(&RedisCluster::start().await).await;
+}
+
+async fn behave_alike(server: &impl Servers) {
+    for b in Backend::both(&route(20.0, Duration::from_secs(10)), server, "burst") {
+        burst_then_limit(&b).await;
+    }
+    let fast = route(50.0, Duration::from_millis(200));
+    for b in Backend::both(&fast, server, "retry") {
+        retry_after_is_honest(&b).await;
+    }
+    for b in Backend::both(&fast, server, "refill") {
+        refill_at_the_limit(&b).await;
+    }
+    let mut restoring = quick_route();
+    restoring.controller.hold = Duration::from_millis(300);
+    restoring.controller.restore_interval = Duration::from_millis(200);
+    restoring.controller.restore_step_rps = 35.0;
+    for b in Backend::both(&restoring, server, "restore") {
+        cut_and_restore(&b).await;
+    }
+    // Shadow mode decides everything and admits everything, and counts what it would
+    // have rejected: 300 offered on a bucket of 200 (plus what refills meanwhile).
+    let mut shadow = route(20.0, Duration::from_secs(10));
+    shadow.mode = rocgate::config::Mode::Shadow;
+    for b in Backend::both(&shadow, server, "shadow") {
+        let started = tokio::time::Instant::now();
+        let mut admitted = 0;
+        for _ in 0..300 {
+            admitted += usize::from(b.check().await.is_admit());
+        }
+        let refilled = 20.0 * started.elapsed().as_secs_f64();
+        assert_eq!(admitted, 300, "{}", b.name());
+        let s = b.snapshot();
+        let would = s.shadow_rejected_for(Reason::Limit);
+        assert_eq!((s.offered, s.rejected_total()), (300, 0), "{}", b.name());
+        assert!(
+            (99 - refilled as u64..=100).contains(&would),
+            "{}: shadow-rejected {would}",
+            b.name()
+        );
     }
 }
 
@@ -922,8 +1207,16 @@ async fn batched_instances_admit_at_most_the_limit_and_count_every_arrival() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_instances_cut_within_a_slot_or_two() {
-    let server = RedisServer::start().await;
-    let config = batched(store_config(&server, "bcut"));
+    batched_cut(&RedisServer::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_instances_cut_within_a_slot_or_two_on_a_cluster() {
+    batched_cut(&RedisCluster::start().await).await;
+}
+
+async fn batched_cut(server: &impl Servers) {
+    let config = batched(store_config(server, "bcut"));
     let route = quick_route();
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
@@ -974,4 +1267,333 @@ async fn a_running_event_sets_the_shared_limit() {
     }
     // The sale's 5 req/s with 10 s of burst: 50 tokens, not the route's 200.
     assert!((50..=52).contains(&admitted), "{admitted}");
+}
+
+/// Two free loopback ports (a node's client port and its cluster bus port).
+fn free_ports(n: usize) -> Vec<u16> {
+    // Held together so that no two are the same.
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// A Redis Cluster of this test's own: three masters, no replicas, on loopback; each
+/// node killed (by PID) on drop. Holding one keeps the other tests of this file
+/// waiting.
+struct RedisCluster {
+    nodes: Vec<ClusterNode>,
+    _dir: tempfile::TempDir,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+struct ClusterNode {
+    port: u16,
+    bus_port: u16,
+    child: Option<Child>,
+}
+
+impl ClusterNode {
+    fn spawn(&mut self, dir: &std::path::Path) {
+        let conf = dir.join(format!("nodes-{}.conf", self.port));
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes", "--cluster-port"])
+            .arg(self.bus_port.to_string())
+            .arg("--cluster-config-file")
+            .arg(&conf)
+            // A dead master is noticed within a second, and the other masters go on
+            // serving their own slots meanwhile.
+            .args(["--cluster-node-timeout", "1000"])
+            .args(["--cluster-require-full-coverage", "no"])
+            .args(["--save", "", "--appendonly", "no"])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test.sh installs it)");
+        self.child = Some(child);
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(1))
+    }
+
+    fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        cmd.query(&mut self.connection()?)
+    }
+
+    /// `SIGKILL`, and reaps the process.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl RedisCluster {
+    async fn start() -> RedisCluster {
+        let serial = SERIAL.lock().await;
+        let dir = tempfile::tempdir().unwrap();
+        let ports = free_ports(6);
+        let mut nodes: Vec<ClusterNode> = ports
+            .chunks(2)
+            .map(|p| ClusterNode {
+                port: p[0],
+                bus_port: p[1],
+                child: None,
+            })
+            .collect();
+        for node in &mut nodes {
+            node.spawn(dir.path());
+        }
+        let cluster = RedisCluster {
+            nodes,
+            _dir: dir,
+            _serial: serial,
+        };
+        for node in &cluster.nodes {
+            cluster
+                .wait(|| node.query::<String>(&redis::cmd("PING")).is_ok())
+                .await;
+        }
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(
+                cluster
+                    .nodes
+                    .iter()
+                    .map(|n| format!("127.0.0.1:{}", n.port)),
+            )
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli is installed (scripts/test.sh installs redis-tools)");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        cluster.wait_ok().await;
+        cluster
+    }
+
+    /// Polls `ready` every 20 ms for up to 10 s.
+    async fn wait(&self, ready: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if ready() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the cluster did not get ready");
+    }
+
+    /// Waits until every running node says `cluster_state:ok` and knows every
+    /// master's slots.
+    async fn wait_ok(&self) {
+        self.wait(|| {
+            self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                n.query::<String>(redis::cmd("CLUSTER").arg("INFO"))
+                    .is_ok_and(|info| {
+                        info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                    })
+            })
+        })
+        .await;
+    }
+
+    /// The node that holds `key`'s slot (by its index in `nodes`).
+    fn owner(&self, key: &str) -> usize {
+        let any = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        let slot: i64 = any
+            .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+            .unwrap();
+        let ranges: Vec<redis::Value> = any.query(redis::cmd("CLUSTER").arg("SLOTS")).unwrap();
+        for range in ranges {
+            let redis::Value::Array(fields) = range else {
+                continue;
+            };
+            let int = |v: &redis::Value| match v {
+                redis::Value::Int(n) => *n,
+                other => panic!("{other:?}"),
+            };
+            let (lo, hi) = (int(&fields[0]), int(&fields[1]));
+            let redis::Value::Array(master) = &fields[2] else {
+                panic!("{fields:?}");
+            };
+            if (lo..=hi).contains(&slot) {
+                let port = int(&master[1]);
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| i64::from(n.port) == port)
+                    .unwrap();
+            }
+        }
+        panic!("no node holds slot {slot}");
+    }
+}
+
+impl Servers for RedisCluster {
+    fn servers(&self) -> RedisServers {
+        // Two seeds: the client learns the third from them.
+        RedisServers::Cluster(self.nodes[..2].iter().map(ClusterNode::url).collect())
+    }
+}
+
+impl RedisCluster {
+    /// Starts node `i` again (after a kill), with the slots its config file records.
+    async fn restart(&mut self, i: usize) {
+        let dir = self._dir.path().to_owned();
+        self.nodes[i].spawn(&dir);
+        let node = &self.nodes[i];
+        self.wait(|| node.query::<String>(&redis::cmd("PING")).is_ok())
+            .await;
+    }
+
+    /// Two route names whose keys under `prefix` live on different masters, with
+    /// those masters' indexes.
+    fn routes_on_two_masters(&self, prefix: &str) -> [(String, usize); 2] {
+        let names = ["order", "seckill", "cart", "search", "login", "pay", "ship"];
+        let placed: Vec<(String, usize)> = names
+            .iter()
+            .map(|n| (n.to_string(), self.owner(&format!("{{{prefix}:{n}}}:w"))))
+            .collect();
+        for (i, a) in placed.iter().enumerate() {
+            if let Some(b) = placed[i + 1..].iter().find(|b| b.1 != a.1) {
+                return [a.clone(), b.clone()];
+            }
+        }
+        panic!("every route on one master: {placed:?}");
+    }
+}
+
+/// A route's three keys live on the master that holds its hash tag's slot (a
+/// script touching them all is legal in a cluster); routes on different masters both
+/// work; a node that lost its scripts gets them again within the same call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_routes_on_different_masters_and_noscript() {
+    let cluster = RedisCluster::start().await;
+    let [(a, na), (b, nb)] = cluster.routes_on_two_masters("split");
+    let routes = [
+        route_named(&a, 20.0, Duration::from_secs(50)),
+        route_named(&b, 20.0, Duration::from_secs(50)),
+    ];
+    let config = store_config(&cluster, "split");
+    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+    for name in [&a, &b] {
+        let mut admitted = 0;
+        for _ in 0..1100 {
+            admitted += usize::from(inst.check_on(name).await.is_admit());
+        }
+        assert!((1000..=1020).contains(&admitted), "{name}: {admitted}");
+    }
+    assert_eq!(inst.store.fallback_decisions(), 0);
+    assert_eq!(inst.store.beat().await, Some(1));
+    // Each route's keys on its own master, all three there.
+    for (name, owner) in [(&a, na), (&b, nb)] {
+        let keys: Vec<String> = ["w", "b", "c"]
+            .iter()
+            .map(|k| format!("{{split:{name}}}:{k}"))
+            .collect();
+        let found: usize = cluster.nodes[owner]
+            .query(redis::cmd("EXISTS").arg(&keys))
+            .unwrap();
+        assert_eq!(found, 3, "{keys:?} on node {owner}");
+    }
+
+    for node in &cluster.nodes {
+        let _: () = node.query(redis::cmd("SCRIPT").arg("FLUSH")).unwrap();
+    }
+    for name in [&a, &b] {
+        for _ in 0..10 {
+            let _ = inst.check_on(name).await;
+        }
+    }
+    assert_eq!(inst.store.fallback_decisions(), 0);
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+    let sha = redis::Script::new(rocgate::store::redis::DECIDE)
+        .get_hash()
+        .to_owned();
+    for owner in [na, nb] {
+        let loaded: Vec<bool> = cluster.nodes[owner]
+            .query(redis::cmd("SCRIPT").arg("EXISTS").arg(&sha))
+            .unwrap();
+        assert_eq!(loaded, [true], "node {owner}");
+    }
+}
+
+/// `SIGKILL` of the master holding one route's slot: that route is decided locally
+/// within the timeout, no decision waits longer, the route on another master stays
+/// shared; with no replica to fail over to, the route returns once its node is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_killed_falls_back_its_routes_only() {
+    let mut cluster = RedisCluster::start().await;
+    let [(a, na), (b, _)] = cluster.routes_on_two_masters("down");
+    let routes = [
+        route_named(&a, 100.0, Duration::from_secs(1)),
+        route_named(&b, 100.0, Duration::from_secs(1)),
+    ];
+    let config = store_config(&cluster, "down");
+    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+    assert!(inst.check_on(&a).await.is_admit() && inst.check_on(&b).await.is_admit());
+    let mode = |name: &str| inst.store.view(name).unwrap().mode;
+    assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
+
+    cluster.nodes[na].kill();
+    let bound = config.timeout + Duration::from_millis(10);
+    let started = tokio::time::Instant::now();
+    let mut fell_after = None;
+    let mut b_fallen = 0;
+    let mut decisions = 0;
+    // Past the cluster's node timeout (1 s): the others then know the node failed.
+    while started.elapsed() < Duration::from_millis(2500) {
+        for name in [&a, &b] {
+            let t = tokio::time::Instant::now();
+            let _ = inst.check_on(name).await;
+            let took = t.elapsed();
+            assert!(took <= bound, "a decision on {name} took {took:?}");
+            decisions += 1;
+        }
+        if fell_after.is_none() && mode(&a) == StoreMode::Fallback {
+            fell_after = Some(started.elapsed());
+        }
+        b_fallen += usize::from(mode(&b) == StoreMode::Fallback);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let fell_after = fell_after.expect("the route on the dead master fell back");
+    assert!(
+        fell_after < Duration::from_secs(1),
+        "fell back after {fell_after:?}"
+    );
+    assert_eq!(
+        b_fallen, 0,
+        "the route on a live master fell back ({decisions} decisions)"
+    );
+    assert_eq!(mode(&b), StoreMode::Shared);
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+
+    cluster.restart(na).await;
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(5) && mode(&a) != StoreMode::Shared {
+        let t = tokio::time::Instant::now();
+        let _ = inst.check_on(&a).await;
+        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let back = started.elapsed();
+    assert_eq!(mode(&a), StoreMode::Shared, "not back after {back:?}");
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
 }

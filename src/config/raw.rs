@@ -19,7 +19,7 @@ use super::{HintsConfig, ServerConfig};
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
 use crate::limiter::{Algorithm, MAX_WINDOW_COUNT};
-use crate::store::{FailMode, RedisConfig, StoreConfig, SyncMode};
+use crate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::Deserialize;
@@ -52,6 +52,7 @@ pub(crate) struct RawConfig {
 struct RawStore {
     backend: Option<String>,
     url: Option<String>,
+    cluster_nodes: Option<NodeList>,
     timeout: Option<String>,
     key_prefix: Option<String>,
     fail_mode: Option<String>,
@@ -61,6 +62,24 @@ struct RawStore {
     probe_interval: Option<String>,
     key_ttl: Option<String>,
     instance_id: Option<String>,
+}
+
+/// `store.cluster_nodes`: a list of URLs, or one string of comma-separated URLs (as an
+/// environment variable gives it).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum NodeList {
+    List(Vec<String>),
+    Text(String),
+}
+
+impl NodeList {
+    fn into_urls(self) -> Vec<String> {
+        match self {
+            NodeList::List(urls) => urls,
+            NodeList::Text(text) => text.split(',').map(str::to_owned).collect(),
+        }
+    }
 }
 
 /// `[server]`: the reverse proxy.
@@ -1405,12 +1424,40 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     out
 }
 
+/// A Redis URL with one of `schemes`, trimmed.
+fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<&'a str, String> {
+    let t = url.trim();
+    if schemes
+        .iter()
+        .any(|scheme| t.len() > scheme.len() && t.starts_with(scheme))
+    {
+        Ok(t)
+    } else {
+        Err(format!(
+            "must be a URL such as \"redis://127.0.0.1:6379\" ({}), got {url:?}",
+            schemes.join(", ")
+        ))
+    }
+}
+
+/// A cluster node's URL: a Redis Cluster has database 0 only.
+fn cluster_node(url: &str) -> Result<&str, String> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    match rest.split_once('/') {
+        None | Some((_, "" | "0")) => Ok(url),
+        Some((_, db)) => Err(format!(
+            "a Redis Cluster has database 0 only, got /{db} in {url:?}"
+        )),
+    }
+}
+
 /// `[store]`, each field checked on its own. Redis settings given with the local
 /// backend are refused rather than silently ignored.
 fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
     let backend = raw.backend.as_deref().map(str::trim);
     let redis_fields = [
         ("url", raw.url.is_some()),
+        ("cluster_nodes", raw.cluster_nodes.is_some()),
         ("timeout", raw.timeout.is_some()),
         ("key_prefix", raw.key_prefix.is_some()),
         ("fail_mode", raw.fail_mode.is_some()),
@@ -1448,20 +1495,43 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
             p.at(format!("store.{name}"), message);
         }
     };
-    if let Some(url) = raw.url {
-        let t = url.trim();
-        let checked = if ["redis://", "rediss://", "unix://", "redis+unix://"]
-            .iter()
-            .any(|scheme| t.len() > scheme.len() && t.starts_with(scheme))
-        {
-            out.url = t.to_owned();
-            Ok(())
-        } else {
-            Err(format!(
-                "must be a URL such as \"redis://127.0.0.1:6379\" (redis://, rediss:// or unix://), got {url:?}"
-            ))
-        };
-        field(p, "url", checked);
+    match (raw.url, raw.cluster_nodes) {
+        (Some(_), Some(_)) => field(
+            p,
+            "cluster_nodes",
+            Err("give either url (one Redis) or cluster_nodes (a Redis Cluster), not both".into()),
+        ),
+        (Some(url), None) => {
+            let checked = redis_url(&url, &["redis://", "rediss://", "unix://", "redis+unix://"])
+                .map(|t| out.servers = RedisServers::Single(t.to_owned()));
+            field(p, "url", checked);
+        }
+        (None, Some(nodes)) => {
+            let nodes = nodes.into_urls();
+            let mut urls = Vec::new();
+            for (i, url) in nodes.iter().enumerate() {
+                match redis_url(url, &["redis://", "rediss://"]).and_then(cluster_node) {
+                    Ok(t) => urls.push(t.to_owned()),
+                    Err(message) => p.at(format!("store.cluster_nodes[{i}]"), message),
+                }
+            }
+            let tls = |u: &String| u.starts_with("rediss://");
+            if urls.is_empty() && nodes.is_empty() {
+                field(
+                    p,
+                    "cluster_nodes",
+                    Err("must name at least one node".into()),
+                );
+            } else if urls.iter().any(tls) && !urls.iter().all(tls) {
+                field(
+                    p,
+                    "cluster_nodes",
+                    Err("must all use redis:// or all rediss://, not both".into()),
+                );
+            }
+            out.servers = RedisServers::Cluster(urls);
+        }
+        (None, None) => {}
     }
     for (name, raw, slot) in [
         ("timeout", raw.timeout, &mut out.timeout),

@@ -204,6 +204,7 @@ async fn store(State(state): State<AdminState>) -> Json<Value> {
             .into_iter()
             .map(|(name, v)| {
                 let view = json!({
+                    "mode": v.mode.as_str(),
                     "limit_rps": v.limit_rps,
                     "state": v.state.as_str(),
                     "roc": v.roc,

@@ -96,8 +96,8 @@ where
         FrontFuture::Shared {
             inner: Box::pin(async move {
                 let mut req = req;
+                // Counted in the engine by the store.
                 let decision = gate.store.check(&engine, route, now).await;
-                engine.record(route, decision.rejection().map(|r| r.reason));
                 match decision {
                     Decision::Reject(rej) => {
                         let limit = gate

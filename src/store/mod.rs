@@ -25,11 +25,23 @@ pub enum StoreConfig {
     Redis(RedisConfig),
 }
 
+/// Where Redis is: one server, or a Redis Cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisServers {
+    /// One Redis (`url`): `redis://[user:password@]host[:port][/db]` (or `rediss://`,
+    /// `unix://`).
+    Single(String),
+    /// A Redis Cluster (`cluster_nodes`): one or more seed nodes,
+    /// `redis://[user:password@]host:port` (or `rediss://`); the client discovers the
+    /// others and follows `MOVED`/`ASK` redirections.
+    Cluster(Vec<String>),
+}
+
 /// `[store]` with `backend = "redis"`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RedisConfig {
-    /// `redis://[user:password@]host[:port][/db]` (or `rediss://`, `unix://`).
-    pub url: String,
+    /// One Redis or a Redis Cluster.
+    pub servers: RedisServers,
     /// Longest a decision waits for Redis before deciding locally.
     pub timeout: Duration,
     /// Prefix of every key rocgate writes (several fleets can share one Redis).
@@ -53,7 +65,7 @@ pub struct RedisConfig {
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
-            url: "redis://127.0.0.1:6379".into(),
+            servers: RedisServers::Single("redis://127.0.0.1:6379".into()),
             timeout: Duration::from_millis(50),
             key_prefix: "rocgate".into(),
             fail_mode: FailMode::Local,

@@ -1,7 +1,7 @@
 //! The Redis backend: a distributed route's window, bucket and controller state shared
 //! by every instance, one atomic round trip per decision, with a local fallback.
 //!
-//! Each decision runs [`DECIDE`] (by SHA; `redis-rs` loads it again on `NOSCRIPT`),
+//! Each decision runs [`DECIDE`] (by SHA, and by body on `NOSCRIPT`),
 //! which reads the time from Redis (`TIME`, so instance clocks never matter), counts
 //! the arrival in the shared slotted window, takes a token from the shared bucket
 //! refilling at the shared limit, and answers with the decision, the shared limit and
@@ -19,11 +19,20 @@
 //! themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and learn the
 //! live count.
 //!
+//! Redis Cluster (`cluster_nodes`): the same scripts over redis-rs's cluster client,
+//! which sends each call to the master of its keys' slot and follows `MOVED`/`ASK`.
+//! Each [`DECIDE`] and [`SAVE`] call touches one route's keys only, so one slot;
+//! [`HEARTBEAT`] touches its own key only. Scripts go by `EVALSHA`, and by `EVAL` on
+//! `NOSCRIPT` (routed like any keyed command, where `SCRIPT LOAD` would go to every
+//! master and fail while any is down).
+//!
 //! Failure: a call that errs or takes longer than `timeout` is decided locally within
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
-//! instances last seen), or by `fail_mode`. A [`Breaker`] stops calling Redis after
-//! `failures_to_open` failures in a row and lets one decision probe it per
-//! `probe_interval`; the first answer returns the instance to shared state.
+//! instances last seen), or by `fail_mode`. Each route has a [`Breaker`]: it stops
+//! calling Redis for that route after `failures_to_open` failures in a row and lets
+//! one decision probe it per `probe_interval`; the first answer returns the route to
+//! shared state. On a cluster a dead master thus sends only the routes it holds to
+//! fallback. The instance counts as in fallback while any route is.
 //!
 //! Batched mode (`mode = "batched"`) takes Redis off the hot path: each decision is
 //! local, on a token bucket at this instance's share of the shared limit, and counts
@@ -46,7 +55,7 @@
 //! other routes are decided by the local engine as before ([`RedisStore::shares`]).
 
 use super::breaker::{Breaker, Call};
-use super::{FailMode, RedisConfig, SyncMode};
+use super::{FailMode, RedisConfig, RedisServers, SyncMode};
 use crate::clock::{Clock, Nanos};
 use crate::config::{Mode, Partition};
 use crate::controller::{Controller, ControllerMemory, ControllerParams, ControllerState};
@@ -57,9 +66,13 @@ use crate::window::{RocSample, SampleAt, WindowSpec};
 use dashmap::DashMap;
 use metrics::{Counter, Gauge};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
+};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -185,6 +198,89 @@ pub enum StoreError {
     /// The URL is not one redis-rs can connect to.
     #[error("store.url: {0}")]
     Url(#[source] redis::RedisError),
+    /// The cluster's seed nodes are not ones redis-rs can connect to.
+    #[error("store.cluster_nodes: {0}")]
+    ClusterNodes(#[source] redis::RedisError),
+}
+
+/// The connection to Redis: one server (reconnecting by itself), or a Redis Cluster
+/// (routing each command to the node that holds its keys' slot, following `MOVED` and
+/// `ASK`). Cloning either is one reference count.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Sends one command (on a cluster, to the node its first key's slot lives on).
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs a script by SHA (`EVALSHA`); if the node answering lacks it (`NOSCRIPT`:
+    /// restarted, flushed, or a cluster node that never ran it), runs it by body
+    /// (`EVAL`), which caches it there. Both go to the node of the script's keys: a
+    /// `SCRIPT LOAD` would go to every cluster master and fail while any is down.
+    async fn invoke<T: FromRedisValue>(&self, call: &LuaCall<'_>) -> RedisResult<T> {
+        match self.query(&call.command("EVALSHA", &call.lua.sha)).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.query(&call.command("EVAL", call.lua.body)).await
+            }
+            answer => answer,
+        }
+    }
+}
+
+/// A Lua script and its SHA1.
+struct Lua {
+    body: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(body: &'static str) -> Lua {
+        Lua {
+            body,
+            sha: Script::new(body).get_hash().to_owned(),
+        }
+    }
+
+    /// A call on `keys` (all of one route, so of one cluster slot).
+    fn call<'a>(&'a self, keys: &[&str]) -> LuaCall<'a> {
+        LuaCall {
+            lua: self,
+            keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Lua`] script: its keys and arguments.
+struct LuaCall<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl LuaCall<'_> {
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA sha` or `EVAL body`, then the keys and arguments.
+    fn command(&self, name: &str, script: &str) -> Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(script)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
 }
 
 /// Where an instance decides its distributed routes.
@@ -209,6 +305,8 @@ impl StoreMode {
 /// What this instance last saw of a route's shared state.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SharedView {
+    /// Whether this instance decides the route on the shared state or locally.
+    pub mode: StoreMode,
     /// The shared limit, req/s.
     pub limit_rps: f64,
     /// The shared controller's state.
@@ -217,9 +315,18 @@ pub struct SharedView {
     pub roc: f64,
 }
 
+/// A decision, and the reason it rejected the request, or would have in shadow mode.
+type Verdict = (Decision, Option<Reason>);
+
 /// A route's shared state as one instance sees it.
 struct SharedRoute {
+    name: Arc<str>,
     keys: [String; 3],
+    /// Guards the calls on this route's keys: on a cluster, those go to the one node
+    /// that holds the route's slot, so each route falls back (and returns) on its own.
+    breaker: Mutex<Breaker>,
+    /// Whether this route is decided locally for now.
+    fallen: AtomicBool,
     window: WindowSpec,
     burst: Duration,
     slot_us: u64,
@@ -247,8 +354,21 @@ struct SharedRoute {
 }
 
 impl SharedRoute {
+    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn mode(&self) -> StoreMode {
+        if self.fallen.load(Ordering::Relaxed) {
+            StoreMode::Fallback
+        } else {
+            StoreMode::Shared
+        }
+    }
+
     fn view(&self) -> SharedView {
         SharedView {
+            mode: self.mode(),
             limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
             state: state_of(self.state.load(Ordering::Relaxed)),
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
@@ -266,29 +386,30 @@ impl SharedRoute {
     }
 
     /// A rejection, counted; in shadow mode, an admission counted as shadow-rejected.
-    fn enforce(&self, mode: Mode, rejection: Rejection) -> Decision {
+    fn enforce(&self, mode: Mode, rejection: Rejection) -> Verdict {
+        let reason = Some(rejection.reason);
         if mode == Mode::Shadow {
             self.shadow_rejected.increment(1);
-            return Decision::Admit(Admit::Now);
+            return (Decision::Admit(Admit::Now), reason);
         }
         self.rejected.increment(1);
-        Decision::Reject(rejection)
+        (Decision::Reject(rejection), reason)
     }
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
     config: RedisConfig,
     instance_id: String,
     instances_key: String,
     clock: Arc<dyn Clock>,
-    breaker: Mutex<Breaker>,
-    mode: AtomicU8,
+    /// Routes decided locally for now: the instance is in fallback while any is.
+    fallen: AtomicUsize,
     instances: AtomicU64,
     routes: DashMap<Arc<str>, Arc<SharedRoute>>,
-    decide: Script,
-    save: Script,
-    heartbeat: Script,
+    decide: Lua,
+    save: Lua,
+    heartbeat: Lua,
     timeouts: Counter,
     errors: Counter,
     /// Decisions taken locally, all routes.
@@ -315,23 +436,47 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// A store on `config.url`, timing decisions with `clock` (the engine's). Never
-    /// waits for Redis: it connects in the background and falls back as soon as
-    /// Redis fails to answer. Starts the heartbeat, so it must run inside a tokio
-    /// runtime. Its metrics go to the `metrics` recorder installed when this is called.
+    /// A store on `config.servers` (one Redis or a Redis Cluster), timing decisions
+    /// with `clock` (the engine's). Never waits for Redis: it connects in the
+    /// background and falls back as soon as Redis fails to answer. Starts the
+    /// heartbeat, so it must run inside a tokio runtime. Its metrics go to the
+    /// `metrics` recorder installed when this is called.
     ///
     /// # Errors
-    /// If the URL cannot be parsed.
+    /// If a URL cannot be parsed.
     pub fn connect(config: &RedisConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
-        let client = redis::Client::open(config.url.as_str()).map_err(StoreError::Url)?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.timeout.max(Duration::from_millis(100))))
-            .set_response_timeout(None)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(config.probe_interval)
-            .set_number_of_retries(2);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, manager).map_err(StoreError::Url)?;
+        let connect_timeout = config.timeout.max(Duration::from_millis(100));
+        let conn = match &config.servers {
+            RedisServers::Single(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(StoreError::Url)?;
+                let manager = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None)
+                    .set_min_delay(Duration::from_millis(20))
+                    .set_max_delay(config.probe_interval)
+                    .set_number_of_retries(2);
+                Conn::Single(
+                    ConnectionManager::new_lazy_with_config(client, manager)
+                        .map_err(StoreError::Url)?,
+                )
+            }
+            RedisServers::Cluster(nodes) => {
+                // Retries (a redirection, a node reconnecting) stay within the
+                // decision's own timeout, which bounds every call anyway.
+                let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                    .retries(2)
+                    .min_retry_wait(5)
+                    .max_retry_wait(
+                        u64::try_from(config.probe_interval.as_millis()).unwrap_or(u64::MAX),
+                    )
+                    .build()
+                    .map_err(StoreError::ClusterNodes)?;
+                let cluster = ClusterConfig::new()
+                    .set_connection_timeout(connect_timeout)
+                    .set_response_timeout(connect_timeout);
+                Conn::Cluster(client.get_pending_async_connection_with_config(cluster))
+            }
+        };
         let instance_id = config.instance_id.clone().unwrap_or_else(random_id);
         let inner = Arc::new(Inner {
             conn,
@@ -339,13 +484,12 @@ impl RedisStore {
             config: config.clone(),
             instance_id,
             clock,
-            breaker: Mutex::new(Breaker::new(config.failures_to_open, config.probe_interval)),
-            mode: AtomicU8::new(0),
+            fallen: AtomicUsize::new(0),
             instances: AtomicU64::new(1),
             routes: DashMap::new(),
-            decide: Script::new(DECIDE),
-            save: Script::new(SAVE),
-            heartbeat: Script::new(HEARTBEAT),
+            decide: Lua::new(DECIDE),
+            save: Lua::new(SAVE),
+            heartbeat: Lua::new(HEARTBEAT),
             timeouts: metrics::counter!(metric::STORE_ERRORS, "kind" => "timeout"),
             errors: metrics::counter!(metric::STORE_ERRORS, "kind" => "error"),
             fallbacks: AtomicU64::new(0),
@@ -374,16 +518,27 @@ impl RedisStore {
     /// waiting on Redis (the first decision of each slot starts the slot's sync in a
     /// task of its own).
     ///
+    /// The decision is counted in `engine` ([`Engine::record`]), as [`Engine::check`]
+    /// counts its own: offered, and rejected for its reason (in shadow mode,
+    /// shadow-rejected), so the engine's snapshots and metrics show this instance's
+    /// traffic on the route.
+    ///
     /// # Panics
     /// If `route` does not come from `engine`.
     pub async fn check(&self, engine: &Engine, route: RouteId, now: Nanos) -> Decision {
+        let (decision, rejected) = self.decide(engine, route, now).await;
+        engine.record(route, rejected);
+        decision
+    }
+
+    async fn decide(&self, engine: &Engine, route: RouteId, now: Nanos) -> Verdict {
         let inner = &self.inner;
         let r = inner.route(engine, route, now);
         let mode = engine.mode(route);
         if inner.config.mode == SyncMode::Batched {
             return inner.batched(engine, route, &r, mode, now);
         }
-        if inner.breaker().call(now) == Call::Skip {
+        if r.breaker().call(now) == Call::Skip {
             return inner.fallback(&r, mode, now);
         }
         let Some(reply) = inner.call(&r, 1, true).await else {
@@ -393,7 +548,7 @@ impl RedisStore {
         inner.absorb(&r, reply, || engine.params_at(route, now));
         if admit {
             r.admitted.increment(1);
-            return Decision::Admit(Admit::Now);
+            return (Decision::Admit(Admit::Now), None);
         }
         r.enforce(
             mode,
@@ -404,7 +559,8 @@ impl RedisStore {
         )
     }
 
-    /// Where this instance decides now.
+    /// Where this instance decides now: [`StoreMode::Fallback`] while any route is
+    /// decided locally ([`SharedView::mode`] says which).
     pub fn mode(&self) -> StoreMode {
         self.inner.mode()
     }
@@ -453,51 +609,60 @@ impl RedisStore {
     /// beats.
     pub async fn leave(&self) {
         self.inner.left.store(true, Ordering::Relaxed);
-        let mut conn = self.inner.conn.clone();
         let cmd = redis::cmd("ZREM")
             .arg(&self.inner.instances_key)
             .arg(&self.inner.instance_id)
             .to_owned();
         let _ = tokio::time::timeout(
             self.inner.config.timeout,
-            cmd.query_async::<Value>(&mut conn),
+            self.inner.conn.query::<Value>(&cmd),
         )
         .await;
     }
 }
 
 impl Inner {
-    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
-        self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn mode(&self) -> StoreMode {
-        if self.mode.load(Ordering::Relaxed) == 1 {
+        if self.fallen.load(Ordering::Relaxed) > 0 {
             StoreMode::Fallback
         } else {
             StoreMode::Shared
         }
     }
 
-    /// Sets the mode, and its gauge when it changes.
-    fn set_mode(&self, mode: StoreMode) {
-        let code = u8::from(mode == StoreMode::Fallback);
-        if self.mode.swap(code, Ordering::Relaxed) != code {
+    /// Sets a route's mode; the instance's, and its gauge, when that changes.
+    fn set_mode(&self, r: &SharedRoute, mode: StoreMode) {
+        let fall = mode == StoreMode::Fallback;
+        if r.fallen.swap(fall, Ordering::Relaxed) == fall {
+            return;
+        }
+        let before = if fall {
+            self.fallen.fetch_add(1, Ordering::Relaxed)
+        } else {
+            self.fallen.fetch_sub(1, Ordering::Relaxed)
+        };
+        tracing::info!(
+            route = r.name.as_ref(),
+            mode = mode.as_str(),
+            "route store mode changed"
+        );
+        if (before == 0) == fall {
             publish_mode(mode);
             tracing::warn!(mode = mode.as_str(), "store mode changed");
         }
     }
 
-    /// A call failed: feed the breaker; once it is open, the instance is in fallback.
-    fn failed(&self) {
+    /// A call on a route failed: feed its breaker; once that is open, the route is
+    /// decided locally.
+    fn failed(&self, r: &SharedRoute) {
         let now = self.clock.now();
         let open = {
-            let mut b = self.breaker();
+            let mut b = r.breaker();
             b.failure(now);
             b.is_open()
         };
         if open {
-            self.set_mode(StoreMode::Fallback);
+            self.set_mode(r, StoreMode::Fallback);
         }
     }
 
@@ -521,7 +686,13 @@ impl Inner {
         let tag = format!("{{{}:{}}}", self.config.key_prefix, label);
         let counter = |decision: &'static str| metrics::counter!(metric::STORE_REQUESTS, "route" => label.to_string(), "decision" => decision);
         let r = Arc::new(SharedRoute {
+            name: Arc::clone(&label),
             keys: [format!("{tag}:w"), format!("{tag}:b"), format!("{tag}:c")],
+            breaker: Mutex::new(Breaker::new(
+                self.config.failures_to_open,
+                self.config.probe_interval,
+            )),
+            fallen: AtomicBool::new(false),
             window,
             burst,
             slot_us: (window.slot().as_micros() as u64).max(1),
@@ -539,7 +710,9 @@ impl Inner {
             pending: AtomicU64::new(0),
             synced_slot: AtomicU64::new(u64::MAX),
         });
-        self.routes.insert(label, Arc::clone(&r));
+        if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
+            self.set_mode(&old, StoreMode::Shared);
+        }
         r
     }
 
@@ -547,10 +720,7 @@ impl Inner {
     /// Redis erred, did not answer within `timeout`, or answered nonsense; the breaker
     /// and the error counters know either way.
     async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool) -> Option<Reply> {
-        let mut invocation = self.decide.prepare_invoke();
-        for key in &r.keys {
-            invocation.key(key.as_str());
-        }
+        let mut invocation = self.decide.call(&[&r.keys[0], &r.keys[1], &r.keys[2]]);
         invocation
             .arg(r.slot_us)
             .arg(r.window.slots())
@@ -559,12 +729,8 @@ impl Inner {
             .arg(ttl_ms(self.config.key_ttl))
             .arg(arrivals)
             .arg(u8::from(take));
-        let mut conn = self.conn.clone();
-        let answer = tokio::time::timeout(
-            self.config.timeout,
-            invocation.invoke_async::<Value>(&mut conn),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
         let reply = match answer {
             Ok(Ok(value)) => Reply::parse(value),
             Ok(Err(e)) => {
@@ -578,10 +744,10 @@ impl Inner {
             }
         };
         if reply.is_some() {
-            self.breaker().success();
-            self.set_mode(StoreMode::Shared);
+            r.breaker().success();
+            self.set_mode(r, StoreMode::Shared);
         } else {
-            self.failed();
+            self.failed(r);
         }
         reply
     }
@@ -622,7 +788,7 @@ impl Inner {
         r: &Arc<SharedRoute>,
         mode: Mode,
         now: Nanos,
-    ) -> Decision {
+    ) -> Verdict {
         r.pending.fetch_add(1, Ordering::Relaxed);
         let slot = now.as_u64() / r.slot_us.saturating_mul(1000).max(1);
         let last = r.synced_slot.load(Ordering::Relaxed);
@@ -634,7 +800,7 @@ impl Inner {
             // Arrivals of a failed or skipped sync are dropped: dumped into a later
             // slot they would look like a spike.
             let arrivals = r.pending.swap(0, Ordering::Relaxed);
-            if self.breaker().call(now) != Call::Skip {
+            if r.breaker().call(now) != Call::Skip {
                 tokio::spawn(sync(
                     Arc::clone(self),
                     Arc::clone(r),
@@ -643,7 +809,7 @@ impl Inner {
                 ));
             }
         }
-        if self.mode() == StoreMode::Fallback {
+        if r.mode() == StoreMode::Fallback {
             return self.fallback(r, mode, now);
         }
         match self.share_check(r, now) {
@@ -660,7 +826,7 @@ impl Inner {
             }
             admit => {
                 r.admitted.increment(1);
-                admit
+                (admit, None)
             }
         }
     }
@@ -677,11 +843,11 @@ impl Inner {
     }
 
     /// Decides locally, by `fail_mode`.
-    fn fallback(&self, r: &SharedRoute, mode: Mode, now: Nanos) -> Decision {
+    fn fallback(&self, r: &SharedRoute, mode: Mode, now: Nanos) -> Verdict {
         r.fallbacks.increment(1);
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         let rejection = match self.config.fail_mode {
-            FailMode::Open => return Decision::Admit(Admit::Now),
+            FailMode::Open => return (Decision::Admit(Admit::Now), None),
             FailMode::Closed => Rejection {
                 retry_after: self.config.probe_interval,
                 reason: Reason::FallbackLocal,
@@ -691,27 +857,23 @@ impl Inner {
                     retry_after: rej.retry_after,
                     reason: Reason::FallbackLocal,
                 },
-                admit => return admit,
+                admit => return (admit, None),
             },
         };
+        let reason = Some(rejection.reason);
         if mode == Mode::Shadow {
-            return Decision::Admit(Admit::Now);
+            return (Decision::Admit(Admit::Now), reason);
         }
-        Decision::Reject(rejection)
+        (Decision::Reject(rejection), reason)
     }
 
     async fn beat(&self) -> Option<u64> {
-        let mut invocation = self.heartbeat.prepare_invoke();
+        let mut invocation = self.heartbeat.call(&[&self.instances_key]);
         invocation
-            .key(self.instances_key.as_str())
             .arg(self.instance_id.as_str())
             .arg(ttl_ms(self.config.heartbeat * 3));
-        let mut conn = self.conn.clone();
-        let answer = tokio::time::timeout(
-            self.config.timeout,
-            invocation.invoke_async::<u64>(&mut conn),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(self.config.timeout, self.conn.invoke::<u64>(&invocation)).await;
         match answer {
             Ok(Ok(n)) => {
                 let n = n.max(1);
@@ -916,9 +1078,8 @@ async fn step(
     };
     let m = controller.memory();
     let nanos = |n: Nanos| n.as_u64().to_string();
-    let mut invocation = inner.save.prepare_invoke();
+    let mut invocation = inner.save.call(&[&r.keys[2]]);
     invocation
-        .key(r.keys[2].as_str())
         .arg(
             roll.memory
                 .through
@@ -932,13 +1093,7 @@ async fn step(
         .arg(m.safe_since.map_or_else(String::new, nanos))
         .arg(format!("{:?}", m.last_roc))
         .arg(ttl_ms(inner.config.key_ttl));
-    let mut conn = inner.conn.clone();
-    match tokio::time::timeout(
-        inner.config.timeout,
-        invocation.invoke_async::<i64>(&mut conn),
-    )
-    .await
-    {
+    match tokio::time::timeout(inner.config.timeout, inner.conn.invoke::<i64>(&invocation)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {
             inner.errors.increment(1);
