@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
-# Instructions per request in user space, under callgrind: `rocgate serve` and nginx as
-# reverse proxies (the configurations of scripts/bench-http.sh's proxy suite), admitting
-# everything and rejecting almost everything. Unlike req/s, these counts barely move
-# from run to run, so they compare the two on a noisy machine.
+# Instructions per request in user space, under callgrind, for the configurations of
+# scripts/bench-http.sh. Unlike req/s, these counts barely move from run to run, so
+# they compare configurations on a noisy machine.
+#   layer suite: examples/bench_server in each of its modes (bare axum, the no-op
+#                layer, rocgate's AdmissionLayer and tower_governor, admitting and
+#                rejecting);
+#   proxy suite: `rocgate serve` and nginx as reverse proxies in front of bench_server
+#                (bare, not under valgrind), admitting everything and rejecting almost
+#                everything.
 #
-# For each proxy: start it under `valgrind --tool=callgrind` in front of bench_server
-# (bare, not under valgrind), warm up with `wrk -t1 -c8` for 2 s, zero the counters,
-# run wrk for DURATION seconds (default 4), dump, and divide the instructions of every
-# thread by the requests wrk completed. nginx runs as one process (`master_process
-# off`). Prints one line per configuration; the callgrind files stay in OUT (default a
-# temporary directory, removed at the end) for `callgrind_annotate --inclusive=yes`.
+# For each configuration: start the server under `valgrind --tool=callgrind`, warm up
+# with `wrk -t1 -c8` for 2 s, zero the counters, run wrk for DURATION seconds (default
+# 4), dump, and divide the instructions of every thread by the requests wrk completed.
+# nginx runs as one process (`master_process off`). Prints one line per configuration;
+# the callgrind files stay in OUT (default a temporary directory, removed at the end)
+# for `callgrind_annotate --inclusive=yes`.
 #
-# Usage:  scripts/callgrind-proxy.sh
-#         DURATION=8 OUT=/tmp/cg scripts/callgrind-proxy.sh
+# Usage:  scripts/callgrind-http.sh                (both suites)
+#         SUITE=layer scripts/callgrind-http.sh
+#         SUITE=proxy DURATION=8 OUT=/tmp/cg scripts/callgrind-http.sh
 # Needs valgrind, wrk, curl and nginx (installed with apt-get when missing). Loopback
 # only; every process it starts is killed by PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-4}
+SUITE=${SUITE:-all}
+case $SUITE in
+all | layer | proxy) ;;
+*)
+    echo "callgrind-http: SUITE must be all, layer or proxy, got '$SUITE'" >&2
+    exit 2
+    ;;
+esac
 if ! [[ $DURATION =~ ^[0-9]+$ ]] || ((DURATION < 1)); then
-    echo "callgrind-proxy: DURATION must be a whole number of seconds, got '$DURATION'" >&2
+    echo "callgrind-http: DURATION must be a whole number of seconds, got '$DURATION'" >&2
     exit 2
 fi
 missing=()
@@ -72,19 +86,19 @@ poll() {
 "$target/examples/bench_server" bare 127.0.0.1:0 >"$work/upstream.out" 2>&1 &
 pids+=($!)
 upstream=$(poll 100 sed -n 's/^listening on //p' "$work/upstream.out") ||
-    { echo "callgrind-proxy: the upstream did not start" >&2; exit 1; }
+    { echo "callgrind-http: the upstream did not start" >&2; exit 1; }
 
 # Measures the proxy of PID $2 at URL $3 as configuration $1.
 measure() {
     local name=$1 pid=$2 url=$3 file ir requests
     poll 600 curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url/" >/dev/null ||
-        { echo "callgrind-proxy: $name does not answer" >&2; exit 1; }
+        { echo "callgrind-http: $name does not answer" >&2; exit 1; }
     wrk -t1 -c8 -d2s "$url/" >/dev/null
     callgrind_control -z "$pid" >/dev/null
     wrk -t1 -c8 -d"${DURATION}s" "$url/" >"$work/wrk.out"
     callgrind_control -d "$pid" >/dev/null
     file=$(poll 100 find "$out" -name "$name.$pid.*" -newer "$work/wrk.out") ||
-        { echo "callgrind-proxy: no dump for $name" >&2; exit 1; }
+        { echo "callgrind-http: no dump for $name" >&2; exit 1; }
     sleep 0.5 # the dump may still be being written
     ir=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
     requests=$(awk '/ requests in / { print $1 }' "$work/wrk.out")
@@ -93,6 +107,19 @@ measure() {
     kill "$pid"
     wait "$pid" 2>/dev/null || true
 }
+
+if [[ $SUITE != proxy ]]; then
+    for mode in bare noop-layer rocgate-admit rocgate-reject governor-admit governor-reject; do
+        valgrind --tool=callgrind --callgrind-out-file="$out/$mode.%p" \
+            "$target/examples/bench_server" "$mode" 127.0.0.1:0 >"$work/$mode.out" 2>&1 &
+        pid=$!
+        pids+=("$pid")
+        url=$(poll 600 sed -n 's/^listening on //p' "$work/$mode.out") ||
+            { echo "callgrind-http: bench_server $mode did not start" >&2; exit 1; }
+        measure "$mode" "$pid" "$url"
+    done
+fi
+[[ $SUITE == layer ]] && exit 0
 
 for rate in 10000000 1; do
     if ((rate == 1)); then kind=reject; else kind=admit; fi
@@ -119,7 +146,7 @@ TOML
     pid=$!
     pids+=("$pid")
     listen=$(poll 600 sed -n 's/.*listen=\([0-9.:]*\).*/\1/p' "$work/rocgate-$kind.err") ||
-        { echo "callgrind-proxy: rocgate serve did not start" >&2; cat "$work/rocgate-$kind.err" >&2; exit 1; }
+        { echo "callgrind-http: rocgate serve did not start" >&2; cat "$work/rocgate-$kind.err" >&2; exit 1; }
     measure "rocgate-$kind" "$pid" "http://$listen"
 
     port=$((10000 + RANDOM % 20000))
