@@ -998,6 +998,19 @@ async fn two_proxies_share_one_limit() {
         tokio::spawn(conn);
         sender
     }
+    /// The body of `GET path` on an admin connection.
+    async fn get(
+        admin: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+        path: &str,
+    ) -> String {
+        let req = http::Request::get(path)
+            .header("host", "admin")
+            .body(Empty::new())
+            .unwrap();
+        admin.ready().await.unwrap();
+        let body = admin.send_request(req).await.unwrap().into_body().collect();
+        String::from_utf8(body.await.unwrap().to_bytes().to_vec()).unwrap()
+    }
     let mut clients = Vec::new();
     for (addr, _) in &addrs {
         clients.push(connect(*addr).await);
@@ -1036,19 +1049,7 @@ async fn two_proxies_share_one_limit() {
     assert_eq!(client.send_request(req).await.unwrap().status(), 200);
     // The admin API reports the store mode.
     let mut admin = connect(addrs[0].1).await;
-    let req = http::Request::get("/metrics")
-        .header("host", "admin")
-        .body(Empty::new())
-        .unwrap();
-    admin.ready().await.unwrap();
-    let body = admin
-        .send_request(req)
-        .await
-        .unwrap()
-        .into_body()
-        .collect()
-        .await;
-    let text = String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap();
+    let text = get(&mut admin, "/metrics").await;
     assert!(
         text.contains("rocgate_store_mode{mode=\"shared\"} 1"),
         "{text}"
@@ -1057,38 +1058,16 @@ async fn two_proxies_share_one_limit() {
     let (mut offered, mut engine_admitted) = (0, 0);
     for (_, admin_addr) in &addrs {
         let mut admin = connect(*admin_addr).await;
-        let req = http::Request::get("/admin/routes/order")
-            .header("host", "admin")
-            .body(Empty::new())
-            .unwrap();
-        admin.ready().await.unwrap();
-        let body = admin
-            .send_request(req)
-            .await
-            .unwrap()
-            .into_body()
-            .collect()
-            .await;
-        let route: serde_json::Value = serde_json::from_slice(&body.unwrap().to_bytes()).unwrap();
+        let route: serde_json::Value =
+            serde_json::from_str(&get(&mut admin, "/admin/routes/order").await).unwrap();
         offered += route["offered"].as_u64().unwrap();
         engine_admitted += route["admitted"].as_u64().unwrap();
         assert_eq!(route["offered"], 150, "{route}");
     }
     assert_eq!((offered, engine_admitted), (300, admitted));
 
-    let req = http::Request::get("/admin/store")
-        .header("host", "admin")
-        .body(Empty::new())
-        .unwrap();
-    admin.ready().await.unwrap();
-    let body = admin
-        .send_request(req)
-        .await
-        .unwrap()
-        .into_body()
-        .collect()
-        .await;
-    let status: serde_json::Value = serde_json::from_slice(&body.unwrap().to_bytes()).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
     assert_eq!(status["backend"], "redis");
     assert_eq!(status["mode"], "shared");
     assert_eq!(status["routes"]["order"]["limit_rps"], 1.0);
@@ -1124,19 +1103,7 @@ async fn two_proxies_share_one_limit() {
         "{reasons:?}"
     );
     assert_eq!(reasons.values().sum::<usize>(), 100);
-    let req = http::Request::get("/metrics")
-        .header("host", "admin")
-        .body(Empty::new())
-        .unwrap();
-    admin.ready().await.unwrap();
-    let body = admin
-        .send_request(req)
-        .await
-        .unwrap()
-        .into_body()
-        .collect()
-        .await;
-    let text = String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap();
+    let text = get(&mut admin, "/metrics").await;
     assert!(
         text.contains("rocgate_store_mode{mode=\"fallback_local\"} 1"),
         "{text}"

@@ -2,8 +2,7 @@
 
 use super::ServeArgs;
 use rocgate::config::{Config, ServerConfig};
-use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use rocgate::proxy::{Proxy, ProxySettings, Reloader};
 use std::process::ExitCode;
 
 /// The proxy settings: the file's, then the command line's overrides.
@@ -17,20 +16,10 @@ fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, St
             "--upstream {upstream_text:?}: must be http://host[:port] (TLS upstreams are not supported)"
         ));
     }
-    Ok(ProxySettings {
-        listen: args.listen.unwrap_or(server.listen),
-        admin_listen: args.admin.unwrap_or(server.admin_listen),
-        forward: ForwardSettings {
-            upstream,
-            connect_timeout: server.connect_timeout,
-            response_timeout: server.response_timeout,
-            max_body_bytes: server.max_body_bytes,
-            resolver: ClientIpResolver::new(server.trusted_proxies.clone()),
-        },
-        header_read_timeout: server.header_read_timeout,
-        shutdown_grace: server.shutdown_grace,
-        admin_token: server.admin_token.clone(),
-    })
+    let mut settings = ProxySettings::from_server(server, upstream);
+    settings.listen = args.listen.unwrap_or(server.listen);
+    settings.admin_listen = args.admin.unwrap_or(server.admin_listen);
+    Ok(settings)
 }
 
 /// Completes on SIGTERM or Ctrl-C.

@@ -30,9 +30,8 @@ use crate::config::{Config, ConfigError};
 use crate::controller::ControllerState;
 use crate::engine::RouteSnapshot;
 use crate::hints::Hint;
-use crate::http::ClientIpResolver;
 use crate::limiter::Algorithm;
-use crate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use crate::proxy::{Proxy, ProxySettings, Reloader};
 use crate::sim::{ArrivalModel, Profile, Scenario};
 use crate::window::WindowSpec;
 use std::future::Future;
@@ -315,21 +314,10 @@ pub async fn run(
                 what: format!("{} (the demo shop)", shop.addr()),
                 source: io::Error::new(io::ErrorKind::InvalidInput, e),
             })?;
-    let server = &config.server;
-    let proxy_settings = ProxySettings {
-        listen: settings.listen,
-        admin_listen: settings.admin,
-        forward: ForwardSettings {
-            upstream,
-            connect_timeout: server.connect_timeout,
-            response_timeout: server.response_timeout,
-            max_body_bytes: server.max_body_bytes,
-            resolver: ClientIpResolver::new(server.trusted_proxies.clone()),
-        },
-        header_read_timeout: server.header_read_timeout,
-        shutdown_grace: server.shutdown_grace,
-        admin_token: None,
-    };
+    let mut proxy_settings = ProxySettings::from_server(&config.server, upstream);
+    proxy_settings.listen = settings.listen;
+    proxy_settings.admin_listen = settings.admin;
+    proxy_settings.admin_token = None;
     let proxy = Proxy::bind(proxy_settings, &config, None)
         .await
         .map_err(|source| DemoError::Listen {

@@ -21,7 +21,7 @@ pub use error::ProxyError;
 pub use forward::{ForwardSettings, Forwarder};
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::config::Config;
+use crate::config::{Config, ServerConfig};
 use crate::controller::Transition;
 use crate::engine::Engine;
 use crate::http::{shared_engine, AdmissionLayer, PeerAddr, SharedEngine};
@@ -57,6 +57,27 @@ pub struct ProxySettings {
     pub shutdown_grace: Duration,
     /// Bearer token required by the admin API's mutating endpoints, if set.
     pub admin_token: Option<String>,
+}
+
+impl ProxySettings {
+    /// The settings of a config's `[server]` and `[admin]` sections, forwarding to
+    /// `upstream` (already checked to be `http://host[:port]`).
+    pub fn from_server(server: &ServerConfig, upstream: http::Uri) -> Self {
+        ProxySettings {
+            listen: server.listen,
+            admin_listen: server.admin_listen,
+            forward: ForwardSettings {
+                upstream,
+                connect_timeout: server.connect_timeout,
+                response_timeout: server.response_timeout,
+                max_body_bytes: server.max_body_bytes,
+                resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone()),
+            },
+            header_read_timeout: server.header_read_timeout,
+            shutdown_grace: server.shutdown_grace,
+            admin_token: server.admin_token.clone(),
+        }
+    }
 }
 
 /// A bound, not yet running proxy.
