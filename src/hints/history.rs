@@ -307,7 +307,11 @@ impl History {
                 .map(|now| now.since(&before.upstream.unwrap_or_default()));
             h.totals = totals;
             h.settings = settings;
-            let closed = std::mem::replace(open, Interval::new(now, interval));
+            let mut closed = std::mem::replace(open, Interval::new(now, interval));
+            closed.roc.compact();
+            if let Some(u) = &mut closed.upstream {
+                u.latency.compact();
+            }
             if !closed.length.is_zero() {
                 h.done.push_back(closed);
             }

@@ -4,15 +4,16 @@
 //! Buckets grow by a factor of 2^(1/8) (about 9%) from [`Sketch::FLOOR`]; a quantile is
 //! reported as its bucket's upper bound, so it errs high by at most 9%, which is the
 //! safe side for "just above the high quantiles". Values at or below the floor,
-//! negative ones included, share bucket 0. Only occupied buckets are stored.
+//! negative ones included, share bucket 0. Only occupied buckets are stored, as a
+//! sorted list of (bucket, count) pairs: 8 bytes a bucket.
 
 use serde::Serialize;
-use std::collections::BTreeMap;
 
 /// Counts of values per logarithmic bucket.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Sketch {
-    buckets: BTreeMap<u16, u64>,
+    /// Occupied buckets in increasing order, with their counts (saturating).
+    buckets: Vec<(u16, u32)>,
     count: u64,
     max: f64,
 }
@@ -52,7 +53,7 @@ impl Sketch {
         if n == 0 {
             return;
         }
-        *self.buckets.entry(Self::bucket(value)).or_insert(0) += n;
+        self.add(Self::bucket(value), n);
         self.max = if self.count == 0 {
             value
         } else {
@@ -61,13 +62,21 @@ impl Sketch {
         self.count += n;
     }
 
+    fn add(&mut self, bucket: u16, n: u64) {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        match self.buckets.binary_search_by_key(&bucket, |&(b, _)| b) {
+            Ok(i) => self.buckets[i].1 = self.buckets[i].1.saturating_add(n),
+            Err(i) => self.buckets.insert(i, (bucket, n)),
+        }
+    }
+
     /// Adds every value of `other`.
     pub fn merge(&mut self, other: &Sketch) {
         if other.count == 0 {
             return;
         }
-        for (&b, &n) in &other.buckets {
-            *self.buckets.entry(b).or_insert(0) += n;
+        for &(b, n) in &other.buckets {
+            self.add(b, u64::from(n));
         }
         self.max = if self.count == 0 {
             other.max
@@ -75,6 +84,11 @@ impl Sketch {
             self.max.max(other.max)
         };
         self.count += other.count;
+    }
+
+    /// Gives back the spare capacity of the bucket list (for a sketch that is done).
+    pub(crate) fn compact(&mut self) {
+        self.buckets.shrink_to_fit();
     }
 
     /// Values recorded.
@@ -95,9 +109,9 @@ impl Sketch {
             return None;
         }
         let rank = ((q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (&b, &n) in &self.buckets {
-            seen += n;
+        let mut seen = 0u64;
+        for &(b, n) in &self.buckets {
+            seen += u64::from(n);
             if seen >= rank {
                 let bound = if b == 0 {
                     Self::FLOOR
