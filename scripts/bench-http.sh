@@ -54,6 +54,8 @@
 # `cargo bench`) should run meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/proxy-configs.sh
+source scripts/proxy-configs.sh
 
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
@@ -207,24 +209,7 @@ nginx_url() { echo "http://127.0.0.1:$nginx_port"; }
 # on CPU 0, in front of the upstream at $2.
 start_rocgate_serve() {
     local rate=$1 upstream=$2
-    cat >"$work/rocgate.toml" <<TOML
-[defaults]
-base_limit = $rate
-cut_limit = $rate
-algorithm = "token_bucket"
-burst = "1s"
-
-[[routes]]
-name = "all"
-path_prefix = "/"
-
-[server]
-listen = "127.0.0.1:0"
-upstream = "$upstream"
-
-[admin]
-listen = "127.0.0.1:0"
-TOML
+    write_rocgate_config "$work/rocgate.toml" "$rate" "$upstream"
     : >"$work/proxy.err"
     RUST_LOG=info taskset -c 0 "$rocgate" serve --config "$work/rocgate.toml" \
         >/dev/null 2>"$work/proxy.err" &
@@ -242,7 +227,7 @@ start_nginx() {
     for ((attempt = 0; attempt < 5; attempt++)); do
         nginx_port=$(free_port)
         : >"$prefix/logs/error.log"
-        write_nginx_conf "$rate" "$upstream" "$prefix"
+        write_nginx_config "$prefix" "$nginx_port" "$rate" "$upstream"
         # taskset execs nginx: $! is the master's PID; the worker inherits CPU 0.
         taskset -c 0 "$nginx_bin" -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" \
             >/dev/null 2>"$prefix/logs/stderr" &
@@ -253,42 +238,6 @@ start_nginx() {
         grep -q "Address already in use" "$prefix/logs/error.log" || break
     done
     exited nginx "$prefix/logs/error.log"
-}
-
-# Writes nginx.conf into $3: limit_req at $1 r/s, upstream $2, port $nginx_port.
-write_nginx_conf() {
-    local rate=$1 upstream=$2 prefix=$3
-    cat >"$prefix/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-pid $prefix/nginx.pid;
-error_log $prefix/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $prefix/tmp/body;
-    proxy_temp_path $prefix/tmp/proxy;
-    fastcgi_temp_path $prefix/tmp/fastcgi;
-    uwsgi_temp_path $prefix/tmp/uwsgi;
-    scgi_temp_path $prefix/tmp/scgi;
-    limit_req_zone \$server_name zone=bench:1m rate=${rate}r/s;
-    limit_req_status 429;
-    upstream up {
-        server $upstream;
-        keepalive 64;
-    }
-    server {
-        listen 127.0.0.1:$nginx_port;
-        server_name bench;
-        location / {
-            limit_req zone=bench burst=$rate nodelay;
-            proxy_pass http://up;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
-NGINX
 }
 
 # Starts configuration $1 and sets `url` once it answers.

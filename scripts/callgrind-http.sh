@@ -23,6 +23,8 @@
 # only; every process it starts is killed by PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/proxy-configs.sh
+source scripts/proxy-configs.sh
 
 DURATION=${DURATION:-4}
 SUITE=${SUITE:-all}
@@ -123,24 +125,7 @@ fi
 
 for rate in 10000000 1; do
     if ((rate == 1)); then kind=reject; else kind=admit; fi
-    cat >"$work/rocgate.toml" <<TOML
-[defaults]
-base_limit = $rate
-cut_limit = $rate
-algorithm = "token_bucket"
-burst = "1s"
-
-[[routes]]
-name = "all"
-path_prefix = "/"
-
-[server]
-listen = "127.0.0.1:0"
-upstream = "$upstream"
-
-[admin]
-listen = "127.0.0.1:0"
-TOML
+    write_rocgate_config "$work/rocgate.toml" "$rate" "$upstream"
     RUST_LOG=info valgrind --tool=callgrind --callgrind-out-file="$out/rocgate-$kind.%p" \
         "$target/rocgate" serve --config "$work/rocgate.toml" >/dev/null 2>"$work/rocgate-$kind.err" &
     pid=$!
@@ -151,38 +136,7 @@ TOML
 
     port=$((10000 + RANDOM % 20000))
     prefix="$work/nginx"
-    cat >"$prefix/nginx.conf" <<NGINX
-worker_processes 1;
-master_process off;
-daemon off;
-pid $prefix/nginx.pid;
-error_log $prefix/logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $prefix/tmp/body;
-    proxy_temp_path $prefix/tmp/proxy;
-    fastcgi_temp_path $prefix/tmp/fastcgi;
-    uwsgi_temp_path $prefix/tmp/uwsgi;
-    scgi_temp_path $prefix/tmp/scgi;
-    limit_req_zone \$server_name zone=bench:1m rate=${rate}r/s;
-    limit_req_status 429;
-    upstream up {
-        server ${upstream#http://};
-        keepalive 64;
-    }
-    server {
-        listen 127.0.0.1:$port;
-        server_name bench;
-        location / {
-            limit_req zone=bench burst=$rate nodelay;
-            proxy_pass http://up;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
-NGINX
+    write_nginx_config "$prefix" "$port" "$rate" "${upstream#http://}" "master_process off;"
     valgrind --tool=callgrind --callgrind-out-file="$out/nginx-$kind.%p" \
         "$nginx_bin" -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" \
         >/dev/null 2>"$work/nginx.err" &
