@@ -14,8 +14,9 @@ use super::SimulateArgs;
 use rocgate::config::{Config, Partition};
 use rocgate::sim::access_log::{self, LogError};
 use rocgate::sim::{
-    chart, sweep, AccessLog, ArrivalModel, LogOptions, LogReader, LogStats, Profile, RunSummary,
-    Scenario, SimError, SimRun, Simulator, Spread, Summary, Sweep, SweepParam, SweepRow,
+    chart, sweep, AccessLog, ArrivalModel, LogOptions, LogReader, LogStats, Profile, ReasonCounts,
+    RunSummary, Scenario, SimError, SimRun, Simulator, Spread, Summary, Sweep, SweepParam,
+    SweepRow,
 };
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -563,12 +564,15 @@ fn render_route(out: &mut String, s: &Summary) {
         out,
         format_args!("rejected      {:>8}  {:5.1}%", s.rejected, pct(s.rejected)),
     );
-    for (reason, n) in s.rejected_by_reason.iter().filter(|&(_, n)| n > 0) {
-        line(
-            out,
-            format_args!("  {:<12}{n:>8}  {:5.1}%", reason.as_str(), pct(n)),
-        );
-    }
+    let by_reason = |out: &mut String, counts: &ReasonCounts| {
+        for (reason, n) in counts.iter().filter(|&(_, n)| n > 0) {
+            line(
+                out,
+                format_args!("  {:<12}{n:>8}  {:5.1}%", reason.as_str(), pct(n)),
+            );
+        }
+    };
+    by_reason(out, &s.rejected_by_reason);
     if s.shadow_rejected > 0 {
         line(
             out,
@@ -578,12 +582,7 @@ fn render_route(out: &mut String, s: &Summary) {
                 pct(s.shadow_rejected)
             ),
         );
-        for (reason, n) in s.shadow_rejected_by_reason.iter().filter(|&(_, n)| n > 0) {
-            line(
-                out,
-                format_args!("  {:<12}{n:>8}  {:5.1}%", reason.as_str(), pct(n)),
-            );
-        }
+        by_reason(out, &s.shadow_rejected_by_reason);
     }
     if s.overload > 0 {
         line(
