@@ -35,7 +35,7 @@
 use crate::clock::Nanos;
 use crate::config::{Config, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier};
 use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
-use crate::limiter::{Admit, Algorithm, Decision, Level, Limiter, Reason};
+use crate::limiter::{Admit, Algorithm, Decision, Level, Limiter, Reason, Rejection};
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
 use dashmap::DashMap;
 use std::borrow::Borrow;
@@ -299,25 +299,53 @@ impl Engine {
             self.roll(r, now);
         }
         r.counter.add();
+        // The common case, a route-wide token bucket, is decided from a two-register
+        // result: the `Decision` is built once, in the caller's slot, never moved.
+        if let (None, Limiter::TokenBucket(bucket)) = (&r.keys, &r.limiter) {
+            return match bucket.take(now) {
+                Ok(()) => {
+                    self.after_admit(r, now);
+                    Decision::Admit(Admit::Now)
+                }
+                Err(retry_after_ns) => self.refused(
+                    r,
+                    Duration::from_nanos(retry_after_ns.max(1)),
+                    Reason::Limit,
+                ),
+            };
+        }
         let decision = match &r.keys {
             None => r.limiter.check(now),
             Some(keys) => keys.check(r, key, now),
         };
-        let decision = match decision {
-            Decision::Reject(mut rej) => {
-                if rej.reason == Reason::Limit
-                    && r.mode != Mode::ShadowAdaptive
-                    && r.engaged.load(Ordering::Relaxed)
-                {
-                    rej.reason = Reason::RocCut;
-                }
-                rej
+        match decision {
+            Decision::Reject(rej) => self.refused(r, rej.retry_after, rej.reason),
+            admit => {
+                self.after_admit(r, now);
+                admit
             }
-            admit => return self.after_admit(r, admit, now),
+        }
+    }
+
+    /// A limiter refused the request: names an ROC cut as the reason when one is in
+    /// force, counts the rejection, and enforces it unless the route is in shadow.
+    /// (The rejection comes in registers, as its two parts: a `Rejection` passed by
+    /// reference is read back whole from two narrower stores, which stalls the CPU.)
+    #[inline(never)]
+    fn refused(&self, r: &Route, retry_after: Duration, reason: Reason) -> Decision {
+        let mut rej = Rejection {
+            retry_after,
+            reason,
         };
-        r.counter.counters().add(rejected_counter(decision.reason));
+        if rej.reason == Reason::Limit
+            && r.mode != Mode::ShadowAdaptive
+            && r.engaged.load(Ordering::Relaxed)
+        {
+            rej.reason = Reason::RocCut;
+        }
+        r.counter.counters().add(rejected_counter(rej.reason));
         match r.mode {
-            Mode::Enforce | Mode::ShadowAdaptive => Decision::Reject(decision),
+            Mode::Enforce | Mode::ShadowAdaptive => Decision::Reject(rej),
             Mode::Shadow => Decision::Admit(Admit::Now),
         }
     }
@@ -339,13 +367,17 @@ impl Engine {
 
     /// shadow_adaptive: an admitted request is also tried against the cut limit.
     #[inline]
-    fn after_admit(&self, r: &Route, admit: Decision, now: Nanos) -> Decision {
+    fn after_admit(&self, r: &Route, now: Nanos) {
         if let Some(shadow) = &r.shadow {
-            if r.engaged.load(Ordering::Relaxed) && !shadow.check(now).is_admit() {
-                r.counter.counters().add(SHADOW_CUT);
-            }
+            Self::count_shadow_cut(r, shadow, now);
         }
-        admit
+    }
+
+    #[inline(never)]
+    fn count_shadow_cut(r: &Route, shadow: &Limiter, now: Nanos) {
+        if r.engaged.load(Ordering::Relaxed) && !shadow.check(now).is_admit() {
+            r.counter.counters().add(SHADOW_CUT);
+        }
     }
 
     /// Advances the route's window to the slot of `now` and steps the controller, if

@@ -362,6 +362,17 @@ impl TokenBucket {
     /// Takes one token at `now`, or says when one will be there.
     #[inline]
     pub fn check(&self, now: Nanos) -> Decision {
+        match self.take(now) {
+            Ok(()) => Decision::Admit(Admit::Now),
+            Err(retry_after_ns) => reject(retry_after_ns, Reason::Limit),
+        }
+    }
+
+    /// [`check`](Self::check) in two registers: `Ok` when a token was taken, else the
+    /// nanoseconds until one will be there. Callers on the hot path branch on this
+    /// before building a [`Decision`].
+    #[inline]
+    pub fn take(&self, now: Nanos) -> Result<(), u64> {
         let now = now.as_u64();
         let t = self.emission_ns.load(Ordering::Relaxed);
         let tau = Self::tolerance(t, self.capacity.load(Ordering::Relaxed));
@@ -369,13 +380,13 @@ impl TokenBucket {
         loop {
             let next = tat.max(now) + t;
             if next - now > tau {
-                return reject(next - tau - now, Reason::Limit);
+                return Err(next - tau - now);
             }
             match self
                 .tat
                 .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) => return Decision::Admit(Admit::Now),
+                Ok(_) => return Ok(()),
                 Err(seen) => tat = seen,
             }
         }
