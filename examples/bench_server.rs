@@ -13,8 +13,17 @@
 //! | `noop-layer` | a layer that adds nothing (`layer_fn(\|s\| s)`): what any axum `Router::layer` costs | — |
 //! | `rocgate-admit` | `AdmissionLayer`, token bucket | 10,000,000 req/s, burst 10,000,000 |
 //! | `rocgate-reject` | `AdmissionLayer`, token bucket | 1 req/s, burst 1 |
+//! | `rocgate-admit-outside` | `AdmissionLayer` around the whole `Router` | as `rocgate-admit` |
+//! | `rocgate-reject-outside` | `AdmissionLayer` around the whole `Router` | as `rocgate-reject` |
 //! | `governor-admit` | `tower_governor::GovernorLayer`, one global key | 10,000,000 req/s, burst 10,000,000 |
 //! | `governor-reject` | `tower_governor::GovernorLayer`, one global key | 1 req/s, burst 1 |
+//!
+//! The first four layered modes add the layer with `Router::layer`, which runs it after
+//! routing and wraps each route in one more boxed service, cloned per request, whatever
+//! the layer (the `noop-layer` floor). The `-outside` modes wrap the `Router` instead
+//! (`AdmissionLayer::layer(router)`, as with `ServiceBuilder`): rocgate matches routes
+//! itself, so it can decide before routing, and a rejected request never reaches the
+//! router.
 //!
 //! The quotas are the same for both layers: a rate and a bucket of one second of it.
 //! rocgate's cut limit equals its base limit, so the ROC controller, which still runs at
@@ -26,14 +35,18 @@
 //! It runs on a current-thread tokio runtime, so it uses one core; nothing is logged
 //! per request.
 
+use axum::extract::Request;
+use axum::response::Response;
 use axum::routing::get;
-use axum::Router;
+use axum::{Router, ServiceExt as _};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::http::AdmissionLayer;
 use rocgate::limiter::Algorithm;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
+use tower::Layer as _;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
 use tower_governor::GovernorLayer;
@@ -51,11 +64,13 @@ const ADMIT: Quota = Quota {
 /// Low enough that all but about one request per second is rejected.
 const REJECT: Quota = Quota { rate_rps: 1 };
 
-const MODES: [&str; 6] = [
+const MODES: [&str; 8] = [
     "bare",
     "noop-layer",
     "rocgate-admit",
     "rocgate-reject",
+    "rocgate-admit-outside",
+    "rocgate-reject-outside",
     "governor-admit",
     "governor-reject",
 ];
@@ -69,7 +84,6 @@ fn main() -> ExitCode {
         },
         _ => return usage("expected MODE ADDR"),
     };
-    let app = app(mode);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -77,14 +91,24 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the runtime: {e}")),
     };
-    match runtime.block_on(serve(app, addr)) {
+    let served = match mode {
+        "rocgate-admit-outside" => runtime.block_on(serve(rocgate(ADMIT).layer(hello()), addr)),
+        "rocgate-reject-outside" => runtime.block_on(serve(rocgate(REJECT).layer(hello()), addr)),
+        _ => runtime.block_on(serve(app(mode), addr)),
+    };
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&format!("cannot serve on {addr}: {e}")),
     }
 }
 
+fn hello() -> Router {
+    Router::new().route("/", get(|| async { "Hello, World!" }))
+}
+
+/// The router of `mode`, with the layer added by `Router::layer`.
 fn app(mode: &str) -> Router {
-    let hello = Router::new().route("/", get(|| async { "Hello, World!" }));
+    let hello = hello();
     match mode {
         // Router::layer wraps the route in its own boxed service even when the layer
         // returns it unchanged: the floor every layer below pays.
@@ -122,10 +146,16 @@ fn governor(
     GovernorLayer::new(config)
 }
 
-async fn serve(app: Router, addr: SocketAddr) -> std::io::Result<()> {
+/// Serves `app`: a `Router`, or any service of axum requests (a `Router` wrapped in a
+/// layer) made into one with `axum::ServiceExt::into_make_service`.
+async fn serve<S>(app: S, addr: SocketAddr) -> std::io::Result<()>
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await
+    axum::serve(listener, app.into_make_service()).await
 }
 
 fn usage(problem: &str) -> ExitCode {

@@ -2,12 +2,15 @@
 # HTTP front benchmark: what the admission layer costs an axum server, side by side
 # with bare axum and with tower_governor.
 #
-# Builds examples/bench_server.rs in release and measures six configurations of the
+# Builds examples/bench_server.rs in release and measures eight configurations of the
 # same hello world (GET / -> "Hello, World!"):
 #   bare              axum alone
 #   noop-layer        + a layer that adds nothing: what axum's Router::layer itself costs
 #   rocgate-admit     + rocgate's AdmissionLayer, quota so high nothing is rejected
 #   rocgate-reject    + AdmissionLayer at 1 req/s: almost everything gets a 429
+#   rocgate-admit-outside, rocgate-reject-outside
+#                     the same two with the layer around the whole Router instead of
+#                     added by Router::layer: no per-route boxing, decided before routing
 #   governor-admit    + tower_governor, the same quota as rocgate-admit
 #   governor-reject   + tower_governor, the same quota as rocgate-reject
 # Every round runs every configuration once (the starting configuration rotates from
@@ -29,6 +32,11 @@
 # the ratio of the median req/s to bare axum's, with the issue's targets (rocgate
 # admitting >= 0.97x bare, rocgate rejecting >= 0.95x bare).
 #
+# This machine's speed drifts by 30% over minutes, more than the effects measured, and
+# a round of the layer suite takes 90 s. With PAIRED=1, every layer configuration is
+# run right after a bare run of its own, and its ratio is the median over rounds of
+# its req/s over that bare run's: drift between rounds then cancels out.
+#
 # With SUITE=proxy (or SUITE=all, the default: both suites), the reverse proxies are
 # measured too, in front of the same upstream (bench_server bare, on CPU 1 with wrk):
 #   rocgate-serve-admit   `rocgate serve`, one route, token bucket at 10,000,000 req/s
@@ -48,6 +56,7 @@
 # Usage:  scripts/bench-http.sh            (ROUNDS=3 DURATION=10 WARMUP=1: about 8 min)
 #         SUITE=proxy scripts/bench-http.sh   (the proxies only: about 3 min)
 #         ROUNDS=5 DURATION=20 QUIET_WAIT=60 RETRIES=2 scripts/bench-http.sh
+#         SUITE=layer PAIRED=1 ROUNDS=5 DURATION=5 scripts/bench-http.sh
 # Needs 2 CPUs, taskset, curl and wrk (installed with apt-get when missing; nginx too
 # for the proxy suite). Loopback only; stops by itself; every server is killed on exit,
 # error or Ctrl-C. Ratios matter, not absolute figures: nothing else heavy (such as
@@ -64,7 +73,9 @@ QUIET_WAIT=${QUIET_WAIT:-0}
 RETRIES=${RETRIES:-0}
 OTHERS_MAX=${OTHERS_MAX:-5}
 SUITE=${SUITE:-all}
-LAYER_CONFIGS=(bare noop-layer rocgate-admit rocgate-reject governor-admit governor-reject)
+PAIRED=${PAIRED:-0}
+LAYER_CONFIGS=(bare noop-layer rocgate-admit rocgate-reject rocgate-admit-outside
+    rocgate-reject-outside governor-admit governor-reject)
 PROXY_CONFIGS=(rocgate-serve-admit rocgate-serve-reject nginx-admit nginx-reject)
 case $SUITE in
     layer) CONFIGS=("${LAYER_CONFIGS[@]}") ;;
@@ -75,6 +86,11 @@ case $SUITE in
         exit 2
         ;;
 esac
+is_layer_config() {
+    local c
+    for c in "${LAYER_CONFIGS[@]}"; do [[ $c == "$1" ]] && return 0; done
+    return 1
+}
 has_config() {
     local c
     for c in "${CONFIGS[@]}"; do [[ $c == "$1" ]] && return 0; done
@@ -338,28 +354,40 @@ measure() {
     fi
 }
 
-declare -A rps p99 non2xx
+declare -A rps p99
 n=${#CONFIGS[@]}
 echo "$ROUNDS rounds x $n configurations x ${DURATION}s (+${WARMUP}s warm-up each)"
 echo
-printf '%-6s %-20s %10s %9s %8s %7s %7s  %s\n' round configuration req/s "p99 us" non-2xx \
+printf '%-6s %-24s %10s %9s %8s %7s %7s  %s\n' round configuration req/s "p99 us" non-2xx \
     busy others "socket errors"
 noisy=0
+# Measures configuration $1 in round $2 (again while others exceed OTHERS_MAX, up to
+# RETRIES times), prints the run and records it.
+run() {
+    local mode=$1 round=$2 attempt
+    for ((attempt = 0; ; attempt++)); do
+        measure "$mode"
+        ((others > OTHERS_MAX && attempt < RETRIES)) || break
+        printf '%-6s %-24s %10.0f  (discarded: others used %s%% of a CPU; retrying)\n' \
+            "$round" "$mode" "$r" "$others"
+    done
+    ((others <= OTHERS_MAX)) || noisy=$((noisy + 1))
+    printf '%-6s %-24s %10.0f %9s %8s %6s%% %6s%%  %s\n' "$round" "$mode" "$r" "$(to_us "$l")" \
+        "$(awk -v b="${bad:-0}" -v t="$total" 'BEGIN { printf "%.1f%%", 100 * b / t }')" \
+        "$busy" "$others" "${errors:-none}"
+}
+declare -A paired
 for ((round = 1; round <= ROUNDS; round++)); do
     for ((i = 0; i < n; i++)); do
         mode=${CONFIGS[(i + round - 1) % n]}
-        for ((attempt = 0; ; attempt++)); do
-            measure "$mode"
-            ((others > OTHERS_MAX && attempt < RETRIES)) || break
-            printf '%-6s %-20s %10.0f  (discarded: others used %s%% of a CPU; retrying)\n' \
-                "$round" "$mode" "$r" "$others"
-        done
-        ((others <= OTHERS_MAX)) || noisy=$((noisy + 1))
+        if ((PAIRED)) && [[ $mode != bare ]] && is_layer_config "$mode"; then
+            run bare "$round"
+            paired[$mode,$round]=$r
+        fi
+        run "$mode" "$round"
         rps[$mode,$round]=$r
         p99[$mode,$round]=$(to_us "$l")
-        non2xx[$mode,$round]=$(awk -v b="${bad:-0}" -v t="$total" 'BEGIN { printf "%.1f%%", 100 * b / t }')
-        printf '%-6s %-20s %10.0f %9s %8s %6s%% %6s%%  %s\n' "$round" "$mode" "$r" \
-            "${p99[$mode,$round]}" "${non2xx[$mode,$round]}" "$busy" "$others" "${errors:-none}"
+        [[ $mode == bare ]] && paired[$mode,$round]=$r
     done
 done
 
@@ -374,15 +402,27 @@ for mode in "${CONFIGS[@]}"; do
     med_p99[$mode]=$(median "${ls[@]}")
 done
 
-ratio() { awk -v a="${med_rps[$1]}" -v b="${med_rps[bare]}" 'BEGIN { printf "%.3f", a / b }'; }
+# X ÷ bare: with PAIRED=1 the median over rounds of X's req/s over the bare run just
+# before it; otherwise the ratio of the medians.
+ratio() {
+    if ((PAIRED)); then
+        local round rs=()
+        for ((round = 1; round <= ROUNDS; round++)); do
+            rs+=("$(awk -v a="${rps[$1,$round]}" -v b="${paired[$1,$round]}" 'BEGIN { print a / b }')")
+        done
+        awk -v m="$(median "${rs[@]}")" 'BEGIN { printf "%.3f", m }'
+    else
+        awk -v a="${med_rps[$1]}" -v b="${med_rps[bare]}" 'BEGIN { printf "%.3f", a / b }'
+    fi
+}
 verdict() { awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "met" : "MISSED") }'; }
 
 if has_config bare; then
     echo
     echo "medians over $ROUNDS rounds (server on 1 core, wrk -t1 -c64 -d${DURATION}s on the other):"
-    printf '%-20s %12s %12s %10s\n' configuration req/s "p99 us" "x bare"
+    printf '%-24s %12s %12s %10s\n' configuration req/s "p99 us" "x bare"
     for mode in "${LAYER_CONFIGS[@]}"; do
-        printf '%-20s %12.0f %12.0f %10s\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}" "$(ratio "$mode")"
+        printf '%-24s %12.0f %12.0f %10s\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}" "$(ratio "$mode")"
     done
 
     echo
@@ -390,14 +430,18 @@ if has_config bare; then
     j=$(ratio rocgate-reject)
     echo "rocgate admitting ÷ bare: $a (target >= 0.97: $(verdict "$a" 0.97))"
     echo "rocgate rejecting ÷ bare: $j (target >= 0.95: $(verdict "$j" 0.95))"
+    a=$(ratio rocgate-admit-outside)
+    j=$(ratio rocgate-reject-outside)
+    echo "around the Router, admitting ÷ bare: $a (target >= 0.97: $(verdict "$a" 0.97))"
+    echo "around the Router, rejecting ÷ bare: $j (target >= 0.95: $(verdict "$j" 0.95))"
 fi
 
 if has_config nginx-admit; then
     echo
     echo "medians over $ROUNDS rounds (proxy on CPU 0; upstream and wrk -t1 -c64 -d${DURATION}s on CPU 1):"
-    printf '%-20s %12s %12s\n' configuration req/s "p99 us"
+    printf '%-24s %12s %12s\n' configuration req/s "p99 us"
     for mode in "${PROXY_CONFIGS[@]}"; do
-        printf '%-20s %12.0f %12.0f\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}"
+        printf '%-24s %12.0f %12.0f\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}"
     done
     echo
     for case in admit reject; do

@@ -104,14 +104,15 @@ measure() {
     sleep 0.5 # the dump may still be being written
     ir=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
     requests=$(awk '/ requests in / { print $1 }' "$work/wrk.out")
-    printf '%-16s %10s requests %14s instructions %8.0f per request\n' "$name" "$requests" "$ir" \
+    printf '%-24s %10s requests %14s instructions %8.0f per request\n' "$name" "$requests" "$ir" \
         "$(awk -v i="$ir" -v r="$requests" 'BEGIN { print i / r }')"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
 }
 
 if [[ $SUITE != proxy ]]; then
-    for mode in bare noop-layer rocgate-admit rocgate-reject governor-admit governor-reject; do
+    for mode in bare noop-layer rocgate-admit rocgate-reject rocgate-admit-outside \
+        rocgate-reject-outside governor-admit governor-reject; do
         valgrind --tool=callgrind --callgrind-out-file="$out/$mode.%p" \
             "$target/examples/bench_server" "$mode" 127.0.0.1:0 >"$work/$mode.out" 2>&1 &
         pid=$!

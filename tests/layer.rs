@@ -32,6 +32,11 @@ fn layer(routes: Vec<RouteConfig>) -> (AdmissionLayer, Arc<ManualClock>) {
 }
 
 fn app(layer: AdmissionLayer, hits: Arc<AtomicU64>) -> Router {
+    router(hits).layer(layer)
+}
+
+/// The application's routes; the order handler counts its calls in `hits`.
+fn router(hits: Arc<AtomicU64>) -> Router {
     Router::new()
         .route(
             "/api/order",
@@ -44,7 +49,6 @@ fn app(layer: AdmissionLayer, hits: Arc<AtomicU64>) -> Router {
             }),
         )
         .route("/api/items/{id}", get(|| async { "item" }))
-        .layer(layer)
 }
 
 fn post_order() -> Request<Body> {
@@ -222,4 +226,57 @@ async fn a_route_may_shed_with_another_status() {
     let res = app.oneshot(post_order()).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(res.headers().contains_key("retry-after"));
+}
+
+/// Wrapped around the whole `Router` (not added with `Router::layer`), the layer
+/// decides before routing, with the config's route matching: over a real socket, the
+/// handler sees exactly the admitted requests, and a path no route of the config takes
+/// reaches the router untouched.
+#[tokio::test]
+async fn around_the_router_it_decides_before_routing() {
+    use tower::Layer as _;
+    const CAPACITY: u64 = 5;
+    let (l, _clock) = layer(vec![route(
+        "order",
+        RouteMatch::exact("POST", "/api/order"),
+        CAPACITY as f64,
+    )]);
+    let hits = Arc::new(AtomicU64::new(0));
+    // The request type names which `Service` impl to make a `MakeService` of.
+    let app = axum::ServiceExt::<Request<Body>>::into_make_service(l.layer(router(hits.clone())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut send = |method: &str, path: &str| {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "127.0.0.1")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let sent = sender.send_request(req);
+        async move { sent.await.unwrap().status() }
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..CAPACITY + 3 {
+        statuses.push(send("POST", "/api/order").await);
+    }
+    let unrouted = send("GET", "/nowhere").await;
+    server.abort();
+
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count() as u64;
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count() as u64;
+    assert_eq!((ok, limited), (CAPACITY, 3), "{statuses:?}");
+    assert_eq!(hits.load(Ordering::Relaxed), CAPACITY);
+    assert_eq!(unrouted, StatusCode::NOT_FOUND);
 }
