@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the decision benchmarks (benches/check.rs) with bounded times, prints each
-# median and the ratios the performance targets are stated in, then the memory figures
+# median and the ratios the performance targets are stated in, then the same ratios
+# timed in alternation (benches/interleaved.rs), then the memory figures
 # (tests/memory.rs) and where criterion's report is. Needs jq. The machine is noisy:
 # run it twice and compare before believing a ratio.
 set -euo pipefail
@@ -35,6 +36,9 @@ done
 echo "timestamp log ÷ rocgate at 1,000 req/s (target: >= 10):"
 echo "  1 thread  $(ratio occupancy_1000rps/timestamp_log occupancy_1000rps/rocgate)"
 echo "  2 threads $(ratio occupancy_1000rps/timestamp_log_2_threads occupancy_1000rps/rocgate_2_threads)"
+
+echo
+cargo bench --bench interleaved
 
 echo
 RUST_BACKTRACE=0 cargo test --release --test memory -- --include-ignored --nocapture --test-threads 1 \

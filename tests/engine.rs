@@ -187,6 +187,39 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
     );
 }
 
+/// IP keys are kept as 16 bytes (IPv4 mapped into IPv6); tiers still match them by
+/// their usual text, and an IPv4 client seen as IPv4-mapped IPv6 keeps its one bucket.
+#[test]
+fn ip_tiers_match_by_address_text_and_mapped_ipv4_shares_its_key() {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.base_limit_rps = 2.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    cfg.tiers = vec![Tier {
+        name: "partners".into(),
+        values: vec!["10.0.0.7".into(), "2001:db8::7".into()],
+        base_limit_rps: 50.0,
+        cut_limit_rps: 20.0,
+    }];
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    let ip = |s: &str| Key::Ip(s.parse().unwrap());
+    let admitted = |key: Key<'_>| {
+        (0..100)
+            .filter(|_| e.check(id, key, Nanos::from_secs(1)).is_admit())
+            .count()
+    };
+    assert_eq!(admitted(ip("10.0.0.7")), 50, "IPv4 partner");
+    assert_eq!(admitted(ip("2001:db8::7")), 50, "IPv6 partner");
+    assert_eq!(admitted(ip("10.0.0.8")), 2, "IPv4, no tier");
+    assert_eq!(
+        admitted(ip("::ffff:10.0.0.8")),
+        0,
+        "the same client, mapped: bucket spent"
+    );
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(1)).keys, 3);
+}
+
 #[test]
 fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
