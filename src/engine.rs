@@ -39,7 +39,7 @@ use crate::limiter::{Admit, Algorithm, Decision, Level, Limiter, Reason, Rejecti
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
 use dashmap::DashMap;
 use std::borrow::Borrow;
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -125,7 +125,7 @@ struct Route {
     /// Route-level enforcement (partition `Route`); for shadow_adaptive, at base limit.
     limiter: Limiter,
     /// shadow_adaptive only: at the controller's limit, to count what a cut would reject.
-    shadow: Option<Limiter>,
+    shadow: Option<Shadow>,
     keys: Option<Keys>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
     generation: AtomicU64,
@@ -304,7 +304,7 @@ impl Engine {
         if let (None, Limiter::TokenBucket(bucket)) = (&r.keys, &r.limiter) {
             return match bucket.take(now) {
                 Ok(()) => {
-                    self.after_admit(r, now);
+                    self.after_admit(r, key, now);
                     Decision::Admit(Admit::Now)
                 }
                 Err(retry_after_ns) => self.refused(
@@ -321,7 +321,7 @@ impl Engine {
         match decision {
             Decision::Reject(rej) => self.refused(r, rej.retry_after, rej.reason),
             admit => {
-                self.after_admit(r, now);
+                self.after_admit(r, key, now);
                 admit
             }
         }
@@ -365,17 +365,26 @@ impl Engine {
         }
     }
 
-    /// shadow_adaptive: an admitted request is also tried against the cut limit.
+    /// shadow_adaptive: while the controller holds the limit below base, an admitted
+    /// request is also tried against the limit the cut would enforce (its key's, on a
+    /// partitioned route).
     #[inline]
-    fn after_admit(&self, r: &Route, now: Nanos) {
+    fn after_admit(&self, r: &Route, key: Key<'_>, now: Nanos) {
         if let Some(shadow) = &r.shadow {
-            Self::count_shadow_cut(r, shadow, now);
+            Self::count_shadow_cut(r, shadow, key, now);
         }
     }
 
     #[inline(never)]
-    fn count_shadow_cut(r: &Route, shadow: &Limiter, now: Nanos) {
-        if r.engaged.load(Ordering::Relaxed) && !shadow.check(now).is_admit() {
+    fn count_shadow_cut(r: &Route, shadow: &Shadow, key: Key<'_>, now: Nanos) {
+        if !r.engaged.load(Ordering::Relaxed) {
+            return;
+        }
+        let would_admit = match shadow {
+            Shadow::Route(limiter) => limiter.check(now).is_admit(),
+            Shadow::Keys(keys) => keys.check(r, key, now).is_admit(),
+        };
+        if !would_admit {
             r.counter.counters().add(SHADOW_CUT);
         }
     }
@@ -446,7 +455,11 @@ impl Engine {
         let next_raise = st.controller.next_raise_at().map_or(0, Nanos::as_u64);
         r.next_raise.store(next_raise, Ordering::Relaxed);
         if let Some(keys) = &r.keys {
+            let mut shadow_last = st.last_sweep;
             keys.sweep(&mut st.last_sweep, now);
+            if let Some(Shadow::Keys(shadow)) = &r.shadow {
+                shadow.sweep(&mut shadow_last, now);
+            }
         }
     }
 
@@ -544,13 +557,26 @@ impl Route {
     fn new(cfg: &RouteConfig, now: Nanos, wall_now: SystemTime) -> Self {
         let p = &cfg.controller;
         let enforced_limit = p.base_limit_rps;
+        // shadow_adaptive enforces each key's base limit; its shadow keys follow the cut.
+        let hold_base = cfg.mode == Mode::ShadowAdaptive;
         let keys = match &cfg.partition {
             Partition::Route => None,
-            Partition::ClientIp(limits) => Some(Keys::Ip(KeyTable::new(cfg, *limits, now))),
-            Partition::Header(_, limits) => Some(Keys::Value(KeyTable::new(cfg, *limits, now))),
+            Partition::ClientIp(limits) => {
+                Some(Keys::Ip(KeyTable::new(cfg, *limits, now, hold_base)))
+            }
+            Partition::Header(_, limits) => {
+                Some(Keys::Value(KeyTable::new(cfg, *limits, now, hold_base)))
+            }
         };
-        let shadow = (cfg.mode == Mode::ShadowAdaptive && keys.is_none())
-            .then(|| Limiter::new(cfg.algorithm, p.base_limit_rps, now));
+        let shadow = (cfg.mode == Mode::ShadowAdaptive).then(|| match &cfg.partition {
+            Partition::Route => Shadow::Route(Limiter::new(cfg.algorithm, p.base_limit_rps, now)),
+            Partition::ClientIp(limits) => {
+                Shadow::Keys(Box::new(Keys::Ip(KeyTable::new(cfg, *limits, now, false))))
+            }
+            Partition::Header(_, limits) => Shadow::Keys(Box::new(Keys::Value(KeyTable::new(
+                cfg, *limits, now, false,
+            )))),
+        });
         let events = cfg
             .events
             .iter()
@@ -650,11 +676,12 @@ impl Route {
         let limit = c.limit_rps();
         let base = c.params().base_limit_rps;
         match (self.mode, &self.shadow) {
-            (Mode::ShadowAdaptive, Some(shadow)) => {
+            (Mode::ShadowAdaptive, Some(Shadow::Route(shadow))) => {
                 self.limiter.set_limit(base, now);
                 shadow.set_limit(limit, now);
             }
-            (Mode::ShadowAdaptive, None) => {}
+            // Keys (enforced and shadow) catch up lazily with `generation`.
+            (Mode::ShadowAdaptive, _) => {}
             _ => self.limiter.set_limit(limit, now),
         }
         self.progress
@@ -773,6 +800,16 @@ fn follow_events(
     }
 }
 
+/// shadow_adaptive's second set of limiters, following the controller's limit while
+/// the enforced ones hold the base limit.
+enum Shadow {
+    /// For a route limited as a whole.
+    Route(Limiter),
+    /// For a partitioned route: a second key table (filled only while a cut is in
+    /// force, since only then is it consulted).
+    Keys(Box<Keys>),
+}
+
 /// Per-key state of a partitioned route.
 enum Keys {
     Ip(KeyTable<IpKey>),
@@ -810,9 +847,21 @@ struct TierTable {
     default: (f64, f64),
     tiers: Vec<(Vec<String>, f64, f64)>,
     algorithm: Algorithm,
+    /// Keys hold their base limit whatever the controller does (shadow_adaptive's
+    /// enforced keys).
+    hold_base: bool,
 }
 
 impl TierTable {
+    /// Where the table's keys stand between their cut (0) and base (1) limits.
+    fn progress(&self, r: &Route) -> f64 {
+        if self.hold_base {
+            1.0
+        } else {
+            f64::from_bits(r.progress.load(Ordering::Relaxed))
+        }
+    }
+
     fn limits_for(&self, key: &str) -> (u16, f64, f64) {
         for (i, (values, base, cut)) in self.tiers.iter().enumerate() {
             if values.iter().any(|v| v == key) {
@@ -866,14 +915,8 @@ impl KeyEntry {
         let generation = r.generation.load(Ordering::Acquire) as u32;
         if self.generation.load(Ordering::Relaxed) != generation {
             self.generation.store(generation, Ordering::Relaxed);
-            let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
-            let progress = if r.mode == Mode::ShadowAdaptive {
-                1.0
-            } else {
-                progress
-            };
             self.limiter
-                .set_limit(tiers.limit(self.tier, progress), now);
+                .set_limit(tiers.limit(self.tier, tiers.progress(r)), now);
         }
         let now_s = secs(now);
         if self.last_seen_s.load(Ordering::Relaxed) != now_s {
@@ -895,7 +938,7 @@ struct KeyTable<K> {
 }
 
 impl<K: Hash + Eq> KeyTable<K> {
-    fn new(cfg: &RouteConfig, limits: KeyLimits, now: Nanos) -> Self {
+    fn new(cfg: &RouteConfig, limits: KeyLimits, now: Nanos, hold_base: bool) -> Self {
         let p = &cfg.controller;
         let tiers = TierTable {
             default: (p.base_limit_rps, p.cut_limit_rps),
@@ -905,6 +948,7 @@ impl<K: Hash + Eq> KeyTable<K> {
                 .map(|t: &Tier| (t.values.clone(), t.base_limit_rps, t.cut_limit_rps))
                 .collect(),
             algorithm: cfg.algorithm,
+            hold_base,
         };
         KeyTable {
             map: DashMap::new(),
@@ -929,8 +973,10 @@ impl<K: Hash + Eq> KeyTable<K> {
             return self.overflow.check(r, &self.tiers, now);
         }
         let (tier, _, _) = self.tiers.limits_for(&key.text());
-        let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
+        // Generation first: a limit change between the two loads then leaves the new
+        // key a generation behind, to catch up on its next request.
         let generation = r.generation.load(Ordering::Acquire) as u32;
+        let progress = self.tiers.progress(r);
         let entry = self.map.entry(own(key)).or_insert_with(|| {
             self.len.fetch_add(1, Ordering::Relaxed);
             KeyEntry::new(&self.tiers, tier, progress, generation, now)
@@ -962,25 +1008,41 @@ trait KeyText {
     fn text(&self) -> std::borrow::Cow<'_, str>;
 }
 
-/// A client IP as a key-table key: IPv4 in its IPv4-mapped IPv6 form, so that a key is
-/// 16 bytes with no tag (an `IpAddr` is 17, padded to 24 beside a key's state: 8 B
-/// more per key). An IPv4 client and the same address mapped into IPv6 share a key.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct IpKey([u8; 16]);
+/// A client IP as a key-table key: the IPv6 address's bits, IPv4 in its IPv4-mapped
+/// form, so that a key is 16 bytes with no tag (an `IpAddr` is 17, padded to 24 beside
+/// a key's state: 8 B more per key). An IPv4 client and the same address mapped into
+/// IPv6 share a key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct IpKey(u128);
+
+/// The prefix of IPv4-mapped IPv6 addresses (`::ffff:0:0/96`), shifted down 32 bits.
+const V4_MAPPED: u128 = 0xffff;
 
 impl From<IpAddr> for IpKey {
     #[inline]
     fn from(ip: IpAddr) -> Self {
         IpKey(match ip {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-            IpAddr::V6(v6) => v6.octets(),
+            IpAddr::V4(v4) => V4_MAPPED << 32 | u128::from(v4.to_bits()),
+            IpAddr::V6(v6) => v6.to_bits(),
         })
+    }
+}
+
+impl Hash for IpKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // An IPv4 key hashes its 4 bytes only (SipHash's cost grows with the input).
+        if self.0 >> 32 == V4_MAPPED {
+            state.write_u32(self.0 as u32);
+        } else {
+            state.write_u128(self.0);
+        }
     }
 }
 
 impl KeyText for IpKey {
     fn text(&self) -> std::borrow::Cow<'_, str> {
-        IpAddr::from(Ipv6Addr::from(self.0))
+        IpAddr::from(Ipv6Addr::from_bits(self.0))
             .to_canonical()
             .to_string()
             .into()

@@ -137,6 +137,46 @@ fn shadow_adaptive_enforces_base_and_counts_the_cut() {
     );
 }
 
+/// On a partitioned route, shadow_adaptive enforces each key's base limit, a key first
+/// seen during the cut included, and counts what each key's cut limit would have
+/// rejected.
+#[test]
+fn shadow_adaptive_on_a_partitioned_route_counts_each_keys_cut() {
+    let mut cfg = RouteConfig::new("sa-ip", RouteMatch::any());
+    cfg.mode = Mode::ShadowAdaptive;
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    offer(&e, id, ip(1), 0.0, 10.0, 8.0);
+    let before = e.route_snapshot(id, Nanos::from_secs(10));
+    assert_eq!(
+        before.shadow_rejected_for(Reason::RocCut),
+        0,
+        "no cut, nothing counted"
+    );
+    // Anonymous demand spikes: the route is cut.
+    offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+    assert_eq!(
+        e.route_snapshot(id, Nanos::from_secs(11)).state,
+        ControllerState::Cut
+    );
+
+    let (old_key, _) = offer(&e, id, ip(1), 11.0, 12.0, 8.0);
+    let (new_key, _) = offer(&e, id, ip(2), 11.0, 12.0, 10.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(12));
+    assert_eq!(s.state, ControllerState::Cut, "still cut while measured");
+    // Enforced at each key's base limit (10/s, a bucket of 10), not at the cut's 3/s.
+    assert_eq!((old_key, new_key), (8, 10));
+    // At 3/s with a bucket of 3, each key would have had 3 + about 3 of its requests.
+    let cut = s.shadow_rejected_for(Reason::RocCut);
+    assert!((4..=12).contains(&cut), "would-be cut rejections: {cut}");
+    assert_eq!(s.keys, 2, "shadow keys are not counted as keys");
+}
+
 #[test]
 fn per_ip_partition_gives_each_client_its_own_bucket() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
