@@ -30,7 +30,10 @@
 #
 # Prints each run, then per configuration the median req/s, the median p99 latency and
 # the ratio of the median req/s to bare axum's, with the issue's targets (rocgate
-# admitting >= 0.97x bare, rocgate rejecting >= 0.95x bare).
+# admitting >= 0.97x bare, rocgate rejecting >= 0.95x bare). Each run also reports the
+# CPU time the configuration's processes used per request ("cpu us", from
+# /proc/PID/stat), and the summary the same ratio in CPU ("cpu x bare": bare's CPU
+# per request over this one's), which does not depend on wrk keeping up.
 #
 # This machine's speed drifts by 30% over minutes, more than the effects measured, and
 # a round of the layer suite takes 90 s. With PAIRED=1, every layer configuration is
@@ -314,7 +317,10 @@ proc_ticks() {
     awk '{ t += $14 + $15 } END { print t + 0 }' "${all[@]}" 2>/dev/null || echo 0
 }
 
-# One measurement of configuration $1. Sets r (req/s), l (wrk's p99), total, bad
+HZ=$(getconf CLK_TCK)
+
+# One measurement of configuration $1. Sets r (req/s), l (wrk's p99), cpu (CPU time
+# the configuration's processes used per request, in µs), total, bad
 # (non-2xx count), errors, busy (percent busy before the run) and others: the CPU
 # time that neither the server nor wrk used during the measurement (other processes,
 # or the hypervisor's steal time), as a percent of one CPU.
@@ -337,6 +343,7 @@ measure() {
     s2=$(proc_ticks)
     read -r i2 t2 < <(cpu_times)
     stop_server
+    cpu_ticks=$((s2 - s1))
     w=$(awk '{ printf "%.0f", 100 * ($1 + $2) }' "$work/wrk.time")
     others=$(awk -v busy="$(((t2 - t1) - (i2 - i1)))" -v ours="$((s2 - s1 + w))" \
         -v cpus="$(nproc)" -v total="$((t2 - t1))" \
@@ -352,14 +359,15 @@ measure() {
         cat "$out" >&2
         exit 1
     fi
+    cpu=$(awk -v t="$cpu_ticks" -v hz="$HZ" -v n="$total" 'BEGIN { printf "%.3f", 1e6 * t / hz / n }')
 }
 
 declare -A rps p99
 n=${#CONFIGS[@]}
 echo "$ROUNDS rounds x $n configurations x ${DURATION}s (+${WARMUP}s warm-up each)"
 echo
-printf '%-6s %-24s %10s %9s %8s %7s %7s  %s\n' round configuration req/s "p99 us" non-2xx \
-    busy others "socket errors"
+printf '%-6s %-24s %10s %9s %8s %8s %7s %7s  %s\n' round configuration req/s "p99 us" \
+    "cpu us" non-2xx busy others "socket errors"
 noisy=0
 # Measures configuration $1 in round $2 (again while others exceed OTHERS_MAX, up to
 # RETRIES times), prints the run and records it.
@@ -372,34 +380,41 @@ run() {
             "$round" "$mode" "$r" "$others"
     done
     ((others <= OTHERS_MAX)) || noisy=$((noisy + 1))
-    printf '%-6s %-24s %10.0f %9s %8s %6s%% %6s%%  %s\n' "$round" "$mode" "$r" "$(to_us "$l")" \
-        "$(awk -v b="${bad:-0}" -v t="$total" 'BEGIN { printf "%.1f%%", 100 * b / t }')" \
+    printf '%-6s %-24s %10.0f %9s %8s %8s %6s%% %6s%%  %s\n' "$round" "$mode" "$r" "$(to_us "$l")" \
+        "$cpu" "$(awk -v b="${bad:-0}" -v t="$total" 'BEGIN { printf "%.1f%%", 100 * b / t }')" \
         "$busy" "$others" "${errors:-none}"
 }
-declare -A paired
+declare -A paired cpus paired_cpu
 for ((round = 1; round <= ROUNDS; round++)); do
     for ((i = 0; i < n; i++)); do
         mode=${CONFIGS[(i + round - 1) % n]}
         if ((PAIRED)) && [[ $mode != bare ]] && is_layer_config "$mode"; then
             run bare "$round"
             paired[$mode,$round]=$r
+            paired_cpu[$mode,$round]=$cpu
         fi
         run "$mode" "$round"
         rps[$mode,$round]=$r
         p99[$mode,$round]=$(to_us "$l")
-        [[ $mode == bare ]] && paired[$mode,$round]=$r
+        cpus[$mode,$round]=$cpu
+        if [[ $mode == bare ]]; then
+            paired[$mode,$round]=$r
+            paired_cpu[$mode,$round]=$cpu
+        fi
     done
 done
 
-declare -A med_rps med_p99
+declare -A med_rps med_p99 med_cpu
 for mode in "${CONFIGS[@]}"; do
-    rs=() ls=()
+    rs=() ls=() cs=()
     for ((round = 1; round <= ROUNDS; round++)); do
         rs+=("${rps[$mode,$round]}")
         ls+=("${p99[$mode,$round]}")
+        cs+=("${cpus[$mode,$round]}")
     done
     med_rps[$mode]=$(median "${rs[@]}")
     med_p99[$mode]=$(median "${ls[@]}")
+    med_cpu[$mode]=$(median "${cs[@]}")
 done
 
 # X ÷ bare: with PAIRED=1 the median over rounds of X's req/s over the bare run just
@@ -415,25 +430,44 @@ ratio() {
         awk -v a="${med_rps[$1]}" -v b="${med_rps[bare]}" 'BEGIN { printf "%.3f", a / b }'
     fi
 }
+# The same for CPU per request, as a throughput: bare's CPU per request over X's (what
+# X's req/s would be, as a fraction of bare's, on a saturated core). Independent of
+# whether wrk, on the other core, keeps up.
+cpu_ratio() {
+    if ((PAIRED)); then
+        local round rs=()
+        for ((round = 1; round <= ROUNDS; round++)); do
+            rs+=("$(awk -v a="${cpus[$1,$round]}" -v b="${paired_cpu[$1,$round]}" 'BEGIN { print b / a }')")
+        done
+        awk -v m="$(median "${rs[@]}")" 'BEGIN { printf "%.3f", m }'
+    else
+        awk -v a="${med_cpu[$1]}" -v b="${med_cpu[bare]}" 'BEGIN { printf "%.3f", b / a }'
+    fi
+}
 verdict() { awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "met" : "MISSED") }'; }
 
 if has_config bare; then
     echo
     echo "medians over $ROUNDS rounds (server on 1 core, wrk -t1 -c64 -d${DURATION}s on the other):"
-    printf '%-24s %12s %12s %10s\n' configuration req/s "p99 us" "x bare"
+    printf '%-24s %12s %12s %10s %10s %12s\n' configuration req/s "p99 us" "x bare" \
+        "cpu us" "cpu x bare"
     for mode in "${LAYER_CONFIGS[@]}"; do
-        printf '%-24s %12.0f %12.0f %10s\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}" "$(ratio "$mode")"
+        printf '%-24s %12.0f %12.0f %10s %10s %12s\n' "$mode" "${med_rps[$mode]}" \
+            "${med_p99[$mode]}" "$(ratio "$mode")" "${med_cpu[$mode]}" "$(cpu_ratio "$mode")"
     done
 
     echo
-    a=$(ratio rocgate-admit)
-    j=$(ratio rocgate-reject)
-    echo "rocgate admitting ÷ bare: $a (target >= 0.97: $(verdict "$a" 0.97))"
-    echo "rocgate rejecting ÷ bare: $j (target >= 0.95: $(verdict "$j" 0.95))"
-    a=$(ratio rocgate-admit-outside)
-    j=$(ratio rocgate-reject-outside)
-    echo "around the Router, admitting ÷ bare: $a (target >= 0.97: $(verdict "$a" 0.97))"
-    echo "around the Router, rejecting ÷ bare: $j (target >= 0.95: $(verdict "$j" 0.95))"
+    echo "(x bare: req/s over bare's; cpu x bare: bare's CPU per request over this one's)"
+    for placement in "" -outside; do
+        for kind in admit reject; do
+            target=0.97
+            [[ $kind == reject ]] && target=0.95
+            a=$(ratio "rocgate-$kind$placement")
+            c=$(cpu_ratio "rocgate-$kind$placement")
+            echo "rocgate-$kind$placement ÷ bare: req/s $a, cpu $c (target >= $target:" \
+                "req/s $(verdict "$a" "$target"), cpu $(verdict "$c" "$target"))"
+        done
+    done
 fi
 
 if has_config nginx-admit; then
