@@ -285,6 +285,11 @@ fn unknown_fields_and_values() {
         "must be one of \"enforce\", \"shadow\", \"shadow_adaptive\", got \"audit\"",
     );
     refused(
+        &route("mode = \"shadow_adaptive\"\nalgorithm = \"concurrency\""),
+        "routes[0].mode",
+        "shadow_adaptive cannot count what a cut would reject with the concurrency",
+    );
+    refused(
         &route("algorithm = \"gcra\""),
         "routes[0].algorithm",
         "must be one of \"token_bucket\"",

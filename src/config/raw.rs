@@ -867,6 +867,17 @@ fn algorithm_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Algorithm> 
             );
         }
     }
+    let algorithm_scope = s.algorithm.as_ref()?.scope;
+    if let Some(mode) = s.mode.as_ref().filter(|m| m.value == Mode::ShadowAdaptive) {
+        if kind == Kind::Concurrency {
+            p.at(
+                mode.scope.max(algorithm_scope).path("mode"),
+                "shadow_adaptive cannot count what a cut would reject with the concurrency \
+                 algorithm (its shadow permits would be released at once): use enforce or \
+                 shadow, or another algorithm",
+            );
+        }
+    }
     Some(match kind {
         Kind::TokenBucket => Algorithm::TokenBucket {
             burst: s.burst.as_ref()?.value,
