@@ -684,6 +684,13 @@ impl Route {
             (Mode::ShadowAdaptive, _) => {}
             _ => self.limiter.set_limit(limit, now),
         }
+        let cut = c.params().cut_limit_rps;
+        if let Some(keys) = &self.keys {
+            keys.tiers().set_default(base, cut);
+        }
+        if let Some(Shadow::Keys(keys)) = &self.shadow {
+            keys.tiers().set_default(base, cut);
+        }
         self.progress
             .store(c.progress().to_bits(), Ordering::Relaxed);
         self.limit.store(limit.to_bits(), Ordering::Relaxed);
@@ -840,11 +847,21 @@ impl Keys {
             Keys::Value(t) => t.len.load(Ordering::Relaxed),
         }
     }
+
+    fn tiers(&self) -> &TierTable {
+        match self {
+            Keys::Ip(t) => &t.tiers,
+            Keys::Value(t) => &t.tiers,
+        }
+    }
 }
 
 /// Tier limits resolved for the key table: `(values, base, cut)`, and the default.
 struct TierTable {
-    default: (f64, f64),
+    /// Base and cut limits of keys in no tier, as f64 bits: the route's controller
+    /// parameters in force, updated when they change (runtime update, reload of the
+    /// parameters, scheduled event).
+    default: [AtomicU64; 2],
     tiers: Vec<(Vec<String>, f64, f64)>,
     algorithm: Algorithm,
     /// Keys hold their base limit whatever the controller does (shadow_adaptive's
@@ -862,18 +879,25 @@ impl TierTable {
         }
     }
 
-    fn limits_for(&self, key: &str) -> (u16, f64, f64) {
-        for (i, (values, base, cut)) in self.tiers.iter().enumerate() {
-            if values.iter().any(|v| v == key) {
-                return (i as u16 + 1, *base, *cut);
-            }
-        }
-        (0, self.default.0, self.default.1)
+    /// The tier of a key (0: none), from its text.
+    fn tier_of(&self, key: &str) -> u16 {
+        self.tiers
+            .iter()
+            .position(|(values, _, _)| values.iter().any(|v| v == key))
+            .map_or(0, |i| i as u16 + 1)
+    }
+
+    fn set_default(&self, base: f64, cut: f64) {
+        self.default[0].store(base.to_bits(), Ordering::Relaxed);
+        self.default[1].store(cut.to_bits(), Ordering::Relaxed);
     }
 
     fn limit(&self, tier: u16, progress: f64) -> f64 {
         let (base, cut) = match tier {
-            0 => self.default,
+            0 => (
+                f64::from_bits(self.default[0].load(Ordering::Relaxed)),
+                f64::from_bits(self.default[1].load(Ordering::Relaxed)),
+            ),
             i => {
                 let (_, b, c) = &self.tiers[usize::from(i) - 1];
                 (*b, *c)
@@ -941,11 +965,22 @@ impl<K: Hash + Eq> KeyTable<K> {
     fn new(cfg: &RouteConfig, limits: KeyLimits, now: Nanos, hold_base: bool) -> Self {
         let p = &cfg.controller;
         let tiers = TierTable {
-            default: (p.base_limit_rps, p.cut_limit_rps),
+            default: [
+                AtomicU64::new(p.base_limit_rps.to_bits()),
+                AtomicU64::new(p.cut_limit_rps.to_bits()),
+            ],
             tiers: cfg
                 .tiers
                 .iter()
-                .map(|t: &Tier| (t.values.clone(), t.base_limit_rps, t.cut_limit_rps))
+                .map(|t: &Tier| {
+                    let values = match cfg.partition {
+                        Partition::ClientIp(_) => {
+                            t.values.iter().map(|v| canonical_ip_text(v)).collect()
+                        }
+                        _ => t.values.clone(),
+                    };
+                    (values, t.base_limit_rps, t.cut_limit_rps)
+                })
                 .collect(),
             algorithm: cfg.algorithm,
             hold_base,
@@ -972,7 +1007,7 @@ impl<K: Hash + Eq> KeyTable<K> {
         if self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
             return self.overflow.check(r, &self.tiers, now);
         }
-        let (tier, _, _) = self.tiers.limits_for(&key.text());
+        let tier = self.tiers.tier_of(&key.text());
         // Generation first: a limit change between the two loads then leaves the new
         // key a generation behind, to catch up on its next request.
         let generation = r.generation.load(Ordering::Acquire) as u32;
@@ -1001,6 +1036,15 @@ impl<K: Hash + Eq> KeyTable<K> {
             keep
         });
     }
+}
+
+/// A tier value of a client-IP partition as its keys render: an address in canonical
+/// form (IPv4-mapped IPv6 as IPv4, IPv6 compressed and in lower case), so
+/// `::FFFF:10.0.0.7` matches the client 10.0.0.7; anything else as written.
+fn canonical_ip_text(value: &str) -> String {
+    value
+        .parse::<IpAddr>()
+        .map_or_else(|_| value.to_owned(), |ip| ip.to_canonical().to_string())
 }
 
 /// A key as text, to match it against tier values.

@@ -165,16 +165,35 @@ fn shadow_adaptive_on_a_partitioned_route_counts_each_keys_cut() {
         ControllerState::Cut
     );
 
-    let (old_key, _) = offer(&e, id, ip(1), 11.0, 12.0, 8.0);
-    let (new_key, _) = offer(&e, id, ip(2), 11.0, 12.0, 10.0);
-    let s = e.route_snapshot(id, Nanos::from_secs(12));
-    assert_eq!(s.state, ControllerState::Cut, "still cut while measured");
+    // Each key's shadow bucket, at the cut's 3/s with a bucket of 3, would have admitted
+    // 3 + about 2.6 of its requests in the second that follows.
+    let would_reject = |from: f64, key: Key<'_>, rate: f64| {
+        let before = e.route_snapshot(id, Nanos::from_secs_f64(from));
+        let (admitted, _) = offer(&e, id, key, from, from + 1.0, rate);
+        let after = e.route_snapshot(id, Nanos::from_secs_f64(from + 1.0));
+        assert_eq!(
+            after.state,
+            ControllerState::Cut,
+            "still cut while measured"
+        );
+        let counted =
+            after.shadow_rejected_for(Reason::RocCut) - before.shadow_rejected_for(Reason::RocCut);
+        (admitted, counted)
+    };
+    let (old_key, old_cut) = would_reject(11.0, ip(1), 8.0);
+    let (new_key, new_cut) = would_reject(12.0, ip(2), 10.0);
     // Enforced at each key's base limit (10/s, a bucket of 10), not at the cut's 3/s.
     assert_eq!((old_key, new_key), (8, 10));
-    // At 3/s with a bucket of 3, each key would have had 3 + about 3 of its requests.
-    let cut = s.shadow_rejected_for(Reason::RocCut);
-    assert!((4..=12).contains(&cut), "would-be cut rejections: {cut}");
-    assert_eq!(s.keys, 2, "shadow keys are not counted as keys");
+    assert!((2..=3).contains(&old_cut), "8 req/s against 3/s: {old_cut}");
+    assert!(
+        (4..=5).contains(&new_cut),
+        "10 req/s against 3/s: {new_cut}"
+    );
+    assert_eq!(
+        e.route_snapshot(id, Nanos::from_secs(13)).keys,
+        2,
+        "shadow keys are not counted as keys"
+    );
 }
 
 #[test]
@@ -237,7 +256,12 @@ fn ip_tiers_match_by_address_text_and_mapped_ipv4_shares_its_key() {
     cfg.controller.cut_limit_rps = 1.0;
     cfg.tiers = vec![Tier {
         name: "partners".into(),
-        values: vec!["10.0.0.7".into(), "2001:db8::7".into()],
+        values: vec![
+            "10.0.0.7".into(),
+            "2001:db8::7".into(),
+            "::FFFF:10.0.0.9".into(),
+            "2001:DB8:0:0::9".into(),
+        ],
         base_limit_rps: 50.0,
         cut_limit_rps: 20.0,
     }];
@@ -252,12 +276,48 @@ fn ip_tiers_match_by_address_text_and_mapped_ipv4_shares_its_key() {
     assert_eq!(admitted(ip("10.0.0.7")), 50, "IPv4 partner");
     assert_eq!(admitted(ip("2001:db8::7")), 50, "IPv6 partner");
     assert_eq!(admitted(ip("10.0.0.8")), 2, "IPv4, no tier");
+    // Tier values are read as addresses: written mapped or uncompressed, they match.
+    assert_eq!(admitted(ip("10.0.0.9")), 50, "tier value ::FFFF:10.0.0.9");
+    assert_eq!(
+        admitted(ip("2001:db8::9")),
+        50,
+        "tier value 2001:DB8:0:0::9"
+    );
     assert_eq!(
         admitted(ip("::ffff:10.0.0.8")),
         0,
         "the same client, mapped: bucket spent"
     );
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(1)).keys, 3);
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(1)).keys, 5);
+}
+
+/// Keys in no tier follow the route's limits as they change at runtime: an update of
+/// the base limit reaches an existing key, without refilling it.
+#[test]
+fn keys_in_no_tier_follow_a_runtime_change_of_the_base_limit() {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.base_limit_rps = 5.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    let (spent, _) = offer(&e, id, ip(1), 1.0, 1.1, 100.0);
+    assert_eq!(spent, 5, "a bucket of 5");
+    let mut params = e.route_params(id);
+    params.base_limit_rps = 50.0;
+    e.update_route(id, params, Nanos::from_secs_f64(1.1));
+    // Refilled to the new bucket of 50, all 5 would pass; refilling at 50/s from the
+    // fraction of a token left, at most 3 do.
+    let (right_after, _) = offer(&e, id, ip(1), 1.1, 1.15, 100.0);
+    assert!(
+        right_after <= 3,
+        "the change refilled the key: {right_after} of 5"
+    );
+    let (later, _) = offer(&e, id, ip(1), 2.2, 3.2, 100.0);
+    assert!(
+        later >= 90,
+        "a bucket of 50 refilling at 50/s admitted {later}"
+    );
 }
 
 #[test]
