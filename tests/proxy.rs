@@ -1103,3 +1103,81 @@ async fn h2c_clients_are_forwarded_and_limited() {
     assert_eq!(seen[0].headers["x-forwarded-host"], HOST);
     let _ = proxy.shut_down().await;
 }
+
+/// A response body that sends `done` once its gate opens, and not before.
+struct GatedBody(Option<oneshot::Receiver<()>>);
+
+impl http_body::Body for GatedBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let Some(gate) = self.0.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let _ = std::task::ready!(std::pin::Pin::new(gate).poll(cx));
+        self.0 = None;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+            b"done",
+        )))))
+    }
+}
+
+/// With the concurrency algorithm, a request stays in flight until its response body
+/// has been sent: while the one permit's response streams, the next request is
+/// refused; once the body ends, the permit is back.
+#[tokio::test]
+async fn a_concurrency_permit_is_held_until_the_response_body_ends() {
+    let (open, gate) = oneshot::channel::<()>();
+    let gate = Arc::new(Mutex::new(Some(gate)));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let app = Router::new().fallback(move || {
+        let gate = gate.lock().unwrap().take();
+        async move {
+            match gate {
+                Some(gate) => Response::new(Body::new(GatedBody(Some(gate)))),
+                None => Response::new(Body::from("ok")),
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut route = RouteConfig::new("one", RouteMatch::prefix("/"));
+    route.controller.base_limit_rps = 1.0;
+    route.controller.cut_limit_rps = 1.0;
+    route.controller.danger_roc = f64::MAX;
+    route.algorithm = Algorithm::Concurrency { queue: 0 };
+    let proxy = start_proxy(settings(upstream), vec![route]).await;
+
+    let mut first = Client::connect(proxy.addr).await;
+    let head = within("the first head", async {
+        first.sender.ready().await.unwrap();
+        first
+            .sender
+            .send_request(empty(get("/stream")))
+            .await
+            .unwrap()
+    })
+    .await;
+    assert_eq!(head.status(), StatusCode::OK);
+    let refused = send(proxy.addr, empty(get("/other"))).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the first body still streams"
+    );
+    open.send(()).unwrap();
+    let body = within("the first body", head.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..], b"done");
+    assert_eq!(
+        send(proxy.addr, empty(get("/other"))).await.status,
+        StatusCode::OK,
+        "the body ended: its permit is back"
+    );
+}

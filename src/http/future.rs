@@ -4,13 +4,17 @@
 //! An admitted request's inner future is created in `call` but polled only once the
 //! wait (leaky-bucket pacing, concurrency queue) is over; services whose futures do
 //! their work when polled (axum handlers, hyper clients) therefore start it then. A
-//! concurrency permit is held until the response head is returned.
+//! concurrency permit goes into the response's extensions as a [`HeldPermit`]: it is
+//! released when the response (head and extensions) is dropped, which a hyper server
+//! does once it has written the head, unless something moves it into the body (as
+//! `rocgate serve` does).
 
 use crate::limiter::{Permit, Ticket};
 use http::Response;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 /// What an admitted request waits for before its inner future is polled.
@@ -18,6 +22,14 @@ pub(crate) enum Wait {
     Ready,
     Sleep(Pin<Box<tokio::time::Sleep>>),
     Ticket(Ticket),
+}
+
+/// A concurrency permit in an admitted response's extensions: the request counts as
+/// in flight until every clone of it is dropped. Move it into the response body to
+/// count a streamed body as in flight too.
+#[derive(Clone, Debug)]
+pub struct HeldPermit {
+    _permit: Arc<Permit>,
 }
 
 pin_project! {
@@ -76,7 +88,13 @@ where
                     Wait::Ticket(ticket) => *permit = Some(ready!(Pin::new(ticket).poll(cx))),
                 }
                 *wait = Wait::Ready;
-                Poll::Ready(Ok(ready!(inner.poll(cx))?))
+                let mut response = ready!(inner.poll(cx))?;
+                if let Some(permit) = permit.take() {
+                    response.extensions_mut().insert(HeldPermit {
+                        _permit: Arc::new(permit),
+                    });
+                }
+                Poll::Ready(Ok(response))
             }
             KindProj::Rejected { response } => match response.take() {
                 Some(r) => Poll::Ready(Ok(r)),

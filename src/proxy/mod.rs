@@ -330,7 +330,8 @@ impl Proxy {
                 }
                 let svc = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
                     req.extensions_mut().insert(PeerAddr(peer));
-                    service.clone().call(req)
+                    let response = service.clone().call(req);
+                    async move { response.await.map(forward::hold_permit_through_body) }
                 });
                 let conn = builder.serve_connection(TokioIo::new(stream), svc);
                 if let Err(e) = watcher.watch(conn.into_owned()).await {
