@@ -152,6 +152,15 @@ impl Servers for RedisServer {
     }
 }
 
+/// The tests of this file run one at a time: several assert how long a decision takes
+/// (at most the timeout + 10 ms), which the redis-servers and clusters of tests running
+/// alongside on the same 2 cores would stretch. They are bound by timers, not CPU: one
+/// at a time takes as long as all at once (about 54 s).
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
 fn store_config(server: &impl Servers, prefix: &str) -> RedisConfig {
     RedisConfig {
         servers: server.servers(),
@@ -239,11 +248,13 @@ async fn two_instances_admit(a: &Instance, b: &Instance, per_instance: usize) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_together_admit_what_one_admits_alone() {
+    let _serial = one_at_a_time().await;
     alone_and_together(&RedisServer::start().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_together_admit_what_one_admits_alone_on_a_cluster() {
+    let _serial = one_at_a_time().await;
     alone_and_together(&RedisCluster::start().await).await;
 }
 
@@ -276,6 +287,7 @@ async fn alone_and_together(server: &impl Servers) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_count_each_other_through_the_heartbeat() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = store_config(&server, "beat");
     let a = Instance::system(&burst_route(), &config);
@@ -326,11 +338,13 @@ async fn spike_until_both_cut(a: &Instance, b: &Instance, pause: Duration) -> (D
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_see_the_same_roc_and_cut_together() {
+    let _serial = one_at_a_time().await;
     cut_together(&RedisServer::start().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_see_the_same_roc_and_cut_together_on_a_cluster() {
+    let _serial = one_at_a_time().await;
     cut_together(&RedisCluster::start().await).await;
 }
 
@@ -404,6 +418,7 @@ async fn run_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_falls_back_at_the_share_and_comes_back() {
+    let _serial = one_at_a_time().await;
     let mut server = RedisServer::start().await;
     let config = store_config(&server, "kill");
     let route = route(100.0, Duration::from_secs(1));
@@ -472,6 +487,7 @@ async fn redis_killed_falls_back_at_the_share_and_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = store_config(&server, "stop");
     let route = route(100.0, Duration::from_secs(1));
@@ -516,6 +532,7 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_instance_clocks_change_no_total() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let route = burst_route();
     let config = store_config(&server, "even");
@@ -549,6 +566,7 @@ fn hash_tag(key: &str) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_expires_and_a_routes_keys_share_one_slot() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = store_config(&server, "keys");
     let route = quick_route();
@@ -617,6 +635,7 @@ async fn every_key_expires_and_a_routes_keys_share_one_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_is_recovered_without_fallback() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = store_config(&server, "flush");
     let a = Instance::system(&burst_route(), &config);
@@ -636,6 +655,7 @@ async fn script_flush_is_recovered_without_fallback() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_modes_open_and_closed() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let route = route(100.0, Duration::from_secs(1));
     let mut config = store_config(&server, "modes");
@@ -891,11 +911,13 @@ async fn cut_and_restore(b: &Backend) {
 /// engine and the Redis store alike, with the same driver and the same expectations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_and_redis_backends_behave_alike() {
+    let _serial = one_at_a_time().await;
     behave_alike(&RedisServer::start().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_and_redis_cluster_backends_behave_alike() {
+    let _serial = one_at_a_time().await;
     behave_alike(&RedisCluster::start().await).await;
 }
 
@@ -945,6 +967,7 @@ async fn behave_alike(server: &impl Servers) {
 #[cfg(feature = "proxy")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_share_one_limit() {
+    let _serial = one_at_a_time().await;
     use http_body_util::{BodyExt, Empty};
     use hyper::body::Bytes;
     use hyper_util::rt::TokioIo;
@@ -1125,6 +1148,7 @@ fn batched(mut config: RedisConfig) -> RedisConfig {
 /// arrival reaches the shared window, one slot late at most.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_instances_admit_at_most_the_limit_and_count_every_arrival() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let route = burst_route();
     let config = batched(store_config(&server, "batch"));
@@ -1174,11 +1198,13 @@ async fn batched_instances_admit_at_most_the_limit_and_count_every_arrival() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_instances_cut_within_a_slot_or_two() {
+    let _serial = one_at_a_time().await;
     batched_cut(&RedisServer::start().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_instances_cut_within_a_slot_or_two_on_a_cluster() {
+    let _serial = one_at_a_time().await;
     batched_cut(&RedisCluster::start().await).await;
 }
 
@@ -1208,6 +1234,7 @@ async fn batched_cut(server: &impl Servers) {
 /// A scheduled event's profile is in force on the shared state while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_event_sets_the_shared_limit() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut route = route(20.0, Duration::from_secs(10));
     let mut sale = route.controller.clone();
@@ -1452,6 +1479,7 @@ impl RedisCluster {
 /// work; a node that lost its scripts gets them again within the same call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_routes_on_different_masters_and_noscript() {
+    let _serial = one_at_a_time().await;
     let cluster = RedisCluster::start().await;
     let [(a, na), (b, nb)] = cluster.routes_on_two_masters("split");
     let routes = [
@@ -1507,6 +1535,7 @@ async fn cluster_routes_on_different_masters_and_noscript() {
 /// shared; with no replica to fail over to, the route returns once its node is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_master_killed_falls_back_its_routes_only() {
+    let _serial = one_at_a_time().await;
     let mut cluster = RedisCluster::start().await;
     let [(a, na), (b, _)] = cluster.routes_on_two_masters("down");
     let routes = [
