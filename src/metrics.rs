@@ -221,6 +221,15 @@ pub struct Collector {
     shared_store: bool,
 }
 
+/// A route's limit and controller state as a shared store runs them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharedControl {
+    /// The shared limit, req/s.
+    pub limit_rps: f64,
+    /// The shared controller's state.
+    pub state: ControllerState,
+}
+
 impl Collector {
     /// A collector with no history.
     pub fn new() -> Self {
@@ -236,10 +245,26 @@ impl Collector {
 
     /// Sets every metric of every route of `engine` as of `now`.
     pub fn collect(&self, engine: &Engine, now: Nanos) {
+        self.collect_with(engine, now, |_| None);
+    }
+
+    /// [`collect`](Self::collect), with the limit and controller state of the routes a
+    /// shared store decides taken from `shared` (by route name): the local engine's
+    /// controller does not step for those.
+    pub fn collect_with(
+        &self,
+        engine: &Engine,
+        now: Nanos,
+        shared: impl Fn(&str) -> Option<SharedControl>,
+    ) {
         let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
-        let snapshots = engine.snapshot(now);
+        let mut snapshots = engine.snapshot(now);
         history.retain(|name, _| snapshots.iter().any(|s| &s.name == name));
-        for s in &snapshots {
+        for s in &mut snapshots {
+            if let Some(control) = shared(&s.name) {
+                s.limit_rps = control.limit_rps;
+                s.state = control.state;
+            }
             let readings = history.entry(s.name.clone()).or_default();
             let ratio = rejection_ratio(readings, s, now);
             record_route(s, ratio);

@@ -209,3 +209,42 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
     let _ = stop.send(());
     run.await.unwrap().unwrap();
 }
+
+/// A route a shared store decides shows the store's limit and controller state, not
+/// the local engine's (whose controller does not step for such a route); other routes
+/// show their own.
+#[test]
+fn shared_routes_show_the_stores_limit_and_state() {
+    use rocgate::clock::Nanos;
+    use rocgate::controller::ControllerState;
+    use rocgate::engine::Engine;
+    use rocgate::metrics::{Collector, SharedControl};
+    let engine = Engine::new(
+        &Config::new(vec![
+            RouteConfig::new("local", RouteMatch::prefix("/local/")),
+            RouteConfig::new("shared", RouteMatch::any()),
+        ]),
+        Nanos::ZERO,
+        std::time::SystemTime::UNIX_EPOCH,
+    );
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        Collector::new().collect_with(&engine, Nanos::from_secs(1), |route| {
+            (route == "shared").then_some(SharedControl {
+                limit_rps: 60.0,
+                state: ControllerState::Cut,
+            })
+        });
+    });
+    let text = handle.render();
+    for line in [
+        r#"rocgate_limit_rps{route="shared"} 60"#,
+        r#"rocgate_controller_state{route="shared",state="cut"} 1"#,
+        r#"rocgate_controller_state{route="shared",state="normal"} 0"#,
+        r#"rocgate_limit_rps{route="local"} 200"#,
+        r#"rocgate_controller_state{route="local",state="normal"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+}

@@ -97,8 +97,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The Prometheus text exposition, collected from the engine just now.
 async fn render_metrics(State(state): State<AdminState>) -> Response {
     let m = &state.metrics;
-    m.collector
-        .collect(&state.reloader.engine(), state.reloader.clock().now());
+    let (engine, now) = (state.reloader.engine(), state.reloader.clock().now());
+    #[cfg(feature = "redis")]
+    m.collector.collect_with(&engine, now, |route| {
+        let view = state.store.as_ref()?.view(route)?;
+        Some(crate::metrics::SharedControl {
+            limit_rps: view.limit_rps,
+            state: view.state,
+        })
+    });
+    #[cfg(not(feature = "redis"))]
+    m.collector.collect(&engine, now);
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
     (
         [(
