@@ -417,33 +417,27 @@ for mode in "${CONFIGS[@]}"; do
     med_cpu[$mode]=$(median "${cs[@]}")
 done
 
-# X ÷ bare: with PAIRED=1 the median over rounds of X's req/s over the bare run just
-# before it; otherwise the ratio of the medians.
-ratio() {
+# X ÷ bare for configuration $1, as a throughput, from the runs in array $2, the bare
+# runs paired with them in $3 and the medians in $4; with $5 = 1 the measure is a cost
+# (CPU per request), so the ratio is bare's over X's: what X's req/s would be, as a
+# fraction of bare's, on a saturated core, whether or not wrk keeps up. With PAIRED=1,
+# the median over rounds of X against the bare run just before it; otherwise the ratio
+# of the medians.
+ratio_of() {
+    local -n runs=$2 before=$3 medians=$4
+    local round rs=() expr='a / b'
+    ((${5:-0})) && expr='b / a'
     if ((PAIRED)); then
-        local round rs=()
         for ((round = 1; round <= ROUNDS; round++)); do
-            rs+=("$(awk -v a="${rps[$1,$round]}" -v b="${paired[$1,$round]}" 'BEGIN { print a / b }')")
+            rs+=("$(awk -v a="${runs[$1,$round]}" -v b="${before[$1,$round]}" "BEGIN { print $expr }")")
         done
         awk -v m="$(median "${rs[@]}")" 'BEGIN { printf "%.3f", m }'
     else
-        awk -v a="${med_rps[$1]}" -v b="${med_rps[bare]}" 'BEGIN { printf "%.3f", a / b }'
+        awk -v a="${medians[$1]}" -v b="${medians[bare]}" "BEGIN { printf \"%.3f\", $expr }"
     fi
 }
-# The same for CPU per request, as a throughput: bare's CPU per request over X's (what
-# X's req/s would be, as a fraction of bare's, on a saturated core). Independent of
-# whether wrk, on the other core, keeps up.
-cpu_ratio() {
-    if ((PAIRED)); then
-        local round rs=()
-        for ((round = 1; round <= ROUNDS; round++)); do
-            rs+=("$(awk -v a="${cpus[$1,$round]}" -v b="${paired_cpu[$1,$round]}" 'BEGIN { print b / a }')")
-        done
-        awk -v m="$(median "${rs[@]}")" 'BEGIN { printf "%.3f", m }'
-    else
-        awk -v a="${med_cpu[$1]}" -v b="${med_cpu[bare]}" 'BEGIN { printf "%.3f", b / a }'
-    fi
-}
+ratio() { ratio_of "$1" rps paired med_rps; }
+cpu_ratio() { ratio_of "$1" cpus paired_cpu med_cpu 1; }
 verdict() { awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "met" : "MISSED") }'; }
 
 if has_config bare; then
