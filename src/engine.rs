@@ -375,6 +375,8 @@ impl Engine {
         }
     }
 
+    /// Counts an admitted request that the cut would have refused. Out of line: only
+    /// shadow_adaptive routes come here.
     #[inline(never)]
     fn count_shadow_cut(r: &Route, shadow: &Shadow, key: Key<'_>, now: Nanos) {
         if !r.engaged.load(Ordering::Relaxed) {
