@@ -4,9 +4,9 @@
 //! Groups (each benchmark is one decision; criterion reports time per decision):
 //!
 //! - `primitives`: what the decisions below are made of, measured in the same run:
-//!   one time read (rocgate's `MonotonicClock`, which is `Instant::elapsed`;
-//!   `Instant::now()`, governor's std clock; governor's default `QuantaClock`, a TSC
-//!   read, scaled) and one uncontended atomic `fetch_add`.
+//!   one time read (rocgate's `MonotonicClock`, a quanta TSC read less its origin;
+//!   `Instant::now()`, governor's std clock; governor's default `QuantaClock`, the
+//!   same TSC read) and one uncontended atomic `fetch_add`.
 //! - `route`: `Engine::check` on one route with no partition (token bucket, never
 //!   rejecting), against governor's direct limiter with the same GCRA parameters.
 //! - `route_2_threads`: the same, with two threads hammering the same route or
@@ -30,8 +30,8 @@
 //! per call), and governor three times: `fake_clock` (`FakeRelativeClock`, an atomic
 //! load), `std_clock` (`Instant::now()`) and `quanta_clock` (its default). The
 //! like-for-like pairs are `given_now` ↔ `fake_clock` (the algorithm and its state,
-//! no real clock) and `monotonic_clock` ↔ `std_clock` (the same `Instant::now()`
-//! inside); `quanta_clock` is governor as shipped, with a cheaper clock than rocgate's.
+//! no real clock) and `monotonic_clock` ↔ `quanta_clock` (the same quanta TSC read
+//! inside: governor as shipped); `std_clock` shows what `Instant::now()` would cost.
 //!
 //! Both limiters admit at 10⁹/s with a burst of `u32::MAX` (emission interval 1 ns,
 //! tolerance ≈ 4.3 s): with a fixed `now` each decision takes one nanosecond of
@@ -120,7 +120,7 @@ fn on_two_threads<R>(iters: u64, op: impl Fn(u64, u64) -> R + Sync) -> Duration 
     std::thread::scope(|s| {
         let threads: Vec<_> = (0..2)
             .map(|thread| {
-                let (barrier, op) = (&barrier, &op);
+                let (barrier, op, clock) = (&barrier, &op, &clock);
                 s.spawn(move || {
                     barrier.wait();
                     let start = clock.now();

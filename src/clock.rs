@@ -97,21 +97,29 @@ pub trait Clock: Send + Sync {
     fn now(&self) -> Nanos;
 }
 
-/// The production clock: the OS monotonic clock, counted from when this value was built.
+/// The production clock: monotonic, counted from when this value was built.
 ///
-/// Build it once and share it; reading it costs one `Instant::now()`.
-#[derive(Clone, Copy, Debug)]
+/// It reads the CPU's time-stamp counter through [`quanta`], scaled to nanoseconds by a
+/// calibration against the OS monotonic clock that runs once per process (10–20 ms,
+/// at most 200 ms, in the first `MonotonicClock::new`). Where the counter is not
+/// invariant across power states and cores, quanta reads the OS monotonic clock
+/// instead. A read costs about 10 ns against 23 ns for `Instant::now()`, and the
+/// read is most of a decision's cost.
+///
+/// Build it once and share it: building one runs CPUID, which traps in a VM.
+#[derive(Clone, Debug)]
 pub struct MonotonicClock {
-    origin: std::time::Instant,
+    clock: quanta::Clock,
+    origin: quanta::Instant,
 }
 
 impl MonotonicClock {
     /// A clock whose origin is the moment of this call.
     #[allow(clippy::disallowed_methods)] // the one place that reads the OS clock
     pub fn new() -> Self {
-        MonotonicClock {
-            origin: std::time::Instant::now(),
-        }
+        let clock = quanta::Clock::new();
+        let origin = clock.now();
+        MonotonicClock { clock, origin }
     }
 }
 
@@ -122,9 +130,12 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
+    #[inline]
     #[allow(clippy::disallowed_methods)] // the one place that reads the OS clock
     fn now(&self) -> Nanos {
-        Nanos(duration_nanos(self.origin.elapsed()))
+        Nanos(duration_nanos(
+            self.clock.now().saturating_duration_since(self.origin),
+        ))
     }
 }
 
@@ -194,10 +205,25 @@ mod tests {
     }
 
     #[test]
-    fn monotonic_clock_does_not_go_backwards() {
+    fn monotonic_clock_does_not_go_backwards_on_any_thread() {
+        // One clock (and one origin) read by threads on different cores: each thread
+        // sees a non-decreasing sequence, and a clone reads the same time line.
         let c = MonotonicClock::new();
-        let a = c.now();
-        let b = c.now();
-        assert!(b >= a);
+        let start = c.now();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                let c = c.clone();
+                s.spawn(move || {
+                    let mut last = c.now();
+                    assert!(last >= start);
+                    for _ in 0..100_000 {
+                        let now = c.now();
+                        assert!(now >= last, "{now} after {last}");
+                        last = now;
+                    }
+                });
+            }
+        });
+        assert!(c.now() >= start);
     }
 }
