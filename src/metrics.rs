@@ -95,13 +95,15 @@ pub const STORE_FALLBACK: &str = "rocgate_store_fallback_total";
 pub const STORE_REQUESTS: &str = "rocgate_store_requests_total";
 /// `rocgate_store_limit_rps`.
 pub const STORE_LIMIT: &str = "rocgate_store_limit_rps";
+/// `rocgate_store_roc`.
+pub const STORE_ROC: &str = "rocgate_store_roc";
 /// `rocgate_store_instances`.
 pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 /// `rocgate_build_info`.
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 28] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -127,6 +129,7 @@ pub const ALL: [&str; 27] = [
     STORE_FALLBACK,
     STORE_REQUESTS,
     STORE_LIMIT,
+    STORE_ROC,
     STORE_INSTANCES,
     BUILD_INFO,
 ];
@@ -193,6 +196,10 @@ pub fn describe() {
     );
     describe_counter!(STORE_REQUESTS, "Decisions on the shared state.");
     describe_gauge!(STORE_LIMIT, "The shared limit as last seen, req/s.");
+    describe_gauge!(
+        STORE_ROC,
+        "ROC of the last slot the shared controller observed (in the route's roc_mode), as last seen."
+    );
     describe_gauge!(STORE_INSTANCES, "Live instances as last counted.");
     describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
 }
@@ -228,6 +235,9 @@ pub struct SharedControl {
     pub limit_rps: f64,
     /// The shared controller's state.
     pub state: ControllerState,
+    /// ROC of the last slot the shared controller observed, in the route's `roc_mode`:
+    /// the value it compares with the thresholds (fleet-wide traffic).
+    pub roc: f64,
 }
 
 impl Collector {
@@ -250,7 +260,8 @@ impl Collector {
 
     /// [`collect`](Self::collect), with the limit and controller state of the routes a
     /// shared store decides taken from `shared` (by route name): the local engine's
-    /// controller does not step for those.
+    /// controller does not step for those. Their shared ROC goes to
+    /// `rocgate_store_roc`; `rocgate_roc` keeps this instance's own traffic.
     pub fn collect_with(
         &self,
         engine: &Engine,
@@ -264,6 +275,7 @@ impl Collector {
             if let Some(control) = shared(&s.name) {
                 s.limit_rps = control.limit_rps;
                 s.state = control.state;
+                gauge!(STORE_ROC, "route" => s.name.clone()).set(control.roc);
             }
             let readings = history.entry(s.name.clone()).or_default();
             let ratio = rejection_ratio(readings, s, now);

@@ -234,6 +234,7 @@ fn shared_routes_show_the_stores_limit_and_state() {
             (route == "shared").then_some(SharedControl {
                 limit_rps: 60.0,
                 state: ControllerState::Cut,
+                roc: 95.5,
             })
         });
     });
@@ -244,7 +245,17 @@ fn shared_routes_show_the_stores_limit_and_state() {
         r#"rocgate_controller_state{route="shared",state="normal"} 0"#,
         r#"rocgate_limit_rps{route="local"} 200"#,
         r#"rocgate_controller_state{route="local",state="normal"} 1"#,
+        r#"rocgate_store_roc{route="shared"} 95.5"#,
     ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }
+    // A local route has no shared ROC; its own traffic stays in `rocgate_roc`.
+    assert!(
+        !text.contains(r#"rocgate_store_roc{route="local"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"rocgate_roc{route="shared",mode="absolute"} 0"#),
+        "{text}"
+    );
 }

@@ -104,6 +104,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
         Some(crate::metrics::SharedControl {
             limit_rps: view.limit_rps,
             state: view.state,
+            roc: view.roc,
         })
     });
     #[cfg(not(feature = "redis"))]
