@@ -37,8 +37,9 @@
 #
 # This machine's speed drifts by 30% over minutes, more than the effects measured, and
 # a round of the layer suite takes 90 s. With PAIRED=1, every layer configuration is
-# run right after a bare run of its own, and its ratio is the median over rounds of
-# its req/s over that bare run's: drift between rounds then cancels out.
+# run beside a bare run of its own (the bare run first in odd rounds, second in even
+# ones), and its ratio is the median over rounds of its req/s over that bare run's:
+# drift between rounds then cancels out, and so does any cost of running second.
 #
 # With SUITE=proxy (or SUITE=all, the default: both suites), the reverse proxies are
 # measured too, in front of the same upstream (bench_server bare, on CPU 1 with wrk):
@@ -388,7 +389,13 @@ declare -A paired cpus paired_cpu
 for ((round = 1; round <= ROUNDS; round++)); do
     for ((i = 0; i < n; i++)); do
         mode=${CONFIGS[(i + round - 1) % n]}
+        pair=0
         if ((PAIRED)) && [[ $mode != bare ]] && is_layer_config "$mode"; then
+            pair=1
+        fi
+        # The pair's bare run goes first in odd rounds and second in even ones, so
+        # that whatever the second run of a pair suffers cancels out over the rounds.
+        if ((pair && round % 2 == 1)); then
             run bare "$round"
             paired[$mode,$round]=$r
             paired_cpu[$mode,$round]=$cpu
@@ -397,6 +404,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
         rps[$mode,$round]=$r
         p99[$mode,$round]=$(to_us "$l")
         cpus[$mode,$round]=$cpu
+        if ((pair && round % 2 == 0)); then
+            run bare "$round"
+            paired[$mode,$round]=$r
+            paired_cpu[$mode,$round]=$cpu
+        fi
         if [[ $mode == bare ]]; then
             paired[$mode,$round]=$r
             paired_cpu[$mode,$round]=$cpu
@@ -421,7 +433,7 @@ done
 # runs paired with them in $3 and the medians in $4; with $5 = 1 the measure is a cost
 # (CPU per request), so the ratio is bare's over X's: what X's req/s would be, as a
 # fraction of bare's, on a saturated core, whether or not wrk keeps up. With PAIRED=1,
-# the median over rounds of X against the bare run just before it; otherwise the ratio
+# the median over rounds of X against the bare run beside it; otherwise the ratio
 # of the medians.
 ratio_of() {
     local -n runs=$2 before=$3 medians=$4
