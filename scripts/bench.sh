@@ -41,7 +41,7 @@ echo
 cargo bench --bench interleaved
 
 echo
-RUST_BACKTRACE=0 cargo test --release --test memory -- --include-ignored --nocapture --test-threads 1 \
+RUST_BACKTRACE=0 cargo test --release --test memory -- --nocapture --test-threads 1 \
     || echo "memory: a target is missed (see the failures above)"
 
 echo

@@ -35,14 +35,14 @@
 use crate::clock::Nanos;
 use crate::config::{Config, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier};
 use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
-use crate::limiter::{Admit, Algorithm, Decision, Level, Limiter, Reason, Rejection};
+use crate::limiter::{gcra, reject, Admit, Algorithm, Decision, Level, Limiter, Reason, Rejection};
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
 use dashmap::DashMap;
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 /// Index of a route in the engine's table.
@@ -561,23 +561,12 @@ impl Route {
         let enforced_limit = p.base_limit_rps;
         // shadow_adaptive enforces each key's base limit; its shadow keys follow the cut.
         let hold_base = cfg.mode == Mode::ShadowAdaptive;
-        let keys = match &cfg.partition {
-            Partition::Route => None,
-            Partition::ClientIp(limits) => {
-                Some(Keys::Ip(KeyTable::new(cfg, *limits, now, hold_base)))
-            }
-            Partition::Header(_, limits) => {
-                Some(Keys::Value(KeyTable::new(cfg, *limits, now, hold_base)))
-            }
-        };
-        let shadow = (cfg.mode == Mode::ShadowAdaptive).then(|| match &cfg.partition {
-            Partition::Route => Shadow::Route(Limiter::new(cfg.algorithm, p.base_limit_rps, now)),
-            Partition::ClientIp(limits) => {
-                Shadow::Keys(Box::new(Keys::Ip(KeyTable::new(cfg, *limits, now, false))))
-            }
-            Partition::Header(_, limits) => Shadow::Keys(Box::new(Keys::Value(KeyTable::new(
-                cfg, *limits, now, false,
-            )))),
+        let keys = Keys::new(cfg, now, hold_base);
+        let shadow = (cfg.mode == Mode::ShadowAdaptive).then(|| {
+            Keys::new(cfg, now, false).map_or_else(
+                || Shadow::Route(Limiter::new(cfg.algorithm, p.base_limit_rps, now)),
+                |keys| Shadow::Keys(Box::new(keys)),
+            )
         });
         let events = cfg
             .events
@@ -819,41 +808,99 @@ enum Shadow {
     Keys(Box<Keys>),
 }
 
-/// Per-key state of a partitioned route.
+/// Per-key state of a partitioned route: token-bucket keys in the lean
+/// [`BucketKey`], the other algorithms in a [`LimiterKey`].
 enum Keys {
-    Ip(KeyTable<IpKey>),
-    Value(KeyTable<Box<str>>),
+    Bucket(KeyTables<BucketKey>),
+    Other(KeyTables<LimiterKey>),
+}
+
+/// The key tables of one key state, by key kind.
+enum KeyTables<E> {
+    Ip(KeyTable<IpKey, E>),
+    Value(KeyTable<Box<str>, E>),
 }
 
 impl Keys {
+    fn new(cfg: &RouteConfig, now: Nanos, hold_base: bool) -> Option<Self> {
+        match cfg.algorithm {
+            Algorithm::TokenBucket { .. } => KeyTables::new(cfg, now, hold_base).map(Keys::Bucket),
+            _ => KeyTables::new(cfg, now, hold_base).map(Keys::Other),
+        }
+    }
+
     #[inline]
     fn check(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
-        match (self, key) {
-            (Keys::Ip(t), Key::Ip(ip)) => t.check(r, &IpKey::from(ip), now, |k| *k),
-            (Keys::Value(t), Key::Value(v)) => t.check(r, v, now, |v: &str| Box::from(v)),
-            (Keys::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
-            (Keys::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
+        match self {
+            Keys::Bucket(t) => t.check(r, key, now),
+            Keys::Other(t) => t.check(r, key, now),
         }
     }
 
     fn sweep(&self, last: &mut Nanos, now: Nanos) {
         match self {
-            Keys::Ip(t) => t.sweep(last, now),
-            Keys::Value(t) => t.sweep(last, now),
+            Keys::Bucket(t) => t.sweep(last, now),
+            Keys::Other(t) => t.sweep(last, now),
         }
     }
 
     fn len(&self) -> usize {
         match self {
-            Keys::Ip(t) => t.len.load(Ordering::Relaxed),
-            Keys::Value(t) => t.len.load(Ordering::Relaxed),
+            Keys::Bucket(t) => t.len(),
+            Keys::Other(t) => t.len(),
         }
     }
 
     fn tiers(&self) -> &TierTable {
         match self {
-            Keys::Ip(t) => &t.tiers,
-            Keys::Value(t) => &t.tiers,
+            Keys::Bucket(t) => t.tiers(),
+            Keys::Other(t) => t.tiers(),
+        }
+    }
+}
+
+impl<E: KeyState> KeyTables<E> {
+    /// The tables of a partitioned route (`None` for a route limited as a whole).
+    fn new(cfg: &RouteConfig, now: Nanos, hold_base: bool) -> Option<Self> {
+        match &cfg.partition {
+            Partition::Route => None,
+            Partition::ClientIp(limits) => {
+                Some(KeyTables::Ip(KeyTable::new(cfg, *limits, now, hold_base)))
+            }
+            Partition::Header(_, limits) => Some(KeyTables::Value(KeyTable::new(
+                cfg, *limits, now, hold_base,
+            ))),
+        }
+    }
+
+    #[inline]
+    fn check(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
+        match (self, key) {
+            (KeyTables::Ip(t), Key::Ip(ip)) => t.check(r, &IpKey::from(ip), now, |k| *k),
+            (KeyTables::Value(t), Key::Value(v)) => t.check(r, v, now, |v: &str| Box::from(v)),
+            (KeyTables::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
+            (KeyTables::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
+        }
+    }
+
+    fn sweep(&self, last: &mut Nanos, now: Nanos) {
+        match self {
+            KeyTables::Ip(t) => t.sweep(last, now),
+            KeyTables::Value(t) => t.sweep(last, now),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            KeyTables::Ip(t) => t.len.load(Ordering::Relaxed),
+            KeyTables::Value(t) => t.len.load(Ordering::Relaxed),
+        }
+    }
+
+    fn tiers(&self) -> &TierTable {
+        match self {
+            KeyTables::Ip(t) => &t.tiers,
+            KeyTables::Value(t) => &t.tiers,
         }
     }
 }
@@ -866,6 +913,8 @@ struct TierTable {
     default: [AtomicU64; 2],
     tiers: Vec<(Vec<String>, f64, f64)>,
     algorithm: Algorithm,
+    /// The token bucket's burst, for [`BucketKey`]s (0 for other algorithms).
+    burst_ms: u32,
     /// Keys hold their base limit whatever the controller does (shadow_adaptive's
     /// enforced keys).
     hold_base: bool,
@@ -909,9 +958,48 @@ impl TierTable {
     }
 }
 
-/// One key's state, stored inline in the key table (no allocation of its own).
-struct KeyEntry {
-    limiter: Limiter,
+/// One key's state, stored inline in the key table (no allocation of its own): its
+/// limiter, the tier it belongs to, when it was last seen, and the route generation
+/// its limit was last set for (keys catch up with limit changes lazily).
+trait KeyState: Send + Sync {
+    /// A new key of `tier` at `progress` between its cut and base limits, set for the
+    /// route's `generation`.
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self;
+
+    /// Decides one request, after catching up with the route's limit if it changed
+    /// since this key last looked.
+    fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision;
+
+    /// Whether the key may be evicted: unseen since `cutoff` (whole seconds) and
+    /// holding nothing (a concurrency permit still out keeps it).
+    fn evictable(&self, cutoff: u32) -> bool;
+}
+
+/// Whole seconds on the engine's clock, as kept per key (136 years fit).
+fn secs(now: Nanos) -> u32 {
+    u32::try_from(now.as_u64() / 1_000_000_000).unwrap_or(u32::MAX)
+}
+
+/// Stores the second a key was seen, unless it already says so (most requests of a
+/// busy key find it there and write nothing).
+#[inline]
+fn touch(last_seen_s: &AtomicU32, now: Nanos) {
+    let now_s = secs(now);
+    if last_seen_s.load(Ordering::Relaxed) != now_s {
+        last_seen_s.store(now_s, Ordering::Relaxed);
+    }
+}
+
+/// A key's token bucket: the GCRA words of [`TokenBucket`](crate::limiter::TokenBucket)
+/// laid flat beside the key's own fields, 32 bytes where a [`LimiterKey`] takes 48
+/// (a `Limiter` alone is 32). With its 16-byte key a table slot is 48 bytes. The
+/// burst is the route's, read from the [`TierTable`].
+struct BucketKey {
+    tat: AtomicU64,
+    /// Emission interval T: nanoseconds per token.
+    emission_ns: AtomicU64,
+    /// Tokens the bucket holds.
+    capacity: AtomicU32,
     /// The route generation this key's limit was last set for (wrapping; compared
     /// for equality only).
     generation: AtomicU32,
@@ -920,14 +1008,61 @@ struct KeyEntry {
     tier: u16,
 }
 
-/// Whole seconds on the engine's clock, as kept per key (136 years fit).
-fn secs(now: Nanos) -> u32 {
-    u32::try_from(now.as_u64() / 1_000_000_000).unwrap_or(u32::MAX)
+impl KeyState for BucketKey {
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
+        let (t, capacity) = gcra::params(tiers.limit(tier, progress), tiers.burst_ms);
+        BucketKey {
+            tat: AtomicU64::new(now.as_u64()),
+            emission_ns: AtomicU64::new(t),
+            capacity: AtomicU32::new(capacity),
+            generation: AtomicU32::new(generation),
+            last_seen_s: AtomicU32::new(secs(now)),
+            tier,
+        }
+    }
+
+    #[inline]
+    fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
+        let generation = r.generation.load(Ordering::Acquire) as u32;
+        if self.generation.load(Ordering::Relaxed) != generation {
+            self.generation.store(generation, Ordering::Relaxed);
+            let limit = tiers.limit(self.tier, tiers.progress(r));
+            let (t2, c2) = gcra::params(limit, tiers.burst_ms);
+            let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
+            let c1 = self.capacity.swap(c2, Ordering::AcqRel);
+            gcra::rescale(&self.tat, (t1, c1), (t2, c2), now);
+        }
+        touch(&self.last_seen_s, now);
+        let taken = gcra::take(
+            &self.tat,
+            self.emission_ns.load(Ordering::Relaxed),
+            self.capacity.load(Ordering::Relaxed),
+            now,
+        );
+        match taken {
+            Ok(()) => Decision::Admit(Admit::Now),
+            Err(retry_after_ns) => reject(retry_after_ns, Reason::Limit),
+        }
+    }
+
+    fn evictable(&self, cutoff: u32) -> bool {
+        self.last_seen_s.load(Ordering::Relaxed) <= cutoff
+    }
 }
 
-impl KeyEntry {
+/// A key of any algorithm: its own [`Limiter`].
+struct LimiterKey {
+    limiter: Limiter,
+    /// As in [`BucketKey`].
+    generation: AtomicU32,
+    /// As in [`BucketKey`].
+    last_seen_s: AtomicU32,
+    tier: u16,
+}
+
+impl KeyState for LimiterKey {
     fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
-        KeyEntry {
+        LimiterKey {
             limiter: Limiter::new(tiers.algorithm, tiers.limit(tier, progress), now),
             generation: AtomicU32::new(generation),
             last_seen_s: AtomicU32::new(secs(now)),
@@ -935,7 +1070,6 @@ impl KeyEntry {
         }
     }
 
-    /// Catches up with the route's limit if it changed since this key last looked.
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
         let generation = r.generation.load(Ordering::Acquire) as u32;
@@ -944,26 +1078,31 @@ impl KeyEntry {
             self.limiter
                 .set_limit(tiers.limit(self.tier, tiers.progress(r)), now);
         }
-        let now_s = secs(now);
-        if self.last_seen_s.load(Ordering::Relaxed) != now_s {
-            self.last_seen_s.store(now_s, Ordering::Relaxed);
-        }
+        touch(&self.last_seen_s, now);
         self.limiter.check(now)
+    }
+
+    fn evictable(&self, cutoff: u32) -> bool {
+        self.last_seen_s.load(Ordering::Relaxed) <= cutoff
+            && !matches!(&self.limiter, Limiter::Concurrency(c) if c.level().value > 0.0)
     }
 }
 
-struct KeyTable<K> {
-    map: DashMap<K, KeyEntry>,
+struct KeyTable<K, E> {
+    /// Made at the first key: DashMap allocates its shards up front ((4 × cores)
+    /// rounded up to a power of two, 128 bytes each), which a route whose keys never
+    /// come, or a shadow table outside cuts, need not pay.
+    map: OnceLock<DashMap<K, E>>,
     len: AtomicUsize,
     limits: KeyLimits,
     tiers: TierTable,
     /// Shared by new keys while the table is full.
-    overflow: KeyEntry,
+    overflow: E,
     /// Shared by requests that carry no key.
-    anonymous: KeyEntry,
+    anonymous: E,
 }
 
-impl<K: Hash + Eq> KeyTable<K> {
+impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     fn new(cfg: &RouteConfig, limits: KeyLimits, now: Nanos, hold_base: bool) -> Self {
         let p = &cfg.controller;
         let tiers = TierTable {
@@ -985,14 +1124,18 @@ impl<K: Hash + Eq> KeyTable<K> {
                 })
                 .collect(),
             algorithm: cfg.algorithm,
+            burst_ms: match cfg.algorithm {
+                Algorithm::TokenBucket { burst } => gcra::burst_ms(burst),
+                _ => 0,
+            },
             hold_base,
         };
         KeyTable {
-            map: DashMap::new(),
+            map: OnceLock::new(),
             len: AtomicUsize::new(0),
             limits,
-            overflow: KeyEntry::new(&tiers, 0, 1.0, 0, now),
-            anonymous: KeyEntry::new(&tiers, 0, 1.0, 0, now),
+            overflow: E::new(&tiers, 0, 1.0, 0, now),
+            anonymous: E::new(&tiers, 0, 1.0, 0, now),
             tiers,
         }
     }
@@ -1003,7 +1146,7 @@ impl<K: Hash + Eq> KeyTable<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized + KeyText,
     {
-        if let Some(entry) = self.map.get(key) {
+        if let Some(entry) = self.map.get().and_then(|map| map.get(key)) {
             return entry.check(r, &self.tiers, now);
         }
         if self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
@@ -1014,9 +1157,10 @@ impl<K: Hash + Eq> KeyTable<K> {
         // key a generation behind, to catch up on its next request.
         let generation = r.generation.load(Ordering::Acquire) as u32;
         let progress = self.tiers.progress(r);
-        let entry = self.map.entry(own(key)).or_insert_with(|| {
+        let map = self.map.get_or_init(DashMap::new);
+        let entry = map.entry(own(key)).or_insert_with(|| {
             self.len.fetch_add(1, Ordering::Relaxed);
-            KeyEntry::new(&self.tiers, tier, progress, generation, now)
+            E::new(&self.tiers, tier, progress, generation, now)
         });
         entry.check(r, &self.tiers, now)
     }
@@ -1028,10 +1172,12 @@ impl<K: Hash + Eq> KeyTable<K> {
             return;
         }
         *last = now;
+        let Some(map) = self.map.get() else {
+            return;
+        };
         let cutoff = secs(now - self.limits.idle_timeout);
-        self.map.retain(|_, e| {
-            let keep = e.last_seen_s.load(Ordering::Relaxed) > cutoff
-                || matches!(&e.limiter, Limiter::Concurrency(c) if c.level().value > 0.0);
+        map.retain(|_, e| {
+            let keep = !e.evictable(cutoff);
             if !keep {
                 self.len.fetch_sub(1, Ordering::Relaxed);
             }
@@ -1178,4 +1324,18 @@ fn count_for(counts: &[(Reason, u64)], reason: Reason) -> u64 {
         .iter()
         .find(|(r, _)| *r == reason)
         .map_or(0, |(_, n)| *n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout the per-key memory target rests on (`tests/memory.rs` measures the
+    /// tables): a token-bucket key and its 16-byte key fill a 48-byte slot.
+    #[test]
+    fn a_token_bucket_key_fills_a_48_byte_slot() {
+        assert_eq!(std::mem::size_of::<BucketKey>(), 32);
+        assert_eq!(std::mem::size_of::<(IpKey, BucketKey)>(), 48);
+        assert_eq!(std::mem::size_of::<(Box<str>, BucketKey)>(), 48);
+    }
 }

@@ -310,7 +310,7 @@ fn interval_ns(per_sec: f64) -> u64 {
 }
 
 #[inline]
-fn reject(retry_after_ns: u64, reason: Reason) -> Decision {
+pub(crate) fn reject(retry_after_ns: u64, reason: Reason) -> Decision {
     Decision::Reject(Rejection {
         retry_after: Duration::from_nanos(retry_after_ns.max(1)),
         reason,
@@ -335,28 +335,14 @@ pub struct TokenBucket {
 impl TokenBucket {
     /// A full bucket at `now`.
     pub fn new(limit: f64, burst: Duration, now: Nanos) -> Self {
-        let burst_ms = u32::try_from(burst.as_millis()).unwrap_or(u32::MAX);
-        let (t, capacity) = Self::params(limit, burst_ms);
+        let burst_ms = gcra::burst_ms(burst);
+        let (t, capacity) = gcra::params(limit, burst_ms);
         TokenBucket {
             tat: AtomicU64::new(now.as_u64()),
             emission_ns: AtomicU64::new(t),
             capacity: AtomicU32::new(capacity),
             burst_ms,
         }
-    }
-
-    /// Emission interval and capacity (at least one token) for `limit`.
-    fn params(limit: f64, burst_ms: u32) -> (u64, u32) {
-        let capacity = (limit * f64::from(burst_ms) / 1e3)
-            .floor()
-            .clamp(1.0, f64::from(u32::MAX));
-        (interval_ns(limit), capacity as u32)
-    }
-
-    /// Tolerance τ = capacity × T.
-    #[inline]
-    fn tolerance(t: u64, capacity: u32) -> u64 {
-        t.saturating_mul(u64::from(capacity)).min(u64::MAX / 4)
     }
 
     /// Takes one token at `now`, or says when one will be there.
@@ -373,51 +359,96 @@ impl TokenBucket {
     /// before building a [`Decision`].
     #[inline]
     pub fn take(&self, now: Nanos) -> Result<(), u64> {
-        let now = now.as_u64();
-        let t = self.emission_ns.load(Ordering::Relaxed);
-        let tau = Self::tolerance(t, self.capacity.load(Ordering::Relaxed));
-        let mut tat = self.tat.load(Ordering::Relaxed);
-        loop {
-            let next = tat.max(now) + t;
-            if next - now > tau {
-                return Err(next - tau - now);
-            }
-            match self
-                .tat
-                .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => return Ok(()),
-                Err(seen) => tat = seen,
-            }
-        }
+        gcra::take(
+            &self.tat,
+            self.emission_ns.load(Ordering::Relaxed),
+            self.capacity.load(Ordering::Relaxed),
+            now,
+        )
     }
 
     /// Changes rate and capacity, keeping the tokens there are (clamped to the new capacity).
     pub fn set_limit(&self, limit: f64, now: Nanos) {
-        let now = now.as_u64();
-        let (t2, c2) = Self::params(limit, self.burst_ms);
+        let (t2, c2) = gcra::params(limit, self.burst_ms);
         let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
         let c1 = self.capacity.swap(c2, Ordering::AcqRel);
-        let (tau1, tau2) = (Self::tolerance(t1, c1), Self::tolerance(t2, c2));
-        let _ = self
-            .tat
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |tat| {
-                let backlog = tat.saturating_sub(now);
-                let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
-                let kept = tokens.min(f64::from(c2));
-                Some(now + tau2 - (kept * t2 as f64).min(tau2 as f64) as u64)
-            });
+        gcra::rescale(&self.tat, (t1, c1), (t2, c2), now);
     }
 
     /// Tokens left at `now` and the capacity.
     pub fn level(&self, now: Nanos) -> Level {
-        let t = self.emission_ns.load(Ordering::Relaxed);
-        let capacity = self.capacity.load(Ordering::Relaxed);
-        let tau = Self::tolerance(t, capacity);
-        let backlog = self
-            .tat
-            .load(Ordering::Relaxed)
-            .saturating_sub(now.as_u64());
+        gcra::level(
+            &self.tat,
+            self.emission_ns.load(Ordering::Relaxed),
+            self.capacity.load(Ordering::Relaxed),
+            now,
+        )
+    }
+}
+
+/// GCRA on one TAT word, with the emission interval `t` and the capacity passed in:
+/// the arithmetic of [`TokenBucket`], shared with the engine's per-key buckets, which
+/// keep the same words beside their own bookkeeping.
+pub(crate) mod gcra {
+    use super::{interval_ns, Level};
+    use crate::clock::Nanos;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// A burst kept to the millisecond in 32 bits (49 days).
+    pub(crate) fn burst_ms(burst: Duration) -> u32 {
+        u32::try_from(burst.as_millis()).unwrap_or(u32::MAX)
+    }
+
+    /// Emission interval and capacity (at least one token) for `limit`.
+    pub(crate) fn params(limit: f64, burst_ms: u32) -> (u64, u32) {
+        let capacity = (limit * f64::from(burst_ms) / 1e3)
+            .floor()
+            .clamp(1.0, f64::from(u32::MAX));
+        (interval_ns(limit), capacity as u32)
+    }
+
+    /// Tolerance τ = capacity × T.
+    #[inline]
+    fn tolerance(t: u64, capacity: u32) -> u64 {
+        t.saturating_mul(u64::from(capacity)).min(u64::MAX / 4)
+    }
+
+    /// Takes one token at `now`: `Ok`, or the nanoseconds until one will be there.
+    #[inline]
+    pub(crate) fn take(tat: &AtomicU64, t: u64, capacity: u32, now: Nanos) -> Result<(), u64> {
+        let now = now.as_u64();
+        let tau = tolerance(t, capacity);
+        let mut seen = tat.load(Ordering::Relaxed);
+        loop {
+            let next = seen.max(now) + t;
+            if next - now > tau {
+                return Err(next - tau - now);
+            }
+            match tat.compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(current) => seen = current,
+            }
+        }
+    }
+
+    /// Moves the TAT from parameters `(t1, c1)` to `(t2, c2)` at `now`, keeping the
+    /// tokens there are (clamped to the new capacity).
+    pub(crate) fn rescale(tat: &AtomicU64, (t1, c1): (u64, u32), (t2, c2): (u64, u32), now: Nanos) {
+        let now = now.as_u64();
+        let (tau1, tau2) = (tolerance(t1, c1), tolerance(t2, c2));
+        let _ = tat.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |tat| {
+            let backlog = tat.saturating_sub(now);
+            let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
+            let kept = tokens.min(f64::from(c2));
+            Some(now + tau2 - (kept * t2 as f64).min(tau2 as f64) as u64)
+        });
+    }
+
+    /// Tokens left at `now` and the capacity.
+    pub(crate) fn level(tat: &AtomicU64, t: u64, capacity: u32, now: Nanos) -> Level {
+        let tau = tolerance(t, capacity);
+        let backlog = tat.load(Ordering::Relaxed).saturating_sub(now.as_u64());
         Level {
             value: tau.saturating_sub(backlog) as f64 / t as f64,
             capacity: f64::from(capacity),

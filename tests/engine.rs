@@ -493,3 +493,62 @@ fn restore_eta_follows_the_cut() {
     );
     assert_eq!(e.limit_rps(id), 60.0);
 }
+
+#[test]
+fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
+    for algorithm in [
+        Algorithm::default(),
+        Algorithm::FixedWindow {
+            window: Duration::from_secs(1),
+        },
+        Algorithm::SlidingWindow {
+            window: Duration::from_secs(1),
+        },
+        Algorithm::LeakyBucket { queue: 0 },
+    ] {
+        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        let e = engine(vec![cfg]);
+        let (id, name) = (RouteId(0), algorithm.name());
+        // One client's spike cuts the route: base 200/s, cut 60/s, for every key.
+        assert_eq!(offer(&e, id, ip(1), 0.0, 10.0, 40.0), (400, 0), "{name}");
+        offer(&e, id, ip(1), 10.0, 11.0, 600.0);
+        let (a, _) = offer(&e, id, ip(1), 12.0, 14.0, 600.0);
+        let s = e.route_snapshot(id, Nanos::from_secs(14));
+        assert_eq!(s.state, ControllerState::Cut, "{name}");
+        // 60/s for 2 s, plus at most one burst of the cut limit saved up since 11 s;
+        // the base limit would have admitted 400.
+        assert!((100..=180).contains(&a), "{name}: admitted {a}");
+        // A key first seen during the cut gets the cut limit, and its own state.
+        assert_eq!(offer(&e, id, ip(2), 14.0, 16.0, 20.0), (40, 0), "{name}");
+        let (b, _) = offer(&e, id, ip(3), 16.0, 18.0, 600.0);
+        assert!((100..=180).contains(&b), "{name}: a new key admitted {b}");
+        assert_eq!(e.route_snapshot(id, Nanos::from_secs(18)).keys, 3, "{name}");
+    }
+}
+
+#[test]
+fn a_key_holding_a_concurrency_permit_is_not_evicted() {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.algorithm = Algorithm::Concurrency { queue: 0 };
+    cfg.controller.base_limit_rps = 1.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        max_keys: 100,
+        idle_timeout: Duration::from_secs(10),
+    });
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    let held = e.check(id, ip(1), Nanos::ZERO);
+    assert!(held.is_admit());
+    // 30 s later, past the idle timeout, another key's request rolls the window and
+    // sweeps: the key whose permit is still out stays, with its permit counted.
+    assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 2);
+    assert!(!e.check(id, ip(1), Nanos::from_secs(30)).is_admit());
+    // Once the permit is back and the key idle, the next sweep evicts it.
+    drop(held);
+    assert!(e.check(id, ip(2), Nanos::from_secs(60)).is_admit());
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(60)).keys, 1);
+}
