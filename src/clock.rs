@@ -99,27 +99,73 @@ pub trait Clock: Send + Sync {
 
 /// The production clock: monotonic, counted from when this value was built.
 ///
-/// It reads the CPU's time-stamp counter through [`quanta`], scaled to nanoseconds by a
-/// calibration against the OS monotonic clock that runs once per process (10–20 ms,
-/// at most 200 ms, in the first `MonotonicClock::new`). Where the counter is not
-/// invariant across power states and cores, quanta reads the OS monotonic clock
-/// instead. A read costs about 10 ns against 23 ns for `Instant::now()`, and the
-/// read is most of a decision's cost.
+/// Where the kernel keeps time with the CPU's time-stamp counter (Linux's
+/// `current_clocksource` is `tsc`: the kernel has checked that the counters of all
+/// CPUs agree and tick at a constant rate), it reads the TSC through [`quanta`],
+/// scaled to nanoseconds by a calibration against the OS clock that runs once per
+/// process (10–20 ms, at most 200 ms, in the first `MonotonicClock::new`): about
+/// 10 ns a read against 23 ns for `Instant::now()`, and the read is most of a
+/// decision's cost. Elsewhere (another clocksource such as `kvm-clock` or `hpet`,
+/// another OS) it reads `std::time::Instant`: an unsynchronised TSC could step back
+/// between cores and reject requests that have their tokens.
 ///
-/// Build it once and share it: building one runs CPUID, which traps in a VM.
+/// Build it once and share it: building one reads sysfs and may run CPUID, which
+/// traps in a VM.
 #[derive(Clone, Debug)]
 pub struct MonotonicClock {
-    clock: quanta::Clock,
-    origin: quanta::Instant,
+    source: Source,
 }
 
+#[derive(Clone, Debug)]
+enum Source {
+    Tsc {
+        clock: quanta::Clock,
+        origin: quanta::Instant,
+    },
+    Os {
+        origin: std::time::Instant,
+    },
+}
+
+/// Where Linux names the clocksource it keeps time with.
+const CLOCKSOURCE: &str = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+
 impl MonotonicClock {
-    /// A clock whose origin is the moment of this call.
-    #[allow(clippy::disallowed_methods)] // the one place that reads the OS clock
+    /// A clock whose origin is the moment of this call, reading the TSC where the
+    /// kernel does.
     pub fn new() -> Self {
+        let tsc = std::fs::read_to_string(CLOCKSOURCE).is_ok_and(|s| s.trim() == "tsc");
+        if tsc {
+            Self::tsc()
+        } else {
+            Self::os()
+        }
+    }
+
+    /// A clock reading the TSC through quanta (which itself falls back to the OS
+    /// clock where the CPU does not report an invariant TSC).
+    #[allow(clippy::disallowed_methods)] // the one place that reads the OS clock
+    fn tsc() -> Self {
         let clock = quanta::Clock::new();
         let origin = clock.now();
-        MonotonicClock { clock, origin }
+        MonotonicClock {
+            source: Source::Tsc { clock, origin },
+        }
+    }
+
+    /// A clock reading `std::time::Instant`.
+    #[allow(clippy::disallowed_methods)] // the one place that reads the OS clock
+    pub fn os() -> Self {
+        MonotonicClock {
+            source: Source::Os {
+                origin: std::time::Instant::now(),
+            },
+        }
+    }
+
+    /// Whether this clock reads the TSC (through quanta) rather than `Instant`.
+    pub fn reads_tsc(&self) -> bool {
+        matches!(self.source, Source::Tsc { .. })
     }
 }
 
@@ -133,9 +179,11 @@ impl Clock for MonotonicClock {
     #[inline]
     #[allow(clippy::disallowed_methods)] // the one place that reads the OS clock
     fn now(&self) -> Nanos {
-        Nanos(duration_nanos(
-            self.clock.now().saturating_duration_since(self.origin),
-        ))
+        let elapsed = match &self.source {
+            Source::Tsc { clock, origin } => clock.now().saturating_duration_since(*origin),
+            Source::Os { origin } => origin.elapsed(),
+        };
+        Nanos(duration_nanos(elapsed))
     }
 }
 
@@ -206,9 +254,15 @@ mod tests {
 
     #[test]
     fn monotonic_clock_does_not_go_backwards_on_any_thread() {
-        // One clock (and one origin) read by threads on different cores: each thread
-        // sees a non-decreasing sequence, and a clone reads the same time line.
-        let c = MonotonicClock::new();
+        for c in [MonotonicClock::new(), MonotonicClock::os()] {
+            reads_forward_on_two_threads(&c);
+        }
+        assert!(!MonotonicClock::os().reads_tsc());
+    }
+
+    /// One clock (and one origin) read by threads on different cores: each thread
+    /// sees a non-decreasing sequence, and a clone reads the same time line.
+    fn reads_forward_on_two_threads(c: &MonotonicClock) {
         let start = c.now();
         std::thread::scope(|s| {
             for _ in 0..2 {

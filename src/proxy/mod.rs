@@ -161,7 +161,12 @@ impl Proxy {
     ) -> io::Result<Proxy> {
         let listener = TcpListener::bind(settings.listen).await?;
         let admin = TcpListener::bind(settings.admin_listen).await?;
-        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        let monotonic = MonotonicClock::new();
+        tracing::info!(
+            source = if monotonic.reads_tsc() { "tsc" } else { "os" },
+            "clock"
+        );
+        let clock: Arc<dyn Clock> = Arc::new(monotonic);
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
         let advisor = Arc::new(Advisor::new(&config.hints));
