@@ -307,6 +307,33 @@ async fn instances_count_each_other_through_the_heartbeat() {
     assert_eq!(a.store.beat().await, Some(1));
 }
 
+/// A route that a reload makes local (here: partitioned by client IP) keeps the view
+/// the store last had of it, but no longer shows as shared: the metrics then report
+/// the local engine's limit, state and ROC for it, not a frozen shared one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_made_local_has_no_shared_view() {
+    let _serial = one_at_a_time().await;
+    use rocgate::config::{KeyLimits, Partition};
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "made-local");
+    let inst = Instance::system(&burst_route(), &config);
+    assert!(inst.check().await.is_admit());
+    assert!(inst.store.shared_view(&inst.engine, "order").is_some());
+    let mut local = burst_route();
+    local.partition = Partition::ClientIp(KeyLimits::default());
+    let reloaded = Engine::new(
+        &Config::new(vec![local]),
+        Nanos::ZERO,
+        SystemTime::UNIX_EPOCH,
+    );
+    assert!(
+        inst.store.view("order").is_some(),
+        "the store keeps its view"
+    );
+    assert!(inst.store.shared_view(&reloaded, "order").is_none());
+    assert!(inst.store.shared_view(&inst.engine, "elsewhere").is_none());
+}
+
 /// 1.5 s calm (a request per instance every 100 ms), then a spike (one every `pause`)
 /// until both instances see the shared controller cut: when each saw it, after the
 /// spike began.

@@ -100,7 +100,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     let (engine, now) = (state.reloader.engine(), state.reloader.clock().now());
     #[cfg(feature = "redis")]
     m.collector.collect_with(&engine, now, |route| {
-        let view = state.store.as_ref()?.view(route)?;
+        let view = state.store.as_ref()?.shared_view(&engine, route)?;
         Some(crate::metrics::SharedControl {
             limit_rps: view.limit_rps,
             state: view.state,

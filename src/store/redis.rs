@@ -585,6 +585,16 @@ impl RedisStore {
         Some(self.inner.routes.get(route)?.view())
     }
 
+    /// [`view`](Self::view), for a route that `engine` (the one in force) shares: a
+    /// route a reload made local keeps the view it had, which this leaves out.
+    pub fn shared_view(&self, engine: &Engine, route: &str) -> Option<SharedView> {
+        let id = engine.route_id(route)?;
+        if !self.shares(engine, id) {
+            return None;
+        }
+        self.view(route)
+    }
+
     /// Every route this instance has decided on, with what it last saw, by name.
     pub fn views(&self) -> Vec<(String, SharedView)> {
         let mut views: Vec<_> = self
