@@ -520,8 +520,9 @@ fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
         // 60/s for 2 s, plus at most one burst of the cut limit saved up since 11 s;
         // the base limit would have admitted 400.
         assert!((100..=180).contains(&a), "{name}: admitted {a}");
-        // A key first seen during the cut gets the cut limit, and its own state.
+        // A quiet key is not held back by another's spike: keys have their own state.
         assert_eq!(offer(&e, id, ip(2), 14.0, 16.0, 20.0), (40, 0), "{name}");
+        // A key first seen during the cut gets the cut limit.
         let (b, _) = offer(&e, id, ip(3), 16.0, 18.0, 600.0);
         assert!((100..=180).contains(&b), "{name}: a new key admitted {b}");
         assert_eq!(e.route_snapshot(id, Nanos::from_secs(18)).keys, 3, "{name}");
@@ -551,4 +552,21 @@ fn a_key_holding_a_concurrency_permit_is_not_evicted() {
     drop(held);
     assert!(e.check(id, ip(2), Nanos::from_secs(60)).is_admit());
     assert_eq!(e.route_snapshot(id, Nanos::from_secs(60)).keys, 1);
+}
+
+#[test]
+fn keys_hold_the_routes_burst() {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_millis(2500),
+    };
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    let e = engine(vec![cfg]);
+    // 2.5 s of the base limit (200/s) at once, for each key.
+    for n in 1..=2 {
+        let admitted = (0..1000)
+            .filter(|_| e.check(RouteId(0), ip(n), Nanos::ZERO).is_admit())
+            .count();
+        assert_eq!(admitted, 500, "key {n}");
+    }
 }
