@@ -60,7 +60,7 @@
 # Usage:  scripts/bench-http.sh            (ROUNDS=3 DURATION=10 WARMUP=1: about 8 min)
 #         SUITE=proxy scripts/bench-http.sh   (the proxies only: about 3 min)
 #         ROUNDS=5 DURATION=20 QUIET_WAIT=60 RETRIES=2 scripts/bench-http.sh
-#         SUITE=layer PAIRED=1 ROUNDS=5 DURATION=5 scripts/bench-http.sh
+#         SUITE=layer PAIRED=1 ROUNDS=8 DURATION=4 scripts/bench-http.sh
 # Needs 2 CPUs, taskset, curl and wrk (installed with apt-get when missing; nginx too
 # for the proxy suite). Loopback only; stops by itself; every server is killed on exit,
 # error or Ctrl-C. Ratios matter, not absolute figures: nothing else heavy (such as
@@ -109,6 +109,10 @@ for var in ROUNDS DURATION WARMUP QUIET_WAIT RETRIES OTHERS_MAX; do
 done
 if ((ROUNDS < 1 || DURATION < 1)); then
     echo "bench-http: ROUNDS and DURATION must be at least 1" >&2
+    exit 2
+fi
+if ((PAIRED && ROUNDS % 2)); then
+    echo "bench-http: PAIRED=1 needs an even ROUNDS (the bare run of a pair goes first in half the rounds), got $ROUNDS" >&2
     exit 2
 fi
 if (($(nproc) < 2)); then
@@ -303,7 +307,7 @@ cpu_times() {
 # Median of the numbers given as arguments.
 median() {
     printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END {
-        if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2
+        if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2
     }'
 }
 
@@ -436,12 +440,12 @@ done
 # the median over rounds of X against the bare run beside it; otherwise the ratio
 # of the medians.
 ratio_of() {
-    local -n runs=$2 before=$3 medians=$4
+    local -n runs=$2 beside=$3 medians=$4
     local round rs=() expr='a / b'
     ((${5:-0})) && expr='b / a'
     if ((PAIRED)); then
         for ((round = 1; round <= ROUNDS; round++)); do
-            rs+=("$(awk -v a="${runs[$1,$round]}" -v b="${before[$1,$round]}" "BEGIN { print $expr }")")
+            rs+=("$(awk -v a="${runs[$1,$round]}" -v b="${beside[$1,$round]}" "BEGIN { print $expr }")")
         done
         awk -v m="$(median "${rs[@]}")" 'BEGIN { printf "%.3f", m }'
     else
