@@ -1025,6 +1025,130 @@ async fn silent_upstream_gets_504_after_the_response_timeout() {
     );
 }
 
+/// An upstream that answers every request with its path and counts the connections
+/// it accepted; with `close`, it closes each connection after one response.
+async fn start_counting_upstream(close: bool) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let service =
+                hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| async move {
+                    let mut res =
+                        Response::new(Full::new(Bytes::from(req.uri().path().to_owned())));
+                    if close {
+                        res.headers_mut()
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, std::convert::Infallible>(res)
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_client_gets_one_upstream_connection_of_its_own() {
+    use std::sync::atomic::Ordering;
+    let (upstream, accepted) = start_counting_upstream(false).await;
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    for (client, expected) in [(0, 2), (1, 3)] {
+        let mut conn = Client::connect(proxy.addr).await;
+        for n in 0..20 {
+            let path = format!("/c{client}/r{n}");
+            let res = conn.send(empty(get(&path))).await;
+            assert_eq!(res.status, StatusCode::OK);
+            assert_eq!(res.body, path.as_bytes(), "responses stay in order");
+        }
+        // The first request of a connection goes through the pool (whose connection is
+        // reused by the next client), the rest through the connection's own lane.
+        assert_eq!(accepted.load(Ordering::SeqCst), expected, "client {client}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_reconnects_when_the_upstream_closes_its_connection() {
+    use std::sync::atomic::Ordering;
+    let (upstream, accepted) = start_counting_upstream(true).await;
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    for n in 0..10 {
+        let path = format!("/r{n}");
+        let res = conn.send(empty(get(&path))).await;
+        assert_eq!(res.status, StatusCode::OK, "request {n}");
+        assert_eq!(res.body, path.as_bytes());
+        assert!(
+            res.headers.get(header::CONNECTION).is_none(),
+            "the upstream's Connection header is hop-by-hop"
+        );
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        10,
+        "one connection per request"
+    );
+}
+
+#[tokio::test]
+async fn upstream_failures_map_the_same_on_a_connections_later_requests() {
+    // Nothing listening: 502 for the first request (the pool) and the next (the lane).
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let proxy = start_proxy(settings(addr), Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    for _ in 0..2 {
+        let res = conn.send(empty(get("/"))).await;
+        assert_eq!(res.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(res.json(), serde_json::json!({ "error": "upstream_error" }));
+    }
+    // A silent upstream: 504 both times.
+    let mut silent = settings(start_silent_upstream().await);
+    silent.forward.response_timeout = Duration::from_millis(300);
+    let proxy = start_proxy(silent, Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    for _ in 0..2 {
+        let res = conn.send(empty(get("/"))).await;
+        assert_eq!(res.status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(
+            res.json(),
+            serde_json::json!({ "error": "response_timeout" })
+        );
+    }
+    // A body over the limit on a connection's second request: 413, as on its first.
+    let upstream = start_upstream().await;
+    let mut limited = settings(upstream.addr);
+    limited.forward.max_body_bytes = MAX_BODY;
+    let proxy = start_proxy(limited, Vec::new()).await;
+    let chunk = format!("320\r\n{}\r\n", "a".repeat(0x320));
+    let first = "GET /first HTTP/1.1\r\nHost: x\r\n\r\n";
+    let second = format!(
+        "POST /chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{chunk}{chunk}0\r\n\r\n"
+    );
+    let raw = raw_exchange(
+        proxy.addr,
+        format!("{first}{second}").as_bytes(),
+        HEADER_READ_TIMEOUT * 3,
+    )
+    .await;
+    // (The first body, `ok`, runs into the second status line.)
+    let text = String::from_utf8_lossy(&raw);
+    assert!(
+        text.starts_with("HTTP/1.1 200 ") && text.contains("okHTTP/1.1 413 "),
+        "{text}"
+    );
+    assert!(text.ends_with(r#"{"error":"body_too_large"}"#), "{text}");
+    assert!(upstream.seen("/chunked").iter().all(|s| s.body.is_err()));
+}
+
 // ---------------------------------------------------------------------------------
 // 9. Graceful shutdown
 

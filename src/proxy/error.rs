@@ -2,7 +2,6 @@
 
 use axum::body::Body;
 use http::{header, HeaderValue, Response, StatusCode};
-use std::error::Error as _;
 use std::fmt;
 
 /// Why a request could not be forwarded.
@@ -13,7 +12,7 @@ pub enum ProxyError {
     /// The request body is larger than `max_body_bytes` (413).
     BodyTooLarge,
     /// The upstream refused or reset the connection, or spoke broken HTTP (502).
-    Upstream(hyper_util::client::legacy::Error),
+    Upstream(Box<dyn std::error::Error + Send + Sync>),
     /// Connecting to the upstream took longer than `connect_timeout` (504).
     ConnectTimeout,
     /// The upstream's response head took longer than `response_timeout` (504).
@@ -34,21 +33,42 @@ impl fmt::Display for ProxyError {
 
 impl std::error::Error for ProxyError {}
 
+/// Whether `e` or an error in its source chain satisfies `is`.
+fn caused_by(
+    e: &(dyn std::error::Error + 'static),
+    is: impl Fn(&(dyn std::error::Error + 'static)) -> bool,
+) -> bool {
+    let mut next = Some(e);
+    while let Some(s) = next {
+        if is(s) {
+            return true;
+        }
+        next = s.source();
+    }
+    false
+}
+
 impl ProxyError {
-    /// Classifies a client error: a connect that timed out, a body over the limit
-    /// (surfacing through the upstream request), or another upstream failure.
+    /// Classifies a pooled client's error: a connect that timed out, a body over the
+    /// limit (surfacing through the upstream request), or another upstream failure.
     pub(crate) fn from_client(e: hyper_util::client::legacy::Error) -> Self {
-        let mut source = e.source();
-        while let Some(s) = source {
-            if let Some(io) = s.downcast_ref::<std::io::Error>() {
-                if e.is_connect() && io.kind() == std::io::ErrorKind::TimedOut {
-                    return ProxyError::ConnectTimeout;
-                }
-            }
-            if s.is::<http_body_util::LengthLimitError>() {
-                return ProxyError::BodyTooLarge;
-            }
-            source = s.source();
+        if e.is_connect()
+            && caused_by(&e, |s| {
+                s.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            })
+        {
+            return ProxyError::ConnectTimeout;
+        }
+        ProxyError::upstream(e)
+    }
+
+    /// Classifies an upstream failure: a body over the limit (surfacing through the
+    /// upstream request), or another upstream failure.
+    pub(crate) fn upstream(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        let e = e.into();
+        if caused_by(&*e, |s| s.is::<http_body_util::LengthLimitError>()) {
+            return ProxyError::BodyTooLarge;
         }
         ProxyError::Upstream(e)
     }

@@ -1,7 +1,9 @@
 //! The forwarding service: rewrites a client request for the upstream, sends it over
-//! pooled keep-alive connections, streams both bodies, and maps failures to responses.
+//! the client connection's own upstream connection ([`super::lane`]) or pooled
+//! keep-alive connections, streams both bodies, and maps failures to responses.
 
 use super::error::ProxyError;
+use super::lane::{Lane, LaneCount};
 use crate::clock::Clock;
 use crate::hints::UpstreamMeter;
 use crate::http::{ClientIpResolver, HeldPermit, MatchedRoute, PeerAddr};
@@ -24,6 +26,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::net::TcpStream;
 
 /// Where and how requests are forwarded.
 #[derive(Clone, Debug)]
@@ -101,6 +104,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     in_flight: Arc<AtomicI64>,
     meter: Arc<UpstreamMeter>,
+    /// Upstream connections held by client connections' lanes.
+    lanes: LaneCount,
 }
 
 impl std::fmt::Debug for Inner {
@@ -143,6 +148,7 @@ impl Forwarder {
                 clock,
                 in_flight,
                 meter,
+                lanes: LaneCount::default(),
             }),
         }
     }
@@ -244,22 +250,33 @@ impl Inner {
 
     /// Forwards one request; every failure becomes a response. Records the upstream
     /// duration by route and status class, and failures by kind.
-    async fn forward(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn forward(&self, mut req: Request<Incoming>) -> Response<Body> {
         let route = req
             .extensions()
             .get::<MatchedRoute>()
             .map_or_else(|| Arc::from(UNMATCHED), |m| Arc::clone(&m.0));
+        // HTTP/1 requests come one after another on a connection: from the second
+        // one on they go through the connection's own lane (HTTP/2 streams run side
+        // by side and share the pool).
+        let lane = req
+            .extensions_mut()
+            .remove::<Lane>()
+            .filter(|lane| req.version() <= Version::HTTP_11 && lane.enter());
         let result = match self.rewrite(req) {
             Ok(upstream_req) => {
                 let _in_flight = InFlight::enter(&self.in_flight);
                 let started = self.clock.now();
                 let timeout = self.settings.response_timeout;
-                let result =
-                    match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
-                        Ok(Ok(res)) => Ok(res),
-                        Ok(Err(e)) => Err(ProxyError::from_client(e)),
-                        Err(_) => Err(ProxyError::ResponseTimeout),
-                    };
+                let sent = async {
+                    match &lane {
+                        Some(lane) => self.send_on_lane(lane, upstream_req).await,
+                        None => self.send_pooled(upstream_req).await,
+                    }
+                };
+                let result = match tokio::time::timeout(timeout, sent).await {
+                    Ok(result) => result,
+                    Err(_) => Err(ProxyError::ResponseTimeout),
+                };
                 let took = self.clock.now().saturating_since(started);
                 if let Ok(res) = &result {
                     let class = status_class(res.status());
@@ -285,6 +302,80 @@ impl Inner {
                 metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&route), "kind" => e.kind())
                     .increment(1);
                 e.into_response()
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Sends through the shared pool of upstream connections.
+    async fn send_pooled(&self, req: Request<Body>) -> Result<Response<Incoming>, ProxyError> {
+        self.client
+            .request(req)
+            .await
+            .map_err(ProxyError::from_client)
+    }
+
+    /// Sends on the client connection's own upstream connection, opening it if the
+    /// lane has none; a request the connection could not take goes to the pool.
+    async fn send_on_lane(
+        &self,
+        lane: &Lane,
+        mut req: Request<Body>,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let mut sender = match lane.take() {
+            Some(sender) => sender,
+            None => {
+                let Some(slot) = self.lanes.acquire() else {
+                    return self.send_pooled(req).await;
+                };
+                lane.open(self.connect().await?, slot)
+                    .await
+                    .map_err(ProxyError::upstream)?
+            }
+        };
+        if sender.ready().await.is_err() {
+            return self.send_pooled(req).await;
+        }
+        // The connection goes to the origin itself: the request line carries the path.
+        let path = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let absolute = std::mem::replace(req.uri_mut(), Uri::from(path));
+        match sender.try_send_request(req).await {
+            Ok(res) => {
+                lane.put_back(sender);
+                Ok(res)
+            }
+            Err(mut e) => match e.take_message() {
+                // Not sent: the connection closed before it took the request.
+                Some(mut req) => {
+                    *req.uri_mut() = absolute;
+                    self.send_pooled(req).await
+                }
+                None => Err(ProxyError::upstream(e.into_error())),
+            },
+        }
+    }
+
+    /// A TCP connection to the upstream, within `connect_timeout`.
+    async fn connect(&self) -> Result<TcpStream, ProxyError> {
+        let host = self.authority.host();
+        // An IPv6 literal is written in brackets in a URI, not in a socket address.
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = self.authority.port_u16().unwrap_or(80);
+        let connecting = TcpStream::connect((host, port));
+        match tokio::time::timeout(self.settings.connect_timeout, connecting).await {
+            Err(_) => Err(ProxyError::ConnectTimeout),
+            Ok(Err(e)) => Err(ProxyError::upstream(e)),
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                Ok(stream)
             }
         }
     }

@@ -12,6 +12,7 @@ mod admin;
 mod error;
 mod forward;
 mod hints;
+mod lane;
 
 pub use hints::Advisor;
 #[cfg(feature = "redis")]
@@ -333,13 +334,25 @@ impl Proxy {
                 if !first_byte_within(&stream, header_timeout).await {
                     return;
                 }
+                let (lane, driver) = lane::Lane::new();
                 let svc = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
                     req.extensions_mut().insert(PeerAddr(peer));
+                    req.extensions_mut().insert(lane.clone());
                     let response = service.clone().call(req);
                     async move { response.await.map(forward::hold_permit_through_body) }
                 });
-                let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                if let Err(e) = watcher.watch(conn.into_owned()).await {
+                let conn = watcher.watch(
+                    builder
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .into_owned(),
+                );
+                // The lane's upstream connection is polled in this task, beside the
+                // client's; it closes when the client connection ends.
+                let served = tokio::select! {
+                    served = conn => served,
+                    () = driver => Ok(()),
+                };
+                if let Err(e) = served {
                     tracing::debug!(error = %e, %peer, "connection ended with an error");
                 }
             });
