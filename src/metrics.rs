@@ -29,6 +29,7 @@
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
 //! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head |
 //! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_too_large` |
+//! | `rocgate_upstream_lanes` | gauge | | proxy: upstream connections held by client connections of their own (at most `max_upstream_lanes`) |
 //! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded |
 //! | `rocgate_store_mode` | gauge | `mode` | 1 for where decisions are taken: `local` (no shared store), `shared` (Redis), `fallback_local` (Redis unreachable) |
 //! | `rocgate_store_errors_total` | counter | `kind` | shared-store calls that failed: `timeout`, `error` (none in local mode) |
@@ -84,6 +85,8 @@ pub const KEYS: &str = "rocgate_keys";
 pub const UPSTREAM_DURATION: &str = "rocgate_upstream_request_duration_seconds";
 /// `rocgate_upstream_errors_total`.
 pub const UPSTREAM_ERRORS: &str = "rocgate_upstream_errors_total";
+/// `rocgate_upstream_lanes`.
+pub const UPSTREAM_LANES: &str = "rocgate_upstream_lanes";
 /// `rocgate_in_flight_requests`.
 pub const IN_FLIGHT: &str = "rocgate_in_flight_requests";
 /// `rocgate_store_mode`.
@@ -104,7 +107,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 29] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -124,6 +127,7 @@ pub const ALL: [&str; 28] = [
     KEYS,
     UPSTREAM_DURATION,
     UPSTREAM_ERRORS,
+    UPSTREAM_LANES,
     IN_FLIGHT,
     STORE_MODE,
     STORE_ERRORS,
@@ -188,6 +192,10 @@ pub fn describe() {
         "Upstream time to response head."
     );
     describe_counter!(UPSTREAM_ERRORS, "Upstream failures by kind.");
+    describe_gauge!(
+        UPSTREAM_LANES,
+        "Upstream connections held by client connections of their own."
+    );
     describe_gauge!(IN_FLIGHT, "Requests being forwarded.");
     describe_gauge!(STORE_MODE, "1 for the state store in use.");
     describe_counter!(STORE_ERRORS, "Shared-store calls that failed, by kind.");

@@ -61,6 +61,7 @@ async fn start(token: Option<&str>) -> Running {
             connect_timeout: Duration::from_millis(200),
             response_timeout: Duration::from_secs(1),
             max_body_bytes: 1024,
+            max_upstream_lanes: 1024,
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: Duration::from_secs(2),

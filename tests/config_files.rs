@@ -595,7 +595,7 @@ fn check_config_prints_ok_or_every_error() {
 fn server_and_admin_sections() {
     let text = format!(
         "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\
-         connect_timeout = \"500ms\"\nmax_body_bytes = 2048\n\
+         connect_timeout = \"500ms\"\nmax_body_bytes = 2048\nmax_upstream_lanes = 0\n\
          trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\n\
          [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
     );
@@ -604,6 +604,7 @@ fn server_and_admin_sections() {
     assert_eq!(c.server.upstream, "http://10.1.2.3:3000");
     assert_eq!(c.server.connect_timeout.as_millis(), 500);
     assert_eq!(c.server.max_body_bytes, 2048);
+    assert_eq!(c.server.max_upstream_lanes, 0);
     let nets: Vec<String> = c
         .server
         .trusted_proxies
@@ -648,6 +649,16 @@ fn server_and_admin_sections() {
         &route("[server]\nmax_body_bytes = 0"),
         "server.max_body_bytes",
         "at least 1",
+    );
+    refused(
+        &route("[server]\nmax_upstream_lanes = 2000000"),
+        "server.max_upstream_lanes",
+        "at most 1000000",
+    );
+    refused(
+        &route("[server]\nmax_upstream_lanes = -1"),
+        "server.max_upstream_lanes",
+        "",
     );
     refused(
         &route("[server]\ntrusted_proxies = [\"10.0.0.0/33\"]"),

@@ -57,6 +57,7 @@ async fn start() -> (SocketAddr, SocketAddr, tokio::sync::oneshot::Sender<()>) {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(5),
             max_body_bytes: 1024,
+            max_upstream_lanes: 1024,
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: Duration::from_secs(2),

@@ -189,6 +189,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_millis(200),
             max_body_bytes: 1024,
+            max_upstream_lanes: 1024,
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: Duration::from_secs(5),

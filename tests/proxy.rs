@@ -169,6 +169,8 @@ async fn start_silent_upstream() -> SocketAddr {
 /// A proxy running in a task of the test's runtime. Dropping it begins shutdown.
 struct RunningProxy {
     addr: SocketAddr,
+    /// The admin API.
+    admin: SocketAddr,
     /// Gives the engine in force and its clock.
     reloader: Reloader,
     stop: oneshot::Sender<()>,
@@ -201,6 +203,7 @@ fn settings(upstream: SocketAddr) -> ProxySettings {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(2),
             max_body_bytes: 64 * 1024,
+            max_upstream_lanes: 1024,
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: HEADER_READ_TIMEOUT,
@@ -214,6 +217,7 @@ async fn start_proxy(settings: ProxySettings, routes: Vec<RouteConfig>) -> Runni
         .await
         .unwrap();
     let addr = proxy.local_addr().unwrap();
+    let admin = proxy.admin_addr().unwrap();
     let reloader = proxy.reloader().clone();
     let (stop, stopped) = oneshot::channel::<()>();
     let run = tokio::spawn(proxy.run(async {
@@ -221,6 +225,7 @@ async fn start_proxy(settings: ProxySettings, routes: Vec<RouteConfig>) -> Runni
     }));
     RunningProxy {
         addr,
+        admin,
         reloader,
         stop,
         run,
@@ -1071,6 +1076,76 @@ async fn a_keep_alive_client_gets_one_upstream_connection_of_its_own() {
         // The first request of a connection goes through the pool (whose connection is
         // reused by the next client), the rest through the connection's own lane.
         assert_eq!(accepted.load(Ordering::SeqCst), expected, "client {client}");
+        if client == 0 {
+            let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+            let text = String::from_utf8_lossy(&metrics.body);
+            assert!(
+                text.lines().any(|l| l == "rocgate_upstream_lanes 1"),
+                "{text}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_max_upstream_lanes_0_every_request_shares_the_pool() {
+    use std::sync::atomic::Ordering;
+    let (upstream, accepted) = start_counting_upstream(false).await;
+    let mut pooled = settings(upstream);
+    pooled.forward.max_upstream_lanes = 0;
+    let proxy = start_proxy(pooled, Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    for n in 0..10 {
+        let path = format!("/r{n}");
+        assert_eq!(conn.send(empty(get(&path))).await.body, path.as_bytes());
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_request_without_host_gets_the_upstreams_on_every_path() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    // Three requests on one connection: the first goes through the pool, the others
+    // through the connection's lane.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"GET /h1 HTTP/1.1\r\n\r\nGET /h2 HTTP/1.1\r\n\r\nGET /h3 HTTP/1.1\r\nConnection: close\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&raw)
+            .matches("HTTP/1.1 200 ")
+            .count(),
+        3
+    );
+    let want = upstream.addr.to_string();
+    for path in ["/h1", "/h2", "/h3"] {
+        let seen = upstream.only(path);
+        assert_eq!(seen.headers[header::HOST], want.as_str(), "{path}");
+        assert!(!seen.headers.contains_key("x-forwarded-host"), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_lane_recovers_after_a_response_timeout() {
+    let upstream = start_upstream().await;
+    let mut short = settings(upstream.addr);
+    short.forward.response_timeout = SLOW / 2;
+    let proxy = start_proxy(short, Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    // The pool's request, then the lane's, time out; the lane then opens a new
+    // connection, and no late answer reaches a later request.
+    for path in ["/slow", "/slow"] {
+        assert_eq!(
+            conn.send(empty(get(path))).await.status,
+            StatusCode::GATEWAY_TIMEOUT
+        );
+    }
+    for n in 0..3 {
+        let res = conn.send(empty(get(&format!("/after{n}")))).await;
+        assert_eq!((res.status, &res.body[..]), (StatusCode::OK, &b"ok"[..]));
     }
 }
 

@@ -1021,6 +1021,7 @@ async fn two_proxies_share_one_limit() {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(2),
             max_body_bytes: 1024,
+            max_upstream_lanes: 1024,
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: Duration::from_secs(1),

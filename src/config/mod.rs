@@ -309,6 +309,9 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Largest request body forwarded.
     pub max_body_bytes: u64,
+    /// Most upstream connections held by client connections of their own (0: every
+    /// request goes through the shared pool).
+    pub max_upstream_lanes: usize,
     /// Networks whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// How long requests in flight may finish after shutdown begins.
@@ -328,6 +331,7 @@ impl Default for ServerConfig {
             response_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(10),
             max_body_bytes: 10 * 1024 * 1024,
+            max_upstream_lanes: 1024,
             trusted_proxies: Vec::new(),
             shutdown_grace: Duration::from_secs(30),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),

@@ -92,6 +92,7 @@ struct RawServer {
     response_timeout: Option<String>,
     header_read_timeout: Option<String>,
     max_body_bytes: Option<Whole>,
+    max_upstream_lanes: Option<Whole>,
     trusted_proxies: Option<Vec<String>>,
     shutdown_grace: Option<String>,
 }
@@ -1359,6 +1360,16 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             }
         };
         field(p, "server.max_body_bytes", checked);
+    }
+    if let Some(w) = server.max_upstream_lanes {
+        let checked = match usize::try_from(w.0) {
+            Ok(n) if n <= 1_000_000 => {
+                out.max_upstream_lanes = n;
+                Ok(())
+            }
+            _ => Err(format!("must be at most 1000000, got {}", w.0)),
+        };
+        field(p, "server.max_upstream_lanes", checked);
     }
     for (i, text) in server
         .trusted_proxies

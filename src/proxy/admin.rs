@@ -46,6 +46,8 @@ pub(crate) struct Exporter {
     pub(crate) handle: PrometheusHandle,
     pub(crate) collector: Collector,
     pub(crate) in_flight: Arc<AtomicI64>,
+    /// Upstream connections held by client connections' lanes.
+    pub(crate) lanes: super::lane::LaneCount,
 }
 
 impl std::fmt::Debug for Exporter {
@@ -110,6 +112,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     #[cfg(not(feature = "redis"))]
     m.collector.collect(&engine, now);
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
+    metrics::gauge!(crate::metrics::UPSTREAM_LANES).set(m.lanes.open() as f64);
     (
         [(
             http::header::CONTENT_TYPE,

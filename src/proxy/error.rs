@@ -63,6 +63,18 @@ impl ProxyError {
         ProxyError::upstream(e)
     }
 
+    /// Classifies a failure to connect to the upstream: timed out, or refused.
+    pub(crate) fn connecting(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        let e = e.into();
+        if caused_by(&*e, |s| {
+            s.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        }) {
+            return ProxyError::ConnectTimeout;
+        }
+        ProxyError::Upstream(e)
+    }
+
     /// Classifies an upstream failure: a body over the limit (surfacing through the
     /// upstream request), or another upstream failure.
     pub(crate) fn upstream(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {

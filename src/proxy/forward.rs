@@ -17,7 +17,7 @@ use http_body::Body as _;
 use http_body_util::Limited;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::future::Future;
@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpStream;
+use tower::ServiceExt as _;
 
 /// Where and how requests are forwarded.
 #[derive(Clone, Debug)]
@@ -39,6 +40,10 @@ pub struct ForwardSettings {
     pub response_timeout: Duration,
     /// Largest request body forwarded; larger ones get 413.
     pub max_body_bytes: u64,
+    /// Most upstream connections held by client connections of their own (from a
+    /// connection's second HTTP/1.1 request on); 0 sends every request through the
+    /// shared pool.
+    pub max_upstream_lanes: usize,
     /// Proxies whose `X-Forwarded-For` chain is kept and extended.
     pub resolver: ClientIpResolver,
 }
@@ -106,6 +111,10 @@ struct Inner {
     meter: Arc<UpstreamMeter>,
     /// Upstream connections held by client connections' lanes.
     lanes: LaneCount,
+    /// Connects lanes to the upstream (the pool has its own clone).
+    connector: HttpConnector,
+    /// `Host` for requests that carry none (the legacy client's default too).
+    upstream_host: Option<HeaderValue>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -132,7 +141,8 @@ impl Forwarder {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
-            .build(connector);
+            .build(connector.clone());
+        let lanes = LaneCount::new(settings.max_upstream_lanes);
         let scheme = settings.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = settings
             .upstream
@@ -142,15 +152,24 @@ impl Forwarder {
         Forwarder {
             inner: Arc::new(Inner {
                 client,
+                upstream_host: HeaderValue::from_str(authority.as_str()).ok(),
                 settings,
                 scheme,
                 authority,
                 clock,
                 in_flight,
                 meter,
-                lanes: LaneCount::default(),
+                lanes,
+                connector,
             }),
         }
+    }
+}
+
+impl Forwarder {
+    /// The count of upstream connections held by client connections' lanes.
+    pub(crate) fn lanes(&self) -> LaneCount {
+        self.inner.lanes.clone()
     }
 }
 
@@ -176,7 +195,8 @@ impl Inner {
         strip_hop_by_hop(&mut parts.headers);
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
-        if let Some(host) = original_host {
+        // HTTP/1.1 requires a Host: the client's, or else the upstream's.
+        if let Some(host) = original_host.or_else(|| self.upstream_host.clone()) {
             parts.headers.insert(header::HOST, host);
         }
         let path = parts
@@ -360,24 +380,14 @@ impl Inner {
         }
     }
 
-    /// A TCP connection to the upstream, within `connect_timeout`.
-    async fn connect(&self) -> Result<TcpStream, ProxyError> {
-        let host = self.authority.host();
-        // An IPv6 literal is written in brackets in a URI, not in a socket address.
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let port = self.authority.port_u16().unwrap_or(80);
-        let connecting = TcpStream::connect((host, port));
-        match tokio::time::timeout(self.settings.connect_timeout, connecting).await {
-            Err(_) => Err(ProxyError::ConnectTimeout),
-            Ok(Err(e)) => Err(ProxyError::upstream(e)),
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                Ok(stream)
-            }
-        }
+    /// A TCP connection to the upstream, made as the pool makes its own (the same
+    /// connector: `connect_timeout`, no Nagle, happy eyeballs across addresses).
+    async fn connect(&self) -> Result<TokioIo<TcpStream>, ProxyError> {
+        self.connector
+            .clone()
+            .oneshot(self.settings.upstream.clone())
+            .await
+            .map_err(ProxyError::connecting)
     }
 }
 

@@ -14,8 +14,9 @@
 //! The pool still serves the first request of every connection (a client that sends
 //! one request per connection never opens an upstream connection for nothing), HTTP/2
 //! clients (whose requests run side by side), any request the lane's connection could
-//! not take, and every request while [`MAX_LANES`] lanes hold an upstream connection
-//! (an upstream with a connection limit must not be filled by idle keep-alive clients).
+//! not take, and every request while `max_upstream_lanes` lanes hold an upstream
+//! connection (an upstream with a connection limit must not be filled by idle
+//! keep-alive clients; 0 turns lanes off).
 
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
@@ -29,23 +30,36 @@ use tokio::net::TcpStream;
 /// The request body type the lane sends upstream.
 type Body = axum::body::Body;
 
-/// The most upstream connections lanes hold at once, per proxy: the pool's own bound
-/// on idle connections. Beyond it, requests use the pool.
-pub(crate) const MAX_LANES: usize = 1024;
-
-/// Counts the upstream connections lanes hold, against [`MAX_LANES`].
-#[derive(Debug, Default)]
-pub(crate) struct LaneCount(Arc<AtomicUsize>);
+/// Counts the upstream connections lanes hold, against a maximum; clones share the
+/// count.
+#[derive(Clone, Debug)]
+pub(crate) struct LaneCount {
+    open: Arc<AtomicUsize>,
+    max: usize,
+}
 
 impl LaneCount {
+    /// A count allowing `max` lane connections at once.
+    pub(crate) fn new(max: usize) -> Self {
+        LaneCount {
+            open: Arc::default(),
+            max,
+        }
+    }
+
     /// A place for one more lane connection, if there is room.
     pub(crate) fn acquire(&self) -> Option<LaneSlot> {
-        self.0
+        self.open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_LANES).then_some(n + 1)
+                (n < self.max).then_some(n + 1)
             })
             .ok()
-            .map(|_| LaneSlot(Arc::clone(&self.0)))
+            .map(|_| LaneSlot(Arc::clone(&self.open)))
+    }
+
+    /// Lane connections open now.
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
     }
 }
 
@@ -126,10 +140,10 @@ impl Lane {
     /// when done.
     pub(crate) async fn open(
         &self,
-        stream: TcpStream,
+        stream: TokioIo<TcpStream>,
         slot: LaneSlot,
     ) -> hyper::Result<SendRequest<Body>> {
-        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
+        let (sender, connection) = http1::handshake(stream).await?;
         let waker = {
             let mut state = self.state();
             state.connection = Some((connection, slot));

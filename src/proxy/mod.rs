@@ -72,6 +72,7 @@ impl ProxySettings {
                 connect_timeout: server.connect_timeout,
                 response_timeout: server.response_timeout,
                 max_body_bytes: server.max_body_bytes,
+                max_upstream_lanes: server.max_upstream_lanes,
                 resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone()),
             },
             header_read_timeout: server.header_read_timeout,
@@ -246,6 +247,7 @@ impl Proxy {
             Arc::clone(&in_flight),
             self.advisor.meter(),
         );
+        let lanes = forwarder.lanes();
         #[cfg(feature = "redis")]
         let service = shared::Front::new(
             layer.layer(forwarder.clone()),
@@ -299,6 +301,7 @@ impl Proxy {
                 handle: prometheus,
                 collector,
                 in_flight,
+                lanes,
             }),
         });
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
