@@ -405,7 +405,13 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Routes decided locally for now: the instance is in fallback while any is.
     fallen: AtomicUsize,
+    /// Live instances as last counted, in the low 16 bits, under the sequence number
+    /// of the beat that counted them: answers of overlapping beats (the background
+    /// one and an explicit [`RedisStore::beat`]) can arrive out of order, and only the
+    /// newest beat's count is kept (`fetch_max`).
     instances: AtomicU64,
+    /// Sequence numbers of beats sent.
+    beats: AtomicU64,
     routes: DashMap<Arc<str>, Arc<SharedRoute>>,
     decide: Lua,
     save: Lua,
@@ -486,6 +492,7 @@ impl RedisStore {
             clock,
             fallen: AtomicUsize::new(0),
             instances: AtomicU64::new(1),
+            beats: AtomicU64::new(0),
             routes: DashMap::new(),
             decide: Lua::new(DECIDE),
             save: Lua::new(SAVE),
@@ -567,7 +574,7 @@ impl RedisStore {
 
     /// Live instances as last counted through the heartbeat (1 until first counted).
     pub fn instances(&self) -> u64 {
-        self.inner.instances.load(Ordering::Relaxed)
+        self.inner.instances()
     }
 
     /// Decisions on distributed routes taken locally since start.
@@ -692,7 +699,7 @@ impl Inner {
         }
         let label: Arc<str> = engine.route_label(route);
         let base = engine.params_at(route, now).base_limit_rps;
-        let share = base / self.instances.load(Ordering::Relaxed).max(1) as f64;
+        let share = base / self.instances() as f64;
         let tag = format!("{{{}:{}}}", self.config.key_prefix, label);
         let counter = |decision: &'static str| metrics::counter!(metric::STORE_REQUESTS, "route" => label.to_string(), "decision" => decision);
         let r = Arc::new(SharedRoute {
@@ -844,8 +851,7 @@ impl Inner {
     /// The local bucket at this instance's share of the shared limit (last seen ÷
     /// live instances last counted).
     fn share_check(&self, r: &SharedRoute, now: Nanos) -> Decision {
-        let share = f64::from_bits(r.limit.load(Ordering::Relaxed))
-            / self.instances.load(Ordering::Relaxed).max(1) as f64;
+        let share = f64::from_bits(r.limit.load(Ordering::Relaxed)) / self.instances() as f64;
         if r.fallback_limit.swap(share.to_bits(), Ordering::Relaxed) != share.to_bits() {
             r.fallback.set_limit(share, now);
         }
@@ -877,7 +883,13 @@ impl Inner {
         (Decision::Reject(rejection), reason)
     }
 
+    /// Live instances as last counted (1 until counted).
+    fn instances(&self) -> u64 {
+        (self.instances.load(Ordering::Relaxed) & INSTANCES_MASK).max(1)
+    }
+
     async fn beat(&self) -> Option<u64> {
+        let seq = self.beats.fetch_add(1, Ordering::Relaxed) + 1;
         let mut invocation = self.heartbeat.call(&[&self.instances_key]);
         invocation
             .arg(self.instance_id.as_str())
@@ -886,9 +898,13 @@ impl Inner {
             tokio::time::timeout(self.config.timeout, self.conn.invoke::<u64>(&invocation)).await;
         match answer {
             Ok(Ok(n)) => {
-                let n = n.max(1);
-                self.instances.store(n, Ordering::Relaxed);
-                metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
+                let n = n.clamp(1, INSTANCES_MASK);
+                let before = self
+                    .instances
+                    .fetch_max(seq << INSTANCES_BITS | n, Ordering::AcqRel);
+                if before >> INSTANCES_BITS < seq {
+                    metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
+                }
                 Some(n)
             }
             Ok(Err(e)) => {
@@ -926,6 +942,10 @@ async fn heartbeat(inner: Weak<Inner>) {
         inner.beat().await;
     }
 }
+
+/// Bits of [`Inner::instances`] given to the count; the rest to the beat's sequence.
+const INSTANCES_BITS: u32 = 16;
+const INSTANCES_MASK: u64 = (1 << INSTANCES_BITS) - 1;
 
 /// What [`DECIDE`] answered.
 struct Reply {
