@@ -980,6 +980,18 @@ fn secs(now: Nanos) -> u32 {
     u32::try_from(now.as_u64() / 1_000_000_000).unwrap_or(u32::MAX)
 }
 
+/// Whether a key's limit was set for an older route generation than the route's
+/// now; if so, records the route's, and the caller sets the key's limit.
+#[inline]
+fn catch_up(generation: &AtomicU32, r: &Route) -> bool {
+    let now = r.generation.load(Ordering::Acquire) as u32;
+    if generation.load(Ordering::Relaxed) == now {
+        return false;
+    }
+    generation.store(now, Ordering::Relaxed);
+    true
+}
+
 /// Stores the second a key was seen, unless it already says so (most requests of a
 /// busy key find it there and write nothing).
 #[inline]
@@ -1023,9 +1035,7 @@ impl KeyState for BucketKey {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        let generation = r.generation.load(Ordering::Acquire) as u32;
-        if self.generation.load(Ordering::Relaxed) != generation {
-            self.generation.store(generation, Ordering::Relaxed);
+        if catch_up(&self.generation, r) {
             let limit = tiers.limit(self.tier, tiers.progress(r));
             let (t2, c2) = gcra::params(limit, tiers.burst_ms);
             let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
@@ -1072,9 +1082,7 @@ impl KeyState for LimiterKey {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        let generation = r.generation.load(Ordering::Acquire) as u32;
-        if self.generation.load(Ordering::Relaxed) != generation {
-            self.generation.store(generation, Ordering::Relaxed);
+        if catch_up(&self.generation, r) {
             self.limiter
                 .set_limit(tiers.limit(self.tier, tiers.progress(r)), now);
         }

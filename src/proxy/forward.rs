@@ -164,9 +164,7 @@ impl Forwarder {
             }),
         }
     }
-}
 
-impl Forwarder {
     /// The count of upstream connections held by client connections' lanes.
     pub(crate) fn lanes(&self) -> LaneCount {
         self.inner.lanes.clone()
@@ -325,9 +323,7 @@ impl Inner {
             }
         }
     }
-}
 
-impl Inner {
     /// Sends through the shared pool of upstream connections.
     async fn send_pooled(&self, req: Request<Body>) -> Result<Response<Incoming>, ProxyError> {
         self.client
