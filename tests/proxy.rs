@@ -39,6 +39,8 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the upstream's `/slow` handler takes.
 const SLOW: Duration = Duration::from_millis(500);
+/// The size of the upstream's `/big` answer.
+const BIG: usize = 8 << 20;
 /// A bucket refilling one token per 1024 s (exact in binary): over a test run, it
 /// admits exactly its capacity.
 const TRICKLE_RPS: f64 = 1.0 / 1024.0;
@@ -104,7 +106,8 @@ impl Upstream {
 }
 
 /// Starts an upstream on 127.0.0.1 that records every request and answers `ok`;
-/// `/slow` answers after [`SLOW`], `/hop` answers with hop-by-hop headers.
+/// `/slow` answers after [`SLOW`], `/hop` answers with hop-by-hop headers, `/big` with
+/// [`BIG`] bytes of `b`.
 async fn start_upstream() -> Upstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = Upstream {
@@ -136,6 +139,7 @@ async fn record(State(up): State<Upstream>, req: Request<Body>) -> Response<Body
             sleep(SLOW).await;
             Response::new(Body::from("slow"))
         }
+        "/big" => Response::new(Body::from(vec![b'b'; BIG])),
         "/hop" => Response::builder()
             .header(header::CONNECTION, "X-Resp-Hop")
             .header("x-resp-hop", "1")
@@ -1150,6 +1154,29 @@ async fn a_lane_recovers_after_a_response_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_stream_both_ways_over_a_lane() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    assert_eq!(conn.send(empty(get("/first"))).await.status, StatusCode::OK);
+    // An upload within the limit (64 KiB) arrives whole.
+    let body = Bytes::from(vec![b'u'; 60 * 1024]);
+    let upload = Request::post("/upload")
+        .header(header::HOST, HOST)
+        .body(Full::new(body.clone()))
+        .unwrap();
+    assert_eq!(conn.send(upload).await.status, StatusCode::OK);
+    assert_eq!(upstream.only("/upload").body.unwrap(), body);
+    // Large answers, one after another on the connection, arrive whole.
+    for n in 0..3 {
+        let res = conn.send(empty(get("/big"))).await;
+        assert_eq!(res.status, StatusCode::OK);
+        assert_eq!(res.body.len(), BIG, "answer {n}");
+        assert!(res.body.iter().all(|&b| b == b'b'), "answer {n}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_reconnects_when_the_upstream_closes_its_connection() {
     use std::sync::atomic::Ordering;
     let (upstream, accepted) = start_counting_upstream(true).await;
@@ -1234,11 +1261,17 @@ async fn shutdown_closes_the_listener_and_lets_requests_in_flight_finish() {
     let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
     let addr = proxy.addr;
 
+    // Each slow request is its connection's second, so it runs on the connection's
+    // own upstream connection.
     let mut in_flight = JoinSet::new();
     for _ in 0..IN_FLIGHT {
-        in_flight.spawn(async move { send(addr, empty(get("/slow"))).await });
+        in_flight.spawn(async move {
+            let mut conn = Client::connect(addr).await;
+            assert_eq!(conn.send(empty(get("/warm"))).await.status, StatusCode::OK);
+            conn.send(empty(get("/slow"))).await
+        });
     }
-    upstream.wait_for_hits(IN_FLIGHT).await;
+    upstream.wait_for_hits(2 * IN_FLIGHT).await;
     let run = proxy.shut_down();
 
     // The listener closes at once: connecting is soon refused. (A connection the
@@ -1264,7 +1297,7 @@ async fn shutdown_closes_the_listener_and_lets_requests_in_flight_finish() {
     }
     assert_eq!(finished, IN_FLIGHT);
     within("run() returning", run).await.unwrap().unwrap();
-    assert_eq!(upstream.hits(), IN_FLIGHT);
+    assert_eq!(upstream.hits(), 2 * IN_FLIGHT);
 }
 
 // ---------------------------------------------------------------------------------
