@@ -1034,6 +1034,10 @@ async fn silent_upstream_gets_504_after_the_response_timeout() {
     );
 }
 
+/// Held by the tests that read `rocgate_upstream_lanes`: the metrics recorder is one
+/// per process, so another proxy's scrape would set the gauge to its own count.
+static LANES_GAUGE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// An upstream that answers every request with its path and counts the connections
 /// it accepted; with `close`, it closes each connection after one response.
 async fn start_counting_upstream(close: bool) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
@@ -1067,6 +1071,7 @@ async fn start_counting_upstream(close: bool) -> (SocketAddr, Arc<std::sync::ato
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_client_gets_one_upstream_connection_of_its_own() {
     use std::sync::atomic::Ordering;
+    let _gauge = LANES_GAUGE.lock().await;
     let (upstream, accepted) = start_counting_upstream(false).await;
     let proxy = start_proxy(settings(upstream), Vec::new()).await;
     for (client, expected) in [(0, 2), (1, 3)] {
@@ -1174,6 +1179,98 @@ async fn bodies_stream_both_ways_over_a_lane() {
         assert_eq!(res.body.len(), BIG, "answer {n}");
         assert!(res.body.iter().all(|&b| b == b'b'), "answer {n}");
     }
+}
+
+/// Reads from `stream` until what was read contains `marker`.
+async fn read_until_seen(stream: &mut TcpStream, marker: &str) -> String {
+    let mut seen = Vec::new();
+    within(marker, async {
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains(marker) {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed before {marker:?}: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test]
+async fn expect_100_continue_works_over_a_lane() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let mut stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    read_until_seen(&mut stream, "\r\n\r\nok").await;
+    // The body is sent only once the proxy asks for it.
+    stream
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        .await
+        .unwrap();
+    read_until_seen(&mut stream, "HTTP/1.1 100 Continue\r\n\r\n").await;
+    stream.write_all(b"hello").await.unwrap();
+    let answer = read_until_seen(&mut stream, "\r\n\r\nok").await;
+    assert!(answer.contains("HTTP/1.1 200 OK"), "{answer}");
+    assert_eq!(upstream.only("/upload").body.unwrap(), "hello");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_beyond_max_upstream_lanes_share_the_pool() {
+    use std::sync::atomic::Ordering;
+    let _gauge = LANES_GAUGE.lock().await;
+    let (upstream, accepted) = start_counting_upstream(false).await;
+    let mut one = settings(upstream);
+    one.forward.max_upstream_lanes = 1;
+    let proxy = start_proxy(one, Vec::new()).await;
+    let lanes = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("rocgate_upstream_lanes "))
+            .map(str::to_owned)
+    };
+    let mut first = Client::connect(proxy.addr).await;
+    let mut second = Client::connect(proxy.addr).await;
+    for n in 0..10 {
+        for (name, conn) in [("a", &mut first), ("b", &mut second)] {
+            let path = format!("/{name}{n}");
+            assert_eq!(conn.send(empty(get(&path))).await.body, path.as_bytes());
+        }
+    }
+    // The first client holds the one lane; the second's requests all went through the
+    // pool, whose connection the first request opened.
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    assert_eq!(
+        lanes(&String::from_utf8_lossy(&metrics.body)).as_deref(),
+        Some("1")
+    );
+    // Once the first client leaves, its lane is free for a newcomer.
+    drop(first);
+    within("the lane freed", async {
+        loop {
+            let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+            if lanes(&String::from_utf8_lossy(&metrics.body)).as_deref() == Some("0") {
+                break;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let mut third = Client::connect(proxy.addr).await;
+    for n in 0..3 {
+        let path = format!("/c{n}");
+        assert_eq!(third.send(empty(get(&path))).await.body, path.as_bytes());
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
