@@ -52,13 +52,8 @@ impl ProxyError {
     /// Classifies a pooled client's error: a connect that timed out, a body over the
     /// limit (surfacing through the upstream request), or another upstream failure.
     pub(crate) fn from_client(e: hyper_util::client::legacy::Error) -> Self {
-        if e.is_connect()
-            && caused_by(&e, |s| {
-                s.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-            })
-        {
-            return ProxyError::ConnectTimeout;
+        if e.is_connect() {
+            return ProxyError::connecting(e);
         }
         ProxyError::upstream(e)
     }
