@@ -476,6 +476,21 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     // The old engine's requests still count in the kept route.
     let _ = e.check(RouteId(0), Key::None, now);
     assert_eq!(snap("kept").offered, 201);
+
+    // Requests match the new routes, in the new order.
+    assert_eq!(e2.route_for("GET", "/a/1"), e2.route_id("added"));
+    let e3 = e2.reload(
+        &Config::new(vec![
+            RouteConfig::new("changed", RouteMatch::prefix("/b")),
+            RouteConfig::new("kept", RouteMatch::exact("get", "/a/1")),
+        ]),
+        now,
+        SystemTime::UNIX_EPOCH,
+    );
+    assert_eq!(e3.route_for("GET", "/b/1"), e3.route_id("changed"));
+    assert_eq!(e3.route_for("get", "/a/1"), e3.route_id("kept"));
+    assert_eq!(e3.route_for("POST", "/a/1"), None);
+    assert_eq!(e3.route_for("GET", "/c"), None);
 }
 
 #[test]

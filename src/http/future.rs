@@ -84,10 +84,20 @@ where
             } => {
                 match wait {
                     Wait::Ready => {}
-                    Wait::Sleep(sleep) => ready!(sleep.as_mut().poll(cx)),
-                    Wait::Ticket(ticket) => *permit = Some(ready!(Pin::new(ticket).poll(cx))),
+                    Wait::Sleep(sleep) => {
+                        ready!(sleep.as_mut().poll(cx));
+                        *wait = Wait::Ready;
+                    }
+                    Wait::Ticket(ticket) => {
+                        *permit = Some(ready!(Pin::new(ticket).poll(cx)));
+                        *wait = Wait::Ready;
+                    }
                 }
-                *wait = Wait::Ready;
+                // Without a permit the inner future's output is the answer, written
+                // where the caller wants it rather than taken apart and rebuilt.
+                if permit.is_none() {
+                    return inner.poll(cx);
+                }
                 let mut response = ready!(inner.poll(cx))?;
                 if let Some(permit) = permit.take() {
                     response.extensions_mut().insert(HeldPermit {

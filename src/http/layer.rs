@@ -54,6 +54,7 @@ pub(crate) struct Gate {
 
 impl Gate {
     /// The route a request belongs to, if any.
+    #[inline]
     pub(crate) fn route_of<B>(&self, engine: &Engine, req: &Request<B>) -> Option<RouteId> {
         let method = req.method().as_str();
         match self.route_key {
@@ -73,9 +74,8 @@ impl Gate {
         route: RouteId,
         req: &Request<B>,
     ) -> (Decision, Nanos) {
-        let now = self.clock.now();
-        let decision = match engine.partition(route) {
-            Partition::Route => engine.check(route, Key::None, now),
+        let key = match engine.partition(route) {
+            Partition::Route => Key::None,
             Partition::ClientIp(_) => {
                 let ext = req.extensions();
                 let peer = ext
@@ -83,20 +83,19 @@ impl Gate {
                     .map(|p| p.0)
                     .or_else(|| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))
                     .map(|a| a.ip());
-                let key = self
-                    .resolver
+                self.resolver
                     .resolve(peer, req.headers())
-                    .map_or(Key::None, Key::Ip);
-                engine.check(route, key, now)
+                    .map_or(Key::None, Key::Ip)
             }
-            Partition::Header(name, _) => {
-                let value = req
-                    .headers()
-                    .get(name.as_str())
-                    .and_then(|v| v.to_str().ok());
-                engine.check(route, value.map_or(Key::None, Key::Value), now)
-            }
+            Partition::Header(name, _) => req
+                .headers()
+                .get(name.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map_or(Key::None, Key::Value),
         };
+        // One call site, so that the check can be inlined here.
+        let now = self.clock.now();
+        let decision = engine.check(route, key, now);
         (decision, now)
     }
 }
