@@ -79,7 +79,9 @@ async fn rejection_carries_retry_after_ratelimit_headers_and_json() {
     assert_eq!(h["ratelimit"], format!(r#""order";r=0;t={retry}"#).as_str());
     assert_eq!(h["rocgate-reason"], "limit");
     assert_eq!(h["content-type"], "application/json");
+    let length = h["content-length"].to_str().unwrap().to_owned();
     let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(length, body.len().to_string());
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["reason"], "limit");
     assert_eq!(json["route"], "order");

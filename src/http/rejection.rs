@@ -7,6 +7,7 @@
 //! ratelimit: "order";r=0;t=3
 //! rocgate-reason: roc_cut
 //! content-type: application/json
+//! content-length: 81
 //!
 //! {"error":"rate_limited","reason":"roc_cut","retry_after_ms":2731,"route":"order"}
 //! ```
@@ -23,10 +24,10 @@ use crate::engine::{Engine, RouteId};
 use crate::limiter::{Reason, Rejection};
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, Response, StatusCode};
 use std::fmt::Write as _;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -83,6 +84,7 @@ pub fn respond_at_limit<B: From<Bytes>>(
         r#"{{"error":"rate_limited","reason":"{reason}","retry_after_ms":{},"route":"{name}"}}"#,
         retry_after.as_millis()
     );
+    let length = content_length(body.len());
     let mut response = Response::new(B::from(Bytes::from(body)));
     *response.status_mut() =
         StatusCode::from_u16(engine.reject_status(route)).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
@@ -98,6 +100,7 @@ pub fn respond_at_limit<B: From<Bytes>>(
     }
     headers.insert(REASON.clone(), HeaderValue::from_static(reason));
     headers.insert(CONTENT_TYPE, JSON.clone());
+    headers.insert(CONTENT_LENGTH, length);
     response
 }
 
@@ -122,7 +125,8 @@ struct RouteTemplate {
     /// The limit (whole req/s) that `RateLimit-Policy` states.
     quota: u64,
     status: StatusCode,
-    /// Every header of a `limit` rejection with `Retry-After: 1`.
+    /// Every header of a `limit` rejection with `Retry-After: 1`; `Content-Length` is
+    /// set per response.
     headers: HeaderMap,
     /// `,"route":"NAME"}`: the end of the body.
     body_end: Box<[u8]>,
@@ -139,7 +143,7 @@ impl Built {
             .map(|(i, name)| {
                 let route = RouteId(i);
                 let quota = engine.limit_rps(route).floor() as u64;
-                let mut headers = HeaderMap::with_capacity(5);
+                let mut headers = HeaderMap::with_capacity(6);
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
                 // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
                 if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w=1")) {
@@ -153,6 +157,7 @@ impl Built {
                     HeaderValue::from_static(Reason::Limit.as_str()),
                 );
                 headers.insert(CONTENT_TYPE, JSON.clone());
+                headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
                 RouteTemplate {
                     quota,
                     status: StatusCode::from_u16(engine.reject_status(route))
@@ -209,26 +214,52 @@ impl Templates {
         body.extend_from_slice(BODY_MS);
         body.extend_from_slice(ms);
         body.extend_from_slice(&template.body_end);
+        let length = content_length(body.len());
 
         let mut response = Response::new(B::from(Bytes::from(body)));
         *response.status_mut() = template.status;
         let headers = response.headers_mut();
         *headers = template.headers.clone();
+        // The copy has no room to spare (a cloned `Vec` never has), and `insert` makes
+        // room before it looks for the name: every header the template lacks would
+        // reallocate the map, so the template has them all and the values that vary
+        // are replaced in place. Its `Content-Length` also keeps an axum route from
+        // adding one.
+        let mut set = |name: &HeaderName, value: HeaderValue| {
+            if let Some(slot) = headers.get_mut(name) {
+                *slot = value;
+            }
+        };
+        set(&CONTENT_LENGTH, length);
         if secs != 1 {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+            set(&RETRY_AFTER, HeaderValue::from(secs));
             let name = engine.route_name(route);
             if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={secs}")) {
-                headers.insert(RATELIMIT.clone(), v);
+                set(&RATELIMIT, v);
             }
         }
         if rejection.reason != Reason::Limit {
-            headers.insert(REASON.clone(), HeaderValue::from_static(reason));
+            set(&REASON, HeaderValue::from_static(reason));
         }
         response
     }
 }
 
 /// Decimal digits of a number, on the stack.
+/// A `Content-Length` value. Up to 1 KiB (every rejection body) it is one of a table
+/// of static strings made once: no allocation and no shared count to bump per
+/// response, where `HeaderValue::from(n)` allocates.
+fn content_length(n: usize) -> HeaderValue {
+    static SMALL: OnceLock<Box<[&'static str]>> = OnceLock::new();
+    let small = SMALL.get_or_init(|| {
+        let all: String = (0..=1024).map(|i| format!("{i} ")).collect();
+        Box::leak(all.into_boxed_str()).split_whitespace().collect()
+    });
+    small
+        .get(n)
+        .map_or_else(|| HeaderValue::from(n), |s| HeaderValue::from_static(s))
+}
+
 #[derive(Default)]
 struct Digits([u8; 20]);
 
@@ -284,10 +315,19 @@ mod tests {
                     let got = templates.respond::<Bytes>(&engine, route, &rej, wait);
                     let want_body = format!("{:?}", want.body());
                     let got_body = format!("{:?}", got.body());
+                    let length = got.headers()[CONTENT_LENGTH].to_str().unwrap().to_owned();
+                    assert_eq!(length, got.body().len().to_string(), "{got_body}");
                     assert_eq!(parts(got), parts(want), "{route:?} {reason:?} {ms}");
                     assert_eq!(got_body, want_body);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn content_lengths_are_the_numbers() {
+        for n in [0, 1, 9, 10, 81, 999, 1024, 1025, 70_000] {
+            assert_eq!(content_length(n), HeaderValue::from(n), "{n}");
         }
     }
 
