@@ -61,6 +61,8 @@
 #         SUITE=proxy scripts/bench-http.sh   (the proxies only: about 3 min)
 #         ROUNDS=5 DURATION=20 QUIET_WAIT=60 RETRIES=2 scripts/bench-http.sh
 #         SUITE=layer PAIRED=1 ROUNDS=8 DURATION=4 scripts/bench-http.sh
+#         SUITE=layer PAIRED=1 ROUNDS=12 DURATION=4 \
+#             ONLY="noop-layer rocgate-admit-outside rocgate-reject-outside" scripts/bench-http.sh
 # Needs 2 CPUs, taskset, curl and wrk (installed with apt-get when missing; nginx too
 # for the proxy suite). Loopback only; stops by itself; every server is killed on exit,
 # error or Ctrl-C. Ratios matter, not absolute figures: nothing else heavy (such as
@@ -90,6 +92,25 @@ case $SUITE in
         exit 2
         ;;
 esac
+# ONLY="a b": just these configurations of the suite (bare too, when a layer
+# configuration is named: the layer ratios need it).
+if [[ -n ${ONLY:-} ]]; then
+    chosen=()
+    for c in $ONLY; do
+        known=0
+        for k in "${CONFIGS[@]}"; do [[ $k == "$c" ]] && known=1; done
+        ((known)) || { echo "bench-http: ONLY: '$c' is not a configuration of SUITE=$SUITE (${CONFIGS[*]})" >&2; exit 2; }
+    done
+    for k in "${CONFIGS[@]}"; do
+        for c in $ONLY; do
+            if [[ $k == "$c" ]] || { [[ $k == bare ]] && [[ " ${LAYER_CONFIGS[*]} " == *" $c "* ]]; }; then
+                chosen+=("$k")
+                break
+            fi
+        done
+    done
+    CONFIGS=("${chosen[@]}")
+fi
 is_layer_config() {
     local c
     for c in "${LAYER_CONFIGS[@]}"; do [[ $c == "$1" ]] && return 0; done
@@ -462,6 +483,7 @@ if has_config bare; then
     printf '%-24s %12s %12s %10s %10s %12s\n' configuration req/s "p99 us" "x bare" \
         "cpu us" "cpu x bare"
     for mode in "${LAYER_CONFIGS[@]}"; do
+        has_config "$mode" || continue
         printf '%-24s %12.0f %12.0f %10s %10s %12s\n' "$mode" "${med_rps[$mode]}" \
             "${med_p99[$mode]}" "$(ratio "$mode")" "${med_cpu[$mode]}" "$(cpu_ratio "$mode")"
     done
@@ -470,6 +492,7 @@ if has_config bare; then
     echo "(x bare: req/s over bare's; cpu x bare: bare's CPU per request over this one's)"
     for placement in "" -outside; do
         for kind in admit reject; do
+            has_config "rocgate-$kind$placement" || continue
             target=0.97
             [[ $kind == reject ]] && target=0.95
             a=$(ratio "rocgate-$kind$placement")
@@ -480,15 +503,18 @@ if has_config bare; then
     done
 fi
 
-if has_config nginx-admit; then
+if has_config nginx-admit || has_config rocgate-serve-admit || has_config nginx-reject ||
+    has_config rocgate-serve-reject; then
     echo
     echo "medians over $ROUNDS rounds (proxy on CPU 0; upstream and wrk -t1 -c64 -d${DURATION}s on CPU 1):"
     printf '%-24s %12s %12s\n' configuration req/s "p99 us"
     for mode in "${PROXY_CONFIGS[@]}"; do
+        has_config "$mode" || continue
         printf '%-24s %12.0f %12.0f\n' "$mode" "${med_rps[$mode]}" "${med_p99[$mode]}"
     done
     echo
     for case in admit reject; do
+        has_config "rocgate-serve-$case" && has_config "nginx-$case" || continue
         rr=$(awk -v a="${med_rps[rocgate-serve-$case]}" -v b="${med_rps[nginx-$case]}" 'BEGIN { printf "%.3f", a / b }')
         rl=$(awk -v a="${med_p99[rocgate-serve-$case]}" -v b="${med_p99[nginx-$case]}" 'BEGIN { printf "%.3f", a / b }')
         lat=$(awk -v r="$rl" 'BEGIN { print (r <= 1 ? "met" : "MISSED") }')

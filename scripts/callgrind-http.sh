@@ -19,6 +19,7 @@
 # Usage:  scripts/callgrind-http.sh                (both suites)
 #         SUITE=layer scripts/callgrind-http.sh
 #         SUITE=proxy DURATION=8 OUT=/tmp/cg scripts/callgrind-http.sh
+#         SUITE=layer MODES="bare rocgate-admit-outside" scripts/callgrind-http.sh
 # Needs valgrind, wrk, curl and nginx (installed with apt-get when missing). Loopback
 # only; every process it starts is killed by PID on exit.
 set -euo pipefail
@@ -28,6 +29,12 @@ source scripts/proxy-configs.sh
 
 DURATION=${DURATION:-4}
 SUITE=${SUITE:-all}
+all_modes="bare noop-layer rocgate-admit rocgate-reject rocgate-admit-outside rocgate-reject-outside governor-admit governor-reject"
+MODES=${MODES:-$all_modes}
+for mode in $MODES; do
+    [[ " $all_modes " == *" $mode "* ]] ||
+        { echo "callgrind-http: MODES: unknown mode '$mode' (known: $all_modes)" >&2; exit 2; }
+done
 case $SUITE in
 all | layer | proxy) ;;
 *)
@@ -111,8 +118,7 @@ measure() {
 }
 
 if [[ $SUITE != proxy ]]; then
-    for mode in bare noop-layer rocgate-admit rocgate-reject rocgate-admit-outside \
-        rocgate-reject-outside governor-admit governor-reject; do
+    for mode in $MODES; do
         valgrind --tool=callgrind --callgrind-out-file="$out/$mode.%p" \
             "$target/examples/bench_server" "$mode" 127.0.0.1:0 >"$work/$mode.out" 2>&1 &
         pid=$!
