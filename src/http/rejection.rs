@@ -49,7 +49,8 @@ pub fn retry_after(rejection: &Rejection, restore_eta: Option<Duration>) -> Dura
 }
 
 /// The response to a rejected request on `route`, with the route's status
-/// (`reject_status`, 429 by default).
+/// (`reject_status`, 429 by default). It carries `Content-Length`: whatever replaces
+/// its body must set that header again or remove it.
 pub fn respond<B: From<Bytes>>(
     engine: &Engine,
     route: RouteId,
@@ -143,7 +144,9 @@ impl Built {
             .map(|(i, name)| {
                 let route = RouteId(i);
                 let quota = engine.limit_rps(route).floor() as u64;
-                let mut headers = HeaderMap::with_capacity(6);
+                // Room for 12 (the map's slots are a power of two): a response made
+                // from it takes a replaced header, or one more, without rehashing.
+                let mut headers = HeaderMap::with_capacity(7);
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
                 // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
                 if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w=1")) {
@@ -220,32 +223,24 @@ impl Templates {
         *response.status_mut() = template.status;
         let headers = response.headers_mut();
         *headers = template.headers.clone();
-        // The copy has no room to spare (a cloned `Vec` never has), and `insert` makes
-        // room before it looks for the name: every header the template lacks would
-        // reallocate the map, so the template has them all and the values that vary
-        // are replaced in place. Its `Content-Length` also keeps an axum route from
-        // adding one.
-        let mut set = |name: &HeaderName, value: HeaderValue| {
-            if let Some(slot) = headers.get_mut(name) {
-                *slot = value;
-            }
-        };
-        set(&CONTENT_LENGTH, length);
+        // `Content-Length` is in the template, so the one an axum route adds to a
+        // response lacking it does not grow the copy, whose entries have no room to
+        // spare (a cloned `Vec` never has).
+        headers.insert(CONTENT_LENGTH, length);
         if secs != 1 {
-            set(&RETRY_AFTER, HeaderValue::from(secs));
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
             let name = engine.route_name(route);
             if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={secs}")) {
-                set(&RATELIMIT, v);
+                headers.insert(RATELIMIT.clone(), v);
             }
         }
         if rejection.reason != Reason::Limit {
-            set(&REASON, HeaderValue::from_static(reason));
+            headers.insert(REASON.clone(), HeaderValue::from_static(reason));
         }
         response
     }
 }
 
-/// Decimal digits of a number, on the stack.
 /// A `Content-Length` value. Up to 1 KiB (every rejection body) it is one of a table
 /// of static strings made once: no allocation and no shared count to bump per
 /// response, where `HeaderValue::from(n)` allocates.
@@ -260,6 +255,7 @@ fn content_length(n: usize) -> HeaderValue {
         .map_or_else(|| HeaderValue::from(n), |s| HeaderValue::from_static(s))
 }
 
+/// Decimal digits of a number, on the stack.
 #[derive(Default)]
 struct Digits([u8; 20]);
 
@@ -315,6 +311,8 @@ mod tests {
                     let got = templates.respond::<Bytes>(&engine, route, &rej, wait);
                     let want_body = format!("{:?}", want.body());
                     let got_body = format!("{:?}", got.body());
+                    // Room for a header more without rehashing (see `Built::new`).
+                    assert!(got.headers().capacity() > got.headers().len());
                     let length = got.headers()[CONTENT_LENGTH].to_str().unwrap().to_owned();
                     assert_eq!(length, got.body().len().to_string(), "{got_body}");
                     assert_eq!(parts(got), parts(want), "{route:?} {reason:?} {ms}");
