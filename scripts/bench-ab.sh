@@ -12,8 +12,8 @@
 #                  configuration's req/s is, as a fraction of bare's, on a core it has
 #                  to itself and saturates. The targets are judged on this.
 #   req/s x bare = the configuration's req/s over bare's, in the same seconds. The
-#                  kernel does not split CPU 0 exactly in half between the two (bare
-#                  against bare reads anywhere from 0.9 to 1.1 here), so this mixes
+#                  kernel does not split CPU 0 exactly in half between the two (single
+#                  runs of bare against bare read from 0.91 to 1.09 here), so this mixes
 #                  the split into the cost; it is shown, not judged.
 # The servers must be the bottleneck: each run checks that the two together used at
 # least SATURATION percent (default 90) of CPU 0, and flags the run otherwise (wrk
@@ -73,9 +73,10 @@ server="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
 
 work=$(mktemp -d)
 pids=()
+loaders=()
 cleanup() {
     local pid
-    for pid in "${pids[@]}"; do
+    for pid in "${loaders[@]}" "${pids[@]}"; do
         kill "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
@@ -116,18 +117,30 @@ stop() {
 
 # Nanoseconds of CPU time the threads of process $1 have had (the scheduler's own
 # count, finer than /proc/PID/stat's 10 ms ticks).
-runtime_ns() { cat "/proc/$1"/task/*/schedstat | awk '{ t += $1 } END { printf "%.0f", t }'; }
+runtime_ns() {
+    [[ -d /proc/$1/task ]] || { echo "bench-ab: process $1 has exited" >&2; exit 1; }
+    cat "/proc/$1"/task/*/schedstat | awk '{ t += $1 } END { printf "%.0f", t }'
+}
 
-# Loads both servers at once for $1 seconds, wrk's output in $work/wrk.a and wrk.b.
+# Loads both servers at once for $1 seconds, side $2's wrk started first; wrk's
+# output in $work/wrk.a and wrk.b. Fails if either server has exited.
 load_both() {
-    local seconds=$1 ja jb
-    timeout $((seconds + 30)) taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${seconds}s" --latency \
-        "${url[a]}/" >"$work/wrk.a" 2>&1 &
-    ja=$!
-    timeout $((seconds + 30)) taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${seconds}s" --latency \
-        "${url[b]}/" >"$work/wrk.b" 2>&1 &
-    jb=$!
-    wait "$ja" "$jb"
+    local seconds=$1 first=$2 side
+    loaders=()
+    for side in "$first" $([[ $first == a ]] && echo b || echo a); do
+        timeout $((seconds + 30)) taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"${seconds}s" \
+            --latency "${url[$side]}/" >"$work/wrk.$side" 2>&1 &
+        loaders+=($!)
+    done
+    wait "${loaders[@]}"
+    loaders=()
+    for side in a b; do
+        kill -0 "${pid[$side]}" 2>/dev/null || {
+            echo "bench-ab: the server on side $side exited:" >&2
+            cat "$work/$side.err" >&2
+            exit 1
+        }
+    done
 }
 
 field() { awk -v k="$1" '$1 == k { print $2 }' "$2"; }
@@ -156,19 +169,31 @@ printf '%-6s %-24s %9s %9s %9s %9s %8s %8s %6s\n' round configuration "req/s" \
 for ((round = 1; round <= ROUNDS; round++)); do
     for ((i = 0; i < ${#CONFIGS[@]}; i++)); do
         mode=${CONFIGS[(i + round - 1) % ${#CONFIGS[@]}]}
-        # Which of the two starts first alternates from round to round.
+        # Which of the two starts first, and whose wrk starts first, alternate from
+        # round to round.
         if ((round % 2)); then
             start bare a
             start "$mode" b
+            first=a
         else
             start "$mode" b
             start bare a
+            first=b
         fi
-        load_both "$WARMUP"
-        a0=$(runtime_ns "${pid[a]}") b0=$(runtime_ns "${pid[b]}")
-        load_both "$DURATION"
-        a1=$(runtime_ns "${pid[a]}") b1=$(runtime_ns "${pid[b]}")
+        load_both "$WARMUP" "$first"
+        a0=$(runtime_ns "${pid[a]}")
+        b0=$(runtime_ns "${pid[b]}")
+        load_both "$DURATION" "$first"
+        a1=$(runtime_ns "${pid[a]}")
+        b1=$(runtime_ns "${pid[b]}")
         stop
+        for side in a b; do
+            if grep -q "Socket errors" "$work/wrk.$side"; then
+                echo "bench-ab: wrk reported socket errors for $mode (side $side):" >&2
+                cat "$work/wrk.$side" >&2
+                exit 1
+            fi
+        done
         na=$(requests "$work/wrk.a") nb=$(requests "$work/wrk.b")
         if [[ -z $na || -z $nb ]]; then
             echo "bench-ab: cannot read wrk's output for $mode:" >&2

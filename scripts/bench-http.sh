@@ -94,7 +94,8 @@ case $SUITE in
 esac
 # ONLY="a b": just these configurations of the suite (bare too, when a layer
 # configuration is named: the layer ratios need it).
-if [[ -n ${ONLY:-} ]]; then
+ONLY=${ONLY:-}
+if [[ -n ${ONLY//[[:space:]]/} ]]; then
     chosen=()
     for c in $ONLY; do
         known=0
@@ -514,7 +515,7 @@ if has_config nginx-admit || has_config rocgate-serve-admit || has_config nginx-
     done
     echo
     for case in admit reject; do
-        has_config "rocgate-serve-$case" && has_config "nginx-$case" || continue
+        if ! has_config "rocgate-serve-$case" || ! has_config "nginx-$case"; then continue; fi
         rr=$(awk -v a="${med_rps[rocgate-serve-$case]}" -v b="${med_rps[nginx-$case]}" 'BEGIN { printf "%.3f", a / b }')
         rl=$(awk -v a="${med_p99[rocgate-serve-$case]}" -v b="${med_p99[nginx-$case]}" 'BEGIN { printf "%.3f", a / b }')
         lat=$(awk -v r="$rl" 'BEGIN { print (r <= 1 ? "met" : "MISSED") }')
