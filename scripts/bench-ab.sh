@@ -74,12 +74,16 @@ server="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
 work=$(mktemp -d)
 pids=()
 loaders=()
-cleanup() {
-    local pid
-    for pid in "${loaders[@]}" "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
+# Kills the processes of the PIDs given, and waits for them.
+reap() {
+    local p
+    for p in "$@"; do
+        kill "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
     done
+}
+cleanup() {
+    reap "${loaders[@]}" "${pids[@]}"
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -107,11 +111,7 @@ start() {
 }
 
 stop() {
-    local p
-    for p in "${pid[a]}" "${pid[b]}"; do
-        kill "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
+    reap "${pid[a]}" "${pid[b]}"
     pids=()
 }
 
