@@ -35,6 +35,8 @@
 # only; stops by itself; every server is killed by PID on exit, error or Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/processes.sh
+source scripts/processes.sh
 
 ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-6}
@@ -74,14 +76,6 @@ server="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
 work=$(mktemp -d)
 pids=()
 loaders=()
-# Kills the processes of the PIDs given, and waits for them.
-reap() {
-    local p
-    for p in "$@"; do
-        kill "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-}
 cleanup() {
     reap "${loaders[@]}" "${pids[@]}"
     rm -rf "$work"

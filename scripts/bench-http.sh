@@ -71,6 +71,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/proxy-configs.sh
 source scripts/proxy-configs.sh
+# shellcheck source=scripts/processes.sh
+source scripts/processes.sh
 
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
@@ -180,11 +182,7 @@ work=$(mktemp -d)
 # the proxy in front of it.
 pids=()
 stop_server() {
-    local pid
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
+    reap "${pids[@]}"
     pids=()
 }
 cleanup() {

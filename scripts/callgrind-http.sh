@@ -26,6 +26,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/proxy-configs.sh
 source scripts/proxy-configs.sh
+# shellcheck source=scripts/processes.sh
+source scripts/processes.sh
 
 DURATION=${DURATION:-4}
 SUITE=${SUITE:-all}
@@ -68,11 +70,7 @@ out=${OUT:-$work/callgrind}
 mkdir -p "$out" "$work/nginx/logs" "$work/nginx/tmp"
 pids=()
 cleanup() {
-    local pid
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
+    reap "${pids[@]}"
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -113,8 +111,7 @@ measure() {
     requests=$(awk '/ requests in / { print $1 }' "$work/wrk.out")
     printf '%-24s %10s requests %14s instructions %8.0f per request\n' "$name" "$requests" "$ir" \
         "$(awk -v i="$ir" -v r="$requests" 'BEGIN { print i / r }')"
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    reap "$pid"
 }
 
 if [[ $SUITE != proxy ]]; then
