@@ -118,7 +118,6 @@ const _: () = assert!(SHADOW_CUT < crate::lanes::COUNTERS);
 
 struct Route {
     name: Arc<str>,
-    matcher: RouteMatch,
     mode: Mode,
     window: WindowSpec,
     algorithm: Algorithm,
@@ -174,15 +173,17 @@ impl Engine {
             .iter()
             .map(|r| Arc::new(Route::new(r, now, wall_now)))
             .collect();
-        Engine::assemble(routes, None, None)
+        Engine::assemble(config, routes, None, None)
     }
 
+    /// The engine of `config`'s routes, built or kept in its order.
     fn assemble(
+        config: &Config,
         routes: Box<[Arc<Route>]>,
         hook: Option<TransitionHook>,
         sample_hook: Option<SampleHook>,
     ) -> Engine {
-        let matchers = routes.iter().map(|r| r.matcher.clone()).collect();
+        let matchers = config.routes.iter().map(|r| r.matcher.clone()).collect();
         Engine {
             routes,
             matchers,
@@ -201,18 +202,23 @@ impl Engine {
         let routes = config
             .routes
             .iter()
-            .map(
-                |cfg| match self.routes.iter().find(|r| r.same_structure(cfg)) {
+            .map(|cfg| {
+                let kept = self
+                    .routes
+                    .iter()
+                    .zip(self.matchers.iter())
+                    .find(|(r, m)| **m == cfg.matcher && r.same_structure(cfg));
+                match kept.map(|(r, _)| r) {
                     Some(r) => {
                         r.reconfigure(&cfg.controller, Some(&cfg.events), now, wall_now);
                         r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
                         Arc::clone(r)
                     }
                     None => Arc::new(Route::new(cfg, now, wall_now)),
-                },
-            )
+                }
+            })
             .collect();
-        Engine::assemble(routes, self.hook.clone(), self.sample_hook.clone())
+        Engine::assemble(config, routes, self.hook.clone(), self.sample_hook.clone())
     }
 
     /// Replaces a route's own controller parameters at runtime, keeping its state: the
@@ -585,7 +591,6 @@ impl Route {
             .collect();
         let route = Route {
             name: cfg.name.as_str().into(),
-            matcher: cfg.matcher.clone(),
             mode: cfg.mode,
             window: cfg.window,
             algorithm: cfg.algorithm,
@@ -621,10 +626,10 @@ impl Route {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether `cfg` describes this route with the same shape of state.
+    /// Whether `cfg` describes this route with the same shape of state (its matcher
+    /// aside: the engine holds the matchers).
     fn same_structure(&self, cfg: &RouteConfig) -> bool {
         *self.name == cfg.name
-            && self.matcher == cfg.matcher
             && self.mode == cfg.mode
             && self.window == cfg.window
             && self.algorithm == cfg.algorithm

@@ -491,6 +491,12 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     assert_eq!(e3.route_for("get", "/a/1"), e3.route_id("kept"));
     assert_eq!(e3.route_for("POST", "/a/1"), None);
     assert_eq!(e3.route_for("GET", "/c"), None);
+    let kept3 = e3.route_id("kept").unwrap();
+    assert_eq!(
+        e3.route_snapshot(kept3, now).offered,
+        0,
+        "a route whose matcher changed starts fresh"
+    );
 }
 
 #[test]
