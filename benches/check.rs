@@ -22,6 +22,16 @@
 //!   on a virtual clock advancing 1 ms per call, so the log holds ~1,000 timestamps of
 //!   its 1 s window in steady state; on 1 thread, then on 2 threads sharing the
 //!   virtual clock (a contended `fetch_add`, also measured alone).
+//! - `window_1000rps`: the demand meter alone, the part of a decision that the target
+//!   "≥ 10× the timestamp queue" is about: rocgate's slotted window (a rollover check
+//!   and a count on the thread's lane; at each 100 ms slot's end, the rollover) against
+//!   the textbook sliding window as a meter (`Mutex<VecDeque<Nanos>>` of every arrival,
+//!   evicted past the window; at each slot's end, the half-window counts by binary
+//!   search). Default window (6 s of 100 ms slots), 1 ms of virtual time per call, so
+//!   the queue holds ~6,000 timestamps. On 1 thread; on 2 threads sharing the virtual
+//!   clock; and on 2 threads with a virtual clock each (no shared write but the
+//!   meter's own). Those clocks drift apart as one thread runs ahead: a meter decides
+//!   nothing from the order, and the queue still pushes and evicts each timestamp once.
 //!
 //! Clock fairness. governor reads its clock inside `check`; rocgate takes `now` as an
 //! argument and its adapters read the clock once per request. So `route`,
@@ -50,6 +60,7 @@ use rocgate::clock::{Clock as _, MonotonicClock, Nanos};
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key, RouteId};
 use rocgate::limiter::Algorithm;
+use rocgate::window::{SlotCounter, SlotRing, WindowSpec};
 use std::collections::VecDeque;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
@@ -314,6 +325,17 @@ impl TimestampLog {
     }
 }
 
+/// The next millisecond of a virtual clock shared by threads (a contended `fetch_add`).
+fn tick(clock: &AtomicU64) -> Nanos {
+    Nanos::new(clock.fetch_add(STEP_NS, Ordering::Relaxed) + STEP_NS)
+}
+
+/// Call `i` of thread `t` (of two) on its own virtual clock: at (2i + t + 1) ms, so
+/// the two threads offer 1,000 req/s between them while they keep pace.
+fn own_clock(t: u64, i: u64) -> Nanos {
+    Nanos::new((2 * i + t + 1) * STEP_NS)
+}
+
 fn occupancy(c: &mut Criterion) {
     let mut g = c.benchmark_group("occupancy_1000rps");
     let second = Duration::from_secs(1);
@@ -337,8 +359,6 @@ fn occupancy(c: &mut Criterion) {
     // Two threads share one virtual clock, as they would share a real one: each call
     // takes the next millisecond. That read is a contended `fetch_add` that both sides
     // pay; `virtual_clock_2_threads` measures it alone.
-    let tick =
-        |clock: &AtomicU64| Nanos::new(clock.fetch_add(STEP_NS, Ordering::Relaxed) + STEP_NS);
     let clock = AtomicU64::new(0);
     g.bench_function("virtual_clock_2_threads", |b| {
         b.iter_custom(|iters| on_two_threads(iters, |_, _| tick(&clock)))
@@ -358,6 +378,146 @@ fn occupancy(c: &mut Criterion) {
     g.finish();
 }
 
+/// The textbook sliding window as a demand meter: every arrival's timestamp, oldest
+/// first, evicted once older than the window; at each slot's end, the half-window
+/// counts by binary search over the timestamps.
+struct TimestampWindow {
+    window_ns: u64,
+    half_ns: u64,
+    slot_ns: u64,
+    /// The timestamps, and the end of the slot being accumulated.
+    inner: Mutex<(VecDeque<Nanos>, u64)>,
+}
+
+impl TimestampWindow {
+    fn new(spec: &WindowSpec) -> Self {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap();
+        TimestampWindow {
+            window_ns: ns(spec.window()),
+            half_ns: ns(spec.half()),
+            slot_ns: ns(spec.slot()),
+            inner: Mutex::new((VecDeque::new(), ns(spec.slot()))),
+        }
+    }
+
+    /// Records an arrival at `now`; at a slot's end, first gives `on_slot` the arrivals
+    /// in the earlier and later half-windows that ended with it.
+    fn record(&self, now: Nanos, on_slot: impl FnOnce(u64, u64)) {
+        let mut guard = self.inner.lock().unwrap();
+        let (log, boundary) = &mut *guard;
+        let now = now.as_u64();
+        if now >= *boundary {
+            let end = now / self.slot_ns * self.slot_ns;
+            let mid = end.saturating_sub(self.half_ns);
+            let start = end.saturating_sub(self.window_ns);
+            while log.front().is_some_and(|t| t.as_u64() < start) {
+                log.pop_front();
+            }
+            let split = log.partition_point(|t| t.as_u64() < mid);
+            on_slot(split as u64, (log.len() - split) as u64);
+            *boundary = end + self.slot_ns;
+        }
+        let horizon = now.saturating_sub(self.window_ns);
+        while log.front().is_some_and(|t| t.as_u64() < horizon) {
+            log.pop_front();
+        }
+        log.push_back(Nanos::new(now));
+    }
+}
+
+/// rocgate's window as the engine drives it: roll over at a slot's end (the request
+/// that wins a `try_lock` does), then count the arrival on the thread's lane.
+struct SlottedWindow {
+    counter: SlotCounter,
+    ring: Mutex<SlotRing>,
+}
+
+impl SlottedWindow {
+    fn new(spec: &WindowSpec) -> Self {
+        SlottedWindow {
+            counter: SlotCounter::new(spec),
+            ring: Mutex::new(SlotRing::new(spec)),
+        }
+    }
+
+    /// As [`TimestampWindow::record`] (a gap of several slots gives the last sample).
+    fn record(&self, now: Nanos, on_slot: impl FnOnce(u64, u64)) {
+        if self.counter.needs_roll(now) {
+            if let Ok(mut ring) = self.ring.try_lock() {
+                let mut last = None;
+                ring.advance(&self.counter, self.counter.slot_index(now), |s| {
+                    last = Some((s.sample.n_prev, s.sample.n_recent));
+                });
+                if let Some((prev, recent)) = last {
+                    on_slot(prev, recent);
+                }
+            }
+        }
+        self.counter.add();
+    }
+}
+
+/// Where the meters put a sample: where the controller would take it.
+fn take(prev: u64, recent: u64) {
+    black_box((prev, recent));
+}
+
+/// Both meters give the same half-window counts for the same arrivals (a spike in the
+/// middle), so the baseline does the slotted window's job.
+fn meters_agree(spec: &WindowSpec) {
+    let (queue, slotted) = (TimestampWindow::new(spec), SlottedWindow::new(spec));
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for ms in 1..20_000u64 {
+        let calls = if (8_000..12_000).contains(&ms) { 3 } else { 1 };
+        for _ in 0..calls {
+            let now = Nanos::from_millis(ms);
+            queue.record(now, |p, r| a.push((p, r)));
+            slotted.record(now, |p, r| b.push((p, r)));
+        }
+    }
+    assert_eq!(a.len(), 199);
+    assert_eq!(a, b, "the two meters disagree");
+}
+
+fn window(c: &mut Criterion) {
+    let mut g = c.benchmark_group("window_1000rps");
+    let spec = WindowSpec::default();
+    meters_agree(&spec);
+    let w = TimestampWindow::new(&spec);
+    let mut now = 0;
+    g.bench_function("timestamp_queue", |b| {
+        b.iter(|| {
+            now += STEP_NS;
+            w.record(Nanos::new(now), take)
+        })
+    });
+    let w = SlottedWindow::new(&spec);
+    let mut now = 0;
+    g.bench_function("slotted", |b| {
+        b.iter(|| {
+            now += STEP_NS;
+            w.record(Nanos::new(now), take)
+        })
+    });
+    let (w, clock) = (TimestampWindow::new(&spec), AtomicU64::new(0));
+    g.bench_function("timestamp_queue_2_threads", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| w.record(tick(&clock), take)))
+    });
+    let (w, clock) = (SlottedWindow::new(&spec), AtomicU64::new(0));
+    g.bench_function("slotted_2_threads", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| w.record(tick(&clock), take)))
+    });
+    let w = TimestampWindow::new(&spec);
+    g.bench_function("timestamp_queue_2_own_clocks", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |t, i| w.record(own_clock(t, i), take)))
+    });
+    let w = SlottedWindow::new(&spec);
+    g.bench_function("slotted_2_own_clocks", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, |t, i| w.record(own_clock(t, i), take)))
+    });
+    g.finish();
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     primitives(&mut c);
@@ -366,5 +526,6 @@ fn main() {
     keyed(&mut c);
     reject(&mut c);
     occupancy(&mut c);
+    window(&mut c);
     c.final_summary();
 }
