@@ -35,11 +35,15 @@
 use crate::clock::Nanos;
 use crate::config::{Config, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier};
 use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
-use crate::limiter::{gcra, reject, Admit, Algorithm, Decision, Level, Limiter, Reason, Rejection};
+use crate::limiter::{
+    gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Level, Limiter,
+    Reason, Rejection,
+};
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
 use dashmap::DashMap;
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
+use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -823,11 +827,14 @@ enum Shadow {
     Keys(Box<Keys>),
 }
 
-/// Per-key state of a partitioned route: token-bucket keys in the lean
-/// [`BucketKey`], the other algorithms in a [`LimiterKey`].
+/// Per-key state of a partitioned route, in a key table per algorithm: each key's
+/// state laid flat beside its own fields, so that a table slot stays small.
 enum Keys {
     Bucket(KeyTables<BucketKey>),
-    Other(KeyTables<LimiterKey>),
+    Fixed(KeyTables<WordKey<Fixed>>),
+    Sliding(KeyTables<WordKey<Sliding>>),
+    Leaky(KeyTables<WordKey<Leaky>>),
+    Concurrency(KeyTables<ConcurrencyKey>),
 }
 
 /// The key tables of one key state, by key kind.
@@ -836,41 +843,49 @@ enum KeyTables<E> {
     Value(KeyTable<Box<str>, E>),
 }
 
+/// Runs `$e` with `$t` bound to the key tables, whatever their key state.
+macro_rules! with_tables {
+    ($keys:expr, $t:ident => $e:expr) => {
+        match $keys {
+            Keys::Bucket($t) => $e,
+            Keys::Fixed($t) => $e,
+            Keys::Sliding($t) => $e,
+            Keys::Leaky($t) => $e,
+            Keys::Concurrency($t) => $e,
+        }
+    };
+}
+
 impl Keys {
     fn new(cfg: &RouteConfig, now: Nanos, hold_base: bool) -> Option<Self> {
         match cfg.algorithm {
             Algorithm::TokenBucket { .. } => KeyTables::new(cfg, now, hold_base).map(Keys::Bucket),
-            _ => KeyTables::new(cfg, now, hold_base).map(Keys::Other),
+            Algorithm::FixedWindow { .. } => KeyTables::new(cfg, now, hold_base).map(Keys::Fixed),
+            Algorithm::SlidingWindow { .. } => {
+                KeyTables::new(cfg, now, hold_base).map(Keys::Sliding)
+            }
+            Algorithm::LeakyBucket { .. } => KeyTables::new(cfg, now, hold_base).map(Keys::Leaky),
+            Algorithm::Concurrency { .. } => {
+                KeyTables::new(cfg, now, hold_base).map(Keys::Concurrency)
+            }
         }
     }
 
     #[inline]
     fn check(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
-        match self {
-            Keys::Bucket(t) => t.check(r, key, now),
-            Keys::Other(t) => t.check(r, key, now),
-        }
+        with_tables!(self, t => t.check(r, key, now))
     }
 
     fn sweep(&self, last: &mut Nanos, now: Nanos) {
-        match self {
-            Keys::Bucket(t) => t.sweep(last, now),
-            Keys::Other(t) => t.sweep(last, now),
-        }
+        with_tables!(self, t => t.sweep(last, now));
     }
 
     fn len(&self) -> usize {
-        match self {
-            Keys::Bucket(t) => t.len(),
-            Keys::Other(t) => t.len(),
-        }
+        with_tables!(self, t => t.len())
     }
 
     fn tiers(&self) -> &TierTable {
-        match self {
-            Keys::Bucket(t) => t.tiers(),
-            Keys::Other(t) => t.tiers(),
-        }
+        with_tables!(self, t => t.tiers())
     }
 }
 
@@ -927,9 +942,10 @@ struct TierTable {
     /// parameters, scheduled event).
     default: [AtomicU64; 2],
     tiers: Vec<(Vec<String>, f64, f64)>,
-    algorithm: Algorithm,
-    /// The token bucket's burst, for [`BucketKey`]s (0 for other algorithms).
-    burst_ms: u32,
+    /// The algorithm's fixed parameter, the same for every key: the token bucket's
+    /// burst or the windows' length in milliseconds, or the leaky bucket's or the
+    /// concurrency limiter's queue.
+    shape: u32,
     /// Keys hold their base limit whatever the controller does (shadow_adaptive's
     /// enforced keys).
     hold_base: bool,
@@ -1018,9 +1034,9 @@ fn touch(last_seen_s: &AtomicU32, now: Nanos) {
 }
 
 /// A key's token bucket: the GCRA words of [`TokenBucket`](crate::limiter::TokenBucket)
-/// laid flat beside the key's own fields, 32 bytes where a [`LimiterKey`] takes 48
-/// (a `Limiter` alone is 32). With its 16-byte key a table slot is 48 bytes. The
-/// burst is the route's, read from the [`TierTable`].
+/// laid flat beside the key's own fields, 32 bytes (a `Limiter` alone is 32). With its
+/// 16-byte key a table slot is 48 bytes. The burst is the route's, read from the
+/// [`TierTable`].
 struct BucketKey {
     tat: AtomicU64,
     /// Emission interval T: nanoseconds per token.
@@ -1037,7 +1053,7 @@ struct BucketKey {
 
 impl KeyState for BucketKey {
     fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
-        let (t, capacity) = gcra::params(tiers.limit(tier, progress), tiers.burst_ms);
+        let (t, capacity) = gcra::params(tiers.limit(tier, progress), tiers.shape);
         BucketKey {
             tat: AtomicU64::new(now.as_u64()),
             emission_ns: AtomicU64::new(t),
@@ -1052,7 +1068,7 @@ impl KeyState for BucketKey {
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
         if catch_up(&self.generation, r) {
             let limit = tiers.limit(self.tier, tiers.progress(r));
-            let (t2, c2) = gcra::params(limit, tiers.burst_ms);
+            let (t2, c2) = gcra::params(limit, tiers.shape);
             let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
             let c1 = self.capacity.swap(c2, Ordering::AcqRel);
             gcra::rescale(&self.tat, (t1, c1), (t2, c2), now);
@@ -1075,9 +1091,111 @@ impl KeyState for BucketKey {
     }
 }
 
-/// A key of any algorithm: its own [`Limiter`].
-struct LimiterKey {
-    limiter: Limiter,
+/// A key of the fixed window, the sliding window or the leaky bucket: the limiter's
+/// state word (the packed counts, or when the next request may leave) and its limit
+/// word laid flat beside the key's own fields, 32 bytes like a [`BucketKey`]. The
+/// window length or the queue is the route's, read from the [`TierTable`].
+struct WordKey<A> {
+    state: AtomicU64,
+    /// The key's limit in `A`'s form ([`WordAlgo::limit_word`]).
+    limit: AtomicU64,
+    /// As in [`BucketKey`].
+    generation: AtomicU32,
+    /// As in [`BucketKey`].
+    last_seen_s: AtomicU32,
+    tier: u16,
+    algorithm: PhantomData<fn() -> A>,
+}
+
+/// An algorithm whose per-key state is one word: its decision on [`words`].
+trait WordAlgo {
+    /// The limit word for `limit` req/s.
+    fn limit_word(limit: f64) -> u64;
+
+    /// Decides one request on the state word, with the key's limit word and the
+    /// route's [`TierTable::shape`]. Changing the limit word keeps the state.
+    fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision;
+}
+
+/// [`FixedWindow`](crate::limiter::FixedWindow) per key; the limit word is the limit's bits.
+struct Fixed;
+/// [`SlidingWindowCounter`](crate::limiter::SlidingWindowCounter) per key; the limit
+/// word is the limit's bits.
+struct Sliding;
+/// [`LeakyBucket`](crate::limiter::LeakyBucket) per key; the limit word is the
+/// emission interval.
+struct Leaky;
+
+impl WordAlgo for Fixed {
+    fn limit_word(limit: f64) -> u64 {
+        limit.to_bits()
+    }
+
+    fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
+        let window_ns = words::window_ns(shape);
+        let quota = words::quota(f64::from_bits(limit_word), window_ns);
+        words::fixed(state, quota as u64, window_ns, now)
+    }
+}
+
+impl WordAlgo for Sliding {
+    fn limit_word(limit: f64) -> u64 {
+        limit.to_bits()
+    }
+
+    fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
+        let window_ns = words::window_ns(shape);
+        let quota = words::quota(f64::from_bits(limit_word), window_ns);
+        words::sliding(state, quota, window_ns, now)
+    }
+}
+
+impl WordAlgo for Leaky {
+    fn limit_word(limit: f64) -> u64 {
+        interval_ns(limit)
+    }
+
+    fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
+        words::leaky(state, limit_word, shape, now)
+    }
+}
+
+impl<A: WordAlgo> KeyState for WordKey<A> {
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
+        WordKey {
+            state: AtomicU64::new(0),
+            limit: AtomicU64::new(A::limit_word(tiers.limit(tier, progress))),
+            generation: AtomicU32::new(generation),
+            last_seen_s: AtomicU32::new(secs(now)),
+            tier,
+            algorithm: PhantomData,
+        }
+    }
+
+    #[inline]
+    fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
+        if catch_up(&self.generation, r) {
+            let limit = tiers.limit(self.tier, tiers.progress(r));
+            self.limit.store(A::limit_word(limit), Ordering::Relaxed);
+        }
+        touch(&self.last_seen_s, now);
+        A::check(
+            &self.state,
+            self.limit.load(Ordering::Relaxed),
+            tiers.shape,
+            now,
+        )
+    }
+
+    fn evictable(&self, cutoff: u32) -> bool {
+        self.last_seen_s.load(Ordering::Relaxed) <= cutoff
+    }
+}
+
+/// A key of the concurrency limiter. Its permits outlive any place in the key table
+/// (which moves its entries as it grows), so its state is shared on the heap.
+struct ConcurrencyKey {
+    limiter: Concurrency,
     /// As in [`BucketKey`].
     generation: AtomicU32,
     /// As in [`BucketKey`].
@@ -1085,10 +1203,10 @@ struct LimiterKey {
     tier: u16,
 }
 
-impl KeyState for LimiterKey {
+impl KeyState for ConcurrencyKey {
     fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
-        LimiterKey {
-            limiter: Limiter::new(tiers.algorithm, tiers.limit(tier, progress), now),
+        ConcurrencyKey {
+            limiter: Concurrency::new(tiers.limit(tier, progress), tiers.shape),
             generation: AtomicU32::new(generation),
             last_seen_s: AtomicU32::new(secs(now)),
             tier,
@@ -1099,15 +1217,14 @@ impl KeyState for LimiterKey {
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
         if catch_up(&self.generation, r) {
             self.limiter
-                .set_limit(tiers.limit(self.tier, tiers.progress(r)), now);
+                .set_limit(tiers.limit(self.tier, tiers.progress(r)));
         }
         touch(&self.last_seen_s, now);
-        self.limiter.check(now)
+        self.limiter.check()
     }
 
     fn evictable(&self, cutoff: u32) -> bool {
-        self.last_seen_s.load(Ordering::Relaxed) <= cutoff
-            && !matches!(&self.limiter, Limiter::Concurrency(c) if c.level().value > 0.0)
+        self.last_seen_s.load(Ordering::Relaxed) <= cutoff && self.limiter.level().value == 0.0
     }
 }
 
@@ -1146,10 +1263,12 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
                     (values, t.base_limit_rps, t.cut_limit_rps)
                 })
                 .collect(),
-            algorithm: cfg.algorithm,
-            burst_ms: match cfg.algorithm {
+            shape: match cfg.algorithm {
                 Algorithm::TokenBucket { burst } => gcra::burst_ms(burst),
-                _ => 0,
+                Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
+                    words::window_ms(window)
+                }
+                Algorithm::LeakyBucket { queue } | Algorithm::Concurrency { queue } => queue,
             },
             hold_base,
         };
@@ -1354,11 +1473,24 @@ mod tests {
     use super::*;
 
     /// The layout the per-key memory target rests on (`tests/memory.rs` measures the
-    /// tables): a token-bucket key and its 16-byte key fill a 48-byte slot.
+    /// tables): a key of the token bucket, either window or the leaky bucket and its
+    /// 16-byte key fill a 48-byte slot.
     #[test]
-    fn a_token_bucket_key_fills_a_48_byte_slot() {
-        assert_eq!(std::mem::size_of::<BucketKey>(), 32);
-        assert_eq!(std::mem::size_of::<(IpKey, BucketKey)>(), 48);
-        assert_eq!(std::mem::size_of::<(Box<str>, BucketKey)>(), 48);
+    fn a_key_fills_a_48_byte_slot() {
+        fn slot<E>() -> [usize; 3] {
+            use std::mem::size_of;
+            [
+                size_of::<E>(),
+                size_of::<(IpKey, E)>(),
+                size_of::<(Box<str>, E)>(),
+            ]
+        }
+        assert_eq!(slot::<BucketKey>(), [32, 48, 48]);
+        assert_eq!(slot::<WordKey<Fixed>>(), [32, 48, 48]);
+        assert_eq!(slot::<WordKey<Sliding>>(), [32, 48, 48]);
+        assert_eq!(slot::<WordKey<Leaky>>(), [32, 48, 48]);
+        // Its state is on the heap, where its permits can reach it (an IP key's slot
+        // is padded to the 16-byte alignment of its `u128`).
+        assert_eq!(slot::<ConcurrencyKey>(), [24, 48, 40]);
     }
 }

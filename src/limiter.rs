@@ -302,7 +302,7 @@ impl Limiter {
 }
 
 /// Nanoseconds between two units at `per_sec` units per second (at least 1 ns).
-fn interval_ns(per_sec: f64) -> u64 {
+pub(crate) fn interval_ns(per_sec: f64) -> u64 {
     if per_sec <= 0.0 || !per_sec.is_finite() {
         return u64::MAX / 4;
     }
@@ -533,20 +533,19 @@ impl WindowQuota {
     fn new(limit: f64, window: Duration) -> Self {
         WindowQuota {
             limit_bits: AtomicU64::new(limit.to_bits()),
-            window_ms: u32::try_from(window.as_millis()).unwrap_or(u32::MAX).max(1),
+            window_ms: words::window_ms(window),
         }
     }
 
     fn window_ns(&self) -> u64 {
-        u64::from(self.window_ms) * 1_000_000
+        words::window_ns(self.window_ms)
     }
 
-    /// Requests allowed per window: `limit × window`, whole, at most what a word counts.
     fn quota(&self) -> f64 {
-        let limit = f64::from_bits(self.limit_bits.load(Ordering::Relaxed));
-        (limit * self.window_ns() as f64 / 1e9)
-            .floor()
-            .min(COUNT_MAX as f64)
+        words::quota(
+            f64::from_bits(self.limit_bits.load(Ordering::Relaxed)),
+            self.window_ns(),
+        )
     }
 
     fn set_limit(&self, limit: f64) {
@@ -554,41 +553,43 @@ impl WindowQuota {
     }
 }
 
-/// Counts requests per fixed window; admits `limit × window` per window.
-#[derive(Debug)]
-pub struct FixedWindow {
-    word: AtomicU64,
-    quota: WindowQuota,
-}
+/// The fixed-window, sliding-window and leaky-bucket decisions on their one state
+/// word, with the parameters passed in: the arithmetic of [`FixedWindow`],
+/// [`SlidingWindowCounter`] and [`LeakyBucket`], shared with the engine's per-key
+/// states, which keep the same word beside their own bookkeeping (as [`gcra`] is for
+/// the token bucket).
+pub(crate) mod words {
+    use super::{reject, Admit, Decision, Packed, Reason, COUNT_MAX, IDX_MASK};
+    use crate::clock::Nanos;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
 
-impl FixedWindow {
-    fn window_ns(&self) -> u64 {
-        self.quota.window_ns()
+    /// A window kept to the millisecond in 32 bits (at least 1 ms).
+    pub(crate) fn window_ms(window: Duration) -> u32 {
+        u32::try_from(window.as_millis()).unwrap_or(u32::MAX).max(1)
     }
 
-    /// An empty counter (the window is kept to the millisecond).
-    pub fn new(limit: f64, window: Duration) -> Self {
-        FixedWindow {
-            word: AtomicU64::new(0),
-            quota: WindowQuota::new(limit, window),
-        }
+    pub(crate) fn window_ns(window_ms: u32) -> u64 {
+        u64::from(window_ms) * 1_000_000
     }
 
-    fn quota(&self) -> u64 {
-        self.quota.quota() as u64
+    /// Requests allowed per window: `limit × window`, whole, at most what a word counts.
+    pub(crate) fn quota(limit: f64, window_ns: u64) -> f64 {
+        (limit * window_ns as f64 / 1e9)
+            .floor()
+            .min(COUNT_MAX as f64)
     }
 
-    /// Counts one request at `now`, or says when the window ends.
+    /// Fixed window: counts one request at `now`, or says when the window ends.
     #[inline]
-    pub fn check(&self, now: Nanos) -> Decision {
-        let idx = (now.as_u64() / self.window_ns()) & IDX_MASK;
-        let quota = self.quota();
-        let mut word = self.word.load(Ordering::Relaxed);
+    pub(crate) fn fixed(word: &AtomicU64, quota: u64, window_ns: u64, now: Nanos) -> Decision {
+        let idx = (now.as_u64() / window_ns) & IDX_MASK;
+        let mut seen = word.load(Ordering::Relaxed);
         loop {
-            let p = Packed::load(word).at(idx);
+            let p = Packed::load(seen).at(idx);
             if p.cur >= quota {
-                let at = p.effective_now(now.as_u64(), self.window_ns());
-                let end = (at / self.window_ns() + 1) * self.window_ns();
+                let at = p.effective_now(now.as_u64(), window_ns);
+                let end = (at / window_ns + 1) * window_ns;
                 return reject(end - now.as_u64(), Reason::Limit);
             }
             let next = Packed {
@@ -596,97 +597,58 @@ impl FixedWindow {
                 ..p
             }
             .store();
-            match self
-                .word
-                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
+            match word.compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Decision::Admit(Admit::Now),
-                Err(seen) => word = seen,
+                Err(current) => seen = current,
             }
         }
     }
 
-    /// Changes the per-second limit; the current window's count is kept.
-    pub fn set_limit(&self, limit: f64) {
-        self.quota.set_limit(limit);
+    /// Fixed window: the count of the window of `now`.
+    pub(crate) fn fixed_count(word: &AtomicU64, window_ns: u64, now: Nanos) -> u64 {
+        let idx = (now.as_u64() / window_ns) & IDX_MASK;
+        Packed::load(word.load(Ordering::Relaxed)).at(idx).cur
     }
 
-    /// Requests counted in the current window, and the quota.
-    pub fn level(&self, now: Nanos) -> Level {
-        let idx = (now.as_u64() / self.window_ns()) & IDX_MASK;
-        let p = Packed::load(self.word.load(Ordering::Relaxed)).at(idx);
-        Level {
-            value: p.cur as f64,
-            capacity: self.quota() as f64,
-        }
-    }
-}
-
-/// The sliding-window counter: the current window's count plus the previous window's
-/// count weighted by how much of it still overlaps the sliding window. O(1), one word.
-#[derive(Debug)]
-pub struct SlidingWindowCounter {
-    word: AtomicU64,
-    quota: WindowQuota,
-}
-
-impl SlidingWindowCounter {
-    fn window_ns(&self) -> u64 {
-        self.quota.window_ns()
-    }
-
-    /// An empty counter (the window is kept to the millisecond).
-    pub fn new(limit: f64, window: Duration) -> Self {
-        SlidingWindowCounter {
-            word: AtomicU64::new(0),
-            quota: WindowQuota::new(limit, window),
-        }
-    }
-
-    fn quota(&self) -> f64 {
-        self.quota.quota()
-    }
-
-    /// The weighted count at `now` from a word.
-    fn estimate(&self, p: Packed, now: u64) -> f64 {
-        let into = (now % self.window_ns()) as f64 / self.window_ns() as f64;
+    /// Sliding window: the weighted count at `now` from a word.
+    fn estimate(p: Packed, window_ns: u64, now: u64) -> f64 {
+        let into = (now % window_ns) as f64 / window_ns as f64;
         p.prev as f64 * (1.0 - into) + p.cur as f64
     }
 
-    /// Counts one request at `now`, or says when the weighted count will allow it.
+    /// Sliding window: counts one request at `now`, or says when the weighted count
+    /// will allow it.
     #[inline]
-    pub fn check(&self, now: Nanos) -> Decision {
+    pub(crate) fn sliding(word: &AtomicU64, quota: f64, window_ns: u64, now: Nanos) -> Decision {
         let now = now.as_u64();
-        let idx = (now / self.window_ns()) & IDX_MASK;
-        let quota = self.quota();
-        let mut word = self.word.load(Ordering::Relaxed);
+        let idx = (now / window_ns) & IDX_MASK;
+        let mut seen = word.load(Ordering::Relaxed);
         loop {
-            let p = Packed::load(word).at(idx);
-            let at = p.effective_now(now, self.window_ns());
+            let p = Packed::load(seen).at(idx);
+            let at = p.effective_now(now, window_ns);
             // The tolerance absorbs float rounding, so that a request sent at exactly
             // `retry_after` (solved from the same formula) is admitted.
-            if self.estimate(p, at) + 1.0 > quota + 1e-9 {
-                return reject(self.retry_after(p, at, quota) + (at - now), Reason::Limit);
+            if estimate(p, window_ns, at) + 1.0 > quota + 1e-9 {
+                return reject(
+                    retry_after(p, window_ns, at, quota) + (at - now),
+                    Reason::Limit,
+                );
             }
             let next = Packed {
                 cur: p.cur + 1,
                 ..p
             }
             .store();
-            match self
-                .word
-                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
+            match word.compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Decision::Admit(Admit::Now),
-                Err(seen) => word = seen,
+                Err(current) => seen = current,
             }
         }
     }
 
-    /// Time until `prev × (1 − into) + cur + 1 ≤ quota`, or until the next window if
-    /// the current count alone is too high.
-    fn retry_after(&self, p: Packed, now: u64, quota: f64) -> u64 {
-        let w = self.window_ns();
+    /// Sliding window: time until `prev × (1 − into) + cur + 1 ≤ quota`, or until the
+    /// next window if the current count alone is too high.
+    fn retry_after(p: Packed, w: u64, now: u64, quota: f64) -> u64 {
         let start = now - now % w;
         let to_next = start + w - now;
         let cur = p.cur as f64;
@@ -707,6 +669,108 @@ impl SlidingWindowCounter {
         to_next + x.min(w)
     }
 
+    /// Sliding window: the weighted count at `now`.
+    pub(crate) fn sliding_count(word: &AtomicU64, window_ns: u64, now: Nanos) -> f64 {
+        let now = now.as_u64();
+        let idx = (now / window_ns) & IDX_MASK;
+        estimate(
+            Packed::load(word.load(Ordering::Relaxed)).at(idx),
+            window_ns,
+            now,
+        )
+    }
+
+    /// Leaky bucket: schedules one request at `now`, `t` ns after the one before it;
+    /// admitted with the delay it must wait, or rejected with `queue_full` when
+    /// `queue` requests are already waiting.
+    #[inline]
+    pub(crate) fn leaky(next_free: &AtomicU64, t: u64, queue: u32, now: Nanos) -> Decision {
+        let now = now.as_u64();
+        let max_wait = t.saturating_mul(u64::from(queue));
+        let mut seen = next_free.load(Ordering::Relaxed);
+        loop {
+            let start = seen.max(now);
+            let wait = start - now;
+            if wait > max_wait {
+                return reject(wait - max_wait, Reason::QueueFull);
+            }
+            match next_free.compare_exchange_weak(
+                seen,
+                start + t,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) if wait == 0 => return Decision::Admit(Admit::Now),
+                Ok(_) => return Decision::Admit(Admit::Paced(Duration::from_nanos(wait))),
+                Err(current) => seen = current,
+            }
+        }
+    }
+}
+
+/// Counts requests per fixed window; admits `limit × window` per window.
+#[derive(Debug)]
+pub struct FixedWindow {
+    word: AtomicU64,
+    quota: WindowQuota,
+}
+
+impl FixedWindow {
+    /// An empty counter (the window is kept to the millisecond).
+    pub fn new(limit: f64, window: Duration) -> Self {
+        FixedWindow {
+            word: AtomicU64::new(0),
+            quota: WindowQuota::new(limit, window),
+        }
+    }
+
+    fn quota(&self) -> u64 {
+        self.quota.quota() as u64
+    }
+
+    /// Counts one request at `now`, or says when the window ends.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        words::fixed(&self.word, self.quota(), self.quota.window_ns(), now)
+    }
+
+    /// Changes the per-second limit; the current window's count is kept.
+    pub fn set_limit(&self, limit: f64) {
+        self.quota.set_limit(limit);
+    }
+
+    /// Requests counted in the current window, and the quota.
+    pub fn level(&self, now: Nanos) -> Level {
+        Level {
+            value: words::fixed_count(&self.word, self.quota.window_ns(), now) as f64,
+            capacity: self.quota() as f64,
+        }
+    }
+}
+
+/// The sliding-window counter: the current window's count plus the previous window's
+/// count weighted by how much of it still overlaps the sliding window. O(1), one word.
+#[derive(Debug)]
+pub struct SlidingWindowCounter {
+    word: AtomicU64,
+    quota: WindowQuota,
+}
+
+impl SlidingWindowCounter {
+    /// An empty counter (the window is kept to the millisecond).
+    pub fn new(limit: f64, window: Duration) -> Self {
+        SlidingWindowCounter {
+            word: AtomicU64::new(0),
+            quota: WindowQuota::new(limit, window),
+        }
+    }
+
+    /// Counts one request at `now`, or says when the weighted count will allow it.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        words::sliding(&self.word, self.quota.quota(), self.quota.window_ns(), now)
+    }
+
     /// Changes the per-second limit; counts are kept.
     pub fn set_limit(&self, limit: f64) {
         self.quota.set_limit(limit);
@@ -714,12 +778,9 @@ impl SlidingWindowCounter {
 
     /// The weighted count at `now`, and the quota.
     pub fn level(&self, now: Nanos) -> Level {
-        let now = now.as_u64();
-        let idx = (now / self.window_ns()) & IDX_MASK;
-        let p = Packed::load(self.word.load(Ordering::Relaxed)).at(idx);
         Level {
-            value: self.estimate(p, now),
-            capacity: self.quota(),
+            value: words::sliding_count(&self.word, self.quota.window_ns(), now),
+            capacity: self.quota.quota(),
         }
     }
 }
@@ -747,27 +808,12 @@ impl LeakyBucket {
     /// rejected with `queue_full` when `queue` requests are already waiting.
     #[inline]
     pub fn check(&self, now: Nanos) -> Decision {
-        let now = now.as_u64();
-        let t = self.emission_ns.load(Ordering::Relaxed);
-        let max_wait = t.saturating_mul(u64::from(self.queue));
-        let mut next_free = self.next_free.load(Ordering::Relaxed);
-        loop {
-            let start = next_free.max(now);
-            let wait = start - now;
-            if wait > max_wait {
-                return reject(wait - max_wait, Reason::QueueFull);
-            }
-            match self.next_free.compare_exchange_weak(
-                next_free,
-                start + t,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) if wait == 0 => return Decision::Admit(Admit::Now),
-                Ok(_) => return Decision::Admit(Admit::Paced(Duration::from_nanos(wait))),
-                Err(seen) => next_free = seen,
-            }
-        }
+        words::leaky(
+            &self.next_free,
+            self.emission_ns.load(Ordering::Relaxed),
+            self.queue,
+            now,
+        )
     }
 
     /// Changes the pace; requests already scheduled keep their departure times.

@@ -6,7 +6,7 @@ use rocgate::config::{
 };
 use rocgate::controller::{ControllerParams, ControllerState};
 use rocgate::engine::{Engine, Key, RouteId};
-use rocgate::limiter::{Algorithm, Decision, Reason};
+use rocgate::limiter::{Admit, Algorithm, Decision, Reason};
 use rocgate::window::WindowSpec;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
@@ -548,6 +548,77 @@ fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
         assert!((100..=180).contains(&b), "{name}: a new key admitted {b}");
         assert_eq!(e.route_snapshot(id, Nanos::from_secs(18)).keys, 3, "{name}");
     }
+}
+
+/// What each key decides at one instant, on a route of `algorithm` at 10 req/s: the
+/// route's window or queue must reach the key's own state.
+fn one_instant(algorithm: Algorithm, n: usize) -> Vec<Decision> {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.algorithm = algorithm;
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 10.0;
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    let e = engine(vec![cfg]);
+    (0..n)
+        .map(|_| e.check(RouteId(0), ip(1), Nanos::ZERO))
+        .collect()
+}
+
+#[test]
+fn keys_take_the_routes_window_and_queue() {
+    // A 2 s window holds 20 requests at 10 req/s, for either window algorithm. The
+    // fixed window opens again in 2 s; the sliding one once the 20, weighted as the
+    // previous window, have slid down to 19: 0.1 s later (to the nanosecond above).
+    for (algorithm, [from, to]) in [
+        (
+            Algorithm::FixedWindow {
+                window: Duration::from_secs(2),
+            },
+            [Duration::from_secs(2); 2],
+        ),
+        (
+            Algorithm::SlidingWindow {
+                window: Duration::from_secs(2),
+            },
+            [
+                Duration::from_millis(2_100),
+                Duration::from_nanos(2_100_000_002),
+            ],
+        ),
+    ] {
+        let d = one_instant(algorithm, 21);
+        assert!(d[..20].iter().all(Decision::is_admit), "{algorithm:?}");
+        match &d[20] {
+            Decision::Reject(r) => assert!(
+                (from..=to).contains(&r.retry_after),
+                "{algorithm:?}: {:?}",
+                r.retry_after
+            ),
+            other => panic!("{algorithm:?}: {other:?}"),
+        }
+    }
+    // A leaky bucket with a queue of 3: one request leaves now, three wait 100, 200
+    // and 300 ms, the fifth finds the queue full.
+    let d = one_instant(Algorithm::LeakyBucket { queue: 3 }, 5);
+    let waits: Vec<_> = d[..4]
+        .iter()
+        .map(|d| match d {
+            Decision::Admit(Admit::Now) => Duration::ZERO,
+            Decision::Admit(Admit::Paced(wait)) => *wait,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(waits, [0, 100, 200, 300].map(Duration::from_millis));
+    assert!(matches!(&d[4], Decision::Reject(r) if r.reason == Reason::QueueFull));
+    // A concurrency limiter of 10 with a queue of 2: ten permits, two tickets, a rejection.
+    let d = one_instant(Algorithm::Concurrency { queue: 2 }, 13);
+    assert!(d[..10]
+        .iter()
+        .all(|d| matches!(d, Decision::Admit(Admit::Held(_)))));
+    assert!(d[10..12]
+        .iter()
+        .all(|d| matches!(d, Decision::Admit(Admit::Queued(_)))));
+    assert!(matches!(&d[12], Decision::Reject(r) if r.reason == Reason::QueueFull));
 }
 
 #[test]

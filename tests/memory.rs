@@ -14,6 +14,7 @@ use governor::{Quota, RateLimiter};
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::limiter::Algorithm;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 use std::time::{Duration, SystemTime};
@@ -22,6 +23,11 @@ use std::time::{Duration, SystemTime};
 const ROUTE_BUDGET: i64 = 2048;
 /// Bytes a key may hold (issue target).
 const KEY_BUDGET: f64 = 128.0;
+/// Bytes a concurrency key may hold: its share of the table (a 48-byte slot, up to
+/// 49 × 16 / 7 = 112 B just after the table doubled, control byte included) and its
+/// shared state on the heap (88 B measured: `Arc` counts, in-flight and waiting
+/// counts, limit, queue, waker list).
+const CONCURRENCY_KEY_BUDGET: f64 = 200.0;
 /// Keys inserted to measure per-key memory.
 const KEYS: u32 = 10_000;
 
@@ -42,6 +48,20 @@ fn route(i: usize, partition: Partition) -> RouteConfig {
     r.partition = partition;
     r
 }
+
+/// The algorithms whose keys keep their whole state in the key table.
+const RATE_ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::TokenBucket {
+        burst: Duration::from_secs(1),
+    },
+    Algorithm::FixedWindow {
+        window: Duration::from_secs(1),
+    },
+    Algorithm::SlidingWindow {
+        window: Duration::from_secs(1),
+    },
+    Algorithm::LeakyBucket { queue: 10 },
+];
 
 fn ip(n: u32) -> IpAddr {
     IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n))
@@ -72,11 +92,19 @@ fn bytes_per_route(partition: Partition) -> i64 {
     (b1000 - b100) / 900
 }
 
-/// Bytes per key with `n` distinct keys in one partitioned route: what keys 2 to `n`
-/// added. The first key brings the table itself, whose shards are a cost per route
-/// that grows with the core count, not with the keys (see the partitioned-route test).
-fn bytes_per_key(partition: Partition, n: u32, key: impl Fn(u32) -> Key<'static>) -> f64 {
-    let e = engine(vec![route(0, partition)]);
+/// Bytes per key with `n` distinct keys in one partitioned route of `algorithm`: what
+/// keys 2 to `n` added. The first key brings the table itself, whose shards are a cost
+/// per route that grows with the core count, not with the keys (see the
+/// partitioned-route test).
+fn bytes_per_key(
+    algorithm: Algorithm,
+    partition: Partition,
+    n: u32,
+    key: impl Fn(u32) -> Key<'static>,
+) -> f64 {
+    let mut r = route(0, partition);
+    r.algorithm = algorithm;
+    let e = engine(vec![r]);
     assert!(e.check(RouteId(0), key(0), Nanos::ZERO).is_admit());
     let (_, bytes) = retained(|| {
         for k in 1..n {
@@ -121,31 +149,42 @@ fn a_partitioned_route_holds_at_most_2_kib() {
     );
 }
 
-/// Bytes per key with `n` keys in the table: an IP key, and a 32-byte header value
-/// less the value's own 32 bytes. Prints both, with governor's figure for scale.
-fn bytes_per_key_at(n: u32) -> (f64, f64) {
+/// Bytes per key of `algorithm` with `n` keys in the table: an IP key, and a 32-byte
+/// header value less the value's own 32 bytes. Prints both.
+fn bytes_per_key_at(algorithm: Algorithm, n: u32) -> (f64, f64) {
     // Leaked so that the keys outlive the engine that borrows them in `Key::Value`.
     let api_keys: &'static [String] = Vec::leak((0..n).map(api_key).collect());
     let limits = limits(KEYS as usize);
-    let ip_key = bytes_per_key(Partition::ClientIp(limits), n, |k| Key::Ip(ip(k)));
-    let header_key = bytes_per_key(Partition::Header("x-api-key".into(), limits), n, |k| {
-        Key::Value(&api_keys[k as usize])
-    }) - 32.0;
+    let ip_key = bytes_per_key(algorithm, Partition::ClientIp(limits), n, |k| {
+        Key::Ip(ip(k))
+    });
+    let header_key = bytes_per_key(
+        algorithm,
+        Partition::Header("x-api-key".into(), limits),
+        n,
+        |k| Key::Value(&api_keys[k as usize]),
+    ) - 32.0;
     println!(
-        "bytes per key at {n:>5} keys: IP {ip_key:.1}; 32-byte header value 32 + {header_key:.1}; \
-         governor keyed, IP {:.1}",
-        governor_bytes_per_key(n)
+        "bytes per {} key at {n:>5} keys: IP {ip_key:.1}; 32-byte header value 32 + {header_key:.1}",
+        algorithm.name()
     );
     (ip_key, header_key)
 }
 
 #[test]
 fn a_key_holds_at_most_128_bytes_in_a_full_table() {
-    let (ip_key, header_key) = bytes_per_key_at(KEYS);
-    assert!(ip_key <= KEY_BUDGET, "{ip_key:.1} B per IP key");
-    assert!(
-        header_key <= KEY_BUDGET,
-        "32 + {header_key:.1} B per header key"
+    for algorithm in RATE_ALGORITHMS {
+        let (ip_key, header_key) = bytes_per_key_at(algorithm, KEYS);
+        let name = algorithm.name();
+        assert!(ip_key <= KEY_BUDGET, "{name}: {ip_key:.1} B per IP key");
+        assert!(
+            header_key <= KEY_BUDGET,
+            "{name}: 32 + {header_key:.1} B per header key"
+        );
+    }
+    println!(
+        "governor keyed, IP key, {KEYS} keys: {:.1} B",
+        governor_bytes_per_key(KEYS)
     );
 }
 
@@ -153,16 +192,37 @@ fn a_key_holds_at_most_128_bytes_in_a_full_table() {
 /// the worst is just after a table doubled.
 #[test]
 fn a_key_holds_at_most_128_bytes_at_any_fill() {
-    let (mut worst_ip, mut worst_header) = (0.0f64, 0.0f64);
-    for n in [1_000, 2_500, 5_000, 7_500] {
-        let (ip_key, header_key) = bytes_per_key_at(n);
-        worst_ip = worst_ip.max(ip_key);
-        worst_header = worst_header.max(header_key);
+    for algorithm in RATE_ALGORITHMS {
+        let (mut worst_ip, mut worst_header) = (0.0f64, 0.0f64);
+        for n in [1_000, 2_500, 5_000, 7_500] {
+            let (ip_key, header_key) = bytes_per_key_at(algorithm, n);
+            worst_ip = worst_ip.max(ip_key);
+            worst_header = worst_header.max(header_key);
+        }
+        let name = algorithm.name();
+        assert!(
+            worst_ip <= KEY_BUDGET,
+            "{name}: up to {worst_ip:.1} B per IP key"
+        );
+        assert!(
+            worst_header <= KEY_BUDGET,
+            "{name}: up to 32 + {worst_header:.1} B per header key"
+        );
     }
-    assert!(worst_ip <= KEY_BUDGET, "up to {worst_ip:.1} B per IP key");
+}
+
+/// A concurrency key's state is shared with its permits, on the heap (a permit may
+/// outlive the key's place in the table): it is the one algorithm over 128 B a key.
+#[test]
+fn a_concurrency_key_holds_its_shared_state_beside_its_slot() {
+    let algorithm = Algorithm::Concurrency { queue: 10 };
+    let mut worst: f64 = 0.0;
+    for n in [1_000, 2_500, 5_000, 7_500, KEYS] {
+        worst = worst.max(bytes_per_key_at(algorithm, n).0);
+    }
     assert!(
-        worst_header <= KEY_BUDGET,
-        "up to 32 + {worst_header:.1} B per header key"
+        worst <= CONCURRENCY_KEY_BUDGET,
+        "up to {worst:.1} B per IP key"
     );
 }
 
