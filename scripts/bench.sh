@@ -15,7 +15,7 @@ ratio() { awk -v a="$(median "$1")" -v b="$(median "$2")" 'BEGIN { printf "%6.2f
 
 echo
 echo "median ns per decision:"
-for group in primitives route route_2_threads keyed_10k reject occupancy_1000rps; do
+for group in primitives route route_2_threads keyed_10k reject occupancy_1000rps window_1000rps; do
     for estimates in "$report/$group"/*/new/estimates.json; do
         bench="${estimates#"$report"/}"
         bench="${bench%/new/estimates.json}"
@@ -33,9 +33,13 @@ for group in route route_2_threads keyed_10k reject; do
         "$(ratio "$group/rocgate_monotonic_clock" "$group/governor_std_clock")" \
         "$(ratio "$group/rocgate_monotonic_clock" "$group/governor_quanta_clock")"
 done
-echo "timestamp log ÷ rocgate at 1,000 req/s (target: >= 10):"
-echo "  1 thread  $(ratio occupancy_1000rps/timestamp_log occupancy_1000rps/rocgate)"
-echo "  2 threads $(ratio occupancy_1000rps/timestamp_log_2_threads occupancy_1000rps/rocgate_2_threads)"
+echo "timestamp queue ÷ rocgate at 1,000 req/s (target: >= 10):"
+echo "  the decision, 1 thread                    $(ratio occupancy_1000rps/timestamp_log occupancy_1000rps/rocgate)"
+echo "  the decision, 2 threads                   $(ratio occupancy_1000rps/timestamp_log_2_threads occupancy_1000rps/rocgate_2_threads)"
+w=window_1000rps
+echo "  the window, 1 thread                      $(ratio $w/timestamp_queue $w/slotted)"
+echo "  the window, 2 threads, one virtual clock  $(ratio $w/timestamp_queue_2_threads $w/slotted_2_threads)"
+echo "  the window, 2 threads, a clock each       $(ratio $w/timestamp_queue_2_own_clocks $w/slotted_2_own_clocks)"
 
 echo
 cargo bench --bench interleaved
