@@ -857,16 +857,23 @@ macro_rules! with_tables {
 }
 
 impl Keys {
+    /// The key tables of a partitioned route (`None` for a route limited as a whole),
+    /// of the key state of its algorithm, with that algorithm's [`TierTable::shape`].
     fn new(cfg: &RouteConfig, now: Nanos, hold_base: bool) -> Option<Self> {
+        let (n, h) = (now, hold_base);
         match cfg.algorithm {
-            Algorithm::TokenBucket { .. } => KeyTables::new(cfg, now, hold_base).map(Keys::Bucket),
-            Algorithm::FixedWindow { .. } => KeyTables::new(cfg, now, hold_base).map(Keys::Fixed),
-            Algorithm::SlidingWindow { .. } => {
-                KeyTables::new(cfg, now, hold_base).map(Keys::Sliding)
+            Algorithm::TokenBucket { burst } => {
+                KeyTables::new(cfg, gcra::burst_ms(burst), n, h).map(Keys::Bucket)
             }
-            Algorithm::LeakyBucket { .. } => KeyTables::new(cfg, now, hold_base).map(Keys::Leaky),
-            Algorithm::Concurrency { .. } => {
-                KeyTables::new(cfg, now, hold_base).map(Keys::Concurrency)
+            Algorithm::FixedWindow { window } => {
+                KeyTables::new(cfg, words::window_ms(window), n, h).map(Keys::Fixed)
+            }
+            Algorithm::SlidingWindow { window } => {
+                KeyTables::new(cfg, words::window_ms(window), n, h).map(Keys::Sliding)
+            }
+            Algorithm::LeakyBucket { queue } => KeyTables::new(cfg, queue, n, h).map(Keys::Leaky),
+            Algorithm::Concurrency { queue } => {
+                KeyTables::new(cfg, queue, n, h).map(Keys::Concurrency)
             }
         }
     }
@@ -891,14 +898,14 @@ impl Keys {
 
 impl<E: KeyState> KeyTables<E> {
     /// The tables of a partitioned route (`None` for a route limited as a whole).
-    fn new(cfg: &RouteConfig, now: Nanos, hold_base: bool) -> Option<Self> {
+    fn new(cfg: &RouteConfig, shape: u32, now: Nanos, hold_base: bool) -> Option<Self> {
         match &cfg.partition {
             Partition::Route => None,
-            Partition::ClientIp(limits) => {
-                Some(KeyTables::Ip(KeyTable::new(cfg, *limits, now, hold_base)))
-            }
+            Partition::ClientIp(limits) => Some(KeyTables::Ip(KeyTable::new(
+                cfg, *limits, shape, now, hold_base,
+            ))),
             Partition::Header(_, limits) => Some(KeyTables::Value(KeyTable::new(
-                cfg, *limits, now, hold_base,
+                cfg, *limits, shape, now, hold_base,
             ))),
         }
     }
@@ -989,9 +996,10 @@ impl TierTable {
     }
 }
 
-/// One key's state, stored inline in the key table (no allocation of its own): its
-/// limiter, the tier it belongs to, when it was last seen, and the route generation
-/// its limit was last set for (keys catch up with limit changes lazily).
+/// One key's state, stored inline in the key table (no allocation of its own, but for
+/// a [`ConcurrencyKey`]'s shared state): its limiter, the tier it belongs to, when it
+/// was last seen, and the route generation its limit was last set for (keys catch up
+/// with limit changes lazily).
 trait KeyState: Send + Sync {
     /// A new key of `tier` at `progress` between its cut and base limits, set for the
     /// route's `generation`.
@@ -1034,9 +1042,8 @@ fn touch(last_seen_s: &AtomicU32, now: Nanos) {
 }
 
 /// A key's token bucket: the GCRA words of [`TokenBucket`](crate::limiter::TokenBucket)
-/// laid flat beside the key's own fields, 32 bytes (a `Limiter` alone is 32). With its
-/// 16-byte key a table slot is 48 bytes. The burst is the route's, read from the
-/// [`TierTable`].
+/// laid flat beside the key's own fields, 32 bytes. With its 16-byte key a table slot
+/// is 48 bytes. The burst is the route's, read from the [`TierTable`].
 struct BucketKey {
     tat: AtomicU64,
     /// Emission interval T: nanoseconds per token.
@@ -1243,7 +1250,7 @@ struct KeyTable<K, E> {
 }
 
 impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
-    fn new(cfg: &RouteConfig, limits: KeyLimits, now: Nanos, hold_base: bool) -> Self {
+    fn new(cfg: &RouteConfig, limits: KeyLimits, shape: u32, now: Nanos, hold_base: bool) -> Self {
         let p = &cfg.controller;
         let tiers = TierTable {
             default: [
@@ -1263,13 +1270,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
                     (values, t.base_limit_rps, t.cut_limit_rps)
                 })
                 .collect(),
-            shape: match cfg.algorithm {
-                Algorithm::TokenBucket { burst } => gcra::burst_ms(burst),
-                Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
-                    words::window_ms(window)
-                }
-                Algorithm::LeakyBucket { queue } | Algorithm::Concurrency { queue } => queue,
-            },
+            shape,
             hold_base,
         };
         KeyTable {

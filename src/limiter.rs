@@ -569,6 +569,7 @@ pub(crate) mod words {
         u32::try_from(window.as_millis()).unwrap_or(u32::MAX).max(1)
     }
 
+    /// A window kept by [`window_ms`] in nanoseconds.
     pub(crate) fn window_ns(window_ms: u32) -> u64 {
         u64::from(window_ms) * 1_000_000
     }

@@ -322,27 +322,47 @@ fn keys_in_no_tier_follow_a_runtime_change_of_the_base_limit() {
 
 #[test]
 fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
-    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        max_keys: 3,
-        idle_timeout: Duration::from_secs(10),
-    });
-    cfg.controller.base_limit_rps = 5.0;
-    cfg.controller.cut_limit_rps = 1.0;
-    let e = engine(vec![cfg]);
-    let id = RouteId(0);
-    for n in 0..3 {
-        assert!(e.check(id, ip(n), Nanos::ZERO).is_admit());
+    // Every algorithm holds 5 requests at one instant at 5/s: a second of burst or of
+    // window, one leaving now and four queued, or five in flight.
+    for algorithm in [
+        Algorithm::default(),
+        Algorithm::FixedWindow {
+            window: Duration::from_secs(1),
+        },
+        Algorithm::SlidingWindow {
+            window: Duration::from_secs(1),
+        },
+        Algorithm::LeakyBucket { queue: 4 },
+        Algorithm::Concurrency { queue: 0 },
+    ] {
+        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        cfg.partition = Partition::ClientIp(KeyLimits {
+            max_keys: 3,
+            idle_timeout: Duration::from_secs(10),
+        });
+        cfg.controller.base_limit_rps = 5.0;
+        cfg.controller.cut_limit_rps = 1.0;
+        let e = engine(vec![cfg]);
+        let (id, name) = (RouteId(0), algorithm.name());
+        let first: Vec<_> = (0..3).map(|n| e.check(id, ip(n), Nanos::ZERO)).collect();
+        assert!(first.iter().all(Decision::is_admit), "{name}");
+        // 100 new clients share one overflow limiter of 5 (decisions are held, so that
+        // concurrency permits stay out).
+        let overflow: Vec<_> = (100..200)
+            .map(|n| e.check(id, ip(n), Nanos::ZERO))
+            .collect();
+        let admitted = overflow.iter().filter(|d| d.is_admit()).count();
+        assert_eq!(admitted, 5, "{name}");
+        assert_eq!(e.route_snapshot(id, Nanos::ZERO).keys, 3, "{name}");
+        drop((first, overflow));
+        // Idle keys are evicted at a later rollover; new keys get their own limiters again.
+        assert!(
+            e.check(id, ip(7), Nanos::from_secs(30)).is_admit(),
+            "{name}"
+        );
+        assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 1, "{name}");
     }
-    // 100 new clients share one 5-token overflow bucket.
-    let admitted = (100..200)
-        .filter(|n| e.check(id, ip(*n), Nanos::ZERO).is_admit())
-        .count();
-    assert_eq!(admitted, 5);
-    assert_eq!(e.route_snapshot(id, Nanos::ZERO).keys, 3);
-    // Idle keys are evicted at a later rollover; new keys get their own buckets again.
-    assert!(e.check(id, ip(7), Nanos::from_secs(30)).is_admit());
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 1);
 }
 
 #[test]

@@ -216,13 +216,19 @@ fn a_key_holds_at_most_128_bytes_at_any_fill() {
 #[test]
 fn a_concurrency_key_holds_its_shared_state_beside_its_slot() {
     let algorithm = Algorithm::Concurrency { queue: 10 };
-    let mut worst: f64 = 0.0;
+    let (mut worst_ip, mut worst_header) = (0.0f64, 0.0f64);
     for n in [1_000, 2_500, 5_000, 7_500, KEYS] {
-        worst = worst.max(bytes_per_key_at(algorithm, n).0);
+        let (ip_key, header_key) = bytes_per_key_at(algorithm, n);
+        worst_ip = worst_ip.max(ip_key);
+        worst_header = worst_header.max(header_key);
     }
     assert!(
-        worst <= CONCURRENCY_KEY_BUDGET,
-        "up to {worst:.1} B per IP key"
+        worst_ip <= CONCURRENCY_KEY_BUDGET,
+        "up to {worst_ip:.1} B per IP key"
+    );
+    assert!(
+        worst_header <= CONCURRENCY_KEY_BUDGET,
+        "up to 32 + {worst_header:.1} B per header key"
     );
 }
 
