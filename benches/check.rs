@@ -30,8 +30,10 @@
 //!   search). Default window (6 s of 100 ms slots), 1 ms of virtual time per call, so
 //!   the queue holds ~6,000 timestamps. On 1 thread; on 2 threads sharing the virtual
 //!   clock; and on 2 threads with a virtual clock each (no shared write but the
-//!   meter's own). Those clocks drift apart as one thread runs ahead: a meter decides
-//!   nothing from the order, and the queue still pushes and evicts each timestamp once.
+//!   meter's own), fresh meters for each batch. Those clocks are kept within 2 s of
+//!   each other (a thread that runs ahead waits), so the queue stays about a window
+//!   long (checked before measuring); a meter decides nothing from the order of
+//!   arrivals, and the queue still pushes and evicts each timestamp once.
 //!
 //! Clock fairness. governor reads its clock inside `check`; rocgate takes `now` as an
 //! argument and its adapters read the clock once per request. So `route`,
@@ -336,6 +338,31 @@ fn own_clock(t: u64, i: u64) -> Nanos {
     Nanos::new((2 * i + t + 1) * STEP_NS)
 }
 
+/// Calls between two looks at the other thread in [`on_two_threads_in_step`].
+const IN_STEP: u64 = 1_024;
+
+/// [`on_two_threads`] for threads on their own virtual clocks ([`own_clock`]): neither
+/// runs more than [`IN_STEP`] calls ahead of the other (about 2 s of virtual time), so
+/// their clocks stay within one window even when one thread is descheduled. Every
+/// `IN_STEP` calls each thread publishes its count on a cache line of its own and,
+/// while it is ahead, yields its core (which the other thread may be waiting for); the
+/// wait adds nothing to the result, which is the slower thread's time.
+fn on_two_threads_in_step<R>(iters: u64, op: impl Fn(u64, u64) -> R + Sync) -> Duration {
+    #[repr(align(64))]
+    struct Progress(AtomicU64);
+    let progress = [Progress(AtomicU64::new(0)), Progress(AtomicU64::new(0))];
+    on_two_threads(iters, |t, i| {
+        if i % IN_STEP == 0 {
+            let (mine, other) = (&progress[t as usize].0, &progress[1 - t as usize].0);
+            mine.store(i, Ordering::Relaxed);
+            while i > other.load(Ordering::Relaxed) + IN_STEP {
+                std::thread::yield_now();
+            }
+        }
+        op(t, i)
+    })
+}
+
 fn occupancy(c: &mut Criterion) {
     let mut g = c.benchmark_group("occupancy_1000rps");
     let second = Duration::from_secs(1);
@@ -463,7 +490,8 @@ fn take(prev: u64, recent: u64) {
 }
 
 /// Both meters give the same half-window counts for the same arrivals (a spike in the
-/// middle), so the baseline does the slotted window's job.
+/// middle), so the baseline does the slotted window's job; and the queue holds about
+/// a window of timestamps on two threads with a clock each.
 fn meters_agree(spec: &WindowSpec) {
     let (queue, slotted) = (TimestampWindow::new(spec), SlottedWindow::new(spec));
     let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -477,6 +505,12 @@ fn meters_agree(spec: &WindowSpec) {
     }
     assert_eq!(a.len(), 199);
     assert_eq!(a, b, "the two meters disagree");
+    // On two threads with a clock each, the queue still holds about a window of
+    // timestamps, however far one thread runs ahead of the other.
+    let queue = TimestampWindow::new(spec);
+    on_two_threads_in_step(200_000, |t, i| queue.record(own_clock(t, i), take));
+    let len = queue.inner.lock().unwrap().0.len();
+    assert!(len <= 12_000, "{len} timestamps for a window of 6,000");
 }
 
 fn window(c: &mut Criterion) {
@@ -507,13 +541,19 @@ fn window(c: &mut Criterion) {
     g.bench_function("slotted_2_threads", |b| {
         b.iter_custom(|iters| on_two_threads(iters, |_, _| w.record(tick(&clock), take)))
     });
-    let w = TimestampWindow::new(&spec);
+    // Each batch starts its clocks at zero again (`i` counts from 0), so it gets fresh
+    // meters: one holding later timestamps would evict nothing.
     g.bench_function("timestamp_queue_2_own_clocks", |b| {
-        b.iter_custom(|iters| on_two_threads(iters, |t, i| w.record(own_clock(t, i), take)))
+        b.iter_custom(|iters| {
+            let w = TimestampWindow::new(&spec);
+            on_two_threads_in_step(iters, |t, i| w.record(own_clock(t, i), take))
+        })
     });
-    let w = SlottedWindow::new(&spec);
     g.bench_function("slotted_2_own_clocks", |b| {
-        b.iter_custom(|iters| on_two_threads(iters, |t, i| w.record(own_clock(t, i), take)))
+        b.iter_custom(|iters| {
+            let w = SlottedWindow::new(&spec);
+            on_two_threads_in_step(iters, |t, i| w.record(own_clock(t, i), take))
+        })
     });
     g.finish();
 }
