@@ -596,6 +596,7 @@ fn server_and_admin_sections() {
     let text = format!(
         "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\
          connect_timeout = \"500ms\"\nmax_body_bytes = 2048\nmax_upstream_lanes = 0\n\
+         upstream_idle_timeout = \"1500ms\"\n\
          trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\n\
          [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
     );
@@ -605,6 +606,7 @@ fn server_and_admin_sections() {
     assert_eq!(c.server.connect_timeout.as_millis(), 500);
     assert_eq!(c.server.max_body_bytes, 2048);
     assert_eq!(c.server.max_upstream_lanes, 0);
+    assert_eq!(c.server.upstream_idle_timeout.as_millis(), 1500);
     let nets: Vec<String> = c
         .server
         .trusted_proxies
@@ -644,6 +646,11 @@ fn server_and_admin_sections() {
         &route("[server]\nresponse_timeout = \"0s\""),
         "server.response_timeout",
         "longer than zero",
+    );
+    refused(
+        &route("[server]\nupstream_idle_timeout = \"soon\""),
+        "server.upstream_idle_timeout",
+        "invalid duration \"soon\"",
     );
     refused(
         &route("[server]\nmax_body_bytes = 0"),

@@ -58,6 +58,7 @@ async fn start() -> (SocketAddr, SocketAddr, tokio::sync::oneshot::Sender<()>) {
             response_timeout: Duration::from_secs(5),
             max_body_bytes: 1024,
             max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: Duration::from_secs(2),

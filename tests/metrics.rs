@@ -144,6 +144,7 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
             response_timeout: Duration::from_secs(5),
             max_body_bytes: 1024,
             max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
             resolver: ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]),
         },
         header_read_timeout: Duration::from_secs(5),

@@ -190,6 +190,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             response_timeout: Duration::from_millis(200),
             max_body_bytes: 1024,
             max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: Duration::from_secs(5),

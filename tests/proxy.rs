@@ -208,6 +208,7 @@ fn settings(upstream: SocketAddr) -> ProxySettings {
             response_timeout: Duration::from_secs(2),
             max_body_bytes: 64 * 1024,
             max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: HEADER_READ_TIMEOUT,
@@ -1094,6 +1095,51 @@ async fn a_keep_alive_client_gets_one_upstream_connection_of_its_own() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_idle_for_upstream_idle_timeout_opens_a_new_connection() {
+    use rocgate::clock::ManualClock;
+    use std::sync::atomic::Ordering;
+    let (upstream, accepted) = start_counting_upstream(false).await;
+    let clock = Arc::new(ManualClock::new());
+    let proxy = Proxy::bind_with_clock(
+        settings(upstream),
+        &Config::new(Vec::new()),
+        None,
+        Arc::clone(&clock) as Arc<dyn rocgate::clock::Clock>,
+    )
+    .await
+    .unwrap();
+    let addr = proxy.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    let mut conn = Client::connect(addr).await;
+    // (idle before the request, upstream connections accepted after it)
+    for (idle_ms, connections, why) in [
+        (0, 1, "the first request goes through the pool"),
+        (0, 2, "the second opens the lane's connection"),
+        (
+            3_900,
+            2,
+            "idle for less than upstream_idle_timeout (4 s): reused",
+        ),
+        (
+            4_000,
+            3,
+            "idle for 4 s: the upstream may be closing it, so another",
+        ),
+        (0, 3, "the new connection is reused"),
+    ] {
+        clock.advance(Duration::from_millis(idle_ms));
+        let res = conn.send(empty(get("/r"))).await;
+        assert_eq!(res.status, StatusCode::OK, "{why}");
+        assert_eq!(accepted.load(Ordering::SeqCst), connections, "{why}");
+    }
+    stop.send(()).unwrap();
+    within("shutdown", run).await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

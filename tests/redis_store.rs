@@ -1022,6 +1022,7 @@ async fn two_proxies_share_one_limit() {
             response_timeout: Duration::from_secs(2),
             max_body_bytes: 1024,
             max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
             resolver: ClientIpResolver::default(),
         },
         header_read_timeout: Duration::from_secs(1),

@@ -326,6 +326,9 @@ pub struct ServerConfig {
     /// Most upstream connections held by client connections of their own (0: every
     /// request goes through the shared pool).
     pub max_upstream_lanes: usize,
+    /// How long an upstream connection may sit idle and still be reused (pool and
+    /// lanes); keep it below the upstream's own keep-alive timeout.
+    pub upstream_idle_timeout: Duration,
     /// Networks whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// How long requests in flight may finish after shutdown begins.
@@ -346,6 +349,7 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             max_body_bytes: 10 * 1024 * 1024,
             max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
             trusted_proxies: Vec::new(),
             shutdown_grace: Duration::from_secs(30),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),

@@ -93,6 +93,7 @@ struct RawServer {
     header_read_timeout: Option<String>,
     max_body_bytes: Option<Whole>,
     max_upstream_lanes: Option<Whole>,
+    upstream_idle_timeout: Option<String>,
     trusted_proxies: Option<Vec<String>>,
     shutdown_grace: Option<String>,
 }
@@ -1336,6 +1337,11 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             "header_read_timeout",
             server.header_read_timeout,
             &mut out.header_read_timeout,
+        ),
+        (
+            "upstream_idle_timeout",
+            server.upstream_idle_timeout,
+            &mut out.upstream_idle_timeout,
         ),
         (
             "shutdown_grace",

@@ -4,7 +4,7 @@
 
 use super::error::ProxyError;
 use super::lane::{Lane, LaneCount};
-use crate::clock::Clock;
+use crate::clock::{Clock, Nanos};
 use crate::hints::UpstreamMeter;
 use crate::http::{ClientIpResolver, HeldPermit, MatchedRoute, PeerAddr};
 use crate::metrics as metric;
@@ -44,6 +44,11 @@ pub struct ForwardSettings {
     /// connection's second HTTP/1.1 request on); 0 sends every request through the
     /// shared pool.
     pub max_upstream_lanes: usize,
+    /// How long an upstream connection may sit idle and still be reused, in the pool
+    /// and in lanes. An upstream that closes a connection just as a request goes out on
+    /// it makes that request fail (502): keep this below the upstream's keep-alive
+    /// timeout.
+    pub upstream_idle_timeout: Duration,
     /// Proxies whose `X-Forwarded-For` chain is kept and extended.
     pub resolver: ClientIpResolver,
 }
@@ -139,7 +144,7 @@ impl Forwarder {
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_idle_timeout(settings.upstream_idle_timeout)
             .pool_max_idle_per_host(1024)
             .build(connector.clone());
         let lanes = LaneCount::new(settings.max_upstream_lanes);
@@ -287,7 +292,7 @@ impl Inner {
                 let timeout = self.settings.response_timeout;
                 let sent = async {
                     match &lane {
-                        Some(lane) => self.send_on_lane(lane, upstream_req).await,
+                        Some(lane) => self.send_on_lane(lane, upstream_req, started).await,
                         None => self.send_pooled(upstream_req).await,
                     }
                 };
@@ -332,14 +337,16 @@ impl Inner {
             .map_err(ProxyError::from_client)
     }
 
-    /// Sends on the client connection's own upstream connection, opening it if the
-    /// lane has none; a request the connection could not take goes to the pool.
+    /// Sends on the client connection's own upstream connection at `now`, opening it
+    /// if the lane has none (or only one idle too long); a request the connection
+    /// could not take goes to the pool.
     async fn send_on_lane(
         &self,
         lane: &Lane,
         mut req: Request<Body>,
+        now: Nanos,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let mut sender = match lane.take() {
+        let mut sender = match lane.take(now, self.settings.upstream_idle_timeout) {
             Some(sender) => sender,
             None => {
                 let Some(slot) = self.lanes.acquire() else {
@@ -362,7 +369,7 @@ impl Inner {
         let absolute = std::mem::replace(req.uri_mut(), Uri::from(path));
         match sender.try_send_request(req).await {
             Ok(res) => {
-                lane.put_back(sender);
+                lane.put_back(sender, self.clock.now());
                 Ok(res)
             }
             Err(mut e) => match e.take_message() {

@@ -18,6 +18,7 @@
 //! connection (an upstream with a connection limit must not be filled by idle
 //! keep-alive clients; 0 turns lanes off).
 
+use crate::clock::Nanos;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use std::future::Future;
@@ -25,6 +26,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// The request body type the lane sends upstream.
@@ -83,6 +85,8 @@ struct State {
     requests: u32,
     /// The upstream connection's sender while no request holds it.
     sender: Option<SendRequest<Body>>,
+    /// When the sender was last given back: the connection is idle since.
+    idle_since: Nanos,
     /// The upstream connection, polled by the [`Driver`], and its place in the count.
     connection: Option<(Connection<TokioIo<TcpStream>, Body>, LaneSlot)>,
     /// The client connection task's waker, to poll a connection just installed.
@@ -95,6 +99,7 @@ impl Lane {
         let state = Arc::new(Mutex::new(State {
             requests: 0,
             sender: None,
+            idle_since: Nanos::ZERO,
             connection: None,
             waker: None,
         }));
@@ -118,20 +123,33 @@ impl Lane {
         state.requests > 1
     }
 
-    /// The upstream connection's sender, if the lane has an open one that no other
-    /// request holds. The caller gives it back with [`put_back`](Self::put_back).
-    pub(crate) fn take(&self) -> Option<SendRequest<Body>> {
+    /// The upstream connection's sender at `now`, if the lane has an open one that no
+    /// other request holds and that has been idle for less than `idle_timeout`. A
+    /// connection idle longer is closed: the upstream may be closing it too, and a
+    /// request sent as it does would fail. The caller gives the sender back with
+    /// [`put_back`](Self::put_back).
+    pub(crate) fn take(&self, now: Nanos, idle_timeout: Duration) -> Option<SendRequest<Body>> {
         let mut state = self.state();
         match state.sender.take() {
-            Some(sender) if !sender.is_closed() => Some(sender),
-            _ => None,
+            Some(sender)
+                if !sender.is_closed() && now.saturating_since(state.idle_since) < idle_timeout =>
+            {
+                Some(sender)
+            }
+            Some(_) => {
+                state.connection = None;
+                None
+            }
+            None => None,
         }
     }
 
-    /// Gives the sender back once the response head has arrived.
-    pub(crate) fn put_back(&self, sender: SendRequest<Body>) {
+    /// Gives the sender back once the response head has arrived, at `now`.
+    pub(crate) fn put_back(&self, sender: SendRequest<Body>, now: Nanos) {
         if !sender.is_closed() {
-            self.state().sender = Some(sender);
+            let mut state = self.state();
+            state.sender = Some(sender);
+            state.idle_since = now;
         }
     }
 

@@ -73,6 +73,7 @@ impl ProxySettings {
                 response_timeout: server.response_timeout,
                 max_body_bytes: server.max_body_bytes,
                 max_upstream_lanes: server.max_upstream_lanes,
+                upstream_idle_timeout: server.upstream_idle_timeout,
                 resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone()),
             },
             header_read_timeout: server.header_read_timeout,
@@ -161,14 +162,24 @@ impl Proxy {
         config: &Config,
         source: Option<PathBuf>,
     ) -> io::Result<Proxy> {
-        let listener = TcpListener::bind(settings.listen).await?;
-        let admin = TcpListener::bind(settings.admin_listen).await?;
         let monotonic = MonotonicClock::new();
         tracing::info!(
             source = if monotonic.reads_tsc() { "tsc" } else { "os" },
             "clock"
         );
-        let clock: Arc<dyn Clock> = Arc::new(monotonic);
+        Proxy::bind_with_clock(settings, config, source, Arc::new(monotonic)).await
+    }
+
+    /// [`bind`](Self::bind), with the engine and the forwarder on `clock` (a
+    /// [`ManualClock`](crate::clock::ManualClock) in tests that drive time).
+    pub async fn bind_with_clock(
+        settings: ProxySettings,
+        config: &Config,
+        source: Option<PathBuf>,
+        clock: Arc<dyn Clock>,
+    ) -> io::Result<Proxy> {
+        let listener = TcpListener::bind(settings.listen).await?;
+        let admin = TcpListener::bind(settings.admin_listen).await?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
         let advisor = Arc::new(Advisor::new(&config.hints));
