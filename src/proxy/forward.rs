@@ -17,7 +17,7 @@ use http_body::Body as _;
 use http_body_util::Limited;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::future::Future;
@@ -144,6 +144,7 @@ impl Forwarder {
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
             .pool_idle_timeout(settings.upstream_idle_timeout)
             .pool_max_idle_per_host(1024)
             .build(connector.clone());
