@@ -1019,25 +1019,55 @@ fn secs(now: Nanos) -> u32 {
     u32::try_from(now.as_u64() / 1_000_000_000).unwrap_or(u32::MAX)
 }
 
-/// Whether a key's limit was set for an older route generation than the route's
-/// now; if so, records the route's, and the caller sets the key's limit.
-#[inline]
-fn catch_up(generation: &AtomicU32, r: &Route) -> bool {
-    let now = r.generation.load(Ordering::Acquire) as u32;
-    if generation.load(Ordering::Relaxed) == now {
-        return false;
-    }
-    generation.store(now, Ordering::Relaxed);
-    true
+/// What every key keeps beside its limiter's state (12 bytes).
+struct KeyMeta {
+    /// The route generation this key's limit was last set for (wrapping; compared
+    /// for equality only).
+    generation: AtomicU32,
+    /// Whole seconds on the engine's clock when the key was last seen.
+    last_seen_s: AtomicU32,
+    tier: u16,
 }
 
-/// Stores the second a key was seen, unless it already says so (most requests of a
-/// busy key find it there and write nothing).
-#[inline]
-fn touch(last_seen_s: &AtomicU32, now: Nanos) {
-    let now_s = secs(now);
-    if last_seen_s.load(Ordering::Relaxed) != now_s {
-        last_seen_s.store(now_s, Ordering::Relaxed);
+impl KeyMeta {
+    fn new(tier: u16, generation: u32, now: Nanos) -> Self {
+        KeyMeta {
+            generation: AtomicU32::new(generation),
+            last_seen_s: AtomicU32::new(secs(now)),
+            tier,
+        }
+    }
+
+    /// Whether the key's limit was set for an older route generation than the
+    /// route's now; if so, records the route's, and the caller sets the key's limit.
+    #[inline]
+    fn catch_up(&self, r: &Route) -> bool {
+        let now = r.generation.load(Ordering::Acquire) as u32;
+        if self.generation.load(Ordering::Relaxed) == now {
+            return false;
+        }
+        self.generation.store(now, Ordering::Relaxed);
+        true
+    }
+
+    /// The key's limit between its tier's cut and base limits, as the route now is.
+    fn limit(&self, r: &Route, tiers: &TierTable) -> f64 {
+        tiers.limit(self.tier, tiers.progress(r))
+    }
+
+    /// Stores the second the key was seen, unless it already says so (most requests
+    /// of a busy key find it there and write nothing).
+    #[inline]
+    fn touch(&self, now: Nanos) {
+        let now_s = secs(now);
+        if self.last_seen_s.load(Ordering::Relaxed) != now_s {
+            self.last_seen_s.store(now_s, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the key was last seen at or before `cutoff` (whole seconds).
+    fn unseen_since(&self, cutoff: u32) -> bool {
+        self.last_seen_s.load(Ordering::Relaxed) <= cutoff
     }
 }
 
@@ -1050,12 +1080,7 @@ struct BucketKey {
     emission_ns: AtomicU64,
     /// Tokens the bucket holds.
     capacity: AtomicU32,
-    /// The route generation this key's limit was last set for (wrapping; compared
-    /// for equality only).
-    generation: AtomicU32,
-    /// Whole seconds on the engine's clock when the key was last seen.
-    last_seen_s: AtomicU32,
-    tier: u16,
+    meta: KeyMeta,
 }
 
 impl KeyState for BucketKey {
@@ -1065,22 +1090,19 @@ impl KeyState for BucketKey {
             tat: AtomicU64::new(now.as_u64()),
             emission_ns: AtomicU64::new(t),
             capacity: AtomicU32::new(capacity),
-            generation: AtomicU32::new(generation),
-            last_seen_s: AtomicU32::new(secs(now)),
-            tier,
+            meta: KeyMeta::new(tier, generation, now),
         }
     }
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        if catch_up(&self.generation, r) {
-            let limit = tiers.limit(self.tier, tiers.progress(r));
-            let (t2, c2) = gcra::params(limit, tiers.shape);
+        if self.meta.catch_up(r) {
+            let (t2, c2) = gcra::params(self.meta.limit(r, tiers), tiers.shape);
             let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
             let c1 = self.capacity.swap(c2, Ordering::AcqRel);
             gcra::rescale(&self.tat, (t1, c1), (t2, c2), now);
         }
-        touch(&self.last_seen_s, now);
+        self.meta.touch(now);
         let taken = gcra::take(
             &self.tat,
             self.emission_ns.load(Ordering::Relaxed),
@@ -1094,7 +1116,7 @@ impl KeyState for BucketKey {
     }
 
     fn evictable(&self, cutoff: u32) -> bool {
-        self.last_seen_s.load(Ordering::Relaxed) <= cutoff
+        self.meta.unseen_since(cutoff)
     }
 }
 
@@ -1106,11 +1128,7 @@ struct WordKey<A> {
     state: AtomicU64,
     /// The key's limit in `A`'s form ([`WordAlgo::limit_word`]).
     limit: AtomicU64,
-    /// As in [`BucketKey`].
-    generation: AtomicU32,
-    /// As in [`BucketKey`].
-    last_seen_s: AtomicU32,
-    tier: u16,
+    meta: KeyMeta,
     algorithm: PhantomData<fn() -> A>,
 }
 
@@ -1172,20 +1190,18 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
         WordKey {
             state: AtomicU64::new(0),
             limit: AtomicU64::new(A::limit_word(tiers.limit(tier, progress))),
-            generation: AtomicU32::new(generation),
-            last_seen_s: AtomicU32::new(secs(now)),
-            tier,
+            meta: KeyMeta::new(tier, generation, now),
             algorithm: PhantomData,
         }
     }
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        if catch_up(&self.generation, r) {
-            let limit = tiers.limit(self.tier, tiers.progress(r));
+        if self.meta.catch_up(r) {
+            let limit = self.meta.limit(r, tiers);
             self.limit.store(A::limit_word(limit), Ordering::Relaxed);
         }
-        touch(&self.last_seen_s, now);
+        self.meta.touch(now);
         A::check(
             &self.state,
             self.limit.load(Ordering::Relaxed),
@@ -1195,7 +1211,7 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
     }
 
     fn evictable(&self, cutoff: u32) -> bool {
-        self.last_seen_s.load(Ordering::Relaxed) <= cutoff
+        self.meta.unseen_since(cutoff)
     }
 }
 
@@ -1203,35 +1219,28 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
 /// (which moves its entries as it grows), so its state is shared on the heap.
 struct ConcurrencyKey {
     limiter: Concurrency,
-    /// As in [`BucketKey`].
-    generation: AtomicU32,
-    /// As in [`BucketKey`].
-    last_seen_s: AtomicU32,
-    tier: u16,
+    meta: KeyMeta,
 }
 
 impl KeyState for ConcurrencyKey {
     fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
         ConcurrencyKey {
             limiter: Concurrency::new(tiers.limit(tier, progress), tiers.shape),
-            generation: AtomicU32::new(generation),
-            last_seen_s: AtomicU32::new(secs(now)),
-            tier,
+            meta: KeyMeta::new(tier, generation, now),
         }
     }
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        if catch_up(&self.generation, r) {
-            self.limiter
-                .set_limit(tiers.limit(self.tier, tiers.progress(r)));
+        if self.meta.catch_up(r) {
+            self.limiter.set_limit(self.meta.limit(r, tiers));
         }
-        touch(&self.last_seen_s, now);
+        self.meta.touch(now);
         self.limiter.check()
     }
 
     fn evictable(&self, cutoff: u32) -> bool {
-        self.last_seen_s.load(Ordering::Relaxed) <= cutoff && self.limiter.level().value == 0.0
+        self.meta.unseen_since(cutoff) && self.limiter.level().value == 0.0
     }
 }
 

@@ -11,6 +11,21 @@ use rocgate::window::WindowSpec;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 
+/// The algorithms that limit a rate: a second of burst or of window, and a leaky
+/// bucket with a queue of 4.
+const RATE_ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::TokenBucket {
+        burst: Duration::from_secs(1),
+    },
+    Algorithm::FixedWindow {
+        window: Duration::from_secs(1),
+    },
+    Algorithm::SlidingWindow {
+        window: Duration::from_secs(1),
+    },
+    Algorithm::LeakyBucket { queue: 4 },
+];
+
 fn engine(routes: Vec<RouteConfig>) -> Engine {
     Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH)
 }
@@ -324,17 +339,10 @@ fn keys_in_no_tier_follow_a_runtime_change_of_the_base_limit() {
 fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
     // Every algorithm holds 5 requests at one instant at 5/s: a second of burst or of
     // window, one leaving now and four queued, or five in flight.
-    for algorithm in [
-        Algorithm::default(),
-        Algorithm::FixedWindow {
-            window: Duration::from_secs(1),
-        },
-        Algorithm::SlidingWindow {
-            window: Duration::from_secs(1),
-        },
-        Algorithm::LeakyBucket { queue: 4 },
-        Algorithm::Concurrency { queue: 0 },
-    ] {
+    for algorithm in RATE_ALGORITHMS
+        .into_iter()
+        .chain([Algorithm::Concurrency { queue: 0 }])
+    {
         let mut cfg = RouteConfig::new("ip", RouteMatch::any());
         cfg.algorithm = algorithm;
         cfg.partition = Partition::ClientIp(KeyLimits {
@@ -537,16 +545,7 @@ fn restore_eta_follows_the_cut() {
 
 #[test]
 fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
-    for algorithm in [
-        Algorithm::default(),
-        Algorithm::FixedWindow {
-            window: Duration::from_secs(1),
-        },
-        Algorithm::SlidingWindow {
-            window: Duration::from_secs(1),
-        },
-        Algorithm::LeakyBucket { queue: 0 },
-    ] {
+    for algorithm in RATE_ALGORITHMS {
         let mut cfg = RouteConfig::new("ip", RouteMatch::any());
         cfg.algorithm = algorithm;
         cfg.partition = Partition::ClientIp(KeyLimits::default());
