@@ -306,3 +306,58 @@ async fn a_scheduled_event_takes_effect_at_its_wall_clock_time() {
     assert!(order["active_event"].is_null());
     p.stop().await;
 }
+
+/// The lines of a `/metrics` exposition that name `route`.
+async fn metric_lines(admin: SocketAddr, route: &str) -> Vec<String> {
+    let (status, body) = call(admin, "GET", "/metrics", "", None).await;
+    assert_eq!(status, 200);
+    let label = format!("route=\"{route}\"");
+    body.as_str()
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&label))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_route_removed_by_reload_leaves_no_gauges() {
+    let p = start(None).await;
+    let two = "[[routes]]\nname = \"retired\"\npath_prefix = \"/old/\"\n\
+               [[routes]]\nname = \"kept\"\npath_prefix = \"/\"\n";
+    std::fs::write(&p.file, two).unwrap();
+    assert_eq!(
+        call(p.admin, "POST", "/admin/reload", "", None).await.0,
+        200
+    );
+    let gauge = |lines: &[String], name: &str| lines.iter().any(|l| l.starts_with(name));
+    let retired = metric_lines(p.admin, "retired").await;
+    assert!(gauge(&retired, "rocgate_limit_rps{"), "{retired:?}");
+    assert!(gauge(&retired, "rocgate_controller_state{"), "{retired:?}");
+
+    std::fs::write(
+        &p.file,
+        "[[routes]]\nname = \"kept\"\npath_prefix = \"/\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        call(p.admin, "POST", "/admin/reload", "", None).await.0,
+        200
+    );
+    // The exporter drops a gauge unset for 100 ms on its own clock, at a render: wait
+    // that long after the last render that set the retired route's gauges.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let retired = metric_lines(p.admin, "retired").await;
+    for name in [
+        "rocgate_limit_rps{",
+        "rocgate_controller_state{",
+        "rocgate_roc{",
+    ] {
+        assert!(!gauge(&retired, name), "{name} stays: {retired:?}");
+    }
+    // Its counters stay, as counters do (they only ever grow).
+    assert!(gauge(&retired, "rocgate_requests_total{"), "{retired:?}");
+    let kept = metric_lines(p.admin, "kept").await;
+    assert!(gauge(&kept, "rocgate_limit_rps{"), "{kept:?}");
+    p.stop().await;
+}
