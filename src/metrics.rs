@@ -12,10 +12,6 @@
 //! Labels carry values from config only (route names, reasons, states), never raw
 //! paths, client addresses or keys.
 //!
-//! Every gauge is set at each collection, so a recorder that drops gauges left unset
-//! (`rocgate serve`'s does, after 100 ms) forgets the gauges of a route removed by a
-//! reload at the next scrape.
-//!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
 //! | `rocgate_requests_total` | counter | `route`, `decision`, `reason` | requests by decision (`admitted`, `rejected`, `shadow_rejected`) and reason (`none` when admitted) |
@@ -289,7 +285,6 @@ impl Collector {
                 s.limit_rps = control.limit_rps;
                 s.state = control.state;
                 gauge!(STORE_ROC, "route" => s.name.clone()).set(control.roc);
-                gauge!(STORE_LIMIT, "route" => s.name.clone()).set(control.limit_rps);
             }
             let readings = history.entry(s.name.clone()).or_default();
             let ratio = rejection_ratio(readings, s, now);

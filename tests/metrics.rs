@@ -248,7 +248,6 @@ fn shared_routes_show_the_stores_limit_and_state() {
         r#"rocgate_limit_rps{route="local"} 200"#,
         r#"rocgate_controller_state{route="local",state="normal"} 1"#,
         r#"rocgate_store_roc{route="shared"} 95.5"#,
-        r#"rocgate_store_limit_rps{route="shared"} 60"#,
     ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }

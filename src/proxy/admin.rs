@@ -109,10 +109,6 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
             roc: view.roc,
         })
     });
-    #[cfg(feature = "redis")]
-    if let Some(store) = &state.store {
-        store.publish_gauges();
-    }
     #[cfg(not(feature = "redis"))]
     m.collector.collect(&engine, now);
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);

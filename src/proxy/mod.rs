@@ -32,7 +32,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use metrics_util::MetricKindMask;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -390,13 +389,6 @@ impl Proxy {
     }
 }
 
-/// How long a gauge may go unset before the exporter drops it. Every gauge is set
-/// just before each render (by the collector, the store and the admin API), so one
-/// not set since the render before belongs to something gone: a route removed by a
-/// reload, whose last readings would otherwise stay exported (a removed route caught
-/// in a cut would keep an alert firing).
-const GAUGE_IDLE: Duration = Duration::from_millis(100);
-
 /// The process-wide Prometheus recorder, installed on first use. If another recorder
 /// is installed already (a library user's), rocgate's metrics go to that one and
 /// `/metrics` shows only what this handle sees.
@@ -415,8 +407,7 @@ fn prometheus() -> PrometheusHandle {
                         &metric::DURATION_BUCKETS,
                     )
                 })
-                .unwrap_or_else(|_| PrometheusBuilder::new())
-                .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE));
+                .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {

@@ -64,7 +64,7 @@ use crate::limiter::{Admit, Algorithm, Decision, Limiter, Reason, Rejection};
 use crate::metrics as metric;
 use crate::window::{RocSample, SampleAt, WindowSpec};
 use dashmap::DashMap;
-use metrics::Counter;
+use metrics::{Counter, Gauge};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
@@ -346,6 +346,7 @@ struct SharedRoute {
     rejected: Counter,
     shadow_rejected: Counter,
     fallbacks: Counter,
+    limit_gauge: Gauge,
     /// Batched mode: arrivals since the last sync.
     pending: AtomicU64,
     /// Batched mode: the slot (on this instance's clock) of the last sync.
@@ -576,13 +577,6 @@ impl RedisStore {
         self.inner.instances()
     }
 
-    /// Sets the store's gauges (`rocgate_store_mode`, `rocgate_store_instances`) to
-    /// what it knows now: called before each scrape, like the collector.
-    pub fn publish_gauges(&self) {
-        publish_mode(self.mode());
-        metrics::gauge!(metric::STORE_INSTANCES).set(self.instances() as f64);
-    }
-
     /// Decisions on distributed routes taken locally since start.
     pub fn fallback_decisions(&self) -> u64 {
         self.inner.fallbacks.load(Ordering::Relaxed)
@@ -729,6 +723,7 @@ impl Inner {
             rejected: counter("rejected"),
             shadow_rejected: counter("shadow_rejected"),
             fallbacks: metrics::counter!(metric::STORE_FALLBACK, "route" => label.to_string()),
+            limit_gauge: metrics::gauge!(metric::STORE_LIMIT, "route" => label.to_string()),
             pending: AtomicU64::new(0),
             synced_slot: AtomicU64::new(u64::MAX),
         });
@@ -785,6 +780,7 @@ impl Inner {
         r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
         r.state.store(reply.state, Ordering::Relaxed);
         r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
+        r.limit_gauge.set(reply.limit);
         if let Some(roll) = reply.roll {
             let params = params();
             r.base_limit
@@ -903,8 +899,12 @@ impl Inner {
         match answer {
             Ok(Ok(n)) => {
                 let n = n.clamp(1, INSTANCES_MASK);
-                self.instances
+                let before = self
+                    .instances
                     .fetch_max(seq << INSTANCES_BITS | n, Ordering::AcqRel);
+                if before >> INSTANCES_BITS < seq {
+                    metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
+                }
                 Some(n)
             }
             Ok(Err(e)) => {
