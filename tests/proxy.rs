@@ -1143,6 +1143,32 @@ async fn a_lane_idle_for_upstream_idle_timeout_opens_a_new_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_does_not_reuse_a_connection_idle_for_upstream_idle_timeout() {
+    use std::sync::atomic::Ordering;
+    let (upstream, accepted) = start_counting_upstream(false).await;
+    let mut short = settings(upstream);
+    short.forward.upstream_idle_timeout = Duration::from_millis(200);
+    let proxy = start_proxy(short, Vec::new()).await;
+    // A request on a connection of its own goes through the pool.
+    assert_eq!(
+        send(proxy.addr, empty(get("/a"))).await.status,
+        StatusCode::OK
+    );
+    let before = accepted.load(Ordering::SeqCst);
+    // The pool reads its own clock (hyper-util's): wait past the timeout for real.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        send(proxy.addr, empty(get("/b"))).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        before + 1,
+        "a new connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_max_upstream_lanes_0_every_request_shares_the_pool() {
     use std::sync::atomic::Ordering;
     let (upstream, accepted) = start_counting_upstream(false).await;

@@ -126,8 +126,12 @@ impl Lane {
     /// The upstream connection's sender at `now`, if the lane has an open one that no
     /// other request holds and that has been idle for less than `idle_timeout`. A
     /// connection idle longer is closed: the upstream may be closing it too, and a
-    /// request sent as it does would fail. The caller gives the sender back with
-    /// [`put_back`](Self::put_back).
+    /// request sent as it does would fail. Idle time counts from the last response
+    /// head ([`put_back`](Self::put_back)), so after a body that streamed for longer
+    /// the next request opens a new connection: an extra connect, never a stale one.
+    /// A lane past its timeout is closed only here, when its client sends again, or
+    /// with its client connection; until then it holds its place in
+    /// `max_upstream_lanes`.
     pub(crate) fn take(&self, now: Nanos, idle_timeout: Duration) -> Option<SendRequest<Body>> {
         let mut state = self.state();
         match state.sender.take() {
