@@ -12,6 +12,10 @@
 //! Labels carry values from config only (route names, reasons, states), never raw
 //! paths, client addresses or keys.
 //!
+//! A route that is gone (removed by a reload) keeps its series, since the facade
+//! cannot delete one, but the collector sets its gauges to NaN: no reading, and no
+//! alert rule firing on its last one.
+//!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
 //! | `rocgate_requests_total` | counter | `route`, `decision`, `reason` | requests by decision (`admitted`, `rejected`, `shadow_rejected`) and reason (`none` when admitted) |
@@ -228,11 +232,24 @@ struct Reading {
     rejected: u64,
 }
 
-/// Sets every engine metric from the engine's snapshots. Keeps the recent readings of
-/// each route to compute the rejection ratio over at least one window.
+/// What the collector remembers of a route between collections.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Recent readings, for the rejection ratio over at least one window.
+    readings: VecDeque<Reading>,
+    /// The `algorithm` label its limiter gauges were last set with.
+    algorithm: &'static str,
+    /// Whether `rocgate_store_roc` was last set for it.
+    store_roc: bool,
+}
+
+/// Sets every engine metric from the engine's snapshots. Remembers each route's recent
+/// readings to compute the rejection ratio over at least one window, and which gauges
+/// it set, to blank them once they describe nothing (a route removed by a reload, an
+/// algorithm or a shared store no longer in use).
 #[derive(Debug, Default)]
 pub struct Collector {
-    history: Mutex<HashMap<String, VecDeque<Reading>>>,
+    history: Mutex<HashMap<String, Seen>>,
     /// Whether a shared store sets the store metrics itself.
     shared_store: bool,
 }
@@ -279,15 +296,33 @@ impl Collector {
     ) {
         let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
         let mut snapshots = engine.snapshot(now);
-        history.retain(|name, _| snapshots.iter().any(|s| &s.name == name));
+        history.retain(|name, seen| {
+            let kept = snapshots.iter().any(|s| &s.name == name);
+            if !kept {
+                route_gauges(name, seen.algorithm, None);
+                if seen.store_roc {
+                    gauge!(STORE_ROC, "route" => name.clone()).set(f64::NAN);
+                }
+            }
+            kept
+        });
         for s in &mut snapshots {
-            if let Some(control) = shared(&s.name) {
+            let seen = history.entry(s.name.clone()).or_default();
+            let control = shared(&s.name);
+            if let Some(control) = control {
                 s.limit_rps = control.limit_rps;
                 s.state = control.state;
-                gauge!(STORE_ROC, "route" => s.name.clone()).set(control.roc);
             }
-            let readings = history.entry(s.name.clone()).or_default();
-            let ratio = rejection_ratio(readings, s, now);
+            if control.is_some() || seen.store_roc {
+                let roc = control.map_or(f64::NAN, |c| c.roc);
+                gauge!(STORE_ROC, "route" => s.name.clone()).set(roc);
+                seen.store_roc = control.is_some();
+            }
+            if !seen.algorithm.is_empty() && seen.algorithm != s.algorithm {
+                limiter_gauges(&s.name, seen.algorithm, None);
+            }
+            seen.algorithm = s.algorithm;
+            let ratio = rejection_ratio(&mut seen.readings, s, now);
             record_route(s, ratio);
         }
         gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
@@ -328,6 +363,13 @@ fn rejection_ratio(readings: &mut VecDeque<Reading>, s: &RouteSnapshot, now: Nan
     }
 }
 
+/// The controller's states, as `rocgate_controller_state` labels them.
+const STATES: [ControllerState; 3] = [
+    ControllerState::Normal,
+    ControllerState::Cut,
+    ControllerState::Recovering,
+];
+
 fn record_route(s: &RouteSnapshot, rejection_ratio: f64) {
     let route = s.name.clone();
     let r = || route.clone();
@@ -341,28 +383,8 @@ fn record_route(s: &RouteSnapshot, rejection_ratio: f64) {
         counter!(REQUESTS, "route" => r(), "decision" => "shadow_rejected", "reason" => reason.as_str())
             .absolute(*n);
     }
-    gauge!(DEMAND, "route" => r(), "half" => "prev").set(s.sample.rate_prev_rps);
-    gauge!(DEMAND, "route" => r(), "half" => "recent").set(s.sample.rate_recent_rps);
-    gauge!(ROC, "route" => r(), "mode" => "absolute").set(s.sample.roc);
-    gauge!(ROC, "route" => r(), "mode" => "relative").set(s.sample.relative_roc(s.min_rps));
-    gauge!(LIMIT, "route" => r()).set(s.limit_rps);
-    gauge!(BASE_LIMIT, "route" => r()).set(s.base_limit_rps);
-    gauge!(CUT_LIMIT, "route" => r()).set(s.cut_limit_rps);
-    gauge!(DANGER_ROC, "route" => r()).set(s.danger_roc);
-    gauge!(SAFE_ROC, "route" => r()).set(s.safe_roc);
-    gauge!(LIMITER_LEVEL, "route" => r(), "algorithm" => s.algorithm).set(s.level.value);
-    gauge!(LIMITER_CAPACITY, "route" => r(), "algorithm" => s.algorithm).set(s.level.capacity);
-    let states = [
-        ControllerState::Normal,
-        ControllerState::Cut,
-        ControllerState::Recovering,
-    ];
-    for state in states {
-        let on = if s.state == state { 1.0 } else { 0.0 };
-        gauge!(CONTROLLER_STATE, "route" => r(), "state" => state.as_str()).set(on);
-    }
-    for from in states {
-        for to in states {
+    for from in STATES {
+        for to in STATES {
             let n = s.transitions[from.as_index() as usize][to.as_index() as usize];
             if from != to {
                 counter!(TRANSITIONS, "route" => r(), "from" => from.as_str(), "to" => to.as_str())
@@ -372,6 +394,39 @@ fn record_route(s: &RouteSnapshot, rejection_ratio: f64) {
     }
     counter!(CUTS, "route" => r()).absolute(s.cuts);
     counter!(CUT_SECONDS, "route" => r()).absolute(s.time_in_cut.as_secs());
-    gauge!(REJECTION_RATIO, "route" => r()).set(rejection_ratio);
-    gauge!(KEYS, "route" => r()).set(s.keys as f64);
+    route_gauges(&s.name, s.algorithm, Some((s, rejection_ratio)));
+}
+
+/// Sets a route's gauges from its snapshot and rejection ratio, or, with `None`, to
+/// NaN: a route that is gone has no reading, and NaN compares false in any alert rule,
+/// where its last readings would keep an alert firing. (The metrics facade cannot
+/// delete a series; its counters stay, as counters may.)
+fn route_gauges(route: &str, algorithm: &'static str, now: Option<(&RouteSnapshot, f64)>) {
+    let r = || route.to_owned();
+    let v = |f: fn(&RouteSnapshot) -> f64| now.map_or(f64::NAN, |(s, _)| f(s));
+    gauge!(DEMAND, "route" => r(), "half" => "prev").set(v(|s| s.sample.rate_prev_rps));
+    gauge!(DEMAND, "route" => r(), "half" => "recent").set(v(|s| s.sample.rate_recent_rps));
+    gauge!(ROC, "route" => r(), "mode" => "absolute").set(v(|s| s.sample.roc));
+    gauge!(ROC, "route" => r(), "mode" => "relative").set(v(|s| s.sample.relative_roc(s.min_rps)));
+    gauge!(LIMIT, "route" => r()).set(v(|s| s.limit_rps));
+    gauge!(BASE_LIMIT, "route" => r()).set(v(|s| s.base_limit_rps));
+    gauge!(CUT_LIMIT, "route" => r()).set(v(|s| s.cut_limit_rps));
+    gauge!(DANGER_ROC, "route" => r()).set(v(|s| s.danger_roc));
+    gauge!(SAFE_ROC, "route" => r()).set(v(|s| s.safe_roc));
+    limiter_gauges(route, algorithm, now.map(|(s, _)| s));
+    for state in STATES {
+        let on = now.map_or(f64::NAN, |(s, _)| f64::from(u8::from(s.state == state)));
+        gauge!(CONTROLLER_STATE, "route" => r(), "state" => state.as_str()).set(on);
+    }
+    gauge!(REJECTION_RATIO, "route" => r()).set(now.map_or(f64::NAN, |(_, ratio)| ratio));
+    gauge!(KEYS, "route" => r()).set(v(|s| s.keys as f64));
+}
+
+/// Sets a route's limiter gauges under `algorithm`, or to NaN with `None`.
+fn limiter_gauges(route: &str, algorithm: &'static str, now: Option<&RouteSnapshot>) {
+    let r = || route.to_owned();
+    gauge!(LIMITER_LEVEL, "route" => r(), "algorithm" => algorithm)
+        .set(now.map_or(f64::NAN, |s| s.level.value));
+    gauge!(LIMITER_CAPACITY, "route" => r(), "algorithm" => algorithm)
+        .set(now.map_or(f64::NAN, |s| s.level.capacity));
 }

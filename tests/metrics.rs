@@ -261,3 +261,88 @@ fn shared_routes_show_the_stores_limit_and_state() {
         "{text}"
     );
 }
+
+/// Once a route is gone (removed by a reload), its gauges read NaN, so no alert rule
+/// fires on its last readings; so do a route's limiter gauges of an algorithm it no
+/// longer uses, and its shared ROC once no store decides it.
+#[test]
+fn gauges_of_what_is_gone_read_nan() {
+    use rocgate::clock::Nanos;
+    use rocgate::controller::ControllerState;
+    use rocgate::engine::Engine;
+    use rocgate::limiter::Algorithm;
+    use rocgate::metrics::{Collector, SharedControl};
+    let engine = |routes| {
+        Engine::new(
+            &Config::new(routes),
+            Nanos::ZERO,
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+    };
+    let stays = RouteConfig::new("stays", RouteMatch::prefix("/s/"));
+    let before = engine(vec![
+        stays.clone(),
+        RouteConfig::new("goes", RouteMatch::any()),
+    ]);
+    let mut windowed = stays;
+    windowed.algorithm = Algorithm::FixedWindow {
+        window: Duration::from_secs(1),
+    };
+    let after = engine(vec![windowed]);
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let collector = Collector::new();
+    let line = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ').map(str::to_owned))
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+    };
+    metrics::with_local_recorder(&recorder, || {
+        collector.collect_with(&before, Nanos::from_secs(1), |route| {
+            (route == "goes").then_some(SharedControl {
+                limit_rps: 60.0,
+                state: ControllerState::Cut,
+                roc: 95.5,
+            })
+        });
+    });
+    let text = handle.render();
+    assert_eq!(
+        line(
+            &text,
+            r#"rocgate_controller_state{route="goes",state="cut"}"#
+        ),
+        "1"
+    );
+    assert_eq!(line(&text, r#"rocgate_store_roc{route="goes"}"#), "95.5");
+    metrics::with_local_recorder(&recorder, || {
+        collector.collect(&after, Nanos::from_secs(2));
+    });
+    let text = handle.render();
+    for series in [
+        r#"rocgate_controller_state{route="goes",state="cut"}"#,
+        r#"rocgate_controller_state{route="goes",state="normal"}"#,
+        r#"rocgate_limit_rps{route="goes"}"#,
+        r#"rocgate_roc{route="goes",mode="absolute"}"#,
+        r#"rocgate_rejection_ratio{route="goes"}"#,
+        r#"rocgate_store_roc{route="goes"}"#,
+        r#"rocgate_limiter_level{route="stays",algorithm="token_bucket"}"#,
+    ] {
+        assert_eq!(line(&text, series), "NaN", "{series}");
+    }
+    assert_eq!(line(&text, r#"rocgate_limit_rps{route="stays"}"#), "200");
+    assert_eq!(
+        line(
+            &text,
+            r#"rocgate_limiter_capacity{route="stays",algorithm="fixed_window"}"#
+        ),
+        "200"
+    );
+    assert_eq!(
+        line(
+            &text,
+            r#"rocgate_controller_state{route="stays",state="normal"}"#
+        ),
+        "1"
+    );
+}
