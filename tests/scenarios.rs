@@ -1,15 +1,18 @@
-//! Scenario tests: the real engine driven by the simulator on the virtual clock, with
-//! the flash-sale parameters (window 6 s of 100 ms slots, base 200, cut 60, danger 80,
-//! safe 20, step 20 every 1 s after a 2 s hold, min_rps 10, min_samples 20, min_dwell
-//! 1 s, max_cut 60 s; token bucket holding 1 s of the limit).
+//! Scenario tests: the real engine driven by the simulator on the virtual clock, on
+//! the `order` route of the shipped `config/examples/flash-sale.toml` (window 6 s of
+//! 100 ms slots, base 200, cut 60, danger 80, safe 20, step 20 every 1 s after a 2 s
+//! hold, min_rps 10, min_samples 20, min_dwell 1 s, max_cut 60 s; token bucket holding
+//! 1 s of the limit).
 
-use rocgate::config::{Config, Event, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, Event, Mode, Partition, RouteConfig};
 use rocgate::controller::{ControllerParams, ControllerState};
+use rocgate::limiter::Algorithm;
 use rocgate::sim::{
     ArrivalModel, Profile, Scenario, SimError, SimResult, Simulator, Summary, TransitionRecord,
 };
 use rocgate::window::WindowSpec;
-use rocgate::{clock::Nanos, window::RocMode};
+use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// The step of the flash-sale scenario: 40 → 600 req/s at t = 20 s, a slot boundary
@@ -22,39 +25,41 @@ const SEEDS: [u64; 5] = [0, 1, 2, 3, 4];
 /// Float slack for times that are whole numbers of slots.
 const EPS: f64 = 1e-9;
 
+/// The `order` route of `config/examples/flash-sale.toml`, as `rocgate` loads it.
+fn order() -> RouteConfig {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/examples/flash-sale.toml"
+    );
+    let config = Config::load(Path::new(path)).unwrap_or_else(|e| panic!("{e}"));
+    let order = config.routes.into_iter().find(|r| r.name == "order");
+    order.expect("flash-sale.toml has an `order` route")
+}
+
+/// The `order` route's controller parameters.
 fn params() -> ControllerParams {
-    ControllerParams {
-        base_limit_rps: 200.0,
-        cut_limit_rps: 60.0,
-        danger_roc: 80.0,
-        safe_roc: 20.0,
-        hold: Duration::from_secs(2),
-        restore_step_rps: 20.0,
-        restore_interval: Duration::from_secs(1),
-        min_rps: 10.0,
-        min_samples: 20,
-        min_dwell: Duration::from_secs(1),
-        max_cut: Duration::from_secs(60),
-        roc_mode: RocMode::Absolute,
+    order().controller
+}
+
+/// The `order` route with other controller parameters.
+fn route(controller: ControllerParams) -> RouteConfig {
+    RouteConfig {
+        controller,
+        ..order()
     }
 }
 
-fn route(controller: ControllerParams) -> RouteConfig {
-    RouteConfig {
-        name: "order".into(),
-        matcher: RouteMatch {
-            method: Some("POST".into()),
-            path: PathPattern::Exact("/api/order".into()),
-        },
-        mode: Mode::Enforce,
-        reject_status: 429,
-        window: WindowSpec::new(Duration::from_secs(6), Duration::from_millis(100)).unwrap(),
-        controller,
-        algorithm: Default::default(),
-        partition: Partition::Route,
-        tiers: vec![],
-        events: vec![],
-    }
+#[test]
+fn the_flash_sale_file_has_the_classic_values() {
+    let r = order();
+    assert_eq!(r.window, WindowSpec::default());
+    assert_eq!(r.window.window(), Duration::from_secs(6));
+    let p = &r.controller;
+    let values = (p.base_limit_rps, p.cut_limit_rps, p.danger_roc, p.safe_roc);
+    assert_eq!(values, (200.0, 60.0, 80.0, 20.0));
+    assert_eq!(p.restore_step_rps, 20.0);
+    assert_eq!(r.algorithm, Algorithm::default());
+    assert_eq!((r.mode, &r.partition), (Mode::Enforce, &Partition::Route));
 }
 
 fn simulator(route: RouteConfig) -> Simulator {
