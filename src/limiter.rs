@@ -39,14 +39,14 @@
 //! ```
 
 use crate::clock::{duration_nanos, Nanos};
-use std::collections::VecDeque;
+use event_listener::{Event, EventListener, IntoNotification};
 use std::fmt;
 use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 /// Why a request was rejected. One vocabulary for metric labels, headers, bodies and logs.
@@ -851,33 +851,35 @@ struct ConcurrencyShared {
     waiting: AtomicU64,
     limit: AtomicU64,
     queue: u32,
-    wakers: Mutex<VecDeque<Waker>>,
+    /// Queued tickets listen here, in order; each freed permit notifies one more.
+    freed: Event,
 }
 
 /// How long a rejected request is told to wait when the limit is in flight counts
 /// (there is no schedule to derive it from).
 const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
 
+// `in_flight` and `waiting` are read and written in sequentially consistent order: a
+// ticket counts itself in `waiting` before it tries for a permit, a release frees its
+// permit before it reads `waiting`, so either the ticket sees the permit free or the
+// release sees the ticket waiting and notifies. (On x86 this costs nothing: the
+// writes are locked instructions anyway.)
 impl ConcurrencyShared {
     fn try_acquire(&self) -> bool {
-        let limit = self.limit.load(Ordering::Relaxed);
+        let limit = self.limit.load(Ordering::SeqCst);
         self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < limit).then_some(n + 1)
             })
             .is_ok()
     }
 
-    fn wake_one(&self) {
-        if self.waiting.load(Ordering::Acquire) > 0 {
-            let waker = self
-                .wakers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front();
-            if let Some(w) = waker {
-                w.wake();
-            }
+    /// Wakes up to `n` more queued tickets to try for a permit. With none queued it
+    /// leaves the event alone (its state is allocated on first use).
+    fn notify_waiting(&self, n: u64) {
+        if n > 0 && self.waiting.load(Ordering::SeqCst) > 0 {
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            self.freed.notify(n.additional());
         }
     }
 }
@@ -891,7 +893,7 @@ impl Concurrency {
                 waiting: AtomicU64::new(0),
                 limit: AtomicU64::new(limit.max(0.0) as u64),
                 queue,
-                wakers: Mutex::new(VecDeque::new()),
+                freed: Event::new(),
             }),
         }
     }
@@ -899,7 +901,7 @@ impl Concurrency {
     /// Takes a permit, a place in the queue, or neither.
     pub fn check(&self) -> Decision {
         let s = &self.shared;
-        if s.waiting.load(Ordering::Acquire) == 0 && s.try_acquire() {
+        if s.waiting.load(Ordering::SeqCst) == 0 && s.try_acquire() {
             return Decision::Admit(Admit::Held(Permit::new(Arc::clone(s))));
         }
         if s.queue == 0 {
@@ -907,13 +909,14 @@ impl Concurrency {
         }
         let queued = s
             .waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < u64::from(s.queue)).then_some(n + 1)
             })
             .is_ok();
         if queued {
             Decision::Admit(Admit::Queued(Ticket {
                 shared: ManuallyDrop::new(Some(Arc::clone(s))),
+                listener: None,
             }))
         } else {
             reject(duration_nanos(CONCURRENCY_RETRY), Reason::QueueFull)
@@ -921,12 +924,13 @@ impl Concurrency {
     }
 
     /// Changes the number of permits. Requests in flight keep theirs; lowering the
-    /// limit only stops new ones until enough have finished.
+    /// limit only stops new ones until enough have finished; raising it wakes as many
+    /// queued requests as it frees permits.
     pub fn set_limit(&self, limit: f64) {
-        self.shared
-            .limit
-            .store(limit.max(0.0) as u64, Ordering::Relaxed);
-        self.shared.wake_one();
+        let s = &self.shared;
+        let limit = limit.max(0.0) as u64;
+        s.limit.store(limit, Ordering::SeqCst);
+        s.notify_waiting(limit.saturating_sub(s.in_flight.load(Ordering::SeqCst)));
     }
 
     /// Requests in flight and the limit.
@@ -964,19 +968,22 @@ impl Drop for Permit {
     #[inline(never)]
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            shared.wake_one();
+            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            shared.notify_waiting(1);
         }
     }
 }
 
 /// A place in a concurrency queue. Awaiting it yields a [`Permit`]; dropping it
-/// gives the place up. Waiters are woken in order, but a woken waiter competes with
-/// the next permit release, so the order is not strictly first-come first-served.
+/// gives the place up. Waiters are woken in order, one per freed permit, but a woken
+/// waiter competes with the next permit release, so the order is not strictly
+/// first-come first-served. Polling it more often than it is woken is harmless.
 #[derive(Debug)]
 pub struct Ticket {
     // `None` once the permit is taken; `ManuallyDrop` as in `Permit`.
     shared: ManuallyDrop<Option<Arc<ConcurrencyShared>>>,
+    /// Its place among the listeners for a freed permit, once it has had to wait.
+    listener: Option<EventListener>,
 }
 
 impl Future for Ticket {
@@ -986,20 +993,21 @@ impl Future for Ticket {
         let Some(shared) = (*self.shared).clone() else {
             return Poll::Pending;
         };
-        let acquired = shared.try_acquire() || {
-            shared
-                .wakers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push_back(cx.waker().clone());
-            // A permit freed between the first try and the registration woke nobody.
-            shared.try_acquire()
-        };
-        if !acquired {
-            return Poll::Pending;
+        // Try; if that fails, listen and try again (a permit freed before the listener
+        // was in place notified nobody); then wait for a notification, and so on.
+        while !shared.try_acquire() {
+            match self.listener.as_mut() {
+                None => self.listener = Some(shared.freed.listen()),
+                Some(listener) => {
+                    ready!(Pin::new(listener).poll(cx));
+                    self.listener = None;
+                }
+            }
         }
         *self.shared = None;
-        shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        // A listener notified meanwhile passes its notification on as it drops.
+        self.listener = None;
+        shared.waiting.fetch_sub(1, Ordering::SeqCst);
         Poll::Ready(Permit::new(shared))
     }
 }
@@ -1008,16 +1016,17 @@ impl Drop for Ticket {
     #[inline(never)]
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.waiting.fetch_sub(1, Ordering::AcqRel);
-            // This waiter may have been woken for a permit it will not take.
-            shared.wake_one();
+            shared.waiting.fetch_sub(1, Ordering::SeqCst);
         }
+        // A listener notified for a permit this ticket will not take passes the
+        // notification on to the next one.
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::task::Waker;
 
     fn ms(n: u64) -> Nanos {
         Nanos::from_millis(n)
@@ -1154,6 +1163,91 @@ mod tests {
         assert_eq!(c.level().value, 1.0);
         drop(permit);
         assert_eq!(c.level().value, 0.0);
+    }
+
+    /// A waker that counts its wakes.
+    #[derive(Default)]
+    struct Wakes(AtomicU64);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Wakes {
+        fn count(&self) -> u64 {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    /// A queued request's ticket, and the waker it is polled with.
+    fn queued(c: &Concurrency) -> (Ticket, Arc<Wakes>) {
+        let Decision::Admit(Admit::Queued(ticket)) = c.check() else {
+            panic!("expected a queue place");
+        };
+        (ticket, Arc::default())
+    }
+
+    fn poll(ticket: &mut Ticket, wakes: &Arc<Wakes>) -> Poll<Permit> {
+        let waker = Waker::from(Arc::clone(wakes));
+        Pin::new(ticket).poll(&mut Context::from_waker(&waker))
+    }
+
+    #[test]
+    fn a_ticket_polled_again_takes_no_other_tickets_wake() {
+        // A server polls a queued request's future again whenever its connection
+        // wakes (a body chunk arriving, say), not only when the ticket is woken.
+        let c = Concurrency::new(1.0, 2);
+        let held = c.check();
+        let (mut a, wa) = queued(&c);
+        let (mut b, wb) = queued(&c);
+        assert!(poll(&mut a, &wa).is_pending());
+        assert!(poll(&mut a, &wa).is_pending());
+        assert!(poll(&mut b, &wb).is_pending());
+        drop(held);
+        assert_eq!(wa.count(), 1);
+        let Poll::Ready(permit) = poll(&mut a, &wa) else {
+            panic!("the first in line gets the permit");
+        };
+        drop(permit);
+        assert_eq!(wb.count(), 1, "the permit is free but B sleeps on");
+        assert!(poll(&mut b, &wb).is_ready());
+    }
+
+    #[test]
+    fn raising_the_limit_wakes_the_waiters_it_lets_in() {
+        let c = Concurrency::new(1.0, 3);
+        let _held = c.check();
+        let mut waiting: Vec<_> = (0..3).map(|_| queued(&c)).collect();
+        for (t, w) in &mut waiting {
+            assert!(poll(t, w).is_pending());
+        }
+        c.set_limit(4.0);
+        let mut permits = Vec::new();
+        for (t, w) in &mut waiting {
+            assert!(w.count() >= 1, "a waiter the new limit lets in sleeps on");
+            let Poll::Ready(permit) = poll(t, w) else {
+                panic!("a woken waiter gets a permit");
+            };
+            permits.push(permit);
+        }
+        assert_eq!((c.level().value, c.waiting()), (4.0, 0));
+    }
+
+    #[test]
+    fn a_woken_ticket_dropped_passes_its_turn_on() {
+        let c = Concurrency::new(1.0, 2);
+        let held = c.check();
+        let (mut a, wa) = queued(&c);
+        let (mut b, wb) = queued(&c);
+        assert!(poll(&mut a, &wa).is_pending());
+        assert!(poll(&mut b, &wb).is_pending());
+        drop(held);
+        assert_eq!((wa.count(), wb.count()), (1, 0));
+        drop(a);
+        assert_eq!(wb.count(), 1);
+        assert!(poll(&mut b, &wb).is_ready());
     }
 
     #[test]

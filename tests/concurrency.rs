@@ -1,11 +1,17 @@
 //! Concurrent stress: exact admission counts and exact demand counts under contention.
 
-use rocgate::clock::Nanos;
+use rocgate::clock::{Clock, MonotonicClock, Nanos};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key, RouteId};
-use rocgate::limiter::{Algorithm, Concurrency, FixedWindow, LeakyBucket, Limiter, TokenBucket};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Barrier;
+use rocgate::limiter::{
+    Admit, Algorithm, Concurrency, Decision, FixedWindow, LeakyBucket, Limiter, Permit, Ticket,
+    TokenBucket,
+};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, SystemTime};
 
 const ATTEMPTS: usize = 10_000;
@@ -88,16 +94,91 @@ fn concurrency_permits_never_exceed_the_limit() {
     let c = Concurrency::new(3.0, 0);
     let peak = AtomicU64::new(0);
     let admitted = hammer(4, || match c.check() {
-        rocgate::limiter::Decision::Admit(permit) => {
+        Decision::Admit(permit) => {
             peak.fetch_max(c.level().value as u64, Ordering::Relaxed);
             drop(permit);
             true
         }
-        rocgate::limiter::Decision::Reject(_) => false,
+        Decision::Reject(_) => false,
     });
     assert!(admitted > 0);
     assert!(peak.load(Ordering::Relaxed) <= 3);
     assert_eq!(c.level().value, 0.0, "every permit returned");
+}
+
+/// A wait this long for a permit means a lost wake.
+const LOST: Duration = Duration::from_secs(10);
+
+/// Wakes the thread that waits on it, and says whether it did.
+struct Unpark {
+    thread: std::thread::Thread,
+    woken: AtomicBool,
+}
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+/// Waits on this thread for a queued request's permit, polling twice at each wake as
+/// a server may (a second poll must not cost anyone their wake). Returns the permit
+/// and how many times it waited 10 s without a wake: a ticket left asleep although
+/// permits were freed (other threads free one every few microseconds).
+fn wait_for(mut ticket: Ticket, clock: &MonotonicClock) -> (Permit, u32) {
+    let unpark = Arc::new(Unpark {
+        thread: std::thread::current(),
+        woken: AtomicBool::new(false),
+    });
+    let waker = Waker::from(Arc::clone(&unpark));
+    let mut cx = Context::from_waker(&waker);
+    let mut lost = 0;
+    loop {
+        for _ in 0..2 {
+            if let Poll::Ready(permit) = Pin::new(&mut ticket).poll(&mut cx) {
+                return (permit, lost);
+            }
+        }
+        let parked = clock.now();
+        std::thread::park_timeout(LOST);
+        let woken = unpark.woken.swap(false, Ordering::SeqCst);
+        if !woken && clock.now().saturating_since(parked) >= LOST {
+            lost += 1;
+        }
+    }
+}
+
+#[test]
+fn queued_requests_all_get_their_permits_under_contention() {
+    let (c, clock) = (Concurrency::new(1.0, 3), MonotonicClock::new());
+    let (peak, queued, lost) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU32::new(0));
+    let admitted = hammer(4, || {
+        let permit = match c.check() {
+            Decision::Admit(Admit::Held(permit)) => permit,
+            Decision::Admit(Admit::Queued(ticket)) => {
+                queued.fetch_add(1, Ordering::Relaxed);
+                let (permit, never_woken) = wait_for(ticket, &clock);
+                lost.fetch_add(never_woken, Ordering::Relaxed);
+                permit
+            }
+            Decision::Admit(other) => panic!("{other:?}"),
+            Decision::Reject(_) => return false,
+        };
+        peak.fetch_max(c.level().value as u64, Ordering::Relaxed);
+        // Hold the permit while other threads run, so that they queue.
+        std::thread::yield_now();
+        drop(permit);
+        true
+    });
+    assert!(queued.load(Ordering::Relaxed) > 0, "nothing was queued");
+    assert_eq!(
+        lost.load(Ordering::Relaxed),
+        0,
+        "waiters slept through freed permits"
+    );
+    assert!(admitted > 0 && peak.load(Ordering::Relaxed) <= 1);
+    assert_eq!((c.level().value, c.waiting()), (0.0, 0));
 }
 
 #[test]
