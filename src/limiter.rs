@@ -490,10 +490,12 @@ impl Packed {
     }
 
     /// The word as seen from window `idx`: rolled forward if it is older. A caller
-    /// whose `idx` is older than the word's (a thread that read the clock just before
-    /// another one advanced the window) counts in the word's window, so a late
-    /// reader can never reopen a window that has been counted.
-    fn at(self, idx: u64) -> Self {
+    /// whose `idx` is at most `late` windows older than the word's (a thread that read
+    /// the clock just before another one advanced the window) counts in the word's
+    /// window, so a late reader can never reopen a window that has been counted. Any
+    /// other index is later: the 24-bit index wraps, so a word older than half the
+    /// wrap must not read as one still to come.
+    fn at(self, idx: u64, late: u64) -> Self {
         match idx.wrapping_sub(self.idx) & IDX_MASK {
             0 => self,
             1 => Packed {
@@ -501,7 +503,7 @@ impl Packed {
                 prev: self.cur,
                 cur: 0,
             },
-            d if d > IDX_MASK / 2 => self,
+            d if d > IDX_MASK - late => self,
             _ => Packed {
                 idx,
                 prev: 0,
@@ -510,15 +512,25 @@ impl Packed {
         }
     }
 
-    /// `now`, or the start of the word's window if the word is ahead of `now`.
-    fn effective_now(self, now: u64, window_ns: u64) -> u64 {
+    /// `now`, or the start of the word's window if the word is ahead of `now` (by at
+    /// most `late` windows, as in [`Packed::at`]).
+    fn effective_now(self, now: u64, window_ns: u64, late: u64) -> u64 {
         let ahead = self.idx.wrapping_sub(now / window_ns) & IDX_MASK;
-        if ahead == 0 || ahead > IDX_MASK / 2 {
+        if ahead == 0 || ahead > late {
             now
         } else {
             (now / window_ns + ahead) * window_ns
         }
     }
+}
+
+/// How late a reader of a window word may be (from its clock read to its update):
+/// later, its window index reads as a new window, not as an older one.
+const LATE_NS: u64 = 1_000_000_000;
+
+/// [`LATE_NS`] in windows of `window_ns` (at least one).
+fn late_windows(window_ns: u64) -> u64 {
+    (LATE_NS / window_ns).max(1)
 }
 
 /// The limit and window length shared by the two window-counting limiters.
@@ -559,7 +571,7 @@ impl WindowQuota {
 /// states, which keep the same word beside their own bookkeeping (as [`gcra`] is for
 /// the token bucket).
 pub(crate) mod words {
-    use super::{reject, Admit, Decision, Packed, Reason, COUNT_MAX, IDX_MASK};
+    use super::{late_windows, reject, Admit, Decision, Packed, Reason, COUNT_MAX, IDX_MASK};
     use crate::clock::Nanos;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
@@ -585,11 +597,12 @@ pub(crate) mod words {
     #[inline]
     pub(crate) fn fixed(word: &AtomicU64, quota: u64, window_ns: u64, now: Nanos) -> Decision {
         let idx = (now.as_u64() / window_ns) & IDX_MASK;
+        let late = late_windows(window_ns);
         let mut seen = word.load(Ordering::Relaxed);
         loop {
-            let p = Packed::load(seen).at(idx);
+            let p = Packed::load(seen).at(idx, late);
             if p.cur >= quota {
-                let at = p.effective_now(now.as_u64(), window_ns);
+                let at = p.effective_now(now.as_u64(), window_ns, late);
                 let end = (at / window_ns + 1) * window_ns;
                 return reject(end - now.as_u64(), Reason::Limit);
             }
@@ -608,7 +621,9 @@ pub(crate) mod words {
     /// Fixed window: the count of the window of `now`.
     pub(crate) fn fixed_count(word: &AtomicU64, window_ns: u64, now: Nanos) -> u64 {
         let idx = (now.as_u64() / window_ns) & IDX_MASK;
-        Packed::load(word.load(Ordering::Relaxed)).at(idx).cur
+        Packed::load(word.load(Ordering::Relaxed))
+            .at(idx, late_windows(window_ns))
+            .cur
     }
 
     /// Sliding window: the weighted count at `now` from a word.
@@ -623,10 +638,11 @@ pub(crate) mod words {
     pub(crate) fn sliding(word: &AtomicU64, quota: f64, window_ns: u64, now: Nanos) -> Decision {
         let now = now.as_u64();
         let idx = (now / window_ns) & IDX_MASK;
+        let late = late_windows(window_ns);
         let mut seen = word.load(Ordering::Relaxed);
         loop {
-            let p = Packed::load(seen).at(idx);
-            let at = p.effective_now(now, window_ns);
+            let p = Packed::load(seen).at(idx, late);
+            let at = p.effective_now(now, window_ns, late);
             // The tolerance absorbs float rounding, so that a request sent at exactly
             // `retry_after` (solved from the same formula) is admitted.
             if estimate(p, window_ns, at) + 1.0 > quota + 1e-9 {
@@ -675,7 +691,7 @@ pub(crate) mod words {
         let now = now.as_u64();
         let idx = (now / window_ns) & IDX_MASK;
         estimate(
-            Packed::load(word.load(Ordering::Relaxed)).at(idx),
+            Packed::load(word.load(Ordering::Relaxed)).at(idx, late_windows(window_ns)),
             window_ns,
             now,
         )
@@ -1097,6 +1113,25 @@ mod tests {
     }
 
     #[test]
+    fn window_counters_count_afresh_once_their_packed_index_wraps() {
+        // The word keeps 24 bits of window index: 2^23 windows of 10 ms is 23 hours.
+        // Uptime or idleness past that must not read as a window still to come.
+        let window = Duration::from_millis(10);
+        let late = Nanos::new(((1 << 23) + 5) * 10_000_000);
+        let fixed = FixedWindow::new(100.0, window);
+        let sliding = SlidingWindowCounter::new(100.0, window);
+        // One request per window (the quota), every other window.
+        for w in [0, 2, 4] {
+            let now = late + window * w;
+            assert!(admitted(fixed.check(now)), "fixed, window {w}");
+            assert!(admitted(sliding.check(now)), "sliding, window {w}");
+        }
+        // A full window still says when it ends.
+        let r = fixed.check(late + window * 4).rejection().unwrap();
+        assert_eq!(r.retry_after, window);
+    }
+
+    #[test]
     fn sliding_window_weights_the_previous_window() {
         let w = SlidingWindowCounter::new(10.0, Duration::from_secs(1));
         let n = (0..20).filter(|_| admitted(w.check(ms(900)))).count();
@@ -1279,7 +1314,7 @@ mod tests {
         };
         assert_eq!(Packed::load(p.store()), p);
         assert_eq!(
-            p.at(6),
+            p.at(6, 1),
             Packed {
                 idx: 6,
                 prev: 7,
@@ -1287,7 +1322,7 @@ mod tests {
             }
         );
         assert_eq!(
-            p.at(8),
+            p.at(8, 1),
             Packed {
                 idx: 8,
                 prev: 0,
@@ -1300,22 +1335,31 @@ mod tests {
             cur: 4,
         };
         assert_eq!(
-            wrap.at(0),
+            wrap.at(0, 1),
             Packed {
                 idx: 0,
                 prev: 4,
                 cur: 0
             }
         );
-        // An older window index sees the newer word unchanged.
-        assert_eq!(p.at(4), p);
+        // An older window index sees the newer word unchanged, if at most `late` older.
+        assert_eq!(p.at(4, 1), p);
+        assert_eq!(p.at(3, 2), p);
+        assert_eq!(
+            p.at(3, 1),
+            Packed {
+                idx: 3,
+                prev: 0,
+                cur: 0
+            }
+        );
         assert_eq!(
             Packed {
                 idx: 0,
                 prev: 1,
                 cur: 2
             }
-            .at(IDX_MASK),
+            .at(IDX_MASK, 1),
             Packed {
                 idx: 0,
                 prev: 1,
