@@ -659,10 +659,12 @@ impl Route {
                 .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
                 .collect();
         }
-        // Whatever was in force, the profile due now replaces it.
-        st.active_event = None;
-        st.controller.set_params(st.own.clone(), now);
-        st.follow_events(now);
+        // Whatever was in force, the profile due now replaces it (in one step: the
+        // route's own profile set on the way would move a recovering controller).
+        let due = st.events.iter().position(|e| e.start <= now && now < e.end);
+        st.active_event = due;
+        let params = due.map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
+        st.controller.set_params(params, now);
         if changed {
             st.controller.rearm(now, self.window.window());
         }

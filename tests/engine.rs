@@ -681,3 +681,43 @@ fn keys_hold_the_routes_burst() {
         assert_eq!(admitted, 500, "key {n}");
     }
 }
+
+#[test]
+fn a_runtime_change_during_an_event_leaves_the_events_recovery_alone() {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    cfg.events = vec![Event {
+        name: "flash".into(),
+        start: SystemTime::UNIX_EPOCH,
+        duration: Duration::from_secs(3600),
+        controller: ControllerParams {
+            base_limit_rps: 400.0,
+            cut_limit_rps: 150.0,
+            ..ControllerParams::default()
+        },
+    }];
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    // Calm until the event's limit has climbed 7 steps of 20 from 150: 290, while
+    // the route's own profile (cut 60, base 200) would be back at its base by then.
+    let mut t = 11.0;
+    loop {
+        offer(&e, id, Key::None, t, t + 0.1, 40.0);
+        t += 0.1;
+        let s = e.route_snapshot(id, Nanos::from_secs_f64(t));
+        if s.state == ControllerState::Recovering && s.limit_rps >= 290.0 {
+            break;
+        }
+        assert!(t < 60.0, "never recovered to 290: {s:?}");
+    }
+    let now = Nanos::from_secs_f64(t);
+    let before = e.route_snapshot(id, now);
+    e.update_route(id, e.route_params(id), now);
+    let s = e.route_snapshot(id, now);
+    assert_eq!(s.active_event.as_deref(), Some("flash"));
+    assert_eq!(
+        (s.state, s.limit_rps),
+        (ControllerState::Recovering, before.limit_rps)
+    );
+}
