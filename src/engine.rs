@@ -1067,9 +1067,10 @@ impl KeyMeta {
         }
     }
 
-    /// Whether the key was last seen at or before `cutoff` (whole seconds).
+    /// Whether the key was last seen before `cutoff` (whole seconds): a key seen in
+    /// the second `cutoff` itself may have been seen after the instant it stands for.
     fn unseen_since(&self, cutoff: u32) -> bool {
-        self.last_seen_s.load(Ordering::Relaxed) <= cutoff
+        self.last_seen_s.load(Ordering::Relaxed) < cutoff
     }
 }
 

@@ -721,3 +721,29 @@ fn a_runtime_change_during_an_event_leaves_the_events_recovery_alone() {
         (ControllerState::Recovering, before.limit_rps)
     );
 }
+
+#[test]
+fn a_key_seen_within_idle_timeout_is_not_evicted() {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        max_keys: 100,
+        idle_timeout: Duration::from_millis(500),
+    });
+    cfg.controller.danger_roc = 1e9; // no cut
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    // Client 1 spends its burst (200 tokens) at 10.9 s, late in that second.
+    let at = Nanos::from_millis(10_900);
+    let n = (0..300)
+        .filter(|_| e.check(id, ip(1), at).is_admit())
+        .count();
+    assert_eq!(n, 200);
+    // Another client's requests roll the window (and sweep the keys) until 11.2 s:
+    // client 1 has been idle 300 ms, less than idle_timeout.
+    offer(&e, id, ip(2), 10.9, 11.2, 40.0);
+    let later = Nanos::from_millis(11_200);
+    let n = (0..300)
+        .filter(|_| e.check(id, ip(1), later).is_admit())
+        .count();
+    assert!(n <= 61, "{n} admitted 300 ms after the burst was spent");
+}
