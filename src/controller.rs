@@ -207,7 +207,7 @@ impl Controller {
 
     /// A controller that continues from `memory` under `params` (the limit is
     /// recomputed for the state under these parameters, as by
-    /// [`Controller::set_params`] at `now`).
+    /// [`Controller::set_params`] at `now`, whose transition, if any, is not reported).
     pub fn from_memory(params: ControllerParams, memory: ControllerMemory, now: Nanos) -> Self {
         let mut c = Controller {
             params: params.clone(),
@@ -218,7 +218,7 @@ impl Controller {
             limit_rps: memory.limit_rps,
             last_roc: memory.last_roc,
         };
-        c.set_params(params, now);
+        c.set_params(params, now, |_| {});
         c
     }
 
@@ -266,8 +266,14 @@ impl Controller {
 
     /// Replaces the parameters (a runtime change, or a scheduled event starting or
     /// ending), keeping the state: the limit is recomputed for the state under the new
-    /// parameters.
-    pub fn set_params(&mut self, params: ControllerParams, now: Nanos) {
+    /// parameters. A recovering limit already at the new base ends the recovery: that
+    /// transition to `Normal` is passed to `on_transition`.
+    pub fn set_params(
+        &mut self,
+        params: ControllerParams,
+        now: Nanos,
+        mut on_transition: impl FnMut(Transition),
+    ) {
         self.params = params;
         self.limit_rps = match self.state {
             ControllerState::Normal => self.params.base_limit_rps,
@@ -276,8 +282,8 @@ impl Controller {
         };
         if self.state == ControllerState::Recovering && self.limit_rps >= self.params.base_limit_rps
         {
-            self.state = ControllerState::Normal;
-            self.entered_at = now;
+            let roc = self.last_roc;
+            self.enter(ControllerState::Normal, now, roc, &mut on_transition);
         }
     }
 
@@ -585,7 +591,7 @@ mod tests {
             cut_limit_rps: 150.0,
             ..ControllerParams::default()
         };
-        c.set_params(sale, Nanos::from_millis(10_050));
+        c.set_params(sale, Nanos::from_millis(10_050), |_| {});
         assert_eq!(c.state(), ControllerState::Cut);
         assert_eq!(c.limit_rps(), 150.0);
         assert!((c.progress() - 0.0).abs() < 1e-12);

@@ -214,7 +214,8 @@ impl Engine {
                     .find(|(r, m)| **m == cfg.matcher && r.same_structure(cfg));
                 match kept.map(|(r, _)| r) {
                     Some(r) => {
-                        r.reconfigure(&cfg.controller, Some(&cfg.events), now, wall_now);
+                        let hook = self.hook.as_ref();
+                        r.reconfigure(&cfg.controller, Some(&cfg.events), now, wall_now, hook);
                         r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
                         Arc::clone(r)
                     }
@@ -233,7 +234,13 @@ impl Engine {
     /// # Panics
     /// If `route` does not come from this engine.
     pub fn update_route(&self, route: RouteId, params: ControllerParams, now: Nanos) {
-        self.routes[route.0].reconfigure(&params, None, now, SystemTime::UNIX_EPOCH);
+        self.routes[route.0].reconfigure(
+            &params,
+            None,
+            now,
+            SystemTime::UNIX_EPOCH,
+            self.hook.as_ref(),
+        );
     }
 
     /// The route's own controller parameters (outside events).
@@ -439,21 +446,26 @@ impl Engine {
             time_in_cut,
             ..
         } = st;
+        // `entered`: when the state left was entered.
+        let mut record = |t: Transition, entered: Nanos| {
+            transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
+            if t.to == ControllerState::Cut {
+                *cuts += 1;
+            }
+            if t.from == ControllerState::Cut {
+                *time_in_cut += t.at.saturating_since(entered);
+            }
+            if let Some(h) = hook {
+                h(&r.name, &t);
+            }
+        };
         ring.advance(&r.counter, r.counter.slot_index(now), |s| {
-            follow_events(events, active_event, own, controller, s.at);
             let entered = controller.entered_at();
-            controller.observe(s, |t| {
-                transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
-                if t.to == ControllerState::Cut {
-                    *cuts += 1;
-                }
-                if t.from == ControllerState::Cut {
-                    *time_in_cut += t.at.saturating_since(entered);
-                }
-                if let Some(h) = hook {
-                    h(&r.name, &t);
-                }
+            follow_events(events, active_event, own, controller, s.at, |t| {
+                record(t, entered);
             });
+            let entered = controller.entered_at();
+            controller.observe(s, |t| record(t, entered));
             if let Some(h) = sample_hook {
                 let report = SlotReport {
                     at: s.at,
@@ -641,13 +653,15 @@ impl Route {
             && self.tiers == cfg.tiers
     }
 
-    /// New own parameters (and, on reload, new events) applied to the live state.
+    /// New own parameters (and, on reload, new events) applied to the live state; a
+    /// transition this makes is counted and passed to `hook`.
     fn reconfigure(
         &self,
         params: &ControllerParams,
         events: Option<&[Event]>,
         now: Nanos,
         wall_now: SystemTime,
+        hook: Option<&TransitionHook>,
     ) {
         let mut st = self.lock();
         let st = &mut *st;
@@ -664,7 +678,13 @@ impl Route {
         let due = st.events.iter().position(|e| e.start <= now && now < e.end);
         st.active_event = due;
         let params = due.map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
-        st.controller.set_params(params, now);
+        let transitions = &mut st.transitions;
+        st.controller.set_params(params, now, |t| {
+            transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
+            if let Some(h) = hook {
+                h(&self.name, &t);
+            }
+        });
         if changed {
             st.controller.rearm(now, self.window.window());
         }
@@ -790,7 +810,8 @@ impl ScheduledEvent {
 }
 
 impl RouteState {
-    /// Puts the profile due at `at` in force (see [`follow_events`]).
+    /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,
+    /// where the controller is in `Normal` and no transition can follow.
     fn follow_events(&mut self, at: Nanos) {
         follow_events(
             &self.events,
@@ -798,24 +819,27 @@ impl RouteState {
             &self.own,
             &mut self.controller,
             at,
+            |_| {},
         );
     }
 }
 
 /// Puts the profile due at `at` in force: the scheduled event running then, or the
-/// route's own parameters. Does nothing if that profile is already in force.
+/// route's own parameters. Does nothing if that profile is already in force. A
+/// transition the change makes is passed to `on_transition`.
 fn follow_events(
     events: &[ScheduledEvent],
     active: &mut Option<usize>,
     own: &ControllerParams,
     controller: &mut Controller,
     at: Nanos,
+    on_transition: impl FnMut(Transition),
 ) {
     let due = events.iter().position(|e| e.start <= at && at < e.end);
     if due != *active {
         *active = due;
         let params = due.map_or_else(|| own.clone(), |i| events[i].params.clone());
-        controller.set_params(params, at);
+        controller.set_params(params, at, on_transition);
     }
 }
 

@@ -9,6 +9,8 @@ use rocgate::engine::{Engine, Key, RouteId};
 use rocgate::limiter::{Admit, Algorithm, Decision, Reason};
 use rocgate::window::WindowSpec;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// The algorithms that limit a rate: a second of burst or of window, and a leaky
@@ -684,34 +686,9 @@ fn keys_hold_the_routes_burst() {
 
 #[test]
 fn a_runtime_change_during_an_event_leaves_the_events_recovery_alone() {
-    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
-    cfg.events = vec![Event {
-        name: "flash".into(),
-        start: SystemTime::UNIX_EPOCH,
-        duration: Duration::from_secs(3600),
-        controller: ControllerParams {
-            base_limit_rps: 400.0,
-            cut_limit_rps: 150.0,
-            ..ControllerParams::default()
-        },
-    }];
-    let e = engine(vec![cfg]);
-    let id = RouteId(0);
-    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
-    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
-    // Calm until the event's limit has climbed 7 steps of 20 from 150: 290, while
-    // the route's own profile (cut 60, base 200) would be back at its base by then.
-    let mut t = 11.0;
-    loop {
-        offer(&e, id, Key::None, t, t + 0.1, 40.0);
-        t += 0.1;
-        let s = e.route_snapshot(id, Nanos::from_secs_f64(t));
-        if s.state == ControllerState::Recovering && s.limit_rps >= 290.0 {
-            break;
-        }
-        assert!(t < 60.0, "never recovered to 290: {s:?}");
-    }
-    let now = Nanos::from_secs_f64(t);
+    // The route's own profile (cut 60, base 200) would be back at its base by now.
+    let (e, _, tenths) = recovering_under_an_event(Duration::from_secs(3600));
+    let (id, now) = (RouteId(0), Nanos::from_millis(tenths * 100));
     let before = e.route_snapshot(id, now);
     e.update_route(id, e.route_params(id), now);
     let s = e.route_snapshot(id, now);
@@ -746,4 +723,67 @@ fn a_key_seen_within_idle_timeout_is_not_evicted() {
         .filter(|_| e.check(id, ip(1), later).is_admit())
         .count();
     assert!(n <= 61, "{n} admitted 300 ms after the burst was spent");
+}
+
+/// A route running the "flash" event (base 400, cut 150) for `duration` from 0 s, cut
+/// at 11 s and calm after: the time (in tenths of a second) at which the event's
+/// limit has climbed back to 290, still recovering.
+fn recovering_under_an_event(duration: Duration) -> (Engine, RouteConfig, u64) {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    cfg.events = vec![Event {
+        name: "flash".into(),
+        start: SystemTime::UNIX_EPOCH,
+        duration,
+        controller: ControllerParams {
+            base_limit_rps: 400.0,
+            cut_limit_rps: 150.0,
+            ..ControllerParams::default()
+        },
+    }];
+    let e = engine(vec![cfg.clone()]);
+    let id = RouteId(0);
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    for tenths in 110..600u64 {
+        let t = tenths as f64 / 10.0;
+        offer(&e, id, Key::None, t, t + 0.1, 40.0);
+        let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 0.1));
+        if s.state == ControllerState::Recovering && s.limit_rps >= 290.0 {
+            return (e, cfg, tenths + 1);
+        }
+    }
+    panic!("never recovered to 290");
+}
+
+#[test]
+fn the_end_of_an_event_mid_recovery_is_a_reported_transition() {
+    let (_, _, tenths) = recovering_under_an_event(Duration::from_secs(3600));
+    // The same, with the event ending then: the route's own profile (base 200) is
+    // past its base, so the route is back in Normal, and says so.
+    let (e, _, _) = recovering_under_an_event(Duration::from_millis(tenths * 100 + 50));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&seen);
+    let e = e.with_transition_hook(Arc::new(move |_, t| {
+        if (t.from, t.to) == (ControllerState::Recovering, ControllerState::Normal) {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    }));
+    let id = RouteId(0);
+    let t = tenths as f64 / 10.0;
+    offer(&e, id, Key::None, t, t + 1.0, 40.0);
+    let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 1.0));
+    assert_eq!((s.state, s.active_event), (ControllerState::Normal, None));
+    assert_eq!(s.transitions[2][0], 1);
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_reload_that_ends_an_event_mid_recovery_reports_the_transition() {
+    let (e, mut cfg, tenths) = recovering_under_an_event(Duration::from_secs(3600));
+    cfg.events.clear();
+    let now = Nanos::from_millis(tenths * 100);
+    let e = e.reload(&Config::new(vec![cfg]), now, SystemTime::UNIX_EPOCH);
+    let s = e.route_snapshot(RouteId(0), now);
+    assert_eq!((s.state, s.active_event), (ControllerState::Normal, None));
+    assert_eq!(s.transitions[2][0], 1);
 }
