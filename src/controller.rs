@@ -288,23 +288,23 @@ impl Controller {
     }
 
     /// When the limit will next rise if ROC stays safe, for `Retry-After` on a cut.
-    /// `None` in `Normal`.
+    /// `None` in `Normal`. Never before the controller acts again after a
+    /// [`Controller::rearm`].
     pub fn next_raise_at(&self) -> Option<Nanos> {
-        match self.state {
-            ControllerState::Normal => None,
+        let at = match self.state {
+            ControllerState::Normal => return None,
             ControllerState::Cut => {
                 let max_cut = self.entered_at + self.params.max_cut;
                 let by_hold = self.safe_since.map(|s| self.hold_done(s));
-                Some(by_hold.map_or(max_cut, |t| t.min(max_cut)) + self.params.restore_interval)
+                by_hold.map_or(max_cut, |t| t.min(max_cut)) + self.params.restore_interval
             }
             ControllerState::Recovering => {
                 let interval = duration_nanos(self.params.restore_interval).max(1);
                 let done = self.limit_steps() * interval;
-                Some(Nanos::new(
-                    self.entered_at.as_u64().saturating_add(done + interval),
-                ))
+                Nanos::new(self.entered_at.as_u64().saturating_add(done + interval))
             }
-        }
+        };
+        Some(at.max(self.armed_at))
     }
 
     /// Observes one completed slot. Transitions are passed to `on_transition` in order.
@@ -580,6 +580,29 @@ mod tests {
             times,
             vec![Nanos::from_millis(12_100), Nanos::from_millis(19_100)]
         );
+    }
+
+    #[test]
+    fn the_next_raise_waits_for_the_controller_to_be_armed_again() {
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 11_000, 0.0, 0.0);
+        // Calm since 10.1 s: the limit would rise at 12.1 s + 1 s. A reload at 11 s
+        // suspends the controller until 17 s: nothing rises before then.
+        assert_eq!(c.next_raise_at(), Some(Nanos::from_millis(13_100)));
+        c.rearm(Nanos::from_secs(11), Duration::from_secs(6));
+        let at = c.next_raise_at().unwrap();
+        assert!(at >= Nanos::from_secs(17), "{at}");
+        run(&mut c, 11_100, at.as_u64() / 1_000_000 - 100, 0.0, 0.0);
+        assert_eq!(c.limit_rps(), 60.0);
+        run(
+            &mut c,
+            at.as_u64() / 1_000_000,
+            at.as_u64() / 1_000_000,
+            0.0,
+            0.0,
+        );
+        assert!(c.limit_rps() > 60.0);
     }
 
     #[test]
