@@ -347,6 +347,10 @@ impl Engine {
         };
         match decision {
             Decision::Reject(rej) => self.refused(r, rej.retry_after, rej.reason),
+            // Shadow admits everything as it comes: the pacing is decided, not applied.
+            Decision::Admit(Admit::Paced(_)) if r.mode == Mode::Shadow => {
+                Decision::Admit(Admit::Now)
+            }
             admit => {
                 self.after_admit(r, key, now);
                 admit

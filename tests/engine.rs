@@ -127,6 +127,25 @@ fn shadow_mode_admits_everything_and_counts_what_it_would_reject() {
 }
 
 #[test]
+fn shadow_mode_does_not_pace_a_leaky_bucket_route() {
+    let mut cfg = RouteConfig::new("shadow", RouteMatch::any());
+    cfg.mode = Mode::Shadow;
+    cfg.algorithm = Algorithm::LeakyBucket { queue: 4 };
+    let e = engine(vec![cfg]);
+    // At 200/s, one request leaves now and four would wait 5 to 20 ms, the rest are
+    // refused: in shadow all go at once, and the refusals are counted.
+    for n in 0..10 {
+        let d = e.check(RouteId(0), Key::None, Nanos::ZERO);
+        assert!(
+            matches!(d, Decision::Admit(Admit::Now)),
+            "request {n}: {d:?}"
+        );
+    }
+    let s = e.route_snapshot(RouteId(0), Nanos::ZERO);
+    assert_eq!(s.shadow_rejected_for(Reason::QueueFull), 5);
+}
+
+#[test]
 fn shadow_adaptive_enforces_base_and_counts_the_cut() {
     let mut cfg = RouteConfig::new("sa", RouteMatch::any());
     cfg.mode = Mode::ShadowAdaptive;
