@@ -208,9 +208,15 @@ impl ManualClock {
         }
     }
 
-    /// Moves the clock forward by `by`.
+    /// Moves the clock forward by `by`, saturating at the end of time (as [`Nanos`]
+    /// arithmetic does) rather than wrapping back.
     pub fn advance(&self, by: Duration) {
-        self.now.fetch_add(duration_nanos(by), Ordering::AcqRel);
+        let by = duration_nanos(by);
+        let _ = self
+            .now
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_add(by))
+            });
     }
 
     /// Sets the clock to `to`; a time earlier than the current one is ignored,
@@ -237,6 +243,15 @@ mod tests {
         assert_eq!(c.now(), Nanos::from_secs(5));
         c.advance(Duration::from_millis(1500));
         assert_eq!(c.now(), Nanos::from_millis(6500));
+    }
+
+    #[test]
+    fn manual_clock_saturates_instead_of_wrapping() {
+        let c = ManualClock::starting_at(Nanos::from_secs(5));
+        c.advance(Duration::MAX);
+        assert_eq!(c.now(), Nanos::new(u64::MAX));
+        c.advance(Duration::from_secs(1));
+        assert_eq!(c.now(), Nanos::new(u64::MAX));
     }
 
     #[test]
