@@ -135,6 +135,9 @@ struct Route {
     keys: Option<Keys>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
     generation: AtomicU64,
+    /// When the limit last changed (ns on the engine's clock): a key catching up
+    /// refills at its old rate until then, at the new one after.
+    changed_at: AtomicU64,
     /// Controller progress between cut (0) and base (1), as f64 bits.
     progress: AtomicU64,
     /// Whether the controller holds the limit below base.
@@ -621,6 +624,7 @@ impl Route {
             shadow,
             keys,
             generation: AtomicU64::new(0),
+            changed_at: AtomicU64::new(now.as_u64()),
             progress: AtomicU64::new(1.0f64.to_bits()),
             engaged: AtomicBool::new(false),
             limit: AtomicU64::new(p.base_limit_rps.to_bits()),
@@ -734,6 +738,7 @@ impl Route {
             c.state() != ControllerState::Normal && limit < base,
             Ordering::Relaxed,
         );
+        self.changed_at.store(now.as_u64(), Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
     }
 
@@ -1131,7 +1136,8 @@ impl KeyState for BucketKey {
             let (t2, c2) = gcra::params(self.meta.limit(r, tiers), tiers.shape);
             let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
             let c1 = self.capacity.swap(c2, Ordering::AcqRel);
-            gcra::rescale(&self.tat, (t1, c1), (t2, c2), now);
+            let changed = Nanos::new(r.changed_at.load(Ordering::Relaxed));
+            gcra::rescale(&self.tat, (t1, c1), (t2, c2), changed.min(now));
         }
         self.meta.touch(now);
         let taken = gcra::take(

@@ -356,6 +356,33 @@ fn keys_in_no_tier_follow_a_runtime_change_of_the_base_limit() {
     );
 }
 
+/// A key that catches up with a limit change after it was made refills at the old
+/// rate only until the change, at the new one after.
+#[test]
+fn a_key_refills_at_the_new_rate_from_the_change_on() {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    let n = (0..300)
+        .filter(|_| e.check(id, ip(1), Nanos::ZERO).is_admit())
+        .count();
+    assert_eq!(n, 200);
+    // 10 ms later (2 tokens back at 200/s) the base limit drops to 20/s; 100 ms after
+    // that the key holds 2 + 2 tokens, not the 20 that 110 ms at 200/s would give.
+    let params = ControllerParams {
+        base_limit_rps: 20.0,
+        cut_limit_rps: 10.0,
+        ..e.route_params(id)
+    };
+    e.update_route(id, params, Nanos::from_millis(10));
+    let at = Nanos::from_millis(110);
+    let n = (0..300)
+        .filter(|_| e.check(id, ip(1), at).is_admit())
+        .count();
+    assert_eq!(n, 4);
+}
+
 #[test]
 fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
     // Every algorithm holds 5 requests at one instant at 5/s: a second of burst or of
