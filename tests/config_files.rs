@@ -351,6 +351,13 @@ fn limits_must_suit_the_algorithm() {
         "routes[0].cut_limit",
         "must admit at least 1 request, got 0.5",
     );
+    // The window counters keep their window to the millisecond: 1.5 ms would be 1 ms,
+    // where a cut limit of 700/s admits nothing.
+    refused(
+        &route("algorithm = \"fixed_window\"\nlimiter_window = \"1500us\"\nbase_limit = 1000\ncut_limit = 700"),
+        "routes[0].limiter_window",
+        "must be a whole number of milliseconds, got 1ms 500us",
+    );
     refused(
         &route("algorithm = \"concurrency\"\nbase_limit = 10.5\ncut_limit = 4\nrestore_step = 2"),
         "routes[0].base_limit",

@@ -503,7 +503,7 @@ impl Settings {
                 "limiter_window",
                 raw.limiter_window,
                 &self.limiter_window,
-                nonzero_duration,
+                millis_duration,
             ),
             queue: r.read("queue", raw.queue, &self.queue, queue_length),
             partition: r.read("partition", raw.partition, &self.partition, partition),
@@ -569,6 +569,17 @@ fn any_duration(text: String) -> Result<Duration, String> {
 fn nonzero_duration(text: String) -> Result<Duration, String> {
     match any_duration(text)? {
         d if d.is_zero() => Err("must be longer than zero".to_owned()),
+        d => Ok(d),
+    }
+}
+
+/// A window the window counters keep exactly: a whole number of milliseconds.
+fn millis_duration(text: String) -> Result<Duration, String> {
+    match nonzero_duration(text)? {
+        d if d.subsec_nanos() % 1_000_000 != 0 => Err(format!(
+            "must be a whole number of milliseconds, got {}",
+            humantime::format_duration(d)
+        )),
         d => Ok(d),
     }
 }
