@@ -1045,8 +1045,10 @@ trait KeyState: Send + Sync {
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision;
 
     /// Whether the key may be evicted: unseen since `cutoff` (whole seconds) and
-    /// holding nothing (a concurrency permit still out keeps it).
-    fn evictable(&self, cutoff: u32) -> bool;
+    /// holding nothing at `now`, so that a new key would start where it stands (a
+    /// token short of a full bucket, a count in the window, a request still queued
+    /// or a concurrency permit still out keeps it).
+    fn evictable(&self, cutoff: u32, shape: u32, now: Nanos) -> bool;
 }
 
 /// Whole seconds on the engine's clock, as kept per key (136 years fit).
@@ -1152,8 +1154,8 @@ impl KeyState for BucketKey {
         }
     }
 
-    fn evictable(&self, cutoff: u32) -> bool {
-        self.meta.unseen_since(cutoff)
+    fn evictable(&self, cutoff: u32, _shape: u32, now: Nanos) -> bool {
+        self.meta.unseen_since(cutoff) && self.tat.load(Ordering::Relaxed) <= now.as_u64()
     }
 }
 
@@ -1177,6 +1179,9 @@ trait WordAlgo {
     /// Decides one request on the state word, with the key's limit word and the
     /// route's [`TierTable::shape`]. Changing the limit word keeps the state.
     fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision;
+
+    /// Whether the state word holds nothing at `now` (as a new key's would).
+    fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool;
 }
 
 /// [`FixedWindow`](crate::limiter::FixedWindow) per key; the limit word is the limit's bits.
@@ -1198,6 +1203,10 @@ impl WordAlgo for Fixed {
         let quota = words::quota(f64::from_bits(limit_word), window_ns);
         words::fixed(state, quota as u64, window_ns, now)
     }
+
+    fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool {
+        words::fixed_count(state, words::window_ns(shape), now) == 0
+    }
 }
 
 impl WordAlgo for Sliding {
@@ -1210,6 +1219,10 @@ impl WordAlgo for Sliding {
         let quota = words::quota(f64::from_bits(limit_word), window_ns);
         words::sliding(state, quota, window_ns, now)
     }
+
+    fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool {
+        words::sliding_count(state, words::window_ns(shape), now) == 0.0
+    }
 }
 
 impl WordAlgo for Leaky {
@@ -1219,6 +1232,10 @@ impl WordAlgo for Leaky {
 
     fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
         words::leaky(state, limit_word, shape, now)
+    }
+
+    fn at_rest(state: &AtomicU64, _shape: u32, now: Nanos) -> bool {
+        state.load(Ordering::Relaxed) <= now.as_u64()
     }
 }
 
@@ -1247,8 +1264,8 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
         )
     }
 
-    fn evictable(&self, cutoff: u32) -> bool {
-        self.meta.unseen_since(cutoff)
+    fn evictable(&self, cutoff: u32, shape: u32, now: Nanos) -> bool {
+        self.meta.unseen_since(cutoff) && A::at_rest(&self.state, shape, now)
     }
 }
 
@@ -1276,7 +1293,7 @@ impl KeyState for ConcurrencyKey {
         self.limiter.check()
     }
 
-    fn evictable(&self, cutoff: u32) -> bool {
+    fn evictable(&self, cutoff: u32, _shape: u32, _now: Nanos) -> bool {
         self.meta.unseen_since(cutoff) && self.limiter.level().value == 0.0
     }
 }
@@ -1366,7 +1383,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         };
         let cutoff = secs(now - self.limits.idle_timeout);
         map.retain(|_, e| {
-            let keep = !e.evictable(cutoff);
+            let keep = !e.evictable(cutoff, self.tiers.shape, now);
             if !keep {
                 self.len.fetch_sub(1, Ordering::Relaxed);
             }

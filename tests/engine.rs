@@ -383,6 +383,40 @@ fn a_key_refills_at_the_new_rate_from_the_change_on() {
     assert_eq!(n, 4);
 }
 
+/// An idle key is evicted only once its limiter holds nothing: a key that spent an
+/// hour's quota does not get a fresh one by keeping quiet for `idle_timeout`.
+#[test]
+fn an_idle_key_keeps_what_its_limiter_still_holds() {
+    let hour = Duration::from_secs(3600);
+    for algorithm in [
+        Algorithm::TokenBucket { burst: hour },
+        Algorithm::FixedWindow { window: hour },
+        Algorithm::SlidingWindow { window: hour },
+        Algorithm::LeakyBucket { queue: 9 },
+    ] {
+        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        cfg.partition = Partition::ClientIp(KeyLimits::default()); // idle_timeout 5 min
+        cfg.controller.base_limit_rps = 10.0 / 3600.0;
+        cfg.controller.cut_limit_rps = 10.0 / 3600.0;
+        let e = engine(vec![cfg]);
+        let (id, name) = (RouteId(0), algorithm.name());
+        let n = (0..20)
+            .filter(|_| e.check(id, ip(1), Nanos::ZERO).is_admit())
+            .count();
+        assert_eq!(n, 10, "{name}");
+        // Ten minutes later (a token or a queue place back at most), a request rolls
+        // the window and sweeps the keys.
+        let later = Nanos::from_secs(600);
+        assert!(e.check(id, ip(2), later).is_admit(), "{name}");
+        let n = (0..20)
+            .filter(|_| e.check(id, ip(1), later).is_admit())
+            .count();
+        assert!(n <= 1, "{name}: {n} admitted");
+        assert_eq!(e.route_snapshot(id, later).keys, 2, "{name}");
+    }
+}
+
 #[test]
 fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
     // Every algorithm holds 5 requests at one instant at 5/s: a second of burst or of
