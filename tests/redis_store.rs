@@ -1260,6 +1260,32 @@ async fn batched_cut(server: &impl Servers) {
     );
 }
 
+/// A reload (or a new release) that changes a distributed route's slot length: the
+/// slot numbers kept in Redis under the old length mean nothing under the new one,
+/// and the shared controller must still step and cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_whose_slot_changed_still_cuts() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "reslot");
+    // The route as it was: 50 ms slots, so its slot numbers run twice as high.
+    let mut before = quick_route();
+    before.window = WindowSpec::new(Duration::from_secs(1), Duration::from_millis(50)).unwrap();
+    let old = Instance::system(&before, &config);
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(400) {
+        let _ = old.check().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(old);
+    // The same route with 100 ms slots: calm, then a spike that must cut.
+    let a = Instance::system(&quick_route(), &config);
+    let b = Instance::system(&quick_route(), &config);
+    let (ta, tb) = spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+    assert!(ta.abs_diff(tb) < Duration::from_millis(50), "{ta:?} {tb:?}");
+}
+
 /// A scheduled event's profile is in force on the shared state while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_event_sets_the_shared_limit() {
