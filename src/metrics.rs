@@ -18,7 +18,7 @@
 //!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
-//! | `rocgate_requests_total` | counter | `route`, `decision`, `reason` | requests by decision (`admitted`, `rejected`, `shadow_rejected`) and reason (`none` when admitted) |
+//! | `rocgate_requests_total` | counter | `route`, `decision`, `reason` | requests by decision (`admitted`, `rejected`, `shadow_rejected`: a shadow mode admitted it, so it is counted under `admitted` too) and reason (`none` when admitted) |
 //! | `rocgate_demand_rps` | gauge | `route`, `half` | demand of the earlier (`prev`) and later (`recent`) half-window |
 //! | `rocgate_roc` | gauge | `route`, `mode` | ROC of the last completed slot, `absolute` and `relative` |
 //! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode |

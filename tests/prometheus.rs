@@ -371,3 +371,95 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), run).await;
 }
+
+/// The dashboard's request panel evaluated by promtool on a scrape of a shadow route:
+/// its offered line counts each request once. (A shadow-rejected request is also an
+/// admitted one: `rocgate_requests_total` counts it under both decisions.)
+#[test]
+fn the_dashboards_offered_line_counts_each_request_once() {
+    use rocgate::clock::Nanos;
+    use rocgate::config::Mode;
+    use rocgate::engine::{Engine, Key};
+    use std::fmt::Write as _;
+
+    let mut route = RouteConfig::new("order", RouteMatch::any());
+    route.mode = Mode::Shadow;
+    route.controller.base_limit_rps = 10.0;
+    route.controller.cut_limit_rps = 10.0;
+    let engine = Engine::new(
+        &Config::new(vec![route]),
+        Nanos::ZERO,
+        std::time::SystemTime::UNIX_EPOCH,
+    );
+    let id = engine.route_id("order").unwrap();
+    // 120 requests in one second: all admitted, most of them over the limit.
+    for i in 0..120u64 {
+        assert!(engine
+            .check(id, Key::None, Nanos::from_millis(i * 1000 / 120))
+            .is_admit());
+    }
+    let now = Nanos::from_secs(1);
+    let snapshot = engine.route_snapshot(id, now);
+    assert_eq!(snapshot.offered, 120);
+    assert!(snapshot.shadow_rejected.iter().map(|(_, n)| n).sum::<u64>() > 100);
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        rocgate::metrics::Collector::new().collect(&engine, now);
+    });
+    // Each counter as a series growing by its scraped value every minute: the panel's
+    // rate is then that value per 60 s.
+    let mut series = String::new();
+    for line in handle.render().lines() {
+        if let Some(rest) = line.strip_prefix("rocgate_requests_total{") {
+            let (labels, value) = rest.rsplit_once("} ").unwrap();
+            let labels = labels.replace('\'', "''");
+            writeln!(
+                series,
+                "      - series: 'rocgate_requests_total{{{labels}}}'\n        values: '0+{value}x10'"
+            )
+            .unwrap();
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap(),
+    )
+    .unwrap();
+    let offered = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap())
+        .find(|t| t["legendFormat"] == "{{route}} offered")
+        .expect("the offered line")["expr"]
+        .as_str()
+        .unwrap()
+        .replace("$route", ".*")
+        .replace("$instance", ".*")
+        .replace("$__rate_interval", "5m");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("offered.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+             promql_expr_test:\n      - expr: '{}'\n        eval_time: 10m\n        exp_samples:\n          \
+             - labels: '{{route=\"order\"}}'\n            value: 2\n",
+            offered.replace('\'', "''")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(which("promtool"))
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
