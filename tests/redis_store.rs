@@ -1167,6 +1167,108 @@ async fn two_proxies_share_one_limit() {
     upstream_task.abort();
 }
 
+/// A route that falls back while Redis is away, then a reload that makes it local: it
+/// makes no more decisions on the store, so it must not keep the instance in fallback
+/// (`GET /admin/store`, and the `RocgateStoreFallback` alert's gauge).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
+    let _serial = one_at_a_time().await;
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    use hyper_util::rt::TokioIo;
+    use rocgate::http::ClientIpResolver;
+    use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+    use std::net::SocketAddr;
+
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    let upstream_task = tokio::spawn(async move { axum::serve(upstream, app).await });
+    // Nothing listens on port 1: every store call fails.
+    let file = |partition: &str| {
+        format!(
+            "[[routes]]\nname = \"order\"\nmethod = \"POST\"\npath = \"/api/order\"\n\
+             partition = \"{partition}\"\n\n[store]\nbackend = \"redis\"\n\
+             url = \"redis://127.0.0.1:1\"\nkey_prefix = \"made-local\"\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rocgate.toml");
+    std::fs::write(&path, file("route")).unwrap();
+    let config = Config::load(&path).unwrap();
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let settings = ProxySettings {
+        listen: any,
+        admin_listen: any,
+        forward: ForwardSettings {
+            upstream: format!("http://{upstream_addr}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            max_body_bytes: 1024,
+            max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(1),
+        admin_token: None,
+    };
+    let proxy = Proxy::bind(settings, &config, Some(path.clone()))
+        .await
+        .unwrap();
+    let (addr, admin_addr) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
+    let reloader = proxy.reloader().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    async fn send(addr: SocketAddr, req: http::Request<Empty<Bytes>>) -> (u16, String) {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let res = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        let status = res.status().as_u16();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+    let store_mode = || async {
+        let req = http::Request::get("/admin/store")
+            .header("host", "admin")
+            .body(Empty::new())
+            .unwrap();
+        let status: serde_json::Value =
+            serde_json::from_str(&send(admin_addr, req).await.1).unwrap();
+        status["mode"].as_str().unwrap().to_owned()
+    };
+    for _ in 0..5 {
+        let req = http::Request::post("/api/order")
+            .header("host", "shop.example")
+            .body(Empty::new())
+            .unwrap();
+        assert_eq!(send(addr, req).await.0, 200);
+    }
+    assert_eq!(store_mode().await, "fallback_local");
+
+    std::fs::write(&path, file("ip")).unwrap();
+    reloader.reload().unwrap();
+    assert_eq!(store_mode().await, "shared");
+    let req = http::Request::post("/api/order")
+        .header("host", "shop.example")
+        .body(Empty::new())
+        .unwrap();
+    assert_eq!(send(addr, req).await.0, 200);
+    assert_eq!(store_mode().await, "shared");
+
+    let _ = stop.send(());
+    run.await.unwrap().unwrap();
+    upstream_task.abort();
+}
+
 fn batched(mut config: RedisConfig) -> RedisConfig {
     config.mode = rocgate::store::SyncMode::Batched;
     config

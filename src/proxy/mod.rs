@@ -102,6 +102,9 @@ pub struct Reloader {
     engine: SharedEngine,
     clock: Arc<dyn Clock>,
     source: Option<PathBuf>,
+    /// Told of each new engine, to forget the routes it no longer shares.
+    #[cfg(feature = "redis")]
+    store: Option<crate::store::redis::RedisStore>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -135,11 +138,16 @@ impl Reloader {
             .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
-        let next = self
-            .engine
-            .load()
-            .reload(&config, self.clock.now(), wall_now);
-        self.engine.store(Arc::new(next));
+        let next = Arc::new(
+            self.engine
+                .load()
+                .reload(&config, self.clock.now(), wall_now),
+        );
+        self.engine.store(Arc::clone(&next));
+        #[cfg(feature = "redis")]
+        if let Some(store) = &self.store {
+            store.retain(&next);
+        }
         tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
         Ok(())
     }
@@ -212,11 +220,13 @@ impl Proxy {
             settings,
             advisor,
             #[cfg(feature = "redis")]
-            store,
+            store: store.clone(),
             reloader: Reloader {
                 engine: shared_engine(engine),
                 clock,
                 source,
+                #[cfg(feature = "redis")]
+                store,
             },
         })
     }

@@ -611,8 +611,26 @@ impl RedisStore {
         Some(self.inner.routes.get(route)?.view())
     }
 
+    /// Forgets every route that `engine` (the one a reload just put in force) does
+    /// not share: removed, or made local. A route in fallback then no longer keeps
+    /// the instance in fallback (its mode changes on its own decisions only, and it
+    /// makes none any more). `rocgate serve` calls it on each reload.
+    pub fn retain(&self, engine: &Engine) {
+        let inner = &self.inner;
+        inner.routes.retain(|name, r| {
+            let kept = engine
+                .route_id(name)
+                .is_some_and(|id| self.shares(engine, id));
+            if !kept {
+                inner.set_mode(r, StoreMode::Shared);
+            }
+            kept
+        });
+    }
+
     /// [`view`](Self::view), for a route that `engine` (the one in force) shares: a
-    /// route a reload made local keeps the view it had, which this leaves out.
+    /// route a reload made local keeps the view it had until [`retain`](Self::retain),
+    /// which this leaves out.
     pub fn shared_view(&self, engine: &Engine, route: &str) -> Option<SharedView> {
         let id = engine.route_id(route)?;
         if !self.shares(engine, id) {
