@@ -384,15 +384,18 @@ impl Engine {
         }
     }
 
-    /// Counts a request that was decided elsewhere (by a shared store) as offered,
-    /// and as rejected for `rejected` if it was: the route's counters, snapshots and
-    /// metrics then show this instance's traffic. Its window, controller and limiter
-    /// are left alone.
+    /// Counts a request that was decided elsewhere (by a shared store) at `now` as
+    /// offered, and as rejected for `rejected` if it was: the route's counters,
+    /// snapshots and metrics then show this instance's traffic, its window's demand
+    /// and ROC included. Its controller and limiter are left alone.
     ///
     /// # Panics
     /// If `route` does not come from this engine.
-    pub fn record(&self, route: RouteId, rejected: Option<Reason>) {
+    pub fn record(&self, route: RouteId, rejected: Option<Reason>, now: Nanos) {
         let r = &self.routes[route.0];
+        if r.counter.needs_roll(now) {
+            Self::advance(r, now);
+        }
         r.counter.add();
         if let Some(reason) = rejected {
             r.counter.counters().add(rejected_counter(reason));
@@ -422,6 +425,16 @@ impl Engine {
         };
         if !would_admit {
             r.counter.counters().add(SHADOW_CUT);
+        }
+    }
+
+    /// Advances the window of a route decided elsewhere to the slot of `now`, if no
+    /// other request is doing so already; its controller does not step.
+    #[cold]
+    fn advance(r: &Route, now: Nanos) {
+        if let Ok(mut st) = r.state.try_lock() {
+            st.ring
+                .advance(&r.counter, r.counter.slot_index(now), |_| {});
         }
     }
 

@@ -1269,6 +1269,33 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     upstream_task.abort();
 }
 
+/// A distributed route's window in the local engine follows this instance's traffic
+/// (`rocgate_demand_rps`, `rocgate_roc`, `/admin/routes`), though the shared store
+/// decides every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distributed_routes_local_demand_follows_its_traffic() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let a = Instance::system(&quick_route(), &store_config(&server, "demand"));
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1500) {
+        let _ = a.check().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let snap = a.engine.route_snapshot(a.route, a.clock.now());
+    let s = snap.sample;
+    // A 1 s window of 100 ms slots: the last second's arrivals, all but the slot
+    // under way.
+    let rate = (s.n_prev + s.n_recent) as f64;
+    assert!(
+        s.n_recent > 0 && rate > 0.3 * snap.offered as f64 / 1.5,
+        "offered {} in 1.5 s, window {s:?}",
+        snap.offered
+    );
+    assert_eq!(s.rate_recent_rps, s.n_recent as f64 / 0.5);
+    assert_eq!(snap.state, ControllerState::Normal);
+}
+
 fn batched(mut config: RedisConfig) -> RedisConfig {
     config.mode = rocgate::store::SyncMode::Batched;
     config

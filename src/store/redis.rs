@@ -553,7 +553,7 @@ impl RedisStore {
     /// If `route` does not come from `engine`.
     pub async fn check(&self, engine: &Engine, route: RouteId, now: Nanos) -> Decision {
         let (decision, rejected) = self.decide(engine, route, now).await;
-        engine.record(route, rejected);
+        engine.record(route, rejected, now);
         decision
     }
 
