@@ -141,8 +141,8 @@
 //! | `first_cut_s` | time of the first cut, or `null` |
 //! | `time_in_cut_s` | total time the controller spent in `cut` |
 //! | `transitions` | every state change, same shape as `cuts` |
-//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s (whole slots, sliding), and when that second began |
-//! | `peak_offered_1s` | most requests offered in any 1 s |
+//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s (whole slots, sliding; on the 100 ms grid when 1 s is not a whole number of slots), and when that second began |
+//! | `peak_offered_1s` | most requests offered in any 1 s, likewise |
 //!
 //! Fields are only ever added, never renamed or removed.
 

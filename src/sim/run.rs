@@ -306,11 +306,11 @@ impl Simulator {
         }
 
         let mut by_route: Vec<Vec<TransitionRecord>> = vec![Vec::new(); recorders.len()];
-        let series: Vec<Vec<SlotRow>> = recorders
+        let (series, grids): (Vec<Vec<SlotRow>>, Vec<_>) = recorders
             .into_iter()
             .zip(&plans)
             .map(|(rec, &(_, _, slots))| rec.finish(slots))
-            .collect();
+            .unzip();
         let snaps: Vec<_> = self
             .routes
             .iter()
@@ -326,23 +326,39 @@ impl Simulator {
         let start_unix_s = unix_seconds(wall_start);
         let routes: Vec<SimResult> = series
             .into_iter()
+            .zip(grids)
             .zip(snaps)
             .zip(by_route)
             .zip(&plans)
-            .map(|(((series, snap), transitions), &(_, slot_ns, _))| {
-                let summary = summarize(snap, &series, transitions, slot_ns, start_unix_s, end);
-                SimResult { summary, series }
-            })
+            .map(
+                |((((series, grid), snap), transitions), &(_, slot_ns, _))| {
+                    let peaks =
+                        grid.map(|(offered, admitted)| (offered.finish(end), admitted.finish(end)));
+                    let summary = summarize(
+                        snap,
+                        &series,
+                        peaks,
+                        transitions,
+                        slot_ns,
+                        start_unix_s,
+                        end,
+                    );
+                    SimResult { summary, series }
+                },
+            )
             .collect();
         let summary = load.finish(&routes, self.capacity_rps, start_unix_s, end);
         Ok(SimRun { summary, routes })
     }
 }
 
-/// One route's summary from its final snapshot, its series and its transitions.
+/// One route's summary from its final snapshot, its series and its transitions. Its
+/// busiest seconds come from `peaks` (offered, admitted) when given, otherwise from
+/// whole slots.
 fn summarize(
     snap: crate::engine::RouteSnapshot,
     series: &[SlotRow],
+    peaks: Option<((u64, f64), (u64, f64))>,
     transitions: Vec<TransitionRecord>,
     slot_ns: u64,
     start_unix_s: f64,
@@ -353,9 +369,13 @@ fn summarize(
         .filter(|t| t.to == ControllerState::Cut)
         .copied()
         .collect();
-    let span = ((1e9 / slot_ns as f64).round() as usize).max(1);
-    let (peak_admitted_1s, peak_at) = peak(series, span, |r| r.admitted);
-    let (peak_offered_1s, _) = peak(series, span, |r| r.offered);
+    let ((peak_offered_1s, _), (peak_admitted_1s, peak_admitted_1s_at_s)) =
+        peaks.unwrap_or_else(|| {
+            let span = ((1e9 / slot_ns as f64).round() as usize).max(1);
+            let (admitted, at) = peak(series, span, |r| r.admitted);
+            let at_s = Nanos::new(at as u64 * slot_ns).as_secs_f64();
+            ((peak(series, span, |r| r.offered).0, 0.0), (admitted, at_s))
+        });
     let rejected_by_reason = ReasonCounts::from_pairs(&snap.rejected);
     let shadow_rejected_by_reason = ReasonCounts::from_pairs(&snap.shadow_rejected);
     Summary {
@@ -376,7 +396,7 @@ fn summarize(
         time_in_cut_s: snap.time_in_cut.as_secs_f64(),
         transitions,
         peak_admitted_1s,
-        peak_admitted_1s_at_s: Nanos::new(peak_at as u64 * slot_ns).as_secs_f64(),
+        peak_admitted_1s_at_s,
         peak_offered_1s,
     }
 }
@@ -414,17 +434,10 @@ fn peak(rows: &[SlotRow], span: usize, value: impl Fn(&SlotRow) -> u64) -> (u64,
     (best, at)
 }
 
-/// What the protected service receives, all recorded routes together: admitted
-/// requests per whole second against the capacity, and per 100 ms for the busiest
-/// second.
-struct Load {
-    capacity: Option<u64>,
-    /// End of the whole second being counted, ns.
-    second_end: u64,
-    admitted_in_second: u64,
-    second_overloaded: bool,
-    overload: u64,
-    overload_s: u64,
+/// The busiest second of a count, on the 100 ms grid: counts per 100 ms cell, summed
+/// over the last ten.
+#[derive(Clone, Debug)]
+struct Peak {
     /// Index, end (ns) and count of the 100 ms cell being counted.
     cell: u64,
     cell_end: u64,
@@ -437,15 +450,9 @@ struct Load {
     peak_cell: u64,
 }
 
-impl Load {
-    fn new(capacity: Option<u64>) -> Self {
-        Load {
-            capacity,
-            second_end: SECOND_NS,
-            admitted_in_second: 0,
-            second_overloaded: false,
-            overload: 0,
-            overload_s: 0,
+impl Peak {
+    fn new() -> Self {
+        Peak {
             cell: 0,
             cell_end: PEAK_GRID_NS,
             cell_count: 0,
@@ -456,28 +463,13 @@ impl Load {
         }
     }
 
-    /// Counts one admitted request at `t` ns; whether it is overload.
+    /// Counts one at `t` ns (in time order).
     #[inline]
-    fn admit(&mut self, t: u64) -> bool {
+    fn add(&mut self, t: u64) {
         if t >= self.cell_end {
             self.close_cells(t / PEAK_GRID_NS);
         }
         self.cell_count += 1;
-        if t >= self.second_end {
-            self.second_end = (t / SECOND_NS + 1) * SECOND_NS;
-            self.admitted_in_second = 0;
-            self.second_overloaded = false;
-        }
-        let over = self.capacity.is_some_and(|c| self.admitted_in_second >= c);
-        self.admitted_in_second += 1;
-        if over {
-            self.overload += 1;
-            if !self.second_overloaded {
-                self.second_overloaded = true;
-                self.overload_s += 1;
-            }
-        }
-        over
     }
 
     /// Closes 100 ms cells until `cell` is the one being counted.
@@ -501,14 +493,72 @@ impl Load {
         self.cell_end = (self.cell + 1) * PEAK_GRID_NS;
     }
 
+    /// The most counted in any second of the grid up to `end`, and when that second
+    /// began, seconds since the start.
+    fn finish(mut self, end: Nanos) -> (u64, f64) {
+        self.close_cells(end.as_u64().div_ceil(PEAK_GRID_NS).max(self.cell + 1));
+        let at = Nanos::new(self.peak_cell * PEAK_GRID_NS).as_secs_f64();
+        (self.peak, at)
+    }
+}
+
+/// What the protected service receives, all recorded routes together: admitted
+/// requests per whole second against the capacity, and per 100 ms for the busiest
+/// second.
+struct Load {
+    capacity: Option<u64>,
+    /// End of the whole second being counted, ns.
+    second_end: u64,
+    admitted_in_second: u64,
+    second_overloaded: bool,
+    overload: u64,
+    overload_s: u64,
+    /// Admitted requests, for the busiest second.
+    peak: Peak,
+}
+
+impl Load {
+    fn new(capacity: Option<u64>) -> Self {
+        Load {
+            capacity,
+            second_end: SECOND_NS,
+            admitted_in_second: 0,
+            second_overloaded: false,
+            overload: 0,
+            overload_s: 0,
+            peak: Peak::new(),
+        }
+    }
+
+    /// Counts one admitted request at `t` ns; whether it is overload.
+    #[inline]
+    fn admit(&mut self, t: u64) -> bool {
+        self.peak.add(t);
+        if t >= self.second_end {
+            self.second_end = (t / SECOND_NS + 1) * SECOND_NS;
+            self.admitted_in_second = 0;
+            self.second_overloaded = false;
+        }
+        let over = self.capacity.is_some_and(|c| self.admitted_in_second >= c);
+        self.admitted_in_second += 1;
+        if over {
+            self.overload += 1;
+            if !self.second_overloaded {
+                self.second_overloaded = true;
+                self.overload_s += 1;
+            }
+        }
+        over
+    }
+
     fn finish(
-        mut self,
+        self,
         routes: &[SimResult],
         capacity_rps: Option<u64>,
         start_unix_s: f64,
         end: Nanos,
     ) -> RunSummary {
-        self.close_cells(end.as_u64().div_ceil(PEAK_GRID_NS).max(self.cell + 1));
+        let (peak_admitted_1s, peak_admitted_1s_at_s) = self.peak.finish(end);
         let sum = |f: fn(&Summary) -> u64| routes.iter().map(|r| f(&r.summary)).sum::<u64>();
         let first_cut_s = routes
             .iter()
@@ -527,8 +577,8 @@ impl Load {
             cut_count: sum(|s| s.cuts.len() as u64),
             first_cut_s,
             time_in_cut_s: routes.iter().map(|r| r.summary.time_in_cut_s).sum(),
-            peak_admitted_1s: self.peak,
-            peak_admitted_1s_at_s: Nanos::new(self.peak_cell * PEAK_GRID_NS).as_secs_f64(),
+            peak_admitted_1s,
+            peak_admitted_1s_at_s,
         }
     }
 }
@@ -547,6 +597,9 @@ struct Recorder<'e> {
     /// Shadow would-rejects counted by the engine up to the last closed slot.
     shadow_seen: u64,
     rows: Vec<SlotRow>,
+    /// Offered and admitted requests on the 100 ms grid, for the busiest second,
+    /// when 1 s is not a whole number of slots.
+    grid: Option<(Peak, Peak)>,
 }
 
 impl<'e> Recorder<'e> {
@@ -560,6 +613,7 @@ impl<'e> Recorder<'e> {
             row: SlotRow::empty(0.0),
             shadow_seen: 0,
             rows: Vec::with_capacity(usize::try_from(slots).unwrap_or(0)),
+            grid: (SECOND_NS % slot_ns != 0).then(|| (Peak::new(), Peak::new())),
         }
     }
 
@@ -574,7 +628,14 @@ impl<'e> Recorder<'e> {
             Some(ip) if self.by_ip => Key::Ip(ip),
             _ => Key::None,
         };
-        match self.engine.check(self.route, key, t) {
+        let decision = self.engine.check(self.route, key, t);
+        if let Some((offered, admitted)) = &mut self.grid {
+            offered.add(t.as_u64());
+            if decision.is_admit() {
+                admitted.add(t.as_u64());
+            }
+        }
+        match decision {
             Decision::Admit(_) => {
                 self.row.admitted += 1;
                 true
@@ -612,11 +673,12 @@ impl<'e> Recorder<'e> {
         self.boundary = self.boundary.saturating_add(self.slot_ns);
     }
 
-    fn finish(mut self, slots: u64) -> Vec<SlotRow> {
+    /// The route's rows, and its busiest seconds on the 100 ms grid if it kept them.
+    fn finish(mut self, slots: u64) -> (Vec<SlotRow>, Option<(Peak, Peak)>) {
         while (self.rows.len() as u64) < slots {
             self.close();
         }
-        self.rows
+        (self.rows, self.grid)
     }
 }
 
@@ -948,6 +1010,25 @@ mod tests {
         assert_eq!(peak(&rows, 2, |r| r.admitted), (10, 1));
         assert_eq!(peak(&rows, 10, |r| r.admitted), (21, 0));
         assert_eq!(peak(&[], 10, |r| r.admitted), (0, 0));
+    }
+
+    #[test]
+    fn a_routes_busiest_second_is_one_second_whatever_its_slot() {
+        use crate::config::{RouteConfig, RouteMatch};
+        use crate::window::WindowSpec;
+        // 400 ms slots: 1 s is not a whole number of them.
+        let mut route = RouteConfig::new("order", RouteMatch::any());
+        route.window =
+            WindowSpec::new(Duration::from_millis(3200), Duration::from_millis(400)).unwrap();
+        route.controller.base_limit_rps = 1000.0;
+        route.controller.cut_limit_rps = 500.0;
+        let sim = Simulator::new(Config::new(vec![route]), None).unwrap();
+        let steady = Profile::from_points(&[(0.0, 100.0), (10.0, 100.0)]).unwrap();
+        let run = sim.run_profile_all(&steady, ArrivalModel::Uniform).unwrap();
+        let s = &run.routes[0].summary;
+        assert_eq!(s.admitted, 1000);
+        assert_eq!((s.peak_admitted_1s, s.peak_offered_1s), (100, 100));
+        assert_eq!(run.summary.peak_admitted_1s, 100);
     }
 
     #[test]
