@@ -1415,6 +1415,37 @@ async fn a_route_whose_slot_changed_still_cuts() {
     assert!(ta.abs_diff(tb) < Duration::from_millis(50), "{ta:?} {tb:?}");
 }
 
+/// A reload that lengthens a distributed route's window (same slot): Redis kept two
+/// windows of the old, shorter one, so the new window's earlier half reads mostly
+/// empty. Steady traffic must not look like a spike: the shared controller takes no
+/// action for one window, as a local route after such a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_whose_window_grew_does_not_cut_on_steady_traffic() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "grow");
+    let steady = |inst: Instance, for_ms: u64| async move {
+        let started = tokio::time::Instant::now();
+        let mut states = Vec::new();
+        while started.elapsed() < Duration::from_millis(for_ms) {
+            let _ = inst.check().await;
+            let state = inst.store.view("order").unwrap().state;
+            if states.last() != Some(&state) {
+                states.push(state);
+            }
+            tokio::time::sleep(Duration::from_millis(8)).await;
+        }
+        states
+    };
+    // About 100 req/s under a 1 s window, then the same under a 4 s one.
+    let states = steady(Instance::system(&quick_route(), &config), 2500).await;
+    assert_eq!(states, [ControllerState::Normal]);
+    let mut grown = quick_route();
+    grown.window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    let states = steady(Instance::system(&grown, &config), 1500).await;
+    assert_eq!(states, [ControllerState::Normal]);
+}
+
 /// A scheduled event's profile is in force on the shared state while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_event_sets_the_shared_limit() {

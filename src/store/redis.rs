@@ -83,8 +83,8 @@ use std::time::Duration;
 /// - `KEYS[2]` bucket hash: `tokens` (float) and `ts` (µs, Redis time).
 /// - `KEYS[3]` controller hash: `limit`, `state` (0 normal, 1 cut, 2 recovering),
 ///   `through` (last slot stepped), `entered`, `armed`, `safe` (ns, Redis time), `roc`,
-///   and `slot_us` (the slot length, µs, that the slot numbers of the window and of
-///   `through` count).
+///   `slot_us` (the slot length, µs, that the slot numbers of the window and of
+///   `through` count) and `slots` (slots per window the controller last stepped on).
 /// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` base limit
 ///   (used until the controller hash has one); `ARGV[4]` bucket burst, seconds;
 ///   `ARGV[5]` key expiry, ms; `ARGV[6]` arrivals to count (1 per decision; a
@@ -92,9 +92,11 @@ use std::time::Duration;
 ///   (batched mode: the answer then always admits).
 ///
 /// A call whose slot length differs from `slot_us` (a reload, or a release, changed
-/// the route's slot) starts the window afresh and drops `through`: slot numbers
-/// counted in another length mean nothing, and a window kept with longer slots would
-/// otherwise never see a new slot. The stored controller then continues from its
+/// the route's slot) starts the window afresh: slot numbers counted in another length
+/// mean nothing, and a window kept with longer slots would otherwise never see a new
+/// slot. Such a call, or one whose slots per window differ from `slots` (a longer
+/// window would read the slots deleted under the shorter one as empty: a false
+/// spike), drops `through`, and the stored controller then continues from its
 /// memory, rearmed for one window as a local route is on such a reload.
 ///
 /// Expiries are set when a key is created and renewed by the first call of each slot
@@ -111,17 +113,19 @@ local slot_us = tonumber(ARGV[1])
 local slots = tonumber(ARGV[2])
 local ttl = ARGV[5]
 local slot = math.floor(now / slot_us)
-local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us')
+local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots')
 local limit = tonumber(ctl[1]) or tonumber(ARGV[3])
 local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
-if ctl[8] ~= ARGV[1] then
-  if ctl[8] then
+if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
+  if ctl[8] and ctl[8] ~= ARGV[1] then
     redis.call('DEL', KEYS[1])
-    redis.call('HDEL', KEYS[3], 'through')
     cur = nil
+  end
+  if ctl[8] then
+    redis.call('HDEL', KEYS[3], 'through')
     ctl[3] = false
   end
-  redis.call('HSET', KEYS[3], 'slot_us', ARGV[1])
+  redis.call('HSET', KEYS[3], 'slot_us', ARGV[1], 'slots', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
 local roll = false
@@ -183,12 +187,13 @@ return result
 /// - `ARGV[1]` the `through` the step started from (empty: none); `ARGV[2]` the new
 ///   `through`; `ARGV[3]` limit; `ARGV[4]` state; `ARGV[5]` entered; `ARGV[6]` armed;
 ///   `ARGV[7]` safe since (empty: none); `ARGV[8]` roc; `ARGV[9]` key expiry, ms;
-///   `ARGV[10]` the slot length, µs, the step's slots were counted in.
+///   `ARGV[10]` the slot length, µs, and `ARGV[11]` the slots per window the step
+///   was taken on.
 ///
-/// Returns 1 if stored, 0 if the hash had moved on (or its slot length changed).
+/// Returns 1 if stored, 0 if the hash had moved on (or the route's window changed).
 pub const SAVE: &str = r"
-local stored = redis.call('HMGET', KEYS[1], 'through', 'slot_us')
-if (stored[1] or '') ~= ARGV[1] or stored[2] ~= ARGV[10] then return 0 end
+local stored = redis.call('HMGET', KEYS[1], 'through', 'slot_us', 'slots')
+if (stored[1] or '') ~= ARGV[1] or stored[2] ~= ARGV[10] or stored[3] ~= ARGV[11] then return 0 end
 redis.call('HSET', KEYS[1], 'through', ARGV[2], 'limit', ARGV[3], 'state', ARGV[4],
   'entered', ARGV[5], 'armed', ARGV[6], 'roc', ARGV[8])
 if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'safe') else redis.call('HSET', KEYS[1], 'safe', ARGV[7]) end
@@ -1160,7 +1165,8 @@ async fn step(
         .arg(m.safe_since.map_or_else(String::new, nanos))
         .arg(format!("{:?}", m.last_roc))
         .arg(ttl_ms(inner.config.key_ttl))
-        .arg(r.slot_us);
+        .arg(r.slot_us)
+        .arg(r.window.slots());
     match tokio::time::timeout(inner.config.timeout, inner.conn.invoke::<i64>(&invocation)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {
@@ -1194,7 +1200,7 @@ fn replay(
     let mut controller = match roll.memory.memory {
         Some(m) => {
             let mut c = Controller::from_memory(params, m, now);
-            // Stepped before, but not in this window's slots: its slot changed.
+            // Stepped before, but not in this window: its slot or length changed.
             if roll.memory.through.is_none() {
                 c.rearm(now, window.window());
             }
@@ -1307,7 +1313,7 @@ mod tests {
 
     #[test]
     fn replay_rearms_a_stored_controller_without_through() {
-        // What DECIDE hands over after a route's slot changed: the memory,
+        // What DECIDE hands over after a route's window changed: the memory,
         // but no `through` (its slot numbers were counted in other slots).
         let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
         let mut r = roll(100, counts, None);
