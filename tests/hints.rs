@@ -223,3 +223,30 @@ fn hints_are_deterministic() {
         serde_json::to_string(&b).unwrap()
     );
 }
+
+/// With `[hints] min_requests = 0`, a period without a single request still judges
+/// nothing: no "safe to enforce" for a shadow route that saw no traffic.
+#[test]
+fn no_traffic_gets_no_verdict_even_without_a_minimum() {
+    use rocgate::config::Mode;
+    use rocgate::hints::RouteSettings;
+    let settings = RouteSettings {
+        name: "r".into(),
+        mode: Mode::Shadow,
+        algorithm: rocgate::limiter::Algorithm::TokenBucket {
+            burst: std::time::Duration::from_secs(1),
+        },
+        params: rocgate::controller::ControllerParams::default(),
+    };
+    let policy = Policy {
+        min_requests: 0,
+        ..Policy::default()
+    };
+    let h = rocgate::hints::advise(&settings, &[], None, &policy);
+    assert_eq!(rules(&h), ["no_change"], "{h:#?}");
+    assert!(
+        h[0].reason.contains("too little traffic"),
+        "{}",
+        h[0].reason
+    );
+}

@@ -23,8 +23,8 @@
 //! | `faster_restore` | over 10% rejected while recovering, for at least two restore intervals, the upstream measured healthy throughout recovery | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated |
 //!
-//! Routes with fewer than [`Policy::min_requests`] offered in the period get
-//! "no change: too little traffic".
+//! Routes with fewer than [`Policy::min_requests`] offered in the period (or none at
+//! all) get "no change: too little traffic".
 
 mod history;
 mod sketch;
@@ -189,7 +189,7 @@ pub fn advise(
     policy: &Policy,
 ) -> Vec<Hint> {
     let e = Evidence::new(settings, intervals, capacity_rps, policy);
-    if e.offered < policy.min_requests {
+    if e.offered < policy.min_requests.max(1) {
         return vec![e.hint(
             "no_change",
             Severity::Info,
