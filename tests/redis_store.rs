@@ -152,8 +152,14 @@ impl Servers for RedisServer {
     }
 }
 
+/// What a decision may take past the store's timeout: the timer's and the scheduler's
+/// lateness on a loaded 2-core machine (a decision once took 61 ms against a bound of
+/// 50 + 10 ms with the load average at 5). A Redis that stalls holds a decision for as
+/// long as it stalls unless the timeout cuts it short, so the bound still shows that.
+const SLACK: Duration = Duration::from_millis(40);
+
 /// The tests of this file run one at a time: several assert how long a decision takes
-/// (at most the timeout + 10 ms), which the redis-servers and clusters of tests running
+/// (at most the timeout + [`SLACK`]), which the redis-servers and clusters of tests running
 /// alongside on the same 2 cores would stretch. They are bound by timers, not CPU: one
 /// at a time takes as long as all at once (about 54 s).
 async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
@@ -458,7 +464,7 @@ async fn redis_killed_falls_back_at_the_share_and_comes_back() {
     assert_eq!(a.store.mode(), StoreMode::Shared);
 
     server.kill();
-    let bound = config.timeout + Duration::from_millis(10);
+    let bound = config.timeout + SLACK;
     let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
     let (_, took) = run_until(
         [&a, &b],
@@ -523,7 +529,7 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
     assert!(a.check().await.is_admit() && b.check().await.is_admit());
 
     server.signal("-STOP");
-    let bound = config.timeout + Duration::from_millis(10);
+    let bound = config.timeout + SLACK;
     let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
     let (_, took) = run_until(
         [&a, &b],
@@ -706,7 +712,7 @@ async fn fail_modes_open_and_closed() {
     ]);
     config.fail_mode = rocgate::store::FailMode::Open;
     let open = Instance::system(&route, &config);
-    let bound = config.timeout + Duration::from_millis(10);
+    let bound = config.timeout + SLACK;
     for _ in 0..200 {
         let t = tokio::time::Instant::now();
         assert!(open.check().await.is_admit());
@@ -1764,7 +1770,7 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
 
     cluster.nodes[na].kill();
-    let bound = config.timeout + Duration::from_millis(10);
+    let bound = config.timeout + SLACK;
     let started = tokio::time::Instant::now();
     let mut fell_after = None;
     let mut b_fallen = 0;
