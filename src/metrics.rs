@@ -29,7 +29,7 @@
 //! | `rocgate_controller_transitions_total` | counter | `route`, `from`, `to` | state changes |
 //! | `rocgate_cuts_total` | counter | `route` | cuts |
 //! | `rocgate_cut_seconds_total` | counter | `route` | time spent in `cut`, whole seconds |
-//! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic |
+//! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic; shadow modes' would-be rejections are not in it |
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
 //! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head |
 //! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_too_large` |
@@ -333,13 +333,13 @@ impl Collector {
 }
 
 /// Rejected ÷ offered between the newest reading at least one window old (or the
-/// oldest kept) and now.
+/// oldest kept) and now. Only requests refused count: shadow modes' would-be
+/// rejections were admitted.
 fn rejection_ratio(readings: &mut VecDeque<Reading>, s: &RouteSnapshot, now: Nanos) -> f64 {
-    let rejected = s.rejected_total() + s.shadow_rejected.iter().map(|(_, n)| n).sum::<u64>();
     let current = Reading {
         at: now,
         offered: s.offered,
-        rejected,
+        rejected: s.rejected_total(),
     };
     let window = s.window.window();
     // Keep one reading at least a window old, and everything newer.

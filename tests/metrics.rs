@@ -346,3 +346,48 @@ fn gauges_of_what_is_gone_read_nan() {
         "1"
     );
 }
+
+/// `rocgate_rejection_ratio` is what clients were refused: a shadow route's would-be
+/// rejections (counted under `decision="shadow_rejected"`) are not in it, so the
+/// high-rejection alert does not fire on a route that refuses nothing.
+#[test]
+fn the_rejection_ratio_counts_only_what_was_refused() {
+    use rocgate::clock::Nanos;
+    use rocgate::config::Mode;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::Collector;
+    let route = |name: &str, mode| {
+        let mut r = RouteConfig::new(name, RouteMatch::prefix(format!("/{name}/")));
+        r.controller.base_limit_rps = 10.0;
+        r.mode = mode;
+        r
+    };
+    let engine = Engine::new(
+        &Config::new(vec![
+            route("enforced", Mode::Enforce),
+            route("shadowed", Mode::Shadow),
+        ]),
+        Nanos::ZERO,
+        std::time::SystemTime::UNIX_EPOCH,
+    );
+    // 40 requests at once on each: a bucket of 10 admits 10.
+    for name in ["enforced", "shadowed"] {
+        let id = engine.route_id(name).unwrap();
+        for _ in 0..40 {
+            let _ = engine.check(id, Key::None, Nanos::from_millis(1));
+        }
+    }
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        Collector::new().collect(&engine, Nanos::from_secs(1));
+    });
+    let text = handle.render();
+    for line in [
+        r#"rocgate_rejection_ratio{route="enforced"} 0.75"#,
+        r#"rocgate_rejection_ratio{route="shadowed"} 0"#,
+        r#"rocgate_requests_total{route="shadowed",decision="shadow_rejected",reason="limit"} 30"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+}
