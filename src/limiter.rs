@@ -713,7 +713,8 @@ pub(crate) mod words {
             }
             match next_free.compare_exchange_weak(
                 seen,
-                start + t,
+                // Saturates for intervals near `interval_ns`'s cap (limits under 1e-9/s).
+                start.saturating_add(t),
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
@@ -1143,6 +1144,22 @@ mod tests {
         // prev 10 × (1 − x) + 5 + 1 ≤ 10 ⇒ x ≥ 0.6: 100 ms from now.
         assert_eq!(r.retry_after, Duration::from_millis(100));
         assert!(admitted(w.check(ms(1600))));
+    }
+
+    #[test]
+    fn a_leaky_bucket_at_an_absurdly_low_limit_does_not_overflow() {
+        // One request per ~150 years, five more may wait: the schedule passes u64.
+        let b = LeakyBucket::new(2e-10, 5);
+        assert!(matches!(b.check(ms(0)), Decision::Admit(Admit::Now)));
+        for _ in 0..6 {
+            // Never a wrapped schedule that lets a request through at once.
+            match b.check(ms(1)) {
+                Decision::Admit(Admit::Paced(wait)) => {
+                    assert!(wait > Duration::from_secs(100 * 365 * 86_400))
+                }
+                other => assert!(other.rejection().is_some(), "{other:?}"),
+            }
+        }
     }
 
     #[test]
