@@ -4,8 +4,10 @@
 //! atomic add), and, if its slot is later than the one accumulating, advance the
 //! window and step the controller first; then ask the limiter (one CAS on the bucket
 //! word). Only the one request that wins a slot rollover takes the route's state lock,
-//! with `try_lock`: no request ever waits for another, and nothing allocates unless a
-//! new key enters a partitioned route.
+//! with `try_lock`: on a route as a whole no request ever waits for another. On a
+//! partitioned route a request may wait briefly on its key's shard of the key table
+//! while another request inserts a key there or sweeps idle keys out. Nothing
+//! allocates unless a new key enters a partitioned route.
 //!
 //! ```
 //! use rocgate::clock::Nanos;
