@@ -508,8 +508,7 @@ impl Engine {
         if after != before {
             r.apply_limit(&st.controller, now);
         }
-        let next_raise = st.controller.next_raise_at().map_or(0, Nanos::as_u64);
-        r.next_raise.store(next_raise, Ordering::Relaxed);
+        r.publish_next_raise(&st.controller);
         if let Some(keys) = &r.keys {
             let mut shadow_last = st.last_sweep;
             keys.sweep(&mut st.last_sweep, now);
@@ -712,6 +711,13 @@ impl Route {
             st.controller.rearm(now, self.window.window());
         }
         self.apply_limit(&st.controller, now);
+        self.publish_next_raise(&st.controller);
+    }
+
+    /// Publishes when the controller next raises the limit, for [`Engine::restore_eta`].
+    fn publish_next_raise(&self, c: &Controller) {
+        let at = c.next_raise_at().map_or(0, Nanos::as_u64);
+        self.next_raise.store(at, Ordering::Relaxed);
     }
 
     /// Starts the window at the slot containing `now` (so a clock that starts far from

@@ -626,6 +626,23 @@ fn restore_eta_follows_the_cut() {
 }
 
 #[test]
+fn restore_eta_follows_an_update_at_once() {
+    let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+    let id = RouteId(0);
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    let now = Nanos::from_secs(11);
+    let before = e.restore_eta(id, now).expect("cut");
+    assert!(before > Duration::from_secs(30), "{before:?}");
+    // With max_cut at 2 s the limit rises as soon as the update's rearm (one 6 s
+    // window) allows: `Retry-After` must say so before the next slot.
+    let mut p = e.route_params(id);
+    p.max_cut = Duration::from_secs(2);
+    e.update_route(id, p, now);
+    assert_eq!(e.restore_eta(id, now), Some(Duration::from_secs(6)));
+}
+
+#[test]
 fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
     for algorithm in RATE_ALGORITHMS {
         let mut cfg = RouteConfig::new("ip", RouteMatch::any());
