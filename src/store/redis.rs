@@ -429,6 +429,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Routes decided locally for now: the instance is in fallback while any is.
     fallen: AtomicUsize,
+    /// Held while `rocgate_store_mode` is published from `fallen`.
+    publishing: Mutex<()>,
     /// Live instances as last counted, in the low 16 bits, under the sequence number
     /// of the beat that counted them: answers of overlapping beats (the background
     /// one and an explicit [`RedisStore::beat`]) can arrive out of order, and only the
@@ -515,6 +517,7 @@ impl RedisStore {
             instance_id,
             clock,
             fallen: AtomicUsize::new(0),
+            publishing: Mutex::new(()),
             instances: AtomicU64::new(1),
             beats: AtomicU64::new(0),
             routes: DashMap::new(),
@@ -628,6 +631,8 @@ impl RedisStore {
                 .is_some_and(|id| self.shares(engine, id));
             if !kept {
                 inner.set_mode(r, StoreMode::Shared);
+                // As the collector does for a route's own gauges once it is gone.
+                r.limit_gauge.set(f64::NAN);
             }
             kept
         });
@@ -706,8 +711,17 @@ impl Inner {
             "route store mode changed"
         );
         if (before == 0) == fall {
-            publish_mode(mode);
-            tracing::warn!(mode = mode.as_str(), "store mode changed");
+            // Routes flipping at once on other threads may publish in another order
+            // than they counted: each publishes, one at a time, what the count says
+            // now, so the last one to publish is right.
+            let _one_at_a_time = self.publishing.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = if self.fallen.load(Ordering::Relaxed) > 0 {
+                StoreMode::Fallback
+            } else {
+                StoreMode::Shared
+            };
+            publish_mode(now);
+            tracing::warn!(mode = now.as_str(), "store mode changed");
         }
     }
 
@@ -791,7 +805,14 @@ impl Inner {
         let answer =
             tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
         let reply = match answer {
-            Ok(Ok(value)) => Reply::parse(value),
+            Ok(Ok(value)) => {
+                let reply = Reply::parse(value);
+                if reply.is_none() {
+                    self.errors.increment(1);
+                    tracing::debug!("store call answered something unreadable");
+                }
+                reply
+            }
             Ok(Err(e)) => {
                 self.errors.increment(1);
                 tracing::debug!(error = %e, "store call failed");
