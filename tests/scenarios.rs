@@ -492,4 +492,10 @@ fn bad_simulations_are_errors() {
         sim.run_profile(&too_busy, ArrivalModel::Uniform),
         Err(SimError::TooManyArrivals { .. })
     ));
+    // 10 s at 10^9 req/s would take about 20 minutes.
+    let twenty_minutes = Profile::from_points(&[(0.0, 1e9), (10.0, 1e9)]).unwrap();
+    assert!(matches!(
+        sim.run_profile(&twenty_minutes, ArrivalModel::Uniform),
+        Err(SimError::TooManyArrivals { .. })
+    ));
 }
