@@ -290,6 +290,11 @@ fn unknown_fields_and_values() {
         "shadow_adaptive cannot count what a cut would reject with the concurrency",
     );
     refused(
+        &route("mode = \"shadow\"\nalgorithm = \"concurrency\"\nqueue = 4"),
+        "routes[0].mode",
+        "shadow admits every request at once, so a concurrency queue would hold",
+    );
+    refused(
         &route("algorithm = \"gcra\""),
         "routes[0].algorithm",
         "must be one of \"token_bucket\"",

@@ -234,7 +234,8 @@ pub enum Mode {
     /// Reject what the limiter rejects.
     #[default]
     Enforce,
-    /// Decide and count everything, admit all.
+    /// Decide and count everything, admit all (pacing is decided, not applied). A
+    /// concurrency queue would still hold requests: the config refuses one here.
     Shadow,
     /// Enforce the base limit only; count what the ROC cut would have rejected.
     ShadowAdaptive,

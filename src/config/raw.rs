@@ -891,6 +891,16 @@ fn algorithm_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Algorithm> 
             );
         }
     }
+    let queued = s.queue.as_ref().filter(|q| q.value > 0);
+    if let (Some(mode), Some(queue)) = (s.mode.as_ref().filter(|m| m.value == Mode::Shadow), queued)
+    {
+        if kind == Kind::Concurrency {
+            p.at(
+                mode.scope.max(queue.scope).max(algorithm_scope).path("mode"),
+                "shadow admits every request at once, so a concurrency queue would hold                  requests it should not: set queue = 0 (over-limit requests are then                  counted as concurrency), or use enforce",
+            );
+        }
+    }
     Some(match kind {
         Kind::TokenBucket => Algorithm::TokenBucket {
             burst: s.burst.as_ref()?.value,

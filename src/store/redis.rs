@@ -714,7 +714,10 @@ impl Inner {
             // Routes flipping at once on other threads may publish in another order
             // than they counted: each publishes, one at a time, what the count says
             // now, so the last one to publish is right.
-            let _one_at_a_time = self.publishing.lock().unwrap_or_else(PoisonError::into_inner);
+            let _one_at_a_time = self
+                .publishing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let now = if self.fallen.load(Ordering::Relaxed) > 0 {
                 StoreMode::Fallback
             } else {
