@@ -295,6 +295,11 @@ fn unknown_fields_and_values() {
         "shadow admits every request at once, so a concurrency queue would hold",
     );
     refused(
+        &route("algorithm = \"fixed_window\"\nlimiter_window = \"60days\""),
+        "routes[0].limiter_window",
+        "must be at most 4294967295ms (49.7 days, what a window counter holds), got 5184000000ms",
+    );
+    refused(
         &route("algorithm = \"gcra\""),
         "routes[0].algorithm",
         "must be one of \"token_bucket\"",

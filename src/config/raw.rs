@@ -573,12 +573,18 @@ fn nonzero_duration(text: String) -> Result<Duration, String> {
     }
 }
 
-/// A window the window counters keep exactly: a whole number of milliseconds.
+/// A window the window counters keep exactly: a whole number of milliseconds, in 32
+/// bits (up to 49 days).
 fn millis_duration(text: String) -> Result<Duration, String> {
+    let most = Duration::from_millis(u32::MAX.into());
     match nonzero_duration(text)? {
         d if d.subsec_nanos() % 1_000_000 != 0 => Err(format!(
             "must be a whole number of milliseconds, got {}",
             humantime::format_duration(d)
+        )),
+        d if d > most => Err(format!(
+            "must be at most 4294967295ms (49.7 days, what a window counter holds), got {}ms",
+            d.as_millis()
         )),
         d => Ok(d),
     }
