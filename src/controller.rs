@@ -132,6 +132,31 @@ impl fmt::Display for ControllerState {
     }
 }
 
+/// What a controller's transitions add up to, as `rocgate_controller_transitions_total`,
+/// `rocgate_cuts_total` and `rocgate_cut_seconds_total` count them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransitionCounts {
+    /// Transitions by `[from][to]` ([`ControllerState::as_index`]).
+    pub transitions: [[u64; 3]; 3],
+    /// Transitions into Cut.
+    pub cuts: u64,
+    /// Time spent in cuts that have ended.
+    pub time_in_cut: Duration,
+}
+
+impl TransitionCounts {
+    /// Counts `t`, which left a state entered at `entered`.
+    pub fn record(&mut self, t: &Transition, entered: Nanos) {
+        self.transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
+        if t.to == ControllerState::Cut {
+            self.cuts += 1;
+        }
+        if t.from == ControllerState::Cut {
+            self.time_in_cut += t.at.saturating_since(entered);
+        }
+    }
+}
+
 /// A change of state, reported to the caller for metrics and logs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Transition {

@@ -36,7 +36,9 @@
 
 use crate::clock::Nanos;
 use crate::config::{Config, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier};
-use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
+use crate::controller::{
+    Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
+};
 use crate::limiter::{
     gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Level, Limiter,
     Reason, Rejection,
@@ -159,9 +161,7 @@ struct RouteState {
     own: ControllerParams,
     events: Vec<ScheduledEvent>,
     active_event: Option<usize>,
-    transitions: [[u64; 3]; 3],
-    cuts: u64,
-    time_in_cut: Duration,
+    counts: TransitionCounts,
     last_sweep: Nanos,
 }
 
@@ -463,20 +463,12 @@ impl Engine {
             own,
             events,
             active_event,
-            transitions,
-            cuts,
-            time_in_cut,
+            counts,
             ..
         } = st;
         // `entered`: when the state left was entered.
         let mut record = |t: Transition, entered: Nanos| {
-            transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
-            if t.to == ControllerState::Cut {
-                *cuts += 1;
-            }
-            if t.from == ControllerState::Cut {
-                *time_in_cut += t.at.saturating_since(entered);
-            }
+            counts.record(&t, entered);
             if let Some(h) = hook {
                 h(&r.name, &t);
             }
@@ -650,9 +642,7 @@ impl Route {
                 own: p.clone(),
                 events,
                 active_event: None,
-                transitions: [[0; 3]; 3],
-                cuts: 0,
-                time_in_cut: Duration::ZERO,
+                counts: TransitionCounts::default(),
                 last_sweep: now,
             }),
         };
@@ -700,9 +690,9 @@ impl Route {
         let due = st.events.iter().position(|e| e.start <= now && now < e.end);
         st.active_event = due;
         let params = due.map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
-        let transitions = &mut st.transitions;
+        let (counts, entered) = (&mut st.counts, st.controller.entered_at());
         st.controller.set_params(params, now, |t| {
-            transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
+            counts.record(&t, entered);
             if let Some(h) = hook {
                 h(&self.name, &t);
             }
@@ -799,14 +789,14 @@ impl Route {
             admitted: offered.saturating_sub(rejected_total),
             rejected: rejected.to_vec(),
             shadow_rejected: shadow_rejected.to_vec(),
-            cuts: st.cuts,
-            time_in_cut: st.time_in_cut
+            cuts: st.counts.cuts,
+            time_in_cut: st.counts.time_in_cut
                 + if c.state() == ControllerState::Cut {
                     now.saturating_since(c.entered_at())
                 } else {
                     Duration::ZERO
                 },
-            transitions: st.transitions,
+            transitions: st.counts.transitions,
             active_event: st.active_event.map(|i| st.events[i].name.clone()),
             keys: self.keys.as_ref().map_or(0, Keys::len),
             window: self.window,

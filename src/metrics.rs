@@ -45,7 +45,7 @@
 //! | `rocgate_build_info` | gauge | `version` | always 1 |
 
 use crate::clock::Nanos;
-use crate::controller::ControllerState;
+use crate::controller::{ControllerState, TransitionCounts};
 use crate::engine::{Engine, RouteSnapshot, SampleHook, SlotReport};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
 use std::collections::{HashMap, VecDeque};
@@ -264,6 +264,9 @@ pub struct SharedControl {
     /// ROC of the last slot the shared controller observed, in the route's `roc_mode`:
     /// the value it compares with the thresholds (fleet-wide traffic).
     pub roc: f64,
+    /// The shared controller's transitions that this instance stepped (summed over
+    /// the fleet, the shared controller's), added to the route's own counts.
+    pub stepped: TransitionCounts,
 }
 
 impl Collector {
@@ -312,6 +315,13 @@ impl Collector {
             if let Some(control) = control {
                 s.limit_rps = control.limit_rps;
                 s.state = control.state;
+                let stepped = &control.stepped;
+                let pairs = s.transitions.iter_mut().flatten();
+                for (mine, theirs) in pairs.zip(stepped.transitions.iter().flatten()) {
+                    *mine += theirs;
+                }
+                s.cuts += stepped.cuts;
+                s.time_in_cut += stepped.time_in_cut;
             }
             if control.is_some() || seen.store_roc {
                 let roc = control.map_or(f64::NAN, |c| c.roc);

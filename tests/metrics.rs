@@ -218,7 +218,7 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
 #[test]
 fn shared_routes_show_the_stores_limit_and_state() {
     use rocgate::clock::Nanos;
-    use rocgate::controller::ControllerState;
+    use rocgate::controller::{ControllerState, TransitionCounts};
     use rocgate::engine::Engine;
     use rocgate::metrics::{Collector, SharedControl};
     let engine = Engine::new(
@@ -237,6 +237,11 @@ fn shared_routes_show_the_stores_limit_and_state() {
                 limit_rps: 60.0,
                 state: ControllerState::Cut,
                 roc: 95.5,
+                stepped: TransitionCounts {
+                    transitions: [[0, 2, 0], [0, 0, 1], [0, 1, 0]],
+                    cuts: 2,
+                    time_in_cut: Duration::from_secs(7),
+                },
             })
         });
     });
@@ -248,6 +253,11 @@ fn shared_routes_show_the_stores_limit_and_state() {
         r#"rocgate_limit_rps{route="local"} 200"#,
         r#"rocgate_controller_state{route="local",state="normal"} 1"#,
         r#"rocgate_store_roc{route="shared"} 95.5"#,
+        r#"rocgate_cuts_total{route="shared"} 2"#,
+        r#"rocgate_cut_seconds_total{route="shared"} 7"#,
+        r#"rocgate_controller_transitions_total{route="shared",from="normal",to="cut"} 2"#,
+        r#"rocgate_controller_transitions_total{route="shared",from="recovering",to="cut"} 1"#,
+        r#"rocgate_cuts_total{route="local"} 0"#,
     ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }
@@ -303,6 +313,7 @@ fn gauges_of_what_is_gone_read_nan() {
                 limit_rps: 60.0,
                 state: ControllerState::Cut,
                 roc: 95.5,
+                stepped: Default::default(),
             })
         });
     });

@@ -9,7 +9,7 @@
 
 use rocgate::clock::{Clock, ManualClock, MonotonicClock, Nanos};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
-use rocgate::controller::ControllerState;
+use rocgate::controller::{ControllerState, TransitionCounts};
 use rocgate::engine::{Engine, Key, RouteId};
 use rocgate::limiter::{Algorithm, Reason, Rejection};
 use rocgate::store::redis::{RedisStore, StoreMode};
@@ -412,6 +412,13 @@ async fn cut_together(server: &impl Servers) {
         }
     }
     assert!(same, "the instances disagree on the shared controller");
+    // One instance steps and stores each transition, and counts it: over both, the
+    // fleet's one cut (what `rocgate_cuts_total` sums to).
+    let stepped = |i: &Instance| i.store.view("order").unwrap().stepped;
+    let (sa, sb) = (stepped(&a), stepped(&b));
+    assert_eq!(sa.cuts + sb.cuts, 1, "{sa:?} {sb:?}");
+    let normal_to_cut = |s: TransitionCounts| s.transitions[0][1];
+    assert_eq!(normal_to_cut(sa) + normal_to_cut(sb), 1);
     // Rejections under the cut name it.
     let mut reasons = Vec::new();
     for _ in 0..200 {

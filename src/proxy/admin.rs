@@ -107,6 +107,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
             limit_rps: view.limit_rps,
             state: view.state,
             roc: view.roc,
+            stepped: view.stepped,
         })
     });
     #[cfg(not(feature = "redis"))]

@@ -58,7 +58,9 @@ use super::breaker::{Breaker, Call};
 use super::{FailMode, RedisConfig, RedisServers, SyncMode};
 use crate::clock::{Clock, Nanos};
 use crate::config::{Mode, Partition};
-use crate::controller::{Controller, ControllerMemory, ControllerParams, ControllerState};
+use crate::controller::{
+    Controller, ControllerMemory, ControllerParams, ControllerState, Transition, TransitionCounts,
+};
 use crate::engine::{Engine, RouteId};
 use crate::limiter::{Admit, Algorithm, Decision, Limiter, Reason, Rejection};
 use crate::metrics as metric;
@@ -337,6 +339,10 @@ pub struct SharedView {
     pub state: ControllerState,
     /// ROC of the last slot the shared controller observed.
     pub roc: f64,
+    /// The shared controller's transitions that this instance stepped and stored:
+    /// each is stepped and stored by one instance, so summed over the fleet they are
+    /// the shared controller's.
+    pub stepped: TransitionCounts,
 }
 
 /// A decision, and the reason it rejected the request, or would have in shadow mode.
@@ -375,6 +381,8 @@ struct SharedRoute {
     pending: AtomicU64,
     /// Batched mode: the slot (on this instance's clock) of the last sync.
     synced_slot: AtomicU64,
+    /// The shared controller's transitions stepped and stored here.
+    stepped: Mutex<TransitionCounts>,
 }
 
 impl SharedRoute {
@@ -396,6 +404,7 @@ impl SharedRoute {
             limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
             state: state_of(self.state.load(Ordering::Relaxed)),
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
+            stepped: *self.stepped.lock().unwrap_or_else(PoisonError::into_inner),
         }
     }
 
@@ -785,6 +794,7 @@ impl Inner {
             limit_gauge: metrics::gauge!(metric::STORE_LIMIT, "route" => label.to_string()),
             pending: AtomicU64::new(0),
             synced_slot: AtomicU64::new(u64::MAX),
+            stepped: Mutex::default(),
         });
         if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
             self.set_mode(&old, StoreMode::Shared);
@@ -1169,7 +1179,8 @@ async fn step(
     roll: Roll,
 ) {
     let now = Nanos::new(now_us.saturating_mul(1000));
-    let Some((controller, through)) = replay(params, &r.window, &roll, slot, now) else {
+    let Some((controller, through, transitions)) = replay(params, &r.window, &roll, slot, now)
+    else {
         return;
     };
     let m = controller.memory();
@@ -1192,6 +1203,14 @@ async fn step(
         .arg(r.slot_us)
         .arg(r.window.slots());
     match tokio::time::timeout(inner.config.timeout, inner.conn.invoke::<i64>(&invocation)).await {
+        // Stored: no other instance stores these slots' steps, so counting here counts
+        // each transition once in the fleet.
+        Ok(Ok(1)) => {
+            let mut stepped = r.stepped.lock().unwrap_or_else(PoisonError::into_inner);
+            for (t, entered) in &transitions {
+                stepped.record(t, *entered);
+            }
+        }
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {
             inner.errors.increment(1);
@@ -1201,8 +1220,12 @@ async fn step(
     }
 }
 
+/// Transitions, each with when the state it left was entered.
+type Entered = Vec<(Transition, Nanos)>;
+
 /// The controller after observing every slot from the one after `through` up to
-/// `slot - 1` (at most one window of them), and the new `through`; `None` if there is
+/// `slot - 1` (at most one window of them), the new `through`, and the transitions
+/// on the way, each with when the state it left was entered; `None` if there is
 /// nothing to observe. Times are Redis's, in ns.
 fn replay(
     params: ControllerParams,
@@ -1210,7 +1233,7 @@ fn replay(
     roll: &Roll,
     slot: u64,
     now: Nanos,
-) -> Option<(Controller, u64)> {
+) -> Option<(Controller, u64, Entered)> {
     let last = slot.checked_sub(1)?;
     let slots = window.slots() as u64;
     let half = slots / 2;
@@ -1241,6 +1264,7 @@ fn replay(
     };
     let half_secs = window.half().as_secs_f64();
     let slot_ns = window.slot().as_micros() as u64 * 1000;
+    let mut transitions = Vec::new();
     for s in first..=last {
         let start = (s + 1).saturating_sub(slots);
         let n_prev: u64 = (start..start + half).map(count).sum();
@@ -1255,6 +1279,7 @@ fn replay(
             roc: rate_recent_rps - rate_prev_rps,
         };
         let at = Nanos::new((s + 1).saturating_mul(slot_ns));
+        let entered = controller.entered_at();
         controller.observe(SampleAt { at, sample }, |t| {
             tracing::info!(
                 from = t.from.as_str(),
@@ -1263,9 +1288,10 @@ fn replay(
                 limit_rps = t.limit_rps,
                 "shared controller transition"
             );
+            transitions.push((t, entered));
         });
     }
-    Some((controller, last))
+    Some((controller, last, transitions))
 }
 
 #[cfg(test)]
@@ -1297,7 +1323,7 @@ mod tests {
             ..ControllerParams::default()
         };
         let now = Nanos::from_millis(11_000);
-        let (c, through) = replay(params, &window(), &r, 110, now).unwrap();
+        let (c, through, _) = replay(params, &window(), &r, 110, now).unwrap();
         assert_eq!(through, 109);
         // Half-windows of 0.5 s: 50 then 250 arrivals, 100 → 500 req/s.
         assert_eq!(c.last_roc(), 400.0);
@@ -1323,7 +1349,7 @@ mod tests {
             limit_rps: 200.0,
             last_roc: 0.0,
         });
-        let (c, _) = replay(
+        let (c, _, transitions) = replay(
             ControllerParams::default(),
             &window(),
             &r,
@@ -1333,6 +1359,14 @@ mod tests {
         .unwrap();
         assert_eq!(c.state(), ControllerState::Cut);
         assert_eq!(c.limit_rps(), 60.0);
+        // The cut, with when the state it left (Normal, from the memory) was entered.
+        let [(cut, entered)] = transitions[..] else {
+            panic!("{transitions:?}")
+        };
+        assert_eq!(
+            (cut.from, cut.to, entered),
+            (ControllerState::Normal, ControllerState::Cut, Nanos::ZERO)
+        );
     }
 
     #[test]
@@ -1350,7 +1384,7 @@ mod tests {
             last_roc: 0.0,
         });
         let now = Nanos::from_secs(11);
-        let (c, through) = replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
+        let (c, through, _) = replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
         assert_eq!(through, 109);
         assert_eq!(c.last_roc(), 900.0);
         // A spike, but no action for one window from now, as after a local reload.
