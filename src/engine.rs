@@ -298,12 +298,14 @@ impl Engine {
         self
     }
 
-    /// The first route that takes a request with this method and path.
+    /// The first route that takes a request with this method and path (compared
+    /// once [normalized](crate::config::normalize_path)).
     #[inline]
     pub fn route_for(&self, method: &str, path: &str) -> Option<RouteId> {
+        let path = crate::config::normalize_path(path);
         self.matchers
             .iter()
-            .position(|m| m.matches(method, path))
+            .position(|m| m.matches(method, &path))
             .map(RouteId)
     }
 

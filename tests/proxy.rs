@@ -500,6 +500,43 @@ async fn rejection_through_the_proxy_carries_retry_after_ratelimit_headers_and_j
     );
 }
 
+#[tokio::test]
+async fn another_spelling_of_a_routes_path_does_not_evade_its_limit() {
+    let upstream = start_upstream().await;
+    let mut order = trickle_route("order", "/", 1);
+    order.matcher = RouteMatch::exact("POST", "/api/order");
+    // A catch-all with room to spare, as in the default config: a request the order
+    // route misses is admitted there.
+    let all = trickle_route("default", "/", 1000);
+    let proxy = start_proxy(settings(upstream.addr), vec![order, all]).await;
+    let post = |path: &str| {
+        format!("POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    };
+    let status = |path: &'static str| {
+        let request = post(path);
+        async move { statuses(&raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await) }
+    };
+    assert_eq!(
+        status("/api/order").await,
+        [200],
+        "the order route's one token"
+    );
+    for path in [
+        "/api/order/",
+        "//api/order",
+        "/api//order",
+        "/api/./order",
+        "/api/x/../order",
+        "/api/%6Frder",
+        "/%61pi/order/.",
+    ] {
+        assert_eq!(status(path).await, [429], "{path} is /api/order");
+    }
+    for path in ["/api/orders", "/api/order/x", "/api/x/order"] {
+        assert_eq!(status(path).await, [200], "{path} is another path");
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 3. Hop-by-hop headers
 

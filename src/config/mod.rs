@@ -205,22 +205,117 @@ impl PathPattern {
         Some(PathPattern::Template(segments))
     }
 
-    /// Whether `path` (without query string) matches.
+    /// Whether `path` (without query string, [normalized](normalize_path)) matches. An
+    /// exact path or a template matches with or without a trailing slash.
     #[inline]
     pub fn matches(&self, path: &str) -> bool {
         match self {
-            PathPattern::Exact(p) => p == path,
+            PathPattern::Exact(p) => {
+                p == path || without_trailing_slash(p) == without_trailing_slash(path)
+            }
             PathPattern::Prefix(p) => path.starts_with(p.as_str()),
             PathPattern::Template(segments) => template_matches(segments, path),
         }
     }
 }
 
-/// Whether `path` matches a template, segment by segment. Out of line, so that the
-/// exact and prefix matches stay small where they are inlined.
+/// `path` without its trailing slash, unless it is the root.
+fn without_trailing_slash(path: &str) -> &str {
+    match path.strip_suffix('/') {
+        Some(rest) if !rest.is_empty() => rest,
+        _ => path,
+    }
+}
+
+/// A request path as routes see it: percent-encoded unreserved characters decoded
+/// (`%6F` is `o`) and dot segments removed (`/a/./b/../c` is `/a/c`), as RFC 3986
+/// §6.2.2 makes them equivalent, and runs of slashes merged (`//a//b` is `/a/b`), as
+/// most servers do. A client cannot then send a route's path spelled otherwise, reach
+/// the same handler and escape the route's limit. An encoded slash (`%2F`) stays
+/// encoded, as servers keep it inside its segment. Paths that need none of this (no
+/// `%`, no `//`, no `/.`) are returned as they are.
+///
+/// ```
+/// use rocgate::config::normalize_path;
+///
+/// assert_eq!(normalize_path("/api/order"), "/api/order");
+/// assert_eq!(normalize_path("//api/x/../%6Frder/."), "/api/order/");
+/// assert_eq!(normalize_path("/api%2Forder"), "/api%2Forder");
+/// assert_eq!(normalize_path("/.."), "/");
+/// ```
+pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
+    let bytes = path.as_bytes();
+    let plain = !bytes
+        .iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'%' || (b == b'/' && matches!(bytes.get(i + 1), Some(b'/' | b'.'))));
+    if plain || !path.starts_with('/') {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let unreserved = match (bytes[i], bytes.get(i + 1..i + 3)) {
+            (b'%', Some(&[hi, lo])) => hex(hi)
+                .zip(hex(lo))
+                .map(|(hi, lo)| (hi << 4) | lo)
+                .filter(|c| c.is_ascii_alphanumeric() || b"-._~".contains(c)),
+            _ => None,
+        };
+        match unreserved {
+            Some(c) => {
+                decoded.push(c);
+                i += 3;
+            }
+            None => {
+                decoded.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    // Only ASCII bytes were decoded, so the text is still whole.
+    let decoded = String::from_utf8_lossy(&decoded);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for segment in &segments {
+        out.push('/');
+        out.push_str(segment);
+    }
+    let ends_in_directory = ["/", "/.", "/.."].iter().any(|end| decoded.ends_with(end));
+    if out.is_empty() || ends_in_directory {
+        out.push('/');
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The value of a hexadecimal digit.
+fn hex(digit: u8) -> Option<u8> {
+    char::from(digit)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
+}
+
+/// Whether `path` matches a template, segment by segment (a trailing slash on either
+/// is no segment). Out of line, so that the exact and prefix matches stay small where
+/// they are inlined.
 #[inline(never)]
 fn template_matches(segments: &[Segment], path: &str) -> bool {
-    let mut parts = path.trim_start_matches('/').split('/');
+    let segments = match segments.split_last() {
+        Some((Segment::Literal(l), rest)) if l.is_empty() && !rest.is_empty() => rest,
+        _ => segments,
+    };
+    let mut parts = without_trailing_slash(path)
+        .trim_start_matches('/')
+        .split('/');
     segments.iter().all(|seg| match (seg, parts.next()) {
         (Segment::Literal(l), Some(p)) => l == p,
         (Segment::Param(_), Some(p)) => !p.is_empty(),
