@@ -616,7 +616,8 @@ fn forwarded_request() -> Request<Full<Bytes>> {
             .header("x-forwarded-for", "6.6.6.6, 10.0.0.1")
             .header("x-forwarded-for", "10.0.0.2")
             .header("x-forwarded-proto", "https")
-            .header("x-forwarded-host", "public.example"),
+            .header("x-forwarded-host", "public.example")
+            .header("forwarded", "for=6.6.6.6;proto=https;host=public.example"),
     )
 }
 
@@ -634,6 +635,8 @@ async fn forwarded_headers_from_an_untrusted_peer_are_replaced() {
     assert_eq!(h["x-forwarded-host"], HOST);
     assert_eq!(h["x-forwarded-proto"], "http");
     assert_eq!(h[header::HOST], HOST);
+    // RFC 7239's header says the same things, and upstreams that read it prefer it.
+    assert!(!h.contains_key("forwarded"), "{h:?}");
 }
 
 #[tokio::test]
@@ -656,6 +659,10 @@ async fn forwarded_headers_from_a_trusted_proxy_are_kept_and_extended() {
     );
     assert_eq!(h["x-forwarded-host"], "public.example");
     assert_eq!(h["x-forwarded-proto"], "https");
+    assert_eq!(
+        h["forwarded"],
+        "for=6.6.6.6;proto=https;host=public.example"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,6 +75,7 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
 /// Removes hop-by-hop headers, including every header named in `Connection`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -229,7 +230,8 @@ impl Inner {
 
     /// `X-Forwarded-For`: the chain is kept and extended only when the peer is a
     /// trusted proxy; otherwise it is replaced by the peer, so clients cannot forge
-    /// it for the upstream. `X-Forwarded-Proto` and `-Host` likewise.
+    /// it for the upstream. `X-Forwarded-Proto` and `-Host` likewise; RFC 7239's
+    /// `Forwarded`, which says the same things, is kept from a trusted proxy only.
     fn set_forwarded(
         &self,
         headers: &mut HeaderMap,
@@ -250,6 +252,9 @@ impl Inner {
             }
         }
         headers.remove(&X_FORWARDED_FOR);
+        if !trusted {
+            headers.remove(&FORWARDED);
+        }
         if let Some(ip) = peer {
             if !chain.is_empty() {
                 chain.push_str(", ");
