@@ -1254,6 +1254,24 @@ async fn a_request_without_host_gets_the_upstreams_on_every_path() {
 }
 
 #[tokio::test]
+async fn an_absolute_form_requests_host_is_its_targets() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    // RFC 9112 §3.2.2: the Host of a request in absolute form is replaced by the
+    // authority of its target.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"GET http://shop.example/abs HTTP/1.1\r\nHost: other.example\r\nConnection: close\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    assert_eq!(statuses(&raw), [200]);
+    let seen = upstream.only("/abs");
+    assert_eq!(seen.headers[header::HOST], "shop.example");
+    assert_eq!(seen.headers["x-forwarded-host"], "shop.example");
+}
+
+#[tokio::test]
 async fn a_lane_recovers_after_a_response_timeout() {
     let upstream = start_upstream().await;
     let mut short = settings(upstream.addr);

@@ -191,12 +191,13 @@ impl Inner {
         if declared.is_some_and(|n| n > max) {
             return Err(ProxyError::BodyTooLarge);
         }
-        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
+        // The target's authority wins over `Host` (RFC 9112 §3.2.2; HTTP/2's
+        // `:authority`), which a request in origin form carries alone.
+        let original_host = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .or_else(|| parts.headers.get(header::HOST).cloned());
         strip_hop_by_hop(&mut parts.headers);
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
