@@ -1272,6 +1272,24 @@ async fn an_absolute_form_requests_host_is_its_targets() {
 }
 
 #[tokio::test]
+async fn connect_is_refused_and_never_reaches_the_upstream() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        settings(upstream.addr),
+        vec![trickle_route("all", "/", 1000)],
+    )
+    .await;
+    let raw = raw_exchange(
+        proxy.addr,
+        b"CONNECT db.internal:5432 HTTP/1.1\r\nHost: db.internal:5432\r\n\r\n",
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(statuses(&raw), [400], "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(upstream.hits(), 0, "{:?}", upstream.all_paths());
+}
+
+#[tokio::test]
 async fn a_lane_recovers_after_a_response_timeout() {
     let upstream = start_upstream().await;
     let mut short = settings(upstream.addr);

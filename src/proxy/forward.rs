@@ -182,6 +182,11 @@ impl Inner {
     /// Rewrites a client request into the upstream request.
     fn rewrite(&self, req: Request<Incoming>) -> Result<Request<Body>, ProxyError> {
         let (mut parts, body) = req.into_parts();
+        // A tunnel is not forwarding: sent on, it would ask the upstream for one to
+        // itself, and no route's limit would hold it (its target has no path).
+        if parts.method == http::Method::CONNECT {
+            return Err(ProxyError::BadRequest);
+        }
         let max = self.settings.max_body_bytes;
         let declared = parts
             .headers
