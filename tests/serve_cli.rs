@@ -139,3 +139,46 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     };
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// Kills the child it holds when dropped (a test that fails leaves no process behind).
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `--upstream` is held to the file's rules: a path the proxy would silently drop is
+/// an error, not a proxy that forwards elsewhere than asked.
+#[tokio::test]
+async fn an_upstream_flag_with_a_path_is_refused_with_exit_code_2() {
+    for upstream in [
+        "http://127.0.0.1:1/api",
+        "http://user@127.0.0.1:1",
+        "http://127.0.0.1:1?x=1",
+    ] {
+        let child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--upstream", upstream])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut child = Reap(child);
+        let mut status = None;
+        for _ in 0..200 {
+            status = child.0.try_wait().unwrap();
+            if status.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let status = status.unwrap_or_else(|| panic!("serve --upstream {upstream} kept running"));
+        assert_eq!(status.code(), Some(2), "{upstream}");
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(stderr.contains("--upstream"), "{upstream}: {stderr}");
+    }
+}

@@ -11,9 +11,15 @@ fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, St
     let upstream: http::Uri = upstream_text
         .parse()
         .map_err(|e| format!("--upstream {upstream_text:?}: {e}"))?;
-    if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
+    // As the file's `server.upstream`: only the authority is used, so a path, a query
+    // or user info would be dropped without a word.
+    let extra = upstream.path_and_query().is_some_and(|p| p.as_str() != "/")
+        || upstream
+            .authority()
+            .is_some_and(|a| a.as_str().contains('@'));
+    if upstream.scheme_str() != Some("http") || upstream.authority().is_none() || extra {
         return Err(format!(
-            "--upstream {upstream_text:?}: must be http://host[:port] (TLS upstreams are not supported)"
+            "--upstream {upstream_text:?}: must be http://host[:port] with no path (TLS upstreams are not supported)"
         ));
     }
     let mut settings = ProxySettings::from_server(server, upstream);
