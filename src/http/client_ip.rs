@@ -15,6 +15,8 @@ pub struct PeerAddr(pub SocketAddr);
 /// The socket peer is the client unless it belongs to one of the trusted proxy
 /// networks. Then `X-Forwarded-For` is walked from the right (the entry the nearest
 /// proxy appended) past every trusted address; the first untrusted one is the client.
+/// An entry may carry a port (`203.0.113.7:5123`, `[2001:db8::7]:443`), which is
+/// ignored; a malformed one ends the walk.
 /// Headers from untrusted peers are ignored, so a client cannot choose its own key.
 ///
 /// ```
@@ -64,7 +66,12 @@ impl ClientIpResolver {
             .rev()
             .flat_map(|v| v.to_str().unwrap_or("").rsplit(','));
         for entry in entries {
-            match entry.trim().parse::<IpAddr>() {
+            let entry = entry.trim();
+            // An address, or one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`).
+            let ip = entry
+                .parse::<IpAddr>()
+                .or_else(|_| entry.parse::<SocketAddr>().map(|a| a.ip()));
+            match ip {
                 Ok(ip) => {
                     client = canonical(ip);
                     if !self.is_trusted(client) {
@@ -135,6 +142,16 @@ mod tests {
             r.resolve(Some(ip("10.0.0.1")), &HeaderMap::new()),
             Some(ip("10.0.0.1"))
         );
+    }
+
+    #[test]
+    fn entries_with_a_port_are_their_address() {
+        // Some load balancers (Azure Application Gateway) append `address:port`.
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let h = headers(&["6.6.6.6, 203.0.113.7:5123, 10.0.0.2:443"]);
+        assert_eq!(r.resolve(Some(ip("10.0.0.1")), &h), Some(ip("203.0.113.7")));
+        let h = headers(&["[2001:db8::7]:443"]);
+        assert_eq!(r.resolve(Some(ip("10.0.0.1")), &h), Some(ip("2001:db8::7")));
     }
 
     #[test]
