@@ -242,6 +242,39 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
 }
 
 #[tokio::test]
+async fn a_reload_names_the_changes_that_wait_for_a_restart() {
+    let p = start(None).await;
+    // A token rotated in the file: the running admin API keeps the one it started
+    // with, and the operator must hear that the new one is not in force.
+    let rotated = format!(
+        "{CONFIG}\n[admin]\ntoken = \"rotated\"\n[server]\ntrusted_proxies = [\"10.0.0.0/8\"]\n"
+    );
+    std::fs::write(
+        &p.file,
+        rotated.replace("base_limit = 1000", "base_limit = 800"),
+    )
+    .unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["restart_required"],
+        serde_json::json!(["[server]", "[admin]"]),
+        "{body}"
+    );
+    let (_, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
+    assert_eq!(
+        route(&all, "rest")["base_limit_rps"],
+        800.0,
+        "the routes are reloaded"
+    );
+    std::fs::write(&p.file, CONFIG).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["restart_required"], serde_json::json!([]), "{body}");
+    p.stop().await;
+}
+
+#[tokio::test]
 async fn mutating_endpoints_require_the_token_when_set() {
     let p = start(Some("s3cret")).await;
     assert_eq!(

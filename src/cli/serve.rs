@@ -51,7 +51,7 @@ async fn shutdown_signal() {
 }
 
 /// Reloads the config file on every SIGHUP; a bad file is logged and the running
-/// config kept.
+/// config kept (as are the sections that wait for a restart, by the reloader).
 fn reload_on_sighup(reloader: Reloader) {
     #[cfg(unix)]
     tokio::spawn(async move {

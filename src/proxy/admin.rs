@@ -8,7 +8,7 @@
 //! | `GET /metrics` | Prometheus metrics (see [`crate::metrics`]) |
 //! | `GET /admin/routes` | every route's live state as JSON |
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
-//! | `POST /admin/reload` | read the config file again |
+//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart) |
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
 //! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen |
 //!
@@ -195,7 +195,9 @@ async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response
         return denied;
     }
     match state.reloader.reload() {
-        Ok(()) => Json(json!({ "reloaded": true })).into_response(),
+        Ok(waiting) => {
+            Json(json!({ "reloaded": true, "restart_required": waiting })).into_response()
+        }
         Err(errors) => error(StatusCode::UNPROCESSABLE_ENTITY, errors),
     }
 }

@@ -105,6 +105,9 @@ pub struct Reloader {
     /// Told of each new engine, to forget the routes it no longer shares.
     #[cfg(feature = "redis")]
     store: Option<crate::store::redis::RedisStore>,
+    /// The sections read once, at start (`[server]`, `[admin]`, `[hints]`, `[store]`),
+    /// as the proxy started with them; the routes are left out.
+    started: Arc<Config>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -127,8 +130,10 @@ impl Reloader {
     }
 
     /// Reads the config file again and swaps the engine. An invalid file, or a proxy
-    /// started without one, keeps the running config and returns every error.
-    pub fn reload(&self) -> Result<(), Vec<String>> {
+    /// started without one, keeps the running config and returns every error. The
+    /// routes take effect at once; the other sections only at a restart: those whose
+    /// content differs from the proxy's start are returned (`"[admin]"`, …) and logged.
+    pub fn reload(&self) -> Result<Vec<&'static str>, Vec<String>> {
         let Some(path) = &self.source else {
             return Err(vec![
                 "no config file to reload: rocgate was started with the embedded default".into(),
@@ -149,8 +154,37 @@ impl Reloader {
             store.retain(&next);
         }
         tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
-        Ok(())
+        let waiting = needing_restart(&self.started, &config);
+        for section in &waiting {
+            tracing::warn!(
+                section,
+                "changed in the file, but takes effect only at a restart"
+            );
+        }
+        Ok(waiting)
     }
+}
+
+/// The sections of `next` read only at start that differ from those of `started`.
+fn needing_restart(started: &Config, next: &Config) -> Vec<&'static str> {
+    let (a, b) = (&started.server, &next.server);
+    let server = |s: &ServerConfig| ServerConfig {
+        admin_listen: a.admin_listen,
+        admin_token: None,
+        ..s.clone()
+    };
+    [
+        ("[server]", server(a) != server(b)),
+        (
+            "[admin]",
+            (a.admin_listen, &a.admin_token) != (b.admin_listen, &b.admin_token),
+        ),
+        ("[hints]", started.hints != next.hints),
+        ("[store]", started.store != next.store),
+    ]
+    .into_iter()
+    .filter_map(|(section, changed)| changed.then_some(section))
+    .collect()
 }
 
 impl std::fmt::Debug for Proxy {
@@ -227,6 +261,10 @@ impl Proxy {
                 source,
                 #[cfg(feature = "redis")]
                 store,
+                started: Arc::new(Config {
+                    routes: Vec::new(),
+                    ..config.clone()
+                }),
             },
         })
     }
