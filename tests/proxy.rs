@@ -1042,6 +1042,49 @@ async fn chunked_body_over_the_limit_gets_413_mid_stream() {
     );
 }
 
+/// A client that stops sending its body is not an upstream failure: the tuning hints
+/// would take it for one (and suggest a lower limit while clients give up in a sale),
+/// and so would whoever reads `rocgate_upstream_errors_total{kind="upstream_error"}`.
+#[tokio::test]
+async fn a_client_that_aborts_its_body_is_not_an_upstream_error() {
+    let upstream = start_upstream().await;
+    let route = trickle_route("aborted_uploads", "/", 1000);
+    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    let mut stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 50\r\n\r\nabc")
+        .await
+        .unwrap();
+    upstream.wait_for_hits(1).await;
+    drop(stream);
+    let counted = |text: &str, kind: &str| {
+        let series =
+            format!("rocgate_upstream_errors_total{{route=\"aborted_uploads\",kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map(str::to_owned)
+    };
+    let text = within("the abort counted", async {
+        loop {
+            let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+            let text = String::from_utf8_lossy(&metrics.body).into_owned();
+            if text.contains("route=\"aborted_uploads\",kind=") {
+                return text;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        counted(&text, "client_aborted").as_deref(),
+        Some("1"),
+        "{text}"
+    );
+    assert_eq!(counted(&text, "upstream_error"), None, "{text}");
+}
+
 // ---------------------------------------------------------------------------------
 // 8. Upstream failures
 

@@ -11,6 +11,9 @@ pub enum ProxyError {
     BadRequest,
     /// The request body is larger than `max_body_bytes` (413).
     BodyTooLarge,
+    /// The client stopped sending its request body before its end (400): the client's
+    /// doing, not the upstream's.
+    ClientAborted,
     /// The upstream refused or reset the connection, or spoke broken HTTP (502).
     Upstream(Box<dyn std::error::Error + Send + Sync>),
     /// Connecting to the upstream took longer than `connect_timeout` (504).
@@ -24,6 +27,7 @@ impl fmt::Display for ProxyError {
         match self {
             ProxyError::BadRequest => f.write_str("request cannot be forwarded"),
             ProxyError::BodyTooLarge => f.write_str("request body too large"),
+            ProxyError::ClientAborted => f.write_str("client aborted the request body"),
             ProxyError::Upstream(e) => write!(f, "upstream error: {e}"),
             ProxyError::ConnectTimeout => f.write_str("upstream connect timed out"),
             ProxyError::ResponseTimeout => f.write_str("upstream response timed out"),
@@ -70,20 +74,36 @@ impl ProxyError {
         ProxyError::Upstream(e)
     }
 
-    /// Classifies an upstream failure: a body over the limit (surfacing through the
-    /// upstream request), or another upstream failure.
+    /// Classifies an upstream failure: a body over the limit or cut short by the
+    /// client (surfacing through the upstream request), or another upstream failure.
     pub(crate) fn upstream(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         let e = e.into();
         if caused_by(&*e, |s| s.is::<http_body_util::LengthLimitError>()) {
             return ProxyError::BodyTooLarge;
         }
+        // The request body reaches the upstream client as an `axum::Body`, whose
+        // errors are `axum::Error`s: nothing else in an upstream failure is one.
+        if caused_by(&*e, |s| s.is::<axum::Error>()) {
+            return ProxyError::ClientAborted;
+        }
         ProxyError::Upstream(e)
+    }
+
+    /// Whether the upstream failed (what the tuning hints count against its health),
+    /// rather than the request.
+    pub(crate) fn is_upstream_failure(&self) -> bool {
+        match self {
+            ProxyError::BadRequest | ProxyError::BodyTooLarge | ProxyError::ClientAborted => false,
+            ProxyError::Upstream(_) | ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => {
+                true
+            }
+        }
     }
 
     /// The status a client gets for this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadRequest => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest | ProxyError::ClientAborted => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -95,6 +115,7 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest => "bad_request",
             ProxyError::BodyTooLarge => "body_too_large",
+            ProxyError::ClientAborted => "client_aborted",
             ProxyError::Upstream(_) => "upstream_error",
             ProxyError::ConnectTimeout => "connect_timeout",
             ProxyError::ResponseTimeout => "response_timeout",

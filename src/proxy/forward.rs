@@ -318,10 +318,15 @@ impl Inner {
                     metrics::histogram!(metric::UPSTREAM_DURATION, "route" => Arc::clone(&route), "status_class" => class)
                         .record(took.as_secs_f64());
                 }
-                let failed = result
-                    .as_ref()
-                    .map_or(true, |r| r.status().is_server_error());
-                self.meter.record(&route, took, failed);
+                // A request the client cut short, or made too large, says nothing of
+                // the upstream's health (nor, its time being the client's, of its latency).
+                let failed = match &result {
+                    Ok(r) => Some(r.status().is_server_error()),
+                    Err(e) => e.is_upstream_failure().then_some(true),
+                };
+                if let Some(failed) = failed {
+                    self.meter.record(&route, took, failed);
+                }
                 result
             }
             Err(e) => Err(e),
