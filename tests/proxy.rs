@@ -983,6 +983,30 @@ async fn silent_connection_is_closed_within_the_header_read_timeout() {
     assert!(received.is_empty(), "{received:?}");
 }
 
+#[tokio::test]
+async fn an_h2c_connection_gone_silent_is_closed() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+
+    let start = Instant::now();
+    let mut stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    // The HTTP/2 preface and an empty SETTINGS frame, then nothing: no head to time.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let closed = timeout(
+        3 * HEADER_READ_TIMEOUT + Duration::from_secs(1),
+        read_until_closed(&mut stream, &mut received),
+    )
+    .await;
+    let elapsed = start.elapsed();
+    assert!(closed.is_ok(), "still open after {elapsed:?}");
+}
+
 // ---------------------------------------------------------------------------------
 // 7. Body limit
 

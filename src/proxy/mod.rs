@@ -5,7 +5,8 @@
 //! over pooled keep-alive HTTP/1.1 connections. Admission is decided before the request
 //! body is read, so a rejected request is never forwarded and its body never read.
 //! Bodies stream both ways. A connection must send its first byte, then its complete
-//! request head, within `header_read_timeout` (slowloris). On shutdown the listeners
+//! request head, within `header_read_timeout` (slowloris); an HTTP/2 connection silent
+//! that long is pinged, and closed unless it answers within as long. On shutdown the listeners
 //! close at once and requests in flight get up to `shutdown_grace` to finish.
 
 mod admin;
@@ -374,6 +375,13 @@ impl Proxy {
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(self.settings.header_read_timeout);
+        // HTTP/2 has no head timeout: a connection whose peer sends nothing for that
+        // long is pinged, and closed if the peer does not answer within as long.
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(self.settings.header_read_timeout)
+            .keep_alive_timeout(self.settings.header_read_timeout);
         let graceful = GracefulShutdown::new();
         tokio::pin!(shutdown);
         loop {
