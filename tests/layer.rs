@@ -282,3 +282,35 @@ async fn around_the_router_it_decides_before_routing() {
     assert_eq!(hits.load(Ordering::Relaxed), CAPACITY);
     assert_eq!(unrouted, StatusCode::NOT_FOUND);
 }
+
+/// `Router::nest` strips its prefix from the URI the nested router and its layers see:
+/// the config's routes, written for the whole path, must still match.
+#[tokio::test]
+async fn config_routes_match_inside_a_nested_router() {
+    let (l, _clock) = layer(vec![route(
+        "order",
+        RouteMatch::exact("POST", "/api/order"),
+        1.0,
+    )]);
+    let hits = Arc::new(AtomicU64::new(0));
+    let counted = hits.clone();
+    let api = Router::new()
+        .route(
+            "/order",
+            post(move || {
+                let hits = counted.clone();
+                async move {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                    "ordered"
+                }
+            }),
+        )
+        .layer(l);
+    let app = Router::new().nest("/api", api);
+    let statuses = [
+        app.clone().oneshot(post_order()).await.unwrap().status(),
+        app.clone().oneshot(post_order()).await.unwrap().status(),
+    ];
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    assert_eq!(hits.load(Ordering::Relaxed), 1);
+}

@@ -7,7 +7,7 @@ use crate::config::{Config, Partition};
 use crate::engine::{Engine, Key, RouteId};
 use crate::limiter::Decision;
 use arc_swap::ArcSwap;
-use axum::extract::{ConnectInfo, MatchedPath};
+use axum::extract::{ConnectInfo, MatchedPath, OriginalUri};
 use http::Request;
 use ipnet::IpNet;
 use std::net::SocketAddr;
@@ -17,7 +17,8 @@ use std::time::SystemTime;
 /// How a request is mapped to a route.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RouteKey {
-    /// The config's route matching (method and path pattern), in config order.
+    /// The config's route matching (method and path pattern), in config order, on the
+    /// request's whole path (axum's `OriginalUri` inside a nested router).
     #[default]
     Config,
     /// axum's `MatchedPath` (the route template, such as `/api/items/{id}`) matched
@@ -58,7 +59,15 @@ impl Gate {
     pub(crate) fn route_of<B>(&self, engine: &Engine, req: &Request<B>) -> Option<RouteId> {
         let method = req.method().as_str();
         match self.route_key {
-            RouteKey::Config => engine.route_for(method, req.uri().path()),
+            RouteKey::Config => {
+                // Inside a router nested with `Router::nest`, axum has stripped the
+                // prefix from the URI; the original has the path routes are written for.
+                let uri = req
+                    .extensions()
+                    .get::<OriginalUri>()
+                    .map_or(req.uri(), |o| &o.0);
+                engine.route_for(method, uri.path())
+            }
             RouteKey::MatchedPath => {
                 let path = req.extensions().get::<MatchedPath>()?;
                 engine.route_for(method, path.as_str())
