@@ -10,8 +10,10 @@ use rocgate::config::Config;
 use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// One route limited to 50 req/s with a bucket of one second, history in 200 ms
@@ -181,4 +183,55 @@ fn the_cli_reports_an_unreachable_admin_api() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--admin"));
+}
+
+/// An admin API that answers every `GET /admin/hints` with `report`, and the periods
+/// it was asked for.
+async fn fake_admin(report: &'static str) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = Arc::clone(&asked);
+    let app = Router::new().route(
+        "/admin/hints",
+        axum::routing::get(
+            move |axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>| {
+                seen.lock()
+                    .unwrap()
+                    .push(q.get("period").cloned().unwrap_or_default());
+                async move { ([("content-type", "application/json")], report) }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, asked)
+}
+
+/// Runs `rocgate hints` with these arguments, off the runtime's threads.
+async fn hints_cli(args: Vec<String>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .arg("hints")
+            .args(args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_passes_on_a_period_with_a_space() {
+    let (admin, asked) = fake_admin(r#"{"period_s":5400,"interval_s":10,"routes":[]}"#).await;
+    let args = vec![
+        "--admin".into(),
+        format!("http://{admin}"),
+        "--period".into(),
+        "1h 30m".into(),
+    ];
+    let out = hints_cli(args).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(*asked.lock().unwrap(), ["1h 30m"]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("hints over the last 1h 30m"));
 }

@@ -17,8 +17,19 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Fetches and prints the hints.
 pub(crate) fn run(args: HintsArgs) -> ExitCode {
+    if humantime::parse_duration(&args.period).map_or(true, |p| p.is_zero()) {
+        eprintln!(
+            "--period: must be a duration such as 15m or 1h, got {:?}",
+            args.period
+        );
+        return ExitCode::from(2);
+    }
     let base = args.admin.trim_end_matches('/');
-    let url: http::Uri = match format!("{base}/admin/hints?period={}", args.period).parse() {
+    // Encoded: a period may hold spaces ("1h 30m").
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("period", &args.period)
+        .finish();
+    let url: http::Uri = match format!("{base}/admin/hints?{query}").parse() {
         Ok(u) if base.starts_with("http://") => u,
         _ => {
             eprintln!(
@@ -28,13 +39,6 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if humantime::parse_duration(&args.period).map_or(true, |p| p.is_zero()) {
-        eprintln!(
-            "--period: must be a duration such as 15m or 1h, got {:?}",
-            args.period
-        );
-        return ExitCode::from(2);
-    }
     let body = match fetch(url.clone()) {
         Ok(b) => b,
         Err(e) => {
