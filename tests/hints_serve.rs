@@ -235,3 +235,12 @@ async fn the_cli_passes_on_a_period_with_a_space() {
     assert_eq!(*asked.lock().unwrap(), ["1h 30m"]);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("hints over the last 1h 30m"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_does_not_panic_on_an_answer_out_of_range() {
+    let (admin, _) = fake_admin(r#"{"period_s":1e300,"interval_s":10,"routes":[]}"#).await;
+    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}

@@ -96,10 +96,12 @@ fn fetch(url: http::Uri) -> Result<String, String> {
 }
 
 fn render(report: &HintsReport) -> String {
-    let mut out = format!(
-        "hints over the last {}\n",
-        humantime::format_duration(Duration::from_secs_f64(report.period_s.max(0.0)))
+    // The answer is input: a period no `Duration` holds is printed in seconds.
+    let period = Duration::try_from_secs_f64(report.period_s).map_or_else(
+        |_| format!("{} s", report.period_s),
+        |d| humantime::format_duration(d).to_string(),
     );
+    let mut out = format!("hints over the last {period}\n");
     if report.routes.is_empty() {
         out.push_str("  no history yet: the first interval has not ended\n");
     }
