@@ -293,3 +293,14 @@ fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
         "{text}"
     );
 }
+
+#[test]
+fn a_duration_beyond_any_length_is_a_flag_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["demo", "--duration", "1e30"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--duration"), "{stderr}");
+}

@@ -32,9 +32,9 @@ pub(crate) struct DemoArgs {
 
 /// A `--duration`: whole or decimal seconds, or a humantime duration.
 fn parse_plan(text: &str) -> Result<Plan, String> {
-    let duration = match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s),
-        Ok(_) => return Err(format!("{text:?} is not a length of time")),
+    let duration = match text.parse::<f64>().map(Duration::try_from_secs_f64) {
+        Ok(Ok(d)) => d,
+        Ok(Err(_)) => return Err(format!("{text:?} is not a length of time")),
         Err(_) => humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?,
     };
     Plan::new(duration).map_err(|e| {
