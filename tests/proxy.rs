@@ -537,6 +537,23 @@ async fn another_spelling_of_a_routes_path_does_not_evade_its_limit() {
     }
 }
 
+#[tokio::test]
+async fn options_asterisk_does_not_evade_a_catch_all_limit() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), vec![trickle_route("all", "/", 1)]).await;
+    let request = |line: &str| format!("{line}\r\nHost: {HOST}\r\nConnection: close\r\n\r\n");
+    let raw = raw_exchange(proxy.addr, request("GET / HTTP/1.1").as_bytes(), IO_TIMEOUT).await;
+    assert_eq!(statuses(&raw), [200], "the route's one token");
+    let raw = raw_exchange(
+        proxy.addr,
+        request("OPTIONS * HTTP/1.1").as_bytes(),
+        IO_TIMEOUT,
+    )
+    .await;
+    assert_eq!(statuses(&raw), [429], "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(upstream.hits(), 1);
+}
+
 // ---------------------------------------------------------------------------------
 // 3. Hop-by-hop headers
 

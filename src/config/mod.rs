@@ -232,8 +232,9 @@ fn without_trailing_slash(path: &str) -> &str {
 /// §6.2.2 makes them equivalent, and runs of slashes merged (`//a//b` is `/a/b`), as
 /// most servers do. A client cannot then send a route's path spelled otherwise, reach
 /// the same handler and escape the route's limit. An encoded slash (`%2F`) stays
-/// encoded, as servers keep it inside its segment. Paths that need none of this (no
-/// `%`, no `//`, no `/.`) are returned as they are.
+/// encoded, as servers keep it inside its segment. A target that is no path (`OPTIONS
+/// *`) is `/`, so that a catch-all route limits it too. Paths that need none of this
+/// (no `%`, no `//`, no `/.`) are returned as they are.
 ///
 /// ```
 /// use rocgate::config::normalize_path;
@@ -242,14 +243,18 @@ fn without_trailing_slash(path: &str) -> &str {
 /// assert_eq!(normalize_path("//api/x/../%6Frder/."), "/api/order/");
 /// assert_eq!(normalize_path("/api%2Forder"), "/api%2Forder");
 /// assert_eq!(normalize_path("/.."), "/");
+/// assert_eq!(normalize_path("*"), "/");
 /// ```
 pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.starts_with('/') {
+        return std::borrow::Cow::Borrowed("/");
+    }
     let bytes = path.as_bytes();
     let plain = !bytes
         .iter()
         .enumerate()
         .any(|(i, &b)| b == b'%' || (b == b'/' && matches!(bytes.get(i + 1), Some(b'/' | b'.'))));
-    if plain || !path.starts_with('/') {
+    if plain {
         return std::borrow::Cow::Borrowed(path);
     }
     let mut decoded = Vec::with_capacity(bytes.len());
