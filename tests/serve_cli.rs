@@ -182,3 +182,56 @@ async fn an_upstream_flag_with_a_path_is_refused_with_exit_code_2() {
         assert!(stderr.contains("--upstream"), "{upstream}: {stderr}");
     }
 }
+
+/// Out of file descriptors, `accept` fails at once for as long as connections wait in
+/// the backlog: retried straight away, it spins a core and floods the log (66,000
+/// warnings a second here), on the machine a flash sale has already loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_descriptors_the_accept_loop_backs_off() {
+    let up = upstream(Duration::ZERO, Arc::default()).await;
+    let command = format!(
+        "ulimit -n 40 && exec {} serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 --upstream http://{up}",
+        env!("CARGO_BIN_EXE_rocgate")
+    );
+    let mut child = Reap(
+        Command::new("sh")
+            .args(["-c", &command])
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let listen = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("serve logs its address");
+        if let Some(addr) = field(&line, "listen=") {
+            break addr;
+        }
+    };
+    // Silent connections: each holds a descriptor until the header read timeout.
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        held.push(tokio::net::TcpStream::connect(listen).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let failures = rx
+        .try_iter()
+        .filter(|line| line.contains("accept failed"))
+        .count();
+    assert!(failures >= 1, "the descriptors ran out");
+    assert!(
+        failures < 100,
+        "{failures} accept failures logged in a second"
+    );
+}

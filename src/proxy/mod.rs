@@ -390,6 +390,15 @@ impl Proxy {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
+                        // Out of file descriptors, accept fails again at once for as
+                        // long as connections wait: retried straight away, it would
+                        // spin a core and flood the log.
+                        if !is_connection_error(&e) {
+                            tokio::select! {
+                                () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                                () = &mut shutdown => break,
+                            }
+                        }
                         continue;
                     }
                 },
@@ -508,6 +517,20 @@ fn log_transition(route: &str, t: &Transition) {
         limit_rps = t.limit_rps,
         "controller transition"
     );
+}
+
+/// How long the accept loop waits after a failure that is not one connection's.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Whether an accept error concerns only the connection being accepted (the next one
+/// may be accepted at once), as hyper's and axum's servers tell them apart.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
 }
 
 /// Waits for a connection's first byte; false if the peer sends none in time or closes.
