@@ -265,7 +265,8 @@ impl Inner {
             if !chain.is_empty() {
                 chain.push_str(", ");
             }
-            let _ = write!(chain, "{ip}");
+            // A dual-stack listener's IPv4 clients are mapped (`::ffff:1.2.3.4`).
+            let _ = write!(chain, "{}", ip.to_canonical());
         }
         if !chain.is_empty() {
             if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(chain)) {
@@ -518,5 +519,30 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-kept"], "yes");
+    }
+
+    #[test]
+    fn a_dual_stack_listeners_ipv4_peer_is_forwarded_as_ipv4() {
+        let settings = ForwardSettings {
+            upstream: Uri::from_static("http://127.0.0.1:3000"),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            max_body_bytes: 1024,
+            max_upstream_lanes: 0,
+            upstream_idle_timeout: Duration::from_secs(4),
+            resolver: ClientIpResolver::default(),
+        };
+        let forwarder = Forwarder::new(
+            settings,
+            Arc::new(crate::clock::ManualClock::new()),
+            Arc::default(),
+            Arc::new(UpstreamMeter::new()),
+        );
+        let mut h = HeaderMap::new();
+        // A client of a `[::]` listener over IPv4 is a mapped address: the same client
+        // (and key) as 203.0.113.7, which is what the upstream must see.
+        let peer = "::ffff:203.0.113.7".parse().ok();
+        forwarder.inner.set_forwarded(&mut h, peer, None);
+        assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.7");
     }
 }
