@@ -174,6 +174,13 @@ fn numbers_must_be_positive_and_numbers() {
         "routes[0].cut_limit",
         "must be a number > 0, got 0",
     );
+    // One request in 30,000 years: its interval is beyond the limiters' nanosecond
+    // arithmetic, which overflowed when the engine was built.
+    refused(
+        &route("base_limit = 1e-12\ncut_limit = 1e-12"),
+        "routes[0].base_limit",
+        "must be at least 0.000001 (one request in 11.6 days), got 0.000000000001",
+    );
     refused(
         &route("restore_step = 0"),
         "routes[0].restore_step",

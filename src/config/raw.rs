@@ -467,8 +467,8 @@ impl Settings {
             window: r.read("window", raw.window, &self.window, any_duration),
             slot: r.read("slot", raw.slot, &self.slot, any_duration),
             roc_mode: r.read("roc_mode", raw.roc_mode, &self.roc_mode, roc_mode),
-            base_limit: r.read("base_limit", raw.base_limit, &self.base_limit, positive),
-            cut_limit: r.read("cut_limit", raw.cut_limit, &self.cut_limit, positive),
+            base_limit: r.read("base_limit", raw.base_limit, &self.base_limit, limit),
+            cut_limit: r.read("cut_limit", raw.cut_limit, &self.cut_limit, limit),
             danger_roc: r.read("danger_roc", raw.danger_roc, &self.danger_roc, finite),
             safe_roc: r.read("safe_roc", raw.safe_roc, &self.safe_roc, finite),
             hold: r.read("hold", raw.hold, &self.hold, any_duration),
@@ -615,6 +615,19 @@ fn positive(n: Num) -> Result<f64, String> {
         Ok(n.0)
     } else {
         Err(format!("must be a number > 0, got {}", n.0))
+    }
+}
+
+/// A limit: at least one request in 11.6 days, so that the interval between two
+/// requests stays within the limiters' nanosecond arithmetic.
+fn limit(n: Num) -> Result<f64, String> {
+    const LEAST: f64 = 1e-6;
+    match positive(n)? {
+        rate if rate < LEAST => Err(format!(
+            "must be at least {LEAST:.6} (one request in 11.6 days), got {}",
+            n.0
+        )),
+        rate => Ok(rate),
     }
 }
 
@@ -1079,8 +1092,8 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
             }
         }
         let mut r = Reader { p: &mut *p, at };
-        let base = r.require("base_limit", t.base_limit, positive);
-        let cut = r.require("cut_limit", t.cut_limit, positive);
+        let base = r.require("base_limit", t.base_limit, limit);
+        let cut = r.require("cut_limit", t.cut_limit, limit);
         if let (Some(base), Some(cut)) = (&base, &cut) {
             ordered(p, ("cut_limit", cut), ("base_limit", base), false);
             check_limits(
