@@ -666,6 +666,24 @@ fn server_and_admin_sections() {
         "server.upstream",
         "port must be a number",
     );
+    // check-config said ok to these, and serve then refused them (blaming --upstream).
+    for upstream in [
+        "http://:80",
+        "http://[::1",
+        "http://[::1]x:80",
+        "http://[nope]:80",
+    ] {
+        refused(
+            &route(&format!("[server]\nupstream = \"{upstream}\"")),
+            "server.upstream",
+            "must name a host",
+        );
+    }
+    for upstream in ["http://[::1]:3000", "http://[::1]", "http://shop.internal"] {
+        let text = route(&format!("[server]\nupstream = \"{upstream}\""));
+        let config = Config::from_toml_str(&text, "good.toml").unwrap();
+        assert_eq!(config.server.upstream, upstream);
+    }
     refused(
         &route("[server]\nresponse_timeout = \"0s\""),
         "server.response_timeout",

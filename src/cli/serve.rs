@@ -7,10 +7,13 @@ use std::process::ExitCode;
 
 /// The proxy settings: the file's, then the command line's overrides.
 fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, String> {
-    let upstream_text = args.upstream.as_deref().unwrap_or(&server.upstream);
+    let (upstream_text, source) = match &args.upstream {
+        Some(flag) => (flag.as_str(), "--upstream"),
+        None => (server.upstream.as_str(), "server.upstream"),
+    };
     let upstream: http::Uri = upstream_text
         .parse()
-        .map_err(|e| format!("--upstream {upstream_text:?}: {e}"))?;
+        .map_err(|e| format!("{source} {upstream_text:?}: {e}"))?;
     // As the file's `server.upstream`: only the authority is used, so a path, a query
     // or user info would be dropped without a word.
     let extra = upstream.path_and_query().is_some_and(|p| p.as_str() != "/")
@@ -19,7 +22,7 @@ fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, St
             .is_some_and(|a| a.as_str().contains('@'));
     if upstream.scheme_str() != Some("http") || upstream.authority().is_none() || extra {
         return Err(format!(
-            "--upstream {upstream_text:?}: must be http://host[:port] with no path (TLS upstreams are not supported)"
+            "{source} {upstream_text:?}: must be http://host[:port] with no path (TLS upstreams are not supported)"
         ));
     }
     let mut settings = ProxySettings::from_server(server, upstream);

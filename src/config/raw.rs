@@ -1324,12 +1324,28 @@ fn upstream_url(text: String) -> Result<String, String> {
         .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
         .filter(|a| !a.is_empty() && !a.contains(['/', '?', '#', '@', ' ']))
         .ok_or_else(|| format!("must be http://host[:port] with no path, got {text:?}"))?;
-    if let Some((host, port)) = authority.rsplit_once(':') {
-        let bracketed_v6 = host.starts_with('[') && host.ends_with(']');
-        if !host.contains(':') || bracketed_v6 {
-            port.parse::<u16>()
-                .map_err(|_| format!("port must be a number from 0 to 65535, got {port:?}"))?;
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port))
+            if !host.contains(':') || (host.starts_with('[') && host.ends_with(']')) =>
+        {
+            (host, Some(port))
         }
+        _ => (authority, None),
+    };
+    let named = match host.strip_prefix('[') {
+        Some(v6) => v6
+            .strip_suffix(']')
+            .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => !host.is_empty() && !host.contains([':', '[', ']']),
+    };
+    if !named {
+        return Err(format!(
+            "must name a host, as in http://127.0.0.1:3000 or http://[::1]:3000, got {text:?}"
+        ));
+    }
+    if let Some(port) = port {
+        port.parse::<u16>()
+            .map_err(|_| format!("port must be a number from 0 to 65535, got {port:?}"))?;
     }
     Ok(format!("http://{authority}"))
 }
