@@ -689,6 +689,18 @@ fn server_and_admin_sections() {
         "server.response_timeout",
         "longer than zero",
     );
+    // Read as "never", such lengths overflowed the clock in hyper (every connection's
+    // task panicked at its first request) or in the hints' ticker.
+    refused(
+        &route("[server]\nheader_read_timeout = \"300000000000y\""),
+        "server.header_read_timeout",
+        "must be at most 365 days",
+    );
+    refused(
+        &route("[hints]\ninterval = \"300000000000y\"\nkeep = \"300000000000y\""),
+        "hints.interval",
+        "must be at most 365 days",
+    );
     refused(
         &route("[server]\nupstream_idle_timeout = \"soon\""),
         "server.upstream_idle_timeout",
@@ -847,6 +859,11 @@ fn store_section() {
         "longer than zero",
     );
     refused(&redis("timeout = \"soon\""), "store.timeout", "");
+    refused(
+        &redis("heartbeat = \"300000000000y\""),
+        "store.heartbeat",
+        "must be at most 365 days",
+    );
     refused(
         &redis("key_prefix = \"{a}\""),
         "store.key_prefix",

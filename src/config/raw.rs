@@ -590,6 +590,16 @@ fn millis_duration(text: String) -> Result<Duration, String> {
     }
 }
 
+/// A timeout or period a timer waits for: longer than zero, at most a year. Longer
+/// ones (written to mean "never") overflow the clock where a timer adds them to now.
+fn timer_duration(text: String) -> Result<Duration, String> {
+    const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
+    match nonzero_duration(text.clone())? {
+        d if d > LONGEST => Err(format!("must be at most 365 days, got {text:?}")),
+        d => Ok(d),
+    }
+}
+
 fn utc_time(text: String) -> Result<SystemTime, String> {
     humantime::parse_rfc3339(text.trim()).map_err(|e| {
         format!(
@@ -1409,7 +1419,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             field(
                 p,
                 &format!("server.{name}"),
-                nonzero_duration(v).map(|d| *slot = d),
+                timer_duration(v).map(|d| *slot = d),
             );
         }
     }
@@ -1470,7 +1480,7 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
         }
     };
     if let Some(v) = raw.interval {
-        field("interval", nonzero_duration(v).map(|d| out.interval = d));
+        field("interval", timer_duration(v).map(|d| out.interval = d));
     }
     if let Some(v) = raw.keep {
         field("keep", nonzero_duration(v).map(|d| out.keep = d));
@@ -1628,7 +1638,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         ("key_ttl", raw.key_ttl, &mut out.key_ttl),
     ] {
         if let Some(v) = raw {
-            field(p, name, nonzero_duration(v).map(|d| *slot = d));
+            field(p, name, timer_duration(v).map(|d| *slot = d));
         }
     }
     if out.key_ttl < Duration::from_secs(1) {
