@@ -1173,6 +1173,16 @@ async fn silent_upstream_gets_504_after_the_response_timeout() {
         elapsed >= RESPONSE_TIMEOUT && elapsed < RESPONSE_TIMEOUT + Duration::from_secs(2),
         "answered after {elapsed:?}"
     );
+    // The wait is in the latency histogram (the p99 alert sees an upstream that only
+    // times out), under its own class.
+    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let timed_out = text.lines().find_map(|l| {
+        let rest = l.strip_prefix("rocgate_upstream_request_duration_seconds_count{")?;
+        let (labels, n) = rest.split_once("} ")?;
+        labels.contains(r#"status_class="timeout""#).then_some(n)
+    });
+    assert!(timed_out.is_some_and(|n| n != "0"), "{text}");
 }
 
 /// Held by the tests that read `rocgate_upstream_lanes`: the metrics recorder is one

@@ -314,8 +314,14 @@ impl Inner {
                     Err(_) => Err(ProxyError::ResponseTimeout),
                 };
                 let took = self.clock.now().saturating_since(started);
-                if let Ok(res) = &result {
-                    let class = status_class(res.status());
+                // A response timeout is latency too: without it, an upstream that only
+                // times out would leave the latency alert silent.
+                let class = match &result {
+                    Ok(res) => Some(status_class(res.status())),
+                    Err(ProxyError::ResponseTimeout) => Some("timeout"),
+                    Err(_) => None,
+                };
+                if let Some(class) = class {
                     metrics::histogram!(metric::UPSTREAM_DURATION, "route" => Arc::clone(&route), "status_class" => class)
                         .record(took.as_secs_f64());
                 }
