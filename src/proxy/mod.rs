@@ -38,8 +38,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicI64;
-use std::sync::Arc;
 use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 use tokio::net::{TcpListener, TcpStream};
 use tower::{Layer, Service};
@@ -109,6 +109,10 @@ pub struct Reloader {
     /// The sections read once, at start (`[server]`, `[admin]`, `[hints]`, `[store]`),
     /// as the proxy started with them; the routes are left out.
     started: Arc<Config>,
+    /// Held through a reload: of two at once (a SIGHUP and `POST /admin/reload`), the
+    /// second reads the file after the first has swapped its engine in, so the file
+    /// read last is the one in force.
+    reloading: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -140,6 +144,10 @@ impl Reloader {
                 "no config file to reload: rocgate was started with the embedded default".into(),
             ]);
         };
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let config = Config::load(path)
             .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
@@ -266,6 +274,7 @@ impl Proxy {
                     routes: Vec::new(),
                     ..config.clone()
                 }),
+                reloading: Arc::default(),
             },
         })
     }
