@@ -961,7 +961,9 @@ impl<E: KeyState> KeyTables<E> {
     #[inline]
     fn check(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
         match (self, key) {
-            (KeyTables::Ip(t), Key::Ip(ip)) => t.check(r, &IpKey::from(ip), now, |k| *k),
+            (KeyTables::Ip(t), Key::Ip(ip)) => {
+                t.check(r, &IpKey::new(ip, t.limits.ipv6_prefix), now, |k| *k)
+            }
             (KeyTables::Value(t), Key::Value(v)) => t.check(r, v, now, |v: &str| Box::from(v)),
             (KeyTables::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
             (KeyTables::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
@@ -1338,9 +1340,11 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
                 .iter()
                 .map(|t: &Tier| {
                     let values = match cfg.partition {
-                        Partition::ClientIp(_) => {
-                            t.values.iter().map(|v| canonical_ip_text(v)).collect()
-                        }
+                        Partition::ClientIp(limits) => t
+                            .values
+                            .iter()
+                            .map(|v| canonical_ip_text(v, limits.ipv6_prefix))
+                            .collect(),
                         _ => t.values.clone(),
                     };
                     (values, t.base_limit_rps, t.cut_limit_rps)
@@ -1406,12 +1410,14 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
 }
 
 /// A tier value of a client-IP partition as its keys render: an address in canonical
-/// form (IPv4-mapped IPv6 as IPv4, IPv6 compressed and in lower case), so
-/// `::FFFF:10.0.0.7` matches the client 10.0.0.7; anything else as written.
-fn canonical_ip_text(value: &str) -> String {
-    value
-        .parse::<IpAddr>()
-        .map_or_else(|_| value.to_owned(), |ip| ip.to_canonical().to_string())
+/// form (IPv4-mapped IPv6 as IPv4, IPv6 cut to the route's `ipv6_prefix`, compressed
+/// and in lower case), so `::FFFF:10.0.0.7` matches the client 10.0.0.7 and an IPv6
+/// address every client of its prefix; anything else as written.
+fn canonical_ip_text(value: &str, v6_prefix: u8) -> String {
+    value.parse::<IpAddr>().map_or_else(
+        |_| value.to_owned(),
+        |ip| IpKey::new(ip, v6_prefix).text().into_owned(),
+    )
 }
 
 /// A key as text, to match it against tier values.
@@ -1419,8 +1425,9 @@ trait KeyText {
     fn text(&self) -> std::borrow::Cow<'_, str>;
 }
 
-/// A client IP as a key-table key: the IPv6 address's bits, IPv4 in its IPv4-mapped
-/// form, so that a key is 16 bytes with no tag (an `IpAddr` is 17, padded to 24 beside
+/// A client IP as a key-table key: the IPv6 address's bits (past the route's
+/// `ipv6_prefix` zeroed), IPv4 in its IPv4-mapped form, so that a key is 16 bytes with
+/// no tag (an `IpAddr` is 17, padded to 24 beside
 /// a key's state: 8 B more per key). An IPv4 client and the same address mapped into
 /// IPv6 share a key.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1429,12 +1436,16 @@ struct IpKey(u128);
 /// The prefix of IPv4-mapped IPv6 addresses (`::ffff:0:0/96`), shifted down 32 bits.
 const V4_MAPPED: u128 = 0xffff;
 
-impl From<IpAddr> for IpKey {
+impl IpKey {
+    /// The key of `ip`: an IPv4 address whole, an IPv6 one by its first `v6_prefix`
+    /// bits (1 to 128).
     #[inline]
-    fn from(ip: IpAddr) -> Self {
-        IpKey(match ip {
+    fn new(ip: IpAddr, v6_prefix: u8) -> Self {
+        IpKey(match ip.to_canonical() {
             IpAddr::V4(v4) => V4_MAPPED << 32 | u128::from(v4.to_bits()),
-            IpAddr::V6(v6) => v6.to_bits(),
+            IpAddr::V6(v6) => {
+                v6.to_bits() & (u128::MAX << (128 - u32::from(v6_prefix.clamp(1, 128))))
+            }
         })
     }
 }

@@ -54,7 +54,9 @@ fn the_examples_show_what_they_are_named_for() {
     assert_eq!(c.routes[0].controller, Default::default());
 
     let c = load("examples/per-ip.toml");
-    assert!(matches!(c.routes[0].partition, Partition::ClientIp(k) if k.max_keys == 50_000));
+    assert!(
+        matches!(c.routes[0].partition, Partition::ClientIp(k) if k.max_keys == 50_000 && k.ipv6_prefix == 64)
+    );
     assert_eq!(c.routes[2].partition, Partition::Route);
 
     let c = load("examples/api-keys-tiers.toml");
@@ -305,6 +307,16 @@ fn unknown_fields_and_values() {
         &route("algorithm = \"fixed_window\"\nlimiter_window = \"60days\""),
         "routes[0].limiter_window",
         "must be at most 4294967295ms (49.7 days, what a window counter holds), got 5184000000ms",
+    );
+    refused(
+        &route("partition = \"ip\"\nipv6_prefix = 129"),
+        "routes[0].ipv6_prefix",
+        "must be a prefix length from 1 to 128, got 129",
+    );
+    refused(
+        &route("partition = \"header:x-api-key\"\nipv6_prefix = 56"),
+        "routes[0].ipv6_prefix",
+        r#"applies only to routes partitioned by client IP (partition = "ip")"#,
     );
     refused(
         &route("algorithm = \"gcra\""),

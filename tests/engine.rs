@@ -287,7 +287,11 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
 #[test]
 fn ip_tiers_match_by_address_text_and_mapped_ipv4_shares_its_key() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    // Each IPv6 address a key of its own (by /64, 2001:db8::7 and ::9 would share one).
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        ipv6_prefix: 128,
+        ..KeyLimits::default()
+    });
     cfg.controller.base_limit_rps = 2.0;
     cfg.controller.cut_limit_rps = 1.0;
     cfg.tiers = vec![Tier {
@@ -430,6 +434,7 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
         cfg.partition = Partition::ClientIp(KeyLimits {
             max_keys: 3,
             idle_timeout: Duration::from_secs(10),
+            ..KeyLimits::default()
         });
         cfg.controller.base_limit_rps = 5.0;
         cfg.controller.cut_limit_rps = 1.0;
@@ -453,6 +458,58 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
         );
         assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 1, "{name}");
     }
+}
+
+/// A client at an IPv6 address, as a key.
+fn ip6(text: &str) -> Key<'static> {
+    Key::Ip(text.parse().unwrap())
+}
+
+#[test]
+fn ipv6_clients_are_keyed_by_their_prefix() {
+    // A bucket of 2 per key, no refill within the test.
+    let route = |ipv6_prefix| {
+        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+        cfg.controller.base_limit_rps = 2.0;
+        cfg.partition = Partition::ClientIp(KeyLimits {
+            ipv6_prefix,
+            ..KeyLimits::default()
+        });
+        cfg.tiers = vec![Tier {
+            name: "partner".into(),
+            values: vec!["2001:db8:0:2::1".into()],
+            base_limit_rps: 5.0,
+            cut_limit_rps: 5.0,
+        }];
+        engine(vec![cfg])
+    };
+    let admitted = |e: &Engine, keys: &[&str]| {
+        keys.iter()
+            .filter(|k| e.check(RouteId(0), ip6(k), Nanos::ZERO).is_admit())
+            .count()
+    };
+    // By /64 (the default): rotating addresses within one /64 gets no fresh quota.
+    let e = route(KeyLimits::default().ipv6_prefix);
+    assert_eq!(
+        admitted(&e, &["2001:db8::1", "2001:db8::2", "2001:db8::ffff:3"]),
+        2
+    );
+    assert_eq!(admitted(&e, &["2001:db8:0:1::1"]), 1, "another /64");
+    assert_eq!(e.route_snapshot(RouteId(0), Nanos::ZERO).keys, 2);
+    // A tier named by one address covers its /64.
+    assert_eq!(admitted(&e, &["2001:db8:0:2::7"; 6]), 5);
+    // IPv4 clients are keyed whole, mapped or not.
+    assert_eq!(
+        admitted(&e, &["::ffff:10.0.0.1", "10.0.0.1", "10.0.0.1"]),
+        2
+    );
+    assert_eq!(admitted(&e, &["10.0.0.2"]), 1);
+    // By /128: each address.
+    let e = route(128);
+    assert_eq!(
+        admitted(&e, &["2001:db8::1", "2001:db8::2", "2001:db8::ffff:3"]),
+        3
+    );
 }
 
 #[test]
@@ -748,6 +805,7 @@ fn a_key_holding_a_concurrency_permit_is_not_evicted() {
     cfg.partition = Partition::ClientIp(KeyLimits {
         max_keys: 100,
         idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
     });
     let e = engine(vec![cfg]);
     let id = RouteId(0);
@@ -802,6 +860,7 @@ fn a_key_seen_within_idle_timeout_is_not_evicted() {
     cfg.partition = Partition::ClientIp(KeyLimits {
         max_keys: 100,
         idle_timeout: Duration::from_millis(500),
+        ..KeyLimits::default()
     });
     cfg.controller.danger_roc = 1e9; // no cut
     let e = engine(vec![cfg]);

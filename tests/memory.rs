@@ -253,6 +253,7 @@ fn key_churn_does_not_grow_memory() {
     let partition = Partition::ClientIp(KeyLimits {
         max_keys: ROUND as usize,
         idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
     });
     let e = engine(vec![route(0, partition)]);
     // Each round brings ROUND new keys, 30 s after the last: the round's first check
@@ -319,6 +320,7 @@ fn checks_allocate_nothing_once_a_key_exists() {
     let limits = KeyLimits {
         max_keys: 100,
         idle_timeout: Duration::from_secs(20),
+        ..KeyLimits::default()
     };
     for partition in [
         Partition::ClientIp(limits),

@@ -372,6 +372,10 @@ pub struct KeyLimits {
     pub max_keys: usize,
     /// A key unseen for this long is evicted.
     pub idle_timeout: Duration,
+    /// Client-IP partitions: an IPv6 client is keyed by its first this many bits. 64
+    /// (the default) keys a subscriber's /64, whose addresses one holder can rotate
+    /// through to get a fresh quota each; 128 keys each address.
+    pub ipv6_prefix: u8,
 }
 
 impl Default for KeyLimits {
@@ -379,6 +383,7 @@ impl Default for KeyLimits {
         KeyLimits {
             max_keys: 10_000,
             idle_timeout: Duration::from_secs(300),
+            ipv6_prefix: 64,
         }
     }
 }

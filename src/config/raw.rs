@@ -177,6 +177,7 @@ tables! {
         partition: String,
         max_keys: Whole,
         idle_timeout: String,
+        ipv6_prefix: Whole,
     }
     route {
         name: Option<String>,
@@ -418,6 +419,7 @@ struct Settings {
     partition: Res<PartitionKind>,
     max_keys: Res<usize>,
     idle_timeout: Res<Duration>,
+    ipv6_prefix: Res<u8>,
 }
 
 impl Settings {
@@ -456,6 +458,7 @@ impl Settings {
             partition: b(PartitionKind::Route),
             max_keys: b(k.max_keys),
             idle_timeout: b(k.idle_timeout),
+            ipv6_prefix: b(k.ipv6_prefix),
         }
     }
 
@@ -513,6 +516,12 @@ impl Settings {
                 raw.idle_timeout,
                 &self.idle_timeout,
                 nonzero_duration,
+            ),
+            ipv6_prefix: r.read(
+                "ipv6_prefix",
+                raw.ipv6_prefix,
+                &self.ipv6_prefix,
+                prefix_bits,
             ),
         }
     }
@@ -610,6 +619,17 @@ fn utc_time(text: String) -> Result<SystemTime, String> {
 
 fn queue_length(w: Whole) -> Result<u32, String> {
     u32::try_from(w.0).map_err(|_| format!("must be at most {}, got {}", u32::MAX, w.0))
+}
+
+/// The leading bits of an IPv6 address that make a key.
+fn prefix_bits(w: Whole) -> Result<u8, String> {
+    match u8::try_from(w.0) {
+        Ok(bits @ 1..=128) => Ok(bits),
+        _ => Err(format!(
+            "must be a prefix length from 1 to 128, got {}",
+            w.0
+        )),
+    }
 }
 
 fn key_count(w: Whole) -> Result<usize, String> {
@@ -974,10 +994,17 @@ fn partition_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Partition> 
             }
         }
     }
+    if *kind != PartitionKind::Ip && s.ipv6_prefix.as_ref().map(|v| v.scope) == Some(at) {
+        p.at(
+            at.path("ipv6_prefix"),
+            r#"applies only to routes partitioned by client IP (partition = "ip")"#,
+        );
+    }
     let limits = || {
         Some(KeyLimits {
             max_keys: s.max_keys.as_ref()?.value,
             idle_timeout: s.idle_timeout.as_ref()?.value,
+            ipv6_prefix: s.ipv6_prefix.as_ref()?.value,
         })
     };
     Some(match kind {
