@@ -1185,6 +1185,54 @@ async fn silent_upstream_gets_504_after_the_response_timeout() {
     assert!(timed_out.is_some_and(|n| n != "0"), "{text}");
 }
 
+/// An upstream that answers every request with a head promising 100 bytes, sends
+/// 10 and closes the connection.
+async fn start_truncating_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                let _ = stream.read(&mut head).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_that_dies_mid_body_is_counted() {
+    let upstream = start_truncating_upstream().await;
+    let route = RouteConfig::new("truncated", RouteMatch::prefix("/"));
+    let proxy = start_proxy(settings(upstream), vec![route]).await;
+    // The client gets the head and 10 of the 100 bytes promised.
+    let reply = raw_exchange(
+        proxy.addr,
+        b"GET /a HTTP/1.1\r\nhost: shop.example\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("0123456789"), "{reply}");
+    let series = r#"rocgate_upstream_errors_total{route="truncated",kind="body_aborted"} "#;
+    within("the truncated body counted", async {
+        loop {
+            let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+            let text = String::from_utf8_lossy(&metrics.body).into_owned();
+            if text.lines().any(|l| l.strip_prefix(series) == Some("1")) {
+                return;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 /// Held by the tests that read `rocgate_upstream_lanes`: the metrics recorder is one
 /// per process, so another proxy's scrape would set the gauge to its own count.
 static LANES_GAUGE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

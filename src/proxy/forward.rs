@@ -342,7 +342,7 @@ impl Inner {
             Ok(res) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Body::new(body))
+                Response::from_parts(parts, Body::new(UpstreamBody { body, route }))
             }
             Err(e) => {
                 tracing::debug!(error = %e, route = %route, "forwarding failed");
@@ -460,6 +460,41 @@ impl tower::Service<Request<Incoming>> for Forwarder {
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move { Ok(inner.forward(req).await) })
+    }
+}
+
+/// An upstream response body on its way to the client. An upstream that fails
+/// after a good head (closes mid-body, or sends a malformed chunk) leaves the client a
+/// truncated body; it is counted as `rocgate_upstream_errors_total{kind="body_aborted"}`,
+/// since the head was already counted a success.
+struct UpstreamBody {
+    body: Incoming,
+    route: Arc<str>,
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            tracing::debug!(error = %e, route = %self.route, "upstream body failed");
+            metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&self.route), "kind" => "body_aborted")
+                .increment(1);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
