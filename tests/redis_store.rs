@@ -246,6 +246,13 @@ fn burst_route() -> RouteConfig {
     route(20.0, Duration::from_secs(50))
 }
 
+/// A bucket of 1000 tokens refilling at 2/s: a run admits its burst and a few refilled
+/// tokens, however slow the round trips (on a loaded machine a run takes seconds, which
+/// at `burst_route`'s 20/s would be a difference of 2% between two runs).
+fn few_refills_route() -> RouteConfig {
+    route(2.0, Duration::from_secs(500))
+}
+
 /// Admitted by two instances offering `per_instance` each, concurrently.
 async fn two_instances_admit(a: &Instance, b: &Instance, per_instance: usize) -> usize {
     let (x, y) = tokio::join!(a.offer(per_instance), b.offer(per_instance));
@@ -265,9 +272,7 @@ async fn two_instances_together_admit_what_one_admits_alone_on_a_cluster() {
 }
 
 async fn alone_and_together(server: &impl Servers) {
-    // 1000 tokens refilling at 2/s: a run admits its burst and a few refilled tokens,
-    // however slow the round trips.
-    let route = route(2.0, Duration::from_secs(500));
+    let route = few_refills_route();
     let alone = Instance::system(&route, &store_config(server, "alone"));
     let started = tokio::time::Instant::now();
     let admitted_alone = alone.offer(1600).await;
@@ -574,7 +579,7 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
 async fn skewed_instance_clocks_change_no_total() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
-    let route = burst_route();
+    let route = few_refills_route();
     let config = store_config(&server, "even");
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
