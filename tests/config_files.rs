@@ -301,7 +301,9 @@ fn unknown_fields_and_values() {
     refused(
         &route("mode = \"shadow\"\nalgorithm = \"concurrency\"\nqueue = 4"),
         "routes[0].mode",
-        "shadow admits every request at once, so a concurrency queue would hold",
+        "shadow admits every request at once, so a concurrency queue would hold \
+         requests it should not: set queue = 0 (over-limit requests are then counted as \
+         concurrency), or use enforce",
     );
     refused(
         &route("algorithm = \"fixed_window\"\nlimiter_window = \"60days\""),

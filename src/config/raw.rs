@@ -945,8 +945,13 @@ fn algorithm_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Algorithm> 
     {
         if kind == Kind::Concurrency {
             p.at(
-                mode.scope.max(queue.scope).max(algorithm_scope).path("mode"),
-                "shadow admits every request at once, so a concurrency queue would hold                  requests it should not: set queue = 0 (over-limit requests are then                  counted as concurrency), or use enforce",
+                mode.scope
+                    .max(queue.scope)
+                    .max(algorithm_scope)
+                    .path("mode"),
+                "shadow admits every request at once, so a concurrency queue would hold \
+                 requests it should not: set queue = 0 (over-limit requests are then \
+                 counted as concurrency), or use enforce",
             );
         }
     }
