@@ -256,6 +256,22 @@ fn route_names_and_paths() {
         "routes[0].path",
         "must start with '/'",
     );
+    // Requests are matched on their normalized path, so a route written otherwise
+    // would never match one.
+    for (field, written, normalized) in [
+        ("path", "/api//order", "/api/order"),
+        ("path", "/api/./order", "/api/order"),
+        ("path", "/api/x/../order", "/api/order"),
+        ("path", "/api/%6Frder", "/api/order"),
+        ("path_prefix", "/files/%7Euser/", "/files/~user/"),
+        ("path_prefix", "/api/.", "/api/"),
+    ] {
+        refused(
+            &format!("[[routes]]\nname = \"a\"\n{field} = \"{written}\"\n"),
+            &format!("routes[0].{field}"),
+            &format!("requests are matched on their normalized path: write {normalized:?}"),
+        );
+    }
     refused(
         "[[routes]]\nname = \"a\"\npath = \"/api/items/{id\"\n",
         "routes[0].path",

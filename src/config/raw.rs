@@ -1041,6 +1041,14 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
             )
         } else if field == "path_prefix" && path.contains(['{', '}']) {
             format!("must not contain '{{' or '}}' (templates go in path), got {path:?}")
+        } else if super::normalize_path(path) != path {
+            // Such a route would never match: requests are matched once normalized.
+            format!(
+                "requests are matched on their normalized path: write {:?} (no \"//\", \
+                 no \".\" or \"..\" segment, letters, digits and -._~ not percent-encoded), \
+                 got {path:?}",
+                super::normalize_path(path)
+            )
         } else {
             return true;
         };
