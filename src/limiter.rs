@@ -1010,6 +1010,15 @@ impl Future for Ticket {
         let Some(shared) = (*self.shared).clone() else {
             return Poll::Pending;
         };
+        // A notification already in stands for a freed permit, the one this poll is
+        // about to try for: taken first, it is not passed on if the permit is taken,
+        // which would wake the next in line for nothing (and, polled, send it to the
+        // back of the line).
+        if let Some(listener) = self.listener.as_mut() {
+            if Pin::new(listener).poll(cx).is_ready() {
+                self.listener = None;
+            }
+        }
         // Try; if that fails, listen and try again (a permit freed before the listener
         // was in place notified nobody); then wait for a notification, and so on.
         while !shared.try_acquire() {
@@ -1300,6 +1309,34 @@ mod tests {
         drop(a);
         assert_eq!(wb.count(), 1);
         assert!(poll(&mut b, &wb).is_ready());
+    }
+
+    #[test]
+    fn a_woken_ticket_taking_its_permit_wakes_no_one_else() {
+        // The executor polls what was woken, and only that.
+        let c = Concurrency::new(1.0, 3);
+        let held = c.check();
+        let mut line: Vec<_> = (0..3).map(|_| queued(&c)).collect();
+        for (t, w) in &mut line {
+            assert!(poll(t, w).is_pending());
+        }
+        drop(held);
+        let (a, wa) = &mut line[0];
+        assert_eq!(wa.count(), 1);
+        let Poll::Ready(permit) = poll(a, wa) else {
+            panic!("the first in line gets the permit");
+        };
+        let woken = |line: &[(Ticket, Arc<Wakes>)]| -> Vec<u64> {
+            line[1..].iter().map(|(_, w)| w.count()).collect()
+        };
+        assert_eq!(woken(&line), [0, 0], "no permit is free: nobody is woken");
+        for (t, w) in &mut line[1..] {
+            if w.count() > 0 {
+                assert!(poll(t, w).is_pending());
+            }
+        }
+        drop(permit);
+        assert_eq!(woken(&line), [1, 0], "the second in line is next");
     }
 
     #[test]
