@@ -1423,6 +1423,17 @@ async fn an_absolute_form_requests_host_is_its_targets() {
     let seen = upstream.only("/abs");
     assert_eq!(seen.headers[header::HOST], "shop.example");
     assert_eq!(seen.headers["x-forwarded-host"], "shop.example");
+    // Its host and port, that is: a userinfo (credentials) is no part of a Host.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"GET http://alice:secret@shop.example:8080/user HTTP/1.1\r\nHost: other.example\r\nConnection: close\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    assert_eq!(statuses(&raw), [200]);
+    let seen = upstream.only("/user");
+    assert_eq!(seen.headers[header::HOST], "shop.example:8080");
+    assert_eq!(seen.headers["x-forwarded-host"], "shop.example:8080");
 }
 
 #[tokio::test]

@@ -196,12 +196,18 @@ impl Inner {
         if declared.is_some_and(|n| n > max) {
             return Err(ProxyError::BodyTooLarge);
         }
-        // The target's authority wins over `Host` (RFC 9112 §3.2.2; HTTP/2's
-        // `:authority`), which a request in origin form carries alone.
+        // The target's host and port win over `Host` (RFC 9112 §3.2.2; HTTP/2's
+        // `:authority`), which a request in origin form carries alone. A userinfo
+        // (credentials) is no part of them.
         let original_host = parts
             .uri
             .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .map(|a| {
+                a.as_str()
+                    .rsplit_once('@')
+                    .map_or(a.as_str(), |(_, host)| host)
+            })
+            .and_then(|host| HeaderValue::from_str(host).ok())
             .or_else(|| parts.headers.get(header::HOST).cloned());
         strip_hop_by_hop(&mut parts.headers);
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
