@@ -1433,6 +1433,31 @@ async fn a_route_whose_slot_changed_still_cuts() {
     assert!(ta.abs_diff(tb) < Duration::from_millis(50), "{ta:?} {tb:?}");
 }
 
+/// A reload that changes a distributed route's window rebuilds its shared state on
+/// the instance: the transitions it had stepped must still count, or
+/// `rocgate_cuts_total` (set from them, and a counter never goes back) would stay
+/// where it was until as many new cuts had been made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_a_routes_window_keeps_its_stepped_transitions() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "keep-counts");
+    let mut a = Instance::system(&quick_route(), &config);
+    spike_until_both_cut(&a, &a, Duration::from_millis(4)).await;
+    let cuts = a.store.view("order").unwrap().stepped.cuts;
+    assert_eq!(cuts, 1, "one instance steps every slot");
+    let mut longer = quick_route();
+    longer.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
+    a.engine = a.engine.reload(
+        &Config::new(vec![longer]),
+        a.clock.now(),
+        SystemTime::UNIX_EPOCH,
+    );
+    a.route = a.engine.route_id("order").unwrap();
+    let _ = a.check().await;
+    assert_eq!(a.store.view("order").unwrap().stepped.cuts, cuts);
+}
+
 /// A reload that lengthens a distributed route's window (same slot): Redis kept two
 /// windows of the old, shorter one, so the new window's earlier half reads mostly
 /// empty. Steady traffic must not look like a spike: the shared controller takes no

@@ -760,10 +760,14 @@ impl Inner {
             Algorithm::TokenBucket { burst } => *burst,
             _ => Duration::from_secs(1),
         };
+        // A rebuilt route keeps the transitions it stepped: the counters set from them
+        // must not go back.
+        let mut stepped = TransitionCounts::default();
         if let Some(r) = self.routes.get(name) {
             if r.window == window && r.burst == burst {
                 return Arc::clone(&r);
             }
+            stepped = *r.stepped.lock().unwrap_or_else(PoisonError::into_inner);
         }
         let label: Arc<str> = engine.route_label(route);
         let base = engine.params_at(route, now).base_limit_rps;
@@ -794,7 +798,7 @@ impl Inner {
             limit_gauge: metrics::gauge!(metric::STORE_LIMIT, "route" => label.to_string()),
             pending: AtomicU64::new(0),
             synced_slot: AtomicU64::new(u64::MAX),
-            stepped: Mutex::default(),
+            stepped: Mutex::new(stepped),
         });
         if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
             self.set_mode(&old, StoreMode::Shared);
