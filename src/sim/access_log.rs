@@ -758,7 +758,8 @@ impl LogReader {
     fn parse_cached<'l>(&mut self, line: &'l [u8]) -> Result<LogLine<'l>, LineError> {
         let (text, value) = &mut self.last_time;
         parse_line_with(line, |field| {
-            if field != &text[..] {
+            // Before any time was read, `text` is empty: an empty field is no repeat.
+            if field.is_empty() || field != &text[..] {
                 *value = parse_time(field)?;
                 text.clear();
                 text.extend_from_slice(field);
@@ -1060,6 +1061,22 @@ mod tests {
         assert_eq!(unescape(br#"a\x41\\x41\"\tb\x4"#), "aA\\x41\"\tbx4");
         assert_eq!(unescape(b"plain"), "plain");
         assert_eq!(unescape(br"\xE2\x82\xAC \xFF"), "€ \u{FFFD}");
+    }
+
+    #[test]
+    fn an_empty_time_is_unparsable_even_on_the_first_line() {
+        use crate::config::{RouteConfig, RouteMatch};
+        let config = Config::new(vec![RouteConfig::new("all", RouteMatch::any())]);
+        let mut reader = LogReader::new(&config, LogOptions::default()).unwrap();
+        let log = "::1 - - [] \"GET / HTTP/1.1\" 200 1\n\
+                   ::1 - - [27/Nov/2026:20:00:00 +0000] \"GET / HTTP/1.1\" 200 1\n";
+        reader.read("a.log", log.as_bytes()).unwrap();
+        let stats = reader.stats();
+        assert_eq!((stats.unparsable, stats.replayed), (1, 1));
+        assert_eq!(
+            stats.first_unparsable[0].to_string(),
+            "a.log:1: the time is not dd/Mon/yyyy:hh:mm:ss ±hhmm"
+        );
     }
 
     #[test]
