@@ -523,18 +523,13 @@ fn seconds(secs: f64) -> Result<Duration, String> {
 /// Applies one point's values to a route, checked as the config file would be.
 fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), String> {
     let mut patch = serde_json::Map::new();
+    // Window and slot are checked together, once both are set: each alone may not
+    // divide the other's value in force (0.5 s with 100 ms slots) where the pair does.
+    let (mut window, mut slot) = (None, None);
     for &(p, v) in changes {
         match p.name.as_str() {
-            "window" | "slot" => {
-                let (mut window, mut slot) = (route.window.window(), route.window.slot());
-                if p.name == "window" {
-                    window = seconds(v)?;
-                } else {
-                    slot = seconds(v)?;
-                }
-                route.window =
-                    WindowSpec::new(window, slot).map_err(|e| format!("{}: {e}", p.name))?;
-            }
+            "window" => window = Some(seconds(v)?),
+            "slot" => slot = Some(seconds(v)?),
             "burst" => match &mut route.algorithm {
                 Algorithm::TokenBucket { burst } if v > 0.0 => *burst = seconds(v)?,
                 Algorithm::TokenBucket { .. } => {
@@ -569,6 +564,18 @@ fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), 
                 patch.insert(name.to_owned(), value);
             }
         }
+    }
+    if window.is_some() || slot.is_some() {
+        let names: Vec<&str> = changes
+            .iter()
+            .map(|(p, _)| p.name.as_str())
+            .filter(|n| matches!(*n, "window" | "slot"))
+            .collect();
+        route.window = WindowSpec::new(
+            window.unwrap_or(route.window.window()),
+            slot.unwrap_or(route.window.slot()),
+        )
+        .map_err(|e| format!("{}: {e}", names.join(" and ")))?;
     }
     if !patch.is_empty() {
         let json = serde_json::Value::Object(patch).to_string();
@@ -624,6 +631,25 @@ mod tests {
         assert_eq!(p.route.as_deref(), Some("api.v2.order"));
         assert_eq!(p.name, "danger_roc");
         assert_eq!(p.label, "api.v2.order.danger_roc");
+    }
+
+    #[test]
+    fn window_and_slot_are_checked_together_whatever_their_order() {
+        use crate::config::{Config, RouteConfig, RouteMatch};
+        let config = Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let sim = Simulator::new(config, None).unwrap();
+        // 0.5 s of 0.125 s slots is 4 slots; 0.5 s of the default 0.1 s slots is 5.
+        for flags in [["window=0.5", "slot=0.125"], ["slot=0.125", "window=0.5"]] {
+            let sweep = Sweep::new(flags.iter().map(|f| f.parse().unwrap()).collect()).unwrap();
+            let sims = sweep
+                .simulators(&sim)
+                .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+            let window = &sims[0].1.config().routes[0].window;
+            assert_eq!(
+                (window.window(), window.slot()),
+                (Duration::from_millis(500), Duration::from_millis(125))
+            );
+        }
     }
 
     #[test]
