@@ -250,3 +250,49 @@ fn no_traffic_gets_no_verdict_even_without_a_minimum() {
         h[0].reason
     );
 }
+
+/// The hints' controller changes applied together, as `PUT /admin/routes/r` applies
+/// them to the route of `extra`: the config file's rules must accept them.
+fn apply(extra: &str, hints: &[Hint]) -> Result<(), String> {
+    let toml = format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{extra}\n");
+    let config = Config::from_toml_str(&toml, "test").unwrap();
+    let route = &config.routes[0];
+    let mut patch = serde_json::Map::new();
+    for h in hints {
+        if let (Some(p), Some(s)) = (&h.parameter, &h.suggested) {
+            if p != "mode" && p != "burst" {
+                patch.insert(p.clone(), serde_json::to_value(s).unwrap());
+            }
+        }
+    }
+    let json = serde_json::Value::Object(patch).to_string();
+    rocgate::config::patch_controller(&route.controller, &route.algorithm, &json, "hints")
+        .map(|_| ())
+        .map_err(|e| format!("{json}: {e}"))
+}
+
+#[test]
+fn a_base_limit_lowered_below_the_cut_limit_takes_the_cut_limit_with_it() {
+    // Cut 180 of base 200; the upstream takes 100 req/s: base 200 → 90, below the cut.
+    let extra = "cut_limit = 180";
+    let h = advise(extra, &steady(150.0), Some(100));
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 90.0));
+    let cut = h
+        .iter()
+        .find(|h| h.parameter.as_deref() == Some("cut_limit"))
+        .unwrap_or_else(|| panic!("no cut_limit hint in {h:#?}"));
+    assert_eq!(cut.rule, "lower_base_limit");
+    assert_eq!(cut.current, Some(Setting::Number(180.0)));
+    assert_eq!(
+        cut.suggested,
+        Some(Setting::Number(81.0)),
+        "its ratio to base kept"
+    );
+    apply(extra, &h).unwrap();
+    // A cut limit already under the new base limit is left alone.
+    let h = advise("", &steady(150.0), Some(100));
+    assert!(h
+        .iter()
+        .all(|h| h.parameter.as_deref() != Some("cut_limit")));
+    apply("", &h).unwrap();
+}

@@ -15,7 +15,7 @@
 //! | rule | evidence | suggestion |
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity |
-//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity | `base_limit` −20%, or 90% of the rate at which it saturated if lower |
+//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20%, ≥ 2 under 2%) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest excess seen, at least doubled |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC and the ROC that started each false cut |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
@@ -203,9 +203,12 @@ pub fn advise(
         )];
     }
     let quiet_cuts = e.raise_min_rps();
+    let lower_base = e.lower_base_limit();
+    let lower_cut = lower_base.as_ref().and_then(|h| e.lower_cut_limit(h));
     let mut hints: Vec<Hint> = [
         e.raise_base_limit(),
-        e.lower_base_limit(),
+        lower_base,
+        lower_cut,
         e.raise_burst(),
         if quiet_cuts.is_some() {
             None
@@ -523,6 +526,31 @@ impl<'a> Evidence<'a> {
                 self.offered,
                 self.health_summary(),
                 fmt_num(base)
+            ),
+        ))
+    }
+
+    /// The cut limit must stay at most the base limit: when the base limit's
+    /// suggestion goes under it, the cut limit goes down too, keeping its ratio to the
+    /// base limit.
+    fn lower_cut_limit(&self, lower_base: &Hint) -> Option<Hint> {
+        let Some(Setting::Number(new_base)) = lower_base.suggested else {
+            return None;
+        };
+        let (base, cut) = (self.base(), self.s.params.cut_limit_rps);
+        if cut <= new_base {
+            return None;
+        }
+        let suggested = round_down(cut * new_base / base, cut).min(new_base);
+        Some(self.hint(
+            "lower_base_limit",
+            Severity::Critical,
+            Some("cut_limit"),
+            Some((Setting::Number(cut), Setting::Number(suggested))),
+            format!(
+                "the cut limit of {} req/s must stay at most the base limit, lowered to {}: lower it with the base limit, keeping its ratio to it",
+                fmt_num(cut),
+                fmt_num(new_base)
             ),
         ))
     }
