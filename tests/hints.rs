@@ -296,3 +296,51 @@ fn a_base_limit_lowered_below_the_cut_limit_takes_the_cut_limit_with_it() {
         .all(|h| h.parameter.as_deref() != Some("cut_limit")));
     apply("", &h).unwrap();
 }
+
+#[test]
+fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
+    use rocgate::config::Mode;
+    use rocgate::controller::ControllerParams;
+    use rocgate::hints::{Interval, RouteSettings, UpstreamCounts};
+    use rocgate::limiter::{Algorithm, Reason};
+    use std::time::Duration;
+
+    // Concurrency counts requests in flight: 7 → 4.5 is no limit it takes.
+    let concurrency =
+        "algorithm = \"concurrency\"\nbase_limit = 7\ncut_limit = 3\nrestore_step = 1";
+    let h = advise(concurrency, &steady(6.0), Some(5));
+    assert_eq!(numbers(&h, "lower_base_limit"), (7.0, 4.0));
+    apply(concurrency, &h).unwrap();
+    // A fixed window of 1 s must admit at least one request: base 1 cannot go lower.
+    let window = "algorithm = \"fixed_window\"\nbase_limit = 1\ncut_limit = 1";
+    let h = advise(window, &steady(5.0), Some(0));
+    assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
+    apply(window, &h).unwrap();
+
+    // A quarter rejected for concurrency while the upstream is healthy: 7 → 10, not 9.1.
+    let settings = RouteSettings {
+        name: "r".into(),
+        mode: Mode::Enforce,
+        algorithm: Algorithm::Concurrency { queue: 0 },
+        params: ControllerParams {
+            base_limit_rps: 7.0,
+            cut_limit_rps: 3.0,
+            restore_step_rps: 1.0,
+            ..ControllerParams::default()
+        },
+    };
+    let intervals: Vec<Interval> = (0..30)
+        .map(|k| {
+            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = 20;
+            i.rejected[Reason::Concurrency.index()] = 5;
+            i.upstream = Some(UpstreamCounts {
+                requests: 15,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "raise_base_limit"), (7.0, 10.0));
+}

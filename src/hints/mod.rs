@@ -386,6 +386,19 @@ impl<'a> Evidence<'a> {
         self.s.params.base_limit_rps
     }
 
+    /// A suggested limit as the route's algorithm takes it (the config file's rules):
+    /// whole requests in flight for `concurrency`, at least one request per window for
+    /// the window counters, at least 0.000001 req/s for the rest; rounded `up` or down.
+    fn fit_limit(&self, x: f64, up: bool) -> f64 {
+        match self.s.algorithm {
+            Algorithm::Concurrency { .. } => if up { x.ceil() } else { x.floor() }.max(1.0),
+            Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
+                x.max(round_sig(1.0 / window.as_secs_f64(), 4, true))
+            }
+            Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => x.max(1e-6),
+        }
+    }
+
     fn count(&self, h: Health) -> usize {
         self.health.iter().filter(|&&x| x == h).count()
     }
@@ -474,7 +487,7 @@ impl<'a> Evidence<'a> {
             }
         }
         let health = format!("the upstream was {}", self.health_summary());
-        let suggested = round_up(target, base);
+        let suggested = self.fit_limit(round_up(target, base), true);
         Some(self.hint(
             "raise_base_limit",
             Severity::Warn,
@@ -514,7 +527,10 @@ impl<'a> Evidence<'a> {
                 );
             }
         }
-        let suggested = round_down(target, base);
+        let suggested = self.fit_limit(round_down(target, base), false);
+        if suggested >= base {
+            return None;
+        }
         Some(self.hint(
             "lower_base_limit",
             Severity::Critical,
@@ -541,7 +557,9 @@ impl<'a> Evidence<'a> {
         if cut <= new_base {
             return None;
         }
-        let suggested = round_down(cut * new_base / base, cut).min(new_base);
+        let suggested = self
+            .fit_limit(round_down(cut * new_base / base, cut), false)
+            .min(new_base);
         Some(self.hint(
             "lower_base_limit",
             Severity::Critical,
