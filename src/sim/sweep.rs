@@ -45,7 +45,7 @@
 //! | `overload_s` | whole seconds in which more than the capacity was admitted |
 
 use super::run::{csv_field, RunSummary, SimError, SimRun, Simulator};
-use crate::config::{patch_controller, RouteConfig};
+use crate::config::{patch_controller, Mode, RouteConfig};
 use crate::limiter::Algorithm;
 use crate::window::WindowSpec;
 use std::io;
@@ -543,6 +543,11 @@ fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), 
                 }
             },
             "queue" => match &mut route.algorithm {
+                Algorithm::Concurrency { .. } if route.mode == Mode::Shadow && v > 0.0 => {
+                    return Err(format!(
+                        "queue: shadow admits every request at once, so a concurrency queue would hold requests it should not; got {v}"
+                    ))
+                }
                 Algorithm::LeakyBucket { queue } | Algorithm::Concurrency { queue } => {
                     *queue = v as u32;
                 }
@@ -650,6 +655,22 @@ mod tests {
                 (Duration::from_millis(500), Duration::from_millis(125))
             );
         }
+    }
+
+    #[test]
+    fn a_concurrency_queue_is_refused_in_shadow_mode_as_in_the_file() {
+        use crate::config::{Config, RouteConfig, RouteMatch};
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.mode = Mode::Shadow;
+        route.algorithm = Algorithm::Concurrency { queue: 0 };
+        let sim = Simulator::new(Config::new(vec![route]), None).unwrap();
+        let sweep = |spec: &str| Sweep::new(vec![spec.parse().unwrap()]).unwrap();
+        assert_eq!(sweep("queue=0").simulators(&sim).unwrap().len(), 1);
+        let e = sweep("queue=0,5").simulators(&sim).unwrap_err().to_string();
+        assert!(
+            e.starts_with("at queue=5: route `r`: queue: shadow admits"),
+            "{e}"
+        );
     }
 
     #[test]
