@@ -47,6 +47,7 @@
 use crate::clock::Nanos;
 use crate::controller::{ControllerState, TransitionCounts};
 use crate::engine::{Engine, RouteSnapshot, SampleHook, SlotReport};
+use crate::limiter::Reason;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -243,13 +244,50 @@ struct Seen {
     store_roc: bool,
 }
 
+/// A counter the engine starts again from zero when a reload rebuilds its route (a new
+/// window, algorithm, mode, partition or tiers), or a shared store forgets it. The
+/// registry keeps the highest value a counter was set to, so the restarted count would
+/// leave the series flat until it passed the old total; instead each restart adds the
+/// last total to an offset. (A restarted count that passes the old total between two
+/// collections is taken for growth: the series then undercounts, but never goes back.)
+#[derive(Clone, Copy, Debug, Default)]
+struct Monotonic {
+    last: u64,
+    offset: u64,
+}
+
+impl Monotonic {
+    /// The value to export for the engine's count `raw`.
+    fn next(&mut self, raw: u64) -> u64 {
+        if raw < self.last {
+            self.offset += self.last;
+        }
+        self.last = raw;
+        self.offset + raw
+    }
+}
+
+/// A route's exported counters, kept for every route name ever seen (a route removed
+/// and added back continues its series).
+#[derive(Debug, Default)]
+struct RouteCounters {
+    admitted: Monotonic,
+    rejected: [Monotonic; Reason::ALL.len()],
+    shadow_rejected: [Monotonic; Reason::ALL.len()],
+    transitions: [[Monotonic; 3]; 3],
+    cuts: Monotonic,
+    cut_seconds: Monotonic,
+}
+
 /// Sets every engine metric from the engine's snapshots. Remembers each route's recent
-/// readings to compute the rejection ratio over at least one window, and which gauges
-/// it set, to blank them once they describe nothing (a route removed by a reload, an
-/// algorithm or a shared store no longer in use).
+/// readings to compute the rejection ratio over at least one window, which gauges it
+/// set, to blank them once they describe nothing (a route removed by a reload, an
+/// algorithm or a shared store no longer in use), and its counters' totals across
+/// reloads that rebuild it.
 #[derive(Debug, Default)]
 pub struct Collector {
     history: Mutex<HashMap<String, Seen>>,
+    counters: Mutex<HashMap<String, RouteCounters>>,
     /// Whether a shared store sets the store metrics itself.
     shared_store: bool,
 }
@@ -298,6 +336,7 @@ impl Collector {
         shared: impl Fn(&str) -> Option<SharedControl>,
     ) {
         let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
         let mut snapshots = engine.snapshot(now);
         history.retain(|name, seen| {
             let kept = snapshots.iter().any(|s| &s.name == name);
@@ -333,7 +372,7 @@ impl Collector {
             }
             seen.algorithm = s.algorithm;
             let ratio = rejection_ratio(&mut seen.readings, s, now);
-            record_route(s, ratio);
+            record_route(s, ratio, counters.entry(s.name.clone()).or_default());
         }
         gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
         if !self.shared_store {
@@ -380,30 +419,30 @@ const STATES: [ControllerState; 3] = [
     ControllerState::Recovering,
 ];
 
-fn record_route(s: &RouteSnapshot, rejection_ratio: f64) {
+fn record_route(s: &RouteSnapshot, rejection_ratio: f64, c: &mut RouteCounters) {
     let route = s.name.clone();
     let r = || route.clone();
     counter!(REQUESTS, "route" => r(), "decision" => "admitted", "reason" => "none")
-        .absolute(s.admitted);
-    for (reason, n) in &s.rejected {
+        .absolute(c.admitted.next(s.admitted));
+    for ((reason, n), m) in s.rejected.iter().zip(&mut c.rejected) {
         counter!(REQUESTS, "route" => r(), "decision" => "rejected", "reason" => reason.as_str())
-            .absolute(*n);
+            .absolute(m.next(*n));
     }
-    for (reason, n) in &s.shadow_rejected {
+    for ((reason, n), m) in s.shadow_rejected.iter().zip(&mut c.shadow_rejected) {
         counter!(REQUESTS, "route" => r(), "decision" => "shadow_rejected", "reason" => reason.as_str())
-            .absolute(*n);
+            .absolute(m.next(*n));
     }
     for from in STATES {
         for to in STATES {
-            let n = s.transitions[from.as_index() as usize][to.as_index() as usize];
+            let (f, t) = (from.as_index() as usize, to.as_index() as usize);
             if from != to {
                 counter!(TRANSITIONS, "route" => r(), "from" => from.as_str(), "to" => to.as_str())
-                    .absolute(n);
+                    .absolute(c.transitions[f][t].next(s.transitions[f][t]));
             }
         }
     }
-    counter!(CUTS, "route" => r()).absolute(s.cuts);
-    counter!(CUT_SECONDS, "route" => r()).absolute(s.time_in_cut.as_secs());
+    counter!(CUTS, "route" => r()).absolute(c.cuts.next(s.cuts));
+    counter!(CUT_SECONDS, "route" => r()).absolute(c.cut_seconds.next(s.time_in_cut.as_secs()));
     route_gauges(&s.name, s.algorithm, Some((s, rejection_ratio)));
 }
 

@@ -402,3 +402,56 @@ fn the_rejection_ratio_counts_only_what_was_refused() {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }
 }
+
+/// A reload that rebuilds a route (here, a new window) restarts its engine counters
+/// from zero; the exported counters carry on from their totals instead of standing
+/// still (the registry never lowers a counter), and so does a route removed and added
+/// back.
+#[test]
+fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::Collector;
+    use rocgate::window::WindowSpec;
+    let with_window = |secs| {
+        let mut r = RouteConfig::new("r", RouteMatch::any());
+        r.window = WindowSpec::new(Duration::from_secs(secs), Duration::from_millis(100)).unwrap();
+        Config::new(vec![r])
+    };
+    let offer = |e: &Engine, n: usize, at: Nanos| {
+        let id = e.route_id("r").unwrap();
+        for _ in 0..n {
+            let _ = e.check(id, Key::None, at);
+        }
+    };
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let collector = Collector::new();
+    let admitted = |e: &Engine, at: Nanos| {
+        metrics::with_local_recorder(&recorder, || collector.collect(e, at));
+        let series = r#"rocgate_requests_total{route="r",decision="admitted",reason="none"} "#;
+        let text = handle.render();
+        let value = text.lines().find_map(|l| l.strip_prefix(series));
+        value.unwrap_or_else(|| panic!("{text}")).to_owned()
+    };
+    let t = Nanos::from_secs;
+    let first = Engine::new(&with_window(6), t(0), std::time::SystemTime::UNIX_EPOCH);
+    offer(&first, 100, t(1));
+    assert_eq!(admitted(&first, t(1)), "100");
+    let rebuilt = first.reload(&with_window(4), t(2), std::time::SystemTime::UNIX_EPOCH);
+    assert_eq!(
+        rebuilt
+            .route_snapshot(rebuilt.route_id("r").unwrap(), t(2))
+            .offered,
+        0
+    );
+    offer(&rebuilt, 50, t(3));
+    assert_eq!(admitted(&rebuilt, t(3)), "150");
+    // Removed, then back: its series goes on from 150.
+    let other = Config::new(vec![RouteConfig::new("other", RouteMatch::any())]);
+    let removed = rebuilt.reload(&other, t(4), std::time::SystemTime::UNIX_EPOCH);
+    metrics::with_local_recorder(&recorder, || collector.collect(&removed, t(4)));
+    let back = removed.reload(&with_window(4), t(5), std::time::SystemTime::UNIX_EPOCH);
+    offer(&back, 20, t(6));
+    assert_eq!(admitted(&back, t(6)), "170");
+}
