@@ -344,3 +344,29 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     assert_eq!(numbers(&h, "raise_base_limit"), (7.0, 10.0));
 }
+
+/// A route with no history yet (a `serve` just started) covers 0 s, not -0 s: an empty
+/// sum of floats is -0.0, which printed as "0 interval(s), -0 s" and "in -0 ms".
+#[test]
+fn no_history_covers_zero_seconds_not_minus_zero() {
+    use rocgate::hints::{RouteHints, RouteSettings};
+    let settings = RouteSettings {
+        name: "r".into(),
+        mode: rocgate::config::Mode::Enforce,
+        algorithm: rocgate::limiter::Algorithm::TokenBucket {
+            burst: std::time::Duration::from_secs(1),
+        },
+        params: rocgate::controller::ControllerParams::default(),
+    };
+    let r = RouteHints::new(&settings, &[], None, &Policy::default());
+    assert_eq!(r.intervals, 0);
+    assert!(
+        r.covered_s == 0.0 && r.covered_s.is_sign_positive(),
+        "{}",
+        r.covered_s
+    );
+    assert_eq!(
+        r.hints[0].reason,
+        "no change: too little traffic to judge (0 requests in 0 ms)"
+    );
+}

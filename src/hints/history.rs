@@ -71,6 +71,12 @@ impl Interval {
         self.length.as_secs_f64().max(1e-9)
     }
 
+    /// The seconds `intervals` cover together: 0 for none (not the -0.0 of an empty
+    /// float sum, which prints as "-0 s").
+    pub fn total_secs(intervals: &[Interval]) -> f64 {
+        intervals.iter().fold(0.0, |total, i| total + i.secs())
+    }
+
     /// All rejections.
     pub fn rejected_total(&self) -> u64 {
         self.rejected.iter().sum()

@@ -160,7 +160,7 @@ impl RouteHints {
         RouteHints {
             route: settings.name.clone(),
             intervals: intervals.len(),
-            covered_s: intervals.iter().map(Interval::secs).sum(),
+            covered_s: Interval::total_secs(intervals),
             offered: intervals.iter().map(|i| i.offered).sum(),
             rejected: intervals.iter().map(Interval::rejected_total).sum(),
             hints: advise(settings, intervals, capacity_rps, policy),
@@ -354,7 +354,7 @@ impl<'a> Evidence<'a> {
             offered,
             rejected,
             base_rejected: rejected - cut_rejected,
-            secs: intervals.iter().map(Interval::secs).sum(),
+            secs: Interval::total_secs(intervals),
             exhausted_s: intervals.iter().map(|i| i.exhausted_s).sum(),
             cuts,
             roc,
