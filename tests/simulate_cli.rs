@@ -476,3 +476,23 @@ fn a_profile_drives_one_route() {
         text(&out.stderr)
     );
 }
+
+/// A reader that has gone (`rocgate simulate | head -1`) ends the output quietly:
+/// `print!` panicked on the closed pipe (exit 101).
+#[test]
+fn a_closed_stdout_ends_the_output_without_a_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["simulate", "--scenario", "flash-sale"])
+        .env_clear()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rocgate");
+    // Closed before the summary is written (the simulation takes a while first).
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}

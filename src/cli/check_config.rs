@@ -1,6 +1,7 @@
 //! `rocgate check-config FILE`: validates a configuration file as `serve` would load
 //! it (environment overrides included).
 
+use super::out;
 use super::CheckConfigArgs;
 use rocgate::config::Config;
 use std::process::ExitCode;
@@ -9,7 +10,7 @@ use std::process::ExitCode;
 pub(crate) fn run(args: CheckConfigArgs) -> ExitCode {
     match Config::load(&args.file) {
         Ok(_) => {
-            println!("ok");
+            out!("ok\n");
             ExitCode::SUCCESS
         }
         Err(e) => {

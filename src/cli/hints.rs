@@ -4,6 +4,7 @@
 //! Exit codes: 0 with hints printed, 1 when the admin API cannot be reached or
 //! answers with an error, 2 for a bad `--admin` URL or `--period`.
 
+use super::out;
 use super::HintsArgs;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
@@ -47,12 +48,12 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
         }
     };
     if args.json {
-        println!("{body}");
+        out!("{body}\n");
         return ExitCode::SUCCESS;
     }
     match serde_json::from_str::<HintsReport>(&body) {
         Ok(report) => {
-            print!("{}", render(&report));
+            out!("{}", render(&report));
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -7,6 +7,7 @@ pub(crate) mod serve;
 pub(crate) mod simulate;
 
 use clap::{Parser, Subcommand};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::SystemTime;
@@ -123,4 +124,18 @@ pub(crate) struct SimulateArgs {
 pub(crate) struct CheckConfigArgs {
     /// The configuration file to validate.
     pub(crate) file: PathBuf,
+}
+
+/// Writes to standard output like `print!`, but a reader that has gone (`rocgate
+/// simulate | head -1`) ends the output quietly, where `print!` would panic.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_out(format_args!($($arg)*))
+    };
+}
+pub(crate) use out;
+
+/// What [`out!`] writes with; errors (a closed pipe) are dropped.
+pub(crate) fn write_out(text: std::fmt::Arguments<'_>) {
+    let _ = std::io::stdout().lock().write_fmt(text);
 }

@@ -10,6 +10,7 @@
 //! written) is reported on stderr, naming the file, line or option at fault, with exit
 //! code 2, before anything runs.
 
+use super::out;
 use super::SimulateArgs;
 use rocgate::config::{Config, Partition};
 use rocgate::sim::access_log::{self, LogError};
@@ -366,12 +367,12 @@ fn run_once(
     let run = traffic
         .run(sim)
         .map_err(|e| run_failure(label, traffic, e))?;
-    print!("{}", render(&run, label));
+    out!("{}", render(&run, label));
     let config = sim.config();
     let hints = rocgate::sim::hints::hints(&run, config, &config.hints.policy);
-    print!("hints\n{}", rocgate::hints::table(&hints));
+    out!("hints\n{}", rocgate::hints::table(&hints));
     if args.capacity.is_none() {
-        println!("  (without --capacity the rules that need upstream health stay silent)");
+        out!("  (without --capacity the rules that need upstream health stay silent)\n");
     }
 
     let Some(outputs) = outputs else {
@@ -416,7 +417,7 @@ fn run_once(
         Box::new(|out| out.write_all(chart::svg(&run).map_err(chart_failed)?.as_bytes())),
         Box::new(|out| out.write_all(&chart::png(&run).map_err(chart_failed)?)),
     ])?;
-    println!("wrote         {written}");
+    out!("wrote         {written}\n");
     if run.routes.len() > chart::MAX_ROUTES {
         eprintln!(
             "note: the chart shows the first {} of {} routes",
@@ -450,13 +451,13 @@ fn run_sweep(
             rocgate::sim::SweepError::Run { error, .. } => run_failure(label, traffic, error),
             e => bad_input(format!("--sweep: {e}")),
         })?;
-    print!(
+    out!(
         "{}",
         render_sweep(&sweep, &rows, sim, label, threads.min(rows.len()))
     );
     if let Some(outputs) = outputs {
         let written = outputs.write(vec![Box::new(|out| sweep::write_csv(&sweep, &rows, out))])?;
-        println!("wrote         {written}");
+        out!("wrote         {written}\n");
     }
     Ok(())
 }
