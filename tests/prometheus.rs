@@ -463,3 +463,44 @@ fn the_dashboards_offered_line_counts_each_request_once() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `RocgateRouteCutTooLong` fires on time spent in cut, which `max_cut` (60 s by
+/// default) cannot hide by ending each cut: a route cut 45 s of every minute fires,
+/// one cut of 60 s does not. promtool evaluates the rule's own expression.
+#[test]
+fn the_cut_too_long_alert_counts_time_in_cut_across_cuts() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = std::fs::read_to_string(root.join("dashboards/alerts.yml")).unwrap();
+    let expr = rules
+        .split("alert: RocgateRouteCutTooLong")
+        .nth(1)
+        .and_then(|rest| rest.lines().find_map(|l| l.trim().strip_prefix("expr: ")))
+        .expect("the rule's expression");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cut.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n      \
+             - series: 'rocgate_cut_seconds_total{{instance=\"a\",route=\"cycling\"}}'\n        \
+             values: '0+45x15'\n      \
+             - series: 'rocgate_cut_seconds_total{{instance=\"a\",route=\"once\"}}'\n        \
+             values: '0 60 60 60 60 60 60 60 60 60 60 60 60 60 60 60'\n    \
+             promql_expr_test:\n      - expr: '{}'\n        eval_time: 12m\n        exp_samples:\n          \
+             - labels: '{{instance=\"a\",route=\"cycling\"}}'\n            value: 450\n",
+            expr.replace('\'', "''")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(which("promtool"))
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
