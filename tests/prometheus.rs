@@ -451,17 +451,7 @@ fn the_dashboards_offered_line_counts_each_request_once() {
         ),
     )
     .unwrap();
-    let out = Command::new(which("promtool"))
-        .args(["test", "rules"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_test_rules(&file);
 }
 
 /// `RocgateRouteCutTooLong` fires on time spent in cut, which `max_cut` (60 s by
@@ -492,9 +482,14 @@ fn the_cut_too_long_alert_counts_time_in_cut_across_cuts() {
         ),
     )
     .unwrap();
+    promtool_test_rules(&file);
+}
+
+/// Runs `promtool test rules` on `file` and fails with its output unless it passes.
+fn promtool_test_rules(file: &Path) {
     let out = Command::new(which("promtool"))
         .args(["test", "rules"])
-        .arg(&file)
+        .arg(file)
         .output()
         .unwrap();
     assert!(
