@@ -243,7 +243,9 @@ impl Inner {
     /// `X-Forwarded-For`: the chain is kept and extended only when the peer is a
     /// trusted proxy; otherwise it is replaced by the peer, so clients cannot forge
     /// it for the upstream. `X-Forwarded-Proto` and `-Host` likewise; RFC 7239's
-    /// `Forwarded`, which says the same things, is kept from a trusted proxy only.
+    /// `Forwarded`, which says the same things, is kept from a trusted proxy only, and
+    /// extended with this hop (`for=` the peer, `proto=http`). rocgate adds no
+    /// `Forwarded` of its own where the request had none.
     fn set_forwarded(
         &self,
         headers: &mut HeaderMap,
@@ -266,6 +268,16 @@ impl Inner {
         headers.remove(&X_FORWARDED_FOR);
         if !trusted {
             headers.remove(&FORWARDED);
+        } else if let (Some(ip), true) = (peer, headers.contains_key(&FORWARDED)) {
+            // The trusted proxy's chain goes on with this hop (RFC 7239 §4: an IPv6
+            // node is quoted and bracketed), as `X-Forwarded-For` does.
+            let element = match ip.to_canonical() {
+                std::net::IpAddr::V4(v4) => format!("for={v4};proto=http"),
+                std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto=http"),
+            };
+            if let Ok(v) = HeaderValue::from_str(&element) {
+                headers.append(FORWARDED.clone(), v);
+            }
         }
         if let Some(ip) = peer {
             if !chain.is_empty() {
@@ -568,8 +580,8 @@ mod tests {
         assert_eq!(h["x-kept"], "yes");
     }
 
-    #[test]
-    fn a_dual_stack_listeners_ipv4_peer_is_forwarded_as_ipv4() {
+    /// A forwarder trusting `resolver`'s proxies, sending nowhere.
+    fn forwarder(resolver: ClientIpResolver) -> Forwarder {
         let settings = ForwardSettings {
             upstream: Uri::from_static("http://127.0.0.1:3000"),
             connect_timeout: Duration::from_secs(1),
@@ -577,19 +589,59 @@ mod tests {
             max_body_bytes: 1024,
             max_upstream_lanes: 0,
             upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
+            resolver,
         };
-        let forwarder = Forwarder::new(
+        Forwarder::new(
             settings,
             Arc::new(crate::clock::ManualClock::new()),
             Arc::default(),
             Arc::new(UpstreamMeter::new()),
-        );
+        )
+    }
+
+    #[test]
+    fn a_dual_stack_listeners_ipv4_peer_is_forwarded_as_ipv4() {
+        let forwarder = forwarder(ClientIpResolver::default());
         let mut h = HeaderMap::new();
         // A client of a `[::]` listener over IPv4 is a mapped address: the same client
         // (and key) as 203.0.113.7, which is what the upstream must see.
         let peer = "::ffff:203.0.113.7".parse().ok();
         forwarder.inner.set_forwarded(&mut h, peer, None);
         assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.7");
+    }
+
+    #[test]
+    fn a_trusted_proxys_forwarded_chain_gets_this_hop() {
+        let forwarder = forwarder(ClientIpResolver::new(vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "fd00::/8".parse().unwrap(),
+        ]));
+        let forwarded = |peer: &str, sent: Option<&'static str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = sent {
+                h.insert(&FORWARDED, HeaderValue::from_static(v));
+            }
+            forwarder
+                .inner
+                .set_forwarded(&mut h, peer.parse().ok(), None);
+            let all = h.get_all(&FORWARDED).iter();
+            all.map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        let client = Some("for=203.0.113.7;proto=https");
+        assert_eq!(
+            forwarded("10.0.0.2", client),
+            ["for=203.0.113.7;proto=https", "for=10.0.0.2;proto=http"]
+        );
+        assert_eq!(
+            forwarded("fd00::2", client),
+            [
+                "for=203.0.113.7;proto=https",
+                r#"for="[fd00::2]";proto=http"#
+            ]
+        );
+        // From an untrusted peer it is dropped; where there was none, none is added.
+        assert!(forwarded("198.51.100.9", client).is_empty());
+        assert!(forwarded("10.0.0.2", None).is_empty());
     }
 }
