@@ -64,7 +64,7 @@ fn reload_on_sighup(reloader: Reloader) {
             return;
         };
         while hup.recv().await.is_some() {
-            if let Err(errors) = reloader.reload() {
+            if let Err(errors) = reloader.reload_async().await {
                 for e in errors {
                     tracing::error!("reload refused, running config kept: {e}");
                 }

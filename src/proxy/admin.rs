@@ -194,7 +194,7 @@ async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response
     if let Some(denied) = unauthorized(&state, &headers) {
         return denied;
     }
-    match state.reloader.reload() {
+    match state.reloader.reload_async().await {
         Ok(waiting) => {
             Json(json!({ "reloaded": true, "restart_required": waiting })).into_response()
         }

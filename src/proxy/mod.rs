@@ -134,10 +134,21 @@ impl Reloader {
         &self.clock
     }
 
-    /// Reads the config file again and swaps the engine. An invalid file, or a proxy
-    /// started without one, keeps the running config and returns every error. The
-    /// routes take effect at once; the other sections only at a restart: those whose
-    /// content differs from the proxy's start are returned (`"[admin]"`, …) and logged.
+    /// Reads the config file again and swaps the engine, on tokio's blocking pool (the
+    /// file read and the engine build hold no runtime worker, nor does a reload waiting
+    /// for another). An invalid file, or a proxy started without one, keeps the
+    /// running config and returns every error. The routes take effect at once; the
+    /// other sections only at a restart: those whose content differs from the proxy's
+    /// start are returned (`"[admin]"`, …) and logged.
+    pub async fn reload_async(&self) -> Result<Vec<&'static str>, Vec<String>> {
+        let reloader = self.clone();
+        tokio::task::spawn_blocking(move || reloader.reload())
+            .await
+            .unwrap_or_else(|e| Err(vec![format!("the reload failed: {e}")]))
+    }
+
+    /// Reads the config file again and swaps the engine (blocking: it reads the file
+    /// and builds the engine). See [`reload_async`](Self::reload_async).
     pub fn reload(&self) -> Result<Vec<&'static str>, Vec<String>> {
         let Some(path) = &self.source else {
             return Err(vec![
