@@ -253,6 +253,29 @@ fn few_refills_route() -> RouteConfig {
     route(2.0, Duration::from_secs(500))
 }
 
+/// A `rocgate serve` on free loopback ports in front of `upstream`.
+fn proxy_settings(upstream: std::net::SocketAddr) -> rocgate::proxy::ProxySettings {
+    use rocgate::http::ClientIpResolver;
+    use rocgate::proxy::{ForwardSettings, ProxySettings};
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    ProxySettings {
+        listen: any,
+        admin_listen: any,
+        forward: ForwardSettings {
+            upstream: format!("http://{upstream}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            max_body_bytes: 1024,
+            max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(1),
+        admin_token: None,
+    }
+}
+
 /// Admitted by two instances offering `per_instance` each, concurrently.
 async fn two_instances_admit(a: &Instance, b: &Instance, per_instance: usize) -> usize {
     let (x, y) = tokio::join!(a.offer(per_instance), b.offer(per_instance));
@@ -1016,8 +1039,7 @@ async fn two_proxies_share_one_limit() {
     use http_body_util::{BodyExt, Empty};
     use hyper::body::Bytes;
     use hyper_util::rt::TokioIo;
-    use rocgate::http::ClientIpResolver;
-    use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+    use rocgate::proxy::Proxy;
     use rocgate::store::StoreConfig;
     use std::net::SocketAddr;
 
@@ -1030,23 +1052,7 @@ async fn two_proxies_share_one_limit() {
     // 100 tokens refilling at 1/s: a short run admits its burst, shared.
     let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
     config.store = StoreConfig::Redis(store_config(&server, "serve"));
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let settings = ProxySettings {
-        listen: any,
-        admin_listen: any,
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream_addr}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(2),
-            max_body_bytes: 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: Duration::from_secs(1),
-        shutdown_grace: Duration::from_secs(1),
-        admin_token: None,
-    };
+    let settings = proxy_settings(upstream_addr);
     let mut addrs = Vec::new();
     let mut stops = Vec::new();
     for _ in 0..2 {
@@ -1194,8 +1200,7 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     use http_body_util::{BodyExt, Empty};
     use hyper::body::Bytes;
     use hyper_util::rt::TokioIo;
-    use rocgate::http::ClientIpResolver;
-    use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+    use rocgate::proxy::Proxy;
     use std::net::SocketAddr;
 
     let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1214,23 +1219,7 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     let path = dir.path().join("rocgate.toml");
     std::fs::write(&path, file("route")).unwrap();
     let config = Config::load(&path).unwrap();
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let settings = ProxySettings {
-        listen: any,
-        admin_listen: any,
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream_addr}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(2),
-            max_body_bytes: 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: Duration::from_secs(1),
-        shutdown_grace: Duration::from_secs(1),
-        admin_token: None,
-    };
+    let settings = proxy_settings(upstream_addr);
     let proxy = Proxy::bind(settings, &config, Some(path.clone()))
         .await
         .unwrap();

@@ -39,6 +39,29 @@ fn field(line: &str, key: &str) -> Option<SocketAddr> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Reads `serve`'s log lines from `stderr` on a thread of their own until one names
+/// the address it listens on; the lines after it come on the receiver.
+fn logged_listen(
+    stderr: impl std::io::Read + Send + 'static,
+) -> (SocketAddr, std::sync::mpsc::Receiver<String>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("serve logs its address");
+        if let Some(addr) = field(&line, "listen=") {
+            return (addr, rx);
+        }
+    }
+}
+
 async fn get_status(addr: SocketAddr, path: &str) -> Result<u16, String> {
     let stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -71,22 +94,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
         .unwrap();
     let pid = child.id();
     let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let listen = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("serve logs its address");
-        if let Some(addr) = field(&line, "listen=") {
-            break addr;
-        }
-    };
+    let (listen, _log) = logged_listen(stderr); // kept: the child logs on
     assert_eq!(get_status(listen, "/").await, Ok(200));
 
     let in_flight: Vec<_> = (0..5)
@@ -203,22 +211,7 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off() {
             .unwrap(),
     );
     let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let listen = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("serve logs its address");
-        if let Some(addr) = field(&line, "listen=") {
-            break addr;
-        }
-    };
+    let (listen, rx) = logged_listen(stderr);
     // Silent connections: each holds a descriptor until the header read timeout.
     let mut held = Vec::new();
     for _ in 0..60 {
