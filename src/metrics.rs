@@ -21,6 +21,7 @@
 //! | `rocgate_requests_total` | counter | `route`, `decision`, `reason` | requests by decision (`admitted`, `rejected`, `shadow_rejected`: a shadow mode admitted it, so it is counted under `admitted` too) and reason (`none` when admitted) |
 //! | `rocgate_demand_rps` | gauge | `route`, `half` | demand of the earlier (`prev`) and later (`recent`) half-window |
 //! | `rocgate_roc` | gauge | `route`, `mode` | ROC of the last completed slot, `absolute` and `relative` |
+//! | `rocgate_controller_roc` | gauge | `route` | ROC of the last completed slot in the route's `roc_mode`: what the controller compares with `danger_roc` and `safe_roc` |
 //! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode |
 //! | `rocgate_limit_rps`, `rocgate_base_limit_rps`, `rocgate_cut_limit_rps` | gauge | `route` | current, base and cut limit |
 //! | `rocgate_danger_roc`, `rocgate_safe_roc` | gauge | `route` | thresholds in force |
@@ -58,6 +59,8 @@ pub const REQUESTS: &str = "rocgate_requests_total";
 pub const DEMAND: &str = "rocgate_demand_rps";
 /// `rocgate_roc`.
 pub const ROC: &str = "rocgate_roc";
+/// `rocgate_controller_roc`.
+pub const CONTROLLER_ROC: &str = "rocgate_controller_roc";
 /// `rocgate_roc_observed` (histogram).
 pub const ROC_OBSERVED: &str = "rocgate_roc_observed";
 /// `rocgate_limit_rps`.
@@ -112,10 +115,11 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 29] = [
+pub const ALL: [&str; 30] = [
     REQUESTS,
     DEMAND,
     ROC,
+    CONTROLLER_ROC,
     ROC_OBSERVED,
     LIMIT,
     BASE_LIMIT,
@@ -164,6 +168,10 @@ pub fn describe() {
     describe_gauge!(
         ROC,
         "Rate of change of demand over the last completed slot."
+    );
+    describe_gauge!(
+        CONTROLLER_ROC,
+        "ROC of the last completed slot in the route's roc_mode, as the thresholds read it."
     );
     describe_histogram!(
         ROC_OBSERVED,
@@ -457,6 +465,7 @@ fn route_gauges(route: &str, algorithm: &'static str, now: Option<(&RouteSnapsho
     gauge!(DEMAND, "route" => r(), "half" => "recent").set(v(|s| s.sample.rate_recent_rps));
     gauge!(ROC, "route" => r(), "mode" => "absolute").set(v(|s| s.sample.roc));
     gauge!(ROC, "route" => r(), "mode" => "relative").set(v(|s| s.sample.relative_roc(s.min_rps)));
+    gauge!(CONTROLLER_ROC, "route" => r()).set(v(|s| s.sample.roc_in(s.roc_mode, s.min_rps)));
     gauge!(LIMIT, "route" => r()).set(v(|s| s.limit_rps));
     gauge!(BASE_LIMIT, "route" => r()).set(v(|s| s.base_limit_rps));
     gauge!(CUT_LIMIT, "route" => r()).set(v(|s| s.cut_limit_rps));

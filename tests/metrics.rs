@@ -335,6 +335,7 @@ fn gauges_of_what_is_gone_read_nan() {
         r#"rocgate_controller_state{route="goes",state="normal"}"#,
         r#"rocgate_limit_rps{route="goes"}"#,
         r#"rocgate_roc{route="goes",mode="absolute"}"#,
+        r#"rocgate_controller_roc{route="goes"}"#,
         r#"rocgate_rejection_ratio{route="goes"}"#,
         r#"rocgate_store_roc{route="goes"}"#,
         r#"rocgate_limiter_level{route="stays",algorithm="token_bucket"}"#,
@@ -454,4 +455,56 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
     let back = removed.reload(&with_window(4), t(5), std::time::SystemTime::UNIX_EPOCH);
     offer(&back, 20, t(6));
     assert_eq!(admitted(&back, t(6)), "170");
+}
+
+/// `rocgate_controller_roc` is the ROC each route's thresholds are compared with: the
+/// absolute one for an absolute-mode route, the relative one for a relative-mode
+/// route, so the dashboard draws each beside thresholds of its own kind.
+#[test]
+fn the_controller_roc_is_in_each_routes_mode() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::Collector;
+    use rocgate::window::RocMode;
+    let route = |name: &str, mode| {
+        let mut r = RouteConfig::new(name, RouteMatch::prefix(format!("/{name}/")));
+        r.controller.roc_mode = mode;
+        r.controller.danger_roc = if mode == RocMode::Relative { 4.0 } else { 80.0 };
+        r.controller.safe_roc = if mode == RocMode::Relative { 1.0 } else { 20.0 };
+        r
+    };
+    let engine = Engine::new(
+        &Config::new(vec![
+            route("abs", RocMode::Absolute),
+            route("rel", RocMode::Relative),
+        ]),
+        Nanos::ZERO,
+        std::time::SystemTime::UNIX_EPOCH,
+    );
+    // 20 req/s for the window's first half (3 s), then 50 req/s: in the last completed
+    // slot the halves read 20 and 50 req/s, so ROC is 30 absolute, 1.5 relative.
+    for name in ["abs", "rel"] {
+        let id = engine.route_id(name).unwrap();
+        for ms in (0..6_000).step_by(10) {
+            let every = if ms < 3_000 { 50 } else { 20 };
+            if ms % every == 0 {
+                let _ = engine.check(id, Key::None, Nanos::from_millis(ms));
+            }
+        }
+        let _ = engine.check(id, Key::None, Nanos::from_millis(6_000));
+    }
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        Collector::new().collect(&engine, Nanos::from_millis(6_000));
+    });
+    let text = handle.render();
+    for line in [
+        r#"rocgate_roc{route="rel",mode="absolute"} 30"#,
+        r#"rocgate_roc{route="rel",mode="relative"} 1.5"#,
+        r#"rocgate_controller_roc{route="abs"} 30"#,
+        r#"rocgate_controller_roc{route="rel"} 1.5"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
 }
