@@ -1276,6 +1276,61 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     upstream_task.abort();
 }
 
+/// A decision in flight when a reload drops its route, and that fails afterwards,
+/// leaves the instance out of fallback: no decision on that route would come to take
+/// it out again, and the `RocgateStoreFallback` alert would fire for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_failing_after_a_reload_dropped_its_route_leaves_no_fallback() {
+    let _serial = one_at_a_time().await;
+    use rocgate::config::{KeyLimits, Partition};
+    // Accepts connections and never answers: every store call waits for `timeout`.
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", hole.local_addr().unwrap());
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = hole.accept().await {
+            held.push(conn);
+        }
+    });
+    let config = RedisConfig {
+        servers: RedisServers::Single(url),
+        key_prefix: "dropped".into(),
+        timeout: Duration::from_millis(200),
+        failures_to_open: 1,
+        ..RedisConfig::default()
+    };
+    let inst = Instance::system(&burst_route(), &config);
+    let mut in_flight = std::pin::pin!(inst.check());
+    // One poll: the decision waits on the store now.
+    assert!(tokio::time::timeout(Duration::ZERO, &mut in_flight)
+        .await
+        .is_err());
+    let mut local = burst_route();
+    local.partition = Partition::ClientIp(KeyLimits::default());
+    let reloaded = Engine::new(
+        &Config::new(vec![local]),
+        Nanos::ZERO,
+        SystemTime::UNIX_EPOCH,
+    );
+    inst.store.retain(&reloaded);
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+    // The call times out, the breaker opens: on a route the store no longer holds.
+    let _ = in_flight.await;
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+    // A decision that starts on the replaced engine after the reload adds the route
+    // back, and can fall back; the next pass (each scrape of `/metrics` and each
+    // `GET /admin/store` makes one against the engine in force) forgets it again.
+    let _ = inst.check().await;
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+    inst.store.retain(&reloaded);
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+    // A route still held falls back as before.
+    let inst = Instance::system(&burst_route(), &config);
+    let _ = inst.check().await;
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+    holding.abort();
+}
+
 /// A distributed route's window in the local engine follows this instance's traffic
 /// (`rocgate_demand_rps`, `rocgate_roc`, `/admin/routes`), though the shared store
 /// decides every request.

@@ -99,6 +99,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The Prometheus text exposition, collected from the engine just now.
 async fn render_metrics(State(state): State<AdminState>) -> Response {
     let m = &state.metrics;
+    #[cfg(feature = "redis")]
+    state.reloader.retain_store();
     let (engine, now) = (state.reloader.engine(), state.reloader.clock().now());
     #[cfg(feature = "redis")]
     m.collector.collect_with(&engine, now, |route| {
@@ -215,6 +217,7 @@ const DEFAULT_PERIOD: std::time::Duration = std::time::Duration::from_secs(15 * 
 async fn store(State(state): State<AdminState>) -> Json<Value> {
     #[cfg(feature = "redis")]
     if let Some(store) = &state.store {
+        state.reloader.retain_store();
         let routes: serde_json::Map<String, Value> = store
             .views()
             .into_iter()

@@ -134,6 +134,22 @@ impl Reloader {
         &self.clock
     }
 
+    /// Makes the store forget the routes that the engine in force no longer shares:
+    /// those a decision still running on a replaced engine added back after the
+    /// reload's own pass. Does nothing while a reload runs (it makes that pass).
+    #[cfg(feature = "redis")]
+    pub(crate) fn retain_store(&self) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let _no_reload = match self.reloading.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        store.retain(&self.engine());
+    }
+
     /// Reads the config file again and swaps the engine, on tokio's blocking pool (the
     /// file read and the engine build hold no runtime worker, nor does a reload waiting
     /// for another). An invalid file, or a proxy started without one, keeps the

@@ -357,6 +357,8 @@ struct SharedRoute {
     breaker: Mutex<Breaker>,
     /// Whether this route is decided locally for now.
     fallen: AtomicBool,
+    /// Whether the store dropped this route (see [`Inner::retire`]).
+    retired: AtomicBool,
     window: WindowSpec,
     burst: Duration,
     slot_us: u64,
@@ -438,8 +440,9 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Routes decided locally for now: the instance is in fallback while any is.
     fallen: AtomicUsize,
-    /// Held while `rocgate_store_mode` is published from `fallen`.
-    publishing: Mutex<()>,
+    /// Held while a route's mode changes: `fallen`, the routes' flags and
+    /// `rocgate_store_mode` change together.
+    changing: Mutex<()>,
     /// Live instances as last counted, in the low 16 bits, under the sequence number
     /// of the beat that counted them: answers of overlapping beats (the background
     /// one and an explicit [`RedisStore::beat`]) can arrive out of order, and only the
@@ -526,7 +529,7 @@ impl RedisStore {
             instance_id,
             clock,
             fallen: AtomicUsize::new(0),
-            publishing: Mutex::new(()),
+            changing: Mutex::new(()),
             instances: AtomicU64::new(1),
             beats: AtomicU64::new(0),
             routes: DashMap::new(),
@@ -639,7 +642,7 @@ impl RedisStore {
                 .route_id(name)
                 .is_some_and(|id| self.shares(engine, id));
             if !kept {
-                inner.set_mode(r, StoreMode::Shared);
+                inner.retire(r);
                 // As the collector does for a route's own gauges once it is gone.
                 r.limit_gauge.set(f64::NAN);
             }
@@ -705,7 +708,31 @@ impl Inner {
 
     /// Sets a route's mode; the instance's, and its gauge, when that changes.
     fn set_mode(&self, r: &SharedRoute, mode: StoreMode) {
+        if r.fallen.load(Ordering::Relaxed) == (mode == StoreMode::Fallback) {
+            return;
+        }
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.flip(r, mode);
+    }
+
+    /// Takes a route the store no longer holds (a reload dropped or rebuilt it) out of
+    /// the instance's mode for good: a decision still in flight on it that fails
+    /// afterwards must not put the instance in fallback, where nothing would take it
+    /// out again.
+    fn retire(&self, r: &SharedRoute) {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        r.retired.store(true, Ordering::Relaxed);
+        self.flip(r, StoreMode::Shared);
+    }
+
+    /// [`set_mode`](Self::set_mode), under `changing`: the count of fallen routes and
+    /// the gauge published from it change together, and a route retired before
+    /// never falls.
+    fn flip(&self, r: &SharedRoute, mode: StoreMode) {
         let fall = mode == StoreMode::Fallback;
+        if fall && r.retired.load(Ordering::Relaxed) {
+            return;
+        }
         if r.fallen.swap(fall, Ordering::Relaxed) == fall {
             return;
         }
@@ -720,20 +747,8 @@ impl Inner {
             "route store mode changed"
         );
         if (before == 0) == fall {
-            // Routes flipping at once on other threads may publish in another order
-            // than they counted: each publishes, one at a time, what the count says
-            // now, so the last one to publish is right.
-            let _one_at_a_time = self
-                .publishing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let now = if self.fallen.load(Ordering::Relaxed) > 0 {
-                StoreMode::Fallback
-            } else {
-                StoreMode::Shared
-            };
-            publish_mode(now);
-            tracing::warn!(mode = now.as_str(), "store mode changed");
+            publish_mode(mode);
+            tracing::warn!(mode = mode.as_str(), "store mode changed");
         }
     }
 
@@ -782,6 +797,7 @@ impl Inner {
                 self.config.probe_interval,
             )),
             fallen: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
             window,
             burst,
             slot_us: (window.slot().as_micros() as u64).max(1),
@@ -801,7 +817,7 @@ impl Inner {
             stepped: Mutex::new(stepped),
         });
         if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
-            self.set_mode(&old, StoreMode::Shared);
+            self.retire(&old);
         }
         r
     }
