@@ -124,8 +124,14 @@ fn rejected_counter(reason: Reason) -> usize {
 const SHADOW_CUT: usize = 1 + Reason::ALL.len();
 const _: () = assert!(SHADOW_CUT < crate::lanes::COUNTERS);
 
+/// The next [`Route::serial`].
+static ROUTE_SERIALS: AtomicU64 = AtomicU64::new(1);
+
 struct Route {
     name: Arc<str>,
+    /// Unique to this route's state in the process: a reload that rebuilds the route
+    /// (and so starts its counts again) gives the new one another.
+    serial: u64,
     mode: Mode,
     window: WindowSpec,
     algorithm: Algorithm,
@@ -622,6 +628,7 @@ impl Route {
             .collect();
         let route = Route {
             name: cfg.name.as_str().into(),
+            serial: ROUTE_SERIALS.fetch_add(1, Ordering::Relaxed),
             mode: cfg.mode,
             window: cfg.window,
             algorithm: cfg.algorithm,
@@ -776,6 +783,7 @@ impl Route {
         let rejected_total: u64 = rejected.iter().map(|(_, n)| n).sum();
         RouteSnapshot {
             name: self.name.to_string(),
+            serial: self.serial,
             mode: self.mode,
             state: c.state(),
             state_since: c.entered_at(),
@@ -1482,6 +1490,10 @@ impl KeyText for str {
 pub struct RouteSnapshot {
     /// Route name.
     pub name: String,
+    /// Unique to the route's state in this process: a reload that rebuilds the route
+    /// (a new window, algorithm, mode, partition or tiers) starts its counts from zero
+    /// under a new serial; one that keeps it keeps the serial.
+    pub serial: u64,
     /// Enforce or shadow.
     pub mode: Mode,
     /// Controller state.

@@ -250,14 +250,19 @@ struct Seen {
     algorithm: &'static str,
     /// Whether `rocgate_store_roc` was last set for it.
     store_roc: bool,
+    /// The route's serial when `readings` were taken.
+    serial: u64,
 }
 
 /// A counter the engine starts again from zero when a reload rebuilds its route (a new
 /// window, algorithm, mode, partition or tiers), or a shared store forgets it. The
 /// registry keeps the highest value a counter was set to, so the restarted count would
 /// leave the series flat until it passed the old total; instead each restart adds the
-/// last total to an offset. (A restarted count that passes the old total between two
-/// collections is taken for growth: the series then undercounts, but never goes back.)
+/// last total to an offset. The request counters know a rebuild by the route's new
+/// serial; the controller's counters (a shared store's part in them outlives some
+/// rebuilds) by a count lower than the last. (One of those that passes its old total
+/// between two collections is taken for growth: it then undercounts, but never goes
+/// back.)
 #[derive(Clone, Copy, Debug, Default)]
 struct Monotonic {
     last: u64,
@@ -265,6 +270,12 @@ struct Monotonic {
 }
 
 impl Monotonic {
+    /// The count starts again from zero: what it had counted goes to the offset.
+    fn restart(&mut self) {
+        self.offset += self.last;
+        self.last = 0;
+    }
+
     /// The value to export for the engine's count `raw`.
     fn next(&mut self, raw: u64) -> u64 {
         if raw < self.last {
@@ -279,6 +290,8 @@ impl Monotonic {
 /// and added back continues its series).
 #[derive(Debug, Default)]
 struct RouteCounters {
+    /// The route's serial at the last collection (0 before the first).
+    serial: u64,
     admitted: Monotonic,
     rejected: [Monotonic; Reason::ALL.len()],
     shadow_rejected: [Monotonic; Reason::ALL.len()],
@@ -379,6 +392,11 @@ impl Collector {
                 limiter_gauges(&s.name, seen.algorithm, None);
             }
             seen.algorithm = s.algorithm;
+            if seen.serial != s.serial {
+                // Counts started again: readings of the old ones compare with nothing.
+                seen.readings.clear();
+                seen.serial = s.serial;
+            }
             let ratio = rejection_ratio(&mut seen.readings, s, now);
             record_route(s, ratio, counters.entry(s.name.clone()).or_default());
         }
@@ -430,6 +448,13 @@ const STATES: [ControllerState; 3] = [
 fn record_route(s: &RouteSnapshot, rejection_ratio: f64, c: &mut RouteCounters) {
     let route = s.name.clone();
     let r = || route.clone();
+    if c.serial != s.serial {
+        let requests = c.rejected.iter_mut().chain(&mut c.shadow_rejected);
+        requests
+            .chain([&mut c.admitted])
+            .for_each(Monotonic::restart);
+        c.serial = s.serial;
+    }
     counter!(REQUESTS, "route" => r(), "decision" => "admitted", "reason" => "none")
         .absolute(c.admitted.next(s.admitted));
     for ((reason, n), m) in s.rejected.iter().zip(&mut c.rejected) {
