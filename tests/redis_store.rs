@@ -1577,7 +1577,7 @@ fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
-/// A Redis Cluster of this test's own: three masters, no replicas, on loopback; each
+/// A Redis Cluster of this test's own: three masters (with replicas, or none), on loopback; each
 /// node killed (by PID) on drop. Holding one keeps the other tests of this file
 /// waiting.
 struct RedisCluster {
@@ -1605,6 +1605,9 @@ impl ClusterNode {
             // serving their own slots meanwhile.
             .args(["--cluster-node-timeout", "1000"])
             .args(["--cluster-require-full-coverage", "no"])
+            // A replica syncs at once (the default waits 5 s for others to share a
+            // diskless transfer), and only a synced replica may take over.
+            .args(["--repl-diskless-sync-delay", "0"])
             .args(["--save", "", "--appendonly", "no"])
             .current_dir(dir)
             .stdout(Stdio::null())
@@ -1643,9 +1646,14 @@ impl Drop for ClusterNode {
 
 impl RedisCluster {
     async fn start() -> RedisCluster {
+        RedisCluster::with_replicas(0).await
+    }
+
+    /// Three masters with `replicas` replicas each.
+    async fn with_replicas(replicas: usize) -> RedisCluster {
         let serial = SERIAL.lock().await;
         let dir = tempfile::tempdir().unwrap();
-        let ports = free_ports(6);
+        let ports = free_ports(6 * (1 + replicas));
         let mut nodes: Vec<ClusterNode> = ports
             .chunks(2)
             .map(|p| ClusterNode {
@@ -1675,7 +1683,7 @@ impl RedisCluster {
                     .iter()
                     .map(|n| format!("127.0.0.1:{}", n.port)),
             )
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -1697,7 +1705,7 @@ impl RedisCluster {
     }
 
     /// Waits until every running node says `cluster_state:ok` and knows every
-    /// master's slots.
+    /// master's slots, and every replica has synced with its master.
     async fn wait_ok(&self) {
         self.wait(|| {
             self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
@@ -1705,6 +1713,10 @@ impl RedisCluster {
                     .is_ok_and(|info| {
                         info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
                     })
+                    && n.query::<String>(redis::cmd("INFO").arg("replication"))
+                        .is_ok_and(|info| {
+                            info.contains("role:master") || info.contains("master_link_status:up")
+                        })
             })
         })
         .await;
@@ -1894,4 +1906,61 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     let back = started.elapsed();
     assert_eq!(mode(&a), StoreMode::Shared, "not back after {back:?}");
     assert_eq!(inst.store.mode(), StoreMode::Shared);
+}
+
+/// `SIGKILL` of the master holding a route's slot, in a cluster where each master has a
+/// replica: the route falls back within the timeout, and comes back to shared state
+/// on the replica once the cluster has promoted it (the dead node is never started
+/// again); no decision waits past the timeout meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_killed_fails_over_to_its_replica() {
+    let _serial = one_at_a_time().await;
+    let mut cluster = RedisCluster::with_replicas(1).await;
+    let key = "{failover:order}:w";
+    let master = cluster.owner(key);
+    let config = store_config(&cluster, "failover");
+    let routes = [route_named("order", 100.0, Duration::from_secs(1))];
+    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+    assert!(inst.check_on("order").await.is_admit());
+    let mode = || inst.store.view("order").unwrap().mode;
+    assert_eq!(mode(), StoreMode::Shared);
+
+    cluster.nodes[master].kill();
+    let bound = config.timeout + SLACK;
+    let started = tokio::time::Instant::now();
+    let (mut fell, mut back) = (false, None);
+    // The node timeout (1 s), the replica's election, and the client learning the new
+    // master: a few seconds; 20 at most.
+    while started.elapsed() < Duration::from_secs(20) {
+        let asked = tokio::time::Instant::now();
+        let _ = inst.check_on("order").await;
+        let took = asked.elapsed();
+        assert!(took <= bound, "a decision took {took:?} (bound {bound:?})");
+        match mode() {
+            StoreMode::Fallback => fell = true,
+            _ if fell => {
+                back = Some(started.elapsed());
+                break;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(fell, "the route never fell back");
+    let back = back.expect("the route did not come back to shared state in 20 s");
+    eprintln!("back to shared state {back:?} after the kill");
+    // The node asked may learn of the promotion after the client did.
+    cluster.wait(|| cluster.owner(key) != master).await;
+    let promoted = cluster.owner(key);
+    // The shared state goes on on the promoted replica.
+    let fallbacks = inst.store.fallback_decisions();
+    for _ in 0..20 {
+        let _ = inst.check_on("order").await;
+    }
+    assert_eq!(inst.store.fallback_decisions(), fallbacks);
+    assert_eq!(mode(), StoreMode::Shared);
+    let found: usize = cluster.nodes[promoted]
+        .query(redis::cmd("EXISTS").arg(key))
+        .unwrap();
+    assert_eq!(found, 1, "{key} on the promoted node {promoted}");
 }
