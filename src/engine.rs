@@ -270,12 +270,13 @@ impl Engine {
     /// If `route` does not come from this engine.
     pub fn route_settings(&self, route: RouteId) -> crate::hints::RouteSettings {
         let r = &self.routes[route.0];
-        let params = r.lock().controller.params().clone();
+        let st = r.lock();
         crate::hints::RouteSettings {
             name: r.name.to_string(),
             mode: r.mode,
             algorithm: r.algorithm,
-            params,
+            params: st.controller.params().clone(),
+            event: st.active_event.map(|i| st.events[i].name.clone()),
         }
     }
 

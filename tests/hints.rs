@@ -237,6 +237,7 @@ fn no_traffic_gets_no_verdict_even_without_a_minimum() {
             burst: std::time::Duration::from_secs(1),
         },
         params: rocgate::controller::ControllerParams::default(),
+        event: None,
     };
     let policy = Policy {
         min_requests: 0,
@@ -328,6 +329,7 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
             restore_step_rps: 1.0,
             ..ControllerParams::default()
         },
+        event: None,
     };
     let intervals: Vec<Interval> = (0..30)
         .map(|k| {
@@ -357,6 +359,7 @@ fn no_history_covers_zero_seconds_not_minus_zero() {
             burst: std::time::Duration::from_secs(1),
         },
         params: rocgate::controller::ControllerParams::default(),
+        event: None,
     };
     let r = RouteHints::new(&settings, &[], None, &Policy::default());
     assert_eq!(r.intervals, 0);
@@ -369,4 +372,63 @@ fn no_history_covers_zero_seconds_not_minus_zero() {
         r.hints[0].reason,
         "no change: too little traffic to judge (0 requests in 0 ms)"
     );
+}
+
+/// While a scheduled event runs, the hints judge the event's profile (the parameters in
+/// force) and say so: each hint that changes a parameter names the event, whose
+/// `[[routes.events]]` entry is where the change belongs, not `PUT /admin/routes` (the
+/// route's own profile). Outside the event, no event is named.
+#[test]
+fn hints_during_an_event_name_the_event() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::Engine;
+    use rocgate::hints::{Interval, UpstreamCounts};
+    use rocgate::limiter::Reason;
+    use std::time::{Duration, SystemTime};
+    let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:01:40Z\"\n\
+                duration = \"1h\"\nbase_limit = 500\ncut_limit = 150\n";
+    let config = Config::from_toml_str(toml, "test").unwrap();
+    // The engine starts at wall time 0; the sale from 100 s.
+    let engine = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH);
+    let id = engine.route_id("r").unwrap();
+    let before = engine.route_settings(id);
+    assert_eq!(
+        (&before.event, before.params.base_limit_rps),
+        (&None, 200.0)
+    );
+    // The event takes over at a slot's rollover.
+    let _ = engine.check(id, rocgate::engine::Key::None, Nanos::from_secs(101));
+    let during = engine.route_settings(id);
+    assert_eq!(during.event.as_deref(), Some("sale"));
+    assert_eq!(during.params.base_limit_rps, 500.0);
+    // A third rejected by the base limit while the upstream is healthy.
+    let intervals: Vec<Interval> = (0..30)
+        .map(|k| {
+            let mut i = Interval::new(Nanos::from_secs(100 + k), Duration::from_secs(1));
+            i.offered = 750;
+            i.rejected[Reason::Limit.index()] = 250;
+            i.upstream = Some(UpstreamCounts {
+                requests: 500,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&during, &intervals, None, &Policy::default());
+    let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(numbers(&h, "raise_base_limit"), (500.0, 650.0));
+    assert_eq!(raise.event.as_deref(), Some("sale"));
+    let table = rocgate::hints::table(&h);
+    assert!(
+        table.contains("base_limit 500 → 650 in event sale"),
+        "{table}"
+    );
+    let json = serde_json::to_value(raise).unwrap();
+    assert_eq!(json["event"], "sale");
+    // Judged outside the event: no event named, and none in the JSON.
+    let h = rocgate::hints::advise(&before, &intervals, None, &Policy::default());
+    let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(raise.event, None);
+    assert!(serde_json::to_value(raise).unwrap().get("event").is_none());
 }

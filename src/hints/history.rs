@@ -116,6 +116,9 @@ pub struct RouteSettings {
     pub algorithm: Algorithm,
     /// The controller's parameters in force.
     pub params: ControllerParams,
+    /// The scheduled event whose profile `params` are, if one was running: its
+    /// `[[routes.events]]` entry is where a change to them belongs.
+    pub event: Option<String>,
 }
 
 /// Upstream outcomes per route, recorded per forwarded request with atomics only.
@@ -383,6 +386,7 @@ mod tests {
                 burst: Duration::from_secs(1),
             },
             params: ControllerParams::default(),
+            event: None,
         }
     }
 

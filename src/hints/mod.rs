@@ -129,6 +129,11 @@ pub struct Hint {
     pub suggested: Option<Setting>,
     /// Why, with the figures.
     pub reason: String,
+    /// The scheduled event whose profile `current` comes from, when one was running
+    /// at the end of the period: the change belongs in its `[[routes.events]]` entry
+    /// (`PUT /admin/routes` changes the route's own profile, outside events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
 }
 
 /// One route's hints over a period, with the evidence's size: what
@@ -247,11 +252,14 @@ pub fn table(hints: &[Hint]) -> String {
     let width = hints.iter().map(|h| h.route.len()).max().unwrap_or(0);
     let mut out = String::new();
     for h in hints {
-        let change = match (&h.parameter, &h.current, &h.suggested) {
+        let mut change = match (&h.parameter, &h.current, &h.suggested) {
             (Some(p), Some(c), Some(s)) => format!("{p} {c} → {s}"),
             (Some(p), _, _) => p.clone(),
             (None, _, _) => "no change".to_owned(),
         };
+        if let Some(event) = &h.event {
+            change.push_str(&format!(" in event {event}"));
+        }
         out.push_str(&format!(
             "  {:<width$}  {:<8}  {change}\n  {:<width$}  {:<8}  {}\n",
             h.route,
@@ -379,6 +387,7 @@ impl<'a> Evidence<'a> {
             current,
             suggested,
             reason,
+            event: parameter.and(self.s.event.clone()),
         }
     }
 

@@ -90,6 +90,7 @@ pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
                 mode: route.mode,
                 algorithm: route.algorithm,
                 params: route.controller.clone(),
+                event: None,
             };
             let intervals = intervals(
                 result,
