@@ -1103,12 +1103,7 @@ impl KeyMeta {
     /// route's now; if so, records the route's, and the caller sets the key's limit.
     #[inline]
     fn catch_up(&self, r: &Route) -> bool {
-        let now = r.generation.load(Ordering::Acquire) as u32;
-        if self.generation.load(Ordering::Relaxed) == now {
-            return false;
-        }
-        self.generation.store(now, Ordering::Relaxed);
-        true
+        catch_up(&self.generation, r)
     }
 
     /// The key's limit between its tier's cut and base limits, as the route now is.
@@ -1120,16 +1115,33 @@ impl KeyMeta {
     /// of a busy key find it there and write nothing).
     #[inline]
     fn touch(&self, now: Nanos) {
-        let now_s = secs(now);
-        if self.last_seen_s.load(Ordering::Relaxed) != now_s {
-            self.last_seen_s.store(now_s, Ordering::Relaxed);
-        }
+        touch(&self.last_seen_s, now);
     }
 
     /// Whether the key was last seen before `cutoff` (whole seconds): a key seen in
     /// the second `cutoff` itself may have been seen after the instant it stands for.
     fn unseen_since(&self, cutoff: u32) -> bool {
         self.last_seen_s.load(Ordering::Relaxed) < cutoff
+    }
+}
+
+/// [`KeyMeta::catch_up`], on a key's `generation` wherever it is kept.
+#[inline]
+fn catch_up(generation: &AtomicU32, r: &Route) -> bool {
+    let now = r.generation.load(Ordering::Acquire) as u32;
+    if generation.load(Ordering::Relaxed) == now {
+        return false;
+    }
+    generation.store(now, Ordering::Relaxed);
+    true
+}
+
+/// [`KeyMeta::touch`], on a key's `last_seen_s` wherever it is kept.
+#[inline]
+fn touch(last_seen_s: &AtomicU32, now: Nanos) {
+    let now_s = secs(now);
+    if last_seen_s.load(Ordering::Relaxed) != now_s {
+        last_seen_s.store(now_s, Ordering::Relaxed);
     }
 }
 
@@ -1296,29 +1308,33 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
 /// A key of the concurrency limiter. Its permits outlive any place in the key table
 /// (which moves its entries as it grows), so its state is shared on the heap.
 struct ConcurrencyKey {
+    /// Keeps the key's tier and route generation too ([`Concurrency::for_key`]).
     limiter: Concurrency,
-    meta: KeyMeta,
+    /// Whole seconds on the engine's clock when the key was last seen.
+    last_seen_s: AtomicU32,
 }
 
 impl KeyState for ConcurrencyKey {
     fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
+        let limit = tiers.limit(tier, progress);
         ConcurrencyKey {
-            limiter: Concurrency::new(tiers.limit(tier, progress), tiers.shape),
-            meta: KeyMeta::new(tier, generation, now),
+            limiter: Concurrency::for_key(limit, tiers.shape, generation, tier),
+            last_seen_s: AtomicU32::new(secs(now)),
         }
     }
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        if self.meta.catch_up(r) {
-            self.limiter.set_limit(self.meta.limit(r, tiers));
+        if catch_up(self.limiter.key_generation(), r) {
+            let tier = self.limiter.key_tier();
+            self.limiter.set_limit(tiers.limit(tier, tiers.progress(r)));
         }
-        self.meta.touch(now);
+        touch(&self.last_seen_s, now);
         self.limiter.check()
     }
 
     fn evictable(&self, cutoff: u32, _shape: u32, _now: Nanos) -> bool {
-        self.meta.unseen_since(cutoff) && self.limiter.level().value == 0.0
+        self.last_seen_s.load(Ordering::Relaxed) < cutoff && self.limiter.level().value == 0.0
     }
 }
 
@@ -1590,8 +1606,8 @@ mod tests {
         assert_eq!(slot::<WordKey<Fixed>>(), [32, 48, 48]);
         assert_eq!(slot::<WordKey<Sliding>>(), [32, 48, 48]);
         assert_eq!(slot::<WordKey<Leaky>>(), [32, 48, 48]);
-        // Its state is on the heap, where its permits can reach it (an IP key's slot
-        // is padded to the 16-byte alignment of its `u128`).
-        assert_eq!(slot::<ConcurrencyKey>(), [24, 48, 40]);
+        // Its state is on the heap, where its permits can reach it, with its tier and
+        // generation: a 32-byte slot.
+        assert_eq!(slot::<ConcurrencyKey>(), [16, 32, 32]);
     }
 }

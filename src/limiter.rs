@@ -864,12 +864,18 @@ pub struct Concurrency {
 
 #[derive(Debug)]
 struct ConcurrencyShared {
-    in_flight: AtomicU64,
-    waiting: AtomicU64,
-    limit: AtomicU64,
+    in_flight: AtomicU32,
+    waiting: AtomicU32,
+    limit: AtomicU32,
     queue: u32,
     /// Queued tickets listen here, in order; each freed permit notifies one more.
     freed: Event,
+    /// A partitioned route's key keeps the route generation its limit was set for
+    /// here, beside its permits, and its tier (see [`Concurrency::for_key`]): its place
+    /// in the key table then holds only this state's address and a second. Unused at
+    /// route level, where they fill what would be padding.
+    key_generation: AtomicU32,
+    key_tier: u16,
 }
 
 /// How long a rejected request is told to wait when the limit is in flight counts
@@ -893,7 +899,7 @@ impl ConcurrencyShared {
 
     /// Wakes up to `n` more queued tickets to try for a permit. With none queued it
     /// leaves the event alone (its state is allocated on first use).
-    fn notify_waiting(&self, n: u64) {
+    fn notify_waiting(&self, n: u32) {
         if n > 0 && self.waiting.load(Ordering::SeqCst) > 0 {
             let n = usize::try_from(n).unwrap_or(usize::MAX);
             self.freed.notify(n.additional());
@@ -902,17 +908,41 @@ impl ConcurrencyShared {
 }
 
 impl Concurrency {
-    /// No requests in flight; at most `limit` at once, `queue` more waiting.
+    /// No requests in flight; at most `limit` at once (up to `u32::MAX`), `queue`
+    /// more waiting.
     pub fn new(limit: f64, queue: u32) -> Self {
+        Concurrency::for_key(limit, queue, 0, 0)
+    }
+
+    /// [`new`](Self::new), for a key of a partitioned route, with the key's route
+    /// `generation` and `tier` kept beside the permits ([`key_generation`],
+    /// [`key_tier`]).
+    ///
+    /// [`key_generation`]: Self::key_generation
+    /// [`key_tier`]: Self::key_tier
+    pub(crate) fn for_key(limit: f64, queue: u32, generation: u32, tier: u16) -> Self {
         Concurrency {
             shared: Arc::new(ConcurrencyShared {
-                in_flight: AtomicU64::new(0),
-                waiting: AtomicU64::new(0),
-                limit: AtomicU64::new(limit.max(0.0) as u64),
+                in_flight: AtomicU32::new(0),
+                waiting: AtomicU32::new(0),
+                limit: AtomicU32::new(limit.max(0.0) as u32),
                 queue,
                 freed: Event::new(),
+                key_generation: AtomicU32::new(generation),
+                key_tier: tier,
             }),
         }
+    }
+
+    /// The route generation a key's limit was last set for (see
+    /// [`for_key`](Self::for_key)).
+    pub(crate) fn key_generation(&self) -> &AtomicU32 {
+        &self.shared.key_generation
+    }
+
+    /// A key's tier (see [`for_key`](Self::for_key)).
+    pub(crate) fn key_tier(&self) -> u16 {
+        self.shared.key_tier
     }
 
     /// Takes a permit, a place in the queue, or neither.
@@ -927,7 +957,7 @@ impl Concurrency {
         let queued = s
             .waiting
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < u64::from(s.queue)).then_some(n + 1)
+                (n < s.queue).then_some(n + 1)
             })
             .is_ok();
         if queued {
@@ -945,7 +975,7 @@ impl Concurrency {
     /// queued requests as it frees permits.
     pub fn set_limit(&self, limit: f64) {
         let s = &self.shared;
-        let limit = limit.max(0.0) as u64;
+        let limit = limit.max(0.0) as u32;
         s.limit.store(limit, Ordering::SeqCst);
         s.notify_waiting(limit.saturating_sub(s.in_flight.load(Ordering::SeqCst)));
     }
@@ -953,14 +983,14 @@ impl Concurrency {
     /// Requests in flight and the limit.
     pub fn level(&self) -> Level {
         Level {
-            value: self.shared.in_flight.load(Ordering::Relaxed) as f64,
-            capacity: self.shared.limit.load(Ordering::Relaxed) as f64,
+            value: f64::from(self.shared.in_flight.load(Ordering::Relaxed)),
+            capacity: f64::from(self.shared.limit.load(Ordering::Relaxed)),
         }
     }
 
     /// Requests waiting for a permit.
     pub fn waiting(&self) -> u64 {
-        self.shared.waiting.load(Ordering::Relaxed)
+        u64::from(self.shared.waiting.load(Ordering::Relaxed))
     }
 }
 
