@@ -246,6 +246,19 @@ fn burst_route() -> RouteConfig {
     route(20.0, Duration::from_secs(50))
 }
 
+/// An engine after a reload that made [`burst_route`] local (partitioned by client IP:
+/// the store shares only routes limited as a whole).
+fn burst_route_made_local() -> Engine {
+    use rocgate::config::{KeyLimits, Partition};
+    let mut local = burst_route();
+    local.partition = Partition::ClientIp(KeyLimits::default());
+    Engine::new(
+        &Config::new(vec![local]),
+        Nanos::ZERO,
+        SystemTime::UNIX_EPOCH,
+    )
+}
+
 /// A bucket of 1000 tokens refilling at 2/s: a run admits its burst and a few refilled
 /// tokens, however slow the round trips (on a loaded machine a run takes seconds, which
 /// at `burst_route`'s 20/s would be a difference of 2% between two runs).
@@ -347,19 +360,12 @@ async fn instances_count_each_other_through_the_heartbeat() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_made_local_has_no_shared_view() {
     let _serial = one_at_a_time().await;
-    use rocgate::config::{KeyLimits, Partition};
     let server = RedisServer::start().await;
     let config = store_config(&server, "made-local");
     let inst = Instance::system(&burst_route(), &config);
     assert!(inst.check().await.is_admit());
     assert!(inst.store.shared_view(&inst.engine, "order").is_some());
-    let mut local = burst_route();
-    local.partition = Partition::ClientIp(KeyLimits::default());
-    let reloaded = Engine::new(
-        &Config::new(vec![local]),
-        Nanos::ZERO,
-        SystemTime::UNIX_EPOCH,
-    );
+    let reloaded = burst_route_made_local();
     assert!(
         inst.store.view("order").is_some(),
         "the store keeps its view"
@@ -1282,7 +1288,6 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_failing_after_a_reload_dropped_its_route_leaves_no_fallback() {
     let _serial = one_at_a_time().await;
-    use rocgate::config::{KeyLimits, Partition};
     // Accepts connections and never answers: every store call waits for `timeout`.
     let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("redis://{}", hole.local_addr().unwrap());
@@ -1305,13 +1310,7 @@ async fn a_decision_failing_after_a_reload_dropped_its_route_leaves_no_fallback(
     assert!(tokio::time::timeout(Duration::ZERO, &mut in_flight)
         .await
         .is_err());
-    let mut local = burst_route();
-    local.partition = Partition::ClientIp(KeyLimits::default());
-    let reloaded = Engine::new(
-        &Config::new(vec![local]),
-        Nanos::ZERO,
-        SystemTime::UNIX_EPOCH,
-    );
+    let reloaded = burst_route_made_local();
     inst.store.retain(&reloaded);
     assert_eq!(inst.store.mode(), StoreMode::Shared);
     // The call times out, the breaker opens: on a route the store no longer holds.
