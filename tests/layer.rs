@@ -314,3 +314,100 @@ async fn config_routes_match_inside_a_nested_router() {
     assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
     assert_eq!(hits.load(Ordering::Relaxed), 1);
 }
+
+/// A concurrency route behind the layer, over a real hyper server, with a response
+/// body that streams until the test lets it end. Mapped with
+/// `hold_permit_through_body`, the request is in flight until its body ends: a second
+/// one is refused meanwhile, and admitted once the first body has ended. Without it,
+/// the server drops the permit with the head, and the second is admitted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_holds_its_concurrency_permit_when_mapped() {
+    use http_body_util::channel::Channel;
+    use rocgate::http::hold_permit_through_body;
+    use rocgate::limiter::Algorithm;
+    use std::net::SocketAddr;
+    use tokio::sync::{mpsc, Mutex};
+
+    async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (addr, server)
+    }
+    /// Sends a GET; returns its status and its body, still streaming.
+    async fn fetch(addr: SocketAddr) -> (StatusCode, hyper::body::Incoming) {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::get("/feed")
+            .header("host", "127.0.0.1")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let send = sender.send_request(req);
+        let res = tokio::time::timeout(Duration::from_secs(5), send)
+            .await
+            .unwrap()
+            .unwrap();
+        (res.status(), res.into_body())
+    }
+    for held in [true, false] {
+        let mut feed = route("feed", RouteMatch::prefix("/feed"), 1.0);
+        feed.algorithm = Algorithm::Concurrency { queue: 0 };
+        let (l, _clock) = layer(vec![feed]);
+        // Each response streams what the test sends, and ends when it drops the sender.
+        let (tx, rx) = mpsc::channel::<Channel<bytes::Bytes>>(2);
+        let rx = Arc::new(Mutex::new(rx));
+        let handler = move || {
+            let rx = rx.clone();
+            async move { Body::new(rx.lock().await.recv().await.unwrap()) }
+        };
+        let routes = Router::new().route("/feed", get(handler));
+        let app = if held {
+            routes.layer(
+                tower::ServiceBuilder::new()
+                    .map_response(hold_permit_through_body)
+                    .layer(l),
+            )
+        } else {
+            routes.layer(l)
+        };
+        let (addr, server) = serve(app).await;
+        let (mut first_chunks, chunks) = Channel::new(1);
+        tx.send(chunks).await.unwrap();
+        let (status, mut first) = fetch(addr).await;
+        assert_eq!(status, StatusCode::OK);
+        first_chunks.send_data("a".into()).await.unwrap();
+        let frame = first.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "a");
+        // The first body is still streaming.
+        let (second_chunks, chunks) = Channel::new(1);
+        tx.send(chunks).await.unwrap();
+        let (status, _) = fetch(addr).await;
+        if !held {
+            assert_eq!(status, StatusCode::OK, "the permit went with the head");
+            server.abort();
+            continue;
+        }
+        assert_eq!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "held by the first body"
+        );
+        drop(first_chunks);
+        assert!(first.frame().await.is_none(), "the first body ended");
+        // The server drops the body (and its permit) once it has sent the end.
+        let mut status = StatusCode::TOO_MANY_REQUESTS;
+        for _ in 0..100 {
+            let (s, _) = fetch(addr).await;
+            status = s;
+            if s == StatusCode::OK {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(status, StatusCode::OK, "admitted once the first body ended");
+        drop(second_chunks);
+        server.abort();
+    }
+}

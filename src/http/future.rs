@@ -6,10 +6,11 @@
 //! their work when polled (axum handlers, hyper clients) therefore start it then. A
 //! concurrency permit goes into the response's extensions as a [`HeldPermit`]: it is
 //! released when the response (head and extensions) is dropped, which a hyper server
-//! does once it has written the head, unless something moves it into the body (as
-//! `rocgate serve` does).
+//! does once it has written the head, unless something moves it into the body
+//! ([`hold_permit_through_body`], as `rocgate serve` does).
 
 use crate::limiter::{Permit, Ticket};
+use axum::body::Body;
 use http::Response;
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -26,10 +27,77 @@ pub(crate) enum Wait {
 
 /// A concurrency permit in an admitted response's extensions: the request counts as
 /// in flight until every clone of it is dropped. Move it into the response body to
-/// count a streamed body as in flight too.
+/// count a streamed body as in flight too ([`hold_permit_through_body`]).
 #[derive(Clone, Debug)]
 pub struct HeldPermit {
     _permit: Arc<Permit>,
+}
+
+/// Moves an admitted response's concurrency permit ([`HeldPermit`], put in its
+/// extensions by the admission layer) into its body, so that a request counts as in
+/// flight until its response body has been sent (or dropped), not only its head.
+/// `rocgate serve` does this; with the layer, map responses with it outside
+/// [`AdmissionLayer`](super::AdmissionLayer):
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use rocgate::config::{Config, RouteConfig, RouteMatch};
+/// use rocgate::http::{hold_permit_through_body, AdmissionLayer};
+/// use rocgate::limiter::Algorithm;
+/// use tower::ServiceBuilder;
+///
+/// let mut feed = RouteConfig::new("feed", RouteMatch::prefix("/feed"));
+/// feed.algorithm = Algorithm::Concurrency { queue: 0 };
+/// feed.controller.base_limit_rps = 100.0; // 100 streams at once
+/// let app: Router = Router::new().route("/feed", get(|| async { "events" })).layer(
+///     ServiceBuilder::new()
+///         .map_response(hold_permit_through_body)
+///         .layer(AdmissionLayer::from_config(&Config::new(vec![feed]))),
+/// );
+/// ```
+///
+/// A response without a permit (another algorithm, a rejection) is returned as it
+/// is; one with a permit gets its body boxed once more.
+pub fn hold_permit_through_body(mut response: Response<Body>) -> Response<Body> {
+    match response.extensions_mut().remove::<HeldPermit>() {
+        Some(held) => response.map(|body| {
+            Body::new(PermitBody {
+                body,
+                held: Some(held),
+            })
+        }),
+        None => response,
+    }
+}
+
+/// A response body holding a concurrency permit until its end (or until dropped).
+struct PermitBody {
+    body: Body,
+    held: Option<HeldPermit>,
+}
+
+impl http_body::Body for PermitBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.held = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 pin_project! {

@@ -6,7 +6,7 @@ use super::error::ProxyError;
 use super::lane::{Lane, LaneCount};
 use crate::clock::{Clock, Nanos};
 use crate::hints::UpstreamMeter;
-use crate::http::{ClientIpResolver, HeldPermit, MatchedRoute, PeerAddr};
+use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr};
 use crate::metrics as metric;
 use axum::body::Body;
 use bytes::Bytes;
@@ -503,51 +503,6 @@ impl http_body::Body for UpstreamBody {
             tracing::debug!(error = %e, route = %self.route, "upstream body failed");
             metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&self.route), "kind" => "body_aborted")
                 .increment(1);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// Moves an admitted response's concurrency permit ([`HeldPermit`], put in its
-/// extensions by the admission layer) into its body, so that a request counts as in
-/// flight until its response body has been sent, not only its head.
-pub(crate) fn hold_permit_through_body(mut response: Response<Body>) -> Response<Body> {
-    match response.extensions_mut().remove::<HeldPermit>() {
-        Some(held) => response.map(|body| {
-            Body::new(PermitBody {
-                body,
-                held: Some(held),
-            })
-        }),
-        None => response,
-    }
-}
-
-/// A response body holding a concurrency permit until its end (or until dropped).
-struct PermitBody {
-    body: Body,
-    held: Option<HeldPermit>,
-}
-
-impl http_body::Body for PermitBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            self.held = None;
         }
         polled
     }

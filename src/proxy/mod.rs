@@ -454,7 +454,7 @@ impl Proxy {
                     req.extensions_mut().insert(PeerAddr(peer));
                     req.extensions_mut().insert(lane.clone());
                     let response = service.clone().call(req);
-                    async move { response.await.map(forward::hold_permit_through_body) }
+                    async move { response.await.map(crate::http::hold_permit_through_body) }
                 });
                 let conn = watcher.watch(
                     builder
