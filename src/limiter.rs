@@ -375,6 +375,36 @@ impl TokenBucket {
         gcra::rescale(&self.tat, (t1, c1), (t2, c2), now);
     }
 
+    /// Leaves at most `tokens` tokens in the bucket at `now` (none if `tokens` is not
+    /// positive): a bucket that holds more loses the difference, one that holds fewer
+    /// keeps what it has. Never refuses, never refills, and never leaves fewer tokens
+    /// than none, which is what an admission of the last token leaves; the next
+    /// [`check`](Self::check) sees the lowered level, and the bucket refills from it at
+    /// the limit.
+    ///
+    /// ```
+    /// use rocgate::clock::Nanos;
+    /// use rocgate::limiter::TokenBucket;
+    /// use std::time::Duration;
+    ///
+    /// // 10 req/s, 10 tokens: lowered to 2, it admits 2 now.
+    /// let bucket = TokenBucket::new(10.0, Duration::from_secs(1), Nanos::ZERO);
+    /// bucket.lower_to(2.0, Nanos::ZERO);
+    /// assert!(bucket.check(Nanos::ZERO).is_admit());
+    /// assert!(bucket.check(Nanos::ZERO).is_admit());
+    /// assert!(!bucket.check(Nanos::ZERO).is_admit());
+    /// ```
+    #[inline]
+    pub fn lower_to(&self, tokens: f64, now: Nanos) {
+        gcra::lower_to(
+            &self.tat,
+            self.emission_ns.load(Ordering::Relaxed),
+            self.capacity.load(Ordering::Relaxed),
+            tokens,
+            now,
+        );
+    }
+
     /// Tokens left at `now` and the capacity.
     pub fn level(&self, now: Nanos) -> Level {
         gcra::level(
@@ -442,6 +472,20 @@ pub(crate) mod gcra {
             let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
             let kept = tokens.min(f64::from(c2));
             Some(now + tau2 - (kept * t2 as f64).min(tau2 as f64) as u64)
+        });
+    }
+
+    /// Leaves at most `tokens` tokens (at least none) at `now`: moves the TAT later,
+    /// never earlier, and never past `now + τ` (an empty bucket). A TAT already later
+    /// is left as it is, without a write.
+    #[inline]
+    pub(crate) fn lower_to(tat: &AtomicU64, t: u64, capacity: u32, tokens: f64, now: Nanos) {
+        let tau = tolerance(t, capacity);
+        // `max` maps NaN to 0: an unreadable level lowers to empty, never refills.
+        let kept = (tokens.max(0.0) * t as f64).min(tau as f64) as u64;
+        let floor = now.as_u64() + (tau - kept);
+        let _ = tat.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |seen| {
+            (seen < floor).then_some(floor)
         });
     }
 
@@ -1126,6 +1170,79 @@ mod tests {
         b.set_limit(60.0, ms(0));
         let n = (0..300).filter(|_| admitted(b.check(ms(0)))).count();
         assert_eq!(n, 60);
+    }
+
+    #[test]
+    fn lowering_a_bucket_never_refills_it() {
+        let b = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+        for _ in 0..7 {
+            assert!(admitted(b.check(ms(0))));
+        }
+        // 3 left: lowering to 5 (or to more than the capacity) leaves 3.
+        b.lower_to(5.0, ms(0));
+        b.lower_to(1e9, ms(0));
+        assert!((b.level(ms(0)).value - 3.0).abs() < 1e-9);
+        let n = (0..10).filter(|_| admitted(b.check(ms(0)))).count();
+        assert_eq!(n, 3);
+        // Empty: lowering an empty bucket changes nothing, not even its wait.
+        let wait = b.check(ms(0)).rejection().unwrap().retry_after;
+        b.lower_to(0.0, ms(0));
+        assert_eq!(b.check(ms(0)).rejection().unwrap().retry_after, wait);
+    }
+
+    #[test]
+    fn a_lowered_bucket_admits_the_level_then_refills_from_it() {
+        let b = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+        b.lower_to(2.5, ms(0));
+        assert!((b.level(ms(0)).value - 2.5).abs() < 1e-9);
+        let n = (0..10).filter(|_| admitted(b.check(ms(0)))).count();
+        assert_eq!(n, 2);
+        // Half a token left: the next one is 50 ms away, then one per 100 ms.
+        let r = b.check(ms(0)).rejection().unwrap();
+        assert_eq!(r.retry_after, Duration::from_millis(50));
+        assert!(admitted(b.check(ms(50))));
+        assert!(!admitted(b.check(ms(149))));
+        assert!(admitted(b.check(ms(150))));
+        // Later, the bucket is full again: lowering did not shrink it.
+        let n = (0..20).filter(|_| admitted(b.check(ms(2_000)))).count();
+        assert_eq!(n, 10);
+    }
+
+    #[test]
+    fn lowering_stops_at_empty_where_an_admission_of_the_last_token_does() {
+        // One bucket emptied by admissions, one lowered to nothing (or less, or NaN):
+        // both hold no token and say the same wait.
+        let emptied = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+        for _ in 0..10 {
+            assert!(admitted(emptied.check(ms(0))));
+        }
+        for tokens in [0.0, -4.0, f64::NAN] {
+            let lowered = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+            lowered.lower_to(tokens, ms(0));
+            assert_eq!(lowered.level(ms(0)).value, 0.0, "{tokens}");
+            assert_eq!(
+                lowered.check(ms(0)).rejection().unwrap().retry_after,
+                emptied.check(ms(0)).rejection().unwrap().retry_after,
+                "{tokens}"
+            );
+            assert!(admitted(lowered.check(ms(100))));
+            assert!(!admitted(lowered.check(ms(100))));
+        }
+    }
+
+    #[test]
+    fn lowering_follows_a_limit_change() {
+        // Lowered to 4 of 10, then cut to 5 req/s (capacity 5): still 4, refilling at 5/s.
+        let b = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+        b.lower_to(4.0, ms(0));
+        b.set_limit(5.0, ms(0));
+        let l = b.level(ms(0));
+        assert!((l.value - 4.0).abs() < 1e-6 && l.capacity == 5.0, "{l:?}");
+        b.lower_to(1.0, ms(100));
+        // 1 token at 100 ms, the next 200 ms later.
+        assert!(admitted(b.check(ms(100))));
+        assert!(!admitted(b.check(ms(299))));
+        assert!(admitted(b.check(ms(300))));
     }
 
     #[test]

@@ -52,6 +52,55 @@ proptest! {
         }
     }
 
+    /// Lowering a token bucket never refills it and never takes it below empty: after
+    /// `lower_to(x)` it holds the lesser of what it held and `x` (none for `x` ≤ 0),
+    /// and with lowerings among the checks it still admits at most capacity + rate ×
+    /// (b − a) in every interval [a, b].
+    #[test]
+    fn lowering_a_token_bucket_never_refills_it(
+        rate in 1.0f64..2_000.0,
+        burst_ms in 1u64..3_000,
+        steps in prop::collection::vec((0u64..20_000, prop::option::of(-2.0f64..50.0)), 1..300),
+    ) {
+        let burst = Duration::from_millis(burst_ms);
+        let b = TokenBucket::new(rate, burst, Nanos::ZERO);
+        let capacity = (rate * burst.as_secs_f64()).floor().max(1.0);
+        let mut t = 0u64;
+        let mut admitted = Vec::new();
+        for (gap_us, lower) in steps {
+            t += gap_us * 1_000;
+            let now = Nanos::new(t);
+            match lower {
+                Some(x) => {
+                    let before = b.level(now).value;
+                    b.lower_to(x, now);
+                    let after = b.level(now).value;
+                    let expected = before.min(x.max(0.0));
+                    // The level is kept in whole nanoseconds of the emission interval.
+                    prop_assert!(
+                        (after - expected).abs() < 1e-5,
+                        "held {before}, lowered to {x}: holds {after}"
+                    );
+                }
+                None => {
+                    if b.check(now).is_admit() {
+                        admitted.push(now);
+                    }
+                }
+            }
+        }
+        for i in 0..admitted.len() {
+            for j in i..admitted.len() {
+                let span = admitted[j].saturating_since(admitted[i]).as_secs_f64();
+                let count = (j - i + 1) as f64;
+                prop_assert!(
+                    count <= capacity + rate * span + 1.0,
+                    "{count} admitted in {span}s (capacity {capacity}, rate {rate})"
+                );
+            }
+        }
+    }
+
     /// A request sent exactly `retry_after` after a rejection is admitted.
     #[test]
     fn retry_after_is_exact(

@@ -604,6 +604,165 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
     assert!(shared(), "not back after {took:?}");
 }
 
+/// Offers a request every `pause` until `done`; returns how many were admitted and how
+/// many times the instance went from shared to fallback.
+async fn offer_until(
+    inst: &Instance,
+    pause: Duration,
+    done: &std::sync::atomic::AtomicBool,
+) -> (usize, usize) {
+    let (mut admitted, mut falls) = (0, 0);
+    let mut was = StoreMode::Shared;
+    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+        admitted += usize::from(inst.check().await.is_admit());
+        let mode = inst.store.mode();
+        falls += usize::from(was == StoreMode::Shared && mode == StoreMode::Fallback);
+        was = mode;
+        tokio::time::sleep(pause).await;
+    }
+    (admitted, falls)
+}
+
+/// What a flapping run may admit past `limit × (T + burst)`, per instance and switch
+/// to fallback: an instance's bucket holds its share of what the shared bucket held at
+/// the instance's last answer, and the others may have taken some of that since (with
+/// both instances deciding every few milliseconds, a fraction of a token).
+const FLAP_SLACK_PER_SWITCH: f64 = 1.0;
+
+/// A Redis that flaps (stopped, then resumed, several times faster than the burst
+/// refills) lets the fleet admit at most `limit × (T + burst)` over the run: a switch
+/// to fallback starts each instance's bucket at its share of what the shared bucket
+/// held, and a switch back debits what the instances admitted meanwhile. Without that,
+/// both buckets refill on their own and the fleet admits about twice the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_redis_admits_no_fresh_burst_at_each_switch() {
+    let _serial = one_at_a_time().await;
+    let pause = Duration::from_millis(1);
+    flapping_run(&RedisServer::start().await, "flap", [pause, pause]).await;
+}
+
+/// The same with load uneven between the instances while shared (one decides five
+/// times as often, so takes most of the shared bucket): the other's bucket must not
+/// keep the share of a burst it did not use for the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_redis_under_uneven_load_admits_no_fresh_burst() {
+    let _serial = one_at_a_time().await;
+    let pauses = [Duration::from_millis(1), Duration::from_millis(5)];
+    flapping_run(&RedisServer::start().await, "flap-uneven", pauses).await;
+}
+
+/// Two instances offer a request every `pauses[i]` to a route of 50 req/s with 2 s of
+/// burst (100 tokens shared, 50 per instance) while Redis is stopped for 250 ms and
+/// resumed for 250 ms, six times; checks the fleet's admissions against
+/// `limit × (T + burst)`.
+async fn flapping_run(server: &RedisServer, prefix: &str, pauses: [Duration; 2]) {
+    let mut config = store_config(server, prefix);
+    // Beats only when told: beats that a stopped Redis misses must not make the
+    // instances count each other gone (and double their shares) when it resumes.
+    config.heartbeat = Duration::from_secs(30);
+    let (limit, burst) = (50.0, Duration::from_secs(2));
+    let route = route(limit, burst);
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(b.store.beat().await, Some(2));
+    assert_eq!(a.store.beat().await, Some(2));
+
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let flaps = 6;
+    let flapper = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for _ in 0..flaps {
+            server.signal("-STOP");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            server.signal("-CONT");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    };
+    let started = tokio::time::Instant::now();
+    let ((x, falls_a), (y, falls_b), ()) = tokio::join!(
+        offer_until(&a, pauses[0], &done),
+        offer_until(&b, pauses[1], &done),
+        flapper
+    );
+    let took = started.elapsed().as_secs_f64();
+
+    // Each instance really went to fallback (most times) and came back.
+    assert!(
+        falls_a >= flaps / 2 && falls_b >= flaps / 2,
+        "{falls_a}, {falls_b}"
+    );
+    assert!(a.store.fallback_decisions() > 0 && b.store.fallback_decisions() > 0);
+    let admitted = (x + y) as f64;
+    let most = limit * (took + burst.as_secs_f64());
+    let slack = FLAP_SLACK_PER_SWITCH * (falls_a + falls_b) as f64;
+    assert!(
+        admitted <= most + slack,
+        "admitted {admitted} ({x} + {y}) in {took:.2} s, bound {most:.0} + {slack}"
+    );
+    // And not by starving: the fleet still admits at about the limit.
+    assert!(
+        admitted >= limit * took * 0.7,
+        "admitted only {admitted} in {took:.2} s"
+    );
+}
+
+/// [`DECIDE`](rocgate::store::redis::DECIDE) called by hand on a bucket of 100 tokens
+/// refilling at 1/s, debiting `debit` tokens (`ARGV[8]`, none if `None`) before taking
+/// one: returns whether it admitted, the wait (µs) and the bucket's level after.
+fn decide_by_hand(conn: &mut redis::Connection, debit: Option<u64>) -> (bool, i64, f64) {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(rocgate::store::redis::DECIDE)
+        .arg(3)
+        .arg(&["{debit:order}:w", "{debit:order}:b", "{debit:order}:c"][..])
+        // 100 ms slots, 10 per window, 1 req/s, 100 s of burst, 60 s expiry, one
+        // arrival, take a token.
+        .arg(100_000)
+        .arg(10)
+        .arg(1.0)
+        .arg(100.0)
+        .arg(60_000)
+        .arg(1)
+        .arg(1);
+    if let Some(debit) = debit {
+        cmd.arg(debit);
+    }
+    let answer: Vec<redis::Value> = cmd.query(conn).unwrap();
+    let int = |v: &redis::Value| match v {
+        redis::Value::Int(n) => *n,
+        other => panic!("{other:?}"),
+    };
+    let tokens = match &answer[7] {
+        redis::Value::BulkString(b) => std::str::from_utf8(b).unwrap().parse().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    (int(&answer[0]) == 1, int(&answer[1]), tokens)
+}
+
+/// The decision script debits what an instance admitted in fallback (`ARGV[8]`) after
+/// the refill and before taking a token, never below empty; a call without a debit
+/// (an instance of the previous release) decides as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_script_debits_fallback_admissions_never_below_empty() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    // A new bucket is full: 100, less the token taken. (The refill between calls is a
+    // thousandth of a token per millisecond.)
+    let (admit, _, tokens) = decide_by_hand(&mut conn, None);
+    assert!(admit && (tokens - 99.0).abs() < 0.1, "{tokens}");
+    let (admit, _, tokens) = decide_by_hand(&mut conn, Some(30));
+    assert!(admit && (tokens - 68.0).abs() < 0.1, "{tokens}");
+    // More than it holds: empty, as an admission of its last token leaves it, and the
+    // wait is a whole token's.
+    let (admit, wait_us, tokens) = decide_by_hand(&mut conn, Some(1_000));
+    assert!(!admit && tokens < 0.1, "{tokens}");
+    assert!((900_000..=1_000_000).contains(&wait_us), "{wait_us}");
+    let (admit, _, tokens) = decide_by_hand(&mut conn, Some(0));
+    assert!(!admit && tokens < 0.1, "{tokens}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_instance_clocks_change_no_total() {
     let _serial = one_at_a_time().await;

@@ -34,6 +34,20 @@
 //! shared state. On a cluster a dead master thus sends only the routes it holds to
 //! fallback. The instance counts as in fallback while any route is.
 //!
+//! No switch brings a fresh burst (exact mode, `fail_mode = "local"`): each answer
+//! lowers the route's fallback bucket to this instance's share of the level the shared
+//! bucket answered with ([`TokenBucket::lower_to`]: never a refill), so at a switch to
+//! fallback the instances' buckets hold together about what the shared one held; and
+//! what the fallback bucket admits is debited from the shared bucket by the first
+//! call that reaches Redis again (`ARGV[8]` of [`DECIDE`]: after the refill, never
+//! below empty), so the shared bucket does not refill for time the fleet already
+//! used. A call that failed keeps its debit owed, to send again: a timed-out call
+//! that Redis runs later debits twice (never not at all). The fleet's bound over `T`
+//! therefore stays `limit × (T + burst)` across switches, plus at each switch what an
+//! instance's bucket holds beyond its share of the shared level: what the others took
+//! since its last answer, or its whole share of a burst if it made no shared decision
+//! (README: Distributed mode).
+//!
 //! Batched mode (`mode = "batched"`) takes Redis off the hot path: each decision is
 //! local, on a token bucket at this instance's share of the shared limit, and counts
 //! the request; the first decision of each slot (on the instance's clock) starts, in a
@@ -62,7 +76,7 @@ use crate::controller::{
     Controller, ControllerMemory, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
 use crate::engine::{Engine, RouteId};
-use crate::limiter::{Admit, Algorithm, Decision, Limiter, Reason, Rejection};
+use crate::limiter::{Admit, Algorithm, Decision, Reason, Rejection, TokenBucket};
 use crate::metrics as metric;
 use crate::window::{RocSample, SampleAt, WindowSpec};
 use dashmap::DashMap;
@@ -91,7 +105,10 @@ use std::time::Duration;
 ///   (used until the controller hash has one); `ARGV[4]` bucket burst, seconds;
 ///   `ARGV[5]` key expiry, ms; `ARGV[6]` arrivals to count (1 per decision; a
 ///   slot's worth in batched mode); `ARGV[7]` `1` to take a token, `0` to only count
-///   (batched mode: the answer then always admits).
+///   (batched mode: the answer then always admits); `ARGV[8]` tokens to debit before
+///   taking one (exact mode: what this instance admitted in fallback since it last
+///   reached Redis; absent means 0). The debit comes after the refill and never takes
+///   the bucket below empty, where an admission of its last token leaves it.
 ///
 /// A call whose slot length differs from `slot_us` (a reload, or a release, changed
 /// the route's slot) starts the window afresh: slot numbers counted in another length
@@ -105,9 +122,10 @@ use std::time::Duration;
 /// (a route's keys therefore outlive its last request by `ARGV[5]` at most, and at
 /// least that less one slot).
 ///
-/// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, roll}`; `roll` is
-/// present only for the call that observed a new slot: `{lo, counts of slots lo..slot-1,
-/// controller fields (limit, state, through, entered, armed, safe, roc)}`.
+/// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll}`;
+/// `tokens` is the bucket's level after this call (nil when `ARGV[7]` is `0`); `roll`
+/// is present only for the call that observed a new slot: `{lo, counts of slots
+/// lo..slot-1, controller fields (limit, state, through, entered, armed, safe, roc)}`.
 pub const DECIDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -155,6 +173,7 @@ end
 redis.call('HINCRBY', KEYS[1], string.format('%.0f', slot), tonumber(ARGV[6]))
 local admit = 1
 local wait = 0
+local level = false
 if ARGV[7] == '1' then
   local cap = math.max(math.floor(limit * tonumber(ARGV[4])), 1)
   local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
@@ -164,13 +183,16 @@ if ARGV[7] == '1' then
   if created then tokens = cap; ts = now end
   if now > ts then tokens = tokens + (now - ts) * limit / 1000000; ts = now end
   if tokens > cap then tokens = cap end
+  local debit = tonumber(ARGV[8]) or 0
+  if debit > 0 then tokens = math.max(tokens - debit, 0) end
   if tokens >= 1 then
     tokens = tokens - 1
   else
     admit = 0
     wait = math.ceil((1 - tokens) * 1000000 / limit)
   end
-  redis.call('HSET', KEYS[2], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.0f', ts))
+  level = string.format('%.17g', tokens)
+  redis.call('HSET', KEYS[2], 'tokens', level, 'ts', string.format('%.0f', ts))
   if created then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
 if fresh then
@@ -178,8 +200,8 @@ if fresh then
   redis.call('PEXPIRE', KEYS[2], ttl)
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
-local result = {admit, wait, string.format('%.17g', limit), tonumber(ctl[2]) or 0, now, slot, ctl[7]}
-if roll then result[8] = roll end
+local result = {admit, wait, string.format('%.17g', limit), tonumber(ctl[2]) or 0, now, slot, ctl[7], level}
+if roll then result[9] = roll end
 return result
 ";
 
@@ -370,10 +392,17 @@ struct SharedRoute {
     state: AtomicU8,
     /// The shared ROC last seen, f64 bits.
     roc: AtomicU64,
-    /// Decides while Redis is unreachable, at this instance's share.
-    fallback: Limiter,
-    /// The limit the fallback limiter is set to, f64 bits.
+    /// Decides while Redis is unreachable (and every decision in batched mode), at
+    /// this instance's share. In exact mode, each answer from Redis lowers it to this
+    /// instance's share of the shared bucket's level, so that a switch to fallback
+    /// starts from what the fleet has left rather than from a full bucket.
+    fallback: TokenBucket,
+    /// The limit the fallback bucket is set to, f64 bits.
     fallback_limit: AtomicU64,
+    /// Exact mode: tokens the fallback bucket gave since this instance last reached
+    /// Redis, to be debited from the shared bucket by the next call that does, so
+    /// that the shared bucket does not refill for time the fleet already used.
+    owed: AtomicU64,
     admitted: Counter,
     rejected: Counter,
     shadow_rejected: Counter,
@@ -587,10 +616,22 @@ impl RedisStore {
         if r.breaker().call(now) == Call::Skip {
             return inner.fallback(&r, mode, now);
         }
-        let Some(reply) = inner.call(&r, 1, true).await else {
+        // What this instance admitted in fallback goes with the next call that reaches
+        // Redis (a load only, on the common path where nothing is owed).
+        let owed = match r.owed.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => r.owed.swap(0, Ordering::Relaxed),
+        };
+        let Some(reply) = inner.call(&r, 1, true, owed).await else {
+            // Owed still: the call may have been applied anyway (a timeout on a Redis
+            // that answers later), so this can debit twice, never not at all.
+            r.owed.fetch_add(owed, Ordering::Relaxed);
             return inner.fallback(&r, mode, now);
         };
         let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
+        if let Some(tokens) = reply.tokens {
+            inner.mirror(&r, tokens, now);
+        }
         inner.absorb(&r, reply, || engine.params_at(route, now));
         if admit {
             r.admitted.increment(1);
@@ -805,8 +846,9 @@ impl Inner {
             limit: AtomicU64::new(base.to_bits()),
             state: AtomicU8::new(ControllerState::Normal.as_index()),
             roc: AtomicU64::new(0f64.to_bits()),
-            fallback: Limiter::new(Algorithm::TokenBucket { burst }, share, now),
+            fallback: TokenBucket::new(share, burst, now),
             fallback_limit: AtomicU64::new(share.to_bits()),
+            owed: AtomicU64::new(0),
             admitted: counter("admitted"),
             rejected: counter("rejected"),
             shadow_rejected: counter("shadow_rejected"),
@@ -822,10 +864,10 @@ impl Inner {
         r
     }
 
-    /// Runs [`DECIDE`]: counts `arrivals`, and takes a token if `take`. `None` if
-    /// Redis erred, did not answer within `timeout`, or answered nonsense; the breaker
-    /// and the error counters know either way.
-    async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool) -> Option<Reply> {
+    /// Runs [`DECIDE`]: counts `arrivals`, and, if `take`, debits `debit` tokens and
+    /// takes one. `None` if Redis erred, did not answer within `timeout`, or answered
+    /// nonsense; the breaker and the error counters know either way.
+    async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool, debit: u64) -> Option<Reply> {
         let mut invocation = self.decide.call(&[&r.keys[0], &r.keys[1], &r.keys[2]]);
         invocation
             .arg(r.slot_us)
@@ -834,7 +876,8 @@ impl Inner {
             .arg(r.burst.as_secs_f64())
             .arg(ttl_ms(self.config.key_ttl))
             .arg(arrivals)
-            .arg(u8::from(take));
+            .arg(u8::from(take))
+            .arg(debit);
         let answer =
             tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
         let reply = match answer {
@@ -944,14 +987,31 @@ impl Inner {
         }
     }
 
-    /// The local bucket at this instance's share of the shared limit (last seen ÷
-    /// live instances last counted).
-    fn share_check(&self, r: &SharedRoute, now: Nanos) -> Decision {
+    /// The local bucket, set to this instance's share of the shared limit (last seen
+    /// ÷ live instances last counted) if that changed.
+    fn share<'r>(&self, r: &'r SharedRoute, now: Nanos) -> &'r TokenBucket {
         let share = f64::from_bits(r.limit.load(Ordering::Relaxed)) / self.instances() as f64;
-        if r.fallback_limit.swap(share.to_bits(), Ordering::Relaxed) != share.to_bits() {
+        if r.fallback_limit.load(Ordering::Relaxed) != share.to_bits()
+            && r.fallback_limit.swap(share.to_bits(), Ordering::Relaxed) != share.to_bits()
+        {
             r.fallback.set_limit(share, now);
         }
-        r.fallback.check(now)
+        &r.fallback
+    }
+
+    /// Decides on the local bucket at this instance's share.
+    fn share_check(&self, r: &SharedRoute, now: Nanos) -> Decision {
+        self.share(r, now).check(now)
+    }
+
+    /// Exact mode, on each answer: lowers the local bucket to this instance's share
+    /// of the shared bucket's level (`tokens`), so that the instances' buckets hold
+    /// together what the shared one holds when a switch to fallback comes. Never
+    /// refills it: between answers it refills at the share, as the shared one does
+    /// at the limit.
+    fn mirror(&self, r: &SharedRoute, tokens: f64, now: Nanos) {
+        let share = tokens / self.instances() as f64;
+        self.share(r, now).lower_to(share, now);
     }
 
     /// Decides locally, by `fail_mode`.
@@ -969,7 +1029,13 @@ impl Inner {
                     retry_after: rej.retry_after,
                     reason: Reason::FallbackLocal,
                 },
-                admit => return (admit, None),
+                admit => {
+                    // Exact mode debits it from the shared bucket once Redis answers.
+                    if self.config.mode == SyncMode::Exact {
+                        r.owed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return (admit, None);
+                }
             },
         };
         let reason = Some(rejection.reason);
@@ -1052,6 +1118,8 @@ struct Reply {
     now_us: u64,
     slot: u64,
     roc: f64,
+    /// The shared bucket's level after the call (when it took a token).
+    tokens: Option<f64>,
     roll: Option<Roll>,
 }
 
@@ -1083,6 +1151,7 @@ impl Reply {
         let now_us = u64::try_from(int(&next()?)?).ok()?;
         let slot = u64::try_from(int(&next()?)?).ok()?;
         let roc = next().as_ref().and_then(float).unwrap_or(0.0);
+        let tokens = next().as_ref().and_then(float);
         let roll = match next() {
             Some(Value::Array(roll)) => Some(Roll::parse(roll)?),
             _ => None,
@@ -1095,6 +1164,7 @@ impl Reply {
             now_us,
             slot,
             roc,
+            tokens,
             roll,
         })
     }
@@ -1184,7 +1254,7 @@ fn random_id() -> String {
 /// Batched mode: adds a slot's arrivals to the shared window and learns the shared
 /// limit back.
 async fn sync(inner: Arc<Inner>, r: Arc<SharedRoute>, arrivals: u64, params: ControllerParams) {
-    if let Some(reply) = inner.call(&r, arrivals, false).await {
+    if let Some(reply) = inner.call(&r, arrivals, false, 0).await {
         inner.absorb(&r, reply, || params);
     }
 }
@@ -1410,6 +1480,40 @@ mod tests {
         // A spike, but no action for one window from now, as after a local reload.
         assert_eq!(c.state(), ControllerState::Normal);
         assert_eq!(c.memory().armed_at, now + Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_reply_carries_the_buckets_level_and_the_roll_after_it() {
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let head = || {
+            vec![
+                Value::Int(1),
+                Value::Int(0),
+                text("100"),
+                Value::Int(0),
+                Value::Int(5_000_000),
+                Value::Int(50),
+                Value::Nil,
+            ]
+        };
+        // Exact mode, no rollover: the level after the token taken.
+        let mut exact = head();
+        exact.push(text("41.5"));
+        let reply = Reply::parse(Value::Array(exact)).unwrap();
+        assert_eq!(reply.tokens, Some(41.5));
+        assert!(reply.roll.is_none());
+        // Batched mode (no token taken), winning a rollover: no level, and the roll.
+        let mut batched = head();
+        batched.push(Value::Nil);
+        batched.push(Value::Array(vec![
+            Value::Int(40),
+            Value::Array(vec![Value::Int(3); 10]),
+            Value::Array(vec![Value::Nil; 7]),
+        ]));
+        let reply = Reply::parse(Value::Array(batched)).unwrap();
+        assert_eq!(reply.tokens, None);
+        let roll = reply.roll.unwrap();
+        assert_eq!((roll.lo, roll.counts.len()), (40, 10));
     }
 
     #[test]
