@@ -629,10 +629,11 @@ impl RedisStore {
             return inner.fallback(&r, mode, now);
         };
         let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
-        if let Some(tokens) = reply.tokens {
+        let tokens = reply.tokens;
+        inner.absorb(&r, reply, || engine.params_at(route, now));
+        if let (Some(tokens), FailMode::Local) = (tokens, inner.config.fail_mode) {
             inner.mirror(&r, tokens, now);
         }
-        inner.absorb(&r, reply, || engine.params_at(route, now));
         if admit {
             r.admitted.increment(1);
             return (Decision::Admit(Admit::Now), None);
@@ -1004,11 +1005,11 @@ impl Inner {
         self.share(r, now).check(now)
     }
 
-    /// Exact mode, on each answer: lowers the local bucket to this instance's share
-    /// of the shared bucket's level (`tokens`), so that the instances' buckets hold
-    /// together what the shared one holds when a switch to fallback comes. Never
-    /// refills it: between answers it refills at the share, as the shared one does
-    /// at the limit.
+    /// Exact mode with `fail_mode = "local"`, on each answer (once its limit is
+    /// absorbed): lowers the local bucket to this instance's share of the shared
+    /// bucket's level (`tokens`), so that the instances' buckets hold together what
+    /// the shared one holds when a switch to fallback comes. Never refills it: between
+    /// answers it refills at the share, as the shared one does at the limit.
     fn mirror(&self, r: &SharedRoute, tokens: f64, now: Nanos) {
         let share = tokens / self.instances() as f64;
         self.share(r, now).lower_to(share, now);
