@@ -1961,11 +1961,19 @@ async fn cluster_routes_on_different_masters_and_noscript() {
     let config = store_config(&cluster, "split");
     let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
     for name in [&a, &b] {
+        let started = tokio::time::Instant::now();
         let mut admitted = 0;
         for _ in 0..1100 {
             admitted += usize::from(inst.check_on(name).await.is_admit());
         }
-        assert!((1000..=1020).contains(&admitted), "{name}: {admitted}");
+        // The burst, and what refilled at 20/s meanwhile: 1100 calls take over a second
+        // on a loaded machine (1023 admitted once).
+        let refilled = 20.0 * started.elapsed().as_secs_f64();
+        assert!(
+            (1000..=1001 + refilled as usize).contains(&admitted),
+            "{name}: {admitted} in {:?}",
+            started.elapsed()
+        );
     }
     assert_eq!(inst.store.fallback_decisions(), 0);
     assert_eq!(inst.store.beat().await, Some(1));
