@@ -4,12 +4,14 @@
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::Config;
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 const CONFIG: &str = r#"
@@ -48,9 +50,18 @@ impl Running {
 }
 
 async fn start(token: Option<&str>) -> Running {
+    start_on(token, CONFIG, None).await.0
+}
+
+/// A proxy serving `text` (written to its file), on `clock` if given; with its reloader.
+async fn start_on(
+    token: Option<&str>,
+    text: &str,
+    clock: Option<Arc<dyn Clock>>,
+) -> (Running, Reloader) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rocgate.toml");
-    std::fs::write(&file, CONFIG).unwrap();
+    std::fs::write(&file, text).unwrap();
     let config = Config::load(&file).unwrap();
     let settings = ProxySettings {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -69,23 +80,27 @@ async fn start(token: Option<&str>) -> Running {
         shutdown_grace: Duration::from_secs(2),
         admin_token: token.map(str::to_owned),
     };
-    let proxy = Proxy::bind(settings, &config, Some(file.clone()))
-        .await
-        .unwrap();
+    let proxy = match clock {
+        Some(clock) => Proxy::bind_with_clock(settings, &config, Some(file.clone()), clock).await,
+        None => Proxy::bind(settings, &config, Some(file.clone())).await,
+    }
+    .unwrap();
+    let reloader = proxy.reloader().clone();
     let admin = proxy.admin_addr().unwrap();
     let listen = proxy.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(proxy.run(async {
         let _ = stopped.await;
     }));
-    Running {
+    let running = Running {
         listen,
         admin,
         stop: Some(stop),
         task,
         file,
         _dir: dir,
-    }
+    };
+    (running, reloader)
 }
 
 /// Sends one request to the admin API; returns the status and the JSON body.
@@ -337,5 +352,121 @@ async fn a_scheduled_event_takes_effect_at_its_wall_clock_time() {
     assert_eq!(rest["cut_limit_rps"], 200.0);
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
     assert!(order["active_event"].is_null());
+    p.stop().await;
+}
+
+/// A manual clock whose next reading, once armed, waits until released: it holds a
+/// runtime change between its read of the route and its write.
+#[derive(Default)]
+struct GateClock {
+    time: ManualClock,
+    gate: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+}
+
+impl Clock for GateClock {
+    fn now(&self) -> Nanos {
+        let armed = self.gate.lock().unwrap().take();
+        if let Some((entered, release)) = armed {
+            let _ = entered.send(());
+            let _ = release.recv_timeout(Duration::from_secs(10));
+        }
+        self.time.now()
+    }
+}
+
+impl GateClock {
+    /// Arms the gate: returns what tells that a reading waits, and what releases it.
+    fn arm(&self) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (entered, waiting) = mpsc::channel();
+        let (release, released) = mpsc::channel();
+        *self.gate.lock().unwrap() = Some((entered, released));
+        (waiting, release)
+    }
+}
+
+/// The config of the race tests: no hints tick (the first, at start, aside) to take
+/// the gate.
+fn gated_config(danger_roc: u32) -> String {
+    format!(
+        "[hints]\ninterval = \"1h\"\nkeep = \"1h\"\n{}",
+        CONFIG.replace(
+            "path = \"/api/order\"",
+            &format!("path = \"/api/order\"\ndanger_roc = {danger_roc}"),
+        )
+    )
+}
+
+/// Starts a PUT of `body` to the order route and waits until it holds the gate.
+async fn gated_put(
+    clock: &GateClock,
+    admin: SocketAddr,
+    body: &'static str,
+) -> (tokio::task::JoinHandle<(u16, Value)>, mpsc::Sender<()>) {
+    // A request served first: the ticker's reading at start is behind us.
+    assert_eq!(call(admin, "GET", "/healthz", "", None).await.0, 200);
+    let (waiting, release) = clock.arm();
+    let put =
+        tokio::spawn(async move { call(admin, "PUT", "/admin/routes/order", body, None).await });
+    tokio::task::spawn_blocking(move || waiting.recv_timeout(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .expect("the change reads the clock");
+    (put, release)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reload_during_a_runtime_change_is_not_undone_by_it() {
+    let clock = Arc::new(GateClock::default());
+    let (p, reloader) = start_on(None, &gated_config(80), Some(clock.clone())).await;
+    let (put, release) = gated_put(&clock, p.admin, r#"{"base_limit": 300}"#).await;
+    // A reload while the change holds what it read: the file moves danger_roc.
+    std::fs::write(&p.file, gated_config(90)).unwrap();
+    let (done, reloaded) = mpsc::channel();
+    let reload = std::thread::spawn(move || done.send(reloader.reload().map(|_| ())).unwrap());
+    // Give a reload that does not wait for the change the time to finish inside it.
+    let early = reloaded.recv_timeout(Duration::from_millis(300));
+    release.send(()).unwrap();
+    let (status, body) = put.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["base_limit_rps"], 300.0);
+    let result = early.or_else(|_| reloaded.recv_timeout(Duration::from_secs(10)));
+    assert_eq!(result.expect("the reload ends"), Ok(()));
+    reload.join().unwrap();
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(
+        order["danger_roc"], 90.0,
+        "the reloaded file's danger_roc is in force, not the one the change read before it"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_runtime_changes_at_once_both_land() {
+    let clock = Arc::new(GateClock::default());
+    let (p, _) = start_on(None, &gated_config(80), Some(clock.clone())).await;
+    let (first, release) = gated_put(&clock, p.admin, r#"{"base_limit": 300}"#).await;
+    let admin = p.admin;
+    let mut second = tokio::spawn(async move {
+        call(
+            admin,
+            "PUT",
+            "/admin/routes/order",
+            r#"{"danger_roc": 90}"#,
+            None,
+        )
+        .await
+    });
+    // Give a change that does not wait for the first the time to finish inside it.
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut second).await;
+    release.send(()).unwrap();
+    assert_eq!(first.await.unwrap().0, 200);
+    let (status, body) = match early {
+        Ok(done) => done.unwrap(),
+        Err(_) => second.await.unwrap(),
+    };
+    assert_eq!(status, 200, "{body}");
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["base_limit_rps"], 300.0);
+    assert_eq!(order["danger_roc"], 90.0, "the second change is not lost");
     p.stop().await;
 }

@@ -15,7 +15,7 @@
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set.
 
 use super::hints::Advisor;
-use super::Reloader;
+use super::{Reloader, RouteChangeError};
 use crate::engine::RouteSnapshot;
 use crate::limiter::Reason;
 use crate::metrics::Collector;
@@ -169,25 +169,21 @@ async fn update_route(
     if let Some(denied) = unauthorized(&state, &headers) {
         return denied;
     }
-    let engine = state.reloader.engine();
-    let Some(id) = engine.route_id(&name) else {
-        return error(
+    // On the blocking pool: the change waits for a reload under way.
+    let reloader = state.reloader.clone();
+    let changed = tokio::task::spawn_blocking(move || reloader.update_route(&name, &body)).await;
+    match changed {
+        Ok(Ok(snapshot)) => Json(route_json(&snapshot)).into_response(),
+        Ok(Err(RouteChangeError::NoSuchRoute(name))) => error(
             StatusCode::NOT_FOUND,
             vec![format!("no route named {name:?}")],
-        );
-    };
-    let current = engine.route_params(id);
-    let origin = format!("PUT /admin/routes/{name}");
-    match crate::config::patch_controller(&current, engine.algorithm(id), &body, &origin) {
-        Ok(params) => {
-            let now = state.reloader.clock().now();
-            engine.update_route(id, params, now);
-            tracing::info!(route = %name, "route parameters changed at runtime");
-            Json(route_json(&engine.route_snapshot(id, now))).into_response()
+        ),
+        Ok(Err(RouteChangeError::Invalid(errors))) => {
+            error(StatusCode::UNPROCESSABLE_ENTITY, errors)
         }
         Err(e) => error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            e.to_string().lines().map(str::to_owned).collect(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            vec![format!("the change failed: {e}")],
         ),
     }
 }

@@ -163,6 +163,38 @@ impl Reloader {
             .unwrap_or_else(|e| Err(vec![format!("the reload failed: {e}")]))
     }
 
+    /// Changes the controller parameters of the route `name` by the JSON object
+    /// `patch`, checked by the file's rules ([`crate::config::patch_controller`]), and
+    /// returns the route's state after the change (blocking: it waits for a reload or
+    /// another change under way). The parameters are read, patched and written under
+    /// the reload lock, so neither a reload nor another change lands between the read
+    /// and the write, to be overwritten by parameters read before it.
+    pub(crate) fn update_route(
+        &self,
+        name: &str,
+        patch: &str,
+    ) -> Result<crate::engine::RouteSnapshot, RouteChangeError> {
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let engine = self.engine();
+        let id = engine
+            .route_id(name)
+            .ok_or_else(|| RouteChangeError::NoSuchRoute(name.to_owned()))?;
+        let origin = format!("PUT /admin/routes/{name}");
+        let current = engine.route_params(id);
+        let params =
+            crate::config::patch_controller(&current, engine.algorithm(id), patch, &origin)
+                .map_err(|e| {
+                    RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
+                })?;
+        let now = self.clock.now();
+        engine.update_route(id, params, now);
+        tracing::info!(route = %name, "route parameters changed at runtime");
+        Ok(engine.route_snapshot(id, now))
+    }
+
     /// Reads the config file again and swaps the engine (blocking: it reads the file
     /// and builds the engine). See [`reload_async`](Self::reload_async).
     pub fn reload(&self) -> Result<Vec<&'static str>, Vec<String>> {
@@ -199,6 +231,15 @@ impl Reloader {
         }
         Ok(waiting)
     }
+}
+
+/// Why [`Reloader::update_route`] changed nothing.
+#[derive(Debug)]
+pub(crate) enum RouteChangeError {
+    /// No route has this name.
+    NoSuchRoute(String),
+    /// The change is refused: every problem, one a line.
+    Invalid(Vec<String>),
 }
 
 /// The sections of `next` read only at start that differ from those of `started`.
