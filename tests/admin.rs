@@ -111,14 +111,33 @@ async fn call(
     body: &str,
     token: Option<&str>,
 ) -> (u16, Value) {
+    let authorization = token.map(|t| format!("Bearer {t}"));
+    call_raw(
+        admin,
+        method,
+        path,
+        body.as_bytes().to_vec(),
+        authorization.as_deref(),
+    )
+    .await
+}
+
+/// [`call`] with any body, and the `Authorization` header as given.
+async fn call_raw(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+    authorization: Option<&str>,
+) -> (u16, Value) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
     let mut req = http::Request::builder()
         .method(method)
         .uri(format!("http://{admin}{path}"));
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
+    if let Some(a) = authorization {
+        req = req.header("authorization", a);
     }
-    let req = req.body(Full::from(body.to_owned())).unwrap();
+    let req = req.body(Full::from(body)).unwrap();
     let res = tokio::time::timeout(Duration::from_secs(5), client.request(req))
         .await
         .unwrap()
@@ -468,5 +487,97 @@ async fn two_runtime_changes_at_once_both_land() {
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
     assert_eq!(order["base_limit_rps"], 300.0);
     assert_eq!(order["danger_roc"], 90.0, "the second change is not lost");
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn the_token_is_checked_before_the_body_is_read() {
+    let p = start(Some("s3cret")).await;
+    let path = "/admin/routes/order";
+    // Neither a body that is not text nor one too large tells an unauthorized client
+    // anything but 401.
+    let not_utf8 = vec![b'{', 0xff, b'}'];
+    let (status, _) = call_raw(p.admin, "PUT", path, not_utf8.clone(), None).await;
+    assert_eq!(status, 401);
+    // Over the 64 KiB the admin API reads, and small enough to be sent whole before
+    // the answer comes.
+    let huge = vec![b' '; (64 << 10) + 100];
+    let (status, _) = call_raw(p.admin, "PUT", path, huge.clone(), None).await;
+    assert_eq!(status, 401);
+    // With the token, each is refused in the API's own shape, naming the body.
+    let bearer = Some("Bearer s3cret");
+    let (status, reply) = call_raw(p.admin, "PUT", path, not_utf8, bearer).await;
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("body: not UTF-8"),
+        "{reply}"
+    );
+    let (status, reply) = call_raw(p.admin, "PUT", path, huge, bearer).await;
+    assert_eq!(status, 413, "{reply}");
+    assert!(
+        reply["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("body: larger than"),
+        "{reply}"
+    );
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    // RFC 9110 §11.1: an authentication scheme is matched case-insensitively.
+    let p = start(Some("s3cret")).await;
+    for header in [
+        "Bearer s3cret",
+        "bearer s3cret",
+        "BEARER s3cret",
+        "Bearer  s3cret",
+    ] {
+        let (status, reply) =
+            call_raw(p.admin, "POST", "/admin/reload", Vec::new(), Some(header)).await;
+        assert_eq!(status, 200, "{header}: {reply}");
+    }
+    for header in [
+        "Bearer s3cre",
+        "Bearer s3crett",
+        "Basic s3cret",
+        "Bearers3cret",
+        "s3cret",
+        "Bearer",
+    ] {
+        let (status, _) =
+            call_raw(p.admin, "POST", "/admin/reload", Vec::new(), Some(header)).await;
+        assert_eq!(status, 401, "{header}");
+    }
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn a_hints_query_with_an_unknown_or_repeated_field_is_refused() {
+    let p = start(None).await;
+    for query in [
+        "perod=1h",
+        "period=1h&period=2h",
+        "period=0s",
+        "period=99999999999999999999y",
+    ] {
+        let (status, reply) =
+            call(p.admin, "GET", &format!("/admin/hints?{query}"), "", None).await;
+        assert_eq!(status, 400, "{query}: {reply}");
+        assert!(
+            reply["errors"][0].is_string(),
+            "{query}: errors in the API's shape: {reply}"
+        );
+    }
+    assert_eq!(
+        call(p.admin, "GET", "/admin/hints?period=1h", "", None)
+            .await
+            .0,
+        200
+    );
     p.stop().await;
 }

@@ -19,6 +19,8 @@ use super::{Reloader, RouteChangeError};
 use crate::engine::RouteSnapshot;
 use crate::limiter::Reason;
 use crate::metrics::Collector;
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
@@ -75,13 +77,14 @@ fn error(status: StatusCode, errors: Vec<String>) -> Response {
 }
 
 /// The refusal of a mutating request without the right bearer token, if it lacks it.
+/// The scheme is matched in any case (RFC 9110 §11.1); the token is compared as bytes,
+/// so any token the config takes can be sent.
 fn unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
     let token = state.token.as_ref()?;
     let given = headers
         .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+        .and_then(|v| bearer_token(v.as_bytes()));
+    if given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
         None
     } else {
         Some(error(
@@ -91,9 +94,58 @@ fn unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
     }
 }
 
-/// Compares without an early exit, so the time taken says nothing about the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// The token of an `Authorization: Bearer <token>` value.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    let token = rest.trim_ascii_start();
+    (scheme.eq_ignore_ascii_case(b"bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Compares in a time that depends on the length of `given` only, so the time taken
+/// says nothing about the token, not even its length.
+fn constant_time_eq(given: &[u8], token: &[u8]) -> bool {
+    if token.is_empty() {
+        return false;
+    }
+    let differ = given
+        .iter()
+        .zip(token.iter().cycle())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    differ == 0 && given.len() == token.len()
+}
+
+/// The largest body the admin API reads: a change is a few fields.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The body of a request, read once it is authorized, as text.
+async fn read_body(body: Body) -> Result<String, Response> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|e| {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    vec![format!("body: larger than {MAX_BODY_BYTES} bytes")],
+                )
+            } else {
+                error(
+                    StatusCode::BAD_REQUEST,
+                    vec![format!("body: cannot be read: {e}")],
+                )
+            }
+        })?;
+    String::from_utf8(bytes.into()).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            vec![format!(
+                "body: not UTF-8 (an invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            )],
+        )
+    })
 }
 
 /// The Prometheus text exposition, collected from the engine just now.
@@ -164,11 +216,15 @@ async fn update_route(
     State(state): State<AdminState>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    body: String,
+    body: Body,
 ) -> Response {
     if let Some(denied) = unauthorized(&state, &headers) {
         return denied;
     }
+    let body = match read_body(body).await {
+        Ok(text) => text,
+        Err(refused) => return refused,
+    };
     // On the blocking pool: the change waits for a reload under way.
     let reloader = state.reloader.clone();
     let changed = tokio::task::spawn_blocking(move || reloader.update_route(&name, &body)).await;
@@ -202,6 +258,7 @@ async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response
 
 /// The query of `GET /admin/hints`.
 #[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct HintsQuery {
     period: Option<String>,
 }
@@ -240,7 +297,14 @@ async fn store(State(state): State<AdminState>) -> Json<Value> {
     Json(json!({ "backend": "local" }))
 }
 
-async fn hints(State(state): State<AdminState>, Query(q): Query<HintsQuery>) -> Response {
+async fn hints(
+    State(state): State<AdminState>,
+    query: Result<Query<HintsQuery>, QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(Query(q)) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, vec![e.body_text()]),
+    };
     let period = match q.period.as_deref().map(humantime::parse_duration) {
         None => DEFAULT_PERIOD,
         Some(Ok(p)) if !p.is_zero() => p,
