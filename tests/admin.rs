@@ -491,6 +491,21 @@ async fn two_runtime_changes_at_once_both_land() {
 }
 
 #[tokio::test]
+async fn a_change_is_a_json_object_and_nothing_else() {
+    let p = start(None).await;
+    // serde reads a struct from an array too: `[500]` was base_limit = 500.
+    for body in ["[500]", "[500, 100]", "500", "\"x\"", "null"] {
+        let (status, reply) = call(p.admin, "PUT", "/admin/routes/order", body, None).await;
+        assert_eq!(status, 422, "{body}: {reply}");
+        let error = reply["errors"][0].as_str().unwrap_or_default();
+        assert!(error.contains("must be a JSON object"), "{body}: {reply}");
+    }
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["base_limit_rps"], 200.0, "no change was applied");
+    p.stop().await;
+}
+
+#[tokio::test]
 async fn the_token_is_checked_before_the_body_is_read() {
     let p = start(Some("s3cret")).await;
     let path = "/admin/routes/order";

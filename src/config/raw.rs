@@ -1792,6 +1792,44 @@ mod tests {
     }
 
     #[test]
+    fn a_change_of_roc_mode_at_runtime_takes_thresholds_of_the_new_mode() {
+        // An absolute route (danger 80 req/s per s): read as a ratio, 80 would mean
+        // demand up 81-fold. The file requires the thresholds with relative, and so
+        // does a change.
+        let absolute = ControllerParams::default();
+        let patch = |json: &str, current: &ControllerParams| {
+            patch_controller(current, &Algorithm::default(), json, "PUT")
+        };
+        let e = patch(r#"{"roc_mode": "relative"}"#, &absolute).unwrap_err();
+        let fields: Vec<&str> = e.iter().map(Problem::location).collect();
+        assert_eq!(fields, ["danger_roc", "safe_roc"], "{e:?}");
+        assert!(e[0].message().contains("roc_mode"), "{e:?}");
+        let e = patch(r#"{"roc_mode": "relative", "danger_roc": 1.5}"#, &absolute).unwrap_err();
+        let about_mode: Vec<&str> = e
+            .iter()
+            .filter(|p| p.message().contains("roc_mode"))
+            .map(Problem::location)
+            .collect();
+        assert_eq!(about_mode, ["safe_roc"], "{e:?}");
+        let relative = patch(
+            r#"{"roc_mode": "relative", "danger_roc": 1.5, "safe_roc": 0.2}"#,
+            &absolute,
+        )
+        .unwrap();
+        assert_eq!(relative.roc_mode, RocMode::Relative);
+        assert_eq!((relative.danger_roc, relative.safe_roc), (1.5, 0.2));
+        // Back to absolute: the ratios would be read as req/s per s.
+        let e = patch(r#"{"roc_mode": "absolute"}"#, &relative).unwrap_err();
+        assert_eq!(e.len(), 2, "{e:?}");
+        // Naming the mode in force, or changing a threshold alone, needs nothing more.
+        assert!(patch(r#"{"roc_mode": "relative"}"#, &relative).is_ok());
+        assert_eq!(
+            patch(r#"{"danger_roc": 2}"#, &relative).unwrap().danger_roc,
+            2.0
+        );
+    }
+
+    #[test]
     fn every_algorithm_name_is_the_limiter_s_own() {
         for (name, kind) in ALGORITHMS {
             let s = Settings {
@@ -1835,6 +1873,16 @@ pub(crate) fn patch_controller(
     json: &str,
     origin: &str,
 ) -> Result<ControllerParams, Vec<Problem>> {
+    // serde reads a struct from a JSON array too, field by field in order.
+    if !json.trim_start().starts_with('{') {
+        return Err(vec![Problem::new(
+            "",
+            format!(
+                "the change must be a JSON object of fields such as {{\"base_limit\": 300}}, got {:?}",
+                json.chars().take(40).collect::<String>()
+            ),
+        )]);
+    }
     let mut de = serde_json::Deserializer::from_str(json);
     let raw: RawPatch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let location = match e.path().to_string() {
@@ -1864,6 +1912,22 @@ pub(crate) fn patch_controller(
         ..RawSettings::default()
     };
     let s = now.over(settings, Scope::Patch, &mut p);
+    // The thresholds are in req/s per s (absolute) or a ratio (relative): a change of
+    // mode takes those of the new mode, as the file requires them with relative.
+    if let Some(mode) = s.roc_mode.as_ref().filter(|m| m.value != current.roc_mode) {
+        let unit = match mode.value {
+            RocMode::Absolute => "req/s per s",
+            RocMode::Relative => "a ratio",
+        };
+        for (field, threshold) in [("danger_roc", &s.danger_roc), ("safe_roc", &s.safe_roc)] {
+            if threshold.as_ref().is_some_and(|t| t.scope != Scope::Patch) {
+                p.at(
+                    field.to_owned(),
+                    format!("must be given with a change of roc_mode: the current one is in the other mode's unit, and the new mode reads it as {unit}"),
+                );
+            }
+        }
+    }
     let params = controller_params(&mut p, &s);
     check_route_limits(&mut p, &s);
     match params {
