@@ -446,6 +446,24 @@ fn tiers() {
         "routes[0].tiers[1].values[0]",
         "duplicate of routes[0].tiers[0].values[0] (\"k\")",
     );
+    // A header value arrives trimmed and without control characters: a tier value
+    // with either would never match. (Values as TOML writes them.)
+    let header_tier = |value: &str| {
+        route(&format!(
+            "partition = \"header:x-key\"\n[[routes.tiers]]\nname = \"a\"\nvalues = [{value}]\nbase_limit = 10\ncut_limit = 5"
+        ))
+    };
+    for value in [r#"" k""#, r#""k ""#, r#""k\n""#, r#""a\u007Fb""#, r#""\t""#] {
+        refused(
+            &header_tier(value),
+            "routes[0].tiers[0].values[0]",
+            "can never match: a header value has no control characters",
+        );
+    }
+    for value in [r#""café""#, r#""a b""#, r#""a\tb""#, r#""k1""#] {
+        Config::from_toml_str(&header_tier(value), "t.toml")
+            .unwrap_or_else(|e| panic!("{value:?}: {e}"));
+    }
 }
 
 #[test]
@@ -761,6 +779,14 @@ fn server_and_admin_sections() {
         "admin.token",
         "must not be empty",
     );
+    // A token no client can send in an `Authorization` header locks the admin API.
+    for token in [r#"" t0k""#, r#""t0k ""#, r#""t0\nk""#, r#""t0\u0000k""#] {
+        refused(
+            &route(&format!("[admin]\ntoken = {token}")),
+            "admin.token",
+            "no control characters and no leading or trailing whitespace",
+        );
+    }
     refused(
         &route("[admin]\nport = 9090"),
         "admin.port",

@@ -745,6 +745,14 @@ fn is_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
+/// Whether `s` can arrive as a header's value: no control characters but tabs (RFC
+/// 9110 §5.5), and no leading or trailing whitespace (a parser strips it).
+fn is_header_value(s: &str) -> bool {
+    !s.starts_with([' ', '\t'])
+        && !s.ends_with([' ', '\t'])
+        && s.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
 /// Checks a name that may become a metric label value: `A-Z a-z 0-9 _ . : -`.
 fn check_name(p: &mut Problems, at: Scope, raw: Option<String>) -> Option<String> {
     let is_label = |n: &str| {
@@ -1126,6 +1134,13 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                             p.at(location, "must not be empty");
                             continue;
                         }
+                        Some(PartitionKind::Header(_)) if !is_header_value(&value) => {
+                            p.at(
+                                location,
+                                format!("can never match: a header value has no control characters and no leading or trailing whitespace, got {value:?}"),
+                            );
+                            continue;
+                        }
                         _ => value,
                     };
                     match owners.get(&value) {
@@ -1288,8 +1303,29 @@ fn shadows(first: &RouteMatch, later: &RouteMatch) -> bool {
                 }
                 lead.starts_with(p.as_str())
             }
+            (PathPattern::Template(a), PathPattern::Template(b)) => template_covers(a, b),
             (a, b) => a == b,
         }
+}
+
+/// Whether the template `first` matches every path the template `later` matches: as
+/// many segments (a trailing slash aside), each a parameter or the same literal. The
+/// names of parameters do not matter.
+fn template_covers(first: &[Segment], later: &[Segment]) -> bool {
+    fn trimmed(segments: &[Segment]) -> &[Segment] {
+        match segments.split_last() {
+            Some((Segment::Literal(l), rest)) if l.is_empty() && !rest.is_empty() => rest,
+            _ => segments,
+        }
+    }
+    let (first, later) = (trimmed(first), trimmed(later));
+    first.len() == later.len()
+        && first.iter().zip(later).all(|pair| match pair {
+            (Segment::Param(_), Segment::Param(_)) => true,
+            (Segment::Param(_), Segment::Literal(l)) => !l.is_empty(),
+            (Segment::Literal(a), Segment::Literal(b)) => a == b,
+            (Segment::Literal(_), Segment::Param(_)) => false,
+        })
 }
 
 impl TryFrom<RawConfig> for Config {
@@ -1502,6 +1538,10 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
     if let Some(token) = admin.token {
         let checked = if token.trim().is_empty() {
             Err("must not be empty; leave it out to run without a token".to_owned())
+        } else if !is_header_value(&token) {
+            Err(format!(
+                "must be sendable in an Authorization header: no control characters and no leading or trailing whitespace, got {token:?}"
+            ))
         } else {
             out.admin_token = Some(token);
             Ok(())
@@ -1789,6 +1829,49 @@ mod tests {
             &matcher(None, exact("/api/items/7/reviews"))
         ));
         assert!(!shadows(&matcher(None, prefix("/api/items/1")), &items));
+    }
+
+    #[test]
+    fn a_template_shadows_a_later_one_whatever_its_parameters_are_named() {
+        let items = matcher(None, template("/api/items/{id}"));
+        assert!(shadows(
+            &items,
+            &matcher(None, template("/api/items/{item}"))
+        ));
+        assert!(shadows(
+            &items,
+            &matcher(Some("GET"), template("/api/items/{sku}/"))
+        ));
+        assert!(shadows(
+            &matcher(None, template("/api/{kind}/{id}")),
+            &items
+        ));
+        assert!(!shadows(
+            &items,
+            &matcher(None, template("/api/{kind}/{id}"))
+        ));
+        assert!(!shadows(
+            &items,
+            &matcher(None, template("/api/items/{id}/reviews"))
+        ));
+        assert!(!shadows(
+            &matcher(None, template("/api/items/{id}/reviews")),
+            &items
+        ));
+        assert!(!shadows(
+            &matcher(None, template("/api/orders/{id}")),
+            &items
+        ));
+        // And the file says so.
+        let text = "[[routes]]\nname = \"a\"\npath = \"/api/items/{id}\"\n\
+                    [[routes]]\nname = \"b\"\npath = \"/api/items/{item}\"\n";
+        let e = Config::from_toml_str(text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "t.toml: routes[1].path: never matches: routes[0] (\"a\") comes first and takes every request it would"
+        );
     }
 
     #[test]
