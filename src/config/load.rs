@@ -175,8 +175,8 @@ impl Config {
             .map_err(|e| fail(vec![syntax_problem(text, &e)]))?;
 
         let mut problems = Vec::new();
-        let mut overrides = Vec::new();
-        let mut vars = HashMap::new();
+        let mut overrides: Vec<Override> = Vec::new();
+        let mut vars: HashMap<String, (String, String)> = HashMap::new();
         for (var, value) in env {
             let Some(o) = Override::parse(var) else {
                 continue;
@@ -184,27 +184,50 @@ impl Config {
             if value.is_empty() {
                 continue;
             }
-            match o.missing_element(&file) {
-                Some(element) => problems.push(Problem::new(
+            if !o.is_field_path() {
+                problems.push(Problem::new(
+                    o.path.clone(),
+                    format!(
+                        "not a field path: each part between `__` must be a field name \
+                         (letters, digits, _) or an index (set by environment variable {})",
+                        o.var
+                    ),
+                ));
+                continue;
+            }
+            if let Some(element) = o.missing_element(&file) {
+                problems.push(Problem::new(
                     element,
                     format!(
                         "no such table in the file (set by environment variable {})",
                         o.var
                     ),
+                ));
+                continue;
+            }
+            // Names are case-insensitive: two variables may name one field.
+            match vars.get(&o.config_key()) {
+                Some((first, first_value)) => problems.push(Problem::new(
+                    o.path.clone(),
+                    format!(
+                        "set by two environment variables, {first} ({first_value:?}) and {} ({value:?}): keep one",
+                        o.var
+                    ),
                 )),
                 None => {
-                    vars.insert(o.config_key(), value);
+                    vars.insert(o.config_key(), (o.var.clone(), value));
                     overrides.push(o);
                 }
             }
         }
+        let vars = vars.into_iter().map(|(key, (_, value))| (key, value));
 
         let merged = config::Config::builder()
             .add_source(file)
             .add_source(
                 config::Environment::with_prefix(ENV_PREFIX)
                     .separator(ENV_SEPARATOR)
-                    .source(Some(vars.into_iter().collect())),
+                    .source(Some(vars.collect())),
             )
             .build()
             .map_err(|e| fail(vec![Problem::new("", e.to_string())]))?;
@@ -219,7 +242,24 @@ impl Config {
                     root if root == "." => String::new(),
                     path => path,
                 };
-                vec![Problem::new(location, shape_message(e.inner()))]
+                // A shape error is found at the first table or field that is wrong,
+                // which may lie above the field a variable set (`base_limit` for
+                // ROCGATE__BASE_LIMIT__DEFAULTS, an unknown field there).
+                let mut problem = Problem::new(location, shape_message(e.inner()));
+                let under = |o: &&Override| {
+                    !problem.location.is_empty()
+                        && o.path
+                            .strip_prefix(&problem.location)
+                            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+                };
+                let named_below = attribute(vec![problem.clone()], &overrides)[0] != problem;
+                if let Some(o) = overrides.iter().find(under).filter(|_| !named_below) {
+                    problem.message = format!(
+                        "{} (set by environment variable {})",
+                        problem.message, o.var
+                    );
+                }
+                vec![problem]
             }
         };
         problems.extend(attribute(found, &overrides));
@@ -256,7 +296,11 @@ impl Override {
         let mut path = String::new();
         for part in rest.split(ENV_SEPARATOR) {
             if !path.is_empty() && !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-                path.push_str(&format!("[{part}]"));
+                // `00` is index 0; an index beyond usize stays as written (no such table).
+                match part.parse::<usize>() {
+                    Ok(index) => path.push_str(&format!("[{index}]")),
+                    Err(_) => path.push_str(&format!("[{part}]")),
+                }
             } else {
                 if !path.is_empty() {
                     path.push('.');
@@ -265,6 +309,25 @@ impl Override {
             }
         }
         Some(Override { var, path })
+    }
+
+    /// Whether the name is a field path: field names (`a-z 0-9 _`) and indices between
+    /// the separators, none empty. Anything else (`-1`, a `.`, an empty part) the
+    /// `config` crate would read as some other path.
+    fn is_field_path(&self) -> bool {
+        let lower = self.var.to_ascii_lowercase();
+        let rest = lower
+            .strip_prefix(&format!(
+                "{}{ENV_SEPARATOR}",
+                ENV_PREFIX.to_ascii_lowercase()
+            ))
+            .unwrap_or_default();
+        rest.split(ENV_SEPARATOR).all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })
     }
 
     /// The key to give `config::Environment`, whose separator turns it back into the
@@ -337,9 +400,24 @@ fn shape_message(error: &config::ConfigError) -> String {
             unexpected,
             expected,
             ..
-        } => format!("invalid type: {unexpected}, expected {expected}"),
-        other => other.to_string(),
+        } => tables_named(format!("invalid type: {unexpected}, expected {expected}")),
+        other => tables_named(other.to_string()),
     }
+}
+
+/// `message` with the names of the file's tables in the code (`struct RawRoute`) said
+/// as the file has them: `a table`.
+fn tables_named(message: String) -> String {
+    const CODE: &str = "struct Raw";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message.as_str();
+    while let Some(at) = rest.find(CODE) {
+        out.push_str(&rest[..at]);
+        out.push_str("a table");
+        rest = rest[at + CODE.len()..].trim_start_matches(|c: char| c.is_ascii_alphanumeric());
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -434,6 +512,77 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_override_that_is_not_a_field_path_names_its_variable() {
+        // Such names reached the `config` crate, which made `routes` a map ("routes:
+        // invalid type: map", no variable named) or reported an unknown top-level field.
+        for var in [
+            "ROCGATE__ROUTES__-1__BASE_LIMIT",
+            "ROCGATE__ROUTES__0.BASE_LIMIT",
+            "ROCGATE__DEFAULTS____HOLD",
+            "ROCGATE__DEFAULTS__HOLD__",
+            "ROCGATE__DEFAULTS__HOLDſ",
+        ] {
+            let e = error(ROUTE, &[(var, "5")]);
+            assert!(
+                e.ends_with(&format!("(set by environment variable {var})")),
+                "{e}"
+            );
+            assert!(e.contains("not a field path"), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+    }
+
+    #[test]
+    fn an_index_with_leading_zeros_is_that_index() {
+        let var = "ROCGATE__ROUTES__00__BASE_LIMIT";
+        let e = error(ROUTE, &[(var, "5")]);
+        assert!(
+            e.ends_with(&format!("(set by environment variable {var})")),
+            "{e}"
+        );
+        let c = Config::from_toml_str_with_env(ROUTE, "t.toml", env(&[(var, "300")])).unwrap();
+        assert_eq!(c.routes[0].controller.base_limit_rps, 300.0);
+    }
+
+    #[test]
+    fn a_field_set_by_two_variables_is_refused() {
+        // Names are case-insensitive: one of the two values was dropped silently.
+        let e = error(
+            ROUTE,
+            &[
+                ("ROCGATE__DEFAULTS__HOLD", "5s"),
+                ("rocgate__defaults__hold", "7s"),
+            ],
+        );
+        assert_eq!(
+            e,
+            "t.toml: defaults.hold: set by two environment variables, \
+             ROCGATE__DEFAULTS__HOLD (\"5s\") and rocgate__defaults__hold (\"7s\"): keep one"
+        );
+    }
+
+    #[test]
+    fn an_unknown_field_above_the_one_set_names_the_variable() {
+        let e = error(ROUTE, &[("ROCGATE__BASE_LIMIT__DEFAULTS", "5")]);
+        assert!(e.starts_with("t.toml: base_limit: unknown field"), "{e}");
+        assert!(
+            e.ends_with("(set by environment variable ROCGATE__BASE_LIMIT__DEFAULTS)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_table_of_the_wrong_type_is_called_a_table() {
+        let e = error(ROUTE, &[("ROCGATE__ROUTES__0", "x")]);
+        assert!(
+            e.starts_with("t.toml: routes[0]: invalid type: string \"x\", expected a table"),
+            "{e}"
+        );
+        let e = error("routes = [\"x\"]\n", &[]);
+        assert!(e.ends_with("expected a table"), "{e}");
     }
 
     #[test]
