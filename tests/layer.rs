@@ -162,6 +162,30 @@ async fn spoofed_forwarded_for_from_an_untrusted_peer_lands_in_one_bucket() {
     assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 1);
 }
 
+#[tokio::test]
+async fn a_header_value_beyond_ascii_is_its_own_key() {
+    // `HeaderValue::to_str` takes visible ASCII only: keys such as "café", sent as
+    // UTF-8, all fell into the one anonymous key.
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
+    let (l, _clock) = layer(vec![r]);
+    let engine = l.engine().clone();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let mut admitted = 0;
+    for key in ["café", "thé"] {
+        for _ in 0..10 {
+            let mut req = post_order();
+            let value = http::HeaderValue::from_bytes(key.as_bytes()).unwrap();
+            req.headers_mut().insert("x-key", value);
+            if app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK {
+                admitted += 1;
+            }
+        }
+    }
+    assert_eq!(admitted, 10, "each key has its own 5 req/s");
+    assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_connections_share_one_bucket() {
     const CONNECTIONS: usize = 1_500;

@@ -60,26 +60,31 @@ impl ClientIpResolver {
             return Some(peer);
         }
         let mut client = peer;
+        // Split as bytes: a value may hold bytes beyond ASCII, which make only the
+        // entry holding them malformed.
         let entries = headers
             .get_all("x-forwarded-for")
             .iter()
             .rev()
-            .flat_map(|v| v.to_str().unwrap_or("").rsplit(','));
+            .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','));
         for entry in entries {
-            let entry = entry.trim();
+            let entry = std::str::from_utf8(entry).map(str::trim);
             // An address, or one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`).
-            let ip = entry
-                .parse::<IpAddr>()
-                .or_else(|_| entry.parse::<SocketAddr>().map(|a| a.ip()));
+            let ip = entry.ok().and_then(|entry| {
+                entry
+                    .parse::<IpAddr>()
+                    .or_else(|_| entry.parse::<SocketAddr>().map(|a| a.ip()))
+                    .ok()
+            });
             match ip {
-                Ok(ip) => {
+                Some(ip) => {
                     client = canonical(ip);
                     if !self.is_trusted(client) {
                         break;
                     }
                 }
                 // A malformed entry ends the walk: what lies left of it is unverifiable.
-                Err(_) => break,
+                None => break,
             }
         }
         Some(client)
@@ -152,6 +157,22 @@ mod tests {
         assert_eq!(r.resolve(Some(ip("10.0.0.1")), &h), Some(ip("203.0.113.7")));
         let h = headers(&["[2001:db8::7]:443"]);
         assert_eq!(r.resolve(Some(ip("10.0.0.1")), &h), Some(ip("2001:db8::7")));
+    }
+
+    #[test]
+    fn bytes_beyond_ascii_on_the_left_do_not_hide_the_entries_right_of_them() {
+        // A value holding a byte beyond ASCII (obs-text) was read as empty: the
+        // client behind the proxy became the proxy itself.
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let mut h = HeaderMap::new();
+        let value = http::HeaderValue::from_bytes(b"caf\xe9, 203.0.113.7, 10.0.0.2").unwrap();
+        h.append("x-forwarded-for", value);
+        assert_eq!(r.resolve(Some(ip("10.0.0.1")), &h), Some(ip("203.0.113.7")));
+        // Where it is the entry reached, the walk ends as at any malformed one.
+        let mut h = HeaderMap::new();
+        let value = http::HeaderValue::from_bytes(b"203.0.113.7, caf\xe9, 10.0.0.2").unwrap();
+        h.append("x-forwarded-for", value);
+        assert_eq!(r.resolve(Some(ip("10.0.0.1")), &h), Some(ip("10.0.0.2")));
     }
 
     #[test]

@@ -99,7 +99,8 @@ impl Gate {
             Partition::Header(name, _) => req
                 .headers()
                 .get(name.as_str())
-                .and_then(|v| v.to_str().ok())
+                // UTF-8 beyond ASCII ("café") is a key of its own; other bytes are none.
+                .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
                 .map_or(Key::None, Key::Value),
         };
         // One call site, so that the check can be inlined here.

@@ -19,8 +19,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::future::Future;
+use std::io::Write as _;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -90,9 +90,8 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim_ascii()).ok())
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
@@ -253,16 +252,15 @@ impl Inner {
         host: Option<&HeaderValue>,
     ) {
         let trusted = peer.is_some_and(|ip| self.settings.resolver.is_trusted(ip));
-        // One buffer, handed to the header value without a copy.
-        let mut chain = String::with_capacity(48);
+        // One buffer, handed to the header value without a copy. Bytes, since a value
+        // may hold bytes beyond ASCII: the chain is passed on as received.
+        let mut chain = Vec::with_capacity(48);
         if trusted {
             for v in headers.get_all(&X_FORWARDED_FOR) {
-                if let Ok(v) = v.to_str() {
-                    if !chain.is_empty() {
-                        chain.push_str(", ");
-                    }
-                    chain.push_str(v);
+                if !chain.is_empty() {
+                    chain.extend_from_slice(b", ");
                 }
+                chain.extend_from_slice(v.as_bytes());
             }
         }
         headers.remove(&X_FORWARDED_FOR);
@@ -281,7 +279,7 @@ impl Inner {
         }
         if let Some(ip) = peer {
             if !chain.is_empty() {
-                chain.push_str(", ");
+                chain.extend_from_slice(b", ");
             }
             // A dual-stack listener's IPv4 clients are mapped (`::ffff:1.2.3.4`).
             let _ = write!(chain, "{}", ip.to_canonical());
@@ -598,5 +596,40 @@ mod tests {
         // From an untrusted peer it is dropped; where there was none, none is added.
         assert!(forwarded("198.51.100.9", client).is_empty());
         assert!(forwarded("10.0.0.2", None).is_empty());
+    }
+
+    #[test]
+    fn a_trusted_chain_beyond_ascii_is_passed_on_whole() {
+        // A header value may hold bytes beyond ASCII (obs-text): the trusted proxy's
+        // chain was dropped then, and the upstream saw this hop alone.
+        let forwarder = forwarder(ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]));
+        let mut h = HeaderMap::new();
+        let sent = HeaderValue::from_bytes(b"203.0.113.7, caf\xe9").unwrap();
+        h.append(&X_FORWARDED_FOR, sent);
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.3"));
+        forwarder
+            .inner
+            .set_forwarded(&mut h, "10.0.0.2".parse().ok(), None);
+        assert_eq!(
+            h[&X_FORWARDED_FOR].as_bytes(),
+            b"203.0.113.7, caf\xe9, 10.0.0.3, 10.0.0.2"
+        );
+    }
+
+    #[test]
+    fn connection_names_beyond_ascii_still_drop_the_headers_named() {
+        // `Connection: x-hop, é` names x-hop as this hop's own: it must not be
+        // forwarded because another name in the value is not ASCII.
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"x-hop, \xe9").unwrap(),
+        );
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert!(!h.contains_key("x-hop"));
+        assert!(!h.contains_key(header::CONNECTION));
+        assert!(h.contains_key("x-kept"));
     }
 }
