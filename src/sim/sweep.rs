@@ -60,8 +60,10 @@ pub const MAX_RUNS: usize = 400;
 /// What a parameter's values are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Unit {
-    /// A number.
+    /// A number ≥ 0.
     Number,
+    /// Any number: a ROC threshold (a falling demand has a negative ROC).
+    Signed,
     /// A whole number ≥ 0.
     Whole,
     /// A duration in seconds.
@@ -72,8 +74,8 @@ enum Unit {
 const PARAMS: [(&str, Unit); 15] = [
     ("base_limit", Unit::Number),
     ("cut_limit", Unit::Number),
-    ("danger_roc", Unit::Number),
-    ("safe_roc", Unit::Number),
+    ("danger_roc", Unit::Signed),
+    ("safe_roc", Unit::Signed),
     ("hold", Unit::Seconds),
     ("restore_step", Unit::Number),
     ("restore_interval", Unit::Seconds),
@@ -242,6 +244,7 @@ impl FromStr for SweepParam {
         };
         for &v in &values {
             let fits = match unit {
+                Unit::Signed => true,
                 Unit::Number | Unit::Seconds => v >= 0.0,
                 Unit::Whole => v >= 0.0 && v.fract() == 0.0 && v <= f64::from(u32::MAX),
             };
@@ -249,6 +252,7 @@ impl FromStr for SweepParam {
                 let kind = match unit {
                     Unit::Whole => "a whole number ≥ 0",
                     Unit::Number => "a number ≥ 0",
+                    Unit::Signed => "a finite number",
                     Unit::Seconds => "a number of seconds ≥ 0",
                 };
                 return Err(syntax(format!("{name} must be {kind}, got {v}")));
@@ -564,7 +568,7 @@ fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), 
                         serde_json::Value::from(format!("{}ns", seconds(v)?.as_nanos()))
                     }
                     Unit::Whole => serde_json::Value::from(v as u64),
-                    Unit::Number => serde_json::Value::from(v),
+                    Unit::Number | Unit::Signed => serde_json::Value::from(v),
                 };
                 patch.insert(name.to_owned(), value);
             }
@@ -627,6 +631,21 @@ mod tests {
                 [2.0, 4.0],
                 [2.0, 5.0]
             ]
+        );
+    }
+
+    #[test]
+    fn roc_thresholds_may_be_negative_as_in_the_file() {
+        // The file takes any finite danger_roc and safe_roc (a falling demand is a
+        // negative ROC); a sweep over them must too.
+        let p: SweepParam = "safe_roc=-20..0:10".parse().unwrap();
+        assert_eq!(p.values, [-20.0, -10.0, 0.0]);
+        let p: SweepParam = "danger_roc=-5,5".parse().unwrap();
+        assert_eq!(p.values, [-5.0, 5.0]);
+        let e = "hold=-1".parse::<SweepParam>().unwrap_err().to_string();
+        assert!(
+            e.contains("hold must be a number of seconds ≥ 0, got -1"),
+            "{e}"
         );
     }
 
