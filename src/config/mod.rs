@@ -31,7 +31,7 @@ pub fn patch_controller(
     json: &str,
     origin: &str,
 ) -> Result<ControllerParams, ConfigError> {
-    raw::patch_controller(current, algorithm, json, origin)
+    raw::patch_controller(current, algorithm, json)
         .map_err(|problems| ConfigError::new(origin, problems))
 }
 

@@ -1875,13 +1875,36 @@ mod tests {
     }
 
     #[test]
+    fn a_change_that_is_not_json_is_named_once() {
+        let e = crate::config::patch_controller(
+            &ControllerParams::default(),
+            &Algorithm::default(),
+            r#"{"base_limit": }"#,
+            "PUT /admin/routes/order",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "PUT /admin/routes/order: base_limit: expected value at line 1 column 16"
+        );
+        // What follows the object is not dropped silently.
+        let e = patch_controller(
+            &ControllerParams::default(),
+            &Algorithm::default(),
+            r#"{"base_limit": 300} {"cut_limit": 500}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e[0].to_string(), "trailing characters at line 1 column 21");
+    }
+
+    #[test]
     fn a_change_of_roc_mode_at_runtime_takes_thresholds_of_the_new_mode() {
         // An absolute route (danger 80 req/s per s): read as a ratio, 80 would mean
         // demand up 81-fold. The file requires the thresholds with relative, and so
         // does a change.
         let absolute = ControllerParams::default();
         let patch = |json: &str, current: &ControllerParams| {
-            patch_controller(current, &Algorithm::default(), json, "PUT")
+            patch_controller(current, &Algorithm::default(), json)
         };
         let e = patch(r#"{"roc_mode": "relative"}"#, &absolute).unwrap_err();
         let fields: Vec<&str> = e.iter().map(Problem::location).collect();
@@ -1949,12 +1972,11 @@ struct RawPatch {
 
 /// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by
 /// the rules of the file. Problems are named by field (`cut_limit: must be ≤ base_limit
-/// (200), got 300`), with `origin` as the error's origin.
+/// (200), got 300`); the caller names the origin.
 pub(crate) fn patch_controller(
     current: &ControllerParams,
     algorithm: &Algorithm,
     json: &str,
-    origin: &str,
 ) -> Result<ControllerParams, Vec<Problem>> {
     // serde reads a struct from a JSON array too, field by field in order.
     if !json.trim_start().starts_with('{') {
@@ -1972,11 +1994,11 @@ pub(crate) fn patch_controller(
             root if root == "." => String::new(),
             path => path,
         };
-        vec![Problem::new(
-            location,
-            format!("{} (in {origin})", e.inner()),
-        )]
+        vec![Problem::new(location, e.inner().to_string())]
     })?;
+    // Whatever follows the object (a second one) would be dropped silently.
+    de.end()
+        .map_err(|e| vec![Problem::new("", e.to_string())])?;
     let mut p = Problems::default();
     let now = Settings::current(current, algorithm);
     let settings = RawSettings {
