@@ -360,9 +360,14 @@ pub enum Partition {
     Route,
     /// One limiter per client IP.
     ClientIp(KeyLimits),
-    /// One limiter per value of this request header (lower-case name).
+    /// One limiter per value of this request header (lower-case name). A value longer
+    /// than [`MAX_KEY_VALUE_BYTES`] counts as no key, like a missing header.
     Header(String, KeyLimits),
 }
+
+/// The longest header value that is a key of a `header:<name>` partition: every key is
+/// kept while it lives, and an HTTP/1 head may carry a value of hundreds of KiB.
+pub const MAX_KEY_VALUE_BYTES: usize = 1024;
 
 /// Bounds on per-key state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -99,7 +99,9 @@ impl Gate {
             Partition::Header(name, _) => req
                 .headers()
                 .get(name.as_str())
-                // UTF-8 beyond ASCII ("café") is a key of its own; other bytes are none.
+                // UTF-8 beyond ASCII ("café") is a key of its own; other bytes are none,
+                // and so is an overlong value.
+                .filter(|v| v.len() <= crate::config::MAX_KEY_VALUE_BYTES)
                 .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
                 .map_or(Key::None, Key::Value),
         };
