@@ -535,6 +535,30 @@ fn relative_thresholds_must_be_given() {
         "routes[0].safe_roc",
         "must be > -1 when roc_mode is relative",
     );
+    // Thresholds written where the mode was another are in its unit (req/s per s or a
+    // ratio): inherited across a change of mode, they were read in the wrong one.
+    refused(
+        &format!("[defaults]\ndanger_roc = 50\nsafe_roc = 10\n{ORDER}roc_mode = \"relative\"\n"),
+        "routes[0].danger_roc",
+        "must be set with roc_mode where it changes the mode: the danger_roc in force (50)",
+    );
+    refused(
+        &route("danger_roc = 90\n[[routes.events]]\nname = \"e\"\nstart = \"2026-11-27T20:00:00Z\"\nduration = \"1h\"\nroc_mode = \"relative\"\nsafe_roc = 0.1"),
+        "routes[0].events[0].danger_roc",
+        "this mode reads it as a ratio",
+    );
+    refused(
+        &format!("[defaults]\nroc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = 0.2\n{ORDER}roc_mode = \"absolute\"\n"),
+        "routes[0].safe_roc",
+        "this mode reads it as req/s per s",
+    );
+    for ok in [
+        format!("[defaults]\nroc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = 0.2\n{ORDER}"),
+        format!("[defaults]\ndanger_roc = 50\n{ORDER}roc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = 0.2\n"),
+        format!("[defaults]\nroc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = 0.2\n{ORDER}roc_mode = \"relative\"\n"),
+    ] {
+        Config::from_toml_str(&ok, "t.toml").unwrap_or_else(|e| panic!("{ok}\n{e}"));
+    }
 }
 
 #[test]

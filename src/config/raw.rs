@@ -465,8 +465,8 @@ impl Settings {
     /// These settings, overridden by those written at `at`; each value written there
     /// is checked on its own.
     fn over(&self, raw: RawSettings, at: Scope, p: &mut Problems) -> Settings {
-        let mut r = Reader { p, at };
-        Settings {
+        let mut r = Reader { p: &mut *p, at };
+        let s = Settings {
             window: r.read("window", raw.window, &self.window, any_duration),
             slot: r.read("slot", raw.slot, &self.slot, any_duration),
             roc_mode: r.read("roc_mode", raw.roc_mode, &self.roc_mode, roc_mode),
@@ -523,6 +523,42 @@ impl Settings {
                 &self.ipv6_prefix,
                 prefix_bits,
             ),
+        };
+        s.check_mode_change(self, at, p);
+        s
+    }
+
+    /// The ROC thresholds are in req/s per s (absolute) or a ratio (relative): where
+    /// `roc_mode` changes the mode in force below, thresholds written below (not the
+    /// built-in ones, which `controller_params` reports) would be read in the other
+    /// unit, so they must be written here.
+    fn check_mode_change(&self, below: &Settings, at: Scope, p: &mut Problems) {
+        let (Some(mode), Some(under)) = (&self.roc_mode, &below.roc_mode) else {
+            return;
+        };
+        if mode.scope != at || mode.value == under.value {
+            return;
+        }
+        let unit = match mode.value {
+            RocMode::Absolute => "req/s per s",
+            RocMode::Relative => "a ratio",
+        };
+        for (field, threshold) in [
+            ("danger_roc", &self.danger_roc),
+            ("safe_roc", &self.safe_roc),
+        ] {
+            let inherited = threshold
+                .as_ref()
+                .filter(|t| t.scope != at && t.scope != Scope::Builtin);
+            if let Some(t) = inherited {
+                p.at(
+                    at.path(field),
+                    format!(
+                        "must be set with roc_mode where it changes the mode: the {field} in force ({}) is in the other mode's unit, and this mode reads it as {unit}",
+                        t.value
+                    ),
+                );
+            }
         }
     }
 }
@@ -2026,22 +2062,6 @@ pub(crate) fn patch_controller(
         ..RawSettings::default()
     };
     let s = now.over(settings, Scope::Patch, &mut p);
-    // The thresholds are in req/s per s (absolute) or a ratio (relative): a change of
-    // mode takes those of the new mode, as the file requires them with relative.
-    if let Some(mode) = s.roc_mode.as_ref().filter(|m| m.value != current.roc_mode) {
-        let unit = match mode.value {
-            RocMode::Absolute => "req/s per s",
-            RocMode::Relative => "a ratio",
-        };
-        for (field, threshold) in [("danger_roc", &s.danger_roc), ("safe_roc", &s.safe_roc)] {
-            if threshold.as_ref().is_some_and(|t| t.scope != Scope::Patch) {
-                p.at(
-                    field.to_owned(),
-                    format!("must be given with a change of roc_mode: the current one is in the other mode's unit, and the new mode reads it as {unit}"),
-                );
-            }
-        }
-    }
     let params = controller_params(&mut p, &s);
     check_route_limits(&mut p, &s);
     match params {
