@@ -1040,6 +1040,19 @@ fn the_hints_section_is_read_and_checked() {
         "hints.keep",
         "at least hints.interval",
     );
+    // Every route keeps a record an interval for `keep`: 1 ms intervals over the
+    // default hour were 3.6 million records a route (and a tick every millisecond);
+    // below 1 ms the history silently ticked every millisecond anyway.
+    refused(
+        &route("[hints]\ninterval = \"1ms\""),
+        "hints.keep",
+        "must be at most 100000 intervals of hints.interval (1ms), got 3600000",
+    );
+    refused(
+        &route("[hints]\ninterval = \"100us\"\nkeep = \"1s\""),
+        "hints.interval",
+        "must be at least 1ms",
+    );
     refused(
         &route("[hints]\nbudget = 1"),
         "hints.budget",

@@ -1605,7 +1605,17 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
         }
     };
     if let Some(v) = raw.interval {
-        field("interval", timer_duration(v).map(|d| out.interval = d));
+        let checked = timer_duration(v).and_then(|d| {
+            if d < Duration::from_millis(1) {
+                return Err(format!(
+                    "must be at least 1ms, got {}",
+                    humantime::format_duration(d)
+                ));
+            }
+            out.interval = d;
+            Ok(())
+        });
+        field("interval", checked);
     }
     if let Some(v) = raw.keep {
         field("keep", nonzero_duration(v).map(|d| out.keep = d));
@@ -1631,11 +1641,22 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     if let Some(v) = raw.min_requests {
         out.policy.min_requests = v.0;
     }
+    // Every route keeps a record an interval, for `keep`.
+    const MOST_INTERVALS: u128 = 100_000;
+    let kept = out.keep.as_nanos() / out.interval.as_nanos().max(1);
     if out.keep < out.interval {
         field(
             "keep",
             Err(format!(
                 "must be at least hints.interval ({})",
+                humantime::format_duration(out.interval)
+            )),
+        );
+    } else if kept > MOST_INTERVALS {
+        field(
+            "keep",
+            Err(format!(
+                "must be at most {MOST_INTERVALS} intervals of hints.interval ({}), got {kept}: every route keeps a record an interval",
                 humantime::format_duration(out.interval)
             )),
         );
