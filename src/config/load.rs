@@ -139,10 +139,24 @@ impl Config {
     /// ```
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let bytes = std::fs::read(path).map_err(|e| {
             ConfigError::new(
                 &origin,
                 vec![Problem::new("", format!("cannot read the file: {e}"))],
+            )
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            // Where the first byte that is not UTF-8 is.
+            let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+            let before = std::str::from_utf8(valid).unwrap_or_default();
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+            ConfigError::new(
+                &origin,
+                vec![Problem::new(
+                    format!("line {line}, column {column}"),
+                    "not UTF-8 text (a TOML file is UTF-8)",
+                )],
             )
         })?;
         let env = std::env::vars_os().map(|(k, v)| {
@@ -602,6 +616,21 @@ mod tests {
         assert!(e
             .to_string()
             .starts_with("/nonexistent/rocgate.toml: cannot read the file: "));
+    }
+
+    #[test]
+    fn a_file_that_is_not_utf8_is_refused_at_the_first_bad_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("latin1.toml");
+        std::fs::write(&path, b"[defaults]\nhold = \"caf\xe9\"\n").unwrap();
+        let e = Config::load(&path).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: line 2, column 12: not UTF-8 text (a TOML file is UTF-8)",
+                path.display()
+            )
+        );
     }
 
     #[test]
