@@ -105,6 +105,25 @@ fn a_malformed_profile_names_its_line_and_exits_2() {
 }
 
 #[test]
+fn a_profile_with_bytes_beyond_utf8_is_read_line_by_line() {
+    // A Latin-1 comment made the whole file "stream did not contain valid UTF-8",
+    // naming no line: a comment is now read past, and a field names its line.
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("latin1.csv");
+    std::fs::write(&profile, b"# caf\xe9\n0,5\n30,5\n").unwrap();
+    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::fs::write(&profile, b"0,5\n30,5\xe9\n").unwrap();
+    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("latin1.csv: line 2: rate is not a number"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_good_profile_runs() {
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("quiet.csv");

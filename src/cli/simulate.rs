@@ -338,8 +338,11 @@ fn describe_log(s: &LogStats) -> String {
 }
 
 fn read_profile(path: &Path) -> Result<Profile, Failure> {
-    let text = fs::read_to_string(path)
+    let bytes = fs::read(path)
         .map_err(|e| bad_input(format!("{}: cannot read the profile: {e}", path.display())))?;
+    // Bytes that are not UTF-8 (a Latin-1 comment) spoil only the field holding them,
+    // which the parser then names with its line.
+    let text = String::from_utf8_lossy(&bytes);
     Profile::parse_csv(&text).map_err(|e| bad_input(format!("{}: {e}", path.display())))
 }
 
