@@ -215,6 +215,30 @@ async fn an_overlong_header_value_is_no_key() {
     assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 1);
 }
 
+#[tokio::test]
+async fn a_repeated_key_header_is_no_key() {
+    // The first of two values was the key: a client could send a fresh one first on
+    // every request, for a fresh quota each, and its real key second, for an upstream
+    // that reads the last. Two values are no one key, like a missing header.
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
+    let (l, _clock) = layer(vec![r]);
+    let engine = l.engine().clone();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let mut admitted = 0;
+    for n in 0..20 {
+        let mut req = post_order();
+        req.headers_mut()
+            .append("x-key", format!("fresh-{n}").parse().unwrap());
+        req.headers_mut().append("x-key", "real".parse().unwrap());
+        if app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 5, "one anonymous key for them all");
+    assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_connections_share_one_bucket() {
     const CONNECTIONS: usize = 1_500;

@@ -361,7 +361,8 @@ pub enum Partition {
     /// One limiter per client IP.
     ClientIp(KeyLimits),
     /// One limiter per value of this request header (lower-case name). A value longer
-    /// than [`MAX_KEY_VALUE_BYTES`] counts as no key, like a missing header.
+    /// than [`MAX_KEY_VALUE_BYTES`], or the header given more than once, counts as no
+    /// key, like a missing header.
     Header(String, KeyLimits),
 }
 

@@ -96,14 +96,18 @@ impl Gate {
                     .resolve(peer, req.headers())
                     .map_or(Key::None, Key::Ip)
             }
-            Partition::Header(name, _) => req
-                .headers()
-                .get(name.as_str())
-                // UTF-8 beyond ASCII ("café") is a key of its own; other bytes are none,
-                // and so is an overlong value.
-                .filter(|v| v.len() <= crate::config::MAX_KEY_VALUE_BYTES)
-                .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-                .map_or(Key::None, Key::Value),
+            Partition::Header(name, _) => {
+                // One value only: of several, which one the upstream reads is its own
+                // choice, so none is the key.
+                let mut values = req.headers().get_all(name.as_str()).iter();
+                let value = values.next().filter(|_| values.next().is_none());
+                value
+                    // UTF-8 beyond ASCII ("café") is a key of its own; other bytes are
+                    // none, and so is an overlong value.
+                    .filter(|v| v.len() <= crate::config::MAX_KEY_VALUE_BYTES)
+                    .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+                    .map_or(Key::None, Key::Value)
+            }
         };
         // One call site, so that the check can be inlined here.
         let now = self.clock.now();
