@@ -463,7 +463,7 @@ fn tiers() {
     refused(
         &header_tier(&format!("{:?}", "k".repeat(1025))),
         "routes[0].tiers[0].values[0]",
-        "can never match: a header value longer than 1024 bytes is no key",
+        "can never match: a header value longer than 1024 bytes is keyed by its digest",
     );
     for value in [r#""café""#, r#""a b""#, r#""a\tb""#, r#""k1""#] {
         Config::from_toml_str(&header_tier(value), "t.toml")

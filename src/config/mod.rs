@@ -361,13 +361,14 @@ pub enum Partition {
     /// One limiter per client IP.
     ClientIp(KeyLimits),
     /// One limiter per value of this request header (lower-case name). A value longer
-    /// than [`MAX_KEY_VALUE_BYTES`], or the header given more than once, counts as no
-    /// key, like a missing header.
+    /// than [`MAX_KEY_VALUE_BYTES`] is keyed by a digest of it; the header given more
+    /// than once counts as no key, like a missing header.
     Header(String, KeyLimits),
 }
 
-/// The longest header value that is a key of a `header:<name>` partition: every key is
-/// kept while it lives, and an HTTP/1 head may carry a value of hundreds of KiB.
+/// The longest header value that is kept whole as a key of a `header:<name>`
+/// partition; a longer one is keyed by a 128-bit digest of it (every key is kept while
+/// it lives, and an HTTP/1 head may carry a value of hundreds of KiB).
 pub const MAX_KEY_VALUE_BYTES: usize = 1024;
 
 /// Bounds on per-key state.

@@ -1175,7 +1175,7 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                         {
                             p.at(
                                 location,
-                                format!("can never match: a header value longer than {} bytes is no key, got {} bytes", super::MAX_KEY_VALUE_BYTES, value.len()),
+                                format!("can never match: a header value longer than {} bytes is keyed by its digest, got {} bytes", super::MAX_KEY_VALUE_BYTES, value.len()),
                             );
                             continue;
                         }

@@ -83,6 +83,7 @@ impl Gate {
         route: RouteId,
         req: &Request<B>,
     ) -> (Decision, Nanos) {
+        let digest: String;
         let key = match engine.partition(route) {
             Partition::Route => Key::None,
             Partition::ClientIp(_) => {
@@ -101,12 +102,15 @@ impl Gate {
                 // choice, so none is the key.
                 let mut values = req.headers().get_all(name.as_str()).iter();
                 let value = values.next().filter(|_| values.next().is_none());
-                value
-                    // UTF-8 beyond ASCII ("café") is a key of its own; other bytes are
-                    // none, and so is an overlong value.
-                    .filter(|v| v.len() <= crate::config::MAX_KEY_VALUE_BYTES)
-                    .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-                    .map_or(Key::None, Key::Value)
+                // UTF-8 beyond ASCII ("café") is a key of its own; other bytes are none.
+                match value.and_then(|v| std::str::from_utf8(v.as_bytes()).ok()) {
+                    None => Key::None,
+                    Some(v) if v.len() <= crate::config::MAX_KEY_VALUE_BYTES => Key::Value(v),
+                    Some(v) => {
+                        digest = long_value_key(v);
+                        Key::Value(&digest)
+                    }
+                }
             }
         };
         // One call site, so that the check can be inlined here.
@@ -114,6 +118,23 @@ impl Gate {
         let decision = engine.check(route, key, now);
         (decision, now)
     }
+}
+
+/// The key of a header value longer than [`MAX_KEY_VALUE_BYTES`]: a 128-bit digest of
+/// it, so that a long token (a JWT) is a key of its own while a key keeps 33 bytes of
+/// it, not up to the hundreds of KiB an HTTP/1 head may carry. It starts with a control
+/// character, which no header value may hold, so no client can send it as a value.
+///
+/// [`MAX_KEY_VALUE_BYTES`]: crate::config::MAX_KEY_VALUE_BYTES
+fn long_value_key(value: &str) -> String {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let half = |salt: u8| {
+        let mut h = DefaultHasher::new();
+        salt.hash(&mut h);
+        value.hash(&mut h);
+        h.finish()
+    };
+    format!("\u{1}{:016x}{:016x}", half(1), half(2))
 }
 
 /// A tower [`Layer`](tower::Layer) that admits or rejects requests with rocgate's engine.
@@ -232,5 +253,27 @@ impl AdmissionLayerBuilder {
                 rejections: super::rejection::Templates::default(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::long_value_key;
+
+    #[test]
+    fn a_long_value_is_kept_as_33_bytes_no_header_can_carry() {
+        let (a, b) = ("a".repeat(100_000), "b".repeat(100_000));
+        let key = long_value_key(&a);
+        assert_eq!(key.len(), 33);
+        assert!(key.starts_with('\u{1}'));
+        assert!(
+            http::HeaderValue::from_str(&key).is_err(),
+            "no client can send it"
+        );
+        assert_eq!(key, long_value_key(&a), "one value, one key");
+        assert_ne!(key, long_value_key(&b));
+        // Values that differ only at the far end differ too.
+        let c = format!("{}c", &a[1..]);
+        assert_ne!(long_value_key(&format!("{}a", &a[1..])), long_value_key(&c));
     }
 }
