@@ -244,3 +244,15 @@ async fn the_cli_does_not_panic_on_an_answer_out_of_range() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
+
+/// An answer larger than any report (16 MiB) is refused with an error, not read whole
+/// into memory however large it grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_refuses_an_answer_larger_than_any_report() {
+    let huge: &'static str = Box::leak(" ".repeat(17 << 20).into_boxed_str());
+    let (admin, _) = fake_admin(huge).await;
+    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("reading the answer"), "{stderr}");
+}

@@ -16,6 +16,10 @@ use std::time::Duration;
 /// How long the whole request may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The largest answer read: a report of many routes is a few hundred KiB; whatever
+/// answers past this is no admin API of rocgate's.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
+
 /// Fetches and prints the hints.
 pub(crate) fn run(args: HintsArgs) -> ExitCode {
     if humantime::parse_duration(&args.period).map_or(true, |p| p.is_zero()) {
@@ -77,8 +81,8 @@ fn fetch(url: http::Uri) -> Result<String, String> {
                 .await
                 .map_err(|e| format!("cannot connect: {e}"))?;
             let status = res.status();
-            let bytes = res
-                .into_body()
+            let limited = http_body_util::Limited::new(res.into_body(), MAX_ANSWER_BYTES);
+            let bytes = limited
                 .collect()
                 .await
                 .map_err(|e| format!("reading the answer: {e}"))?

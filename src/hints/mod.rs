@@ -610,7 +610,8 @@ impl<'a> Evidence<'a> {
             .fold(0.0, f64::max);
         let current = burst.as_secs_f64();
         let needed = (excess / base).max(2.0 * current);
-        let suggested = Duration::from_secs_f64(needed.min(current * 10.0).max(current * 2.0));
+        let suggested = Duration::try_from_secs_f64(needed.min(current * 10.0).max(current * 2.0))
+            .unwrap_or(Duration::MAX);
         Some(self.hint(
             "raise_burst",
             Severity::Info,

@@ -230,7 +230,15 @@ pub enum LineError {
     /// No response size after the status.
     #[error("no response size after the status")]
     Bytes,
+    /// The line is longer than [`MAX_LINE_BYTES`]; the rest of it was skipped unread.
+    #[error("longer than {} bytes", MAX_LINE_BYTES)]
+    TooLong,
 }
+
+/// The longest line read: a request line, referrer and user agent fit in far less, and
+/// a line is held whole while it is parsed, so a file with no line breaks cannot fill
+/// memory.
+pub const MAX_LINE_BYTES: usize = 64 << 10;
 
 /// Parses one line (without its line break) of the common or combined format.
 ///
@@ -656,18 +664,25 @@ impl LogReader {
     pub fn read(&mut self, source: &str, mut input: impl BufRead) -> Result<(), LogError> {
         let mut buf = Vec::with_capacity(512);
         let mut line_no = 0u64;
+        let io = |error| LogError::Io {
+            name: source.to_owned(),
+            error,
+        };
         loop {
             buf.clear();
-            let n = input
+            let n = io::Read::take(&mut input, MAX_LINE_BYTES as u64 + 1)
                 .read_until(b'\n', &mut buf)
-                .map_err(|error| LogError::Io {
-                    name: source.to_owned(),
-                    error,
-                })?;
+                .map_err(io)?;
             if n == 0 {
                 return Ok(());
             }
             line_no += 1;
+            if buf.len() > MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
+                skip_line(&mut input).map_err(io)?;
+                self.stats.lines += 1;
+                self.unparsable(source, line_no, LineError::TooLong);
+                continue;
+            }
             let mut line = &buf[..];
             while let [rest @ .., b'\n' | b'\r'] = line {
                 line = rest;
@@ -686,14 +701,7 @@ impl LogReader {
         let l = match parsed {
             Ok(l) => l,
             Err(error) => {
-                self.stats.unparsable += 1;
-                if self.stats.first_unparsable.len() < EXAMPLES {
-                    self.stats.first_unparsable.push(BadLine {
-                        source: source.to_owned(),
-                        line: line_no,
-                        error,
-                    });
-                }
+                self.unparsable(source, line_no, error);
                 return;
             }
         };
@@ -742,6 +750,18 @@ impl LogReader {
             route: route.0 as u32,
             client,
         });
+    }
+
+    /// Counts a line that is not an access-log line, and keeps the first few.
+    fn unparsable(&mut self, source: &str, line_no: u64, error: LineError) {
+        self.stats.unparsable += 1;
+        if self.stats.first_unparsable.len() < EXAMPLES {
+            self.stats.first_unparsable.push(BadLine {
+                source: source.to_owned(),
+                line: line_no,
+                error,
+            });
+        }
     }
 
     /// Keeps an unmatched request as an example, if it is new and there is room.
@@ -844,6 +864,26 @@ impl LogReader {
             spread: self.options.spread,
             stats: self.stats,
         })
+    }
+}
+
+/// Reads past the end of the current line (its line break included) without keeping it.
+fn skip_line(input: &mut impl BufRead) -> io::Result<()> {
+    loop {
+        let available = input.fill_buf()?;
+        if available.is_empty() {
+            return Ok(());
+        }
+        match available.iter().position(|&b| b == b'\n') {
+            Some(end) => {
+                input.consume(end + 1);
+                return Ok(());
+            }
+            None => {
+                let all = available.len();
+                input.consume(all);
+            }
+        }
     }
 }
 
