@@ -1,5 +1,5 @@
-//! The client's IP address: from the socket, and from `X-Forwarded-For` only when the
-//! socket peer is a trusted proxy.
+//! The client's IP address: from the socket, and from `X-Forwarded-For` (or RFC 7239
+//! `Forwarded`) only when the socket peer is a trusted proxy.
 
 use http::HeaderMap;
 use ipnet::IpNet;
@@ -16,7 +16,10 @@ pub struct PeerAddr(pub SocketAddr);
 /// networks. Then `X-Forwarded-For` is walked from the right (the entry the nearest
 /// proxy appended) past every trusted address; the first untrusted one is the client.
 /// An entry may carry a port (`203.0.113.7:5123`, `[2001:db8::7]:443`), which is
-/// ignored; a malformed one ends the walk.
+/// ignored; a malformed one ends the walk. A request without `X-Forwarded-For` is
+/// walked the same way through the `for=` of each element of RFC 7239's `Forwarded`
+/// (`for=203.0.113.7`, `for="[2001:db8::7]:443"`); an obfuscated or `unknown` node
+/// ends the walk as a malformed entry does.
 /// Headers from untrusted peers are ignored, so a client cannot choose its own key.
 ///
 /// ```
@@ -37,7 +40,7 @@ pub struct ClientIpResolver {
 }
 
 impl ClientIpResolver {
-    /// Trusts `X-Forwarded-For` from peers in these networks.
+    /// Trusts `X-Forwarded-For` (or `Forwarded`) from peers in these networks.
     pub fn new(trusted: Vec<IpNet>) -> Self {
         ClientIpResolver { trusted }
     }
@@ -62,20 +65,28 @@ impl ClientIpResolver {
         let mut client = peer;
         // Split as bytes: a value may hold bytes beyond ASCII, which make only the
         // entry holding them malformed.
-        let entries = headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .rev()
-            .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','));
-        for entry in entries {
-            let entry = std::str::from_utf8(entry).map(str::trim);
+        let split = |name| {
+            headers
+                .get_all(name)
+                .iter()
+                .rev()
+                .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','))
+        };
+        let xff = headers.contains_key("x-forwarded-for");
+        let entries = split("x-forwarded-for").map(|entry| Some(entry.trim_ascii()));
+        // Without it, each `Forwarded` element's `for=`, unquoted (a quoted string
+        // holding a comma only splits elements left of the proxies that wrote theirs).
+        let elements = split("forwarded").filter(|_| !xff).map(forwarded_for);
+        for entry in entries.chain(elements) {
             // An address, or one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`).
-            let ip = entry.ok().and_then(|entry| {
-                entry
-                    .parse::<IpAddr>()
-                    .or_else(|_| entry.parse::<SocketAddr>().map(|a| a.ip()))
-                    .ok()
-            });
+            let ip = entry
+                .and_then(|entry| std::str::from_utf8(entry).ok())
+                .and_then(|entry| {
+                    entry
+                        .parse::<IpAddr>()
+                        .or_else(|_| entry.parse::<SocketAddr>().map(|a| a.ip()))
+                        .ok()
+                });
             match ip {
                 Some(ip) => {
                     client = canonical(ip);
@@ -89,6 +100,23 @@ impl ClientIpResolver {
         }
         Some(client)
     }
+}
+
+/// The node of a `Forwarded` element's `for=` parameter (its name in any case), without
+/// its quotes; `None` for an element without one.
+fn forwarded_for(element: &[u8]) -> Option<&[u8]> {
+    element.split(|&b| b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let (name, value) = pair.split_at(pair.iter().position(|&b| b == b'=')?);
+        if !name.trim_ascii().eq_ignore_ascii_case(b"for") {
+            return None;
+        }
+        let value = value[1..].trim_ascii();
+        Some(match value {
+            [b'"', inner @ .., b'"'] => inner,
+            _ => value,
+        })
+    })
 }
 
 /// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) as plain IPv4, so one client is one key.
@@ -182,5 +210,40 @@ mod tests {
             r.resolve(Some(ip("::ffff:127.0.0.1")), &headers(&["::ffff:8.8.8.8"])),
             Some(ip("8.8.8.8"))
         );
+    }
+
+    #[test]
+    fn forwarded_is_walked_when_there_is_no_x_forwarded_for() {
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let forwarded = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append("forwarded", v.parse().unwrap());
+            }
+            h
+        };
+        let peer = Some(ip("10.0.0.1"));
+        // RFC 7239's own examples: names in any case, IPv6 quoted with its port.
+        let h = forwarded(&["for=6.6.6.6, For=\"[2001:db8:cafe::17]:4711\";proto=https"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("2001:db8:cafe::17")));
+        let h = forwarded(&[
+            "for=6.6.6.6;by=10.0.0.9",
+            "proto=http;for=203.0.113.7, for=10.0.0.2",
+        ]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        // An obfuscated or unknown node, or an element without `for=`, ends the walk.
+        let h = forwarded(&["for=6.6.6.6, for=_hidden, for=10.0.0.2"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.2")));
+        let h = forwarded(&["for=6.6.6.6, for=unknown"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.1")));
+        let h = forwarded(&["for=6.6.6.6, proto=http"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.1")));
+        // X-Forwarded-For, when there is one, is the chain read.
+        let mut h = forwarded(&["for=203.0.113.7"]);
+        h.append("x-forwarded-for", "198.51.100.4".parse().unwrap());
+        assert_eq!(r.resolve(peer, &h), Some(ip("198.51.100.4")));
+        // From an untrusted peer, neither counts.
+        let h = forwarded(&["for=203.0.113.7"]);
+        assert_eq!(r.resolve(Some(ip("1.2.3.4")), &h), Some(ip("1.2.3.4")));
     }
 }
