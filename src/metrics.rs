@@ -36,6 +36,8 @@
 //! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_aborted` (the upstream failed after a good head: the client got a truncated body), and the request's own: `body_too_large`, `client_aborted`, `bad_request` |
 //! | `rocgate_upstream_lanes` | gauge | | proxy: upstream connections held by client connections of their own (at most `max_upstream_lanes`) |
 //! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded |
+//! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
+//! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: times every one of `max_connections` was taken and accepting paused |
 //! | `rocgate_store_mode` | gauge | `mode` | 1 for where decisions are taken: `local` (no shared store), `shared` (Redis), `fallback_local` (Redis unreachable) |
 //! | `rocgate_store_errors_total` | counter | `kind` | shared-store calls that failed: `timeout`, `error` (none in local mode) |
 //! | `rocgate_store_fallback_total` | counter | `route` | decisions on distributed routes taken locally because the store could not answer |
@@ -97,6 +99,10 @@ pub const UPSTREAM_ERRORS: &str = "rocgate_upstream_errors_total";
 pub const UPSTREAM_LANES: &str = "rocgate_upstream_lanes";
 /// `rocgate_in_flight_requests`.
 pub const IN_FLIGHT: &str = "rocgate_in_flight_requests";
+/// `rocgate_client_connections`.
+pub const CLIENT_CONNECTIONS: &str = "rocgate_client_connections";
+/// `rocgate_client_connection_limit_reached_total`.
+pub const CONNECTION_LIMIT_REACHED: &str = "rocgate_client_connection_limit_reached_total";
 /// `rocgate_store_mode`.
 pub const STORE_MODE: &str = "rocgate_store_mode";
 /// `rocgate_store_errors_total`.
@@ -115,7 +121,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 32] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -138,6 +144,8 @@ pub const ALL: [&str; 30] = [
     UPSTREAM_ERRORS,
     UPSTREAM_LANES,
     IN_FLIGHT,
+    CLIENT_CONNECTIONS,
+    CONNECTION_LIMIT_REACHED,
     STORE_MODE,
     STORE_ERRORS,
     STORE_FALLBACK,
@@ -210,6 +218,11 @@ pub fn describe() {
         "Upstream connections held by client connections of their own."
     );
     describe_gauge!(IN_FLIGHT, "Requests being forwarded.");
+    describe_gauge!(CLIENT_CONNECTIONS, "Client connections open.");
+    describe_counter!(
+        CONNECTION_LIMIT_REACHED,
+        "Times max_connections was reached and accepting paused."
+    );
     describe_gauge!(STORE_MODE, "1 for the state store in use.");
     describe_counter!(STORE_ERRORS, "Shared-store calls that failed, by kind.");
     describe_counter!(

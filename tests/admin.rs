@@ -78,6 +78,8 @@ async fn start_on(
         },
         header_read_timeout: Duration::from_secs(2),
         shutdown_grace: Duration::from_secs(2),
+        max_connections: 10_000,
+        idle_timeout: Duration::from_secs(60),
         admin_token: token.map(str::to_owned),
     };
     let proxy = match clock {

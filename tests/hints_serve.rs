@@ -65,6 +65,8 @@ async fn start() -> (SocketAddr, SocketAddr, tokio::sync::oneshot::Sender<()>) {
         },
         header_read_timeout: Duration::from_secs(2),
         shutdown_grace: Duration::from_secs(2),
+        max_connections: 10_000,
+        idle_timeout: Duration::from_secs(60),
         admin_token: None,
     };
     let proxy = Proxy::bind(settings, &config, None).await.unwrap();

@@ -149,6 +149,8 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
         },
         header_read_timeout: Duration::from_secs(5),
         shutdown_grace: Duration::from_secs(2),
+        max_connections: 10_000,
+        idle_timeout: Duration::from_secs(60),
         admin_token: None,
     };
     let proxy = Proxy::bind(settings, &Config::new(vec![per_ip, rest]), None)

@@ -195,6 +195,8 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         },
         header_read_timeout: Duration::from_secs(5),
         shutdown_grace: Duration::from_secs(1),
+        max_connections: 10_000,
+        idle_timeout: Duration::from_secs(60),
         admin_token: None,
     };
     let config = Config::new(vec![

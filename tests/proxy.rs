@@ -213,6 +213,8 @@ fn settings(upstream: SocketAddr) -> ProxySettings {
         },
         header_read_timeout: HEADER_READ_TIMEOUT,
         shutdown_grace: Duration::from_secs(5),
+        max_connections: 10_000,
+        idle_timeout: Duration::from_secs(60),
         admin_token: None,
     }
 }

@@ -285,6 +285,8 @@ fn proxy_settings(upstream: std::net::SocketAddr) -> rocgate::proxy::ProxySettin
         },
         header_read_timeout: Duration::from_secs(1),
         shutdown_grace: Duration::from_secs(1),
+        max_connections: 10_000,
+        idle_timeout: Duration::from_secs(60),
         admin_token: None,
     }
 }

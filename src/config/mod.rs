@@ -446,6 +446,12 @@ pub struct ServerConfig {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// How long requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
+    /// Most client connections open at once (the admin API's are not counted); at the
+    /// cap, further connections wait in the kernel's listen backlog.
+    pub max_connections: usize,
+    /// How long a client connection may have no request in progress before it is
+    /// closed gracefully (HTTP/1.1 and HTTP/2).
+    pub idle_timeout: Duration,
     /// Where the admin API listens.
     pub admin_listen: SocketAddr,
     /// Bearer token required by mutating admin endpoints, if set.
@@ -465,6 +471,8 @@ impl Default for ServerConfig {
             upstream_idle_timeout: Duration::from_secs(4),
             trusted_proxies: Vec::new(),
             shutdown_grace: Duration::from_secs(30),
+            max_connections: 10_000,
+            idle_timeout: Duration::from_secs(60),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
         }

@@ -96,6 +96,8 @@ struct RawServer {
     upstream_idle_timeout: Option<String>,
     trusted_proxies: Option<Vec<String>>,
     shutdown_grace: Option<String>,
+    max_connections: Option<Whole>,
+    idle_timeout: Option<String>,
 }
 
 /// `[admin]`: the admin API.
@@ -1491,6 +1493,10 @@ fn network(text: &str) -> Result<ipnet::IpNet, String> {
         })
 }
 
+/// The largest `server.max_connections`: far above what one process's file descriptors
+/// allow (`ulimit -n`), and well within what a semaphore counts.
+const MAX_CONNECTIONS_LIMIT: usize = 10_000_000;
+
 /// `[server]` and `[admin]`, each field checked on its own, defaults where absent.
 fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> ServerConfig {
     let mut out = ServerConfig::default();
@@ -1535,6 +1541,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             server.shutdown_grace,
             &mut out.shutdown_grace,
         ),
+        ("idle_timeout", server.idle_timeout, &mut out.idle_timeout),
     ] {
         if let Some(v) = raw {
             field(
@@ -1563,6 +1570,20 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             _ => Err(format!("must be at most 1000000, got {}", w.0)),
         };
         field(p, "server.max_upstream_lanes", checked);
+    }
+    if let Some(w) = server.max_connections {
+        let checked = match usize::try_from(w.0) {
+            Ok(0) => Err("must be at least 1, got 0".to_owned()),
+            Ok(n) if n <= MAX_CONNECTIONS_LIMIT => {
+                out.max_connections = n;
+                Ok(())
+            }
+            _ => Err(format!(
+                "must be at most {MAX_CONNECTIONS_LIMIT}, got {}",
+                w.0
+            )),
+        };
+        field(p, "server.max_connections", checked);
     }
     for (i, text) in server
         .trusted_proxies

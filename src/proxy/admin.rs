@@ -50,6 +50,8 @@ pub(crate) struct Exporter {
     pub(crate) in_flight: Arc<AtomicI64>,
     /// Upstream connections held by client connections' lanes.
     pub(crate) lanes: super::lane::LaneCount,
+    /// Client connections open, and times their cap was reached.
+    pub(crate) connections: Arc<super::connections::ClientConnections>,
 }
 
 impl std::fmt::Debug for Exporter {
@@ -168,6 +170,9 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     m.collector.collect(&engine, now);
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_LANES).set(m.lanes.open() as f64);
+    metrics::gauge!(crate::metrics::CLIENT_CONNECTIONS).set(m.connections.open() as f64);
+    metrics::counter!(crate::metrics::CONNECTION_LIMIT_REACHED)
+        .absolute(m.connections.limit_reached());
     (
         [(
             http::header::CONTENT_TYPE,

@@ -6,10 +6,14 @@
 //! body is read, so a rejected request is never forwarded and its body never read.
 //! Bodies stream both ways. A connection must send its first byte, then its complete
 //! request head, within `header_read_timeout` (slowloris); an HTTP/2 connection silent
-//! that long is pinged, and closed unless it answers within as long. On shutdown the listeners
-//! close at once and requests in flight get up to `shutdown_grace` to finish.
+//! that long is pinged, and closed unless it answers within as long. At most
+//! `max_connections` client connections are open at once (further ones wait in the
+//! listen backlog), and one with no request in progress for `idle_timeout` is closed
+//! gracefully. On shutdown the listeners close at once and requests in flight get up
+//! to `shutdown_grace` to finish.
 
 mod admin;
+mod connections;
 mod error;
 mod forward;
 mod hints;
@@ -31,7 +35,6 @@ use crate::metrics as metric;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::future::Future;
 use std::io;
@@ -57,6 +60,12 @@ pub struct ProxySettings {
     pub header_read_timeout: Duration,
     /// How long requests in flight may take to finish after shutdown begins.
     pub shutdown_grace: Duration,
+    /// Most client connections open at once (at least 1); the admin API's are not
+    /// counted.
+    pub max_connections: usize,
+    /// How long a client connection may have no request in progress before it is
+    /// closed gracefully.
+    pub idle_timeout: Duration,
     /// Bearer token required by the admin API's mutating endpoints, if set.
     pub admin_token: Option<String>,
 }
@@ -79,6 +88,8 @@ impl ProxySettings {
             },
             header_read_timeout: server.header_read_timeout,
             shutdown_grace: server.shutdown_grace,
+            max_connections: server.max_connections,
+            idle_timeout: server.idle_timeout,
             admin_token: server.admin_token.clone(),
         }
     }
@@ -385,6 +396,9 @@ impl Proxy {
             self.advisor.meter(),
         );
         let lanes = forwarder.lanes();
+        let connections = Arc::new(connections::ClientConnections::new(
+            self.settings.max_connections,
+        ));
         #[cfg(feature = "redis")]
         let service = shared::Front::new(
             layer.layer(forwarder.clone()),
@@ -439,6 +453,7 @@ impl Proxy {
                 collector,
                 in_flight,
                 lanes,
+                connections: Arc::clone(&connections),
             }),
         });
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -459,9 +474,32 @@ impl Proxy {
             .timer(TokioTimer::new())
             .keep_alive_interval(self.settings.header_read_timeout)
             .keep_alive_timeout(self.settings.header_read_timeout);
-        let graceful = GracefulShutdown::new();
+        // Each connection task holds a receiver: told to stop, it shuts its connection
+        // down gracefully; the sender's `closed` is the last one ending.
+        let (stop, stopping) = tokio::sync::watch::channel(());
+        let clock = Arc::clone(&self.reloader.clock);
+        let mut limit_warned: Option<crate::clock::Nanos> = None;
         tokio::pin!(shutdown);
         loop {
+            let slot = match connections.try_acquire() {
+                Some(slot) => slot,
+                None => {
+                    let now = clock.now();
+                    if limit_warned.is_none_or(|at| now.saturating_since(at) >= LIMIT_WARN_EVERY) {
+                        limit_warned = Some(now);
+                        tracing::warn!(
+                            max_connections = connections.max(),
+                            times_reached = connections.limit_reached() + 1,
+                            "client connection limit reached: new connections wait in the \
+                             listen backlog until one closes"
+                        );
+                    }
+                    tokio::select! {
+                        slot = connections.acquire() => slot,
+                        () = &mut shutdown => break,
+                    }
+                }
+            };
             let (stream, peer) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok(a) => a,
@@ -484,29 +522,53 @@ impl Proxy {
             let _ = stream.set_nodelay(true);
             let service = service.clone();
             let header_timeout = self.settings.header_read_timeout;
+            let idle_timeout = self.settings.idle_timeout;
             let builder = builder.clone();
-            let watcher = graceful.watcher();
+            let mut stopping = stopping.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 if !first_byte_within(&stream, header_timeout).await {
                     return;
                 }
                 let (lane, driver) = lane::Lane::new();
-                let svc = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-                    req.extensions_mut().insert(PeerAddr(peer));
-                    req.extensions_mut().insert(lane.clone());
-                    let response = service.clone().call(req);
-                    async move { response.await.map(crate::http::hold_permit_through_body) }
+                let activity = connections::Activity::new();
+                let svc = hyper::service::service_fn({
+                    let activity = Arc::clone(&activity);
+                    move |mut req: http::Request<Incoming>| {
+                        req.extensions_mut().insert(PeerAddr(peer));
+                        req.extensions_mut().insert(lane.clone());
+                        let busy = activity.begin();
+                        let response = service.clone().call(req);
+                        async move {
+                            response.await.map(|r| {
+                                busy.hold_through_body(crate::http::hold_permit_through_body(r))
+                            })
+                        }
+                    }
                 });
-                let conn = watcher.watch(
-                    builder
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .into_owned(),
-                );
+                let conn = builder
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .into_owned();
+                tokio::pin!(conn, driver);
+                let idle = activity.idle(idle_timeout);
+                tokio::pin!(idle);
+                let mut closing = false;
                 // The lane's upstream connection is polled in this task, beside the
                 // client's; it closes when the client connection ends.
-                let served = tokio::select! {
-                    served = conn => served,
-                    () = driver => Ok(()),
+                let served = loop {
+                    tokio::select! {
+                        served = conn.as_mut() => break served,
+                        () = driver.as_mut() => break Ok(()),
+                        () = idle.as_mut(), if !closing => {
+                            tracing::debug!(%peer, "idle connection closed");
+                            closing = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
+                        _ = stopping.changed(), if !closing => {
+                            closing = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
                 };
                 if let Err(e) = served {
                     tracing::debug!(error = %e, %peer, "connection ended with an error");
@@ -514,8 +576,10 @@ impl Proxy {
             });
         }
         drop(self.listener);
-        tracing::info!(in_flight = graceful.count(), "shutting down");
-        let drained = tokio::time::timeout(self.settings.shutdown_grace, graceful.shutdown()).await;
+        drop(stopping);
+        tracing::info!(connections = connections.open(), "shutting down");
+        let _ = stop.send(());
+        let drained = tokio::time::timeout(self.settings.shutdown_grace, stop.closed()).await;
         if drained.is_err() {
             tracing::warn!("shutdown grace period over; dropping remaining connections");
         }
@@ -595,6 +659,9 @@ fn log_transition(route: &str, t: &Transition) {
         "controller transition"
     );
 }
+
+/// How often, at most, reaching `max_connections` is logged.
+const LIMIT_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// How long the accept loop waits after a failure that is not one connection's.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);

@@ -1,0 +1,267 @@
+//! Client connections: how many may be open at once (`max_connections`), and when an
+//! idle one is closed (`idle_timeout`).
+//!
+//! The accept loop takes a [`Slot`] before it accepts: at the cap it stops accepting,
+//! and further connections wait in the kernel's listen backlog (as with nginx's
+//! `worker_connections` and Envoy's listener limits) until a connection closes and
+//! gives its slot back, which wakes the loop at once. A connection holds its slot from
+//! accept to close.
+//!
+//! A connection's [`Activity`] counts its requests in progress: a request begins when
+//! the service is called and ends with its response body (or with the service's
+//! error). [`Activity::idle`] completes once the connection has had none for the idle
+//! timeout; the connection is then shut down gracefully. Its timer is not re-armed at
+//! every request: it wakes at the deadline of the idle period it last saw and looks
+//! again, so a request costs two atomic updates and a clock read, not a timer, and a
+//! busy connection is looked at once per idle timeout.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// The cap on client connections, and the counts `/metrics` exports.
+#[derive(Debug)]
+pub(crate) struct ClientConnections {
+    permits: Arc<Semaphore>,
+    max: usize,
+    /// Connections open now.
+    open: Arc<AtomicUsize>,
+    /// Times the accept loop found every slot taken.
+    limit_reached: AtomicU64,
+}
+
+impl ClientConnections {
+    /// A cap of `max` connections, taken as 1 if 0 and as `Semaphore::MAX_PERMITS` if
+    /// more (the config allows from 1 to far fewer).
+    pub(crate) fn new(max: usize) -> Self {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        ClientConnections {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            open: Arc::default(),
+            limit_reached: AtomicU64::new(0),
+        }
+    }
+
+    /// The most connections open at once.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// A slot if one is free now.
+    pub(crate) fn try_acquire(&self) -> Option<Slot> {
+        let permit = Arc::clone(&self.permits).try_acquire_owned().ok()?;
+        Some(self.slot(permit))
+    }
+
+    /// Waits for a slot: one comes free as soon as a connection closes. Counts the cap
+    /// as reached.
+    pub(crate) async fn acquire(&self) -> Slot {
+        self.limit_reached.fetch_add(1, Ordering::Relaxed);
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .expect("the connection semaphore is never closed");
+        self.slot(permit)
+    }
+
+    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        Slot {
+            _permit: permit,
+            open: Arc::clone(&self.open),
+        }
+    }
+
+    /// Connections open now (accepted and not yet closed).
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Times the cap was reached since start.
+    pub(crate) fn limit_reached(&self) -> u64 {
+        self.limit_reached.load(Ordering::Relaxed)
+    }
+}
+
+/// One client connection's place under the cap, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The requests in progress on one client connection, and since when it has had none.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    in_flight: AtomicUsize,
+    /// When the last request ended, in nanoseconds from `opened`.
+    last_end: AtomicU64,
+    opened: Instant,
+}
+
+impl Activity {
+    /// A connection opened now, with no request in progress yet.
+    pub(crate) fn new() -> Arc<Activity> {
+        // The proxy's timers, hyper's included, run on tokio's clock.
+        Arc::new(Activity {
+            in_flight: AtomicUsize::new(0),
+            last_end: AtomicU64::new(0),
+            opened: Instant::now(),
+        })
+    }
+
+    /// Counts a request in progress until the returned guard is dropped.
+    pub(crate) fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Busy(Arc::clone(self))
+    }
+
+    /// When the connection last became idle, or `None` while a request is in progress.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let nanos = self.last_end.load(Ordering::Acquire);
+        Some(self.opened + Duration::from_nanos(nanos))
+    }
+
+    /// Completes once the connection has had no request in progress for `timeout`
+    /// (counting from its opening if it has had none yet).
+    pub(crate) async fn idle(&self, timeout: Duration) {
+        let sleep = tokio::time::sleep_until(self.opened + timeout);
+        tokio::pin!(sleep);
+        loop {
+            sleep.as_mut().await;
+            let now = Instant::now();
+            let deadline = match self.idle_since() {
+                Some(since) if now.saturating_duration_since(since) >= timeout => return,
+                Some(since) => since + timeout,
+                // Busy: the earliest it can have been idle long enough.
+                None => now + timeout,
+            };
+            sleep.as_mut().reset(deadline);
+        }
+    }
+}
+
+/// A request in progress on a connection, until dropped.
+#[derive(Debug)]
+pub(crate) struct Busy(Arc<Activity>);
+
+impl Busy {
+    /// `response`, with this request counted in progress until its body ends.
+    pub(crate) fn hold_through_body<B>(
+        self,
+        response: http::Response<B>,
+    ) -> http::Response<BusyBody<B>> {
+        response.map(|body| BusyBody {
+            body,
+            busy: Some(self),
+        })
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        let nanos = Instant::now().saturating_duration_since(activity.opened);
+        let nanos = u64::try_from(nanos.as_nanos()).unwrap_or(u64::MAX);
+        // Stamped before the count drops, so whoever sees the count at 0 sees the
+        // stamp of the request that ended last.
+        activity.last_end.fetch_max(nanos, Ordering::Release);
+        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted in progress until its end (or until
+/// dropped).
+#[derive(Debug)]
+pub(crate) struct BusyBody<B> {
+    body: B,
+    busy: Option<Busy>,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for BusyBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.busy = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn slots_are_given_back_when_dropped() {
+        let connections = ClientConnections::new(2);
+        let a = connections.try_acquire().expect("a first slot");
+        let b = connections.try_acquire().expect("a second slot");
+        assert!(connections.try_acquire().is_none(), "two of two taken");
+        assert_eq!(connections.open(), 2);
+        drop(a);
+        assert_eq!(connections.open(), 1);
+        let c = connections.acquire().await;
+        assert_eq!(connections.open(), 2);
+        assert_eq!(connections.limit_reached(), 1);
+        drop((b, c));
+        assert_eq!(connections.open(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_waits_for_the_timeout_after_the_last_request() {
+        const TIMEOUT: Duration = Duration::from_secs(60);
+        let activity = Activity::new();
+        let idle = activity.idle(TIMEOUT);
+        tokio::pin!(idle);
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        let busy = activity.begin();
+        // In progress through the first deadline (60 s) and for 100 s more.
+        tokio::select! {
+            () = &mut idle => panic!("idle while a request is in progress"),
+            () = tokio::time::sleep(Duration::from_secs(100)) => {}
+        }
+        drop(busy);
+        let ended = Instant::now();
+        idle.await;
+        assert_eq!(ended - start, Duration::from_secs(150));
+        assert_eq!(Instant::now() - ended, TIMEOUT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_requests_is_idle_from_its_opening() {
+        let activity = Activity::new();
+        let start = Instant::now();
+        activity.idle(Duration::from_secs(5)).await;
+        assert_eq!(Instant::now() - start, Duration::from_secs(5));
+    }
+}
