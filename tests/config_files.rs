@@ -637,6 +637,37 @@ fn env_override_changes_a_default() {
 }
 
 #[test]
+fn env_overrides_the_connection_limits() {
+    let text =
+        std::fs::read_to_string(config_dir().join("rocgate.toml")).expect("the default config");
+    let c = Config::from_toml_str(&text, "rocgate.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.max_connections, 10_000);
+    assert_eq!(c.server.idle_timeout.as_secs(), 60);
+    let env = [
+        (
+            "ROCGATE__SERVER__MAX_CONNECTIONS".to_owned(),
+            "500".to_owned(),
+        ),
+        ("ROCGATE__SERVER__IDLE_TIMEOUT".to_owned(), "15s".to_owned()),
+    ];
+    let c = Config::from_toml_str_with_env(&text, "rocgate.toml", env)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.max_connections, 500);
+    assert_eq!(c.server.idle_timeout.as_secs(), 15);
+
+    let env = [(
+        "ROCGATE__SERVER__MAX_CONNECTIONS".to_owned(),
+        "0".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "rocgate.toml: server.max_connections: must be at least 1, got 0 \
+         (set by environment variable ROCGATE__SERVER__MAX_CONNECTIONS)"
+    );
+}
+
+#[test]
 fn check_config_prints_ok_or_every_error() {
     let bin = env!("CARGO_BIN_EXE_rocgate");
     let dir = tempfile::tempdir().expect("a temp dir");
@@ -697,7 +728,7 @@ fn server_and_admin_sections() {
     let text = format!(
         "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\
          connect_timeout = \"500ms\"\nmax_body_bytes = 2048\nmax_upstream_lanes = 0\n\
-         upstream_idle_timeout = \"1500ms\"\n\
+         upstream_idle_timeout = \"1500ms\"\nmax_connections = 3\nidle_timeout = \"90s\"\n\
          trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\n\
          [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
     );
@@ -708,6 +739,8 @@ fn server_and_admin_sections() {
     assert_eq!(c.server.max_body_bytes, 2048);
     assert_eq!(c.server.max_upstream_lanes, 0);
     assert_eq!(c.server.upstream_idle_timeout.as_millis(), 1500);
+    assert_eq!(c.server.max_connections, 3);
+    assert_eq!(c.server.idle_timeout.as_secs(), 90);
     let nets: Vec<String> = c
         .server
         .trusted_proxies
@@ -797,6 +830,36 @@ fn server_and_admin_sections() {
         &route("[server]\nmax_upstream_lanes = -1"),
         "server.max_upstream_lanes",
         "",
+    );
+    refused(
+        &route("[server]\nmax_connections = 0"),
+        "server.max_connections",
+        "must be at least 1, got 0",
+    );
+    refused(
+        &route("[server]\nmax_connections = 20000000"),
+        "server.max_connections",
+        "must be at most 10000000",
+    );
+    refused(
+        &route("[server]\nmax_connections = 1.5"),
+        "server.max_connections",
+        "",
+    );
+    refused(
+        &route("[server]\nidle_timeout = \"0s\""),
+        "server.idle_timeout",
+        "longer than zero",
+    );
+    refused(
+        &route("[server]\nidle_timeout = \"366d\""),
+        "server.idle_timeout",
+        "must be at most 365 days",
+    );
+    refused(
+        &route("[server]\nidle_timeout = \"later\""),
+        "server.idle_timeout",
+        "invalid duration \"later\"",
     );
     refused(
         &route("[server]\ntrusted_proxies = [\"10.0.0.0/33\"]"),

@@ -1,11 +1,11 @@
 //! Client connections: how many may be open at once (`max_connections`), and when an
 //! idle one is closed (`idle_timeout`).
 //!
-//! The accept loop takes a [`Slot`] before it accepts: at the cap it stops accepting,
+//! The accept loop takes a [`Place`] before it accepts: at the cap it stops accepting,
 //! and further connections wait in the kernel's listen backlog (as with nginx's
 //! `worker_connections` and Envoy's listener limits) until a connection closes and
-//! gives its slot back, which wakes the loop at once. A connection holds its slot from
-//! accept to close.
+//! gives its place back, which wakes the loop at once. A connection accepted holds its
+//! place, as a [`Slot`], until it closes.
 //!
 //! A connection's [`Activity`] counts its requests in progress: a request begins when
 //! the service is called and ends with its response body (or with the service's
@@ -52,27 +52,30 @@ impl ClientConnections {
         self.max
     }
 
-    /// A slot if one is free now.
-    pub(crate) fn try_acquire(&self) -> Option<Slot> {
-        let permit = Arc::clone(&self.permits).try_acquire_owned().ok()?;
-        Some(self.slot(permit))
+    /// A place for one more connection, if one is free now.
+    pub(crate) fn try_acquire(&self) -> Option<Place> {
+        Arc::clone(&self.permits)
+            .try_acquire_owned()
+            .ok()
+            .map(Place)
     }
 
-    /// Waits for a slot: one comes free as soon as a connection closes. Counts the cap
+    /// Waits for a place: one comes free as soon as a connection closes. Counts the cap
     /// as reached.
-    pub(crate) async fn acquire(&self) -> Slot {
+    pub(crate) async fn acquire(&self) -> Place {
         self.limit_reached.fetch_add(1, Ordering::Relaxed);
         let permit = Arc::clone(&self.permits)
             .acquire_owned()
             .await
             .expect("the connection semaphore is never closed");
-        self.slot(permit)
+        Place(permit)
     }
 
-    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
+    /// Counts a connection accepted into `place` as open, until the slot is dropped.
+    pub(crate) fn open_in(&self, place: Place) -> Slot {
         self.open.fetch_add(1, Ordering::Relaxed);
         Slot {
-            _permit: permit,
+            _permit: place.0,
             open: Arc::clone(&self.open),
         }
     }
@@ -88,7 +91,11 @@ impl ClientConnections {
     }
 }
 
-/// One client connection's place under the cap, given back when dropped.
+/// A place under the cap for a connection not yet accepted, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Place(OwnedSemaphorePermit);
+
+/// An open client connection's place under the cap, given back when dropped.
 #[derive(Debug)]
 pub(crate) struct Slot {
     _permit: OwnedSemaphorePermit,
@@ -221,15 +228,19 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn slots_are_given_back_when_dropped() {
+    async fn places_are_given_back_when_dropped() {
         let connections = ClientConnections::new(2);
-        let a = connections.try_acquire().expect("a first slot");
-        let b = connections.try_acquire().expect("a second slot");
+        let a = connections.try_acquire().expect("a first place");
+        let b = connections.try_acquire().expect("a second place");
         assert!(connections.try_acquire().is_none(), "two of two taken");
+        // A place counts as open once a connection is accepted into it.
+        assert_eq!(connections.open(), 0);
+        let a = connections.open_in(a);
+        let b = connections.open_in(b);
         assert_eq!(connections.open(), 2);
         drop(a);
         assert_eq!(connections.open(), 1);
-        let c = connections.acquire().await;
+        let c = connections.open_in(connections.acquire().await);
         assert_eq!(connections.open(), 2);
         assert_eq!(connections.limit_reached(), 1);
         drop((b, c));

@@ -481,8 +481,8 @@ impl Proxy {
         let mut limit_warned: Option<crate::clock::Nanos> = None;
         tokio::pin!(shutdown);
         loop {
-            let slot = match connections.try_acquire() {
-                Some(slot) => slot,
+            let place = match connections.try_acquire() {
+                Some(place) => place,
                 None => {
                     let now = clock.now();
                     if limit_warned.is_none_or(|at| now.saturating_since(at) >= LIMIT_WARN_EVERY) {
@@ -495,7 +495,7 @@ impl Proxy {
                         );
                     }
                     tokio::select! {
-                        slot = connections.acquire() => slot,
+                        place = connections.acquire() => place,
                         () = &mut shutdown => break,
                     }
                 }
@@ -519,6 +519,7 @@ impl Proxy {
                 },
                 () = &mut shutdown => break,
             };
+            let slot = connections.open_in(place);
             let _ = stream.set_nodelay(true);
             let service = service.clone();
             let header_timeout = self.settings.header_read_timeout;

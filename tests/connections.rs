@@ -1,0 +1,336 @@
+//! Client connections in `rocgate serve` over real sockets on 127.0.0.1: the cap
+//! (`max_connections`) and the idle timeout (`idle_timeout`), HTTP/1.1 and h2c.
+//!
+//! Each test starts its own upstream and [`Proxy`] on ports the OS picks; every wait is
+//! bounded by a timeout, and what is asserted is whether a connection is served or
+//! closed, never how long that took.
+#![cfg(feature = "proxy")]
+
+use axum::body::Body;
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rocgate::config::Config;
+use rocgate::http::ClientIpResolver;
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, timeout, Sleep};
+
+/// The longest any single exchange may take before the test fails.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The idle timeout of the tests that close idle connections: short, so that a test
+/// waits little for the closing it expects.
+const SHORT_IDLE: Duration = Duration::from_millis(300);
+/// How long the upstream's `/slow` takes to answer, and its `/drip` to stream its body:
+/// several idle timeouts.
+const SLOW: Duration = Duration::from_millis(1500);
+/// The chunks `/drip` sends, [`SLOW`] ÷ `DRIPS` apart.
+const DRIPS: u32 = 5;
+
+/// A body of [`DRIPS`] chunks, the first at once and each next one a while later.
+struct Drip {
+    left: u32,
+    pause: Pin<Box<Sleep>>,
+}
+
+impl http_body::Body for Drip {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        if self.left < DRIPS {
+            std::task::ready!(self.pause.as_mut().poll(cx));
+            let next = tokio::time::Instant::now() + SLOW / DRIPS;
+            self.pause.as_mut().reset(next);
+        }
+        self.left -= 1;
+        Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(b"d")))))
+    }
+}
+
+/// An upstream answering `ok`; `/slow` answers after [`SLOW`], `/drip` streams its
+/// body over [`SLOW`].
+async fn start_upstream() -> SocketAddr {
+    let app = Router::new()
+        .route(
+            "/slow",
+            axum::routing::get(|| async {
+                sleep(SLOW).await;
+                "slow"
+            }),
+        )
+        .route(
+            "/drip",
+            axum::routing::get(|| async {
+                Body::new(Drip {
+                    left: DRIPS,
+                    pause: Box::pin(sleep(SLOW / DRIPS)),
+                })
+            }),
+        )
+        .fallback(|| async { "ok" });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// A proxy running in a task of the test's runtime, stopped when dropped.
+struct RunningProxy {
+    addr: SocketAddr,
+    admin: SocketAddr,
+    _stop: oneshot::Sender<()>,
+}
+
+/// A proxy in front of `upstream` with `max_connections`, `idle_timeout` and
+/// `header_read_timeout` (which also paces the HTTP/2 pings) as given.
+async fn start_proxy(
+    upstream: SocketAddr,
+    max_connections: usize,
+    idle_timeout: Duration,
+    header_read_timeout: Duration,
+) -> RunningProxy {
+    let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+    let settings = ProxySettings {
+        listen: any_port,
+        admin_listen: any_port,
+        forward: ForwardSettings {
+            upstream: format!("http://{upstream}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(5),
+            max_body_bytes: 64 * 1024,
+            max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout,
+        shutdown_grace: Duration::from_secs(1),
+        max_connections,
+        idle_timeout,
+        admin_token: None,
+    };
+    let proxy = Proxy::bind(settings, &Config::new(Vec::new()), None)
+        .await
+        .unwrap();
+    let (addr, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    RunningProxy {
+        addr,
+        admin,
+        _stop: stop,
+    }
+}
+
+fn get(path: &str) -> Request<Empty<Bytes>> {
+    Request::get(path)
+        .header("host", "rocgate.test")
+        .body(Empty::new())
+        .unwrap()
+}
+
+/// An HTTP/1.1 client connection; aborting `conn` closes the socket.
+struct H1 {
+    sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    conn: JoinHandle<hyper::Result<()>>,
+}
+
+impl H1 {
+    async fn connect(addr: SocketAddr) -> H1 {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        H1 {
+            sender,
+            conn: tokio::spawn(conn),
+        }
+    }
+
+    /// Sends a request once the connection is ready for one; answers with the status
+    /// and body.
+    async fn send(&mut self, path: &str) -> (StatusCode, Bytes) {
+        self.sender.ready().await.unwrap();
+        let res = self.sender.send_request(get(path)).await.unwrap();
+        let status = res.status();
+        (status, res.into_body().collect().await.unwrap().to_bytes())
+    }
+
+    fn close(self) {
+        self.conn.abort();
+    }
+}
+
+/// An h2c (HTTP/2 with prior knowledge) client connection; `conn` ends when the
+/// connection closes.
+struct H2 {
+    sender: hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+    conn: JoinHandle<hyper::Result<()>>,
+}
+
+impl H2 {
+    async fn connect(addr: SocketAddr) -> H2 {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        H2 {
+            sender,
+            conn: tokio::spawn(conn),
+        }
+    }
+
+    async fn send(&mut self, path: &str) -> Result<(StatusCode, Bytes), hyper::Error> {
+        let res = self.sender.send_request(get(path)).await?;
+        let status = res.status();
+        Ok((status, res.into_body().collect().await?.to_bytes()))
+    }
+}
+
+/// A value from the proxy's `/metrics`, `None` if the series is absent.
+async fn metric(proxy: &RunningProxy, series: &str) -> Option<f64> {
+    let mut admin = H1::connect(proxy.admin).await;
+    let (status, body) = timeout(IO_TIMEOUT, admin.send("/metrics")).await.unwrap();
+    admin.close();
+    assert_eq!(status, StatusCode::OK);
+    String::from_utf8_lossy(&body).lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().unwrap())
+    })
+}
+
+async fn open_connections(proxy: &RunningProxy) -> f64 {
+    metric(proxy, "rocgate_client_connections").await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_beyond_max_connections_waits_until_one_closes() {
+    let upstream = start_upstream().await;
+    // Long timeouts: the first two connections stay open for as long as the test runs.
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy(upstream, 2, secs, secs).await;
+    let mut first = H1::connect(proxy.addr).await;
+    let mut second = H1::connect(proxy.addr).await;
+    for client in [&mut first, &mut second] {
+        let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+    }
+    // The admin API's connections are not counted.
+    assert_eq!(open_connections(&proxy).await, 2.0);
+
+    // The kernel completes the third connection (it waits in the backlog), and its
+    // request gets no answer while two are open.
+    let mut third = H1::connect(proxy.addr).await;
+    let answer = tokio::spawn(async move {
+        let answer = third.send("/").await;
+        (answer, third)
+    });
+    sleep(SHORT_IDLE).await;
+    assert!(!answer.is_finished(), "a third connection was served");
+    assert_eq!(open_connections(&proxy).await, 2.0);
+    let reached = metric(&proxy, "rocgate_client_connection_limit_reached_total").await;
+    assert!(reached >= Some(1.0), "the cap was reached: {reached:?}");
+
+    // Once the first closes, the third is accepted and served.
+    first.close();
+    let ((status, body), third) = timeout(IO_TIMEOUT, answer).await.unwrap().unwrap();
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    assert_eq!(open_connections(&proxy).await, 2.0);
+
+    second.close();
+    third.close();
+    timeout(IO_TIMEOUT, async {
+        while open_connections(&proxy).await != 0.0 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the gauge falls to 0 once every connection is closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_connection_that_only_answers_pings_is_closed_after_idle_timeout() {
+    let upstream = start_upstream().await;
+    // Pings every 100 ms, which hyper's client answers.
+    let pings = Duration::from_millis(100);
+    let idle = start_proxy(upstream, 100, SHORT_IDLE, pings).await;
+    let patient = start_proxy(upstream, 100, Duration::from_secs(60), pings).await;
+    let closed = H2::connect(idle.addr).await;
+    let mut kept = H2::connect(patient.addr).await;
+
+    let ended = timeout(IO_TIMEOUT, closed.conn)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap();
+    assert!(ended.is_ok(), "closed gracefully: {ended:?}");
+    assert!(closed.sender.is_closed());
+
+    // The same connection with a long idle timeout, meanwhile, answered its pings and
+    // is open: the closing above was the idle timeout's, not the pings'.
+    assert!(!kept.conn.is_finished(), "{:?}", kept.conn);
+    let (status, _) = timeout(IO_TIMEOUT, kept.send("/")).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http1_connection_is_closed_after_idle_timeout() {
+    let upstream = start_upstream().await;
+    // header_read_timeout (which also bounds a keep-alive wait) far longer than the
+    // idle timeout: the idle timeout closes the connection.
+    let proxy = start_proxy(upstream, 100, SHORT_IDLE, Duration::from_secs(60)).await;
+    let mut client = H1::connect(proxy.addr).await;
+    let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let ended = timeout(IO_TIMEOUT, client.conn)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap();
+    assert!(ended.is_ok(), "closed gracefully: {ended:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_progress_keeps_its_connection_open_past_idle_timeout() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream, 100, SHORT_IDLE, Duration::from_secs(60)).await;
+    // A slow response head, then a body that streams for as long: each takes several
+    // idle timeouts. The connection is still open after each, and takes the next
+    // request.
+    let mut h2 = H2::connect(proxy.addr).await;
+    for (path, body) in [("/slow", &b"slow"[..]), ("/drip", b"ddddd"), ("/", b"ok")] {
+        let (status, got) = timeout(IO_TIMEOUT, h2.send(path))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("h2c {path}: {e}"));
+        assert_eq!((status, &got[..]), (StatusCode::OK, body), "h2c {path}");
+    }
+    assert!(!h2.conn.is_finished());
+
+    let mut h1 = H1::connect(proxy.addr).await;
+    for (path, body) in [("/slow", &b"slow"[..]), ("/drip", b"ddddd"), ("/", b"ok")] {
+        let (status, got) = timeout(IO_TIMEOUT, h1.send(path)).await.unwrap();
+        assert_eq!(
+            (status, &got[..]),
+            (StatusCode::OK, body),
+            "HTTP/1.1 {path}"
+        );
+    }
+    assert!(!h1.conn.is_finished());
+}
