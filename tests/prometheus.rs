@@ -331,7 +331,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(loaded.len(), 5);
+    assert_eq!(loaded.len(), 6);
     for rule in loaded {
         assert_ne!(rule["health"], "err", "{rule}");
     }
@@ -480,6 +480,37 @@ fn the_cut_too_long_alert_counts_time_in_cut_across_cuts() {
              values: '0 60 60 60 60 60 60 60 60 60 60 60 60 60 60 60'\n    \
              promql_expr_test:\n      - expr: '{}'\n        eval_time: 12m\n        exp_samples:\n          \
              - labels: '{{instance=\"a\",route=\"cycling\"}}'\n            value: 450\n",
+            expr.replace('\'', "''")
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
+
+/// `RocgateClientConnectionLimitReached` fires on an instance whose cap was reached in
+/// the last 5 minutes, not on one that reached it earlier. promtool evaluates the
+/// rule's own expression.
+#[test]
+fn the_connection_limit_alert_fires_on_a_recent_hit_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = std::fs::read_to_string(root.join("dashboards/alerts.yml")).unwrap();
+    let expr = rules
+        .split("alert: RocgateClientConnectionLimitReached")
+        .nth(1)
+        .and_then(|rest| rest.lines().find_map(|l| l.trim().strip_prefix("expr: ")))
+        .expect("the rule's expression");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("connections.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n      \
+             - series: 'rocgate_client_connection_limit_reached_total{{instance=\"recent\"}}'\n        \
+             values: '0 0 0 0 0 0 0 0 2 2 2'\n      \
+             - series: 'rocgate_client_connection_limit_reached_total{{instance=\"earlier\"}}'\n        \
+             values: '0 3 3 3 3 3 3 3 3 3 3'\n    \
+             promql_expr_test:\n      - expr: '{}'\n        eval_time: 10m\n        exp_samples:\n          \
+             - labels: '{{instance=\"recent\"}}'\n            value: 2\n",
             expr.replace('\'', "''")
         ),
     )
