@@ -60,10 +60,13 @@ impl ClientConnections {
             .map(Place)
     }
 
-    /// Waits for a place: one comes free as soon as a connection closes. Counts the cap
-    /// as reached.
+    /// Counts the cap as reached once more; returns how many times it was.
+    pub(crate) fn reached(&self) -> u64 {
+        self.limit_reached.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Waits for a place: one comes free as soon as a connection closes.
     pub(crate) async fn acquire(&self) -> Place {
-        self.limit_reached.fetch_add(1, Ordering::Relaxed);
         let permit = Arc::clone(&self.permits)
             .acquire_owned()
             .await
@@ -242,6 +245,7 @@ mod tests {
         assert_eq!(connections.open(), 1);
         let c = connections.open_in(connections.acquire().await);
         assert_eq!(connections.open(), 2);
+        assert_eq!(connections.reached(), 1);
         assert_eq!(connections.limit_reached(), 1);
         drop((b, c));
         assert_eq!(connections.open(), 0);

@@ -484,12 +484,13 @@ impl Proxy {
             let place = match connections.try_acquire() {
                 Some(place) => place,
                 None => {
+                    let times_reached = connections.reached();
                     let now = clock.now();
                     if limit_warned.is_none_or(|at| now.saturating_since(at) >= LIMIT_WARN_EVERY) {
                         limit_warned = Some(now);
                         tracing::warn!(
                             max_connections = connections.max(),
-                            times_reached = connections.limit_reached() + 1,
+                            times_reached,
                             "client connection limit reached: new connections wait in the \
                              listen backlog until one closes"
                         );
