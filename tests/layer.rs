@@ -162,24 +162,32 @@ async fn spoofed_forwarded_for_from_an_untrusted_peer_lands_in_one_bucket() {
     assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 1);
 }
 
+/// An app whose order route (5 req/s) is partitioned by `x-key`, and its engine.
+fn keyed_by_header() -> (Router, Arc<Engine>) {
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
+    let (l, _clock) = layer(vec![r]);
+    let engine = l.engine();
+    (app(l, Arc::new(AtomicU64::new(0))), engine)
+}
+
+/// Whether an order with this `x-key` is admitted.
+async fn admitted_with_key(app: &Router, value: http::HeaderValue) -> bool {
+    let mut req = post_order();
+    req.headers_mut().insert("x-key", value);
+    app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK
+}
+
 #[tokio::test]
 async fn a_header_value_beyond_ascii_is_its_own_key() {
     // `HeaderValue::to_str` takes visible ASCII only: keys such as "café", sent as
     // UTF-8, all fell into the one anonymous key.
-    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
-    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
-    let (l, _clock) = layer(vec![r]);
-    let engine = l.engine().clone();
-    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let (app, engine) = keyed_by_header();
     let mut admitted = 0;
     for key in ["café", "thé"] {
         for _ in 0..10 {
-            let mut req = post_order();
             let value = http::HeaderValue::from_bytes(key.as_bytes()).unwrap();
-            req.headers_mut().insert("x-key", value);
-            if app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK {
-                admitted += 1;
-            }
+            admitted += usize::from(admitted_with_key(&app, value).await);
         }
     }
     assert_eq!(admitted, 10, "each key has its own 5 req/s");
@@ -192,19 +200,8 @@ async fn a_header_value_beyond_ascii_is_its_own_key() {
 /// same value one key, two values two keys.
 #[tokio::test]
 async fn an_overlong_header_value_is_keyed_by_its_digest() {
-    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
-    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
-    let (l, _clock) = layer(vec![r]);
-    let engine = l.engine().clone();
-    let app = app(l, Arc::new(AtomicU64::new(0)));
-    let send = |value: String| {
-        let app = app.clone();
-        async move {
-            let mut req = post_order();
-            req.headers_mut().insert("x-key", value.parse().unwrap());
-            app.oneshot(req).await.unwrap().status() == StatusCode::OK
-        }
-    };
+    let (app, engine) = keyed_by_header();
+    let send = |value: String| admitted_with_key(&app, value.parse().unwrap());
     let token = |n: u32| format!("{n:04}{}", "k".repeat(100_000));
     let mut admitted = [0, 0];
     for _ in 0..10 {
@@ -225,11 +222,7 @@ async fn a_repeated_key_header_is_no_key() {
     // The first of two values was the key: a client could send a fresh one first on
     // every request, for a fresh quota each, and its real key second, for an upstream
     // that reads the last. Two values are no one key, like a missing header.
-    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
-    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
-    let (l, _clock) = layer(vec![r]);
-    let engine = l.engine().clone();
-    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let (app, engine) = keyed_by_header();
     let mut admitted = 0;
     for n in 0..20 {
         let mut req = post_order();

@@ -22,6 +22,22 @@ fn times(gaps_us: &[u64]) -> Vec<Nanos> {
         .collect()
 }
 
+/// In every interval [a, b] between two admissions, at most capacity + rate × (b − a)
+/// were admitted (one more for the rounding of a token's time).
+fn within_rate(admitted: &[Nanos], capacity: f64, rate: f64) -> Result<(), TestCaseError> {
+    for i in 0..admitted.len() {
+        for j in i..admitted.len() {
+            let span = admitted[j].saturating_since(admitted[i]).as_secs_f64();
+            let count = (j - i + 1) as f64;
+            prop_assert!(
+                count <= capacity + rate * span + 1.0,
+                "{count} admitted in {span}s (capacity {capacity}, rate {rate})"
+            );
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -40,16 +56,7 @@ proptest! {
             .into_iter()
             .filter(|t| b.check(*t).is_admit())
             .collect();
-        for i in 0..admitted.len() {
-            for j in i..admitted.len() {
-                let span = admitted[j].saturating_since(admitted[i]).as_secs_f64();
-                let count = (j - i + 1) as f64;
-                prop_assert!(
-                    count <= capacity + rate * span + 1.0,
-                    "{count} admitted in {span}s (capacity {capacity}, rate {rate})"
-                );
-            }
-        }
+        within_rate(&admitted, capacity, rate)?;
     }
 
     /// Lowering a token bucket never refills it and never takes it below empty: after
@@ -89,16 +96,7 @@ proptest! {
                 }
             }
         }
-        for i in 0..admitted.len() {
-            for j in i..admitted.len() {
-                let span = admitted[j].saturating_since(admitted[i]).as_secs_f64();
-                let count = (j - i + 1) as f64;
-                prop_assert!(
-                    count <= capacity + rate * span + 1.0,
-                    "{count} admitted in {span}s (capacity {capacity}, rate {rate})"
-                );
-            }
-        }
+        within_rate(&admitted, capacity, rate)?;
     }
 
     /// A request sent exactly `retry_after` after a rejection is admitted.

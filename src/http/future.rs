@@ -60,33 +60,41 @@ pub struct HeldPermit {
 /// is; one with a permit gets its body boxed once more.
 pub fn hold_permit_through_body(mut response: Response<Body>) -> Response<Body> {
     match response.extensions_mut().remove::<HeldPermit>() {
-        Some(held) => response.map(|body| {
-            Body::new(PermitBody {
-                body,
-                held: Some(held),
-            })
-        }),
+        Some(held) => response.map(|body| Body::new(HoldUntilEnd::new(body, held))),
         None => response,
     }
 }
 
-/// A response body holding a concurrency permit until its end (or until dropped).
-struct PermitBody {
-    body: Body,
-    held: Option<HeldPermit>,
+/// A response body that holds `guard` until the body ends (or is dropped): a
+/// concurrency permit, or in `rocgate serve` a connection's count of requests in
+/// progress.
+#[derive(Debug)]
+pub(crate) struct HoldUntilEnd<B, G> {
+    body: B,
+    guard: Option<G>,
 }
 
-impl http_body::Body for PermitBody {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
+impl<B, G> HoldUntilEnd<B, G> {
+    /// `body`, holding `guard` until its end.
+    pub(crate) fn new(body: B, guard: G) -> Self {
+        HoldUntilEnd {
+            body,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl<B: http_body::Body + Unpin, G: Unpin> http_body::Body for HoldUntilEnd<B, G> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         if let Poll::Ready(None) = polled {
-            self.held = None;
+            self.guard = None;
         }
         polled
     }

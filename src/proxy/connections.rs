@@ -16,6 +16,7 @@
 //! busy connection is looked at once per idle timeout. Between those wakes, polling it
 //! costs a load.
 
+use crate::http::HoldUntilEnd;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -212,11 +213,8 @@ impl Busy {
     pub(crate) fn hold_through_body<B>(
         self,
         response: http::Response<B>,
-    ) -> http::Response<BusyBody<B>> {
-        response.map(|body| BusyBody {
-            body,
-            busy: Some(self),
-        })
+    ) -> http::Response<HoldUntilEnd<B, Busy>> {
+        response.map(|body| HoldUntilEnd::new(body, self))
     }
 }
 
@@ -229,38 +227,6 @@ impl Drop for Busy {
         // stamp of the request that ended last.
         activity.last_end.fetch_max(nanos, Ordering::Release);
         activity.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A response body that keeps its request counted in progress until its end (or until
-/// dropped).
-#[derive(Debug)]
-pub(crate) struct BusyBody<B> {
-    body: B,
-    busy: Option<Busy>,
-}
-
-impl<B: http_body::Body + Unpin> http_body::Body for BusyBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            self.busy = None;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 
