@@ -1428,18 +1428,23 @@ mod tests {
         assert!(replay(ControllerParams::default(), &window(), &r, 110, Nanos::ZERO).is_none());
     }
 
-    #[test]
-    fn replay_continues_a_stored_controller_and_cuts() {
-        let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
-        let mut r = roll(100, counts, Some(108));
-        r.memory.memory = Some(ControllerMemory {
+    /// A stored controller in `Normal` at the default base limit since time zero.
+    fn calm_at_base() -> ControllerMemory {
+        ControllerMemory {
             state: ControllerState::Normal,
             entered_at: Nanos::ZERO,
             armed_at: Nanos::ZERO,
             safe_since: None,
             limit_rps: 200.0,
             last_roc: 0.0,
-        });
+        }
+    }
+
+    #[test]
+    fn replay_continues_a_stored_controller_and_cuts() {
+        let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
+        let mut r = roll(100, counts, Some(108));
+        r.memory.memory = Some(calm_at_base());
         let (c, _, transitions) = replay(
             ControllerParams::default(),
             &window(),
@@ -1466,14 +1471,7 @@ mod tests {
         // but no `through` (its slot numbers were counted in other slots).
         let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
         let mut r = roll(100, counts, None);
-        r.memory.memory = Some(ControllerMemory {
-            state: ControllerState::Normal,
-            entered_at: Nanos::ZERO,
-            armed_at: Nanos::ZERO,
-            safe_since: None,
-            limit_rps: 200.0,
-            last_roc: 0.0,
-        });
+        r.memory.memory = Some(calm_at_base());
         let now = Nanos::from_secs(11);
         let (c, through, _) = replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
         assert_eq!(through, 109);
