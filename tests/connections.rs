@@ -334,3 +334,42 @@ async fn a_request_in_progress_keeps_its_connection_open_past_idle_timeout() {
     }
     assert!(!h1.conn.is_finished());
 }
+
+/// At the cap, connections wait complete in the listen backlog, which rocgate asks for
+/// at `LISTEN_BACKLOG` (1024) rather than the 128 of a plain `bind`: 400 connections
+/// beyond the cap all complete their handshake (with 128, those past about 129 had
+/// their handshakes ignored and were still connecting when the test gave up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_wait_complete_in_a_deep_backlog() {
+    use rocgate::proxy::LISTEN_BACKLOG;
+    let upstream = start_upstream().await;
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy(upstream, 1, secs, secs).await;
+    let mut held = H1::connect(proxy.addr).await;
+    let (status, _) = timeout(IO_TIMEOUT, held.send("/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    // The kernel caps the backlog at `net.core.somaxconn`.
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(LISTEN_BACKLOG);
+    let waiting = 400.min(LISTEN_BACKLOG.min(somaxconn)) as usize;
+    let connects = (0..waiting).map(|_| {
+        tokio::spawn(timeout(
+            Duration::from_millis(1500),
+            TcpStream::connect(proxy.addr),
+        ))
+    });
+    let mut streams = Vec::new();
+    for connect in connects.collect::<Vec<_>>() {
+        if let Ok(Ok(stream)) = connect.await.unwrap() {
+            streams.push(stream);
+        }
+    }
+    assert_eq!(
+        streams.len(),
+        waiting,
+        "connections completed while at the cap"
+    );
+    assert_eq!(open_connections(&proxy).await, 1.0);
+}

@@ -44,7 +44,7 @@ use std::sync::atomic::AtomicI64;
 use std::sync::OnceLock;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tower::{Layer, Service};
 
 /// Everything `serve` needs besides the routes.
@@ -308,7 +308,7 @@ impl Proxy {
         source: Option<PathBuf>,
         clock: Arc<dyn Clock>,
     ) -> io::Result<Proxy> {
-        let listener = TcpListener::bind(settings.listen).await?;
+        let listener = listen(settings.listen)?;
         let admin = TcpListener::bind(settings.admin_listen).await?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
@@ -664,6 +664,25 @@ fn log_transition(route: &str, t: &Transition) {
 
 /// How often, at most, reaching `max_connections` is logged.
 const LIMIT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Connections the kernel may hold complete for the proxy while it does not accept
+/// them (at the `max_connections` cap, or in a burst between two accepts). The
+/// standard library's and tokio's `bind` ask for 128; nginx asks for 511 on Linux.
+/// The kernel lowers it to `net.core.somaxconn` (4096 on current kernels).
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// Binds the client listener with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as `bind`
+/// sets on Unix, so a restart binds while the last run's connections time out).
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// How long the accept loop waits after a failure that is not one connection's.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
