@@ -43,6 +43,26 @@ fn override_name() -> impl Strategy<Value = String> {
     ]
 }
 
+/// The field path a variable's name spells, as errors write locations: `ROCGATE__ROUTES__00__EVENTS__0__DURATION`
+/// is `routes[0].events[0].duration` (an index may have leading zeros).
+fn field_path(var: &str) -> String {
+    let mut path = String::new();
+    for part in var.to_ascii_lowercase().split("__").skip(1) {
+        match part.parse::<u64>() {
+            Ok(index) if part.bytes().all(|b| b.is_ascii_digit()) => {
+                path.push_str(&format!("[{index}]"));
+            }
+            _ => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(part);
+            }
+        }
+    }
+    path
+}
+
 /// One part of a variable's name, right or wrong.
 fn override_part() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -180,10 +200,7 @@ proptest! {
             for problem in e.problems() {
                 let named = vars.iter().any(|(var, _)| problem.message().contains(var.as_str()));
                 let sibling = problem.location().rsplit_once('.').is_some_and(|(table, _)| {
-                    vars.iter().any(|(var, _)| {
-                        var.to_ascii_lowercase().replace("__", ".").replace(".0", "[0]")
-                            .starts_with(&format!("rocgate.{table}."))
-                    })
+                    vars.iter().any(|(var, _)| field_path(var).starts_with(&format!("{table}.")))
                 });
                 prop_assert!(
                     named || (sibling && !problem.location().is_empty()),
