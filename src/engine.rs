@@ -1121,8 +1121,13 @@ impl KeyMeta {
     /// Whether the key was last seen before `cutoff` (whole seconds): a key seen in
     /// the second `cutoff` itself may have been seen after the instant it stands for.
     fn unseen_since(&self, cutoff: u32) -> bool {
-        self.last_seen_s.load(Ordering::Relaxed) < cutoff
+        unseen_since(&self.last_seen_s, cutoff)
     }
+}
+
+/// [`KeyMeta::unseen_since`], on a key's `last_seen_s` wherever it is kept.
+fn unseen_since(last_seen_s: &AtomicU32, cutoff: u32) -> bool {
+    last_seen_s.load(Ordering::Relaxed) < cutoff
 }
 
 /// [`KeyMeta::catch_up`], on a key's `generation` wherever it is kept.
@@ -1334,7 +1339,7 @@ impl KeyState for ConcurrencyKey {
     }
 
     fn evictable(&self, cutoff: u32, _shape: u32, _now: Nanos) -> bool {
-        self.last_seen_s.load(Ordering::Relaxed) < cutoff && self.limiter.level().value == 0.0
+        unseen_since(&self.last_seen_s, cutoff) && self.limiter.level().value == 0.0
     }
 }
 

@@ -1,7 +1,8 @@
 //! The client's IP address: from the socket, and from `X-Forwarded-For` (or RFC 7239
 //! `Forwarded`) only when the socket peer is a trusted proxy.
 
-use http::HeaderMap;
+use http::header::GetAll;
+use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr};
 
@@ -65,18 +66,17 @@ impl ClientIpResolver {
         let mut client = peer;
         // Split as bytes: a value may hold bytes beyond ASCII, which make only the
         // entry holding them malformed.
-        let split = |name| {
-            headers
-                .get_all(name)
-                .iter()
-                .rev()
-                .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','))
-        };
-        let xff = headers.contains_key("x-forwarded-for");
-        let entries = split("x-forwarded-for").map(|entry| Some(entry.trim_ascii()));
-        // Without it, each `Forwarded` element's `for=`, unquoted (a quoted string
-        // holding a comma only splits elements left of the proxies that wrote theirs).
-        let elements = split("forwarded").filter(|_| !xff).map(forwarded_for);
+        let xff = headers.get_all("x-forwarded-for");
+        let has_xff = xff.iter().next().is_some();
+        let entries = right_to_left(xff).map(|entry| Some(entry.trim_ascii()));
+        // Without it (and only then looked up), each `Forwarded` element's `for=`,
+        // unquoted (a quoted string holding a comma only splits elements left of the
+        // proxies that wrote theirs).
+        let forwarded = (!has_xff).then(|| headers.get_all("forwarded"));
+        let elements = forwarded
+            .into_iter()
+            .flat_map(right_to_left)
+            .map(forwarded_for);
         for entry in entries.chain(elements) {
             // An address, or one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`).
             let ip = entry
@@ -100,6 +100,13 @@ impl ClientIpResolver {
         }
         Some(client)
     }
+}
+
+/// A header's comma-separated entries, over all its lines, the last first.
+fn right_to_left(all: GetAll<'_, HeaderValue>) -> impl Iterator<Item = &[u8]> {
+    all.into_iter()
+        .rev()
+        .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','))
 }
 
 /// The node of a `Forwarded` element's `for=` parameter (its name in any case), without
