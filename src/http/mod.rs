@@ -42,6 +42,7 @@ pub mod rejection;
 mod service;
 
 pub use client_ip::{ClientIpResolver, PeerAddr};
+#[cfg(feature = "proxy")]
 pub(crate) use future::HoldUntilEnd;
 pub use future::{hold_permit_through_body, HeldPermit, ResponseFuture};
 pub use layer::{
