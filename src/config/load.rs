@@ -249,7 +249,7 @@ impl Config {
             Ok(raw) => match Config::try_from(raw) {
                 Ok(config) if problems.is_empty() => return Ok(config),
                 Ok(_) => Vec::new(),
-                Err(found) => found,
+                Err(found) => attribute(found, &overrides),
             },
             Err(e) => {
                 let location = match e.path().to_string() {
@@ -266,8 +266,11 @@ impl Config {
                             .strip_prefix(&problem.location)
                             .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
                 };
-                let named_below = attribute(vec![problem.clone()], &overrides)[0] != problem;
-                if let Some(o) = overrides.iter().find(under).filter(|_| !named_below) {
+                let set = overrides
+                    .iter()
+                    .find(|o| lies_within(&problem.location, &o.path))
+                    .or_else(|| overrides.iter().find(under));
+                if let Some(o) = set {
                     problem.message = format!(
                         "{} (set by environment variable {})",
                         problem.message, o.var
@@ -276,7 +279,7 @@ impl Config {
                 vec![problem]
             }
         };
-        problems.extend(attribute(found, &overrides));
+        problems.extend(found);
         Err(fail(problems))
     }
 
@@ -364,24 +367,56 @@ impl Override {
 }
 
 /// Appends, to each problem in a value set from the environment, the variable that set it.
+///
+/// A problem between two fields is reported at one of them (`routes[0].cut_limit: must
+/// be ≤ base_limit (50)`); when a variable set the other one, the field the message
+/// names, in the problem's table, a table above it or `[defaults]` (which every route
+/// inherits), the problem says so: `(base_limit set by environment variable …)`.
 fn attribute(problems: Vec<Problem>, overrides: &[Override]) -> Vec<Problem> {
     problems
         .into_iter()
         .map(|mut problem| {
-            let within = |path: &str| {
-                problem.location.strip_prefix(path).is_some_and(|rest| {
-                    rest.is_empty() || rest.starts_with('.') || rest.starts_with('[')
-                })
-            };
+            let within = |path: &str| lies_within(&problem.location, path);
             if let Some(o) = overrides.iter().find(|o| within(&o.path)) {
                 problem.message = format!(
                     "{} (set by environment variable {})",
                     problem.message, o.var
                 );
+                return problem;
+            }
+            let named = overrides
+                .iter()
+                .filter_map(|o| {
+                    let (table, field) = o.path.rsplit_once('.')?;
+                    let inherited = table == "defaults" || within(table);
+                    (inherited && names_field(&problem.message, field))
+                        .then(|| format!("{field} set by environment variable {}", o.var))
+                })
+                .collect::<Vec<_>>();
+            if !named.is_empty() {
+                problem.message = format!("{} ({})", problem.message, named.join("; "));
             }
             problem
         })
         .collect()
+}
+
+/// Whether the field at `location` is the one at `path` or lies in it.
+fn lies_within(location: &str, path: &str) -> bool {
+    location
+        .strip_prefix(path)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.') || rest.starts_with('['))
+}
+
+/// Whether `message` names `field` as a word of its own (`base_limit`, not
+/// `base_limit_x` or `my_base_limit`).
+fn names_field(message: &str, field: &str) -> bool {
+    let part_of_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    message.match_indices(field).any(|(at, _)| {
+        let before = message[..at].chars().next_back();
+        let after = message[at + field.len()..].chars().next();
+        !before.is_some_and(part_of_name) && !after.is_some_and(part_of_name)
+    })
 }
 
 /// The problem for a file the TOML parser refused, at its line and column.
@@ -526,6 +561,47 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_problem_with_a_field_set_by_a_variable_names_it() {
+        let file = "[[routes]]\nname = \"order\"\npath = \"/api/order\"\ncut_limit = 60\n";
+        let e = error(file, &[("ROCGATE__ROUTES__0__BASE_LIMIT", "50")]);
+        assert!(
+            e.ends_with("(base_limit set by environment variable ROCGATE__ROUTES__0__BASE_LIMIT)"),
+            "{e}"
+        );
+        // `[defaults]` feeds every route: the route's problem names the variable too.
+        let e = error(file, &[("ROCGATE__DEFAULTS__BASE_LIMIT", "50")]);
+        assert!(
+            e.ends_with("(base_limit set by environment variable ROCGATE__DEFAULTS__BASE_LIMIT)"),
+            "{e}"
+        );
+        // A variable on another route, or on a field the message does not name, is not
+        // the cause.
+        let two = format!("{file}[[routes]]\nname = \"cart\"\npath = \"/api/cart\"\n");
+        let e = error(
+            &two,
+            &[
+                ("ROCGATE__ROUTES__0__BASE_LIMIT", "50"),
+                ("ROCGATE__ROUTES__1__BASE_LIMIT", "150"),
+                ("ROCGATE__ROUTES__0__HOLD", "5s"),
+            ],
+        );
+        assert_eq!(e.matches("set by environment variable").count(), 1, "{e}");
+        assert!(e.contains("ROCGATE__ROUTES__0__BASE_LIMIT)"), "{e}");
+    }
+
+    #[test]
+    fn names_field_takes_whole_words_only() {
+        assert!(names_field(
+            "must be ≤ base_limit (50), got 60",
+            "base_limit"
+        ));
+        assert!(names_field("base_limit", "base_limit"));
+        assert!(!names_field("must be ≤ base_limit_x (50)", "base_limit"));
+        assert!(!names_field("must be ≤ my_base_limit (50)", "base_limit"));
+        assert!(!names_field("must be > 0", "hold"));
     }
 
     #[test]
