@@ -12,12 +12,14 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rocgate::clock::{Clock, ManualClock, MonotonicClock};
 use rocgate::config::Config;
 use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -105,6 +107,25 @@ async fn start_proxy(
     idle_timeout: Duration,
     header_read_timeout: Duration,
 ) -> RunningProxy {
+    let clock = Arc::new(MonotonicClock::new());
+    start_proxy_on(
+        clock,
+        upstream,
+        max_connections,
+        idle_timeout,
+        header_read_timeout,
+    )
+    .await
+}
+
+/// [`start_proxy`] with the engine and the accept loop on `clock`.
+async fn start_proxy_on(
+    clock: Arc<dyn Clock>,
+    upstream: SocketAddr,
+    max_connections: usize,
+    idle_timeout: Duration,
+    header_read_timeout: Duration,
+) -> RunningProxy {
     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
     let settings = ProxySettings {
         listen: any_port,
@@ -124,7 +145,7 @@ async fn start_proxy(
         idle_timeout,
         admin_token: None,
     };
-    let proxy = Proxy::bind(settings, &Config::new(Vec::new()), None)
+    let proxy = Proxy::bind_with_clock(settings, &Config::new(Vec::new()), None, clock)
         .await
         .unwrap();
     let (addr, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
@@ -264,6 +285,90 @@ async fn a_connection_beyond_max_connections_waits_until_one_closes() {
     })
     .await
     .expect("the gauge falls to 0 once every connection is closed");
+}
+
+/// What a [`tracing`] subscriber writes, kept for the test to read.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// The lines written that contain `text`.
+    fn lines_with(&self, text: &str) -> Vec<String> {
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        String::from_utf8_lossy(&kept)
+            .lines()
+            .filter(|line| line.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// The cap's warning is logged when the cap is first reached, then at most once per
+/// 10 s of the proxy's clock however often connections wait, each time with the cap
+/// and how often it was reached.
+#[tokio::test]
+async fn reaching_the_cap_is_logged_at_most_once_per_ten_seconds() {
+    // A current-thread runtime: the proxy's tasks run on this thread, under the
+    // subscriber set for it.
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let warned = || log.lines_with("client connection limit reached");
+
+    let upstream = start_upstream().await;
+    let clock = Arc::new(ManualClock::new());
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy_on(clock.clone(), upstream, 1, secs, secs).await;
+
+    // The first connection takes the only place: the accept loop finds the cap reached
+    // at once, and warns.
+    let mut first = H1::connect(proxy.addr).await;
+    let second = H1::connect(proxy.addr).await;
+    let third = H1::connect(proxy.addr).await;
+    let (status, _) = timeout(IO_TIMEOUT, first.send("/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let lines = warned();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(lines[0].contains("max_connections=1"), "{}", lines[0]);
+    assert!(lines[0].contains("times_reached=1"), "{}", lines[0]);
+
+    // The second takes the place the first leaves, and the cap is reached again at the
+    // same instant of the proxy's clock: counted, not logged.
+    let serve = |mut client: H1| async move {
+        let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        client
+    };
+    first.close();
+    let second = serve(second).await;
+    assert_eq!(warned().len(), 1, "{:#?}", warned());
+
+    // 10 s later by the proxy's clock, the next time is logged again, with the times
+    // reached in between counted (the registry's counter is shared with the other
+    // tests of this file, so the log's count is the one asserted).
+    clock.advance(Duration::from_secs(10));
+    second.close();
+    serve(third).await.close();
+    let lines = warned();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[1].contains("times_reached=3"), "{}", lines[1]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
