@@ -12,9 +12,10 @@
 //! Labels carry values from config only (route names, reasons, states), never raw
 //! paths, client addresses or keys.
 //!
-//! A route that is gone (removed by a reload) keeps its series, since the facade
-//! cannot delete one, but the collector sets its gauges to NaN: no reading, and no
-//! alert rule firing on its last one.
+//! A route that is gone (removed by a reload) keeps its series in the recorder, since
+//! the facade cannot delete one, but the collector sets its gauges to NaN: no reading,
+//! and no alert rule firing on its last one. [`omit_blank_gauges`] then leaves them out
+//! of the exposition (`rocgate serve`'s `/metrics` does), so their series end.
 //!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
@@ -418,6 +419,29 @@ impl Collector {
             gauge!(STORE_MODE, "mode" => "local").set(1.0);
         }
     }
+}
+
+/// The Prometheus text exposition `text` without the samples of gauges that read NaN.
+///
+/// The collector blanks a gauge that describes nothing any more (a route removed by a
+/// reload, an algorithm a route no longer uses, a shared ROC no store reports), since
+/// the recorder cannot delete it. Left out of what a scrape reads, such a series ends
+/// (Prometheus marks it stale) instead of reading NaN for as long as the process runs.
+/// Counters and histograms are kept whatever they read.
+pub fn omit_blank_gauges(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    // Whether the samples that follow belong to a gauge (each family's `# TYPE` line
+    // comes before its samples).
+    let mut in_gauge = false;
+    for line in text.split_inclusive('\n') {
+        if let Some(family) = line.strip_prefix("# TYPE ") {
+            in_gauge = family.trim_end().ends_with(" gauge");
+        } else if in_gauge && !line.starts_with('#') && line.trim_end().ends_with(" NaN") {
+            continue;
+        }
+        out.push_str(line);
+    }
+    out
 }
 
 /// Rejected ÷ offered between the newest reading at least one window old (or the

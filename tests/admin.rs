@@ -277,6 +277,33 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
     p.stop().await;
 }
 
+/// A route that a reload removes leaves `/metrics` gauge by gauge (they would read NaN
+/// until a restart); its counters stay.
+#[tokio::test]
+async fn a_route_removed_by_a_reload_leaves_the_gauges_of_metrics() {
+    let extra = "[[routes]]\nname = \"retired_by_reload\"\npath = \"/retired\"\n";
+    let p = start_on(None, &format!("{extra}{CONFIG}"), None).await.0;
+    let scrape = || async {
+        match call(p.admin, "GET", "/metrics", "", None).await {
+            (200, Value::String(text)) => text,
+            other => panic!("{other:?}"),
+        }
+    };
+    let gauge = r#"rocgate_limit_rps{route="retired_by_reload"} "#;
+    let counter = r#"rocgate_cuts_total{route="retired_by_reload"} "#;
+    let text = scrape().await;
+    assert!(text.contains(&format!("{gauge}200")), "{text}");
+
+    std::fs::write(&p.file, CONFIG).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    let text = scrape().await;
+    assert!(!text.contains(gauge), "{text}");
+    assert!(!text.contains("NaN"), "{text}");
+    assert!(text.contains(&format!("{counter}0")), "{text}");
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn a_reload_names_the_changes_that_wait_for_a_restart() {
     let p = start(None).await;

@@ -276,7 +276,8 @@ fn shared_routes_show_the_stores_limit_and_state() {
 
 /// Once a route is gone (removed by a reload), its gauges read NaN, so no alert rule
 /// fires on its last readings; so do a route's limiter gauges of an algorithm it no
-/// longer uses, and its shared ROC once no store decides it.
+/// longer uses, and its shared ROC once no store decides it. A scrape of `/metrics`
+/// leaves them out.
 #[test]
 fn gauges_of_what_is_gone_read_nan() {
     use rocgate::clock::Nanos;
@@ -332,7 +333,7 @@ fn gauges_of_what_is_gone_read_nan() {
         collector.collect(&after, Nanos::from_secs(2));
     });
     let text = handle.render();
-    for series in [
+    let blanked = [
         r#"rocgate_controller_state{route="goes",state="cut"}"#,
         r#"rocgate_controller_state{route="goes",state="normal"}"#,
         r#"rocgate_limit_rps{route="goes"}"#,
@@ -341,7 +342,8 @@ fn gauges_of_what_is_gone_read_nan() {
         r#"rocgate_rejection_ratio{route="goes"}"#,
         r#"rocgate_store_roc{route="goes"}"#,
         r#"rocgate_limiter_level{route="stays",algorithm="token_bucket"}"#,
-    ] {
+    ];
+    for series in blanked {
         assert_eq!(line(&text, series), "NaN", "{series}");
     }
     assert_eq!(line(&text, r#"rocgate_limit_rps{route="stays"}"#), "200");
@@ -358,6 +360,23 @@ fn gauges_of_what_is_gone_read_nan() {
             r#"rocgate_controller_state{route="stays",state="normal"}"#
         ),
         "1"
+    );
+
+    // What a scrape reads leaves the blanked gauges out, and keeps the live ones and
+    // every counter (the gone route's included).
+    let scraped = rocgate::metrics::omit_blank_gauges(&text);
+    assert!(!scraped.contains("NaN"), "{scraped}");
+    for series in blanked {
+        let found = scraped.lines().find(|l| l.starts_with(series));
+        assert_eq!(found, None, "{series}");
+    }
+    assert_eq!(line(&scraped, r#"rocgate_cuts_total{route="goes"}"#), "0");
+    assert_eq!(line(&scraped, r#"rocgate_limit_rps{route="stays"}"#), "200");
+    let kept = |t: &str| t.lines().filter(|l| !l.ends_with(" NaN")).count();
+    assert_eq!(scraped.lines().count(), kept(&text), "only NaN samples go");
+    assert!(
+        scraped.contains("# TYPE rocgate_limit_rps gauge"),
+        "{scraped}"
     );
 }
 

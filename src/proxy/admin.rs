@@ -178,7 +178,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
             http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        m.handle.render(),
+        crate::metrics::omit_blank_gauges(&m.handle.render()),
     )
         .into_response()
 }
