@@ -396,3 +396,94 @@ fn an_hour_of_hints_history_per_route() {
     println!("hints history: {bytes} B per route for an hour in 10 s intervals");
     assert!(bytes < 1 << 20, "{bytes} B");
 }
+
+/// `seconds` s of an access log at `rate` req/s: even lines `POST /api/order` from
+/// 1,000 clients, odd lines `GET /` from one.
+fn access_log_text(seconds: u32, rate: u32) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for s in 0..seconds {
+        let (m, sec) = (s / 60, s % 60);
+        for i in 0..rate {
+            let (client, request) = if i % 2 == 0 {
+                (ip((s * rate + i) % 1000), "POST /api/order HTTP/1.1")
+            } else {
+                (ip(5000), "GET / HTTP/1.1")
+            };
+            writeln!(
+                text,
+                "{client} - - [27/Nov/2026:20:{m:02}:{sec:02} +0000] \"{request}\" 200 12"
+            )
+            .unwrap();
+        }
+    }
+    text
+}
+
+/// An access log read for replay keeps, per request on a route partitioned by client
+/// IP, its route and client (8 B); of the requests on a whole route, only a count per
+/// second. Peaks include the reading's growth and the placing at the end.
+#[test]
+fn an_access_log_holds_a_few_bytes_a_request() {
+    use rocgate::sim::{LogOptions, LogReader};
+    const SECONDS: u32 = 100;
+    const RATE: u32 = 1000;
+    let mut order = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+    order.partition = Partition::ClientIp(KeyLimits::default());
+    let config = Config::new(vec![
+        order,
+        RouteConfig::new("rest", RouteMatch::prefix("/")),
+    ]);
+    let text = access_log_text(SECONDS, RATE);
+    let requests = f64::from(SECONDS * RATE);
+    let keyed = requests / 2.0;
+
+    let mut reader = LogReader::new(&config, LogOptions::default()).unwrap();
+    let mut log = None;
+    let read = measure(|| {
+        reader.read("access.log", text.as_bytes()).unwrap();
+        log = Some(reader.finish().unwrap());
+    });
+    let log = log.expect("read");
+    assert_eq!(log.len() as f64, requests);
+    let kept = read.bytes_current as f64;
+    let peak = read.bytes_max as f64;
+    // Placing a second's requests as they are replayed holds that second only.
+    let mut replayed = 0usize;
+    let replay = measure(|| replayed = log.requests().count());
+    assert_eq!(replayed as f64, requests);
+    println!(
+        "access log: {:.1} B kept per request ({:.1} per request on the partitioned route), \
+         {:.1} B at the peak of reading; replaying holds {} B at most",
+        kept / requests,
+        kept / keyed,
+        peak / requests,
+        replay.bytes_max
+    );
+    // 8 B per keyed request, the 1,000 client addresses, 32 B per second.
+    assert!(kept / keyed < 10.0, "{kept} B");
+    // The keyed requests as read (16 B each, in a vector that grows by doubling), then
+    // placed (8 B each).
+    assert!(peak / keyed < 50.0, "{peak} B");
+    assert!(replay.bytes_max < 64 * 1024, "{} B", replay.bytes_max);
+
+    // The whole route's requests alone: a count per second.
+    let only_rest = LogOptions {
+        routes: vec!["rest".to_owned()],
+        ..LogOptions::default()
+    };
+    let mut reader = LogReader::new(&config, only_rest).unwrap();
+    let mut rest = None;
+    let read = measure(|| {
+        reader.read("access.log", text.as_bytes()).unwrap();
+        rest = Some(reader.finish().unwrap());
+    });
+    let whole = requests - keyed;
+    assert_eq!(rest.map(|l| l.len() as f64), Some(whole));
+    let peak = read.bytes_max as f64;
+    println!(
+        "access log, a whole route only: {:.2} B per request at the peak of reading",
+        peak / whole
+    );
+    assert!(peak / whole < 1.0, "{peak} B");
+}

@@ -508,6 +508,46 @@ fn client_ip_routes_key_on_the_logged_client() {
     assert!(run.summary.rejected > 1500, "{:?}", run.summary);
 }
 
+/// On a route partitioned by client IP each request keeps its client, and a second's
+/// requests are placed in the log's order, with lines out of time order and a host
+/// name (no address: keyless) among them; a whole route's requests interleave by time.
+#[test]
+fn keyed_requests_keep_their_clients_in_the_logs_order() {
+    let per_ip = RouteConfig {
+        partition: Partition::ClientIp(KeyLimits::default()),
+        ..order_route()
+    };
+    let config = Config::new(vec![per_ip, default_route()]);
+    let text = [
+        line("203.0.113.1", 1, "POST", "/api/order"),
+        line("203.0.113.2", 1, "POST", "/api/order"),
+        line("198.51.100.9", 0, "POST", "/api/order"),
+        line("203.0.113.9", 1, "GET", "/"),
+        line("proxy.example", 1, "POST", "/api/order"),
+        line("203.0.113.1", 1, "POST", "/api/order"),
+    ]
+    .concat();
+    let log = read(&config, LogOptions::default(), &text).unwrap();
+    let client = |a: &str| Some(a.parse::<std::net::IpAddr>().unwrap());
+    let got: Vec<(f64, usize, Option<std::net::IpAddr>)> = log
+        .requests()
+        .map(|r| (r.at.as_secs_f64(), r.route.0, r.client))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0.5, 0, client("198.51.100.9")),
+            (1.125, 0, client("203.0.113.1")),
+            (1.375, 0, client("203.0.113.2")),
+            (1.5, 1, None),
+            (1.625, 0, None),
+            (1.875, 0, client("203.0.113.1")),
+        ]
+    );
+    assert_eq!(log.requests().len(), 6);
+    assert_eq!(log.routes(), [(RouteId(0), 5), (RouteId(1), 1)]);
+}
+
 #[test]
 fn overload_counts_admitted_requests_above_capacity() {
     // 300 req/s under a 1000 req/s limit: nothing rejected, 50 over a capacity of 250

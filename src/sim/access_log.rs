@@ -591,12 +591,57 @@ fn describe(s: &LogStats) -> String {
     parts.join(", ")
 }
 
-/// One request read, before it is placed inside its second.
+/// One request read on a route partitioned by client IP, before it is placed inside
+/// its second.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     second: i64,
     route: u32,
     client: u32,
+}
+
+/// The requests read on routes not partitioned by client IP: only how many each route
+/// had in each second, since such requests differ in nothing else.
+#[derive(Debug, Default)]
+struct Counts {
+    /// The second being read (lines mostly come in time order), its counts per route,
+    /// and the routes it counted.
+    current: Option<i64>,
+    in_current: Vec<u32>,
+    touched: Vec<u32>,
+    /// The other seconds read: requests by (second, route).
+    done: HashMap<(i64, u32), u32>,
+}
+
+impl Counts {
+    fn new(routes: usize) -> Self {
+        Counts {
+            in_current: vec![0; routes],
+            ..Counts::default()
+        }
+    }
+
+    fn add(&mut self, second: i64, route: u32) {
+        if self.current != Some(second) {
+            self.flush();
+            self.current = Some(second);
+        }
+        let n = &mut self.in_current[route as usize];
+        if *n == 0 {
+            self.touched.push(route);
+        }
+        *n += 1;
+    }
+
+    /// Moves the current second's counts into `done`.
+    fn flush(&mut self) {
+        if let Some(second) = self.current.take() {
+            for route in self.touched.drain(..) {
+                let n = std::mem::take(&mut self.in_current[route as usize]);
+                *self.done.entry((second, route)).or_default() += n;
+            }
+        }
+    }
 }
 
 /// Reads access logs into an [`AccessLog`], one source after another.
@@ -611,7 +656,8 @@ pub struct LogReader {
     from_s: Option<i64>,
     to_s: Option<i64>,
     options: LogOptions,
-    entries: Vec<Entry>,
+    counts: Counts,
+    keyed: Vec<Entry>,
     client_index: HashMap<IpAddr, u32>,
     clients: Vec<IpAddr>,
     stats: LogStats,
@@ -652,7 +698,8 @@ impl LogReader {
             from_s,
             to_s,
             options,
-            entries: Vec::new(),
+            counts: Counts::new(config.routes.len()),
+            keyed: Vec::new(),
             client_index: HashMap::new(),
             clients: Vec::new(),
             stats: LogStats::default(),
@@ -729,12 +776,12 @@ impl LogReader {
             self.stats.other_routes += 1;
             return;
         }
-        let ip = if self.by_ip[route.0] {
-            l.client_ip()
-        } else {
-            None
-        };
-        let client = match ip {
+        self.stats.replayed += 1;
+        if !self.by_ip[route.0] {
+            self.counts.add(l.time_unix_s, route.0 as u32);
+            return;
+        }
+        let client = match l.client_ip() {
             Some(ip) => {
                 let next = self.clients.len() as u32;
                 *self.client_index.entry(ip).or_insert_with(|| {
@@ -744,8 +791,7 @@ impl LogReader {
             }
             None => NO_CLIENT,
         };
-        self.stats.replayed += 1;
-        self.entries.push(Entry {
+        self.keyed.push(Entry {
             second: l.time_unix_s,
             route: route.0 as u32,
             client,
@@ -804,10 +850,12 @@ impl LogReader {
                 first: s.first_unparsable.clone(),
             });
         }
-        let (Some(first), Some(last)) = (
-            self.entries.iter().map(|e| e.second).min(),
-            self.entries.iter().map(|e| e.second).max(),
-        ) else {
+        self.counts.flush();
+        let seconds = || {
+            let counted = self.counts.done.keys().map(|&(second, _)| second);
+            counted.chain(self.keyed.iter().map(|e| e.second))
+        };
+        let (Some(first), Some(last)) = (seconds().min(), seconds().max()) else {
             return Err(LogError::NoRequests {
                 stats: Box::new(self.stats),
             });
@@ -818,47 +866,70 @@ impl LogReader {
         if span_s > MAX_SLOTS as i64 {
             return Err(LogError::TooLong { span_s });
         }
-        // Stable: within a second, each route's requests keep the log's order.
-        self.entries.sort_by_key(|e| e.second);
-        let mut per_second = vec![0u32; span_s as usize];
+        let mut counted: Vec<(i64, u32, u32)> = std::mem::take(&mut self.counts.done)
+            .into_iter()
+            .map(|((second, route), n)| (second, route, n))
+            .collect();
+        counted.sort_unstable();
         let mut route_counts = vec![0u64; self.replayed.len()];
-        let mut placed = Vec::with_capacity(self.entries.len());
-        let mut rng = match self.options.spread {
-            Spread::Even => None,
-            Spread::Random { seed } => Some(Pcg64Mcg::seed_from_u64(seed)),
-        };
-        // Per route: requests in the current second, and those already placed.
-        let mut in_second = vec![(0u32, 0u32); self.replayed.len()];
-        for second in self.entries.chunk_by(|a, b| a.second == b.second) {
-            let first = placed.len();
-            for e in second {
-                in_second[e.route as usize].0 += 1;
-            }
-            for e in second {
-                let (n, k) = &mut in_second[e.route as usize];
-                let fraction = match &mut rng {
-                    None => (f64::from(*k) + 0.5) / f64::from(*n),
-                    Some(rng) => uniform(rng),
-                };
-                *k += 1;
-                placed.push(Placed {
-                    offset_ns: ((fraction * 1e9).round() as u32).min(999_999_999),
-                    route: e.route,
-                    client: e.client,
-                });
-            }
-            for e in second {
-                in_second[e.route as usize] = (0, 0);
-                route_counts[e.route as usize] += 1;
-            }
-            // Stable: requests at the same time keep the log's order.
-            placed[first..].sort_by_key(|p: &Placed| p.offset_ns);
-            per_second[(second[0].second - start_s) as usize] = second.len() as u32;
+        // The keyed requests by second, in the log's order within each (a counting
+        // sort: no copy of them but the one kept). Reading kept only those inside the
+        // span.
+        let index = |second: i64| (second - start_s) as usize;
+        let mut keyed_end = vec![0usize; span_s as usize];
+        for e in &self.keyed {
+            keyed_end[index(e.second)] += 1;
+            route_counts[e.route as usize] += 1;
         }
+        let mut next_place = Vec::with_capacity(keyed_end.len());
+        let mut total = 0;
+        for end in &mut keyed_end {
+            next_place.push(total);
+            total += *end;
+            *end = total;
+        }
+        let mut keyed = vec![
+            Keyed {
+                route: 0,
+                client: NO_CLIENT
+            };
+            total
+        ];
+        for e in std::mem::take(&mut self.keyed) {
+            let place = &mut next_place[index(e.second)];
+            keyed[*place] = Keyed {
+                route: e.route,
+                client: e.client,
+            };
+            *place += 1;
+        }
+        drop(next_place);
+        let mut seconds = Vec::with_capacity(span_s as usize);
+        let mut c = 0;
+        for (i, keyed_end) in keyed_end.into_iter().enumerate() {
+            let keyed_start = seconds.last().map_or(0, |s: &Second| s.keyed_end);
+            let mut requests = (keyed_end - keyed_start) as u32;
+            while let Some(&(_, route, n)) = counted.get(c).filter(|e| index(e.0) == i) {
+                route_counts[route as usize] += u64::from(n);
+                requests += n;
+                c += 1;
+            }
+            seconds.push(Second {
+                requests,
+                counted_end: c,
+                keyed_end,
+            });
+        }
+        let len = route_counts.iter().sum::<u64>() as usize;
         Ok(AccessLog {
             start_s,
-            per_second,
-            placed,
+            seconds,
+            counted: counted
+                .into_iter()
+                .map(|(_, route, n)| Counted { route, n })
+                .collect(),
+            keyed,
+            len,
             client_ips: self.clients,
             route_counts,
             spread: self.options.spread,
@@ -903,6 +974,31 @@ struct Placed {
     client: u32,
 }
 
+/// One second of an [`AccessLog`]: its requests, and where its entries end in
+/// [`AccessLog::counted`] and [`AccessLog::keyed`] (they start where the previous
+/// second's end).
+#[derive(Clone, Copy, Debug)]
+struct Second {
+    requests: u32,
+    counted_end: usize,
+    keyed_end: usize,
+}
+
+/// A route not partitioned by client IP, and its requests in one second.
+#[derive(Clone, Copy, Debug)]
+struct Counted {
+    route: u32,
+    n: u32,
+}
+
+/// A request on a route partitioned by client IP.
+#[derive(Clone, Copy, Debug)]
+struct Keyed {
+    route: u32,
+    /// Index into the client addresses, or [`NO_CLIENT`].
+    client: u32,
+}
+
 /// Unix seconds of `t`, rounded down, or up when `up`.
 fn whole_seconds(t: SystemTime, up: bool) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
@@ -916,14 +1012,23 @@ fn whole_seconds(t: SystemTime, up: bool) -> i64 {
 
 /// Requests read from access logs, in time order, each with its route (and client
 /// address, on routes partitioned by client IP).
+///
+/// Requests are kept by the second: on a route not partitioned by client IP only their
+/// count (8 bytes a route and second), on one partitioned by client IP each with its
+/// client (8 bytes a request). They are placed inside their second as they are
+/// replayed.
 #[derive(Clone, Debug)]
 pub struct AccessLog {
     /// Unix seconds of time zero.
     start_s: i64,
-    /// Requests in each second from time zero.
-    per_second: Vec<u32>,
-    /// Every request, in time order.
-    placed: Vec<Placed>,
+    /// Each second from time zero.
+    seconds: Vec<Second>,
+    /// Requests on routes not partitioned by client IP, by second, then route.
+    counted: Vec<Counted>,
+    /// Requests on routes partitioned by client IP, by second, in the log's order.
+    keyed: Vec<Keyed>,
+    /// Requests in all.
+    len: usize,
     client_ips: Vec<IpAddr>,
     /// Requests per config route.
     route_counts: Vec<u64>,
@@ -939,17 +1044,17 @@ impl AccessLog {
 
     /// From time zero to the end of the last second replayed.
     pub fn duration(&self) -> Duration {
-        Duration::from_secs(self.per_second.len() as u64)
+        Duration::from_secs(self.seconds.len() as u64)
     }
 
     /// Requests to replay.
     pub fn len(&self) -> usize {
-        self.placed.len()
+        self.len
     }
 
     /// Whether there is no request to replay.
     pub fn is_empty(&self) -> bool {
-        self.placed.is_empty()
+        self.len == 0
     }
 
     /// What reading found.
@@ -972,13 +1077,20 @@ impl AccessLog {
             .collect()
     }
 
-    /// The requests, in time order, generated lazily.
+    /// The requests, in time order, placed inside their seconds as they are generated
+    /// (the same places on every call).
     pub fn requests(&self) -> LogRequests<'_> {
         LogRequests {
             log: self,
             second: 0,
-            left: 0,
+            placed: Vec::new(),
             next: 0,
+            left: self.len,
+            in_second: vec![(0, 0); self.route_counts.len()],
+            rng: match self.spread {
+                Spread::Even => None,
+                Spread::Random { seed } => Some(Pcg64Mcg::seed_from_u64(seed)),
+            },
         }
     }
 }
@@ -987,12 +1099,86 @@ impl AccessLog {
 #[derive(Clone, Debug)]
 pub struct LogRequests<'a> {
     log: &'a AccessLog,
-    /// The next second to start.
+    /// The next second to place.
     second: usize,
-    /// Requests left in the current second.
-    left: u32,
-    /// Index of the next request.
+    /// The requests of the second placed last, in time order; `next` is the next to
+    /// yield.
+    placed: Vec<Placed>,
     next: usize,
+    /// Requests not yet yielded.
+    left: usize,
+    /// Per route, the keyed requests of the second being placed: how many, and how
+    /// many are placed.
+    in_second: Vec<(u32, u32)>,
+    rng: Option<Pcg64Mcg>,
+}
+
+impl LogRequests<'_> {
+    /// Places the requests of the next second that has any; `false` past the last.
+    fn place_next_second(&mut self) -> bool {
+        let log = self.log;
+        let Some(index) = log.seconds[self.second..]
+            .iter()
+            .position(|s| s.requests > 0)
+            .map(|i| self.second + i)
+        else {
+            self.second = log.seconds.len();
+            return false;
+        };
+        let (counted_start, keyed_start) = match index.checked_sub(1) {
+            Some(before) => (
+                log.seconds[before].counted_end,
+                log.seconds[before].keyed_end,
+            ),
+            None => (0, 0),
+        };
+        let this = log.seconds[index];
+        self.second = index + 1;
+        self.placed.clear();
+        self.next = 0;
+        let rng = &mut self.rng;
+        // Request k of a route's n in the second: at k + ½ n-ths of it (to the nearest
+        // nanosecond), or at random.
+        let mut offset = |k: u32, n: u32| {
+            match rng {
+                None => {
+                    let (k, n) = (u64::from(k), u64::from(n));
+                    ((2 * k + 1) * 1_000_000_000 + n) / (2 * n)
+                }
+                Some(rng) => (uniform(rng) * 1e9) as u64,
+            }
+            .min(999_999_999) as u32
+        };
+        for c in &log.counted[counted_start..this.counted_end] {
+            for k in 0..c.n {
+                self.placed.push(Placed {
+                    offset_ns: offset(k, c.n),
+                    route: c.route,
+                    client: NO_CLIENT,
+                });
+            }
+        }
+        let keyed = &log.keyed[keyed_start..this.keyed_end];
+        for e in keyed {
+            self.in_second[e.route as usize].0 += 1;
+        }
+        for e in keyed {
+            let (n, k) = &mut self.in_second[e.route as usize];
+            self.placed.push(Placed {
+                offset_ns: offset(*k, *n),
+                route: e.route,
+                client: e.client,
+            });
+            *k += 1;
+        }
+        for e in keyed {
+            self.in_second[e.route as usize] = (0, 0);
+        }
+        // Stable: requests at the same time keep the order placed (each route's in the
+        // log's order).
+        self.placed.sort_by_key(|p| p.offset_ns);
+        true
+    }
 }
 
 impl Iterator for LogRequests<'_> {
@@ -1000,13 +1186,12 @@ impl Iterator for LogRequests<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Request> {
-        while self.left == 0 {
-            self.left = *self.log.per_second.get(self.second)?;
-            self.second += 1;
+        if self.next == self.placed.len() && !self.place_next_second() {
+            return None;
         }
-        self.left -= 1;
-        let p = self.log.placed[self.next];
+        let p = self.placed[self.next];
         self.next += 1;
+        self.left -= 1;
         let second_ns = (self.second as u64 - 1) * 1_000_000_000;
         Some(Request {
             at: Nanos::new(second_ns + u64::from(p.offset_ns)),
@@ -1016,8 +1201,7 @@ impl Iterator for LogRequests<'_> {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self.log.placed.len() - self.next;
-        (left, Some(left))
+        (self.left, Some(self.left))
     }
 }
 
