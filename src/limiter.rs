@@ -630,9 +630,18 @@ pub(crate) mod words {
         u64::from(window_ms) * 1_000_000
     }
 
+    /// `limit × window` in requests, not yet whole.
+    pub(crate) fn per_window(limit: f64, window_ns: u64) -> f64 {
+        limit * window_ns as f64 / 1e9
+    }
+
     /// Requests allowed per window: `limit × window`, whole, at most what a word counts.
+    /// A hair below a whole number is that number: a limit written as n per window
+    /// (30.3030303030303 req/s for one request each 33 ms, 909.090909090909 for 1,000
+    /// each 1.1 s) comes out of the float product a rounding error short of n, and the
+    /// config, which checks quotas with this function, counts it as n.
     pub(crate) fn quota(limit: f64, window_ns: u64) -> f64 {
-        (limit * window_ns as f64 / 1e9)
+        (per_window(limit, window_ns) + 1e-6)
             .floor()
             .min(COUNT_MAX as f64)
     }
@@ -1256,6 +1265,18 @@ mod tests {
         assert_eq!(w.level(ms(1000)).value, 1.0);
         w.set_limit(1.0);
         assert!(!admitted(w.check(ms(1001))));
+    }
+
+    #[test]
+    fn a_quota_a_rounding_error_short_of_whole_is_whole() {
+        // 909.090909090909 × 1.1 s comes out of the product as 999.9999999999999.
+        let w = FixedWindow::new(909.090909090909, Duration::from_millis(1_100));
+        assert_eq!(w.level(ms(0)).capacity, 1_000.0);
+        let w = SlidingWindowCounter::new(1.0 / 0.033, Duration::from_millis(33));
+        assert!(admitted(w.check(ms(0))));
+        // A quota really below a whole number still rounds down.
+        let w = FixedWindow::new(999.99, Duration::from_secs(1));
+        assert_eq!(w.level(ms(0)).capacity, 999.0);
     }
 
     #[test]

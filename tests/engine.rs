@@ -943,3 +943,27 @@ fn a_reload_that_ends_an_event_mid_recovery_reports_the_transition() {
     assert_eq!((s.state, s.active_event), (ControllerState::Normal, None));
     assert_eq!(s.transitions[2][0], 1);
 }
+
+#[test]
+fn a_window_limit_the_config_accepts_admits_a_request_each_window() {
+    // 30.3030303030303 req/s × 33 ms is 1.0 as the config checked it, and
+    // 0.9999999999999999 as the window counters counted their quota: a quota of 0,
+    // which rejected every request, each window, for ever.
+    for algorithm in ["fixed_window", "sliding_window"] {
+        let text = format!(
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nalgorithm = \"{algorithm}\"\n\
+             limiter_window = \"33ms\"\nbase_limit = 30.3030303030303\n\
+             cut_limit = 30.3030303030303\n"
+        );
+        let config = Config::from_toml_str(&text, "t.toml").expect("a valid config");
+        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        // Every other window: a sliding window weighs the window before in full at first.
+        for window in [0, 2, 4u64] {
+            let now = Nanos::from_millis(33 * window);
+            assert!(
+                e.check(RouteId(0), Key::None, now).is_admit(),
+                "{algorithm}: window {window}"
+            );
+        }
+    }
+}

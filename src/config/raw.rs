@@ -18,7 +18,7 @@ use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig,
 use super::{HintsConfig, ServerConfig};
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
-use crate::limiter::{Algorithm, MAX_WINDOW_COUNT};
+use crate::limiter::{words, Algorithm, MAX_WINDOW_COUNT};
 use crate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
@@ -906,7 +906,9 @@ fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool
             ),
             Kind::FixedWindow | Kind::SlidingWindow if is_limit => {
                 let Some(window) = &s.limiter_window else { continue };
-                let quota = v.value * window.value.as_secs_f64();
+                // As the counters compute it (the window is a whole number of ms).
+                let window_ns = words::window_ns(words::window_ms(window.value));
+                let quota = words::per_window(v.value, window_ns);
                 let at = v.scope.max(kind.scope).max(window.scope).path(field);
                 if quota > MAX_WINDOW_COUNT as f64 {
                     p.at(
@@ -915,7 +917,7 @@ fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool
                             "{field} × limiter_window must be at most {MAX_WINDOW_COUNT} requests (what a window counter holds), got {quota}"
                         ),
                     );
-                } else if quota < 1.0 {
+                } else if words::quota(v.value, window_ns) < 1.0 {
                     p.at(at, format!("{field} × limiter_window must admit at least 1 request, got {quota}"));
                 }
             }
