@@ -119,8 +119,22 @@ fn override_value() -> impl Strategy<Value = String> {
     ]
 }
 
+/// `default` cases per property, or as many as `PROPTEST_CASES` asks for (to explore
+/// further: README.md, Development).
+fn cases(default: u32) -> ProptestConfig {
+    let config = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_some() {
+        config
+    } else {
+        ProptestConfig {
+            cases: default,
+            ..config
+        }
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(cases(512))]
 
     /// Any bytes: an access-log line or the reason it is not one.
     #[test]

@@ -22,6 +22,28 @@ fn times(gaps_us: &[u64]) -> Vec<Nanos> {
         .collect()
 }
 
+/// A limit in req/s: mostly ordinary, sometimes as low as the config accepts (one
+/// request in 11.6 days) or high enough that a token is a nanosecond.
+fn limit_rps() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        8 => 1.0f64..2_000.0,
+        1 => 1e-6f64..1.0,
+        1 => 2_000.0f64..1e9,
+    ]
+}
+
+/// Gaps between requests in microseconds: mostly within a second, sometimes an idle
+/// stretch of hours or days (past a window counter's 24-bit index for short windows).
+fn gaps_us(max_us: u64, len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(
+        prop_oneof![
+            20 => 0..max_us,
+            1 => 1_000_000u64..100_000_000_000,
+        ],
+        len,
+    )
+}
+
 /// In every interval [a, b] between two admissions, at most capacity + rate × (b − a)
 /// were admitted (one more for the rounding of a token's time).
 fn within_rate(admitted: &[Nanos], capacity: f64, rate: f64) -> Result<(), TestCaseError> {
@@ -38,16 +60,30 @@ fn within_rate(admitted: &[Nanos], capacity: f64, rate: f64) -> Result<(), TestC
     Ok(())
 }
 
+/// `default` cases per property, or as many as `PROPTEST_CASES` asks for (to explore
+/// further: README.md, Development).
+fn cases(default: u32) -> ProptestConfig {
+    let config = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_some() {
+        config
+    } else {
+        ProptestConfig {
+            cases: default,
+            ..config
+        }
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(cases(256))]
 
     /// In every interval [a, b] the bucket admits at most capacity + rate × (b − a)
     /// (+1 for the nanosecond rounding of the emission interval).
     #[test]
     fn token_bucket_never_admits_more_than_capacity_plus_refill(
-        rate in 1.0f64..2_000.0,
+        rate in limit_rps(),
         burst_ms in 1u64..3_000,
-        gaps in prop::collection::vec(0u64..20_000, 1..300),
+        gaps in gaps_us(20_000, 1..300),
     ) {
         let burst = Duration::from_millis(burst_ms);
         let b = TokenBucket::new(rate, burst, Nanos::ZERO);
@@ -65,7 +101,7 @@ proptest! {
     /// (b − a) in every interval [a, b].
     #[test]
     fn lowering_a_token_bucket_never_refills_it(
-        rate in 1.0f64..2_000.0,
+        rate in limit_rps(),
         burst_ms in 1u64..3_000,
         steps in prop::collection::vec((0u64..20_000, prop::option::of(-2.0f64..50.0)), 1..300),
     ) {
@@ -83,9 +119,11 @@ proptest! {
                     b.lower_to(x, now);
                     let after = b.level(now).value;
                     let expected = before.min(x.max(0.0));
-                    // The level is kept in whole nanoseconds of the emission interval.
+                    // The level is kept in whole nanoseconds of the emission interval:
+                    // a nanosecond is up to half a token at 5e8 req/s.
+                    let emission_ns = (1e9 / rate).round().max(1.0);
                     prop_assert!(
-                        (after - expected).abs() < 1e-5,
+                        (after - expected).abs() < 1.0 / emission_ns + 1e-9,
                         "held {before}, lowered to {x}: holds {after}"
                     );
                 }
@@ -102,9 +140,9 @@ proptest! {
     /// A request sent exactly `retry_after` after a rejection is admitted.
     #[test]
     fn retry_after_is_exact(
-        rate in 0.5f64..5_000.0,
+        rate in limit_rps(),
         burst_ms in 1u64..2_000,
-        gaps in prop::collection::vec(0u64..5_000, 1..200),
+        gaps in gaps_us(5_000, 1..200),
     ) {
         let b = TokenBucket::new(rate, Duration::from_millis(burst_ms), Nanos::ZERO);
         for t in times(&gaps) {
@@ -121,16 +159,20 @@ proptest! {
     #[test]
     fn window_limiters_retry_after_and_quota(
         rate in 1.0f64..500.0,
-        gaps in prop::collection::vec(0u64..10_000, 1..400),
+        window_ms in prop_oneof![Just(1_000u64), 1u64..100, 100u64..10_000],
+        gaps in gaps_us(10_000, 1..400),
     ) {
-        let counted = FixedWindow::new(rate, Duration::from_secs(1));
-        let fixed = FixedWindow::new(rate, Duration::from_secs(1));
-        let sliding = SlidingWindowCounter::new(rate, Duration::from_secs(1));
-        let quota = rate.floor() as u64;
+        let window = Duration::from_millis(window_ms);
+        // At least one request per window, as the config requires.
+        let rate = rate.max(1e3 / window_ms as f64);
+        let counted = FixedWindow::new(rate, window);
+        let fixed = FixedWindow::new(rate, window);
+        let sliding = SlidingWindowCounter::new(rate, window);
+        let quota = (rate * window.as_secs_f64() + 1e-6).floor() as u64;
         let mut per_window = std::collections::HashMap::<u64, u64>::new();
         for t in times(&gaps) {
             if counted.check(t).is_admit() {
-                *per_window.entry(t.as_u64() / 1_000_000_000).or_default() += 1;
+                *per_window.entry(t.as_u64() / (window_ms * 1_000_000)).or_default() += 1;
             }
             if let Decision::Reject(r) = fixed.check(t) {
                 prop_assert!(fixed.check(t + r.retry_after).is_admit());
@@ -140,6 +182,35 @@ proptest! {
             }
         }
         prop_assert!(per_window.values().all(|n| *n <= quota));
+    }
+
+    /// A window limit the config accepts admits what it says in a fresh window:
+    /// limits written as n requests per window, to a few units in the last place,
+    /// admit n (a float product a hair short of n once made that 0).
+    #[test]
+    fn a_window_limit_the_config_accepts_admits_its_quota(
+        window_ms in prop_oneof![1u64..100, 100u64..100_000, 1u64..=u64::from(u32::MAX)],
+        per_window in prop_oneof![Just(1u64), 1u64..10, 1u64..2_000],
+        ulps in -4i64..=4,
+        sliding in any::<bool>(),
+    ) {
+        let exact = per_window as f64 / Duration::from_millis(window_ms).as_secs_f64();
+        let limit = f64::from_bits(exact.to_bits().saturating_add_signed(ulps));
+        let algorithm = if sliding { "sliding_window" } else { "fixed_window" };
+        let text = format!(
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nalgorithm = \"{algorithm}\"\n\
+             limiter_window = \"{window_ms}ms\"\nbase_limit = {limit:?}\ncut_limit = {limit:?}\n"
+        );
+        let Ok(config) = Config::from_toml_str(&text, "t.toml") else {
+            // Refused: fewer than one request per window, or under the least limit.
+            prop_assert!(limit * window_ms as f64 / 1e3 < 1.0 + 1e-9 || limit < 1e-6, "{text}");
+            return Ok(());
+        };
+        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let admitted = (0..=per_window)
+            .filter(|_| e.check(RouteId(0), Key::None, Nanos::ZERO).is_admit())
+            .count() as u64;
+        prop_assert_eq!(admitted, per_window, "{}", text);
     }
 
     /// Half-window rates are never negative and the halves never hold more than
