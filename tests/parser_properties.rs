@@ -3,7 +3,7 @@
 //! (proptest; failures are kept in `tests/parser_properties.proptest-regressions`).
 
 use proptest::prelude::*;
-use rocgate::config::Config;
+use rocgate::config::{normalize_path, Config};
 use rocgate::sim::access_log::parse_line;
 use rocgate::sim::{Profile, SweepParam};
 
@@ -28,6 +28,26 @@ const FIELDS: [&str; 8] = [
 fn override_name() -> impl Strategy<Value = String> {
     prop_oneof![
         prop::sample::select(&FIELDS[..]).prop_map(|f| format!("ROCGATE__{f}")),
+        // Letters in either case (the same field as another variable sets, often).
+        (prop::sample::select(&FIELDS[..]), any::<u64>()).prop_map(|(f, lower)| {
+            format!("ROCGATE__{f}")
+                .chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if lower >> (i % 64) & 1 == 1 {
+                        c.to_ascii_lowercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect()
+        }),
+        // Separators out of place: trailing, tripled, or nothing after the prefix.
+        prop::sample::select(&FIELDS[..]).prop_map(|f| format!("ROCGATE__{f}__")),
+        prop::sample::select(&FIELDS[..]).prop_map(|f| format!("ROCGATE___{f}")),
+        prop::sample::select(&FIELDS[..])
+            .prop_map(|f| format!("ROCGATE__{}", f.replacen("__", "___", 1))),
+        Just("ROCGATE__".to_owned()),
         (
             prop::sample::select(&FIELDS[..]),
             0..6usize,
@@ -114,6 +134,13 @@ fn override_value() -> impl Strategy<Value = String> {
         Just("99999999999y".to_owned()),
         Just("[1, 2]".to_owned()),
         Just("a,b".to_owned()),
+        Just(" 5 ".to_owned()),
+        Just("5s ".to_owned()),
+        Just("1_000".to_owned()),
+        Just("0x10".to_owned()),
+        Just("true".to_owned()),
+        Just("\u{ff15}".to_owned()),
+        Just("9".repeat(400)),
         "-?[0-9]{0,25}(\\.[0-9]{0,5})?(e-?[0-9]{1,3})?[a-z]{0,2}",
         "\\PC{0,12}",
     ]
@@ -166,15 +193,24 @@ proptest! {
             prop_oneof![
                 "-?[0-9]{1,4}(\\.[0-9]{1,3})?,-?[0-9]{1,4}(\\.[0-9]{1,3})?",
                 "[0-9e.+-]{0,8},[0-9e.+-]{0,8}(,[0-9]{0,3})?",
+                "(-?1e30[89]|NaN|inf|-inf|0|-0|1e-320),(-?1e30[89]|NaN|inf|-inf|0|-0|1e-320)",
                 "\\PC{0,12}",
                 Just("t_seconds,rate".to_owned()),
                 Just("# comment".to_owned()),
+                Just("0,10 # a point".to_owned()),
+                Just(" 5 , 7 ".to_owned()),
                 Just(String::new()),
             ],
             0..12,
         ),
+        crlf in any::<bool>(),
+        trailing_newline in any::<bool>(),
     ) {
-        let text = lines.join("\n");
+        let newline = if crlf { "\r\n" } else { "\n" };
+        let mut text = lines.join(newline);
+        if trailing_newline {
+            text.push_str(newline);
+        }
         if let Err(e) = Profile::parse_csv(&text) {
             if let Some(line) = e.line() {
                 prop_assert!((1..=lines.len()).contains(&line), "{e} for {} line(s)", lines.len());
@@ -228,10 +264,194 @@ proptest! {
     #[test]
     fn a_config_file_never_panics(text in prop_oneof![
         "\\PC{0,40}",
+        // A key or table twice, a value TOML or the config cannot hold, CRLF lines.
+        "\\[\\[routes\\]\\]\r?\nname = \"a\"\r?\n(name|path) = \"/b\"\r?\n(\\[defaults\\]\r?\n){1,2}(base_limit = (1e309|-0|nan|-inf|9223372036854775808|1_000|0x10)\r?\n){1,2}",
         "(\\[\\[routes\\]\\]\nname = \"[a-z]{1,3}\"\npath = \"/[a-z{}/]{0,6}\"\n[a-z_]{1,12} = (-?[0-9]{1,20}|\"[0-9a-z.]{0,6}\"|nan|inf|true|\\[\\])\n){1,3}",
     ]) {
         if let Err(e) = Config::from_toml_str(&text, "t.toml") {
             prop_assert!(!e.problems().is_empty());
+            // A syntax error is at a line and column of the text.
+            for problem in e.problems() {
+                if let Some(at) = problem.location().strip_prefix("line ") {
+                    let (line, column) = at.split_once(", column ").unwrap_or((at, ""));
+                    let (line, column): (usize, usize) =
+                        (line.parse().unwrap_or(0), column.parse().unwrap_or(0));
+                    let line_text = text.split('\n').nth(line.wrapping_sub(1));
+                    prop_assert!(
+                        line_text.is_some_and(|l| column >= 1 && column <= l.chars().count() + 1),
+                        "{problem} for {text:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A path as a request target may spell it: segments of plain text, dots, percent
+/// escapes (right or wrong), runs of slashes.
+fn request_path() -> impl Strategy<Value = String> {
+    let segment = prop_oneof![
+        "[a-z]{1,4}",
+        Just(".".to_owned()),
+        Just("..".to_owned()),
+        Just(String::new()),
+        "%[0-9A-Fa-fG-Z%]{0,2}",
+        "%%?[2-7][0-9A-Fa-f]{1,2}",
+        Just("%%36F".to_owned()),
+        "%25[2-7][0-9A-F]",
+        Just("%2E%2e".to_owned()),
+        Just("%2F".to_owned()),
+        "\\PC{1,3}",
+    ];
+    (
+        prop::collection::vec(segment, 0..8),
+        prop_oneof![Just("/"), Just(""), Just("*")],
+    )
+        .prop_map(|(segments, lead)| format!("{lead}{}", segments.join("/")))
+}
+
+proptest! {
+    #![proptest_config(cases(512))]
+
+    /// Any request path normalizes to one routes can match without being fooled: it
+    /// starts with `/`, has no empty segment but a last one and no `.` or `..`
+    /// segment, and one already normal is left as it is.
+    #[test]
+    fn a_request_path_normalizes_to_one_without_dot_or_empty_segments(path in request_path()) {
+        let normal = normalize_path(&path);
+        prop_assert!(normal.starts_with('/'), "{path:?} → {normal:?}");
+        let segments: Vec<&str> = normal[1..].split('/').collect();
+        for (i, segment) in segments.iter().enumerate() {
+            prop_assert!(
+                !matches!(*segment, "." | "..") && (!segment.is_empty() || i + 1 == segments.len()),
+                "{path:?} → {normal:?}"
+            );
+        }
+        // Normalizing again changes nothing, but for a percent escape that the one
+        // decoding made (`/%%36F` is `/%6F`, as a server that decodes once reads it).
+        if !normal.contains('%') {
+            let again = normalize_path(&normal);
+            prop_assert_eq!(again.as_ref(), normal.as_ref(), "{:?}", path);
+        }
+    }
+}
+
+/// Forwarding headers (`X-Forwarded-For`, `Forwarded`) as any client or proxy may
+/// send them.
+#[cfg(feature = "http")]
+mod forwarding_headers {
+    use super::cases;
+    use http::{HeaderMap, HeaderValue};
+    use proptest::prelude::*;
+    use rocgate::http::ClientIpResolver;
+    use std::net::{IpAddr, SocketAddr};
+
+    /// One entry of a forwarding header: an address (with a port, mapped, trusted or
+    /// not), a `Forwarded` element, or text that is none.
+    fn entry() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just("10.0.0.9"),
+            Just("203.0.113.7"),
+            Just("203.0.113.7:5123"),
+            Just("::ffff:10.0.0.9"),
+            Just("::ffff:203.0.113.7"),
+            Just("[2001:db8::7]:443"),
+            Just("2001:db8::7"),
+            Just("fd00::1"),
+            Just("for=203.0.113.7"),
+            Just("For=\"[2001:db8::7]:443\";proto=https"),
+            Just("for=10.0.0.9;by=10.0.0.1"),
+            Just("for=unknown"),
+            Just("for=_hidden"),
+            Just("unknown"),
+            Just(""),
+            Just(" "),
+        ]
+        .prop_map(|e| e.as_bytes().to_vec())
+        .boxed()
+        .prop_union(
+            // Any bytes a header value may hold: visible ASCII, space, tab, obs-text.
+            prop::collection::vec(prop_oneof![0x20u8..0x7f, Just(b'\t'), 0x80u8..=0xff], 0..16)
+                .boxed(),
+        )
+    }
+
+    /// A header's lines, each of entries joined by commas.
+    fn header_lines() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        prop::collection::vec(
+            prop::collection::vec(entry(), 1..5).prop_map(|entries| entries.join(&b","[..])),
+            0..3,
+        )
+    }
+
+    /// Every address an entry of these lines could name, by any reading.
+    fn addresses(lines: &[Vec<u8>]) -> Vec<IpAddr> {
+        let mut found = Vec::new();
+        for piece in lines
+            .iter()
+            .flat_map(|l| l.split(|&b| b == b',' || b == b';'))
+        {
+            let Ok(text) = std::str::from_utf8(piece) else {
+                continue;
+            };
+            let text = text.trim_matches(|c: char| c.is_ascii_whitespace());
+            let text = text.split_once('=').map_or(text, |(_, value)| value);
+            let text = text.trim().trim_matches('"');
+            if let Some(ip) = text
+                .parse::<IpAddr>()
+                .ok()
+                .or_else(|| text.parse::<SocketAddr>().ok().map(|a| a.ip()))
+            {
+                found.push(ip);
+                if let IpAddr::V6(v6) = ip {
+                    found.extend(v6.to_ipv4_mapped().map(IpAddr::V4));
+                }
+            }
+        }
+        found
+    }
+
+    proptest! {
+        #![proptest_config(cases(512))]
+
+        /// Whatever the forwarding headers hold, the client IP is the peer's when the
+        /// peer is not a trusted proxy, and otherwise the peer's or one the headers
+        /// name: never one made up, and never a panic.
+        #[test]
+        fn the_client_ip_is_the_peer_or_one_the_headers_name(
+            xff in header_lines(),
+            forwarded in header_lines(),
+            peer in prop::sample::select(vec!["10.0.0.1", "::ffff:10.0.0.1", "203.0.113.9", "fd00::9"]),
+        ) {
+            let resolver = ClientIpResolver::new(vec![
+                "10.0.0.0/8".parse().expect("a network"),
+                "fd00::/8".parse().expect("a network"),
+            ]);
+            let mut headers = HeaderMap::new();
+            for (name, lines) in [("x-forwarded-for", &xff), ("forwarded", &forwarded)] {
+                for line in lines {
+                    if let Ok(value) = HeaderValue::from_bytes(line) {
+                        headers.append(name, value);
+                    }
+                }
+            }
+            let peer: IpAddr = peer.parse().expect("an address");
+            let canonical_peer = match peer {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+                v4 => v4,
+            };
+            let client = resolver.resolve(Some(peer), &headers);
+            prop_assert!(client.is_some());
+            let client = client.unwrap_or(canonical_peer);
+            if !resolver.is_trusted(peer) {
+                prop_assert_eq!(client, canonical_peer);
+            } else {
+                let named = addresses(&xff).into_iter().chain(addresses(&forwarded));
+                prop_assert!(
+                    client == canonical_peer || named.into_iter().any(|ip| ip == client),
+                    "{client} for {headers:?}"
+                );
+            }
         }
     }
 }
