@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 use rocgate::config::{normalize_path, Config};
-use rocgate::sim::access_log::parse_line;
+use rocgate::sim::access_log::{parse_line, LineError, MAX_LINE_BYTES};
+use rocgate::sim::{LogOptions, LogReader};
 use rocgate::sim::{Profile, SweepParam};
 
 const ROUTES: &str = "[[routes]]\nname = \"order\"\npath = \"/api/order\"\n\
@@ -186,6 +187,69 @@ proptest! {
         }
     }
 
+    /// Any log: every line counted once, as what it is, and the unparsable ones
+    /// (those [`parse_line`] refuses, or longer than a line may be) named by their
+    /// line number.
+    #[test]
+    fn a_log_reader_names_each_unparsable_line(
+        lines in prop::collection::vec(log_line(), 0..12),
+        crlf in any::<bool>(),
+        trailing_newline in any::<bool>(),
+    ) {
+        let newline: &[u8] = if crlf { b"\r\n" } else { b"\n" };
+        let mut text = lines.join(newline);
+        if trailing_newline {
+            text.extend_from_slice(newline);
+        }
+        let config = Config::from_toml_str(
+            "[[routes]]\nname = \"order\"\npath = \"/api/order\"\n",
+            "t.toml",
+        )
+        .expect("a valid config");
+        let mut reader = LogReader::new(&config, LogOptions::default()).expect("a reader");
+        reader.read("t.log", &text[..]).expect("reading from memory");
+        let stats = reader.stats().clone();
+        // The lines as the reader sees them: nothing after the last line break is none.
+        let mut read: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
+        if read.last().is_some_and(|l| l.is_empty()) {
+            read.pop();
+        }
+        let counted = read.len();
+        prop_assert_eq!(stats.lines, counted as u64);
+        let content = |l: &[u8]| -> Vec<u8> {
+            let mut l = l.to_vec();
+            while l.last().is_some_and(|b| *b == b'\r') {
+                l.pop();
+            }
+            l
+        };
+        let refused = |l: &[u8]| {
+            let l = content(l);
+            !l.iter().all(u8::is_ascii_whitespace)
+                && (l.len() > MAX_LINE_BYTES || parse_line(&l).is_err())
+        };
+        let unparsable = read.iter().filter(|l| refused(l)).count();
+        prop_assert_eq!(stats.unparsable, unparsable as u64);
+        for bad in &stats.first_unparsable {
+            let line = usize::try_from(bad.line).unwrap_or(usize::MAX);
+            prop_assert!((1..=counted).contains(&line), "{bad}");
+            let l = content(read[line - 1]);
+            match bad.error {
+                // Too long: more bytes than the cap before the line break (\n or \r\n).
+                LineError::TooLong => {
+                    let before_break = read[line - 1].strip_suffix(b"\r").unwrap_or(read[line - 1]);
+                    prop_assert!(before_break.len() > MAX_LINE_BYTES, "{bad}: {} bytes", before_break.len());
+                }
+                error => prop_assert_eq!(parse_line(&l).err(), Some(error), "{}", bad),
+            }
+        }
+        prop_assert_eq!(
+            stats.blank + stats.unparsable + stats.outside + stats.unmatched
+                + stats.other_routes + stats.replayed,
+            stats.lines
+        );
+    }
+
     /// Any text: a profile, or an error whose line is one of the text's lines.
     #[test]
     fn a_profile_error_names_a_line_of_the_text(
@@ -285,6 +349,43 @@ proptest! {
             }
         }
     }
+}
+
+/// One line of an access log, without its line break: a good one (often at the time
+/// of the line before), one with a field disturbed, blank, any bytes, or about as long
+/// as a line may be.
+fn log_line() -> impl Strategy<Value = Vec<u8>> {
+    let good = (
+        prop_oneof![Just("203.0.113.7"), Just("::1"), Just("-")],
+        prop_oneof![
+            3 => Just("10/Oct/2000:13:55:36 -0700"),
+            1 => Just("10/Oct/2000:13:55:37 +0000"),
+            1 => Just("31/Feb/2000:25:61:61 +9999"),
+            1 => Just("10/Oct/2000:13:55:36"),
+        ],
+        prop_oneof![
+            Just("GET /api/order HTTP/1.1"),
+            Just("POST /x?y=\\\"z\\\" HTTP/1.0"),
+            Just("-")
+        ],
+        prop_oneof![
+            Just(" 200 12"),
+            Just(" 200 -"),
+            Just(" 200"),
+            Just(""),
+            Just(" 200 12 \"-\" \"ua\"")
+        ],
+    )
+        .prop_map(|(client, time, request, tail)| {
+            format!("{client} - - [{time}] \"{request}\"{tail}").into_bytes()
+        });
+    prop_oneof![
+        6 => good,
+        1 => Just(Vec::new()),
+        1 => Just(b" \t ".to_vec()),
+        2 => prop::collection::vec(any::<u8>().prop_filter("a line break", |b| *b != b'\n'), 0..80),
+        1 => (MAX_LINE_BYTES - 1..=MAX_LINE_BYTES + 1).prop_map(|n| vec![b'x'; n]),
+    ]
 }
 
 /// A path as a request target may spell it: segments of plain text, dots, percent

@@ -715,17 +715,25 @@ impl LogReader {
             name: source.to_owned(),
             error,
         };
+        // Room for a line at the cap and its line break, `\r\n` included.
+        let cap = MAX_LINE_BYTES + 2;
         loop {
             buf.clear();
-            let n = io::Read::take(&mut input, MAX_LINE_BYTES as u64 + 1)
+            let n = io::Read::take(&mut input, cap as u64)
                 .read_until(b'\n', &mut buf)
                 .map_err(io)?;
             if n == 0 {
                 return Ok(());
             }
             line_no += 1;
-            if buf.len() > MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
-                skip_line(&mut input).map_err(io)?;
+            // The whole line was read: up to its line break, or to the end of the input.
+            let whole = buf.last() == Some(&b'\n') || n < cap;
+            let before_break = buf.strip_suffix(b"\n").unwrap_or(&buf);
+            let before_break = before_break.strip_suffix(b"\r").unwrap_or(before_break);
+            if !whole || before_break.len() > MAX_LINE_BYTES {
+                if !whole {
+                    skip_line(&mut input).map_err(io)?;
+                }
                 self.stats.lines += 1;
                 self.unparsable(source, line_no, LineError::TooLong);
                 continue;
@@ -1301,6 +1309,41 @@ mod tests {
             stats.first_unparsable[0].to_string(),
             "a.log:1: the time is not dd/Mon/yyyy:hh:mm:ss ±hhmm"
         );
+    }
+
+    #[test]
+    fn a_line_at_the_cap_is_read_with_either_line_break() {
+        use crate::config::{RouteConfig, RouteMatch};
+        let config = Config::new(vec![RouteConfig::new("all", RouteMatch::any())]);
+        let at_cap = "x".repeat(MAX_LINE_BYTES);
+        let over = "x".repeat(MAX_LINE_BYTES + 1);
+        for newline in ["\n", "\r\n"] {
+            let mut reader = LogReader::new(&config, LogOptions::default()).unwrap();
+            let log = [
+                &at_cap,
+                &over,
+                &over,
+                "::1 - - [27/Nov/2026:20:00:00 +0000] \"GET / HTTP/1.1\" 200 1",
+            ]
+            .join(newline);
+            reader.read("a.log", log.as_bytes()).unwrap();
+            let stats = reader.stats();
+            let errors: Vec<(u64, LineError)> = stats
+                .first_unparsable
+                .iter()
+                .map(|bad| (bad.line, bad.error))
+                .collect();
+            assert_eq!(
+                errors,
+                [
+                    (1, LineError::Identity),
+                    (2, LineError::TooLong),
+                    (3, LineError::TooLong)
+                ],
+                "{newline:?}"
+            );
+            assert_eq!((stats.lines, stats.replayed), (4, 1), "{newline:?}");
+        }
     }
 
     #[test]
