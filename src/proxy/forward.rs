@@ -3,7 +3,7 @@
 //! keep-alive connections, streams both bodies, and maps failures to responses.
 
 use super::error::ProxyError;
-use super::lane::{Lane, LaneCount};
+use super::lane::{Driver, Lane, LaneCount};
 use crate::clock::{Clock, Nanos};
 use crate::hints::UpstreamMeter;
 use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr};
@@ -20,10 +20,10 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::future::Future;
-use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -99,11 +99,54 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(&PROXY_CONNECTION);
 }
 
-/// Forwards requests to the upstream. Cloning is one reference count: the connection
-/// pool and settings are shared.
+/// Forwards requests to the upstream. Cloning is one reference count (two for a
+/// connection's own, [`for_connection`](Self::for_connection)): the connection pool
+/// and settings are shared.
 #[derive(Clone, Debug)]
 pub struct Forwarder {
     inner: Arc<Inner>,
+    /// The client connection this forwarder serves, if it serves one.
+    connection: Option<Arc<Connection>>,
+}
+
+/// What the forwarder keeps of one client connection, for all its requests: its lane,
+/// its peer, and the upstream latency histogram it recorded into last.
+struct Connection {
+    lane: Lane,
+    peer: Peer,
+    /// The route and status class of the histogram its last request recorded into,
+    /// and that histogram's handle: the next request on the same route, with the same
+    /// class, records into it without looking the labels up again.
+    durations: Mutex<Option<(Arc<str>, &'static str, metrics::Histogram)>>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.peer.ip)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A client connection's peer: its address, and that address as `X-Forwarded-For`
+/// writes it (built once per connection, not once per request).
+struct Peer {
+    ip: IpAddr,
+    /// The canonical address (a dual-stack listener's IPv4 clients are mapped,
+    /// `::ffff:1.2.3.4`: written as IPv4), as a header value.
+    header: HeaderValue,
+}
+
+impl Peer {
+    fn new(ip: IpAddr) -> Peer {
+        let text = ip.to_canonical().to_string();
+        Peer {
+            ip,
+            // Digits, dots, colons and hex letters: always a valid value.
+            header: HeaderValue::from_maybe_shared(Bytes::from(text))
+                .expect("an IP address is a valid header value"),
+        }
+    }
 }
 
 struct Inner {
@@ -168,7 +211,25 @@ impl Forwarder {
                 lanes,
                 connector,
             }),
+            connection: None,
         }
+    }
+
+    /// This forwarder for the client connection from `peer`: its HTTP/1.1 requests get
+    /// an upstream connection of their own (a [`Lane`]), polled by the returned driver,
+    /// which must run beside the client connection, in its task.
+    pub(crate) fn for_connection(&self, peer: SocketAddr) -> (Forwarder, Driver) {
+        let (lane, driver) = Lane::new();
+        let connection = Connection {
+            lane,
+            peer: Peer::new(peer.ip()),
+            durations: Mutex::new(None),
+        };
+        let forwarder = Forwarder {
+            inner: Arc::clone(&self.inner),
+            connection: Some(Arc::new(connection)),
+        };
+        (forwarder, driver)
     }
 
     /// The count of upstream connections held by client connections' lanes.
@@ -178,8 +239,12 @@ impl Forwarder {
 }
 
 impl Inner {
-    /// Rewrites a client request into the upstream request.
-    fn rewrite(&self, req: Request<Incoming>) -> Result<Request<Body>, ProxyError> {
+    /// Rewrites a client request from `peer` into the upstream request.
+    fn rewrite(
+        &self,
+        req: Request<Incoming>,
+        peer: Option<&Peer>,
+    ) -> Result<Request<Body>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         // A tunnel is not forwarding: sent on, it would ask the upstream for one to
         // itself, and no route's limit would hold it (its target has no path).
@@ -209,7 +274,6 @@ impl Inner {
             .and_then(|host| HeaderValue::from_str(host).ok())
             .or_else(|| parts.headers.get(header::HOST).cloned());
         strip_hop_by_hop(&mut parts.headers);
-        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
         // HTTP/1.1 requires a Host: the client's, or else the upstream's.
         if let Some(host) = original_host.or_else(|| self.upstream_host.clone()) {
@@ -248,10 +312,10 @@ impl Inner {
     fn set_forwarded(
         &self,
         headers: &mut HeaderMap,
-        peer: Option<std::net::IpAddr>,
+        peer: Option<&Peer>,
         host: Option<&HeaderValue>,
     ) {
-        let trusted = peer.is_some_and(|ip| self.settings.resolver.is_trusted(ip));
+        let trusted = peer.is_some_and(|p| self.settings.resolver.is_trusted(p.ip));
         // One buffer, handed to the header value without a copy. Bytes, since a value
         // may hold bytes beyond ASCII: the chain is passed on as received.
         let mut chain = Vec::with_capacity(48);
@@ -266,7 +330,7 @@ impl Inner {
         headers.remove(&X_FORWARDED_FOR);
         if !trusted {
             headers.remove(&FORWARDED);
-        } else if let (Some(ip), true) = (peer, headers.contains_key(&FORWARDED)) {
+        } else if let (Some(Peer { ip, .. }), true) = (peer, headers.contains_key(&FORWARDED)) {
             // The trusted proxy's chain goes on with this hop (RFC 7239 §4: an IPv6
             // node is quoted and bracketed), as `X-Forwarded-For` does.
             let element = match ip.to_canonical() {
@@ -277,12 +341,16 @@ impl Inner {
                 headers.append(FORWARDED.clone(), v);
             }
         }
-        if let Some(ip) = peer {
-            if !chain.is_empty() {
-                chain.extend_from_slice(b", ");
+        match peer {
+            // The peer alone (most requests): its value is shared, not built.
+            Some(peer) if chain.is_empty() => {
+                headers.insert(X_FORWARDED_FOR.clone(), peer.header.clone());
             }
-            // A dual-stack listener's IPv4 clients are mapped (`::ffff:1.2.3.4`).
-            let _ = write!(chain, "{}", ip.to_canonical());
+            Some(peer) => {
+                chain.extend_from_slice(b", ");
+                chain.extend_from_slice(peer.header.as_bytes());
+            }
+            None => {}
         }
         if !chain.is_empty() {
             if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(chain)) {
@@ -300,9 +368,14 @@ impl Inner {
         }
     }
 
-    /// Forwards one request; every failure becomes a response. Records the upstream
-    /// duration by route and status class, and failures by kind.
-    async fn forward(&self, mut req: Request<Incoming>) -> Response<Body> {
+    /// Forwards one request, of `connection` if the forwarder serves one; every failure
+    /// becomes a response. Records the upstream duration by route and status class,
+    /// and failures by kind.
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        connection: Option<&Connection>,
+    ) -> Response<Body> {
         let route = req
             .extensions()
             .get::<MatchedRoute>()
@@ -310,17 +383,27 @@ impl Inner {
         // HTTP/1 requests come one after another on a connection: from the second
         // one on they go through the connection's own lane (HTTP/2 streams run side
         // by side and share the pool).
-        let lane = req
-            .extensions_mut()
-            .remove::<Lane>()
+        let lane = connection
+            .map(|c| &c.lane)
             .filter(|lane| req.version() <= Version::HTTP_11 && lane.enter());
-        let result = match self.rewrite(req) {
+        let own_peer;
+        let peer = match connection {
+            Some(c) => Some(&c.peer),
+            None => {
+                own_peer = req
+                    .extensions()
+                    .get::<PeerAddr>()
+                    .map(|p| Peer::new(p.0.ip()));
+                own_peer.as_ref()
+            }
+        };
+        let result = match self.rewrite(req, peer) {
             Ok(upstream_req) => {
                 let _in_flight = InFlight::enter(&self.in_flight);
                 let started = self.clock.now();
                 let timeout = self.settings.response_timeout;
                 let sent = async {
-                    match &lane {
+                    match lane {
                         Some(lane) => self.send_on_lane(lane, upstream_req, started).await,
                         None => self.send_pooled(upstream_req).await,
                     }
@@ -338,8 +421,7 @@ impl Inner {
                     Err(_) => None,
                 };
                 if let Some(class) = class {
-                    metrics::histogram!(metric::UPSTREAM_DURATION, "route" => Arc::clone(&route), "status_class" => class)
-                        .record(took.as_secs_f64());
+                    record_duration(connection, &route, class, took.as_secs_f64());
                 }
                 // A request the client cut short, or made too large, says nothing of
                 // the upstream's health (nor, its time being the client's, of its latency).
@@ -434,6 +516,36 @@ impl Inner {
     }
 }
 
+/// Records an upstream duration of `seconds` on `route` with status class `class`,
+/// through `connection`'s handle when its last request recorded into the same
+/// histogram.
+fn record_duration(
+    connection: Option<&Connection>,
+    route: &Arc<str>,
+    class: &'static str,
+    seconds: f64,
+) {
+    let lookup = || metrics::histogram!(metric::UPSTREAM_DURATION, "route" => Arc::clone(route), "status_class" => class);
+    let Some(connection) = connection else {
+        lookup().record(seconds);
+        return;
+    };
+    let mut durations = connection
+        .durations
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    match &*durations {
+        Some((r, c, histogram)) if Arc::ptr_eq(r, route) && *c == class => {
+            histogram.record(seconds);
+        }
+        _ => {
+            let histogram = lookup();
+            histogram.record(seconds);
+            *durations = Some((Arc::clone(route), class, histogram));
+        }
+    }
+}
+
 /// The route label of requests that matched no route.
 const UNMATCHED: &str = "unmatched";
 
@@ -475,7 +587,8 @@ impl tower::Service<Request<Incoming>> for Forwarder {
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let inner = Arc::clone(&self.inner);
-        Box::pin(async move { Ok(inner.forward(req).await) })
+        let connection = self.connection.clone();
+        Box::pin(async move { Ok(inner.forward(req, connection.as_deref()).await) })
     }
 }
 
@@ -558,8 +671,8 @@ mod tests {
         let mut h = HeaderMap::new();
         // A client of a `[::]` listener over IPv4 is a mapped address: the same client
         // (and key) as 203.0.113.7, which is what the upstream must see.
-        let peer = "::ffff:203.0.113.7".parse().ok();
-        forwarder.inner.set_forwarded(&mut h, peer, None);
+        let peer = Peer::new("::ffff:203.0.113.7".parse().unwrap());
+        forwarder.inner.set_forwarded(&mut h, Some(&peer), None);
         assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.7");
     }
 
@@ -574,9 +687,8 @@ mod tests {
             if let Some(v) = sent {
                 h.insert(&FORWARDED, HeaderValue::from_static(v));
             }
-            forwarder
-                .inner
-                .set_forwarded(&mut h, peer.parse().ok(), None);
+            let peer = Peer::new(peer.parse().unwrap());
+            forwarder.inner.set_forwarded(&mut h, Some(&peer), None);
             let all = h.get_all(&FORWARDED).iter();
             all.map(|v| v.to_str().unwrap().to_owned())
                 .collect::<Vec<_>>()
@@ -607,13 +719,53 @@ mod tests {
         let sent = HeaderValue::from_bytes(b"203.0.113.7, caf\xe9").unwrap();
         h.append(&X_FORWARDED_FOR, sent);
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.3"));
-        forwarder
-            .inner
-            .set_forwarded(&mut h, "10.0.0.2".parse().ok(), None);
+        let peer = Peer::new("10.0.0.2".parse().unwrap());
+        forwarder.inner.set_forwarded(&mut h, Some(&peer), None);
         assert_eq!(
             h[&X_FORWARDED_FOR].as_bytes(),
             b"203.0.113.7, caf\xe9, 10.0.0.3, 10.0.0.2"
         );
+    }
+
+    #[test]
+    fn a_connections_durations_go_to_the_histogram_of_their_route_and_class() {
+        // The connection keeps the handle of the histogram it recorded into last: a
+        // request on another route, or with another status class, must not land in it.
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let (lane, _driver) = Lane::new();
+        let connection = Connection {
+            lane,
+            peer: Peer::new("203.0.113.7".parse().unwrap()),
+            durations: Mutex::new(None),
+        };
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        metrics::with_local_recorder(&recorder, || {
+            for (route, class) in [
+                (&a, "2xx"),
+                (&a, "2xx"),
+                (&a, "5xx"),
+                (&b, "2xx"),
+                (&a, "2xx"),
+            ] {
+                record_duration(Some(&connection), route, class, 0.001);
+            }
+            record_duration(None, &b, "5xx", 0.001);
+        });
+        let text = handle.render();
+        let count = |route: &str, class: &str| {
+            let name = format!(
+                "{}_count{{route=\"{route}\",status_class=\"{class}\"}} ",
+                metric::UPSTREAM_DURATION
+            );
+            text.lines()
+                .find_map(|line| line.strip_prefix(&name))
+                .map(|n| n.trim().to_owned())
+        };
+        assert_eq!(count("a", "2xx").as_deref(), Some("3"), "{text}");
+        assert_eq!(count("a", "5xx").as_deref(), Some("1"), "{text}");
+        assert_eq!(count("b", "2xx").as_deref(), Some("1"), "{text}");
+        assert_eq!(count("b", "5xx").as_deref(), Some("1"), "{text}");
     }
 
     #[test]

@@ -74,8 +74,7 @@ impl Drop for LaneSlot {
     }
 }
 
-/// A client connection's upstream connection: cloned into each request's extensions.
-#[derive(Clone)]
+/// A client connection's upstream connection, held by the connection's forwarder.
 pub(crate) struct Lane {
     state: Arc<Mutex<State>>,
 }

@@ -399,18 +399,26 @@ impl Proxy {
         let connections = Arc::new(connections::ClientConnections::new(
             self.settings.max_connections,
         ));
+        // Each client connection gets its own forwarder (its lane, its peer), behind
+        // the shared layer.
         #[cfg(feature = "redis")]
-        let service = shared::Front::new(
-            layer.layer(forwarder.clone()),
-            self.store.clone().map(|store| shared::SharedGate {
+        let shared_gate = self.store.clone().map(|store| {
+            Arc::new(shared::SharedGate {
                 store,
                 engine: Arc::clone(&self.reloader.engine),
                 clock: Arc::clone(&self.reloader.clock),
-                direct: forwarder,
-            }),
-        );
+            })
+        });
+        #[cfg(feature = "redis")]
+        let service_for = |forwarder: Forwarder| {
+            shared::Front::new(
+                layer.layer(forwarder.clone()),
+                shared_gate.clone(),
+                forwarder,
+            )
+        };
         #[cfg(not(feature = "redis"))]
-        let service = layer.layer(forwarder);
+        let service_for = |forwarder: Forwarder| layer.layer(forwarder);
         #[cfg(feature = "redis")]
         let collector = if self.store.is_some() {
             metric::Collector::new().with_shared_store()
@@ -522,7 +530,8 @@ impl Proxy {
             };
             let slot = connections.open_in(place);
             let _ = stream.set_nodelay(true);
-            let service = service.clone();
+            let (forwarder, driver) = forwarder.for_connection(peer);
+            let service = service_for(forwarder);
             let header_timeout = self.settings.header_read_timeout;
             let idle_timeout = self.settings.idle_timeout;
             let builder = builder.clone();
@@ -532,13 +541,11 @@ impl Proxy {
                 if !first_byte_within(&stream, header_timeout).await {
                     return;
                 }
-                let (lane, driver) = lane::Lane::new();
                 let activity = connections::Activity::new();
                 let svc = hyper::service::service_fn({
                     let activity = Arc::clone(&activity);
                     move |mut req: http::Request<Incoming>| {
                         req.extensions_mut().insert(PeerAddr(peer));
-                        req.extensions_mut().insert(lane.clone());
                         let busy = activity.begin();
                         let response = service.clone().call(req);
                         async move {

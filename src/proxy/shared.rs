@@ -27,20 +27,24 @@ type Reply = Result<Response<Body>, Infallible>;
 pub(crate) struct Front<S> {
     layered: S,
     shared: Option<Arc<SharedGate>>,
+    /// Forwards the admitted requests of distributed routes.
+    direct: Forwarder,
 }
 
 pub(crate) struct SharedGate {
     pub(crate) store: RedisStore,
     pub(crate) engine: SharedEngine,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) direct: Forwarder,
 }
 
 impl<S> Front<S> {
-    pub(crate) fn new(layered: S, shared: Option<SharedGate>) -> Self {
+    /// The layered service, with the shared decision (if any) forwarding through
+    /// `direct`.
+    pub(crate) fn new(layered: S, shared: Option<Arc<SharedGate>>, direct: Forwarder) -> Self {
         Front {
             layered,
-            shared: shared.map(Arc::new),
+            shared,
+            direct,
         }
     }
 }
@@ -92,6 +96,7 @@ where
             };
         };
         let gate = Arc::clone(gate);
+        let mut direct = self.direct.clone();
         let now = gate.clock.now();
         FrontFuture::Shared {
             inner: Box::pin(async move {
@@ -115,7 +120,7 @@ where
                     Decision::Admit(_) => {
                         req.extensions_mut()
                             .insert(MatchedRoute(engine.route_label(route)));
-                        gate.direct.clone().call(req).await
+                        direct.call(req).await
                     }
                 }
             }),
