@@ -279,17 +279,12 @@ impl Inner {
         if let Some(host) = original_host.or_else(|| self.upstream_host.clone()) {
             parts.headers.insert(header::HOST, host);
         }
-        let path = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        parts.uri = Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build()
-            .map_err(|_| ProxyError::BadRequest)?;
+        // The request goes upstream in origin form (the path alone): a lane's
+        // connection goes to the origin itself, and the pool is given the upstream's
+        // scheme and authority (`send_pooled`).
+        if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+            parts.uri = Uri::from(origin_form(&parts.uri));
+        }
         parts.version = Version::HTTP_11;
         let body = if body.is_end_stream() {
             // No body (most GETs): nothing to limit, nothing to box.
@@ -451,12 +446,25 @@ impl Inner {
         }
     }
 
-    /// Sends through the shared pool of upstream connections.
-    async fn send_pooled(&self, req: Request<Body>) -> Result<Response<Incoming>, ProxyError> {
-        self.client
-            .request(req)
-            .await
-            .map_err(ProxyError::from_client)
+    /// Sends through the shared pool of upstream connections, to the upstream's scheme
+    /// and authority. Boxed: the pool serves a connection's first request, and others
+    /// only when a lane cannot, so its future makes no part of the lane's.
+    fn send_pooled(
+        &self,
+        mut req: Request<Body>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<Incoming>, ProxyError>> + Send + '_>> {
+        Box::pin(async move {
+            *req.uri_mut() = Uri::builder()
+                .scheme(self.scheme.clone())
+                .authority(self.authority.clone())
+                .path_and_query(origin_form(req.uri()))
+                .build()
+                .map_err(|_| ProxyError::BadRequest)?;
+            self.client
+                .request(req)
+                .await
+                .map_err(ProxyError::from_client)
+        })
     }
 
     /// Sends on the client connection's own upstream connection at `now`, opening it
@@ -465,7 +473,7 @@ impl Inner {
     async fn send_on_lane(
         &self,
         lane: &Lane,
-        mut req: Request<Body>,
+        req: Request<Body>,
         now: Nanos,
     ) -> Result<Response<Incoming>, ProxyError> {
         let mut sender = match lane.take(now, self.settings.upstream_idle_timeout) {
@@ -474,21 +482,17 @@ impl Inner {
                 let Some(slot) = self.lanes.acquire() else {
                     return self.send_pooled(req).await;
                 };
-                lane.open(self.connect().await?, slot)
-                    .await
-                    .map_err(ProxyError::upstream)?
+                // Boxed, as it is rare: its future makes no part of the lane's.
+                Box::pin(async {
+                    let stream = self.connect().await?;
+                    lane.open(stream, slot).await.map_err(ProxyError::upstream)
+                })
+                .await?
             }
         };
         if sender.ready().await.is_err() {
             return self.send_pooled(req).await;
         }
-        // The connection goes to the origin itself: the request line carries the path.
-        let path = req
-            .uri()
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let absolute = std::mem::replace(req.uri_mut(), Uri::from(path));
         match sender.try_send_request(req).await {
             Ok(res) => {
                 lane.put_back(sender, self.clock.now());
@@ -496,10 +500,7 @@ impl Inner {
             }
             Err(mut e) => match e.take_message() {
                 // Not sent: the connection closed before it took the request.
-                Some(mut req) => {
-                    *req.uri_mut() = absolute;
-                    self.send_pooled(req).await
-                }
+                Some(req) => self.send_pooled(req).await,
                 None => Err(ProxyError::upstream(e.into_error())),
             },
         }
@@ -544,6 +545,13 @@ fn record_duration(
             *durations = Some((Arc::clone(route), class, histogram));
         }
     }
+}
+
+/// The path and query of `uri`, `/` if it has none.
+fn origin_form(uri: &Uri) -> PathAndQuery {
+    uri.path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"))
 }
 
 /// The route label of requests that matched no route.
