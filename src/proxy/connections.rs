@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 /// The cap on client connections, and the counts `/metrics` exports.
@@ -204,6 +204,48 @@ impl Future for Idle<'_> {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// Completes once the proxy begins to shut down (`changed` completes, from a
+    /// `watch::Receiver::changed` of `probe`'s channel). Like [`Idle`], it is polled at
+    /// every wake of the connection's task, but polls `changed` only to register and
+    /// once the channel has changed: between those, a poll is one load, where polling
+    /// `changed` takes the channel's waiter lock. The connection's task is its only
+    /// poller, so the waker registered stays current.
+    pub(crate) struct Stopping<F> {
+        #[pin]
+        changed: F,
+        probe: watch::Receiver<()>,
+        // Whether `changed` has been polled, and so registered.
+        armed: bool,
+    }
+}
+
+impl<F> Stopping<F> {
+    /// Completes with `changed`, a `changed()` future of a receiver of `probe`'s
+    /// channel, which had seen the same value as `probe`.
+    pub(crate) fn new(changed: F, probe: watch::Receiver<()>) -> Self {
+        Stopping {
+            changed,
+            probe,
+            armed: false,
+        }
+    }
+}
+
+impl<F: Future> Future for Stopping<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        // A sender dropped counts as a change, as it ends `changed` too.
+        if *this.armed && !this.probe.has_changed().unwrap_or(true) {
+            return Poll::Pending;
+        }
+        *this.armed = true;
+        this.changed.poll(cx).map(|_| ())
+    }
+}
+
 /// A request in progress on a connection, until dropped.
 #[derive(Debug)]
 pub(crate) struct Busy(Arc<Activity>);
@@ -274,6 +316,40 @@ mod tests {
         idle.await;
         assert_eq!(ended - start, Duration::from_secs(150));
         assert_eq!(Instant::now() - ended, TIMEOUT);
+    }
+
+    #[tokio::test]
+    async fn stopping_completes_when_the_channel_changes_after_its_first_poll() {
+        let (stop, mut rx) = watch::channel(());
+        let probe = rx.clone();
+        let stopping = Stopping::new(rx.changed(), probe);
+        tokio::pin!(stopping);
+        // Polled a few times (registered, then skipping the channel), still pending.
+        for _ in 0..3 {
+            assert!(futures_poll(stopping.as_mut()).is_pending());
+        }
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), stopping)
+            .await
+            .expect("a change completes it");
+    }
+
+    #[tokio::test]
+    async fn stopping_completes_when_the_sender_is_dropped() {
+        let (stop, mut rx) = watch::channel(());
+        let probe = rx.clone();
+        let stopping = Stopping::new(rx.changed(), probe);
+        tokio::pin!(stopping);
+        assert!(futures_poll(stopping.as_mut()).is_pending());
+        drop(stop);
+        tokio::time::timeout(Duration::from_secs(5), stopping)
+            .await
+            .expect("a dropped sender completes it");
+    }
+
+    /// Polls `future` once with a waker that does nothing.
+    fn futures_poll<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
+        future.poll(&mut Context::from_waker(std::task::Waker::noop()))
     }
 
     #[tokio::test(start_paused = true)]

@@ -561,11 +561,16 @@ impl Proxy {
                 tokio::pin!(conn, driver);
                 let idle = activity.idle(idle_timeout);
                 tokio::pin!(idle);
+                let probe = stopping.clone();
+                let stopping = connections::Stopping::new(stopping.changed(), probe);
+                tokio::pin!(stopping);
                 let mut closing = false;
                 // The lane's upstream connection is polled in this task, beside the
                 // client's; it closes when the client connection ends.
                 let served = loop {
                     tokio::select! {
+                        // In order: no random start for every wake of the task.
+                        biased;
                         served = conn.as_mut() => break served,
                         () = driver.as_mut() => break Ok(()),
                         () = idle.as_mut(), if !closing => {
@@ -573,7 +578,7 @@ impl Proxy {
                             closing = true;
                             conn.as_mut().graceful_shutdown();
                         }
-                        _ = stopping.changed(), if !closing => {
+                        () = stopping.as_mut(), if !closing => {
                             closing = true;
                             conn.as_mut().graceful_shutdown();
                         }
