@@ -113,6 +113,8 @@ pub struct Forwarder {
 /// its peer, and the upstream latency histogram it recorded into last.
 struct Connection {
     lane: Lane,
+    /// The response timeout of the lane's requests.
+    timer: Mutex<LaneTimer>,
     peer: Peer,
     /// The route and status class of the histogram its last request recorded into,
     /// and that histogram's handle: the next request on the same route, with the same
@@ -222,6 +224,7 @@ impl Forwarder {
         let (lane, driver) = Lane::new();
         let connection = Connection {
             lane,
+            timer: Mutex::new(LaneTimer::new()),
             peer: Peer::new(peer.ip()),
             durations: Mutex::new(None),
         };
@@ -378,9 +381,7 @@ impl Inner {
         // HTTP/1 requests come one after another on a connection: from the second
         // one on they go through the connection's own lane (HTTP/2 streams run side
         // by side and share the pool).
-        let lane = connection
-            .map(|c| &c.lane)
-            .filter(|lane| req.version() <= Version::HTTP_11 && lane.enter());
+        let on_lane = connection.filter(|c| req.version() <= Version::HTTP_11 && c.lane.enter());
         let own_peer;
         let peer = match connection {
             Some(c) => Some(&c.peer),
@@ -397,15 +398,22 @@ impl Inner {
                 let _in_flight = InFlight::enter(&self.in_flight);
                 let started = self.clock.now();
                 let timeout = self.settings.response_timeout;
-                let sent = async {
-                    match lane {
-                        Some(lane) => self.send_on_lane(lane, upstream_req, started).await,
-                        None => self.send_pooled(upstream_req).await,
+                let result = match on_lane {
+                    Some(c) => {
+                        let sent = self.send_on_lane(&c.lane, upstream_req, started);
+                        Deadline {
+                            inner: sent,
+                            at: tokio::time::Instant::now() + timeout,
+                            timer: &c.timer,
+                        }
+                        .await
                     }
-                };
-                let result = match tokio::time::timeout(timeout, sent).await {
-                    Ok(result) => result,
-                    Err(_) => Err(ProxyError::ResponseTimeout),
+                    None => {
+                        match tokio::time::timeout(timeout, self.send_pooled(upstream_req)).await {
+                            Ok(result) => result,
+                            Err(_) => Err(ProxyError::ResponseTimeout),
+                        }
+                    }
                 };
                 let took = self.clock.now().saturating_since(started);
                 // A response timeout is latency too: without it, an upstream that only
@@ -514,6 +522,72 @@ impl Inner {
             .oneshot(self.settings.upstream.clone())
             .await
             .map_err(ProxyError::connecting)
+    }
+}
+
+/// The timer behind the response timeout of a connection's lane requests: one per
+/// connection, not one per request. Registering a timer and cancelling it cost each
+/// request a lock of the runtime's timer wheel; this one is set to a request's
+/// deadline only when it fires. A lane's requests come one after another, each with a
+/// later deadline than the one before, so a timer set for an earlier request fires
+/// early, never late: it is then set again, to the deadline of the request waiting.
+/// Polled only by the connection's task (lanes serve HTTP/1 connections, whose
+/// requests their task polls), so the waker registered stays current.
+struct LaneTimer {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Whether the sleep has been polled, and so registered, since it was last set.
+    armed: bool,
+}
+
+impl LaneTimer {
+    fn new() -> Self {
+        LaneTimer {
+            // Fires at its first poll, which sets it to that request's deadline.
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            armed: false,
+        }
+    }
+
+    /// Ready once `at` has passed; registers the task's waker to be woken by then.
+    fn poll_until(&mut self, at: tokio::time::Instant, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if self.armed && !self.sleep.is_elapsed() {
+                return Poll::Pending;
+            }
+            self.armed = true;
+            std::task::ready!(self.sleep.as_mut().poll(cx));
+            if tokio::time::Instant::now() >= at {
+                return Poll::Ready(());
+            }
+            self.sleep.as_mut().reset(at);
+            self.armed = false;
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `inner`, or a response timeout once `at` has passed, on a connection's
+    /// [`LaneTimer`].
+    struct Deadline<'a, F> {
+        #[pin]
+        inner: F,
+        at: tokio::time::Instant,
+        timer: &'a Mutex<LaneTimer>,
+    }
+}
+
+impl<T, F: Future<Output = Result<T, ProxyError>>> Future for Deadline<'_, F> {
+    type Output = Result<T, ProxyError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(result) = this.inner.poll(cx) {
+            return Poll::Ready(result);
+        }
+        let mut timer = this.timer.lock().unwrap_or_else(PoisonError::into_inner);
+        timer
+            .poll_until(*this.at, cx)
+            .map(|()| Err(ProxyError::ResponseTimeout))
     }
 }
 
@@ -735,8 +809,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_connections_durations_go_to_the_histogram_of_their_route_and_class() {
+    #[tokio::test]
+    async fn a_connections_durations_go_to_the_histogram_of_their_route_and_class() {
         // The connection keeps the handle of the histogram it recorded into last: a
         // request on another route, or with another status class, must not land in it.
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
@@ -744,6 +818,7 @@ mod tests {
         let (lane, _driver) = Lane::new();
         let connection = Connection {
             lane,
+            timer: Mutex::new(LaneTimer::new()),
             peer: Peer::new("203.0.113.7".parse().unwrap()),
             durations: Mutex::new(None),
         };
@@ -774,6 +849,40 @@ mod tests {
         assert_eq!(count("a", "5xx").as_deref(), Some("1"), "{text}");
         assert_eq!(count("b", "2xx").as_deref(), Some("1"), "{text}");
         assert_eq!(count("b", "5xx").as_deref(), Some("1"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_request_times_out_at_its_own_deadline_not_an_earlier_ones() {
+        use tokio::time::{sleep, Instant};
+        const TIMEOUT: Duration = Duration::from_secs(5);
+        let timer = Mutex::new(LaneTimer::new());
+        let start = Instant::now();
+        let answered_after = |delay| async move {
+            sleep(delay).await;
+            Ok::<_, ProxyError>(delay)
+        };
+        // Answered within its timeout: the timer is left set to its deadline (5 s).
+        let first = Deadline {
+            inner: answered_after(Duration::from_secs(1)),
+            at: Instant::now() + TIMEOUT,
+            timer: &timer,
+        };
+        assert!(first.await.is_ok());
+        // From 1 s to 5.5 s: past the first request's deadline, within its own.
+        let second = Deadline {
+            inner: answered_after(Duration::from_millis(4_500)),
+            at: Instant::now() + TIMEOUT,
+            timer: &timer,
+        };
+        assert!(second.await.is_ok(), "timed out at an earlier deadline");
+        // Never answered: times out at its own deadline, 5 s after it began.
+        let third = Deadline {
+            inner: std::future::pending::<Result<(), ProxyError>>(),
+            at: Instant::now() + TIMEOUT,
+            timer: &timer,
+        };
+        assert!(matches!(third.await, Err(ProxyError::ResponseTimeout)));
+        assert_eq!(Instant::now() - start, Duration::from_millis(10_500));
     }
 
     #[test]
