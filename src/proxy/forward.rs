@@ -111,9 +111,8 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(&PROXY_CONNECTION);
 }
 
-/// Forwards requests to the upstream. Cloning is one reference count (two for a
-/// connection's own, [`for_connection`](Self::for_connection)): the connection pool
-/// and settings are shared.
+/// Forwards requests to the upstream. Cloning is one reference count (two for the
+/// forwarder of one client connection): the connection pool and settings are shared.
 #[derive(Clone, Debug)]
 pub struct Forwarder {
     inner: Arc<Inner>,
