@@ -2,6 +2,9 @@
 //! return a value or an error naming where the input is wrong, and never panic
 //! (proptest; failures are kept in `tests/parser_properties.proptest-regressions`).
 
+mod common;
+
+use common::cases;
 use proptest::prelude::*;
 use rocgate::config::{normalize_path, Config};
 use rocgate::sim::access_log::{parse_line, LineError, MAX_LINE_BYTES};
@@ -145,20 +148,6 @@ fn override_value() -> impl Strategy<Value = String> {
         "-?[0-9]{0,25}(\\.[0-9]{0,5})?(e-?[0-9]{1,3})?[a-z]{0,2}",
         "\\PC{0,12}",
     ]
-}
-
-/// `default` cases per property, or as many as `PROPTEST_CASES` asks for (to explore
-/// further: README.md, Development).
-fn cases(default: u32) -> ProptestConfig {
-    let config = ProptestConfig::default();
-    if std::env::var_os("PROPTEST_CASES").is_some() {
-        config
-    } else {
-        ProptestConfig {
-            cases: default,
-            ..config
-        }
-    }
 }
 
 proptest! {

@@ -1,6 +1,9 @@
 //! Property tests of the core's invariants (proptest; failures are kept in
 //! `tests/properties.proptest-regressions`).
 
+mod common;
+
+use common::cases;
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, RouteConfig, RouteMatch};
@@ -58,20 +61,6 @@ fn within_rate(admitted: &[Nanos], capacity: f64, rate: f64) -> Result<(), TestC
         }
     }
     Ok(())
-}
-
-/// `default` cases per property, or as many as `PROPTEST_CASES` asks for (to explore
-/// further: README.md, Development).
-fn cases(default: u32) -> ProptestConfig {
-    let config = ProptestConfig::default();
-    if std::env::var_os("PROPTEST_CASES").is_some() {
-        config
-    } else {
-        ProptestConfig {
-            cases: default,
-            ..config
-        }
-    }
 }
 
 proptest! {
