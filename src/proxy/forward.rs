@@ -133,6 +133,18 @@ struct Connection {
     durations: Mutex<Option<(Arc<str>, &'static str, metrics::Histogram)>>,
 }
 
+impl Connection {
+    /// A connection from `peer` whose HTTP/1.1 requests go through `lane`.
+    fn new(lane: Lane, peer: IpAddr) -> Self {
+        Connection {
+            lane,
+            timer: Mutex::new(LaneTimer::new()),
+            peer: Peer::new(peer),
+            durations: Mutex::new(None),
+        }
+    }
+}
+
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
@@ -233,15 +245,9 @@ impl Forwarder {
     /// which must run beside the client connection, in its task.
     pub(crate) fn for_connection(&self, peer: SocketAddr) -> (Forwarder, Driver) {
         let (lane, driver) = Lane::new();
-        let connection = Connection {
-            lane,
-            timer: Mutex::new(LaneTimer::new()),
-            peer: Peer::new(peer.ip()),
-            durations: Mutex::new(None),
-        };
         let forwarder = Forwarder {
             inner: Arc::clone(&self.inner),
-            connection: Some(Arc::new(connection)),
+            connection: Some(Arc::new(Connection::new(lane, peer.ip()))),
         };
         (forwarder, driver)
     }
@@ -840,12 +846,7 @@ mod tests {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         let (lane, _driver) = Lane::new();
-        let connection = Connection {
-            lane,
-            timer: Mutex::new(LaneTimer::new()),
-            peer: Peer::new("203.0.113.7".parse().unwrap()),
-            durations: Mutex::new(None),
-        };
+        let connection = Connection::new(lane, "203.0.113.7".parse().unwrap());
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
         metrics::with_local_recorder(&recorder, || {
             for (route, class) in [
