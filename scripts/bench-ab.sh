@@ -63,12 +63,7 @@ fi
 command -v taskset >/dev/null || { echo "bench-ab: taskset (util-linux) is missing" >&2; exit 1; }
 missing=()
 for tool in wrk curl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-if ((${#missing[@]} > 0)); then
-    echo "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q "${missing[@]}" >/dev/null ||
-        { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
-fi
+install_packages "${missing[@]}"
 
 cargo build --release --quiet --example bench_server --no-default-features --features http
 server="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"

@@ -151,10 +151,7 @@ ensure() {
     for tool in "$@"; do
         command -v "$tool" >/dev/null || missing+=("$tool")
     done
-    ((${#missing[@]} == 0)) && return
-    echo "installing ${missing[*]}"
-    apt-get install -y -q "${missing[@]}" >/dev/null ||
-        { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
+    install_packages "${missing[@]}"
 }
 ensure wrk curl
 if has_config nginx-admit && ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then
@@ -410,6 +407,8 @@ run() {
         "$busy" "$others" "${errors:-none}"
 }
 declare -A paired cpus paired_cpu
+# paired and paired_cpu are read through ratio_of's namerefs.
+# shellcheck disable=SC2034
 for ((round = 1; round <= ROUNDS; round++)); do
     for ((i = 0; i < n; i++)); do
         mode=${CONFIGS[(i + round - 1) % n]}

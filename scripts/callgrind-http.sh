@@ -53,12 +53,7 @@ for tool in valgrind wrk curl; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx-light)
-if ((${#missing[@]} > 0)); then
-    echo "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q "${missing[@]}" >/dev/null ||
-        { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
-fi
+install_packages "${missing[@]}"
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 
 cargo build --release --quiet --example bench_server --no-default-features --features http

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/bench-http.sh and scripts/callgrind-http.sh: the configurations
 # of `rocgate serve` and nginx that the proxy benchmarks compare, written the same way
 # for both so that the two measure the same thing.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, as README.md gives it and as CI runs it.
 #
-# Installs what the tests need that the machine lacks, then: formatting, clippy with
-# warnings as errors (every target, every feature), the core alone without default
-# features, every test (unit, integration, doc; the property tests from a fixed seed),
-# and the API docs with warnings as errors.
+# Installs what the tests need that the machine lacks, then: the shell scripts
+# checked, formatting, clippy with warnings as errors (every target, every feature),
+# the core alone without default features, every test (unit, integration, doc; the
+# property tests from a fixed seed), and the API docs with warnings as errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +33,16 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     apt-get install -y -qq --no-install-recommends redis-server redis-tools
 fi
 redis-server --version
+# The shell scripts are checked by shellcheck.
+if ! command -v shellcheck >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends shellcheck
+fi
+shellcheck --version | sed -n 2p
+
+step "shellcheck (scripts/, .ci/run)"
+shellcheck -x scripts/*.sh .ci/run
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
