@@ -228,3 +228,68 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off() {
         "{failures} accept failures logged in a second"
     );
 }
+
+/// The status of a `PUT` of `body` to `path` at `addr`, with no `Authorization`.
+async fn put_status(addr: SocketAddr, path: &str, body: &'static str) -> Result<u16, String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = http::Request::put(path)
+        .header("host", "rocgate.test")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            body.as_bytes(),
+        )))
+        .unwrap();
+    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    Ok(res.status().as_u16())
+}
+
+/// Without `--config`, `serve` runs the embedded default with the environment's
+/// overrides, as it would a file: `ROCGATE__ADMIN__TOKEN` (the documented way to set
+/// the token) protects the admin API. It was ignored, leaving the API open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_config_file_the_environment_still_sets_the_admin_token() {
+    let up = upstream(Duration::ZERO, Arc::default()).await;
+    let mut child = Reap(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--upstream")
+            .arg(format!("http://{up}"))
+            .env_clear()
+            .env("RUST_LOG", "info")
+            .env("ROCGATE__ADMIN__TOKEN", "s3cret")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let admin = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("serve logs its admin address");
+        if let Some(addr) = field(&line, "admin=") {
+            break addr;
+        }
+    };
+    let change = r#"{"base_limit": 300}"#;
+    assert_eq!(
+        put_status(admin, "/admin/routes/order", change).await,
+        Ok(401),
+        "a change without the token is refused"
+    );
+}

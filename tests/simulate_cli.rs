@@ -515,3 +515,35 @@ fn a_closed_stdout_ends_the_output_without_a_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
+
+/// Without `--config`, the embedded default takes environment overrides as a file
+/// does: a variable changes the run, and a bad one is an error naming it (exit 2).
+#[test]
+fn environment_overrides_apply_to_the_embedded_default() {
+    let run = |var: Option<(&str, &str)>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rocgate"));
+        command
+            .args(["simulate", "--scenario", "flash-sale"])
+            .env_clear();
+        if let Some((name, value)) = var {
+            command.env(name, value);
+        }
+        command.output().expect("run rocgate")
+    };
+    let plain = run(None);
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    assert!(text(&plain.stdout).contains("first at 20.500 s"));
+
+    let raised = run(Some(("ROCGATE__DEFAULTS__DANGER_ROC", "1000")));
+    let stdout = text(&raised.stdout);
+    assert!(raised.status.success(), "{}", text(&raised.stderr));
+    assert!(stdout.contains("cuts          none"), "{stdout}");
+
+    let bad = run(Some(("ROCGATE__DEFAULTS__DANGER_ROC", "abc")));
+    let stderr = text(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("defaults.danger_roc") && stderr.contains("ROCGATE__DEFAULTS__DANGER_ROC"),
+        "{stderr}"
+    );
+}

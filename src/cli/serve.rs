@@ -76,15 +76,16 @@ fn reload_on_sighup(reloader: Reloader) {
 }
 
 pub(crate) fn run(args: ServeArgs) -> ExitCode {
-    let config = match &args.config {
-        Some(path) => match Config::load(path) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => Config::embedded_default(),
+    let loaded = match &args.config {
+        Some(path) => Config::load(path),
+        None => Config::embedded_default_with_env(),
+    };
+    let config = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
     };
     let server = config.server.clone();
     let settings = match settings(&server, &args) {

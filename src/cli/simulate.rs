@@ -171,9 +171,10 @@ impl Outputs {
 
 fn simulate(args: &SimulateArgs) -> Result<(), Failure> {
     let config = match &args.config {
-        Some(path) => Config::load(path).map_err(|e| bad_input(e.to_string()))?,
-        None => Config::embedded_default(),
-    };
+        Some(path) => Config::load(path),
+        None => Config::embedded_default_with_env(),
+    }
+    .map_err(|e| bad_input(e.to_string()))?;
     let (traffic, label, routes) = if args.access_logs.is_empty() {
         profile_traffic(args, &config)?
     } else {

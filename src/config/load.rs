@@ -159,13 +159,7 @@ impl Config {
                 )],
             )
         })?;
-        let env = std::env::vars_os().map(|(k, v)| {
-            (
-                k.to_string_lossy().into_owned(),
-                v.to_string_lossy().into_owned(),
-            )
-        });
-        Config::from_toml_str_with_env(&text, &origin, env)
+        Config::from_toml_str_with_env(&text, &origin, process_env())
     }
 
     /// Parses and validates TOML text, without environment overrides. `origin` names
@@ -290,9 +284,30 @@ impl Config {
     ///
     /// Never in a released build: a unit test checks that the built-in file is valid.
     pub fn embedded_default() -> Config {
-        Config::from_toml_str(EMBEDDED_DEFAULT, "config/rocgate.toml (built in)")
+        Config::from_toml_str(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN)
             .expect("the built-in config/rocgate.toml is valid (checked by a unit test)")
     }
+
+    /// The documented default configuration with overrides from the process
+    /// environment, applied as [`Config::load`] applies them to a file: what `rocgate
+    /// serve` and `rocgate simulate` run without `--config`. Only an override can make
+    /// it invalid, and the error names its variable.
+    pub fn embedded_default_with_env() -> Result<Config, ConfigError> {
+        Config::from_toml_str_with_env(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, process_env())
+    }
+}
+
+/// How errors in the embedded default configuration name it.
+const EMBEDDED_ORIGIN: &str = "config/rocgate.toml (built in)";
+
+/// The process environment as `(name, value)` text.
+fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().map(|(k, v)| {
+        (
+            k.to_string_lossy().into_owned(),
+            v.to_string_lossy().into_owned(),
+        )
+    })
 }
 
 /// One `ROCGATE__…` variable: its name and the field path it sets.
