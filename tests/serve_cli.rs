@@ -293,3 +293,31 @@ async fn without_a_config_file_the_environment_still_sets_the_admin_token() {
         "a change without the token is refused"
     );
 }
+
+/// A listener that cannot be opened exits 1, naming which of the two it is: with both
+/// addresses in one message an operator could not tell the proxy's port from the
+/// admin API's.
+#[tokio::test]
+async fn an_address_in_use_is_named_with_its_listener() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    for (flag, listener, other) in [
+        ("--admin", "(the admin API)", "--listen"),
+        ("--listen", "(the proxy)", "--admin"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", flag, &addr, other, "127.0.0.1:0"])
+            .args(["--upstream", "http://127.0.0.1:1"])
+            .env_clear()
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(&format!("cannot listen on {addr} {listener}")),
+            "{flag}: {stderr}"
+        );
+        assert!(!stderr.contains("127.0.0.1:0"), "{flag}: {stderr}");
+    }
+}

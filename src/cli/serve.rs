@@ -106,10 +106,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
         let proxy = match Proxy::bind(settings.clone(), &config, args.config.clone()).await {
             Ok(p) => p,
             Err(e) => {
-                eprintln!(
-                    "rocgate serve: cannot listen on {} / {}: {e}",
-                    settings.listen, settings.admin_listen
-                );
+                eprintln!("rocgate serve: {e}");
                 return ExitCode::FAILURE;
             }
         };

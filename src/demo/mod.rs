@@ -205,6 +205,9 @@ pub enum DemoError {
         /// Why.
         source: io::Error,
     },
+    /// The proxy or its admin API could not be opened (the error names which).
+    #[error("{0} (--listen and --admin take 127.0.0.1:0: any free port)")]
+    Proxy(io::Error),
     /// Writing the table or the report failed.
     #[error("cannot write the output: {0}")]
     Output(#[from] io::Error),
@@ -320,13 +323,7 @@ pub async fn run(
     proxy_settings.admin_token = None;
     let proxy = Proxy::bind(proxy_settings, &config, None)
         .await
-        .map_err(|source| DemoError::Listen {
-            what: format!(
-                "{} (proxy) or {} (admin API; --admin 127.0.0.1:0 takes any free port)",
-                settings.listen, settings.admin
-            ),
-            source,
-        })?;
+        .map_err(DemoError::Proxy)?;
     let proxy_addr = proxy.local_addr()?;
     let admin_addr = proxy.admin_addr()?;
     let reloader = proxy.reloader().clone();

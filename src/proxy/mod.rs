@@ -308,8 +308,11 @@ impl Proxy {
         source: Option<PathBuf>,
         clock: Arc<dyn Clock>,
     ) -> io::Result<Proxy> {
-        let listener = listen(settings.listen)?;
-        let admin = TcpListener::bind(settings.admin_listen).await?;
+        let listener =
+            listen(settings.listen).map_err(|e| cannot_listen(settings.listen, "the proxy", e))?;
+        let admin = TcpListener::bind(settings.admin_listen)
+            .await
+            .map_err(|e| cannot_listen(settings.admin_listen, "the admin API", e))?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
         let advisor = Arc::new(Advisor::new(&config.hints));
@@ -682,6 +685,11 @@ const LIMIT_WARN_EVERY: Duration = Duration::from_secs(10);
 /// standard library's and tokio's `bind` ask for 128; nginx asks for 511 on Linux.
 /// The kernel lowers it to `net.core.somaxconn` (4096 on current kernels).
 pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// Why a listener could not be opened, naming it and its address (of the same kind).
+fn cannot_listen(addr: SocketAddr, which: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("cannot listen on {addr} ({which}): {e}"))
+}
 
 /// Binds the client listener with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as `bind`
 /// sets on Unix, so a restart binds while the last run's connections time out).
