@@ -547,3 +547,23 @@ fn environment_overrides_apply_to_the_embedded_default() {
         "{stderr}"
     );
 }
+
+/// A negative number given to a numeric flag is refused by the flag's own check,
+/// which names it, rather than taken for an unknown flag (`unexpected argument '-5'`).
+#[test]
+fn a_negative_number_is_refused_naming_its_flag() {
+    for (flags, named) in [
+        (&["simulate", "--capacity", "-5"][..], "'--capacity <RPS>'"),
+        (&["simulate", "--seed", "-1"][..], "'--seed <SEED>'"),
+        (&["demo", "--duration", "-5"][..], "'--duration <DURATION>'"),
+        (&["demo", "--seed", "-1"][..], "'--seed <SEED>'"),
+    ] {
+        let out = rocgate(flags);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("invalid value '{}' for {named}", flags[2])),
+            "{flags:?}: {stderr}"
+        );
+    }
+}

@@ -12,7 +12,12 @@ use std::time::Duration;
 pub(crate) struct DemoArgs {
     /// Length of the flash sale, warm-up to tail: seconds (`10`) or a duration (`90s`,
     /// `2m`), 5 s to 1 h. The scenario and the config's times scale with it.
-    #[arg(long, default_value = "60", value_parser = parse_plan)]
+    #[arg(
+        long,
+        default_value = "60",
+        allow_negative_numbers = true,
+        value_parser = parse_plan
+    )]
     duration: Plan,
     /// Then play the same traffic straight to a new shop, without rocgate, and print
     /// both side by side.
@@ -26,7 +31,7 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
     /// Poisson arrivals from this seed (default: evenly spaced).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
 }
 

@@ -76,7 +76,8 @@ pub(crate) struct SimulateArgs {
     /// for a profile, every route the log reaches for an access log).
     #[arg(long = "route", value_name = "NAME")]
     pub(crate) routes: Vec<String>,
-    /// Built-in scenario: steady, warmup, flash-sale, bot-burst, double-spike.
+    /// Built-in scenario: steady, warmup, flash-sale, bot-burst, double-spike (default:
+    /// flash-sale, when no profile or access log is given).
     #[arg(long, conflicts_with_all = ["profile", "access_logs"])]
     pub(crate) scenario: Option<String>,
     /// CSV profile: `t_seconds,rate` lines, piecewise linear.
@@ -98,7 +99,7 @@ pub(crate) struct SimulateArgs {
     pub(crate) lenient: bool,
     /// Seed: Poisson arrivals for a profile, random times inside each logged second
     /// for an access log; without it, arrivals are evenly spaced.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub(crate) seed: Option<u64>,
     /// Wall-clock time of t = 0, RFC 3339 (places scheduled events; default: the
     /// profile's first `t_seconds` read as Unix seconds, or the log's first second).
@@ -106,7 +107,12 @@ pub(crate) struct SimulateArgs {
     pub(crate) start: Option<SystemTime>,
     /// Capacity of the protected service, req/s, all driven routes together: what is
     /// admitted beyond it in a second counts as overload.
-    #[arg(long, value_name = "RPS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(
+        long,
+        value_name = "RPS",
+        allow_negative_numbers = true,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     pub(crate) capacity: Option<u64>,
     /// Run once per value of a route parameter and print a table:
     /// `[ROUTE.]NAME=START..END:STEP` or `[ROUTE.]NAME=V1,V2,…` (durations in seconds);
