@@ -570,6 +570,39 @@ fn syntax_errors_carry_the_position() {
     );
 }
 
+/// A number TOML reads but 64 bits cannot hold is named with its field and position
+/// (the `config` crate reports it with neither).
+#[test]
+fn a_number_too_large_names_its_field_and_line() {
+    refused(
+        &route("base_limit = 1e400"),
+        "routes[0].base_limit",
+        "number out of range at line 4, column 14",
+    );
+    refused(
+        &format!("{ORDER}[server]\nmax_body_bytes = 99999999999999999999\n"),
+        "server.max_body_bytes",
+        "number out of range at line 5, column 18",
+    );
+    refused(
+        &format!("{ORDER}[[routes.tiers]]\nname = \"t\"\nvalues = [\"a\"]\nbase_limit = -1e999\n"),
+        "routes[0].tiers[0].base_limit",
+        "number out of range at line 7",
+    );
+}
+
+/// A negative duration says so, rather than humantime's "expected number at 0".
+#[test]
+fn durations_need_a_unit_and_a_sign_they_can_have() {
+    refused(
+        &route("hold = \"-1s\""),
+        "routes[0].hold",
+        "must not be negative, got \"-1s\"",
+    );
+    refused(&route("hold = \"2\""), "routes[0].hold", "time unit needed");
+    refused(&route("hold = 2"), "routes[0].hold", "time unit needed");
+}
+
 #[test]
 fn several_errors_are_all_reported_each_once() {
     let text = "\

@@ -442,17 +442,62 @@ fn syntax_problem(text: &str, error: &config::ConfigError) -> Problem {
     };
     let Some(e) = cause.downcast_ref::<toml::de::Error>() else {
         // A value the parser accepted but could not convert, such as an integer
-        // beyond 64 bits: the `config` crate gives no position for these.
-        return Problem::new("", format!("invalid TOML: {cause}"));
+        // beyond 64 bits: the `config` crate gives no position for these, so the
+        // value is looked for.
+        return match out_of_range_number(text) {
+            Some((field, at)) => Problem::new(
+                field,
+                format!("number out of range at {}: {cause}", position(text, at)),
+            ),
+            None => Problem::new("", format!("invalid TOML: {cause}")),
+        };
     };
     let message = e.message().lines().collect::<Vec<_>>().join("; ");
     let Some(span) = e.span() else {
         return Problem::new("", message);
     };
-    let before = &text[..span.start.min(text.len())];
+    Problem::new(position(text, span.start), message)
+}
+
+/// `line L, column C` of the byte offset `at` in `text`.
+fn position(text: &str, at: usize) -> String {
+    let before = text.get(..at.min(text.len())).unwrap_or(text);
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
-    Problem::new(format!("line {line}, column {column}"), message)
+    format!("line {line}, column {column}")
+}
+
+/// The first number in `text` that TOML reads but 64 bits cannot hold (an integer
+/// beyond `i64`, a float that overflows to infinity), as the `config` crate converts
+/// them: its field path (`routes[0].base_limit`) and byte offset.
+fn out_of_range_number(text: &str) -> Option<(String, usize)> {
+    use toml::de::{DeTable, DeValue};
+    use toml::Spanned;
+
+    fn in_value(path: String, value: &Spanned<DeValue<'_>>) -> Option<(String, usize)> {
+        let out_of_range = match value.get_ref() {
+            DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).is_err(),
+            DeValue::Float(f) => f
+                .as_str()
+                .parse::<f64>()
+                .map_or(true, |x| x.is_infinite() && !f.as_str().contains("inf")),
+            DeValue::Table(table) => return in_table(&format!("{path}."), table),
+            DeValue::Array(items) => {
+                return items
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, item)| in_value(format!("{path}[{i}]"), item))
+            }
+            DeValue::String(_) | DeValue::Boolean(_) | DeValue::Datetime(_) => false,
+        };
+        out_of_range.then(|| (path, value.span().start))
+    }
+    fn in_table(prefix: &str, table: &DeTable<'_>) -> Option<(String, usize)> {
+        table
+            .iter()
+            .find_map(|(key, value)| in_value(format!("{prefix}{}", key.get_ref()), value))
+    }
+    in_table("", DeTable::parse(text).ok()?.get_ref())
 }
 
 /// A deserialization error's message without the key and origin the `config` crate

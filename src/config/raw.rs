@@ -610,6 +610,9 @@ impl Reader<'_> {
 }
 
 fn any_duration(text: String) -> Result<Duration, String> {
+    if text.trim_start().starts_with('-') {
+        return Err(format!("must not be negative, got {text:?}"));
+    }
     humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
 }
 
