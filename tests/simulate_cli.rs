@@ -567,3 +567,22 @@ fn a_negative_number_is_refused_naming_its_flag() {
         );
     }
 }
+
+/// `--start` takes an RFC 3339 time in UTC; another offset is refused, saying so.
+#[test]
+fn start_is_a_utc_time() {
+    let out = rocgate(&["simulate", "--start", "2026-11-27T20:00:00Z"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("t = 0 at 2026-11-27T20:00:00.000Z"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = rocgate(&["simulate", "--start", "2026-11-27T21:00:00+01:00"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("'--start <START>'") && stderr.contains("UTC"),
+        "{stderr}"
+    );
+}

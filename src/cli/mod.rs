@@ -101,9 +101,9 @@ pub(crate) struct SimulateArgs {
     /// for an access log; without it, arrivals are evenly spaced.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) seed: Option<u64>,
-    /// Wall-clock time of t = 0, RFC 3339 (places scheduled events; default: the
+    /// Wall-clock time of t = 0, RFC 3339 in UTC (places scheduled events; default: the
     /// profile's first `t_seconds` read as Unix seconds, or the log's first second).
-    #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+    #[arg(long, value_parser = simulate::parse_start)]
     pub(crate) start: Option<SystemTime>,
     /// Capacity of the protected service, req/s, all driven routes together: what is
     /// admitted beyond it in a second counts as overload.

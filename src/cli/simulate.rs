@@ -64,6 +64,12 @@ pub(crate) fn parse_sweep(text: &str) -> Result<SweepParam, String> {
         .map_err(|e: rocgate::sim::SweepError| e.to_string())
 }
 
+/// `--start`: an RFC 3339 UTC time.
+pub(crate) fn parse_start(text: &str) -> Result<SystemTime, String> {
+    humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("{e}: must be an RFC 3339 time in UTC, such as 2026-11-27T19:00:00Z"))
+}
+
 /// `--from`, `--to`: an RFC 3339 UTC time, or a time as an access log writes it.
 pub(crate) fn parse_log_bound(text: &str) -> Result<SystemTime, String> {
     if let Ok(t) = humantime::parse_rfc3339_weak(text) {
