@@ -586,3 +586,26 @@ fn start_is_a_utc_time() {
         "{stderr}"
     );
 }
+
+/// A profile has no clients: on a partitioned route its requests are one keyless
+/// client, held to one key's limit, and `simulate` says so (as it does for a log's
+/// header-partitioned routes).
+#[test]
+fn a_profile_on_a_partitioned_route_is_one_client_and_says_so() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/per-ip.toml");
+    let out = rocgate(&["simulate", "--config", config, "--route", "api"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("note: route `api` is partitioned by client IP")
+            && stderr.contains("one keyless client"),
+        "{stderr}"
+    );
+    let out = rocgate(&["simulate"]);
+    assert!(out.status.success());
+    assert!(
+        !text(&out.stderr).contains("note:"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -236,6 +236,16 @@ fn profile_traffic(
             ))
         }
     };
+    if let Some(partition) = config
+        .routes
+        .iter()
+        .find(|r| r.name == route)
+        .and_then(|r| partitioned_by(&r.partition))
+    {
+        eprintln!(
+            "note: route `{route}` is partitioned by {partition}; a profile's requests come from one keyless client, held to one key's limit"
+        );
+    }
     let model = ArrivalModel::from_seed(args.seed);
     let label = format!("{label}, {model} arrivals");
     let traffic = Traffic::Profile {
@@ -244,6 +254,16 @@ fn profile_traffic(
         model,
     };
     Ok((traffic, label, vec![route]))
+}
+
+/// What a partitioned route is keyed by, as said in a note; `None` for a route
+/// limited as a whole.
+fn partitioned_by(partition: &Partition) -> Option<String> {
+    match partition {
+        Partition::Route => None,
+        Partition::ClientIp(_) => Some("client IP".to_owned()),
+        Partition::Header(header, _) => Some(format!("the header `{header}`")),
+    }
 }
 
 /// Access logs, on every route they reach (or the routes asked for).
