@@ -242,6 +242,11 @@ fn route_names_and_paths() {
         "use only A-Z a-z 0-9 _ . : -",
     );
     refused(
+        "[[routes]]\nname = \"unmatched\"\npath = \"/\"\n",
+        "routes[0].name",
+        "\"unmatched\" is reserved: it labels the requests that no route takes",
+    );
+    refused(
         "[[routes]]\nname = \"order\"\n",
         "routes[0].path",
         "required",

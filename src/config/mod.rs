@@ -366,6 +366,10 @@ pub enum Partition {
     Header(String, KeyLimits),
 }
 
+/// The route label that `rocgate serve`'s upstream metrics give a request no route
+/// takes; a route may not be named so.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
 /// The longest header value that is kept whole as a key of a `header:<name>`
 /// partition; a longer one is keyed by a 128-bit digest of it (every key is kept while
 /// it lives, and an HTTP/1 head may carry a value of hundreds of KiB).

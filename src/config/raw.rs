@@ -1306,7 +1306,16 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
     let at = Scope::Route(i);
     let (mut own, settings) = raw.split();
     let s = defaults.over(settings, at, p);
-    let name = check_name(p, at, own.name.take());
+    let name = check_name(p, at, own.name.take()).filter(|n| {
+        let reserved = n == super::UNMATCHED_ROUTE;
+        if reserved {
+            p.at(
+                at.path("name"),
+                format!("{n:?} is reserved: it labels the requests that no route takes"),
+            );
+        }
+        !reserved
+    });
     let matcher = matcher(p, at, &own);
     let window = window_spec(p, &s);
     let controller = controller_params(p, &s);

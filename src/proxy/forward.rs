@@ -391,10 +391,10 @@ impl Inner {
         req: Request<Incoming>,
         connection: Option<&Connection>,
     ) -> Response<Body> {
-        let route = req
-            .extensions()
-            .get::<MatchedRoute>()
-            .map_or_else(|| Arc::from(UNMATCHED), |m| Arc::clone(&m.0));
+        let route = req.extensions().get::<MatchedRoute>().map_or_else(
+            || Arc::from(crate::config::UNMATCHED_ROUTE),
+            |m| Arc::clone(&m.0),
+        );
         // HTTP/1 requests come one after another on a connection: from the second
         // one on they go through the connection's own lane (HTTP/2 streams run side
         // by side and share the pool).
@@ -644,9 +644,6 @@ fn origin_form(uri: &Uri) -> PathAndQuery {
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"))
 }
-
-/// The route label of requests that matched no route.
-const UNMATCHED: &str = "unmatched";
 
 /// `1xx` … `5xx`.
 fn status_class(status: http::StatusCode) -> &'static str {
