@@ -6,6 +6,11 @@
 //! closed, never how long that took.
 #![cfg(feature = "proxy")]
 
+#[path = "common/captured.rs"]
+mod captured;
+
+use captured::Captured;
+
 use axum::body::Body;
 use axum::Router;
 use bytes::Bytes;
@@ -19,7 +24,7 @@ use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -287,34 +292,6 @@ async fn a_connection_beyond_max_connections_waits_until_one_closes() {
     .expect("the gauge falls to 0 once every connection is closed");
 }
 
-/// What a [`tracing`] subscriber writes, kept for the test to read.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// The lines written that contain `text`.
-    fn lines_with(&self, text: &str) -> Vec<String> {
-        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        String::from_utf8_lossy(&kept)
-            .lines()
-            .filter(|line| line.contains(text))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
 /// The cap's warning is logged when the cap is first reached, then at most once per
 /// 10 s of the proxy's clock however often connections wait, each time with the cap
 /// and how often it was reached.
@@ -322,13 +299,7 @@ impl Captured {
 async fn reaching_the_cap_is_logged_at_most_once_per_ten_seconds() {
     // A current-thread runtime: the proxy's tasks run on this thread, under the
     // subscriber set for it.
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (log, _capturing) = Captured::on_this_thread();
     let warned = || log.lines_with("client connection limit reached");
 
     let upstream = start_upstream().await;

@@ -7,6 +7,10 @@
 //! bounded to a few seconds and a few thousand decisions.
 #![cfg(feature = "redis")]
 
+#[cfg(feature = "cli")]
+#[path = "common/captured.rs"]
+mod captured;
+
 use rocgate::clock::{Clock, ManualClock, MonotonicClock, Nanos};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::controller::{ControllerState, TransitionCounts};
@@ -866,6 +870,49 @@ async fn every_key_expires_and_a_routes_keys_share_one_slot() {
         .query(&mut conn)
         .unwrap();
     assert!(ttl > 0, "bucket without expiry ({ttl})");
+}
+
+/// A Redis that is away when the store starts, then comes: the heartbeat logs a
+/// warning once (not at each beat), then that Redis is reached, once.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_heartbeat_says_once_that_redis_is_away_and_once_that_it_is_back() {
+    // A current-thread runtime: the heartbeat task logs under this thread's subscriber.
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let unreachable = || log.lines_with("shared store unreachable");
+    let reached = || log.lines_with("shared store reached");
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    server.kill();
+    let a = Instance::system(&burst_route(), &store_config(&server, "heard"));
+    for _ in 0..3 {
+        assert_eq!(a.store.beat().await, None);
+    }
+    let lines = unreachable();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(lines[0].contains("fail_mode=local"), "{}", lines[0]);
+    assert!(reached().is_empty(), "{:#?}", reached());
+
+    server.restart().await;
+    let mut answered = None;
+    for _ in 0..100 {
+        answered = a.store.beat().await;
+        if answered.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(answered, Some(1), "Redis not reached again");
+    assert_eq!(a.store.beat().await, Some(1));
+    let lines = reached();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("INFO") && lines[0].contains("instances=1"),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(unreachable().len(), 1, "{:#?}", unreachable());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -479,6 +479,10 @@ struct Inner {
     instances: AtomicU64,
     /// Sequence numbers of beats sent.
     beats: AtomicU64,
+    /// What the last heartbeat found: [`UNHEARD`], [`REACHED`] or [`UNREACHED`]. Each
+    /// change is logged once, so that an operator learns that Redis is away before
+    /// traffic does, and when it is back.
+    heard: AtomicU8,
     routes: DashMap<Arc<str>, Arc<SharedRoute>>,
     decide: Lua,
     save: Lua,
@@ -561,6 +565,7 @@ impl RedisStore {
             changing: Mutex::new(()),
             instances: AtomicU64::new(1),
             beats: AtomicU64::new(0),
+            heard: AtomicU8::new(UNHEARD),
             routes: DashMap::new(),
             decide: Lua::new(DECIDE),
             save: Lua::new(SAVE),
@@ -1068,13 +1073,32 @@ impl Inner {
                 if before >> INSTANCES_BITS < seq {
                     metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
                 }
+                if self.heard.swap(REACHED, Ordering::Relaxed) != REACHED {
+                    tracing::info!(instances = n, "shared store reached");
+                }
                 Some(n)
             }
             Ok(Err(e)) => {
-                tracing::debug!(error = %e, "heartbeat failed");
+                self.unreached(&e);
                 None
             }
-            Err(_) => None,
+            Err(_) => {
+                self.unreached(&format_args!("no answer within {:?}", self.config.timeout));
+                None
+            }
+        }
+    }
+
+    /// A heartbeat failed: logged as a warning if the last one did not fail too.
+    fn unreached(&self, error: &dyn std::fmt::Display) {
+        if self.heard.swap(UNREACHED, Ordering::Relaxed) != UNREACHED {
+            tracing::warn!(
+                error = %error,
+                fail_mode = %self.config.fail_mode.as_str(),
+                "shared store unreachable: a decision that Redis does not answer follows fail_mode"
+            );
+        } else {
+            tracing::debug!(error = %error, "heartbeat failed");
         }
     }
 }
@@ -1105,6 +1129,13 @@ async fn heartbeat(inner: Weak<Inner>) {
         inner.beat().await;
     }
 }
+
+/// [`Inner::heard`] before the first heartbeat's answer.
+const UNHEARD: u8 = 0;
+/// [`Inner::heard`] after a heartbeat that Redis answered.
+const REACHED: u8 = 1;
+/// [`Inner::heard`] after a heartbeat that failed or timed out.
+const UNREACHED: u8 = 2;
 
 /// Bits of [`Inner::instances`] given to the count; the rest to the beat's sequence.
 const INSTANCES_BITS: u32 = 16;

@@ -1,0 +1,44 @@
+//! What a [`tracing`] subscriber writes, kept for a test to read (for the tests of
+//! what rocgate logs).
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// What a [`tracing`] subscriber writes, kept for the test to read.
+#[derive(Clone, Default)]
+pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// Captures what is logged (at `INFO` and above) on this thread until the guard
+    /// is dropped: on a current-thread runtime, what its tasks log too.
+    pub(crate) fn on_this_thread() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        (log, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// The lines written that contain `text`.
+    pub(crate) fn lines_with(&self, text: &str) -> Vec<String> {
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        String::from_utf8_lossy(&kept)
+            .lines()
+            .filter(|line| line.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
