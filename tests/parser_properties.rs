@@ -446,10 +446,12 @@ mod forwarding_headers {
             Just("::ffff:10.0.0.9"),
             Just("::ffff:203.0.113.7"),
             Just("[2001:db8::7]:443"),
+            Just("[2001:db8::7]"),
             Just("2001:db8::7"),
             Just("fd00::1"),
             Just("for=203.0.113.7"),
             Just("For=\"[2001:db8::7]:443\";proto=https"),
+            Just("for=\"[2001:db8::8]\""),
             Just("for=10.0.0.9;by=10.0.0.1"),
             Just("for=unknown"),
             Just("for=_hidden"),
@@ -491,6 +493,10 @@ mod forwarding_headers {
                 .parse::<IpAddr>()
                 .ok()
                 .or_else(|| text.parse::<SocketAddr>().ok().map(|a| a.ip()))
+                .or_else(|| {
+                    let v6 = text.strip_prefix('[')?.strip_suffix(']')?;
+                    v6.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6)
+                })
             {
                 found.push(ip);
                 if let IpAddr::V6(v6) = ip {

@@ -4,7 +4,7 @@
 use http::header::GetAll;
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// The socket address of the connection's peer, as a request extension. The reverse
 /// proxy inserts it; in an axum app, `ConnectInfo<SocketAddr>` is used as well.
@@ -17,7 +17,8 @@ pub struct PeerAddr(pub SocketAddr);
 /// networks. Then `X-Forwarded-For` is walked from the right (the entry the nearest
 /// proxy appended) past every trusted address; the first untrusted one is the client.
 /// An entry may carry a port (`203.0.113.7:5123`, `[2001:db8::7]:443`), which is
-/// ignored; a malformed one ends the walk. A request without `X-Forwarded-For` is
+/// ignored, and an IPv6 address may be in brackets without one (`[2001:db8::7]`); a
+/// malformed entry ends the walk. A request without `X-Forwarded-For` is
 /// walked the same way through the `for=` of each element of RFC 7239's `Forwarded`
 /// (`for=203.0.113.7`, `for="[2001:db8::7]:443"`); an obfuscated or `unknown` node
 /// ends the walk as a malformed entry does.
@@ -78,15 +79,9 @@ impl ClientIpResolver {
             .flat_map(right_to_left)
             .map(forwarded_for);
         for entry in entries.chain(elements) {
-            // An address, or one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`).
             let ip = entry
                 .and_then(|entry| std::str::from_utf8(entry).ok())
-                .and_then(|entry| {
-                    entry
-                        .parse::<IpAddr>()
-                        .or_else(|_| entry.parse::<SocketAddr>().map(|a| a.ip()))
-                        .ok()
-                });
+                .and_then(node_address);
             match ip {
                 Some(ip) => {
                     client = canonical(ip);
@@ -100,6 +95,20 @@ impl ClientIpResolver {
         }
         Some(client)
     }
+}
+
+/// The address of a forwarding entry or node: an address (`1.2.3.4`, `2001:db8::1`),
+/// one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`), or an IPv6 address in
+/// brackets without one (`[2001:db8::1]`, as RFC 7239 writes it).
+fn node_address(entry: &str) -> Option<IpAddr> {
+    if let Ok(ip) = entry.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(addr) = entry.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    let v6 = entry.strip_prefix('[')?.strip_suffix(']')?;
+    v6.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
 }
 
 /// A header's comma-separated entries, over all its lines, the last first.
@@ -252,5 +261,24 @@ mod tests {
         // From an untrusted peer, neither counts.
         let h = forwarded(&["for=203.0.113.7"]);
         assert_eq!(r.resolve(Some(ip("1.2.3.4")), &h), Some(ip("1.2.3.4")));
+    }
+
+    #[test]
+    fn a_bracketed_ipv6_node_without_a_port_is_its_address() {
+        // RFC 7239 writes an IPv6 node in brackets, with or without a port:
+        // `for="[2001:db8:cafe::17]"`. Read as malformed, it ended the walk and every
+        // IPv6 client behind the proxy shared the proxy's key.
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let peer = Some(ip("10.0.0.1"));
+        let mut h = HeaderMap::new();
+        h.append("forwarded", r#"for="[2001:db8:cafe::17]""#.parse().unwrap());
+        assert_eq!(r.resolve(peer, &h), Some(ip("2001:db8:cafe::17")));
+        let h = headers(&["6.6.6.6, [2001:db8::7], 10.0.0.2"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("2001:db8::7")));
+        // Brackets around an IPv4 address, or half a pair, are no address.
+        for bad in ["[203.0.113.7]", "[2001:db8::7", "2001:db8::7]", "[]"] {
+            let h = headers(&[&format!("6.6.6.6, {bad}, 10.0.0.2")]);
+            assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.2")), "{bad}");
+        }
     }
 }
