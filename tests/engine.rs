@@ -823,6 +823,48 @@ fn a_key_holding_a_concurrency_permit_is_not_evicted() {
 }
 
 #[test]
+fn a_key_with_a_request_still_queued_is_not_evicted() {
+    // A permit handed back leaves the key with none in flight while the request it
+    // wakes has yet to take it. Evicted then, the key came back fresh for the next
+    // request, and the woken one took its permit from the evicted state: two in
+    // flight on a key limited to one.
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.algorithm = Algorithm::Concurrency { queue: 1 };
+    cfg.controller.base_limit_rps = 1.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        max_keys: 100,
+        idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
+    });
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    let held = e.check(id, ip(1), Nanos::ZERO);
+    assert!(matches!(held, Decision::Admit(Admit::Held(_))));
+    let Decision::Admit(Admit::Queued(mut ticket)) = e.check(id, ip(1), Nanos::ZERO) else {
+        panic!("the second request waits");
+    };
+    drop(held);
+    // 30 s later, past the idle timeout, another key's request rolls the window and
+    // sweeps while the woken request has not yet taken its permit.
+    assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 2);
+    let waker = std::task::Waker::noop();
+    let std::task::Poll::Ready(permit) = std::future::Future::poll(
+        std::pin::Pin::new(&mut ticket),
+        &mut std::task::Context::from_waker(waker),
+    ) else {
+        panic!("the permit is free");
+    };
+    // The key's one permit is out: the next request on it waits.
+    assert!(matches!(
+        e.check(id, ip(1), Nanos::from_secs(30)),
+        Decision::Admit(Admit::Queued(_))
+    ));
+    drop(permit);
+}
+
+#[test]
 fn keys_hold_the_routes_burst() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
     cfg.algorithm = Algorithm::TokenBucket {
