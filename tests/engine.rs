@@ -70,6 +70,9 @@ fn routes_match_by_method_exact_prefix_and_template() {
     assert_eq!(name("POST", "/api/order").as_deref(), Some("order"));
     assert_eq!(name("GET", "/api/order").as_deref(), Some("api"));
     assert_eq!(name("GET", "/api/items/42").as_deref(), Some("items"));
+    // HEAD is GET without the body: servers answer it with the GET handler.
+    assert_eq!(name("HEAD", "/api/items/42").as_deref(), Some("items"));
+    assert_eq!(name("HEAD", "/api/order").as_deref(), Some("api"));
     assert_eq!(name("GET", "/api/items/42/x").as_deref(), Some("api"));
     assert_eq!(name("GET", "/api/items/").as_deref(), Some("api"));
     assert_eq!(name("GET", "/health").as_deref(), Some("rest"));

@@ -486,3 +486,39 @@ async fn a_streamed_body_holds_its_concurrency_permit_when_mapped() {
         server.abort();
     }
 }
+
+#[tokio::test]
+async fn a_head_request_counts_against_its_get_route() {
+    // axum (as most servers) answers HEAD with the GET handler, which does all of
+    // GET's work: a route limiting GET that let HEAD through was a way around it.
+    let hits = Arc::new(AtomicU64::new(0));
+    let counted = hits.clone();
+    let (l, _clock) = layer(vec![route(
+        "item",
+        RouteMatch::exact("GET", "/api/item"),
+        1.0,
+    )]);
+    let app = Router::new()
+        .route(
+            "/api/item",
+            get(move || {
+                counted.fetch_add(1, Ordering::Relaxed);
+                async { "item" }
+            }),
+        )
+        .layer(l);
+    let request = |method: &str| {
+        Request::builder()
+            .method(method)
+            .uri("/api/item")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = app.clone().oneshot(request("HEAD")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    for method in ["HEAD", "GET"] {
+        let r = app.clone().oneshot(request(method)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{method}");
+    }
+    assert_eq!(hits.load(Ordering::Relaxed), 1);
+}

@@ -113,7 +113,7 @@ impl RouteConfig {
 /// Which requests a route takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteMatch {
-    /// Upper-case HTTP method, or any method when `None`.
+    /// Upper-case HTTP method, or any method when `None`; `GET` takes `HEAD` too.
     pub method: Option<String>,
     /// The path pattern.
     pub path: PathPattern,
@@ -154,11 +154,14 @@ impl RouteMatch {
     }
 }
 
-/// Whether a request's method is the route's, in any case. Out of line: inlined, its
-/// vectorised comparison makes every route match pay for a large stack frame.
+/// Whether a request's method is the route's, in any case; a `GET` route also takes
+/// `HEAD`, which servers answer with the GET handler, doing all its work (RFC 9110
+/// §9.3.2). Out of line: inlined, its vectorised comparison makes every route match pay
+/// for a large stack frame.
 #[inline(never)]
 fn method_matches(route: &str, request: &str) -> bool {
     route.eq_ignore_ascii_case(request)
+        || (route.eq_ignore_ascii_case("GET") && request.eq_ignore_ascii_case("HEAD"))
 }
 
 /// A path pattern.

@@ -1343,7 +1343,7 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
 fn shadows(first: &RouteMatch, later: &RouteMatch) -> bool {
     let methods = match (&first.method, &later.method) {
         (None, _) => true,
-        (Some(a), Some(b)) => a == b,
+        (Some(a), Some(b)) => a == b || (a == "GET" && b == "HEAD"),
         (Some(_), None) => false,
     };
     methods
@@ -1924,6 +1924,11 @@ mod tests {
         ));
         assert!(!shadows(&post_order, &matcher(None, exact("/api/order"))));
         assert!(!shadows(&matcher(Some("GET"), prefix("/")), &post_order));
+        // A GET route takes HEAD requests too (the GET handler answers them).
+        let get_order = matcher(Some("GET"), exact("/api/order"));
+        let head_order = matcher(Some("HEAD"), exact("/api/order"));
+        assert!(shadows(&get_order, &head_order));
+        assert!(!shadows(&head_order, &get_order));
         assert!(!shadows(&api, &matcher(None, prefix("/ap"))));
         assert!(!shadows(
             &items,
