@@ -152,7 +152,8 @@ struct Route {
     progress: AtomicU64,
     /// Whether the controller holds the limit below base.
     engaged: AtomicBool,
-    /// The controller's current limit, as f64 bits.
+    /// The limit enforced now (the controller's, or in `shadow_adaptive` the base
+    /// limit), as f64 bits.
     limit: AtomicU64,
     /// When the controller will next raise the limit (ns on the engine's clock; 0: not cut).
     next_raise: AtomicU64,
@@ -576,13 +577,39 @@ impl Engine {
         &self.routes[route.0].algorithm
     }
 
-    /// The controller's current limit, req/s (per key on partitioned routes). One
-    /// atomic load: cheap enough for response headers.
+    /// The limit the route enforces now, req/s (per key in no tier on partitioned
+    /// routes): the controller's, or in `shadow_adaptive` the base limit. One atomic
+    /// load: cheap enough for response headers.
     ///
     /// # Panics
     /// If `route` does not come from this engine.
     pub fn limit_rps(&self, route: RouteId) -> f64 {
         f64::from_bits(self.routes[route.0].limit.load(Ordering::Relaxed))
+    }
+
+    /// The limit `route` enforces now for requests with `key`: its tier's, between the
+    /// tier's cut and base limits as the route's controller stands, for a key of a tier;
+    /// [`limit_rps`](Self::limit_rps) otherwise. For the quota a rejection states.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn key_limit_rps(&self, route: RouteId, key: Key<'_>) -> f64 {
+        let r = &self.routes[route.0];
+        let Some(keys) = r.keys.as_ref().filter(|_| !r.tiers.is_empty()) else {
+            return self.limit_rps(route);
+        };
+        let tiers = keys.tiers();
+        let tier = match (key, &r.partition) {
+            (Key::Ip(ip), Partition::ClientIp(limits)) => {
+                tiers.tier_of(&IpKey::new(ip, limits.ipv6_prefix).text())
+            }
+            (Key::Value(value), _) => tiers.tier_of(value),
+            _ => 0,
+        };
+        match tier {
+            0 => self.limit_rps(route),
+            tier => tiers.limit(tier, tiers.progress(r)),
+        }
     }
 
     /// How long until the controller next raises a cut route's limit, if ROC stays
@@ -754,7 +781,12 @@ impl Route {
         }
         self.progress
             .store(c.progress().to_bits(), Ordering::Relaxed);
-        self.limit.store(limit.to_bits(), Ordering::Relaxed);
+        let enforced = if self.mode == Mode::ShadowAdaptive {
+            base
+        } else {
+            limit
+        };
+        self.limit.store(enforced.to_bits(), Ordering::Relaxed);
         self.engaged.store(
             c.state() != ControllerState::Normal && limit < base,
             Ordering::Relaxed,

@@ -9,7 +9,7 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
-use rocgate::engine::Engine;
+use rocgate::engine::{Engine, Key};
 use rocgate::http::{shared_engine, AdmissionLayer, PeerAddr, RouteKey};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -521,4 +521,108 @@ async fn a_head_request_counts_against_its_get_route() {
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{method}");
     }
     assert_eq!(hits.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn a_limit_under_one_per_second_states_its_quota_over_a_longer_window() {
+    // At 0.5 req/s the policy said `q=0;w=1`: no request ever, which is not the limit.
+    for (limit, policy) in [
+        (0.5, r#""order";q=1;w=2"#),
+        (0.3, r#""order";q=1;w=4"#),
+        (0.1, r#""order";q=1;w=10"#),
+        (2.5, r#""order";q=2;w=1"#),
+    ] {
+        let mut r = route("order", RouteMatch::exact("POST", "/api/order"), limit);
+        r.controller.cut_limit_rps = limit;
+        let (l, _clock) = layer(vec![r]);
+        let app = app(l, Arc::new(AtomicU64::new(0)));
+        let mut rejected = None;
+        for _ in 0..4 {
+            let res = app.clone().oneshot(post_order()).await.unwrap();
+            if res.status() == StatusCode::TOO_MANY_REQUESTS {
+                rejected = Some(res);
+                break;
+            }
+        }
+        let res = rejected.expect("a rejection within 4 requests");
+        assert_eq!(res.headers()["ratelimit-policy"], policy, "{limit}");
+    }
+}
+
+/// The `RateLimit-Policy` quota of the rejection of a request on `app`'s order route
+/// with this `x-key` (if any), once its key's bucket is empty.
+async fn quota_stated(app: &Router, key: Option<&'static str>) -> String {
+    for _ in 0..1_000 {
+        let mut req = post_order();
+        if let Some(key) = key {
+            req.headers_mut()
+                .insert("x-key", http::HeaderValue::from_static(key));
+        }
+        let res = app.clone().oneshot(req).await.unwrap();
+        if res.status() == StatusCode::TOO_MANY_REQUESTS {
+            return res.headers()["ratelimit-policy"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+        }
+    }
+    panic!("no rejection in 1000 requests");
+}
+
+#[tokio::test]
+async fn a_tier_keys_quota_is_its_tiers_limit() {
+    // A key of a tier is refused at its tier's limit, not the route's.
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
+    r.tiers = vec![rocgate::config::Tier {
+        name: "gold".into(),
+        values: vec!["gold".into()],
+        base_limit_rps: 50.0,
+        cut_limit_rps: 20.0,
+    }];
+    let (l, _clock) = layer(vec![r]);
+    let keyed = app(l, Arc::new(AtomicU64::new(0)));
+    assert_eq!(
+        quota_stated(&keyed, Some("gold")).await,
+        r#""order";q=50;w=1"#
+    );
+    assert_eq!(
+        quota_stated(&keyed, Some("plain")).await,
+        r#""order";q=5;w=1"#
+    );
+    // Before and after the gold key's rejection (the responses are made from
+    // templates per route), the route's own quota for keys in no tier.
+    assert_eq!(
+        quota_stated(&keyed, Some("other")).await,
+        r#""order";q=5;w=1"#
+    );
+    assert_eq!(
+        quota_stated(&keyed, Some("gold")).await,
+        r#""order";q=50;w=1"#
+    );
+}
+
+#[tokio::test]
+async fn shadow_adaptive_states_the_base_limit_it_enforces_during_a_cut() {
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 10.0);
+    r.mode = rocgate::config::Mode::ShadowAdaptive;
+    r.controller.cut_limit_rps = 2.0;
+    r.controller.danger_roc = 50.0;
+    r.controller.safe_roc = 10.0;
+    let (l, clock) = layer(vec![r]);
+    let engine = l.engine();
+    let id = rocgate::engine::RouteId(0);
+    // Quiet at 10 req/s for a full window, then a spike: cut (in shadow).
+    let start = clock.now();
+    for k in 0..100 {
+        let _ = engine.check(id, Key::None, start + Duration::from_millis(100 * k));
+    }
+    for k in 0..500 {
+        let _ = engine.check(id, Key::None, start + Duration::from_millis(10_000 + 2 * k));
+    }
+    let now = start + Duration::from_secs(11);
+    clock.advance(now.saturating_since(clock.now()));
+    assert!(engine.snapshot(now)[0].limit_rps < 10.0, "cut");
+    let shadowed = app(l, Arc::new(AtomicU64::new(0)));
+    assert_eq!(quota_stated(&shadowed, None).await, r#""order";q=10;w=1"#);
 }

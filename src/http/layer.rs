@@ -75,14 +75,15 @@ impl Gate {
         }
     }
 
-    /// Reads the clock once and decides the request; returns the time read too.
+    /// Reads the clock once and decides the request; returns the time read too, and
+    /// for a rejection the limit it was refused at (its key's tier's, or the route's).
     #[inline]
     pub(crate) fn decide<B>(
         &self,
         engine: &Engine,
         route: RouteId,
         req: &Request<B>,
-    ) -> (Decision, Nanos) {
+    ) -> (Decision, Nanos, Option<f64>) {
         let digest: String;
         let key = match engine.partition(route) {
             Partition::Route => Key::None,
@@ -116,7 +117,11 @@ impl Gate {
         // One call site, so that the check can be inlined here.
         let now = self.clock.now();
         let decision = engine.check(route, key, now);
-        (decision, now)
+        let refused_at = match decision {
+            Decision::Reject(_) => Some(engine.key_limit_rps(route, key)),
+            Decision::Admit(_) => None,
+        };
+        (decision, now, refused_at)
     }
 }
 

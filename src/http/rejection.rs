@@ -17,8 +17,11 @@
 //! from the controller's restore schedule (when the limit will next rise) plus a random
 //! jitter of up to that long again (between 1 s and 10 s), so rejected clients do not
 //! all return in the same second. `RateLimit-Policy` and `RateLimit` follow the IETF
-//! draft (draft-ietf-httpapi-ratelimit-headers): the quota `q` is the route's current
-//! limit per `w = 1` second, `r` the remaining quota (0) and `t` the seconds to wait.
+//! draft (draft-ietf-httpapi-ratelimit-headers): the quota `q` is the limit the request
+//! was refused at (the route's in force, or its key's tier's) per `w = 1` second, or
+//! under 1 req/s one request per `w` seconds (0.5 req/s is `q=1;w=2`); `r` is the
+//! remaining quota (0) and `t` the seconds to wait. The body's `retry_after_ms` is the
+//! wait in milliseconds, rounded up.
 
 use crate::engine::{Engine, RouteId};
 use crate::limiter::{Reason, Rejection};
@@ -83,7 +86,7 @@ pub fn respond_at_limit<B: From<Bytes>>(
     let _ = write!(
         body,
         r#"{{"error":"rate_limited","reason":"{reason}","retry_after_ms":{},"route":"{name}"}}"#,
-        retry_after.as_millis()
+        millis_up(retry_after)
     );
     let length = content_length(body.len());
     let mut response = Response::new(B::from(Bytes::from(body)));
@@ -91,9 +94,7 @@ pub fn respond_at_limit<B: From<Bytes>>(
         StatusCode::from_u16(engine.reject_status(route)).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-    let quota = limit_rps.floor() as u64;
-    // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w=1")) {
+    if let Some(v) = policy_header(name, policy(limit_rps)) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
     if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={secs}")) {
@@ -103,6 +104,30 @@ pub fn respond_at_limit<B: From<Bytes>>(
     headers.insert(CONTENT_TYPE, JSON.clone());
     headers.insert(CONTENT_LENGTH, length);
     response
+}
+
+/// The wait in whole milliseconds, rounded up: a positive wait is never 0.
+fn millis_up(wait: Duration) -> u64 {
+    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    ms.saturating_add(u64::from(wait.subsec_nanos() % 1_000_000 > 0))
+}
+
+/// The quota and window (whole seconds) that `RateLimit-Policy` states for a limit:
+/// the limit per second, or under 1 req/s the requests it admits over the whole
+/// seconds one takes (0.5 req/s is 1 per 2 s, 0.3 req/s 1 per 4 s), never a quota of
+/// 0 for a limit above it.
+fn policy(limit_rps: f64) -> (u64, u64) {
+    if limit_rps >= 1.0 || limit_rps.is_nan() || limit_rps <= 0.0 {
+        return (limit_rps.floor() as u64, 1);
+    }
+    let window = (1.0 / limit_rps).ceil();
+    ((limit_rps * window).floor().max(1.0) as u64, window as u64)
+}
+
+/// The `RateLimit-Policy` value of route `name` with this quota and window.
+fn policy_header(name: &str, (quota, window): (u64, u64)) -> Option<HeaderValue> {
+    // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
+    HeaderValue::from_str(&format!("\"{name}\";q={quota};w={window}")).ok()
 }
 
 /// Rejection responses built once per engine and route limit, so that a rejection
@@ -123,8 +148,9 @@ struct Built {
 }
 
 struct RouteTemplate {
-    /// The limit (whole req/s) that `RateLimit-Policy` states.
-    quota: u64,
+    /// The quota and window that `RateLimit-Policy` states ([`policy`]) for the
+    /// route's limit.
+    policy: (u64, u64),
     status: StatusCode,
     /// Every header of a `limit` rejection with `Retry-After: 1`; `Content-Length` is
     /// set per response.
@@ -143,13 +169,12 @@ impl Built {
             .enumerate()
             .map(|(i, name)| {
                 let route = RouteId(i);
-                let quota = engine.limit_rps(route).floor() as u64;
+                let policy = policy(engine.limit_rps(route));
                 // Room for 12 (the map's slots are a power of two): a response made
                 // from it takes a replaced header, or one more, without rehashing.
                 let mut headers = HeaderMap::with_capacity(7);
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-                // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
-                if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w=1")) {
+                if let Some(v) = policy_header(name, policy) {
                     headers.insert(RATELIMIT_POLICY.clone(), v);
                 }
                 if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t=1")) {
@@ -162,7 +187,7 @@ impl Built {
                 headers.insert(CONTENT_TYPE, JSON.clone());
                 headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
                 RouteTemplate {
-                    quota,
+                    policy,
                     status: StatusCode::from_u16(engine.reject_status(route))
                         .unwrap_or(StatusCode::TOO_MANY_REQUESTS),
                     headers,
@@ -178,21 +203,23 @@ impl Built {
 }
 
 impl Templates {
-    /// The response to a rejected request on `route`: as [`respond`], from templates.
+    /// The response to a rejected request on `route`, refused at `limit_rps` (the
+    /// route's limit, or its key's tier's): as [`respond_at_limit`], from templates.
     pub(crate) fn respond<B: From<Bytes>>(
         &self,
         engine: &Arc<Engine>,
         route: RouteId,
         rejection: &Rejection,
         retry_after: Duration,
+        limit_rps: f64,
     ) -> Response<B> {
-        let quota = engine.limit_rps(route).floor() as u64;
+        let route_policy = policy(engine.limit_rps(route));
         let guard = self.built.load();
         let fresh;
         let built = match guard.as_deref() {
             Some(b)
                 if Weak::as_ptr(&b.engine) == Arc::as_ptr(engine)
-                    && b.routes[route.0].quota == quota =>
+                    && b.routes[route.0].policy == route_policy =>
             {
                 b
             }
@@ -208,7 +235,7 @@ impl Templates {
         let reason = rejection.reason.as_str();
 
         let mut digits = Digits::default();
-        let ms = digits.of(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX));
+        let ms = digits.of(millis_up(retry_after));
         let mut body = Vec::with_capacity(
             BODY_START.len() + reason.len() + BODY_MS.len() + ms.len() + template.body_end.len(),
         );
@@ -236,6 +263,12 @@ impl Templates {
         }
         if rejection.reason != Reason::Limit {
             headers.insert(REASON.clone(), HeaderValue::from_static(reason));
+        }
+        let own_policy = policy(limit_rps);
+        if own_policy != template.policy {
+            if let Some(v) = policy_header(engine.route_name(route), own_policy) {
+                headers.insert(RATELIMIT_POLICY.clone(), v);
+            }
         }
         response
     }
@@ -308,7 +341,8 @@ mod tests {
                     };
                     let wait = Duration::from_millis(ms);
                     let want = respond::<Bytes>(&engine, route, &rej, wait);
-                    let got = templates.respond::<Bytes>(&engine, route, &rej, wait);
+                    let limit = engine.limit_rps(route);
+                    let got = templates.respond::<Bytes>(&engine, route, &rej, wait, limit);
                     let want_body = format!("{:?}", want.body());
                     let got_body = format!("{:?}", got.body());
                     // Room for a header more without rehashing (see `Built::new`).
@@ -319,6 +353,43 @@ mod tests {
                     assert_eq!(got_body, want_body);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_wait_under_a_millisecond_is_no_zero_in_the_body() {
+        // A token bucket at 10,000 req/s says to come back in 100 µs: the body said
+        // `"retry_after_ms":0`, a client reading it retried at once.
+        let engine = Arc::new(Engine::new(
+            &Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]),
+            Nanos::ZERO,
+            std::time::SystemTime::UNIX_EPOCH,
+        ));
+        let templates = Templates::default();
+        for (wait, ms) in [
+            (100_000, 1),
+            (1_000_000, 1),
+            (1_000_001, 2),
+            (2_731_000_000, 2731),
+        ] {
+            let rej = Rejection {
+                retry_after: Duration::from_nanos(wait),
+                reason: Reason::Limit,
+            };
+            let wait = Duration::from_nanos(wait);
+            let want = format!(r#""retry_after_ms":{ms},"#);
+            let body = respond::<Bytes>(&engine, RouteId(0), &rej, wait).into_body();
+            assert!(
+                std::str::from_utf8(&body).unwrap().contains(&want),
+                "{body:?}"
+            );
+            let body = templates
+                .respond::<Bytes>(&engine, RouteId(0), &rej, wait, 200.0)
+                .into_body();
+            assert!(
+                std::str::from_utf8(&body).unwrap().contains(&want),
+                "{body:?}"
+            );
         }
     }
 

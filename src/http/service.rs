@@ -49,7 +49,7 @@ where
         let Some(route) = gate.route_of(&engine, &req) else {
             return ResponseFuture::admitted(self.inner.call(req), Wait::Ready, None);
         };
-        let (decision, now) = gate.decide(&engine, route, &req);
+        let (decision, now, refused_at) = gate.decide(&engine, route, &req);
         let (wait, permit) = match decision {
             Decision::Admit(Admit::Now) => (Wait::Ready, None),
             Decision::Admit(Admit::Held(permit)) => (Wait::Ready, Some(permit)),
@@ -60,11 +60,13 @@ where
             Decision::Reject(rejection) => {
                 let eta = engine.restore_eta(route, now);
                 let retry_after = rejection::retry_after(&rejection, eta);
+                let limit = refused_at.unwrap_or_else(|| engine.limit_rps(route));
                 return ResponseFuture::rejected(gate.rejections.respond(
                     &engine,
                     route,
                     &rejection,
                     retry_after,
+                    limit,
                 ));
             }
         };
