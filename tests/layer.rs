@@ -626,3 +626,78 @@ async fn shadow_adaptive_states_the_base_limit_it_enforces_during_a_cut() {
     let shadowed = app(l, Arc::new(AtomicU64::new(0)));
     assert_eq!(quota_stated(&shadowed, None).await, r#""order";q=10;w=1"#);
 }
+
+/// A service that, like tower's and tower-http's `Timeout` (which start their timer
+/// there), does work in `call`: it counts its calls. Its responses take `takes`.
+fn counting_service(
+    calls: Arc<AtomicU64>,
+    takes: Duration,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = http::Response<Body>,
+    Error = std::convert::Infallible,
+    Future = impl std::future::Future<
+        Output = Result<http::Response<Body>, std::convert::Infallible>,
+    > + Send,
+> + Clone {
+    tower::service_fn(move |_req: Request<Body>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(takes).await;
+            Ok(http::Response::new(Body::empty()))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_reaches_the_inner_service_only_once_admitted() {
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let get = || Request::get("/feed").body(Body::empty()).unwrap();
+
+    // Paced by a leaky bucket (1 req/s): the second request waits a second, and
+    // reaches the service (whose timeout would start) only then.
+    let mut r = route("feed", RouteMatch::prefix("/feed"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::LeakyBucket { queue: 2 };
+    let (l, _clock) = layer(vec![r]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = l.layer(counting_service(calls.clone(), Duration::ZERO));
+    let first = svc.ready().await.unwrap().call(get());
+    let second = svc.ready().await.unwrap().call(get());
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the paced request waits");
+    assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+    let started = tokio::time::Instant::now();
+    assert_eq!(second.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // Queued for a concurrency permit (1 in flight, 1 waiting): not called while it
+    // waits; dropped while waiting, it gives its place up and is never called.
+    let mut r = route("feed", RouteMatch::prefix("/feed"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::Concurrency { queue: 1 };
+    let (l, _clock) = layer(vec![r]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = l.layer(counting_service(calls.clone(), Duration::from_secs(10)));
+    // Its response (and with it the permit) is dropped as the task ends.
+    let first = svc.ready().await.unwrap().call(get());
+    let first = tokio::spawn(async move { first.await.map(|r| r.status()) });
+    tokio::task::yield_now().await;
+    let queued = svc.ready().await.unwrap().call(get());
+    let full = svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(full.headers()["rocgate-reason"], "queue_full");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the queued request waits");
+    drop(queued);
+    let next = svc.ready().await.unwrap().call(get());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let started = tokio::time::Instant::now();
+    assert_eq!(next.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(20),
+        "after the first"
+    );
+    assert_eq!(first.await.unwrap().unwrap(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

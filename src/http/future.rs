@@ -1,26 +1,28 @@
 //! [`ResponseFuture`]: the inner service's future, after any pacing or queueing wait;
 //! or a ready rejection.
 //!
-//! An admitted request's inner future is created in `call` but polled only once the
-//! wait (leaky-bucket pacing, concurrency queue) is over; services whose futures do
-//! their work when polled (axum handlers, hyper clients) therefore start it then. A
-//! concurrency permit goes into the response's extensions as a [`HeldPermit`]: it is
-//! released when the response (head and extensions) is dropped, which a hyper server
-//! does once it has written the head, unless something moves it into the body
+//! A request admitted at once is passed to the inner service in `call`. One that must
+//! wait (leaky-bucket pacing, concurrency queue) takes the inner service that
+//! `poll_ready` readied with it, leaving a clone in its place, and calls it only once
+//! the wait is over: a service that does work in `call` (a timeout that starts its
+//! timer there) sees the request only when it is admitted. A concurrency permit goes
+//! into the response's extensions as a [`HeldPermit`]: it is released when the
+//! response (head and extensions) is dropped, which a hyper server does once it has
+//! written the head, unless something moves it into the body
 //! ([`hold_permit_through_body`], as `rocgate serve` does).
 
 use crate::limiter::{Permit, Ticket};
 use axum::body::Body;
-use http::Response;
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use tower::Service;
 
-/// What an admitted request waits for before its inner future is polled.
+/// What an admitted request waits for before the inner service is called.
 pub(crate) enum Wait {
-    Ready,
     Sleep(Pin<Box<tokio::time::Sleep>>),
     Ticket(Ticket),
 }
@@ -109,34 +111,52 @@ impl<B: http_body::Body + Unpin, G: Unpin> http_body::Body for HoldUntilEnd<B, G
 }
 
 pin_project! {
-    /// The future of [`AdmissionService`](super::AdmissionService).
+    /// The future of [`AdmissionService`](super::AdmissionService) over a service `S`.
     #[project = FutureProj]
-    pub struct ResponseFuture<F, B> {
+    pub struct ResponseFuture<S, ReqBody, ResBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
         #[pin]
-        kind: Kind<F, B>,
+        kind: Kind<S, ReqBody, ResBody>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<F, B> {
-        Admitted { #[pin] inner: F, wait: Wait, permit: Option<Permit> },
-        Rejected { response: Option<Response<B>> },
+    enum Kind<S, ReqBody, ResBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        // Admitted after `wait`; then the service (readied for it) is called. Boxed,
+        // so that the future of a request admitted at once stays small.
+        Waiting { wait: Wait, call: Option<Box<(S, Request<ReqBody>)>> },
+        Admitted { #[pin] inner: S::Future, permit: Option<Permit> },
+        Rejected { response: Option<Response<ResBody>> },
     }
 }
 
-impl<F, B> ResponseFuture<F, B> {
-    pub(crate) fn admitted(inner: F, wait: Wait, permit: Option<Permit>) -> Self {
+impl<S, ReqBody, ResBody> ResponseFuture<S, ReqBody, ResBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn admitted(inner: S::Future, permit: Option<Permit>) -> Self {
         ResponseFuture {
-            kind: Kind::Admitted {
-                inner,
+            kind: Kind::Admitted { inner, permit },
+        }
+    }
+
+    /// Calls `ready` (a service `poll_ready` readied) with `req` once `wait` is over.
+    pub(crate) fn waiting(wait: Wait, ready: S, req: Request<ReqBody>) -> Self {
+        ResponseFuture {
+            kind: Kind::Waiting {
                 wait,
-                permit,
+                call: Some(Box::new((ready, req))),
             },
         }
     }
 
-    pub(crate) fn rejected(response: Response<B>) -> Self {
+    pub(crate) fn rejected(response: Response<ResBody>) -> Self {
         ResponseFuture {
             kind: Kind::Rejected {
                 response: Some(response),
@@ -145,47 +165,51 @@ impl<F, B> ResponseFuture<F, B> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B>
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody, ResBody>
 where
-    F: Future<Output = Result<Response<B>, E>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Admitted {
-                inner,
-                wait,
-                permit,
-            } => {
-                match wait {
-                    Wait::Ready => {}
-                    Wait::Sleep(sleep) => {
-                        ready!(sleep.as_mut().poll(cx));
-                        *wait = Wait::Ready;
+        let mut kind = self.project().kind;
+        loop {
+            match kind.as_mut().project() {
+                KindProj::Waiting { wait, call } => {
+                    let permit = match wait {
+                        Wait::Sleep(sleep) => {
+                            ready!(sleep.as_mut().poll(cx));
+                            None
+                        }
+                        Wait::Ticket(ticket) => Some(ready!(Pin::new(ticket).poll(cx))),
+                    };
+                    let Some((mut service, req)) = call.take().map(|call| *call) else {
+                        return Poll::Pending;
+                    };
+                    let inner = service.call(req);
+                    kind.set(Kind::Admitted { inner, permit });
+                }
+                KindProj::Admitted { inner, permit } => {
+                    // Without a permit the inner future's output is the answer, written
+                    // where the caller wants it rather than taken apart and rebuilt.
+                    if permit.is_none() {
+                        return inner.poll(cx);
                     }
-                    Wait::Ticket(ticket) => {
-                        *permit = Some(ready!(Pin::new(ticket).poll(cx)));
-                        *wait = Wait::Ready;
+                    let mut response = ready!(inner.poll(cx))?;
+                    if let Some(permit) = permit.take() {
+                        response.extensions_mut().insert(HeldPermit {
+                            _permit: Arc::new(permit),
+                        });
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                KindProj::Rejected { response } => {
+                    return match response.take() {
+                        Some(r) => Poll::Ready(Ok(r)),
+                        None => Poll::Pending,
                     }
                 }
-                // Without a permit the inner future's output is the answer, written
-                // where the caller wants it rather than taken apart and rebuilt.
-                if permit.is_none() {
-                    return inner.poll(cx);
-                }
-                let mut response = ready!(inner.poll(cx))?;
-                if let Some(permit) = permit.take() {
-                    response.extensions_mut().insert(HeldPermit {
-                        _permit: Arc::new(permit),
-                    });
-                }
-                Poll::Ready(Ok(response))
             }
-            KindProj::Rejected { response } => match response.take() {
-                Some(r) => Poll::Ready(Ok(r)),
-                None => Poll::Pending,
-            },
         }
     }
 }

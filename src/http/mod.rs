@@ -1,9 +1,11 @@
 //! HTTP adapters: rocgate as a tower [`Layer`](tower::Layer) inside an axum or tower
 //! service.
 //!
-//! [`AdmissionLayer`] wraps any `Service<Request<B>>`. Admission is decided in `call`
-//! (one clock read and [`Engine::check`](crate::engine::Engine::check)); `poll_ready`
-//! passes through. A rejection is a response (429 by default) with `Retry-After`,
+//! [`AdmissionLayer`] wraps any `Service<Request<B>> + Clone`. Admission is decided in
+//! `call` (one clock read and [`Engine::check`](crate::engine::Engine::check));
+//! `poll_ready` passes through. A request that must wait (leaky-bucket pacing, a
+//! concurrency queue) reaches the inner service only once admitted: it takes the
+//! service `poll_ready` readied, and leaves a clone for the next request. A rejection is a response (429 by default) with `Retry-After`,
 //! `RateLimit-Policy`/`RateLimit` headers and a small JSON body, never an `Err`.
 //! Every clone of the layer and of its services shares one engine.
 //!

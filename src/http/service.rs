@@ -1,4 +1,5 @@
-//! [`AdmissionService`]: decides in `call`, passes `poll_ready` through.
+//! [`AdmissionService`]: decides in `call`, passes `poll_ready` through; a request
+//! that must wait takes the readied inner service with it and calls it when admitted.
 
 use super::future::{ResponseFuture, Wait};
 use super::layer::{Gate, MatchedRoute};
@@ -32,12 +33,12 @@ impl<S> AdmissionService<S> {
 
 impl<S, ReqBody, ResBody> tower::Service<Request<ReqBody>> for AdmissionService<S>
 where
-    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ResBody: From<Bytes>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Future = ResponseFuture<S, ReqBody, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -47,16 +48,11 @@ where
         let gate = &*self.gate;
         let engine = gate.engine.load();
         let Some(route) = gate.route_of(&engine, &req) else {
-            return ResponseFuture::admitted(self.inner.call(req), Wait::Ready, None);
+            return ResponseFuture::admitted(self.inner.call(req), None);
         };
         let (decision, now, refused_at) = gate.decide(&engine, route, &req);
-        let (wait, permit) = match decision {
-            Decision::Admit(Admit::Now) => (Wait::Ready, None),
-            Decision::Admit(Admit::Held(permit)) => (Wait::Ready, Some(permit)),
-            Decision::Admit(Admit::Paced(delay)) => {
-                (Wait::Sleep(Box::pin(tokio::time::sleep(delay))), None)
-            }
-            Decision::Admit(Admit::Queued(ticket)) => (Wait::Ticket(ticket), None),
+        let admit = match decision {
+            Decision::Admit(admit) => admit,
             Decision::Reject(rejection) => {
                 let eta = engine.restore_eta(route, now);
                 let retry_after = rejection::retry_after(&rejection, eta);
@@ -74,6 +70,18 @@ where
             req.extensions_mut()
                 .insert(MatchedRoute(engine.route_label(route)));
         }
-        ResponseFuture::admitted(self.inner.call(req), wait, permit)
+        let wait = match admit {
+            Admit::Now => return ResponseFuture::admitted(self.inner.call(req), None),
+            Admit::Held(permit) => {
+                return ResponseFuture::admitted(self.inner.call(req), Some(permit))
+            }
+            Admit::Paced(delay) => Wait::Sleep(Box::pin(tokio::time::sleep(delay))),
+            Admit::Queued(ticket) => Wait::Ticket(ticket),
+        };
+        // The inner service `poll_ready` readied goes with the request; a clone, not
+        // yet ready, stays for the next `poll_ready`.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::waiting(wait, ready, req)
     }
 }
