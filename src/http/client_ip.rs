@@ -3,7 +3,7 @@
 
 use http::header::GetAll;
 use http::{HeaderMap, HeaderValue};
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// The socket address of the connection's peer, as a request extension. The reverse
@@ -42,8 +42,11 @@ pub struct ClientIpResolver {
 }
 
 impl ClientIpResolver {
-    /// Trusts `X-Forwarded-For` (or `Forwarded`) from peers in these networks.
+    /// Trusts `X-Forwarded-For` (or `Forwarded`) from peers in these networks. A
+    /// network within the IPv4-mapped range (`::ffff:10.0.0.0/104`) is the IPv4
+    /// network it maps (`10.0.0.0/8`), as peers are compared.
     pub fn new(trusted: Vec<IpNet>) -> Self {
+        let trusted = trusted.into_iter().map(canonical_net).collect();
         ClientIpResolver { trusted }
     }
 
@@ -133,6 +136,19 @@ fn forwarded_for(element: &[u8]) -> Option<&[u8]> {
             _ => value,
         })
     })
+}
+
+/// A network within the IPv4-mapped range as the IPv4 network it maps; any other as
+/// it is.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => v6
+            .network()
+            .to_ipv4_mapped()
+            .and_then(|v4| Ipv4Net::new(v4, v6.prefix_len() - 96).ok())
+            .map_or(net, IpNet::V4),
+        other => other,
+    }
 }
 
 /// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) as plain IPv4, so one client is one key.
@@ -280,5 +296,25 @@ mod tests {
             let h = headers(&[&format!("6.6.6.6, {bad}, 10.0.0.2")]);
             assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.2")), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_trusted_network_written_as_mapped_ipv6_trusts_its_ipv4_peers() {
+        // Peers are compared as IPv4 (`::ffff:10.0.0.1` is 10.0.0.1), so a network
+        // written in the mapped form, as a dual-stack socket shows its peers, matched
+        // none of them and their X-Forwarded-For was ignored.
+        let r = ClientIpResolver::new(vec!["::ffff:10.0.0.0/104".parse().unwrap()]);
+        let h = headers(&["203.0.113.7"]);
+        for peer in ["10.0.0.1", "::ffff:10.0.0.1"] {
+            assert_eq!(
+                r.resolve(Some(ip(peer)), &h),
+                Some(ip("203.0.113.7")),
+                "{peer}"
+            );
+        }
+        assert_eq!(r.resolve(Some(ip("11.0.0.1")), &h), Some(ip("11.0.0.1")));
+        // A network wider than the mapped range stays as written.
+        let r = ClientIpResolver::new(vec!["::/0".parse().unwrap()]);
+        assert!(r.is_trusted(ip("2001:db8::1")));
     }
 }
