@@ -793,6 +793,9 @@ impl Route {
         );
         self.changed_at.store(now.as_u64(), Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
+        if let Some(keys) = &self.keys {
+            keys.wake_queued(self);
+        }
     }
 
     fn snapshot(&self, now: Nanos) -> RouteSnapshot {
@@ -978,6 +981,19 @@ impl Keys {
 
     fn len(&self) -> usize {
         with_tables!(self, t => t.len())
+    }
+
+    /// Concurrency keys with requests queued take the route's new limit now, which
+    /// wakes as many as a raise lets in (other keys catch up on their next request).
+    /// Only a route with a concurrency queue visits its keys.
+    fn wake_queued(&self, r: &Route) {
+        let Keys::Concurrency(tables) = self else {
+            return;
+        };
+        match tables {
+            KeyTables::Ip(t) => t.wake_queued(r),
+            KeyTables::Value(t) => t.wake_queued(r),
+        }
     }
 
     fn tiers(&self) -> &TierTable {
@@ -1376,6 +1392,33 @@ impl KeyState for ConcurrencyKey {
         unseen_since(&self.last_seen_s, cutoff)
             && self.limiter.level().value == 0.0
             && self.limiter.waiting() == 0
+    }
+}
+
+impl ConcurrencyKey {
+    /// Takes the route's limit now if requests are queued on the key and it changed.
+    fn wake_queued(&self, r: &Route, tiers: &TierTable) {
+        if self.limiter.waiting() > 0 && catch_up(self.limiter.key_generation(), r) {
+            let tier = self.limiter.key_tier();
+            self.limiter.set_limit(tiers.limit(tier, tiers.progress(r)));
+        }
+    }
+}
+
+impl<K: Hash + Eq> KeyTable<K, ConcurrencyKey> {
+    /// [`ConcurrencyKey::wake_queued`] on every key, the shared ones too; nothing
+    /// without a queue, where no request waits.
+    fn wake_queued(&self, r: &Route) {
+        if self.tiers.shape == 0 {
+            return;
+        }
+        self.overflow.wake_queued(r, &self.tiers);
+        self.anonymous.wake_queued(r, &self.tiers);
+        if let Some(map) = self.map.get() {
+            for entry in map.iter() {
+                entry.wake_queued(r, &self.tiers);
+            }
+        }
     }
 }
 

@@ -868,6 +868,47 @@ fn a_key_with_a_request_still_queued_is_not_evicted() {
 }
 
 #[test]
+fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
+    // Keys catch up with a limit change on their next request; a key's queued
+    // requests waited for a permit back, or for another request on the key, however
+    // far the limit had been raised (a restore step, a runtime change).
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.algorithm = Algorithm::Concurrency { queue: 2 };
+    cfg.controller.base_limit_rps = 1.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    let held = e.check(id, ip(1), Nanos::ZERO);
+    assert!(matches!(held, Decision::Admit(Admit::Held(_))));
+    let Decision::Admit(Admit::Queued(mut ticket)) = e.check(id, ip(1), Nanos::ZERO) else {
+        panic!("the second request waits");
+    };
+    let wakes = Arc::new(Wakes::default());
+    let waker = std::task::Waker::from(Arc::clone(&wakes));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut poll = || std::future::Future::poll(std::pin::Pin::new(&mut ticket), &mut cx);
+    assert!(poll().is_pending());
+    let mut params = e.route_params(id);
+    params.base_limit_rps = 2.0;
+    e.update_route(id, params, Nanos::from_millis(1));
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        1,
+        "the queued request is woken"
+    );
+    assert!(poll().is_ready(), "and takes the second permit");
+    drop(held);
+}
+
+#[test]
 fn keys_hold_the_routes_burst() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
     cfg.algorithm = Algorithm::TokenBucket {
