@@ -701,3 +701,25 @@ async fn a_waiting_request_reaches_the_inner_service_only_once_admitted() {
     assert_eq!(first.await.unwrap().unwrap(), StatusCode::OK);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_concurrency_quota_is_stated_in_requests_in_flight() {
+    // It said `q=1;w=1`, one request per second, which is not what was refused.
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let mut r = route("feed", RouteMatch::prefix("/feed"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::Concurrency { queue: 0 };
+    let (l, _clock) = layer(vec![r]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = l.layer(counting_service(calls, Duration::from_secs(10)));
+    let get = || Request::get("/feed").body(Body::empty()).unwrap();
+    let first = svc.ready().await.unwrap().call(get());
+    let refused = svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.headers()["ratelimit-policy"],
+        r#""feed";q=1;qu="concurrent-requests""#
+    );
+    drop(first);
+}

@@ -19,12 +19,13 @@
 //! all return in the same second. `RateLimit-Policy` and `RateLimit` follow the IETF
 //! draft (draft-ietf-httpapi-ratelimit-headers): the quota `q` is the limit the request
 //! was refused at (the route's in force, or its key's tier's) per `w = 1` second, or
-//! under 1 req/s one request per `w` seconds (0.5 req/s is `q=1;w=2`); `r` is the
+//! under 1 req/s one request per `w` seconds (0.5 req/s is `q=1;w=2`), and for the
+//! `concurrency` algorithm requests in flight (`q=10;qu="concurrent-requests"`); `r` is the
 //! remaining quota (0) and `t` the seconds to wait. The body's `retry_after_ms` is the
 //! wait in milliseconds, rounded up.
 
 use crate::engine::{Engine, RouteId};
-use crate::limiter::{Reason, Rejection};
+use crate::limiter::{Algorithm, Reason, Rejection};
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
@@ -94,7 +95,7 @@ pub fn respond_at_limit<B: From<Bytes>>(
         StatusCode::from_u16(engine.reject_status(route)).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-    if let Some(v) = policy_header(name, policy(limit_rps)) {
+    if let Some(v) = policy_header(name, policy(engine, route, limit_rps)) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
     if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={secs}")) {
@@ -112,11 +113,15 @@ fn millis_up(wait: Duration) -> u64 {
     ms.saturating_add(u64::from(wait.subsec_nanos() % 1_000_000 > 0))
 }
 
-/// The quota and window (whole seconds) that `RateLimit-Policy` states for a limit:
-/// the limit per second, or under 1 req/s the requests it admits over the whole
-/// seconds one takes (0.5 req/s is 1 per 2 s, 0.3 req/s 1 per 4 s), never a quota of
-/// 0 for a limit above it.
-fn policy(limit_rps: f64) -> (u64, u64) {
+/// The quota and window (whole seconds) that `RateLimit-Policy` states for a limit
+/// on `route`: the limit per second, or under 1 req/s the requests it admits over the
+/// whole seconds one takes (0.5 req/s is 1 per 2 s, 0.3 req/s 1 per 4 s), never a
+/// quota of 0 for a limit above it. For the `concurrency` algorithm, requests in
+/// flight, with no window (0).
+fn policy(engine: &Engine, route: RouteId, limit_rps: f64) -> (u64, u64) {
+    if matches!(engine.algorithm(route), Algorithm::Concurrency { .. }) {
+        return (limit_rps.floor() as u64, 0);
+    }
     if limit_rps >= 1.0 || limit_rps.is_nan() || limit_rps <= 0.0 {
         return (limit_rps.floor() as u64, 1);
     }
@@ -124,10 +129,15 @@ fn policy(limit_rps: f64) -> (u64, u64) {
     ((limit_rps * window).floor().max(1.0) as u64, window as u64)
 }
 
-/// The `RateLimit-Policy` value of route `name` with this quota and window.
+/// The `RateLimit-Policy` value of route `name` with this quota and window ([`policy`]):
+/// a quota of requests in flight is in the draft's unit `concurrent-requests`.
 fn policy_header(name: &str, (quota, window): (u64, u64)) -> Option<HeaderValue> {
     // Route names are validated to [A-Za-z0-9_.:-], safe inside a quoted string.
-    HeaderValue::from_str(&format!("\"{name}\";q={quota};w={window}")).ok()
+    let value = match window {
+        0 => format!("\"{name}\";q={quota};qu=\"concurrent-requests\""),
+        w => format!("\"{name}\";q={quota};w={w}"),
+    };
+    HeaderValue::from_str(&value).ok()
 }
 
 /// Rejection responses built once per engine and route limit, so that a rejection
@@ -169,7 +179,7 @@ impl Built {
             .enumerate()
             .map(|(i, name)| {
                 let route = RouteId(i);
-                let policy = policy(engine.limit_rps(route));
+                let policy = policy(engine, route, engine.limit_rps(route));
                 // Room for 12 (the map's slots are a power of two): a response made
                 // from it takes a replaced header, or one more, without rehashing.
                 let mut headers = HeaderMap::with_capacity(7);
@@ -213,7 +223,7 @@ impl Templates {
         retry_after: Duration,
         limit_rps: f64,
     ) -> Response<B> {
-        let route_policy = policy(engine.limit_rps(route));
+        let route_policy = policy(engine, route, engine.limit_rps(route));
         let guard = self.built.load();
         let fresh;
         let built = match guard.as_deref() {
@@ -264,7 +274,7 @@ impl Templates {
         if rejection.reason != Reason::Limit {
             headers.insert(REASON.clone(), HeaderValue::from_static(reason));
         }
-        let own_policy = policy(limit_rps);
+        let own_policy = policy(engine, route, limit_rps);
         if own_policy != template.policy {
             if let Some(v) = policy_header(engine.route_name(route), own_policy) {
                 headers.insert(RATELIMIT_POLICY.clone(), v);
