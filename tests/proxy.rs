@@ -1175,6 +1175,14 @@ async fn silent_upstream_gets_504_after_the_response_timeout() {
         elapsed >= RESPONSE_TIMEOUT && elapsed < RESPONSE_TIMEOUT + Duration::from_secs(2),
         "answered after {elapsed:?}"
     );
+    // A request whose body was sent whole waits on the upstream too: 504, not the
+    // client's 408.
+    let post = Request::post("/")
+        .header(header::HOST, HOST)
+        .body(Full::new(Bytes::from_static(b"whole")))
+        .unwrap();
+    let res = send(proxy.addr, post).await;
+    assert_eq!(res.status, StatusCode::GATEWAY_TIMEOUT);
     // The wait is in the latency histogram (the p99 alert sees an upstream that only
     // times out), under its own class.
     let metrics = send(proxy.admin, empty(get("/metrics"))).await;
@@ -1827,5 +1835,102 @@ async fn a_concurrency_permit_is_held_until_the_response_body_ends() {
         send(proxy.addr, empty(get("/other"))).await.status,
         StatusCode::OK,
         "the body ended: its permit is back"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 10. Slow request bodies
+
+/// Sends a `Content-Length: n` upload on `stream` one byte every `every`, its head
+/// after `before` (a request on the connection before it, or nothing); returns what
+/// the proxy answered, read until it closes the connection.
+async fn trickle_upload(addr: SocketAddr, before: &[u8], n: usize, every: Duration) -> String {
+    let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+    if !before.is_empty() {
+        stream.write_all(before).await.unwrap();
+        read_until_seen(&mut stream, "\r\n\r\nok").await;
+    }
+    let head = format!(
+        "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for _ in 0..n {
+        sleep(every).await;
+        if stream.write_all(b"u").await.is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    within("the answer", read_until_closed(&mut stream, &mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// An upload that takes longer than `response_timeout` is the client's time, not the
+/// upstream's: the upstream, which answers at once once it has the body, must get it
+/// whole and its answer must reach the client (it was a 504, counted against the
+/// upstream's health).
+#[tokio::test]
+async fn an_upload_slower_than_the_response_timeout_is_forwarded_whole() {
+    const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+    let upstream = start_upstream().await;
+    let mut short = settings(upstream.addr);
+    short.forward.response_timeout = RESPONSE_TIMEOUT;
+    let proxy = start_proxy(short, Vec::new()).await;
+    // 20 bytes, one every 100 ms: 2 s in all, never 1 s without a byte. On a
+    // connection's first request (the pool), then on its second (its lane).
+    for before in [&b""[..], b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n"] {
+        let answer = trickle_upload(proxy.addr, before, 20, Duration::from_millis(100)).await;
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nok"), "{answer}");
+    }
+    let seen = upstream.only_n("/upload", 2);
+    assert!(
+        seen.iter()
+            .all(|s| s.body.as_deref() == Ok(&[b'u'; 20][..])),
+        "{seen:?}"
+    );
+}
+
+/// A client that stops sending its body for `response_timeout` gets 408, the client's
+/// timeout, not a 504 that blames the upstream.
+#[tokio::test]
+async fn a_client_that_stalls_its_body_gets_408_not_504() {
+    const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+    let upstream = start_upstream().await;
+    let mut short = settings(upstream.addr);
+    short.forward.response_timeout = RESPONSE_TIMEOUT;
+    let route = trickle_route("stalled", "/", 1000);
+    let proxy = start_proxy(short, vec![route]).await;
+    for before in [&b""[..], b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n"] {
+        let mut stream = within("connect", TcpStream::connect(proxy.addr))
+            .await
+            .unwrap();
+        if !before.is_empty() {
+            stream.write_all(before).await.unwrap();
+            read_until_seen(&mut stream, "\r\n\r\nok").await;
+        }
+        // 3 bytes of 10, then nothing.
+        stream
+            .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+            .await
+            .unwrap();
+        let answer = read_until_seen(&mut stream, "}").await;
+        assert!(answer.contains("HTTP/1.1 408 "), "{answer}");
+        assert!(answer.contains(r#"{"error":"client_timeout"}"#), "{answer}");
+    }
+    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let series =
+        |kind: &str| format!(r#"rocgate_upstream_errors_total{{route="stalled",kind="{kind}"}} "#);
+    assert!(
+        text.lines()
+            .any(|l| l.strip_prefix(&series("client_timeout")) == Some("2")),
+        "{text}"
+    );
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with(&series("response_timeout"))),
+        "{text}"
     );
 }

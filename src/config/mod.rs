@@ -437,7 +437,8 @@ pub struct ServerConfig {
     pub upstream: String,
     /// Longest wait for a TCP connection to the upstream.
     pub connect_timeout: Duration,
-    /// Longest wait for the upstream's response head.
+    /// Longest wait for the upstream's response head, from the request's last body
+    /// byte; also the longest a client may pause its body (408).
     pub response_timeout: Duration,
     /// Longest wait for a connection's first byte and complete request head.
     pub header_read_timeout: Duration,

@@ -14,11 +14,15 @@ pub enum ProxyError {
     /// The client stopped sending its request body before its end (400): the client's
     /// doing, not the upstream's.
     ClientAborted,
+    /// The client sent nothing of its request body for `response_timeout` (408): the
+    /// client's doing, not the upstream's.
+    ClientTimeout,
     /// The upstream refused or reset the connection, or spoke broken HTTP (502).
     Upstream(Box<dyn std::error::Error + Send + Sync>),
     /// Connecting to the upstream took longer than `connect_timeout` (504).
     ConnectTimeout,
-    /// The upstream's response head took longer than `response_timeout` (504).
+    /// The upstream's response head took longer than `response_timeout` after the
+    /// request's head, or after its body's last byte (504).
     ResponseTimeout,
 }
 
@@ -28,6 +32,7 @@ impl fmt::Display for ProxyError {
             ProxyError::BadRequest => f.write_str("request cannot be forwarded"),
             ProxyError::BodyTooLarge => f.write_str("request body too large"),
             ProxyError::ClientAborted => f.write_str("client aborted the request body"),
+            ProxyError::ClientTimeout => f.write_str("client stopped sending the request body"),
             ProxyError::Upstream(e) => write!(f, "upstream error: {e}"),
             ProxyError::ConnectTimeout => f.write_str("upstream connect timed out"),
             ProxyError::ResponseTimeout => f.write_str("upstream response timed out"),
@@ -93,7 +98,10 @@ impl ProxyError {
     /// rather than the request.
     pub(crate) fn is_upstream_failure(&self) -> bool {
         match self {
-            ProxyError::BadRequest | ProxyError::BodyTooLarge | ProxyError::ClientAborted => false,
+            ProxyError::BadRequest
+            | ProxyError::BodyTooLarge
+            | ProxyError::ClientAborted
+            | ProxyError::ClientTimeout => false,
             ProxyError::Upstream(_) | ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => {
                 true
             }
@@ -105,6 +113,7 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest | ProxyError::ClientAborted => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -116,6 +125,7 @@ impl ProxyError {
             ProxyError::BadRequest => "bad_request",
             ProxyError::BodyTooLarge => "body_too_large",
             ProxyError::ClientAborted => "client_aborted",
+            ProxyError::ClientTimeout => "client_timeout",
             ProxyError::Upstream(_) => "upstream_error",
             ProxyError::ConnectTimeout => "connect_timeout",
             ProxyError::ResponseTimeout => "response_timeout",

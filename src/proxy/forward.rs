@@ -22,7 +22,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -36,7 +36,10 @@ pub struct ForwardSettings {
     pub upstream: Uri,
     /// Longest wait for a TCP connection to the upstream.
     pub connect_timeout: Duration,
-    /// Longest wait for the upstream's response head.
+    /// Longest wait for the upstream's response head, counted from the request's head
+    /// or, for a request with a body, from the last part of the body the client sent
+    /// (an upload slower than this is the client's time); a client that sends nothing
+    /// of its body for this long gets 408.
     pub response_timeout: Duration,
     /// Largest request body forwarded; larger ones get 413.
     pub max_body_bytes: u64,
@@ -259,12 +262,13 @@ impl Forwarder {
 }
 
 impl Inner {
-    /// Rewrites a client request from `peer` into the upstream request.
+    /// Rewrites a client request from `peer` into the upstream request, with the
+    /// progress of its body if it has one.
     fn rewrite(
         &self,
         req: Request<Incoming>,
         peer: Option<&Peer>,
-    ) -> Result<Request<Body>, ProxyError> {
+    ) -> Result<(Request<Body>, Option<Arc<BodyProgress>>), ProxyError> {
         let (mut parts, body) = req.into_parts();
         // A tunnel is not forwarding: sent on, it would ask the upstream for one to
         // itself, and no route's limit would hold it (its target has no path).
@@ -306,16 +310,22 @@ impl Inner {
             parts.uri = Uri::from(origin_form(&parts.uri));
         }
         parts.version = Version::HTTP_11;
-        let body = if body.is_end_stream() {
-            // No body (most GETs): nothing to limit, nothing to box.
-            Body::empty()
-        } else {
-            match usize::try_from(max) {
-                Ok(max) => Body::new(Limited::new(body, max)),
-                Err(_) => Body::new(body),
-            }
+        if body.is_end_stream() {
+            // No body (most GETs): nothing to limit, nothing to time, nothing to box.
+            return Ok((Request::from_parts(parts, Body::empty()), None));
+        }
+        let progress = Arc::new(BodyProgress::new());
+        let body = match usize::try_from(max) {
+            Ok(max) => Body::new(TimedBody {
+                body: Limited::new(body, max),
+                progress: Arc::clone(&progress),
+            }),
+            Err(_) => Body::new(TimedBody {
+                body,
+                progress: Arc::clone(&progress),
+            }),
         };
-        Ok(Request::from_parts(parts, body))
+        Ok((Request::from_parts(parts, body), Some(progress)))
     }
 
     /// `X-Forwarded-For`: the chain is kept and extended only when the peer is a
@@ -411,7 +421,7 @@ impl Inner {
             }
         };
         let result = match self.rewrite(req, peer) {
-            Ok(upstream_req) => {
+            Ok((upstream_req, progress)) => {
                 let _in_flight = InFlight::enter(&self.in_flight);
                 let started = self.clock.now();
                 let timeout = self.settings.response_timeout;
@@ -421,15 +431,15 @@ impl Inner {
                         Deadline {
                             inner: sent,
                             at: tokio::time::Instant::now() + timeout,
+                            timeout,
+                            progress: progress.as_deref(),
                             timer: &c.timer,
                         }
                         .await
                     }
                     None => {
-                        match tokio::time::timeout(timeout, self.send_pooled(upstream_req)).await {
-                            Ok(result) => result,
-                            Err(_) => Err(ProxyError::ResponseTimeout),
-                        }
+                        let sent = self.send_pooled(upstream_req);
+                        within_response_timeout(sent, timeout, progress.as_deref()).await
                     }
                 };
                 let took = self.clock.now().saturating_since(started);
@@ -583,12 +593,14 @@ impl LaneTimer {
 }
 
 pin_project_lite::pin_project! {
-    /// `inner`, or a response timeout once `at` has passed, on a connection's
-    /// [`LaneTimer`].
+    /// `inner`, or a timeout once `at` has passed (or, for a request with a body,
+    /// `timeout` after the body's last progress), on a connection's [`LaneTimer`].
     struct Deadline<'a, F> {
         #[pin]
         inner: F,
         at: tokio::time::Instant,
+        timeout: Duration,
+        progress: Option<&'a BodyProgress>,
         timer: &'a Mutex<LaneTimer>,
     }
 }
@@ -601,10 +613,120 @@ impl<T, F: Future<Output = Result<T, ProxyError>>> Future for Deadline<'_, F> {
         if let Poll::Ready(result) = this.inner.poll(cx) {
             return Poll::Ready(result);
         }
+        // A body's progress only moves its deadline later: the timer, set for an
+        // earlier one, fires early and is set again.
+        let at = this
+            .progress
+            .map_or(*this.at, |p| p.deadline(*this.timeout));
         let mut timer = this.timer.lock().unwrap_or_else(PoisonError::into_inner);
         timer
-            .poll_until(*this.at, cx)
-            .map(|()| Err(ProxyError::ResponseTimeout))
+            .poll_until(at, cx)
+            .map(|()| Err(timed_out(*this.progress)))
+    }
+}
+
+/// `sent`, or a timeout `timeout` from now (or, for a request with a body, `timeout`
+/// after the body's last progress).
+async fn within_response_timeout<T>(
+    sent: impl Future<Output = Result<T, ProxyError>>,
+    timeout: Duration,
+    progress: Option<&BodyProgress>,
+) -> Result<T, ProxyError> {
+    tokio::pin!(sent);
+    let mut at = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(result) = tokio::time::timeout_at(at, sent.as_mut()).await {
+            return result;
+        }
+        match progress.map(|p| p.deadline(timeout)) {
+            Some(later) if later > tokio::time::Instant::now() => at = later,
+            _ => return Err(timed_out(progress)),
+        }
+    }
+}
+
+/// The error of a request whose response timeout has passed: the client's, if it was
+/// still to send some of its body, else the upstream's.
+fn timed_out(progress: Option<&BodyProgress>) -> ProxyError {
+    if progress.is_some_and(BodyProgress::waiting_for_client) {
+        ProxyError::ClientTimeout
+    } else {
+        ProxyError::ResponseTimeout
+    }
+}
+
+/// How far a request body has come on its way upstream: when a part of it (or its end)
+/// last arrived from the client, and whether the upstream connection is waiting for
+/// the client's next part. The response timeout counts from the later of the request's
+/// head and that last arrival.
+struct BodyProgress {
+    /// When the request was forwarded; `last` counts from it.
+    base: tokio::time::Instant,
+    /// The last arrival, in nanoseconds from `base`.
+    last: AtomicU64,
+    /// Whether the body's last poll found nothing from the client yet.
+    waiting: AtomicBool,
+}
+
+impl BodyProgress {
+    fn new() -> Self {
+        BodyProgress {
+            base: tokio::time::Instant::now(),
+            last: AtomicU64::new(0),
+            waiting: AtomicBool::new(false),
+        }
+    }
+
+    /// `timeout` after the last arrival.
+    fn deadline(&self, timeout: Duration) -> tokio::time::Instant {
+        self.base + Duration::from_nanos(self.last.load(Ordering::Relaxed)) + timeout
+    }
+
+    /// Whether the upstream connection waits for the client to send more of the body.
+    fn waiting_for_client(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Records a poll of the body: pending (waiting for the client), or an arrival.
+    fn polled(&self, pending: bool) {
+        if pending {
+            self.waiting.store(true, Ordering::Relaxed);
+            return;
+        }
+        let since = tokio::time::Instant::now().saturating_duration_since(self.base);
+        self.last.store(
+            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.waiting.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A request body on its way upstream, recording its [`BodyProgress`].
+struct TimedBody<B> {
+    body: B,
+    progress: Arc<BodyProgress>,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for TimedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        self.progress.polled(polled.is_pending());
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -887,6 +1009,8 @@ mod tests {
         let first = Deadline {
             inner: answered_after(Duration::from_secs(1)),
             at: Instant::now() + TIMEOUT,
+            timeout: TIMEOUT,
+            progress: None,
             timer: &timer,
         };
         assert!(first.await.is_ok());
@@ -894,6 +1018,8 @@ mod tests {
         let second = Deadline {
             inner: answered_after(Duration::from_millis(4_500)),
             at: Instant::now() + TIMEOUT,
+            timeout: TIMEOUT,
+            progress: None,
             timer: &timer,
         };
         assert!(second.await.is_ok(), "timed out at an earlier deadline");
@@ -901,6 +1027,8 @@ mod tests {
         let third = Deadline {
             inner: std::future::pending::<Result<(), ProxyError>>(),
             at: Instant::now() + TIMEOUT,
+            timeout: TIMEOUT,
+            progress: None,
             timer: &timer,
         };
         assert!(matches!(third.await, Err(ProxyError::ResponseTimeout)));
