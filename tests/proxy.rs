@@ -1875,7 +1875,7 @@ async fn an_upload_slower_than_the_response_timeout_is_forwarded_whole() {
     let upstream = start_upstream().await;
     let mut short = settings(upstream.addr);
     short.forward.response_timeout = RESPONSE_TIMEOUT;
-    let proxy = start_proxy(short, Vec::new()).await;
+    let proxy = start_proxy(short, vec![trickle_route("slow_uploads", "/", 1000)]).await;
     // 20 bytes, one every 100 ms: 2 s in all, never 1 s without a byte. On a
     // connection's first request (the pool), then on its second (its lane).
     for before in [&b""[..], b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n"] {
@@ -1888,6 +1888,20 @@ async fn an_upload_slower_than_the_response_timeout_is_forwarded_whole() {
         seen.iter()
             .all(|s| s.body.as_deref() == Ok(&[b'u'; 20][..])),
         "{seen:?}"
+    );
+    // Nor is the upload upstream latency: the upstream answered at once, which is what
+    // the latency histogram (and the alert on its p99) must say.
+    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let sum = text.lines().find_map(|l| {
+        l.strip_prefix(
+            r#"rocgate_upstream_request_duration_seconds_sum{route="slow_uploads",status_class="2xx"} "#,
+        )
+    });
+    let sum: f64 = sum.expect("a 2xx duration").parse().unwrap();
+    assert!(
+        sum < 1.0,
+        "two uploads of 2 s took the upstream {sum} s: {text}"
     );
 }
 

@@ -442,7 +442,9 @@ impl Inner {
                         within_response_timeout(sent, timeout, progress.as_deref()).await
                     }
                 };
+                // The upstream's time: less the client's, sending its body.
                 let took = self.clock.now().saturating_since(started);
+                let took = progress.map_or(took, |p| took.saturating_sub(p.sent_in()));
                 // A response timeout is latency too: without it, an upstream that only
                 // times out would leave the latency alert silent.
                 let class = match &result {
@@ -679,7 +681,12 @@ impl BodyProgress {
 
     /// `timeout` after the last arrival.
     fn deadline(&self, timeout: Duration) -> tokio::time::Instant {
-        self.base + Duration::from_nanos(self.last.load(Ordering::Relaxed)) + timeout
+        self.base + self.sent_in() + timeout
+    }
+
+    /// How long after the request was forwarded its body last progressed.
+    fn sent_in(&self) -> Duration {
+        Duration::from_nanos(self.last.load(Ordering::Relaxed))
     }
 
     /// Whether the upstream connection waits for the client to send more of the body.
