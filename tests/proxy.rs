@@ -568,7 +568,7 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
         .header(header::CONNECTION, "keep-alive, X-Custom-Hop")
         .header("x-custom-hop", "1")
         .header("keep-alive", "timeout=5")
-        .header(header::TE, "trailers")
+        .header(header::TE, "gzip, trailers")
         .header(header::PROXY_AUTHORIZATION, "Basic cHJveHk6c2VjcmV0")
         .header(header::UPGRADE, "websocket")
         .header("proxy-connection", "keep-alive")
@@ -583,7 +583,6 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
         "connection",
         "x-custom-hop",
         "keep-alive",
-        "te",
         "proxy-authorization",
         "upgrade",
         "proxy-connection",
@@ -593,6 +592,8 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
             "{name} reached the upstream: {up:?}"
         );
     }
+    // Of `TE`, only `trailers` goes on: the client takes trailer fields.
+    assert_eq!(up[header::TE], "trailers");
     assert_eq!(up[header::AUTHORIZATION], "Bearer end-to-end");
     assert_eq!(up[header::ACCEPT], "text/plain");
     assert_eq!(up["x-kept"], "yes");
@@ -1945,6 +1946,70 @@ async fn a_client_that_stalls_its_body_gets_408_not_504() {
         !text
             .lines()
             .any(|l| l.starts_with(&series("response_timeout"))),
+        "{text}"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 11. Trailers
+
+/// Trailer fields pass both ways. HTTP/1.1 sends only those its `Trailer` header
+/// declares (hyper drops the others), and `Trailer` is end-to-end (RFC 9110 §6.6.2,
+/// not among §7.6.1's hop-by-hop fields): stripped, every trailer was lost.
+#[tokio::test]
+async fn trailers_pass_both_ways() {
+    // An upstream that answers with the request's `x-sum` trailer as its body, in a
+    // chunked response that ends with an `x-checksum` trailer.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service =
+                hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    let collected = req.into_body().collect().await?;
+                    let sum = collected
+                        .trailers()
+                        .and_then(|t| t.get("x-sum"))
+                        .map_or(Bytes::from_static(b"none"), |v| {
+                            Bytes::copy_from_slice(v.as_bytes())
+                        });
+                    let mut trailers = HeaderMap::new();
+                    trailers.insert("x-checksum", HeaderValue::from_static("abc"));
+                    // A body of unknown length, so HTTP/1.1 sends it chunked.
+                    let (mut tx, body) =
+                        http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(2);
+                    let (_, _) = (
+                        tx.try_send(http_body::Frame::data(sum)),
+                        tx.try_send(http_body::Frame::trailers(trailers)),
+                    );
+                    let res = Response::builder()
+                        .header(header::TRAILER, "x-checksum")
+                        .body(body)
+                        .unwrap();
+                    Ok::<_, hyper::Error>(res)
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    let request = "POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nTrailer: x-sum\r\n\
+                   Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nx-sum: 42\r\n\r\n";
+    // On a connection's first request (the pool), then its second (its lane).
+    let raw = raw_exchange(
+        proxy.addr,
+        format!("{request}{request}").as_bytes(),
+        HEADER_READ_TIMEOUT * 3,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{text}");
+    assert_eq!(text.matches("\r\n2\r\n42\r\n").count(), 2, "{text}");
+    assert_eq!(
+        text.matches("\r\n0\r\nx-checksum: abc\r\n\r\n").count(),
+        2,
         "{text}"
     );
 }

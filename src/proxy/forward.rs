@@ -63,14 +63,15 @@ impl ForwardSettings {
     }
 }
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-static HOP_BY_HOP: [HeaderName; 8] = [
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1). `Trailer` is not
+/// one (RFC 9110 §6.6.2: it names the message's trailer fields, end to end), and
+/// HTTP/1.1 sends only the trailer fields it names.
+static HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
@@ -83,7 +84,7 @@ static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 /// Removes hop-by-hop headers, including every header named in `Connection`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none: one pass over the names saves hashing each of the
-    // nine on every message. One match on each name's text (by length, then bytes),
+    // eight on every message. One match on each name's text (by length, then bytes),
     // not nine comparisons of names.
     let any = headers.keys().any(|k| {
         matches!(
@@ -93,7 +94,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
                 | "proxy-authenticate"
                 | "proxy-authorization"
                 | "te"
-                | "trailer"
                 | "transfer-encoding"
                 | "upgrade"
                 | "proxy-connection"
@@ -297,7 +297,20 @@ impl Inner {
             })
             .and_then(|host| HeaderValue::from_str(host).ok())
             .or_else(|| parts.headers.get(header::HOST).cloned());
+        // `TE` is this hop's, but its `trailers` says the client takes trailer fields,
+        // without which an upstream may send none (hyper does not): passed on alone,
+        // as Envoy does.
+        let takes_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
+            v.as_bytes()
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+        });
         strip_hop_by_hop(&mut parts.headers);
+        if takes_trailers {
+            parts
+                .headers
+                .insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
         // HTTP/1.1 requires a Host: the client's, or else the upstream's.
         if let Some(host) = original_host.or_else(|| self.upstream_host.clone()) {
