@@ -2013,3 +2013,35 @@ async fn trailers_pass_both_ways() {
         "{text}"
     );
 }
+
+// ---------------------------------------------------------------------------------
+// 12. Host
+
+/// RFC 9112 §3.2: a request with more than one `Host` gets 400. Forwarded with the
+/// first, it let a front proxy that reads the last (to route or cache) and the
+/// upstream behind rocgate see two different hosts.
+#[tokio::test]
+async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    for first in ["", "GET /first HTTP/1.1\r\nHost: a.example\r\n\r\n"] {
+        let raw = raw_exchange(
+            proxy.addr,
+            format!(
+                "{first}GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\
+                 Connection: close\r\n\r\n"
+            )
+            .as_bytes(),
+            IO_TIMEOUT,
+        )
+        .await;
+        let text = String::from_utf8_lossy(&raw);
+        assert!(text.contains("HTTP/1.1 400 "), "{text}");
+        assert!(text.ends_with(r#"{"error":"bad_request"}"#), "{text}");
+    }
+    assert!(
+        upstream.seen("/two").is_empty(),
+        "{:?}",
+        upstream.all_paths()
+    );
+}

@@ -284,6 +284,13 @@ impl Inner {
         if declared.is_some_and(|n| n > max) {
             return Err(ProxyError::BodyTooLarge);
         }
+        // Two `Host`s are refused (RFC 9112 §3.2): a proxy in front that reads the
+        // other one would route or cache by another host than the upstream sees.
+        let mut hosts = parts.headers.get_all(header::HOST).iter();
+        let host = hosts.next().cloned();
+        if hosts.next().is_some() {
+            return Err(ProxyError::BadRequest);
+        }
         // The target's host and port win over `Host` (RFC 9112 §3.2.2; HTTP/2's
         // `:authority`), which a request in origin form carries alone. A userinfo
         // (credentials) is no part of them.
@@ -296,7 +303,7 @@ impl Inner {
                     .map_or(a.as_str(), |(_, host)| host)
             })
             .and_then(|host| HeaderValue::from_str(host).ok())
-            .or_else(|| parts.headers.get(header::HOST).cloned());
+            .or(host);
         // `TE` is this hop's, but its `trailers` says the client takes trailer fields,
         // without which an upstream may send none (hyper does not): passed on alone,
         // as Envoy does.
