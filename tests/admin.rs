@@ -625,3 +625,46 @@ async fn a_hints_query_with_an_unknown_or_repeated_field_is_refused() {
     );
     p.stop().await;
 }
+
+/// Every refusal is `{"errors": […]}`, those of the router too: an unknown path or a
+/// method an endpoint does not take was an empty body.
+#[tokio::test]
+async fn an_unknown_path_or_method_is_refused_with_errors() {
+    let p = start(None).await;
+    for (method, path, status) in [
+        ("GET", "/admin/nothing", 404),
+        ("GET", "/", 404),
+        ("GET", "/admin/reload", 405),
+        ("DELETE", "/admin/routes/order", 405),
+        ("POST", "/metrics", 405),
+    ] {
+        let (got, reply) = call(p.admin, method, path, "", None).await;
+        assert_eq!(got, status, "{method} {path}: {reply}");
+        let error = reply["errors"][0].as_str().unwrap_or_default();
+        assert!(error.contains(path), "{method} {path}: {reply}");
+    }
+    // A 405 still says which methods the endpoint takes.
+    let raw = raw_admin(
+        p.admin,
+        b"GET /admin/reload HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        raw.to_ascii_lowercase().contains("\r\nallow: post\r\n"),
+        "{raw}"
+    );
+    p.stop().await;
+}
+
+/// Writes `request` to the admin API and reads the answer until it closes.
+async fn raw_admin(admin: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 5 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}

@@ -71,7 +71,25 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/admin/reload", post(reload))
         .route("/admin/hints", get(hints))
         .route("/admin/store", get(store))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// The refusal of a path the admin API does not serve.
+async fn not_found(uri: http::Uri) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        vec![format!("{}: no such endpoint", uri.path())],
+    )
+}
+
+/// The refusal of a method an endpoint does not take (the router adds `Allow`).
+async fn method_not_allowed(method: http::Method, uri: http::Uri) -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        vec![format!("{}: {method} is not allowed", uri.path())],
+    )
 }
 
 fn error(status: StatusCode, errors: Vec<String>) -> Response {
