@@ -2045,3 +2045,107 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
         upstream.all_paths()
     );
 }
+
+// ---------------------------------------------------------------------------------
+// 13. An upstream that stalls its body
+
+/// An upstream that answers every request with a head promising 100 bytes, sends 10
+/// and then nothing, holding the connection open.
+async fn start_stalling_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = [0u8; 4096];
+            let _ = stream.read(&mut head).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+                .await;
+            held.push(stream);
+        }
+    });
+    addr
+}
+
+/// An upstream that sends nothing of its body for `response_timeout` has failed: the
+/// client's connection is aborted (its body cut short, as when the upstream closes)
+/// and the request's concurrency permit comes back. Without a timeout the permit was
+/// held for as long as the upstream connection stayed open, which on a dead host is
+/// forever: a few such requests shut a route with the concurrency algorithm.
+#[tokio::test]
+async fn an_upstream_that_stalls_its_body_is_cut_off_after_the_response_timeout() {
+    const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+    let mut short = settings(start_stalling_upstream().await);
+    short.forward.response_timeout = RESPONSE_TIMEOUT;
+    let mut route = RouteConfig::new("stalled_body", RouteMatch::prefix("/"));
+    route.controller.base_limit_rps = 1.0;
+    route.controller.cut_limit_rps = 1.0;
+    route.controller.danger_roc = f64::MAX;
+    route.algorithm = Algorithm::Concurrency { queue: 0 };
+    let proxy = start_proxy(short, vec![route]).await;
+    let started = Instant::now();
+    let reply = raw_exchange(
+        proxy.addr,
+        b"GET /a HTTP/1.1\r\nhost: shop.example\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("0123456789"), "{reply}");
+    assert!(
+        started.elapsed() < IO_TIMEOUT - Duration::from_secs(1),
+        "the connection was left open"
+    );
+    assert_eq!(
+        proxy.snapshot("stalled_body").level.value,
+        0.0,
+        "the permit is back"
+    );
+    let series = r#"rocgate_upstream_errors_total{route="stalled_body",kind="body_aborted"} "#;
+    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.lines().any(|l| l.strip_prefix(series) == Some("1")),
+        "{text}"
+    );
+}
+
+/// A body that streams slower than `response_timeout` in all, but never pauses that
+/// long, arrives whole: the timeout is between two parts.
+#[tokio::test]
+async fn a_body_streamed_with_pauses_shorter_than_the_response_timeout_arrives_whole() {
+    const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(|_req| async {
+                let (mut tx, body) =
+                    http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(1);
+                tokio::spawn(async move {
+                    for n in 0..8u8 {
+                        sleep(Duration::from_millis(150)).await;
+                        let _ = tx.send_data(Bytes::from(vec![b'0' + n])).await;
+                    }
+                });
+                Ok::<_, std::convert::Infallible>(Response::new(body))
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    let mut short = settings(upstream);
+    short.forward.response_timeout = RESPONSE_TIMEOUT;
+    let proxy = start_proxy(short, Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    // The pool's request, then the lane's.
+    for _ in 0..2 {
+        let res = conn.send(empty(get("/stream"))).await;
+        assert_eq!(res.status, StatusCode::OK);
+        assert_eq!(res.body, "01234567");
+    }
+}

@@ -438,7 +438,8 @@ pub struct ServerConfig {
     /// Longest wait for a TCP connection to the upstream.
     pub connect_timeout: Duration,
     /// Longest wait for the upstream's response head, from the request's last body
-    /// byte; also the longest a client may pause its body (408).
+    /// byte; also the longest a client may pause its body (408), and the upstream its
+    /// response body (the client's connection is aborted).
     pub response_timeout: Duration,
     /// Longest wait for a connection's first byte and complete request head.
     pub header_read_timeout: Duration,

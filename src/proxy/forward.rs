@@ -39,7 +39,8 @@ pub struct ForwardSettings {
     /// Longest wait for the upstream's response head, counted from the request's head
     /// or, for a request with a body, from the last part of the body the client sent
     /// (an upload slower than this is the client's time); a client that sends nothing
-    /// of its body for this long gets 408.
+    /// of its body for this long gets 408. Also the longest wait between two parts of
+    /// the response body: after it, the client's connection is aborted.
     pub response_timeout: Duration,
     /// Largest request body forwarded; larger ones get 413.
     pub max_body_bytes: u64,
@@ -492,7 +493,13 @@ impl Inner {
             Ok(res) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Body::new(UpstreamBody { body, route }))
+                let body = UpstreamBody {
+                    body,
+                    route,
+                    timeout: self.settings.response_timeout,
+                    stall: None,
+                };
+                Response::from_parts(parts, Body::new(body))
             }
             Err(e) => {
                 tracing::debug!(error = %e, route = %route, "forwarding failed");
@@ -838,29 +845,102 @@ impl tower::Service<Request<Incoming>> for Forwarder {
 }
 
 /// An upstream response body on its way to the client. An upstream that fails
-/// after a good head (closes mid-body, or sends a malformed chunk) leaves the client a
-/// truncated body; it is counted as `rocgate_upstream_errors_total{kind="body_aborted"}`,
-/// since the head was already counted a success.
+/// after a good head (closes mid-body, sends a malformed chunk, or sends nothing more
+/// for `response_timeout`) leaves the client a truncated body, its connection aborted;
+/// it is counted as `rocgate_upstream_errors_total{kind="body_aborted"}`, since the
+/// head was already counted a success.
 struct UpstreamBody {
     body: Incoming,
     route: Arc<str>,
+    /// The longest wait for the body's next part.
+    timeout: Duration,
+    /// The wait for the next part, from the body's first wait on.
+    stall: Option<Stall>,
+}
+
+/// The timer of an [`UpstreamBody`] waiting for its next part. Like the lane's
+/// [`LaneTimer`], it is not set again at every part: it fires at the deadline of the
+/// wait it was set for and looks again. The body's task is its only poller, so the
+/// waker registered stays current.
+struct Stall {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Whether the sleep has been polled, and so registered, since it was last set.
+    armed: bool,
+    /// When the wait began: the first time the body found nothing after a part.
+    since: tokio::time::Instant,
+    /// Whether a part has arrived since `since`.
+    progressed: bool,
+}
+
+impl UpstreamBody {
+    /// Ready once the body has waited `timeout` for its next part; registers the
+    /// task's waker to be woken by then.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let now = tokio::time::Instant::now();
+        let timeout = self.timeout;
+        let stall = self.stall.get_or_insert_with(|| Stall {
+            sleep: Box::pin(tokio::time::sleep_until(now + timeout)),
+            armed: false,
+            since: now,
+            progressed: false,
+        });
+        if stall.progressed {
+            stall.progressed = false;
+            stall.since = now;
+        }
+        loop {
+            if stall.armed && !stall.sleep.is_elapsed() {
+                return Poll::Pending;
+            }
+            stall.armed = true;
+            std::task::ready!(stall.sleep.as_mut().poll(cx));
+            let at = stall.since + timeout;
+            if tokio::time::Instant::now() >= at {
+                return Poll::Ready(());
+            }
+            stall.sleep.as_mut().reset(at);
+            stall.armed = false;
+        }
+    }
+
+    /// Counts the body cut short.
+    fn aborted(&self) {
+        metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&self.route), "kind" => "body_aborted")
+            .increment(1);
+    }
 }
 
 impl http_body::Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = axum::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Err(e))) = &polled {
-            tracing::debug!(error = %e, route = %self.route, "upstream body failed");
-            metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&self.route), "kind" => "body_aborted")
-                .increment(1);
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::BoxError>>> {
+        match Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Pending => {
+                std::task::ready!(self.poll_stalled(cx));
+                tracing::debug!(route = %self.route, "upstream body timed out");
+                self.aborted();
+                let e = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the upstream sent nothing of its body for response_timeout",
+                );
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                tracing::debug!(error = %e, route = %self.route, "upstream body failed");
+                self.aborted();
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(frame) => {
+                if let Some(stall) = self.stall.as_mut() {
+                    stall.progressed = true;
+                }
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
