@@ -637,9 +637,27 @@ fn forwarded_request() -> Request<Full<Bytes>> {
             .header("x-forwarded-for", "10.0.0.2")
             .header("x-forwarded-proto", "https")
             .header("x-forwarded-host", "public.example")
-            .header("forwarded", "for=6.6.6.6;proto=https;host=public.example"),
+            .header("forwarded", "for=6.6.6.6;proto=https;host=public.example")
+            .header("x-real-ip", "6.6.6.6")
+            .header("x-forwarded-port", "443")
+            .header("x-forwarded-prefix", "/evil")
+            .header("x-forwarded-ssl", "on")
+            .header("x-forwarded-scheme", "https")
+            .header("x-forwarded-server", "public.example"),
     )
 }
+
+/// The other forwarding headers upstream frameworks read (Rack, Spring, Symfony, Gin,
+/// Traefik's list): some say the opposite of rocgate's `X-Forwarded-Proto: http`
+/// (Rack takes `X-Forwarded-Ssl: on` and `X-Forwarded-Scheme` before it).
+const OTHER_FORWARDING: [&str; 6] = [
+    "x-real-ip",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-ssl",
+    "x-forwarded-scheme",
+    "x-forwarded-server",
+];
 
 #[tokio::test]
 async fn forwarded_headers_from_an_untrusted_peer_are_replaced() {
@@ -657,6 +675,10 @@ async fn forwarded_headers_from_an_untrusted_peer_are_replaced() {
     assert_eq!(h[header::HOST], HOST);
     // RFC 7239's header says the same things, and upstreams that read it prefer it.
     assert!(!h.contains_key("forwarded"), "{h:?}");
+    // As do the others an untrusted client may send: they were passed on.
+    for name in OTHER_FORWARDING {
+        assert!(!h.contains_key(name), "{name} reached the upstream: {h:?}");
+    }
 }
 
 #[tokio::test]
@@ -683,6 +705,12 @@ async fn forwarded_headers_from_a_trusted_proxy_are_kept_and_extended() {
         h["forwarded"],
         "for=6.6.6.6;proto=https;host=public.example"
     );
+    for name in OTHER_FORWARDING {
+        assert!(
+            h.contains_key(name),
+            "{name} from a trusted proxy was dropped: {h:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,6 +82,35 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
+/// Forwarding headers besides `X-Forwarded-For`, `-Proto`, `-Host` and `Forwarded`
+/// that upstream frameworks read (Rack, Spring, Symfony, Gin; Traefik's list), dropped
+/// from an untrusted peer: passed on, they would tell the upstream what the client
+/// chose, against what rocgate sets (Rack takes `X-Forwarded-Ssl: on` and
+/// `X-Forwarded-Scheme` before `X-Forwarded-Proto`).
+static OTHER_FORWARDING: [HeaderName; 6] = [
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-server"),
+];
+
+/// Removes the [`OTHER_FORWARDING`] headers.
+fn strip_other_forwarding(headers: &mut HeaderMap) {
+    // Most requests carry none: one pass over the names saves hashing each of the
+    // six on every request.
+    let any = headers.keys().any(|k| {
+        let name = k.as_str();
+        name == "x-real-ip" || name.starts_with("x-forwarded-")
+    });
+    if any {
+        for name in &OTHER_FORWARDING {
+            headers.remove(name);
+        }
+    }
+}
+
 /// Removes hop-by-hop headers, including every header named in `Connection`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none: one pass over the names saves hashing each of the
@@ -354,7 +383,8 @@ impl Inner {
     /// it for the upstream. `X-Forwarded-Proto` and `-Host` likewise; RFC 7239's
     /// `Forwarded`, which says the same things, is kept from a trusted proxy only, and
     /// extended with this hop (`for=` the peer, `proto=http`). rocgate adds no
-    /// `Forwarded` of its own where the request had none.
+    /// `Forwarded` of its own where the request had none. The other forwarding headers
+    /// upstreams read ([`OTHER_FORWARDING`]) are kept from a trusted proxy only.
     fn set_forwarded(
         &self,
         headers: &mut HeaderMap,
@@ -376,6 +406,7 @@ impl Inner {
         headers.remove(&X_FORWARDED_FOR);
         if !trusted {
             headers.remove(&FORWARDED);
+            strip_other_forwarding(headers);
         } else if let (Some(Peer { ip, .. }), true) = (peer, headers.contains_key(&FORWARDED)) {
             // The trusted proxy's chain goes on with this hop (RFC 7239 §4: an IPv6
             // node is quoted and bracketed), as `X-Forwarded-For` does.
