@@ -449,3 +449,86 @@ async fn connections_beyond_the_cap_wait_complete_in_a_deep_backlog() {
     );
     assert_eq!(open_connections(&proxy).await, 1.0);
 }
+
+/// A response body of 64 KiB chunks without end; `dropped` is told when it is dropped
+/// (the proxy let go of the upstream connection it came on).
+struct Endless(Option<oneshot::Sender<()>>);
+
+impl http_body::Body for Endless {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+            &[b'e'; 64 * 1024],
+        )))))
+    }
+}
+
+impl Drop for Endless {
+    fn drop(&mut self) {
+        if let Some(dropped) = self.0.take() {
+            let _ = dropped.send(());
+        }
+    }
+}
+
+/// A client that takes nothing of its response for `idle_timeout` is closed, as
+/// nginx's `send_timeout` does: it held its connection, the upstream connection and
+/// the request's concurrency permit for as long as it stayed connected. One that reads
+/// slowly but steadily is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_for_idle_timeout_is_closed() {
+    let (dropped, upstream_let_go) = oneshot::channel::<()>();
+    let dropped = Arc::new(Mutex::new(Some(dropped)));
+    let app = Router::new().fallback(move || {
+        let dropped = dropped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        async move { Body::new(Endless(dropped)) }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    // Long enough for a steady reader's writes to be taken well within it, however the
+    // kernel paces them.
+    const IDLE: Duration = Duration::from_secs(1);
+    let proxy = start_proxy(upstream, 100, IDLE, Duration::from_secs(60)).await;
+    let connect = |recv_buffer: u32| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(recv_buffer).unwrap();
+        let mut stream = socket.connect(proxy.addr).await.unwrap();
+        use tokio::io::AsyncWriteExt;
+        stream
+            .write_all(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        stream
+    };
+    // Takes nothing: the proxy lets go of the response, and of the upstream connection.
+    let _stalled = connect(4096).await;
+    timeout(IO_TIMEOUT, upstream_let_go)
+        .await
+        .expect("the stalled client's response dropped")
+        .unwrap();
+    // Reads 8 MiB, up to 64 KiB every 20 ms: never IDLE without taking something, and
+    // longer than IDLE in all.
+    let mut steady = connect(64 * 1024).await;
+    let read = timeout(IO_TIMEOUT, async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0;
+        while total < 8 << 20 {
+            sleep(Duration::from_millis(20)).await;
+            let n = steady.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {total} bytes");
+            total += n;
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "8 MiB within {IO_TIMEOUT:?}");
+}

@@ -15,6 +15,14 @@
 //! again, so a request costs two atomic updates and a clock read, not a timer, and a
 //! busy connection is looked at once per idle timeout. Between those wakes, polling it
 //! costs a load.
+//!
+//! A connection's socket is [`Watched`]: a write the client's socket cannot take (its
+//! receive window is full: the client reads nothing) marks the connection blocked, the
+//! next write taken clears it. [`WriteStall::stalled`] completes once it has been
+//! blocked for the idle timeout, and the connection is then dropped (nginx's
+//! `send_timeout`): a client that takes nothing of its response would otherwise hold
+//! its connection, the upstream connection and the request's concurrency permit for as
+//! long as it stays connected. A write costs a load; the clock is read when one blocks.
 
 use crate::http::HoldUntilEnd;
 use std::future::Future;
@@ -23,6 +31,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
@@ -269,6 +279,155 @@ impl Drop for Busy {
         // stamp of the request that ended last.
         activity.last_end.fetch_max(nanos, Ordering::Release);
         activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Since when a connection's writes have been blocked, if they are.
+#[derive(Debug)]
+pub(crate) struct WriteStall {
+    /// Nanoseconds from `opened` to the first write refused since the last one
+    /// taken, plus one; 0 while writes are taken.
+    blocked: AtomicU64,
+    opened: Instant,
+}
+
+impl WriteStall {
+    /// A connection whose writes are taken.
+    pub(crate) fn new() -> Arc<WriteStall> {
+        Arc::new(WriteStall {
+            blocked: AtomicU64::new(0),
+            opened: Instant::now(),
+        })
+    }
+
+    /// Records a write: refused (`pending`), or taken.
+    fn wrote(&self, pending: bool) {
+        let blocked = self.blocked.load(Ordering::Relaxed);
+        if pending && blocked == 0 {
+            let since = Instant::now().saturating_duration_since(self.opened);
+            let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1);
+            self.blocked.store(nanos + 1, Ordering::Relaxed);
+        } else if !pending && blocked != 0 {
+            self.blocked.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// When the writes began to be refused, if they are.
+    fn blocked_since(&self) -> Option<Instant> {
+        match self.blocked.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(self.opened + Duration::from_nanos(n - 1)),
+        }
+    }
+
+    /// Completes once the writes have been refused for `timeout` on end.
+    pub(crate) fn stalled(&self, timeout: Duration) -> Stalled<'_> {
+        Stalled {
+            stall: self,
+            timeout,
+            armed: false,
+            sleep: tokio::time::sleep_until(self.opened),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`WriteStall::stalled`]. Polled at every wake of the connection's
+    /// task, it is one load while writes are taken; its timer is set when they are not,
+    /// and, like [`Idle`]'s, it is polled only to register and once it has fired. The
+    /// connection's task is its only poller, and writes the socket: a write refused in
+    /// a wake is seen by the poll of this future in the same wake.
+    #[derive(Debug)]
+    pub(crate) struct Stalled<'a> {
+        stall: &'a WriteStall,
+        timeout: Duration,
+        // Whether the timer has been polled, and so registered, since it was last set.
+        armed: bool,
+        #[pin]
+        sleep: Sleep,
+    }
+}
+
+impl Future for Stalled<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        let Some(since) = this.stall.blocked_since() else {
+            return Poll::Pending;
+        };
+        let at = since + *this.timeout;
+        loop {
+            // Set for an earlier stall, the timer fires early and is set again.
+            if *this.armed && !this.sleep.is_elapsed() {
+                return Poll::Pending;
+            }
+            if Instant::now() >= at {
+                return Poll::Ready(());
+            }
+            this.sleep.as_mut().reset(at);
+            *this.armed = true;
+            std::task::ready!(this.sleep.as_mut().poll(cx));
+        }
+    }
+}
+
+/// A client connection's socket, recording in a [`WriteStall`] whether its writes are
+/// taken.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    stream: TcpStream,
+    stall: Arc<WriteStall>,
+}
+
+impl Watched {
+    /// `stream`, its writes recorded in `stall`.
+    pub(crate) fn new(stream: TcpStream, stall: Arc<WriteStall>) -> Self {
+        Watched { stream, stall }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.stall.wrote(polled.is_pending());
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.stall.wrote(polled.is_pending());
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 

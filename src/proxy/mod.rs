@@ -558,12 +558,17 @@ impl Proxy {
                         }
                     }
                 });
+                let writes = connections::WriteStall::new();
+                let stream = connections::Watched::new(stream, Arc::clone(&writes));
                 let conn = builder
                     .serve_connection(TokioIo::new(stream), svc)
                     .into_owned();
                 tokio::pin!(conn, driver);
                 let idle = activity.idle(idle_timeout);
                 tokio::pin!(idle);
+                // A client that takes nothing of what is written for as long.
+                let stalled = writes.stalled(idle_timeout);
+                tokio::pin!(stalled);
                 let probe = stopping.clone();
                 let stopping = connections::Stopping::new(stopping.changed(), probe);
                 tokio::pin!(stopping);
@@ -576,6 +581,10 @@ impl Proxy {
                         biased;
                         served = conn.as_mut() => break served,
                         () = driver.as_mut() => break Ok(()),
+                        () = stalled.as_mut() => {
+                            tracing::debug!(%peer, "connection closed: the client took nothing for idle_timeout");
+                            break Ok(());
+                        }
                         () = idle.as_mut(), if !closing => {
                             tracing::debug!(%peer, "idle connection closed");
                             closing = true;
