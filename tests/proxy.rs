@@ -2177,3 +2177,47 @@ async fn a_body_streamed_with_pauses_shorter_than_the_response_timeout_arrives_w
         assert_eq!(res.body, "01234567");
     }
 }
+
+// ---------------------------------------------------------------------------------
+// 14. Response framing
+
+/// RFC 9112 §6.3: `Transfer-Encoding` overrides `Content-Length`, and a proxy MUST
+/// remove the `Content-Length` before forwarding. Kept, it framed the client's
+/// response: `Content-Length: 3` over a 5-byte chunked body gave the client a
+/// complete-looking `hel`.
+#[tokio::test]
+async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                while matches!(stream.read(&mut head).await, Ok(n) if n > 0) {
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\
+                              transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+                        )
+                        .await;
+                }
+            });
+        }
+    });
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    // The pool's request, then the lane's.
+    for _ in 0..2 {
+        let res = conn.send(empty(get("/both"))).await;
+        assert_eq!(res.status, StatusCode::OK);
+        assert_eq!(res.body, "hello");
+        assert_ne!(
+            res.headers
+                .get(header::CONTENT_LENGTH)
+                .map(|v| v.as_bytes()),
+            Some(&b"3"[..]),
+            "{:?}",
+            res.headers
+        );
+    }
+}

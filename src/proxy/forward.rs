@@ -111,7 +111,8 @@ fn strip_other_forwarding(headers: &mut HeaderMap) {
     }
 }
 
-/// Removes hop-by-hop headers, including every header named in `Connection`.
+/// Removes hop-by-hop headers, including every header named in `Connection`, and a
+/// `Content-Length` beside a `Transfer-Encoding`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none: one pass over the names saves hashing each of the
     // eight on every message. One match on each name's text (by length, then bytes),
@@ -131,6 +132,11 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     });
     if !any {
         return;
+    }
+    // The body was framed by its transfer coding, which overrides a `Content-Length`
+    // (RFC 9112 §6.3: a proxy MUST remove it). Kept, it would frame the next hop's.
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
     }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
