@@ -2221,3 +2221,51 @@ async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
         );
     }
 }
+
+/// Once `shutdown_grace` is over, `run` drops the connections still open, as its log
+/// says: they were left running in the caller's runtime, served and forwarding, after
+/// `run` had returned.
+#[tokio::test]
+async fn connections_still_open_after_the_shutdown_grace_are_dropped() {
+    // An upstream streaming a chunk every 50 ms, without end.
+    let app = Router::new().fallback(|| async {
+        let (mut tx, body) =
+            http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(1);
+        tokio::spawn(async move {
+            while tx.send_data(Bytes::from_static(b"s")).await.is_ok() {
+                sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Body::new(body)
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut short = settings(upstream);
+    short.shutdown_grace = Duration::from_millis(300);
+    let proxy = start_proxy(short, Vec::new()).await;
+    let mut stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    read_until_seen(&mut stream, "\r\n\r\n").await;
+    within("run() returning", proxy.shut_down())
+        .await
+        .unwrap()
+        .unwrap();
+    // Whatever was in flight drains, then the connection ends.
+    let mut rest = Vec::new();
+    let ended = timeout(
+        Duration::from_secs(2),
+        read_until_closed(&mut stream, &mut rest),
+    )
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the connection outlived run(): {} bytes since",
+        rest.len()
+    );
+}

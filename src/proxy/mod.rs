@@ -488,6 +488,8 @@ impl Proxy {
         // Each connection task holds a receiver: told to stop, it shuts its connection
         // down gracefully; the sender's `closed` is the last one ending.
         let (stop, stopping) = tokio::sync::watch::channel(());
+        // Told once the grace period is over: each connection still open drops itself.
+        let (abort, aborting) = tokio::sync::watch::channel(());
         let clock = Arc::clone(&self.reloader.clock);
         let mut limit_warned: Option<crate::clock::Nanos> = None;
         tokio::pin!(shutdown);
@@ -539,6 +541,7 @@ impl Proxy {
             let idle_timeout = self.settings.idle_timeout;
             let builder = builder.clone();
             let mut stopping = stopping.clone();
+            let mut aborting = aborting.clone();
             tokio::spawn(async move {
                 let _slot = slot;
                 if !first_byte_within(&stream, header_timeout).await {
@@ -572,6 +575,9 @@ impl Proxy {
                 let probe = stopping.clone();
                 let stopping = connections::Stopping::new(stopping.changed(), probe);
                 tokio::pin!(stopping);
+                let probe = aborting.clone();
+                let aborting = connections::Stopping::new(aborting.changed(), probe);
+                tokio::pin!(aborting);
                 let mut closing = false;
                 // The lane's upstream connection is polled in this task, beside the
                 // client's; it closes when the client connection ends.
@@ -594,6 +600,7 @@ impl Proxy {
                             closing = true;
                             conn.as_mut().graceful_shutdown();
                         }
+                        () = aborting.as_mut() => break Ok(()),
                     }
                 };
                 if let Err(e) = served {
@@ -602,12 +609,15 @@ impl Proxy {
             });
         }
         drop(self.listener);
-        drop(stopping);
+        drop((stopping, aborting));
         tracing::info!(connections = connections.open(), "shutting down");
         let _ = stop.send(());
         let drained = tokio::time::timeout(self.settings.shutdown_grace, stop.closed()).await;
         if drained.is_err() {
             tracing::warn!("shutdown grace period over; dropping remaining connections");
+            let _ = abort.send(());
+            // Each drops its connection at its next poll.
+            let _ = tokio::time::timeout(ABORT_WAIT, stop.closed()).await;
         }
         let _ = admin_stop.send(());
         let _ = admin.await;
@@ -685,6 +695,10 @@ fn log_transition(route: &str, t: &Transition) {
         "controller transition"
     );
 }
+
+/// How long `run` waits, after the grace period, for the connections told to drop
+/// themselves (each does at its task's next poll).
+const ABORT_WAIT: Duration = Duration::from_secs(1);
 
 /// How often, at most, reaching `max_connections` is logged.
 const LIMIT_WARN_EVERY: Duration = Duration::from_secs(10);
