@@ -2269,3 +2269,96 @@ async fn connections_still_open_after_the_shutdown_grace_are_dropped() {
         rest.len()
     );
 }
+
+// ---------------------------------------------------------------------------------
+// 15. Keep-alive after a rejection; HEAD
+
+/// A rejected request's body is never read, and must not be read as the next request:
+/// a short body is skipped and the connection goes on, a chunked one (or one the
+/// client holds back, `Expect: 100-continue`, no `100 Continue` sent) closes the
+/// connection, and the 429 says so.
+#[tokio::test]
+async fn a_rejected_requests_unread_body_is_not_read_as_the_next_request() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        settings(upstream.addr),
+        vec![trickle_route("limited", "/limited", 1)],
+    )
+    .await;
+    let raw = raw_exchange(
+        proxy.addr,
+        b"POST /limited HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+          POST /limited HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+          GET /after-length HTTP/1.1\r\nHost: x\r\n\r\n\
+          POST /limited HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n\
+          GET /after-chunked HTTP/1.1\r\nHost: x\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    let statuses: Vec<&str> = text.split("HTTP/1.1 ").skip(1).map(|r| &r[..3]).collect();
+    assert_eq!(statuses, ["200", "429", "200", "429"], "{text}");
+    let last = text.rsplit("HTTP/1.1 ").next().unwrap();
+    assert!(last.contains("connection: close"), "{text}");
+    assert_eq!(upstream.all_paths(), ["/limited", "/after-length"]);
+    // Held back: no 100 Continue, and the connection closes after the 429.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"POST /limited HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 429 "), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+}
+
+/// A HEAD's answer keeps the upstream's `Content-Length` and has no body; the next
+/// request on the connection is read right after it.
+#[tokio::test]
+async fn a_head_answer_keeps_its_content_length_and_has_no_body() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = stream.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    // One request a read: the proxy sends the next only once
+                    // answered.
+                    let reply: &[u8] = if buf.starts_with(b"HEAD ") {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 1234\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                    };
+                    if stream.write_all(reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    // The pool's, the lane's, then a GET on the lane.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"HEAD /a HTTP/1.1\r\nHost: x\r\n\r\nHEAD /b HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    let answers: Vec<&str> = text.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(answers.len(), 3, "{text}");
+    for head in &answers[..2] {
+        assert!(head.contains("content-length: 1234\r\n"), "{text}");
+        assert!(
+            head.ends_with("\r\n\r\n"),
+            "a HEAD answer with a body: {text}"
+        );
+    }
+    assert!(answers[2].ends_with("\r\n\r\nok"), "{text}");
+}
