@@ -668,3 +668,44 @@ async fn raw_admin(admin: SocketAddr, request: &[u8]) -> String {
         .unwrap();
     String::from_utf8_lossy(&answer).into_owned()
 }
+
+/// The admin listener bounds a request head's time by `header_read_timeout`, as the
+/// proxy's does: it had no timeout, so connections that send nothing, or drip a head,
+/// were held open for ever, each a file descriptor of the process the proxy accepts
+/// with (the admin API is often opened to a Prometheus on another host).
+#[tokio::test]
+async fn an_admin_connection_silent_or_dripping_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let p = start(None).await;
+    // header_read_timeout is 2 s: closed well within 8.
+    let closed = |mut stream: tokio::net::TcpStream| async move {
+        let mut buf = [0u8; 1024];
+        let ended = tokio::time::timeout(Duration::from_secs(8), async {
+            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+        })
+        .await;
+        ended.is_ok()
+    };
+    let silent = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    assert!(closed(silent).await, "a silent connection was kept open");
+    let mut dripping = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    dripping
+        .write_all(b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let drip = tokio::spawn(async move {
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if dripping.write_all(b"x-drip: 1\r\n").await.is_err() {
+                break;
+            }
+        }
+        dripping
+    });
+    let dripping = drip.await.unwrap();
+    assert!(closed(dripping).await, "a dripping head was kept open");
+    // The admin API still answers.
+    let (status, _) = call(p.admin, "GET", "/healthz", "", None).await;
+    assert_eq!(status, 200);
+    p.stop().await;
+}

@@ -13,6 +13,12 @@
 //! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen |
 //!
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set.
+//!
+//! Its connections are served as the proxy's are: a request head must come within
+//! `header_read_timeout` (slowloris), and at most [`MAX_CONNECTIONS`] are open at once
+//! (further ones wait in the listen backlog). Each is a file descriptor of the process
+//! that accepts the proxy's clients, and the admin API is often opened to a
+//! Prometheus on another host.
 
 use super::hints::Advisor;
 use super::{Reloader, RouteChangeError};
@@ -26,10 +32,16 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
+use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
 
 /// What the admin handlers share.
 #[derive(Clone, Debug)]
@@ -58,6 +70,80 @@ impl std::fmt::Debug for Exporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Exporter").finish_non_exhaustive()
     }
+}
+
+/// Most admin API connections open at once: scrapes and an operator's calls need a
+/// handful.
+pub(crate) const MAX_CONNECTIONS: usize = 256;
+
+/// How long, once stopped, the admin API waits for its connections to finish.
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// Serves `router` on `listener` with `builder` (the proxy's, which bounds a request
+/// head by `header_read_timeout`), at most [`MAX_CONNECTIONS`] connections at once,
+/// until `stopped` completes; then closes the listener and gives the connections open
+/// up to [`DRAIN`] to finish.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    builder: auto::Builder<TokioExecutor>,
+    header_read_timeout: Duration,
+    stopped: impl Future<Output = ()>,
+) {
+    let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (stop, stopping) = watch::channel(());
+    tokio::pin!(stopped);
+    loop {
+        let place = tokio::select! {
+            place = Arc::clone(&places).acquire_owned() => match place {
+                Ok(place) => place,
+                Err(_) => break,
+            },
+            () = &mut stopped => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    if !super::is_connection_error(&e) {
+                        tokio::select! {
+                            () = tokio::time::sleep(super::ACCEPT_BACKOFF) => {}
+                            () = &mut stopped => break,
+                        }
+                    }
+                    continue;
+                }
+            },
+            () = &mut stopped => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let builder = builder.clone();
+        let mut stopping = stopping.clone();
+        tokio::spawn(async move {
+            let _place = place;
+            if !super::first_byte_within(&stream, header_read_timeout).await {
+                return;
+            }
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            tokio::pin!(conn);
+            let served = tokio::select! {
+                served = conn.as_mut() => served,
+                _ = stopping.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(error = %e, "admin connection ended with an error");
+            }
+        });
+    }
+    drop((listener, stopping));
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(DRAIN, stop.closed()).await;
 }
 
 /// The admin router.

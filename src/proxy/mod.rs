@@ -467,12 +467,6 @@ impl Proxy {
                 connections: Arc::clone(&connections),
             }),
         });
-        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-        let admin_server = axum::serve(self.admin, admin_router).with_graceful_shutdown(async {
-            let _ = admin_stopped.await;
-        });
-        let admin = tokio::spawn(async move { admin_server.await });
-
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -485,6 +479,17 @@ impl Proxy {
             .timer(TokioTimer::new())
             .keep_alive_interval(self.settings.header_read_timeout)
             .keep_alive_timeout(self.settings.header_read_timeout);
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin = tokio::spawn(admin::serve(
+            self.admin,
+            admin_router,
+            builder.clone(),
+            self.settings.header_read_timeout,
+            async {
+                let _ = admin_stopped.await;
+            },
+        ));
+
         // Each connection task holds a receiver: told to stop, it shuts its connection
         // down gracefully; the sender's `closed` is the last one ending.
         let (stop, stopping) = tokio::sync::watch::channel(());
