@@ -4,8 +4,10 @@ use axum::body::Body;
 use http::{header, HeaderValue, Response, StatusCode};
 use std::fmt;
 
-/// Why a request could not be forwarded.
+/// Why a request could not be forwarded. Non-exhaustive: a new way to fail (as
+/// `ClientTimeout` was) is not a breaking change.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ProxyError {
     /// The request cannot be turned into an upstream request (400).
     BadRequest,
