@@ -799,10 +799,11 @@ fn keys_take_the_routes_window_and_queue() {
     assert!(matches!(&d[12], Decision::Reject(r) if r.reason == Reason::QueueFull));
 }
 
-#[test]
-fn a_key_holding_a_concurrency_permit_is_not_evicted() {
+/// A route allowing one request in flight per client IP, `queue` more waiting; a key
+/// unseen for 10 s may be evicted.
+fn one_in_flight_per_ip(queue: u32) -> RouteConfig {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.algorithm = Algorithm::Concurrency { queue: 0 };
+    cfg.algorithm = Algorithm::Concurrency { queue };
     cfg.controller.base_limit_rps = 1.0;
     cfg.controller.cut_limit_rps = 1.0;
     cfg.partition = Partition::ClientIp(KeyLimits {
@@ -810,7 +811,12 @@ fn a_key_holding_a_concurrency_permit_is_not_evicted() {
         idle_timeout: Duration::from_secs(10),
         ..KeyLimits::default()
     });
-    let e = engine(vec![cfg]);
+    cfg
+}
+
+#[test]
+fn a_key_holding_a_concurrency_permit_is_not_evicted() {
+    let e = engine(vec![one_in_flight_per_ip(0)]);
     let id = RouteId(0);
     let held = e.check(id, ip(1), Nanos::ZERO);
     assert!(held.is_admit());
@@ -831,16 +837,7 @@ fn a_key_with_a_request_still_queued_is_not_evicted() {
     // wakes has yet to take it. Evicted then, the key came back fresh for the next
     // request, and the woken one took its permit from the evicted state: two in
     // flight on a key limited to one.
-    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.algorithm = Algorithm::Concurrency { queue: 1 };
-    cfg.controller.base_limit_rps = 1.0;
-    cfg.controller.cut_limit_rps = 1.0;
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        max_keys: 100,
-        idle_timeout: Duration::from_secs(10),
-        ..KeyLimits::default()
-    });
-    let e = engine(vec![cfg]);
+    let e = engine(vec![one_in_flight_per_ip(1)]);
     let id = RouteId(0);
     let held = e.check(id, ip(1), Nanos::ZERO);
     assert!(matches!(held, Decision::Admit(Admit::Held(_))));
@@ -879,12 +876,7 @@ fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
     }
-    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.algorithm = Algorithm::Concurrency { queue: 2 };
-    cfg.controller.base_limit_rps = 1.0;
-    cfg.controller.cut_limit_rps = 1.0;
-    cfg.partition = Partition::ClientIp(KeyLimits::default());
-    let e = engine(vec![cfg]);
+    let e = engine(vec![one_in_flight_per_ip(2)]);
     let id = RouteId(0);
     let held = e.check(id, ip(1), Nanos::ZERO);
     assert!(matches!(held, Decision::Admit(Admit::Held(_))));

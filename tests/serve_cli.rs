@@ -63,6 +63,20 @@ fn logged_listen(
 }
 
 async fn get_status(addr: SocketAddr, path: &str) -> Result<u16, String> {
+    let req = http::Request::get(path)
+        .header("host", "rocgate.test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    status_of(addr, req).await
+}
+
+/// The status of `req`'s answer, sent on a new connection to `addr`.
+async fn status_of<B>(addr: SocketAddr, req: http::Request<B>) -> Result<u16, String>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -71,10 +85,6 @@ async fn get_status(addr: SocketAddr, path: &str) -> Result<u16, String> {
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let req = http::Request::get(path)
-        .header("host", "rocgate.test")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .unwrap();
     let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
     Ok(res.status().as_u16())
 }
@@ -231,14 +241,6 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off() {
 
 /// The status of a `PUT` of `body` to `path` at `addr`, with no `Authorization`.
 async fn put_status(addr: SocketAddr, path: &str, body: &'static str) -> Result<u16, String> {
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let req = http::Request::put(path)
         .header("host", "rocgate.test")
         .header("content-type", "application/json")
@@ -246,8 +248,7 @@ async fn put_status(addr: SocketAddr, path: &str, body: &'static str) -> Result<
             body.as_bytes(),
         )))
         .unwrap();
-    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    Ok(res.status().as_u16())
+    status_of(addr, req).await
 }
 
 /// Without `--config`, `serve` runs the embedded default with the environment's
