@@ -558,6 +558,8 @@ impl Proxy {
                     move |mut req: http::Request<Incoming>| {
                         req.extensions_mut().insert(PeerAddr(peer));
                         let busy = activity.begin();
+                        // Called without `poll_ready`: every layer passes it through to
+                        // the `Forwarder`, which is always ready, so a fresh clone is.
                         let response = service.clone().call(req);
                         async move {
                             response.await.map(|r| {
