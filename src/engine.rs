@@ -588,8 +588,10 @@ impl Engine {
     }
 
     /// The limit `route` enforces now for requests with `key`: its tier's, between the
-    /// tier's cut and base limits as the route's controller stands, for a key of a tier;
-    /// [`limit_rps`](Self::limit_rps) otherwise. For the quota a rejection states.
+    /// tier's cut and base limits as the route's controller stands, for a key of a tier
+    /// that has its own state; [`limit_rps`](Self::limit_rps) otherwise (a key in no
+    /// tier, or one that a full key table sends to its shared overflow limiter, which
+    /// holds keys to the route's limit). For the quota a rejection states.
     ///
     /// # Panics
     /// If `route` does not come from this engine.
@@ -598,6 +600,9 @@ impl Engine {
         let Some(keys) = r.keys.as_ref().filter(|_| !r.tiers.is_empty()) else {
             return self.limit_rps(route);
         };
+        if keys.overflowed(key) {
+            return self.limit_rps(route);
+        }
         let tiers = keys.tiers();
         let tier = match (key, &r.partition) {
             (Key::Ip(ip), Partition::ClientIp(limits)) => {
@@ -999,6 +1004,12 @@ impl Keys {
     fn tiers(&self) -> &TierTable {
         with_tables!(self, t => t.tiers())
     }
+
+    /// Whether a request with `key` is decided by the shared overflow limiter: the
+    /// table is full and holds no state of the key's.
+    fn overflowed(&self, key: Key<'_>) -> bool {
+        with_tables!(self, t => t.overflowed(key))
+    }
 }
 
 impl<E: KeyState> KeyTables<E> {
@@ -1045,6 +1056,14 @@ impl<E: KeyState> KeyTables<E> {
         match self {
             KeyTables::Ip(t) => &t.tiers,
             KeyTables::Value(t) => &t.tiers,
+        }
+    }
+
+    fn overflowed(&self, key: Key<'_>) -> bool {
+        match (self, key) {
+            (KeyTables::Ip(t), Key::Ip(ip)) => t.overflowed(&IpKey::new(ip, t.limits.ipv6_prefix)),
+            (KeyTables::Value(t), Key::Value(v)) => t.overflowed(v),
+            _ => false,
         }
     }
 }
@@ -1495,6 +1514,17 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             E::new(&self.tiers, tier, progress, generation, now)
         });
         entry.check(r, &self.tiers, now)
+    }
+
+    /// Whether `key` is decided by [`KeyTable::overflow`]: the table is full and `key`
+    /// is not in it.
+    fn overflowed<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.len.load(Ordering::Relaxed) >= self.limits.max_keys
+            && !self.map.get().is_some_and(|map| map.contains_key(key))
     }
 
     /// Evicts keys idle for `idle_timeout`, at most every half of it.

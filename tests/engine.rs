@@ -285,6 +285,39 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
     );
 }
 
+/// A tier's key that a full key table sends to the shared overflow limiter is held to
+/// the route's limit there, and the limit a rejection states for it is the route's.
+#[test]
+fn a_tier_key_in_the_overflow_limiter_states_the_routes_limit() {
+    let mut cfg = RouteConfig::new("keys", RouteMatch::any());
+    cfg.partition = Partition::Header(
+        "x-api-key".into(),
+        KeyLimits {
+            max_keys: 1,
+            ..KeyLimits::default()
+        },
+    );
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 2.0;
+    cfg.tiers = vec![Tier {
+        name: "vip".into(),
+        values: vec!["gold".into(), "silver".into()],
+        base_limit_rps: 100.0,
+        cut_limit_rps: 40.0,
+    }];
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    // `gold` takes the table's one place and its tier's limit.
+    let (gold, _) = offer(&e, id, Key::Value("gold"), 0.0, 0.5, 1000.0);
+    assert_eq!(gold, 100 + 49);
+    assert_eq!(e.key_limit_rps(id, Key::Value("gold")), 100.0);
+    // `silver`, of the same tier, finds the table full: the overflow limiter holds it
+    // to the route's 10 req/s, and its rejections say so.
+    let (silver, _) = offer(&e, id, Key::Value("silver"), 0.0, 0.5, 1000.0);
+    assert_eq!(silver, 10 + 4);
+    assert_eq!(e.key_limit_rps(id, Key::Value("silver")), 10.0);
+}
+
 /// IP keys are kept as 16 bytes (IPv4 mapped into IPv6); tiers still match them by
 /// their usual text, and an IPv4 client seen as IPv4-mapped IPv6 keeps its one bucket.
 #[test]
