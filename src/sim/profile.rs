@@ -108,7 +108,8 @@ impl Profile {
     }
 
     /// Parses `t_seconds,rate` lines. Blank lines and `#` comments are ignored, and
-    /// so is a first line with no number in it (a header).
+    /// so is a first line none of whose fields is or starts like a number (a header,
+    /// such as `t_seconds,rate`): `0;40` is a point written wrong, not a header.
     pub fn parse_csv(text: &str) -> Result<Self, ProfileError> {
         let mut points = Vec::new();
         let mut seen_content = false;
@@ -119,7 +120,11 @@ impl Profile {
                 continue;
             }
             let fields: Vec<&str> = content.split(',').map(str::trim).collect();
-            let is_header = !seen_content && fields.iter().all(|f| f.parse::<f64>().is_err());
+            let is_header = !seen_content
+                && fields.iter().all(|f| {
+                    f.parse::<f64>().is_err()
+                        && !f.starts_with(|c: char| c.is_ascii_digit() || "+-.".contains(c))
+                });
             seen_content = true;
             if is_header {
                 continue;
@@ -493,6 +498,11 @@ mod tests {
             err("1O,40\n2,40\n"),
             ProfileError::NotANumber { line: 1, .. }
         ));
+        // Nor on a first line that starts like a number: a point written wrong.
+        assert_eq!(
+            err("0;40\n1;40\n"),
+            ProfileError::Fields { line: 1, fields: 1 }
+        );
         assert_eq!(
             err("t,rate\n0,1\n"),
             ProfileError::TooFewPoints { points: 1 }
