@@ -262,3 +262,19 @@ async fn the_cli_refuses_an_answer_larger_than_any_report() {
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("reading the answer"), "{stderr}");
 }
+
+/// A negative `--period` gets the period's own error (it was clap's "unexpected
+/// argument '-5m'"), before any call to the admin API.
+#[test]
+fn a_negative_period_is_refused_naming_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["hints", "--admin", "http://127.0.0.1:9", "--period", "-5m"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--period: must be a duration such as 15m or 1h, got \"-5m\""),
+        "{stderr}"
+    );
+}

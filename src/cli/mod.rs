@@ -42,7 +42,9 @@ pub(crate) struct HintsArgs {
     #[arg(long, default_value = "http://127.0.0.1:9090")]
     pub(crate) admin: String,
     /// How far back to look (at most the history kept, `[hints] keep`).
-    #[arg(long, default_value = "15m")]
+    // Hyphen values are taken, so that `-5m` gets the period's own error rather than
+    // clap's "unexpected argument".
+    #[arg(long, default_value = "15m", allow_hyphen_values = true)]
     pub(crate) period: String,
     /// Print the JSON the admin API returned instead of a table.
     #[arg(long)]
