@@ -136,6 +136,11 @@ async fn a_running_proxy_gives_hints_over_http_and_to_the_cli() {
     );
     assert_eq!(report["period_s"], 60.0);
     assert_eq!(report["interval_s"], 0.2);
+    // A longer period than the history keeps (`keep = "1m"`) looks at what is kept,
+    // and says so: it read 7200.
+    let (status, body) = get(format!("http://{admin}/admin/hints?period=2h")).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["period_s"], 60.0, "{body}");
 
     let (status, body) = get(format!("http://{admin}/admin/hints?period=soon")).await;
     assert_eq!(status, 400);

@@ -13,6 +13,8 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct Advisor {
     history: Mutex<History>,
+    /// `[hints] keep`: the longest period a report looks at.
+    keep: Duration,
     meter: Arc<UpstreamMeter>,
     policy: Policy,
 }
@@ -22,6 +24,7 @@ impl Advisor {
     pub(crate) fn new(config: &HintsConfig) -> Self {
         Advisor {
             history: Mutex::new(History::new(config.interval, config.keep)),
+            keep: config.keep,
             meter: Arc::new(UpstreamMeter::new()),
             policy: config.policy.clone(),
         }
@@ -59,10 +62,12 @@ impl Advisor {
             .tick(now, &snapshots, settings, Some(&self.meter));
     }
 
-    /// The hints over the last `period` before `now`, as `GET /admin/hints` returns
-    /// them. The interval still open is not included: call [`Advisor::tick`] first to
-    /// close it.
+    /// The hints over the last `period` before `now` (at most `[hints] keep`, which the
+    /// report's `period_s` then says), as `GET /admin/hints` returns them. The interval
+    /// still open is not included: call [`Advisor::tick`] first to close it.
     pub fn report(&self, period: Duration, now: Nanos) -> HintsReport {
+        // No longer is kept: the report says the period it looked at.
+        let period = period.min(self.keep);
         let since = Nanos::new(
             now.as_u64()
                 .saturating_sub(u64::try_from(period.as_nanos()).unwrap_or(u64::MAX)),
