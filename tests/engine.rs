@@ -248,20 +248,27 @@ fn per_ip_partition_gives_each_client_its_own_bucket() {
     assert_eq!(e.route_snapshot(RouteId(0), Nanos::from_secs(1)).keys, 2);
 }
 
-#[test]
-fn tiers_get_their_own_limits_and_follow_the_cut() {
+/// A route keyed by `x-api-key` at 10 req/s (2 when cut), whose `values` are the
+/// `vip` tier's, at 100 req/s (40 when cut).
+fn vip_keys(limits: KeyLimits, values: &[&str]) -> RouteConfig {
     let mut cfg = RouteConfig::new("keys", RouteMatch::any());
-    cfg.partition = Partition::Header("x-api-key".into(), KeyLimits::default());
+    cfg.partition = Partition::Header("x-api-key".into(), limits);
     cfg.controller.base_limit_rps = 10.0;
     cfg.controller.cut_limit_rps = 2.0;
-    cfg.controller.danger_roc = 50.0;
-    cfg.controller.safe_roc = 10.0;
     cfg.tiers = vec![Tier {
         name: "vip".into(),
-        values: vec!["gold".into()],
+        values: values.iter().map(|&v| v.into()).collect(),
         base_limit_rps: 100.0,
         cut_limit_rps: 40.0,
     }];
+    cfg
+}
+
+#[test]
+fn tiers_get_their_own_limits_and_follow_the_cut() {
+    let mut cfg = vip_keys(KeyLimits::default(), &["gold"]);
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
     let e = engine(vec![cfg]);
     let id = RouteId(0);
     let (vip, _) = offer(&e, id, Key::Value("gold"), 0.0, 0.5, 1000.0);
@@ -289,23 +296,11 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
 /// the route's limit there, and the limit a rejection states for it is the route's.
 #[test]
 fn a_tier_key_in_the_overflow_limiter_states_the_routes_limit() {
-    let mut cfg = RouteConfig::new("keys", RouteMatch::any());
-    cfg.partition = Partition::Header(
-        "x-api-key".into(),
-        KeyLimits {
-            max_keys: 1,
-            ..KeyLimits::default()
-        },
-    );
-    cfg.controller.base_limit_rps = 10.0;
-    cfg.controller.cut_limit_rps = 2.0;
-    cfg.tiers = vec![Tier {
-        name: "vip".into(),
-        values: vec!["gold".into(), "silver".into()],
-        base_limit_rps: 100.0,
-        cut_limit_rps: 40.0,
-    }];
-    let e = engine(vec![cfg]);
+    let limits = KeyLimits {
+        max_keys: 1,
+        ..KeyLimits::default()
+    };
+    let e = engine(vec![vip_keys(limits, &["gold", "silver"])]);
     let id = RouteId(0);
     // `gold` takes the table's one place and its tier's limit.
     let (gold, _) = offer(&e, id, Key::Value("gold"), 0.0, 0.5, 1000.0);
