@@ -2074,6 +2074,56 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
     );
 }
 
+/// A request refused for its head alone (two `Host`s, CONNECT, a declared body over
+/// `max_body_bytes`) spends none of its route's tokens: a client cannot drain a route
+/// with requests that never reach the upstream. Each is still counted under its route.
+#[tokio::test]
+async fn a_request_refused_for_its_head_spends_no_token() {
+    let upstream = start_upstream().await;
+    let mut settings = settings(upstream.addr);
+    settings.forward.max_body_bytes = 1024;
+    let proxy = start_proxy(settings, vec![trickle_route("one_token", "/", 1)]).await;
+    let refused: [(&[u8], u16); 3] = [
+        (
+            b"GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+            400,
+        ),
+        (
+            b"CONNECT db.internal:5432 HTTP/1.1\r\nHost: db.internal:5432\r\nConnection: close\r\n\r\n",
+            400,
+        ),
+        (
+            b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n",
+            413,
+        ),
+    ];
+    for (request, status) in refused {
+        let raw = raw_exchange(proxy.addr, request, IO_TIMEOUT).await;
+        assert_eq!(
+            statuses(&raw),
+            [status],
+            "{}",
+            String::from_utf8_lossy(&raw)
+        );
+    }
+    // The route's one token is still there.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"GET /good HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    assert_eq!(statuses(&raw), [200], "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(upstream.all_paths(), ["/good"]);
+    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for (kind, count) in [("bad_request", 2), ("body_too_large", 1)] {
+        let series =
+            format!(r#"rocgate_upstream_errors_total{{route="one_token",kind="{kind}"}} {count}"#);
+        assert!(text.lines().any(|l| l == series), "{series}\n{text}");
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 13. An upstream that stalls its body
 

@@ -150,6 +150,33 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(&PROXY_CONNECTION);
 }
 
+/// Why a request cannot be forwarded, known from its head alone: `rocgate serve`
+/// asks before admission, so such a request spends none of its route's tokens, and
+/// the forwarder asks again for whoever calls it directly.
+pub(crate) fn refusal(
+    method: &http::Method,
+    headers: &HeaderMap,
+    max_body_bytes: u64,
+) -> Option<ProxyError> {
+    // A tunnel is not forwarding: sent on, it would ask the upstream for one to
+    // itself, and no route's limit would hold it (its target has no path).
+    if method == http::Method::CONNECT {
+        return Some(ProxyError::BadRequest);
+    }
+    // Two `Host`s are refused (RFC 9112 §3.2): a proxy in front that reads the
+    // other one would route or cache by another host than the upstream sees.
+    if headers.get_all(header::HOST).iter().nth(1).is_some() {
+        return Some(ProxyError::BadRequest);
+    }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    declared
+        .is_some_and(|n| n > max_body_bytes)
+        .then_some(ProxyError::BodyTooLarge)
+}
+
 /// Forwards requests to the upstream. Cloning is one reference count (two for the
 /// forwarder of one client connection): the connection pool and settings are shared.
 #[derive(Clone, Debug)]
@@ -306,27 +333,11 @@ impl Inner {
         peer: Option<&Peer>,
     ) -> Result<(Request<Body>, Option<Arc<BodyProgress>>), ProxyError> {
         let (mut parts, body) = req.into_parts();
-        // A tunnel is not forwarding: sent on, it would ask the upstream for one to
-        // itself, and no route's limit would hold it (its target has no path).
-        if parts.method == http::Method::CONNECT {
-            return Err(ProxyError::BadRequest);
-        }
         let max = self.settings.max_body_bytes;
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > max) {
-            return Err(ProxyError::BodyTooLarge);
+        if let Some(refused) = refusal(&parts.method, &parts.headers, max) {
+            return Err(refused);
         }
-        // Two `Host`s are refused (RFC 9112 §3.2): a proxy in front that reads the
-        // other one would route or cache by another host than the upstream sees.
-        let mut hosts = parts.headers.get_all(header::HOST).iter();
-        let host = hosts.next().cloned();
-        if hosts.next().is_some() {
-            return Err(ProxyError::BadRequest);
-        }
+        let host = parts.headers.get(header::HOST).cloned();
         // The target's host and port win over `Host` (RFC 9112 §3.2.2; HTTP/2's
         // `:authority`), which a request in origin form carries alone. A userinfo
         // (credentials) is no part of them.

@@ -27,7 +27,7 @@ pub use error::ProxyError;
 pub use forward::{ForwardSettings, Forwarder};
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
 use crate::controller::Transition;
 use crate::engine::Engine;
 use crate::http::{shared_engine, AdmissionLayer, PeerAddr, SharedEngine};
@@ -544,6 +544,8 @@ impl Proxy {
             let service = service_for(forwarder);
             let header_timeout = self.settings.header_read_timeout;
             let idle_timeout = self.settings.idle_timeout;
+            let max_body = self.settings.forward.max_body_bytes;
+            let reloader = self.reloader.clone();
             let builder = builder.clone();
             let mut stopping = stopping.clone();
             let mut aborting = aborting.clone();
@@ -556,15 +558,26 @@ impl Proxy {
                 let svc = hyper::service::service_fn({
                     let activity = Arc::clone(&activity);
                     move |mut req: http::Request<Incoming>| {
-                        req.extensions_mut().insert(PeerAddr(peer));
                         let busy = activity.begin();
-                        // Called without `poll_ready`: every layer passes it through to
-                        // the `Forwarder`, which is always ready, so a fresh clone is.
-                        let response = service.clone().call(req);
+                        let refused = forward::refusal(req.method(), req.headers(), max_body);
+                        let response = match refused {
+                            Some(e) => Err(refuse(&reloader.engine(), &req, e)),
+                            None => {
+                                req.extensions_mut().insert(PeerAddr(peer));
+                                // Called without `poll_ready`: every layer passes it
+                                // through to the `Forwarder`, which is always ready, so
+                                // a fresh clone is.
+                                Ok(service.clone().call(req))
+                            }
+                        };
                         async move {
-                            response.await.map(|r| {
-                                busy.hold_through_body(crate::http::hold_permit_through_body(r))
-                            })
+                            let r = match response {
+                                Ok(response) => response.await?,
+                                Err(refused) => refused,
+                            };
+                            Ok::<_, std::convert::Infallible>(
+                                busy.hold_through_body(crate::http::hold_permit_through_body(r)),
+                            )
                         }
                     }
                 });
@@ -692,6 +705,22 @@ fn open_store(
 }
 
 /// Logs a controller transition.
+/// The answer to a request refused for its head alone ([`forward::refusal`]), before
+/// admission: counted under the route it would have taken, as the forwarder counts
+/// what it refuses.
+fn refuse<B>(
+    engine: &Engine,
+    req: &http::Request<B>,
+    e: ProxyError,
+) -> http::Response<axum::body::Body> {
+    let route = engine
+        .route_for(req.method().as_str(), req.uri().path())
+        .map_or_else(|| Arc::from(UNMATCHED_ROUTE), |id| engine.route_label(id));
+    tracing::debug!(error = %e, route = %route, "request refused before admission");
+    metrics::counter!(metric::UPSTREAM_ERRORS, "route" => route, "kind" => e.kind()).increment(1);
+    e.into_response()
+}
+
 fn log_transition(route: &str, t: &Transition) {
     tracing::info!(
         route,
