@@ -476,12 +476,9 @@ impl Drop for Endless {
     }
 }
 
-/// A client that takes nothing of its response for `idle_timeout` is closed, as
-/// nginx's `send_timeout` does: it held its connection, the upstream connection and
-/// the request's concurrency permit for as long as it stayed connected. One that reads
-/// slowly but steadily is not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_reads_nothing_for_idle_timeout_is_closed() {
+/// An upstream whose every response is an [`Endless`] body, the first of which tells
+/// the receiver returned when it is dropped.
+async fn start_endless_upstream() -> (SocketAddr, oneshot::Receiver<()>) {
     let (dropped, upstream_let_go) = oneshot::channel::<()>();
     let dropped = Arc::new(Mutex::new(Some(dropped)));
     let app = Router::new().fallback(move || {
@@ -494,6 +491,72 @@ async fn a_client_that_reads_nothing_for_idle_timeout_is_closed() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
+    (upstream, upstream_let_go)
+}
+
+/// An h2c client that reads its socket (and answers pings) but never opens a stream's
+/// flow-control window: the stream's response waits, unpolled, for as long as the
+/// client likes, holding the upstream connection and the request's permit. After
+/// `idle_timeout` of that the proxy lets the response go (as Envoy's
+/// `stream_idle_timeout` does); the stream is reset, and the connection serves on. A
+/// stream read slowly but steadily is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_stream_whose_window_stays_shut_is_let_go_after_idle_timeout() {
+    let (upstream, upstream_let_go) = start_endless_upstream().await;
+    // Pings every 100 ms, which hyper's client answers; an idle timeout long enough
+    // for the steady reader's pauses, however the machine schedules it.
+    let pings = Duration::from_millis(100);
+    const IDLE: Duration = Duration::from_secs(1);
+    let proxy = start_proxy(upstream, 100, IDLE, pings).await;
+    let mut client = H2::connect(proxy.addr).await;
+    let shut = timeout(IO_TIMEOUT, client.sender.send_request(get("/endless")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(shut.status(), StatusCode::OK);
+    // Its body is never read, so the client's window stays shut.
+    timeout(IO_TIMEOUT, upstream_let_go)
+        .await
+        .expect("the unread stream's response let go")
+        .unwrap();
+    assert!(!client.conn.is_finished(), "{:?}", client.conn);
+    let next = timeout(IO_TIMEOUT, client.sender.send_request(get("/next")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status(), StatusCode::OK);
+    // What the client reads of the abandoned stream ends in an error, not in what
+    // looks like a complete body.
+    let read = timeout(IO_TIMEOUT, shut.into_body().collect())
+        .await
+        .unwrap();
+    assert!(read.is_err(), "{read:?}");
+    // Reads 2 MiB, a frame (at most 16 KiB) every 20 ms: never IDLE without taking
+    // something, and over 2.5 s in all.
+    let steady = timeout(IO_TIMEOUT, client.sender.send_request(get("/steady")))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut body = steady.into_body();
+    let read = timeout(IO_TIMEOUT, async {
+        let mut total = 0;
+        while total < 2 << 20 {
+            sleep(Duration::from_millis(20)).await;
+            let frame = body.frame().await.expect("more body").unwrap();
+            total += frame.data_ref().map_or(0, Bytes::len);
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "2 MiB within {IO_TIMEOUT:?}");
+}
+
+/// A client that takes nothing of its response for `idle_timeout` is closed, as
+/// nginx's `send_timeout` does: it held its connection, the upstream connection and
+/// the request's concurrency permit for as long as it stayed connected. One that reads
+/// slowly but steadily is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_for_idle_timeout_is_closed() {
+    let (upstream, upstream_let_go) = start_endless_upstream().await;
     // Long enough for a steady reader's writes to be taken well within it, however the
     // kernel paces them.
     const IDLE: Duration = Duration::from_secs(1);

@@ -23,13 +23,21 @@
 //! `send_timeout`): a client that takes nothing of its response would otherwise hold
 //! its connection, the upstream connection and the request's concurrency permit for as
 //! long as it stays connected. A write costs a load; the clock is read when one blocks.
+//!
+//! An HTTP/2 client can take nothing of one stream while its socket takes every write:
+//! each HTTP/2 response body is watched by the connection's [`Streams`], and one that
+//! hyper does not ask for its next frame for the idle timeout is let go.
 
 use crate::http::HoldUntilEnd;
+use axum::body::Body;
+use bytes::Bytes;
+use http_body::{Body as _, Frame, SizeHint};
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -428,6 +436,253 @@ impl AsyncWrite for Watched {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// A response body as the client connection sends it: as it is (HTTP/1.1, whose
+/// stalls [`Watched`] sees), or watched for a client that leaves it unread (HTTP/2).
+#[derive(Debug)]
+pub(crate) enum ClientBody {
+    /// Sent as it is.
+    Direct(HoldUntilEnd<Body, Busy>),
+    /// One stream's body among the connection's [`Streams`].
+    Watched(WatchedBody),
+}
+
+impl http_body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        match self.get_mut() {
+            ClientBody::Direct(body) => Pin::new(body).poll_frame(cx),
+            ClientBody::Watched(body) => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Direct(body) => body.is_end_stream(),
+            ClientBody::Watched(body) => body.with(|b| b.is_some_and(|b| b.is_end_stream())),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Direct(body) => body.size_hint(),
+            ClientBody::Watched(body) => {
+                body.with(|b| b.map_or_else(SizeHint::new, |b| b.size_hint()))
+            }
+        }
+    }
+}
+
+/// The HTTP/2 responses in progress on one client connection, watched for a client
+/// that leaves one unread.
+///
+/// HTTP/2 flow control lets a client take nothing of one stream while it reads its
+/// socket (and answers pings): hyper then polls that stream's body no more, so the
+/// socket's writes never stall and the connection never goes idle, and the response
+/// would hold the upstream connection and the request's concurrency permit for as
+/// long as the client likes. A body that has handed hyper a data frame and is not
+/// polled again for the idle timeout is let go: its upstream body and its guards are
+/// dropped (Envoy's `stream_idle_timeout` does the same), and when hyper polls it
+/// again it fails, which resets the stream. [`Streams::sweep`] looks every quarter of
+/// the timeout while the connection has responses in progress. A body waiting on the
+/// upstream has handed nothing: that wait is `response_timeout`'s.
+#[derive(Debug)]
+pub(crate) struct Streams {
+    opened: Instant,
+    live: Mutex<Live>,
+}
+
+/// The bodies [`Streams`] watches, and the sweep's waker while it has none to watch.
+#[derive(Debug, Default)]
+struct Live {
+    streams: Vec<Weak<Stream>>,
+    /// The length at which ended streams are next pruned from `streams`.
+    prune_at: usize,
+    sweep: Option<Waker>,
+}
+
+/// One watched body.
+#[derive(Debug)]
+struct Stream {
+    /// Nanoseconds from [`Streams::opened`] to the data frame the body last handed,
+    /// plus one, until it is polled again; 0 while it owes the client nothing.
+    handed: AtomicU64,
+    /// `None` once let go.
+    body: Mutex<Option<HoldUntilEnd<Body, Busy>>>,
+}
+
+/// A response body of an HTTP/2 stream, watched by its connection's [`Streams`].
+#[derive(Debug)]
+pub(crate) struct WatchedBody {
+    stream: Arc<Stream>,
+    streams: Arc<Streams>,
+}
+
+impl WatchedBody {
+    fn with<T>(&self, f: impl FnOnce(Option<&HoldUntilEnd<Body, Busy>>) -> T) -> T {
+        f(self
+            .stream
+            .body
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref())
+    }
+
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let stream = &self.stream;
+        let mut body = stream.body.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(inner) = body.as_mut() else {
+            return Poll::Ready(Some(Err(axum::Error::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client took nothing of the response for idle_timeout",
+            )))));
+        };
+        stream.handed.store(0, Ordering::Relaxed);
+        let polled = Pin::new(inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if frame.is_data() {
+                stream
+                    .handed
+                    .store(self.streams.nanos_since_opened() + 1, Ordering::Relaxed);
+            }
+        }
+        polled
+    }
+}
+
+impl Streams {
+    /// A connection opened now, with no response in progress.
+    pub(crate) fn new() -> Arc<Streams> {
+        Arc::new(Streams {
+            opened: Instant::now(),
+            live: Mutex::new(Live::default()),
+        })
+    }
+
+    fn nanos_since_opened(&self) -> u64 {
+        let since = Instant::now().saturating_duration_since(self.opened);
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// `response`, its body watched.
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        response: http::Response<HoldUntilEnd<Body, Busy>>,
+    ) -> http::Response<ClientBody> {
+        response.map(|body| {
+            let stream = Arc::new(Stream {
+                handed: AtomicU64::new(0),
+                body: Mutex::new(Some(body)),
+            });
+            let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+            if live.streams.len() >= live.prune_at {
+                live.streams.retain(|s| s.strong_count() > 0);
+                live.prune_at = (2 * live.streams.len()).max(16);
+            }
+            live.streams.push(Arc::downgrade(&stream));
+            if let Some(sweep) = live.sweep.take() {
+                sweep.wake();
+            }
+            ClientBody::Watched(WatchedBody {
+                stream,
+                streams: Arc::clone(self),
+            })
+        })
+    }
+
+    /// Lets go of every body that has handed a frame and not been polled since, for
+    /// `timeout`; whether any body is still watched.
+    fn let_go_stalled(&self, timeout: Duration) -> bool {
+        let now = self.nanos_since_opened();
+        let timeout = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.streams.retain(|s| {
+            let Some(stream) = s.upgrade() else {
+                return false;
+            };
+            let handed = stream.handed.load(Ordering::Relaxed);
+            if handed == 0 || now.saturating_sub(handed - 1) < timeout {
+                return true;
+            }
+            let body = stream
+                .body
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            tracing::debug!("HTTP/2 stream let go: the client took nothing of it for idle_timeout");
+            drop(body);
+            false
+        });
+        !live.streams.is_empty()
+    }
+
+    /// Never completes: lets go of the bodies left unread for `timeout`, looking every
+    /// quarter of it while any body is watched. The connection's task polls it.
+    pub(crate) fn sweep(&self, timeout: Duration) -> Sweep<'_> {
+        Sweep {
+            streams: self,
+            timeout,
+            armed: false,
+            sleep: tokio::time::sleep_until(self.opened),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Streams::sweep`]. Like [`Idle`], it is polled at every wake of
+    /// the connection's task, but polls its timer only to register it and once it has
+    /// fired; with no body to watch it waits, timer unset, for [`Streams::watch`] to
+    /// wake it.
+    #[derive(Debug)]
+    pub(crate) struct Sweep<'a> {
+        streams: &'a Streams,
+        timeout: Duration,
+        // Whether the timer has been polled, and so registered, since it was last set.
+        armed: bool,
+        #[pin]
+        sleep: Sleep,
+    }
+}
+
+impl Future for Sweep<'_> {
+    type Output = Infallible;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Infallible> {
+        let mut this = self.project();
+        loop {
+            if *this.armed {
+                if !this.sleep.is_elapsed() {
+                    return Poll::Pending;
+                }
+                *this.armed = false;
+                this.streams.let_go_stalled(*this.timeout);
+            }
+            {
+                let mut live = this
+                    .streams
+                    .live
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if live.streams.is_empty() {
+                    live.sweep = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+            }
+            let period = *this.timeout / 4;
+            this.sleep.as_mut().reset(Instant::now() + period);
+            *this.armed = true;
+            std::task::ready!(this.sleep.as_mut().poll(cx));
+        }
     }
 }
 

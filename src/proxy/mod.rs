@@ -555,10 +555,14 @@ impl Proxy {
                     return;
                 }
                 let activity = connections::Activity::new();
+                let streams = connections::Streams::new();
                 let svc = hyper::service::service_fn({
                     let activity = Arc::clone(&activity);
+                    let streams = Arc::clone(&streams);
                     move |mut req: http::Request<Incoming>| {
                         let busy = activity.begin();
+                        let h2 =
+                            (req.version() == http::Version::HTTP_2).then(|| Arc::clone(&streams));
                         let refused = forward::refusal(req.method(), req.headers(), max_body);
                         let response = match refused {
                             Some(e) => Err(refuse(&reloader.engine(), &req, e)),
@@ -575,9 +579,12 @@ impl Proxy {
                                 Ok(response) => response.await?,
                                 Err(refused) => refused,
                             };
-                            Ok::<_, std::convert::Infallible>(
-                                busy.hold_through_body(crate::http::hold_permit_through_body(r)),
-                            )
+                            let r =
+                                busy.hold_through_body(crate::http::hold_permit_through_body(r));
+                            Ok::<_, std::convert::Infallible>(match h2 {
+                                Some(streams) => streams.watch(r),
+                                None => r.map(connections::ClientBody::Direct),
+                            })
                         }
                     }
                 });
@@ -592,6 +599,9 @@ impl Proxy {
                 // A client that takes nothing of what is written for as long.
                 let stalled = writes.stalled(idle_timeout);
                 tokio::pin!(stalled);
+                // An HTTP/2 stream whose response the client leaves unread as long.
+                let sweep = streams.sweep(idle_timeout);
+                tokio::pin!(sweep);
                 let probe = stopping.clone();
                 let stopping = connections::Stopping::new(stopping.changed(), probe);
                 tokio::pin!(stopping);
@@ -621,6 +631,7 @@ impl Proxy {
                             conn.as_mut().graceful_shutdown();
                         }
                         () = aborting.as_mut() => break Ok(()),
+                        never = sweep.as_mut() => match never {},
                     }
                 };
                 if let Err(e) = served {
