@@ -35,7 +35,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -497,6 +497,8 @@ impl http_body::Body for ClientBody {
 pub(crate) struct Streams {
     opened: Instant,
     live: Mutex<Live>,
+    /// Whether [`Streams::watch`] has woken the sweep since it last went to wait.
+    woken: AtomicBool,
 }
 
 /// The bodies [`Streams`] watches, and the sweep's waker while it has none to watch.
@@ -566,6 +568,7 @@ impl Streams {
         Arc::new(Streams {
             opened: Instant::now(),
             live: Mutex::new(Live::default()),
+            woken: AtomicBool::new(false),
         })
     }
 
@@ -591,6 +594,7 @@ impl Streams {
             }
             live.streams.push(Arc::downgrade(&stream));
             if let Some(sweep) = live.sweep.take() {
+                self.woken.store(true, Ordering::Release);
                 sweep.wake();
             }
             ClientBody::Watched(WatchedBody {
@@ -601,8 +605,8 @@ impl Streams {
     }
 
     /// Lets go of every body that has handed a frame and not been polled since, for
-    /// `timeout`; whether any body is still watched.
-    fn let_go_stalled(&self, timeout: Duration) -> bool {
+    /// `timeout`, and forgets the bodies that have ended.
+    fn let_go_stalled(&self, timeout: Duration) {
         let now = self.nanos_since_opened();
         let timeout = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
@@ -623,7 +627,6 @@ impl Streams {
             drop(body);
             false
         });
-        !live.streams.is_empty()
     }
 
     /// Never completes: lets go of the bodies left unread for `timeout`, looking every
@@ -633,6 +636,7 @@ impl Streams {
             streams: self,
             timeout,
             armed: false,
+            waiting: false,
             sleep: tokio::time::sleep_until(self.opened),
         }
     }
@@ -642,13 +646,16 @@ pin_project_lite::pin_project! {
     /// The future of [`Streams::sweep`]. Like [`Idle`], it is polled at every wake of
     /// the connection's task, but polls its timer only to register it and once it has
     /// fired; with no body to watch it waits, timer unset, for [`Streams::watch`] to
-    /// wake it.
+    /// wake it, and a poll meanwhile is one load (an HTTP/1.1 connection's every poll).
+    /// The connection's task is its only poller, so the waker registered stays current.
     #[derive(Debug)]
     pub(crate) struct Sweep<'a> {
         streams: &'a Streams,
         timeout: Duration,
         // Whether the timer has been polled, and so registered, since it was last set.
         armed: bool,
+        // Whether the waker is registered with `streams` for the next body watched.
+        waiting: bool,
         #[pin]
         sleep: Sleep,
     }
@@ -659,6 +666,10 @@ impl Future for Sweep<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Infallible> {
         let mut this = self.project();
+        if *this.waiting && !this.streams.woken.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        *this.waiting = false;
         loop {
             if *this.armed {
                 if !this.sleep.is_elapsed() {
@@ -675,6 +686,8 @@ impl Future for Sweep<'_> {
                     .unwrap_or_else(PoisonError::into_inner);
                 if live.streams.is_empty() {
                     live.sweep = Some(cx.waker().clone());
+                    this.streams.woken.store(false, Ordering::Relaxed);
+                    *this.waiting = true;
                     return Poll::Pending;
                 }
             }
