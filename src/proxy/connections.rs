@@ -28,7 +28,7 @@
 //! each HTTP/2 response body is watched by the connection's [`Streams`], and one that
 //! hyper does not ask for its next frame for the idle timeout is let go.
 
-use crate::http::HoldUntilEnd;
+use crate::http::{HeldPermit, HoldUntilEnd};
 use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Body as _, Frame, SizeHint};
@@ -155,7 +155,10 @@ impl Activity {
     /// Counts a request in progress until the returned guard is dropped.
     pub(crate) fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        Busy(Arc::clone(self))
+        Busy {
+            activity: Arc::clone(self),
+            permit: None,
+        }
     }
 
     /// When the connection last became idle, or `None` while a request is in progress.
@@ -264,23 +267,33 @@ impl<F: Future> Future for Stopping<F> {
     }
 }
 
-/// A request in progress on a connection, until dropped.
+/// A request in progress on a connection, until dropped, with its concurrency permit
+/// once its response holds one.
 #[derive(Debug)]
-pub(crate) struct Busy(Arc<Activity>);
+pub(crate) struct Busy {
+    activity: Arc<Activity>,
+    permit: Option<HeldPermit>,
+}
 
 impl Busy {
-    /// `response`, with this request counted in progress until its body ends.
+    /// `response`, with this request counted in progress, and its concurrency permit
+    /// (if the admission layer put one in its extensions) held, until its body ends:
+    /// one wrapper for both, where [`hold_permit_through_body`] would box the body
+    /// once more.
+    ///
+    /// [`hold_permit_through_body`]: crate::http::hold_permit_through_body
     pub(crate) fn hold_through_body<B>(
-        self,
-        response: http::Response<B>,
+        mut self,
+        mut response: http::Response<B>,
     ) -> http::Response<HoldUntilEnd<B, Busy>> {
+        self.permit = response.extensions_mut().remove::<HeldPermit>();
         response.map(|body| HoldUntilEnd::new(body, self))
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let activity = &self.0;
+        let activity = &self.activity;
         let nanos = Instant::now().saturating_duration_since(activity.opened);
         let nanos = u64::try_from(nanos.as_nanos()).unwrap_or(u64::MAX);
         // Stamped before the count drops, so whoever sees the count at 0 sees the

@@ -579,8 +579,7 @@ impl Proxy {
                                 Ok(response) => response.await?,
                                 Err(refused) => refused,
                             };
-                            let r =
-                                busy.hold_through_body(crate::http::hold_permit_through_body(r));
+                            let r = busy.hold_through_body(r);
                             Ok::<_, std::convert::Infallible>(match h2 {
                                 Some(streams) => streams.watch(r),
                                 None => r.map(connections::ClientBody::Direct),
