@@ -714,7 +714,6 @@ fn open_store(
     }
 }
 
-/// Logs a controller transition.
 /// The answer to a request refused for its head alone ([`forward::refusal`]), before
 /// admission: counted under the route it would have taken, as the forwarder counts
 /// what it refuses.
@@ -731,6 +730,7 @@ fn refuse<B>(
     e.into_response()
 }
 
+/// Logs a controller transition.
 fn log_transition(route: &str, t: &Transition) {
     tracing::info!(
         route,
