@@ -141,7 +141,7 @@
 //! | `first_cut_s` | time of the first cut, or `null` |
 //! | `time_in_cut_s` | total time the controller spent in `cut` |
 //! | `transitions` | every state change, same shape as `cuts` |
-//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s (whole slots, sliding; on the 100 ms grid when 1 s is not a whole number of slots), and when that second began |
+//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s (sliding by 100 ms, or by the slot when slots are shorter and 1 s is a whole number of them), and when that second began |
 //! | `peak_offered_1s` | most requests offered in any 1 s, likewise |
 //!
 //! Fields are only ever added, never renamed or removed.

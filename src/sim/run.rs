@@ -598,7 +598,8 @@ struct Recorder<'e> {
     shadow_seen: u64,
     rows: Vec<SlotRow>,
     /// Offered and admitted requests on the 100 ms grid, for the busiest second,
-    /// when 1 s is not a whole number of slots.
+    /// when slots are longer than 100 ms or 1 s is not a whole number of them (whole
+    /// slots would slide too coarsely: by 1 s, only the aligned seconds).
     grid: Option<(Peak, Peak)>,
 }
 
@@ -613,7 +614,8 @@ impl<'e> Recorder<'e> {
             row: SlotRow::empty(0.0),
             shadow_seen: 0,
             rows: Vec::with_capacity(usize::try_from(slots).unwrap_or(0)),
-            grid: (SECOND_NS % slot_ns != 0).then(|| (Peak::new(), Peak::new())),
+            grid: (slot_ns > PEAK_GRID_NS || SECOND_NS % slot_ns != 0)
+                .then(|| (Peak::new(), Peak::new())),
         }
     }
 
@@ -863,7 +865,8 @@ pub struct Summary {
     pub time_in_cut_s: f64,
     /// Every state change.
     pub transitions: Vec<TransitionRecord>,
-    /// Most requests admitted in any 1 s (whole slots, sliding).
+    /// Most requests admitted in any 1 s (sliding by whole slots of 100 ms or less,
+    /// otherwise by 100 ms).
     pub peak_admitted_1s: u64,
     /// Start of that busiest second, seconds since the start.
     pub peak_admitted_1s_at_s: f64,
