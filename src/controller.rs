@@ -267,6 +267,12 @@ impl Controller {
         self.last_roc
     }
 
+    /// Whether a sample at `at` is acted on: not before one full window has passed
+    /// since start or [`Controller::rearm`].
+    pub fn armed(&self, at: Nanos) -> bool {
+        at >= self.armed_at
+    }
+
     /// When the current state was entered.
     pub fn entered_at(&self) -> Nanos {
         self.entered_at

@@ -94,6 +94,10 @@ pub struct SlotReport {
     /// token, a full window, queue or set of permits). Always false on partitioned
     /// routes, whose limiters are per key.
     pub exhausted: bool,
+    /// Whether the controller acted on this sample: false during the first full
+    /// window after start or a reload, whose earlier half is still filling (ROC there
+    /// is about the whole rate, and no decision uses it).
+    pub armed: bool,
 }
 
 /// Every route's window, controller and limiters.
@@ -499,6 +503,7 @@ impl Engine {
                     state: controller.state(),
                     limit_rps: controller.limit_rps(),
                     exhausted,
+                    armed: controller.armed(s.at),
                 };
                 h(&r.name, &report);
             }
@@ -1723,5 +1728,30 @@ mod tests {
         // Its state is on the heap, where its permits can reach it, with its tier and
         // generation: a 32-byte slot.
         assert_eq!(slot::<ConcurrencyKey>(), [16, 32, 32]);
+    }
+
+    /// The sample hook says which slots the controller acted on: none before one full
+    /// window (6 s) from the start, every one after.
+    #[test]
+    fn slot_reports_say_whether_the_controller_was_armed() {
+        let config = Config::new(vec![RouteConfig::new(
+            "r",
+            crate::config::RouteMatch::any(),
+        )]);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let engine = Engine::new(&config, Nanos::ZERO, std::time::UNIX_EPOCH).with_sample_hook(
+            Arc::new(move |_: &str, r: &SlotReport| {
+                sink.lock().unwrap().push((r.at, r.armed));
+            }),
+        );
+        for ms in (0..8_000).step_by(50) {
+            let _ = engine.check(RouteId(0), Key::None, Nanos::from_millis(ms));
+        }
+        let seen = seen.lock().unwrap();
+        assert!(seen.len() > 70, "{}", seen.len());
+        for &(at, armed) in seen.iter() {
+            assert_eq!(armed, at >= Nanos::from_secs(6), "at {at}");
+        }
     }
 }

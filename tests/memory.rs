@@ -382,6 +382,7 @@ fn an_hour_of_hints_history_per_route() {
                     state: ControllerState::Normal,
                     limit_rps: 200.0,
                     exhausted: false,
+                    armed: true,
                 };
                 h.on_slot("route-00000", &report);
                 meter.record(&name, Duration::from_micros(x % 400_000), x % 97 == 0);

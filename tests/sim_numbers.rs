@@ -4,7 +4,8 @@
 //! after the silence, and the hints' advice applied to the config and run again.
 
 use rocgate::config::Config;
-use rocgate::sim::{ArrivalModel, Profile, SimRun, Simulator};
+use rocgate::hints::{Hint, Policy, Setting};
+use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, SimRun, Simulator};
 
 /// A config of one route `r` taking every path, with `extra` TOML lines of the route.
 fn config(extra: &str) -> Config {
@@ -209,4 +210,179 @@ fn the_busiest_second_slides_whatever_the_slot() {
             s.peak_admitted_1s_at_s
         );
     }
+}
+
+/// The hints' suggestions written into the route's TOML (each changed key replaced)
+/// and loaded by the config file's rules, which must accept them.
+fn apply(extra: &str, hints: &[Hint]) -> String {
+    let mut lines: Vec<String> = extra.lines().map(str::to_owned).collect();
+    for h in hints {
+        let (Some(p), Some(s)) = (&h.parameter, &h.suggested) else {
+            continue;
+        };
+        let value = match s {
+            Setting::Number(x) => format!("{x}"),
+            Setting::Text(t) => format!("{t:?}"),
+        };
+        lines.retain(|l| !l.starts_with(&format!("{p} =")));
+        lines.push(format!("{p} = {value}"));
+    }
+    let applied = lines.join("\n");
+    config(&applied);
+    applied
+}
+
+fn advise(
+    extra: &str,
+    points: &[(f64, f64)],
+    model: ArrivalModel,
+    capacity: Option<u64>,
+) -> Vec<Hint> {
+    let config = config(extra);
+    let mut sim = Simulator::new(config.clone(), None).unwrap();
+    if let Some(c) = capacity {
+        sim = sim.capacity(c);
+    }
+    let run = sim
+        .run_profile_all(&Profile::from_points(points).unwrap(), model)
+        .unwrap();
+    hints::hints(&run, &config, &Policy::default())
+}
+
+fn number(hints: &[Hint], parameter: &str) -> Option<f64> {
+    hints
+        .iter()
+        .find_map(|h| match (&h.parameter, &h.suggested) {
+            (Some(p), Some(Setting::Number(x))) if p == parameter => Some(*x),
+            _ => None,
+        })
+}
+
+fn cut_at(extra: &str, points: &[(f64, f64)], model: ArrivalModel) -> Option<f64> {
+    run(extra, points, model).routes[0].summary.first_cut_s
+}
+
+const SALE: [(f64, f64); 6] = [
+    (0.0, 40.0),
+    (20.0, 40.0),
+    (20.0, 600.0),
+    (40.0, 600.0),
+    (50.0, 40.0),
+    (60.0, 40.0),
+];
+
+#[test]
+fn false_cuts_on_a_warmup_ramp_are_cured_by_the_advice_and_the_sale_still_cut() {
+    let extra = "danger_roc = 1\nsafe_roc = 0.5";
+    let warmup = Scenario::Warmup.profile();
+    let points = [(0.0, 5.0), (60.0, 40.0)];
+    assert_eq!(warmup.expected_arrivals(), integral(&points, 60.0));
+    assert!(
+        cut_at(extra, &points, ArrivalModel::Uniform).is_some(),
+        "a false cut"
+    );
+    let h = advise(extra, &points, ArrivalModel::Uniform, None);
+    let danger = number(&h, "danger_roc").unwrap_or_else(|| panic!("{h:#?}"));
+    let fixed = apply(extra, &h);
+    assert_eq!(
+        cut_at(&fixed, &points, ArrivalModel::Uniform),
+        None,
+        "danger_roc {danger}"
+    );
+    // The ramp's ROC is its slope over a half-window: 35/60 × 3 s = 1.75 req/s. The
+    // advice clears it without giving away much: a sale from 40 req/s is still cut at
+    // once.
+    assert!(danger > 1.75 && danger < 5.0, "danger_roc {danger}");
+    let cut = cut_at(&fixed, &SALE, ArrivalModel::Uniform).unwrap();
+    assert!(cut > 20.0 && cut <= 20.2, "{cut}");
+}
+
+#[test]
+fn false_cuts_on_a_noisy_steady_route_are_cured_without_blinding_the_controller() {
+    // 150 req/s, Poisson: the half-window rates differ by about √(2 × 450) / 3 = 10
+    // req/s (one σ), so danger_roc 12 cuts on noise alone.
+    let extra = "danger_roc = 12\nsafe_roc = 5";
+    let steady = [(0.0, 150.0), (120.0, 150.0)];
+    let poisson = ArrivalModel::Poisson { seed: 7 };
+    let before = run(extra, &steady, poisson);
+    assert!(before.summary.cut_count >= 3, "{:?}", before.summary);
+    let h = advise(extra, &steady, poisson, None);
+    let danger = number(&h, "danger_roc").unwrap_or_else(|| panic!("{h:#?}"));
+    let fixed = apply(extra, &h);
+    assert_eq!(
+        run(&fixed, &steady, poisson).summary.cut_count,
+        0,
+        "danger_roc {danger}"
+    );
+    // ROC of the noise, once the window is full (before that, the empty earlier half
+    // makes ROC the whole rate: 150, which no decision ever used).
+    let noise = before.routes[0]
+        .series
+        .iter()
+        .filter(|r| r.t_s >= 6.0)
+        .map(|r| r.roc)
+        .fold(0.0, f64::max);
+    assert!(
+        danger < 2.0 * noise,
+        "danger_roc {danger} for noise up to {noise}"
+    );
+    // Demand doubling (ROC up to 150) is still cut.
+    let doubling = [(0.0, 150.0), (30.0, 150.0), (30.0, 300.0), (60.0, 300.0)];
+    let cut = cut_at(&fixed, &doubling, poisson)
+        .unwrap_or_else(|| panic!("no cut at danger_roc {danger}"));
+    assert!(cut > 30.0 && cut < 31.5, "{cut}");
+}
+
+#[test]
+fn too_little_traffic_gets_no_advice() {
+    // 150 requests in a minute, cut: too few to advise on.
+    let points = [(0.0, 1.0), (50.0, 1.0), (50.0, 10.0), (60.0, 10.0)];
+    let h = advise(
+        "danger_roc = 1\nsafe_roc = 0.5\nmin_rps = 0\nmin_samples = 1",
+        &points,
+        ArrivalModel::Uniform,
+        Some(100),
+    );
+    assert_eq!(h.len(), 1, "{h:#?}");
+    assert!(
+        h[0].reason.contains("too little traffic"),
+        "{}",
+        h[0].reason
+    );
+    assert_eq!((&h[0].parameter, &h[0].suggested), (&None, &None));
+}
+
+#[test]
+fn every_suggestion_is_a_valid_config_and_keeps_the_thresholds_ordered() {
+    let configs = [
+        "",
+        "danger_roc = 1\nsafe_roc = 0.5",
+        "danger_roc = 12\nsafe_roc = 5",
+        "cut_limit = 180",
+        "algorithm = \"concurrency\"\nbase_limit = 20\ncut_limit = 6\nrestore_step = 2",
+        "algorithm = \"fixed_window\"",
+        "roc_mode = \"relative\"\ndanger_roc = 0.3\nsafe_roc = 0.1",
+    ];
+    let mut seen = 0;
+    for extra in configs {
+        for scenario in Scenario::ALL {
+            let profile = scenario.profile();
+            let points: Vec<(f64, f64)> = (0..=600)
+                .map(|k| f64::from(k) / 10.0)
+                .map(|t| (t, profile.rate_at(t)))
+                .collect();
+            for capacity in [None, Some(50), Some(150), Some(1000)] {
+                for model in [ArrivalModel::Uniform, ArrivalModel::Poisson { seed: 3 }] {
+                    let h = advise(extra, &points, model, capacity);
+                    let applied = apply(extra, &h);
+                    let c = &config(&applied).routes[0].controller;
+                    assert!(c.cut_limit_rps <= c.base_limit_rps, "{applied}");
+                    assert!(c.safe_roc < c.danger_roc, "{applied}");
+                    assert!(c.min_rps <= c.base_limit_rps, "{applied}");
+                    seen += h.iter().filter(|h| h.suggested.is_some()).count();
+                }
+            }
+        }
+    }
+    assert!(seen > 20, "only {seen} suggestions were tried");
 }

@@ -260,7 +260,9 @@ impl History {
             return;
         };
         let open = &mut h.open;
-        open.roc.record(report.roc);
+        if report.armed {
+            open.roc.record(report.roc);
+        }
         open.in_state[usize::from(report.state.as_index())] += report.slot.as_secs_f64();
         open.peak_demand_rps = open.peak_demand_rps.max(report.sample.rate_recent_rps);
         if report.exhausted {
@@ -405,6 +407,7 @@ mod tests {
             state,
             limit_rps: 60.0,
             exhausted: state == ControllerState::Cut,
+            armed: true,
         }
     }
 
@@ -422,6 +425,12 @@ mod tests {
         let route: Arc<str> = "r".into();
         meter.record(&route, Duration::from_millis(30), false);
         meter.record(&route, Duration::from_millis(700), true);
+        // Before the controller acts, ROC compares with an earlier half still filling:
+        // not recorded.
+        let mut unarmed = report(50, 150.0, ControllerState::Normal);
+        unarmed.sample.rate_recent_rps = 40.0;
+        unarmed.armed = false;
+        h.on_slot("r", &unarmed);
         h.on_slot("r", &report(100, 90.0, ControllerState::Cut));
         h.on_slot("r", &report(200, 10.0, ControllerState::Cut));
         h.on_slot("r", &report(300, 5.0, ControllerState::Recovering));
@@ -436,6 +445,7 @@ mod tests {
         assert!((i.time_in(ControllerState::Cut) - 0.2).abs() < 1e-9);
         assert!((i.exhausted_s - 0.2).abs() < 1e-9);
         assert_eq!(i.roc.count(), 3);
+        assert!(i.roc.max().is_some_and(|m| m < 150.0), "{:?}", i.roc.max());
         assert_eq!(i.peak_demand_rps, 90.0);
         let up = i.upstream.as_ref().unwrap();
         assert_eq!((up.requests, up.errors), (2, 1));

@@ -17,7 +17,8 @@ fn slots_per_interval(slot_s: f64) -> usize {
 
 /// One route's series as one-second intervals. `half_slots` is the route's
 /// half-window in slots (demand is that half-window's rate, as the controller sees
-/// it); `algorithm` reads the limiter's level; `capacity` says whether a capacity was
+/// it; ROC is recorded from the end of the first full window, when the controller
+/// starts to act); `algorithm` reads the limiter's level; `capacity` says whether a capacity was
 /// modelled.
 pub fn intervals(
     result: &SimResult,
@@ -31,6 +32,8 @@ pub fn intervals(
     let mut recent: VecDeque<u64> = VecDeque::with_capacity(half_slots + 1);
     let mut recent_sum = 0u64;
     let mut last_state = ControllerState::Normal;
+    // Slots before the controller acts: one full window.
+    let mut armed = 2 * half_slots;
     let slot = Duration::from_secs_f64(slot_s);
     let mut out = Vec::new();
     for chunk in result.series.chunks(per) {
@@ -43,7 +46,13 @@ pub fn intervals(
                 i.rejected[reason.index()] += n;
             }
             i.shadow_rejected += row.shadow_rejected;
-            i.roc.record(row.roc);
+            // The first window's ROC compares with an earlier half still filling
+            // (about the whole rate), and the controller does not act on it.
+            if armed == 0 {
+                i.roc.record(row.roc);
+            } else {
+                armed -= 1;
+            }
             i.in_state[usize::from(row.state.as_index())] += slot_s;
             let level = Level {
                 value: row.level,
