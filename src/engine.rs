@@ -400,6 +400,22 @@ impl Engine {
         }
     }
 
+    /// Steps `route`'s window and controller to the slot of `now` without a request,
+    /// as a request at `now` would before being decided; nothing is counted. The
+    /// simulator steps a route at the start of every slot without arrivals, so that a
+    /// silent route's controller moves on slot by slot (a request after the silence
+    /// lands it in the same state, as [`crate::controller`] says, but until then it
+    /// stays where it was).
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn step(&self, route: RouteId, now: Nanos) {
+        let r = &self.routes[route.0];
+        if r.counter.needs_roll(now) {
+            self.roll(r, now);
+        }
+    }
+
     /// Counts a request that was decided elsewhere (by a shared store) at `now` as
     /// offered, and as rejected for `rejected` if it was: the route's counters,
     /// snapshots and metrics then show this instance's traffic, its window's demand

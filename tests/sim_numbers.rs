@@ -4,6 +4,7 @@
 //! after the silence, and the hints' advice applied to the config and run again.
 
 use rocgate::config::Config;
+use rocgate::controller::ControllerState;
 use rocgate::hints::{Hint, Policy, Setting};
 use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, SimRun, Simulator};
 
@@ -209,6 +210,85 @@ fn the_busiest_second_slides_whatever_the_slot() {
             "slot {slot}: {}",
             s.peak_admitted_1s_at_s
         );
+    }
+}
+
+/// A step from 40 to 600 req/s at 20 s, cut at once, then silence from 25 s.
+fn silent_after_the_spike(last: Option<f64>) -> Vec<(f64, f64)> {
+    let mut points = vec![
+        (0.0, 40.0),
+        (20.0, 40.0),
+        (20.0, 600.0),
+        (25.0, 600.0),
+        (25.0, 0.0),
+    ];
+    match last {
+        // One more request, in the slot from `t`: it steps the controller.
+        Some(t) => points.extend([(t, 0.0), (t, 10.0), (t + 0.1, 10.0)]),
+        None => points.push((60.0, 0.0)),
+    }
+    points
+}
+
+#[test]
+fn a_route_that_falls_silent_during_a_cut_recovers_on_time() {
+    let silent = run("", &silent_after_the_spike(None), ArrivalModel::Uniform);
+    let s = &silent.routes[0].summary;
+    assert_eq!(s.cuts.len(), 1);
+    // The same traffic and one request at 59.9 s: it steps the controller, which
+    // lands where stepping it at every slot would have (see `controller`).
+    let stepped = run(
+        "",
+        &silent_after_the_spike(Some(59.9)),
+        ArrivalModel::Uniform,
+    );
+    let reference = &stepped.routes[0].summary;
+    let exits: Vec<_> = reference
+        .transitions
+        .iter()
+        .map(|t| (t.t_s, t.to))
+        .collect();
+    assert_eq!(
+        exits.iter().map(|e| e.1).collect::<Vec<_>>(),
+        [
+            ControllerState::Cut,
+            ControllerState::Recovering,
+            ControllerState::Normal
+        ],
+        "{exits:?}"
+    );
+    let in_cut = exits[1].0 - exits[0].0;
+    assert!(in_cut < 10.0, "{in_cut}");
+    assert_eq!(
+        s.transitions
+            .iter()
+            .map(|t| (t.t_s, t.to))
+            .collect::<Vec<_>>(),
+        exits,
+        "the silent run's transitions"
+    );
+    assert!(
+        (s.time_in_cut_s - in_cut).abs() < 1e-6,
+        "time in cut {} s, the controller's {in_cut} s",
+        s.time_in_cut_s
+    );
+    assert!((silent.summary.time_in_cut_s - in_cut).abs() < 1e-6);
+    // The series follows: the state of each row is the transitions', and once the
+    // window has emptied ROC is 0.
+    let normal_at = exits[2].0;
+    for row in &silent.routes[0].series {
+        let expected = exits
+            .iter()
+            .take_while(|e| e.0 <= row.t_s + 1e-9)
+            .last()
+            .map_or(ControllerState::Normal, |e| e.1);
+        assert_eq!(row.state, expected, "at {} s", row.t_s);
+        if row.t_s > 31.0 {
+            assert_eq!(row.roc, 0.0, "at {} s", row.t_s);
+        }
+        if row.t_s >= normal_at {
+            assert_eq!(row.limit_rps, 200.0, "at {} s", row.t_s);
+        }
     }
 }
 

@@ -104,8 +104,12 @@
 //!
 //! The engine steps its controller when the first request of a new slot arrives, so
 //! `roc`, the thresholds, `limit_rps` and `state` are exactly what decided that slot's
-//! requests; in a slot without requests they stay as they were. A route name holding a
-//! comma or a quote is quoted, CSV style.
+//! requests. A slot without requests steps the controller at its start all the same
+//! ([`Engine::step`](crate::engine::Engine::step)): a route that falls silent during a
+//! cut recovers in the series, the transitions and `time_in_cut_s` as the controller
+//! does when stepped every slot, instead of staying cut (at its last ROC) to the end of
+//! the run. (`serve` steps a silent route at its next request, which lands it in the
+//! same state.) A route name holding a comma or a quote is quoted, CSV style.
 //!
 //! # `summary.json`
 //!

@@ -650,9 +650,14 @@ impl<'e> Recorder<'e> {
     }
 
     /// Snapshots the engine at the slot's end (before any later arrival is decided)
-    /// and starts the next slot.
+    /// and starts the next slot. A slot without arrivals steps the controller at its
+    /// start first, as its first arrival would have.
     #[cold]
     fn close(&mut self) {
+        if self.row.offered == 0 {
+            let start = self.boundary.saturating_sub(self.slot_ns);
+            self.engine.step(self.route, Nanos::new(start));
+        }
         let snap = self
             .engine
             .route_snapshot(self.route, Nanos::new(self.boundary));
