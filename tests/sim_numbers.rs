@@ -466,3 +466,78 @@ fn every_suggestion_is_a_valid_config_and_keeps_the_thresholds_ordered() {
     }
     assert!(seen > 20, "only {seen} suggestions were tried");
 }
+
+/// A profile's `(t_seconds, rate)` points.
+type Points = Vec<(f64, f64)>;
+
+/// 100 req/s with one second at 600 every 10 s: bursts a bucket can absorb.
+fn bursts() -> Points {
+    let mut points = Vec::new();
+    for k in 0..6 {
+        let t = f64::from(k) * 10.0;
+        points.extend([
+            (t, 100.0),
+            (t + 9.0, 100.0),
+            (t + 9.0, 600.0),
+            (t + 10.0, 600.0),
+        ]);
+    }
+    points.push((60.0, 100.0));
+    points
+}
+
+/// Requests rejected by the base limit, and overload, of a run with a capacity.
+fn limit_and_overload(extra: &str, points: &[(f64, f64)], capacity: u64) -> (u64, u64) {
+    let run = Simulator::new(config(extra), None)
+        .unwrap()
+        .capacity(capacity)
+        .run_profile_all(
+            &Profile::from_points(points).unwrap(),
+            ArrivalModel::Uniform,
+        )
+        .unwrap();
+    (
+        run.routes[0].summary.rejected_by_reason.limit,
+        run.summary.overload,
+    )
+}
+
+#[test]
+fn a_bigger_bucket_is_advised_only_where_it_absorbs_the_rejections() {
+    let cases: [(&str, Points, u64); 3] = [
+        ("danger_roc = 2000\nsafe_roc = 100", bursts(), 1000),
+        // The same bursts to a service that takes 300 req/s: a bucket of 1 s lets
+        // through 200 + 200 in a second already.
+        ("danger_roc = 2000\nsafe_roc = 100", bursts(), 300),
+        // Cut at 22.7 s on the ramp, back at base 300 from 46 s while 600 req/s goes
+        // on to 50 s: the bucket was empty since the cut, so no size of it absorbs that.
+        (
+            "base_limit = 300\ncut_limit = 100\ndanger_roc = 67\nsafe_roc = 50",
+            vec![
+                (0.0, 40.0),
+                (20.0, 40.0),
+                (30.0, 600.0),
+                (50.0, 600.0),
+                (50.0, 40.0),
+                (60.0, 40.0),
+            ],
+            300,
+        ),
+    ];
+    let mut advised = 0;
+    for (extra, points, capacity) in &cases {
+        let h = advise(extra, points, ArrivalModel::Uniform, Some(*capacity));
+        let Some(burst) = h.iter().find(|h| h.rule == "raise_burst") else {
+            continue;
+        };
+        advised += 1;
+        let fixed = apply(extra, std::slice::from_ref(burst));
+        let (limit, overload) = limit_and_overload(extra, points, *capacity);
+        let (limit_after, overload_after) = limit_and_overload(&fixed, points, *capacity);
+        assert!(
+            limit_after < limit / 2 && overload_after <= overload,
+            "{extra} at capacity {capacity}: {burst:?} took base-limit rejections from {limit} to {limit_after}, overload from {overload} to {overload_after}"
+        );
+    }
+    assert_eq!(advised, 1, "only the bursts to a large service");
+}

@@ -16,7 +16,7 @@
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit |
-//! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20%, ≥ 2 under 2%) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest excess seen, at least doubled |
+//! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`) | `min_rps` 20% above the peak demand of those cuts, at least doubled |
@@ -589,36 +589,70 @@ impl<'a> Evidence<'a> {
         if !self.mostly_healthy() || self.mean_rps() > self.base() {
             return None;
         }
-        let ratios: Vec<(f64, &Interval)> = self
-            .intervals
-            .iter()
-            .filter(|i| i.offered >= 10)
-            .map(|i| {
-                let base_rej = i.rejected_total() - i.rejected[Reason::RocCut.index()];
-                (base_rej as f64 / i.offered as f64, i)
-            })
-            .collect();
-        let high = ratios.iter().filter(|(r, _)| *r > 0.20).count();
-        let low = ratios.iter().filter(|(r, _)| *r < 0.02).count();
+        // A bucket absorbs a burst only if it had time to fill before it: runs of
+        // intervals over 20% rejected by the base limit, each right after an interval
+        // with room (under 2% rejected for any reason). A run after a cut, or a
+        // sustained excess, empties any bucket.
+        let base = self.base();
+        let (mut high, mut low, mut excess) = (0usize, 0usize, 0.0f64);
+        let (mut run, mut run_excess, mut room_before) = (0usize, 0.0f64, false);
+        for i in self.intervals.iter().filter(|i| i.offered >= 10) {
+            let offered = i.offered as f64;
+            let base_rej = i.rejected_total() - i.rejected[Reason::RocCut.index()];
+            if base_rej as f64 > 0.20 * offered {
+                if room_before {
+                    run += 1;
+                    run_excess += offered - base * i.secs();
+                }
+                continue;
+            }
+            if room_before && run > 0 {
+                high += run;
+                excess = excess.max(run_excess);
+            }
+            (run, run_excess) = (0, 0.0);
+            room_before = (i.rejected_total() as f64) < 0.02 * offered;
+            low += usize::from(room_before);
+        }
+        if room_before && run > 0 {
+            high += run;
+            excess = excess.max(run_excess);
+        }
         if high < 2 || low < 2 {
             return None;
         }
-        let base = self.base();
-        let excess = ratios
-            .iter()
-            .map(|(_, i)| i.offered as f64 - base * i.secs())
-            .fold(0.0, f64::max);
         let current = burst.as_secs_f64();
-        let needed = (excess / base).max(2.0 * current);
-        let suggested = Duration::try_from_secs_f64(needed.min(current * 10.0).max(current * 2.0))
-            .unwrap_or(Duration::MAX);
+        let mut most = current * 10.0;
+        let mut bound = String::new();
+        // A full bucket and a second of refill pass in one second: base × (1 s + burst)
+        // must fit what the upstream takes.
+        if let Some(cap) = self.observed_capacity() {
+            let fits = cap / base - 1.0;
+            if fits < most {
+                most = fits;
+                bound = format!(
+                    ", at most {} so that a full bucket and a second of refill stay within the upstream's {} req/s",
+                    fmt_secs(fits.max(0.0)),
+                    fmt_num(cap)
+                );
+            }
+        }
+        let needed = (excess / base).max(2.0 * current).min(most);
+        if needed <= current {
+            return None;
+        }
+        let suggested =
+            round_duration(Duration::try_from_secs_f64(needed).unwrap_or(Duration::MAX));
+        if suggested <= burst {
+            return None;
+        }
         Some(self.hint(
             "raise_burst",
             Severity::Info,
             Some("burst"),
             Some((Setting::duration(burst), Setting::duration(suggested))),
             format!(
-                "rejections come in bursts ({high} intervals over 20% rejected, {low} under 2%{}) while mean demand of {} req/s fits the base limit of {} req/s; the largest burst exceeded it by {} requests: a larger bucket absorbs it",
+                "rejections come in bursts ({high} intervals over 20% rejected right after room in the limiter, {low} under 2%{}) while mean demand of {} req/s fits the base limit of {} req/s; the largest burst exceeded it by {} requests: a larger bucket absorbs it{bound}",
                 self.exhausted_summary(),
                 fmt_num(self.mean_rps()),
                 fmt_num(base),
