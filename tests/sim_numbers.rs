@@ -388,6 +388,14 @@ fn false_cuts_on_a_noisy_steady_route_are_cured_without_blinding_the_controller(
     assert!(before.summary.cut_count >= 3, "{:?}", before.summary);
     let h = advise(extra, &steady, poisson, None);
     let danger = number(&h, "danger_roc").unwrap_or_else(|| panic!("{h:#?}"));
+    // The hint counts the cuts the run counted (cuts in consecutive seconds are
+    // one episode for the rule, not one cut).
+    let reason = &h[0].reason;
+    let cuts = before.summary.cut_count;
+    assert!(
+        reason.contains(&format!("{cuts} of {cuts} cut(s)")),
+        "{cuts} cuts: {reason}"
+    );
     let fixed = apply(extra, &h);
     assert_eq!(
         run(&fixed, &steady, poisson).summary.cut_count,

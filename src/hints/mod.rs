@@ -238,7 +238,7 @@ pub fn advise(
                 "no change: {} requests, {} rejected, {} cut(s), upstream {}",
                 e.offered,
                 pct(e.rejected, e.offered),
-                e.cuts.len(),
+                e.cut_count(),
                 e.health_summary()
             ),
         ));
@@ -283,8 +283,11 @@ enum Health {
 /// A run of consecutive intervals with time in `Cut`.
 #[derive(Clone, Copy, Debug)]
 struct CutEpisode {
-    /// Seconds since the period's start.
+    /// Start of its first interval, seconds since the period's start.
     at_s: f64,
+    /// Transitions into `Cut` in it (at least one: a cut in force when the period
+    /// began counts as one).
+    cuts: u64,
     trigger_roc: f64,
     peak_demand_rps: f64,
     saturated: bool,
@@ -341,12 +344,14 @@ impl<'a> Evidence<'a> {
             let saturated = *h == Health::Saturated;
             match cuts.last_mut() {
                 Some(ep) if in_episode => {
+                    ep.cuts += u64::from(i.cuts);
                     ep.trigger_roc = ep.trigger_roc.max(i.cut_roc);
                     ep.peak_demand_rps = ep.peak_demand_rps.max(i.peak_demand_rps);
                     ep.saturated |= saturated;
                 }
                 _ => cuts.push(CutEpisode {
                     at_s: i.start.as_secs_f64() - start,
+                    cuts: u64::from(i.cuts).max(1),
                     trigger_roc: i.cut_roc,
                     peak_demand_rps: i.peak_demand_rps,
                     saturated,
@@ -389,6 +394,12 @@ impl<'a> Evidence<'a> {
             reason,
             event: parameter.and(self.s.event.clone()),
         }
+    }
+
+    /// Cuts in the period: transitions into `Cut`, a cut in force at its start
+    /// counting as one.
+    fn cut_count(&self) -> u64 {
+        self.cuts.iter().map(|c| c.cuts).sum()
     }
 
     fn base(&self) -> f64 {
@@ -686,9 +697,9 @@ impl<'a> Evidence<'a> {
         let suggested = round_up(target, danger);
         let first = false_cuts[0];
         let mut reason = format!(
-            "{} of {} cut(s) came while demand stayed under the base limit of {} req/s (peak {} req/s) and the upstream was not saturated, e.g. at +{} with ROC {}; p99.9 of ROC was {}: raise danger_roc just above both",
-            false_cuts.len(),
-            self.cuts.len(),
+            "{} of {} cut(s) came while demand stayed under the base limit of {} req/s (peak {} req/s) and the upstream was not saturated, e.g. in the interval from +{} with ROC {}; p99.9 of ROC was {}: raise danger_roc just above both",
+            false_cuts.iter().map(|c| c.cuts).sum::<u64>(),
+            self.cut_count(),
             fmt_num(base),
             fmt_num(first.peak_demand_rps),
             fmt_secs(first.at_s),
@@ -752,7 +763,7 @@ impl<'a> Evidence<'a> {
 
     fn raise_min_rps(&self) -> Option<Hint> {
         let base = self.base();
-        if self.cuts.len() < 3 || self.mean_rps() >= 0.2 * base {
+        if self.cut_count() < 3 || self.mean_rps() >= 0.2 * base {
             return None;
         }
         let current = self.s.params.min_rps;
@@ -772,7 +783,7 @@ impl<'a> Evidence<'a> {
             Some((Setting::Number(current), Setting::Number(round_up(target, current)))),
             format!(
                 "{} cuts on a quiet route (mean demand {} req/s, base limit {} req/s, peak demand during cuts {} req/s): small numbers make ROC jumpy; raise min_rps above that peak",
-                self.cuts.len(),
+                self.cut_count(),
                 fmt_num(self.mean_rps()),
                 fmt_num(base),
                 fmt_num(peak)
