@@ -6,7 +6,7 @@
 use rocgate::config::Config;
 use rocgate::controller::ControllerState;
 use rocgate::hints::{Hint, Policy, Setting};
-use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, SimRun, Simulator};
+use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, SimRun, Simulator, SlotRow};
 
 /// A config of one route `r` taking every path, with `extra` TOML lines of the route.
 fn config(extra: &str) -> Config {
@@ -548,4 +548,149 @@ fn a_bigger_bucket_is_advised_only_where_it_absorbs_the_rejections() {
         );
     }
     assert_eq!(advised, 1, "only the bursts to a large service");
+}
+
+#[test]
+fn a_ramp_that_overloads_the_service_before_any_cut_gets_advice_that_cuts_it_in_time() {
+    // Base 400 over a 300 req/s service, danger_roc 300 over a ramp whose ROC peaks
+    // at 168 (40 → 600 req/s over 10 s): never cut, the service overloaded.
+    let extra = "base_limit = 400\ncut_limit = 100\ndanger_roc = 300\nsafe_roc = 50";
+    let ramp = [
+        (0.0, 40.0),
+        (20.0, 40.0),
+        (30.0, 600.0),
+        (50.0, 600.0),
+        (50.0, 40.0),
+        (60.0, 40.0),
+    ];
+    let (_, overload) = limit_and_overload(extra, &ramp, 300);
+    assert!(overload > 1000, "{overload}");
+    assert_eq!(cut_at(extra, &ramp, ArrivalModel::Uniform), None);
+    let h = advise(extra, &ramp, ArrivalModel::Uniform, Some(300));
+    let danger = number(&h, "danger_roc").unwrap_or_else(|| panic!("{h:#?}"));
+    let base = number(&h, "base_limit").unwrap_or_else(|| panic!("{h:#?}"));
+    assert!(
+        danger > 50.0 && danger < 168.0 && base < 300.0,
+        "{danger} {base}"
+    );
+    let fixed = apply(extra, &h);
+    assert_eq!(limit_and_overload(&fixed, &ramp, 300).1, 0, "{fixed}");
+    let cut = cut_at(&fixed, &ramp, ArrivalModel::Uniform).unwrap();
+    assert!(cut > 20.0 && cut < 25.0, "{cut}");
+    // What must not cut still does not.
+    for scenario in [Scenario::Steady, Scenario::Warmup] {
+        let run = Simulator::new(config(&fixed), None)
+            .unwrap()
+            .run_profile(&scenario.profile(), ArrivalModel::Poisson { seed: 1 })
+            .unwrap();
+        assert_eq!(run.summary.cuts.len(), 0, "{}", scenario.name());
+    }
+}
+
+#[test]
+fn summary_figures_agree_with_the_series_and_the_csv() {
+    let models = [
+        ArrivalModel::Uniform,
+        ArrivalModel::Poisson { seed: 0 },
+        ArrivalModel::Poisson { seed: 1 },
+    ];
+    for scenario in Scenario::ALL {
+        for model in models {
+            let what = format!("{} {model}", scenario.name());
+            let run = Simulator::new(config("slot = \"200ms\"\nwindow = \"4s\""), None)
+                .unwrap()
+                .capacity(250)
+                .run_profile_all(&scenario.profile(), model)
+                .unwrap();
+            let r = &run.routes[0];
+            let s = &r.summary;
+            let sum = |f: fn(&SlotRow) -> u64| r.series.iter().map(f).sum::<u64>();
+            assert_eq!(s.offered, s.admitted + s.rejected, "{what}");
+            assert_eq!(
+                s.rejected,
+                s.rejected_by_reason.iter().map(|(_, n)| n).sum::<u64>()
+            );
+            assert_eq!(
+                (
+                    sum(|x| x.offered),
+                    sum(|x| x.admitted),
+                    sum(|x| x.rejected.total()),
+                    sum(|x| x.overload)
+                ),
+                (s.offered, s.admitted, s.rejected, s.overload),
+                "{what}"
+            );
+            assert_eq!(run.summary.offered, s.offered);
+            // One row per 200 ms slot from 0, each starting where the last ended.
+            let slots = (s.duration_s / 0.2).ceil() as usize;
+            assert_eq!(r.series.len(), slots, "{what}");
+            for (k, row) in r.series.iter().enumerate() {
+                assert!(
+                    (row.t_s - k as f64 * 0.2).abs() < 1e-9,
+                    "{what}: row {k} at {}",
+                    row.t_s
+                );
+            }
+            // Every cut: on a slot boundary, the row from it is cut and shows the ROC
+            // that started it; the first is first_cut_s.
+            for c in &s.cuts {
+                let row = r
+                    .series
+                    .iter()
+                    .find(|row| (row.t_s - c.t_s).abs() < 1e-9)
+                    .unwrap_or_else(|| panic!("{what}: no row at {}", c.t_s));
+                assert_eq!(
+                    (row.state, row.roc),
+                    (ControllerState::Cut, c.roc),
+                    "{what}"
+                );
+            }
+            assert_eq!(s.first_cut_s, s.cuts.first().map(|c| c.t_s));
+            // Time in cut: the rows in cut, to within one slot per cut.
+            let rows_in_cut = r
+                .series
+                .iter()
+                .filter(|x| x.state == ControllerState::Cut)
+                .count();
+            let slack = 0.2 * s.cuts.len() as f64 + 1e-9;
+            assert!(
+                (s.time_in_cut_s - rows_in_cut as f64 * 0.2).abs() <= slack,
+                "{what}: {} s in cut, {rows_in_cut} rows",
+                s.time_in_cut_s
+            );
+            // The CSV: the documented header, then those rows, field by field.
+            let mut csv = Vec::new();
+            run.write_csv(&mut csv).unwrap();
+            let csv = String::from_utf8(csv).unwrap();
+            let mut lines = csv.lines();
+            let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+            assert_eq!(header.len(), 20);
+            let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+            let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+            assert_eq!(rows.len(), r.series.len());
+            for (fields, row) in rows.iter().zip(&r.series) {
+                assert_eq!(fields.len(), 20);
+                let n = |name: &str| fields[col(name)].parse::<f64>().unwrap();
+                assert_eq!(fields[col("route")], "r");
+                assert_eq!(n("t_s"), row.t_s);
+                assert_eq!(n("offered") as u64, row.offered);
+                assert_eq!(n("admitted") + n("rejected"), n("offered"));
+                let reasons: f64 = [
+                    "limit",
+                    "roc_cut",
+                    "concurrency",
+                    "queue_full",
+                    "fallback_local",
+                ]
+                .iter()
+                .map(|r| n(&format!("rejected_{r}")))
+                .sum();
+                assert_eq!(reasons, n("rejected"));
+                assert!(n("overload") <= n("admitted"));
+                assert_eq!(n("roc"), row.roc);
+                assert_eq!(fields[col("state")], row.state.as_str());
+                assert!(n("limit_rps") <= n("base_limit_rps") && n("level") <= n("level_capacity"));
+            }
+        }
+    }
 }
