@@ -23,7 +23,7 @@
 //! | `rocgate_demand_rps` | gauge | `route`, `half` | demand of the earlier (`prev`) and later (`recent`) half-window |
 //! | `rocgate_roc` | gauge | `route`, `mode` | ROC of the last completed slot, `absolute` and `relative` |
 //! | `rocgate_controller_roc` | gauge | `route` | ROC of the last completed slot in the route's `roc_mode`: what the controller compares with `danger_roc` and `safe_roc` |
-//! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode |
+//! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode, from the end of its first window |
 //! | `rocgate_limit_rps`, `rocgate_base_limit_rps`, `rocgate_cut_limit_rps` | gauge | `route` | current, base and cut limit |
 //! | `rocgate_danger_roc`, `rocgate_safe_roc` | gauge | `route` | thresholds in force |
 //! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, queue, in flight) and its maximum |
@@ -240,10 +240,15 @@ pub fn describe() {
     describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
 }
 
-/// A sample hook recording each slot's ROC into `rocgate_roc_observed`.
+/// A sample hook recording each slot's ROC into `rocgate_roc_observed`, once the
+/// controller is armed: in a route's first window one half is still empty, so its ROC
+/// is about the whole rate, which no decision uses and which would set the quantiles
+/// far above the noise.
 pub fn roc_sample_hook() -> SampleHook {
     Arc::new(|route: &str, report: &SlotReport| {
-        metrics::histogram!(ROC_OBSERVED, "route" => route.to_owned()).record(report.roc);
+        if report.armed {
+            metrics::histogram!(ROC_OBSERVED, "route" => route.to_owned()).record(report.roc);
+        }
     })
 }
 

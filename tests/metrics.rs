@@ -135,6 +135,13 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
     let mut rest = RouteConfig::new("rest", RouteMatch::any());
     rest.controller.base_limit_rps = 1e6;
     rest.controller.cut_limit_rps = 1e5;
+    // A short window, so that the ROC histogram (recorded from the end of the first
+    // window on) has its series before the warm-up ends.
+    let window =
+        rocgate::window::WindowSpec::new(Duration::from_millis(400), Duration::from_millis(100))
+            .unwrap();
+    per_ip.window = window;
+    rest.window = window;
     let settings = ProxySettings {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
@@ -162,9 +169,10 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
         let _ = stopped.await;
     }));
 
-    // Requests of each kind, in two window slots (the ROC histogram is recorded at
-    // slot rollover), create every series there is to be.
-    for _ in 0..2 {
+    // Requests of each kind, over slots past the first window (the ROC histogram is
+    // recorded at slot rollover once the controller is armed), create every series
+    // there is to be.
+    for _ in 0..5 {
         assert_eq!(get(addr, "/ip/warm", Some("10.9.9.9".into())).await.0, 200);
         assert_eq!(get(addr, "/warm", None).await.0, 200);
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -545,4 +553,50 @@ fn the_controller_roc_is_in_each_routes_mode() {
     ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }
+}
+
+/// `rocgate_roc_observed`, which the dashboard's ROC quantiles and threshold tuning
+/// read, leaves out the slots before the controller is armed: in the first window one
+/// half is still empty, so ROC there is about the whole rate (150 req/s of steady
+/// traffic read as ROC 150 and set the quantiles far above the noise).
+#[test]
+fn the_roc_histogram_leaves_out_the_first_window() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::{Engine, Key};
+    use std::sync::{Arc, Mutex};
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let hook = rocgate::metrics::roc_sample_hook();
+    let seen = Arc::clone(&reports);
+    let engine = Engine::new(
+        &Config::new(vec![RouteConfig::new(
+            "roc_observed_steady",
+            RouteMatch::prefix("/"),
+        )]),
+        Nanos::ZERO,
+        std::time::SystemTime::UNIX_EPOCH,
+    )
+    .with_sample_hook(Arc::new(move |route, report| {
+        seen.lock().unwrap().push((report.armed, report.roc));
+        hook(route, report);
+    }));
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let id = engine.route_id("roc_observed_steady").unwrap();
+    // 50 req/s for twice the window (6 s).
+    metrics::with_local_recorder(&recorder, || {
+        for ms in (0..12_000).step_by(20) {
+            let _ = engine.check(id, Key::None, Nanos::from_millis(ms));
+        }
+    });
+    let reports = reports.lock().unwrap();
+    let armed = reports.iter().filter(|(armed, _)| *armed).count();
+    assert!(armed > 0 && armed < reports.len(), "{reports:?}");
+    // Steady traffic: every armed slot's ROC is near 0, the first window's near 50.
+    assert!(
+        reports.iter().any(|&(armed, roc)| !armed && roc > 20.0),
+        "{reports:?}"
+    );
+    let text = handle.render();
+    let count = format!(r#"rocgate_roc_observed_count{{route="roc_observed_steady"}} {armed}"#);
+    assert!(text.lines().any(|l| l == count), "no `{count}` in:\n{text}");
 }
