@@ -200,6 +200,8 @@ pub struct Controller {
     armed_at: Nanos,
     safe_since: Option<Nanos>,
     limit_rps: f64,
+    /// When `limit_rps` took its value (see [`Controller::limit_since`]).
+    limit_since: Nanos,
     last_roc: f64,
 }
 
@@ -214,6 +216,7 @@ impl Controller {
             armed_at: now + window,
             safe_since: None,
             limit_rps,
+            limit_since: now,
             last_roc: 0.0,
         }
     }
@@ -241,8 +244,10 @@ impl Controller {
             armed_at: memory.armed_at,
             safe_since: memory.safe_since,
             limit_rps: memory.limit_rps,
+            limit_since: memory.entered_at,
             last_roc: memory.last_roc,
         };
+        c.limit_since = c.step_time();
         c.set_params(params, now, |_| {});
         c
     }
@@ -278,6 +283,15 @@ impl Controller {
         self.entered_at
     }
 
+    /// When the limit took the value it has: the transition or restore step that set
+    /// it, or the last change of parameters (which may move the base limit alone,
+    /// which `shadow_adaptive` enforces). Stepped once at the end of a long silence, the
+    /// controller dates each change where per-slot stepping would have made it, and a
+    /// limiter that takes the new limit only then can refill at it from that time.
+    pub fn limit_since(&self) -> Nanos {
+        self.limit_since
+    }
+
     /// Where the limit stands between cut (0.0) and base (1.0). Routes with several
     /// tiers scale each tier's own limits by it.
     pub fn progress(&self) -> f64 {
@@ -305,12 +319,17 @@ impl Controller {
         now: Nanos,
         mut on_transition: impl FnMut(Transition),
     ) {
+        let changed = self.params != params;
         self.params = params;
+        let before = self.limit_rps;
         self.limit_rps = match self.state {
             ControllerState::Normal => self.params.base_limit_rps,
             ControllerState::Cut => self.params.cut_limit_rps,
             ControllerState::Recovering => self.recovering_limit(now),
         };
+        if changed || self.limit_rps != before {
+            self.limit_since = now.max(self.limit_since);
+        }
         if self.state == ControllerState::Recovering && self.limit_rps >= self.params.base_limit_rps
         {
             let roc = self.last_roc;
@@ -372,7 +391,11 @@ impl Controller {
             }
         }
         if self.state == ControllerState::Recovering {
+            let before = self.limit_rps;
             self.limit_rps = self.recovering_limit(now);
+            if self.limit_rps != before {
+                self.limit_since = self.step_time().max(self.limit_since);
+            }
             if self.limit_rps >= self.params.base_limit_rps {
                 let steps = self.steps_to_base();
                 let interval = duration_nanos(self.params.restore_interval);
@@ -412,6 +435,17 @@ impl Controller {
             .max(0.0) as u64
     }
 
+    /// When the restore step that set the limit was due, in `Recovering` (the state's
+    /// entry, in the others).
+    fn step_time(&self) -> Nanos {
+        if self.state != ControllerState::Recovering {
+            return self.entered_at;
+        }
+        let interval = duration_nanos(self.params.restore_interval).max(1);
+        let done = self.limit_steps().saturating_mul(interval);
+        Nanos::new(self.entered_at.as_u64().saturating_add(done))
+    }
+
     fn recovering_limit(&self, now: Nanos) -> f64 {
         let p = &self.params;
         let interval = duration_nanos(p.restore_interval).max(1);
@@ -434,6 +468,7 @@ impl Controller {
             ControllerState::Normal => self.params.base_limit_rps,
             ControllerState::Cut | ControllerState::Recovering => self.params.cut_limit_rps,
         };
+        self.limit_since = at;
         on_transition(Transition {
             from,
             to,

@@ -529,7 +529,10 @@ impl Engine {
             st.controller.params().base_limit_rps,
         );
         if after != before {
-            r.apply_limit(&st.controller, now);
+            // Dated where the controller changed the limit: after a silence, the
+            // limiters refill at the new limit from then, not only from now.
+            let at = st.controller.limit_since().min(now);
+            r.apply_limit(&st.controller, at);
         }
         r.publish_next_raise(&st.controller);
         if let Some(keys) = &r.keys {
@@ -785,8 +788,10 @@ impl Route {
         self.apply_limit(&st.controller, now);
     }
 
-    /// Pushes the controller's limit to the limiters.
-    fn apply_limit(&self, c: &Controller, now: Nanos) {
+    /// Pushes the controller's limit to the limiters, as of `at`, when it took effect
+    /// (never before the last change pushed).
+    fn apply_limit(&self, c: &Controller, at: Nanos) {
+        let now = at.max(Nanos::new(self.changed_at.load(Ordering::Relaxed)));
         let limit = c.limit_rps();
         let base = c.params().base_limit_rps;
         match (self.mode, &self.shadow) {
