@@ -181,6 +181,9 @@ struct ScheduledEvent {
     start: Nanos,
     end: Nanos,
     params: ControllerParams,
+    /// The configured wall-clock start and duration, from which `start` and `end`
+    /// are placed again ([`Engine::align_events`]).
+    wall: (SystemTime, Duration),
 }
 
 impl Engine {
@@ -296,6 +299,23 @@ impl Engine {
             .iter()
             .find(|e| e.start <= now && now < e.end)
             .map_or_else(|| st.own.clone(), |e| e.params.clone())
+    }
+
+    /// Places every route's scheduled events again from the wall clock, where `now` is
+    /// `wall_now`. Events are placed on the engine's monotonic clock when the engine is
+    /// built or reloaded; the two clocks part when the wall clock is stepped (an NTP
+    /// correction after boot), when the monotonic clock stops (a suspended host, a
+    /// paused VM) or drifts (a TSC calibrated once: about 1 ppm). Called
+    /// periodically (`rocgate serve` does every 5 s), this keeps each event within
+    /// that period's parting of its wall-clock time. The event due at the next
+    /// completed slot is put in force then, as always.
+    pub fn align_events(&self, now: Nanos, wall_now: SystemTime) {
+        for r in self.routes.iter() {
+            let mut st = r.lock();
+            for e in &mut st.events {
+                e.align(now, wall_now);
+            }
+        }
     }
 
     /// Calls `hook` with every controller transition (for metrics, logs, simulation).
@@ -889,20 +909,39 @@ impl ScheduledEvent {
     /// placed from wall time, so an event that began before `now` keeps its real end
     /// (the clock cannot go below its origin); one that has already ended is dropped.
     fn place(e: &Event, now: Nanos, wall_now: SystemTime) -> Option<Self> {
-        let (start, end) = match e.start.duration_since(wall_now) {
-            Ok(ahead) => (now + ahead, now + ahead + e.duration),
-            Err(past) => {
-                let elapsed = past.duration();
-                let left = e.duration.checked_sub(elapsed).filter(|d| !d.is_zero())?;
-                (now - elapsed, now + left)
-            }
-        };
+        let (start, end) = span(e.start, e.duration, now, wall_now)?;
         Some(ScheduledEvent {
             name: e.name.clone(),
             start,
             end,
             params: e.controller.clone(),
+            wall: (e.start, e.duration),
         })
+    }
+
+    /// Places the event again, where `now` is `wall_now`; one that has ended is
+    /// never due again.
+    fn align(&mut self, now: Nanos, wall_now: SystemTime) {
+        let (start, duration) = self.wall;
+        (self.start, self.end) = span(start, duration, now, wall_now).unwrap_or_default();
+    }
+}
+
+/// Where an event of `duration` from wall-clock `start` lies on the engine's clock,
+/// where `now` is `wall_now`: `None` if it has ended.
+fn span(
+    start: SystemTime,
+    duration: Duration,
+    now: Nanos,
+    wall_now: SystemTime,
+) -> Option<(Nanos, Nanos)> {
+    match start.duration_since(wall_now) {
+        Ok(ahead) => Some((now + ahead, now + ahead + duration)),
+        Err(past) => {
+            let elapsed = past.duration();
+            let left = duration.checked_sub(elapsed).filter(|d| !d.is_zero())?;
+            Some((now - elapsed, now + left))
+        }
     }
 }
 

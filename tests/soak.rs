@@ -2,7 +2,7 @@
 //! after long silences and across the points where its counters wrap.
 
 use rocgate::clock::Nanos;
-use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::config::{Config, Event, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key, RouteId};
 use std::net::{IpAddr, Ipv4Addr};
@@ -63,4 +63,129 @@ fn a_bucket_silent_since_a_cut_comes_back_full_at_the_base_limit() {
         assert_eq!(s.state, ControllerState::Normal, "{partition:?}");
         assert_eq!(admitted, 200, "{partition:?}");
     }
+}
+
+/// A small deterministic generator (xorshift64*), so that a soak is the same every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn thirty_days_of_bursts_after_silences_never_exceed_a_quota_nor_refuse_a_fresh_one() {
+    use rocgate::limiter::Algorithm;
+    let ms = Duration::from_millis;
+    let algorithms = [
+        Algorithm::TokenBucket { burst: ms(1000) },
+        Algorithm::FixedWindow { window: ms(10) },
+        Algorithm::FixedWindow { window: ms(1000) },
+        Algorithm::SlidingWindow { window: ms(10) },
+        Algorithm::SlidingWindow { window: ms(1000) },
+    ];
+    for algorithm in algorithms {
+        for partition in [
+            Partition::Route,
+            Partition::ClientIp(KeyLimits {
+                max_keys: 4,
+                idle_timeout: Duration::from_secs(60),
+                ..KeyLimits::default()
+            }),
+        ] {
+            let mut route = RouteConfig::new("r", RouteMatch::any());
+            route.algorithm = algorithm;
+            route.partition = partition.clone();
+            // A limit no burst here changes: the controller stays in Normal.
+            route.controller.danger_roc = 1e9;
+            route.controller.safe_roc = 1e8;
+            let e = engine(vec![route]);
+            let id = RouteId(0);
+            let quota = match algorithm {
+                Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
+                    (200.0 * window.as_secs_f64()).floor().max(1.0) as u64
+                }
+                _ => 200,
+            };
+            let mut rng = Rng(0x5eed_0000 + quota);
+            let mut now = Nanos::from_secs(1);
+            let end = Nanos::from_secs(30 * 86_400);
+            let mut visits = 0;
+            while now < end {
+                // Silences from a minute to about five hours (2^24 windows of 10 ms are 46.6 hours).
+                now = now + Duration::from_secs(60 + rng.below(5 * 3600));
+                let key = Key::Ip(IpAddr::V4(Ipv4Addr::from(rng.below(8) as u32)));
+                let admitted = burst(&e, id, key, now, quota + 5);
+                assert!(
+                    admitted <= quota,
+                    "{algorithm:?} {partition:?} at {now}: {admitted} of {quota}"
+                );
+                assert_eq!(
+                    admitted, quota,
+                    "{algorithm:?} {partition:?} at {now}: a fresh quota refused after silence"
+                );
+                visits += 1;
+            }
+            assert!(visits > 200, "{visits}");
+        }
+    }
+}
+
+/// A route with a sale event from wall-clock `wall0 + 2 h`, for an hour, at base 1000,
+/// on an engine built at `wall0`.
+fn sale_in_two_hours(wall0: SystemTime) -> Engine {
+    let mut route = RouteConfig::new("order", RouteMatch::any());
+    let mut sale = route.controller.clone();
+    sale.base_limit_rps = 1000.0;
+    route.events = vec![Event {
+        name: "sale".into(),
+        start: wall0 + Duration::from_secs(2 * 3600),
+        duration: Duration::from_secs(3600),
+        controller: sale,
+    }];
+    Engine::new(&Config::new(vec![route]), Nanos::ZERO, wall0)
+}
+
+/// The event in force after a request at `at` (minutes on the engine's clock).
+fn event_at(e: &Engine, minutes: u64) -> Option<String> {
+    let now = Nanos::from_secs(minutes * 60);
+    let _ = e.check(RouteId(0), Key::None, now);
+    e.route_snapshot(RouteId(0), now).active_event
+}
+
+#[test]
+fn scheduled_events_follow_the_wall_clock_when_the_monotonic_clock_parts_from_it() {
+    let wall0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let minutes = |m: u64| Duration::from_secs(m * 60);
+    // The host is paused for 30 minutes at 10 minutes of uptime: the monotonic clock
+    // stops, the wall clock does not. At 95 minutes of uptime it is 2 h 05 on the
+    // wall: the sale has begun.
+    let paused = sale_in_two_hours(wall0);
+    assert_eq!(event_at(&paused, 10), None);
+    paused.align_events(Nanos::from_secs(600), wall0 + minutes(40));
+    assert_eq!(event_at(&paused, 89), None);
+    assert_eq!(event_at(&paused, 95).as_deref(), Some("sale"));
+    assert_eq!(paused.limit_rps(RouteId(0)), 1000.0);
+    // It ends at 3 h on the wall, 150 minutes of uptime.
+    assert_eq!(event_at(&paused, 149).as_deref(), Some("sale"));
+    assert_eq!(event_at(&paused, 151), None);
+    assert_eq!(paused.limit_rps(RouteId(0)), 200.0);
+    // A wall clock that was 20 minutes fast at start, corrected by NTP at 10 minutes:
+    // the sale begins at 140 minutes of uptime, not 120.
+    let fast = sale_in_two_hours(wall0);
+    fast.align_events(Nanos::from_secs(600), wall0 - minutes(10));
+    assert_eq!(event_at(&fast, 125), None);
+    assert_eq!(event_at(&fast, 141).as_deref(), Some("sale"));
+    // Aligned once it has ended, an event is never due again.
+    fast.align_events(Nanos::from_secs(600), wall0 + minutes(200));
+    assert_eq!(event_at(&fast, 142), None);
+    assert_eq!(event_at(&fast, 300), None);
 }

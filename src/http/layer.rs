@@ -187,6 +187,15 @@ impl AdmissionLayer {
     pub fn engine(&self) -> Arc<Engine> {
         self.gate.engine.load_full()
     }
+
+    /// Places the scheduled events again from the wall clock
+    /// ([`Engine::align_events`]): call it periodically (every few seconds) from a
+    /// service that runs for days with scheduled events.
+    pub fn align_events(&self) {
+        #[allow(clippy::disallowed_methods)] // wall time enters here, to place events
+        let wall_now = SystemTime::now();
+        self.engine().align_events(self.gate.clock.now(), wall_now);
+    }
 }
 
 impl<S> tower::Layer<S> for AdmissionLayer {

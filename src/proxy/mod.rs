@@ -145,6 +145,14 @@ impl Reloader {
         &self.clock
     }
 
+    /// Places the engine's scheduled events again from the wall clock
+    /// ([`Engine::align_events`]).
+    pub fn align_events(&self) {
+        #[allow(clippy::disallowed_methods)] // wall time enters here, to place events
+        let wall_now = SystemTime::now();
+        self.engine().align_events(self.clock.now(), wall_now);
+    }
+
     /// Makes the store forget the routes that the engine in force no longer shares:
     /// those a decision still running on a replaced engine added back after the
     /// reload's own pass. Does nothing while a reload runs (it makes that pass).
@@ -433,11 +441,14 @@ impl Proxy {
         let prometheus = prometheus();
         let upkeep = tokio::spawn({
             let handle = prometheus.clone();
+            let reloader = self.reloader.clone();
             async move {
                 let mut every = tokio::time::interval(Duration::from_secs(5));
                 loop {
                     every.tick().await;
                     handle.run_upkeep();
+                    // Events follow the wall clock, should it part from the engine's.
+                    reloader.align_events();
                 }
             }
         });
