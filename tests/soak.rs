@@ -189,3 +189,42 @@ fn scheduled_events_follow_the_wall_clock_when_the_monotonic_clock_parts_from_it
     assert_eq!(event_at(&fast, 142), None);
     assert_eq!(event_at(&fast, 300), None);
 }
+
+#[test]
+fn a_week_of_spikes_every_two_hours_cuts_and_restores_each_time() {
+    for partition in [
+        Partition::Route,
+        Partition::ClientIp(KeyLimits {
+            idle_timeout: Duration::from_secs(60),
+            ..KeyLimits::default()
+        }),
+    ] {
+        let mut route = RouteConfig::new("order", RouteMatch::any());
+        route.partition = partition.clone();
+        let e = engine(vec![route]);
+        let id = RouteId(0);
+        let key = Key::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let spikes = 7 * 12;
+        for k in 0..spikes {
+            let t0 = 100.0 + 7200.0 * k as f64;
+            // Calm, then a spike, then calm long enough to restore; then silence.
+            assert_eq!(offer(&e, id, key, t0, t0 + 10.0, 40.0), 400, "{k}");
+            let spiked = offer(&e, id, key, t0 + 10.0, t0 + 15.0, 600.0);
+            assert!(spiked < 3000, "{partition:?} spike {k}: {spiked} of 3000");
+            let s = e.route_snapshot(id, Nanos::from_secs_f64(t0 + 15.0));
+            assert_eq!(s.state, ControllerState::Cut, "{partition:?} spike {k}");
+            offer(&e, id, key, t0 + 15.0, t0 + 90.0, 40.0);
+            let s = e.route_snapshot(id, Nanos::from_secs_f64(t0 + 90.0));
+            assert_eq!(s.state, ControllerState::Normal, "{partition:?} spike {k}");
+            assert_eq!(s.limit_rps, 200.0);
+            // The first requests after two hours of silence find a full bucket. (Their
+            // 83 req/s over the half-window, from nothing, are a spike of their own:
+            // a second cut, over before the next calm.)
+            let later = Nanos::from_secs_f64(t0 + 7100.0);
+            assert_eq!(burst(&e, id, key, later, 250), 200, "{partition:?} {k}");
+        }
+        let s = e.route_snapshot(id, Nanos::from_secs(8 * 86_400));
+        assert_eq!(s.cuts, 2 * spikes - 1, "{partition:?}");
+        assert!(s.keys <= 1, "{partition:?}: {} keys", s.keys);
+    }
+}
