@@ -1226,6 +1226,8 @@ impl StoredController {
     /// unreadable means no memory (the controller starts afresh).
     fn parse(ctl: &[Value]) -> StoredController {
         let field = |i: usize| ctl.get(i).and_then(float);
+        // Times are ns since the Unix epoch, past 2^53: read whole, not as floats.
+        let time = |i: usize| ctl.get(i).and_then(whole).map(Nanos::new);
         let through = field(2).map(|t| t as u64);
         let memory = (|| {
             Some(ControllerMemory {
@@ -1236,9 +1238,9 @@ impl StoredController {
                     2 => ControllerState::Recovering,
                     _ => return None,
                 },
-                entered_at: Nanos::new(field(3)? as u64),
-                armed_at: Nanos::new(field(4)? as u64),
-                safe_since: field(5).map(|s| Nanos::new(s as u64)),
+                entered_at: time(3)?,
+                armed_at: time(4)?,
+                safe_since: time(5),
                 last_roc: field(6).unwrap_or(0.0),
             })
         })();
@@ -1251,6 +1253,21 @@ fn int(v: &Value) -> Option<i64> {
         Value::Int(n) => Some(*n),
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
         _ => None,
+    }
+}
+
+/// A count that may pass 2^53: an integer reply or whole digits, exactly; else a
+/// float's whole part.
+fn whole(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        Value::BulkString(b) => {
+            let text = std::str::from_utf8(b).ok()?;
+            text.parse()
+                .ok()
+                .or_else(|| text.parse::<f64>().ok().map(|f| f as u64))
+        }
+        other => float(other).map(|f| f as u64),
     }
 }
 
@@ -1571,5 +1588,25 @@ mod tests {
         assert_eq!(m.last_roc, 123.5);
         let empty = StoredController::parse(&[Value::Nil, Value::Nil, Value::Nil]);
         assert_eq!(empty, StoredController::default());
+    }
+
+    #[test]
+    fn stored_times_keep_every_nanosecond_of_the_redis_clock() {
+        // Times are Redis's, ns since the Unix epoch: beyond 2^53, where a float
+        // keeps only every 256th nanosecond.
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let ctl = [
+            text("60.0"),
+            text("1"),
+            text("17645900001"),
+            text("1764590000123456789"),
+            text("1764590006123456789"),
+            text("1764590001000000001"),
+            text("0.0"),
+        ];
+        let m = StoredController::parse(&ctl).memory.unwrap();
+        assert_eq!(m.entered_at, Nanos::new(1_764_590_000_123_456_789));
+        assert_eq!(m.armed_at, Nanos::new(1_764_590_006_123_456_789));
+        assert_eq!(m.safe_since, Some(Nanos::new(1_764_590_001_000_000_001)));
     }
 }
