@@ -308,13 +308,32 @@ impl Engine {
     /// paused VM) or drifts (a TSC calibrated once: about 1 ppm). Called
     /// periodically (`rocgate serve` does every 5 s), this keeps each event within
     /// that period's parting of its wall-clock time. The event due at the next
-    /// completed slot is put in force then, as always.
+    /// completed slot is put in force then, as always (see [`Engine::catch_up`] for
+    /// a route without requests).
     pub fn align_events(&self, now: Nanos, wall_now: SystemTime) {
         for r in self.routes.iter() {
             let mut st = r.lock();
             for e in &mut st.events {
                 e.align(now, wall_now);
             }
+        }
+    }
+
+    /// Brings a route up to `now` as a request at `now` would, without counting one:
+    /// its window advances over the slots that have passed, its controller steps
+    /// through them (taking the scheduled event due), and its idle keys are swept.
+    /// Otherwise a route without requests stands where its last request left it: a cut
+    /// that its silence outlasted reads as a cut, for as long as the silence, in
+    /// snapshots, metrics and the admin API; its idle keys stay in memory; an event
+    /// shows only from its next request. `rocgate serve` calls this every 5 s for the
+    /// routes it decides itself.
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn catch_up(&self, route: RouteId, now: Nanos) {
+        let r = &self.routes[route.0];
+        if r.counter.needs_roll(now) {
+            self.roll(r, now);
         }
     }
 

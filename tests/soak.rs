@@ -228,3 +228,51 @@ fn a_week_of_spikes_every_two_hours_cuts_and_restores_each_time() {
         assert!(s.keys <= 1, "{partition:?}: {} keys", s.keys);
     }
 }
+
+#[test]
+fn a_silent_route_caught_up_shows_where_its_controller_stands() {
+    // Cut at 10 s, then no request for an hour. The controller's own clock says the
+    // cut ended 2 s into the silence (its hold of calm), and the limit was back at
+    // base 7 s later; a snapshot of the silent route said "cut for an hour".
+    let (e, id) = cut_then_silent(Partition::Route);
+    let hour = Nanos::from_secs(3600);
+    e.catch_up(id, hour);
+    let s = e.route_snapshot(id, hour);
+    assert_eq!(s.state, ControllerState::Normal);
+    assert_eq!(s.limit_rps, 200.0);
+    assert!(
+        s.time_in_cut < Duration::from_secs(5),
+        "{:?}",
+        s.time_in_cut
+    );
+    assert_eq!(
+        s.offered,
+        e.route_snapshot(id, Nanos::from_secs(11)).offered
+    );
+    assert_eq!(e.restore_eta(id, hour), None);
+}
+
+#[test]
+fn a_silent_partitioned_route_caught_up_lets_its_idle_keys_go() {
+    let (e, id) = cut_then_silent(Partition::ClientIp(KeyLimits {
+        idle_timeout: Duration::from_secs(60),
+        ..KeyLimits::default()
+    }));
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(11)).keys, 1);
+    e.catch_up(id, Nanos::from_secs(3600));
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(3600)).keys, 0);
+}
+
+#[test]
+fn a_silent_route_caught_up_takes_its_scheduled_event_when_due() {
+    let wall0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let e = sale_in_two_hours(wall0);
+    let at = |minutes: u64| Nanos::from_secs(minutes * 60);
+    e.catch_up(RouteId(0), at(119));
+    assert_eq!(e.route_snapshot(RouteId(0), at(119)).active_event, None);
+    e.catch_up(RouteId(0), at(121));
+    let s = e.route_snapshot(RouteId(0), at(121));
+    assert_eq!(s.active_event.as_deref(), Some("sale"));
+    assert_eq!(e.limit_rps(RouteId(0)), 1000.0);
+    assert_eq!(s.offered, 0);
+}

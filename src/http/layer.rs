@@ -188,13 +188,20 @@ impl AdmissionLayer {
         self.gate.engine.load_full()
     }
 
-    /// Places the scheduled events again from the wall clock
-    /// ([`Engine::align_events`]): call it periodically (every few seconds) from a
-    /// service that runs for days with scheduled events.
-    pub fn align_events(&self) {
+    /// Periodic upkeep, for a service that runs for days: places the scheduled events
+    /// again from the wall clock ([`Engine::align_events`]) and brings every route up
+    /// to now ([`Engine::catch_up`]), so that a silent route's snapshot shows where its
+    /// controller stands and its idle keys go. Call it every few seconds (`rocgate
+    /// serve` does every 5 s).
+    pub fn upkeep(&self) {
+        let engine = self.engine();
         #[allow(clippy::disallowed_methods)] // wall time enters here, to place events
         let wall_now = SystemTime::now();
-        self.engine().align_events(self.gate.clock.now(), wall_now);
+        let now = self.gate.clock.now();
+        engine.align_events(now, wall_now);
+        for id in (0..engine.route_names().count()).map(RouteId) {
+            engine.catch_up(id, now);
+        }
     }
 }
 

@@ -29,7 +29,7 @@ pub use forward::{ForwardSettings, Forwarder};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
 use crate::controller::Transition;
-use crate::engine::Engine;
+use crate::engine::{Engine, RouteId};
 use crate::http::{shared_engine, AdmissionLayer, PeerAddr, SharedEngine};
 use crate::metrics as metric;
 use hyper::body::Incoming;
@@ -145,12 +145,23 @@ impl Reloader {
         &self.clock
     }
 
-    /// Places the engine's scheduled events again from the wall clock
-    /// ([`Engine::align_events`]).
-    pub fn align_events(&self) {
+    /// Periodic upkeep of the engine in force: places its scheduled events again from
+    /// the wall clock ([`Engine::align_events`]), and brings every route it decides
+    /// itself up to now ([`Engine::catch_up`]; a route the shared store decides has
+    /// its controller stepped there).
+    pub fn upkeep(&self) {
+        let engine = self.engine();
         #[allow(clippy::disallowed_methods)] // wall time enters here, to place events
         let wall_now = SystemTime::now();
-        self.engine().align_events(self.clock.now(), wall_now);
+        let now = self.clock.now();
+        engine.align_events(now, wall_now);
+        for id in (0..engine.route_names().count()).map(RouteId) {
+            #[cfg(feature = "redis")]
+            if self.store.as_ref().is_some_and(|s| s.shares(&engine, id)) {
+                continue;
+            }
+            engine.catch_up(id, now);
+        }
     }
 
     /// Makes the store forget the routes that the engine in force no longer shares:
@@ -447,8 +458,9 @@ impl Proxy {
                 loop {
                     every.tick().await;
                     handle.run_upkeep();
-                    // Events follow the wall clock, should it part from the engine's.
-                    reloader.align_events();
+                    // Events follow the wall clock, should it part from the engine's;
+                    // silent routes show where their controllers stand.
+                    reloader.upkeep();
                 }
             }
         });
