@@ -332,6 +332,11 @@ fn unknown_fields_and_values() {
         "must be at most 4294967295ms (49.7 days, what a window counter holds), got 5184000000ms",
     );
     refused(
+        &route("burst = \"60days\""),
+        "routes[0].burst",
+        "must be at most 4294967295ms (49.7 days, what a token bucket keeps), got 5184000000ms",
+    );
+    refused(
         &route("partition = \"ip\"\nipv6_prefix = 129"),
         "routes[0].ipv6_prefix",
         "must be a prefix length from 1 to 128, got 129",

@@ -464,6 +464,10 @@ fn bad_sweeps_exit_2_with_the_reason() {
             "--sweep: at danger_roc=10: route `order`: danger_roc: must be > safe_roc (20), got 10",
         ),
         (
+            vec!["--sweep", "burst=1,5184000"],
+            "--sweep: at burst=5184000: route `order`: burst: must be at most 4294967295ms (49.7 days, what a token bucket keeps), got 5184000000ms",
+        ),
+        (
             vec!["--sweep", "checkout.hold=1"],
             "--sweep: `checkout.hold`: route `checkout` is not one of the routes run: order",
         ),

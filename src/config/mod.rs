@@ -6,6 +6,7 @@
 
 mod load;
 mod raw;
+pub(crate) use raw::check_burst;
 
 pub use load::{ConfigError, Problem};
 

@@ -503,7 +503,7 @@ impl Settings {
                 reject_status,
             ),
             algorithm: r.read("algorithm", raw.algorithm, &self.algorithm, algorithm),
-            burst: r.read("burst", raw.burst, &self.burst, nonzero_duration),
+            burst: r.read("burst", raw.burst, &self.burst, burst_duration),
             limiter_window: r.read(
                 "limiter_window",
                 raw.limiter_window,
@@ -638,6 +638,24 @@ fn millis_duration(text: String) -> Result<Duration, String> {
         )),
         d => Ok(d),
     }
+}
+
+/// A token bucket's burst, which it keeps to the millisecond in 32 bits (up to 49.7
+/// days): longer than zero, and no longer than that rather than cut short unsaid.
+fn burst_duration(text: String) -> Result<Duration, String> {
+    check_burst(nonzero_duration(text)?)
+}
+
+/// A burst no longer than a token bucket keeps (see [`burst_duration`]).
+pub(crate) fn check_burst(burst: Duration) -> Result<Duration, String> {
+    let most = Duration::from_millis(u32::MAX.into());
+    if burst > most {
+        return Err(format!(
+            "must be at most 4294967295ms (49.7 days, what a token bucket keeps), got {}ms",
+            burst.as_millis()
+        ));
+    }
+    Ok(burst)
 }
 
 /// A timeout or period a timer waits for: longer than zero, at most a year. Longer

@@ -535,7 +535,10 @@ fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), 
             "window" => window = Some(seconds(v)?),
             "slot" => slot = Some(seconds(v)?),
             "burst" => match &mut route.algorithm {
-                Algorithm::TokenBucket { burst } if v > 0.0 => *burst = seconds(v)?,
+                Algorithm::TokenBucket { burst } if v > 0.0 => {
+                    *burst = crate::config::check_burst(seconds(v)?)
+                        .map_err(|e| format!("burst: {e}"))?;
+                }
                 Algorithm::TokenBucket { .. } => {
                     return Err(format!("burst: must be longer than zero, got {v}"))
                 }
