@@ -326,7 +326,8 @@ impl Engine {
     /// that its silence outlasted reads as a cut, for as long as the silence, in
     /// snapshots, metrics and the admin API; its idle keys stay in memory; an event
     /// shows only from its next request. `rocgate serve` calls this every 5 s for the
-    /// routes it decides itself.
+    /// routes it decides itself; the simulator at the start of every slot without
+    /// arrivals.
     ///
     /// # Panics
     /// If `route` does not come from this engine.
@@ -436,22 +437,6 @@ impl Engine {
         match r.mode {
             Mode::Enforce | Mode::ShadowAdaptive => Decision::Reject(rej),
             Mode::Shadow => Decision::Admit(Admit::Now),
-        }
-    }
-
-    /// Steps `route`'s window and controller to the slot of `now` without a request,
-    /// as a request at `now` would before being decided; nothing is counted. The
-    /// simulator steps a route at the start of every slot without arrivals, so that a
-    /// silent route's controller moves on slot by slot (a request after the silence
-    /// lands it in the same state, as [`crate::controller`] says, but until then it
-    /// stays where it was).
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn step(&self, route: RouteId, now: Nanos) {
-        let r = &self.routes[route.0];
-        if r.counter.needs_roll(now) {
-            self.roll(r, now);
         }
     }
 

@@ -105,11 +105,11 @@
 //! The engine steps its controller when the first request of a new slot arrives, so
 //! `roc`, the thresholds, `limit_rps` and `state` are exactly what decided that slot's
 //! requests. A slot without requests steps the controller at its start all the same
-//! ([`Engine::step`](crate::engine::Engine::step)): a route that falls silent during a
+//! ([`Engine::catch_up`](crate::engine::Engine::catch_up)): a route that falls silent during a
 //! cut recovers in the series, the transitions and `time_in_cut_s` as the controller
 //! does when stepped every slot, instead of staying cut (at its last ROC) to the end of
-//! the run. (`serve` steps a silent route at its next request, which lands it in the
-//! same state.) A route name holding a comma or a quote is quoted, CSV style.
+//! the run. (`serve` catches a silent route up every 5 s, and at its next request,
+//! which lands it in the same state.) A route name holding a comma or a quote is quoted, CSV style.
 //!
 //! # `summary.json`
 //!

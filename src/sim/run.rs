@@ -656,7 +656,7 @@ impl<'e> Recorder<'e> {
     fn close(&mut self) {
         if self.row.offered == 0 {
             let start = self.boundary.saturating_sub(self.slot_ns);
-            self.engine.step(self.route, Nanos::new(start));
+            self.engine.catch_up(self.route, Nanos::new(start));
         }
         let snap = self
             .engine
