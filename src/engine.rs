@@ -49,7 +49,7 @@ use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -128,8 +128,9 @@ fn rejected_counter(reason: Reason) -> usize {
 const SHADOW_CUT: usize = 1 + Reason::ALL.len();
 const _: () = assert!(SHADOW_CUT < crate::lanes::COUNTERS);
 
-/// The next [`Route::serial`].
-static ROUTE_SERIALS: AtomicU64 = AtomicU64::new(1);
+/// The next [`Route::serial`]. Always `std`'s (a `static` needs a `const fn new`): a
+/// process-wide serial, in no loom model.
+static ROUTE_SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 struct Route {
     name: Arc<str>,

@@ -12,8 +12,8 @@
 //! A read is relaxed: an add on another core may be seen a moment later. Every add is
 //! seen once the adding thread has been joined, or after any other synchronisation.
 
+use crate::sync::{AtomicU64, AtomicU8, Ordering};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 /// Lanes owned by one thread each. Gateways run about one busy thread per core.
 pub const OWNED_LANES: usize = 4;
@@ -22,18 +22,32 @@ pub const OWNED_LANES: usize = 4;
 pub const COUNTERS: usize = 8;
 
 /// Which owned lanes are taken, one bit each.
+#[cfg(not(loom))]
 static TAKEN: AtomicU8 = AtomicU8::new(0);
+// Loom's atomics have no `const fn new`; its statics start afresh in each execution.
+#[cfg(loom)]
+loom::lazy_static! {
+    static ref TAKEN: AtomicU8 = AtomicU8::new(0);
+}
 
 /// [`LANE`] before the thread first counts.
 const UNCLAIMED: u8 = u8::MAX;
 /// [`LANE`] of a thread that found no owned lane free, or whose claim was released.
 const SHARED: u8 = OWNED_LANES as u8;
 
+#[cfg(not(loom))]
 thread_local! {
     /// This thread's lane: const-initialised with no destructor, so reading it is a
     /// plain thread-local load on the hot path.
     static LANE: Cell<u8> = const { Cell::new(UNCLAIMED) };
     /// The claim behind `LANE`, released (and `LANE` reset) when the thread exits.
+    static CLAIM: Claim = Claim::take();
+}
+// The same under loom, whose thread-locals live per modelled thread (with no `const`
+// form).
+#[cfg(loom)]
+loom::thread_local! {
+    static LANE: Cell<u8> = Cell::new(UNCLAIMED);
     static CLAIM: Claim = Claim::take();
 }
 
@@ -50,6 +64,9 @@ impl Claim {
     }
 }
 
+// Under loom a modelled thread keeps its lane to the end of the execution: loom drops
+// thread-locals where its statics (`TAKEN`) may be gone already.
+#[cfg(not(loom))]
 impl Drop for Claim {
     fn drop(&mut self) {
         // Counting after this (from another thread-local's destructor) goes to the
@@ -64,7 +81,7 @@ impl Drop for Claim {
 /// This thread's own lane, or `None` if every owned lane is taken.
 #[inline]
 fn own_lane() -> Option<usize> {
-    let lane = LANE.get();
+    let lane = LANE.with(Cell::get);
     if usize::from(lane) < OWNED_LANES {
         Some(usize::from(lane))
     } else if lane == UNCLAIMED {
@@ -78,7 +95,7 @@ fn own_lane() -> Option<usize> {
 #[cold]
 fn claim_lane() -> Option<usize> {
     let lane = CLAIM.try_with(|c| c.0).ok().flatten();
-    LANE.set(lane.map_or(SHARED, |l| l as u8));
+    LANE.with(|l| l.set(lane.map_or(SHARED, |l| l as u8)));
     lane
 }
 

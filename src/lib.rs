@@ -28,4 +28,5 @@ pub mod metrics;
 pub mod proxy;
 pub mod sim;
 pub mod store;
+mod sync;
 pub mod window;

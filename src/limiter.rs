@@ -44,8 +44,7 @@ use std::fmt;
 use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -422,7 +421,7 @@ impl TokenBucket {
 pub(crate) mod gcra {
     use super::{interval_ns, Level};
     use crate::clock::Nanos;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use crate::sync::{AtomicU64, Ordering};
     use std::time::Duration;
 
     /// A burst kept to the millisecond in 32 bits (49 days).
@@ -617,7 +616,7 @@ impl WindowQuota {
 pub(crate) mod words {
     use super::{late_windows, reject, Admit, Decision, Packed, Reason, COUNT_MAX, IDX_MASK};
     use crate::clock::Nanos;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use crate::sync::{AtomicU64, Ordering};
     use std::time::Duration;
 
     /// A window kept to the millisecond in 32 bits (at least 1 ms).
@@ -953,6 +952,8 @@ impl ConcurrencyShared {
     /// Wakes up to `n` more queued tickets to try for a permit. With none queued it
     /// leaves the event alone (its state is allocated on first use).
     fn notify_waiting(&self, n: u32) {
+        // After the write that frees permits (see `seq_cst_fence_under_loom`).
+        crate::sync::seq_cst_fence_under_loom();
         if n > 0 && self.waiting.load(Ordering::SeqCst) > 0 {
             let n = usize::try_from(n).unwrap_or(usize::MAX);
             self.freed.notify(n.additional());
@@ -1014,6 +1015,9 @@ impl Concurrency {
             })
             .is_ok();
         if queued {
+            // After counting itself in `waiting`, the ticket reads `in_flight` (see
+            // `seq_cst_fence_under_loom`).
+            crate::sync::seq_cst_fence_under_loom();
             Decision::Admit(Admit::Queued(Ticket {
                 shared: ManuallyDrop::new(Some(Arc::clone(s))),
                 listener: None,
@@ -1030,6 +1034,7 @@ impl Concurrency {
         let s = &self.shared;
         let limit = limit.max(0.0) as u32;
         s.limit.store(limit, Ordering::SeqCst);
+        crate::sync::seq_cst_fence_under_loom();
         s.notify_waiting(limit.saturating_sub(s.in_flight.load(Ordering::SeqCst)));
     }
 

@@ -43,7 +43,7 @@
 
 use crate::clock::{duration_nanos, Nanos};
 use crate::lanes::LaneCounters;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The validated shape of a window: its length and its slot length.

@@ -1,0 +1,44 @@
+//! The synchronisation types of the lock-free core, from one place, so that the loom
+//! model checker can stand in for them.
+//!
+//! In a normal build every item is a plain re-export of `std`'s: the core compiles to
+//! exactly the types and code it would name directly. Built with `--cfg loom`
+//! (`tests/loom.rs`, see README "Model checking (loom)"), the same names are loom's
+//! mock types, whose every operation is a point where loom switches threads and
+//! whose relaxed loads may return any value the memory model allows. Only what the
+//! core uses is here: atomics and `Arc` for the window's lanes and slot boundary,
+//! the limiters' state words and the concurrency limiter's shared state.
+//!
+//! A loom atomic has no `const fn new`, so a `static` atomic is declared through
+//! loom's `lazy_static!` under `cfg(loom)`; see [`crate::lanes`].
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
+#[cfg(not(loom))]
+pub(crate) use std::sync::Arc;
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
+#[cfg(loom)]
+pub(crate) use loom::sync::Arc;
+
+/// Nothing in a normal build; a `SeqCst` fence under loom.
+///
+/// The concurrency limiter pairs a `SeqCst` write of one word with a `SeqCst` read of
+/// another on both sides (a ticket counts itself in `waiting`, then reads
+/// `in_flight`; a release writes `in_flight`, then reads `waiting`): C11 forbids both
+/// reads to miss the other side's write, so one of them sees the other. Loom models
+/// `SeqCst` accesses as `AcqRel` only (its README, "Unsupported features"), under
+/// which both may miss, and reports a lost wake-up that cannot happen. It does model
+/// `SeqCst` fences, so each such write is followed by this call: under loom the
+/// ordering the accesses already give is stated with a fence; in a normal build it
+/// compiles to nothing, and the accesses alone give it.
+#[inline(always)]
+pub(crate) fn seq_cst_fence_under_loom() {
+    #[cfg(loom)]
+    loom::sync::atomic::fence(Ordering::SeqCst);
+}

@@ -1,0 +1,423 @@
+//! Model checks of the lock-free core with loom: every interleaving of a few threads
+//! (up to the preemption bound of [`check`]), with relaxed loads free to return any
+//! value the memory model allows.
+//!
+//! Only built with `--cfg loom`, which swaps the core's atomics for loom's
+//! (`src/sync.rs`):
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//!     cargo test --release --no-default-features --test loom
+//! ```
+//!
+//! What is modelled, and what is not, is in README.md, "Model checking (loom)".
+#![cfg(loom)]
+
+use loom::future::block_on;
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::limiter::{
+    Admit, Decision, FixedWindow, LeakyBucket, Reason, SlidingWindowCounter, TokenBucket,
+};
+use rocgate::limiter::{Concurrency, Permit};
+use rocgate::window::{SlotCounter, SlotRing, WindowSpec};
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, SystemTime};
+
+/// Runs `f` under every interleaving loom finds with at most 3 preemptions per
+/// execution (the bound under which the models below finish in seconds; the bugs
+/// loom's authors report need 2 or 3).
+fn check(f: impl Fn() + Sync + Send + 'static) {
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(3);
+    model.check(f);
+}
+
+fn ms(n: u64) -> Nanos {
+    Nanos::from_millis(n)
+}
+
+// ---------------------------------------------------------------- window
+
+/// A route's window as the engine keeps it: the lock-free counter, and the ring
+/// behind a lock that a request only ever `try_lock`s, at a slot rollover.
+struct Window {
+    counter: SlotCounter,
+    ring: Mutex<SlotRing>,
+}
+
+impl Window {
+    fn new(spec: &WindowSpec) -> Self {
+        Window {
+            counter: SlotCounter::new(spec),
+            ring: Mutex::new(SlotRing::new(spec)),
+        }
+    }
+
+    /// One arrival at `now`, as `Engine::check` counts it: whoever finds the slot
+    /// over and wins the lock moves the boundary; everyone adds to its lane.
+    fn arrive(&self, now: Nanos) {
+        if self.counter.needs_roll(now) {
+            if let Ok(mut ring) = self.ring.try_lock() {
+                ring.advance(&self.counter, self.counter.slot_index(now), |_| {});
+            }
+        }
+        self.counter.add();
+    }
+}
+
+/// Arrivals of two threads across the end of slot 0, and one more in slot 1 after
+/// a rollover that either thread may win (or that both race for): once the last
+/// slot has been completed, the half-window sums hold every arrival exactly once.
+#[test]
+fn window_counts_every_arrival_once_across_a_rollover() {
+    check(|| {
+        // 4 slots of 100 ms: 2 per half-window, nothing falls out within 400 ms.
+        let spec = WindowSpec::new(Duration::from_millis(400), Duration::from_millis(100))
+            .expect("a valid window");
+        let w = Arc::new(Window::new(&spec));
+        let threads: Vec<_> = [[50, 150], [120, 180]]
+            .into_iter()
+            .map(|times| {
+                let w = Arc::clone(&w);
+                thread::spawn(move || {
+                    for t in times {
+                        w.arrive(ms(t));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("an arriving thread");
+        }
+        // Complete slots 0 and 1.
+        let mut ring = w.ring.lock().expect("the ring");
+        ring.advance(&w.counter, w.counter.slot_index(ms(250)), |_| {});
+        let s = ring.sample();
+        assert_eq!(s.n_prev + s.n_recent, 4, "{s:?}");
+        assert_eq!(w.counter.arrivals(), 4);
+        assert_eq!(w.counter.current(), 2);
+    });
+}
+
+/// Three threads, each arriving in slot 1 while slot 0's count is still
+/// accumulating: one of them rolls over, the others count in the new slot or in the
+/// completed one, never in both and never in neither.
+#[test]
+fn window_rollover_race_of_three_threads_loses_nothing() {
+    check(|| {
+        let spec = WindowSpec::new(Duration::from_millis(400), Duration::from_millis(100))
+            .expect("a valid window");
+        let w = Arc::new(Window::new(&spec));
+        // One arrival in slot 0 before the race.
+        w.arrive(ms(10));
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let w = Arc::clone(&w);
+                thread::spawn(move || w.arrive(ms(110)))
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("an arriving thread");
+        }
+        let mut ring = w.ring.lock().expect("the ring");
+        let mut completed = Vec::new();
+        ring.advance(&w.counter, w.counter.slot_index(ms(210)), |s| {
+            completed.push(s)
+        });
+        // The rollover to slot 1 happened during the race: only slot 1 completes here.
+        assert_eq!(completed.len(), 1);
+        let s = ring.sample();
+        assert_eq!(s.n_prev + s.n_recent, 4, "{s:?}");
+    });
+}
+
+// ---------------------------------------------------------------- rate limiters
+
+/// Runs `take` on `threads` threads, `each` times per thread, and returns how many
+/// were admitted.
+fn admitted_by<L: Send + Sync + 'static>(
+    limiter: L,
+    threads: usize,
+    each: usize,
+    take: fn(&L) -> bool,
+) -> usize {
+    let limiter = Arc::new(limiter);
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (limiter, admitted) = (Arc::clone(&limiter), Arc::clone(&admitted));
+            thread::spawn(move || {
+                for _ in 0..each {
+                    if take(&limiter) {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("a taking thread");
+    }
+    admitted.load(Ordering::Relaxed)
+}
+
+/// A token bucket of capacity 2 that does not refill within the model (1 token per
+/// second, every take at 0): three concurrent takers get exactly 2.
+#[test]
+fn token_bucket_admits_exactly_its_capacity() {
+    check(|| {
+        let bucket = TokenBucket::new(1.0, Duration::from_secs(2), Nanos::ZERO);
+        let n = admitted_by(bucket, 3, 1, |b| b.check(Nanos::ZERO).is_admit());
+        assert_eq!(n, 2);
+    });
+}
+
+/// Two takers of two tokens each, from a bucket of 3: exactly 3, and the fourth is
+/// told to come back when a token is there (1 s).
+#[test]
+fn token_bucket_capacity_holds_with_repeated_takers() {
+    check(|| {
+        let bucket = Arc::new(TokenBucket::new(1.0, Duration::from_secs(3), Nanos::ZERO));
+        let b = Arc::clone(&bucket);
+        let n = admitted_by(b, 2, 2, |b| b.check(Nanos::ZERO).is_admit());
+        assert_eq!(n, 3);
+        let r = bucket.check(Nanos::ZERO).rejection().expect("an empty bucket");
+        assert_eq!((r.reason, r.retry_after), (Reason::Limit, Duration::from_secs(1)));
+    });
+}
+
+/// A fixed window with a quota of 2: three concurrent requests in one window, 2
+/// admitted.
+#[test]
+fn fixed_window_admits_exactly_its_quota() {
+    check(|| {
+        let w = FixedWindow::new(2.0, Duration::from_secs(1));
+        let n = admitted_by(w, 3, 1, |w| w.check(ms(100)).is_admit());
+        assert_eq!(n, 2);
+    });
+}
+
+/// A sliding window with a quota of 2, at the start of a window (the previous one
+/// empty): three concurrent requests, 2 admitted.
+#[test]
+fn sliding_window_admits_exactly_its_quota() {
+    check(|| {
+        let w = SlidingWindowCounter::new(2.0, Duration::from_secs(1));
+        let n = admitted_by(w, 3, 1, |w| w.check(ms(1000)).is_admit());
+        assert_eq!(n, 2);
+    });
+}
+
+/// A leaky bucket at 10/s with a queue of 1: of three concurrent requests one
+/// leaves now, one is paced 100 ms later, one is rejected; no two get the same
+/// departure time.
+#[test]
+fn leaky_bucket_schedules_each_request_once() {
+    check(|| {
+        let bucket = Arc::new(LeakyBucket::new(10.0, 1));
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let b = Arc::clone(&bucket);
+                thread::spawn(move || match b.check(Nanos::ZERO) {
+                    Decision::Admit(Admit::Now) => Some(Duration::ZERO),
+                    Decision::Admit(Admit::Paced(wait)) => Some(wait),
+                    Decision::Admit(other) => panic!("{other:?}"),
+                    Decision::Reject(r) => {
+                        assert_eq!(r.reason, Reason::QueueFull);
+                        None
+                    }
+                })
+            })
+            .collect();
+        let mut waits: Vec<_> = handles
+            .into_iter()
+            .filter_map(|h| h.join().expect("a scheduling thread"))
+            .collect();
+        waits.sort();
+        assert_eq!(waits, [Duration::ZERO, Duration::from_millis(100)]);
+    });
+}
+
+// ---------------------------------------------------------------- concurrency
+
+/// A request through the limiter, to the end: a permit now, or a queue place
+/// awaited to a permit (loom reports a deadlock if nobody ever wakes it), or `None`.
+fn acquire(c: &Concurrency) -> Option<Permit> {
+    match c.check() {
+        Decision::Admit(Admit::Held(permit)) => Some(permit),
+        Decision::Admit(Admit::Queued(ticket)) => Some(block_on(ticket)),
+        Decision::Admit(other) => panic!("{other:?}"),
+        Decision::Reject(_) => None,
+    }
+}
+
+/// Three requests at a limit of 2, with no queue: never more than 2 in flight, and
+/// every permit given back.
+#[test]
+fn concurrency_never_exceeds_its_limit() {
+    check(|| {
+        let c = Concurrency::new(2.0, 0);
+        let inside = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let (c, inside) = (c.clone(), Arc::clone(&inside));
+                thread::spawn(move || {
+                    if let Some(permit) = acquire(&c) {
+                        let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        assert!(n <= 2, "{n} in flight at a limit of 2");
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        drop(permit);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("a request thread");
+        }
+        assert_eq!((c.level().value, c.waiting()), (0.0, 0));
+    });
+}
+
+/// Two requests at a limit of 1 with a queue of 1: whichever is queued is woken when
+/// the other releases its permit (or the model deadlocks), and holds the permit alone.
+#[test]
+fn concurrency_wakes_the_waiter_when_a_permit_is_released() {
+    check(|| {
+        let c = Concurrency::new(1.0, 1);
+        let inside = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let (c, inside) = (c.clone(), Arc::clone(&inside));
+                thread::spawn(move || {
+                    let permit = acquire(&c).expect("a permit or a queue place");
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("a request thread");
+        }
+        assert_eq!((c.level().value, c.waiting()), (0.0, 0));
+    });
+}
+
+/// Two requests queued at a limit of 0 (nothing in flight that could wake them):
+/// raising the limit to 2 meanwhile wakes both.
+#[test]
+fn concurrency_wakes_the_waiters_when_the_limit_is_raised() {
+    check(|| {
+        let c = Concurrency::new(0.0, 2);
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let c = c.clone();
+                thread::spawn(move || {
+                    let permit = acquire(&c).expect("a queue place");
+                    drop(permit);
+                })
+            })
+            .collect();
+        c.set_limit(2.0);
+        for h in waiters {
+            h.join().expect("a waiting thread");
+        }
+        assert_eq!((c.level().value, c.waiting()), (0.0, 0));
+    });
+}
+
+fn poll_once(ticket: &mut rocgate::limiter::Ticket) -> Poll<Permit> {
+    Pin::new(ticket).poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// A permit held, two requests queued; the first gives up (its ticket dropped, maybe
+/// after it was notified) while the permit is released: the second is woken all the
+/// same, and at the end no permit and no queue place is left counted.
+#[test]
+fn concurrency_dropped_waiter_leaks_nothing() {
+    check(|| {
+        let c = Concurrency::new(1.0, 2);
+        let held = acquire(&c).expect("a permit");
+        let Decision::Admit(Admit::Queued(mut first)) = c.check() else {
+            panic!("a queue place");
+        };
+        let Decision::Admit(Admit::Queued(second)) = c.check() else {
+            panic!("a queue place");
+        };
+        // The first in line listens, then gives up.
+        let Poll::Pending = poll_once(&mut first) else {
+            panic!("no permit is free");
+        };
+        let quitter = thread::spawn(move || drop(first));
+        let waiter = thread::spawn(move || drop(block_on(second)));
+        let releaser = thread::spawn(move || drop(held));
+        for h in [quitter, waiter, releaser] {
+            h.join().expect("a thread");
+        }
+        assert_eq!((c.level().value, c.waiting()), (0.0, 0));
+    });
+}
+
+// ---------------------------------------------------------------- engine
+
+fn client(n: u8) -> Key<'static> {
+    Key::Ip(IpAddr::V4(Ipv4Addr::new(10, 0, 0, n)))
+}
+
+/// A route with one permit per client IP and a queue of 1; keys idle for 10 s are
+/// evicted at a rollover.
+fn keyed_concurrency_engine() -> Engine {
+    let mut cfg = RouteConfig::new("keys", RouteMatch::any());
+    cfg.algorithm = rocgate::limiter::Algorithm::Concurrency { queue: 1 };
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
+    });
+    cfg.controller.base_limit_rps = 1.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+}
+
+/// A client's key, unseen for longer than the idle timeout, holds first a permit,
+/// then a request queued for it, then (handed over) the permit again, while another
+/// client's request, 30 s later, rolls the window and sweeps idle keys: the key is
+/// never evicted, so the client still cannot get a second permit.
+#[test]
+fn engine_never_evicts_a_key_that_holds_a_permit_or_a_waiter() {
+    check(|| {
+        let e = Arc::new(keyed_concurrency_engine());
+        let id = RouteId(0);
+        let Decision::Admit(Admit::Held(held)) = e.check(id, client(1), Nanos::ZERO) else {
+            panic!("a permit");
+        };
+        let Decision::Admit(Admit::Queued(ticket)) = e.check(id, client(1), Nanos::ZERO) else {
+            panic!("a queue place");
+        };
+        let handover = thread::spawn(move || {
+            drop(held);
+            block_on(ticket)
+        });
+        let later = Nanos::from_secs(30);
+        let sweeper = {
+            let e = Arc::clone(&e);
+            thread::spawn(move || e.check(id, client(2), later).is_admit())
+        };
+        assert!(sweeper.join().expect("the sweeping thread"));
+        let permit = handover.join().expect("the handover thread");
+        // Client 1 still holds its one permit: no fresh key with a fresh permit.
+        let again = e.check(id, client(1), later);
+        assert!(
+            !matches!(again, Decision::Admit(Admit::Held(_))),
+            "client 1 got a second permit: its key was evicted"
+        );
+        drop((again, permit));
+    });
+}
