@@ -1478,9 +1478,7 @@ impl KeyState for ConcurrencyKey {
     fn evictable(&self, cutoff: u32, _shape: u32, _now: Nanos) -> bool {
         // A request still queued counts as held: a permit handed back leaves none in
         // flight until the request it woke takes it, from this state.
-        unseen_since(&self.last_seen_s, cutoff)
-            && self.limiter.level().value == 0.0
-            && self.limiter.waiting() == 0
+        unseen_since(&self.last_seen_s, cutoff) && self.limiter.is_idle()
     }
 }
 

@@ -1050,6 +1050,20 @@ impl Concurrency {
     pub fn waiting(&self) -> u64 {
         u64::from(self.shared.waiting.load(Ordering::Relaxed))
     }
+
+    /// Whether no permit is out and no request is queued, so that a fresh limiter
+    /// would stand where this one does (a partitioned route evicts an idle key only
+    /// then).
+    ///
+    /// A queued request that takes its permit counts itself in flight before it leaves
+    /// the queue, so the queue is read first, then the permits, each with `Acquire`:
+    /// a request seen gone from the queue is seen in flight. Read the other way round
+    /// (or relaxed), a hand-over between the two reads looked idle, and the key was
+    /// evicted while its permit was out (`tests/loom.rs`).
+    pub(crate) fn is_idle(&self) -> bool {
+        let s = &self.shared;
+        s.waiting.load(Ordering::Acquire) == 0 && s.in_flight.load(Ordering::Acquire) == 0
+    }
 }
 
 /// A slot in flight; dropping it lets the next request in.

@@ -34,10 +34,25 @@ use std::time::{Duration, SystemTime};
 /// Runs `f` under every interleaving loom finds with at most 3 preemptions per
 /// execution (the bound under which the models below finish in seconds; the bugs
 /// loom's authors report need 2 or 3).
+///
+/// Also checks that loom explored more than one execution (a model whose threads
+/// never touch shared state would pass vacuously), and says how many on stderr.
 fn check(f: impl Fn() + Sync + Send + 'static) {
+    // A std counter: outside what loom models, it counts across executions.
+    let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&executions);
     let mut model = loom::model::Builder::new();
     model.preemption_bound = Some(3);
-    model.check(f);
+    model.check(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    let n = executions.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{}: {n} executions",
+        std::thread::current().name().unwrap_or("model")
+    );
+    assert!(n > 1, "loom explored a single execution");
 }
 
 fn ms(n: u64) -> Nanos {
