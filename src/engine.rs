@@ -43,13 +43,13 @@ use crate::limiter::{
     gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Level, Limiter,
     Reason, Rejection,
 };
+use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
 use dashmap::DashMap;
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr};
-use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -848,7 +848,10 @@ impl Route {
             Ordering::Relaxed,
         );
         self.changed_at.store(now.as_u64(), Ordering::Relaxed);
-        self.generation.fetch_add(1, Ordering::Release);
+        // `SeqCst`, then read the concurrency keys' queues (`wake_queued`): see
+        // `ConcurrencyKey::check`.
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        crate::sync::seq_cst_fence_under_loom();
         if let Some(keys) = &self.keys {
             keys.wake_queued(self);
         }
@@ -1240,7 +1243,7 @@ impl KeyMeta {
     /// route's now; if so, records the route's, and the caller sets the key's limit.
     #[inline]
     fn catch_up(&self, r: &Route) -> bool {
-        catch_up(&self.generation, r)
+        catch_up(&self.generation, r, Ordering::Acquire)
     }
 
     /// The key's limit between its tier's cut and base limits, as the route now is.
@@ -1268,9 +1271,11 @@ fn unseen_since(last_seen_s: &AtomicU32, cutoff: u32) -> bool {
 }
 
 /// [`KeyMeta::catch_up`], on a key's `generation` wherever it is kept.
+/// `order` reads the route's generation: `Acquire`, or `SeqCst` where a concurrency
+/// key's queue is read or written beside it.
 #[inline]
-fn catch_up(generation: &AtomicU32, r: &Route) -> bool {
-    let now = r.generation.load(Ordering::Acquire) as u32;
+fn catch_up(generation: &AtomicU32, r: &Route, order: Ordering) -> bool {
+    let now = r.generation.load(order) as u32;
     if generation.load(Ordering::Relaxed) == now {
         return false;
     }
@@ -1467,12 +1472,25 @@ impl KeyState for ConcurrencyKey {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        if catch_up(self.limiter.key_generation(), r) {
-            let tier = self.limiter.key_tier();
-            self.limiter.set_limit(tiers.limit(tier, tiers.progress(r)));
+        if catch_up(self.limiter.key_generation(), r, Ordering::Acquire) {
+            self.take_limit(r, tiers);
         }
         touch(&self.last_seen_s, now);
-        self.limiter.check()
+        let decision = self.limiter.check();
+        // Queued: a limit change may have looked for this key's waiters ([`wake_queued`])
+        // before the request counted itself in the queue, and passed the key by. The
+        // request then looks at the route's generation again, after counting itself:
+        // both sides write (`SeqCst`), then read what the other wrote (`SeqCst`), so
+        // at least one of them sees the other and the key takes the new limit, which
+        // wakes as many as it lets in.
+        //
+        // [`wake_queued`]: ConcurrencyKey::wake_queued
+        if matches!(decision, Decision::Admit(Admit::Queued(_)))
+            && catch_up(self.limiter.key_generation(), r, Ordering::SeqCst)
+        {
+            self.take_limit(r, tiers);
+        }
+        decision
     }
 
     fn evictable(&self, cutoff: u32, _shape: u32, _now: Nanos) -> bool {
@@ -1483,12 +1501,21 @@ impl KeyState for ConcurrencyKey {
 }
 
 impl ConcurrencyKey {
-    /// Takes the route's limit now if requests are queued on the key and it changed.
+    /// Takes the route's limit now if requests are queued on the key and it changed
+    /// (after the route's generation was raised; see [`ConcurrencyKey::check`] for a
+    /// request queued meanwhile).
     fn wake_queued(&self, r: &Route, tiers: &TierTable) {
-        if self.limiter.waiting() > 0 && catch_up(self.limiter.key_generation(), r) {
-            let tier = self.limiter.key_tier();
-            self.limiter.set_limit(tiers.limit(tier, tiers.progress(r)));
+        if self.limiter.has_waiters()
+            && catch_up(self.limiter.key_generation(), r, Ordering::SeqCst)
+        {
+            self.take_limit(r, tiers);
         }
+    }
+
+    /// Sets the key's limit for its tier, as the route now is.
+    fn take_limit(&self, r: &Route, tiers: &TierTable) {
+        let tier = self.limiter.key_tier();
+        self.limiter.set_limit(tiers.limit(tier, tiers.progress(r)));
     }
 }
 

@@ -39,12 +39,12 @@
 //! ```
 
 use crate::clock::{duration_nanos, Nanos};
+use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
 use event_listener::{Event, EventListener, IntoNotification};
 use std::fmt;
 use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
-use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -1049,6 +1049,11 @@ impl Concurrency {
     /// Requests waiting for a permit.
     pub fn waiting(&self) -> u64 {
         u64::from(self.shared.waiting.load(Ordering::Relaxed))
+    }
+
+    /// Whether a request is queued, read `SeqCst` (see the engine's concurrency keys).
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.shared.waiting.load(Ordering::SeqCst) > 0
     }
 
     /// Whether no permit is out and no request is queued, so that a fresh limiter

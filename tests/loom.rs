@@ -209,8 +209,14 @@ fn token_bucket_capacity_holds_with_repeated_takers() {
         let b = Arc::clone(&bucket);
         let n = admitted_by(b, 2, 2, |b| b.check(Nanos::ZERO).is_admit());
         assert_eq!(n, 3);
-        let r = bucket.check(Nanos::ZERO).rejection().expect("an empty bucket");
-        assert_eq!((r.reason, r.retry_after), (Reason::Limit, Duration::from_secs(1)));
+        let r = bucket
+            .check(Nanos::ZERO)
+            .rejection()
+            .expect("an empty bucket");
+        assert_eq!(
+            (r.reason, r.retry_after),
+            (Reason::Limit, Duration::from_secs(1))
+        );
     });
 }
 
