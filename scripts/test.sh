@@ -4,7 +4,8 @@
 # Installs what the tests need that the machine lacks, then: the shell scripts
 # checked, formatting, clippy with warnings as errors (every target, every feature),
 # the core alone without default features, every test (unit, integration, doc; the
-# property tests from a fixed seed), and the API docs with warnings as errors.
+# property tests from a fixed seed), the loom model checks, and the API docs with
+# warnings as errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,6 +77,15 @@ case "$PROPTEST_RNG_SEED" in
 esac
 echo "property tests: PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-random}"
 cargo test --all-features
+
+step "loom model checks (tests/loom.rs)"
+# The lock-free core with its atomics swapped for loom's (src/sync.rs), every
+# interleaving of a few threads within a preemption bound; README "Model checking
+# (loom)". The cfg applies to every crate, so it builds in a target dir of its own
+# (the main build is not invalidated) and without default features (the core alone;
+# its dev-dependencies are left out under the cfg, see Cargo.toml).
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
+    cargo test --release --no-default-features --test loom
 
 step "cargo doc (-D warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
