@@ -1271,6 +1271,7 @@ fn unseen_since(last_seen_s: &AtomicU32, cutoff: u32) -> bool {
 }
 
 /// [`KeyMeta::catch_up`], on a key's `generation` wherever it is kept.
+///
 /// `order` reads the route's generation: `Acquire`, or `SeqCst` where a concurrency
 /// key's queue is read or written beside it.
 #[inline]
@@ -1477,14 +1478,12 @@ impl KeyState for ConcurrencyKey {
         }
         touch(&self.last_seen_s, now);
         let decision = self.limiter.check();
-        // Queued: a limit change may have looked for this key's waiters ([`wake_queued`])
+        // Queued: a limit change may have looked for this key's waiters (`wake_queued`)
         // before the request counted itself in the queue, and passed the key by. The
         // request then looks at the route's generation again, after counting itself:
         // both sides write (`SeqCst`), then read what the other wrote (`SeqCst`), so
         // at least one of them sees the other and the key takes the new limit, which
         // wakes as many as it lets in.
-        //
-        // [`wake_queued`]: ConcurrencyKey::wake_queued
         if matches!(decision, Decision::Admit(Admit::Queued(_)))
             && catch_up(self.limiter.key_generation(), r, Ordering::SeqCst)
         {
