@@ -2,6 +2,10 @@
 //! (and the suggestion moves the right way by a sensible amount) and a close one that
 //! does not. The modelled capacity stands in for upstream health.
 
+#[path = "common/traffic.rs"]
+mod traffic;
+use traffic::bursts;
+
 use rocgate::config::Config;
 use rocgate::hints::{Hint, Policy, Setting};
 use rocgate::sim::{hints, ArrivalModel, Profile, Simulator};
@@ -74,22 +78,6 @@ fn a_saturated_upstream_behind_few_rejections_lowers_the_base_limit() {
     );
     // The same traffic under a capacity that holds: nothing to lower.
     assert!(find(&advise("", &steady(180.0), Some(250)), "lower_base_limit").is_none());
-}
-
-/// 100 req/s with one second at 600 every 10 s: mean 150, under the base limit.
-fn bursts() -> Vec<(f64, f64)> {
-    let mut points = Vec::new();
-    for k in 0..6 {
-        let t = f64::from(k) * 10.0;
-        points.extend([
-            (t, 100.0),
-            (t + 9.0, 100.0),
-            (t + 9.0, 600.0),
-            (t + 10.0, 600.0),
-        ]);
-    }
-    points.push((60.0, 100.0));
-    points
 }
 
 #[test]

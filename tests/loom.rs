@@ -285,30 +285,44 @@ fn acquire(c: &Concurrency) -> Option<Permit> {
     }
 }
 
+/// `n` requests on `c` at once, each on a thread of its own, each holding its permit
+/// (if it gets one, which it must if `must_get`) for a moment: never more than
+/// `limit` in flight, and every permit given back.
+fn requests_at_once(c: &Concurrency, n: usize, limit: usize, must_get: bool) {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (c, inside) = (c.clone(), Arc::clone(&inside));
+            thread::spawn(move || {
+                let permit = acquire(&c);
+                assert!(
+                    permit.is_some() || !must_get,
+                    "neither a permit nor a queue place"
+                );
+                if let Some(permit) = permit {
+                    let in_flight = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(
+                        in_flight <= limit,
+                        "{in_flight} in flight at a limit of {limit}"
+                    );
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("a request thread");
+    }
+    assert_eq!((c.level().value, c.waiting()), (0.0, 0));
+}
+
 /// Three requests at a limit of 2, with no queue: never more than 2 in flight, and
 /// every permit given back.
 #[test]
 fn concurrency_never_exceeds_its_limit() {
     check_bounded(2, || {
-        let c = Concurrency::new(2.0, 0);
-        let inside = Arc::new(AtomicUsize::new(0));
-        let handles: Vec<_> = (0..3)
-            .map(|_| {
-                let (c, inside) = (c.clone(), Arc::clone(&inside));
-                thread::spawn(move || {
-                    if let Some(permit) = acquire(&c) {
-                        let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
-                        assert!(n <= 2, "{n} in flight at a limit of 2");
-                        inside.fetch_sub(1, Ordering::SeqCst);
-                        drop(permit);
-                    }
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("a request thread");
-        }
-        assert_eq!((c.level().value, c.waiting()), (0.0, 0));
+        requests_at_once(&Concurrency::new(2.0, 0), 3, 2, false)
     });
 }
 
@@ -316,25 +330,7 @@ fn concurrency_never_exceeds_its_limit() {
 /// the other releases its permit (or the model deadlocks), and holds the permit alone.
 #[test]
 fn concurrency_wakes_the_waiter_when_a_permit_is_released() {
-    check(|| {
-        let c = Concurrency::new(1.0, 1);
-        let inside = Arc::new(AtomicUsize::new(0));
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let (c, inside) = (c.clone(), Arc::clone(&inside));
-                thread::spawn(move || {
-                    let permit = acquire(&c).expect("a permit or a queue place");
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    drop(permit);
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("a request thread");
-        }
-        assert_eq!((c.level().value, c.waiting()), (0.0, 0));
-    });
+    check(|| requests_at_once(&Concurrency::new(1.0, 1), 2, 1, true));
 }
 
 /// Two requests queued at a limit of 0 (nothing in flight that could wake them):

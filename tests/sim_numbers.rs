@@ -3,6 +3,10 @@
 //! from the arrival times, the controller's time in cut against a run that steps it
 //! after the silence, and the hints' advice applied to the config and run again.
 
+#[path = "common/traffic.rs"]
+mod traffic;
+use traffic::bursts;
+
 use rocgate::config::Config;
 use rocgate::controller::ControllerState;
 use rocgate::hints::{Hint, Policy, Setting};
@@ -41,14 +45,7 @@ fn integral(points: &[(f64, f64)], t: f64) -> f64 {
 /// Profiles with ramps, steps, stretches at rate zero and a fractional total.
 fn profiles() -> Vec<Vec<(f64, f64)>> {
     vec![
-        vec![
-            (0.0, 40.0),
-            (20.0, 40.0),
-            (20.0, 600.0),
-            (40.0, 600.0),
-            (50.0, 40.0),
-            (60.0, 40.0),
-        ],
+        SALE.to_vec(),
         vec![(0.0, 5.0), (60.0, 40.0)],
         vec![
             (0.0, 0.0),
@@ -477,22 +474,6 @@ fn every_suggestion_is_a_valid_config_and_keeps_the_thresholds_ordered() {
 
 /// A profile's `(t_seconds, rate)` points.
 type Points = Vec<(f64, f64)>;
-
-/// 100 req/s with one second at 600 every 10 s: bursts a bucket can absorb.
-fn bursts() -> Points {
-    let mut points = Vec::new();
-    for k in 0..6 {
-        let t = f64::from(k) * 10.0;
-        points.extend([
-            (t, 100.0),
-            (t + 9.0, 100.0),
-            (t + 9.0, 600.0),
-            (t + 10.0, 600.0),
-        ]);
-    }
-    points.push((60.0, 100.0));
-    points
-}
 
 /// Requests rejected by the base limit, and overload, of a run with a capacity.
 fn limit_and_overload(extra: &str, points: &[(f64, f64)], capacity: u64) -> (u64, u64) {
