@@ -491,6 +491,16 @@ fn limit_and_overload(extra: &str, points: &[(f64, f64)], capacity: u64) -> (u64
     )
 }
 
+/// 40 → 600 req/s over 10 s from 20 s (ROC peaking at 168), held to 50 s.
+const RAMP: [(f64, f64); 6] = [
+    (0.0, 40.0),
+    (20.0, 40.0),
+    (30.0, 600.0),
+    (50.0, 600.0),
+    (50.0, 40.0),
+    (60.0, 40.0),
+];
+
 #[test]
 fn a_bigger_bucket_is_advised_only_where_it_absorbs_the_rejections() {
     let cases: [(&str, Points, u64); 3] = [
@@ -502,14 +512,7 @@ fn a_bigger_bucket_is_advised_only_where_it_absorbs_the_rejections() {
         // on to 50 s: the bucket was empty since the cut, so no size of it absorbs that.
         (
             "base_limit = 300\ncut_limit = 100\ndanger_roc = 67\nsafe_roc = 50",
-            vec![
-                (0.0, 40.0),
-                (20.0, 40.0),
-                (30.0, 600.0),
-                (50.0, 600.0),
-                (50.0, 40.0),
-                (60.0, 40.0),
-            ],
+            RAMP.to_vec(),
             300,
         ),
     ];
@@ -536,18 +539,10 @@ fn a_ramp_that_overloads_the_service_before_any_cut_gets_advice_that_cuts_it_in_
     // Base 400 over a 300 req/s service, danger_roc 300 over a ramp whose ROC peaks
     // at 168 (40 → 600 req/s over 10 s): never cut, the service overloaded.
     let extra = "base_limit = 400\ncut_limit = 100\ndanger_roc = 300\nsafe_roc = 50";
-    let ramp = [
-        (0.0, 40.0),
-        (20.0, 40.0),
-        (30.0, 600.0),
-        (50.0, 600.0),
-        (50.0, 40.0),
-        (60.0, 40.0),
-    ];
-    let (_, overload) = limit_and_overload(extra, &ramp, 300);
+    let (_, overload) = limit_and_overload(extra, &RAMP, 300);
     assert!(overload > 1000, "{overload}");
-    assert_eq!(cut_at(extra, &ramp, ArrivalModel::Uniform), None);
-    let h = advise(extra, &ramp, ArrivalModel::Uniform, Some(300));
+    assert_eq!(cut_at(extra, &RAMP, ArrivalModel::Uniform), None);
+    let h = advise(extra, &RAMP, ArrivalModel::Uniform, Some(300));
     let danger = number(&h, "danger_roc").unwrap_or_else(|| panic!("{h:#?}"));
     let base = number(&h, "base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert!(
@@ -555,8 +550,8 @@ fn a_ramp_that_overloads_the_service_before_any_cut_gets_advice_that_cuts_it_in_
         "{danger} {base}"
     );
     let fixed = apply(extra, &h);
-    assert_eq!(limit_and_overload(&fixed, &ramp, 300).1, 0, "{fixed}");
-    let cut = cut_at(&fixed, &ramp, ArrivalModel::Uniform).unwrap();
+    assert_eq!(limit_and_overload(&fixed, &RAMP, 300).1, 0, "{fixed}");
+    let cut = cut_at(&fixed, &RAMP, ArrivalModel::Uniform).unwrap();
     assert!(cut > 20.0 && cut < 25.0, "{cut}");
     // What must not cut still does not.
     for scenario in [Scenario::Steady, Scenario::Warmup] {
