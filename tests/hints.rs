@@ -58,9 +58,12 @@ fn rejections_under_a_healthy_upstream_raise_the_base_limit() {
         .reason
         .contains("rejected by the base limit"));
 
-    // Bounded by the upstream's capacity.
-    let (_, bounded) = numbers(&advise("", &steady(300.0), Some(240)), "raise_base_limit");
-    assert_eq!(bounded, 240.0);
+    // Bounded by the upstream's capacity, less what a full bucket (1 s) adds in a
+    // spike's first second: 500 ÷ 2.
+    let (_, bounded) = numbers(&advise("", &steady(300.0), Some(500)), "raise_base_limit");
+    assert_eq!(bounded, 250.0);
+    // 240 ÷ 2 is under the base limit already: no raise.
+    assert!(find(&advise("", &steady(300.0), Some(240)), "raise_base_limit").is_none());
 
     // 5% rejected is not enough; neither is an upstream no one measured.
     assert!(find(&advise("", &steady(210.0), Some(1000)), "raise_base_limit").is_none());

@@ -670,3 +670,27 @@ fn summary_figures_agree_with_the_series_and_the_csv() {
         }
     }
 }
+
+/// The flash sale against a 300 req/s service, as README's first command runs it: the
+/// advice, applied, must not add overload. A base limit raised to the capacity alone
+/// (200 → 260) let a full bucket and a second of refill pass 389 requests in the
+/// sale's first second, tripling the overload (29 → 89), and then asked for 300.
+#[test]
+fn advice_on_the_flash_sale_adds_no_overload() {
+    let h = advise("", &SALE, ArrivalModel::Uniform, Some(300));
+    assert!(h.iter().any(|h| h.suggested.is_some()), "{h:#?}");
+    let fixed = apply("", &h);
+    let (_, overload) = limit_and_overload("", &SALE, 300);
+    let (_, overload_after) = limit_and_overload(&fixed, &SALE, 300);
+    assert!(overload > 0, "{overload}");
+    assert!(
+        overload_after <= overload,
+        "advice {fixed:?} took overload from {overload} to {overload_after}"
+    );
+    // Against a service with room for the bucket, the base limit is still raised.
+    let h = advise("", &SALE, ArrivalModel::Uniform, Some(1000));
+    assert!(
+        number(&h, "base_limit").is_some_and(|b| b > 200.0),
+        "{h:#?}"
+    );
+}

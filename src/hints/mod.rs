@@ -14,7 +14,7 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut |
@@ -495,13 +495,27 @@ impl<'a> Evidence<'a> {
         let mut target = base * 1.3;
         let mut bound = String::new();
         if let Some(cap) = capacity {
-            if cap <= base * 1.01 {
+            // A token bucket full after a quiet spell passes base × (1 s + burst) in
+            // the first second of a spike: that, not the base alone, must fit what the
+            // upstream takes (raise_burst keeps the same bound).
+            let (most, what) = match self.s.algorithm {
+                Algorithm::TokenBucket { burst } => (
+                    cap / (1.0 + burst.as_secs_f64()),
+                    format!(
+                        "so that a full bucket and a second of refill (base × (1 s + burst {})) stay within",
+                        fmt_secs(burst.as_secs_f64())
+                    ),
+                ),
+                _ => (cap, "bounded by".to_owned()),
+            };
+            if most <= base * 1.01 {
                 return None;
             }
-            if cap < target {
-                target = cap;
+            if most < target {
+                target = most;
                 bound = format!(
-                    ", bounded by the upstream's capacity of {} req/s",
+                    ", at most {} {what} the upstream's capacity of {} req/s",
+                    fmt_num(most),
                     fmt_num(cap)
                 );
             }
