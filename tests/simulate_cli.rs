@@ -613,3 +613,18 @@ fn a_profile_on_a_partitioned_route_is_one_client_and_says_so() {
         text(&out.stderr)
     );
 }
+
+/// With one route the run's overload is the route's: one line says it, with the
+/// capacity it was measured against (it was printed twice, once without).
+#[test]
+fn one_routes_overload_is_printed_once() {
+    let out = rocgate(&["simulate", "--scenario", "flash-sale", "--capacity", "300"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("overload"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert!(lines[0].contains("admitted above 300 req/s"), "{stdout}");
+}

@@ -511,8 +511,10 @@ fn render(run: &SimRun, label: &str) -> String {
             t.duration_s
         ),
     );
+    // With one route, the run's overload line (below) is the route's.
+    let several = run.routes.len() > 1;
     for route in &run.routes {
-        render_route(&mut out, &route.summary);
+        render_route(&mut out, &route.summary, several);
     }
     let pct = |n: u64| 100.0 * n as f64 / t.offered.max(1) as f64;
     if run.routes.len() > 1 {
@@ -546,7 +548,7 @@ fn render(run: &SimRun, label: &str) -> String {
     out
 }
 
-fn render_route(out: &mut String, s: &Summary) {
+fn render_route(out: &mut String, s: &Summary, several: bool) {
     let pct = |n: u64| 100.0 * n as f64 / s.offered.max(1) as f64;
     line(
         out,
@@ -615,7 +617,7 @@ fn render_route(out: &mut String, s: &Summary) {
         );
         by_reason(out, &s.shadow_rejected_by_reason);
     }
-    if s.overload > 0 {
+    if several && s.overload > 0 {
         line(
             out,
             format_args!("overload      {:>8}  {:5.1}%", s.overload, pct(s.overload)),
