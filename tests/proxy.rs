@@ -2074,16 +2074,10 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
     );
 }
 
-/// A request refused for its head alone (two `Host`s, CONNECT, a declared body over
-/// `max_body_bytes`) spends none of its route's tokens: a client cannot drain a route
-/// with requests that never reach the upstream. Each is still counted under its route.
-#[tokio::test]
-async fn a_request_refused_for_its_head_spends_no_token() {
-    let upstream = start_upstream().await;
-    let mut settings = settings(upstream.addr);
-    settings.forward.max_body_bytes = 1024;
-    let proxy = start_proxy(settings, vec![trickle_route("one_token", "/", 1)]).await;
-    let refused: [(&[u8], u16); 3] = [
+/// Requests refused for their heads alone, with the status each gets, where
+/// `max_body_bytes` is 1024: two `Host`s, CONNECT, a declared body of 4096 bytes.
+fn refused_for_their_heads() -> [(&'static [u8], u16); 3] {
+    [
         (
             b"GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
             400,
@@ -2096,8 +2090,19 @@ async fn a_request_refused_for_its_head_spends_no_token() {
             b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n",
             413,
         ),
-    ];
-    for (request, status) in refused {
+    ]
+}
+
+/// A request refused for its head alone (two `Host`s, CONNECT, a declared body over
+/// `max_body_bytes`) spends none of its route's tokens: a client cannot drain a route
+/// with requests that never reach the upstream. Each is still counted under its route.
+#[tokio::test]
+async fn a_request_refused_for_its_head_spends_no_token() {
+    let upstream = start_upstream().await;
+    let mut settings = settings(upstream.addr);
+    settings.forward.max_body_bytes = 1024;
+    let proxy = start_proxy(settings, vec![trickle_route("one_token", "/", 1)]).await;
+    for (request, status) in refused_for_their_heads() {
         let raw = raw_exchange(proxy.addr, request, IO_TIMEOUT).await;
         assert_eq!(
             statuses(&raw),
@@ -2122,6 +2127,49 @@ async fn a_request_refused_for_its_head_spends_no_token() {
             format!(r#"rocgate_upstream_errors_total{{route="one_token",kind="{kind}"}} {count}"#);
         assert!(text.lines().any(|l| l == series), "{series}\n{text}");
     }
+}
+
+/// A [`Forwarder`](rocgate::proxy::Forwarder) served directly, without `rocgate
+/// serve`'s check before admission, refuses the same requests itself.
+#[tokio::test]
+async fn a_forwarder_served_directly_refuses_what_cannot_be_forwarded() {
+    let upstream = start_upstream().await;
+    let mut forward = settings(upstream.addr).forward;
+    forward.max_body_bytes = 1024;
+    let forwarder = rocgate::proxy::Forwarder::new(
+        forward,
+        Arc::new(rocgate::clock::MonotonicClock::new()),
+        Arc::new(std::sync::atomic::AtomicI64::new(0)),
+        Arc::new(rocgate::hints::UpstreamMeter::new()),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper_util::service::TowerToHyperService::new(forwarder.clone());
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    for (request, status) in refused_for_their_heads() {
+        let raw = raw_exchange(addr, request, IO_TIMEOUT).await;
+        assert_eq!(
+            statuses(&raw),
+            [status],
+            "{}",
+            String::from_utf8_lossy(&raw)
+        );
+    }
+    let raw = raw_exchange(
+        addr,
+        b"GET /good HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    assert_eq!(statuses(&raw), [200], "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(upstream.all_paths(), ["/good"]);
 }
 
 // ---------------------------------------------------------------------------------

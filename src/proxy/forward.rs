@@ -326,16 +326,20 @@ impl Forwarder {
 
 impl Inner {
     /// Rewrites a client request from `peer` into the upstream request, with the
-    /// progress of its body if it has one.
+    /// progress of its body if it has one. A request not yet `checked` for a
+    /// [`refusal`] is checked here.
     fn rewrite(
         &self,
         req: Request<Incoming>,
         peer: Option<&Peer>,
+        checked: bool,
     ) -> Result<(Request<Body>, Option<Arc<BodyProgress>>), ProxyError> {
         let (mut parts, body) = req.into_parts();
         let max = self.settings.max_body_bytes;
-        if let Some(refused) = refusal(&parts.method, &parts.headers, max) {
-            return Err(refused);
+        if !checked {
+            if let Some(refused) = refusal(&parts.method, &parts.headers, max) {
+                return Err(refused);
+            }
         }
         let host = parts.headers.get(header::HOST).cloned();
         // The target's host and port win over `Host` (RFC 9112 §3.2.2; HTTP/2's
@@ -489,7 +493,9 @@ impl Inner {
                 own_peer.as_ref()
             }
         };
-        let result = match self.rewrite(req, peer) {
+        // A connection's forwarder serves `rocgate serve`, which asked for a refusal
+        // before admission; one called directly has its requests checked here.
+        let result = match self.rewrite(req, peer, connection.is_some()) {
             Ok((upstream_req, progress)) => {
                 let _in_flight = InFlight::enter(&self.in_flight);
                 let started = self.clock.now();
