@@ -153,11 +153,8 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Why a request cannot be forwarded, known from its head alone: `rocgate serve`
 /// asks before admission, so such a request spends none of its route's tokens, and
 /// the forwarder asks again for whoever calls it directly.
-pub(crate) fn refusal(
-    method: &http::Method,
-    headers: &HeaderMap,
-    max_body_bytes: u64,
-) -> Option<ProxyError> {
+pub(crate) fn refusal(req: &Request<Incoming>, max_body_bytes: u64) -> Option<ProxyError> {
+    let (method, headers) = (req.method(), req.headers());
     // A tunnel is not forwarding: sent on, it would ask the upstream for one to
     // itself, and no route's limit would hold it (its target has no path).
     if method == http::Method::CONNECT {
@@ -168,13 +165,9 @@ pub(crate) fn refusal(
     if headers.get_all(header::HOST).iter().nth(1).is_some() {
         return Some(ProxyError::BadRequest);
     }
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    declared
-        .is_some_and(|n| n > max_body_bytes)
-        .then_some(ProxyError::BodyTooLarge)
+    // A declared `Content-Length` (hyper has parsed it, and refused a malformed one)
+    // is the body's size, exact, without a second header lookup.
+    (req.body().size_hint().lower() > max_body_bytes).then_some(ProxyError::BodyTooLarge)
 }
 
 /// Forwards requests to the upstream. Cloning is one reference count (two for the
@@ -334,13 +327,13 @@ impl Inner {
         peer: Option<&Peer>,
         checked: bool,
     ) -> Result<(Request<Body>, Option<Arc<BodyProgress>>), ProxyError> {
-        let (mut parts, body) = req.into_parts();
         let max = self.settings.max_body_bytes;
         if !checked {
-            if let Some(refused) = refusal(&parts.method, &parts.headers, max) {
+            if let Some(refused) = refusal(&req, max) {
                 return Err(refused);
             }
         }
+        let (mut parts, body) = req.into_parts();
         let host = parts.headers.get(header::HOST).cloned();
         // The target's host and port win over `Host` (RFC 9112 §3.2.2; HTTP/2's
         // `:authority`), which a request in origin form carries alone. A userinfo

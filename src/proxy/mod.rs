@@ -586,7 +586,7 @@ impl Proxy {
                         let busy = activity.begin();
                         let h2 =
                             (req.version() == http::Version::HTTP_2).then(|| Arc::clone(&streams));
-                        let refused = forward::refusal(req.method(), req.headers(), max_body);
+                        let refused = forward::refusal(&req, max_body);
                         let response = match refused {
                             Some(e) => Err(refuse(&reloader.engine(), &req, e)),
                             None => {
