@@ -533,11 +533,18 @@ struct Stream {
     body: Mutex<Option<HoldUntilEnd<Body, Busy>>>,
 }
 
+/// Nanoseconds from `opened` to now (at most `u64::MAX - 1`, so that one more fits).
+fn nanos_since(opened: Instant) -> u64 {
+    let since = Instant::now().saturating_duration_since(opened);
+    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1)
+}
+
 /// A response body of an HTTP/2 stream, watched by its connection's [`Streams`].
 #[derive(Debug)]
 pub(crate) struct WatchedBody {
     stream: Arc<Stream>,
-    streams: Arc<Streams>,
+    /// When its connection opened, the origin of [`Stream::handed`].
+    opened: Instant,
 }
 
 impl WatchedBody {
@@ -568,7 +575,7 @@ impl WatchedBody {
             if frame.is_data() {
                 stream
                     .handed
-                    .store(self.streams.nanos_since_opened() + 1, Ordering::Relaxed);
+                    .store(nanos_since(self.opened) + 1, Ordering::Relaxed);
             }
         }
         polled
@@ -585,14 +592,9 @@ impl Streams {
         })
     }
 
-    fn nanos_since_opened(&self) -> u64 {
-        let since = Instant::now().saturating_duration_since(self.opened);
-        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1)
-    }
-
     /// `response`, its body watched.
     pub(crate) fn watch(
-        self: &Arc<Self>,
+        &self,
         response: http::Response<HoldUntilEnd<Body, Busy>>,
     ) -> http::Response<ClientBody> {
         response.map(|body| {
@@ -612,7 +614,7 @@ impl Streams {
             }
             ClientBody::Watched(WatchedBody {
                 stream,
-                streams: Arc::clone(self),
+                opened: self.opened,
             })
         })
     }
@@ -620,7 +622,7 @@ impl Streams {
     /// Lets go of every body that has handed a frame and not been polled since, for
     /// `timeout`, and forgets the bodies that have ended.
     fn let_go_stalled(&self, timeout: Duration) {
-        let now = self.nanos_since_opened();
+        let now = nanos_since(self.opened);
         let timeout = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         live.streams.retain(|s| {
