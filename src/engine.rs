@@ -339,6 +339,25 @@ impl Engine {
         }
     }
 
+    /// Periodic upkeep for a process that runs for days: places the scheduled events
+    /// again from the wall clock ([`Engine::align_events`]) and brings every route up
+    /// to now ([`Engine::catch_up`]) but those `decided_elsewhere` (by a shared store,
+    /// which steps their controllers). `rocgate serve` and
+    /// [`AdmissionLayer::upkeep`](crate::http::AdmissionLayer::upkeep) call it.
+    pub fn upkeep(
+        &self,
+        now: Nanos,
+        wall_now: SystemTime,
+        decided_elsewhere: impl Fn(RouteId) -> bool,
+    ) {
+        self.align_events(now, wall_now);
+        for id in (0..self.routes.len()).map(RouteId) {
+            if !decided_elsewhere(id) {
+                self.catch_up(id, now);
+            }
+        }
+    }
+
     /// Calls `hook` with every controller transition (for metrics, logs, simulation).
     pub fn with_transition_hook(mut self, hook: TransitionHook) -> Self {
         self.hook = Some(hook);

@@ -252,6 +252,30 @@ fn a_silent_route_caught_up_shows_where_its_controller_stands() {
     assert_eq!(e.restore_eta(id, hour), None);
 }
 
+/// `Engine::upkeep`, which `rocgate serve` and the layer call every few seconds,
+/// brings the routes decided here up to now and leaves those a shared store decides.
+#[test]
+fn upkeep_catches_up_the_routes_decided_here_only() {
+    let hour = Nanos::from_secs(3600);
+    let (here, id) = cut_then_silent(Partition::Route);
+    here.upkeep(
+        hour,
+        SystemTime::UNIX_EPOCH + Duration::from_secs(3600),
+        |_| false,
+    );
+    assert_eq!(here.route_snapshot(id, hour).state, ControllerState::Normal);
+    let (elsewhere, id) = cut_then_silent(Partition::Route);
+    elsewhere.upkeep(
+        hour,
+        SystemTime::UNIX_EPOCH + Duration::from_secs(3600),
+        |r| r == id,
+    );
+    assert_eq!(
+        elsewhere.route_snapshot(id, hour).state,
+        ControllerState::Cut
+    );
+}
+
 #[test]
 fn a_silent_partitioned_route_caught_up_lets_its_idle_keys_go() {
     let (e, id) = cut_then_silent(Partition::ClientIp(KeyLimits {

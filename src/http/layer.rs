@@ -197,11 +197,7 @@ impl AdmissionLayer {
         let engine = self.engine();
         #[allow(clippy::disallowed_methods)] // wall time enters here, to place events
         let wall_now = SystemTime::now();
-        let now = self.gate.clock.now();
-        engine.align_events(now, wall_now);
-        for id in (0..engine.route_names().count()).map(RouteId) {
-            engine.catch_up(id, now);
-        }
+        engine.upkeep(self.gate.clock.now(), wall_now, |_| false);
     }
 }
 

@@ -29,7 +29,7 @@ pub use forward::{ForwardSettings, Forwarder};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
 use crate::controller::Transition;
-use crate::engine::{Engine, RouteId};
+use crate::engine::Engine;
 use crate::http::{shared_engine, AdmissionLayer, PeerAddr, SharedEngine};
 use crate::metrics as metric;
 use hyper::body::Incoming;
@@ -153,15 +153,11 @@ impl Reloader {
         let engine = self.engine();
         #[allow(clippy::disallowed_methods)] // wall time enters here, to place events
         let wall_now = SystemTime::now();
-        let now = self.clock.now();
-        engine.align_events(now, wall_now);
-        for id in (0..engine.route_names().count()).map(RouteId) {
-            #[cfg(feature = "redis")]
-            if self.store.as_ref().is_some_and(|s| s.shares(&engine, id)) {
-                continue;
-            }
-            engine.catch_up(id, now);
-        }
+        #[cfg(feature = "redis")]
+        let shared = |id| self.store.as_ref().is_some_and(|s| s.shares(&engine, id));
+        #[cfg(not(feature = "redis"))]
+        let shared = |_| false;
+        engine.upkeep(self.clock.now(), wall_now, shared);
     }
 
     /// Makes the store forget the routes that the engine in force no longer shares:
