@@ -21,6 +21,8 @@ async fn main() -> std::io::Result<()> {
         // Match by the route template axum matched, never the raw path.
         .route_key(RouteKey::MatchedPath)
         .build();
+    // Every 5 s: ends a silent route's cut, places scheduled events, lets idle keys go.
+    layer.spawn_upkeep().map_err(std::io::Error::other)?;
 
     let app = Router::new()
         .route("/api/order", post(|| async { "ordered\n" }))

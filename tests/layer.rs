@@ -9,8 +9,9 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key};
-use rocgate::http::{shared_engine, AdmissionLayer, PeerAddr, RouteKey};
+use rocgate::http::{shared_engine, AdmissionLayer, PeerAddr, RouteKey, UPKEEP_EVERY};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -53,6 +54,46 @@ fn router(hits: Arc<AtomicU64>) -> Router {
 
 fn post_order() -> Request<Body> {
     Request::post("/api/order").body(Body::empty()).unwrap()
+}
+
+/// A route cut by a spike, then silent: the upkeep the layer spawns brings it back to
+/// base without a request, and ends once the last clone of the layer is gone.
+#[tokio::test(start_paused = true)]
+async fn spawned_upkeep_ends_a_silent_routes_cut_and_ends_with_the_layer() {
+    let (l, clock) = layer(vec![RouteConfig::new("upkept", RouteMatch::any())]);
+    let engine = l.engine();
+    let id = engine.route_for("GET", "/").unwrap();
+    let offer = |from: f64, to: f64, rate: f64| {
+        let n = ((to - from) * rate).round() as u64;
+        for k in 0..n {
+            let now = Nanos::from_secs_f64(from + k as f64 / rate);
+            clock.set(now);
+            let _ = engine.check(id, Key::None, now);
+        }
+    };
+    offer(1.0, 11.0, 40.0);
+    offer(11.0, 12.0, 600.0);
+    let state = |at: Nanos| engine.route_snapshot(id, at).state;
+    assert_eq!(state(clock.now()), ControllerState::Cut);
+
+    // A minute of silence: nothing steps the controller, the snapshot still says cut.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(state(clock.now()), ControllerState::Cut);
+
+    let upkeep = l.spawn_upkeep().unwrap();
+    tokio::time::sleep(UPKEEP_EVERY / 2).await;
+    assert_eq!(state(clock.now()), ControllerState::Normal);
+    assert_eq!(engine.limit_rps(id), 200.0);
+
+    drop(l);
+    tokio::time::sleep(UPKEEP_EVERY * 2).await;
+    assert!(upkeep.is_finished(), "the upkeep outlived its layer");
+}
+
+#[test]
+fn spawn_upkeep_outside_a_runtime_is_an_error_not_a_panic() {
+    let (l, _) = layer(vec![RouteConfig::new("no-runtime", RouteMatch::any())]);
+    assert!(l.spawn_upkeep().is_err());
 }
 
 #[tokio::test]

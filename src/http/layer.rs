@@ -12,7 +12,7 @@ use http::Request;
 use ipnet::IpNet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// How a request is mapped to a route.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -191,15 +191,42 @@ impl AdmissionLayer {
     /// Periodic upkeep, for a service that runs for days: places the scheduled events
     /// again from the wall clock ([`Engine::align_events`]) and brings every route up
     /// to now ([`Engine::catch_up`]), so that a silent route's snapshot shows where its
-    /// controller stands and its idle keys go. Call it every few seconds (`rocgate
-    /// serve` does every 5 s).
+    /// controller stands and its idle keys go. Call it every few seconds, or let
+    /// [`spawn_upkeep`](Self::spawn_upkeep) do so.
     pub fn upkeep(&self) {
         let engine = self.engine();
         #[allow(clippy::disallowed_methods)] // wall time enters here, to place events
         let wall_now = SystemTime::now();
         engine.upkeep(self.gate.clock.now(), wall_now, |_| false);
     }
+
+    /// Runs [`upkeep`](Self::upkeep) every [`UPKEEP_EVERY`] on the current tokio
+    /// runtime, as `rocgate serve` does, until every clone of this layer and every
+    /// service it built is dropped (or the handle is aborted). Call it once, after
+    /// `build`, from inside the runtime; outside one it returns tokio's error.
+    pub fn spawn_upkeep(
+        &self,
+    ) -> Result<tokio::task::JoinHandle<()>, tokio::runtime::TryCurrentError> {
+        let runtime = tokio::runtime::Handle::try_current()?;
+        let gate = Arc::downgrade(&self.gate);
+        Ok(runtime.spawn(async move {
+            let mut every = tokio::time::interval(UPKEEP_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                match gate.upgrade() {
+                    Some(gate) => AdmissionLayer { gate }.upkeep(),
+                    None => return,
+                }
+            }
+        }))
+    }
 }
+
+/// How often [`AdmissionLayer::spawn_upkeep`] and `rocgate serve` run the engine's
+/// upkeep: often enough that a silent route's cut ends and an event starts on the
+/// dashboards within seconds, rarely enough to cost nothing.
+pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 impl<S> tower::Layer<S> for AdmissionLayer {
     type Service = AdmissionService<S>;

@@ -49,5 +49,6 @@ pub(crate) use future::HoldUntilEnd;
 pub use future::{hold_permit_through_body, HeldPermit, ResponseFuture};
 pub use layer::{
     shared_engine, AdmissionLayer, AdmissionLayerBuilder, MatchedRoute, RouteKey, SharedEngine,
+    UPKEEP_EVERY,
 };
 pub use service::AdmissionService;

@@ -450,7 +450,7 @@ impl Proxy {
             let handle = prometheus.clone();
             let reloader = self.reloader.clone();
             async move {
-                let mut every = tokio::time::interval(Duration::from_secs(5));
+                let mut every = tokio::time::interval(crate::http::UPKEEP_EVERY);
                 loop {
                     every.tick().await;
                     handle.run_upkeep();
