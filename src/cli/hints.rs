@@ -111,8 +111,12 @@ fn render(report: &HintsReport) -> String {
         out.push_str("  no history yet: the first interval has not ended\n");
     }
     for r in &report.routes {
+        let during = r
+            .event
+            .as_ref()
+            .map_or_else(String::new, |e| format!(" during event {e}"));
         out.push_str(&format!(
-            "route {}: {} interval(s), {:.0} s, {} offered, {} rejected\n",
+            "route {}{during}: {} interval(s), {:.0} s, {} offered, {} rejected\n",
             r.route, r.intervals, r.covered_s, r.offered, r.rejected
         ));
         out.push_str(&hints::table(&r.hints));

@@ -54,6 +54,9 @@ pub struct Interval {
     pub peak_demand_rps: f64,
     /// What the upstream did, when it is measured (the proxy, or a modelled capacity).
     pub upstream: Option<UpstreamCounts>,
+    /// The scheduled event whose profile was in force when the interval began (`None`:
+    /// the route's own): the profile its hints judge.
+    pub event: Option<String>,
 }
 
 impl Interval {
@@ -221,7 +224,9 @@ struct Totals {
 
 #[derive(Debug)]
 struct RouteHistory {
-    settings: RouteSettings,
+    /// The latest settings of each profile (the route's own, an event's) that an
+    /// interval kept or open began under; the one in force last.
+    profiles: Vec<RouteSettings>,
     done: VecDeque<Interval>,
     open: Interval,
     totals: Totals,
@@ -299,9 +304,12 @@ impl History {
                 .routes
                 .entry(snap.name.clone())
                 .or_insert_with(|| RouteHistory {
-                    settings: settings.clone(),
+                    profiles: Vec::new(),
                     done: VecDeque::new(),
-                    open: Interval::new(now, interval),
+                    open: Interval {
+                        event: settings.event.clone(),
+                        ..Interval::new(now, interval)
+                    },
                     totals,
                     last_state: snap.state,
                 });
@@ -317,8 +325,11 @@ impl History {
                 .upstream
                 .map(|now| now.since(&before.upstream.unwrap_or_default()));
             h.totals = totals;
-            h.settings = settings;
-            let mut closed = std::mem::replace(open, Interval::new(now, interval));
+            let next = Interval {
+                event: settings.event.clone(),
+                ..Interval::new(now, interval)
+            };
+            let mut closed = std::mem::replace(open, next);
             closed.roc.compact();
             if let Some(u) = &mut closed.upstream {
                 u.latency.compact();
@@ -329,6 +340,11 @@ impl History {
             while h.done.len() > self.keep {
                 h.done.pop_front();
             }
+            h.profiles.retain(|p| p.event != settings.event);
+            h.profiles.push(settings);
+            let (done, open) = (&h.done, &h.open);
+            h.profiles
+                .retain(|p| p.event == open.event || done.iter().any(|i| i.event == p.event));
         }
         let keep = self
             .interval
@@ -337,20 +353,34 @@ impl History {
             .retain(|_, h| now.saturating_since(h.open.start) <= keep);
     }
 
-    /// Each route's settings and its closed intervals that started at or after `since`.
+    /// Each route's closed intervals that started at or after `since`, grouped by the
+    /// profile they began under (the route's own, or a scheduled event's), each group
+    /// with that profile's latest settings, in the order each profile first appears. A
+    /// route without such intervals has one group, empty, with the settings in force.
     pub fn since(&self, since: Nanos) -> Vec<(RouteSettings, Vec<Interval>)> {
-        self.routes
-            .values()
-            .map(|h| {
-                let intervals = h
-                    .done
+        let mut groups = Vec::new();
+        for h in self.routes.values() {
+            let first = groups.len();
+            for i in h.done.iter().filter(|i| i.start >= since) {
+                let group = groups[first..]
                     .iter()
-                    .filter(|i| i.start >= since)
-                    .cloned()
-                    .collect();
-                (h.settings.clone(), intervals)
-            })
-            .collect()
+                    .position(|(s, _): &(RouteSettings, Vec<Interval>)| s.event == i.event);
+                match group {
+                    Some(g) => groups[first + g].1.push(i.clone()),
+                    None => {
+                        if let Some(p) = h.profiles.iter().find(|p| p.event == i.event) {
+                            groups.push((p.clone(), vec![i.clone()]));
+                        }
+                    }
+                }
+            }
+            if groups.len() == first {
+                if let Some(p) = h.profiles.last() {
+                    groups.push((p.clone(), Vec::new()));
+                }
+            }
+        }
+        groups
     }
 }
 
@@ -458,6 +488,59 @@ mod tests {
         assert_eq!(all[0].1.len(), 1);
         assert_eq!(all[0].1[0].offered, 1);
         assert_eq!(all[0].1[0].upstream.as_ref().unwrap().requests, 0);
+    }
+
+    /// A period that spans a scheduled event is judged in two parts: the intervals
+    /// that began under the route's own profile against it, those that began during
+    /// the event against the event's.
+    #[test]
+    fn intervals_are_judged_against_the_profile_they_began_under() {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                    [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:01:40Z\"\n\
+                    duration = \"1m\"\nbase_limit = 500\ncut_limit = 150\n";
+        let config = crate::config::Config::from_toml_str(toml, "test").unwrap();
+        // The engine starts at wall time 0: the sale runs from 100 s to 160 s.
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH);
+        let mut h = History::new(Duration::from_secs(10), Duration::from_secs(3600));
+        for t in (95..=185).step_by(10) {
+            let now = Nanos::from_secs(t);
+            engine.catch_up(RouteId(0), now);
+            h.tick(
+                now,
+                &engine.snapshot(now),
+                [engine.route_settings(RouteId(0))],
+                None,
+            );
+        }
+        let groups = h.since(Nanos::ZERO);
+        let summary: Vec<_> = groups
+            .iter()
+            .map(|(s, intervals)| {
+                let starts: Vec<u64> = intervals
+                    .iter()
+                    .map(|i| i.start.as_u64() / 1_000_000_000)
+                    .collect();
+                (s.event.clone(), s.params.base_limit_rps, starts)
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (None, 200.0, vec![95, 165, 175]),
+                (
+                    Some("sale".into()),
+                    500.0,
+                    vec![105, 115, 125, 135, 145, 155]
+                ),
+            ]
+        );
+        // From the event's first interval on: the event's group comes first.
+        let from_sale: Vec<_> = h
+            .since(Nanos::from_secs(105))
+            .iter()
+            .map(|(s, intervals)| (s.event.clone(), intervals.len()))
+            .collect();
+        assert_eq!(from_sale, [(Some("sale".into()), 6), (None, 2)]);
     }
 
     #[test]

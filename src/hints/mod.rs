@@ -129,9 +129,9 @@ pub struct Hint {
     pub suggested: Option<Setting>,
     /// Why, with the figures.
     pub reason: String,
-    /// The scheduled event whose profile `current` comes from, when one was running
-    /// at the end of the period: the change belongs in its `[[routes.events]]` entry
-    /// (`PUT /admin/routes` changes the route's own profile, outside events).
+    /// The scheduled event whose profile the hint judges (and `current` comes from):
+    /// the change belongs in its `[[routes.events]]` entry (`PUT /admin/routes`
+    /// changes the route's own profile, outside events).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,
 }
@@ -142,6 +142,10 @@ pub struct Hint {
 pub struct RouteHints {
     /// The route.
     pub route: String,
+    /// The scheduled event whose profile these hints judge, over the intervals that
+    /// began while it ran; `None`: the route's own profile, over the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
     /// History intervals in the period.
     pub intervals: usize,
     /// Seconds they cover.
@@ -164,6 +168,7 @@ impl RouteHints {
     ) -> Self {
         RouteHints {
             route: settings.name.clone(),
+            event: settings.event.clone(),
             intervals: intervals.len(),
             covered_s: Interval::total_secs(intervals),
             offered: intervals.iter().map(|i| i.offered).sum(),
@@ -180,7 +185,8 @@ pub struct HintsReport {
     pub period_s: f64,
     /// The history's interval, seconds.
     pub interval_s: f64,
-    /// One entry per route with history in the period.
+    /// One entry per route with history in the period, and per profile when a
+    /// scheduled event ran in it: a route's own and each event's, judged apart.
     pub routes: Vec<RouteHints>,
 }
 
