@@ -2074,6 +2074,53 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
     );
 }
 
+/// Each forwarded request names this instance in `Via` after the hops before it, by a
+/// pseudonym that stays the same across requests.
+#[tokio::test]
+async fn each_forwarded_request_names_this_instance_in_via() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    for _ in 0..2 {
+        let res = send(proxy.addr, empty(get("/via").header("via", "1.1 cdn-edge"))).await;
+        assert_eq!(res.status, StatusCode::OK);
+    }
+    let seen = upstream.only_n("/via", 2);
+    let entries = |s: &Seen| -> Vec<String> {
+        let v = s.headers.get_all(header::VIA).iter();
+        v.map(|v| v.to_str().unwrap().to_owned()).collect()
+    };
+    let first = entries(&seen[0]);
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert_eq!(first[0], "1.1 cdn-edge");
+    let ours = first[1]
+        .strip_prefix("1.1 rocgate-")
+        .unwrap_or_else(|| panic!("{first:?}"));
+    assert!(
+        ours.len() == 16 && ours.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{ours}"
+    );
+    assert_eq!(entries(&seen[1]), first);
+}
+
+/// An upstream that leads back to rocgate itself: the request comes back naming this
+/// instance in `Via` and gets 508, where it was forwarded again and again until the
+/// response timeout (or the connection limit) ended the storm.
+#[tokio::test]
+async fn an_upstream_that_leads_back_to_rocgate_gets_508() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut settings = settings(port);
+    settings.listen = port;
+    settings.max_connections = 64;
+    let proxy = start_proxy(settings, Vec::new()).await;
+    assert_eq!(proxy.addr, port);
+    let res = within("a looped request", send(proxy.addr, empty(get("/loop")))).await;
+    assert_eq!(res.status, StatusCode::LOOP_DETECTED, "{:?}", res.body);
+    assert_eq!(res.json()["error"], "forwarding_loop");
+}
+
 /// Requests refused for their heads alone, with the status each gets, where
 /// `max_body_bytes` is 1024: two `Host`s, CONNECT, a declared body of 4096 bytes.
 fn refused_for_their_heads() -> [(&'static [u8], u16); 3] {

@@ -13,6 +13,9 @@ pub enum ProxyError {
     BadRequest,
     /// The request body is larger than `max_body_bytes` (413).
     BodyTooLarge,
+    /// The request has come through this instance before (its `Via` names it): the
+    /// upstream leads back to rocgate (508).
+    ForwardingLoop,
     /// The client stopped sending its request body before its end (400): the client's
     /// doing, not the upstream's.
     ClientAborted,
@@ -33,6 +36,9 @@ impl fmt::Display for ProxyError {
         match self {
             ProxyError::BadRequest => f.write_str("request cannot be forwarded"),
             ProxyError::BodyTooLarge => f.write_str("request body too large"),
+            ProxyError::ForwardingLoop => {
+                f.write_str("forwarding loop: the request came back through this instance")
+            }
             ProxyError::ClientAborted => f.write_str("client aborted the request body"),
             ProxyError::ClientTimeout => f.write_str("client stopped sending the request body"),
             ProxyError::Upstream(e) => write!(f, "upstream error: {e}"),
@@ -102,6 +108,7 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest
             | ProxyError::BodyTooLarge
+            | ProxyError::ForwardingLoop
             | ProxyError::ClientAborted
             | ProxyError::ClientTimeout => false,
             ProxyError::Upstream(_) | ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => {
@@ -115,6 +122,7 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest | ProxyError::ClientAborted => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ForwardingLoop => StatusCode::LOOP_DETECTED,
             ProxyError::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -126,6 +134,7 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest => "bad_request",
             ProxyError::BodyTooLarge => "body_too_large",
+            ProxyError::ForwardingLoop => "forwarding_loop",
             ProxyError::ClientAborted => "client_aborted",
             ProxyError::ClientTimeout => "client_timeout",
             ProxyError::Upstream(_) => "upstream_error",

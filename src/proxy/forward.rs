@@ -150,10 +150,57 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(&PROXY_CONNECTION);
 }
 
+/// This instance in `Via` (RFC 9110 §7.6.3: a gateway names itself in each request
+/// it forwards): a pseudonym drawn when the forwarder is built, so that a request that
+/// comes back through it (an upstream that leads back to rocgate, directly or through
+/// other proxies) is recognised as a forwarding loop rather than forwarded again until
+/// connections run out.
+#[derive(Debug)]
+struct Via {
+    /// `rocgate-` and 16 random hex digits.
+    pseudonym: String,
+    /// `1.0 rocgate-…`, `1.1 rocgate-…` and `2 rocgate-…`: this hop's entry, by the
+    /// protocol version the client spoke.
+    entries: [HeaderValue; 3],
+}
+
+impl Via {
+    fn new() -> Self {
+        let pseudonym = format!("rocgate-{:016x}", fastrand::u64(..));
+        let entry = |version: &'static str| {
+            // Digits, letters and a space: always a valid header value.
+            HeaderValue::from_str(&format!("{version} {pseudonym}"))
+                .unwrap_or(HeaderValue::from_static("1.1 rocgate"))
+        };
+        Via {
+            entries: [entry("1.0"), entry("1.1"), entry("2")],
+            pseudonym,
+        }
+    }
+
+    /// This hop's entry for a request the client sent in `version`.
+    fn entry(&self, version: Version) -> &HeaderValue {
+        match version {
+            Version::HTTP_10 => &self.entries[0],
+            Version::HTTP_2 => &self.entries[2],
+            _ => &self.entries[1],
+        }
+    }
+
+    /// Whether the request has come through this instance before.
+    fn came_through(&self, headers: &HeaderMap) -> bool {
+        let me = self.pseudonym.as_bytes();
+        headers
+            .get_all(header::VIA)
+            .iter()
+            .any(|v| v.as_bytes().windows(me.len()).any(|w| w == me))
+    }
+}
+
 /// Why a request cannot be forwarded, known from its head alone: `rocgate serve`
 /// asks before admission, so such a request spends none of its route's tokens, and
 /// the forwarder asks again for whoever calls it directly.
-pub(crate) fn refusal(req: &Request<Incoming>, max_body_bytes: u64) -> Option<ProxyError> {
+fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<ProxyError> {
     let (method, headers) = (req.method(), req.headers());
     // A tunnel is not forwarding: sent on, it would ask the upstream for one to
     // itself, and no route's limit would hold it (its target has no path).
@@ -164,6 +211,9 @@ pub(crate) fn refusal(req: &Request<Incoming>, max_body_bytes: u64) -> Option<Pr
     // other one would route or cache by another host than the upstream sees.
     if headers.get_all(header::HOST).iter().nth(1).is_some() {
         return Some(ProxyError::BadRequest);
+    }
+    if via.came_through(headers) {
+        return Some(ProxyError::ForwardingLoop);
     }
     // A declared `Content-Length` (hyper has parsed it, and refused a malformed one)
     // is the body's size, exact, without a second header lookup.
@@ -247,6 +297,8 @@ struct Inner {
     connector: HttpConnector,
     /// `Host` for requests that carry none (the legacy client's default too).
     upstream_host: Option<HeaderValue>,
+    /// This instance's `Via` entry.
+    via: Via,
 }
 
 impl std::fmt::Debug for Inner {
@@ -294,9 +346,17 @@ impl Forwarder {
                 meter,
                 lanes,
                 connector,
+                via: Via::new(),
             }),
             connection: None,
         }
+    }
+
+    /// Why `req` cannot be forwarded, known from its head alone (a tunnel, two
+    /// `Host`s, a declared body over `max_body_bytes`, a forwarding loop): asked
+    /// before admission, so that such a request spends no token.
+    pub(crate) fn refusal(&self, req: &Request<Incoming>) -> Option<ProxyError> {
+        refusal(req, self.inner.settings.max_body_bytes, &self.inner.via)
     }
 
     /// This forwarder for the client connection from `peer`: its HTTP/1.1 requests get
@@ -329,7 +389,7 @@ impl Inner {
     ) -> Result<(Request<Body>, Option<Arc<BodyProgress>>), ProxyError> {
         let max = self.settings.max_body_bytes;
         if !checked {
-            if let Some(refused) = refusal(&req, max) {
+            if let Some(refused) = refusal(&req, max, &self.via) {
                 return Err(refused);
             }
         }
@@ -363,6 +423,9 @@ impl Inner {
                 .insert(header::TE, HeaderValue::from_static("trailers"));
         }
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
+        parts
+            .headers
+            .append(header::VIA, self.via.entry(parts.version).clone());
         // HTTP/1.1 requires a Host: the client's, or else the upstream's.
         if let Some(host) = original_host.or_else(|| self.upstream_host.clone()) {
             parts.headers.insert(header::HOST, host);

@@ -560,10 +560,10 @@ impl Proxy {
             let slot = connections.open_in(place);
             let _ = stream.set_nodelay(true);
             let (forwarder, driver) = forwarder.for_connection(peer);
+            let checks = forwarder.clone();
             let service = service_for(forwarder);
             let header_timeout = self.settings.header_read_timeout;
             let idle_timeout = self.settings.idle_timeout;
-            let max_body = self.settings.forward.max_body_bytes;
             let reloader = self.reloader.clone();
             let builder = builder.clone();
             let mut stopping = stopping.clone();
@@ -582,7 +582,7 @@ impl Proxy {
                         let busy = activity.begin();
                         let h2 =
                             (req.version() == http::Version::HTTP_2).then(|| Arc::clone(&streams));
-                        let refused = forward::refusal(&req, max_body);
+                        let refused = checks.refusal(&req);
                         let response = match refused {
                             Some(e) => Err(refuse(&reloader.engine(), &req, e)),
                             None => {
@@ -733,7 +733,7 @@ fn open_store(
     }
 }
 
-/// The answer to a request refused for its head alone ([`forward::refusal`]), before
+/// The answer to a request refused for its head alone ([`Forwarder::refusal`]), before
 /// admission: counted under the route it would have taken, as the forwarder counts
 /// what it refuses.
 fn refuse<B>(
