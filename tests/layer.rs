@@ -764,3 +764,206 @@ async fn a_concurrency_quota_is_stated_in_requests_in_flight() {
     );
     drop(first);
 }
+
+/// Polls `service` for readiness once, with a waker that does nothing.
+fn ready_now<S: tower::Service<R>, R>(service: &mut S) -> bool {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    matches!(service.poll_ready(&mut cx), std::task::Poll::Ready(Ok(())))
+}
+
+/// Polls `future` once, with a waker that does nothing.
+fn poll_now<F: std::future::Future + Unpin>(future: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(future).poll(&mut cx)
+}
+
+/// An inner service saturated as a backend pool is: tower's `ConcurrencyLimit` of 1
+/// over `counting_service`, with its one permit held by the clone returned beside it.
+async fn saturated(
+    calls: Arc<AtomicU64>,
+) -> (
+    impl tower::Service<
+            Request<Body>,
+            Response = http::Response<Body>,
+            Error = std::convert::Infallible,
+            Future = impl std::future::Future + Send,
+        > + Clone,
+    impl Sized,
+) {
+    let limited = tower::limit::ConcurrencyLimit::new(counting_service(calls, Duration::ZERO), 1);
+    let mut holder = limited.clone();
+    holder.ready().await.unwrap();
+    (limited, holder)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejection_does_not_wait_for_a_saturated_inner_service() {
+    // `poll_ready` passed through to the inner service: while a `ConcurrencyLimit`
+    // inside was full, the layer was not ready, and a request the engine rejects
+    // waited for the inner service instead of getting its 429 at once.
+    use tower::{Layer as _, Service as _};
+    let (l, _clock) = layer(vec![route(
+        "rq-shed",
+        RouteMatch::prefix("/rq-shed"),
+        1.0,
+    )]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let (inner, holder) = saturated(calls.clone()).await;
+    let mut svc = l.layer(inner);
+    let get = || Request::get("/rq-shed").body(Body::empty()).unwrap();
+
+    assert!(ready_now(&mut svc), "ready while the inner service is full");
+    let mut admitted = Box::pin(svc.call(get()));
+    assert!(poll_now(&mut admitted).is_pending(), "waits for the inner service");
+    assert!(ready_now(&mut svc));
+    let mut over = Box::pin(svc.call(get()));
+    let std::task::Poll::Ready(Ok(rejected)) = poll_now(&mut over) else {
+        panic!("the rejection is ready on its first poll");
+    };
+    assert_eq!(rejected.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(rejected.headers()["rocgate-reason"], "limit");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // Once the inner service has room, the admitted request is served.
+    drop(holder);
+    assert_eq!(admitted.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_concurrency_permit_is_held_while_the_inner_service_readies_and_freed_if_dropped() {
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let mut r = route("rq-held", RouteMatch::prefix("/rq-held"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::Concurrency { queue: 0 };
+    let (l, _clock) = layer(vec![r]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let (inner, holder) = saturated(calls.clone()).await;
+    let mut svc = l.layer(inner);
+    let get = || Request::get("/rq-held").body(Body::empty()).unwrap();
+
+    assert!(ready_now(&mut svc), "ready while the inner service is full");
+    let mut first = Box::pin(svc.call(get()));
+    assert!(poll_now(&mut first).is_pending());
+    // The first is in flight for the engine while it waits for the inner service.
+    let std::task::Poll::Ready(Ok(refused)) = poll_now(&mut Box::pin(svc.call(get()))) else {
+        panic!("the rejection is ready on its first poll");
+    };
+    assert_eq!(refused.headers()["rocgate-reason"], "concurrency");
+    // Dropped (its client left), it gives its permit back.
+    drop(first);
+    let mut next = Box::pin(svc.call(get()));
+    assert!(poll_now(&mut next).is_pending(), "admitted, waits for the inner");
+    drop(holder);
+    let served = next.await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the dropped one never called");
+    // The permit rides with the response; released with it.
+    drop(served);
+    let mut after = Box::pin(svc.call(get()));
+    assert!(poll_now(&mut after).is_ready());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paced_request_readies_the_inner_service_only_when_it_departs() {
+    // The layer used to ready the inner service in `poll_ready` and take it along
+    // through the pacing wait: a `ConcurrencyLimit` inside lost its permit to a
+    // request asleep for a second.
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let mut r = route("rq-paced", RouteMatch::prefix("/rq-paced"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::LeakyBucket { queue: 2 };
+    let (l, _clock) = layer(vec![r]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let limited =
+        tower::limit::ConcurrencyLimit::new(counting_service(calls.clone(), Duration::ZERO), 1);
+    let mut svc = l.layer(limited.clone());
+    let get = || Request::get("/rq-paced").body(Body::empty()).unwrap();
+
+    let first = svc.ready().await.unwrap().call(get());
+    assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+    let second = svc.ready().await.unwrap().call(get());
+    let mut other = limited.clone();
+    assert!(
+        ready_now(&mut other),
+        "the inner service's permit is free while the paced request waits"
+    );
+    drop(other);
+    let started = tokio::time::Instant::now();
+    assert_eq!(second.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(started.elapsed(), Duration::from_secs(1), "paced, no later");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A service whose readiness the test sets: not ready (it keeps the waker to wake when
+/// set), ready, or failed (its `poll_ready` says "broken").
+#[derive(Clone, Default)]
+struct Switch(Arc<std::sync::Mutex<(Option<Result<(), &'static str>>, Option<std::task::Waker>)>>);
+
+impl Switch {
+    fn set(&self, to: Option<Result<(), &'static str>>) {
+        let mut state = self.0.lock().unwrap();
+        state.0 = to;
+        if let Some(waker) = state.1.take() {
+            waker.wake();
+        }
+    }
+}
+
+impl tower::Service<Request<Body>> for Switch {
+    type Response = http::Response<Body>;
+    type Error = &'static str;
+    type Future = std::future::Ready<Result<http::Response<Body>, &'static str>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), &'static str>> {
+        let mut state = self.0.lock().unwrap();
+        match state.0 {
+            Some(ready) => std::task::Poll::Ready(ready),
+            None => {
+                state.1 = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+
+    fn call(&mut self, _req: Request<Body>) -> Self::Future {
+        std::future::ready(Ok(http::Response::new(Body::empty())))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_readiness_error_is_the_admitted_requests_error_and_a_rejection_stays_a_429() {
+    // The inner service's `poll_ready` error used to be the layer's `poll_ready`
+    // error, for every request, the ones the engine rejects too.
+    use tower::{Layer as _, Service as _};
+    let (l, clock) = layer(vec![route(
+        "rq-broken",
+        RouteMatch::prefix("/rq-broken"),
+        1.0,
+    )]);
+    let inner = Switch::default();
+    let mut svc = l.layer(inner.clone());
+    let get = || Request::get("/rq-broken").body(Body::empty()).unwrap();
+
+    // Admitted while the inner service is not ready; it fails while the request waits.
+    assert!(ready_now(&mut svc));
+    let mut waiting = Box::pin(svc.call(get()));
+    assert!(poll_now(&mut waiting).is_pending());
+    inner.set(Some(Err("broken")));
+    assert!(ready_now(&mut svc), "a failed inner service fails admitted requests only");
+    let rejected = svc.call(get()).await.unwrap();
+    assert_eq!(rejected.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(waiting.await.unwrap_err(), "broken");
+    // Admitted while it is failed: the same error, from the response future.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(svc.call(get()).await.unwrap_err(), "broken");
+    // Once it is ready again, requests are served.
+    inner.set(Some(Ok(())));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(svc.call(get()).await.unwrap().status(), StatusCode::OK);
+}

@@ -1,15 +1,20 @@
-//! [`ResponseFuture`]: the inner service's future, after any pacing or queueing wait;
-//! or a ready rejection.
+//! [`ResponseFuture`]: the inner service's future, after any pacing or queueing wait
+//! and the inner service's readiness; or a ready rejection.
 //!
-//! A request admitted at once is passed to the inner service in `call`. One that must
-//! wait (leaky-bucket pacing, concurrency queue) takes the inner service that
-//! `poll_ready` readied with it, leaving a clone in its place, and calls it only once
-//! the wait is over: a service that does work in `call` (a timeout that starts its
-//! timer there) sees the request only when it is admitted. A concurrency permit goes
-//! into the response's extensions as a [`HeldPermit`]: it is released when the
-//! response (head and extensions) is dropped, which a hyper server does once it has
-//! written the head, unless something moves it into the body
-//! ([`hold_permit_through_body`], as `rocgate serve` does).
+//! A request admitted at once is passed to the inner service in `call` if that is
+//! ready then. One that must wait (leaky-bucket pacing, concurrency queue), or finds
+//! the inner service not ready, takes that service with it, leaving a clone in its
+//! place: after its wait it drives the service to readiness (`poll_ready`, as tower's
+//! `Oneshot` does) and calls it. So a service that does work in `call` (a timeout
+//! that starts its timer there) sees the request only when it is admitted and the
+//! service is ready, and the service readied is the one called. An error from the
+//! inner service's `poll_ready` is the response future's error. A concurrency permit
+//! is held from admission on, through the wait for readiness (the request is in
+//! flight for the engine; the permit goes if the future is dropped), and goes into the
+//! response's extensions as a [`HeldPermit`]: it is released when the response (head
+//! and extensions) is dropped, which a hyper server does once it has written the head,
+//! unless something moves it into the body ([`hold_permit_through_body`], as `rocgate
+//! serve` does).
 
 use crate::limiter::{Permit, Ticket};
 use axum::body::Body;
@@ -128,11 +133,17 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
-        // Admitted after `wait`; then the service (readied for it) is called. Boxed,
-        // so that the future of a request admitted at once stays small.
-        Waiting { wait: Wait, call: Option<Box<(S, Request<ReqBody>)>> },
+        // Admitted after `wait` (if any); then the service is readied and called.
+        // Boxed, so that the future of a request called at once stays small.
+        Waiting {
+            wait: Option<Wait>,
+            permit: Option<Permit>,
+            call: Option<Box<(S, Request<ReqBody>)>>,
+        },
         Admitted { #[pin] inner: S::Future, permit: Option<Permit> },
         Rejected { response: Option<Response<ResBody>> },
+        // The inner service failed to become ready.
+        Failed { error: Option<S::Error> },
     }
 }
 
@@ -146,13 +157,27 @@ where
         }
     }
 
-    /// Calls `ready` (a service `poll_ready` readied) with `req` once `wait` is over.
-    pub(crate) fn waiting(wait: Wait, ready: S, req: Request<ReqBody>) -> Self {
+    /// Once `wait` (if any) is over, readies `service` and calls it with `req`,
+    /// holding `permit` (a concurrency permit, if any) throughout.
+    pub(crate) fn waiting(
+        wait: Option<Wait>,
+        permit: Option<Permit>,
+        service: S,
+        req: Request<ReqBody>,
+    ) -> Self {
         ResponseFuture {
             kind: Kind::Waiting {
                 wait,
-                call: Some(Box::new((ready, req))),
+                permit,
+                call: Some(Box::new((service, req))),
             },
+        }
+    }
+
+    /// The inner service's readiness error.
+    pub(crate) fn failed(error: S::Error) -> Self {
+        ResponseFuture {
+            kind: Kind::Failed { error: Some(error) },
         }
     }
 
@@ -175,18 +200,32 @@ where
         let mut kind = self.project().kind;
         loop {
             match kind.as_mut().project() {
-                KindProj::Waiting { wait, call } => {
-                    let permit = match wait {
-                        Wait::Sleep(sleep) => {
-                            ready!(sleep.as_mut().poll(cx));
-                            None
+                KindProj::Waiting { wait, permit, call } => {
+                    match wait {
+                        Some(Wait::Sleep(sleep)) => ready!(sleep.as_mut().poll(cx)),
+                        Some(Wait::Ticket(ticket)) => {
+                            *permit = Some(ready!(Pin::new(ticket).poll(cx)));
                         }
-                        Wait::Ticket(ticket) => Some(ready!(Pin::new(ticket).poll(cx))),
-                    };
-                    let Some((mut service, req)) = call.take().map(|call| *call) else {
+                        None => {}
+                    }
+                    *wait = None;
+                    let Some(mut pending) = call.take() else {
                         return Poll::Pending;
                     };
+                    match pending.0.poll_ready(cx) {
+                        Poll::Pending => {
+                            *call = Some(pending);
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Err(error)) => {
+                            *permit = None;
+                            return Poll::Ready(Err(error));
+                        }
+                        Poll::Ready(Ok(())) => {}
+                    }
+                    let (mut service, req) = *pending;
                     let inner = service.call(req);
+                    let permit = permit.take();
                     kind.set(Kind::Admitted { inner, permit });
                 }
                 KindProj::Admitted { inner, permit } => {
@@ -206,6 +245,12 @@ where
                 KindProj::Rejected { response } => {
                     return match response.take() {
                         Some(r) => Poll::Ready(Ok(r)),
+                        None => Poll::Pending,
+                    }
+                }
+                KindProj::Failed { error } => {
+                    return match error.take() {
+                        Some(e) => Poll::Ready(Err(e)),
                         None => Poll::Pending,
                     }
                 }

@@ -1,14 +1,15 @@
-//! [`AdmissionService`]: decides in `call`, passes `poll_ready` through; a request
-//! that must wait takes the readied inner service with it and calls it when admitted.
+//! [`AdmissionService`]: always ready, decides in `call`; an admitted request takes the
+//! inner service with it when that is not ready yet (or the request must wait), and
+//! calls it once admitted and ready.
 
 use super::future::{ResponseFuture, Wait};
 use super::layer::{Gate, MatchedRoute};
 use super::rejection;
-use crate::limiter::{Admit, Decision};
+use crate::limiter::{Admit, Decision, Permit};
 use bytes::Bytes;
 use http::{Request, Response};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 /// The service built by [`AdmissionLayer`](super::AdmissionLayer).
 #[derive(Clone)]
@@ -40,15 +41,18 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody, ResBody>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready: a request the engine rejects needs nothing from the inner
+    /// service, so it is never kept waiting for it. An admitted request readies the
+    /// inner service itself (see [`ResponseFuture`]).
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let gate = &*self.gate;
         let engine = gate.engine.load();
         let Some(route) = gate.route_of(&engine, &req) else {
-            return ResponseFuture::admitted(self.inner.call(req), None);
+            return self.forward(req, None);
         };
         let (decision, now, refused_at) = gate.decide(&engine, route, &req);
         let admit = match decision {
@@ -70,18 +74,63 @@ where
             req.extensions_mut()
                 .insert(MatchedRoute(engine.route_label(route)));
         }
-        let wait = match admit {
-            Admit::Now => return ResponseFuture::admitted(self.inner.call(req), None),
-            Admit::Held(permit) => {
-                return ResponseFuture::admitted(self.inner.call(req), Some(permit))
+        match admit {
+            Admit::Now => self.forward(req, None),
+            Admit::Held(permit) => self.forward(req, Some(permit)),
+            Admit::Paced(delay) => {
+                let wait = Wait::Sleep(Box::pin(tokio::time::sleep(delay)));
+                self.take_along(Some(wait), None, req)
             }
-            Admit::Paced(delay) => Wait::Sleep(Box::pin(tokio::time::sleep(delay))),
-            Admit::Queued(ticket) => Wait::Ticket(ticket),
-        };
-        // The inner service `poll_ready` readied goes with the request; a clone, not
-        // yet ready, stays for the next `poll_ready`.
+            Admit::Queued(ticket) => self.take_along(Some(Wait::Ticket(ticket)), None, req),
+        }
+    }
+}
+
+impl<S: Clone> AdmissionService<S> {
+    /// Passes an admitted request on: called at once if the inner service is ready
+    /// now (the common case, at no cost beyond its `poll_ready`), else taken along
+    /// with that service to be called once it is.
+    ///
+    /// The inner service is polled here with a waker that does nothing: if it is not
+    /// ready, the response future polls the very same service again with its own
+    /// waker before it waits, so no wake-up is lost.
+    fn forward<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+        permit: Option<Permit>,
+    ) -> ResponseFuture<S, ReqBody, ResBody>
+    where
+        S: tower::Service<Request<ReqBody>>,
+    {
+        match self
+            .inner
+            .poll_ready(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(Ok(())) => ResponseFuture::admitted(self.inner.call(req), permit),
+            Poll::Ready(Err(error)) => {
+                // A service that failed is not polled again: a clone takes its place.
+                self.inner = self.inner.clone();
+                ResponseFuture::failed(error)
+            }
+            Poll::Pending => self.take_along(None, permit, req),
+        }
+    }
+
+    /// A response future that, after `wait`, readies the inner service and calls it.
+    /// The service it readies is the one it calls: this one (already polled, perhaps
+    /// holding a place in the inner service's own queue), with a clone left here for
+    /// the next request.
+    fn take_along<ReqBody, ResBody>(
+        &mut self,
+        wait: Option<Wait>,
+        permit: Option<Permit>,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody, ResBody>
+    where
+        S: tower::Service<Request<ReqBody>>,
+    {
         let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::waiting(wait, ready, req)
+        let service = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::waiting(wait, permit, service, req)
     }
 }
