@@ -802,11 +802,7 @@ async fn a_rejection_does_not_wait_for_a_saturated_inner_service() {
     // inside was full, the layer was not ready, and a request the engine rejects
     // waited for the inner service instead of getting its 429 at once.
     use tower::{Layer as _, Service as _};
-    let (l, _clock) = layer(vec![route(
-        "rq-shed",
-        RouteMatch::prefix("/rq-shed"),
-        1.0,
-    )]);
+    let (l, _clock) = layer(vec![route("rq-shed", RouteMatch::prefix("/rq-shed"), 1.0)]);
     let calls = Arc::new(AtomicU64::new(0));
     let (inner, holder) = saturated(calls.clone()).await;
     let mut svc = l.layer(inner);
@@ -814,7 +810,10 @@ async fn a_rejection_does_not_wait_for_a_saturated_inner_service() {
 
     assert!(ready_now(&mut svc), "ready while the inner service is full");
     let mut admitted = Box::pin(svc.call(get()));
-    assert!(poll_now(&mut admitted).is_pending(), "waits for the inner service");
+    assert!(
+        poll_now(&mut admitted).is_pending(),
+        "waits for the inner service"
+    );
     assert!(ready_now(&mut svc));
     let mut over = Box::pin(svc.call(get()));
     let std::task::Poll::Ready(Ok(rejected)) = poll_now(&mut over) else {
@@ -854,11 +853,18 @@ async fn a_concurrency_permit_is_held_while_the_inner_service_readies_and_freed_
     // Dropped (its client left), it gives its permit back.
     drop(first);
     let mut next = Box::pin(svc.call(get()));
-    assert!(poll_now(&mut next).is_pending(), "admitted, waits for the inner");
+    assert!(
+        poll_now(&mut next).is_pending(),
+        "admitted, waits for the inner"
+    );
     drop(holder);
     let served = next.await.unwrap();
     assert_eq!(served.status(), StatusCode::OK);
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the dropped one never called");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the dropped one never called"
+    );
     // The permit rides with the response; released with it.
     drop(served);
     let mut after = Box::pin(svc.call(get()));
@@ -900,7 +906,11 @@ async fn a_paced_request_readies_the_inner_service_only_when_it_departs() {
 /// A service whose readiness the test sets: not ready (it keeps the waker to wake when
 /// set), ready, or failed (its `poll_ready` says "broken").
 #[derive(Clone, Default)]
-struct Switch(Arc<std::sync::Mutex<(Option<Result<(), &'static str>>, Option<std::task::Waker>)>>);
+struct Switch(Arc<std::sync::Mutex<SwitchState>>);
+
+/// The readiness a [`Switch`] answers (`None`: not ready), and the waker to wake when
+/// it is set.
+type SwitchState = (Option<Result<(), &'static str>>, Option<std::task::Waker>);
 
 impl Switch {
     fn set(&self, to: Option<Result<(), &'static str>>) {
@@ -955,7 +965,10 @@ async fn an_inner_readiness_error_is_the_admitted_requests_error_and_a_rejection
     let mut waiting = Box::pin(svc.call(get()));
     assert!(poll_now(&mut waiting).is_pending());
     inner.set(Some(Err("broken")));
-    assert!(ready_now(&mut svc), "a failed inner service fails admitted requests only");
+    assert!(
+        ready_now(&mut svc),
+        "a failed inner service fails admitted requests only"
+    );
     let rejected = svc.call(get()).await.unwrap();
     assert_eq!(rejected.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(waiting.await.unwrap_err(), "broken");
@@ -966,4 +979,28 @@ async fn an_inner_readiness_error_is_the_admitted_requests_error_and_a_rejection
     inner.set(Some(Ok(())));
     clock.advance(Duration::from_secs(1));
     assert_eq!(svc.call(get()).await.unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn load_shed_inside_the_layer_sheds_an_admitted_request_the_full_inner_cannot_take() {
+    // As the README says: the layer hides the inner service's backpressure from what
+    // is outside it, so shedding on a full inner service is done inside it.
+    use tower::{Layer as _, Service as _};
+    let (l, _clock) = layer(vec![route(
+        "rq-inner-shed",
+        RouteMatch::prefix("/rq-inner-shed"),
+        2.0,
+    )]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let (inner, holder) = saturated(calls.clone()).await;
+    let mut svc = l.layer(tower::load_shed::LoadShed::new(inner));
+    let get = || Request::get("/rq-inner-shed").body(Body::empty()).unwrap();
+
+    let shed = svc.call(get()).await.unwrap_err();
+    assert!(shed.is::<tower::load_shed::error::Overloaded>(), "{shed}");
+    drop(holder);
+    assert_eq!(svc.call(get()).await.unwrap().status(), StatusCode::OK);
+    let over = svc.call(get()).await.unwrap();
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }

@@ -3,9 +3,11 @@
 //!
 //! [`AdmissionLayer`] wraps any `Service<Request<B>> + Clone`. Admission is decided in
 //! `call` (one clock read and [`Engine::check`](crate::engine::Engine::check));
-//! `poll_ready` passes through. A request that must wait (leaky-bucket pacing, a
-//! concurrency queue) reaches the inner service only once admitted: it takes the
-//! service `poll_ready` readied, and leaves a clone for the next request. A rejection is a response (429 by default) with `Retry-After`,
+//! `poll_ready` is always ready, so a rejection never waits for the inner service. An
+//! admitted request readies the inner service itself: it calls it at once if it is
+//! ready, else (or after a leaky-bucket pacing or concurrency-queue wait) takes it
+//! along, leaving a clone for the next request, and polls it to readiness before
+//! calling it. A rejection is a response (429 by default) with `Retry-After`,
 //! `RateLimit-Policy`/`RateLimit` headers and a small JSON body, never an `Err`.
 //! Every clone of the layer and of its services shares one engine.
 //!

@@ -587,8 +587,9 @@ impl Proxy {
                             Some(e) => Err(refuse(&reloader.engine(), &req, e)),
                             None => {
                                 req.extensions_mut().insert(PeerAddr(peer));
-                                // Called without `poll_ready`: every layer passes it
-                                // through to the `Forwarder`, which is always ready, so
+                                // Called without `poll_ready`: the admission layer
+                                // is always ready (it readies the `Forwarder`, always
+                                // ready too, itself), and so is the front over it, so
                                 // a fresh clone is.
                                 Ok(service.clone().call(req))
                             }
