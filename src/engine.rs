@@ -41,7 +41,7 @@ use crate::controller::{
 };
 use crate::limiter::{
     gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Level, Limiter,
-    Reason, Rejection,
+    Pace, Reason, Rejection,
 };
 use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
@@ -434,6 +434,22 @@ impl Engine {
                 self.after_admit(r, key, now);
                 admit
             }
+        }
+    }
+
+    /// Gives back the place of a paced request (a leaky bucket's [`Admit::Paced`],
+    /// decided by [`Engine::check`] on `route` for `key`) that leaves at `now`, before
+    /// its departure: if it is still the last one scheduled on its bucket, the next
+    /// request takes its departure time. `key` is the key it was checked with. Whether
+    /// it did (see [`Pace`]).
+    ///
+    /// # Panics
+    /// If `route` does not come from this engine.
+    pub fn give_back(&self, route: RouteId, key: Key<'_>, pace: Pace, now: Nanos) -> bool {
+        let r = &self.routes[route.0];
+        match &r.keys {
+            None => r.limiter.give_back(pace, now),
+            Some(keys) => keys.give_back(key, pace, now),
         }
     }
 
@@ -1072,6 +1088,10 @@ impl Keys {
         with_tables!(self, t => t.check(r, key, now))
     }
 
+    fn give_back(&self, key: Key<'_>, pace: Pace, now: Nanos) -> bool {
+        with_tables!(self, t => t.give_back(key, pace, now))
+    }
+
     fn sweep(&self, last: &mut Nanos, now: Nanos) {
         with_tables!(self, t => t.sweep(last, now));
     }
@@ -1127,6 +1147,19 @@ impl<E: KeyState> KeyTables<E> {
             (KeyTables::Value(t), Key::Value(v)) => t.check(r, v, now, |v: &str| Box::from(v)),
             (KeyTables::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
             (KeyTables::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
+        }
+    }
+
+    /// Gives a paced request's place back on the state it was scheduled on: its key's,
+    /// the shared overflow's ([`Pace`] says which) or the anonymous one.
+    fn give_back(&self, key: Key<'_>, pace: Pace, now: Nanos) -> bool {
+        match (self, key) {
+            (KeyTables::Ip(t), Key::Ip(ip)) => {
+                t.give_back(&IpKey::new(ip, t.limits.ipv6_prefix), pace, now)
+            }
+            (KeyTables::Value(t), Key::Value(v)) => t.give_back(v, pace, now),
+            (KeyTables::Ip(t), _) => t.anonymous.give_back(pace, now),
+            (KeyTables::Value(t), _) => t.anonymous.give_back(pace, now),
         }
     }
 
@@ -1232,6 +1265,12 @@ trait KeyState: Send + Sync {
     /// token short of a full bucket, a count in the window, a request still queued
     /// or a concurrency permit still out keeps it).
     fn evictable(&self, cutoff: u32, shape: u32, now: Nanos) -> bool;
+
+    /// Gives back a paced request's place (see [`Pace`]); only a leaky bucket's key
+    /// has one.
+    fn give_back(&self, _pace: Pace, _now: Nanos) -> bool {
+        false
+    }
 }
 
 /// Whole seconds on the engine's clock, as kept per key (136 years fit).
@@ -1385,6 +1424,12 @@ trait WordAlgo {
 
     /// Whether the state word holds nothing at `now` (as a new key's would).
     fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool;
+
+    /// Gives back a paced request's place on the state word (see [`Pace`]); only the
+    /// leaky bucket paces.
+    fn give_back(_state: &AtomicU64, _pace: Pace, _now: Nanos) -> bool {
+        false
+    }
 }
 
 /// [`FixedWindow`](crate::limiter::FixedWindow) per key; the limit word is the limit's bits.
@@ -1440,6 +1485,10 @@ impl WordAlgo for Leaky {
     fn at_rest(state: &AtomicU64, _shape: u32, now: Nanos) -> bool {
         state.load(Ordering::Relaxed) <= now.as_u64()
     }
+
+    fn give_back(state: &AtomicU64, pace: Pace, now: Nanos) -> bool {
+        words::give_back(state, pace, now)
+    }
 }
 
 impl<A: WordAlgo> KeyState for WordKey<A> {
@@ -1469,6 +1518,10 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
 
     fn evictable(&self, cutoff: u32, shape: u32, now: Nanos) -> bool {
         self.meta.unseen_since(cutoff) && A::at_rest(&self.state, shape, now)
+    }
+
+    fn give_back(&self, pace: Pace, now: Nanos) -> bool {
+        A::give_back(&self.state, pace, now)
     }
 }
 
@@ -1614,7 +1667,13 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             return entry.check(r, &self.tiers, now);
         }
         if self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
-            return self.overflow.check(r, &self.tiers, now);
+            return match self.overflow.check(r, &self.tiers, now) {
+                Decision::Admit(Admit::Paced(mut pace)) => {
+                    pace.overflow = true;
+                    Decision::Admit(Admit::Paced(pace))
+                }
+                decision => decision,
+            };
         }
         let tier = self.tiers.tier_of(&key.text());
         // Generation first: a limit change between the two loads then leaves the new
@@ -1627,6 +1686,23 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             E::new(&self.tiers, tier, progress, generation, now)
         });
         entry.check(r, &self.tiers, now)
+    }
+
+    /// Gives a paced request's place back on the state `key`'s request was scheduled
+    /// on: the overflow's if [`Pace`] says so, else the key's own (a key evicted since
+    /// held nothing scheduled, so there is nothing to give back).
+    fn give_back<Q>(&self, key: &Q, pace: Pace, now: Nanos) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if pace.overflow {
+            return self.overflow.give_back(pace, now);
+        }
+        self.map
+            .get()
+            .and_then(|map| map.get(key))
+            .is_some_and(|entry| entry.give_back(pace, now))
     }
 
     /// Whether `key` is decided by [`KeyTable::overflow`]: the table is full and `key`

@@ -112,12 +112,49 @@ pub struct Rejection {
 pub enum Admit {
     /// Go ahead now.
     Now,
-    /// Go ahead after waiting this long (leaky bucket pacing).
-    Paced(Duration),
+    /// Go ahead at the departure time the leaky bucket gave it ([`Pace::wait`]); a
+    /// request that leaves before then may give its place back ([`Pace`]).
+    Paced(Pace),
     /// Go ahead now, holding this permit until the response is done (concurrency).
     Held(Permit),
     /// Wait for a permit: await the ticket (concurrency with a queue).
     Queued(Ticket),
+}
+
+/// A leaky bucket's paced admission: when the request departs, and what scheduling
+/// it wrote, so that a request dropped before its departure (its client left) can
+/// give its place back ([`LeakyBucket::give_back`],
+/// [`Engine::give_back`](crate::engine::Engine::give_back)).
+///
+/// A place is given back only while it is still the last one scheduled: the bucket's
+/// word then goes back from this request's departure plus the interval to its
+/// departure, and the next request takes that departure time. A place with requests
+/// scheduled behind it stays taken (they keep their departure times, one interval
+/// apart), and so do the places before it: the word holds one time, not a list.
+/// So the bucket never passes more than one request per interval, nor holds more
+/// than `queue` waiting. Giving a place back takes the `Pace`, so no place is given
+/// back twice (a second give-back could take the place of the request that took it).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Pace {
+    departure: Nanos,
+    /// The bucket's word as this request's scheduling left it (its departure plus the
+    /// interval, saturating).
+    next: u64,
+    /// Scheduled on a partitioned route's shared overflow state (its key found no
+    /// place in a full key table), not on its key's own.
+    pub(crate) overflow: bool,
+}
+
+impl Pace {
+    /// When the request may go.
+    pub fn departure(&self) -> Nanos {
+        self.departure
+    }
+
+    /// How long a request decided at `now` waits for its departure.
+    pub fn wait(&self, now: Nanos) -> Duration {
+        Duration::from_nanos(self.departure.as_u64().saturating_sub(now.as_u64()))
+    }
 }
 
 /// The outcome of a check.
@@ -285,6 +322,16 @@ impl Limiter {
             Limiter::SlidingWindow(l) => l.set_limit(limit),
             Limiter::LeakyBucket(l) => l.set_limit(limit),
             Limiter::Concurrency(l) => l.set_limit(limit),
+        }
+    }
+
+    /// Gives back the place of a paced request (a leaky bucket's) that leaves at
+    /// `now`, before its departure, if it is still the last one scheduled; any other
+    /// algorithm has none to give back. Whether it did (see [`Pace`]).
+    pub fn give_back(&self, pace: Pace, now: Nanos) -> bool {
+        match self {
+            Limiter::LeakyBucket(l) => l.give_back(pace, now),
+            _ => false,
         }
     }
 
@@ -614,7 +661,7 @@ impl WindowQuota {
 /// states, which keep the same word beside their own bookkeeping (as [`gcra`] is for
 /// the token bucket).
 pub(crate) mod words {
-    use super::{late_windows, reject, Admit, Decision, Packed, Reason, COUNT_MAX, IDX_MASK};
+    use super::{late_windows, reject, Admit, Decision, Pace, Packed, Reason, COUNT_MAX, IDX_MASK};
     use crate::clock::Nanos;
     use crate::sync::{AtomicU64, Ordering};
     use std::time::Duration;
@@ -763,18 +810,43 @@ pub(crate) mod words {
             if wait > max_wait {
                 return reject(wait - max_wait, Reason::QueueFull);
             }
-            match next_free.compare_exchange_weak(
-                seen,
-                // Saturates for intervals near `interval_ns`'s cap (limits under 1e-9/s).
-                start.saturating_add(t),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
+            // Saturates for intervals near `interval_ns`'s cap (limits under 1e-9/s).
+            let next = start.saturating_add(t);
+            match next_free.compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) if wait == 0 => return Decision::Admit(Admit::Now),
-                Ok(_) => return Decision::Admit(Admit::Paced(Duration::from_nanos(wait))),
+                Ok(_) => {
+                    return Decision::Admit(Admit::Paced(Pace {
+                        departure: Nanos::new(start),
+                        next,
+                        overflow: false,
+                    }))
+                }
                 Err(current) => seen = current,
             }
         }
+    }
+
+    /// Leaky bucket: gives back the place of a paced request that leaves at `now`,
+    /// before its departure, if it is still the last one scheduled (the word is as
+    /// its scheduling left it): the word goes back to its departure, which the next
+    /// request then takes. Whether it did.
+    ///
+    /// Sound in one word: every request scheduled (and not given back) after this one
+    /// left the word at least at its own departure plus an interval, above this
+    /// one's, and a give-back only ever restores a later request's departure; so the
+    /// word equals this request's `next` only when no request scheduled after it is
+    /// still waiting, and the requests still scheduled keep departures one interval
+    /// apart.
+    pub(crate) fn give_back(next_free: &AtomicU64, pace: Pace, now: Nanos) -> bool {
+        now < pace.departure
+            && next_free
+                .compare_exchange(
+                    pace.next,
+                    pace.departure.as_u64(),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
     }
 }
 
@@ -884,6 +956,13 @@ impl LeakyBucket {
             self.queue,
             now,
         )
+    }
+
+    /// Gives back the place of a paced request that leaves at `now`, before its
+    /// departure, if no request was scheduled after it: the next request takes its
+    /// departure time. Whether it did (see [`Pace`]).
+    pub fn give_back(&self, pace: Pace, now: Nanos) -> bool {
+        words::give_back(&self.next_free, pace, now)
     }
 
     /// Changes the pace; requests already scheduled keep their departure times.
@@ -1355,8 +1434,8 @@ mod tests {
         for _ in 0..6 {
             // Never a wrapped schedule that lets a request through at once.
             match b.check(ms(1)) {
-                Decision::Admit(Admit::Paced(wait)) => {
-                    assert!(wait > Duration::from_secs(100 * 365 * 86_400))
+                Decision::Admit(Admit::Paced(pace)) => {
+                    assert!(pace.wait(ms(1)) > Duration::from_secs(100 * 365 * 86_400))
                 }
                 other => assert!(other.rejection().is_some(), "{other:?}"),
             }
@@ -1368,17 +1447,113 @@ mod tests {
         let b = LeakyBucket::new(10.0, 2);
         assert!(matches!(b.check(ms(0)), Decision::Admit(Admit::Now)));
         match b.check(ms(0)) {
-            Decision::Admit(Admit::Paced(d)) => assert_eq!(d, Duration::from_millis(100)),
+            Decision::Admit(Admit::Paced(p)) => {
+                assert_eq!(p.wait(ms(0)), Duration::from_millis(100))
+            }
             other => panic!("{other:?}"),
         }
         match b.check(ms(0)) {
-            Decision::Admit(Admit::Paced(d)) => assert_eq!(d, Duration::from_millis(200)),
+            Decision::Admit(Admit::Paced(p)) => {
+                assert_eq!(p.wait(ms(0)), Duration::from_millis(200))
+            }
             other => panic!("{other:?}"),
         }
         let r = b.check(ms(0)).rejection().unwrap();
         assert_eq!(r.reason, Reason::QueueFull);
         assert_eq!(r.retry_after, Duration::from_millis(100));
         assert!(b.check(ms(100)).is_admit());
+    }
+
+    /// The pace of a paced decision.
+    fn paced(d: Decision) -> Pace {
+        match d {
+            Decision::Admit(Admit::Paced(p)) => p,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_paced_request_dropped_last_gives_its_place_to_the_next() {
+        let b = LeakyBucket::new(10.0, 2);
+        assert!(matches!(b.check(ms(0)), Decision::Admit(Admit::Now)));
+        let first = paced(b.check(ms(0)));
+        let second = paced(b.check(ms(0)));
+        assert_eq!(
+            b.check(ms(0)).rejection().unwrap().reason,
+            Reason::QueueFull
+        );
+        // The last scheduled leaves at 50 ms: the next request takes its 200 ms.
+        assert!(b.give_back(second, ms(50)));
+        let next = paced(b.check(ms(50)));
+        assert_eq!(next.departure(), ms(200));
+        assert_eq!(next.wait(ms(50)), Duration::from_millis(150));
+        assert_eq!(
+            b.check(ms(50)).rejection().unwrap().reason,
+            Reason::QueueFull
+        );
+        // One with a request scheduled behind it keeps its place (the one behind keeps
+        // its departure, 100 ms after it).
+        assert!(!b.give_back(first, ms(60)));
+        assert_eq!(
+            b.check(ms(60)).rejection().unwrap().reason,
+            Reason::QueueFull
+        );
+        // The one behind it, last again, gives its place back; the first's place,
+        // given up while one was behind it, stays taken until 200 ms.
+        assert!(b.give_back(next, ms(60)));
+        assert_eq!(b.level(ms(60)).value, 1.0, "one place, to 200 ms");
+        assert_eq!(paced(b.check(ms(70))).departure(), ms(200));
+    }
+
+    #[test]
+    fn a_paced_request_gives_nothing_back_once_it_departed() {
+        let b = LeakyBucket::new(10.0, 1);
+        assert!(b.check(ms(0)).is_admit());
+        let p = paced(b.check(ms(0)));
+        assert_eq!(p.departure(), ms(100));
+        // Dropped at its departure or after, it has left: its interval was spent.
+        assert!(!b.give_back(p, ms(100)));
+        assert!(b.check(ms(100)).is_admit());
+        assert_eq!(
+            b.check(ms(100)).rejection().unwrap().reason,
+            Reason::QueueFull
+        );
+    }
+
+    #[test]
+    fn a_place_given_back_after_a_cut_restores_the_departure_not_the_new_pace() {
+        // Scheduled at 10/s, then cut to 2/s: the given-back place is its own
+        // departure, and the next request after it is spaced at the pace in force.
+        let b = LeakyBucket::new(10.0, 4);
+        assert!(b.check(ms(0)).is_admit());
+        let p = paced(b.check(ms(0)));
+        b.set_limit(2.0);
+        let q = paced(b.check(ms(0)));
+        assert_eq!(q.departure(), ms(200));
+        // Back to front, each is the last scheduled when it leaves.
+        assert!(b.give_back(q, ms(10)));
+        assert!(b.give_back(p, ms(10)));
+        assert_eq!(paced(b.check(ms(10))).departure(), ms(100));
+        assert_eq!(paced(b.check(ms(10))).departure(), ms(600));
+    }
+
+    #[test]
+    fn another_algorithm_has_no_place_to_give_back() {
+        let b = LeakyBucket::new(10.0, 1);
+        assert!(b.check(ms(0)).is_admit());
+        let p = paced(b.check(ms(0)));
+        let tb = Limiter::new(
+            Algorithm::TokenBucket {
+                burst: Duration::from_secs(1),
+            },
+            10.0,
+            ms(0),
+        );
+        assert!(!tb.give_back(p, ms(0)));
+        let leaky = Limiter::new(Algorithm::LeakyBucket { queue: 1 }, 10.0, ms(0));
+        assert!(leaky.check(ms(0)).is_admit());
+        let p = paced(leaky.check(ms(0)));
+        assert!(leaky.give_back(p, ms(0)));
     }
 
     #[test]

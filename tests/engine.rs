@@ -810,7 +810,7 @@ fn keys_take_the_routes_window_and_queue() {
         .iter()
         .map(|d| match d {
             Decision::Admit(Admit::Now) => Duration::ZERO,
-            Decision::Admit(Admit::Paced(wait)) => *wait,
+            Decision::Admit(Admit::Paced(pace)) => pace.wait(Nanos::ZERO),
             other => panic!("{other:?}"),
         })
         .collect();
@@ -1072,4 +1072,67 @@ fn a_window_limit_the_config_accepts_admits_a_request_each_window() {
             );
         }
     }
+}
+
+/// The pace of a paced decision.
+fn paced(d: Decision) -> rocgate::limiter::Pace {
+    match d {
+        Decision::Admit(Admit::Paced(p)) => p,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A paced request that leaves before its departure gives its place back on the state
+/// it was scheduled on: the route's bucket, its key's, the shared overflow's (a key
+/// the full table had no place for) or the anonymous one; the next request there
+/// takes its departure time and is not refused `queue_full`.
+#[test]
+fn a_dropped_paced_request_gives_its_place_back_on_the_state_it_was_scheduled_on() {
+    let ms = Nanos::from_millis;
+    let leaky = |name: &str, partition: Partition| {
+        let mut cfg = RouteConfig::new(name, RouteMatch::prefix(format!("/{name}")));
+        cfg.algorithm = Algorithm::LeakyBucket { queue: 1 };
+        cfg.controller.base_limit_rps = 10.0;
+        cfg.controller.cut_limit_rps = 10.0;
+        cfg.partition = partition;
+        cfg
+    };
+    let limits = KeyLimits {
+        max_keys: 1,
+        ..KeyLimits::default()
+    };
+    let e = engine(vec![
+        leaky("whole", Partition::Route),
+        leaky("keyed", Partition::ClientIp(limits)),
+    ]);
+    let (whole, keyed) = (RouteId(0), RouteId(1));
+    // ip(1) takes the keyed table's one place; ip(2) and ip(3) share the overflow.
+    for (route, key) in [
+        (whole, Key::None),
+        (keyed, ip(1)),
+        (keyed, ip(2)),
+        (keyed, Key::None),
+    ] {
+        assert!(matches!(
+            e.check(route, key, ms(0)),
+            Decision::Admit(Admit::Now)
+        ));
+        let pace = paced(e.check(route, key, ms(0)));
+        assert_eq!(pace.departure(), ms(100));
+        let full = e.check(route, key, ms(0)).rejection().unwrap();
+        assert_eq!(full.reason, Reason::QueueFull, "{key:?}");
+        assert!(e.give_back(route, key, pace, ms(50)), "{key:?}");
+        let next = paced(e.check(route, key, ms(50)));
+        assert_eq!(next.departure(), ms(100), "{key:?}: the same departure");
+        assert_eq!(
+            e.check(route, key, ms(50)).rejection().unwrap().reason,
+            Reason::QueueFull,
+            "{key:?}: one place given back, one taken"
+        );
+        // Departed, it has nothing to give back.
+        assert!(!e.give_back(route, key, next, ms(100)), "{key:?}");
+    }
+    // ip(2)'s place was the overflow's, which ip(3) shares: full again for it too.
+    let shared = e.check(keyed, ip(3), ms(50)).rejection().unwrap();
+    assert_eq!(shared.reason, Reason::QueueFull);
 }

@@ -1004,3 +1004,70 @@ async fn load_shed_inside_the_layer_sheds_an_admitted_request_the_full_inner_can
     assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_paced_request_gives_its_place_to_the_next() {
+    // A paced request dropped before its departure (its client left) kept its place:
+    // the next request was refused `queue_full` by a queue holding no one.
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let mut r = route("rq-paced-drop", RouteMatch::prefix("/rq-paced-drop"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::LeakyBucket { queue: 1 };
+    let (l, _clock) = layer(vec![r]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = l.layer(counting_service(calls.clone(), Duration::ZERO));
+    let get = || Request::get("/rq-paced-drop").body(Body::empty()).unwrap();
+
+    assert_eq!(svc.call(get()).await.unwrap().status(), StatusCode::OK);
+    let mut paced = Box::pin(svc.call(get()));
+    assert!(poll_now(&mut paced).is_pending());
+    drop(paced);
+    let next = svc.call(get());
+    let started = tokio::time::Instant::now();
+    let served = next.await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK, "{:?}", served.headers());
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(1),
+        "at the dropped one's time"
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the dropped one never called"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paced_request_that_departed_keeps_its_place_spent() {
+    // Dropped after its departure, while it waits for the inner service, a request
+    // has used its interval: nothing is given back.
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let mut r = route("rq-paced-gone", RouteMatch::prefix("/rq-paced-gone"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::LeakyBucket { queue: 1 };
+    let (l, _clock) = layer(vec![r]);
+    let inner = Switch::default();
+    let mut svc = l.layer(inner.clone());
+    let get = || Request::get("/rq-paced-gone").body(Body::empty()).unwrap();
+
+    let first = svc.call(get());
+    let mut paced = Box::pin(svc.call(get()));
+    assert!(poll_now(&mut paced).is_pending());
+    // Its departure passes (the engine's manual clock stands still: only the place's
+    // own record of having departed keeps it from being given back).
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(
+        poll_now(&mut paced).is_pending(),
+        "departed, waits for the inner"
+    );
+    drop(paced);
+    let std::task::Poll::Ready(Ok(full)) = poll_now(&mut Box::pin(svc.call(get()))) else {
+        panic!("its place was given back: the next request is paced, not refused");
+    };
+    assert_eq!(full.headers()["rocgate-reason"], "queue_full");
+    inner.set(Some(Ok(())));
+    assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+}

@@ -254,7 +254,7 @@ fn leaky_bucket_schedules_each_request_once() {
                 let b = Arc::clone(&bucket);
                 thread::spawn(move || match b.check(Nanos::ZERO) {
                     Decision::Admit(Admit::Now) => Some(Duration::ZERO),
-                    Decision::Admit(Admit::Paced(wait)) => Some(wait),
+                    Decision::Admit(Admit::Paced(pace)) => Some(pace.wait(Nanos::ZERO)),
                     Decision::Admit(other) => panic!("{other:?}"),
                     Decision::Reject(r) => {
                         assert_eq!(r.reason, Reason::QueueFull);

@@ -9,7 +9,9 @@ use rocgate::clock::Nanos;
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::controller::{Controller, ControllerParams, ControllerState};
 use rocgate::engine::{Engine, Key, RouteId};
-use rocgate::limiter::{Decision, FixedWindow, SlidingWindowCounter, TokenBucket};
+use rocgate::limiter::{
+    Admit, Decision, FixedWindow, LeakyBucket, Pace, SlidingWindowCounter, TokenBucket,
+};
 use rocgate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
 use std::time::{Duration, SystemTime};
 
@@ -65,6 +67,66 @@ fn within_rate(admitted: &[Nanos], capacity: f64, rate: f64) -> Result<(), TestC
 
 proptest! {
     #![proptest_config(cases(256))]
+
+    /// Under any sequence of arrivals and of paced requests leaving before their
+    /// departure (giving their place back), a leaky bucket of interval `t` sends the
+    /// requests that stay at most 1 + (b − a) / t in every interval [a, b] (one
+    /// interval apart), and never has more than `queue` of them waiting.
+    #[test]
+    fn leaky_bucket_with_give_backs_keeps_its_pace_and_queue(
+        t_ns in 1_000u64..1_000_000_000,
+        queue in 0u32..8,
+        steps in prop::collection::vec((0u64..12, prop::option::of(any::<prop::sample::Index>())), 1..300),
+    ) {
+        let b = LeakyBucket::new(1e9 / t_ns as f64, queue);
+        let mut now = 0u64;
+        // Departures of the requests that stay; the paced ones that may still leave.
+        let mut departures: Vec<Nanos> = Vec::new();
+        let mut waiting: Vec<Pace> = Vec::new();
+        let mut given_back = 0;
+        for (quarters, leave) in steps {
+            now += t_ns / 4 * quarters;
+            let at = Nanos::new(now);
+            waiting.retain(|p| {
+                let departs = p.departure() > at;
+                if !departs {
+                    departures.push(p.departure());
+                }
+                departs
+            });
+            match leave {
+                Some(i) if !waiting.is_empty() => {
+                    let p = waiting.remove(i.index(waiting.len()));
+                    given_back += usize::from(b.give_back(p, at));
+                }
+                _ => match b.check(at) {
+                    Decision::Admit(Admit::Now) => departures.push(at),
+                    Decision::Admit(Admit::Paced(p)) => {
+                        prop_assert!(p.departure() > at);
+                        waiting.push(p);
+                        prop_assert!(
+                            waiting.len() <= queue as usize,
+                            "{} waiting, queue {queue}", waiting.len()
+                        );
+                    }
+                    Decision::Admit(other) => prop_assert!(false, "{other:?}"),
+                    Decision::Reject(_) => {}
+                },
+            }
+        }
+        departures.extend(waiting.iter().map(Pace::departure));
+        departures.sort();
+        for i in 0..departures.len() {
+            for j in i + 1..departures.len() {
+                let span = departures[j].as_u64() - departures[i].as_u64();
+                prop_assert!(
+                    (j - i) as u64 * t_ns <= span,
+                    "{} departures in {span} ns at one per {t_ns} ns ({given_back} places given back)",
+                    j - i + 1
+                );
+            }
+        }
+    }
 
     /// In every interval [a, b] the bucket admits at most capacity + rate × (b − a)
     /// (+1 for the nanosecond rounding of the emission interval).

@@ -16,6 +16,7 @@
 //! unless something moves it into the body ([`hold_permit_through_body`], as `rocgate
 //! serve` does).
 
+use super::layer::Place;
 use crate::limiter::{Permit, Ticket};
 use axum::body::Body;
 use http::{Request, Response};
@@ -28,7 +29,10 @@ use tower::Service;
 
 /// What an admitted request waits for before the inner service is called.
 pub(crate) enum Wait {
-    Sleep(Pin<Box<tokio::time::Sleep>>),
+    /// Its departure from a leaky bucket, holding its place there until then (given
+    /// back if the request is dropped before).
+    Sleep(Pin<Box<tokio::time::Sleep>>, Option<Box<Place>>),
+    /// A concurrency permit.
     Ticket(Ticket),
 }
 
@@ -202,7 +206,12 @@ where
             match kind.as_mut().project() {
                 KindProj::Waiting { wait, permit, call } => {
                     match wait {
-                        Some(Wait::Sleep(sleep)) => ready!(sleep.as_mut().poll(cx)),
+                        Some(Wait::Sleep(sleep, place)) => {
+                            ready!(sleep.as_mut().poll(cx));
+                            if let Some(place) = place {
+                                place.depart();
+                            }
+                        }
                         Some(Wait::Ticket(ticket)) => {
                             *permit = Some(ready!(Pin::new(ticket).poll(cx)));
                         }

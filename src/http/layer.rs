@@ -5,12 +5,12 @@ use super::service::AdmissionService;
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::config::{Config, Partition};
 use crate::engine::{Engine, Key, RouteId};
-use crate::limiter::Decision;
+use crate::limiter::{Admit, Decision, Pace};
 use arc_swap::ArcSwap;
 use axum::extract::{ConnectInfo, MatchedPath, OriginalUri};
 use http::Request;
 use ipnet::IpNet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -75,15 +75,11 @@ impl Gate {
         }
     }
 
-    /// Reads the clock once and decides the request; returns the time read too, and
-    /// for a rejection the limit it was refused at (its key's tier's, or the route's).
+    /// Reads the clock once and decides the request; returns the time read too, for
+    /// a rejection the limit it was refused at (its key's tier's, or the route's), and
+    /// for a paced admission the key it was decided on (to give its place back with).
     #[inline]
-    pub(crate) fn decide<B>(
-        &self,
-        engine: &Engine,
-        route: RouteId,
-        req: &Request<B>,
-    ) -> (Decision, Nanos, Option<f64>) {
+    pub(crate) fn decide<B>(&self, engine: &Engine, route: RouteId, req: &Request<B>) -> Decided {
         let digest: String;
         let key = match engine.partition(route) {
             Partition::Route => Key::None,
@@ -117,11 +113,98 @@ impl Gate {
         // One call site, so that the check can be inlined here.
         let now = self.clock.now();
         let decision = engine.check(route, key, now);
-        let refused_at = match decision {
-            Decision::Reject(_) => Some(engine.key_limit_rps(route, key)),
-            Decision::Admit(_) => None,
+        let (refused_at, paced_key) = match decision {
+            Decision::Reject(_) => (Some(engine.key_limit_rps(route, key)), None),
+            Decision::Admit(Admit::Paced(_)) => (None, Some(OwnedKey::of(key))),
+            Decision::Admit(_) => (None, None),
         };
-        (decision, now, refused_at)
+        Decided {
+            decision,
+            now,
+            refused_at,
+            paced_key,
+        }
+    }
+}
+
+/// What [`Gate::decide`] found.
+pub(crate) struct Decided {
+    pub(crate) decision: Decision,
+    /// The time the decision was made at.
+    pub(crate) now: Nanos,
+    /// For a rejection, the limit it was refused at.
+    pub(crate) refused_at: Option<f64>,
+    /// For a paced admission, the key it was decided on.
+    pub(crate) paced_key: Option<OwnedKey>,
+}
+
+/// A request's [`Key`], owned: kept by a paced request to give its place back with.
+pub(crate) enum OwnedKey {
+    None,
+    Ip(IpAddr),
+    Value(Box<str>),
+}
+
+impl OwnedKey {
+    fn of(key: Key<'_>) -> Self {
+        match key {
+            Key::None => OwnedKey::None,
+            Key::Ip(ip) => OwnedKey::Ip(ip),
+            Key::Value(v) => OwnedKey::Value(Box::from(v)),
+        }
+    }
+
+    fn key(&self) -> Key<'_> {
+        match self {
+            OwnedKey::None => Key::None,
+            OwnedKey::Ip(ip) => Key::Ip(*ip),
+            OwnedKey::Value(v) => Key::Value(v),
+        }
+    }
+}
+
+/// A paced request's place in its leaky bucket, until it departs: dropped before
+/// then (its client left), it gives the place back ([`Engine::give_back`]), which
+/// the next request takes if no request was scheduled after it.
+pub(crate) struct Place {
+    engine: Arc<Engine>,
+    clock: Arc<dyn Clock>,
+    route: RouteId,
+    key: OwnedKey,
+    /// Its pace while it waits for its departure.
+    pace: Option<Pace>,
+}
+
+impl Place {
+    /// The place of a request paced by `engine` on `route` for `key`.
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        clock: Arc<dyn Clock>,
+        route: RouteId,
+        key: OwnedKey,
+        pace: Pace,
+    ) -> Self {
+        Place {
+            engine,
+            clock,
+            route,
+            key,
+            pace: Some(pace),
+        }
+    }
+
+    /// The request departs: its place is spent.
+    pub(crate) fn depart(&mut self) {
+        self.pace = None;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(pace) = self.pace.take() {
+            let now = self.clock.now();
+            self.engine.give_back(self.route, self.key.key(), pace, now);
+        }
     }
 }
 

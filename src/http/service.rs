@@ -3,7 +3,7 @@
 //! calls it once admitted and ready.
 
 use super::future::{ResponseFuture, Wait};
-use super::layer::{Gate, MatchedRoute};
+use super::layer::{Gate, MatchedRoute, Place};
 use super::rejection;
 use crate::limiter::{Admit, Decision, Permit};
 use bytes::Bytes;
@@ -54,13 +54,15 @@ where
         let Some(route) = gate.route_of(&engine, &req) else {
             return self.forward(req, None);
         };
-        let (decision, now, refused_at) = gate.decide(&engine, route, &req);
-        let admit = match decision {
+        let decided = gate.decide(&engine, route, &req);
+        let admit = match decided.decision {
             Decision::Admit(admit) => admit,
             Decision::Reject(rejection) => {
-                let eta = engine.restore_eta(route, now);
+                let eta = engine.restore_eta(route, decided.now);
                 let retry_after = rejection::retry_after(&rejection, eta);
-                let limit = refused_at.unwrap_or_else(|| engine.limit_rps(route));
+                let limit = decided
+                    .refused_at
+                    .unwrap_or_else(|| engine.limit_rps(route));
                 return ResponseFuture::rejected(gate.rejections.respond(
                     &engine,
                     route,
@@ -77,9 +79,19 @@ where
         match admit {
             Admit::Now => self.forward(req, None),
             Admit::Held(permit) => self.forward(req, Some(permit)),
-            Admit::Paced(delay) => {
-                let wait = Wait::Sleep(Box::pin(tokio::time::sleep(delay)));
-                self.take_along(Some(wait), None, req)
+            Admit::Paced(pace) => {
+                let sleep = Box::pin(tokio::time::sleep(pace.wait(decided.now)));
+                let place = decided.paced_key.map(|key| {
+                    let engine = arc_swap::Guard::into_inner(engine);
+                    Box::new(Place::new(
+                        engine,
+                        Arc::clone(&gate.clock),
+                        route,
+                        key,
+                        pace,
+                    ))
+                });
+                self.take_along(Some(Wait::Sleep(sleep, place)), None, req)
             }
             Admit::Queued(ticket) => self.take_along(Some(Wait::Ticket(ticket)), None, req),
         }
