@@ -2510,3 +2510,62 @@ async fn a_head_answer_keeps_its_content_length_and_has_no_body() {
     }
     assert!(answers[2].ends_with("\r\n\r\nok"), "{text}");
 }
+
+/// A leaky-bucket request whose client gives up while it is paced (an HTTP/2 stream
+/// reset) gives its place back: the next request is paced into it instead of being
+/// refused `queue_full`, and the upstream sees only the requests that stayed.
+#[tokio::test]
+async fn a_paced_request_whose_client_leaves_gives_its_place_to_the_next() {
+    let up = start_upstream().await;
+    let mut route = RouteConfig::new("paced", RouteMatch::prefix("/paced"));
+    // One request every 4 s, one may wait.
+    route.controller.base_limit_rps = 0.25;
+    route.controller.cut_limit_rps = 0.25;
+    route.controller.danger_roc = f64::MAX;
+    route.algorithm = Algorithm::LeakyBucket { queue: 1 };
+    let proxy = start_proxy(settings(up.addr), vec![route]).await;
+    assert_eq!(
+        send(proxy.addr, empty(get("/paced"))).await.status,
+        StatusCode::OK
+    );
+
+    let stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let paced_since = tokio::time::Instant::now();
+    let req = Request::get(format!("http://{HOST}/paced"))
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    // Paced for 4 s: its client gives up after 200 ms (the stream is reset).
+    assert!(
+        timeout(Duration::from_millis(200), sender.send_request(req))
+            .await
+            .is_err()
+    );
+
+    // Until its departure, the next request finds its place (once the reset is in),
+    // where it was refused `queue_full` before.
+    let next = loop {
+        let reply = send(proxy.addr, empty(get("/paced"))).await;
+        if reply.status == StatusCode::OK || paced_since.elapsed() > Duration::from_millis(2_500) {
+            break reply;
+        }
+        assert_eq!(reply.headers["rocgate-reason"], "queue_full");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(next.status, StatusCode::OK, "{:?}", next.headers);
+    assert_eq!(
+        up.seen("/paced").len(),
+        2,
+        "the one that left never reached it"
+    );
+    drop(sender);
+    let _ = proxy.shut_down().await;
+}
