@@ -272,6 +272,50 @@ fn leaky_bucket_schedules_each_request_once() {
     });
 }
 
+/// A leaky bucket at 10/s with a queue of 3: a paced request gives its place back
+/// while another request is scheduled. Either the give-back comes first (the new
+/// request takes its departure) or the new request does (the give-back fails, the
+/// place stays taken): the requests that stay, and two more after them, never depart
+/// less than an interval apart, in every interleaving.
+#[test]
+fn leaky_bucket_give_back_races_a_new_request_soundly() {
+    check(|| {
+        let bucket = Arc::new(LeakyBucket::new(10.0, 3));
+        assert!(matches!(
+            bucket.check(Nanos::ZERO),
+            Decision::Admit(Admit::Now)
+        ));
+        let Decision::Admit(Admit::Paced(pace)) = bucket.check(Nanos::ZERO) else {
+            panic!("the second is paced");
+        };
+        let leaving = {
+            let b = Arc::clone(&bucket);
+            thread::spawn(move || b.give_back(pace, Nanos::ZERO))
+        };
+        let departure = match bucket.check(Nanos::ZERO) {
+            Decision::Admit(Admit::Paced(p)) => p.departure(),
+            other => panic!("{other:?}"),
+        };
+        let given_back = leaving.join().expect("the leaving thread");
+        let mut departures = vec![Nanos::ZERO, departure];
+        if !given_back {
+            departures.push(Nanos::from_millis(100));
+        }
+        for _ in 0..2 {
+            if let Decision::Admit(Admit::Paced(p)) = bucket.check(Nanos::ZERO) {
+                departures.push(p.departure());
+            }
+        }
+        departures.sort();
+        for pair in departures.windows(2) {
+            assert!(
+                pair[1].as_u64() - pair[0].as_u64() >= 100_000_000,
+                "{departures:?}"
+            );
+        }
+    });
+}
+
 // ---------------------------------------------------------------- concurrency
 
 /// A request through the limiter, to the end: a permit now, or a queue place
