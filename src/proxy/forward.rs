@@ -96,28 +96,21 @@ static OTHER_FORWARDING: [HeaderName; 6] = [
     HeaderName::from_static("x-forwarded-server"),
 ];
 
-/// Removes the [`OTHER_FORWARDING`] headers.
-fn strip_other_forwarding(headers: &mut HeaderMap) {
-    // Most requests carry none: one pass over the names saves hashing each of the
-    // six on every request.
-    let any = headers.keys().any(|k| {
+/// Whether `headers` holds any forwarding header: `X-Forwarded-*`, `Forwarded` or
+/// `X-Real-IP`. Most requests carry none: one pass over the names spares hashing each
+/// of them to remove it.
+fn any_forwarding(headers: &HeaderMap) -> bool {
+    headers.keys().any(|k| {
         let name = k.as_str();
-        name == "x-real-ip" || name.starts_with("x-forwarded-")
-    });
-    if any {
-        for name in &OTHER_FORWARDING {
-            headers.remove(name);
-        }
-    }
+        name == "x-real-ip" || name == "forwarded" || name.starts_with("x-forwarded-")
+    })
 }
 
-/// Removes hop-by-hop headers, including every header named in `Connection`, and a
-/// `Content-Length` beside a `Transfer-Encoding`.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one pass over the names saves hashing each of the
-    // eight on every message. One match on each name's text (by length, then bytes),
-    // not nine comparisons of names.
-    let any = headers.keys().any(|k| {
+/// Whether `headers` holds any hop-by-hop header. Most messages carry none: one pass
+/// over the names saves hashing each of the eight on every message. One match on each
+/// name's text (by length, then bytes), not nine comparisons of names.
+fn any_hop_by_hop(headers: &HeaderMap) -> bool {
+    headers.keys().any(|k| {
         matches!(
             k.as_str(),
             "connection"
@@ -129,10 +122,19 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
                 | "upgrade"
                 | "proxy-connection"
         )
-    });
-    if !any {
-        return;
+    })
+}
+
+/// Removes hop-by-hop headers, including every header named in `Connection`, and a
+/// `Content-Length` beside a `Transfer-Encoding`.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if any_hop_by_hop(headers) {
+        remove_hop_by_hop(headers);
     }
+}
+
+/// [`strip_hop_by_hop`], without looking first whether there is any.
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
     // The body was framed by its transfer coding, which overrides a `Content-Length`
     // (RFC 9112 §6.3: a proxy MUST remove it). Kept, it would frame the next hop's.
     if headers.contains_key(header::TRANSFER_ENCODING) {
@@ -398,7 +400,7 @@ impl Inner {
         // The target's host and port win over `Host` (RFC 9112 §3.2.2; HTTP/2's
         // `:authority`), which a request in origin form carries alone. A userinfo
         // (credentials) is no part of them.
-        let original_host = parts
+        let target_host = parts
             .uri
             .authority()
             .map(|a| {
@@ -406,29 +408,36 @@ impl Inner {
                     .rsplit_once('@')
                     .map_or(a.as_str(), |(_, host)| host)
             })
-            .and_then(|host| HeaderValue::from_str(host).ok())
-            .or(host);
-        // `TE` is this hop's, but its `trailers` says the client takes trailer fields,
-        // without which an upstream may send none (hyper does not): passed on alone,
-        // as Envoy does.
-        let takes_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
-            v.as_bytes()
-                .split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-        });
-        strip_hop_by_hop(&mut parts.headers);
-        if takes_trailers {
-            parts
-                .headers
-                .insert(header::TE, HeaderValue::from_static("trailers"));
+            .and_then(|host| HeaderValue::from_str(host).ok());
+        // `Host` is set again unless it is the client's own (a request has one at most:
+        // see `refusal`), which it would replace with itself.
+        let set_host = target_host.is_some() || host.is_none();
+        let original_host = target_host.or(host);
+        if any_hop_by_hop(&parts.headers) {
+            // `TE` is this hop's, but its `trailers` says the client takes trailer
+            // fields, without which an upstream may send none (hyper does not): passed
+            // on alone, as Envoy does.
+            let takes_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
+                v.as_bytes()
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+            });
+            remove_hop_by_hop(&mut parts.headers);
+            if takes_trailers {
+                parts
+                    .headers
+                    .insert(header::TE, HeaderValue::from_static("trailers"));
+            }
         }
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
         parts
             .headers
             .append(header::VIA, self.via.entry(parts.version).clone());
         // HTTP/1.1 requires a Host: the client's, or else the upstream's.
-        if let Some(host) = original_host.or_else(|| self.upstream_host.clone()) {
-            parts.headers.insert(header::HOST, host);
+        if set_host {
+            if let Some(host) = original_host.or_else(|| self.upstream_host.clone()) {
+                parts.headers.insert(header::HOST, host);
+            }
         }
         // The request goes upstream in origin form (the path alone): a lane's
         // connection goes to the origin itself, and the pool is given the upstream's
@@ -469,10 +478,12 @@ impl Inner {
         host: Option<&HeaderValue>,
     ) {
         let trusted = peer.is_some_and(|p| self.settings.resolver.is_trusted(p.ip));
+        // Most requests carry no forwarding header: nothing to keep or remove.
+        let any = any_forwarding(headers);
         // One buffer, handed to the header value without a copy. Bytes, since a value
         // may hold bytes beyond ASCII: the chain is passed on as received.
-        let mut chain = Vec::with_capacity(48);
-        if trusted {
+        let mut chain = Vec::new();
+        if trusted && any {
             for v in headers.get_all(&X_FORWARDED_FOR) {
                 if !chain.is_empty() {
                     chain.extend_from_slice(b", ");
@@ -480,11 +491,18 @@ impl Inner {
                 chain.extend_from_slice(v.as_bytes());
             }
         }
-        headers.remove(&X_FORWARDED_FOR);
-        if !trusted {
-            headers.remove(&FORWARDED);
-            strip_other_forwarding(headers);
-        } else if let (Some(Peer { ip, .. }), true) = (peer, headers.contains_key(&FORWARDED)) {
+        if any {
+            headers.remove(&X_FORWARDED_FOR);
+            if !trusted {
+                headers.remove(&FORWARDED);
+                for name in &OTHER_FORWARDING {
+                    headers.remove(name);
+                }
+            }
+        }
+        if let Some(Peer { ip, .. }) =
+            peer.filter(|_| trusted && any && headers.contains_key(&FORWARDED))
+        {
             // The trusted proxy's chain goes on with this hop (RFC 7239 §4: an IPv6
             // node is quoted and bracketed), as `X-Forwarded-For` does.
             let element = match ip.to_canonical() {
@@ -511,14 +529,19 @@ impl Inner {
                 headers.insert(X_FORWARDED_FOR.clone(), v);
             }
         }
-        if !(trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        if !(trusted && any && headers.contains_key(&X_FORWARDED_PROTO)) {
             headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
         }
-        if !(trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        if !(trusted && any && headers.contains_key(&X_FORWARDED_HOST)) {
             match host {
-                Some(h) => headers.insert(X_FORWARDED_HOST.clone(), h.clone()),
-                None => headers.remove(&X_FORWARDED_HOST),
-            };
+                Some(h) => {
+                    headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+                }
+                None if any => {
+                    headers.remove(&X_FORWARDED_HOST);
+                }
+                None => {}
+            }
         }
     }
 
