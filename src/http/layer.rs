@@ -75,19 +75,26 @@ impl Gate {
         }
     }
 
-    /// Reads the clock once and decides the request; returns the time read too, for
-    /// a rejection the limit it was refused at (its key's tier's, or the route's), and
-    /// for a paced admission the key it was decided on (to give its place back with).
+    /// Reads the clock once and decides the request, from `peer` if its connection's
+    /// peer is known (else from its [`PeerAddr`] or `ConnectInfo`); returns the time
+    /// read too, for a rejection the limit it was refused at (its key's tier's, or the
+    /// route's), and for a paced admission the key it was decided on (to give its
+    /// place back with).
     #[inline]
-    pub(crate) fn decide<B>(&self, engine: &Engine, route: RouteId, req: &Request<B>) -> Decided {
+    pub(crate) fn decide<B>(
+        &self,
+        engine: &Engine,
+        route: RouteId,
+        req: &Request<B>,
+        peer: Option<SocketAddr>,
+    ) -> Decided {
         let digest: String;
         let key = match engine.partition(route) {
             Partition::Route => Key::None,
             Partition::ClientIp(_) => {
                 let ext = req.extensions();
-                let peer = ext
-                    .get::<PeerAddr>()
-                    .map(|p| p.0)
+                let peer = peer
+                    .or_else(|| ext.get::<PeerAddr>().map(|p| p.0))
                     .or_else(|| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))
                     .map(|a| a.ip());
                 self.resolver

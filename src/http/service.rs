@@ -8,6 +8,7 @@ use super::rejection;
 use crate::limiter::{Admit, Decision, Permit};
 use bytes::Bytes;
 use http::{Request, Response};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -16,6 +17,10 @@ use std::task::{Context, Poll, Waker};
 pub struct AdmissionService<S> {
     inner: S,
     gate: Arc<Gate>,
+    /// The peer of the one client connection this service serves, if it serves one
+    /// (`rocgate serve`): taken as the request's [`PeerAddr`](super::PeerAddr), without
+    /// an extension to insert in every request.
+    peer: Option<SocketAddr>,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for AdmissionService<S> {
@@ -28,7 +33,18 @@ impl<S: std::fmt::Debug> std::fmt::Debug for AdmissionService<S> {
 
 impl<S> AdmissionService<S> {
     pub(crate) fn new(inner: S, gate: Arc<Gate>) -> Self {
-        AdmissionService { inner, gate }
+        AdmissionService {
+            inner,
+            gate,
+            peer: None,
+        }
+    }
+
+    /// This service for the requests of one client connection, from `peer`.
+    #[cfg(feature = "proxy")]
+    pub(crate) fn for_peer(mut self, peer: SocketAddr) -> Self {
+        self.peer = Some(peer);
+        self
     }
 }
 
@@ -54,7 +70,7 @@ where
         let Some(route) = gate.route_of(&engine, &req) else {
             return self.forward(req, None);
         };
-        let decided = gate.decide(&engine, route, &req);
+        let decided = gate.decide(&engine, route, &req, self.peer);
         let admit = match decided.decision {
             Decision::Admit(admit) => admit,
             Decision::Reject(rejection) => {

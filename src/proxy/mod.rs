@@ -30,7 +30,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
 use crate::controller::Transition;
 use crate::engine::Engine;
-use crate::http::{shared_engine, AdmissionLayer, PeerAddr, SharedEngine};
+use crate::http::{shared_engine, AdmissionLayer, SharedEngine};
 use crate::metrics as metric;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -428,15 +428,15 @@ impl Proxy {
             })
         });
         #[cfg(feature = "redis")]
-        let service_for = |forwarder: Forwarder| {
+        let service_for = |forwarder: Forwarder, peer| {
             shared::Front::new(
-                layer.layer(forwarder.clone()),
+                layer.layer(forwarder.clone()).for_peer(peer),
                 shared_gate.clone(),
                 forwarder,
             )
         };
         #[cfg(not(feature = "redis"))]
-        let service_for = |forwarder: Forwarder| layer.layer(forwarder);
+        let service_for = |forwarder: Forwarder, peer| layer.layer(forwarder).for_peer(peer);
         #[cfg(feature = "redis")]
         let collector = if self.store.is_some() {
             metric::Collector::new().with_shared_store()
@@ -561,7 +561,7 @@ impl Proxy {
             let _ = stream.set_nodelay(true);
             let (forwarder, driver) = forwarder.for_connection(peer);
             let checks = forwarder.clone();
-            let service = service_for(forwarder);
+            let service = service_for(forwarder, peer);
             let header_timeout = self.settings.header_read_timeout;
             let idle_timeout = self.settings.idle_timeout;
             let reloader = self.reloader.clone();
@@ -578,7 +578,7 @@ impl Proxy {
                 let svc = hyper::service::service_fn({
                     let activity = Arc::clone(&activity);
                     let streams = Arc::clone(&streams);
-                    move |mut req: http::Request<Incoming>| {
+                    move |req: http::Request<Incoming>| {
                         let busy = activity.begin();
                         let h2 =
                             (req.version() == http::Version::HTTP_2).then(|| Arc::clone(&streams));
@@ -586,11 +586,11 @@ impl Proxy {
                         let response = match refused {
                             Some(e) => Err(refuse(&reloader.engine(), &req, e)),
                             None => {
-                                req.extensions_mut().insert(PeerAddr(peer));
-                                // Called without `poll_ready`: the admission layer
-                                // is always ready (it readies the `Forwarder`, always
-                                // ready too, itself), and so is the front over it, so
-                                // a fresh clone is.
+                                // The peer is the service's own (`for_peer`), as
+                                // the forwarder's. Called without `poll_ready`: the
+                                // admission layer is always ready (it readies the
+                                // `Forwarder`, always ready too, itself), and so is
+                                // the front over it, so a fresh clone is.
                                 Ok(service.clone().call(req))
                             }
                         };
