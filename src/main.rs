@@ -7,6 +7,13 @@ use clap::Parser;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
+/// mimalloc, not the system allocator: `rocgate serve` allocates and frees a few small
+/// objects per request (buffers, futures, header maps), which glibc's malloc serves
+/// from its slower bins past 1 KiB; mimalloc takes 2% off the instructions of a
+/// proxied request (README, Performance).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     // The demo's table is on stdout; its info logs (each transition) would interleave
