@@ -6,8 +6,11 @@ use http::{HeaderMap, HeaderValue};
 use ipnet::{IpNet, Ipv4Net};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-/// The socket address of the connection's peer, as a request extension. The reverse
-/// proxy inserts it; in an axum app, `ConnectInfo<SocketAddr>` is used as well.
+/// The socket address of the connection's peer, as a request extension, for the
+/// admission layer (partitions by client IP) and a `rocgate::proxy::Forwarder` called
+/// directly (`X-Forwarded-For`); in an axum app, `ConnectInfo<SocketAddr>` is used as
+/// well. `rocgate serve` inserts none: its layer and forwarder are given the peer once
+/// per connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
 
