@@ -228,7 +228,13 @@ impl Config {
                 }
             }
         }
-        let vars = vars.into_iter().map(|(key, (_, value))| (key, value));
+        // In the order the variables came (the environment's), not the map's: of
+        // several unknown fields, the one the error names is the first set.
+        let vars = overrides.iter().filter_map(|o| {
+            let key = o.config_key();
+            let (_, value) = vars.remove(&key)?;
+            Some((key, value))
+        });
 
         let merged = config::Config::builder()
             .add_source(file)
@@ -590,6 +596,29 @@ mod tests {
         assert_eq!(r.mode, Mode::Shadow);
         assert_eq!(r.events[0].controller.hold, Duration::from_secs(5));
         assert_eq!(r.events[0].controller.base_limit_rps, 300.0);
+    }
+
+    #[test]
+    fn of_several_unknown_overrides_the_first_set_is_named_every_time() {
+        // Found by fuzzing (fuzz/fuzz_targets/config.rs): the overrides went to the
+        // config crate in a hash map's order, so the variable named changed from one
+        // load to the next.
+        let vars = [
+            ("ROCGATE__ZULU", "1"),
+            ("ROCGATE__YANKEE", "1"),
+            ("ROCGATE__XRAY", "1"),
+            ("ROCGATE__WHISKEY", "1"),
+            ("ROCGATE__VICTOR", "1"),
+            ("ROCGATE__DEFAULTS__UNIFORM", "1"),
+        ];
+        for _ in 0..32 {
+            let e = error(ROUTE, &vars);
+            assert!(
+                e.starts_with("t.toml: zulu: unknown field `zulu`")
+                    && e.ends_with("(set by environment variable ROCGATE__ZULU)"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
