@@ -694,3 +694,22 @@ fn advice_on_the_flash_sale_adds_no_overload() {
         "{h:#?}"
     );
 }
+
+#[test]
+fn a_profile_at_the_edge_of_f64_offers_a_number_of_requests_not_nan() {
+    // Found by fuzzing (fuzz/fuzz_targets/profile.rs): two points at one time whose
+    // rates sum beyond f64::MAX made that zero-width segment's area ∞ × 0 = NaN, which
+    // passed the arrivals cap, and `rocgate simulate --profile` spun forever.
+    let p = Profile::parse_csv("0,1e308\n0,1e308\n1,0\n").unwrap();
+    assert_eq!(p.expected_arrivals(), 1e308 / 2.0);
+    let refused = Simulator::new(config(""), None)
+        .unwrap()
+        .run_profile_all(&p, ArrivalModel::Uniform);
+    assert!(
+        matches!(refused, Err(rocgate::sim::SimError::TooManyArrivals { .. })),
+        "{refused:?}"
+    );
+    // A silent profile spanning more seconds than f64 holds: ∞ × 0 again.
+    let p = Profile::parse_csv("-1e308,0\n1e308,0\n").unwrap();
+    assert_eq!(p.expected_arrivals(), 0.0);
+}

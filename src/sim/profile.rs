@@ -180,7 +180,14 @@ impl Profile {
         let mut area = 0.0;
         let cumulative = std::iter::once(0.0)
             .chain(points.windows(2).map(|w| {
-                area += 0.5 * (w[0].1 + w[1].1) * (w[1].0 - w[0].0);
+                let ((t0, r0), (t1, r1)) = (w[0], w[1]);
+                // A segment without width or without rate offers nothing, even where
+                // the other factor is ∞ (rates that sum beyond f64::MAX, a span of
+                // more seconds than f64 holds): ∞ × 0 would make the count NaN, which
+                // no cap refuses. Halves first, so the sum of two rates stays finite.
+                if t1 > t0 && (r0 > 0.0 || r1 > 0.0) {
+                    area += (0.5 * r0 + 0.5 * r1) * (t1 - t0);
+                }
                 area
             }))
             .collect();
