@@ -1171,13 +1171,19 @@ fn of_several_unknown_fields_the_first_in_the_file_is_named_every_time() {
     // Found by fuzzing (fuzz/fuzz_targets/config.rs): the table was a hash map, so the
     // unknown field named changed from one load of the same text to the next.
     let top = "zulu = 1\nyankee = 2\nxray = 3\nwhiskey = 4\nvictor = 5\nuniform = 6\n";
-    let route = "[[routes]]\nname = \"a\"\npath = \"/\"\nzulu = 1\nyankee = 2\nxray = 3\nwhiskey = 4\n";
+    let route =
+        "[[routes]]\nname = \"a\"\npath = \"/\"\nzulu = 1\nyankee = 2\nxray = 3\nwhiskey = 4\n";
     for (text, location) in [(top, "zulu"), (route, "routes[0].zulu")] {
         for _ in 0..32 {
             let e = Config::from_toml_str(text, "t.toml").unwrap_err();
             assert_eq!(e.problems().len(), 1, "{e}");
             assert_eq!(e.problems()[0].location(), location, "{e}");
-            assert!(e.problems()[0].message().starts_with("unknown field `zulu`"), "{e}");
+            assert!(
+                e.problems()[0]
+                    .message()
+                    .starts_with("unknown field `zulu`"),
+                "{e}"
+            );
         }
     }
 }
