@@ -238,7 +238,9 @@ impl Profile {
         }
         let (t0, r0) = self.points[i - 1];
         let (t1, r1) = self.points[i];
-        r0 + (r1 - r0) * (t_s - t0) / (t1 - t0)
+        // The fraction of the segment first: the rate difference times the time
+        // could overflow, a fraction of it cannot.
+        r0 + (r1 - r0) * ((t_s - t0) / (t1 - t0))
     }
 
     /// Requests the profile offers in expectation: the integral of its rate.
@@ -471,6 +473,16 @@ pub struct UnknownScenario {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rate_between_two_points_lies_between_their_rates() {
+        // Found by fuzzing (fuzz/fuzz_targets/profile.rs): the rate difference times
+        // the time since the first point overflowed to -inf before the division.
+        let p = Profile::parse_csv("0,1e308\n80,2\n").unwrap();
+        let r = p.rate_at(5.0);
+        assert!((2.0..=1e308).contains(&r), "{r}");
+        assert_eq!(p.rate_at(0.0), 1e308);
+    }
 
     #[test]
     fn csv_errors_name_the_line() {
