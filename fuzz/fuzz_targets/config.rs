@@ -2,9 +2,8 @@
 //!
 //! Input: the TOML text, then optionally a NUL byte and `NAME=VALUE` lines, the
 //! environment (`ROCGATE__…` variables are overrides). Invariants: no panic; a refused
-//! config has at least one problem, and each problem says where (a field path, a
-//! `line L, column C`, or an environment variable) unless it is about the whole text;
-//! loading is deterministic.
+//! config names its origin and has at least one problem, each with a message; loading
+//! the same input twice gives the same outcome (the same config, or the same errors).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -201,9 +201,12 @@ fn write(req: &Structured) -> Vec<u8> {
     out
 }
 
+/// A request's header lines as sent: lowercase names and values.
+type Lines = Vec<(String, Vec<u8>)>;
+
 /// The head as httparse reads it: header names and values, and its length; `None`
 /// unless complete and valid.
-fn parse_head(bytes: &[u8]) -> Option<(Vec<(String, Vec<u8>)>, usize)> {
+fn parse_head(bytes: &[u8]) -> Option<(Lines, usize)> {
     let mut headers = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(bytes) {
