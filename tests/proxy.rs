@@ -1756,22 +1756,26 @@ async fn shutdown_closes_the_listener_and_lets_requests_in_flight_finish() {
 // ---------------------------------------------------------------------------------
 // HTTP/2 to clients
 
-/// A client speaking h2c (HTTP/2 with prior knowledge) is served like an HTTP/1.1 one:
-/// forwarded over HTTP/1.1, and limited by the same bucket.
-#[tokio::test]
-async fn h2c_clients_are_forwarded_and_limited() {
-    let up = start_upstream().await;
-    let proxy = start_proxy(settings(up.addr), vec![trickle_route("h2", "/", 2)]).await;
-    let stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+/// An HTTP/2 (prior knowledge) connection to `addr`, driven by a task of its own.
+async fn h2c_connect(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(stream),
     )
     .await
     .unwrap();
     tokio::spawn(conn);
+    sender
+}
+
+/// A client speaking h2c (HTTP/2 with prior knowledge) is served like an HTTP/1.1 one:
+/// forwarded over HTTP/1.1, and limited by the same bucket.
+#[tokio::test]
+async fn h2c_clients_are_forwarded_and_limited() {
+    let up = start_upstream().await;
+    let proxy = start_proxy(settings(up.addr), vec![trickle_route("h2", "/", 2)]).await;
+    let mut sender = h2c_connect(proxy.addr).await;
     let mut statuses = Vec::new();
     for _ in 0..4 {
         let req = Request::get(format!("http://{HOST}/h2"))
@@ -2529,16 +2533,7 @@ async fn a_paced_request_whose_client_leaves_gives_its_place_to_the_next() {
         StatusCode::OK
     );
 
-    let stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2c_connect(proxy.addr).await;
     let paced_since = tokio::time::Instant::now();
     let req = Request::get(format!("http://{HOST}/paced"))
         .body(Full::<Bytes>::default())
