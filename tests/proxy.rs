@@ -2147,14 +2147,11 @@ fn refused_for_their_heads() -> [(&'static [u8], u16); 3] {
 /// A request refused for its head alone (two `Host`s, CONNECT, a declared body over
 /// `max_body_bytes`) spends none of its route's tokens: a client cannot drain a route
 /// with requests that never reach the upstream. Each is still counted under its route.
-#[tokio::test]
-async fn a_request_refused_for_its_head_spends_no_token() {
-    let upstream = start_upstream().await;
-    let mut settings = settings(upstream.addr);
-    settings.forward.max_body_bytes = 1024;
-    let proxy = start_proxy(settings, vec![trickle_route("one_token", "/", 1)]).await;
+/// Sends each of [`refused_for_their_heads`] to `addr`, checking its status, then one
+/// good request, which must get 200 and be the only one to reach `upstream`.
+async fn refused_then_one_good(addr: SocketAddr, upstream: &Upstream) {
     for (request, status) in refused_for_their_heads() {
-        let raw = raw_exchange(proxy.addr, request, IO_TIMEOUT).await;
+        let raw = raw_exchange(addr, request, IO_TIMEOUT).await;
         assert_eq!(
             statuses(&raw),
             [status],
@@ -2162,15 +2159,24 @@ async fn a_request_refused_for_its_head_spends_no_token() {
             String::from_utf8_lossy(&raw)
         );
     }
-    // The route's one token is still there.
     let raw = raw_exchange(
-        proxy.addr,
+        addr,
         b"GET /good HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         IO_TIMEOUT,
     )
     .await;
     assert_eq!(statuses(&raw), [200], "{}", String::from_utf8_lossy(&raw));
     assert_eq!(upstream.all_paths(), ["/good"]);
+}
+
+#[tokio::test]
+async fn a_request_refused_for_its_head_spends_no_token() {
+    let upstream = start_upstream().await;
+    let mut settings = settings(upstream.addr);
+    settings.forward.max_body_bytes = 1024;
+    let proxy = start_proxy(settings, vec![trickle_route("one_token", "/", 1)]).await;
+    // Each refused, and the route's one token is still there.
+    refused_then_one_good(proxy.addr, &upstream).await;
     let metrics = send(proxy.admin, empty(get("/metrics"))).await;
     let text = String::from_utf8_lossy(&metrics.body);
     for (kind, count) in [("bad_request", 2), ("body_too_large", 1)] {
@@ -2204,23 +2210,7 @@ async fn a_forwarder_served_directly_refuses_what_cannot_be_forwarded() {
             );
         }
     });
-    for (request, status) in refused_for_their_heads() {
-        let raw = raw_exchange(addr, request, IO_TIMEOUT).await;
-        assert_eq!(
-            statuses(&raw),
-            [status],
-            "{}",
-            String::from_utf8_lossy(&raw)
-        );
-    }
-    let raw = raw_exchange(
-        addr,
-        b"GET /good HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        IO_TIMEOUT,
-    )
-    .await;
-    assert_eq!(statuses(&raw), [200], "{}", String::from_utf8_lossy(&raw));
-    assert_eq!(upstream.all_paths(), ["/good"]);
+    refused_then_one_good(addr, &upstream).await;
 }
 
 // ---------------------------------------------------------------------------------
