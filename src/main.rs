@@ -10,7 +10,7 @@ use std::process::ExitCode;
 /// mimalloc, not the system allocator: `rocgate serve` allocates and frees a few small
 /// objects per request (buffers, futures, header maps), which glibc's malloc serves
 /// from its slower bins past 1 KiB; mimalloc takes 2% off the instructions of a
-/// proxied request (README, Performance).
+/// proxied request (benches/README.md, "rocgate vs nginx").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
