@@ -50,11 +50,24 @@ pub enum SimError {
         slots: u64,
     },
     /// The profile offers more than [`MAX_ARRIVALS`] requests.
-    #[error("the profile offers {expected:.0} requests, more than {MAX_ARRIVALS:.0}")]
+    #[error(
+        "the profile offers {} requests, more than {MAX_ARRIVALS:.0}",
+        count_of(*expected)
+    )]
     TooManyArrivals {
         /// Requests the profile offers.
         expected: f64,
     },
+}
+
+/// A request count as a person reads it: whole below 10^12, else in scientific
+/// notation (a profile may offer 10^300 requests, which `{:.0}` writes in 301 digits).
+fn count_of(n: f64) -> String {
+    if n < 1e12 {
+        format!("{n:.0}")
+    } else {
+        format!("{n:.2e}")
+    }
 }
 
 /// One request of a run: when it arrives, the route that takes it, and the client's
@@ -1004,6 +1017,19 @@ fn mode_name<S: Serializer>(mode: &Mode, s: S) -> Result<S::Ok, S::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn too_many_arrivals_reads_as_a_count_at_any_size() {
+        let msg = |expected| SimError::TooManyArrivals { expected }.to_string();
+        assert_eq!(
+            msg(2_500_000_000.0),
+            "the profile offers 2500000000 requests, more than 1000000000"
+        );
+        assert_eq!(
+            msg(1e300),
+            "the profile offers 1.00e300 requests, more than 1000000000"
+        );
+    }
 
     #[test]
     fn peak_slides_over_whole_rows() {
