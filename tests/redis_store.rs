@@ -610,6 +610,129 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
     assert!(shared(), "not back after {took:?}");
 }
 
+/// A TCP relay on a free loopback port in front of a Redis. [`go_dark`](Self::go_dark)
+/// makes every connection open at that moment stop relaying either way while staying
+/// open (a half-open connection: a NAT or a load balancer that dropped the flow, a
+/// failover behind a virtual IP); connections opened later relay as before.
+struct DarkeningRelay {
+    port: u16,
+    dark: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DarkeningRelay {
+    async fn start(to: u16) -> DarkeningRelay {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let dark = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let generation = Arc::clone(&dark);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                    continue;
+                };
+                let born = generation.load(Ordering::Relaxed);
+                let generation = Arc::clone(&generation);
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let lit = || generation.load(Ordering::Relaxed) == born;
+                    let mut up = [0u8; 4096];
+                    let mut down = [0u8; 4096];
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    loop {
+                        tokio::select! {
+                            n = cr.read(&mut up) => match n {
+                                Ok(n) if n > 0 && lit() => {
+                                    if sw.write_all(&up[..n]).await.is_err() { return; }
+                                }
+                                Ok(n) if n > 0 => break,
+                                _ => return,
+                            },
+                            n = sr.read(&mut down) => match n {
+                                Ok(n) if n > 0 && lit() => {
+                                    if cw.write_all(&down[..n]).await.is_err() { return; }
+                                }
+                                Ok(n) if n > 0 => break,
+                                _ => return,
+                            },
+                        }
+                    }
+                    // Dark: hold both sockets open, relay nothing, until the test ends.
+                    let _held = (cr, cw, sr, sw);
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        DarkeningRelay { port, dark, task }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn go_dark(&self) {
+        self.dark.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for DarkeningRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A connection to Redis that goes dark (stays open, answers nothing: no error ever
+/// comes on it) while Redis itself still answers new connections: the store opens a
+/// new connection and is back on the shared state within a couple of heartbeats,
+/// rather than deciding locally until the kernel gives up on the old connection
+/// (about 15 minutes of retransmissions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_gone_dark_is_replaced() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let relay = DarkeningRelay::start(server.port).await;
+    let mut config = store_config(&server, "dark");
+    config.servers = RedisServers::Single(relay.url());
+    let route = route(100.0, Duration::from_secs(1));
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    assert!(a.check().await.is_admit() && b.check().await.is_admit());
+    assert_eq!(a.store.mode(), StoreMode::Shared);
+
+    relay.go_dark();
+    // Decisions time out (each within the bound, decided locally) until the store is
+    // back on the shared state on a new connection: within 1.5 s (heartbeats every
+    // 200 ms here)...
+    let bound = config.timeout + SLACK;
+    run_until(
+        [&a, &b],
+        Duration::from_millis(2),
+        Duration::from_millis(1500),
+        bound,
+        || false,
+    )
+    .await;
+    assert!(a.store.fallback_decisions() > 0 && b.store.fallback_decisions() > 0);
+    // ... and no decision falls back after that.
+    let fell = a.store.fallback_decisions() + b.store.fallback_decisions();
+    run_until(
+        [&a, &b],
+        Duration::from_millis(1),
+        Duration::from_millis(300),
+        bound,
+        || false,
+    )
+    .await;
+    assert_eq!(a.store.mode(), StoreMode::Shared);
+    assert_eq!(b.store.mode(), StoreMode::Shared);
+    assert_eq!(
+        a.store.fallback_decisions() + b.store.fallback_decisions(),
+        fell
+    );
+}
+
 /// Offers a request every `pause` until `done`; returns how many were admitted and how
 /// many times the instance went from shared to fallback.
 async fn offer_until(

@@ -32,7 +32,9 @@
 //! calling Redis for that route after `failures_to_open` failures in a row and lets
 //! one decision probe it per `probe_interval`; the first answer returns the route to
 //! shared state. On a cluster a dead master thus sends only the routes it holds to
-//! fallback. The instance counts as in fallback while any route is.
+//! fallback. The instance counts as in fallback while any route is. A heartbeat that
+//! Redis does not answer within `timeout` replaces the connection (one server), which
+//! could otherwise have gone dark, silent and never erring, for minutes.
 //!
 //! No switch brings a fresh burst (exact mode, `fail_mode = "local"`): each answer
 //! lowers the route's fallback bucket to this instance's share of the level the shared
@@ -79,6 +81,7 @@ use crate::engine::{Engine, RouteId};
 use crate::limiter::{Admit, Algorithm, Decision, Reason, Rejection, TokenBucket};
 use crate::metrics as metric;
 use crate::window::{RocSample, SampleAt, WindowSpec};
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use metrics::{Counter, Gauge};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -253,19 +256,60 @@ pub enum StoreError {
 
 /// The connection to Redis: one server (reconnecting by itself), or a Redis Cluster
 /// (routing each command to the node that holds its keys' slot, following `MOVED` and
-/// `ASK`). Cloning either is one reference count.
-#[derive(Clone)]
+/// `ASK`).
 enum Conn {
-    Single(ConnectionManager),
+    Single(Single),
     Cluster(ClusterConnection),
 }
 
+/// One server's connection, and what it takes to open a new one.
+///
+/// The connection manager reconnects when the connection errs, never when it merely
+/// stays silent: a connection gone dark (half-open: a NAT or load balancer that dropped
+/// the flow, a failover behind a virtual IP) errs only when the kernel gives up
+/// retransmitting, some 15 minutes later, and every call on it until then times out.
+/// [`Conn::renew`] replaces it.
+struct Single {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    manager: ArcSwap<ConnectionManager>,
+}
+
 impl Conn {
+    fn single(client: redis::Client, config: ConnectionManagerConfig) -> RedisResult<Conn> {
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+        Ok(Conn::Single(Single {
+            client,
+            config,
+            manager: ArcSwap::from_pointee(manager),
+        }))
+    }
+
     /// Sends one command (on a cluster, to the node its first key's slot lives on).
     async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
-            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Single(s) => {
+                let mut manager = ConnectionManager::clone(&s.manager.load());
+                cmd.query_async(&mut manager).await
+            }
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// One server: drops the connection for a new one (opened by the next call), after
+    /// a heartbeat that it did not answer within `timeout`. Calls in flight keep the old
+    /// one until they end. A Redis that is away or slow costs one new connection per
+    /// heartbeat; one whose connection went dark is reached again on the next call. A
+    /// cluster's node connections are the cluster client's own (not replaced here).
+    fn renew(&self) {
+        if let Conn::Single(s) = self {
+            match ConnectionManager::new_lazy_with_config(s.client.clone(), s.config.clone()) {
+                Ok(manager) => {
+                    s.manager.store(Arc::new(manager));
+                    tracing::debug!("store connection replaced after an unanswered heartbeat");
+                }
+                Err(e) => tracing::debug!(error = %e, "store connection not replaced"),
+            }
         }
     }
 
@@ -532,10 +576,7 @@ impl RedisStore {
                     .set_min_delay(Duration::from_millis(20))
                     .set_max_delay(config.probe_interval)
                     .set_number_of_retries(2);
-                Conn::Single(
-                    ConnectionManager::new_lazy_with_config(client, manager)
-                        .map_err(StoreError::Url)?,
-                )
+                Conn::single(client, manager).map_err(StoreError::Url)?
             }
             RedisServers::Cluster(nodes) => {
                 // Retries (a redirection, a node reconnecting) stay within the
@@ -1084,6 +1125,7 @@ impl Inner {
             }
             Err(_) => {
                 self.unreached(&format_args!("no answer within {:?}", self.config.timeout));
+                self.conn.renew();
                 None
             }
         }
