@@ -1102,10 +1102,16 @@ fn store_section() {
         "store.cluster_nodes[0]",
         "database 0 only",
     );
+    // No TLS in the build: refused by check-config, not only when serve starts.
+    refused(
+        &redis("url = \"rediss://cache.internal:6380/0\""),
+        "store.url",
+        "rediss:// (TLS) is not supported",
+    );
     refused(
         &redis("cluster_nodes = [\"redis://a:7000\", \"rediss://b:7000\"]"),
-        "store.cluster_nodes",
-        "all rediss://",
+        "store.cluster_nodes[1]",
+        "rediss:// (TLS) is not supported",
     );
     refused(
         &route("[store]\ncluster_nodes = [\"redis://a:7000\"]"),

@@ -1717,9 +1717,16 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     out
 }
 
-/// A Redis URL with one of `schemes`, trimmed.
+/// A Redis URL with one of `schemes`, trimmed. `rediss://` (TLS) is refused by name:
+/// rocgate is built without TLS for Redis, and would otherwise pass a config check and
+/// fail only when `rocgate serve` starts.
 fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<&'a str, String> {
     let t = url.trim();
+    if t.starts_with("rediss://") {
+        return Err(format!(
+            "rediss:// (TLS) is not supported: rocgate is built without TLS for Redis; use redis://, through a TLS tunnel (such as stunnel) if Redis requires TLS, got {url:?}"
+        ));
+    }
     if schemes
         .iter()
         .any(|scheme| t.len() > scheme.len() && t.starts_with(scheme))
@@ -1795,7 +1802,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
             Err("give either url (one Redis) or cluster_nodes (a Redis Cluster), not both".into()),
         ),
         (Some(url), None) => {
-            let checked = redis_url(&url, &["redis://", "rediss://", "unix://", "redis+unix://"])
+            let checked = redis_url(&url, &["redis://", "unix://", "redis+unix://"])
                 .map(|t| out.servers = RedisServers::Single(t.to_owned()));
             field(p, "url", checked);
         }
@@ -1803,23 +1810,16 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
             let nodes = nodes.into_urls();
             let mut urls = Vec::new();
             for (i, url) in nodes.iter().enumerate() {
-                match redis_url(url, &["redis://", "rediss://"]).and_then(cluster_node) {
+                match redis_url(url, &["redis://"]).and_then(cluster_node) {
                     Ok(t) => urls.push(t.to_owned()),
                     Err(message) => p.at(format!("store.cluster_nodes[{i}]"), message),
                 }
             }
-            let tls = |u: &String| u.starts_with("rediss://");
             if urls.is_empty() && nodes.is_empty() {
                 field(
                     p,
                     "cluster_nodes",
                     Err("must name at least one node".into()),
-                );
-            } else if urls.iter().any(tls) && !urls.iter().all(tls) {
-                field(
-                    p,
-                    "cluster_nodes",
-                    Err("must all use redis:// or all rediss://, not both".into()),
                 );
             }
             out.servers = RedisServers::Cluster(urls);

@@ -28,11 +28,11 @@ pub enum StoreConfig {
 /// Where Redis is: one server, or a Redis Cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedisServers {
-    /// One Redis (`url`): `redis://[user:password@]host[:port][/db]` (or `rediss://`,
-    /// `unix://`).
+    /// One Redis (`url`): `redis://[user:password@]host[:port][/db]` (or
+    /// `unix:///path/to/redis.sock`). No TLS: `rediss://` is refused.
     Single(String),
     /// A Redis Cluster (`cluster_nodes`): one or more seed nodes,
-    /// `redis://[user:password@]host:port` (or `rediss://`); the client discovers the
+    /// `redis://[user:password@]host:port` (no TLS); the client discovers the
     /// others and follows `MOVED`/`ASK` redirections.
     Cluster(Vec<String>),
 }
