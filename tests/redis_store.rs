@@ -733,6 +733,80 @@ async fn a_connection_gone_dark_is_replaced() {
     );
 }
 
+/// A Redis out of memory under `maxmemory-policy noeviction` (what README advises)
+/// refuses the scripts' writes: decisions fall back, each within the bound and none
+/// failing, the refused script leaves the route's keys as they were (no half-written
+/// bucket or window), and once memory is freed the instances are back on shared state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_falls_back_untouched_and_comes_back() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = store_config(&server, "oom");
+    let route = route(100.0, Duration::from_secs(1));
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    assert!(a.check().await.is_admit() && b.check().await.is_admit());
+
+    // 4 MB of other data, then a limit below what Redis uses.
+    let junk = vec![b'x'; 4 << 20];
+    let _: () = redis::cmd("SET")
+        .arg("oom-junk")
+        .arg(junk)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1mb")
+        .query(&mut conn)
+        .unwrap();
+    let keys = ["{oom:order}:w", "{oom:order}:b", "{oom:order}:c"];
+    let contents = |conn: &mut redis::Connection| -> Vec<Vec<(String, String)>> {
+        keys.iter()
+            .map(|k| redis::cmd("HGETALL").arg(k).query(conn).unwrap())
+            .collect()
+    };
+    let before = contents(&mut conn);
+    assert!(before.iter().all(|h| !h.is_empty()), "{before:?}");
+
+    let bound = config.timeout + SLACK;
+    let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
+    let (_, took) = run_until(
+        [&a, &b],
+        Duration::from_millis(1),
+        Duration::from_secs(2),
+        bound,
+        fallen,
+    )
+    .await;
+    assert!(fallen(), "still shared after {took:?}");
+    assert_eq!(contents(&mut conn), before);
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut conn)
+        .unwrap();
+    let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
+    let (_, took) = run_until(
+        [&a, &b],
+        Duration::from_millis(5),
+        Duration::from_secs(3),
+        bound,
+        shared,
+    )
+    .await;
+    assert!(shared(), "not back after {took:?}");
+}
+
 /// Offers a request every `pause` until `done`; returns how many were admitted and how
 /// many times the instance went from shared to fallback.
 async fn offer_until(
