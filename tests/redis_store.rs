@@ -33,12 +33,18 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// the other tests of this file waiting.
 struct RedisServer {
     port: u16,
+    extra: Vec<String>,
     child: Option<Child>,
     _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl RedisServer {
     async fn start() -> RedisServer {
+        RedisServer::start_with(&[]).await
+    }
+
+    /// [`start`](Self::start), with more `redis-server` arguments (every start of it).
+    async fn start_with(extra: &[&str]) -> RedisServer {
         let serial = SERIAL.lock().await;
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -47,6 +53,7 @@ impl RedisServer {
             .port();
         let mut server = RedisServer {
             port,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
             child: None,
             _serial: serial,
         };
@@ -59,6 +66,7 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -805,6 +813,74 @@ async fn a_redis_out_of_memory_falls_back_untouched_and_comes_back() {
     )
     .await;
     assert!(shared(), "not back after {took:?}");
+}
+
+/// The URL forms README gives, against a Redis with an ACL user and a unix socket:
+/// `redis://user:password@host:port/db` decides on the shared state with its keys in
+/// that database; `unix://` does too; a wrong password falls back, each decision within
+/// the bound, and the heartbeat says Redis is not reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_forms_user_password_database_unix_socket_and_a_wrong_password() {
+    let _serial = one_at_a_time().await;
+    let socket = std::env::temp_dir().join(format!("rocgate-test-{}.sock", std::process::id()));
+    let socket_arg = socket.to_str().unwrap().to_owned();
+    let server = RedisServer::start_with(&[
+        "--user",
+        "fleet",
+        "on",
+        ">s3cret",
+        "~*",
+        "&*",
+        "+@all",
+        "--unixsocket",
+        &socket_arg,
+        "--unixsocketperm",
+        "700",
+    ])
+    .await;
+    let route = burst_route();
+    let mut conn = server.connection().unwrap();
+    let exists = |conn: &mut redis::Connection, db: u8, key: &str| -> bool {
+        let _: () = redis::cmd("SELECT").arg(db).query(conn).unwrap();
+        redis::cmd("EXISTS").arg(key).query(conn).unwrap()
+    };
+
+    let mut config = store_config(&server, "acl");
+    config.servers =
+        RedisServers::Single(format!("redis://fleet:s3cret@127.0.0.1:{}/3", server.port));
+    let a = Instance::system(&route, &config);
+    assert_eq!(a.offer(20).await, 20);
+    assert_eq!(a.store.fallback_decisions(), 0);
+    assert_eq!(a.store.beat().await, Some(1));
+    assert!(exists(&mut conn, 3, "{acl:order}:b"));
+    assert!(!exists(&mut conn, 0, "{acl:order}:b"));
+
+    let mut config = store_config(&server, "sock");
+    config.servers = RedisServers::Single(format!("unix://{socket_arg}"));
+    let u = Instance::system(&route, &config);
+    assert_eq!(u.offer(20).await, 20);
+    assert_eq!(u.store.fallback_decisions(), 0);
+    assert!(exists(&mut conn, 0, "{sock:order}:b"));
+
+    let mut config = store_config(&server, "wrong");
+    config.servers =
+        RedisServers::Single(format!("redis://fleet:wrong@127.0.0.1:{}/3", server.port));
+    let w = Instance::system(&route, &config);
+    let bound = config.timeout + SLACK;
+    for _ in 0..20 {
+        let t = tokio::time::Instant::now();
+        assert!(
+            w.check().await.is_admit(),
+            "its fallback bucket holds its whole burst"
+        );
+        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
+    }
+    assert_eq!(w.store.fallback_decisions(), 20);
+    assert_eq!(w.store.mode(), StoreMode::Fallback);
+    assert_eq!(w.store.beat().await, None);
+    assert!(!exists(&mut conn, 3, "{wrong:order}:b"));
+    drop(server);
+    let _ = std::fs::remove_file(&socket);
 }
 
 /// Offers a request every `pause` until `done`; returns how many were admitted and how
