@@ -1063,6 +1063,49 @@ async fn skewed_instance_clocks_change_no_total() {
     assert!(diff <= 0.01, "even {even}, skewed {skewed}");
 }
 
+/// Redis's clock, read as µs since the epoch.
+fn redis_time_us(conn: &mut redis::Connection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(conn).unwrap();
+    s * 1_000_000 + us
+}
+
+/// A bucket last written under a clock 30 s ahead of the one Redis reads now (a
+/// failover to a replica whose clock is behind the old master's, or the host's clock
+/// stepped back): it refills from now at the limit, rather than admitting nothing until
+/// Redis's clock catches up with the stored time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_stamped_ahead_of_redis_clock_still_refills() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = store_config(&server, "ahead");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(a.check().await.is_admit());
+    let ahead = redis_time_us(&mut conn) + 30_000_000;
+    let _: () = redis::cmd("HSET")
+        .arg("{ahead:order}:b")
+        .arg("tokens")
+        .arg("0")
+        .arg("ts")
+        .arg(ahead)
+        .query(&mut conn)
+        .unwrap();
+    // 100 req/s for about a second: about 100 admitted as the bucket refills.
+    let started = tokio::time::Instant::now();
+    let mut admitted = 0;
+    while started.elapsed() < Duration::from_secs(1) {
+        admitted += usize::from(a.check().await.is_admit());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let most = 100.0 * started.elapsed().as_secs_f64() + 1.0;
+    assert!(
+        (50..=most as usize).contains(&admitted),
+        "admitted {admitted} in {:?} at 100 req/s",
+        started.elapsed()
+    );
+    assert_eq!(a.store.fallback_decisions(), 0);
+}
+
 /// The hash tag of a key, as Redis Cluster reads it: the text in the first `{...}`, if
 /// not empty; otherwise the whole key.
 fn hash_tag(key: &str) -> &str {

@@ -121,6 +121,11 @@ use std::time::Duration;
 /// spike), drops `through`, and the stored controller then continues from its
 /// memory, rearmed for one window as a local route is on such a reload.
 ///
+/// The bucket refills for the time since its `ts`, and is stamped with the time now
+/// even when that is earlier than `ts` (Redis's clock went back: the host's clock
+/// stepped, or a failover to a replica whose clock is behind the old master's): it
+/// then refills from now, rather than not at all until the clock passes `ts` again.
+///
 /// Expiries are set when a key is created and renewed by the first call of each slot
 /// (a route's keys therefore outlive its last request by `ARGV[5]` at most, and at
 /// least that less one slot).
@@ -184,7 +189,8 @@ if ARGV[7] == '1' then
   local ts = tonumber(b[2])
   local created = tokens == nil or ts == nil
   if created then tokens = cap; ts = now end
-  if now > ts then tokens = tokens + (now - ts) * limit / 1000000; ts = now end
+  if now > ts then tokens = tokens + (now - ts) * limit / 1000000 end
+  ts = now
   if tokens > cap then tokens = cap end
   local debit = tonumber(ARGV[8]) or 0
   if debit > 0 then tokens = math.max(tokens - debit, 0) end
