@@ -1106,6 +1106,54 @@ async fn a_bucket_stamped_ahead_of_redis_clock_still_refills() {
     assert_eq!(a.store.fallback_decisions(), 0);
 }
 
+/// A route's window and controller stamped 30 s ahead of Redis's clock (it went back,
+/// as in the test above): the shared controller still steps, and cuts on a spike as
+/// it would have, rather than standing still until the clock catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_stamped_ahead_of_redis_clock_still_cuts() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = store_config(&server, "back");
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    // Until a step is stored: the controller hash then holds its memory.
+    for _ in 0..100 {
+        let _ = a.check().await;
+        let stored: Option<String> = redis::cmd("HGET")
+            .arg("{back:order}:c")
+            .arg("through")
+            .query(&mut conn)
+            .unwrap();
+        if stored.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 30 s ahead: 300 slots of 100 ms.
+    let now_us = redis_time_us(&mut conn);
+    let slot = now_us / 100_000;
+    let ahead_ns = (now_us + 30_000_000) * 1000;
+    let _: () = redis::cmd("HSET")
+        .arg("{back:order}:w")
+        .arg("cur")
+        .arg(slot + 300)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("{back:order}:c")
+        .arg("through")
+        .arg(slot + 299)
+        .arg("entered")
+        .arg(ahead_ns)
+        .arg("armed")
+        .arg(ahead_ns)
+        .query(&mut conn)
+        .unwrap();
+    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+}
+
 /// The hash tag of a key, as Redis Cluster reads it: the text in the first `{...}`, if
 /// not empty; otherwise the whole key.
 fn hash_tag(key: &str) -> &str {

@@ -121,6 +121,12 @@ use std::time::Duration;
 /// spike), drops `through`, and the stored controller then continues from its
 /// memory, rearmed for one window as a local route is on such a reload.
 ///
+/// A window whose `cur` is more than a window ahead of the slot now (Redis's clock
+/// went back by more than a window) starts afresh too, and drops `through`: otherwise
+/// no call would observe a new slot, and the controller would not step, until the clock
+/// caught up. (The controller's stored times, then ahead of it too, are brought back
+/// to now when it is stepped: see `replay`.)
+///
 /// The bucket refills for the time since its `ts`, and is stamped with the time now
 /// even when that is earlier than `ts` (Redis's clock went back: the host's clock
 /// stepped, or a failover to a replica whose clock is behind the old master's): it
@@ -155,6 +161,14 @@ if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
   end
   redis.call('HSET', KEYS[3], 'slot_us', ARGV[1], 'slots', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ttl)
+end
+if cur ~= nil and cur > slot + slots then
+  redis.call('DEL', KEYS[1])
+  cur = nil
+  if ctl[3] then
+    redis.call('HDEL', KEYS[3], 'through')
+    ctl[3] = false
+  end
 end
 local roll = false
 local fresh = cur == nil or cur < slot
@@ -1433,6 +1447,14 @@ fn replay(
     }
     let mut controller = match roll.memory.memory {
         Some(m) => {
+            // Times stored under a clock ahead of Redis's now (it went back) would hold
+            // the controller in its state, and unarmed, until the clock caught up.
+            let m = ControllerMemory {
+                entered_at: m.entered_at.min(now),
+                armed_at: m.armed_at.min(now + window.window()),
+                safe_since: m.safe_since.map(|t| t.min(now)),
+                ..m
+            };
             let mut c = Controller::from_memory(params, m, now);
             // Stepped before, but not in this window: its slot or length changed.
             if roll.memory.through.is_none() {
