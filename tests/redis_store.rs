@@ -1154,6 +1154,40 @@ async fn a_window_stamped_ahead_of_redis_clock_still_cuts() {
     spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
 }
 
+/// `key_ttl` shorter than the route's burst: a bucket drained, then left alone for
+/// longer than `key_ttl` (less than the burst), holds what it refilled meanwhile, not
+/// a full burst (keys recreated after they expired): the store keeps a route's keys at
+/// least its burst and its window past its last request, whatever `key_ttl` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_outlive_the_burst_whatever_key_ttl_says() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut config = store_config(&server, "ttl");
+    config.key_ttl = Duration::from_secs(1);
+    // 1000 tokens refilling at 20/s.
+    let a = Instance::system(&burst_route(), &config);
+    let drained = a.offer(1100).await;
+    assert!((1000..1100).contains(&drained), "{drained}");
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let again = a.offer(200).await;
+    let most = 20.0 * started.elapsed().as_secs_f64() + 2.0;
+    assert!(
+        again as f64 <= most,
+        "admitted {again} after {:?} at 20/s",
+        started.elapsed()
+    );
+    let mut conn = server.connection().unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("{ttl:order}:b")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        ttl > 50_000,
+        "bucket expires in {ttl} ms, before it would refill"
+    );
+}
+
 /// The hash tag of a key, as Redis Cluster reads it: the text in the first `{...}`, if
 /// not empty; otherwise the whole key.
 fn hash_tag(key: &str) -> &str {

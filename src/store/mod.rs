@@ -56,7 +56,9 @@ pub struct RedisConfig {
     pub failures_to_open: u32,
     /// While the breaker is open, one decision per interval tries Redis again.
     pub probe_interval: Duration,
-    /// Longest a route's keys outlive its last request.
+    /// How long a route's keys outlive its last request; the route's burst and window,
+    /// each with one slot more, if longer (an expired key must not hand out tokens or
+    /// drop history that the route would still have).
     pub key_ttl: Duration,
     /// This instance's name in the heartbeat set; a random one when unset.
     pub instance_id: Option<String>,

@@ -15,7 +15,8 @@
 //! Keys: `{<prefix>:<route>}:w` (window: `cur` and one field per slot index, kept two
 //! windows), `:b` (bucket: `tokens`, `ts`), `:c` (controller). The braces are a Redis
 //! Cluster hash tag, so a route's keys share one slot and one script may touch them
-//! all. Every key has an expiry (`key_ttl`), renewed once per slot. Instances announce
+//! all. Every key has an expiry (`key_ttl`, or the route's burst and window if longer,
+//! each with one slot more), renewed once per slot. Instances announce
 //! themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and learn the
 //! live count.
 //!
@@ -448,6 +449,9 @@ struct SharedRoute {
     window: WindowSpec,
     burst: Duration,
     slot_us: u64,
+    /// The keys' expiry, ms: `key_ttl`, or the burst and the window if longer, each
+    /// with one slot more (see [`Inner::route`]).
+    ttl_ms: u64,
     /// The route's own base limit, f64 bits (refreshed at each rollover won here).
     base_limit: AtomicU64,
     /// The shared limit last seen, f64 bits.
@@ -893,6 +897,15 @@ impl Inner {
             stepped = *r.stepped.lock().unwrap_or_else(PoisonError::into_inner);
         }
         let label: Arc<str> = engine.route_label(route);
+        // Keys renewed once per slot outlive the last request by their expiry less one
+        // slot: at least the burst (a bucket that expired would have refilled anyway,
+        // so recreating it full hands out nothing more) and the window (one that
+        // expired would be empty anyway), whatever a shorter `key_ttl` says.
+        let ttl = self
+            .config
+            .key_ttl
+            .max(burst + window.slot())
+            .max(window.window() + window.slot());
         let base = engine.params_at(route, now).base_limit_rps;
         let share = base / self.instances() as f64;
         let tag = format!("{{{}:{}}}", self.config.key_prefix, label);
@@ -909,6 +922,7 @@ impl Inner {
             window,
             burst,
             slot_us: (window.slot().as_micros() as u64).max(1),
+            ttl_ms: ttl_ms(ttl),
             base_limit: AtomicU64::new(base.to_bits()),
             limit: AtomicU64::new(base.to_bits()),
             state: AtomicU8::new(ControllerState::Normal.as_index()),
@@ -941,7 +955,7 @@ impl Inner {
             .arg(r.window.slots())
             .arg(f64::from_bits(r.base_limit.load(Ordering::Relaxed)))
             .arg(r.burst.as_secs_f64())
-            .arg(ttl_ms(self.config.key_ttl))
+            .arg(r.ttl_ms)
             .arg(arrivals)
             .arg(u8::from(take))
             .arg(debit);
@@ -1400,7 +1414,7 @@ async fn step(
         .arg(nanos(m.armed_at))
         .arg(m.safe_since.map_or_else(String::new, nanos))
         .arg(format!("{:?}", m.last_roc))
-        .arg(ttl_ms(inner.config.key_ttl))
+        .arg(r.ttl_ms)
         .arg(r.slot_us)
         .arg(r.window.slots());
     match tokio::time::timeout(inner.config.timeout, inner.conn.invoke::<i64>(&invocation)).await {
