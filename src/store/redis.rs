@@ -279,7 +279,7 @@ pub enum StoreError {
 /// (routing each command to the node that holds its keys' slot, following `MOVED` and
 /// `ASK`).
 enum Conn {
-    Single(Single),
+    Single(Box<Single>),
     Cluster(ClusterConnection),
 }
 
@@ -299,11 +299,11 @@ struct Single {
 impl Conn {
     fn single(client: redis::Client, config: ConnectionManagerConfig) -> RedisResult<Conn> {
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-        Ok(Conn::Single(Single {
+        Ok(Conn::Single(Box::new(Single {
             client,
             config,
             manager: ArcSwap::from_pointee(manager),
-        }))
+        })))
     }
 
     /// Sends one command (on a cluster, to the node its first key's slot lives on).
