@@ -987,6 +987,67 @@ async fn flapping_run(server: &RedisServer, prefix: &str, pauses: [Duration; 2])
     );
 }
 
+/// Three instances, a request every millisecond each, on a route of 60 req/s with 2 s
+/// of burst (120 tokens shared, 40 each) while Redis is stopped and resumed four times:
+/// the fleet admits at most `limit × (T + burst)` plus a token per switch to fallback,
+/// as two instances do, and still about the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_under_a_flapping_redis_stay_within_the_bound() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut config = store_config(&server, "flap-three");
+    config.heartbeat = Duration::from_secs(30);
+    let (limit, burst) = (60.0, Duration::from_secs(2));
+    let route = route(limit, burst);
+    let fleet: Vec<Arc<Instance>> = (0..3)
+        .map(|_| Arc::new(Instance::system(&route, &config)))
+        .collect();
+    for inst in &fleet {
+        assert!(inst.store.beat().await.is_some());
+    }
+    for inst in &fleet {
+        assert_eq!(inst.store.beat().await, Some(3));
+    }
+
+    let done = Arc::new(AtomicBool::new(false));
+    let started = tokio::time::Instant::now();
+    let runs: Vec<_> = fleet
+        .iter()
+        .map(|inst| {
+            let (inst, done) = (Arc::clone(inst), Arc::clone(&done));
+            tokio::spawn(async move { offer_until(&inst, Duration::from_millis(1), &done).await })
+        })
+        .collect();
+    let flaps = 4;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..flaps {
+        server.signal("-STOP");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        server.signal("-CONT");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    done.store(true, Ordering::Relaxed);
+    let (mut admitted, mut falls) = (0, 0);
+    for run in runs {
+        let (n, f) = run.await.unwrap();
+        admitted += n;
+        falls += f;
+    }
+    let took = started.elapsed().as_secs_f64();
+    assert!(falls >= flaps, "{falls} switches to fallback");
+    let most = limit * (took + burst.as_secs_f64());
+    let slack = FLAP_SLACK_PER_SWITCH * falls as f64;
+    assert!(
+        admitted as f64 <= most + slack,
+        "admitted {admitted} in {took:.2} s, bound {most:.0} + {slack}"
+    );
+    assert!(
+        admitted as f64 >= limit * took * 0.7,
+        "admitted only {admitted} in {took:.2} s"
+    );
+}
+
 /// [`DECIDE`](rocgate::store::redis::DECIDE) called by hand on a bucket of 100 tokens
 /// refilling at 1/s, debiting `debit` tokens (`ARGV[8]`, none if `None`) before taking
 /// one: returns whether it admitted, the wait (µs) and the bucket's level after.
