@@ -819,6 +819,12 @@ fn server_and_admin_sections() {
         "server.upstream",
         "port must be a number",
     );
+    // Port 0 reaches nothing: every request would get a 502.
+    refused(
+        &route("[server]\nupstream = \"http://x:0\""),
+        "server.upstream",
+        "port must be a number from 1 to 65535, got \"0\"",
+    );
     // check-config said ok to these, and serve then refused them (blaming --upstream).
     for upstream in [
         "http://:80",

@@ -169,13 +169,16 @@ impl Drop for Reap {
 }
 
 /// `--upstream` is held to the file's rules: a path the proxy would silently drop is
-/// an error, not a proxy that forwards elsewhere than asked.
+/// an error, not a proxy that forwards elsewhere than asked; so is a port no
+/// connection can reach (99999 and 0 were taken, and every request got a 502).
 #[tokio::test]
-async fn an_upstream_flag_with_a_path_is_refused_with_exit_code_2() {
-    for upstream in [
-        "http://127.0.0.1:1/api",
-        "http://user@127.0.0.1:1",
-        "http://127.0.0.1:1?x=1",
+async fn an_upstream_flag_the_file_would_refuse_is_refused_with_exit_code_2() {
+    for (upstream, says) in [
+        ("http://127.0.0.1:1/api", "with no path"),
+        ("http://user@127.0.0.1:1", "with no path"),
+        ("http://127.0.0.1:1?x=1", "with no path"),
+        ("http://127.0.0.1:99999", "port must be a number from 1 to 65535"),
+        ("http://127.0.0.1:0", "port must be a number from 1 to 65535"),
     ] {
         let child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
@@ -198,6 +201,7 @@ async fn an_upstream_flag_with_a_path_is_refused_with_exit_code_2() {
         let mut stderr = String::new();
         std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
         assert!(stderr.contains("--upstream"), "{upstream}: {stderr}");
+        assert!(stderr.contains(says), "{upstream}: {stderr}");
     }
 }
 

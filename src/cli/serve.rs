@@ -7,8 +7,15 @@ use std::process::ExitCode;
 
 /// The proxy settings: the file's, then the command line's overrides.
 fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, String> {
+    // The flag is held to the file's rules (a port past 65535 or 0 was taken, and
+    // every request got a 502).
+    let checked;
     let (upstream_text, source) = match &args.upstream {
-        Some(flag) => (flag.as_str(), "--upstream"),
+        Some(flag) => {
+            checked = rocgate::config::check_upstream(flag)
+                .map_err(|e| format!("--upstream {flag:?}: {e}"))?;
+            (checked.as_str(), "--upstream")
+        }
         None => (server.upstream.as_str(), "server.upstream"),
     };
     let upstream: http::Uri = upstream_text

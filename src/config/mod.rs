@@ -36,6 +36,22 @@ pub fn patch_controller(
         .map_err(|problems| ConfigError::new(origin, problems))
 }
 
+/// Checks an upstream URL by the rules of the file's `server.upstream`:
+/// `http://host[:port]`, nothing after the authority but `/`, a port from 1 to 65535.
+/// Returns it as `http://host[:port]`, or what is wrong with it (without a field name:
+/// the caller names where it came from).
+///
+/// ```
+/// use rocgate::config::check_upstream;
+///
+/// assert_eq!(check_upstream("http://127.0.0.1:3000/").unwrap(), "http://127.0.0.1:3000");
+/// let e = check_upstream("http://127.0.0.1:99999").unwrap_err();
+/// assert_eq!(e, "port must be a number from 1 to 65535, got \"99999\"");
+/// ```
+pub fn check_upstream(text: &str) -> Result<String, String> {
+    raw::upstream_url(text.to_owned())
+}
+
 use crate::controller::ControllerParams;
 use crate::limiter::Algorithm;
 use crate::window::WindowSpec;

@@ -1476,8 +1476,9 @@ fn socket_addr(text: String) -> Result<SocketAddr, String> {
     })
 }
 
-/// An upstream URL: `http://host[:port]`, nothing after the authority but `/`.
-fn upstream_url(text: String) -> Result<String, String> {
+/// An upstream URL: `http://host[:port]`, nothing after the authority but `/`, a port
+/// from 1 to 65535.
+pub(super) fn upstream_url(text: String) -> Result<String, String> {
     let t = text.trim();
     if t.starts_with("https://") {
         return Err(format!(
@@ -1509,8 +1510,11 @@ fn upstream_url(text: String) -> Result<String, String> {
         ));
     }
     if let Some(port) = port {
+        // Port 0 is no port a connection can reach.
         port.parse::<u16>()
-            .map_err(|_| format!("port must be a number from 0 to 65535, got {port:?}"))?;
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| format!("port must be a number from 1 to 65535, got {port:?}"))?;
     }
     Ok(format!("http://{authority}"))
 }
