@@ -39,6 +39,8 @@
 //! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded |
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: times every one of `max_connections` was taken and accepting paused |
+//! | `rocgate_config_reloads_total` | counter | `result` | proxy: config reloads (SIGHUP or `POST /admin/reload`), `applied` or `refused` (the running config kept) |
+//! | `rocgate_config_last_reload_successful` | gauge | | proxy: 1 if the last reload was applied (or none was asked for), 0 if it was refused |
 //! | `rocgate_store_mode` | gauge | `mode` | 1 for where decisions are taken: `local` (no shared store), `shared` (Redis), `fallback_local` (Redis unreachable) |
 //! | `rocgate_store_errors_total` | counter | `kind` | shared-store calls that failed: `timeout`, `error` (none in local mode) |
 //! | `rocgate_store_fallback_total` | counter | `route` | decisions on distributed routes taken locally because the store could not answer |
@@ -104,6 +106,10 @@ pub const IN_FLIGHT: &str = "rocgate_in_flight_requests";
 pub const CLIENT_CONNECTIONS: &str = "rocgate_client_connections";
 /// `rocgate_client_connection_limit_reached_total`.
 pub const CONNECTION_LIMIT_REACHED: &str = "rocgate_client_connection_limit_reached_total";
+/// `rocgate_config_reloads_total`.
+pub const CONFIG_RELOADS: &str = "rocgate_config_reloads_total";
+/// `rocgate_config_last_reload_successful`.
+pub const CONFIG_LAST_RELOAD_APPLIED: &str = "rocgate_config_last_reload_successful";
 /// `rocgate_store_mode`.
 pub const STORE_MODE: &str = "rocgate_store_mode";
 /// `rocgate_store_errors_total`.
@@ -122,7 +128,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 32] = [
+pub const ALL: [&str; 34] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -147,6 +153,8 @@ pub const ALL: [&str; 32] = [
     IN_FLIGHT,
     CLIENT_CONNECTIONS,
     CONNECTION_LIMIT_REACHED,
+    CONFIG_RELOADS,
+    CONFIG_LAST_RELOAD_APPLIED,
     STORE_MODE,
     STORE_ERRORS,
     STORE_FALLBACK,
@@ -223,6 +231,14 @@ pub fn describe() {
     describe_counter!(
         CONNECTION_LIMIT_REACHED,
         "Times max_connections was reached and accepting paused."
+    );
+    describe_counter!(
+        CONFIG_RELOADS,
+        "Config reloads, applied or refused (the running config kept)."
+    );
+    describe_gauge!(
+        CONFIG_LAST_RELOAD_APPLIED,
+        "1 if the last config reload was applied (or none was asked for), 0 if it was refused."
     );
     describe_gauge!(STORE_MODE, "1 for the state store in use.");
     describe_counter!(STORE_ERRORS, "Shared-store calls that failed, by kind.");

@@ -337,6 +337,44 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
     p.stop().await;
 }
 
+/// A reload puts the file's parameters in force, a runtime change's too: the answer
+/// names each route whose change the file did not repeat (it was replaced without a
+/// word, so an incident's raised limit could vanish with a colleague's reload).
+#[tokio::test]
+async fn a_reload_names_the_runtime_changes_it_replaces() {
+    let p = start(None).await;
+    let change = r#"{"base_limit": 300}"#;
+    let (status, body) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["runtime_changes_replaced"],
+        serde_json::json!(["order"]),
+        "{body}"
+    );
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["base_limit_rps"], 200.0, "the file's base_limit");
+
+    // A change the file repeats is not replaced, and each change is named once.
+    let (status, body) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
+    assert_eq!(status, 200, "{body}");
+    let repeated = CONFIG.replace("path = \"/api/order\"", "path = \"/api/order\"\nbase_limit = 300");
+    std::fs::write(&p.file, repeated).unwrap();
+    for _ in 0..2 {
+        let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["runtime_changes_replaced"],
+            serde_json::json!([]),
+            "{body}"
+        );
+    }
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["base_limit_rps"], 300.0);
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn mutating_endpoints_require_the_token_when_set() {
     let p = start(Some("s3cret")).await;

@@ -331,7 +331,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(loaded.len(), 6);
+    assert_eq!(loaded.len(), 7);
     for rule in loaded {
         assert_ne!(rule["health"], "err", "{rule}");
     }

@@ -326,3 +326,155 @@ async fn an_address_in_use_is_named_with_its_listener() {
         assert!(!stderr.contains("127.0.0.1:0"), "{flag}: {stderr}");
     }
 }
+
+/// The status and body of a `method` request to `path` at `addr`, with `body`.
+async fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &'static str,
+) -> Result<(u16, String), String> {
+    use http_body_util::BodyExt as _;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "rocgate.test")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            body.as_bytes(),
+        )))
+        .unwrap();
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = res.status().as_u16();
+    let bytes = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// The next log line that contains every one of `words`, within 10 s.
+fn logged(lines: &std::sync::mpsc::Receiver<String>, words: &[&str]) -> Option<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        let line = lines.recv_timeout(left).ok()?;
+        if words.iter().all(|w| line.contains(w)) {
+            return Some(line);
+        }
+    }
+    None
+}
+
+/// `/metrics` of the admin API at `admin`, once it contains `wanted` (within 10 s), or
+/// the last scrape.
+async fn metrics_with(admin: SocketAddr, wanted: &str) -> String {
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = exchange(admin, "GET", "/metrics", "").await.unwrap().1;
+        if text.contains(wanted) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    text
+}
+
+const RELOADED: &str = r#"
+[[routes]]
+name = "order_reloaded"
+method = "POST"
+path = "/api/order"
+"#;
+
+/// A refused reload keeps the running config, and the operator hears of it wherever
+/// it was asked for: the log (a refusal answered to an admin API client was logged
+/// nowhere; only SIGHUP's were) and `/metrics` (nothing counted reloads). A reload
+/// that replaces a runtime change with the file's parameters says so in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    std::fs::write(&file, RELOADED).unwrap();
+    let mut child = Reap(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--upstream", "http://127.0.0.1:1", "--config"])
+            .arg(&file)
+            .env_clear()
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id().to_string();
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let admin = logged(&lines, &["admin="])
+        .and_then(|line| field(&line, "admin="))
+        .expect("serve logs its admin address");
+    let text = metrics_with(admin, "rocgate_config_last_reload_successful 1").await;
+    assert!(
+        text.contains("rocgate_config_last_reload_successful 1"),
+        "no reload yet: {text}"
+    );
+
+    std::fs::write(&file, RELOADED.replace("path =", "cut_limit = 600\npath =")).unwrap();
+    let (status, answer) = exchange(admin, "POST", "/admin/reload", "").await.unwrap();
+    assert_eq!(status, 422, "{answer}");
+    let line = logged(&lines, &["reload refused", "routes[0].cut_limit"]);
+    assert!(line.is_some(), "the admin API's refusal is logged");
+    let refused = r#"rocgate_config_reloads_total{result="refused"} 1"#;
+    let text = metrics_with(admin, refused).await;
+    assert!(text.contains(refused), "{text}");
+    assert!(
+        text.contains("rocgate_config_last_reload_successful 0"),
+        "{text}"
+    );
+
+    let hup = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(hup.success());
+    assert!(
+        logged(&lines, &["reload refused", "routes[0].cut_limit"]).is_some(),
+        "SIGHUP's refusal is logged"
+    );
+    let refused = r#"rocgate_config_reloads_total{result="refused"} 2"#;
+    let text = metrics_with(admin, refused).await;
+    assert!(text.contains(refused), "{text}");
+
+    // A change at runtime, then a reload of a file that does not repeat it.
+    let change = r#"{"base_limit": 300}"#;
+    let (status, answer) = exchange(admin, "PUT", "/admin/routes/order_reloaded", change)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    std::fs::write(&file, RELOADED).unwrap();
+    let hup = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(hup.success());
+    let line = logged(&lines, &["replaced the route's runtime change", "order_reloaded"]);
+    assert!(line.is_some(), "the replaced change is logged");
+    let applied = r#"rocgate_config_reloads_total{result="applied"} 1"#;
+    let text = metrics_with(admin, applied).await;
+    assert!(text.contains(applied), "{text}");
+    assert!(
+        text.contains("rocgate_config_last_reload_successful 1"),
+        "{text}"
+    );
+    assert!(text.contains(r#"rocgate_base_limit_rps{route="order_reloaded"} 200"#));
+}

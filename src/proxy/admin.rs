@@ -8,7 +8,7 @@
 //! | `GET /metrics` | Prometheus metrics (see [`crate::metrics`]) |
 //! | `GET /admin/routes` | every route's live state as JSON |
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
-//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart) |
+//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart, and `runtime_changes_replaced` the routes whose runtime changes the file's parameters replaced) |
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
 //! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen |
 //!
@@ -277,6 +277,13 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     metrics::gauge!(crate::metrics::CLIENT_CONNECTIONS).set(m.connections.open() as f64);
     metrics::counter!(crate::metrics::CONNECTION_LIMIT_REACHED)
         .absolute(m.connections.limit_reached());
+    let reloads = state.reloader.reload_counts();
+    for (result, count) in [("applied", &reloads.applied), ("refused", &reloads.refused)] {
+        metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => result)
+            .absolute(count.load(Ordering::Relaxed));
+    }
+    let applied = reloads.last_applied.load(Ordering::Relaxed);
+    metrics::gauge!(crate::metrics::CONFIG_LAST_RELOAD_APPLIED).set(f64::from(u8::from(applied)));
     (
         [(
             http::header::CONTENT_TYPE,
@@ -358,9 +365,12 @@ async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response
         return denied;
     }
     match state.reloader.reload_async().await {
-        Ok(waiting) => {
-            Json(json!({ "reloaded": true, "restart_required": waiting })).into_response()
-        }
+        Ok(done) => Json(json!({
+            "reloaded": true,
+            "restart_required": done.restart_required,
+            "runtime_changes_replaced": done.runtime_changes_replaced,
+        }))
+        .into_response(),
         Err(errors) => error(StatusCode::UNPROCESSABLE_ENTITY, errors),
     }
 }

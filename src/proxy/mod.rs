@@ -40,7 +40,8 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicI64;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -122,8 +123,43 @@ pub struct Reloader {
     started: Arc<Config>,
     /// Held through a reload: of two at once (a SIGHUP and `POST /admin/reload`), the
     /// second reads the file after the first has swapped its engine in, so the file
-    /// read last is the one in force.
-    reloading: Arc<Mutex<()>>,
+    /// read last is the one in force. It holds the routes changed at runtime since
+    /// the last reload, whose changes the next one replaces with the file's parameters.
+    reloading: Arc<Mutex<BTreeSet<String>>>,
+    /// The reloads applied and refused, for `/metrics`.
+    reloads: Arc<ReloadCounts>,
+}
+
+/// The reloads a [`Reloader`] applied and refused, and whether the last one was applied.
+#[derive(Debug)]
+pub(crate) struct ReloadCounts {
+    /// Reloads that put a file in force.
+    pub(crate) applied: AtomicU64,
+    /// Reloads refused: the running config was kept.
+    pub(crate) refused: AtomicU64,
+    /// Whether the last reload was applied (true before any).
+    pub(crate) last_applied: AtomicBool,
+}
+
+impl Default for ReloadCounts {
+    fn default() -> Self {
+        ReloadCounts {
+            applied: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            last_applied: AtomicBool::new(true),
+        }
+    }
+}
+
+/// What a reload that was applied did besides putting the file's routes in force.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// The sections read only at start whose content changed since the start
+    /// (`"[server]"`, `"[admin]"`, `"[hints]"`, `"[store]"`): they wait for a restart.
+    pub restart_required: Vec<&'static str>,
+    /// The routes changed at runtime (`PUT /admin/routes/{name}`) since the last
+    /// reload whose parameters in the file differ: the file's are now in force.
+    pub runtime_changes_replaced: Vec<String>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -179,10 +215,11 @@ impl Reloader {
     /// Reads the config file again and swaps the engine, on tokio's blocking pool (the
     /// file read and the engine build hold no runtime worker, nor does a reload waiting
     /// for another). An invalid file, or a proxy started without one, keeps the
-    /// running config and returns every error. The routes take effect at once; the
-    /// other sections only at a restart: those whose content differs from the proxy's
-    /// start are returned (`"[admin]"`, …) and logged.
-    pub async fn reload_async(&self) -> Result<Vec<&'static str>, Vec<String>> {
+    /// running config and returns every error, which are logged too. The routes take
+    /// effect at once, the file's parameters replacing runtime changes (those replaced
+    /// are returned and logged); the other sections only at a restart: those whose
+    /// content differs from the proxy's start are returned (`"[admin]"`, …) and logged.
+    pub async fn reload_async(&self) -> Result<Reloaded, Vec<String>> {
         let reloader = self.clone();
         tokio::task::spawn_blocking(move || reloader.reload())
             .await
@@ -200,7 +237,7 @@ impl Reloader {
         name: &str,
         patch: &str,
     ) -> Result<crate::engine::RouteSnapshot, RouteChangeError> {
-        let _one_at_a_time = self
+        let mut changed_at_runtime = self
             .reloading
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -217,19 +254,46 @@ impl Reloader {
                 })?;
         let now = self.clock.now();
         engine.update_route(id, params, now);
+        changed_at_runtime.insert(name.to_owned());
         tracing::info!(route = %name, "route parameters changed at runtime");
         Ok(engine.route_snapshot(id, now))
     }
 
     /// Reads the config file again and swaps the engine (blocking: it reads the file
     /// and builds the engine). See [`reload_async`](Self::reload_async).
-    pub fn reload(&self) -> Result<Vec<&'static str>, Vec<String>> {
+    pub fn reload(&self) -> Result<Reloaded, Vec<String>> {
+        let result = self.reload_file();
+        let counts = &self.reloads;
+        match &result {
+            Ok(_) => counts.applied.fetch_add(1, Ordering::Relaxed),
+            Err(errors) => {
+                // Logged here, whoever asked: a refusal answered to an admin API
+                // client was seen by nobody else.
+                for e in errors {
+                    tracing::error!("reload refused, running config kept: {e}");
+                }
+                counts.refused.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        counts
+            .last_applied
+            .store(result.is_ok(), Ordering::Relaxed);
+        result
+    }
+
+    /// The reloads applied and refused so far.
+    pub(crate) fn reload_counts(&self) -> &ReloadCounts {
+        &self.reloads
+    }
+
+    /// [`reload`](Self::reload), but for counting and logging a refusal.
+    fn reload_file(&self) -> Result<Reloaded, Vec<String>> {
         let Some(path) = &self.source else {
             return Err(vec![
                 "no config file to reload: rocgate was started with the embedded default".into(),
             ]);
         };
-        let _one_at_a_time = self
+        let mut changed_at_runtime = self
             .reloading
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -237,25 +301,48 @@ impl Reloader {
             .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
-        let next = Arc::new(
-            self.engine
-                .load()
-                .reload(&config, self.clock.now(), wall_now),
-        );
+        let before = self.engine.load_full();
+        // Read now: a route the reload keeps is reconfigured in place.
+        let changed: Vec<_> = std::mem::take(&mut *changed_at_runtime)
+            .into_iter()
+            .filter_map(|name| {
+                let params = before.route_params(before.route_id(&name)?);
+                Some((name, params))
+            })
+            .collect();
+        let next = Arc::new(before.reload(&config, self.clock.now(), wall_now));
         self.engine.store(Arc::clone(&next));
+        // A runtime change the file does not repeat is gone: said, not done silently.
+        let runtime_changes_replaced: Vec<String> = changed
+            .into_iter()
+            .filter(|(name, params)| {
+                next.route_id(name)
+                    .is_some_and(|id| next.route_params(id) != *params)
+            })
+            .map(|(name, _)| name)
+            .collect();
+        for route in &runtime_changes_replaced {
+            tracing::warn!(
+                route,
+                "the reload replaced the route's runtime change (PUT /admin/routes) with the file's parameters"
+            );
+        }
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             store.retain(&next);
         }
         tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
-        let waiting = needing_restart(&self.started, &config);
-        for section in &waiting {
+        let restart_required = needing_restart(&self.started, &config);
+        for section in &restart_required {
             tracing::warn!(
                 section,
                 "changed in the file, but takes effect only at a restart"
             );
         }
-        Ok(waiting)
+        Ok(Reloaded {
+            restart_required,
+            runtime_changes_replaced,
+        })
     }
 }
 
@@ -372,6 +459,7 @@ impl Proxy {
                     ..config.clone()
                 }),
                 reloading: Arc::default(),
+                reloads: Arc::default(),
             },
         })
     }
