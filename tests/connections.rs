@@ -342,6 +342,46 @@ async fn reaching_the_cap_is_logged_at_most_once_per_ten_seconds() {
     assert!(lines[1].contains("times_reached=3"), "{}", lines[1]);
 }
 
+/// A failing upstream is logged at the first failure, then at most once per 10 s of
+/// the proxy's clock, each line with the failures since the last (an upstream that is
+/// down fails every request: a line each would flood the log).
+#[tokio::test]
+async fn a_failing_upstream_is_logged_at_most_once_per_ten_seconds() {
+    let (log, _capturing) = Captured::on_this_thread();
+    let warned = || log.lines_with("upstream request failed");
+    // A port nothing listens on: bound, then closed.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy_on(clock.clone(), dead, 100, secs, secs).await;
+    let mut client = H1::connect(proxy.addr).await;
+    let mut fail = async || {
+        let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+    };
+    fail().await;
+    let lines = warned();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(lines[0].contains(&format!("upstream={dead}")), "{}", lines[0]);
+    assert!(lines[0].contains("Connection refused"), "{}", lines[0]);
+    assert!(lines[0].contains("failures=1"), "{}", lines[0]);
+    for _ in 0..3 {
+        fail().await;
+    }
+    clock.advance(Duration::from_millis(9_999));
+    fail().await;
+    assert_eq!(warned().len(), 1, "{:#?}", warned());
+    clock.advance(Duration::from_millis(1));
+    fail().await;
+    let lines = warned();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[1].contains("failures=5"), "{}", lines[1]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2c_connection_that_only_answers_pings_is_closed_after_idle_timeout() {
     let upstream = start_upstream().await;

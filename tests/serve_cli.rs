@@ -478,3 +478,48 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
     );
     assert!(text.contains(r#"rocgate_base_limit_rps{route="order_reloaded"} 200"#));
 }
+
+/// An upstream that cannot be reached is logged, naming it and why, at most once every
+/// 10 s with the count of failures since: the clients got 502s and the log said
+/// nothing at its default level (only `/metrics` counted them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_is_logged_once_in_a_while() {
+    // A port nothing listens on: bound, then closed.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut child = Reap(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--upstream")
+            .arg(format!("http://{dead}"))
+            .env_clear()
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let listen = logged(&lines, &["listen="])
+        .and_then(|line| field(&line, "listen="))
+        .expect("serve logs its address");
+    for _ in 0..5 {
+        assert_eq!(get_status(listen, "/").await, Ok(502));
+    }
+    let warning = logged(&lines, &["WARN", "upstream"]).expect("the failure is logged");
+    assert!(warning.contains(&dead.to_string()), "{warning}");
+    assert!(warning.contains("Connection refused"), "{warning}");
+    assert!(warning.contains("route=\"default\""), "{warning}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let more: Vec<String> = lines.try_iter().filter(|l| l.contains("WARN")).collect();
+    assert!(more.is_empty(), "one warning for the five failures: {more:?}");
+}

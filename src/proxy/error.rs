@@ -102,6 +102,21 @@ impl ProxyError {
         ProxyError::Upstream(e)
     }
 
+    /// What went wrong, with the causes of an upstream error ("upstream error: client
+    /// error (Connect): tcp connect error: Connection refused (os error 111)"), where
+    /// `Display` stops at the first ("client error (Connect)").
+    pub fn detail(&self) -> String {
+        let mut text = self.to_string();
+        if let ProxyError::Upstream(e) = self {
+            let mut next = e.source();
+            while let Some(cause) = next {
+                text.push_str(&format!(": {cause}"));
+                next = cause.source();
+            }
+        }
+        text
+    }
+
     /// Whether the upstream failed (what the tuning hints count against its health),
     /// rather than the request.
     pub(crate) fn is_upstream_failure(&self) -> bool {

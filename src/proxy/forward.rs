@@ -301,6 +301,52 @@ struct Inner {
     upstream_host: Option<HeaderValue>,
     /// This instance's `Via` entry.
     via: Via,
+    /// Failures of the upstream, logged at most once every [`FAILURE_LOG_EVERY`].
+    failures: FailureLog,
+}
+
+/// How often at most a failing upstream is logged.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The upstream's failures since the last one logged, and when that was: an upstream
+/// that is down fails every request, and one line per request would flood the log.
+#[derive(Debug, Default)]
+struct FailureLog {
+    /// Failures not yet logged.
+    unlogged: AtomicU64,
+    /// When the last was logged, in nanoseconds plus one (0: never).
+    logged_at: AtomicU64,
+}
+
+impl FailureLog {
+    /// Counts a failure of the request on `route` to `upstream` at `now`, and logs it
+    /// with the failures since the last line if that was [`FAILURE_LOG_EVERY`] ago.
+    fn failed(&self, upstream: &Authority, route: &str, e: &ProxyError, now: Nanos) {
+        self.unlogged.fetch_add(1, Ordering::Relaxed);
+        let last = self.logged_at.load(Ordering::Relaxed);
+        let due = last == 0
+            || now.as_u64().saturating_sub(last - 1) >= FAILURE_LOG_EVERY.as_nanos() as u64;
+        let stamp = now.as_u64().saturating_add(1);
+        if !due
+            || self
+                .logged_at
+                .compare_exchange(last, stamp, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let failures = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            upstream = %upstream,
+            route,
+            kind = e.kind(),
+            status = e.status().as_u16(),
+            failures,
+            "upstream request failed: {} (failures counts those since the last such line, at most one every {}s)",
+            e.detail(),
+            FAILURE_LOG_EVERY.as_secs(),
+        );
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -349,6 +395,7 @@ impl Forwarder {
                 lanes,
                 connector,
                 via: Via::new(),
+                failures: FailureLog::default(),
             }),
             connection: None,
         }
@@ -636,6 +683,10 @@ impl Inner {
             }
             Err(e) => {
                 tracing::debug!(error = %e, route = %route, "forwarding failed");
+                if e.is_upstream_failure() {
+                    let now = self.clock.now();
+                    self.failures.failed(&self.authority, &route, &e, now);
+                }
                 metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&route), "kind" => e.kind())
                     .increment(1);
                 e.into_response()
