@@ -321,17 +321,17 @@ impl Reloader {
             })
             .map(|(name, _)| name)
             .collect();
+        #[cfg(feature = "redis")]
+        if let Some(store) = &self.store {
+            store.retain(&next);
+        }
+        tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
         for route in &runtime_changes_replaced {
             tracing::warn!(
                 route,
                 "the reload replaced the route's runtime change (PUT /admin/routes) with the file's parameters"
             );
         }
-        #[cfg(feature = "redis")]
-        if let Some(store) = &self.store {
-            store.retain(&next);
-        }
-        tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
         let restart_required = needing_restart(&self.started, &config);
         for section in &restart_required {
             tracing::warn!(
