@@ -359,7 +359,10 @@ async fn a_reload_names_the_runtime_changes_it_replaces() {
     // A change the file repeats is not replaced, and each change is named once.
     let (status, body) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
     assert_eq!(status, 200, "{body}");
-    let repeated = CONFIG.replace("path = \"/api/order\"", "path = \"/api/order\"\nbase_limit = 300");
+    let repeated = CONFIG.replace(
+        "path = \"/api/order\"",
+        "path = \"/api/order\"\nbase_limit = 300",
+    );
     std::fs::write(&p.file, repeated).unwrap();
     for _ in 0..2 {
         let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;

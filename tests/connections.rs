@@ -366,7 +366,11 @@ async fn a_failing_upstream_is_logged_at_most_once_per_ten_seconds() {
     let lines = warned();
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(lines[0].contains("WARN"), "{}", lines[0]);
-    assert!(lines[0].contains(&format!("upstream={dead}")), "{}", lines[0]);
+    assert!(
+        lines[0].contains(&format!("upstream={dead}")),
+        "{}",
+        lines[0]
+    );
     assert!(lines[0].contains("Connection refused"), "{}", lines[0]);
     assert!(lines[0].contains("failures=1"), "{}", lines[0]);
     for _ in 0..3 {

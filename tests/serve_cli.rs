@@ -177,8 +177,14 @@ async fn an_upstream_flag_the_file_would_refuse_is_refused_with_exit_code_2() {
         ("http://127.0.0.1:1/api", "with no path"),
         ("http://user@127.0.0.1:1", "with no path"),
         ("http://127.0.0.1:1?x=1", "with no path"),
-        ("http://127.0.0.1:99999", "port must be a number from 1 to 65535"),
-        ("http://127.0.0.1:0", "port must be a number from 1 to 65535"),
+        (
+            "http://127.0.0.1:99999",
+            "port must be a number from 1 to 65535",
+        ),
+        (
+            "http://127.0.0.1:0",
+            "port must be a number from 1 to 65535",
+        ),
     ] {
         let child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
@@ -362,16 +368,12 @@ async fn exchange(
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
 }
 
-/// The next log line that contains every one of `words`, within 10 s.
+/// The next log line that contains every one of `words`, within 10 s of silence and
+/// 1,000 lines.
 fn logged(lines: &std::sync::mpsc::Receiver<String>, words: &[&str]) -> Option<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
-        let line = lines.recv_timeout(left).ok()?;
-        if words.iter().all(|w| line.contains(w)) {
-            return Some(line);
-        }
-    }
-    None
+    (0..1000)
+        .map_while(|_| lines.recv_timeout(Duration::from_secs(10)).ok())
+        .find(|line| words.iter().all(|w| line.contains(w)))
 }
 
 /// `/metrics` of the admin API at `admin`, once it contains `wanted` (within 10 s), or
@@ -467,7 +469,10 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
     std::fs::write(&file, RELOADED).unwrap();
     let hup = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
     assert!(hup.success());
-    let line = logged(&lines, &["replaced the route's runtime change", "order_reloaded"]);
+    let line = logged(
+        &lines,
+        &["replaced the route's runtime change", "order_reloaded"],
+    );
     assert!(line.is_some(), "the replaced change is logged");
     let applied = r#"rocgate_config_reloads_total{result="applied"} 1"#;
     let text = metrics_with(admin, applied).await;
@@ -521,5 +526,8 @@ async fn an_unreachable_upstream_is_logged_once_in_a_while() {
     assert!(warning.contains("route=\"default\""), "{warning}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let more: Vec<String> = lines.try_iter().filter(|l| l.contains("WARN")).collect();
-    assert!(more.is_empty(), "one warning for the five failures: {more:?}");
+    assert!(
+        more.is_empty(),
+        "one warning for the five failures: {more:?}"
+    );
 }

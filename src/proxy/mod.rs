@@ -36,11 +36,11 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -275,9 +275,7 @@ impl Reloader {
                 counts.refused.fetch_add(1, Ordering::Relaxed)
             }
         };
-        counts
-            .last_applied
-            .store(result.is_ok(), Ordering::Relaxed);
+        counts.last_applied.store(result.is_ok(), Ordering::Relaxed);
         result
     }
 
