@@ -531,3 +531,30 @@ async fn an_unreachable_upstream_is_logged_once_in_a_while() {
         "one warning for the five failures: {more:?}"
     );
 }
+
+/// `--listen` and `--admin` say what they take, as the file's `listen` does: a host
+/// name was refused with "invalid socket address syntax", which does not tell an
+/// operator that `localhost:8080` needs to be `127.0.0.1:8080`.
+#[test]
+fn an_address_flag_that_is_no_socket_address_says_what_it_takes() {
+    for (command, flag) in [
+        ("serve", "--listen"),
+        ("serve", "--admin"),
+        ("demo", "--listen"),
+        ("demo", "--admin"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args([command, flag, "localhost:8080"])
+            .env_clear()
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command} {flag}: {stderr}");
+        assert!(stderr.contains(flag), "{command} {flag}: {stderr}");
+        assert!(
+            stderr.contains("must be an IP address and port such as 127.0.0.1:8080"),
+            "{command} {flag}: {stderr}"
+        );
+    }
+}

@@ -25,10 +25,10 @@ pub(crate) struct DemoArgs {
     compare: bool,
     /// Address of the admin API (`/metrics`, `/admin/routes`); `127.0.0.1:0` takes any
     /// free port [default: 127.0.0.1:9090, or any free port if that one is taken]
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_addr)]
     admin: Option<SocketAddr>,
     /// Address the proxy listens on (`127.0.0.1:0`: any free port on loopback).
-    #[arg(long, default_value = "127.0.0.1:0")]
+    #[arg(long, default_value = "127.0.0.1:0", value_parser = super::parse_addr)]
     listen: SocketAddr,
     /// Poisson arrivals from this seed (default: evenly spaced).
     #[arg(long, allow_negative_numbers = true)]

@@ -58,13 +58,13 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
     /// Address clients connect to (overrides the file).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_addr)]
     pub(crate) listen: Option<SocketAddr>,
     /// Upstream to forward to, `http://host:port` (overrides the file).
     #[arg(long)]
     pub(crate) upstream: Option<String>,
     /// Address of the admin API (overrides the file).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_addr)]
     pub(crate) admin: Option<SocketAddr>,
 }
 
@@ -125,6 +125,14 @@ pub(crate) struct SimulateArgs {
     /// --sweep: sweep.csv).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
+}
+
+/// An address flag (`--listen`, `--admin`): an IP address and a port, refused as the
+/// file's `listen` is, saying what it takes (a host name is not looked up).
+pub(crate) fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!("must be an IP address and port such as 127.0.0.1:8080 or [::1]:8080, got {text:?}")
+    })
 }
 
 /// Arguments of `rocgate check-config`.
