@@ -337,16 +337,25 @@ impl Controller {
         }
     }
 
-    /// When the limit will next rise if ROC stays safe, for `Retry-After` on a cut.
-    /// `None` in `Normal`. Never before the controller acts again after a
-    /// [`Controller::rearm`].
-    pub fn next_raise_at(&self) -> Option<Nanos> {
+    /// When the limit will next rise, as seen at `now` on a route whose ROC window is
+    /// `window` long, for `Retry-After` on a cut. `None` in `Normal`. Never before the
+    /// controller acts again after a [`Controller::rearm`].
+    ///
+    /// In `Cut`, once ROC is calm: when its `hold` ends, plus one `restore_interval`.
+    /// Before that, when the cut's spike is known to end is not, but it cannot read as
+    /// calm before it fills the whole window (a spike that holds its level then reads
+    /// calm: both halves carry it), a window after the cut began, or `now` once that
+    /// has passed: the estimate is the earliest calm, plus the `hold` and the
+    /// interval. Never later than `max_cut` allows.
+    pub fn next_raise_at(&self, now: Nanos, window: Duration) -> Option<Nanos> {
         let at = match self.state {
             ControllerState::Normal => return None,
             ControllerState::Cut => {
                 let max_cut = self.entered_at + self.params.max_cut;
-                let by_hold = self.safe_since.map(|s| self.hold_done(s));
-                by_hold.map_or(max_cut, |t| t.min(max_cut)) + self.params.restore_interval
+                let calm = self
+                    .safe_since
+                    .unwrap_or_else(|| (self.entered_at + window).max(now));
+                self.hold_done(calm).min(max_cut) + self.params.restore_interval
             }
             ControllerState::Recovering => {
                 let interval = duration_nanos(self.params.restore_interval).max(1);
@@ -649,15 +658,44 @@ mod tests {
     }
 
     #[test]
+    fn the_next_raise_of_a_cut_not_yet_calm_is_its_earliest_calm() {
+        let window = Duration::from_secs(6);
+        let at = |c: &Controller, now_ms| c.next_raise_at(Nanos::from_millis(now_ms), window);
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        // Cut at 10 s: the spike fills the window at 16 s, then a 2 s hold and a 1 s
+        // restore interval (not max_cut's 70 s).
+        assert_eq!(at(&c, 10_000), Some(Nanos::from_secs(19)));
+        // Still climbing past the window: calm now, at the earliest.
+        run(&mut c, 10_100, 30_000, 40.0, 600.0);
+        assert_eq!(at(&c, 30_000), Some(Nanos::from_secs(33)));
+        // Never past max_cut's end (60 s after the cut), plus the interval.
+        run(&mut c, 30_100, 69_000, 40.0, 600.0);
+        assert_eq!(at(&c, 69_000), Some(Nanos::from_secs(71)));
+
+        // Calm before the window is full: the hold counts from the first calm sample.
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 12_000, 600.0, 600.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        assert_eq!(at(&c, 12_000), Some(Nanos::from_millis(13_100)));
+    }
+
+    #[test]
     fn the_next_raise_waits_for_the_controller_to_be_armed_again() {
         let mut c = controller();
         run(&mut c, 10_000, 10_000, 40.0, 600.0);
         run(&mut c, 10_100, 11_000, 0.0, 0.0);
         // Calm since 10.1 s: the limit would rise at 12.1 s + 1 s. A reload at 11 s
         // suspends the controller until 17 s: nothing rises before then.
-        assert_eq!(c.next_raise_at(), Some(Nanos::from_millis(13_100)));
-        c.rearm(Nanos::from_secs(11), Duration::from_secs(6));
-        let at = c.next_raise_at().unwrap();
+        let (now, window) = (Nanos::from_secs(11), Duration::from_secs(6));
+        assert_eq!(
+            c.next_raise_at(now, window),
+            Some(Nanos::from_millis(13_100))
+        );
+        c.rearm(now, window);
+        let at = c.next_raise_at(now, window).unwrap();
         assert!(at >= Nanos::from_secs(17), "{at}");
         run(&mut c, 11_100, at.as_u64() / 1_000_000 - 100, 0.0, 0.0);
         assert_eq!(c.limit_rps(), 60.0);

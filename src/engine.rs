@@ -594,7 +594,7 @@ impl Engine {
             let at = st.controller.limit_since().min(now);
             r.apply_limit(&st.controller, at);
         }
-        r.publish_next_raise(&st.controller);
+        r.publish_next_raise(&st.controller, now);
         if let Some(keys) = &r.keys {
             let mut shadow_last = st.last_sweep;
             keys.sweep(&mut st.last_sweep, now);
@@ -701,9 +701,9 @@ impl Engine {
         }
     }
 
-    /// How long until the controller next raises a cut route's limit, if ROC stays
-    /// calm: the basis of `Retry-After` for `roc_cut` rejections. `None` when the
-    /// route is not cut. One atomic load.
+    /// How long until the controller next raises a cut route's limit, at the earliest
+    /// (see [`Controller::next_raise_at`]): the basis of `Retry-After` for `roc_cut`
+    /// rejections. `None` when the route is not cut. One atomic load.
     ///
     /// # Panics
     /// If `route` does not come from this engine.
@@ -827,12 +827,15 @@ impl Route {
             st.controller.rearm(now, self.window.window());
         }
         self.apply_limit(&st.controller, now);
-        self.publish_next_raise(&st.controller);
+        self.publish_next_raise(&st.controller, now);
     }
 
-    /// Publishes when the controller next raises the limit, for [`Engine::restore_eta`].
-    fn publish_next_raise(&self, c: &Controller) {
-        let at = c.next_raise_at().map_or(0, Nanos::as_u64);
+    /// Publishes when the controller next raises the limit, as seen at `now`, for
+    /// [`Engine::restore_eta`].
+    fn publish_next_raise(&self, c: &Controller, now: Nanos) {
+        let at = c
+            .next_raise_at(now, self.window.window())
+            .map_or(0, Nanos::as_u64);
         self.next_raise.store(at, Ordering::Relaxed);
     }
 
