@@ -52,6 +52,10 @@ fn the_examples_show_what_they_are_named_for() {
     let c = load("examples/flash-sale.toml");
     assert_eq!(c.routes[0].name, "order");
     assert_eq!(c.routes[0].controller, Default::default());
+    // A request no route takes would be forwarded with no limit: the example ends
+    // with a catch-all, as the default configuration does.
+    let last = c.routes.last().expect("routes");
+    assert!(last.matcher.matches("GET", "/api/cart"), "{}", last.name);
 
     let c = load("examples/per-ip.toml");
     assert!(
