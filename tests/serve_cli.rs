@@ -39,11 +39,8 @@ fn field(line: &str, key: &str) -> Option<SocketAddr> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Reads `serve`'s log lines from `stderr` on a thread of their own until one names
-/// the address it listens on; the lines after it come on the receiver.
-fn logged_listen(
-    stderr: impl std::io::Read + Send + 'static,
-) -> (SocketAddr, std::sync::mpsc::Receiver<String>) {
+/// `serve`'s log lines, read from `stderr` on a thread of their own.
+fn log_lines(stderr: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -52,6 +49,15 @@ fn logged_listen(
             }
         }
     });
+    rx
+}
+
+/// Reads `serve`'s log lines from `stderr` on a thread of their own until one names
+/// the address it listens on; the lines after it come on the receiver.
+fn logged_listen(
+    stderr: impl std::io::Read + Send + 'static,
+) -> (SocketAddr, std::sync::mpsc::Receiver<String>) {
+    let rx = log_lines(stderr);
     loop {
         let line = rx
             .recv_timeout(Duration::from_secs(20))
@@ -280,20 +286,15 @@ async fn without_a_config_file_the_environment_still_sets_the_admin_token() {
             .spawn()
             .unwrap(),
     );
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = log_lines(child.0.stderr.take().unwrap());
     let admin = loop {
         let line = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("serve logs its admin address");
         if let Some(addr) = field(&line, "admin=") {
+            // The start-up line says which configuration runs, and that no file is
+            // there for a SIGHUP to reload.
+            assert!(line.contains("config=embedded default"), "{line}");
             break addr;
         }
     };
@@ -419,18 +420,14 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
             .unwrap(),
     );
     let pid = child.0.id().to_string();
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let admin = logged(&lines, &["admin="])
-        .and_then(|line| field(&line, "admin="))
-        .expect("serve logs its admin address");
+    let lines = log_lines(child.0.stderr.take().unwrap());
+    let started = logged(&lines, &["admin="]).expect("serve logs its admin address");
+    let admin = field(&started, "admin=").expect("an address");
+    // The start-up line names the file a SIGHUP reloads.
+    assert!(
+        started.contains(&format!("config={}", file.display())),
+        "{started}"
+    );
     let text = metrics_with(admin, "rocgate_config_last_reload_successful 1").await;
     assert!(
         text.contains("rocgate_config_last_reload_successful 1"),
@@ -505,15 +502,7 @@ async fn an_unreachable_upstream_is_logged_once_in_a_while() {
             .spawn()
             .unwrap(),
     );
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = log_lines(child.0.stderr.take().unwrap());
     let listen = logged(&lines, &["listen="])
         .and_then(|line| field(&line, "listen="))
         .expect("serve logs its address");

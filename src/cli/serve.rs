@@ -121,6 +121,10 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             admin = %admin.map_or_else(|e| e.to_string(), |a| a.to_string()),
             upstream = %settings.forward.upstream,
             routes = proxy.reloader().engine().route_names().count(),
+            config = %args.config.as_deref().map_or_else(
+                || "embedded default (reload refused)".into(),
+                |p| p.display().to_string(),
+            ),
             "rocgate serving"
         );
         if !settings.admin_listen.ip().is_loopback() && settings.admin_token.is_none() {
