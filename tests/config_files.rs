@@ -1203,3 +1203,91 @@ fn of_several_unknown_fields_the_first_in_the_file_is_named_every_time() {
         }
     }
 }
+
+/// A config built in code is checked by the file's rules: every shipped file, once
+/// loaded, passes (the check reads back what it writes), and what the file refuses is
+/// refused in code too, under the same path.
+#[test]
+fn a_config_built_in_code_is_validated_by_the_files_rules() {
+    for path in toml_files(&config_dir()) {
+        let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        if let Err(e) = config.validate() {
+            panic!("{} loads but does not validate:\n{e}", path.display());
+        }
+    }
+    use rocgate::config::{RouteConfig, RouteMatch};
+    use std::time::Duration;
+    let problems = |routes: Vec<RouteConfig>| -> Vec<String> {
+        match Config::new(routes).validate() {
+            Ok(()) => Vec::new(),
+            Err(e) => e.problems().iter().map(|p| p.to_string()).collect(),
+        }
+    };
+    let order = || RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+    assert_eq!(problems(vec![order()]), Vec::<String>::new());
+    // A base limit under the default cut limit: a cut would raise it.
+    let mut low = order();
+    low.controller.base_limit_rps = 2.0;
+    assert_eq!(
+        problems(vec![low]),
+        ["routes[0].cut_limit: must be ≤ base_limit (2), got 60"]
+    );
+    // Values the engine cannot work with.
+    let mut zero = order();
+    zero.controller.base_limit_rps = 0.0;
+    zero.controller.cut_limit_rps = f64::NAN;
+    zero.controller.restore_interval = Duration::ZERO;
+    zero.reject_status = 200;
+    zero.algorithm = Algorithm::FixedWindow {
+        window: Duration::from_micros(1500),
+    };
+    assert_eq!(
+        problems(vec![zero]),
+        [
+            "routes[0].base_limit: must be a number > 0, got 0",
+            "routes[0].cut_limit: must be a number > 0, got NaN",
+            "routes[0].restore_interval: must be longer than zero",
+            "routes[0].reject_status: must be an HTTP status from 400 to 599, got 200",
+            "routes[0].limiter_window: must be a whole number of milliseconds, got 1ms 500us",
+        ]
+    );
+    // Names, duplicates, shadowing, and no routes at all.
+    let mut spaced = order();
+    spaced.name = "my order".into();
+    assert_eq!(
+        problems(vec![RouteConfig::new("all", RouteMatch::any()), order(), spaced]),
+        [
+            "routes[2].name: must be non-empty and use only A-Z a-z 0-9 _ . : - (it is a metric label value), got \"my order\"",
+            "routes[1].path: never matches: routes[0] (\"all\") comes first and takes every request it would",
+        ]
+    );
+    assert_eq!(
+        problems(vec![order(), order()])[0],
+        "routes[1].name: duplicate of routes[0].name (\"order\")"
+    );
+    assert_eq!(
+        problems(Vec::new()),
+        ["routes: at least one [[routes]] table is required"]
+    );
+}
+
+/// `RouteMatch::exact` with a template matches the paths the template stands for, as
+/// a file's `path` does, not the template's text only.
+#[test]
+fn an_exact_match_in_code_takes_a_template() {
+    use rocgate::config::{PathPattern, RouteMatch};
+    let items = RouteMatch::exact("get", "/api/items/{id}");
+    assert!(items.matches("GET", "/api/items/7"));
+    assert!(items.matches("GET", "/api/items/{id}"), "axum's MatchedPath");
+    assert!(!items.matches("GET", "/api/items/7/reviews"));
+    assert_eq!(
+        Some(items.path),
+        PathPattern::parse_path("/api/items/{id}"),
+        "as the file reads it"
+    );
+    // A path that is no template stays exact.
+    assert_eq!(
+        RouteMatch::exact("POST", "/api/order").path,
+        PathPattern::Exact("/api/order".into())
+    );
+}

@@ -58,7 +58,9 @@ use crate::window::WindowSpec;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-/// A whole, validated configuration.
+/// A whole configuration. One loaded from TOML ([`Config::load`],
+/// [`Config::from_toml_str`]) is validated; one built or changed in code is not until
+/// [`Config::validate`] says so.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Config {
     /// Routes in match order: the first route that matches a request takes it.
@@ -72,7 +74,9 @@ pub struct Config {
 }
 
 impl Config {
-    /// These routes, with the default proxy settings.
+    /// These routes, with the default proxy settings. Nothing is checked here: call
+    /// [`validate`](Config::validate) before building an engine from routes written in
+    /// code, as a file's are checked when loaded.
     pub fn new(routes: Vec<RouteConfig>) -> Self {
         Config {
             routes,
@@ -80,6 +84,28 @@ impl Config {
             hints: HintsConfig::default(),
             store: crate::store::StoreConfig::default(),
         }
+    }
+
+    /// Checks the routes by the rules of the file, reporting every problem under the
+    /// field path the file would have (`routes[0].cut_limit: must be ≤ base_limit
+    /// (2), got 60`): at least one route; names, paths and methods; limits in range and
+    /// a `cut_limit` no higher than `base_limit` (else a cut would raise the limit);
+    /// thresholds, durations, algorithm and partition settings and how they combine;
+    /// tiers and events; no route shadowed by an earlier one. The `[server]`,
+    /// `[hints]` and `[store]` sections are not checked here (they are when loaded).
+    ///
+    /// ```
+    /// use rocgate::config::{Config, RouteConfig, RouteMatch};
+    ///
+    /// let mut order = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+    /// order.controller.base_limit_rps = 20.0; // below the default cut_limit (60)
+    /// let e = Config::new(vec![order.clone()]).validate().unwrap_err();
+    /// assert_eq!(e.to_string(), "config: routes[0].cut_limit: must be ≤ base_limit (20), got 60");
+    /// order.controller.cut_limit_rps = 5.0;
+    /// assert!(Config::new(vec![order]).validate().is_ok());
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        raw::check_routes(&self.routes).map_err(|problems| ConfigError::new("config", problems))
     }
 }
 
@@ -153,11 +179,13 @@ impl RouteMatch {
         }
     }
 
-    /// Requests with exactly this method and path.
+    /// Requests with exactly this method and path, where the path may be a template
+    /// (`/api/items/{id}`), as a file's `path` is ([`PathPattern::parse_path`]).
     pub fn exact(method: &str, path: impl Into<String>) -> Self {
+        let path = path.into();
         RouteMatch {
             method: Some(method.to_ascii_uppercase()),
-            path: PathPattern::Exact(path.into()),
+            path: PathPattern::parse_path(&path).unwrap_or(PathPattern::Exact(path)),
         }
     }
 

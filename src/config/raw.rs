@@ -1469,6 +1469,138 @@ impl TryFrom<RawConfig> for Config {
     }
 }
 
+/// Checks routes built in code by the rules of the file: each route is written back
+/// as the table that would give it and validated as one, so that a value or a
+/// combination the file refuses is refused here too, under the same field path
+/// (`routes[0].cut_limit: must be ≤ base_limit (2), got 60`).
+pub(crate) fn check_routes(routes: &[RouteConfig]) -> Result<(), Vec<Problem>> {
+    let raw = RawConfig {
+        defaults: RawSettings::default(),
+        routes: routes.iter().map(RawRoute::of).collect(),
+        server: RawServer::default(),
+        admin: RawAdmin::default(),
+        hints: RawHints::default(),
+        store: RawStore::default(),
+    };
+    Config::try_from(raw).map(|_| ())
+}
+
+/// A duration as the file writes it (`"1s 500ms"`), which reads back exactly.
+fn written(d: Duration) -> Option<String> {
+    Some(humantime::format_duration(d).to_string())
+}
+
+fn roc_mode_name(mode: RocMode) -> Option<String> {
+    Some(match mode {
+        RocMode::Absolute => "absolute".to_owned(),
+        RocMode::Relative => "relative".to_owned(),
+    })
+}
+
+impl RawRoute {
+    /// The table that gives `r`.
+    fn of(r: &RouteConfig) -> RawRoute {
+        let c = &r.controller;
+        let (path, path_prefix) = match &r.matcher.path {
+            PathPattern::Exact(p) => (Some(p.clone()), None),
+            PathPattern::Prefix(p) => (None, Some(p.clone())),
+            PathPattern::Template(segments) => {
+                let mut t = String::new();
+                for segment in segments {
+                    t.push('/');
+                    match segment {
+                        Segment::Literal(l) => t.push_str(l),
+                        Segment::Param(name) => {
+                            t.push('{');
+                            t.push_str(name);
+                            t.push('}');
+                        }
+                    }
+                }
+                (Some(t), None)
+            }
+        };
+        let (algorithm, burst, limiter_window, queue) = match r.algorithm {
+            Algorithm::TokenBucket { burst } => ("token_bucket", written(burst), None, None),
+            Algorithm::FixedWindow { window } => ("fixed_window", None, written(window), None),
+            Algorithm::SlidingWindow { window } => ("sliding_window", None, written(window), None),
+            Algorithm::LeakyBucket { queue } => ("leaky_bucket", None, None, Some(queue)),
+            Algorithm::Concurrency { queue } => ("concurrency", None, None, Some(queue)),
+        };
+        let (partition, keys) = match &r.partition {
+            Partition::Route => ("route".to_owned(), None),
+            Partition::ClientIp(k) => ("ip".to_owned(), Some(k)),
+            Partition::Header(name, k) => (format!("header:{name}"), Some(k)),
+        };
+        RawRoute {
+            name: Some(r.name.clone()),
+            method: r.matcher.method.clone(),
+            path,
+            path_prefix,
+            tiers: r
+                .tiers
+                .iter()
+                .map(|t| RawTier {
+                    name: Some(t.name.clone()),
+                    values: Some(t.values.clone()),
+                    base_limit: Some(Num(t.base_limit_rps)),
+                    cut_limit: Some(Num(t.cut_limit_rps)),
+                })
+                .collect(),
+            events: r
+                .events
+                .iter()
+                .map(|e| {
+                    let c = &e.controller;
+                    RawEvent {
+                        name: Some(e.name.clone()),
+                        start: Some(humantime::format_rfc3339_nanos(e.start).to_string()),
+                        duration: written(e.duration),
+                        base_limit: Some(Num(c.base_limit_rps)),
+                        cut_limit: Some(Num(c.cut_limit_rps)),
+                        danger_roc: Some(Num(c.danger_roc)),
+                        safe_roc: Some(Num(c.safe_roc)),
+                        hold: written(c.hold),
+                        restore_step: Some(Num(c.restore_step_rps)),
+                        restore_interval: written(c.restore_interval),
+                        min_rps: Some(Num(c.min_rps)),
+                        min_samples: Some(Whole(c.min_samples)),
+                        min_dwell: written(c.min_dwell),
+                        max_cut: written(c.max_cut),
+                        roc_mode: roc_mode_name(c.roc_mode),
+                    }
+                })
+                .collect(),
+            window: written(r.window.window()),
+            slot: written(r.window.slot()),
+            roc_mode: roc_mode_name(c.roc_mode),
+            base_limit: Some(Num(c.base_limit_rps)),
+            cut_limit: Some(Num(c.cut_limit_rps)),
+            danger_roc: Some(Num(c.danger_roc)),
+            safe_roc: Some(Num(c.safe_roc)),
+            hold: written(c.hold),
+            restore_step: Some(Num(c.restore_step_rps)),
+            restore_interval: written(c.restore_interval),
+            min_rps: Some(Num(c.min_rps)),
+            min_samples: Some(Whole(c.min_samples)),
+            min_dwell: written(c.min_dwell),
+            max_cut: written(c.max_cut),
+            mode: Some(r.mode.as_str().to_owned()),
+            reject_status: Some(Whole(r.reject_status.into())),
+            algorithm: Some(algorithm.to_owned()),
+            burst,
+            limiter_window,
+            queue: queue.map(|q| Whole(q.into())),
+            partition: Some(partition),
+            max_keys: keys.map(|k| Whole(u64::try_from(k.max_keys).unwrap_or(u64::MAX))),
+            idle_timeout: keys.and_then(|k| written(k.idle_timeout)),
+            ipv6_prefix: keys
+                .filter(|_| matches!(r.partition, Partition::ClientIp(_)))
+                .map(|k| Whole(k.ipv6_prefix.into())),
+        }
+    }
+}
+
 /// A socket address such as `127.0.0.1:8080` or `[::1]:8080`.
 fn socket_addr(text: String) -> Result<SocketAddr, String> {
     text.trim().parse().map_err(|_| {

@@ -24,7 +24,11 @@
 //! # tokio_test_block_on(async {
 //! let mut order = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
 //! order.controller.base_limit_rps = 2.0; // a burst of 2, then 2 per second
-//! let layer = AdmissionLayer::from_config(&Config::new(vec![order]));
+//! order.controller.cut_limit_rps = 1.0; // after a cut (at most base_limit_rps)
+//! // Routes written in code are checked as a file's are when loaded.
+//! let config = Config::new(vec![order]);
+//! config.validate().expect("valid routes");
+//! let layer = AdmissionLayer::from_config(&config);
 //! let app = Router::new().route("/api/order", post(|| async { "ok" })).layer(layer);
 //!
 //! let post = || http::Request::post("/api/order").body(axum::body::Body::empty()).unwrap();

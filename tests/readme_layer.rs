@@ -1,0 +1,113 @@
+//! README's "As a tower/axum layer" code, compiled and run: every ```rust block of
+//! README.md appears verbatim in this file, inside a test that runs it, so that an
+//! API change that breaks a README example breaks this build.
+#![cfg(feature = "http")]
+
+use axum::routing::post;
+use rocgate::config::Config;
+use rocgate::http::{AdmissionLayer, RouteKey};
+use std::error::Error;
+use tower::ServiceExt as _;
+
+async fn order() -> &'static str {
+    "ordered"
+}
+
+/// README: the layer inside the router, from the default config file.
+#[tokio::test]
+async fn the_layer_inside_the_router() -> Result<(), Box<dyn Error>> {
+    let app = {
+        // README.md, "As a tower/axum layer":
+        let config = Config::load("config/rocgate.toml".as_ref())?;
+        let layer = AdmissionLayer::builder(&config).route_key(RouteKey::MatchedPath).build();
+        // Every 5 s: ends a silent route's cut, places scheduled events, lets idle keys go.
+        layer.spawn_upkeep()?;
+        let app = axum::Router::new()
+            .route("/api/order", axum::routing::post(order))
+            .layer(layer);
+        // (end of README's code)
+        app
+    };
+    let post = || {
+        http::Request::post("/api/order")
+            .body(axum::body::Body::empty())
+            .expect("a request")
+    };
+    let response = app.oneshot(post()).await?;
+    assert_eq!(response.status(), 200);
+    Ok(())
+}
+
+/// README's second example, over a real socket on 127.0.0.1.
+async fn serve_around_the_router(
+    config: Config,
+    router: axum::Router,
+    listener: tokio::net::TcpListener,
+) -> Result<(), Box<dyn Error + Send + Sync>> {
+    // README.md, "Where to put it":
+    use axum::{extract::Request, ServiceExt};
+    use tower::Layer as _;
+
+    let app = AdmissionLayer::from_config(&config).layer(router);
+    axum::serve(listener, ServiceExt::<Request>::into_make_service(app)).await?;
+    // (end of README's code)
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_layer_around_the_router() -> Result<(), Box<dyn Error>> {
+    let config = Config::from_toml_str(
+        r#"
+        [[routes]]
+        name = "readme_order"
+        method = "POST"
+        path = "/api/order"
+        base_limit = 1
+        cut_limit = 1
+        "#,
+        "inline",
+    )?;
+    let router = axum::Router::new().route("/api/order", post(order));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(serve_around_the_router(config, router, listener));
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut send, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let connection = tokio::spawn(connection);
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let request = http::Request::post("/api/order")
+            .header("host", "127.0.0.1")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        statuses.push(send.send_request(request).await?.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 429], "a burst of 1, then the limit");
+    drop(send);
+    let _ = connection.await;
+    server.abort();
+    Ok(())
+}
+
+/// Every ```rust block in README.md is code of this file.
+#[test]
+fn every_rust_block_in_the_readme_is_compiled_here() {
+    let readme = include_str!("../README.md");
+    let this = include_str!("readme_layer.rs");
+    let mut blocks = 0;
+    let mut rest = readme;
+    while let Some(start) = rest.find("```rust") {
+        let body = &rest[start..];
+        let body = &body[body.find('\n').map_or(body.len(), |n| n + 1)..];
+        let end = body.find("```").expect("a closed code block");
+        for line in body[..end].lines().filter(|l| !l.trim().is_empty()) {
+            assert!(
+                this.lines().any(|own| own.trim() == line.trim()),
+                "README line not compiled by tests/readme_layer.rs: {line:?}"
+            );
+        }
+        blocks += 1;
+        rest = &body[end + 3..];
+    }
+    assert!(blocks >= 2, "found {blocks} rust blocks in README.md");
+}
