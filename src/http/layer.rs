@@ -252,12 +252,15 @@ impl std::fmt::Debug for AdmissionLayer {
 
 impl AdmissionLayer {
     /// A layer over a new engine built from `config`, with the system clock, config
-    /// route matching and no trusted proxies.
+    /// route matching and no trusted proxies. The routes are taken as they are: a
+    /// config loaded from TOML has been checked, one built in code is checked by
+    /// [`Config::validate`].
     pub fn from_config(config: &Config) -> Self {
         AdmissionLayer::builder(config).build()
     }
 
-    /// A builder over a new engine built from `config`.
+    /// A builder over a new engine built from `config` (checked as for
+    /// [`from_config`](Self::from_config)).
     pub fn builder(config: &Config) -> AdmissionLayerBuilder {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events

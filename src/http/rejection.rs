@@ -23,6 +23,50 @@
 //! `concurrency` algorithm requests in flight (`q=10;qu="concurrent-requests"`); `r` is the
 //! remaining quota (0) and `t` the seconds to wait. The body's `retry_after_ms` is the
 //! wait in milliseconds, rounded up.
+//!
+//! # Another response
+//!
+//! A rejection, and only a rejection, carries the `rocgate-reason` header. To answer
+//! in another form (an HTML page, `application/problem+json`), map responses outside
+//! the layer and rewrite those that carry it; the status and `Retry-After` are the
+//! layer's to keep or change. Replace `Content-Length` with the body:
+//!
+//! ```
+//! use axum::{body::Body, response::Response, routing::get, Router};
+//! use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+//! use rocgate::config::{Config, RouteConfig, RouteMatch};
+//! use rocgate::http::AdmissionLayer;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! fn busy_page(response: Response) -> Response {
+//!     if !response.headers().contains_key("rocgate-reason") {
+//!         return response; // admitted: the handler's own response
+//!     }
+//!     let (mut head, _json) = response.into_parts();
+//!     head.headers.remove(CONTENT_LENGTH);
+//!     head.headers.insert(CONTENT_TYPE, "text/html".parse().unwrap());
+//!     Response::from_parts(head, Body::from("<h1>Busy, back in a moment</h1>"))
+//! }
+//!
+//! let mut page = RouteConfig::new("page", RouteMatch::prefix("/"));
+//! page.controller.base_limit_rps = 1.0;
+//! page.controller.cut_limit_rps = 1.0;
+//! let config = Config::new(vec![page]);
+//! config.validate().expect("valid routes");
+//! let app = Router::new().route("/", get(|| async { "home" })).layer(
+//!     ServiceBuilder::new()
+//!         .map_response(busy_page)
+//!         .layer(AdmissionLayer::from_config(&config)),
+//! );
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let get = || http::Request::get("/").body(Body::empty()).unwrap();
+//! assert_eq!(app.clone().oneshot(get()).await.unwrap().status(), 200);
+//! let rejected = app.oneshot(get()).await.unwrap();
+//! assert_eq!(rejected.status(), 429);
+//! assert_eq!(rejected.headers()["content-type"], "text/html");
+//! assert_eq!(rejected.headers()["retry-after"], "1");
+//! # });
+//! ```
 
 use crate::engine::{Engine, RouteId};
 use crate::limiter::{Algorithm, Reason, Rejection};
