@@ -1278,7 +1278,10 @@ fn an_exact_match_in_code_takes_a_template() {
     use rocgate::config::{PathPattern, RouteMatch};
     let items = RouteMatch::exact("get", "/api/items/{id}");
     assert!(items.matches("GET", "/api/items/7"));
-    assert!(items.matches("GET", "/api/items/{id}"), "axum's MatchedPath");
+    assert!(
+        items.matches("GET", "/api/items/{id}"),
+        "axum's MatchedPath"
+    );
     assert!(!items.matches("GET", "/api/items/7/reviews"));
     assert_eq!(
         Some(items.path),

@@ -13,21 +13,25 @@ async fn order() -> &'static str {
     "ordered"
 }
 
+/// README's first example (kept as README writes it, so not reformatted).
+#[rustfmt::skip]
+fn inside_the_router() -> Result<axum::Router, Box<dyn Error>> {
+    // README.md, "As a tower/axum layer":
+    let config = Config::load("config/rocgate.toml".as_ref())?;
+    let layer = AdmissionLayer::builder(&config).route_key(RouteKey::MatchedPath).build();
+    // Every 5 s: ends a silent route's cut, places scheduled events, lets idle keys go.
+    layer.spawn_upkeep()?;
+    let app = axum::Router::new()
+        .route("/api/order", axum::routing::post(order))
+        .layer(layer);
+    // (end of README's code)
+    Ok(app)
+}
+
 /// README: the layer inside the router, from the default config file.
 #[tokio::test]
 async fn the_layer_inside_the_router() -> Result<(), Box<dyn Error>> {
-    let app = {
-        // README.md, "As a tower/axum layer":
-        let config = Config::load("config/rocgate.toml".as_ref())?;
-        let layer = AdmissionLayer::builder(&config).route_key(RouteKey::MatchedPath).build();
-        // Every 5 s: ends a silent route's cut, places scheduled events, lets idle keys go.
-        layer.spawn_upkeep()?;
-        let app = axum::Router::new()
-            .route("/api/order", axum::routing::post(order))
-            .layer(layer);
-        // (end of README's code)
-        app
-    };
+    let app = inside_the_router()?;
     let post = || {
         http::Request::post("/api/order")
             .body(axum::body::Body::empty())
