@@ -28,6 +28,7 @@
 //! each HTTP/2 response body is watched by the connection's [`Streams`], and one that
 //! hyper does not ask for its next frame for the idle timeout is let go.
 
+use super::tunnel::Tunnel;
 use crate::http::{HeldPermit, HoldUntilEnd};
 use axum::body::Body;
 use bytes::Bytes;
@@ -132,13 +133,17 @@ impl Drop for Slot {
     }
 }
 
-/// The requests in progress on one client connection, and since when it has had none.
+/// The requests in progress on one client connection, since when it has had none, and
+/// the tunnel an upgrade opened on it, if one did.
 #[derive(Debug)]
 pub(crate) struct Activity {
     in_flight: AtomicUsize,
     /// When the last request ended, in nanoseconds from `opened`.
     last_end: AtomicU64,
     opened: Instant,
+    /// Put by the request whose 101 upgraded the connection, for the connection's
+    /// task to run once hyper has handed the connection over.
+    tunnel: Mutex<Option<Tunnel>>,
 }
 
 impl Activity {
@@ -149,7 +154,16 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
             opened: Instant::now(),
+            tunnel: Mutex::new(None),
         })
+    }
+
+    /// The tunnel an upgrade opened on the connection, if one did.
+    pub(crate) fn take_tunnel(&self) -> Option<Tunnel> {
+        self.tunnel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     /// Counts a request in progress until the returned guard is dropped.
@@ -288,6 +302,25 @@ impl Busy {
     ) -> http::Response<HoldUntilEnd<B, Busy>> {
         self.permit = response.extensions_mut().remove::<HeldPermit>();
         response.map(|body| HoldUntilEnd::new(body, self))
+    }
+
+    /// Moves the tunnel of a 101 (put in its extensions by the forwarder), with the
+    /// request's concurrency permit, to the connection, whose task runs it once hyper
+    /// has handed the connection over: the permit is then held until the tunnel
+    /// closes. Any other response is left as it is, for one status check.
+    pub(crate) fn hand_over_tunnel<B>(&self, response: &mut http::Response<B>) {
+        if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            return;
+        }
+        let extensions = response.extensions_mut();
+        if let Some(tunnel) = extensions.remove::<Tunnel>() {
+            let tunnel = tunnel.holding(extensions.remove::<HeldPermit>());
+            *self
+                .activity
+                .tunnel
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(tunnel);
+        }
     }
 }
 

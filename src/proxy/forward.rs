@@ -4,6 +4,7 @@
 
 use super::error::ProxyError;
 use super::lane::{Driver, Lane, LaneCount};
+use super::tunnel::Tunnel;
 use crate::clock::{Clock, Nanos};
 use crate::hints::UpstreamMeter;
 use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr};
@@ -16,6 +17,7 @@ use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::Limited;
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
@@ -129,12 +131,16 @@ fn any_hop_by_hop(headers: &HeaderMap) -> bool {
 /// `Content-Length` beside a `Transfer-Encoding`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if any_hop_by_hop(headers) {
-        remove_hop_by_hop(headers);
+        remove_hop_by_hop(headers, false);
     }
 }
 
-/// [`strip_hop_by_hop`], without looking first whether there is any.
-fn remove_hop_by_hop(headers: &mut HeaderMap) {
+/// [`strip_hop_by_hop`], without looking first whether there is any. With `upgrade`
+/// (an HTTP/1.1 request that hyper can hand over), a message whose `Connection` names
+/// `upgrade` and that has an `Upgrade` not offering `h2c` keeps its `Upgrade` and gets
+/// `Connection: upgrade`: returns whether it did. `h2c` is never tunnelled: an
+/// upgraded HTTP/2 connection would carry requests no route admits.
+fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) -> bool {
     // The body was framed by its transfer coding, which overrides a `Content-Length`
     // (RFC 9112 §6.3: a proxy MUST remove it). Kept, it would frame the next hop's.
     if headers.contains_key(header::TRANSFER_ENCODING) {
@@ -146,10 +152,29 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .filter_map(|name| HeaderName::from_bytes(name.trim_ascii()).ok())
         .collect();
+    let upgrading = upgrade && named.contains(&header::UPGRADE) && tunnelled(headers);
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
+        if !(upgrading && name == header::UPGRADE) {
+            headers.remove(name);
+        }
     }
     headers.remove(&PROXY_CONNECTION);
+    if upgrading {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    upgrading
+}
+
+/// Whether a message asking to upgrade (`Connection: upgrade`) names protocols in
+/// `Upgrade` that may be tunnelled: any but `h2c`.
+fn tunnelled(headers: &HeaderMap) -> bool {
+    let mut offered = headers.get_all(header::UPGRADE).iter().peekable();
+    offered.peek().is_some()
+        && !offered.any(|v| {
+            v.as_bytes()
+                .split(|&b| b == b',')
+                .any(|p| p.trim_ascii().eq_ignore_ascii_case(b"h2c"))
+        })
 }
 
 /// This instance in `Via` (RFC 9110 §7.6.3: a gateway names itself in each request
@@ -221,6 +246,11 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     // is the body's size, exact, without a second header lookup.
     (req.body().size_hint().lower() > max_body_bytes).then_some(ProxyError::BodyTooLarge)
 }
+
+/// A client request rewritten for the upstream ([`Inner::rewrite`]): the request, the
+/// progress of its body if it has one, and the client connection's hand-over if it is
+/// an upgrade request.
+type Rewritten = (Request<Body>, Option<Arc<BodyProgress>>, Option<OnUpgrade>);
 
 /// Forwards requests to the upstream. Cloning is one reference count (two for the
 /// forwarder of one client connection): the connection pool and settings are shared.
@@ -429,13 +459,16 @@ impl Forwarder {
 impl Inner {
     /// Rewrites a client request from `peer` into the upstream request, with the
     /// progress of its body if it has one. A request not yet `checked` for a
-    /// [`refusal`] is checked here.
+    /// [`refusal`] is checked here. With `upgrades` (a client connection served by
+    /// `rocgate serve`), an HTTP/1.1 upgrade request keeps its `Upgrade`, and the
+    /// client connection's hand-over is returned with it.
     fn rewrite(
         &self,
         req: Request<Incoming>,
         peer: Option<&Peer>,
         checked: bool,
-    ) -> Result<(Request<Body>, Option<Arc<BodyProgress>>), ProxyError> {
+        upgrades: bool,
+    ) -> Result<Rewritten, ProxyError> {
         let max = self.settings.max_body_bytes;
         if !checked {
             if let Some(refused) = refusal(&req, max, &self.via) {
@@ -460,6 +493,7 @@ impl Inner {
         // see `refusal`), which it would replace with itself.
         let set_host = target_host.is_some() || host.is_none();
         let original_host = target_host.or(host);
+        let mut upgrade = None;
         if any_hop_by_hop(&parts.headers) {
             // `TE` is this hop's, but its `trailers` says the client takes trailer
             // fields, without which an upstream may send none (hyper does not): passed
@@ -469,7 +503,15 @@ impl Inner {
                     .split(|&b| b == b',')
                     .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
             });
-            remove_hop_by_hop(&mut parts.headers);
+            // hyper hands over a connection it read an HTTP/1.1 `Upgrade` on.
+            let upgrades = upgrades && parts.version == Version::HTTP_11;
+            if remove_hop_by_hop(&mut parts.headers, upgrades) {
+                upgrade = parts.extensions.remove::<OnUpgrade>();
+                if upgrade.is_none() {
+                    parts.headers.remove(header::UPGRADE);
+                    parts.headers.remove(header::CONNECTION);
+                }
+            }
             if takes_trailers {
                 parts
                     .headers
@@ -495,7 +537,7 @@ impl Inner {
         parts.version = Version::HTTP_11;
         if body.is_end_stream() {
             // No body (most GETs): nothing to limit, nothing to time, nothing to box.
-            return Ok((Request::from_parts(parts, Body::empty()), None));
+            return Ok((Request::from_parts(parts, Body::empty()), None, upgrade));
         }
         let progress = Arc::new(BodyProgress::new());
         let body = match usize::try_from(max) {
@@ -508,7 +550,7 @@ impl Inner {
                 progress: Arc::clone(&progress),
             }),
         };
-        Ok((Request::from_parts(parts, body), Some(progress)))
+        Ok((Request::from_parts(parts, body), Some(progress), upgrade))
     }
 
     /// `X-Forwarded-For`: the chain is kept and extended only when the peer is a
@@ -621,11 +663,18 @@ impl Inner {
         };
         // A connection's forwarder serves `rocgate serve`, which asked for a refusal
         // before admission; one called directly has its requests checked here.
-        let result = match self.rewrite(req, peer, connection.is_some()) {
-            Ok((upstream_req, progress)) => {
+        // Only `rocgate serve` runs tunnels: it serves the connection, and takes the
+        // tunnel from the 101's extensions.
+        let mut upgrade = None;
+        let result = match self.rewrite(req, peer, connection.is_some(), connection.is_some()) {
+            Ok((upstream_req, progress, client_upgrade)) => {
                 let _in_flight = InFlight::enter(&self.in_flight);
                 let started = self.clock.now();
                 let timeout = self.settings.response_timeout;
+                // An upgrade goes over an upstream connection of its own: the tunnel
+                // takes that connection over, so it must come from no pool or lane.
+                let on_lane = on_lane.filter(|_| client_upgrade.is_none());
+                upgrade = client_upgrade;
                 let result = match on_lane {
                     Some(c) => {
                         let sent = self.send_on_lane(&c.lane, upstream_req, started);
@@ -639,7 +688,11 @@ impl Inner {
                         .await
                     }
                     None => {
-                        let sent = self.send_pooled(upstream_req);
+                        let sent = if upgrade.is_some() {
+                            self.send_upgrade(upstream_req)
+                        } else {
+                            self.send_pooled(upstream_req)
+                        };
                         within_response_timeout(sent, timeout, progress.as_deref()).await
                     }
                 };
@@ -670,6 +723,35 @@ impl Inner {
             Err(e) => Err(e),
         };
         match result {
+            Ok(res) if res.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                let (mut parts, _) = res.into_parts();
+                let upstream = parts.extensions.remove::<OnUpgrade>();
+                let Some((client, upstream)) = upgrade.zip(upstream) else {
+                    // A 101 to a request that asked for no upgrade: nothing to switch to.
+                    let e = ProxyError::upstream("a 101 to a request that did not upgrade");
+                    metrics::counter!(metric::UPSTREAM_ERRORS, "route" => route, "kind" => e.kind())
+                        .increment(1);
+                    return e.into_response();
+                };
+                // The upstream's switch, told to the client: of this hop's headers,
+                // its `Upgrade` is kept, with `Connection: upgrade`.
+                let switched: Vec<HeaderValue> = parts
+                    .headers
+                    .get_all(header::UPGRADE)
+                    .iter()
+                    .cloned()
+                    .collect();
+                strip_hop_by_hop(&mut parts.headers);
+                for v in switched {
+                    parts.headers.append(header::UPGRADE, v);
+                }
+                parts
+                    .headers
+                    .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                let mut res = Response::from_parts(parts, Body::empty());
+                res.extensions_mut().insert(Tunnel::new(client, upstream));
+                res
+            }
             Ok(res) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -712,6 +794,27 @@ impl Inner {
                 .request(req)
                 .await
                 .map_err(ProxyError::from_client)
+        })
+    }
+
+    /// Sends an upgrade request over an upstream connection opened for it alone, driven
+    /// by a task of its own until hyper hands it over (after a 101) or it closes
+    /// (after any other response, once its body is read: nothing else is sent on it).
+    fn send_upgrade(
+        &self,
+        req: Request<Body>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<Incoming>, ProxyError>> + Send + '_>> {
+        Box::pin(async move {
+            let stream = self.connect().await?;
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(stream)
+                .await
+                .map_err(ProxyError::upstream)?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.with_upgrades().await {
+                    tracing::debug!(error = %e, "upgrade's upstream connection ended with an error");
+                }
+            });
+            sender.send_request(req).await.map_err(ProxyError::upstream)
         })
     }
 
@@ -1153,6 +1256,40 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-kept"], "yes");
+    }
+
+    #[test]
+    fn an_upgrade_keeps_its_upgrade_and_only_that() {
+        let request = |connection: &'static str, upgrade: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONNECTION, HeaderValue::from_static(connection));
+            h.insert(header::UPGRADE, HeaderValue::from_static(upgrade));
+            h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+            h.insert("x-hop", HeaderValue::from_static("1"));
+            h.insert("x-kept", HeaderValue::from_static("yes"));
+            h
+        };
+        let mut h = request("keep-alive, Upgrade, x-hop", "websocket");
+        assert!(remove_hop_by_hop(&mut h, true));
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert_eq!(h[header::CONNECTION], "upgrade");
+        assert_eq!(h.len(), 3, "{h:?}");
+        // Not asked for in `Connection`, offering h2c (whose upgraded connection would
+        // carry requests no route admits), or not upgradable: stripped as before.
+        for (connection, upgrade, upgradable) in [
+            ("keep-alive, x-hop", "websocket", true),
+            ("upgrade, x-hop", "h2c", true),
+            ("upgrade, x-hop", "websocket, H2C", true),
+            ("upgrade, x-hop", "websocket", false),
+        ] {
+            let mut h = request(connection, upgrade);
+            assert!(
+                !remove_hop_by_hop(&mut h, upgradable),
+                "{connection}, {upgrade}"
+            );
+            assert_eq!(h.len(), 1, "{h:?}");
+            assert_eq!(h["x-kept"], "yes");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod error;
 mod forward;
 mod hints;
 mod lane;
+mod tunnel;
 
 pub use hints::Advisor;
 #[cfg(feature = "redis")]
@@ -659,88 +660,111 @@ impl Proxy {
                 if !first_byte_within(&stream, header_timeout).await {
                     return;
                 }
-                let activity = connections::Activity::new();
-                let streams = connections::Streams::new();
-                let svc = hyper::service::service_fn({
-                    let activity = Arc::clone(&activity);
-                    let streams = Arc::clone(&streams);
-                    move |req: http::Request<Incoming>| {
-                        let busy = activity.begin();
-                        let h2 =
-                            (req.version() == http::Version::HTTP_2).then(|| Arc::clone(&streams));
-                        let refused = checks.refusal(&req);
-                        let response = match refused {
-                            Some(e) => Err(refuse(&reloader.engine(), &req, e)),
-                            None => {
-                                // The peer is the service's own (`for_peer`), as
-                                // the forwarder's. Called without `poll_ready`: the
-                                // admission layer is always ready (it readies the
-                                // `Forwarder`, always ready too, itself), and so is
-                                // the front over it, so a fresh clone is.
-                                Ok(service.clone().call(req))
-                            }
-                        };
-                        async move {
-                            let r = match response {
-                                Ok(response) => response.await?,
-                                Err(refused) => refused,
+                // The connection's service, its lane and their timers live in this
+                // block: an upgraded connection's tunnel runs after it, without them.
+                let upgraded = async {
+                    let activity = connections::Activity::new();
+                    let streams = connections::Streams::new();
+                    let svc = hyper::service::service_fn({
+                        let activity = Arc::clone(&activity);
+                        let streams = Arc::clone(&streams);
+                        move |req: http::Request<Incoming>| {
+                            let busy = activity.begin();
+                            let h2 = (req.version() == http::Version::HTTP_2)
+                                .then(|| Arc::clone(&streams));
+                            let refused = checks.refusal(&req);
+                            let response = match refused {
+                                Some(e) => Err(refuse(&reloader.engine(), &req, e)),
+                                None => {
+                                    // The peer is the service's own (`for_peer`), as
+                                    // the forwarder's. Called without `poll_ready`: the
+                                    // admission layer is always ready (it readies the
+                                    // `Forwarder`, always ready too, itself), and so is
+                                    // the front over it, so a fresh clone is.
+                                    Ok(service.clone().call(req))
+                                }
                             };
-                            let r = busy.hold_through_body(r);
-                            Ok::<_, std::convert::Infallible>(match h2 {
-                                Some(streams) => streams.watch(r),
-                                None => r.map(connections::ClientBody::Direct),
-                            })
+                            async move {
+                                let mut r = match response {
+                                    Ok(response) => response.await?,
+                                    Err(refused) => refused,
+                                };
+                                busy.hand_over_tunnel(&mut r);
+                                let r = busy.hold_through_body(r);
+                                Ok::<_, std::convert::Infallible>(match h2 {
+                                    Some(streams) => streams.watch(r),
+                                    None => r.map(connections::ClientBody::Direct),
+                                })
+                            }
                         }
+                    });
+                    let writes = connections::WriteStall::new();
+                    let stream = connections::Watched::new(stream, Arc::clone(&writes));
+                    let conn = builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                        .into_owned();
+                    tokio::pin!(conn, driver);
+                    let idle = activity.idle(idle_timeout);
+                    tokio::pin!(idle);
+                    // A client that takes nothing of what is written for as long.
+                    let stalled = writes.stalled(idle_timeout);
+                    tokio::pin!(stalled);
+                    // An HTTP/2 stream whose response the client leaves unread as long.
+                    let sweep = streams.sweep(idle_timeout);
+                    tokio::pin!(sweep);
+                    let probe = stopping.clone();
+                    let stopping = connections::Stopping::new(stopping.changed(), probe);
+                    tokio::pin!(stopping);
+                    let probe = aborting.clone();
+                    let aborting = connections::Stopping::new(aborting.changed(), probe);
+                    tokio::pin!(aborting);
+                    let mut closing = false;
+                    let mut upgraded = None;
+                    // The lane's upstream connection is polled in this task, beside the
+                    // client's; it closes when the client connection ends.
+                    let served = loop {
+                        tokio::select! {
+                            // In order: no random start for every wake of the task.
+                            biased;
+                            served = conn.as_mut() => {
+                                // Completed after a 101: hyper has handed it over.
+                                upgraded = activity.take_tunnel();
+                                break served;
+                            }
+                            () = driver.as_mut() => break Ok(()),
+                            () = stalled.as_mut() => {
+                                tracing::debug!(%peer, "connection closed: the client took nothing for idle_timeout");
+                                break Ok(());
+                            }
+                            () = idle.as_mut(), if !closing => {
+                                tracing::debug!(%peer, "idle connection closed");
+                                closing = true;
+                                conn.as_mut().graceful_shutdown();
+                            }
+                            () = stopping.as_mut(), if !closing => {
+                                closing = true;
+                                conn.as_mut().graceful_shutdown();
+                            }
+                            () = aborting.as_mut() => break Ok(()),
+                            never = sweep.as_mut() => match never {},
+                        }
+                    };
+                    if let Err(e) = served {
+                        tracing::debug!(error = %e, %peer, "connection ended with an error");
                     }
-                });
-                let writes = connections::WriteStall::new();
-                let stream = connections::Watched::new(stream, Arc::clone(&writes));
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .into_owned();
-                tokio::pin!(conn, driver);
-                let idle = activity.idle(idle_timeout);
-                tokio::pin!(idle);
-                // A client that takes nothing of what is written for as long.
-                let stalled = writes.stalled(idle_timeout);
-                tokio::pin!(stalled);
-                // An HTTP/2 stream whose response the client leaves unread as long.
-                let sweep = streams.sweep(idle_timeout);
-                tokio::pin!(sweep);
-                let probe = stopping.clone();
-                let stopping = connections::Stopping::new(stopping.changed(), probe);
-                tokio::pin!(stopping);
-                let probe = aborting.clone();
-                let aborting = connections::Stopping::new(aborting.changed(), probe);
-                tokio::pin!(aborting);
-                let mut closing = false;
-                // The lane's upstream connection is polled in this task, beside the
-                // client's; it closes when the client connection ends.
-                let served = loop {
+                    upgraded
+                }
+                .await;
+                // A tunnel holds the connection's place, and its request's concurrency
+                // permit, until it closes, or until the grace period after shutdown.
+                if let Some(tunnel) = upgraded {
+                    let probe = aborting.clone();
+                    let aborting = connections::Stopping::new(aborting.changed(), probe);
                     tokio::select! {
-                        // In order: no random start for every wake of the task.
                         biased;
-                        served = conn.as_mut() => break served,
-                        () = driver.as_mut() => break Ok(()),
-                        () = stalled.as_mut() => {
-                            tracing::debug!(%peer, "connection closed: the client took nothing for idle_timeout");
-                            break Ok(());
-                        }
-                        () = idle.as_mut(), if !closing => {
-                            tracing::debug!(%peer, "idle connection closed");
-                            closing = true;
-                            conn.as_mut().graceful_shutdown();
-                        }
-                        () = stopping.as_mut(), if !closing => {
-                            closing = true;
-                            conn.as_mut().graceful_shutdown();
-                        }
-                        () = aborting.as_mut() => break Ok(()),
-                        never = sweep.as_mut() => match never {},
+                        () = aborting => tracing::debug!(%peer, "tunnel dropped at shutdown"),
+                        () = tunnel.run(idle_timeout) => {}
                     }
-                };
-                if let Err(e) = served {
-                    tracing::debug!(error = %e, %peer, "connection ended with an error");
                 }
             });
         }
