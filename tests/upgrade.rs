@@ -1,0 +1,614 @@
+//! HTTP/1.1 upgrades (WebSocket) through `rocgate serve`, over real sockets on
+//! 127.0.0.1: a handshake admitted like any request on its route and forwarded with its
+//! `Upgrade`, the two connections spliced after the upstream's 101, a rejected
+//! handshake that never reaches the upstream, a refused upgrade passed on, the
+//! concurrency permit a tunnel holds, the idle bound, shutdown, and the upstream
+//! connection a tunnel takes, never reused.
+//!
+//! The upstream is an axum app with WebSocket echo on `/ws`; the client is
+//! tokio-tungstenite, or raw bytes where the exact head matters. Every wait is bounded.
+#![cfg(feature = "proxy")]
+
+use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderMap, StatusCode};
+use rocgate::config::{Config, RouteConfig, RouteMatch};
+use rocgate::http::ClientIpResolver;
+use rocgate::limiter::Algorithm;
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, timeout, Instant};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// The longest any single exchange may take before the test fails.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------
+// Upstream
+
+/// What the upstream has received: each request's path, peer (the proxy's upstream
+/// connection) and headers, in order.
+#[derive(Clone, Default)]
+struct Upstream {
+    seen: Arc<Mutex<Vec<(String, SocketAddr, HeaderMap)>>>,
+}
+
+impl Upstream {
+    /// Requests to `path` received so far.
+    fn count(&self, path: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _, _)| p == path)
+            .count()
+    }
+
+    /// The headers and peer of every request to `path`.
+    fn requests(&self, path: &str) -> Vec<(SocketAddr, HeaderMap)> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(p, _, _)| p == path)
+            .map(|(_, peer, h)| (*peer, h.clone()))
+            .collect()
+    }
+
+    fn record(&self, path: &str, peer: SocketAddr, headers: &HeaderMap) {
+        let mut seen = self.seen.lock().unwrap();
+        seen.push((path.to_owned(), peer, headers.clone()));
+    }
+}
+
+/// `/ws`: says `welcome`, then echoes every text and binary message. `/refuse`: 426
+/// with a body. `/plain`: `ok`.
+async fn start_upstream() -> (SocketAddr, Upstream) {
+    let upstream = Upstream::default();
+    let app = Router::new()
+        .route(
+            "/ws",
+            get(
+                |State(up): State<Upstream>,
+                 ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                 headers: HeaderMap,
+                 ws: WebSocketUpgrade| async move {
+                    up.record("/ws", peer, &headers);
+                    ws.on_upgrade(echo)
+                },
+            ),
+        )
+        .route(
+            "/refuse",
+            get(
+                |State(up): State<Upstream>,
+                 ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                 headers: HeaderMap| async move {
+                    up.record("/refuse", peer, &headers);
+                    (StatusCode::UPGRADE_REQUIRED, "not here").into_response()
+                },
+            ),
+        )
+        .route(
+            "/plain",
+            get(
+                |State(up): State<Upstream>,
+                 ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                 headers: HeaderMap| async move {
+                    up.record("/plain", peer, &headers);
+                    Response::new(axum::body::Body::from("ok"))
+                },
+            ),
+        )
+        .with_state(upstream.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+    (addr, upstream)
+}
+
+async fn echo(mut socket: WebSocket) {
+    if socket.send(WsMessage::text("welcome")).await.is_err() {
+        return;
+    }
+    while let Some(Ok(msg)) = socket.recv().await {
+        match msg {
+            WsMessage::Text(_) | WsMessage::Binary(_) => {
+                if socket.send(msg).await.is_err() {
+                    return;
+                }
+            }
+            WsMessage::Close(_) => return,
+            WsMessage::Ping(_) | WsMessage::Pong(_) => {}
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Proxy
+
+/// A proxy running in a task of the test's runtime.
+struct RunningProxy {
+    addr: SocketAddr,
+    reloader: Reloader,
+    stop: oneshot::Sender<()>,
+    run: JoinHandle<io::Result<()>>,
+}
+
+impl RunningProxy {
+    /// The route's limiter level: for the concurrency algorithm, requests in flight.
+    fn level(&self, route: &str) -> f64 {
+        let engine = self.reloader.engine();
+        let id = engine.route_id(route).unwrap();
+        engine
+            .route_snapshot(id, self.reloader.clock().now())
+            .level
+            .value
+    }
+}
+
+fn settings(upstream: SocketAddr) -> ProxySettings {
+    let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+    ProxySettings {
+        listen: any_port,
+        admin_listen: any_port,
+        forward: ForwardSettings {
+            upstream: format!("http://{upstream}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            max_body_bytes: 64 * 1024,
+            max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(5),
+        max_connections: 100,
+        idle_timeout: Duration::from_secs(60),
+        admin_token: None,
+    }
+}
+
+async fn start_proxy(settings: ProxySettings, routes: Vec<RouteConfig>) -> RunningProxy {
+    let proxy = Proxy::bind(settings, &Config::new(routes), None)
+        .await
+        .unwrap();
+    let addr = proxy.local_addr().unwrap();
+    let reloader = proxy.reloader().clone();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    RunningProxy {
+        addr,
+        reloader,
+        stop,
+        run,
+    }
+}
+
+/// A route on the paths under `prefix` whose controller never cuts, at `rps`.
+fn route(name: &str, prefix: &str, algorithm: Algorithm, rps: f64) -> RouteConfig {
+    let mut r = RouteConfig::new(name, RouteMatch::prefix(prefix));
+    r.controller.base_limit_rps = rps;
+    r.controller.cut_limit_rps = rps;
+    r.controller.danger_roc = f64::MAX;
+    r.algorithm = algorithm;
+    r
+}
+
+/// One request in flight at most on the route, none queued.
+fn one_at_a_time(name: &str, prefix: &str) -> RouteConfig {
+    route(name, prefix, Algorithm::Concurrency { queue: 0 }, 1.0)
+}
+
+// ---------------------------------------------------------------------------------
+// Clients
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    timeout(IO_TIMEOUT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {IO_TIMEOUT:?}"))
+}
+
+/// A WebSocket handshake on `path` through the proxy, with `extra` headers.
+async fn open(
+    addr: SocketAddr,
+    path: &str,
+    extra: &[(&'static str, &'static str)],
+) -> Result<Ws, WsError> {
+    let mut req = format!("ws://{addr}{path}").into_client_request().unwrap();
+    for (name, value) in extra {
+        req.headers_mut().insert(*name, value.parse().unwrap());
+    }
+    let stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+    within(
+        "the handshake",
+        tokio_tungstenite::client_async(req, MaybeTlsStream::Plain(stream)),
+    )
+    .await
+    .map(|(ws, _)| ws)
+}
+
+/// The next text message.
+async fn next_text<S>(ws: &mut WebSocketStream<S>) -> String
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match within("a message", ws.next()).await {
+            Some(Ok(Message::Text(t))) => return t.as_str().to_owned(),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("expected a text message, got {other:?}"),
+        }
+    }
+}
+
+/// The status of a handshake the proxy or the upstream refused.
+fn refused(result: Result<Ws, WsError>) -> http::Response<Option<Vec<u8>>> {
+    match result {
+        Err(WsError::Http(response)) => *response,
+        Err(e) => panic!("expected a refusal, got {e}"),
+        Ok(_) => panic!("expected a refusal, got a WebSocket"),
+    }
+}
+
+/// Waits until `cond` holds, polling every 10 ms.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    within(what, async {
+        while !cond() {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------
+// Tests
+
+/// The handshake reaches the upstream with its `Upgrade`, `Connection: upgrade`, the
+/// forwarding headers and `Via`, without this hop's other headers; after the 101,
+/// messages cross both ways, the upstream's first unprompted.
+#[tokio::test]
+async fn a_websocket_through_serve_echoes_both_ways() {
+    let (upstream_addr, upstream) = start_upstream().await;
+    let proxy = start_proxy(
+        settings(upstream_addr),
+        vec![route("ws_echo", "/", Algorithm::default(), 1000.0)],
+    )
+    .await;
+    let mut ws = open(
+        proxy.addr,
+        "/ws",
+        &[
+            ("connection", "keep-alive, Upgrade, X-Hop"),
+            ("x-hop", "this hop's"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic c2VjcmV0"),
+        ],
+    )
+    .await
+    .expect("the handshake through the proxy");
+    assert_eq!(next_text(&mut ws).await, "welcome");
+    for text in ["flash sale", "stock: 3", "stock: 2"] {
+        within("send", ws.send(Message::text(text))).await.unwrap();
+        assert_eq!(next_text(&mut ws).await, text);
+    }
+    within("send", ws.send(Message::binary(vec![0u8, 1, 2, 255])))
+        .await
+        .unwrap();
+    match within("the binary echo", ws.next()).await {
+        Some(Ok(Message::Binary(b))) => assert_eq!(&b[..], &[0u8, 1, 2, 255]),
+        other => panic!("expected the binary echo, got {other:?}"),
+    }
+    within("close", ws.close(None)).await.unwrap();
+
+    let seen = upstream.requests("/ws");
+    assert_eq!(seen.len(), 1, "one handshake");
+    let headers = &seen[0].1;
+    assert_eq!(headers["upgrade"], "websocket");
+    assert_eq!(headers["connection"], "upgrade");
+    assert!(headers.contains_key("sec-websocket-key"));
+    assert_eq!(headers["x-forwarded-for"], "127.0.0.1");
+    assert!(headers["via"].to_str().unwrap().starts_with("1.1 rocgate-"));
+    for hop in ["x-hop", "keep-alive", "proxy-authorization"] {
+        assert!(!headers.contains_key(hop), "{hop} was forwarded");
+    }
+}
+
+/// A handshake the route rejects gets 429 with `Retry-After`, and the upstream never
+/// sees it.
+#[tokio::test]
+async fn a_rejected_handshake_gets_429_and_never_reaches_the_upstream() {
+    let (upstream_addr, upstream) = start_upstream().await;
+    // One token, refilled once per 1024 s: the first handshake takes it.
+    let bucket = Algorithm::TokenBucket {
+        burst: Duration::from_secs(1024),
+    };
+    let proxy = start_proxy(
+        settings(upstream_addr),
+        vec![route("ws_rejected", "/", bucket, 1.0 / 1024.0)],
+    )
+    .await;
+    let mut first = open(proxy.addr, "/ws", &[])
+        .await
+        .expect("the first handshake");
+    assert_eq!(next_text(&mut first).await, "welcome");
+    let response = refused(open(proxy.addr, "/ws", &[]).await);
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(response.headers().contains_key("retry-after"));
+    assert_eq!(
+        upstream.count("/ws"),
+        1,
+        "the rejected handshake reached it"
+    );
+}
+
+/// An upstream that answers the handshake with anything but 101 has its answer passed
+/// on as an ordinary response, body and all.
+#[tokio::test]
+async fn an_upstream_refusing_the_upgrade_is_passed_on() {
+    let (upstream_addr, upstream) = start_upstream().await;
+    let proxy = start_proxy(
+        settings(upstream_addr),
+        vec![route("ws_refused", "/", Algorithm::default(), 1000.0)],
+    )
+    .await;
+    let mut stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    stream
+        .write_all(
+            b"GET /refuse HTTP/1.1\r\nhost: shop.example\r\nconnection: upgrade\r\n\
+              upgrade: websocket\r\nsec-websocket-version: 13\r\n\
+              sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&received).ends_with("not here") {
+        let n = within("the refusal", stream.read(&mut buf)).await.unwrap();
+        assert!(
+            n > 0,
+            "closed early: {}",
+            String::from_utf8_lossy(&received)
+        );
+        received.extend_from_slice(&buf[..n]);
+    }
+    let reply = String::from_utf8_lossy(&received).to_lowercase();
+    assert!(reply.starts_with("http/1.1 426 "), "{reply}");
+    assert!(!reply.contains("connection: upgrade"), "{reply}");
+    assert_eq!(upstream.count("/refuse"), 1);
+    assert_eq!(upstream.requests("/refuse")[0].1["upgrade"], "websocket");
+}
+
+/// On a concurrency route, an open tunnel is a request in flight: it holds its permit
+/// (a second handshake, or any request, is refused) until it closes.
+#[tokio::test]
+async fn a_tunnel_holds_its_concurrency_permit_until_it_closes() {
+    let (upstream_addr, upstream) = start_upstream().await;
+    let proxy = start_proxy(
+        settings(upstream_addr),
+        vec![one_at_a_time("ws_permit", "/")],
+    )
+    .await;
+    let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
+    assert_eq!(next_text(&mut ws).await, "welcome");
+    // Past the 101, its head and its empty body are long gone.
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(proxy.level("ws_permit"), 1.0, "the tunnel lost its permit");
+    let second = refused(open(proxy.addr, "/ws", &[]).await);
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(upstream.count("/ws"), 1);
+    // Still open both ways.
+    within("send", ws.send(Message::text("still here")))
+        .await
+        .unwrap();
+    assert_eq!(next_text(&mut ws).await, "still here");
+
+    within("close", ws.close(None)).await.unwrap();
+    until("the permit back", || proxy.level("ws_permit") == 0.0).await;
+    let mut again = open(proxy.addr, "/ws", &[])
+        .await
+        .expect("a handshake once the tunnel closed");
+    assert_eq!(next_text(&mut again).await, "welcome");
+}
+
+/// A tunnel nothing crosses for `idle_timeout` is closed, and its permit released;
+/// one with traffic more often stays open past it.
+#[tokio::test]
+async fn a_tunnel_idle_for_idle_timeout_is_closed() {
+    const IDLE: Duration = Duration::from_millis(400);
+    let (upstream_addr, _upstream) = start_upstream().await;
+    let mut short = settings(upstream_addr);
+    short.idle_timeout = IDLE;
+    let proxy = start_proxy(short, vec![one_at_a_time("ws_idle", "/")]).await;
+    let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
+    assert_eq!(next_text(&mut ws).await, "welcome");
+    // Traffic every quarter of the bound, for three times the bound: kept open.
+    for i in 0..12 {
+        sleep(IDLE / 4).await;
+        let text = format!("tick {i}");
+        within("send", ws.send(Message::text(text.clone())))
+            .await
+            .unwrap();
+        assert_eq!(next_text(&mut ws).await, text, "closed while in use");
+    }
+    let quiet = Instant::now();
+    match within("the close", ws.next()).await {
+        None | Some(Err(_)) => {}
+        other => panic!("expected the tunnel closed, got {other:?}"),
+    }
+    let after = quiet.elapsed();
+    assert!(
+        after >= IDLE - Duration::from_millis(50),
+        "closed after {after:?}"
+    );
+    until("the permit back", || proxy.level("ws_idle") == 0.0).await;
+}
+
+/// On shutdown a tunnel is left open for `shutdown_grace`, then dropped; `run` returns.
+#[tokio::test]
+async fn a_tunnel_is_dropped_when_the_shutdown_grace_ends() {
+    const GRACE: Duration = Duration::from_millis(500);
+    let (upstream_addr, _upstream) = start_upstream().await;
+    let mut quick = settings(upstream_addr);
+    quick.shutdown_grace = GRACE;
+    let proxy = start_proxy(
+        quick,
+        vec![route("ws_shutdown", "/", Algorithm::default(), 1000.0)],
+    )
+    .await;
+    let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
+    assert_eq!(next_text(&mut ws).await, "welcome");
+    let stopping = Instant::now();
+    proxy.stop.send(()).unwrap();
+    // Within the grace period it still carries messages.
+    sleep(GRACE / 4).await;
+    within("send", ws.send(Message::text("during the grace")))
+        .await
+        .unwrap();
+    assert_eq!(next_text(&mut ws).await, "during the grace");
+    match within("the close", ws.next()).await {
+        None | Some(Err(_)) => {}
+        other => panic!("expected the tunnel dropped, got {other:?}"),
+    }
+    assert!(stopping.elapsed() >= GRACE - Duration::from_millis(50));
+    within("run to return", proxy.run).await.unwrap().unwrap();
+}
+
+/// The upstream connection a tunnel takes is its own: not one the client connection's
+/// earlier requests used (pooled, then its lane), and not one any later request gets.
+#[tokio::test]
+async fn a_tunnels_upstream_connection_is_never_reused() {
+    let (upstream_addr, upstream) = start_upstream().await;
+    let proxy = start_proxy(
+        settings(upstream_addr),
+        vec![route("ws_own_conn", "/", Algorithm::default(), 1000.0)],
+    )
+    .await;
+    // Two plain requests, then the handshake, on one client connection.
+    let mut stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        stream
+            .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\n\r\n")
+            .await
+            .unwrap();
+        let mut received = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !received.ends_with(b"ok") {
+            let n = within("a plain answer", stream.read(&mut buf))
+                .await
+                .unwrap();
+            assert!(n > 0, "closed");
+            received.extend_from_slice(&buf[..n]);
+        }
+    }
+    let req = format!("ws://{}/ws", proxy.addr)
+        .into_client_request()
+        .unwrap();
+    let (mut ws, _) = within(
+        "the handshake",
+        tokio_tungstenite::client_async(req, stream),
+    )
+    .await
+    .expect("the handshake after two requests");
+    assert_eq!(next_text(&mut ws).await, "welcome");
+    within("close", ws.close(None)).await.unwrap();
+    // Later requests, on other client connections (the pool) and on one connection
+    // (its lane).
+    for _ in 0..3 {
+        let mut s = within("connect", TcpStream::connect(proxy.addr))
+            .await
+            .unwrap();
+        s.write_all(
+            b"GET /plain HTTP/1.1\r\nhost: shop.example\r\n\r\n\
+              GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut sink = Vec::new();
+        within("two plain answers", s.read_to_end(&mut sink))
+            .await
+            .unwrap();
+    }
+    let tunnel = upstream.requests("/ws")[0].0;
+    let plain: Vec<SocketAddr> = upstream
+        .requests("/plain")
+        .into_iter()
+        .map(|(peer, _)| peer)
+        .collect();
+    assert_eq!(plain.len(), 8);
+    assert!(
+        !plain.contains(&tunnel),
+        "the tunnel's upstream connection {tunnel} carried a plain request: {plain:?}"
+    );
+}
+
+/// An upstream that answers 101 to a request that asked for no upgrade has nothing to
+/// switch to: the client gets 502, not a 101 with no protocol behind it.
+#[tokio::test]
+async fn a_101_to_a_plain_request_is_a_bad_gateway() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n")
+                    .await;
+                let mut rest = Vec::new();
+                let _ = stream.read_to_end(&mut rest).await;
+            });
+        }
+    });
+    let proxy = start_proxy(
+        settings(upstream_addr),
+        vec![route("ws_bad_101", "/", Algorithm::default(), 1000.0)],
+    )
+    .await;
+    let mut stream = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    within("the answer", stream.read_to_end(&mut reply))
+        .await
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 502 "), "{reply}");
+}
