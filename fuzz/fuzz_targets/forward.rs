@@ -12,6 +12,8 @@
 //! framing of this hop, and `TE: trailers`), no header the client named in
 //! `Connection` (but those the proxy sets itself), exactly one `Host`, a target in
 //! origin form, and forwarding headers from the proxy alone unless the peer is trusted.
+//! An HTTP/1.1 upgrade request (`Connection` naming `upgrade`, an `Upgrade` not offering
+//! `h2c`) keeps its `Upgrade`, with `Connection: upgrade` alone.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -269,12 +271,50 @@ const SET_BY_PROXY: [&str; 7] = [
     "x-forwarded-host",
 ];
 
+/// The tokens of the client's `Connection` lines, lowercase.
+fn connection_tokens(sent: &[(String, Vec<u8>)]) -> impl Iterator<Item = String> + '_ {
+    sent.iter()
+        .filter(|(n, _)| n == "connection")
+        .flat_map(|(_, v)| v.split(|&b| b == b','))
+        .map(|n| String::from_utf8_lossy(n.trim_ascii()).to_ascii_lowercase())
+}
+
+/// Whether the upstream got an upgrade request, checked: `Connection: upgrade` alone,
+/// for a client that named `upgrade` in its own, with an `Upgrade` offering no `h2c`.
+fn upgraded(got: &HeaderMap, sent: &[(String, Vec<u8>)]) -> bool {
+    let connection: Vec<_> = got.get_all("connection").iter().collect();
+    if connection.is_empty() {
+        return false;
+    }
+    assert_eq!(connection, ["upgrade"], "Connection forwarded: {got:?}");
+    assert!(
+        connection_tokens(sent).any(|t| t == "upgrade"),
+        "an upgrade the client did not ask for: sent {sent:?}, got {got:?}"
+    );
+    let offered: Vec<_> = got.get_all("upgrade").iter().collect();
+    assert!(!offered.is_empty(), "Connection: upgrade without Upgrade: {got:?}");
+    for v in offered {
+        assert!(
+            !v.as_bytes()
+                .split(|&b| b == b',')
+                .any(|p| p.trim_ascii().eq_ignore_ascii_case(b"h2c")),
+            "h2c upgrade forwarded: {got:?}"
+        );
+    }
+    true
+}
+
 fn check(target: &str, got: &HeaderMap, sent: &[(String, Vec<u8>)], trusted: bool) {
     assert!(
         target.starts_with('/') || target == "*",
         "the upstream got the target {target:?}"
     );
+    // An upgrade keeps `Upgrade`, with `Connection: upgrade`.
+    let upgraded = upgraded(got, sent);
     for name in HOP_BY_HOP {
+        if upgraded && (name == "connection" || name == "upgrade") {
+            continue;
+        }
         assert!(!got.contains_key(name), "{name} forwarded: {got:?}");
     }
     for te in got.get_all("te") {
@@ -284,12 +324,10 @@ fn check(target: &str, got: &HeaderMap, sent: &[(String, Vec<u8>)], trusted: boo
         assert_eq!(te, "chunked", "Transfer-Encoding forwarded: {got:?}");
     }
     assert_eq!(got.get_all("host").iter().count(), 1, "Host: {got:?}");
-    let named = sent
-        .iter()
-        .filter(|(n, _)| n == "connection")
-        .flat_map(|(_, v)| v.split(|&b| b == b','))
-        .map(|n| String::from_utf8_lossy(n.trim_ascii()).to_ascii_lowercase());
-    for name in named {
+    for name in connection_tokens(sent) {
+        if upgraded && (name == "connection" || name == "upgrade") {
+            continue;
+        }
         if !name.is_empty() && !SET_BY_PROXY.contains(&name.as_str()) {
             assert!(
                 !got.contains_key(name.as_str()),

@@ -504,7 +504,8 @@ pub struct ServerConfig {
     /// cap, further connections wait in the kernel's listen backlog.
     pub max_connections: usize,
     /// How long a client connection may have no request in progress before it is
-    /// closed gracefully (HTTP/1.1 and HTTP/2).
+    /// closed gracefully (HTTP/1.1 and HTTP/2); also how long a WebSocket tunnel may
+    /// carry nothing before it is closed.
     pub idle_timeout: Duration,
     /// Where the admin API listens.
     pub admin_listen: SocketAddr,

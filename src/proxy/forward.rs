@@ -1,6 +1,8 @@
 //! The forwarding service: rewrites a client request for the upstream, sends it over
 //! the client connection's own upstream connection ([`super::lane`]) or pooled
-//! keep-alive connections, streams both bodies, and maps failures to responses.
+//! keep-alive connections, streams both bodies, and maps failures to responses. An
+//! HTTP/1.1 upgrade request goes over an upstream connection of its own; the 101 that
+//! accepts it carries the [`Tunnel`] `rocgate serve` runs.
 
 use super::error::ProxyError;
 use super::lane::{Driver, Lane, LaneCount};
@@ -254,6 +256,8 @@ type Rewritten = (Request<Body>, Option<Arc<BodyProgress>>, Option<OnUpgrade>);
 
 /// Forwards requests to the upstream. Cloning is one reference count (two for the
 /// forwarder of one client connection): the connection pool and settings are shared.
+/// Only the forwarder of a client connection (`rocgate serve`'s) forwards upgrades;
+/// called directly, it strips `Upgrade` as any hop-by-hop header.
 #[derive(Clone, Debug)]
 pub struct Forwarder {
     inner: Arc<Inner>,

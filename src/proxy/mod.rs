@@ -10,7 +10,9 @@
 //! `max_connections` client connections are open at once (further ones wait in the
 //! listen backlog), and one with no request in progress for `idle_timeout` is closed
 //! gracefully. On shutdown the listeners close at once and requests in flight get up
-//! to `shutdown_grace` to finish.
+//! to `shutdown_grace` to finish. An admitted HTTP/1.1 upgrade (WebSocket) that the
+//! upstream accepts becomes a tunnel between the two connections (`tunnel`), closed
+//! once nothing crosses it for `idle_timeout`.
 
 mod admin;
 mod connections;
@@ -66,7 +68,8 @@ pub struct ProxySettings {
     /// counted.
     pub max_connections: usize,
     /// How long a client connection may have no request in progress before it is
-    /// closed gracefully.
+    /// closed gracefully; also how long an upgraded connection's tunnel may carry
+    /// nothing, either way, before it is closed.
     pub idle_timeout: Duration,
     /// Bearer token required by the admin API's mutating endpoints, if set.
     pub admin_token: Option<String>,
