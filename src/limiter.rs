@@ -1058,7 +1058,7 @@ impl Concurrency {
             shared: Arc::new(ConcurrencyShared {
                 in_flight: AtomicU32::new(0),
                 waiting: AtomicU32::new(0),
-                limit: AtomicU32::new(limit.max(0.0) as u32),
+                limit: AtomicU32::new(permits(limit)),
                 queue,
                 freed: Event::new(),
                 key_generation: AtomicU32::new(generation),
@@ -1111,7 +1111,7 @@ impl Concurrency {
     /// queued requests as it frees permits.
     pub fn set_limit(&self, limit: f64) {
         let s = &self.shared;
-        let limit = limit.max(0.0) as u32;
+        let limit = permits(limit);
         s.limit.store(limit, Ordering::SeqCst);
         crate::sync::seq_cst_fence_under_loom();
         s.notify_waiting(limit.saturating_sub(s.in_flight.load(Ordering::SeqCst)));
@@ -1148,6 +1148,20 @@ impl Concurrency {
         let s = &self.shared;
         s.waiting.load(Ordering::Acquire) == 0 && s.in_flight.load(Ordering::Acquire) == 0
     }
+}
+
+/// Whole permits for a limit of `limit` requests in flight: rounded down, but a limit
+/// a rounding error short of a whole number is that number. A key's limit is computed
+/// as `cut + (base − cut) × progress`, which for a route recovering at 16 between 1 and
+/// 23 comes out as 15.999999999999998, and must give the route's 16 permits.
+fn permits(limit: f64) -> u32 {
+    let whole = limit.round();
+    let n = if (limit - whole).abs() <= 1e-9 * whole.abs().max(1.0) {
+        whole
+    } else {
+        limit.floor()
+    };
+    n.clamp(0.0, f64::from(u32::MAX)) as u32
 }
 
 /// A slot in flight; dropping it lets the next request in.

@@ -1139,3 +1139,39 @@ fn a_dropped_paced_request_gives_its_place_back_on_the_state_it_was_scheduled_on
     let shared = e.check(keyed, ip(3), ms(50)).rejection().unwrap();
     assert_eq!(shared.reason, Reason::QueueFull);
 }
+
+#[test]
+fn a_concurrency_key_in_no_tier_holds_the_routes_limit_while_recovering() {
+    // Cut at 1 in flight, base 23, 15 more a step: recovering, the route allows 16.
+    // A key in no tier takes the route's limit as cut + (base − cut) × progress,
+    // which comes out of the float arithmetic as 15.999999999999998: truncated to
+    // whole permits, that was 15.
+    let mut cfg = RouteConfig::new("conc_recovering", RouteMatch::any());
+    cfg.algorithm = Algorithm::Concurrency { queue: 0 };
+    cfg.controller.base_limit_rps = 23.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    cfg.controller.restore_step_rps = 15.0;
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    offer(&e, id, ip(1), 0.0, 10.0, 40.0);
+    offer(&e, id, ip(1), 10.0, 11.0, 600.0);
+    let mut t = 11.0;
+    loop {
+        t += 0.1;
+        assert!(t < 60.0, "never recovered to 16");
+        e.catch_up(id, Nanos::from_secs_f64(t));
+        let s = e.route_snapshot(id, Nanos::from_secs_f64(t));
+        if s.state == ControllerState::Recovering && s.limit_rps == 16.0 {
+            break;
+        }
+    }
+    let now = Nanos::from_secs_f64(t);
+    for key in [ip(1), ip(2)] {
+        let held: Vec<Decision> = std::iter::repeat_with(|| e.check(id, key, now))
+            .take(17)
+            .collect();
+        let admitted = held.iter().filter(|d| d.is_admit()).count();
+        assert_eq!(admitted, 16, "a key holds the route's 16 permits");
+    }
+}
