@@ -45,6 +45,7 @@ use crate::limiter::{
 };
 use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
+use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
@@ -1670,13 +1671,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             return entry.check(r, &self.tiers, now);
         }
         if self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
-            return match self.overflow.check(r, &self.tiers, now) {
-                Decision::Admit(Admit::Paced(mut pace)) => {
-                    pace.overflow = true;
-                    Decision::Admit(Admit::Paced(pace))
-                }
-                decision => decision,
-            };
+            return self.check_overflow(r, now);
         }
         let tier = self.tiers.tier_of(&key.text());
         // Generation first: a limit change between the two loads then leaves the new
@@ -1684,11 +1679,37 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         let generation = r.generation.load(Ordering::Acquire) as u32;
         let progress = self.tiers.progress(r);
         let map = self.map.get_or_init(DashMap::new);
-        let entry = map.entry(own(key)).or_insert_with(|| {
-            self.len.fetch_add(1, Ordering::Relaxed);
-            E::new(&self.tiers, tier, progress, generation, now)
-        });
+        let entry = match map.entry(own(key)) {
+            Entry::Occupied(entry) => entry.into_ref(),
+            // A place is taken before the key goes in: threads adding keys to a table
+            // one short of full each found room, and passed `max_keys` together.
+            Entry::Vacant(entry) => {
+                let max = self.limits.max_keys;
+                let reserved = self
+                    .len
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        (n < max).then_some(n + 1)
+                    })
+                    .is_ok();
+                if !reserved {
+                    drop(entry);
+                    return self.check_overflow(r, now);
+                }
+                entry.insert(E::new(&self.tiers, tier, progress, generation, now))
+            }
+        };
         entry.check(r, &self.tiers, now)
+    }
+
+    /// Decides a new key's request on the shared overflow state (the table is full).
+    fn check_overflow(&self, r: &Route, now: Nanos) -> Decision {
+        match self.overflow.check(r, &self.tiers, now) {
+            Decision::Admit(Admit::Paced(mut pace)) => {
+                pace.overflow = true;
+                Decision::Admit(Admit::Paced(pace))
+            }
+            decision => decision,
+        }
     }
 
     /// Gives a paced request's place back on the state `key`'s request was scheduled

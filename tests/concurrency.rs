@@ -202,3 +202,36 @@ fn every_arrival_is_counted_across_slot_rollovers() {
         assert_eq!(s.admitted + s.rejected_total(), s.offered);
     }
 }
+
+#[test]
+fn a_key_table_never_holds_more_than_max_keys_under_contention() {
+    // Threads adding new keys to a table one short of full each saw room and added
+    // theirs: the table passed `max_keys` by up to one key per thread.
+    let threads = 4;
+    for round in 0..20 {
+        let mut cfg = RouteConfig::new("max_keys_race", RouteMatch::any());
+        cfg.partition = rocgate::config::Partition::Header(
+            "x-key".into(),
+            rocgate::config::KeyLimits {
+                max_keys: 64,
+                ..rocgate::config::KeyLimits::default()
+            },
+        );
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let barrier = Barrier::new(threads);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (e, barrier) = (&e, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    for k in 0..500 {
+                        let key = format!("{t}-{k}");
+                        let _ = e.check(RouteId(0), Key::Value(&key), Nanos::ZERO);
+                    }
+                });
+            }
+        });
+        let keys = e.route_snapshot(RouteId(0), Nanos::ZERO).keys;
+        assert!(keys <= 64, "round {round}: {keys} keys in a table of 64");
+    }
+}
