@@ -476,9 +476,13 @@ pub(crate) mod gcra {
         u32::try_from(burst.as_millis()).unwrap_or(u32::MAX)
     }
 
-    /// Emission interval and capacity (at least one token) for `limit`.
+    /// Emission interval and capacity (at least one token) for `limit`. A capacity a
+    /// hair below a whole number is that number, as a window's quota is
+    /// ([`words::quota`](super::words::quota)): 1,000 per 1.1 s, written as
+    /// 909.090909090909 req/s, comes out of the float product as 999.9999999999999
+    /// and holds 1,000 tokens.
     pub(crate) fn params(limit: f64, burst_ms: u32) -> (u64, u32) {
-        let capacity = (limit * f64::from(burst_ms) / 1e3)
+        let capacity = (limit * f64::from(burst_ms) / 1e3 + 1e-6)
             .floor()
             .clamp(1.0, f64::from(u32::MAX));
         (interval_ns(limit), capacity as u32)
@@ -1274,6 +1278,23 @@ mod tests {
         // A second later, a full second of tokens minus the one just taken... capped at capacity.
         let n = (0..150).filter(|_| admitted(b.check(ms(2000)))).count();
         assert_eq!(n, 100);
+    }
+
+    #[test]
+    fn a_limit_written_as_n_per_burst_holds_n_tokens() {
+        // 1,000 per 1.1 s is 909.090909090909 req/s, whose product with the burst
+        // comes out of the float arithmetic as 999.9999999999999: floored, the bucket
+        // held 999 tokens (the window counters' quotas already count it as 1,000).
+        for (limit, burst_ms, n) in [
+            (909.090909090909, 1_100, 1_000),
+            (30.3030303030303, 1_100, 33),
+            (1.0 / 0.7, 7_000, 10),
+        ] {
+            let b = TokenBucket::new(limit, Duration::from_millis(burst_ms), ms(0));
+            let taken = (0..=n).filter(|_| admitted(b.check(ms(0)))).count();
+            assert_eq!(taken, n, "{limit} req/s with a burst of {burst_ms} ms");
+            assert_eq!(b.level(ms(0)).capacity, n as f64);
+        }
     }
 
     #[test]

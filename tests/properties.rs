@@ -138,7 +138,7 @@ proptest! {
     ) {
         let burst = Duration::from_millis(burst_ms);
         let b = TokenBucket::new(rate, burst, Nanos::ZERO);
-        let capacity = (rate * burst.as_secs_f64()).floor().max(1.0);
+        let capacity = (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0);
         let admitted: Vec<Nanos> = times(&gaps)
             .into_iter()
             .filter(|t| b.check(*t).is_admit())
@@ -158,7 +158,7 @@ proptest! {
     ) {
         let burst = Duration::from_millis(burst_ms);
         let b = TokenBucket::new(rate, burst, Nanos::ZERO);
-        let capacity = (rate * burst.as_secs_f64()).floor().max(1.0);
+        let capacity = (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0);
         let mut t = 0u64;
         let mut admitted = Vec::new();
         for (gap_us, lower) in steps {

@@ -198,7 +198,7 @@ local admit = 1
 local wait = 0
 local level = false
 if ARGV[7] == '1' then
-  local cap = math.max(math.floor(limit * tonumber(ARGV[4])), 1)
+  local cap = math.max(math.floor(limit * tonumber(ARGV[4]) + 1e-6), 1)
   local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
   local tokens = tonumber(b[1])
   local ts = tonumber(b[2])
