@@ -18,8 +18,10 @@
 //! - no cut while the later half-window's demand is below `min_rps`, or holds fewer
 //!   than `min_samples` arrivals;
 //! - no action before one full window has passed since start or [`Controller::rearm`];
-//! - no transition out of a state before `min_dwell` has passed in it;
-//! - `max_cut` bounds how long a cut can last.
+//! - no cut before `min_dwell` has passed in `Normal` or `Recovering`, and no
+//!   restoring after calm before it has passed in `Cut`;
+//! - `max_cut` bounds how long a cut can last, even one shorter than `min_dwell`
+//!   (and `Recovering` ends when the limit reaches base, however soon).
 //!
 //! ```
 //! use rocgate::clock::Nanos;
@@ -66,7 +68,9 @@ pub struct ControllerParams {
     pub min_rps: f64,
     /// No cut while the later half-window holds fewer arrivals than this.
     pub min_samples: u64,
-    /// Minimum time in a state before leaving it.
+    /// Minimum time in a state before ROC moves the controller out of it: before a
+    /// cut, and before restoring after calm. `max_cut` and the last restore step are
+    /// not held back by it.
     pub min_dwell: Duration,
     /// Longest cut: after it, restoring starts whatever ROC says.
     pub max_cut: Duration,
@@ -621,6 +625,29 @@ mod tests {
         let t = run(&mut c, 15_000, 15_000, 100.0, 100.0);
         assert_eq!(t[0].to, ControllerState::Recovering);
         assert_eq!(t[0].at, Nanos::from_secs(15));
+    }
+
+    #[test]
+    fn min_dwell_holds_back_what_roc_decides_not_max_cut_or_the_last_step() {
+        // min_dwell 5 s: a cut waits 5 s after the controller entered Normal, and
+        // restoring after calm waits 5 s in Cut; but max_cut (3 s here) ends the cut
+        // when it says, and Recovering ends as the limit reaches base, 2 s in.
+        let p = ControllerParams {
+            min_dwell: Duration::from_secs(5),
+            max_cut: Duration::from_secs(3),
+            hold: Duration::from_millis(500),
+            restore_step_rps: 70.0,
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        assert!(run(&mut c, 4_900, 4_900, 40.0, 600.0).is_empty());
+        let t = run(&mut c, 6_000, 6_000, 40.0, 600.0);
+        assert_eq!(t[0].to, ControllerState::Cut);
+        let t = run(&mut c, 6_100, 11_000, 100.0, 150.0);
+        assert_eq!(t[0].to, ControllerState::Recovering);
+        assert_eq!(t[0].at, Nanos::from_secs(9), "max_cut, before min_dwell");
+        assert_eq!(t[1].to, ControllerState::Normal);
+        assert_eq!(t[1].at, Nanos::from_secs(11), "at base, before min_dwell");
     }
 
     #[test]
