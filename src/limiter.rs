@@ -17,7 +17,13 @@
 //! state: tokens are kept (clamped to the new capacity), never refilled by the change.
 //!
 //! A request that races with a limit change (a rare event: at most once per
-//! controller step) may be charged at either the old or the new rate.
+//! controller step) may be charged at either the old or the new rate. On a token
+//! bucket it may also be decided between the change's writes: with the new rate (or
+//! the new rate beside the old capacity) against tokens not yet rescaled, so a
+//! request taken in those nanoseconds can be admitted by a bucket that is empty
+//! before and after the change (a loom model of `set_limit` racing one `check` on an
+//! empty bucket finds it, lowering and raising alike). The rate, capacity and tokens
+//! are three words; making the change atomic would cost the hot path.
 //!
 //! ```
 //! use rocgate::clock::Nanos;
