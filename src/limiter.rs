@@ -527,7 +527,9 @@ pub(crate) mod gcra {
             let backlog = tat.saturating_sub(now);
             let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
             let kept = tokens.min(f64::from(c2));
-            Some(now + tau2 - (kept * t2 as f64).min(tau2 as f64) as u64)
+            // Bounded in integers: `tau2 as f64` may round above `tau2` (2^62 for
+            // 2^62 - 1), and the subtraction would go below zero.
+            Some(now + tau2 - ((kept * t2 as f64) as u64).min(tau2))
         });
     }
 
@@ -538,7 +540,7 @@ pub(crate) mod gcra {
     pub(crate) fn lower_to(tat: &AtomicU64, t: u64, capacity: u32, tokens: f64, now: Nanos) {
         let tau = tolerance(t, capacity);
         // `max` maps NaN to 0: an unreadable level lowers to empty, never refills.
-        let kept = (tokens.max(0.0) * t as f64).min(tau as f64) as u64;
+        let kept = ((tokens.max(0.0) * t as f64) as u64).min(tau);
         let floor = now.as_u64() + (tau - kept);
         let _ = tat.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |seen| {
             (seen < floor).then_some(floor)
@@ -696,9 +698,12 @@ pub(crate) mod words {
     /// (30.3030303030303 req/s for one request each 33 ms, 909.090909090909 for 1,000
     /// each 1.1 s) comes out of the float product a rounding error short of n, and the
     /// config, which checks quotas with this function, counts it as n.
+    /// A limit that is no number (NaN, from a config built in code and not checked)
+    /// allows none, as a limit of 0 does.
     pub(crate) fn quota(limit: f64, window_ns: u64) -> f64 {
         (per_window(limit, window_ns) + 1e-6)
             .floor()
+            .max(0.0)
             .min(COUNT_MAX as f64)
     }
 

@@ -1175,3 +1175,49 @@ fn a_concurrency_key_in_no_tier_holds_the_routes_limit_while_recovering() {
         assert_eq!(admitted, 16, "a key holds the route's 16 permits");
     }
 }
+
+/// A config built in code and not checked (`Config::validate` would refuse these
+/// limits) never panics and admits next to nothing, for any algorithm, whole-route
+/// or keyed: a limit of 0 or below made the token bucket's rescale subtract past zero
+/// (its tolerance, capped at 2^62 - 1 ns, rounded up to 2^62 as a float), and a NaN
+/// limit gave the window counters their largest quota.
+#[test]
+fn absurd_limits_from_an_unchecked_config_never_panic() {
+    for limit in [0.0, -5.0, f64::NAN, 1e-300] {
+        for algorithm in RATE_ALGORITHMS
+            .into_iter()
+            .chain([Algorithm::Concurrency { queue: 2 }])
+        {
+            for keyed in [false, true] {
+                let mut cfg = RouteConfig::new("absurd", RouteMatch::any());
+                cfg.algorithm = algorithm;
+                cfg.controller.base_limit_rps = limit;
+                cfg.controller.cut_limit_rps = limit;
+                if keyed {
+                    cfg.partition = Partition::ClientIp(KeyLimits::default());
+                }
+                let e = engine(vec![cfg]);
+                let mut decisions = Vec::new();
+                for i in 0..50u64 {
+                    let now = Nanos::from_millis(i * 100);
+                    decisions.push(e.check(RouteId(0), ip(i as u32 % 3), now));
+                    e.update_route(RouteId(0), e.route_params(RouteId(0)), now);
+                }
+                let now = decisions
+                    .iter()
+                    .filter(|d| matches!(d, Decision::Admit(Admit::Now)))
+                    .count();
+                // At most the first request of each key goes at once (a bucket holds
+                // at least one token; the leaky bucket's first leaves now, the others
+                // are paced past the run); a limit that is no number allows no more
+                // than 0 does (it let the window counters admit everything).
+                let keys = if keyed { 3 } else { 1 };
+                assert!(
+                    now <= keys,
+                    "{limit} {} keyed {keyed}: {now} admitted at once",
+                    algorithm.name()
+                );
+            }
+        }
+    }
+}
