@@ -1380,21 +1380,20 @@ impl KeyState for BucketKey {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
+        let words = gcra::Words {
+            tat: &self.tat,
+            emission_ns: &self.emission_ns,
+            capacity: &self.capacity,
+        };
         if self.meta.catch_up(r) {
-            let (t2, c2) = gcra::params(self.meta.limit(r, tiers), tiers.shape);
-            let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
-            let c1 = self.capacity.swap(c2, Ordering::AcqRel);
             let changed = Nanos::new(r.changed_at.load(Ordering::Relaxed));
-            gcra::rescale(&self.tat, (t1, c1), (t2, c2), changed.min(now));
+            words.set(
+                gcra::params(self.meta.limit(r, tiers), tiers.shape),
+                changed.min(now),
+            );
         }
         self.meta.touch(now);
-        let taken = gcra::take(
-            &self.tat,
-            self.emission_ns.load(Ordering::Relaxed),
-            self.capacity.load(Ordering::Relaxed),
-            now,
-        );
-        match taken {
+        match words.take(now) {
             Ok(()) => Decision::Admit(Admit::Now),
             Err(retry_after_ns) => reject(retry_after_ns, Reason::Limit),
         }

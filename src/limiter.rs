@@ -17,13 +17,13 @@
 //! state: tokens are kept (clamped to the new capacity), never refilled by the change.
 //!
 //! A request that races with a limit change (a rare event: at most once per
-//! controller step) may be charged at either the old or the new rate. On a token
-//! bucket it may also be decided between the change's writes: with the new rate (or
-//! the new rate beside the old capacity) against tokens not yet rescaled, so a
-//! request taken in those nanoseconds can be admitted by a bucket that is empty
-//! before and after the change (a loom model of `set_limit` racing one `check` on an
-//! empty bucket finds it, lowering and raising alike). The rate, capacity and tokens
-//! are three words; making the change atomic would cost the hot path.
+//! controller step) is charged at either the old or the new rate. A token bucket's
+//! rate, capacity and tokens are three words: a change marks the tokens' word while it
+//! rewrites them, and a decision reads the rate again after the other two, so no
+//! decision mixes one change's rate with another capacity, or new parameters with
+//! tokens not yet rescaled (a loom model of a change racing a decision on an empty
+//! bucket, lowering and raising, admitted before this; the second read costs about
+//! 0.4 ns a decision).
 //!
 //! ```
 //! use rocgate::clock::Nanos;
@@ -411,20 +411,12 @@ impl TokenBucket {
     /// before building a [`Decision`].
     #[inline]
     pub fn take(&self, now: Nanos) -> Result<(), u64> {
-        gcra::take(
-            &self.tat,
-            self.emission_ns.load(Ordering::Relaxed),
-            self.capacity.load(Ordering::Relaxed),
-            now,
-        )
+        self.words().take(now)
     }
 
     /// Changes rate and capacity, keeping the tokens there are (clamped to the new capacity).
     pub fn set_limit(&self, limit: f64, now: Nanos) {
-        let (t2, c2) = gcra::params(limit, self.burst_ms);
-        let t1 = self.emission_ns.swap(t2, Ordering::AcqRel);
-        let c1 = self.capacity.swap(c2, Ordering::AcqRel);
-        gcra::rescale(&self.tat, (t1, c1), (t2, c2), now);
+        self.words().set(gcra::params(limit, self.burst_ms), now);
     }
 
     /// Leaves at most `tokens` tokens in the bucket at `now` (none if `tokens` is not
@@ -448,23 +440,20 @@ impl TokenBucket {
     /// ```
     #[inline]
     pub fn lower_to(&self, tokens: f64, now: Nanos) {
-        gcra::lower_to(
-            &self.tat,
-            self.emission_ns.load(Ordering::Relaxed),
-            self.capacity.load(Ordering::Relaxed),
-            tokens,
-            now,
-        );
+        self.words().lower_to(tokens, now);
     }
 
     /// Tokens left at `now` and the capacity.
     pub fn level(&self, now: Nanos) -> Level {
-        gcra::level(
-            &self.tat,
-            self.emission_ns.load(Ordering::Relaxed),
-            self.capacity.load(Ordering::Relaxed),
-            now,
-        )
+        self.words().level(now)
+    }
+
+    fn words(&self) -> gcra::Words<'_> {
+        gcra::Words {
+            tat: &self.tat,
+            emission_ns: &self.emission_ns,
+            capacity: &self.capacity,
+        }
     }
 }
 
@@ -474,7 +463,7 @@ impl TokenBucket {
 pub(crate) mod gcra {
     use super::{interval_ns, Level};
     use crate::clock::Nanos;
-    use crate::sync::{AtomicU64, Ordering};
+    use crate::sync::{AtomicU32, AtomicU64, Ordering};
     use std::time::Duration;
 
     /// A burst kept to the millisecond in 32 bits (49 days).
@@ -500,61 +489,151 @@ pub(crate) mod gcra {
         t.saturating_mul(u64::from(capacity)).min(u64::MAX / 4)
     }
 
-    /// Takes one token at `now`: `Ok`, or the nanoseconds until one will be there.
-    #[inline]
-    pub(crate) fn take(tat: &AtomicU64, t: u64, capacity: u32, now: Nanos) -> Result<(), u64> {
-        let now = now.as_u64();
-        let tau = tolerance(t, capacity);
-        let mut seen = tat.load(Ordering::Relaxed);
-        loop {
-            let next = seen.max(now) + t;
-            if next - now > tau {
-                return Err(next - tau - now);
+    /// The top bit of a TAT word: set while a limit change rewrites the bucket, whose
+    /// rate, capacity and tokens are three words ([`set`]); a decision waits for it to
+    /// end. A TAT never reaches it otherwise: it is at most `now` plus τ (at most 2^62
+    /// ns), and `now` counts from the process's start.
+    const CHANGING: u64 = 1 << 63;
+
+    /// The words of one bucket: its TAT, emission interval and capacity.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Words<'a> {
+        pub(crate) tat: &'a AtomicU64,
+        pub(crate) emission_ns: &'a AtomicU64,
+        pub(crate) capacity: &'a AtomicU32,
+    }
+
+    impl Words<'_> {
+        /// The TAT with the rate and capacity it goes with: never a change's new rate
+        /// beside the old capacity, nor new parameters beside tokens not yet rescaled.
+        ///
+        /// A change ([`set`]) marks the TAT [`CHANGING`], writes the rate, then the
+        /// capacity (each with `Release`), then the rescaled TAT. The rate is read
+        /// before the TAT and again after the capacity, and must not have moved: a new
+        /// rate read first brings the change's mark (or its end, and with it the new
+        /// capacity) to the TAT read after it; a new capacity read after an old rate
+        /// brings the new rate to the second read of it. A TAT read before a change
+        /// began goes with the old parameters, and if the change ends before the
+        /// decision's exchange, the exchange fails on the TAT it moved, or (the change
+        /// having left the TAT as it was) the decision is charged at the old rate, as if
+        /// it came just before the change.
+        #[inline]
+        fn read(self) -> (u64, u64, u32) {
+            let mut turns = 0;
+            loop {
+                let t = self.emission_ns.load(Ordering::Acquire);
+                let tat = self.tat.load(Ordering::Acquire);
+                let capacity = self.capacity.load(Ordering::Acquire);
+                if tat & CHANGING == 0 && self.emission_ns.load(Ordering::Acquire) == t {
+                    return (tat, t, capacity);
+                }
+                wait_for_change(&mut turns);
             }
-            match tat.compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Ok(()),
-                Err(current) => seen = current,
+        }
+
+        /// Takes one token at `now`: `Ok`, or the nanoseconds until one will be there.
+        #[inline]
+        pub(crate) fn take(self, now: Nanos) -> Result<(), u64> {
+            let now = now.as_u64();
+            loop {
+                let (seen, t, capacity) = self.read();
+                let tau = tolerance(t, capacity);
+                let next = seen.max(now) + t;
+                if next - now > tau {
+                    return Err(next - tau - now);
+                }
+                if self
+                    .tat
+                    .compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return Ok(());
+                }
+            }
+        }
+
+        /// Changes the emission interval and capacity to `(t2, c2)` as of `now`,
+        /// keeping the tokens there are (clamped to the new capacity). The TAT is
+        /// marked [`CHANGING`] meanwhile (see [`Words::read`]); two changes take turns.
+        pub(crate) fn set(self, (t2, c2): (u64, u32), now: Nanos) {
+            let (mut seen, mut turns) = (self.tat.load(Ordering::Relaxed), 0);
+            loop {
+                if seen & CHANGING != 0 {
+                    wait_for_change(&mut turns);
+                    seen = self.tat.load(Ordering::Relaxed);
+                    continue;
+                }
+                match self.tat.compare_exchange_weak(
+                    seen,
+                    seen | CHANGING,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(current) => seen = current,
+                }
+            }
+            let t1 = self.emission_ns.load(Ordering::Relaxed);
+            let c1 = self.capacity.load(Ordering::Relaxed);
+            self.emission_ns.store(t2, Ordering::Release);
+            self.capacity.store(c2, Ordering::Release);
+            self.tat
+                .store(rescaled(seen, (t1, c1), (t2, c2), now), Ordering::Release);
+        }
+
+        /// Leaves at most `tokens` tokens (at least none) at `now`: moves the TAT
+        /// later, never earlier, and never past `now + τ` (an empty bucket). A TAT
+        /// already later is left as it is, without a write.
+        #[inline]
+        pub(crate) fn lower_to(self, tokens: f64, now: Nanos) {
+            loop {
+                let (seen, t, capacity) = self.read();
+                let tau = tolerance(t, capacity);
+                // `max` maps NaN to 0: an unreadable level lowers to empty, never refills.
+                let kept = ((tokens.max(0.0) * t as f64) as u64).min(tau);
+                let floor = now.as_u64() + (tau - kept);
+                if seen >= floor
+                    || self
+                        .tat
+                        .compare_exchange_weak(seen, floor, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return;
+                }
+            }
+        }
+
+        /// Tokens left at `now` and the capacity.
+        pub(crate) fn level(self, now: Nanos) -> Level {
+            let (tat, t, capacity) = self.read();
+            let tau = tolerance(t, capacity);
+            let backlog = tat.saturating_sub(now.as_u64());
+            Level {
+                value: tau.saturating_sub(backlog) as f64 / t as f64,
+                capacity: f64::from(capacity),
             }
         }
     }
 
-    /// Moves the TAT from parameters `(t1, c1)` to `(t2, c2)` at `now`, keeping the
-    /// tokens there are (clamped to the new capacity).
-    pub(crate) fn rescale(tat: &AtomicU64, (t1, c1): (u64, u32), (t2, c2): (u64, u32), now: Nanos) {
+    /// Waits a moment for a limit change to end (a few stores). Out of line: the
+    /// decisions that meet one are rare.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_change(turns: &mut u32) {
+        crate::sync::spin_wait(turns);
+    }
+
+    /// The TAT that keeps the tokens a TAT of `tat` holds at `now` under `(t1, c1)`
+    /// (clamped to the new capacity) under `(t2, c2)`.
+    fn rescaled(tat: u64, (t1, c1): (u64, u32), (t2, c2): (u64, u32), now: Nanos) -> u64 {
         let now = now.as_u64();
         let (tau1, tau2) = (tolerance(t1, c1), tolerance(t2, c2));
-        let _ = tat.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |tat| {
-            let backlog = tat.saturating_sub(now);
-            let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
-            let kept = tokens.min(f64::from(c2));
-            // Bounded in integers: `tau2 as f64` may round above `tau2` (2^62 for
-            // 2^62 - 1), and the subtraction would go below zero.
-            Some(now + tau2 - ((kept * t2 as f64) as u64).min(tau2))
-        });
-    }
-
-    /// Leaves at most `tokens` tokens (at least none) at `now`: moves the TAT later,
-    /// never earlier, and never past `now + τ` (an empty bucket). A TAT already later
-    /// is left as it is, without a write.
-    #[inline]
-    pub(crate) fn lower_to(tat: &AtomicU64, t: u64, capacity: u32, tokens: f64, now: Nanos) {
-        let tau = tolerance(t, capacity);
-        // `max` maps NaN to 0: an unreadable level lowers to empty, never refills.
-        let kept = ((tokens.max(0.0) * t as f64) as u64).min(tau);
-        let floor = now.as_u64() + (tau - kept);
-        let _ = tat.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |seen| {
-            (seen < floor).then_some(floor)
-        });
-    }
-
-    /// Tokens left at `now` and the capacity.
-    pub(crate) fn level(tat: &AtomicU64, t: u64, capacity: u32, now: Nanos) -> Level {
-        let tau = tolerance(t, capacity);
-        let backlog = tat.load(Ordering::Relaxed).saturating_sub(now.as_u64());
-        Level {
-            value: tau.saturating_sub(backlog) as f64 / t as f64,
-            capacity: f64::from(capacity),
-        }
+        let backlog = tat.saturating_sub(now);
+        let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
+        let kept = tokens.min(f64::from(c2));
+        // Bounded in integers: `tau2 as f64` may round above `tau2` (2^62 for
+        // 2^62 - 1), and the subtraction would go below zero.
+        now + tau2 - ((kept * t2 as f64) as u64).min(tau2)
     }
 }
 

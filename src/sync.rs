@@ -42,3 +42,20 @@ pub(crate) fn seq_cst_fence_under_loom() {
     #[cfg(loom)]
     loom::sync::atomic::fence(Ordering::SeqCst);
 }
+
+/// One turn of a wait for another thread's few stores, the `turns`-th: a spin hint,
+/// then, from the 64th, a yield to the OS (the other thread may have been preempted
+/// between two stores). Under loom every turn yields: loom runs one thread at a time,
+/// and a spinning one must let the others on.
+#[inline]
+pub(crate) fn spin_wait(turns: &mut u32) {
+    *turns = turns.saturating_add(1);
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    if *turns < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}

@@ -220,6 +220,50 @@ fn token_bucket_capacity_holds_with_repeated_takers() {
     });
 }
 
+/// A limit change racing a decision on an empty bucket: whether lowered (4/s → 1/s,
+/// one second's burst each) or raised (1/s → 4/s), the bucket is empty before and after
+/// (tokens are kept, never refilled by a change), so the decision is refused whatever
+/// it reads. It read the rate, capacity and TAT as three separate words, and was
+/// admitted when it read the new rate beside the old capacity (4 tokens of 1 s each),
+/// or the new parameters beside the TAT not yet rescaled; the TAT is now marked while
+/// a change rewrites the three.
+#[test]
+fn token_bucket_limit_change_never_refills_an_empty_bucket() {
+    for (from, to) in [(4.0, 1.0), (1.0, 4.0)] {
+        check(move || {
+            let bucket = Arc::new(TokenBucket::new(from, Duration::from_secs(1), Nanos::ZERO));
+            while bucket.check(Nanos::ZERO).is_admit() {}
+            // The decision on a thread of its own: loom explores no interleaving of
+            // a main thread that only loads before the spawned one has run.
+            let b = Arc::clone(&bucket);
+            let decision = thread::spawn(move || b.check(Nanos::ZERO).is_admit());
+            bucket.set_limit(to, Nanos::ZERO);
+            let admitted = decision.join().expect("the decision");
+            assert!(!admitted, "{from} → {to}: an empty bucket admitted");
+            assert_eq!(bucket.level(Nanos::ZERO).value, 0.0, "{from} → {to}");
+        });
+    }
+}
+
+/// Two limit changes at once take turns: the bucket ends at one of the two limits'
+/// parameters, with the tokens it had (all 2 of a full 2/s bucket, clamped to the
+/// capacity of 1 at 1/s), never a mix of one change's rate and the other's capacity.
+#[test]
+fn token_bucket_two_limit_changes_take_turns() {
+    check(|| {
+        let bucket = Arc::new(TokenBucket::new(2.0, Duration::from_secs(1), Nanos::ZERO));
+        let b = Arc::clone(&bucket);
+        let change = thread::spawn(move || b.set_limit(1.0, Nanos::ZERO));
+        bucket.set_limit(4.0, Nanos::ZERO);
+        change.join().expect("the change");
+        let level = bucket.level(Nanos::ZERO);
+        assert!(
+            [(1.0, 1.0), (4.0, 1.0)].contains(&(level.capacity, level.value)),
+            "{level:?}"
+        );
+    });
+}
+
 /// A fixed window with a quota of 2: three concurrent requests in one window, 2
 /// admitted.
 #[test]
