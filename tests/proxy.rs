@@ -18,10 +18,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
-use rocgate::engine::RouteSnapshot;
 use rocgate::http::ClientIpResolver;
 use rocgate::limiter::Algorithm;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use rocgate::proxy::Proxy;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -30,13 +29,16 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout, Instant};
+
+#[path = "common/proxy.rs"]
+mod running;
+
+use running::{settings, start_proxy, HEADER_READ_TIMEOUT};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// The proxy's `header_read_timeout` in every test.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the upstream's `/slow` handler takes.
 const SLOW: Duration = Duration::from_millis(500);
 /// The size of the upstream's `/big` answer.
@@ -169,75 +171,6 @@ async fn start_silent_upstream() -> SocketAddr {
 
 // ---------------------------------------------------------------------------------
 // Proxy
-
-/// A proxy running in a task of the test's runtime. Dropping it begins shutdown.
-struct RunningProxy {
-    addr: SocketAddr,
-    /// The admin API.
-    admin: SocketAddr,
-    /// Gives the engine in force and its clock.
-    reloader: Reloader,
-    stop: oneshot::Sender<()>,
-    run: JoinHandle<io::Result<()>>,
-}
-
-impl RunningProxy {
-    fn snapshot(&self, route: &str) -> RouteSnapshot {
-        let engine = self.reloader.engine();
-        let id = engine.route_id(route).unwrap();
-        engine.route_snapshot(id, self.reloader.clock().now())
-    }
-
-    /// Triggers the shutdown future; the handle resolves with what `run` returns.
-    fn shut_down(self) -> JoinHandle<io::Result<()>> {
-        self.stop.send(()).unwrap();
-        self.run
-    }
-}
-
-/// Settings for a proxy in front of `upstream`, with short timeouts, no trusted
-/// proxies and a 64 KiB body limit.
-fn settings(upstream: SocketAddr) -> ProxySettings {
-    let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-    ProxySettings {
-        listen: any_port,
-        admin_listen: any_port,
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(2),
-            max_body_bytes: 64 * 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: HEADER_READ_TIMEOUT,
-        shutdown_grace: Duration::from_secs(5),
-        max_connections: 10_000,
-        idle_timeout: Duration::from_secs(60),
-        admin_token: None,
-    }
-}
-
-async fn start_proxy(settings: ProxySettings, routes: Vec<RouteConfig>) -> RunningProxy {
-    let proxy = Proxy::bind(settings, &Config::new(routes), None)
-        .await
-        .unwrap();
-    let addr = proxy.local_addr().unwrap();
-    let admin = proxy.admin_addr().unwrap();
-    let reloader = proxy.reloader().clone();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let run = tokio::spawn(proxy.run(async {
-        let _ = stopped.await;
-    }));
-    RunningProxy {
-        addr,
-        admin,
-        reloader,
-        stop,
-        run,
-    }
-}
 
 /// A route on the paths under `prefix` whose bucket holds `capacity` tokens and
 /// (practically) never refills, and whose controller never cuts.

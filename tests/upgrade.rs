@@ -16,23 +16,23 @@ use axum::routing::get;
 use axum::Router;
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderMap, StatusCode};
-use rocgate::config::{Config, RouteConfig, RouteMatch};
-use rocgate::http::ClientIpResolver;
+use rocgate::config::{RouteConfig, RouteMatch};
 use rocgate::limiter::Algorithm;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+#[path = "common/proxy.rs"]
+mod running;
+
+use running::{settings, start_proxy};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -144,66 +144,6 @@ async fn echo(mut socket: WebSocket) {
 
 // ---------------------------------------------------------------------------------
 // Proxy
-
-/// A proxy running in a task of the test's runtime.
-struct RunningProxy {
-    addr: SocketAddr,
-    reloader: Reloader,
-    stop: oneshot::Sender<()>,
-    run: JoinHandle<io::Result<()>>,
-}
-
-impl RunningProxy {
-    /// The route's limiter level: for the concurrency algorithm, requests in flight.
-    fn level(&self, route: &str) -> f64 {
-        let engine = self.reloader.engine();
-        let id = engine.route_id(route).unwrap();
-        engine
-            .route_snapshot(id, self.reloader.clock().now())
-            .level
-            .value
-    }
-}
-
-fn settings(upstream: SocketAddr) -> ProxySettings {
-    let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-    ProxySettings {
-        listen: any_port,
-        admin_listen: any_port,
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(2),
-            max_body_bytes: 64 * 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: Duration::from_secs(1),
-        shutdown_grace: Duration::from_secs(5),
-        max_connections: 100,
-        idle_timeout: Duration::from_secs(60),
-        admin_token: None,
-    }
-}
-
-async fn start_proxy(settings: ProxySettings, routes: Vec<RouteConfig>) -> RunningProxy {
-    let proxy = Proxy::bind(settings, &Config::new(routes), None)
-        .await
-        .unwrap();
-    let addr = proxy.local_addr().unwrap();
-    let reloader = proxy.reloader().clone();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let run = tokio::spawn(proxy.run(async {
-        let _ = stopped.await;
-    }));
-    RunningProxy {
-        addr,
-        reloader,
-        stop,
-        run,
-    }
-}
 
 /// A route on the paths under `prefix` whose controller never cuts, at `rps`.
 fn route(name: &str, prefix: &str, algorithm: Algorithm, rps: f64) -> RouteConfig {
@@ -483,7 +423,7 @@ async fn a_tunnel_is_dropped_when_the_shutdown_grace_ends() {
     let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
     assert_eq!(next_text(&mut ws).await, "welcome");
     let stopping = Instant::now();
-    proxy.stop.send(()).unwrap();
+    let run = proxy.shut_down();
     // Within the grace period it still carries messages.
     sleep(GRACE / 4).await;
     within("send", ws.send(Message::text("during the grace")))
@@ -495,7 +435,7 @@ async fn a_tunnel_is_dropped_when_the_shutdown_grace_ends() {
         other => panic!("expected the tunnel dropped, got {other:?}"),
     }
     assert!(stopping.elapsed() >= GRACE - Duration::from_millis(50));
-    within("run to return", proxy.run).await.unwrap().unwrap();
+    within("run to return", run).await.unwrap().unwrap();
 }
 
 /// The upstream connection a tunnel takes is its own: not one the client connection's

@@ -1,0 +1,90 @@
+//! A `rocgate serve` proxy running in a task of the test's runtime, for the files that
+//! drive one over sockets (`tests/proxy.rs`, `tests/upgrade.rs`), included by path.
+#![allow(dead_code)] // each file uses its part
+
+use rocgate::config::{Config, RouteConfig};
+use rocgate::engine::RouteSnapshot;
+use rocgate::http::ClientIpResolver;
+use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The proxies' `header_read_timeout`.
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A proxy running in a task of the test's runtime. Dropping it begins shutdown.
+pub(crate) struct RunningProxy {
+    pub(crate) addr: SocketAddr,
+    /// The admin API.
+    pub(crate) admin: SocketAddr,
+    /// Gives the engine in force and its clock.
+    pub(crate) reloader: Reloader,
+    stop: oneshot::Sender<()>,
+    run: JoinHandle<io::Result<()>>,
+}
+
+impl RunningProxy {
+    pub(crate) fn snapshot(&self, route: &str) -> RouteSnapshot {
+        let engine = self.reloader.engine();
+        let id = engine.route_id(route).unwrap();
+        engine.route_snapshot(id, self.reloader.clock().now())
+    }
+
+    /// The route's limiter level: for the concurrency algorithm, requests in flight.
+    pub(crate) fn level(&self, route: &str) -> f64 {
+        self.snapshot(route).level.value
+    }
+
+    /// Triggers the shutdown future; the handle resolves with what `run` returns.
+    pub(crate) fn shut_down(self) -> JoinHandle<io::Result<()>> {
+        self.stop.send(()).unwrap();
+        self.run
+    }
+}
+
+/// Settings for a proxy in front of `upstream`, with short timeouts, no trusted
+/// proxies and a 64 KiB body limit.
+pub(crate) fn settings(upstream: SocketAddr) -> ProxySettings {
+    let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+    ProxySettings {
+        listen: any_port,
+        admin_listen: any_port,
+        forward: ForwardSettings {
+            upstream: format!("http://{upstream}").parse().unwrap(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            max_body_bytes: 64 * 1024,
+            max_upstream_lanes: 1024,
+            upstream_idle_timeout: Duration::from_secs(4),
+            resolver: ClientIpResolver::default(),
+        },
+        header_read_timeout: HEADER_READ_TIMEOUT,
+        shutdown_grace: Duration::from_secs(5),
+        max_connections: 10_000,
+        idle_timeout: Duration::from_secs(60),
+        admin_token: None,
+    }
+}
+
+pub(crate) async fn start_proxy(settings: ProxySettings, routes: Vec<RouteConfig>) -> RunningProxy {
+    let proxy = Proxy::bind(settings, &Config::new(routes), None)
+        .await
+        .unwrap();
+    let addr = proxy.local_addr().unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    let reloader = proxy.reloader().clone();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    RunningProxy {
+        addr,
+        admin,
+        reloader,
+        stop,
+        run,
+    }
+}
