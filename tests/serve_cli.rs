@@ -83,6 +83,19 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    Ok(send(addr, req).await?.status().as_u16())
+}
+
+/// `req`'s response from `addr`, over a connection of its own.
+async fn send<B>(
+    addr: SocketAddr,
+    req: http::Request<B>,
+) -> Result<http::Response<hyper::body::Incoming>, String>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -91,8 +104,7 @@ where
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    Ok(res.status().as_u16())
+    sender.send_request(req).await.map_err(|e| e.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,15 +362,7 @@ async fn exchange(
             body.as_bytes(),
         )))
         .unwrap();
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let res = send(addr, req).await?;
     let status = res.status().as_u16();
     let bytes = res
         .into_body()
