@@ -490,9 +490,9 @@ pub(crate) mod gcra {
     }
 
     /// The top bit of a TAT word: set while a limit change rewrites the bucket, whose
-    /// rate, capacity and tokens are three words ([`set`]); a decision waits for it to
-    /// end. A TAT never reaches it otherwise: it is at most `now` plus τ (at most 2^62
-    /// ns), and `now` counts from the process's start.
+    /// rate, capacity and tokens are three words ([`Words::set`]); a decision waits
+    /// for it to end. A TAT never reaches it otherwise: it is at most `now` plus τ (at
+    /// most 2^62 ns), and `now` counts from the process's start.
     const CHANGING: u64 = 1 << 63;
 
     /// The words of one bucket: its TAT, emission interval and capacity.
@@ -507,8 +507,8 @@ pub(crate) mod gcra {
         /// The TAT with the rate and capacity it goes with: never a change's new rate
         /// beside the old capacity, nor new parameters beside tokens not yet rescaled.
         ///
-        /// A change ([`set`]) marks the TAT [`CHANGING`], writes the rate, then the
-        /// capacity (each with `Release`), then the rescaled TAT. The rate is read
+        /// A change ([`Words::set`]) marks the TAT [`CHANGING`], writes the rate, then
+        /// the capacity (each with `Release`), then the rescaled TAT. The rate is read
         /// before the TAT and again after the capacity, and must not have moved: a new
         /// rate read first brings the change's mark (or its end, and with it the new
         /// capacity) to the TAT read after it; a new capacity read after an old rate
