@@ -539,10 +539,17 @@ impl Engine {
             return;
         };
         let st = &mut *guard;
-        let before = (
-            st.controller.limit_rps(),
-            st.controller.params().base_limit_rps,
-        );
+        // What the limiters and the tier keys follow: the limit, the base limit, and
+        // the cut, which with them says where the limit stands between the two (an
+        // event may move the cut and the step and leave the limit where it was).
+        let standing = |c: &Controller| {
+            (
+                c.limit_rps(),
+                c.params().base_limit_rps,
+                c.params().cut_limit_rps,
+            )
+        };
+        let before = standing(&st.controller);
         let hook = self.hook.as_deref();
         let sample_hook = self.sample_hook.as_deref();
         let exhausted = sample_hook.is_some()
@@ -585,11 +592,7 @@ impl Engine {
                 h(&r.name, &report);
             }
         });
-        let after = (
-            st.controller.limit_rps(),
-            st.controller.params().base_limit_rps,
-        );
-        if after != before {
+        if standing(&st.controller) != before {
             // Dated where the controller changed the limit: after a silence, the
             // limiters refill at the new limit from then, not only from now.
             let at = st.controller.limit_since().min(now);

@@ -1221,3 +1221,66 @@ fn absurd_limits_from_an_unchecked_config_never_panic() {
         }
     }
 }
+
+/// A scheduled event that starts mid-recovery with another cut and step, so that the
+/// route's limit stays where it was (60 + 2 × 20 = 20 + 2 × 40 = 100), still moves
+/// where the limit stands between cut and base, and with it a tier key's limit, which
+/// scales its own by that: the key must follow at once. It kept the old standing until
+/// the next restore step, since the route republished it only when the limit or the
+/// base limit changed.
+#[test]
+fn an_event_that_keeps_the_limit_but_moves_the_cut_moves_tier_keys_at_once() {
+    let gold = Key::Value("gold");
+    let run = |event_at: Option<f64>| {
+        let mut cfg = vip_keys(KeyLimits::default(), &["gold"]);
+        cfg.controller = ControllerParams::default();
+        if let Some(at) = event_at {
+            cfg.events = vec![Event {
+                name: "recut".into(),
+                start: SystemTime::UNIX_EPOCH + Duration::from_secs_f64(at),
+                duration: Duration::from_secs(600),
+                controller: ControllerParams {
+                    cut_limit_rps: 20.0,
+                    restore_step_rps: 40.0,
+                    ..ControllerParams::default()
+                },
+            }];
+        }
+        let e = engine(vec![cfg]);
+        let id = RouteId(0);
+        offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+        offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+        let mut recovering = None;
+        for tenths in 110..400u64 {
+            let t = tenths as f64 / 10.0;
+            offer(&e, id, Key::None, t, t + 0.1, 40.0);
+            let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 0.1));
+            if s.state == ControllerState::Recovering && s.limit_rps == 100.0 {
+                recovering.get_or_insert(t + 0.1);
+            }
+            // Without the event, where the limit first stands at 100 (two steps in);
+            // with it, just after the event began.
+            match (event_at, recovering) {
+                (None, Some(since)) => return (e, since),
+                (Some(at), Some(_)) if t + 0.1 > at + 0.15 => return (e, t + 0.1),
+                _ => {}
+            }
+        }
+        panic!("never recovered to 100");
+    };
+    let (_, at_100) = run(None);
+    let (e, now) = run(Some(at_100 + 0.3));
+    let id = RouteId(0);
+    assert_eq!(e.limit_rps(id), 100.0, "the event keeps the limit");
+    let now = Nanos::from_secs_f64(now);
+    assert_eq!(
+        e.params_at(id, now).cut_limit_rps,
+        20.0,
+        "the event in force"
+    );
+    // The vip tier's 40..100 at (100 - 20) / (200 - 20) of the way, not the old
+    // (100 - 60) / (200 - 60).
+    let expected = 40.0 + 60.0 * (80.0 / 180.0);
+    let got = e.key_limit_rps(id, gold);
+    assert!((got - expected).abs() < 1e-9, "{got}, expected {expected}");
+}
