@@ -750,3 +750,42 @@ async fn an_admin_connection_silent_or_dripping_is_closed() {
     assert_eq!(status, 200);
     p.stop().await;
 }
+
+/// A route left silent in a cut reads where its controller stands now, in the admin
+/// API and in `/metrics`, without waiting for the periodic upkeep.
+#[tokio::test]
+async fn a_silent_route_reads_where_it_stands_now() {
+    let clock = Arc::new(ManualClock::new());
+    let (p, reloader) = start_on(None, CONFIG, Some(clock.clone())).await;
+    let engine = reloader.engine();
+    let id = engine.route_id("order").unwrap();
+    // 40 req/s for two windows, then 600 req/s: the spike cuts the route.
+    let mut at = Nanos::ZERO;
+    for (rate, secs) in [(40, 12), (600, 3)] {
+        for _ in 0..rate * secs {
+            at = Nanos::from_secs_f64(at.as_secs_f64() + 1.0 / f64::from(rate));
+            let _ = engine.check(id, rocgate::engine::Key::None, at);
+        }
+    }
+    clock.set(at);
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["state"], "cut", "{order}");
+
+    // Silence far past the cut's end: no request steps the route.
+    clock.set(Nanos::from_secs(600));
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["state"], "normal", "{order}");
+    assert_eq!(order["limit_rps"], 200.0, "{order}");
+    clock.set(Nanos::from_secs(1200));
+    let (_, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
+    assert_eq!(route(&all, "order")["state"], "normal", "{all}");
+    let text = match call(p.admin, "GET", "/metrics", "", None).await {
+        (200, Value::String(text)) => text,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        text.contains(r#"rocgate_limit_rps{route="order"} 200"#),
+        "{text}"
+    );
+    p.stop().await;
+}

@@ -22,7 +22,8 @@
 
 use super::hints::Advisor;
 use super::{Reloader, RouteChangeError};
-use crate::engine::RouteSnapshot;
+use crate::clock::Nanos;
+use crate::engine::{Engine, RouteSnapshot};
 use crate::limiter::Reason;
 use crate::metrics::Collector;
 use axum::body::Body;
@@ -259,7 +260,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     let m = &state.metrics;
     #[cfg(feature = "redis")]
     state.reloader.retain_store();
-    let (engine, now) = (state.reloader.engine(), state.reloader.clock().now());
+    let (engine, now) = caught_up(&state);
     #[cfg(feature = "redis")]
     m.collector.collect_with(&engine, now, |route| {
         let view = state.store.as_ref()?.shared_view(&engine, route)?;
@@ -302,25 +303,24 @@ async fn ready(State(state): State<AdminState>) -> Response {
     }
 }
 
+/// The engine in force, every route it decides brought up to now first
+/// ([`Reloader::upkeep`]): a route silent since a cut reads where its controller
+/// stands, not where its last request left it up to one upkeep period ago.
+fn caught_up(state: &AdminState) -> (Arc<Engine>, Nanos) {
+    state.reloader.upkeep();
+    (state.reloader.engine(), state.reloader.clock().now())
+}
+
 async fn routes(State(state): State<AdminState>) -> Json<Value> {
-    let now = state.reloader.clock().now();
-    let routes: Vec<Value> = state
-        .reloader
-        .engine()
-        .snapshot(now)
-        .iter()
-        .map(route_json)
-        .collect();
+    let (engine, now) = caught_up(&state);
+    let routes: Vec<Value> = engine.snapshot(now).iter().map(route_json).collect();
     Json(json!({ "routes": routes }))
 }
 
 async fn one_route(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
-    let engine = state.reloader.engine();
+    let (engine, now) = caught_up(&state);
     match engine.route_id(&name) {
-        Some(id) => Json(route_json(
-            &engine.route_snapshot(id, state.reloader.clock().now()),
-        ))
-        .into_response(),
+        Some(id) => Json(route_json(&engine.route_snapshot(id, now))).into_response(),
         None => error(
             StatusCode::NOT_FOUND,
             vec![format!("no route named {name:?}")],
