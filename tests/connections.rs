@@ -639,3 +639,58 @@ async fn a_client_that_reads_nothing_for_idle_timeout_is_closed() {
     .await;
     assert!(read.is_ok(), "8 MiB within {IO_TIMEOUT:?}");
 }
+
+/// An upstream that answers every request with a head promising 100 bytes, sends 10
+/// and closes.
+async fn start_truncating_upstream() -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+                .await;
+        }
+    });
+    addr
+}
+
+/// An upstream that fails mid-body is logged with the upstream's other failures:
+/// the client already has its head, so the line names no status.
+#[tokio::test]
+async fn an_upstream_that_fails_mid_body_is_logged() {
+    let (log, _capturing) = Captured::on_this_thread();
+    let upstream = start_truncating_upstream().await;
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy(upstream, 100, secs, secs).await;
+    let mut client = H1::connect(proxy.addr).await;
+    client.sender.ready().await.unwrap();
+    let res = timeout(IO_TIMEOUT, client.sender.send_request(get("/")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = timeout(IO_TIMEOUT, res.into_body().collect())
+        .await
+        .unwrap();
+    assert!(body.is_err(), "the client's body is cut short: {body:?}");
+    let lines = log.lines_with("upstream request failed");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(lines[0].contains("kind=\"body_aborted\""), "{}", lines[0]);
+    assert!(
+        lines[0].contains(&format!("upstream={upstream}")),
+        "{}",
+        lines[0]
+    );
+    assert!(!lines[0].contains("status="), "{}", lines[0]);
+}

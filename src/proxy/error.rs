@@ -108,11 +108,7 @@ impl ProxyError {
     pub fn detail(&self) -> String {
         let mut text = self.to_string();
         if let ProxyError::Upstream(e) = self {
-            let mut next = e.source();
-            while let Some(cause) = next {
-                text.push_str(&format!(": {cause}"));
-                next = cause.source();
-            }
+            push_causes(&mut text, &**e);
         }
         text
     }
@@ -168,5 +164,22 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         res
+    }
+}
+
+/// `e` and its causes, each after a colon ("error reading a body from connection:
+/// unexpected end of file").
+pub(crate) fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    push_causes(&mut text, e);
+    text
+}
+
+/// Appends the causes of `e` to `text`, each after a colon.
+fn push_causes(text: &mut String, e: &(dyn std::error::Error + 'static)) {
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(&format!(": {cause}"));
+        next = cause.source();
     }
 }

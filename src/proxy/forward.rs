@@ -335,8 +335,9 @@ struct Inner {
     upstream_host: Option<HeaderValue>,
     /// This instance's `Via` entry.
     via: Via,
-    /// Failures of the upstream, logged at most once every [`FAILURE_LOG_EVERY`].
-    failures: FailureLog,
+    /// Failures of the upstream, logged at most once every [`FAILURE_LOG_EVERY`]
+    /// (shared with the response bodies on their way, which can fail too).
+    failures: Arc<FailureLog>,
 }
 
 /// How often at most a failing upstream is logged.
@@ -344,8 +345,9 @@ const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The upstream's failures since the last one logged, and when that was: an upstream
 /// that is down fails every request, and one line per request would flood the log.
-#[derive(Debug, Default)]
 struct FailureLog {
+    upstream: Authority,
+    clock: Arc<dyn Clock>,
     /// Failures not yet logged.
     unlogged: AtomicU64,
     /// When the last was logged, in nanoseconds plus one (0: never).
@@ -353,10 +355,26 @@ struct FailureLog {
 }
 
 impl FailureLog {
-    /// Counts a failure of the request on `route` to `upstream` at `now`, and logs it
-    /// with the failures since the last line if that was [`FAILURE_LOG_EVERY`] ago.
-    fn failed(&self, upstream: &Authority, route: &str, e: &ProxyError, now: Nanos) {
+    fn new(upstream: Authority, clock: Arc<dyn Clock>) -> Self {
+        FailureLog {
+            upstream,
+            clock,
+            unlogged: AtomicU64::new(0),
+            logged_at: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a failed request on `route`, and logs it with the failures since the
+    /// last line if that was [`FAILURE_LOG_EVERY`] ago.
+    fn failed(&self, route: &str, e: &ProxyError) {
+        self.failed_as(route, e.kind(), Some(e.status()), &e.detail());
+    }
+
+    /// [`failed`](Self::failed), for a failure of `kind` described by `detail`;
+    /// `status` is what the client was answered, if the failure decided it.
+    fn failed_as(&self, route: &str, kind: &str, status: Option<http::StatusCode>, detail: &str) {
         self.unlogged.fetch_add(1, Ordering::Relaxed);
+        let now = self.clock.now();
         let last = self.logged_at.load(Ordering::Relaxed);
         let due = last == 0
             || now.as_u64().saturating_sub(last - 1) >= FAILURE_LOG_EVERY.as_nanos() as u64;
@@ -371,13 +389,12 @@ impl FailureLog {
         }
         let failures = self.unlogged.swap(0, Ordering::Relaxed);
         tracing::warn!(
-            upstream = %upstream,
+            upstream = %self.upstream,
             route,
-            kind = e.kind(),
-            status = e.status().as_u16(),
+            kind,
+            status = status.map(|s| s.as_u16()),
             failures,
-            "upstream request failed: {} (failures counts those since the last such line, at most one every {}s)",
-            e.detail(),
+            "upstream request failed: {detail} (failures counts those since the last such line, at most one every {}s)",
             FAILURE_LOG_EVERY.as_secs(),
         );
     }
@@ -416,6 +433,7 @@ impl Forwarder {
             .authority()
             .cloned()
             .unwrap_or_else(|| Authority::from_static("127.0.0.1:80"));
+        let failures = Arc::new(FailureLog::new(authority.clone(), Arc::clone(&clock)));
         Forwarder {
             inner: Arc::new(Inner {
                 client,
@@ -429,7 +447,7 @@ impl Forwarder {
                 lanes,
                 connector,
                 via: Via::new(),
-                failures: FailureLog::default(),
+                failures,
             }),
             connection: None,
         }
@@ -764,14 +782,14 @@ impl Inner {
                     route,
                     timeout: self.settings.response_timeout,
                     stall: None,
+                    failures: Arc::clone(&self.failures),
                 };
                 Response::from_parts(parts, Body::new(body))
             }
             Err(e) => {
                 tracing::debug!(error = %e, route = %route, "forwarding failed");
                 if e.is_upstream_failure() {
-                    let now = self.clock.now();
-                    self.failures.failed(&self.authority, &route, &e, now);
+                    self.failures.failed(&route, &e);
                 }
                 metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&route), "kind" => e.kind())
                     .increment(1);
@@ -1139,7 +1157,7 @@ impl tower::Service<Request<Incoming>> for Forwarder {
 /// after a good head (closes mid-body, sends a malformed chunk, or sends nothing more
 /// for `response_timeout`) leaves the client a truncated body, its connection aborted;
 /// it is counted as `rocgate_upstream_errors_total{kind="body_aborted"}`, since the
-/// head was already counted a success.
+/// head was already counted a success, and logged with the upstream's other failures.
 struct UpstreamBody {
     body: Incoming,
     route: Arc<str>,
@@ -1147,6 +1165,7 @@ struct UpstreamBody {
     timeout: Duration,
     /// The wait for the next part, from the body's first wait on.
     stall: Option<Stall>,
+    failures: Arc<FailureLog>,
 }
 
 /// The timer of an [`UpstreamBody`] waiting for its next part. Like the lane's
@@ -1194,10 +1213,12 @@ impl UpstreamBody {
         }
     }
 
-    /// Counts the body cut short.
-    fn aborted(&self) {
+    /// Counts and logs the body cut short, the client having been answered `status`.
+    fn aborted(&self, detail: &str) {
         metrics::counter!(metric::UPSTREAM_ERRORS, "route" => Arc::clone(&self.route), "kind" => "body_aborted")
             .increment(1);
+        self.failures
+            .failed_as(&self.route, "body_aborted", None, detail);
     }
 }
 
@@ -1212,17 +1233,18 @@ impl http_body::Body for UpstreamBody {
         match Pin::new(&mut self.body).poll_frame(cx) {
             Poll::Pending => {
                 std::task::ready!(self.poll_stalled(cx));
-                tracing::debug!(route = %self.route, "upstream body timed out");
-                self.aborted();
                 let e = std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "the upstream sent nothing of its body for response_timeout",
                 );
+                self.aborted(&e.to_string());
                 Poll::Ready(Some(Err(e.into())))
             }
             Poll::Ready(Some(Err(e))) => {
-                tracing::debug!(error = %e, route = %self.route, "upstream body failed");
-                self.aborted();
+                self.aborted(&format!(
+                    "the response body failed: {}",
+                    super::error::with_causes(&e)
+                ));
                 Poll::Ready(Some(Err(e.into())))
             }
             Poll::Ready(frame) => {
