@@ -292,6 +292,10 @@ fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
         metrics.contains(r#"rocgate_requests_total{route="order",decision="admitted""#),
         "{metrics}"
     );
+    // Half-way through a row's second, so that the run ends with a partial one.
+    let rows = demo.until(" warm-up ", Duration::from_secs(10));
+    #[allow(clippy::disallowed_methods)] // a real process's real time: where Ctrl-C lands
+    std::thread::sleep(Duration::from_millis(500));
     let interrupted = Command::new("kill")
         .args(["-INT", &demo.child.id().to_string()])
         .status()
@@ -301,6 +305,19 @@ fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
     let status = demo.wait();
     assert_eq!(status.code(), Some(130), "{text}");
     assert!(text.contains("  interrupted   by Ctrl-C after "), "{text}");
+    // The partial second has its row (and its p99 counts for the worst second): the
+    // last row ends where the run did, not at the last whole second.
+    let elapsed = number_after(line_starting(&text, "  interrupted   "), "Ctrl-C after ");
+    let last_row = rows
+        .lines()
+        .chain(text.lines())
+        .rfind(|l| l.contains(" warm-up "))
+        .unwrap();
+    let last_end: f64 = last_row.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(
+        elapsed - last_end <= 0.25,
+        "run {elapsed} s, last row {last_end} s:\n{text}"
+    );
     assert!(
         line_starting(&text, "  cut           ").contains("none"),
         "{text}"
