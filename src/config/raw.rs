@@ -2247,6 +2247,165 @@ mod tests {
             assert_eq!(built.map(|a| a.name()), Some(name));
         }
     }
+
+    /// The field names a struct's derived `Deserialize` takes (the list it hands
+    /// `deserialize_struct`), so that the docs are compared with the file format itself.
+    fn fields_of<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+        struct Probe<'a>(&'a mut &'static [&'static str]);
+        impl<'de> Deserializer<'de> for Probe<'_> {
+            type Error = de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                *self.0 = fields;
+                Err(de::Error::custom("fields read"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+                enum identifier ignored_any
+            }
+        }
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Probe(&mut fields));
+        assert!(
+            !fields.is_empty(),
+            "{} declares no field",
+            std::any::type_name::<T>()
+        );
+        fields
+    }
+
+    /// README's section under the heading `title`, up to the next heading of its level
+    /// or above.
+    fn readme_section(title: &str) -> &'static str {
+        let readme = include_str!("../../README.md");
+        let level = title.chars().take_while(|&c| c == '#').count();
+        let start = readme
+            .find(&format!("\n{title}\n"))
+            .unwrap_or_else(|| panic!("README.md has no heading {title:?}"))
+            + 1;
+        let body = &readme[start + title.len()..];
+        let end = body
+            .match_indices("\n#")
+            .find(|&(at, _)| {
+                let hashes = body[at + 1..].chars().take_while(|&c| c == '#').count();
+                hashes <= level && body[at + 1 + hashes..].starts_with(' ')
+            })
+            .map_or(body.len(), |(at, _)| at);
+        &body[..end]
+    }
+
+    /// README's "Configuration reference" table lists exactly the settings a route and
+    /// `[defaults]` take, each with the value a file that leaves it out gets; and the
+    /// section names every field of the other tables (a route's own, tiers, events,
+    /// `[server]`, `[admin]`, `[hints]`), as "Distributed mode" names `[store]`'s.
+    #[test]
+    fn readme_configuration_reference_matches_the_file_format() {
+        let section = readme_section("## Configuration reference");
+        let rows: Vec<(&str, &str)> = section
+            .lines()
+            .filter_map(|line| {
+                let mut cells = line.strip_prefix("| `")?.split(" | ");
+                let name = cells.next()?.strip_suffix('`')?;
+                let default = cells.next()?.strip_prefix('`')?.strip_suffix('`')?;
+                Some((name, default))
+            })
+            .collect();
+        let mut documented: Vec<&str> = rows.iter().map(|&(name, _)| name).collect();
+        let mut settings = fields_of::<RawSettings>().to_vec();
+        documented.sort_unstable();
+        settings.sort_unstable();
+        assert_eq!(
+            documented, settings,
+            "README's table against [defaults]' fields"
+        );
+
+        let route = "[[routes]]\nname = \"r\"\npath = \"/\"\n";
+        let builtin = Config::from_toml_str(route, "builtin").expect("a route of built-ins");
+        for (name, default) in rows {
+            let text = format!("[defaults]\n{name} = {default}\n{route}");
+            let written = Config::from_toml_str(&text, "README")
+                .unwrap_or_else(|e| panic!("README's default of {name}, {default}: {e}"));
+            assert_eq!(written, builtin, "README's default of {name} is {default}");
+        }
+
+        let named = |text: &str, field: &str| {
+            text.contains(&format!("`{field}`")) || text.contains(&format!("[[routes.{field}]]"))
+        };
+        let route_own = fields_of::<RawRoute>()
+            .iter()
+            .filter(|f| !fields_of::<RawSettings>().contains(f));
+        let tables = [
+            ("[[routes]]", route_own.copied().collect::<Vec<_>>()),
+            ("[[routes.tiers]]", fields_of::<RawTier>().to_vec()),
+            ("[[routes.events]]", fields_of::<RawEvent>().to_vec()),
+            ("[server]", fields_of::<RawServer>().to_vec()),
+            ("[admin]", fields_of::<RawAdmin>().to_vec()),
+            ("[hints]", fields_of::<RawHints>().to_vec()),
+        ];
+        for (table, fields) in tables {
+            for field in fields {
+                assert!(
+                    named(section, field),
+                    "README's reference omits {table} {field}"
+                );
+            }
+        }
+        let store = readme_section("### Distributed mode: shared state in Redis");
+        for field in fields_of::<RawStore>() {
+            assert!(
+                named(store, field),
+                "README's Distributed mode omits [store] {field}"
+            );
+        }
+    }
+
+    /// `config/rocgate.toml`, "the documented default", shows every field of
+    /// `[defaults]`, `[server]`, `[admin]`, `[hints]` and `[store]` (commented out where
+    /// it has no default value to show), and its `[defaults]` are the built-in values,
+    /// as its comment says.
+    #[test]
+    fn default_file_shows_every_field_and_the_built_in_values() {
+        let text = include_str!("../../config/rocgate.toml");
+        let tables = [
+            ("[defaults]", fields_of::<RawSettings>()),
+            ("[server]", fields_of::<RawServer>()),
+            ("[admin]", fields_of::<RawAdmin>()),
+            ("[hints]", fields_of::<RawHints>()),
+            ("[store]", fields_of::<RawStore>()),
+        ];
+        for (table, fields) in tables {
+            let start = text
+                .find(&format!("\n{table}\n"))
+                .or_else(|| text.find(&format!("\n# {table}\n")))
+                .unwrap_or_else(|| panic!("config/rocgate.toml has no {table}"));
+            let body = &text[start + table.len() + 2..];
+            let body = &body[..body.find("\n[").unwrap_or(body.len())];
+            for field in fields {
+                let shown = body.lines().any(|line| {
+                    let line = line.trim_start_matches(['#', ' ']);
+                    line.strip_prefix(field)
+                        .is_some_and(|rest| rest.trim_start().starts_with('='))
+                });
+                assert!(shown, "config/rocgate.toml's {table} does not show {field}");
+            }
+        }
+        let defaults = text.find("\n[defaults]\n").expect("[defaults]");
+        let routes = text.find("\n[[routes]]\n").expect("[[routes]]");
+        let without = format!("{}{}", &text[..defaults], &text[routes..]);
+        assert_eq!(
+            Config::from_toml_str(&without, "without [defaults]").expect("valid"),
+            Config::from_toml_str(text, "config/rocgate.toml").expect("valid"),
+            "config/rocgate.toml's [defaults] are not the built-in values"
+        );
+    }
 }
 
 /// The controller fields a runtime change may set: those of `[defaults]` that do not
