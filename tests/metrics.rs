@@ -34,6 +34,34 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     names
 }
 
+/// README's metrics table names every metric rocgate exports, and no other.
+#[test]
+fn readme_metrics_table_lists_exactly_the_exported_metrics() {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("\n### Metrics and dashboards\n")
+        .expect("README's Metrics and dashboards section");
+    let section = &readme[start + 1..];
+    let section = &section[..section[1..].find("\n#").map_or(section.len(), |n| n + 1)];
+    let table: String = section
+        .lines()
+        .filter(|line| line.starts_with("| `rocgate_"))
+        .map(|line| line.split(" | ").next().unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let exported: BTreeSet<String> = rocgate::metrics::ALL
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let listed = metric_names(&table);
+    let missing: Vec<_> = exported.difference(&listed).collect();
+    let unknown: Vec<_> = listed.difference(&exported).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "README's metrics table omits {missing:?} and lists metrics rocgate does not export: {unknown:?}"
+    );
+}
+
 #[test]
 fn dashboards_and_rules_use_only_exported_metrics() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards");
