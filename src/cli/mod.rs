@@ -60,7 +60,7 @@ pub(crate) struct ServeArgs {
     /// Address clients connect to (overrides the file).
     #[arg(long, value_parser = parse_addr)]
     pub(crate) listen: Option<SocketAddr>,
-    /// Upstream to forward to, `http://host:port` (overrides the file).
+    /// Upstream to forward to, `http://host[:port]` (overrides the file).
     #[arg(long)]
     pub(crate) upstream: Option<String>,
     /// Address of the admin API (overrides the file).
