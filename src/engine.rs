@@ -1374,7 +1374,7 @@ impl KeyState for BucketKey {
     fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
         let (t, capacity) = gcra::params(tiers.limit(tier, progress), tiers.shape);
         BucketKey {
-            tat: AtomicU64::new(now.as_u64()),
+            tat: AtomicU64::new(gcra::full_at(now)),
             emission_ns: AtomicU64::new(t),
             capacity: AtomicU32::new(capacity),
             meta: KeyMeta::new(tier, generation, now),
@@ -1383,11 +1383,7 @@ impl KeyState for BucketKey {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        let words = gcra::Words {
-            tat: &self.tat,
-            emission_ns: &self.emission_ns,
-            capacity: &self.capacity,
-        };
+        let words = self.words();
         if self.meta.catch_up(r) {
             let changed = Nanos::new(r.changed_at.load(Ordering::Relaxed));
             words.set(
@@ -1403,7 +1399,17 @@ impl KeyState for BucketKey {
     }
 
     fn evictable(&self, cutoff: u32, _shape: u32, now: Nanos) -> bool {
-        self.meta.unseen_since(cutoff) && self.tat.load(Ordering::Relaxed) <= now.as_u64()
+        self.meta.unseen_since(cutoff) && self.words().full(now)
+    }
+}
+
+impl BucketKey {
+    fn words(&self) -> gcra::Words<'_> {
+        gcra::Words {
+            tat: &self.tat,
+            emission_ns: &self.emission_ns,
+            capacity: &self.capacity,
+        }
     }
 }
 

@@ -18,12 +18,13 @@
 //!
 //! A request that races with a limit change (a rare event: at most once per
 //! controller step) is charged at either the old or the new rate. A token bucket's
-//! rate, capacity and tokens are three words: a change marks the tokens' word while it
-//! rewrites them, and a decision reads the rate again after the other two, so no
-//! decision mixes one change's rate with another capacity, or new parameters with
-//! tokens not yet rescaled (a loom model of a change racing a decision on an empty
-//! bucket, lowering and raising, admitted before this; the second read costs about
-//! 0.4 ns a decision).
+//! rate, capacity and tokens are three words: a change marks the tokens' word and
+//! leaves the old rate and capacity in a note while it rewrites them, and a decision
+//! that finds the mark reads the note, so no decision mixes one change's rate with
+//! another capacity, or new parameters with tokens not yet rescaled (a loom model of
+//! a change racing a decision on an empty bucket, lowering and raising, admitted
+//! before the mark), and none waits for a change to end: decisions are lock-free
+//! (the docs of the private `gcra` module say how).
 //!
 //! ```
 //! use rocgate::clock::Nanos;
@@ -390,7 +391,7 @@ impl TokenBucket {
         let burst_ms = gcra::burst_ms(burst);
         let (t, capacity) = gcra::params(limit, burst_ms);
         TokenBucket {
-            tat: AtomicU64::new(now.as_u64()),
+            tat: AtomicU64::new(gcra::full_at(now)),
             emission_ns: AtomicU64::new(t),
             capacity: AtomicU32::new(capacity),
             burst_ms,
@@ -417,6 +418,16 @@ impl TokenBucket {
     /// Changes rate and capacity, keeping the tokens there are (clamped to the new capacity).
     pub fn set_limit(&self, limit: f64, now: Nanos) {
         self.words().set(gcra::params(limit, self.burst_ms), now);
+    }
+
+    /// [`set_limit`](Self::set_limit), calling `midway` half-way through the change
+    /// (the tokens' word marked, the new rate not yet written). Only in the
+    /// model-checking build, whose models hold a change there (`tests/loom.rs`).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn set_limit_midway(&self, limit: f64, now: Nanos, midway: impl FnOnce()) {
+        self.words()
+            .set_midway(gcra::params(limit, self.burst_ms), now, midway);
     }
 
     /// Leaves at most `tokens` tokens in the bucket at `now` (none if `tokens` is not
@@ -457,13 +468,61 @@ impl TokenBucket {
     }
 }
 
-/// GCRA on one TAT word, with the emission interval `t` and the capacity passed in:
+/// GCRA on one TAT word, with the emission interval `t` and the capacity beside it:
 /// the arithmetic of [`TokenBucket`], shared with the engine's per-key buckets, which
 /// keep the same words beside their own bookkeeping.
+///
+/// # Limit changes that no decision waits for
+///
+/// A bucket's rate, capacity and tokens are three words, and a change
+/// ([`Words::set`]) rewrites all three. A decision must never mix one change's rate
+/// with another capacity, nor new parameters with tokens not yet rescaled (an empty
+/// bucket lowered from 4/s to 1/s, one second's burst, would admit); nor may it wait
+/// for a change, or a change preempted half-way would stall every decision on its
+/// bucket until the change ran again.
+///
+/// The TAT word holds, above the TAT itself (59 bits), a 4-bit count of the changes
+/// the bucket has been through and a [`CHANGING`] mark. A change:
+/// 1. takes the [`Note`] its bucket's address hashes to (changes of one bucket take
+///    turns, and so do changes of buckets that share a note; decisions never take
+///    it), and writes into it the rate and capacity it is about to replace;
+/// 2. marks the TAT word [`CHANGING`], leaving the TAT as it is;
+/// 3. writes the new rate, then the new capacity;
+/// 4. swaps the marked word for the TAT rescaled to the new parameters, unmarked, with
+///    the count one higher (a compare-exchange loop: decisions may take tokens
+///    meanwhile);
+/// 5. gives the note back.
+///
+/// A decision loads the TAT word first. Unmarked, the rate and capacity words go with
+/// the TAT; marked, the note holds the rate and capacity the TAT is still scaled to
+/// (a decision during a change is charged at the old rate, as one just before it). It
+/// admits only by a compare-exchange expecting the very word it loaded, count and
+/// mark included, and rejects, lowers nothing or reports a level only if a second
+/// load still finds that word. A parameter it read that was written later than the
+/// word it loaded (a new rate or capacity, or a note's values from a later change)
+/// was written after that word had moved on: steps 2 and 4 come first in the
+/// changing thread, parameters are written with `Release` and read with `Acquire`.
+/// So its exchange fails, or its second load differs, and it reads again: a decision
+/// retries because a change moved on, never waits for one to.
+///
+/// The count keeps a word from coming back. Without it, a change that leaves the TAT
+/// as it found it (a full bucket stays full; an empty one stays empty at the same τ,
+/// as from 4/s to 1/s with one second's burst) would let a decision that read the old
+/// rate and the new capacity pass its exchange. With it, the word comes back only
+/// after 16 changes of the same bucket, one after another, between two loads of one
+/// decision (tens of nanoseconds, unless its thread is descheduled meanwhile), and
+/// with the TAT where it was. A bucket changes at most once per controller slot, and
+/// per admin update or reload (a key's bucket when a request finds its route's limit
+/// changed), so this takes a thread descheduled across 16 limit changes; even then
+/// one decision is charged with the parameters it read, and the next reads afresh.
+///
+/// The TAT counts up to 2^59 ns (18.3 years) and τ is at most 2^57 ns (4.6 years):
+/// a bucket holds `now` at 2^59 − 2^57 ns (13.7 years; the clock counts from the
+/// process's start), past which it no longer refills.
 pub(crate) mod gcra {
     use super::{interval_ns, Level};
     use crate::clock::Nanos;
-    use crate::sync::{AtomicU32, AtomicU64, Ordering};
+    use crate::sync::{spin_wait, AtomicU32, AtomicU64, Ordering};
     use std::time::Duration;
 
     /// A burst kept to the millisecond in 32 bits (49 days).
@@ -475,25 +534,120 @@ pub(crate) mod gcra {
     /// hair below a whole number is that number, as a window's quota is
     /// ([`words::quota`](super::words::quota)): 1,000 per 1.1 s, written as
     /// 909.090909090909 req/s, comes out of the float product as 999.9999999999999
-    /// and holds 1,000 tokens.
+    /// and holds 1,000 tokens. The interval is at most the most τ may be, so that a
+    /// full bucket admits one request even at a limit of zero (and then waits 4.6
+    /// years).
     pub(crate) fn params(limit: f64, burst_ms: u32) -> (u64, u32) {
         let capacity = (limit * f64::from(burst_ms) / 1e3 + 1e-6)
             .floor()
             .clamp(1.0, f64::from(u32::MAX));
-        (interval_ns(limit), capacity as u32)
+        (interval_ns(limit).min(TAU_MAX), capacity as u32)
+    }
+
+    /// Bits of a TAT word that hold the TAT.
+    const TAT_BITS: u32 = 59;
+    /// The TAT in a TAT word.
+    const TAT: u64 = (1 << TAT_BITS) - 1;
+    /// One change in the count above the TAT.
+    const ONE_CHANGE: u64 = 1 << TAT_BITS;
+    /// The count of changes in a TAT word (4 bits, wrapping).
+    const COUNT: u64 = 0b1111 << TAT_BITS;
+    /// The top bit of a TAT word: set while a change rewrites the rate and capacity,
+    /// which the bucket's [`Note`] then holds for decisions (see the module docs).
+    const CHANGING: u64 = 1 << 63;
+    /// The most τ may be (4.6 years).
+    const TAU_MAX: u64 = 1 << 57;
+    /// The latest `now` a bucket sees: its TAT, at most `now + τ`, fits in [`TAT`].
+    const NOW_MAX: u64 = TAT - TAU_MAX;
+
+    /// `now` as a bucket sees it (held at [`NOW_MAX`]).
+    #[inline]
+    fn clamped(now: Nanos) -> u64 {
+        now.as_u64().min(NOW_MAX)
+    }
+
+    /// The TAT word of a bucket that is full at `now`.
+    pub(crate) fn full_at(now: Nanos) -> u64 {
+        clamped(now)
     }
 
     /// Tolerance τ = capacity × T.
     #[inline]
     fn tolerance(t: u64, capacity: u32) -> u64 {
-        t.saturating_mul(u64::from(capacity)).min(u64::MAX / 4)
+        t.saturating_mul(u64::from(capacity)).min(TAU_MAX)
     }
 
-    /// The top bit of a TAT word: set while a limit change rewrites the bucket, whose
-    /// rate, capacity and tokens are three words ([`Words::set`]); a decision waits
-    /// for it to end. A TAT never reaches it otherwise: it is at most `now` plus τ (at
-    /// most 2^62 ns), and `now` counts from the process's start.
-    const CHANGING: u64 = 1 << 63;
+    /// Where a change leaves, for the decisions it overlaps, the rate and capacity it
+    /// replaces; held by one change at a time (see the module docs).
+    struct Note {
+        /// 1 while a change holds the note.
+        held: AtomicU32,
+        /// The capacity the holding change replaces.
+        capacity: AtomicU32,
+        /// The emission interval the holding change replaces.
+        emission_ns: AtomicU64,
+    }
+
+    /// Bits of a bucket's address hash that pick its note: 64 notes, 1 KiB in all
+    /// (2 under loom, so that the models' buckets may share one).
+    const NOTE_BITS: u32 = if cfg!(loom) { 1 } else { 6 };
+
+    #[cfg(not(loom))]
+    static NOTES: [Note; 1 << NOTE_BITS] = [const {
+        Note {
+            held: AtomicU32::new(0),
+            capacity: AtomicU32::new(0),
+            emission_ns: AtomicU64::new(0),
+        }
+    }; 1 << NOTE_BITS];
+    // Loom's atomics have no `const fn new`; its statics start afresh in each execution.
+    #[cfg(loom)]
+    loom::lazy_static! {
+        static ref NOTES: [Note; 1 << NOTE_BITS] = std::array::from_fn(|_| Note {
+            held: AtomicU32::new(0),
+            capacity: AtomicU32::new(0),
+            emission_ns: AtomicU64::new(0),
+        });
+    }
+
+    impl Note {
+        /// The note of the bucket whose TAT word is `tat`, by its address (which does
+        /// not change while a change or a decision borrows the bucket).
+        fn of(tat: &AtomicU64) -> &'static Note {
+            let addr = std::ptr::from_ref(tat) as usize as u64;
+            let i = (addr >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - NOTE_BITS);
+            &NOTES[i as usize]
+        }
+
+        /// Takes the note, after any change that holds it.
+        fn take(&self) {
+            let mut turns = 0;
+            while self
+                .held
+                .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                spin_wait(&mut turns);
+            }
+        }
+
+        /// Lets the next change take the note.
+        fn give_back(&self) {
+            self.held.store(0, Ordering::Release);
+        }
+    }
+
+    /// The rate and capacity a change left in the note of the bucket whose TAT word
+    /// is `tat`. Out of line: the decisions that overlap a change are rare.
+    #[cold]
+    #[inline(never)]
+    fn noted(tat: &AtomicU64) -> (u64, u32) {
+        let note = Note::of(tat);
+        (
+            note.emission_ns.load(Ordering::Acquire),
+            note.capacity.load(Ordering::Acquire),
+        )
+    }
 
     /// The words of one bucket: its TAT, emission interval and capacity.
     #[derive(Clone, Copy)]
@@ -504,47 +658,50 @@ pub(crate) mod gcra {
     }
 
     impl Words<'_> {
-        /// The TAT with the rate and capacity it goes with: never a change's new rate
-        /// beside the old capacity, nor new parameters beside tokens not yet rescaled.
-        ///
-        /// A change ([`Words::set`]) marks the TAT [`CHANGING`], writes the rate, then
-        /// the capacity (each with `Release`), then the rescaled TAT. The rate is read
-        /// before the TAT and again after the capacity, and must not have moved: a new
-        /// rate read first brings the change's mark (or its end, and with it the new
-        /// capacity) to the TAT read after it; a new capacity read after an old rate
-        /// brings the new rate to the second read of it. A TAT read before a change
-        /// began goes with the old parameters, and if the change ends before the
-        /// decision's exchange, the exchange fails on the TAT it moved, or (the change
-        /// having left the TAT as it was) the decision is charged at the old rate, as if
-        /// it came just before the change.
+        /// The TAT word as loaded, its TAT, and the rate and capacity the TAT is scaled
+        /// to: the rate and capacity words, or a changing bucket's note. Never waits;
+        /// the caller acts on them only if the word is still the one loaded (see the
+        /// module docs).
         #[inline]
-        fn read(self) -> (u64, u64, u32) {
-            let mut turns = 0;
-            loop {
-                let t = self.emission_ns.load(Ordering::Acquire);
-                let tat = self.tat.load(Ordering::Acquire);
-                let capacity = self.capacity.load(Ordering::Acquire);
-                if tat & CHANGING == 0 && self.emission_ns.load(Ordering::Acquire) == t {
-                    return (tat, t, capacity);
-                }
-                wait_for_change(&mut turns);
-            }
+        fn read(self) -> (u64, u64, u64, u32) {
+            let word = self.tat.load(Ordering::Acquire);
+            let (t, capacity) = if word & CHANGING == 0 {
+                (
+                    self.emission_ns.load(Ordering::Acquire),
+                    self.capacity.load(Ordering::Acquire),
+                )
+            } else {
+                noted(self.tat)
+            };
+            (word, word & TAT, t, capacity)
+        }
+
+        /// Whether the TAT word is still `word`, for a decision that writes nothing.
+        #[inline]
+        fn still(self, word: u64) -> bool {
+            self.tat.load(Ordering::Relaxed) == word
         }
 
         /// Takes one token at `now`: `Ok`, or the nanoseconds until one will be there.
         #[inline]
         pub(crate) fn take(self, now: Nanos) -> Result<(), u64> {
-            let now = now.as_u64();
+            let now = clamped(now);
             loop {
-                let (seen, t, capacity) = self.read();
+                let (word, tat, t, capacity) = self.read();
                 let tau = tolerance(t, capacity);
-                let next = seen.max(now) + t;
+                let next = tat.max(now) + t;
                 if next - now > tau {
-                    return Err(next - tau - now);
+                    if self.still(word) {
+                        return Err(next - tau - now);
+                    }
+                    continue;
                 }
+                // The word with its TAT moved to `next` (never back: `next` is later),
+                // count and mark kept.
+                let moved = word + (next - tat);
                 if self
                     .tat
-                    .compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Relaxed)
+                    .compare_exchange_weak(word, moved, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
                     return Ok(());
@@ -553,32 +710,42 @@ pub(crate) mod gcra {
         }
 
         /// Changes the emission interval and capacity to `(t2, c2)` as of `now`,
-        /// keeping the tokens there are (clamped to the new capacity). The TAT is
-        /// marked [`CHANGING`] meanwhile (see [`Words::read`]); two changes take turns.
-        pub(crate) fn set(self, (t2, c2): (u64, u32), now: Nanos) {
-            let (mut seen, mut turns) = (self.tat.load(Ordering::Relaxed), 0);
+        /// keeping the tokens there are (clamped to the new capacity). Decisions go on
+        /// meanwhile at the old rate; two changes of one bucket take turns (see the
+        /// module docs).
+        pub(crate) fn set(self, new: (u64, u32), now: Nanos) {
+            self.set_midway(new, now, || {});
+        }
+
+        /// [`Words::set`], calling `midway` once the TAT word is marked, before the new
+        /// rate is written: the model checks hold a change there.
+        pub(crate) fn set_midway(self, (t2, c2): (u64, u32), now: Nanos, midway: impl FnOnce()) {
+            let now = clamped(now);
+            let note = Note::of(self.tat);
+            note.take();
+            // Only a change that holds the bucket's note writes its rate and capacity.
+            let t1 = self.emission_ns.load(Ordering::Relaxed);
+            let c1 = self.capacity.load(Ordering::Relaxed);
+            note.emission_ns.store(t1, Ordering::Release);
+            note.capacity.store(c1, Ordering::Release);
+            let mut seen = self.tat.fetch_or(CHANGING, Ordering::Release) | CHANGING;
+            midway();
+            self.emission_ns.store(t2, Ordering::Release);
+            self.capacity.store(c2, Ordering::Release);
             loop {
-                if seen & CHANGING != 0 {
-                    wait_for_change(&mut turns);
-                    seen = self.tat.load(Ordering::Relaxed);
-                    continue;
-                }
+                let count = (seen & COUNT).wrapping_add(ONE_CHANGE) & COUNT;
+                let next = count | rescaled(seen & TAT, (t1, c1), (t2, c2), now);
                 match self.tat.compare_exchange_weak(
                     seen,
-                    seen | CHANGING,
-                    Ordering::Acquire,
+                    next,
+                    Ordering::Release,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => break,
                     Err(current) => seen = current,
                 }
             }
-            let t1 = self.emission_ns.load(Ordering::Relaxed);
-            let c1 = self.capacity.load(Ordering::Relaxed);
-            self.emission_ns.store(t2, Ordering::Release);
-            self.capacity.store(c2, Ordering::Release);
-            self.tat
-                .store(rescaled(seen, (t1, c1), (t2, c2), now), Ordering::Release);
+            note.give_back();
         }
 
         /// Leaves at most `tokens` tokens (at least none) at `now`: moves the TAT
@@ -586,17 +753,26 @@ pub(crate) mod gcra {
         /// already later is left as it is, without a write.
         #[inline]
         pub(crate) fn lower_to(self, tokens: f64, now: Nanos) {
+            let now = clamped(now);
             loop {
-                let (seen, t, capacity) = self.read();
+                let (word, tat, t, capacity) = self.read();
                 let tau = tolerance(t, capacity);
                 // `max` maps NaN to 0: an unreadable level lowers to empty, never refills.
                 let kept = ((tokens.max(0.0) * t as f64) as u64).min(tau);
-                let floor = now.as_u64() + (tau - kept);
-                if seen >= floor
-                    || self
-                        .tat
-                        .compare_exchange_weak(seen, floor, Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
+                let floor = now + (tau - kept);
+                if tat >= floor {
+                    if self.still(word) {
+                        return;
+                    }
+                } else if self
+                    .tat
+                    .compare_exchange_weak(
+                        word,
+                        (word & !TAT) | floor,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
                 {
                     return;
                 }
@@ -605,34 +781,37 @@ pub(crate) mod gcra {
 
         /// Tokens left at `now` and the capacity.
         pub(crate) fn level(self, now: Nanos) -> Level {
-            let (tat, t, capacity) = self.read();
-            let tau = tolerance(t, capacity);
-            let backlog = tat.saturating_sub(now.as_u64());
-            Level {
-                value: tau.saturating_sub(backlog) as f64 / t as f64,
-                capacity: f64::from(capacity),
+            let now = clamped(now);
+            loop {
+                let (word, tat, t, capacity) = self.read();
+                if self.still(word) {
+                    let tau = tolerance(t, capacity);
+                    let backlog = tat.saturating_sub(now);
+                    return Level {
+                        value: tau.saturating_sub(backlog) as f64 / t as f64,
+                        capacity: f64::from(capacity),
+                    };
+                }
             }
         }
-    }
 
-    /// Waits a moment for a limit change to end (a few stores). Out of line: the
-    /// decisions that meet one are rare.
-    #[cold]
-    #[inline(never)]
-    fn wait_for_change(turns: &mut u32) {
-        crate::sync::spin_wait(turns);
+        /// Whether the bucket is full at `now`, with no change under way: a new
+        /// bucket would start where it stands.
+        pub(crate) fn full(self, now: Nanos) -> bool {
+            let word = self.tat.load(Ordering::Relaxed);
+            word & CHANGING == 0 && word & TAT <= clamped(now)
+        }
     }
 
     /// The TAT that keeps the tokens a TAT of `tat` holds at `now` under `(t1, c1)`
     /// (clamped to the new capacity) under `(t2, c2)`.
-    fn rescaled(tat: u64, (t1, c1): (u64, u32), (t2, c2): (u64, u32), now: Nanos) -> u64 {
-        let now = now.as_u64();
+    fn rescaled(tat: u64, (t1, c1): (u64, u32), (t2, c2): (u64, u32), now: u64) -> u64 {
         let (tau1, tau2) = (tolerance(t1, c1), tolerance(t2, c2));
         let backlog = tat.saturating_sub(now);
         let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
         let kept = tokens.min(f64::from(c2));
-        // Bounded in integers: `tau2 as f64` may round above `tau2` (2^62 for
-        // 2^62 - 1), and the subtraction would go below zero.
+        // Bounded in integers: `tau2 as f64` may round above `tau2`, and the
+        // subtraction would go below zero.
         now + tau2 - ((kept * t2 as f64) as u64).min(tau2)
     }
 }
@@ -1407,6 +1586,62 @@ mod tests {
         b.set_limit(60.0, ms(0));
         let n = (0..300).filter(|_| admitted(b.check(ms(0)))).count();
         assert_eq!(n, 60);
+    }
+
+    #[test]
+    fn a_decision_midway_through_a_change_goes_on_at_the_old_rate() {
+        // 10 req/s, 10 tokens, 4 taken. A change to 2/s (capacity 2) is held half-way,
+        // its tokens' word marked: decisions meanwhile neither wait nor see the new
+        // rate, and the change then keeps the half token they left.
+        let b = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+        for _ in 0..4 {
+            assert!(admitted(b.check(ms(0))));
+        }
+        b.words()
+            .set_midway(gcra::params(2.0, b.burst_ms), ms(0), || {
+                let level = b.level(ms(0));
+                assert_eq!((level.value, level.capacity), (6.0, 10.0));
+                for _ in 0..5 {
+                    assert!(admitted(b.check(ms(0))));
+                }
+                b.lower_to(0.5, ms(0));
+                assert_eq!(b.level(ms(0)).value, 0.5);
+                let r = b.check(ms(0)).rejection().unwrap();
+                assert_eq!(r.retry_after, Duration::from_millis(50));
+            });
+        // Half a token at 10/s is half a token at 2/s: 250 ms to the next.
+        let level = b.level(ms(0));
+        assert_eq!((level.value, level.capacity), (0.5, 2.0));
+        let r = b.check(ms(0)).rejection().unwrap();
+        assert_eq!(r.retry_after, Duration::from_millis(250));
+        assert!(admitted(b.check(ms(250))));
+    }
+
+    #[test]
+    fn tokens_survive_the_change_count_wrapping() {
+        // The TAT word counts changes in 4 bits: 40 changes wrap it twice.
+        let b = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+        for _ in 0..3 {
+            assert!(admitted(b.check(ms(0))));
+        }
+        for i in 0..40 {
+            b.set_limit(if i % 2 == 0 { 20.0 } else { 10.0 }, ms(0));
+            let level = b.level(ms(0));
+            assert!((level.value - 7.0).abs() < 1e-6, "change {i}: {level:?}");
+        }
+        let n = (0..20).filter(|_| admitted(b.check(ms(0)))).count();
+        assert_eq!(n, 7);
+        // Refilled, it reads as full to the key table's sweep, count and all.
+        assert!(!b.words().full(ms(999)));
+        assert!(b.words().full(ms(1_000)));
+    }
+
+    #[test]
+    fn a_bucket_at_a_limit_of_zero_admits_one_then_waits_the_most_tau_allows() {
+        let b = TokenBucket::new(0.0, Duration::from_secs(1), ms(0));
+        assert!(admitted(b.check(ms(0))));
+        let r = b.check(ms(0)).rejection().unwrap();
+        assert_eq!(r.retry_after, Duration::from_nanos(1 << 57));
     }
 
     #[test]

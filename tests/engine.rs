@@ -1284,3 +1284,30 @@ fn an_event_that_keeps_the_limit_but_moves_the_cut_moves_tier_keys_at_once() {
     let got = e.key_limit_rps(id, gold);
     assert!((got - expected).abs() < 1e-9, "{got}, expected {expected}");
 }
+
+/// A token-bucket key whose limit changed (its TAT word then counts the change above
+/// the TAT) is still evicted once idle and full, as one whose limit never changed.
+#[test]
+fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
+    let mut cfg = RouteConfig::new("ip-limit-changed", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        max_keys: 100,
+        idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
+    });
+    cfg.controller.base_limit_rps = 5.0;
+    cfg.controller.cut_limit_rps = 5.0;
+    let e = engine(vec![cfg]);
+    let id = RouteId(0);
+    assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
+    let mut params = e.route_params(id);
+    params.base_limit_rps = 10.0;
+    params.cut_limit_rps = 10.0;
+    e.update_route(id, params, Nanos::from_secs(1));
+    // The key's next request catches up with the new limit.
+    assert!(e.check(id, ip(1), Nanos::from_secs(1)).is_admit());
+    assert_eq!(e.key_limit_rps(id, ip(1)), 10.0);
+    // 30 s later, idle and full, it is swept at the next rollover.
+    assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 1);
+}

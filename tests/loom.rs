@@ -14,7 +14,7 @@
 #![cfg(loom)]
 
 use loom::future::block_on;
-use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use rocgate::clock::Nanos;
@@ -241,6 +241,43 @@ fn token_bucket_limit_change_never_refills_an_empty_bucket() {
             let admitted = decision.join().expect("the decision");
             assert!(!admitted, "{from} → {to}: an empty bucket admitted");
             assert_eq!(bucket.level(Nanos::ZERO).value, 0.0, "{from} → {to}");
+        });
+    }
+}
+
+/// A change held half-way (its thread stopped once it has marked the tokens' word,
+/// until the decision is done) does not hold up a decision on the bucket: the
+/// decision ends, charged at the old rate, and the change then keeps what it left.
+/// Lowering 4/s to 1/s (one second's burst) with one token left, the decision takes
+/// it (at either rate) and the bucket ends empty; with none left, it is refused.
+/// When a decision waited for a change to end, the two threads waited for each other
+/// and loom stopped the model ("Model exceeded maximum number of branches").
+#[test]
+fn token_bucket_decision_never_waits_for_a_change() {
+    for left in [1, 0] {
+        check(move || {
+            let bucket = Arc::new(TokenBucket::new(4.0, Duration::from_secs(1), Nanos::ZERO));
+            for _ in left..4 {
+                assert!(bucket.check(Nanos::ZERO).is_admit());
+            }
+            let done = Arc::new(AtomicBool::new(false));
+            let decision = {
+                let (b, done) = (Arc::clone(&bucket), Arc::clone(&done));
+                thread::spawn(move || {
+                    let admitted = b.check(Nanos::ZERO).is_admit();
+                    done.store(true, Ordering::Release);
+                    admitted
+                })
+            };
+            bucket.set_limit_midway(1.0, Nanos::ZERO, || {
+                while !done.load(Ordering::Acquire) {
+                    thread::yield_now();
+                }
+            });
+            let admitted = decision.join().expect("the decision");
+            assert_eq!(admitted, left == 1, "{left} token(s) left");
+            let level = bucket.level(Nanos::ZERO);
+            assert_eq!((level.value, level.capacity), (0.0, 1.0), "{left} left");
         });
     }
 }
