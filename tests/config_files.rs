@@ -970,7 +970,8 @@ fn store_section() {
     let text = route(
         "[store]\nbackend = \"redis\"\nurl = \"redis://10.0.0.5:6380\"\ntimeout = \"20ms\"\n\
          key_prefix = \"shop-eu\"\nfail_mode = \"closed\"\nmode = \"batched\"\nheartbeat = \"2s\"\n\
-         failures_to_open = 5\nprobe_interval = \"1s\"\nkey_ttl = \"1h\"\ninstance_id = \"gw-1\"",
+         failures_to_open = 5\nprobe_interval = \"1s\"\nkey_ttl = \"1h\"\ninstance_id = \"gw-1\"\n\
+         expected_instances = 12",
     );
     let c = Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -986,6 +987,7 @@ fn store_section() {
             probe_interval: Duration::from_secs(1),
             key_ttl: Duration::from_secs(3600),
             instance_id: Some("gw-1".into()),
+            expected_instances: 12,
         })
     );
     // Defaults when only the backend is given.
@@ -998,6 +1000,10 @@ fn store_section() {
             "redis://cache:6379".to_owned(),
         ),
         ("ROCGATE__STORE__TIMEOUT".to_owned(), "30ms".to_owned()),
+        (
+            "ROCGATE__STORE__EXPECTED_INSTANCES".to_owned(),
+            "8".to_owned(),
+        ),
     ];
     let text = route("[store]\nbackend = \"redis\"");
     let c = Config::from_toml_str_with_env(&text, "store.toml", env).unwrap();
@@ -1005,10 +1011,11 @@ fn store_section() {
         panic!("redis");
     };
     assert_eq!(
-        (r.servers, r.timeout),
+        (r.servers, r.timeout, r.expected_instances),
         (
             RedisServers::Single("redis://cache:6379".into()),
-            Duration::from_millis(30)
+            Duration::from_millis(30),
+            8
         )
     );
 
@@ -1086,6 +1093,26 @@ fn store_section() {
         "must be from 1",
     );
     refused(&redis("key_ttl = \"10ms\""), "store.key_ttl", "at least 1s");
+    refused(
+        &redis("expected_instances = 0"),
+        "store.expected_instances",
+        "must be from 1 to 65535, got 0",
+    );
+    refused(
+        &redis("expected_instances = 70000"),
+        "store.expected_instances",
+        "must be from 1 to 65535, got 70000",
+    );
+    refused(
+        &redis("expected_instances = 2.5"),
+        "store.expected_instances",
+        "",
+    );
+    refused(
+        &route("[store]\nexpected_instances = 4"),
+        "store.expected_instances",
+        "only applies with backend = \"redis\"",
+    );
     refused(
         &redis("instance_id = \" \""),
         "store.instance_id",

@@ -17,7 +17,7 @@ use rocgate::controller::{ControllerState, TransitionCounts};
 use rocgate::engine::{Engine, Key, RouteId};
 use rocgate::limiter::{Algorithm, Reason, Rejection};
 use rocgate::store::redis::{RedisStore, StoreMode};
-use rocgate::store::{RedisConfig, RedisServers};
+use rocgate::store::{RedisConfig, RedisServers, SyncMode};
 use rocgate::window::WindowSpec;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -1430,6 +1430,37 @@ async fn fail_modes_open_and_closed() {
     drop(server);
 }
 
+/// A fleet (re)started while Redis is unreachable (a deploy during the incident): no
+/// instance has counted the others, so each assumes `expected_instances` and admits
+/// its share of the limit, not the whole limit each, in exact and in batched mode.
+/// Redis is a loopback port with nothing listening; the engine's clock is manual, so
+/// the counts are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_never_reached_redis_admits_its_expected_share() {
+    let _serial = one_at_a_time().await;
+    let port = free_ports(1)[0];
+    // 100 req/s with 2 s of burst, over 4 expected instances: 50 tokens, then 25/s.
+    let route = route(100.0, Duration::from_secs(2));
+    for mode in [SyncMode::Exact, SyncMode::Batched] {
+        let config = RedisConfig {
+            servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
+            key_prefix: "unreached".into(),
+            mode,
+            expected_instances: 4,
+            ..RedisConfig::default()
+        };
+        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+        let a = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
+        assert_eq!(a.offer(200).await, 50, "{mode:?}: the first burst");
+        for second in 1..=3 {
+            clock.advance(Duration::from_secs(1));
+            assert_eq!(a.offer(100).await, 25, "{mode:?}: second {second}");
+        }
+        assert_eq!(a.store.beat().await, None, "{mode:?}: nothing listens");
+        assert_eq!(a.store.instances(), 4, "{mode:?}");
+    }
+}
+
 /// A backend under test: the local engine or the Redis store, both on the real clock
 /// (Redis reads its own; a manual clock cannot move it), driven by the same code.
 enum Backend {
@@ -1706,15 +1737,106 @@ async fn behave_alike(server: &impl Servers) {
 /// `rocgate serve` with `[store] backend = "redis"`: two proxies in front of one
 /// upstream share one bucket, and each reports its store mode on `/metrics`.
 #[cfg(feature = "proxy")]
+/// An HTTP/1.1 client connection to `addr`.
+async fn connect(
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// The body of `GET path` on an admin connection.
+async fn get(
+    admin: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+    path: &str,
+) -> String {
+    use http_body_util::BodyExt;
+    let req = http::Request::get(path)
+        .header("host", "admin")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    admin.ready().await.unwrap();
+    let body = admin.send_request(req).await.unwrap().into_body().collect();
+    String::from_utf8(body.await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+/// `rocgate serve` started while its Redis is unreachable (a loopback port with
+/// nothing listening), told to expect 4 instances: over HTTP it admits a quarter of
+/// the route's burst, not all of it, and `GET /admin/store` and `/metrics` say how
+/// many instances it assumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
+    let _serial = one_at_a_time().await;
+    use http_body_util::{BodyExt, Empty};
+    use rocgate::proxy::Proxy;
+    use rocgate::store::StoreConfig;
+
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    let upstream_task = tokio::spawn(async move { axum::serve(upstream, app).await });
+
+    // 100 tokens refilling at 1/s: a quarter is 25 tokens refilling at 0.25/s.
+    let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
+    let port = free_ports(1)[0];
+    config.store = StoreConfig::Redis(RedisConfig {
+        servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
+        key_prefix: "unreached-serve".into(),
+        expected_instances: 4,
+        ..RedisConfig::default()
+    });
+    let proxy = Proxy::bind(proxy_settings(upstream_addr), &config, None)
+        .await
+        .unwrap();
+    let (addr, admin_addr) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    let mut client = connect(addr).await;
+    let mut statuses = std::collections::BTreeMap::new();
+    for _ in 0..100 {
+        client.ready().await.unwrap();
+        let req = http::Request::post("/api/order")
+            .header("host", "shop.example")
+            .body(Empty::new())
+            .unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        *statuses.entry(res.status().as_u16()).or_insert(0) += 1;
+        let _ = res.into_body().collect().await;
+    }
+    let admitted = statuses.get(&200).copied().unwrap_or(0);
+    // The burst, and at most one token refilled while the requests ran.
+    assert!((25..=26).contains(&admitted), "{statuses:?}");
+    assert_eq!(statuses.get(&429).copied().unwrap_or(0), 100 - admitted);
+
+    let mut admin = connect(admin_addr).await;
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+    assert_eq!(status["mode"], "fallback_local", "{status}");
+    assert_eq!(status["instances"], 4, "{status}");
+    assert_eq!(status["expected_instances"], 4, "{status}");
+    let text = get(&mut admin, "/metrics").await;
+    assert!(text.contains("rocgate_store_instances 4"), "{text}");
+    let _ = stop.send(());
+    run.await.unwrap().unwrap();
+    upstream_task.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_share_one_limit() {
     let _serial = one_at_a_time().await;
     use http_body_util::{BodyExt, Empty};
-    use hyper::body::Bytes;
-    use hyper_util::rt::TokioIo;
     use rocgate::proxy::Proxy;
     use rocgate::store::StoreConfig;
-    use std::net::SocketAddr;
 
     let server = RedisServer::start().await;
     let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1738,27 +1860,6 @@ async fn two_proxies_share_one_limit() {
                 let _ = stopped.await;
             })),
         ));
-    }
-    async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        sender
-    }
-    /// The body of `GET path` on an admin connection.
-    async fn get(
-        admin: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
-        path: &str,
-    ) -> String {
-        let req = http::Request::get(path)
-            .header("host", "admin")
-            .body(Empty::new())
-            .unwrap();
-        admin.ready().await.unwrap();
-        let body = admin.send_request(req).await.unwrap().into_body().collect();
-        String::from_utf8(body.await.unwrap().to_bytes().to_vec()).unwrap()
     }
     let mut clients = Vec::new();
     for (addr, _) in &addrs {

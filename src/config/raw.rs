@@ -62,6 +62,7 @@ struct RawStore {
     probe_interval: Option<String>,
     key_ttl: Option<String>,
     instance_id: Option<String>,
+    expected_instances: Option<Whole>,
 }
 
 /// `store.cluster_nodes`: a list of URLs, or one string of comma-separated URLs (as an
@@ -1908,6 +1909,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         ("probe_interval", raw.probe_interval.is_some()),
         ("key_ttl", raw.key_ttl.is_some()),
         ("instance_id", raw.instance_id.is_some()),
+        ("expected_instances", raw.expected_instances.is_some()),
     ];
     match backend {
         None | Some("local") => {
@@ -2031,6 +2033,16 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
             _ => Err(format!("must be from 1 to {}, got {}", u32::MAX, n.0)),
         };
         field(p, "failures_to_open", checked);
+    }
+    if let Some(n) = raw.expected_instances {
+        let checked = match u16::try_from(n.0) {
+            Ok(n) if n >= 1 => {
+                out.expected_instances = n;
+                Ok(())
+            }
+            _ => Err(format!("must be from 1 to {}, got {}", u16::MAX, n.0)),
+        };
+        field(p, "expected_instances", checked);
     }
     if let Some(id) = raw.instance_id {
         let checked = if id.trim().is_empty() || id.len() > 128 {

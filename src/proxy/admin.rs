@@ -408,6 +408,7 @@ async fn store(State(state): State<AdminState>) -> Json<Value> {
             "mode": store.mode().as_str(),
             "instance_id": store.instance_id(),
             "instances": store.instances(),
+            "expected_instances": store.expected_instances(),
             "fallback_decisions": store.fallback_decisions(),
             "routes": routes,
         }));

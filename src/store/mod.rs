@@ -62,6 +62,10 @@ pub struct RedisConfig {
     pub key_ttl: Duration,
     /// This instance's name in the heartbeat set; a random one when unset.
     pub instance_id: Option<String>,
+    /// The live instances this one assumes until a heartbeat has counted them (its
+    /// share is the shared limit ÷ this): bounds what a fleet started while Redis is
+    /// unreachable admits. Not a floor: once counted, the count is the heartbeat's.
+    pub expected_instances: u16,
 }
 
 impl Default for RedisConfig {
@@ -77,6 +81,7 @@ impl Default for RedisConfig {
             probe_interval: Duration::from_millis(250),
             key_ttl: Duration::from_secs(600),
             instance_id: None,
+            expected_instances: 1,
         }
     }
 }

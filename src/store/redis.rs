@@ -540,7 +540,8 @@ struct Inner {
     /// Held while a route's mode changes: `fallen`, the routes' flags and
     /// `rocgate_store_mode` change together.
     changing: Mutex<()>,
-    /// Live instances as last counted, in the low 16 bits, under the sequence number
+    /// Live instances as last counted (`expected_instances` before any beat counted
+    /// them), in the low 16 bits, under the sequence number
     /// of the beat that counted them: answers of overlapping beats (the background
     /// one and an explicit [`RedisStore::beat`]) can arrive out of order, and only the
     /// newest beat's count is kept (`fetch_max`).
@@ -628,7 +629,8 @@ impl RedisStore {
             clock,
             fallen: AtomicUsize::new(0),
             changing: Mutex::new(()),
-            instances: AtomicU64::new(1),
+            // Beat 0's count: what this instance assumes until a beat counts.
+            instances: AtomicU64::new(u64::from(config.expected_instances)),
             beats: AtomicU64::new(0),
             heard: AtomicU8::new(UNHEARD),
             routes: DashMap::new(),
@@ -641,6 +643,7 @@ impl RedisStore {
             left: AtomicBool::new(false),
         });
         publish_mode(StoreMode::Shared);
+        metrics::gauge!(metric::STORE_INSTANCES).set(f64::from(config.expected_instances));
         tokio::spawn(heartbeat(Arc::downgrade(&inner)));
         Ok(RedisStore { inner })
     }
@@ -723,7 +726,8 @@ impl RedisStore {
         self.inner.mode()
     }
 
-    /// Live instances as last counted through the heartbeat (1 until first counted).
+    /// Live instances as last counted through the heartbeat (`expected_instances`
+    /// until first counted): this instance's share is the shared limit ÷ this.
     pub fn instances(&self) -> u64 {
         self.inner.instances()
     }
@@ -731,6 +735,11 @@ impl RedisStore {
     /// Decisions on distributed routes taken locally since start.
     pub fn fallback_decisions(&self) -> u64 {
         self.inner.fallbacks.load(Ordering::Relaxed)
+    }
+
+    /// The live instances assumed until a heartbeat counts them (`expected_instances`).
+    pub fn expected_instances(&self) -> u16 {
+        self.inner.config.expected_instances
     }
 
     /// This instance's id in the heartbeat set.
@@ -1126,7 +1135,7 @@ impl Inner {
         (Decision::Reject(rejection), reason)
     }
 
-    /// Live instances as last counted (1 until counted).
+    /// Live instances as last counted (`expected_instances` until counted).
     fn instances(&self) -> u64 {
         (self.instances.load(Ordering::Relaxed) & INSTANCES_MASK).max(1)
     }
