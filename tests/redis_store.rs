@@ -368,6 +368,74 @@ async fn instances_count_each_other_through_the_heartbeat() {
     assert_eq!(a.store.beat().await, Some(1));
 }
 
+/// Beats until Redis answers (a connection to a restarted Redis may fail once first).
+async fn beat_answered(store: &RedisStore) -> u64 {
+    for _ in 0..100 {
+        if let Some(n) = store.beat().await {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("Redis not reached again");
+}
+
+/// A Redis that restarts empty (or an outage longer than three beats, after which the
+/// heartbeat set has expired) loses the heartbeat set: the first instance to beat into
+/// the new one counts itself alone, the next two, and so on. Had it taken that count,
+/// a Redis that fails again before the next beat would leave it in fallback at the
+/// whole limit (ten instances: 2.9 times the limit together). An instance that finds
+/// itself missing from the set keeps the count it had for three beats (the time every
+/// live instance takes to beat again); then the heartbeat's count stands, and a leave
+/// is seen at once as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_set_lost_with_redis_does_not_shrink_the_count() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let config = RedisConfig {
+        // Beats by hand only (the background one beats once, at the start).
+        heartbeat: Duration::from_secs(3600),
+        ..store_config(&server, "regrow")
+    };
+    // 90 req/s with 1 s of burst: a third is 30 tokens, then 30/s.
+    let route = route(90.0, Duration::from_secs(1));
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let a = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
+    let b = Instance::system(&route, &config);
+    let c = Instance::system(&route, &config);
+    for i in [&a, &b, &c] {
+        beat_answered(&i.store).await;
+    }
+    assert_eq!(beat_answered(&a.store).await, 3);
+    assert_eq!(a.store.instances(), 3);
+
+    // Redis restarts empty; `a` beats first into the new set, then Redis fails again.
+    drop(c);
+    server.kill();
+    server.restart().await;
+    assert_eq!(beat_answered(&a.store).await, 1);
+    assert_eq!(a.store.instances(), 3, "a count from a set just rebuilt");
+    server.kill();
+    assert_eq!(a.offer(300).await, 30, "the first burst in fallback");
+    for second in 1..=3 {
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(a.offer(200).await, 30, "second {second}");
+    }
+
+    // Back: the heartbeat's count stands from the fourth beat into the new set on.
+    server.restart().await;
+    assert_eq!(beat_answered(&a.store).await, 1);
+    assert_eq!(beat_answered(&b.store).await, 2);
+    for _ in 0..2 {
+        assert_eq!(beat_answered(&a.store).await, 2);
+        assert_eq!(a.store.instances(), 3);
+    }
+    assert_eq!(beat_answered(&a.store).await, 2);
+    assert_eq!(a.store.instances(), 2, "`c` is gone");
+    b.store.leave().await;
+    assert_eq!(beat_answered(&a.store).await, 1);
+    assert_eq!(a.store.instances(), 1, "a leave is seen at once");
+}
+
 /// A route that a reload makes local (here: partitioned by client IP) keeps the view
 /// the store last had of it, but no longer shows as shared: the metrics then report
 /// the local engine's limit, state and ROC for it, not a frozen shared one.

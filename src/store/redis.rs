@@ -18,7 +18,8 @@
 //! all. Every key has an expiry (`key_ttl`, or the route's burst and window if longer,
 //! each with one slot more), renewed once per slot. Instances announce
 //! themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and learn the
-//! live count.
+//! live count (`expected_instances` until then; one that finds itself missing from
+//! the set, lost with Redis, lets the count fall only three beats later).
 //!
 //! Redis Cluster (`cluster_nodes`): the same scripts over redis-rs's cluster client,
 //! which sends each call to the master of its keys' slot and follows `MOVED`/`ASK`.
@@ -254,14 +255,16 @@ return 1
 /// - `KEYS[1]` sorted set of instances, scored by their last beat (ms, Redis time).
 /// - `ARGV[1]` this instance's id; `ARGV[2]` how long a beat counts, ms.
 ///
-/// Returns the number of instances that beat within `ARGV[2]`, this one included.
+/// Returns `{count, missing}`: the number of instances that beat within `ARGV[2]`,
+/// this one included, and `1` if this instance was not in the set (its first beat,
+/// or the set was lost: Redis restarted empty, or nobody beat for `ARGV[2]`), else `0`.
 pub const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - tonumber(ARGV[2])))
+local missing = redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return redis.call('ZCARD', KEYS[1])
+return {redis.call('ZCARD', KEYS[1]), missing}
 ";
 
 /// Why the store could not be set up.
@@ -540,14 +543,13 @@ struct Inner {
     /// Held while a route's mode changes: `fallen`, the routes' flags and
     /// `rocgate_store_mode` change together.
     changing: Mutex<()>,
-    /// Live instances as last counted (`expected_instances` before any beat counted
-    /// them), in the low 16 bits, under the sequence number
-    /// of the beat that counted them: answers of overlapping beats (the background
-    /// one and an explicit [`RedisStore::beat`]) can arrive out of order, and only the
-    /// newest beat's count is kept (`fetch_max`).
+    /// Live instances as counted ([`Inner::counted`]; `expected_instances` before any
+    /// beat counted them): each route's share is its shared limit ÷ this.
     instances: AtomicU64,
     /// Sequence numbers of beats sent.
     beats: AtomicU64,
+    /// How the beats' answers are taken in.
+    count: Mutex<Count>,
     /// What the last heartbeat found: [`UNHEARD`], [`REACHED`] or [`UNREACHED`]. Each
     /// change is logged once, so that an operator learns that Redis is away before
     /// traffic does, and when it is back.
@@ -629,9 +631,9 @@ impl RedisStore {
             clock,
             fallen: AtomicUsize::new(0),
             changing: Mutex::new(()),
-            // Beat 0's count: what this instance assumes until a beat counts.
             instances: AtomicU64::new(u64::from(config.expected_instances)),
             beats: AtomicU64::new(0),
+            count: Mutex::new(Count::default()),
             heard: AtomicU8::new(UNHEARD),
             routes: DashMap::new(),
             decide: Lua::new(DECIDE),
@@ -795,8 +797,10 @@ impl RedisStore {
     }
 
     /// Beats once now (the heartbeat task beats every `heartbeat`): announces this
-    /// instance and updates the live count. Returns the count, or `None` if Redis did
-    /// not answer within `timeout`.
+    /// instance and updates the live count ([`instances`](Self::instances): for three
+    /// beats after one that found this instance missing from the set, it does not
+    /// fall). Returns the count Redis answered, or `None` if Redis did not answer
+    /// within `timeout`.
     pub async fn beat(&self) -> Option<u64> {
         self.inner.beat().await
     }
@@ -1137,7 +1141,36 @@ impl Inner {
 
     /// Live instances as last counted (`expected_instances` until counted).
     fn instances(&self) -> u64 {
-        (self.instances.load(Ordering::Relaxed) & INSTANCES_MASK).max(1)
+        self.instances.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Takes in the live count `n` that beat `seq` answered, if no later beat's answer
+    /// came first (the background beat and an explicit [`RedisStore::beat`] can
+    /// overlap). A beat that found this instance `missing` from the heartbeat set (its
+    /// first, or the set was lost with Redis, or expired in an outage) may count only
+    /// the instances that have beaten into the set since: for [`HELD_BEATS`] beats
+    /// from it, the count may rise but not fall, so that a Redis
+    /// that fails again meanwhile does not leave this instance in fallback at a share
+    /// counted from a half-empty set. Returns the count now in force.
+    fn counted(&self, seq: u64, n: u64, missing: bool) -> u64 {
+        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = self.instances();
+        if seq <= count.applied {
+            return before;
+        }
+        count.applied = seq;
+        if missing {
+            count.held = HELD_BEATS;
+        }
+        let n = if count.held > 0 {
+            count.held -= 1;
+            n.max(before)
+        } else {
+            n
+        };
+        self.instances.store(n, Ordering::Relaxed);
+        metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
+        n
     }
 
     async fn beat(&self) -> Option<u64> {
@@ -1146,19 +1179,17 @@ impl Inner {
         invocation
             .arg(self.instance_id.as_str())
             .arg(ttl_ms(self.config.heartbeat * 3));
-        let answer =
-            tokio::time::timeout(self.config.timeout, self.conn.invoke::<u64>(&invocation)).await;
+        let answer = tokio::time::timeout(
+            self.config.timeout,
+            self.conn.invoke::<(u64, u64)>(&invocation),
+        )
+        .await;
         match answer {
-            Ok(Ok(n)) => {
-                let n = n.clamp(1, INSTANCES_MASK);
-                let before = self
-                    .instances
-                    .fetch_max(seq << INSTANCES_BITS | n, Ordering::AcqRel);
-                if before >> INSTANCES_BITS < seq {
-                    metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
-                }
+            Ok(Ok((n, missing))) => {
+                let n = n.clamp(1, u64::from(u16::MAX));
+                let instances = self.counted(seq, n, missing == 1);
                 if self.heard.swap(REACHED, Ordering::Relaxed) != REACHED {
-                    tracing::info!(instances = n, "shared store reached");
+                    tracing::info!(instances, "shared store reached");
                 }
                 Some(n)
             }
@@ -1222,9 +1253,19 @@ const REACHED: u8 = 1;
 /// [`Inner::heard`] after a heartbeat that failed or timed out.
 const UNREACHED: u8 = 2;
 
-/// Bits of [`Inner::instances`] given to the count; the rest to the beat's sequence.
-const INSTANCES_BITS: u32 = 16;
-const INSTANCES_MASK: u64 = (1 << INSTANCES_BITS) - 1;
+/// Beats, from one that found this instance missing from the heartbeat set, whose
+/// count may raise the live count but not lower it: as many as an instance may miss
+/// before it counts as gone, so every live instance has beaten into the set again.
+const HELD_BEATS: u8 = 3;
+
+/// What [`Inner::counted`] keeps between beats.
+#[derive(Default)]
+struct Count {
+    /// The sequence number of the newest beat whose answer was taken in.
+    applied: u64,
+    /// Beats left whose count may not lower the live count.
+    held: u8,
+}
 
 /// What [`DECIDE`] answered.
 struct Reply {
