@@ -2466,6 +2466,16 @@ impl ClusterNode {
         cmd.query(&mut self.connection()?)
     }
 
+    /// Sends `signal` (`-STOP`, `-CONT`) to the node's process.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// `SIGKILL`, and reaps the process.
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -2751,6 +2761,163 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     let back = started.elapsed();
     assert_eq!(mode(&a), StoreMode::Shared, "not back after {back:?}");
     assert_eq!(inst.store.mode(), StoreMode::Shared);
+}
+
+/// A silent master (`SIGSTOP`: its connections stay open and answer nothing, for less
+/// than the cluster's node timeout, so the cluster does not mark it failed): the route
+/// it holds falls back within the timeout, no decision waits longer, the route on
+/// another master stays shared, and once the node answers again (`SIGCONT`) the
+/// cluster client's connection to it carries the route back to shared state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_stopped_falls_back_its_routes_and_comes_back() {
+    let _serial = one_at_a_time().await;
+    let cluster = RedisCluster::start().await;
+    let [(a, na), (b, _)] = cluster.routes_on_two_masters("silent");
+    let routes = [
+        route_named(&a, 100.0, Duration::from_secs(1)),
+        route_named(&b, 100.0, Duration::from_secs(1)),
+    ];
+    let config = store_config(&cluster, "silent");
+    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+    assert!(inst.check_on(&a).await.is_admit() && inst.check_on(&b).await.is_admit());
+    let mode = |name: &str| inst.store.view(name).unwrap().mode;
+    assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
+
+    cluster.nodes[na].signal("-STOP");
+    let bound = config.timeout + SLACK;
+    let started = tokio::time::Instant::now();
+    let mut fell_after = None;
+    let mut b_fallen = 0;
+    while started.elapsed() < Duration::from_millis(600) {
+        for name in [&a, &b] {
+            let t = tokio::time::Instant::now();
+            let _ = inst.check_on(name).await;
+            let took = t.elapsed();
+            assert!(took <= bound, "a decision on {name} took {took:?}");
+        }
+        if fell_after.is_none() && mode(&a) == StoreMode::Fallback {
+            fell_after = Some(started.elapsed());
+        }
+        b_fallen += usize::from(mode(&b) == StoreMode::Fallback);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    cluster.nodes[na].signal("-CONT");
+    let fell_after = fell_after.expect("the route on the silent master fell back");
+    assert!(
+        fell_after < Duration::from_millis(400),
+        "fell back after {fell_after:?}"
+    );
+    assert_eq!(b_fallen, 0, "the route on a live master fell back");
+
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(5) && mode(&a) != StoreMode::Shared {
+        let t = tokio::time::Instant::now();
+        let _ = inst.check_on(&a).await;
+        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let back = started.elapsed();
+    assert_eq!(mode(&a), StoreMode::Shared, "not back after {back:?}");
+    assert!(back < Duration::from_secs(1), "back after {back:?}");
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+}
+
+/// Relays (a [`DarkeningRelay`] per node, by node index) that clients of `cluster`
+/// reach its nodes through: each node announces its relay's port.
+async fn behind_relays(cluster: &RedisCluster) -> Vec<DarkeningRelay> {
+    let mut relays = Vec::new();
+    for node in &cluster.nodes {
+        let relay = DarkeningRelay::start(node.port).await;
+        let _: () = node
+            .query(
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("cluster-announce-port")
+                    .arg(relay.port),
+            )
+            .unwrap();
+        relays.push(relay);
+    }
+    // Every node tells of every master at its relay's port.
+    let relay_ports: Vec<i64> = relays.iter().map(|r| i64::from(r.port)).collect();
+    let at_relay = |range: &redis::Value| match range {
+        redis::Value::Array(fields) => match &fields[2] {
+            redis::Value::Array(master) => {
+                matches!(master[1], redis::Value::Int(p) if relay_ports.contains(&p))
+            }
+            _ => false,
+        },
+        _ => false,
+    };
+    cluster
+        .wait(|| {
+            cluster.nodes.iter().all(|n| {
+                n.query::<Vec<redis::Value>>(redis::cmd("CLUSTER").arg("SLOTS"))
+                    .is_ok_and(|ranges| ranges.iter().all(at_relay))
+            })
+        })
+        .await;
+    relays
+}
+
+/// Decides on both routes, one after the other every 2 ms, for `until`, each decision
+/// within `bound`; returns how many times the second route was seen in fallback.
+async fn offer_on_both(
+    inst: &Instance,
+    names: [&str; 2],
+    until: Duration,
+    bound: Duration,
+) -> usize {
+    let started = tokio::time::Instant::now();
+    let mut second_fallen = 0;
+    while started.elapsed() < until {
+        for name in names {
+            let t = tokio::time::Instant::now();
+            let _ = inst.check_on(name).await;
+            let took = t.elapsed();
+            assert!(took <= bound, "a decision on {name} took {took:?}");
+        }
+        let second = inst.store.view(names[1]).unwrap().mode;
+        second_fallen += usize::from(second == StoreMode::Fallback);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    second_fallen
+}
+
+/// A cluster node connection that goes dark (stays open, answers nothing, never errs)
+/// while the node answers new connections (a NAT or load balancer that dropped the
+/// flow): the route on that node is back on shared state within a heartbeat or two,
+/// on a new cluster connection, rather than in fallback until the kernel gives up on
+/// the old one (about 15 minutes); the route on another master never falls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_connection_gone_dark_is_replaced() {
+    let _serial = one_at_a_time().await;
+    let cluster = RedisCluster::start().await;
+    let [(a, na), (b, _)] = cluster.routes_on_two_masters("dark");
+    let relays = behind_relays(&cluster).await;
+    let mut config = store_config(&cluster, "dark");
+    config.servers = RedisServers::Cluster(relays.iter().map(DarkeningRelay::url).collect());
+    let routes = [
+        route_named(&a, 100.0, Duration::from_secs(1)),
+        route_named(&b, 100.0, Duration::from_secs(1)),
+    ];
+    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+    assert!(inst.check_on(&a).await.is_admit() && inst.check_on(&b).await.is_admit());
+    let mode = |name: &str| inst.store.view(name).unwrap().mode;
+    assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
+
+    relays[na].go_dark();
+    let bound = config.timeout + SLACK;
+    // Decisions on `a` time out (each within the bound, decided locally) until the
+    // store is on a new connection: within 1 s (heartbeats every 200 ms here)...
+    let mut b_fallen = offer_on_both(&inst, [&a, &b], Duration::from_secs(1), bound).await;
+    let fell = inst.store.fallback_decisions();
+    assert!(fell > 0, "no decision met the dark connection");
+    // ... and no decision falls back after that.
+    b_fallen += offer_on_both(&inst, [&a, &b], Duration::from_millis(500), bound).await;
+    assert_eq!(inst.store.fallback_decisions(), fell);
+    assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
+    assert_eq!(b_fallen, 0, "the route on a live master fell back");
 }
 
 /// `SIGKILL` of the master holding a route's slot, in a cluster where each master has a

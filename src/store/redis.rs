@@ -36,7 +36,11 @@
 //! shared state. On a cluster a dead master thus sends only the routes it holds to
 //! fallback. The instance counts as in fallback while any route is. A heartbeat that
 //! Redis does not answer within `timeout` replaces the connection (one server), which
-//! could otherwise have gone dark, silent and never erring, for minutes.
+//! could otherwise have gone dark, silent and never erring, for minutes. On a cluster,
+//! whose client retries a timed-out request on the same node connection and reconnects
+//! only when it errs, a call (or heartbeat) that times out starts a try of a new
+//! cluster connection (at most one per heartbeat), taken if it answers on that call's
+//! keys: a node silent on every connection leaves the old one in place.
 //!
 //! No switch brings a fresh burst (exact mode, `fail_mode = "local"`): each answer
 //! lowers the route's fallback bucket to this instance's share of the level the shared
@@ -283,7 +287,7 @@ pub enum StoreError {
 /// `ASK`).
 enum Conn {
     Single(Box<Single>),
-    Cluster(ClusterConnection),
+    Cluster(Arc<Cluster>),
 }
 
 /// One server's connection, and what it takes to open a new one.
@@ -297,6 +301,61 @@ struct Single {
     client: redis::Client,
     config: ConnectionManagerConfig,
     manager: ArcSwap<ConnectionManager>,
+}
+
+/// A Redis Cluster's connection, and what it takes to open a new one.
+///
+/// The cluster client retries a request that timed out on the same node connection
+/// and reconnects to a node only when its connection errs: a node connection gone
+/// dark (half-open) would hold the routes on that node in fallback until the kernel
+/// gives up on it, some 15 minutes later. [`Conn::suspect`] replaces the whole cluster
+/// connection by a new one if the new one answers on the route's keys.
+struct Cluster {
+    client: ClusterClient,
+    config: ClusterConfig,
+    connection: ArcSwap<ClusterConnection>,
+    /// Set while a new connection is tried, and for `every` after: one try at a time,
+    /// at most one per heartbeat.
+    trying: AtomicBool,
+    every: Duration,
+    timeout: Duration,
+}
+
+impl Cluster {
+    /// Opens a new cluster connection and takes it in place of the current one if it
+    /// answers on `key` within `timeout` (a node that is silent on every connection, or
+    /// away, leaves the current one in place). Then waits `every` before the next try
+    /// may start.
+    async fn try_new(self: Arc<Self>, key: String) {
+        let deadline = self.timeout.max(Duration::from_millis(100)) * 2;
+        let fresh = tokio::time::timeout(deadline, async {
+            let mut fresh = self
+                .client
+                .get_async_connection_with_config(self.config.clone())
+                .await?;
+            redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async::<i64>(&mut fresh)
+                .await?;
+            RedisResult::Ok(fresh)
+        })
+        .await;
+        match fresh {
+            Ok(Ok(fresh)) => {
+                self.connection.store(Arc::new(fresh));
+                tracing::info!(
+                    key,
+                    "store cluster connection replaced: a new one answered where the old one did not"
+                );
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "store cluster connection kept"),
+            Err(_) => {
+                tracing::debug!("store cluster connection kept: the new one did not answer either")
+            }
+        }
+        tokio::time::sleep(self.every).await;
+        self.trying.store(false, Ordering::Relaxed);
+    }
 }
 
 impl Conn {
@@ -316,7 +375,22 @@ impl Conn {
                 let mut manager = ConnectionManager::clone(&s.manager.load());
                 cmd.query_async(&mut manager).await
             }
-            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => {
+                let mut connection = ClusterConnection::clone(&c.connection.load());
+                cmd.query_async(&mut connection).await
+            }
+        }
+    }
+
+    /// A call on `key` got no answer within the timeout. On a cluster, tries a new
+    /// connection in a task of its own (at most one try per heartbeat): if it answers
+    /// on `key`, the node's connection had gone dark, and the new one replaces it.
+    /// One server: nothing (the heartbeat's [`renew`](Self::renew) covers it).
+    fn suspect(&self, key: &str) {
+        if let Conn::Cluster(c) = self {
+            if !c.trying.swap(true, Ordering::Relaxed) {
+                tokio::spawn(Arc::clone(c).try_new(key.to_owned()));
+            }
         }
     }
 
@@ -324,7 +398,7 @@ impl Conn {
     /// a heartbeat that it did not answer within `timeout`. Calls in flight keep the old
     /// one until they end. A Redis that is away or slow costs one new connection per
     /// heartbeat; one whose connection went dark is reached again on the next call. A
-    /// cluster's node connections are the cluster client's own (not replaced here).
+    /// cluster's connection is replaced by [`suspect`](Self::suspect) instead.
     fn renew(&self) {
         if let Conn::Single(s) = self {
             match ConnectionManager::new_lazy_with_config(s.client.clone(), s.config.clone()) {
@@ -619,7 +693,15 @@ impl RedisStore {
                 let cluster = ClusterConfig::new()
                     .set_connection_timeout(connect_timeout)
                     .set_response_timeout(connect_timeout);
-                Conn::Cluster(client.get_pending_async_connection_with_config(cluster))
+                let connection = client.get_pending_async_connection_with_config(cluster.clone());
+                Conn::Cluster(Arc::new(Cluster {
+                    client,
+                    config: cluster,
+                    connection: ArcSwap::from_pointee(connection),
+                    trying: AtomicBool::new(false),
+                    every: config.heartbeat,
+                    timeout: config.timeout,
+                }))
             }
         };
         let instance_id = config.instance_id.clone().unwrap_or_else(random_id);
@@ -990,6 +1072,7 @@ impl Inner {
             }
             Err(_) => {
                 self.timeouts.increment(1);
+                self.conn.suspect(&r.keys[0]);
                 None
             }
         };
@@ -1200,6 +1283,7 @@ impl Inner {
             Err(_) => {
                 self.unreached(&format_args!("no answer within {:?}", self.config.timeout));
                 self.conn.renew();
+                self.conn.suspect(&self.instances_key);
                 None
             }
         }
