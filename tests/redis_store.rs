@@ -1531,6 +1531,57 @@ async fn an_instance_that_never_reached_redis_admits_its_expected_share() {
     }
 }
 
+/// A reload (or a scheduled event) that lowers a distributed route's base limit while
+/// Redis is away takes effect in fallback at once: the share is of the lower of the
+/// shared limit last seen and the base limit in force (a raise waits for Redis, whose
+/// controller then steps on it). Redis is a loopback port with nothing listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
+    let _serial = one_at_a_time().await;
+    let port = free_ports(1)[0];
+    for mode in [SyncMode::Exact, SyncMode::Batched] {
+        let config = RedisConfig {
+            servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
+            key_prefix: "lowered".into(),
+            mode,
+            ..RedisConfig::default()
+        };
+        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+        let mut a = Instance::new(
+            &route(100.0, Duration::from_secs(1)),
+            &config,
+            Arc::clone(&clock) as Arc<dyn Clock>,
+        );
+        // Batched mode falls back once three syncs (one a slot) have failed.
+        for _ in 0..50 {
+            if a.store.mode() == StoreMode::Fallback {
+                break;
+            }
+            let _ = a.check().await;
+            clock.advance(Duration::from_secs(1));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(a.store.mode(), StoreMode::Fallback, "{mode:?}");
+        assert!(a.offer(200).await <= 100, "{mode:?}: the burst");
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(a.offer(200).await, 100, "{mode:?}: a second at 100/s");
+        for (base, expected) in [(40.0, 40), (100.0, 40)] {
+            a.engine = a.engine.reload(
+                &Config::new(vec![route(base, Duration::from_secs(1))]),
+                a.clock.now(),
+                SystemTime::UNIX_EPOCH,
+            );
+            a.route = a.engine.route_id("order").unwrap();
+            clock.advance(Duration::from_secs(1));
+            assert_eq!(
+                a.offer(200).await,
+                expected,
+                "{mode:?}: a second after a reload to {base}"
+            );
+        }
+    }
+}
+
 /// A backend under test: the local engine or the Redis store, both on the real clock
 /// (Redis reads its own; a manual clock cannot move it), driven by the same code.
 enum Backend {

@@ -566,6 +566,11 @@ impl SharedRoute {
         self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The shared limit last seen.
+    fn seen_limit(&self) -> f64 {
+        f64::from_bits(self.limit.load(Ordering::Relaxed))
+    }
+
     fn mode(&self) -> StoreMode {
         if self.fallen.load(Ordering::Relaxed) {
             StoreMode::Fallback
@@ -770,8 +775,9 @@ impl RedisStore {
         if inner.config.mode == SyncMode::Batched {
             return inner.batched(engine, route, &r, mode, now);
         }
+        let base = || engine.params_at(route, now).base_limit_rps;
         if r.breaker().call(now) == Call::Skip {
-            return inner.fallback(&r, mode, now);
+            return inner.fallback(&r, mode, base, now);
         }
         // What this instance admitted in fallback goes with the next call that reaches
         // Redis (a load only, on the common path where nothing is owed).
@@ -783,7 +789,7 @@ impl RedisStore {
             // Owed still: the call may have been applied anyway (a timeout on a Redis
             // that answers later), so this can debit twice, never not at all.
             r.owed.fetch_add(owed, Ordering::Relaxed);
-            return inner.fallback(&r, mode, now);
+            return inner.fallback(&r, mode, base, now);
         };
         let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
         let tokens = reply.tokens;
@@ -1143,7 +1149,8 @@ impl Inner {
             }
         }
         if r.mode() == StoreMode::Fallback {
-            return self.fallback(r, mode, now);
+            let base = || engine.params_at(route, now).base_limit_rps;
+            return self.fallback(r, mode, base, now);
         }
         match self.share_check(r, now) {
             Decision::Reject(rej) => {
@@ -1164,10 +1171,10 @@ impl Inner {
         }
     }
 
-    /// The local bucket, set to this instance's share of the shared limit (last seen
-    /// ÷ live instances last counted) if that changed.
-    fn share<'r>(&self, r: &'r SharedRoute, now: Nanos) -> &'r TokenBucket {
-        let share = f64::from_bits(r.limit.load(Ordering::Relaxed)) / self.instances() as f64;
+    /// The local bucket, set to this instance's share of `limit` (÷ live instances
+    /// last counted) if that changed.
+    fn share<'r>(&self, r: &'r SharedRoute, limit: f64, now: Nanos) -> &'r TokenBucket {
+        let share = limit / self.instances() as f64;
         if r.fallback_limit.load(Ordering::Relaxed) != share.to_bits()
             && r.fallback_limit.swap(share.to_bits(), Ordering::Relaxed) != share.to_bits()
         {
@@ -1176,9 +1183,10 @@ impl Inner {
         &r.fallback
     }
 
-    /// Decides on the local bucket at this instance's share.
+    /// Decides on the local bucket at this instance's share of the shared limit last
+    /// seen.
     fn share_check(&self, r: &SharedRoute, now: Nanos) -> Decision {
-        self.share(r, now).check(now)
+        self.share(r, r.seen_limit(), now).check(now)
     }
 
     /// Exact mode with `fail_mode = "local"`, on each answer (once its limit is
@@ -1188,11 +1196,20 @@ impl Inner {
     /// answers it refills at the share, as the shared one does at the limit.
     fn mirror(&self, r: &SharedRoute, tokens: f64, now: Nanos) {
         let share = tokens / self.instances() as f64;
-        self.share(r, now).lower_to(share, now);
+        self.share(r, r.seen_limit(), now).lower_to(share, now);
     }
 
-    /// Decides locally, by `fail_mode`.
-    fn fallback(&self, r: &SharedRoute, mode: Mode, now: Nanos) -> Verdict {
+    /// Decides locally, by `fail_mode`. `fail_mode = "local"` decides at this
+    /// instance's share of the shared limit last seen, or of `base()` (the route's base
+    /// limit in force) if lower: a reload or a scheduled event that lowers it while
+    /// Redis is away applies at once; one that raises it waits for Redis.
+    fn fallback(
+        &self,
+        r: &SharedRoute,
+        mode: Mode,
+        base: impl FnOnce() -> f64,
+        now: Nanos,
+    ) -> Verdict {
         r.fallbacks.increment(1);
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         let rejection = match self.config.fail_mode {
@@ -1201,7 +1218,7 @@ impl Inner {
                 retry_after: self.config.probe_interval,
                 reason: Reason::FallbackLocal,
             },
-            FailMode::Local => match self.share_check(r, now) {
+            FailMode::Local => match self.share(r, r.seen_limit().min(base()), now).check(now) {
                 Decision::Reject(rej) => Rejection {
                     retry_after: rej.retry_after,
                     reason: Reason::FallbackLocal,
