@@ -1582,6 +1582,38 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
     }
 }
 
+/// A reload that changes a distributed route's burst (or window) while Redis is away
+/// rebuilds the route's state in the store: it keeps what the fallback bucket holds
+/// and what it owes the shared bucket, and the limit last seen, rather than handing
+/// each instance a fresh burst mid-outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_while_redis_is_away_brings_no_fresh_burst() {
+    let _serial = one_at_a_time().await;
+    let port = free_ports(1)[0];
+    let config = RedisConfig {
+        servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
+        key_prefix: "rebuilt".into(),
+        ..RedisConfig::default()
+    };
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let mut a = Instance::new(
+        &route(100.0, Duration::from_secs(1)),
+        &config,
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    );
+    assert_eq!(a.offer(300).await, 100, "the burst");
+    assert_eq!(a.store.mode(), StoreMode::Fallback);
+    a.engine = a.engine.reload(
+        &Config::new(vec![route(100.0, Duration::from_secs(2))]),
+        a.clock.now(),
+        SystemTime::UNIX_EPOCH,
+    );
+    a.route = a.engine.route_id("order").unwrap();
+    assert_eq!(a.offer(300).await, 0, "a fresh burst after the reload");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(a.offer(300).await, 100, "a second at 100/s");
+}
+
 /// A backend under test: the local engine or the Redis store, both on the real clock
 /// (Redis reads its own; a manual clock cannot move it), driven by the same code.
 enum Backend {

@@ -991,11 +991,15 @@ impl Inner {
         // A rebuilt route keeps the transitions it stepped: the counters set from them
         // must not go back.
         let mut stepped = TransitionCounts::default();
+        // It keeps what it last saw of the shared state, and its fallback bucket's level
+        // and debt: a reload during a Redis outage must not hand out a fresh burst.
+        let mut before = None;
         if let Some(r) = self.routes.get(name) {
             if r.window == window && r.burst == burst {
                 return Arc::clone(&r);
             }
             stepped = *r.stepped.lock().unwrap_or_else(PoisonError::into_inner);
+            before = Some(Arc::clone(&r));
         }
         let label: Arc<str> = engine.route_label(route);
         // Keys renewed once per slot outlive the last request by their expiry less one
@@ -1040,6 +1044,18 @@ impl Inner {
             synced_slot: AtomicU64::new(u64::MAX),
             stepped: Mutex::new(stepped),
         });
+        if let Some(old) = &before {
+            r.limit
+                .store(old.limit.load(Ordering::Relaxed), Ordering::Relaxed);
+            r.state
+                .store(old.state.load(Ordering::Relaxed), Ordering::Relaxed);
+            r.roc
+                .store(old.roc.load(Ordering::Relaxed), Ordering::Relaxed);
+            let owed = old.owed.swap(0, Ordering::Relaxed);
+            r.owed.fetch_add(owed, Ordering::Relaxed);
+            let level = old.fallback.level(now).value;
+            self.share(&r, r.seen_limit(), now).lower_to(level, now);
+        }
         if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
             self.retire(&old);
         }
