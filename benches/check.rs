@@ -95,7 +95,7 @@ fn route(rate_rps: u32, burst: Duration, partition: Partition) -> Engine {
     r.controller.danger_roc = f64::MAX;
     r.algorithm = Algorithm::TokenBucket { burst };
     r.partition = partition;
-    Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+    Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
 }
 
 /// rocgate with the same GCRA parameters as [`open_quota`].

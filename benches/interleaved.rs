@@ -48,7 +48,7 @@ fn engine(rate_rps: f64, burst: Duration, partition: Partition) -> Engine {
     r.controller.danger_roc = f64::MAX;
     r.algorithm = rocgate::limiter::Algorithm::TokenBucket { burst };
     r.partition = partition;
-    Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+    Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
 }
 
 /// Admits at 10⁹/s with a burst of `u32::MAX`, as governor's [`open_quota`].

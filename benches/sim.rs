@@ -53,7 +53,7 @@ fn profile_hour(c: &mut Criterion) {
     }
     g.bench_function("engine_only", |b| {
         b.iter(|| {
-            let engine = Engine::new(&config(), Nanos::ZERO, SystemTime::UNIX_EPOCH);
+            let engine = Engine::new(&config(), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
             let admitted = profile
                 .arrivals(ArrivalModel::Uniform)
                 .filter(|&t| engine.check(RouteId(0), Key::None, t).is_admit())

@@ -93,7 +93,7 @@ fn main() {
         };
         let config = Config::new(vec![route]);
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH);
+        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
         let id = engine.route_id("order").expect("the route");
         let store = RedisStore::connect(
             &RedisConfig {

@@ -17,10 +17,11 @@ async fn main() -> std::io::Result<()> {
     let mut order = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
     order.controller.base_limit_rps = 50.0;
     order.controller.cut_limit_rps = 15.0;
-    // Routes written in code are checked as a file's are when loaded.
+    // Routes written in code are checked as a file's are when loaded: a route the
+    // file would refuse is an error here, not a layer.
     let config = Config::new(vec![order]);
-    config.validate().map_err(std::io::Error::other)?;
     let layer = AdmissionLayer::builder(&config)
+        .map_err(std::io::Error::other)?
         // Match by the route template axum matched, never the raw path.
         .route_key(RouteKey::MatchedPath)
         .build();

@@ -130,7 +130,7 @@ fn rocgate(quota: Quota) -> AdmissionLayer {
     route.algorithm = Algorithm::TokenBucket {
         burst: Duration::from_secs(1),
     };
-    AdmissionLayer::from_config(&Config::new(vec![route]))
+    AdmissionLayer::from_config(&Config::new(vec![route])).expect("a valid route")
 }
 
 /// tower_governor with one global key: one cell every 1/quota s, a burst of one second.

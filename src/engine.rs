@@ -28,14 +28,17 @@
 //!     tiers: vec![],
 //!     events: vec![],
 //! };
-//! let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
+//! let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH)?;
 //! let id = engine.route_for("POST", "/api/order").unwrap();
 //! let admitted = (0..300).filter(|_| engine.check(id, Key::None, Nanos::ZERO).is_admit()).count();
 //! assert_eq!(admitted, 200); // one second of burst at the base limit
+//! # Ok::<(), rocgate::config::ConfigError>(())
 //! ```
 
 use crate::clock::Nanos;
-use crate::config::{Config, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier};
+use crate::config::{
+    Config, ConfigError, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier,
+};
 use crate::controller::{
     Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
@@ -189,16 +192,20 @@ struct ScheduledEvent {
 }
 
 impl Engine {
-    /// Builds every route from a validated config. `now` is the engine's start (no
-    /// controller acts before one full window after it); `wall_now` is the wall-clock
-    /// time at `now`, which places scheduled events on the engine's clock.
-    pub fn new(config: &Config, now: Nanos, wall_now: SystemTime) -> Self {
+    /// Builds every route of `config`, after checking its routes by the rules of the
+    /// file ([`Config::validate`]): routes built in code that a file would refuse (a
+    /// `cut_limit` above `base_limit`, a route shadowed by an earlier one) are an error
+    /// naming each field, not an engine. `now` is the engine's start (no controller
+    /// acts before one full window after it); `wall_now` is the wall-clock time at
+    /// `now`, which places scheduled events on the engine's clock.
+    pub fn new(config: &Config, now: Nanos, wall_now: SystemTime) -> Result<Self, ConfigError> {
+        config.validate()?;
         let routes = config
             .routes
             .iter()
             .map(|r| Arc::new(Route::new(r, now, wall_now)))
             .collect();
-        Engine::assemble(config, routes, None, None)
+        Ok(Engine::assemble(config, routes, None, None))
     }
 
     /// The engine of `config`'s routes, built or kept in its order.
@@ -223,7 +230,15 @@ impl Engine {
     /// and events are replaced in place, and a route whose parameters changed takes no
     /// action for one full window. Other routes start fresh. Both engines share the
     /// kept routes, so requests still in flight on the old one count in the new one.
-    pub fn reload(&self, config: &Config, now: Nanos, wall_now: SystemTime) -> Engine {
+    /// `config`'s routes are checked first, as for [`Engine::new`]: an error leaves
+    /// this engine as it was.
+    pub fn reload(
+        &self,
+        config: &Config,
+        now: Nanos,
+        wall_now: SystemTime,
+    ) -> Result<Engine, ConfigError> {
+        config.validate()?;
         let routes = config
             .routes
             .iter()
@@ -244,7 +259,12 @@ impl Engine {
                 }
             })
             .collect();
-        Engine::assemble(config, routes, self.hook.clone(), self.sample_hook.clone())
+        Ok(Engine::assemble(
+            config,
+            routes,
+            self.hook.clone(),
+            self.sample_hook.clone(),
+        ))
     }
 
     /// Replaces a route's own controller parameters at runtime, keeping its state: the
@@ -1956,11 +1976,11 @@ mod tests {
         )]);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&seen);
-        let engine = Engine::new(&config, Nanos::ZERO, std::time::UNIX_EPOCH).with_sample_hook(
-            Arc::new(move |_: &str, r: &SlotReport| {
+        let engine = Engine::new(&config, Nanos::ZERO, std::time::UNIX_EPOCH)
+            .unwrap()
+            .with_sample_hook(Arc::new(move |_: &str, r: &SlotReport| {
                 sink.lock().unwrap().push((r.at, r.armed));
-            }),
-        );
+            }));
         for ms in (0..8_000).step_by(50) {
             let _ = engine.check(RouteId(0), Key::None, Nanos::from_millis(ms));
         }

@@ -50,7 +50,7 @@ fn engine_route_admits_exactly_its_capacity_under_contention() {
     for threads in [2, 4, 8] {
         let mut cfg = RouteConfig::new("r", RouteMatch::any());
         cfg.controller.base_limit_rps = 1_000.0;
-        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let admitted = hammer(threads, || {
             e.check(RouteId(0), Key::None, Nanos::ZERO).is_admit()
         });
@@ -188,7 +188,8 @@ fn every_arrival_is_counted_across_slot_rollovers() {
             &Config::new(vec![RouteConfig::new("r", RouteMatch::any())]),
             Nanos::ZERO,
             SystemTime::UNIX_EPOCH,
-        );
+        )
+        .unwrap();
         // A shared virtual clock moving 50 µs per call: threads race over many
         // slot boundaries (100 ms slots, 2,000 calls per slot).
         let clock = AtomicU64::new(0);
@@ -217,7 +218,7 @@ fn a_key_table_never_holds_more_than_max_keys_under_contention() {
                 ..rocgate::config::KeyLimits::default()
             },
         );
-        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let barrier = Barrier::new(threads);
         std::thread::scope(|s| {
             for t in 0..threads {

@@ -29,7 +29,7 @@ const RATE_ALGORITHMS: [Algorithm; 4] = [
 ];
 
 fn engine(routes: Vec<RouteConfig>) -> Engine {
-    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
 }
 
 /// Offers `rate` req/s evenly from `from` to `to` (seconds) and returns (admitted, rejected).
@@ -502,6 +502,7 @@ fn ipv6_clients_are_keyed_by_their_prefix() {
     let route = |ipv6_prefix| {
         let mut cfg = RouteConfig::new("ip", RouteMatch::any());
         cfg.controller.base_limit_rps = 2.0;
+        cfg.controller.cut_limit_rps = 1.0;
         cfg.partition = Partition::ClientIp(KeyLimits {
             ipv6_prefix,
             ..KeyLimits::default()
@@ -652,13 +653,16 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     kept2.controller.danger_roc = 120.0;
     let mut changed2 = changed;
     changed2.window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
-    let added = RouteConfig::new("added", RouteMatch::any());
+    // First, and over `kept`'s paths: those under /a/new are its now.
+    let added = RouteConfig::new("added", RouteMatch::prefix("/a/new"));
     let now = Nanos::from_secs(5);
-    let e2 = e.reload(
-        &Config::new(vec![added, changed2, kept2]),
-        now,
-        SystemTime::UNIX_EPOCH,
-    );
+    let e2 = e
+        .reload(
+            &Config::new(vec![added, changed2, kept2]),
+            now,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
 
     let names: Vec<&str> = e2.route_names().collect();
     assert_eq!(names, ["added", "changed", "kept"]);
@@ -676,15 +680,18 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     assert_eq!(snap("kept").offered, 201);
 
     // Requests match the new routes, in the new order.
-    assert_eq!(e2.route_for("GET", "/a/1"), e2.route_id("added"));
-    let e3 = e2.reload(
-        &Config::new(vec![
-            RouteConfig::new("changed", RouteMatch::prefix("/b")),
-            RouteConfig::new("kept", RouteMatch::exact("get", "/a/1")),
-        ]),
-        now,
-        SystemTime::UNIX_EPOCH,
-    );
+    assert_eq!(e2.route_for("GET", "/a/new/1"), e2.route_id("added"));
+    assert_eq!(e2.route_for("GET", "/a/1"), e2.route_id("kept"));
+    let e3 = e2
+        .reload(
+            &Config::new(vec![
+                RouteConfig::new("changed", RouteMatch::prefix("/b")),
+                RouteConfig::new("kept", RouteMatch::exact("get", "/a/1")),
+            ]),
+            now,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
     assert_eq!(e3.route_for("GET", "/b/1"), e3.route_id("changed"));
     assert_eq!(e3.route_for("get", "/a/1"), e3.route_id("kept"));
     assert_eq!(e3.route_for("POST", "/a/1"), None);
@@ -1047,7 +1054,9 @@ fn a_reload_that_ends_an_event_mid_recovery_reports_the_transition() {
     let (e, mut cfg, tenths) = recovering_under_an_event(Duration::from_secs(3600));
     cfg.events.clear();
     let now = Nanos::from_millis(tenths * 100);
-    let e = e.reload(&Config::new(vec![cfg]), now, SystemTime::UNIX_EPOCH);
+    let e = e
+        .reload(&Config::new(vec![cfg]), now, SystemTime::UNIX_EPOCH)
+        .unwrap();
     let s = e.route_snapshot(RouteId(0), now);
     assert_eq!((s.state, s.active_event), (ControllerState::Normal, None));
     assert_eq!(s.transitions[2][0], 1);
@@ -1065,7 +1074,7 @@ fn a_window_limit_the_config_accepts_admits_a_request_each_window() {
              cut_limit = 30.3030303030303\n"
         );
         let config = Config::from_toml_str(&text, "t.toml").expect("a valid config");
-        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         // Every other window: a sliding window weighs the window before in full at first.
         for window in [0, 2, 4u64] {
             let now = Nanos::from_millis(33 * window);
@@ -1176,13 +1185,13 @@ fn a_concurrency_key_in_no_tier_holds_the_routes_limit_while_recovering() {
     }
 }
 
-/// A config built in code and not checked (`Config::validate` would refuse these
-/// limits) never panics and admits next to nothing, for any algorithm, whole-route
+/// Controller parameters given to `update_route` unchecked (`Config::validate` would
+/// refuse these limits in a config, which the engine no longer takes) never panic and admits next to nothing, for any algorithm, whole-route
 /// or keyed: a limit of 0 or below made the token bucket's rescale subtract past zero
 /// (its tolerance, capped at 2^62 - 1 ns, rounded up to 2^62 as a float), and a NaN
 /// limit gave the window counters their largest quota.
 #[test]
-fn absurd_limits_from_an_unchecked_config_never_panic() {
+fn absurd_limits_from_unchecked_parameters_never_panic() {
     for limit in [0.0, -5.0, f64::NAN, 1e-300] {
         for algorithm in RATE_ALGORITHMS
             .into_iter()
@@ -1191,12 +1200,17 @@ fn absurd_limits_from_an_unchecked_config_never_panic() {
             for keyed in [false, true] {
                 let mut cfg = RouteConfig::new("absurd", RouteMatch::any());
                 cfg.algorithm = algorithm;
-                cfg.controller.base_limit_rps = limit;
-                cfg.controller.cut_limit_rps = limit;
+                cfg.controller.base_limit_rps = 1.0;
+                cfg.controller.cut_limit_rps = 1.0;
                 if keyed {
                     cfg.partition = Partition::ClientIp(KeyLimits::default());
                 }
                 let e = engine(vec![cfg]);
+                // The engine checks a config; `update_route` takes parameters as given.
+                let mut absurd = e.route_params(RouteId(0));
+                absurd.base_limit_rps = limit;
+                absurd.cut_limit_rps = limit;
+                e.update_route(RouteId(0), absurd, Nanos::ZERO);
                 let mut decisions = Vec::new();
                 for i in 0..50u64 {
                     let now = Nanos::from_millis(i * 100);
@@ -1310,4 +1324,41 @@ fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
     // 30 s later, idle and full, it is swept at the next rollover.
     assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
     assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 1);
+}
+
+/// An engine is built only from routes a file would accept: `Engine::new` and
+/// `Engine::reload` check them by the file's rules and name every problem by its
+/// field path. They used to build the engine as given, here one whose cut would raise
+/// the limit from 20 to 60 req/s.
+#[test]
+fn an_engine_is_built_only_from_routes_a_file_would_accept() {
+    let mut order = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+    order.controller.base_limit_rps = 20.0; // the default cut_limit is 60
+    let mut search = RouteConfig::new("search", RouteMatch::prefix("/"));
+    search.controller.danger_roc = -1.0; // below safe_roc
+    let bad = Config::new(vec![order.clone(), search]);
+    let e = Engine::new(&bad, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap_err();
+    let problems: Vec<String> = e.problems().iter().map(|p| p.to_string()).collect();
+    assert_eq!(e.origin(), "config");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p == "routes[0].cut_limit: must be ≤ base_limit (20), got 60"),
+        "{problems:?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.starts_with("routes[1].")),
+        "{problems:?}"
+    );
+
+    order.controller.cut_limit_rps = 5.0;
+    let good = engine(vec![order.clone()]);
+    let e = good
+        .reload(&bad, Nanos::ZERO, SystemTime::UNIX_EPOCH)
+        .unwrap_err();
+    assert!(e.to_string().contains("routes[0].cut_limit"), "{e}");
+    // The engine reloaded from is untouched: still the valid limits.
+    let id = good.route_id("order").unwrap();
+    assert_eq!(good.route_params(id).base_limit_rps, 20.0);
+    assert_eq!(good.route_params(id).cut_limit_rps, 5.0);
 }

@@ -381,7 +381,7 @@ fn hints_during_an_event_name_the_event() {
                 duration = \"1h\"\nbase_limit = 500\ncut_limit = 150\n";
     let config = Config::from_toml_str(toml, "test").unwrap();
     // The engine starts at wall time 0; the sale from 100 s.
-    let engine = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH);
+    let engine = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
     let id = engine.route_id("r").unwrap();
     let before = engine.route_settings(id);
     assert_eq!(

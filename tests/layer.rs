@@ -11,7 +11,7 @@ use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key};
-use rocgate::http::{shared_engine, AdmissionLayer, PeerAddr, RouteKey, UPKEEP_EVERY};
+use rocgate::http::{AdmissionLayer, PeerAddr, RouteKey, SharedEngine, UPKEEP_EVERY};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -27,8 +27,8 @@ fn route(name: &str, matcher: RouteMatch, limit: f64) -> RouteConfig {
 /// A layer over an engine on a manual clock.
 fn layer(routes: Vec<RouteConfig>) -> (AdmissionLayer, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
-    let engine = Engine::new(&Config::new(routes), clock.now(), SystemTime::UNIX_EPOCH);
-    let l = AdmissionLayer::with_engine(shared_engine(engine), clock.clone()).build();
+    let engine = Engine::new(&Config::new(routes), clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+    let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock.clone()).build();
     (l, clock)
 }
 
@@ -151,8 +151,9 @@ async fn unmatched_requests_pass_and_matched_path_keys_by_template() {
         &Config::new(vec![items]),
         clock.now(),
         SystemTime::UNIX_EPOCH,
-    );
-    let l = AdmissionLayer::with_engine(shared_engine(engine), clock)
+    )
+    .unwrap();
+    let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
         .route_key(RouteKey::MatchedPath)
         .build();
     let app = app(l, Arc::new(AtomicU64::new(0)));
@@ -1070,4 +1071,73 @@ async fn a_paced_request_that_departed_keeps_its_place_spent() {
     assert_eq!(full.headers()["rocgate-reason"], "queue_full");
     inner.set(Some(Ok(())));
     assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+}
+
+/// A route built in code that a file would refuse (a `cut_limit` above `base_limit`, so
+/// that a cut would raise the limit) builds no layer: both constructors return the
+/// problem under the field path the file would have. They used to build the layer.
+#[test]
+fn routes_a_file_would_refuse_build_no_layer() {
+    let mut order = RouteConfig::new("layer_refused", RouteMatch::exact("POST", "/api/order"));
+    order.controller.base_limit_rps = 20.0; // the default cut_limit is 60
+    let config = Config::new(vec![order]);
+    let want = "config: routes[0].cut_limit: must be ≤ base_limit (20), got 60";
+    let from_config = AdmissionLayer::from_config(&config).unwrap_err();
+    assert_eq!(from_config.to_string(), want);
+    let builder = AdmissionLayer::builder(&config).unwrap_err();
+    assert_eq!(builder.to_string(), want);
+    // No route at all is refused too, as in a file.
+    let empty = AdmissionLayer::from_config(&Config::new(vec![])).unwrap_err();
+    assert!(empty.to_string().contains("routes"), "{empty}");
+}
+
+/// A shared engine replaced by a reload: layers built over it decide with the new one
+/// from the next request on; a reload to routes a file would refuse leaves it as it was.
+#[tokio::test]
+async fn a_shared_engine_replaced_is_the_one_the_layer_decides_with() {
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let config = Config::new(vec![route(
+        "layer_replaced",
+        RouteMatch::exact("POST", "/api/order"),
+        1.0,
+    )]);
+    let shared =
+        SharedEngine::new(Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
+    let hits = Arc::new(AtomicU64::new(0));
+    let app = app(
+        AdmissionLayer::with_engine(shared.clone(), clock.clone()).build(),
+        hits,
+    );
+    let status = |app: Router| async move { app.oneshot(post_order()).await.unwrap().status() };
+    assert_eq!(status(app.clone()).await, StatusCode::OK);
+    assert_eq!(status(app.clone()).await, StatusCode::TOO_MANY_REQUESTS);
+
+    let mut bad = config.clone();
+    bad.routes[0].controller.cut_limit_rps = 5.0; // above base_limit 1
+    let before = shared.load();
+    let e = before
+        .reload(&bad, clock.now(), SystemTime::UNIX_EPOCH)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "config: routes[0].cut_limit: must be ≤ base_limit (1), got 5"
+    );
+    assert!(
+        Arc::ptr_eq(&before, &shared.load()),
+        "the engine in force is kept"
+    );
+
+    // A new route table (another path): the layer now admits there, at once.
+    let mut other = config.clone();
+    other.routes[0].matcher = RouteMatch::exact("POST", "/api/other");
+    let next = before
+        .reload(&other, clock.now(), SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let replaced = shared.replace(next);
+    assert!(Arc::ptr_eq(&replaced, &before));
+    assert_eq!(
+        status(app).await,
+        StatusCode::OK,
+        "/api/order is no route now"
+    );
 }

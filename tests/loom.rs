@@ -530,7 +530,7 @@ fn keyed_concurrency_engine() -> Engine {
     });
     cfg.controller.base_limit_rps = 1.0;
     cfg.controller.cut_limit_rps = 1.0;
-    Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+    Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
 }
 
 /// A client's key, unseen for longer than the idle timeout, holds first a permit,

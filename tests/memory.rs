@@ -34,7 +34,7 @@ fn retained<T>(build: impl FnOnce() -> T) -> (T, i64) {
 }
 
 fn engine(routes: Vec<RouteConfig>) -> Engine {
-    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
 }
 
 /// A route named with a fixed width, so that every route's name costs the same.
@@ -70,7 +70,8 @@ fn api_key(n: u32) -> String {
 /// Bytes `Engine::new` keeps for `n` routes (the config is built outside the count).
 fn engine_bytes(n: usize, partition: &Partition) -> i64 {
     let config = Config::new((0..n).map(|i| route(i, partition.clone())).collect());
-    let (_engine, bytes) = retained(|| Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH));
+    let (_engine, bytes) =
+        retained(|| Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap());
     bytes
 }
 

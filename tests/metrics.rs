@@ -266,7 +266,8 @@ fn shared_routes_show_the_stores_limit_and_state() {
         ]),
         Nanos::ZERO,
         std::time::SystemTime::UNIX_EPOCH,
-    );
+    )
+    .unwrap();
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
@@ -327,6 +328,7 @@ fn gauges_of_what_is_gone_read_nan() {
             Nanos::ZERO,
             std::time::SystemTime::UNIX_EPOCH,
         )
+        .unwrap()
     };
     let stays = RouteConfig::new("stays", RouteMatch::prefix("/s/"));
     let before = engine(vec![
@@ -438,7 +440,8 @@ fn the_rejection_ratio_counts_only_what_was_refused() {
         ]),
         Nanos::ZERO,
         std::time::SystemTime::UNIX_EPOCH,
-    );
+    )
+    .unwrap();
     // 40 requests at once on each: a bucket of 10 admits 10.
     for name in ["enforced", "shadowed"] {
         let id = engine.route_id(name).unwrap();
@@ -502,10 +505,12 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
     };
     let admitted = |e: &Engine, at: Nanos| read(e, at).0;
     let t = Nanos::from_secs;
-    let first = Engine::new(&with_window(6), t(0), std::time::SystemTime::UNIX_EPOCH);
+    let first = Engine::new(&with_window(6), t(0), std::time::SystemTime::UNIX_EPOCH).unwrap();
     offer(&first, 100, t(1));
     assert_eq!(admitted(&first, t(1)), "100");
-    let rebuilt = first.reload(&with_window(4), t(2), std::time::SystemTime::UNIX_EPOCH);
+    let rebuilt = first
+        .reload(&with_window(4), t(2), std::time::SystemTime::UNIX_EPOCH)
+        .unwrap();
     assert_eq!(
         rebuilt
             .route_snapshot(rebuilt.route_id("r").unwrap(), t(2))
@@ -516,15 +521,21 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
     assert_eq!(admitted(&rebuilt, t(3)), "150");
     // Removed, then back: its series goes on from 150.
     let other = Config::new(vec![RouteConfig::new("other", RouteMatch::any())]);
-    let removed = rebuilt.reload(&other, t(4), std::time::SystemTime::UNIX_EPOCH);
+    let removed = rebuilt
+        .reload(&other, t(4), std::time::SystemTime::UNIX_EPOCH)
+        .unwrap();
     metrics::with_local_recorder(&recorder, || collector.collect(&removed, t(4)));
-    let back = removed.reload(&with_window(4), t(5), std::time::SystemTime::UNIX_EPOCH);
+    let back = removed
+        .reload(&with_window(4), t(5), std::time::SystemTime::UNIX_EPOCH)
+        .unwrap();
     offer(&back, 20, t(6));
     assert_eq!(admitted(&back, t(6)), "170");
     // Rebuilt again, and past the old count (20) before the next scrape: still known
     // for a restart (by the route's serial), so nothing is lost. A fresh bucket of 200
     // admits 200 of 300; the rejection ratio is over the new counts only.
-    let again = back.reload(&with_window(6), t(7), std::time::SystemTime::UNIX_EPOCH);
+    let again = back
+        .reload(&with_window(6), t(7), std::time::SystemTime::UNIX_EPOCH)
+        .unwrap();
     offer(&again, 300, t(8));
     let (admitted, ratio) = read(&again, t(8));
     assert_eq!(admitted, "370");
@@ -554,7 +565,8 @@ fn the_controller_roc_is_in_each_routes_mode() {
         ]),
         Nanos::ZERO,
         std::time::SystemTime::UNIX_EPOCH,
-    );
+    )
+    .unwrap();
     // 20 req/s for the window's first half (3 s), then 50 req/s: in the last completed
     // slot the halves read 20 and 50 req/s, so ROC is 30 absolute, 1.5 relative.
     for name in ["abs", "rel"] {
@@ -603,6 +615,7 @@ fn the_roc_histogram_leaves_out_the_first_window() {
         Nanos::ZERO,
         std::time::SystemTime::UNIX_EPOCH,
     )
+    .unwrap()
     .with_sample_hook(Arc::new(move |route, report| {
         seen.lock().unwrap().push((report.armed, report.roc));
         hook(route, report);

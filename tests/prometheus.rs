@@ -392,7 +392,8 @@ fn the_dashboards_offered_line_counts_each_request_once() {
         &Config::new(vec![route]),
         Nanos::ZERO,
         std::time::SystemTime::UNIX_EPOCH,
-    );
+    )
+    .unwrap();
     let id = engine.route_id("order").unwrap();
     // 120 requests in one second: all admitted, most of them over the limit.
     for i in 0..120u64 {

@@ -257,7 +257,7 @@ proptest! {
             prop_assert!(limit * window_ms as f64 / 1e3 < 1.0 + 1e-9 || limit < 1e-6, "{text}");
             return Ok(());
         };
-        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let admitted = (0..=per_window)
             .filter(|_| e.check(RouteId(0), Key::None, Nanos::ZERO).is_admit())
             .count() as u64;
@@ -346,7 +346,7 @@ proptest! {
             &Config::new(vec![RouteConfig::new("r", RouteMatch::any())]),
             Nanos::ZERO,
             SystemTime::UNIX_EPOCH,
-        );
+        ).unwrap();
         let id = RouteId(0);
         let mut t = 0.0f64;
         for rate in rates {

@@ -18,7 +18,7 @@ async fn order() -> &'static str {
 fn inside_the_router() -> Result<axum::Router, Box<dyn Error>> {
     // README.md, "As a tower/axum layer":
     let config = Config::load("config/rocgate.toml".as_ref())?;
-    let layer = AdmissionLayer::builder(&config).route_key(RouteKey::MatchedPath).build();
+    let layer = AdmissionLayer::builder(&config)?.route_key(RouteKey::MatchedPath).build();
     // Every 5 s: ends a silent route's cut, places scheduled events, lets idle keys go.
     layer.spawn_upkeep()?;
     let app = axum::Router::new()
@@ -52,7 +52,7 @@ async fn serve_around_the_router(
     use axum::{extract::Request, ServiceExt};
     use tower::Layer as _;
 
-    let app = AdmissionLayer::from_config(&config).layer(router);
+    let app = AdmissionLayer::from_config(&config)?.layer(router);
     axum::serve(listener, ServiceExt::<Request>::into_make_service(app)).await?;
     // (end of README's code)
     Ok(())

@@ -212,7 +212,8 @@ impl Instance {
             &Config::new(routes.to_vec()),
             clock.now(),
             SystemTime::UNIX_EPOCH,
-        );
+        )
+        .unwrap();
         let id = engine.route_id(&routes[0].name).unwrap();
         let store = RedisStore::connect(config, Arc::clone(&clock)).unwrap();
         for r in routes {
@@ -269,6 +270,7 @@ fn burst_route_made_local() -> Engine {
         Nanos::ZERO,
         SystemTime::UNIX_EPOCH,
     )
+    .unwrap()
 }
 
 /// A bucket of 1000 tokens refilling at 2/s: a run admits its burst and a few refilled
@@ -1644,7 +1646,8 @@ impl Backend {
             &Config::new(vec![route.clone()]),
             clock.now(),
             SystemTime::UNIX_EPOCH,
-        );
+        )
+        .unwrap();
         let id = engine.route_id(&route.name).unwrap();
         [
             Backend::Local {
@@ -2423,11 +2426,14 @@ async fn a_reload_that_changes_a_routes_window_keeps_its_stepped_transitions() {
     assert_eq!(cuts, 1, "one instance steps every slot");
     let mut longer = quick_route();
     longer.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
-    a.engine = a.engine.reload(
-        &Config::new(vec![longer]),
-        a.clock.now(),
-        SystemTime::UNIX_EPOCH,
-    );
+    a.engine = a
+        .engine
+        .reload(
+            &Config::new(vec![longer]),
+            a.clock.now(),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
     a.route = a.engine.route_id("order").unwrap();
     let _ = a.check().await;
     assert_eq!(a.store.view("order").unwrap().stepped.cuts, cuts);
@@ -2485,7 +2491,8 @@ async fn a_running_event_sets_the_shared_limit() {
         &Config::new(vec![route.clone()]),
         clock.now(),
         SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
-    );
+    )
+    .unwrap();
     let id = engine.route_id("order").unwrap();
     let store = RedisStore::connect(&store_config(&server, "event"), Arc::clone(&clock)).unwrap();
     let mut admitted = 0;

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 
 fn engine(routes: Vec<RouteConfig>) -> Engine {
-    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
 }
 
 /// Offers `rate` req/s evenly from `from` to `to` (seconds); returns those admitted.
@@ -151,7 +151,7 @@ fn sale_in_two_hours(wall0: SystemTime) -> Engine {
         duration: Duration::from_secs(3600),
         controller: sale,
     }];
-    Engine::new(&Config::new(vec![route]), Nanos::ZERO, wall0)
+    Engine::new(&Config::new(vec![route]), Nanos::ZERO, wall0).unwrap()
 }
 
 /// The event in force after a request at `at` (minutes on the engine's clock).

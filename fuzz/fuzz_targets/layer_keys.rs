@@ -14,7 +14,7 @@ use libfuzzer_sys::fuzz_target;
 use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::{normalize_path, Config};
 use rocgate::engine::Engine;
-use rocgate::http::{shared_engine, AdmissionLayer, PeerAddr};
+use rocgate::http::{AdmissionLayer, PeerAddr, SharedEngine};
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
@@ -79,8 +79,8 @@ fn world() -> &'static World {
     WORLD.get_or_init(|| {
         let config = Config::from_toml_str(CONFIG, "fuzz").expect("valid config");
         let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
-        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH);
-        let layer = AdmissionLayer::with_engine(shared_engine(engine), clock.clone())
+        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+        let layer = AdmissionLayer::with_engine(SharedEngine::new(engine), clock.clone())
             .trusted_proxies(vec![
                 "10.0.0.0/8".parse().unwrap(),
                 "::1/128".parse().unwrap(),

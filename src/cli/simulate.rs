@@ -280,6 +280,7 @@ fn log_traffic(
     };
     let mut reader = LogReader::new(config, options).map_err(|e| match e {
         LogError::EmptyBounds => bad_input("--from must be before --to"),
+        LogError::Config(e) => bad_input(e.to_string()),
         e => bad_input(format!("--route: {e}")),
     })?;
     let mut names = Vec::new();

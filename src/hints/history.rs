@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn ticks_diff_counters_and_slots_fill_the_open_interval() {
         let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
-        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
         let meter = UpstreamMeter::new();
         let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
         let s = Nanos::from_secs;
@@ -500,7 +500,7 @@ mod tests {
                     duration = \"1m\"\nbase_limit = 500\ncut_limit = 150\n";
         let config = crate::config::Config::from_toml_str(toml, "test").unwrap();
         // The engine starts at wall time 0: the sale runs from 100 s to 160 s.
-        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
         let mut h = History::new(Duration::from_secs(10), Duration::from_secs(3600));
         for t in (95..=185).step_by(10) {
             let now = Nanos::from_secs(t);
@@ -546,7 +546,7 @@ mod tests {
     #[test]
     fn history_is_bounded_and_gone_routes_age_out() {
         let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
-        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
         let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
         for t in 0..10 {
             let now = Nanos::from_secs(t);

@@ -63,8 +63,9 @@ pub struct HeldPermit {
 /// let app: Router = Router::new().route("/feed", get(|| async { "events" })).layer(
 ///     ServiceBuilder::new()
 ///         .map_response(hold_permit_through_body)
-///         .layer(AdmissionLayer::from_config(&Config::new(vec![feed]))),
+///         .layer(AdmissionLayer::from_config(&Config::new(vec![feed]))?),
 /// );
+/// # Ok::<(), rocgate::config::ConfigError>(())
 /// ```
 ///
 /// A response without a permit (another algorithm, a rejection) is returned as it

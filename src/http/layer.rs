@@ -3,7 +3,7 @@
 use super::client_ip::{ClientIpResolver, PeerAddr};
 use super::service::AdmissionService;
 use crate::clock::{Clock, MonotonicClock, Nanos};
-use crate::config::{Config, Partition};
+use crate::config::{Config, ConfigError, Partition};
 use crate::engine::{Engine, Key, RouteId};
 use crate::limiter::{Admit, Decision, Pace};
 use arc_swap::ArcSwap;
@@ -32,13 +32,69 @@ pub enum RouteKey {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MatchedRoute(pub Arc<str>);
 
-/// An engine that can be replaced while requests run (config reload): every request
-/// loads the current one once and uses it throughout.
-pub type SharedEngine = Arc<ArcSwap<Engine>>;
+/// An engine that can be replaced while requests run (config reload), shared by
+/// layers, an admin API and a reloader: every request loads the current one once and
+/// uses it throughout. Cloning is cheap and every clone sees the same engine.
+///
+/// ```
+/// use rocgate::clock::Nanos;
+/// use rocgate::config::{Config, RouteConfig, RouteMatch};
+/// use rocgate::engine::Engine;
+/// use rocgate::http::SharedEngine;
+/// use std::time::UNIX_EPOCH;
+///
+/// let config = Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]);
+/// let shared = SharedEngine::new(Engine::new(&config, Nanos::ZERO, UNIX_EPOCH)?);
+/// let mut reloaded = config.clone();
+/// reloaded.routes[0].controller.base_limit_rps = 300.0;
+/// let next = shared.load().reload(&reloaded, Nanos::ZERO, UNIX_EPOCH)?;
+/// shared.replace(next);
+/// let engine = shared.load();
+/// assert_eq!(engine.route_params(engine.route_id("order").unwrap()).base_limit_rps, 300.0);
+/// # Ok::<(), rocgate::config::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct SharedEngine(Arc<ArcSwap<Engine>>);
 
-/// Wraps an engine so that it can be shared by layers and swapped on reload.
-pub fn shared_engine(engine: Engine) -> SharedEngine {
-    Arc::new(ArcSwap::from_pointee(engine))
+impl SharedEngine {
+    /// Shares `engine`.
+    pub fn new(engine: Engine) -> Self {
+        SharedEngine(Arc::new(ArcSwap::from_pointee(engine)))
+    }
+
+    /// The engine in force now. Requests that loaded the one before keep it until
+    /// they finish.
+    pub fn load(&self) -> Arc<Engine> {
+        self.0.load_full()
+    }
+
+    /// Puts `engine` in force for every request that starts from now on (typically
+    /// one built by [`Engine::reload`] from the engine in force) and returns the one
+    /// it replaces.
+    pub fn replace(&self, engine: impl Into<Arc<Engine>>) -> Arc<Engine> {
+        self.0.swap(engine.into())
+    }
+
+    /// The engine in force now, without touching its reference count: the hot path's
+    /// load.
+    #[inline]
+    pub(crate) fn guard(&self) -> arc_swap::Guard<Arc<Engine>> {
+        self.0.load()
+    }
+}
+
+impl From<Engine> for SharedEngine {
+    fn from(engine: Engine) -> Self {
+        SharedEngine::new(engine)
+    }
+}
+
+impl std::fmt::Debug for SharedEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SharedEngine")
+            .field(&*self.0.load())
+            .finish()
+    }
 }
 
 /// Everything every clone of the layer and its services shares: one engine.
@@ -252,21 +308,21 @@ impl std::fmt::Debug for AdmissionLayer {
 
 impl AdmissionLayer {
     /// A layer over a new engine built from `config`, with the system clock, config
-    /// route matching and no trusted proxies. The routes are taken as they are: a
-    /// config loaded from TOML has been checked, one built in code is checked by
-    /// [`Config::validate`].
-    pub fn from_config(config: &Config) -> Self {
-        AdmissionLayer::builder(config).build()
+    /// route matching and no trusted proxies. The routes are checked by the rules of
+    /// the file first ([`Config::validate`]), so a route built in code that a file
+    /// would refuse (a `cut_limit` above `base_limit`) is an error, not a layer.
+    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        Ok(AdmissionLayer::builder(config)?.build())
     }
 
     /// A builder over a new engine built from `config` (checked as for
     /// [`from_config`](Self::from_config)).
-    pub fn builder(config: &Config) -> AdmissionLayerBuilder {
+    pub fn builder(config: &Config) -> Result<AdmissionLayerBuilder, ConfigError> {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
-        let engine = Engine::new(config, clock.now(), wall_now);
-        AdmissionLayerBuilder::new(shared_engine(engine), clock)
+        let engine = Engine::new(config, clock.now(), wall_now)?;
+        Ok(AdmissionLayerBuilder::new(SharedEngine::new(engine), clock))
     }
 
     /// A builder over an existing engine (shared with an admin API, metrics or a
@@ -278,7 +334,7 @@ impl AdmissionLayer {
 
     /// The engine in force now.
     pub fn engine(&self) -> Arc<Engine> {
-        self.gate.engine.load_full()
+        self.gate.engine.load()
     }
 
     /// Periodic upkeep, for a service that runs for days: places the scheduled events

@@ -26,9 +26,7 @@
 //! order.controller.base_limit_rps = 2.0; // a burst of 2, then 2 per second
 //! order.controller.cut_limit_rps = 1.0; // after a cut (at most base_limit_rps)
 //! // Routes written in code are checked as a file's are when loaded.
-//! let config = Config::new(vec![order]);
-//! config.validate().expect("valid routes");
-//! let layer = AdmissionLayer::from_config(&config);
+//! let layer = AdmissionLayer::from_config(&Config::new(vec![order])).expect("valid routes");
 //! let app = Router::new().route("/api/order", post(|| async { "ok" })).layer(layer);
 //!
 //! let post = || http::Request::post("/api/order").body(axum::body::Body::empty()).unwrap();
@@ -54,7 +52,6 @@ pub use client_ip::{ClientIpResolver, PeerAddr};
 pub(crate) use future::HoldUntilEnd;
 pub use future::{hold_permit_through_body, HeldPermit, ResponseFuture};
 pub use layer::{
-    shared_engine, AdmissionLayer, AdmissionLayerBuilder, MatchedRoute, RouteKey, SharedEngine,
-    UPKEEP_EVERY,
+    AdmissionLayer, AdmissionLayerBuilder, MatchedRoute, RouteKey, SharedEngine, UPKEEP_EVERY,
 };
 pub use service::AdmissionService;

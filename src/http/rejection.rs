@@ -51,12 +51,9 @@
 //! let mut page = RouteConfig::new("page", RouteMatch::prefix("/"));
 //! page.controller.base_limit_rps = 1.0;
 //! page.controller.cut_limit_rps = 1.0;
-//! let config = Config::new(vec![page]);
-//! config.validate().expect("valid routes");
+//! let admission = AdmissionLayer::from_config(&Config::new(vec![page])).expect("valid routes");
 //! let app = Router::new().route("/", get(|| async { "home" })).layer(
-//!     ServiceBuilder::new()
-//!         .map_response(busy_page)
-//!         .layer(AdmissionLayer::from_config(&config)),
+//!     ServiceBuilder::new().map_response(busy_page).layer(admission),
 //! );
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! let get = || http::Request::get("/").body(Body::empty()).unwrap();
@@ -380,11 +377,14 @@ mod tests {
         let mut a = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
         a.reject_status = 503;
         let b = RouteConfig::new("search", RouteMatch::prefix("/search"));
-        let engine = Arc::new(Engine::new(
-            &Config::new(vec![a, b]),
-            Nanos::ZERO,
-            std::time::SystemTime::UNIX_EPOCH,
-        ));
+        let engine = Arc::new(
+            Engine::new(
+                &Config::new(vec![a, b]),
+                Nanos::ZERO,
+                std::time::SystemTime::UNIX_EPOCH,
+            )
+            .unwrap(),
+        );
         let templates = Templates::default();
         for route in [RouteId(0), RouteId(1)] {
             for reason in [Reason::Limit, Reason::RocCut, Reason::QueueFull] {
@@ -414,11 +414,14 @@ mod tests {
     fn a_wait_under_a_millisecond_is_no_zero_in_the_body() {
         // A token bucket at 10,000 req/s says to come back in 100 µs: the body said
         // `"retry_after_ms":0`, a client reading it retried at once.
-        let engine = Arc::new(Engine::new(
-            &Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]),
-            Nanos::ZERO,
-            std::time::SystemTime::UNIX_EPOCH,
-        ));
+        let engine = Arc::new(
+            Engine::new(
+                &Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]),
+                Nanos::ZERO,
+                std::time::SystemTime::UNIX_EPOCH,
+            )
+            .unwrap(),
+        );
         let templates = Templates::default();
         for (wait, ms) in [
             (100_000, 1),

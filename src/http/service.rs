@@ -66,7 +66,7 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let gate = &*self.gate;
-        let engine = gate.engine.load();
+        let engine = gate.engine.guard();
         let Some(route) = gate.route_of(&engine, &req) else {
             return self.forward(req, None);
         };

@@ -33,7 +33,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
 use crate::controller::Transition;
 use crate::engine::Engine;
-use crate::http::{shared_engine, AdmissionLayer, SharedEngine};
+use crate::http::{AdmissionLayer, SharedEngine};
 use crate::metrics as metric;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -177,7 +177,7 @@ impl std::fmt::Debug for Reloader {
 impl Reloader {
     /// The engine in force.
     pub fn engine(&self) -> Arc<Engine> {
-        self.engine.load_full()
+        self.engine.load()
     }
 
     /// The clock the engine runs on.
@@ -303,17 +303,21 @@ impl Reloader {
             .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
-        let before = self.engine.load_full();
+        let before = self.engine.load();
         // Read now: a route the reload keeps is reconfigured in place.
-        let changed: Vec<_> = std::mem::take(&mut *changed_at_runtime)
-            .into_iter()
+        let changed: Vec<_> = changed_at_runtime
+            .iter()
             .filter_map(|name| {
-                let params = before.route_params(before.route_id(&name)?);
-                Some((name, params))
+                let params = before.route_params(before.route_id(name)?);
+                Some((name.clone(), params))
             })
             .collect();
-        let next = Arc::new(before.reload(&config, self.clock.now(), wall_now));
-        self.engine.store(Arc::clone(&next));
+        let next = before
+            .reload(&config, self.clock.now(), wall_now)
+            .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+        changed_at_runtime.clear();
+        let next = Arc::new(next);
+        self.engine.replace(Arc::clone(&next));
         // A runtime change the file does not repeat is gone: said, not done silently.
         let runtime_changes_replaced: Vec<String> = changed
             .into_iter()
@@ -423,6 +427,7 @@ impl Proxy {
         let roc_histogram = metric::roc_sample_hook();
         let history = Arc::clone(&advisor);
         let engine = Engine::new(config, clock.now(), wall_now)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
             .with_transition_hook(Arc::new(log_transition))
             .with_sample_hook(Arc::new(move |route, report| {
                 roc_histogram(route, report);
@@ -451,7 +456,7 @@ impl Proxy {
             #[cfg(feature = "redis")]
             store: store.clone(),
             reloader: Reloader {
-                engine: shared_engine(engine),
+                engine: SharedEngine::new(engine),
                 clock,
                 source,
                 #[cfg(feature = "redis")]
@@ -490,7 +495,7 @@ impl Proxy {
     /// flight finish for up to `shutdown_grace`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let layer = AdmissionLayer::with_engine(
-            Arc::clone(&self.reloader.engine),
+            self.reloader.engine.clone(),
             Arc::clone(&self.reloader.clock),
         )
         .trusted_proxies(self.settings.forward.resolver_networks())
@@ -513,7 +518,7 @@ impl Proxy {
         let shared_gate = self.store.clone().map(|store| {
             Arc::new(shared::SharedGate {
                 store,
-                engine: Arc::clone(&self.reloader.engine),
+                engine: self.reloader.engine.clone(),
                 clock: Arc::clone(&self.reloader.clock),
             })
         });

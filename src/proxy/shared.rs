@@ -86,7 +86,7 @@ where
                 inner: self.layered.call(req),
             };
         };
-        let engine = gate.engine.load_full();
+        let engine = gate.engine.load();
         let route = engine
             .route_for(req.method().as_str(), req.uri().path())
             .filter(|r| gate.store.shares(&engine, *r));

@@ -523,6 +523,10 @@ impl LogStats {
 /// Why a log cannot be replayed.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
+    /// The configuration's routes break the file's rules
+    /// ([`Config::validate`](crate::config::Config::validate)).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// A route asked for is not in the configuration.
     #[error("unknown route `{name}`; routes in the configuration: {}", known.join(", "))]
     UnknownRoute {
@@ -666,8 +670,10 @@ pub struct LogReader {
 }
 
 impl LogReader {
-    /// A reader matching requests against `config`'s routes.
+    /// A reader matching requests against `config`'s routes, which are checked by the
+    /// rules of the file ([`Config::validate`](crate::config::Config::validate)).
     pub fn new(config: &Config, options: LogOptions) -> Result<Self, LogError> {
+        let engine = Engine::new(config, Nanos::ZERO, UNIX_EPOCH)?;
         let mut replayed = vec![options.routes.is_empty(); config.routes.len()];
         for name in &options.routes {
             let i = config
@@ -688,7 +694,7 @@ impl LogReader {
             }
         }
         Ok(LogReader {
-            engine: Engine::new(config, Nanos::ZERO, UNIX_EPOCH),
+            engine,
             replayed,
             by_ip: config
                 .routes

@@ -4,7 +4,7 @@
 
 use super::{ArrivalModel, Profile, MAX_ARRIVALS, MAX_SLOTS};
 use crate::clock::{duration_nanos, Nanos};
-use crate::config::{Config, Mode, Partition};
+use crate::config::{Config, ConfigError, Mode, Partition};
 use crate::controller::{ControllerState, Transition};
 use crate::engine::{Engine, Key, RouteId};
 use crate::limiter::{Decision, Reason};
@@ -23,6 +23,9 @@ const PEAK_GRID_PER_S: usize = 10;
 /// Why a simulation cannot run.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SimError {
+    /// The configuration's routes break the file's rules ([`Config::validate`]).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The configuration has no route to drive.
     #[error("the configuration has no routes")]
     NoRoutes,
@@ -94,8 +97,10 @@ pub struct Simulator {
 }
 
 impl Simulator {
-    /// A simulator for `route` (by name; the first route when `None`) of `config`.
+    /// A simulator for `route` (by name; the first route when `None`) of `config`,
+    /// whose routes are checked by the rules of the file ([`Config::validate`]).
     pub fn new(config: Config, route: Option<&str>) -> Result<Self, SimError> {
+        config.validate()?;
         match route {
             None if config.routes.is_empty() => Err(SimError::NoRoutes),
             None => Ok(Self::build(config, vec![RouteId(0)])),
@@ -104,8 +109,10 @@ impl Simulator {
     }
 
     /// A simulator recording every route named (in config order, whatever the order of
-    /// `names`): the routes of a multi-route replay.
+    /// `names`): the routes of a multi-route replay. `config`'s routes are checked as
+    /// for [`Simulator::new`].
     pub fn for_routes(config: Config, names: &[impl AsRef<str>]) -> Result<Self, SimError> {
+        config.validate()?;
         if config.routes.is_empty() {
             return Err(SimError::NoRoutes);
         }
@@ -281,7 +288,7 @@ impl Simulator {
             .iter()
             .map(|r| self.config.routes[r.0].name.clone())
             .collect();
-        let engine = Engine::new(&self.config, Nanos::ZERO, wall_start).with_transition_hook(
+        let engine = Engine::new(&self.config, Nanos::ZERO, wall_start)?.with_transition_hook(
             Arc::new(move |route: &str, t: &Transition| {
                 if let Some(i) = names.iter().position(|n| n == route) {
                     sink.lock()
@@ -1086,5 +1093,23 @@ mod tests {
         assert_eq!(csv_field("order"), "order");
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+
+    #[test]
+    fn a_simulator_is_built_only_from_routes_a_file_would_accept() {
+        // A cut above the base: a file refuses it, and so does the simulator, which
+        // used to replay it (the cut raising the limit from 20 to 60 req/s).
+        let mut route = crate::config::RouteConfig::new("order", crate::config::RouteMatch::any());
+        route.controller.base_limit_rps = 20.0;
+        let config = Config::new(vec![route]);
+        let want = "config: routes[0].cut_limit: must be ≤ base_limit (20), got 60";
+        let e = Simulator::new(config.clone(), None).unwrap_err();
+        assert!(matches!(e, SimError::Config(_)), "{e:?}");
+        assert_eq!(e.to_string(), want);
+        let e = Simulator::for_routes(config.clone(), &["order"]).unwrap_err();
+        assert_eq!(e.to_string(), want);
+        let options = super::super::LogOptions::default();
+        let e = super::super::LogReader::new(&config, options).unwrap_err();
+        assert_eq!(e.to_string(), want);
     }
 }
