@@ -18,7 +18,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rocgate::clock::{Clock, ManualClock, MonotonicClock};
-use rocgate::config::Config;
+use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
 use std::future::Future;
@@ -150,7 +150,12 @@ async fn start_proxy_on(
         idle_timeout,
         admin_token: None,
     };
-    let proxy = Proxy::bind_with_clock(settings, &Config::new(Vec::new()), None, clock)
+    // One route no request of these tests takes: every request is forwarded as is.
+    let config = Config::new(vec![RouteConfig::new(
+        "connections_none",
+        RouteMatch::exact("GET", "/no-request-goes-here"),
+    )]);
+    let proxy = Proxy::bind_with_clock(settings, &config, None, clock)
         .await
         .unwrap();
     let (addr, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());

@@ -37,9 +37,13 @@ fn engine(routes: Vec<RouteConfig>) -> Engine {
     Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
 }
 
-/// A route named with a fixed width, so that every route's name costs the same.
+/// A route named, and given a path prefix of its own (an engine takes no route that
+/// an earlier one shadows), with a fixed width, so that every route costs the same.
 fn route(i: usize, partition: Partition) -> RouteConfig {
-    let mut r = RouteConfig::new(format!("route-{i:05}"), RouteMatch::prefix("/api/"));
+    let mut r = RouteConfig::new(
+        format!("route-{i:05}"),
+        RouteMatch::prefix(format!("/api/{i:05}/")),
+    );
     r.partition = partition;
     r
 }

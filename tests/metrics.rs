@@ -430,6 +430,7 @@ fn the_rejection_ratio_counts_only_what_was_refused() {
     let route = |name: &str, mode| {
         let mut r = RouteConfig::new(name, RouteMatch::prefix(format!("/{name}/")));
         r.controller.base_limit_rps = 10.0;
+        r.controller.cut_limit_rps = 5.0;
         r.mode = mode;
         r
     };

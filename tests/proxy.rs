@@ -1275,7 +1275,11 @@ async fn a_lane_idle_for_upstream_idle_timeout_opens_a_new_connection() {
     let clock = Arc::new(ManualClock::new());
     let proxy = Proxy::bind_with_clock(
         settings(upstream),
-        &Config::new(Vec::new()),
+        // One route no request here takes: every request is forwarded as is.
+        &Config::new(vec![RouteConfig::new(
+            "lane_idle_none",
+            RouteMatch::exact("GET", "/no-request-goes-here"),
+        )]),
         None,
         Arc::clone(&clock) as Arc<dyn rocgate::clock::Clock>,
     )

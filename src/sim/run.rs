@@ -100,10 +100,9 @@ impl Simulator {
     /// A simulator for `route` (by name; the first route when `None`) of `config`,
     /// whose routes are checked by the rules of the file ([`Config::validate`]).
     pub fn new(config: Config, route: Option<&str>) -> Result<Self, SimError> {
-        config.validate()?;
         match route {
             None if config.routes.is_empty() => Err(SimError::NoRoutes),
-            None => Ok(Self::build(config, vec![RouteId(0)])),
+            None => Self::build(config, vec![RouteId(0)]),
             Some(name) => Self::for_routes(config, &[name]),
         }
     }
@@ -112,7 +111,6 @@ impl Simulator {
     /// `names`): the routes of a multi-route replay. `config`'s routes are checked as
     /// for [`Simulator::new`].
     pub fn for_routes(config: Config, names: &[impl AsRef<str>]) -> Result<Self, SimError> {
-        config.validate()?;
         if config.routes.is_empty() {
             return Err(SimError::NoRoutes);
         }
@@ -137,16 +135,18 @@ impl Simulator {
             .collect::<Result<Vec<_>, _>>()?;
         routes.sort_unstable();
         routes.dedup();
-        Ok(Self::build(config, routes))
+        Self::build(config, routes)
     }
 
-    fn build(config: Config, routes: Vec<RouteId>) -> Self {
-        Simulator {
+    /// The simulator of `routes`, once `config` is checked by the rules of the file.
+    fn build(config: Config, routes: Vec<RouteId>) -> Result<Self, SimError> {
+        config.validate()?;
+        Ok(Simulator {
             config,
             routes,
             wall_start: None,
             capacity_rps: None,
-        }
+        })
     }
 
     /// Places virtual time zero at this wall-clock time, for scheduled events.

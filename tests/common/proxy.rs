@@ -2,7 +2,7 @@
 //! drive one over sockets (`tests/proxy.rs`, `tests/upgrade.rs`), included by path.
 #![allow(dead_code)] // each file uses its part
 
-use rocgate::config::{Config, RouteConfig};
+use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::engine::RouteSnapshot;
 use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
@@ -69,7 +69,18 @@ pub(crate) fn settings(upstream: SocketAddr) -> ProxySettings {
     }
 }
 
-pub(crate) async fn start_proxy(settings: ProxySettings, routes: Vec<RouteConfig>) -> RunningProxy {
+/// A proxy over `routes`; with none, over one route no request takes (a config needs
+/// a route), so that every request is forwarded as it is.
+pub(crate) async fn start_proxy(
+    settings: ProxySettings,
+    mut routes: Vec<RouteConfig>,
+) -> RunningProxy {
+    if routes.is_empty() {
+        routes.push(RouteConfig::new(
+            "forward_only",
+            RouteMatch::exact("GET", "/no-request-goes-here"),
+        ));
+    }
     let proxy = Proxy::bind(settings, &Config::new(routes), None)
         .await
         .unwrap();
