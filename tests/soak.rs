@@ -107,6 +107,8 @@ fn thirty_days_of_bursts_after_silences_never_exceed_a_quota_nor_refuse_a_fresh_
             // A limit no burst here changes: the controller stays in Normal.
             route.controller.danger_roc = 1e9;
             route.controller.safe_roc = 1e8;
+            // A cut that admits a request per 10 ms window, as the engine requires.
+            route.controller.cut_limit_rps = 100.0;
             let e = engine(vec![route]);
             let id = RouteId(0);
             let quota = match algorithm {
