@@ -239,9 +239,10 @@ fn keyed(c: &mut Criterion) {
     let mut g = c.benchmark_group("keyed_10k");
     let keys = ips();
     let mut next = keys.iter().copied().cycle();
-    let partition = Partition::ClientIp(KeyLimits {
-        max_keys: KEYS as usize,
-        ..KeyLimits::default()
+    let partition = Partition::ClientIp({
+        let mut v = KeyLimits::default();
+        v.max_keys = KEYS as usize;
+        v
     });
     let filled_engine = || {
         let e = open_engine(partition.clone());

@@ -133,9 +133,10 @@ fn main() {
     let ips: Vec<IpAddr> = (0..KEYS)
         .map(|k| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + k)))
         .collect();
-    let e = open_engine(Partition::ClientIp(KeyLimits {
-        max_keys: KEYS as usize,
-        ..KeyLimits::default()
+    let e = open_engine(Partition::ClientIp({
+        let mut v = KeyLimits::default();
+        v.max_keys = KEYS as usize;
+        v
     }));
     let g = RateLimiter::dashmap_with_clock(open_quota(), FakeRelativeClock::default());
     for ip in &ips {

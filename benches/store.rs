@@ -96,10 +96,11 @@ fn main() {
         let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
         let id = engine.route_id("order").expect("the route");
         let store = RedisStore::connect(
-            &RedisConfig {
-                servers: RedisServers::Single(url.clone()),
-                timeout: Duration::from_secs(1),
-                ..RedisConfig::default()
+            &{
+                let mut v = RedisConfig::default();
+                v.servers = RedisServers::Single(url.clone());
+                v.timeout = Duration::from_secs(1);
+                v
             },
             Arc::clone(&clock),
         )
@@ -130,12 +131,13 @@ fn main() {
         }
         assert_eq!(store.fallback_decisions(), 0, "every decision was shared");
         let batched_store = RedisStore::connect(
-            &RedisConfig {
-                servers: RedisServers::Single(url.clone()),
-                timeout: Duration::from_secs(1),
-                key_prefix: "batched".into(),
-                mode: SyncMode::Batched,
-                ..RedisConfig::default()
+            &{
+                let mut v = RedisConfig::default();
+                v.servers = RedisServers::Single(url.clone());
+                v.timeout = Duration::from_secs(1);
+                v.key_prefix = "batched".into();
+                v.mode = SyncMode::Batched;
+                v
             },
             Arc::clone(&clock),
         )

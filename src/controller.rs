@@ -48,6 +48,7 @@ use std::time::Duration;
 /// itself only relies on `cut_limit ≤ base_limit`, `safe_roc ≤ danger_roc` and a
 /// non-zero `restore_interval`.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ControllerParams {
     /// Limit in normal operation, req/s.
     pub base_limit_rps: f64,
@@ -101,6 +102,7 @@ impl Default for ControllerParams {
 
 /// Where the controller stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ControllerState {
     /// The limit is the base limit.
     Normal,
@@ -163,6 +165,7 @@ impl TransitionCounts {
 
 /// A change of state, reported to the caller for metrics and logs.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Transition {
     /// State left.
     pub from: ControllerState,

@@ -11,23 +11,13 @@
 //!
 //! ```
 //! use rocgate::clock::Nanos;
-//! use rocgate::config::{Config, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
-//! use rocgate::controller::ControllerParams;
+//! use rocgate::config::{Config, RouteConfig, RouteMatch};
 //! use rocgate::engine::{Engine, Key};
 //! use std::time::SystemTime;
 //!
-//! let route = RouteConfig {
-//!     name: "order".into(),
-//!     matcher: RouteMatch { method: Some("POST".into()), path: PathPattern::Exact("/api/order".into()) },
-//!     mode: Mode::Enforce,
-//!     reject_status: 429,
-//!     window: Default::default(),
-//!     controller: ControllerParams::default(),
-//!     algorithm: Default::default(),
-//!     partition: Partition::Route,
-//!     tiers: vec![],
-//!     events: vec![],
-//! };
+//! // Every other setting at its default: a token bucket of one second at the base
+//! // limit (200 req/s), cut to 60 req/s.
+//! let route = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
 //! let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH)?;
 //! let id = engine.route_for("POST", "/api/order").unwrap();
 //! let admitted = (0..300).filter(|_| engine.check(id, Key::None, Nanos::ZERO).is_admit()).count();
@@ -63,6 +53,7 @@ pub struct RouteId(pub usize);
 
 /// The partition key of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Key<'a> {
     /// No key: the route-level limiter, or a shared anonymous key on partitioned routes.
     None,
@@ -1859,6 +1850,7 @@ impl KeyText for str {
 
 /// A read-only view of one route.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RouteSnapshot {
     /// Route name.
     pub name: String,

@@ -10,6 +10,14 @@
 //! `hints`)
 //! is pure: it takes the time as an argument, does no network I/O and needs no
 //! async runtime, so it is deterministic under a [`clock::ManualClock`].
+//!
+//! Growing the API: enums that a later version may extend (rejection reasons,
+//! decisions, controller states, algorithms, partitions, errors) are
+//! `#[non_exhaustive]`, as are the configuration structs and the reports and
+//! snapshots the crate hands out. Build a configuration from its constructor or
+//! `Default` ([`config::RouteConfig::new`], [`config::Tier::new`],
+//! [`controller::ControllerParams::default`]) and set its public fields; a struct
+//! expression, `..Default::default()` included, does not compile outside the crate.
 
 pub mod clock;
 pub mod config;

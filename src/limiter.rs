@@ -35,13 +35,9 @@
 //! let bucket = TokenBucket::new(10.0, Duration::from_millis(200), Nanos::ZERO);
 //! assert!(bucket.check(Nanos::ZERO).is_admit());
 //! assert!(bucket.check(Nanos::ZERO).is_admit());
-//! match bucket.check(Nanos::ZERO) {
-//!     Decision::Reject(r) => {
-//!         assert_eq!(r.reason, Reason::Limit);
-//!         assert_eq!(r.retry_after, Duration::from_millis(100));
-//!     }
-//!     Decision::Admit(_) => unreachable!(),
-//! }
+//! let Decision::Reject(r) = bucket.check(Nanos::ZERO) else { unreachable!() };
+//! assert_eq!(r.reason, Reason::Limit);
+//! assert_eq!(r.retry_after, Duration::from_millis(100));
 //! assert!(bucket.check(Nanos::from_millis(100)).is_admit());
 //! ```
 
@@ -57,6 +53,7 @@ use std::time::Duration;
 
 /// Why a request was rejected. One vocabulary for metric labels, headers, bodies and logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Reason {
     /// The absolute limit (the base limit, or a tier's) is exhausted.
     Limit,
@@ -105,6 +102,7 @@ impl fmt::Display for Reason {
 
 /// A refused request: when to come back, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Rejection {
     /// The same request sent `retry_after` from now would be admitted, if nothing else
     /// arrives meanwhile and the limit does not change.
@@ -116,6 +114,7 @@ pub struct Rejection {
 /// How an admitted request proceeds.
 #[derive(Debug)]
 #[repr(u8)] // An explicit tag: dropping a Decision is a compare, with no niche to decode.
+#[non_exhaustive]
 pub enum Admit {
     /// Go ahead now.
     Now,
@@ -167,6 +166,7 @@ impl Pace {
 /// The outcome of a check.
 #[derive(Debug)]
 #[must_use]
+#[non_exhaustive]
 pub enum Decision {
     /// Let the request through.
     Admit(Admit),
@@ -191,6 +191,7 @@ impl Decision {
 
 /// Which algorithm enforces a limit, with its own settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// GCRA token bucket; capacity is `limit × burst` (at least one token).
     TokenBucket {
@@ -243,6 +244,7 @@ impl Default for Algorithm {
 
 /// How full a limiter is, for snapshots and gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Level {
     /// Tokens left, requests counted in the window, requests queued, or in flight.
     pub value: f64,
@@ -264,6 +266,7 @@ impl Level {
 
 /// Any of the five limiters.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Limiter {
     /// See [`TokenBucket`].
     TokenBucket(TokenBucket),

@@ -55,6 +55,7 @@ pub struct WindowSpec {
 
 /// Why a window shape was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WindowError {
     /// The slot length is zero.
     #[error("slot must be longer than zero")]
@@ -140,6 +141,7 @@ impl Default for WindowSpec {
 
 /// How ROC is expressed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RocMode {
     /// `rate_recent − rate_prev`, in req/s per half-window.
     #[default]

@@ -99,7 +99,8 @@ fn concurrency_permits_never_exceed_the_limit() {
             drop(permit);
             true
         }
-        Decision::Reject(_) => false,
+        // A rejection.
+        _ => false,
     });
     assert!(admitted > 0);
     assert!(peak.load(Ordering::Relaxed) <= 3);
@@ -163,7 +164,8 @@ fn queued_requests_all_get_their_permits_under_contention() {
                 permit
             }
             Decision::Admit(other) => panic!("{other:?}"),
-            Decision::Reject(_) => return false,
+            // A rejection.
+            _ => return false,
         };
         peak.fetch_max(c.level().value as u64, Ordering::Relaxed);
         // Hold the permit while other threads run, so that they queue.
@@ -211,13 +213,11 @@ fn a_key_table_never_holds_more_than_max_keys_under_contention() {
     let threads = 4;
     for round in 0..20 {
         let mut cfg = RouteConfig::new("max_keys_race", RouteMatch::any());
-        cfg.partition = rocgate::config::Partition::Header(
-            "x-key".into(),
-            rocgate::config::KeyLimits {
-                max_keys: 64,
-                ..rocgate::config::KeyLimits::default()
-            },
-        );
+        cfg.partition = rocgate::config::Partition::Header("x-key".into(), {
+            let mut v = rocgate::config::KeyLimits::default();
+            v.max_keys = 64;
+            v
+        });
         let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let barrier = Barrier::new(threads);
         std::thread::scope(|s| {

@@ -976,18 +976,20 @@ fn store_section() {
     let c = Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         c.store,
-        StoreConfig::Redis(RedisConfig {
-            servers: RedisServers::Single("redis://10.0.0.5:6380".into()),
-            timeout: Duration::from_millis(20),
-            key_prefix: "shop-eu".into(),
-            fail_mode: FailMode::Closed,
-            mode: SyncMode::Batched,
-            heartbeat: Duration::from_secs(2),
-            failures_to_open: 5,
-            probe_interval: Duration::from_secs(1),
-            key_ttl: Duration::from_secs(3600),
-            instance_id: Some("gw-1".into()),
-            expected_instances: 12,
+        StoreConfig::Redis({
+            let mut v = RedisConfig::default();
+            v.servers = RedisServers::Single("redis://10.0.0.5:6380".into());
+            v.timeout = Duration::from_millis(20);
+            v.key_prefix = "shop-eu".into();
+            v.fail_mode = FailMode::Closed;
+            v.mode = SyncMode::Batched;
+            v.heartbeat = Duration::from_secs(2);
+            v.failures_to_open = 5;
+            v.probe_interval = Duration::from_secs(1);
+            v.key_ttl = Duration::from_secs(3600);
+            v.instance_id = Some("gw-1".into());
+            v.expected_instances = 12;
+            v
         })
     );
     // Defaults when only the backend is given.

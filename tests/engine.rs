@@ -38,9 +38,10 @@ fn offer(e: &Engine, id: RouteId, key: Key<'_>, from: f64, to: f64, rate: f64) -
     let n = ((to - from) * rate).round() as u64;
     for k in 0..n {
         let now = Nanos::from_secs_f64(from + k as f64 / rate);
-        match e.check(id, key, now) {
-            Decision::Admit(_) => admitted += 1,
-            Decision::Reject(_) => rejected += 1,
+        if e.check(id, key, now).is_admit() {
+            admitted += 1;
+        } else {
+            rejected += 1;
         }
     }
     (admitted, rejected)
@@ -53,10 +54,10 @@ fn ip(n: u32) -> Key<'static> {
 #[test]
 fn routes_match_by_method_exact_prefix_and_template() {
     let mut items = RouteConfig::new("items", RouteMatch::any());
-    items.matcher = RouteMatch {
-        method: Some("GET".into()),
-        path: PathPattern::parse_path("/api/items/{id}").unwrap(),
-    };
+    items.matcher = RouteMatch::new(
+        Some("get"),
+        PathPattern::parse_path("/api/items/{id}").unwrap(),
+    );
     let e = engine(vec![
         RouteConfig::new("order", RouteMatch::exact("post", "/api/order")),
         items,
@@ -255,12 +256,7 @@ fn vip_keys(limits: KeyLimits, values: &[&str]) -> RouteConfig {
     cfg.partition = Partition::Header("x-api-key".into(), limits);
     cfg.controller.base_limit_rps = 10.0;
     cfg.controller.cut_limit_rps = 2.0;
-    cfg.tiers = vec![Tier {
-        name: "vip".into(),
-        values: values.iter().map(|&v| v.into()).collect(),
-        base_limit_rps: 100.0,
-        cut_limit_rps: 40.0,
-    }];
+    cfg.tiers = vec![Tier::new("vip", values.iter().copied(), 100.0, 40.0)];
     cfg
 }
 
@@ -296,9 +292,10 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
 /// the route's limit there, and the limit a rejection states for it is the route's.
 #[test]
 fn a_tier_key_in_the_overflow_limiter_states_the_routes_limit() {
-    let limits = KeyLimits {
-        max_keys: 1,
-        ..KeyLimits::default()
+    let limits = {
+        let mut v = KeyLimits::default();
+        v.max_keys = 1;
+        v
     };
     let e = engine(vec![vip_keys(limits, &["gold", "silver"])]);
     let id = RouteId(0);
@@ -319,23 +316,24 @@ fn a_tier_key_in_the_overflow_limiter_states_the_routes_limit() {
 fn ip_tiers_match_by_address_text_and_mapped_ipv4_shares_its_key() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
     // Each IPv6 address a key of its own (by /64, 2001:db8::7 and ::9 would share one).
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        ipv6_prefix: 128,
-        ..KeyLimits::default()
+    cfg.partition = Partition::ClientIp({
+        let mut v = KeyLimits::default();
+        v.ipv6_prefix = 128;
+        v
     });
     cfg.controller.base_limit_rps = 2.0;
     cfg.controller.cut_limit_rps = 1.0;
-    cfg.tiers = vec![Tier {
-        name: "partners".into(),
-        values: vec![
-            "10.0.0.7".into(),
-            "2001:db8::7".into(),
-            "::FFFF:10.0.0.9".into(),
-            "2001:DB8:0:0::9".into(),
+    cfg.tiers = vec![Tier::new(
+        "partners",
+        vec![
+            "10.0.0.7",
+            "2001:db8::7",
+            "::FFFF:10.0.0.9",
+            "2001:DB8:0:0::9",
         ],
-        base_limit_rps: 50.0,
-        cut_limit_rps: 20.0,
-    }];
+        50.0,
+        20.0,
+    )];
     let e = engine(vec![cfg]);
     let id = RouteId(0);
     let ip = |s: &str| Key::Ip(s.parse().unwrap());
@@ -405,10 +403,11 @@ fn a_key_refills_at_the_new_rate_from_the_change_on() {
     assert_eq!(n, 200);
     // 10 ms later (2 tokens back at 200/s) the base limit drops to 20/s; 100 ms after
     // that the key holds 2 + 2 tokens, not the 20 that 110 ms at 200/s would give.
-    let params = ControllerParams {
-        base_limit_rps: 20.0,
-        cut_limit_rps: 10.0,
-        ..e.route_params(id)
+    let params = {
+        let mut v = e.route_params(id);
+        v.base_limit_rps = 20.0;
+        v.cut_limit_rps = 10.0;
+        v
     };
     e.update_route(id, params, Nanos::from_millis(10));
     let at = Nanos::from_millis(110);
@@ -462,10 +461,11 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
     {
         let mut cfg = RouteConfig::new("ip", RouteMatch::any());
         cfg.algorithm = algorithm;
-        cfg.partition = Partition::ClientIp(KeyLimits {
-            max_keys: 3,
-            idle_timeout: Duration::from_secs(10),
-            ..KeyLimits::default()
+        cfg.partition = Partition::ClientIp({
+            let mut v = KeyLimits::default();
+            v.max_keys = 3;
+            v.idle_timeout = Duration::from_secs(10);
+            v
         });
         cfg.controller.base_limit_rps = 5.0;
         cfg.controller.cut_limit_rps = 1.0;
@@ -503,16 +503,12 @@ fn ipv6_clients_are_keyed_by_their_prefix() {
         let mut cfg = RouteConfig::new("ip", RouteMatch::any());
         cfg.controller.base_limit_rps = 2.0;
         cfg.controller.cut_limit_rps = 1.0;
-        cfg.partition = Partition::ClientIp(KeyLimits {
-            ipv6_prefix,
-            ..KeyLimits::default()
+        cfg.partition = Partition::ClientIp({
+            let mut v = KeyLimits::default();
+            v.ipv6_prefix = ipv6_prefix;
+            v
         });
-        cfg.tiers = vec![Tier {
-            name: "partner".into(),
-            values: vec!["2001:db8:0:2::1".into()],
-            base_limit_rps: 5.0,
-            cut_limit_rps: 5.0,
-        }];
+        cfg.tiers = vec![Tier::new("partner", vec!["2001:db8:0:2::1"], 5.0, 5.0)];
         engine(vec![cfg])
     };
     let admitted = |e: &Engine, keys: &[&str]| {
@@ -548,16 +544,12 @@ fn ipv6_clients_are_keyed_by_their_prefix() {
 fn a_scheduled_event_switches_profile_at_its_start_and_back_at_its_end() {
     let mut cfg = RouteConfig::new("sale", RouteMatch::any());
     let start = SystemTime::UNIX_EPOCH + Duration::from_secs(20);
-    cfg.events = vec![Event {
-        name: "flash".into(),
-        start,
-        duration: Duration::from_secs(10),
-        controller: ControllerParams {
-            base_limit_rps: 50.0,
-            cut_limit_rps: 20.0,
-            ..ControllerParams::default()
-        },
-    }];
+    cfg.events = vec![Event::new("flash", start, Duration::from_secs(10), {
+        let mut v = ControllerParams::default();
+        v.base_limit_rps = 50.0;
+        v.cut_limit_rps = 20.0;
+        v
+    })];
     let e = engine(vec![cfg]);
     let id = RouteId(0);
     offer(&e, id, Key::None, 0.0, 19.0, 30.0);
@@ -626,10 +618,11 @@ fn a_runtime_change_applies_to_the_live_state() {
     let id = RouteId(0);
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
     let before = e.route_snapshot(id, Nanos::from_secs(10));
-    let params = ControllerParams {
-        base_limit_rps: 100.0,
-        cut_limit_rps: 30.0,
-        ..e.route_params(id)
+    let params = {
+        let mut v = e.route_params(id);
+        v.base_limit_rps = 100.0;
+        v.cut_limit_rps = 30.0;
+        v
     };
     e.update_route(id, params, Nanos::from_secs(10));
     let s = e.route_snapshot(id, Nanos::from_secs(10));
@@ -844,10 +837,11 @@ fn one_in_flight_per_ip(queue: u32) -> RouteConfig {
     cfg.algorithm = Algorithm::Concurrency { queue };
     cfg.controller.base_limit_rps = 1.0;
     cfg.controller.cut_limit_rps = 1.0;
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        max_keys: 100,
-        idle_timeout: Duration::from_secs(10),
-        ..KeyLimits::default()
+    cfg.partition = Partition::ClientIp({
+        let mut v = KeyLimits::default();
+        v.max_keys = 100;
+        v.idle_timeout = Duration::from_secs(10);
+        v
     });
     cfg
 }
@@ -973,10 +967,11 @@ fn a_runtime_change_during_an_event_leaves_the_events_recovery_alone() {
 #[test]
 fn a_key_seen_within_idle_timeout_is_not_evicted() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        max_keys: 100,
-        idle_timeout: Duration::from_millis(500),
-        ..KeyLimits::default()
+    cfg.partition = Partition::ClientIp({
+        let mut v = KeyLimits::default();
+        v.max_keys = 100;
+        v.idle_timeout = Duration::from_millis(500);
+        v
     });
     cfg.controller.danger_roc = 1e9; // no cut
     let e = engine(vec![cfg]);
@@ -1002,16 +997,12 @@ fn a_key_seen_within_idle_timeout_is_not_evicted() {
 /// limit has climbed back to 290, still recovering.
 fn recovering_under_an_event(duration: Duration) -> (Engine, RouteConfig, u64) {
     let mut cfg = RouteConfig::new("sale", RouteMatch::any());
-    cfg.events = vec![Event {
-        name: "flash".into(),
-        start: SystemTime::UNIX_EPOCH,
-        duration,
-        controller: ControllerParams {
-            base_limit_rps: 400.0,
-            cut_limit_rps: 150.0,
-            ..ControllerParams::default()
-        },
-    }];
+    cfg.events = vec![Event::new("flash", SystemTime::UNIX_EPOCH, duration, {
+        let mut v = ControllerParams::default();
+        v.base_limit_rps = 400.0;
+        v.cut_limit_rps = 150.0;
+        v
+    })];
     let e = engine(vec![cfg.clone()]);
     let id = RouteId(0);
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
@@ -1109,9 +1100,10 @@ fn a_dropped_paced_request_gives_its_place_back_on_the_state_it_was_scheduled_on
         cfg.partition = partition;
         cfg
     };
-    let limits = KeyLimits {
-        max_keys: 1,
-        ..KeyLimits::default()
+    let limits = {
+        let mut v = KeyLimits::default();
+        v.max_keys = 1;
+        v
     };
     let e = engine(vec![
         leaky("whole", Partition::Route),
@@ -1249,16 +1241,17 @@ fn an_event_that_keeps_the_limit_but_moves_the_cut_moves_tier_keys_at_once() {
         let mut cfg = vip_keys(KeyLimits::default(), &["gold"]);
         cfg.controller = ControllerParams::default();
         if let Some(at) = event_at {
-            cfg.events = vec![Event {
-                name: "recut".into(),
-                start: SystemTime::UNIX_EPOCH + Duration::from_secs_f64(at),
-                duration: Duration::from_secs(600),
-                controller: ControllerParams {
-                    cut_limit_rps: 20.0,
-                    restore_step_rps: 40.0,
-                    ..ControllerParams::default()
+            cfg.events = vec![Event::new(
+                "recut",
+                SystemTime::UNIX_EPOCH + Duration::from_secs_f64(at),
+                Duration::from_secs(600),
+                {
+                    let mut v = ControllerParams::default();
+                    v.cut_limit_rps = 20.0;
+                    v.restore_step_rps = 40.0;
+                    v
                 },
-            }];
+            )];
         }
         let e = engine(vec![cfg]);
         let id = RouteId(0);

@@ -230,9 +230,10 @@ fn no_traffic_gets_no_verdict_even_without_a_minimum() {
         params: rocgate::controller::ControllerParams::default(),
         event: None,
     };
-    let policy = Policy {
-        min_requests: 0,
-        ..Policy::default()
+    let policy = {
+        let mut v = Policy::default();
+        v.min_requests = 0;
+        v
     };
     let h = rocgate::hints::advise(&settings, &[], None, &policy);
     assert_eq!(rules(&h), ["no_change"], "{h:#?}");
@@ -314,11 +315,12 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
         name: "r".into(),
         mode: Mode::Enforce,
         algorithm: Algorithm::Concurrency { queue: 0 },
-        params: ControllerParams {
-            base_limit_rps: 7.0,
-            cut_limit_rps: 3.0,
-            restore_step_rps: 1.0,
-            ..ControllerParams::default()
+        params: {
+            let mut v = ControllerParams::default();
+            v.base_limit_rps = 7.0;
+            v.cut_limit_rps = 3.0;
+            v.restore_step_rps = 1.0;
+            v
         },
         event: None,
     };

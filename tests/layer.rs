@@ -616,12 +616,7 @@ async fn a_tier_keys_quota_is_its_tiers_limit() {
     // A key of a tier is refused at its tier's limit, not the route's.
     let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
     r.partition = Partition::Header("x-key".into(), KeyLimits::default());
-    r.tiers = vec![rocgate::config::Tier {
-        name: "gold".into(),
-        values: vec!["gold".into()],
-        base_limit_rps: 50.0,
-        cut_limit_rps: 20.0,
-    }];
+    r.tiers = vec![rocgate::config::Tier::new("gold", vec!["gold"], 50.0, 20.0)];
     let (l, _clock) = layer(vec![r]);
     let keyed = app(l, Arc::new(AtomicU64::new(0)));
     assert_eq!(

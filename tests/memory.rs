@@ -116,10 +116,9 @@ fn bytes_per_key(
 }
 
 fn limits(max_keys: usize) -> KeyLimits {
-    KeyLimits {
-        max_keys,
-        ..KeyLimits::default()
-    }
+    let mut v = KeyLimits::default();
+    v.max_keys = max_keys;
+    v
 }
 
 #[test]
@@ -251,10 +250,11 @@ fn governor_bytes_per_key(n: u32) -> f64 {
 #[test]
 fn key_churn_does_not_grow_memory() {
     const ROUND: u32 = 1_000;
-    let partition = Partition::ClientIp(KeyLimits {
-        max_keys: ROUND as usize,
-        idle_timeout: Duration::from_secs(10),
-        ..KeyLimits::default()
+    let partition = Partition::ClientIp({
+        let mut v = KeyLimits::default();
+        v.max_keys = ROUND as usize;
+        v.idle_timeout = Duration::from_secs(10);
+        v
     });
     let e = engine(vec![route(0, partition)]);
     // Each round brings ROUND new keys, 30 s after the last: the round's first check
@@ -318,10 +318,11 @@ fn checks_allocate_nothing_on_a_route() {
 #[test]
 fn checks_allocate_nothing_once_a_key_exists() {
     let value = api_key(7);
-    let limits = KeyLimits {
-        max_keys: 100,
-        idle_timeout: Duration::from_secs(20),
-        ..KeyLimits::default()
+    let limits = {
+        let mut v = KeyLimits::default();
+        v.max_keys = 100;
+        v.idle_timeout = Duration::from_secs(20);
+        v
     };
     for partition in [
         Partition::ClientIp(limits),
@@ -474,9 +475,10 @@ fn an_access_log_holds_a_few_bytes_a_request() {
     assert!(replay.bytes_max < 64 * 1024, "{} B", replay.bytes_max);
 
     // The whole route's requests alone: a count per second.
-    let only_rest = LogOptions {
-        routes: vec!["rest".to_owned()],
-        ..LogOptions::default()
+    let only_rest = {
+        let mut v = LogOptions::default();
+        v.routes = vec!["rest".to_owned()];
+        v
     };
     let mut reader = LogReader::new(&config, only_rest).unwrap();
     let mut rest = None;

@@ -110,7 +110,8 @@ proptest! {
                         );
                     }
                     Decision::Admit(other) => prop_assert!(false, "{other:?}"),
-                    Decision::Reject(_) => {}
+                    // A rejection.
+                    _ => {}
                 },
             }
         }
@@ -303,12 +304,7 @@ proptest! {
         extra in prop_oneof![9 => 0.0f64..500.0, 1 => 500.0f64..1e5],
         step in 1.0f64..100.0,
     ) {
-        let params = ControllerParams {
-            base_limit_rps: cut + extra,
-            cut_limit_rps: cut,
-            restore_step_rps: step,
-            ..ControllerParams::default()
-        };
+        let params = { let mut v = ControllerParams::default(); v.base_limit_rps = cut + extra; v.cut_limit_rps = cut; v.restore_step_rps = step; v };
         let mut c = Controller::new(params.clone(), Nanos::ZERO, Duration::from_secs(6));
         let mut prev = 0.0;
         let mut t = 0u64;

@@ -180,13 +180,12 @@ async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
 }
 
 fn store_config(server: &impl Servers, prefix: &str) -> RedisConfig {
-    RedisConfig {
-        servers: server.servers(),
-        key_prefix: prefix.into(),
-        heartbeat: Duration::from_millis(200),
-        probe_interval: Duration::from_millis(100),
-        ..RedisConfig::default()
-    }
+    let mut v = RedisConfig::default();
+    v.servers = server.servers();
+    v.key_prefix = prefix.into();
+    v.heartbeat = Duration::from_millis(200);
+    v.probe_interval = Duration::from_millis(100);
+    v
 }
 
 /// One rocgate instance: its own engine and clock, and a store on the shared Redis.
@@ -2232,12 +2231,13 @@ async fn a_decision_failing_after_a_reload_dropped_its_route_leaves_no_fallback(
             held.push(conn);
         }
     });
-    let config = RedisConfig {
-        servers: RedisServers::Single(url),
-        key_prefix: "dropped".into(),
-        timeout: Duration::from_millis(200),
-        failures_to_open: 1,
-        ..RedisConfig::default()
+    let config = {
+        let mut v = RedisConfig::default();
+        v.servers = RedisServers::Single(url);
+        v.key_prefix = "dropped".into();
+        v.timeout = Duration::from_millis(200);
+        v.failures_to_open = 1;
+        v
     };
     let inst = Instance::system(&burst_route(), &config);
     let mut in_flight = std::pin::pin!(inst.check());
@@ -2479,12 +2479,12 @@ async fn a_running_event_sets_the_shared_limit() {
     let mut sale = route.controller.clone();
     sale.base_limit_rps = 5.0;
     sale.cut_limit_rps = 5.0;
-    route.events.push(rocgate::config::Event {
-        name: "sale".into(),
-        start: SystemTime::UNIX_EPOCH + Duration::from_secs(940),
-        duration: Duration::from_secs(3600),
-        controller: sale,
-    });
+    route.events.push(rocgate::config::Event::new(
+        "sale",
+        SystemTime::UNIX_EPOCH + Duration::from_secs(940),
+        Duration::from_secs(3600),
+        sale,
+    ));
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     // The engine starts at wall time 1000 s: the sale began 60 s before.
     let engine = Engine::new(

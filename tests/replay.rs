@@ -25,16 +25,16 @@ fn order_route() -> RouteConfig {
 }
 
 fn default_route() -> RouteConfig {
-    RouteConfig {
-        controller: ControllerParams {
-            base_limit_rps: 1000.0,
-            cut_limit_rps: 300.0,
-            danger_roc: 400.0,
-            safe_roc: 100.0,
-            ..ControllerParams::default()
-        },
-        ..RouteConfig::new("default", RouteMatch::prefix("/"))
-    }
+    let mut w = RouteConfig::new("default", RouteMatch::prefix("/"));
+    w.controller = {
+        let mut v = ControllerParams::default();
+        v.base_limit_rps = 1000.0;
+        v.cut_limit_rps = 300.0;
+        v.danger_roc = 400.0;
+        v.safe_roc = 100.0;
+        v
+    };
+    w
 }
 
 fn config() -> Config {
@@ -249,9 +249,10 @@ fn bad_lines_are_counted_with_their_line_numbers() {
         msg.contains("sale.log:45: no ident and user fields") && msg.contains("sale.log:46:"),
         "{msg}"
     );
-    let lenient = LogOptions {
-        lenient: true,
-        ..LogOptions::default()
+    let lenient = {
+        let mut v = LogOptions::default();
+        v.lenient = true;
+        v
     };
     assert_eq!(read(&config(), lenient, &bad).unwrap().stats().replayed, 44);
 }
@@ -295,9 +296,10 @@ fn requests_are_matched_as_serve_matches_them() {
     assert_eq!(routes, [(RouteId(0), 60), (RouteId(1), 6 + 2)]);
 
     // Only `order`: the rest is on other routes, and nothing is unmatched.
-    let only = LogOptions {
-        routes: vec!["order".into()],
-        ..LogOptions::default()
+    let only = {
+        let mut v = LogOptions::default();
+        v.routes = vec!["order".into()];
+        v
     };
     let log = read(&config(), only, &text).unwrap();
     assert_eq!(
@@ -320,9 +322,10 @@ fn requests_are_matched_as_serve_matches_them() {
         ["GET /static/app.js", "GET /api/order", "PATCH /api/order"]
     );
 
-    let unknown = LogOptions {
-        routes: vec!["checkout".into()],
-        ..LogOptions::default()
+    let unknown = {
+        let mut v = LogOptions::default();
+        v.routes = vec!["checkout".into()];
+        v
     };
     let err = LogReader::new(&config(), unknown).unwrap_err().to_string();
     assert_eq!(
@@ -369,9 +372,10 @@ fn each_seconds_requests_are_spread_inside_it() {
 
     // Random: reproducible from the seed, inside the second, in time order.
     let random = |seed| {
-        let options = LogOptions {
-            spread: Spread::Random { seed },
-            ..LogOptions::default()
+        let options = {
+            let mut v = LogOptions::default();
+            v.spread = Spread::Random { seed };
+            v
         };
         let log = read(&config(), options, &sale_log(&[300, 300])).unwrap();
         log.requests().collect::<Vec<Request>>()
@@ -388,10 +392,11 @@ fn each_seconds_requests_are_spread_inside_it() {
 fn from_and_to_bound_the_replay() {
     let text = sale_log(&[10; 10]);
     let at = |s: u64| UNIX_EPOCH + Duration::from_millis((SALE_UNIX_S as u64 + s) * 1000 + 500);
-    let options = LogOptions {
-        from: Some(at(2)),
-        to: Some(at(5)),
-        ..LogOptions::default()
+    let options = {
+        let mut v = LogOptions::default();
+        v.from = Some(at(2));
+        v.to = Some(at(5));
+        v
     };
     let log = read(&config(), options, &text).unwrap();
     // From 2.5 s rounded down to 2 s; to 5.5 s rounded up to 6 s.
@@ -402,19 +407,21 @@ fn from_and_to_bound_the_replay() {
     assert_eq!(log.duration(), Duration::from_secs(4));
     assert_eq!((log.stats().replayed, log.stats().outside), (44, 66));
 
-    let empty = LogOptions {
-        from: Some(at(20)),
-        ..LogOptions::default()
+    let empty = {
+        let mut v = LogOptions::default();
+        v.from = Some(at(20));
+        v
     };
     let err = read(&config(), empty, &text).unwrap_err().to_string();
     assert_eq!(
         err,
         "no request to replay: 110 lines read, 110 outside the time bounds"
     );
-    let reversed = LogOptions {
-        from: Some(at(5)),
-        to: Some(at(2)),
-        ..LogOptions::default()
+    let reversed = {
+        let mut v = LogOptions::default();
+        v.from = Some(at(5));
+        v.to = Some(at(2));
+        v
     };
     assert!(matches!(
         LogReader::new(&config(), reversed),
@@ -479,14 +486,16 @@ fn a_replayed_flash_sale_cuts_when_its_profile_does() {
 
 #[test]
 fn client_ip_routes_key_on_the_logged_client() {
-    let per_ip = RouteConfig {
-        partition: Partition::ClientIp(KeyLimits::default()),
-        controller: ControllerParams {
-            base_limit_rps: 5.0,
-            cut_limit_rps: 2.0,
-            ..ControllerParams::default()
-        },
-        ..order_route()
+    let per_ip = {
+        let mut w = order_route();
+        w.partition = Partition::ClientIp(KeyLimits::default());
+        w.controller = {
+            let mut v = ControllerParams::default();
+            v.base_limit_rps = 5.0;
+            v.cut_limit_rps = 2.0;
+            v
+        };
+        w
     };
     let config = Config::new(vec![per_ip]);
     // 200 clients (203.0.113.0–199) × 1 order per second each: well within 5 req/s each.
@@ -513,9 +522,10 @@ fn client_ip_routes_key_on_the_logged_client() {
 /// name (no address: keyless) among them; a whole route's requests interleave by time.
 #[test]
 fn keyed_requests_keep_their_clients_in_the_logs_order() {
-    let per_ip = RouteConfig {
-        partition: Partition::ClientIp(KeyLimits::default()),
-        ..order_route()
+    let per_ip = {
+        let mut v = order_route();
+        v.partition = Partition::ClientIp(KeyLimits::default());
+        v
     };
     let config = Config::new(vec![per_ip, default_route()]);
     let text = [
@@ -617,13 +627,15 @@ fn sweeps_run_the_grid_in_order_on_any_number_of_threads() {
     );
     // Each row is the run of its values.
     let changed = Config::new(vec![
-        RouteConfig {
-            controller: ControllerParams {
-                danger_roc: 90.0,
-                hold: Duration::from_secs(3),
-                ..ControllerParams::default()
-            },
-            ..order_route()
+        {
+            let mut w = order_route();
+            w.controller = {
+                let mut v = ControllerParams::default();
+                v.danger_roc = 90.0;
+                v.hold = Duration::from_secs(3);
+                v
+            };
+            w
         },
         default_route(),
     ]);
@@ -770,12 +782,14 @@ fn the_svg_draws_the_thresholds_where_they_are() {
     let safe = format!("#{:02X}{:02X}{:02X}", s.0, s.1, s.2);
     assert_eq!((danger.as_str(), safe.as_str()), ("#D62728", "#2CA02C"));
     let svg_for = |danger_roc: f64| {
-        let route = RouteConfig {
-            controller: ControllerParams {
-                danger_roc,
-                ..ControllerParams::default()
-            },
-            ..order_route()
+        let route = {
+            let mut w = order_route();
+            w.controller = {
+                let mut v = ControllerParams::default();
+                v.danger_roc = danger_roc;
+                v
+            };
+            w
         };
         let run = flash_sale_run(&Simulator::new(Config::new(vec![route]), None).unwrap());
         chart::svg(&run).unwrap()
@@ -845,9 +859,10 @@ fn an_overlong_line_is_skipped_and_named() {
     text.push_str(&format!("{}\n", "y".repeat(MAX_LINE_BYTES - 1)));
     text.push_str(&first);
     text.push('\n');
-    let lenient = LogOptions {
-        lenient: true,
-        ..LogOptions::default()
+    let lenient = {
+        let mut v = LogOptions::default();
+        v.lenient = true;
+        v
     };
     let log = read(&config(), lenient, &text).unwrap();
     let stats = log.stats();

@@ -43,10 +43,9 @@ fn params() -> ControllerParams {
 
 /// The `order` route with other controller parameters.
 fn route(controller: ControllerParams) -> RouteConfig {
-    RouteConfig {
-        controller,
-        ..order()
-    }
+    let mut v = order();
+    v.controller = controller;
+    v
 }
 
 #[test]
@@ -206,10 +205,11 @@ fn a_warmup_ramp_never_cuts() {
 #[test]
 fn a_quiet_route_never_cuts_even_past_danger() {
     // 1 → 8 req/s: ROC 7 passes danger 2, but 8 req/s is below min_rps 10.
-    let quiet = ControllerParams {
-        danger_roc: 2.0,
-        safe_roc: 1.0,
-        ..params()
+    let quiet = {
+        let mut v = params();
+        v.danger_roc = 2.0;
+        v.safe_roc = 1.0;
+        v
     };
     let profile = Profile::parse_csv("t_seconds,rate\n0,1\n20,1\n20,8\n60,8\n").unwrap();
     let r = simulator(route(quiet.clone()))
@@ -223,9 +223,10 @@ fn a_quiet_route_never_cuts_even_past_danger() {
     let peak_roc = r.series.iter().map(|row| row.roc).fold(f64::MIN, f64::max);
     assert!(peak_roc > 6.0, "ROC did pass danger: {peak_roc}");
     // The guard is what holds it: the same traffic with min_rps 1 is cut.
-    let guarded_off = ControllerParams {
-        min_rps: 1.0,
-        ..quiet
+    let guarded_off = {
+        let mut v = quiet;
+        v.min_rps = 1.0;
+        v
     };
     let r = simulator(route(guarded_off))
         .run_profile(&profile, ArrivalModel::Uniform)
@@ -353,9 +354,10 @@ fn the_series_agrees_with_the_engine_counters_and_transitions() {
 #[test]
 fn shadow_counts_what_enforce_rejects() {
     let enforce = flash_sale(ArrivalModel::Uniform).summary;
-    let shadow = simulator(RouteConfig {
-        mode: Mode::Shadow,
-        ..route(params())
+    let shadow = simulator({
+        let mut v = route(params());
+        v.mode = Mode::Shadow;
+        v
     })
     .run_profile(&Scenario::FlashSale.profile(), ArrivalModel::Uniform)
     .unwrap();
@@ -368,9 +370,10 @@ fn shadow_counts_what_enforce_rejects() {
     assert_eq!(per_slot, s.shadow_rejected);
 
     // shadow_adaptive enforces the base limit only, and counts what the cut would reject.
-    let adaptive = simulator(RouteConfig {
-        mode: Mode::ShadowAdaptive,
-        ..route(params())
+    let adaptive = simulator({
+        let mut v = route(params());
+        v.mode = Mode::ShadowAdaptive;
+        v
     })
     .run_profile(&Scenario::FlashSale.profile(), ArrivalModel::Uniform)
     .unwrap();
@@ -388,18 +391,18 @@ fn shadow_counts_what_enforce_rejects() {
 /// A route whose scheduled event, from `start_s` after the epoch for 40 s, runs a
 /// profile that no ROC can trip.
 fn route_with_event(start_s: u64) -> RouteConfig {
-    RouteConfig {
-        events: vec![Event {
-            name: "sale".into(),
-            start: UNIX_EPOCH + Duration::from_secs(start_s),
-            duration: Duration::from_secs(40),
-            controller: ControllerParams {
-                danger_roc: 10_000.0,
-                ..params()
-            },
-        }],
-        ..route(params())
-    }
+    let mut w = route(params());
+    w.events = vec![Event::new(
+        "sale",
+        UNIX_EPOCH + Duration::from_secs(start_s),
+        Duration::from_secs(40),
+        {
+            let mut v = params();
+            v.danger_roc = 10_000.0;
+            v
+        },
+    )];
+    w
 }
 
 #[test]

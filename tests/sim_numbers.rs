@@ -300,6 +300,7 @@ fn apply(extra: &str, hints: &[Hint]) -> String {
         let value = match s {
             Setting::Number(x) => format!("{x}"),
             Setting::Text(t) => format!("{t:?}"),
+            other => panic!("a setting of no known kind: {other:?}"),
         };
         lines.retain(|l| !l.starts_with(&format!("{p} =")));
         lines.push(format!("{p} = {value}"));

@@ -50,9 +50,10 @@ fn a_bucket_silent_since_a_cut_comes_back_full_at_the_base_limit() {
     // to its base capacity, not only to the cut's.
     for partition in [
         Partition::Route,
-        Partition::ClientIp(KeyLimits {
-            idle_timeout: Duration::from_secs(24 * 3600),
-            ..KeyLimits::default()
+        Partition::ClientIp({
+            let mut v = KeyLimits::default();
+            v.idle_timeout = Duration::from_secs(24 * 3600);
+            v
         }),
     ] {
         let (e, id) = cut_then_silent(partition.clone());
@@ -95,10 +96,11 @@ fn thirty_days_of_bursts_after_silences_never_exceed_a_quota_nor_refuse_a_fresh_
     for algorithm in algorithms {
         for partition in [
             Partition::Route,
-            Partition::ClientIp(KeyLimits {
-                max_keys: 4,
-                idle_timeout: Duration::from_secs(60),
-                ..KeyLimits::default()
+            Partition::ClientIp({
+                let mut v = KeyLimits::default();
+                v.max_keys = 4;
+                v.idle_timeout = Duration::from_secs(60);
+                v
             }),
         ] {
             let mut route = RouteConfig::new("r", RouteMatch::any());
@@ -147,12 +149,12 @@ fn sale_in_two_hours(wall0: SystemTime) -> Engine {
     let mut route = RouteConfig::new("order", RouteMatch::any());
     let mut sale = route.controller.clone();
     sale.base_limit_rps = 1000.0;
-    route.events = vec![Event {
-        name: "sale".into(),
-        start: wall0 + Duration::from_secs(2 * 3600),
-        duration: Duration::from_secs(3600),
-        controller: sale,
-    }];
+    route.events = vec![Event::new(
+        "sale",
+        wall0 + Duration::from_secs(2 * 3600),
+        Duration::from_secs(3600),
+        sale,
+    )];
     Engine::new(&Config::new(vec![route]), Nanos::ZERO, wall0).unwrap()
 }
 
@@ -196,9 +198,10 @@ fn scheduled_events_follow_the_wall_clock_when_the_monotonic_clock_parts_from_it
 fn a_week_of_spikes_every_two_hours_cuts_and_restores_each_time() {
     for partition in [
         Partition::Route,
-        Partition::ClientIp(KeyLimits {
-            idle_timeout: Duration::from_secs(60),
-            ..KeyLimits::default()
+        Partition::ClientIp({
+            let mut v = KeyLimits::default();
+            v.idle_timeout = Duration::from_secs(60);
+            v
         }),
     ] {
         let mut route = RouteConfig::new("order", RouteMatch::any());
@@ -280,9 +283,10 @@ fn upkeep_catches_up_the_routes_decided_here_only() {
 
 #[test]
 fn a_silent_partitioned_route_caught_up_lets_its_idle_keys_go() {
-    let (e, id) = cut_then_silent(Partition::ClientIp(KeyLimits {
-        idle_timeout: Duration::from_secs(60),
-        ..KeyLimits::default()
+    let (e, id) = cut_then_silent(Partition::ClientIp({
+        let mut v = KeyLimits::default();
+        v.idle_timeout = Duration::from_secs(60);
+        v
     }));
     assert_eq!(e.route_snapshot(id, Nanos::from_secs(11)).keys, 1);
     e.catch_up(id, Nanos::from_secs(3600));

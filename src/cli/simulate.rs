@@ -263,6 +263,7 @@ fn partitioned_by(partition: &Partition) -> Option<String> {
         Partition::Route => None,
         Partition::ClientIp(_) => Some("client IP".to_owned()),
         Partition::Header(header, _) => Some(format!("the header `{header}`")),
+        _ => Some("its key".to_owned()),
     }
 }
 
@@ -271,12 +272,14 @@ fn log_traffic(
     args: &SimulateArgs,
     config: &Config,
 ) -> Result<(Traffic, String, Vec<String>), Failure> {
-    let options = LogOptions {
-        routes: args.routes.clone(),
-        from: args.from,
-        to: args.to,
-        spread: Spread::from_seed(args.seed),
-        lenient: args.lenient,
+    let options = {
+        let mut v = LogOptions::default();
+        v.routes = args.routes.clone();
+        v.from = args.from;
+        v.to = args.to;
+        v.spread = Spread::from_seed(args.seed);
+        v.lenient = args.lenient;
+        v
     };
     let mut reader = LogReader::new(config, options).map_err(|e| match e {
         LogError::EmptyBounds => bad_input("--from must be before --to"),

@@ -62,6 +62,7 @@ use std::time::{Duration, SystemTime};
 /// [`Config::from_toml_str`]) is validated; one built or changed in code is not until
 /// [`Config::validate`] says so.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Config {
     /// Routes in match order: the first route that matches a request takes it.
     pub routes: Vec<RouteConfig>,
@@ -111,6 +112,7 @@ impl Config {
 
 /// One protected route.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RouteConfig {
     /// Unique name; the only route identifier that reaches metrics labels.
     pub name: String,
@@ -155,6 +157,7 @@ impl RouteConfig {
 
 /// Which requests a route takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RouteMatch {
     /// Upper-case HTTP method, or any method when `None`; `GET` takes `HEAD` too.
     pub method: Option<String>,
@@ -163,6 +166,15 @@ pub struct RouteMatch {
 }
 
 impl RouteMatch {
+    /// Requests with this method (any method when `None`; upper-cased here) whose
+    /// path matches `path`.
+    pub fn new(method: Option<&str>, path: PathPattern) -> Self {
+        RouteMatch {
+            method: method.map(str::to_ascii_uppercase),
+            path,
+        }
+    }
+
     /// Every request.
     pub fn any() -> Self {
         RouteMatch {
@@ -211,6 +223,7 @@ fn method_matches(route: &str, request: &str) -> bool {
 
 /// A path pattern.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PathPattern {
     /// The path must equal this.
     Exact(String),
@@ -222,6 +235,7 @@ pub enum PathPattern {
 
 /// One segment of a path template.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Segment {
     /// Must equal this text.
     Literal(String),
@@ -378,6 +392,7 @@ fn template_matches(segments: &[Segment], path: &str) -> bool {
 
 /// What the route does with the controller's decisions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mode {
     /// Reject what the limiter rejects.
     #[default]
@@ -402,6 +417,7 @@ impl Mode {
 
 /// How a route's limit is shared out.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub enum Partition {
     /// One limiter for the whole route.
     #[default]
@@ -425,6 +441,7 @@ pub const MAX_KEY_VALUE_BYTES: usize = 1024;
 
 /// Bounds on per-key state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeyLimits {
     /// Most keys tracked at once. When the table is full, new keys share one overflow
     /// limiter (at the route's per-key limit) until idle keys are evicted.
@@ -449,6 +466,7 @@ impl Default for KeyLimits {
 
 /// Key values with limits of their own.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Tier {
     /// The tier's name.
     pub name: String,
@@ -460,8 +478,26 @@ pub struct Tier {
     pub cut_limit_rps: f64,
 }
 
+impl Tier {
+    /// The tier `name`: each key of `values` gets these per-key limits, req/s.
+    pub fn new(
+        name: impl Into<String>,
+        values: impl IntoIterator<Item = impl Into<String>>,
+        base_limit_rps: f64,
+        cut_limit_rps: f64,
+    ) -> Self {
+        Tier {
+            name: name.into(),
+            values: values.into_iter().map(Into::into).collect(),
+            base_limit_rps,
+            cut_limit_rps,
+        }
+    }
+}
+
 /// A scheduled event: from `start` for `duration`, the route runs `controller`.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Event {
     /// The event's name, shown as the active event.
     pub name: String,
@@ -473,8 +509,26 @@ pub struct Event {
     pub controller: ControllerParams,
 }
 
+impl Event {
+    /// The event `name`: from `start`, for `duration`, the route runs `controller`.
+    pub fn new(
+        name: impl Into<String>,
+        start: SystemTime,
+        duration: Duration,
+        controller: ControllerParams,
+    ) -> Self {
+        Event {
+            name: name.into(),
+            start,
+            duration,
+            controller,
+        }
+    }
+}
+
 /// The reverse proxy's settings (`[server]` and `[admin]`).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// Where clients connect.
     pub listen: SocketAddr,
@@ -537,6 +591,7 @@ impl Default for ServerConfig {
 /// `[hints]`: the history the tuning hints are computed from, and when the upstream
 /// counts as saturated.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct HintsConfig {
     /// Length of one history interval (the finest grain of a period).
     pub interval: Duration,

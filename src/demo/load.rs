@@ -51,6 +51,7 @@ pub struct LoadCounters {
 /// What the generator has counted so far; the difference of two is what happened in
 /// between.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LoadTotals {
     /// Arrivals that came due (sent or skipped).
     pub offered: u64,

@@ -193,6 +193,7 @@ pub struct DemoSettings {
 
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DemoError {
     /// The built-in configuration was refused (a bug: a unit test checks it).
     #[error("{0}")]
@@ -215,6 +216,7 @@ pub enum DemoError {
 
 /// A controller transition of the sale route, as the demo saw it.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct SeenTransition {
     /// When the controller entered `to`, seconds since the start of the traffic.
     pub t_s: f64,
@@ -228,6 +230,7 @@ pub struct SeenTransition {
 
 /// One run of the traffic, with or without rocgate.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RunReport {
     /// Whether rocgate was in front of the shop.
     pub gated: bool,
@@ -271,6 +274,7 @@ impl RunReport {
 
 /// What the demo did.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Outcome {
     /// The traffic.
     pub plan: Plan,

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 /// The shop's capacity model.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ShopSettings {
     /// Requests served at the same time.
     pub workers: usize,

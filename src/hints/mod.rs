@@ -43,6 +43,7 @@ use std::time::Duration;
 
 /// When the upstream counts as saturated, and how much evidence a rule needs.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Policy {
     /// An interval whose upstream p99 latency exceeds this is saturated.
     pub latency_budget: Duration,
@@ -67,6 +68,7 @@ impl Default for Policy {
 /// How much a hint matters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Severity {
     /// Worth knowing; nothing is at risk.
     Info,
@@ -90,6 +92,7 @@ impl Severity {
 /// A parameter's value, as written in config.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
+#[non_exhaustive]
 pub enum Setting {
     /// A number (a rate, a ROC).
     Number(f64),
@@ -114,6 +117,7 @@ impl fmt::Display for Setting {
 
 /// One suggestion for one route.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Hint {
     /// The route.
     pub route: String,
@@ -139,6 +143,7 @@ pub struct Hint {
 /// One route's hints over a period, with the evidence's size: what
 /// `GET /admin/hints` returns per route.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RouteHints {
     /// The route.
     pub route: String,
@@ -180,6 +185,7 @@ impl RouteHints {
 
 /// Every route's hints over a period: the body of `GET /admin/hints`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct HintsReport {
     /// The period asked for, seconds.
     pub period_s: f64,

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 
 /// How a request is mapped to a route.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RouteKey {
     /// The config's route matching (method and path pattern), in config order, on the
     /// request's whole path (axum's `OriginalUri` inside a nested router).

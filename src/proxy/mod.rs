@@ -157,6 +157,7 @@ impl Default for ReloadCounts {
 
 /// What a reload that was applied did besides putting the file's routes in force.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Reloaded {
     /// The sections read only at start whose content changed since the start
     /// (`"[server]"`, `"[admin]"`, `"[hints]"`, `"[store]"`): they wait for a restart.

@@ -85,6 +85,7 @@ const NO_CLIENT: u32 = u32::MAX;
 /// One line of an access log, as written: the fields hold their text as logged
 /// (escapes included), borrowed from the line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LogLine<'a> {
     /// The client: an address or a host name.
     pub client: &'a [u8],
@@ -205,6 +206,7 @@ fn hex_byte(two: &[u8]) -> Option<u8> {
 
 /// Why a line is not an access-log line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LineError {
     /// The line does not start with a client field.
     #[error("no client field")]
@@ -420,6 +422,7 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 
 /// How a second's requests are placed inside it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Spread {
     /// Request k of n at `k + ½` n-ths of the second.
     #[default]
@@ -449,6 +452,7 @@ impl fmt::Display for Spread {
 
 /// What to read from a log, and how to place it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LogOptions {
     /// Routes to replay, by name (empty: every route). Requests other routes take
     /// are counted, not replayed.
@@ -465,6 +469,7 @@ pub struct LogOptions {
 
 /// An unparsable line.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct BadLine {
     /// The source it was read from.
     pub source: String,
@@ -487,6 +492,7 @@ fn display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, 
 
 /// What reading the log found, line by line (see the module doc of [`crate::sim`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct LogStats {
     /// Lines read, blank ones included.
     pub lines: u64,
@@ -522,6 +528,7 @@ impl LogStats {
 
 /// Why a log cannot be replayed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LogError {
     /// The configuration's routes break the file's rules
     /// ([`Config::validate`](crate::config::Config::validate)).

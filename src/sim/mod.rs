@@ -21,22 +21,12 @@
 //! result, byte for byte.
 //!
 //! ```
-//! use rocgate::config::{Config, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
-//! use rocgate::controller::ControllerParams;
+//! use rocgate::config::{Config, PathPattern, RouteConfig, RouteMatch};
 //! use rocgate::sim::{ArrivalModel, Scenario, Simulator};
 //!
-//! let route = RouteConfig {
-//!     name: "order".into(),
-//!     matcher: RouteMatch { method: None, path: PathPattern::Exact("/api/order".into()) },
-//!     mode: Mode::Enforce,
-//!     reject_status: 429,
-//!     window: Default::default(), // 6 s of 100 ms slots
-//!     controller: ControllerParams::default(), // base 200, cut 60, danger 80
-//!     algorithm: Default::default(),
-//!     partition: Partition::Route,
-//!     tiers: vec![],
-//!     events: vec![],
-//! };
+//! // Any method; a 6 s window of 100 ms slots; base 200, cut 60, danger 80.
+//! let matcher = RouteMatch::new(None, PathPattern::Exact("/api/order".into()));
+//! let route = RouteConfig::new("order", matcher);
 //! let sim = Simulator::new(Config::new(vec![route]), None).unwrap();
 //! // 40 req/s, then 600 req/s from t = 20 s.
 //! let profile = Scenario::FlashSale.profile();

@@ -36,6 +36,7 @@ pub struct Profile {
 
 /// Why a profile was refused. Line numbers are 1-based.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProfileError {
     /// A line does not hold exactly two comma-separated fields.
     #[error("line {line}: expected `t_seconds,rate`, found {fields} field(s)")]
@@ -279,6 +280,7 @@ fn number(text: &str, field: &'static str, line: usize) -> Result<f64, ProfileEr
 
 /// How arrivals are placed under a profile's rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ArrivalModel {
     /// Evenly spaced: arrival k comes when the integral of the rate reaches k − ½.
     Uniform,
@@ -369,6 +371,7 @@ fn exponential(rng: &mut Pcg64Mcg) -> f64 {
 
 /// The built-in traffic scenarios.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Scenario {
     /// 40 req/s for 60 s: must never cut.
     Steady,
@@ -465,6 +468,7 @@ impl FromStr for Scenario {
 /// A scenario name that is not built in.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown scenario `{name}`; known scenarios: {}", Scenario::names().join(", "))]
+#[non_exhaustive]
 pub struct UnknownScenario {
     /// The name asked for.
     pub name: String,

@@ -22,6 +22,7 @@ const PEAK_GRID_PER_S: usize = 10;
 
 /// Why a simulation cannot run.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SimError {
     /// The configuration's routes break the file's rules ([`Config::validate`]).
     #[error(transparent)]
@@ -711,6 +712,7 @@ impl<'e> Recorder<'e> {
 
 /// Requests counted by rejection reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct ReasonCounts {
     /// `limit`: the absolute limit was exhausted.
     pub limit: u64,
@@ -769,6 +771,7 @@ impl ReasonCounts {
 
 /// A controller state change, in simulation time.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct TransitionRecord {
     /// When the change took effect, seconds since the start.
     pub t_s: f64,
@@ -799,6 +802,7 @@ impl From<&Transition> for TransitionRecord {
 /// One slot of a route's time series (see the module doc of [`crate::sim`] for each
 /// column).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct SlotRow {
     /// Start of the slot, seconds since the start.
     pub t_s: f64,
@@ -856,6 +860,7 @@ impl SlotRow {
 /// What a run did on one route, in a few numbers (see the module doc of
 /// [`crate::sim`] for each field).
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Summary {
     /// The route driven.
     pub route: String,
@@ -902,6 +907,7 @@ pub struct Summary {
 /// What a run did over all its routes (see the module doc of [`crate::sim`] for each
 /// field).
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct RunSummary {
     /// Wall-clock time of the start, Unix seconds.
     pub start_unix_s: f64,
@@ -935,6 +941,7 @@ pub struct RunSummary {
 
 /// The outcome of a run on one route: a summary and the per-slot time series.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct SimResult {
     /// The run in a few numbers.
     pub summary: Summary,
@@ -944,6 +951,7 @@ pub struct SimResult {
 
 /// The outcome of a run: over all routes, and route by route.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct SimRun {
     /// All routes together.
     pub summary: RunSummary,

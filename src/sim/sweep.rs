@@ -96,6 +96,7 @@ pub fn parameter_names() -> impl Iterator<Item = &'static str> {
 
 /// Why a sweep cannot run.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SweepError {
     /// The text is not `NAME=START..END:STEP` or `NAME=V1,V2,…`.
     #[error("`{spec}`: {problem}; expected NAME=START..END:STEP or NAME=V1,V2,…")]
@@ -286,6 +287,7 @@ pub struct Sweep {
 
 /// One run of a sweep: its point of the grid and what it did.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct SweepRow {
     /// One value per parameter, in the order of the sweep's parameters.
     pub values: Vec<f64>,

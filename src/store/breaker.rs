@@ -25,6 +25,7 @@ use std::time::Duration;
 
 /// What to do with the next command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Call {
     /// The store is healthy: send it.
     Send,

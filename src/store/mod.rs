@@ -17,6 +17,7 @@ use std::time::Duration;
 
 /// `[store]`: where shared state lives.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub enum StoreConfig {
     /// Every instance on its own (the default); no Redis anywhere.
     #[default]
@@ -27,6 +28,7 @@ pub enum StoreConfig {
 
 /// Where Redis is: one server, or a Redis Cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RedisServers {
     /// One Redis (`url`): `redis://[user:password@]host[:port][/db]` (or
     /// `unix:///path/to/redis.sock`). No TLS: `rediss://` is refused.
@@ -39,6 +41,7 @@ pub enum RedisServers {
 
 /// `[store]` with `backend = "redis"`.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RedisConfig {
     /// One Redis or a Redis Cluster.
     pub servers: RedisServers,
@@ -88,6 +91,7 @@ impl Default for RedisConfig {
 
 /// How decisions use the shared state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SyncMode {
     /// Every decision is one atomic round trip on the shared window and bucket.
     #[default]
@@ -110,6 +114,7 @@ impl SyncMode {
 
 /// What a decision does when the shared store cannot answer in time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailMode {
     /// Decide locally at this instance's share of the shared limit (the default).
     #[default]

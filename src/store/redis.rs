@@ -273,6 +273,7 @@ return {redis.call('ZCARD', KEYS[1]), missing}
 
 /// Why the store could not be set up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The URL is not one redis-rs can connect to.
     #[error("store.url: {0}")]
@@ -475,6 +476,7 @@ impl LuaCall<'_> {
 
 /// Where an instance decides its distributed routes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StoreMode {
     /// On the shared state in Redis.
     Shared,
@@ -494,6 +496,7 @@ impl StoreMode {
 
 /// What this instance last saw of a route's shared state.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct SharedView {
     /// Whether this instance decides the route on the shared state or locally.
     pub mode: StoreMode,

@@ -73,6 +73,7 @@ const RECOVERING_SHADE: RGBColor = RGBColor(255, 187, 120);
 
 /// Why a chart could not be drawn.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ChartError {
     /// The bundled font was refused.
     #[error("the bundled chart font cannot be loaded")]
