@@ -1136,3 +1136,25 @@ async fn a_shared_engine_replaced_is_the_one_the_layer_decides_with() {
         "/api/order is no route now"
     );
 }
+
+/// What a tower user needs of the public types, checked by the compiler: the layer, its
+/// service and the shared engine are `Send + Sync + Clone + Debug` (a service shared
+/// across tasks and cloned per connection), the response future is `Send` over a
+/// `Send` service, and a config error is a `std::error::Error` that can cross threads.
+#[test]
+fn public_types_are_send_sync_clone_and_debug() {
+    fn shared<T: Send + Sync + Clone + std::fmt::Debug + 'static>() {}
+    fn sent<T: Send + std::fmt::Debug>() {}
+    fn error<T: std::error::Error + Send + Sync + 'static>() {}
+    shared::<AdmissionLayer>();
+    shared::<rocgate::http::AdmissionService<Router>>();
+    shared::<SharedEngine>();
+    shared::<rocgate::http::MatchedRoute>();
+    shared::<rocgate::http::HeldPermit>();
+    shared::<rocgate::http::ClientIpResolver>();
+    sent::<rocgate::http::ResponseFuture<Router, Body, Body>>();
+    sent::<rocgate::http::AdmissionLayerBuilder>();
+    sent::<Engine>();
+    error::<rocgate::config::ConfigError>();
+    error::<rocgate::sim::SimError>();
+}
