@@ -263,6 +263,10 @@ impl Engine {
     /// limiters (tokens clamped, never refilled). While an event is active, the event's
     /// profile stays in force and the new parameters apply when it ends.
     ///
+    /// `params` are taken as given (limits that no file would accept are enforced as
+    /// nearly as they can be, never with a panic): check a change first with
+    /// [`patch_controller`](crate::config::patch_controller), as the admin API does.
+    ///
     /// # Panics
     /// If `route` does not come from this engine.
     pub fn update_route(&self, route: RouteId, params: ControllerParams, now: Nanos) {

@@ -59,8 +59,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 /// A whole configuration. One loaded from TOML ([`Config::load`],
-/// [`Config::from_toml_str`]) is validated; one built or changed in code is not until
-/// [`Config::validate`] says so.
+/// [`Config::from_toml_str`]) is validated; the routes of one built or changed in code
+/// are checked by [`Config::validate`], which every engine, layer and simulator built
+/// from it calls first.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct Config {
@@ -75,9 +76,9 @@ pub struct Config {
 }
 
 impl Config {
-    /// These routes, with the default proxy settings. Nothing is checked here: call
-    /// [`validate`](Config::validate) before building an engine from routes written in
-    /// code, as a file's are checked when loaded.
+    /// These routes, with the default proxy settings. Nothing is checked here: an
+    /// engine, layer or simulator built from it checks the routes
+    /// ([`validate`](Config::validate)), as a file's are checked when loaded.
     pub fn new(routes: Vec<RouteConfig>) -> Self {
         Config {
             routes,
