@@ -263,20 +263,44 @@ impl Engine {
     /// limiters (tokens clamped, never refilled). While an event is active, the event's
     /// profile stays in force and the new parameters apply when it ends.
     ///
-    /// `params` are taken as given (limits that no file would accept are enforced as
-    /// nearly as they can be, never with a panic): check a change first with
-    /// [`patch_controller`](crate::config::patch_controller), as the admin API does.
+    /// `params` are checked first by the rules of the file, for this route (its
+    /// algorithm, tiers and events): parameters a file would refuse (a `cut_limit`
+    /// above `base_limit`, a limit of 0) are an error naming each field under the
+    /// route's name, and change nothing.
     ///
     /// # Panics
     /// If `route` does not come from this engine.
-    pub fn update_route(&self, route: RouteId, params: ControllerParams, now: Nanos) {
-        self.routes[route.0].reconfigure(
-            &params,
+    pub fn update_route(
+        &self,
+        route: RouteId,
+        params: ControllerParams,
+        now: Nanos,
+    ) -> Result<(), ConfigError> {
+        let r = &self.routes[route.0];
+        let mut checked = RouteConfig::new(r.name.to_string(), self.matchers[route.0].clone());
+        checked.mode = r.mode;
+        checked.reject_status = r.reject_status.load(Ordering::Relaxed);
+        checked.window = r.window;
+        checked.controller = params;
+        checked.algorithm = r.algorithm;
+        checked.partition = r.partition.clone();
+        checked.tiers = r.tiers.clone();
+        checked.events = r
+            .lock()
+            .events
+            .iter()
+            .map(|e| Event::new(e.name.clone(), e.wall.0, e.wall.1, e.params.clone()))
+            .collect();
+        crate::config::check_route(&checked)
+            .map_err(|problems| ConfigError::new(&format!("route `{}`", r.name), problems))?;
+        r.reconfigure(
+            &checked.controller,
             None,
             now,
             SystemTime::UNIX_EPOCH,
             self.hook.as_ref(),
         );
+        Ok(())
     }
 
     /// The route's own controller parameters (outside events).

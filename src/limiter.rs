@@ -1789,6 +1789,57 @@ mod tests {
         assert!(admitted(w.check(ms(1600))));
     }
 
+    /// A limiter built or set at a limit no config would hold (0, below 0, no number,
+    /// far below one request in 11.6 days) never panics and admits at most its first
+    /// request at once, for every algorithm: a limit of 0 or below made the token
+    /// bucket's rescale subtract past zero, and a NaN limit gave the window counters
+    /// their largest quota. (The engine refuses such limits; `Limiter` takes them.)
+    #[test]
+    fn absurd_limits_never_panic_and_admit_next_to_nothing() {
+        let algorithms = [
+            Algorithm::TokenBucket {
+                burst: Duration::from_secs(1),
+            },
+            Algorithm::FixedWindow {
+                window: Duration::from_secs(1),
+            },
+            Algorithm::SlidingWindow {
+                window: Duration::from_secs(1),
+            },
+            Algorithm::LeakyBucket { queue: 4 },
+            Algorithm::Concurrency { queue: 2 },
+        ];
+        for limit in [0.0, -5.0, f64::NAN, 1e-300] {
+            for algorithm in algorithms {
+                for set_later in [false, true] {
+                    let l = if set_later {
+                        let l = Limiter::new(algorithm, 1.0, ms(0));
+                        l.set_limit(limit, ms(0));
+                        l
+                    } else {
+                        Limiter::new(algorithm, limit, ms(0))
+                    };
+                    let mut at_once = 0;
+                    let mut held = Vec::new();
+                    for i in 0..50 {
+                        let now = ms(i * 100);
+                        match l.check(now) {
+                            Decision::Admit(Admit::Now) => at_once += 1,
+                            Decision::Admit(admit) => held.push(admit),
+                            Decision::Reject(_) => {}
+                        }
+                        l.set_limit(limit, now);
+                    }
+                    assert!(
+                        at_once <= 1,
+                        "{limit} {} set later {set_later}: {at_once} admitted at once",
+                        algorithm.name()
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_leaky_bucket_at_an_absurdly_low_limit_does_not_overflow() {
         // One request per ~150 years, five more may wait: the schedule passes u64.

@@ -374,7 +374,8 @@ fn keys_in_no_tier_follow_a_runtime_change_of_the_base_limit() {
     assert_eq!(spent, 5, "a bucket of 5");
     let mut params = e.route_params(id);
     params.base_limit_rps = 50.0;
-    e.update_route(id, params, Nanos::from_secs_f64(1.1));
+    e.update_route(id, params, Nanos::from_secs_f64(1.1))
+        .unwrap();
     // Refilled to the new bucket of 50, all 5 would pass; refilling at 50/s from the
     // fraction of a token left, at most 3 do.
     let (right_after, _) = offer(&e, id, ip(1), 1.1, 1.15, 100.0);
@@ -409,7 +410,7 @@ fn a_key_refills_at_the_new_rate_from_the_change_on() {
         v.cut_limit_rps = 10.0;
         v
     };
-    e.update_route(id, params, Nanos::from_millis(10));
+    e.update_route(id, params, Nanos::from_millis(10)).unwrap();
     let at = Nanos::from_millis(110);
     let n = (0..300)
         .filter(|_| e.check(id, ip(1), at).is_admit())
@@ -624,7 +625,7 @@ fn a_runtime_change_applies_to_the_live_state() {
         v.cut_limit_rps = 30.0;
         v
     };
-    e.update_route(id, params, Nanos::from_secs(10));
+    e.update_route(id, params, Nanos::from_secs(10)).unwrap();
     let s = e.route_snapshot(id, Nanos::from_secs(10));
     assert_eq!((s.base_limit_rps, s.limit_rps), (100.0, 100.0));
     assert_eq!(s.offered, before.offered, "counters are not reset");
@@ -729,7 +730,7 @@ fn restore_eta_follows_an_update_at_once() {
     // so before the next slot.
     let mut p = e.route_params(id);
     p.max_cut = Duration::from_secs(2);
-    e.update_route(id, p, now);
+    e.update_route(id, p, now).unwrap();
     assert_eq!(e.restore_eta(id, now), Some(Duration::from_secs(6)));
 }
 
@@ -922,7 +923,7 @@ fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
     assert!(poll().is_pending());
     let mut params = e.route_params(id);
     params.base_limit_rps = 2.0;
-    e.update_route(id, params, Nanos::from_millis(1));
+    e.update_route(id, params, Nanos::from_millis(1)).unwrap();
     assert_eq!(
         wakes.0.load(Ordering::SeqCst),
         1,
@@ -955,7 +956,7 @@ fn a_runtime_change_during_an_event_leaves_the_events_recovery_alone() {
     let (e, _, tenths) = recovering_under_an_event(Duration::from_secs(3600));
     let (id, now) = (RouteId(0), Nanos::from_millis(tenths * 100));
     let before = e.route_snapshot(id, now);
-    e.update_route(id, e.route_params(id), now);
+    e.update_route(id, e.route_params(id), now).unwrap();
     let s = e.route_snapshot(id, now);
     assert_eq!(s.active_event.as_deref(), Some("flash"));
     assert_eq!(
@@ -1177,13 +1178,13 @@ fn a_concurrency_key_in_no_tier_holds_the_routes_limit_while_recovering() {
     }
 }
 
-/// Controller parameters given to `update_route` unchecked (`Config::validate` would
-/// refuse these limits in a config, which the engine no longer takes) never panic and admits next to nothing, for any algorithm, whole-route
-/// or keyed: a limit of 0 or below made the token bucket's rescale subtract past zero
-/// (its tolerance, capped at 2^62 - 1 ns, rounded up to 2^62 as a float), and a NaN
-/// limit gave the window counters their largest quota.
+/// Limits no file would accept (0, below 0, no number, below one request in 11.6
+/// days) are refused by `update_route` for any algorithm, whole-route or keyed, under
+/// the route's name and the field's, and change nothing. It used to take them as
+/// given: the engine then had to survive a limit of 0 or below (the token bucket's
+/// rescale subtracted past zero) and a NaN limit (the window counters' largest quota).
 #[test]
-fn absurd_limits_from_unchecked_parameters_never_panic() {
+fn absurd_limits_are_refused_by_update_route() {
     for limit in [0.0, -5.0, f64::NAN, 1e-300] {
         for algorithm in RATE_ALGORITHMS
             .into_iter()
@@ -1198,34 +1199,46 @@ fn absurd_limits_from_unchecked_parameters_never_panic() {
                     cfg.partition = Partition::ClientIp(KeyLimits::default());
                 }
                 let e = engine(vec![cfg]);
-                // The engine checks a config; `update_route` takes parameters as given.
-                let mut absurd = e.route_params(RouteId(0));
+                let before = e.route_params(RouteId(0));
+                let mut absurd = before.clone();
                 absurd.base_limit_rps = limit;
                 absurd.cut_limit_rps = limit;
-                e.update_route(RouteId(0), absurd, Nanos::ZERO);
-                let mut decisions = Vec::new();
-                for i in 0..50u64 {
-                    let now = Nanos::from_millis(i * 100);
-                    decisions.push(e.check(RouteId(0), ip(i as u32 % 3), now));
-                    e.update_route(RouteId(0), e.route_params(RouteId(0)), now);
-                }
-                let now = decisions
-                    .iter()
-                    .filter(|d| matches!(d, Decision::Admit(Admit::Now)))
-                    .count();
-                // At most the first request of each key goes at once (a bucket holds
-                // at least one token; the leaky bucket's first leaves now, the others
-                // are paced past the run); a limit that is no number allows no more
-                // than 0 does (it let the window counters admit everything).
-                let keys = if keyed { 3 } else { 1 };
+                let err = e.update_route(RouteId(0), absurd, Nanos::ZERO).unwrap_err();
+                let what = format!("{limit} {} keyed {keyed}", algorithm.name());
                 assert!(
-                    now <= keys,
-                    "{limit} {} keyed {keyed}: {now} admitted at once",
-                    algorithm.name()
+                    err.to_string()
+                        .starts_with("route `absurd`: base_limit: must be"),
+                    "{what}: {err}"
                 );
+                assert!(
+                    err.problems().iter().any(|p| p.location() == "cut_limit"),
+                    "{what}: {err}"
+                );
+                assert_eq!(e.route_params(RouteId(0)), before, "{what}");
+                assert!(e.check(RouteId(0), ip(1), Nanos::ZERO).is_admit(), "{what}");
             }
         }
     }
+}
+
+/// A change `update_route` takes is checked with the route's own settings: a
+/// `cut_limit` above `base_limit` is refused, one below is applied.
+#[test]
+fn update_route_checks_the_change_by_the_rules_of_the_file() {
+    let e = engine(vec![RouteConfig::new("order", RouteMatch::any())]);
+    let id = RouteId(0);
+    let mut params = e.route_params(id);
+    params.base_limit_rps = 50.0; // below the cut_limit of 60
+    let err = e.update_route(id, params.clone(), Nanos::ZERO).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "route `order`: cut_limit: must be ≤ base_limit (50), got 60"
+    );
+    assert_eq!(e.route_params(id).base_limit_rps, 200.0, "nothing changed");
+    params.cut_limit_rps = 10.0;
+    e.update_route(id, params, Nanos::ZERO).unwrap();
+    assert_eq!(e.route_params(id).base_limit_rps, 50.0);
+    assert_eq!(e.limit_rps(id), 50.0);
 }
 
 /// A scheduled event that starts mid-recovery with another cut and step, so that the

@@ -591,7 +591,7 @@ fn engine_raising_the_limit_wakes_a_request_queued_meanwhile() {
         };
         let mut params = e.route_params(id);
         params.base_limit_rps = 2.0;
-        e.update_route(id, params, Nanos::ZERO);
+        e.update_route(id, params, Nanos::ZERO).unwrap();
         second.join().expect("the second request");
         drop(held);
     });

@@ -6,7 +6,7 @@
 
 mod load;
 mod raw;
-pub(crate) use raw::check_burst;
+pub(crate) use raw::{check_burst, check_route};
 
 pub use load::{ConfigError, Problem};
 

@@ -1478,6 +1478,23 @@ pub(crate) fn check_routes(routes: &[RouteConfig]) -> Result<(), Vec<Problem>> {
     reread(routes).map(|_| ())
 }
 
+/// Checks one route built in code as [`check_routes`] does, with each problem's path
+/// inside the route (`cut_limit`, `events[0].hold`).
+pub(crate) fn check_route(route: &RouteConfig) -> Result<(), Vec<Problem>> {
+    check_routes(std::slice::from_ref(route)).map_err(|problems| {
+        problems
+            .into_iter()
+            .map(|p| {
+                let location = p
+                    .location()
+                    .strip_prefix("routes[0].")
+                    .unwrap_or(p.location());
+                Problem::new(location, p.message())
+            })
+            .collect()
+    })
+}
+
 /// `routes` written back as tables and read as a file's ([`check_routes`]).
 fn reread(routes: &[RouteConfig]) -> Result<Config, Vec<Problem>> {
     let raw = RawConfig {

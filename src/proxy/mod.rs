@@ -258,7 +258,10 @@ impl Reloader {
                     RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
                 })?;
         let now = self.clock.now();
-        engine.update_route(id, params, now);
+        // Checked again with the route's tiers and events, by the rules of the file.
+        engine.update_route(id, params, now).map_err(|e| {
+            RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
+        })?;
         changed_at_runtime.insert(name.to_owned());
         tracing::info!(route = %name, "route parameters changed at runtime");
         Ok(engine.route_snapshot(id, now))
