@@ -68,11 +68,9 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let options = LogOptions {
-        spread: Spread::Random { seed: 3 },
-        lenient,
-        ..LogOptions::default()
-    };
+    let mut options = LogOptions::default();
+    options.spread = Spread::Random { seed: 3 };
+    options.lenient = lenient;
     let mut reader = LogReader::new(config(), options).expect("the options are valid");
     reader
         .read("fuzz.log", data)
