@@ -341,6 +341,7 @@ fn leaky_bucket_schedules_each_request_once() {
                         assert_eq!(r.reason, Reason::QueueFull);
                         None
                     }
+                    other => panic!("{other:?}"),
                 })
             })
             .collect();
@@ -406,7 +407,8 @@ fn acquire(c: &Concurrency) -> Option<Permit> {
         Decision::Admit(Admit::Held(permit)) => Some(permit),
         Decision::Admit(Admit::Queued(ticket)) => Some(block_on(ticket)),
         Decision::Admit(other) => panic!("{other:?}"),
-        Decision::Reject(_) => None,
+        // A rejection.
+        _ => None,
     }
 }
 
@@ -524,10 +526,9 @@ fn client(n: u8) -> Key<'static> {
 fn keyed_concurrency_engine() -> Engine {
     let mut cfg = RouteConfig::new("keys", RouteMatch::any());
     cfg.algorithm = rocgate::limiter::Algorithm::Concurrency { queue: 1 };
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        idle_timeout: Duration::from_secs(10),
-        ..KeyLimits::default()
-    });
+    let mut keys = KeyLimits::default();
+    keys.idle_timeout = Duration::from_secs(10);
+    cfg.partition = Partition::ClientIp(keys);
     cfg.controller.base_limit_rps = 1.0;
     cfg.controller.cut_limit_rps = 1.0;
     Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
