@@ -1310,11 +1310,10 @@ fn an_event_that_keeps_the_limit_but_moves_the_cut_moves_tier_keys_at_once() {
 #[test]
 fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
     let mut cfg = RouteConfig::new("ip-limit-changed", RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        max_keys: 100,
-        idle_timeout: Duration::from_secs(10),
-        ..KeyLimits::default()
-    });
+    let mut limits = KeyLimits::default();
+    limits.max_keys = 100;
+    limits.idle_timeout = Duration::from_secs(10);
+    cfg.partition = Partition::ClientIp(limits);
     cfg.controller.base_limit_rps = 5.0;
     cfg.controller.cut_limit_rps = 5.0;
     let e = engine(vec![cfg]);
@@ -1323,7 +1322,7 @@ fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
     let mut params = e.route_params(id);
     params.base_limit_rps = 10.0;
     params.cut_limit_rps = 10.0;
-    e.update_route(id, params, Nanos::from_secs(1));
+    e.update_route(id, params, Nanos::from_secs(1)).unwrap();
     // The key's next request catches up with the new limit.
     assert!(e.check(id, ip(1), Nanos::from_secs(1)).is_admit());
     assert_eq!(e.key_limit_rps(id, ip(1)), 10.0);

@@ -392,10 +392,11 @@ async fn beat_answered(store: &RedisStore) -> u64 {
 async fn a_heartbeat_set_lost_with_redis_does_not_shrink_the_count() {
     let _serial = one_at_a_time().await;
     let mut server = RedisServer::start().await;
-    let config = RedisConfig {
+    let config = {
+        let mut v = store_config(&server, "regrow");
         // Beats by hand only (the background one beats once, at the start).
-        heartbeat: Duration::from_secs(3600),
-        ..store_config(&server, "regrow")
+        v.heartbeat = Duration::from_secs(3600);
+        v
     };
     // 90 req/s with 1 s of burst: a third is 30 tokens, then 30/s.
     let route = route(90.0, Duration::from_secs(1));
@@ -1524,12 +1525,13 @@ async fn an_instance_that_never_reached_redis_admits_its_expected_share() {
     // 100 req/s with 2 s of burst, over 4 expected instances: 50 tokens, then 25/s.
     let route = route(100.0, Duration::from_secs(2));
     for mode in [SyncMode::Exact, SyncMode::Batched] {
-        let config = RedisConfig {
-            servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
-            key_prefix: "unreached".into(),
-            mode,
-            expected_instances: 4,
-            ..RedisConfig::default()
+        let config = {
+            let mut v = RedisConfig::default();
+            v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+            v.key_prefix = "unreached".into();
+            v.mode = mode;
+            v.expected_instances = 4;
+            v
         };
         let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
         let a = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
@@ -1552,11 +1554,12 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
     let _serial = one_at_a_time().await;
     let port = free_ports(1)[0];
     for mode in [SyncMode::Exact, SyncMode::Batched] {
-        let config = RedisConfig {
-            servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
-            key_prefix: "lowered".into(),
-            mode,
-            ..RedisConfig::default()
+        let config = {
+            let mut v = RedisConfig::default();
+            v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+            v.key_prefix = "lowered".into();
+            v.mode = mode;
+            v
         };
         let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
         let mut a = Instance::new(
@@ -1578,11 +1581,14 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
         clock.advance(Duration::from_secs(1));
         assert_eq!(a.offer(200).await, 100, "{mode:?}: a second at 100/s");
         for (base, expected) in [(40.0, 40), (100.0, 40)] {
-            a.engine = a.engine.reload(
-                &Config::new(vec![route(base, Duration::from_secs(1))]),
-                a.clock.now(),
-                SystemTime::UNIX_EPOCH,
-            );
+            a.engine = a
+                .engine
+                .reload(
+                    &Config::new(vec![route(base, Duration::from_secs(1))]),
+                    a.clock.now(),
+                    SystemTime::UNIX_EPOCH,
+                )
+                .unwrap();
             a.route = a.engine.route_id("order").unwrap();
             clock.advance(Duration::from_secs(1));
             assert_eq!(
@@ -1602,10 +1608,11 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
 async fn a_reload_while_redis_is_away_brings_no_fresh_burst() {
     let _serial = one_at_a_time().await;
     let port = free_ports(1)[0];
-    let config = RedisConfig {
-        servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
-        key_prefix: "rebuilt".into(),
-        ..RedisConfig::default()
+    let config = {
+        let mut v = RedisConfig::default();
+        v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+        v.key_prefix = "rebuilt".into();
+        v
     };
     let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
     let mut a = Instance::new(
@@ -1615,11 +1622,14 @@ async fn a_reload_while_redis_is_away_brings_no_fresh_burst() {
     );
     assert_eq!(a.offer(300).await, 100, "the burst");
     assert_eq!(a.store.mode(), StoreMode::Fallback);
-    a.engine = a.engine.reload(
-        &Config::new(vec![route(100.0, Duration::from_secs(2))]),
-        a.clock.now(),
-        SystemTime::UNIX_EPOCH,
-    );
+    a.engine = a
+        .engine
+        .reload(
+            &Config::new(vec![route(100.0, Duration::from_secs(2))]),
+            a.clock.now(),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
     a.route = a.engine.route_id("order").unwrap();
     assert_eq!(a.offer(300).await, 0, "a fresh burst after the reload");
     clock.advance(Duration::from_secs(1));
@@ -1950,11 +1960,12 @@ async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
     // 100 tokens refilling at 1/s: a quarter is 25 tokens refilling at 0.25/s.
     let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
     let port = free_ports(1)[0];
-    config.store = StoreConfig::Redis(RedisConfig {
-        servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
-        key_prefix: "unreached-serve".into(),
-        expected_instances: 4,
-        ..RedisConfig::default()
+    config.store = StoreConfig::Redis({
+        let mut v = RedisConfig::default();
+        v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+        v.key_prefix = "unreached-serve".into();
+        v.expected_instances = 4;
+        v
     });
     let proxy = Proxy::bind(proxy_settings(upstream_addr), &config, None)
         .await
