@@ -11,9 +11,9 @@
 //! is pure: it takes the time as an argument, does no network I/O and needs no
 //! async runtime, so it is deterministic under a [`clock::ManualClock`].
 //!
-//! Growing the API: enums that a later version may extend (rejection reasons,
-//! decisions, controller states, algorithms, partitions, errors) are
-//! `#[non_exhaustive]`, as are the configuration structs and the reports and
+//! Growing the API: enums that a later version may extend (rejection reasons, kinds
+//! of admission, controller states, algorithms, partitions, errors) are
+//! `#[non_exhaustive]` (not [`limiter::Decision`] itself: admit or reject), as are the configuration structs and the reports and
 //! snapshots the crate hands out. Build a configuration from its constructor or
 //! `Default` ([`config::RouteConfig::new`], [`config::Tier::new`],
 //! [`controller::ControllerParams::default`]) and set its public fields; a struct

@@ -163,10 +163,12 @@ impl Pace {
     }
 }
 
-/// The outcome of a check.
+/// The outcome of a check: admitted or refused, and nothing else, so it stays
+/// exhaustive (a match on it needs no catch-all arm, and a third outcome would have to
+/// break every match rather than fall into one). What an admission carries
+/// ([`Admit`]) may grow.
 #[derive(Debug)]
 #[must_use]
-#[non_exhaustive]
 pub enum Decision {
     /// Let the request through.
     Admit(Admit),

@@ -407,8 +407,7 @@ fn acquire(c: &Concurrency) -> Option<Permit> {
         Decision::Admit(Admit::Held(permit)) => Some(permit),
         Decision::Admit(Admit::Queued(ticket)) => Some(block_on(ticket)),
         Decision::Admit(other) => panic!("{other:?}"),
-        // A rejection.
-        _ => None,
+        Decision::Reject(_) => None,
     }
 }
 

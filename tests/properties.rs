@@ -110,8 +110,7 @@ proptest! {
                         );
                     }
                     Decision::Admit(other) => prop_assert!(false, "{other:?}"),
-                    // A rejection.
-                    _ => {}
+                    Decision::Reject(_) => {}
                 },
             }
         }
