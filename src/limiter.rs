@@ -5,7 +5,7 @@
 //!
 //! | algorithm | state | limit means | rejects with |
 //! |---|---|---|---|
-//! | [`TokenBucket`] (GCRA, default) | one atomic word | refill, req/s; capacity `limit × burst` | `limit` |
+//! | [`TokenBucket`] (GCRA, default) | one atomic word decided on (the TAT), beside its rate and capacity | refill, req/s; capacity `limit × burst` | `limit` |
 //! | [`FixedWindow`] | one atomic word | req/s, counted per window | `limit` |
 //! | [`SlidingWindowCounter`] | one atomic word | req/s, previous window weighted | `limit` |
 //! | [`LeakyBucket`] | one atomic word | paced output, req/s; bounded queue | `queue_full` |
@@ -375,8 +375,9 @@ pub(crate) fn reject(retry_after_ns: u64, reason: Reason) -> Decision {
     })
 }
 
-/// A token bucket as GCRA: the whole state is one atomic word, the theoretical arrival
-/// time (TAT) of the next request. Refills at `limit` per second; holds
+/// A token bucket as GCRA: a decision reads and moves one atomic word, the theoretical
+/// arrival time (TAT) of the next request, beside the rate and capacity words that a
+/// limit change rewrites (see the `gcra` module). Refills at `limit` per second; holds
 /// `limit × burst` tokens (at least one). `burst` is kept to the millisecond.
 #[derive(Debug)]
 pub struct TokenBucket {
@@ -2134,7 +2135,7 @@ mod tests {
 
     #[test]
     fn a_limiter_fits_in_32_bytes() {
-        // Kept per key on partitioned routes.
+        // Kept per route, and for its shadow and overflow limiters.
         assert!(
             std::mem::size_of::<Limiter>() <= 32,
             "{}",
