@@ -1926,6 +1926,83 @@ async fn connect(
     sender
 }
 
+/// An upstream that answers `ok` to every request, and its task.
+async fn start_ok_upstream() -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = upstream.local_addr().unwrap();
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    (
+        addr,
+        tokio::spawn(async move { axum::serve(upstream, app).await }),
+    )
+}
+
+/// A `rocgate serve` proxy running in a task of the test's runtime.
+struct Served {
+    addr: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    reloader: rocgate::proxy::Reloader,
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Served {
+    /// A proxy in front of `upstream` serving `config` (read from `file`, which a
+    /// reload reads again, if given).
+    async fn start(
+        upstream: std::net::SocketAddr,
+        config: &Config,
+        file: Option<std::path::PathBuf>,
+    ) -> Served {
+        let proxy = rocgate::proxy::Proxy::bind(proxy_settings(upstream), config, file)
+            .await
+            .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        Served {
+            addr: proxy.local_addr().unwrap(),
+            admin: proxy.admin_addr().unwrap(),
+            reloader: proxy.reloader().clone(),
+            stop,
+            run: tokio::spawn(proxy.run(async {
+                let _ = stopped.await;
+            })),
+        }
+    }
+
+    /// Shuts the proxy down and waits for it to end.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.run.await.unwrap().unwrap();
+    }
+}
+
+/// `POST /api/order` on `client`: the response's status and `rocgate-reason`, its
+/// body read.
+async fn post_order(
+    client: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+) -> (u16, Option<String>) {
+    use http_body_util::BodyExt;
+    client.ready().await.unwrap();
+    let req = http::Request::post("/api/order")
+        .header("host", "shop.example")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let reason = res
+        .headers()
+        .get("rocgate-reason")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let status = res.status().as_u16();
+    let _ = res.into_body().collect().await;
+    (status, reason)
+}
+
 /// The body of `GET path` on an admin connection.
 async fn get(
     admin: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
@@ -1948,15 +2025,9 @@ async fn get(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
     let _serial = one_at_a_time().await;
-    use http_body_util::{BodyExt, Empty};
-    use rocgate::proxy::Proxy;
     use rocgate::store::StoreConfig;
 
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = upstream.local_addr().unwrap();
-    let app = axum::Router::new().fallback(|| async { "ok" });
-    let upstream_task = tokio::spawn(async move { axum::serve(upstream, app).await });
-
+    let (upstream_addr, upstream_task) = start_ok_upstream().await;
     // 100 tokens refilling at 1/s: a quarter is 25 tokens refilling at 0.25/s.
     let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
     let port = free_ports(1)[0];
@@ -1967,35 +2038,18 @@ async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
         v.expected_instances = 4;
         v
     });
-    let proxy = Proxy::bind(proxy_settings(upstream_addr), &config, None)
-        .await
-        .unwrap();
-    let (addr, admin_addr) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(proxy.run(async {
-        let _ = stopped.await;
-    }));
-    let mut client = connect(addr).await;
+    let proxy = Served::start(upstream_addr, &config, None).await;
+    let mut client = connect(proxy.addr).await;
     let mut statuses = std::collections::BTreeMap::new();
     for _ in 0..100 {
-        client.ready().await.unwrap();
-        let req = http::Request::post("/api/order")
-            .header("host", "shop.example")
-            .body(Empty::new())
-            .unwrap();
-        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
-            .await
-            .unwrap()
-            .unwrap();
-        *statuses.entry(res.status().as_u16()).or_insert(0) += 1;
-        let _ = res.into_body().collect().await;
+        *statuses.entry(post_order(&mut client).await.0).or_insert(0) += 1;
     }
     let admitted = statuses.get(&200).copied().unwrap_or(0);
     // The burst, and at most one token refilled while the requests ran.
     assert!((25..=26).contains(&admitted), "{statuses:?}");
     assert_eq!(statuses.get(&429).copied().unwrap_or(0), 100 - admitted);
 
-    let mut admin = connect(admin_addr).await;
+    let mut admin = connect(proxy.admin).await;
     let status: serde_json::Value =
         serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
     assert_eq!(status["mode"], "fallback_local", "{status}");
@@ -2003,71 +2057,45 @@ async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
     assert_eq!(status["expected_instances"], 4, "{status}");
     let text = get(&mut admin, "/metrics").await;
     assert!(text.contains("rocgate_store_instances 4"), "{text}");
-    let _ = stop.send(());
-    run.await.unwrap().unwrap();
+    proxy.stop().await;
     upstream_task.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_share_one_limit() {
     let _serial = one_at_a_time().await;
-    use http_body_util::{BodyExt, Empty};
-    use rocgate::proxy::Proxy;
+    use http_body_util::Empty;
     use rocgate::store::StoreConfig;
 
     let server = RedisServer::start().await;
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = upstream.local_addr().unwrap();
-    let app = axum::Router::new().fallback(|| async { "ok" });
-    let upstream_task = tokio::spawn(async move { axum::serve(upstream, app).await });
+    let (upstream_addr, upstream_task) = start_ok_upstream().await;
 
     // 100 tokens refilling at 1/s: a short run admits its burst, shared.
     let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
     config.store = StoreConfig::Redis(store_config(&server, "serve"));
-    let settings = proxy_settings(upstream_addr);
-    let mut addrs = Vec::new();
-    let mut stops = Vec::new();
-    for _ in 0..2 {
-        let proxy = Proxy::bind(settings.clone(), &config, None).await.unwrap();
-        addrs.push((proxy.local_addr().unwrap(), proxy.admin_addr().unwrap()));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        stops.push((
-            stop,
-            tokio::spawn(proxy.run(async {
-                let _ = stopped.await;
-            })),
-        ));
-    }
+    let proxies = [
+        Served::start(upstream_addr, &config, None).await,
+        Served::start(upstream_addr, &config, None).await,
+    ];
     let mut clients = Vec::new();
-    for (addr, _) in &addrs {
-        clients.push(connect(*addr).await);
+    for proxy in &proxies {
+        clients.push(connect(proxy.addr).await);
     }
     let (mut admitted, mut rejected) = (0, 0);
     for i in 0..300 {
-        let client = &mut clients[i % 2];
-        client.ready().await.unwrap();
-        let req = http::Request::post("/api/order")
-            .header("host", "shop.example")
-            .body(Empty::new())
-            .unwrap();
-        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
-            .await
-            .unwrap()
-            .unwrap();
-        match res.status().as_u16() {
-            200 => admitted += 1,
-            429 => {
-                assert_eq!(res.headers()["rocgate-reason"], "limit");
+        match post_order(&mut clients[i % 2]).await {
+            (200, _) => admitted += 1,
+            (429, reason) => {
+                assert_eq!(reason.as_deref(), Some("limit"));
                 rejected += 1;
             }
-            other => panic!("status {other}"),
+            other => panic!("{other:?}"),
         }
-        let _ = res.into_body().collect().await;
     }
     assert!((100..=102).contains(&admitted), "admitted {admitted}");
     assert_eq!(admitted + rejected, 300);
     // Other paths match no route and pass through the local layer.
-    let mut client = connect(addrs[0].0).await;
+    let mut client = connect(proxies[0].addr).await;
     let req = http::Request::get("/elsewhere")
         .header("host", "shop.example")
         .body(Empty::new())
@@ -2075,7 +2103,7 @@ async fn two_proxies_share_one_limit() {
     client.ready().await.unwrap();
     assert_eq!(client.send_request(req).await.unwrap().status(), 200);
     // The admin API reports the store mode.
-    let mut admin = connect(addrs[0].1).await;
+    let mut admin = connect(proxies[0].admin).await;
     let text = get(&mut admin, "/metrics").await;
     assert!(
         text.contains("rocgate_store_mode{mode=\"shared\"} 1"),
@@ -2083,8 +2111,8 @@ async fn two_proxies_share_one_limit() {
     );
     // Each proxy's engine counts the shared decisions it made: together, all of them.
     let (mut offered, mut engine_admitted) = (0, 0);
-    for (_, admin_addr) in &addrs {
-        let mut admin = connect(*admin_addr).await;
+    for proxy in &proxies {
+        let mut admin = connect(proxy.admin).await;
         let route: serde_json::Value =
             serde_json::from_str(&get(&mut admin, "/admin/routes/order").await).unwrap();
         offered += route["offered"].as_u64().unwrap();
@@ -2105,22 +2133,9 @@ async fn two_proxies_share_one_limit() {
     server.kill();
     let mut reasons = std::collections::BTreeMap::new();
     for i in 0..100 {
-        let client = &mut clients[i % 2];
-        client.ready().await.unwrap();
-        let req = http::Request::post("/api/order")
-            .header("host", "shop.example")
-            .body(Empty::new())
-            .unwrap();
-        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
-            .await
-            .unwrap()
-            .unwrap();
-        let reason = res
-            .headers()
-            .get("rocgate-reason")
-            .map(|v| v.to_str().unwrap().to_owned());
-        *reasons.entry((res.status().as_u16(), reason)).or_insert(0) += 1;
-        let _ = res.into_body().collect().await;
+        *reasons
+            .entry(post_order(&mut clients[i % 2]).await)
+            .or_insert(0) += 1;
     }
     assert!(
         reasons
@@ -2135,9 +2150,8 @@ async fn two_proxies_share_one_limit() {
         text.contains("rocgate_store_mode{mode=\"fallback_local\"} 1"),
         "{text}"
     );
-    for (stop, run) in stops {
-        let _ = stop.send(());
-        run.await.unwrap().unwrap();
+    for proxy in proxies {
+        proxy.stop().await;
     }
     upstream_task.abort();
 }
@@ -2148,16 +2162,8 @@ async fn two_proxies_share_one_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     let _serial = one_at_a_time().await;
-    use http_body_util::{BodyExt, Empty};
-    use hyper::body::Bytes;
-    use hyper_util::rt::TokioIo;
-    use rocgate::proxy::Proxy;
-    use std::net::SocketAddr;
 
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = upstream.local_addr().unwrap();
-    let app = axum::Router::new().fallback(|| async { "ok" });
-    let upstream_task = tokio::spawn(async move { axum::serve(upstream, app).await });
+    let (upstream_addr, upstream_task) = start_ok_upstream().await;
     // Nothing listens on port 1: every store call fails.
     let file = |partition: &str| {
         format!(
@@ -2170,60 +2176,26 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     let path = dir.path().join("rocgate.toml");
     std::fs::write(&path, file("route")).unwrap();
     let config = Config::load(&path).unwrap();
-    let settings = proxy_settings(upstream_addr);
-    let proxy = Proxy::bind(settings, &config, Some(path.clone()))
-        .await
-        .unwrap();
-    let (addr, admin_addr) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
-    let reloader = proxy.reloader().clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(proxy.run(async {
-        let _ = stopped.await;
-    }));
-    async fn send(addr: SocketAddr, req: http::Request<Empty<Bytes>>) -> (u16, String) {
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let res = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
-            .await
-            .unwrap()
-            .unwrap();
-        let status = res.status().as_u16();
-        let body = res.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8(body.to_vec()).unwrap())
-    }
-    let store_mode = || async {
-        let req = http::Request::get("/admin/store")
-            .header("host", "admin")
-            .body(Empty::new())
-            .unwrap();
+    let proxy = Served::start(upstream_addr, &config, Some(path.clone())).await;
+    let mut admin = connect(proxy.admin).await;
+    let mut store_mode = async || {
         let status: serde_json::Value =
-            serde_json::from_str(&send(admin_addr, req).await.1).unwrap();
+            serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
         status["mode"].as_str().unwrap().to_owned()
     };
+    let mut client = connect(proxy.addr).await;
     for _ in 0..5 {
-        let req = http::Request::post("/api/order")
-            .header("host", "shop.example")
-            .body(Empty::new())
-            .unwrap();
-        assert_eq!(send(addr, req).await.0, 200);
+        assert_eq!(post_order(&mut client).await.0, 200);
     }
     assert_eq!(store_mode().await, "fallback_local");
 
     std::fs::write(&path, file("ip")).unwrap();
-    reloader.reload().unwrap();
+    proxy.reloader.reload().unwrap();
     assert_eq!(store_mode().await, "shared");
-    let req = http::Request::post("/api/order")
-        .header("host", "shop.example")
-        .body(Empty::new())
-        .unwrap();
-    assert_eq!(send(addr, req).await.0, 200);
+    assert_eq!(post_order(&mut client).await.0, 200);
     assert_eq!(store_mode().await, "shared");
 
-    let _ = stop.send(());
-    run.await.unwrap().unwrap();
+    proxy.stop().await;
     upstream_task.abort();
 }
 
