@@ -595,8 +595,10 @@ pub(crate) mod gcra {
     }
 
     /// Bits of a bucket's address hash that pick its note: 64 notes, 1 KiB in all
-    /// (2 under loom, so that the models' buckets may share one).
-    const NOTE_BITS: u32 = if cfg!(loom) { 1 } else { 6 };
+    /// (one under loom, so that the models' buckets all share it, whatever their
+    /// addresses: the models check a change of one bucket that rewrites the note a
+    /// decision on another is reading).
+    const NOTE_BITS: u32 = if cfg!(loom) { 0 } else { 6 };
 
     #[cfg(not(loom))]
     static NOTES: [Note; 1 << NOTE_BITS] = [const {
@@ -621,7 +623,11 @@ pub(crate) mod gcra {
         /// not change while a change or a decision borrows the bucket).
         fn of(tat: &AtomicU64) -> &'static Note {
             let addr = std::ptr::from_ref(tat) as usize as u64;
-            let i = (addr >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - NOTE_BITS);
+            // `checked_shr`: a shift by 64 (no bits, under loom) picks note 0.
+            let i = (addr >> 3)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .checked_shr(64 - NOTE_BITS)
+                .unwrap_or(0);
             &NOTES[i as usize]
         }
 

@@ -301,6 +301,115 @@ fn token_bucket_two_limit_changes_take_turns() {
     });
 }
 
+/// A bucket (1/s with two seconds' burst: τ = 2 s) whose change shares the one note of
+/// the loom build with the changes of [`A_FROM`]'s buckets. Read beside such a
+/// bucket's TAT word (1 s, once emptied at 4/s), its old parameters would admit.
+fn other_bucket() -> TokenBucket {
+    TokenBucket::new(1.0, Duration::from_secs(2), Nanos::ZERO)
+}
+
+/// The limit the buckets under test start at (one second's burst: 4 tokens of 250 ms).
+const A_FROM: f64 = 4.0;
+
+/// A bucket at [`A_FROM`] with `left` tokens.
+fn bucket_with(left: u32) -> Arc<TokenBucket> {
+    let bucket = Arc::new(TokenBucket::new(A_FROM, Duration::from_secs(1), Nanos::ZERO));
+    for _ in left..4 {
+        assert!(bucket.check(Nanos::ZERO).is_admit());
+    }
+    bucket
+}
+
+/// A decision on one bucket overlaps its change (4/s → 1/s, one second's burst) and
+/// the change of another bucket that shares its note (the loom build has one): the
+/// decision may meet the first change half-way and read the note after the second
+/// has rewritten it with the other bucket's old parameters (1/s, τ = 2 s), which
+/// would admit on the emptied bucket. It must not: it is admitted exactly when a
+/// token is left (at either rate), and the bucket ends empty at the new capacity;
+/// the other bucket ends at its new capacity with the 2 tokens it had. Giving the note back before the
+/// change's last exchange (its TAT word still marked) fails this model: the empty
+/// bucket admits.
+#[test]
+fn token_bucket_decision_never_reads_another_buckets_note() {
+    for left in [0, 1] {
+        check(move || {
+            let bucket = bucket_with(left);
+            let other = Arc::new(other_bucket());
+            let decision = {
+                let b = Arc::clone(&bucket);
+                thread::spawn(move || b.check(Nanos::ZERO).is_admit())
+            };
+            let change = {
+                let o = Arc::clone(&other);
+                thread::spawn(move || o.set_limit(8.0, Nanos::ZERO))
+            };
+            bucket.set_limit(1.0, Nanos::ZERO);
+            let admitted = decision.join().expect("the decision");
+            change.join().expect("the other change");
+            assert_eq!(admitted, left == 1, "{left} token(s) left");
+            let level = bucket.level(Nanos::ZERO);
+            assert_eq!((level.value, level.capacity), (0.0, 1.0), "{left} left");
+            let level = other.level(Nanos::ZERO);
+            assert_eq!((level.value, level.capacity), (2.0, 16.0), "the other");
+        });
+    }
+}
+
+/// The level of a bucket read while it changes (4/s → 1/s, two tokens left) and
+/// another bucket's change rewrites their shared note: the old level with the old
+/// capacity (2 of 4) or the new (the 2 clamped to 1 of 1), never a mix of one's
+/// tokens and the other's rate or capacity.
+#[test]
+fn token_bucket_level_during_shared_note_changes_is_old_or_new() {
+    check(|| {
+        let bucket = bucket_with(2);
+        let other = Arc::new(other_bucket());
+        let level = {
+            let b = Arc::clone(&bucket);
+            thread::spawn(move || b.level(Nanos::ZERO))
+        };
+        let change = {
+            let o = Arc::clone(&other);
+            thread::spawn(move || o.set_limit(8.0, Nanos::ZERO))
+        };
+        bucket.set_limit(1.0, Nanos::ZERO);
+        let seen = level.join().expect("the level");
+        change.join().expect("the other change");
+        assert!(
+            [(2.0, 4.0), (1.0, 1.0)].contains(&(seen.value, seen.capacity)),
+            "{seen:?}"
+        );
+    });
+}
+
+/// `lower_to` racing a change of its bucket (4/s → 1/s, full) and a change of
+/// another bucket on the same note: lowered to one token before the change (1 of 4,
+/// kept as 1 of 1) or after it (4 clamped to 1 of 1, already there), the bucket ends
+/// with one token at the new capacity, and a decision after both takes it and no
+/// more.
+#[test]
+fn token_bucket_lower_to_during_shared_note_changes() {
+    check(|| {
+        let bucket = bucket_with(4);
+        let other = Arc::new(other_bucket());
+        let lower = {
+            let b = Arc::clone(&bucket);
+            thread::spawn(move || b.lower_to(1.0, Nanos::ZERO))
+        };
+        let change = {
+            let o = Arc::clone(&other);
+            thread::spawn(move || o.set_limit(8.0, Nanos::ZERO))
+        };
+        bucket.set_limit(1.0, Nanos::ZERO);
+        lower.join().expect("the lowering");
+        change.join().expect("the other change");
+        let level = bucket.level(Nanos::ZERO);
+        assert_eq!((level.value, level.capacity), (1.0, 1.0));
+        assert!(bucket.check(Nanos::ZERO).is_admit());
+        assert!(!bucket.check(Nanos::ZERO).is_admit());
+    });
+}
+
 /// A fixed window with a quota of 2: three concurrent requests in one window, 2
 /// admitted.
 #[test]
