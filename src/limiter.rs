@@ -499,6 +499,13 @@ impl TokenBucket {
 ///    meanwhile);
 /// 5. gives the note back.
 ///
+/// A change waits for the note while another change holds it: a few stores and an
+/// exchange, unless the OS deschedules the holding thread meanwhile, and then until it
+/// runs again. Changes are made on requests' paths too (the engine's per-key buckets
+/// catch up with their route's limit on a key's next request, and the request that
+/// wins a slot rollover changes the route's bucket), so those requests may wait for a
+/// change of another bucket on the same note; decisions never do.
+///
 /// A decision loads the TAT word first. Unmarked, the rate and capacity words go with
 /// the TAT; marked, the note holds the rate and capacity the TAT is still scaled to
 /// (a decision during a change is charged at the old rate, as one just before it). It
@@ -1646,6 +1653,31 @@ mod tests {
         // Refilled, it reads as full to the key table's sweep, count and all.
         assert!(!b.words().full(ms(999)));
         assert!(b.words().full(ms(1_000)));
+    }
+
+    #[test]
+    fn a_bucket_past_the_latest_now_it_sees_stays_whole() {
+        // Past 2^59 − 2^57 ns a bucket holds `now` there: its TAT, up to `now + τ` at
+        // the most τ (a limit of zero), still fits below the change count, which
+        // changes and decisions then keep intact.
+        let late = Nanos::new(u64::MAX);
+        let b = TokenBucket::new(0.0, Duration::from_secs(1), late);
+        assert!(b.words().full(late));
+        assert!(admitted(b.check(late)));
+        let r = b.check(late).rejection().unwrap();
+        assert_eq!(r.retry_after, Duration::from_nanos(1 << 57));
+        for i in 0..20 {
+            b.set_limit(if i % 2 == 0 { 0.0 } else { 1.0 }, late);
+            assert_eq!(b.level(late).value, 0.0, "change {i}");
+            assert!(!admitted(b.check(late)), "change {i}");
+        }
+        b.lower_to(0.0, late);
+        assert_eq!(b.level(late).value, 0.0);
+        // A full bucket there admits its capacity, and then no more.
+        let b = TokenBucket::new(10.0, Duration::from_secs(1), late);
+        b.set_limit(5.0, late);
+        let n = (0..20).filter(|_| admitted(b.check(late))).count();
+        assert_eq!(n, 5);
     }
 
     #[test]
