@@ -301,9 +301,9 @@ fn token_bucket_two_limit_changes_take_turns() {
     });
 }
 
-/// A bucket (1/s with two seconds' burst: τ = 2 s) whose change shares the one note of
-/// the loom build with the changes of [`A_FROM`]'s buckets. Read beside such a
-/// bucket's TAT word (1 s, once emptied at 4/s), its old parameters would admit.
+/// A bucket (1/s with two seconds' burst: τ = 2 s) whose changes share the one note of
+/// the loom build with those of [`bucket_with`]'s. Read beside the TAT word of one of
+/// those emptied at 4/s (1 s), its old parameters would admit.
 fn other_bucket() -> TokenBucket {
     TokenBucket::new(1.0, Duration::from_secs(2), Nanos::ZERO)
 }
@@ -313,7 +313,11 @@ const A_FROM: f64 = 4.0;
 
 /// A bucket at [`A_FROM`] with `left` tokens.
 fn bucket_with(left: u32) -> Arc<TokenBucket> {
-    let bucket = Arc::new(TokenBucket::new(A_FROM, Duration::from_secs(1), Nanos::ZERO));
+    let bucket = Arc::new(TokenBucket::new(
+        A_FROM,
+        Duration::from_secs(1),
+        Nanos::ZERO,
+    ));
     for _ in left..4 {
         assert!(bucket.check(Nanos::ZERO).is_admit());
     }
