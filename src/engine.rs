@@ -1350,6 +1350,13 @@ impl KeyMeta {
         catch_up(&self.generation, r, Ordering::Acquire)
     }
 
+    /// [`KeyMeta::catch_up`], calling `apply` (which sets the key's limit as the route
+    /// now is) if the key is behind, and again while the route's generation moves on
+    /// meanwhile; see [`keep_up`].
+    fn keep_up(&self, r: &Route, apply: impl FnMut()) {
+        keep_up(&self.generation, r, apply);
+    }
+
     /// The key's limit between its tier's cut and base limits, as the route now is.
     fn limit(&self, r: &Route, tiers: &TierTable) -> f64 {
         tiers.limit(self.tier, tiers.progress(r))
@@ -1388,6 +1395,33 @@ fn catch_up(generation: &AtomicU32, r: &Route, order: Ordering) -> bool {
     true
 }
 
+/// Catches a key up with its route's limit changes: if the key's limit was set for an
+/// older generation than the route's, records the route's and calls `apply`, which
+/// sets the key's limit as the route now is; then, if the route's generation moved on
+/// meanwhile, records it and calls `apply` again, until it stays.
+///
+/// Without the second look, a request that read the route's limit before a change and
+/// set it after another request had caught the key up with that change (recording its
+/// generation) left the key at the older limit until the route changed again. `apply`
+/// must order the limit it sets after the limit set before it (a token bucket's change
+/// takes its note, which the one before gave back), so that the route's generation
+/// read after it is at least the one that other request read.
+fn keep_up(generation: &AtomicU32, r: &Route, mut apply: impl FnMut()) {
+    let mut seen = r.generation.load(Ordering::Acquire) as u32;
+    if generation.load(Ordering::Relaxed) == seen {
+        return;
+    }
+    loop {
+        generation.store(seen, Ordering::Relaxed);
+        apply();
+        let now = r.generation.load(Ordering::Acquire) as u32;
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
+}
+
 /// [`KeyMeta::touch`], on a key's `last_seen_s` wherever it is kept.
 #[inline]
 fn touch(last_seen_s: &AtomicU32, now: Nanos) {
@@ -1423,13 +1457,13 @@ impl KeyState for BucketKey {
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
         let words = self.words();
-        if self.meta.catch_up(r) {
+        self.meta.keep_up(r, || {
             let changed = Nanos::new(r.changed_at.load(Ordering::Relaxed));
             words.set(
                 gcra::params(self.meta.limit(r, tiers), tiers.shape),
                 changed.min(now),
             );
-        }
+        });
         self.meta.touch(now);
         match words.take(now) {
             Ok(()) => Decision::Admit(Admit::Now),
