@@ -1343,16 +1343,9 @@ impl KeyMeta {
         }
     }
 
-    /// Whether the key's limit was set for an older route generation than the
-    /// route's now; if so, records the route's, and the caller sets the key's limit.
-    #[inline]
-    fn catch_up(&self, r: &Route) -> bool {
-        catch_up(&self.generation, r, Ordering::Acquire)
-    }
-
-    /// [`KeyMeta::catch_up`], calling `apply` (which sets the key's limit as the route
-    /// now is) if the key is behind, and again while the route's generation moves on
-    /// meanwhile; see [`keep_up`].
+    /// Calls `apply`, which sets the key's limit as the route now is, if the key's
+    /// limit was set for an older route generation than the route's, and again while
+    /// the route's generation moves on meanwhile; see [`keep_up`].
     fn keep_up(&self, r: &Route, apply: impl FnMut()) {
         keep_up(&self.generation, r, apply);
     }
@@ -1381,7 +1374,9 @@ fn unseen_since(last_seen_s: &AtomicU32, cutoff: u32) -> bool {
     last_seen_s.load(Ordering::Relaxed) < cutoff
 }
 
-/// [`KeyMeta::catch_up`], on a key's `generation` wherever it is kept.
+/// Whether a key's limit was set for an older route generation than the route's now;
+/// if so, records the route's, and the caller sets the key's limit (a concurrency
+/// key's; the others [`keep_up`]).
 ///
 /// `order` reads the route's generation: `Acquire`, or `SeqCst` where a concurrency
 /// key's queue is read or written beside it.
@@ -1588,10 +1583,12 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        if self.meta.catch_up(r) {
+        // A swap, `AcqRel`: a key's limits are set one after another, each after the
+        // one it replaces, as `keep_up` needs.
+        self.meta.keep_up(r, || {
             let limit = self.meta.limit(r, tiers);
-            self.limit.store(A::limit_word(limit), Ordering::Relaxed);
-        }
+            self.limit.swap(A::limit_word(limit), Ordering::AcqRel);
+        });
         self.meta.touch(now);
         A::check(
             &self.state,

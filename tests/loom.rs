@@ -793,3 +793,41 @@ fn engine_a_key_ends_at_the_last_of_two_updates() {
         assert_eq!(n, 1, "the key's capacity is not the last limit's");
     });
 }
+
+/// [`engine_a_key_ends_at_the_last_of_two_updates`] on a fixed window per client IP
+/// (one second): the key ends at the last limit, 1 request per window, not 2. It
+/// ended at 2 the same way.
+#[test]
+fn engine_a_window_key_ends_at_the_last_of_two_updates() {
+    check_bounded(2, || {
+        let mut cfg = RouteConfig::new("window_keys", RouteMatch::any());
+        cfg.algorithm = rocgate::limiter::Algorithm::FixedWindow {
+            window: Duration::from_secs(1),
+        };
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        cfg.controller.base_limit_rps = 4.0;
+        cfg.controller.cut_limit_rps = 1.0;
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let e = Arc::new(e.unwrap());
+        let id = RouteId(0);
+        assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
+        let update = |limit: f64| {
+            let mut params = e.route_params(id);
+            params.base_limit_rps = limit;
+            e.update_route(id, params, Nanos::ZERO).unwrap();
+        };
+        update(2.0);
+        let first = {
+            let e = Arc::clone(&e);
+            thread::spawn(move || e.check(id, client(1), Nanos::ZERO))
+        };
+        update(1.0);
+        drop(e.check(id, client(1), Nanos::ZERO));
+        drop(first.join().expect("the first request"));
+        let later = Nanos::from_millis(1_500);
+        let n = (0..3)
+            .filter(|_| e.check(id, client(1), later).is_admit())
+            .count();
+        assert_eq!(n, 1, "the key's quota is not the last limit's");
+    });
+}
