@@ -1346,6 +1346,7 @@ impl KeyMeta {
     /// Calls `apply`, which sets the key's limit as the route now is, if the key's
     /// limit was set for an older route generation than the route's, and again while
     /// the route's generation moves on meanwhile; see [`keep_up`].
+    #[inline]
     fn keep_up(&self, r: &Route, apply: impl FnMut()) {
         keep_up(&self.generation, r, apply);
     }
@@ -1401,6 +1402,7 @@ fn catch_up(generation: &AtomicU32, r: &Route, order: Ordering) -> bool {
 /// must order the limit it sets after the limit set before it (a token bucket's change
 /// takes its note, which the one before gave back), so that the route's generation
 /// read after it is at least the one that other request read.
+#[inline]
 fn keep_up(generation: &AtomicU32, r: &Route, mut apply: impl FnMut()) {
     let mut seen = r.generation.load(Ordering::Acquire) as u32;
     if generation.load(Ordering::Relaxed) == seen {
