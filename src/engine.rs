@@ -1348,7 +1348,7 @@ impl KeyMeta {
     /// the route's generation moves on meanwhile; see [`keep_up`].
     #[inline]
     fn keep_up(&self, r: &Route, apply: impl FnMut()) {
-        keep_up(&self.generation, r, apply);
+        keep_up(&self.generation, r, Ordering::Acquire, apply);
     }
 
     /// The key's limit between its tier's cut and base limits, as the route now is.
@@ -1375,22 +1375,6 @@ fn unseen_since(last_seen_s: &AtomicU32, cutoff: u32) -> bool {
     last_seen_s.load(Ordering::Relaxed) < cutoff
 }
 
-/// Whether a key's limit was set for an older route generation than the route's now;
-/// if so, records the route's, and the caller sets the key's limit (a concurrency
-/// key's; the others [`keep_up`]).
-///
-/// `order` reads the route's generation: `Acquire`, or `SeqCst` where a concurrency
-/// key's queue is read or written beside it.
-#[inline]
-fn catch_up(generation: &AtomicU32, r: &Route, order: Ordering) -> bool {
-    let now = r.generation.load(order) as u32;
-    if generation.load(Ordering::Relaxed) == now {
-        return false;
-    }
-    generation.store(now, Ordering::Relaxed);
-    true
-}
-
 /// Catches a key up with its route's limit changes: if the key's limit was set for an
 /// older generation than the route's, records the route's and calls `apply`, which
 /// sets the key's limit as the route now is; then, if the route's generation moved on
@@ -1399,19 +1383,24 @@ fn catch_up(generation: &AtomicU32, r: &Route, order: Ordering) -> bool {
 /// Without the second look, a request that read the route's limit before a change and
 /// set it after another request had caught the key up with that change (recording its
 /// generation) left the key at the older limit until the route changed again. `apply`
-/// must order the limit it sets after the limit set before it (a token bucket's change
-/// takes its note, which the one before gave back), so that the route's generation
-/// read after it is at least the one that other request read.
+/// must order the limit it sets after the limit set before it, so that the route's
+/// generation read after it is at least the one that other request read: a token
+/// bucket's change takes its note, which the one before gave back; a window key swaps
+/// its limit word (`AcqRel`); a concurrency key stores its limit `SeqCst`, and reads
+/// the generation `SeqCst` after it.
+///
+/// `order` reads the route's generation: `Acquire`, or `SeqCst` for a concurrency key
+/// (whose queue is also read or written beside it: see [`ConcurrencyKey::check`]).
 #[inline]
-fn keep_up(generation: &AtomicU32, r: &Route, mut apply: impl FnMut()) {
-    let mut seen = r.generation.load(Ordering::Acquire) as u32;
+fn keep_up(generation: &AtomicU32, r: &Route, order: Ordering, mut apply: impl FnMut()) {
+    let mut seen = r.generation.load(order) as u32;
     if generation.load(Ordering::Relaxed) == seen {
         return;
     }
     loop {
         generation.store(seen, Ordering::Relaxed);
         apply();
-        let now = r.generation.load(Ordering::Acquire) as u32;
+        let now = r.generation.load(order) as u32;
         if now == seen {
             return;
         }
@@ -1629,9 +1618,9 @@ impl KeyState for ConcurrencyKey {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        if catch_up(self.limiter.key_generation(), r, Ordering::Acquire) {
+        keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
             self.take_limit(r, tiers);
-        }
+        });
         touch(&self.last_seen_s, now);
         let decision = self.limiter.check();
         // Queued: a limit change may have looked for this key's waiters (`wake_queued`)
@@ -1640,10 +1629,10 @@ impl KeyState for ConcurrencyKey {
         // both sides write (`SeqCst`), then read what the other wrote (`SeqCst`), so
         // at least one of them sees the other and the key takes the new limit, which
         // wakes as many as it lets in.
-        if matches!(decision, Decision::Admit(Admit::Queued(_)))
-            && catch_up(self.limiter.key_generation(), r, Ordering::SeqCst)
-        {
-            self.take_limit(r, tiers);
+        if matches!(decision, Decision::Admit(Admit::Queued(_))) {
+            keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
+                self.take_limit(r, tiers);
+            });
         }
         decision
     }
@@ -1660,10 +1649,10 @@ impl ConcurrencyKey {
     /// (after the route's generation was raised; see [`ConcurrencyKey::check`] for a
     /// request queued meanwhile).
     fn wake_queued(&self, r: &Route, tiers: &TierTable) {
-        if self.limiter.has_waiters()
-            && catch_up(self.limiter.key_generation(), r, Ordering::SeqCst)
-        {
-            self.take_limit(r, tiers);
+        if self.limiter.has_waiters() {
+            keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
+                self.take_limit(r, tiers);
+            });
         }
     }
 

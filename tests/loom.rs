@@ -831,3 +831,38 @@ fn engine_a_window_key_ends_at_the_last_of_two_updates() {
         assert_eq!(n, 1, "the key's quota is not the last limit's");
     });
 }
+
+/// [`engine_a_key_ends_at_the_last_of_two_updates`] on a concurrency limit per client
+/// IP (no queue): the key ends at the last limit, 1 permit, not 2.
+#[test]
+fn engine_a_concurrency_key_ends_at_the_last_of_two_updates() {
+    check_bounded(2, || {
+        let mut cfg = RouteConfig::new("permit_keys", RouteMatch::any());
+        cfg.algorithm = rocgate::limiter::Algorithm::Concurrency { queue: 0 };
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        cfg.controller.base_limit_rps = 4.0;
+        cfg.controller.cut_limit_rps = 1.0;
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let e = Arc::new(e.unwrap());
+        let id = RouteId(0);
+        drop(e.check(id, client(1), Nanos::ZERO));
+        let update = |limit: f64| {
+            let mut params = e.route_params(id);
+            params.base_limit_rps = limit;
+            e.update_route(id, params, Nanos::ZERO).unwrap();
+        };
+        update(2.0);
+        let first = {
+            let e = Arc::clone(&e);
+            thread::spawn(move || drop(e.check(id, client(1), Nanos::ZERO)))
+        };
+        update(1.0);
+        drop(e.check(id, client(1), Nanos::ZERO));
+        first.join().expect("the first request");
+        let held: Vec<_> = (0..3)
+            .map(|_| e.check(id, client(1), Nanos::ZERO))
+            .filter(|d| matches!(d, Decision::Admit(Admit::Held(_))))
+            .collect();
+        assert_eq!(held.len(), 1, "the key's permits are not the last limit's");
+    });
+}
