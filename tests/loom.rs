@@ -712,14 +712,42 @@ fn engine_raising_the_limit_wakes_a_request_queued_meanwhile() {
 /// A route with a token bucket per client IP: 4/s, one second's burst (4 tokens), cut
 /// to 1/s.
 fn keyed_bucket_engine() -> Engine {
-    let mut cfg = RouteConfig::new("bucket_keys", RouteMatch::any());
-    cfg.algorithm = rocgate::limiter::Algorithm::TokenBucket {
-        burst: Duration::from_secs(1),
-    };
+    keyed_engine(
+        "bucket_keys",
+        rocgate::limiter::Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        },
+    )
+}
+
+/// A route `name` limited per client IP with `algorithm`, at 4/s (cut at 1/s).
+fn keyed_engine(name: &str, algorithm: rocgate::limiter::Algorithm) -> Engine {
+    let mut cfg = RouteConfig::new(name, RouteMatch::any());
+    cfg.algorithm = algorithm;
     cfg.partition = Partition::ClientIp(KeyLimits::default());
     cfg.controller.base_limit_rps = 4.0;
     cfg.controller.cut_limit_rps = 1.0;
     Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
+}
+
+/// Two runtime updates of route 0 in a row (4/s → 2/s → 1/s), raced by two requests
+/// of one client: one on a thread of its own, made after the first update, and one
+/// made after the second.
+fn two_updates_raced_by_a_client(e: &Arc<Engine>) {
+    let id = RouteId(0);
+    let update = |limit: f64| {
+        let mut params = e.route_params(id);
+        params.base_limit_rps = limit;
+        e.update_route(id, params, Nanos::ZERO).unwrap();
+    };
+    update(2.0);
+    let first = {
+        let e = Arc::clone(e);
+        thread::spawn(move || drop(e.check(id, client(1), Nanos::ZERO)))
+    };
+    update(1.0);
+    drop(e.check(id, client(1), Nanos::ZERO));
+    first.join().expect("the first request");
 }
 
 /// A runtime update lowers a per-client token bucket route from 4/s to 1/s (one
@@ -773,19 +801,7 @@ fn engine_a_key_ends_at_the_last_of_two_updates() {
         let e = Arc::new(keyed_bucket_engine());
         let id = RouteId(0);
         assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
-        let update = |limit: f64| {
-            let mut params = e.route_params(id);
-            params.base_limit_rps = limit;
-            e.update_route(id, params, Nanos::ZERO).unwrap();
-        };
-        update(2.0);
-        let first = {
-            let e = Arc::clone(&e);
-            thread::spawn(move || e.check(id, client(1), Nanos::ZERO))
-        };
-        update(1.0);
-        drop(e.check(id, client(1), Nanos::ZERO));
-        drop(first.join().expect("the first request"));
+        two_updates_raced_by_a_client(&e);
         let later = Nanos::from_millis(1_500);
         let n = (0..3)
             .filter(|_| e.check(id, client(1), later).is_admit())
@@ -800,30 +816,15 @@ fn engine_a_key_ends_at_the_last_of_two_updates() {
 #[test]
 fn engine_a_window_key_ends_at_the_last_of_two_updates() {
     check_bounded(2, || {
-        let mut cfg = RouteConfig::new("window_keys", RouteMatch::any());
-        cfg.algorithm = rocgate::limiter::Algorithm::FixedWindow {
-            window: Duration::from_secs(1),
-        };
-        cfg.partition = Partition::ClientIp(KeyLimits::default());
-        cfg.controller.base_limit_rps = 4.0;
-        cfg.controller.cut_limit_rps = 1.0;
-        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
-        let e = Arc::new(e.unwrap());
+        let e = Arc::new(keyed_engine(
+            "window_keys",
+            rocgate::limiter::Algorithm::FixedWindow {
+                window: Duration::from_secs(1),
+            },
+        ));
         let id = RouteId(0);
         assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
-        let update = |limit: f64| {
-            let mut params = e.route_params(id);
-            params.base_limit_rps = limit;
-            e.update_route(id, params, Nanos::ZERO).unwrap();
-        };
-        update(2.0);
-        let first = {
-            let e = Arc::clone(&e);
-            thread::spawn(move || e.check(id, client(1), Nanos::ZERO))
-        };
-        update(1.0);
-        drop(e.check(id, client(1), Nanos::ZERO));
-        drop(first.join().expect("the first request"));
+        two_updates_raced_by_a_client(&e);
         let later = Nanos::from_millis(1_500);
         let n = (0..3)
             .filter(|_| e.check(id, client(1), later).is_admit())
@@ -837,28 +838,13 @@ fn engine_a_window_key_ends_at_the_last_of_two_updates() {
 #[test]
 fn engine_a_concurrency_key_ends_at_the_last_of_two_updates() {
     check_bounded(2, || {
-        let mut cfg = RouteConfig::new("permit_keys", RouteMatch::any());
-        cfg.algorithm = rocgate::limiter::Algorithm::Concurrency { queue: 0 };
-        cfg.partition = Partition::ClientIp(KeyLimits::default());
-        cfg.controller.base_limit_rps = 4.0;
-        cfg.controller.cut_limit_rps = 1.0;
-        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH);
-        let e = Arc::new(e.unwrap());
+        let e = Arc::new(keyed_engine(
+            "permit_keys",
+            rocgate::limiter::Algorithm::Concurrency { queue: 0 },
+        ));
         let id = RouteId(0);
         drop(e.check(id, client(1), Nanos::ZERO));
-        let update = |limit: f64| {
-            let mut params = e.route_params(id);
-            params.base_limit_rps = limit;
-            e.update_route(id, params, Nanos::ZERO).unwrap();
-        };
-        update(2.0);
-        let first = {
-            let e = Arc::clone(&e);
-            thread::spawn(move || drop(e.check(id, client(1), Nanos::ZERO)))
-        };
-        update(1.0);
-        drop(e.check(id, client(1), Nanos::ZERO));
-        first.join().expect("the first request");
+        two_updates_raced_by_a_client(&e);
         let held: Vec<_> = (0..3)
             .map(|_| e.check(id, client(1), Nanos::ZERO))
             .filter(|d| matches!(d, Decision::Admit(Admit::Held(_))))
