@@ -712,13 +712,13 @@ fn engine_raising_the_limit_wakes_a_request_queued_meanwhile() {
 /// A route with a token bucket per client IP: 4/s, one second's burst (4 tokens), cut
 /// to 1/s.
 fn keyed_bucket_engine() -> Engine {
-    keyed_engine(
-        "bucket_keys",
-        rocgate::limiter::Algorithm::TokenBucket {
-            burst: Duration::from_secs(1),
-        },
-    )
+    keyed_engine("bucket_keys", KEY_BUCKET)
 }
+
+/// The per-client token bucket of the keyed models: one second's burst.
+const KEY_BUCKET: rocgate::limiter::Algorithm = rocgate::limiter::Algorithm::TokenBucket {
+    burst: Duration::from_secs(1),
+};
 
 /// A route `name` limited per client IP with `algorithm`, at 4/s (cut at 1/s).
 fn keyed_engine(name: &str, algorithm: rocgate::limiter::Algorithm) -> Engine {
@@ -797,17 +797,7 @@ fn engine_an_empty_key_stays_empty_while_its_requests_catch_up_with_a_cut() {
 /// the other request had set 1/s and recorded the route's last generation.
 #[test]
 fn engine_a_key_ends_at_the_last_of_two_updates() {
-    check_bounded(2, || {
-        let e = Arc::new(keyed_bucket_engine());
-        let id = RouteId(0);
-        assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
-        two_updates_raced_by_a_client(&e);
-        let later = Nanos::from_millis(1_500);
-        let n = (0..3)
-            .filter(|_| e.check(id, client(1), later).is_admit())
-            .count();
-        assert_eq!(n, 1, "the key's capacity is not the last limit's");
-    });
+    a_rate_key_ends_at_the_last_of_two_updates("bucket_keys", KEY_BUCKET);
 }
 
 /// [`engine_a_key_ends_at_the_last_of_two_updates`] on a fixed window per client IP
@@ -815,13 +805,22 @@ fn engine_a_key_ends_at_the_last_of_two_updates() {
 /// ended at 2 the same way.
 #[test]
 fn engine_a_window_key_ends_at_the_last_of_two_updates() {
-    check_bounded(2, || {
-        let e = Arc::new(keyed_engine(
-            "window_keys",
-            rocgate::limiter::Algorithm::FixedWindow {
-                window: Duration::from_secs(1),
-            },
-        ));
+    a_rate_key_ends_at_the_last_of_two_updates(
+        "window_keys",
+        rocgate::limiter::Algorithm::FixedWindow {
+            window: Duration::from_secs(1),
+        },
+    );
+}
+
+/// The two models above: a key of a route `name` limited with `algorithm` (a second's
+/// burst or window), full 1.5 s after the race, admits 1 request, not 2.
+fn a_rate_key_ends_at_the_last_of_two_updates(
+    name: &'static str,
+    algorithm: rocgate::limiter::Algorithm,
+) {
+    check_bounded(2, move || {
+        let e = Arc::new(keyed_engine(name, algorithm));
         let id = RouteId(0);
         assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
         two_updates_raced_by_a_client(&e);
@@ -829,7 +828,7 @@ fn engine_a_window_key_ends_at_the_last_of_two_updates() {
         let n = (0..3)
             .filter(|_| e.check(id, client(1), later).is_admit())
             .count();
-        assert_eq!(n, 1, "the key's quota is not the last limit's");
+        assert_eq!(n, 1, "{name}: the key does not hold the last limit");
     });
 }
 
