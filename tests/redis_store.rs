@@ -3060,3 +3060,41 @@ async fn cluster_master_killed_fails_over_to_its_replica() {
         .unwrap();
     assert_eq!(found, 1, "{key} on the promoted node {promoted}");
 }
+
+/// Batched mode, with Redis away but its route's breaker not open yet (here it never
+/// opens: a sync fails once per slot, and the breaker would take 100): a reload that
+/// lowers the base limit applies from the next slot on, as it does in fallback.
+/// Redis is a loopback port with nothing listening; the engine's clock is manual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_mode_applies_a_lowered_base_limit_before_its_breaker_opens() {
+    let _serial = one_at_a_time().await;
+    let port = free_ports(1)[0];
+    let config = {
+        let mut v = batched(RedisConfig::default());
+        v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+        v.key_prefix = "lowered-batched".into();
+        v.failures_to_open = 100;
+        v
+    };
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let mut a = Instance::new(
+        &route(100.0, Duration::from_secs(1)),
+        &config,
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    );
+    assert_eq!(a.offer(200).await, 100, "the burst");
+    a.engine = a
+        .engine
+        .reload(
+            &Config::new(vec![route(40.0, Duration::from_secs(1))]),
+            a.clock.now(),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    a.route = a.engine.route_id("order").unwrap();
+    for second in 1..=2 {
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(a.offer(200).await, 40, "second {second} after the reload");
+    }
+    assert_eq!(a.store.mode(), StoreMode::Shared, "the breaker stayed closed");
+}

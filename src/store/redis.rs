@@ -532,7 +532,8 @@ struct SharedRoute {
     /// The keys' expiry, ms: `key_ttl`, or the burst and the window if longer, each
     /// with one slot more (see [`Inner::route`]).
     ttl_ms: u64,
-    /// The route's own base limit, f64 bits (refreshed at each rollover won here).
+    /// The route's own base limit, f64 bits (refreshed at each rollover won here, and
+    /// in batched mode at the first decision of each slot).
     base_limit: AtomicU64,
     /// The shared limit last seen, f64 bits.
     limit: AtomicU64,
@@ -1138,7 +1139,11 @@ impl Inner {
     }
 
     /// Batched mode: counts the request for the next sync, starts the sync if this is
-    /// the first decision of a slot, and decides locally at this instance's share.
+    /// the first decision of a slot, and decides locally at this instance's share of
+    /// the shared limit last seen, or of the route's base limit in force (taken at the
+    /// first decision of each slot) if lower: a lowered base limit applies within a
+    /// slot, before the shared controller steps on it, and while Redis is away before
+    /// the breaker opens as after.
     fn batched(
         self: &Arc<Self>,
         engine: &Engine,
@@ -1155,23 +1160,23 @@ impl Inner {
                 .compare_exchange(last, slot, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
+            // The base limit in force, taken once a slot: a lowered one applies from
+            // here on, whether Redis answers, fails or is skipped.
+            let params = engine.params_at(route, now);
+            r.base_limit
+                .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
             // Arrivals of a failed or skipped sync are dropped: dumped into a later
             // slot they would look like a spike.
             let arrivals = r.pending.swap(0, Ordering::Relaxed);
             if r.breaker().call(now) != Call::Skip {
-                tokio::spawn(sync(
-                    Arc::clone(self),
-                    Arc::clone(r),
-                    arrivals,
-                    engine.params_at(route, now),
-                ));
+                tokio::spawn(sync(Arc::clone(self), Arc::clone(r), arrivals, params));
             }
         }
+        let base = f64::from_bits(r.base_limit.load(Ordering::Relaxed));
         if r.mode() == StoreMode::Fallback {
-            let base = || engine.params_at(route, now).base_limit_rps;
-            return self.fallback(r, mode, base, now);
+            return self.fallback(r, mode, || base, now);
         }
-        match self.share_check(r, now) {
+        match self.share(r, r.seen_limit().min(base), now).check(now) {
             Decision::Reject(rej) => {
                 let limit = f64::from_bits(r.limit.load(Ordering::Relaxed));
                 let reason = r.reason(limit, r.state.load(Ordering::Relaxed));
@@ -1200,12 +1205,6 @@ impl Inner {
             r.fallback.set_limit(share, now);
         }
         &r.fallback
-    }
-
-    /// Decides on the local bucket at this instance's share of the shared limit last
-    /// seen.
-    fn share_check(&self, r: &SharedRoute, now: Nanos) -> Decision {
-        self.share(r, r.seen_limit(), now).check(now)
     }
 
     /// Exact mode with `fail_mode = "local"`, on each answer (once its limit is
