@@ -3098,3 +3098,92 @@ async fn batched_mode_applies_a_lowered_base_limit_before_its_breaker_opens() {
     }
     assert_eq!(a.store.mode(), StoreMode::Shared, "the breaker stayed closed");
 }
+
+/// One of this process's TCP sockets, as `/proc/net/tcp` shows it.
+#[derive(Debug)]
+struct OwnSocket {
+    /// The TCP state (1: established).
+    state: u8,
+    /// The timer running (0: none, 1: retransmission, 2: keepalive).
+    timer: u8,
+    /// When the timer fires, seconds from now.
+    fires_in_secs: f64,
+}
+
+/// This process's TCP sockets connected to one of `ports` on loopback (Linux).
+fn own_sockets_to(ports: &[u16]) -> Vec<OwnSocket> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let hex = |s: &str| u64::from_str_radix(s, 16).unwrap();
+    let mut found = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = hex(f[2].rsplit(':').next().unwrap());
+            if !ports.iter().any(|&p| u64::from(p) == remote_port) || !inodes.contains(f[9]) {
+                continue;
+            }
+            let (timer, when) = f[5].split_once(':').unwrap();
+            found.push(OwnSocket {
+                state: hex(f[3]) as u8,
+                timer: hex(timer) as u8,
+                // In USER_HZ (100) ticks.
+                fires_in_secs: hex(when) as f64 / 100.0,
+            });
+        }
+    }
+    found
+}
+
+/// Waits until every established socket to `ports` is idle (no retransmission timer:
+/// the answers are in), then returns them.
+async fn idle_sockets_to(ports: &[u16]) -> Vec<OwnSocket> {
+    for _ in 0..50 {
+        let sockets = own_sockets_to(ports);
+        if sockets.iter().all(|s| s.state != 1 || s.timer != 1) {
+            return sockets.into_iter().filter(|s| s.state == 1).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("sockets to {ports:?} never idle: {:?}", own_sockets_to(ports));
+}
+
+/// Every connection to Redis probes with TCP keepalive, the first probe after 1 s idle
+/// (the store's `timeout`, at least 1 s): a connection whose peer vanished without a
+/// word (a host powered off, a NAT that dropped the flow) errs within seconds, and the
+/// client reconnects, rather than after the kernel's default of two hours idle (or
+/// 15 minutes of retransmissions). Checked on the sockets themselves, one Redis and a
+/// cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_redis_probe_with_tcp_keepalive() {
+    let _serial = one_at_a_time().await;
+    let assert_keepalive = |sockets: &[OwnSocket], what: &str| {
+        assert!(!sockets.is_empty(), "{what}: no connection");
+        for s in sockets {
+            assert_eq!(s.timer, 2, "{what}: no keepalive timer on {s:?}");
+            assert!(s.fires_in_secs <= 1.0, "{what}: {s:?}");
+        }
+    };
+    {
+        let server = RedisServer::start().await;
+        let inst = Instance::system(&burst_route(), &store_config(&server, "keepalive"));
+        assert!(inst.check().await.is_admit());
+        beat_answered(&inst.store).await;
+        assert_keepalive(&idle_sockets_to(&[server.port]).await, "one Redis");
+    }
+    let cluster = RedisCluster::start().await;
+    let inst = Instance::system(&burst_route(), &store_config(&cluster, "keepalive"));
+    assert!(inst.check().await.is_admit());
+    beat_answered(&inst.store).await;
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    assert_keepalive(&idle_sockets_to(&ports).await, "a cluster");
+}

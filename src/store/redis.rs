@@ -40,7 +40,9 @@
 //! whose client retries a timed-out request on the same node connection and reconnects
 //! only when it errs, a call (or heartbeat) that times out starts a try of a new
 //! cluster connection (at most one per heartbeat), taken if it answers on that call's
-//! keys: a node silent on every connection leaves the old one in place.
+//! keys: a node silent on every connection leaves the old one in place. Every
+//! connection also probes with TCP keepalive and (Linux) a user timeout set from
+//! `timeout` ([`tcp_settings`]), so the kernel closes one whose peer vanished.
 //!
 //! No switch brings a fresh burst (exact mode, `fail_mode = "local"`): each answer
 //! lowers the route's fallback bucket to this instance's share of the level the shared
@@ -93,8 +95,10 @@ use metrics::{Counter, Gauge};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
+    Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult, Script, ServerErrorKind,
+    ToRedisArgs, Value,
 };
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -679,7 +683,12 @@ impl RedisStore {
         let connect_timeout = config.timeout.max(Duration::from_millis(100));
         let conn = match &config.servers {
             RedisServers::Single(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(StoreError::Url)?;
+                let info = url
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(StoreError::Url)?
+                    .set_tcp_settings(tcp_settings(config.timeout));
+                let client = redis::Client::open(info).map_err(StoreError::Url)?;
                 let manager = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None)
@@ -697,6 +706,7 @@ impl RedisStore {
                     .max_retry_wait(
                         u64::try_from(config.probe_interval.as_millis()).unwrap_or(u64::MAX),
                     )
+                    .tcp_settings(tcp_settings(config.timeout))
                     .build()
                     .map_err(StoreError::ClusterNodes)?;
                 let cluster = ClusterConfig::new()
@@ -1537,6 +1547,30 @@ fn ttl_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// The TCP settings of every connection to Redis: keepalive probes after `timeout`
+/// idle (at least 1 s: the kernel counts them in whole seconds), then one every as
+/// long, and on Linux a user timeout of four times that (with the default `timeout`,
+/// 4 s): a connection whose peer answers no probe, or acknowledges nothing sent for
+/// that long, is closed by the kernel and the client reconnects. A peer that vanished
+/// without a word (a host powered off, a NAT or load balancer that dropped the flow)
+/// would otherwise hold a connection open for two hours idle, or about 15 minutes of
+/// retransmissions. A Redis that is merely stopped or slow is unaffected: its kernel
+/// still acknowledges.
+fn tcp_settings(timeout: Duration) -> TcpSettings {
+    // Linux refuses a keepalive time over 32767 s (and rounds none up).
+    let whole_secs = timeout
+        .as_secs()
+        .saturating_add(u64::from(timeout.subsec_nanos() > 0));
+    let probe = Duration::from_secs(whole_secs.clamp(1, 32_767));
+    let keepalive = TcpKeepalive::new().with_time(probe);
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
+    let keepalive = keepalive.with_interval(probe).with_retries(3);
+    let settings = TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let settings = settings.set_user_timeout(probe.saturating_mul(4));
+    settings
+}
+
 /// A random instance id: the process id and 64 random bits.
 fn random_id() -> String {
     let bits = std::collections::hash_map::RandomState::new()
@@ -1721,6 +1755,20 @@ mod tests {
         assert_eq!(c.last_roc(), 400.0);
         // Not armed yet: a fresh controller waits one window from `now`.
         assert_eq!(c.state(), ControllerState::Normal);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn tcp_user_timeout_is_four_keepalive_probes_of_the_timeout_rounded_up() {
+        let user_timeout = |ms| tcp_settings(Duration::from_millis(ms)).user_timeout();
+        assert_eq!(user_timeout(50), Some(Duration::from_secs(4)));
+        assert_eq!(user_timeout(1_000), Some(Duration::from_secs(4)));
+        assert_eq!(user_timeout(1_500), Some(Duration::from_secs(8)));
+        assert_eq!(
+            tcp_settings(Duration::MAX).user_timeout(),
+            Some(Duration::from_secs(4 * 32_767))
+        );
+        assert!(tcp_settings(Duration::ZERO).keepalive().is_some());
     }
 
     #[test]
