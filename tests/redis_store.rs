@@ -3187,3 +3187,67 @@ async fn connections_to_redis_probe_with_tcp_keepalive() {
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
     assert_keepalive(&idle_sockets_to(&ports).await, "a cluster");
 }
+
+/// A Redis that stays silent (`SIGSTOP`: the kernel still accepts connections for it)
+/// for 60 heartbeats, under two instances deciding every 2 ms: each unanswered
+/// heartbeat replaces the connection (one Redis), or tries a new cluster connection
+/// (a cluster), and each replaced or tried connection is closed again, so the sockets
+/// open to it stay few however long the silence lasts; once Redis answers again, the
+/// instances are back on shared state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_silence_leaks_no_connections() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut config = store_config(&server, "silence");
+    config.heartbeat = Duration::from_millis(50);
+    silence(&config, &[server.port], |s| server.signal(s)).await;
+    drop(server);
+    let cluster = RedisCluster::start().await;
+    let mut config = store_config(&cluster, "silence");
+    config.heartbeat = Duration::from_millis(50);
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let holder = cluster.owner("{silence:order}:w");
+    silence(&config, &ports, |s| cluster.nodes[holder].signal(s)).await;
+}
+
+/// [`a_long_silence_leaks_no_connections`] on one Redis or a cluster: `signal` stops
+/// and resumes the node holding the route `order`.
+async fn silence(config: &RedisConfig, ports: &[u16], signal: impl Fn(&str)) {
+    let route = route(100.0, Duration::from_secs(1));
+    let a = Instance::system(&route, config);
+    let b = Instance::system(&route, config);
+    for i in [&a, &b] {
+        beat_answered(&i.store).await;
+        assert!(i.check().await.is_admit());
+    }
+    let before = own_sockets_to(ports).len();
+    signal("-STOP");
+    let mut most = 0;
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < config.heartbeat * 60 {
+        run_until(
+            [&a, &b],
+            Duration::from_millis(2),
+            Duration::from_millis(100),
+            config.timeout + SLACK,
+            || false,
+        )
+        .await;
+        most = most.max(own_sockets_to(ports).len());
+    }
+    signal("-CONT");
+    eprintln!("sockets: {before} before, at most {most} in the silence");
+    assert!(most <= before + 12, "{before} sockets before, {most} in the silence");
+    let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
+    run_until(
+        [&a, &b],
+        Duration::from_millis(5),
+        Duration::from_secs(3),
+        config.timeout + SLACK,
+        shared,
+    )
+    .await;
+    assert!(shared(), "not back on shared state");
+    let after = own_sockets_to(ports).len();
+    eprintln!("sockets: {after} after");
+}
