@@ -1547,8 +1547,9 @@ async fn an_instance_that_never_reached_redis_admits_its_expected_share() {
 
 /// A reload (or a scheduled event) that lowers a distributed route's base limit while
 /// Redis is away takes effect in fallback at once: the share is of the lower of the
-/// shared limit last seen and the base limit in force (a raise waits for Redis, whose
-/// controller then steps on it). Redis is a loopback port with nothing listening.
+/// shared limit last seen and the base limit in force (a raise applies up to the
+/// shared limit last seen; past it, it waits for Redis, whose controller then steps on
+/// it). Redis is a loopback port with nothing listening.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
     let _serial = one_at_a_time().await;
@@ -1580,7 +1581,11 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
         assert!(a.offer(200).await <= 100, "{mode:?}: the burst");
         clock.advance(Duration::from_secs(1));
         assert_eq!(a.offer(200).await, 100, "{mode:?}: a second at 100/s");
-        for (base, expected) in [(40.0, 40), (100.0, 40)] {
+        // Raised back to 100, the first second admits what the bucket at 40 holds
+        // (its capacity), then 100 per second: the shared limit last seen (here the
+        // base limit the route started with). Raised past it, to 150: still 100 per
+        // second until Redis answers.
+        for (base, expected) in [(40.0, 40), (100.0, 40), (100.0, 100), (150.0, 100)] {
             a.engine = a
                 .engine
                 .reload(
