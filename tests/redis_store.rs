@@ -1607,8 +1607,9 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
 
 /// A reload that changes a distributed route's burst (or window) while Redis is away
 /// rebuilds the route's state in the store: it keeps what the fallback bucket holds
-/// and what it owes the shared bucket, and the limit last seen, rather than handing
-/// each instance a fresh burst mid-outage.
+/// and what it owes the shared bucket, the limit last seen, and its breaker and mode,
+/// rather than handing each instance a fresh burst mid-outage (or calling Redis
+/// again `failures_to_open` times, each up to `timeout`, back in shared mode meanwhile).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_while_redis_is_away_brings_no_fresh_burst() {
     let _serial = one_at_a_time().await;
@@ -1636,6 +1637,12 @@ async fn a_reload_while_redis_is_away_brings_no_fresh_burst() {
         )
         .unwrap();
     a.route = a.engine.route_id("order").unwrap();
+    // The rebuilt route stays in fallback, its breaker open: no call to Redis until a
+    // probe is due, and the instance's mode (`rocgate_store_mode`, the alert) does not
+    // flip to shared and back.
+    assert!(!a.check().await.is_admit());
+    assert_eq!(a.store.mode(), StoreMode::Fallback, "after the reload");
+    assert_eq!(a.store.view("order").unwrap().mode, StoreMode::Fallback);
     assert_eq!(a.offer(300).await, 0, "a fresh burst after the reload");
     clock.advance(Duration::from_secs(1));
     assert_eq!(a.offer(300).await, 100, "a second at 100/s");

@@ -1005,8 +1005,9 @@ impl Inner {
         // A rebuilt route keeps the transitions it stepped: the counters set from them
         // must not go back.
         let mut stepped = TransitionCounts::default();
-        // It keeps what it last saw of the shared state, and its fallback bucket's level
-        // and debt: a reload during a Redis outage must not hand out a fresh burst.
+        // It keeps what it last saw of the shared state, its fallback bucket's level
+        // and debt, and its breaker and mode: a reload during a Redis outage must not
+        // hand out a fresh burst, nor send decisions to Redis again to find it away.
         let mut before = None;
         if let Some(r) = self.routes.get(name) {
             if r.window == window && r.burst == burst {
@@ -1069,6 +1070,14 @@ impl Inner {
             r.owed.fetch_add(owed, Ordering::Relaxed);
             let level = old.fallback.level(now).value;
             self.share(&r, r.seen_limit(), now).lower_to(level, now);
+            // And its breaker and mode: a route in fallback stays there (counted before
+            // the old one is retired, so the instance's mode does not flip to shared
+            // and back) and calls Redis only when a probe is due.
+            let breaker = old.breaker().clone();
+            *r.breaker() = breaker;
+            if old.mode() == StoreMode::Fallback {
+                self.set_mode(&r, StoreMode::Fallback);
+            }
         }
         if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
             self.retire(&old);
