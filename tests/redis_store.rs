@@ -3263,3 +3263,47 @@ async fn silence(config: &RedisConfig, ports: &[u16], signal: impl Fn(&str)) {
     let after = own_sockets_to(ports).len();
     eprintln!("sockets: {after} after");
 }
+
+/// What an instance knows of a route decides its share in fallback. One that saw the
+/// shared limit cut (40 of a base 100) before Redis went away admits its share of
+/// the cut (20 per second of two instances); one that first sees the route while
+/// Redis is away (started during the outage) cannot know the cut, and admits its
+/// share of the route's base limit (50 per second, with a full share of the burst),
+/// over `expected_instances` since it has counted nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_first_seen_in_an_outage_falls_back_at_its_base_share() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let config = {
+        let mut v = store_config(&server, "unseen");
+        v.expected_instances = 2;
+        // Beats by hand only (the background one beats once, at the start).
+        v.heartbeat = Duration::from_secs(3600);
+        v
+    };
+    let route = route(100.0, Duration::from_secs(1));
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let a = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
+    // The shared controller holds a cut at 40 (written as a step would store it).
+    let _: () = redis::cmd("HSET")
+        .arg("{unseen:order}:c")
+        .arg(&["limit", "40", "state", "1"])
+        .query(&mut server.connection().unwrap())
+        .unwrap();
+    assert!(a.check().await.is_admit());
+    assert_eq!(a.store.view("order").unwrap().limit_rps, 40.0);
+    server.kill();
+
+    let b = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
+    assert!(b.store.view("order").is_none(), "b has not seen the route");
+    // a: half of what the shared bucket held (39 of 40), then 20 per second; b: half
+    // of a burst at the base limit, then 50 per second.
+    assert_eq!(a.offer(100).await, 19, "a, the first burst");
+    assert_eq!(b.offer(100).await, 50, "b, the first burst");
+    for second in 1..=2 {
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(a.offer(100).await, 20, "a, second {second}");
+        assert_eq!(b.offer(100).await, 50, "b, second {second}");
+    }
+    assert_eq!((a.store.instances(), b.store.instances()), (2, 2));
+}
