@@ -3108,7 +3108,11 @@ async fn batched_mode_applies_a_lowered_base_limit_before_its_breaker_opens() {
         clock.advance(Duration::from_secs(1));
         assert_eq!(a.offer(200).await, 40, "second {second} after the reload");
     }
-    assert_eq!(a.store.mode(), StoreMode::Shared, "the breaker stayed closed");
+    assert_eq!(
+        a.store.mode(),
+        StoreMode::Shared,
+        "the breaker stayed closed"
+    );
 }
 
 /// One of this process's TCP sockets, as `/proc/net/tcp` shows it.
@@ -3166,7 +3170,10 @@ async fn idle_sockets_to(ports: &[u16]) -> Vec<OwnSocket> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("sockets to {ports:?} never idle: {:?}", own_sockets_to(ports));
+    panic!(
+        "sockets to {ports:?} never idle: {:?}",
+        own_sockets_to(ports)
+    );
 }
 
 /// Every connection to Redis probes with TCP keepalive, the first probe after 1 s idle
@@ -3249,7 +3256,10 @@ async fn silence(config: &RedisConfig, ports: &[u16], signal: impl Fn(&str)) {
     }
     signal("-CONT");
     eprintln!("sockets: {before} before, at most {most} in the silence");
-    assert!(most <= before + 12, "{before} sockets before, {most} in the silence");
+    assert!(
+        most <= before + 12,
+        "{before} sockets before, {most} in the silence"
+    );
     let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
     run_until(
         [&a, &b],
