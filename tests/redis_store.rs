@@ -369,6 +369,29 @@ async fn instances_count_each_other_through_the_heartbeat() {
     assert_eq!(a.store.beat().await, Some(1));
 }
 
+/// Instances given the same `instance_id` (one config file for the whole fleet) still
+/// count as two: each would otherwise take the other's share too, in fallback and
+/// always in batched mode (two instances admitting twice the limit). A leave removes
+/// only the instance that leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_given_the_same_id_count_as_two() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut config = store_config(&server, "same-id");
+    config.instance_id = Some("gw-1".into());
+    let a = Instance::system(&burst_route(), &config);
+    let b = Instance::system(&burst_route(), &config);
+    beat_answered(&a.store).await;
+    assert_eq!(beat_answered(&b.store).await, 2);
+    assert_eq!(beat_answered(&a.store).await, 2);
+    assert_eq!(
+        (a.store.instance_id(), b.store.instance_id()),
+        ("gw-1", "gw-1")
+    );
+    b.store.leave().await;
+    assert_eq!(beat_answered(&a.store).await, 1);
+}
+
 /// Beats until Redis answers (a connection to a restarted Redis may fail once first).
 async fn beat_answered(store: &RedisStore) -> u64 {
     for _ in 0..100 {

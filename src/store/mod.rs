@@ -63,7 +63,9 @@ pub struct RedisConfig {
     /// each with one slot more, if longer (an expired key must not hand out tokens or
     /// drop history that the route would still have).
     pub key_ttl: Duration,
-    /// This instance's name in the heartbeat set; a random one when unset.
+    /// This instance's name (logs, `GET /admin/store`); a random one when unset. Its
+    /// member of the heartbeat set is the name followed by random bits, so instances
+    /// given the same name (one config file for the fleet) still count as two.
     pub instance_id: Option<String>,
     /// The live instances this one assumes until a heartbeat has counted them (its
     /// share is the shared limit ÷ this): bounds what a fleet started while Redis is

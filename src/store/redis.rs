@@ -261,7 +261,8 @@ return 1
 /// Announces an instance and counts the live ones.
 ///
 /// - `KEYS[1]` sorted set of instances, scored by their last beat (ms, Redis time).
-/// - `ARGV[1]` this instance's id; `ARGV[2]` how long a beat counts, ms.
+/// - `ARGV[1]` this instance's member (its id, with random bits after a given one);
+///   `ARGV[2]` how long a beat counts, ms.
 ///
 /// Returns `{count, missing}`: the number of instances that beat within `ARGV[2]`,
 /// this one included, and `1` if this instance was not in the set (its first beat,
@@ -623,6 +624,9 @@ struct Inner {
     conn: Conn,
     config: RedisConfig,
     instance_id: String,
+    /// This instance's member of the heartbeat set: its id, and if the id was given,
+    /// random bits after it, so that instances given the same id count as two.
+    member: String,
     instances_key: String,
     clock: Arc<dyn Clock>,
     /// Routes decided locally for now: the instance is in fallback while any is.
@@ -723,12 +727,19 @@ impl RedisStore {
                 }))
             }
         };
-        let instance_id = config.instance_id.clone().unwrap_or_else(random_id);
+        let (instance_id, member) = match &config.instance_id {
+            Some(id) => (id.clone(), format!("{id}#{:016x}", random_bits())),
+            None => {
+                let id = random_id();
+                (id.clone(), id)
+            }
+        };
         let inner = Arc::new(Inner {
             conn,
             instances_key: format!("{{{}}}:instances", config.key_prefix),
             config: config.clone(),
             instance_id,
+            member,
             clock,
             fallen: AtomicUsize::new(0),
             changing: Mutex::new(()),
@@ -846,7 +857,9 @@ impl RedisStore {
         self.inner.config.expected_instances
     }
 
-    /// This instance's id in the heartbeat set.
+    /// This instance's id (`instance_id`, or a random one). Its member of the
+    /// heartbeat set is the id, followed by random bits if the id was given, so that
+    /// instances given the same id still count as two.
     pub fn instance_id(&self) -> &str {
         &self.inner.instance_id
     }
@@ -914,7 +927,7 @@ impl RedisStore {
         self.inner.left.store(true, Ordering::Relaxed);
         let cmd = redis::cmd("ZREM")
             .arg(&self.inner.instances_key)
-            .arg(&self.inner.instance_id)
+            .arg(&self.inner.member)
             .to_owned();
         let _ = tokio::time::timeout(
             self.inner.config.timeout,
@@ -1314,7 +1327,7 @@ impl Inner {
         let seq = self.beats.fetch_add(1, Ordering::Relaxed) + 1;
         let mut invocation = self.heartbeat.call(&[&self.instances_key]);
         invocation
-            .arg(self.instance_id.as_str())
+            .arg(self.member.as_str())
             .arg(ttl_ms(self.config.heartbeat * 3));
         let answer = tokio::time::timeout(
             self.config.timeout,
@@ -1582,10 +1595,14 @@ fn tcp_settings(timeout: Duration) -> TcpSettings {
 
 /// A random instance id: the process id and 64 random bits.
 fn random_id() -> String {
-    let bits = std::collections::hash_map::RandomState::new()
+    format!("rocgate-{}-{:016x}", std::process::id(), random_bits())
+}
+
+/// 64 random bits (from the standard library's per-map random keys).
+fn random_bits() -> u64 {
+    std::collections::hash_map::RandomState::new()
         .build_hasher()
-        .finish();
-    format!("rocgate-{}-{bits:016x}", std::process::id())
+        .finish()
 }
 
 /// Batched mode: adds a slot's arrivals to the shared window and learns the shared
