@@ -655,6 +655,11 @@ struct Inner {
     fallbacks: AtomicU64,
     /// Set by [`RedisStore::leave`]: the heartbeat stops.
     left: AtomicBool,
+    /// Held by a beat from its look at `left` to its answer, and by a leave around its
+    /// `ZREM`: a beat in flight when the instance leaves cannot add it back after (its
+    /// `EVALSHA`, or the `EVAL` that follows a `NOSCRIPT`, reaching Redis after the
+    /// `ZREM`, would count it for three more beats).
+    beating: tokio::sync::Mutex<()>,
 }
 
 /// The shared state of every distributed route in Redis. Cloning is one reference
@@ -755,6 +760,7 @@ impl RedisStore {
             errors: metrics::counter!(metric::STORE_ERRORS, "kind" => "error"),
             fallbacks: AtomicU64::new(0),
             left: AtomicBool::new(false),
+            beating: tokio::sync::Mutex::new(()),
         });
         publish_mode(StoreMode::Shared);
         metrics::gauge!(metric::STORE_INSTANCES).set(f64::from(config.expected_instances));
@@ -915,7 +921,7 @@ impl RedisStore {
     /// instance and updates the live count ([`instances`](Self::instances): for three
     /// beats after one that found this instance missing from the set, it does not
     /// fall). Returns the count Redis answered, or `None` if Redis did not answer
-    /// within `timeout`.
+    /// within `timeout` (or this instance has left).
     pub async fn beat(&self) -> Option<u64> {
         self.inner.beat().await
     }
@@ -925,6 +931,8 @@ impl RedisStore {
     /// beats.
     pub async fn leave(&self) {
         self.inner.left.store(true, Ordering::Relaxed);
+        // A beat in flight ends first (within `timeout`); none starts after.
+        let _beating = self.inner.beating.lock().await;
         let cmd = redis::cmd("ZREM")
             .arg(&self.inner.instances_key)
             .arg(&self.inner.member)
@@ -1324,6 +1332,10 @@ impl Inner {
     }
 
     async fn beat(&self) -> Option<u64> {
+        let _beating = self.beating.lock().await;
+        if self.left.load(Ordering::Relaxed) {
+            return None;
+        }
         let seq = self.beats.fetch_add(1, Ordering::Relaxed) + 1;
         let mut invocation = self.heartbeat.call(&[&self.instances_key]);
         invocation
