@@ -42,7 +42,7 @@
 //! cluster connection (at most one per heartbeat), taken if it answers on that call's
 //! keys: a node silent on every connection leaves the old one in place. Every
 //! connection also probes with TCP keepalive and (Linux) a user timeout set from
-//! `timeout` ([`tcp_settings`]), so the kernel closes one whose peer vanished.
+//! `timeout`, so the kernel closes one whose peer vanished.
 //!
 //! No switch brings a fresh burst (exact mode, `fail_mode = "local"`): each answer
 //! lowers the route's fallback bucket to this instance's share of the level the shared
