@@ -2391,6 +2391,52 @@ async fn batched_instances_admit_at_most_the_limit_and_count_every_arrival() {
     assert!(!bucket);
 }
 
+/// Batched mode: a reload that rebuilds a route (its burst changed) keeps the arrivals
+/// not yet synced, which the rebuilt route's first sync sends: the shared window
+/// misses none of them (it would see a dip, one slot of this instance's traffic
+/// gone). The instance's clock stands still: one sync before the reload, one after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_arrivals_not_yet_synced_survive_a_reload() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = batched(store_config(&server, "resync"));
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let mut a = Instance::new(
+        &route(100.0, Duration::from_secs(1)),
+        &config,
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    );
+    assert_eq!(a.offer(10).await, 10);
+    a.engine = a
+        .engine
+        .reload(
+            &Config::new(vec![route(100.0, Duration::from_secs(2))]),
+            a.clock.now(),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    a.route = a.engine.route_id("order").unwrap();
+    assert!(a.check().await.is_admit());
+    let mut conn = server.connection().unwrap();
+    let mut counted = 0;
+    for _ in 0..50 {
+        let window: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+            .arg("{resync:order}:w")
+            .query(&mut conn)
+            .unwrap();
+        counted = window
+            .iter()
+            .filter(|(k, _)| k.as_str() != "cur")
+            .map(|(_, n)| n)
+            .sum();
+        if counted == 11 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counted, 11, "arrivals in the shared window");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_instances_cut_within_a_slot_or_two() {
     let _serial = one_at_a_time().await;

@@ -1027,8 +1027,9 @@ impl Inner {
         // must not go back.
         let mut stepped = TransitionCounts::default();
         // It keeps what it last saw of the shared state, its fallback bucket's level
-        // and debt, and its breaker and mode: a reload during a Redis outage must not
-        // hand out a fresh burst, nor send decisions to Redis again to find it away.
+        // and debt, its arrivals not yet synced, and its breaker and mode: a reload
+        // during a Redis outage must not hand out a fresh burst, nor send decisions to
+        // Redis again to find it away.
         let mut before = None;
         if let Some(r) = self.routes.get(name) {
             if r.window == window && r.burst == burst {
@@ -1089,6 +1090,10 @@ impl Inner {
                 .store(old.roc.load(Ordering::Relaxed), Ordering::Relaxed);
             let owed = old.owed.swap(0, Ordering::Relaxed);
             r.owed.fetch_add(owed, Ordering::Relaxed);
+            // Batched mode: the arrivals not yet synced go with the rebuilt route's
+            // first sync (the shared window would otherwise miss a slot of them).
+            let pending = old.pending.swap(0, Ordering::Relaxed);
+            r.pending.fetch_add(pending, Ordering::Relaxed);
             let level = old.fallback.level(now).value;
             self.share(&r, r.seen_limit(), now).lower_to(level, now);
             // And its breaker and mode: a route in fallback stays there (counted before
