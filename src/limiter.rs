@@ -529,6 +529,24 @@ impl TokenBucket {
 /// changed), so this takes a thread descheduled across 16 limit changes; even then
 /// one decision is charged with the parameters it read, and the next reads afresh.
 ///
+/// # Changes dated in the past
+///
+/// A change is made as of a date: the engine dates a route's change at the slot
+/// where its controller made it (so that after a silence the bucket refills at the
+/// new limit from then, not only from the request that found it), a key's at its
+/// route's change, and a change left behind at the date it was pushed. Decisions
+/// made after that date, at the old parameters, are already in the TAT: the requests
+/// that raced the rollover, or were decided while the change found its note taken.
+/// Read at the date, the TAT may then show fewer tokens than none (it is later than
+/// the date plus τ1), and taken as none, the tokens those requests took were handed
+/// back: 10/s with 10 tokens, emptied at 0 and then drained at 10/s, cut at 1 s to
+/// 1/s dated at 0, admitted a 21st request by 1 s, beyond what either limit allows.
+/// So a change counts from its date or from TAT − τ1, whichever is later. Every
+/// admission at time `a` leaves the TAT at most `a + τ1`, so the TAT shows no
+/// decision before TAT − τ1; the tokens there are never fewer than none, none are
+/// handed back, and the new rate refills from then only. Over any interval a bucket
+/// then admits at most the larger capacity plus the larger rate times the interval.
+///
 /// The TAT counts up to 2^59 ns (18.3 years) and τ is at most 2^57 ns (4.6 years):
 /// a bucket holds `now` at 2^59 − 2^57 ns (13.7 years; the clock counts from the
 /// process's start), past which it no longer refills.
@@ -822,10 +840,13 @@ pub(crate) mod gcra {
         }
     }
 
-    /// The TAT that keeps the tokens a TAT of `tat` holds at `now` under `(t1, c1)`
-    /// (clamped to the new capacity) under `(t2, c2)`.
-    fn rescaled(tat: u64, (t1, c1): (u64, u32), (t2, c2): (u64, u32), now: u64) -> u64 {
+    /// The TAT that keeps the tokens a TAT of `tat` holds under `(t1, c1)` (clamped
+    /// to the new capacity) under `(t2, c2)`, as of `at`, or as of `tat − τ1` if that
+    /// is later: the change counts from then (see "Changes dated in the past" in the
+    /// module docs).
+    fn rescaled(tat: u64, (t1, c1): (u64, u32), (t2, c2): (u64, u32), at: u64) -> u64 {
         let (tau1, tau2) = (tolerance(t1, c1), tolerance(t2, c2));
+        let now = at.max(tat.saturating_sub(tau1)).min(NOW_MAX);
         let backlog = tat.saturating_sub(now);
         let tokens = tau1.saturating_sub(backlog) as f64 / t1 as f64;
         let kept = tokens.min(f64::from(c2));
@@ -1605,6 +1626,35 @@ mod tests {
         b.set_limit(60.0, ms(0));
         let n = (0..300).filter(|_| admitted(b.check(ms(0)))).count();
         assert_eq!(n, 60);
+    }
+
+    /// A change dated in the past (the engine dates a route's change at the slot
+    /// where its controller made it, and a key's at its route's change) keeps the
+    /// tokens decisions took after that date. 10/s with 10 tokens, emptied at 0 and
+    /// then one request every 100 ms to 1 s: 20 admitted, all that 10/s with 10
+    /// tokens allows by 1 s. At 1 s the limit is cut to 1/s (1 token), dated at 0.
+    /// Rescaled at 0, the TAT (2 s) read as fewer than no tokens, was taken as none,
+    /// and the bucket, empty at 0 at 1/s, held a token at 1 s: a 21st admission by
+    /// 1 s, more than either limit allows. Rescaled at 1 s (the TAT less τ: the
+    /// latest decision it shows), it is empty at 1 s and refills at 1/s from then.
+    #[test]
+    fn a_backdated_change_gives_back_no_token_taken_after_its_date() {
+        let b = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+        let mut n = (0..20).filter(|_| admitted(b.check(ms(0)))).count();
+        n += (1..=10).filter(|i| admitted(b.check(ms(i * 100)))).count();
+        assert_eq!(n, 20);
+        b.set_limit(1.0, ms(0));
+        let r = b.check(ms(1_000)).rejection().expect("a 21st admission by 1 s");
+        assert_eq!(r.retry_after, Duration::from_secs(1));
+        assert!(admitted(b.check(ms(2_000))));
+        // With no decision after its date, a change dated in the past counts from
+        // there: emptied at 0 at 1/s, raised to 10/s dated at 0, it holds 5 tokens
+        // at 500 ms, not the half token 1/s gave back.
+        let b = TokenBucket::new(1.0, Duration::from_secs(1), ms(0));
+        assert!(admitted(b.check(ms(0))));
+        b.set_limit(10.0, ms(0));
+        let n = (0..20).filter(|_| admitted(b.check(ms(500)))).count();
+        assert_eq!(n, 5);
     }
 
     #[test]
