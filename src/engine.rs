@@ -36,7 +36,7 @@ use crate::limiter::{
     gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Level, Limiter,
     Pace, Reason, Rejection,
 };
-use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -123,6 +123,11 @@ fn rejected_counter(reason: Reason) -> usize {
 const SHADOW_CUT: usize = 1 + Reason::ALL.len();
 const _: () = assert!(SHADOW_CUT < crate::lanes::COUNTERS);
 
+/// [`Route::behind`]: the route's limiter.
+const BEHIND_LIMITER: u8 = 1;
+/// [`Route::behind`]: the shadow limiter of a `shadow_adaptive` route-wide route.
+const BEHIND_SHADOW: u8 = 2;
+
 /// The next [`Route::serial`]. Always `std`'s (a `static` needs a `const fn new`): a
 /// process-wide serial, in no loom model.
 static ROUTE_SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -142,6 +147,11 @@ struct Route {
     limiter: Limiter,
     /// shadow_adaptive only: at the controller's limit, to count what a cut would reject.
     shadow: Option<Shadow>,
+    /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`]) a
+    /// limit change has not reached yet: a token bucket's change that found its note
+    /// taken, left for the next decision on the route ([`Route::finish_change`]).
+    /// Written under the state lock only.
+    behind: AtomicU8,
     keys: Option<Keys>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
     generation: AtomicU64,
@@ -362,8 +372,9 @@ impl Engine {
 
     /// Brings a route up to `now` as a request at `now` would, without counting one:
     /// its window advances over the slots that have passed, its controller steps
-    /// through them (taking the scheduled event due), and its idle keys are swept.
-    /// Otherwise a route without requests stands where its last request left it: a cut
+    /// through them (taking the scheduled event due), its idle keys are swept, and a
+    /// limit change its route-wide limiter is still behind on (one that found its
+    /// token bucket's note taken) is made. Otherwise a route without requests stands where its last request left it: a cut
     /// that its silence outlasted reads as a cut, for as long as the silence, in
     /// snapshots, metrics and the admin API; its idle keys stay in memory; an event
     /// shows only from its next request. `rocgate serve` calls this every 5 s for the
@@ -376,6 +387,8 @@ impl Engine {
         let r = &self.routes[route.0];
         if r.counter.needs_roll(now) {
             self.roll(r, now);
+        } else if r.behind.load(Ordering::Relaxed) != 0 {
+            r.finish_change();
         }
     }
 
@@ -443,6 +456,8 @@ impl Engine {
         let r = &self.routes[route.0];
         if r.counter.needs_roll(now) {
             self.roll(r, now);
+        } else if r.behind.load(Ordering::Relaxed) != 0 {
+            r.finish_change();
         }
         r.counter.add();
         // The common case, a route-wide token bucket, is decided from a two-register
@@ -636,6 +651,12 @@ impl Engine {
             // limiters refill at the new limit from then, not only from now.
             let at = st.controller.limit_since().min(now);
             r.apply_limit(&st.controller, at);
+        } else {
+            let behind = r.behind.load(Ordering::Relaxed);
+            if behind != 0 {
+                let at = Nanos::new(r.changed_at.load(Ordering::Relaxed));
+                r.set_limiters(&st.controller, at, behind);
+            }
         }
         r.publish_next_raise(&st.controller, now);
         if let Some(keys) = &r.keys {
@@ -797,6 +818,7 @@ impl Route {
             counter: SlotCounter::new(&cfg.window),
             limiter: Limiter::new(cfg.algorithm, enforced_limit, now),
             shadow,
+            behind: AtomicU8::new(0),
             keys,
             generation: AtomicU64::new(0),
             changed_at: AtomicU64::new(now.as_u64()),
@@ -895,20 +917,14 @@ impl Route {
     }
 
     /// Pushes the controller's limit to the limiters, as of `at`, when it took effect
-    /// (never before the last change pushed).
+    /// (never before the last change pushed). Never waits: a route-wide token bucket
+    /// whose change finds its note taken is marked [`behind`](Route::behind), and
+    /// the next decision on the route makes the change ([`Route::finish_change`]).
     fn apply_limit(&self, c: &Controller, at: Nanos) {
         let now = at.max(Nanos::new(self.changed_at.load(Ordering::Relaxed)));
+        self.set_limiters(c, now, BEHIND_LIMITER | BEHIND_SHADOW);
         let limit = c.limit_rps();
         let base = c.params().base_limit_rps;
-        match (self.mode, &self.shadow) {
-            (Mode::ShadowAdaptive, Some(Shadow::Route(shadow))) => {
-                self.limiter.set_limit(base, now);
-                shadow.set_limit(limit, now);
-            }
-            // Keys (enforced and shadow) catch up lazily with `generation`.
-            (Mode::ShadowAdaptive, _) => {}
-            _ => self.limiter.set_limit(limit, now),
-        }
         let cut = c.params().cut_limit_rps;
         if let Some(keys) = &self.keys {
             keys.tiers().set_default(base, cut);
@@ -935,6 +951,47 @@ impl Route {
         crate::sync::seq_cst_fence_under_loom();
         if let Some(keys) = &self.keys {
             keys.wake_queued(self);
+        }
+    }
+
+    /// Sets the route-wide limiters among `which` ([`BEHIND_LIMITER`],
+    /// [`BEHIND_SHADOW`]) to the controller's limit as of `at`, each without waiting,
+    /// and records those whose change could not take its note as [`behind`](Route::behind).
+    /// Called with the state lock held.
+    fn set_limiters(&self, c: &Controller, at: Nanos, which: u8) {
+        let limit = c.limit_rps();
+        let base = c.params().base_limit_rps;
+        let set = |limiter: &Limiter, limit: f64, flag: u8| {
+            if which & flag == 0 || limiter.try_set_limit(limit, at) {
+                0
+            } else {
+                flag
+            }
+        };
+        let behind = match (self.mode, &self.shadow) {
+            (Mode::ShadowAdaptive, Some(Shadow::Route(shadow))) => {
+                set(&self.limiter, base, BEHIND_LIMITER) | set(shadow, limit, BEHIND_SHADOW)
+            }
+            // Keys (enforced and shadow) catch up lazily with `generation`.
+            (Mode::ShadowAdaptive, _) => 0,
+            _ => set(&self.limiter, limit, BEHIND_LIMITER),
+        };
+        self.behind.store(behind, Ordering::Relaxed);
+    }
+
+    /// Makes the limit change that a route-wide limiter is [`behind`](Route::behind)
+    /// on, dated where it was pushed, if the state lock is free (it is taken, not
+    /// waited for) and the note too (else the next decision tries again). Out of
+    /// line: a change finds its note taken only while another change holds it.
+    #[cold]
+    #[inline(never)]
+    fn finish_change(&self) {
+        if let Ok(st) = self.state.try_lock() {
+            let which = self.behind.load(Ordering::Relaxed);
+            if which != 0 {
+                let at = Nanos::new(self.changed_at.load(Ordering::Relaxed));
+                self.set_limiters(&st.controller, at, which);
+            }
         }
     }
 
@@ -1347,7 +1404,7 @@ impl KeyMeta {
     /// limit was set for an older route generation than the route's, and again while
     /// the route's generation moves on meanwhile; see [`keep_up`].
     #[inline]
-    fn keep_up(&self, r: &Route, apply: impl FnMut()) {
+    fn keep_up(&self, r: &Route, apply: impl FnMut() -> bool) {
         keep_up(&self.generation, r, Ordering::Acquire, apply);
     }
 
@@ -1380,6 +1437,14 @@ fn unseen_since(last_seen_s: &AtomicU32, cutoff: u32) -> bool {
 /// sets the key's limit as the route now is; then, if the route's generation moved on
 /// meanwhile, records it and calls `apply` again, until it stays.
 ///
+/// `apply` may decline, never waiting: a token bucket's change returns `false` when
+/// another change holds the note it needs (see the `gcra` module docs). The key then
+/// records a generation that is not the route's (the one it recorded, less one,
+/// unless another request recorded something else meanwhile), so that its next
+/// request tries again; this one is decided at the limit the key has. A request
+/// that meets the recorded generation before it is put back is decided at that
+/// limit too, as one is while another request's change of the key is under way.
+///
 /// Without the second look, a request that read the route's limit before a change and
 /// set it after another request had caught the key up with that change (recording its
 /// generation) left the key at the older limit until the route changed again. `apply`
@@ -1392,14 +1457,24 @@ fn unseen_since(last_seen_s: &AtomicU32, cutoff: u32) -> bool {
 /// `order` reads the route's generation: `Acquire`, or `SeqCst` for a concurrency key
 /// (whose queue is also read or written beside it: see [`ConcurrencyKey::check`]).
 #[inline]
-fn keep_up(generation: &AtomicU32, r: &Route, order: Ordering, mut apply: impl FnMut()) {
+fn keep_up(generation: &AtomicU32, r: &Route, order: Ordering, mut apply: impl FnMut() -> bool) {
     let mut seen = r.generation.load(order) as u32;
     if generation.load(Ordering::Relaxed) == seen {
         return;
     }
     loop {
         generation.store(seen, Ordering::Relaxed);
-        apply();
+        if !apply() {
+            // The route's generation is `seen` or later (it only moves on), so this
+            // is not it, short of 2^32 changes in between.
+            let _ = generation.compare_exchange(
+                seen,
+                seen.wrapping_sub(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            return;
+        }
         let now = r.generation.load(order) as u32;
         if now == seen {
             return;
@@ -1443,12 +1518,14 @@ impl KeyState for BucketKey {
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
         let words = self.words();
+        // A change whose note another change holds is left for the key's next
+        // request; this one is decided at the limit the key has (see `keep_up`).
         self.meta.keep_up(r, || {
             let changed = Nanos::new(r.changed_at.load(Ordering::Relaxed));
-            words.set(
+            words.try_set(
                 gcra::params(self.meta.limit(r, tiers), tiers.shape),
                 changed.min(now),
-            );
+            )
         });
         self.meta.touch(now);
         match words.take(now) {
@@ -1579,6 +1656,7 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
         self.meta.keep_up(r, || {
             let limit = self.meta.limit(r, tiers);
             self.limit.swap(A::limit_word(limit), Ordering::AcqRel);
+            true
         });
         self.meta.touch(now);
         A::check(
@@ -1619,7 +1697,7 @@ impl KeyState for ConcurrencyKey {
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
         keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
-            self.take_limit(r, tiers);
+            self.take_limit(r, tiers)
         });
         touch(&self.last_seen_s, now);
         let decision = self.limiter.check();
@@ -1631,7 +1709,7 @@ impl KeyState for ConcurrencyKey {
         // wakes as many as it lets in.
         if matches!(decision, Decision::Admit(Admit::Queued(_))) {
             keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
-                self.take_limit(r, tiers);
+                self.take_limit(r, tiers)
             });
         }
         decision
@@ -1651,15 +1729,17 @@ impl ConcurrencyKey {
     fn wake_queued(&self, r: &Route, tiers: &TierTable) {
         if self.limiter.has_waiters() {
             keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
-                self.take_limit(r, tiers);
+                self.take_limit(r, tiers)
             });
         }
     }
 
-    /// Sets the key's limit for its tier, as the route now is.
-    fn take_limit(&self, r: &Route, tiers: &TierTable) {
+    /// Sets the key's limit for its tier, as the route now is (always: `true`, as
+    /// [`keep_up`] takes it).
+    fn take_limit(&self, r: &Route, tiers: &TierTable) -> bool {
         let tier = self.limiter.key_tier();
         self.limiter.set_limit(tiers.limit(tier, tiers.progress(r)));
+        true
     }
 }
 
@@ -2006,6 +2086,93 @@ mod tests {
         // Its state is on the heap, where its permits can reach it, with its tier and
         // generation: a 32-byte slot.
         assert_eq!(slot::<ConcurrencyKey>(), [16, 32, 32]);
+    }
+
+    /// Runs `during` while another bucket's change is held half-way, holding the one
+    /// note that this thread's buckets share with it from now on (decisions on those
+    /// buckets must be made on this thread, which picks the same note).
+    fn with_the_note_held(during: impl FnOnce()) {
+        crate::limiter::gcra::share_one_note();
+        let other = crate::limiter::TokenBucket::new(1.0, Duration::from_secs(1), Nanos::ZERO);
+        let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::limiter::gcra::share_one_note();
+                other.set_limit_held(2.0, Nanos::ZERO, || {
+                    held.wait();
+                    release.wait();
+                });
+            });
+            held.wait();
+            during();
+            release.wait();
+        });
+    }
+
+    /// The request that wins the slot rollover at 2 s takes the event's profile, and
+    /// its change of the route's bucket finds the note taken: it is decided at the
+    /// old limit (a 21st request at 2 s is admitted), not held until the note is free
+    /// (the test hung there, in `Note::take`), and the route is behind. The first
+    /// decision after the note is given back makes the change: the bucket holds 20
+    /// tokens and admits 20 at once.
+    #[test]
+    fn a_rollover_winner_never_waits_for_another_buckets_change() {
+        let ms = Nanos::from_millis;
+        // 200/s (200 tokens), and from 2 s an event that brings the limit to 20/s.
+        crate::limiter::gcra::share_one_note();
+        let mut cfg = RouteConfig::new("held_note", crate::config::RouteMatch::any());
+        let mut event = cfg.controller.clone();
+        event.base_limit_rps = 20.0;
+        event.cut_limit_rps = 10.0;
+        let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
+        cfg.events = vec![Event::new("sale", start, Duration::from_secs(60), event)];
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
+            .unwrap();
+        let (id, r) = (RouteId(0), &e.routes[0]);
+        with_the_note_held(|| {
+            let n = (0..21)
+                .filter(|_| e.check(id, Key::None, ms(2_000)).is_admit())
+                .count();
+            assert_eq!(n, 21, "decided at 200/s meanwhile");
+            assert_eq!(e.limit_rps(id), 20.0);
+            assert_eq!(r.behind.load(Ordering::Relaxed), BEHIND_LIMITER);
+        });
+        assert_eq!(r.limiter.level(ms(2_000)).capacity, 200.0);
+        let n = (0..100)
+            .filter(|_| e.check(id, Key::None, ms(2_000)).is_admit())
+            .count();
+        assert_eq!(n, 20);
+        assert_eq!(r.behind.load(Ordering::Relaxed), 0);
+        assert_eq!(r.limiter.level(ms(2_000)).capacity, 20.0);
+    }
+
+    /// A key's request that must catch up with a change of its route's limit (4/s
+    /// lowered to 1/s, one second's burst), while the note the key's bucket needs is
+    /// held by another bucket's change: decided at the key's old limit (2 of 4 tokens
+    /// left: admitted), not held until the note is free (the test hung there, in
+    /// `Note::take`). Its next request catches up: the one token left at 4/s stays
+    /// one at 1/s, and a request after it waits a second. At 0 the key admitted 4,
+    /// its old capacity.
+    #[test]
+    fn a_keyed_request_never_waits_for_another_buckets_change() {
+        crate::limiter::gcra::share_one_note();
+        let mut cfg = RouteConfig::new("held_note_keys", crate::config::RouteMatch::any());
+        cfg.partition = crate::config::Partition::ClientIp(crate::config::KeyLimits::default());
+        cfg.controller.base_limit_rps = 4.0;
+        cfg.controller.cut_limit_rps = 1.0;
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
+            .unwrap();
+        let (id, key) = (RouteId(0), Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 1).into()));
+        for _ in 0..2 {
+            assert!(e.check(id, key, Nanos::ZERO).is_admit());
+        }
+        let mut params = e.route_params(id);
+        params.base_limit_rps = 1.0;
+        e.update_route(id, params, Nanos::ZERO).unwrap();
+        with_the_note_held(|| assert!(e.check(id, key, Nanos::ZERO).is_admit()));
+        assert!(e.check(id, key, Nanos::ZERO).is_admit());
+        let r = e.check(id, key, Nanos::ZERO).rejection().expect("empty");
+        assert_eq!(r.retry_after, Duration::from_secs(1));
     }
 
     /// The sample hook says which slots the controller acted on: none before one full

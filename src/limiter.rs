@@ -24,7 +24,10 @@
 //! another capacity, or new parameters with tokens not yet rescaled (a loom model of
 //! a change racing a decision on an empty bucket, lowering and raising, admitted
 //! before the mark), and none waits for a change to end: decisions are lock-free
-//! (the docs of the private `gcra` module say how).
+//! (the docs of the private `gcra` module say how). [`TokenBucket::set_limit`] waits
+//! while a change of a bucket that shares its note is under way; the engine's changes,
+//! made on requests' paths, never wait: one that finds its note taken is made later,
+//! by the next request.
 //!
 //! ```
 //! use rocgate::clock::Nanos;
@@ -326,7 +329,8 @@ impl Limiter {
         }
     }
 
-    /// Changes the limit of the existing state at `now`.
+    /// Changes the limit of the existing state at `now` (a token bucket's change may
+    /// wait for another's: see [`TokenBucket::set_limit`]).
     pub fn set_limit(&self, limit: f64, now: Nanos) {
         match self {
             Limiter::TokenBucket(l) => l.set_limit(limit, now),
@@ -334,6 +338,19 @@ impl Limiter {
             Limiter::SlidingWindow(l) => l.set_limit(limit),
             Limiter::LeakyBucket(l) => l.set_limit(limit),
             Limiter::Concurrency(l) => l.set_limit(limit),
+        }
+    }
+
+    /// [`set_limit`](Self::set_limit) without waiting: `false` when a token bucket's
+    /// change could not take its note and changed nothing (the other algorithms
+    /// change at once).
+    pub(crate) fn try_set_limit(&self, limit: f64, now: Nanos) -> bool {
+        match self {
+            Limiter::TokenBucket(l) => l.try_set_limit(limit, now),
+            other => {
+                other.set_limit(limit, now);
+                true
+            }
         }
     }
 
@@ -421,9 +438,29 @@ impl TokenBucket {
         self.words().take(now)
     }
 
-    /// Changes rate and capacity, keeping the tokens there are (clamped to the new capacity).
+    /// Changes rate and capacity, keeping the tokens there are (clamped to the new
+    /// capacity). Waits while a change of another bucket holds the note this one's
+    /// change needs (a few stores, unless that change's thread is descheduled; see
+    /// the `gcra` module): a change is never lost. Decisions never wait.
     pub fn set_limit(&self, limit: f64, now: Nanos) {
         self.words().set(gcra::params(limit, self.burst_ms), now);
+    }
+
+    /// [`set_limit`](Self::set_limit) without the wait: changes nothing, and says so
+    /// with `false`, while another change holds the note. The engine's route buckets
+    /// change this way on requests' paths and apply a refused change later.
+    pub(crate) fn try_set_limit(&self, limit: f64, now: Nanos) -> bool {
+        self.words()
+            .try_set(gcra::params(limit, self.burst_ms), now)
+    }
+
+    /// [`set_limit`](Self::set_limit), calling `midway` half-way through the change,
+    /// as the model-checking build's `set_limit_midway` does: the unit tests hold
+    /// a change there.
+    #[cfg(test)]
+    pub(crate) fn set_limit_held(&self, limit: f64, now: Nanos, midway: impl FnOnce()) {
+        self.words()
+            .set_midway(gcra::params(limit, self.burst_ms), now, midway);
     }
 
     /// [`set_limit`](Self::set_limit), calling `midway` half-way through the change
@@ -491,7 +528,8 @@ impl TokenBucket {
 /// the bucket has been through and a [`CHANGING`] mark. A change:
 /// 1. takes the [`Note`] its bucket's address hashes to (changes of one bucket take
 ///    turns, and so do changes of buckets that share a note; decisions never take
-///    it), and writes into it the rate and capacity it is about to replace;
+///    it; a change on a request's path that finds it taken gives up, see below), and
+///    writes into it the rate and capacity it is about to replace;
 /// 2. marks the TAT word [`CHANGING`], leaving the TAT as it is;
 /// 3. writes the new rate, then the new capacity;
 /// 4. swaps the marked word for the TAT rescaled to the new parameters, unmarked, with
@@ -499,12 +537,28 @@ impl TokenBucket {
 ///    meanwhile);
 /// 5. gives the note back.
 ///
-/// A change waits for the note while another change holds it: a few stores and an
-/// exchange, unless the OS deschedules the holding thread meanwhile, and then until it
-/// runs again. Changes are made on requests' paths too (the engine's per-key buckets
-/// catch up with their route's limit on a key's next request, and the request that
-/// wins a slot rollover changes the route's bucket), so those requests may wait for a
-/// change of another bucket on the same note; decisions never do.
+/// # No request waits for a note
+///
+/// [`Words::set`] ([`TokenBucket::set_limit`](super::TokenBucket::set_limit)) waits
+/// for the note while another change holds it: a few stores and an exchange, unless
+/// the OS deschedules the holding thread meanwhile, and then until it runs again.
+/// Changes made on requests' paths never wait: [`Words::try_set`] takes the note
+/// with one compare-exchange and, if another change holds it (of this bucket, or of
+/// any bucket of any route that shares the note), changes nothing and says so. The
+/// engine then decides the request at the parameters the bucket has, as it decides
+/// any request that meets a change, and makes the change later, never dropping it:
+/// - a key's bucket (which catches up with its route's limit on the key's next
+///   request) records a route generation that is not the route's, so the key's next
+///   request tries again (`keep_up` in `engine.rs`);
+/// - a route's bucket (changed by the request that wins a slot rollover, or by an
+///   update) is marked behind, and the next decision on the route, or the next
+///   upkeep, makes the change before it decides, dated where it was pushed.
+///
+/// A note is held for a few stores and an exchange, so a change finds it taken only
+/// while another change is under way; the first decision after that change gives it
+/// back (after its thread runs again, if the OS descheduled it) makes the change left
+/// behind. A request that waited for the note decided nothing sooner: the bucket kept
+/// its old parameters meanwhile either way.
 ///
 /// A decision loads the TAT word first. Unmarked, the rate and capacity words go with
 /// the TAT; marked, the note holds the rate and capacity the TAT is still scaled to
@@ -643,10 +697,30 @@ pub(crate) mod gcra {
         });
     }
 
+    #[cfg(test)]
+    std::thread_local! {
+        /// Set by [`share_one_note`]: this thread's buckets all take note 0.
+        static SHARE_NOTE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Unit tests only: every bucket changed or decided on this thread takes note 0,
+    /// as under loom, so that a test can hold a change of one bucket and see what a
+    /// change of another meets. Every thread that touches those buckets must call it
+    /// (a decision on a changing bucket reads the note its thread picks); buckets of
+    /// other threads that hash to note 0 take turns with them, as they would anyway.
+    #[cfg(test)]
+    pub(crate) fn share_one_note() {
+        SHARE_NOTE.set(true);
+    }
+
     impl Note {
         /// The note of the bucket whose TAT word is `tat`, by its address (which does
         /// not change while a change or a decision borrows the bucket).
         fn of(tat: &AtomicU64) -> &'static Note {
+            #[cfg(test)]
+            if SHARE_NOTE.get() {
+                return &NOTES[0];
+            }
             let addr = std::ptr::from_ref(tat) as usize as u64;
             // `checked_shr`: a shift by 64 (no bits, under loom) picks note 0.
             let i = (addr >> 3)
@@ -659,13 +733,17 @@ pub(crate) mod gcra {
         /// Takes the note, after any change that holds it.
         fn take(&self) {
             let mut turns = 0;
-            while self
-                .held
-                .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-            {
+            while !self.try_take() {
                 spin_wait(&mut turns);
             }
+        }
+
+        /// Takes the note if no change holds it: one compare-exchange, no wait.
+        #[inline]
+        fn try_take(&self) -> bool {
+            self.held
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
         }
 
         /// Lets the next change take the note.
@@ -748,18 +826,35 @@ pub(crate) mod gcra {
 
         /// Changes the emission interval and capacity to `(t2, c2)` as of `now`,
         /// keeping the tokens there are (clamped to the new capacity). Decisions go on
-        /// meanwhile at the old rate; two changes of one bucket take turns (see the
-        /// module docs).
+        /// meanwhile at the old rate; two changes of one bucket take turns, and this
+        /// one waits for the note while another change holds it (see the module docs).
         pub(crate) fn set(self, new: (u64, u32), now: Nanos) {
             self.set_midway(new, now, || {});
         }
 
+        /// [`Words::set`] if the bucket's note is free, and nothing if another change
+        /// holds it: never waits. Whether the change was made; the caller that gets
+        /// `false` makes it again later (see the module docs).
+        pub(crate) fn try_set(self, new: (u64, u32), now: Nanos) -> bool {
+            let note = Note::of(self.tat);
+            if !note.try_take() {
+                return false;
+            }
+            self.change(note, new, now, || {});
+            true
+        }
+
         /// [`Words::set`], calling `midway` once the TAT word is marked, before the new
-        /// rate is written: the model checks hold a change there.
-        pub(crate) fn set_midway(self, (t2, c2): (u64, u32), now: Nanos, midway: impl FnOnce()) {
-            let now = clamped(now);
+        /// rate is written: the model checks and the tests hold a change there.
+        pub(crate) fn set_midway(self, new: (u64, u32), now: Nanos, midway: impl FnOnce()) {
             let note = Note::of(self.tat);
             note.take();
+            self.change(note, new, now, midway);
+        }
+
+        /// The change, by the holder of the bucket's `note`, which it gives back.
+        fn change(self, note: &Note, (t2, c2): (u64, u32), now: Nanos, midway: impl FnOnce()) {
+            let now = clamped(now);
             // Only a change that holds the bucket's note writes its rate and capacity.
             let t1 = self.emission_ns.load(Ordering::Relaxed);
             let c1 = self.capacity.load(Ordering::Relaxed);
