@@ -36,7 +36,7 @@ use crate::limiter::{
     gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Level, Limiter,
     Pace, Reason, Rejection,
 };
-use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -150,8 +150,10 @@ struct Route {
     /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`]) a
     /// limit change has not reached yet: a token bucket's change that found its note
     /// taken, left for the next decision on the route ([`Route::finish_change`]).
-    /// Written under the state lock only.
-    behind: AtomicU8,
+    /// Written under the state lock only, read by decisions as a hint (a stale read
+    /// puts the change off, or tries the lock, for one decision). `std`'s even under
+    /// loom, as the lock is: a model would only explore more orders of it.
+    behind: std::sync::atomic::AtomicU8,
     keys: Option<Keys>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
     generation: AtomicU64,
@@ -818,7 +820,7 @@ impl Route {
             counter: SlotCounter::new(&cfg.window),
             limiter: Limiter::new(cfg.algorithm, enforced_limit, now),
             shadow,
-            behind: AtomicU8::new(0),
+            behind: std::sync::atomic::AtomicU8::new(0),
             keys,
             generation: AtomicU64::new(0),
             changed_at: AtomicU64::new(now.as_u64()),

@@ -753,12 +753,13 @@ fn two_updates_raced_by_a_client(e: &Arc<Engine>) {
 /// A runtime update lowers a per-client token bucket route from 4/s to 1/s (one
 /// second's burst) while two requests of a client whose key is empty catch up with
 /// it: the route's bucket and the key's change one after another on the one note of
-/// the loom build (a request waits for it while the other change holds it), and a
-/// request may be decided while the other's catch-up changes the key. Both are
+/// the loom build (a request that finds it taken is decided at the key's old limit
+/// and leaves its change to the next), and a request may be decided while the
+/// other's catch-up changes the key. Both are
 /// refused whichever comes first, and so is the next. Decisions that read the rate
 /// and capacity words whatever the mark fail this model (the one that meets the
 /// other's catch-up half-way reads the new rate beside the old capacity and admits).
-/// At most 1 preemption: 45,526 executions (4 s), where 2 take 422,376 (35 s), the
+/// At most 1 preemption: 47,842 executions (4 s), where 2 take 422,376 (35 s), the
 /// requests looking at the route's generation again once caught up.
 #[test]
 fn engine_an_empty_key_stays_empty_while_its_requests_catch_up_with_a_cut() {
@@ -786,6 +787,46 @@ fn engine_an_empty_key_stays_empty_while_its_requests_catch_up_with_a_cut() {
             .rejection()
             .expect("refused");
         assert_eq!(r.retry_after, Duration::from_secs(1));
+    });
+}
+
+/// A client's request must catch up with a runtime cut of its route (4/s → 1/s, one
+/// second's burst; the key has 3 tokens left) while another bucket's change, on the
+/// one note of the loom build, is held half-way until the request is done. The
+/// request never waits for the note: it is decided at the key's old limit, or at
+/// the new one if its change took the note first, and admitted either way. The key
+/// still ends at the cut: full 1.5 s later, it admits 1 request, not 2 or 4. When a
+/// key's change waited for the note, the two threads waited for each other and loom
+/// stopped the model ("Model exceeded maximum number of branches").
+#[test]
+fn engine_a_keyed_request_never_waits_for_another_buckets_change() {
+    check(|| {
+        let e = Arc::new(keyed_bucket_engine());
+        let id = RouteId(0);
+        assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
+        let mut params = e.route_params(id);
+        params.base_limit_rps = 1.0;
+        e.update_route(id, params, Nanos::ZERO).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let request = {
+            let (e, done) = (Arc::clone(&e), Arc::clone(&done));
+            thread::spawn(move || {
+                let admitted = e.check(id, client(1), Nanos::ZERO).is_admit();
+                done.store(true, Ordering::Release);
+                admitted
+            })
+        };
+        other_bucket().set_limit_midway(8.0, Nanos::ZERO, || {
+            while !done.load(Ordering::Acquire) {
+                thread::yield_now();
+            }
+        });
+        assert!(request.join().expect("the request"));
+        let later = Nanos::from_millis(1_500);
+        let n = (0..3)
+            .filter(|_| e.check(id, client(1), later).is_admit())
+            .count();
+        assert_eq!(n, 1, "the key does not hold the cut");
     });
 }
 
