@@ -2090,27 +2090,6 @@ mod tests {
         assert_eq!(slot::<ConcurrencyKey>(), [16, 32, 32]);
     }
 
-    /// Runs `during` while another bucket's change is held half-way, holding the one
-    /// note that this thread's buckets share with it from now on (decisions on those
-    /// buckets must be made on this thread, which picks the same note).
-    fn with_the_note_held(during: impl FnOnce()) {
-        crate::limiter::gcra::share_one_note();
-        let other = crate::limiter::TokenBucket::new(1.0, Duration::from_secs(1), Nanos::ZERO);
-        let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                crate::limiter::gcra::share_one_note();
-                other.set_limit_held(2.0, Nanos::ZERO, || {
-                    held.wait();
-                    release.wait();
-                });
-            });
-            held.wait();
-            during();
-            release.wait();
-        });
-    }
-
     /// The request that wins the slot rollover at 2 s takes the event's profile, and
     /// its change of the route's bucket finds the note taken: it is decided at the
     /// old limit (a 21st request at 2 s is admitted), not held until the note is free
@@ -2121,17 +2100,15 @@ mod tests {
     fn a_rollover_winner_never_waits_for_another_buckets_change() {
         let ms = Nanos::from_millis;
         // 200/s (200 tokens), and from 2 s an event that brings the limit to 20/s.
-        crate::limiter::gcra::share_one_note();
         let mut cfg = RouteConfig::new("held_note", crate::config::RouteMatch::any());
         let mut event = cfg.controller.clone();
         event.base_limit_rps = 20.0;
         event.cut_limit_rps = 10.0;
         let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
         cfg.events = vec![Event::new("sale", start, Duration::from_secs(60), event)];
-        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
-            .unwrap();
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
         let (id, r) = (RouteId(0), &e.routes[0]);
-        with_the_note_held(|| {
+        crate::limiter::gcra::with_the_note_held(|| {
             let n = (0..21)
                 .filter(|_| e.check(id, Key::None, ms(2_000)).is_admit())
                 .count();
@@ -2157,21 +2134,24 @@ mod tests {
     /// its old capacity.
     #[test]
     fn a_keyed_request_never_waits_for_another_buckets_change() {
-        crate::limiter::gcra::share_one_note();
         let mut cfg = RouteConfig::new("held_note_keys", crate::config::RouteMatch::any());
         cfg.partition = crate::config::Partition::ClientIp(crate::config::KeyLimits::default());
         cfg.controller.base_limit_rps = 4.0;
         cfg.controller.cut_limit_rps = 1.0;
-        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
-            .unwrap();
-        let (id, key) = (RouteId(0), Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 1).into()));
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+        let (id, key) = (
+            RouteId(0),
+            Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 1).into()),
+        );
         for _ in 0..2 {
             assert!(e.check(id, key, Nanos::ZERO).is_admit());
         }
         let mut params = e.route_params(id);
         params.base_limit_rps = 1.0;
         e.update_route(id, params, Nanos::ZERO).unwrap();
-        with_the_note_held(|| assert!(e.check(id, key, Nanos::ZERO).is_admit()));
+        crate::limiter::gcra::with_the_note_held(|| {
+            assert!(e.check(id, key, Nanos::ZERO).is_admit())
+        });
         assert!(e.check(id, key, Nanos::ZERO).is_admit());
         let r = e.check(id, key, Nanos::ZERO).rejection().expect("empty");
         assert_eq!(r.retry_after, Duration::from_secs(1));

@@ -454,15 +454,6 @@ impl TokenBucket {
             .try_set(gcra::params(limit, self.burst_ms), now)
     }
 
-    /// [`set_limit`](Self::set_limit), calling `midway` half-way through the change,
-    /// as the model-checking build's `set_limit_midway` does: the unit tests hold
-    /// a change there.
-    #[cfg(test)]
-    pub(crate) fn set_limit_held(&self, limit: f64, now: Nanos, midway: impl FnOnce()) {
-        self.words()
-            .set_midway(gcra::params(limit, self.burst_ms), now, midway);
-    }
-
     /// [`set_limit`](Self::set_limit), calling `midway` half-way through the change
     /// (the tokens' word marked, the new rate not yet written). Only in the
     /// model-checking build, whose models hold a change there (`tests/loom.rs`).
@@ -699,18 +690,36 @@ pub(crate) mod gcra {
 
     #[cfg(test)]
     std::thread_local! {
-        /// Set by [`share_one_note`]: this thread's buckets all take note 0.
+        /// Set by [`with_the_note_held`]: this thread's buckets all take note 0.
         static SHARE_NOTE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
-    /// Unit tests only: every bucket changed or decided on this thread takes note 0,
-    /// as under loom, so that a test can hold a change of one bucket and see what a
-    /// change of another meets. Every thread that touches those buckets must call it
-    /// (a decision on a changing bucket reads the note its thread picks); buckets of
-    /// other threads that hash to note 0 take turns with them, as they would anyway.
+    /// Unit tests only: runs `during` on this thread while a change of another bucket
+    /// is held half-way on a thread of its own, holding note 0. Every bucket changed
+    /// or decided on this thread takes note 0 from now on, as under loom, so that
+    /// `during` meets the held change whatever bucket it changes (decisions on those
+    /// buckets must stay on this thread, which picks the same note). Buckets of other
+    /// threads that hash to note 0 take turns with the held change, as they would
+    /// with any.
     #[cfg(test)]
-    pub(crate) fn share_one_note() {
+    pub(crate) fn with_the_note_held(during: impl FnOnce()) {
         SHARE_NOTE.set(true);
+        let other = super::TokenBucket::new(1.0, Duration::from_secs(1), Nanos::ZERO);
+        let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                SHARE_NOTE.set(true);
+                other
+                    .words()
+                    .set_midway(params(2.0, other.burst_ms), Nanos::ZERO, || {
+                        held.wait();
+                        release.wait();
+                    });
+            });
+            held.wait();
+            during();
+            release.wait();
+        });
     }
 
     impl Note {
@@ -1739,7 +1748,10 @@ mod tests {
         n += (1..=10).filter(|i| admitted(b.check(ms(i * 100)))).count();
         assert_eq!(n, 20);
         b.set_limit(1.0, ms(0));
-        let r = b.check(ms(1_000)).rejection().expect("a 21st admission by 1 s");
+        let r = b
+            .check(ms(1_000))
+            .rejection()
+            .expect("a 21st admission by 1 s");
         assert_eq!(r.retry_after, Duration::from_secs(1));
         assert!(admitted(b.check(ms(2_000))));
         // With no decision after its date, a change dated in the past counts from

@@ -1244,11 +1244,7 @@ impl Inner {
     /// last counted) if that changed.
     fn share<'r>(&self, r: &'r SharedRoute, limit: f64, now: Nanos) -> &'r TokenBucket {
         let share = limit / self.instances() as f64;
-        if r.fallback_limit.load(Ordering::Relaxed) != share.to_bits()
-            && r.fallback_limit.swap(share.to_bits(), Ordering::Relaxed) != share.to_bits()
-        {
-            r.fallback.set_limit(share, now);
-        }
+        set_share(&r.fallback, &r.fallback_limit, share, now);
         &r.fallback
     }
 
@@ -1763,6 +1759,25 @@ fn replay(
     Some((controller, last, transitions))
 }
 
+/// A [`SharedRoute::fallback_limit`] that is no share's: the fallback bucket's last
+/// change is still to be made.
+const SHARE_UNSET: u64 = u64::MAX;
+
+/// Sets the fallback `bucket` to `share` at `now` if `set_to` (the share it was last
+/// set to, f64 bits) says otherwise, without waiting: a change that finds its
+/// bucket's note taken by another bucket's change (see `limiter::gcra`) is left
+/// behind, `set_to` saying [`SHARE_UNSET`], for the next call, and this call's
+/// decision is made at the share the bucket has.
+fn set_share(bucket: &TokenBucket, set_to: &AtomicU64, share: f64, now: Nanos) {
+    let bits = share.to_bits();
+    if set_to.load(Ordering::Relaxed) != bits
+        && set_to.swap(bits, Ordering::Relaxed) != bits
+        && !bucket.try_set_limit(share, now)
+    {
+        let _ = set_to.compare_exchange(bits, SHARE_UNSET, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1780,6 +1795,25 @@ mod tests {
                 memory: None,
             },
         }
+    }
+
+    /// A fallback bucket whose share changes (10/s → 2/s, one second's burst) while
+    /// another bucket's change holds the note they share: the decision that finds
+    /// the new share is made at the old one, not held until the note is free (this
+    /// test hung there, in `Note::take`), and the next call makes the change.
+    #[test]
+    fn a_share_change_never_waits_for_another_buckets_change() {
+        let ms = Nanos::from_millis;
+        let bucket = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+        let set_to = AtomicU64::new(10f64.to_bits());
+        crate::limiter::gcra::with_the_note_held(|| {
+            set_share(&bucket, &set_to, 2.0, ms(0));
+            assert_eq!(bucket.level(ms(0)).capacity, 10.0);
+            assert_eq!(set_to.load(Ordering::Relaxed), SHARE_UNSET);
+        });
+        set_share(&bucket, &set_to, 2.0, ms(0));
+        assert_eq!(bucket.level(ms(0)).capacity, 2.0);
+        assert_eq!(set_to.load(Ordering::Relaxed), 2f64.to_bits());
     }
 
     #[test]
