@@ -2095,17 +2095,19 @@ mod tests {
     /// old limit (a 21st request at 2 s is admitted), not held until the note is free
     /// (the test hung there, in `Note::take`), and the route is behind. The first
     /// decision after the note is given back makes the change: the bucket holds 20
-    /// tokens and admits 20 at once.
+    /// tokens and admits 20 at once. The event's end at 3 s, taken by an upkeep
+    /// (`catch_up`) while the note is held again, reaches the bucket at the next
+    /// upkeep, with no request in between.
     #[test]
     fn a_rollover_winner_never_waits_for_another_buckets_change() {
         let ms = Nanos::from_millis;
-        // 200/s (200 tokens), and from 2 s an event that brings the limit to 20/s.
+        // 200/s (200 tokens), and from 2 s to 3 s an event that brings it to 20/s.
         let mut cfg = RouteConfig::new("held_note", crate::config::RouteMatch::any());
         let mut event = cfg.controller.clone();
         event.base_limit_rps = 20.0;
         event.cut_limit_rps = 10.0;
         let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
-        cfg.events = vec![Event::new("sale", start, Duration::from_secs(60), event)];
+        cfg.events = vec![Event::new("sale", start, Duration::from_secs(1), event)];
         let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
         let (id, r) = (RouteId(0), &e.routes[0]);
         crate::limiter::gcra::with_the_note_held(|| {
@@ -2123,6 +2125,15 @@ mod tests {
         assert_eq!(n, 20);
         assert_eq!(r.behind.load(Ordering::Relaxed), 0);
         assert_eq!(r.limiter.level(ms(2_000)).capacity, 20.0);
+        crate::limiter::gcra::with_the_note_held(|| {
+            e.catch_up(id, ms(3_000));
+            assert_eq!(e.limit_rps(id), 200.0);
+            assert_eq!(r.behind.load(Ordering::Relaxed), BEHIND_LIMITER);
+        });
+        assert_eq!(r.limiter.level(ms(3_000)).capacity, 20.0);
+        e.catch_up(id, ms(3_000));
+        assert_eq!(r.behind.load(Ordering::Relaxed), 0);
+        assert_eq!(r.limiter.level(ms(3_000)).capacity, 200.0);
     }
 
     /// A key's request that must catch up with a change of its route's limit (4/s
