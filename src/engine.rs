@@ -376,10 +376,10 @@ impl Engine {
     /// its window advances over the slots that have passed, its controller steps
     /// through them (taking the scheduled event due), its idle keys are swept, and a
     /// limit change its route-wide limiter is still behind on (one that found its
-    /// token bucket's note taken) is made. Otherwise a route without requests stands where its last request left it: a cut
-    /// that its silence outlasted reads as a cut, for as long as the silence, in
-    /// snapshots, metrics and the admin API; its idle keys stay in memory; an event
-    /// shows only from its next request. `rocgate serve` calls this every 5 s for the
+    /// token bucket's note taken) is made. Otherwise a route without requests stands
+    /// where its last request left it: a cut that its silence outlasted reads as a
+    /// cut, for as long as the silence, in snapshots, metrics and the admin API; its
+    /// idle keys stay in memory; an event shows only from its next request. `rocgate serve` calls this every 5 s for the
     /// routes it decides itself; the simulator at the start of every slot without
     /// arrivals.
     ///

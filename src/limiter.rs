@@ -548,8 +548,8 @@ impl TokenBucket {
 /// A note is held for a few stores and an exchange, so a change finds it taken only
 /// while another change is under way; the first decision after that change gives it
 /// back (after its thread runs again, if the OS descheduled it) makes the change left
-/// behind. A request that waited for the note decided nothing sooner: the bucket kept
-/// its old parameters meanwhile either way.
+/// behind. Waiting for the note, as those requests did before, made no change sooner:
+/// the bucket keeps its old parameters until the change is made either way.
 ///
 /// A decision loads the TAT word first. Unmarked, the rate and capacity words go with
 /// the TAT; marked, the note holds the rate and capacity the TAT is still scaled to
@@ -587,10 +587,11 @@ impl TokenBucket {
 /// back: 10/s with 10 tokens, emptied at 0 and then drained at 10/s, cut at 1 s to
 /// 1/s dated at 0, admitted a 21st request by 1 s, beyond what either limit allows.
 /// So a change counts from its date or from TAT − τ1, whichever is later. Every
-/// admission at time `a` leaves the TAT at most `a + τ1`, so the TAT shows no
-/// decision before TAT − τ1; the tokens there are never fewer than none, none are
-/// handed back, and the new rate refills from then only. Over any interval a bucket
-/// then admits at most the larger capacity plus the larger rate times the interval.
+/// admission at time `a` leaves the TAT at most `a + τ1` (and a `lower_to` at `now`,
+/// at most `now + τ1`), so the latest decision the TAT holds was made at TAT − τ1 or
+/// later: counted from there, the tokens are never fewer than none, none are handed
+/// back, and the new rate refills from then only. Over any interval a bucket then
+/// admits at most the larger capacity plus the larger rate times the interval.
 ///
 /// The TAT counts up to 2^59 ns (18.3 years) and τ is at most 2^57 ns (4.6 years):
 /// a bucket holds `now` at 2^59 − 2^57 ns (13.7 years; the clock counts from the
