@@ -691,25 +691,33 @@ pub(crate) mod gcra {
 
     #[cfg(test)]
     std::thread_local! {
-        /// Set by [`with_the_note_held`]: this thread's buckets all take note 0.
-        static SHARE_NOTE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// Set by [`with_the_note_held`]: the note this thread's buckets all take.
+        static TEST_NOTE: std::cell::Cell<Option<&'static Note>> =
+            const { std::cell::Cell::new(None) };
     }
 
     /// Unit tests only: runs `during` on this thread while a change of another bucket
-    /// is held half-way on a thread of its own, holding note 0. Every bucket changed
-    /// or decided on this thread takes note 0 from now on, as under loom, so that
-    /// `during` meets the held change whatever bucket it changes (decisions on those
-    /// buckets must stay on this thread, which picks the same note). Buckets of other
-    /// threads that hash to note 0 take turns with the held change, as they would
-    /// with any.
+    /// is held half-way on a thread of its own, holding a note of the test's own.
+    /// Every bucket changed or decided on this thread takes that note from now on,
+    /// as every bucket takes the one note under loom, so that `during` meets the held
+    /// change whatever bucket it changes (decisions on those buckets must stay on
+    /// this thread). The note is no other test's, so tests run at once cannot take it
+    /// meanwhile: it is leaked, once per test thread (16 bytes).
     #[cfg(test)]
     pub(crate) fn with_the_note_held(during: impl FnOnce()) {
-        SHARE_NOTE.set(true);
+        let note: &'static Note = TEST_NOTE.get().unwrap_or_else(|| {
+            Box::leak(Box::new(Note {
+                held: AtomicU32::new(0),
+                capacity: AtomicU32::new(0),
+                emission_ns: AtomicU64::new(0),
+            }))
+        });
+        TEST_NOTE.set(Some(note));
         let other = super::TokenBucket::new(1.0, Duration::from_secs(1), Nanos::ZERO);
         let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
         std::thread::scope(|s| {
             s.spawn(|| {
-                SHARE_NOTE.set(true);
+                TEST_NOTE.set(Some(note));
                 other
                     .words()
                     .set_midway(params(2.0, other.burst_ms), Nanos::ZERO, || {
@@ -728,8 +736,8 @@ pub(crate) mod gcra {
         /// not change while a change or a decision borrows the bucket).
         fn of(tat: &AtomicU64) -> &'static Note {
             #[cfg(test)]
-            if SHARE_NOTE.get() {
-                return &NOTES[0];
+            if let Some(note) = TEST_NOTE.get() {
+                return note;
             }
             let addr = std::ptr::from_ref(tat) as usize as u64;
             // `checked_shr`: a shift by 64 (no bits, under loom) picks note 0.
