@@ -516,12 +516,12 @@ impl TokenBucket {
 /// bucket until the change ran again.
 ///
 /// The TAT word holds, above the TAT itself (59 bits), a 4-bit count of the changes
-/// the bucket has been through and a [`CHANGING`] mark. A change:
-/// 1. takes the [`Note`] its bucket's address hashes to (changes of one bucket take
+/// the bucket has been through and a `CHANGING` mark. A change:
+/// 1. takes the `Note` its bucket's address hashes to (changes of one bucket take
 ///    turns, and so do changes of buckets that share a note; decisions never take
 ///    it; a change on a request's path that finds it taken gives up, see below), and
 ///    writes into it the rate and capacity it is about to replace;
-/// 2. marks the TAT word [`CHANGING`], leaving the TAT as it is;
+/// 2. marks the TAT word `CHANGING`, leaving the TAT as it is;
 /// 3. writes the new rate, then the new capacity;
 /// 4. swaps the marked word for the TAT rescaled to the new parameters, unmarked, with
 ///    the count one higher (a compare-exchange loop: decisions may take tokens
@@ -530,7 +530,7 @@ impl TokenBucket {
 ///
 /// # No request waits for a note
 ///
-/// [`Words::set`] ([`TokenBucket::set_limit`](super::TokenBucket::set_limit)) waits
+/// [`Words::set`] ([`TokenBucket::set_limit`]) waits
 /// for the note while another change holds it: a few stores and an exchange, unless
 /// the OS deschedules the holding thread meanwhile, and then until it runs again.
 /// Changes made on requests' paths never wait: [`Words::try_set`] takes the note
@@ -596,6 +596,9 @@ impl TokenBucket {
 /// The TAT counts up to 2^59 ns (18.3 years) and τ is at most 2^57 ns (4.6 years):
 /// a bucket holds `now` at 2^59 − 2^57 ns (13.7 years; the clock counts from the
 /// process's start), past which it no longer refills.
+///
+/// [`Words::set`]: gcra::Words::set
+/// [`Words::try_set`]: gcra::Words::try_set
 pub(crate) mod gcra {
     use super::{interval_ns, Level};
     use crate::clock::Nanos;
