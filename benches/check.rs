@@ -84,7 +84,10 @@ const STEP_NS: u64 = 1_000_000;
 /// Limit of the `occupancy_1000rps` limiters, twice the offered rate.
 const OCCUPANCY_LIMIT: u32 = 2_000;
 
-const ROUTE: RouteId = RouteId(0);
+/// The one route of the engines below.
+fn bench_route(e: &Engine) -> RouteId {
+    e.route_id("bench").unwrap()
+}
 
 /// One route taking every request, limited at `rate_rps` with a burst of `burst`, whose
 /// controller never cuts.
@@ -110,7 +113,7 @@ fn open_quota() -> Quota {
 /// A 1 req/s limit with a burst of one, already spent.
 fn empty_engine() -> Engine {
     let e = route(1, Duration::from_secs(1), Partition::Route);
-    assert!(e.check(ROUTE, Key::None, Nanos::ZERO).is_admit());
+    assert!(e.check(bench_route(&e), Key::None, Nanos::ZERO).is_admit());
     e
 }
 
@@ -168,20 +171,23 @@ fn primitives(c: &mut Criterion) {
 }
 
 /// rocgate's two variants: `now` passed in, and `MonotonicClock::now()` read per call.
-/// Each gets a fresh engine from `engine`; `check` decides one request at a time.
+/// Each gets a fresh engine from `engine`; `check` decides one request at a time on
+/// the engine's route.
 fn rocgate_variants<R>(
     g: &mut BenchmarkGroup<'_, WallTime>,
     engine: impl Fn() -> Engine,
-    mut check: impl FnMut(&Engine, Nanos) -> R,
+    mut check: impl FnMut(&Engine, RouteId, Nanos) -> R,
 ) {
     let e = engine();
+    let route = bench_route(&e);
     g.bench_function("rocgate/given_now", |b| {
-        b.iter(|| check(&e, black_box(NOW)))
+        b.iter(|| check(&e, route, black_box(NOW)))
     });
     let e = engine();
+    let route = bench_route(&e);
     let clock = MonotonicClock::new();
     g.bench_function("rocgate/monotonic_clock", |b| {
-        b.iter(|| check(&e, clock.now()))
+        b.iter(|| check(&e, route, clock.now()))
     });
 }
 
@@ -208,7 +214,7 @@ fn route_level(c: &mut Criterion) {
     rocgate_variants(
         &mut g,
         || open_engine(Partition::Route),
-        |e, now| e.check(ROUTE, Key::None, now),
+        |e, route, now| e.check(route, Key::None, now),
     );
     governor_variants!(
         &mut g,
@@ -220,8 +226,8 @@ fn route_level(c: &mut Criterion) {
 
 fn reject(c: &mut Criterion) {
     let mut g = c.benchmark_group("reject");
-    rocgate_variants(&mut g, empty_engine, |e, now| {
-        e.check(ROUTE, Key::None, now)
+    rocgate_variants(&mut g, empty_engine, |e, route, now| {
+        e.check(route, Key::None, now)
     });
     governor_variants!(
         &mut g,
@@ -247,12 +253,14 @@ fn keyed(c: &mut Criterion) {
     let filled_engine = || {
         let e = open_engine(partition.clone());
         for ip in &keys {
-            assert!(e.check(ROUTE, Key::Ip(*ip), Nanos::ZERO).is_admit());
+            assert!(e
+                .check(bench_route(&e), Key::Ip(*ip), Nanos::ZERO)
+                .is_admit());
         }
         e
     };
-    rocgate_variants(&mut g, filled_engine, |e, now| {
-        e.check(ROUTE, Key::Ip(next.next().unwrap()), now)
+    rocgate_variants(&mut g, filled_engine, |e, route, now| {
+        e.check(route, Key::Ip(next.next().unwrap()), now)
     });
     governor_variants!(
         &mut g,
@@ -271,15 +279,17 @@ fn keyed(c: &mut Criterion) {
 fn route_2_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("route_2_threads");
     let e = open_engine(Partition::Route);
+    let route = bench_route(&e);
     g.bench_function("rocgate/given_now", |b| {
         b.iter_custom(|iters| {
-            on_two_threads(iters, |_, _| e.check(ROUTE, Key::None, black_box(NOW)))
+            on_two_threads(iters, |_, _| e.check(route, Key::None, black_box(NOW)))
         })
     });
     let e = open_engine(Partition::Route);
+    let route = bench_route(&e);
     let clock = MonotonicClock::new();
     g.bench_function("rocgate/monotonic_clock", |b| {
-        b.iter_custom(|iters| on_two_threads(iters, |_, _| e.check(ROUTE, Key::None, clock.now())))
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| e.check(route, Key::None, clock.now())))
     });
     let lim = RateLimiter::direct_with_clock(open_quota(), FakeRelativeClock::default());
     g.bench_function("governor/fake_clock", |b| {
@@ -377,11 +387,12 @@ fn occupancy(c: &mut Criterion) {
         })
     });
     let e = route(OCCUPANCY_LIMIT, second, Partition::Route);
+    let id = bench_route(&e);
     let mut now = 0;
     g.bench_function("rocgate", |b| {
         b.iter(|| {
             now += STEP_NS;
-            e.check(ROUTE, Key::None, Nanos::new(now))
+            e.check(id, Key::None, Nanos::new(now))
         })
     });
     // Two threads share one virtual clock, as they would share a real one: each call
@@ -399,9 +410,10 @@ fn occupancy(c: &mut Criterion) {
         b.iter_custom(|iters| on_two_threads(iters, |_, _| log.check(tick(&clock))))
     });
     let e = route(OCCUPANCY_LIMIT, second, Partition::Route);
+    let id = bench_route(&e);
     let clock = AtomicU64::new(0);
     g.bench_function("rocgate_2_threads", |b| {
-        b.iter_custom(|iters| on_two_threads(iters, |_, _| e.check(ROUTE, Key::None, tick(&clock))))
+        b.iter_custom(|iters| on_two_threads(iters, |_, _| e.check(id, Key::None, tick(&clock))))
     });
     g.finish();
 }

@@ -38,21 +38,23 @@ use std::time::{Duration, SystemTime};
 const ROUNDS: usize = 15;
 const ITERS: u64 = 2_000_000;
 const KEYS: u32 = 10_000;
-const ROUTE: RouteId = RouteId(0);
 const NOW: Nanos = Nanos::from_secs(1);
 
-fn engine(rate_rps: f64, burst: Duration, partition: Partition) -> Engine {
+/// The engine of one route, `bench`, and the route.
+fn engine(rate_rps: f64, burst: Duration, partition: Partition) -> (Engine, RouteId) {
     let mut r = RouteConfig::new("bench", RouteMatch::any());
     r.controller.base_limit_rps = rate_rps;
     r.controller.cut_limit_rps = rate_rps;
     r.controller.danger_roc = f64::MAX;
     r.algorithm = rocgate::limiter::Algorithm::TokenBucket { burst };
     r.partition = partition;
-    Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
+    let e = Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let route = e.route_id("bench").unwrap();
+    (e, route)
 }
 
 /// Admits at 10⁹/s with a burst of `u32::MAX`, as governor's [`open_quota`].
-fn open_engine(partition: Partition) -> Engine {
+fn open_engine(partition: Partition) -> (Engine, RouteId) {
     engine(1e9, Duration::from_nanos(u32::MAX.into()), partition)
 }
 
@@ -109,16 +111,16 @@ fn main() {
     }
     println!("median over {ROUNDS} interleaved rounds of {ITERS} decisions each:");
 
-    let e = open_engine(Partition::Route);
+    let (e, route) = open_engine(Partition::Route);
     let g = RateLimiter::direct_with_clock(open_quota(), FakeRelativeClock::default());
     pair(
         "route",
-        |_| e.check(ROUTE, Key::None, black_box(NOW)).is_admit(),
+        |_| e.check(route, Key::None, black_box(NOW)).is_admit(),
         |_| g.check().is_ok(),
     );
 
-    let e = engine(1.0, Duration::from_secs(1), Partition::Route);
-    assert!(e.check(ROUTE, Key::None, Nanos::ZERO).is_admit());
+    let (e, route) = engine(1.0, Duration::from_secs(1), Partition::Route);
+    assert!(e.check(route, Key::None, Nanos::ZERO).is_admit());
     let g = RateLimiter::direct_with_clock(
         Quota::per_second(NonZeroU32::MIN),
         FakeRelativeClock::default(),
@@ -126,27 +128,27 @@ fn main() {
     assert!(g.check().is_ok());
     pair(
         "reject",
-        |_| e.check(ROUTE, Key::None, black_box(NOW)).is_admit(),
+        |_| e.check(route, Key::None, black_box(NOW)).is_admit(),
         |_| g.check().is_ok(),
     );
 
     let ips: Vec<IpAddr> = (0..KEYS)
         .map(|k| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + k)))
         .collect();
-    let e = open_engine(Partition::ClientIp({
+    let (e, route) = open_engine(Partition::ClientIp({
         let mut v = KeyLimits::default();
         v.max_keys = KEYS as usize;
         v
     }));
     let g = RateLimiter::dashmap_with_clock(open_quota(), FakeRelativeClock::default());
     for ip in &ips {
-        assert!(e.check(ROUTE, Key::Ip(*ip), Nanos::ZERO).is_admit());
+        assert!(e.check(route, Key::Ip(*ip), Nanos::ZERO).is_admit());
         assert!(g.check_key(ip).is_ok());
     }
     let key = |i: u64| ips[(i % u64::from(KEYS)) as usize];
     pair(
         "keyed_10k",
-        |i| e.check(ROUTE, Key::Ip(key(i)), black_box(NOW)).is_admit(),
+        |i| e.check(route, Key::Ip(key(i)), black_box(NOW)).is_admit(),
         |i| g.check_key(&key(i)).is_ok(),
     );
     println!("target: route ratio <= 1.5");

@@ -18,7 +18,7 @@
 use criterion::{Criterion, Throughput};
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, RouteConfig, RouteMatch};
-use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::engine::{Engine, Key};
 use rocgate::sim::{ArrivalModel, LogOptions, LogReader, Profile, Simulator};
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -54,9 +54,10 @@ fn profile_hour(c: &mut Criterion) {
     g.bench_function("engine_only", |b| {
         b.iter(|| {
             let engine = Engine::new(&config(), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+            let route = engine.route_at(0).unwrap();
             let admitted = profile
                 .arrivals(ArrivalModel::Uniform)
-                .filter(|&t| engine.check(RouteId(0), Key::None, t).is_admit())
+                .filter(|&t| engine.check(route, Key::None, t).is_admit())
                 .count();
             black_box(admitted)
         })

@@ -27,7 +27,7 @@
 
 use crate::clock::Nanos;
 use crate::config::{
-    Config, ConfigError, Event, KeyLimits, Mode, Partition, RouteConfig, RouteMatch, Tier,
+    Config, ConfigError, Event, KeyLimits, Mode, Partition, Problem, RouteConfig, RouteMatch, Tier,
 };
 use crate::controller::{
     Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
@@ -44,12 +44,41 @@ use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr};
+use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
-/// Index of a route in the engine's table.
+/// A route of an [`Engine`], as [`Engine::route_for`], [`Engine::route_id`],
+/// [`Engine::route_at`] or [`Engine::route_ids`] found it: it cannot be made any other
+/// way, so every id names a route some engine built.
+///
+/// An id names the route's live state (its window, controller, limiters, keys), not
+/// its position: it stays good across [`Engine::reload`] for as long as the reload
+/// keeps that state (a route whose name and structure are unchanged), wherever the
+/// route then stands in the table. It names no route of an engine that does not hold
+/// that state: a route rebuilt or removed by a reload, or a route of an engine built
+/// separately (even from the same configuration). Given such an id, the engine's
+/// methods never panic: [`Engine::check`] admits the request uncounted (as a request
+/// no route matches passes through the layer), [`Engine::give_back`] gives nothing
+/// back, [`Engine::record`] and [`Engine::catch_up`] do nothing,
+/// [`Engine::update_route`] is an error, and the accessors return `None`. Looking the
+/// route up again on the engine in use (per request, as the layer does, or after each
+/// reload) is what keeps a request counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RouteId(pub usize);
+pub struct RouteId {
+    /// Where the route stood in the table of the engine that gave the id.
+    index: usize,
+    /// The route's [`Route::serial`]: which state the id names.
+    serial: NonZeroU64,
+}
+
+impl RouteId {
+    /// The route's position in the table of the engine that gave this id: its index in
+    /// that engine's configuration (`Config::routes`), which is also its match order.
+    pub fn index(self) -> usize {
+        self.index
+    }
+}
 
 /// The partition key of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +126,7 @@ pub struct SlotReport {
 
 /// Every route's window, controller and limiters.
 pub struct Engine {
-    routes: Box<[Arc<Route>]>,
+    routes: Box<[Slot]>,
     /// Each route's matcher, in route order, apart from the rest of its state: finding
     /// a request's route reads one small array.
     matchers: Box<[RouteMatch]>,
@@ -111,6 +140,13 @@ impl std::fmt::Debug for Engine {
             .field("routes", &self.routes.len())
             .finish_non_exhaustive()
     }
+}
+
+/// A route in the engine's table, with its serial beside the pointer to it: a
+/// [`RouteId`] is checked against the entry that finding the route reads anyway.
+struct Slot {
+    serial: NonZeroU64,
+    route: Arc<Route>,
 }
 
 /// The lane counter (next to the window's arrivals) of rejections for `reason`: real
@@ -128,15 +164,16 @@ const BEHIND_LIMITER: u8 = 1;
 /// [`Route::behind`]: the shadow limiter of a `shadow_adaptive` route-wide route.
 const BEHIND_SHADOW: u8 = 2;
 
-/// The next [`Route::serial`]. Always `std`'s (a `static` needs a `const fn new`): a
-/// process-wide serial, in no loom model.
-static ROUTE_SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// The next [`Route::serial`], less one. Always `std`'s (a `static` needs a `const fn
+/// new`): a process-wide serial, in no loom model.
+static ROUTE_SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 struct Route {
     name: Arc<str>,
     /// Unique to this route's state in the process: a reload that rebuilds the route
-    /// (and so starts its counts again) gives the new one another.
-    serial: u64,
+    /// (and so starts its counts again) gives the new one another. A [`RouteId`]
+    /// carries it.
+    serial: NonZeroU64,
     mode: Mode,
     window: WindowSpec,
     algorithm: Algorithm,
@@ -214,11 +251,18 @@ impl Engine {
     /// The engine of `config`'s routes, built or kept in its order.
     fn assemble(
         config: &Config,
-        routes: Box<[Arc<Route>]>,
+        routes: Vec<Arc<Route>>,
         hook: Option<TransitionHook>,
         sample_hook: Option<SampleHook>,
     ) -> Engine {
         let matchers = config.routes.iter().map(|r| r.matcher.clone()).collect();
+        let routes = routes
+            .into_iter()
+            .map(|route| Slot {
+                serial: route.serial,
+                route,
+            })
+            .collect();
         Engine {
             routes,
             matchers,
@@ -249,6 +293,7 @@ impl Engine {
                 let kept = self
                     .routes
                     .iter()
+                    .map(|e| &e.route)
                     .zip(self.matchers.iter())
                     .find(|(r, m)| **m == cfg.matcher && r.same_structure(cfg));
                 match kept.map(|(r, _)| r) {
@@ -278,18 +323,25 @@ impl Engine {
     /// `params` are checked first by the rules of the file, for this route (its
     /// algorithm, tiers and events): parameters a file would refuse (a `cut_limit`
     /// above `base_limit`, a limit of 0) are an error naming each field under the
-    /// route's name, and change nothing.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
+    /// route's name, and change nothing. So is a `route` this engine does not hold (see
+    /// [`RouteId`]).
     pub fn update_route(
         &self,
         route: RouteId,
         params: ControllerParams,
         now: Nanos,
     ) -> Result<(), ConfigError> {
-        let r = &self.routes[route.0];
-        let mut checked = RouteConfig::new(r.name.to_string(), self.matchers[route.0].clone());
+        let Some((index, r)) = self.find(route) else {
+            return Err(ConfigError::new(
+                "engine",
+                vec![Problem::new(
+                    format!("route {}", route.index),
+                    "not a route of this engine (rebuilt or removed by a reload, or \
+                     another engine's): look it up again",
+                )],
+            ));
+        };
+        let mut checked = RouteConfig::new(r.name.to_string(), self.matchers[index].clone());
         checked.mode = r.mode;
         checked.reject_status = r.reject_status.load(Ordering::Relaxed);
         checked.window = r.window;
@@ -315,43 +367,41 @@ impl Engine {
         Ok(())
     }
 
-    /// The route's own controller parameters (outside events).
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn route_params(&self, route: RouteId) -> ControllerParams {
-        let st = self.routes[route.0].lock();
-        st.own.clone()
+    /// The route's own controller parameters (outside events); `None` if this engine
+    /// does not hold `route` (see [`RouteId`]).
+    pub fn route_params(&self, route: RouteId) -> Option<ControllerParams> {
+        Some(self.route(route)?.lock().own.clone())
     }
 
     /// What the tuning hints need to know of the route: name, mode, algorithm and
-    /// the controller parameters in force (an event's while one is active).
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn route_settings(&self, route: RouteId) -> crate::hints::RouteSettings {
-        let r = &self.routes[route.0];
+    /// the controller parameters in force (an event's while one is active); `None` if
+    /// this engine does not hold `route` (see [`RouteId`]).
+    pub fn route_settings(&self, route: RouteId) -> Option<crate::hints::RouteSettings> {
+        let r = self.route(route)?;
         let st = r.lock();
-        crate::hints::RouteSettings {
+        Some(crate::hints::RouteSettings {
             name: r.name.to_string(),
             mode: r.mode,
             algorithm: r.algorithm,
             params: st.controller.params().clone(),
-            event: st.active_event.map(|i| st.events[i].name.clone()),
-        }
+            event: st
+                .active_event
+                .and_then(|i| st.events.get(i))
+                .map(|e| e.name.clone()),
+        })
     }
 
     /// The controller parameters due at `now`: those of the scheduled event running
     /// then, or else the route's own. (A shared store steps its controller with these.)
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn params_at(&self, route: RouteId, now: Nanos) -> ControllerParams {
-        let st = self.routes[route.0].lock();
-        st.events
-            .iter()
-            .find(|e| e.start <= now && now < e.end)
-            .map_or_else(|| st.own.clone(), |e| e.params.clone())
+    /// `None` if this engine does not hold `route` (see [`RouteId`]).
+    pub fn params_at(&self, route: RouteId, now: Nanos) -> Option<ControllerParams> {
+        let st = self.route(route)?.lock();
+        Some(
+            st.events
+                .iter()
+                .find(|e| e.start <= now && now < e.end)
+                .map_or_else(|| st.own.clone(), |e| e.params.clone()),
+        )
     }
 
     /// Places every route's scheduled events again from the wall clock, where `now` is
@@ -364,8 +414,8 @@ impl Engine {
     /// completed slot is put in force then, as always (see [`Engine::catch_up`] for
     /// a route without requests).
     pub fn align_events(&self, now: Nanos, wall_now: SystemTime) {
-        for r in self.routes.iter() {
-            let mut st = r.lock();
+        for e in self.routes.iter() {
+            let mut st = e.route.lock();
             for e in &mut st.events {
                 e.align(now, wall_now);
             }
@@ -381,12 +431,11 @@ impl Engine {
     /// cut, for as long as the silence, in snapshots, metrics and the admin API; its
     /// idle keys stay in memory; an event shows only from its next request. `rocgate serve` calls this every 5 s for the
     /// routes it decides itself; the simulator at the start of every slot without
-    /// arrivals.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
+    /// arrivals. Nothing happens if this engine does not hold `route` (see [`RouteId`]).
     pub fn catch_up(&self, route: RouteId, now: Nanos) {
-        let r = &self.routes[route.0];
+        let Some(r) = self.route(route) else {
+            return;
+        };
         if r.counter.needs_roll(now) {
             self.roll(r, now);
         } else if r.behind.load(Ordering::Relaxed) != 0 {
@@ -406,7 +455,7 @@ impl Engine {
         decided_elsewhere: impl Fn(RouteId) -> bool,
     ) {
         self.align_events(now, wall_now);
-        for id in (0..self.routes.len()).map(RouteId) {
+        for id in self.route_ids() {
             if !decided_elsewhere(id) {
                 self.catch_up(id, now);
             }
@@ -430,32 +479,99 @@ impl Engine {
     #[inline]
     pub fn route_for(&self, method: &str, path: &str) -> Option<RouteId> {
         let path = crate::config::normalize_path(path);
-        self.matchers
+        let index = self
+            .matchers
             .iter()
-            .position(|m| m.matches(method, &path))
-            .map(RouteId)
+            .position(|m| m.matches(method, &path))?;
+        self.route_at(index)
     }
 
     /// The route with this name.
     pub fn route_id(&self, name: &str) -> Option<RouteId> {
+        let index = self.routes.iter().position(|e| &*e.route.name == name)?;
+        self.route_at(index)
+    }
+
+    /// The route at `index` in the configuration this engine was built from (its match
+    /// order); `None` past the last.
+    #[inline]
+    pub fn route_at(&self, index: usize) -> Option<RouteId> {
+        self.routes.get(index).map(|e| RouteId {
+            index,
+            serial: e.serial,
+        })
+    }
+
+    /// Every route, in match order (the configuration's).
+    pub fn route_ids(&self) -> impl ExactSizeIterator<Item = RouteId> + '_ {
+        self.routes.iter().enumerate().map(|(index, e)| RouteId {
+            index,
+            serial: e.serial,
+        })
+    }
+
+    /// The route `id` names, if this engine holds it (see [`RouteId`]): where the id
+    /// says, checked by its serial (on the line the pointer to it is read from).
+    #[inline]
+    fn route(&self, id: RouteId) -> Option<&Route> {
+        match self.routes.get(id.index) {
+            Some(e) if e.serial == id.serial => Some(&e.route),
+            _ => self.moved(id).map(|(_, r)| r),
+        }
+    }
+
+    /// The route `id` names and where it stands in this engine's table.
+    fn find(&self, id: RouteId) -> Option<(usize, &Route)> {
+        match self.routes.get(id.index) {
+            Some(e) if e.serial == id.serial => Some((id.index, &e.route)),
+            _ => self.moved(id),
+        }
+    }
+
+    /// A route kept by a reload that moved it in the table, found by its serial; or
+    /// none, for a route this engine does not hold.
+    #[cold]
+    #[inline(never)]
+    fn moved(&self, id: RouteId) -> Option<(usize, &Route)> {
         self.routes
             .iter()
-            .position(|r| &*r.name == name)
-            .map(RouteId)
+            .enumerate()
+            .find(|(_, e)| e.serial == id.serial)
+            .map(|(i, e)| (i, &*e.route))
     }
 
     /// Names of all routes, in match order.
     pub fn route_names(&self) -> impl Iterator<Item = &str> {
-        self.routes.iter().map(|r| &*r.name)
+        self.routes.iter().map(|e| &*e.route.name)
     }
 
-    /// Decides one request on `route` for `key` at `now`.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
+    /// Decides one request on `route` for `key` at `now`. A `route` this engine does
+    /// not hold (see [`RouteId`]) is admitted at once and counted nowhere, as a request
+    /// that matches no route.
     #[inline]
     pub fn check(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Decision {
-        let r = &self.routes[route.0];
+        // The route found where the id says is decided here; any other id out of line,
+        // so that looking a route up again adds nothing to this path.
+        match self.routes.get(route.index) {
+            Some(s) if s.serial == route.serial => self.decide(&s.route, key, now),
+            _ => self.check_moved(route, key, now),
+        }
+    }
+
+    /// [`Engine::check`] of an id that is not where it says in this engine's table: of
+    /// a route a reload kept and moved, or of none.
+    #[cold]
+    #[inline(never)]
+    fn check_moved(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Decision {
+        match self.moved(route) {
+            Some((_, r)) => self.decide(r, key, now),
+            None => Decision::Admit(Admit::Now),
+        }
+    }
+
+    /// Decides one request on `r`.
+    #[inline(always)]
+    fn decide(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
         if r.counter.needs_roll(now) {
             self.roll(r, now);
         } else if r.behind.load(Ordering::Relaxed) != 0 {
@@ -498,12 +614,12 @@ impl Engine {
     /// decided by [`Engine::check`] on `route` for `key`) that leaves at `now`, before
     /// its departure: if it is still the last one scheduled on its bucket, the next
     /// request takes its departure time. `key` is the key it was checked with. Whether
-    /// it did (see [`Pace`]).
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
+    /// it did (see [`Pace`]): never if this engine does not hold `route` (see
+    /// [`RouteId`]).
     pub fn give_back(&self, route: RouteId, key: Key<'_>, pace: Pace, now: Nanos) -> bool {
-        let r = &self.routes[route.0];
+        let Some(r) = self.route(route) else {
+            return false;
+        };
         match &r.keys {
             None => r.limiter.give_back(pace, now),
             Some(keys) => keys.give_back(key, pace, now),
@@ -536,12 +652,12 @@ impl Engine {
     /// Counts a request that was decided elsewhere (by a shared store) at `now` as
     /// offered, and as rejected for `rejected` if it was: the route's counters,
     /// snapshots and metrics then show this instance's traffic, its window's demand
-    /// and ROC included. Its controller and limiter are left alone.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
+    /// and ROC included. Its controller and limiter are left alone. Nothing is counted
+    /// if this engine does not hold `route` (see [`RouteId`]).
     pub fn record(&self, route: RouteId, rejected: Option<Reason>, now: Nanos) {
-        let r = &self.routes[route.0];
+        let Some(r) = self.route(route) else {
+            return;
+        };
         if r.counter.needs_roll(now) {
             Self::advance(r, now);
         }
@@ -670,71 +786,48 @@ impl Engine {
         }
     }
 
-    /// The route's name.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn route_name(&self, route: RouteId) -> &str {
-        &self.routes[route.0].name
+    /// The route's name. Like every accessor of a route, `None` if this engine does not
+    /// hold `route` (see [`RouteId`]).
+    pub fn route_name(&self, route: RouteId) -> Option<&str> {
+        Some(&self.route(route)?.name)
     }
 
     /// The route's name, shared: cloning it is one reference count (for request
     /// extensions and metric labels).
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn route_label(&self, route: RouteId) -> Arc<str> {
-        Arc::clone(&self.routes[route.0].name)
+    pub fn route_label(&self, route: RouteId) -> Option<Arc<str>> {
+        Some(Arc::clone(&self.route(route)?.name))
     }
 
     /// How the route shares out its limit (which key a request needs).
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn partition(&self, route: RouteId) -> &Partition {
-        &self.routes[route.0].partition
+    pub fn partition(&self, route: RouteId) -> Option<&Partition> {
+        Some(&self.route(route)?.partition)
     }
 
     /// The HTTP status the route answers a rejection with.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn reject_status(&self, route: RouteId) -> u16 {
-        self.routes[route.0].reject_status.load(Ordering::Relaxed)
+    pub fn reject_status(&self, route: RouteId) -> Option<u16> {
+        Some(self.route(route)?.reject_status.load(Ordering::Relaxed))
     }
 
     /// The shape of the route's ROC window.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn window(&self, route: RouteId) -> WindowSpec {
-        self.routes[route.0].window
+    pub fn window(&self, route: RouteId) -> Option<WindowSpec> {
+        Some(self.route(route)?.window)
     }
 
     /// The route's mode (enforce or a shadow mode).
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn mode(&self, route: RouteId) -> Mode {
-        self.routes[route.0].mode
+    pub fn mode(&self, route: RouteId) -> Option<Mode> {
+        Some(self.route(route)?.mode)
     }
 
     /// The algorithm enforcing the route's limit.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn algorithm(&self, route: RouteId) -> &Algorithm {
-        &self.routes[route.0].algorithm
+    pub fn algorithm(&self, route: RouteId) -> Option<&Algorithm> {
+        Some(&self.route(route)?.algorithm)
     }
 
     /// The limit the route enforces now, req/s (per key in no tier on partitioned
     /// routes): the controller's, or in `shadow_adaptive` the base limit. One atomic
     /// load: cheap enough for response headers.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn limit_rps(&self, route: RouteId) -> f64 {
-        f64::from_bits(self.routes[route.0].limit.load(Ordering::Relaxed))
+    pub fn limit_rps(&self, route: RouteId) -> Option<f64> {
+        Some(self.route(route)?.limit_rps())
     }
 
     /// The limit `route` enforces now for requests with `key`: its tier's, between the
@@ -742,16 +835,13 @@ impl Engine {
     /// that has its own state; [`limit_rps`](Self::limit_rps) otherwise (a key in no
     /// tier, or one that a full key table sends to its shared overflow limiter, which
     /// holds keys to the route's limit). For the quota a rejection states.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
-    pub fn key_limit_rps(&self, route: RouteId, key: Key<'_>) -> f64 {
-        let r = &self.routes[route.0];
+    pub fn key_limit_rps(&self, route: RouteId, key: Key<'_>) -> Option<f64> {
+        let r = self.route(route)?;
         let Some(keys) = r.keys.as_ref().filter(|_| !r.tiers.is_empty()) else {
-            return self.limit_rps(route);
+            return Some(r.limit_rps());
         };
         if keys.overflowed(key) {
-            return self.limit_rps(route);
+            return Some(r.limit_rps());
         }
         let tiers = keys.tiers();
         let tier = match (key, &r.partition) {
@@ -761,20 +851,18 @@ impl Engine {
             (Key::Value(value), _) => tiers.tier_of(value),
             _ => 0,
         };
-        match tier {
-            0 => self.limit_rps(route),
+        Some(match tier {
+            0 => r.limit_rps(),
             tier => tiers.limit(tier, tiers.progress(r)),
-        }
+        })
     }
 
     /// How long until the controller next raises a cut route's limit, at the earliest
     /// (see [`Controller::next_raise_at`]): the basis of `Retry-After` for `roc_cut`
-    /// rejections. `None` when the route is not cut. One atomic load.
-    ///
-    /// # Panics
-    /// If `route` does not come from this engine.
+    /// rejections. `None` when the route is not cut, or this engine does not hold
+    /// `route` (see [`RouteId`]). One atomic load.
     pub fn restore_eta(&self, route: RouteId, now: Nanos) -> Option<Duration> {
-        match self.routes[route.0].next_raise.load(Ordering::Relaxed) {
+        match self.route(route)?.next_raise.load(Ordering::Relaxed) {
             0 => None,
             at => Some(Nanos::new(at).saturating_since(now)),
         }
@@ -782,12 +870,13 @@ impl Engine {
 
     /// A read-only view of every route at `now`.
     pub fn snapshot(&self, now: Nanos) -> Vec<RouteSnapshot> {
-        self.routes.iter().map(|r| r.snapshot(now)).collect()
+        self.routes.iter().map(|e| e.route.snapshot(now)).collect()
     }
 
-    /// A read-only view of one route at `now`.
-    pub fn route_snapshot(&self, route: RouteId, now: Nanos) -> RouteSnapshot {
-        self.routes[route.0].snapshot(now)
+    /// A read-only view of one route at `now`; `None` if this engine does not hold
+    /// `route` (see [`RouteId`]).
+    pub fn route_snapshot(&self, route: RouteId, now: Nanos) -> Option<RouteSnapshot> {
+        Some(self.route(route)?.snapshot(now))
     }
 }
 
@@ -811,7 +900,7 @@ impl Route {
             .collect();
         let route = Route {
             name: cfg.name.as_str().into(),
-            serial: ROUTE_SERIALS.fetch_add(1, Ordering::Relaxed),
+            serial: NonZeroU64::MIN.saturating_add(ROUTE_SERIALS.fetch_add(1, Ordering::Relaxed)),
             mode: cfg.mode,
             window: cfg.window,
             algorithm: cfg.algorithm,
@@ -841,6 +930,11 @@ impl Route {
         };
         route.start(now);
         route
+    }
+
+    /// The limit enforced now, req/s.
+    fn limit_rps(&self) -> f64 {
+        f64::from_bits(self.limit.load(Ordering::Relaxed))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RouteState> {
@@ -1018,7 +1112,7 @@ impl Route {
         let rejected_total: u64 = rejected.iter().map(|(_, n)| n).sum();
         RouteSnapshot {
             name: self.name.to_string(),
-            serial: self.serial,
+            serial: self.serial.get(),
             mode: self.mode,
             state: c.state(),
             state_since: c.entered_at(),
@@ -2183,8 +2277,9 @@ mod tests {
             .with_sample_hook(Arc::new(move |_: &str, r: &SlotReport| {
                 sink.lock().unwrap().push((r.at, r.armed));
             }));
+        let id = engine.route_at(0).unwrap();
         for ms in (0..8_000).step_by(50) {
-            let _ = engine.check(RouteId(0), Key::None, Nanos::from_millis(ms));
+            let _ = engine.check(id, Key::None, Nanos::from_millis(ms));
         }
         let seen = seen.lock().unwrap();
         assert!(seen.len() > 70, "{}", seen.len());

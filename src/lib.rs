@@ -4,7 +4,11 @@
 //! demand between its two half-windows; the [`controller`] cuts the route's limit
 //! when ROC passes a danger threshold and restores it step by step once ROC stays
 //! safe; a [`limiter`] enforces the current limit. The [`engine`] ties them together
-//! behind one call, `check(route, key, now)`.
+//! behind one call, `check(route, key, now)`, where `route` is a
+//! [`engine::RouteId`] that only the engine hands out and that names a route's state:
+//! on an engine that does not hold that state (a reload rebuilt or removed the route,
+//! or another engine's) no method panics, `check` admits uncounted and the accessors
+//! return `None`.
 //!
 //! The core (`clock`, `window`, `controller`, `limiter`, `engine`, `config`, `sim`,
 //! `hints`)

@@ -2,7 +2,7 @@
 
 use rocgate::clock::{Clock, MonotonicClock, Nanos};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
-use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::engine::{Engine, Key};
 use rocgate::limiter::{
     Admit, Algorithm, Concurrency, Decision, FixedWindow, LeakyBucket, Limiter, Permit, Ticket,
     TokenBucket,
@@ -52,10 +52,13 @@ fn engine_route_admits_exactly_its_capacity_under_contention() {
         cfg.controller.base_limit_rps = 1_000.0;
         let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let admitted = hammer(threads, || {
-            e.check(RouteId(0), Key::None, Nanos::ZERO).is_admit()
+            e.check(e.route_at(0).unwrap(), Key::None, Nanos::ZERO)
+                .is_admit()
         });
         assert_eq!(admitted, 1_000, "{threads} threads");
-        let s = e.route_snapshot(RouteId(0), Nanos::ZERO);
+        let s = e
+            .route_snapshot(e.route_at(0).unwrap(), Nanos::ZERO)
+            .unwrap();
         assert_eq!(s.offered, (threads * ATTEMPTS) as u64);
         assert_eq!(s.admitted, 1_000);
     }
@@ -197,10 +200,10 @@ fn every_arrival_is_counted_across_slot_rollovers() {
         let clock = AtomicU64::new(0);
         hammer(threads, || {
             let now = Nanos::new(clock.fetch_add(50_000, Ordering::Relaxed));
-            e.check(RouteId(0), Key::None, now).is_admit()
+            e.check(e.route_at(0).unwrap(), Key::None, now).is_admit()
         });
         let end = Nanos::new(clock.load(Ordering::Relaxed));
-        let s = e.route_snapshot(RouteId(0), end);
+        let s = e.route_snapshot(e.route_at(0).unwrap(), end).unwrap();
         assert_eq!(s.offered, (threads * ATTEMPTS) as u64, "{threads} threads");
         assert_eq!(s.admitted + s.rejected_total(), s.offered);
     }
@@ -227,12 +230,15 @@ fn a_key_table_never_holds_more_than_max_keys_under_contention() {
                     barrier.wait();
                     for k in 0..500 {
                         let key = format!("{t}-{k}");
-                        let _ = e.check(RouteId(0), Key::Value(&key), Nanos::ZERO);
+                        let _ = e.check(e.route_at(0).unwrap(), Key::Value(&key), Nanos::ZERO);
                     }
                 });
             }
         });
-        let keys = e.route_snapshot(RouteId(0), Nanos::ZERO).keys;
+        let keys = e
+            .route_snapshot(e.route_at(0).unwrap(), Nanos::ZERO)
+            .unwrap()
+            .keys;
         assert!(keys <= 64, "round {round}: {keys} keys in a table of 64");
     }
 }

@@ -66,7 +66,7 @@ fn routes_match_by_method_exact_prefix_and_template() {
     ]);
     let name = |m: &str, p: &str| {
         e.route_for(m, p)
-            .map(|id| e.route_names().nth(id.0).unwrap().to_owned())
+            .map(|id| e.route_name(id).unwrap().to_owned())
     };
     assert_eq!(name("POST", "/api/order").as_deref(), Some("order"));
     assert_eq!(name("GET", "/api/order").as_deref(), Some("api"));
@@ -77,24 +77,24 @@ fn routes_match_by_method_exact_prefix_and_template() {
     assert_eq!(name("GET", "/api/items/42/x").as_deref(), Some("api"));
     assert_eq!(name("GET", "/api/items/").as_deref(), Some("api"));
     assert_eq!(name("GET", "/health").as_deref(), Some("rest"));
-    assert_eq!(e.route_id("items"), Some(RouteId(1)));
+    assert_eq!(e.route_id("items"), e.route_at(1));
 }
 
 #[test]
 fn a_spike_cuts_the_limit_and_rejections_say_roc_cut() {
     let e = engine(vec![RouteConfig::new("order", RouteMatch::any())]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let (a, r) = offer(&e, id, Key::None, 0.0, 10.0, 40.0);
     assert_eq!((a, r), (400, 0));
     offer(&e, id, Key::None, 10.0, 11.0, 600.0);
-    let s = e.route_snapshot(id, Nanos::from_secs(11));
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
     assert_eq!(s.state, ControllerState::Cut);
     assert_eq!(s.limit_rps, 60.0);
     assert_eq!(s.cuts, 1);
     let (a, r) = offer(&e, id, Key::None, 11.0, 12.0, 600.0);
     assert!(a <= 61, "admitted {a} in one second at a cut limit of 60");
     assert!(r > 500);
-    let s = e.route_snapshot(id, Nanos::from_secs(12));
+    let s = e.route_snapshot(id, Nanos::from_secs(12)).unwrap();
     assert!(s.rejected_for(Reason::RocCut) >= r);
     assert_eq!(s.offered, 400 + 600 + 600);
     assert_eq!(s.admitted + s.rejected_total(), s.offered);
@@ -104,8 +104,10 @@ fn a_spike_cuts_the_limit_and_rejections_say_roc_cut() {
 fn rejections_at_base_say_limit() {
     let e = engine(vec![RouteConfig::new("flat", RouteMatch::any())]);
     // 300 req/s from the start: over base (200) but no acceleration after the first window.
-    offer(&e, RouteId(0), Key::None, 0.0, 20.0, 300.0);
-    let s = e.route_snapshot(RouteId(0), Nanos::from_secs(20));
+    offer(&e, e.route_at(0).unwrap(), Key::None, 0.0, 20.0, 300.0);
+    let s = e
+        .route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(20))
+        .unwrap();
     assert_eq!(s.state, ControllerState::Normal);
     let limit = s.rejected_for(Reason::Limit);
     assert!(limit > 1500, "{s:?}");
@@ -117,11 +119,13 @@ fn shadow_mode_admits_everything_and_counts_what_it_would_reject() {
     let mut cfg = RouteConfig::new("shadow", RouteMatch::any());
     cfg.mode = Mode::Shadow;
     let e = engine(vec![cfg]);
-    let (a, r) = offer(&e, RouteId(0), Key::None, 0.0, 10.0, 40.0);
+    let (a, r) = offer(&e, e.route_at(0).unwrap(), Key::None, 0.0, 10.0, 40.0);
     assert_eq!((a, r), (400, 0));
-    let (a, r) = offer(&e, RouteId(0), Key::None, 10.0, 13.0, 600.0);
+    let (a, r) = offer(&e, e.route_at(0).unwrap(), Key::None, 10.0, 13.0, 600.0);
     assert_eq!((a, r), (1800, 0));
-    let s = e.route_snapshot(RouteId(0), Nanos::from_secs(13));
+    let s = e
+        .route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(13))
+        .unwrap();
     assert_eq!(s.state, ControllerState::Cut);
     assert_eq!(s.rejected_total(), 0);
     let would: u64 = s.shadow_rejected.iter().map(|(_, n)| n).sum();
@@ -139,13 +143,15 @@ fn shadow_mode_does_not_pace_a_leaky_bucket_route() {
     // At 200/s, one request leaves now and four would wait 5 to 20 ms, the rest are
     // refused: in shadow all go at once, and the refusals are counted.
     for n in 0..10 {
-        let d = e.check(RouteId(0), Key::None, Nanos::ZERO);
+        let d = e.check(e.route_at(0).unwrap(), Key::None, Nanos::ZERO);
         assert!(
             matches!(d, Decision::Admit(Admit::Now)),
             "request {n}: {d:?}"
         );
     }
-    let s = e.route_snapshot(RouteId(0), Nanos::ZERO);
+    let s = e
+        .route_snapshot(e.route_at(0).unwrap(), Nanos::ZERO)
+        .unwrap();
     assert_eq!(s.shadow_rejected_for(Reason::QueueFull), 5);
 }
 
@@ -154,16 +160,20 @@ fn shadow_adaptive_enforces_base_and_counts_the_cut() {
     let mut cfg = RouteConfig::new("sa", RouteMatch::any());
     cfg.mode = Mode::ShadowAdaptive;
     let e = engine(vec![cfg]);
-    offer(&e, RouteId(0), Key::None, 0.0, 10.0, 40.0);
-    offer(&e, RouteId(0), Key::None, 10.0, 11.0, 600.0);
+    offer(&e, e.route_at(0).unwrap(), Key::None, 0.0, 10.0, 40.0);
+    offer(&e, e.route_at(0).unwrap(), Key::None, 10.0, 11.0, 600.0);
     assert_eq!(
-        e.route_snapshot(RouteId(0), Nanos::from_secs(11)).state,
+        e.route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(11))
+            .unwrap()
+            .state,
         ControllerState::Cut
     );
-    let (a, _) = offer(&e, RouteId(0), Key::None, 11.0, 14.0, 600.0);
+    let (a, _) = offer(&e, e.route_at(0).unwrap(), Key::None, 11.0, 14.0, 600.0);
     // Enforced at base 200/s, not at the cut limit 60/s.
     assert!((590..=610).contains(&a), "admitted {a} over 3 s");
-    let s = e.route_snapshot(RouteId(0), Nanos::from_secs(14));
+    let s = e
+        .route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(14))
+        .unwrap();
     let limit = s.rejected_for(Reason::Limit);
     assert_eq!(
         s.rejected_total(),
@@ -190,9 +200,9 @@ fn shadow_adaptive_on_a_partitioned_route_counts_each_keys_cut() {
     cfg.controller.danger_roc = 50.0;
     cfg.controller.safe_roc = 10.0;
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     offer(&e, id, ip(1), 0.0, 10.0, 8.0);
-    let before = e.route_snapshot(id, Nanos::from_secs(10));
+    let before = e.route_snapshot(id, Nanos::from_secs(10)).unwrap();
     assert_eq!(
         before.shadow_rejected_for(Reason::RocCut),
         0,
@@ -201,16 +211,18 @@ fn shadow_adaptive_on_a_partitioned_route_counts_each_keys_cut() {
     // Anonymous demand spikes: the route is cut.
     offer(&e, id, Key::None, 10.0, 11.0, 500.0);
     assert_eq!(
-        e.route_snapshot(id, Nanos::from_secs(11)).state,
+        e.route_snapshot(id, Nanos::from_secs(11)).unwrap().state,
         ControllerState::Cut
     );
 
     // Each key's shadow bucket, at the cut's 3/s with a bucket of 3, would have admitted
     // 3 + about 2.6 of its requests in the second that follows.
     let would_reject = |from: f64, key: Key<'_>, rate: f64| {
-        let before = e.route_snapshot(id, Nanos::from_secs_f64(from));
+        let before = e.route_snapshot(id, Nanos::from_secs_f64(from)).unwrap();
         let (admitted, _) = offer(&e, id, key, from, from + 1.0, rate);
-        let after = e.route_snapshot(id, Nanos::from_secs_f64(from + 1.0));
+        let after = e
+            .route_snapshot(id, Nanos::from_secs_f64(from + 1.0))
+            .unwrap();
         assert_eq!(
             after.state,
             ControllerState::Cut,
@@ -230,7 +242,7 @@ fn shadow_adaptive_on_a_partitioned_route_counts_each_keys_cut() {
         "10 req/s against 3/s: {new_cut}"
     );
     assert_eq!(
-        e.route_snapshot(id, Nanos::from_secs(13)).keys,
+        e.route_snapshot(id, Nanos::from_secs(13)).unwrap().keys,
         2,
         "shadow keys are not counted as keys"
     );
@@ -243,10 +255,15 @@ fn per_ip_partition_gives_each_client_its_own_bucket() {
     cfg.controller.base_limit_rps = 10.0;
     cfg.controller.cut_limit_rps = 3.0;
     let e = engine(vec![cfg]);
-    let (a1, _) = offer(&e, RouteId(0), ip(1), 0.0, 0.1, 100.0);
-    let (a2, _) = offer(&e, RouteId(0), ip(2), 0.0, 0.1, 100.0);
+    let (a1, _) = offer(&e, e.route_at(0).unwrap(), ip(1), 0.0, 0.1, 100.0);
+    let (a2, _) = offer(&e, e.route_at(0).unwrap(), ip(2), 0.0, 0.1, 100.0);
     assert_eq!((a1, a2), (10, 10));
-    assert_eq!(e.route_snapshot(RouteId(0), Nanos::from_secs(1)).keys, 2);
+    assert_eq!(
+        e.route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(1))
+            .unwrap()
+            .keys,
+        2
+    );
 }
 
 /// A route keyed by `x-api-key` at 10 req/s (2 when cut), whose `values` are the
@@ -266,7 +283,7 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
     cfg.controller.danger_roc = 50.0;
     cfg.controller.safe_roc = 10.0;
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let (vip, _) = offer(&e, id, Key::Value("gold"), 0.0, 0.5, 1000.0);
     let (std_, _) = offer(&e, id, Key::Value("plain"), 0.0, 0.5, 1000.0);
     // A full bucket plus the refill over the 0.499 s the 500 requests span.
@@ -276,7 +293,7 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
     offer(&e, id, Key::Value("plain"), 0.5, 10.0, 10.0);
     offer(&e, id, Key::None, 10.0, 11.0, 500.0);
     assert_eq!(
-        e.route_snapshot(id, Nanos::from_secs(11)).state,
+        e.route_snapshot(id, Nanos::from_secs(11)).unwrap().state,
         ControllerState::Cut
     );
     // Keys drained to zero... each now refills at its tier's cut limit.
@@ -298,16 +315,16 @@ fn a_tier_key_in_the_overflow_limiter_states_the_routes_limit() {
         v
     };
     let e = engine(vec![vip_keys(limits, &["gold", "silver"])]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     // `gold` takes the table's one place and its tier's limit.
     let (gold, _) = offer(&e, id, Key::Value("gold"), 0.0, 0.5, 1000.0);
     assert_eq!(gold, 100 + 49);
-    assert_eq!(e.key_limit_rps(id, Key::Value("gold")), 100.0);
+    assert_eq!(e.key_limit_rps(id, Key::Value("gold")), Some(100.0));
     // `silver`, of the same tier, finds the table full: the overflow limiter holds it
     // to the route's 10 req/s, and its rejections say so.
     let (silver, _) = offer(&e, id, Key::Value("silver"), 0.0, 0.5, 1000.0);
     assert_eq!(silver, 10 + 4);
-    assert_eq!(e.key_limit_rps(id, Key::Value("silver")), 10.0);
+    assert_eq!(e.key_limit_rps(id, Key::Value("silver")), Some(10.0));
 }
 
 /// IP keys are kept as 16 bytes (IPv4 mapped into IPv6); tiers still match them by
@@ -335,7 +352,7 @@ fn ip_tiers_match_by_address_text_and_mapped_ipv4_shares_its_key() {
         20.0,
     )];
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let ip = |s: &str| Key::Ip(s.parse().unwrap());
     let admitted = |key: Key<'_>| {
         (0..100)
@@ -357,7 +374,7 @@ fn ip_tiers_match_by_address_text_and_mapped_ipv4_shares_its_key() {
         0,
         "the same client, mapped: bucket spent"
     );
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(1)).keys, 5);
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(1)).unwrap().keys, 5);
 }
 
 /// Keys in no tier follow the route's limits as they change at runtime: an update of
@@ -369,10 +386,10 @@ fn keys_in_no_tier_follow_a_runtime_change_of_the_base_limit() {
     cfg.controller.base_limit_rps = 5.0;
     cfg.controller.cut_limit_rps = 1.0;
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let (spent, _) = offer(&e, id, ip(1), 1.0, 1.1, 100.0);
     assert_eq!(spent, 5, "a bucket of 5");
-    let mut params = e.route_params(id);
+    let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 50.0;
     e.update_route(id, params, Nanos::from_secs_f64(1.1))
         .unwrap();
@@ -397,7 +414,7 @@ fn a_key_refills_at_the_new_rate_from_the_change_on() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
     cfg.partition = Partition::ClientIp(KeyLimits::default());
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let n = (0..300)
         .filter(|_| e.check(id, ip(1), Nanos::ZERO).is_admit())
         .count();
@@ -405,7 +422,7 @@ fn a_key_refills_at_the_new_rate_from_the_change_on() {
     // 10 ms later (2 tokens back at 200/s) the base limit drops to 20/s; 100 ms after
     // that the key holds 2 + 2 tokens, not the 20 that 110 ms at 200/s would give.
     let params = {
-        let mut v = e.route_params(id);
+        let mut v = e.route_params(id).unwrap();
         v.base_limit_rps = 20.0;
         v.cut_limit_rps = 10.0;
         v
@@ -435,7 +452,7 @@ fn an_idle_key_keeps_what_its_limiter_still_holds() {
         cfg.controller.base_limit_rps = 10.0 / 3600.0;
         cfg.controller.cut_limit_rps = 10.0 / 3600.0;
         let e = engine(vec![cfg]);
-        let (id, name) = (RouteId(0), algorithm.name());
+        let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         let n = (0..20)
             .filter(|_| e.check(id, ip(1), Nanos::ZERO).is_admit())
             .count();
@@ -448,7 +465,7 @@ fn an_idle_key_keeps_what_its_limiter_still_holds() {
             .filter(|_| e.check(id, ip(1), later).is_admit())
             .count();
         assert!(n <= 1, "{name}: {n} admitted");
-        assert_eq!(e.route_snapshot(id, later).keys, 2, "{name}");
+        assert_eq!(e.route_snapshot(id, later).unwrap().keys, 2, "{name}");
     }
 }
 
@@ -471,7 +488,7 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
         cfg.controller.base_limit_rps = 5.0;
         cfg.controller.cut_limit_rps = 1.0;
         let e = engine(vec![cfg]);
-        let (id, name) = (RouteId(0), algorithm.name());
+        let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         let first: Vec<_> = (0..3).map(|n| e.check(id, ip(n), Nanos::ZERO)).collect();
         assert!(first.iter().all(Decision::is_admit), "{name}");
         // 100 new clients share one overflow limiter of 5 (decisions are held, so that
@@ -481,14 +498,18 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
             .collect();
         let admitted = overflow.iter().filter(|d| d.is_admit()).count();
         assert_eq!(admitted, 5, "{name}");
-        assert_eq!(e.route_snapshot(id, Nanos::ZERO).keys, 3, "{name}");
+        assert_eq!(e.route_snapshot(id, Nanos::ZERO).unwrap().keys, 3, "{name}");
         drop((first, overflow));
         // Idle keys are evicted at a later rollover; new keys get their own limiters again.
         assert!(
             e.check(id, ip(7), Nanos::from_secs(30)).is_admit(),
             "{name}"
         );
-        assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 1, "{name}");
+        assert_eq!(
+            e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys,
+            1,
+            "{name}"
+        );
     }
 }
 
@@ -514,7 +535,10 @@ fn ipv6_clients_are_keyed_by_their_prefix() {
     };
     let admitted = |e: &Engine, keys: &[&str]| {
         keys.iter()
-            .filter(|k| e.check(RouteId(0), ip6(k), Nanos::ZERO).is_admit())
+            .filter(|k| {
+                e.check(e.route_at(0).unwrap(), ip6(k), Nanos::ZERO)
+                    .is_admit()
+            })
             .count()
     };
     // By /64 (the default): rotating addresses within one /64 gets no fresh quota.
@@ -524,7 +548,12 @@ fn ipv6_clients_are_keyed_by_their_prefix() {
         2
     );
     assert_eq!(admitted(&e, &["2001:db8:0:1::1"]), 1, "another /64");
-    assert_eq!(e.route_snapshot(RouteId(0), Nanos::ZERO).keys, 2);
+    assert_eq!(
+        e.route_snapshot(e.route_at(0).unwrap(), Nanos::ZERO)
+            .unwrap()
+            .keys,
+        2
+    );
     // A tier named by one address covers its /64.
     assert_eq!(admitted(&e, &["2001:db8:0:2::7"; 6]), 5);
     // IPv4 clients are keyed whole, mapped or not.
@@ -552,12 +581,12 @@ fn a_scheduled_event_switches_profile_at_its_start_and_back_at_its_end() {
         v
     })];
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     offer(&e, id, Key::None, 0.0, 19.0, 30.0);
-    let s = e.route_snapshot(id, Nanos::from_secs(19));
+    let s = e.route_snapshot(id, Nanos::from_secs(19)).unwrap();
     assert_eq!((s.base_limit_rps, s.active_event.as_deref()), (200.0, None));
     offer(&e, id, Key::None, 19.0, 21.0, 30.0);
-    let s = e.route_snapshot(id, Nanos::from_secs(21));
+    let s = e.route_snapshot(id, Nanos::from_secs(21)).unwrap();
     assert_eq!(
         (s.base_limit_rps, s.active_event.as_deref()),
         (50.0, Some("flash"))
@@ -567,23 +596,23 @@ fn a_scheduled_event_switches_profile_at_its_start_and_back_at_its_end() {
     let (a, _) = offer(&e, id, Key::None, 25.0, 25.001, 1e6);
     assert!(a <= 51, "admitted {a} in a burst during the event");
     offer(&e, id, Key::None, 25.001, 31.0, 30.0);
-    let s = e.route_snapshot(id, Nanos::from_secs(31));
+    let s = e.route_snapshot(id, Nanos::from_secs(31)).unwrap();
     assert_eq!((s.base_limit_rps, s.active_event), (200.0, None));
 }
 
 #[test]
 fn a_silent_cut_route_restores_on_the_next_request() {
     let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
     offer(&e, id, Key::None, 10.0, 11.0, 600.0);
     assert_eq!(
-        e.route_snapshot(id, Nanos::from_secs(11)).state,
+        e.route_snapshot(id, Nanos::from_secs(11)).unwrap().state,
         ControllerState::Cut
     );
     // Nothing for an hour, then one request: the controller lands in Normal.
     let _ = e.check(id, Key::None, Nanos::from_secs(3600));
-    let s = e.route_snapshot(id, Nanos::from_secs(3600));
+    let s = e.route_snapshot(id, Nanos::from_secs(3600)).unwrap();
     assert_eq!((s.state, s.limit_rps), (ControllerState::Normal, 200.0));
     assert_eq!(s.transitions[1][2] + s.transitions[2][0], 2);
 }
@@ -602,9 +631,9 @@ fn other_algorithms_follow_the_controller_limit() {
         let mut cfg = RouteConfig::new("r", RouteMatch::any());
         cfg.algorithm = algorithm;
         let e = engine(vec![cfg]);
-        offer(&e, RouteId(0), Key::None, 0.0, 10.0, 40.0);
-        offer(&e, RouteId(0), Key::None, 10.0, 11.0, 600.0);
-        let (a, _) = offer(&e, RouteId(0), Key::None, 12.0, 14.0, 600.0);
+        offer(&e, e.route_at(0).unwrap(), Key::None, 0.0, 10.0, 40.0);
+        offer(&e, e.route_at(0).unwrap(), Key::None, 10.0, 11.0, 600.0);
+        let (a, _) = offer(&e, e.route_at(0).unwrap(), Key::None, 12.0, 14.0, 600.0);
         assert!(
             (100..=130).contains(&a),
             "{}: admitted {a} in 2 s at a cut limit of 60/s",
@@ -616,20 +645,20 @@ fn other_algorithms_follow_the_controller_limit() {
 #[test]
 fn a_runtime_change_applies_to_the_live_state() {
     let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
-    let before = e.route_snapshot(id, Nanos::from_secs(10));
+    let before = e.route_snapshot(id, Nanos::from_secs(10)).unwrap();
     let params = {
-        let mut v = e.route_params(id);
+        let mut v = e.route_params(id).unwrap();
         v.base_limit_rps = 100.0;
         v.cut_limit_rps = 30.0;
         v
     };
     e.update_route(id, params, Nanos::from_secs(10)).unwrap();
-    let s = e.route_snapshot(id, Nanos::from_secs(10));
+    let s = e.route_snapshot(id, Nanos::from_secs(10)).unwrap();
     assert_eq!((s.base_limit_rps, s.limit_rps), (100.0, 100.0));
     assert_eq!(s.offered, before.offered, "counters are not reset");
-    assert_eq!(e.limit_rps(id), 100.0);
+    assert_eq!(e.limit_rps(id), Some(100.0));
     // The bucket was full at 200 tokens: clamped to the new capacity, not refilled beyond it.
     let (a, _) = offer(&e, id, Key::None, 10.0, 10.001, 1e6);
     assert_eq!(a, 100);
@@ -640,8 +669,8 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     let kept = RouteConfig::new("kept", RouteMatch::prefix("/a"));
     let changed = RouteConfig::new("changed", RouteMatch::prefix("/b"));
     let e = engine(vec![kept.clone(), changed.clone()]);
-    offer(&e, RouteId(0), Key::None, 0.0, 5.0, 40.0);
-    offer(&e, RouteId(1), Key::None, 0.0, 5.0, 40.0);
+    offer(&e, e.route_at(0).unwrap(), Key::None, 0.0, 5.0, 40.0);
+    offer(&e, e.route_at(1).unwrap(), Key::None, 0.0, 5.0, 40.0);
 
     let mut kept2 = kept;
     kept2.controller.danger_roc = 120.0;
@@ -660,7 +689,7 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
 
     let names: Vec<&str> = e2.route_names().collect();
     assert_eq!(names, ["added", "changed", "kept"]);
-    let snap = |name: &str| e2.route_snapshot(e2.route_id(name).unwrap(), now);
+    let snap = |name: &str| e2.route_snapshot(e2.route_id(name).unwrap(), now).unwrap();
     assert_eq!(snap("kept").offered, 200, "state carried over");
     assert_eq!(snap("kept").danger_roc, 120.0);
     assert_eq!(
@@ -670,7 +699,7 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     );
     assert_eq!(snap("added").offered, 0);
     // The old engine's requests still count in the kept route.
-    let _ = e.check(RouteId(0), Key::None, now);
+    let _ = e.check(e.route_at(0).unwrap(), Key::None, now);
     assert_eq!(snap("kept").offered, 201);
 
     // Requests match the new routes, in the new order.
@@ -692,7 +721,7 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     assert_eq!(e3.route_for("GET", "/c"), None);
     let kept3 = e3.route_id("kept").unwrap();
     assert_eq!(
-        e3.route_snapshot(kept3, now).offered,
+        e3.route_snapshot(kept3, now).unwrap().offered,
         0,
         "a route whose matcher changed starts fresh"
     );
@@ -701,7 +730,7 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
 #[test]
 fn restore_eta_follows_the_cut() {
     let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
     assert_eq!(e.restore_eta(id, Nanos::from_secs(10)), None);
     offer(&e, id, Key::None, 10.0, 11.0, 600.0);
@@ -713,13 +742,13 @@ fn restore_eta_follows_the_cut() {
         eta > Duration::from_secs(8) && eta <= Duration::from_millis(8_600),
         "{eta:?}"
     );
-    assert_eq!(e.limit_rps(id), 60.0);
+    assert_eq!(e.limit_rps(id), Some(60.0));
 }
 
 #[test]
 fn restore_eta_follows_an_update_at_once() {
     let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
     offer(&e, id, Key::None, 10.0, 11.0, 600.0);
     let now = Nanos::from_secs(11);
@@ -728,7 +757,7 @@ fn restore_eta_follows_an_update_at_once() {
     // With max_cut at 2 s the limit rises as soon as the update's rearm (one 6 s
     // window) allows, sooner than the spike could read calm: `Retry-After` must say
     // so before the next slot.
-    let mut p = e.route_params(id);
+    let mut p = e.route_params(id).unwrap();
     p.max_cut = Duration::from_secs(2);
     e.update_route(id, p, now).unwrap();
     assert_eq!(e.restore_eta(id, now), Some(Duration::from_secs(6)));
@@ -741,12 +770,12 @@ fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
         cfg.algorithm = algorithm;
         cfg.partition = Partition::ClientIp(KeyLimits::default());
         let e = engine(vec![cfg]);
-        let (id, name) = (RouteId(0), algorithm.name());
+        let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         // One client's spike cuts the route: base 200/s, cut 60/s, for every key.
         assert_eq!(offer(&e, id, ip(1), 0.0, 10.0, 40.0), (400, 0), "{name}");
         offer(&e, id, ip(1), 10.0, 11.0, 600.0);
         let (a, _) = offer(&e, id, ip(1), 12.0, 14.0, 600.0);
-        let s = e.route_snapshot(id, Nanos::from_secs(14));
+        let s = e.route_snapshot(id, Nanos::from_secs(14)).unwrap();
         assert_eq!(s.state, ControllerState::Cut, "{name}");
         // 60/s for 2 s, plus at most one burst of the cut limit saved up since 11 s;
         // the base limit would have admitted 400.
@@ -756,7 +785,11 @@ fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
         // A key first seen during the cut gets the cut limit.
         let (b, _) = offer(&e, id, ip(3), 16.0, 18.0, 600.0);
         assert!((100..=180).contains(&b), "{name}: a new key admitted {b}");
-        assert_eq!(e.route_snapshot(id, Nanos::from_secs(18)).keys, 3, "{name}");
+        assert_eq!(
+            e.route_snapshot(id, Nanos::from_secs(18)).unwrap().keys,
+            3,
+            "{name}"
+        );
     }
 }
 
@@ -770,7 +803,7 @@ fn one_instant(algorithm: Algorithm, n: usize) -> Vec<Decision> {
     cfg.partition = Partition::ClientIp(KeyLimits::default());
     let e = engine(vec![cfg]);
     (0..n)
-        .map(|_| e.check(RouteId(0), ip(1), Nanos::ZERO))
+        .map(|_| e.check(e.route_at(0).unwrap(), ip(1), Nanos::ZERO))
         .collect()
 }
 
@@ -850,18 +883,18 @@ fn one_in_flight_per_ip(queue: u32) -> RouteConfig {
 #[test]
 fn a_key_holding_a_concurrency_permit_is_not_evicted() {
     let e = engine(vec![one_in_flight_per_ip(0)]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let held = e.check(id, ip(1), Nanos::ZERO);
     assert!(held.is_admit());
     // 30 s later, past the idle timeout, another key's request rolls the window and
     // sweeps: the key whose permit is still out stays, with its permit counted.
     assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 2);
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys, 2);
     assert!(!e.check(id, ip(1), Nanos::from_secs(30)).is_admit());
     // Once the permit is back and the key idle, the next sweep evicts it.
     drop(held);
     assert!(e.check(id, ip(2), Nanos::from_secs(60)).is_admit());
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(60)).keys, 1);
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(60)).unwrap().keys, 1);
 }
 
 #[test]
@@ -871,7 +904,7 @@ fn a_key_with_a_request_still_queued_is_not_evicted() {
     // request, and the woken one took its permit from the evicted state: two in
     // flight on a key limited to one.
     let e = engine(vec![one_in_flight_per_ip(1)]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let held = e.check(id, ip(1), Nanos::ZERO);
     assert!(matches!(held, Decision::Admit(Admit::Held(_))));
     let Decision::Admit(Admit::Queued(mut ticket)) = e.check(id, ip(1), Nanos::ZERO) else {
@@ -881,7 +914,7 @@ fn a_key_with_a_request_still_queued_is_not_evicted() {
     // 30 s later, past the idle timeout, another key's request rolls the window and
     // sweeps while the woken request has not yet taken its permit.
     assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 2);
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys, 2);
     let waker = std::task::Waker::noop();
     let std::task::Poll::Ready(permit) = std::future::Future::poll(
         std::pin::Pin::new(&mut ticket),
@@ -910,7 +943,7 @@ fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
         }
     }
     let e = engine(vec![one_in_flight_per_ip(2)]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let held = e.check(id, ip(1), Nanos::ZERO);
     assert!(matches!(held, Decision::Admit(Admit::Held(_))));
     let Decision::Admit(Admit::Queued(mut ticket)) = e.check(id, ip(1), Nanos::ZERO) else {
@@ -921,7 +954,7 @@ fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
     let mut cx = std::task::Context::from_waker(&waker);
     let mut poll = || std::future::Future::poll(std::pin::Pin::new(&mut ticket), &mut cx);
     assert!(poll().is_pending());
-    let mut params = e.route_params(id);
+    let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 2.0;
     e.update_route(id, params, Nanos::from_millis(1)).unwrap();
     assert_eq!(
@@ -944,7 +977,10 @@ fn keys_hold_the_routes_burst() {
     // 2.5 s of the base limit (200/s) at once, for each key.
     for n in 1..=2 {
         let admitted = (0..1000)
-            .filter(|_| e.check(RouteId(0), ip(n), Nanos::ZERO).is_admit())
+            .filter(|_| {
+                e.check(e.route_at(0).unwrap(), ip(n), Nanos::ZERO)
+                    .is_admit()
+            })
             .count();
         assert_eq!(admitted, 500, "key {n}");
     }
@@ -954,10 +990,11 @@ fn keys_hold_the_routes_burst() {
 fn a_runtime_change_during_an_event_leaves_the_events_recovery_alone() {
     // The route's own profile (cut 60, base 200) would be back at its base by now.
     let (e, _, tenths) = recovering_under_an_event(Duration::from_secs(3600));
-    let (id, now) = (RouteId(0), Nanos::from_millis(tenths * 100));
-    let before = e.route_snapshot(id, now);
-    e.update_route(id, e.route_params(id), now).unwrap();
-    let s = e.route_snapshot(id, now);
+    let (id, now) = (e.route_at(0).unwrap(), Nanos::from_millis(tenths * 100));
+    let before = e.route_snapshot(id, now).unwrap();
+    e.update_route(id, e.route_params(id).unwrap(), now)
+        .unwrap();
+    let s = e.route_snapshot(id, now).unwrap();
     assert_eq!(s.active_event.as_deref(), Some("flash"));
     assert_eq!(
         (s.state, s.limit_rps),
@@ -976,7 +1013,7 @@ fn a_key_seen_within_idle_timeout_is_not_evicted() {
     });
     cfg.controller.danger_roc = 1e9; // no cut
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     // Client 1 spends its burst (200 tokens) at 10.9 s, late in that second.
     let at = Nanos::from_millis(10_900);
     let n = (0..300)
@@ -1005,13 +1042,13 @@ fn recovering_under_an_event(duration: Duration) -> (Engine, RouteConfig, u64) {
         v
     })];
     let e = engine(vec![cfg.clone()]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
     offer(&e, id, Key::None, 10.0, 11.0, 600.0);
     for tenths in 110..600u64 {
         let t = tenths as f64 / 10.0;
         offer(&e, id, Key::None, t, t + 0.1, 40.0);
-        let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 0.1));
+        let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 0.1)).unwrap();
         if s.state == ControllerState::Recovering && s.limit_rps >= 290.0 {
             return (e, cfg, tenths + 1);
         }
@@ -1032,10 +1069,10 @@ fn the_end_of_an_event_mid_recovery_is_a_reported_transition() {
             counted.fetch_add(1, Ordering::SeqCst);
         }
     }));
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let t = tenths as f64 / 10.0;
     offer(&e, id, Key::None, t, t + 1.0, 40.0);
-    let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 1.0));
+    let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 1.0)).unwrap();
     assert_eq!((s.state, s.active_event), (ControllerState::Normal, None));
     assert_eq!(s.transitions[2][0], 1);
     assert_eq!(seen.load(Ordering::SeqCst), 1);
@@ -1049,7 +1086,7 @@ fn a_reload_that_ends_an_event_mid_recovery_reports_the_transition() {
     let e = e
         .reload(&Config::new(vec![cfg]), now, SystemTime::UNIX_EPOCH)
         .unwrap();
-    let s = e.route_snapshot(RouteId(0), now);
+    let s = e.route_snapshot(e.route_at(0).unwrap(), now).unwrap();
     assert_eq!((s.state, s.active_event), (ControllerState::Normal, None));
     assert_eq!(s.transitions[2][0], 1);
 }
@@ -1071,7 +1108,7 @@ fn a_window_limit_the_config_accepts_admits_a_request_each_window() {
         for window in [0, 2, 4u64] {
             let now = Nanos::from_millis(33 * window);
             assert!(
-                e.check(RouteId(0), Key::None, now).is_admit(),
+                e.check(e.route_at(0).unwrap(), Key::None, now).is_admit(),
                 "{algorithm}: window {window}"
             );
         }
@@ -1110,7 +1147,7 @@ fn a_dropped_paced_request_gives_its_place_back_on_the_state_it_was_scheduled_on
         leaky("whole", Partition::Route),
         leaky("keyed", Partition::ClientIp(limits)),
     ]);
-    let (whole, keyed) = (RouteId(0), RouteId(1));
+    let (whole, keyed) = (e.route_at(0).unwrap(), e.route_at(1).unwrap());
     // ip(1) takes the keyed table's one place; ip(2) and ip(3) share the overflow.
     for (route, key) in [
         (whole, Key::None),
@@ -1155,7 +1192,7 @@ fn a_concurrency_key_in_no_tier_holds_the_routes_limit_while_recovering() {
     cfg.controller.restore_step_rps = 15.0;
     cfg.partition = Partition::ClientIp(KeyLimits::default());
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     offer(&e, id, ip(1), 0.0, 10.0, 40.0);
     offer(&e, id, ip(1), 10.0, 11.0, 600.0);
     let mut t = 11.0;
@@ -1163,7 +1200,7 @@ fn a_concurrency_key_in_no_tier_holds_the_routes_limit_while_recovering() {
         t += 0.1;
         assert!(t < 60.0, "never recovered to 16");
         e.catch_up(id, Nanos::from_secs_f64(t));
-        let s = e.route_snapshot(id, Nanos::from_secs_f64(t));
+        let s = e.route_snapshot(id, Nanos::from_secs_f64(t)).unwrap();
         if s.state == ControllerState::Recovering && s.limit_rps == 16.0 {
             break;
         }
@@ -1199,11 +1236,13 @@ fn absurd_limits_are_refused_by_update_route() {
                     cfg.partition = Partition::ClientIp(KeyLimits::default());
                 }
                 let e = engine(vec![cfg]);
-                let before = e.route_params(RouteId(0));
+                let before = e.route_params(e.route_at(0).unwrap()).unwrap();
                 let mut absurd = before.clone();
                 absurd.base_limit_rps = limit;
                 absurd.cut_limit_rps = limit;
-                let err = e.update_route(RouteId(0), absurd, Nanos::ZERO).unwrap_err();
+                let err = e
+                    .update_route(e.route_at(0).unwrap(), absurd, Nanos::ZERO)
+                    .unwrap_err();
                 let what = format!("{limit} {} keyed {keyed}", algorithm.name());
                 assert!(
                     err.to_string()
@@ -1214,8 +1253,16 @@ fn absurd_limits_are_refused_by_update_route() {
                     err.problems().iter().any(|p| p.location() == "cut_limit"),
                     "{what}: {err}"
                 );
-                assert_eq!(e.route_params(RouteId(0)), before, "{what}");
-                assert!(e.check(RouteId(0), ip(1), Nanos::ZERO).is_admit(), "{what}");
+                assert_eq!(
+                    e.route_params(e.route_at(0).unwrap()),
+                    Some(before),
+                    "{what}"
+                );
+                assert!(
+                    e.check(e.route_at(0).unwrap(), ip(1), Nanos::ZERO)
+                        .is_admit(),
+                    "{what}"
+                );
             }
         }
     }
@@ -1226,19 +1273,23 @@ fn absurd_limits_are_refused_by_update_route() {
 #[test]
 fn update_route_checks_the_change_by_the_rules_of_the_file() {
     let e = engine(vec![RouteConfig::new("order", RouteMatch::any())]);
-    let id = RouteId(0);
-    let mut params = e.route_params(id);
+    let id = e.route_at(0).unwrap();
+    let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 50.0; // below the cut_limit of 60
     let err = e.update_route(id, params.clone(), Nanos::ZERO).unwrap_err();
     assert_eq!(
         err.to_string(),
         "route `order`: cut_limit: must be ≤ base_limit (50), got 60"
     );
-    assert_eq!(e.route_params(id).base_limit_rps, 200.0, "nothing changed");
+    assert_eq!(
+        e.route_params(id).unwrap().base_limit_rps,
+        200.0,
+        "nothing changed"
+    );
     params.cut_limit_rps = 10.0;
     e.update_route(id, params, Nanos::ZERO).unwrap();
-    assert_eq!(e.route_params(id).base_limit_rps, 50.0);
-    assert_eq!(e.limit_rps(id), 50.0);
+    assert_eq!(e.route_params(id).unwrap().base_limit_rps, 50.0);
+    assert_eq!(e.limit_rps(id), Some(50.0));
 }
 
 /// A scheduled event that starts mid-recovery with another cut and step, so that the
@@ -1267,14 +1318,14 @@ fn an_event_that_keeps_the_limit_but_moves_the_cut_moves_tier_keys_at_once() {
             )];
         }
         let e = engine(vec![cfg]);
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         offer(&e, id, Key::None, 0.0, 10.0, 40.0);
         offer(&e, id, Key::None, 10.0, 11.0, 600.0);
         let mut recovering = None;
         for tenths in 110..400u64 {
             let t = tenths as f64 / 10.0;
             offer(&e, id, Key::None, t, t + 0.1, 40.0);
-            let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 0.1));
+            let s = e.route_snapshot(id, Nanos::from_secs_f64(t + 0.1)).unwrap();
             if s.state == ControllerState::Recovering && s.limit_rps == 100.0 {
                 recovering.get_or_insert(t + 0.1);
             }
@@ -1290,18 +1341,18 @@ fn an_event_that_keeps_the_limit_but_moves_the_cut_moves_tier_keys_at_once() {
     };
     let (_, at_100) = run(None);
     let (e, now) = run(Some(at_100 + 0.3));
-    let id = RouteId(0);
-    assert_eq!(e.limit_rps(id), 100.0, "the event keeps the limit");
+    let id = e.route_at(0).unwrap();
+    assert_eq!(e.limit_rps(id), Some(100.0), "the event keeps the limit");
     let now = Nanos::from_secs_f64(now);
     assert_eq!(
-        e.params_at(id, now).cut_limit_rps,
+        e.params_at(id, now).unwrap().cut_limit_rps,
         20.0,
         "the event in force"
     );
     // The vip tier's 40..100 at (100 - 20) / (200 - 20) of the way, not the old
     // (100 - 60) / (200 - 60).
     let expected = 40.0 + 60.0 * (80.0 / 180.0);
-    let got = e.key_limit_rps(id, gold);
+    let got = e.key_limit_rps(id, gold).unwrap();
     assert!((got - expected).abs() < 1e-9, "{got}, expected {expected}");
 }
 
@@ -1317,18 +1368,18 @@ fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
     cfg.controller.base_limit_rps = 5.0;
     cfg.controller.cut_limit_rps = 5.0;
     let e = engine(vec![cfg]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
-    let mut params = e.route_params(id);
+    let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 10.0;
     params.cut_limit_rps = 10.0;
     e.update_route(id, params, Nanos::from_secs(1)).unwrap();
     // The key's next request catches up with the new limit.
     assert!(e.check(id, ip(1), Nanos::from_secs(1)).is_admit());
-    assert_eq!(e.key_limit_rps(id, ip(1)), 10.0);
+    assert_eq!(e.key_limit_rps(id, ip(1)), Some(10.0));
     // 30 s later, idle and full, it is swept at the next rollover.
     assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).keys, 1);
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys, 1);
 }
 
 /// An engine is built only from routes a file would accept: `Engine::new` and
@@ -1364,6 +1415,118 @@ fn an_engine_is_built_only_from_routes_a_file_would_accept() {
     assert!(e.to_string().contains("routes[0].cut_limit"), "{e}");
     // The engine reloaded from is untouched: still the valid limits.
     let id = good.route_id("order").unwrap();
-    assert_eq!(good.route_params(id).base_limit_rps, 20.0);
-    assert_eq!(good.route_params(id).cut_limit_rps, 5.0);
+    assert_eq!(good.route_params(id).unwrap().base_limit_rps, 20.0);
+    assert_eq!(good.route_params(id).unwrap().cut_limit_rps, 5.0);
+}
+
+/// A limit of `rps` with a burst of one second: `rps` requests at time 0.
+fn limited(name: &str, rps: f64) -> RouteConfig {
+    let mut cfg = RouteConfig::new(name, RouteMatch::exact("GET", format!("/{name}")));
+    cfg.controller.base_limit_rps = rps;
+    cfg.controller.cut_limit_rps = rps;
+    cfg
+}
+
+/// An id names a route's state, not a place in a table: kept by a reload that moves
+/// its route, it still decides on that route (an index named the route that took the
+/// place); once the reload rebuilds the route, it names none, and the engine admits
+/// without counting, as for a request no route matches.
+#[test]
+fn an_id_kept_across_a_reload_names_its_route_or_none() {
+    let e = engine(vec![limited("a", 1.0), limited("b", 100.0)]);
+    let b = e.route_id("b").unwrap();
+    let swapped = e
+        .reload(
+            &Config::new(vec![limited("b", 100.0), limited("a", 1.0)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    assert_ne!(swapped.route_id("b"), Some(b), "b moved to the first place");
+    let admitted = (0..5)
+        .filter(|_| swapped.check(b, Key::None, Nanos::ZERO).is_admit())
+        .count();
+    assert_eq!(admitted, 5, "b's limit of 100, not a's of 1");
+    let offered = |e: &Engine, name: &str| {
+        e.route_snapshot(e.route_id(name).unwrap(), Nanos::ZERO)
+            .unwrap()
+            .offered
+    };
+    assert_eq!((offered(&swapped, "b"), offered(&swapped, "a")), (5, 0));
+    assert_eq!(swapped.route_name(b), Some("b"));
+    assert_eq!(swapped.limit_rps(b), Some(100.0));
+
+    // b's window changes: a new state, which the old id does not name.
+    let mut rebuilt_b = limited("b", 100.0);
+    rebuilt_b.window = WindowSpec::new(Duration::from_secs(10), Duration::from_secs(1)).unwrap();
+    let rebuilt = swapped
+        .reload(
+            &Config::new(vec![rebuilt_b, limited("a", 1.0)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    assert!(matches!(
+        rebuilt.check(b, Key::None, Nanos::ZERO),
+        Decision::Admit(Admit::Now)
+    ));
+    assert_eq!((offered(&rebuilt, "b"), offered(&rebuilt, "a")), (0, 0));
+    assert_eq!(rebuilt.route_snapshot(b, Nanos::ZERO), None);
+    assert_eq!(rebuilt.route_name(b), None);
+}
+
+/// An id of another engine, past the end of this one's table or within it, names no
+/// route here: every method answers without a panic and touches no route.
+#[test]
+fn an_id_of_another_engine_names_no_route_and_nothing_panics() {
+    let small = engine(vec![limited("only", 1.0)]);
+    let mut paced = limited("paced", 10.0);
+    paced.algorithm = Algorithm::LeakyBucket { queue: 4 };
+    let big = engine(vec![limited("first", 1.0), paced]);
+    let now = Nanos::ZERO;
+    for id in big.route_ids() {
+        for _ in 0..3 {
+            assert!(matches!(
+                small.check(id, Key::None, now),
+                Decision::Admit(Admit::Now)
+            ));
+        }
+        small.record(id, Some(Reason::Limit), now);
+        small.catch_up(id, Nanos::from_secs(60));
+        let err = small
+            .update_route(id, ControllerParams::default(), now)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("not a route of this engine"),
+            "{err}"
+        );
+        assert_eq!(small.route_params(id), None);
+        assert_eq!(small.params_at(id, now), None);
+        assert!(small.route_settings(id).is_none());
+        assert_eq!(small.route_name(id), None);
+        assert_eq!(small.route_label(id), None);
+        assert_eq!(small.partition(id), None);
+        assert_eq!(small.reject_status(id), None);
+        assert_eq!(small.window(id), None);
+        assert_eq!(small.mode(id), None);
+        assert_eq!(small.algorithm(id), None);
+        assert_eq!(small.limit_rps(id), None);
+        assert_eq!(small.key_limit_rps(id, Key::None), None);
+        assert_eq!(small.restore_eta(id, now), None);
+        assert_eq!(small.route_snapshot(id, now), None);
+    }
+    // A paced request's place, given back to an engine that does not hold its route.
+    let paced = big.route_id("paced").unwrap();
+    let _ = big.check(paced, Key::None, now);
+    let Decision::Admit(Admit::Paced(pace)) = big.check(paced, Key::None, now) else {
+        panic!("the second request waits its turn");
+    };
+    assert!(!small.give_back(paced, Key::None, pace, now));
+    let s = small.snapshot(now);
+    assert_eq!((s[0].offered, s[0].rejected_total()), (0, 0));
+    assert!(small
+        .check(small.route_at(0).unwrap(), Key::None, now)
+        .is_admit());
+    assert_eq!(small.route_at(1), None);
+    assert_eq!(small.route_ids().len(), 1);
 }

@@ -385,14 +385,14 @@ fn hints_during_an_event_name_the_event() {
     // The engine starts at wall time 0; the sale from 100 s.
     let engine = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
     let id = engine.route_id("r").unwrap();
-    let before = engine.route_settings(id);
+    let before = engine.route_settings(id).unwrap();
     assert_eq!(
         (&before.event, before.params.base_limit_rps),
         (&None, 200.0)
     );
     // The event takes over at a slot's rollover.
     let _ = engine.check(id, rocgate::engine::Key::None, Nanos::from_secs(101));
-    let during = engine.route_settings(id);
+    let during = engine.route_settings(id).unwrap();
     assert_eq!(during.event.as_deref(), Some("sale"));
     assert_eq!(during.params.base_limit_rps, 500.0);
     // A third rejected by the base limit while the upstream is healthy.

@@ -73,7 +73,7 @@ async fn spawned_upkeep_ends_a_silent_routes_cut_and_ends_with_the_layer() {
     };
     offer(1.0, 11.0, 40.0);
     offer(11.0, 12.0, 600.0);
-    let state = |at: Nanos| engine.route_snapshot(id, at).state;
+    let state = |at: Nanos| engine.route_snapshot(id, at).unwrap().state;
     assert_eq!(state(clock.now()), ControllerState::Cut);
 
     // A minute of silence: nothing steps the controller, the snapshot still says cut.
@@ -83,7 +83,7 @@ async fn spawned_upkeep_ends_a_silent_routes_cut_and_ends_with_the_layer() {
     let upkeep = l.spawn_upkeep().unwrap();
     tokio::time::sleep(UPKEEP_EVERY / 2).await;
     assert_eq!(state(clock.now()), ControllerState::Normal);
-    assert_eq!(engine.limit_rps(id), 200.0);
+    assert_eq!(engine.limit_rps(id), Some(200.0));
 
     drop(l);
     tokio::time::sleep(UPKEEP_EVERY * 2).await;
@@ -648,7 +648,7 @@ async fn shadow_adaptive_states_the_base_limit_it_enforces_during_a_cut() {
     r.controller.safe_roc = 10.0;
     let (l, clock) = layer(vec![r]);
     let engine = l.engine();
-    let id = rocgate::engine::RouteId(0);
+    let id = engine.route_at(0).unwrap();
     // Quiet at 10 req/s for a full window, then a spike: cut (in shadow).
     let start = clock.now();
     for k in 0..100 {

@@ -19,7 +19,7 @@ use loom::sync::{Arc, Mutex};
 use loom::thread;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
-use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::engine::{Engine, Key};
 use rocgate::limiter::{
     Admit, Decision, FixedWindow, LeakyBucket, Reason, SlidingWindowCounter, TokenBucket,
 };
@@ -653,7 +653,7 @@ fn keyed_concurrency_engine() -> Engine {
 fn engine_never_evicts_a_key_that_holds_a_permit_or_a_waiter() {
     check(|| {
         let e = Arc::new(keyed_concurrency_engine());
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         let Decision::Admit(Admit::Held(held)) = e.check(id, client(1), Nanos::ZERO) else {
             panic!("a permit");
         };
@@ -689,7 +689,7 @@ fn engine_never_evicts_a_key_that_holds_a_permit_or_a_waiter() {
 fn engine_raising_the_limit_wakes_a_request_queued_meanwhile() {
     check(|| {
         let e = Arc::new(keyed_concurrency_engine());
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         let Decision::Admit(Admit::Held(held)) = e.check(id, client(1), Nanos::ZERO) else {
             panic!("a permit");
         };
@@ -734,7 +734,7 @@ fn keyed_engine(name: &str, algorithm: rocgate::limiter::Algorithm) -> Engine {
 /// of one client: one on a thread of its own, made after the first update, and one
 /// made after the second.
 fn two_updates_raced_by_a_client(e: &Arc<Engine>) {
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let update = |limit: f64| {
         let mut params = e.route_params(id);
         params.base_limit_rps = limit;
@@ -765,7 +765,7 @@ fn two_updates_raced_by_a_client(e: &Arc<Engine>) {
 fn engine_an_empty_key_stays_empty_while_its_requests_catch_up_with_a_cut() {
     check_bounded(1, || {
         let e = Arc::new(keyed_bucket_engine());
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         for _ in 0..4 {
             assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
         }
@@ -862,7 +862,7 @@ fn a_rate_key_ends_at_the_last_of_two_updates(
 ) {
     check_bounded(2, move || {
         let e = Arc::new(keyed_engine(name, algorithm));
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
         two_updates_raced_by_a_client(&e);
         let later = Nanos::from_millis(1_500);
@@ -882,7 +882,7 @@ fn engine_a_concurrency_key_ends_at_the_last_of_two_updates() {
             "permit_keys",
             rocgate::limiter::Algorithm::Concurrency { queue: 0 },
         ));
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         drop(e.check(id, client(1), Nanos::ZERO));
         two_updates_raced_by_a_client(&e);
         let held: Vec<_> = (0..3)

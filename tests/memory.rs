@@ -13,7 +13,7 @@ use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
-use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::engine::{Engine, Key};
 use rocgate::limiter::Algorithm;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
@@ -105,13 +105,22 @@ fn bytes_per_key(
     let mut r = route(0, partition);
     r.algorithm = algorithm;
     let e = engine(vec![r]);
-    assert!(e.check(RouteId(0), key(0), Nanos::ZERO).is_admit());
+    assert!(e
+        .check(e.route_at(0).unwrap(), key(0), Nanos::ZERO)
+        .is_admit());
     let (_, bytes) = retained(|| {
         for k in 1..n {
-            assert!(e.check(RouteId(0), key(k), Nanos::ZERO).is_admit());
+            assert!(e
+                .check(e.route_at(0).unwrap(), key(k), Nanos::ZERO)
+                .is_admit());
         }
     });
-    assert_eq!(e.route_snapshot(RouteId(0), Nanos::ZERO).keys, n as usize);
+    assert_eq!(
+        e.route_snapshot(e.route_at(0).unwrap(), Nanos::ZERO)
+            .unwrap()
+            .keys,
+        n as usize
+    );
     bytes as f64 / f64::from(n - 1)
 }
 
@@ -136,7 +145,7 @@ fn a_partitioned_route_holds_at_most_2_kib() {
     let by_ip = bytes_per_route(Partition::ClientIp(KeyLimits::default()));
     let by_header = bytes_per_route(Partition::Header("x-api-key".into(), KeyLimits::default()));
     let e = engine(vec![route(0, Partition::ClientIp(KeyLimits::default()))]);
-    let (_, first_key) = retained(|| e.check(RouteId(0), Key::Ip(ip(1)), Nanos::ZERO));
+    let (_, first_key) = retained(|| e.check(e.route_at(0).unwrap(), Key::Ip(ip(1)), Nanos::ZERO));
     println!(
         "bytes per route, no keys yet: per-IP {by_ip}, per-header {by_header}; \
          the first key adds {first_key} (the table's shards)"
@@ -266,11 +275,14 @@ fn key_churn_does_not_grow_memory() {
         let (_, bytes) = retained(|| {
             for k in 0..ROUND {
                 assert!(e
-                    .check(RouteId(0), Key::Ip(ip(round * ROUND + k)), now)
+                    .check(e.route_at(0).unwrap(), Key::Ip(ip(round * ROUND + k)), now)
                     .is_admit());
             }
         });
-        assert_eq!(e.route_snapshot(RouteId(0), now).keys, ROUND as usize);
+        assert_eq!(
+            e.route_snapshot(e.route_at(0).unwrap(), now).unwrap().keys,
+            ROUND as usize
+        );
         total += bytes;
         held.push(total);
     }
@@ -288,7 +300,7 @@ fn offer(e: &Engine, key: Key<'_>, from: f64, to: f64, rate: f64) {
     let n = ((to - from) * rate).round() as u64;
     for k in 0..n {
         let _ = e.check(
-            RouteId(0),
+            e.route_at(0).unwrap(),
             key,
             Nanos::from_secs_f64(from + k as f64 / rate),
         );
@@ -307,7 +319,9 @@ fn spike(e: &Engine, key: Key<'_>) {
 fn checks_allocate_nothing_on_a_route() {
     let e = engine(vec![route(0, Partition::Route)]);
     let info = measure(|| spike(&e, Key::None));
-    let snap = e.route_snapshot(RouteId(0), Nanos::from_secs(60));
+    let snap = e
+        .route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(60))
+        .unwrap();
     assert!(
         snap.cuts >= 1 && snap.rejected_total() > 0,
         "the spike must cut: {snap:?}"
@@ -333,13 +347,16 @@ fn checks_allocate_nothing_once_a_key_exists() {
             _ => Key::Value(&value),
         };
         let e = engine(vec![route(0, partition)]);
-        let insert = measure(|| assert!(e.check(RouteId(0), key, Nanos::ZERO).is_admit()));
+        let insert =
+            measure(|| assert!(e.check(e.route_at(0).unwrap(), key, Nanos::ZERO).is_admit()));
         assert!(
             insert.count_total > 0,
             "the counter must see the new key stored"
         );
         let info = measure(|| spike(&e, key));
-        let snap = e.route_snapshot(RouteId(0), Nanos::from_secs(60));
+        let snap = e
+            .route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(60))
+            .unwrap();
         assert!(
             snap.cuts >= 1 && snap.rejected_total() > 0,
             "the spike must cut: {snap:?}"
@@ -360,7 +377,7 @@ fn an_hour_of_hints_history_per_route() {
     use std::sync::Arc;
 
     let engine = engine(vec![route(0, Partition::Route)]);
-    let settings = || vec![engine.route_settings(RouteId(0))];
+    let settings = || vec![engine.route_settings(engine.route_at(0).unwrap()).unwrap()];
     let meter = UpstreamMeter::new();
     let name: Arc<str> = "route-00000".into();
     let (history, bytes) = retained(|| {

@@ -515,6 +515,7 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
     assert_eq!(
         rebuilt
             .route_snapshot(rebuilt.route_id("r").unwrap(), t(2))
+            .unwrap()
             .offered,
         0
     );

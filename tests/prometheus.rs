@@ -402,7 +402,7 @@ fn the_dashboards_offered_line_counts_each_request_once() {
             .is_admit());
     }
     let now = Nanos::from_secs(1);
-    let snapshot = engine.route_snapshot(id, now);
+    let snapshot = engine.route_snapshot(id, now).unwrap();
     assert_eq!(snapshot.offered, 120);
     assert!(snapshot.shadow_rejected.iter().map(|(_, n)| n).sum::<u64>() > 100);
 

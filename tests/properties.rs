@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::controller::{Controller, ControllerParams, ControllerState};
-use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::engine::{Engine, Key};
 use rocgate::limiter::{
     Admit, Decision, FixedWindow, LeakyBucket, Pace, SlidingWindowCounter, TokenBucket,
 };
@@ -302,7 +302,7 @@ proptest! {
         };
         let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let admitted = (0..=per_window)
-            .filter(|_| e.check(RouteId(0), Key::None, Nanos::ZERO).is_admit())
+            .filter(|_| e.check(e.route_at(0).unwrap(), Key::None, Nanos::ZERO).is_admit())
             .count() as u64;
         prop_assert_eq!(admitted, per_window, "{}", text);
     }
@@ -385,19 +385,19 @@ proptest! {
             Nanos::ZERO,
             SystemTime::UNIX_EPOCH,
         ).unwrap();
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         let mut t = 0.0f64;
         for rate in rates {
             for k in 0..rate {
                 let _ = e.check(id, Key::None, Nanos::from_secs_f64(t + k as f64 / rate as f64));
             }
             t += 1.0;
-            let s = e.route_snapshot(id, Nanos::from_secs_f64(t));
+            let s = e.route_snapshot(id, Nanos::from_secs_f64(t)).unwrap();
             prop_assert!(s.limit_rps >= s.cut_limit_rps && s.limit_rps <= s.base_limit_rps);
         }
         let end = Nanos::from_secs_f64(t + 120.0);
         let _ = e.check(id, Key::None, end);
-        let s = e.route_snapshot(id, end);
+        let s = e.route_snapshot(id, end).unwrap();
         prop_assert_eq!(s.state, ControllerState::Normal);
         prop_assert_eq!(s.limit_rps, s.base_limit_rps);
     }

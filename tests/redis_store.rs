@@ -1756,13 +1756,13 @@ impl Backend {
                 route,
                 clock,
             } => {
-                let s = engine.route_snapshot(*route, clock.now());
+                let s = engine.route_snapshot(*route, clock.now()).unwrap();
                 (s.limit_rps, s.state)
             }
             Backend::Redis(inst) => {
                 let v = inst
                     .store
-                    .view(&inst.engine.route_label(inst.route))
+                    .view(&inst.engine.route_label(inst.route).unwrap())
                     .unwrap();
                 (v.limit_rps, v.state)
             }
@@ -1777,8 +1777,11 @@ impl Backend {
                 engine,
                 route,
                 clock,
-            } => engine.route_snapshot(*route, clock.now()),
-            Backend::Redis(inst) => inst.engine.route_snapshot(inst.route, inst.clock.now()),
+            } => engine.route_snapshot(*route, clock.now()).unwrap(),
+            Backend::Redis(inst) => inst
+                .engine
+                .route_snapshot(inst.route, inst.clock.now())
+                .unwrap(),
         }
     }
 
@@ -2319,7 +2322,7 @@ async fn a_distributed_routes_local_demand_follows_its_traffic() {
         let _ = a.check().await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let snap = a.engine.route_snapshot(a.route, a.clock.now());
+    let snap = a.engine.route_snapshot(a.route, a.clock.now()).unwrap();
     let s = snap.sample;
     // A 1 s window of 100 ms slots: the last second's arrivals, all but the slot
     // under way.

@@ -8,7 +8,6 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::controller::ControllerParams;
-use rocgate::engine::RouteId;
 use rocgate::sim::access_log::{self, parse_line, LineError, LogError};
 use rocgate::sim::{
     chart, sweep, ArrivalModel, LogOptions, LogReader, Profile, Request, Scenario, SimError,
@@ -293,7 +292,7 @@ fn requests_are_matched_as_serve_matches_them() {
     text.push_str(&line("10.0.0.9", 1, "PATCH", "/api/order?x=1"));
     let log = read(&config(), LogOptions::default(), &text).unwrap();
     let routes = log.routes();
-    assert_eq!(routes, [(RouteId(0), 60), (RouteId(1), 6 + 2)]);
+    assert_eq!(routes, [(0, 60), (1, 6 + 2)]);
 
     // Only `order`: the rest is on other routes, and nothing is unmatched.
     let only = {
@@ -310,7 +309,7 @@ fn requests_are_matched_as_serve_matches_them() {
         ),
         (60, 8, 0)
     );
-    assert!(log.requests().all(|r| r.route == RouteId(0)));
+    assert!(log.requests().all(|r| r.route == 0));
 
     // Without the prefix route, other requests match nothing, and are named.
     let narrow = Config::new(vec![order_route()]);
@@ -352,7 +351,7 @@ fn each_seconds_requests_are_spread_inside_it() {
     );
     let times: Vec<(f64, usize)> = log
         .requests()
-        .map(|r| (r.at.as_secs_f64(), r.route.0))
+        .map(|r| (r.at.as_secs_f64(), r.route))
         .collect();
     // Second 0: five orders at (k + ½) / 5 and two other requests at (k + ½) / 2,
     // interleaved by time; second 1 empty; second 2: one order in the middle.
@@ -541,7 +540,7 @@ fn keyed_requests_keep_their_clients_in_the_logs_order() {
     let client = |a: &str| Some(a.parse::<std::net::IpAddr>().unwrap());
     let got: Vec<(f64, usize, Option<std::net::IpAddr>)> = log
         .requests()
-        .map(|r| (r.at.as_secs_f64(), r.route.0, r.client))
+        .map(|r| (r.at.as_secs_f64(), r.route, r.client))
         .collect();
     assert_eq!(
         got,
@@ -555,7 +554,7 @@ fn keyed_requests_keep_their_clients_in_the_logs_order() {
         ]
     );
     assert_eq!(log.requests().len(), 6);
-    assert_eq!(log.routes(), [(RouteId(0), 5), (RouteId(1), 1)]);
+    assert_eq!(log.routes(), [(0, 5), (1, 1)]);
 }
 
 #[test]

@@ -34,11 +34,11 @@ fn cut_then_silent(partition: Partition) -> (Engine, RouteId) {
     let mut route = RouteConfig::new("order", RouteMatch::any());
     route.partition = partition;
     let e = engine(vec![route]);
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let key = Key::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
     offer(&e, id, key, 0.0, 10.0, 40.0);
     offer(&e, id, key, 10.0, 11.0, 600.0);
-    let s = e.route_snapshot(id, Nanos::from_secs(11));
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
     assert_eq!(s.state, ControllerState::Cut);
     (e, id)
 }
@@ -60,7 +60,7 @@ fn a_bucket_silent_since_a_cut_comes_back_full_at_the_base_limit() {
         let key = Key::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
         let later = Nanos::from_secs(3600);
         let admitted = burst(&e, id, key, later, 300);
-        let s = e.route_snapshot(id, later);
+        let s = e.route_snapshot(id, later).unwrap();
         assert_eq!(s.state, ControllerState::Normal, "{partition:?}");
         assert_eq!(admitted, 200, "{partition:?}");
     }
@@ -112,7 +112,7 @@ fn thirty_days_of_bursts_after_silences_never_exceed_a_quota_nor_refuse_a_fresh_
             // A cut that admits a request per 10 ms window, as the engine requires.
             route.controller.cut_limit_rps = 100.0;
             let e = engine(vec![route]);
-            let id = RouteId(0);
+            let id = e.route_at(0).unwrap();
             let quota = match algorithm {
                 Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
                     (200.0 * window.as_secs_f64()).floor().max(1.0) as u64
@@ -161,8 +161,10 @@ fn sale_in_two_hours(wall0: SystemTime) -> Engine {
 /// The event in force after a request at `at` (minutes on the engine's clock).
 fn event_at(e: &Engine, minutes: u64) -> Option<String> {
     let now = Nanos::from_secs(minutes * 60);
-    let _ = e.check(RouteId(0), Key::None, now);
-    e.route_snapshot(RouteId(0), now).active_event
+    let _ = e.check(e.route_at(0).unwrap(), Key::None, now);
+    e.route_snapshot(e.route_at(0).unwrap(), now)
+        .unwrap()
+        .active_event
 }
 
 #[test]
@@ -177,11 +179,11 @@ fn scheduled_events_follow_the_wall_clock_when_the_monotonic_clock_parts_from_it
     paused.align_events(Nanos::from_secs(600), wall0 + minutes(40));
     assert_eq!(event_at(&paused, 89), None);
     assert_eq!(event_at(&paused, 95).as_deref(), Some("sale"));
-    assert_eq!(paused.limit_rps(RouteId(0)), 1000.0);
+    assert_eq!(paused.limit_rps(paused.route_at(0).unwrap()), Some(1000.0));
     // It ends at 3 h on the wall, 150 minutes of uptime.
     assert_eq!(event_at(&paused, 149).as_deref(), Some("sale"));
     assert_eq!(event_at(&paused, 151), None);
-    assert_eq!(paused.limit_rps(RouteId(0)), 200.0);
+    assert_eq!(paused.limit_rps(paused.route_at(0).unwrap()), Some(200.0));
     // A wall clock that was 20 minutes fast at start, corrected by NTP at 10 minutes:
     // the sale begins at 140 minutes of uptime, not 120.
     let fast = sale_in_two_hours(wall0);
@@ -207,7 +209,7 @@ fn a_week_of_spikes_every_two_hours_cuts_and_restores_each_time() {
         let mut route = RouteConfig::new("order", RouteMatch::any());
         route.partition = partition.clone();
         let e = engine(vec![route]);
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         let key = Key::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
         let spikes = 7 * 12;
         for k in 0..spikes {
@@ -216,10 +218,14 @@ fn a_week_of_spikes_every_two_hours_cuts_and_restores_each_time() {
             assert_eq!(offer(&e, id, key, t0, t0 + 10.0, 40.0), 400, "{k}");
             let spiked = offer(&e, id, key, t0 + 10.0, t0 + 15.0, 600.0);
             assert!(spiked < 3000, "{partition:?} spike {k}: {spiked} of 3000");
-            let s = e.route_snapshot(id, Nanos::from_secs_f64(t0 + 15.0));
+            let s = e
+                .route_snapshot(id, Nanos::from_secs_f64(t0 + 15.0))
+                .unwrap();
             assert_eq!(s.state, ControllerState::Cut, "{partition:?} spike {k}");
             offer(&e, id, key, t0 + 15.0, t0 + 90.0, 40.0);
-            let s = e.route_snapshot(id, Nanos::from_secs_f64(t0 + 90.0));
+            let s = e
+                .route_snapshot(id, Nanos::from_secs_f64(t0 + 90.0))
+                .unwrap();
             assert_eq!(s.state, ControllerState::Normal, "{partition:?} spike {k}");
             assert_eq!(s.limit_rps, 200.0);
             // The first requests after two hours of silence find a full bucket. (Their
@@ -228,7 +234,7 @@ fn a_week_of_spikes_every_two_hours_cuts_and_restores_each_time() {
             let later = Nanos::from_secs_f64(t0 + 7100.0);
             assert_eq!(burst(&e, id, key, later, 250), 200, "{partition:?} {k}");
         }
-        let s = e.route_snapshot(id, Nanos::from_secs(8 * 86_400));
+        let s = e.route_snapshot(id, Nanos::from_secs(8 * 86_400)).unwrap();
         assert_eq!(s.cuts, 2 * spikes - 1, "{partition:?}");
         assert!(s.keys <= 1, "{partition:?}: {} keys", s.keys);
     }
@@ -242,7 +248,7 @@ fn a_silent_route_caught_up_shows_where_its_controller_stands() {
     let (e, id) = cut_then_silent(Partition::Route);
     let hour = Nanos::from_secs(3600);
     e.catch_up(id, hour);
-    let s = e.route_snapshot(id, hour);
+    let s = e.route_snapshot(id, hour).unwrap();
     assert_eq!(s.state, ControllerState::Normal);
     assert_eq!(s.limit_rps, 200.0);
     assert!(
@@ -252,7 +258,7 @@ fn a_silent_route_caught_up_shows_where_its_controller_stands() {
     );
     assert_eq!(
         s.offered,
-        e.route_snapshot(id, Nanos::from_secs(11)).offered
+        e.route_snapshot(id, Nanos::from_secs(11)).unwrap().offered
     );
     assert_eq!(e.restore_eta(id, hour), None);
 }
@@ -268,7 +274,10 @@ fn upkeep_catches_up_the_routes_decided_here_only() {
         SystemTime::UNIX_EPOCH + Duration::from_secs(3600),
         |_| false,
     );
-    assert_eq!(here.route_snapshot(id, hour).state, ControllerState::Normal);
+    assert_eq!(
+        here.route_snapshot(id, hour).unwrap().state,
+        ControllerState::Normal
+    );
     let (elsewhere, id) = cut_then_silent(Partition::Route);
     elsewhere.upkeep(
         hour,
@@ -276,7 +285,7 @@ fn upkeep_catches_up_the_routes_decided_here_only() {
         |r| r == id,
     );
     assert_eq!(
-        elsewhere.route_snapshot(id, hour).state,
+        elsewhere.route_snapshot(id, hour).unwrap().state,
         ControllerState::Cut
     );
 }
@@ -288,9 +297,12 @@ fn a_silent_partitioned_route_caught_up_lets_its_idle_keys_go() {
         v.idle_timeout = Duration::from_secs(60);
         v
     }));
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(11)).keys, 1);
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(11)).unwrap().keys, 1);
     e.catch_up(id, Nanos::from_secs(3600));
-    assert_eq!(e.route_snapshot(id, Nanos::from_secs(3600)).keys, 0);
+    assert_eq!(
+        e.route_snapshot(id, Nanos::from_secs(3600)).unwrap().keys,
+        0
+    );
 }
 
 #[test]
@@ -298,11 +310,16 @@ fn a_silent_route_caught_up_takes_its_scheduled_event_when_due() {
     let wall0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     let e = sale_in_two_hours(wall0);
     let at = |minutes: u64| Nanos::from_secs(minutes * 60);
-    e.catch_up(RouteId(0), at(119));
-    assert_eq!(e.route_snapshot(RouteId(0), at(119)).active_event, None);
-    e.catch_up(RouteId(0), at(121));
-    let s = e.route_snapshot(RouteId(0), at(121));
+    e.catch_up(e.route_at(0).unwrap(), at(119));
+    assert_eq!(
+        e.route_snapshot(e.route_at(0).unwrap(), at(119))
+            .unwrap()
+            .active_event,
+        None
+    );
+    e.catch_up(e.route_at(0).unwrap(), at(121));
+    let s = e.route_snapshot(e.route_at(0).unwrap(), at(121)).unwrap();
     assert_eq!(s.active_event.as_deref(), Some("sale"));
-    assert_eq!(e.limit_rps(RouteId(0)), 1000.0);
+    assert_eq!(e.limit_rps(e.route_at(0).unwrap()), Some(1000.0));
     assert_eq!(s.offered, 0);
 }

@@ -334,7 +334,8 @@ fn log_traffic(
     let routes: Vec<String> = log
         .routes()
         .iter()
-        .map(|(id, _)| config.routes[id.0].name.clone())
+        .filter_map(|&(id, _)| config.routes.get(id))
+        .map(|r| r.name.clone())
         .collect();
     for route in config.routes.iter().filter(|r| routes.contains(&r.name)) {
         if let Partition::Header(header, _) = &route.partition {
@@ -648,7 +649,8 @@ fn render_sweep(
     let routes: Vec<&str> = sim
         .routes()
         .iter()
-        .map(|r| sim.config().routes[r.0].name.as_str())
+        .filter_map(|&r| sim.config().routes.get(r))
+        .map(|r| r.name.as_str())
         .collect();
     line(&mut out, format_args!("traffic       {label}"));
     line(

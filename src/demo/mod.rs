@@ -561,7 +561,7 @@ impl<'a> Observer<'a> {
     fn snapshot(&self) -> Option<RouteSnapshot> {
         let engine = self.reloader.engine();
         let id = engine.route_id(SALE_ROUTE)?;
-        Some(engine.route_snapshot(id, self.reloader.clock().now()))
+        engine.route_snapshot(id, self.reloader.clock().now())
     }
 
     fn observe(&mut self) {

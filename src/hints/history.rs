@@ -406,7 +406,7 @@ pub fn reason_array(counts: &[(Reason, u64)]) -> ReasonArray {
 mod tests {
     use super::*;
     use crate::config::{RouteConfig, RouteMatch};
-    use crate::engine::{Engine, Key, RouteId};
+    use crate::engine::{Engine, Key};
     use crate::window::RocSample;
     use std::time::UNIX_EPOCH;
 
@@ -450,7 +450,7 @@ mod tests {
         let s = Nanos::from_secs;
         h.tick(s(0), &engine.snapshot(s(0)), [settings("r")], Some(&meter));
         for _ in 0..250 {
-            let _ = engine.check(RouteId(0), Key::None, s(0));
+            let _ = engine.check(engine.route_at(0).unwrap(), Key::None, s(0));
         }
         let route: Arc<str> = "r".into();
         meter.record(&route, Duration::from_millis(30), false);
@@ -482,7 +482,7 @@ mod tests {
         assert_eq!(up.latency.max(), Some(0.75));
 
         // The next interval counts only what came after.
-        let _ = engine.check(RouteId(0), Key::None, s(1));
+        let _ = engine.check(engine.route_at(0).unwrap(), Key::None, s(1));
         h.tick(s(2), &engine.snapshot(s(2)), [settings("r")], Some(&meter));
         let all = h.since(s(1));
         assert_eq!(all[0].1.len(), 1);
@@ -504,11 +504,11 @@ mod tests {
         let mut h = History::new(Duration::from_secs(10), Duration::from_secs(3600));
         for t in (95..=185).step_by(10) {
             let now = Nanos::from_secs(t);
-            engine.catch_up(RouteId(0), now);
+            engine.catch_up(engine.route_at(0).unwrap(), now);
             h.tick(
                 now,
                 &engine.snapshot(now),
-                [engine.route_settings(RouteId(0))],
+                [engine.route_settings(engine.route_at(0).unwrap()).unwrap()],
                 None,
             );
         }

@@ -51,7 +51,8 @@ pub struct MatchedRoute(pub Arc<str>);
 /// let next = shared.load().reload(&reloaded, Nanos::ZERO, UNIX_EPOCH)?;
 /// shared.replace(next);
 /// let engine = shared.load();
-/// assert_eq!(engine.route_params(engine.route_id("order").unwrap()).base_limit_rps, 300.0);
+/// let order = engine.route_id("order").unwrap();
+/// assert_eq!(engine.route_params(order).map(|p| p.base_limit_rps), Some(300.0));
 /// # Ok::<(), rocgate::config::ConfigError>(())
 /// ```
 #[derive(Clone)]
@@ -72,6 +73,9 @@ impl SharedEngine {
     /// Puts `engine` in force for every request that starts from now on (typically
     /// one built by [`Engine::reload`] from the engine in force) and returns the one
     /// it replaces.
+    /// A [`RouteId`] kept from the engine replaced still names its route in the new
+    /// one if the reload kept the route's state, and no route otherwise (see
+    /// [`RouteId`]): look routes up on the engine in force.
     pub fn replace(&self, engine: impl Into<Arc<Engine>>) -> Arc<Engine> {
         self.0.swap(engine.into())
     }
@@ -147,8 +151,9 @@ impl Gate {
     ) -> Decided {
         let digest: String;
         let key = match engine.partition(route) {
-            Partition::Route => Key::None,
-            Partition::ClientIp(_) => {
+            // A route this engine does not hold: `check` admits it, whatever the key.
+            None | Some(Partition::Route) => Key::None,
+            Some(Partition::ClientIp(_)) => {
                 let ext = req.extensions();
                 let peer = peer
                     .or_else(|| ext.get::<PeerAddr>().map(|p| p.0))
@@ -158,7 +163,7 @@ impl Gate {
                     .resolve(peer, req.headers())
                     .map_or(Key::None, Key::Ip)
             }
-            Partition::Header(name, _) => {
+            Some(Partition::Header(name, _)) => {
                 // One value only: of several, which one the upstream reads is its own
                 // choice, so none is the key.
                 let mut values = req.headers().get_all(name.as_str()).iter();
@@ -178,7 +183,7 @@ impl Gate {
         let now = self.clock.now();
         let decision = engine.check(route, key, now);
         let (refused_at, paced_key) = match decision {
-            Decision::Reject(_) => (Some(engine.key_limit_rps(route, key)), None),
+            Decision::Reject(_) => (engine.key_limit_rps(route, key), None),
             Decision::Admit(Admit::Paced(_)) => (None, Some(OwnedKey::of(key))),
             Decision::Admit(_) => (None, None),
         };

@@ -95,7 +95,9 @@ pub fn retry_after(rejection: &Rejection, restore_eta: Option<Duration>) -> Dura
 
 /// The response to a rejected request on `route`, with the route's status
 /// (`reject_status`, 429 by default). It carries `Content-Length`: whatever replaces
-/// its body must set that header again or remove it.
+/// its body must set that header again or remove it. For a route `engine` does not
+/// hold (see [`RouteId`]; its [`Engine::check`] rejects none), a 429 that names no
+/// route, with a quota of 0.
 pub fn respond<B: From<Bytes>>(
     engine: &Engine,
     route: RouteId,
@@ -107,7 +109,7 @@ pub fn respond<B: From<Bytes>>(
         route,
         rejection,
         retry_after,
-        engine.limit_rps(route),
+        engine.limit_rps(route).unwrap_or(0.0),
     )
 }
 
@@ -120,7 +122,7 @@ pub fn respond_at_limit<B: From<Bytes>>(
     retry_after: Duration,
     limit_rps: f64,
 ) -> Response<B> {
-    let name = engine.route_name(route);
+    let name = engine.route_name(route).unwrap_or_default();
     let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     let secs = secs.max(1);
     let reason = rejection.reason.as_str();
@@ -132,8 +134,10 @@ pub fn respond_at_limit<B: From<Bytes>>(
     );
     let length = content_length(body.len());
     let mut response = Response::new(B::from(Bytes::from(body)));
-    *response.status_mut() =
-        StatusCode::from_u16(engine.reject_status(route)).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    *response.status_mut() = engine
+        .reject_status(route)
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     if let Some(v) = policy_header(name, policy(engine, route, limit_rps)) {
@@ -160,7 +164,7 @@ fn millis_up(wait: Duration) -> u64 {
 /// quota of 0 for a limit above it. For the `concurrency` algorithm, requests in
 /// flight, with no window (0).
 fn policy(engine: &Engine, route: RouteId, limit_rps: f64) -> (u64, u64) {
-    if matches!(engine.algorithm(route), Algorithm::Concurrency { .. }) {
+    if matches!(engine.algorithm(route), Some(Algorithm::Concurrency { .. })) {
         return (limit_rps.floor() as u64, 0);
     }
     if limit_rps >= 1.0 || limit_rps.is_nan() || limit_rps <= 0.0 {
@@ -216,11 +220,10 @@ const BODY_MS: &[u8] = br#"","retry_after_ms":"#;
 impl Built {
     fn new(engine: &Arc<Engine>) -> Self {
         let routes = engine
-            .route_names()
-            .enumerate()
-            .map(|(i, name)| {
-                let route = RouteId(i);
-                let policy = policy(engine, route, engine.limit_rps(route));
+            .route_ids()
+            .zip(engine.route_names())
+            .map(|(route, name)| {
+                let policy = policy(engine, route, engine.limit_rps(route).unwrap_or(0.0));
                 // Room for 12 (the map's slots are a power of two): a response made
                 // from it takes a replaced header, or one more, without rehashing.
                 let mut headers = HeaderMap::with_capacity(7);
@@ -239,7 +242,9 @@ impl Built {
                 headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
                 RouteTemplate {
                     policy,
-                    status: StatusCode::from_u16(engine.reject_status(route))
+                    status: engine
+                        .reject_status(route)
+                        .and_then(|s| StatusCode::from_u16(s).ok())
                         .unwrap_or(StatusCode::TOO_MANY_REQUESTS),
                     headers,
                     body_end: format!(r#","route":"{name}"}}"#).into_bytes().into(),
@@ -264,13 +269,21 @@ impl Templates {
         retry_after: Duration,
         limit_rps: f64,
     ) -> Response<B> {
-        let route_policy = policy(engine, route, engine.limit_rps(route));
+        // Templates are by place in the engine's table: an id from another engine (of a
+        // route a reload kept, or none) is answered without them.
+        let (Some(limit), true) = (
+            engine.limit_rps(route),
+            engine.route_at(route.index()) == Some(route),
+        ) else {
+            return respond_at_limit(engine, route, rejection, retry_after, limit_rps);
+        };
+        let route_policy = policy(engine, route, limit);
         let guard = self.built.load();
         let fresh;
         let built = match guard.as_deref() {
             Some(b)
                 if Weak::as_ptr(&b.engine) == Arc::as_ptr(engine)
-                    && b.routes[route.0].policy == route_policy =>
+                    && b.routes.get(route.index()).map(|t| t.policy) == Some(route_policy) =>
             {
                 b
             }
@@ -280,7 +293,9 @@ impl Templates {
                 &*fresh
             }
         };
-        let template = &built.routes[route.0];
+        let Some(template) = built.routes.get(route.index()) else {
+            return respond_at_limit(engine, route, rejection, retry_after, limit_rps);
+        };
         let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
         let secs = secs.max(1);
         let reason = rejection.reason.as_str();
@@ -307,7 +322,7 @@ impl Templates {
         headers.insert(CONTENT_LENGTH, length);
         if secs != 1 {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-            let name = engine.route_name(route);
+            let name = engine.route_name(route).unwrap_or_default();
             if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={secs}")) {
                 headers.insert(RATELIMIT.clone(), v);
             }
@@ -317,7 +332,8 @@ impl Templates {
         }
         let own_policy = policy(engine, route, limit_rps);
         if own_policy != template.policy {
-            if let Some(v) = policy_header(engine.route_name(route), own_policy) {
+            let name = engine.route_name(route).unwrap_or_default();
+            if let Some(v) = policy_header(name, own_policy) {
                 headers.insert(RATELIMIT_POLICY.clone(), v);
             }
         }
@@ -386,7 +402,7 @@ mod tests {
             .unwrap(),
         );
         let templates = Templates::default();
-        for route in [RouteId(0), RouteId(1)] {
+        for route in engine.route_ids() {
             for reason in [Reason::Limit, Reason::RocCut, Reason::QueueFull] {
                 for ms in [1, 999, 1000, 1001, 2731, 60_000] {
                     let rej = Rejection {
@@ -395,7 +411,7 @@ mod tests {
                     };
                     let wait = Duration::from_millis(ms);
                     let want = respond::<Bytes>(&engine, route, &rej, wait);
-                    let limit = engine.limit_rps(route);
+                    let limit = engine.limit_rps(route).unwrap();
                     let got = templates.respond::<Bytes>(&engine, route, &rej, wait, limit);
                     let want_body = format!("{:?}", want.body());
                     let got_body = format!("{:?}", got.body());
@@ -422,6 +438,7 @@ mod tests {
             )
             .unwrap(),
         );
+        let route = engine.route_at(0).unwrap();
         let templates = Templates::default();
         for (wait, ms) in [
             (100_000, 1),
@@ -435,13 +452,13 @@ mod tests {
             };
             let wait = Duration::from_nanos(wait);
             let want = format!(r#""retry_after_ms":{ms},"#);
-            let body = respond::<Bytes>(&engine, RouteId(0), &rej, wait).into_body();
+            let body = respond::<Bytes>(&engine, route, &rej, wait).into_body();
             assert!(
                 std::str::from_utf8(&body).unwrap().contains(&want),
                 "{body:?}"
             );
             let body = templates
-                .respond::<Bytes>(&engine, RouteId(0), &rej, wait, 200.0)
+                .respond::<Bytes>(&engine, route, &rej, wait, 200.0)
                 .into_body();
             assert!(
                 std::str::from_utf8(&body).unwrap().contains(&want),

@@ -78,7 +78,8 @@ where
                 let retry_after = rejection::retry_after(&rejection, eta);
                 let limit = decided
                     .refused_at
-                    .unwrap_or_else(|| engine.limit_rps(route));
+                    .or_else(|| engine.limit_rps(route))
+                    .unwrap_or(0.0);
                 return ResponseFuture::rejected(gate.rejections.respond(
                     &engine,
                     route,
@@ -88,9 +89,8 @@ where
                 ));
             }
         };
-        if gate.matched_route {
-            req.extensions_mut()
-                .insert(MatchedRoute(engine.route_label(route)));
+        if let Some(label) = engine.route_label(route).filter(|_| gate.matched_route) {
+            req.extensions_mut().insert(MatchedRoute(label));
         }
         match admit {
             Admit::Now => self.forward(req, None),

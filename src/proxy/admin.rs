@@ -319,8 +319,11 @@ async fn routes(State(state): State<AdminState>) -> Json<Value> {
 
 async fn one_route(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
     let (engine, now) = caught_up(&state);
-    match engine.route_id(&name) {
-        Some(id) => Json(route_json(&engine.route_snapshot(id, now))).into_response(),
+    match engine
+        .route_id(&name)
+        .and_then(|id| engine.route_snapshot(id, now))
+    {
+        Some(snap) => Json(route_json(&snap)).into_response(),
         None => error(
             StatusCode::NOT_FOUND,
             vec![format!("no route named {name:?}")],

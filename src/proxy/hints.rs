@@ -4,7 +4,7 @@
 
 use crate::clock::Nanos;
 use crate::config::HintsConfig;
-use crate::engine::{Engine, RouteId, SlotReport};
+use crate::engine::{Engine, SlotReport};
 use crate::hints::{HintsReport, History, Policy, RouteHints, UpstreamMeter};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -55,8 +55,9 @@ impl Advisor {
         // Route locks are taken before, never under, the history's lock: the sample
         // hook takes them in the other order.
         let snapshots = engine.snapshot(now);
-        let settings: Vec<_> = (0..snapshots.len())
-            .map(|i| engine.route_settings(RouteId(i)))
+        let settings: Vec<_> = engine
+            .route_ids()
+            .filter_map(|id| engine.route_settings(id))
             .collect();
         self.history()
             .tick(now, &snapshots, settings, Some(&self.meter));

@@ -247,16 +247,17 @@ impl Reloader {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let engine = self.engine();
-        let id = engine
-            .route_id(name)
-            .ok_or_else(|| RouteChangeError::NoSuchRoute(name.to_owned()))?;
+        let no_such_route = || RouteChangeError::NoSuchRoute(name.to_owned());
+        let id = engine.route_id(name).ok_or_else(no_such_route)?;
         let origin = format!("PUT /admin/routes/{name}");
-        let current = engine.route_params(id);
+        let (Some(current), Some(algorithm)) = (engine.route_params(id), engine.algorithm(id))
+        else {
+            return Err(no_such_route());
+        };
         let params =
-            crate::config::patch_controller(&current, engine.algorithm(id), patch, &origin)
-                .map_err(|e| {
-                    RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
-                })?;
+            crate::config::patch_controller(&current, algorithm, patch, &origin).map_err(|e| {
+                RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
+            })?;
         let now = self.clock.now();
         // Checked again with the route's tiers and events, by the rules of the file.
         engine.update_route(id, params, now).map_err(|e| {
@@ -264,7 +265,7 @@ impl Reloader {
         })?;
         changed_at_runtime.insert(name.to_owned());
         tracing::info!(route = %name, "route parameters changed at runtime");
-        Ok(engine.route_snapshot(id, now))
+        engine.route_snapshot(id, now).ok_or_else(no_such_route)
     }
 
     /// Reads the config file again and swaps the engine (blocking: it reads the file
@@ -312,7 +313,7 @@ impl Reloader {
         let changed: Vec<_> = changed_at_runtime
             .iter()
             .filter_map(|name| {
-                let params = before.route_params(before.route_id(name)?);
+                let params = before.route_params(before.route_id(name)?)?;
                 Some((name.clone(), params))
             })
             .collect();
@@ -327,7 +328,7 @@ impl Reloader {
             .into_iter()
             .filter(|(name, params)| {
                 next.route_id(name)
-                    .is_some_and(|id| next.route_params(id) != *params)
+                    .is_some_and(|id| next.route_params(id).as_ref() != Some(params))
             })
             .map(|(name, _)| name)
             .collect();
@@ -866,7 +867,8 @@ fn refuse<B>(
 ) -> http::Response<axum::body::Body> {
     let route = engine
         .route_for(req.method().as_str(), req.uri().path())
-        .map_or_else(|| Arc::from(UNMATCHED_ROUTE), |id| engine.route_label(id));
+        .and_then(|id| engine.route_label(id))
+        .unwrap_or_else(|| Arc::from(UNMATCHED_ROUTE));
     tracing::debug!(error = %e, route = %route, "request refused before admission");
     metrics::counter!(metric::UPSTREAM_ERRORS, "route" => route, "kind" => e.kind()).increment(1);
     e.into_response()

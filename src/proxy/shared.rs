@@ -105,10 +105,12 @@ where
                 let decision = gate.store.check(&engine, route, now).await;
                 match decision {
                     Decision::Reject(rej) => {
-                        let limit = gate
-                            .store
-                            .view(engine.route_name(route))
-                            .map_or_else(|| engine.limit_rps(route), |v| v.limit_rps);
+                        let limit = engine
+                            .route_name(route)
+                            .and_then(|name| gate.store.view(name))
+                            .map(|v| v.limit_rps)
+                            .or_else(|| engine.limit_rps(route))
+                            .unwrap_or(0.0);
                         Ok(rejection::respond_at_limit(
                             &engine,
                             route,
@@ -118,8 +120,9 @@ where
                         ))
                     }
                     Decision::Admit(_) => {
-                        req.extensions_mut()
-                            .insert(MatchedRoute(engine.route_label(route)));
+                        if let Some(label) = engine.route_label(route) {
+                            req.extensions_mut().insert(MatchedRoute(label));
+                        }
                         direct.call(req).await
                     }
                 }

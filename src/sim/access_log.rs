@@ -789,17 +789,17 @@ impl LogReader {
             }
             None => None,
         };
-        let Some(route) = route else {
+        let Some(route) = route.map(RouteId::index) else {
             self.stats.unmatched += 1;
             return;
         };
-        if !self.replayed[route.0] {
+        if !self.replayed[route] {
             self.stats.other_routes += 1;
             return;
         }
         self.stats.replayed += 1;
-        if !self.by_ip[route.0] {
-            self.counts.add(l.time_unix_s, route.0 as u32);
+        if !self.by_ip[route] {
+            self.counts.add(l.time_unix_s, route as u32);
             return;
         }
         let client = match l.client_ip() {
@@ -814,7 +814,7 @@ impl LogReader {
         };
         self.keyed.push(Entry {
             second: l.time_unix_s,
-            route: route.0 as u32,
+            route: route as u32,
             client,
         });
     }
@@ -1088,13 +1088,14 @@ impl AccessLog {
         self.spread
     }
 
-    /// The routes that take at least one request, in config order, with their counts.
-    pub fn routes(&self) -> Vec<(RouteId, u64)> {
+    /// The routes that take at least one request, in config order, with their counts:
+    /// each by its index in the configuration's routes.
+    pub fn routes(&self) -> Vec<(usize, u64)> {
         self.route_counts
             .iter()
             .enumerate()
             .filter(|&(_, &n)| n > 0)
-            .map(|(i, &n)| (RouteId(i), n))
+            .map(|(i, &n)| (i, n))
             .collect()
     }
 
@@ -1216,7 +1217,7 @@ impl Iterator for LogRequests<'_> {
         let second_ns = (self.second as u64 - 1) * 1_000_000_000;
         Some(Request {
             at: Nanos::new(second_ns + u64::from(p.offset_ns)),
-            route: RouteId(p.route as usize),
+            route: p.route as usize,
             client: (p.client != NO_CLIENT).then(|| self.log.client_ips[p.client as usize]),
         })
     }

@@ -80,8 +80,9 @@ fn count_of(n: f64) -> String {
 pub struct Request {
     /// Arrival, time since the start of the run.
     pub at: Nanos,
-    /// The route that takes it, as [`Engine::route_for`] matched it.
-    pub route: RouteId,
+    /// The route that takes it: its index in the configuration's routes (its match
+    /// order), as [`Engine::route_for`] matched it ([`RouteId::index`]).
+    pub route: usize,
     /// The client's address, if known.
     pub client: Option<IpAddr>,
 }
@@ -92,7 +93,7 @@ pub struct Request {
 pub struct Simulator {
     config: Config,
     /// The routes recorded, in config order, without repeats.
-    routes: Vec<RouteId>,
+    routes: Vec<usize>,
     wall_start: Option<SystemTime>,
     capacity_rps: Option<u64>,
 }
@@ -103,7 +104,7 @@ impl Simulator {
     pub fn new(config: Config, route: Option<&str>) -> Result<Self, SimError> {
         match route {
             None if config.routes.is_empty() => Err(SimError::NoRoutes),
-            None => Self::build(config, vec![RouteId(0)]),
+            None => Self::build(config, vec![0]),
             Some(name) => Self::for_routes(config, &[name]),
         }
     }
@@ -126,8 +127,6 @@ impl Simulator {
                     .routes
                     .iter()
                     .position(|r| r.name == name)
-                    // The engine builds its route table in config order.
-                    .map(RouteId)
                     .ok_or_else(|| SimError::UnknownRoute {
                         name: name.to_owned(),
                         known: config.routes.iter().map(|r| r.name.clone()).collect(),
@@ -140,7 +139,7 @@ impl Simulator {
     }
 
     /// The simulator of `routes`, once `config` is checked by the rules of the file.
-    fn build(config: Config, routes: Vec<RouteId>) -> Result<Self, SimError> {
+    fn build(config: Config, routes: Vec<usize>) -> Result<Self, SimError> {
         config.validate()?;
         Ok(Simulator {
             config,
@@ -169,8 +168,8 @@ impl Simulator {
         &self.config
     }
 
-    /// The routes recorded, in config order.
-    pub fn routes(&self) -> &[RouteId] {
+    /// The routes recorded, in config order: their indices in the configuration's routes.
+    pub fn routes(&self) -> &[usize] {
         &self.routes
     }
 
@@ -267,7 +266,9 @@ impl Simulator {
         let mut slot_of = vec![None; self.config.routes.len()];
         let mut plans = Vec::with_capacity(self.routes.len());
         for (i, &route) in self.routes.iter().enumerate() {
-            let cfg = &self.config.routes[route.0];
+            let Some(cfg) = self.config.routes.get(route) else {
+                continue;
+            };
             let slot = cfg.window.slot();
             let slot_ns = duration_nanos(slot);
             let slots = end.as_u64().div_ceil(slot_ns);
@@ -278,7 +279,7 @@ impl Simulator {
                     slots,
                 });
             }
-            slot_of[route.0] = Some(i);
+            slot_of[route] = Some(i);
             plans.push((route, slot_ns, slots));
         }
 
@@ -287,7 +288,8 @@ impl Simulator {
         let names: Vec<String> = self
             .routes
             .iter()
-            .map(|r| self.config.routes[r.0].name.clone())
+            .filter_map(|&r| self.config.routes.get(r))
+            .map(|r| r.name.clone())
             .collect();
         let engine = Engine::new(&self.config, Nanos::ZERO, wall_start)?.with_transition_hook(
             Arc::new(move |route: &str, t: &Transition| {
@@ -299,14 +301,20 @@ impl Simulator {
             }),
         );
 
+        // The engine builds its route table in config order.
+        let ids: Vec<RouteId> = plans
+            .iter()
+            .filter_map(|&(route, _, _)| engine.route_at(route))
+            .collect();
         let mut recorders: Vec<Recorder<'_>> = plans
             .iter()
-            .map(|&(route, slot_ns, slots)| {
+            .zip(&ids)
+            .map(|(&(route, slot_ns, slots), &id)| {
                 let by_ip = matches!(
-                    self.config.routes[route.0].partition,
-                    Partition::ClientIp(_)
+                    self.config.routes.get(route).map(|r| &r.partition),
+                    Some(Partition::ClientIp(_))
                 );
-                Recorder::new(&engine, route, by_ip, slot_ns, slots)
+                Recorder::new(&engine, id, by_ip, slot_ns, slots)
             })
             .collect();
         let mut load = Load::new(self.capacity_rps);
@@ -317,7 +325,7 @@ impl Simulator {
                 break;
             }
             last = t;
-            let Some(Some(i)) = slot_of.get(r.route.0) else {
+            let Some(Some(i)) = slot_of.get(r.route) else {
                 continue;
             };
             let rec = &mut recorders[*i];
@@ -332,10 +340,9 @@ impl Simulator {
             .zip(&plans)
             .map(|(rec, &(_, _, slots))| rec.finish(slots))
             .unzip();
-        let snaps: Vec<_> = self
-            .routes
+        let snaps: Vec<_> = ids
             .iter()
-            .map(|&r| engine.route_snapshot(r, end))
+            .filter_map(|&r| engine.route_snapshot(r, end))
             .collect();
         drop(engine);
         for (i, t) in
@@ -679,25 +686,31 @@ impl<'e> Recorder<'e> {
             let start = self.boundary.saturating_sub(self.slot_ns);
             self.engine.catch_up(self.route, Nanos::new(start));
         }
+        let next = SlotRow::empty(Nanos::new(self.boundary).as_secs_f64());
+        let row = std::mem::replace(&mut self.row, next);
+        // The route came from this engine, which holds it: there is always a snapshot.
         let snap = self
             .engine
             .route_snapshot(self.route, Nanos::new(self.boundary));
-        let shadow: u64 = snap.shadow_rejected.iter().map(|(_, n)| n).sum();
-        let next = SlotRow::empty(Nanos::new(self.boundary).as_secs_f64());
-        let row = std::mem::replace(&mut self.row, next);
-        self.rows.push(SlotRow {
-            shadow_rejected: shadow - self.shadow_seen,
-            roc: snap.roc,
-            danger_roc: snap.danger_roc,
-            safe_roc: snap.safe_roc,
-            limit_rps: snap.limit_rps,
-            base_limit_rps: snap.base_limit_rps,
-            state: snap.state,
-            level: snap.level.value,
-            level_capacity: snap.level.capacity,
-            ..row
+        self.rows.push(match snap {
+            Some(snap) => {
+                let shadow: u64 = snap.shadow_rejected.iter().map(|(_, n)| n).sum();
+                let seen = std::mem::replace(&mut self.shadow_seen, shadow);
+                SlotRow {
+                    shadow_rejected: shadow - seen,
+                    roc: snap.roc,
+                    danger_roc: snap.danger_roc,
+                    safe_roc: snap.safe_roc,
+                    limit_rps: snap.limit_rps,
+                    base_limit_rps: snap.base_limit_rps,
+                    state: snap.state,
+                    level: snap.level.value,
+                    level_capacity: snap.level.capacity,
+                    ..row
+                }
+            }
+            None => row,
         });
-        self.shadow_seen = shadow;
         self.boundary = self.boundary.saturating_add(self.slot_ns);
     }
 

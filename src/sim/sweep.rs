@@ -383,7 +383,8 @@ impl Sweep {
         let names: Vec<String> = base
             .routes()
             .iter()
-            .map(|r| base.config().routes[r.0].name.clone())
+            .filter_map(|&r| base.config().routes.get(r))
+            .map(|r| r.name.clone())
             .collect();
         for p in &self.params {
             if let Some(route) = &p.route {
@@ -401,7 +402,9 @@ impl Sweep {
                 let values = self.point(i);
                 let mut config = base.config().clone();
                 for &id in base.routes() {
-                    let route = &mut config.routes[id.0];
+                    let Some(route) = config.routes.get_mut(id) else {
+                        continue;
+                    };
                     let changes: Vec<(&SweepParam, f64)> = self
                         .params
                         .iter()

@@ -768,15 +768,15 @@ impl RedisStore {
         Ok(RedisStore { inner })
     }
 
-    /// Whether `route` is decided on the shared state (see the module docs).
-    ///
-    /// # Panics
-    /// If `route` does not come from `engine`.
+    /// Whether `route` is decided on the shared state (see the module docs): never a
+    /// route `engine` does not hold (see [`RouteId`]).
     pub fn shares(&self, engine: &Engine, route: RouteId) -> bool {
-        matches!(engine.partition(route), Partition::Route)
-            && matches!(engine.algorithm(route), Algorithm::TokenBucket { .. })
-            && engine.mode(route) != Mode::ShadowAdaptive
-            && engine.window(route).slots() <= 1000
+        matches!(engine.partition(route), Some(Partition::Route))
+            && matches!(engine.algorithm(route), Some(Algorithm::TokenBucket { .. }))
+            && engine
+                .mode(route)
+                .is_some_and(|m| m != Mode::ShadowAdaptive)
+            && engine.window(route).is_some_and(|w| w.slots() <= 1000)
     }
 
     /// Decides one request on a distributed route at `now` (the engine's clock).
@@ -789,10 +789,8 @@ impl RedisStore {
     /// The decision is counted in `engine` ([`Engine::record`]), as [`Engine::check`]
     /// counts its own: offered, and rejected for its reason (in shadow mode,
     /// shadow-rejected), so the engine's snapshots and metrics show this instance's
-    /// traffic on the route.
-    ///
-    /// # Panics
-    /// If `route` does not come from `engine`.
+    /// traffic on the route. A route `engine` does not hold (see [`RouteId`]) is
+    /// admitted uncounted, as [`Engine::check`] admits it.
     pub async fn check(&self, engine: &Engine, route: RouteId, now: Nanos) -> Decision {
         let (decision, rejected) = self.decide(engine, route, now).await;
         engine.record(route, rejected, now);
@@ -801,12 +799,14 @@ impl RedisStore {
 
     async fn decide(&self, engine: &Engine, route: RouteId, now: Nanos) -> Verdict {
         let inner = &self.inner;
-        let r = inner.route(engine, route, now);
-        let mode = engine.mode(route);
+        let (Some(mode), Some(r)) = (engine.mode(route), inner.route(engine, route, now)) else {
+            return (Decision::Admit(Admit::Now), None);
+        };
         if inner.config.mode == SyncMode::Batched {
             return inner.batched(engine, route, &r, mode, now);
         }
-        let base = || engine.params_at(route, now).base_limit_rps;
+        let params = || engine.params_at(route, now).unwrap_or_default();
+        let base = || params().base_limit_rps;
         if r.breaker().call(now) == Call::Skip {
             return inner.fallback(&r, mode, base, now);
         }
@@ -824,7 +824,7 @@ impl RedisStore {
         };
         let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
         let tokens = reply.tokens;
-        inner.absorb(&r, reply, || engine.params_at(route, now));
+        inner.absorb(&r, reply, params);
         if let (Some(tokens), FailMode::Local) = (tokens, inner.config.fail_mode) {
             inner.mirror(&r, tokens, now);
         }
@@ -1015,11 +1015,11 @@ impl Inner {
     }
 
     /// The route's shared state, built on first use and rebuilt when its shape
-    /// (window, burst) changed on reload.
-    fn route(&self, engine: &Engine, route: RouteId, now: Nanos) -> Arc<SharedRoute> {
-        let name = engine.route_name(route);
-        let window = engine.window(route);
-        let burst = match engine.algorithm(route) {
+    /// (window, burst) changed on reload; `None` for a route `engine` does not hold.
+    fn route(&self, engine: &Engine, route: RouteId, now: Nanos) -> Option<Arc<SharedRoute>> {
+        let name = engine.route_name(route)?;
+        let window = engine.window(route)?;
+        let burst = match engine.algorithm(route)? {
             Algorithm::TokenBucket { burst } => *burst,
             _ => Duration::from_secs(1),
         };
@@ -1033,12 +1033,12 @@ impl Inner {
         let mut before = None;
         if let Some(r) = self.routes.get(name) {
             if r.window == window && r.burst == burst {
-                return Arc::clone(&r);
+                return Some(Arc::clone(&r));
             }
             stepped = *r.stepped.lock().unwrap_or_else(PoisonError::into_inner);
             before = Some(Arc::clone(&r));
         }
-        let label: Arc<str> = engine.route_label(route);
+        let label: Arc<str> = engine.route_label(route)?;
         // Keys renewed once per slot outlive the last request by their expiry less one
         // slot: at least the burst (a bucket that expired would have refilled anyway,
         // so recreating it full hands out nothing more) and the window (one that
@@ -1048,7 +1048,7 @@ impl Inner {
             .key_ttl
             .max(burst + window.slot())
             .max(window.window() + window.slot());
-        let base = engine.params_at(route, now).base_limit_rps;
+        let base = engine.params_at(route, now)?.base_limit_rps;
         let share = base / self.instances() as f64;
         let tag = format!("{{{}:{}}}", self.config.key_prefix, label);
         let counter = |decision: &'static str| metrics::counter!(metric::STORE_REQUESTS, "route" => label.to_string(), "decision" => decision);
@@ -1108,7 +1108,7 @@ impl Inner {
         if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
             self.retire(&old);
         }
-        r
+        Some(r)
     }
 
     /// Runs [`DECIDE`]: counts `arrivals`, and, if `take`, debits `debit` tokens and
@@ -1206,14 +1206,18 @@ impl Inner {
                 .is_ok()
         {
             // The base limit in force, taken once a slot: a lowered one applies from
-            // here on, whether Redis answers, fails or is skipped.
+            // here on, whether Redis answers, fails or is skipped. A route this
+            // engine no longer holds (a reload raced the request) keeps the base it had
+            // and syncs nothing more.
             let params = engine.params_at(route, now);
-            r.base_limit
-                .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+            if let Some(params) = &params {
+                r.base_limit
+                    .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+            }
             // Arrivals of a failed or skipped sync are dropped: dumped into a later
             // slot they would look like a spike.
             let arrivals = r.pending.swap(0, Ordering::Relaxed);
-            if r.breaker().call(now) != Call::Skip {
+            if let Some(params) = params.filter(|_| r.breaker().call(now) != Call::Skip) {
                 tokio::spawn(sync(Arc::clone(self), Arc::clone(r), arrivals, params));
             }
         }

@@ -30,7 +30,9 @@ impl RunningProxy {
     pub(crate) fn snapshot(&self, route: &str) -> RouteSnapshot {
         let engine = self.reloader.engine();
         let id = engine.route_id(route).unwrap();
-        engine.route_snapshot(id, self.reloader.clock().now())
+        engine
+            .route_snapshot(id, self.reloader.clock().now())
+            .unwrap()
     }
 
     /// The route's limiter level: for the concurrency algorithm, requests in flight.
