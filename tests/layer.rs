@@ -1158,3 +1158,27 @@ fn public_types_are_send_sync_clone_and_debug() {
     error::<rocgate::config::ConfigError>();
     error::<rocgate::sim::SimError>();
 }
+
+/// A builder set up once builds the layer of two routers: both layers decide on one
+/// engine, so the limit holds across them.
+#[tokio::test]
+async fn layers_built_from_a_builder_and_its_clone_share_one_engine() {
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let config = Config::new(vec![route(
+        "cloned_builder",
+        RouteMatch::exact("POST", "/api/order"),
+        2.0,
+    )]);
+    let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+    let builder = AdmissionLayer::with_engine(SharedEngine::new(engine), clock).matched_route(true);
+    let (first, second) = (builder.clone().build(), builder.build());
+    let hits = Arc::new(AtomicU64::new(0));
+    let (a, b) = (app(first, hits.clone()), app(second, hits.clone()));
+    let status = |app: Router| async move { app.oneshot(post_order()).await.unwrap().status() };
+    assert_eq!(status(a.clone()).await, StatusCode::OK);
+    assert_eq!(status(b.clone()).await, StatusCode::OK);
+    // The burst of 2 is spent, through either layer.
+    assert_eq!(status(a).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(b).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(hits.load(Ordering::Relaxed), 2);
+}

@@ -392,6 +392,11 @@ impl<S> tower::Layer<S> for AdmissionLayer {
 }
 
 /// Builds an [`AdmissionLayer`].
+///
+/// Cloning it is cheap: the layers built from a builder and from its clones share one
+/// engine, as clones of a layer do (a builder set up once can build the layer of
+/// several routers).
+#[derive(Clone)]
 pub struct AdmissionLayerBuilder {
     engine: SharedEngine,
     clock: Arc<dyn Clock>,
