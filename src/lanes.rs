@@ -112,25 +112,31 @@ pub struct LaneCounters {
 }
 
 impl LaneCounters {
-    /// Adds one to counter `counter` (< [`COUNTERS`]).
+    /// Adds one to counter `counter` (< [`COUNTERS`]; there is no other, and adding
+    /// to one past the last counts nothing).
     #[inline]
     pub fn add(&self, counter: usize) {
         match own_lane() {
+            // `own_lane` is below OWNED_LANES: the lane is there.
             Some(lane) => {
-                let c = &self.lanes[lane].0[counter];
-                c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                if let Some(c) = self.lanes[lane].0.get(counter) {
+                    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                }
             }
             None => {
-                self.lanes[OWNED_LANES].0[counter].fetch_add(1, Ordering::Relaxed);
+                if let Some(c) = self.lanes[OWNED_LANES].0.get(counter) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
 
-    /// Everything ever added to counter `counter`.
+    /// Everything ever added to counter `counter` (0 past the last).
     pub fn sum(&self, counter: usize) -> u64 {
         self.lanes
             .iter()
-            .map(|l| l.0[counter].load(Ordering::Relaxed))
+            .filter_map(|l| l.0.get(counter))
+            .map(|c| c.load(Ordering::Relaxed))
             .sum()
     }
 }
@@ -173,6 +179,22 @@ mod tests {
             });
             assert_eq!(c.sum(3), (round as u64 + 1) * 2_000);
         }
+    }
+
+    /// A counter past the last is none: adding to it counts nothing (on an owned lane
+    /// and on the shared one), and its sum is 0. It indexed past the lane and panicked.
+    #[test]
+    fn a_counter_past_the_last_counts_nothing_and_panics_not() {
+        let c = LaneCounters::default();
+        c.add(COUNTERS);
+        std::thread::scope(|s| {
+            for _ in 0..OWNED_LANES * 2 {
+                s.spawn(|| c.add(usize::MAX));
+            }
+        });
+        assert_eq!(c.sum(COUNTERS), 0);
+        assert_eq!(c.sum(usize::MAX), 0);
+        assert_eq!((0..COUNTERS).map(|i| c.sum(i)).sum::<u64>(), 0);
     }
 
     #[test]
