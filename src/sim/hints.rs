@@ -34,11 +34,13 @@ pub fn intervals(
     let mut last_state = ControllerState::Normal;
     // Slots before the controller acts: one full window.
     let mut armed = 2 * half_slots;
-    let slot = Duration::from_secs_f64(slot_s);
+    // No length if `slot_s` is none (negative, NaN, past `Duration::MAX`).
+    let slot = Duration::try_from_secs_f64(slot_s).unwrap_or_default();
     let mut out = Vec::new();
     for chunk in result.series.chunks(per) {
         let start = crate::clock::Nanos::new((chunk[0].t_s * 1e9).round() as u64);
-        let mut i = Interval::new(start, slot * u32::try_from(chunk.len()).unwrap_or(1));
+        let length = slot.saturating_mul(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
+        let mut i = Interval::new(start, length);
         let mut upstream = UpstreamCounts::default();
         for row in chunk {
             i.offered += row.offered;
@@ -189,5 +191,28 @@ mod tests {
         );
         assert_eq!(out[0].exhausted_s, 0.0);
         assert!(intervals(&result(Vec::new()), 5, &bucket, false).is_empty());
+    }
+
+    /// A result whose slot length is no duration (its fields are public, so a caller
+    /// may have set any) gives intervals of no length, not a panic: the slot was made
+    /// a `Duration` with `from_secs_f64`, which panics on a negative or NaN value.
+    #[test]
+    fn a_slot_length_that_is_no_duration_is_no_panic() {
+        let rows: Vec<SlotRow> = (0..20)
+            .map(|k| {
+                let mut row = SlotRow::empty(f64::from(k) * 0.1);
+                row.offered = 10;
+                row
+            })
+            .collect();
+        let bucket = Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        };
+        for slot_s in [-0.1, f64::NAN, f64::INFINITY, 1e300] {
+            let mut odd = result(rows.clone());
+            odd.summary.slot_s = slot_s;
+            let out = intervals(&odd, 5, &bucket, false);
+            assert_eq!(out.iter().map(|i| i.offered).sum::<u64>(), 200, "{slot_s}");
+        }
     }
 }
