@@ -1138,13 +1138,15 @@ async fn a_shared_engine_replaced_is_the_one_the_layer_decides_with() {
 }
 
 /// What a tower user needs of the public types, checked by the compiler: the layer, its
-/// service and the shared engine are `Send + Sync + Clone + Debug` (a service shared
-/// across tasks and cloned per connection), the response future is `Send` over a
-/// `Send` service, and a config error is a `std::error::Error` that can cross threads.
+/// builder, its service, the shared engine and a route id are `Send + Sync + Clone +
+/// Debug` (a service shared across tasks and cloned per connection), the engine is
+/// shared across threads, the response future is `Send` over a `Send` service, and a
+/// config error is a `std::error::Error` that can cross threads.
 #[test]
 fn public_types_are_send_sync_clone_and_debug() {
     fn shared<T: Send + Sync + Clone + std::fmt::Debug + 'static>() {}
     fn sent<T: Send + std::fmt::Debug>() {}
+    fn threads<T: Send + Sync + std::fmt::Debug>() {}
     fn error<T: std::error::Error + Send + Sync + 'static>() {}
     shared::<AdmissionLayer>();
     shared::<rocgate::http::AdmissionService<Router>>();
@@ -1153,8 +1155,9 @@ fn public_types_are_send_sync_clone_and_debug() {
     shared::<rocgate::http::HeldPermit>();
     shared::<rocgate::http::ClientIpResolver>();
     sent::<rocgate::http::ResponseFuture<Router, Body, Body>>();
-    sent::<rocgate::http::AdmissionLayerBuilder>();
-    sent::<Engine>();
+    shared::<rocgate::http::AdmissionLayerBuilder>();
+    shared::<rocgate::engine::RouteId>();
+    threads::<Engine>();
     error::<rocgate::config::ConfigError>();
     error::<rocgate::sim::SimError>();
 }
