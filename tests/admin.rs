@@ -7,7 +7,7 @@ use hyper_util::rt::TokioExecutor;
 use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::Config;
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use rocgate::proxy::{Proxy, ProxySettings, Reloader};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -63,24 +63,25 @@ async fn start_on(
     let file = dir.path().join("rocgate.toml");
     std::fs::write(&file, text).unwrap();
     let config = Config::load(&file).unwrap();
-    let settings = ProxySettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        forward: ForwardSettings {
-            // Nothing is forwarded in these tests.
-            upstream: "http://127.0.0.1:9".parse().unwrap(),
-            connect_timeout: Duration::from_millis(200),
-            response_timeout: Duration::from_secs(1),
-            max_body_bytes: 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: Duration::from_secs(2),
-        shutdown_grace: Duration::from_secs(2),
-        max_connections: 10_000,
-        idle_timeout: Duration::from_secs(60),
-        admin_token: token.map(str::to_owned),
+    let settings = {
+        let mut built = ProxySettings::from_server(
+            &rocgate::config::ServerConfig::default(),
+            "http://127.0.0.1:9".parse().unwrap(),
+        );
+        built.listen = "127.0.0.1:0".parse().unwrap();
+        built.admin_listen = "127.0.0.1:0".parse().unwrap();
+        built.header_read_timeout = Duration::from_secs(2);
+        built.shutdown_grace = Duration::from_secs(2);
+        built.max_connections = 10_000;
+        built.idle_timeout = Duration::from_secs(60);
+        built.admin_token = token.map(str::to_owned);
+        built.forward.connect_timeout = Duration::from_millis(200);
+        built.forward.response_timeout = Duration::from_secs(1);
+        built.forward.max_body_bytes = 1024;
+        built.forward.max_upstream_lanes = 1024;
+        built.forward.upstream_idle_timeout = Duration::from_secs(4);
+        built.forward.resolver = ClientIpResolver::default();
+        built
     };
     let proxy = match clock {
         Some(clock) => Proxy::bind_with_clock(settings, &config, Some(file.clone()), clock).await,

@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rocgate::clock::{Clock, ManualClock, MonotonicClock};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use rocgate::proxy::{Proxy, ProxySettings};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -132,23 +132,25 @@ async fn start_proxy_on(
     header_read_timeout: Duration,
 ) -> RunningProxy {
     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-    let settings = ProxySettings {
-        listen: any_port,
-        admin_listen: any_port,
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(5),
-            max_body_bytes: 64 * 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout,
-        shutdown_grace: Duration::from_secs(1),
-        max_connections,
-        idle_timeout,
-        admin_token: None,
+    let settings = {
+        let mut built = ProxySettings::from_server(
+            &rocgate::config::ServerConfig::default(),
+            format!("http://{upstream}").parse().unwrap(),
+        );
+        built.listen = any_port;
+        built.admin_listen = any_port;
+        built.header_read_timeout = header_read_timeout;
+        built.shutdown_grace = Duration::from_secs(1);
+        built.max_connections = max_connections;
+        built.idle_timeout = idle_timeout;
+        built.admin_token = None;
+        built.forward.connect_timeout = Duration::from_secs(1);
+        built.forward.response_timeout = Duration::from_secs(5);
+        built.forward.max_body_bytes = 64 * 1024;
+        built.forward.max_upstream_lanes = 1024;
+        built.forward.upstream_idle_timeout = Duration::from_secs(4);
+        built.forward.resolver = ClientIpResolver::default();
+        built
     };
     // One route no request of these tests takes: every request is forwarded as is.
     let config = Config::new(vec![RouteConfig::new(

@@ -8,7 +8,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rocgate::config::Config;
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use rocgate::proxy::{Proxy, ProxySettings};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -55,23 +55,25 @@ async fn start() -> (SocketAddr, SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let app = Router::new().fallback(|| async { "ok" });
     tokio::spawn(async move { axum::serve(upstream, app).await });
     let config = Config::from_toml_str(CONFIG, "test").unwrap();
-    let settings = ProxySettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream_addr}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(5),
-            max_body_bytes: 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: Duration::from_secs(2),
-        shutdown_grace: Duration::from_secs(2),
-        max_connections: 10_000,
-        idle_timeout: Duration::from_secs(60),
-        admin_token: None,
+    let settings = {
+        let mut built = ProxySettings::from_server(
+            &rocgate::config::ServerConfig::default(),
+            format!("http://{upstream_addr}").parse().unwrap(),
+        );
+        built.listen = "127.0.0.1:0".parse().unwrap();
+        built.admin_listen = "127.0.0.1:0".parse().unwrap();
+        built.header_read_timeout = Duration::from_secs(2);
+        built.shutdown_grace = Duration::from_secs(2);
+        built.max_connections = 10_000;
+        built.idle_timeout = Duration::from_secs(60);
+        built.admin_token = None;
+        built.forward.connect_timeout = Duration::from_secs(1);
+        built.forward.response_timeout = Duration::from_secs(5);
+        built.forward.max_body_bytes = 1024;
+        built.forward.max_upstream_lanes = 1024;
+        built.forward.upstream_idle_timeout = Duration::from_secs(4);
+        built.forward.resolver = ClientIpResolver::default();
+        built
     };
     let proxy = Proxy::bind(settings, &config, None).await.unwrap();
     let (listen, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());

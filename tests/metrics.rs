@@ -4,7 +4,7 @@
 
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use rocgate::proxy::{Proxy, ProxySettings};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
@@ -170,23 +170,25 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
             .unwrap();
     per_ip.window = window;
     rest.window = window;
-    let settings = ProxySettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        forward: ForwardSettings {
-            upstream: format!("http://{up_addr}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(5),
-            max_body_bytes: 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]),
-        },
-        header_read_timeout: Duration::from_secs(5),
-        shutdown_grace: Duration::from_secs(2),
-        max_connections: 10_000,
-        idle_timeout: Duration::from_secs(60),
-        admin_token: None,
+    let settings = {
+        let mut built = ProxySettings::from_server(
+            &rocgate::config::ServerConfig::default(),
+            format!("http://{up_addr}").parse().unwrap(),
+        );
+        built.listen = "127.0.0.1:0".parse().unwrap();
+        built.admin_listen = "127.0.0.1:0".parse().unwrap();
+        built.header_read_timeout = Duration::from_secs(5);
+        built.shutdown_grace = Duration::from_secs(2);
+        built.max_connections = 10_000;
+        built.idle_timeout = Duration::from_secs(60);
+        built.admin_token = None;
+        built.forward.connect_timeout = Duration::from_secs(1);
+        built.forward.response_timeout = Duration::from_secs(5);
+        built.forward.max_body_bytes = 1024;
+        built.forward.max_upstream_lanes = 1024;
+        built.forward.upstream_idle_timeout = Duration::from_secs(4);
+        built.forward.resolver = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        built
     };
     let proxy = Proxy::bind(settings, &Config::new(vec![per_ip, rest]), None)
         .await

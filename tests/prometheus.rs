@@ -14,7 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use rocgate::proxy::{Proxy, ProxySettings};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -181,23 +181,25 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
 
     let up = upstream().await;
-    let settings = ProxySettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        forward: ForwardSettings {
-            upstream: format!("http://{up}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_millis(200),
-            max_body_bytes: 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: Duration::from_secs(5),
-        shutdown_grace: Duration::from_secs(1),
-        max_connections: 10_000,
-        idle_timeout: Duration::from_secs(60),
-        admin_token: None,
+    let settings = {
+        let mut built = ProxySettings::from_server(
+            &rocgate::config::ServerConfig::default(),
+            format!("http://{up}").parse().unwrap(),
+        );
+        built.listen = "127.0.0.1:0".parse().unwrap();
+        built.admin_listen = "127.0.0.1:0".parse().unwrap();
+        built.header_read_timeout = Duration::from_secs(5);
+        built.shutdown_grace = Duration::from_secs(1);
+        built.max_connections = 10_000;
+        built.idle_timeout = Duration::from_secs(60);
+        built.admin_token = None;
+        built.forward.connect_timeout = Duration::from_secs(1);
+        built.forward.response_timeout = Duration::from_millis(200);
+        built.forward.max_body_bytes = 1024;
+        built.forward.max_upstream_lanes = 1024;
+        built.forward.upstream_idle_timeout = Duration::from_secs(4);
+        built.forward.resolver = ClientIpResolver::default();
+        built
     };
     let config = Config::new(vec![
         quick_route(),

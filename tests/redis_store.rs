@@ -282,25 +282,27 @@ fn few_refills_route() -> RouteConfig {
 /// A `rocgate serve` on free loopback ports in front of `upstream`.
 fn proxy_settings(upstream: std::net::SocketAddr) -> rocgate::proxy::ProxySettings {
     use rocgate::http::ClientIpResolver;
-    use rocgate::proxy::{ForwardSettings, ProxySettings};
+    use rocgate::proxy::ProxySettings;
     let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    ProxySettings {
-        listen: any,
-        admin_listen: any,
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(2),
-            max_body_bytes: 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: Duration::from_secs(1),
-        shutdown_grace: Duration::from_secs(1),
-        max_connections: 10_000,
-        idle_timeout: Duration::from_secs(60),
-        admin_token: None,
+    {
+        let mut built = ProxySettings::from_server(
+            &rocgate::config::ServerConfig::default(),
+            format!("http://{upstream}").parse().unwrap(),
+        );
+        built.listen = any;
+        built.admin_listen = any;
+        built.header_read_timeout = Duration::from_secs(1);
+        built.shutdown_grace = Duration::from_secs(1);
+        built.max_connections = 10_000;
+        built.idle_timeout = Duration::from_secs(60);
+        built.admin_token = None;
+        built.forward.connect_timeout = Duration::from_secs(1);
+        built.forward.response_timeout = Duration::from_secs(2);
+        built.forward.max_body_bytes = 1024;
+        built.forward.max_upstream_lanes = 1024;
+        built.forward.upstream_idle_timeout = Duration::from_secs(4);
+        built.forward.resolver = ClientIpResolver::default();
+        built
     }
 }
 

@@ -25,7 +25,7 @@ use hyper_util::rt::TokioIo;
 use libfuzzer_sys::fuzz_target;
 use rocgate::config::Config;
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings};
+use rocgate::proxy::{Proxy, ProxySettings};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Mutex, OnceLock};
@@ -71,25 +71,26 @@ async fn start_upstream() -> SocketAddr {
 
 async fn start_proxy(upstream: SocketAddr, trusted: &str) -> SocketAddr {
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let settings = ProxySettings {
-        listen: any,
-        admin_listen: any,
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_millis(500),
-            max_body_bytes: 1024,
-            max_upstream_lanes: 64,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::new(
-                trusted.split(',').filter_map(|n| n.parse().ok()).collect(),
-            ),
-        },
-        header_read_timeout: Duration::from_millis(500),
-        shutdown_grace: Duration::from_secs(1),
-        max_connections: 1000,
-        idle_timeout: Duration::from_secs(5),
-        admin_token: None,
+    let settings = {
+        let mut built = ProxySettings::from_server(
+            &rocgate::config::ServerConfig::default(),
+            format!("http://{upstream}").parse().unwrap(),
+        );
+        built.listen = any;
+        built.admin_listen = any;
+        built.header_read_timeout = Duration::from_millis(500);
+        built.shutdown_grace = Duration::from_secs(1);
+        built.max_connections = 1000;
+        built.idle_timeout = Duration::from_secs(5);
+        built.admin_token = None;
+        built.forward.connect_timeout = Duration::from_secs(1);
+        built.forward.response_timeout = Duration::from_millis(500);
+        built.forward.max_body_bytes = 1024;
+        built.forward.max_upstream_lanes = 64;
+        built.forward.upstream_idle_timeout = Duration::from_secs(4);
+        built.forward.resolver =
+            ClientIpResolver::new(trusted.split(',').filter_map(|n| n.parse().ok()).collect());
+        built
     };
     let config = Config::from_toml_str(
         "[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nmode = \"shadow\"\n",
@@ -292,7 +293,10 @@ fn upgraded(got: &HeaderMap, sent: &[(String, Vec<u8>)]) -> bool {
         "an upgrade the client did not ask for: sent {sent:?}, got {got:?}"
     );
     let offered: Vec<_> = got.get_all("upgrade").iter().collect();
-    assert!(!offered.is_empty(), "Connection: upgrade without Upgrade: {got:?}");
+    assert!(
+        !offered.is_empty(),
+        "Connection: upgrade without Upgrade: {got:?}"
+    );
     for v in offered {
         assert!(
             !v.as_bytes()

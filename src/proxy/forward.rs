@@ -33,8 +33,10 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tower::ServiceExt as _;
 
-/// Where and how requests are forwarded.
+/// Where and how requests are forwarded. Build it with
+/// [`ForwardSettings::from_server`] and set its fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ForwardSettings {
     /// The upstream's scheme and authority (`http://127.0.0.1:3000`).
     pub upstream: Uri,
@@ -62,6 +64,21 @@ pub struct ForwardSettings {
 }
 
 impl ForwardSettings {
+    /// Forwarding to `upstream` as `server`'s `[server]` settings say
+    /// ([`ServerConfig::default`](crate::config::ServerConfig::default) for the file's
+    /// defaults); set a field to change it.
+    pub fn from_server(server: &crate::config::ServerConfig, upstream: Uri) -> Self {
+        ForwardSettings {
+            upstream,
+            connect_timeout: server.connect_timeout,
+            response_timeout: server.response_timeout,
+            max_body_bytes: server.max_body_bytes,
+            max_upstream_lanes: server.max_upstream_lanes,
+            upstream_idle_timeout: server.upstream_idle_timeout,
+            resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone()),
+        }
+    }
+
     /// The trusted proxy networks, for the admission layer's client IP resolution.
     pub fn resolver_networks(&self) -> Vec<ipnet::IpNet> {
         self.resolver.networks().to_vec()

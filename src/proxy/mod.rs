@@ -51,8 +51,11 @@ use std::time::{Duration, SystemTime};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tower::{Layer, Service};
 
-/// Everything `serve` needs besides the routes.
+/// Everything `serve` needs besides the routes. Build it with
+/// [`ProxySettings::from_server`] ([`ServerConfig::default`] for the file's defaults)
+/// and set its fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ProxySettings {
     /// Where clients connect.
     pub listen: SocketAddr,
@@ -82,15 +85,7 @@ impl ProxySettings {
         ProxySettings {
             listen: server.listen,
             admin_listen: server.admin_listen,
-            forward: ForwardSettings {
-                upstream,
-                connect_timeout: server.connect_timeout,
-                response_timeout: server.response_timeout,
-                max_body_bytes: server.max_body_bytes,
-                max_upstream_lanes: server.max_upstream_lanes,
-                upstream_idle_timeout: server.upstream_idle_timeout,
-                resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone()),
-            },
+            forward: ForwardSettings::from_server(server, upstream),
             header_read_timeout: server.header_read_timeout,
             shutdown_grace: server.shutdown_grace,
             max_connections: server.max_connections,

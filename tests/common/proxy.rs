@@ -5,7 +5,7 @@
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::engine::RouteSnapshot;
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{ForwardSettings, Proxy, ProxySettings, Reloader};
+use rocgate::proxy::{Proxy, ProxySettings, Reloader};
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -51,23 +51,25 @@ impl RunningProxy {
 /// proxies and a 64 KiB body limit.
 pub(crate) fn settings(upstream: SocketAddr) -> ProxySettings {
     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-    ProxySettings {
-        listen: any_port,
-        admin_listen: any_port,
-        forward: ForwardSettings {
-            upstream: format!("http://{upstream}").parse().unwrap(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(2),
-            max_body_bytes: 64 * 1024,
-            max_upstream_lanes: 1024,
-            upstream_idle_timeout: Duration::from_secs(4),
-            resolver: ClientIpResolver::default(),
-        },
-        header_read_timeout: HEADER_READ_TIMEOUT,
-        shutdown_grace: Duration::from_secs(5),
-        max_connections: 10_000,
-        idle_timeout: Duration::from_secs(60),
-        admin_token: None,
+    {
+        let mut built = ProxySettings::from_server(
+            &rocgate::config::ServerConfig::default(),
+            format!("http://{upstream}").parse().unwrap(),
+        );
+        built.listen = any_port;
+        built.admin_listen = any_port;
+        built.header_read_timeout = HEADER_READ_TIMEOUT;
+        built.shutdown_grace = Duration::from_secs(5);
+        built.max_connections = 10_000;
+        built.idle_timeout = Duration::from_secs(60);
+        built.admin_token = None;
+        built.forward.connect_timeout = Duration::from_secs(1);
+        built.forward.response_timeout = Duration::from_secs(2);
+        built.forward.max_body_bytes = 64 * 1024;
+        built.forward.max_upstream_lanes = 1024;
+        built.forward.upstream_idle_timeout = Duration::from_secs(4);
+        built.forward.resolver = ClientIpResolver::default();
+        built
     }
 }
 
