@@ -1,7 +1,7 @@
 //! `rocgate demo`: the demo shop, the proxy in front of it and a flash sale over real
 //! HTTP on loopback, with a live table; see [`rocgate::demo`].
 
-use rocgate::demo::{DemoSettings, Plan, ShopSettings};
+use rocgate::demo::{DemoSettings, Plan};
 use rocgate::sim::ArrivalModel;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
@@ -70,14 +70,9 @@ fn admin_addr(given: Option<SocketAddr>) -> SocketAddr {
 }
 
 pub(crate) fn run(args: DemoArgs) -> ExitCode {
-    let settings = DemoSettings {
-        plan: args.duration,
-        compare: args.compare,
-        listen: args.listen,
-        admin: admin_addr(args.admin),
-        arrivals: ArrivalModel::from_seed(args.seed),
-        shop: ShopSettings::default(),
-    };
+    let mut settings = DemoSettings::new(args.duration, args.listen, admin_addr(args.admin));
+    settings.compare = args.compare;
+    settings.arrivals = ArrivalModel::from_seed(args.seed);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

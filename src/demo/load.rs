@@ -22,8 +22,10 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-/// Where and how the generator sends its requests.
+/// Where and how the generator sends its requests. Build it with
+/// [`LoadSettings::new`] and set its fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LoadSettings {
     /// The server to send to (the proxy, or the shop itself).
     pub target: SocketAddr,
@@ -35,6 +37,20 @@ pub struct LoadSettings {
     pub max_in_flight: usize,
     /// A request not answered within this counts as an error.
     pub timeout: Duration,
+}
+
+impl LoadSettings {
+    /// Requests of `method` to `path` on `target`: at most 1,000 outstanding, each
+    /// given 10 s.
+    pub fn new(target: SocketAddr, method: Method, path: impl Into<String>) -> Self {
+        LoadSettings {
+            target,
+            method,
+            path: path.into(),
+            max_in_flight: 1000,
+            timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Outcome counters, updated as requests are sent and answered.

@@ -174,8 +174,9 @@ fn scaled_window(window: &WindowSpec, scale: f64) -> WindowSpec {
     WindowSpec::new(slot * slots, slot).unwrap_or(*window)
 }
 
-/// What [`run`] needs.
+/// What [`run`] needs. Build it with [`DemoSettings::new`] and set its fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DemoSettings {
     /// The traffic and its timeline.
     pub plan: Plan,
@@ -189,6 +190,21 @@ pub struct DemoSettings {
     pub arrivals: ArrivalModel,
     /// The shop's capacity model.
     pub shop: ShopSettings,
+}
+
+impl DemoSettings {
+    /// The demo of `plan` with the proxy on `listen` and the admin API on `admin`:
+    /// gated traffic only, evenly spaced arrivals, the default shop.
+    pub fn new(plan: Plan, listen: SocketAddr, admin: SocketAddr) -> Self {
+        DemoSettings {
+            plan,
+            compare: false,
+            listen,
+            admin,
+            arrivals: ArrivalModel::Uniform,
+            shop: ShopSettings::default(),
+        }
+    }
 }
 
 /// Why the demo could not run.
@@ -346,13 +362,7 @@ pub async fn run(
         let _ = proxy_stopped.await;
     }));
 
-    let load = LoadSettings {
-        target: proxy_addr,
-        method: http::Method::POST,
-        path: SALE_PATH.into(),
-        max_in_flight: 1000,
-        timeout: Duration::from_secs(10),
-    };
+    let load = LoadSettings::new(proxy_addr, http::Method::POST, SALE_PATH);
     let gated = drive(
         settings,
         load.clone(),
@@ -392,10 +402,8 @@ pub async fn run(
             "\nthe same traffic straight to a new shop at http://{}, without rocgate:\n",
             shop.addr()
         )?;
-        let direct = LoadSettings {
-            target: shop.addr(),
-            ..load
-        };
+        let mut direct = load.clone();
+        direct.target = shop.addr();
         ungated = Some(drive(settings, direct, None, &shop, out, stop.as_mut()).await?);
         shop.stop(grace).await;
     }
