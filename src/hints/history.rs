@@ -26,8 +26,10 @@ use std::time::Duration;
 /// Rejections by reason, indexed by [`Reason::index`].
 pub type ReasonArray = [u64; Reason::ALL.len()];
 
-/// One route's activity over one interval.
+/// One route's activity over one interval. Build one with [`Interval::new`] and set
+/// its fields.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Interval {
     /// Start, on the engine's clock.
     pub start: Nanos,
