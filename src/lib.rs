@@ -17,11 +17,19 @@
 //!
 //! Growing the API: enums that a later version may extend (rejection reasons, kinds
 //! of admission, controller states, algorithms, partitions, errors) are
-//! `#[non_exhaustive]` (not [`limiter::Decision`] itself: admit or reject), as are the configuration structs and the reports and
-//! snapshots the crate hands out. Build a configuration from its constructor or
-//! `Default` ([`config::RouteConfig::new`], [`config::Tier::new`],
-//! [`controller::ControllerParams::default`]) and set its public fields; a struct
-//! expression, `..Default::default()` included, does not compile outside the crate.
+//! `#[non_exhaustive]` (not [`limiter::Decision`] itself: admit or reject), as are
+//! the configuration structs and the reports and snapshots the crate hands out. Build
+//! a configuration from its constructor or `Default` ([`config::RouteConfig::new`],
+//! [`config::Tier::new`], [`controller::ControllerParams::default`], the proxy's
+//! `ProxySettings::from_server`) and set its public fields; a struct expression,
+//! `..Default::default()` included, does not compile outside the crate. Exhaustive on
+//! purpose are the plain records a caller fills in to drive a part by hand, for which a
+//! new field would be a new thing every caller must supply: a controller's samples
+//! ([`window::RocSample`], [`window::SampleAt`]) and memory
+//! ([`controller::ControllerMemory`]), a shared store's state for the metrics
+//! (`metrics::SharedControl`), the hints' inputs ([`engine::SlotReport`],
+//! [`hints::RouteSettings`], [`hints::UpstreamCounts`],
+//! [`controller::TransitionCounts`]) and a simulated request ([`sim::Request`]).
 
 pub mod clock;
 pub mod config;
