@@ -64,6 +64,27 @@ use std::time::{Duration, SystemTime};
 /// [`Engine::update_route`] is an error, and the accessors return `None`. Looking the
 /// route up again on the engine in use (per request, as the layer does, or after each
 /// reload) is what keeps a request counted.
+///
+/// ```
+/// use rocgate::clock::Nanos;
+/// use rocgate::config::{Config, RouteConfig, RouteMatch};
+/// use rocgate::engine::{Engine, Key};
+/// use std::time::UNIX_EPOCH;
+///
+/// let route = |name: &str| RouteConfig::new(name, RouteMatch::prefix(format!("/{name}")));
+/// let engine = Engine::new(&Config::new(vec![route("a"), route("b")]), Nanos::ZERO, UNIX_EPOCH)?;
+/// let b = engine.route_for("GET", "/b/1").unwrap();
+///
+/// // `b` moves to the front and keeps its state: the id still names it.
+/// let swapped = engine.reload(&Config::new(vec![route("b"), route("a")]), Nanos::ZERO, UNIX_EPOCH)?;
+/// assert_eq!(swapped.route_name(b), Some("b"));
+///
+/// // `b` is removed: the id names no route, and nothing panics.
+/// let without_b = swapped.reload(&Config::new(vec![route("a")]), Nanos::ZERO, UNIX_EPOCH)?;
+/// assert_eq!(without_b.route_name(b), None);
+/// assert!(without_b.check(b, Key::None, Nanos::ZERO).is_admit());
+/// # Ok::<(), rocgate::config::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RouteId {
     /// Where the route stood in the table of the engine that gave the id.
