@@ -701,7 +701,7 @@ fn engine_raising_the_limit_wakes_a_request_queued_meanwhile() {
                 other => panic!("{other:?}"),
             })
         };
-        let mut params = e.route_params(id);
+        let mut params = e.route_params(id).unwrap();
         params.base_limit_rps = 2.0;
         e.update_route(id, params, Nanos::ZERO).unwrap();
         second.join().expect("the second request");
@@ -736,7 +736,7 @@ fn keyed_engine(name: &str, algorithm: rocgate::limiter::Algorithm) -> Engine {
 fn two_updates_raced_by_a_client(e: &Arc<Engine>) {
     let id = e.route_at(0).unwrap();
     let update = |limit: f64| {
-        let mut params = e.route_params(id);
+        let mut params = e.route_params(id).unwrap();
         params.base_limit_rps = limit;
         e.update_route(id, params, Nanos::ZERO).unwrap();
     };
@@ -774,7 +774,7 @@ fn engine_an_empty_key_stays_empty_while_its_requests_catch_up_with_a_cut() {
             thread::spawn(move || e.check(id, client(1), Nanos::ZERO).is_admit())
         };
         let (first, second) = (request(), request());
-        let mut params = e.route_params(id);
+        let mut params = e.route_params(id).unwrap();
         params.base_limit_rps = 1.0;
         e.update_route(id, params, Nanos::ZERO).unwrap();
         for r in [first, second] {
