@@ -2224,13 +2224,13 @@ mod tests {
         let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
         cfg.events = vec![Event::new("sale", start, Duration::from_secs(1), event)];
         let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
-        let (id, r) = (RouteId(0), &e.routes[0]);
+        let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
         crate::limiter::gcra::with_the_note_held(|| {
             let n = (0..21)
                 .filter(|_| e.check(id, Key::None, ms(2_000)).is_admit())
                 .count();
             assert_eq!(n, 21, "decided at 200/s meanwhile");
-            assert_eq!(e.limit_rps(id), 20.0);
+            assert_eq!(e.limit_rps(id), Some(20.0));
             assert_eq!(r.behind.load(Ordering::Relaxed), BEHIND_LIMITER);
         });
         assert_eq!(r.limiter.level(ms(2_000)).capacity, 200.0);
@@ -2242,7 +2242,7 @@ mod tests {
         assert_eq!(r.limiter.level(ms(2_000)).capacity, 20.0);
         crate::limiter::gcra::with_the_note_held(|| {
             e.catch_up(id, ms(3_000));
-            assert_eq!(e.limit_rps(id), 200.0);
+            assert_eq!(e.limit_rps(id), Some(200.0));
             assert_eq!(r.behind.load(Ordering::Relaxed), BEHIND_LIMITER);
         });
         assert_eq!(r.limiter.level(ms(3_000)).capacity, 20.0);
@@ -2266,13 +2266,13 @@ mod tests {
         cfg.controller.cut_limit_rps = 1.0;
         let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
         let (id, key) = (
-            RouteId(0),
+            e.route_at(0).unwrap(),
             Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 1).into()),
         );
         for _ in 0..2 {
             assert!(e.check(id, key, Nanos::ZERO).is_admit());
         }
-        let mut params = e.route_params(id);
+        let mut params = e.route_params(id).unwrap();
         params.base_limit_rps = 1.0;
         e.update_route(id, params, Nanos::ZERO).unwrap();
         crate::limiter::gcra::with_the_note_held(|| {

@@ -259,10 +259,10 @@ fn keys_catch_up_with_limit_changes_made_while_they_decide() {
     cfg.controller.base_limit_rps = 8.0;
     cfg.controller.cut_limit_rps = 1.0;
     let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
-    let id = RouteId(0);
+    let id = e.route_at(0).unwrap();
     let key = |k: u32| Key::Ip(std::net::Ipv4Addr::from(0x0a00_0000 + k).into());
     let update = |limit: f64| {
-        let mut params = e.route_params(id);
+        let mut params = e.route_params(id).unwrap();
         params.base_limit_rps = limit;
         e.update_route(id, params, Nanos::ZERO).unwrap();
     };

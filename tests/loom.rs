@@ -802,9 +802,9 @@ fn engine_an_empty_key_stays_empty_while_its_requests_catch_up_with_a_cut() {
 fn engine_a_keyed_request_never_waits_for_another_buckets_change() {
     check(|| {
         let e = Arc::new(keyed_bucket_engine());
-        let id = RouteId(0);
+        let id = e.route_at(0).unwrap();
         assert!(e.check(id, client(1), Nanos::ZERO).is_admit());
-        let mut params = e.route_params(id);
+        let mut params = e.route_params(id).unwrap();
         params.base_limit_rps = 1.0;
         e.update_route(id, params, Nanos::ZERO).unwrap();
         let done = Arc::new(AtomicBool::new(false));
