@@ -5,7 +5,7 @@
 # checked, formatting, clippy with warnings as errors (every target, every feature),
 # the core alone without default features, every test (unit, integration, doc; the
 # property tests from a fixed seed), the loom model checks, and the API docs with
-# warnings as errors.
+# warnings as errors (all features, and none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -89,6 +89,10 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
 
 step "cargo doc (-D warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+
+step "cargo doc without default features (-D warnings)"
+# The docs of the core alone: a link to an item behind a feature breaks here only.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --no-default-features --quiet
 
 echo
 echo "all checks passed"

@@ -467,8 +467,8 @@ impl Engine {
     /// Periodic upkeep for a process that runs for days: places the scheduled events
     /// again from the wall clock ([`Engine::align_events`]) and brings every route up
     /// to now ([`Engine::catch_up`]) but those `decided_elsewhere` (by a shared store,
-    /// which steps their controllers). `rocgate serve` and
-    /// [`AdmissionLayer::upkeep`](crate::http::AdmissionLayer::upkeep) call it.
+    /// which steps their controllers). `rocgate serve` and `AdmissionLayer::upkeep`
+    /// (feature `http`) call it.
     pub fn upkeep(
         &self,
         now: Nanos,

@@ -2,12 +2,12 @@
 //! instances in Redis, with a local fallback.
 //!
 //! This module holds the validated `[store]` settings and the [`breaker`], both pure.
-//! The Redis backend itself ([`redis`], feature `redis`) keeps each distributed route's
-//! slotted window, token bucket and controller state in Redis, updated by Lua scripts
-//! in one atomic round trip per decision. When Redis errs, is slower than `timeout`,
-//! or the breaker is open, the decision is taken locally at this instance's share of
-//! the shared limit (shared limit ÷ live instances), so the store can never turn into
-//! an outage.
+//! The Redis backend itself (the module `redis`, feature `redis`) keeps each
+//! distributed route's slotted window, token bucket and controller state in Redis,
+//! updated by Lua scripts in one atomic round trip per decision. When Redis errs, is
+//! slower than `timeout`, or the breaker is open, the decision is taken locally at
+//! this instance's share of the shared limit (shared limit ÷ live instances), so the
+//! store can never turn into an outage.
 
 pub mod breaker;
 #[cfg(feature = "redis")]
@@ -100,7 +100,8 @@ pub enum SyncMode {
     Exact,
     /// Decisions are local, at this instance's share of the shared limit; each
     /// instance adds its arrivals to the shared window once per slot and learns the
-    /// shared limit back. No round trip on the hot path; see [`redis`] for the bound.
+    /// shared limit back. No round trip on the hot path; see the module `redis`
+    /// (feature `redis`) for the bound.
     Batched,
 }
 
