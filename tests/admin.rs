@@ -7,7 +7,7 @@ use hyper_util::rt::TokioExecutor;
 use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::Config;
 use rocgate::http::ClientIpResolver;
-use rocgate::proxy::{Proxy, ProxySettings, Reloader};
+use rocgate::proxy::{Proxy, ProxySettings, ReloadError, Reloader};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,6 +59,17 @@ async fn start_on(
     text: &str,
     clock: Option<Arc<dyn Clock>>,
 ) -> (Running, Reloader) {
+    start_from(token, text, clock, true).await
+}
+
+/// [`start_on`], the proxy told of its file only if `reloadable` (else it runs as if
+/// started with the embedded default).
+async fn start_from(
+    token: Option<&str>,
+    text: &str,
+    clock: Option<Arc<dyn Clock>>,
+    reloadable: bool,
+) -> (Running, Reloader) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rocgate.toml");
     std::fs::write(&file, text).unwrap();
@@ -83,9 +94,10 @@ async fn start_on(
         built.forward.resolver = ClientIpResolver::default();
         built
     };
+    let source = reloadable.then(|| file.clone());
     let proxy = match clock {
-        Some(clock) => Proxy::bind_with_clock(settings, &config, Some(file.clone()), clock).await,
-        None => Proxy::bind(settings, &config, Some(file.clone())).await,
+        Some(clock) => Proxy::bind_with_clock(settings, &config, source, clock).await,
+        None => Proxy::bind(settings, &config, source).await,
     }
     .unwrap();
     let reloader = proxy.reloader().clone();
@@ -512,7 +524,10 @@ async fn a_reload_during_a_runtime_change_is_not_undone_by_it() {
     // A reload while the change holds what it read: the file moves danger_roc.
     std::fs::write(&p.file, gated_config(90)).unwrap();
     let (done, reloaded) = mpsc::channel();
-    let reload = std::thread::spawn(move || done.send(reloader.reload().map(|_| ())).unwrap());
+    let reload = std::thread::spawn(move || {
+        let result = reloader.reload().map(|_| ()).map_err(|e| e.to_string());
+        done.send(result).unwrap()
+    });
     // Give a reload that does not wait for the change the time to finish inside it.
     let early = reloaded.recv_timeout(Duration::from_millis(300));
     release.send(()).unwrap();
@@ -788,5 +803,73 @@ async fn a_silent_route_reads_where_it_stands_now() {
         text.contains(r#"rocgate_limit_rps{route="order"} 200"#),
         "{text}"
     );
+    p.stop().await;
+}
+
+/// A refused reload answers `{"errors": [...]}`: one string for each problem of the
+/// file, prefixed with its path, in the order found; a proxy started without a file
+/// answers the one reason.
+#[tokio::test]
+async fn a_refused_reload_answers_each_problem_as_a_string() {
+    let p = start(None).await;
+    let broken = CONFIG
+        .replace("base_limit = 1000", "base_limit = 100")
+        .replace("cut_limit = 300", "cut_limit = 300\nwindow = \"6500ms\"");
+    std::fs::write(&p.file, broken).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 422);
+    let file = p.file.display();
+    let expected = serde_json::json!({ "errors": [
+        format!("{file}: routes[1].slot: window must hold an even number of at least 4 slots, got 65"),
+        format!("{file}: routes[1].cut_limit: must be ≤ base_limit (100), got 300"),
+    ]});
+    assert_eq!(body, expected);
+    p.stop().await;
+
+    let (p, _) = start_from(None, CONFIG, None, false).await;
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 422);
+    let expected = serde_json::json!({ "errors": [
+        "no config file to reload: rocgate was started with the embedded default",
+    ]});
+    assert_eq!(body, expected);
+    p.stop().await;
+}
+
+/// What a caller needs of an error type: to hold it in a `Box<dyn Error + Send + Sync>`
+/// (across threads and tasks, as `anyhow` does) and to look through its sources.
+fn is_an_error<E: std::error::Error + Send + Sync + 'static>() {}
+
+/// A refused reload is a [`ReloadError`] a caller can match on, whichever way it was
+/// asked for, and its `Display` is the message the admin API shows.
+#[tokio::test]
+async fn a_refused_reload_is_an_error_to_match_on() {
+    is_an_error::<ReloadError>();
+    let (p, reloader) = start_from(None, CONFIG, None, false).await;
+    let e = reloader.reload().unwrap_err();
+    assert!(matches!(e, ReloadError::NoConfigFile), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "no config file to reload: rocgate was started with the embedded default"
+    );
+    assert!(std::error::Error::source(&e).is_none());
+    p.stop().await;
+
+    let (p, reloader) = start_on(None, CONFIG, None).await;
+    std::fs::write(
+        &p.file,
+        CONFIG.replace("cut_limit = 300", "cut_limit = 3000"),
+    )
+    .unwrap();
+    let e = reloader.reload_async().await.unwrap_err();
+    let ReloadError::Config(config) = &e else {
+        panic!("a refused file is a ConfigError: {e:?}");
+    };
+    assert_eq!(config.origin(), p.file.display().to_string());
+    let problems: Vec<_> = config.problems().iter().map(|p| p.location()).collect();
+    assert_eq!(problems, ["routes[1].cut_limit"]);
+    assert_eq!(e.to_string(), config.to_string());
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(e);
+    assert!(boxed.downcast_ref::<ReloadError>().is_some());
     p.stop().await;
 }

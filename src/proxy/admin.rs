@@ -374,7 +374,7 @@ async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response
             "runtime_changes_replaced": done.runtime_changes_replaced,
         }))
         .into_response(),
-        Err(errors) => error(StatusCode::UNPROCESSABLE_ENTITY, errors),
+        Err(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e.messages()),
     }
 }
 

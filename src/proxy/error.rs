@@ -1,5 +1,7 @@
-//! Every way forwarding can fail, and the one function that maps each to its status.
+//! The proxy's errors: every way forwarding can fail, with the one function that maps
+//! each to its status, and why a reload was refused.
 
+use crate::config::ConfigError;
 use axum::body::Body;
 use http::{header, HeaderValue, Response, StatusCode};
 use std::fmt;
@@ -49,6 +51,56 @@ impl fmt::Display for ProxyError {
 }
 
 impl std::error::Error for ProxyError {}
+
+/// Why [`Reloader::reload`](super::Reloader::reload) (or
+/// [`reload_async`](super::Reloader::reload_async)) kept the running config.
+/// Non-exhaustive: a new way to fail is not a breaking change.
+///
+/// `POST /admin/reload` answers `{"errors": [...]}` with `Display`'s lines, one a
+/// line, and the reloader logs each.
+///
+/// ```
+/// use rocgate::proxy::ReloadError;
+///
+/// fn advice(e: &ReloadError) -> String {
+///     match e {
+///         ReloadError::NoConfigFile => "start rocgate with --config to reload".into(),
+///         ReloadError::Config(config) => format!("fix {}", config.origin()),
+///         other => format!("see the logs: {other}"),
+///     }
+/// }
+/// assert_eq!(
+///     advice(&ReloadError::NoConfigFile),
+///     "start rocgate with --config to reload"
+/// );
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReloadError {
+    /// The proxy was started with the embedded default: there is no file to read.
+    #[error("no config file to reload: rocgate was started with the embedded default")]
+    NoConfigFile,
+    /// The file cannot be read, or its configuration is refused: every problem, one a
+    /// line of `Display`, each prefixed with the file's path.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The reload stopped before it finished: it panicked, or the runtime shut down
+    /// while it ran on the blocking pool ([`reload_async`](super::Reloader::reload_async)
+    /// only).
+    #[error("the reload failed: {0}")]
+    Aborted(#[source] tokio::task::JoinError),
+}
+
+impl ReloadError {
+    /// The messages `POST /admin/reload` answers and the log shows: one for each line
+    /// of a refused configuration, else the one message.
+    pub(crate) fn messages(&self) -> Vec<String> {
+        match self {
+            ReloadError::Config(e) => e.to_string().lines().map(str::to_owned).collect(),
+            other => vec![other.to_string()],
+        }
+    }
+}
 
 /// Whether `e` or an error in its source chain satisfies `is`.
 fn caused_by(

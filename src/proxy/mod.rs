@@ -26,7 +26,7 @@ pub use hints::Advisor;
 #[cfg(feature = "redis")]
 mod shared;
 
-pub use error::ProxyError;
+pub use error::{ProxyError, ReloadError};
 pub use forward::{ForwardSettings, Forwarder};
 
 use crate::clock::{Clock, MonotonicClock};
@@ -215,15 +215,16 @@ impl Reloader {
     /// Reads the config file again and swaps the engine, on tokio's blocking pool (the
     /// file read and the engine build hold no runtime worker, nor does a reload waiting
     /// for another). An invalid file, or a proxy started without one, keeps the
-    /// running config and returns every error, which are logged too. The routes take
-    /// effect at once, the file's parameters replacing runtime changes (those replaced
-    /// are returned and logged); the other sections only at a restart: those whose
-    /// content differs from the proxy's start are returned (`"[admin]"`, …) and logged.
-    pub async fn reload_async(&self) -> Result<Reloaded, Vec<String>> {
+    /// running config and returns why ([`ReloadError`], with every problem of the
+    /// file), which is logged too. The routes take effect at once, the file's
+    /// parameters replacing runtime changes (those replaced are returned and logged);
+    /// the other sections only at a restart: those whose content differs from the
+    /// proxy's start are returned (`"[admin]"`, …) and logged.
+    pub async fn reload_async(&self) -> Result<Reloaded, ReloadError> {
         let reloader = self.clone();
         tokio::task::spawn_blocking(move || reloader.reload())
             .await
-            .unwrap_or_else(|e| Err(vec![format!("the reload failed: {e}")]))
+            .unwrap_or_else(|e| Err(ReloadError::Aborted(e)))
     }
 
     /// Changes the controller parameters of the route `name` by the JSON object
@@ -265,15 +266,15 @@ impl Reloader {
 
     /// Reads the config file again and swaps the engine (blocking: it reads the file
     /// and builds the engine). See [`reload_async`](Self::reload_async).
-    pub fn reload(&self) -> Result<Reloaded, Vec<String>> {
+    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self.reload_file();
         let counts = &self.reloads;
         match &result {
             Ok(_) => counts.applied.fetch_add(1, Ordering::Relaxed),
-            Err(errors) => {
+            Err(error) => {
                 // Logged here, whoever asked: a refusal answered to an admin API
                 // client was seen by nobody else.
-                for e in errors {
+                for e in error.messages() {
                     tracing::error!("reload refused, running config kept: {e}");
                 }
                 counts.refused.fetch_add(1, Ordering::Relaxed)
@@ -289,18 +290,15 @@ impl Reloader {
     }
 
     /// [`reload`](Self::reload), but for counting and logging a refusal.
-    fn reload_file(&self) -> Result<Reloaded, Vec<String>> {
+    fn reload_file(&self) -> Result<Reloaded, ReloadError> {
         let Some(path) = &self.source else {
-            return Err(vec![
-                "no config file to reload: rocgate was started with the embedded default".into(),
-            ]);
+            return Err(ReloadError::NoConfigFile);
         };
         let mut changed_at_runtime = self
             .reloading
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let config = Config::load(path)
-            .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+        let config = Config::load(path)?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
         let before = self.engine.load();
@@ -312,9 +310,7 @@ impl Reloader {
                 Some((name.clone(), params))
             })
             .collect();
-        let next = before
-            .reload(&config, self.clock.now(), wall_now)
-            .map_err(|e| e.to_string().lines().map(str::to_owned).collect::<Vec<_>>())?;
+        let next = before.reload(&config, self.clock.now(), wall_now)?;
         changed_at_runtime.clear();
         let next = Arc::new(next);
         self.engine.replace(Arc::clone(&next));
