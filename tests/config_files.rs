@@ -1323,3 +1323,77 @@ fn an_exact_match_in_code_takes_a_template() {
         PathPattern::Exact("/api/order".into())
     );
 }
+
+/// `check_upstream` (what `serve --upstream` is held to) says what is wrong in the
+/// words `server.upstream` uses, with the text as given.
+#[test]
+fn check_upstream_names_what_is_wrong() {
+    use rocgate::config::check_upstream;
+    for (url, message) in [
+        (
+            "https://x:443",
+            r#"TLS upstreams are not supported: use http://, got "https://x:443""#,
+        ),
+        (
+            " http://x:80/api",
+            r#"must be http://host[:port] with no path, got " http://x:80/api""#,
+        ),
+        (
+            "http://[::1]x:80",
+            r#"must name a host, as in http://127.0.0.1:3000 or http://[::1]:3000, got "http://[::1]x:80""#,
+        ),
+        (
+            "http://x:0",
+            r#"port must be a number from 1 to 65535, got "0""#,
+        ),
+    ] {
+        let e = check_upstream(url).unwrap_err();
+        assert_eq!(e.to_string(), message, "{url}");
+    }
+}
+
+/// What a caller needs of an error type: to hold it in a `Box<dyn Error + Send + Sync>`
+/// (across threads and tasks, as `anyhow` does) and to look through its sources.
+fn is_an_error<E: std::error::Error + Send + Sync + 'static>() {}
+
+/// A refused upstream is an `UpstreamError` a caller can match on, each variant with
+/// the text it refused.
+#[test]
+fn check_upstream_refuses_with_an_error_to_match_on() {
+    use rocgate::config::{check_upstream, ConfigError, UpstreamError};
+    is_an_error::<UpstreamError>();
+    is_an_error::<ConfigError>();
+    let url = |u: &str| u.to_owned();
+    assert_eq!(
+        check_upstream("https://x:443"),
+        Err(UpstreamError::Tls {
+            url: url("https://x:443")
+        })
+    );
+    for bad in ["http://x:80/api", "http://", "ftp://x", "http://u@x:80"] {
+        assert_eq!(
+            check_upstream(bad),
+            Err(UpstreamError::NotAnAuthority { url: url(bad) })
+        );
+    }
+    for bad in ["http://:80", "http://[::1", "http://[nope]:80"] {
+        assert_eq!(
+            check_upstream(bad),
+            Err(UpstreamError::NoHost { url: url(bad) })
+        );
+    }
+    for (bad, port) in [
+        ("http://x:0", "0"),
+        ("http://x:65536", "65536"),
+        ("http://x:", ""),
+    ] {
+        match check_upstream(bad) {
+            Err(UpstreamError::Port { port: p }) => assert_eq!(p, port, "{bad}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        check_upstream("http://[::1]:3000/").unwrap(),
+        "http://[::1]:3000"
+    );
+}

@@ -43,6 +43,8 @@ fn parse_plan(text: &str) -> Result<Plan, String> {
         Err(_) => humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?,
     };
     Plan::new(duration).map_err(|e| {
+        // clap names the flag itself.
+        let e = e.to_string();
         e.strip_prefix("--duration: ")
             .map_or_else(|| e.clone(), str::to_owned)
     })

@@ -42,14 +42,48 @@ pub fn patch_controller(
 /// the caller names where it came from).
 ///
 /// ```
-/// use rocgate::config::check_upstream;
+/// use rocgate::config::{check_upstream, UpstreamError};
 ///
 /// assert_eq!(check_upstream("http://127.0.0.1:3000/").unwrap(), "http://127.0.0.1:3000");
 /// let e = check_upstream("http://127.0.0.1:99999").unwrap_err();
-/// assert_eq!(e, "port must be a number from 1 to 65535, got \"99999\"");
+/// assert_eq!(e, UpstreamError::Port { port: "99999".into() });
+/// assert_eq!(e.to_string(), "port must be a number from 1 to 65535, got \"99999\"");
 /// ```
-pub fn check_upstream(text: &str) -> Result<String, String> {
+pub fn check_upstream(text: &str) -> Result<String, UpstreamError> {
     raw::upstream_url(text.to_owned())
+}
+
+/// Why an upstream URL was refused ([`check_upstream`], `server.upstream`). Each
+/// variant holds the text as given; `Display` names no field. Non-exhaustive: a new
+/// rule is not a breaking change.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpstreamError {
+    /// An `https://` URL: rocgate reaches its upstream over plain HTTP only.
+    #[error("TLS upstreams are not supported: use http://, got {url:?}")]
+    Tls {
+        /// The URL as given.
+        url: String,
+    },
+    /// Not `http://` followed by an authority alone (a path, a query, a fragment or
+    /// user info after it, or nothing).
+    #[error("must be http://host[:port] with no path, got {url:?}")]
+    NotAnAuthority {
+        /// The URL as given.
+        url: String,
+    },
+    /// The authority names no host (`http://:3000`), or a malformed IPv6 one.
+    #[error("must name a host, as in http://127.0.0.1:3000 or http://[::1]:3000, got {url:?}")]
+    NoHost {
+        /// The URL as given.
+        url: String,
+    },
+    /// The port is not a number from 1 to 65535.
+    #[error("port must be a number from 1 to 65535, got {port:?}")]
+    Port {
+        /// The port as given.
+        port: String,
+    },
 }
 
 use crate::controller::ControllerParams;

@@ -15,7 +15,7 @@
 
 use super::load::Problem;
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
-use super::{HintsConfig, ServerConfig};
+use super::{HintsConfig, ServerConfig, UpstreamError};
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
 use crate::limiter::{words, Algorithm, MAX_WINDOW_COUNT};
@@ -1633,18 +1633,18 @@ fn socket_addr(text: String) -> Result<SocketAddr, String> {
 
 /// An upstream URL: `http://host[:port]`, nothing after the authority but `/`, a port
 /// from 1 to 65535.
-pub(super) fn upstream_url(text: String) -> Result<String, String> {
+pub(super) fn upstream_url(text: String) -> Result<String, UpstreamError> {
     let t = text.trim();
     if t.starts_with("https://") {
-        return Err(format!(
-            "TLS upstreams are not supported: use http://, got {text:?}"
-        ));
+        return Err(UpstreamError::Tls { url: text });
     }
-    let authority = t
+    let Some(authority) = t
         .strip_prefix("http://")
         .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
         .filter(|a| !a.is_empty() && !a.contains(['/', '?', '#', '@', ' ']))
-        .ok_or_else(|| format!("must be http://host[:port] with no path, got {text:?}"))?;
+    else {
+        return Err(UpstreamError::NotAnAuthority { url: text });
+    };
     let (host, port) = match authority.rsplit_once(':') {
         Some((host, port))
             if !host.contains(':') || (host.starts_with('[') && host.ends_with(']')) =>
@@ -1660,16 +1660,15 @@ pub(super) fn upstream_url(text: String) -> Result<String, String> {
         None => !host.is_empty() && !host.contains([':', '[', ']']),
     };
     if !named {
-        return Err(format!(
-            "must name a host, as in http://127.0.0.1:3000 or http://[::1]:3000, got {text:?}"
-        ));
+        return Err(UpstreamError::NoHost { url: text });
     }
     if let Some(port) = port {
         // Port 0 is no port a connection can reach.
-        port.parse::<u16>()
-            .ok()
-            .filter(|&p| p != 0)
-            .ok_or_else(|| format!("port must be a number from 1 to 65535, got {port:?}"))?;
+        if !port.parse::<u16>().is_ok_and(|p| p != 0) {
+            return Err(UpstreamError::Port {
+                port: port.to_owned(),
+            });
+        }
     }
     Ok(format!("http://{authority}"))
 }
@@ -1703,7 +1702,9 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         field(
             p,
             "server.upstream",
-            upstream_url(v).map(|u| out.upstream = u),
+            upstream_url(v)
+                .map(|u| out.upstream = u)
+                .map_err(|e| e.to_string()),
         );
     }
     for (name, raw, slot) in [

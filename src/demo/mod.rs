@@ -32,7 +32,7 @@ use crate::engine::RouteSnapshot;
 use crate::hints::Hint;
 use crate::limiter::Algorithm;
 use crate::proxy::{Proxy, ProxySettings, Reloader};
-use crate::sim::{ArrivalModel, Profile, Scenario};
+use crate::sim::{ArrivalModel, Profile, ProfileError, Scenario};
 use crate::window::WindowSpec;
 use std::future::Future;
 use std::io::{self, Write};
@@ -81,20 +81,15 @@ pub struct Plan {
 impl Plan {
     /// The flash-sale scenario over `duration`, between [`MIN_DURATION`] and
     /// [`MAX_DURATION`].
-    pub fn new(duration: Duration) -> Result<Plan, String> {
+    pub fn new(duration: Duration) -> Result<Plan, PlanError> {
         if !(MIN_DURATION..=MAX_DURATION).contains(&duration) {
-            return Err(format!(
-                "--duration: must be between {} and {}, got {}",
-                humantime::format_duration(MIN_DURATION),
-                humantime::format_duration(MAX_DURATION),
-                humantime::format_duration(duration)
-            ));
+            return Err(PlanError::OutOfRange { duration });
         }
         let scale = duration.as_secs_f64() / NOMINAL_DURATION.as_secs_f64();
         let profile = Scenario::FlashSale
             .profile()
             .time_scaled(scale)
-            .map_err(|e| format!("--duration: cannot scale the scenario: {e}"))?;
+            .map_err(PlanError::Scale)?;
         Ok(Plan {
             duration,
             scale,
@@ -205,6 +200,36 @@ impl DemoSettings {
             shop: ShopSettings::default(),
         }
     }
+}
+
+/// Why [`Plan::new`] refused a length. `Display` names the flag that gives it,
+/// `--duration`. Non-exhaustive: a new rule is not a breaking change.
+///
+/// ```
+/// use rocgate::demo::{Plan, PlanError};
+/// use std::time::Duration;
+///
+/// let e = Plan::new(Duration::from_secs(2)).unwrap_err();
+/// assert!(matches!(e, PlanError::OutOfRange { duration } if duration.as_secs() == 2));
+/// assert_eq!(e.to_string(), "--duration: must be between 5s and 1h, got 2s");
+/// ```
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// The length is not between [`MIN_DURATION`] and [`MAX_DURATION`].
+    #[error(
+        "--duration: must be between {} and {}, got {}",
+        humantime::format_duration(MIN_DURATION),
+        humantime::format_duration(MAX_DURATION),
+        humantime::format_duration(*duration)
+    )]
+    OutOfRange {
+        /// The length asked for.
+        duration: Duration,
+    },
+    /// The scenario's timeline could not be stretched to the length.
+    #[error("--duration: cannot scale the scenario: {0}")]
+    Scale(#[source] ProfileError),
 }
 
 /// Why the demo could not run.
@@ -627,6 +652,22 @@ mod tests {
         );
     }
 
+    /// A caller can hold a `PlanError` as any error, and reach the profile's error
+    /// through its source.
+    #[test]
+    fn a_plan_error_is_an_error() {
+        fn is_an_error<E: std::error::Error + Send + Sync + 'static>() {}
+        is_an_error::<PlanError>();
+        let profile = Scenario::FlashSale.profile().time_scaled(-1.0).unwrap_err();
+        let e = PlanError::Scale(profile.clone());
+        assert_eq!(
+            e.to_string(),
+            format!("--duration: cannot scale the scenario: {profile}")
+        );
+        let source = std::error::Error::source(&e).expect("the profile's error");
+        assert_eq!(source.downcast_ref::<ProfileError>(), Some(&profile));
+    }
+
     #[test]
     fn the_plan_compresses_the_sale() {
         let plan = Plan::new(Duration::from_secs(12)).unwrap();
@@ -642,6 +683,13 @@ mod tests {
         assert_eq!(plan.phase(11.0), "after");
         for bad in [0, 4, 3601] {
             let err = Plan::new(Duration::from_secs(bad)).unwrap_err();
+            assert_eq!(
+                err,
+                PlanError::OutOfRange {
+                    duration: Duration::from_secs(bad)
+                }
+            );
+            let err = err.to_string();
             assert!(
                 err.starts_with("--duration: must be between 5s and 1h"),
                 "{err}"
