@@ -6,7 +6,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::Config;
-use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{Proxy, ProxySettings, ReloadError, Reloader};
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -83,15 +82,10 @@ async fn start_from(
         built.admin_listen = "127.0.0.1:0".parse().unwrap();
         built.header_read_timeout = Duration::from_secs(2);
         built.shutdown_grace = Duration::from_secs(2);
-        built.max_connections = 10_000;
-        built.idle_timeout = Duration::from_secs(60);
         built.admin_token = token.map(str::to_owned);
         built.forward.connect_timeout = Duration::from_millis(200);
         built.forward.response_timeout = Duration::from_secs(1);
         built.forward.max_body_bytes = 1024;
-        built.forward.max_upstream_lanes = 1024;
-        built.forward.upstream_idle_timeout = Duration::from_secs(4);
-        built.forward.resolver = ClientIpResolver::default();
         built
     };
     let source = reloadable.then(|| file.clone());

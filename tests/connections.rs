@@ -19,7 +19,6 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rocgate::clock::{Clock, ManualClock, MonotonicClock};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
-use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{Proxy, ProxySettings};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -143,13 +142,9 @@ async fn start_proxy_on(
         built.shutdown_grace = Duration::from_secs(1);
         built.max_connections = max_connections;
         built.idle_timeout = idle_timeout;
-        built.admin_token = None;
         built.forward.connect_timeout = Duration::from_secs(1);
         built.forward.response_timeout = Duration::from_secs(5);
         built.forward.max_body_bytes = 64 * 1024;
-        built.forward.max_upstream_lanes = 1024;
-        built.forward.upstream_idle_timeout = Duration::from_secs(4);
-        built.forward.resolver = ClientIpResolver::default();
         built
     };
     // One route no request of these tests takes: every request is forwarded as is.

@@ -7,7 +7,6 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rocgate::config::Config;
-use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{Proxy, ProxySettings};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -64,15 +63,9 @@ async fn start() -> (SocketAddr, SocketAddr, tokio::sync::oneshot::Sender<()>) {
         built.admin_listen = "127.0.0.1:0".parse().unwrap();
         built.header_read_timeout = Duration::from_secs(2);
         built.shutdown_grace = Duration::from_secs(2);
-        built.max_connections = 10_000;
-        built.idle_timeout = Duration::from_secs(60);
-        built.admin_token = None;
         built.forward.connect_timeout = Duration::from_secs(1);
         built.forward.response_timeout = Duration::from_secs(5);
         built.forward.max_body_bytes = 1024;
-        built.forward.max_upstream_lanes = 1024;
-        built.forward.upstream_idle_timeout = Duration::from_secs(4);
-        built.forward.resolver = ClientIpResolver::default();
         built
     };
     let proxy = Proxy::bind(settings, &config, None).await.unwrap();

@@ -179,14 +179,9 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
         built.admin_listen = "127.0.0.1:0".parse().unwrap();
         built.header_read_timeout = Duration::from_secs(5);
         built.shutdown_grace = Duration::from_secs(2);
-        built.max_connections = 10_000;
-        built.idle_timeout = Duration::from_secs(60);
-        built.admin_token = None;
         built.forward.connect_timeout = Duration::from_secs(1);
         built.forward.response_timeout = Duration::from_secs(5);
         built.forward.max_body_bytes = 1024;
-        built.forward.max_upstream_lanes = 1024;
-        built.forward.upstream_idle_timeout = Duration::from_secs(4);
         built.forward.resolver = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]);
         built
     };

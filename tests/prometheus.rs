@@ -13,7 +13,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rocgate::config::{Config, RouteConfig, RouteMatch};
-use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{Proxy, ProxySettings};
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -190,15 +189,9 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         built.admin_listen = "127.0.0.1:0".parse().unwrap();
         built.header_read_timeout = Duration::from_secs(5);
         built.shutdown_grace = Duration::from_secs(1);
-        built.max_connections = 10_000;
-        built.idle_timeout = Duration::from_secs(60);
-        built.admin_token = None;
         built.forward.connect_timeout = Duration::from_secs(1);
         built.forward.response_timeout = Duration::from_millis(200);
         built.forward.max_body_bytes = 1024;
-        built.forward.max_upstream_lanes = 1024;
-        built.forward.upstream_idle_timeout = Duration::from_secs(4);
-        built.forward.resolver = ClientIpResolver::default();
         built
     };
     let config = Config::new(vec![

@@ -281,7 +281,6 @@ fn few_refills_route() -> RouteConfig {
 
 /// A `rocgate serve` on free loopback ports in front of `upstream`.
 fn proxy_settings(upstream: std::net::SocketAddr) -> rocgate::proxy::ProxySettings {
-    use rocgate::http::ClientIpResolver;
     use rocgate::proxy::ProxySettings;
     let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     {
@@ -293,15 +292,9 @@ fn proxy_settings(upstream: std::net::SocketAddr) -> rocgate::proxy::ProxySettin
         built.admin_listen = any;
         built.header_read_timeout = Duration::from_secs(1);
         built.shutdown_grace = Duration::from_secs(1);
-        built.max_connections = 10_000;
-        built.idle_timeout = Duration::from_secs(60);
-        built.admin_token = None;
         built.forward.connect_timeout = Duration::from_secs(1);
         built.forward.response_timeout = Duration::from_secs(2);
         built.forward.max_body_bytes = 1024;
-        built.forward.max_upstream_lanes = 1024;
-        built.forward.upstream_idle_timeout = Duration::from_secs(4);
-        built.forward.resolver = ClientIpResolver::default();
         built
     }
 }

@@ -4,7 +4,6 @@
 
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::engine::RouteSnapshot;
-use rocgate::http::ClientIpResolver;
 use rocgate::proxy::{Proxy, ProxySettings, Reloader};
 use std::io;
 use std::net::SocketAddr;
@@ -60,15 +59,9 @@ pub(crate) fn settings(upstream: SocketAddr) -> ProxySettings {
         built.admin_listen = any_port;
         built.header_read_timeout = HEADER_READ_TIMEOUT;
         built.shutdown_grace = Duration::from_secs(5);
-        built.max_connections = 10_000;
-        built.idle_timeout = Duration::from_secs(60);
-        built.admin_token = None;
         built.forward.connect_timeout = Duration::from_secs(1);
         built.forward.response_timeout = Duration::from_secs(2);
         built.forward.max_body_bytes = 64 * 1024;
-        built.forward.max_upstream_lanes = 1024;
-        built.forward.upstream_idle_timeout = Duration::from_secs(4);
-        built.forward.resolver = ClientIpResolver::default();
         built
     }
 }
