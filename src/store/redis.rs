@@ -1774,10 +1774,22 @@ const SHARE_UNSET: u64 = u64::MAX;
 /// decision is made at the share the bucket has.
 fn set_share(bucket: &TokenBucket, set_to: &AtomicU64, share: f64, now: Nanos) {
     let bits = share.to_bits();
-    if set_to.load(Ordering::Relaxed) != bits
-        && set_to.swap(bits, Ordering::Relaxed) != bits
-        && !bucket.try_set_limit(share, now)
-    {
+    if claim_share(set_to, bits) {
+        make_share(bucket, set_to, bits, now);
+    }
+}
+
+/// Records the share `bits` in `set_to`: whether it said another, so that the bucket's
+/// change ([`make_share`]) falls to this call.
+fn claim_share(set_to: &AtomicU64, bits: u64) -> bool {
+    set_to.load(Ordering::Relaxed) != bits && set_to.swap(bits, Ordering::Relaxed) != bits
+}
+
+/// Sets `bucket` to the share `bits` that this call recorded in `set_to`
+/// ([`claim_share`]), without waiting: a change that finds the note taken marks
+/// `set_to` [`SHARE_UNSET`] unless another share was recorded meanwhile.
+fn make_share(bucket: &TokenBucket, set_to: &AtomicU64, bits: u64, now: Nanos) {
+    if !bucket.try_set_limit(f64::from_bits(bits), now) {
         let _ = set_to.compare_exchange(bits, SHARE_UNSET, Ordering::Relaxed, Ordering::Relaxed);
     }
 }
