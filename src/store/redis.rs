@@ -1788,9 +1788,23 @@ fn claim_share(set_to: &AtomicU64, bits: u64) -> bool {
 /// Sets `bucket` to the share `bits` that this call recorded in `set_to`
 /// ([`claim_share`]), without waiting: a change that finds the note taken marks
 /// `set_to` [`SHARE_UNSET`] unless another share was recorded meanwhile.
-fn make_share(bucket: &TokenBucket, set_to: &AtomicU64, bits: u64, now: Nanos) {
-    if !bucket.try_set_limit(f64::from_bits(bits), now) {
-        let _ = set_to.compare_exchange(bits, SHARE_UNSET, Ordering::Relaxed, Ordering::Relaxed);
+///
+/// Then, if `set_to` says another share, sets that one too, until it stays: two calls
+/// may record their shares in one order and change the bucket in the other, and the
+/// share recorded last, which every later call finds recorded and leaves alone, must
+/// be the one the bucket keeps. A call whose change comes after another's took the
+/// note that one gave back, so it reads `set_to` as that one recorded it or later.
+fn make_share(bucket: &TokenBucket, set_to: &AtomicU64, mut bits: u64, now: Nanos) {
+    loop {
+        if !bucket.try_set_limit(f64::from_bits(bits), now) {
+            let _ =
+                set_to.compare_exchange(bits, SHARE_UNSET, Ordering::Relaxed, Ordering::Relaxed);
+            return;
+        }
+        match set_to.load(Ordering::Relaxed) {
+            last if last == bits || last == SHARE_UNSET => return,
+            last => bits = last,
+        }
     }
 }
 
@@ -1830,6 +1844,26 @@ mod tests {
         set_share(&bucket, &set_to, 2.0, ms(0));
         assert_eq!(bucket.level(ms(0)).capacity, 2.0);
         assert_eq!(set_to.load(Ordering::Relaxed), 2f64.to_bits());
+    }
+
+    /// Two calls that find different shares (the live instances went from 2 to 5
+    /// between their reads: 10/s and 4/s of a 20/s limit) record them in turn, and
+    /// the one that recorded first changes the bucket last: the bucket must end at
+    /// the share recorded last, which every later call finds recorded and so never
+    /// sets again. Before, it stayed at the first share (10/s, two and a half times
+    /// this instance's) until the share changed again.
+    #[test]
+    fn a_share_recorded_later_is_the_one_the_bucket_keeps() {
+        let ms = Nanos::from_millis;
+        let bucket = TokenBucket::new(20.0, Duration::from_secs(1), ms(0));
+        let set_to = AtomicU64::new(20f64.to_bits());
+        assert!(claim_share(&set_to, 10f64.to_bits()));
+        set_share(&bucket, &set_to, 4.0, ms(0));
+        assert_eq!(bucket.level(ms(0)).capacity, 4.0);
+        make_share(&bucket, &set_to, 10f64.to_bits(), ms(0));
+        assert_eq!(bucket.level(ms(0)).capacity, 4.0);
+        set_share(&bucket, &set_to, 4.0, ms(0));
+        assert_eq!(bucket.level(ms(0)).capacity, 4.0);
     }
 
     #[test]
