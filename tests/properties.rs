@@ -231,6 +231,76 @@ proptest! {
         within_rate(&admitted, capacity, rate)?;
     }
 
+    /// A limit change made at `now` and dated `d` (between the last change's date and
+    /// `now`) leaves the bucket with what a reference model in tokens says: the level
+    /// the bucket shows at `d`, with every request decided since charged (`l`), kept
+    /// up to the new capacity and refilled at the new rate from `d`; or, if those
+    /// requests took more than it held at `d` (`l` < 0), empty where they emptied it
+    /// at the old rate (`d` − `l` / old rate) and refilled at the new rate from then,
+    /// never from before. `l` is read from the level at `now` (known exactly while
+    /// the bucket is not full then; while it is, `l` is at most the old capacity and
+    /// the model's level a bound). So a change never refills a bucket beyond what the
+    /// new rate gave since its date, and never hands back a token taken after it; a
+    /// change that lowers the limit never adds a token. Without the count from the
+    /// emptying, a change dated before requests that emptied the bucket gave them
+    /// their tokens back.
+    #[test]
+    fn a_limit_change_leaves_the_level_a_token_model_says(
+        first in 1.0f64..200.0,
+        burst_ms in 100u64..2_000,
+        steps in prop::collection::vec(
+            (0u64..10_000, prop::option::weighted(0.05, (1.0f64..200.0, 0.0f64..=1.0))),
+            1..400,
+        ),
+    ) {
+        let burst = Duration::from_millis(burst_ms);
+        // Tokens per nanosecond at a limit, as the bucket keeps it: whole nanoseconds
+        // per token.
+        let per_ns = |limit: f64| 1.0 / (1e9 / limit).round();
+        let b = TokenBucket::new(first, burst, Nanos::ZERO);
+        let (mut rate, mut t, mut dated) = (first, 0u64, 0u64);
+        for (gap_us, change) in steps {
+            t += gap_us * 1_000;
+            let now = Nanos::new(t);
+            let Some((limit, towards_now)) = change else {
+                let _ = b.check(now);
+                continue;
+            };
+            dated += ((t - dated) as f64 * towards_now) as u64;
+            let since = (t - dated) as f64;
+            let before = b.level(now);
+            let (r1, r2) = (per_ns(rate), per_ns(limit));
+            let exact = before.value < before.capacity;
+            let l = if exact { before.value - since * r1 } else { before.capacity };
+            b.set_limit(limit, Nanos::new(dated));
+            let after = b.level(now);
+            let model = if l >= 0.0 {
+                l.min(after.capacity) + since * r2
+            } else {
+                (since + l / r1) * r2
+            }
+            .clamp(0.0, after.capacity);
+            // The TAT is kept in whole nanoseconds: a few of them each way.
+            let slack = 4.0 * r1.max(r2) + 1e-9;
+            prop_assert!(
+                after.value <= model + slack,
+                "{rate}/s to {limit}/s at {t} dated {dated}: held {}, holds {}, model {model}",
+                before.value, after.value
+            );
+            if exact {
+                prop_assert!(
+                    after.value >= model - slack,
+                    "{rate}/s to {limit}/s at {t} dated {dated}: held {}, holds {}, model {model}",
+                    before.value, after.value
+                );
+            }
+            if limit <= rate {
+                prop_assert!(after.value <= before.value + slack);
+            }
+            rate = limit;
+        }
+    }
+
     /// A request sent exactly `retry_after` after a rejection is admitted.
     #[test]
     fn retry_after_is_exact(
