@@ -718,7 +718,7 @@ impl Engine {
     /// other request is doing so already; its controller does not step.
     #[cold]
     fn advance(r: &Route, now: Nanos) {
-        if let Ok(mut st) = r.state.try_lock() {
+        if let Some(mut st) = r.try_lock() {
             st.ring
                 .advance(&r.counter, r.counter.slot_index(now), |_| {});
         }
@@ -728,7 +728,7 @@ impl Engine {
     /// no other request is doing so already.
     #[cold]
     fn roll(&self, r: &Route, now: Nanos) {
-        let Ok(mut guard) = r.state.try_lock() else {
+        let Some(mut guard) = r.try_lock() else {
             return;
         };
         let st = &mut *guard;
@@ -962,6 +962,18 @@ impl Route {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The state lock if no one holds it, without waiting; taken poisoned or not, as
+    /// [`Route::lock`] takes it. Refused for poison, no request would roll the window,
+    /// step the controller or make a change left behind again, after a panic (a
+    /// hook's) while the lock was held.
+    fn try_lock(&self) -> Option<std::sync::MutexGuard<'_, RouteState>> {
+        match self.state.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Whether `cfg` describes this route with the same shape of state (its matcher
     /// aside: the engine holds the matchers).
     fn same_structure(&self, cfg: &RouteConfig) -> bool {
@@ -1103,7 +1115,7 @@ impl Route {
     #[cold]
     #[inline(never)]
     fn finish_change(&self) {
-        if let Ok(st) = self.state.try_lock() {
+        if let Some(st) = self.try_lock() {
             let which = self.behind.load(Ordering::Relaxed);
             if which != 0 {
                 let at = Nanos::new(self.changed_at.load(Ordering::Relaxed));
@@ -2249,6 +2261,50 @@ mod tests {
         e.catch_up(id, ms(3_000));
         assert_eq!(r.behind.load(Ordering::Relaxed), 0);
         assert_eq!(r.limiter.level(ms(3_000)).capacity, 200.0);
+    }
+
+    /// A sample hook that panics once (at the first slot's report, 0.5 s) poisons the
+    /// route's state lock, which the request rolling the window held. The route still
+    /// rolls: the request that wins the rollover at 2 s takes the event's profile
+    /// (20/s), and when its change finds the note taken, the next decision makes it.
+    /// Before, `try_lock` failed on the poisoned lock forever: no request rolled the
+    /// window or stepped the controller again, the limit stayed 200/s through the
+    /// event (a cut in force then would have stayed in force for good), and no
+    /// decision made a change left behind.
+    #[test]
+    fn a_route_whose_lock_a_panicking_hook_poisoned_still_rolls() {
+        let ms = Nanos::from_millis;
+        let mut cfg = RouteConfig::new("poisoned_lock", crate::config::RouteMatch::any());
+        let mut event = cfg.controller.clone();
+        event.base_limit_rps = 20.0;
+        event.cut_limit_rps = 10.0;
+        let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
+        cfg.events = vec![Event::new("sale", start, Duration::from_secs(1), event)];
+        let panicked = Arc::new(AtomicBool::new(false));
+        let hook = {
+            let panicked = Arc::clone(&panicked);
+            move |_: &str, _: &SlotReport| {
+                if !panicked.swap(true, Ordering::Relaxed) {
+                    panic!("the sample hook fails once");
+                }
+            }
+        };
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
+            .unwrap()
+            .with_sample_hook(Arc::new(hook));
+        let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
+        let rolled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            e.check(id, Key::None, ms(500))
+        }));
+        assert!(rolled.is_err() && r.state.is_poisoned());
+        crate::limiter::gcra::with_the_note_held(|| {
+            assert!(e.check(id, Key::None, ms(2_000)).is_admit());
+            assert_eq!(e.limit_rps(id), Some(20.0), "the event's limit");
+            assert_eq!(r.behind.load(Ordering::Relaxed), BEHIND_LIMITER);
+        });
+        assert!(e.check(id, Key::None, ms(2_000)).is_admit());
+        assert_eq!(r.behind.load(Ordering::Relaxed), 0);
+        assert_eq!(r.limiter.level(ms(2_000)).capacity, 20.0);
     }
 
     /// A key's request that must catch up with a change of its route's limit (4/s
