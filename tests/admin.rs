@@ -260,9 +260,7 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
     let (_, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
     assert_eq!(route(&all, "rest")["base_limit_rps"], 800.0);
 
-    let broken = CONFIG
-        .replace("base_limit = 1000", "base_limit = 100")
-        .replace("cut_limit = 300", "cut_limit = 300\nwindow = \"6500ms\"");
+    let broken = two_problems_config();
     std::fs::write(&p.file, broken).unwrap();
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
     assert_eq!(status, 422);
@@ -478,6 +476,14 @@ impl GateClock {
         *self.gate.lock().unwrap() = Some((entered, released));
         (waiting, release)
     }
+}
+
+/// [`CONFIG`] with two problems: route `rest`'s cut above its lowered base, and a
+/// window of 65 slots.
+fn two_problems_config() -> String {
+    CONFIG
+        .replace("base_limit = 1000", "base_limit = 100")
+        .replace("cut_limit = 300", "cut_limit = 300\nwindow = \"6500ms\"")
 }
 
 /// The config of the race tests: no hints tick (the first, at start, aside) to take
@@ -806,9 +812,7 @@ async fn a_silent_route_reads_where_it_stands_now() {
 #[tokio::test]
 async fn a_refused_reload_answers_each_problem_as_a_string() {
     let p = start(None).await;
-    let broken = CONFIG
-        .replace("base_limit = 1000", "base_limit = 100")
-        .replace("cut_limit = 300", "cut_limit = 300\nwindow = \"6500ms\"");
+    let broken = two_problems_config();
     std::fs::write(&p.file, broken).unwrap();
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
     assert_eq!(status, 422);

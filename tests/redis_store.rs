@@ -188,6 +188,14 @@ fn store_config(server: &impl Servers, prefix: &str) -> RedisConfig {
     v
 }
 
+/// [`store_config`] whose heartbeat is left to the test: the background one beats
+/// once, at the start, and the test beats by hand.
+fn hand_beaten_config(server: &impl Servers, prefix: &str) -> RedisConfig {
+    let mut v = store_config(server, prefix);
+    v.heartbeat = Duration::from_secs(3600);
+    v
+}
+
 /// One rocgate instance: its own engine and clock, and a store on the shared Redis.
 struct Instance {
     engine: Engine,
@@ -395,9 +403,7 @@ async fn instances_given_the_same_id_count_as_two() {
 async fn a_leave_during_a_beat_stays_left() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
-    let mut config = store_config(&server, "left");
-    // Beats by hand only (the background one beats once, at the start).
-    config.heartbeat = Duration::from_secs(3600);
+    let config = hand_beaten_config(&server, "left");
     let a = Instance::system(&burst_route(), &config);
     let b = Instance::system(&burst_route(), &config);
     beat_answered(&a.store).await;
@@ -433,12 +439,7 @@ async fn beat_answered(store: &RedisStore) -> u64 {
 async fn a_heartbeat_set_lost_with_redis_does_not_shrink_the_count() {
     let _serial = one_at_a_time().await;
     let mut server = RedisServer::start().await;
-    let config = {
-        let mut v = store_config(&server, "regrow");
-        // Beats by hand only (the background one beats once, at the start).
-        v.heartbeat = Duration::from_secs(3600);
-        v
-    };
+    let config = hand_beaten_config(&server, "regrow");
     // 90 req/s with 1 s of burst: a third is 30 tokens, then 30/s.
     let route = route(90.0, Duration::from_secs(1));
     let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
@@ -3389,10 +3390,8 @@ async fn a_route_first_seen_in_an_outage_falls_back_at_its_base_share() {
     let _serial = one_at_a_time().await;
     let mut server = RedisServer::start().await;
     let config = {
-        let mut v = store_config(&server, "unseen");
+        let mut v = hand_beaten_config(&server, "unseen");
         v.expected_instances = 2;
-        // Beats by hand only (the background one beats once, at the start).
-        v.heartbeat = Duration::from_secs(3600);
         v
     };
     let route = route(100.0, Duration::from_secs(1));
