@@ -238,6 +238,20 @@ impl Instance {
         Instance::new(route, config, Arc::new(MonotonicClock::new()))
     }
 
+    /// Reloads the engine to `route` alone, as of the instance's now, and decides on
+    /// it from then.
+    fn reload(&mut self, route: RouteConfig) {
+        self.engine = self
+            .engine
+            .reload(
+                &Config::new(vec![route.clone()]),
+                self.clock.now(),
+                SystemTime::UNIX_EPOCH,
+            )
+            .unwrap();
+        self.route = self.engine.route_id(&route.name).unwrap();
+    }
+
     async fn check(&self) -> rocgate::limiter::Decision {
         self.store
             .check(&self.engine, self.route, self.clock.now())
@@ -1628,15 +1642,7 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
         // base limit the route started with). Raised past it, to 150: still 100 per
         // second until Redis answers.
         for (base, expected) in [(40.0, 40), (100.0, 40), (100.0, 100), (150.0, 100)] {
-            a.engine = a
-                .engine
-                .reload(
-                    &Config::new(vec![route(base, Duration::from_secs(1))]),
-                    a.clock.now(),
-                    SystemTime::UNIX_EPOCH,
-                )
-                .unwrap();
-            a.route = a.engine.route_id("order").unwrap();
+            a.reload(route(base, Duration::from_secs(1)));
             clock.advance(Duration::from_secs(1));
             assert_eq!(
                 a.offer(200).await,
@@ -1670,15 +1676,7 @@ async fn a_reload_while_redis_is_away_brings_no_fresh_burst() {
     );
     assert_eq!(a.offer(300).await, 100, "the burst");
     assert_eq!(a.store.mode(), StoreMode::Fallback);
-    a.engine = a
-        .engine
-        .reload(
-            &Config::new(vec![route(100.0, Duration::from_secs(2))]),
-            a.clock.now(),
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    a.route = a.engine.route_id("order").unwrap();
+    a.reload(route(100.0, Duration::from_secs(2)));
     // The rebuilt route stays in fallback, its breaker open: no call to Redis until a
     // probe is due, and the instance's mode (`rocgate_store_mode`, the alert) does not
     // flip to shared and back.
@@ -2406,15 +2404,7 @@ async fn batched_arrivals_not_yet_synced_survive_a_reload() {
         Arc::clone(&clock) as Arc<dyn Clock>,
     );
     assert_eq!(a.offer(10).await, 10);
-    a.engine = a
-        .engine
-        .reload(
-            &Config::new(vec![route(100.0, Duration::from_secs(2))]),
-            a.clock.now(),
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    a.route = a.engine.route_id("order").unwrap();
+    a.reload(route(100.0, Duration::from_secs(2)));
     assert!(a.check().await.is_admit());
     let mut conn = server.connection().unwrap();
     let mut counted = 0;
@@ -2512,15 +2502,7 @@ async fn a_reload_that_changes_a_routes_window_keeps_its_stepped_transitions() {
     assert_eq!(cuts, 1, "one instance steps every slot");
     let mut longer = quick_route();
     longer.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
-    a.engine = a
-        .engine
-        .reload(
-            &Config::new(vec![longer]),
-            a.clock.now(),
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    a.route = a.engine.route_id("order").unwrap();
+    a.reload(longer);
     let _ = a.check().await;
     assert_eq!(a.store.view("order").unwrap().stepped.cuts, cuts);
 }
@@ -3186,15 +3168,7 @@ async fn batched_mode_applies_a_lowered_base_limit_before_its_breaker_opens() {
         Arc::clone(&clock) as Arc<dyn Clock>,
     );
     assert_eq!(a.offer(200).await, 100, "the burst");
-    a.engine = a
-        .engine
-        .reload(
-            &Config::new(vec![route(40.0, Duration::from_secs(1))]),
-            a.clock.now(),
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    a.route = a.engine.route_id("order").unwrap();
+    a.reload(route(40.0, Duration::from_secs(1)));
     for second in 1..=2 {
         clock.advance(Duration::from_secs(1));
         assert_eq!(a.offer(200).await, 40, "second {second} after the reload");
