@@ -49,6 +49,35 @@ fn gaps_us(max_us: u64, len: std::ops::Range<usize>) -> impl Strategy<Value = Ve
     )
 }
 
+/// Checks with limit changes among them, `weight` of the steps a change (limit 1 to
+/// 200 req/s), up to 10 ms apart, in time: each step's time in nanoseconds and a
+/// change's limit and date, drawn between the last change's date and the step's time
+/// (as the engine dates a change: at the slot where the controller made it, never
+/// before the last one it pushed).
+fn dated_changes(
+    weight: f64,
+    len: std::ops::Range<usize>,
+) -> impl Strategy<Value = Vec<(u64, Option<(f64, u64)>)>> {
+    let step = (
+        0u64..10_000,
+        prop::option::weighted(weight, (1.0f64..200.0, 0.0f64..=1.0)),
+    );
+    prop::collection::vec(step, len).prop_map(|steps| {
+        let (mut t, mut dated) = (0u64, 0u64);
+        steps
+            .into_iter()
+            .map(|(gap_us, change)| {
+                t += gap_us * 1_000;
+                let change = change.map(|(limit, towards_now)| {
+                    dated += ((t - dated) as f64 * towards_now) as u64;
+                    (limit, dated)
+                });
+                (t, change)
+            })
+            .collect()
+    })
+}
+
 /// In every interval [a, b] between two admissions, at most capacity + rate × (b − a)
 /// were admitted (one more for the rounding of a token's time).
 fn within_rate(admitted: &[Nanos], capacity: f64, rate: f64) -> Result<(), TestCaseError> {
@@ -189,34 +218,27 @@ proptest! {
     }
 
     /// With limit changes among the checks, each dated between the last change's date
-    /// and now (as the engine dates a change: at the slot where the controller made
-    /// it, never before the last one it pushed), a token bucket admits in every
-    /// interval [a, b] at most the largest capacity plus the largest rate × (b − a)
-    /// of the limits it had (+1 for the nanosecond rounding). A change dated in the
-    /// past handed back the tokens that requests took after its date: on that code
-    /// this property found 41 admitted in 0.179 s where 15 tokens and 138/s allow
-    /// 40.7 (the case is in the regressions file). Limits and gaps are drawn so that
-    /// a bucket is often drained between changes.
+    /// and now, a token bucket admits in every interval [a, b] at most the largest
+    /// capacity plus the largest rate × (b − a) of the limits it had (+1 for the
+    /// nanosecond rounding). A change dated in the past handed back the tokens that
+    /// requests took after its date: on that code this property found 41 admitted in
+    /// 0.179 s where 15 tokens and 138/s allow 40.7 (the case is in the regressions
+    /// file). Limits and gaps are drawn so that a bucket is often drained between
+    /// changes.
     #[test]
     fn backdated_limit_changes_never_let_a_token_bucket_exceed_its_limits(
         first in 1.0f64..200.0,
         burst_ms in 100u64..2_000,
-        steps in prop::collection::vec(
-            (0u64..10_000, prop::option::weighted(0.02, (1.0f64..200.0, 0.0f64..=1.0))),
-            1..600,
-        ),
+        steps in dated_changes(0.02, 1..600),
     ) {
         let burst = Duration::from_millis(burst_ms);
         let capacity_of = |rate: f64| (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0);
         let b = TokenBucket::new(first, burst, Nanos::ZERO);
         let (mut capacity, mut rate) = (capacity_of(first), first);
-        let (mut t, mut dated) = (0u64, 0u64);
         let mut admitted = Vec::new();
-        for (gap_us, change) in steps {
-            t += gap_us * 1_000;
+        for (t, change) in steps {
             match change {
-                Some((limit, towards_now)) => {
-                    dated += ((t - dated) as f64 * towards_now) as u64;
+                Some((limit, dated)) => {
                     b.set_limit(limit, Nanos::new(dated));
                     capacity = capacity.max(capacity_of(limit));
                     rate = rate.max(limit);
@@ -248,25 +270,20 @@ proptest! {
     fn a_limit_change_leaves_the_level_a_token_model_says(
         first in 1.0f64..200.0,
         burst_ms in 100u64..2_000,
-        steps in prop::collection::vec(
-            (0u64..10_000, prop::option::weighted(0.05, (1.0f64..200.0, 0.0f64..=1.0))),
-            1..400,
-        ),
+        steps in dated_changes(0.05, 1..400),
     ) {
         let burst = Duration::from_millis(burst_ms);
         // Tokens per nanosecond at a limit, as the bucket keeps it: whole nanoseconds
         // per token.
         let per_ns = |limit: f64| 1.0 / (1e9 / limit).round();
         let b = TokenBucket::new(first, burst, Nanos::ZERO);
-        let (mut rate, mut t, mut dated) = (first, 0u64, 0u64);
-        for (gap_us, change) in steps {
-            t += gap_us * 1_000;
+        let mut rate = first;
+        for (t, change) in steps {
             let now = Nanos::new(t);
-            let Some((limit, towards_now)) = change else {
+            let Some((limit, dated)) = change else {
                 let _ = b.check(now);
                 continue;
             };
-            dated += ((t - dated) as f64 * towards_now) as u64;
             let since = (t - dated) as f64;
             let before = b.level(now);
             let (r1, r2) = (per_ns(rate), per_ns(limit));
