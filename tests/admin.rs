@@ -342,36 +342,84 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
     p.stop().await;
 }
 
-/// A reload puts the file's parameters in force, a runtime change's too: the answer
-/// names each route whose change the file did not repeat (it was replaced without a
-/// word, so an incident's raised limit could vanish with a colleague's reload).
+/// A runtime change outlives a reload that leaves its route as the file had it: a
+/// colleague's reload for another route does not undo an incident's raised limit (it
+/// did: every reload put the file's parameters back). A file that changes the route
+/// replaces the change, and says so; a file that repeats the change takes it over.
 #[tokio::test]
-async fn a_reload_names_the_runtime_changes_it_replaces() {
+async fn a_reload_keeps_a_runtime_change_unless_the_file_changed_its_route() {
     let p = start(None).await;
     let change = r#"{"base_limit": 300}"#;
     let (status, body) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
     assert_eq!(status, 200, "{body}");
+    assert_eq!(body["runtime_change"], true, "{body}");
+
+    // Another route changed in the file: `order`'s change stays.
+    std::fs::write(
+        &p.file,
+        CONFIG.replace("base_limit = 1000", "base_limit = 900"),
+    )
+    .unwrap();
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
     assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["runtime_changes_kept"],
+        serde_json::json!(["order"]),
+        "{body}"
+    );
+    assert_eq!(
+        body["runtime_changes_replaced"],
+        serde_json::json!([]),
+        "{body}"
+    );
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["base_limit_rps"], 300.0, "{order}");
+    assert_eq!(order["runtime_change"], true, "{order}");
+    let (_, rest) = call(p.admin, "GET", "/admin/routes/rest", "", None).await;
+    assert_eq!(
+        rest["base_limit_rps"], 900.0,
+        "the file's change is in force"
+    );
+    assert_eq!(rest["runtime_change"], false, "{rest}");
+
+    // The file changes `order` itself: the file's parameters replace the change.
+    let edited = CONFIG.replace(
+        "path = \"/api/order\"",
+        "path = \"/api/order\"\nbase_limit = 250",
+    );
+    std::fs::write(&p.file, &edited).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["runtime_changes_kept"],
+        serde_json::json!([]),
+        "{body}"
+    );
     assert_eq!(
         body["runtime_changes_replaced"],
         serde_json::json!(["order"]),
         "{body}"
     );
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
-    assert_eq!(order["base_limit_rps"], 200.0, "the file's base_limit");
+    assert_eq!(order["base_limit_rps"], 250.0, "the file's base_limit");
+    assert_eq!(order["runtime_change"], false, "{order}");
 
-    // A change the file repeats is not replaced, and each change is named once.
+    // A change the file then repeats is neither kept nor replaced: it is the file's.
     let (status, body) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
     assert_eq!(status, 200, "{body}");
-    let repeated = CONFIG.replace(
-        "path = \"/api/order\"",
-        "path = \"/api/order\"\nbase_limit = 300",
-    );
-    std::fs::write(&p.file, repeated).unwrap();
+    std::fs::write(
+        &p.file,
+        edited.replace("base_limit = 250", "base_limit = 300"),
+    )
+    .unwrap();
     for _ in 0..2 {
         let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
         assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["runtime_changes_kept"],
+            serde_json::json!([]),
+            "{body}"
+        );
         assert_eq!(
             body["runtime_changes_replaced"],
             serde_json::json!([]),
@@ -380,6 +428,49 @@ async fn a_reload_names_the_runtime_changes_it_replaces() {
     }
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
     assert_eq!(order["base_limit_rps"], 300.0);
+    assert_eq!(order["runtime_change"], false, "{order}");
+    p.stop().await;
+}
+
+/// A runtime change survives a refused reload as the running config does, and is
+/// withdrawn on demand: the file's parameters, as last read, are back in force.
+#[tokio::test]
+async fn a_runtime_change_is_withdrawn_on_demand_and_survives_a_refused_reload() {
+    let p = start(None).await;
+    let (status, body) = call(p.admin, "DELETE", "/admin/routes/order/change", "", None).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        body["errors"][0],
+        "route \"order\" has no runtime change: the file's parameters are in force"
+    );
+    let (status, _) = call(p.admin, "DELETE", "/admin/routes/nope/change", "", None).await;
+    assert_eq!(status, 404);
+
+    let change = r#"{"base_limit": 300, "cut_limit": 90}"#;
+    let (status, body) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
+    assert_eq!(status, 200, "{body}");
+    std::fs::write(&p.file, "[[routes]]\nname = 3\n").unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 422, "{body}");
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["base_limit_rps"], 300.0, "{order}");
+    assert_eq!(order["runtime_change"], true, "{order}");
+
+    let (status, order) = call(p.admin, "DELETE", "/admin/routes/order/change", "", None).await;
+    assert_eq!(status, 200, "{order}");
+    assert_eq!(order["base_limit_rps"], 200.0, "{order}");
+    assert_eq!(order["cut_limit_rps"], 60.0, "{order}");
+    assert_eq!(order["runtime_change"], false, "{order}");
+    let (status, _) = call(p.admin, "DELETE", "/admin/routes/order/change", "", None).await;
+    assert_eq!(status, 404, "withdrawn once");
+
+    // Changed back by hand to the file's parameters: no change is in force either.
+    let (status, _) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
+    assert_eq!(status, 200);
+    let back = r#"{"base_limit": 200, "cut_limit": 60}"#;
+    let (status, order) = call(p.admin, "PUT", "/admin/routes/order", back, None).await;
+    assert_eq!(status, 200, "{order}");
+    assert_eq!(order["runtime_change"], false, "{order}");
     p.stop().await;
 }
 
@@ -405,6 +496,14 @@ async fn mutating_endpoints_require_the_token_when_set() {
     );
     assert_eq!(
         call(p.admin, "PUT", "/admin/routes/order", put, Some("s3cret"))
+            .await
+            .0,
+        200
+    );
+    let withdraw = "/admin/routes/order/change";
+    assert_eq!(call(p.admin, "DELETE", withdraw, "", None).await.0, 401);
+    assert_eq!(
+        call(p.admin, "DELETE", withdraw, "", Some("s3cret"))
             .await
             .0,
         200

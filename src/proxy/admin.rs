@@ -8,7 +8,8 @@
 //! | `GET /metrics` | Prometheus metrics (see [`crate::metrics`]) |
 //! | `GET /admin/routes` | every route's live state as JSON |
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
-//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart, and `runtime_changes_replaced` the routes whose runtime changes the file's parameters replaced) |
+//! | `DELETE /admin/routes/{name}/change` | withdraw the route's runtime change: the file's parameters are in force again |
+//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart; `runtime_changes_kept` the routes whose runtime change stays, the file having left them as they were, and `runtime_changes_replaced` those whose change the file's new parameters replaced) |
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
 //! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen |
 //!
@@ -31,7 +32,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -155,6 +156,7 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/metrics", get(render_metrics))
         .route("/admin/routes", get(routes))
         .route("/admin/routes/{name}", get(one_route).put(update_route))
+        .route("/admin/routes/{name}/change", delete(withdraw_change))
         .route("/admin/reload", post(reload))
         .route("/admin/hints", get(hints))
         .route("/admin/store", get(store))
@@ -313,8 +315,20 @@ fn caught_up(state: &AdminState) -> (Arc<Engine>, Nanos) {
 
 async fn routes(State(state): State<AdminState>) -> Json<Value> {
     let (engine, now) = caught_up(&state);
-    let routes: Vec<Value> = engine.snapshot(now).iter().map(route_json).collect();
+    let routes: Vec<Value> = engine
+        .snapshot(now)
+        .iter()
+        .map(|snap| route_state(&state, snap))
+        .collect();
     Json(json!({ "routes": routes }))
+}
+
+/// A route's live state as the admin API shows it: [`route_json`], and whether a
+/// runtime change is in force.
+fn route_state(state: &AdminState, snap: &RouteSnapshot) -> Value {
+    let mut route = route_json(snap);
+    route["runtime_change"] = json!(state.reloader.has_runtime_change(&snap.name));
+    route
 }
 
 async fn one_route(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
@@ -323,7 +337,7 @@ async fn one_route(State(state): State<AdminState>, Path(name): Path<String>) ->
         .route_id(&name)
         .and_then(|id| engine.route_snapshot(id, now))
     {
-        Some(snap) => Json(route_json(&snap)).into_response(),
+        Some(snap) => Json(route_state(&state, &snap)).into_response(),
         None => error(
             StatusCode::NOT_FOUND,
             vec![format!("no route named {name:?}")],
@@ -347,11 +361,39 @@ async fn update_route(
     // On the blocking pool: the change waits for a reload under way.
     let reloader = state.reloader.clone();
     let changed = tokio::task::spawn_blocking(move || reloader.update_route(&name, &body)).await;
+    change_answer(&state, changed)
+}
+
+async fn withdraw_change(
+    State(state): State<AdminState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(denied) = unauthorized(&state, &headers) {
+        return denied;
+    }
+    let reloader = state.reloader.clone();
+    let withdrawn = tokio::task::spawn_blocking(move || reloader.withdraw_change(&name)).await;
+    change_answer(&state, withdrawn)
+}
+
+/// The answer to a runtime change or its withdrawal: the route's state after it, or
+/// why nothing changed.
+fn change_answer(
+    state: &AdminState,
+    changed: Result<Result<RouteSnapshot, RouteChangeError>, tokio::task::JoinError>,
+) -> Response {
     match changed {
-        Ok(Ok(snapshot)) => Json(route_json(&snapshot)).into_response(),
+        Ok(Ok(snapshot)) => Json(route_state(state, &snapshot)).into_response(),
         Ok(Err(RouteChangeError::NoSuchRoute(name))) => error(
             StatusCode::NOT_FOUND,
             vec![format!("no route named {name:?}")],
+        ),
+        Ok(Err(RouteChangeError::NoChange(name))) => error(
+            StatusCode::NOT_FOUND,
+            vec![format!(
+                "route {name:?} has no runtime change: the file's parameters are in force"
+            )],
         ),
         Ok(Err(RouteChangeError::Invalid(errors))) => {
             error(StatusCode::UNPROCESSABLE_ENTITY, errors)
@@ -371,6 +413,7 @@ async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response
         Ok(done) => Json(json!({
             "reloaded": true,
             "restart_required": done.restart_required,
+            "runtime_changes_kept": done.runtime_changes_kept,
             "runtime_changes_replaced": done.runtime_changes_replaced,
         }))
         .into_response(),

@@ -31,6 +31,7 @@ pub use forward::{ForwardSettings, Forwarder};
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
+use crate::controller::ControllerParams;
 use crate::controller::Transition;
 use crate::engine::Engine;
 use crate::http::{AdmissionLayer, SharedEngine};
@@ -39,7 +40,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -122,9 +123,10 @@ pub struct Reloader {
     started: Arc<Config>,
     /// Held through a reload: of two at once (a SIGHUP and `POST /admin/reload`), the
     /// second reads the file after the first has swapped its engine in, so the file
-    /// read last is the one in force. It holds the routes changed at runtime since
-    /// the last reload, whose changes the next one replaces with the file's parameters.
-    reloading: Arc<Mutex<BTreeSet<String>>>,
+    /// read last is the one in force. It holds the routes whose runtime change is in
+    /// force, each with the file's parameters that the change replaced (see
+    /// [`Reloaded`]).
+    reloading: Arc<Mutex<BTreeMap<String, ControllerParams>>>,
     /// The reloads applied and refused, for `/metrics`.
     reloads: Arc<ReloadCounts>,
 }
@@ -151,14 +153,24 @@ impl Default for ReloadCounts {
 }
 
 /// What a reload that was applied did besides putting the file's routes in force.
+///
+/// A runtime change (`PUT /admin/routes/{name}`) outlives a reload that leaves its
+/// route's parameters in the file as they were when the change was made: a reload
+/// for another route's sake does not undo an operator's change made during an
+/// incident. Where the file's parameters for the route changed, the file is the
+/// newer word and replaces the runtime change. A file that now says what the change
+/// said takes it over: the change is neither kept nor replaced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Reloaded {
     /// The sections read only at start whose content changed since the start
     /// (`"[server]"`, `"[admin]"`, `"[hints]"`, `"[store]"`): they wait for a restart.
     pub restart_required: Vec<&'static str>,
-    /// The routes changed at runtime (`PUT /admin/routes/{name}`) since the last
-    /// reload whose parameters in the file differ: the file's are now in force.
+    /// The routes whose runtime change stays in force: the file left their
+    /// parameters as they were.
+    pub runtime_changes_kept: Vec<String>,
+    /// The routes whose runtime change the file's parameters replaced: the file
+    /// changed them (or the change no longer fits the route the file describes).
     pub runtime_changes_replaced: Vec<String>,
 }
 
@@ -217,8 +229,9 @@ impl Reloader {
     /// for another). An invalid file, or a proxy started without one, keeps the
     /// running config and returns why ([`ReloadError`], with every problem of the
     /// file), which is logged too. The routes take effect at once, the file's
-    /// parameters replacing runtime changes (those replaced are returned and logged);
-    /// the other sections only at a restart: those whose content differs from the
+    /// parameters replacing the runtime changes of the routes whose parameters the
+    /// file changed (those kept and those replaced are returned and logged, see
+    /// [`Reloaded`]); the other sections only at a restart: those whose content differs from the
     /// proxy's start are returned (`"[admin]"`, …) and logged.
     pub async fn reload_async(&self) -> Result<Reloaded, ReloadError> {
         let reloader = self.clone();
@@ -256,12 +269,52 @@ impl Reloader {
             })?;
         let now = self.clock.now();
         // Checked again with the route's tiers and events, by the rules of the file.
-        engine.update_route(id, params, now).map_err(|e| {
+        engine.update_route(id, params.clone(), now).map_err(|e| {
             RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
         })?;
-        changed_at_runtime.insert(name.to_owned());
+        let file = changed_at_runtime.entry(name.to_owned()).or_insert(current);
+        if *file == params {
+            // Changed back to the file's parameters: no change is in force.
+            changed_at_runtime.remove(name);
+        }
         tracing::info!(route = %name, "route parameters changed at runtime");
         engine.route_snapshot(id, now).ok_or_else(no_such_route)
+    }
+
+    /// Withdraws the runtime change of the route `name`: the file's parameters, as
+    /// last read, are in force again (applied as a change is, keeping the route's
+    /// state). Returns the route's state after it (blocking, as
+    /// [`update_route`](Self::update_route)).
+    pub(crate) fn withdraw_change(
+        &self,
+        name: &str,
+    ) -> Result<crate::engine::RouteSnapshot, RouteChangeError> {
+        let mut changed_at_runtime = self
+            .reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let engine = self.engine();
+        let no_such_route = || RouteChangeError::NoSuchRoute(name.to_owned());
+        let id = engine.route_id(name).ok_or_else(no_such_route)?;
+        let file = changed_at_runtime
+            .get(name)
+            .ok_or_else(|| RouteChangeError::NoChange(name.to_owned()))?;
+        let now = self.clock.now();
+        // The file's parameters passed the file's checks for this very route.
+        engine.update_route(id, file.clone(), now).map_err(|e| {
+            RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
+        })?;
+        changed_at_runtime.remove(name);
+        tracing::info!(route = %name, "runtime change withdrawn: the file's parameters are in force");
+        engine.route_snapshot(id, now).ok_or_else(no_such_route)
+    }
+
+    /// Whether the route `name` runs on a runtime change.
+    pub(crate) fn has_runtime_change(&self, name: &str) -> bool {
+        self.reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(name)
     }
 
     /// Reads the config file again and swaps the engine (blocking: it reads the file
@@ -303,31 +356,66 @@ impl Reloader {
         let wall_now = SystemTime::now();
         let before = self.engine.load();
         // Read now: a route the reload keeps is reconfigured in place.
-        let changed: Vec<_> = changed_at_runtime
-            .iter()
-            .filter_map(|name| {
-                let params = before.route_params(before.route_id(name)?)?;
-                Some((name.clone(), params))
+        let changed: Vec<_> = std::mem::take(&mut *changed_at_runtime)
+            .into_iter()
+            .filter_map(|(name, file)| {
+                let runtime = before.route_params(before.route_id(&name)?)?;
+                Some((name, file, runtime))
             })
             .collect();
-        let next = before.reload(&config, self.clock.now(), wall_now)?;
-        changed_at_runtime.clear();
+        let now = self.clock.now();
+        let next = match before.reload(&config, now, wall_now) {
+            Ok(next) => next,
+            Err(e) => {
+                // Refused: the changes stay in force, as the running config does.
+                changed_at_runtime.extend(changed.into_iter().map(|(n, file, _)| (n, file)));
+                return Err(e.into());
+            }
+        };
+        let (mut runtime_changes_kept, mut runtime_changes_replaced) = (Vec::new(), Vec::new());
+        for (name, file, runtime) in changed {
+            // A route the file no longer has took its change with it.
+            let Some(id) = next.route_id(&name) else {
+                continue;
+            };
+            let Some(now_in_file) = next.route_params(id) else {
+                continue;
+            };
+            if now_in_file == runtime {
+                continue;
+            }
+            if now_in_file != file {
+                runtime_changes_replaced.push(name);
+                continue;
+            }
+            // Made on the new engine before it is in force: no request sees the file's
+            // parameters in between.
+            match next.update_route(id, runtime, now) {
+                Ok(()) => {
+                    changed_at_runtime.insert(name.clone(), file);
+                    runtime_changes_kept.push(name);
+                }
+                Err(e) => {
+                    for problem in e.to_string().lines() {
+                        tracing::warn!(route = %name, "the runtime change no longer fits the route: {problem}");
+                    }
+                    runtime_changes_replaced.push(name);
+                }
+            }
+        }
         let next = Arc::new(next);
         self.engine.replace(Arc::clone(&next));
-        // A runtime change the file does not repeat is gone: said, not done silently.
-        let runtime_changes_replaced: Vec<String> = changed
-            .into_iter()
-            .filter(|(name, params)| {
-                next.route_id(name)
-                    .is_some_and(|id| next.route_params(id).as_ref() != Some(params))
-            })
-            .map(|(name, _)| name)
-            .collect();
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             store.retain(&next);
         }
         tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
+        for route in &runtime_changes_kept {
+            tracing::info!(
+                route,
+                "the route's runtime change (PUT /admin/routes) stays in force: the file left its parameters as they were"
+            );
+        }
         for route in &runtime_changes_replaced {
             tracing::warn!(
                 route,
@@ -343,6 +431,7 @@ impl Reloader {
         }
         Ok(Reloaded {
             restart_required,
+            runtime_changes_kept,
             runtime_changes_replaced,
         })
     }
@@ -355,6 +444,8 @@ pub(crate) enum RouteChangeError {
     NoSuchRoute(String),
     /// The change is refused: every problem, one a line.
     Invalid(Vec<String>),
+    /// The route has no runtime change to withdraw.
+    NoChange(String),
 }
 
 /// The sections of `next` read only at start that differ from those of `started`.
