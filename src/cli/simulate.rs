@@ -442,7 +442,7 @@ fn run_once(
         routes: run.routes.iter().map(|r| &r.summary).collect(),
         hints: &hints,
     };
-    let chart_failed = |e: chart::ChartError| io::Error::other(e.to_string());
+    let chart_failed = io::Error::other::<chart::ChartError>;
     let written = outputs.write(vec![
         Box::new(|out| {
             serde_json::to_writer_pretty(&mut *out, &file).map_err(io::Error::from)?;

@@ -71,19 +71,19 @@ pub const SAFE: RGBColor = RGBColor(44, 160, 44);
 const CUT_SHADE: RGBColor = RGBColor(214, 39, 40);
 const RECOVERING_SHADE: RGBColor = RGBColor(255, 187, 120);
 
-/// Why a chart could not be drawn.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Why a chart could not be drawn. Each variant keeps its cause as its `source()`.
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ChartError {
     /// The bundled font was refused.
     #[error("the bundled chart font cannot be loaded")]
-    Font,
-    /// Drawing failed.
+    Font(#[source] ab_glyph::InvalidFont),
+    /// Drawing failed: the drawing backend's error (plotters' `DrawingAreaErrorKind`).
     #[error("cannot draw the chart: {0}")]
-    Draw(String),
+    Draw(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// PNG encoding failed.
     #[error("cannot encode the chart as PNG: {0}")]
-    Png(String),
+    Png(#[source] png::EncodingError),
 }
 
 /// The size of a chart of `routes` routes, pixels: `(WIDTH, PANEL_HEIGHT × routes)`,
@@ -98,7 +98,7 @@ pub fn svg(run: &SimRun) -> Result<String, ChartError> {
     {
         let backend = SVGBackend::with_string(&mut out, size(run.routes.len()));
         let root = Typeset::new(backend, false)
-            .map_err(|_| ChartError::Font)?
+            .map_err(ChartError::Font)?
             .into_drawing_area();
         draw(&root, run).map_err(draw_error)?;
         root.present().map_err(draw_error)?;
@@ -113,7 +113,7 @@ pub fn png(run: &SimRun) -> Result<Vec<u8>, ChartError> {
     {
         let backend = BitMapBackend::with_buffer(&mut pixels, (w, h));
         let root = Typeset::new(backend, true)
-            .map_err(|_| ChartError::Font)?
+            .map_err(ChartError::Font)?
             .into_drawing_area();
         draw(&root, run).map_err(draw_error)?;
         root.present().map_err(draw_error)?;
@@ -125,12 +125,14 @@ pub fn png(run: &SimRun) -> Result<Vec<u8>, ChartError> {
     encoder
         .write_header()
         .and_then(|mut writer| writer.write_image_data(&pixels))
-        .map_err(|e| ChartError::Png(e.to_string()))?;
+        .map_err(ChartError::Png)?;
     Ok(out)
 }
 
-fn draw_error<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> ChartError {
-    ChartError::Draw(e.to_string())
+fn draw_error<E: std::error::Error + Send + Sync + 'static>(
+    e: DrawingAreaErrorKind<E>,
+) -> ChartError {
+    ChartError::Draw(Box::new(e))
 }
 
 type Drawn<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
