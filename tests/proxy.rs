@@ -2491,3 +2491,22 @@ async fn a_paced_request_whose_client_leaves_gives_its_place_to_the_next() {
     drop(sender);
     let _ = proxy.shut_down().await;
 }
+
+/// An upstream failure's cause is the `ProxyError`'s `source()`, so that an error
+/// reporter walking the chain sees why the upstream failed (it had no source); its
+/// `Display` and `detail()` are unchanged.
+#[test]
+fn an_upstream_error_is_the_proxy_errors_source() {
+    use rocgate::proxy::ProxyError;
+    use std::error::Error as _;
+    let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "tcp connect error");
+    let e = ProxyError::Upstream(Box::new(refused));
+    let source = e.source().expect("the upstream's error");
+    let io = source.downcast_ref::<io::Error>().expect("the io::Error given");
+    assert_eq!(io.kind(), io::ErrorKind::ConnectionRefused);
+    assert_eq!(e.to_string(), "upstream error: tcp connect error");
+    assert_eq!(e.detail(), "upstream error: tcp connect error");
+    for other in [ProxyError::ConnectTimeout, ProxyError::BadRequest] {
+        assert!(other.source().is_none(), "{other}");
+    }
+}

@@ -50,7 +50,15 @@ impl fmt::Display for ProxyError {
     }
 }
 
-impl std::error::Error for ProxyError {}
+impl std::error::Error for ProxyError {
+    /// The upstream's error, for [`ProxyError::Upstream`]: its causes follow from it.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ProxyError::Upstream(e) => Some(&**e),
+            _ => None,
+        }
+    }
+}
 
 /// Why [`Reloader::reload`](super::Reloader::reload) (or
 /// [`reload_async`](super::Reloader::reload_async)) kept the running config.
