@@ -334,3 +334,24 @@ fn a_duration_beyond_any_length_is_a_flag_error() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--duration"), "{stderr}");
 }
+
+/// A proxy port taken is named with its listener, and the flags' way out: the
+/// message `Proxy::bind`'s error gave when it was an `io::Error`, kept byte for byte.
+#[test]
+fn a_taken_proxy_port_is_named_with_the_way_out() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["demo", "--admin", "127.0.0.1:0", "--listen", &addr.to_string()])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let in_use = std::net::TcpListener::bind(addr).unwrap_err();
+    let want = format!(
+        "rocgate demo: cannot listen on {addr} (the proxy): {in_use} \
+         (--listen and --admin take 127.0.0.1:0: any free port)\n"
+    );
+    assert_eq!(stderr, want);
+    assert_ne!(out.status.code(), Some(0));
+}

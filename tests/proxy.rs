@@ -2492,6 +2492,61 @@ async fn a_paced_request_whose_client_leaves_gives_its_place_to_the_next() {
     let _ = proxy.shut_down().await;
 }
 
+/// `Proxy::bind` says why it started no proxy with a `BindError` to match on, each
+/// cause kept as its source, and with the messages `rocgate serve` prints: it returned
+/// an `io::Error`, a refused config wrapped in one of kind `InvalidInput`.
+#[tokio::test]
+async fn bind_errors_name_the_listener_or_the_config_and_keep_their_causes() {
+    use rocgate::proxy::BindError;
+    use std::error::Error as _;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let upstream = SocketAddr::from(([127, 0, 0, 1], 1));
+    let config = Config::new(vec![RouteConfig::new(
+        "bind_refused",
+        RouteMatch::exact("GET", "/no-request-goes-here"),
+    )]);
+
+    let mut proxy_taken = settings(upstream);
+    proxy_taken.listen = addr;
+    let e = Proxy::bind(proxy_taken, &config, None).await.unwrap_err();
+    let BindError::Listen { addr: at, source } = &e else {
+        panic!("not the proxy's listener: {e:?}");
+    };
+    assert_eq!((*at, source.kind()), (addr, io::ErrorKind::AddrInUse));
+    assert_eq!(
+        e.to_string(),
+        format!("cannot listen on {addr} (the proxy): {source}")
+    );
+    let cause = e.source().and_then(|s| s.downcast_ref::<io::Error>());
+    assert_eq!(cause.map(io::Error::kind), Some(io::ErrorKind::AddrInUse));
+
+    let mut admin_taken = settings(upstream);
+    admin_taken.admin_listen = addr;
+    let e = Proxy::bind(admin_taken, &config, None).await.unwrap_err();
+    let BindError::AdminListen { addr: at, source } = &e else {
+        panic!("not the admin API's listener: {e:?}");
+    };
+    assert_eq!((*at, source.kind()), (addr, io::ErrorKind::AddrInUse));
+    assert_eq!(
+        e.to_string(),
+        format!("cannot listen on {addr} (the admin API): {source}")
+    );
+    assert!(e.source().is_some_and(|s| s.is::<io::Error>()));
+
+    let mut refused = config.clone();
+    refused.routes[0].controller.base_limit_rps = 20.0; // the default cut_limit is 60
+    let e = Proxy::bind(settings(upstream), &refused, None)
+        .await
+        .unwrap_err();
+    let BindError::Config(config_error) = &e else {
+        panic!("not the config: {e:?}");
+    };
+    let want = "config: routes[0].cut_limit: must be ≤ base_limit (20), got 60";
+    assert_eq!(config_error.to_string(), want);
+    assert_eq!(e.to_string(), want);
+}
+
 /// An upstream failure's cause is the `ProxyError`'s `source()`, so that an error
 /// reporter walking the chain sees why the upstream failed (it had no source); its
 /// `Display` and `detail()` are unchanged.

@@ -249,7 +249,7 @@ pub enum DemoError {
     },
     /// The proxy or its admin API could not be opened (the error names which).
     #[error("{0} (--listen and --admin take 127.0.0.1:0: any free port)")]
-    Proxy(io::Error),
+    Proxy(#[source] crate::proxy::BindError),
     /// Writing the table or the report failed.
     #[error("cannot write the output: {0}")]
     Output(#[from] io::Error),

@@ -5,6 +5,8 @@ use crate::config::ConfigError;
 use axum::body::Body;
 use http::{header, HeaderValue, Response, StatusCode};
 use std::fmt;
+use std::io;
+use std::net::SocketAddr;
 
 /// Why a request could not be forwarded. Non-exhaustive: a new way to fail (as
 /// `ClientTimeout` was) is not a breaking change.
@@ -58,6 +60,60 @@ impl std::error::Error for ProxyError {
             _ => None,
         }
     }
+}
+
+/// Why [`Proxy::bind`](super::Proxy::bind) started no proxy. Non-exhaustive: a new way
+/// to fail is not a breaking change.
+///
+/// `rocgate serve` prints its `Display` after `rocgate serve: ` and exits 1.
+///
+/// ```
+/// use rocgate::proxy::BindError;
+///
+/// fn exit_code(e: &BindError) -> u8 {
+///     match e {
+///         // Another instance may still hold the port: worth a retry.
+///         BindError::Listen { .. } | BindError::AdminListen { .. } => 75,
+///         BindError::Config(_) => 78,
+///         _ => 1,
+///     }
+/// }
+/// let e = BindError::Listen {
+///     addr: "127.0.0.1:8080".parse().unwrap(),
+///     source: std::io::ErrorKind::AddrInUse.into(),
+/// };
+/// assert_eq!(exit_code(&e), 75);
+/// assert_eq!(e.to_string(), "cannot listen on 127.0.0.1:8080 (the proxy): address in use");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BindError {
+    /// The clients' listener could not be opened.
+    #[error("cannot listen on {addr} (the proxy): {source}")]
+    Listen {
+        /// The address it was to listen on.
+        addr: SocketAddr,
+        /// Why (its kind is `AddrInUse` for a port taken).
+        source: io::Error,
+    },
+    /// The admin API's listener could not be opened.
+    #[error("cannot listen on {addr} (the admin API): {source}")]
+    AdminListen {
+        /// The address it was to listen on.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+    /// The routes are refused ([`Config::validate`](crate::config::Config::validate)).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The shared store (`[store] backend = "redis"`) could not be set up.
+    #[cfg(feature = "redis")]
+    #[error(transparent)]
+    Store(#[from] crate::store::redis::StoreError),
+    /// The config asks for the shared store in a build without the `redis` feature.
+    #[error("[store] backend = \"redis\" needs rocgate built with the `redis` feature")]
+    StoreNotBuilt,
 }
 
 /// Why [`Reloader::reload`](super::Reloader::reload) (or

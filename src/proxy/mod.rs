@@ -26,7 +26,7 @@ pub use hints::Advisor;
 #[cfg(feature = "redis")]
 mod shared;
 
-pub use error::{ProxyError, ReloadError};
+pub use error::{BindError, ProxyError, ReloadError};
 pub use forward::{ForwardSettings, Forwarder};
 
 use crate::clock::{Clock, MonotonicClock};
@@ -482,11 +482,13 @@ impl std::fmt::Debug for Proxy {
 impl Proxy {
     /// Binds both listeners and builds the engine from `config`, which was read from
     /// `source` (reloaded from there), or is built in (`None`: nothing to reload).
+    /// A listener that cannot be opened, routes that are refused, or a shared store
+    /// that cannot be set up is a [`BindError`] naming which.
     pub async fn bind(
         settings: ProxySettings,
         config: &Config,
         source: Option<PathBuf>,
-    ) -> io::Result<Proxy> {
+    ) -> Result<Proxy, BindError> {
         let monotonic = MonotonicClock::new();
         tracing::info!(
             source = if monotonic.reads_tsc() { "tsc" } else { "os" },
@@ -502,19 +504,23 @@ impl Proxy {
         config: &Config,
         source: Option<PathBuf>,
         clock: Arc<dyn Clock>,
-    ) -> io::Result<Proxy> {
-        let listener =
-            listen(settings.listen).map_err(|e| cannot_listen(settings.listen, "the proxy", e))?;
+    ) -> Result<Proxy, BindError> {
+        let listener = listen(settings.listen).map_err(|source| BindError::Listen {
+            addr: settings.listen,
+            source,
+        })?;
         let admin = TcpListener::bind(settings.admin_listen)
             .await
-            .map_err(|e| cannot_listen(settings.admin_listen, "the admin API", e))?;
+            .map_err(|source| BindError::AdminListen {
+                addr: settings.admin_listen,
+                source,
+            })?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
         let advisor = Arc::new(Advisor::new(&config.hints));
         let roc_histogram = metric::roc_sample_hook();
         let history = Arc::clone(&advisor);
-        let engine = Engine::new(config, clock.now(), wall_now)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+        let engine = Engine::new(config, clock.now(), wall_now)?
             .with_transition_hook(Arc::new(log_transition))
             .with_sample_hook(Arc::new(move |route, report| {
                 roc_histogram(route, report);
@@ -531,9 +537,7 @@ impl Proxy {
         };
         #[cfg(not(feature = "redis"))]
         if config.store != crate::store::StoreConfig::Local {
-            return Err(io::Error::other(
-                "[store] backend = \"redis\" needs rocgate built with the `redis` feature",
-            ));
+            return Err(BindError::StoreNotBuilt);
         }
         Ok(Proxy {
             listener,
@@ -923,12 +927,11 @@ fn prometheus() -> PrometheusHandle {
 fn open_store(
     config: &Config,
     clock: &Arc<dyn Clock>,
-) -> io::Result<Option<crate::store::redis::RedisStore>> {
+) -> Result<Option<crate::store::redis::RedisStore>, crate::store::redis::StoreError> {
     match &config.store {
         crate::store::StoreConfig::Local => Ok(None),
         crate::store::StoreConfig::Redis(c) => {
-            let store = crate::store::redis::RedisStore::connect(c, Arc::clone(clock))
-                .map_err(io::Error::other)?;
+            let store = crate::store::redis::RedisStore::connect(c, Arc::clone(clock))?;
             tracing::info!(
                 instance = store.instance_id(),
                 prefix = c.key_prefix,
@@ -982,9 +985,6 @@ const LIMIT_WARN_EVERY: Duration = Duration::from_secs(10);
 pub const LISTEN_BACKLOG: u32 = 1024;
 
 /// Why a listener could not be opened, naming it and its address (of the same kind).
-fn cannot_listen(addr: SocketAddr, which: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("cannot listen on {addr} ({which}): {e}"))
-}
 
 /// Binds the client listener with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as `bind`
 /// sets on Unix, so a restart binds while the last run's connections time out).
