@@ -1185,3 +1185,169 @@ async fn layers_built_from_a_builder_and_its_clone_share_one_engine() {
     assert_eq!(status(b).await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(hits.load(Ordering::Relaxed), 2);
 }
+
+/// A leaky-bucket route of 1 req/s (queue 2) named `name` on `/name`, and a GET to it.
+fn paced(name: &'static str) -> (AdmissionLayer, impl Fn() -> Request<Body>) {
+    use rocgate::limiter::Algorithm;
+    let path = format!("/{name}");
+    let mut r = route(name, RouteMatch::prefix(&path), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::LeakyBucket { queue: 2 };
+    let (l, _clock) = layer(vec![r]);
+    (l, move || Request::get(&path).body(Body::empty()).unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_outside_counts_the_pacing_wait_and_one_inside_does_not() {
+    // As the README says: tower's `Timeout` starts its timer in `call`, so inside the
+    // layer it starts once the paced request departs; outside, it runs through the wait.
+    use tower::{Layer as _, Service as _, ServiceBuilder};
+    let half = Duration::from_millis(500);
+
+    let (l, get) = paced("rq-timeout-inside");
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(l)
+        .timeout(half)
+        .service(counting_service(calls.clone(), Duration::ZERO));
+    assert!(svc.ready().await.unwrap().call(get()).await.is_ok());
+    let started = tokio::time::Instant::now();
+    let waited = svc.ready().await.unwrap().call(get()).await;
+    assert_eq!(waited.unwrap().status(), StatusCode::OK, "not timed out");
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let (l, get) = paced("rq-timeout-outside");
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = tower::timeout::Timeout::new(
+        l.layer(counting_service(calls.clone(), Duration::ZERO)),
+        half,
+    );
+    assert!(svc.ready().await.unwrap().call(get()).await.is_ok());
+    let started = tokio::time::Instant::now();
+    let e = svc.ready().await.unwrap().call(get()).await.unwrap_err();
+    assert!(e.is::<tower::timeout::error::Elapsed>(), "{e}");
+    assert_eq!(started.elapsed(), half, "timed out while paced");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never reached the service");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_buffer_outside_hands_every_request_on_and_one_inside_is_the_inner_service() {
+    // Outside: the layer is always ready, so a `Buffer` of 1 passes a rejected request
+    // on while an admitted one waits for the full inner service. Inside: the `Buffer`
+    // is the inner service, readied and called by the admitted request.
+    use tower::buffer::Buffer;
+    use tower::{Layer as _, Service as _};
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+
+    let (l, _clock) = layer(vec![route(
+        "rq-buffer-out",
+        RouteMatch::prefix("/rq-buffer-out"),
+        1.0,
+    )]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let (inner, holder) = saturated(calls.clone()).await;
+    let mut svc = Buffer::new(l.layer(inner), 1);
+    let admitted = svc.ready().await.unwrap().call(get("/rq-buffer-out"));
+    let admitted = tokio::spawn(admitted);
+    tokio::task::yield_now().await;
+    let rejected = svc.ready().await.unwrap().call(get("/rq-buffer-out")).await;
+    assert_eq!(rejected.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!admitted.is_finished(), "waits for the inner service");
+    drop(holder);
+    assert_eq!(admitted.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let (l, _clock) = layer(vec![route(
+        "rq-buffer-in",
+        RouteMatch::prefix("/rq-buffer-in"),
+        1.0,
+    )]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let inner =
+        tower::limit::ConcurrencyLimit::new(counting_service(calls.clone(), Duration::ZERO), 1);
+    let mut holder = inner.clone();
+    holder.ready().await.unwrap();
+    let mut svc = l.layer(Buffer::new(inner, 1));
+    let admitted = tokio::spawn(svc.call(get("/rq-buffer-in")));
+    tokio::task::yield_now().await;
+    let rejected = svc.call(get("/rq-buffer-in")).await;
+    assert_eq!(rejected.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!admitted.is_finished(), "waits for the inner service");
+    drop(holder);
+    assert_eq!(admitted.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_inner_service_gives_its_concurrency_permit_back() {
+    // A panic unwinds through the layer (in `call`, or in the response future's task):
+    // the permit goes with it, and the next request is admitted.
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let mut r = route("rq-panic", RouteMatch::prefix("/rq-panic"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::Concurrency { queue: 0 };
+    let (l, _clock) = layer(vec![r]);
+    let get = |fail: &str| {
+        Request::get("/rq-panic")
+            .header("fail", fail)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let inner = tower::service_fn(|req: Request<Body>| {
+        let fail = req.headers()["fail"].to_str().unwrap().to_owned();
+        assert_ne!(fail, "call", "the inner service panics in call");
+        async move {
+            assert_ne!(fail, "future", "the inner future panics");
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        }
+    });
+    let mut svc = l.layer(inner);
+    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(svc.call(get("call")));
+    }));
+    assert!(called.is_err());
+    let polled = tokio::spawn(svc.call(get("future"))).await;
+    assert!(polled.unwrap_err().is_panic());
+    let served = svc.call(get("no")).await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK, "{:?}", served.headers());
+}
+
+#[tokio::test]
+async fn the_layer_serves_any_request_body_and_answers_in_the_inner_services_body() {
+    // Not only axum's `Body`: a `String` request body, and `Full<Bytes>` responses,
+    // the rejection's too.
+    use http_body_util::Full;
+    use tower::{Layer as _, Service as _};
+    let (l, _clock) = layer(vec![route(
+        "rq-bodies",
+        RouteMatch::prefix("/rq-bodies"),
+        1.0,
+    )]);
+    let echo = tower::service_fn(|req: Request<String>| async move {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(bytes::Bytes::from(
+            req.into_body(),
+        ))))
+    });
+    let mut svc = l.layer(echo);
+    let post = || {
+        Request::post("/rq-bodies")
+            .body("hello".to_owned())
+            .unwrap()
+    };
+    let admitted = svc.call(post()).await.unwrap();
+    assert_eq!(
+        admitted.into_body().collect().await.unwrap().to_bytes(),
+        "hello"
+    );
+    let rejected = svc.call(post()).await.unwrap();
+    assert_eq!(rejected.status(), StatusCode::TOO_MANY_REQUESTS);
+    let length = rejected.headers()["content-length"].clone();
+    let body = rejected.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(length, body.len().to_string().as_str());
+    assert!(
+        body.starts_with(br#"{"error":"rate_limited","reason":"limit""#),
+        "{body:?}"
+    );
+}
