@@ -342,7 +342,13 @@ fn a_taken_proxy_port_is_named_with_the_way_out() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["demo", "--admin", "127.0.0.1:0", "--listen", &addr.to_string()])
+        .args([
+            "demo",
+            "--admin",
+            "127.0.0.1:0",
+            "--listen",
+            &addr.to_string(),
+        ])
         .stdout(Stdio::null())
         .output()
         .unwrap();

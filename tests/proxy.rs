@@ -2557,7 +2557,9 @@ fn an_upstream_error_is_the_proxy_errors_source() {
     let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "tcp connect error");
     let e = ProxyError::Upstream(Box::new(refused));
     let source = e.source().expect("the upstream's error");
-    let io = source.downcast_ref::<io::Error>().expect("the io::Error given");
+    let io = source
+        .downcast_ref::<io::Error>()
+        .expect("the io::Error given");
     assert_eq!(io.kind(), io::ErrorKind::ConnectionRefused);
     assert_eq!(e.to_string(), "upstream error: tcp connect error");
     assert_eq!(e.detail(), "upstream error: tcp connect error");

@@ -881,12 +881,17 @@ fn a_chart_error_keeps_its_cause() {
     use std::error::Error as _;
     let font = chart::ChartError::Font(ab_glyph::InvalidFont);
     assert_eq!(font.to_string(), "the bundled chart font cannot be loaded");
-    assert!(font.source().is_some_and(|s| s.is::<ab_glyph::InvalidFont>()));
+    assert!(font
+        .source()
+        .is_some_and(|s| s.is::<ab_glyph::InvalidFont>()));
     let io = std::io::Error::other("disk full");
     let png = chart::ChartError::Png(png::EncodingError::IoError(io));
     assert_eq!(png.to_string(), "cannot encode the chart as PNG: disk full");
     assert!(png.source().is_some_and(|s| s.is::<png::EncodingError>()));
     let draw = chart::ChartError::Draw("no room".into());
     assert_eq!(draw.to_string(), "cannot draw the chart: no room");
-    assert_eq!(draw.source().map(ToString::to_string).as_deref(), Some("no room"));
+    assert_eq!(
+        draw.source().map(ToString::to_string).as_deref(),
+        Some("no room")
+    );
 }
