@@ -984,8 +984,6 @@ const LIMIT_WARN_EVERY: Duration = Duration::from_secs(10);
 /// The kernel lowers it to `net.core.somaxconn` (4096 on current kernels).
 pub const LISTEN_BACKLOG: u32 = 1024;
 
-/// Why a listener could not be opened, naming it and its address (of the same kind).
-
 /// Binds the client listener with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as `bind`
 /// sets on Unix, so a restart binds while the last run's connections time out).
 fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
