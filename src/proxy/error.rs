@@ -112,6 +112,7 @@ pub enum BindError {
     #[error(transparent)]
     Store(#[from] crate::store::redis::StoreError),
     /// The config asks for the shared store in a build without the `redis` feature.
+    #[cfg(not(feature = "redis"))]
     #[error("[store] backend = \"redis\" needs rocgate built with the `redis` feature")]
     StoreNotBuilt,
 }
