@@ -1351,3 +1351,41 @@ async fn the_layer_serves_any_request_body_and_answers_in_the_inner_services_bod
         "{body:?}"
     );
 }
+
+/// A paced request's wait is a tokio timer: outside a tokio runtime (or in one without
+/// timers) `call` panics, as tokio's `sleep` does. Its place in the bucket went with
+/// the panic: the queue, holding no one, refused every later request `queue_full`.
+/// Now the place is given back as the panic unwinds.
+#[test]
+fn a_paced_call_that_panics_outside_tokio_gives_its_place_back() {
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let mut r = route("rq-no-timer", RouteMatch::prefix("/rq-no-timer"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = Algorithm::LeakyBucket { queue: 1 };
+    let (l, _clock) = layer(vec![r]);
+    let inner = tower::service_fn(|_req: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    });
+    let mut svc = l.layer(inner);
+    let get = || Request::get("/rq-no-timer").body(Body::empty()).unwrap();
+    let no_timers = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let first = no_timers.block_on(svc.call(get())).unwrap();
+    assert_eq!(first.status(), StatusCode::OK, "admitted at once, no timer");
+    for no_timer in [Some(&no_timers), None] {
+        let paced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match no_timer {
+            Some(runtime) => runtime.block_on(async { drop(svc.call(get())) }),
+            None => drop(svc.call(get())),
+        }));
+        assert!(paced.is_err(), "tokio's sleep panics");
+    }
+    let timers = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let next = timers.block_on(async { svc.call(get()).await }).unwrap();
+    assert_eq!(next.status(), StatusCode::OK, "{:?}", next.headers());
+}

@@ -9,7 +9,9 @@
 //! along, leaving a clone for the next request, and polls it to readiness before
 //! calling it. A rejection is a response (429 by default) with `Retry-After`,
 //! `RateLimit-Policy`/`RateLimit` headers and a small JSON body, never an `Err`.
-//! Every clone of the layer and of its services shares one engine.
+//! Every clone of the layer and of its services shares one engine. A leaky-bucket
+//! route's pacing sleeps on tokio's timer: outside a tokio runtime with time enabled,
+//! a paced request's `call` panics (giving its place in the bucket back).
 //!
 //! The wrapped service's response body is passed through untouched (no wrapper, so
 //! axum does not box it again); a rejection's body is made with `From<Bytes>`, which

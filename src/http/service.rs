@@ -96,7 +96,9 @@ where
             Admit::Now => self.forward(req, None),
             Admit::Held(permit) => self.forward(req, Some(permit)),
             Admit::Paced(pace) => {
-                let sleep = Box::pin(tokio::time::sleep(pace.wait(decided.now)));
+                let wait = pace.wait(decided.now);
+                // The place first: should the timer panic (no tokio runtime, or one
+                // without timers), the place is given back as the panic unwinds.
                 let place = decided.paced_key.map(|key| {
                     let engine = arc_swap::Guard::into_inner(engine);
                     Box::new(Place::new(
@@ -107,6 +109,7 @@ where
                         pace,
                     ))
                 });
+                let sleep = Box::pin(tokio::time::sleep(wait));
                 self.take_along(Some(Wait::Sleep(sleep, place)), None, req)
             }
             Admit::Queued(ticket) => self.take_along(Some(Wait::Ticket(ticket)), None, req),
