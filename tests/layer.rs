@@ -1389,3 +1389,57 @@ fn a_paced_call_that_panics_outside_tokio_gives_its_place_back() {
     let next = timers.block_on(async { svc.call(get()).await }).unwrap();
     assert_eq!(next.status(), StatusCode::OK, "{:?}", next.headers());
 }
+
+/// A config's `[server] trusted_proxies` are the layer's: behind a load balancer in that
+/// network, each client behind it is a key of its own. They were ignored (the layer
+/// trusted no proxy unless told in code), so every client shared the balancer's key,
+/// the whole site one client's quota.
+#[tokio::test]
+async fn a_configs_trusted_proxies_are_the_layers() {
+    let mut r = route("rq-trusted", RouteMatch::exact("POST", "/api/order"), 1.0);
+    r.partition = Partition::ClientIp(KeyLimits::default());
+    let mut config = Config::new(vec![r]);
+    config.server.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    let from = |client: &str| {
+        let mut req = post_order();
+        req.headers_mut()
+            .insert("x-forwarded-for", client.parse().unwrap());
+        req.extensions_mut()
+            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+        req
+    };
+    let layers = [
+        AdmissionLayer::from_config(&config).unwrap(),
+        AdmissionLayer::builder(&config).unwrap().build(),
+    ];
+    for l in layers {
+        let app = app(l, Arc::new(AtomicU64::new(0)));
+        let status = |client| {
+            let app = app.clone();
+            async move { app.oneshot(from(client)).await.unwrap().status() }
+        };
+        assert_eq!(status("203.0.113.1").await, StatusCode::OK);
+        assert_eq!(
+            status("203.0.113.2").await,
+            StatusCode::OK,
+            "a key of its own"
+        );
+        assert_eq!(status("203.0.113.1").await, StatusCode::TOO_MANY_REQUESTS);
+    }
+    // Set in code, the builder's networks replace the config's.
+    let l = AdmissionLayer::builder(&config)
+        .unwrap()
+        .trusted_proxies(Vec::new())
+        .build();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    assert_eq!(
+        app.clone()
+            .oneshot(from("203.0.113.1"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    let shared = app.oneshot(from("203.0.113.2")).await.unwrap().status();
+    assert_eq!(shared, StatusCode::TOO_MANY_REQUESTS, "the balancer's key");
+}

@@ -314,21 +314,24 @@ impl std::fmt::Debug for AdmissionLayer {
 
 impl AdmissionLayer {
     /// A layer over a new engine built from `config`, with the system clock, config
-    /// route matching and no trusted proxies. The routes are checked by the rules of
-    /// the file first ([`Config::validate`]), so a route built in code that a file
+    /// route matching and the config's trusted proxies (`[server] trusted_proxies`;
+    /// none in a config built in code unless set). The routes are checked by the rules
+    /// of the file first ([`Config::validate`]), so a route built in code that a file
     /// would refuse (a `cut_limit` above `base_limit`) is an error, not a layer.
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
         Ok(AdmissionLayer::builder(config)?.build())
     }
 
     /// A builder over a new engine built from `config` (checked as for
-    /// [`from_config`](Self::from_config)).
+    /// [`from_config`](Self::from_config)), trusting the config's trusted proxies
+    /// until [`trusted_proxies`](AdmissionLayerBuilder::trusted_proxies) says otherwise.
     pub fn builder(config: &Config) -> Result<AdmissionLayerBuilder, ConfigError> {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
         let engine = Engine::new(config, clock.now(), wall_now)?;
-        Ok(AdmissionLayerBuilder::new(SharedEngine::new(engine), clock))
+        Ok(AdmissionLayerBuilder::new(SharedEngine::new(engine), clock)
+            .trusted_proxies(config.server.trusted_proxies.clone()))
     }
 
     /// A builder over an existing engine (shared with an admin API, metrics or a
@@ -439,7 +442,8 @@ impl AdmissionLayerBuilder {
         self
     }
 
-    /// Proxies whose `X-Forwarded-For` is believed.
+    /// Proxies whose `X-Forwarded-For` (or `Forwarded`) is believed, in place of
+    /// those given before (by [`AdmissionLayer::builder`], the config's).
     pub fn trusted_proxies(mut self, networks: Vec<IpNet>) -> Self {
         self.trusted = networks;
         self
