@@ -1443,3 +1443,47 @@ async fn a_configs_trusted_proxies_are_the_layers() {
     let shared = app.oneshot(from("203.0.113.2")).await.unwrap().status();
     assert_eq!(shared, StatusCode::TOO_MANY_REQUESTS, "the balancer's key");
 }
+
+/// Two layers stacked (one around the app, one around a route), each with a concurrency
+/// route the request takes: the response holds both permits until it is dropped. The
+/// outer layer's permit replaced the inner's in the response's extensions, dropping it:
+/// the inner route counted the request out while its response was still held.
+#[tokio::test]
+async fn stacked_layers_both_hold_their_permits_until_the_response_goes() {
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let concurrency = |name: &str| {
+        let mut r = route(name, RouteMatch::prefix("/rq-stacked"), 1.0);
+        r.controller.cut_limit_rps = 1.0;
+        r.algorithm = Algorithm::Concurrency { queue: 0 };
+        layer(vec![r]).0
+    };
+    let (outer, inner) = (
+        concurrency("rq-stacked-outer"),
+        concurrency("rq-stacked-inner"),
+    );
+    let handler = tower::service_fn(|_req: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    });
+    let mut direct = inner.layer(handler);
+    let mut stacked = outer.layer(direct.clone());
+    let get = || Request::get("/rq-stacked").body(Body::empty()).unwrap();
+
+    let held = stacked.call(get()).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let refused = direct.call(get()).await.unwrap();
+    assert_eq!(
+        refused.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the inner permit is held"
+    );
+    let refused = stacked.call(get()).await.unwrap();
+    assert_eq!(
+        refused.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "so is the outer"
+    );
+    drop(held);
+    assert_eq!(direct.call(get()).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(stacked.call(get()).await.unwrap().status(), StatusCode::OK);
+}

@@ -38,10 +38,13 @@ pub(crate) enum Wait {
 
 /// A concurrency permit in an admitted response's extensions: the request counts as
 /// in flight until every clone of it is dropped. Move it into the response body to
-/// count a streamed body as in flight too ([`hold_permit_through_body`]).
+/// count a streamed body as in flight too ([`hold_permit_through_body`]). Where
+/// layers are stacked, it holds the permits of the layers inside it too.
 #[derive(Clone, Debug)]
 pub struct HeldPermit {
     _permit: Arc<Permit>,
+    /// The permit a layer inside this one put in the response, if any.
+    _inner: Option<Box<HeldPermit>>,
 }
 
 /// Moves an admitted response's concurrency permit ([`HeldPermit`], put in its
@@ -255,8 +258,12 @@ where
                     }
                     let mut response = ready!(inner.poll(cx))?;
                     if let Some(permit) = permit.take() {
-                        response.extensions_mut().insert(HeldPermit {
+                        // Inserting it would drop the permit of a layer inside this one.
+                        let extensions = response.extensions_mut();
+                        let inner = extensions.remove::<HeldPermit>().map(Box::new);
+                        extensions.insert(HeldPermit {
                             _permit: Arc::new(permit),
+                            _inner: inner,
                         });
                     }
                     return Poll::Ready(Ok(response));
