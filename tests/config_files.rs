@@ -1,7 +1,7 @@
 //! The shipped configuration files are valid, and broken ones are refused with the
 //! field path and the reason, every problem at once.
 
-use rocgate::config::{Config, Mode, Partition, ServerConfig};
+use rocgate::config::{ClientIpHeader, Config, Mode, Partition, ServerConfig};
 use rocgate::limiter::{Algorithm, MAX_WINDOW_COUNT};
 use rocgate::window::RocMode;
 use std::path::{Path, PathBuf};
@@ -776,7 +776,7 @@ fn server_and_admin_sections() {
         "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\
          connect_timeout = \"500ms\"\nmax_body_bytes = 2048\nmax_upstream_lanes = 0\n\
          upstream_idle_timeout = \"1500ms\"\nmax_connections = 3\nidle_timeout = \"90s\"\n\
-         trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\n\
+         trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\nclient_ip_header = \"Forwarded\"\n\
          [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
     );
     let c = Config::from_toml_str(&text, "server.toml").unwrap_or_else(|e| panic!("{e}"));
@@ -795,6 +795,7 @@ fn server_and_admin_sections() {
         .map(|n| n.to_string())
         .collect();
     assert_eq!(nets, ["10.0.0.0/8", "192.168.1.7/32"]);
+    assert_eq!(c.server.client_ip_header, ClientIpHeader::Forwarded);
     assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9999");
     assert_eq!(c.server.admin_token.as_deref(), Some("t0k"));
     // Left out, the defaults.
@@ -918,6 +919,11 @@ fn server_and_admin_sections() {
         &route("[server]\ntrusted_proxies = [\"10.0.0.0/33\"]"),
         "server.trusted_proxies[0]",
         "must be a network",
+    );
+    refused(
+        &route("[server]\nclient_ip_header = \"x-real-ip\""),
+        "server.client_ip_header",
+        "must be \"x-forwarded-for\" or \"forwarded\", got \"x-real-ip\"",
     );
     refused(
         &route("[admin]\ntoken = \" \""),

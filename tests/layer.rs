@@ -8,7 +8,7 @@ use axum::Router;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use rocgate::clock::{Clock, ManualClock, Nanos};
-use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::config::{ClientIpHeader, Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key};
 use rocgate::http::{AdmissionLayer, PeerAddr, RouteKey, SharedEngine, UPKEEP_EVERY};
@@ -1442,6 +1442,46 @@ async fn a_configs_trusted_proxies_are_the_layers() {
     );
     let shared = app.oneshot(from("203.0.113.2")).await.unwrap().status();
     assert_eq!(shared, StatusCode::TOO_MANY_REQUESTS, "the balancer's key");
+}
+
+/// Behind a proxy that writes RFC 7239's `Forwarded` and passes on the
+/// `X-Forwarded-For` its client sent, the config's `client_ip_header = "forwarded"`
+/// keys each client by the proxy's word: a client that sends `X-Forwarded-For` of its
+/// own does not escape its quota (the layer read `X-Forwarded-For` wherever there
+/// was one, so each invented address was a fresh key).
+#[tokio::test]
+async fn a_configs_client_ip_header_is_the_only_one_the_layer_reads() {
+    let mut r = route("rq-forwarded", RouteMatch::exact("POST", "/api/order"), 1.0);
+    r.partition = Partition::ClientIp(KeyLimits::default());
+    let mut config = Config::new(vec![r]);
+    config.server.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    config.server.client_ip_header = ClientIpHeader::Forwarded;
+    let from = |client: &str, invented: &str| {
+        let mut req = post_order();
+        let forwarded = format!("for={client}");
+        req.headers_mut()
+            .insert("forwarded", forwarded.parse().unwrap());
+        req.headers_mut()
+            .insert("x-forwarded-for", invented.parse().unwrap());
+        req.extensions_mut()
+            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+        req
+    };
+    let app = app(
+        AdmissionLayer::from_config(&config).unwrap(),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let status = |client, invented| {
+        let app = app.clone();
+        async move { app.oneshot(from(client, invented)).await.unwrap().status() }
+    };
+    assert_eq!(status("203.0.113.1", "6.6.6.1").await, StatusCode::OK);
+    assert_eq!(
+        status("203.0.113.1", "6.6.6.2").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "an invented X-Forwarded-For is no new key"
+    );
+    assert_eq!(status("203.0.113.2", "6.6.6.2").await, StatusCode::OK);
 }
 
 /// Two layers stacked (one around the app, one around a route), each with a concurrency

@@ -425,6 +425,30 @@ fn template_matches(segments: &[Segment], path: &str) -> bool {
     }) && parts.next().is_none()
 }
 
+/// The header in which trusted proxies name the client (`[server] client_ip_header`).
+/// Only that header is read: a proxy that writes one and passes the other on as the
+/// client sent it would otherwise let the client choose its own address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientIpHeader {
+    /// `X-Forwarded-For` (nginx, Envoy, HAProxy's `option forwardfor`, cloud load
+    /// balancers).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239's `Forwarded`, each element's `for=` (HAProxy's `option forwarded`).
+    Forwarded,
+}
+
+impl ClientIpHeader {
+    /// The header's name as written in config, in lower case.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientIpHeader::XForwardedFor => "x-forwarded-for",
+            ClientIpHeader::Forwarded => "forwarded",
+        }
+    }
+}
+
 /// What the route does with the controller's decisions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -585,8 +609,12 @@ pub struct ServerConfig {
     /// How long an upstream connection may sit idle and still be reused (pool and
     /// lanes); keep it below the upstream's own keep-alive timeout.
     pub upstream_idle_timeout: Duration,
-    /// Networks whose `X-Forwarded-For` is believed.
+    /// Networks whose client IP header ([`client_ip_header`](Self::client_ip_header))
+    /// is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The header the trusted proxies write the client's address in: only that one
+    /// is read.
+    pub client_ip_header: ClientIpHeader,
     /// How long requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
     /// Most client connections open at once (the admin API's are not counted); at the
@@ -614,6 +642,7 @@ impl Default for ServerConfig {
             max_upstream_lanes: 1024,
             upstream_idle_timeout: Duration::from_secs(4),
             trusted_proxies: Vec::new(),
+            client_ip_header: ClientIpHeader::XForwardedFor,
             shutdown_grace: Duration::from_secs(30),
             max_connections: 10_000,
             idle_timeout: Duration::from_secs(60),

@@ -14,8 +14,8 @@
 //! with a route's `base_limit = 50` is `routes[i].base_limit: must be ≥ cut_limit (60)`.
 
 use super::load::Problem;
+use super::{ClientIpHeader, HintsConfig, ServerConfig, UpstreamError};
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
-use super::{HintsConfig, ServerConfig, UpstreamError};
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
 use crate::limiter::{words, Algorithm, MAX_WINDOW_COUNT};
@@ -96,6 +96,7 @@ struct RawServer {
     max_upstream_lanes: Option<Whole>,
     upstream_idle_timeout: Option<String>,
     trusted_proxies: Option<Vec<String>>,
+    client_ip_header: Option<String>,
     shutdown_grace: Option<String>,
     max_connections: Option<Whole>,
     idle_timeout: Option<String>,
@@ -1785,6 +1786,20 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
     {
         let path = format!("server.trusted_proxies[{i}]");
         field(p, &path, network(text).map(|n| out.trusted_proxies.push(n)));
+    }
+    if let Some(header) = server.client_ip_header {
+        let checked = match header.trim().to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => Ok(ClientIpHeader::XForwardedFor),
+            "forwarded" => Ok(ClientIpHeader::Forwarded),
+            _ => Err(format!(
+                "must be \"x-forwarded-for\" or \"forwarded\", got {header:?}"
+            )),
+        };
+        field(
+            p,
+            "server.client_ip_header",
+            checked.map(|h| out.client_ip_header = h),
+        );
     }
     if let Some(v) = admin.listen {
         field(

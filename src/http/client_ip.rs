@@ -1,6 +1,8 @@
-//! The client's IP address: from the socket, and from `X-Forwarded-For` (or RFC 7239
-//! `Forwarded`) only when the socket peer is a trusted proxy.
+//! The client's IP address: from the socket, and from `X-Forwarded-For` or RFC 7239
+//! `Forwarded` (one of them, as configured) only when the socket peer is a trusted
+//! proxy.
 
+use crate::config::ClientIpHeader;
 use http::header::GetAll;
 use http::{HeaderMap, HeaderValue};
 use ipnet::{IpNet, Ipv4Net};
@@ -21,11 +23,13 @@ pub struct PeerAddr(pub SocketAddr);
 /// proxy appended) past every trusted address; the first untrusted one is the client.
 /// An entry may carry a port (`203.0.113.7:5123`, `[2001:db8::7]:443`), which is
 /// ignored, and an IPv6 address may be in brackets without one (`[2001:db8::7]`); a
-/// malformed entry ends the walk. A request without `X-Forwarded-For` is
-/// walked the same way through the `for=` of each element of RFC 7239's `Forwarded`
-/// (`for=203.0.113.7`, `for="[2001:db8::7]:443"`); an obfuscated or `unknown` node
-/// ends the walk as a malformed entry does.
-/// Headers from untrusted peers are ignored, so a client cannot choose its own key.
+/// malformed entry ends the walk. With [`ClientIpHeader::Forwarded`]
+/// ([`with_header`](Self::with_header)), RFC 7239's `Forwarded` is walked the same way
+/// instead, through the `for=` of each element (`for=203.0.113.7`,
+/// `for="[2001:db8::7]:443"`); an obfuscated or `unknown` node ends the walk as a
+/// malformed entry does. Only the chosen header is read: a proxy that writes
+/// `Forwarded` and passes on the `X-Forwarded-For` a client sent would otherwise let
+/// the client choose its own key. Headers from untrusted peers are ignored.
 ///
 /// ```
 /// use rocgate::http::ClientIpResolver;
@@ -42,15 +46,30 @@ pub struct PeerAddr(pub SocketAddr);
 #[derive(Clone, Debug, Default)]
 pub struct ClientIpResolver {
     trusted: Vec<IpNet>,
+    header: ClientIpHeader,
 }
 
 impl ClientIpResolver {
-    /// Trusts `X-Forwarded-For` (or `Forwarded`) from peers in these networks. A
-    /// network within the IPv4-mapped range (`::ffff:10.0.0.0/104`) is the IPv4
-    /// network it maps (`10.0.0.0/8`), as peers are compared.
+    /// Trusts `X-Forwarded-For` from peers in these networks. A network within the
+    /// IPv4-mapped range (`::ffff:10.0.0.0/104`) is the IPv4 network it maps
+    /// (`10.0.0.0/8`), as peers are compared.
     pub fn new(trusted: Vec<IpNet>) -> Self {
         let trusted = trusted.into_iter().map(canonical_net).collect();
-        ClientIpResolver { trusted }
+        ClientIpResolver {
+            trusted,
+            header: ClientIpHeader::XForwardedFor,
+        }
+    }
+
+    /// Reads `header` from the trusted proxies instead (and only it).
+    pub fn with_header(mut self, header: ClientIpHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// The header read from the trusted proxies.
+    pub fn header(&self) -> ClientIpHeader {
+        self.header
     }
 
     /// The trusted proxy networks.
@@ -73,13 +92,16 @@ impl ClientIpResolver {
         let mut client = peer;
         // Split as bytes: a value may hold bytes beyond ASCII, which make only the
         // entry holding them malformed.
-        let xff = headers.get_all("x-forwarded-for");
-        let has_xff = xff.iter().next().is_some();
-        let entries = right_to_left(xff).map(|entry| Some(entry.trim_ascii()));
-        // Without it (and only then looked up), each `Forwarded` element's `for=`,
-        // unquoted (a quoted string holding a comma only splits elements left of the
-        // proxies that wrote theirs).
-        let forwarded = (!has_xff).then(|| headers.get_all("forwarded"));
+        let xff = (self.header == ClientIpHeader::XForwardedFor)
+            .then(|| headers.get_all("x-forwarded-for"));
+        let entries = xff
+            .into_iter()
+            .flat_map(right_to_left)
+            .map(|entry| Some(entry.trim_ascii()));
+        // Each `Forwarded` element's `for=`, unquoted (a quoted string holding a comma
+        // only splits elements left of the proxies that wrote theirs).
+        let forwarded =
+            (self.header == ClientIpHeader::Forwarded).then(|| headers.get_all("forwarded"));
         let elements = forwarded
             .into_iter()
             .flat_map(right_to_left)
@@ -247,16 +269,18 @@ mod tests {
         );
     }
 
+    fn forwarded(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("forwarded", v.parse().unwrap());
+        }
+        h
+    }
+
     #[test]
-    fn forwarded_is_walked_when_there_is_no_x_forwarded_for() {
-        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
-        let forwarded = |values: &[&str]| {
-            let mut h = HeaderMap::new();
-            for v in values {
-                h.append("forwarded", v.parse().unwrap());
-            }
-            h
-        };
+    fn forwarded_is_walked_when_it_is_the_header_chosen() {
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()])
+            .with_header(ClientIpHeader::Forwarded);
         let peer = Some(ip("10.0.0.1"));
         // RFC 7239's own examples: names in any case, IPv6 quoted with its port.
         let h = forwarded(&["for=6.6.6.6, For=\"[2001:db8:cafe::17]:4711\";proto=https"]);
@@ -273,13 +297,31 @@ mod tests {
         assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.1")));
         let h = forwarded(&["for=6.6.6.6, proto=http"]);
         assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.1")));
-        // X-Forwarded-For, when there is one, is the chain read.
-        let mut h = forwarded(&["for=203.0.113.7"]);
-        h.append("x-forwarded-for", "198.51.100.4".parse().unwrap());
-        assert_eq!(r.resolve(peer, &h), Some(ip("198.51.100.4")));
-        // From an untrusted peer, neither counts.
+        // From an untrusted peer, it counts for nothing.
         let h = forwarded(&["for=203.0.113.7"]);
         assert_eq!(r.resolve(Some(ip("1.2.3.4")), &h), Some(ip("1.2.3.4")));
+    }
+
+    /// Only the header chosen is read. A proxy that writes `Forwarded` and passes on
+    /// the `X-Forwarded-For` its client sent (HAProxy's `option forwarded`) let the
+    /// client choose its key: `X-Forwarded-For`, present, was read first. And one
+    /// that writes `X-Forwarded-For` cannot be overruled by a `Forwarded` its client
+    /// sent when the request has no `X-Forwarded-For` of its own.
+    #[test]
+    fn a_client_cannot_name_itself_in_the_header_its_proxy_does_not_write() {
+        let trusted = vec!["10.0.0.0/8".parse().unwrap()];
+        let peer = Some(ip("10.0.0.1"));
+        let mut h = forwarded(&["for=203.0.113.7"]);
+        h.append("x-forwarded-for", "6.6.6.6".parse().unwrap());
+        let forwarded_only =
+            ClientIpResolver::new(trusted.clone()).with_header(ClientIpHeader::Forwarded);
+        assert_eq!(forwarded_only.resolve(peer, &h), Some(ip("203.0.113.7")));
+        let xff_only = ClientIpResolver::new(trusted);
+        assert_eq!(xff_only.resolve(peer, &h), Some(ip("6.6.6.6")));
+        assert_eq!(
+            xff_only.resolve(peer, &forwarded(&["for=203.0.113.7"])),
+            Some(ip("10.0.0.1"))
+        );
     }
 
     #[test]
@@ -289,9 +331,12 @@ mod tests {
         // IPv6 client behind the proxy shared the proxy's key.
         let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
         let peer = Some(ip("10.0.0.1"));
-        let mut h = HeaderMap::new();
-        h.append("forwarded", r#"for="[2001:db8:cafe::17]""#.parse().unwrap());
-        assert_eq!(r.resolve(peer, &h), Some(ip("2001:db8:cafe::17")));
+        let h = forwarded(&[r#"for="[2001:db8:cafe::17]""#]);
+        let forwarded_only = r.clone().with_header(ClientIpHeader::Forwarded);
+        assert_eq!(
+            forwarded_only.resolve(peer, &h),
+            Some(ip("2001:db8:cafe::17"))
+        );
         let h = headers(&["6.6.6.6, [2001:db8::7], 10.0.0.2"]);
         assert_eq!(r.resolve(peer, &h), Some(ip("2001:db8::7")));
         // Brackets around an IPv4 address, or half a pair, are no address.

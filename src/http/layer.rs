@@ -3,7 +3,7 @@
 use super::client_ip::{ClientIpResolver, PeerAddr};
 use super::service::AdmissionService;
 use crate::clock::{Clock, MonotonicClock, Nanos};
-use crate::config::{Config, ConfigError, Partition};
+use crate::config::{ClientIpHeader, Config, ConfigError, Partition};
 use crate::engine::{Engine, Key, RouteId};
 use crate::limiter::{Admit, Decision, Pace};
 use arc_swap::ArcSwap;
@@ -314,8 +314,8 @@ impl std::fmt::Debug for AdmissionLayer {
 
 impl AdmissionLayer {
     /// A layer over a new engine built from `config`, with the system clock, config
-    /// route matching and the config's trusted proxies (`[server] trusted_proxies`;
-    /// none in a config built in code unless set). The routes are checked by the rules
+    /// route matching and the config's trusted proxies (`[server] trusted_proxies`
+    /// and `client_ip_header`; none in a config built in code unless set). The routes are checked by the rules
     /// of the file first ([`Config::validate`]), so a route built in code that a file
     /// would refuse (a `cut_limit` above `base_limit`) is an error, not a layer.
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
@@ -324,14 +324,17 @@ impl AdmissionLayer {
 
     /// A builder over a new engine built from `config` (checked as for
     /// [`from_config`](Self::from_config)), trusting the config's trusted proxies
-    /// until [`trusted_proxies`](AdmissionLayerBuilder::trusted_proxies) says otherwise.
+    /// and reading their `client_ip_header` until
+    /// [`trusted_proxies`](AdmissionLayerBuilder::trusted_proxies) and
+    /// [`client_ip_header`](AdmissionLayerBuilder::client_ip_header) say otherwise.
     pub fn builder(config: &Config) -> Result<AdmissionLayerBuilder, ConfigError> {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
         let engine = Engine::new(config, clock.now(), wall_now)?;
         Ok(AdmissionLayerBuilder::new(SharedEngine::new(engine), clock)
-            .trusted_proxies(config.server.trusted_proxies.clone()))
+            .trusted_proxies(config.server.trusted_proxies.clone())
+            .client_ip_header(config.server.client_ip_header))
     }
 
     /// A builder over an existing engine (shared with an admin API, metrics or a
@@ -405,6 +408,7 @@ pub struct AdmissionLayerBuilder {
     clock: Arc<dyn Clock>,
     route_key: RouteKey,
     trusted: Vec<IpNet>,
+    client_ip_header: ClientIpHeader,
     matched_route: bool,
 }
 
@@ -413,6 +417,7 @@ impl std::fmt::Debug for AdmissionLayerBuilder {
         f.debug_struct("AdmissionLayerBuilder")
             .field("route_key", &self.route_key)
             .field("trusted", &self.trusted)
+            .field("client_ip_header", &self.client_ip_header)
             .finish_non_exhaustive()
     }
 }
@@ -424,6 +429,7 @@ impl AdmissionLayerBuilder {
             clock,
             route_key: RouteKey::Config,
             trusted: Vec::new(),
+            client_ip_header: ClientIpHeader::XForwardedFor,
             matched_route: false,
         }
     }
@@ -442,10 +448,17 @@ impl AdmissionLayerBuilder {
         self
     }
 
-    /// Proxies whose `X-Forwarded-For` (or `Forwarded`) is believed, in place of
-    /// those given before (by [`AdmissionLayer::builder`], the config's).
+    /// Proxies whose client IP header is believed, in place of those given before (by
+    /// [`AdmissionLayer::builder`], the config's).
     pub fn trusted_proxies(mut self, networks: Vec<IpNet>) -> Self {
         self.trusted = networks;
+        self
+    }
+
+    /// The header the trusted proxies name the client in (`X-Forwarded-For` unless
+    /// set; by [`AdmissionLayer::builder`], the config's): only it is read.
+    pub fn client_ip_header(mut self, header: ClientIpHeader) -> Self {
+        self.client_ip_header = header;
         self
     }
 
@@ -456,7 +469,7 @@ impl AdmissionLayerBuilder {
                 engine: self.engine,
                 clock: self.clock,
                 route_key: self.route_key,
-                resolver: ClientIpResolver::new(self.trusted),
+                resolver: ClientIpResolver::new(self.trusted).with_header(self.client_ip_header),
                 matched_route: self.matched_route,
                 rejections: super::rejection::Templates::default(),
             }),

@@ -75,7 +75,8 @@ impl ForwardSettings {
             max_body_bytes: server.max_body_bytes,
             max_upstream_lanes: server.max_upstream_lanes,
             upstream_idle_timeout: server.upstream_idle_timeout,
-            resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone()),
+            resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone())
+                .with_header(server.client_ip_header),
         }
     }
 

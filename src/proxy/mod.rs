@@ -590,6 +590,7 @@ impl Proxy {
             Arc::clone(&self.reloader.clock),
         )
         .trusted_proxies(self.settings.forward.resolver_networks())
+        .client_ip_header(self.settings.forward.resolver.header())
         .matched_route(true)
         .build();
         let in_flight = Arc::new(AtomicI64::new(0));
