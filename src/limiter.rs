@@ -1992,6 +1992,46 @@ mod tests {
     }
 
     #[test]
+    fn a_window_counter_idle_for_a_whole_wrap_reads_its_last_count_for_at_most_a_second() {
+        // 1 ms windows, 2 requests each; the packed index wraps every 2^24 windows
+        // (4.66 h) and a word up to a second (1,000 windows) ahead is a late reader's.
+        const WRAP: u64 = 1 << 24;
+        let window = Duration::from_millis(1);
+        let full = || {
+            let fixed = FixedWindow::new(2_000.0, window);
+            let sliding = SlidingWindowCounter::new(2_000.0, window);
+            for _ in 0..2 {
+                assert!(admitted(fixed.check(ms(0))));
+                assert!(admitted(sliding.check(ms(0))));
+            }
+            (fixed, sliding)
+        };
+        let retry = |d: Decision| d.rejection().map(|r| r.retry_after.as_micros());
+        // Idle past half the wrap, or more than a second short of a whole wrap, or two
+        // windows past it: a fresh window.
+        for idle in [WRAP / 2 + 1, WRAP - 1_001, WRAP + 2, 3 * WRAP + 2] {
+            let (fixed, sliding) = full();
+            assert!(admitted(fixed.check(ms(idle))), "fixed, idle {idle} ms");
+            assert!(admitted(sliding.check(ms(idle))), "sliding, idle {idle} ms");
+        }
+        // A second short of a whole wrap: the word reads as a window 1,000 ms ahead,
+        // which its last count filled: refused until that window ends.
+        let (fixed, sliding) = full();
+        assert_eq!(retry(fixed.check(ms(WRAP - 1_000))), Some(1_001_000));
+        assert_eq!(retry(sliding.check(ms(WRAP - 1_000))), Some(1_001_500));
+        // Exactly a whole wrap: the last count is this window's.
+        let (fixed, sliding) = full();
+        assert_eq!(retry(fixed.check(ms(WRAP))), Some(1_000));
+        assert_eq!(retry(sliding.check(ms(WRAP))), Some(1_500));
+        // One window past it: the fixed window starts afresh; the sliding window weighs
+        // the last count as the previous window's, for half a window here.
+        let (fixed, sliding) = full();
+        assert!(admitted(fixed.check(ms(WRAP + 1))));
+        assert_eq!(retry(sliding.check(ms(WRAP + 1))), Some(500));
+        assert!(admitted(sliding.check(ms(WRAP + 1) + Duration::from_micros(500))));
+    }
+
+    #[test]
     fn sliding_window_weights_the_previous_window() {
         let w = SlidingWindowCounter::new(10.0, Duration::from_secs(1));
         let n = (0..20).filter(|_| admitted(w.check(ms(900)))).count();
