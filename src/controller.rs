@@ -17,7 +17,9 @@
 //! Guards against false cuts, each on its own parameter:
 //! - no cut while the later half-window's demand is below `min_rps`, or holds fewer
 //!   than `min_samples` arrivals;
-//! - no action before one full window has passed since start or [`Controller::rearm`];
+//! - no cut, and no end of a cut, before one full window has passed since start or
+//!   [`Controller::rearm`] (a restore in progress keeps its schedule), and none
+//!   dated before then;
 //! - no cut before `min_dwell` has passed in `Normal` or `Recovering`, and no
 //!   restoring after calm before it has passed in `Cut`;
 //! - `max_cut` bounds how long a cut can last, even one shorter than `min_dwell`
@@ -279,7 +281,7 @@ impl Controller {
         self.last_roc
     }
 
-    /// Whether a sample at `at` is acted on: not before one full window has passed
+    /// Whether ROC decides on a sample at `at`: not before one full window has passed
     /// since start or [`Controller::rearm`].
     pub fn armed(&self, at: Nanos) -> bool {
         at >= self.armed_at
@@ -310,8 +312,10 @@ impl Controller {
         }
     }
 
-    /// Suspends action for one full window from `now`, as after a reload. The state
-    /// and the limit are kept.
+    /// Suspends what ROC decides (a cut, the end of a cut) for one full window from
+    /// `now`, as after a reload. The state and the limit are kept, and a restore in
+    /// progress keeps its pace; a cut whose hold or `max_cut` passes meanwhile starts
+    /// restoring when the window is over, from the cut limit.
     pub fn rearm(&mut self, now: Nanos, window: Duration) {
         self.armed_at = now + window;
     }
@@ -345,8 +349,9 @@ impl Controller {
     }
 
     /// When the limit will next rise, as seen at `now` on a route whose ROC window is
-    /// `window` long, for `Retry-After` on a cut. `None` in `Normal`. Never before the
-    /// controller acts again after a [`Controller::rearm`].
+    /// `window` long, for `Retry-After` on a cut. `None` in `Normal`. A cut never ends
+    /// while the controller is disarmed ([`Controller::rearm`]): then not before one
+    /// interval after it is armed again. A restore in progress keeps its schedule.
     ///
     /// In `Cut`, once ROC is calm: when its `hold` ends, plus one `restore_interval`.
     /// Before that, when the cut's spike is known to end is not, but it cannot read as
@@ -362,7 +367,7 @@ impl Controller {
                 let calm = self
                     .safe_since
                     .unwrap_or_else(|| (self.entered_at + window).max(now));
-                self.hold_done(calm).min(max_cut) + self.params.restore_interval
+                self.hold_done(calm).min(max_cut).max(self.armed_at) + self.params.restore_interval
             }
             ControllerState::Recovering => {
                 let interval = duration_nanos(self.params.restore_interval).max(1);
@@ -370,7 +375,7 @@ impl Controller {
                 Nanos::new(self.entered_at.as_u64().saturating_add(done + interval))
             }
         };
-        Some(at.max(self.armed_at))
+        Some(at)
     }
 
     /// Observes one completed slot. Transitions are passed to `on_transition` in order.
@@ -380,6 +385,11 @@ impl Controller {
         self.last_roc = roc;
         let now = s.at;
         if now < self.armed_at {
+            // Disarmed, ROC decides nothing; a restore in progress keeps its schedule,
+            // which ROC does not decide either.
+            if self.state == ControllerState::Recovering {
+                self.restore(now, roc, &mut on_transition);
+            }
             return;
         }
         let dwelt = now.saturating_since(self.entered_at) >= p.min_dwell;
@@ -400,28 +410,37 @@ impl Controller {
                 }
                 let by_hold = self.safe_since.map(|since| self.hold_done(since));
                 let by_max = self.entered_at + self.params.max_cut;
-                let start = by_hold.map_or(by_max, |t| t.min(by_max));
+                // Not dated before the controller was armed: a cut whose hold or
+                // max_cut passed while it was not restores from then, one step at a
+                // time, not with the steps it would have taken meanwhile.
+                let start = by_hold.map_or(by_max, |t| t.min(by_max)).max(self.armed_at);
                 if start <= now {
                     self.enter(ControllerState::Recovering, start, roc, &mut on_transition);
                 }
             }
         }
         if self.state == ControllerState::Recovering {
-            let before = self.limit_rps;
-            self.limit_rps = self.recovering_limit(now);
-            if self.limit_rps != before {
-                self.limit_since = self.step_time().max(self.limit_since);
-            }
-            if self.limit_rps >= self.params.base_limit_rps {
-                let steps = self.steps_to_base();
-                let interval = duration_nanos(self.params.restore_interval);
-                let at = Nanos::new(
-                    self.entered_at
-                        .as_u64()
-                        .saturating_add(steps.saturating_mul(interval)),
-                );
-                self.enter(ControllerState::Normal, at, roc, &mut on_transition);
-            }
+            self.restore(now, roc, &mut on_transition);
+        }
+    }
+
+    /// In `Recovering`: the limit the restore schedule has reached at `now`, and
+    /// `Normal` when it is the base limit, dated when its last step was due.
+    fn restore(&mut self, now: Nanos, roc: f64, on_transition: &mut impl FnMut(Transition)) {
+        let before = self.limit_rps;
+        self.limit_rps = self.recovering_limit(now);
+        if self.limit_rps != before {
+            self.limit_since = self.step_time().max(self.limit_since);
+        }
+        if self.limit_rps >= self.params.base_limit_rps {
+            let steps = self.steps_to_base();
+            let interval = duration_nanos(self.params.restore_interval);
+            let at = Nanos::new(
+                self.entered_at
+                    .as_u64()
+                    .saturating_add(steps.saturating_mul(interval)),
+            );
+            self.enter(ControllerState::Normal, at, roc, on_transition);
         }
     }
 
@@ -737,6 +756,95 @@ mod tests {
             0.0,
         );
         assert!(c.limit_rps() > 60.0);
+    }
+
+    /// Steps `c` every slot from `from_ms` to `to_ms` and checks that the limit never
+    /// rises by more than one restore step from one slot to the next (no silence, so
+    /// no catch-up): the restore keeps its pace. Returns the transitions.
+    fn paced(
+        c: &mut Controller,
+        from_ms: u64,
+        to_ms: u64,
+        prev: f64,
+        recent: f64,
+    ) -> Vec<Transition> {
+        let step = c.params().restore_step_rps;
+        let mut seen = Vec::new();
+        let mut t = from_ms;
+        while t <= to_ms {
+            let before = c.limit_rps();
+            c.observe(sample(t, prev, recent), |tr| seen.push(tr));
+            assert!(
+                c.limit_rps() <= before + step,
+                "at {t} ms the limit jumped from {before} to {}",
+                c.limit_rps()
+            );
+            t += 100;
+        }
+        seen
+    }
+
+    #[test]
+    fn a_rearm_mid_recovery_keeps_the_restore_pace() {
+        // Cut at 10 s, calm from 10.1 s: recovering from 12.1 s, a step each second.
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        paced(&mut c, 10_100, 14_400, 100.0, 100.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+        assert_eq!(c.limit_rps(), 100.0);
+        // A reload at 14.5 s (new thresholds) suspends ROC decisions until 20.5 s.
+        c.rearm(Nanos::from_millis(14_500), Duration::from_secs(6));
+        // The restore schedule goes on meanwhile: no freeze, then no jump.
+        paced(&mut c, 14_500, 16_100, 100.0, 100.0);
+        assert_eq!(c.limit_rps(), 140.0);
+        // Nor does a spike while disarmed cut again.
+        paced(&mut c, 16_200, 16_200, 100.0, 600.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+        let seen = paced(&mut c, 16_300, 25_000, 100.0, 100.0);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].to, ControllerState::Normal);
+        assert_eq!(seen[0].at, Nanos::from_millis(19_100));
+    }
+
+    #[test]
+    fn a_cut_that_ends_while_disarmed_restores_from_when_it_is_armed() {
+        let window = Duration::from_secs(6);
+        // max_cut of 3 s ends a cut at 13 s, during a rearm from 12 s to 18 s.
+        let p = ControllerParams {
+            max_cut: Duration::from_secs(3),
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p, Nanos::ZERO, window);
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        paced(&mut c, 10_100, 11_900, 100.0, 150.0); // roc 50: never calm
+        c.rearm(Nanos::from_secs(12), window);
+        paced(&mut c, 12_000, 17_900, 100.0, 150.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        assert_eq!(
+            c.next_raise_at(Nanos::from_millis(17_900), window),
+            Some(Nanos::from_secs(19))
+        );
+        // Armed at 18 s: restoring starts then, from the cut limit, not as if it had
+        // started at 13 s (five steps at once).
+        let seen = paced(&mut c, 18_000, 18_000, 100.0, 150.0);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].to, ControllerState::Recovering);
+        assert_eq!(seen[0].at, Nanos::from_secs(18));
+        assert_eq!(c.limit_rps(), 60.0);
+        paced(&mut c, 18_100, 19_000, 100.0, 150.0);
+        assert_eq!(c.limit_rps(), 80.0);
+
+        // The same for a hold of calm that was done before the controller was armed.
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        paced(&mut c, 10_100, 11_000, 0.0, 0.0);
+        c.rearm(Nanos::from_secs(11), window);
+        paced(&mut c, 11_000, 16_900, 0.0, 0.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        paced(&mut c, 17_000, 18_000, 0.0, 0.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+        assert_eq!(c.entered_at(), Nanos::from_secs(17));
+        assert_eq!(c.limit_rps(), 80.0);
     }
 
     #[test]

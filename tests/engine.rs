@@ -754,13 +754,17 @@ fn restore_eta_follows_an_update_at_once() {
     let now = Nanos::from_secs(11);
     let before = e.restore_eta(id, now).expect("cut");
     assert!(before > Duration::from_secs(8), "{before:?}");
-    // With max_cut at 2 s the limit rises as soon as the update's rearm (one 6 s
-    // window) allows, sooner than the spike could read calm: `Retry-After` must say
-    // so before the next slot.
+    // With max_cut at 2 s restoring starts as soon as the update's rearm (one 6 s
+    // window) allows, and the limit rises one restore interval later, sooner than the
+    // spike could read calm: `Retry-After` must say so before the next slot.
     let mut p = e.route_params(id).unwrap();
     p.max_cut = Duration::from_secs(2);
     e.update_route(id, p, now).unwrap();
-    assert_eq!(e.restore_eta(id, now), Some(Duration::from_secs(6)));
+    assert_eq!(e.restore_eta(id, now), Some(Duration::from_secs(7)));
+    // And so it does: from the cut limit, one step, not every step since 12 s.
+    offer(&e, id, Key::None, 11.0, 18.05, 600.0);
+    let s = e.route_snapshot(id, Nanos::from_secs_f64(18.05)).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Recovering, 80.0));
 }
 
 #[test]
