@@ -241,6 +241,40 @@ fn a_quiet_route_never_cuts_even_past_danger() {
 }
 
 #[test]
+fn traffic_back_after_a_silence_is_cut_as_a_spike_of_its_rate() {
+    // As the README has it: after an hour of silence the earlier half-window holds
+    // zeros, so a shop opening at a steady rate reads a ROC of that whole rate.
+    let opening = |rate: u32, controller: ControllerParams| {
+        let csv = format!("t_seconds,rate\n0,0\n3600,0\n3600,{rate}\n3660,{rate}\n");
+        simulator(route(controller))
+            .run_profile(&Profile::parse_csv(&csv).unwrap(), ArrivalModel::Uniform)
+            .unwrap()
+            .summary
+    };
+    // 100 req/s: ROC climbs 10/3 req/s a slot and passes danger 80 after 25 slots.
+    let s = opening(100, params());
+    assert_eq!(s.cuts.len(), 1, "{:?}", s.transitions);
+    let cut = s.first_cut_s.unwrap();
+    assert!((cut - 3602.5).abs() < EPS, "cut at {cut} s");
+    // 70 req/s never reads more than 70: no cut.
+    let s = opening(70, params());
+    assert!(s.transitions.is_empty(), "{:?}", s.transitions);
+    // Relative mode: the earlier half counts as min_rps (10), so 20 req/s is a
+    // doubling once the later half reads more than 10 req/s (30 arrivals): after
+    // 16 slots of 2.
+    let relative = {
+        let mut v = params();
+        v.roc_mode = rocgate::window::RocMode::Relative;
+        v.danger_roc = 1.0;
+        v.safe_roc = 0.25;
+        v
+    };
+    let s = opening(20, relative);
+    let cut = s.first_cut_s.expect("relative mode cuts the opening");
+    assert!((cut - 3601.6).abs() < EPS, "cut at {cut} s");
+}
+
+#[test]
 fn same_seed_same_result() {
     let sim = simulator(route(params()));
     for scenario in Scenario::ALL {
