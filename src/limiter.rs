@@ -2028,7 +2028,9 @@ mod tests {
         let (fixed, sliding) = full();
         assert!(admitted(fixed.check(ms(WRAP + 1))));
         assert_eq!(retry(sliding.check(ms(WRAP + 1))), Some(500));
-        assert!(admitted(sliding.check(ms(WRAP + 1) + Duration::from_micros(500))));
+        assert!(admitted(
+            sliding.check(ms(WRAP + 1) + Duration::from_micros(500))
+        ));
     }
 
     #[test]

@@ -7,12 +7,13 @@ use common::cases;
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, RouteConfig, RouteMatch};
-use rocgate::controller::{Controller, ControllerParams, ControllerState};
+use rocgate::controller::{Controller, ControllerParams, ControllerState, Transition};
 use rocgate::engine::{Engine, Key};
 use rocgate::limiter::{
     Admit, Decision, FixedWindow, LeakyBucket, Pace, SlidingWindowCounter, TokenBucket,
 };
-use rocgate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
+use rocgate::window::{RocMode, RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// Arrival times from gaps in microseconds.
@@ -487,5 +488,171 @@ proptest! {
         let s = e.route_snapshot(id, end).unwrap();
         prop_assert_eq!(s.state, ControllerState::Normal);
         prop_assert_eq!(s.limit_rps, s.base_limit_rps);
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(48))]
+
+    /// A steady load, from the start, never cuts: whatever the rate above `min_rps`,
+    /// the window's shape, where the arrivals fall in their slots (on the slot edges
+    /// too) and the ROC mode, both halves of the window carry it alike.
+    #[test]
+    fn a_steady_load_never_cuts(
+        rate in 10.0f64..600.0,
+        slot_ms in prop_oneof![Just(100u64), 10u64..250],
+        half_slots in 2usize..40,
+        on_edges in any::<bool>(),
+        phase in 0.0f64..1.0,
+        relative in any::<bool>(),
+    ) {
+        let mut route = RouteConfig::new("steady", RouteMatch::any());
+        route.window = WindowSpec::new(
+            Duration::from_millis(slot_ms * 2 * half_slots as u64),
+            Duration::from_millis(slot_ms),
+        ).unwrap();
+        if relative {
+            route.controller.roc_mode = RocMode::Relative;
+            route.controller.danger_roc = 1.0;
+            route.controller.safe_roc = 0.25;
+        }
+        let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        // On the edges: each slot's arrivals at its very start (to the nanosecond: a
+        // batch that straddles an edge is split between two slots, and with few slots
+        // a half its size reads as a change); else evenly spaced from a phase.
+        let slot_ns = slot_ms * 1_000_000;
+        let per_slot = (rate * slot_ms as f64 / 1e3).ceil() as u64;
+        let end = 3 * slot_ns * 2 * half_slots as u64 + 1_000_000_000;
+        let mut k = 0u64;
+        loop {
+            let t = if on_edges {
+                k / per_slot * slot_ns
+            } else {
+                ((phase + k as f64) / rate * 1e9) as u64
+            };
+            if t >= end {
+                break;
+            }
+            let _ = e.check(id, Key::None, Nanos::new(t));
+            k += 1;
+        }
+        let end = Nanos::new(end);
+        let s = e.route_snapshot(id, end).unwrap();
+        prop_assert_eq!(s.cuts, 0, "roc {} after {} arrivals", s.roc, k);
+        prop_assert_eq!(s.state, ControllerState::Normal);
+    }
+
+    /// Through random demand and runtime changes of the limits (an admin `PUT`, in
+    /// any state, which suspends ROC's decisions for a window): the limit stays within
+    /// the cut and base limits in force, and rises by at most one restore step a
+    /// second (one restore interval) but where a change sets it; every transition is
+    /// reported once, each leaving the state the one before entered, and the route's
+    /// counts of transitions and cuts are those reported.
+    #[test]
+    fn transitions_are_reported_once_and_limits_stay_in_bounds(
+        seconds in prop::collection::vec(
+            (0u64..900, prop::option::weighted(0.15, (1.0f64..300.0, 0.0f64..400.0))),
+            5..50,
+        ),
+    ) {
+        let seen: Arc<Mutex<Vec<Transition>>> = Arc::default();
+        let sink = Arc::clone(&seen);
+        let e = Engine::new(
+            &Config::new(vec![RouteConfig::new("chain", RouteMatch::any())]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap()
+        .with_transition_hook(Arc::new(move |_, t| sink.lock().unwrap().push(*t)));
+        let id = e.route_at(0).unwrap();
+        let mut t = 0.0f64;
+        let mut limit = e.limit_rps(id).unwrap();
+        for (rate, change) in seconds {
+            let changed = change.is_some();
+            if let Some((cut, extra)) = change {
+                let mut p = e.route_params(id).unwrap();
+                p.cut_limit_rps = cut;
+                p.base_limit_rps = cut + extra;
+                e.update_route(id, p, Nanos::from_secs_f64(t)).unwrap();
+                let s = e.route_snapshot(id, Nanos::from_secs_f64(t)).unwrap();
+                prop_assert!(s.limit_rps >= s.cut_limit_rps && s.limit_rps <= s.base_limit_rps,
+                    "after a change: {} outside [{}, {}]", s.limit_rps, s.cut_limit_rps, s.base_limit_rps);
+            }
+            for k in 0..rate {
+                let _ = e.check(id, Key::None, Nanos::from_secs_f64(t + k as f64 / rate as f64));
+            }
+            t += 1.0;
+            e.catch_up(id, Nanos::from_secs_f64(t));
+            let s = e.route_snapshot(id, Nanos::from_secs_f64(t)).unwrap();
+            prop_assert!(s.limit_rps >= s.cut_limit_rps && s.limit_rps <= s.base_limit_rps,
+                "{} outside [{}, {}] in {:?}", s.limit_rps, s.cut_limit_rps, s.base_limit_rps, s.state);
+            if !changed {
+                prop_assert!(s.limit_rps <= limit + 20.0 + 1e-9,
+                    "from {} to {} in a second, at {} s", limit, s.limit_rps, t);
+            }
+            limit = s.limit_rps;
+        }
+        let s = e.route_snapshot(id, Nanos::from_secs_f64(t)).unwrap();
+        let seen = seen.lock().unwrap();
+        let mut state = ControllerState::Normal;
+        let mut counts = [[0u64; 3]; 3];
+        for tr in seen.iter() {
+            prop_assert_eq!(tr.from, state, "{:?}", *seen);
+            prop_assert_ne!(tr.from, tr.to);
+            counts[tr.from.as_index() as usize][tr.to.as_index() as usize] += 1;
+            state = tr.to;
+        }
+        prop_assert_eq!(state, s.state);
+        prop_assert_eq!(counts, s.transitions);
+        prop_assert_eq!(s.cuts, seen.iter().filter(|t| t.to == ControllerState::Cut).count() as u64);
+    }
+
+    /// A silence lands the controller where stepping it through every empty slot
+    /// would: one sample at the silence's start and one at its end give the same
+    /// state, limit and transitions, whatever the parameters and the demand before.
+    #[test]
+    fn a_silence_lands_where_per_slot_stepping_would(
+        rates in prop::collection::vec(prop_oneof![3 => 0.0f64..100.0, 1 => 100.0f64..900.0], 60..200),
+        hold_ms in 0u64..5_000,
+        dwell_ms in 0u64..5_000,
+        max_cut_ms in 100u64..30_000,
+        interval_ms in 100u64..3_000,
+        step in 5.0f64..150.0,
+        silence_slots in 1u64..1_000,
+    ) {
+        let mut p = ControllerParams::default();
+        p.hold = Duration::from_millis(hold_ms);
+        p.min_dwell = Duration::from_millis(dwell_ms);
+        p.max_cut = Duration::from_millis(max_cut_ms);
+        p.restore_interval = Duration::from_millis(interval_ms);
+        p.restore_step_rps = step;
+        let mut stepped = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        let mut t = 0u64;
+        let mut prev = 0.0;
+        for r in rates {
+            t += 100;
+            let sample = RocSample {
+                n_prev: (prev * 3.0) as u64,
+                n_recent: (r * 3.0) as u64,
+                rate_prev_rps: prev,
+                rate_recent_rps: r,
+                roc: r - prev,
+            };
+            stepped.observe(SampleAt { at: Nanos::from_millis(t), sample }, |_| {});
+            prev = r;
+        }
+        let mut jumped = stepped.clone();
+        let calm = |at_ms: u64| SampleAt { at: Nanos::from_millis(at_ms), sample: RocSample::default() };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for k in 1..=silence_slots {
+            stepped.observe(calm(t + 100 * k), |tr| a.push(tr));
+        }
+        jumped.observe(calm(t + 100), |tr| b.push(tr));
+        jumped.observe(calm(t + 100 * silence_slots), |tr| b.push(tr));
+        prop_assert_eq!(a, b);
+        prop_assert_eq!(stepped.state(), jumped.state());
+        prop_assert_eq!(stepped.limit_rps(), jumped.limit_rps());
+        prop_assert_eq!(stepped.limit_since(), jumped.limit_since());
     }
 }
