@@ -688,9 +688,9 @@ impl Engine {
         }
     }
 
-    /// shadow_adaptive: while the controller holds the limit below base, an admitted
-    /// request is also tried against the limit the cut would enforce (its key's, on a
-    /// partitioned route).
+    /// shadow_adaptive: an admitted request is also tried against the limit the
+    /// controller sets (its key's, on a partitioned route), and counted while that is
+    /// a cut, below base.
     #[inline]
     fn after_admit(&self, r: &Route, key: Key<'_>, now: Nanos) {
         if let Some(shadow) = &r.shadow {
@@ -698,18 +698,19 @@ impl Engine {
         }
     }
 
-    /// Counts an admitted request that the cut would have refused. Out of line: only
-    /// shadow_adaptive routes come here.
+    /// Counts an admitted request that the cut would have refused. The route's shadow
+    /// limiter takes every admitted request, cut or not, so that a cut finds it as
+    /// drained as an enforced limiter would be (not full, which would count one burst
+    /// at the cut limit too few); the shadow key table is only tried during a cut.
+    /// Out of line: only shadow_adaptive routes come here.
     #[inline(never)]
     fn count_shadow_cut(r: &Route, shadow: &Shadow, key: Key<'_>, now: Nanos) {
-        if !r.engaged.load(Ordering::Relaxed) {
-            return;
-        }
         let would_admit = match shadow {
             Shadow::Route(limiter) => limiter.check(now).is_admit(),
+            Shadow::Keys(_) if !r.engaged.load(Ordering::Relaxed) => return,
             Shadow::Keys(keys) => keys.check(r, key, now).is_admit(),
         };
-        if !would_admit {
+        if !would_admit && r.engaged.load(Ordering::Relaxed) {
             r.counter.counters().add(SHADOW_CUT);
         }
     }

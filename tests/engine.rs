@@ -187,6 +187,42 @@ fn shadow_adaptive_enforces_base_and_counts_the_cut() {
     );
 }
 
+/// What shadow_adaptive says a cut would have admitted is what enforce admits under
+/// the same cut: its shadow of the route's limiter has followed the demand before the
+/// cut as the enforced one has, so a cut finds it as drained, not full.
+#[test]
+fn shadow_adaptive_counts_a_cut_from_the_bucket_enforce_would_have() {
+    let run = |mode: Mode| {
+        let mut cfg = RouteConfig::new(format!("sa_drained_{mode:?}"), RouteMatch::any());
+        cfg.mode = mode;
+        let e = engine(vec![cfg]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, Key::None, 0.0, 20.0, 40.0);
+        // 600 req/s from 20 s drain the base bucket before the cut at 20.5 s.
+        offer(&e, id, Key::None, 20.0, 20.5, 600.0);
+        e.catch_up(id, Nanos::from_secs_f64(20.5));
+        let before = e.route_snapshot(id, Nanos::from_secs_f64(20.5)).unwrap();
+        assert_eq!(before.state, ControllerState::Cut, "{mode:?}");
+        let (admitted, _) = offer(&e, id, Key::None, 20.5, 25.0, 600.0);
+        let after = e.route_snapshot(id, Nanos::from_secs(25)).unwrap();
+        assert_eq!(after.state, ControllerState::Cut, "{mode:?}");
+        let shadow_cut =
+            after.shadow_rejected_for(Reason::RocCut) - before.shadow_rejected_for(Reason::RocCut);
+        admitted - shadow_cut
+    };
+    let enforced = run(Mode::Enforce);
+    let would = run(Mode::ShadowAdaptive);
+    // 60 req/s for 4.5 s, from an empty bucket.
+    assert!(
+        (265..=275).contains(&enforced),
+        "enforce admitted {enforced}"
+    );
+    assert!(
+        would.abs_diff(enforced) <= 1,
+        "shadow_adaptive says the cut would admit {would}, enforce admits {enforced}"
+    );
+}
+
 /// On a partitioned route, shadow_adaptive enforces each key's base limit, a key first
 /// seen during the cut included, and counts what each key's cut limit would have
 /// rejected.
