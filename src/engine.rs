@@ -37,7 +37,7 @@ use crate::limiter::{
     Pace, Reason, Rejection,
 };
 use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use crate::window::{RocMode, RocSample, SlotCounter, SlotRing, WindowSpec};
+use crate::window::{RocMode, RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::borrow::Borrow;
@@ -765,13 +765,28 @@ impl Engine {
                 h(&r.name, &t);
             }
         };
+        let slot_ns = r.counter.slot_ns();
+        let mut last_at = None;
         ring.advance(&r.counter, r.counter.slot_index(now), |s| {
-            let entered = controller.entered_at();
-            follow_events(events, active_event, own, controller, s.at, |t| {
-                record(t, entered);
-            });
-            let entered = controller.entered_at();
-            controller.observe(s, |t| record(t, entered));
+            // A silence longer than the window ends in one sample for every slot past
+            // the window's replay: they all read alike. If the controller was armed
+            // again among them, it observes that reading from the slot where it was,
+            // as stepping each slot would have (a cut's calm counts from there).
+            let armed_at = controller.memory().armed_at;
+            let rearmed = last_at
+                .filter(|&last| last < armed_at)
+                .map(|_| Nanos::new(armed_at.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns)))
+                .filter(|&at| at < s.at)
+                .map(|at| SampleAt { at, ..s });
+            last_at = Some(s.at);
+            for s in rearmed.into_iter().chain([s]) {
+                let entered = controller.entered_at();
+                follow_events(events, active_event, own, controller, s.at, |t| {
+                    record(t, entered);
+                });
+                let entered = controller.entered_at();
+                controller.observe(s, |t| record(t, entered));
+            }
             if let Some(h) = sample_hook {
                 let report = SlotReport {
                     at: s.at,

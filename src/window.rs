@@ -240,6 +240,11 @@ impl SlotCounter {
         self.counters.sum(ARRIVALS)
     }
 
+    /// The slot length, ns.
+    pub fn slot_ns(&self) -> u64 {
+        self.slot_ns
+    }
+
     /// Index of the slot being accumulated.
     pub fn current(&self) -> u64 {
         self.current.load(Ordering::Acquire)

@@ -803,6 +803,39 @@ fn restore_eta_follows_an_update_at_once() {
     assert_eq!((s.state, s.limit_rps), (ControllerState::Recovering, 80.0));
 }
 
+/// A route cut, then changed at runtime (which suspends ROC's decisions for a
+/// window), then silent for longer than that: one request at the end of the silence
+/// finds it where stepping every slot of the silence (upkeep) puts it.
+#[test]
+fn a_silence_after_a_runtime_change_lands_where_upkeep_would() {
+    let run = |upkeep: bool| {
+        let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+        offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+        let mut p = e.route_params(id).unwrap();
+        p.danger_roc = 90.0;
+        e.update_route(id, p, Nanos::from_secs(12)).unwrap();
+        if upkeep {
+            for ms in (12_100..40_000).step_by(100) {
+                e.catch_up(id, Nanos::from_millis(ms));
+            }
+        }
+        let end = Nanos::from_secs(40);
+        let _ = e.check(id, Key::None, end);
+        e.route_snapshot(id, end).unwrap()
+    };
+    let (stepped, jumped) = (run(true), run(false));
+    // Armed again at 18 s, calm: restoring from 20 s, at base 7 steps later.
+    assert_eq!(stepped.state, ControllerState::Normal);
+    assert_eq!(stepped.state_since, Nanos::from_secs(27));
+    assert_eq!(
+        (jumped.state, jumped.state_since, jumped.limit_rps),
+        (stepped.state, stepped.state_since, stepped.limit_rps)
+    );
+    assert_eq!(jumped.transitions, stepped.transitions);
+}
+
 #[test]
 fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
     for algorithm in RATE_ALGORITHMS {
