@@ -773,11 +773,13 @@ impl Engine {
             // again among them, it observes that reading from the slot where it was,
             // as stepping each slot would have (a cut's calm counts from there).
             let armed_at = controller.memory().armed_at;
-            let rearmed = last_at
-                .filter(|&last| last < armed_at)
-                .map(|_| Nanos::new(armed_at.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns)))
-                .filter(|&at| at < s.at)
-                .map(|at| SampleAt { at, ..s });
+            let armed_slot = armed_at.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns);
+            let armed_slot = Nanos::new(armed_slot);
+            let rearmed = (last_at.is_some_and(|last| last < armed_at) && armed_slot < s.at)
+                .then_some(SampleAt {
+                    at: armed_slot,
+                    ..s
+                });
             last_at = Some(s.at);
             for s in rearmed.into_iter().chain([s]) {
                 let entered = controller.entered_at();
