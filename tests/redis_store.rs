@@ -1513,6 +1513,36 @@ async fn the_heartbeat_says_once_that_redis_is_away_and_once_that_it_is_back() {
     assert_eq!(unreachable().len(), 1, "{:#?}", unreachable());
 }
 
+/// Two instances on one shared controller: the fleet's cut is logged once, by the
+/// instance that stored it, and the line names the route (with several distributed
+/// routes, a line without it says nothing an operator can act on).
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_shared_cut_is_logged_once_with_its_route() {
+    let _serial = one_at_a_time().await;
+    // A current-thread runtime: both stores' tasks log under this thread's subscriber.
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "logged");
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+    // Decisions on: a step that another instance's stored step overtook finishes.
+    for _ in 0..20 {
+        let _ = a.check().await;
+        let _ = b.check().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cuts = log.lines_with(r#"to="cut""#);
+    assert_eq!(cuts.len(), 1, "{cuts:#?}");
+    assert!(
+        cuts[0].contains("shared controller transition") && cuts[0].contains(r#"route="order""#),
+        "{}",
+        cuts[0]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_is_recovered_without_fallback() {
     let _serial = one_at_a_time().await;

@@ -1664,12 +1664,20 @@ async fn step(
         .arg(r.slot_us)
         .arg(r.window.slots());
     match tokio::time::timeout(inner.config.timeout, inner.conn.invoke::<i64>(&invocation)).await {
-        // Stored: no other instance stores these slots' steps, so counting here counts
-        // each transition once in the fleet.
+        // Stored: no other instance stores these slots' steps, so counting and logging
+        // here counts and logs each transition once in the fleet.
         Ok(Ok(1)) => {
             let mut stepped = r.stepped.lock().unwrap_or_else(PoisonError::into_inner);
             for (t, entered) in &transitions {
                 stepped.record(t, *entered);
+                tracing::info!(
+                    route = r.name.as_ref(),
+                    from = t.from.as_str(),
+                    to = t.to.as_str(),
+                    roc = t.roc,
+                    limit_rps = t.limit_rps,
+                    "shared controller transition"
+                );
             }
         }
         Ok(Ok(_)) => {}
@@ -1749,16 +1757,7 @@ fn replay(
         };
         let at = Nanos::new((s + 1).saturating_mul(slot_ns));
         let entered = controller.entered_at();
-        controller.observe(SampleAt { at, sample }, |t| {
-            tracing::info!(
-                from = t.from.as_str(),
-                to = t.to.as_str(),
-                roc = t.roc,
-                limit_rps = t.limit_rps,
-                "shared controller transition"
-            );
-            transitions.push((t, entered));
-        });
+        controller.observe(SampleAt { at, sample }, |t| transitions.push((t, entered)));
     }
     Some((controller, last, transitions))
 }
