@@ -1,5 +1,6 @@
 //! rocgate's metrics as a real Prometheus sees them: every query of the dashboard
-//! returns data after a spike, the alert rules load and evaluate, and a scrape passes
+//! returns data after a spike, the alert rules load and evaluate and every series they
+//! read is scraped, and a scrape passes
 //! `promtool check metrics`.
 //!
 //! Needs the `prometheus` and `promtool` binaries (Debian's `prometheus` package,
@@ -121,6 +122,39 @@ fn dashboard_queries(dashboard: &Value) -> Vec<String> {
                 .replace("$__rate_interval", "15s")
         })
         .collect()
+}
+
+/// The vector selectors of a PromQL expression that read rocgate's metrics: each
+/// metric name with its label matchers, if any.
+fn selectors(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("rocgate_") {
+        let from = &rest[at..];
+        let name_len = from
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(from.len());
+        let len = match from[name_len..].strip_prefix('{') {
+            Some(labels) => name_len + 1 + labels.find('}').expect("a closed selector") + 1,
+            None => name_len,
+        };
+        out.push(from[..len].to_owned());
+        rest = &from[len..];
+    }
+    out
+}
+
+#[test]
+fn selectors_are_found_in_expressions() {
+    assert_eq!(
+        selectors(
+            r#"sum by (route) (rate(rocgate_requests_total{decision="rejected"}[5m])) == 0 and rocgate_roc"#
+        ),
+        [
+            r#"rocgate_requests_total{decision="rejected"}"#,
+            "rocgate_roc"
+        ]
+    );
 }
 
 async fn upstream() -> SocketAddr {
@@ -327,9 +361,41 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
     assert_eq!(loaded.len(), 7);
+    // Each rule evaluates, and every series it reads is there: a name, label or value
+    // that no scrape has would leave the rule quiet for ever.
+    let mut unread = Vec::new();
     for rule in loaded {
         assert_ne!(rule["health"], "err", "{rule}");
+        let expr = rule["query"].as_str().unwrap();
+        for selector in selectors(expr) {
+            let selector = match selector.strip_prefix("rocgate_store_mode") {
+                // Only a Redis store has the `fallback_local` mode; the local one's
+                // series stands in, the value is the store's own.
+                Some(labels) => {
+                    #[cfg(feature = "redis")]
+                    assert_eq!(
+                        labels,
+                        format!(
+                            "{{mode=\"{}\"}}",
+                            rocgate::store::redis::StoreMode::Fallback.as_str()
+                        ),
+                        "{expr}"
+                    );
+                    let _ = labels;
+                    "rocgate_store_mode".to_owned()
+                }
+                None => selector,
+            };
+            if query(&client, prom_addr, &selector).await.is_empty() {
+                unread.push(format!("{}: {selector}", rule["name"]));
+            }
+        }
     }
+    assert!(
+        unread.is_empty(),
+        "alert rules reading series no scrape has:\n{}",
+        unread.join("\n")
+    );
     let checked = Command::new(&promtool)
         .args(["check", "rules"])
         .arg(root.join("dashboards/alerts.yml"))
