@@ -363,6 +363,23 @@ pub struct SharedControl {
     pub stepped: TransitionCounts,
 }
 
+impl SharedControl {
+    /// Puts the shared limit and controller state in `s`, a snapshot of the route in
+    /// the local engine (whose controller does not step for a route a shared store
+    /// decides), and adds the shared transitions this instance stepped to its counts.
+    pub fn apply(&self, s: &mut RouteSnapshot) {
+        s.limit_rps = self.limit_rps;
+        s.state = self.state;
+        let stepped = &self.stepped;
+        let pairs = s.transitions.iter_mut().flatten();
+        for (mine, theirs) in pairs.zip(stepped.transitions.iter().flatten()) {
+            *mine += theirs;
+        }
+        s.cuts += stepped.cuts;
+        s.time_in_cut += stepped.time_in_cut;
+    }
+}
+
 impl Collector {
     /// A collector with no history.
     pub fn new() -> Self {
@@ -408,15 +425,7 @@ impl Collector {
             let seen = history.entry(s.name.clone()).or_default();
             let control = shared(&s.name);
             if let Some(control) = control {
-                s.limit_rps = control.limit_rps;
-                s.state = control.state;
-                let stepped = &control.stepped;
-                let pairs = s.transitions.iter_mut().flatten();
-                for (mine, theirs) in pairs.zip(stepped.transitions.iter().flatten()) {
-                    *mine += theirs;
-                }
-                s.cuts += stepped.cuts;
-                s.time_in_cut += stepped.time_in_cut;
+                control.apply(s);
             }
             if control.is_some() || seen.store_roc {
                 let roc = control.map_or(f64::NAN, |c| c.roc);

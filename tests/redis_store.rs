@@ -2241,6 +2241,55 @@ async fn two_proxies_share_one_limit() {
     upstream_task.abort();
 }
 
+/// A distributed route cut by the shared controller: `GET /admin/routes/order` says
+/// what `/metrics` and `GET /admin/store` say (cut, at the cut limit), not what the
+/// instance's own controller, which does not step for a distributed route, would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_shows_a_distributed_routes_shared_cut() {
+    let _serial = one_at_a_time().await;
+    use rocgate::store::StoreConfig;
+
+    let server = RedisServer::start().await;
+    let (upstream_addr, upstream_task) = start_ok_upstream().await;
+    let mut config = Config::new(vec![quick_route()]);
+    config.store = StoreConfig::Redis(store_config(&server, "admin-cut"));
+    let proxy = Served::start(upstream_addr, &config, None).await;
+    let mut client = connect(proxy.addr).await;
+    let mut admin = connect(proxy.admin).await;
+    // Calm for more than a window, then a spike until the shared controller cuts.
+    let started = tokio::time::Instant::now();
+    let mut cut = false;
+    while started.elapsed() < Duration::from_secs(5) && !cut {
+        let spike = started.elapsed() > Duration::from_millis(1500);
+        for _ in 0..if spike { 10 } else { 1 } {
+            let _ = post_order(&mut client).await;
+        }
+        let store: serde_json::Value =
+            serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+        cut = store["routes"]["order"]["state"] == "cut";
+        tokio::time::sleep(Duration::from_millis(if spike { 5 } else { 100 })).await;
+    }
+    assert!(cut, "the shared controller did not cut");
+    let route: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/routes/order").await).unwrap();
+    assert_eq!(route["state"], "cut", "{route}");
+    assert_eq!(route["limit_rps"], 60.0, "{route}");
+    let all: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/routes").await).unwrap();
+    assert_eq!(all["routes"][0]["state"], "cut", "{all}");
+    let text = get(&mut admin, "/metrics").await;
+    assert!(
+        text.contains("rocgate_limit_rps{route=\"order\"} 60"),
+        "{text}"
+    );
+    assert!(
+        text.contains("rocgate_controller_state{route=\"order\",state=\"cut\"} 1"),
+        "{text}"
+    );
+    proxy.stop().await;
+    upstream_task.abort();
+}
+
 /// A route that falls back while Redis is away, then a reload that makes it local: it
 /// makes no more decisions on the store, so it must not keep the instance in fallback
 /// (`GET /admin/store`, and the `RocgateStoreFallback` alert's gauge).

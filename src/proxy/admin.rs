@@ -264,15 +264,8 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     state.reloader.retain_store();
     let (engine, now) = caught_up(&state);
     #[cfg(feature = "redis")]
-    m.collector.collect_with(&engine, now, |route| {
-        let view = state.store.as_ref()?.shared_view(&engine, route)?;
-        Some(crate::metrics::SharedControl {
-            limit_rps: view.limit_rps,
-            state: view.state,
-            roc: view.roc,
-            stepped: view.stepped,
-        })
-    });
+    m.collector
+        .collect_with(&engine, now, |route| shared_control(&state, &engine, route));
     #[cfg(not(feature = "redis"))]
     m.collector.collect(&engine, now);
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
@@ -297,6 +290,35 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
         .into_response()
 }
 
+/// The shared limit and controller state of `route`, if a shared store decides it.
+#[cfg(feature = "redis")]
+fn shared_control(
+    state: &AdminState,
+    engine: &Engine,
+    route: &str,
+) -> Option<crate::metrics::SharedControl> {
+    let view = state.store.as_ref()?.shared_view(engine, route)?;
+    Some(crate::metrics::SharedControl {
+        limit_rps: view.limit_rps,
+        state: view.state,
+        roc: view.roc,
+        stepped: view.stepped,
+    })
+}
+
+/// A route's snapshot as `/metrics` reads it: for a route a shared store decides, the
+/// shared limit, controller state, transitions and the ROC the shared controller
+/// compares with its thresholds (the local controller does not step for it).
+fn as_exported(state: &AdminState, engine: &Engine, mut s: RouteSnapshot) -> RouteSnapshot {
+    #[cfg(feature = "redis")]
+    if let Some(control) = shared_control(state, engine, &s.name) {
+        control.apply(&mut s);
+        s.roc = control.roc;
+    }
+    let _ = (state, engine);
+    s
+}
+
 async fn ready(State(state): State<AdminState>) -> Response {
     if state.reloader.engine().route_names().next().is_some() {
         (StatusCode::OK, "ready").into_response()
@@ -317,8 +339,8 @@ async fn routes(State(state): State<AdminState>) -> Json<Value> {
     let (engine, now) = caught_up(&state);
     let routes: Vec<Value> = engine
         .snapshot(now)
-        .iter()
-        .map(|snap| route_state(&state, snap))
+        .into_iter()
+        .map(|s| route_state(&state, &as_exported(&state, &engine, s)))
         .collect();
     Json(json!({ "routes": routes }))
 }
@@ -337,7 +359,9 @@ async fn one_route(State(state): State<AdminState>, Path(name): Path<String>) ->
         .route_id(&name)
         .and_then(|id| engine.route_snapshot(id, now))
     {
-        Some(snap) => Json(route_state(&state, &snap)).into_response(),
+        Some(snap) => {
+            Json(route_state(&state, &as_exported(&state, &engine, snap))).into_response()
+        }
         None => error(
             StatusCode::NOT_FOUND,
             vec![format!("no route named {name:?}")],
@@ -384,7 +408,10 @@ fn change_answer(
     changed: Result<Result<RouteSnapshot, RouteChangeError>, tokio::task::JoinError>,
 ) -> Response {
     match changed {
-        Ok(Ok(snapshot)) => Json(route_state(state, &snapshot)).into_response(),
+        Ok(Ok(snapshot)) => {
+            let engine = state.reloader.engine();
+            Json(route_state(state, &as_exported(state, &engine, snapshot))).into_response()
+        }
         Ok(Err(RouteChangeError::NoSuchRoute(name))) => error(
             StatusCode::NOT_FOUND,
             vec![format!("no route named {name:?}")],
