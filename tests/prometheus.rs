@@ -613,6 +613,69 @@ fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
     promtool_test_rules(&file);
 }
 
+/// The dashboard's controller state timeline, over instances of which one is cut and
+/// another recovering, reads the value its mappings name `cut` (the worst state: any
+/// instance cut); with every instance normal, the value they name `normal`.
+#[test]
+fn the_state_timeline_shows_the_worst_state_over_instances() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap(),
+    )
+    .unwrap();
+    let panel = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "state-timeline")
+        .expect("the state timeline");
+    let expr = panel["targets"][0]["expr"]
+        .as_str()
+        .unwrap()
+        .replace("$route", ".*")
+        .replace("$instance", ".*");
+    let mapped = |text: &str| -> String {
+        panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .find(|(_, m)| m["text"] == text)
+            .unwrap_or_else(|| panic!("no mapping for {text}"))
+            .0
+            .clone()
+    };
+    let mut series = String::new();
+    let states = [
+        ("a", "order", [0, 1, 0]),
+        ("b", "order", [0, 0, 1]),
+        ("a", "cart", [1, 0, 0]),
+        ("b", "cart", [1, 0, 0]),
+    ];
+    for (instance, route, values) in states {
+        for (state, value) in ["normal", "cut", "recovering"].into_iter().zip(values) {
+            series.push_str(&format!(
+                "      - series: 'rocgate_controller_state{{instance=\"{instance}\",route=\"{route}\",state=\"{state}\"}}'\n        values: '{value}x5'\n"
+            ));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+             promql_expr_test:\n      - expr: '{}'\n        eval_time: 2m\n        exp_samples:\n          \
+             - labels: '{{route=\"order\"}}'\n            value: {}\n          \
+             - labels: '{{route=\"cart\"}}'\n            value: {}\n",
+            expr.replace('\'', "''"),
+            mapped("cut"),
+            mapped("normal"),
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
+
 /// `RocgateClientConnectionLimitReached` fires on an instance whose cap was reached in
 /// the last 5 minutes, not on one that reached it earlier. promtool evaluates the
 /// rule's own expression.
