@@ -94,6 +94,7 @@ pub(crate) async fn serve(
 ) {
     let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (stop, stopping) = watch::channel(());
+    let mut accept_failures = super::AcceptFailures::default();
     tokio::pin!(stopped);
     loop {
         let place = tokio::select! {
@@ -107,7 +108,7 @@ pub(crate) async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
+                    accept_failures.failed("admin accept failed", &e);
                     if !super::is_connection_error(&e) {
                         tokio::select! {
                             () = tokio::time::sleep(super::ACCEPT_BACKOFF) => {}

@@ -703,6 +703,7 @@ impl Proxy {
         let (abort, aborting) = tokio::sync::watch::channel(());
         let clock = Arc::clone(&self.reloader.clock);
         let mut limit_warned: Option<crate::clock::Nanos> = None;
+        let mut accept_failures = AcceptFailures::default();
         tokio::pin!(shutdown);
         loop {
             let place = match connections.try_acquire() {
@@ -729,7 +730,7 @@ impl Proxy {
                 accepted = self.listener.accept() => match accepted {
                     Ok(a) => a,
                     Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
+                        accept_failures.failed("accept failed", &e);
                         // Out of file descriptors, accept fails again at once for as
                         // long as connections wait: retried straight away, it would
                         // spin a core and flood the log.
@@ -996,6 +997,42 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
+}
+
+/// How often, at most, a listener's failures to accept are logged.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// A listener's failures to accept, logged at most once every [`ACCEPT_WARN_EVERY`]:
+/// out of file descriptors, every retry fails for as long as connections wait.
+#[derive(Debug, Default)]
+pub(crate) struct AcceptFailures {
+    /// When the last line was logged.
+    logged_at: Option<tokio::time::Instant>,
+    /// Failures since then.
+    unlogged: u64,
+}
+
+impl AcceptFailures {
+    /// Counts a failure, and logs it as `what` with the failures since the last line
+    /// if that was [`ACCEPT_WARN_EVERY`] ago.
+    pub(crate) fn failed(&mut self, what: &str, e: &io::Error) {
+        self.unlogged += 1;
+        let now = tokio::time::Instant::now();
+        if self
+            .logged_at
+            .is_some_and(|at| now.duration_since(at) < ACCEPT_WARN_EVERY)
+        {
+            return;
+        }
+        self.logged_at = Some(now);
+        let failures = std::mem::take(&mut self.unlogged);
+        tracing::warn!(
+            error = %e,
+            failures,
+            "{what} (failures counts those since the last such line, at most one every {}s)",
+            ACCEPT_WARN_EVERY.as_secs()
+        );
+    }
 }
 
 /// How long the accept loop waits after a failure that is not one connection's.
