@@ -166,10 +166,13 @@ pub const ALL: [&str; 34] = [
 ];
 
 /// Bucket bounds of `rocgate_roc_observed`: both absolute ROC (req/s per half-window)
-/// and relative ROC (ratios around ±1) fall in useful buckets.
-pub const ROC_BUCKETS: [f64; 27] = [
-    -1000.0, -400.0, -160.0, -80.0, -40.0, -20.0, -10.0, -5.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25,
-    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 400.0, 1000.0, 4000.0, 10000.0,
+/// and relative ROC (ratios around ±1) fall in useful buckets. A ROC of exactly 0 (an
+/// idle or steady slot, the most common) falls in the narrow bucket above -0.001:
+/// `histogram_quantile` spreads a bucket's samples from the bound below, so in a
+/// bucket from -0.25 the quantiles of a flat route read -0.125, a ROC no slot had.
+pub const ROC_BUCKETS: [f64; 28] = [
+    -1000.0, -400.0, -160.0, -80.0, -40.0, -20.0, -10.0, -5.0, -2.0, -1.0, -0.5, -0.25, -0.001,
+    0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 400.0, 1000.0, 4000.0, 10000.0,
 ];
 
 /// Bucket bounds of `rocgate_upstream_request_duration_seconds`.

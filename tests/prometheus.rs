@@ -676,6 +676,74 @@ fn the_state_timeline_shows_the_worst_state_over_instances() {
     promtool_test_rules(&file);
 }
 
+/// The dashboard's observed ROC quantiles of a route whose every slot read ROC 0 (an
+/// idle or perfectly steady route) read about 0, not a negative ROC that no slot had:
+/// `histogram_quantile` spreads a bucket's samples evenly from the bound below, so
+/// zeros counted in a bucket reaching down to -0.25 read as -0.125 at the median.
+#[test]
+fn the_observed_roc_of_a_flat_route_reads_about_zero() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(rocgate::metrics::ROC_OBSERVED.into()),
+            &rocgate::metrics::ROC_BUCKETS,
+        )
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        for _ in 0..100 {
+            metrics::histogram!(rocgate::metrics::ROC_OBSERVED, "route" => "flat").record(0.0);
+        }
+    });
+    let mut series = String::new();
+    for line in handle.render().lines() {
+        if let Some(rest) = line.strip_prefix("rocgate_roc_observed_bucket{") {
+            let (labels, value) = rest.rsplit_once("} ").unwrap();
+            series.push_str(&format!(
+                "      - series: 'rocgate_roc_observed_bucket{{{labels}}}'\n        values: '0+{value}x10'\n"
+            ));
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap(),
+    )
+    .unwrap();
+    let quantiles: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap())
+        .filter_map(|t| t["expr"].as_str())
+        .filter(|e| e.contains("rocgate_roc_observed_bucket"))
+        .map(|e| {
+            e.replace("$route", ".*")
+                .replace("$instance", ".*")
+                .replace("$__rate_interval", "5m")
+        })
+        .collect();
+    assert_eq!(quantiles.len(), 2, "p50 and p99");
+    let mut tests = String::new();
+    for q in &quantiles {
+        tests.push_str(&format!(
+            "      - expr: 'abs({}) < bool 0.001'\n        eval_time: 10m\n        exp_samples:\n          \
+             - labels: '{{route=\"flat\"}}'\n            value: 1\n",
+            q.replace('\'', "''")
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("flat.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+             promql_expr_test:\n{tests}"
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
+
 /// `RocgateClientConnectionLimitReached` fires on an instance whose cap was reached in
 /// the last 5 minutes, not on one that reached it earlier. promtool evaluates the
 /// rule's own expression.
