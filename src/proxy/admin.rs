@@ -310,11 +310,13 @@ fn shared_control(
 /// A route's snapshot as `/metrics` reads it: for a route a shared store decides, the
 /// shared limit, controller state, transitions and the ROC the shared controller
 /// compares with its thresholds (the local controller does not step for it).
-fn as_exported(state: &AdminState, engine: &Engine, mut s: RouteSnapshot) -> RouteSnapshot {
+fn as_exported(state: &AdminState, engine: &Engine, s: RouteSnapshot) -> RouteSnapshot {
     #[cfg(feature = "redis")]
     if let Some(control) = shared_control(state, engine, &s.name) {
+        let mut s = s;
         control.apply(&mut s);
         s.roc = control.roc;
+        return s;
     }
     let _ = (state, engine);
     s
