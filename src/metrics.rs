@@ -165,6 +165,21 @@ pub const ALL: [&str; 34] = [
     BUILD_INFO,
 ];
 
+/// The `kind` label values of `rocgate_upstream_errors_total`. The proxy sets each
+/// route's counters of every kind at 0 before its first error, so that `rate` and
+/// `increase` count the first burst of errors too.
+pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
+    "connect_timeout",
+    "response_timeout",
+    "upstream_error",
+    "body_aborted",
+    "body_too_large",
+    "client_aborted",
+    "client_timeout",
+    "bad_request",
+    "forwarding_loop",
+];
+
 /// Bucket bounds of `rocgate_roc_observed`: both absolute ROC (req/s per half-window)
 /// and relative ROC (ratios around ±1) fall in useful buckets. A ROC of exactly 0 (an
 /// idle or steady slot, the most common) falls in the narrow bucket above -0.001:

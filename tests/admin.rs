@@ -284,6 +284,38 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
 
 /// A route that a reload removes leaves `/metrics` gauge by gauge (they would read NaN
 /// until a restart); its counters stay.
+/// Every route's upstream error counters are in the first scrape, at 0, for every
+/// kind README names: a counter that appears with its first errors already counted
+/// gives `rate` and `increase` nothing to compare with, so the errors panel and any
+/// alert on it missed the first burst of an upstream's failure.
+#[tokio::test]
+async fn upstream_error_counters_start_at_zero_for_every_route() {
+    let extra = "[[routes]]\nname = \"errors_from_zero\"\npath = \"/errors-from-zero\"\n";
+    let p = start_on(None, &format!("{extra}{CONFIG}"), None).await.0;
+    let text = match call(p.admin, "GET", "/metrics", "", None).await {
+        (200, Value::String(text)) => text,
+        other => panic!("{other:?}"),
+    };
+    let kinds = [
+        "connect_timeout",
+        "response_timeout",
+        "upstream_error",
+        "body_aborted",
+        "body_too_large",
+        "client_aborted",
+        "client_timeout",
+        "bad_request",
+        "forwarding_loop",
+    ];
+    for kind in kinds {
+        let series = format!(
+            "rocgate_upstream_errors_total{{route=\"errors_from_zero\",kind=\"{kind}\"}} 0\n"
+        );
+        assert!(text.contains(&series), "no {series} in {text}");
+    }
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn a_route_removed_by_a_reload_leaves_the_gauges_of_metrics() {
     let extra = "[[routes]]\nname = \"retired_by_reload\"\npath = \"/retired\"\n";

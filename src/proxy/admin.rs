@@ -269,6 +269,13 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
         .collect_with(&engine, now, |route| shared_control(&state, &engine, route));
     #[cfg(not(feature = "redis"))]
     m.collector.collect(&engine, now);
+    // At 0 before a route's first error, so that `rate` counts that one too.
+    for route in engine.route_names() {
+        for kind in crate::metrics::UPSTREAM_ERROR_KINDS {
+            metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "route" => route.to_owned(), "kind" => kind)
+                .increment(0);
+        }
+    }
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_LANES).set(m.lanes.open() as f64);
     metrics::gauge!(crate::metrics::CLIENT_CONNECTIONS).set(m.connections.open() as f64);

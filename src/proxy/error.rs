@@ -300,3 +300,30 @@ fn push_causes(text: &mut String, e: &(dyn std::error::Error + 'static)) {
         next = cause.source();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ProxyError;
+
+    /// Every kind the proxy counts is one `/metrics` sets at 0 before the first error.
+    #[test]
+    fn every_kind_is_counted_from_zero() {
+        let errors = [
+            ProxyError::BadRequest,
+            ProxyError::BodyTooLarge,
+            ProxyError::ForwardingLoop,
+            ProxyError::ClientAborted,
+            ProxyError::ClientTimeout,
+            ProxyError::Upstream("refused".into()),
+            ProxyError::ConnectTimeout,
+            ProxyError::ResponseTimeout,
+        ];
+        for e in errors {
+            assert!(
+                crate::metrics::UPSTREAM_ERROR_KINDS.contains(&e.kind()),
+                "{}",
+                e.kind()
+            );
+        }
+    }
+}
