@@ -551,15 +551,35 @@ fn the_cut_too_long_alert_counts_time_in_cut_across_cuts() {
 /// holds a share of its cuts and transitions. Three instances each holding a third
 /// of a distributed route's time in cut (and transitions) fire once, for the route;
 /// two instances whose own controllers each stay under the bound do not; one over it
-/// fires, naming the instance. promtool evaluates the rules file itself.
+/// fires, naming the instance; another fleet's route of the same name (another job)
+/// adds nothing. promtool evaluates the rules file itself.
 #[test]
 fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut series = String::new();
-    let mut add = |name: &str, instance: &str, route: &str, values: &str| {
+    let mut add_to = |job: &str, name: &str, instance: &str, route: &str, values: &str| {
         series.push_str(&format!(
-            "      - series: '{name}{{instance=\"{instance}\",job=\"rocgate\",route=\"{route}\"}}'\n        values: '{values}'\n"
+            "      - series: '{name}{{instance=\"{instance}\",job=\"{job}\",route=\"{route}\"}}'\n        values: '{values}'\n"
         ));
+    };
+    // Another fleet scraped by the same Prometheus, with a distributed route of the
+    // same name: its cuts are its own.
+    add_to(
+        "staging",
+        "rocgate_store_limit_rps",
+        "d",
+        "order",
+        "60+0x20",
+    );
+    add_to(
+        "staging",
+        "rocgate_cut_seconds_total",
+        "d",
+        "order",
+        "0+15x20",
+    );
+    let mut add = |name: &str, instance: &str, route: &str, values: &str| {
+        add_to("rocgate", name, instance, route, values);
     };
     for instance in ["a", "b", "c"] {
         add("rocgate_store_limit_rps", instance, "order", "60+0x20");
@@ -597,12 +617,12 @@ fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
             "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
              alert_rule_test:\n      \
              - eval_time: 12m\n        alertname: RocgateRouteCutTooLong\n        exp_alerts:\n          \
-             - exp_labels: {{severity: warning, route: order}}\n            \
+             - exp_labels: {{severity: warning, route: order, job: rocgate}}\n            \
              exp_annotations: {{summary: \"order was cut for 7m 30s of the last 10 minutes (shared by the fleet)\", description: \"{cut}\"}}\n          \
              - exp_labels: {{severity: warning, route: cart, instance: a}}\n            \
              exp_annotations: {{summary: \"cart was cut for 5m 0s of the last 10 minutes on a\", description: \"{cut}\"}}\n      \
              - eval_time: 16m\n        alertname: RocgateControllerFlapping\n        exp_alerts:\n          \
-             - exp_labels: {{severity: warning, route: order}}\n            \
+             - exp_labels: {{severity: warning, route: order, job: rocgate}}\n            \
              exp_annotations: {{summary: \"order changed controller state 22.5 times in 15 minutes (shared by the fleet)\", description: \"{flapping}\"}}\n          \
              - exp_labels: {{severity: warning, route: cart, instance: a}}\n            \
              exp_annotations: {{summary: \"cart changed controller state 15 times in 15 minutes on a\", description: \"{flapping}\"}}\n",
