@@ -560,6 +560,37 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
     assert_eq!(res.body, "hop");
 }
 
+/// `Host` is end to end, and HTTP/1.1 requires it (RFC 9112 §3.2): a `Connection` that
+/// names it takes nothing away. It used to be stripped as a connection option: the
+/// pool's request went up with the upstream's own `Host`, the lane's with none.
+#[tokio::test]
+async fn a_connection_header_naming_host_keeps_the_clients_host() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    // The first request goes through the pool, the second through the lane.
+    let raw = raw_exchange(
+        proxy.addr,
+        format!(
+            "GET /named-host-1 HTTP/1.1\r\nHost: {HOST}\r\nConnection: host\r\n\r\n\
+             GET /named-host-2 HTTP/1.1\r\nHost: {HOST}\r\nConnection: Host, close\r\n\r\n"
+        )
+        .as_bytes(),
+        IO_TIMEOUT,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    assert_eq!(text.matches("HTTP/1.1 200 ").count(), 2, "{text}");
+    for path in ["/named-host-1", "/named-host-2"] {
+        let seen = upstream.only(path).headers;
+        assert_eq!(
+            seen.get(header::HOST).and_then(|h| h.to_str().ok()),
+            Some(HOST),
+            "{path}: {seen:?}"
+        );
+        assert_eq!(seen["x-forwarded-host"], HOST, "{path}");
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 4. X-Forwarded-*
 

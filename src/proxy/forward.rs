@@ -147,8 +147,8 @@ fn any_hop_by_hop(headers: &HeaderMap) -> bool {
     })
 }
 
-/// Removes hop-by-hop headers, including every header named in `Connection`, and a
-/// `Content-Length` beside a `Transfer-Encoding`.
+/// Removes hop-by-hop headers, including every header named in `Connection` but
+/// `Host`, and a `Content-Length` beside a `Transfer-Encoding`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if any_hop_by_hop(headers) {
         remove_hop_by_hop(headers, false);
@@ -166,11 +166,15 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) -> bool {
     if headers.contains_key(header::TRANSFER_ENCODING) {
         headers.remove(header::CONTENT_LENGTH);
     }
+    // `Host` is end to end and HTTP/1.1 requires it (RFC 9112 §3.2): named as a
+    // connection option, it stays. Stripped, the request went up with the upstream's
+    // own `Host` through the pool, and with none at all over a lane.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .filter_map(|name| HeaderName::from_bytes(name.trim_ascii()).ok())
+        .filter(|name| name != header::HOST)
         .collect();
     let upgrading = upgrade && named.contains(&header::UPGRADE) && tunnelled(headers);
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
