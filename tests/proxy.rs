@@ -1766,6 +1766,53 @@ async fn h2c_clients_are_forwarded_and_limited() {
     let _ = proxy.shut_down().await;
 }
 
+/// A HEAD that rocgate answers itself (a 429, a 502) gets the head alone over HTTP/2
+/// too, with the `Content-Length` a GET would have. hyper's HTTP/1 server leaves a
+/// HEAD's body out, its HTTP/2 server does not: the body went out in DATA frames, which
+/// a HEAD's stream must not carry, and the client's HTTP/2 stack reset the stream
+/// (PROTOCOL_ERROR), so an h2c client saw an error, never the 429 or its `Retry-After`.
+#[tokio::test]
+async fn an_h2c_head_answered_by_rocgate_has_no_body() {
+    let up = start_upstream().await;
+    let down = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let down_addr = down.local_addr().unwrap();
+    drop(down);
+    for (upstream, route, want) in [
+        (up.addr, "h2_head_limited", 429),
+        (down_addr, "h2_head_down", 502),
+    ] {
+        let proxy = start_proxy(settings(upstream), vec![trickle_route(route, "/", 1)]).await;
+        let mut sender = h2c_connect(proxy.addr).await;
+        if want == 429 {
+            // The one token.
+            let req = Request::get(format!("http://{HOST}/h2-head"))
+                .body(Full::<Bytes>::default())
+                .unwrap();
+            let res = within("h2 response", sender.send_request(req)).await;
+            assert_eq!(res.unwrap().status(), StatusCode::OK);
+        }
+        let req = Request::head(format!("http://{HOST}/h2-head"))
+            .body(Full::<Bytes>::default())
+            .unwrap();
+        let res = within("h2 HEAD response", sender.send_request(req))
+            .await
+            .unwrap_or_else(|e| panic!("{route}: the HEAD's stream failed: {e}"));
+        assert_eq!(res.status().as_u16(), want, "{route}");
+        let length: usize = res.headers()[header::CONTENT_LENGTH]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(length > 0, "{route}: {:?}", res.headers());
+        let body = within("h2 HEAD body", res.into_body().collect())
+            .await
+            .unwrap_or_else(|e| panic!("{route}: the HEAD's body failed: {e}"))
+            .to_bytes();
+        assert!(body.is_empty(), "{route}: {body:?}");
+        let _ = proxy.shut_down().await;
+    }
+}
+
 /// A response body that sends `done` once its gate opens, and not before.
 struct GatedBody(Option<oneshot::Receiver<()>>);
 

@@ -773,6 +773,7 @@ impl Proxy {
                             let busy = activity.begin();
                             let h2 = (req.version() == http::Version::HTTP_2)
                                 .then(|| Arc::clone(&streams));
+                            let head = req.method() == http::Method::HEAD;
                             let refused = checks.refusal(&req);
                             let response = match refused {
                                 Some(e) => Err(refuse(&reloader.engine(), &req, e)),
@@ -790,6 +791,9 @@ impl Proxy {
                                     Ok(response) => response.await?,
                                     Err(refused) => refused,
                                 };
+                                if head {
+                                    leave_out_body(&mut r);
+                                }
                                 busy.hand_over_tunnel(&mut r);
                                 let r = busy.hold_through_body(r);
                                 Ok::<_, std::convert::Infallible>(match h2 {
@@ -959,6 +963,25 @@ fn refuse<B>(
     tracing::debug!(error = %e, route = %route, "request refused before admission");
     metrics::counter!(metric::UPSTREAM_ERRORS, "route" => route, "kind" => e.kind()).increment(1);
     e.into_response()
+}
+
+/// Leaves out the body of a response to a HEAD: one rocgate answered itself (a
+/// rejection, an error), as an upstream's answer to a HEAD has none. hyper's HTTP/1
+/// server sends no body to a HEAD, its HTTP/2 server sends what it is given, in DATA
+/// frames a HEAD's stream must not carry (the client resets it). The `Content-Length`
+/// stays the one a GET would get.
+fn leave_out_body(res: &mut http::Response<axum::body::Body>) {
+    use http_body::Body as _;
+    if res.body().is_end_stream() {
+        return;
+    }
+    if !res.headers().contains_key(http::header::CONTENT_LENGTH) {
+        if let Some(length) = res.body().size_hint().exact() {
+            res.headers_mut()
+                .insert(http::header::CONTENT_LENGTH, length.into());
+        }
+    }
+    *res.body_mut() = axum::body::Body::empty();
 }
 
 /// Logs a controller transition.
