@@ -2431,6 +2431,43 @@ async fn connections_still_open_after_the_shutdown_grace_are_dropped() {
     );
 }
 
+/// A connection that has sent nothing when shutdown begins has no request in flight:
+/// it is closed at once. It used to be left waiting for its first byte for
+/// `header_read_timeout`, holding the drain (and `run`) that long: a browser's
+/// preconnected sockets delayed every exit, and with a `header_read_timeout` past the
+/// grace period `run` returned with the connection still open.
+#[tokio::test]
+async fn a_connection_that_has_sent_nothing_does_not_hold_the_shutdown() {
+    let upstream = start_upstream().await;
+    let mut patient = settings(upstream.addr);
+    patient.header_read_timeout = Duration::from_secs(60);
+    patient.shutdown_grace = Duration::from_secs(60);
+    let proxy = start_proxy(patient, Vec::new()).await;
+    let mut silent = within("connect", TcpStream::connect(proxy.addr))
+        .await
+        .unwrap();
+    // Connections are accepted in the order they were made: once a later one is
+    // answered, the silent one is the proxy's.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"GET /after-silent HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    assert_eq!(statuses(&raw), [200]);
+    within("run() returning", proxy.shut_down())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed = timeout(
+        Duration::from_secs(2),
+        read_until_closed(&mut silent, &mut rest),
+    )
+    .await;
+    assert!(closed.is_ok() && rest.is_empty(), "{rest:?}");
+}
+
 // ---------------------------------------------------------------------------------
 // 15. Keep-alive after a rejection; HEAD
 

@@ -758,7 +758,14 @@ impl Proxy {
             let mut aborting = aborting.clone();
             tokio::spawn(async move {
                 let _slot = slot;
-                if !first_byte_within(&stream, header_timeout).await {
+                // A connection that has sent nothing has no request in flight: shutdown
+                // closes it at once rather than wait for its first byte.
+                let first_byte = tokio::select! {
+                    biased;
+                    sent = first_byte_within(&stream, header_timeout) => sent,
+                    _ = stopping.changed() => false,
+                };
+                if !first_byte {
                     return;
                 }
                 // The connection's service, its lane and their timers live in this
