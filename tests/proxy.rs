@@ -2146,8 +2146,19 @@ async fn an_upstream_that_leads_back_to_rocgate_gets_508() {
 
 /// Requests refused for their heads alone, with the status each gets, where
 /// `max_body_bytes` is 1024: two `Host`s, CONNECT, a declared body of 4096 bytes.
-fn refused_for_their_heads() -> [(&'static [u8], u16); 3] {
+fn refused_for_their_heads() -> [(&'static [u8], u16); 5] {
     [
+        // A transfer coding besides chunked (RFC 9112 §6.1: 501). It used to be
+        // forwarded with only the chunked coding taken off: the upstream read gzip's
+        // bytes as the content itself.
+        (
+            b"POST /gzip HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            501,
+        ),
+        (
+            b"POST /gzip HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            501,
+        ),
         (
             b"GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
             400,
@@ -2163,8 +2174,8 @@ fn refused_for_their_heads() -> [(&'static [u8], u16); 3] {
     ]
 }
 
-/// A request refused for its head alone (two `Host`s, CONNECT, a declared body over
-/// `max_body_bytes`) spends none of its route's tokens: a client cannot drain a route
+/// A request refused for its head alone (a transfer coding besides chunked, two
+/// `Host`s, CONNECT, a declared body over `max_body_bytes`) spends none of its route's tokens: a client cannot drain a route
 /// with requests that never reach the upstream. Each is still counted under its route.
 /// Sends each of [`refused_for_their_heads`] to `addr`, checking its status, then one
 /// good request, which must get 200 and be the only one to reach `upstream`.
@@ -2198,7 +2209,11 @@ async fn a_request_refused_for_its_head_spends_no_token() {
     refused_then_one_good(proxy.addr, &upstream).await;
     let metrics = send(proxy.admin, empty(get("/metrics"))).await;
     let text = String::from_utf8_lossy(&metrics.body);
-    for (kind, count) in [("bad_request", 2), ("body_too_large", 1)] {
+    for (kind, count) in [
+        ("transfer_coding_not_implemented", 2),
+        ("bad_request", 2),
+        ("body_too_large", 1),
+    ] {
         let series =
             format!(r#"rocgate_upstream_errors_total{{route="one_token",kind="{kind}"}} {count}"#);
         assert!(text.lines().any(|l| l == series), "{series}\n{text}");

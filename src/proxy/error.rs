@@ -20,6 +20,9 @@ pub enum ProxyError {
     /// The request has come through this instance before (its `Via` names it): the
     /// upstream leads back to rocgate (508).
     ForwardingLoop,
+    /// The request body has a transfer coding besides `chunked` (`gzip, chunked`),
+    /// which rocgate does not decode (501, RFC 9112 §6.1).
+    TransferCodingNotImplemented,
     /// The client stopped sending its request body before its end (400): the client's
     /// doing, not the upstream's.
     ClientAborted,
@@ -42,6 +45,9 @@ impl fmt::Display for ProxyError {
             ProxyError::BodyTooLarge => f.write_str("request body too large"),
             ProxyError::ForwardingLoop => {
                 f.write_str("forwarding loop: the request came back through this instance")
+            }
+            ProxyError::TransferCodingNotImplemented => {
+                f.write_str("request body has a transfer coding besides chunked")
             }
             ProxyError::ClientAborted => f.write_str("client aborted the request body"),
             ProxyError::ClientTimeout => f.write_str("client stopped sending the request body"),
@@ -237,6 +243,7 @@ impl ProxyError {
             ProxyError::BadRequest
             | ProxyError::BodyTooLarge
             | ProxyError::ForwardingLoop
+            | ProxyError::TransferCodingNotImplemented
             | ProxyError::ClientAborted
             | ProxyError::ClientTimeout => false,
             ProxyError::Upstream(_) | ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => {
@@ -251,6 +258,7 @@ impl ProxyError {
             ProxyError::BadRequest | ProxyError::ClientAborted => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::ForwardingLoop => StatusCode::LOOP_DETECTED,
+            ProxyError::TransferCodingNotImplemented => StatusCode::NOT_IMPLEMENTED,
             ProxyError::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -263,6 +271,7 @@ impl ProxyError {
             ProxyError::BadRequest => "bad_request",
             ProxyError::BodyTooLarge => "body_too_large",
             ProxyError::ForwardingLoop => "forwarding_loop",
+            ProxyError::TransferCodingNotImplemented => "transfer_coding_not_implemented",
             ProxyError::ClientAborted => "client_aborted",
             ProxyError::ClientTimeout => "client_timeout",
             ProxyError::Upstream(_) => "upstream_error",

@@ -266,6 +266,16 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     if via.came_through(headers) {
         return Some(ProxyError::ForwardingLoop);
     }
+    // hyper takes the chunked coding off and hands over what is under it: forwarded,
+    // `gzip, chunked` would reach the upstream as gzip's bytes taken for the content.
+    if headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|coding| !coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+    {
+        return Some(ProxyError::TransferCodingNotImplemented);
+    }
     // A declared `Content-Length` (hyper has parsed it, and refused a malformed one)
     // is the body's size, exact, without a second header lookup.
     (req.body().size_hint().lower() > max_body_bytes).then_some(ProxyError::BodyTooLarge)
@@ -476,7 +486,8 @@ impl Forwarder {
     }
 
     /// Why `req` cannot be forwarded, known from its head alone (a tunnel, two
-    /// `Host`s, a declared body over `max_body_bytes`, a forwarding loop): asked
+    /// `Host`s, a transfer coding besides chunked, a declared body over
+    /// `max_body_bytes`, a forwarding loop): asked
     /// before admission, so that such a request spends no token.
     pub(crate) fn refusal(&self, req: &Request<Incoming>) -> Option<ProxyError> {
         refusal(req, self.inner.settings.max_body_bytes, &self.inner.via)
