@@ -2398,6 +2398,38 @@ async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
     }
 }
 
+/// A response body with a transfer coding besides chunked (`gzip, chunked`), which
+/// rocgate does not decode, is a 502: it used to go to the client with the chunks
+/// taken off and `Transfer-Encoding` dropped, gzip's bytes passed off as the content.
+#[tokio::test]
+async fn an_upstream_response_with_a_transfer_coding_besides_chunked_is_a_bad_gateway() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                while matches!(stream.read(&mut head).await, Ok(n) if n > 0) {
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n\
+                              5\r\nhello\r\n0\r\n\r\n",
+                        )
+                        .await;
+                }
+            });
+        }
+    });
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    // The pool's request, then the lane's.
+    for _ in 0..2 {
+        let res = conn.send(empty(get("/coded"))).await;
+        assert_eq!(res.status, StatusCode::BAD_GATEWAY, "{res:?}");
+        assert_eq!(res.json()["error"], "upstream_error");
+    }
+}
+
 /// Once `shutdown_grace` is over, `run` drops the connections still open, as its log
 /// says: they were left running in the caller's runtime, served and forwarding, after
 /// `run` had returned.

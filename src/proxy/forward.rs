@@ -268,17 +268,24 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     }
     // hyper takes the chunked coding off and hands over what is under it: forwarded,
     // `gzip, chunked` would reach the upstream as gzip's bytes taken for the content.
-    if headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|coding| !coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-    {
+    if !chunked_only(headers) {
         return Some(ProxyError::TransferCodingNotImplemented);
     }
     // A declared `Content-Length` (hyper has parsed it, and refused a malformed one)
     // is the body's size, exact, without a second header lookup.
     (req.body().size_hint().lower() > max_body_bytes).then_some(ProxyError::BodyTooLarge)
+}
+
+/// Whether a message's `Transfer-Encoding`, if it has one, names no coding but
+/// `chunked`: the one hyper takes off. Under any other, the body hyper hands over is
+/// still coded, and with `Transfer-Encoding` stripped (hop by hop) the next hop would
+/// take it for the content.
+fn chunked_only(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .all(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// A client request rewritten for the upstream ([`Inner::rewrite`]): the request, the
@@ -751,6 +758,17 @@ impl Inner {
                         within_response_timeout(sent, timeout, progress.as_deref()).await
                     }
                 };
+                // A body still under a coding rocgate does not decode cannot go on
+                // without its `Transfer-Encoding`, a hop-by-hop header.
+                let result = result.and_then(|res| {
+                    if chunked_only(res.headers()) {
+                        Ok(res)
+                    } else {
+                        Err(ProxyError::upstream(
+                            "the response body has a transfer coding besides chunked",
+                        ))
+                    }
+                });
                 // The upstream's time: less the client's, sending its body.
                 let took = self.clock.now().saturating_since(started);
                 let took = progress.map_or(took, |p| took.saturating_sub(p.sent_in()));
