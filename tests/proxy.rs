@@ -995,6 +995,45 @@ async fn silent_connection_is_closed_within_the_header_read_timeout() {
     assert!(received.is_empty(), "{received:?}");
 }
 
+/// A connection whose first bytes could still be HTTP/2's preface (`P`, `PRI * HTTP/2.0`)
+/// is still a connection without a request: it is closed within the header read
+/// timeout. hyper waits for the whole preface to tell HTTP/2 from HTTP/1.1, with no
+/// timeout of its own, so such a connection used to be held until `idle_timeout`
+/// (60 s), six times as long: a slowloris that sends one `P` per connection.
+#[tokio::test]
+async fn a_connection_stalled_within_the_http2_preface_is_closed_within_the_header_read_timeout(
+) {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let mut stalled = JoinSet::new();
+    for sent in [&b"P"[..], b"PRI * HTTP/2.0\r\n\r\nSM\r\n"] {
+        let addr = proxy.addr;
+        stalled.spawn(async move {
+            let start = Instant::now();
+            let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+            stream.write_all(sent).await.unwrap();
+            let mut received = Vec::new();
+            let closed = timeout(
+                HEADER_READ_TIMEOUT * 3,
+                read_until_closed(&mut stream, &mut received),
+            )
+            .await;
+            (sent, start.elapsed(), closed.is_ok(), received)
+        });
+    }
+    while let Some(done) = within("stalled connections", stalled.join_next()).await {
+        let (sent, elapsed, closed, received) = done.unwrap();
+        let sent = String::from_utf8_lossy(sent);
+        assert!(closed, "{sent:?}: still open after {elapsed:?}");
+        assert!(
+            elapsed >= HEADER_READ_TIMEOUT,
+            "{sent:?}: closed after {elapsed:?}, before the header read timeout"
+        );
+        assert!(received.is_empty(), "{sent:?}: {received:?}");
+    }
+    assert_eq!(upstream.hits(), 0);
+}
+
 #[tokio::test]
 async fn an_h2c_connection_gone_silent_is_closed() {
     let upstream = start_upstream().await;

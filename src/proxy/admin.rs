@@ -125,7 +125,7 @@ pub(crate) async fn serve(
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
             let _place = place;
-            if !super::first_byte_within(&stream, header_read_timeout).await {
+            if !super::protocol_known_within(&stream, header_read_timeout).await {
                 return;
             }
             let conn = builder

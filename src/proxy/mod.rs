@@ -4,8 +4,9 @@
 //! Clients speak HTTP/1.1 or h2c (HTTP/2 with prior knowledge); the upstream is reached
 //! over pooled keep-alive HTTP/1.1 connections. Admission is decided before the request
 //! body is read, so a rejected request is never forwarded and its body never read.
-//! Bodies stream both ways. A connection must send its first byte, then its complete
-//! request head, within `header_read_timeout` (slowloris); an HTTP/2 connection silent
+//! Bodies stream both ways. A connection must send enough to tell HTTP/1.1 from
+//! HTTP/2 (its first byte, or HTTP/2's preface whole), then its complete request head,
+//! each within `header_read_timeout` (slowloris); an HTTP/2 connection silent
 //! that long is pinged, and closed unless it answers within as long. At most
 //! `max_connections` client connections are open at once (further ones wait in the
 //! listen backlog), and one with no request in progress for `idle_timeout` is closed
@@ -760,12 +761,12 @@ impl Proxy {
                 let _slot = slot;
                 // A connection that has sent nothing has no request in flight: shutdown
                 // closes it at once rather than wait for its first byte.
-                let first_byte = tokio::select! {
+                let protocol_known = tokio::select! {
                     biased;
-                    sent = first_byte_within(&stream, header_timeout) => sent,
+                    known = protocol_known_within(&stream, header_timeout) => known,
                     _ = stopping.changed() => false,
                 };
-                if !first_byte {
+                if !protocol_known {
                     return;
                 }
                 // The connection's service, its lane and their timers live in this
@@ -1079,11 +1080,30 @@ fn is_connection_error(e: &io::Error) -> bool {
     )
 }
 
-/// Waits for a connection's first byte; false if the peer sends none in time or closes.
-async fn first_byte_within(stream: &TcpStream, timeout: Duration) -> bool {
-    let mut byte = [0u8; 1];
-    matches!(
-        tokio::time::timeout(timeout, stream.peek(&mut byte)).await,
-        Ok(Ok(n)) if n > 0
-    )
+/// HTTP/2's connection preface (RFC 9113 §3.4): hyper reads it whole, with no timeout
+/// of its own, to tell an h2c connection from an HTTP/1.1 one.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How often a connection whose bytes so far begin HTTP/2's preface, and do not yet
+/// hold it whole, is looked at again. Clients send the preface in one write: only a
+/// client that stops within it (a slowloris) is looked at more than once.
+const PREFACE_LOOK_EVERY: Duration = Duration::from_millis(50);
+
+/// Waits until a connection has sent enough to tell its protocol: bytes that do not
+/// begin HTTP/2's preface (HTTP/1.1, whose head hyper then times), or the preface
+/// whole. False if the peer closes, or sends nothing or too little in time: hyper
+/// would wait for the rest of a preface, held open, until `idle_timeout`.
+async fn protocol_known_within(stream: &TcpStream, timeout: Duration) -> bool {
+    let mut seen = [0u8; H2_PREFACE.len()];
+    let known = async {
+        loop {
+            match stream.peek(&mut seen).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) if n == H2_PREFACE.len() || seen[..n] != H2_PREFACE[..n] => return true,
+                // Still within the preface; what was read stays unread for hyper.
+                Ok(_) => tokio::time::sleep(PREFACE_LOOK_EVERY).await,
+            }
+        }
+    };
+    tokio::time::timeout(timeout, known).await.unwrap_or(false)
 }
