@@ -2185,8 +2185,19 @@ async fn an_upstream_that_leads_back_to_rocgate_gets_508() {
 
 /// Requests refused for their heads alone, with the status each gets, where
 /// `max_body_bytes` is 1024: two `Host`s, CONNECT, a declared body of 4096 bytes.
-fn refused_for_their_heads() -> [(&'static [u8], u16); 5] {
+fn refused_for_their_heads() -> [(&'static [u8], u16); 7] {
     [
+        // A target in authority form is CONNECT's alone, and in asterisk form
+        // OPTIONS's (RFC 9112 §3.2.3, §3.2.4). They used to be forwarded, as `/` with
+        // the authority for `Host`, and as `GET *`.
+        (
+            b"GET shop.example:8080 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            400,
+        ),
         // A transfer coding besides chunked (RFC 9112 §6.1: 501). It used to be
         // forwarded with only the chunked coding taken off: the upstream read gzip's
         // bytes as the content itself.
@@ -2213,8 +2224,9 @@ fn refused_for_their_heads() -> [(&'static [u8], u16); 5] {
     ]
 }
 
-/// A request refused for its head alone (a transfer coding besides chunked, two
-/// `Host`s, CONNECT, a declared body over `max_body_bytes`) spends none of its route's tokens: a client cannot drain a route
+/// A request refused for its head alone (a target in a form its method cannot take, a
+/// transfer coding besides chunked, two `Host`s, CONNECT, a declared body over
+/// `max_body_bytes`) spends none of its route's tokens: a client cannot drain a route
 /// with requests that never reach the upstream. Each is still counted under its route.
 /// Sends each of [`refused_for_their_heads`] to `addr`, checking its status, then one
 /// good request, which must get 200 and be the only one to reach `upstream`.
@@ -2250,7 +2262,7 @@ async fn a_request_refused_for_its_head_spends_no_token() {
     let text = String::from_utf8_lossy(&metrics.body);
     for (kind, count) in [
         ("transfer_coding_not_implemented", 2),
-        ("bad_request", 2),
+        ("bad_request", 4),
         ("body_too_large", 1),
     ] {
         let series =

@@ -258,6 +258,14 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     if method == http::Method::CONNECT {
         return Some(ProxyError::BadRequest);
     }
+    // A target in authority form (`shop.example:80`) is CONNECT's alone, and `*`
+    // OPTIONS's (RFC 9112 §3.2.3, §3.2.4): no request for a resource of the upstream.
+    let uri = req.uri();
+    if (uri.scheme().is_none() && uri.authority().is_some())
+        || (uri.path() == "*" && method != http::Method::OPTIONS)
+    {
+        return Some(ProxyError::BadRequest);
+    }
     // Two `Host`s are refused (RFC 9112 §3.2): a proxy in front that reads the
     // other one would route or cache by another host than the upstream sees.
     if headers.get_all(header::HOST).iter().nth(1).is_some() {
@@ -492,9 +500,9 @@ impl Forwarder {
         }
     }
 
-    /// Why `req` cannot be forwarded, known from its head alone (a tunnel, two
-    /// `Host`s, a transfer coding besides chunked, a declared body over
-    /// `max_body_bytes`, a forwarding loop): asked
+    /// Why `req` cannot be forwarded, known from its head alone (a tunnel, a target in
+    /// a form its method cannot take, two `Host`s, a transfer coding besides chunked, a
+    /// declared body over `max_body_bytes`, a forwarding loop): asked
     /// before admission, so that such a request spends no token.
     pub(crate) fn refusal(&self, req: &Request<Incoming>) -> Option<ProxyError> {
         refusal(req, self.inner.settings.max_body_bytes, &self.inner.via)
