@@ -1487,6 +1487,47 @@ async fn an_absolute_form_requests_host_is_its_targets() {
     assert_eq!(seen.headers["x-forwarded-host"], "shop.example:8080");
 }
 
+/// A route partitioned by `header:host` keys a request by the host it is for, the one
+/// the upstream sees: its target's authority (absolute form, HTTP/2's `:authority`)
+/// before its `Host`. It used to key by `Host` alone: a client could name the same
+/// tenant in its target and a new `Host` each time, for a fresh quota each, and h2c
+/// requests (which need no `Host`) were all one keyless client.
+#[tokio::test]
+async fn a_host_partition_keys_by_the_host_the_upstream_sees() {
+    let upstream = start_upstream().await;
+    let mut route = trickle_route("per_host", "/", 1);
+    route.partition = Partition::Header("host".into(), KeyLimits::default());
+    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    // One tenant in the target, two in `Host`: one key, one token.
+    let mut answers = Vec::new();
+    for fake in ["fake-1.example", "fake-2.example"] {
+        let request = format!(
+            "GET http://tenant-a.example/abs HTTP/1.1\r\nHost: {fake}\r\nConnection: close\r\n\r\n"
+        );
+        answers.extend(statuses(
+            &raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await,
+        ));
+    }
+    assert_eq!(answers, [200, 429]);
+    // Two tenants over HTTP/2, without `Host`: two keys, a token each.
+    let mut sender = h2c_connect(proxy.addr).await;
+    for tenant in ["tenant-b.example", "tenant-c.example"] {
+        let req = Request::get(format!("http://{tenant}/h2"))
+            .body(Full::<Bytes>::default())
+            .unwrap();
+        let res = within("h2 response", sender.send_request(req))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{tenant}");
+    }
+    let hosts: Vec<_> = upstream
+        .seen("/h2")
+        .iter()
+        .map(|s| s.headers[header::HOST].clone())
+        .collect();
+    assert_eq!(hosts, ["tenant-b.example", "tenant-c.example"]);
+}
+
 #[tokio::test]
 async fn connect_is_refused_and_never_reaches_the_upstream() {
     let upstream = start_upstream().await;

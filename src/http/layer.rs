@@ -164,12 +164,24 @@ impl Gate {
                     .map_or(Key::None, Key::Ip)
             }
             Some(Partition::Header(name, _)) => {
-                // One value only: of several, which one the upstream reads is its own
-                // choice, so none is the key.
-                let mut values = req.headers().get_all(name.as_str()).iter();
-                let value = values.next().filter(|_| values.next().is_none());
-                // UTF-8 beyond ASCII ("café") is a key of its own; other bytes are none.
-                match value.and_then(|v| std::str::from_utf8(v.as_bytes()).ok()) {
+                // The host a request is for is its target's authority where it has one
+                // (absolute form, HTTP/2's `:authority`), which a proxy sends on as
+                // `Host` (RFC 9112 §3.2.2): keyed by `Host` alone, a client could name
+                // one host in its target and a new one in `Host`, a fresh key each time.
+                let authority = req.uri().authority().filter(|_| name == "host");
+                let value = match authority {
+                    Some(a) => Some(a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h)),
+                    None => {
+                        // One value only: of several, which one the upstream reads is
+                        // its own choice, so none is the key.
+                        let mut values = req.headers().get_all(name.as_str()).iter();
+                        let value = values.next().filter(|_| values.next().is_none());
+                        // UTF-8 beyond ASCII ("café") is a key of its own; other bytes
+                        // are none.
+                        value.and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+                    }
+                };
+                match value {
                     None => Key::None,
                     Some(v) if v.len() <= crate::config::MAX_KEY_VALUE_BYTES => Key::Value(v),
                     Some(v) => {
