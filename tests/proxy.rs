@@ -1001,8 +1001,7 @@ async fn silent_connection_is_closed_within_the_header_read_timeout() {
 /// timeout of its own, so such a connection used to be held until `idle_timeout`
 /// (60 s), six times as long: a slowloris that sends one `P` per connection.
 #[tokio::test]
-async fn a_connection_stalled_within_the_http2_preface_is_closed_within_the_header_read_timeout(
-) {
+async fn a_connection_stalled_within_the_http2_preface_is_closed_within_the_header_read_timeout() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
     let mut stalled = JoinSet::new();
