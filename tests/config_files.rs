@@ -483,6 +483,18 @@ fn tiers() {
         Config::from_toml_str(&header_tier(value), "t.toml")
             .unwrap_or_else(|e| panic!("{value:?}: {e}"));
     }
+    // A `header:host` partition keys by the host in lower case.
+    let host_tier = |value: &str| {
+        route(&format!(
+            "partition = \"header:Host\"\n[[routes.tiers]]\nname = \"a\"\nvalues = [{value:?}]\nbase_limit = 10\ncut_limit = 5"
+        ))
+    };
+    refused(
+        &host_tier("Shop.example"),
+        "routes[0].tiers[0].values[0]",
+        "can never match: a host is keyed in lower case, got \"Shop.example\"",
+    );
+    Config::from_toml_str(&host_tier("shop.example:8080"), "t.toml").unwrap();
 }
 
 #[test]

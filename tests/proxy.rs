@@ -1508,6 +1508,17 @@ async fn a_host_partition_keys_by_the_host_the_upstream_sees() {
         ));
     }
     assert_eq!(answers, [200, 429]);
+    // A host name in any case is one host (RFC 9110 §4.2.3), so one key: each spelling
+    // used to be a key of its own, 2^n fresh quotas for a name of n letters.
+    let mut answers = Vec::new();
+    for spelling in ["case.example", "CASE.example", "Case.Example"] {
+        let request =
+            format!("GET /case HTTP/1.1\r\nHost: {spelling}\r\nConnection: close\r\n\r\n");
+        answers.extend(statuses(
+            &raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await,
+        ));
+    }
+    assert_eq!(answers, [200, 429, 429]);
     // Two tenants over HTTP/2, without `Host`: two keys, a token each.
     let mut sender = h2c_connect(proxy.addr).await;
     for tenant in ["tenant-b.example", "tenant-c.example"] {

@@ -486,8 +486,8 @@ pub enum Partition {
     /// One limiter per value of this request header (lower-case name). A value longer
     /// than [`MAX_KEY_VALUE_BYTES`] is keyed by a digest of it; the header given more
     /// than once counts as no key, like a missing header. `host` is the host the
-    /// request is for: its target's authority where it has one (absolute form,
-    /// HTTP/2's `:authority`), else its `Host`.
+    /// request is for, in lower case: its target's authority where it has one
+    /// (absolute form, HTTP/2's `:authority`), else its `Host`.
     Header(String, KeyLimits),
 }
 

@@ -1213,6 +1213,17 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                             );
                             continue;
                         }
+                        Some(PartitionKind::Header(h))
+                            if h == "host" && value.bytes().any(|b| b.is_ascii_uppercase()) =>
+                        {
+                            p.at(
+                                location,
+                                format!(
+                                    "can never match: a host is keyed in lower case, got {value:?}"
+                                ),
+                            );
+                            continue;
+                        }
                         _ => value,
                     };
                     match owners.get(&value) {

@@ -150,6 +150,7 @@ impl Gate {
         peer: Option<SocketAddr>,
     ) -> Decided {
         let digest: String;
+        let folded: String;
         let key = match engine.partition(route) {
             // A route this engine does not hold: `check` admits it, whatever the key.
             None | Some(Partition::Route) => Key::None,
@@ -168,7 +169,8 @@ impl Gate {
                 // (absolute form, HTTP/2's `:authority`), which a proxy sends on as
                 // `Host` (RFC 9112 §3.2.2): keyed by `Host` alone, a client could name
                 // one host in its target and a new one in `Host`, a fresh key each time.
-                let authority = req.uri().authority().filter(|_| name == "host");
+                let host = name == "host";
+                let authority = req.uri().authority().filter(|_| host);
                 let value = match authority {
                     Some(a) => Some(a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h)),
                     None => {
@@ -180,6 +182,15 @@ impl Gate {
                         // are none.
                         value.and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
                     }
+                };
+                // A host name in any case is one host (RFC 9110 §4.2.3): a key per
+                // spelling was 2^n fresh quotas for a name of n letters.
+                let value = match value {
+                    Some(v) if host && v.bytes().any(|b| b.is_ascii_uppercase()) => {
+                        folded = v.to_ascii_lowercase();
+                        Some(folded.as_str())
+                    }
+                    other => other,
                 };
                 match value {
                     None => Key::None,
