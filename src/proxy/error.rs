@@ -321,6 +321,7 @@ mod tests {
             ProxyError::BadRequest,
             ProxyError::BodyTooLarge,
             ProxyError::ForwardingLoop,
+            ProxyError::TransferCodingNotImplemented,
             ProxyError::ClientAborted,
             ProxyError::ClientTimeout,
             ProxyError::Upstream("refused".into()),
