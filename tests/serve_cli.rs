@@ -408,7 +408,7 @@ path = "/api/order"
 /// A refused reload keeps the running config, and the operator hears of it wherever
 /// it was asked for: the log (a refusal answered to an admin API client was logged
 /// nowhere; only SIGHUP's were) and `/metrics` (nothing counted reloads). A reload
-/// that replaces a runtime change with the file's parameters says so in the log.
+/// whose file changed a route replaces its runtime change, and says so in the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -464,13 +464,17 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
     let text = metrics_with(admin, refused).await;
     assert!(text.contains(refused), "{text}");
 
-    // A change at runtime, then a reload of a file that does not repeat it.
+    // A change at runtime, then a reload of a file that changes the route otherwise.
     let change = r#"{"base_limit": 300}"#;
     let (status, answer) = exchange(admin, "PUT", "/admin/routes/order_reloaded", change)
         .await
         .unwrap();
     assert_eq!(status, 200, "{answer}");
-    std::fs::write(&file, RELOADED).unwrap();
+    std::fs::write(
+        &file,
+        RELOADED.replace("path =", "base_limit = 200\nhold = \"5s\"\npath ="),
+    )
+    .unwrap();
     let hup = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
     assert!(hup.success());
     let line = logged(
