@@ -565,6 +565,40 @@ async fn a_head_request_counts_against_its_get_route() {
     assert_eq!(hits.load(Ordering::Relaxed), 1);
 }
 
+/// A HEAD the layer rejects gets no body, with the `Content-Length` its GET would
+/// get. It got the GET's body: axum's server leaves it out, but hyper's HTTP/2 server
+/// sends it in DATA frames a HEAD's stream must not carry, and the client resets the
+/// stream (`PROTOCOL_ERROR`) without seeing the 429 or its `Retry-After`.
+#[tokio::test]
+async fn a_head_the_layer_rejects_has_no_body() {
+    let (l, _clock) = layer(vec![route("head", RouteMatch::exact("GET", "/x"), 1.0)]);
+    let inner = tower::service_fn(|_req: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("x")))
+    });
+    let svc = tower::Layer::layer(&l, inner);
+    let request = |method: &str| {
+        Request::builder()
+            .method(method)
+            .uri("/x")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        svc.clone().oneshot(request("GET")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let get = svc.clone().oneshot(request("GET")).await.unwrap();
+    let head = svc.oneshot(request("HEAD")).await.unwrap();
+    assert_eq!(head.status(), StatusCode::TOO_MANY_REQUESTS);
+    let length = |r: &http::Response<Body>| r.headers()[http::header::CONTENT_LENGTH].clone();
+    assert_eq!(length(&head), length(&get));
+    assert!(head.headers().contains_key(http::header::RETRY_AFTER));
+    let get_body = get.into_body().collect().await.unwrap().to_bytes();
+    assert!(!get_body.is_empty());
+    let head_body = head.into_body().collect().await.unwrap().to_bytes();
+    assert!(head_body.is_empty(), "{head_body:?}");
+}
+
 #[tokio::test]
 async fn a_limit_under_one_per_second_states_its_quota_over_a_longer_window() {
     // At 0.5 req/s the policy said `q=0;w=1`: no request ever, which is not the limit.

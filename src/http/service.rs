@@ -80,13 +80,15 @@ where
                     .refused_at
                     .or_else(|| engine.limit_rps(route))
                     .unwrap_or(0.0);
-                return ResponseFuture::rejected(gate.rejections.respond(
-                    &engine,
-                    route,
-                    &rejection,
-                    retry_after,
-                    limit,
-                ));
+                let mut res =
+                    gate.rejections
+                        .respond(&engine, route, &rejection, retry_after, limit);
+                if req.method() == http::Method::HEAD {
+                    // No body, the GET's `Content-Length`: hyper's HTTP/2 server sends
+                    // a body it is given, in DATA frames a HEAD's stream must not carry.
+                    *res.body_mut() = ResBody::from(Bytes::new());
+                }
+                return ResponseFuture::rejected(res);
             }
         };
         if let Some(label) = engine.route_label(route).filter(|_| gate.matched_route) {
