@@ -267,9 +267,17 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
         return Some(ProxyError::BadRequest);
     }
     // Two `Host`s are refused (RFC 9112 §3.2): a proxy in front that reads the
-    // other one would route or cache by another host than the upstream sees.
-    if headers.get_all(header::HOST).iter().nth(1).is_some() {
-        return Some(ProxyError::BadRequest);
+    // other one would route or cache by another host than the upstream sees. So is
+    // an HTTP/1.1 request that names no host at all (RFC 9112 §3.2: a MUST), unless
+    // its target does (absolute form, as Envoy takes it): forwarded, it went up with
+    // the upstream's own `Host`, for a host the client never named.
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (_, Some(_)) => return Some(ProxyError::BadRequest),
+        (None, None) if req.version() == http::Version::HTTP_11 && uri.authority().is_none() => {
+            return Some(ProxyError::BadRequest)
+        }
+        _ => {}
     }
     if via.came_through(headers) {
         return Some(ProxyError::ForwardingLoop);
@@ -501,7 +509,7 @@ impl Forwarder {
     }
 
     /// Why `req` cannot be forwarded, known from its head alone (a tunnel, a target in
-    /// a form its method cannot take, two `Host`s, a transfer coding besides chunked, a
+    /// a form its method cannot take, two `Host`s or an HTTP/1.1 request with none, a transfer coding besides chunked, a
     /// declared body over `max_body_bytes`, a forwarding loop): asked
     /// before admission, so that such a request spends no token.
     pub(crate) fn refusal(&self, req: &Request<Incoming>) -> Option<ProxyError> {
