@@ -509,9 +509,10 @@ impl Forwarder {
     }
 
     /// Why `req` cannot be forwarded, known from its head alone (a tunnel, a target in
-    /// a form its method cannot take, two `Host`s or an HTTP/1.1 request with none, a transfer coding besides chunked, a
-    /// declared body over `max_body_bytes`, a forwarding loop): asked
-    /// before admission, so that such a request spends no token.
+    /// a form its method cannot take, two `Host`s or an HTTP/1.1 request with none, a
+    /// transfer coding besides chunked, a declared body over `max_body_bytes`, a
+    /// forwarding loop): asked before admission, so that such a request spends no
+    /// token.
     pub(crate) fn refusal(&self, req: &Request<Incoming>) -> Option<ProxyError> {
         refusal(req, self.inner.settings.max_body_bytes, &self.inner.via)
     }
