@@ -1713,6 +1713,7 @@ fn replay(
     if first > last {
         return None;
     }
+    let slot_ns = window.slot().as_micros() as u64 * 1000;
     let mut controller = match roll.memory.memory {
         Some(m) => {
             // Times stored under a clock ahead of Redis's now (it went back) would hold
@@ -1723,7 +1724,13 @@ fn replay(
                 safe_since: m.safe_since.map(|t| t.min(now)),
                 ..m
             };
-            let mut c = Controller::from_memory(params, m, now);
+            // Continued as of the end of the slot it last stepped: as of now, a restore
+            // that reaches base in the slots still to step would end before they are
+            // stepped, unreported and dated now.
+            let stepped_at = roll.memory.through.map_or(now, |t| {
+                Nanos::new((t + 1).saturating_mul(slot_ns)).min(now)
+            });
+            let mut c = Controller::from_memory(params, m, stepped_at);
             // Stepped before, but not in this window: its slot or length changed.
             if roll.memory.through.is_none() {
                 c.rearm(now, window.window());
@@ -1740,7 +1747,6 @@ fn replay(
             .unwrap_or(0)
     };
     let half_secs = window.half().as_secs_f64();
-    let slot_ns = window.slot().as_micros() as u64 * 1000;
     let mut transitions = Vec::new();
     for s in first..=last {
         let start = (s + 1).saturating_sub(slots);
@@ -1937,6 +1943,42 @@ mod tests {
         assert_eq!(
             (cut.from, cut.to, entered),
             (ControllerState::Normal, ControllerState::Cut, Nanos::ZERO)
+        );
+    }
+
+    /// A restore that reaches base in the slot stepped (seven steps of 20 req/s a
+    /// second from 13.3 s: base at 20.3 s, the end of slot 202), stepped by the call
+    /// that began slot 203 a millisecond later: the controller goes back to Normal when
+    /// the slot ends, and says so. It was continued from its memory as of that call,
+    /// which finished the restore first, silently (no transition to count), and dated
+    /// Normal from the call.
+    #[test]
+    fn replay_reports_a_restore_ending_in_the_slot_it_steps() {
+        let mut r = roll(193, vec![0; 10], Some(201));
+        r.memory.memory = Some(ControllerMemory {
+            state: ControllerState::Recovering,
+            entered_at: Nanos::from_millis(13_300),
+            armed_at: Nanos::ZERO,
+            safe_since: None,
+            limit_rps: 180.0,
+            last_roc: 0.0,
+        });
+        let now = Nanos::from_millis(20_301);
+        let params = ControllerParams::default();
+        let (c, through, transitions) = replay(params, &window(), &r, 203, now).unwrap();
+        assert_eq!(through, 202);
+        assert_eq!(c.state(), ControllerState::Normal);
+        assert_eq!(c.entered_at(), Nanos::from_millis(20_300));
+        let [(normal, _)] = transitions[..] else {
+            panic!("{transitions:?}")
+        };
+        assert_eq!(
+            (normal.from, normal.to, normal.at),
+            (
+                ControllerState::Recovering,
+                ControllerState::Normal,
+                Nanos::from_millis(20_300)
+            )
         );
     }
 
