@@ -1352,6 +1352,137 @@ async fn a_window_stamped_ahead_of_redis_clock_still_cuts() {
     spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
 }
 
+/// A shared route cut and then silent for 29 s (its window and controller written as
+/// they stood after the cut, 29 s before Redis's now): the next request's rollover
+/// steps the shared controller where stepping every slot would have put it, at base
+/// since 12.3 s after the cut (calm from its third slot, restoring after the 5 s hold,
+/// seven steps of 20 req/s a second), not calm from one window before now and still
+/// cut at 60 req/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_it() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = store_config(&server, "silent");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let a = Instance::new(&quick_route(), &config, clock);
+    assert!(a.check().await.is_admit());
+    // The window: 10 arrivals a slot, then 100 for half a window (the spike that cut
+    // when slot `cut` began), and the last call in slot `cut`, 290 slots ago.
+    let cut = redis_time_us(&mut conn) / 100_000 - 290;
+    let _: () = redis::cmd("DEL")
+        .arg("{silent:order}:w")
+        .query(&mut conn)
+        .unwrap();
+    let mut window = redis::cmd("HSET");
+    window.arg("{silent:order}:w").arg("cur").arg(cut);
+    for s in cut - 10..=cut {
+        let n = match s {
+            s if s == cut => 1,
+            s if s < cut - 5 => 10,
+            _ => 100,
+        };
+        window.arg(s).arg(n);
+    }
+    let _: () = window.query(&mut conn).unwrap();
+    let cut_ns = cut * 100_000_000;
+    let _: () = redis::cmd("HSET")
+        .arg("{silent:order}:c")
+        .arg(&["limit", "60", "state", "1", "roc", "522"][..])
+        .arg("through")
+        .arg(cut - 1)
+        .arg("entered")
+        .arg(cut_ns)
+        .arg("armed")
+        .arg(cut_ns)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HDEL")
+        .arg("{silent:order}:c")
+        .arg("safe")
+        .query(&mut conn)
+        .unwrap();
+
+    // The request after the silence rolls the window over; its step is stored then.
+    let _ = a.check().await;
+    for _ in 0..100 {
+        let through: u64 = redis::cmd("HGET")
+            .arg("{silent:order}:c")
+            .arg("through")
+            .query(&mut conn)
+            .unwrap();
+        if through > cut {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (state, limit, entered): (u8, f64, u64) = redis::cmd("HMGET")
+        .arg("{silent:order}:c")
+        .arg(&["state", "limit", "entered"][..])
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!((state, limit), (0, 200.0), "state, limit after the silence");
+    assert_eq!(entered, (cut + 123) * 100_000_000);
+    let _ = a.check().await;
+    let view = a.store.view("order").unwrap();
+    assert_eq!(
+        (view.state, view.limit_rps),
+        (ControllerState::Normal, 200.0)
+    );
+    // Cut → Recovering → Normal, stepped by this instance; 5.3 s in the cut.
+    let stepped = view.stepped;
+    assert_eq!(
+        (stepped.transitions[1][2], stepped.transitions[2][0]),
+        (1, 1)
+    );
+    assert_eq!(stepped.time_in_cut, Duration::from_millis(5_300));
+}
+
+/// A rollover with no `through` (the route's window changed) after a silence longer
+/// than the window: the slots it hands over have no call in them, so it reads no counts
+/// (an `HMGET` of no field would fail the script) and hands over none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollover_after_a_silence_without_through_hands_over_no_counts() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let keys = ["{quiet:order}:w", "{quiet:order}:b", "{quiet:order}:c"];
+    let cur = redis_time_us(&mut conn) / 100_000 - 50;
+    let _: () = redis::cmd("HSET")
+        .arg(keys[0])
+        .arg("cur")
+        .arg(cur)
+        .arg(cur)
+        .arg(3)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(keys[2])
+        .arg(
+            &[
+                "limit", "60", "state", "1", "slot_us", "100000", "slots", "10",
+            ][..],
+        )
+        .query(&mut conn)
+        .unwrap();
+    // 100 ms slots, 10 per window, 200 req/s, 1 s of burst, 60 s expiry, one arrival,
+    // take a token.
+    let answer: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(rocgate::store::redis::DECIDE)
+        .arg(3)
+        .arg(&keys[..])
+        .arg(&[100_000, 10, 200, 1, 60_000, 1, 1][..])
+        .query(&mut conn)
+        .unwrap();
+    let Some(redis::Value::Array(roll)) = answer.get(8) else {
+        panic!("no roll: {answer:?}");
+    };
+    assert!(
+        matches!(&roll[1], redis::Value::Array(counts) if counts.is_empty()),
+        "{roll:?}"
+    );
+}
+
 /// `key_ttl` shorter than the route's burst: a bucket drained, then left alone for
 /// longer than `key_ttl` (less than the burst), holds what it refilled meanwhile, not
 /// a full burst (keys recreated after they expired): the store keeps a route's keys at

@@ -146,10 +146,16 @@ use std::time::Duration;
 /// (a route's keys therefore outlive its last request by `ARGV[5]` at most, and at
 /// least that less one slot).
 ///
+/// The call that observes a new slot hands the slots completed since `through` to
+/// its caller to step the controller over (see `replay`): at most one window of the
+/// slots up to `cur` (the last slot that had a call), with a window of counts before
+/// each, and none of the silent slots after `cur`, which all count zero.
+///
 /// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll}`;
 /// `tokens` is the bucket's level after this call (nil when `ARGV[7]` is `0`); `roll`
 /// is present only for the call that observed a new slot: `{lo, counts of slots
-/// lo..slot-1, controller fields (limit, state, through, entered, armed, safe, roc)}`.
+/// lo..cur (or lo..slot-1, whichever ends first; none when `cur` is before `lo`),
+/// controller fields (limit, state, through, entered, armed, safe, roc)}`.
 pub const DECIDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -187,12 +193,13 @@ if fresh then
   if cur ~= nil then
     local through = tonumber(ctl[3])
     local first = slot - 1
-    if through ~= nil then first = math.max(through + 1, slot - slots) end
+    if through ~= nil then first = math.max(through + 1, math.min(cur + 1, slot) - slots) end
     if first <= slot - 1 then
       local lo = first - slots + 1
       local fields = {}
-      for i = lo, slot - 1 do fields[#fields + 1] = string.format('%.0f', i) end
-      local counts = redis.call('HMGET', KEYS[1], unpack(fields))
+      for i = lo, math.min(cur, slot - 1) do fields[#fields + 1] = string.format('%.0f', i) end
+      local counts = {}
+      if #fields > 0 then counts = redis.call('HMGET', KEYS[1], unpack(fields)) end
       for i = 1, #counts do counts[i] = tonumber(counts[i]) or 0 end
       roll = {lo, counts, ctl}
     end
@@ -1693,9 +1700,16 @@ async fn step(
 type Entered = Vec<(Transition, Nanos)>;
 
 /// The controller after observing every slot from the one after `through` up to
-/// `slot - 1` (at most one window of them), the new `through`, and the transitions
-/// on the way, each with when the state it left was entered; `None` if there is
-/// nothing to observe. Times are Redis's, in ns.
+/// `slot - 1`, the new `through`, and the transitions on the way, each with when the
+/// state it left was entered; `None` if there is nothing to observe. Times are
+/// Redis's, in ns.
+///
+/// Of the slots up to the last that had a call (the end of the roll's counts), at most
+/// the last window's are stepped. The silent slots after it are stepped as the engine
+/// steps a silence longer than the window: each until the window reads all zero, then
+/// only the last, when the controller catches up on that reading's time (a cut's calm
+/// counts from its first calm slot, not from one window before now); and the slot where
+/// the controller was armed, if that came in between.
 fn replay(
     params: ControllerParams,
     window: &WindowSpec,
@@ -1706,8 +1720,10 @@ fn replay(
     let last = slot.checked_sub(1)?;
     let slots = window.slots() as u64;
     let half = slots / 2;
+    // No slot from here on had a call.
+    let called = u64::try_from(roll.lo.saturating_add(roll.counts.len() as i64)).unwrap_or(0);
     let first = match roll.memory.through {
-        Some(t) => (t + 1).max(slot.saturating_sub(slots)),
+        Some(t) => (t + 1).max(called.min(slot).saturating_sub(slots)),
         None => last,
     };
     if first > last {
@@ -1748,7 +1764,7 @@ fn replay(
     };
     let half_secs = window.half().as_secs_f64();
     let mut transitions = Vec::new();
-    for s in first..=last {
+    let mut observe = |controller: &mut Controller, s: u64| {
         let start = (s + 1).saturating_sub(slots);
         let n_prev: u64 = (start..start + half).map(count).sum();
         let n_recent: u64 = (start + half..=s).map(count).sum();
@@ -1764,6 +1780,21 @@ fn replay(
         let at = Nanos::new((s + 1).saturating_mul(slot_ns));
         let entered = controller.entered_at();
         controller.observe(SampleAt { at, sample }, |t| transitions.push((t, entered)));
+    };
+    // The first slot whose window holds no call: it and every later one read zero.
+    let quiet = called.saturating_add(slots).saturating_sub(1);
+    let each_until = last.min(quiet.max(first));
+    for s in first..=each_until {
+        observe(&mut controller, s);
+    }
+    if each_until < last {
+        // The slot whose end is the first at or after the controller was armed.
+        let armed_ns = controller.memory().armed_at.as_u64();
+        let armed = armed_ns.div_ceil(slot_ns.max(1)).saturating_sub(1);
+        if each_until < armed && armed < last {
+            observe(&mut controller, armed);
+        }
+        observe(&mut controller, last);
     }
     Some((controller, last, transitions))
 }
@@ -1980,6 +2011,94 @@ mod tests {
                 Nanos::from_millis(20_300)
             )
         );
+    }
+
+    /// The route of `replay_continues_a_stored_controller_and_cuts`, cut at 11 s by
+    /// the slot that ended then, and silent after one more call (in slot 110): what
+    /// DECIDE hands over at slot `slot`, the counts of slots 101..=110 (none came after).
+    fn cut_then_silent(memory: ControllerMemory, through: u64) -> Roll {
+        let counts: Vec<u64> = (101..=110)
+            .map(|s| match s {
+                ..105 => 10,
+                105..110 => 100,
+                _ => 1,
+            })
+            .collect();
+        let mut r = roll(101, counts, Some(through));
+        r.memory.memory = Some(memory);
+        r
+    }
+
+    /// A route cut at 11 s, then silent until 40 s: the rollover at 40 s lands where
+    /// stepping every slot (one rollover per slot) would have, at base since 20.3 s
+    /// (calm from 11.3 s, restoring from 13.3 s after the 2 s hold, seven steps of
+    /// 20 req/s a second). It used to step only the last window's slots, calm from
+    /// 39.1 s, and came back still cut at 60 req/s.
+    #[test]
+    fn replay_after_a_silence_lands_where_stepping_every_slot_would() {
+        let params = ControllerParams::default();
+        // Redis's now at the call that begins slot `s`: a millisecond into it.
+        let call = |s: u64| Nanos::from_millis(s * 100 + 1);
+        let mut r = roll(
+            100,
+            (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect(),
+            Some(108),
+        );
+        r.memory.memory = Some(calm_at_base());
+        let (cut, _, _) = replay(params.clone(), &window(), &r, 110, call(110)).unwrap();
+        assert_eq!(cut.state(), ControllerState::Cut);
+        let cut = cut.memory();
+
+        let mut stepped = cut;
+        let mut every_slot = Vec::new();
+        for s in 110..400 {
+            let r = cut_then_silent(stepped, s - 1);
+            let (c, _, t) = replay(params.clone(), &window(), &r, s + 1, call(s + 1)).unwrap();
+            stepped = c.memory();
+            every_slot.extend(t);
+        }
+        assert_eq!(stepped.state, ControllerState::Normal);
+        assert_eq!(stepped.limit_rps, 200.0);
+        assert_eq!(stepped.entered_at, Nanos::from_millis(20_300));
+
+        let r = cut_then_silent(cut, 109);
+        let (c, through, at_once) = replay(params, &window(), &r, 400, call(400)).unwrap();
+        assert_eq!(through, 399);
+        assert_eq!(c.memory(), stepped);
+        // The same transitions, and the same time in the cut counted.
+        let counted = |ts: &Entered| {
+            let mut counts = TransitionCounts::default();
+            ts.iter()
+                .for_each(|(t, entered)| counts.record(t, *entered));
+            (ts.iter().map(|(t, _)| *t).collect::<Vec<_>>(), counts)
+        };
+        assert_eq!(counted(&at_once), counted(&every_slot));
+    }
+
+    /// The same cut, stored as armed only from 30 s (a time written under a clock
+    /// ahead of Redis's, as after a failover): the silence is calm from the slot where
+    /// the controller was armed, restoring from 32 s after the hold, at base at 39 s,
+    /// as stepping every slot would have it; not calm only from 40 s, still cut.
+    #[test]
+    fn replay_after_a_silence_observes_the_slot_where_it_was_armed() {
+        let mut cut = calm_at_base();
+        cut.state = ControllerState::Cut;
+        cut.limit_rps = 60.0;
+        cut.entered_at = Nanos::from_secs(11);
+        cut.armed_at = Nanos::from_millis(29_950);
+        let r = cut_then_silent(cut, 109);
+        let now = Nanos::from_millis(40_001);
+        let (c, _, transitions) =
+            replay(ControllerParams::default(), &window(), &r, 400, now).unwrap();
+        let path: Vec<_> = transitions.iter().map(|(t, _)| (t.to, t.at)).collect();
+        assert_eq!(
+            path,
+            [
+                (ControllerState::Recovering, Nanos::from_secs(32)),
+                (ControllerState::Normal, Nanos::from_secs(39)),
+            ]
+        );
+        assert_eq!(c.limit_rps(), 200.0);
     }
 
     #[test]
