@@ -1438,6 +1438,62 @@ async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_
     assert_eq!(stepped.time_in_cut, Duration::from_millis(5_300));
 }
 
+/// A shared restore that reaches base in the slot the next rollover steps (stored as
+/// recovering at 180 req/s, base due when that slot ends): the instance that steps it
+/// counts the transition to Normal, dated when the last restore step was due. It was
+/// continued as of the call, past that time, which finished the restore silently
+/// before the slot was observed, and dated Normal at the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = store_config(&server, "restored");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let a = Instance::new(&quick_route(), &config, clock);
+    assert!(a.check().await.is_admit());
+    // Seven steps of 20 req/s a second from the cut's 60: base when slot `s - 1` ends.
+    let s = redis_time_us(&mut conn) / 100_000;
+    let base_at_ns = s * 100_000_000;
+    let _: () = redis::cmd("HSET")
+        .arg("{restored:order}:w")
+        .arg("cur")
+        .arg(s - 1)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("{restored:order}:c")
+        .arg(&["limit", "180", "state", "2", "roc", "0"][..])
+        .arg("through")
+        .arg(s - 2)
+        .arg("entered")
+        .arg(base_at_ns - 7_000_000_000)
+        .arg("armed")
+        .arg(0)
+        .query(&mut conn)
+        .unwrap();
+    let _ = a.check().await;
+    for _ in 0..100 {
+        let through: u64 = redis::cmd("HGET")
+            .arg("{restored:order}:c")
+            .arg("through")
+            .query(&mut conn)
+            .unwrap();
+        if through >= s - 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (state, entered): (u8, u64) = redis::cmd("HMGET")
+        .arg("{restored:order}:c")
+        .arg(&["state", "entered"][..])
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!((state, entered), (0, base_at_ns), "state, entered");
+    let stepped = a.store.view("order").unwrap().stepped;
+    assert_eq!(stepped.transitions[2][0], 1, "{stepped:?}");
+}
+
 /// A rollover with no `through` (the route's window changed) after a silence longer
 /// than the window: the slots it hands over have no call in them, so it reads no counts
 /// (an `HMGET` of no field would fail the script) and hands over none.
