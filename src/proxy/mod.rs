@@ -252,34 +252,16 @@ impl Reloader {
         name: &str,
         patch: &str,
     ) -> Result<crate::engine::RouteSnapshot, RouteChangeError> {
-        let mut changed_at_runtime = self
-            .reloading
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let engine = self.engine();
-        let no_such_route = || RouteChangeError::NoSuchRoute(name.to_owned());
-        let id = engine.route_id(name).ok_or_else(no_such_route)?;
-        let origin = format!("PUT /admin/routes/{name}");
-        let (Some(current), Some(algorithm)) = (engine.route_params(id), engine.algorithm(id))
-        else {
-            return Err(no_such_route());
+        let changed = |engine: &Engine, id, file: Option<&ControllerParams>| {
+            let no_such_route = || RouteChangeError::NoSuchRoute(name.to_owned());
+            let current = engine.route_params(id).ok_or_else(no_such_route)?;
+            let algorithm = engine.algorithm(id).ok_or_else(no_such_route)?;
+            let origin = format!("PUT /admin/routes/{name}");
+            let params = crate::config::patch_controller(&current, algorithm, patch, &origin)
+                .map_err(|e| RouteChangeError::Invalid(lines(&e)))?;
+            Ok((params, file.cloned().unwrap_or(current)))
         };
-        let params =
-            crate::config::patch_controller(&current, algorithm, patch, &origin).map_err(|e| {
-                RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
-            })?;
-        let now = self.clock.now();
-        // Checked again with the route's tiers and events, by the rules of the file.
-        engine.update_route(id, params.clone(), now).map_err(|e| {
-            RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
-        })?;
-        let file = changed_at_runtime.entry(name.to_owned()).or_insert(current);
-        if *file == params {
-            // Changed back to the file's parameters: no change is in force.
-            changed_at_runtime.remove(name);
-        }
-        tracing::info!(route = %name, "route parameters changed at runtime");
-        engine.route_snapshot(id, now).ok_or_else(no_such_route)
+        self.change_route(name, changed, "route parameters changed at runtime")
     }
 
     /// Withdraws the runtime change of the route `name`: the file's parameters, as
@@ -290,6 +272,32 @@ impl Reloader {
         &self,
         name: &str,
     ) -> Result<crate::engine::RouteSnapshot, RouteChangeError> {
+        let file = |_: &Engine, _, file: Option<&ControllerParams>| {
+            let file = file.ok_or_else(|| RouteChangeError::NoChange(name.to_owned()))?;
+            Ok((file.clone(), file.clone()))
+        };
+        self.change_route(
+            name,
+            file,
+            "runtime change withdrawn: the file's parameters are in force",
+        )
+    }
+
+    /// Puts in force on the route `name` the parameters `params` gives from the engine,
+    /// the route and the file's parameters if a runtime change is in force, beside the
+    /// file's parameters: under the reload lock, checked by the file's rules for the
+    /// route (its tiers and events), and remembered as a runtime change unless they are
+    /// the file's.
+    fn change_route(
+        &self,
+        name: &str,
+        params: impl FnOnce(
+            &Engine,
+            crate::engine::RouteId,
+            Option<&ControllerParams>,
+        ) -> Result<(ControllerParams, ControllerParams), RouteChangeError>,
+        done: &'static str,
+    ) -> Result<crate::engine::RouteSnapshot, RouteChangeError> {
         let mut changed_at_runtime = self
             .reloading
             .lock()
@@ -297,16 +305,18 @@ impl Reloader {
         let engine = self.engine();
         let no_such_route = || RouteChangeError::NoSuchRoute(name.to_owned());
         let id = engine.route_id(name).ok_or_else(no_such_route)?;
-        let file = changed_at_runtime
-            .get(name)
-            .ok_or_else(|| RouteChangeError::NoChange(name.to_owned()))?;
+        let (params, file) = params(&engine, id, changed_at_runtime.get(name))?;
         let now = self.clock.now();
-        // The file's parameters passed the file's checks for this very route.
-        engine.update_route(id, file.clone(), now).map_err(|e| {
-            RouteChangeError::Invalid(e.to_string().lines().map(str::to_owned).collect())
-        })?;
-        changed_at_runtime.remove(name);
-        tracing::info!(route = %name, "runtime change withdrawn: the file's parameters are in force");
+        let in_force = params != file;
+        engine
+            .update_route(id, params, now)
+            .map_err(|e| RouteChangeError::Invalid(lines(&e)))?;
+        if in_force {
+            changed_at_runtime.insert(name.to_owned(), file);
+        } else {
+            changed_at_runtime.remove(name);
+        }
+        tracing::info!(route = %name, runtime_change = in_force, "{done}");
         engine.route_snapshot(id, now).ok_or_else(no_such_route)
     }
 
@@ -436,6 +446,11 @@ impl Reloader {
             runtime_changes_replaced,
         })
     }
+}
+
+/// An error's lines, one problem each.
+fn lines(e: &impl std::fmt::Display) -> Vec<String> {
+    e.to_string().lines().map(str::to_owned).collect()
 }
 
 /// Why [`Reloader::update_route`] changed nothing.
