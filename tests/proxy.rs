@@ -2454,12 +2454,9 @@ async fn a_body_streamed_with_pauses_shorter_than_the_response_timeout_arrives_w
 // ---------------------------------------------------------------------------------
 // 14. Response framing
 
-/// RFC 9112 §6.3: `Transfer-Encoding` overrides `Content-Length`, and a proxy MUST
-/// remove the `Content-Length` before forwarding. Kept, it framed the client's
-/// response: `Content-Length: 3` over a 5-byte chunked body gave the client a
-/// complete-looking `hel`.
-#[tokio::test]
-async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
+/// An upstream on a free loopback port that answers every read on a connection with
+/// `response`, as written: framings hyper's server would not send.
+async fn raw_upstream(response: &'static [u8]) -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -2467,16 +2464,25 @@ async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
             tokio::spawn(async move {
                 let mut head = [0u8; 4096];
                 while matches!(stream.read(&mut head).await, Ok(n) if n > 0) {
-                    let _ = stream
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\
-                              transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-                        )
-                        .await;
+                    let _ = stream.write_all(response).await;
                 }
             });
         }
     });
+    upstream
+}
+
+/// RFC 9112 §6.3: `Transfer-Encoding` overrides `Content-Length`, and a proxy MUST
+/// remove the `Content-Length` before forwarding. Kept, it framed the client's
+/// response: `Content-Length: 3` over a 5-byte chunked body gave the client a
+/// complete-looking `hel`.
+#[tokio::test]
+async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
+    let upstream = raw_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\
+          transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
     let proxy = start_proxy(settings(upstream), Vec::new()).await;
     let mut conn = Client::connect(proxy.addr).await;
     // The pool's request, then the lane's.
@@ -2500,23 +2506,11 @@ async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
 /// taken off and `Transfer-Encoding` dropped, gzip's bytes passed off as the content.
 #[tokio::test]
 async fn an_upstream_response_with_a_transfer_coding_besides_chunked_is_a_bad_gateway() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = [0u8; 4096];
-                while matches!(stream.read(&mut head).await, Ok(n) if n > 0) {
-                    let _ = stream
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n\
-                              5\r\nhello\r\n0\r\n\r\n",
-                        )
-                        .await;
-                }
-            });
-        }
-    });
+    let upstream = raw_upstream(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n\
+          5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
     let proxy = start_proxy(settings(upstream), Vec::new()).await;
     let mut conn = Client::connect(proxy.addr).await;
     // The pool's request, then the lane's.
