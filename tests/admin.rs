@@ -305,6 +305,7 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
         "client_aborted",
         "client_timeout",
         "bad_request",
+        "transfer_coding_not_implemented",
         "forwarding_loop",
     ];
     for kind in kinds {

@@ -143,6 +143,13 @@ fn selectors(expr: &str) -> Vec<String> {
     out
 }
 
+/// The Grafana dashboard as shipped (`dashboards/rocgate.json`).
+fn dashboard() -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
 #[test]
 fn selectors_are_found_in_expressions() {
     assert_eq!(
@@ -331,10 +338,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     // A few more scrapes so that rates over 15 s have several points.
     tokio::time::sleep(Duration::from_secs(4)).await;
 
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap(),
-    )
-    .unwrap();
+    let dashboard = dashboard();
     let queries = dashboard_queries(&dashboard);
     assert!(queries.len() >= 20, "{} queries", queries.len());
     let mut empty = Vec::new();
@@ -488,11 +492,7 @@ fn the_dashboards_offered_line_counts_each_request_once() {
             .unwrap();
         }
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap(),
-    )
-    .unwrap();
+    let dashboard = dashboard();
     let offered = dashboard["panels"]
         .as_array()
         .unwrap()
@@ -638,11 +638,7 @@ fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
 /// instance cut); with every instance normal, the value they name `normal`.
 #[test]
 fn the_state_timeline_shows_the_worst_state_over_instances() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap(),
-    )
-    .unwrap();
+    let dashboard = dashboard();
     let panel = dashboard["panels"]
         .as_array()
         .unwrap()
@@ -724,11 +720,7 @@ fn the_observed_roc_of_a_flat_route_reads_about_zero() {
             ));
         }
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("dashboards/rocgate.json")).unwrap(),
-    )
-    .unwrap();
+    let dashboard = dashboard();
     let quantiles: Vec<String> = dashboard["panels"]
         .as_array()
         .unwrap()
