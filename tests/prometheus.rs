@@ -820,3 +820,129 @@ fn promtool_test_rules(file: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The samples of a Prometheus text exposition `text` as promtool input series of
+/// `instance`, sampled every minute for `minutes`: a counter's or histogram's series
+/// grows by its value every minute, a gauge's reads its value throughout.
+fn scraped_every_minute(text: &str, instance: &str, minutes: u32) -> String {
+    let mut series = String::new();
+    let mut counting = false;
+    for line in text.lines() {
+        if let Some(family) = line.strip_prefix("# TYPE ") {
+            counting = !family.ends_with(" gauge");
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (selector, value) = line.rsplit_once(' ').unwrap();
+        let selector = match selector.split_once('{') {
+            Some((name, labels)) => format!("{name}{{instance=\"{instance}\",{labels}"),
+            None => format!("{selector}{{instance=\"{instance}\"}}"),
+        };
+        let values = if counting {
+            format!("0+{value}x{minutes}")
+        } else {
+            format!("{value}x{minutes}")
+        };
+        series.push_str(&format!(
+            "      - series: '{}'\n        values: '{values}'\n",
+            selector.replace('\'', "''")
+        ));
+    }
+    series
+}
+
+/// A recorder that renders `rocgate_upstream_request_duration_seconds` with the
+/// proxy's buckets, as `rocgate serve` installs it.
+fn recorder_with_proxy_buckets() -> metrics_exporter_prometheus::PrometheusRecorder {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(
+                rocgate::metrics::UPSTREAM_DURATION.into(),
+            ),
+            &rocgate::metrics::DURATION_BUCKETS,
+        )
+        .unwrap()
+        .build_recorder()
+}
+
+/// One minute of a route's requests as the collector counts them: `admitted`, and
+/// `rejected` by reason (every reason's series is there, at 0 if not named).
+fn count_requests(route: &'static str, admitted: u64, rejected: &[(&'static str, u64)]) {
+    use rocgate::metrics::REQUESTS;
+    metrics::counter!(REQUESTS, "route" => route, "decision" => "admitted", "reason" => "none")
+        .increment(admitted);
+    for reason in rocgate::limiter::Reason::ALL.map(|r| r.as_str()) {
+        let n = rejected
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| *n);
+        metrics::counter!(REQUESTS, "route" => route, "decision" => "rejected", "reason" => reason)
+            .increment(n);
+    }
+}
+
+/// One minute of a route's upstream answers as the proxy records them: `n` of
+/// `status_class` that each took `seconds` (a timeout takes the `response_timeout`
+/// waited, and counts under `rocgate_upstream_errors_total` too).
+fn record_upstream(route: &'static str, status_class: &'static str, seconds: f64, n: u64) {
+    use rocgate::metrics::{UPSTREAM_DURATION, UPSTREAM_ERRORS};
+    let histogram = metrics::histogram!(UPSTREAM_DURATION, "route" => route, "status_class" => status_class);
+    for _ in 0..n {
+        histogram.record(seconds);
+    }
+    if status_class == "timeout" {
+        metrics::counter!(UPSTREAM_ERRORS, "route" => route, "kind" => "response_timeout")
+            .increment(n);
+    }
+}
+
+/// `RocgateUpstreamOverloadedWhileAdmitting` fires on an upstream that times out on
+/// more than 1% of its requests while nothing is rejected, though a timeout is
+/// recorded at the `response_timeout` waited (500 ms here: no p99 over 1 s could
+/// show it), and on unmatched traffic (`route="unmatched"`, which no limiter counts)
+/// whose p99 is over 1 s; not on a route whose timeouts stay under 1%, nor on one
+/// that rejects. promtool evaluates the rules file itself on series rendered by the
+/// exporter `rocgate serve` uses, each sample scraped every minute.
+#[test]
+fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
+    let recorder = recorder_with_proxy_buckets();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        // 3% of the upstream's answers time out at a 500 ms `response_timeout`.
+        count_requests("order", 1000, &[]);
+        record_upstream("order", "2xx", 0.02, 970);
+        record_upstream("order", "timeout", 0.501, 30);
+        // Traffic no route matches, 10% of it slower than 1 s.
+        record_upstream("unmatched", "2xx", 0.02, 90);
+        record_upstream("unmatched", "2xx", 2.0, 10);
+        // 0.5% of the answers time out at a 1 s `response_timeout`: under 1%.
+        count_requests("calm", 1000, &[]);
+        record_upstream("calm", "2xx", 0.02, 995);
+        record_upstream("calm", "timeout", 1.001, 5);
+        // Slow, but rocgate is cutting it.
+        count_requests("cutting", 100, &[("roc_cut", 50)]);
+        record_upstream("cutting", "2xx", 2.0, 100);
+    });
+    let series = scraped_every_minute(&handle.render(), "a", 20);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let description = "The limits are above what the upstream can take: lower base_limit or danger_roc.";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("overload.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+             alert_rule_test:\n      \
+             - eval_time: 15m\n        alertname: RocgateUpstreamOverloadedWhileAdmitting\n        exp_alerts:\n          \
+             - exp_labels: {{severity: critical, route: order, instance: a}}\n            \
+             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on order while rocgate rejects nothing\", description: \"{description}\"}}\n          \
+             - exp_labels: {{severity: critical, route: unmatched, instance: a}}\n            \
+             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on unmatched while rocgate rejects nothing\", description: \"{description}\"}}\n",
+            rules = root.join("dashboards/alerts.yml").display(),
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
