@@ -946,3 +946,51 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
     .unwrap();
     promtool_test_rules(&file);
 }
+
+/// `RocgateHighRejectionRatio` judges a partitioned route (one with keys) by the ROC
+/// cut's rejections alone: one client held to its own limit all day, 37.5% of a
+/// route's requests, is that client's doing and does not fire; a partitioned route
+/// cut with 40% rejected fires, and a route limited as a whole fires on its rejection
+/// ratio whatever the reason. promtool evaluates the rules file itself on series
+/// rendered by the exporter, each sample scraped every minute.
+#[test]
+fn the_rejection_ratio_alert_leaves_clients_held_to_their_own_limits_alone() {
+    use rocgate::metrics::{KEYS, REJECTION_RATIO};
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let route = |name: &'static str, keys: f64, ratio: f64| {
+            metrics::gauge!(KEYS, "route" => name).set(keys);
+            metrics::gauge!(REJECTION_RATIO, "route" => name).set(ratio);
+        };
+        // Per API key: one key over its limit all day.
+        route("api", 40.0, 0.375);
+        count_requests("api", 1000, &[("limit", 600)]);
+        // Per client IP, in a ROC cut.
+        route("shop", 500.0, 0.4);
+        count_requests("shop", 600, &[("roc_cut", 400)]);
+        // Limited as a whole: its base limit refuses 30%.
+        route("checkout", 0.0, 0.3);
+        count_requests("checkout", 700, &[("limit", 300)]);
+    });
+    let series = scraped_every_minute(&handle.render(), "a", 20);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let description = "Sustained rejections: either a real overload, or base_limit is too low for healthy traffic (see /admin/hints). On a partitioned route only the ROC cut's count: clients held to their own limits are by design.";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rejections.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+             alert_rule_test:\n      \
+             - eval_time: 12m\n        alertname: RocgateHighRejectionRatio\n        exp_alerts:\n          \
+             - exp_labels: {{severity: warning, route: shop, instance: a}}\n            \
+             exp_annotations: {{summary: \"rocgate rejects 40% of shop on a\", description: \"{description}\"}}\n          \
+             - exp_labels: {{severity: warning, route: checkout, instance: a}}\n            \
+             exp_annotations: {{summary: \"rocgate rejects 30% of checkout on a\", description: \"{description}\"}}\n",
+            rules = root.join("dashboards/alerts.yml").display(),
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
