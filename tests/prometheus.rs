@@ -901,9 +901,10 @@ fn record_upstream(route: &'static str, status_class: &'static str, seconds: f64
 /// `RocgateUpstreamOverloadedWhileAdmitting` fires on an upstream that times out on
 /// more than 1% of its requests while nothing is rejected, though a timeout is
 /// recorded at the `response_timeout` waited (500 ms here: no p99 over 1 s could
-/// show it), and on unmatched traffic (`route="unmatched"`, which no limiter counts)
-/// whose p99 is over 1 s; not on a route whose timeouts stay under 1%, nor on one
-/// that rejects. promtool evaluates the rules file itself on series rendered by the
+/// show it), on unmatched traffic (`route="unmatched"`, which no limiter counts)
+/// whose p99 is over 1 s, and on a partitioned route whose only rejections are one
+/// key's at its own limit (the route's limit rejects nothing); not on a route whose
+/// timeouts stay under 1%, nor on one that the ROC cut rejects. promtool evaluates the rules file itself on series rendered by the
 /// exporter `rocgate serve` uses, each sample scraped every minute.
 #[test]
 fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
@@ -924,6 +925,11 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
         // Slow, but rocgate is cutting it.
         count_requests("cutting", 100, &[("roc_cut", 50)]);
         record_upstream("cutting", "2xx", 2.0, 100);
+        // Slow, partitioned per key, and one key refused at its own limit all day:
+        // the route's limit refuses nothing.
+        metrics::gauge!(rocgate::metrics::KEYS, "route" => "keyed").set(40.0);
+        count_requests("keyed", 100, &[("limit", 30)]);
+        record_upstream("keyed", "2xx", 2.0, 100);
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -939,7 +945,9 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
              - exp_labels: {{severity: critical, route: order, instance: a}}\n            \
              exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on order while rocgate rejects nothing\", description: \"{description}\"}}\n          \
              - exp_labels: {{severity: critical, route: unmatched, instance: a}}\n            \
-             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on unmatched while rocgate rejects nothing\", description: \"{description}\"}}\n",
+             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on unmatched while rocgate rejects nothing\", description: \"{description}\"}}\n          \
+             - exp_labels: {{severity: critical, route: keyed, instance: a}}\n            \
+             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on keyed while rocgate rejects nothing\", description: \"{description}\"}}\n",
             rules = root.join("dashboards/alerts.yml").display(),
         ),
     )
