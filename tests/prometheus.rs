@@ -898,10 +898,19 @@ fn record_upstream(route: &'static str, status_class: &'static str, seconds: f64
     }
 }
 
+/// One minute of a route's upstream connections not accepted within
+/// `connect_timeout`: `n` requests with no upstream duration, counted under
+/// `rocgate_upstream_errors_total` alone.
+fn connect_timeouts(route: &'static str, n: u64) {
+    metrics::counter!(rocgate::metrics::UPSTREAM_ERRORS, "route" => route, "kind" => "connect_timeout")
+        .increment(n);
+}
+
 /// `RocgateUpstreamOverloadedWhileAdmitting` fires on an upstream that times out on
 /// more than 1% of its requests while nothing is rejected, though a timeout is
 /// recorded at the `response_timeout` waited (500 ms here: no p99 over 1 s could
-/// show it), on unmatched traffic (`route="unmatched"`, which no limiter counts)
+/// show it), on one that accepts too few connections within `connect_timeout` (or
+/// none: such a request has no upstream duration at all), on unmatched traffic (`route="unmatched"`, which no limiter counts)
 /// whose p99 is over 1 s, and on a partitioned route whose only rejections are one
 /// key's at its own limit (the route's limit rejects nothing); not on a route whose
 /// timeouts stay under 1%, nor on one that the ROC cut rejects. promtool evaluates the rules file itself on series rendered by the
@@ -930,6 +939,14 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
         metrics::gauge!(rocgate::metrics::KEYS, "route" => "keyed").set(40.0);
         count_requests("keyed", 100, &[("limit", 30)]);
         record_upstream("keyed", "2xx", 2.0, 100);
+        // 10% of the connections are not accepted within `connect_timeout` (a full
+        // listen backlog): those requests have no upstream duration.
+        count_requests("backlog", 100, &[]);
+        record_upstream("backlog", "2xx", 0.02, 90);
+        connect_timeouts("backlog", 10);
+        // Not one connection accepted.
+        count_requests("dark", 100, &[]);
+        connect_timeouts("dark", 100);
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -947,7 +964,11 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
              - exp_labels: {{severity: critical, route: unmatched, instance: a}}\n            \
              exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on unmatched while rocgate rejects nothing\", description: \"{description}\"}}\n          \
              - exp_labels: {{severity: critical, route: keyed, instance: a}}\n            \
-             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on keyed while rocgate rejects nothing\", description: \"{description}\"}}\n",
+             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on keyed while rocgate rejects nothing\", description: \"{description}\"}}\n          \
+             - exp_labels: {{severity: critical, route: backlog, instance: a}}\n            \
+             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on backlog while rocgate rejects nothing\", description: \"{description}\"}}\n          \
+             - exp_labels: {{severity: critical, route: dark, instance: a}}\n            \
+             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on dark while rocgate rejects nothing\", description: \"{description}\"}}\n",
             rules = root.join("dashboards/alerts.yml").display(),
         ),
     )
