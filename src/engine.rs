@@ -1189,6 +1189,10 @@ impl Route {
             transitions: st.counts.transitions,
             active_event: st.active_event.map(|i| st.events[i].name.clone()),
             keys: self.keys.as_ref().map_or(0, Keys::len),
+            max_keys: match &self.partition {
+                Partition::Route => 0,
+                Partition::ClientIp(limits) | Partition::Header(_, limits) => limits.max_keys,
+            },
             window: self.window,
             min_rps: p.min_rps,
             roc_mode: p.roc_mode,
@@ -2175,6 +2179,9 @@ pub struct RouteSnapshot {
     pub active_event: Option<String>,
     /// Keys tracked (partitioned routes).
     pub keys: usize,
+    /// Keys a partitioned route tracks at most (its `max_keys`; 0 for a route limited
+    /// as a whole): once `keys` reaches it, new keys share one overflow limiter.
+    pub max_keys: usize,
     /// The window's shape.
     pub window: WindowSpec,
     /// The `min_rps` in force (the floor of relative ROC).

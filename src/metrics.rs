@@ -33,6 +33,7 @@
 //! | `rocgate_cut_seconds_total` | counter | `route` | time spent in `cut`, whole seconds |
 //! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic; shadow modes' would-be rejections are not in it |
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
+//! | `rocgate_max_keys` | gauge | `route` | keys a partitioned route tracks at most (`max_keys`; 0 for a route limited as a whole): at it, new keys share one overflow limiter |
 //! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head (`timeout`: the `response_timeout` waited) |
 //! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_aborted` (the upstream failed after a good head, or sent nothing of its body for `response_timeout`: the client got a truncated body), and the request's own: `body_too_large`, `client_aborted`, `client_timeout`, `bad_request`, `transfer_coding_not_implemented`, `forwarding_loop` |
 //! | `rocgate_upstream_lanes` | gauge | | proxy: upstream connections held by client connections of their own (at most `max_upstream_lanes`) |
@@ -94,6 +95,8 @@ pub const CUT_SECONDS: &str = "rocgate_cut_seconds_total";
 pub const REJECTION_RATIO: &str = "rocgate_rejection_ratio";
 /// `rocgate_keys`.
 pub const KEYS: &str = "rocgate_keys";
+/// `rocgate_max_keys`.
+pub const MAX_KEYS: &str = "rocgate_max_keys";
 /// `rocgate_upstream_request_duration_seconds` (histogram).
 pub const UPSTREAM_DURATION: &str = "rocgate_upstream_request_duration_seconds";
 /// `rocgate_upstream_errors_total`.
@@ -128,7 +131,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 34] = [
+pub const ALL: [&str; 35] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -147,6 +150,7 @@ pub const ALL: [&str; 34] = [
     CUT_SECONDS,
     REJECTION_RATIO,
     KEYS,
+    MAX_KEYS,
     UPSTREAM_DURATION,
     UPSTREAM_ERRORS,
     UPSTREAM_LANES,
@@ -235,6 +239,10 @@ pub fn describe() {
         "Rejected over offered, over the last window at least."
     );
     describe_gauge!(KEYS, "Keys tracked by a partitioned route.");
+    describe_gauge!(
+        MAX_KEYS,
+        "Keys a partitioned route tracks at most (0 for a route limited as a whole)."
+    );
     describe_histogram!(
         UPSTREAM_DURATION,
         Unit::Seconds,
@@ -589,6 +597,7 @@ fn route_gauges(route: &str, algorithm: &'static str, now: Option<(&RouteSnapsho
     }
     gauge!(REJECTION_RATIO, "route" => r()).set(now.map_or(f64::NAN, |(_, ratio)| ratio));
     gauge!(KEYS, "route" => r()).set(v(|s| s.keys as f64));
+    gauge!(MAX_KEYS, "route" => r()).set(v(|s| s.max_keys as f64));
 }
 
 /// Sets a route's limiter gauges under `algorithm`, or to NaN with `None`.

@@ -243,6 +243,12 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
         after_text.contains(r#"rocgate_keys{route="per-ip"} 5001"#),
         "keys are counted, not labelled"
     );
+    let max_keys = KeyLimits::default().max_keys;
+    assert!(
+        after_text.contains(&format!(r#"rocgate_max_keys{{route="per-ip"}} {max_keys}"#))
+            && after_text.contains(r#"rocgate_max_keys{route="rest"} 0"#),
+        "a partitioned route's max_keys, 0 for one limited as a whole"
+    );
     let _ = stop.send(());
     run.await.unwrap().unwrap();
 }

@@ -858,13 +858,18 @@ fn scraped_every_minute(text: &str, instance: &str, minutes: u32) -> String {
 fn recorder_with_proxy_buckets() -> metrics_exporter_prometheus::PrometheusRecorder {
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Full(
-                rocgate::metrics::UPSTREAM_DURATION.into(),
-            ),
+            metrics_exporter_prometheus::Matcher::Full(rocgate::metrics::UPSTREAM_DURATION.into()),
             &rocgate::metrics::DURATION_BUCKETS,
         )
         .unwrap()
         .build_recorder()
+}
+
+/// A route's key gauges as the collector sets them: `keys` tracked of at most
+/// `max_keys` (both 0 for a route limited as a whole).
+fn keys(route: &'static str, keys: u32, max_keys: u32) {
+    metrics::gauge!(rocgate::metrics::KEYS, "route" => route).set(keys);
+    metrics::gauge!(rocgate::metrics::MAX_KEYS, "route" => route).set(max_keys);
 }
 
 /// One minute of a route's requests as the collector counts them: `admitted`, and
@@ -888,7 +893,8 @@ fn count_requests(route: &'static str, admitted: u64, rejected: &[(&'static str,
 /// waited, and counts under `rocgate_upstream_errors_total` too).
 fn record_upstream(route: &'static str, status_class: &'static str, seconds: f64, n: u64) {
     use rocgate::metrics::{UPSTREAM_DURATION, UPSTREAM_ERRORS};
-    let histogram = metrics::histogram!(UPSTREAM_DURATION, "route" => route, "status_class" => status_class);
+    let histogram =
+        metrics::histogram!(UPSTREAM_DURATION, "route" => route, "status_class" => status_class);
     for _ in 0..n {
         histogram.record(seconds);
     }
@@ -913,13 +919,17 @@ fn connect_timeouts(route: &'static str, n: u64) {
 /// none: such a request has no upstream duration at all), on unmatched traffic (`route="unmatched"`, which no limiter counts)
 /// whose p99 is over 1 s, and on a partitioned route whose only rejections are one
 /// key's at its own limit (the route's limit rejects nothing); not on a route whose
-/// timeouts stay under 1%, nor on one that the ROC cut rejects. promtool evaluates the rules file itself on series rendered by the
+/// timeouts stay under 1%, nor on one that the ROC cut rejects, nor on one limited
+/// as a whole that its limit rejects. promtool evaluates the rules file itself on series rendered by the
 /// exporter `rocgate serve` uses, each sample scraped every minute.
 #[test]
 fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
     let recorder = recorder_with_proxy_buckets();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
+        for route in ["order", "calm", "cutting", "limited", "backlog", "dark"] {
+            keys(route, 0, 0);
+        }
         // 3% of the upstream's answers time out at a 500 ms `response_timeout`.
         count_requests("order", 1000, &[]);
         record_upstream("order", "2xx", 0.02, 970);
@@ -936,8 +946,11 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
         record_upstream("cutting", "2xx", 2.0, 100);
         // Slow, partitioned per key, and one key refused at its own limit all day:
         // the route's limit refuses nothing.
-        metrics::gauge!(rocgate::metrics::KEYS, "route" => "keyed").set(40.0);
+        keys("keyed", 40, 10_000);
         count_requests("keyed", 100, &[("limit", 30)]);
+        // Slow, limited as a whole, and its limit refuses some.
+        count_requests("limited", 100, &[("limit", 30)]);
+        record_upstream("limited", "2xx", 2.0, 100);
         record_upstream("keyed", "2xx", 2.0, 100);
         // 10% of the connections are not accepted within `connect_timeout` (a full
         // listen backlog): those requests have no upstream duration.
@@ -950,7 +963,8 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let description = "The limits are above what the upstream can take: lower base_limit or danger_roc.";
+    let description =
+        "The limits are above what the upstream can take: lower base_limit or danger_roc.";
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("overload.yml");
     std::fs::write(
@@ -976,35 +990,40 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
     promtool_test_rules(&file);
 }
 
-/// `RocgateHighRejectionRatio` judges a partitioned route (one with keys) by the ROC
-/// cut's rejections alone: one client held to its own limit all day, 37.5% of a
-/// route's requests, is that client's doing and does not fire; a partitioned route
-/// cut with 40% rejected fires, and a route limited as a whole fires on its rejection
-/// ratio whatever the reason. promtool evaluates the rules file itself on series
-/// rendered by the exporter, each sample scraped every minute.
+/// `RocgateHighRejectionRatio` judges a partitioned route with room in its key table
+/// by the ROC cut's rejections alone: one client held to its own limit all day, 37.5%
+/// of a route's requests, is that client's doing and does not fire; a partitioned
+/// route cut with 40% rejected fires; so does one whose key table is full, where new
+/// clients share one overflow limiter and 50% are refused at its limit; and a route
+/// limited as a whole fires on its rejection ratio whatever the reason. promtool
+/// evaluates the rules file itself on series rendered by the exporter, each sample
+/// scraped every minute.
 #[test]
 fn the_rejection_ratio_alert_leaves_clients_held_to_their_own_limits_alone() {
-    use rocgate::metrics::{KEYS, REJECTION_RATIO};
+    use rocgate::metrics::REJECTION_RATIO;
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
-        let route = |name: &'static str, keys: f64, ratio: f64| {
-            metrics::gauge!(KEYS, "route" => name).set(keys);
-            metrics::gauge!(REJECTION_RATIO, "route" => name).set(ratio);
-        };
         // Per API key: one key over its limit all day.
-        route("api", 40.0, 0.375);
+        keys("api", 40, 10_000);
+        metrics::gauge!(REJECTION_RATIO, "route" => "api").set(0.375);
         count_requests("api", 1000, &[("limit", 600)]);
         // Per client IP, in a ROC cut.
-        route("shop", 500.0, 0.4);
+        keys("shop", 500, 10_000);
+        metrics::gauge!(REJECTION_RATIO, "route" => "shop").set(0.4);
         count_requests("shop", 600, &[("roc_cut", 400)]);
+        // Per client IP, its key table full: new clients share the overflow limiter.
+        keys("crowd", 10_000, 10_000);
+        metrics::gauge!(REJECTION_RATIO, "route" => "crowd").set(0.5);
+        count_requests("crowd", 500, &[("limit", 500)]);
         // Limited as a whole: its base limit refuses 30%.
-        route("checkout", 0.0, 0.3);
+        keys("checkout", 0, 0);
+        metrics::gauge!(REJECTION_RATIO, "route" => "checkout").set(0.3);
         count_requests("checkout", 700, &[("limit", 300)]);
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let description = "Sustained rejections: either a real overload, or base_limit is too low for healthy traffic (see /admin/hints). On a partitioned route only the ROC cut's count: clients held to their own limits are by design.";
+    let description = "Sustained rejections: either a real overload, or base_limit is too low for healthy traffic (see /admin/hints). On a partitioned route with room for new keys only the ROC cut's count: clients held to their own limits are by design.";
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rejections.yml");
     std::fs::write(
@@ -1015,6 +1034,8 @@ fn the_rejection_ratio_alert_leaves_clients_held_to_their_own_limits_alone() {
              - eval_time: 12m\n        alertname: RocgateHighRejectionRatio\n        exp_alerts:\n          \
              - exp_labels: {{severity: warning, route: shop, instance: a}}\n            \
              exp_annotations: {{summary: \"rocgate rejects 40% of shop on a\", description: \"{description}\"}}\n          \
+             - exp_labels: {{severity: warning, route: crowd, instance: a}}\n            \
+             exp_annotations: {{summary: \"rocgate rejects 50% of crowd on a\", description: \"{description}\"}}\n          \
              - exp_labels: {{severity: warning, route: checkout, instance: a}}\n            \
              exp_annotations: {{summary: \"rocgate rejects 30% of checkout on a\", description: \"{description}\"}}\n",
             rules = root.join("dashboards/alerts.yml").display(),
