@@ -35,7 +35,7 @@
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
 //! | `rocgate_max_keys` | gauge | `route` | keys a partitioned route tracks at most (`max_keys`; 0 for a route limited as a whole): at it, new keys share one overflow limiter |
 //! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head (`timeout`: the `response_timeout` waited) |
-//! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_aborted` (the upstream failed after a good head, or sent nothing of its body for `response_timeout`: the client got a truncated body), and the request's own: `body_too_large`, `client_aborted`, `client_timeout`, `bad_request`, `transfer_coding_not_implemented`, `forwarding_loop` |
+//! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_aborted` (the upstream failed after a good head, or sent nothing of its body for `response_timeout`: the client got a truncated body), and the request's own: `body_too_large`, `client_aborted`, `client_timeout`, `bad_request`, `transfer_coding_not_implemented`, `forwarding_loop`, and this instance's own cap: `upstream_overflow` (`max_upstream_requests` in flight, answered 503 without forwarding) |
 //! | `rocgate_upstream_lanes` | gauge | | proxy: upstream connections held by client connections of their own (at most `max_upstream_lanes`) |
 //! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded |
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
@@ -172,7 +172,7 @@ pub const ALL: [&str; 35] = [
 /// The `kind` label values of `rocgate_upstream_errors_total`. The proxy sets each
 /// route's counters of every kind at 0 before its first error, so that `rate` and
 /// `increase` count the first burst of errors too.
-pub const UPSTREAM_ERROR_KINDS: [&str; 10] = [
+pub const UPSTREAM_ERROR_KINDS: [&str; 11] = [
     "connect_timeout",
     "response_timeout",
     "upstream_error",
@@ -183,6 +183,7 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 10] = [
     "bad_request",
     "transfer_coding_not_implemented",
     "forwarding_loop",
+    "upstream_overflow",
 ];
 
 /// Bucket bounds of `rocgate_roc_observed`: both absolute ROC (req/s per half-window)

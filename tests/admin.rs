@@ -307,6 +307,7 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
         "bad_request",
         "transfer_coding_not_implemented",
         "forwarding_loop",
+        "upstream_overflow",
     ];
     for kind in kinds {
         let series = format!(

@@ -36,6 +36,10 @@ pub enum ProxyError {
     /// The upstream's response head took longer than `response_timeout` after the
     /// request's head, or after its body's last byte (504).
     ResponseTimeout,
+    /// `max_upstream_requests` requests were in flight to the upstream already (503,
+    /// with `Retry-After: 1`): the request was answered at once, never forwarded. Not
+    /// the upstream's failure, but this instance's cap on what it sends it.
+    UpstreamOverflow,
 }
 
 impl fmt::Display for ProxyError {
@@ -54,6 +58,9 @@ impl fmt::Display for ProxyError {
             ProxyError::Upstream(e) => write!(f, "upstream error: {e}"),
             ProxyError::ConnectTimeout => f.write_str("upstream connect timed out"),
             ProxyError::ResponseTimeout => f.write_str("upstream response timed out"),
+            ProxyError::UpstreamOverflow => {
+                f.write_str("max_upstream_requests requests in flight to the upstream already")
+            }
         }
     }
 }
@@ -245,7 +252,8 @@ impl ProxyError {
             | ProxyError::ForwardingLoop
             | ProxyError::TransferCodingNotImplemented
             | ProxyError::ClientAborted
-            | ProxyError::ClientTimeout => false,
+            | ProxyError::ClientTimeout
+            | ProxyError::UpstreamOverflow => false,
             ProxyError::Upstream(_) | ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => {
                 true
             }
@@ -262,6 +270,7 @@ impl ProxyError {
             ProxyError::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::UpstreamOverflow => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -277,10 +286,13 @@ impl ProxyError {
             ProxyError::Upstream(_) => "upstream_error",
             ProxyError::ConnectTimeout => "connect_timeout",
             ProxyError::ResponseTimeout => "response_timeout",
+            ProxyError::UpstreamOverflow => "upstream_overflow",
         }
     }
 
-    /// The response sent to the client.
+    /// The response sent to the client: `{"error":"<kind>"}`, and `Retry-After: 1` for
+    /// [`UpstreamOverflow`](ProxyError::UpstreamOverflow), whose cause passes as the
+    /// requests in flight end.
     pub fn into_response(self) -> Response<Body> {
         let body = format!(r#"{{"error":"{}"}}"#, self.kind());
         let mut res = Response::new(Body::from(body));
@@ -289,6 +301,10 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if matches!(self, ProxyError::UpstreamOverflow) {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         res
     }
 }
@@ -327,6 +343,7 @@ mod tests {
             ProxyError::Upstream("refused".into()),
             ProxyError::ConnectTimeout,
             ProxyError::ResponseTimeout,
+            ProxyError::UpstreamOverflow,
         ];
         for e in errors {
             assert!(
