@@ -37,7 +37,8 @@
 //! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head (`timeout`: the `response_timeout` waited) |
 //! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_aborted` (the upstream failed after a good head, or sent nothing of its body for `response_timeout`: the client got a truncated body), and the request's own: `body_too_large`, `client_aborted`, `client_timeout`, `bad_request`, `transfer_coding_not_implemented`, `forwarding_loop`, and this instance's own cap: `upstream_overflow` (`max_upstream_requests` in flight, answered 503 without forwarding) |
 //! | `rocgate_upstream_lanes` | gauge | | proxy: upstream connections held by client connections of their own (at most `max_upstream_lanes`) |
-//! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded |
+//! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded, until the upstream's response head (those under `max_upstream_requests` are counted until their response body ends or their tunnel closes) |
+//! | `rocgate_upstream_requests` | gauge | | proxy: requests holding a place under `max_upstream_requests`: from forwarding until the response body ends, or the WebSocket tunnel closes |
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: times every one of `max_connections` was taken and accepting paused |
 //! | `rocgate_config_reloads_total` | counter | `result` | proxy: config reloads (SIGHUP or `POST /admin/reload`), `applied` or `refused` (the running config kept) |
@@ -105,6 +106,8 @@ pub const UPSTREAM_ERRORS: &str = "rocgate_upstream_errors_total";
 pub const UPSTREAM_LANES: &str = "rocgate_upstream_lanes";
 /// `rocgate_in_flight_requests`.
 pub const IN_FLIGHT: &str = "rocgate_in_flight_requests";
+/// `rocgate_upstream_requests`.
+pub const UPSTREAM_REQUESTS: &str = "rocgate_upstream_requests";
 /// `rocgate_client_connections`.
 pub const CLIENT_CONNECTIONS: &str = "rocgate_client_connections";
 /// `rocgate_client_connection_limit_reached_total`.
@@ -155,6 +158,7 @@ pub const ALL: [&str; 35] = [
     UPSTREAM_ERRORS,
     UPSTREAM_LANES,
     IN_FLIGHT,
+    UPSTREAM_REQUESTS,
     CLIENT_CONNECTIONS,
     CONNECTION_LIMIT_REACHED,
     CONFIG_RELOADS,
@@ -254,7 +258,14 @@ pub fn describe() {
         UPSTREAM_LANES,
         "Upstream connections held by client connections of their own."
     );
-    describe_gauge!(IN_FLIGHT, "Requests being forwarded.");
+    describe_gauge!(
+        IN_FLIGHT,
+        "Requests being forwarded, until the upstream's response head."
+    );
+    describe_gauge!(
+        UPSTREAM_REQUESTS,
+        "Requests holding a place under max_upstream_requests: forwarded, until their response body ends or their tunnel closes."
+    );
     describe_gauge!(CLIENT_CONNECTIONS, "Client connections open.");
     describe_counter!(
         CONNECTION_LIMIT_REACHED,

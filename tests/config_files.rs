@@ -787,7 +787,8 @@ fn server_and_admin_sections() {
     let text = format!(
         "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\
          connect_timeout = \"500ms\"\nmax_body_bytes = 2048\nmax_upstream_lanes = 0\n\
-         upstream_idle_timeout = \"1500ms\"\nmax_connections = 3\nidle_timeout = \"90s\"\n\
+         upstream_idle_timeout = \"1500ms\"\nmax_connections = 3\nmax_upstream_requests = 7\n\
+         idle_timeout = \"90s\"\n\
          trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\nclient_ip_header = \"Forwarded\"\n\
          [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
     );
@@ -799,6 +800,7 @@ fn server_and_admin_sections() {
     assert_eq!(c.server.max_upstream_lanes, 0);
     assert_eq!(c.server.upstream_idle_timeout.as_millis(), 1500);
     assert_eq!(c.server.max_connections, 3);
+    assert_eq!(c.server.max_upstream_requests, 7);
     assert_eq!(c.server.idle_timeout.as_secs(), 90);
     let nets: Vec<String> = c
         .server
@@ -910,6 +912,21 @@ fn server_and_admin_sections() {
     refused(
         &route("[server]\nmax_connections = 1.5"),
         "server.max_connections",
+        "",
+    );
+    refused(
+        &route("[server]\nmax_upstream_requests = 0"),
+        "server.max_upstream_requests",
+        "must be at least 1, got 0",
+    );
+    refused(
+        &route("[server]\nmax_upstream_requests = 20000000"),
+        "server.max_upstream_requests",
+        "must be at most 10000000, got 20000000",
+    );
+    refused(
+        &route("[server]\nmax_upstream_requests = -1"),
+        "server.max_upstream_requests",
         "",
     );
     refused(

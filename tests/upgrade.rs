@@ -375,6 +375,51 @@ async fn a_tunnel_holds_its_concurrency_permit_until_it_closes() {
     assert_eq!(next_text(&mut again).await, "welcome");
 }
 
+/// An open tunnel holds its place under `max_upstream_requests` (it holds an upstream
+/// connection): with the cap at 1, any other request is answered 503
+/// `upstream_overflow` until the tunnel closes.
+#[tokio::test]
+async fn a_tunnel_holds_its_upstream_place_until_it_closes() {
+    let (upstream_addr, upstream) = start_upstream().await;
+    let mut capped = settings(upstream_addr);
+    capped.forward.max_upstream_requests = 1;
+    let proxy = start_proxy(
+        capped,
+        vec![route("ws_upstream_cap", "/", Algorithm::default(), 1000.0)],
+    )
+    .await;
+    let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
+    assert_eq!(next_text(&mut ws).await, "welcome");
+    let plain = |addr| async move {
+        let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+        stream
+            .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = Vec::new();
+        within("the reply", stream.read_to_end(&mut reply))
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&reply).into_owned()
+    };
+    let refused = plain(proxy.addr).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.ends_with(r#"{"error":"upstream_overflow"}"#),
+        "{refused}"
+    );
+    assert_eq!(upstream.count("/plain"), 0);
+
+    within("close", ws.close(None)).await.unwrap();
+    within("the place back", async {
+        while !plain(proxy.addr).await.starts_with("HTTP/1.1 200") {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(upstream.count("/plain"), 1);
+}
+
 /// A tunnel nothing crosses for `idle_timeout` is closed, and its permit released;
 /// one with traffic more often stays open past it.
 #[tokio::test]

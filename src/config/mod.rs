@@ -622,6 +622,11 @@ pub struct ServerConfig {
     /// Most client connections open at once (the admin API's are not counted); at the
     /// cap, further connections wait in the kernel's listen backlog.
     pub max_connections: usize,
+    /// Most requests forwarded to the upstream at once, through the pool, lanes and
+    /// WebSocket tunnels together, each counted until its response body ends or its
+    /// tunnel closes; at the cap, further admitted requests get 503
+    /// `upstream_overflow` at once.
+    pub max_upstream_requests: usize,
     /// How long a client connection may have no request in progress before it is
     /// closed gracefully (HTTP/1.1 and HTTP/2); also how long a WebSocket tunnel may
     /// carry nothing before it is closed.
@@ -647,6 +652,7 @@ impl Default for ServerConfig {
             client_ip_header: ClientIpHeader::XForwardedFor,
             shutdown_grace: Duration::from_secs(30),
             max_connections: 10_000,
+            max_upstream_requests: 10_000,
             idle_timeout: Duration::from_secs(60),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,

@@ -99,6 +99,7 @@ struct RawServer {
     client_ip_header: Option<String>,
     shutdown_grace: Option<String>,
     max_connections: Option<Whole>,
+    max_upstream_requests: Option<Whole>,
     idle_timeout: Option<String>,
 }
 
@@ -1695,8 +1696,9 @@ fn network(text: &str) -> Result<ipnet::IpNet, String> {
         })
 }
 
-/// The largest `server.max_connections`: far above what one process's file descriptors
-/// allow (`ulimit -n`), and well within what a semaphore counts.
+/// The largest `server.max_connections` and `server.max_upstream_requests`: far above
+/// what one process's file descriptors allow (`ulimit -n`), and well within what a
+/// semaphore counts.
 const MAX_CONNECTIONS_LIMIT: usize = 10_000_000;
 
 /// `[server]` and `[admin]`, each field checked on its own, defaults where absent.
@@ -1788,6 +1790,20 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             )),
         };
         field(p, "server.max_connections", checked);
+    }
+    if let Some(w) = server.max_upstream_requests {
+        let checked = match usize::try_from(w.0) {
+            Ok(0) => Err("must be at least 1, got 0".to_owned()),
+            Ok(n) if n <= MAX_CONNECTIONS_LIMIT => {
+                out.max_upstream_requests = n;
+                Ok(())
+            }
+            _ => Err(format!(
+                "must be at most {MAX_CONNECTIONS_LIMIT}, got {}",
+                w.0
+            )),
+        };
+        field(p, "server.max_upstream_requests", checked);
     }
     for (i, text) in server
         .trusted_proxies

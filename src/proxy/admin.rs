@@ -64,6 +64,8 @@ pub(crate) struct Exporter {
     pub(crate) in_flight: Arc<AtomicI64>,
     /// Upstream connections held by client connections' lanes.
     pub(crate) lanes: super::lane::LaneCount,
+    /// Requests holding a place under `max_upstream_requests`.
+    pub(crate) upstream_requests: super::forward::UpstreamRequests,
     /// Client connections open, and times their cap was reached.
     pub(crate) connections: Arc<super::connections::ClientConnections>,
 }
@@ -278,6 +280,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     }
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_LANES).set(m.lanes.open() as f64);
+    metrics::gauge!(crate::metrics::UPSTREAM_REQUESTS).set(m.upstream_requests.held() as f64);
     metrics::gauge!(crate::metrics::CLIENT_CONNECTIONS).set(m.connections.open() as f64);
     metrics::counter!(crate::metrics::CONNECTION_LIMIT_REACHED)
         .absolute(m.connections.limit_reached());

@@ -54,6 +54,12 @@ pub struct ForwardSettings {
     /// connection's second HTTP/1.1 request on); 0 sends every request through the
     /// shared pool.
     pub max_upstream_lanes: usize,
+    /// Most requests in flight to the upstream at once (at least 1), through the pool,
+    /// lanes and tunnels together: each holds its place from the moment it is
+    /// forwarded until its response body ends (or the client leaves), it fails, or its
+    /// WebSocket tunnel closes. A request that finds every place taken is answered 503
+    /// `upstream_overflow` at once, never forwarded.
+    pub max_upstream_requests: usize,
     /// How long an upstream connection may sit idle and still be reused, in the pool
     /// and in lanes. An upstream that closes a connection just as a request goes out on
     /// it makes that request fail (502): keep this below the upstream's keep-alive
@@ -74,6 +80,7 @@ impl ForwardSettings {
             response_timeout: server.response_timeout,
             max_body_bytes: server.max_body_bytes,
             max_upstream_lanes: server.max_upstream_lanes,
+            max_upstream_requests: server.max_upstream_requests,
             upstream_idle_timeout: server.upstream_idle_timeout,
             resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone())
                 .with_header(server.client_ip_header),
@@ -393,41 +400,38 @@ struct Inner {
     /// Failures of the upstream, logged at most once every [`FAILURE_LOG_EVERY`]
     /// (shared with the response bodies on their way, which can fail too).
     failures: Arc<FailureLog>,
+    /// The places of requests in flight to the upstream: `max_upstream_requests`.
+    upstream_requests: UpstreamRequests,
+    /// Requests refused for want of a place, logged at most once every
+    /// [`FAILURE_LOG_EVERY`].
+    overflows: Throttled,
 }
 
 /// How often at most a failing upstream is logged.
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// The upstream's failures since the last one logged, and when that was: an upstream
-/// that is down fails every request, and one line per request would flood the log.
-struct FailureLog {
-    upstream: Authority,
+/// Events counted, to be logged at most once every [`FAILURE_LOG_EVERY`] with the
+/// count since the last line: one line per event would flood the log.
+struct Throttled {
     clock: Arc<dyn Clock>,
-    /// Failures not yet logged.
+    /// Events not yet logged.
     unlogged: AtomicU64,
     /// When the last was logged, in nanoseconds plus one (0: never).
     logged_at: AtomicU64,
 }
 
-impl FailureLog {
-    fn new(upstream: Authority, clock: Arc<dyn Clock>) -> Self {
-        FailureLog {
-            upstream,
+impl Throttled {
+    fn new(clock: Arc<dyn Clock>) -> Self {
+        Throttled {
             clock,
             unlogged: AtomicU64::new(0),
             logged_at: AtomicU64::new(0),
         }
     }
 
-    /// Counts a failed request on `route`, and logs it with the failures since the
-    /// last line if that was [`FAILURE_LOG_EVERY`] ago.
-    fn failed(&self, route: &str, e: &ProxyError) {
-        self.failed_as(route, e.kind(), Some(e.status()), &e.detail());
-    }
-
-    /// [`failed`](Self::failed), for a failure of `kind` described by `detail`;
-    /// `status` is what the client was answered, if the failure decided it.
-    fn failed_as(&self, route: &str, kind: &str, status: Option<http::StatusCode>, detail: &str) {
+    /// Counts an event; returns the events since the last line (this one included)
+    /// if a line is due now, which the caller logs.
+    fn count(&self) -> Option<u64> {
         self.unlogged.fetch_add(1, Ordering::Relaxed);
         let now = self.clock.now();
         let last = self.logged_at.load(Ordering::Relaxed);
@@ -440,9 +444,39 @@ impl FailureLog {
                 .compare_exchange(last, stamp, Ordering::Relaxed, Ordering::Relaxed)
                 .is_err()
         {
-            return;
+            return None;
         }
-        let failures = self.unlogged.swap(0, Ordering::Relaxed);
+        Some(self.unlogged.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// The upstream's failures since the last one logged, and when that was: an upstream
+/// that is down fails every request, and one line per request would flood the log.
+struct FailureLog {
+    upstream: Authority,
+    log: Throttled,
+}
+
+impl FailureLog {
+    fn new(upstream: Authority, clock: Arc<dyn Clock>) -> Self {
+        FailureLog {
+            upstream,
+            log: Throttled::new(clock),
+        }
+    }
+
+    /// Counts a failed request on `route`, and logs it with the failures since the
+    /// last line if that was [`FAILURE_LOG_EVERY`] ago.
+    fn failed(&self, route: &str, e: &ProxyError) {
+        self.failed_as(route, e.kind(), Some(e.status()), &e.detail());
+    }
+
+    /// [`failed`](Self::failed), for a failure of `kind` described by `detail`;
+    /// `status` is what the client was answered, if the failure decided it.
+    fn failed_as(&self, route: &str, kind: &str, status: Option<http::StatusCode>, detail: &str) {
+        let Some(failures) = self.log.count() else {
+            return;
+        };
         tracing::warn!(
             upstream = %self.upstream,
             route,
@@ -489,6 +523,8 @@ impl Forwarder {
             .cloned()
             .unwrap_or_else(|| Authority::from_static("127.0.0.1:80"));
         let failures = Arc::new(FailureLog::new(authority.clone(), Arc::clone(&clock)));
+        let upstream_requests = UpstreamRequests::new(settings.max_upstream_requests);
+        let overflows = Throttled::new(Arc::clone(&clock));
         Forwarder {
             inner: Arc::new(Inner {
                 client,
@@ -503,6 +539,8 @@ impl Forwarder {
                 connector,
                 via: Via::new(),
                 failures,
+                upstream_requests,
+                overflows,
             }),
             connection: None,
         }
@@ -532,6 +570,40 @@ impl Forwarder {
     /// The count of upstream connections held by client connections' lanes.
     pub(crate) fn lanes(&self) -> LaneCount {
         self.inner.lanes.clone()
+    }
+
+    /// The places of requests in flight to the upstream, for `/metrics`.
+    pub(crate) fn upstream_requests(&self) -> UpstreamRequests {
+        self.inner.upstream_requests.clone()
+    }
+}
+
+/// The places of requests in flight to the upstream: `max_upstream_requests` of them,
+/// taken without waiting. Cloning shares them.
+#[derive(Clone, Debug)]
+pub(crate) struct UpstreamRequests {
+    places: Arc<tokio::sync::Semaphore>,
+    max: usize,
+}
+
+impl UpstreamRequests {
+    /// `max` places (at least 1, at most what a semaphore counts).
+    fn new(max: usize) -> Self {
+        let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        UpstreamRequests {
+            places: Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// A place, held until dropped; none if every one is taken.
+    fn try_take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.places).try_acquire_owned().ok()
+    }
+
+    /// Requests holding a place now.
+    pub(crate) fn held(&self) -> usize {
+        self.max.saturating_sub(self.places.available_permits())
     }
 }
 
@@ -745,8 +817,17 @@ impl Inner {
         // Only `rocgate serve` runs tunnels: it serves the connection, and takes the
         // tunnel from the 101's extensions.
         let mut upgrade = None;
+        // The request's place under `max_upstream_requests`, once it has one: held by
+        // its response body or its tunnel, or given up with a failure.
+        let mut place = None;
         let result = match self.rewrite(req, peer, connection.is_some(), connection.is_some()) {
             Ok((upstream_req, progress, client_upgrade)) => {
+                // Taken after admission, never waited for: at the cap the upstream has
+                // all it may be sent, and a request kept waiting would hold its client.
+                let Some(taken) = self.upstream_requests.try_take() else {
+                    return self.overflowed(route);
+                };
+                place = Some(taken);
                 let _in_flight = InFlight::enter(&self.in_flight);
                 let started = self.clock.now();
                 let timeout = self.settings.response_timeout;
@@ -839,7 +920,8 @@ impl Inner {
                     .headers
                     .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
                 let mut res = Response::from_parts(parts, Body::empty());
-                res.extensions_mut().insert(Tunnel::new(client, upstream));
+                let tunnel = Tunnel::new(client, upstream).holding_upstream_place(place);
+                res.extensions_mut().insert(tunnel);
                 res
             }
             Ok(res) => {
@@ -851,6 +933,7 @@ impl Inner {
                     timeout: self.settings.response_timeout,
                     stall: None,
                     failures: Arc::clone(&self.failures),
+                    place,
                 };
                 Response::from_parts(parts, Body::new(body))
             }
@@ -864,6 +947,27 @@ impl Inner {
                 e.into_response()
             }
         }
+    }
+
+    /// The answer to a request on `route` that found every place under
+    /// `max_upstream_requests` taken: 503 `upstream_overflow`, counted, and logged at
+    /// most once every [`FAILURE_LOG_EVERY`] with the requests refused since.
+    fn overflowed(&self, route: Arc<str>) -> Response<Body> {
+        let e = ProxyError::UpstreamOverflow;
+        if let Some(refused) = self.overflows.count() {
+            tracing::warn!(
+                upstream = %self.authority,
+                max_upstream_requests = self.settings.max_upstream_requests,
+                refused,
+                "upstream request cap reached: requests answered 503 upstream_overflow \
+                 without being forwarded (refused counts those since the last such line, \
+                 at most one every {}s)",
+                FAILURE_LOG_EVERY.as_secs(),
+            );
+        }
+        metrics::counter!(metric::UPSTREAM_ERRORS, "route" => route, "kind" => e.kind())
+            .increment(1);
+        e.into_response()
     }
 
     /// Sends through the shared pool of upstream connections, to the upstream's scheme
@@ -1234,6 +1338,9 @@ struct UpstreamBody {
     /// The wait for the next part, from the body's first wait on.
     stall: Option<Stall>,
     failures: Arc<FailureLog>,
+    /// The request's place under `max_upstream_requests`, given up when the body ends
+    /// or fails (or is dropped: the client left).
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// The timer of an [`UpstreamBody`] waiting for its next part. Like the lane's
@@ -1306,9 +1413,11 @@ impl http_body::Body for UpstreamBody {
                     "the upstream sent nothing of its body for response_timeout",
                 );
                 self.aborted(&e.to_string());
+                self.place = None;
                 Poll::Ready(Some(Err(e.into())))
             }
             Poll::Ready(Some(Err(e))) => {
+                self.place = None;
                 self.aborted(&format!(
                     "the response body failed: {}",
                     super::error::with_causes(&e)
@@ -1316,6 +1425,9 @@ impl http_body::Body for UpstreamBody {
                 Poll::Ready(Some(Err(e.into())))
             }
             Poll::Ready(frame) => {
+                if frame.is_none() {
+                    self.place = None;
+                }
                 if let Some(stall) = self.stall.as_mut() {
                     stall.progressed = true;
                 }
@@ -1407,6 +1519,7 @@ mod tests {
             response_timeout: Duration::from_secs(1),
             max_body_bytes: 1024,
             max_upstream_lanes: 0,
+            max_upstream_requests: 10,
             upstream_idle_timeout: Duration::from_secs(4),
             resolver,
         };
@@ -1555,6 +1668,36 @@ mod tests {
         };
         assert!(matches!(third.await, Err(ProxyError::ResponseTimeout)));
         assert_eq!(Instant::now() - start, Duration::from_millis(10_500));
+    }
+
+    #[test]
+    fn a_throttled_log_is_due_once_every_ten_seconds_with_the_count_since() {
+        let clock = Arc::new(crate::clock::ManualClock::new());
+        let log = Throttled::new(clock.clone());
+        assert_eq!(log.count(), Some(1), "the first is logged at once");
+        for _ in 0..4 {
+            assert_eq!(log.count(), None);
+        }
+        clock.advance(FAILURE_LOG_EVERY - Duration::from_nanos(1));
+        assert_eq!(log.count(), None);
+        clock.advance(Duration::from_nanos(1));
+        assert_eq!(log.count(), Some(6), "the line counts those not logged");
+        assert_eq!(log.count(), None);
+    }
+
+    #[test]
+    fn upstream_places_are_taken_without_waiting_and_come_back_when_dropped() {
+        let places = UpstreamRequests::new(2);
+        let first = places.try_take().expect("a first place");
+        let second = places.try_take().expect("a second place");
+        assert!(places.try_take().is_none(), "a third place at a cap of 2");
+        assert_eq!(places.held(), 2);
+        drop(first);
+        assert_eq!(places.held(), 1);
+        assert!(places.try_take().is_some());
+        drop(second);
+        // A cap of 0 (a `ForwardSettings` set by hand) is one place, not none.
+        assert!(UpstreamRequests::new(0).try_take().is_some());
     }
 
     #[test]

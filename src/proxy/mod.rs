@@ -10,7 +10,8 @@
 //! that long is pinged, and closed unless it answers within as long. At most
 //! `max_connections` client connections are open at once (further ones wait in the
 //! listen backlog), and one with no request in progress for `idle_timeout` is closed
-//! gracefully. On shutdown the listeners close at once and requests in flight get up
+//! gracefully. At most `max_upstream_requests` requests are in flight to the upstream
+//! (the forwarder's cap; beyond it, 503 `upstream_overflow`). On shutdown the listeners close at once and requests in flight get up
 //! to `shutdown_grace` to finish. An admitted HTTP/1.1 upgrade (WebSocket) that the
 //! upstream accepts becomes a tunnel between the two connections (`tunnel`), closed
 //! once nothing crosses it for `idle_timeout`.
@@ -617,6 +618,7 @@ impl Proxy {
             self.advisor.meter(),
         );
         let lanes = forwarder.lanes();
+        let upstream_requests = forwarder.upstream_requests();
         let connections = Arc::new(connections::ClientConnections::new(
             self.settings.max_connections,
         ));
@@ -686,6 +688,7 @@ impl Proxy {
                 collector,
                 in_flight,
                 lanes,
+                upstream_requests,
                 connections: Arc::clone(&connections),
             }),
         });

@@ -8,7 +8,8 @@
 //! extensions; the client connection's task takes it, with the request's concurrency
 //! permit, and runs it once hyper has handed over the client's connection: the tunnel
 //! keeps the connection's place under `max_connections` and, like a request in
-//! flight, its route's permit, and it is dropped when shutdown's grace period ends.
+//! flight, its route's permit and its place under `max_upstream_requests`, and it is
+//! dropped when shutdown's grace period ends.
 
 use crate::http::HeldPermit;
 use hyper::upgrade::{OnUpgrade, Upgraded};
@@ -16,9 +17,11 @@ use hyper_util::rt::TokioIo;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 /// An upgrade both sides agreed to: the client's connection and the upstream's, each
@@ -29,6 +32,9 @@ pub(crate) struct Tunnel {
     client: OnUpgrade,
     upstream: OnUpgrade,
     permit: Option<HeldPermit>,
+    /// The upgrade request's place under `max_upstream_requests`: the tunnel holds an
+    /// upstream connection, and counts as a request in flight until it closes.
+    upstream_place: Option<Arc<OwnedSemaphorePermit>>,
 }
 
 impl Tunnel {
@@ -39,7 +45,14 @@ impl Tunnel {
             client,
             upstream,
             permit: None,
+            upstream_place: None,
         }
+    }
+
+    /// Holds the request's place under `max_upstream_requests` until the tunnel closes.
+    pub(crate) fn holding_upstream_place(mut self, place: Option<OwnedSemaphorePermit>) -> Self {
+        self.upstream_place = place.map(Arc::new);
+        self
     }
 
     /// Holds the request's concurrency permit, if it has one, until the tunnel closes.
@@ -56,6 +69,7 @@ impl Tunnel {
             client,
             upstream,
             permit: _permit,
+            upstream_place: _upstream_place,
         } = self;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(both) => both,
