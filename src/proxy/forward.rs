@@ -2,7 +2,9 @@
 //! the client connection's own upstream connection ([`super::lane`]) or pooled
 //! keep-alive connections, streams both bodies, and maps failures to responses. An
 //! HTTP/1.1 upgrade request goes over an upstream connection of its own; the 101 that
-//! accepts it carries the [`Tunnel`] `rocgate serve` runs.
+//! accepts it carries the [`Tunnel`] `rocgate serve` runs. At most
+//! `max_upstream_requests` requests are in flight to the upstream, each holding its
+//! place through its response body or its tunnel; beyond them, 503 `upstream_overflow`.
 
 use super::error::ProxyError;
 use super::lane::{Driver, Lane, LaneCount};
