@@ -134,7 +134,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 35] = [
+pub const ALL: [&str; 36] = [
     REQUESTS,
     DEMAND,
     ROC,
