@@ -35,7 +35,7 @@ use tokio::time::{sleep, timeout, Instant};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{settings, start_proxy, HEADER_READ_TIMEOUT};
+use running::{settings, start_proxy, start_truncating_upstream, HEADER_READ_TIMEOUT};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -1229,25 +1229,6 @@ async fn silent_upstream_gets_504_after_the_response_timeout() {
         labels.contains(r#"status_class="timeout""#).then_some(n)
     });
     assert!(timed_out.is_some_and(|n| n != "0"), "{text}");
-}
-
-/// An upstream that answers every request with a head promising 100 bytes, sends
-/// 10 and closes the connection.
-async fn start_truncating_upstream() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = [0u8; 4096];
-                let _ = stream.read(&mut head).await;
-                let _ = stream
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 #[tokio::test]

@@ -31,7 +31,7 @@ use tokio::time::{sleep, timeout, Instant};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{settings, start_proxy, RunningProxy};
+use running::{settings, start_proxy, start_truncating_upstream, RunningProxy};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -325,19 +325,7 @@ async fn a_failed_or_timed_out_request_gives_its_place_back() {
 /// An upstream that closes mid-body gives the place back with the failure.
 #[tokio::test]
 async fn an_upstream_that_dies_mid_body_gives_its_place_back() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = [0u8; 4096];
-                let _ = stream.read(&mut head).await;
-                let _ = stream
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
-                    .await;
-            });
-        }
-    });
+    let addr = start_truncating_upstream().await;
     let proxy = capped(addr, 1, "cap_truncated").await;
     for _ in 0..3 {
         let mut stream = TcpStream::connect(proxy.addr).await.unwrap();

@@ -96,3 +96,23 @@ pub(crate) async fn start_proxy(
         run,
     }
 }
+
+/// An upstream that answers every request with a head promising 100 bytes, sends
+/// 10 and closes the connection.
+pub(crate) async fn start_truncating_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut head = [0u8; 4096];
+                let _ = stream.read(&mut head).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+                    .await;
+            });
+        }
+    });
+    addr
+}
