@@ -43,6 +43,7 @@
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: times every one of `max_connections` was taken and accepting paused |
 //! | `rocgate_config_reloads_total` | counter | `result` | proxy: config reloads (SIGHUP or `POST /admin/reload`), `applied` or `refused` (the running config kept) |
 //! | `rocgate_config_last_reload_successful` | gauge | | proxy: 1 if the last reload was applied (or none was asked for), 0 if it was refused |
+//! | `rocgate_runtime_changes` | gauge | | proxy: routes running on a runtime change (`PUT /admin/routes/{name}`) rather than the file's parameters |
 //! | `rocgate_store_mode` | gauge | `mode` | 1 for where decisions are taken: `local` (no shared store), `shared` (Redis), `fallback_local` (Redis unreachable) |
 //! | `rocgate_store_errors_total` | counter | `kind` | shared-store calls that failed: `timeout`, `error` (none in local mode) |
 //! | `rocgate_store_fallback_total` | counter | `route` | decisions on distributed routes taken locally because the store could not answer |
@@ -116,6 +117,8 @@ pub const CONNECTION_LIMIT_REACHED: &str = "rocgate_client_connection_limit_reac
 pub const CONFIG_RELOADS: &str = "rocgate_config_reloads_total";
 /// `rocgate_config_last_reload_successful`.
 pub const CONFIG_LAST_RELOAD_APPLIED: &str = "rocgate_config_last_reload_successful";
+/// `rocgate_runtime_changes`.
+pub const RUNTIME_CHANGES: &str = "rocgate_runtime_changes";
 /// `rocgate_store_mode`.
 pub const STORE_MODE: &str = "rocgate_store_mode";
 /// `rocgate_store_errors_total`.
@@ -134,7 +137,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 36] = [
+pub const ALL: [&str; 37] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -163,6 +166,7 @@ pub const ALL: [&str; 36] = [
     CONNECTION_LIMIT_REACHED,
     CONFIG_RELOADS,
     CONFIG_LAST_RELOAD_APPLIED,
+    RUNTIME_CHANGES,
     STORE_MODE,
     STORE_ERRORS,
     STORE_FALLBACK,
@@ -278,6 +282,10 @@ pub fn describe() {
     describe_gauge!(
         CONFIG_LAST_RELOAD_APPLIED,
         "1 if the last config reload was applied (or none was asked for), 0 if it was refused."
+    );
+    describe_gauge!(
+        RUNTIME_CHANGES,
+        "Routes running on a runtime change (PUT /admin/routes) rather than the file's parameters."
     );
     describe_gauge!(STORE_MODE, "1 for the state store in use.");
     describe_counter!(STORE_ERRORS, "Shared-store calls that failed, by kind.");

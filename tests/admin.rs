@@ -490,8 +490,14 @@ async fn a_runtime_change_is_withdrawn_on_demand_and_survives_a_refused_reload()
     assert_eq!(order["base_limit_rps"], 300.0, "{order}");
     assert_eq!(order["runtime_change"], true, "{order}");
 
+    let (_, metrics) = call(p.admin, "GET", "/metrics", "", None).await;
+    let text = metrics.as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("rocgate_runtime_changes 1\n"), "{text}");
     let (status, order) = call(p.admin, "DELETE", "/admin/routes/order/change", "", None).await;
     assert_eq!(status, 200, "{order}");
+    let (_, metrics) = call(p.admin, "GET", "/metrics", "", None).await;
+    let text = metrics.as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("rocgate_runtime_changes 0\n"), "{text}");
     assert_eq!(order["base_limit_rps"], 200.0, "{order}");
     assert_eq!(order["cut_limit_rps"], 60.0, "{order}");
     assert_eq!(order["runtime_change"], false, "{order}");

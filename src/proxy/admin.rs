@@ -291,6 +291,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     }
     let applied = reloads.last_applied.load(Ordering::Relaxed);
     metrics::gauge!(crate::metrics::CONFIG_LAST_RELOAD_APPLIED).set(f64::from(u8::from(applied)));
+    metrics::gauge!(crate::metrics::RUNTIME_CHANGES).set(state.reloader.runtime_changes() as f64);
     (
         [(
             http::header::CONTENT_TYPE,

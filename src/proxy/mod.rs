@@ -321,6 +321,14 @@ impl Reloader {
         engine.route_snapshot(id, now).ok_or_else(no_such_route)
     }
 
+    /// How many routes run on a runtime change.
+    pub(crate) fn runtime_changes(&self) -> usize {
+        self.reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// Whether the route `name` runs on a runtime change.
     pub(crate) fn has_runtime_change(&self, name: &str) -> bool {
         self.reloading
