@@ -254,13 +254,20 @@ async fn the_place_is_held_until_the_response_body_ends() {
     assert_eq!(&body[..], b"body");
     // The place comes back as the body's end is read: a request soon after may find
     // it not yet given back, and is retried until it does.
+    place_back(proxy.addr).await;
+    let _ = proxy.shut_down().await;
+}
+
+/// Waits until a request to `/ok` is forwarded again: the one place held has come
+/// back (it comes back as the body's end is read or the client leaves, so a request
+/// just after may still find it taken).
+async fn place_back(proxy: SocketAddr) {
     within("the place back", async {
-        while get(proxy.addr, "/ok").await.status != StatusCode::OK {
+        while get(proxy, "/ok").await.status != StatusCode::OK {
             sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
-    let _ = proxy.shut_down().await;
 }
 
 /// A client that leaves mid-response gives its place back.
@@ -282,12 +289,7 @@ async fn a_client_that_leaves_mid_response_gives_its_place_back() {
 
     // Gone with the body unsent: the gate stays shut.
     drop(stream);
-    within("the place back", async {
-        while get(proxy.addr, "/ok").await.status != StatusCode::OK {
-            sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    place_back(proxy.addr).await;
     let _ = proxy.shut_down().await;
 }
 
