@@ -170,8 +170,66 @@ impl Servers for RedisServer {
 /// long as it stalls unless the timeout cuts it short, so the bound still shows that.
 const SLACK: Duration = Duration::from_millis(40);
 
+/// What one decision in many may take past the store's timeout: now and then the
+/// scheduler is later still (a decision took 91 ms against 50 + 40 ms during a whole CI
+/// run). The stalls of these tests last 600 ms and more, so a timeout that did not cut
+/// them short would still show.
+const LATE: Duration = Duration::from_millis(150);
+
+/// A test's decisions, timed against the store's timeout: none may take longer than
+/// the timeout + [`LATE`], and at most one in 50 (one, if there are fewer) longer than
+/// the timeout + [`SLACK`]. A timeout that does not cut a stall short makes every
+/// decision of the stall late; the scheduler makes one late now and then. The count is
+/// judged when the `Waits` is dropped (unless the test is already failing).
+struct Waits {
+    timeout: Duration,
+    decisions: usize,
+    late: Vec<Duration>,
+}
+
+impl Waits {
+    fn new(config: &RedisConfig) -> Waits {
+        Waits {
+            timeout: config.timeout,
+            decisions: 0,
+            late: Vec::new(),
+        }
+    }
+
+    /// Awaits one decision, `what` naming it in a failure, and times it.
+    async fn time<T>(&mut self, what: &str, decision: impl std::future::Future<Output = T>) -> T {
+        let started = tokio::time::Instant::now();
+        let decided = decision.await;
+        let took = started.elapsed();
+        assert!(
+            took <= self.timeout + LATE,
+            "a decision on {what} took {took:?}"
+        );
+        self.decisions += 1;
+        if took > self.timeout + SLACK {
+            self.late.push(took);
+        }
+        decided
+    }
+}
+
+impl Drop for Waits {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert!(
+                self.late.len() <= (self.decisions / 50).max(1),
+                "{} of {} decisions took longer than {:?}: {:?}",
+                self.late.len(),
+                self.decisions,
+                self.timeout + SLACK,
+                self.late
+            );
+        }
+    }
+}
+
 /// The tests of this file run one at a time: several assert how long a decision takes
-/// (at most the timeout + [`SLACK`]), which the redis-servers and clusters of tests running
+/// (see [`Waits`]), which the redis-servers and clusters of tests running
 /// alongside on the same 2 cores would stretch. They are bound by timers, not CPU: one
 /// at a time takes as long as all at once (about 54 s).
 async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
@@ -607,23 +665,21 @@ async fn cut_together(server: &impl Servers) {
 }
 
 /// Decides on both instances every `pause` until `until` holds or `limit` passes;
-/// checks that no decision takes longer than `bound`. Returns decisions admitted by
-/// each instance and how long it took.
+/// times each decision in `waits`. Returns decisions admitted by each instance and how
+/// long it took.
 async fn run_until(
     instances: [&Instance; 2],
     pause: Duration,
     limit: Duration,
-    bound: Duration,
+    waits: &mut Waits,
     until: impl Fn() -> bool,
 ) -> ([usize; 2], Duration) {
     let started = tokio::time::Instant::now();
     let mut admitted = [0; 2];
     while started.elapsed() < limit && !until() {
         for (i, inst) in instances.into_iter().enumerate() {
-            let t = tokio::time::Instant::now();
-            admitted[i] += usize::from(inst.check().await.is_admit());
-            let took = t.elapsed();
-            assert!(took <= bound, "a decision took {took:?}");
+            let what = format!("instance {i}");
+            admitted[i] += usize::from(waits.time(&what, inst.check()).await.is_admit());
         }
         tokio::time::sleep(pause).await;
     }
@@ -645,13 +701,13 @@ async fn redis_killed_falls_back_at_the_share_and_comes_back() {
     assert_eq!(a.store.mode(), StoreMode::Shared);
 
     server.kill();
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
     let (_, took) = run_until(
         [&a, &b],
         Duration::from_millis(1),
         Duration::from_secs(2),
-        bound,
+        &mut waits,
         fallen,
     )
     .await;
@@ -665,7 +721,7 @@ async fn redis_killed_falls_back_at_the_share_and_comes_back() {
         [&a, &b],
         Duration::from_micros(500),
         offered_for,
-        bound,
+        &mut waits,
         || false,
     )
     .await;
@@ -688,7 +744,7 @@ async fn redis_killed_falls_back_at_the_share_and_comes_back() {
         [&a, &b],
         Duration::from_millis(5),
         Duration::from_secs(3),
-        bound,
+        &mut waits,
         shared,
     )
     .await;
@@ -710,13 +766,13 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
     assert!(a.check().await.is_admit() && b.check().await.is_admit());
 
     server.signal("-STOP");
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
     let (_, took) = run_until(
         [&a, &b],
         Duration::from_millis(1),
         Duration::from_secs(2),
-        bound,
+        &mut waits,
         fallen,
     )
     .await;
@@ -726,7 +782,7 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
         [&a, &b],
         Duration::from_millis(1),
         Duration::from_millis(600),
-        bound,
+        &mut waits,
         || false,
     )
     .await;
@@ -737,7 +793,7 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
         [&a, &b],
         Duration::from_millis(5),
         Duration::from_secs(3),
-        bound,
+        &mut waits,
         shared,
     )
     .await;
@@ -845,12 +901,12 @@ async fn a_connection_gone_dark_is_replaced() {
     // Decisions time out (each within the bound, decided locally) until the store is
     // back on the shared state on a new connection: within 1.5 s (heartbeats every
     // 200 ms here)...
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     run_until(
         [&a, &b],
         Duration::from_millis(2),
         Duration::from_millis(1500),
-        bound,
+        &mut waits,
         || false,
     )
     .await;
@@ -866,7 +922,7 @@ async fn a_connection_gone_dark_is_replaced() {
         [&a, &b],
         Duration::from_millis(1),
         Duration::from_millis(300),
-        bound,
+        &mut waits,
         || false,
     )
     .await;
@@ -921,13 +977,13 @@ async fn a_redis_out_of_memory_falls_back_untouched_and_comes_back() {
     let before = contents(&mut conn);
     assert!(before.iter().all(|h| !h.is_empty()), "{before:?}");
 
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
     let (_, took) = run_until(
         [&a, &b],
         Duration::from_millis(1),
         Duration::from_secs(2),
-        bound,
+        &mut waits,
         fallen,
     )
     .await;
@@ -945,7 +1001,7 @@ async fn a_redis_out_of_memory_falls_back_untouched_and_comes_back() {
         [&a, &b],
         Duration::from_millis(5),
         Duration::from_secs(3),
-        bound,
+        &mut waits,
         shared,
     )
     .await;
@@ -1003,14 +1059,12 @@ async fn url_forms_user_password_database_unix_socket_and_a_wrong_password() {
     config.servers =
         RedisServers::Single(format!("redis://fleet:wrong@127.0.0.1:{}/3", server.port));
     let w = Instance::system(&route, &config);
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     for _ in 0..20 {
-        let t = tokio::time::Instant::now();
         assert!(
-            w.check().await.is_admit(),
+            waits.time("order", w.check()).await.is_admit(),
             "its fallback bucket holds its whole burst"
         );
-        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
     }
     assert_eq!(w.store.fallback_decisions(), 20);
     assert_eq!(w.store.mode(), StoreMode::Fallback);
@@ -1776,11 +1830,9 @@ async fn fail_modes_open_and_closed() {
     ]);
     config.fail_mode = rocgate::store::FailMode::Open;
     let open = Instance::system(&route, &config);
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     for _ in 0..200 {
-        let t = tokio::time::Instant::now();
-        assert!(open.check().await.is_admit());
-        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
+        assert!(waits.time("order", open.check()).await.is_admit());
     }
     assert_eq!(open.store.mode(), StoreMode::Fallback);
     drop(server);
@@ -3153,7 +3205,7 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
 
     cluster.nodes[na].kill();
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     let started = tokio::time::Instant::now();
     let mut fell_after = None;
     let mut b_fallen = 0;
@@ -3161,10 +3213,7 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     // Past the cluster's node timeout (1 s): the others then know the node failed.
     while started.elapsed() < Duration::from_millis(2500) {
         for name in [&a, &b] {
-            let t = tokio::time::Instant::now();
-            let _ = inst.check_on(name).await;
-            let took = t.elapsed();
-            assert!(took <= bound, "a decision on {name} took {took:?}");
+            let _ = waits.time(name, inst.check_on(name)).await;
             decisions += 1;
         }
         if fell_after.is_none() && mode(&a) == StoreMode::Fallback {
@@ -3188,9 +3237,7 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     cluster.restart(na).await;
     let started = tokio::time::Instant::now();
     while started.elapsed() < Duration::from_secs(5) && mode(&a) != StoreMode::Shared {
-        let t = tokio::time::Instant::now();
-        let _ = inst.check_on(&a).await;
-        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
+        let _ = waits.time(&a, inst.check_on(&a)).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let back = started.elapsed();
@@ -3219,16 +3266,13 @@ async fn cluster_master_stopped_falls_back_its_routes_and_comes_back() {
     assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
 
     cluster.nodes[na].signal("-STOP");
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     let started = tokio::time::Instant::now();
     let mut fell_after = None;
     let mut b_fallen = 0;
     while started.elapsed() < Duration::from_millis(600) {
         for name in [&a, &b] {
-            let t = tokio::time::Instant::now();
-            let _ = inst.check_on(name).await;
-            let took = t.elapsed();
-            assert!(took <= bound, "a decision on {name} took {took:?}");
+            let _ = waits.time(name, inst.check_on(name)).await;
         }
         if fell_after.is_none() && mode(&a) == StoreMode::Fallback {
             fell_after = Some(started.elapsed());
@@ -3246,9 +3290,7 @@ async fn cluster_master_stopped_falls_back_its_routes_and_comes_back() {
 
     let started = tokio::time::Instant::now();
     while started.elapsed() < Duration::from_secs(5) && mode(&a) != StoreMode::Shared {
-        let t = tokio::time::Instant::now();
-        let _ = inst.check_on(&a).await;
-        assert!(t.elapsed() <= bound, "a decision took {:?}", t.elapsed());
+        let _ = waits.time(&a, inst.check_on(&a)).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let back = started.elapsed();
@@ -3296,21 +3338,18 @@ async fn behind_relays(cluster: &RedisCluster) -> Vec<DarkeningRelay> {
 }
 
 /// Decides on both routes, one after the other every 2 ms, for `until`, each decision
-/// within `bound`; returns how many times the second route was seen in fallback.
+/// timed in `waits`; returns how many times the second route was seen in fallback.
 async fn offer_on_both(
     inst: &Instance,
     names: [&str; 2],
     until: Duration,
-    bound: Duration,
+    waits: &mut Waits,
 ) -> usize {
     let started = tokio::time::Instant::now();
     let mut second_fallen = 0;
     while started.elapsed() < until {
         for name in names {
-            let t = tokio::time::Instant::now();
-            let _ = inst.check_on(name).await;
-            let took = t.elapsed();
-            assert!(took <= bound, "a decision on {name} took {took:?}");
+            let _ = waits.time(name, inst.check_on(name)).await;
         }
         let second = inst.store.view(names[1]).unwrap().mode;
         second_fallen += usize::from(second == StoreMode::Fallback);
@@ -3342,14 +3381,14 @@ async fn a_cluster_node_connection_gone_dark_is_replaced() {
     assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
 
     relays[na].go_dark();
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     // Decisions on `a` time out (each within the bound, decided locally) until the
     // store is on a new connection: within 1 s (heartbeats every 200 ms here)...
-    let mut b_fallen = offer_on_both(&inst, [&a, &b], Duration::from_secs(1), bound).await;
+    let mut b_fallen = offer_on_both(&inst, [&a, &b], Duration::from_secs(1), &mut waits).await;
     let fell = inst.store.fallback_decisions();
     assert!(fell > 0, "no decision met the dark connection");
     // ... and no decision falls back after that.
-    b_fallen += offer_on_both(&inst, [&a, &b], Duration::from_millis(500), bound).await;
+    b_fallen += offer_on_both(&inst, [&a, &b], Duration::from_millis(500), &mut waits).await;
     assert_eq!(inst.store.fallback_decisions(), fell);
     assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
     assert_eq!(b_fallen, 0, "the route on a live master fell back");
@@ -3373,16 +3412,13 @@ async fn cluster_master_killed_fails_over_to_its_replica() {
     assert_eq!(mode(), StoreMode::Shared);
 
     cluster.nodes[master].kill();
-    let bound = config.timeout + SLACK;
+    let mut waits = Waits::new(&config);
     let started = tokio::time::Instant::now();
     let (mut fell, mut back) = (false, None);
     // The node timeout (1 s), the replica's election, and the client learning the new
     // master: a few seconds; 20 at most.
     while started.elapsed() < Duration::from_secs(20) {
-        let asked = tokio::time::Instant::now();
-        let _ = inst.check_on("order").await;
-        let took = asked.elapsed();
-        assert!(took <= bound, "a decision took {took:?} (bound {bound:?})");
+        let _ = waits.time("order", inst.check_on("order")).await;
         match mode() {
             StoreMode::Fallback => fell = true,
             _ if fell => {
@@ -3579,13 +3615,14 @@ async fn silence(config: &RedisConfig, ports: &[u16], signal: impl Fn(&str)) {
     let (before, tasks_before) = (own_sockets_to(ports).len(), tasks());
     signal("-STOP");
     let (mut most, mut tasks_most) = (0, 0);
+    let mut waits = Waits::new(config);
     let started = tokio::time::Instant::now();
     while started.elapsed() < config.heartbeat * 60 {
         run_until(
             [&a, &b],
             Duration::from_millis(2),
             Duration::from_millis(100),
-            config.timeout + SLACK,
+            &mut waits,
             || false,
         )
         .await;
@@ -3610,7 +3647,7 @@ async fn silence(config: &RedisConfig, ports: &[u16], signal: impl Fn(&str)) {
         [&a, &b],
         Duration::from_millis(5),
         Duration::from_secs(3),
-        config.timeout + SLACK,
+        &mut waits,
         shared,
     )
     .await;
