@@ -39,6 +39,7 @@
 //! | `rocgate_upstream_lanes` | gauge | | proxy: upstream connections held by client connections of their own (at most `max_upstream_lanes`) |
 //! | `rocgate_in_flight_requests` | gauge | | proxy: requests being forwarded, until the upstream's response head (those under `max_upstream_requests` are counted until their response body ends or their tunnel closes) |
 //! | `rocgate_upstream_requests` | gauge | | proxy: requests holding a place under `max_upstream_requests`: from forwarding until the response body ends, or the WebSocket tunnel closes |
+//! | `rocgate_max_upstream_requests` | gauge | | proxy: `max_upstream_requests`, the most places there are (a restart changes it, a reload does not) |
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: times every one of `max_connections` was taken and accepting paused |
 //! | `rocgate_config_reloads_total` | counter | `result` | proxy: config reloads (SIGHUP or `POST /admin/reload`), `applied` or `refused` (the running config kept) |
@@ -109,6 +110,8 @@ pub const UPSTREAM_LANES: &str = "rocgate_upstream_lanes";
 pub const IN_FLIGHT: &str = "rocgate_in_flight_requests";
 /// `rocgate_upstream_requests`.
 pub const UPSTREAM_REQUESTS: &str = "rocgate_upstream_requests";
+/// `rocgate_max_upstream_requests`.
+pub const MAX_UPSTREAM_REQUESTS: &str = "rocgate_max_upstream_requests";
 /// `rocgate_client_connections`.
 pub const CLIENT_CONNECTIONS: &str = "rocgate_client_connections";
 /// `rocgate_client_connection_limit_reached_total`.
@@ -137,7 +140,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 37] = [
+pub const ALL: [&str; 38] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -162,6 +165,7 @@ pub const ALL: [&str; 37] = [
     UPSTREAM_LANES,
     IN_FLIGHT,
     UPSTREAM_REQUESTS,
+    MAX_UPSTREAM_REQUESTS,
     CLIENT_CONNECTIONS,
     CONNECTION_LIMIT_REACHED,
     CONFIG_RELOADS,
@@ -269,6 +273,10 @@ pub fn describe() {
     describe_gauge!(
         UPSTREAM_REQUESTS,
         "Requests holding a place under max_upstream_requests: forwarded, until their response body ends or their tunnel closes."
+    );
+    describe_gauge!(
+        MAX_UPSTREAM_REQUESTS,
+        "max_upstream_requests: the most requests in flight to the upstream at once; past it, 503 upstream_overflow."
     );
     describe_gauge!(CLIENT_CONNECTIONS, "Client connections open.");
     describe_counter!(

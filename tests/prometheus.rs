@@ -363,7 +363,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(loaded.len(), 7);
+    assert_eq!(loaded.len(), 8);
     // Each rule evaluates, and every series it reads is there: a name, label or value
     // that no scrape has would leave the rule quiet for ever.
     let mut unread = Vec::new();
@@ -920,7 +920,8 @@ fn connect_timeouts(route: &'static str, n: u64) {
 /// whose p99 is over 1 s, and on a partitioned route whose only rejections are one
 /// key's at its own limit (the route's limit rejects nothing); not on a route whose
 /// timeouts stay under 1%, nor on one that the ROC cut rejects, nor on one limited
-/// as a whole that its limit rejects. promtool evaluates the rules file itself on series rendered by the
+/// as a whole that its limit rejects, nor on one with a third of its requests timing
+/// out at 0.5 request/s (under the rule's minimum of 1 request/s). promtool evaluates the rules file itself on series rendered by the
 /// exporter `rocgate serve` uses, each sample scraped every minute.
 #[test]
 fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
@@ -960,6 +961,12 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
         // Not one connection accepted.
         count_requests("dark", 100, &[]);
         connect_timeouts("dark", 100);
+        // A third of the upstream's answers time out, but at 0.5 request/s: one
+        // timeout of three requests is no overload.
+        keys("sparse", 0, 0);
+        count_requests("sparse", 30, &[]);
+        record_upstream("sparse", "2xx", 0.02, 20);
+        record_upstream("sparse", "timeout", 0.501, 10);
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -995,7 +1002,9 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
 /// of a route's requests, is that client's doing and does not fire; a partitioned
 /// route cut with 40% rejected fires; so does one whose key table is full, where new
 /// clients share one overflow limiter and 50% are refused at its limit; and a route
-/// limited as a whole fires on its rejection ratio whatever the reason. promtool
+/// limited as a whole fires on its rejection ratio whatever the reason; no route fires
+/// at 0.5 request/s (under the rule's minimum of 1 request/s), a third of its requests
+/// refused, limited as a whole or with its key table full. promtool
 /// evaluates the rules file itself on series rendered by the exporter, each sample
 /// scraped every minute.
 #[test]
@@ -1020,6 +1029,14 @@ fn the_rejection_ratio_alert_leaves_clients_held_to_their_own_limits_alone() {
         keys("checkout", 0, 0);
         metrics::gauge!(REJECTION_RATIO, "route" => "checkout").set(0.3);
         count_requests("checkout", 700, &[("limit", 300)]);
+        // A third refused, but at 0.5 request/s: under the rule's minimum rate, both
+        // limited as a whole and with a full key table.
+        keys("sparse", 0, 0);
+        metrics::gauge!(REJECTION_RATIO, "route" => "sparse").set(1.0 / 3.0);
+        count_requests("sparse", 20, &[("limit", 10)]);
+        keys("sparse_crowd", 100, 100);
+        metrics::gauge!(REJECTION_RATIO, "route" => "sparse_crowd").set(1.0 / 3.0);
+        count_requests("sparse_crowd", 20, &[("limit", 10)]);
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -1039,6 +1056,138 @@ fn the_rejection_ratio_alert_leaves_clients_held_to_their_own_limits_alone() {
              - exp_labels: {{severity: warning, route: checkout, instance: a}}\n            \
              exp_annotations: {{summary: \"rocgate rejects 30% of checkout on a\", description: \"{description}\"}}\n",
             rules = root.join("dashboards/alerts.yml").display(),
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
+
+/// Every upstream request of `instance` for one minute, as the proxy records them:
+/// `forwarded` answered in 20 ms, and `refused` answered 503 `upstream_overflow` at
+/// `max_upstream_requests` (never forwarded), rendered by the exporter `rocgate serve`
+/// uses and scraped every minute for 20 minutes.
+fn overflowing(instance: &str, forwarded: u64, refused: u64) -> String {
+    let recorder = recorder_with_proxy_buckets();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        record_upstream("shop", "2xx", 0.02, forwarded);
+        for kind in rocgate::metrics::UPSTREAM_ERROR_KINDS {
+            let n = if kind == "upstream_overflow" { refused } else { 0 };
+            metrics::counter!(rocgate::metrics::UPSTREAM_ERRORS, "route" => "shop", "kind" => kind)
+                .increment(n);
+        }
+        metrics::gauge!(rocgate::metrics::MAX_UPSTREAM_REQUESTS).set(100.0);
+    });
+    scraped_every_minute(&handle.render(), instance, 20)
+}
+
+/// `RocgateUpstreamOverflow` fires on an instance refusing 5% of its upstream requests
+/// at `max_upstream_requests` for 5 minutes; not on one refusing 0.5%, nor on one
+/// refusing a third at 0.5 request/s (under the rule's minimum of 1 request/s), nor on
+/// one minute's burst of refusals (the cap doing its job: `for: 5m`). promtool
+/// evaluates the rules file itself.
+#[test]
+fn the_upstream_overflow_alert_fires_on_sustained_refusals_only() {
+    let mut series = overflowing("a", 950, 50);
+    series.push_str(&overflowing("b", 995, 5));
+    series.push_str(&overflowing("c", 20, 10));
+    // One minute of 300 refusals among 1,000 requests a minute, then none.
+    series.push_str(
+        "      - series: 'rocgate_upstream_request_duration_seconds_count{instance=\"d\",route=\"shop\",status_class=\"2xx\"}'\n        \
+         values: '0+1000x20'\n      \
+         - series: 'rocgate_upstream_errors_total{instance=\"d\",route=\"shop\",kind=\"upstream_overflow\"}'\n        \
+         values: '0 0 0 0 0 0 0 0 0 0 300 300 300 300 300 300 300 300 300 300 300'\n",
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let description = "Requests in flight to the upstream reached max_upstream_requests (503 upstream_overflow): the upstream is slower than usual, or the routes admit more than the cap holds. Compare rocgate_upstream_requests with rocgate_max_upstream_requests and the upstream latency.";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("overflow.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+             alert_rule_test:\n      \
+             - eval_time: 16m\n        alertname: RocgateUpstreamOverflow\n        exp_alerts:\n          \
+             - exp_labels: {{severity: warning, instance: a}}\n            \
+             exp_annotations: {{summary: \"rocgate on a refuses 5% of its upstream requests at max_upstream_requests\", description: \"{description}\"}}\n",
+            rules = root.join("dashboards/alerts.yml").display(),
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
+
+/// The dashboard's upstream cap panel, on two instances: each one's places held beside
+/// its `max_upstream_requests`, and its refusals at the cap per second. promtool
+/// evaluates the panel's own queries.
+#[test]
+fn the_upstream_cap_panel_shows_places_held_against_the_cap_and_refusals() {
+    let dashboard = dashboard();
+    let panel = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| {
+            p["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["expr"].as_str().unwrap().contains("rocgate_max_upstream_requests"))
+        })
+        .expect("a panel with max_upstream_requests");
+    let exprs: Vec<String> = panel["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$instance", ".*")
+                .replace("$__rate_interval", "5m")
+        })
+        .collect();
+    let find = |needle: &str| {
+        exprs
+            .iter()
+            .find(|e| e.contains(needle))
+            .unwrap_or_else(|| panic!("no query of {needle} in {exprs:?}"))
+            .replace('\'', "''")
+    };
+    let mut series = String::new();
+    for (instance, held, cap, refused_a_minute) in [("a", 100, 100, 120), ("b", 7, 50, 0)] {
+        series.push_str(&format!(
+            "      - series: 'rocgate_upstream_requests{{instance=\"{instance}\"}}'\n        values: '{held}x10'\n      \
+             - series: 'rocgate_max_upstream_requests{{instance=\"{instance}\"}}'\n        values: '{cap}x10'\n"
+        ));
+        for route in ["order", "rest"] {
+            series.push_str(&format!(
+                "      - series: 'rocgate_upstream_errors_total{{instance=\"{instance}\",route=\"{route}\",kind=\"upstream_overflow\"}}'\n        values: '0+{refused_a_minute}x10'\n      \
+                 - series: 'rocgate_upstream_errors_total{{instance=\"{instance}\",route=\"{route}\",kind=\"connect_timeout\"}}'\n        values: '0+60x10'\n"
+            ));
+        }
+    }
+    let sample = |expr: String, a: f64, b: f64| {
+        format!(
+            "      - expr: '{expr}'\n        eval_time: 10m\n        exp_samples:\n          \
+             - labels: '{{instance=\"a\"}}'\n            value: {a}\n          \
+             - labels: '{{instance=\"b\"}}'\n            value: {b}\n"
+        )
+    };
+    let tests = [
+        sample(find("rocgate_upstream_requests{"), 100.0, 7.0),
+        sample(find("rocgate_max_upstream_requests"), 100.0, 50.0),
+        // 120 refusals a minute on each of two routes: 4 a second.
+        sample(find("upstream_overflow"), 4.0, 0.0),
+    ]
+    .concat();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cap.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+             promql_expr_test:\n{tests}"
         ),
     )
     .unwrap();

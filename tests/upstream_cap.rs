@@ -6,8 +6,9 @@
 //!
 //! The upstream answers each request once the test opens its gate (`/head`: the head
 //! waits; `/body`: the head comes at once, the body waits), or `ok` at once. Every
-//! wait is bounded. One test alone reads `rocgate_upstream_requests`: the metrics
-//! recorder is one per process, and another proxy's scrape would set the gauge.
+//! wait is bounded. One test alone reads `rocgate_upstream_requests` and
+//! `rocgate_max_upstream_requests`: the metrics recorder is one per process, and
+//! another proxy's scrape would set the gauges.
 #![cfg(feature = "proxy")]
 
 use axum::body::Body;
@@ -200,6 +201,14 @@ async fn a_request_beyond_the_cap_gets_503_at_once_and_is_never_forwarded() {
     assert_eq!(
         metric(&proxy, "rocgate_upstream_requests").await.as_deref(),
         Some("2")
+    );
+
+    assert_eq!(
+        metric(&proxy, "rocgate_max_upstream_requests")
+            .await
+            .as_deref(),
+        Some("2"),
+        "the cap is exported beside the places held"
     );
 
     assert_overflow(proxy.addr, "/head").await;

@@ -281,6 +281,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_LANES).set(m.lanes.open() as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_REQUESTS).set(m.upstream_requests.held() as f64);
+    metrics::gauge!(crate::metrics::MAX_UPSTREAM_REQUESTS).set(m.upstream_requests.max() as f64);
     metrics::gauge!(crate::metrics::CLIENT_CONNECTIONS).set(m.connections.open() as f64);
     metrics::counter!(crate::metrics::CONNECTION_LIMIT_REACHED)
         .absolute(m.connections.limit_reached());

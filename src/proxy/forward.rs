@@ -607,6 +607,11 @@ impl UpstreamRequests {
     pub(crate) fn held(&self) -> usize {
         self.max.saturating_sub(self.places.available_permits())
     }
+
+    /// The places there are: `max_upstream_requests` (as clamped by [`new`](Self::new)).
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
 }
 
 impl Inner {
