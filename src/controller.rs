@@ -148,19 +148,28 @@ pub struct TransitionCounts {
     pub transitions: [[u64; 3]; 3],
     /// Transitions into Cut.
     pub cuts: u64,
-    /// Time spent in cuts that have ended.
+    /// Time spent in cut: a local controller's in the cuts that have ended
+    /// ([`record`](Self::record)); a shared controller's, in the slots this instance
+    /// stepped, cut in force included.
     pub time_in_cut: Duration,
 }
 
 impl TransitionCounts {
-    /// Counts `t`, which left a state entered at `entered`.
+    /// Counts `t`, which left a state entered at `entered`, and if it left Cut, the
+    /// time in that cut.
     pub fn record(&mut self, t: &Transition, entered: Nanos) {
+        self.count(t);
+        if t.from == ControllerState::Cut {
+            self.time_in_cut += t.at.saturating_since(entered);
+        }
+    }
+
+    /// Counts `t` and, if it entered Cut, the cut; not the time in cut, which the
+    /// caller counts.
+    pub fn count(&mut self, t: &Transition) {
         self.transitions[t.from.as_index() as usize][t.to.as_index() as usize] += 1;
         if t.to == ControllerState::Cut {
             self.cuts += 1;
-        }
-        if t.from == ControllerState::Cut {
-            self.time_in_cut += t.at.saturating_since(entered);
         }
     }
 }

@@ -1548,6 +1548,73 @@ async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
     assert_eq!(stepped.transitions[2][0], 1, "{stepped:?}");
 }
 
+/// A shared cut in force is counted as it passes: the instance that steps a slot of
+/// it counts that slot's time in cut (a cut of 30 s so far, calm for less than the
+/// 5 s hold, stepped from the end of slot `s - 2`), so that `rocgate_cut_seconds_total`
+/// summed over the fleet grows during a long cut, as a local route's does. It counted
+/// nothing until the cut ended, so `RocgateRouteCutTooLong` fired only after a cut of
+/// 3 minutes or more had ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_cut_in_force_is_counted_as_it_passes() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = store_config(&server, "cutting");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let a = Instance::new(&quick_route(), &config, clock);
+    assert!(a.check().await.is_admit());
+    let s = redis_time_us(&mut conn) / 100_000;
+    let _: () = redis::cmd("HSET")
+        .arg("{cutting:order}:w")
+        .arg("cur")
+        .arg(s - 1)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("{cutting:order}:c")
+        .arg(&["limit", "60", "state", "1", "roc", "0"][..])
+        .arg("through")
+        .arg(s - 2)
+        .arg("entered")
+        .arg((s - 2) * 100_000_000 - 30_000_000_000)
+        .arg("armed")
+        .arg(0)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HDEL")
+        .arg("{cutting:order}:c")
+        .arg("safe")
+        .query(&mut conn)
+        .unwrap();
+    let _ = a.check().await;
+    let mut through = s - 2;
+    for _ in 0..100 {
+        through = redis::cmd("HGET")
+            .arg("{cutting:order}:c")
+            .arg("through")
+            .query(&mut conn)
+            .unwrap();
+        if through > s - 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(through > s - 2, "the step was stored");
+    let state: u8 = redis::cmd("HGET")
+        .arg("{cutting:order}:c")
+        .arg("state")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(state, 1, "still cut");
+    let stepped = a.store.view("order").unwrap().stepped;
+    assert_eq!(stepped.cuts, 0, "{stepped:?}");
+    assert_eq!(
+        stepped.time_in_cut,
+        Duration::from_millis(100 * (through - (s - 2))),
+        "the slots stepped, each 100 ms in cut: {stepped:?}"
+    );
+}
+
 /// A rollover with no `through` (the route's window changed) after a silence longer
 /// than the window: the slots it hands over have no call in them, so it reads no counts
 /// (an `HMGET` of no field would fail the script) and hands over none.

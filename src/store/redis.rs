@@ -1647,7 +1647,8 @@ async fn step(
     roll: Roll,
 ) {
     let now = Nanos::new(now_us.saturating_mul(1000));
-    let Some((controller, through, transitions)) = replay(params, &r.window, &roll, slot, now)
+    let Some((controller, through, transitions, in_cut)) =
+        replay(params, &r.window, &roll, slot, now)
     else {
         return;
     };
@@ -1675,8 +1676,9 @@ async fn step(
         // here counts and logs each transition once in the fleet.
         Ok(Ok(1)) => {
             let mut stepped = r.stepped.lock().unwrap_or_else(PoisonError::into_inner);
-            for (t, entered) in &transitions {
-                stepped.record(t, *entered);
+            stepped.time_in_cut += in_cut;
+            for (t, _) in &transitions {
+                stepped.count(t);
                 tracing::info!(
                     route = r.name.as_ref(),
                     from = t.from.as_str(),
@@ -1700,9 +1702,12 @@ async fn step(
 type Entered = Vec<(Transition, Nanos)>;
 
 /// The controller after observing every slot from the one after `through` up to
-/// `slot - 1`, the new `through`, and the transitions on the way, each with when the
-/// state it left was entered; `None` if there is nothing to observe. Times are
-/// Redis's, in ns.
+/// `slot - 1`, the new `through`, the transitions on the way, each with when the
+/// state it left was entered, and the time it spent in cut over the slots stepped
+/// (from the end of the stored `through`, or now without one, to the end of the new
+/// one): each step is stored by one instance, so the fleet's instances together count
+/// every slot's time in cut once, as it passes, not at the cut's end. `None` if there
+/// is nothing to observe. Times are Redis's, in ns.
 ///
 /// Of the slots up to the last that had a call (the end of the roll's counts), at most
 /// the last window's are stepped. The silent slots after it are stepped as the engine
@@ -1716,7 +1721,7 @@ fn replay(
     roll: &Roll,
     slot: u64,
     now: Nanos,
-) -> Option<(Controller, u64, Entered)> {
+) -> Option<(Controller, u64, Entered, Duration)> {
     let last = slot.checked_sub(1)?;
     let slots = window.slots() as u64;
     let half = slots / 2;
@@ -1730,6 +1735,12 @@ fn replay(
         return None;
     }
     let slot_ns = window.slot().as_micros() as u64 * 1000;
+    // Continued as of the end of the slot it last stepped: as of now, a restore that
+    // reaches base in the slots still to step would end before they are stepped,
+    // unreported and dated now.
+    let stepped_at = roll.memory.through.map_or(now, |t| {
+        Nanos::new((t + 1).saturating_mul(slot_ns)).min(now)
+    });
     let mut controller = match roll.memory.memory {
         Some(m) => {
             // Times stored under a clock ahead of Redis's now (it went back) would hold
@@ -1740,12 +1751,6 @@ fn replay(
                 safe_since: m.safe_since.map(|t| t.min(now)),
                 ..m
             };
-            // Continued as of the end of the slot it last stepped: as of now, a restore
-            // that reaches base in the slots still to step would end before they are
-            // stepped, unreported and dated now.
-            let stepped_at = roll.memory.through.map_or(now, |t| {
-                Nanos::new((t + 1).saturating_mul(slot_ns)).min(now)
-            });
             let mut c = Controller::from_memory(params, m, stepped_at);
             // Stepped before, but not in this window: its slot or length changed.
             if roll.memory.through.is_none() {
@@ -1764,6 +1769,10 @@ fn replay(
     };
     let half_secs = window.half().as_secs_f64();
     let mut transitions = Vec::new();
+    // Since when the controller has been in cut within the slots stepped, if it is.
+    let mut cut_since = (controller.state() == ControllerState::Cut)
+        .then(|| stepped_at.max(controller.entered_at()));
+    let mut in_cut = Duration::ZERO;
     let mut observe = |controller: &mut Controller, s: u64| {
         let start = (s + 1).saturating_sub(slots);
         let n_prev: u64 = (start..start + half).map(count).sum();
@@ -1779,7 +1788,15 @@ fn replay(
         };
         let at = Nanos::new((s + 1).saturating_mul(slot_ns));
         let entered = controller.entered_at();
-        controller.observe(SampleAt { at, sample }, |t| transitions.push((t, entered)));
+        controller.observe(SampleAt { at, sample }, |t| {
+            if let Some(since) = cut_since.take() {
+                in_cut += t.at.saturating_since(since);
+            }
+            if t.to == ControllerState::Cut {
+                cut_since = Some(t.at);
+            }
+            transitions.push((t, entered));
+        });
     };
     // The first slot whose window holds no call: it and every later one read zero.
     let quiet = called.saturating_add(slots).saturating_sub(1);
@@ -1796,7 +1813,10 @@ fn replay(
         }
         observe(&mut controller, last);
     }
-    Some((controller, last, transitions))
+    if let Some(since) = cut_since {
+        in_cut += Nanos::new((last + 1).saturating_mul(slot_ns)).saturating_since(since);
+    }
+    Some((controller, last, transitions, in_cut))
 }
 
 /// A [`SharedRoute::fallback_limit`] that is no share's: the fallback bucket's last
@@ -1912,7 +1932,7 @@ mod tests {
             ..ControllerParams::default()
         };
         let now = Nanos::from_millis(11_000);
-        let (c, through, _) = replay(params, &window(), &r, 110, now).unwrap();
+        let (c, through, _, _) = replay(params, &window(), &r, 110, now).unwrap();
         assert_eq!(through, 109);
         // Half-windows of 0.5 s: 50 then 250 arrivals, 100 → 500 req/s.
         assert_eq!(c.last_roc(), 400.0);
@@ -1940,6 +1960,62 @@ mod tests {
         assert!(replay(ControllerParams::default(), &window(), &r, 110, Nanos::ZERO).is_none());
     }
 
+    /// A stored controller cut since 5 s, calm since `safe_since` if any.
+    fn cut_since_five(safe_since: Option<Nanos>) -> ControllerMemory {
+        ControllerMemory {
+            state: ControllerState::Cut,
+            entered_at: Nanos::from_secs(5),
+            armed_at: Nanos::ZERO,
+            safe_since,
+            limit_rps: 60.0,
+            last_roc: 0.0,
+        }
+    }
+
+    /// A cut in force through the slots stepped (steady traffic, calm for less than
+    /// `hold`) counts their time in cut as they pass: slots 100..=109, the second from
+    /// 10 s to 11 s, not nothing until the cut ends.
+    #[test]
+    fn replay_counts_the_time_in_a_cut_in_force() {
+        let mut r = roll(90, vec![10; 20], Some(99));
+        r.memory.memory = Some(cut_since_five(None));
+        let (c, through, transitions, in_cut) = replay(
+            ControllerParams::default(),
+            &window(),
+            &r,
+            110,
+            Nanos::from_secs(11),
+        )
+        .unwrap();
+        assert_eq!((c.state(), through), (ControllerState::Cut, 109));
+        assert!(transitions.is_empty(), "{transitions:?}");
+        assert_eq!(in_cut, Duration::from_secs(1));
+    }
+
+    /// A cut that ends in the slots stepped counts its time from the end of the slot
+    /// stepped before (10 s: the time before it was counted by that step) to its end.
+    #[test]
+    fn replay_counts_the_time_in_a_cut_up_to_its_end() {
+        let mut r = roll(90, vec![10; 20], Some(99));
+        r.memory.memory = Some(cut_since_five(Some(Nanos::from_secs(8))));
+        let (c, _, transitions, in_cut) = replay(
+            ControllerParams::default(),
+            &window(),
+            &r,
+            110,
+            Nanos::from_secs(11),
+        )
+        .unwrap();
+        assert_ne!(c.state(), ControllerState::Cut);
+        let left = transitions
+            .iter()
+            .find(|(t, _)| t.from == ControllerState::Cut)
+            .unwrap_or_else(|| panic!("{transitions:?}"))
+            .0;
+        assert!(left.at < Nanos::from_secs(11), "{left:?}");
+        assert_eq!(in_cut, left.at.saturating_since(Nanos::from_secs(10)));
+    }
+
     /// A stored controller in `Normal` at the default base limit since time zero.
     fn calm_at_base() -> ControllerMemory {
         ControllerMemory {
@@ -1957,7 +2033,7 @@ mod tests {
         let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
         let mut r = roll(100, counts, Some(108));
         r.memory.memory = Some(calm_at_base());
-        let (c, _, transitions) = replay(
+        let (c, _, transitions, _) = replay(
             ControllerParams::default(),
             &window(),
             &r,
@@ -1996,7 +2072,7 @@ mod tests {
         });
         let now = Nanos::from_millis(20_301);
         let params = ControllerParams::default();
-        let (c, through, transitions) = replay(params, &window(), &r, 203, now).unwrap();
+        let (c, through, transitions, _) = replay(params, &window(), &r, 203, now).unwrap();
         assert_eq!(through, 202);
         assert_eq!(c.state(), ControllerState::Normal);
         assert_eq!(c.entered_at(), Nanos::from_millis(20_300));
@@ -2045,7 +2121,7 @@ mod tests {
             Some(108),
         );
         r.memory.memory = Some(calm_at_base());
-        let (cut, _, _) = replay(params.clone(), &window(), &r, 110, call(110)).unwrap();
+        let (cut, _, _, _) = replay(params.clone(), &window(), &r, 110, call(110)).unwrap();
         assert_eq!(cut.state(), ControllerState::Cut);
         let cut = cut.memory();
 
@@ -2053,7 +2129,7 @@ mod tests {
         let mut every_slot = Vec::new();
         for s in 110..400 {
             let r = cut_then_silent(stepped, s - 1);
-            let (c, _, t) = replay(params.clone(), &window(), &r, s + 1, call(s + 1)).unwrap();
+            let (c, _, t, _) = replay(params.clone(), &window(), &r, s + 1, call(s + 1)).unwrap();
             stepped = c.memory();
             every_slot.extend(t);
         }
@@ -2062,7 +2138,7 @@ mod tests {
         assert_eq!(stepped.entered_at, Nanos::from_millis(20_300));
 
         let r = cut_then_silent(cut, 109);
-        let (c, through, at_once) = replay(params, &window(), &r, 400, call(400)).unwrap();
+        let (c, through, at_once, _) = replay(params, &window(), &r, 400, call(400)).unwrap();
         assert_eq!(through, 399);
         assert_eq!(c.memory(), stepped);
         // The same transitions, and the same time in the cut counted.
@@ -2088,7 +2164,7 @@ mod tests {
         cut.armed_at = Nanos::from_millis(29_950);
         let r = cut_then_silent(cut, 109);
         let now = Nanos::from_millis(40_001);
-        let (c, _, transitions) =
+        let (c, _, transitions, _) =
             replay(ControllerParams::default(), &window(), &r, 400, now).unwrap();
         let path: Vec<_> = transitions.iter().map(|(t, _)| (t.to, t.at)).collect();
         assert_eq!(
@@ -2109,7 +2185,8 @@ mod tests {
         let mut r = roll(100, counts, None);
         r.memory.memory = Some(calm_at_base());
         let now = Nanos::from_secs(11);
-        let (c, through, _) = replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
+        let (c, through, _, _) =
+            replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
         assert_eq!(through, 109);
         assert_eq!(c.last_roc(), 900.0);
         // A spike, but no action for one window from now, as after a local reload.
