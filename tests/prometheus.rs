@@ -1072,7 +1072,11 @@ fn overflowing(instance: &str, forwarded: u64, refused: u64) -> String {
     metrics::with_local_recorder(&recorder, || {
         record_upstream("shop", "2xx", 0.02, forwarded);
         for kind in rocgate::metrics::UPSTREAM_ERROR_KINDS {
-            let n = if kind == "upstream_overflow" { refused } else { 0 };
+            let n = if kind == "upstream_overflow" {
+                refused
+            } else {
+                0
+            };
             metrics::counter!(rocgate::metrics::UPSTREAM_ERRORS, "route" => "shop", "kind" => kind)
                 .increment(n);
         }
@@ -1128,11 +1132,12 @@ fn the_upstream_cap_panel_shows_places_held_against_the_cap_and_refusals() {
         .unwrap()
         .iter()
         .find(|p| {
-            p["targets"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|t| t["expr"].as_str().unwrap().contains("rocgate_max_upstream_requests"))
+            p["targets"].as_array().unwrap().iter().any(|t| {
+                t["expr"]
+                    .as_str()
+                    .unwrap()
+                    .contains("rocgate_max_upstream_requests")
+            })
         })
         .expect("a panel with max_upstream_requests");
     let exprs: Vec<String> = panel["targets"]
