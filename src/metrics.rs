@@ -26,7 +26,7 @@
 //! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode, from the end of its first window |
 //! | `rocgate_limit_rps`, `rocgate_base_limit_rps`, `rocgate_cut_limit_rps` | gauge | `route` | current, base and cut limit |
 //! | `rocgate_danger_roc`, `rocgate_safe_roc` | gauge | `route` | thresholds in force |
-//! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, queue, in flight) and its maximum |
+//! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, queue, in flight) and its maximum; a distributed route's: the shared bucket as this instance last saw it (exact mode), or this instance's bucket at its share (batched mode, fallback) |
 //! | `rocgate_controller_state` | gauge | `route`, `state` | 1 for the state the controller is in, 0 for the others |
 //! | `rocgate_controller_transitions_total` | counter | `route`, `from`, `to` | state changes |
 //! | `rocgate_cuts_total` | counter | `route` | cuts |
@@ -57,7 +57,7 @@
 use crate::clock::Nanos;
 use crate::controller::{ControllerState, TransitionCounts};
 use crate::engine::{Engine, RouteSnapshot, SampleHook, SlotReport};
-use crate::limiter::Reason;
+use crate::limiter::{Level, Reason};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -416,12 +416,18 @@ pub struct SharedControl {
     /// The shared controller's transitions that this instance stepped (summed over
     /// the fleet, the shared controller's), added to the route's own counts.
     pub stepped: TransitionCounts,
+    /// The level of the bucket that decides this instance's requests on the route
+    /// (the shared bucket as last seen, or this instance's share of it), in place of
+    /// the local engine's limiter, which does not decide them; `None` keeps the local
+    /// one.
+    pub level: Option<Level>,
 }
 
 impl SharedControl {
-    /// Puts the shared limit and controller state in `s`, a snapshot of the route in
-    /// the local engine (whose controller does not step for a route a shared store
-    /// decides), and adds the shared transitions this instance stepped to its counts.
+    /// Puts the shared limit, controller state and bucket level in `s`, a snapshot of
+    /// the route in the local engine (whose controller does not step, nor its limiter
+    /// decide, for a route a shared store decides), and adds the shared transitions
+    /// this instance stepped to its counts.
     pub fn apply(&self, s: &mut RouteSnapshot) {
         s.limit_rps = self.limit_rps;
         s.state = self.state;
@@ -432,6 +438,9 @@ impl SharedControl {
         }
         s.cuts += stepped.cuts;
         s.time_in_cut += stepped.time_in_cut;
+        if let Some(level) = self.level {
+            s.level = level;
+        }
     }
 }
 

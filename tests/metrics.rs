@@ -253,9 +253,9 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
     run.await.unwrap().unwrap();
 }
 
-/// A route a shared store decides shows the store's limit and controller state, not
-/// the local engine's (whose controller does not step for such a route); other routes
-/// show their own.
+/// A route a shared store decides shows the store's limit, controller state and
+/// bucket level, not the local engine's (whose controller does not step, nor its
+/// limiter decide, for such a route); other routes show their own.
 #[test]
 fn shared_routes_show_the_stores_limit_and_state() {
     use rocgate::clock::Nanos;
@@ -271,6 +271,11 @@ fn shared_routes_show_the_stores_limit_and_state() {
         std::time::SystemTime::UNIX_EPOCH,
     )
     .unwrap();
+    // The shared bucket as the store reports it: 60 tokens, 48 taken.
+    let drained = rocgate::limiter::TokenBucket::new(60.0, Duration::from_secs(1), Nanos::ZERO);
+    for _ in 0..48 {
+        assert!(drained.check(Nanos::ZERO).is_admit());
+    }
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
@@ -284,6 +289,7 @@ fn shared_routes_show_the_stores_limit_and_state() {
                     cuts: 2,
                     time_in_cut: Duration::from_secs(7),
                 },
+                level: Some(drained.level(Nanos::ZERO)),
             })
         });
     });
@@ -300,6 +306,9 @@ fn shared_routes_show_the_stores_limit_and_state() {
         r#"rocgate_controller_transitions_total{route="shared",from="normal",to="cut"} 2"#,
         r#"rocgate_controller_transitions_total{route="shared",from="recovering",to="cut"} 1"#,
         r#"rocgate_cuts_total{route="local"} 0"#,
+        r#"rocgate_limiter_level{route="shared",algorithm="token_bucket"} 12"#,
+        r#"rocgate_limiter_capacity{route="shared",algorithm="token_bucket"} 60"#,
+        r#"rocgate_limiter_level{route="local",algorithm="token_bucket"} 200"#,
     ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }
@@ -358,6 +367,7 @@ fn gauges_of_what_is_gone_read_nan() {
                 state: ControllerState::Cut,
                 roc: 95.5,
                 stepped: Default::default(),
+                level: None,
             })
         });
     });

@@ -2547,6 +2547,54 @@ async fn two_proxies_share_one_limit() {
     upstream_task.abort();
 }
 
+/// A distributed route's `rocgate_limiter_level` on `/metrics` is the shared bucket's
+/// (exact mode: 1,000 tokens refilling at 10/s, 100 of them taken), and so are the
+/// `tokens` of `GET /admin/routes/order`. It read the local engine's bucket, which
+/// decides nothing for a distributed route: full at 1,000 whatever the fleet took.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distributed_routes_limiter_level_is_the_shared_buckets() {
+    let _serial = one_at_a_time().await;
+    use rocgate::store::StoreConfig;
+
+    let server = RedisServer::start().await;
+    let (upstream_addr, upstream_task) = start_ok_upstream().await;
+    let mut config = Config::new(vec![route(10.0, Duration::from_secs(100))]);
+    config.store = StoreConfig::Redis(store_config(&server, "admin-level"));
+    let proxy = Served::start(upstream_addr, &config, None).await;
+    let mut client = connect(proxy.addr).await;
+    let mut admin = connect(proxy.admin).await;
+    let started = tokio::time::Instant::now();
+    for _ in 0..100 {
+        assert_eq!(post_order(&mut client).await.0, 200);
+    }
+    let text = get(&mut admin, "/metrics").await;
+    let route: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/routes/order").await).unwrap();
+    let refilled = 10.0 * started.elapsed().as_secs_f64();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+            .parse()
+            .unwrap()
+    };
+    let level = value(r#"rocgate_limiter_level{route="order",algorithm="token_bucket"}"#);
+    let capacity = value(r#"rocgate_limiter_capacity{route="order",algorithm="token_bucket"}"#);
+    assert_eq!(capacity, 1000.0);
+    assert!(
+        (900.0..=900.0 + refilled + 1.0).contains(&level),
+        "level {level}, {refilled} refilled"
+    );
+    let tokens = route["tokens"].as_f64().unwrap();
+    assert!(
+        (900.0..=900.0 + refilled + 1.0).contains(&tokens),
+        "{route}"
+    );
+    proxy.stop().await;
+    upstream_task.abort();
+}
+
 /// A distributed route cut by the shared controller: `GET /admin/routes/order` says
 /// what `/metrics` and `GET /admin/store` say (cut, at the cut limit), not what the
 /// instance's own controller, which does not step for a distributed route, would.

@@ -316,6 +316,7 @@ fn shared_control(
         state: view.state,
         roc: view.roc,
         stepped: view.stepped,
+        level: view.level,
     })
 }
 

@@ -86,7 +86,7 @@ use crate::controller::{
     Controller, ControllerMemory, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
 use crate::engine::{Engine, RouteId};
-use crate::limiter::{Admit, Algorithm, Decision, Reason, Rejection, TokenBucket};
+use crate::limiter::{Admit, Algorithm, Decision, Level, Reason, Rejection, TokenBucket};
 use crate::metrics as metric;
 use crate::window::{RocSample, SampleAt, WindowSpec};
 use arc_swap::ArcSwap;
@@ -522,6 +522,13 @@ pub struct SharedView {
     /// each is stepped and stored by one instance, so summed over the fleet they are
     /// the shared controller's.
     pub stepped: TransitionCounts,
+    /// The bucket that decides this instance's requests on the route: in exact mode
+    /// while shared, the shared bucket (its tokens as Redis answered this instance's
+    /// last decision, refilled at the shared limit since by this instance's clock,
+    /// not knowing what other instances took meanwhile; its capacity the shared
+    /// limit × burst); in batched mode or in fallback, this instance's own bucket at
+    /// its share of the limit. `None` in exact mode before Redis answered a decision.
+    pub level: Option<Level>,
 }
 
 /// A decision, and the reason it rejected the request, or would have in shadow mode.
@@ -553,6 +560,11 @@ struct SharedRoute {
     state: AtomicU8,
     /// The shared ROC last seen, f64 bits.
     roc: AtomicU64,
+    /// Exact mode: the shared bucket's tokens after this instance's last decision
+    /// answered, f64 bits (NaN before the first).
+    tokens: AtomicU64,
+    /// When (this instance's clock) `tokens` was answered, ns.
+    tokens_at: AtomicU64,
     /// Decides while Redis is unreachable (and every decision in batched mode), at
     /// this instance's share. In exact mode, each answer from Redis lowers it to this
     /// instance's share of the shared bucket's level, so that a switch to fallback
@@ -595,14 +607,34 @@ impl SharedRoute {
         }
     }
 
-    fn view(&self) -> SharedView {
+    fn view(&self, sync: SyncMode, now: Nanos) -> SharedView {
         SharedView {
             mode: self.mode(),
             limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
             state: state_of(self.state.load(Ordering::Relaxed)),
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
             stepped: *self.stepped.lock().unwrap_or_else(PoisonError::into_inner),
+            level: self.level(sync, now),
         }
+    }
+
+    /// See [`SharedView::level`]. The shared bucket's capacity is [`DECIDE`]'s: the
+    /// limit × burst, whole, at least 1.
+    fn level(&self, sync: SyncMode, now: Nanos) -> Option<Level> {
+        if sync == SyncMode::Batched || self.mode() == StoreMode::Fallback {
+            return Some(self.fallback.level(now));
+        }
+        let tokens = f64::from_bits(self.tokens.load(Ordering::Relaxed));
+        if tokens.is_nan() {
+            return None;
+        }
+        let limit = self.seen_limit();
+        let capacity = (limit * self.burst.as_secs_f64() + 1e-6).floor().max(1.0);
+        let since = now.saturating_since(Nanos::new(self.tokens_at.load(Ordering::Relaxed)));
+        Some(Level {
+            value: (tokens + since.as_secs_f64() * limit).min(capacity),
+            capacity,
+        })
     }
 
     /// Why a shared limit rejects: a cut if the controller holds it below base.
@@ -832,8 +864,12 @@ impl RedisStore {
         let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
         let tokens = reply.tokens;
         inner.absorb(&r, reply, params);
-        if let (Some(tokens), FailMode::Local) = (tokens, inner.config.fail_mode) {
-            inner.mirror(&r, tokens, now);
+        if let Some(tokens) = tokens {
+            r.tokens.store(tokens.to_bits(), Ordering::Relaxed);
+            r.tokens_at.store(now.as_u64(), Ordering::Relaxed);
+            if inner.config.fail_mode == FailMode::Local {
+                inner.mirror(&r, tokens, now);
+            }
         }
         if admit {
             r.admitted.increment(1);
@@ -879,7 +915,13 @@ impl RedisStore {
 
     /// What this instance last saw of a route's shared state, if it has decided on it.
     pub fn view(&self, route: &str) -> Option<SharedView> {
-        Some(self.inner.routes.get(route)?.view())
+        let inner = &self.inner;
+        Some(
+            inner
+                .routes
+                .get(route)?
+                .view(inner.config.mode, inner.clock.now()),
+        )
     }
 
     /// Forgets every route that `engine` (the one a reload just put in force) does
@@ -918,7 +960,12 @@ impl RedisStore {
             .inner
             .routes
             .iter()
-            .map(|r| (r.key().to_string(), r.value().view()))
+            .map(|r| {
+                let view = r
+                    .value()
+                    .view(self.inner.config.mode, self.inner.clock.now());
+                (r.key().to_string(), view)
+            })
             .collect();
         views.sort_by(|a, b| a.0.cmp(&b.0));
         views
@@ -1076,6 +1123,8 @@ impl Inner {
             limit: AtomicU64::new(base.to_bits()),
             state: AtomicU8::new(ControllerState::Normal.as_index()),
             roc: AtomicU64::new(0f64.to_bits()),
+            tokens: AtomicU64::new(f64::NAN.to_bits()),
+            tokens_at: AtomicU64::new(0),
             fallback: TokenBucket::new(share, burst, now),
             fallback_limit: AtomicU64::new(share.to_bits()),
             owed: AtomicU64::new(0),
@@ -1095,6 +1144,10 @@ impl Inner {
                 .store(old.state.load(Ordering::Relaxed), Ordering::Relaxed);
             r.roc
                 .store(old.roc.load(Ordering::Relaxed), Ordering::Relaxed);
+            r.tokens
+                .store(old.tokens.load(Ordering::Relaxed), Ordering::Relaxed);
+            r.tokens_at
+                .store(old.tokens_at.load(Ordering::Relaxed), Ordering::Relaxed);
             let owed = old.owed.swap(0, Ordering::Relaxed);
             r.owed.fetch_add(owed, Ordering::Relaxed);
             // Batched mode: the arrivals not yet synced go with the rebuilt route's
