@@ -676,6 +676,17 @@ impl Inner {
                     .insert(header::TE, HeaderValue::from_static("trailers"));
             }
         }
+        // rocgate answers `Expect: 100-continue` itself: hyper sends the client its
+        // `100 Continue` once the body is asked for, after admission. The upstream is
+        // not asked for another (its 100 would stop at rocgate's client connection,
+        // which sends the body without waiting for it), as Envoy strips it.
+        if parts
+            .headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+        {
+            parts.headers.remove(header::EXPECT);
+        }
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
         parts
             .headers
