@@ -788,7 +788,7 @@ fn server_and_admin_sections() {
         "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\
          connect_timeout = \"500ms\"\nmax_body_bytes = 2048\nmax_upstream_lanes = 0\n\
          upstream_idle_timeout = \"1500ms\"\nmax_connections = 3\nmax_upstream_requests = 7\n\
-         idle_timeout = \"90s\"\n\
+         idle_timeout = \"90s\"\nlingering_time = \"12s\"\nlingering_timeout = \"1500ms\"\n\
          trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\nclient_ip_header = \"Forwarded\"\n\
          [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
     );
@@ -802,6 +802,8 @@ fn server_and_admin_sections() {
     assert_eq!(c.server.max_connections, 3);
     assert_eq!(c.server.max_upstream_requests, 7);
     assert_eq!(c.server.idle_timeout.as_secs(), 90);
+    assert_eq!(c.server.lingering_time.as_secs(), 12);
+    assert_eq!(c.server.lingering_timeout.as_millis(), 1500);
     let nets: Vec<String> = c
         .server
         .trusted_proxies
@@ -883,6 +885,11 @@ fn server_and_admin_sections() {
         &route("[server]\nupstream_idle_timeout = \"soon\""),
         "server.upstream_idle_timeout",
         "invalid duration \"soon\"",
+    );
+    refused(
+        &route("[server]\nlingering_timeout = \"0s\""),
+        "server.lingering_timeout",
+        "must be longer than zero",
     );
     refused(
         &route("[server]\nmax_body_bytes = 0"),

@@ -631,6 +631,14 @@ pub struct ServerConfig {
     /// closed gracefully (HTTP/1.1 and HTTP/2); also how long a WebSocket tunnel may
     /// carry nothing before it is closed.
     pub idle_timeout: Duration,
+    /// The longest a lingering close reads what a client still sends, in all: an
+    /// HTTP/1.1 connection closed after an answer that left its request's body unread
+    /// (a 429, a 413) reads and throws the rest away before it closes (nginx's
+    /// `lingering_time`).
+    pub lingering_time: Duration,
+    /// The longest pause in what the client sends during a lingering close (nginx's
+    /// `lingering_timeout`).
+    pub lingering_timeout: Duration,
     /// Where the admin API listens.
     pub admin_listen: SocketAddr,
     /// Bearer token required by mutating admin endpoints, if set.
@@ -654,6 +662,8 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             max_upstream_requests: 10_000,
             idle_timeout: Duration::from_secs(60),
+            lingering_time: Duration::from_secs(30),
+            lingering_timeout: Duration::from_secs(5),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
         }

@@ -101,6 +101,8 @@ struct RawServer {
     max_connections: Option<Whole>,
     max_upstream_requests: Option<Whole>,
     idle_timeout: Option<String>,
+    lingering_time: Option<String>,
+    lingering_timeout: Option<String>,
 }
 
 /// `[admin]`: the admin API.
@@ -1748,6 +1750,16 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             &mut out.shutdown_grace,
         ),
         ("idle_timeout", server.idle_timeout, &mut out.idle_timeout),
+        (
+            "lingering_time",
+            server.lingering_time,
+            &mut out.lingering_time,
+        ),
+        (
+            "lingering_timeout",
+            server.lingering_timeout,
+            &mut out.lingering_timeout,
+        ),
     ] {
         if let Some(v) = raw {
             field(

@@ -27,6 +27,14 @@
 //! An HTTP/2 client can take nothing of one stream while its socket takes every write:
 //! each HTTP/2 response body is watched by the connection's [`Streams`], and one that
 //! hyper does not ask for its next frame for the idle timeout is let go.
+//!
+//! An HTTP/1.1 connection that closes while its client may still be sending (a
+//! request answered without its body read through: a 429, a 413) is closed as a
+//! lingering close ([`linger`]), as nginx's `lingering_close` and Envoy's delayed close
+//! do: its write half is shut, and what the client still sends is read and thrown
+//! away, within bounds ([`Lingering`]), before the socket is closed. Closed with the
+//! body unread, the socket would answer it with a reset, and a client that sends its
+//! whole body before it reads would see its writes fail, never the answer.
 
 use super::tunnel::Tunnel;
 use crate::http::{HeldPermit, HoldUntilEnd};
@@ -138,6 +146,9 @@ impl Drop for Slot {
 #[derive(Debug)]
 pub(crate) struct Activity {
     in_flight: AtomicUsize,
+    /// Whether the last HTTP/1.1 request carried a body, which the answer may have
+    /// left unread.
+    body: AtomicBool,
     /// When the last request ended, in nanoseconds from `opened`.
     last_end: AtomicU64,
     opened: Instant,
@@ -152,6 +163,7 @@ impl Activity {
         // The proxy's timers, hyper's included, run on tokio's clock.
         Arc::new(Activity {
             in_flight: AtomicUsize::new(0),
+            body: AtomicBool::new(false),
             last_end: AtomicU64::new(0),
             opened: Instant::now(),
             tunnel: Mutex::new(None),
@@ -173,6 +185,22 @@ impl Activity {
             activity: Arc::clone(self),
             permit: None,
         }
+    }
+
+    /// Records whether the request begun last, an HTTP/1.1 one, carries a body.
+    pub(crate) fn carries_body(&self, body: bool) {
+        self.body.store(body, Ordering::Relaxed);
+    }
+
+    /// Forgets the last request's body: the connection went idle after it, so hyper
+    /// read it through (a body left unread closes the connection at its answer).
+    pub(crate) fn body_read(&self) {
+        self.body.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the last request carried a body that may be unread.
+    pub(crate) fn may_have_unread_body(&self) -> bool {
+        self.body.load(Ordering::Relaxed)
     }
 
     /// When the connection last became idle, or `None` while a request is in progress.
@@ -427,17 +455,38 @@ impl Future for Stalled<'_> {
 }
 
 /// A client connection's socket, recording in a [`WriteStall`] whether its writes are
-/// taken.
+/// taken, and handed back to its [`Handback`] when hyper drops it, for a lingering
+/// close.
 #[derive(Debug)]
 pub(crate) struct Watched {
-    stream: TcpStream,
+    /// `None` once handed back, as it is dropped.
+    stream: Option<TcpStream>,
     stall: Arc<WriteStall>,
+    back: Arc<Handback>,
 }
 
 impl Watched {
-    /// `stream`, its writes recorded in `stall`.
-    pub(crate) fn new(stream: TcpStream, stall: Arc<WriteStall>) -> Self {
-        Watched { stream, stall }
+    /// `stream`, its writes recorded in `stall`, handed back to `back` when dropped.
+    pub(crate) fn new(stream: TcpStream, stall: Arc<WriteStall>, back: Arc<Handback>) -> Self {
+        Watched {
+            stream: Some(stream),
+            stall,
+            back,
+        }
+    }
+
+    fn stream(&mut self) -> std::io::Result<Pin<&mut TcpStream>> {
+        self.stream.as_mut().map(Pin::new).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotConnected, "socket handed back")
+        })
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            *self.back.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(stream);
+        }
     }
 }
 
@@ -447,7 +496,7 @@ impl AsyncRead for Watched {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        self.stream()?.poll_read(cx, buf)
     }
 }
 
@@ -457,7 +506,7 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        let polled = self.stream()?.poll_write(cx, buf);
         self.stall.wrote(polled.is_pending());
         polled
     }
@@ -467,22 +516,77 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        let polled = self.stream()?.poll_write_vectored(cx, bufs);
         self.stall.wrote(polled.is_pending());
         polled
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        self.stream.as_ref().is_some_and(|s| s.is_write_vectored())
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        self.stream()?.poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        self.stream()?.poll_shutdown(cx)
     }
+}
+
+/// Where a [`Watched`] socket goes when hyper drops it: the connection's task takes it
+/// back to close it as a lingering close, or drops it.
+#[derive(Debug, Default)]
+pub(crate) struct Handback(Mutex<Option<TcpStream>>);
+
+impl Handback {
+    /// The socket, once hyper has dropped it.
+    pub(crate) fn take(&self) -> Option<TcpStream> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// The bounds of a lingering close: what a client may still send is read for at most
+/// `time` in all, with no pause longer than `timeout`, and `bytes` in all.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lingering {
+    pub(crate) time: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) bytes: u64,
+}
+
+/// Closes `stream` as a lingering close, if the client may still be sending
+/// (`unread_body`, or bytes waiting to be read now): shuts its write half, so that the
+/// client reads the answer and then the end, and reads and throws away what it sends
+/// until it closes its side, or the bounds are reached, before dropping it. Closed
+/// with bytes unread, a socket answers them, and all the client sends after, with a
+/// reset.
+pub(crate) async fn linger(mut stream: TcpStream, unread_body: bool, bounds: Lingering) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut left = bounds.bytes;
+    if !unread_body {
+        let mut probe = [0u8; 64];
+        match stream.try_read(&mut probe) {
+            // Nothing waits (or the client is gone), and nothing is owed: a plain
+            // close.
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n as u64),
+        }
+    }
+    let _ = stream.shutdown().await;
+    let mut buf = vec![0u8; 16 * 1024];
+    let deadline = Instant::now() + bounds.time;
+    while left > 0 {
+        let wait = deadline.min(Instant::now() + bounds.timeout);
+        match tokio::time::timeout_at(wait, stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) | Err(_) => return,
+            Ok(Ok(n)) => left = left.saturating_sub(n as u64),
+        }
+    }
+    tracing::debug!(
+        bytes = bounds.bytes,
+        "lingering close: the client sent more than its bound"
+    );
 }
 
 /// A response body as the client connection sends it: as it is (HTTP/1.1, whose

@@ -3,7 +3,9 @@
 //!
 //! Clients speak HTTP/1.1 or h2c (HTTP/2 with prior knowledge); the upstream is reached
 //! over pooled keep-alive HTTP/1.1 connections. Admission is decided before the request
-//! body is read, so a rejected request is never forwarded and its body never read.
+//! body is read, so a rejected request is never forwarded and its body never read; an
+//! HTTP/1.1 connection closed with a body unread is closed as a lingering close
+//! (`connections::linger`), within `lingering_time` and `lingering_timeout`.
 //! Bodies stream both ways. A connection must send enough to tell HTTP/1.1 from
 //! HTTP/2 (its first byte, or HTTP/2's preface whole), then its complete request head,
 //! each within `header_read_timeout` (slowloris); an HTTP/2 connection silent
@@ -79,7 +81,22 @@ pub struct ProxySettings {
     pub idle_timeout: Duration,
     /// Bearer token required by the admin API's mutating endpoints, if set.
     pub admin_token: Option<String>,
+    /// The longest a lingering close reads what the client still sends, in all
+    /// (nginx's `lingering_time`): an HTTP/1.1 connection closed after an answer that
+    /// left its request's body unread (a 429, a 413) reads and throws away the rest,
+    /// so that a client that sends its whole body before it reads gets the answer,
+    /// not a reset.
+    pub lingering_time: Duration,
+    /// The longest pause in what the client sends during a lingering close (nginx's
+    /// `lingering_timeout`).
+    pub lingering_timeout: Duration,
+    /// The most a lingering close reads ([`LINGERING_BYTES`]).
+    pub lingering_bytes: u64,
 }
+
+/// The default [`ProxySettings::lingering_bytes`]: above the default `max_body_bytes`
+/// (10 MiB), so that a refused upload the proxy would have taken is read through.
+pub const LINGERING_BYTES: u64 = 64 << 20;
 
 impl ProxySettings {
     /// The settings of a config's `[server]` and `[admin]` sections, forwarding to
@@ -94,6 +111,9 @@ impl ProxySettings {
             max_connections: server.max_connections,
             idle_timeout: server.idle_timeout,
             admin_token: server.admin_token.clone(),
+            lingering_time: server.lingering_time,
+            lingering_timeout: server.lingering_timeout,
+            lingering_bytes: LINGERING_BYTES,
         }
     }
 }
@@ -779,6 +799,11 @@ impl Proxy {
             let service = service_for(forwarder, peer);
             let header_timeout = self.settings.header_read_timeout;
             let idle_timeout = self.settings.idle_timeout;
+            let lingering = connections::Lingering {
+                time: self.settings.lingering_time,
+                timeout: self.settings.lingering_timeout,
+                bytes: self.settings.lingering_bytes,
+            };
             let reloader = self.reloader.clone();
             let builder = builder.clone();
             let mut stopping = stopping.clone();
@@ -795,9 +820,12 @@ impl Proxy {
                 if !protocol_known {
                     return;
                 }
+                // hyper's socket, handed back once hyper is done with it.
+                let back = Arc::new(connections::Handback::default());
                 // The connection's service, its lane and their timers live in this
-                // block: an upgraded connection's tunnel runs after it, without them.
-                let upgraded = async {
+                // block: an upgraded connection's tunnel runs after it, without them,
+                // and so does a lingering close.
+                let (upgraded, ended) = async {
                     let activity = connections::Activity::new();
                     let streams = connections::Streams::new();
                     let svc = hyper::service::service_fn({
@@ -807,6 +835,9 @@ impl Proxy {
                             let busy = activity.begin();
                             let h2 = (req.version() == http::Version::HTTP_2)
                                 .then(|| Arc::clone(&streams));
+                            if h2.is_none() {
+                                activity.carries_body(!http_body::Body::is_end_stream(req.body()));
+                            }
                             let head = req.method() == http::Method::HEAD;
                             let refused = checks.refusal(&req);
                             let response = match refused {
@@ -838,7 +869,8 @@ impl Proxy {
                         }
                     });
                     let writes = connections::WriteStall::new();
-                    let stream = connections::Watched::new(stream, Arc::clone(&writes));
+                    let stream =
+                        connections::Watched::new(stream, Arc::clone(&writes), Arc::clone(&back));
                     let conn = builder
                         .serve_connection_with_upgrades(TokioIo::new(stream), svc)
                         .into_owned();
@@ -859,6 +891,9 @@ impl Proxy {
                     tokio::pin!(aborting);
                     let mut closing = false;
                     let mut upgraded = None;
+                    // How the connection ended, unless hyper ended it: it is then
+                    // closed at once, with no lingering close.
+                    let mut cut = None;
                     // The lane's upstream connection is polled in this task, beside the
                     // client's; it closes when the client connection ends.
                     let served = loop {
@@ -870,30 +905,56 @@ impl Proxy {
                                 upgraded = activity.take_tunnel();
                                 break served;
                             }
-                            () = driver.as_mut() => break Ok(()),
+                            () = driver.as_mut() => {
+                                cut = Some(Ended::Cut);
+                                break Ok(());
+                            }
                             () = stalled.as_mut() => {
                                 tracing::debug!(%peer, "connection closed: the client took nothing for idle_timeout");
+                                cut = Some(Ended::Cut);
                                 break Ok(());
                             }
                             () = idle.as_mut(), if !closing => {
                                 tracing::debug!(%peer, "idle connection closed");
+                                // Gone idle: the last request's body was read through.
+                                activity.body_read();
                                 closing = true;
                                 conn.as_mut().graceful_shutdown();
                             }
                             () = stopping.as_mut(), if !closing => {
                                 closing = true;
+                                cut = Some(Ended::Stopping);
                                 conn.as_mut().graceful_shutdown();
                             }
-                            () = aborting.as_mut() => break Ok(()),
+                            () = aborting.as_mut() => {
+                                cut = Some(Ended::Cut);
+                                break Ok(());
+                            }
                             never = sweep.as_mut() => match never {},
                         }
                     };
                     if let Err(e) = served {
                         tracing::debug!(error = %e, %peer, "connection ended with an error");
                     }
-                    upgraded
+                    let ended = cut.unwrap_or(Ended::ByHyper {
+                        unread_body: activity.may_have_unread_body(),
+                    });
+                    (upgraded, ended)
                 }
                 .await;
+                // hyper has dropped the socket (the block above, which held the
+                // connection, is over), unless an upgrade took it.
+                if let (None, Ended::ByHyper { unread_body }) = (&upgraded, ended) {
+                    if let Some(stream) = back.take() {
+                        // Counted against `max_connections` until done; not held
+                        // through a shutdown.
+                        tokio::select! {
+                            biased;
+                            _ = stopping.changed() => {}
+                            () = connections::linger(stream, unread_body, lingering) => {}
+                        }
+                    }
+                }
                 // A tunnel holds the connection's place, and its request's concurrency
                 // permit, until it closes, or until the grace period after shutdown.
                 if let Some(tunnel) = upgraded {
@@ -928,6 +989,20 @@ impl Proxy {
         ticker.abort();
         Ok(())
     }
+}
+
+/// How a client connection's serving ended.
+#[derive(Clone, Copy, Debug)]
+enum Ended {
+    /// hyper ended it (it answered a request that closes the connection, the client
+    /// closed, a timeout or an error): the client may still be sending, after a
+    /// request whose body was not read through if `unread_body`.
+    ByHyper { unread_body: bool },
+    /// Shutdown began: the connection was told to close, and is not held longer.
+    Stopping,
+    /// Dropped by the proxy: the client took nothing of its answer, or the grace
+    /// period after shutdown is over.
+    Cut,
 }
 
 /// The process-wide Prometheus recorder, installed on first use. If another recorder
