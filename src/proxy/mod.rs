@@ -1000,8 +1000,8 @@ enum Ended {
     ByHyper { unread_body: bool },
     /// Shutdown began: the connection was told to close, and is not held longer.
     Stopping,
-    /// Dropped by the proxy: the client took nothing of its answer, or the grace
-    /// period after shutdown is over.
+    /// Dropped by the proxy: the client took nothing of its answer, the connection's
+    /// upstream lane ended, or the grace period after shutdown is over.
     Cut,
 }
 
