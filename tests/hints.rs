@@ -170,6 +170,55 @@ fn heavy_rejection_while_recovering_under_a_healthy_upstream_restores_faster() {
     assert!(find(&h, "faster_restore").is_none(), "{:#?}", rules(&h));
 }
 
+/// A sale of 600 req/s against a base limit of 130: the recovery rejects most
+/// requests, but the base limit would have rejected nearly as many, so restoring faster
+/// saves almost nothing. The rule counted every rejection during recovery and asked
+/// for larger steps, which took the run's rejections from 72.7% to 72.3%.
+#[test]
+fn rejections_the_base_limit_would_make_anyway_do_not_hurry_the_restore() {
+    let sale = vec![
+        (0.0, 40.0),
+        (20.0, 40.0),
+        (20.0, 600.0),
+        (40.0, 600.0),
+        (50.0, 40.0),
+        (60.0, 40.0),
+    ];
+    let h = advise("base_limit = 130", &sale, Some(1000));
+    assert!(find(&h, "faster_restore").is_none(), "{h:#?}");
+}
+
+/// Two spikes of 500 req/s 6 s apart, against a service of 300 req/s: the base limit of
+/// 200 with a bucket of 1 s passes 400 in the first second of a spike after a quiet
+/// spell. Restoring faster brings that back before the second spike: the rule asked
+/// for it (restore_step 20 → 40), and the overload went from 43 to 112 requests.
+#[test]
+fn no_faster_restore_to_a_base_limit_the_upstream_cannot_take() {
+    let double = vec![
+        (0.0, 40.0),
+        (15.0, 40.0),
+        (15.0, 500.0),
+        (20.0, 500.0),
+        (20.0, 40.0),
+        (26.0, 40.0),
+        (26.0, 500.0),
+        (30.0, 500.0),
+        (30.0, 40.0),
+        (60.0, 40.0),
+    ];
+    let h = advise("", &double, Some(300));
+    assert!(find(&h, "faster_restore").is_none(), "{h:#?}");
+    // A sustained spike: restored faster against a service with room for a full bucket
+    // and a second of refill (400 req/s), not against one without.
+    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    assert_eq!(
+        numbers(&advise("", &spike, Some(400)), "faster_restore"),
+        (20.0, 40.0)
+    );
+    let h = advise("", &spike, Some(390));
+    assert!(find(&h, "faster_restore").is_none(), "{h:#?}");
+}
+
 #[test]
 fn shadow_mode_says_whether_enforcing_is_safe() {
     let shadow = "mode = \"shadow\"";

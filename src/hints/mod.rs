@@ -20,7 +20,7 @@
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`) | `min_rps` 20% above the peak demand of those cuts, at least doubled |
-//! | `faster_restore` | over 10% rejected while recovering, for at least two restore intervals, the upstream measured healthy throughout recovery | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
+//! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated |
 //!
 //! Routes with fewer than [`Policy::min_requests`] offered in the period (or none at
@@ -497,6 +497,17 @@ impl<'a> Evidence<'a> {
         median(&mut rates)
     }
 
+    /// The highest base limit an upstream taking `cap` req/s copes with: a token
+    /// bucket full after a quiet spell passes base × (1 s + burst) in the first second
+    /// of a spike, so that, not the base alone, must fit (raise_burst keeps the same
+    /// bound); with other algorithms the capacity itself.
+    fn base_within(&self, cap: f64) -> f64 {
+        match self.s.algorithm {
+            Algorithm::TokenBucket { burst } => cap / (1.0 + burst.as_secs_f64()),
+            _ => cap,
+        }
+    }
+
     fn raise_base_limit(&self) -> Option<Hint> {
         let ratio = self.base_rejected as f64 / self.offered as f64;
         if ratio <= 0.10 || !self.mostly_healthy() {
@@ -507,18 +518,13 @@ impl<'a> Evidence<'a> {
         let mut target = base * 1.3;
         let mut bound = String::new();
         if let Some(cap) = capacity {
-            // A token bucket full after a quiet spell passes base × (1 s + burst) in
-            // the first second of a spike: that, not the base alone, must fit what the
-            // upstream takes (raise_burst keeps the same bound).
-            let (most, what) = match self.s.algorithm {
-                Algorithm::TokenBucket { burst } => (
-                    cap / (1.0 + burst.as_secs_f64()),
-                    format!(
-                        "so that a full bucket and a second of refill (base × (1 s + burst {})) stay within",
-                        fmt_secs(burst.as_secs_f64())
-                    ),
+            let most = self.base_within(cap);
+            let what = match self.s.algorithm {
+                Algorithm::TokenBucket { burst } => format!(
+                    "so that a full bucket and a second of refill (base × (1 s + burst {})) stay within",
+                    fmt_secs(burst.as_secs_f64())
                 ),
-                _ => (cap, "bounded by".to_owned()),
+                _ => "bounded by".to_owned(),
             };
             if most <= base * 1.01 {
                 return None;
@@ -819,7 +825,19 @@ impl<'a> Evidence<'a> {
 
     fn faster_restore(&self) -> Option<Hint> {
         let p = &self.s.params;
-        let (mut secs, mut offered, mut rejected) = (0.0, 0u64, 0u64);
+        // Restoring faster brings back the base limit sooner, and with it whatever the
+        // base limit lets through: not while that is more than the upstream takes.
+        if self
+            .observed_capacity()
+            .is_some_and(|cap| self.base_within(cap) < p.base_limit_rps)
+        {
+            return None;
+        }
+        // Rejections of demand beyond the base limit (its rate over the interval; a
+        // limit in flight has no rate) would come at any pace of restoring: only the
+        // rest is what a faster restore can save.
+        let rate_limit = !matches!(self.s.algorithm, Algorithm::Concurrency { .. });
+        let (mut secs, mut offered, mut rejected, mut beyond) = (0.0, 0u64, 0u64, 0u64);
         for (i, h) in self.intervals.iter().zip(&self.health) {
             let t = i.time_in(ControllerState::Recovering);
             if t < 0.5 * i.secs() {
@@ -831,16 +849,30 @@ impl<'a> Evidence<'a> {
             secs += t;
             offered += i.offered;
             rejected += i.rejected_total();
+            if rate_limit {
+                let excess = (i.offered as f64 - p.base_limit_rps * i.secs()).max(0.0);
+                beyond += (excess as u64).min(i.rejected_total());
+            }
         }
+        let avoidable = rejected - beyond;
         if offered == 0
-            || (rejected as f64) <= 0.10 * offered as f64
+            || (avoidable as f64) <= 0.10 * offered as f64
             || secs < 2.0 * p.restore_interval.as_secs_f64()
         {
             return None;
         }
         let depth = (p.base_limit_rps - p.cut_limit_rps).max(0.0);
+        let beyond_base = if beyond > 0 {
+            format!(
+                " ({} beyond what the base limit of {} req/s would have rejected)",
+                pct(avoidable, offered),
+                fmt_num(p.base_limit_rps)
+            )
+        } else {
+            String::new()
+        };
         let figures = format!(
-            "{} of {} requests were rejected during {} of recovery while the upstream stayed healthy",
+            "{} of {} requests were rejected during {} of recovery{beyond_base} while the upstream stayed healthy",
             pct(rejected, offered),
             offered,
             fmt_secs(secs)
