@@ -347,12 +347,6 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
     use rocgate::limiter::{Algorithm, Reason};
     use std::time::Duration;
 
-    // Concurrency counts requests in flight: 7 → 4.5 is no limit it takes.
-    let concurrency =
-        "algorithm = \"concurrency\"\nbase_limit = 7\ncut_limit = 3\nrestore_step = 1";
-    let h = advise(concurrency, &steady(6.0), Some(5));
-    assert_eq!(numbers(&h, "lower_base_limit"), (7.0, 4.0));
-    apply(concurrency, &h).unwrap();
     // A fixed window of 1 s must admit at least one request: base 1 cannot go lower.
     let window = "algorithm = \"fixed_window\"\nbase_limit = 1\ncut_limit = 1";
     let h = advise(window, &steady(5.0), Some(0));
@@ -387,6 +381,54 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
         .collect();
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     assert_eq!(numbers(&h, "raise_base_limit"), (7.0, 10.0));
+
+    // An upstream of 5 req/s saturated behind 7 in flight: 90% of 5 is 4.5, which is
+    // no limit concurrency takes; 4 is.
+    let saturated: Vec<Interval> = (0..30)
+        .map(|k| {
+            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = 10;
+            i.upstream = Some(UpstreamCounts {
+                requests: 10,
+                errors: 1,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&settings, &saturated, Some(5.0), &Policy::default());
+    assert_eq!(numbers(&h, "lower_base_limit"), (7.0, 4.0));
+    let concurrency =
+        "algorithm = \"concurrency\"\nbase_limit = 7\ncut_limit = 3\nrestore_step = 1";
+    apply(concurrency, &h).unwrap();
+}
+
+/// A simulation completes requests at once, so a concurrency limit never binds: the
+/// flash sale against a 400 req/s service was overloaded by 4352 requests whatever the
+/// limit, and each round of advice lowered it further (20 → 16 → 12 → … → 2), a limit
+/// that changed nothing. Such a route gets no advice from a run, and says why.
+#[test]
+fn a_simulated_concurrency_route_gets_no_advice_it_cannot_judge() {
+    let sale = vec![
+        (0.0, 40.0),
+        (20.0, 40.0),
+        (20.0, 600.0),
+        (40.0, 600.0),
+        (50.0, 40.0),
+        (60.0, 40.0),
+    ];
+    let h = advise(
+        "algorithm = \"concurrency\"\nbase_limit = 20\ncut_limit = 6\nrestore_step = 2",
+        &sale,
+        Some(400),
+    );
+    assert_eq!(h.len(), 1, "{h:#?}");
+    assert_eq!((h[0].rule.as_str(), &h[0].suggested), ("no_change", &None));
+    assert!(
+        h[0].reason.contains("a concurrency limit never binds"),
+        "{}",
+        h[0].reason
+    );
 }
 
 /// A route with no history yet (a `serve` just started) covers 0 s, not -0 s: an empty

@@ -5,7 +5,7 @@
 use super::{SimResult, SimRun};
 use crate::config::Config;
 use crate::controller::ControllerState;
-use crate::hints::{self, Hint, Interval, Policy, RouteSettings, UpstreamCounts};
+use crate::hints::{self, Hint, Interval, Policy, RouteSettings, Severity, UpstreamCounts};
 use crate::limiter::{Algorithm, Level};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -85,7 +85,14 @@ pub fn intervals(
     out
 }
 
-/// The hints for every route of `run`, simulated with `config`.
+/// What a simulation says of a `concurrency` route: requests complete at once, so its
+/// limit never binds and no run shows what another size of it would do.
+const CONCURRENCY_NOT_JUDGED: &str = "no change: the simulation completes requests at once, so a concurrency limit never binds and a run cannot judge its settings";
+
+/// The hints for every route of `run`, simulated with `config`. A `concurrency`
+/// route gets one "no change" hint saying so: advice from a run in
+/// which its limit never binds would move it without end (each round lowering a limit
+/// that changed nothing).
 pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
     let capacity = run.summary.capacity_rps;
     let single = run.routes.len() == 1;
@@ -96,6 +103,18 @@ pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
                 .routes
                 .iter()
                 .find(|r| r.name == result.summary.route)?;
+            if matches!(route.algorithm, Algorithm::Concurrency { .. }) {
+                return Some(vec![Hint {
+                    route: route.name.clone(),
+                    rule: "no_change".to_owned(),
+                    severity: Severity::Info,
+                    parameter: None,
+                    current: None,
+                    suggested: None,
+                    reason: CONCURRENCY_NOT_JUDGED.to_owned(),
+                    event: None,
+                }]);
+            }
             let settings = RouteSettings {
                 name: route.name.clone(),
                 mode: route.mode,
