@@ -17,7 +17,7 @@
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known |
-//! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut |
+//! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`) | `min_rps` 20% above the peak demand of those cuts, at least doubled |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
@@ -222,17 +222,29 @@ pub fn advise(
     let quiet_cuts = e.raise_min_rps();
     let lower_base = e.lower_base_limit();
     let lower_cut = lower_base.as_ref().and_then(|h| e.lower_cut_limit(h));
+    let lower_danger = e.lower_danger_roc();
+    let raise_danger = if quiet_cuts.is_some() {
+        None
+    } else {
+        e.raise_danger_roc().map(|mut h| {
+            // Ramps that saturated the upstream without a cut ask for the opposite:
+            // protection first, so raising is only worth knowing.
+            if lower_danger.is_some() && h.severity > Severity::Info {
+                h.severity = Severity::Info;
+                h.reason.push_str(
+                    ", but the upstream saturated in ramps that never reached a cut (see lower_danger_roc), so this would miss them",
+                );
+            }
+            h
+        })
+    };
     let mut hints: Vec<Hint> = [
         e.raise_base_limit(),
         lower_base,
         lower_cut,
         e.raise_burst(),
-        if quiet_cuts.is_some() {
-            None
-        } else {
-            e.raise_danger_roc()
-        },
-        e.lower_danger_roc(),
+        raise_danger,
+        lower_danger,
         quiet_cuts,
         e.faster_restore(),
         e.shadow_verdict(),
