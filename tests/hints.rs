@@ -458,6 +458,39 @@ fn no_history_covers_zero_seconds_not_minus_zero() {
     );
 }
 
+/// `simulate` judges a run the way `serve` judges a period: the intervals that began
+/// during a scheduled event against the event's profile, the rest against the route's
+/// own. It judged the whole run against the route's own: a sale event with a base
+/// limit of 500 overloaded a 300 req/s service in 10 of 60 seconds (878 requests over),
+/// and the hints said "no change" (the route's own base limit of 200 fits).
+#[test]
+fn a_simulated_event_is_judged_against_its_own_profile() {
+    let event = "[[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:15Z\"\n\
+                 duration = \"40s\"\nbase_limit = 500\ncut_limit = 150";
+    let sale = vec![
+        (0.0, 40.0),
+        (20.0, 40.0),
+        (20.0, 600.0),
+        (40.0, 600.0),
+        (50.0, 40.0),
+        (60.0, 40.0),
+    ];
+    let h = advise(event, &sale, Some(300));
+    assert_eq!(numbers(&h, "lower_base_limit"), (500.0, 270.0));
+    let lower = find(&h, "lower_base_limit").unwrap();
+    assert_eq!(lower.event.as_deref(), Some("sale"));
+    assert!(lower.reason.contains("saturated in 10"), "{}", lower.reason);
+    // The 20 s outside the event, 40 req/s under the route's own profile: no event
+    // named, nothing to change.
+    let own: Vec<&Hint> = h.iter().filter(|h| h.event.is_none()).collect();
+    assert_eq!(own.len(), 1, "{h:#?}");
+    assert!(
+        own[0].reason.starts_with("no change: 800 requests"),
+        "{}",
+        own[0].reason
+    );
+}
+
 /// While a scheduled event runs, the hints judge the event's profile (the parameters in
 /// force) and say so: each hint that changes a parameter names the event, whose
 /// `[[routes.events]]` entry is where the change belongs, not `PUT /admin/routes` (the

@@ -24,9 +24,20 @@ fn acting(h: &[Hint]) -> Vec<&Hint> {
 }
 
 /// `hints` written into the route's TOML (each changed key replaced), loaded by the
-/// config file's rules, which must accept them.
+/// config file's rules, which must accept them. A hint that names an event goes into
+/// the event's entry (at most one, `[[routes.events]]` after the route's own lines),
+/// the others into the route's own lines.
 fn apply(extra: &str, hints: &[&Hint]) -> String {
-    let mut lines: Vec<String> = extra.lines().map(str::to_owned).collect();
+    let (own, event) = extra
+        .split_once("[[routes.events]]")
+        .map_or((extra, None), |(own, event)| (own, Some(event)));
+    let lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (mut own, mut event) = (lines(own), event.map(lines));
     for h in hints {
         let (Some(p), Some(s)) = (&h.parameter, &h.suggested) else {
             continue;
@@ -36,10 +47,18 @@ fn apply(extra: &str, hints: &[&Hint]) -> String {
             Setting::Text(t) => format!("{t:?}"),
             other => panic!("a setting of no known kind: {other:?}"),
         };
-        lines.retain(|l| !l.starts_with(&format!("{p} =")));
-        lines.push(format!("{p} = {value}"));
+        let target = match (&h.event, &mut event) {
+            (None, _) => &mut own,
+            (Some(_), Some(event)) => event,
+            (Some(name), None) => panic!("a hint for event {name} on a route without one"),
+        };
+        target.retain(|l| !l.starts_with(&format!("{p} =")));
+        target.push(format!("{p} = {value}"));
     }
-    let applied = lines.join("\n");
+    let mut applied = own.join("\n");
+    if let Some(event) = event {
+        applied.push_str(&format!("\n[[routes.events]]\n{}", event.join("\n")));
+    }
     config(&applied);
     applied
 }
@@ -147,18 +166,21 @@ fn follow(
             let (Some(p), Some(c), Some(s)) = (&a.parameter, &a.current, &a.suggested) else {
                 continue;
             };
+            let p = match &a.event {
+                Some(event) => format!("{event}.{p}"),
+                None => p.clone(),
+            };
             let (Some(c), Some(s)) = (value(c), value(s)) else {
                 continue;
             };
-            if act
-                .iter()
-                .any(|b| b.parameter == a.parameter && b.suggested != a.suggested)
-            {
+            if act.iter().any(|b| {
+                (&b.parameter, &b.event) == (&a.parameter, &a.event) && b.suggested != a.suggested
+            }) {
                 t.problems
                     .push(format!("{p}: two suggestions in one report"));
             }
             let step = s - c;
-            match moves.iter_mut().find(|m| &m.0 == p) {
+            match moves.iter_mut().find(|m| m.0 == p) {
                 Some(m) if m.1 != step.signum() => {
                     // A correction is damped: once, and smaller than the move before.
                     m.3 += 1;
@@ -169,7 +191,7 @@ fn follow(
                     (m.1, m.2) = (step.signum(), step.abs());
                 }
                 Some(m) => (m.1, m.2) = (step.signum(), step.abs()),
-                None => moves.push((p.clone(), step.signum(), step.abs(), 0)),
+                None => moves.push((p, step.signum(), step.abs(), 0)),
             }
         }
         extra = apply(&extra, &act);
@@ -180,8 +202,11 @@ fn follow(
 }
 
 /// The starting configs: the defaults, thresholds far too low, a cut limit as high as
-/// the base, each algorithm, relative ROC, a small bucket, a high `min_rps`.
-const STARTS: [&str; 10] = [
+/// the base, each algorithm, relative ROC, a small bucket, a high `min_rps`, and a
+/// scheduled event (from 15 s to 55 s, over the flash sale) with a profile of its own.
+const STARTS: [&str; 11] = [
+    "base_limit = 150\n[[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:15Z\"\n\
+     duration = \"40s\"\nbase_limit = 500\ncut_limit = 150\ndanger_roc = 200",
     "",
     "algorithm = \"concurrency\"\nbase_limit = 20\ncut_limit = 6\nrestore_step = 2",
     "danger_roc = 1\nsafe_roc = 0.5",

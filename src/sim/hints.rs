@@ -3,12 +3,12 @@
 //! admitted request beyond it counts as an upstream failure).
 
 use super::{SimResult, SimRun};
-use crate::config::Config;
+use crate::config::{Config, RouteConfig};
 use crate::controller::ControllerState;
 use crate::hints::{self, Hint, Interval, Policy, RouteSettings, Severity, UpstreamCounts};
 use crate::limiter::{Algorithm, Level};
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Slots per interval: one second of them, at least one.
 fn slots_per_interval(slot_s: f64) -> usize {
@@ -115,24 +115,63 @@ pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
                     event: None,
                 }]);
             }
-            let settings = RouteSettings {
-                name: route.name.clone(),
-                mode: route.mode,
-                algorithm: route.algorithm,
-                params: route.controller.clone(),
-                event: None,
-            };
-            let intervals = intervals(
+            let all = intervals(
                 result,
                 route.window.slots() / 2,
                 &route.algorithm,
                 capacity.is_some(),
             );
             let known = capacity.filter(|_| single).map(|c| c as f64);
-            Some(hints::advise(&settings, &intervals, known, policy))
+            Some(
+                by_profile(route, result.summary.start_unix_s, all)
+                    .into_iter()
+                    .flat_map(|(settings, part)| hints::advise(&settings, &part, known, policy))
+                    .collect::<Vec<_>>(),
+            )
         })
         .flatten()
         .collect()
+}
+
+/// `intervals` of `route`, whose run began at `start_unix_s`, grouped by the profile
+/// in force when each began (the route's own, or a scheduled event's: from its start,
+/// for its duration, as the engine takes it over), each group with that profile's
+/// settings, in the order each profile first appears: as `serve` judges a period, so
+/// that an event's part is judged against the event's parameters and its hints name
+/// it.
+fn by_profile(
+    route: &RouteConfig,
+    start_unix_s: f64,
+    intervals: Vec<Interval>,
+) -> Vec<(RouteSettings, Vec<Interval>)> {
+    let unix = |t: SystemTime| match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    };
+    let mut groups: Vec<(RouteSettings, Vec<Interval>)> = Vec::new();
+    for mut i in intervals {
+        let wall_s = start_unix_s + i.start.as_secs_f64();
+        let event = route.events.iter().find(|e| {
+            let from = unix(e.start);
+            from <= wall_s && wall_s < from + e.duration.as_secs_f64()
+        });
+        i.event = event.map(|e| e.name.clone());
+        match groups.iter_mut().find(|(s, _)| s.event == i.event) {
+            Some((_, part)) => part.push(i),
+            None => {
+                let settings = RouteSettings {
+                    name: route.name.clone(),
+                    mode: route.mode,
+                    algorithm: route.algorithm,
+                    params: event
+                        .map_or_else(|| route.controller.clone(), |e| e.controller.clone()),
+                    event: i.event.clone(),
+                };
+                groups.push((settings, vec![i]));
+            }
+        }
+    }
+    groups
 }
 
 #[cfg(test)]
