@@ -699,6 +699,78 @@ fn advice_on_the_flash_sale_adds_no_overload() {
     );
 }
 
+/// The hints' reasons quote the run's own figures, as its summary gives them: the share
+/// rejected by the base limit, the requests and mean demand, the intervals in which the
+/// service was overloaded, each cut's time and ROC.
+#[test]
+fn reasons_quote_the_runs_own_figures() {
+    let figures = |extra: &str, capacity: Option<u64>, profile: &Profile| {
+        let config = config(extra);
+        let mut sim = Simulator::new(config.clone(), None).unwrap();
+        if let Some(c) = capacity {
+            sim = sim.capacity(c);
+        }
+        let run = sim.run_profile_all(profile, ArrivalModel::Uniform).unwrap();
+        let h = hints::hints(&run, &config, &Policy::default());
+        (run, h)
+    };
+    let reason = |h: &[Hint], rule: &str| {
+        h.iter()
+            .find(|h| h.rule == rule)
+            .unwrap_or_else(|| panic!("no {rule} in {h:#?}"))
+            .reason
+            .clone()
+    };
+    let sale = Scenario::FlashSale.profile();
+
+    // A service of 1000 req/s: the base limit's share of the rejections.
+    let (run, h) = figures("", Some(1000), &sale);
+    let s = &run.routes[0].summary;
+    let quoted = format!(
+        "{:.1}% of {} requests were rejected by the base limit of 200 req/s (mean demand {:.0} req/s",
+        100.0 * s.rejected_by_reason.limit as f64 / s.offered as f64,
+        s.offered,
+        s.offered as f64 / s.duration_s
+    );
+    let raise = reason(&h, "raise_base_limit");
+    assert!(raise.starts_with(&quoted), "{quoted:?} in {raise:?}");
+
+    // A service of 150 req/s: every overloaded second is far over 1% overloaded, so
+    // each is a saturated interval.
+    let (run, h) = figures("", Some(150), &sale);
+    let over = run.summary.overload_s;
+    let seconds = run.routes[0].summary.duration_s.round();
+    let lower = reason(&h, "lower_base_limit");
+    let quoted = format!(
+        "healthy in {} of {seconds} intervals, saturated in {over}",
+        seconds - over as f64
+    );
+    assert!(
+        over > 0 && lower.contains(&quoted),
+        "{quoted:?} in {lower:?}"
+    );
+
+    // The warm-up's false cut: its interval and the ROC that started it.
+    let (run, h) = figures(
+        "danger_roc = 1\nsafe_roc = 0.5",
+        None,
+        &Scenario::Warmup.profile(),
+    );
+    let cut = &run.routes[0].summary.cuts[0];
+    let danger = reason(&h, "raise_danger_roc");
+    assert_eq!(run.summary.cut_count, 1);
+    assert!(
+        danger.starts_with("1 of 1 cut(s) came while demand stayed under the base limit"),
+        "{danger:?}"
+    );
+    let quoted = format!(
+        "the upstream was not saturated, e.g. in the interval from +{:.1} s with ROC {}",
+        cut.t_s.floor(),
+        cut.roc
+    );
+    assert!(danger.contains(&quoted), "{quoted:?} in {danger:?}");
+}
+
 #[test]
 fn a_profile_at_the_edge_of_f64_offers_a_number_of_requests_not_nan() {
     // Found by fuzzing (fuzz/fuzz_targets/profile.rs): two points at one time whose
