@@ -448,6 +448,8 @@ fn every_suggestion_is_a_valid_config_and_keeps_the_thresholds_ordered() {
         "algorithm = \"concurrency\"\nbase_limit = 20\ncut_limit = 6\nrestore_step = 2",
         "algorithm = \"fixed_window\"",
         "roc_mode = \"relative\"\ndanger_roc = 0.3\nsafe_roc = 0.1",
+        "base_limit = 2\ncut_limit = 1\nrestore_step = 1\nmin_rps = 0.5",
+        "algorithm = \"sliding_window\"\nlimiter_window = \"2s\"\nbase_limit = 1\ncut_limit = 0.5\nmin_rps = 0.5",
     ];
     let mut seen = 0;
     for extra in configs {
