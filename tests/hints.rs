@@ -83,6 +83,32 @@ fn a_saturated_upstream_behind_few_rejections_lowers_the_base_limit() {
     assert!(find(&advise("", &steady(180.0), Some(250)), "lower_base_limit").is_none());
 }
 
+/// Two spikes of 500 req/s against a service of 150 req/s behind a base limit of 200:
+/// the service was overloaded in 5 seconds of 60 (260 requests over), fewer than the
+/// 10% of intervals a measured upstream must saturate in, and the hints said "no
+/// change". A known capacity under the base limit is a fact, not a sample.
+#[test]
+fn a_base_limit_above_a_known_capacity_is_lowered_after_a_short_overload() {
+    let double = vec![
+        (0.0, 40.0),
+        (15.0, 40.0),
+        (15.0, 500.0),
+        (20.0, 500.0),
+        (20.0, 40.0),
+        (26.0, 40.0),
+        (26.0, 500.0),
+        (30.0, 500.0),
+        (30.0, 40.0),
+        (60.0, 40.0),
+    ];
+    let h = advise("", &double, Some(150));
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 130.0));
+    // Under a capacity above the base limit, as many saturated seconds (a full bucket's
+    // burst) are not enough.
+    let h = advise("", &double, Some(250));
+    assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
+}
+
 #[test]
 fn bursty_rejections_raise_the_burst() {
     // A high danger_roc keeps the controller out of it: only the bucket rejects.

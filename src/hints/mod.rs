@@ -15,7 +15,7 @@
 //! | rule | evidence | suggestion |
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass |
-//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit |
+//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
@@ -569,11 +569,15 @@ impl<'a> Evidence<'a> {
     }
 
     fn lower_base_limit(&self) -> Option<Hint> {
+        let base = self.base();
         let saturated = self.count(Health::Saturated);
-        if saturated < 2 || (saturated as f64) < 0.10 * self.known() as f64 {
+        // A measured upstream must saturate in 10% of the intervals, lest a brief
+        // incident at ordinary load read as a low capacity; a known capacity (a
+        // simulation's model) under the base limit is a fact, and two are enough.
+        let known_above = self.capacity_rps.is_some_and(|c| c < base);
+        if saturated < 2 || (!known_above && (saturated as f64) < 0.10 * self.known() as f64) {
             return None;
         }
-        let base = self.base();
         let capacity = self.observed_capacity();
         let few_rejected = (self.rejected as f64) < 0.01 * self.offered as f64;
         let above_capacity = capacity.is_some_and(|c| c < base);
