@@ -1,6 +1,7 @@
 //! Tuning hints for a simulated run: its per-slot series cut into one-second
 //! [`Interval`]s, with the modelled capacity standing in for upstream health (an
-//! admitted request beyond it counts as an upstream failure).
+//! admitted request beyond it counts as an upstream failure), judged per profile (the
+//! route's own, and each scheduled event's over the intervals that began during it).
 
 use super::{SimResult, SimRun};
 use crate::config::{Config, RouteConfig};
