@@ -559,6 +559,54 @@ async fn mutating_endpoints_require_the_token_when_set() {
     p.stop().await;
 }
 
+/// Sends one request to the admin API as a web page's would go, with `Origin`.
+async fn call_from_page(admin: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{admin}{path}"))
+        .header("origin", "http://evil.example")
+        .header("content-type", "text/plain")
+        .body(Full::from(body.to_owned()))
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(5), client.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = res.status().as_u16();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// Without a token, a page the operator opens could have the browser change limits
+/// on the loopback admin API: `POST /admin/reload` as a form, any change through a
+/// name re-bound to 127.0.0.1. A browser names the page in `Origin`; such a change
+/// is refused, and tools that send none (curl) change limits as before.
+#[tokio::test]
+async fn without_a_token_a_web_page_cannot_change_limits() {
+    let p = start(None).await;
+    for (method, path, body) in [
+        ("PUT", "/admin/routes/order", r#"{"base_limit": 150}"#),
+        ("DELETE", "/admin/routes/order/change", ""),
+        ("POST", "/admin/reload", ""),
+    ] {
+        let (status, answer) = call_from_page(p.admin, method, path, body).await;
+        assert_eq!(status, 403, "{method} {path}: {answer}");
+        assert_eq!(
+            answer["errors"][0],
+            "a change from a web page (Origin: http://evil.example) is refused without [admin] token",
+            "{method} {path}"
+        );
+    }
+    let (status, all) = call_from_page(p.admin, "GET", "/admin/routes", "").await;
+    assert_eq!(status, 200);
+    assert_eq!(route(&all, "order")["runtime_change"], false);
+    let put = r#"{"base_limit": 150}"#;
+    let (status, order) = call(p.admin, "PUT", "/admin/routes/order", put, None).await;
+    assert_eq!((status, &order["runtime_change"]), (200, &Value::Bool(true)));
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn a_scheduled_event_takes_effect_at_its_wall_clock_time() {
     #[allow(clippy::disallowed_methods)] // the event is placed relative to the real wall clock

@@ -191,8 +191,25 @@ fn error(status: StatusCode, errors: Vec<String>) -> Response {
 /// The refusal of a mutating request without the right bearer token, if it lacks it.
 /// The scheme is matched in any case (RFC 9110 §11.1); the token is compared as bytes,
 /// so any token the config takes can be sent.
+///
+/// Without a token, a request from a web page is refused (403): a browser sends
+/// `Origin` with every request but a `GET` or `HEAD`, and the tools an operator
+/// changes limits with (curl, scripts) send none. A page the operator opened could
+/// otherwise have the browser post to the admin API on loopback (`POST
+/// /admin/reload` is a request a form may send, without a CORS preflight), or, through
+/// a name it re-binds to 127.0.0.1, change any limit. With a token, a page cannot
+/// send it.
 fn unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
-    let token = state.token.as_ref()?;
+    let Some(token) = state.token.as_ref() else {
+        let origin = headers.get(http::header::ORIGIN)?;
+        return Some(error(
+            StatusCode::FORBIDDEN,
+            vec![format!(
+                "a change from a web page (Origin: {}) is refused without [admin] token",
+                String::from_utf8_lossy(origin.as_bytes())
+            )],
+        ));
+    };
     let given = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| bearer_token(v.as_bytes()));
