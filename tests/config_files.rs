@@ -272,6 +272,7 @@ fn route_names_and_paths() {
         ("path", "/api/./order", "/api/order"),
         ("path", "/api/x/../order", "/api/order"),
         ("path", "/api/%6Frder", "/api/order"),
+        ("path", "/api\\\\order", "/api/order"),
         ("path_prefix", "/files/%7Euser/", "/files/~user/"),
         ("path_prefix", "/api/.", "/api/"),
     ] {

@@ -327,11 +327,13 @@ fn without_trailing_slash(path: &str) -> &str {
 /// A request path as routes see it: percent-encoded unreserved characters decoded
 /// (`%6F` is `o`) and dot segments removed (`/a/./b/../c` is `/a/c`), as RFC 3986
 /// §6.2.2 makes them equivalent, and runs of slashes merged (`//a//b` is `/a/b`), as
-/// most servers do. A client cannot then send a route's path spelled otherwise, reach
+/// most servers do. A backslash is a slash (`/api\order` is `/api/order`), as IIS,
+/// nginx on Windows and the WHATWG URL parser (`new URL()` in Node.js, Deno, Bun) read
+/// it. A client cannot then send a route's path spelled otherwise, reach
 /// the same handler and escape the route's limit. An encoded slash (`%2F`) stays
 /// encoded, as servers keep it inside its segment. A target that is no path (`OPTIONS
 /// *`) is `/`, so that a catch-all route limits it too. Paths that need none of this
-/// (no `%`, no `//`, no `/.`) are returned as they are.
+/// (no `%`, no `\`, no `//`, no `/.`) are returned as they are.
 ///
 /// ```
 /// use rocgate::config::normalize_path;
@@ -339,6 +341,7 @@ fn without_trailing_slash(path: &str) -> &str {
 /// assert_eq!(normalize_path("/api/order"), "/api/order");
 /// assert_eq!(normalize_path("//api/x/../%6Frder/."), "/api/order/");
 /// assert_eq!(normalize_path("/api%2Forder"), "/api%2Forder");
+/// assert_eq!(normalize_path("/api\\order"), "/api/order");
 /// assert_eq!(normalize_path("/.."), "/");
 /// assert_eq!(normalize_path("*"), "/");
 /// ```
@@ -347,10 +350,9 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
         return std::borrow::Cow::Borrowed("/");
     }
     let bytes = path.as_bytes();
-    let plain = !bytes
-        .iter()
-        .enumerate()
-        .any(|(i, &b)| b == b'%' || (b == b'/' && matches!(bytes.get(i + 1), Some(b'/' | b'.'))));
+    let plain = !bytes.iter().enumerate().any(|(i, &b)| {
+        b == b'%' || b == b'\\' || (b == b'/' && matches!(bytes.get(i + 1), Some(b'/' | b'.')))
+    });
     if plain {
         return std::borrow::Cow::Borrowed(path);
     }
@@ -370,7 +372,7 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
                 i += 3;
             }
             None => {
-                decoded.push(bytes[i]);
+                decoded.push(if bytes[i] == b'\\' { b'/' } else { bytes[i] });
                 i += 1;
             }
         }
