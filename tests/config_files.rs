@@ -490,12 +490,19 @@ fn tiers() {
             "partition = \"header:Host\"\n[[routes.tiers]]\nname = \"a\"\nvalues = [{value:?}]\nbase_limit = 10\ncut_limit = 5"
         ))
     };
-    refused(
-        &host_tier("Shop.example"),
-        "routes[0].tiers[0].values[0]",
-        "can never match: a host is keyed in lower case, got \"Shop.example\"",
-    );
-    Config::from_toml_str(&host_tier("shop.example:8080"), "t.toml").unwrap();
+    for (value, key) in [
+        ("Shop.example", "shop.example"),
+        ("shop.example:8080", "shop.example"),
+        ("shop.example.", "shop.example"),
+        ("[2001:DB8::1]:80", "[2001:db8::1]"),
+    ] {
+        refused(
+            &host_tier(value),
+            "routes[0].tiers[0].values[0]",
+            &format!("can never match: a host is keyed by its name in lower case, without a port or a trailing dot ({key:?}), got {value:?}"),
+        );
+    }
+    Config::from_toml_str(&host_tier("shop.example"), "t.toml").unwrap();
 }
 
 #[test]

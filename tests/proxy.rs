@@ -1517,6 +1517,38 @@ async fn a_host_partition_keys_by_the_host_the_upstream_sees() {
     assert_eq!(hosts, ["tenant-b.example", "tenant-c.example"]);
 }
 
+/// A `header:host` partition keys a host by its name alone: a port (the default one,
+/// another, or none after the colon) and a trailing dot name the same virtual host
+/// to nginx and Apache, and each was a fresh quota of its own (65,536 for the ports).
+#[tokio::test]
+async fn a_host_partition_keys_a_host_by_its_name_without_port_or_trailing_dot() {
+    let upstream = start_upstream().await;
+    let mut route = trickle_route("per_host_name", "/", 1);
+    route.partition = Partition::Header("host".into(), KeyLimits::default());
+    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    let mut answers = Vec::new();
+    for (target, host) in [
+        ("/n", "name.example"),
+        ("/n", "name.example."),
+        ("/n", "name.example:80"),
+        ("/n", "NAME.example.:8080"),
+        ("/n", "name.example:"),
+        ("http://name.example.:81/n", "other.example"),
+        ("/v6", "[2001:db8::1]"),
+        ("/v6", "[2001:DB8::1]:80"),
+    ] {
+        let request =
+            format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        answers.extend(statuses(
+            &raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await,
+        ));
+    }
+    assert_eq!(answers, [200, 429, 429, 429, 429, 429, 200, 429]);
+    // The upstream still gets the host as the client wrote it.
+    let seen = upstream.only("/n");
+    assert_eq!(seen.headers[header::HOST], "name.example");
+}
+
 #[tokio::test]
 async fn connect_is_refused_and_never_reaches_the_upstream() {
     let upstream = start_upstream().await;
@@ -1809,6 +1841,31 @@ async fn h2c_connect(addr: SocketAddr) -> hyper::client::conn::http2::SendReques
     .unwrap();
     tokio::spawn(conn);
     sender
+}
+
+/// A header value is keyed without the whitespace around it. An HTTP/1 parser drops
+/// it, but HTTP/2 carries a value as sent: `" k"` was a key of its own, and the
+/// upstream, sent it over HTTP/1.1, read `k`: a fresh quota per padding.
+#[tokio::test]
+async fn a_header_partition_keys_a_value_without_the_whitespace_around_it() {
+    let upstream = start_upstream().await;
+    let mut route = trickle_route("per_padded_key", "/", 1);
+    route.partition = Partition::Header("x-api-key".into(), KeyLimits::default());
+    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    let mut sender = h2c_connect(proxy.addr).await;
+    let mut answers = Vec::new();
+    for key in ["k", " k", "k ", "\tk\t", "  k  "] {
+        let req = Request::get(format!("http://{HOST}/padded"))
+            .header("x-api-key", key)
+            .body(Full::<Bytes>::default())
+            .unwrap();
+        let res = within("h2 response", sender.send_request(req))
+            .await
+            .unwrap();
+        answers.push(res.status().as_u16());
+    }
+    assert_eq!(answers, [200, 429, 429, 429, 429]);
+    assert_eq!(upstream.only("/padded").headers["x-api-key"], "k");
 }
 
 /// A client speaking h2c (HTTP/2 with prior knowledge) is served like an HTTP/1.1 one:

@@ -485,11 +485,13 @@ pub enum Partition {
     Route,
     /// One limiter per client IP.
     ClientIp(KeyLimits),
-    /// One limiter per value of this request header (lower-case name). A value longer
+    /// One limiter per value of this request header (lower-case name), without the
+    /// spaces and tabs around it (which HTTP/2 carries and HTTP/1 drops). A value longer
     /// than [`MAX_KEY_VALUE_BYTES`] is keyed by a digest of it; the header given more
     /// than once counts as no key, like a missing header. `host` is the host the
-    /// request is for, in lower case: its target's authority where it has one
-    /// (absolute form, HTTP/2's `:authority`), else its `Host`.
+    /// request is for, its name alone in lower case (no port, no trailing dot): of its
+    /// target's authority where it has one (absolute form, HTTP/2's `:authority`), else
+    /// of its `Host`.
     Header(String, KeyLimits),
 }
 
@@ -501,6 +503,29 @@ pub const UNMATCHED_ROUTE: &str = "unmatched";
 /// partition; a longer one is keyed by a 128-bit digest of it (every key is kept while
 /// it lives, and an HTTP/1 head may carry a value of hundreds of KiB).
 pub const MAX_KEY_VALUE_BYTES: usize = 1024;
+
+/// The key of a `header:host` partition: the host name alone, as nginx reads it to
+/// choose a virtual host (`ngx_http_validate_host`), so that every spelling of one
+/// host is one key. A host name in any case is one host (RFC 9110 §4.2.3); the port is
+/// dropped (`shop.example:80`, `shop.example:8080` and `shop.example:` are
+/// `shop.example`: nginx and Apache pick a virtual host by the name alone), as is one
+/// trailing dot (`shop.example.` is the same fully qualified name). An IPv6 literal
+/// keeps its brackets (`[2001:db8::1]:80` is `[2001:db8::1]`). Each of these used to be
+/// a key of its own, a fresh quota per spelling: 2^n for a name of n letters, 65,536
+/// for its ports.
+pub(crate) fn host_key(value: &str) -> std::borrow::Cow<'_, str> {
+    let end = match value.strip_prefix('[') {
+        Some(rest) => rest.find(']').map_or(value.len(), |close| close + 2),
+        None => value.find(':').unwrap_or(value.len()),
+    };
+    let name = &value[..end];
+    let name = name.strip_suffix('.').filter(|n| !n.is_empty()).unwrap_or(name);
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
 
 /// Bounds on per-key state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

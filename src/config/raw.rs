@@ -1217,12 +1217,13 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                             continue;
                         }
                         Some(PartitionKind::Header(h))
-                            if h == "host" && value.bytes().any(|b| b.is_ascii_uppercase()) =>
+                            if h == "host" && super::host_key(&value) != value.as_str() =>
                         {
                             p.at(
                                 location,
                                 format!(
-                                    "can never match: a host is keyed in lower case, got {value:?}"
+                                    "can never match: a host is keyed by its name in lower case, without a port or a trailing dot ({:?}), got {value:?}",
+                                    super::host_key(&value)
                                 ),
                             );
                             continue;

@@ -150,7 +150,7 @@ impl Gate {
         peer: Option<SocketAddr>,
     ) -> Decided {
         let digest: String;
-        let folded: String;
+        let folded: std::borrow::Cow<'_, str>;
         let key = match engine.partition(route) {
             // A route this engine does not hold: `check` admits it, whatever the key.
             None | Some(Partition::Route) => Key::None,
@@ -179,16 +179,20 @@ impl Gate {
                         let mut values = req.headers().get_all(name.as_str()).iter();
                         let value = values.next().filter(|_| values.next().is_none());
                         // UTF-8 beyond ASCII ("café") is a key of its own; other bytes
-                        // are none.
-                        value.and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+                        // are none. Without the whitespace around it, which an HTTP/1
+                        // parser drops but HTTP/2 carries (`" k"`): the upstream, sent
+                        // it over HTTP/1.1, reads `k`, and each padding was a fresh key.
+                        value
+                            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+                            .map(|v| v.trim_matches([' ', '\t']))
                     }
                 };
-                // A host name in any case is one host (RFC 9110 §4.2.3): a key per
-                // spelling was 2^n fresh quotas for a name of n letters.
+                // One host however it is spelled (see `host_key`): a key per spelling
+                // was a fresh quota per spelling.
                 let value = match value {
-                    Some(v) if host && v.bytes().any(|b| b.is_ascii_uppercase()) => {
-                        folded = v.to_ascii_lowercase();
-                        Some(folded.as_str())
+                    Some(v) if host => {
+                        folded = crate::config::host_key(v);
+                        Some(&*folded)
                     }
                     other => other,
                 };
