@@ -41,6 +41,7 @@ use crate::window::{RocMode, RocSample, SampleAt, SlotCounter, SlotRing, WindowS
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr};
@@ -1447,13 +1448,19 @@ impl<E: KeyState> KeyTables<E> {
     }
 }
 
-/// Tier limits resolved for the key table: `(values, base, cut)`, and the default.
+/// Tier limits resolved for the key table: each tier's `(base, cut)`, the tier of
+/// each value, and the default.
 struct TierTable {
     /// Base and cut limits of keys in no tier, as f64 bits: the route's controller
     /// parameters in force, updated when they change (runtime update, reload of the
     /// parameters, scheduled event).
     default: [AtomicU64; 2],
-    tiers: Vec<(Vec<String>, f64, f64)>,
+    /// Each tier's base and cut limits, tier `i` at `i - 1`.
+    tiers: Vec<(f64, f64)>,
+    /// The tier of each tier value. A key's tier is looked up at each new key and
+    /// rejection: a scan of every value of every tier made each of those cost as much
+    /// as the list is long (a partner list of 10,000 API keys), for invented keys too.
+    index: HashMap<String, u16>,
     /// The algorithm's fixed parameter, the same for every key: the token bucket's
     /// burst or the windows' length in milliseconds, or the leaky bucket's or the
     /// concurrency limiter's queue.
@@ -1475,10 +1482,17 @@ impl TierTable {
 
     /// The tier of a key (0: none), from its text.
     fn tier_of(&self, key: &str) -> u16 {
-        self.tiers
-            .iter()
-            .position(|(values, _, _)| values.iter().any(|v| v == key))
-            .map_or(0, |i| i as u16 + 1)
+        self.index.get(key).copied().unwrap_or(0)
+    }
+
+    /// [`tier_of`](Self::tier_of) a key of the table, rendered as text only where the
+    /// route has tiers.
+    fn tier_of_key<Q: KeyText + ?Sized>(&self, key: &Q) -> u16 {
+        if self.index.is_empty() {
+            0
+        } else {
+            self.tier_of(&key.text())
+        }
     }
 
     fn set_default(&self, base: f64, cut: f64) {
@@ -1493,7 +1507,7 @@ impl TierTable {
                 f64::from_bits(self.default[1].load(Ordering::Relaxed)),
             ),
             i => {
-                let (_, b, c) = &self.tiers[usize::from(i) - 1];
+                let (b, c) = &self.tiers[usize::from(i) - 1];
                 (*b, *c)
             }
         };
@@ -1911,6 +1925,11 @@ impl<K: Hash + Eq> KeyTable<K, ConcurrencyKey> {
     }
 }
 
+/// The least time between two sweeps of a full key table, which evict every key at
+/// rest (see [`KeyTable::sweep`]): a sweep visits every key, so that a table kept full
+/// costs a visit of `max_keys` keys this often at most.
+const FULL_SWEEP_EVERY: Duration = Duration::from_millis(100);
+
 struct KeyTable<K, E> {
     /// Made at the first key: DashMap allocates its shards up front ((4 × cores)
     /// rounded up to a power of two, 128 bytes each), which a route whose keys never
@@ -1936,18 +1955,9 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             tiers: cfg
                 .tiers
                 .iter()
-                .map(|t: &Tier| {
-                    let values = match cfg.partition {
-                        Partition::ClientIp(limits) => t
-                            .values
-                            .iter()
-                            .map(|v| canonical_ip_text(v, limits.ipv6_prefix))
-                            .collect(),
-                        _ => t.values.clone(),
-                    };
-                    (values, t.base_limit_rps, t.cut_limit_rps)
-                })
+                .map(|t: &Tier| (t.base_limit_rps, t.cut_limit_rps))
                 .collect(),
+            index: tier_index(cfg),
             shape,
             hold_base,
         };
@@ -1970,10 +1980,13 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         if let Some(entry) = self.map.get().and_then(|map| map.get(key)) {
             return entry.check(r, &self.tiers, now);
         }
-        if self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
+        // A key of a tier takes a place beyond `max_keys` (at most as many as the
+        // tiers' values): a full table sent it to the overflow limiter at the route's
+        // limit, which a client inventing keys both filled and drained.
+        let tier = self.tiers.tier_of_key(key);
+        if tier == 0 && self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
             return self.check_overflow(r, now);
         }
-        let tier = self.tiers.tier_of(&key.text());
         // Generation first: a limit change between the two loads then leaves the new
         // key a generation behind, to catch up on its next request.
         let generation = r.generation.load(Ordering::Acquire) as u32;
@@ -1984,7 +1997,11 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             // A place is taken before the key goes in: threads adding keys to a table
             // one short of full each found room, and passed `max_keys` together.
             Entry::Vacant(entry) => {
-                let max = self.limits.max_keys;
+                let max = if tier == 0 {
+                    self.limits.max_keys
+                } else {
+                    usize::MAX
+                };
                 let reserved = self
                     .len
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -2029,20 +2046,36 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             .is_some_and(|entry| entry.give_back(pace, now))
     }
 
-    /// Whether `key` is decided by [`KeyTable::overflow`]: the table is full and `key`
-    /// is not in it.
+    /// Whether `key` is decided by [`KeyTable::overflow`]: the table is full, `key` is
+    /// not in it, and it is in no tier.
     fn overflowed<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ?Sized + KeyText,
     {
         self.len.load(Ordering::Relaxed) >= self.limits.max_keys
             && !self.map.get().is_some_and(|map| map.contains_key(key))
+            && self.tiers.tier_of_key(key) == 0
     }
 
-    /// Evicts keys idle for `idle_timeout`, at most every half of it.
+    /// Evicts keys idle for `idle_timeout`, at most every half of it; while the table
+    /// is full, every key at rest, idle or not, at most every [`FULL_SWEEP_EVERY`].
+    ///
+    /// A key at rest (a full bucket, an empty window, no permit held or request
+    /// queued) decides its next request as a new key would, so evicting it loses
+    /// nothing. Evicting only idle keys let a client that sent one request on each
+    /// of `max_keys` invented keys every `idle_timeout` (10,000 per 5 minutes, 33
+    /// req/s) keep the table full, and every new client in the one overflow limiter
+    /// that it drained too. It must now hold `max_keys` keys off rest at once, again
+    /// after each sweep.
     fn sweep(&self, last: &mut Nanos, now: Nanos) {
-        let every = self.limits.idle_timeout / 2;
+        let full = self.len.load(Ordering::Relaxed) >= self.limits.max_keys;
+        let idle_every = self.limits.idle_timeout / 2;
+        let every = if full {
+            idle_every.min(FULL_SWEEP_EVERY)
+        } else {
+            idle_every
+        };
         if now.saturating_since(*last) < every {
             return;
         }
@@ -2050,7 +2083,11 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         let Some(map) = self.map.get() else {
             return;
         };
-        let cutoff = secs(now - self.limits.idle_timeout);
+        let cutoff = if full {
+            u32::MAX
+        } else {
+            secs(now - self.limits.idle_timeout)
+        };
         map.retain(|_, e| {
             let keep = !e.evictable(cutoff, self.tiers.shape, now);
             if !keep {
@@ -2059,6 +2096,24 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             keep
         });
     }
+}
+
+/// The tier of each of the route's tier values (tiers counted from 1), as its keys
+/// render (see [`canonical_ip_text`]); a value that two tiers hold, which only an
+/// address and another of its IPv6 prefix can be, is the first's.
+fn tier_index(cfg: &RouteConfig) -> HashMap<String, u16> {
+    let mut index = HashMap::new();
+    for (i, tier) in cfg.tiers.iter().enumerate() {
+        let n = u16::try_from(i + 1).unwrap_or(u16::MAX);
+        for value in &tier.values {
+            let value = match cfg.partition {
+                Partition::ClientIp(limits) => canonical_ip_text(value, limits.ipv6_prefix),
+                _ => value.clone(),
+            };
+            index.entry(value).or_insert(n);
+        }
+    }
+    index
 }
 
 /// A tier value of a client-IP partition as its keys render: an address in canonical

@@ -341,10 +341,13 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
     );
 }
 
-/// A tier's key that a full key table sends to the shared overflow limiter is held to
-/// the route's limit there, and the limit a rejection states for it is the route's.
+/// A tier's key finds a place in a full key table (at most as many more as the tiers
+/// have values): it used to be sent to the shared overflow limiter at the route's
+/// limit, which a client inventing keys fills the table for and drains. A key in no
+/// tier is held to the route's limit there, and the limit its rejections state is
+/// the route's.
 #[test]
-fn a_tier_key_in_the_overflow_limiter_states_the_routes_limit() {
+fn a_tier_key_takes_a_place_in_a_full_key_table() {
     let limits = {
         let mut v = KeyLimits::default();
         v.max_keys = 1;
@@ -356,11 +359,15 @@ fn a_tier_key_in_the_overflow_limiter_states_the_routes_limit() {
     let (gold, _) = offer(&e, id, Key::Value("gold"), 0.0, 0.5, 1000.0);
     assert_eq!(gold, 100 + 49);
     assert_eq!(e.key_limit_rps(id, Key::Value("gold")), Some(100.0));
-    // `silver`, of the same tier, finds the table full: the overflow limiter holds it
-    // to the route's 10 req/s, and its rejections say so.
+    // `silver`, of the same tier, finds the table full and takes a place beyond it.
     let (silver, _) = offer(&e, id, Key::Value("silver"), 0.0, 0.5, 1000.0);
-    assert_eq!(silver, 10 + 4);
-    assert_eq!(e.key_limit_rps(id, Key::Value("silver")), Some(10.0));
+    assert_eq!(silver, 100 + 49);
+    assert_eq!(e.key_limit_rps(id, Key::Value("silver")), Some(100.0));
+    assert_eq!(e.route_snapshot(id, Nanos::ZERO).unwrap().keys, 2);
+    // A key in no tier shares the overflow limiter, at the route's 10 req/s.
+    let (plain, _) = offer(&e, id, Key::Value("plain"), 0.0, 0.5, 1000.0);
+    assert_eq!(plain, 10 + 4);
+    assert_eq!(e.key_limit_rps(id, Key::Value("plain")), Some(10.0));
 }
 
 /// IP keys are kept as 16 bytes (IPv4 mapped into IPv6); tiers still match them by
@@ -546,6 +553,82 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
             1,
             "{name}"
         );
+    }
+}
+
+/// A client that keeps the key table full with invented keys (one request on each,
+/// once every `idle_timeout`: 10,000 keys per 5 minutes by default, 33 req/s) and
+/// drains the shared overflow limiter too used to lock every new client out: the
+/// table evicted idle keys only, and the new client found it full. Keys at rest decide
+/// as new ones would; a full table now evicts them, and the new client gets its own.
+#[test]
+fn a_table_kept_full_with_invented_keys_at_rest_still_takes_new_clients() {
+    for algorithm in RATE_ALGORITHMS
+        .into_iter()
+        .chain([Algorithm::Concurrency { queue: 0 }])
+    {
+        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        cfg.partition = Partition::ClientIp({
+            let mut v = KeyLimits::default();
+            v.max_keys = 100;
+            v.idle_timeout = Duration::from_secs(300);
+            v
+        });
+        cfg.controller.base_limit_rps = 5.0;
+        cfg.controller.cut_limit_rps = 1.0;
+        let e = engine(vec![cfg]);
+        let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
+        // 100 invented keys, a request each: the table is full. Their requests end
+        // (concurrency permits come back): the keys are at rest once refilled.
+        for n in 0..100 {
+            assert!(e.check(id, ip(n), Nanos::ZERO).is_admit(), "{name}");
+        }
+        // The attacker drains the overflow limiter at once, and again 2 s later
+        // (decisions held, so that concurrency permits stay out).
+        let mut held = Vec::new();
+        for at in [Nanos::ZERO, Nanos::from_secs(2)] {
+            held.extend((0..10).map(|_| e.check(id, ip(5000), at)));
+        }
+        // A new client, 2 s on: within `idle_timeout` of every invented key.
+        let later = Nanos::from_secs(2);
+        assert!(
+            e.check(id, ip(9999), later).is_admit(),
+            "{name}: a new client was refused in a table full of keys at rest"
+        );
+        assert!(e.route_snapshot(id, later).unwrap().keys <= 2, "{name}");
+        drop(held);
+    }
+}
+
+/// A full table's sweep evicts keys at rest only: a client that spent its limit keeps
+/// it spent (a new key would have a whole one).
+#[test]
+fn a_full_tables_sweep_keeps_the_keys_off_rest() {
+    for algorithm in RATE_ALGORITHMS
+        .into_iter()
+        .chain([Algorithm::Concurrency { queue: 0 }])
+    {
+        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        cfg.partition = Partition::ClientIp({
+            let mut v = KeyLimits::default();
+            v.max_keys = 2;
+            v
+        });
+        cfg.controller.base_limit_rps = 5.0;
+        cfg.controller.cut_limit_rps = 1.0;
+        let e = engine(vec![cfg]);
+        let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
+        // Two keys fill the table; ip(1) spends its limit (decisions held).
+        assert!(e.check(id, ip(0), Nanos::ZERO).is_admit(), "{name}");
+        let spent: Vec<_> = (0..10).map(|_| e.check(id, ip(1), Nanos::ZERO)).collect();
+        // Half a second on, a new key's request sweeps the full table.
+        let at = Nanos::from_millis(500);
+        drop(e.check(id, ip(2), at));
+        let again = (0..10).filter(|_| e.check(id, ip(1), at).is_admit()).count();
+        assert!(again < 5, "{name}: {again} admitted, as to a new key");
+        drop(spent);
     }
 }
 
