@@ -887,6 +887,20 @@ async fn an_unknown_path_or_method_is_refused_with_errors() {
         let error = reply["errors"][0].as_str().unwrap_or_default();
         assert!(error.contains(path), "{method} {path}: {reply}");
     }
+    // A route name that is no text (`%FF`) was refused in axum's plain text.
+    for method in ["GET", "PUT", "DELETE"] {
+        let path = if method == "DELETE" {
+            "/admin/routes/%FF/change"
+        } else {
+            "/admin/routes/%FF"
+        };
+        let (got, reply) = call(p.admin, method, path, "{}", None).await;
+        assert_eq!(got, 400, "{method} {path}: {reply}");
+        assert_eq!(
+            reply["errors"][0], "route name: Invalid URL: Invalid UTF-8 in `name`",
+            "{method} {path}"
+        );
+    }
     // A 405 still says which methods the endpoint takes.
     let raw = raw_admin(
         p.admin,

@@ -28,7 +28,7 @@ use crate::engine::{Engine, RouteSnapshot};
 use crate::limiter::Reason;
 use crate::metrics::Collector;
 use axum::body::Body;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
@@ -386,7 +386,25 @@ fn route_state(state: &AdminState, snap: &RouteSnapshot) -> Value {
     route
 }
 
-async fn one_route(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
+/// The `{name}` of a route's path, or the refusal of one that is no text
+/// (`/admin/routes/%FF`) in the API's own shape: axum's was plain text.
+fn route_name(name: Result<Path<String>, PathRejection>) -> Result<String, Response> {
+    name.map(|Path(name)| name).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            vec![format!("route name: {}", e.body_text())],
+        )
+    })
+}
+
+async fn one_route(
+    State(state): State<AdminState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Response {
+    let name = match route_name(name) {
+        Ok(name) => name,
+        Err(refused) => return refused,
+    };
     let (engine, now) = caught_up(&state);
     match engine
         .route_id(&name)
@@ -404,13 +422,17 @@ async fn one_route(State(state): State<AdminState>, Path(name): Path<String>) ->
 
 async fn update_route(
     State(state): State<AdminState>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     if let Some(denied) = unauthorized(&state, &headers) {
         return denied;
     }
+    let name = match route_name(name) {
+        Ok(name) => name,
+        Err(refused) => return refused,
+    };
     let body = match read_body(body).await {
         Ok(text) => text,
         Err(refused) => return refused,
@@ -423,12 +445,16 @@ async fn update_route(
 
 async fn withdraw_change(
     State(state): State<AdminState>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
     if let Some(denied) = unauthorized(&state, &headers) {
         return denied;
     }
+    let name = match route_name(name) {
+        Ok(name) => name,
+        Err(refused) => return refused,
+    };
     let reloader = state.reloader.clone();
     let withdrawn = tokio::task::spawn_blocking(move || reloader.withdraw_change(&name)).await;
     change_answer(&state, withdrawn)
