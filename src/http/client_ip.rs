@@ -26,7 +26,8 @@ pub struct PeerAddr(pub SocketAddr);
 /// malformed entry ends the walk. With [`ClientIpHeader::Forwarded`]
 /// ([`with_header`](Self::with_header)), RFC 7239's `Forwarded` is walked the same way
 /// instead, through the `for=` of each element (`for=203.0.113.7`,
-/// `for="[2001:db8::7]:443"`); an obfuscated or `unknown` node ends the walk as a
+/// `for="[2001:db8::7]:443"`, `for="203.0.113.7:_p1"` with an obfuscated port); an
+/// obfuscated or `unknown` node ends the walk as a
 /// malformed entry does. Only the chosen header is read: a proxy that writes
 /// `Forwarded` and passes on the `X-Forwarded-For` a client sent would otherwise let
 /// the client choose its own key. Headers from untrusted peers are ignored.
@@ -126,8 +127,9 @@ impl ClientIpResolver {
 }
 
 /// The address of a forwarding entry or node: an address (`1.2.3.4`, `2001:db8::1`),
-/// one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`), or an IPv6 address in
-/// brackets without one (`[2001:db8::1]`, as RFC 7239 writes it).
+/// one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`) or an obfuscated port
+/// (`1.2.3.4:_p1`, RFC 7239 §6.3), or an IPv6 address in brackets without one
+/// (`[2001:db8::1]`, as RFC 7239 writes it).
 fn node_address(entry: &str) -> Option<IpAddr> {
     if let Ok(ip) = entry.parse::<IpAddr>() {
         return Some(ip);
@@ -135,8 +137,27 @@ fn node_address(entry: &str) -> Option<IpAddr> {
     if let Ok(addr) = entry.parse::<SocketAddr>() {
         return Some(addr.ip());
     }
+    if let Some((node, port)) = entry.rsplit_once(':').filter(|(_, p)| is_obfuscated_port(p)) {
+        return match node.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+            Some(v6) => v6.parse::<Ipv6Addr>().ok().map(IpAddr::V6),
+            None => node.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4),
+        };
+    }
     let v6 = entry.strip_prefix('[')?.strip_suffix(']')?;
     v6.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
+}
+
+/// Whether `port` is an obfuscated port of RFC 7239 §6.3 (`_` and then letters,
+/// digits, `.`, `_` or `-`), which a proxy may write for its client's in place of the
+/// number: the address before it is still the client's. Read as malformed, it ended
+/// the walk, and every client behind such a proxy shared the proxy's own key.
+fn is_obfuscated_port(port: &str) -> bool {
+    port.strip_prefix('_').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    })
 }
 
 /// A header's comma-separated entries, over all its lines, the last first.
@@ -290,6 +311,15 @@ mod tests {
             "proto=http;for=203.0.113.7, for=10.0.0.2",
         ]);
         assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        // An obfuscated port is no part of the address.
+        let h = forwarded(&[r#"for=6.6.6.6, for="203.0.113.7:_p1", for=10.0.0.2"#]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        let h = forwarded(&[r#"for="[2001:db8::7]:_x-1", for=10.0.0.2"#]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("2001:db8::7")));
+        for bad in [r#""203.0.113.7:_""#, r#""203.0.113.7:_a/b""#, r#""[203.0.113.7]:_p""#] {
+            let h = forwarded(&[&format!("for=6.6.6.6, for={bad}, for=10.0.0.2")]);
+            assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.2")), "{bad}");
+        }
         // An obfuscated or unknown node, or an element without `for=`, ends the walk.
         let h = forwarded(&["for=6.6.6.6, for=_hidden, for=10.0.0.2"]);
         assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.2")));
