@@ -603,7 +603,10 @@ async fn without_a_token_a_web_page_cannot_change_limits() {
     assert_eq!(route(&all, "order")["runtime_change"], false);
     let put = r#"{"base_limit": 150}"#;
     let (status, order) = call(p.admin, "PUT", "/admin/routes/order", put, None).await;
-    assert_eq!((status, &order["runtime_change"]), (200, &Value::Bool(true)));
+    assert_eq!(
+        (status, &order["runtime_change"]),
+        (200, &Value::Bool(true))
+    );
     p.stop().await;
 }
 

@@ -626,7 +626,9 @@ fn a_full_tables_sweep_keeps_the_keys_off_rest() {
         // Half a second on, a new key's request sweeps the full table.
         let at = Nanos::from_millis(500);
         drop(e.check(id, ip(2), at));
-        let again = (0..10).filter(|_| e.check(id, ip(1), at).is_admit()).count();
+        let again = (0..10)
+            .filter(|_| e.check(id, ip(1), at).is_admit())
+            .count();
         assert!(again < 5, "{name}: {again} admitted, as to a new key");
         drop(spent);
     }

@@ -1537,8 +1537,7 @@ async fn a_host_partition_keys_a_host_by_its_name_without_port_or_trailing_dot()
         ("/v6", "[2001:db8::1]"),
         ("/v6", "[2001:DB8::1]:80"),
     ] {
-        let request =
-            format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         answers.extend(statuses(
             &raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await,
         ));

@@ -519,7 +519,10 @@ pub(crate) fn host_key(value: &str) -> std::borrow::Cow<'_, str> {
         None => value.find(':').unwrap_or(value.len()),
     };
     let name = &value[..end];
-    let name = name.strip_suffix('.').filter(|n| !n.is_empty()).unwrap_or(name);
+    let name = name
+        .strip_suffix('.')
+        .filter(|n| !n.is_empty())
+        .unwrap_or(name);
     if name.bytes().any(|b| b.is_ascii_uppercase()) {
         std::borrow::Cow::Owned(name.to_ascii_lowercase())
     } else {

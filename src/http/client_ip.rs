@@ -137,7 +137,10 @@ fn node_address(entry: &str) -> Option<IpAddr> {
     if let Ok(addr) = entry.parse::<SocketAddr>() {
         return Some(addr.ip());
     }
-    if let Some((node, port)) = entry.rsplit_once(':').filter(|(_, p)| is_obfuscated_port(p)) {
+    if let Some((node, port)) = entry
+        .rsplit_once(':')
+        .filter(|(_, p)| is_obfuscated_port(p))
+    {
         return match node.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
             Some(v6) => v6.parse::<Ipv6Addr>().ok().map(IpAddr::V6),
             None => node.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4),
@@ -316,7 +319,11 @@ mod tests {
         assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
         let h = forwarded(&[r#"for="[2001:db8::7]:_x-1", for=10.0.0.2"#]);
         assert_eq!(r.resolve(peer, &h), Some(ip("2001:db8::7")));
-        for bad in [r#""203.0.113.7:_""#, r#""203.0.113.7:_a/b""#, r#""[203.0.113.7]:_p""#] {
+        for bad in [
+            r#""203.0.113.7:_""#,
+            r#""203.0.113.7:_a/b""#,
+            r#""[203.0.113.7]:_p""#,
+        ] {
             let h = forwarded(&[&format!("for=6.6.6.6, for={bad}, for=10.0.0.2")]);
             assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.2")), "{bad}");
         }
