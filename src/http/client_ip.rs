@@ -137,7 +137,7 @@ fn node_address(entry: &str) -> Option<IpAddr> {
     if let Ok(addr) = entry.parse::<SocketAddr>() {
         return Some(addr.ip());
     }
-    if let Some((node, port)) = entry
+    if let Some((node, _)) = entry
         .rsplit_once(':')
         .filter(|(_, p)| is_obfuscated_port(p))
     {

@@ -388,12 +388,12 @@ fn route_state(state: &AdminState, snap: &RouteSnapshot) -> Value {
 
 /// The `{name}` of a route's path, or the refusal of one that is no text
 /// (`/admin/routes/%FF`) in the API's own shape: axum's was plain text.
-fn route_name(name: Result<Path<String>, PathRejection>) -> Result<String, Response> {
+fn route_name(name: Result<Path<String>, PathRejection>) -> Result<String, Box<Response>> {
     name.map(|Path(name)| name).map_err(|e| {
-        error(
+        Box::new(error(
             StatusCode::BAD_REQUEST,
             vec![format!("route name: {}", e.body_text())],
-        )
+        ))
     })
 }
 
@@ -403,7 +403,7 @@ async fn one_route(
 ) -> Response {
     let name = match route_name(name) {
         Ok(name) => name,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let (engine, now) = caught_up(&state);
     match engine
@@ -431,7 +431,7 @@ async fn update_route(
     }
     let name = match route_name(name) {
         Ok(name) => name,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let body = match read_body(body).await {
         Ok(text) => text,
@@ -453,7 +453,7 @@ async fn withdraw_change(
     }
     let name = match route_name(name) {
         Ok(name) => name,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let reloader = state.reloader.clone();
     let withdrawn = tokio::task::spawn_blocking(move || reloader.withdraw_change(&name)).await;
