@@ -42,6 +42,7 @@
 //! | `rocgate_max_upstream_requests` | gauge | | proxy: `max_upstream_requests`, the most places there are (a restart changes it, a reload does not) |
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: times every one of `max_connections` was taken and accepting paused |
+//! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted, their client address holding `max_connections_per_client` already |
 //! | `rocgate_config_reloads_total` | counter | `result` | proxy: config reloads (SIGHUP or `POST /admin/reload`), `applied` or `refused` (the running config kept) |
 //! | `rocgate_config_last_reload_successful` | gauge | | proxy: 1 if the last reload was applied (or none was asked for), 0 if it was refused |
 //! | `rocgate_runtime_changes` | gauge | | proxy: routes running on a runtime change (`PUT /admin/routes/{name}`) rather than the file's parameters |
@@ -116,6 +117,8 @@ pub const MAX_UPSTREAM_REQUESTS: &str = "rocgate_max_upstream_requests";
 pub const CLIENT_CONNECTIONS: &str = "rocgate_client_connections";
 /// `rocgate_client_connection_limit_reached_total`.
 pub const CONNECTION_LIMIT_REACHED: &str = "rocgate_client_connection_limit_reached_total";
+/// `rocgate_client_connections_refused_total`.
+pub const CONNECTIONS_REFUSED: &str = "rocgate_client_connections_refused_total";
 /// `rocgate_config_reloads_total`.
 pub const CONFIG_RELOADS: &str = "rocgate_config_reloads_total";
 /// `rocgate_config_last_reload_successful`.
@@ -140,7 +143,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 38] = [
+pub const ALL: [&str; 39] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -168,6 +171,7 @@ pub const ALL: [&str; 38] = [
     MAX_UPSTREAM_REQUESTS,
     CLIENT_CONNECTIONS,
     CONNECTION_LIMIT_REACHED,
+    CONNECTIONS_REFUSED,
     CONFIG_RELOADS,
     CONFIG_LAST_RELOAD_APPLIED,
     RUNTIME_CHANGES,
@@ -282,6 +286,10 @@ pub fn describe() {
     describe_counter!(
         CONNECTION_LIMIT_REACHED,
         "Times max_connections was reached and accepting paused."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections closed as accepted: their client address held max_connections_per_client."
     );
     describe_counter!(
         CONFIG_RELOADS,

@@ -796,6 +796,7 @@ fn server_and_admin_sections() {
         "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\
          connect_timeout = \"500ms\"\nmax_body_bytes = 2048\nmax_upstream_lanes = 0\n\
          upstream_idle_timeout = \"1500ms\"\nmax_connections = 3\nmax_upstream_requests = 7\n\
+         max_connections_per_client = 2\n\
          idle_timeout = \"90s\"\nlingering_time = \"12s\"\nlingering_timeout = \"1500ms\"\n\
          trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\nclient_ip_header = \"Forwarded\"\n\
          [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
@@ -809,6 +810,7 @@ fn server_and_admin_sections() {
     assert_eq!(c.server.upstream_idle_timeout.as_millis(), 1500);
     assert_eq!(c.server.max_connections, 3);
     assert_eq!(c.server.max_upstream_requests, 7);
+    assert_eq!(c.server.max_connections_per_client, Some(2));
     assert_eq!(c.server.idle_timeout.as_secs(), 90);
     assert_eq!(c.server.lingering_time.as_secs(), 12);
     assert_eq!(c.server.lingering_timeout.as_millis(), 1500);
@@ -928,6 +930,16 @@ fn server_and_admin_sections() {
         &route("[server]\nmax_connections = 1.5"),
         "server.max_connections",
         "",
+    );
+    refused(
+        &route("[server]\nmax_connections_per_client = 0"),
+        "server.max_connections_per_client",
+        "must be at least 1, got 0",
+    );
+    refused(
+        &route("[server]\nmax_connections_per_client = 20000000"),
+        "server.max_connections_per_client",
+        "must be at most 10000000, got 20000000",
     );
     refused(
         &route("[server]\nmax_upstream_requests = 0"),

@@ -18,7 +18,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rocgate::clock::{Clock, ManualClock, MonotonicClock};
-use rocgate::config::{Config, RouteConfig, RouteMatch};
+use rocgate::config::{Config, RouteConfig, RouteMatch, ServerConfig};
 use rocgate::proxy::{Proxy, ProxySettings};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -130,18 +130,27 @@ async fn start_proxy_on(
     idle_timeout: Duration,
     header_read_timeout: Duration,
 ) -> RunningProxy {
+    let mut server = ServerConfig::default();
+    server.max_connections = max_connections;
+    server.idle_timeout = idle_timeout;
+    server.header_read_timeout = header_read_timeout;
+    start_proxy_with(clock, upstream, &server).await
+}
+
+/// A proxy in front of `upstream` with `server`'s settings, but on ports the OS picks,
+/// with a 1 s shutdown grace, short upstream timeouts and a 64 KiB body limit.
+async fn start_proxy_with(
+    clock: Arc<dyn Clock>,
+    upstream: SocketAddr,
+    server: &ServerConfig,
+) -> RunningProxy {
     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
     let settings = {
-        let mut built = ProxySettings::from_server(
-            &rocgate::config::ServerConfig::default(),
-            format!("http://{upstream}").parse().unwrap(),
-        );
+        let mut built =
+            ProxySettings::from_server(server, format!("http://{upstream}").parse().unwrap());
         built.listen = any_port;
         built.admin_listen = any_port;
-        built.header_read_timeout = header_read_timeout;
         built.shutdown_grace = Duration::from_secs(1);
-        built.max_connections = max_connections;
-        built.idle_timeout = idle_timeout;
         built.forward.connect_timeout = Duration::from_secs(1);
         built.forward.response_timeout = Duration::from_secs(5);
         built.forward.max_body_bytes = 64 * 1024;
@@ -182,7 +191,17 @@ struct H1 {
 
 impl H1 {
     async fn connect(addr: SocketAddr) -> H1 {
-        let stream = TcpStream::connect(addr).await.unwrap();
+        H1::over(TcpStream::connect(addr).await.unwrap()).await
+    }
+
+    /// A connection to `addr` from the loopback address `source`.
+    async fn connect_from(addr: SocketAddr, source: [u8; 4]) -> H1 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((source, 0))).unwrap();
+        H1::over(socket.connect(addr).await.unwrap()).await
+    }
+
+    async fn over(stream: TcpStream) -> H1 {
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .unwrap();
@@ -195,10 +214,15 @@ impl H1 {
     /// Sends a request once the connection is ready for one; answers with the status
     /// and body.
     async fn send(&mut self, path: &str) -> (StatusCode, Bytes) {
-        self.sender.ready().await.unwrap();
-        let res = self.sender.send_request(get(path)).await.unwrap();
+        self.try_send(path).await.unwrap()
+    }
+
+    /// [`send`](Self::send), or the error of a connection that closed.
+    async fn try_send(&mut self, path: &str) -> hyper::Result<(StatusCode, Bytes)> {
+        self.sender.ready().await?;
+        let res = self.sender.send_request(get(path)).await?;
         let status = res.status();
-        (status, res.into_body().collect().await.unwrap().to_bytes())
+        Ok((status, res.into_body().collect().await?.to_bytes()))
     }
 
     fn close(self) {
@@ -292,6 +316,63 @@ async fn a_connection_beyond_max_connections_waits_until_one_closes() {
     })
     .await
     .expect("the gauge falls to 0 once every connection is closed");
+}
+
+/// With `max_connections_per_client`, an address that holds that many has its next
+/// connection closed as soon as it is accepted, while another address is served; a
+/// connection that closes gives its address's place back. The trusted proxies'
+/// connections are not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_address_beyond_its_cap_is_closed_while_others_are_served() {
+    let upstream = start_upstream().await;
+    let mut server = ServerConfig::default();
+    server.max_connections_per_client = Some(2);
+    server.idle_timeout = Duration::from_secs(60);
+    let proxy = start_proxy_with(Arc::new(MonotonicClock::new()), upstream, &server).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut client = H1::connect(proxy.addr).await;
+        assert_eq!(client.send("/").await.0, StatusCode::OK);
+        held.push(client);
+    }
+    let mut third = H1::connect(proxy.addr).await;
+    let answer = timeout(IO_TIMEOUT, third.try_send("/")).await.unwrap();
+    assert!(answer.is_err(), "a third connection was served: {answer:?}");
+    let mut other = H1::connect_from(proxy.addr, [127, 0, 0, 2]).await;
+    let (status, _) = timeout(IO_TIMEOUT, other.send("/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK, "another address is served");
+    let refused = "rocgate_client_connections_refused_total";
+    assert_eq!(metric(&proxy, refused).await, Some(1.0));
+    assert_eq!(open_connections(&proxy).await, 3.0);
+
+    held.pop().unwrap().close();
+    // The proxy sees the close a moment later: until then a new connection is closed.
+    let served = timeout(IO_TIMEOUT, async {
+        loop {
+            let mut client = H1::connect(proxy.addr).await;
+            if let Ok((status, _)) = client.try_send("/").await {
+                break status;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a closed connection gives its address's place back");
+    assert_eq!(served, StatusCode::OK);
+
+    server.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap()];
+    let behind = start_proxy_with(Arc::new(MonotonicClock::new()), upstream, &server).await;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut client = H1::connect(behind.addr).await;
+        let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "a trusted proxy's connections are not counted"
+        );
+        clients.push(client);
+    }
 }
 
 /// The cap's warning is logged when the cap is first reached, then at most once per

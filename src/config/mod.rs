@@ -652,6 +652,10 @@ pub struct ServerConfig {
     /// Most client connections open at once (the admin API's are not counted); at the
     /// cap, further connections wait in the kernel's listen backlog.
     pub max_connections: usize,
+    /// Most client connections open at once from one client address (an IPv6 client's
+    /// /64), if set; the trusted proxies' connections are not counted. Beyond it, a
+    /// connection is closed as soon as it is accepted.
+    pub max_connections_per_client: Option<usize>,
     /// Most requests forwarded to the upstream at once, through the pool, lanes and
     /// WebSocket tunnels together, each counted until its response body ends or its
     /// tunnel closes; at the cap, further admitted requests get 503
@@ -690,6 +694,7 @@ impl Default for ServerConfig {
             client_ip_header: ClientIpHeader::XForwardedFor,
             shutdown_grace: Duration::from_secs(30),
             max_connections: 10_000,
+            max_connections_per_client: None,
             max_upstream_requests: 10_000,
             idle_timeout: Duration::from_secs(60),
             lingering_time: Duration::from_secs(30),

@@ -99,6 +99,7 @@ struct RawServer {
     client_ip_header: Option<String>,
     shutdown_grace: Option<String>,
     max_connections: Option<Whole>,
+    max_connections_per_client: Option<Whole>,
     max_upstream_requests: Option<Whole>,
     idle_timeout: Option<String>,
     lingering_time: Option<String>,
@@ -1699,7 +1700,8 @@ fn network(text: &str) -> Result<ipnet::IpNet, String> {
         })
 }
 
-/// The largest `server.max_connections` and `server.max_upstream_requests`: far above
+/// The largest `server.max_connections` (and per client) and
+/// `server.max_upstream_requests`: far above
 /// what one process's file descriptors allow (`ulimit -n`), and well within what a
 /// semaphore counts.
 const MAX_CONNECTIONS_LIMIT: usize = 10_000_000;
@@ -1803,6 +1805,20 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             )),
         };
         field(p, "server.max_connections", checked);
+    }
+    if let Some(w) = server.max_connections_per_client {
+        let checked = match usize::try_from(w.0) {
+            Ok(0) => Err("must be at least 1, got 0".to_owned()),
+            Ok(n) if n <= MAX_CONNECTIONS_LIMIT => {
+                out.max_connections_per_client = Some(n);
+                Ok(())
+            }
+            _ => Err(format!(
+                "must be at most {MAX_CONNECTIONS_LIMIT}, got {}",
+                w.0
+            )),
+        };
+        field(p, "server.max_connections_per_client", checked);
     }
     if let Some(w) = server.max_upstream_requests {
         let checked = match usize::try_from(w.0) {

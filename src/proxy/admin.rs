@@ -302,6 +302,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     metrics::gauge!(crate::metrics::CLIENT_CONNECTIONS).set(m.connections.open() as f64);
     metrics::counter!(crate::metrics::CONNECTION_LIMIT_REACHED)
         .absolute(m.connections.limit_reached());
+    metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).absolute(m.connections.refused());
     let reloads = state.reloader.reload_counts();
     for (result, count) in [("applied", &reloads.applied), ("refused", &reloads.refused)] {
         metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => result)

@@ -5,7 +5,11 @@
 //! and further connections wait in the kernel's listen backlog (as with nginx's
 //! `worker_connections` and Envoy's listener limits) until a connection closes and
 //! gives its place back, which wakes the loop at once. A connection accepted holds its
-//! place, as a [`Slot`], until it closes.
+//! place, as a [`Slot`], until it closes. With `max_connections_per_client`, a client
+//! address (an IPv6 client's /64) that holds that many already has a new connection
+//! closed as soon as it is accepted, before a byte of it is read, so that one client
+//! cannot take every place (HAProxy's `src_conn_cur`, nginx's `limit_conn` by address);
+//! the trusted proxies' connections, which carry many clients, are not counted.
 //!
 //! A connection's [`Activity`] counts its requests in progress: a request begins when
 //! the service is called and ends with its response body (or with the service's
@@ -41,8 +45,10 @@ use crate::http::{HeldPermit, HoldUntilEnd};
 use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Body as _, Frame, SizeHint};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -62,6 +68,30 @@ pub(crate) struct ClientConnections {
     open: Arc<AtomicUsize>,
     /// Times the accept loop found every slot taken.
     limit_reached: AtomicU64,
+    /// The cap per client address, if any.
+    per_client: Option<PerClient>,
+    /// Connections closed as accepted, their address at its cap.
+    refused: AtomicU64,
+}
+
+/// The cap on connections per client address, and the connections each address
+/// holds.
+#[derive(Debug)]
+struct PerClient {
+    max: usize,
+    /// Addresses whose connections are not counted: the trusted proxies.
+    exempt: Vec<ipnet::IpNet>,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// The address a client's connections count under: an IPv4 client's (IPv4-mapped
+/// IPv6 peers of a dual-stack listener included) whole, an IPv6 client's /64, which
+/// one holder can rotate addresses through.
+fn client_address(peer: IpAddr) -> IpAddr {
+    match peer.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !(u128::MAX >> 64))),
+        v4 => v4,
+    }
 }
 
 impl ClientConnections {
@@ -74,7 +104,20 @@ impl ClientConnections {
             max,
             open: Arc::default(),
             limit_reached: AtomicU64::new(0),
+            per_client: None,
+            refused: AtomicU64::new(0),
         }
+    }
+
+    /// At most `max` connections open at once from one client address, if set, not
+    /// counting those from `exempt` networks.
+    pub(crate) fn per_client(mut self, max: Option<usize>, exempt: Vec<ipnet::IpNet>) -> Self {
+        self.per_client = max.map(|max| PerClient {
+            max,
+            exempt,
+            open: Arc::default(),
+        });
+        self
     }
 
     /// The most connections open at once.
@@ -104,13 +147,39 @@ impl ClientConnections {
         Place(permit)
     }
 
-    /// Counts a connection accepted into `place` as open, until the slot is dropped.
-    pub(crate) fn open_in(&self, place: Place) -> Slot {
+    /// Counts a connection from `peer` accepted into `place` as open, until the slot
+    /// is dropped; `None`, the place given back and the refusal counted, if `peer`'s
+    /// address holds `max_connections_per_client` already.
+    pub(crate) fn open_in(&self, place: Place, peer: IpAddr) -> Option<Slot> {
+        let client = match &self.per_client {
+            Some(cap) if !cap.exempt.iter().any(|n| n.contains(&peer.to_canonical())) => {
+                let address = client_address(peer);
+                let mut open = cap.open.lock().unwrap_or_else(PoisonError::into_inner);
+                let held = open.entry(address).or_insert(0);
+                if *held >= cap.max {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                *held += 1;
+                Some(ClientHold {
+                    open: Arc::clone(&cap.open),
+                    address,
+                })
+            }
+            _ => None,
+        };
         self.open.fetch_add(1, Ordering::Relaxed);
-        Slot {
+        Some(Slot {
             _permit: place.0,
             open: Arc::clone(&self.open),
-        }
+            _client: client,
+        })
+    }
+
+    /// Connections closed as soon as accepted since start, their client address at
+    /// `max_connections_per_client`.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Connections open now (accepted and not yet closed).
@@ -133,6 +202,26 @@ pub(crate) struct Place(OwnedSemaphorePermit);
 pub(crate) struct Slot {
     _permit: OwnedSemaphorePermit,
     open: Arc<AtomicUsize>,
+    _client: Option<ClientHold>,
+}
+
+/// A connection counted against its client address's cap, until dropped.
+#[derive(Debug)]
+struct ClientHold {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    address: IpAddr,
+}
+
+impl Drop for ClientHold {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = open.get_mut(&self.address) {
+            *held -= 1;
+            if *held == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
 }
 
 impl Drop for Slot {
@@ -855,6 +944,8 @@ impl Future for Sweep<'_> {
 mod tests {
     use super::*;
 
+    const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     #[tokio::test]
     async fn places_are_given_back_when_dropped() {
         let connections = ClientConnections::new(2);
@@ -863,17 +954,55 @@ mod tests {
         assert!(connections.try_acquire().is_none(), "two of two taken");
         // A place counts as open once a connection is accepted into it.
         assert_eq!(connections.open(), 0);
-        let a = connections.open_in(a);
-        let b = connections.open_in(b);
+        let a = connections.open_in(a, PEER).expect("no cap per client");
+        let b = connections.open_in(b, PEER).expect("no cap per client");
         assert_eq!(connections.open(), 2);
         drop(a);
         assert_eq!(connections.open(), 1);
-        let c = connections.open_in(connections.acquire().await);
+        let c = connections.open_in(connections.acquire().await, PEER);
         assert_eq!(connections.open(), 2);
         assert_eq!(connections.reached(), 1);
         assert_eq!(connections.limit_reached(), 1);
         drop((b, c));
         assert_eq!(connections.open(), 0);
+    }
+
+    /// Opens a connection from `peer`, if its address is under its cap.
+    fn open_from(connections: &ClientConnections, peer: &str) -> Option<Slot> {
+        let place = connections.try_acquire().expect("places to spare");
+        connections.open_in(place, peer.parse().unwrap())
+    }
+
+    #[test]
+    fn a_client_address_holds_at_most_its_cap_and_the_trusted_proxies_none() {
+        let trusted = vec!["10.0.0.0/8".parse().unwrap()];
+        let connections = ClientConnections::new(100).per_client(Some(2), trusted);
+        let a = open_from(&connections, "192.0.2.1").expect("a first");
+        let b = open_from(&connections, "::ffff:192.0.2.1").expect("a second, mapped");
+        assert!(open_from(&connections, "192.0.2.1").is_none(), "a third");
+        assert_eq!((connections.open(), connections.refused()), (2, 1));
+        // Another address has its own two; an IPv6 client's /64 is one address.
+        let v6 = [
+            open_from(&connections, "2001:db8:0:1::1"),
+            open_from(&connections, "2001:db8:0:1:ffff::2"),
+        ];
+        assert!(v6.iter().all(Option::is_some));
+        assert!(open_from(&connections, "2001:db8:0:1::3").is_none());
+        assert!(open_from(&connections, "2001:db8:0:2::1").is_some());
+        // A trusted proxy's connections carry many clients: none is refused.
+        let proxy: Vec<_> = (0..5)
+            .map(|_| open_from(&connections, "10.1.2.3"))
+            .collect();
+        assert!(proxy.iter().all(Option::is_some));
+        assert_eq!(connections.refused(), 2);
+        // A connection that closes gives its address's place back, and an address
+        // with none open is forgotten.
+        drop(a);
+        let c = open_from(&connections, "192.0.2.1").expect("a place given back");
+        drop((b, c, v6));
+        let cap = connections.per_client.as_ref().unwrap();
+        assert!(cap.open.lock().unwrap().is_empty());
+        assert_eq!(connections.open(), 5);
     }
 
     #[tokio::test(start_paused = true)]

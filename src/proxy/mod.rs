@@ -75,6 +75,10 @@ pub struct ProxySettings {
     /// Most client connections open at once (at least 1); the admin API's are not
     /// counted.
     pub max_connections: usize,
+    /// Most client connections open at once from one client address (an IPv6 client's
+    /// /64), if set; connections from the trusted proxies are not counted. Beyond it,
+    /// a connection is closed as soon as it is accepted.
+    pub max_connections_per_client: Option<usize>,
     /// How long a client connection may have no request in progress before it is
     /// closed gracefully; also how long an upgraded connection's tunnel may carry
     /// nothing, either way, before it is closed.
@@ -109,6 +113,7 @@ impl ProxySettings {
             header_read_timeout: server.header_read_timeout,
             shutdown_grace: server.shutdown_grace,
             max_connections: server.max_connections,
+            max_connections_per_client: server.max_connections_per_client,
             idle_timeout: server.idle_timeout,
             admin_token: server.admin_token.clone(),
             lingering_time: server.lingering_time,
@@ -647,9 +652,12 @@ impl Proxy {
         );
         let lanes = forwarder.lanes();
         let upstream_requests = forwarder.upstream_requests();
-        let connections = Arc::new(connections::ClientConnections::new(
-            self.settings.max_connections,
-        ));
+        let connections = Arc::new(
+            connections::ClientConnections::new(self.settings.max_connections).per_client(
+                self.settings.max_connections_per_client,
+                self.settings.forward.resolver_networks(),
+            ),
+        );
         // Each client connection gets its own forwarder (its lane, its peer), behind
         // the shared layer.
         #[cfg(feature = "redis")]
@@ -750,6 +758,7 @@ impl Proxy {
         let (abort, aborting) = tokio::sync::watch::channel(());
         let clock = Arc::clone(&self.reloader.clock);
         let mut limit_warned: Option<crate::clock::Nanos> = None;
+        let mut refusal_warned: Option<crate::clock::Nanos> = None;
         let mut accept_failures = AcceptFailures::default();
         tokio::pin!(shutdown);
         loop {
@@ -792,7 +801,21 @@ impl Proxy {
                 },
                 () = &mut shutdown => break,
             };
-            let slot = connections.open_in(place);
+            let Some(slot) = connections.open_in(place, peer.ip()) else {
+                let refused = connections.refused();
+                let now = clock.now();
+                if refusal_warned.is_none_or(|at| now.saturating_since(at) >= LIMIT_WARN_EVERY) {
+                    refusal_warned = Some(now);
+                    tracing::warn!(
+                        %peer,
+                        max_connections_per_client = ?self.settings.max_connections_per_client,
+                        refused,
+                        "a client address holds max_connections_per_client: its new \
+                         connections are closed as accepted"
+                    );
+                }
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let (forwarder, driver) = forwarder.for_connection(peer);
             let checks = forwarder.clone();
@@ -1109,7 +1132,8 @@ fn log_transition(route: &str, t: &Transition) {
 /// themselves (each does at its task's next poll).
 const ABORT_WAIT: Duration = Duration::from_secs(1);
 
-/// How often, at most, reaching `max_connections` is logged.
+/// How often, at most, reaching `max_connections` (or a client address's
+/// `max_connections_per_client`) is logged.
 const LIMIT_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Connections the kernel may hold complete for the proxy while it does not accept
