@@ -2468,6 +2468,76 @@ mod tests {
         }
     }
 
+    /// Where README gives a default in prose, "`field` (`value`", for a field of
+    /// `[server]`, `[hints]` (Configuration reference) or `[store]` (Distributed mode),
+    /// a file that writes that value loads as one that leaves the field out.
+    #[test]
+    fn readme_defaults_in_prose_are_the_built_in_values() {
+        let paragraph = |section: &'static str, opening: &str| {
+            let start = section
+                .find(opening)
+                .unwrap_or_else(|| panic!("README has no paragraph {opening:?}"));
+            let body = &section[start..];
+            &body[..body.find("\n\n").unwrap_or(body.len())]
+        };
+        let reference = readme_section("## Configuration reference");
+        let distributed = readme_section("### Distributed mode: shared state in Redis");
+        let route = "[[routes]]\nname = \"r\"\npath = \"/\"\n";
+        let tables = [
+            (
+                "[server]",
+                "",
+                paragraph(reference, "`[server]` and `[admin]`"),
+                fields_of::<RawServer>(),
+            ),
+            (
+                "[hints]",
+                "",
+                paragraph(reference, "`[hints]`:"),
+                fields_of::<RawHints>(),
+            ),
+            (
+                "[store]",
+                "backend = \"redis\"\n",
+                paragraph(distributed, "All fields, with their defaults:"),
+                fields_of::<RawStore>(),
+            ),
+        ];
+        let mut checked = 0;
+        for (table, base, text, fields) in tables {
+            for field in fields {
+                let Some(at) = text.find(&format!("`{field}` (`")) else {
+                    continue;
+                };
+                let value = &text[at + field.len() + 5..];
+                let value = &value[..value.find('`').expect("a closed code span")];
+                let literal = if value.parse::<f64>().is_ok() || value.starts_with('"') {
+                    value.to_owned()
+                } else {
+                    format!("{value:?}")
+                };
+                let base = if *field == "backend" { "" } else { base };
+                let expected =
+                    Config::from_toml_str(&format!("{table}\n{base}{route}"), "built-in")
+                        .expect("the built-in values");
+                let written = Config::from_toml_str(
+                    &format!("{table}\n{base}{field} = {literal}\n{route}"),
+                    "README",
+                )
+                .unwrap_or_else(|e| panic!("README's default of {table} {field}, {value}: {e}"));
+                assert_eq!(
+                    written, expected,
+                    "README's default of {table} {field} is {value}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(
+            checked >= 20,
+            "only {checked} defaults found in README's prose"
+        );
+    }
+
     /// `config/rocgate.toml`, "the documented default", shows every field of
     /// `[defaults]`, `[server]`, `[admin]`, `[hints]` and `[store]` (commented out where
     /// it has no default value to show), and its `[defaults]` are the built-in values,
@@ -2505,6 +2575,46 @@ mod tests {
             Config::from_toml_str(&without, "without [defaults]").expect("valid"),
             Config::from_toml_str(text, "config/rocgate.toml").expect("valid"),
             "config/rocgate.toml's [defaults] are not the built-in values"
+        );
+
+        // `[server]`, `[admin]` and `[hints]` show their built-in values too: the file
+        // without one of them loads the same.
+        for table in ["[server]", "[admin]", "[hints]"] {
+            let start = text.find(&format!("\n{table}\n")).expect("the table") + 1;
+            let end = text[start + table.len()..]
+                .find("\n[")
+                .map_or(text.len(), |n| start + table.len() + n + 1);
+            let without = format!("{}{}", &text[..start], &text[end..]);
+            assert_eq!(
+                Config::from_toml_str(&without, "without the table").expect("valid"),
+                Config::from_toml_str(text, "config/rocgate.toml").expect("valid"),
+                "config/rocgate.toml's {table} are not the built-in values"
+            );
+        }
+
+        // The commented-out `[store]` shows the built-in values of the fields that have
+        // one (not `url`'s example database, `cluster_nodes` or `instance_id`).
+        let store = &text[text.find("\n# [store]\n").expect("# [store]")..];
+        let shown: String = store
+            .lines()
+            .filter_map(|line| line.strip_prefix("# "))
+            .filter(|line| {
+                !["url", "cluster_nodes", "instance_id"]
+                    .iter()
+                    .any(|f| line.starts_with(f))
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let route = "[[routes]]\nname = \"r\"\npath = \"/\"\n";
+        assert_eq!(
+            Config::from_toml_str(&format!("{shown}{route}"), "config/rocgate.toml's [store]")
+                .expect("valid"),
+            Config::from_toml_str(
+                &format!("[store]\nbackend = \"redis\"\n{route}"),
+                "built-in"
+            )
+            .expect("valid"),
+            "config/rocgate.toml's commented-out [store] shows other values than the built-in"
         );
     }
 }
