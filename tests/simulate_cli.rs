@@ -628,3 +628,82 @@ fn one_routes_overload_is_printed_once() {
     assert_eq!(lines.len(), 1, "{stdout}");
     assert!(lines[0].contains("admitted above 300 req/s"), "{stdout}");
 }
+
+/// README's code block that follows the first line containing `after`.
+fn readme_block_after(after: &str) -> &'static str {
+    let readme = include_str!("../README.md");
+    let at = readme
+        .find(after)
+        .unwrap_or_else(|| panic!("README has no {after:?}"));
+    let body = &readme[at..];
+    let body = &body[body.find("\n```").expect("a code block after it") + 4..];
+    let body = &body[body.find('\n').expect("the block's first line") + 1..];
+    &body[..body.find("```").expect("a closed code block")]
+}
+
+/// The two `simulate` outputs README quotes are what `simulate` prints today (its runs
+/// are deterministic: evenly spaced arrivals on a virtual clock).
+#[test]
+fn readme_quotes_what_simulate_prints() {
+    let out = rocgate(&["simulate", "--scenario", "flash-sale"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        readme_block_after("prints what the `order` route of the embedded default"),
+        text(&out.stdout),
+        "README's \"The two commands\" against `rocgate simulate --scenario flash-sale`"
+    );
+
+    let out = rocgate(&["simulate", "--scenario", "flash-sale", "--capacity", "1000"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let hints = &stdout[stdout.find("\nhints\n").expect("the hints") + 1..];
+    assert_eq!(
+        readme_block_after(
+            "What `rocgate simulate --scenario flash-sale --capacity 1000` ends with"
+        ),
+        hints,
+        "README's Tuning hints against `rocgate simulate --scenario flash-sale --capacity 1000`"
+    );
+}
+
+/// Every flag README gives a subcommand (`rocgate serve --upstream …`, also after
+/// `cargo run --release --`, over lines ending in `\`) is one that subcommand takes.
+#[test]
+fn every_flag_readme_gives_a_subcommand_is_one_it_takes() {
+    let readme = include_str!("../README.md").replace("\\\n", " ");
+    let mut checked = 0;
+    for sub in ["demo", "serve", "simulate", "hints", "check-config"] {
+        let help = rocgate(&[sub, "--help"]);
+        assert!(
+            help.status.success(),
+            "{sub} --help: {}",
+            text(&help.stderr)
+        );
+        let help = text(&help.stdout);
+        let invocation = format!("rocgate {sub} ");
+        let alias = format!("-- {sub} ");
+        for line in readme.lines() {
+            let starts = line
+                .match_indices(&invocation)
+                .map(|(at, _)| at + invocation.len())
+                .chain(line.match_indices(&alias).map(|(at, _)| at + alias.len()));
+            for start in starts {
+                // The command runs to the end of its code span, or of a shell line
+                // (before a comment).
+                let command = &line[start..];
+                let command = &command[..command.find(['`', '#']).unwrap_or(command.len())];
+                for word in command.split([' ', '[', ']']) {
+                    if let Some(flag) = word.strip_prefix("--") {
+                        let flag = flag.split('=').next().unwrap_or(flag);
+                        assert!(
+                            help.contains(&format!("--{flag} ")),
+                            "README gives `rocgate {sub}` --{flag}, which it does not take: {line:?}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} flags found in README");
+}
