@@ -2430,11 +2430,35 @@ mod tests {
 
         let route = "[[routes]]\nname = \"r\"\npath = \"/\"\n";
         let builtin = Config::from_toml_str(route, "builtin").expect("a route of built-ins");
-        for (name, default) in rows {
+        for &(name, default) in &rows {
             let text = format!("[defaults]\n{name} = {default}\n{route}");
             let written = Config::from_toml_str(&text, "README")
                 .unwrap_or_else(|e| panic!("README's default of {name}, {default}: {e}"));
             assert_eq!(written, builtin, "README's default of {name} is {default}");
+        }
+
+        // "of the durations below, only `hold` and `min_dwell` may be zero": the
+        // durations of the table, each written as "0s".
+        let zero = section
+            .split_once("of the durations below, only ")
+            .and_then(|(_, rest)| rest.split_once(" may be zero"))
+            .expect("README says which durations may be zero")
+            .0;
+        for (name, default) in &rows {
+            // A duration's default is a quoted number with its unit (`"6s"`).
+            let duration = default
+                .strip_prefix('"')
+                .is_some_and(|d| d.starts_with(|c: char| c.is_ascii_digit()));
+            if !duration {
+                continue;
+            }
+            let text = format!("[defaults]\n{name} = \"0s\"\n{route}");
+            let accepted = Config::from_toml_str(&text, "README").is_ok();
+            assert_eq!(
+                accepted,
+                zero.contains(&format!("`{name}`")),
+                "README on whether {name} may be zero"
+            );
         }
 
         let named = |text: &str, field: &str| {
