@@ -1,5 +1,6 @@
-//! The metric set: dashboards and alert rules use only metrics rocgate exports, and
-//! raw paths and client addresses never become series.
+//! The metric set: README's table gives each metric rocgate exports its type and
+//! labels, dashboards and alert rules use only those metrics, and raw paths and client
+//! addresses never become series.
 #![cfg(feature = "proxy")]
 
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
@@ -34,18 +35,116 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     names
 }
 
-/// README's metrics table names every metric rocgate exports, and no other.
-#[test]
-fn readme_metrics_table_lists_exactly_the_exported_metrics() {
+/// The rows of README's metrics table (`| names | type | labels |`).
+fn readme_metrics_rows() -> Vec<&'static str> {
     let readme = include_str!("../README.md");
     let start = readme
         .find("\n### Metrics and dashboards\n")
         .expect("README's Metrics and dashboards section");
     let section = &readme[start + 1..];
     let section = &section[..section[1..].find("\n#").map_or(section.len(), |n| n + 1)];
-    let table: String = section
+    section
         .lines()
         .filter(|line| line.starts_with("| `rocgate_"))
+        .collect()
+}
+
+/// `text` without what its parentheses hold, nested ones too.
+fn without_parentheses(text: &str) -> String {
+    let mut depth = 0usize;
+    text.chars()
+        .filter(|&c| {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth = depth.saturating_sub(1);
+                    return false;
+                }
+                _ => {}
+            }
+            depth == 0
+        })
+        .collect()
+}
+
+/// README's metrics table as metric → (type, label names): the labels are the code
+/// spans of label names in the labels column outside parentheses (those inside name
+/// their values).
+fn readme_metric_types_and_labels() -> std::collections::BTreeMap<String, (String, BTreeSet<String>)>
+{
+    let mut metrics = std::collections::BTreeMap::new();
+    for row in readme_metrics_rows() {
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").collect();
+        assert_eq!(cells.len(), 3, "README metrics row {row:?}");
+        let spans = |text: &str| -> Vec<String> {
+            text.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect()
+        };
+        let names = spans(cells[0]);
+        let types: Vec<String> = without_parentheses(cells[1])
+            .split(',')
+            .map(|t| t.trim().to_owned())
+            .collect();
+        let labels: BTreeSet<String> = spans(&without_parentheses(cells[2]))
+            .into_iter()
+            .filter(|l| l.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .collect();
+        for (i, name) in names.iter().enumerate() {
+            let kind = if types.len() == names.len() {
+                &types[i]
+            } else {
+                &types[0]
+            };
+            metrics.insert(name.clone(), (kind.clone(), labels.clone()));
+        }
+    }
+    metrics
+}
+
+/// Every metric of `exposition` has the type and the label names README's table gives
+/// it.
+fn assert_types_and_labels_as_readme_says(exposition: &str) {
+    let readme = readme_metric_types_and_labels();
+    let mut seen = 0;
+    for line in exposition.lines() {
+        if let Some(typed) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = typed.split_once(' ').expect("# TYPE name type");
+            let (documented, _) = readme
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is not in README's table"));
+            assert_eq!(documented, kind, "README's type of {name}");
+            seen += 1;
+        } else if line.starts_with("rocgate_") {
+            let series = line.rsplit_once(' ').expect("a sample").0;
+            let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+            let name = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|base| readme.get(*base).is_some_and(|(t, _)| t == "histogram"))
+                .unwrap_or(name);
+            let labels: BTreeSet<String> = labels
+                .trim_end_matches('}')
+                .split(',')
+                .filter_map(|pair| pair.split_once('=').map(|(k, _)| k.to_owned()))
+                .filter(|k| k != "le")
+                .collect();
+            let (_, documented) = readme
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is not in README's table"));
+            assert_eq!(documented, &labels, "README's labels of {name}: {line}");
+        }
+    }
+    assert!(seen >= 20, "only {seen} metrics in the scrape");
+}
+
+/// README's metrics table names every metric rocgate exports, and no other.
+#[test]
+fn readme_metrics_table_lists_exactly_the_exported_metrics() {
+    let table: String = readme_metrics_rows()
+        .into_iter()
         .map(|line| line.split(" | ").next().unwrap_or(line))
         .collect::<Vec<_>>()
         .join("\n");
@@ -203,6 +302,7 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     let (_, before) = get(admin, "/metrics", None).await;
+    assert_types_and_labels_as_readme_says(&before);
     let before = series(&before);
     assert!(
         before.iter().any(|s| s.contains(r#"route="per-ip""#)),
