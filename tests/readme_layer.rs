@@ -1,6 +1,7 @@
 //! README's "As a tower/axum layer" code, compiled and run: every ```rust block of
 //! README.md appears verbatim in this file, inside a test that runs it, so that an
-//! API change that breaks a README example breaks this build.
+//! API change that breaks a README example breaks this build. Also README's links to
+//! its own headings and to benches/README.md's, which a renamed heading breaks.
 #![cfg(feature = "http")]
 
 use axum::routing::post;
@@ -114,4 +115,52 @@ fn every_rust_block_in_the_readme_is_compiled_here() {
         rest = &body[end + 3..];
     }
     assert!(blocks >= 2, "found {blocks} rust blocks in README.md");
+}
+
+/// The anchors of `markdown`'s headings, as GitHub makes them: lower case, spaces to
+/// `-`, punctuation but `-` and `_` dropped. Lines inside code blocks are no headings.
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut anchors = Vec::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            let title = line.trim_start_matches('#').trim();
+            anchors.push(
+                title
+                    .to_lowercase()
+                    .chars()
+                    .filter(|&c| c.is_alphanumeric() || c == '-' || c == '_' || c == ' ')
+                    .map(|c| if c == ' ' { '-' } else { c })
+                    .collect(),
+            );
+        }
+    }
+    anchors
+}
+
+/// Every `](#anchor)` and `](benches/README.md#anchor)` link of README.md names a
+/// heading that exists.
+#[test]
+fn every_link_to_a_heading_finds_it() {
+    let readme = include_str!("../README.md");
+    let own = anchors(readme);
+    let benches = anchors(include_str!("../benches/README.md"));
+    let mut links = 0;
+    for (at, _) in readme.match_indices("](") {
+        let target = &readme[at + 2..];
+        let target = &target[..target.find(')').expect("a closed link")];
+        let (file, anchor) = match target.split_once('#') {
+            Some(("", anchor)) => (&own, anchor),
+            Some(("benches/README.md", anchor)) => (&benches, anchor),
+            _ => continue,
+        };
+        assert!(
+            file.iter().any(|a| a == anchor),
+            "README links to {target}, which no heading makes"
+        );
+        links += 1;
+    }
+    assert!(links >= 10, "only {links} links to headings in README.md");
 }
