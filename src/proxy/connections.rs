@@ -39,6 +39,10 @@
 //! away, within bounds ([`Lingering`]), before the socket is closed. Closed with the
 //! body unread, the socket would answer it with a reset, and a client that sends its
 //! whole body before it reads would see its writes fail, never the answer.
+//!
+//! hyper times each HTTP/1 request head (`header_read_timeout`) with a sleep it asks
+//! its timer for; a connection's [`HeadTimer`] lets those sleeps share one timer,
+//! re-armed as [`Activity::idle`]'s is, rather than register one per request.
 
 use super::tunnel::Tunnel;
 use crate::http::{HeldPermit, HoldUntilEnd};
@@ -940,6 +944,102 @@ impl Future for Sweep<'_> {
     }
 }
 
+/// hyper's timer for one client connection's HTTP/1 request heads
+/// (`header_read_timeout`). hyper asks its timer for a new sleep for every request
+/// head, polls it while the head is incomplete and drops it once the head is in: with
+/// tokio's own sleeps, each request registered a timer in the runtime's wheel and
+/// cancelled it, under the wheel's lock. The sleeps of one connection share one tokio
+/// sleep instead, set to a sleep's deadline only when it fires: a connection's heads
+/// come one after another, each with a later deadline than the one before, so the
+/// shared sleep, set for an earlier one, fires early, never late, and is then set
+/// again. Polled only by the connection's task, so the waker registered stays current.
+#[derive(Clone, Debug)]
+pub(crate) struct HeadTimer {
+    shared: Arc<Mutex<SharedSleep>>,
+}
+
+/// The sleep a connection's [`HeadSleep`]s share.
+#[derive(Debug)]
+struct SharedSleep {
+    sleep: Pin<Box<Sleep>>,
+    /// Whether the sleep has been polled, and so registered, since it was last set.
+    armed: bool,
+}
+
+impl HeadTimer {
+    /// A timer for one connection.
+    pub(crate) fn new() -> Self {
+        HeadTimer {
+            shared: Arc::new(Mutex::new(SharedSleep {
+                // Fires at its first poll, which sets it to that sleep's deadline.
+                sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+                armed: false,
+            })),
+        }
+    }
+}
+
+impl hyper::rt::Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until((Instant::now() + duration).into_std())
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(HeadSleep {
+            shared: Arc::clone(&self.shared),
+            at: Instant::from_std(deadline),
+        })
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
+        match sleep.as_mut().downcast_mut_pin::<HeadSleep>() {
+            Some(mut own) => own.at = Instant::from_std(new_deadline),
+            None => *sleep = self.sleep_until(new_deadline),
+        }
+    }
+
+    /// tokio's clock, as hyper-util's `TokioTimer` reads it (paused in tests).
+    fn now(&self) -> std::time::Instant {
+        Instant::now().into_std()
+    }
+}
+
+/// One request head's wait, on its connection's [`HeadTimer`].
+#[derive(Debug)]
+struct HeadSleep {
+    shared: Arc<Mutex<SharedSleep>>,
+    at: Instant,
+}
+
+impl Future for HeadSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let at = self.at;
+        let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let SharedSleep { sleep, armed } = &mut *shared;
+        // Set for a later deadline (a reset moved this one earlier): it would fire late.
+        if sleep.deadline() > at {
+            sleep.as_mut().reset(at);
+            *armed = false;
+        }
+        loop {
+            if *armed && !sleep.is_elapsed() {
+                return Poll::Pending;
+            }
+            *armed = true;
+            std::task::ready!(sleep.as_mut().poll(cx));
+            if Instant::now() >= at {
+                return Poll::Ready(());
+            }
+            sleep.as_mut().reset(at);
+            *armed = false;
+        }
+    }
+}
+
+impl hyper::rt::Sleep for HeadSleep {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1058,6 +1158,35 @@ mod tests {
     /// Polls `future` once with a waker that does nothing.
     fn futures_poll<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
         future.poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn head_sleeps_fire_at_their_own_deadlines_on_one_shared_timer() {
+        use hyper::rt::Timer as _;
+        let timer = HeadTimer::new();
+        let start = Instant::now();
+        // Polled by this task, as hyper polls them in the connection's: the shared
+        // sleep keeps the waker of the first poll.
+        let mut first = timer.sleep(Duration::from_secs(10));
+        assert!(poll_here(&mut first).await.is_pending());
+        // The first head came in after 4 s: its sleep is dropped, the next one waits
+        // 10 s from then, past the deadline the shared sleep was set for.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        drop(first);
+        let second = timer.sleep(Duration::from_secs(10));
+        second.await;
+        assert_eq!(Instant::now() - start, Duration::from_secs(14));
+        // A sleep moved earlier by a reset fires at its new deadline.
+        let mut third = timer.sleep(Duration::from_secs(30));
+        assert!(poll_here(&mut third).await.is_pending());
+        timer.reset(&mut third, (Instant::now() + Duration::from_secs(3)).into_std());
+        third.await;
+        assert_eq!(Instant::now() - start, Duration::from_secs(17));
+    }
+
+    /// Polls `sleep` once with this task's waker.
+    async fn poll_here(sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>) -> Poll<()> {
+        std::future::poll_fn(|cx| Poll::Ready(sleep.as_mut().poll(cx))).await
     }
 
     #[tokio::test(start_paused = true)]

@@ -828,7 +828,9 @@ impl Proxy {
                 bytes: self.settings.lingering_bytes,
             };
             let reloader = self.reloader.clone();
-            let builder = builder.clone();
+            let mut builder = builder.clone();
+            // The connection's request heads share one timer, not one each.
+            builder.http1().timer(connections::HeadTimer::new());
             let mut stopping = stopping.clone();
             let mut aborting = aborting.clone();
             tokio::spawn(async move {
