@@ -1179,7 +1179,10 @@ mod tests {
         // A sleep moved earlier by a reset fires at its new deadline.
         let mut third = timer.sleep(Duration::from_secs(30));
         assert!(poll_here(&mut third).await.is_pending());
-        timer.reset(&mut third, (Instant::now() + Duration::from_secs(3)).into_std());
+        timer.reset(
+            &mut third,
+            (Instant::now() + Duration::from_secs(3)).into_std(),
+        );
         third.await;
         assert_eq!(Instant::now() - start, Duration::from_secs(17));
     }
