@@ -920,44 +920,52 @@ impl Proxy {
                     // closed at once, with no lingering close.
                     let mut cut = None;
                     // The lane's upstream connection is polled in this task, beside the
-                    // client's; it closes when the client connection ends.
-                    let served = loop {
-                        tokio::select! {
-                            // In order: no random start for every wake of the task.
-                            biased;
-                            served = conn.as_mut() => {
-                                // Completed after a 101: hyper has handed it over.
-                                upgraded = activity.take_tunnel();
-                                break served;
+                    // client's, each side when woken; it closes when the client
+                    // connection ends.
+                    let client = async {
+                        loop {
+                            tokio::select! {
+                                // In order: no random start for every wake of the task.
+                                biased;
+                                served = conn.as_mut() => {
+                                    // Completed after a 101: hyper has handed it over.
+                                    upgraded = activity.take_tunnel();
+                                    break (served, false);
+                                }
+                                () = stalled.as_mut() => {
+                                    tracing::debug!(%peer, "connection closed: the client took nothing for idle_timeout");
+                                    cut = Some(Ended::Cut);
+                                    break (Ok(()), false);
+                                }
+                                () = idle.as_mut(), if !closing => {
+                                    tracing::debug!(%peer, "idle connection closed");
+                                    // Gone idle: the last request's body was read through.
+                                    activity.body_read();
+                                    closing = true;
+                                    conn.as_mut().graceful_shutdown();
+                                }
+                                () = stopping.as_mut(), if !closing => {
+                                    closing = true;
+                                    cut = Some(Ended::Stopping);
+                                    conn.as_mut().graceful_shutdown();
+                                }
+                                () = aborting.as_mut() => {
+                                    cut = Some(Ended::Cut);
+                                    break (Ok(()), false);
+                                }
+                                never = sweep.as_mut() => match never {},
                             }
-                            () = driver.as_mut() => {
-                                cut = Some(Ended::Cut);
-                                break Ok(());
-                            }
-                            () = stalled.as_mut() => {
-                                tracing::debug!(%peer, "connection closed: the client took nothing for idle_timeout");
-                                cut = Some(Ended::Cut);
-                                break Ok(());
-                            }
-                            () = idle.as_mut(), if !closing => {
-                                tracing::debug!(%peer, "idle connection closed");
-                                // Gone idle: the last request's body was read through.
-                                activity.body_read();
-                                closing = true;
-                                conn.as_mut().graceful_shutdown();
-                            }
-                            () = stopping.as_mut(), if !closing => {
-                                closing = true;
-                                cut = Some(Ended::Stopping);
-                                conn.as_mut().graceful_shutdown();
-                            }
-                            () = aborting.as_mut() => {
-                                cut = Some(Ended::Cut);
-                                break Ok(());
-                            }
-                            never = sweep.as_mut() => match never {},
                         }
                     };
+                    // The lane ending ends the connection: it is cut.
+                    let upstream = async {
+                        driver.as_mut().await;
+                        (Ok(()), true)
+                    };
+                    let (served, lane_ended) = connections::Beside::new(client, upstream).await;
+                    if lane_ended {
+                        cut = Some(Ended::Cut);
+                    }
                     if let Err(e) = served {
                         tracing::debug!(error = %e, %peer, "connection ended with an error");
                     }
