@@ -211,9 +211,31 @@ fn parse_all(mut raw: &[u8]) -> Vec<Parsed> {
 }
 
 /// Spends the one token of the route at `path`.
+/// An upstream and a proxy in front of it (`change` applied to its settings) whose
+/// route `name` on `path` has its one token spent: its next request is refused.
+async fn refusing(
+    name: &str,
+    path: &str,
+    change: impl FnOnce(&mut ProxySettings),
+) -> (Upstream, RunningProxy) {
+    let upstream = Upstream::default();
+    let proxy = proxy_with(
+        upstream.start().await,
+        vec![one_token_route(name, path)],
+        change,
+    )
+    .await;
+    spend_token(&proxy, path).await;
+    (upstream, proxy)
+}
+
+/// A connection to `addr`, split.
+async fn connect(addr: SocketAddr) -> (OwnedReadHalf, OwnedWriteHalf) {
+    TcpStream::connect(addr).await.unwrap().into_split()
+}
+
 async fn spend_token(proxy: &RunningProxy, path: &str) {
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let (mut read, mut write) = connect(proxy.addr).await;
     let request = format!("GET {path} HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n");
     write.write_all(request.as_bytes()).await.unwrap();
     let (raw, _) = within("the admitted GET", read_to_close(&mut read)).await;
@@ -223,8 +245,7 @@ async fn spend_token(proxy: &RunningProxy, path: &str) {
 /// A client as curl or a script sends an upload: the head, the whole body, and only
 /// then does it read. What the writes came to, and what it read.
 async fn upload_then_read(addr: SocketAddr, head: &str, len: usize) -> (io::Result<()>, Vec<u8>) {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let (mut read, mut write) = connect(addr).await;
     let written = within("the upload", async {
         write.write_all(head.as_bytes()).await?;
         write_body(&mut write, len).await
@@ -256,13 +277,7 @@ fn assert_whole_429(raw: &[u8]) {
 /// reset by peer", or a broken pipe) before it ever read the 429.
 #[tokio::test]
 async fn a_client_that_uploads_before_it_reads_gets_the_429() {
-    let upstream = Upstream::default();
-    let proxy = proxy(
-        upstream.start().await,
-        vec![one_token_route("linger_upload", "/upload")],
-    )
-    .await;
-    spend_token(&proxy, "/upload").await;
+    let (upstream, proxy) = refusing("linger_upload", "/upload", |_| {}).await;
     let (written, raw) =
         upload_then_read(proxy.addr, &head("POST", "/upload", UPLOAD, ""), UPLOAD).await;
     written.expect("the whole body is taken");
@@ -300,15 +315,8 @@ async fn a_client_that_uploads_too_much_before_it_reads_gets_the_413() {
 /// it reads the whole 429, then the connection's end as an end, not a reset.
 #[tokio::test]
 async fn a_client_that_keeps_writing_after_the_429_reads_it_and_a_clean_close() {
-    let upstream = Upstream::default();
-    let proxy = proxy(
-        upstream.start().await,
-        vec![one_token_route("linger_keep_writing", "/upload")],
-    )
-    .await;
-    spend_token(&proxy, "/upload").await;
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let (_, proxy) = refusing("linger_keep_writing", "/upload", |_| {}).await;
+    let (mut read, mut write) = connect(proxy.addr).await;
     write
         .write_all(head("POST", "/upload", UPLOAD, "").as_bytes())
         .await
@@ -326,15 +334,8 @@ async fn a_client_that_keeps_writing_after_the_429_reads_it_and_a_clean_close() 
 /// not need and keeps the connection).
 #[tokio::test]
 async fn a_refused_request_with_a_small_body_keeps_its_connection() {
-    let upstream = Upstream::default();
-    let proxy = proxy(
-        upstream.start().await,
-        vec![one_token_route("linger_small", "/small")],
-    )
-    .await;
-    spend_token(&proxy, "/small").await;
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let (_, proxy) = refusing("linger_small", "/small", |_| {}).await;
+    let (mut read, mut write) = connect(proxy.addr).await;
     let mut two = head("POST", "/small", 5, "");
     two.push_str("hello");
     two.push_str("GET /other HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n");
@@ -348,8 +349,7 @@ async fn a_refused_request_with_a_small_body_keeps_its_connection() {
 /// Sends a refused upload's head and `sent` bytes of its body, reads the whole 429,
 /// and leaves the connection open, sending nothing more: the proxy lingers on it.
 async fn refused_then_silent(addr: SocketAddr, sent: usize) -> (OwnedReadHalf, OwnedWriteHalf) {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let (mut read, mut write) = connect(addr).await;
     write
         .write_all(head("POST", "/upload", UPLOAD, "").as_bytes())
         .await
@@ -387,18 +387,12 @@ async fn get_within(addr: SocketAddr, wait: Duration) -> Option<u16> {
 /// socket), until the client closes its side: the connection beyond the cap waits.
 #[tokio::test]
 async fn a_lingering_connection_counts_against_max_connections_until_the_client_closes() {
-    let upstream = Upstream::default();
-    let proxy = proxy_with(
-        upstream.start().await,
-        vec![one_token_route("linger_cap", "/upload")],
-        |s| {
-            s.max_connections = 1;
-            s.lingering_time = Duration::from_secs(60);
-            s.lingering_timeout = Duration::from_secs(60);
-        },
-    )
+    let (_, proxy) = refusing("linger_cap", "/upload", |s| {
+        s.max_connections = 1;
+        s.lingering_time = Duration::from_secs(60);
+        s.lingering_timeout = Duration::from_secs(60);
+    })
     .await;
-    spend_token(&proxy, "/upload").await;
     let (mut read, mut write) = refused_then_silent(proxy.addr, 64 * 1024).await;
     assert_eq!(
         get_within(proxy.addr, Duration::from_millis(300)).await,
@@ -416,18 +410,12 @@ async fn a_lingering_connection_counts_against_max_connections_until_the_client_
 /// `lingering_time` is far off: the connection beyond a cap of one is then served.
 #[tokio::test]
 async fn a_lingering_connection_silent_for_lingering_timeout_is_closed() {
-    let upstream = Upstream::default();
-    let proxy = proxy_with(
-        upstream.start().await,
-        vec![one_token_route("linger_silent", "/upload")],
-        |s| {
-            s.max_connections = 1;
-            s.lingering_time = Duration::from_secs(60);
-            s.lingering_timeout = Duration::from_millis(300);
-        },
-    )
+    let (_, proxy) = refusing("linger_silent", "/upload", |s| {
+        s.max_connections = 1;
+        s.lingering_time = Duration::from_secs(60);
+        s.lingering_timeout = Duration::from_millis(300);
+    })
     .await;
-    spend_token(&proxy, "/upload").await;
     let _held = refused_then_silent(proxy.addr, 64 * 1024).await;
     assert_eq!(get_within(proxy.addr, IO_TIMEOUT).await, Some(200));
 }
@@ -436,19 +424,12 @@ async fn a_lingering_connection_silent_for_lingering_timeout_is_closed() {
 /// fail long before its body is through.
 #[tokio::test]
 async fn a_client_that_keeps_sending_is_closed_after_lingering_time() {
-    let upstream = Upstream::default();
-    let proxy = proxy_with(
-        upstream.start().await,
-        vec![one_token_route("linger_time", "/upload")],
-        |s| {
-            s.lingering_time = Duration::from_millis(500);
-            s.lingering_timeout = Duration::from_secs(60);
-        },
-    )
+    let (_, proxy) = refusing("linger_time", "/upload", |s| {
+        s.lingering_time = Duration::from_millis(500);
+        s.lingering_timeout = Duration::from_secs(60);
+    })
     .await;
-    spend_token(&proxy, "/upload").await;
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let (mut read, mut write) = connect(proxy.addr).await;
     write
         .write_all(head("POST", "/upload", UPLOAD, "").as_bytes())
         .await
@@ -489,18 +470,12 @@ async fn a_lingering_close_reads_at_most_lingering_bytes() {
 /// begins, and `run` returns long before `shutdown_grace`.
 #[tokio::test]
 async fn shutdown_closes_a_lingering_connection_at_once() {
-    let upstream = Upstream::default();
-    let proxy = proxy_with(
-        upstream.start().await,
-        vec![one_token_route("linger_shutdown", "/upload")],
-        |s| {
-            s.lingering_time = Duration::from_secs(60);
-            s.lingering_timeout = Duration::from_secs(60);
-            s.shutdown_grace = Duration::from_secs(30);
-        },
-    )
+    let (_, proxy) = refusing("linger_shutdown", "/upload", |s| {
+        s.lingering_time = Duration::from_secs(60);
+        s.lingering_timeout = Duration::from_secs(60);
+        s.shutdown_grace = Duration::from_secs(30);
+    })
     .await;
-    spend_token(&proxy, "/upload").await;
     let (mut read, _write) = refused_then_silent(proxy.addr, 64 * 1024).await;
     let run = proxy.shut_down();
     within("shutdown", run).await.unwrap().unwrap();
@@ -512,15 +487,8 @@ async fn shutdown_closes_a_lingering_connection_at_once() {
 /// `100 Continue` before it, and without sending its body.
 #[tokio::test]
 async fn a_refused_request_expecting_100_continue_gets_the_429_alone() {
-    let upstream = Upstream::default();
-    let proxy = proxy(
-        upstream.start().await,
-        vec![one_token_route("linger_expect", "/upload")],
-    )
-    .await;
-    spend_token(&proxy, "/upload").await;
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let (upstream, proxy) = refusing("linger_expect", "/upload", |_| {}).await;
+    let (mut read, mut write) = connect(proxy.addr).await;
     let head = head("POST", "/upload", UPLOAD, "expect: 100-continue\r\n");
     write.write_all(head.as_bytes()).await.unwrap();
     // The client sends nothing more: it waits for the 100, and reads the 429 instead.
@@ -537,8 +505,7 @@ async fn a_refused_request_expecting_100_continue_gets_the_429_alone() {
 async fn an_admitted_request_expecting_100_continue_gets_one_100_and_its_body_through() {
     let upstream = Upstream::default();
     let proxy = proxy(upstream.start().await, Vec::new()).await;
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let (mut read, mut write) = connect(proxy.addr).await;
     let len = 1 << 20;
     let head = head(
         "POST",
@@ -584,13 +551,7 @@ async fn an_admitted_request_expecting_100_continue_gets_one_100_and_its_body_th
 async fn a_refused_h2c_upload_gets_its_429_and_the_connection_goes_on() {
     use http_body_util::Full;
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    let upstream = Upstream::default();
-    let proxy = proxy(
-        upstream.start().await,
-        vec![one_token_route("linger_h2", "/upload")],
-    )
-    .await;
-    spend_token(&proxy, "/upload").await;
+    let (_, proxy) = refusing("linger_h2", "/upload", |_| {}).await;
     let stream = TcpStream::connect(proxy.addr).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
