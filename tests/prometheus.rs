@@ -363,7 +363,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(loaded.len(), 8);
+    assert_eq!(loaded.len(), 9);
     // Each rule evaluates, and every series it reads is there: a name, label or value
     // that no scrape has would leave the rule quiet for ever.
     let mut unread = Vec::new();
@@ -757,28 +757,40 @@ fn the_observed_roc_of_a_flat_route_reads_about_zero() {
 }
 
 /// `RocgateClientConnectionLimitReached` fires on an instance whose cap was reached in
-/// the last 5 minutes, not on one that reached it earlier. promtool evaluates the
-/// rule's own expression.
+/// the last 5 minutes, not on one that reached it earlier; so does
+/// `RocgateClientConnectionsRefused` on connections closed at the per-client cap.
+/// promtool evaluates each rule's own expression.
 #[test]
-fn the_connection_limit_alert_fires_on_a_recent_hit_only() {
-    let expr = rule_expr("RocgateClientConnectionLimitReached");
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("connections.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n      \
-             - series: 'rocgate_client_connection_limit_reached_total{{instance=\"recent\"}}'\n        \
-             values: '0 0 0 0 0 0 0 0 2 2 2'\n      \
-             - series: 'rocgate_client_connection_limit_reached_total{{instance=\"earlier\"}}'\n        \
-             values: '0 3 3 3 3 3 3 3 3 3 3'\n    \
-             promql_expr_test:\n      - expr: '{}'\n        eval_time: 10m\n        exp_samples:\n          \
-             - labels: '{{instance=\"recent\"}}'\n            value: 2\n",
-            expr.replace('\'', "''")
+fn the_connection_alerts_fire_on_a_recent_hit_only() {
+    for (alert, counter) in [
+        (
+            "RocgateClientConnectionLimitReached",
+            "rocgate_client_connection_limit_reached_total",
         ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+        (
+            "RocgateClientConnectionsRefused",
+            "rocgate_client_connections_refused_total",
+        ),
+    ] {
+        let expr = rule_expr(alert);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("connections.yml");
+        std::fs::write(
+            &file,
+            format!(
+                "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n      \
+                 - series: '{counter}{{instance=\"recent\"}}'\n        \
+                 values: '0 0 0 0 0 0 0 0 2 2 2'\n      \
+                 - series: '{counter}{{instance=\"earlier\"}}'\n        \
+                 values: '0 3 3 3 3 3 3 3 3 3 3'\n    \
+                 promql_expr_test:\n      - expr: '{}'\n        eval_time: 10m\n        exp_samples:\n          \
+                 - labels: '{{instance=\"recent\"}}'\n            value: 2\n",
+                expr.replace('\'', "''")
+            ),
+        )
+        .unwrap();
+        promtool_test_rules(&file);
+    }
 }
 
 /// The expression of the alert rule `name` in `dashboards/alerts.yml`, on one line
