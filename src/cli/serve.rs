@@ -130,7 +130,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
         if !settings.admin_listen.ip().is_loopback() && settings.admin_token.is_none() {
             tracing::warn!(
                 admin = %settings.admin_listen,
-                "the admin API listens beyond loopback without a token: anyone who reaches it can change limits"
+                "the admin API listens beyond loopback without a token: changes are taken from loopback only, and anyone who reaches it can read the routes' state; set [admin] token"
             );
         }
         reload_on_sighup(proxy.reloader().clone());

@@ -13,7 +13,8 @@
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
 //! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen |
 //!
-//! Mutating endpoints require `Authorization: Bearer <token>` when a token is set.
+//! Mutating endpoints require `Authorization: Bearer <token>` when a token is set;
+//! without one, they take changes from loopback only, and none from a web page.
 //!
 //! Its connections are served as the proxy's are: a request head must come within
 //! `header_read_timeout` (slowloris), and at most [`MAX_CONNECTIONS`] are open at once
@@ -33,12 +34,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{delete, get, post};
+use axum::Extension;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,9 +109,9 @@ pub(crate) async fn serve(
             },
             () = &mut stopped => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     accept_failures.failed("admin accept failed", &e);
                     if !super::is_connection_error(&e) {
@@ -122,7 +125,9 @@ pub(crate) async fn serve(
             },
             () = &mut stopped => break,
         };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let service = hyper_util::service::TowerToHyperService::new(
+            router.clone().layer(axum::Extension(Peer(peer.ip()))),
+        );
         let builder = builder.clone();
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
@@ -188,19 +193,33 @@ fn error(status: StatusCode, errors: Vec<String>) -> Response {
     (status, Json(json!({ "errors": errors }))).into_response()
 }
 
-/// The refusal of a mutating request without the right bearer token, if it lacks it.
-/// The scheme is matched in any case (RFC 9110 §11.1); the token is compared as bytes,
-/// so any token the config takes can be sent.
+/// The address an admin connection comes from, as a request extension.
+#[derive(Clone, Copy, Debug)]
+struct Peer(IpAddr);
+
+/// The refusal of a mutating request without the right bearer token (`token`, if the
+/// config sets one), if it lacks it. The scheme is matched in any case (RFC 9110
+/// §11.1); the token is compared as bytes, so any token the config takes can be sent.
 ///
-/// Without a token, a request from a web page is refused (403): a browser sends
-/// `Origin` with every request but a `GET` or `HEAD`, and the tools an operator
-/// changes limits with (curl, scripts) send none. A page the operator opened could
-/// otherwise have the browser post to the admin API on loopback (`POST
-/// /admin/reload` is a request a form may send, without a CORS preflight), or, through
-/// a name it re-binds to 127.0.0.1, change any limit. With a token, a page cannot
-/// send it.
-fn unauthorized(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
-    let Some(token) = state.token.as_ref() else {
+/// Without a token, a change from beyond loopback is refused (403): an admin API
+/// opened to another host for Prometheus's scrapes would otherwise let anyone who
+/// reaches it change limits (set a token to make changes from there). A request from a
+/// web page is refused too: a browser sends `Origin` with every request but a `GET` or
+/// `HEAD`, and the tools an operator changes limits with (curl, scripts) send none. A
+/// page the operator opened could otherwise have the browser post to the admin API on
+/// loopback (`POST /admin/reload` is a request a form may send, without a CORS
+/// preflight), or, through a name it re-binds to 127.0.0.1, change any limit. With a
+/// token, a page cannot send it.
+fn unauthorized(token: Option<&str>, headers: &HeaderMap, peer: IpAddr) -> Option<Response> {
+    let Some(token) = token else {
+        if !peer.to_canonical().is_loopback() {
+            return Some(error(
+                StatusCode::FORBIDDEN,
+                vec![format!(
+                    "a change from {peer}, beyond loopback, is refused without [admin] token"
+                )],
+            ));
+        }
         let origin = headers.get(http::header::ORIGIN)?;
         return Some(error(
             StatusCode::FORBIDDEN,
@@ -424,10 +443,11 @@ async fn one_route(
 async fn update_route(
     State(state): State<AdminState>,
     name: Result<Path<String>, PathRejection>,
+    Extension(Peer(peer)): Extension<Peer>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Some(denied) = unauthorized(&state, &headers) {
+    if let Some(denied) = unauthorized(state.token.as_deref(), &headers, peer) {
         return denied;
     }
     let name = match route_name(name) {
@@ -447,9 +467,10 @@ async fn update_route(
 async fn withdraw_change(
     State(state): State<AdminState>,
     name: Result<Path<String>, PathRejection>,
+    Extension(Peer(peer)): Extension<Peer>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(denied) = unauthorized(&state, &headers) {
+    if let Some(denied) = unauthorized(state.token.as_deref(), &headers, peer) {
         return denied;
     }
     let name = match route_name(name) {
@@ -492,8 +513,12 @@ fn change_answer(
     }
 }
 
-async fn reload(State(state): State<AdminState>, headers: HeaderMap) -> Response {
-    if let Some(denied) = unauthorized(&state, &headers) {
+async fn reload(
+    State(state): State<AdminState>,
+    Extension(Peer(peer)): Extension<Peer>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(denied) = unauthorized(state.token.as_deref(), &headers, peer) {
         return denied;
     }
     match state.reloader.reload_async().await {
@@ -605,4 +630,48 @@ pub(crate) fn route_json(s: &RouteSnapshot) -> Value {
         "active_event": s.active_event,
         "keys": s.keys,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status a mutating request from `peer` with `headers` is refused with, if
+    /// it is.
+    fn refused(token: Option<&str>, headers: &[(&str, &str)], peer: &str) -> Option<StatusCode> {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        unauthorized(token, &map, peer.parse().unwrap()).map(|r| r.status())
+    }
+
+    #[test]
+    fn without_a_token_only_loopback_may_change_limits_and_no_web_page() {
+        for peer in ["127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"] {
+            assert_eq!(refused(None, &[], peer), None, "{peer}");
+        }
+        for peer in ["10.0.0.7", "192.0.2.1", "2001:db8::1", "::ffff:10.0.0.7"] {
+            assert_eq!(
+                refused(None, &[], peer),
+                Some(StatusCode::FORBIDDEN),
+                "{peer}"
+            );
+        }
+        let page = [("origin", "http://shop.example")];
+        assert_eq!(
+            refused(None, &page, "127.0.0.1"),
+            Some(StatusCode::FORBIDDEN)
+        );
+        // With a token, the token decides, wherever the change comes from.
+        let bearer = [("authorization", "Bearer t0k")];
+        assert_eq!(refused(Some("t0k"), &bearer, "10.0.0.7"), None);
+        assert_eq!(
+            refused(Some("t0k"), &[], "127.0.0.1"),
+            Some(StatusCode::UNAUTHORIZED)
+        );
+    }
 }
