@@ -31,6 +31,7 @@
 //! [`hints::RouteSettings`], [`hints::UpstreamCounts`],
 //! [`controller::TransitionCounts`]) and a simulated request ([`sim::Request`]).
 
+pub mod beside;
 pub mod clock;
 pub mod config;
 pub mod controller;

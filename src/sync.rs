@@ -7,7 +7,8 @@
 //! mock types, whose every operation is a point where loom switches threads and
 //! whose relaxed loads may return any value the memory model allows. Only what the
 //! core uses is here: atomics and `Arc` for the window's lanes and slot boundary,
-//! the limiters' state words and the concurrency limiter's shared state.
+//! the limiters' state words and the concurrency limiter's shared state, atomics and
+//! a `Mutex` for [`crate::beside`]'s wake flags and task waker.
 //!
 //! A loom atomic has no `const fn new`, so a `static` atomic is declared through
 //! loom's `lazy_static!` under `cfg(loom)`; see [`crate::lanes`].
@@ -17,14 +18,14 @@ pub(crate) use std::sync::atomic::{
     AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(not(loom))]
-pub(crate) use std::sync::Arc;
+pub(crate) use std::sync::{Arc, Mutex};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
     AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(loom)]
-pub(crate) use loom::sync::Arc;
+pub(crate) use loom::sync::{Arc, Mutex};
 
 /// Nothing in a normal build; a `SeqCst` fence under loom.
 ///

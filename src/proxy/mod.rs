@@ -962,7 +962,7 @@ impl Proxy {
                         driver.as_mut().await;
                         (Ok(()), true)
                     };
-                    let (served, lane_ended) = connections::Beside::new(client, upstream).await;
+                    let (served, lane_ended) = crate::beside::Beside::new(client, upstream).await;
                     if lane_ended {
                         cut = Some(Ended::Cut);
                     }
