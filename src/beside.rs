@@ -71,8 +71,13 @@ impl std::task::Wake for BranchWake {
     fn wake_by_ref(self: &Arc<Self>) {
         // Both flags sequentially consistent: either the poll under way sees this
         // future woken after it stops polling, or this wake sees it stopped and wakes
-        // the task.
-        self.woken.store(true, Ordering::SeqCst);
+        // the task. (The poll writes `polling`, then reads `woken`.)
+        //
+        // A swap, not a store, for loom: on x86-64 a `SeqCst` store is the same
+        // instruction (`xchg`). Loom does not order a store against a concurrent swap
+        // (tokio-rs/loom#389): it let this thread, and the next poll, read the poll's
+        // earlier swap after this store, and reported a lost wake that cannot happen.
+        self.woken.swap(true, Ordering::SeqCst);
         if !self.shared.polling.load(Ordering::SeqCst) {
             let task = self
                 .shared

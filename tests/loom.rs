@@ -17,6 +17,7 @@ use loom::future::block_on;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
+use rocgate::beside::Beside;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key};
@@ -27,7 +28,7 @@ use rocgate::limiter::{Concurrency, Permit};
 use rocgate::window::{SlotCounter, SlotRing, WindowSpec};
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
@@ -623,6 +624,133 @@ fn concurrency_dropped_waiter_leaks_nothing() {
             h.join().expect("a thread");
         }
         assert_eq!((c.level().value, c.waiting()), (0.0, 0));
+    });
+}
+
+// ---------------------------------------------------------------- beside
+
+/// A one-shot signal between threads, as a channel gives it: set once, waking the
+/// waker of the future that last looked at it unset.
+#[derive(Default)]
+struct Signal(Mutex<(bool, Option<Waker>)>);
+
+impl Signal {
+    /// Sets it, and wakes the future that looked, outside the lock: the wake races
+    /// whatever poll is under way.
+    fn set(&self) {
+        let waker = {
+            let mut state = self.0.lock().unwrap();
+            state.0 = true;
+            state.1.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.lock().unwrap().0
+    }
+
+    /// Whether it is set; if not, `cx`'s waker is woken when it is.
+    fn listen(&self, cx: &Context<'_>) -> bool {
+        let mut state = self.0.lock().unwrap();
+        if !state.0 {
+            state.1 = Some(cx.waker().clone());
+        }
+        state.0
+    }
+}
+
+/// A future that completes with `n` once `signal` is set.
+fn waiting(signal: &Arc<Signal>, n: u32) -> impl Future<Output = u32> {
+    let signal = Arc::clone(signal);
+    std::future::poll_fn(move |cx| {
+        if signal.listen(cx) {
+            Poll::Ready(n)
+        } else {
+            Poll::Pending
+        }
+    })
+}
+
+/// A task's waker that counts its wakes. A `std` `Arc`, as a `Waker` needs; the
+/// count is loom's.
+#[derive(Default)]
+struct CountWakes(AtomicUsize);
+
+impl std::task::Wake for CountWakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The future beside the other waits for a signal that another thread sets, waking
+/// the waker the future cloned out during a poll: the task polling the `Beside`
+/// (loom's `block_on`, which sleeps until woken) always sees it complete. A wake lost
+/// (the future marked woken, the task never woken) is a deadlock loom reports.
+#[test]
+fn beside_a_wake_from_another_thread_completes_the_future() {
+    check(|| {
+        let signal = Arc::new(Signal::default());
+        let both = Beside::new(std::future::pending(), waiting(&signal, 1));
+        let setter = thread::spawn(move || signal.set());
+        assert_eq!(block_on(both), 1);
+        setter.join().expect("the setting thread");
+    });
+}
+
+/// Both futures' wakers woken at once from two threads, each future completing once
+/// both signals are set (each listens to its own): whichever wake comes last, during
+/// a poll or between two, reaches the task or the poll under way, and the `Beside`
+/// completes.
+#[test]
+fn beside_two_wakes_at_once_from_two_threads_are_both_taken() {
+    check(|| {
+        let (a, b) = (Arc::new(Signal::default()), Arc::new(Signal::default()));
+        let both_set = |mine: &Arc<Signal>, other: &Arc<Signal>, n: u32| {
+            let (mine, other) = (Arc::clone(mine), Arc::clone(other));
+            std::future::poll_fn(move |cx| {
+                if mine.listen(cx) && other.is_set() {
+                    Poll::Ready(n)
+                } else {
+                    Poll::Pending
+                }
+            })
+        };
+        let both = Beside::new(both_set(&a, &b, 1), both_set(&b, &a, 2));
+        let setters = [a, b].map(|s| thread::spawn(move || s.set()));
+        let n = block_on(both);
+        assert!(n == 1 || n == 2);
+        for h in setters {
+            h.join().expect("a setting thread");
+        }
+    });
+}
+
+/// One poll of a `Beside` while another thread wakes its future (after the future
+/// cloned its waker out): at any point of the poll, the last pass, the moment between
+/// the last pass and the end of `polling`, or after, the future is either polled again
+/// in that poll and completes, or the task is woken. Never neither: a task left
+/// unwoken with its future marked is never polled again.
+#[test]
+fn beside_a_wake_during_its_poll_completes_it_or_wakes_the_task() {
+    check(|| {
+        let signal = Arc::new(Signal::default());
+        let mut both = pin!(Beside::new(waiting(&signal, 1), std::future::pending()));
+        let wakes = std::sync::Arc::new(CountWakes::default());
+        let waker = Waker::from(std::sync::Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let setter = thread::spawn(move || signal.set());
+        let first = both.as_mut().poll(&mut cx);
+        setter.join().expect("the setting thread");
+        if first.is_pending() {
+            assert!(
+                wakes.0.load(Ordering::SeqCst) > 0,
+                "the future was woken, the task was not"
+            );
+            assert_eq!(both.as_mut().poll(&mut cx), Poll::Ready(1));
+        }
     });
 }
 
