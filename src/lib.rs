@@ -13,7 +13,9 @@
 //! The core (`clock`, `window`, `controller`, `limiter`, `engine`, `config`, `sim`,
 //! `hints`)
 //! is pure: it takes the time as an argument, does no network I/O and needs no
-//! async runtime, so it is deterministic under a [`clock::ManualClock`].
+//! async runtime, so it is deterministic under a [`clock::ManualClock`]. So is
+//! [`beside`], the proxy's two futures in one task, kept in the core so that loom
+//! checks its wakes (`tests/loom.rs`).
 //!
 //! Growing the API: enums that a later version may extend (rejection reasons, kinds
 //! of admission, controller states, algorithms, partitions, errors) are
