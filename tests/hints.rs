@@ -8,21 +8,23 @@ use traffic::bursts;
 
 use rocgate::config::Config;
 use rocgate::hints::{Hint, Policy, Setting};
-use rocgate::sim::{hints, ArrivalModel, Profile, Simulator};
+use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, Simulator};
 
 /// The hints for one route `r` (classic parameters plus `extra`, TOML lines of the
 /// route) under a profile of `(t_seconds, rate)` points.
 fn advise(extra: &str, points: &[(f64, f64)], capacity: Option<u64>) -> Vec<Hint> {
+    advise_on(extra, &Profile::from_points(points).unwrap(), capacity)
+}
+
+/// [`advise`] on a profile.
+fn advise_on(extra: &str, profile: &Profile, capacity: Option<u64>) -> Vec<Hint> {
     let toml = format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{extra}\n");
     let config = Config::from_toml_str(&toml, "test").unwrap();
     let mut sim = Simulator::new(config.clone(), Some("r")).unwrap();
     if let Some(c) = capacity {
         sim = sim.capacity(c);
     }
-    let profile = Profile::from_points(points).unwrap();
-    let run = sim
-        .run_profile_all(&profile, ArrivalModel::Uniform)
-        .unwrap();
+    let run = sim.run_profile_all(profile, ArrivalModel::Uniform).unwrap();
     hints::hints(&run, &config, &Policy::default())
 }
 
@@ -89,23 +91,12 @@ fn a_saturated_upstream_behind_few_rejections_lowers_the_base_limit() {
 /// change". A known capacity under the base limit is a fact, not a sample.
 #[test]
 fn a_base_limit_above_a_known_capacity_is_lowered_after_a_short_overload() {
-    let double = vec![
-        (0.0, 40.0),
-        (15.0, 40.0),
-        (15.0, 500.0),
-        (20.0, 500.0),
-        (20.0, 40.0),
-        (26.0, 40.0),
-        (26.0, 500.0),
-        (30.0, 500.0),
-        (30.0, 40.0),
-        (60.0, 40.0),
-    ];
-    let h = advise("", &double, Some(150));
+    let double = Scenario::DoubleSpike.profile();
+    let h = advise_on("", &double, Some(150));
     assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 130.0));
     // Under a capacity above the base limit, as many saturated seconds (a full bucket's
     // burst) are not enough.
-    let h = advise("", &double, Some(250));
+    let h = advise_on("", &double, Some(250));
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
 }
 
@@ -220,19 +211,8 @@ fn rejections_the_base_limit_would_make_anyway_do_not_hurry_the_restore() {
 /// for it (restore_step 20 → 40), and the overload went from 43 to 112 requests.
 #[test]
 fn no_faster_restore_to_a_base_limit_the_upstream_cannot_take() {
-    let double = vec![
-        (0.0, 40.0),
-        (15.0, 40.0),
-        (15.0, 500.0),
-        (20.0, 500.0),
-        (20.0, 40.0),
-        (26.0, 40.0),
-        (26.0, 500.0),
-        (30.0, 500.0),
-        (30.0, 40.0),
-        (60.0, 40.0),
-    ];
-    let h = advise("", &double, Some(300));
+    let double = Scenario::DoubleSpike.profile();
+    let h = advise_on("", &double, Some(300));
     assert!(find(&h, "faster_restore").is_none(), "{h:#?}");
     // A sustained spike: restored faster against a service with room for a full bucket
     // and a second of refill (400 req/s), not against one without.
