@@ -193,15 +193,8 @@ fn heavy_rejection_while_recovering_under_a_healthy_upstream_restores_faster() {
 /// for larger steps, which took the run's rejections from 72.7% to 72.3%.
 #[test]
 fn rejections_the_base_limit_would_make_anyway_do_not_hurry_the_restore() {
-    let sale = vec![
-        (0.0, 40.0),
-        (20.0, 40.0),
-        (20.0, 600.0),
-        (40.0, 600.0),
-        (50.0, 40.0),
-        (60.0, 40.0),
-    ];
-    let h = advise("base_limit = 130", &sale, Some(1000));
+    let sale = Scenario::FlashSale.profile();
+    let h = advise_on("base_limit = 130", &sale, Some(1000));
     assert!(find(&h, "faster_restore").is_none(), "{h:#?}");
 }
 
@@ -415,15 +408,8 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
 /// that changed nothing. Such a route gets no advice from a run, and says why.
 #[test]
 fn a_simulated_concurrency_route_gets_no_advice_it_cannot_judge() {
-    let sale = vec![
-        (0.0, 40.0),
-        (20.0, 40.0),
-        (20.0, 600.0),
-        (40.0, 600.0),
-        (50.0, 40.0),
-        (60.0, 40.0),
-    ];
-    let h = advise(
+    let sale = Scenario::FlashSale.profile();
+    let h = advise_on(
         "algorithm = \"concurrency\"\nbase_limit = 20\ncut_limit = 6\nrestore_step = 2",
         &sale,
         Some(400),
@@ -473,15 +459,8 @@ fn no_history_covers_zero_seconds_not_minus_zero() {
 fn a_simulated_event_is_judged_against_its_own_profile() {
     let event = "[[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:15Z\"\n\
                  duration = \"40s\"\nbase_limit = 500\ncut_limit = 150";
-    let sale = vec![
-        (0.0, 40.0),
-        (20.0, 40.0),
-        (20.0, 600.0),
-        (40.0, 600.0),
-        (50.0, 40.0),
-        (60.0, 40.0),
-    ];
-    let h = advise(event, &sale, Some(300));
+    let sale = Scenario::FlashSale.profile();
+    let h = advise_on(event, &sale, Some(300));
     assert_eq!(numbers(&h, "lower_base_limit"), (500.0, 270.0));
     let lower = find(&h, "lower_base_limit").unwrap();
     assert_eq!(lower.event.as_deref(), Some("sale"));
@@ -616,18 +595,11 @@ fn an_event_judged_in_coarser_intervals_keeps_its_advice_up_to_5_s() {
                 duration = \"40s\"\nbase_limit = 500\ncut_limit = 150\ndanger_roc = 200\n";
     let config = Config::from_toml_str(toml, "test").unwrap();
     let route = &config.routes[0];
-    let sale = vec![
-        (0.0, 40.0),
-        (20.0, 40.0),
-        (20.0, 600.0),
-        (40.0, 600.0),
-        (50.0, 40.0),
-        (60.0, 40.0),
-    ];
+    let sale = Scenario::FlashSale.profile();
     let run = Simulator::new(config.clone(), None)
         .unwrap()
         .capacity(300)
-        .run_profile_all(&Profile::from_points(&sale).unwrap(), ArrivalModel::Uniform)
+        .run_profile_all(&sale, ArrivalModel::Uniform)
         .unwrap();
     let mut one_s = hints::intervals(
         &run.routes[0],
