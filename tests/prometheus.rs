@@ -555,7 +555,6 @@ fn the_cut_too_long_alert_counts_time_in_cut_across_cuts() {
 /// adds nothing. promtool evaluates the rules file itself.
 #[test]
 fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut series = String::new();
     let mut add_to = |job: &str, name: &str, instance: &str, route: &str, values: &str| {
         series.push_str(&format!(
@@ -609,13 +608,10 @@ fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
     );
     let cut = "ROC has not stayed below safe_roc; check safe_roc and hold, or the traffic.";
     let flapping = "Thresholds too close to normal traffic's ROC: widen danger_roc - safe_roc or raise min_dwell.";
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("fleet.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
-             alert_rule_test:\n      \
+    test_alert_rules(
+        &series,
+        &format!(
+            "      \
              - eval_time: 12m\n        alertname: RocgateRouteCutTooLong\n        exp_alerts:\n          \
              - exp_labels: {{severity: warning, route: order, job: rocgate}}\n            \
              exp_annotations: {{summary: \"order was cut for 7m 30s of the last 10 minutes (shared by the fleet)\", description: \"{cut}\"}}\n          \
@@ -625,12 +621,9 @@ fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
              - exp_labels: {{severity: warning, route: order, job: rocgate}}\n            \
              exp_annotations: {{summary: \"order changed controller state 22.5 times in 15 minutes (shared by the fleet)\", description: \"{flapping}\"}}\n          \
              - exp_labels: {{severity: warning, route: cart, instance: a}}\n            \
-             exp_annotations: {{summary: \"cart changed controller state 15 times in 15 minutes on a\", description: \"{flapping}\"}}\n",
-            rules = root.join("dashboards/alerts.yml").display(),
+             exp_annotations: {{summary: \"cart changed controller state 15 times in 15 minutes on a\", description: \"{flapping}\"}}\n"
         ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    );
 }
 
 /// The dashboard's controller state timeline, over instances of which one is cut and
@@ -819,6 +812,25 @@ fn rule_expr(name: &str) -> String {
 }
 
 /// Runs `promtool test rules` on `file` and fails with its output unless it passes.
+/// Runs promtool's `alert_rule_test`s `tests` (YAML list items, indented six
+/// spaces) on the real `dashboards/alerts.yml`, over `input_series` (indented four
+/// spaces), evaluated and sampled every minute.
+fn test_alert_rules(input_series: &str, tests: &str) {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/alerts.yml");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("alerts_test.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    \
+             input_series:\n{input_series}    alert_rule_test:\n{tests}",
+            rules.display()
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
+
 fn promtool_test_rules(file: &Path) {
     let out = Command::new(which("promtool"))
         .args(["test", "rules"])
@@ -981,16 +993,12 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
         record_upstream("sparse", "timeout", 0.501, 10);
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let description =
         "The limits are above what the upstream can take: lower base_limit or danger_roc.";
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("overload.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
-             alert_rule_test:\n      \
+    test_alert_rules(
+        &series,
+        &format!(
+            "      \
              - eval_time: 15m\n        alertname: RocgateUpstreamOverloadedWhileAdmitting\n        exp_alerts:\n          \
              - exp_labels: {{severity: critical, route: order, instance: a}}\n            \
              exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on order while rocgate rejects nothing\", description: \"{description}\"}}\n          \
@@ -1001,12 +1009,9 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
              - exp_labels: {{severity: critical, route: backlog, instance: a}}\n            \
              exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on backlog while rocgate rejects nothing\", description: \"{description}\"}}\n          \
              - exp_labels: {{severity: critical, route: dark, instance: a}}\n            \
-             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on dark while rocgate rejects nothing\", description: \"{description}\"}}\n",
-            rules = root.join("dashboards/alerts.yml").display(),
+             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on dark while rocgate rejects nothing\", description: \"{description}\"}}\n"
         ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    );
 }
 
 /// `RocgateHighRejectionRatio` judges a partitioned route with room in its key table
@@ -1051,27 +1056,20 @@ fn the_rejection_ratio_alert_leaves_clients_held_to_their_own_limits_alone() {
         count_requests("sparse_crowd", 20, &[("limit", 10)]);
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let description = "Sustained rejections: either a real overload, or base_limit is too low for healthy traffic (see /admin/hints). On a partitioned route with room for new keys only the ROC cut's count: clients held to their own limits are by design.";
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("rejections.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
-             alert_rule_test:\n      \
+    test_alert_rules(
+        &series,
+        &format!(
+            "      \
              - eval_time: 12m\n        alertname: RocgateHighRejectionRatio\n        exp_alerts:\n          \
              - exp_labels: {{severity: warning, route: shop, instance: a}}\n            \
              exp_annotations: {{summary: \"rocgate rejects 40% of shop on a\", description: \"{description}\"}}\n          \
              - exp_labels: {{severity: warning, route: crowd, instance: a}}\n            \
              exp_annotations: {{summary: \"rocgate rejects 50% of crowd on a\", description: \"{description}\"}}\n          \
              - exp_labels: {{severity: warning, route: checkout, instance: a}}\n            \
-             exp_annotations: {{summary: \"rocgate rejects 30% of checkout on a\", description: \"{description}\"}}\n",
-            rules = root.join("dashboards/alerts.yml").display(),
+             exp_annotations: {{summary: \"rocgate rejects 30% of checkout on a\", description: \"{description}\"}}\n"
         ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    );
 }
 
 /// Every upstream request of `instance` for one minute, as the proxy records them:
@@ -1114,23 +1112,16 @@ fn the_upstream_overflow_alert_fires_on_sustained_refusals_only() {
          - series: 'rocgate_upstream_errors_total{instance=\"d\",route=\"shop\",kind=\"upstream_overflow\"}'\n        \
          values: '0 0 0 0 0 0 0 0 0 0 300 300 300 300 300 300 300 300 300 300 300'\n",
     );
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let description = "Requests in flight to the upstream reached max_upstream_requests (503 upstream_overflow): the upstream is slower than usual, or the routes admit more than the cap holds. Compare rocgate_upstream_requests with rocgate_max_upstream_requests and the upstream latency.";
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("overflow.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
-             alert_rule_test:\n      \
+    test_alert_rules(
+        &series,
+        &format!(
+            "      \
              - eval_time: 16m\n        alertname: RocgateUpstreamOverflow\n        exp_alerts:\n          \
              - exp_labels: {{severity: warning, instance: a}}\n            \
-             exp_annotations: {{summary: \"rocgate on a refuses 5% of its upstream requests at max_upstream_requests\", description: \"{description}\"}}\n",
-            rules = root.join("dashboards/alerts.yml").display(),
+             exp_annotations: {{summary: \"rocgate on a refuses 5% of its upstream requests at max_upstream_requests\", description: \"{description}\"}}\n"
         ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    );
 }
 
 /// The dashboard's upstream cap panel, on two instances: each one's places held beside
