@@ -136,6 +136,22 @@ async fn write_body(write: &mut OwnedWriteHalf, len: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Reads until one whole response has come (`what` names it in a failure): the bytes
+/// read, which may run past it.
+async fn read_response(read: &mut OwnedReadHalf, what: &str) -> Vec<u8> {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    within(what, async {
+        while parse(&raw).is_none() {
+            let n = read.read(&mut buf).await.unwrap();
+            assert_ne!(n, 0, "closed before {what} was whole");
+            raw.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    raw
+}
+
 /// Reads until the peer closes; what was read, and the error that ended it if one did.
 async fn read_to_close(read: &mut OwnedReadHalf) -> (Vec<u8>, Option<io::Error>) {
     let mut received = Vec::new();
@@ -355,16 +371,7 @@ async fn refused_then_silent(addr: SocketAddr, sent: usize) -> (OwnedReadHalf, O
         .await
         .unwrap();
     write_body(&mut write, sent).await.unwrap();
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
-    within("the 429", async {
-        while parse(&raw).is_none() {
-            let n = read.read(&mut buf).await.unwrap();
-            assert_ne!(n, 0, "closed before the 429 was whole");
-            raw.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
+    let raw = read_response(&mut read, "the 429").await;
     assert_whole_429(&raw);
     (read, write)
 }
@@ -514,16 +521,7 @@ async fn an_admitted_request_expecting_100_continue_gets_one_100_and_its_body_th
         "expect: 100-continue\r\nconnection: close\r\n",
     );
     write.write_all(head.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
-    within("the 100", async {
-        while parse(&raw).is_none() {
-            let n = read.read(&mut buf).await.unwrap();
-            assert_ne!(n, 0, "closed before an answer");
-            raw.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
+    let mut raw = read_response(&mut read, "the 100").await;
     assert_eq!(parse(&raw).map(|r| r.status), Some(100));
     within("the body", write_body(&mut write, len))
         .await
