@@ -435,10 +435,18 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
         started.contains(&format!("config={}", file.display())),
         "{started}"
     );
+    // A SIGHUP the moment serving is logged reloads: SIGHUP is listened for by then
+    // (its default action would end the process).
+    let hup = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(hup.success());
+    assert!(
+        logged(&lines, &["config reloaded"]).is_some(),
+        "a SIGHUP right at the start reloads"
+    );
     let text = metrics_with(admin, "rocgate_config_last_reload_successful 1").await;
     assert!(
         text.contains("rocgate_config_last_reload_successful 1"),
-        "no reload yet: {text}"
+        "the reload applied: {text}"
     );
 
     std::fs::write(&file, RELOADED.replace("path =", "cut_limit = 600\npath =")).unwrap();
@@ -482,7 +490,8 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
         &["replaced the route's runtime change", "order_reloaded"],
     );
     assert!(line.is_some(), "the replaced change is logged");
-    let applied = r#"rocgate_config_reloads_total{result="applied"} 1"#;
+    // The first applied reload was the SIGHUP at the start.
+    let applied = r#"rocgate_config_reloads_total{result="applied"} 2"#;
     let text = metrics_with(admin, applied).await;
     assert!(text.contains(applied), "{text}");
     assert!(

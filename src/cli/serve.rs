@@ -64,13 +64,15 @@ async fn shutdown_signal() {
 /// config kept (the reloader logs it, as it logs the sections that wait for a restart
 /// and the runtime changes the file replaced).
 fn reload_on_sighup(reloader: Reloader) {
+    // Listened for before the task is spawned, not in it: until then a SIGHUP's
+    // default action ends the process, and the task may run after serving has begun.
+    #[cfg(unix)]
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP: reload through POST /admin/reload only");
+        return;
+    };
     #[cfg(unix)]
     tokio::spawn(async move {
-        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            tracing::warn!("cannot listen for SIGHUP: reload through POST /admin/reload only");
-            return;
-        };
         while hup.recv().await.is_some() {
             // Whatever came of it is logged by the reloader.
             let _ = reloader.reload_async().await;
@@ -115,6 +117,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        reload_on_sighup(proxy.reloader().clone());
         let (listen, admin) = (proxy.local_addr(), proxy.admin_addr());
         tracing::info!(
             listen = %listen.map_or_else(|e| e.to_string(), |a| a.to_string()),
@@ -133,7 +136,6 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 "the admin API listens beyond loopback without a token: changes are taken from loopback only, and anyone who reaches it can read the routes' state; set [admin] token"
             );
         }
-        reload_on_sighup(proxy.reloader().clone());
         match proxy.run(shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
