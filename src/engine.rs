@@ -417,6 +417,46 @@ impl Engine {
         })
     }
 
+    /// What the tuning hints need to know of the route, as due at `now`: the profile
+    /// of the scheduled event running then (by its schedule), or else the route's
+    /// own, whether or not a slot's rollover has put it in force yet (the engine
+    /// changes profile at the first rollover from an event's edge on, which a route
+    /// without requests has not reached). `None` if this engine does not hold `route`
+    /// (see [`RouteId`]).
+    pub fn route_settings_at(
+        &self,
+        route: RouteId,
+        now: Nanos,
+    ) -> Option<crate::hints::RouteSettings> {
+        let r = self.route(route)?;
+        let st = r.lock();
+        let due = st.events.iter().find(|e| e.start <= now && now < e.end);
+        Some(crate::hints::RouteSettings {
+            name: r.name.to_string(),
+            mode: r.mode,
+            algorithm: r.algorithm,
+            params: due.map_or_else(|| st.own.clone(), |e| e.params.clone()),
+            event: due.map(|e| e.name.clone()),
+        })
+    }
+
+    /// The first start or end of a scheduled event of any route strictly after
+    /// `after`, on the engine's clock: where `rocgate serve` closes its hints history's
+    /// interval early, so that none straddles an event's edge.
+    pub fn next_event_edge(&self, after: Nanos) -> Option<Nanos> {
+        self.routes
+            .iter()
+            .flat_map(|e| {
+                let st = e.route.lock();
+                st.events
+                    .iter()
+                    .flat_map(|e| [e.start, e.end])
+                    .filter(|&t| t > after)
+                    .min()
+            })
+            .min()
+    }
+
     /// The controller parameters due at `now`: those of the scheduled event running
     /// then, or else the route's own. (A shared store steps its controller with these.)
     /// `None` if this engine does not hold `route` (see [`RouteId`]).

@@ -49,11 +49,17 @@ async fn get(url: String) -> (u16, Value) {
 }
 
 async fn start() -> (SocketAddr, SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    start_with(CONFIG).await
+}
+
+/// A proxy of `config` in front of an upstream that answers everything: its client
+/// and admin addresses, and what stops it.
+async fn start_with(config: &str) -> (SocketAddr, SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream_addr = upstream.local_addr().unwrap();
     let app = Router::new().fallback(|| async { "ok" });
     tokio::spawn(async move { axum::serve(upstream, app).await });
-    let config = Config::from_toml_str(CONFIG, "test").unwrap();
+    let config = Config::from_toml_str(config, "test").unwrap();
     let settings = {
         let mut built = ProxySettings::from_server(
             &rocgate::config::ServerConfig::default(),
@@ -166,6 +172,60 @@ async fn a_running_proxy_gives_hints_over_http_and_to_the_cli() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--period"));
 
+    let _ = stop.send(());
+}
+
+/// "Event blur": the history's intervals ended only every `[hints] interval`, and an
+/// interval in which a scheduled event started went with the profile it began under.
+/// Here 1 s intervals and a sale event of 1.5 s from half a second between two ticks:
+/// the event's part covered 1.0 s, not 1.5, and the requests of its first half
+/// second went to the route's own part. Now an interval ends at each edge of the
+/// event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_events_part_of_the_history_is_exactly_the_time_it_ran() {
+    let started = tokio::time::Instant::now();
+    #[allow(clippy::disallowed_methods)] // the event is placed relative to the real wall clock
+    let sale_start = std::time::SystemTime::now() + Duration::from_millis(1500);
+    let config = format!(
+        "[[routes]]\nname = \"order\"\npath_prefix = \"/\"\nbase_limit = 50\ncut_limit = 20\n\
+         [[routes.events]]\nname = \"sale\"\nstart = \"{}\"\nduration = \"1500ms\"\n\
+         base_limit = 500\ncut_limit = 150\n\
+         [hints]\ninterval = \"1s\"\nkeep = \"1m\"\nmin_requests = 1\n",
+        humantime::format_rfc3339_millis(sale_start)
+    );
+    let (listen, admin, stop) = start_with(&config).await;
+    // 20 requests a quarter second into the sale, before the first tick after its
+    // start (about 2 s after the proxy began).
+    tokio::time::sleep_until(started + Duration::from_millis(1750)).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    for _ in 0..20 {
+        let url: http::Uri = format!("http://{listen}/buy").parse().unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(5), client.get(url))
+            .await
+            .expect("answers in time")
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    // The sale ends 3 s in; the interval after it closes by 4 s in (a tick a second
+    // after the edge).
+    tokio::time::sleep_until(started + Duration::from_millis(4500)).await;
+    let (status, report) = get(format!("http://{admin}/admin/hints?period=1m")).await;
+    assert_eq!(status, 200);
+    let parts = report["routes"].as_array().unwrap();
+    let part = |event: Option<&str>| {
+        parts
+            .iter()
+            .find(|r| r["event"].as_str() == event)
+            .unwrap_or_else(|| panic!("no part for {event:?} in {report:#}"))
+    };
+    let sale = part(Some("sale"));
+    let covered = sale["covered_s"].as_f64().unwrap();
+    assert!(
+        (covered - 1.5).abs() < 0.1,
+        "the sale's part covers {covered} s: {report:#}"
+    );
+    assert_eq!(sale["offered"], 20, "{report:#}");
+    assert_eq!(part(None)["offered"], 0, "{report:#}");
     let _ = stop.send(());
 }
 

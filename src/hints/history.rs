@@ -8,11 +8,15 @@
 //!   counters, diffed here) and the [`UpstreamMeter`]'s counts;
 //! - [`UpstreamMeter::record`], per forwarded request, into atomic buckets.
 //!
-//! Memory is bounded: `keep ÷ interval` intervals per route, each with two sparse
-//! [`Sketch`]es (at most one bucket per slot or per latency decade step).
+//! An interval ends at the next tick: every `interval`, and (in `rocgate serve`) at
+//! each scheduled event's start and end, so that no interval straddles the edge
+//! between two profiles. Memory is bounded: the intervals that began in the last
+//! `keep` per route (`keep ÷ interval`, and one more per event edge), never more than
+//! twice `keep ÷ interval`, each with two sparse [`Sketch`]es (at most one bucket per
+//! slot or per latency decade step).
 
 use super::sketch::Sketch;
-use crate::clock::Nanos;
+use crate::clock::{duration_nanos, Nanos};
 use crate::config::Mode;
 use crate::controller::{ControllerParams, ControllerState};
 use crate::engine::{RouteSnapshot, SlotReport};
@@ -239,18 +243,26 @@ struct RouteHistory {
 #[derive(Debug)]
 pub struct History {
     interval: Duration,
-    keep: usize,
+    /// How long an interval is kept after it began.
+    keep: Duration,
+    /// The most intervals kept per route: twice `keep ÷ interval`, room for the ticks
+    /// at event edges between the regular ones.
+    most: usize,
     routes: BTreeMap<String, RouteHistory>,
 }
 
 impl History {
-    /// A history cutting time into `interval`s and keeping those of the last `keep`.
+    /// A history cutting time into `interval`s and keeping those that began in the
+    /// last `keep` (at least one interval's worth), at most twice `keep ÷ interval`
+    /// of them per route.
     pub fn new(interval: Duration, keep: Duration) -> Self {
         let interval = interval.max(Duration::from_millis(1));
-        let keep = (keep.as_nanos() / interval.as_nanos()).max(1);
+        let keep = keep.max(interval);
+        let regular = usize::try_from(keep.as_nanos() / interval.as_nanos()).unwrap_or(usize::MAX);
         History {
             interval,
-            keep: usize::try_from(keep).unwrap_or(usize::MAX),
+            keep,
+            most: regular.saturating_mul(2),
             routes: BTreeMap::new(),
         }
     }
@@ -285,8 +297,11 @@ impl History {
     /// Closes the open interval of every route in `snapshots` at `now` (counters
     /// are cumulative; a counter that went back, after a reload, counts from zero)
     /// and opens the next. `settings` gives each route's configuration, in the order
-    /// of `snapshots`. Routes gone from the engine keep their past intervals until
-    /// they age out.
+    /// of `snapshots`: the profile due at `now`, under which the next interval is
+    /// judged. Called every `interval`, and at each event's start and end (an early
+    /// tick: the interval then ends there). Intervals that began more than `keep`
+    /// before `now` are dropped; routes gone from the engine keep their past intervals
+    /// until they age out.
     pub fn tick(
         &mut self,
         now: Nanos,
@@ -339,7 +354,12 @@ impl History {
             if !closed.length.is_zero() {
                 h.done.push_back(closed);
             }
-            while h.done.len() > self.keep {
+            let oldest = now.as_u64().saturating_sub(duration_nanos(self.keep));
+            while h
+                .done
+                .front()
+                .is_some_and(|i| i.start.as_u64() < oldest || h.done.len() > self.most)
+            {
                 h.done.pop_front();
             }
             h.profiles.retain(|p| p.event != settings.event);
@@ -348,9 +368,7 @@ impl History {
             h.profiles
                 .retain(|p| p.event == open.event || done.iter().any(|i| i.event == p.event));
         }
-        let keep = self
-            .interval
-            .saturating_mul(u32::try_from(self.keep).unwrap_or(u32::MAX));
+        let keep = self.keep;
         self.routes
             .retain(|_, h| now.saturating_since(h.open.start) <= keep);
     }
@@ -543,6 +561,57 @@ mod tests {
             .map(|(s, intervals)| (s.event.clone(), intervals.len()))
             .collect();
         assert_eq!(from_sale, [(Some("sale".into()), 6), (None, 2)]);
+    }
+
+    /// Ticks at event edges cut intervals short: what is kept is the intervals that
+    /// began in the last `keep`, not `keep ÷ interval` of them (which would have kept
+    /// half of it here), and never more than twice that many.
+    #[test]
+    fn intervals_cut_short_at_edges_keep_the_whole_period() {
+        let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
+        for t in 0..=20 {
+            let now = Nanos::from_millis(t * 500);
+            h.tick(now, &engine.snapshot(now), [settings("r")], None);
+        }
+        let kept = &h.since(Nanos::ZERO)[0].1;
+        let starts: Vec<u64> = kept.iter().map(|i| i.start.as_u64() / 1_000_000).collect();
+        assert_eq!(starts, [7000, 7500, 8000, 8500, 9000, 9500]);
+        // Ticks every 100 ms: six kept, the most for keep ÷ interval = 3.
+        for t in 101..=200 {
+            let now = Nanos::from_millis(t * 100);
+            h.tick(now, &engine.snapshot(now), [settings("r")], None);
+        }
+        let kept = &h.since(Nanos::ZERO)[0].1;
+        assert_eq!(kept.len(), 6);
+        assert_eq!(kept[0].start, Nanos::from_millis(19_400));
+    }
+
+    /// The profile an interval is judged under is the one due when it begins, by the
+    /// events' schedule, even on a route that no request has rolled over into it yet;
+    /// the edges are where the proxy ticks early.
+    #[test]
+    fn event_edges_and_the_profile_due_come_from_the_schedule() {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                    [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:01:40Z\"\n\
+                    duration = \"1m\"\nbase_limit = 500\ncut_limit = 150\n";
+        let config = crate::config::Config::from_toml_str(toml, "test").unwrap();
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        let id = engine.route_at(0).unwrap();
+        let s = Nanos::from_secs;
+        assert_eq!(engine.next_event_edge(Nanos::ZERO), Some(s(100)));
+        assert_eq!(engine.next_event_edge(s(100)), Some(s(160)));
+        assert_eq!(engine.next_event_edge(s(160)), None);
+        let due = engine.route_settings_at(id, s(100)).unwrap();
+        assert_eq!(
+            (due.event.as_deref(), due.params.base_limit_rps),
+            (Some("sale"), 500.0)
+        );
+        // Not in force yet: no request has rolled the route past the edge.
+        assert_eq!(engine.route_settings(id).unwrap().event, None);
+        let after = engine.route_settings_at(id, s(160)).unwrap();
+        assert_eq!((after.event, after.params.base_limit_rps), (None, 200.0));
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! The proxy's side of the tuning hints: the bounded [`History`] it keeps of every
 //! route, fed by the engine's sample hook, a timer and the forwarder's
 //! [`UpstreamMeter`], and the report behind `GET /admin/hints`.
+//!
+//! The timer ticks every `[hints] interval`, and at each scheduled event's start and
+//! end ([`Advisor::next_tick`]): an interval ends at an event's edge, so the event's
+//! part of a period is judged over exactly the time it ran, and the route's own part
+//! over the rest.
 
 use crate::clock::Nanos;
 use crate::config::HintsConfig;
@@ -34,9 +39,16 @@ impl Advisor {
         self.history.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The interval at which [`Advisor::tick`] must be called.
-    pub(crate) fn interval(&self) -> Duration {
-        self.history().interval()
+    /// When the tick after one at `last` is due: `[hints] interval` after it, or
+    /// earlier at the first start or end of a scheduled event of `engine` after it,
+    /// so that no interval straddles an event's edge (an event adds at most two
+    /// intervals to the history: the ones its edges cut short).
+    pub fn next_tick(&self, engine: &Engine, last: Nanos) -> Nanos {
+        let regular = last + self.history().interval();
+        engine
+            .next_event_edge(last)
+            .filter(|&edge| edge < regular)
+            .unwrap_or(regular)
     }
 
     /// Where the forwarder records upstream outcomes.
@@ -49,15 +61,16 @@ impl Advisor {
         self.history().on_slot(route, report);
     }
 
-    /// Closes the current interval of every route of `engine` at `now` (the proxy
-    /// calls it every `[hints] interval`).
+    /// Closes the current interval of every route of `engine` at `now` and opens the
+    /// next, judged under the profile due at `now` (the proxy calls it when
+    /// [`Advisor::next_tick`] says).
     pub fn tick(&self, engine: &Engine, now: Nanos) {
         // Route locks are taken before, never under, the history's lock: the sample
         // hook takes them in the other order.
         let snapshots = engine.snapshot(now);
         let settings: Vec<_> = engine
             .route_ids()
-            .filter_map(|id| engine.route_settings(id))
+            .filter_map(|id| engine.route_settings_at(id, now))
             .collect();
         self.history()
             .tick(now, &snapshots, settings, Some(&self.meter));
@@ -87,5 +100,100 @@ impl Advisor {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::engine::Key;
+    use crate::hints::Setting;
+    use crate::sim::{ArrivalModel, Scenario};
+    use std::time::UNIX_EPOCH;
+
+    /// `serve`'s hints, with the default `[hints]` (10 s intervals), over the flash
+    /// sale (40 req/s, 600 from 20 s to 40 s, back to 40 by 50 s) on a route whose
+    /// sale event runs from 20 s to 60 s with a base limit of 500, against an upstream
+    /// that takes 300 req/s (an admitted request beyond that in a second fails). The
+    /// first tick comes `phase` seconds in; the next ones when [`Advisor::next_tick`]
+    /// says or, with `edges` false, every interval only (as before). Returns the
+    /// event's `base_limit` change, if any.
+    fn sale_advice(phase: u64, edges: bool) -> Option<(Setting, Setting)> {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                    [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:20Z\"\n\
+                    duration = \"40s\"\nbase_limit = 500\ncut_limit = 150\ndanger_roc = 200\n";
+        let config = Config::from_toml_str(toml, "test").unwrap();
+        let advisor = Arc::new(Advisor::new(&config.hints));
+        let hook = Arc::clone(&advisor);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH)
+            .unwrap()
+            .with_sample_hook(Arc::new(move |route, report| hook.on_slot(route, report)));
+        let id = engine.route_at(0).unwrap();
+        let route: Arc<str> = "r".into();
+        let meter = advisor.meter();
+        let (mut last, mut due) = (Nanos::ZERO, Nanos::from_secs(phase));
+        let mut tick = |now: Nanos| {
+            while now >= due {
+                advisor.tick(&engine, due);
+                last = due;
+                due = if edges {
+                    advisor.next_tick(&engine, last)
+                } else {
+                    last + advisor.history().interval()
+                };
+            }
+        };
+        let (mut second, mut admitted) = (0, 0);
+        for now in Scenario::FlashSale
+            .profile()
+            .arrivals(ArrivalModel::Uniform)
+        {
+            tick(now);
+            if engine.check(id, Key::None, now).is_admit() {
+                if now.as_u64() / 1_000_000_000 != second {
+                    (second, admitted) = (now.as_u64() / 1_000_000_000, 0);
+                }
+                admitted += 1;
+                meter.record(&route, Duration::from_millis(5), admitted > 300);
+            }
+        }
+        let end = Nanos::from_secs(60);
+        engine.catch_up(id, end);
+        tick(end);
+        let report = advisor.report(Duration::from_secs(3600), end);
+        let sale = report
+            .routes
+            .iter()
+            .find(|r| r.event.as_deref() == Some("sale"))?;
+        let lower = sale.hints.iter().find(|h| {
+            h.rule == "lower_base_limit" && h.parameter.as_deref() == Some("base_limit")
+        })?;
+        Some((lower.current.clone()?, lower.suggested.clone()?))
+    }
+
+    /// "Event blur": with intervals of 10 s ending only every 10 s, an interval in
+    /// which the sale began went with the route's own profile, and with it the sale's
+    /// onset, where its base limit shows too high: the event's `lower_base_limit` was
+    /// lost in some phases of the interval grid against the event's start. Ending an
+    /// interval at each edge of the event finds it at every phase.
+    #[test]
+    fn the_default_interval_finds_an_events_advice_at_every_phase() {
+        let found: Vec<_> = (0..10).map(|phase| sale_advice(phase, true)).collect();
+        for (phase, advice) in found.iter().enumerate() {
+            let (current, suggested) = advice
+                .clone()
+                .unwrap_or_else(|| panic!("no lower_base_limit at phase {phase}"));
+            assert_eq!(current, Setting::Number(500.0), "phase {phase}");
+            assert!(
+                matches!(suggested, Setting::Number(s) if s < 300.0),
+                "phase {phase}: {suggested:?}"
+            );
+        }
+        // The event's part is the same time whatever the phase: so is the advice.
+        assert!(found.iter().all(|a| *a == found[0]), "{found:?}");
+        // Without the early ticks, some phases lose it.
+        let lost = (0..10).filter(|&p| sale_advice(p, false).is_none()).count();
+        assert!(lost > 0, "lost in {lost} of 10 phases");
     }
 }

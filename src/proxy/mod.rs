@@ -705,11 +705,19 @@ impl Proxy {
             let advisor = Arc::clone(&self.advisor);
             let reloader = self.reloader.clone();
             async move {
-                let mut every = tokio::time::interval(advisor.interval());
-                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut last = reloader.clock().now();
+                advisor.tick(&reloader.engine(), last);
                 loop {
-                    every.tick().await;
-                    advisor.tick(&reloader.engine(), reloader.clock().now());
+                    // Asked again at least every second: a reload may bring an event
+                    // whose edge comes sooner, and events follow the wall clock.
+                    let due = advisor.next_tick(&reloader.engine(), last);
+                    let wait = due.saturating_since(reloader.clock().now());
+                    tokio::time::sleep(wait.clamp(HINTS_WAIT_LEAST, HINTS_WAIT_MOST)).await;
+                    let now = reloader.clock().now();
+                    if now >= due {
+                        advisor.tick(&reloader.engine(), now);
+                        last = now;
+                    }
                 }
             }
         });
@@ -1141,6 +1149,13 @@ fn log_transition(route: &str, t: &Transition) {
 /// How long `run` waits, after the grace period, for the connections told to drop
 /// themselves (each does at its task's next poll).
 const ABORT_WAIT: Duration = Duration::from_secs(1);
+
+/// The least the hints timer sleeps between two looks at the clock (a tick due now
+/// waits this long, so that clocks apart cannot make it spin).
+const HINTS_WAIT_LEAST: Duration = Duration::from_millis(1);
+
+/// The most the hints timer sleeps before it asks again when its next tick is due.
+const HINTS_WAIT_MOST: Duration = Duration::from_secs(1);
 
 /// How often, at most, reaching `max_connections` (or a client address's
 /// `max_connections_per_client`) is logged.
