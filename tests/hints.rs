@@ -338,6 +338,114 @@ fn a_base_limit_lowered_below_the_cut_limit_takes_the_cut_limit_with_it() {
     apply("", &h).unwrap();
 }
 
+/// A cut needs demand of at least `min_rps`. With `min_rps = 150` against an upstream
+/// of 50 req/s, the base limit went 200 → 45 and `min_rps` stayed 150: no surge under
+/// 150 req/s, three times what the upstream takes, would ever be cut. It goes down
+/// with the base limit, at most to half of it (`raise_min_rps`'s bound).
+#[test]
+fn a_base_limit_lowered_below_min_rps_takes_min_rps_with_it() {
+    let extra = "min_rps = 150\nmin_samples = 5";
+    let h = advise(extra, &steady(150.0), Some(50));
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 45.0));
+    let min = h
+        .iter()
+        .find(|h| h.parameter.as_deref() == Some("min_rps"))
+        .unwrap_or_else(|| panic!("no min_rps hint in {h:#?}"));
+    assert_eq!(min.rule, "lower_base_limit");
+    assert_eq!(min.current, Some(Setting::Number(150.0)));
+    assert_eq!(
+        min.suggested,
+        Some(Setting::Number(22.0)),
+        "half of 45, rounded down"
+    );
+    assert!(min.reason.contains("never cut"), "{}", min.reason);
+    apply(extra, &h).unwrap();
+    // A min_rps already under the new base limit is left alone.
+    let h = advise("min_rps = 40", &steady(150.0), Some(50));
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 45.0));
+    assert!(h.iter().all(|h| h.parameter.as_deref() != Some("min_rps")));
+}
+
+/// Two rules of one report, each within its bounds, broke the relation together:
+/// thresholds far too low, Poisson noise at 40 req/s against a service of 50 cut a
+/// quiet route again and again (`raise_min_rps` 10 → 58, at most half the base limit
+/// of 200) while saturating it (`lower_base_limit` 200 → 45): min_rps 58 above a base
+/// limit of 45. `raise_min_rps` is bounded by the base limit suggested with it.
+#[test]
+fn min_rps_raised_beside_a_lowered_base_limit_stays_under_it() {
+    let extra = "danger_roc = 1\nsafe_roc = 0.5";
+    let config = Config::from_toml_str(
+        &format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{extra}\n"),
+        "test",
+    )
+    .unwrap();
+    let run = Simulator::new(config.clone(), None)
+        .unwrap()
+        .capacity(50)
+        .run_profile_all(
+            &Scenario::Steady.profile(),
+            ArrivalModel::Poisson { seed: 5 },
+        )
+        .unwrap();
+    let h = hints::hints(&run, &config, &Policy::default());
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 45.0));
+    let (current, raised) = numbers(&h, "raise_min_rps");
+    assert_eq!(current, 10.0);
+    assert!(
+        raised > 10.0 && raised <= 22.5,
+        "{raised}: half of 45 at most"
+    );
+    let reason = &find(&h, "raise_min_rps").unwrap().reason;
+    assert!(reason.contains("half the base limit of 45"), "{reason}");
+    apply(extra, &h).unwrap();
+}
+
+/// A window counter holds at most 1,048,575 requests a window: a base limit of 10^6
+/// req/s in windows of 1 s, a fifth of its traffic rejected while the upstream is
+/// healthy, was raised 30% to 1.3 × 10^6, which the config refuses.
+#[test]
+fn a_raised_window_limit_stays_within_what_its_counter_holds() {
+    use rocgate::config::Mode;
+    use rocgate::controller::ControllerParams;
+    use rocgate::hints::{Interval, RouteSettings, UpstreamCounts};
+    use rocgate::limiter::{Algorithm, Reason};
+    use std::time::Duration;
+    let settings = |base: f64| RouteSettings {
+        name: "r".into(),
+        mode: Mode::Enforce,
+        algorithm: Algorithm::FixedWindow {
+            window: Duration::from_secs(1),
+        },
+        params: {
+            let mut v = ControllerParams::default();
+            v.base_limit_rps = base;
+            v
+        },
+        event: None,
+    };
+    let intervals: Vec<Interval> = (0..30)
+        .map(|k| {
+            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = 1_250_000;
+            i.rejected[Reason::Limit.index()] = 250_000;
+            i.upstream = Some(UpstreamCounts {
+                requests: 1_000_000,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&settings(1e6), &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "raise_base_limit"), (1e6, 1_048_000.0));
+    let raise = find(&h, "raise_base_limit").unwrap();
+    assert!(raise.reason.contains("window counter"), "{}", raise.reason);
+    let extra = "algorithm = \"fixed_window\"\nlimiter_window = \"1s\"\nbase_limit = 1000000";
+    apply(extra, &h).unwrap();
+    // At that most already: nothing to raise.
+    let h = rocgate::hints::advise(&settings(1_048_000.0), &intervals, None, &Policy::default());
+    assert!(find(&h, "raise_base_limit").is_none(), "{h:#?}");
+}
+
 #[test]
 fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
     use rocgate::config::Mode;

@@ -3,7 +3,8 @@
 //! again, round after round, on the virtual clock. The loop must settle (no such
 //! suggestion left) within a few rounds, never swing a parameter back and forth, never
 //! add overload, never reject more of a healthy upstream's traffic, and every
-//! suggestion must be a config the file's rules accept.
+//! suggestion must be a config the file's rules accept, with `min_rps` at most the
+//! base limit.
 
 use rocgate::config::Config;
 use rocgate::hints::{Hint, Policy, Setting, Severity};
@@ -59,7 +60,23 @@ fn apply(extra: &str, hints: &[&Hint]) -> String {
     if let Some(event) = event {
         applied.push_str(&format!("\n[[routes.events]]\n{}", event.join("\n")));
     }
-    config(&applied);
+    // What the file's rules do not check, the advice keeps: a cut needs demand of
+    // min_rps, which must not be above the base limit (a surge under it never cut).
+    let checked = config(&applied);
+    let route = &checked.routes[0];
+    for (profile, p) in std::iter::once(("own", &route.controller)).chain(
+        route
+            .events
+            .iter()
+            .map(|e| (e.name.as_str(), &e.controller)),
+    ) {
+        assert!(
+            p.min_rps <= p.base_limit_rps,
+            "{profile}: min_rps {} above base_limit {} in\n{applied}",
+            p.min_rps,
+            p.base_limit_rps
+        );
+    }
     applied
 }
 

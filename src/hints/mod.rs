@@ -14,12 +14,12 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass |
-//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass; for a window counter at most what it holds |
+//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
-//! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`) | `min_rps` 20% above the peak demand of those cuts, at least doubled |
+//! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`) | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated |
 //!
@@ -36,7 +36,7 @@ pub use sketch::Sketch;
 
 use crate::config::Mode;
 use crate::controller::ControllerState;
-use crate::limiter::{Algorithm, Reason};
+use crate::limiter::{Algorithm, Reason, MAX_WINDOW_COUNT};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
@@ -219,9 +219,13 @@ pub fn advise(
             ),
         )];
     }
-    let quiet_cuts = e.raise_min_rps();
     let lower_base = e.lower_base_limit();
     let lower_cut = lower_base.as_ref().and_then(|h| e.lower_cut_limit(h));
+    let lower_min = lower_base.as_ref().and_then(|h| e.lower_min_rps(h));
+    let quiet_cuts = e.raise_min_rps(lower_base.as_ref().and_then(|h| match h.suggested {
+        Some(Setting::Number(new_base)) => Some(new_base),
+        _ => None,
+    }));
     let lower_danger = e.lower_danger_roc();
     let raise_danger = if quiet_cuts.is_some() {
         None
@@ -242,6 +246,7 @@ pub fn advise(
         e.raise_base_limit(),
         lower_base,
         lower_cut,
+        lower_min,
         e.raise_burst(),
         raise_danger,
         lower_danger,
@@ -431,13 +436,19 @@ impl<'a> Evidence<'a> {
     }
 
     /// A suggested limit as the route's algorithm takes it (the config file's rules):
-    /// whole requests in flight for `concurrency`, at least one request per window for
-    /// the window counters, at least 0.000001 req/s for the rest; rounded `up` or down.
+    /// whole requests in flight for `concurrency`, at least one request per window and
+    /// at most what a window counter holds ([`MAX_WINDOW_COUNT`]) for the window
+    /// counters, at least 0.000001 req/s for the rest; rounded `up` or down.
     fn fit_limit(&self, x: f64, up: bool) -> f64 {
         match self.s.algorithm {
             Algorithm::Concurrency { .. } => if up { x.ceil() } else { x.floor() }.max(1.0),
             Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
-                x.max(round_sig(1.0 / window.as_secs_f64(), 4, true))
+                let secs = window.as_secs_f64();
+                x.max(round_sig(1.0 / secs, 4, true)).min(round_sig(
+                    MAX_WINDOW_COUNT as f64 / secs,
+                    4,
+                    false,
+                ))
             }
             Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => x.max(1e-6),
         }
@@ -551,7 +562,17 @@ impl<'a> Evidence<'a> {
             }
         }
         let health = format!("the upstream was {}", self.health_summary());
-        let suggested = self.fit_limit(round_up(target, base), true);
+        let wanted = round_up(target, base);
+        let suggested = self.fit_limit(wanted, true);
+        if suggested <= base {
+            return None;
+        }
+        if suggested < wanted {
+            bound.push_str(&format!(
+                ", at most {} req/s, what the limiter's window counter holds",
+                fmt_num(suggested)
+            ));
+        }
         Some(self.hint(
             "raise_base_limit",
             Severity::Warn,
@@ -636,6 +657,33 @@ impl<'a> Evidence<'a> {
             format!(
                 "the cut limit of {} req/s must stay at most the base limit, lowered to {}: lower it with the base limit, keeping its ratio to it",
                 fmt_num(cut),
+                fmt_num(new_base)
+            ),
+        ))
+    }
+
+    /// A cut needs demand of at least `min_rps`: above the base limit's suggestion, a
+    /// surge that stays under it is never cut, and only the lowered base limit stands
+    /// between it and an upstream that saturated. `min_rps` goes down with the base
+    /// limit, keeping its ratio to it, at most half of it (as `raise_min_rps` bounds
+    /// it).
+    fn lower_min_rps(&self, lower_base: &Hint) -> Option<Hint> {
+        let Some(Setting::Number(new_base)) = lower_base.suggested else {
+            return None;
+        };
+        let (base, min) = (self.base(), self.s.params.min_rps);
+        if min <= new_base {
+            return None;
+        }
+        let suggested = round_down((min * new_base / base).min(0.5 * new_base), min);
+        Some(self.hint(
+            "lower_base_limit",
+            Severity::Critical,
+            Some("min_rps"),
+            Some((Setting::Number(min), Setting::Number(suggested))),
+            format!(
+                "min_rps of {} req/s would be above the base limit, lowered to {} req/s: a surge under it is never cut, so only the base limit would stand between it and the upstream; lower it with the base limit, keeping its ratio to it, at most half of it",
+                fmt_num(min),
                 fmt_num(new_base)
             ),
         ))
@@ -809,7 +857,9 @@ impl<'a> Evidence<'a> {
         ))
     }
 
-    fn raise_min_rps(&self) -> Option<Hint> {
+    /// `new_base`: the base limit `lower_base_limit` suggests in the same report, if
+    /// it does: min_rps stays at most half of the base limit that will be in force.
+    fn raise_min_rps(&self, new_base: Option<f64>) -> Option<Hint> {
         let base = self.base();
         if self.cut_count() < 3 || self.mean_rps() >= 0.2 * base {
             return None;
@@ -820,17 +870,34 @@ impl<'a> Evidence<'a> {
             .iter()
             .map(|c| c.peak_demand_rps)
             .fold(0.0, f64::max);
-        let target = (peak * 1.2).max(2.0 * current).min(0.5 * base);
+        let most = 0.5 * new_base.unwrap_or(base).min(base);
+        let target = (peak * 1.2).max(2.0 * current).min(most);
         if target <= current {
             return None;
         }
+        // At the bound, rounded down: not above it.
+        let suggested = if target == most {
+            round_sig(most, 2, false)
+        } else {
+            round_up(target, current)
+        };
+        if suggested <= current {
+            return None;
+        }
+        let bound = match new_base {
+            Some(b) if target == most => format!(
+                ", at most half the base limit of {} req/s suggested with it",
+                fmt_num(b)
+            ),
+            _ => String::new(),
+        };
         Some(self.hint(
             "raise_min_rps",
             Severity::Warn,
             Some("min_rps"),
-            Some((Setting::Number(current), Setting::Number(round_up(target, current)))),
+            Some((Setting::Number(current), Setting::Number(suggested))),
             format!(
-                "{} cuts on a quiet route (mean demand {} req/s, base limit {} req/s, peak demand during cuts {} req/s): small numbers make ROC jumpy; raise min_rps above that peak",
+                "{} cuts on a quiet route (mean demand {} req/s, base limit {} req/s, peak demand during cuts {} req/s): small numbers make ROC jumpy; raise min_rps above that peak{bound}",
                 self.cut_count(),
                 fmt_num(self.mean_rps()),
                 fmt_num(base),
