@@ -60,8 +60,9 @@ pub struct Interval {
     pub peak_demand_rps: f64,
     /// What the upstream did, when it is measured (the proxy, or a modelled capacity).
     pub upstream: Option<UpstreamCounts>,
-    /// The scheduled event whose profile was in force when the interval began (`None`:
-    /// the route's own): the profile its hints judge.
+    /// The scheduled event whose profile was due when the interval began (`None`:
+    /// the route's own): the profile its hints judge. In `serve` an interval ends at
+    /// each event's edge, so the whole interval ran under it.
     pub event: Option<String>,
 }
 
