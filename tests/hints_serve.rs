@@ -220,8 +220,10 @@ async fn an_events_part_of_the_history_is_exactly_the_time_it_ran() {
     };
     let sale = part(Some("sale"));
     let covered = sale["covered_s"].as_f64().unwrap();
+    // Either edge's tick may come late on a loaded machine; the old grid-bound
+    // intervals gave 1 s or 2 s.
     assert!(
-        (covered - 1.5).abs() < 0.25,
+        (covered - 1.5).abs() < 0.35,
         "the sale's part covers {covered} s: {report:#}"
     );
     assert_eq!(sale["offered"], 20, "{report:#}");
