@@ -1201,3 +1201,91 @@ fn the_upstream_cap_panel_shows_places_held_against_the_cap_and_refusals() {
     .unwrap();
     promtool_test_rules(&file);
 }
+
+/// The queries of the dashboard panel that reads `metric`, with Grafana's variables
+/// given values (`$__rate_interval` as 5m, promtool's samples being a minute apart).
+fn panel_queries(metric: &str) -> Vec<String> {
+    let dashboard = dashboard();
+    let panel = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| {
+            p["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["expr"].as_str().unwrap().contains(metric))
+        })
+        .unwrap_or_else(|| panic!("no panel of the dashboard reads {metric}"));
+    panel["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$route", ".*")
+                .replace("$instance", ".*")
+                .replace("$__rate_interval", "5m")
+        })
+        .collect()
+}
+
+/// Runs promtool's `promql_expr_test`s `tests` (YAML list items, indented six spaces)
+/// over `input_series` (indented four spaces), sampled every minute.
+fn test_exprs(input_series: &str, tests: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("panel.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{input_series}    \
+             promql_expr_test:\n{tests}"
+        ),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
+}
+
+/// The dashboard's client connection panel, on two instances: each one's connections
+/// closed at `max_connections_per_client` per second, and the times per second its
+/// `max_connections` was reached. promtool evaluates the panel's own queries.
+#[test]
+fn the_client_connection_panel_shows_refusals_per_client_and_the_cap_reached() {
+    let exprs = panel_queries("rocgate_client_connections_refused_total");
+    let find = |needle: &str| {
+        exprs
+            .iter()
+            .find(|e| e.contains(needle))
+            .unwrap_or_else(|| panic!("no query of {needle} in {exprs:?}"))
+            .replace('\'', "''")
+    };
+    let mut series = String::new();
+    for (instance, refused_a_minute, reached_a_minute) in [("a", 120, 0), ("b", 0, 30)] {
+        series.push_str(&format!(
+            "      - series: 'rocgate_client_connections_refused_total{{instance=\"{instance}\"}}'\n        values: '0+{refused_a_minute}x10'\n      \
+             - series: 'rocgate_client_connection_limit_reached_total{{instance=\"{instance}\"}}'\n        values: '0+{reached_a_minute}x10'\n      \
+             - series: 'rocgate_client_connections{{instance=\"{instance}\"}}'\n        values: '500x10'\n"
+        ));
+    }
+    let sample = |expr: String, a: f64, b: f64| {
+        format!(
+            "      - expr: '{expr}'\n        eval_time: 10m\n        exp_samples:\n          \
+             - labels: '{{instance=\"a\"}}'\n            value: {a}\n          \
+             - labels: '{{instance=\"b\"}}'\n            value: {b}\n"
+        )
+    };
+    let tests = [
+        // 120 connections closed a minute: 2 a second.
+        sample(find("rocgate_client_connections_refused_total"), 2.0, 0.0),
+        sample(
+            find("rocgate_client_connection_limit_reached_total"),
+            0.0,
+            0.5,
+        ),
+    ]
+    .concat();
+    test_exprs(&series, &tests);
+}
