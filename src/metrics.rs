@@ -43,6 +43,8 @@
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: times every one of `max_connections` was taken and accepting paused |
 //! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted, their client address holding `max_connections_per_client` already |
+//! | `rocgate_lingering_connections` | gauge | | proxy: client connections being closed as lingering closes now: answered with a body left unread, their write half shut, reading what the client still sends (they hold a place under `max_connections`) |
+//! | `rocgate_lingering_closes_total` | counter | `ended` | proxy: lingering closes by how they ended: `client_closed` (the client closed its side, or reset it), `lingering_timeout` (it sent nothing for that long), `lingering_time` (that long in all), `lingering_bytes` (it sent more than a lingering close reads, 64 MiB), `shutdown` |
 //! | `rocgate_config_reloads_total` | counter | `result` | proxy: config reloads (SIGHUP or `POST /admin/reload`), `applied` or `refused` (the running config kept) |
 //! | `rocgate_config_last_reload_successful` | gauge | | proxy: 1 if the last reload was applied (or none was asked for), 0 if it was refused |
 //! | `rocgate_runtime_changes` | gauge | | proxy: routes running on a runtime change (`PUT /admin/routes/{name}`) rather than the file's parameters |
@@ -119,6 +121,10 @@ pub const CLIENT_CONNECTIONS: &str = "rocgate_client_connections";
 pub const CONNECTION_LIMIT_REACHED: &str = "rocgate_client_connection_limit_reached_total";
 /// `rocgate_client_connections_refused_total`.
 pub const CONNECTIONS_REFUSED: &str = "rocgate_client_connections_refused_total";
+/// `rocgate_lingering_connections`.
+pub const LINGERING_CONNECTIONS: &str = "rocgate_lingering_connections";
+/// `rocgate_lingering_closes_total`.
+pub const LINGERING_CLOSES: &str = "rocgate_lingering_closes_total";
 /// `rocgate_config_reloads_total`.
 pub const CONFIG_RELOADS: &str = "rocgate_config_reloads_total";
 /// `rocgate_config_last_reload_successful`.
@@ -143,7 +149,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 39] = [
+pub const ALL: [&str; 41] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -172,6 +178,8 @@ pub const ALL: [&str; 39] = [
     CLIENT_CONNECTIONS,
     CONNECTION_LIMIT_REACHED,
     CONNECTIONS_REFUSED,
+    LINGERING_CONNECTIONS,
+    LINGERING_CLOSES,
     CONFIG_RELOADS,
     CONFIG_LAST_RELOAD_APPLIED,
     RUNTIME_CHANGES,
@@ -290,6 +298,14 @@ pub fn describe() {
     describe_counter!(
         CONNECTIONS_REFUSED,
         "Connections closed as accepted: their client address held max_connections_per_client."
+    );
+    describe_gauge!(
+        LINGERING_CONNECTIONS,
+        "Client connections being closed as lingering closes: reading what the client still sends."
+    );
+    describe_counter!(
+        LINGERING_CLOSES,
+        "Lingering closes by how they ended: client_closed, lingering_timeout, lingering_time, lingering_bytes, shutdown."
     );
     describe_counter!(
         CONFIG_RELOADS,

@@ -607,3 +607,148 @@ async fn a_client_whose_head_is_malformed_reads_the_400_after_its_upload() {
     );
     assert!(upstream.seen().is_empty());
 }
+
+/// A value of the proxy's `/metrics`: the sample of `series` (a name with its labels,
+/// as exposed), 0 if the series is absent.
+async fn metric(admin: SocketAddr, series: &str) -> f64 {
+    let (mut read, mut write) = connect(admin).await;
+    let request = "GET /metrics HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n";
+    write.write_all(request.as_bytes()).await.unwrap();
+    let (raw, _) = within("the scrape", read_to_close(&mut read)).await;
+    let scrape = parse(&raw).expect("a whole answer to the scrape");
+    assert_eq!(scrape.status, 200);
+    String::from_utf8_lossy(&scrape.body)
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().unwrap())
+        })
+        .unwrap_or(0.0)
+}
+
+/// Polls the proxy's `/metrics` until `series` reads `value` (failing after
+/// [`IO_TIMEOUT`] with what it read last).
+async fn metric_reaches(admin: SocketAddr, series: &str, value: f64) {
+    let mut last = f64::NAN;
+    let reached = timeout(IO_TIMEOUT, async {
+        loop {
+            last = metric(admin, series).await;
+            if last == value {
+                return;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(reached.is_ok(), "{series} read {last}, not {value}");
+}
+
+/// Sends a KiB more of a refused body every 100 ms, so that the lingering close on it
+/// never waits `lingering_timeout`, until `/metrics` shows one connection lingering.
+async fn trickle_until_lingering(admin: SocketAddr, write: &mut OwnedWriteHalf) {
+    for _ in 0..15 {
+        write.write_all(&[b'x'; 1024]).await.unwrap();
+        if metric(admin, "rocgate_lingering_connections").await == 1.0 {
+            return;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no connection lingering while the client trickled");
+}
+
+/// The series of lingering closes that ended `ended`.
+fn closes(ended: &str) -> String {
+    format!("rocgate_lingering_closes_total{{ended=\"{ended}\"}}")
+}
+
+/// `/metrics` shows the connections lingering now, and each lingering close by how it
+/// ended: the client closing its side, silent for `lingering_timeout`, sending for
+/// `lingering_time`, sending more than `lingering_bytes`, and shutdown. (The one test of this file
+/// that reads `/metrics`: the proxies of the others, in the same process, set none of
+/// these series.)
+#[tokio::test]
+async fn lingering_closes_are_counted_by_how_they_ended() {
+    let lingering = "rocgate_lingering_connections";
+    let (_, proxy) = refusing("linger_metrics", "/upload", |s| {
+        s.lingering_time = Duration::from_secs(2);
+        s.lingering_timeout = Duration::from_millis(500);
+        s.lingering_bytes = 1 << 20;
+    })
+    .await;
+    let admin = proxy.admin;
+    for ended in [
+        "client_closed",
+        "lingering_timeout",
+        "lingering_time",
+        "lingering_bytes",
+        "shutdown",
+    ] {
+        assert_eq!(metric(admin, &closes(ended)).await, 0.0, "{ended}");
+    }
+    assert_eq!(metric(admin, lingering).await, 0.0);
+
+    // A client that trickles a little more of its body is lingered on, until it closes.
+    let (mut read, mut write) = refused_then_silent(proxy.addr, 64 * 1024).await;
+    trickle_until_lingering(admin, &mut write).await;
+    write.shutdown().await.unwrap();
+    within("the proxy's close", read_to_close(&mut read)).await;
+    metric_reaches(admin, &closes("client_closed"), 1.0).await;
+    metric_reaches(admin, lingering, 0.0).await;
+
+    // Silent for `lingering_timeout`.
+    let (mut read, _write) = refused_then_silent(proxy.addr, 64 * 1024).await;
+    within("the proxy's close", read_to_close(&mut read)).await;
+    metric_reaches(admin, &closes("lingering_timeout"), 1.0).await;
+
+    // 16 KiB every 100 ms, far under `lingering_bytes` and never silent for
+    // `lingering_timeout`, until `lingering_time` closes the connection.
+    let (mut read, mut write) = refused_then_silent(proxy.addr, 64 * 1024).await;
+    let reader = tokio::spawn(async move { read_to_close(&mut read).await });
+    let written = within("the paced body", async {
+        for _ in 0..40 {
+            write.write_all(&[b'x'; 16 * 1024]).await?;
+            sleep(Duration::from_millis(100)).await;
+        }
+        io::Result::Ok(())
+    })
+    .await;
+    assert!(written.is_err(), "the connection was kept for 4 s");
+    within("the proxy's close", reader).await.unwrap();
+    metric_reaches(admin, &closes("lingering_time"), 1.0).await;
+
+    // 32 MiB, far over `lingering_bytes`.
+    let len = 32 << 20;
+    let (written, raw) = upload_then_read(proxy.addr, &head("POST", "/upload", len, ""), len).await;
+    assert!(written.is_err(), "the whole body was taken");
+    assert_eq!(parse(&raw).map(|r| r.status), Some(413));
+    metric_reaches(admin, &closes("lingering_bytes"), 1.0).await;
+
+    // Each close was counted once, under its own end.
+    for ended in [
+        "client_closed",
+        "lingering_timeout",
+        "lingering_time",
+        "lingering_bytes",
+    ] {
+        assert_eq!(metric(admin, &closes(ended)).await, 1.0, "{ended}");
+    }
+    assert_eq!(metric(admin, &closes("shutdown")).await, 0.0);
+    metric_reaches(admin, lingering, 0.0).await;
+
+    // Shutdown ends a lingering close at once; an upload in progress (its body to
+    // come) keeps the proxy, and its admin API, up through the grace period.
+    let (_uploading, mut upload) = connect(proxy.addr).await;
+    upload
+        .write_all(head("POST", "/other", 1024, "").as_bytes())
+        .await
+        .unwrap();
+    upload.write_all(b"begun").await.unwrap();
+    metric_reaches(admin, "rocgate_in_flight_requests", 1.0).await;
+    let (_read, mut lingerer) = refused_then_silent(proxy.addr, 64 * 1024).await;
+    trickle_until_lingering(admin, &mut lingerer).await;
+    let run = proxy.shut_down();
+    metric_reaches(admin, &closes("shutdown"), 1.0).await;
+    metric_reaches(admin, lingering, 0.0).await;
+    drop((_uploading, upload));
+    within("shutdown", run).await.unwrap().unwrap();
+}

@@ -69,7 +69,8 @@ pub(crate) struct Exporter {
     pub(crate) lanes: super::lane::LaneCount,
     /// Requests holding a place under `max_upstream_requests`.
     pub(crate) upstream_requests: super::forward::UpstreamRequests,
-    /// Client connections open, and times their cap was reached.
+    /// Client connections open, times their cap was reached, and their lingering
+    /// closes.
     pub(crate) connections: Arc<super::connections::ClientConnections>,
 }
 
@@ -322,6 +323,13 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
     metrics::counter!(crate::metrics::CONNECTION_LIMIT_REACHED)
         .absolute(m.connections.limit_reached());
     metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).absolute(m.connections.refused());
+    let lingering = m.connections.lingering();
+    metrics::gauge!(crate::metrics::LINGERING_CONNECTIONS).set(lingering.under_way() as f64);
+    // Every end at 0 before its first, so that `rate` counts that one too.
+    for end in super::connections::LingerEnd::ALL {
+        metrics::counter!(crate::metrics::LINGERING_CLOSES, "ended" => end.as_str())
+            .absolute(lingering.ended(end));
+    }
     let reloads = state.reloader.reload_counts();
     for (result, count) in [("applied", &reloads.applied), ("refused", &reloads.refused)] {
         metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => result)

@@ -81,6 +81,8 @@ pub(crate) struct ClientConnections {
     per_client: Option<PerClient>,
     /// Connections closed as accepted, their address at its cap.
     refused: AtomicU64,
+    /// Connections closed as lingering closes.
+    lingering: Arc<LingeringCloses>,
 }
 
 /// The cap on connections per client address, and the connections each address
@@ -115,6 +117,7 @@ impl ClientConnections {
             limit_reached: AtomicU64::new(0),
             per_client: None,
             refused: AtomicU64::new(0),
+            lingering: Arc::default(),
         }
     }
 
@@ -199,6 +202,11 @@ impl ClientConnections {
     /// Times the cap was reached since start.
     pub(crate) fn limit_reached(&self) -> u64 {
         self.limit_reached.load(Ordering::Relaxed)
+    }
+
+    /// The connections' lingering closes.
+    pub(crate) fn lingering(&self) -> &Arc<LingeringCloses> {
+        &self.lingering
     }
 }
 
@@ -645,21 +653,108 @@ impl Handback {
 }
 
 /// The bounds of a lingering close: what a client may still send is read for at most
-/// `time` in all, with no pause longer than `timeout`, and `bytes` in all.
-#[derive(Clone, Copy, Debug)]
+/// `time` in all, with no pause longer than `timeout`, and `bytes` in all; and where it
+/// is counted.
+#[derive(Clone, Debug)]
 pub(crate) struct Lingering {
     pub(crate) time: Duration,
     pub(crate) timeout: Duration,
     pub(crate) bytes: u64,
+    pub(crate) closes: Arc<LingeringCloses>,
+}
+
+/// How a lingering close ended: the `ended` label of `rocgate_lingering_closes_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LingerEnd {
+    /// The client closed its side (or reset the connection).
+    ClientClosed,
+    /// The client sent nothing for `lingering_timeout`.
+    Timeout,
+    /// `lingering_time` was over.
+    Time,
+    /// The client sent more than the bytes a lingering close reads.
+    Bytes,
+    /// Shutdown began.
+    Shutdown,
+}
+
+impl LingerEnd {
+    /// Every end, in the order [`LingeringCloses`] counts them.
+    pub(crate) const ALL: [LingerEnd; 5] = [
+        LingerEnd::ClientClosed,
+        LingerEnd::Timeout,
+        LingerEnd::Time,
+        LingerEnd::Bytes,
+        LingerEnd::Shutdown,
+    ];
+
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LingerEnd::ClientClosed => "client_closed",
+            LingerEnd::Timeout => "lingering_timeout",
+            LingerEnd::Time => "lingering_time",
+            LingerEnd::Bytes => "lingering_bytes",
+            LingerEnd::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// The lingering closes under way, and those done by how they ended, for `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct LingeringCloses {
+    under_way: AtomicUsize,
+    /// By [`LingerEnd`], in the order of [`LingerEnd::ALL`].
+    ended: [AtomicU64; 5],
+}
+
+impl LingeringCloses {
+    /// Lingering closes under way now.
+    pub(crate) fn under_way(&self) -> usize {
+        self.under_way.load(Ordering::Relaxed)
+    }
+
+    /// Lingering closes that ended `end` since start.
+    pub(crate) fn ended(&self, end: LingerEnd) -> u64 {
+        self.ended[end as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts a lingering close under way until the guard is dropped.
+    fn begin(&self) -> UnderWay<'_> {
+        self.under_way.fetch_add(1, Ordering::Relaxed);
+        UnderWay(self)
+    }
+}
+
+/// A lingering close counted as under way, until dropped.
+struct UnderWay<'a>(&'a LingeringCloses);
+
+impl UnderWay<'_> {
+    /// Counts the close as ended `end`.
+    fn ended(self, end: LingerEnd) {
+        self.0.ended[end as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.under_way.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Closes `stream` as a lingering close, if the client may still be sending
 /// (`unread_body`, or bytes waiting to be read now): shuts its write half, so that the
 /// client reads the answer and then the end, and reads and throws away what it sends
-/// until it closes its side, or the bounds are reached, before dropping it. Closed
-/// with bytes unread, a socket answers them, and all the client sends after, with a
-/// reset.
-pub(crate) async fn linger(mut stream: TcpStream, unread_body: bool, bounds: Lingering) {
+/// until it closes its side, the bounds are reached, or `shutdown` completes, before
+/// dropping it. Closed with bytes unread, a socket answers them, and all the client
+/// sends after, with a reset. A lingering close is counted in `bounds.closes` while
+/// under way, and by how it ended.
+pub(crate) async fn linger(
+    mut stream: TcpStream,
+    unread_body: bool,
+    bounds: Lingering,
+    shutdown: impl Future<Output = ()>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut left = bounds.bytes;
     if !unread_body {
@@ -671,20 +766,32 @@ pub(crate) async fn linger(mut stream: TcpStream, unread_body: bool, bounds: Lin
             Ok(n) => left = left.saturating_sub(n as u64),
         }
     }
-    let _ = stream.shutdown().await;
-    let mut buf = vec![0u8; 16 * 1024];
-    let deadline = Instant::now() + bounds.time;
-    while left > 0 {
-        let wait = deadline.min(Instant::now() + bounds.timeout);
-        match tokio::time::timeout_at(wait, stream.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) | Err(_) => return,
-            Ok(Ok(n)) => left = left.saturating_sub(n as u64),
+    let under_way = bounds.closes.begin();
+    let reading = async {
+        let _ = stream.shutdown().await;
+        let mut buf = vec![0u8; 16 * 1024];
+        let deadline = Instant::now() + bounds.time;
+        while left > 0 {
+            let pause_over = Instant::now() + bounds.timeout;
+            match tokio::time::timeout_at(deadline.min(pause_over), stream.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => return LingerEnd::ClientClosed,
+                Err(_) if deadline <= pause_over => return LingerEnd::Time,
+                Err(_) => return LingerEnd::Timeout,
+                Ok(Ok(n)) => left = left.saturating_sub(n as u64),
+            }
         }
-    }
-    tracing::debug!(
-        bytes = bounds.bytes,
-        "lingering close: the client sent more than its bound"
-    );
+        tracing::debug!(
+            bytes = bounds.bytes,
+            "lingering close: the client sent more than its bound"
+        );
+        LingerEnd::Bytes
+    };
+    let ended = tokio::select! {
+        biased;
+        () = shutdown => LingerEnd::Shutdown,
+        ended = reading => ended,
+    };
+    under_way.ended(ended);
 }
 
 /// A response body as the client connection sends it: as it is (HTTP/1.1, whose

@@ -834,6 +834,7 @@ impl Proxy {
                 time: self.settings.lingering_time,
                 timeout: self.settings.lingering_timeout,
                 bytes: self.settings.lingering_bytes,
+                closes: Arc::clone(connections.lingering()),
             };
             let reloader = self.reloader.clone();
             let mut builder = builder.clone();
@@ -989,11 +990,10 @@ impl Proxy {
                     if let Some(stream) = back.take() {
                         // Counted against `max_connections` until done; not held
                         // through a shutdown.
-                        tokio::select! {
-                            biased;
-                            _ = stopping.changed() => {}
-                            () = connections::linger(stream, unread_body, lingering) => {}
-                        }
+                        let shutdown = async {
+                            let _ = stopping.changed().await;
+                        };
+                        connections::linger(stream, unread_body, lingering, shutdown).await;
                     }
                 }
                 // A tunnel holds the connection's place, and its request's concurrency
