@@ -126,9 +126,8 @@ pub(crate) async fn serve(
             },
             () = &mut stopped => break,
         };
-        let service = hyper_util::service::TowerToHyperService::new(
-            router.clone().layer(axum::Extension(Peer(peer.ip()))),
-        );
+        let service =
+            hyper_util::service::TowerToHyperService::new(for_connection(&router, peer.ip()));
         let builder = builder.clone();
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
@@ -155,6 +154,13 @@ pub(crate) async fn serve(
     drop((listener, stopping));
     let _ = stop.send(());
     let _ = tokio::time::timeout(DRAIN, stop.closed()).await;
+}
+
+/// The admin router as one connection from `peer` is served by: each request carries
+/// the connection's address, which decides whether a change may be made without a
+/// token ([`unauthorized`]).
+fn for_connection(router: &Router, peer: IpAddr) -> Router {
+    router.clone().layer(axum::Extension(Peer(peer)))
 }
 
 /// The admin router.
@@ -643,6 +649,94 @@ pub(crate) fn route_json(s: &RouteSnapshot) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower::ServiceExt as _;
+
+    /// The admin API's state over a proxy bound to loopback ports (not run) with one
+    /// route, `order`, and no token.
+    async fn state() -> AdminState {
+        let mut settings = super::super::ProxySettings::from_server(
+            &crate::config::ServerConfig::default(),
+            "http://127.0.0.1:9".parse().unwrap(),
+        );
+        settings.listen = "127.0.0.1:0".parse().unwrap();
+        settings.admin_listen = "127.0.0.1:0".parse().unwrap();
+        let config = crate::config::Config::new(vec![crate::config::RouteConfig::new(
+            "order",
+            crate::config::RouteMatch::any(),
+        )]);
+        let proxy = super::super::Proxy::bind(settings, &config, None)
+            .await
+            .unwrap();
+        AdminState {
+            reloader: proxy.reloader().clone(),
+            advisor: proxy.advisor(),
+            token: None,
+            metrics: Arc::new(Exporter {
+                handle: metrics_exporter_prometheus::PrometheusBuilder::new()
+                    .build_recorder()
+                    .handle(),
+                collector: Collector::new(),
+                in_flight: Arc::default(),
+                lanes: super::super::lane::LaneCount::new(1),
+                upstream_requests: super::super::forward::UpstreamRequests::new(1),
+                connections: Arc::new(super::super::connections::ClientConnections::new(1)),
+            }),
+            #[cfg(feature = "redis")]
+            store: None,
+        }
+    }
+
+    /// The router, served as a connection from `peer` is, refuses every change from
+    /// beyond loopback without a token (naming the address), and takes them from
+    /// loopback: the connection's own address reaches the check. Dropped, the `Peer`
+    /// extension fails every change with 500; ignored, a change from 10.0.0.7 is made.
+    #[tokio::test]
+    async fn the_router_judges_each_change_by_its_connections_peer() {
+        let router = router(state().await);
+        let changes = [
+            ("PUT", "/admin/routes/order", r#"{"base_limit": 300}"#),
+            ("DELETE", "/admin/routes/order/change", ""),
+            ("POST", "/admin/reload", ""),
+        ];
+        for peer in ["10.0.0.7", "192.0.2.1", "2001:db8::1", "::ffff:10.0.0.7"] {
+            let peer: IpAddr = peer.parse().unwrap();
+            for (method, path, body) in changes {
+                let request = http::Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .body(Body::from(body))
+                    .unwrap();
+                let response = for_connection(&router, peer)
+                    .oneshot(request)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    response.status(),
+                    StatusCode::FORBIDDEN,
+                    "{method} {path} from {peer}"
+                );
+                let text = axum::body::to_bytes(response.into_body(), MAX_BODY_BYTES)
+                    .await
+                    .unwrap();
+                let text = String::from_utf8_lossy(&text);
+                assert!(
+                    text.contains(&format!("a change from {peer}, beyond loopback")),
+                    "{text}"
+                );
+            }
+        }
+        for peer in ["127.0.0.1", "::1"] {
+            let peer: IpAddr = peer.parse().unwrap();
+            let request = http::Request::put("/admin/routes/order")
+                .body(Body::from(r#"{"base_limit": 300}"#))
+                .unwrap();
+            let response = for_connection(&router, peer)
+                .oneshot(request)
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "PUT from {peer}");
+        }
+    }
 
     /// The status a mutating request from `peer` with `headers` is refused with, if
     /// it is.

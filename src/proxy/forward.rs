@@ -590,7 +590,7 @@ pub(crate) struct UpstreamRequests {
 
 impl UpstreamRequests {
     /// `max` places (at least 1, at most what a semaphore counts).
-    fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         UpstreamRequests {
             places: Arc::new(tokio::sync::Semaphore::new(max)),
