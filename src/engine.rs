@@ -2322,6 +2322,81 @@ fn count_for(counts: &[(Reason, u64)], reason: Reason) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{KeyLimits, Tier};
+    use std::net::Ipv4Addr;
+
+    fn ip(n: u32) -> Key<'static> {
+        Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
+    }
+
+    /// Offers `rate` req/s of `key` evenly from `from` to `to` (seconds).
+    fn offer(e: &Engine, id: RouteId, key: Key<'_>, from: f64, to: f64, rate: f64) {
+        let n = ((to - from) * rate).round() as u64;
+        for k in 0..n {
+            let _ = e.check(id, key, Nanos::from_secs_f64(from + k as f64 / rate));
+        }
+    }
+
+    /// Keys in the route's shadow key table.
+    fn shadow_keys(e: &Engine, id: RouteId) -> usize {
+        match &e.route(id).unwrap().shadow {
+            Some(Shadow::Keys(keys)) => keys.len(),
+            _ => panic!("a shadow_adaptive partitioned route has a shadow key table"),
+        }
+    }
+
+    /// In `shadow_adaptive` mode, the shadow key table's idle keys are evicted after
+    /// `idle_timeout` while the enforced table stays full, and is swept every 100 ms.
+    /// The shadow table used to be swept on the enforced table's clock: with the
+    /// enforced table swept every 100 ms, the shadow table, not full and swept every
+    /// half `idle_timeout`, never found that much time gone, and kept its keys.
+    #[test]
+    fn the_shadow_key_table_is_swept_on_its_own_clock() {
+        let mut cfg = RouteConfig::new("sa-sweep", crate::config::RouteMatch::any());
+        cfg.mode = Mode::ShadowAdaptive;
+        cfg.partition = Partition::ClientIp(KeyLimits {
+            max_keys: 2,
+            idle_timeout: Duration::from_secs(10),
+            ..KeyLimits::default()
+        });
+        cfg.controller.base_limit_rps = 10.0;
+        cfg.controller.cut_limit_rps = 3.0;
+        cfg.controller.danger_roc = 50.0;
+        cfg.controller.safe_roc = 10.0;
+        cfg.algorithm = Algorithm::TokenBucket {
+            burst: Duration::from_secs(1024),
+        };
+        // Two keys whose one request each leaves their buckets short for 1,024 s: the
+        // enforced table is full, and none of its keys is at rest.
+        cfg.tiers = vec![Tier::new(
+            "slow",
+            vec!["10.0.0.1", "10.0.0.2"],
+            1.0 / 1024.0,
+            1.0 / 2048.0,
+        )];
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        for n in [1, 2] {
+            assert!(e.check(id, ip(n), Nanos::ZERO).is_admit());
+        }
+        offer(&e, id, Key::None, 0.0, 10.0, 8.0);
+        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        let cut = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+        assert_eq!(cut.state, ControllerState::Cut);
+        // A new client during the cut: the enforced table is full (it goes to the
+        // overflow limiter), the shadow table takes it.
+        offer(&e, id, ip(3), 11.0, 11.5, 4.0);
+        assert_eq!(shadow_keys(&e, id), 1);
+        // Anonymous requests roll the window on, every slot, for 30 s.
+        offer(&e, id, Key::None, 11.5, 41.5, 10.0);
+        let now = Nanos::from_secs_f64(41.5);
+        assert_eq!(e.route_snapshot(id, now).unwrap().keys, 2, "still full");
+        assert_eq!(
+            shadow_keys(&e, id),
+            0,
+            "the shadow key idle for 30 s, idle_timeout 10 s, was evicted"
+        );
+    }
 
     /// The layout the per-key memory target rests on (`tests/memory.rs` measures the
     /// tables): a key of the token bucket, either window or the leaky bucket and its
