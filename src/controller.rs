@@ -60,11 +60,12 @@ pub struct ControllerParams {
     pub danger_roc: f64,
     /// ROC below which the route counts as calm again.
     pub safe_roc: f64,
-    /// How long ROC must stay below `safe_roc` before restoring starts.
+    /// How long ROC must stay below `safe_roc` before restoring starts (the config
+    /// takes at most a day).
     pub hold: Duration,
     /// How much the limit rises at each restore step, req/s.
     pub restore_step_rps: f64,
-    /// Time between restore steps.
+    /// Time between restore steps (the config takes at most a day).
     pub restore_interval: Duration,
     /// No cut while the later half-window's demand is below this, req/s. Also the
     /// floor of the denominator in relative mode.
@@ -73,9 +74,10 @@ pub struct ControllerParams {
     pub min_samples: u64,
     /// Minimum time in a state before ROC moves the controller out of it: before a
     /// cut, and before restoring after calm. `max_cut` and the last restore step are
-    /// not held back by it.
+    /// not held back by it (the config takes at most a day).
     pub min_dwell: Duration,
-    /// Longest cut: after it, restoring starts whatever ROC says.
+    /// Longest cut: after it, restoring starts whatever ROC says (the config takes at
+    /// most a day).
     pub max_cut: Duration,
     /// Absolute or relative ROC.
     pub roc_mode: RocMode,

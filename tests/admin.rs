@@ -247,6 +247,45 @@ async fn a_runtime_change_is_validated_and_applied() {
     p.stop().await;
 }
 
+/// A runtime change's durations have the file's upper bounds: each past its bound is
+/// refused (422) naming the field and the bound, and the route is left as it was;
+/// each at its bound is taken.
+#[tokio::test]
+async fn a_runtime_change_past_a_durations_bound_is_refused() {
+    let p = start(None).await;
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"hold": "100years", "restore_interval": "25h", "min_dwell": "2days", "max_cut": "1000years"}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    let errors = body["errors"].to_string();
+    for expected in [
+        "hold: must be at most 1day, got 100years",
+        "restore_interval: must be at most 1day, got 1day 1h",
+        "min_dwell: must be at most 1day, got 2days",
+        "max_cut: must be at most 1day, got 1000years",
+    ] {
+        assert!(errors.contains(expected), "{expected} in {errors}");
+    }
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["runtime_change"], false, "{order}");
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"hold": "1day", "restore_interval": "24h", "min_dwell": "1day", "max_cut": "1day"}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["runtime_change"], true, "{body}");
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() {
     let p = start(None).await;

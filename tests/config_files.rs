@@ -1459,3 +1459,89 @@ fn check_upstream_refuses_with_an_error_to_match_on() {
         "http://[::1]:3000"
     );
 }
+
+/// Every duration has an upper bound, named with the field: one past it was taken as
+/// written (`restore_interval = "100years"` left a cut route at its cut limit for a
+/// century, and told rejected clients to come back then). At the bound, each is taken.
+#[test]
+fn every_duration_has_an_upper_bound() {
+    let ip = "partition = \"ip\"\n";
+    let event = |duration: &str| {
+        format!(
+            "[[routes.events]]\nname = \"sale\"\nstart = \"2026-11-27T20:00:00Z\"\nduration = \"{duration}\"\n"
+        )
+    };
+    let bounds = [
+        (
+            "window",
+            "window = \"2h\"\nslot = \"1800s\"",
+            "must be at most 1h, got 2h",
+        ),
+        ("slot", "slot = \"2h\"", "must be at most 1h, got 2h"),
+        (
+            "hold",
+            "hold = \"100years\"",
+            "must be at most 1day, got 100years",
+        ),
+        (
+            "restore_interval",
+            "restore_interval = \"25h\"",
+            "must be at most 1day, got 1day 1h",
+        ),
+        (
+            "min_dwell",
+            "min_dwell = \"2days\"",
+            "must be at most 1day, got 2days",
+        ),
+        (
+            "max_cut",
+            "max_cut = \"1000years\"",
+            "must be at most 1day, got 1000years",
+        ),
+        (
+            "idle_timeout",
+            &format!("{ip}idle_timeout = \"8days\""),
+            "must be at most 7days, got 8days",
+        ),
+        (
+            "burst",
+            "burst = \"50days\"",
+            "must be at most 4294967295ms (49.7 days",
+        ),
+        (
+            "limiter_window",
+            "algorithm = \"fixed_window\"\nlimiter_window = \"50days\"",
+            "must be at most 4294967295ms (49.7 days",
+        ),
+        (
+            "events[0].duration",
+            &event("366days"),
+            "must be at most 365 days",
+        ),
+    ];
+    for (field, extra, message) in bounds {
+        refused(&route(extra), &format!("routes[0].{field}"), message);
+    }
+    // `[defaults]` and an event are read by the same rules.
+    refused(
+        &format!("[defaults]\nmax_cut = \"2days\"\n{}", route("")),
+        "defaults.max_cut",
+        "must be at most 1day",
+    );
+    refused(
+        &route(&format!("{}hold = \"2days\"\n", event("30m"))),
+        "routes[0].events[0].hold",
+        "must be at most 1day",
+    );
+    refused(
+        "[hints]\nkeep = \"400days\"\n[[routes]]\nname = \"order\"\npath = \"/api/order\"\n",
+        "hints.keep",
+        "must be at most 365 days",
+    );
+    let at_bounds = route(&format!(
+        "window = \"1h\"\nslot = \"15m\"\nhold = \"1day\"\nrestore_interval = \"24h\"\n\
+         min_dwell = \"1day\"\nmax_cut = \"1day\"\n{ip}idle_timeout = \"7days\"\n{}",
+        event("365days")
+    ));
+    Config::from_toml_str(&at_bounds, "bounds.toml").unwrap();
+}

@@ -157,7 +157,7 @@ pub struct RouteConfig {
     pub mode: Mode,
     /// Status of a rejection: 429, or e.g. 503 for capacity shedding.
     pub reject_status: u16,
-    /// Shape of the ROC window.
+    /// Shape of the ROC window (the config takes a window of at most an hour).
     pub window: WindowSpec,
     /// The ROC controller's parameters (limits are per key on partitioned routes).
     pub controller: ControllerParams,
@@ -537,7 +537,7 @@ pub struct KeyLimits {
     /// Most keys tracked at once. When the table is full, new keys share one overflow
     /// limiter (at the route's per-key limit) until idle keys are evicted.
     pub max_keys: usize,
-    /// A key unseen for this long is evicted.
+    /// A key unseen for this long is evicted (at most 7 days).
     pub idle_timeout: Duration,
     /// Client-IP partitions: an IPv6 client is keyed by its first this many bits. 64
     /// (the default) keys a subscriber's /64, whose addresses one holder can rotate

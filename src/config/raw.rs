@@ -475,14 +475,14 @@ impl Settings {
     fn over(&self, raw: RawSettings, at: Scope, p: &mut Problems) -> Settings {
         let mut r = Reader { p: &mut *p, at };
         let s = Settings {
-            window: r.read("window", raw.window, &self.window, any_duration),
-            slot: r.read("slot", raw.slot, &self.slot, any_duration),
+            window: r.read("window", raw.window, &self.window, window_duration),
+            slot: r.read("slot", raw.slot, &self.slot, window_duration),
             roc_mode: r.read("roc_mode", raw.roc_mode, &self.roc_mode, roc_mode),
             base_limit: r.read("base_limit", raw.base_limit, &self.base_limit, limit),
             cut_limit: r.read("cut_limit", raw.cut_limit, &self.cut_limit, limit),
             danger_roc: r.read("danger_roc", raw.danger_roc, &self.danger_roc, finite),
             safe_roc: r.read("safe_roc", raw.safe_roc, &self.safe_roc, finite),
-            hold: r.read("hold", raw.hold, &self.hold, any_duration),
+            hold: r.read("hold", raw.hold, &self.hold, controller_duration),
             restore_step: r.read(
                 "restore_step",
                 raw.restore_step,
@@ -493,14 +493,24 @@ impl Settings {
                 "restore_interval",
                 raw.restore_interval,
                 &self.restore_interval,
-                nonzero_duration,
+                nonzero_controller_duration,
             ),
             min_rps: r.read("min_rps", raw.min_rps, &self.min_rps, non_negative),
             min_samples: r.read("min_samples", raw.min_samples, &self.min_samples, |w| {
                 Ok(w.0)
             }),
-            min_dwell: r.read("min_dwell", raw.min_dwell, &self.min_dwell, any_duration),
-            max_cut: r.read("max_cut", raw.max_cut, &self.max_cut, nonzero_duration),
+            min_dwell: r.read(
+                "min_dwell",
+                raw.min_dwell,
+                &self.min_dwell,
+                controller_duration,
+            ),
+            max_cut: r.read(
+                "max_cut",
+                raw.max_cut,
+                &self.max_cut,
+                nonzero_controller_duration,
+            ),
             mode: r.read("mode", raw.mode, &self.mode, mode),
             reject_status: r.read(
                 "reject_status",
@@ -523,7 +533,7 @@ impl Settings {
                 "idle_timeout",
                 raw.idle_timeout,
                 &self.idle_timeout,
-                nonzero_duration,
+                idle_duration,
             ),
             ipv6_prefix: r.read(
                 "ipv6_prefix",
@@ -627,6 +637,49 @@ fn nonzero_duration(text: String) -> Result<Duration, String> {
         d if d.is_zero() => Err("must be longer than zero".to_owned()),
         d => Ok(d),
     }
+}
+
+/// The longest ROC `window` (and `slot`): the controller acts on what a window shows,
+/// and a longer one would be an hour before it first acts.
+const LONGEST_WINDOW: Duration = Duration::from_secs(3600);
+
+/// The longest `hold`, `restore_interval`, `min_dwell` and `max_cut`: a cut held, or a
+/// restore step waited for, longer than a day is no adaptive limit but a fixed one.
+const LONGEST_CONTROLLER_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest `idle_timeout` of a partition's keys.
+const LONGEST_IDLE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// `d`, unless longer than `most` (written `most_text` in the error).
+fn at_most(d: Duration, most: Duration, most_text: &str) -> Result<Duration, String> {
+    if d > most {
+        return Err(format!(
+            "must be at most {most_text}, got {}",
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(d)
+}
+
+/// A ROC `window` or `slot`: at most [`LONGEST_WINDOW`].
+fn window_duration(text: String) -> Result<Duration, String> {
+    at_most(any_duration(text)?, LONGEST_WINDOW, "1h")
+}
+
+/// `hold` or `min_dwell`: zero or more, at most [`LONGEST_CONTROLLER_DURATION`].
+fn controller_duration(text: String) -> Result<Duration, String> {
+    at_most(any_duration(text)?, LONGEST_CONTROLLER_DURATION, "1day")
+}
+
+/// `restore_interval` or `max_cut`: longer than zero, at most
+/// [`LONGEST_CONTROLLER_DURATION`].
+fn nonzero_controller_duration(text: String) -> Result<Duration, String> {
+    at_most(nonzero_duration(text)?, LONGEST_CONTROLLER_DURATION, "1day")
+}
+
+/// A partition's `idle_timeout`: longer than zero, at most [`LONGEST_IDLE_TIMEOUT`].
+fn idle_duration(text: String) -> Result<Duration, String> {
+    at_most(nonzero_duration(text)?, LONGEST_IDLE_TIMEOUT, "7days")
 }
 
 /// A window the window counters keep exactly: a whole number of milliseconds, in 32
@@ -1294,7 +1347,7 @@ fn route_events(
         }
         let mut r = Reader { p: &mut *p, at };
         let start = r.require("start", start_raw, utc_time);
-        let duration = r.require("duration", duration_raw, nonzero_duration);
+        let duration = r.require("duration", duration_raw, timer_duration);
         if let (Some(start), Some(d)) = (&start, &duration) {
             match start.value.checked_add(d.value) {
                 Some(end) => spans.push((start.value, end, j)),
@@ -1902,12 +1955,12 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
         field("interval", checked);
     }
     if let Some(v) = raw.keep {
-        field("keep", nonzero_duration(v).map(|d| out.keep = d));
+        field("keep", timer_duration(v).map(|d| out.keep = d));
     }
     if let Some(v) = raw.latency_budget {
         field(
             "latency_budget",
-            nonzero_duration(v).map(|d| out.policy.latency_budget = d),
+            timer_duration(v).map(|d| out.policy.latency_budget = d),
         );
     }
     if let Some(v) = raw.error_budget {
