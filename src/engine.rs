@@ -28,6 +28,7 @@
 use crate::clock::Nanos;
 use crate::config::{
     Config, ConfigError, Event, KeyLimits, Mode, Partition, Problem, RouteConfig, RouteMatch, Tier,
+    MAX_KEY_VALUE_BYTES,
 };
 use crate::controller::{
     Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
@@ -44,7 +45,7 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -929,9 +930,9 @@ impl Engine {
         let tiers = keys.tiers();
         let tier = match (key, &r.partition) {
             (Key::Ip(ip), Partition::ClientIp(limits)) => {
-                tiers.tier_of(&IpKey::new(ip, limits.ipv6_prefix).text())
+                tiers.tier_of(&IpKey::new(ip, limits.ipv6_prefix))
             }
-            (Key::Value(value), _) => tiers.tier_of(value),
+            (Key::Value(value), _) => tiers.tier_of(&ValueKey::new(value)),
             _ => 0,
         };
         Some(match tier {
@@ -1344,7 +1345,7 @@ enum Keys {
 /// The key tables of one key state, by key kind.
 enum KeyTables<E> {
     Ip(KeyTable<IpKey, E>),
-    Value(KeyTable<Box<str>, E>),
+    Value(KeyTable<ValueKey, E>),
 }
 
 /// Runs `$e` with `$t` bound to the key tables, whatever their key state.
@@ -1443,7 +1444,7 @@ impl<E: KeyState> KeyTables<E> {
             (KeyTables::Ip(t), Key::Ip(ip)) => {
                 t.check(r, &IpKey::new(ip, t.limits.ipv6_prefix), now, |k| *k)
             }
-            (KeyTables::Value(t), Key::Value(v)) => t.check(r, v, now, |v: &str| Box::from(v)),
+            (KeyTables::Value(t), Key::Value(v)) => t.check(r, &ValueKey::new(v), now, |k| *k),
             (KeyTables::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
             (KeyTables::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
         }
@@ -1456,7 +1457,7 @@ impl<E: KeyState> KeyTables<E> {
             (KeyTables::Ip(t), Key::Ip(ip)) => {
                 t.give_back(&IpKey::new(ip, t.limits.ipv6_prefix), pace, now)
             }
-            (KeyTables::Value(t), Key::Value(v)) => t.give_back(v, pace, now),
+            (KeyTables::Value(t), Key::Value(v)) => t.give_back(&ValueKey::new(v), pace, now),
             (KeyTables::Ip(t), _) => t.anonymous.give_back(pace, now),
             (KeyTables::Value(t), _) => t.anonymous.give_back(pace, now),
         }
@@ -1486,7 +1487,7 @@ impl<E: KeyState> KeyTables<E> {
     fn overflowed(&self, key: Key<'_>) -> bool {
         match (self, key) {
             (KeyTables::Ip(t), Key::Ip(ip)) => t.overflowed(&IpKey::new(ip, t.limits.ipv6_prefix)),
-            (KeyTables::Value(t), Key::Value(v)) => t.overflowed(v),
+            (KeyTables::Value(t), Key::Value(v)) => t.overflowed(&ValueKey::new(v)),
             _ => false,
         }
     }
@@ -1501,10 +1502,11 @@ struct TierTable {
     default: [AtomicU64; 2],
     /// Each tier's base and cut limits, tier `i` at `i - 1`.
     tiers: Vec<(f64, f64)>,
-    /// The tier of each tier value. A key's tier is looked up at each new key and
-    /// rejection: a scan of every value of every tier made each of those cost as much
-    /// as the list is long (a partner list of 10,000 API keys), for invented keys too.
-    index: HashMap<String, u16>,
+    /// The tier of each tier value, by its key's bits ([`TierKey`]). A key's tier is
+    /// looked up at each new key and rejection: a scan of every value of every tier
+    /// made each of those cost as much as the list is long (a partner list of 10,000
+    /// API keys), for invented keys too.
+    index: HashMap<u128, u16>,
     /// The algorithm's fixed parameter, the same for every key: the token bucket's
     /// burst or the windows' length in milliseconds, or the leaky bucket's or the
     /// concurrency limiter's queue.
@@ -1524,18 +1526,12 @@ impl TierTable {
         }
     }
 
-    /// The tier of a key (0: none), from its text.
-    fn tier_of(&self, key: &str) -> u16 {
-        self.index.get(key).copied().unwrap_or(0)
-    }
-
-    /// [`tier_of`](Self::tier_of) a key of the table, rendered as text only where the
-    /// route has tiers.
-    fn tier_of_key<Q: KeyText + ?Sized>(&self, key: &Q) -> u16 {
+    /// The tier of a key of the table (0: none).
+    fn tier_of<Q: TierKey>(&self, key: &Q) -> u16 {
         if self.index.is_empty() {
             0
         } else {
-            self.tier_of(&key.text())
+            self.index.get(&key.bits()).copied().unwrap_or(0)
         }
     }
 
@@ -2019,7 +2015,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     fn check<Q>(&self, r: &Route, key: &Q, now: Nanos, own: impl FnOnce(&Q) -> K) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized + KeyText,
+        Q: Hash + Eq + TierKey,
     {
         if let Some(entry) = self.map.get().and_then(|map| map.get(key)) {
             return entry.check(r, &self.tiers, now);
@@ -2027,7 +2023,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         // A key of a tier takes a place beyond `max_keys` (at most as many as the
         // tiers' values): a full table sent it to the overflow limiter at the route's
         // limit, which a client inventing keys both filled and drained.
-        let tier = self.tiers.tier_of_key(key);
+        let tier = self.tiers.tier_of(key);
         if tier == 0 && self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
             return self.check_overflow(r, now);
         }
@@ -2095,11 +2091,11 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     fn overflowed<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized + KeyText,
+        Q: Hash + Eq + TierKey,
     {
         self.len.load(Ordering::Relaxed) >= self.limits.max_keys
             && !self.map.get().is_some_and(|map| map.contains_key(key))
-            && self.tiers.tier_of_key(key) == 0
+            && self.tiers.tier_of(key) == 0
     }
 
     /// Evicts keys idle for `idle_timeout`, at most every half of it; while the table
@@ -2146,38 +2142,34 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     }
 }
 
-/// The tier of each of the route's tier values (tiers counted from 1), as its keys
-/// render (see [`canonical_ip_text`]); a value that two tiers hold, which only an
-/// address and another of its IPv6 prefix can be, is the first's.
-fn tier_index(cfg: &RouteConfig) -> HashMap<String, u16> {
+/// The tier of each of the route's tier values (tiers counted from 1), by the bits of
+/// the key they are (an address of a client-IP partition cut to the route's
+/// `ipv6_prefix`, so `::FFFF:10.0.0.7` matches the client 10.0.0.7 and an IPv6 address
+/// every client of its prefix; a header value as [`ValueKey::new`] keys it, so a long
+/// one by its digest); a value that two tiers hold, which only an address and another
+/// of its IPv6 prefix can be, is the first's. A tier value of a client-IP partition
+/// that is no address is no client's (the configuration refuses it).
+fn tier_index(cfg: &RouteConfig) -> HashMap<u128, u16> {
     let mut index = HashMap::new();
     for (i, tier) in cfg.tiers.iter().enumerate() {
         let n = u16::try_from(i + 1).unwrap_or(u16::MAX);
         for value in &tier.values {
-            let value = match cfg.partition {
-                Partition::ClientIp(limits) => canonical_ip_text(value, limits.ipv6_prefix),
-                _ => value.clone(),
+            let bits = match cfg.partition {
+                Partition::ClientIp(limits) => match value.parse::<IpAddr>() {
+                    Ok(ip) => IpKey::new(ip, limits.ipv6_prefix).bits(),
+                    Err(_) => continue,
+                },
+                _ => ValueKey::new(value).bits(),
             };
-            index.entry(value).or_insert(n);
+            index.entry(bits).or_insert(n);
         }
     }
     index
 }
 
-/// A tier value of a client-IP partition as its keys render: an address in canonical
-/// form (IPv4-mapped IPv6 as IPv4, IPv6 cut to the route's `ipv6_prefix`, compressed
-/// and in lower case), so `::FFFF:10.0.0.7` matches the client 10.0.0.7 and an IPv6
-/// address every client of its prefix; anything else as written.
-fn canonical_ip_text(value: &str, v6_prefix: u8) -> String {
-    value.parse::<IpAddr>().map_or_else(
-        |_| value.to_owned(),
-        |ip| IpKey::new(ip, v6_prefix).text().into_owned(),
-    )
-}
-
-/// A key as text, to match it against tier values.
-trait KeyText {
-    fn text(&self) -> std::borrow::Cow<'_, str>;
+/// A key-table key as the 128 bits its tier is looked up by.
+trait TierKey {
+    fn bits(&self) -> u128;
 }
 
 /// A client IP as a key-table key: the IPv6 address's bits (past the route's
@@ -2217,18 +2209,59 @@ impl Hash for IpKey {
     }
 }
 
-impl KeyText for IpKey {
-    fn text(&self) -> std::borrow::Cow<'_, str> {
-        IpAddr::from(Ipv6Addr::from_bits(self.0))
-            .to_canonical()
-            .to_string()
-            .into()
+impl TierKey for IpKey {
+    fn bits(&self) -> u128 {
+        self.0
     }
 }
 
-impl KeyText for str {
-    fn text(&self) -> std::borrow::Cow<'_, str> {
-        self.into()
+/// A header value as a key-table key: 16 bytes in the table's slot, whatever the
+/// value's length, and nothing on the heap. A value of up to
+/// [`MAX_KEY_VALUE_BYTES`] (15) bytes is kept whole: its bytes, zero-padded, and its
+/// length in the 16th byte. A longer one is the first 128 bits of its SHA-256, so that
+/// a key costs the same whether its value is a user id, a 1 KiB JWT or the hundreds
+/// of KiB an HTTP/1 head may carry.
+///
+/// Every value has one key on every instance and every run (no seed). Two values share
+/// a key only if their SHA-256s agree in 128 bits: a client who knows this code needs
+/// about 2^64 hashes to make two of its own values collide (which only makes them
+/// share one quota), and about 2^128 to find a value with another client's key, short
+/// or long. No marker sets a kept value apart from a digest: with 16 bytes to a key
+/// there is no bit left for one, and a 17th byte would pad each table slot by 8 (up
+/// to 130 B per key just after a table doubles, over the 128 B target).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ValueKey(u128);
+
+impl ValueKey {
+    /// The key of a header value.
+    #[inline]
+    fn new(value: &str) -> Self {
+        let bytes = value.as_bytes();
+        let mut key = [0u8; 16];
+        match u8::try_from(bytes.len()) {
+            Ok(len) if bytes.len() <= MAX_KEY_VALUE_BYTES => {
+                key[..bytes.len()].copy_from_slice(bytes);
+                key[15] = len;
+            }
+            _ => {
+                use sha2::Digest as _;
+                key.copy_from_slice(&sha2::Sha256::digest(bytes)[..16]);
+            }
+        }
+        ValueKey(u128::from_le_bytes(key))
+    }
+}
+
+impl Hash for ValueKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u128(self.0);
+    }
+}
+
+impl TierKey for ValueKey {
+    fn bits(&self) -> u128 {
+        self.0
     }
 }
 
@@ -2408,7 +2441,7 @@ mod tests {
             [
                 size_of::<E>(),
                 size_of::<(IpKey, E)>(),
-                size_of::<(Box<str>, E)>(),
+                size_of::<(ValueKey, E)>(),
             ]
         }
         assert_eq!(slot::<BucketKey>(), [32, 48, 48]);
@@ -2418,6 +2451,30 @@ mod tests {
         // Its state is on the heap, where its permits can reach it, with its tier and
         // generation: a 32-byte slot.
         assert_eq!(slot::<ConcurrencyKey>(), [16, 32, 32]);
+    }
+
+    /// A header value of up to 15 bytes is its own key; a longer one is the first 128
+    /// bits of its SHA-256, the published one (FIPS 180-2's two-block example), so
+    /// that every instance and every build keys it alike.
+    #[test]
+    fn a_long_header_value_is_keyed_by_its_sha256() {
+        let long = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+        let sha256_prefix = 0x248d6a61_d20638b8_e5c02693_0c3e6039_u128.swap_bytes();
+        assert_eq!(ValueKey::new(long).0, sha256_prefix);
+        // The same value, one key; values that differ in their last byte, two.
+        let (a, b) = (
+            format!("{}a", "k".repeat(99_999)),
+            format!("{}b", "k".repeat(99_999)),
+        );
+        assert_eq!(ValueKey::new(&a).0, ValueKey::new(&a.clone()).0);
+        assert_ne!(ValueKey::new(&a).0, ValueKey::new(&b).0);
+        // Kept whole: its bytes, and its length in the 16th byte, so that "k" and
+        // "k\0" are two keys.
+        let short = ValueKey::new("fifteen-bytes-k").0.to_le_bytes();
+        assert_eq!(&short[..15], b"fifteen-bytes-k");
+        assert_eq!(short[15], 15);
+        assert_ne!(ValueKey::new("k").0, ValueKey::new("k\0").0);
+        assert_ne!(ValueKey::new("").0, ValueKey::new("\0").0);
     }
 
     /// The request that wins the slot rollover at 2 s takes the event's profile, and

@@ -237,9 +237,10 @@ async fn a_header_value_beyond_ascii_is_its_own_key() {
 }
 
 /// Every key is kept while it lives: values of hundreds of KiB (what an HTTP/1 head may
-/// carry) made max_keys of them gigabytes. One longer than 1 KiB (a JWT may be) is a
-/// key of its own by a digest of it (33 bytes kept; `long_value_key`'s unit test): the
-/// same value one key, two values two keys.
+/// carry) made max_keys of them gigabytes. One longer than 15 bytes (an API key, a JWT)
+/// is a key of its own by a 128-bit digest of it (16 bytes kept, as for a shorter one;
+/// tests/memory.rs): the same value one key, two values two keys, however far apart
+/// their difference is.
 #[tokio::test]
 async fn an_overlong_header_value_is_keyed_by_its_digest() {
     let (app, engine) = keyed_by_header();
@@ -254,9 +255,54 @@ async fn an_overlong_header_value_is_keyed_by_its_digest() {
     assert_eq!(admitted, [5, 5], "each long value has its own 5 req/s");
     let keys = || engine.snapshot(Nanos::from_secs(1))[0].keys;
     assert_eq!(keys(), 2);
-    // 1 KiB itself is kept whole: a key of its own, not the digest of another.
-    assert!(send("k".repeat(1024)).await);
-    assert_eq!(keys(), 3);
+    // Values that differ in their last byte only, at the threshold and past it.
+    for value in [
+        format!("{}a", "k".repeat(99_999)),
+        format!("{}b", "k".repeat(99_999)),
+        "k".repeat(15),
+        format!("{}a", "k".repeat(15)),
+        format!("{}b", "k".repeat(15)),
+    ] {
+        assert!(send(value).await);
+    }
+    assert_eq!(keys(), 7);
+}
+
+/// A tier of long tokens (a partner's 1.1 KiB JWT) matches them: the configuration
+/// refused a tier value longer than the longest kept whole ("can never match"), as
+/// its requests were keyed by a digest the tier's value was never compared with.
+#[tokio::test]
+async fn a_tier_value_longer_than_a_kept_value_matches_its_requests() {
+    let jwt = |c: char| format!("eyJhbGciOiJIUzI1NiJ9.{}.{c}", "x".repeat(1100));
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
+    r.tiers = vec![rocgate::config::Tier::new(
+        "partner",
+        vec![jwt('p')],
+        50.0,
+        20.0,
+    )];
+    let (l, _clock) = layer(vec![r]);
+    let keyed = app(l, Arc::new(AtomicU64::new(0)));
+    let mut admitted = [0, 0];
+    for _ in 0..20 {
+        for (count, c) in admitted.iter_mut().zip(['p', 'q']) {
+            *count += usize::from(admitted_with_key(&keyed, jwt(c).parse().unwrap()).await);
+        }
+    }
+    assert_eq!(
+        admitted,
+        [20, 5],
+        "the partner's 50 req/s, another token's 5"
+    );
+    assert_eq!(
+        quota_stated(&keyed, Some(&jwt('p'))).await,
+        r#""order";q=50;w=1"#
+    );
+    assert_eq!(
+        quota_stated(&keyed, Some(&jwt('q'))).await,
+        r#""order";q=5;w=1"#
+    );
 }
 
 #[tokio::test]
@@ -627,12 +673,12 @@ async fn a_limit_under_one_per_second_states_its_quota_over_a_longer_window() {
 
 /// The `RateLimit-Policy` quota of the rejection of a request on `app`'s order route
 /// with this `x-key` (if any), once its key's bucket is empty.
-async fn quota_stated(app: &Router, key: Option<&'static str>) -> String {
+async fn quota_stated(app: &Router, key: Option<&str>) -> String {
     for _ in 0..1_000 {
         let mut req = post_order();
         if let Some(key) = key {
             req.headers_mut()
-                .insert("x-key", http::HeaderValue::from_static(key));
+                .insert("x-key", http::HeaderValue::from_str(key).unwrap());
         }
         let res = app.clone().oneshot(req).await.unwrap();
         if res.status() == StatusCode::TOO_MANY_REQUESTS {

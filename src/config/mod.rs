@@ -487,7 +487,8 @@ pub enum Partition {
     ClientIp(KeyLimits),
     /// One limiter per value of this request header (lower-case name), without the
     /// spaces and tabs around it (which HTTP/2 carries and HTTP/1 drops). A value longer
-    /// than [`MAX_KEY_VALUE_BYTES`] is keyed by a digest of it; the header given more
+    /// than [`MAX_KEY_VALUE_BYTES`] is keyed by a 128-bit digest of it (a tier value
+    /// too, so a tier of long tokens matches them); the header given more
     /// than once counts as no key, like a missing header. `host` is the host the
     /// request is for, its name alone in lower case (no port, no trailing dot): of its
     /// target's authority where it has one (absolute form, HTTP/2's `:authority`), else
@@ -500,9 +501,12 @@ pub enum Partition {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// The longest header value that is kept whole as a key of a `header:<name>`
-/// partition; a longer one is keyed by a 128-bit digest of it (every key is kept while
-/// it lives, and an HTTP/1 head may carry a value of hundreds of KiB).
-pub const MAX_KEY_VALUE_BYTES: usize = 1024;
+/// partition; a longer one is keyed by the first 128 bits of its SHA-256. A key is 16
+/// bytes in its table whatever its value (every key is kept while it lives, and an
+/// HTTP/1 head may carry a value of hundreds of KiB): a kept value takes 15 of them and
+/// its length the 16th, so that a key costs at most 112 B beside its state by layout
+/// (123 B for a concurrency key), within 128 B, whatever its value's length.
+pub const MAX_KEY_VALUE_BYTES: usize = 15;
 
 /// The key of a `header:host` partition: the host name alone, as nginx reads it to
 /// choose a virtual host (`ngx_http_validate_host`), so that every spelling of one

@@ -1254,15 +1254,6 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                             p.at(location, "must not be empty");
                             continue;
                         }
-                        Some(PartitionKind::Header(_))
-                            if value.len() > super::MAX_KEY_VALUE_BYTES =>
-                        {
-                            p.at(
-                                location,
-                                format!("can never match: a header value longer than {} bytes is keyed by its digest, got {} bytes", super::MAX_KEY_VALUE_BYTES, value.len()),
-                            );
-                            continue;
-                        }
                         Some(PartitionKind::Header(_)) if !is_header_value(&value) => {
                             p.at(
                                 location,

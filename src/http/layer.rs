@@ -149,7 +149,6 @@ impl Gate {
         req: &Request<B>,
         peer: Option<SocketAddr>,
     ) -> Decided {
-        let digest: String;
         let folded: std::borrow::Cow<'_, str>;
         let key = match engine.partition(route) {
             // A route this engine does not hold: `check` admits it, whatever the key.
@@ -196,14 +195,8 @@ impl Gate {
                     }
                     other => other,
                 };
-                match value {
-                    None => Key::None,
-                    Some(v) if v.len() <= crate::config::MAX_KEY_VALUE_BYTES => Key::Value(v),
-                    Some(v) => {
-                        digest = long_value_key(v);
-                        Key::Value(&digest)
-                    }
-                }
+                // However long: the engine keys a long value by its digest.
+                value.map_or(Key::None, Key::Value)
             }
         };
         // One call site, so that the check can be inlined here.
@@ -302,23 +295,6 @@ impl Drop for Place {
             self.engine.give_back(self.route, self.key.key(), pace, now);
         }
     }
-}
-
-/// The key of a header value longer than [`MAX_KEY_VALUE_BYTES`]: a 128-bit digest of
-/// it, so that a long token (a JWT) is a key of its own while a key keeps 33 bytes of
-/// it, not up to the hundreds of KiB an HTTP/1 head may carry. It starts with a control
-/// character, which no header value may hold, so no client can send it as a value.
-///
-/// [`MAX_KEY_VALUE_BYTES`]: crate::config::MAX_KEY_VALUE_BYTES
-fn long_value_key(value: &str) -> String {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let half = |salt: u8| {
-        let mut h = DefaultHasher::new();
-        salt.hash(&mut h);
-        value.hash(&mut h);
-        h.finish()
-    };
-    format!("\u{1}{:016x}{:016x}", half(1), half(2))
 }
 
 /// A tower [`Layer`](tower::Layer) that admits or rejects requests with rocgate's engine.
@@ -501,27 +477,5 @@ impl AdmissionLayerBuilder {
                 rejections: super::rejection::Templates::default(),
             }),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::long_value_key;
-
-    #[test]
-    fn a_long_value_is_kept_as_33_bytes_no_header_can_carry() {
-        let (a, b) = ("a".repeat(100_000), "b".repeat(100_000));
-        let key = long_value_key(&a);
-        assert_eq!(key.len(), 33);
-        assert!(key.starts_with('\u{1}'));
-        assert!(
-            http::HeaderValue::from_str(&key).is_err(),
-            "no client can send it"
-        );
-        assert_eq!(key, long_value_key(&a), "one value, one key");
-        assert_ne!(key, long_value_key(&b));
-        // Values that differ only at the far end differ too.
-        let c = format!("{}c", &a[1..]);
-        assert_ne!(long_value_key(&format!("{}a", &a[1..])), long_value_key(&c));
     }
 }
