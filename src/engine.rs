@@ -111,7 +111,8 @@ pub enum Key<'a> {
     None,
     /// The client's IP address.
     Ip(IpAddr),
-    /// A header value (API key, user id).
+    /// A header value (API key, user id), of any length: a table keeps one of up to
+    /// [`MAX_KEY_VALUE_BYTES`] bytes whole and a longer one by a 128-bit digest of it.
     Value(&'a str),
 }
 
