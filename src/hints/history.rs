@@ -11,9 +11,9 @@
 //! An interval ends at the next tick: every `interval`, and (in `rocgate serve`) at
 //! each scheduled event's start and end, so that no interval straddles the edge
 //! between two profiles. Memory is bounded: the intervals that began in the last
-//! `keep` per route (`keep ÷ interval`, and one more per event edge), never more than
-//! twice `keep ÷ interval`, each with two sparse [`Sketch`]es (at most one bucket per
-//! slot or per latency decade step).
+//! `keep` per route (`keep ÷ interval`, and one more per event edge of any route),
+//! never more than twice `keep ÷ interval`, each with two sparse [`Sketch`]es (at most
+//! one bucket per slot or per latency decade step).
 
 use super::sketch::Sketch;
 use crate::clock::{duration_nanos, Nanos};
@@ -271,6 +271,12 @@ impl History {
     /// The interval length.
     pub fn interval(&self) -> Duration {
         self.interval
+    }
+
+    /// The scheduled event whose profile the open interval of `route` began under
+    /// (`Some(None)`: the route's own), or `None` if no tick has seen the route.
+    pub fn open_event(&self, route: &str) -> Option<Option<&str>> {
+        self.routes.get(route).map(|h| h.open.event.as_deref())
     }
 
     /// One completed slot of `route` (the engine's sample hook). Routes not seen by a

@@ -5,7 +5,8 @@
 //! The timer ticks every `[hints] interval`, and at each scheduled event's start and
 //! end ([`Advisor::next_tick`]): an interval ends at an event's edge, so the event's
 //! part of a period is judged over exactly the time it ran, and the route's own part
-//! over the rest.
+//! over the rest. Where the profile due changes with no edge ahead (a reload, the wall
+//! clock stepped), the timer ticks at its next look, within a second.
 
 use crate::clock::Nanos;
 use crate::config::HintsConfig;
@@ -42,9 +43,27 @@ impl Advisor {
     /// When the tick after one at `last` is due: `[hints] interval` after it, or
     /// earlier at the first start or end of a scheduled event of `engine` after it,
     /// so that no interval straddles an event's edge (an event adds at most two
-    /// intervals to the history: the ones its edges cut short).
+    /// intervals to the history: the ones its edges cut short). At `last` itself when
+    /// the profile due at `last` is not the one a route's open interval began under,
+    /// or a route has none: a reload brought or took away a running event or a route,
+    /// or the wall clock was stepped across an event's edge (the engine places events
+    /// again from it), where no edge lies ahead to tick at.
     pub fn next_tick(&self, engine: &Engine, last: Nanos) -> Nanos {
-        let regular = last + self.history().interval();
+        // Route locks are taken before, never under, the history's lock.
+        let due: Vec<_> = engine
+            .route_ids()
+            .filter_map(|id| engine.route_settings_at(id, last))
+            .collect();
+        let regular = {
+            let history = self.history();
+            if due
+                .iter()
+                .any(|s| history.open_event(&s.name) != Some(s.event.as_deref()))
+            {
+                return last;
+            }
+            last + history.interval()
+        };
         engine
             .next_event_edge(last)
             .filter(|&edge| edge < regular)
@@ -195,5 +214,61 @@ mod tests {
         // Without the early ticks, some phases lose it.
         let lost = (0..10).filter(|&p| sale_advice(p, false).is_none()).count();
         assert!(lost > 0, "lost in {lost} of 10 phases");
+    }
+
+    /// The profile due can change where no edge lies ahead of the last tick: a reload
+    /// that brings an event already running, takes away the one running or adds a
+    /// route, or the wall clock stepped across an event's edge (the engine places
+    /// events again from it).
+    /// The next tick is then due at once, not up to an interval later with the
+    /// interval straddling the change under the profile it began with.
+    #[test]
+    fn a_profile_due_without_an_edge_ahead_ends_the_interval_at_once() {
+        let config = |events: &str| {
+            let toml = format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{events}");
+            Config::from_toml_str(&toml, "test").unwrap()
+        };
+        let sale = config(
+            "[[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:20Z\"\n\
+             duration = \"40s\"\nbase_limit = 500\ncut_limit = 150\n",
+        );
+        let plain = config("");
+        let (s, wall) = (Nanos::from_secs, |t| UNIX_EPOCH + Duration::from_secs(t));
+        let advisor = Advisor::new(&plain.hints);
+        let engine = Engine::new(&plain, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        advisor.tick(&engine, s(30));
+        assert_eq!(advisor.next_tick(&engine, s(30)), s(40));
+        // A reload at 31 s brings the sale, running since 20 s: no edge lies ahead.
+        let engine = engine.reload(&sale, s(31), wall(31)).unwrap();
+        assert_eq!(advisor.next_tick(&engine, s(30)), s(30));
+        advisor.tick(&engine, s(31));
+        assert_eq!(advisor.next_tick(&engine, s(31)), s(41));
+        // A reload at 33 s takes it away while it runs.
+        let engine = engine.reload(&plain, s(33), wall(33)).unwrap();
+        assert_eq!(advisor.next_tick(&engine, s(31)), s(31));
+        advisor.tick(&engine, s(33));
+        // A reload at 34 s adds a route: its history begins at once.
+        let two = "[[routes]]\nname = \"s\"\npath_prefix = \"/s\"\n\
+                   [[routes]]\nname = \"r\"\npath_prefix = \"/\"\n";
+        let two = Config::from_toml_str(two, "test").unwrap();
+        let engine = engine.reload(&two, s(34), wall(34)).unwrap();
+        assert_eq!(advisor.next_tick(&engine, s(33)), s(33));
+        advisor.tick(&engine, s(34));
+        assert_eq!(advisor.next_tick(&engine, s(34)), s(44));
+
+        // The wall clock stepped 15 s forward at 12 s: the sale began at 5 s.
+        let advisor = Advisor::new(&sale.hints);
+        let engine = Engine::new(&sale, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        advisor.tick(&engine, s(10));
+        assert_eq!(advisor.next_tick(&engine, s(10)), s(20));
+        engine.align_events(s(12), wall(27));
+        assert_eq!(advisor.next_tick(&engine, s(10)), s(10));
+        advisor.tick(&engine, s(12));
+        assert_eq!(advisor.next_tick(&engine, s(12)), s(22));
+        // Then 10 s back at 14 s: the sale now begins at 15 s.
+        engine.align_events(s(14), wall(19));
+        assert_eq!(advisor.next_tick(&engine, s(12)), s(12));
+        advisor.tick(&engine, s(14));
+        assert_eq!(advisor.next_tick(&engine, s(14)), s(15));
     }
 }
