@@ -366,6 +366,49 @@ fn a_base_limit_lowered_below_min_rps_takes_min_rps_with_it() {
     assert!(h.iter().all(|h| h.parameter.as_deref() != Some("min_rps")));
 }
 
+/// A `concurrency` route's base limit counts requests in flight, and `min_rps` a rate:
+/// 64 in flight may carry 1,000 req/s. Lowering the base limit 64 → 51 took `min_rps`
+/// 100 → 25 with it, "above the base limit, lowered to 51 req/s", comparing the two
+/// units. `min_rps` is left alone there.
+#[test]
+fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
+    use rocgate::config::Mode;
+    use rocgate::controller::ControllerParams;
+    use rocgate::hints::{Interval, RouteSettings, UpstreamCounts};
+    use rocgate::limiter::Algorithm;
+    use std::time::Duration;
+    let mut params = ControllerParams::default();
+    params.base_limit_rps = 64.0;
+    params.cut_limit_rps = 32.0;
+    params.min_rps = 100.0;
+    let settings = RouteSettings {
+        name: "r".into(),
+        mode: Mode::Enforce,
+        algorithm: Algorithm::Concurrency { queue: 0 },
+        params,
+        event: None,
+    };
+    // 1,000 req/s admitted, 5% failing: saturated, nothing rejected.
+    let intervals: Vec<Interval> = (0..30)
+        .map(|k| {
+            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = 1_000;
+            i.upstream = Some(UpstreamCounts {
+                requests: 1_000,
+                errors: 50,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "lower_base_limit"), (64.0, 51.0));
+    assert!(
+        h.iter().all(|h| h.parameter.as_deref() != Some("min_rps")),
+        "{h:#?}"
+    );
+}
+
 /// Two rules of one report, each within its bounds, broke the relation together:
 /// thresholds far too low, Poisson noise at 40 req/s against a service of 50 cut a
 /// quiet route again and again (`raise_min_rps` 10 → 58, at most half the base limit
