@@ -313,6 +313,31 @@ async fn the_cli_does_not_panic_on_an_answer_out_of_range() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
 
+/// An interval ends at each event's edge, so an event's part of a report is often a
+/// fraction of a second, or a second and a half: the table printed the time covered in
+/// whole seconds, "0 s" for 0.4 s of a sale and "2 s" for 1.5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_prints_an_events_part_to_a_tenth_of_a_second() {
+    let (admin, _) = fake_admin(
+        r#"{"period_s":60,"interval_s":10,"routes":[
+            {"route":"order","intervals":6,"covered_s":58.5,"offered":100,"rejected":0,"hints":[]},
+            {"route":"order","event":"sale","intervals":1,"covered_s":0.4,"offered":20,"rejected":0,"hints":[]}
+        ]}"#,
+    )
+    .await;
+    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("route order: 6 interval(s), 58.5 s,"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("route order during event sale: 1 interval(s), 0.4 s,"),
+        "{stdout}"
+    );
+}
+
 /// An answer larger than any report (16 MiB) is refused with an error, not read whole
 /// into memory however large it grows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -116,7 +116,7 @@ fn render(report: &HintsReport) -> String {
             .as_ref()
             .map_or_else(String::new, |e| format!(" during event {e}"));
         out.push_str(&format!(
-            "route {}{during}: {} interval(s), {:.0} s, {} offered, {} rejected\n",
+            "route {}{during}: {} interval(s), {:.1} s, {} offered, {} rejected\n",
             r.route, r.intervals, r.covered_s, r.offered, r.rejected
         ));
         out.push_str(&hints::table(&r.hints));
