@@ -11,7 +11,7 @@
 //! An interval ends at the next tick: every `interval`, and (in `rocgate serve`) at
 //! each scheduled event's start and end, so that no interval straddles the edge
 //! between two profiles. Memory is bounded: the intervals that began in the last
-//! `keep` per route (`keep ÷ interval`, and one more per event edge of any route),
+//! `keep` per route (`keep ÷ interval`, and one more per edge of its events),
 //! never more than twice `keep ÷ interval`, each with two sparse [`Sketch`]es (at most
 //! one bucket per slot or per latency decade step).
 
@@ -273,10 +273,10 @@ impl History {
         self.interval
     }
 
-    /// The scheduled event whose profile the open interval of `route` began under
-    /// (`Some(None)`: the route's own), or `None` if no tick has seen the route.
-    pub fn open_event(&self, route: &str) -> Option<Option<&str>> {
-        self.routes.get(route).map(|h| h.open.event.as_deref())
+    /// The open interval of `route` (its start and the profile it began under; its
+    /// counts are filled in when it closes), or `None` if no tick has seen the route.
+    pub fn open(&self, route: &str) -> Option<&Interval> {
+        self.routes.get(route).map(|h| &h.open)
     }
 
     /// One completed slot of `route` (the engine's sample hook). Routes not seen by a

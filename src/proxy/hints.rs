@@ -3,9 +3,9 @@
 //! [`UpstreamMeter`], and the report behind `GET /admin/hints`.
 //!
 //! The timer ticks every `[hints] interval`, and at each scheduled event's start and
-//! end ([`Advisor::next_tick`]): an interval ends at an event's edge, so the event's
-//! part of a period is judged over exactly the time it ran, and the route's own part
-//! over the rest. Where the profile due changes with no edge ahead (a reload, the wall
+//! end ([`Advisor::next_tick`]): an interval ends at an event's edge (of its own
+//! route's events only), so the event's part of a period is judged over exactly the
+//! time it ran, and the route's own part over the rest. Where the profile due changes with no edge ahead (a reload, the wall
 //! clock stepped), the timer ticks at its next look, within a second.
 
 use crate::clock::Nanos;
@@ -40,14 +40,15 @@ impl Advisor {
         self.history.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// When the tick after one at `last` is due: `[hints] interval` after it, or
-    /// earlier at the first start or end of a scheduled event of `engine` after it,
-    /// so that no interval straddles an event's edge (an event adds at most two
-    /// intervals to the history: the ones its edges cut short). At `last` itself when
-    /// the profile due at `last` is not the one a route's open interval began under,
-    /// or a route has none: a reload brought or took away a running event or a route,
-    /// or the wall clock was stepped across an event's edge (the engine places events
-    /// again from it), where no edge lies ahead to tick at.
+    /// When the tick after one at `last` is due: when the first route's open interval
+    /// has run `[hints] interval`, or earlier at the first start or end of a scheduled
+    /// event of `engine` after `last`, so that no interval straddles an event's edge
+    /// (an event adds at most two intervals to its route's history: the ones its edges
+    /// cut short). At `last` itself when the profile due at `last` is not the one a
+    /// route's open interval began under, or a route has none: a reload brought or
+    /// took away a running event or a route, or the wall clock was stepped across an
+    /// event's edge (the engine places events again from it), where no edge lies ahead
+    /// to tick at.
     pub fn next_tick(&self, engine: &Engine, last: Nanos) -> Nanos {
         // Route locks are taken before, never under, the history's lock.
         let due: Vec<_> = engine
@@ -56,13 +57,17 @@ impl Advisor {
             .collect();
         let regular = {
             let history = self.history();
-            if due
-                .iter()
-                .any(|s| history.open_event(&s.name) != Some(s.event.as_deref()))
-            {
-                return last;
+            let interval = history.interval();
+            let mut regular = last + interval;
+            for s in &due {
+                match history.open(&s.name) {
+                    Some(open) if open.event == s.event => {
+                        regular = regular.min(open.start + interval);
+                    }
+                    _ => return last,
+                }
             }
-            last + history.interval()
+            regular
         };
         engine
             .next_event_edge(last)
@@ -81,9 +86,23 @@ impl Advisor {
     }
 
     /// Closes the current interval of every route of `engine` at `now` and opens the
-    /// next, judged under the profile due at `now` (the proxy calls it when
-    /// [`Advisor::next_tick`] says).
+    /// next, judged under the profile due at `now` (before a report that must cover
+    /// up to `now`; the proxy calls [`Advisor::tick_due`]).
     pub fn tick(&self, engine: &Engine, now: Nanos) {
+        self.close(engine, now, true);
+    }
+
+    /// Closes the current interval of each route of `engine` that is due at `now`, and
+    /// opens its next, judged under the profile due at `now` (the proxy calls it when
+    /// [`Advisor::next_tick`] says). A route is due when its interval has run `[hints]
+    /// interval`, when the profile due is not the one its interval began under (an
+    /// edge of one of its events), and when it has no history yet: another route's
+    /// event does not cut its interval short.
+    pub fn tick_due(&self, engine: &Engine, now: Nanos) {
+        self.close(engine, now, false);
+    }
+
+    fn close(&self, engine: &Engine, now: Nanos, all: bool) {
         // Route locks are taken before, never under, the history's lock: the sample
         // hook takes them in the other order.
         let snapshots = engine.snapshot(now);
@@ -91,8 +110,18 @@ impl Advisor {
             .route_ids()
             .filter_map(|id| engine.route_settings_at(id, now))
             .collect();
-        self.history()
-            .tick(now, &snapshots, settings, Some(&self.meter));
+        let mut history = self.history();
+        let interval = history.interval();
+        let (snapshots, settings): (Vec<_>, Vec<_>) = snapshots
+            .into_iter()
+            .zip(settings)
+            .filter(|(_, s)| {
+                all || history
+                    .open(&s.name)
+                    .is_none_or(|open| open.event != s.event || open.start + interval <= now)
+            })
+            .unzip();
+        history.tick(now, &snapshots, settings, Some(&self.meter));
     }
 
     /// The hints over the last `period` before `now` (at most `[hints] keep`, which the
@@ -154,7 +183,7 @@ mod tests {
         let (mut last, mut due) = (Nanos::ZERO, Nanos::from_secs(phase));
         let mut tick = |now: Nanos| {
             while now >= due {
-                advisor.tick(&engine, due);
+                advisor.tick_due(&engine, due);
                 last = due;
                 due = if edges {
                     advisor.next_tick(&engine, last)
@@ -236,39 +265,75 @@ mod tests {
         let (s, wall) = (Nanos::from_secs, |t| UNIX_EPOCH + Duration::from_secs(t));
         let advisor = Advisor::new(&plain.hints);
         let engine = Engine::new(&plain, Nanos::ZERO, UNIX_EPOCH).unwrap();
-        advisor.tick(&engine, s(30));
+        advisor.tick_due(&engine, s(30));
         assert_eq!(advisor.next_tick(&engine, s(30)), s(40));
         // A reload at 31 s brings the sale, running since 20 s: no edge lies ahead.
         let engine = engine.reload(&sale, s(31), wall(31)).unwrap();
         assert_eq!(advisor.next_tick(&engine, s(30)), s(30));
-        advisor.tick(&engine, s(31));
+        advisor.tick_due(&engine, s(31));
         assert_eq!(advisor.next_tick(&engine, s(31)), s(41));
         // A reload at 33 s takes it away while it runs.
         let engine = engine.reload(&plain, s(33), wall(33)).unwrap();
         assert_eq!(advisor.next_tick(&engine, s(31)), s(31));
-        advisor.tick(&engine, s(33));
+        advisor.tick_due(&engine, s(33));
         // A reload at 34 s adds a route: its history begins at once.
         let two = "[[routes]]\nname = \"s\"\npath_prefix = \"/s\"\n\
                    [[routes]]\nname = \"r\"\npath_prefix = \"/\"\n";
         let two = Config::from_toml_str(two, "test").unwrap();
         let engine = engine.reload(&two, s(34), wall(34)).unwrap();
         assert_eq!(advisor.next_tick(&engine, s(33)), s(33));
-        advisor.tick(&engine, s(34));
-        assert_eq!(advisor.next_tick(&engine, s(34)), s(44));
+        advisor.tick_due(&engine, s(34));
+        // Only the new route's interval began then: r's, begun at 33 s, runs on.
+        assert_eq!(advisor.history().open("s").map(|i| i.start), Some(s(34)));
+        assert_eq!(advisor.next_tick(&engine, s(34)), s(43));
 
         // The wall clock stepped 15 s forward at 12 s: the sale began at 5 s.
         let advisor = Advisor::new(&sale.hints);
         let engine = Engine::new(&sale, Nanos::ZERO, UNIX_EPOCH).unwrap();
-        advisor.tick(&engine, s(10));
+        advisor.tick_due(&engine, s(10));
         assert_eq!(advisor.next_tick(&engine, s(10)), s(20));
         engine.align_events(s(12), wall(27));
         assert_eq!(advisor.next_tick(&engine, s(10)), s(10));
-        advisor.tick(&engine, s(12));
+        advisor.tick_due(&engine, s(12));
         assert_eq!(advisor.next_tick(&engine, s(12)), s(22));
         // Then 10 s back at 14 s: the sale now begins at 15 s.
         engine.align_events(s(14), wall(19));
         assert_eq!(advisor.next_tick(&engine, s(12)), s(12));
-        advisor.tick(&engine, s(14));
+        advisor.tick_due(&engine, s(14));
         assert_eq!(advisor.next_tick(&engine, s(14)), s(15));
+    }
+
+    /// An event's edges end its own route's interval, not every route's: a route
+    /// without events keeps whole intervals whatever other routes schedule, and with
+    /// them its share of the history's bound (twice `keep ÷ interval` intervals), which
+    /// other routes' short events used up.
+    #[test]
+    fn an_events_edges_end_only_its_own_routes_interval() {
+        let toml = "[[routes]]\nname = \"a\"\npath_prefix = \"/a\"\n\
+                    [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:20Z\"\n\
+                    duration = \"5s\"\nbase_limit = 500\ncut_limit = 150\n\
+                    [[routes]]\nname = \"b\"\npath_prefix = \"/\"\n";
+        let config = Config::from_toml_str(toml, "test").unwrap();
+        let advisor = Advisor::new(&config.hints);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        let mut last = Nanos::ZERO;
+        advisor.tick_due(&engine, last);
+        while last < Nanos::from_secs(60) {
+            last = advisor.next_tick(&engine, last);
+            advisor.tick_due(&engine, last);
+        }
+        let starts = |route: &str| {
+            let mut starts: Vec<u64> = advisor
+                .history()
+                .since(Nanos::ZERO)
+                .iter()
+                .filter(|(s, _)| s.name == route)
+                .flat_map(|(_, i)| i.iter().map(|i| i.start.as_u64() / 1_000_000_000))
+                .collect();
+            starts.sort_unstable();
+            starts
+        };
+        assert_eq!(starts("b"), [0, 10, 20, 30, 40, 50]);
+        assert_eq!(starts("a"), [0, 10, 20, 25, 35, 45]);
     }
 }

@@ -715,7 +715,7 @@ impl Proxy {
                     tokio::time::sleep(wait.clamp(HINTS_WAIT_LEAST, HINTS_WAIT_MOST)).await;
                     let now = reloader.clock().now();
                     if now >= due {
-                        advisor.tick(&reloader.engine(), now);
+                        advisor.tick_due(&reloader.engine(), now);
                         last = now;
                     }
                 }
