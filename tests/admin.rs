@@ -1114,3 +1114,45 @@ async fn a_refused_reload_is_an_error_to_match_on() {
     assert!(boxed.downcast_ref::<ReloadError>().is_some());
     p.stop().await;
 }
+
+/// A reload that brings an event already running has no edge ahead to end the
+/// interval at: the open one went on under the route's own profile until the event's
+/// end (or the next regular tick), and the event got no part of the history. The
+/// hints timer, looking every second, now ends the interval within about a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_brings_a_running_event_starts_its_part_of_the_history() {
+    let route = "[[routes]]\nname = \"edge_reload\"\npath_prefix = \"/\"\n";
+    let hints = "[hints]\nmin_requests = 1\n";
+    let (p, _) = start_on(None, &format!("{route}{hints}"), None).await;
+    let reloaded = tokio::time::Instant::now();
+    #[allow(clippy::disallowed_methods)] // the event is placed relative to the real wall clock
+    let wall = std::time::SystemTime::now();
+    let event = format!(
+        "[[routes.events]]\nname = \"sale\"\nstart = \"{}\"\nduration = \"9s\"\nbase_limit = 500\n",
+        humantime::format_rfc3339_millis(wall - Duration::from_secs(5))
+    );
+    std::fs::write(&p.file, format!("{route}{event}{hints}")).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    // The sale ends 4 s after the reload; 10 requests 2 s in, past the timer's look.
+    tokio::time::sleep_until(reloaded + Duration::from_secs(2)).await;
+    for _ in 0..10 {
+        call(p.listen, "GET", "/buy", "", None).await;
+    }
+    tokio::time::sleep_until(reloaded + Duration::from_millis(5500)).await;
+    let (status, report) = call(p.admin, "GET", "/admin/hints?period=1m", "", None).await;
+    assert_eq!(status, 200, "{report}");
+    let sale = report["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["event"] == "sale")
+        .unwrap_or_else(|| panic!("no part for the sale in {report:#}"));
+    assert_eq!(sale["offered"], 10, "{report:#}");
+    let covered = sale["covered_s"].as_f64().unwrap();
+    assert!(
+        (2.5..4.5).contains(&covered),
+        "the sale's part covers {covered} s: {report:#}"
+    );
+    p.stop().await;
+}
