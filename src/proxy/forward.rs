@@ -127,14 +127,58 @@ static OTHER_FORWARDING: [HeaderName; 6] = [
     HeaderName::from_static("x-forwarded-server"),
 ];
 
-/// Whether `headers` holds any forwarding header: `X-Forwarded-*`, `Forwarded` or
-/// `X-Real-IP`. Most requests carry none: one pass over the names spares hashing each
-/// of them to remove it.
-fn any_forwarding(headers: &HeaderMap) -> bool {
-    headers.keys().any(|k| {
-        let name = k.as_str();
-        name == "x-real-ip" || name == "forwarded" || name.starts_with("x-forwarded-")
-    })
+/// What one pass over a request's header names finds, for the checks before admission
+/// ([`refusal`]) and the rewrite ([`Inner::rewrite`]): most requests carry few headers
+/// and none of the rare ones (hop-by-hop, forwarding, `Via`, `Expect`), and a pass
+/// over the names costs less than hashing each name looked up.
+#[derive(Default)]
+struct HeadScan<'a> {
+    /// `Host` values: 0, 1, or 2 for two or more.
+    hosts: u8,
+    /// The first `Host` value.
+    host: Option<&'a HeaderValue>,
+    /// Any `Via`.
+    via: bool,
+    /// Any `Transfer-Encoding`.
+    transfer_encoding: bool,
+    /// Any hop-by-hop header (`Transfer-Encoding` included).
+    hop_by_hop: bool,
+    /// Any forwarding header: `X-Forwarded-*`, `Forwarded` or `X-Real-IP`.
+    forwarding: bool,
+    /// Any `Expect`.
+    expect: bool,
+}
+
+impl<'a> HeadScan<'a> {
+    /// One pass over `headers`, every value of each name.
+    fn of(headers: &'a HeaderMap) -> Self {
+        let mut scan = HeadScan::default();
+        for (name, value) in headers {
+            match name.as_str() {
+                "host" => {
+                    scan.hosts = scan.hosts.saturating_add(1).min(2);
+                    scan.host.get_or_insert(value);
+                }
+                "via" => scan.via = true,
+                "expect" => scan.expect = true,
+                "transfer-encoding" => {
+                    scan.transfer_encoding = true;
+                    scan.hop_by_hop = true;
+                }
+                "connection"
+                | "keep-alive"
+                | "proxy-authenticate"
+                | "proxy-authorization"
+                | "te"
+                | "upgrade"
+                | "proxy-connection" => scan.hop_by_hop = true,
+                "x-real-ip" | "forwarded" => scan.forwarding = true,
+                other if other.starts_with("x-forwarded-") => scan.forwarding = true,
+                _ => {}
+            }
+        }
+        scan
+    }
 }
 
 /// Whether `headers` holds any hop-by-hop header. Most messages carry none: one pass
@@ -280,20 +324,20 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     // an HTTP/1.1 request that names no host at all (RFC 9112 §3.2: a MUST), unless
     // its target does (absolute form, as Envoy takes it): forwarded, it went up with
     // the upstream's own `Host`, for a host the client never named.
-    let mut hosts = headers.get_all(header::HOST).iter();
-    match (hosts.next(), hosts.next()) {
-        (_, Some(_)) => return Some(ProxyError::BadRequest),
-        (None, None) if req.version() == http::Version::HTTP_11 && uri.authority().is_none() => {
+    let scan = HeadScan::of(headers);
+    match scan.hosts {
+        2 => return Some(ProxyError::BadRequest),
+        0 if req.version() == http::Version::HTTP_11 && uri.authority().is_none() => {
             return Some(ProxyError::BadRequest)
         }
         _ => {}
     }
-    if via.came_through(headers) {
+    if scan.via && via.came_through(headers) {
         return Some(ProxyError::ForwardingLoop);
     }
     // hyper takes the chunked coding off and hands over what is under it: forwarded,
     // `gzip, chunked` would reach the upstream as gzip's bytes taken for the content.
-    if !chunked_only(headers) {
+    if scan.transfer_encoding && !chunked_only(headers) {
         return Some(ProxyError::TransferCodingNotImplemented);
     }
     // A declared `Content-Length` (hyper has parsed it, and refused a malformed one)
@@ -634,7 +678,14 @@ impl Inner {
             }
         }
         let (mut parts, body) = req.into_parts();
-        let host = parts.headers.get(header::HOST).cloned();
+        let HeadScan {
+            host,
+            hop_by_hop,
+            forwarding,
+            expect,
+            ..
+        } = HeadScan::of(&parts.headers);
+        let host = host.cloned();
         // The target's host and port win over `Host` (RFC 9112 §3.2.2; HTTP/2's
         // `:authority`), which a request in origin form carries alone. A userinfo
         // (credentials) is no part of them.
@@ -652,7 +703,7 @@ impl Inner {
         let set_host = target_host.is_some() || host.is_none();
         let original_host = target_host.or(host);
         let mut upgrade = None;
-        if any_hop_by_hop(&parts.headers) {
+        if hop_by_hop {
             // `TE` is this hop's, but its `trailers` says the client takes trailer
             // fields, without which an upstream may send none (hyper does not): passed
             // on alone, as Envoy does.
@@ -680,14 +731,15 @@ impl Inner {
         // `100 Continue` once the body is asked for, after admission. The upstream is
         // not asked for another (its 100 would stop at rocgate's client connection,
         // which sends the body without waiting for it), as Envoy strips it.
-        if parts
-            .headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+        if expect
+            && parts
+                .headers
+                .get(header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
         {
             parts.headers.remove(header::EXPECT);
         }
-        self.set_forwarded(&mut parts.headers, peer, original_host.as_ref());
+        self.set_forwarded(&mut parts.headers, peer, original_host.as_ref(), forwarding);
         parts
             .headers
             .append(header::VIA, self.via.entry(parts.version).clone());
@@ -728,16 +780,16 @@ impl Inner {
     /// `Forwarded`, which says the same things, is kept from a trusted proxy only, and
     /// extended with this hop (`for=` the peer, `proto=http`). rocgate adds no
     /// `Forwarded` of its own where the request had none. The other forwarding headers
-    /// upstreams read ([`OTHER_FORWARDING`]) are kept from a trusted proxy only.
+    /// upstreams read ([`OTHER_FORWARDING`]) are kept from a trusted proxy only. `any`
+    /// says whether the request carries any forwarding header ([`HeadScan`]).
     fn set_forwarded(
         &self,
         headers: &mut HeaderMap,
         peer: Option<&Peer>,
         host: Option<&HeaderValue>,
+        any: bool,
     ) {
         let trusted = peer.is_some_and(|p| self.settings.resolver.is_trusted(p.ip));
-        // Most requests carry no forwarding header: nothing to keep or remove.
-        let any = any_forwarding(headers);
         // One buffer, handed to the header value without a copy. Bytes, since a value
         // may hold bytes beyond ASCII: the chain is passed on as received.
         let mut chain = Vec::new();
@@ -876,8 +928,10 @@ impl Inner {
                 };
                 // A body still under a coding rocgate does not decode cannot go on
                 // without its `Transfer-Encoding`, a hop-by-hop header.
+                // (`Transfer-Encoding` is hop-by-hop: a response with none of those
+                // has none, and needs no lookup.)
                 let result = result.and_then(|res| {
-                    if chunked_only(res.headers()) {
+                    if !any_hop_by_hop(res.headers()) || chunked_only(res.headers()) {
                         Ok(res)
                     } else {
                         Err(ProxyError::upstream(
@@ -1556,7 +1610,10 @@ mod tests {
         // A client of a `[::]` listener over IPv4 is a mapped address: the same client
         // (and key) as 203.0.113.7, which is what the upstream must see.
         let peer = Peer::new("::ffff:203.0.113.7".parse().unwrap());
-        forwarder.inner.set_forwarded(&mut h, Some(&peer), None);
+        let any = HeadScan::of(&h).forwarding;
+        forwarder
+            .inner
+            .set_forwarded(&mut h, Some(&peer), None, any);
         assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.7");
     }
 
@@ -1572,7 +1629,10 @@ mod tests {
                 h.insert(&FORWARDED, HeaderValue::from_static(v));
             }
             let peer = Peer::new(peer.parse().unwrap());
-            forwarder.inner.set_forwarded(&mut h, Some(&peer), None);
+            let any = HeadScan::of(&h).forwarding;
+            forwarder
+                .inner
+                .set_forwarded(&mut h, Some(&peer), None, any);
             let all = h.get_all(&FORWARDED).iter();
             all.map(|v| v.to_str().unwrap().to_owned())
                 .collect::<Vec<_>>()
@@ -1604,7 +1664,10 @@ mod tests {
         h.append(&X_FORWARDED_FOR, sent);
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.3"));
         let peer = Peer::new("10.0.0.2".parse().unwrap());
-        forwarder.inner.set_forwarded(&mut h, Some(&peer), None);
+        let any = HeadScan::of(&h).forwarding;
+        forwarder
+            .inner
+            .set_forwarded(&mut h, Some(&peer), None, any);
         assert_eq!(
             h[&X_FORWARDED_FOR].as_bytes(),
             b"203.0.113.7, caf\xe9, 10.0.0.3, 10.0.0.2"
