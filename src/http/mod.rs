@@ -57,3 +57,5 @@ pub use layer::{
     AdmissionLayer, AdmissionLayerBuilder, MatchedRoute, RouteKey, SharedEngine, UPKEEP_EVERY,
 };
 pub use service::AdmissionService;
+#[cfg(feature = "proxy")]
+pub(crate) use service::RouteSlot;

@@ -21,6 +21,39 @@ pub struct AdmissionService<S> {
     /// (`rocgate serve`): taken as the request's [`PeerAddr`](super::PeerAddr), without
     /// an extension to insert in every request.
     peer: Option<SocketAddr>,
+    /// Where the route of a request handed to the inner service at once goes, in
+    /// place of a [`MatchedRoute`] extension, for an inner service that takes it from
+    /// there as it is called (`rocgate serve`'s forwarder).
+    #[cfg(feature = "proxy")]
+    route_slot: Option<Arc<RouteSlot>>,
+}
+
+/// The route of the request an [`AdmissionService`] is handing to its inner service,
+/// put just before it calls that service and taken by the service as it is called:
+/// an inner service that serves one client connection (`rocgate serve`'s forwarder)
+/// learns the route without an extension inserted in every request (a map and a box
+/// allocated). A request called later (paced, queued, or its service not ready) still
+/// carries the extension: by then another request may have used the slot.
+#[cfg(feature = "proxy")]
+#[derive(Debug, Default)]
+pub(crate) struct RouteSlot(std::sync::Mutex<Option<Arc<str>>>);
+
+#[cfg(feature = "proxy")]
+impl RouteSlot {
+    fn put(&self, route: Arc<str>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(route);
+    }
+
+    /// The route put for the request being called, if one was.
+    pub(crate) fn take(&self) -> Option<Arc<str>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for AdmissionService<S> {
@@ -37,6 +70,8 @@ impl<S> AdmissionService<S> {
             inner,
             gate,
             peer: None,
+            #[cfg(feature = "proxy")]
+            route_slot: None,
         }
     }
 
@@ -44,6 +79,14 @@ impl<S> AdmissionService<S> {
     #[cfg(feature = "proxy")]
     pub(crate) fn for_peer(mut self, peer: SocketAddr) -> Self {
         self.peer = Some(peer);
+        self
+    }
+
+    /// This service handing the route of each request it calls at once to its inner
+    /// service through `slot`, not in a [`MatchedRoute`] extension.
+    #[cfg(feature = "proxy")]
+    pub(crate) fn handing_route(mut self, slot: Arc<RouteSlot>) -> Self {
+        self.route_slot = Some(slot);
         self
     }
 }
@@ -68,7 +111,7 @@ where
         let gate = &*self.gate;
         let engine = gate.engine.guard();
         let Some(route) = gate.route_of(&engine, &req) else {
-            return self.forward(req, None);
+            return self.forward(req, None, None);
         };
         let decided = gate.decide(&engine, route, &req, self.peer);
         let admit = match decided.decision {
@@ -91,13 +134,14 @@ where
                 return ResponseFuture::rejected(res);
             }
         };
-        if let Some(label) = engine.route_label(route).filter(|_| gate.matched_route) {
-            req.extensions_mut().insert(MatchedRoute(label));
-        }
+        let label = engine.route_label(route).filter(|_| gate.matched_route);
         match admit {
-            Admit::Now => self.forward(req, None),
-            Admit::Held(permit) => self.forward(req, Some(permit)),
+            Admit::Now => self.forward(req, None, label),
+            Admit::Held(permit) => self.forward(req, Some(permit), label),
             Admit::Paced(pace) => {
+                if let Some(label) = label {
+                    req.extensions_mut().insert(MatchedRoute(label));
+                }
                 let wait = pace.wait(decided.now);
                 // The place first: should the timer panic (no tokio runtime, or one
                 // without timers), the place is given back as the panic unwinds.
@@ -114,7 +158,12 @@ where
                 let sleep = Box::pin(tokio::time::sleep(wait));
                 self.take_along(Some(Wait::Sleep(sleep, place)), None, req)
             }
-            Admit::Queued(ticket) => self.take_along(Some(Wait::Ticket(ticket)), None, req),
+            Admit::Queued(ticket) => {
+                if let Some(label) = label {
+                    req.extensions_mut().insert(MatchedRoute(label));
+                }
+                self.take_along(Some(Wait::Ticket(ticket)), None, req)
+            }
         }
     }
 }
@@ -129,8 +178,9 @@ impl<S: Clone> AdmissionService<S> {
     /// waker before it waits, so no wake-up is lost.
     fn forward<ReqBody, ResBody>(
         &mut self,
-        req: Request<ReqBody>,
+        mut req: Request<ReqBody>,
         permit: Option<Permit>,
+        route: Option<Arc<str>>,
     ) -> ResponseFuture<S, ReqBody, ResBody>
     where
         S: tower::Service<Request<ReqBody>>,
@@ -139,14 +189,36 @@ impl<S: Clone> AdmissionService<S> {
             .inner
             .poll_ready(&mut Context::from_waker(Waker::noop()))
         {
-            Poll::Ready(Ok(())) => ResponseFuture::admitted(self.inner.call(req), permit),
+            Poll::Ready(Ok(())) => {
+                if let Some(route) = route {
+                    self.hand_route(&mut req, route);
+                }
+                ResponseFuture::admitted(self.inner.call(req), permit)
+            }
             Poll::Ready(Err(error)) => {
                 // A service that failed is not polled again: a clone takes its place.
                 self.inner = self.inner.clone();
                 ResponseFuture::failed(error)
             }
-            Poll::Pending => self.take_along(None, permit, req),
+            Poll::Pending => {
+                if let Some(route) = route {
+                    req.extensions_mut().insert(MatchedRoute(route));
+                }
+                self.take_along(None, permit, req)
+            }
         }
+    }
+
+    /// Tells the inner service, about to be called with `req`, the route that admitted
+    /// it: through the route slot if there is one, else in a [`MatchedRoute`]
+    /// extension.
+    fn hand_route<ReqBody>(&self, req: &mut Request<ReqBody>, route: Arc<str>) {
+        #[cfg(feature = "proxy")]
+        if let Some(slot) = &self.route_slot {
+            slot.put(route);
+            return;
+        }
+        req.extensions_mut().insert(MatchedRoute(route));
     }
 
     /// A response future that, after `wait`, readies the inner service and calls it.

@@ -11,7 +11,7 @@ use super::lane::{Driver, Lane, LaneCount};
 use super::tunnel::Tunnel;
 use crate::clock::{Clock, Nanos};
 use crate::hints::UpstreamMeter;
-use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr};
+use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr, RouteSlot};
 use crate::metrics as metric;
 use axum::body::Body;
 use bytes::Bytes;
@@ -374,9 +374,13 @@ pub struct Forwarder {
 }
 
 /// What the forwarder keeps of one client connection, for all its requests: its lane,
-/// its peer, and the upstream latency histogram it recorded into last.
+/// its peer, the route of the request being called, and the upstream latency
+/// histogram it recorded into last.
 struct Connection {
     lane: Lane,
+    /// Where the connection's admission service puts the route of the request it is
+    /// calling the forwarder with ([`Forwarder::route_slot`]).
+    route: Arc<RouteSlot>,
     /// The response timeout of the lane's requests.
     timer: Mutex<LaneTimer>,
     peer: Peer,
@@ -391,6 +395,7 @@ impl Connection {
     fn new(lane: Lane, peer: IpAddr) -> Self {
         Connection {
             lane,
+            route: Arc::default(),
             timer: Mutex::new(LaneTimer::new()),
             peer: Peer::new(peer),
             durations: Mutex::new(None),
@@ -611,6 +616,14 @@ impl Forwarder {
             connection: Some(Arc::new(Connection::new(lane, peer.ip()))),
         };
         (forwarder, driver)
+    }
+
+    /// Where the admission service of this forwarder's client connection puts the route
+    /// of each request it calls the forwarder with at once, taken as the forwarder is
+    /// called (a request that carries none has its [`MatchedRoute`] looked up); `None`
+    /// for a forwarder that serves no one connection.
+    pub(crate) fn route_slot(&self) -> Option<Arc<RouteSlot>> {
+        self.connection.as_ref().map(|c| Arc::clone(&c.route))
     }
 
     /// The count of upstream connections held by client connections' lanes.
@@ -855,18 +868,22 @@ impl Inner {
         }
     }
 
-    /// Forwards one request, of `connection` if the forwarder serves one; every failure
-    /// becomes a response. Records the upstream duration by route and status class,
-    /// and failures by kind.
+    /// Forwards one request, of `connection` if the forwarder serves one, admitted on
+    /// `route` (if known, else its [`MatchedRoute`], else none); every failure becomes a
+    /// response. Records the upstream duration by route and status class, and
+    /// failures by kind.
     async fn forward(
         &self,
         req: Request<Incoming>,
         connection: Option<&Connection>,
+        route: Option<Arc<str>>,
     ) -> Response<Body> {
-        let route = req.extensions().get::<MatchedRoute>().map_or_else(
-            || Arc::from(crate::config::UNMATCHED_ROUTE),
-            |m| Arc::clone(&m.0),
-        );
+        let route = route.unwrap_or_else(|| {
+            req.extensions().get::<MatchedRoute>().map_or_else(
+                || Arc::from(crate::config::UNMATCHED_ROUTE),
+                |m| Arc::clone(&m.0),
+            )
+        });
         // HTTP/1 requests come one after another on a connection: from the second
         // one on they go through the connection's own lane (HTTP/2 streams run side
         // by side and share the pool).
@@ -1393,7 +1410,9 @@ impl tower::Service<Request<Incoming>> for Forwarder {
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let inner = Arc::clone(&self.inner);
         let connection = self.connection.clone();
-        Box::pin(async move { Ok(inner.forward(req, connection.as_deref()).await) })
+        // Put by the connection's admission service just before this call, if at all.
+        let route = connection.as_ref().and_then(|c| c.route.take());
+        Box::pin(async move { Ok(inner.forward(req, connection.as_deref(), route).await) })
     }
 }
 

@@ -671,13 +671,16 @@ impl Proxy {
         #[cfg(feature = "redis")]
         let service_for = |forwarder: Forwarder, peer| {
             shared::Front::new(
-                layer.layer(forwarder.clone()).for_peer(peer),
+                handing_route(layer.layer(forwarder.clone()).for_peer(peer), &forwarder),
                 shared_gate.clone(),
                 forwarder,
             )
         };
         #[cfg(not(feature = "redis"))]
-        let service_for = |forwarder: Forwarder, peer| layer.layer(forwarder).for_peer(peer);
+        let service_for = |forwarder: Forwarder, peer| {
+            let service = layer.layer(forwarder.clone()).for_peer(peer);
+            handing_route(service, &forwarder)
+        };
         #[cfg(feature = "redis")]
         let collector = if self.store.is_some() {
             metric::Collector::new().with_shared_store()
@@ -1029,6 +1032,18 @@ impl Proxy {
         }
         ticker.abort();
         Ok(())
+    }
+}
+
+/// `service`, a client connection's, handing the route of each request it admits to
+/// that connection's `forwarder` through the forwarder's route slot.
+fn handing_route(
+    service: crate::http::AdmissionService<Forwarder>,
+    forwarder: &Forwarder,
+) -> crate::http::AdmissionService<Forwarder> {
+    match forwarder.route_slot() {
+        Some(slot) => service.handing_route(slot),
+        None => service,
     }
 }
 
