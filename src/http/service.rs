@@ -239,3 +239,91 @@ impl<S: Clone> AdmissionService<S> {
         ResponseFuture::waiting(wait, permit, service, req)
     }
 }
+
+#[cfg(all(test, feature = "proxy"))]
+mod tests {
+    use super::{AdmissionService, RouteSlot};
+    use crate::clock::{Clock as _, ManualClock, Nanos};
+    use crate::config::{Config, RouteConfig, RouteMatch};
+    use crate::engine::Engine;
+    use crate::http::{AdmissionLayer, MatchedRoute, SharedEngine};
+    use crate::limiter::Algorithm;
+    use axum::body::Body;
+    use http::{Request, Response};
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, SystemTime};
+    use tower::{Layer as _, Service as _, ServiceExt as _};
+
+    /// What the inner service found as it was called: the route in the slot, and the
+    /// request's `MatchedRoute` extension.
+    type Seen = Arc<Mutex<Vec<(Option<Arc<str>>, Option<MatchedRoute>)>>>;
+
+    /// An admission service over `route`, handing routes through a slot to an inner
+    /// service that records what it finds as it is called.
+    fn service(
+        route: RouteConfig,
+    ) -> (
+        impl tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+        Seen,
+    ) {
+        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+        let config = Config::new(vec![route]);
+        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+        let layer = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
+            .matched_route(true)
+            .build();
+        let slot = Arc::new(RouteSlot::default());
+        let seen = Seen::default();
+        let inner = tower::service_fn({
+            let (slot, seen) = (Arc::clone(&slot), Arc::clone(&seen));
+            move |req: Request<Body>| {
+                let found = (slot.take(), req.extensions().get::<MatchedRoute>().cloned());
+                seen.lock().unwrap().push(found);
+                async { Ok::<_, Infallible>(Response::new(Body::empty())) }
+            }
+        });
+        let service: AdmissionService<_> = layer.layer(inner);
+        (service.handing_route(slot), seen)
+    }
+
+    fn get(path: &str) -> Request<Body> {
+        Request::get(path).body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_called_at_once_gets_its_route_through_the_slot_alone() {
+        let mut r = RouteConfig::new("slot_now", RouteMatch::prefix("/"));
+        r.controller.base_limit_rps = 100.0;
+        r.controller.cut_limit_rps = 100.0;
+        let (mut svc, seen) = service(r);
+        svc.ready().await.unwrap().call(get("/a")).await.unwrap();
+        svc.ready().await.unwrap().call(get("/b")).await.unwrap();
+        let seen = seen.lock().unwrap();
+        let want = (Some(Arc::<str>::from("slot_now")), None);
+        assert_eq!(
+            *seen,
+            [want.clone(), want],
+            "no extension, the slot each time"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_called_later_carries_its_route_in_the_extension() {
+        // A leaky bucket of 1 req/s: the second request departs a second later, its
+        // inner service called only then.
+        let mut r = RouteConfig::new("slot_paced", RouteMatch::prefix("/"));
+        r.controller.base_limit_rps = 1.0;
+        r.controller.cut_limit_rps = 1.0;
+        r.algorithm = Algorithm::LeakyBucket { queue: 2 };
+        let (mut svc, seen) = service(r);
+        svc.ready().await.unwrap().call(get("/a")).await.unwrap();
+        let started = tokio::time::Instant::now();
+        svc.ready().await.unwrap().call(get("/b")).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(900), "paced");
+        let seen = seen.lock().unwrap();
+        let route = Arc::<str>::from("slot_paced");
+        assert_eq!(seen[0], (Some(Arc::clone(&route)), None));
+        assert_eq!(seen[1], (None, Some(MatchedRoute(route))), "{seen:?}");
+    }
+}
