@@ -29,7 +29,8 @@ pub enum RouteKey {
 }
 
 /// The rocgate route that admitted a request, as a request extension seen by the
-/// inner service (handlers, the proxy's forwarder): the name from config.
+/// inner service (handlers; `rocgate serve`'s forwarder, for a request it is not
+/// handed the route of directly): the name from config.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MatchedRoute(pub Arc<str>);
 
