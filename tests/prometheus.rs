@@ -505,19 +505,12 @@ fn the_dashboards_offered_line_counts_each_request_once() {
         .replace("$route", ".*")
         .replace("$instance", ".*")
         .replace("$__rate_interval", "5m");
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("offered.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+    promql_test(&format!(
+        "{series}    \
              promql_expr_test:\n      - expr: '{}'\n        eval_time: 10m\n        exp_samples:\n          \
              - labels: '{{route=\"order\"}}'\n            value: 2\n",
             offered.replace('\'', "''")
-        ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    ));
 }
 
 /// `RocgateRouteCutTooLong` fires on time spent in cut, which `max_cut` (60 s by
@@ -526,12 +519,8 @@ fn the_dashboards_offered_line_counts_each_request_once() {
 #[test]
 fn the_cut_too_long_alert_counts_time_in_cut_across_cuts() {
     let expr = rule_expr("RocgateRouteCutTooLong");
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("cut.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n      \
+    promql_test(&format!(
+        "      \
              - series: 'rocgate_cut_seconds_total{{instance=\"a\",route=\"cycling\"}}'\n        \
              values: '0+45x15'\n      \
              - series: 'rocgate_cut_seconds_total{{instance=\"a\",route=\"once\"}}'\n        \
@@ -539,10 +528,7 @@ fn the_cut_too_long_alert_counts_time_in_cut_across_cuts() {
              promql_expr_test:\n      - expr: '{}'\n        eval_time: 12m\n        exp_samples:\n          \
              - labels: '{{instance=\"a\",route=\"cycling\"}}'\n            value: 450\n",
             expr.replace('\'', "''")
-        ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    ));
 }
 
 /// `RocgateRouteCutTooLong` and `RocgateControllerFlapping` judge each instance's own
@@ -667,22 +653,15 @@ fn the_state_timeline_shows_the_worst_state_over_instances() {
             ));
         }
     }
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("state.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
+    promql_test(&format!(
+        "{series}    \
              promql_expr_test:\n      - expr: '{}'\n        eval_time: 2m\n        exp_samples:\n          \
              - labels: '{{route=\"order\"}}'\n            value: {}\n          \
              - labels: '{{route=\"cart\"}}'\n            value: {}\n",
             expr.replace('\'', "''"),
             mapped("cut"),
             mapped("normal"),
-        ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    ));
 }
 
 /// The dashboard's observed ROC quantiles of a route whose every slot read ROC 0 (an
@@ -736,17 +715,7 @@ fn the_observed_roc_of_a_flat_route_reads_about_zero() {
             q.replace('\'', "''")
         ));
     }
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("flat.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
-             promql_expr_test:\n{tests}"
-        ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    test_exprs(&series, &tests);
 }
 
 /// `RocgateClientConnectionLimitReached` fires on an instance whose cap was reached in
@@ -766,12 +735,8 @@ fn the_connection_alerts_fire_on_a_recent_hit_only() {
         ),
     ] {
         let expr = rule_expr(alert);
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("connections.yml");
-        std::fs::write(
-            &file,
-            format!(
-                "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n      \
+        promql_test(&format!(
+            "      \
                  - series: '{counter}{{instance=\"recent\"}}'\n        \
                  values: '0 0 0 0 0 0 0 0 2 2 2'\n      \
                  - series: '{counter}{{instance=\"earlier\"}}'\n        \
@@ -779,10 +744,7 @@ fn the_connection_alerts_fire_on_a_recent_hit_only() {
                  promql_expr_test:\n      - expr: '{}'\n        eval_time: 10m\n        exp_samples:\n          \
                  - labels: '{{instance=\"recent\"}}'\n            value: 2\n",
                 expr.replace('\'', "''")
-            ),
-        )
-        .unwrap();
-        promtool_test_rules(&file);
+        ));
     }
 }
 
@@ -1189,17 +1151,7 @@ fn the_upstream_cap_panel_shows_places_held_against_the_cap_and_refusals() {
         sample(find("upstream_overflow"), 4.0, 0.0),
     ]
     .concat();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("cap.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{series}    \
-             promql_expr_test:\n{tests}"
-        ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    test_exprs(&series, &tests);
 }
 
 /// The queries of the dashboard panel that reads `metric`, with Grafana's variables
@@ -1236,17 +1188,7 @@ fn panel_queries(metric: &str) -> Vec<String> {
 /// Runs promtool's `promql_expr_test`s `tests` (YAML list items, indented six spaces)
 /// over `input_series` (indented four spaces), sampled every minute.
 fn test_exprs(input_series: &str, tests: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("panel.yml");
-    std::fs::write(
-        &file,
-        format!(
-            "evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{input_series}    \
-             promql_expr_test:\n{tests}"
-        ),
-    )
-    .unwrap();
-    promtool_test_rules(&file);
+    promql_test(&format!("{input_series}    promql_expr_test:\n{tests}"));
 }
 
 /// The dashboard's client connection panel, on two instances: each one's connections
@@ -1288,4 +1230,18 @@ fn the_client_connection_panel_shows_refusals_per_client_and_the_cap_reached() {
     ]
     .concat();
     test_exprs(&series, &tests);
+}
+
+/// Runs promtool on one test group, sampled and evaluated every minute: `group` is its
+/// `input_series` items (indented six spaces) followed by its `promql_expr_test` key and
+/// items.
+fn promql_test(group: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("exprs.yml");
+    std::fs::write(
+        &file,
+        format!("evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{group}"),
+    )
+    .unwrap();
+    promtool_test_rules(&file);
 }
