@@ -401,8 +401,8 @@ impl Engine {
         Some(self.route(route)?.lock().own.clone())
     }
 
-    /// What the tuning hints need to know of the route: name, mode, algorithm and
-    /// the controller parameters in force (an event's while one is active); `None` if
+    /// What the tuning hints need to know of the route: name, mode, algorithm,
+    /// whether it is partitioned and the controller parameters in force (an event's while one is active); `None` if
     /// this engine does not hold `route` (see [`RouteId`]).
     pub fn route_settings(&self, route: RouteId) -> Option<crate::hints::RouteSettings> {
         let r = self.route(route)?;
@@ -412,6 +412,7 @@ impl Engine {
             mode: r.mode,
             algorithm: r.algorithm,
             params: st.controller.params().clone(),
+            partitioned: r.partition != Partition::Route,
             event: st
                 .active_event
                 .and_then(|i| st.events.get(i))
@@ -438,6 +439,7 @@ impl Engine {
             mode: r.mode,
             algorithm: r.algorithm,
             params: due.map_or_else(|| st.own.clone(), |e| e.params.clone()),
+            partitioned: r.partition != Partition::Route,
             event: due.map(|e| e.name.clone()),
         })
     }

@@ -276,6 +276,7 @@ fn no_traffic_gets_no_verdict_even_without_a_minimum() {
             burst: std::time::Duration::from_secs(1),
         },
         params: rocgate::controller::ControllerParams::default(),
+        partitioned: false,
         event: None,
     };
     let policy = {
@@ -386,6 +387,7 @@ fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
         mode: Mode::Enforce,
         algorithm: Algorithm::Concurrency { queue: 0 },
         params,
+        partitioned: false,
         event: None,
     };
     // 1,000 req/s admitted, 5% failing: saturated, nothing rejected.
@@ -464,6 +466,7 @@ fn a_raised_window_limit_stays_within_what_its_counter_holds() {
             v.base_limit_rps = base;
             v
         },
+        partitioned: false,
         event: None,
     };
     let intervals: Vec<Interval> = (0..30)
@@ -515,6 +518,7 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
             v.restore_step_rps = 1.0;
             v
         },
+        partitioned: false,
         event: None,
     };
     let intervals: Vec<Interval> = (0..30)
@@ -586,6 +590,7 @@ fn no_history_covers_zero_seconds_not_minus_zero() {
             burst: std::time::Duration::from_secs(1),
         },
         params: rocgate::controller::ControllerParams::default(),
+        partitioned: false,
         event: None,
     };
     let r = RouteHints::new(&settings, &[], None, &Policy::default());
@@ -684,4 +689,89 @@ fn hints_during_an_event_name_the_event() {
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert_eq!(raise.event, None);
     assert!(serde_json::to_value(raise).unwrap().get("event").is_none());
+}
+
+/// What `serve` hands the hints for route `r` of `extra` (TOML lines of the route).
+fn engine_settings(extra: &str) -> rocgate::hints::RouteSettings {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::Engine;
+    use std::time::SystemTime;
+    let toml = format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{extra}\n");
+    let config = Config::from_toml_str(&toml, "test").unwrap();
+    let engine = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    engine.route_settings(engine.route_id("r").unwrap()).unwrap()
+}
+
+/// 30 one-second intervals of `offered` requests each, the upstream healthy (or 5%
+/// failing if `saturated`), none rejected.
+fn seconds(offered: u64, saturated: bool) -> Vec<rocgate::hints::Interval> {
+    use rocgate::hints::{Interval, UpstreamCounts};
+    use std::time::Duration;
+    (0..30)
+        .map(|k| {
+            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = offered;
+            i.upstream = Some(UpstreamCounts {
+                requests: offered,
+                errors: if saturated { offered / 20 } else { 0 },
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect()
+}
+
+/// `raise_min_rps` judged a `concurrency` route quiet by its mean demand, a rate,
+/// against a fifth of its base limit, a count in flight, and bounded `min_rps` by half
+/// that count: 10 req/s against 64 in flight, with three cuts peaking at 30 req/s,
+/// gave `min_rps` 10 → 32, "at most half of" 64 requests in flight read as req/s. How
+/// many requests in flight a rate makes depends on the latency, which the route need
+/// not measure: the rule is not for `concurrency`.
+#[test]
+fn a_concurrency_route_gets_no_min_rps_raise_measured_against_its_in_flight_limit() {
+    use rocgate::controller::ControllerState;
+    let extra = "algorithm = \"concurrency\"\nbase_limit = 64\ncut_limit = 32\nrestore_step = 2\nmin_rps = 10";
+    let settings = engine_settings(extra);
+    let mut intervals = seconds(10, false);
+    for k in [5, 15, 25] {
+        let i = &mut intervals[k];
+        i.cuts = 1;
+        i.cut_roc = 20.0;
+        i.peak_demand_rps = 30.0;
+        i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+    }
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert!(find(&h, "raise_min_rps").is_none(), "{h:#?}");
+    // The same traffic on a token bucket of 64 req/s is quiet, and min_rps is raised
+    // above the cuts' peak demand, at most half the base limit.
+    let settings = engine_settings("base_limit = 64\ncut_limit = 32\nmin_rps = 10");
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "raise_min_rps"), (10.0, 32.0));
+}
+
+/// On a partitioned route `base_limit` is each key's, while `min_rps` (like ROC) is the
+/// route's whole demand: many keys together take many times one key's limit. Lowering
+/// each client's limit 200 → 160 took `min_rps` 180 → 80 with it, "above the base
+/// limit": a route-wide floor brought under one client's limit, which would let the
+/// ROC cut the whole route on what a single client may send. `min_rps` is left alone
+/// there.
+#[test]
+fn a_partitioned_routes_lowered_base_limit_leaves_min_rps_alone() {
+    for partition in ["ip", "header:x-api-key"] {
+        let settings = engine_settings(&format!("partition = \"{partition}\"\nmin_rps = 180"));
+        let h = rocgate::hints::advise(&settings, &seconds(1_000, true), None, &Policy::default());
+        assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 160.0), "{partition}");
+        assert!(
+            h.iter().all(|h| h.parameter.as_deref() != Some("min_rps")),
+            "{partition}: {h:#?}"
+        );
+    }
+    // Limited as a whole, the same route's min_rps goes down with its base limit.
+    let settings = engine_settings("min_rps = 180");
+    let h = rocgate::hints::advise(&settings, &seconds(1_000, true), None, &Policy::default());
+    let min = h
+        .iter()
+        .find(|h| h.parameter.as_deref() == Some("min_rps"))
+        .unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(min.suggested, Some(Setting::Number(80.0)));
 }

@@ -126,6 +126,9 @@ pub struct RouteSettings {
     pub algorithm: Algorithm,
     /// The controller's parameters in force.
     pub params: ControllerParams,
+    /// Partitioned (`ip` or `header:`): `base_limit` is each key's, while `min_rps`
+    /// and ROC are the route's whole demand, so the rules do not compare the two.
+    pub partitioned: bool,
     /// The scheduled event whose profile `params` are, if one was running: its
     /// `[[routes.events]]` entry is where a change to them belongs.
     pub event: Option<String>,
@@ -445,6 +448,7 @@ mod tests {
                 burst: Duration::from_secs(1),
             },
             params: ControllerParams::default(),
+            partitioned: false,
             event: None,
         }
     }

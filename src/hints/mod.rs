@@ -15,11 +15,11 @@
 //! | rule | evidence | suggestion |
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass; for a window counter at most what it holds |
-//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` |
+//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
-//! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`) | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
+//! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated |
 //!
@@ -667,9 +667,10 @@ impl<'a> Evidence<'a> {
     /// between it and an upstream that saturated. `min_rps` goes down with the base
     /// limit, keeping its ratio to it, at most half of it (as `raise_min_rps` bounds
     /// it). Not for `concurrency`, whose base limit counts requests in flight, not a
-    /// rate that `min_rps` could be above.
+    /// rate that `min_rps` could be above, nor for a partitioned route, whose base
+    /// limit is each key's while `min_rps` is the route's whole demand.
     fn lower_min_rps(&self, lower_base: &Hint) -> Option<Hint> {
-        if matches!(self.s.algorithm, Algorithm::Concurrency { .. }) {
+        if matches!(self.s.algorithm, Algorithm::Concurrency { .. }) || self.s.partitioned {
             return None;
         }
         let Some(Setting::Number(new_base)) = lower_base.suggested else {
@@ -863,7 +864,16 @@ impl<'a> Evidence<'a> {
 
     /// `new_base`: the base limit `lower_base_limit` suggests in the same report, if
     /// it does: min_rps stays at most half of the base limit that will be in force.
+    /// Not for `concurrency`: a route is quiet by its demand, a rate, against its base
+    /// limit, which counts requests in flight there (how many a rate keeps in flight
+    /// depends on a latency the route need not measure). On a partitioned route the
+    /// base limit is one key's: a route whose whole demand is under a fifth of one
+    /// key's limit is quiet by any measure, and half of one key's limit bounds the
+    /// raise, short of what the keys together let through.
     fn raise_min_rps(&self, new_base: Option<f64>) -> Option<Hint> {
+        if matches!(self.s.algorithm, Algorithm::Concurrency { .. }) {
+            return None;
+        }
         let base = self.base();
         if self.cut_count() < 3 || self.mean_rps() >= 0.2 * base {
             return None;

@@ -4,7 +4,7 @@
 //! route's own, and each scheduled event's over the intervals that began during it).
 
 use super::{SimResult, SimRun};
-use crate::config::{Config, RouteConfig};
+use crate::config::{Config, Partition, RouteConfig};
 use crate::controller::ControllerState;
 use crate::hints::{self, Hint, Interval, Policy, RouteSettings, Severity, UpstreamCounts};
 use crate::limiter::{Algorithm, Level};
@@ -166,6 +166,7 @@ fn by_profile(
                     algorithm: route.algorithm,
                     params: event
                         .map_or_else(|| route.controller.clone(), |e| e.controller.clone()),
+                    partitioned: route.partition != Partition::Route,
                     event: i.event.clone(),
                 };
                 groups.push((settings, vec![i]));
