@@ -699,7 +699,9 @@ fn engine_settings(extra: &str) -> rocgate::hints::RouteSettings {
     let toml = format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{extra}\n");
     let config = Config::from_toml_str(&toml, "test").unwrap();
     let engine = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
-    engine.route_settings(engine.route_id("r").unwrap()).unwrap()
+    engine
+        .route_settings(engine.route_id("r").unwrap())
+        .unwrap()
 }
 
 /// 30 one-second intervals of `offered` requests each, the upstream healthy (or 5%
@@ -760,7 +762,11 @@ fn a_partitioned_routes_lowered_base_limit_leaves_min_rps_alone() {
     for partition in ["ip", "header:x-api-key"] {
         let settings = engine_settings(&format!("partition = \"{partition}\"\nmin_rps = 180"));
         let h = rocgate::hints::advise(&settings, &seconds(1_000, true), None, &Policy::default());
-        assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 160.0), "{partition}");
+        assert_eq!(
+            numbers(&h, "lower_base_limit"),
+            (200.0, 160.0),
+            "{partition}"
+        );
         assert!(
             h.iter().all(|h| h.parameter.as_deref() != Some("min_rps")),
             "{partition}: {h:#?}"
