@@ -116,6 +116,32 @@ pub enum Key<'a> {
     Value(&'a str),
 }
 
+/// A [`Key`] as the key tables take it, and owned: a header value by its 16-byte
+/// [`ValueKey`] (the value whole up to [`MAX_KEY_VALUE_BYTES`], else a digest), made
+/// once per request. A paced request keeps it to give its place back with, holding no
+/// copy of its header value however long.
+#[derive(Clone, Copy)]
+pub(crate) enum TableKey {
+    /// No key.
+    None,
+    /// A client IP, cut to its route's `ipv6_prefix` by the table.
+    Ip(IpAddr),
+    /// A header value.
+    Value(ValueKey),
+}
+
+impl TableKey {
+    /// The table key of `key`.
+    #[inline]
+    pub(crate) fn of(key: Key<'_>) -> Self {
+        match key {
+            Key::None => TableKey::None,
+            Key::Ip(ip) => TableKey::Ip(ip),
+            Key::Value(v) => TableKey::Value(ValueKey::new(v)),
+        }
+    }
+}
+
 /// Called with each controller transition: the route's name and the transition.
 pub type TransitionHook = Arc<dyn Fn(&str, &Transition) + Send + Sync>;
 
@@ -620,6 +646,12 @@ impl Engine {
     /// that matches no route.
     #[inline]
     pub fn check(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Decision {
+        self.check_key(route, TableKey::of(key), now)
+    }
+
+    /// [`Engine::check`] of a key already in the form the key tables take it.
+    #[inline]
+    pub(crate) fn check_key(&self, route: RouteId, key: TableKey, now: Nanos) -> Decision {
         // The route found where the id says is decided here; any other id out of line,
         // so that looking a route up again adds nothing to this path.
         match self.routes.get(route.index) {
@@ -632,7 +664,7 @@ impl Engine {
     /// a route a reload kept and moved, or of none.
     #[cold]
     #[inline(never)]
-    fn check_moved(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Decision {
+    fn check_moved(&self, route: RouteId, key: TableKey, now: Nanos) -> Decision {
         match self.moved(route) {
             Some((_, r)) => self.decide(r, key, now),
             None => Decision::Admit(Admit::Now),
@@ -641,7 +673,7 @@ impl Engine {
 
     /// Decides one request on `r`.
     #[inline(always)]
-    fn decide(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
+    fn decide(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
         if r.counter.needs_roll(now) {
             self.roll(r, now);
         } else if r.behind.load(Ordering::Relaxed) != 0 {
@@ -687,6 +719,17 @@ impl Engine {
     /// it did (see [`Pace`]): never if this engine does not hold `route` (see
     /// [`RouteId`]).
     pub fn give_back(&self, route: RouteId, key: Key<'_>, pace: Pace, now: Nanos) -> bool {
+        self.give_back_key(route, TableKey::of(key), pace, now)
+    }
+
+    /// [`Engine::give_back`] of a key already in the form the key tables take it.
+    pub(crate) fn give_back_key(
+        &self,
+        route: RouteId,
+        key: TableKey,
+        pace: Pace,
+        now: Nanos,
+    ) -> bool {
         let Some(r) = self.route(route) else {
             return false;
         };
@@ -741,7 +784,7 @@ impl Engine {
     /// controller sets (its key's, on a partitioned route), and counted while that is
     /// a cut, below base.
     #[inline]
-    fn after_admit(&self, r: &Route, key: Key<'_>, now: Nanos) {
+    fn after_admit(&self, r: &Route, key: TableKey, now: Nanos) {
         if let Some(shadow) = &r.shadow {
             Self::count_shadow_cut(r, shadow, key, now);
         }
@@ -753,7 +796,7 @@ impl Engine {
     /// at the cut limit too few); the shadow key table is only tried during a cut.
     /// Out of line: only shadow_adaptive routes come here.
     #[inline(never)]
-    fn count_shadow_cut(r: &Route, shadow: &Shadow, key: Key<'_>, now: Nanos) {
+    fn count_shadow_cut(r: &Route, shadow: &Shadow, key: TableKey, now: Nanos) {
         let would_admit = match shadow {
             Shadow::Route(limiter) => limiter.check(now).is_admit(),
             Shadow::Keys(_) if !r.engaged.load(Ordering::Relaxed) => return,
@@ -923,6 +966,11 @@ impl Engine {
     /// tier, or one that a full key table sends to its shared overflow limiter, which
     /// holds keys to the route's limit). For the quota a rejection states.
     pub fn key_limit_rps(&self, route: RouteId, key: Key<'_>) -> Option<f64> {
+        self.key_limit_rps_of(route, TableKey::of(key))
+    }
+
+    /// [`Engine::key_limit_rps`] of a key already in the form the key tables take it.
+    pub(crate) fn key_limit_rps_of(&self, route: RouteId, key: TableKey) -> Option<f64> {
         let r = self.route(route)?;
         let Some(keys) = r.keys.as_ref().filter(|_| !r.tiers.is_empty()) else {
             return Some(r.limit_rps());
@@ -932,10 +980,10 @@ impl Engine {
         }
         let tiers = keys.tiers();
         let tier = match (key, &r.partition) {
-            (Key::Ip(ip), Partition::ClientIp(limits)) => {
+            (TableKey::Ip(ip), Partition::ClientIp(limits)) => {
                 tiers.tier_of(&IpKey::new(ip, limits.ipv6_prefix))
             }
-            (Key::Value(value), _) => tiers.tier_of(&ValueKey::new(value)),
+            (TableKey::Value(value), _) => tiers.tier_of(&value),
             _ => 0,
         };
         Some(match tier {
@@ -1387,11 +1435,11 @@ impl Keys {
     }
 
     #[inline]
-    fn check(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
+    fn check(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
         with_tables!(self, t => t.check(r, key, now))
     }
 
-    fn give_back(&self, key: Key<'_>, pace: Pace, now: Nanos) -> bool {
+    fn give_back(&self, key: TableKey, pace: Pace, now: Nanos) -> bool {
         with_tables!(self, t => t.give_back(key, pace, now))
     }
 
@@ -1422,7 +1470,7 @@ impl Keys {
 
     /// Whether a request with `key` is decided by the shared overflow limiter: the
     /// table is full and holds no state of the key's.
-    fn overflowed(&self, key: Key<'_>) -> bool {
+    fn overflowed(&self, key: TableKey) -> bool {
         with_tables!(self, t => t.overflowed(key))
     }
 }
@@ -1442,12 +1490,12 @@ impl<E: KeyState> KeyTables<E> {
     }
 
     #[inline]
-    fn check(&self, r: &Route, key: Key<'_>, now: Nanos) -> Decision {
+    fn check(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
         match (self, key) {
-            (KeyTables::Ip(t), Key::Ip(ip)) => {
+            (KeyTables::Ip(t), TableKey::Ip(ip)) => {
                 t.check(r, &IpKey::new(ip, t.limits.ipv6_prefix), now, |k| *k)
             }
-            (KeyTables::Value(t), Key::Value(v)) => t.check(r, &ValueKey::new(v), now, |k| *k),
+            (KeyTables::Value(t), TableKey::Value(v)) => t.check(r, &v, now, |k| *k),
             (KeyTables::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
             (KeyTables::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
         }
@@ -1455,12 +1503,12 @@ impl<E: KeyState> KeyTables<E> {
 
     /// Gives a paced request's place back on the state it was scheduled on: its key's,
     /// the shared overflow's ([`Pace`] says which) or the anonymous one.
-    fn give_back(&self, key: Key<'_>, pace: Pace, now: Nanos) -> bool {
+    fn give_back(&self, key: TableKey, pace: Pace, now: Nanos) -> bool {
         match (self, key) {
-            (KeyTables::Ip(t), Key::Ip(ip)) => {
+            (KeyTables::Ip(t), TableKey::Ip(ip)) => {
                 t.give_back(&IpKey::new(ip, t.limits.ipv6_prefix), pace, now)
             }
-            (KeyTables::Value(t), Key::Value(v)) => t.give_back(&ValueKey::new(v), pace, now),
+            (KeyTables::Value(t), TableKey::Value(v)) => t.give_back(&v, pace, now),
             (KeyTables::Ip(t), _) => t.anonymous.give_back(pace, now),
             (KeyTables::Value(t), _) => t.anonymous.give_back(pace, now),
         }
@@ -1487,10 +1535,12 @@ impl<E: KeyState> KeyTables<E> {
         }
     }
 
-    fn overflowed(&self, key: Key<'_>) -> bool {
+    fn overflowed(&self, key: TableKey) -> bool {
         match (self, key) {
-            (KeyTables::Ip(t), Key::Ip(ip)) => t.overflowed(&IpKey::new(ip, t.limits.ipv6_prefix)),
-            (KeyTables::Value(t), Key::Value(v)) => t.overflowed(&ValueKey::new(v)),
+            (KeyTables::Ip(t), TableKey::Ip(ip)) => {
+                t.overflowed(&IpKey::new(ip, t.limits.ipv6_prefix))
+            }
+            (KeyTables::Value(t), TableKey::Value(v)) => t.overflowed(&v),
             _ => false,
         }
     }
@@ -2233,7 +2283,7 @@ impl TierKey for IpKey {
 /// there is no bit left for one, and a 17th byte would pad each table slot by 8 (up
 /// to 130 B per key just after a table doubles, over the 128 B target).
 #[derive(Clone, Copy, PartialEq, Eq)]
-struct ValueKey(u128);
+pub(crate) struct ValueKey(u128);
 
 impl ValueKey {
     /// The key of a header value.

@@ -564,3 +564,65 @@ fn an_access_log_holds_a_few_bytes_a_request() {
     );
     assert!(peak / whole < 1.0, "{peak} B");
 }
+
+/// A request paced by a leaky bucket waits for its departure holding its place, with
+/// the key its place is given back on if its client leaves first. On a header
+/// partition that key was a copy of the whole header value (a 64 KiB token held 64
+/// KiB more per waiting request), where the key table keys it by 16 bytes (the value
+/// itself up to 15 bytes, else a digest): the place keeps the same 16 bytes.
+#[cfg(feature = "http")]
+#[test]
+fn a_paced_request_holds_no_copy_of_its_header_value() {
+    use rocgate::clock::{Clock, ManualClock};
+    use rocgate::http::{AdmissionLayer, SharedEngine};
+    use std::future::Future as _;
+    use std::sync::Arc;
+    use std::task::{Context, Waker};
+    use tower::{Layer as _, Service as _};
+
+    let mut r = route(0, Partition::Header("x-api-key".into(), limits(100)));
+    r.algorithm = Algorithm::LeakyBucket { queue: 1 };
+    r.controller.base_limit_rps = 1.0;
+    r.controller.cut_limit_rps = 1.0;
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let e = Engine::new(&Config::new(vec![r]), clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+    let layer = AdmissionLayer::with_engine(SharedEngine::new(e), clock).build();
+    let mut svc = layer.layer(tower::service_fn(|_: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+    }));
+    let token = "t".repeat(64 * 1024);
+    let request = || {
+        http::Request::get("/api/00000/x")
+            .header("x-api-key", token.as_str())
+            .body(String::new())
+            .unwrap()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut first = Box::pin(svc.call(request()));
+    assert!(
+        first.as_mut().poll(&mut cx).is_ready(),
+        "the first goes at once"
+    );
+    let second = request();
+    let (mut paced, held) = retained(|| {
+        let mut paced = Box::pin(svc.call(second));
+        assert!(
+            paced.as_mut().poll(&mut cx).is_pending(),
+            "the second is paced"
+        );
+        paced
+    });
+    eprintln!("a paced request with a 64 KiB key holds {held} B beside its request");
+    assert!(held < 2048, "{held} B held: a copy of the value");
+    // It departs a second after the first.
+    rt.block_on(async {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(paced.as_mut().poll(&mut cx).is_ready(), "then it goes");
+    });
+}

@@ -4,13 +4,13 @@ use super::client_ip::{ClientIpResolver, PeerAddr};
 use super::service::AdmissionService;
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::config::{ClientIpHeader, Config, ConfigError, Partition};
-use crate::engine::{Engine, Key, RouteId};
+use crate::engine::{Engine, Key, RouteId, TableKey};
 use crate::limiter::{Admit, Decision, Pace};
 use arc_swap::ArcSwap;
 use axum::extract::{ConnectInfo, MatchedPath, OriginalUri};
 use http::Request;
 use ipnet::IpNet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -202,10 +202,12 @@ impl Gate {
         };
         // One call site, so that the check can be inlined here.
         let now = self.clock.now();
-        let decision = engine.check(route, key, now);
+        // A header value becomes its table key once, kept by a paced request.
+        let key = TableKey::of(key);
+        let decision = engine.check_key(route, key, now);
         let (refused_at, paced_key) = match decision {
-            Decision::Reject(_) => (engine.key_limit_rps(route, key), None),
-            Decision::Admit(Admit::Paced(_)) => (None, Some(OwnedKey::of(key))),
+            Decision::Reject(_) => (engine.key_limit_rps_of(route, key), None),
+            Decision::Admit(Admit::Paced(_)) => (None, Some(key)),
             Decision::Admit(_) => (None, None),
         };
         Decided {
@@ -225,32 +227,7 @@ pub(crate) struct Decided {
     /// For a rejection, the limit it was refused at.
     pub(crate) refused_at: Option<f64>,
     /// For a paced admission, the key it was decided on.
-    pub(crate) paced_key: Option<OwnedKey>,
-}
-
-/// A request's [`Key`], owned: kept by a paced request to give its place back with.
-pub(crate) enum OwnedKey {
-    None,
-    Ip(IpAddr),
-    Value(Box<str>),
-}
-
-impl OwnedKey {
-    fn of(key: Key<'_>) -> Self {
-        match key {
-            Key::None => OwnedKey::None,
-            Key::Ip(ip) => OwnedKey::Ip(ip),
-            Key::Value(v) => OwnedKey::Value(Box::from(v)),
-        }
-    }
-
-    fn key(&self) -> Key<'_> {
-        match self {
-            OwnedKey::None => Key::None,
-            OwnedKey::Ip(ip) => Key::Ip(*ip),
-            OwnedKey::Value(v) => Key::Value(v),
-        }
-    }
+    pub(crate) paced_key: Option<TableKey>,
 }
 
 /// A paced request's place in its leaky bucket, until it departs: dropped before
@@ -260,7 +237,7 @@ pub(crate) struct Place {
     engine: Arc<Engine>,
     clock: Arc<dyn Clock>,
     route: RouteId,
-    key: OwnedKey,
+    key: TableKey,
     /// Its pace while it waits for its departure.
     pace: Option<Pace>,
 }
@@ -271,7 +248,7 @@ impl Place {
         engine: Arc<Engine>,
         clock: Arc<dyn Clock>,
         route: RouteId,
-        key: OwnedKey,
+        key: TableKey,
         pace: Pace,
     ) -> Self {
         Place {
@@ -293,7 +270,7 @@ impl Drop for Place {
     fn drop(&mut self) {
         if let Some(pace) = self.pace.take() {
             let now = self.clock.now();
-            self.engine.give_back(self.route, self.key.key(), pace, now);
+            self.engine.give_back_key(self.route, self.key, pace, now);
         }
     }
 }
