@@ -618,10 +618,17 @@ pub(crate) mod gcra {
     /// full bucket admits one request even at a limit of zero (and then waits 4.6
     /// years).
     pub(crate) fn params(limit: f64, burst_ms: u32) -> (u64, u32) {
-        let capacity = (limit * f64::from(burst_ms) / 1e3 + 1e-6)
-            .floor()
-            .clamp(1.0, f64::from(u32::MAX));
+        let capacity = tokens(limit, burst_ms).clamp(1.0, f64::from(MAX_TOKENS));
         (interval_ns(limit).min(TAU_MAX), capacity as u32)
+    }
+
+    /// The most tokens a bucket holds: its capacity is kept in 32 bits.
+    pub(crate) const MAX_TOKENS: u32 = u32::MAX;
+
+    /// The whole tokens `limit` for `burst_ms` makes, before [`params`] bounds them to
+    /// between one and [`MAX_TOKENS`] (the configuration refuses more).
+    pub(crate) fn tokens(limit: f64, burst_ms: u32) -> f64 {
+        (limit * f64::from(burst_ms) / 1e3 + 1e-6).floor()
     }
 
     /// Bits of a TAT word that hold the TAT.
@@ -1725,6 +1732,38 @@ mod tests {
             let taken = (0..=n).filter(|_| admitted(b.check(ms(0)))).count();
             assert_eq!(taken, n, "{limit} req/s with a burst of {burst_ms} ms");
             assert_eq!(b.level(ms(0)).capacity, n as f64);
+        }
+    }
+
+    #[test]
+    fn the_largest_bucket_the_config_takes_holds_every_token() {
+        // The longest burst at 1000 req/s: 4294967295 tokens, all the capacity keeps.
+        let most = Duration::from_millis(u32::MAX.into());
+        let b = TokenBucket::new(1000.0, most, ms(0));
+        assert_eq!(b.level(ms(0)).capacity, f64::from(gcra::MAX_TOKENS));
+        assert!(admitted(b.check(ms(0))));
+        assert_eq!(b.level(ms(0)).value, f64::from(gcra::MAX_TOKENS) - 1.0);
+        // Beyond it (which the config refuses) the capacity saturates rather than
+        // wraps, whatever the product, and decisions go on: built in code, 10^12 req/s
+        // (an interval of 1 ns) for the longest burst holds as many tokens as fit.
+        for (limit, burst) in [
+            (1e6, Duration::from_secs(7200)),
+            (1e12, most),
+            (f64::MAX, most),
+        ] {
+            let b = TokenBucket::new(limit, burst, ms(0));
+            assert_eq!(
+                b.level(ms(0)).capacity,
+                f64::from(gcra::MAX_TOKENS),
+                "{limit}"
+            );
+            let n = (0..1000).filter(|_| admitted(b.check(ms(0)))).count();
+            assert_eq!(n, 1000, "{limit}");
+            let left = b.level(ms(0)).value;
+            assert!(
+                left > 4e9 && left < f64::from(gcra::MAX_TOKENS),
+                "{limit}: {left}"
+            );
         }
     }
 

@@ -420,6 +420,37 @@ fn limits_must_suit_the_algorithm() {
         "routes[0].limiter_window",
         "must be a whole number of milliseconds, got 1ms 500us",
     );
+    // A token bucket holds at most 4294967295 tokens: 10^6 req/s with a burst of 2 h
+    // (7.2 × 10^9 tokens) was accepted and held 40% fewer, unsaid.
+    refused(
+        &route("base_limit = 1000000\ncut_limit = 1000\nburst = \"2h\""),
+        "routes[0].base_limit",
+        "base_limit × burst must be at most 4294967295 tokens (what a token bucket holds), got 7200000000",
+    );
+    // The burst from [defaults], a tier's limit against it, an event's profile.
+    refused(
+        &format!(
+            "[defaults]\nburst = \"1h\"\n{}",
+            route(
+                "partition = \"ip\"\n[[routes.tiers]]\nname = \"bulk\"\nvalues = [\"10.0.0.1\"]\nbase_limit = 2000000\ncut_limit = 10"
+            )
+        ),
+        "routes[0].tiers[0].base_limit",
+        "base_limit × burst must be at most 4294967295 tokens",
+    );
+    refused(
+        &route(
+            "burst = \"1h\"\n[[routes.events]]\nname = \"sale\"\nstart = \"2030-01-01T00:00:00Z\"\nduration = \"1h\"\nbase_limit = 2000000"
+        ),
+        "routes[0].events[0].base_limit",
+        "got 7200000000",
+    );
+    // At the bound it is taken: 1000 req/s for the longest burst, 4294967.295 s.
+    Config::from_toml_str(
+        &route("base_limit = 1000\ncut_limit = 100\nburst = \"4294967295ms\""),
+        "test",
+    )
+    .unwrap();
     refused(
         &route("algorithm = \"concurrency\"\nbase_limit = 10.5\ncut_limit = 4\nrestore_step = 2"),
         "routes[0].base_limit",

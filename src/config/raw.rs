@@ -18,7 +18,7 @@ use super::{ClientIpHeader, HintsConfig, ServerConfig, UpstreamError};
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
-use crate::limiter::{words, Algorithm, MAX_WINDOW_COUNT};
+use crate::limiter::{gcra, words, Algorithm, MAX_WINDOW_COUNT};
 use crate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
@@ -970,7 +970,8 @@ fn controller_params(p: &mut Problems, s: &Settings) -> Option<ControllerParams>
 }
 
 /// Checks limits against the algorithm that enforces them: whole numbers for
-/// `concurrency`, window quotas that a window counter can hold and that admit at least
+/// `concurrency`, a capacity (`limit × burst`) that a token bucket can hold for
+/// `token_bucket`, window quotas that a window counter can hold and that admit at least
 /// one request for `fixed_window` and `sliding_window`. Each limit is `(field, value,
 /// whether it is a limit rather than a step)`.
 fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool)]) {
@@ -984,6 +985,20 @@ fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool
                     v.value
                 ),
             ),
+            Kind::TokenBucket if is_limit => {
+                let Some(burst) = &s.burst else { continue };
+                // As the bucket computes it (the burst is kept to the millisecond).
+                let tokens = gcra::tokens(v.value, gcra::burst_ms(burst.value));
+                if tokens > f64::from(gcra::MAX_TOKENS) {
+                    p.at(
+                        v.scope.max(kind.scope).max(burst.scope).path(field),
+                        format!(
+                            "{field} × burst must be at most {} tokens (what a token bucket holds), got {tokens}",
+                            gcra::MAX_TOKENS
+                        ),
+                    );
+                }
+            }
             Kind::FixedWindow | Kind::SlidingWindow if is_limit => {
                 let Some(window) = &s.limiter_window else { continue };
                 // As the counters compute it (the window is a whole number of ms).
@@ -2338,6 +2353,33 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e[0].to_string(), "trailing characters at line 1 column 21");
+    }
+
+    #[test]
+    fn a_change_keeps_a_token_buckets_capacity_within_what_it_holds() {
+        // 10^6 req/s for 2 h is 7.2 × 10^9 tokens; the bucket holds 2^32 − 1.
+        let bucket = Algorithm::TokenBucket {
+            burst: Duration::from_secs(7200),
+        };
+        let e = patch_controller(
+            &ControllerParams::default(),
+            &bucket,
+            r#"{"base_limit": 1000000}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].location(), "base_limit");
+        assert!(
+            e[0].message()
+                .contains("base_limit × burst must be at most 4294967295 tokens"),
+            "{e:?}"
+        );
+        patch_controller(
+            &ControllerParams::default(),
+            &bucket,
+            r#"{"base_limit": 500000}"#,
+        )
+        .unwrap();
     }
 
     #[test]
