@@ -492,6 +492,62 @@ fn a_raised_window_limit_stays_within_what_its_counter_holds() {
     assert!(find(&h, "raise_base_limit").is_none(), "{h:#?}");
 }
 
+/// A token bucket keeps `limit × burst` in 32 bits of tokens, which the config holds
+/// each limit to: 10^6 req/s with a burst of 1 h, a fifth rejected while the upstream
+/// is healthy, would be raised 30% to 1.3 × 10^6 (4.68 × 10^9 tokens), which the
+/// config refuses. The raise stops at what the bucket keeps.
+#[test]
+fn a_raised_bucket_limit_stays_within_what_the_bucket_keeps() {
+    let extra = "base_limit = 1000000\ncut_limit = 1000\nburst = \"1h\"";
+    let mut intervals = seconds(1_250_000, false);
+    for i in &mut intervals {
+        i.rejected[rocgate::limiter::Reason::Limit.index()] = 250_000;
+    }
+    let settings = engine_settings(extra);
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "raise_base_limit"), (1e6, 1_193_000.0));
+    let raise = find(&h, "raise_base_limit").unwrap();
+    assert!(
+        raise.reason.contains("4294967295 tokens"),
+        "{}",
+        raise.reason
+    );
+    apply(extra, &h).unwrap();
+    // Rejections in bursts after room in the bucket: a larger burst is suggested too,
+    // within what the bucket keeps at the raised limit.
+    for (k, i) in intervals.iter_mut().enumerate() {
+        let (offered, rejected) = if k % 2 == 0 {
+            (500_000, 0)
+        } else {
+            (1_300_000, 300_000)
+        };
+        i.offered = offered;
+        i.rejected[rocgate::limiter::Reason::Limit.index()] = rejected;
+        i.upstream.as_mut().unwrap().requests = offered - rejected;
+    }
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let (_, base) = numbers(&h, "raise_base_limit");
+    let burst = find(&h, "raise_burst").unwrap_or_else(|| panic!("{h:#?}"));
+    let Some(Setting::Text(raised)) = &burst.suggested else {
+        panic!("{burst:?}")
+    };
+    let secs = humantime::parse_duration(raised).unwrap().as_secs_f64();
+    assert!(secs > 3600.0, "{raised}");
+    assert!(base * secs <= 4_294_967_295.0, "{base} req/s × {raised}");
+    assert!(
+        burst.reason.contains("what the bucket keeps"),
+        "{}",
+        burst.reason
+    );
+    Config::from_toml_str(
+        &format!(
+            "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nbase_limit = {base}\ncut_limit = 1000\nburst = \"{raised}\"\n"
+        ),
+        "test",
+    )
+    .unwrap();
+}
+
 #[test]
 fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
     use rocgate::config::Mode;

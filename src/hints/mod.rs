@@ -14,9 +14,9 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass; for a window counter at most what it holds |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass; for a window counter at most what it holds; for a token bucket at most what it keeps (`limit × burst` in 4294967295 tokens) |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
-//! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known |
+//! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
@@ -36,7 +36,7 @@ pub use sketch::Sketch;
 
 use crate::config::Mode;
 use crate::controller::ControllerState;
-use crate::limiter::{Algorithm, Reason, MAX_WINDOW_COUNT};
+use crate::limiter::{gcra, Algorithm, Reason, MAX_WINDOW_COUNT};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
@@ -226,6 +226,11 @@ pub fn advise(
         Some(Setting::Number(new_base)) => Some(new_base),
         _ => None,
     }));
+    let raise_base = e.raise_base_limit();
+    let raise_burst = e.raise_burst(raise_base.as_ref().and_then(|h| match h.suggested {
+        Some(Setting::Number(new_base)) => Some(new_base),
+        _ => None,
+    }));
     let lower_danger = e.lower_danger_roc();
     let raise_danger = if quiet_cuts.is_some() {
         None
@@ -243,11 +248,11 @@ pub fn advise(
         })
     };
     let mut hints: Vec<Hint> = [
-        e.raise_base_limit(),
+        raise_base,
         lower_base,
         lower_cut,
         lower_min,
-        e.raise_burst(),
+        raise_burst,
         raise_danger,
         lower_danger,
         quiet_cuts,
@@ -438,7 +443,9 @@ impl<'a> Evidence<'a> {
     /// A suggested limit as the route's algorithm takes it (the config file's rules):
     /// whole requests in flight for `concurrency`, at least one request per window and
     /// at most what a window counter holds ([`MAX_WINDOW_COUNT`]) for the window
-    /// counters, at least 0.000001 req/s for the rest; rounded `up` or down.
+    /// counters, at most what a token bucket keeps (`limit × burst` at most
+    /// [`MAX_TOKENS`](gcra::MAX_TOKENS)) for `token_bucket`, at least 0.000001 req/s
+    /// for the rate algorithms; rounded `up` or down.
     fn fit_limit(&self, x: f64, up: bool) -> f64 {
         match self.s.algorithm {
             Algorithm::Concurrency { .. } => if up { x.ceil() } else { x.floor() }.max(1.0),
@@ -450,7 +457,12 @@ impl<'a> Evidence<'a> {
                     false,
                 ))
             }
-            Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => x.max(1e-6),
+            Algorithm::TokenBucket { burst } => {
+                let secs = f64::from(gcra::burst_ms(burst)) / 1e3;
+                x.max(1e-6)
+                    .min(round_sig(f64::from(gcra::MAX_TOKENS) / secs, 4, false))
+            }
+            Algorithm::LeakyBucket { .. } => x.max(1e-6),
         }
     }
 
@@ -569,8 +581,12 @@ impl<'a> Evidence<'a> {
         }
         if suggested < wanted {
             bound.push_str(&format!(
-                ", at most {} req/s, what the limiter's window counter holds",
-                fmt_num(suggested)
+                ", at most {} req/s, what the limiter's {} holds",
+                fmt_num(suggested),
+                match self.s.algorithm {
+                    Algorithm::TokenBucket { .. } => "bucket (limit × burst in 4294967295 tokens)",
+                    _ => "window counter",
+                }
             ));
         }
         Some(self.hint(
@@ -694,7 +710,9 @@ impl<'a> Evidence<'a> {
         ))
     }
 
-    fn raise_burst(&self) -> Option<Hint> {
+    /// `new_base`: the base limit `raise_base_limit` suggests in the same report, if
+    /// it does: the burst stays within what the bucket keeps at that limit too.
+    fn raise_burst(&self, new_base: Option<f64>) -> Option<Hint> {
         let Algorithm::TokenBucket { burst } = self.s.algorithm else {
             return None;
         };
@@ -748,6 +766,17 @@ impl<'a> Evidence<'a> {
                     fmt_num(cap)
                 );
             }
+        }
+        // What the bucket keeps: a burst of 49.7 days at most, and limit × burst in
+        // 32 bits of tokens, at the base limit suggested with it too.
+        let keeps = (f64::from(gcra::MAX_TOKENS) / new_base.unwrap_or(base).max(base))
+            .min(f64::from(u32::MAX) / 1e3);
+        if keeps < most {
+            most = keeps;
+            bound = format!(
+                ", at most {}, what the bucket keeps (4294967295 tokens, 49.7 days)",
+                fmt_secs(keeps)
+            );
         }
         let needed = (excess / base).max(2.0 * current).min(most);
         if needed <= current {
