@@ -805,6 +805,13 @@ fn a_concurrency_route_gets_no_min_rps_raise_measured_against_its_in_flight_limi
     let settings = engine_settings("base_limit = 64\ncut_limit = 32\nmin_rps = 10");
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     assert_eq!(numbers(&h, "raise_min_rps"), (10.0, 32.0));
+    // Per client, the route's whole demand under a fifth of one client's limit is
+    // quiet too, and the raise stays within half of one client's limit.
+    let settings =
+        engine_settings("partition = \"ip\"\nbase_limit = 64\ncut_limit = 32\nmin_rps = 10");
+    assert!(settings.partitioned);
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "raise_min_rps"), (10.0, 32.0));
 }
 
 /// On a partitioned route `base_limit` is each key's, while `min_rps` (like ROC) is the
