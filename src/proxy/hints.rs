@@ -11,7 +11,7 @@
 use crate::clock::Nanos;
 use crate::config::HintsConfig;
 use crate::engine::{Engine, SlotReport};
-use crate::hints::{HintsReport, History, Policy, RouteHints, UpstreamMeter};
+use crate::hints::{HintsReport, History, Policy, RouteHints, RouteSettings, UpstreamMeter};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -57,14 +57,11 @@ impl Advisor {
             .collect();
         let regular = {
             let history = self.history();
-            let interval = history.interval();
-            let mut regular = last + interval;
+            let mut regular = last + history.interval();
             for s in &due {
-                match history.open(&s.name) {
-                    Some(open) if open.event == s.event => {
-                        regular = regular.min(open.start + interval);
-                    }
-                    _ => return last,
+                match closes_at(&history, s) {
+                    Some(at) => regular = regular.min(at),
+                    None => return last,
                 }
             }
             regular
@@ -111,15 +108,10 @@ impl Advisor {
             .filter_map(|id| engine.route_settings_at(id, now))
             .collect();
         let mut history = self.history();
-        let interval = history.interval();
         let (snapshots, settings): (Vec<_>, Vec<_>) = snapshots
             .into_iter()
             .zip(settings)
-            .filter(|(_, s)| {
-                all || history
-                    .open(&s.name)
-                    .is_none_or(|open| open.event != s.event || open.start + interval <= now)
-            })
+            .filter(|(_, s)| all || closes_at(&history, s).is_none_or(|at| at <= now))
             .unzip();
         history.tick(now, &snapshots, settings, Some(&self.meter));
     }
@@ -149,6 +141,17 @@ impl Advisor {
                 .collect(),
         }
     }
+}
+
+/// When the open interval of the route `due` describes closes: once it has run `[hints]
+/// interval`; `None`, at once, when it began under another profile than the one `due`
+/// says is due, or no tick has seen the route yet. ([`Advisor::next_tick`] and
+/// [`Advisor::tick_due`] judge a route by it alike.)
+fn closes_at(history: &History, due: &RouteSettings) -> Option<Nanos> {
+    history
+        .open(&due.name)
+        .filter(|open| open.event == due.event)
+        .map(|open| open.start + history.interval())
 }
 
 #[cfg(test)]
