@@ -705,7 +705,7 @@ impl LingerEnd {
 pub(crate) struct LingeringCloses {
     under_way: AtomicUsize,
     /// By [`LingerEnd`], in the order of [`LingerEnd::ALL`].
-    ended: [AtomicU64; 5],
+    ended: [AtomicU64; LingerEnd::ALL.len()],
 }
 
 impl LingeringCloses {
