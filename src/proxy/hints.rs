@@ -5,8 +5,9 @@
 //! The timer ticks every `[hints] interval`, and at each scheduled event's start and
 //! end ([`Advisor::next_tick`]): an interval ends at an event's edge (of its own
 //! route's events only), so the event's part of a period is judged over exactly the
-//! time it ran, and the route's own part over the rest. Where the profile due changes with no edge ahead (a reload, the wall
-//! clock stepped), the timer ticks at its next look, within a second.
+//! time it ran, and the route's own part over the rest. Where the profile due changes
+//! with no edge ahead (a reload, the wall clock stepped), the timer ticks at its next
+//! look, within a second.
 
 use crate::clock::Nanos;
 use crate::config::HintsConfig;
