@@ -161,17 +161,10 @@ impl<'a> HeadScan<'a> {
                 }
                 "via" => scan.via = true,
                 "expect" => scan.expect = true,
-                "transfer-encoding" => {
-                    scan.transfer_encoding = true;
+                hop if is_hop_by_hop(hop) => {
                     scan.hop_by_hop = true;
+                    scan.transfer_encoding |= hop == "transfer-encoding";
                 }
-                "connection"
-                | "keep-alive"
-                | "proxy-authenticate"
-                | "proxy-authorization"
-                | "te"
-                | "upgrade"
-                | "proxy-connection" => scan.hop_by_hop = true,
                 "x-real-ip" | "forwarded" => scan.forwarding = true,
                 other if other.starts_with("x-forwarded-") => scan.forwarding = true,
                 _ => {}
@@ -185,19 +178,24 @@ impl<'a> HeadScan<'a> {
 /// over the names saves hashing each of the eight on every message. One match on each
 /// name's text (by length, then bytes), not nine comparisons of names.
 fn any_hop_by_hop(headers: &HeaderMap) -> bool {
-    headers.keys().any(|k| {
-        matches!(
-            k.as_str(),
-            "connection"
-                | "keep-alive"
-                | "proxy-authenticate"
-                | "proxy-authorization"
-                | "te"
-                | "transfer-encoding"
-                | "upgrade"
-                | "proxy-connection"
-        )
-    })
+    headers.keys().any(|k| is_hop_by_hop(k.as_str()))
+}
+
+/// Whether a header of this (lower-case) name is hop-by-hop: [`HOP_BY_HOP`] or
+/// `Proxy-Connection`.
+#[inline]
+fn is_hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-connection"
+    )
 }
 
 /// Removes hop-by-hop headers, including every header named in `Connection` but
@@ -1591,11 +1589,15 @@ mod tests {
 
     #[test]
     fn each_hop_by_hop_header_alone_is_stripped() {
-        // The pass that looks for any of them names them apart from the list removed.
+        // The pass that looks for any of them names them apart from the list removed;
+        // a request's scan before its rewrite looks through the same names.
         for name in HOP_BY_HOP.iter().chain([&PROXY_CONNECTION]) {
             let mut h = HeaderMap::new();
             h.insert(name.clone(), HeaderValue::from_static("1"));
             h.insert("x-kept", HeaderValue::from_static("yes"));
+            let scan = HeadScan::of(&h);
+            assert!(scan.hop_by_hop, "{name} unseen by the request's scan");
+            assert_eq!(scan.transfer_encoding, name == header::TRANSFER_ENCODING);
             strip_hop_by_hop(&mut h);
             assert!(!h.contains_key(name), "{name} was forwarded");
             assert_eq!(h.len(), 1, "{h:?}");
