@@ -1091,39 +1091,8 @@ fn the_upstream_overflow_alert_fires_on_sustained_refusals_only() {
 /// evaluates the panel's own queries.
 #[test]
 fn the_upstream_cap_panel_shows_places_held_against_the_cap_and_refusals() {
-    let dashboard = dashboard();
-    let panel = dashboard["panels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| {
-            p["targets"].as_array().unwrap().iter().any(|t| {
-                t["expr"]
-                    .as_str()
-                    .unwrap()
-                    .contains("rocgate_max_upstream_requests")
-            })
-        })
-        .expect("a panel with max_upstream_requests");
-    let exprs: Vec<String> = panel["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            t["expr"]
-                .as_str()
-                .unwrap()
-                .replace("$instance", ".*")
-                .replace("$__rate_interval", "5m")
-        })
-        .collect();
-    let find = |needle: &str| {
-        exprs
-            .iter()
-            .find(|e| e.contains(needle))
-            .unwrap_or_else(|| panic!("no query of {needle} in {exprs:?}"))
-            .replace('\'', "''")
-    };
+    let exprs = panel_queries("rocgate_max_upstream_requests");
+    let find = |needle: &str| query_of(&exprs, needle);
     let mut series = String::new();
     for (instance, held, cap, refused_a_minute) in [("a", 100, 100, 120), ("b", 7, 50, 0)] {
         series.push_str(&format!(
@@ -1137,18 +1106,11 @@ fn the_upstream_cap_panel_shows_places_held_against_the_cap_and_refusals() {
             ));
         }
     }
-    let sample = |expr: String, a: f64, b: f64| {
-        format!(
-            "      - expr: '{expr}'\n        eval_time: 10m\n        exp_samples:\n          \
-             - labels: '{{instance=\"a\"}}'\n            value: {a}\n          \
-             - labels: '{{instance=\"b\"}}'\n            value: {b}\n"
-        )
-    };
     let tests = [
-        sample(find("rocgate_upstream_requests{"), 100.0, 7.0),
-        sample(find("rocgate_max_upstream_requests"), 100.0, 50.0),
+        per_instance(find("rocgate_upstream_requests{"), 100.0, 7.0),
+        per_instance(find("rocgate_max_upstream_requests"), 100.0, 50.0),
         // 120 refusals a minute on each of two routes: 4 a second.
-        sample(find("upstream_overflow"), 4.0, 0.0),
+        per_instance(find("upstream_overflow"), 4.0, 0.0),
     ]
     .concat();
     test_exprs(&series, &tests);
@@ -1185,6 +1147,25 @@ fn panel_queries(metric: &str) -> Vec<String> {
         .collect()
 }
 
+/// The query of `exprs` that holds `needle`, quoted for a single-quoted YAML string.
+fn query_of(exprs: &[String], needle: &str) -> String {
+    exprs
+        .iter()
+        .find(|e| e.contains(needle))
+        .unwrap_or_else(|| panic!("no query of {needle} in {exprs:?}"))
+        .replace('\'', "''")
+}
+
+/// A `promql_expr_test` of `expr` (quoted as [`query_of`] does) at 10 minutes: `a` on
+/// instance `a`, `b` on instance `b`.
+fn per_instance(expr: String, a: f64, b: f64) -> String {
+    format!(
+        "      - expr: '{expr}'\n        eval_time: 10m\n        exp_samples:\n          \
+         - labels: '{{instance=\"a\"}}'\n            value: {a}\n          \
+         - labels: '{{instance=\"b\"}}'\n            value: {b}\n"
+    )
+}
+
 /// Runs promtool's `promql_expr_test`s `tests` (YAML list items, indented six spaces)
 /// over `input_series` (indented four spaces), sampled every minute.
 fn test_exprs(input_series: &str, tests: &str) {
@@ -1197,13 +1178,7 @@ fn test_exprs(input_series: &str, tests: &str) {
 #[test]
 fn the_client_connection_panel_shows_refusals_per_client_and_the_cap_reached() {
     let exprs = panel_queries("rocgate_client_connections_refused_total");
-    let find = |needle: &str| {
-        exprs
-            .iter()
-            .find(|e| e.contains(needle))
-            .unwrap_or_else(|| panic!("no query of {needle} in {exprs:?}"))
-            .replace('\'', "''")
-    };
+    let find = |needle: &str| query_of(&exprs, needle);
     let mut series = String::new();
     for (instance, refused_a_minute, reached_a_minute) in [("a", 120, 0), ("b", 0, 30)] {
         series.push_str(&format!(
@@ -1212,17 +1187,10 @@ fn the_client_connection_panel_shows_refusals_per_client_and_the_cap_reached() {
              - series: 'rocgate_client_connections{{instance=\"{instance}\"}}'\n        values: '500x10'\n"
         ));
     }
-    let sample = |expr: String, a: f64, b: f64| {
-        format!(
-            "      - expr: '{expr}'\n        eval_time: 10m\n        exp_samples:\n          \
-             - labels: '{{instance=\"a\"}}'\n            value: {a}\n          \
-             - labels: '{{instance=\"b\"}}'\n            value: {b}\n"
-        )
-    };
     let tests = [
         // 120 connections closed a minute: 2 a second.
-        sample(find("rocgate_client_connections_refused_total"), 2.0, 0.0),
-        sample(
+        per_instance(find("rocgate_client_connections_refused_total"), 2.0, 0.0),
+        per_instance(
             find("rocgate_client_connection_limit_reached_total"),
             0.0,
             0.5,
