@@ -33,7 +33,8 @@ pub struct AdmissionService<S> {
 /// an inner service that serves one client connection (`rocgate serve`'s forwarder)
 /// learns the route without an extension inserted in every request (a map and a box
 /// allocated). A request called later (paced, queued, or its service not ready) still
-/// carries the extension: by then another request may have used the slot.
+/// carries the extension, and goes by it ([`RouteSlot::route_of`]): by then another
+/// request may be using the slot.
 #[cfg(feature = "proxy")]
 #[derive(Debug, Default)]
 pub(crate) struct RouteSlot(std::sync::Mutex<Option<Arc<str>>>);
@@ -48,11 +49,23 @@ impl RouteSlot {
     }
 
     /// The route put for the request being called, if one was.
-    pub(crate) fn take(&self) -> Option<Arc<str>> {
+    fn take(&self) -> Option<Arc<str>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
+    }
+
+    /// The route of `req`, which the inner service is being called with: its
+    /// [`MatchedRoute`] if it carries one, else the one put for it. A request that
+    /// carries one was called later than admitted, from a task of its own: on an
+    /// HTTP/2 connection that may be just as the connection's task has put another
+    /// stream's route here, which it leaves to that stream.
+    pub(crate) fn route_of<B>(&self, req: &Request<B>) -> Option<Arc<str>> {
+        match req.extensions().get::<MatchedRoute>() {
+            Some(m) => Some(Arc::clone(&m.0)),
+            None => self.take(),
+        }
     }
 }
 
@@ -267,12 +280,6 @@ mod tests {
         impl tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
         Seen,
     ) {
-        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
-        let config = Config::new(vec![route]);
-        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
-        let layer = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
-            .matched_route(true)
-            .build();
         let slot = Arc::new(RouteSlot::default());
         let seen = Seen::default();
         let inner = tower::service_fn({
@@ -283,8 +290,18 @@ mod tests {
                 async { Ok::<_, Infallible>(Response::new(Body::empty())) }
             }
         });
-        let service: AdmissionService<_> = layer.layer(inner);
-        (service.handing_route(slot), seen)
+        (handing(route, slot, inner), seen)
+    }
+
+    /// An admission service over `route` handing routes through `slot` to `inner`.
+    fn handing<S>(route: RouteConfig, slot: Arc<RouteSlot>, inner: S) -> AdmissionService<S> {
+        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+        let config = Config::new(vec![route]);
+        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+        let layer = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
+            .matched_route(true)
+            .build();
+        layer.layer(inner).handing_route(slot)
     }
 
     fn get(path: &str) -> Request<Body> {
@@ -325,5 +342,42 @@ mod tests {
         let route = Arc::<str>::from("slot_paced");
         assert_eq!(seen[0], (Some(Arc::clone(&route)), None));
         assert_eq!(seen[1], (None, Some(MatchedRoute(route))), "{seen:?}");
+    }
+
+    /// A request called later than it was admitted (paced here; queued, or its service
+    /// not ready, alike) is called from its own task, which on an HTTP/2 connection
+    /// may run on another thread just as the connection's task has put the route of
+    /// another stream, called at once, in the slot. It goes by its extension and
+    /// leaves that route to the request it was put for. It used to take the slot
+    /// first: it was recorded under the other stream's route, and that stream, finding
+    /// the slot empty and no extension, under no route at all.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_called_later_leaves_the_slot_to_the_one_called_at_once() {
+        let mut r = RouteConfig::new("slot_later", RouteMatch::prefix("/"));
+        r.controller.base_limit_rps = 1.0;
+        r.controller.cut_limit_rps = 1.0;
+        r.algorithm = Algorithm::LeakyBucket { queue: 2 };
+        let slot = Arc::new(RouteSlot::default());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let inner = tower::service_fn({
+            let (slot, seen) = (Arc::clone(&slot), Arc::clone(&seen));
+            move |req: Request<Body>| {
+                seen.lock().unwrap().push(slot.route_of(&req));
+                async { Ok::<_, Infallible>(Response::new(Body::empty())) }
+            }
+        });
+        let mut svc = handing(r, Arc::clone(&slot), inner);
+        svc.ready().await.unwrap().call(get("/a")).await.unwrap();
+        let paced = svc.ready().await.unwrap().call(get("/b"));
+        // The route of a stream being called at once on the connection's task.
+        slot.put(Arc::from("other_stream"));
+        paced.await.unwrap();
+        let route = Some(Arc::<str>::from("slot_later"));
+        assert_eq!(*seen.lock().unwrap(), [route.clone(), route]);
+        assert_eq!(
+            slot.take().as_deref(),
+            Some("other_stream"),
+            "left in the slot"
+        );
     }
 }

@@ -618,8 +618,8 @@ impl Forwarder {
 
     /// Where the admission service of this forwarder's client connection puts the route
     /// of each request it calls the forwarder with at once, taken as the forwarder is
-    /// called (a request that carries none has its [`MatchedRoute`] looked up); `None`
-    /// for a forwarder that serves no one connection.
+    /// called by a request that carries no [`MatchedRoute`] ([`RouteSlot::route_of`]);
+    /// `None` for a forwarder that serves no one connection.
     pub(crate) fn route_slot(&self) -> Option<Arc<RouteSlot>> {
         self.connection.as_ref().map(|c| Arc::clone(&c.route))
     }
@@ -867,8 +867,7 @@ impl Inner {
     }
 
     /// Forwards one request, of `connection` if the forwarder serves one, admitted on
-    /// `route` (if known, else its [`MatchedRoute`], else none); every failure becomes a
-    /// response. Records the upstream duration by route and status class, and
+    /// `route` (`None`: on no route); every failure becomes a response. Records the upstream duration by route and status class, and
     /// failures by kind.
     async fn forward(
         &self,
@@ -876,12 +875,7 @@ impl Inner {
         connection: Option<&Connection>,
         route: Option<Arc<str>>,
     ) -> Response<Body> {
-        let route = route.unwrap_or_else(|| {
-            req.extensions().get::<MatchedRoute>().map_or_else(
-                || Arc::from(crate::config::UNMATCHED_ROUTE),
-                |m| Arc::clone(&m.0),
-            )
-        });
+        let route = route.unwrap_or_else(|| Arc::from(crate::config::UNMATCHED_ROUTE));
         // HTTP/1 requests come one after another on a connection: from the second
         // one on they go through the connection's own lane (HTTP/2 streams run side
         // by side and share the pool).
@@ -1408,8 +1402,15 @@ impl tower::Service<Request<Incoming>> for Forwarder {
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let inner = Arc::clone(&self.inner);
         let connection = self.connection.clone();
-        // Put by the connection's admission service just before this call, if at all.
-        let route = connection.as_ref().and_then(|c| c.route.take());
+        // Put by the connection's admission service just before this call, unless the
+        // request carries it.
+        let route = match &connection {
+            Some(c) => c.route.route_of(&req),
+            None => req
+                .extensions()
+                .get::<MatchedRoute>()
+                .map(|m| Arc::clone(&m.0)),
+        };
         Box::pin(async move { Ok(inner.forward(req, connection.as_deref(), route).await) })
     }
 }
