@@ -304,6 +304,15 @@ mod tests {
         layer.layer(inner).handing_route(slot)
     }
 
+    /// A route `name` paced by a leaky bucket of 1 req/s with a queue of 2.
+    fn paced(name: &str) -> RouteConfig {
+        let mut r = RouteConfig::new(name, RouteMatch::prefix("/"));
+        r.controller.base_limit_rps = 1.0;
+        r.controller.cut_limit_rps = 1.0;
+        r.algorithm = Algorithm::LeakyBucket { queue: 2 };
+        r
+    }
+
     fn get(path: &str) -> Request<Body> {
         Request::get(path).body(Body::empty()).unwrap()
     }
@@ -327,13 +336,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_request_called_later_carries_its_route_in_the_extension() {
-        // A leaky bucket of 1 req/s: the second request departs a second later, its
-        // inner service called only then.
-        let mut r = RouteConfig::new("slot_paced", RouteMatch::prefix("/"));
-        r.controller.base_limit_rps = 1.0;
-        r.controller.cut_limit_rps = 1.0;
-        r.algorithm = Algorithm::LeakyBucket { queue: 2 };
-        let (mut svc, seen) = service(r);
+        // The second request departs a second later, its inner service called only
+        // then.
+        let (mut svc, seen) = service(paced("slot_paced"));
         svc.ready().await.unwrap().call(get("/a")).await.unwrap();
         let started = tokio::time::Instant::now();
         svc.ready().await.unwrap().call(get("/b")).await.unwrap();
@@ -353,10 +358,7 @@ mod tests {
     /// the slot empty and no extension, under no route at all.
     #[tokio::test(start_paused = true)]
     async fn a_request_called_later_leaves_the_slot_to_the_one_called_at_once() {
-        let mut r = RouteConfig::new("slot_later", RouteMatch::prefix("/"));
-        r.controller.base_limit_rps = 1.0;
-        r.controller.cut_limit_rps = 1.0;
-        r.algorithm = Algorithm::LeakyBucket { queue: 2 };
+        let r = paced("slot_later");
         let slot = Arc::new(RouteSlot::default());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let inner = tower::service_fn({
