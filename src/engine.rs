@@ -168,6 +168,10 @@ pub struct SlotReport {
     /// token, a full window, queue or set of permits). Always false on partitioned
     /// routes, whose limiters are per key.
     pub exhausted: bool,
+    /// Requests in flight when the slot was closed, on a `concurrency` route limited as
+    /// a whole (`None` with other algorithms and on partitioned routes, whose limiters
+    /// are per key): what its base limit counts.
+    pub in_flight: Option<f64>,
     /// Whether the controller acted on this sample: false during the first full
     /// window after start or a reload, whose earlier half is still filling (ROC there
     /// is about the whole rate, and no decision uses it).
@@ -838,9 +842,11 @@ impl Engine {
         let before = standing(&st.controller);
         let hook = self.hook.as_deref();
         let sample_hook = self.sample_hook.as_deref();
-        let exhausted = sample_hook.is_some()
-            && r.keys.is_none()
-            && r.limiter.level(now).exhausted(&r.algorithm);
+        let level = (sample_hook.is_some() && r.keys.is_none()).then(|| r.limiter.level(now));
+        let exhausted = level.is_some_and(|l| l.exhausted(&r.algorithm));
+        let in_flight = level
+            .filter(|_| matches!(r.algorithm, Algorithm::Concurrency { .. }))
+            .map(|l| l.value);
         let RouteState {
             ring,
             controller,
@@ -890,6 +896,7 @@ impl Engine {
                     state: controller.state(),
                     limit_rps: controller.limit_rps(),
                     exhausted,
+                    in_flight,
                     armed: controller.armed(s.at),
                 };
                 h(&r.name, &report);
@@ -2583,6 +2590,45 @@ mod tests {
         e.catch_up(id, ms(3_000));
         assert_eq!(r.behind.load(Ordering::Relaxed), 0);
         assert_eq!(r.limiter.level(ms(3_000)).capacity, 200.0);
+    }
+
+    /// A concurrency route's slot reports say how many requests were in flight when
+    /// the slot closed (what its base limit counts, for the tuning hints); other
+    /// algorithms' say nothing.
+    #[test]
+    fn slot_reports_carry_the_count_in_flight_of_a_concurrency_route() {
+        let seen = |algorithm: Algorithm| {
+            let mut cfg = RouteConfig::new("in_flight_report", crate::config::RouteMatch::any());
+            cfg.algorithm = algorithm;
+            cfg.controller.base_limit_rps = 10.0;
+            cfg.controller.cut_limit_rps = 5.0;
+            let reports = Arc::new(Mutex::new(Vec::new()));
+            let hook = {
+                let reports = Arc::clone(&reports);
+                move |_: &str, r: &SlotReport| reports.lock().unwrap().push(r.in_flight)
+            };
+            let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
+                .unwrap()
+                .with_sample_hook(Arc::new(hook));
+            let id = e.route_at(0).unwrap();
+            let held: Vec<Decision> = (0..3)
+                .map(|_| e.check(id, Key::None, Nanos::ZERO))
+                .collect();
+            assert!(held.iter().all(Decision::is_admit));
+            let _ = e.check(id, Key::None, Nanos::from_millis(250));
+            let seen = reports.lock().unwrap().clone();
+            seen
+        };
+        let counts = seen(Algorithm::Concurrency { queue: 0 });
+        assert!(!counts.is_empty());
+        assert!(counts.iter().all(|&n| n == Some(3.0)), "{counts:?}");
+        let bucket = seen(Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        });
+        assert!(
+            !bucket.is_empty() && bucket.iter().all(Option::is_none),
+            "{bucket:?}"
+        );
     }
 
     /// A sample hook that panics once (at the first slot's report, 0.5 s) poisons the

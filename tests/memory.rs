@@ -457,6 +457,7 @@ fn an_hour_of_hints_history_per_route() {
                     state: ControllerState::Normal,
                     limit_rps: 200.0,
                     exhausted: false,
+                    in_flight: None,
                     armed: true,
                 };
                 h.on_slot("route-00000", &report);

@@ -58,6 +58,10 @@ pub struct Interval {
     pub cut_roc: f64,
     /// The highest later-half-window demand seen at a slot's end, req/s.
     pub peak_demand_rps: f64,
+    /// The most requests in flight seen at a slot's end, on a `concurrency` route
+    /// limited as a whole (`None` elsewhere, or before a slot ended): in the units of
+    /// its base limit.
+    pub peak_in_flight: Option<f64>,
     /// What the upstream did, when it is measured (the proxy, or a modelled capacity).
     pub upstream: Option<UpstreamCounts>,
     /// The scheduled event whose profile was due when the interval began (`None`:
@@ -294,6 +298,9 @@ impl History {
         }
         open.in_state[usize::from(report.state.as_index())] += report.slot.as_secs_f64();
         open.peak_demand_rps = open.peak_demand_rps.max(report.sample.rate_recent_rps);
+        if let Some(n) = report.in_flight {
+            open.peak_in_flight = Some(open.peak_in_flight.map_or(n, |peak| peak.max(n)));
+        }
         if report.exhausted {
             open.exhausted_s += report.slot.as_secs_f64();
         }
@@ -468,6 +475,7 @@ mod tests {
             state,
             limit_rps: 60.0,
             exhausted: state == ControllerState::Cut,
+            in_flight: None,
             armed: true,
         }
     }
@@ -519,6 +527,30 @@ mod tests {
         assert_eq!(all[0].1.len(), 1);
         assert_eq!(all[0].1[0].offered, 1);
         assert_eq!(all[0].1[0].upstream.as_ref().unwrap().requests, 0);
+    }
+
+    /// A concurrency route's slots say how many requests were in flight: the interval
+    /// keeps the most, in the base limit's units; a route without them has none.
+    #[test]
+    fn the_open_interval_keeps_the_most_in_flight() {
+        let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
+        let s = Nanos::from_secs;
+        h.tick(s(0), &engine.snapshot(s(0)), [settings("r")], None);
+        h.tick(s(1), &engine.snapshot(s(1)), [settings("r")], None);
+        for (at, n) in [(1_100, 3.0), (1_200, 7.0), (1_300, 2.0)] {
+            let mut r = report(at, 1.0, ControllerState::Normal);
+            r.in_flight = Some(n);
+            h.on_slot("r", &r);
+        }
+        h.tick(s(2), &engine.snapshot(s(2)), [settings("r")], None);
+        let kept: Vec<_> = h.since(Nanos::ZERO)[0]
+            .1
+            .iter()
+            .map(|i| i.peak_in_flight)
+            .collect();
+        assert_eq!(kept, [None, Some(7.0)]);
     }
 
     /// A period that spans a scheduled event is judged in two parts: the intervals
