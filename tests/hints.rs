@@ -7,7 +7,7 @@ mod traffic;
 use traffic::bursts;
 
 use rocgate::config::Config;
-use rocgate::hints::{Hint, Policy, Setting};
+use rocgate::hints::{Hint, Policy, Setting, Severity};
 use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, Simulator};
 
 /// The hints for one route `r` (classic parameters plus `extra`, TOML lines of the
@@ -592,12 +592,13 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     assert_eq!(numbers(&h, "raise_base_limit"), (7.0, 10.0));
 
-    // An upstream of 5 req/s saturated behind 7 in flight: 90% of 5 is 4.5, which is
-    // no limit concurrency takes; 4 is.
+    // An upstream saturated with 5 requests in flight behind a limit of 7: 90% of 5
+    // is 4.5, which is no limit concurrency takes; 4 is.
     let saturated: Vec<Interval> = (0..30)
         .map(|k| {
             let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
             i.offered = 10;
+            i.peak_in_flight = Some(5.0);
             i.upstream = Some(UpstreamCounts {
                 requests: 10,
                 errors: 1,
@@ -606,7 +607,7 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
             i
         })
         .collect();
-    let h = rocgate::hints::advise(&settings, &saturated, Some(5.0), &Policy::default());
+    let h = rocgate::hints::advise(&settings, &saturated, None, &Policy::default());
     assert_eq!(numbers(&h, "lower_base_limit"), (7.0, 4.0));
     let concurrency =
         "algorithm = \"concurrency\"\nbase_limit = 7\ncut_limit = 3\nrestore_step = 1";
@@ -677,9 +678,23 @@ fn a_simulated_event_is_judged_against_its_own_profile() {
     let lower = find(&h, "lower_base_limit").unwrap();
     assert_eq!(lower.event.as_deref(), Some("sale"));
     assert!(lower.reason.contains("saturated in 10"), "{}", lower.reason);
+    // The bucket is the route's, which an event has none of: its burst goes down with
+    // the event's base limit, naming no event (a full bucket and a second of refill at
+    // 270 req/s pass 540 in a second, over 300).
+    let burst = h
+        .iter()
+        .find(|h| h.parameter.as_deref() == Some("burst"))
+        .unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(
+        (&burst.event, &burst.suggested),
+        (&None, &Some(Setting::Text("111ms".into())))
+    );
     // The 20 s outside the event, 40 req/s under the route's own profile: no event
     // named, nothing to change.
-    let own: Vec<&Hint> = h.iter().filter(|h| h.event.is_none()).collect();
+    let own: Vec<&Hint> = h
+        .iter()
+        .filter(|h| h.event.is_none() && h.parameter.is_none())
+        .collect();
     assert_eq!(own.len(), 1, "{h:#?}");
     assert!(
         own[0].reason.starts_with("no change: 800 requests"),
@@ -799,7 +814,10 @@ fn a_concurrency_route_gets_no_min_rps_raise_measured_against_its_in_flight_limi
         i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
     }
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
-    assert!(find(&h, "raise_min_rps").is_none(), "{h:#?}");
+    assert!(
+        find(&h, "raise_min_rps").is_some_and(|h| h.parameter.is_none()),
+        "{h:#?}"
+    );
     // The same traffic on a token bucket of 64 req/s is quiet, and min_rps is raised
     // above the cuts' peak demand, at most half the base limit.
     let settings = engine_settings("base_limit = 64\ncut_limit = 32\nmin_rps = 10");
@@ -843,4 +861,286 @@ fn a_partitioned_routes_lowered_base_limit_leaves_min_rps_alone() {
         .find(|h| h.parameter.as_deref() == Some("min_rps"))
         .unwrap_or_else(|| panic!("{h:#?}"));
     assert_eq!(min.suggested, Some(Setting::Number(80.0)));
+}
+
+/// `n` one-second intervals from `from_s` with `offered` requests each, `rejected` of
+/// them by `reason`; the upstream answered the rest, `errors` of them failing.
+fn rejecting(
+    from_s: u64,
+    n: u64,
+    offered: u64,
+    rejected: (rocgate::limiter::Reason, u64),
+    errors: u64,
+) -> Vec<rocgate::hints::Interval> {
+    use rocgate::hints::{Interval, UpstreamCounts};
+    use std::time::Duration;
+    (from_s..from_s + n)
+        .map(|k| {
+            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = offered;
+            i.rejected[rejected.0.index()] = rejected.1;
+            i.upstream = Some(UpstreamCounts {
+                requests: offered - rejected.1,
+                errors,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect()
+}
+
+/// A `concurrency` route's base limit counts requests in flight, and the upstream's
+/// capacity was the admitted rate at which it saturated: 1,000 req/s saturating it
+/// behind 64 in flight read as "capacity 1,000" above 64 (lowered 20%, to 51), and a
+/// capacity of 15 req/s bounded a raise of 7 in flight... not at all, 15 being above
+/// 9.1. The capacity there is the most requests in flight seen (at a slot's end) in
+/// the intervals in which the upstream saturated.
+#[test]
+fn a_concurrency_routes_capacity_is_the_count_in_flight_it_saturated_at() {
+    use rocgate::limiter::Reason;
+    let settings = engine_settings(
+        "algorithm = \"concurrency\"\nbase_limit = 64\ncut_limit = 32\nrestore_step = 2",
+    );
+    let mut saturated = seconds(1_000, true);
+    for (k, i) in saturated.iter_mut().enumerate() {
+        i.peak_in_flight = Some(if k % 2 == 0 { 40.0 } else { 38.0 });
+    }
+    let h = rocgate::hints::advise(&settings, &saturated, None, &Policy::default());
+    assert_eq!(numbers(&h, "lower_base_limit"), (64.0, 36.0), "90% of 40");
+    let reason = &find(&h, "lower_base_limit").unwrap().reason;
+    assert!(reason.contains("about 40 in flight"), "{reason}");
+    assert!(reason.contains("64 in flight"), "{reason}");
+
+    // A quarter rejected while the upstream was healthy, but for one second in which
+    // it saturated with 8 in flight: 7 → 8, not 7 → 10.
+    let settings = engine_settings(
+        "algorithm = \"concurrency\"\nbase_limit = 7\ncut_limit = 3\nrestore_step = 1",
+    );
+    let mut intervals = rejecting(0, 30, 20, (Reason::Concurrency, 5), 0);
+    let i = &mut intervals[10];
+    i.upstream.as_mut().unwrap().errors = 1;
+    i.peak_in_flight = Some(8.0);
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "raise_base_limit"), (7.0, 8.0));
+    let reason = &find(&h, "raise_base_limit").unwrap().reason;
+    assert!(
+        reason.contains("the 8 requests in flight at which"),
+        "{reason}"
+    );
+}
+
+/// On a partitioned route `base_limit` is each key's, while the upstream's capacity
+/// is what all keys together may send. Compared as they were, a per-client limit was
+/// raised to what one client alone could send within capacity (200 → 260 against 1000
+/// req/s with 800 admitted), and lowered to 90% of the capacity (200 → 130 under 150)
+/// as if one client took it all. Raised, each key's limit scales what the route admits
+/// by at most as much: the bound is the route's highest admitted rate scaled to the
+/// capacity. Lowered, it holds back only the keys at it: no capacity gives the
+/// target, the 20% step does.
+#[test]
+fn a_partitioned_routes_limit_per_key_is_bounded_by_the_routes_admitted_rate() {
+    use rocgate::limiter::Reason;
+    let settings = engine_settings("partition = \"ip\"");
+    let intervals = rejecting(0, 30, 1_000, (Reason::Limit, 200), 0);
+    let h = rocgate::hints::advise(&settings, &intervals, Some(1_000.0), &Policy::default());
+    assert_eq!(
+        numbers(&h, "raise_base_limit"),
+        (200.0, 250.0),
+        "200 × 1000 ÷ 800"
+    );
+    let reason = &find(&h, "raise_base_limit").unwrap().reason;
+    assert!(
+        reason.contains("highest admitted rate, 800 req/s"),
+        "{reason}"
+    );
+    assert!(reason.contains("200 req/s per key"), "{reason}");
+
+    let h = rocgate::hints::advise(
+        &settings,
+        &seconds(1_000, true),
+        Some(150.0),
+        &Policy::default(),
+    );
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 160.0));
+    let reason = &find(&h, "lower_base_limit").unwrap().reason;
+    assert!(reason.contains("only the keys at it"), "{reason}");
+    // Limited as a whole, the same route goes to 90% of the capacity.
+    let whole = engine_settings("");
+    let h = rocgate::hints::advise(
+        &whole,
+        &seconds(1_000, true),
+        Some(150.0),
+        &Policy::default(),
+    );
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 130.0));
+}
+
+/// Where a rule would compare a rate with a count in flight, or the route's demand
+/// with one key's limit, and the figure it needs is not observed, it does not fire,
+/// and the report says so once per route and rule: a `raise_burst` of each client's
+/// bucket from the route's bursts, and a `raise_danger_roc` from a "false" cut whose
+/// demand of 30 req/s was under 64 requests in flight, were suggested before.
+#[test]
+fn rules_that_cannot_compare_like_with_like_say_so_once_per_route() {
+    use rocgate::controller::ControllerState;
+    use rocgate::hints::RouteHints;
+    use rocgate::limiter::Reason;
+    // Bursts of 400 req/s after a second of 100, against 300 req/s per client.
+    let bursty: Vec<_> = (0..30)
+        .flat_map(|k| {
+            let (offered, rejected) = if k % 2 == 0 { (100, 0) } else { (400, 150) };
+            rejecting(k, 1, offered, (Reason::Limit, rejected), 0)
+        })
+        .collect();
+    let notes = |h: &[Hint], rule: &str| {
+        h.iter()
+            .filter(|h| h.rule == rule && h.parameter.is_none())
+            .map(|h| h.reason.clone())
+            .collect::<Vec<_>>()
+    };
+    let whole = engine_settings("base_limit = 300");
+    let h = rocgate::hints::advise(&whole, &bursty, None, &Policy::default());
+    assert_eq!(
+        find(&h, "raise_burst").and_then(|h| h.parameter.as_deref()),
+        Some("burst")
+    );
+    let keyed = engine_settings("partition = \"ip\"\nbase_limit = 300");
+    let h = rocgate::hints::advise(&keyed, &bursty, None, &Policy::default());
+    for rule in ["raise_burst", "raise_danger_roc", "faster_restore"] {
+        let said = notes(&h, rule);
+        assert_eq!(said.len(), 1, "{rule}: {h:#?}");
+        assert!(
+            said[0].starts_with("not advised on a partitioned route: "),
+            "{}",
+            said[0]
+        );
+        assert_eq!(h.iter().filter(|h| h.rule == rule).count(), 1, "{rule}");
+    }
+    assert!(notes(&h, "raise_min_rps").is_empty());
+    // In the table, and in the admin API's JSON.
+    let table = rocgate::hints::table(&h);
+    assert!(table.contains("raise_burst: no change"), "{table}");
+    let report = RouteHints::new(&keyed, &bursty, None, &Policy::default());
+    let json = serde_json::to_value(&report).unwrap();
+    let rules: Vec<_> = json["hints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["parameter"].is_null())
+        .map(|h| h["rule"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(rules, ["raise_burst", "raise_danger_roc", "faster_restore"]);
+
+    // A cut at 30 req/s of demand while the upstream was healthy.
+    let mut intervals = seconds(100, false);
+    let i = &mut intervals[5];
+    i.cuts = 1;
+    i.cut_roc = 20.0;
+    i.peak_demand_rps = 30.0;
+    i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+    let rate = engine_settings("base_limit = 64\ncut_limit = 32");
+    let h = rocgate::hints::advise(&rate, &intervals, None, &Policy::default());
+    assert_eq!(
+        find(&h, "raise_danger_roc").and_then(|h| h.parameter.as_deref()),
+        Some("danger_roc")
+    );
+    let concurrency = engine_settings(
+        "algorithm = \"concurrency\"\nbase_limit = 64\ncut_limit = 32\nrestore_step = 2",
+    );
+    let h = rocgate::hints::advise(&concurrency, &intervals, None, &Policy::default());
+    for rule in ["raise_danger_roc", "raise_min_rps"] {
+        let said = notes(&h, rule);
+        assert_eq!(said.len(), 1, "{rule}: {h:#?}");
+        assert!(
+            said[0].starts_with("not advised on a concurrency route: "),
+            "{}",
+            said[0]
+        );
+    }
+    assert!(notes(&h, "raise_burst").is_empty() && notes(&h, "faster_restore").is_empty());
+    assert_eq!(h[0].rule, "no_change", "{h:#?}");
+}
+
+/// A token bucket that demand drains passes base × (1 s + burst) in a spike's first
+/// second after a quiet spell. Against 150 req/s the base limit went to 90% of it,
+/// 130, and the bucket of 1 s stayed: 260 requests passed in a spike's first second,
+/// 110 over, round after round. The burst goes down with the base limit, to what
+/// fits: 150 ÷ 130 − 1 s = 153 ms; where demand never drained the bucket (noise under
+/// the base limit) no burst was spent, and it stays.
+#[test]
+fn a_lowered_token_bucket_limit_takes_the_burst_with_it_where_demand_drained_it() {
+    use rocgate::limiter::Reason;
+    let settings = engine_settings("");
+    // Three two-second spikes against 150 req/s among quiet seconds: 260 admitted a
+    // second, the bucket drained (some rejected by the base limit).
+    let mut spikes = seconds(100, false);
+    for k in [5, 6, 15, 16, 25, 26] {
+        let i = &mut spikes[k];
+        i.offered = 262;
+        i.rejected[Reason::Limit.index()] = 2;
+        i.exhausted_s = 0.5;
+        let up = i.upstream.as_mut().unwrap();
+        (up.requests, up.errors) = (260, 110);
+    }
+    let burst_of = |h: &[Hint]| {
+        h.iter()
+            .find(|h| h.parameter.as_deref() == Some("burst"))
+            .map(|h| {
+                (
+                    h.rule.clone(),
+                    h.current.clone(),
+                    h.suggested.clone(),
+                    h.severity,
+                )
+            })
+    };
+    let h = rocgate::hints::advise(&settings, &spikes, Some(150.0), &Policy::default());
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 130.0));
+    assert_eq!(
+        burst_of(&h),
+        Some((
+            "lower_base_limit".into(),
+            Some(Setting::Text("1s".into())),
+            Some(Setting::Text("153ms".into())),
+            Severity::Critical
+        )),
+        "{h:#?}"
+    );
+    apply("", &h).unwrap();
+    // The same spikes under the base limit, never draining the bucket: the burst stays.
+    let mut noise = spikes.clone();
+    for i in &mut noise {
+        i.rejected[Reason::Limit.index()] = 0;
+        i.exhausted_s = 0.0;
+    }
+    let h = rocgate::hints::advise(&settings, &noise, Some(150.0), &Policy::default());
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 130.0));
+    assert_eq!(burst_of(&h), None, "{h:#?}");
+    // A bucket small enough already stays too: 130 × 1.1 s = 143 fits 150.
+    let small = engine_settings("burst = \"100ms\"");
+    let h = rocgate::hints::advise(&small, &spikes, Some(150.0), &Policy::default());
+    assert_eq!(burst_of(&h), None, "{h:#?}");
+}
+
+/// A scheduled event has controller parameters and no `burst`: a `raise_burst` judged
+/// in an event's part named the event ("burst 1s → 2s in event sale"), pointing at an
+/// entry that cannot take it. The bucket is the route's: the hint names no event.
+#[test]
+fn a_burst_hint_in_an_events_part_names_no_event() {
+    use rocgate::limiter::Reason;
+    let bursty: Vec<_> = (0..30)
+        .flat_map(|k| {
+            let (offered, rejected) = if k % 2 == 0 { (100, 0) } else { (400, 150) };
+            rejecting(k, 1, offered, (Reason::Limit, rejected), 0)
+        })
+        .collect();
+    let mut during = engine_settings("base_limit = 300");
+    during.event = Some("sale".into());
+    let h = rocgate::hints::advise(&during, &bursty, None, &Policy::default());
+    let burst = find(&h, "raise_burst").unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(burst.parameter.as_deref(), Some("burst"));
+    assert_eq!(burst.event, None);
+    // The base limit is the event's.
+    let base = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(base.event.as_deref(), Some("sale"));
 }

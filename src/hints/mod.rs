@@ -15,13 +15,24 @@
 //! | rule | evidence | suggestion |
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a window counter at most what it holds |
-//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
+//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated |
+//!
+//! Every rule compares quantities in the units of the setting it changes. On a
+//! `concurrency` route the base limit counts requests in flight: the upstream's
+//! capacity there is the most requests in flight seen in the intervals in which it
+//! saturated ([`Interval::peak_in_flight`]), never a rate; `raise_danger_roc` and
+//! `raise_min_rps` do not judge it (demand is a rate). On a partitioned route the base
+//! limit is each key's: `raise_base_limit` scales it by the capacity over the route's
+//! highest admitted rate, `lower_base_limit` takes no capacity target, and
+//! `raise_burst`, `raise_danger_roc` and `faster_restore` do not judge it (one key's
+//! demand is not observed). A rule that does not judge a route says so in an `info`
+//! hint without a change, "not advised on a … route: …", once per route and rule.
 //!
 //! Routes with fewer than [`Policy::min_requests`] offered in the period (or none at
 //! all) get "no change: too little traffic".
@@ -222,6 +233,7 @@ pub fn advise(
     let lower_base = e.lower_base_limit();
     let lower_cut = lower_base.as_ref().and_then(|h| e.lower_cut_limit(h));
     let lower_min = lower_base.as_ref().and_then(|h| e.lower_min_rps(h));
+    let lower_burst = lower_base.as_ref().and_then(|h| e.lower_burst(h));
     let quiet_cuts = e.raise_min_rps(lower_base.as_ref().and_then(|h| match h.suggested {
         Some(Setting::Number(new_base)) => Some(new_base),
         _ => None,
@@ -252,6 +264,7 @@ pub fn advise(
         lower_base,
         lower_cut,
         lower_min,
+        lower_burst,
         raise_burst,
         raise_danger,
         lower_danger,
@@ -277,6 +290,7 @@ pub fn advise(
             ),
         ));
     }
+    hints.extend(e.not_advised());
     hints
 }
 
@@ -289,7 +303,8 @@ pub fn table(hints: &[Hint]) -> String {
         let mut change = match (&h.parameter, &h.current, &h.suggested) {
             (Some(p), Some(c), Some(s)) => format!("{p} {c} → {s}"),
             (Some(p), _, _) => p.clone(),
-            (None, _, _) => "no change".to_owned(),
+            (None, _, _) if h.rule == "no_change" => "no change".to_owned(),
+            (None, _, _) => format!("{}: no change", h.rule),
         };
         if let Some(event) = &h.event {
             change.push_str(&format!(" in event {event}"));
@@ -430,6 +445,47 @@ impl<'a> Evidence<'a> {
         }
     }
 
+    /// One `info` hint, without a change, per rule that does not judge a route of this
+    /// kind because what it would compare is not in the units of the setting it
+    /// changes (see the module doc): so that a missing suggestion is not read as "all
+    /// is well".
+    fn not_advised(&self) -> Vec<Hint> {
+        const CONCURRENCY: &str = "a concurrency route";
+        const PARTITIONED: &str = "a partitioned route";
+        let concurrency = self.concurrency();
+        let partitioned = self.s.partitioned;
+        let bucket = matches!(self.s.algorithm, Algorithm::TokenBucket { .. });
+        let danger = if concurrency {
+            (CONCURRENCY, "a false cut is one whose demand fit under the base limit, here a count of requests in flight, while demand is a rate, and what rejected requests would have kept in flight is not observed")
+        } else {
+            (PARTITIONED, "a false cut is one whose demand fit under the base limit, here each key's, while demand is the whole route's, and one key's demand is not observed")
+        };
+        [
+            (
+                "raise_burst",
+                partitioned && bucket,
+                (PARTITIONED, "the burst is each key's, and whether one key's demand came in bursts or fit its limit is not observed (demand is the whole route's)"),
+            ),
+            ("raise_danger_roc", concurrency || partitioned, danger),
+            (
+                "raise_min_rps",
+                concurrency,
+                (CONCURRENCY, "min_rps is a rate and the base limit a count of requests in flight: how many a rate keeps in flight depends on a latency the route need not measure"),
+            ),
+            (
+                "faster_restore",
+                partitioned,
+                (PARTITIONED, "what each key's base limit would have rejected during recovery, and what the keys' limits let through together against the upstream's capacity, are not observed"),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, applies, _)| *applies)
+        .map(|(rule, _, (kind, why))| {
+            self.hint(rule, Severity::Info, None, None, format!("not advised on {kind}: {why}"))
+        })
+        .collect()
+    }
+
     /// Cuts in the period: transitions into `Cut`, a cut in force at its start
     /// counting as one.
     fn cut_count(&self) -> u64 {
@@ -516,9 +572,9 @@ impl<'a> Evidence<'a> {
         self.known() > 0 && self.count(Health::Saturated) as f64 <= 0.05 * self.known() as f64
     }
 
-    /// The upstream's capacity: the model's, or the median admitted rate of the
-    /// intervals in which it saturated.
-    fn observed_capacity(&self) -> Option<f64> {
+    /// The upstream's capacity as a rate for the whole route, req/s: the model's, or
+    /// the median admitted rate of the intervals in which it saturated.
+    fn route_capacity(&self) -> Option<f64> {
         if self.capacity_rps.is_some() {
             return self.capacity_rps;
         }
@@ -532,6 +588,54 @@ impl<'a> Evidence<'a> {
         median(&mut rates)
     }
 
+    /// The upstream's capacity in the units of the base limit, where it has them: the
+    /// route's rate ([`Evidence::route_capacity`]) on a rate route limited as a whole;
+    /// on a `concurrency` route the median of the most requests in flight seen in the
+    /// intervals in which it saturated (a modelled capacity, a rate, does not count);
+    /// `None` on a partitioned route, whose base limit is each key's while the
+    /// upstream takes all keys together.
+    fn capacity(&self) -> Option<f64> {
+        if self.s.partitioned {
+            return None;
+        }
+        if !self.concurrency() {
+            return self.route_capacity();
+        }
+        let mut counts: Vec<f64> = self
+            .intervals
+            .iter()
+            .zip(&self.health)
+            .filter(|(_, h)| **h == Health::Saturated)
+            .filter_map(|(i, _)| i.peak_in_flight)
+            .collect();
+        median(&mut counts)
+    }
+
+    fn concurrency(&self) -> bool {
+        matches!(self.s.algorithm, Algorithm::Concurrency { .. })
+    }
+
+    /// What the base limit counts: `req/s`, `in flight`, each `per key` on a
+    /// partitioned route.
+    fn units(&self) -> &'static str {
+        match (self.concurrency(), self.s.partitioned) {
+            (false, false) => "req/s",
+            (false, true) => "req/s per key",
+            (true, false) => "in flight",
+            (true, true) => "in flight per key",
+        }
+    }
+
+    /// Whether, in an interval in which the upstream saturated, the route-level
+    /// limiter ran dry (exhausted at a slot's end, or rejecting by the base limit):
+    /// demand spent a bucket's burst there, not only passed under the base limit.
+    fn drained_while_saturated(&self) -> bool {
+        self.intervals.iter().zip(&self.health).any(|(i, h)| {
+            *h == Health::Saturated
+                && (i.exhausted_s > 0.0 || i.rejected[Reason::Limit.index()] > 0)
+        })
+    }
+
     /// The highest base limit an upstream taking `cap` req/s copes with: a token
     /// bucket full after a quiet spell passes base × (1 s + burst) in the first second
     /// of a spike, so that, not the base alone, must fit (raise_burst keeps the same
@@ -543,34 +647,73 @@ impl<'a> Evidence<'a> {
         }
     }
 
+    /// The highest base limit the upstream copes with, and how that was found, in
+    /// the base limit's units: on a route limited as a whole [`Evidence::base_within`]
+    /// its capacity; on a partitioned route, whose base limit is each key's, the base
+    /// limit scaled by the route's capacity over its highest admitted rate in an
+    /// interval (each key's limit scaled by a factor scales what it admits, and so
+    /// what the route admits, by at most that factor). `None` without a capacity.
+    fn highest_base(&self) -> Option<(f64, String)> {
+        let base = self.base();
+        if self.s.partitioned {
+            let cap = self.route_capacity()?;
+            let peak = self
+                .intervals
+                .iter()
+                .map(|i| i.admitted() as f64 / i.secs())
+                .fold(0.0, f64::max);
+            if peak <= 0.0 {
+                return None;
+            }
+            let most = base * cap / peak;
+            return Some((
+                most,
+                format!(
+                    ", at most {} {} so that the route's highest admitted rate, {} req/s, scaled with each key's limit stays within the upstream's capacity of {} req/s",
+                    fmt_num(most),
+                    self.units(),
+                    fmt_num(peak),
+                    fmt_num(cap)
+                ),
+            ));
+        }
+        let cap = self.capacity()?;
+        let most = self.base_within(cap);
+        let bound = match self.s.algorithm {
+            Algorithm::TokenBucket { burst } => format!(
+                ", at most {} so that a full bucket and a second of refill (base × (1 s + burst {})) stay within the upstream's capacity of {} req/s",
+                fmt_num(most),
+                fmt_secs(burst.as_secs_f64()),
+                fmt_num(cap)
+            ),
+            Algorithm::Concurrency { .. } => format!(
+                ", at most the {} requests in flight at which the upstream saturated",
+                fmt_num(cap)
+            ),
+            _ => format!(
+                ", at most {} bounded by the upstream's capacity of {} req/s",
+                fmt_num(most),
+                fmt_num(cap)
+            ),
+        };
+        Some((most, bound))
+    }
+
     fn raise_base_limit(&self) -> Option<Hint> {
         let ratio = self.base_rejected as f64 / self.offered as f64;
         if ratio <= 0.10 || !self.mostly_healthy() {
             return None;
         }
         let base = self.base();
-        let capacity = self.observed_capacity();
         let mut target = base * 1.3;
         let mut bound = String::new();
-        if let Some(cap) = capacity {
-            let most = self.base_within(cap);
-            let what = match self.s.algorithm {
-                Algorithm::TokenBucket { burst } => format!(
-                    "so that a full bucket and a second of refill (base × (1 s + burst {})) stay within",
-                    fmt_secs(burst.as_secs_f64())
-                ),
-                _ => "bounded by".to_owned(),
-            };
+        if let Some((most, why)) = self.highest_base() {
             if most <= base * 1.01 {
                 return None;
             }
             if most < target {
                 target = most;
-                bound = format!(
-                    ", at most {} {what} the upstream's capacity of {} req/s",
-                    fmt_num(most),
-                    fmt_num(cap)
-                );
+                bound = why;
             }
         }
         let health = format!("the upstream was {}", self.health_summary());
@@ -581,8 +724,9 @@ impl<'a> Evidence<'a> {
         }
         if suggested < wanted {
             bound.push_str(&format!(
-                ", at most {} req/s, what the limiter's {} holds",
+                ", at most {} {}, what the limiter's {} holds",
                 fmt_num(suggested),
+                self.units(),
                 match self.s.algorithm {
                     Algorithm::TokenBucket { .. } => "bucket (limit × burst in 4294967295 tokens)",
                     _ => "window counter",
@@ -595,10 +739,11 @@ impl<'a> Evidence<'a> {
             Some("base_limit"),
             Some((Setting::Number(base), Setting::Number(suggested))),
             format!(
-                "{} of {} requests were rejected by the base limit of {} req/s (mean demand {} req/s{}) while {health}: raise it about 30%{bound}",
+                "{} of {} requests were rejected by the base limit of {} {} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}",
                 pct(self.base_rejected, self.offered),
                 self.offered,
                 fmt_num(base),
+                self.units(),
                 fmt_num(self.mean_rps()),
                 self.exhausted_summary()
             ),
@@ -611,11 +756,16 @@ impl<'a> Evidence<'a> {
         // A measured upstream must saturate in 10% of the intervals, lest a brief
         // incident at ordinary load read as a low capacity; a known capacity (a
         // simulation's model) under the base limit is a fact, and two are enough.
-        let known_above = self.capacity_rps.is_some_and(|c| c < base);
+        // The capacity is compared in the base limit's units: none on a partitioned
+        // route (each key's limit, the whole route's capacity), requests in flight
+        // on a `concurrency` route.
+        let capacity = self.capacity();
+        let known_above = !self.concurrency()
+            && !self.s.partitioned
+            && self.capacity_rps.is_some_and(|c| c < base);
         if saturated < 2 || (!known_above && (saturated as f64) < 0.10 * self.known() as f64) {
             return None;
         }
-        let capacity = self.observed_capacity();
         let few_rejected = (self.rejected as f64) < 0.01 * self.offered as f64;
         let above_capacity = capacity.is_some_and(|c| c < base);
         if !few_rejected && !above_capacity {
@@ -623,12 +773,20 @@ impl<'a> Evidence<'a> {
         }
         let mut target = base * 0.8;
         let mut why = String::new();
+        if self.s.partitioned {
+            why = "; each key's limit holds back only the keys at it, so the route's share of the upstream may fall by less".into();
+        }
         if let Some(cap) = capacity {
             if cap * 0.9 < target {
                 target = cap * 0.9;
                 why = format!(
-                    "; it saturates at about {} req/s, so go to 90% of that",
-                    fmt_num(cap)
+                    "; it saturates at about {} {}, so go to 90% of that",
+                    fmt_num(cap),
+                    if self.concurrency() {
+                        "in flight"
+                    } else {
+                        "req/s"
+                    }
                 );
             }
         }
@@ -642,13 +800,61 @@ impl<'a> Evidence<'a> {
             Some("base_limit"),
             Some((Setting::Number(base), Setting::Number(suggested))),
             format!(
-                "{} of {} requests were rejected while the upstream was {}: the base limit of {} req/s lets through more than it can take; lower it about 20%{why}",
+                "{} of {} requests were rejected while the upstream was {}: the base limit of {} {} lets through more than it can take; lower it about 20%{why}",
                 pct(self.rejected, self.offered),
                 self.offered,
                 self.health_summary(),
-                fmt_num(base)
+                fmt_num(base),
+                self.units()
             ),
         ))
+    }
+
+    /// A token bucket that demand drains passes base × (1 s + burst) in the first
+    /// second of a spike after a quiet spell: the burst counts, against the burst. The
+    /// base limit goes to 90% of the capacity, what sustained demand gets; where a
+    /// saturated interval drained the bucket and the new base limit × (1 s + burst)
+    /// would still exceed the capacity, the burst goes down with it to capacity ÷ base
+    /// − 1 s (the bound `raise_burst` keeps), to the millisecond down. Lowering the
+    /// base limit further instead would reject more of every second to spare the
+    /// first one: `flash-sale` against 300 req/s with a sale event's base limit of 500
+    /// gets 270 and a burst of 111 ms (no overload), where counting the burst in the
+    /// base limit alone (220) still overloaded the first second and rejected 4% more.
+    /// The bucket is the route's (an event has none): the hint names no event.
+    fn lower_burst(&self, lower_base: &Hint) -> Option<Hint> {
+        let Algorithm::TokenBucket { burst } = self.s.algorithm else {
+            return None;
+        };
+        let Some(Setting::Number(new_base)) = lower_base.suggested else {
+            return None;
+        };
+        let cap = self.capacity()?;
+        let passes = new_base * (1.0 + burst.as_secs_f64());
+        if !self.drained_while_saturated() || passes <= cap {
+            return None;
+        }
+        // To the millisecond, down: raise_burst's bound, rounded as it rounds, is no
+        // more than this.
+        let fits_ms = ((cap / new_base - 1.0) * 1e3).floor().max(1.0);
+        let suggested = Duration::from_millis(fits_ms as u64);
+        if suggested >= burst {
+            return None;
+        }
+        let mut hint = self.hint(
+            "lower_base_limit",
+            Severity::Critical,
+            Some("burst"),
+            Some((Setting::duration(burst), Setting::duration(suggested))),
+            format!(
+                "the bucket ran dry while the upstream saturated: after a quiet spell a full one passes base × (1 s + burst {}) = {} requests in a spike's first second at the base limit of {} req/s, over the upstream's capacity of {} req/s; lower the burst with the base limit to capacity ÷ base − 1 s (the route's bucket: events have none)",
+                fmt_secs(burst.as_secs_f64()),
+                fmt_num(passes),
+                fmt_num(new_base),
+                fmt_num(cap)
+            ),
+        );
+        hint.event = None;
+        Some(hint)
     }
 
     /// The cut limit must stay at most the base limit: when the base limit's
@@ -671,8 +877,9 @@ impl<'a> Evidence<'a> {
             Some("cut_limit"),
             Some((Setting::Number(cut), Setting::Number(suggested))),
             format!(
-                "the cut limit of {} req/s must stay at most the base limit, lowered to {}: lower it with the base limit, keeping its ratio to it",
+                "the cut limit of {} {} must stay at most the base limit, lowered to {}: lower it with the base limit, keeping its ratio to it",
                 fmt_num(cut),
+                self.units(),
                 fmt_num(new_base)
             ),
         ))
@@ -686,7 +893,7 @@ impl<'a> Evidence<'a> {
     /// rate that `min_rps` could be above, nor for a partitioned route, whose base
     /// limit is each key's while `min_rps` is the route's whole demand.
     fn lower_min_rps(&self, lower_base: &Hint) -> Option<Hint> {
-        if matches!(self.s.algorithm, Algorithm::Concurrency { .. }) || self.s.partitioned {
+        if self.concurrency() || self.s.partitioned {
             return None;
         }
         let Some(Setting::Number(new_base)) = lower_base.suggested else {
@@ -711,12 +918,13 @@ impl<'a> Evidence<'a> {
     }
 
     /// `new_base`: the base limit `raise_base_limit` suggests in the same report, if
-    /// it does: the burst stays within what the bucket keeps at that limit too.
+    /// it does: the burst stays within what the bucket keeps at that limit too. The
+    /// bucket is the route's, judged in an event's part too: the hint names no event.
     fn raise_burst(&self, new_base: Option<f64>) -> Option<Hint> {
         let Algorithm::TokenBucket { burst } = self.s.algorithm else {
             return None;
         };
-        if !self.mostly_healthy() || self.mean_rps() > self.base() {
+        if self.s.partitioned || !self.mostly_healthy() || self.mean_rps() > self.base() {
             return None;
         }
         // A bucket absorbs a burst only if it had time to fill before it: runs of
@@ -756,7 +964,7 @@ impl<'a> Evidence<'a> {
         let mut bound = String::new();
         // A full bucket and a second of refill pass in one second: base × (1 s + burst)
         // must fit what the upstream takes.
-        if let Some(cap) = self.observed_capacity() {
+        if let Some(cap) = self.capacity() {
             let fits = cap / base - 1.0;
             if fits < most {
                 most = fits;
@@ -787,7 +995,8 @@ impl<'a> Evidence<'a> {
         if suggested <= burst {
             return None;
         }
-        Some(self.hint(
+        // The bucket is the route's: an event has none, so the hint names none.
+        let mut hint = self.hint(
             "raise_burst",
             Severity::Info,
             Some("burst"),
@@ -799,10 +1008,19 @@ impl<'a> Evidence<'a> {
                 fmt_num(base),
                 fmt_num(excess)
             ),
-        ))
+        );
+        hint.event = None;
+        Some(hint)
     }
 
+    /// Not on a `concurrency` or partitioned route: a false cut is one whose demand,
+    /// a rate of the whole route, fit under the base limit, there a count in flight
+    /// (which rejected requests never enter) or each key's (whose demand is not
+    /// observed).
     fn raise_danger_roc(&self) -> Option<Hint> {
+        if self.concurrency() || self.s.partitioned {
+            return None;
+        }
         let base = self.base();
         let false_cuts: Vec<&CutEpisode> = self
             .cuts
@@ -900,7 +1118,7 @@ impl<'a> Evidence<'a> {
     /// key's limit is quiet by any measure, and half of one key's limit bounds the
     /// raise, short of what the keys together let through.
     fn raise_min_rps(&self, new_base: Option<f64>) -> Option<Hint> {
-        if matches!(self.s.algorithm, Algorithm::Concurrency { .. }) {
+        if self.concurrency() {
             return None;
         }
         let base = self.base();
@@ -949,12 +1167,19 @@ impl<'a> Evidence<'a> {
         ))
     }
 
+    /// Not on a partitioned route: neither what each key's base limit would have
+    /// rejected during recovery nor what the keys' base limits let through together
+    /// (to hold against the upstream's capacity) is observed.
     fn faster_restore(&self) -> Option<Hint> {
+        if self.s.partitioned {
+            return None;
+        }
         let p = &self.s.params;
         // Restoring faster brings back the base limit sooner, and with it whatever the
-        // base limit lets through: not while that is more than the upstream takes.
+        // base limit lets through: not while that is more than the upstream takes (in
+        // flight, on a `concurrency` route).
         if self
-            .observed_capacity()
+            .capacity()
             .is_some_and(|cap| self.base_within(cap) < p.base_limit_rps)
         {
             return None;
@@ -962,7 +1187,7 @@ impl<'a> Evidence<'a> {
         // Rejections of demand beyond the base limit (its rate over the interval; a
         // limit in flight has no rate) would come at any pace of restoring: only the
         // rest is what a faster restore can save.
-        let rate_limit = !matches!(self.s.algorithm, Algorithm::Concurrency { .. });
+        let rate_limit = !self.concurrency();
         let (mut secs, mut offered, mut rejected, mut beyond) = (0.0, 0u64, 0u64, 0u64);
         for (i, h) in self.intervals.iter().zip(&self.health) {
             let t = i.time_in(ControllerState::Recovering);
@@ -990,9 +1215,10 @@ impl<'a> Evidence<'a> {
         let depth = (p.base_limit_rps - p.cut_limit_rps).max(0.0);
         let beyond_base = if beyond > 0 {
             format!(
-                " ({} beyond what the base limit of {} req/s would have rejected)",
+                " ({} beyond what the base limit of {} {} would have rejected)",
                 pct(avoidable, offered),
-                fmt_num(p.base_limit_rps)
+                fmt_num(p.base_limit_rps),
+                self.units()
             )
         } else {
             String::new()
