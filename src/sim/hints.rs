@@ -3,7 +3,7 @@
 //! admitted request beyond it counts as an upstream failure), judged per profile (the
 //! route's own, and each scheduled event's over the intervals that began during it).
 
-use super::{SimResult, SimRun};
+use super::{SimResult, SimRun, SlotRow};
 use crate::config::{Config, Partition, RouteConfig};
 use crate::controller::ControllerState;
 use crate::hints::{self, Hint, Interval, Policy, RouteSettings, Severity, UpstreamCounts};
@@ -16,7 +16,11 @@ fn slots_per_interval(slot_s: f64) -> usize {
     ((1.0 / slot_s).round() as usize).max(1)
 }
 
-/// One route's series as one-second intervals. `half_slots` is the route's
+/// One route's series as one-second intervals, each also ended at the first slot
+/// that begins at or after one of `edges` (seconds since the run's start: its
+/// scheduled events' starts and ends, where the engine puts another profile in force
+/// at the slot rollover), the next one-second interval counting from there, as
+/// `serve` ends an interval at an event's edge. `half_slots` is the route's
 /// half-window in slots (demand is that half-window's rate, as the controller sees
 /// it; ROC is recorded from the end of the first full window, when the controller
 /// starts to act); `algorithm` reads the limiter's level; `capacity` says whether a capacity was
@@ -26,6 +30,7 @@ pub fn intervals(
     half_slots: usize,
     algorithm: &Algorithm,
     capacity: bool,
+    edges: &[f64],
 ) -> Vec<Interval> {
     let slot_s = result.summary.slot_s;
     let per = slots_per_interval(slot_s);
@@ -38,7 +43,7 @@ pub fn intervals(
     // No length if `slot_s` is none (negative, NaN, past `Duration::MAX`).
     let slot = Duration::try_from_secs_f64(slot_s).unwrap_or_default();
     let mut out = Vec::new();
-    for chunk in result.series.chunks(per) {
+    for chunk in chunks(&result.series, per, edges) {
         let start = crate::clock::Nanos::new((chunk[0].t_s * 1e9).round() as u64);
         let length = slot.saturating_mul(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
         let mut i = Interval::new(start, length);
@@ -86,6 +91,30 @@ pub fn intervals(
     out
 }
 
+/// `rows` in runs of `per`, a run also ending before the first row that begins at or
+/// after an edge (within a microsecond: an edge on a slot's start, read back from
+/// floating seconds, is that slot's).
+fn chunks<'a>(rows: &'a [SlotRow], per: usize, edges: &[f64]) -> Vec<&'a [SlotRow]> {
+    let mut edges: Vec<f64> = edges.iter().copied().filter(|e| e.is_finite()).collect();
+    edges.sort_by(f64::total_cmp);
+    let mut edges = edges.into_iter().peekable();
+    let (mut out, mut from) = (Vec::new(), 0);
+    for (k, row) in rows.iter().enumerate() {
+        let mut at_edge = false;
+        while edges.next_if(|&e| e <= row.t_s + 1e-6).is_some() {
+            at_edge = true;
+        }
+        if k > from && (at_edge || k - from == per) {
+            out.push(&rows[from..k]);
+            from = k;
+        }
+    }
+    if from < rows.len() {
+        out.push(&rows[from..]);
+    }
+    out
+}
+
 /// What a simulation says of a `concurrency` route: requests complete at once, so its
 /// limit never binds and no run shows what another size of it would do.
 const CONCURRENCY_NOT_JUDGED: &str = "no change: the simulation completes requests at once, so a concurrency limit never binds and a run cannot judge its settings";
@@ -116,11 +145,21 @@ pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
                     event: None,
                 }]);
             }
+            let start = result.summary.start_unix_s;
+            let edges: Vec<f64> = route
+                .events
+                .iter()
+                .flat_map(|e| {
+                    let from = unix(e.start) - start;
+                    [from, from + e.duration.as_secs_f64()]
+                })
+                .collect();
             let all = intervals(
                 result,
                 route.window.slots() / 2,
                 &route.algorithm,
                 capacity.is_some(),
+                &edges,
             );
             let known = capacity.filter(|_| single).map(|c| c as f64);
             Some(
@@ -145,16 +184,13 @@ fn by_profile(
     start_unix_s: f64,
     intervals: Vec<Interval>,
 ) -> Vec<(RouteSettings, Vec<Interval>)> {
-    let unix = |t: SystemTime| match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs_f64(),
-        Err(e) => -e.duration().as_secs_f64(),
-    };
     let mut groups: Vec<(RouteSettings, Vec<Interval>)> = Vec::new();
     for mut i in intervals {
-        let wall_s = start_unix_s + i.start.as_secs_f64();
+        let at = i.start.as_secs_f64();
         let event = route.events.iter().find(|e| {
-            let from = unix(e.start);
-            from <= wall_s && wall_s < from + e.duration.as_secs_f64()
+            // Since the run's start, within a microsecond as the edges split it.
+            let from = unix(e.start) - start_unix_s;
+            from <= at + 1e-6 && at + 1e-6 < from + e.duration.as_secs_f64()
         });
         i.event = event.map(|e| e.name.clone());
         match groups.iter_mut().find(|(s, _)| s.event == i.event) {
@@ -174,6 +210,14 @@ fn by_profile(
         }
     }
     groups
+}
+
+/// Seconds since the Unix epoch (negative before it).
+fn unix(t: SystemTime) -> f64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
 }
 
 #[cfg(test)]
@@ -232,7 +276,7 @@ mod tests {
         let bucket = Algorithm::TokenBucket {
             burst: Duration::from_secs(1),
         };
-        let out = intervals(&result(rows), 5, &bucket, true);
+        let out = intervals(&result(rows), 5, &bucket, true, &[]);
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].offered, 100);
         assert_eq!(out[1].offered, 300);
@@ -250,7 +294,7 @@ mod tests {
             "tokens < 1 from slot 15"
         );
         assert_eq!(out[0].exhausted_s, 0.0);
-        assert!(intervals(&result(Vec::new()), 5, &bucket, false).is_empty());
+        assert!(intervals(&result(Vec::new()), 5, &bucket, false, &[]).is_empty());
     }
 
     /// A result whose slot length is no duration (its fields are public, so a caller
@@ -271,8 +315,56 @@ mod tests {
         for slot_s in [-0.1, f64::NAN, f64::INFINITY, 1e300] {
             let mut odd = result(rows.clone());
             odd.summary.slot_s = slot_s;
-            let out = intervals(&odd, 5, &bucket, false);
+            let out = intervals(&odd, 5, &bucket, false, &[]);
             assert_eq!(out.iter().map(|i| i.offered).sum::<u64>(), 200, "{slot_s}");
         }
+    }
+
+    /// An event whose edges fall within a second (from 0.5 s to 1.5 s): the intervals
+    /// were whole seconds grouped by their start, so the event's part was [1 s, 2 s),
+    /// half of it under the route's own profile, and the event's first half went to
+    /// the route's own part. Split at the edges, each part is exactly the time it ran.
+    #[test]
+    fn an_events_edges_within_a_second_split_the_intervals() {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                    [[routes.events]]\nname = \"sale\"\n\
+                    start = \"1970-01-01T00:00:00.5Z\"\nduration = \"1s\"\nbase_limit = 500\n";
+        let config = Config::from_toml_str(toml, "test").unwrap();
+        let route = &config.routes[0];
+        // Row k, from k × 0.1 s, offers k requests.
+        let rows: Vec<SlotRow> = (0..30u32)
+            .map(|k| {
+                let mut row = SlotRow::empty(f64::from(k) * 0.1);
+                row.offered = u64::from(k);
+                row
+            })
+            .collect();
+        let edges = [0.5, 1.5];
+        let all = intervals(&result(rows), 5, &route.algorithm, false, &edges);
+        let groups = by_profile(route, 0.0, all);
+        let parts: Vec<_> = groups
+            .iter()
+            .map(|(s, part)| {
+                let starts: Vec<u64> = part.iter().map(|i| i.start.as_u64() / 1_000_000).collect();
+                (
+                    s.event.clone(),
+                    s.params.base_limit_rps,
+                    starts,
+                    part.iter().map(|i| i.offered).sum::<u64>(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            parts,
+            [
+                (
+                    None,
+                    200.0,
+                    vec![0, 1500, 2500],
+                    (0..5u64).chain(15..30).sum()
+                ),
+                (Some("sale".into()), 500.0, vec![500], (5..15u64).sum()),
+            ]
+        );
     }
 }
