@@ -28,7 +28,7 @@ pub struct Advisor {
 
 impl Advisor {
     /// An advisor with an empty history shaped by `config`.
-    pub(crate) fn new(config: &HintsConfig) -> Self {
+    pub fn new(config: &HintsConfig) -> Self {
         Advisor {
             history: Mutex::new(History::new(config.interval, config.keep)),
             keep: config.keep,
@@ -339,46 +339,5 @@ mod tests {
         };
         assert_eq!(starts("b"), [0, 10, 20, 30, 40, 50]);
         assert_eq!(starts("a"), [0, 10, 20, 25, 35, 45]);
-    }
-
-    /// What the hints timer costs with 1,000 routes, each with a scheduled event: the
-    /// look it takes every second ([`Advisor::next_tick`]) and the tick that closes
-    /// every route's interval. A measurement, not a check: run it in a release build,
-    /// `cargo test --release --all-features --lib timer_cost -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "a measurement: run in release with --ignored --nocapture"]
-    fn timer_cost_with_a_thousand_routes() {
-        use crate::clock::{Clock, MonotonicClock};
-        use std::fmt::Write;
-        let mut toml = String::new();
-        for k in 0..1_000 {
-            let _ = write!(
-                toml,
-                "[[routes]]\nname = \"r{k}\"\npath_prefix = \"/r{k}/\"\n\
-                 [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T01:00:00Z\"\n\
-                 duration = \"1h\"\nbase_limit = 500\ncut_limit = 150\n"
-            );
-        }
-        let config = Config::from_toml_str(&toml, "bench").unwrap();
-        let advisor = Advisor::new(&config.hints);
-        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
-        advisor.tick(&engine, Nanos::ZERO);
-        // Timed on the process's clock; the engine's runs on the values passed in.
-        let clock = MonotonicClock::new();
-        let looks = 200u32;
-        let started = clock.now();
-        for k in 0..looks {
-            std::hint::black_box(advisor.next_tick(&engine, Nanos::from_millis(u64::from(k))));
-        }
-        let look = clock.now().saturating_since(started) / looks;
-        let ticks = 20u32;
-        let started = clock.now();
-        for k in 1..=ticks {
-            advisor.tick(&engine, Nanos::from_secs(10 * u64::from(k)));
-        }
-        let tick = clock.now().saturating_since(started) / ticks;
-        println!(
-            "1000 routes: next_tick {look:?} a look (every second), tick {tick:?} (every interval)"
-        );
     }
 }
