@@ -376,6 +376,20 @@ impl Limiter {
     }
 }
 
+/// The highest limit, in req/s, that a [`TokenBucket`] or a [`LeakyBucket`] enforces
+/// within 0.1% of what is written. Both space requests a whole number of
+/// nanoseconds apart (the emission interval, rounded), which is up to half a
+/// nanosecond off the written rate: 0.1% at 500 ns (2,000,000 req/s), and more above
+/// it (700,000,000 req/s, 1.43 ns, is spaced 1 ns apart and enforced as
+/// 1,000,000,000). The configuration refuses a higher limit for these algorithms; the
+/// window counters and `concurrency` count whole requests, and have bounds of their
+/// own ([`MAX_WINDOW_COUNT`], [`MAX_PERMITS`]).
+pub const MAX_SPACED_RATE: f64 = 2_000_000.0;
+
+/// The most requests in flight a [`Concurrency`] limiter counts: its permits are
+/// kept in 32 bits. The configuration refuses a higher limit for `concurrency`.
+pub const MAX_PERMITS: u32 = u32::MAX;
+
 /// Nanoseconds between two units at `per_sec` units per second (at least 1 ns).
 pub(crate) fn interval_ns(per_sec: f64) -> u64 {
     if per_sec <= 0.0 || !per_sec.is_finite() {
@@ -1603,7 +1617,7 @@ fn permits(limit: f64) -> u32 {
     } else {
         limit.floor()
     };
-    n.clamp(0.0, f64::from(u32::MAX)) as u32
+    n.clamp(0.0, f64::from(MAX_PERMITS)) as u32
 }
 
 /// A slot in flight; dropping it lets the next request in.
@@ -1733,6 +1747,88 @@ mod tests {
             assert_eq!(taken, n, "{limit} req/s with a burst of {burst_ms} ms");
             assert_eq!(b.level(ms(0)).capacity, n as f64);
         }
+    }
+
+    /// Greedy requests at `limit` over `intervals` of it on the manual clock, each sent
+    /// the moment the limiter allows (a rejection's `retry_after` later): the
+    /// requests admitted and the span, in ns.
+    fn greedy(limiter: &Limiter, limit: f64, intervals: f64) -> (u64, u64) {
+        let span_ns = (intervals * 1e9 / limit) as u64;
+        let (mut now, mut admitted) = (Nanos::ZERO, 0);
+        while now.as_u64() <= span_ns {
+            match limiter.check(now) {
+                Decision::Admit(Admit::Now) => admitted += 1,
+                Decision::Admit(other) => panic!("{other:?} with no queue"),
+                Decision::Reject(r) => {
+                    assert!(r.retry_after > Duration::ZERO);
+                    now = now + r.retry_after;
+                }
+            }
+        }
+        (admitted, span_ns)
+    }
+
+    #[test]
+    fn up_to_the_largest_spaced_rate_a_bucket_keeps_to_its_limit_within_a_thousandth() {
+        // The bound, and the rates just under it that round furthest: 1e9 / 500.4999
+        // ns is spaced 500 ns apart, 1e9 / 500.5001 is 501.
+        let rates = [
+            MAX_SPACED_RATE,
+            1e9 / 500.4999,
+            1e9 / 500.5001,
+            1_999_999.0,
+            1_234_567.0,
+        ];
+        for limit in rates {
+            for (limiter, capacity) in [
+                (
+                    Limiter::new(
+                        Algorithm::TokenBucket {
+                            burst: Duration::from_millis(1),
+                        },
+                        limit,
+                        Nanos::ZERO,
+                    ),
+                    (limit / 1e3).floor(),
+                ),
+                (
+                    Limiter::new(Algorithm::LeakyBucket { queue: 0 }, limit, Nanos::ZERO),
+                    1.0,
+                ),
+            ] {
+                let (admitted, span_ns) = greedy(&limiter, limit, 1e5);
+                let expected = capacity + limit * span_ns as f64 / 1e9;
+                let off = (admitted as f64 - expected).abs() / expected;
+                assert!(
+                    off <= 1e-3,
+                    "{limit}: {admitted} admitted, {expected} expected"
+                );
+            }
+        }
+        // What the bound keeps out: 7 × 10^8 req/s is spaced 1 ns apart, 10^9 req/s.
+        let burst = Duration::from_millis(1);
+        let b = Limiter::new(Algorithm::TokenBucket { burst }, 7e8, Nanos::ZERO);
+        let (admitted, span_ns) = greedy(&b, 7e8, 1e5);
+        let rate = (admitted as f64 - 7e5) * 1e9 / span_ns as f64;
+        assert!((rate - 1e9).abs() < 1e6, "{rate}");
+    }
+
+    #[test]
+    fn at_the_largest_spaced_rate_a_rejection_says_when_to_come_back() {
+        let b = TokenBucket::new(MAX_SPACED_RATE, Duration::from_millis(1), ms(0));
+        let n = (0..3_000).filter(|_| admitted(b.check(ms(0)))).count();
+        assert_eq!(n, 2_000);
+        let r = b.check(ms(0)).rejection().unwrap();
+        assert_eq!(r.retry_after, Duration::from_nanos(500));
+        assert!(!admitted(b.check(Nanos::new(499))));
+        assert!(admitted(b.check(Nanos::new(500))));
+        let leaky = LeakyBucket::new(MAX_SPACED_RATE, 0);
+        assert!(admitted(leaky.check(ms(0))));
+        let r = leaky.check(ms(0)).rejection().unwrap();
+        assert_eq!(
+            (r.retry_after, r.reason),
+            (Duration::from_nanos(500), Reason::QueueFull)
+        );
     }
 
     #[test]
