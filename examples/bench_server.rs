@@ -59,7 +59,7 @@ struct Quota {
 
 /// High enough that nothing is rejected at any rate one core can serve.
 const ADMIT: Quota = Quota {
-    rate_rps: 10_000_000,
+    rate_rps: 2_000_000,
 };
 /// Low enough that all but about one request per second is rejected.
 const REJECT: Quota = Quota { rate_rps: 1 };

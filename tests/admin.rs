@@ -286,6 +286,47 @@ async fn a_runtime_change_past_a_durations_bound_is_refused() {
     p.stop().await;
 }
 
+/// A runtime change's limits have the file's upper bound: a token bucket spaces
+/// requests a whole number of nanoseconds apart, so 7 × 10^8 req/s (1.43 ns) was
+/// taken and enforced as 10^9. Past the bound it is refused (422) naming the field and
+/// the bound, and the route is left as it was; at the bound it is taken.
+#[tokio::test]
+async fn a_runtime_change_past_a_limits_bound_is_refused() {
+    let p = start(None).await;
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"base_limit": 700000000, "cut_limit": 2000001}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    let errors = body["errors"].to_string();
+    for expected in [
+        "base_limit: must be at most 2000000 req/s with algorithm token_bucket",
+        "got 700000000",
+        "cut_limit: must be at most 2000000 req/s",
+        "got 2000001",
+    ] {
+        assert!(errors.contains(expected), "{expected} in {errors}");
+    }
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["runtime_change"], false, "{order}");
+    assert_eq!(order["base_limit_rps"], 200.0, "{order}");
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"base_limit": 2000000, "cut_limit": 2000000}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["base_limit_rps"], 2_000_000.0, "{body}");
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() {
     let p = start(None).await;

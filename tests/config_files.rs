@@ -458,6 +458,81 @@ fn limits_must_suit_the_algorithm() {
     );
 }
 
+/// A limit is enforced as written or refused. The token and leaky buckets space
+/// requests a whole number of nanoseconds apart: 7 × 10^8 req/s (1.43 ns) was taken
+/// and enforced as 10^9, 1.5 × 10^8 as 1.43 × 10^8; above 2 × 10^6 (500 ns) the
+/// rounding is more than 0.1%. `concurrency` counts permits in 32 bits: 5 × 10^9 was
+/// taken and held to 4294967295. Every place a limit is written is checked: a route,
+/// `[defaults]`, a tier, an event.
+#[test]
+fn limits_above_what_the_algorithm_enforces_are_refused() {
+    let spaced = "must be at most 2000000 req/s with algorithm token_bucket (it spaces requests a whole number of nanoseconds apart, which above 2000000 req/s, 500 ns apart, moves the rate by more than 0.1%), got 700000000";
+    refused(
+        &route("base_limit = 700000000"),
+        "routes[0].base_limit",
+        spaced,
+    );
+    refused(
+        &route("base_limit = 3000000\ncut_limit = 2000001"),
+        "routes[0].cut_limit",
+        "must be at most 2000000 req/s with algorithm token_bucket",
+    );
+    refused(
+        &format!("[defaults]\nbase_limit = 150000000\n{ORDER}"),
+        "defaults.base_limit",
+        "must be at most 2000000 req/s with algorithm token_bucket",
+    );
+    // The limit from [defaults], the algorithm that bounds it from the route.
+    refused(
+        &format!(
+            "[defaults]\nbase_limit = 3000000\n{}",
+            route("algorithm = \"leaky_bucket\"")
+        ),
+        "routes[0].base_limit",
+        "must be at most 2000000 req/s with algorithm leaky_bucket",
+    );
+    refused(
+        &route(
+            "partition = \"ip\"\n[[routes.tiers]]\nname = \"bulk\"\nvalues = [\"10.0.0.1\"]\nbase_limit = 5000000\ncut_limit = 10"
+        ),
+        "routes[0].tiers[0].base_limit",
+        "must be at most 2000000 req/s with algorithm token_bucket",
+    );
+    refused(
+        &route(
+            "[[routes.events]]\nname = \"sale\"\nstart = \"2030-01-01T00:00:00Z\"\nduration = \"1h\"\nbase_limit = 100000000"
+        ),
+        "routes[0].events[0].base_limit",
+        "must be at most 2000000 req/s with algorithm token_bucket",
+    );
+    refused(
+        &route("algorithm = \"concurrency\"\nbase_limit = 5000000000\ncut_limit = 4"),
+        "routes[0].base_limit",
+        "must be at most 4294967295 with algorithm concurrency (what its count of requests in flight holds), got 5000000000",
+    );
+    // At the bounds they are taken; the window counters count whole requests, exactly
+    // at any rate, and are bounded by their count a window alone.
+    for (extra, limit) in [
+        ("", 2e6),
+        ("algorithm = \"leaky_bucket\"", 2e6),
+        ("algorithm = \"concurrency\"", 4_294_967_295.0),
+        (
+            "algorithm = \"fixed_window\"\nlimiter_window = \"1ms\"",
+            1e9,
+        ),
+        (
+            "algorithm = \"sliding_window\"\nlimiter_window = \"1ms\"",
+            1e9,
+        ),
+    ] {
+        let text = route(&format!(
+            "{extra}\nbase_limit = {limit}\ncut_limit = {limit}"
+        ));
+        let c = Config::from_toml_str(&text, "test").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.routes[0].controller.base_limit_rps, limit, "{text}");
+    }
+}
+
 #[test]
 fn tiers() {
     let tier =

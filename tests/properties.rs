@@ -492,6 +492,53 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(cases(32))]
+
+    /// A rate the config accepts for a token or leaky bucket is the rate enforced,
+    /// within 0.1%: a client that sends each request the moment it may (on the
+    /// manual clock) is admitted the bucket's capacity plus `limit × T` over a span
+    /// `T` of 20,000 intervals. The buckets space requests a whole number of
+    /// nanoseconds apart, so a rate above the config's bound was enforced off by the
+    /// rounding: 7 × 10^8 req/s as 10^9.
+    #[test]
+    fn a_rate_the_config_accepts_is_enforced_within_a_thousandth(
+        limit in prop_oneof![
+            3 => 1e3f64..2.1e6,
+            1 => 2.1e6f64..1e9,
+            1 => Just(2e6),
+        ],
+        leaky in any::<bool>(),
+    ) {
+        let algorithm = if leaky { "leaky_bucket" } else { "token_bucket\"\nburst = \"1ms" };
+        let text = format!(
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nalgorithm = \"{algorithm}\"\n\
+             base_limit = {limit:?}\ncut_limit = {limit:?}\n"
+        );
+        let Ok(config) = Config::from_toml_str(&text, "t.toml") else {
+            prop_assert!(limit > 2e6, "refused:\n{text}");
+            return Ok(());
+        };
+        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let route = e.route_at(0).unwrap();
+        let capacity = if leaky { 1.0 } else { (limit / 1e3 + 1e-6).floor().max(1.0) };
+        let span_ns = (20_000.0 * 1e9 / limit) as u64;
+        let (mut now, mut admitted) = (Nanos::ZERO, 0u64);
+        while now.as_u64() <= span_ns {
+            match e.check(route, Key::None, now) {
+                Decision::Admit(Admit::Now) => admitted += 1,
+                Decision::Admit(other) => prop_assert!(false, "{other:?} with no queue"),
+                Decision::Reject(r) => now = now + r.retry_after,
+            }
+        }
+        let expected = capacity + limit * span_ns as f64 / 1e9;
+        prop_assert!(
+            (admitted as f64 - expected).abs() <= expected * 1e-3 + 1.0,
+            "{admitted} admitted in {span_ns} ns, expected {expected}:\n{text}"
+        );
+    }
+}
+
+proptest! {
     #![proptest_config(cases(48))]
 
     /// A steady load, from the start, never cuts: whatever the rate above `min_rps`,

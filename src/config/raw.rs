@@ -18,7 +18,7 @@ use super::{ClientIpHeader, HintsConfig, ServerConfig, UpstreamError};
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
 use super::{Segment, Tier};
 use crate::controller::ControllerParams;
-use crate::limiter::{gcra, words, Algorithm, MAX_WINDOW_COUNT};
+use crate::limiter::{gcra, words, Algorithm, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
 use crate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
@@ -391,6 +391,14 @@ const ALGORITHMS: [(&str, Kind); 5] = [
     ("leaky_bucket", Kind::LeakyBucket),
     ("concurrency", Kind::Concurrency),
 ];
+
+/// The algorithm's name as written in the file.
+fn kind_name(kind: Kind) -> &'static str {
+    ALGORITHMS
+        .iter()
+        .find(|(_, k)| *k == kind)
+        .map_or("", |(n, _)| n)
+}
 
 /// The partition, as named in the file; its key limits are separate fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -969,11 +977,13 @@ fn controller_params(p: &mut Problems, s: &Settings) -> Option<ControllerParams>
     })
 }
 
-/// Checks limits against the algorithm that enforces them: whole numbers for
-/// `concurrency`, a capacity (`limit × burst`) that a token bucket can hold for
-/// `token_bucket`, window quotas that a window counter can hold and that admit at least
-/// one request for `fixed_window` and `sliding_window`. Each limit is `(field, value,
-/// whether it is a limit rather than a step)`.
+/// Checks limits against the algorithm that enforces them, so that each is enforced
+/// as written or refused: whole numbers, and at most [`MAX_PERMITS`], for
+/// `concurrency`; at most [`MAX_SPACED_RATE`] for `token_bucket` and `leaky_bucket`,
+/// and a capacity (`limit × burst`) that a token bucket can hold for `token_bucket`;
+/// window quotas that a window counter can hold and that admit at least one request
+/// for `fixed_window` and `sliding_window`. Each limit is `(field, value, whether it
+/// is a limit rather than a step)`.
 fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool)]) {
     let Some(kind) = &s.algorithm else { return };
     for &(field, v, is_limit) in limits {
@@ -982,6 +992,21 @@ fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool
                 v.scope.max(kind.scope).path(field),
                 format!(
                     "must be a whole number ≥ 1 with algorithm concurrency (it counts requests in flight), got {}",
+                    v.value
+                ),
+            ),
+            Kind::Concurrency if is_limit && v.value > f64::from(MAX_PERMITS) => p.at(
+                v.scope.max(kind.scope).path(field),
+                format!(
+                    "must be at most {MAX_PERMITS} with algorithm concurrency (what its count of requests in flight holds), got {}",
+                    v.value
+                ),
+            ),
+            Kind::TokenBucket | Kind::LeakyBucket if is_limit && v.value > MAX_SPACED_RATE => p.at(
+                v.scope.max(kind.scope).path(field),
+                format!(
+                    "must be at most {MAX_SPACED_RATE} req/s with algorithm {} (it spaces requests a whole number of nanoseconds apart, which above {MAX_SPACED_RATE} req/s, 500 ns apart, moves the rate by more than 0.1%), got {}",
+                    kind_name(kind.value),
                     v.value
                 ),
             ),
@@ -1040,10 +1065,7 @@ fn check_route_limits(p: &mut Problems, s: &Settings) {
 /// on the route itself is reported, since it would do nothing.
 fn algorithm_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Algorithm> {
     let kind = s.algorithm.as_ref()?.value;
-    let name = ALGORITHMS
-        .iter()
-        .find(|(_, k)| *k == kind)
-        .map_or("", |(n, _)| n);
+    let name = kind_name(kind);
     let written_here = |scope: Option<Scope>| scope == Some(at);
     for (field, scope, applies, algorithms) in [
         (
