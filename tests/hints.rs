@@ -548,6 +548,50 @@ fn a_raised_bucket_limit_stays_within_what_the_bucket_keeps() {
     .unwrap();
 }
 
+/// A token or leaky bucket is configured at most at 2 × 10^6 req/s (it spaces
+/// requests a whole number of nanoseconds apart, within 0.1% up to there): a base
+/// limit of 1.8 × 10^6, a fifth of its traffic rejected while the upstream is
+/// healthy, was raised 30% to 2.34 × 10^6, which the config refuses. The raise stops
+/// at the bound.
+#[test]
+fn a_raised_bucket_limit_stays_within_what_a_bucket_enforces() {
+    for algorithm in ["token_bucket", "leaky_bucket"] {
+        let extra = format!("algorithm = \"{algorithm}\"\nbase_limit = 1800000\ncut_limit = 1000");
+        let mut intervals = seconds(2_250_000, false);
+        for i in &mut intervals {
+            i.rejected[rocgate::limiter::Reason::Limit.index()] = 450_000;
+        }
+        let h = rocgate::hints::advise(
+            &engine_settings(&extra),
+            &intervals,
+            None,
+            &Policy::default(),
+        );
+        assert_eq!(numbers(&h, "raise_base_limit"), (1.8e6, 2e6), "{algorithm}");
+        let raise = find(&h, "raise_base_limit").unwrap();
+        assert!(
+            raise
+                .reason
+                .contains("at most 2000000 req/s, the most a bucket enforces within 0.1%"),
+            "{algorithm}: {}",
+            raise.reason
+        );
+        apply(&extra, &h).unwrap();
+        // At the bound already: nothing to raise.
+        let extra = format!("algorithm = \"{algorithm}\"\nbase_limit = 2000000\ncut_limit = 1000");
+        let h = rocgate::hints::advise(
+            &engine_settings(&extra),
+            &intervals,
+            None,
+            &Policy::default(),
+        );
+        assert!(
+            find(&h, "raise_base_limit").is_none(),
+            "{algorithm}: {h:#?}"
+        );
+    }
+}
+
 #[test]
 fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
     use rocgate::config::Mode;

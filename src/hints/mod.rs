@@ -14,7 +14,7 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a window counter at most what it holds |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
@@ -47,7 +47,7 @@ pub use sketch::Sketch;
 
 use crate::config::Mode;
 use crate::controller::ControllerState;
-use crate::limiter::{gcra, Algorithm, Reason, MAX_WINDOW_COUNT};
+use crate::limiter::{gcra, Algorithm, Reason, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
@@ -497,14 +497,18 @@ impl<'a> Evidence<'a> {
     }
 
     /// A suggested limit as the route's algorithm takes it (the config file's rules):
-    /// whole requests in flight for `concurrency`, at least one request per window and
-    /// at most what a window counter holds ([`MAX_WINDOW_COUNT`]) for the window
-    /// counters, at most what a token bucket keeps (`limit × burst` at most
-    /// [`MAX_TOKENS`](gcra::MAX_TOKENS)) for `token_bucket`, at least 0.000001 req/s
-    /// for the rate algorithms; rounded `up` or down.
+    /// whole requests in flight, at most [`MAX_PERMITS`], for `concurrency`, at least
+    /// one request per window and at most what a window counter holds
+    /// ([`MAX_WINDOW_COUNT`]) for the window counters, at most what a token bucket
+    /// keeps (`limit × burst` at most [`MAX_TOKENS`](gcra::MAX_TOKENS)) for
+    /// `token_bucket`, at most [`MAX_SPACED_RATE`] for `token_bucket` and
+    /// `leaky_bucket`, at least 0.000001 req/s for the rate algorithms; rounded `up`
+    /// or down.
     fn fit_limit(&self, x: f64, up: bool) -> f64 {
         match self.s.algorithm {
-            Algorithm::Concurrency { .. } => if up { x.ceil() } else { x.floor() }.max(1.0),
+            Algorithm::Concurrency { .. } => {
+                if up { x.ceil() } else { x.floor() }.clamp(1.0, f64::from(MAX_PERMITS))
+            }
             Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
                 let secs = window.as_secs_f64();
                 x.max(round_sig(1.0 / secs, 4, true)).min(round_sig(
@@ -517,8 +521,9 @@ impl<'a> Evidence<'a> {
                 let secs = f64::from(gcra::burst_ms(burst)) / 1e3;
                 x.max(1e-6)
                     .min(round_sig(f64::from(gcra::MAX_TOKENS) / secs, 4, false))
+                    .min(MAX_SPACED_RATE)
             }
-            Algorithm::LeakyBucket { .. } => x.max(1e-6),
+            Algorithm::LeakyBucket { .. } => x.clamp(1e-6, MAX_SPACED_RATE),
         }
     }
 
@@ -723,14 +728,22 @@ impl<'a> Evidence<'a> {
             return None;
         }
         if suggested < wanted {
-            bound.push_str(&format!(
-                ", at most {} {}, what the limiter's {} holds",
-                fmt_num(suggested),
-                self.units(),
-                match self.s.algorithm {
-                    Algorithm::TokenBucket { .. } => "bucket (limit × burst in 4294967295 tokens)",
-                    _ => "window counter",
+            let what = match self.s.algorithm {
+                Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. }
+                    if suggested == MAX_SPACED_RATE =>
+                {
+                    "the most a bucket enforces within 0.1% (it spaces requests a whole number of nanoseconds apart)"
                 }
+                Algorithm::TokenBucket { .. } => {
+                    "what the limiter's bucket (limit × burst in 4294967295 tokens) holds"
+                }
+                Algorithm::Concurrency { .. } => "what the limiter's count of them holds",
+                _ => "what the limiter's window counter holds",
+            };
+            bound.push_str(&format!(
+                ", at most {} {}, {what}",
+                fmt_num(suggested),
+                self.units()
             ));
         }
         Some(self.hint(
