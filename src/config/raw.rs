@@ -1787,6 +1787,18 @@ fn network(text: &str) -> Result<ipnet::IpNet, String> {
 /// semaphore counts.
 const MAX_CONNECTIONS_LIMIT: usize = 10_000_000;
 
+/// The largest `server.max_upstream_lanes`.
+const MAX_UPSTREAM_LANES: usize = 1_000_000;
+
+/// A count from `least` to `most`, both included; the error names the bound it misses.
+fn count_within(w: Whole, least: usize, most: usize) -> Result<usize, String> {
+    match usize::try_from(w.0) {
+        Ok(n) if n < least => Err(format!("must be at least {least}, got {n}")),
+        Ok(n) if n <= most => Ok(n),
+        _ => Err(format!("must be at most {most}, got {}", w.0)),
+    }
+}
+
 /// `[server]` and `[admin]`, each field checked on its own, defaults where absent.
 fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> ServerConfig {
     let mut out = ServerConfig::default();
@@ -1864,56 +1876,33 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         field(p, "server.max_body_bytes", checked);
     }
     if let Some(w) = server.max_upstream_lanes {
-        let checked = match usize::try_from(w.0) {
-            Ok(n) if n <= 1_000_000 => {
-                out.max_upstream_lanes = n;
-                Ok(())
-            }
-            _ => Err(format!("must be at most 1000000, got {}", w.0)),
-        };
-        field(p, "server.max_upstream_lanes", checked);
+        field(
+            p,
+            "server.max_upstream_lanes",
+            count_within(w, 0, MAX_UPSTREAM_LANES).map(|n| out.max_upstream_lanes = n),
+        );
     }
     if let Some(w) = server.max_connections {
-        let checked = match usize::try_from(w.0) {
-            Ok(0) => Err("must be at least 1, got 0".to_owned()),
-            Ok(n) if n <= MAX_CONNECTIONS_LIMIT => {
-                out.max_connections = n;
-                Ok(())
-            }
-            _ => Err(format!(
-                "must be at most {MAX_CONNECTIONS_LIMIT}, got {}",
-                w.0
-            )),
-        };
-        field(p, "server.max_connections", checked);
+        field(
+            p,
+            "server.max_connections",
+            count_within(w, 1, MAX_CONNECTIONS_LIMIT).map(|n| out.max_connections = n),
+        );
     }
     if let Some(w) = server.max_connections_per_client {
-        let checked = match usize::try_from(w.0) {
-            Ok(0) => Err("must be at least 1, got 0".to_owned()),
-            Ok(n) if n <= MAX_CONNECTIONS_LIMIT => {
-                out.max_connections_per_client = Some(n);
-                Ok(())
-            }
-            _ => Err(format!(
-                "must be at most {MAX_CONNECTIONS_LIMIT}, got {}",
-                w.0
-            )),
-        };
-        field(p, "server.max_connections_per_client", checked);
+        field(
+            p,
+            "server.max_connections_per_client",
+            count_within(w, 1, MAX_CONNECTIONS_LIMIT)
+                .map(|n| out.max_connections_per_client = Some(n)),
+        );
     }
     if let Some(w) = server.max_upstream_requests {
-        let checked = match usize::try_from(w.0) {
-            Ok(0) => Err("must be at least 1, got 0".to_owned()),
-            Ok(n) if n <= MAX_CONNECTIONS_LIMIT => {
-                out.max_upstream_requests = n;
-                Ok(())
-            }
-            _ => Err(format!(
-                "must be at most {MAX_CONNECTIONS_LIMIT}, got {}",
-                w.0
-            )),
-        };
-        field(p, "server.max_upstream_requests", checked);
+        field(
+            p,
+            "server.max_upstream_requests",
+            count_within(w, 1, MAX_CONNECTIONS_LIMIT).map(|n| out.max_upstream_requests = n),
+        );
     }
     for (i, text) in server
         .trusted_proxies
