@@ -96,12 +96,7 @@ impl RedisServer {
     }
 
     fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("running").id();
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} {pid}");
+        send_signal(self.child.as_ref(), signal);
     }
 
     /// `SIGKILL`, and reaps the process.
@@ -111,6 +106,17 @@ impl RedisServer {
             let _ = child.wait();
         }
     }
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`, `-KILL`) to a redis-server process, which must be
+/// running.
+fn send_signal(child: Option<&Child>, signal: &str) {
+    let pid = child.expect("running").id();
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
 }
 
 impl Drop for RedisServer {
@@ -652,9 +658,14 @@ async fn cut_together(server: &impl Servers) {
     let normal_to_cut = |s: TransitionCounts| s.transitions[0][1];
     assert_eq!(normal_to_cut(sa) + normal_to_cut(sb), 1);
     // Rejections under the cut name it.
+    rejections_name_the_cut(&a).await;
+}
+
+/// 200 decisions on `inst`: some rejected, each for the rate-of-change cut.
+async fn rejections_name_the_cut(inst: &Instance) {
     let mut reasons = Vec::new();
     for _ in 0..200 {
-        if let rocgate::limiter::Decision::Reject(r) = a.check().await {
+        if let rocgate::limiter::Decision::Reject(r) = inst.check().await {
             reasons.push(r.reason);
         }
     }
@@ -686,6 +697,62 @@ async fn run_until(
     (admitted, started.elapsed())
 }
 
+/// [`run_until`] for all of `limit`.
+async fn run_for(
+    instances: [&Instance; 2],
+    pause: Duration,
+    limit: Duration,
+    waits: &mut Waits,
+) -> ([usize; 2], Duration) {
+    run_until(instances, pause, limit, waits, || false).await
+}
+
+/// Decides on both instances every millisecond until both are in fallback, at most 2 s;
+/// fails if they are not by then. Returns how long they took.
+async fn fall_back(instances: [&Instance; 2], waits: &mut Waits) -> Duration {
+    let (pause, limit) = (Duration::from_millis(1), Duration::from_secs(2));
+    reach(
+        StoreMode::Fallback,
+        "still shared",
+        instances,
+        pause,
+        limit,
+        waits,
+    )
+    .await
+}
+
+/// Decides on both instances every 5 ms until both are back on the shared state, at
+/// most 3 s; fails if they are not by then. Returns how long they took.
+async fn come_back(instances: [&Instance; 2], waits: &mut Waits) -> Duration {
+    let (pause, limit) = (Duration::from_millis(5), Duration::from_secs(3));
+    reach(
+        StoreMode::Shared,
+        "not back",
+        instances,
+        pause,
+        limit,
+        waits,
+    )
+    .await
+}
+
+/// [`run_until`] both instances are in `mode`; fails if they are not by `limit`,
+/// saying `not_yet` and how long it waited.
+async fn reach(
+    mode: StoreMode,
+    not_yet: &str,
+    instances: [&Instance; 2],
+    pause: Duration,
+    limit: Duration,
+    waits: &mut Waits,
+) -> Duration {
+    let there = || instances.iter().all(|i| i.store.mode() == mode);
+    let (_, took) = run_until(instances, pause, limit, waits, there).await;
+    assert!(there(), "{not_yet} after {took:?}");
+    took
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_falls_back_at_the_share_and_comes_back() {
     let _serial = one_at_a_time().await;
@@ -702,27 +769,17 @@ async fn redis_killed_falls_back_at_the_share_and_comes_back() {
 
     server.kill();
     let mut waits = Waits::new(&config);
-    let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
-    let (_, took) = run_until(
-        [&a, &b],
-        Duration::from_millis(1),
-        Duration::from_secs(2),
-        &mut waits,
-        fallen,
-    )
-    .await;
-    assert!(fallen(), "still shared after {took:?}");
+    let took = fall_back([&a, &b], &mut waits).await;
     assert!(took < Duration::from_secs(1), "fallback took {took:?}");
 
     // In fallback, each instance admits at most its share (100 ÷ 2 live instances):
     // a bucket of 50 plus 50/s.
     let offered_for = Duration::from_millis(1500);
-    let (admitted, took) = run_until(
+    let (admitted, took) = run_for(
         [&a, &b],
         Duration::from_micros(500),
         offered_for,
         &mut waits,
-        || false,
     )
     .await;
     for n in admitted {
@@ -739,16 +796,7 @@ async fn redis_killed_falls_back_at_the_share_and_comes_back() {
     assert!(a.store.fallback_decisions() > 0 && b.store.fallback_decisions() > 0);
 
     server.restart().await;
-    let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
-    let (_, took) = run_until(
-        [&a, &b],
-        Duration::from_millis(5),
-        Duration::from_secs(3),
-        &mut waits,
-        shared,
-    )
-    .await;
-    assert!(shared(), "not back after {took:?}");
+    let took = come_back([&a, &b], &mut waits).await;
     assert!(
         took < Duration::from_secs(2),
         "back to shared after {took:?}"
@@ -767,37 +815,18 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
 
     server.signal("-STOP");
     let mut waits = Waits::new(&config);
-    let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
-    let (_, took) = run_until(
-        [&a, &b],
-        Duration::from_millis(1),
-        Duration::from_secs(2),
-        &mut waits,
-        fallen,
-    )
-    .await;
-    assert!(fallen(), "still shared after {took:?}");
+    fall_back([&a, &b], &mut waits).await;
     // Probes keep failing by timeout while it is stopped; none waits longer.
-    run_until(
+    run_for(
         [&a, &b],
         Duration::from_millis(1),
         Duration::from_millis(600),
         &mut waits,
-        || false,
     )
     .await;
 
     server.signal("-CONT");
-    let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
-    let (_, took) = run_until(
-        [&a, &b],
-        Duration::from_millis(5),
-        Duration::from_secs(3),
-        &mut waits,
-        shared,
-    )
-    .await;
-    assert!(shared(), "not back after {took:?}");
+    come_back([&a, &b], &mut waits).await;
 }
 
 /// A TCP relay on a free loopback port in front of a Redis. [`go_dark`](Self::go_dark)
@@ -902,12 +931,11 @@ async fn a_connection_gone_dark_is_replaced() {
     // back on the shared state on a new connection: within 1.5 s (heartbeats every
     // 200 ms here)...
     let mut waits = Waits::new(&config);
-    run_until(
+    run_for(
         [&a, &b],
         Duration::from_millis(2),
         Duration::from_millis(1500),
         &mut waits,
-        || false,
     )
     .await;
     assert!(
@@ -918,12 +946,11 @@ async fn a_connection_gone_dark_is_replaced() {
     );
     // ... and no decision falls back after that.
     let fell = a.store.fallback_decisions() + b.store.fallback_decisions();
-    run_until(
+    run_for(
         [&a, &b],
         Duration::from_millis(1),
         Duration::from_millis(300),
         &mut waits,
-        || false,
     )
     .await;
     assert_eq!(a.store.mode(), StoreMode::Shared);
@@ -978,16 +1005,7 @@ async fn a_redis_out_of_memory_falls_back_untouched_and_comes_back() {
     assert!(before.iter().all(|h| !h.is_empty()), "{before:?}");
 
     let mut waits = Waits::new(&config);
-    let fallen = || a.store.mode() == StoreMode::Fallback && b.store.mode() == StoreMode::Fallback;
-    let (_, took) = run_until(
-        [&a, &b],
-        Duration::from_millis(1),
-        Duration::from_secs(2),
-        &mut waits,
-        fallen,
-    )
-    .await;
-    assert!(fallen(), "still shared after {took:?}");
+    fall_back([&a, &b], &mut waits).await;
     assert_eq!(contents(&mut conn), before);
 
     let _: () = redis::cmd("CONFIG")
@@ -996,16 +1014,7 @@ async fn a_redis_out_of_memory_falls_back_untouched_and_comes_back() {
         .arg("0")
         .query(&mut conn)
         .unwrap();
-    let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
-    let (_, took) = run_until(
-        [&a, &b],
-        Duration::from_millis(5),
-        Duration::from_secs(3),
-        &mut waits,
-        shared,
-    )
-    .await;
-    assert!(shared(), "not back after {took:?}");
+    come_back([&a, &b], &mut waits).await;
 }
 
 /// The URL forms README gives, against a Redis with an ACL user and a unix socket:
@@ -1121,6 +1130,17 @@ async fn a_flapping_redis_under_uneven_load_admits_no_fresh_burst() {
     flapping_run(&RedisServer::start().await, "flap-uneven", pauses).await;
 }
 
+/// After 500 ms, stops `server` for 250 ms and resumes it for 250 ms, `flaps` times.
+async fn flap(server: &RedisServer, flaps: usize) {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..flaps {
+        server.signal("-STOP");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        server.signal("-CONT");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Two instances offer a request every `pauses[i]` to a route of 50 req/s with 2 s of
 /// burst (100 tokens shared, 50 per instance) while Redis is stopped for 250 ms and
 /// resumed for 250 ms, six times; checks the fleet's admissions against
@@ -1141,13 +1161,7 @@ async fn flapping_run(server: &RedisServer, prefix: &str, pauses: [Duration; 2])
     let done = std::sync::atomic::AtomicBool::new(false);
     let flaps = 6;
     let flapper = async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        for _ in 0..flaps {
-            server.signal("-STOP");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            server.signal("-CONT");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        flap(server, flaps).await;
         done.store(true, std::sync::atomic::Ordering::Relaxed);
     };
     let started = tokio::time::Instant::now();
@@ -1211,13 +1225,7 @@ async fn three_instances_under_a_flapping_redis_stay_within_the_bound() {
         })
         .collect();
     let flaps = 4;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for _ in 0..flaps {
-        server.signal("-STOP");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        server.signal("-CONT");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    flap(&server, flaps).await;
     done.store(true, Ordering::Relaxed);
     let (mut admitted, mut falls) = (0, 0);
     for run in runs {
@@ -1319,6 +1327,28 @@ async fn skewed_instance_clocks_change_no_total() {
 fn redis_time_us(conn: &mut redis::Connection) -> u64 {
     let (s, us): (u64, u64) = redis::cmd("TIME").query(conn).unwrap();
     s * 1_000_000 + us
+}
+
+/// Reads the `through` of the controller hash `key` every 20 ms, at most 100 times,
+/// until `stored` holds of it (a step stored); returns the last read.
+async fn stored_through(
+    conn: &mut redis::Connection,
+    key: &str,
+    stored: impl Fn(u64) -> bool,
+) -> u64 {
+    let mut through = 0;
+    for _ in 0..100 {
+        through = redis::cmd("HGET")
+            .arg(key)
+            .arg("through")
+            .query(conn)
+            .unwrap();
+        if stored(through) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    through
 }
 
 /// A bucket last written under a clock 30 s ahead of the one Redis reads now (a
@@ -1459,17 +1489,7 @@ async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_
 
     // The request after the silence rolls the window over; its step is stored then.
     let _ = a.check().await;
-    for _ in 0..100 {
-        let through: u64 = redis::cmd("HGET")
-            .arg("{silent:order}:c")
-            .arg("through")
-            .query(&mut conn)
-            .unwrap();
-        if through > cut {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    stored_through(&mut conn, "{silent:order}:c", |through| through > cut).await;
     let (state, limit, entered): (u8, f64, u64) = redis::cmd("HMGET")
         .arg("{silent:order}:c")
         .arg(&["state", "limit", "entered"][..])
@@ -1527,17 +1547,7 @@ async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
         .query(&mut conn)
         .unwrap();
     let _ = a.check().await;
-    for _ in 0..100 {
-        let through: u64 = redis::cmd("HGET")
-            .arg("{restored:order}:c")
-            .arg("through")
-            .query(&mut conn)
-            .unwrap();
-        if through >= s - 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    stored_through(&mut conn, "{restored:order}:c", |through| through >= s - 1).await;
     let (state, entered): (u8, u64) = redis::cmd("HMGET")
         .arg("{restored:order}:c")
         .arg(&["state", "entered"][..])
@@ -1587,18 +1597,7 @@ async fn a_shared_cut_in_force_is_counted_as_it_passes() {
         .query(&mut conn)
         .unwrap();
     let _ = a.check().await;
-    let mut through = s - 2;
-    for _ in 0..100 {
-        through = redis::cmd("HGET")
-            .arg("{cutting:order}:c")
-            .arg("through")
-            .query(&mut conn)
-            .unwrap();
-        if through > s - 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let through = stored_through(&mut conn, "{cutting:order}:c", |through| through > s - 2).await;
     assert!(through > s - 2, "the step was stored");
     let state: u8 = redis::cmd("HGET")
         .arg("{cutting:order}:c")
@@ -2886,16 +2885,7 @@ async fn batched_cut(server: &impl Servers) {
         "{ta:?} {tb:?}"
     );
     // Each enforces its share of the cut limit locally.
-    let mut reasons = Vec::new();
-    for _ in 0..200 {
-        if let rocgate::limiter::Decision::Reject(r) = a.check().await {
-            reasons.push(r.reason);
-        }
-    }
-    assert!(
-        !reasons.is_empty() && reasons.iter().all(|r| *r == Reason::RocCut),
-        "{reasons:?}"
-    );
+    rejections_name_the_cut(&a).await;
 }
 
 /// A reload (or a new release) that changes a distributed route's slot length: the
@@ -3074,12 +3064,7 @@ impl ClusterNode {
 
     /// Sends `signal` (`-STOP`, `-CONT`) to the node's process.
     fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("running").id();
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} {pid}");
+        send_signal(self.child.as_ref(), signal);
     }
 
     /// `SIGKILL`, and reaps the process.
@@ -3305,6 +3290,34 @@ async fn cluster_routes_on_different_masters_and_noscript() {
     }
 }
 
+/// One instance on `config` deciding two routes of 100 req/s, `a` and `b`, each
+/// decided once and found on the shared state.
+async fn shared_on_both(config: &RedisConfig, [a, b]: [&str; 2]) -> Instance {
+    let routes = [
+        route_named(a, 100.0, Duration::from_secs(1)),
+        route_named(b, 100.0, Duration::from_secs(1)),
+    ];
+    let inst = Instance::with_routes(&routes, config, Arc::new(MonotonicClock::new()));
+    assert!(inst.check_on(a).await.is_admit() && inst.check_on(b).await.is_admit());
+    let mode = |name: &str| inst.store.view(name).unwrap().mode;
+    assert_eq!((mode(a), mode(b)), (StoreMode::Shared, StoreMode::Shared));
+    inst
+}
+
+/// Decides route `name` on `inst` every 5 ms until it is back on the shared state, at
+/// most 5 s; fails if it is not by then. Returns how long it took.
+async fn route_comes_back(inst: &Instance, name: &str, waits: &mut Waits) -> Duration {
+    let mode = || inst.store.view(name).unwrap().mode;
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(5) && mode() != StoreMode::Shared {
+        let _ = waits.time(name, inst.check_on(name)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let back = started.elapsed();
+    assert_eq!(mode(), StoreMode::Shared, "not back after {back:?}");
+    back
+}
+
 /// `SIGKILL` of the master holding one route's slot: that route is decided locally
 /// within the timeout, no decision waits longer, the route on another master stays
 /// shared; with no replica to fail over to, the route returns once its node is back.
@@ -3313,35 +3326,19 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     let _serial = one_at_a_time().await;
     let mut cluster = RedisCluster::start().await;
     let [(a, na), (b, _)] = cluster.routes_on_two_masters("down");
-    let routes = [
-        route_named(&a, 100.0, Duration::from_secs(1)),
-        route_named(&b, 100.0, Duration::from_secs(1)),
-    ];
     let config = store_config(&cluster, "down");
-    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
-    assert!(inst.check_on(&a).await.is_admit() && inst.check_on(&b).await.is_admit());
+    let inst = shared_on_both(&config, [&a, &b]).await;
     let mode = |name: &str| inst.store.view(name).unwrap().mode;
-    assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
 
     cluster.nodes[na].kill();
     let mut waits = Waits::new(&config);
-    let started = tokio::time::Instant::now();
-    let mut fell_after = None;
-    let mut b_fallen = 0;
-    let mut decisions = 0;
     // Past the cluster's node timeout (1 s): the others then know the node failed.
-    while started.elapsed() < Duration::from_millis(2500) {
-        for name in [&a, &b] {
-            let _ = waits.time(name, inst.check_on(name)).await;
-            decisions += 1;
-        }
-        if fell_after.is_none() && mode(&a) == StoreMode::Fallback {
-            fell_after = Some(started.elapsed());
-        }
-        b_fallen += usize::from(mode(&b) == StoreMode::Fallback);
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let fell_after = fell_after.expect("the route on the dead master fell back");
+    let limit = Duration::from_millis(2500);
+    let offered = offer_on_both(&inst, [&a, &b], limit, &mut waits).await;
+    let (b_fallen, decisions) = (offered.second_fallen, offered.decisions);
+    let fell_after = offered
+        .first_fell_after
+        .expect("the route on the dead master fell back");
     assert!(
         fell_after < Duration::from_secs(1),
         "fell back after {fell_after:?}"
@@ -3354,13 +3351,7 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     assert_eq!(inst.store.mode(), StoreMode::Fallback);
 
     cluster.restart(na).await;
-    let started = tokio::time::Instant::now();
-    while started.elapsed() < Duration::from_secs(5) && mode(&a) != StoreMode::Shared {
-        let _ = waits.time(&a, inst.check_on(&a)).await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let back = started.elapsed();
-    assert_eq!(mode(&a), StoreMode::Shared, "not back after {back:?}");
+    route_comes_back(&inst, &a, &mut waits).await;
     assert_eq!(inst.store.mode(), StoreMode::Shared);
 }
 
@@ -3374,46 +3365,25 @@ async fn cluster_master_stopped_falls_back_its_routes_and_comes_back() {
     let _serial = one_at_a_time().await;
     let cluster = RedisCluster::start().await;
     let [(a, na), (b, _)] = cluster.routes_on_two_masters("silent");
-    let routes = [
-        route_named(&a, 100.0, Duration::from_secs(1)),
-        route_named(&b, 100.0, Duration::from_secs(1)),
-    ];
     let config = store_config(&cluster, "silent");
-    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
-    assert!(inst.check_on(&a).await.is_admit() && inst.check_on(&b).await.is_admit());
-    let mode = |name: &str| inst.store.view(name).unwrap().mode;
-    assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
+    let inst = shared_on_both(&config, [&a, &b]).await;
 
     cluster.nodes[na].signal("-STOP");
     let mut waits = Waits::new(&config);
-    let started = tokio::time::Instant::now();
-    let mut fell_after = None;
-    let mut b_fallen = 0;
-    while started.elapsed() < Duration::from_millis(600) {
-        for name in [&a, &b] {
-            let _ = waits.time(name, inst.check_on(name)).await;
-        }
-        if fell_after.is_none() && mode(&a) == StoreMode::Fallback {
-            fell_after = Some(started.elapsed());
-        }
-        b_fallen += usize::from(mode(&b) == StoreMode::Fallback);
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let limit = Duration::from_millis(600);
+    let offered = offer_on_both(&inst, [&a, &b], limit, &mut waits).await;
+    let b_fallen = offered.second_fallen;
     cluster.nodes[na].signal("-CONT");
-    let fell_after = fell_after.expect("the route on the silent master fell back");
+    let fell_after = offered
+        .first_fell_after
+        .expect("the route on the silent master fell back");
     assert!(
         fell_after < Duration::from_millis(400),
         "fell back after {fell_after:?}"
     );
     assert_eq!(b_fallen, 0, "the route on a live master fell back");
 
-    let started = tokio::time::Instant::now();
-    while started.elapsed() < Duration::from_secs(5) && mode(&a) != StoreMode::Shared {
-        let _ = waits.time(&a, inst.check_on(&a)).await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let back = started.elapsed();
-    assert_eq!(mode(&a), StoreMode::Shared, "not back after {back:?}");
+    let back = route_comes_back(&inst, &a, &mut waits).await;
     assert!(back < Duration::from_secs(1), "back after {back:?}");
     assert_eq!(inst.store.mode(), StoreMode::Shared);
 }
@@ -3456,25 +3426,43 @@ async fn behind_relays(cluster: &RedisCluster) -> Vec<DarkeningRelay> {
     relays
 }
 
+/// What [`offer_on_both`] saw.
+struct Offered {
+    /// How long the first route took to fall back, if it did.
+    first_fell_after: Option<Duration>,
+    /// How many rounds found the second route in fallback.
+    second_fallen: usize,
+    /// How many decisions there were.
+    decisions: usize,
+}
+
 /// Decides on both routes, one after the other every 2 ms, for `until`, each decision
-/// timed in `waits`; returns how many times the second route was seen in fallback.
+/// timed in `waits`.
 async fn offer_on_both(
     inst: &Instance,
     names: [&str; 2],
     until: Duration,
     waits: &mut Waits,
-) -> usize {
+) -> Offered {
+    let mode = |name: &str| inst.store.view(name).unwrap().mode;
     let started = tokio::time::Instant::now();
-    let mut second_fallen = 0;
+    let mut offered = Offered {
+        first_fell_after: None,
+        second_fallen: 0,
+        decisions: 0,
+    };
     while started.elapsed() < until {
         for name in names {
             let _ = waits.time(name, inst.check_on(name)).await;
+            offered.decisions += 1;
         }
-        let second = inst.store.view(names[1]).unwrap().mode;
-        second_fallen += usize::from(second == StoreMode::Fallback);
+        if offered.first_fell_after.is_none() && mode(names[0]) == StoreMode::Fallback {
+            offered.first_fell_after = Some(started.elapsed());
+        }
+        offered.second_fallen += usize::from(mode(names[1]) == StoreMode::Fallback);
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    second_fallen
+    offered
 }
 
 /// A cluster node connection that goes dark (stays open, answers nothing, never errs)
@@ -3490,24 +3478,22 @@ async fn a_cluster_node_connection_gone_dark_is_replaced() {
     let relays = behind_relays(&cluster).await;
     let mut config = store_config(&cluster, "dark");
     config.servers = RedisServers::Cluster(relays.iter().map(DarkeningRelay::url).collect());
-    let routes = [
-        route_named(&a, 100.0, Duration::from_secs(1)),
-        route_named(&b, 100.0, Duration::from_secs(1)),
-    ];
-    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
-    assert!(inst.check_on(&a).await.is_admit() && inst.check_on(&b).await.is_admit());
+    let inst = shared_on_both(&config, [&a, &b]).await;
     let mode = |name: &str| inst.store.view(name).unwrap().mode;
-    assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
 
     relays[na].go_dark();
     let mut waits = Waits::new(&config);
     // Decisions on `a` time out (each within the bound, decided locally) until the
     // store is on a new connection: within 1 s (heartbeats every 200 ms here)...
-    let mut b_fallen = offer_on_both(&inst, [&a, &b], Duration::from_secs(1), &mut waits).await;
+    let mut b_fallen = offer_on_both(&inst, [&a, &b], Duration::from_secs(1), &mut waits)
+        .await
+        .second_fallen;
     let fell = inst.store.fallback_decisions();
     assert!(fell > 0, "no decision met the dark connection");
     // ... and no decision falls back after that.
-    b_fallen += offer_on_both(&inst, [&a, &b], Duration::from_millis(500), &mut waits).await;
+    b_fallen += offer_on_both(&inst, [&a, &b], Duration::from_millis(500), &mut waits)
+        .await
+        .second_fallen;
     assert_eq!(inst.store.fallback_decisions(), fell);
     assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
     assert_eq!(b_fallen, 0, "the route on a live master fell back");
@@ -3737,12 +3723,11 @@ async fn silence(config: &RedisConfig, ports: &[u16], signal: impl Fn(&str)) {
     let mut waits = Waits::new(config);
     let started = tokio::time::Instant::now();
     while started.elapsed() < config.heartbeat * 60 {
-        run_until(
+        run_for(
             [&a, &b],
             Duration::from_millis(2),
             Duration::from_millis(100),
             &mut waits,
-            || false,
         )
         .await;
         most = most.max(own_sockets_to(ports).len());
@@ -3761,16 +3746,7 @@ async fn silence(config: &RedisConfig, ports: &[u16], signal: impl Fn(&str)) {
         tasks_most <= tasks_before + 12,
         "{tasks_before} tasks before, {tasks_most} in the silence"
     );
-    let shared = || a.store.mode() == StoreMode::Shared && b.store.mode() == StoreMode::Shared;
-    run_until(
-        [&a, &b],
-        Duration::from_millis(5),
-        Duration::from_secs(3),
-        &mut waits,
-        shared,
-    )
-    .await;
-    assert!(shared(), "not back on shared state");
+    come_back([&a, &b], &mut waits).await;
     let after = own_sockets_to(ports).len();
     eprintln!("sockets: {after} after");
 }
