@@ -35,7 +35,7 @@ use tokio::time::{sleep, timeout, Instant};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{settings, start_proxy, start_truncating_upstream, HEADER_READ_TIMEOUT};
+use running::{closed_port, settings, start_proxy, start_truncating_upstream, HEADER_READ_TIMEOUT};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -251,9 +251,17 @@ fn empty(builder: http::request::Builder) -> Request<Full<Bytes>> {
 async fn raw_exchange(addr: SocketAddr, bytes: &[u8], deadline: Duration) -> Vec<u8> {
     let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
     stream.write_all(bytes).await.unwrap();
+    closed_within(&mut stream, deadline).await.1
+}
+
+/// Reads until the proxy closes the connection, for at most `limit`: whether it closed
+/// by then, and what it sent.
+async fn closed_within(stream: &mut (impl AsyncRead + Unpin), limit: Duration) -> (bool, Vec<u8>) {
     let mut received = Vec::new();
-    let _ = timeout(deadline, read_until_closed(&mut stream, &mut received)).await;
-    received
+    let closed = timeout(limit, read_until_closed(stream, &mut received))
+        .await
+        .is_ok();
+    (closed, received)
 }
 
 /// Reads until EOF or a connection error.
@@ -957,15 +965,11 @@ async fn dripping_request_head_is_closed_within_the_header_read_timeout() {
             }
         }
     });
-    let mut received = Vec::new();
-    let closed = timeout(
-        HEADER_READ_TIMEOUT + Duration::from_secs(1),
-        read_until_closed(&mut rd, &mut received),
-    )
-    .await;
+    let (closed, received) =
+        closed_within(&mut rd, HEADER_READ_TIMEOUT + Duration::from_secs(1)).await;
     let elapsed = start.elapsed();
     drip.abort();
-    assert!(closed.is_ok(), "still open after {elapsed:?}");
+    assert!(closed, "still open after {elapsed:?}");
     assert!(
         elapsed >= HEADER_READ_TIMEOUT,
         "closed after {elapsed:?}, before the header read timeout"
@@ -983,14 +987,10 @@ async fn silent_connection_is_closed_within_the_header_read_timeout() {
     let mut stream = within("connect", TcpStream::connect(proxy.addr))
         .await
         .unwrap();
-    let mut received = Vec::new();
-    let closed = timeout(
-        HEADER_READ_TIMEOUT + Duration::from_secs(1),
-        read_until_closed(&mut stream, &mut received),
-    )
-    .await;
+    let limit = HEADER_READ_TIMEOUT + Duration::from_secs(1);
+    let (closed, received) = closed_within(&mut stream, limit).await;
     let elapsed = start.elapsed();
-    assert!(closed.is_ok(), "still open after {elapsed:?}");
+    assert!(closed, "still open after {elapsed:?}");
     assert!(
         elapsed >= HEADER_READ_TIMEOUT,
         "closed after {elapsed:?}, before the header read timeout"
@@ -1014,13 +1014,8 @@ async fn a_connection_stalled_within_the_http2_preface_is_closed_within_the_head
             let start = Instant::now();
             let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
             stream.write_all(sent).await.unwrap();
-            let mut received = Vec::new();
-            let closed = timeout(
-                HEADER_READ_TIMEOUT * 3,
-                read_until_closed(&mut stream, &mut received),
-            )
-            .await;
-            (sent, start.elapsed(), closed.is_ok(), received)
+            let (closed, received) = closed_within(&mut stream, HEADER_READ_TIMEOUT * 3).await;
+            (sent, start.elapsed(), closed, received)
         });
     }
     while let Some(done) = within("stalled connections", stalled.join_next()).await {
@@ -1050,14 +1045,10 @@ async fn an_h2c_connection_gone_silent_is_closed() {
         .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
         .await
         .unwrap();
-    let mut received = Vec::new();
-    let closed = timeout(
-        3 * HEADER_READ_TIMEOUT + Duration::from_secs(1),
-        read_until_closed(&mut stream, &mut received),
-    )
-    .await;
+    let limit = 3 * HEADER_READ_TIMEOUT + Duration::from_secs(1);
+    let (closed, _) = closed_within(&mut stream, limit).await;
     let elapsed = start.elapsed();
-    assert!(closed.is_ok(), "still open after {elapsed:?}");
+    assert!(closed, "still open after {elapsed:?}");
 }
 
 // ---------------------------------------------------------------------------------
@@ -1184,9 +1175,7 @@ async fn a_client_that_aborts_its_body_is_not_an_upstream_error() {
 
 #[tokio::test]
 async fn nothing_listening_upstream_gets_502() {
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = closed.local_addr().unwrap();
-    drop(closed);
+    let addr = closed_port().await;
     let proxy = start_proxy(settings(addr), Vec::new()).await;
 
     let res = send(proxy.addr, empty(get("/"))).await;
@@ -1728,9 +1717,7 @@ async fn a_lane_reconnects_when_the_upstream_closes_its_connection() {
 #[tokio::test]
 async fn upstream_failures_map_the_same_on_a_connections_later_requests() {
     // Nothing listening: 502 for the first request (the pool) and the next (the lane).
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = closed.local_addr().unwrap();
-    drop(closed);
+    let addr = closed_port().await;
     let proxy = start_proxy(settings(addr), Vec::new()).await;
     let mut conn = Client::connect(proxy.addr).await;
     for _ in 0..2 {
@@ -1899,9 +1886,7 @@ async fn h2c_clients_are_forwarded_and_limited() {
 #[tokio::test]
 async fn an_h2c_head_answered_by_rocgate_has_no_body() {
     let up = start_upstream().await;
-    let down = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let down_addr = down.local_addr().unwrap();
-    drop(down);
+    let down_addr = closed_port().await;
     for (upstream, route, want) in [
         (up.addr, "h2_head_limited", 429),
         (down_addr, "h2_head_down", 502),
@@ -2596,14 +2581,9 @@ async fn connections_still_open_after_the_shutdown_grace_are_dropped() {
         .unwrap()
         .unwrap();
     // Whatever was in flight drains, then the connection ends.
-    let mut rest = Vec::new();
-    let ended = timeout(
-        Duration::from_secs(2),
-        read_until_closed(&mut stream, &mut rest),
-    )
-    .await;
+    let (ended, rest) = closed_within(&mut stream, Duration::from_secs(2)).await;
     assert!(
-        ended.is_ok(),
+        ended,
         "the connection outlived run(): {} bytes since",
         rest.len()
     );
@@ -2637,13 +2617,8 @@ async fn a_connection_that_has_sent_nothing_does_not_hold_the_shutdown() {
         .await
         .unwrap()
         .unwrap();
-    let mut rest = Vec::new();
-    let closed = timeout(
-        Duration::from_secs(2),
-        read_until_closed(&mut silent, &mut rest),
-    )
-    .await;
-    assert!(closed.is_ok() && rest.is_empty(), "{rest:?}");
+    let (closed, rest) = closed_within(&mut silent, Duration::from_secs(2)).await;
+    assert!(closed && rest.is_empty(), "{rest:?}");
 }
 
 // ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ use tokio::time::{sleep, timeout, Instant};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{settings, start_proxy, start_truncating_upstream, RunningProxy};
+use running::{closed_port, settings, start_proxy, start_truncating_upstream, RunningProxy};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -322,9 +322,7 @@ async fn a_failed_or_timed_out_request_gives_its_place_back() {
     assert_eq!(get(proxy.addr, "/ok").await.status, StatusCode::OK);
     let _ = proxy.shut_down().await;
 
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let nowhere = closed.local_addr().unwrap();
-    drop(closed);
+    let nowhere = closed_port().await;
     let proxy = capped(nowhere, 1, "cap_refused").await;
     for _ in 0..3 {
         let reply = get(proxy.addr, "/ok").await;

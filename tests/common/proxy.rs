@@ -97,6 +97,12 @@ pub(crate) async fn start_proxy(
     }
 }
 
+/// An address on 127.0.0.1 that nothing listens on: a port bound and let go again.
+pub(crate) async fn closed_port() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
 /// An upstream that answers every request with a head promising 100 bytes, sends
 /// 10 and closes the connection.
 pub(crate) async fn start_truncating_upstream() -> SocketAddr {
