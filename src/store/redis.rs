@@ -1925,6 +1925,18 @@ mod tests {
         WindowSpec::new(Duration::from_secs(1), Duration::from_millis(100)).unwrap()
     }
 
+    /// [`replay`] of `r` under the default parameters, called in slot 110 at 11 s.
+    fn replay_to_slot_110(r: &Roll) -> (Controller, u64, Entered, Duration) {
+        replay(
+            ControllerParams::default(),
+            &window(),
+            r,
+            110,
+            Nanos::from_secs(11),
+        )
+        .unwrap()
+    }
+
     fn roll(lo: i64, counts: Vec<u64>, through: Option<u64>) -> Roll {
         Roll {
             lo,
@@ -2032,14 +2044,7 @@ mod tests {
     fn replay_counts_the_time_in_a_cut_in_force() {
         let mut r = roll(90, vec![10; 20], Some(99));
         r.memory.memory = Some(cut_since_five(None));
-        let (c, through, transitions, in_cut) = replay(
-            ControllerParams::default(),
-            &window(),
-            &r,
-            110,
-            Nanos::from_secs(11),
-        )
-        .unwrap();
+        let (c, through, transitions, in_cut) = replay_to_slot_110(&r);
         assert_eq!((c.state(), through), (ControllerState::Cut, 109));
         assert!(transitions.is_empty(), "{transitions:?}");
         assert_eq!(in_cut, Duration::from_secs(1));
@@ -2051,14 +2056,7 @@ mod tests {
     fn replay_counts_the_time_in_a_cut_up_to_its_end() {
         let mut r = roll(90, vec![10; 20], Some(99));
         r.memory.memory = Some(cut_since_five(Some(Nanos::from_secs(8))));
-        let (c, _, transitions, in_cut) = replay(
-            ControllerParams::default(),
-            &window(),
-            &r,
-            110,
-            Nanos::from_secs(11),
-        )
-        .unwrap();
+        let (c, _, transitions, in_cut) = replay_to_slot_110(&r);
         assert_ne!(c.state(), ControllerState::Cut);
         let left = transitions
             .iter()
@@ -2086,14 +2084,7 @@ mod tests {
         let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
         let mut r = roll(100, counts, Some(108));
         r.memory.memory = Some(calm_at_base());
-        let (c, _, transitions, _) = replay(
-            ControllerParams::default(),
-            &window(),
-            &r,
-            110,
-            Nanos::from_secs(11),
-        )
-        .unwrap();
+        let (c, _, transitions, _) = replay_to_slot_110(&r);
         assert_eq!(c.state(), ControllerState::Cut);
         assert_eq!(c.limit_rps(), 60.0);
         // The cut, with when the state it left (Normal, from the memory) was entered.
