@@ -551,6 +551,7 @@ mod tests {
         )
     }
 
+    /// Steps `c` every slot from `from_ms` to `to_ms`. Returns the transitions.
     fn run(
         c: &mut Controller,
         from_ms: u64,
@@ -558,10 +559,25 @@ mod tests {
         prev: f64,
         recent: f64,
     ) -> Vec<Transition> {
+        run_checking(c, from_ms, to_ms, prev, recent, |_, _, _| {})
+    }
+
+    /// [`run`], calling `check` after each step with the controller, the step's time
+    /// (ms) and the limit before it.
+    fn run_checking(
+        c: &mut Controller,
+        from_ms: u64,
+        to_ms: u64,
+        prev: f64,
+        recent: f64,
+        mut check: impl FnMut(&Controller, u64, f64),
+    ) -> Vec<Transition> {
         let mut out = Vec::new();
         let mut t = from_ms;
         while t <= to_ms {
+            let before = c.limit_rps();
             c.observe(sample(t, prev, recent), |tr| out.push(tr));
+            check(c, t, before);
             t += 100;
         }
         out
@@ -780,19 +796,13 @@ mod tests {
         recent: f64,
     ) -> Vec<Transition> {
         let step = c.params().restore_step_rps;
-        let mut seen = Vec::new();
-        let mut t = from_ms;
-        while t <= to_ms {
-            let before = c.limit_rps();
-            c.observe(sample(t, prev, recent), |tr| seen.push(tr));
+        run_checking(c, from_ms, to_ms, prev, recent, |c, t, before| {
             assert!(
                 c.limit_rps() <= before + step,
                 "at {t} ms the limit jumped from {before} to {}",
                 c.limit_rps()
             );
-            t += 100;
-        }
-        seen
+        })
     }
 
     #[test]
