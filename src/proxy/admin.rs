@@ -431,6 +431,19 @@ fn route_name(name: Result<Path<String>, PathRejection>) -> Result<String, Box<R
     })
 }
 
+/// The route a change names, once its caller is authorized; otherwise the refusal.
+fn authorized_route(
+    state: &AdminState,
+    headers: &HeaderMap,
+    peer: IpAddr,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<String, Box<Response>> {
+    if let Some(denied) = unauthorized(state.token.as_deref(), headers, peer) {
+        return Err(Box::new(denied));
+    }
+    route_name(name)
+}
+
 async fn one_route(
     State(state): State<AdminState>,
     name: Result<Path<String>, PathRejection>,
@@ -461,10 +474,7 @@ async fn update_route(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Some(denied) = unauthorized(state.token.as_deref(), &headers, peer) {
-        return denied;
-    }
-    let name = match route_name(name) {
+    let name = match authorized_route(&state, &headers, peer, name) {
         Ok(name) => name,
         Err(refused) => return *refused,
     };
@@ -484,10 +494,7 @@ async fn withdraw_change(
     Extension(Peer(peer)): Extension<Peer>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(denied) = unauthorized(state.token.as_deref(), &headers, peer) {
-        return denied;
-    }
-    let name = match route_name(name) {
+    let name = match authorized_route(&state, &headers, peer, name) {
         Ok(name) => name,
         Err(refused) => return *refused,
     };
