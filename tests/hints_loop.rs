@@ -6,6 +6,9 @@
 //! suggestion must be a config the file's rules accept, with `min_rps` at most the
 //! base limit.
 
+#[path = "common/hint_toml.rs"]
+mod hint_toml;
+
 use rocgate::config::Config;
 use rocgate::hints::{Hint, Policy, Setting, Severity};
 use rocgate::sim::{hints, ArrivalModel, Scenario, Simulator};
@@ -43,18 +46,12 @@ fn apply(extra: &str, hints: &[&Hint]) -> String {
         let (Some(p), Some(s)) = (&h.parameter, &h.suggested) else {
             continue;
         };
-        let value = match s {
-            Setting::Number(x) => format!("{x}"),
-            Setting::Text(t) => format!("{t:?}"),
-            other => panic!("a setting of no known kind: {other:?}"),
-        };
         let target = match (&h.event, &mut event) {
             (None, _) => &mut own,
             (Some(_), Some(event)) => event,
             (Some(name), None) => panic!("a hint for event {name} on a route without one"),
         };
-        target.retain(|l| !l.starts_with(&format!("{p} =")));
-        target.push(format!("{p} = {value}"));
+        hint_toml::set(target, p, s);
     }
     let mut applied = own.join("\n");
     if let Some(event) = event {

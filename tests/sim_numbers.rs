@@ -3,6 +3,8 @@
 //! from the arrival times, the controller's time in cut against a run that steps it
 //! after the silence, and the hints' advice applied to the config and run again.
 
+#[path = "common/hint_toml.rs"]
+mod hint_toml;
 #[path = "common/traffic.rs"]
 mod traffic;
 use traffic::bursts;
@@ -297,13 +299,7 @@ fn apply(extra: &str, hints: &[Hint]) -> String {
         let (Some(p), Some(s)) = (&h.parameter, &h.suggested) else {
             continue;
         };
-        let value = match s {
-            Setting::Number(x) => format!("{x}"),
-            Setting::Text(t) => format!("{t:?}"),
-            other => panic!("a setting of no known kind: {other:?}"),
-        };
-        lines.retain(|l| !l.starts_with(&format!("{p} =")));
-        lines.push(format!("{p} = {value}"));
+        hint_toml::set(&mut lines, p, s);
     }
     let applied = lines.join("\n");
     config(&applied);
