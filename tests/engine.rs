@@ -51,6 +51,27 @@ fn ip(n: u32) -> Key<'static> {
     Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
 }
 
+/// The default key limits but for a table of `max_keys` keys, and `idle_timeout` if
+/// given.
+fn key_table(max_keys: usize, idle_timeout: Option<Duration>) -> KeyLimits {
+    let mut v = KeyLimits::default();
+    v.max_keys = max_keys;
+    if let Some(idle) = idle_timeout {
+        v.idle_timeout = idle;
+    }
+    v
+}
+
+/// An engine with one route keyed by client IP, 5 req/s (1 when cut) by `algorithm`.
+fn five_per_ip(algorithm: Algorithm, limits: KeyLimits) -> Engine {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.algorithm = algorithm;
+    cfg.partition = Partition::ClientIp(limits);
+    cfg.controller.base_limit_rps = 5.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    engine(vec![cfg])
+}
+
 #[test]
 fn routes_match_by_method_exact_prefix_and_template() {
     let mut items = RouteConfig::new("items", RouteMatch::any());
@@ -348,11 +369,7 @@ fn tiers_get_their_own_limits_and_follow_the_cut() {
 /// the route's.
 #[test]
 fn a_tier_key_takes_a_place_in_a_full_key_table() {
-    let limits = {
-        let mut v = KeyLimits::default();
-        v.max_keys = 1;
-        v
-    };
+    let limits = key_table(1, None);
     let e = engine(vec![vip_keys(limits, &["gold", "silver"])]);
     let id = e.route_at(0).unwrap();
     // `gold` takes the table's one place and its tier's limit.
@@ -520,17 +537,7 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
         .into_iter()
         .chain([Algorithm::Concurrency { queue: 0 }])
     {
-        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-        cfg.algorithm = algorithm;
-        cfg.partition = Partition::ClientIp({
-            let mut v = KeyLimits::default();
-            v.max_keys = 3;
-            v.idle_timeout = Duration::from_secs(10);
-            v
-        });
-        cfg.controller.base_limit_rps = 5.0;
-        cfg.controller.cut_limit_rps = 1.0;
-        let e = engine(vec![cfg]);
+        let e = five_per_ip(algorithm, key_table(3, Some(Duration::from_secs(10))));
         let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         let first: Vec<_> = (0..3).map(|n| e.check(id, ip(n), Nanos::ZERO)).collect();
         assert!(first.iter().all(Decision::is_admit), "{name}");
@@ -567,17 +574,7 @@ fn a_table_kept_full_with_invented_keys_at_rest_still_takes_new_clients() {
         .into_iter()
         .chain([Algorithm::Concurrency { queue: 0 }])
     {
-        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-        cfg.algorithm = algorithm;
-        cfg.partition = Partition::ClientIp({
-            let mut v = KeyLimits::default();
-            v.max_keys = 100;
-            v.idle_timeout = Duration::from_secs(300);
-            v
-        });
-        cfg.controller.base_limit_rps = 5.0;
-        cfg.controller.cut_limit_rps = 1.0;
-        let e = engine(vec![cfg]);
+        let e = five_per_ip(algorithm, key_table(100, Some(Duration::from_secs(300))));
         let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         // 100 invented keys, a request each: the table is full. Their requests end
         // (concurrency permits come back): the keys are at rest once refilled.
@@ -609,16 +606,7 @@ fn a_full_tables_sweep_keeps_the_keys_off_rest() {
         .into_iter()
         .chain([Algorithm::Concurrency { queue: 0 }])
     {
-        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-        cfg.algorithm = algorithm;
-        cfg.partition = Partition::ClientIp({
-            let mut v = KeyLimits::default();
-            v.max_keys = 2;
-            v
-        });
-        cfg.controller.base_limit_rps = 5.0;
-        cfg.controller.cut_limit_rps = 1.0;
-        let e = engine(vec![cfg]);
+        let e = five_per_ip(algorithm, key_table(2, None));
         let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         // Two keys fill the table; ip(1) spends its limit (decisions held).
         assert!(e.check(id, ip(0), Nanos::ZERO).is_admit(), "{name}");
@@ -1029,12 +1017,7 @@ fn one_in_flight_per_ip(queue: u32) -> RouteConfig {
     cfg.algorithm = Algorithm::Concurrency { queue };
     cfg.controller.base_limit_rps = 1.0;
     cfg.controller.cut_limit_rps = 1.0;
-    cfg.partition = Partition::ClientIp({
-        let mut v = KeyLimits::default();
-        v.max_keys = 100;
-        v.idle_timeout = Duration::from_secs(10);
-        v
-    });
+    cfg.partition = Partition::ClientIp(key_table(100, Some(Duration::from_secs(10))));
     cfg
 }
 
@@ -1163,12 +1146,7 @@ fn a_runtime_change_during_an_event_leaves_the_events_recovery_alone() {
 #[test]
 fn a_key_seen_within_idle_timeout_is_not_evicted() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.partition = Partition::ClientIp({
-        let mut v = KeyLimits::default();
-        v.max_keys = 100;
-        v.idle_timeout = Duration::from_millis(500);
-        v
-    });
+    cfg.partition = Partition::ClientIp(key_table(100, Some(Duration::from_millis(500))));
     cfg.controller.danger_roc = 1e9; // no cut
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
@@ -1296,11 +1274,7 @@ fn a_dropped_paced_request_gives_its_place_back_on_the_state_it_was_scheduled_on
         cfg.partition = partition;
         cfg
     };
-    let limits = {
-        let mut v = KeyLimits::default();
-        v.max_keys = 1;
-        v
-    };
+    let limits = key_table(1, None);
     let e = engine(vec![
         leaky("whole", Partition::Route),
         leaky("keyed", Partition::ClientIp(limits)),
@@ -1519,10 +1493,7 @@ fn an_event_that_keeps_the_limit_but_moves_the_cut_moves_tier_keys_at_once() {
 #[test]
 fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
     let mut cfg = RouteConfig::new("ip-limit-changed", RouteMatch::any());
-    let mut limits = KeyLimits::default();
-    limits.max_keys = 100;
-    limits.idle_timeout = Duration::from_secs(10);
-    cfg.partition = Partition::ClientIp(limits);
+    cfg.partition = Partition::ClientIp(key_table(100, Some(Duration::from_secs(10))));
     cfg.controller.base_limit_rps = 5.0;
     cfg.controller.cut_limit_rps = 5.0;
     let e = engine(vec![cfg]);
