@@ -139,12 +139,28 @@ async fn call_raw(
     body: Vec<u8>,
     authorization: Option<&str>,
 ) -> (u16, Value) {
+    let headers: Vec<_> = authorization
+        .map(|a| ("authorization", a))
+        .into_iter()
+        .collect();
+    call_with(admin, method, path, body, &headers).await
+}
+
+/// Sends one request with `headers` to the admin API; returns the status and the JSON
+/// body (the body as a JSON string if it is not JSON).
+async fn call_with(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
     let mut req = http::Request::builder()
         .method(method)
         .uri(format!("http://{admin}{path}"));
-    if let Some(a) = authorization {
-        req = req.header("authorization", a);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
     }
     let req = req.body(Full::from(body)).unwrap();
     let res = tokio::time::timeout(Duration::from_secs(5), client.request(req))
@@ -456,6 +472,14 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
     p.stop().await;
 }
 
+/// A reload's answer lists the routes whose runtime change it `kept` and those whose
+/// change the file `replaced`.
+#[track_caller]
+fn assert_reload_lists(body: &Value, kept: Value, replaced: Value) {
+    assert_eq!(body["runtime_changes_kept"], kept, "{body}");
+    assert_eq!(body["runtime_changes_replaced"], replaced, "{body}");
+}
+
 /// A runtime change outlives a reload that leaves its route as the file had it: a
 /// colleague's reload for another route does not undo an incident's raised limit (it
 /// did: every reload put the file's parameters back). A file that changes the route
@@ -476,16 +500,7 @@ async fn a_reload_keeps_a_runtime_change_unless_the_file_changed_its_route() {
     .unwrap();
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        body["runtime_changes_kept"],
-        serde_json::json!(["order"]),
-        "{body}"
-    );
-    assert_eq!(
-        body["runtime_changes_replaced"],
-        serde_json::json!([]),
-        "{body}"
-    );
+    assert_reload_lists(&body, serde_json::json!(["order"]), serde_json::json!([]));
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
     assert_eq!(order["base_limit_rps"], 300.0, "{order}");
     assert_eq!(order["runtime_change"], true, "{order}");
@@ -504,16 +519,7 @@ async fn a_reload_keeps_a_runtime_change_unless_the_file_changed_its_route() {
     std::fs::write(&p.file, &edited).unwrap();
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        body["runtime_changes_kept"],
-        serde_json::json!([]),
-        "{body}"
-    );
-    assert_eq!(
-        body["runtime_changes_replaced"],
-        serde_json::json!(["order"]),
-        "{body}"
-    );
+    assert_reload_lists(&body, serde_json::json!([]), serde_json::json!(["order"]));
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
     assert_eq!(order["base_limit_rps"], 250.0, "the file's base_limit");
     assert_eq!(order["runtime_change"], false, "{order}");
@@ -529,16 +535,7 @@ async fn a_reload_keeps_a_runtime_change_unless_the_file_changed_its_route() {
     for _ in 0..2 {
         let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
         assert_eq!(status, 200, "{body}");
-        assert_eq!(
-            body["runtime_changes_kept"],
-            serde_json::json!([]),
-            "{body}"
-        );
-        assert_eq!(
-            body["runtime_changes_replaced"],
-            serde_json::json!([]),
-            "{body}"
-        );
+        assert_reload_lists(&body, serde_json::json!([]), serde_json::json!([]));
     }
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
     assert_eq!(order["base_limit_rps"], 300.0);
@@ -641,21 +638,13 @@ async fn mutating_endpoints_require_the_token_when_set() {
 
 /// Sends one request to the admin API as a web page's would go, with `Origin`.
 async fn call_from_page(admin: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
-    let req = http::Request::builder()
-        .method(method)
-        .uri(format!("http://{admin}{path}"))
-        .header("origin", "http://evil.example")
-        .header("content-type", "text/plain")
-        .body(Full::from(body.to_owned()))
-        .unwrap();
-    let res = tokio::time::timeout(Duration::from_secs(5), client.request(req))
-        .await
-        .unwrap()
-        .unwrap();
-    let status = res.status().as_u16();
-    let bytes = res.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap())
+    let headers = [
+        ("origin", "http://evil.example"),
+        ("content-type", "text/plain"),
+    ];
+    let (status, answer) = call_with(admin, method, path, body.into(), &headers).await;
+    assert!(!answer.is_string(), "not JSON: {answer}");
+    (status, answer)
 }
 
 /// Without a token, a page the operator opens could have the browser change limits
