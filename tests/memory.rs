@@ -370,15 +370,7 @@ fn spike(e: &Engine, key: Key<'_>) {
 #[test]
 fn checks_allocate_nothing_on_a_route() {
     let e = engine(vec![route(0, Partition::Route)]);
-    let info = measure(|| spike(&e, Key::None));
-    let snap = e
-        .route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(60))
-        .unwrap();
-    assert!(
-        snap.cuts >= 1 && snap.rejected_total() > 0,
-        "the spike must cut: {snap:?}"
-    );
-    assert_eq!(info.count_total, 0, "{info:?}");
+    spike_allocates_nothing(&e, Key::None);
 }
 
 #[test]
@@ -405,16 +397,22 @@ fn checks_allocate_nothing_once_a_key_exists() {
             insert.count_total > 0,
             "the counter must see the new key stored"
         );
-        let info = measure(|| spike(&e, key));
-        let snap = e
-            .route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(60))
-            .unwrap();
-        assert!(
-            snap.cuts >= 1 && snap.rejected_total() > 0,
-            "the spike must cut: {snap:?}"
-        );
-        assert_eq!(info.count_total, 0, "{key:?}: {info:?}");
+        spike_allocates_nothing(&e, key);
     }
+}
+
+/// A [`spike`] on `e`'s first route with `key`: it cuts, and allocates nothing.
+#[track_caller]
+fn spike_allocates_nothing(e: &Engine, key: Key<'_>) {
+    let info = measure(|| spike(e, key));
+    let snap = e
+        .route_snapshot(e.route_at(0).unwrap(), Nanos::from_secs(60))
+        .unwrap();
+    assert!(
+        snap.cuts >= 1 && snap.rejected_total() > 0,
+        "the spike must cut: {snap:?}"
+    );
+    assert_eq!(info.count_total, 0, "{key:?}: {info:?}");
 }
 
 /// The tuning hints' history of one route over an hour (360 intervals of 10 s, each
