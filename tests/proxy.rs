@@ -35,7 +35,9 @@ use tokio::time::{sleep, timeout, Instant};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{closed_port, settings, start_proxy, start_truncating_upstream, HEADER_READ_TIMEOUT};
+use running::{
+    closed_port, settings, start_proxy, start_truncating_upstream, Reply, HEADER_READ_TIMEOUT,
+};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -188,21 +190,6 @@ fn trickle_route(name: &str, prefix: &str, capacity: u64) -> RouteConfig {
 // ---------------------------------------------------------------------------------
 // Clients
 
-/// A response, body read.
-#[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Reply {
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
-    }
-}
-
 /// One HTTP/1.1 keep-alive connection to the proxy.
 struct Client {
     sender: SendRequest<Full<Bytes>>,
@@ -222,12 +209,7 @@ impl Client {
         within("response", async {
             self.sender.ready().await.unwrap();
             let res = self.sender.send_request(req).await.unwrap();
-            let (parts, body) = res.into_parts();
-            Reply {
-                status: parts.status,
-                headers: parts.headers,
-                body: body.collect().await.unwrap().to_bytes(),
-            }
+            Reply::read(res).await
         })
         .await
     }

@@ -32,7 +32,7 @@ use tokio::time::{sleep, timeout, Instant};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{closed_port, settings, start_proxy, start_truncating_upstream, RunningProxy};
+use running::{closed_port, settings, start_proxy, start_truncating_upstream, Reply, RunningProxy};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -133,14 +133,6 @@ async fn capped(upstream: SocketAddr, cap: usize, route: &str) -> RunningProxy {
     .await
 }
 
-/// A response, body read.
-#[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: http::HeaderMap,
-    body: Bytes,
-}
-
 /// Sends `GET path` on a connection of its own.
 async fn get(addr: SocketAddr, path: &str) -> Reply {
     within("response", async {
@@ -154,12 +146,7 @@ async fn get(addr: SocketAddr, path: &str) -> Reply {
             .body(Full::<Bytes>::default())
             .unwrap();
         let res = sender.send_request(req).await.unwrap();
-        let (parts, body) = res.into_parts();
-        Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body: body.collect().await.unwrap().to_bytes(),
-        }
+        Reply::read(res).await
     })
     .await
 }

@@ -97,6 +97,33 @@ pub(crate) async fn start_proxy(
     }
 }
 
+/// A response, body read.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) status: http::StatusCode,
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) body: bytes::Bytes,
+}
+
+impl Reply {
+    /// `res`, its body read to the end.
+    pub(crate) async fn read(res: http::Response<hyper::body::Incoming>) -> Reply {
+        use http_body_util::BodyExt;
+        let (parts, body) = res.into_parts();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    }
+
+    /// The body as JSON; the test fails if it is not JSON.
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+}
+
 /// An address on 127.0.0.1 that nothing listens on: a port bound and let go again.
 pub(crate) async fn closed_port() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
