@@ -976,6 +976,21 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
     );
 }
 
+/// One minute of a route as the collector records it: its key gauges (`keys` tracked
+/// of at most), its rejection ratio, and its requests, `admitted` and `rejected` by
+/// reason.
+fn rejecting(
+    route: &'static str,
+    (keys_tracked, max_keys): (u32, u32),
+    ratio: f64,
+    admitted: u64,
+    rejected: &[(&'static str, u64)],
+) {
+    keys(route, keys_tracked, max_keys);
+    metrics::gauge!(rocgate::metrics::REJECTION_RATIO, "route" => route).set(ratio);
+    count_requests(route, admitted, rejected);
+}
+
 /// `RocgateHighRejectionRatio` judges a partitioned route with room in its key table
 /// by the ROC cut's rejections alone: one client held to its own limit all day, 37.5%
 /// of a route's requests, is that client's doing and does not fire; a partitioned
@@ -988,34 +1003,21 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
 /// scraped every minute.
 #[test]
 fn the_rejection_ratio_alert_leaves_clients_held_to_their_own_limits_alone() {
-    use rocgate::metrics::REJECTION_RATIO;
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
         // Per API key: one key over its limit all day.
-        keys("api", 40, 10_000);
-        metrics::gauge!(REJECTION_RATIO, "route" => "api").set(0.375);
-        count_requests("api", 1000, &[("limit", 600)]);
+        rejecting("api", (40, 10_000), 0.375, 1000, &[("limit", 600)]);
         // Per client IP, in a ROC cut.
-        keys("shop", 500, 10_000);
-        metrics::gauge!(REJECTION_RATIO, "route" => "shop").set(0.4);
-        count_requests("shop", 600, &[("roc_cut", 400)]);
+        rejecting("shop", (500, 10_000), 0.4, 600, &[("roc_cut", 400)]);
         // Per client IP, its key table full: new clients share the overflow limiter.
-        keys("crowd", 10_000, 10_000);
-        metrics::gauge!(REJECTION_RATIO, "route" => "crowd").set(0.5);
-        count_requests("crowd", 500, &[("limit", 500)]);
+        rejecting("crowd", (10_000, 10_000), 0.5, 500, &[("limit", 500)]);
         // Limited as a whole: its base limit refuses 30%.
-        keys("checkout", 0, 0);
-        metrics::gauge!(REJECTION_RATIO, "route" => "checkout").set(0.3);
-        count_requests("checkout", 700, &[("limit", 300)]);
+        rejecting("checkout", (0, 0), 0.3, 700, &[("limit", 300)]);
         // A third refused, but at 0.5 request/s: under the rule's minimum rate, both
         // limited as a whole and with a full key table.
-        keys("sparse", 0, 0);
-        metrics::gauge!(REJECTION_RATIO, "route" => "sparse").set(1.0 / 3.0);
-        count_requests("sparse", 20, &[("limit", 10)]);
-        keys("sparse_crowd", 100, 100);
-        metrics::gauge!(REJECTION_RATIO, "route" => "sparse_crowd").set(1.0 / 3.0);
-        count_requests("sparse_crowd", 20, &[("limit", 10)]);
+        rejecting("sparse", (0, 0), 1.0 / 3.0, 20, &[("limit", 10)]);
+        rejecting("sparse_crowd", (100, 100), 1.0 / 3.0, 20, &[("limit", 10)]);
     });
     let series = scraped_every_minute(&handle.render(), "a", 20);
     let description = "Sustained rejections: either a real overload, or base_limit is too low for healthy traffic (see /admin/hints). On a partitioned route with room for new keys only the ROC cut's count: clients held to their own limits are by design.";
