@@ -60,16 +60,9 @@ cargo build --release --quiet --example bench_server --no-default-features --fea
 cargo build --release --quiet --bin rocgate
 target="${CARGO_TARGET_DIR:-target}/release"
 
-work=$(mktemp -d)
+work_reaped_on_exit
 out=${OUT:-$work/callgrind}
 mkdir -p "$out" "$work/nginx/logs" "$work/nginx/tmp"
-pids=()
-cleanup() {
-    reap "${pids[@]}"
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 # Runs $2 until it prints something, for up to $1 tenths of a second.
 poll() {

@@ -38,14 +38,7 @@ missing=()
 for tool in wrk curl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 install_packages "${missing[@]}"
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    reap "${pids[@]}"
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+work_reaped_on_exit
 
 cargo build --release --quiet --example bench_server --no-default-features --features http
 taskset -c 1 "${CARGO_TARGET_DIR:-target}/release/examples/bench_server" bare 127.0.0.1:0 \
