@@ -79,6 +79,12 @@ fn dated_changes(
     })
 }
 
+/// The tokens a bucket of `rate` req/s and `burst` holds: whole tokens, at least one
+/// (a product just under a whole number, from the float arithmetic, counts as it).
+fn bucket_capacity(rate: f64, burst: Duration) -> f64 {
+    (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0)
+}
+
 /// In every interval [a, b] between two admissions, at most capacity + rate × (b − a)
 /// were admitted (one more for the rounding of a token's time).
 fn within_rate(admitted: &[Nanos], capacity: f64, rate: f64) -> Result<(), TestCaseError> {
@@ -168,7 +174,7 @@ proptest! {
     ) {
         let burst = Duration::from_millis(burst_ms);
         let b = TokenBucket::new(rate, burst, Nanos::ZERO);
-        let capacity = (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0);
+        let capacity = bucket_capacity(rate, burst);
         let admitted: Vec<Nanos> = times(&gaps)
             .into_iter()
             .filter(|t| b.check(*t).is_admit())
@@ -188,7 +194,7 @@ proptest! {
     ) {
         let burst = Duration::from_millis(burst_ms);
         let b = TokenBucket::new(rate, burst, Nanos::ZERO);
-        let capacity = (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0);
+        let capacity = bucket_capacity(rate, burst);
         let mut t = 0u64;
         let mut admitted = Vec::new();
         for (gap_us, lower) in steps {
@@ -233,7 +239,7 @@ proptest! {
         steps in dated_changes(0.02, 1..600),
     ) {
         let burst = Duration::from_millis(burst_ms);
-        let capacity_of = |rate: f64| (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0);
+        let capacity_of = |rate: f64| bucket_capacity(rate, burst);
         let b = TokenBucket::new(first, burst, Nanos::ZERO);
         let (mut capacity, mut rate) = (capacity_of(first), first);
         let mut admitted = Vec::new();
