@@ -17,6 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tower::ServiceExt;
 
+#[path = "common/http1.rs"]
+mod http1;
+
 fn route(name: &str, matcher: RouteMatch, limit: f64) -> RouteConfig {
     let mut r = RouteConfig::new(name, matcher);
     r.controller.base_limit_rps = limit;
@@ -344,10 +347,7 @@ async fn concurrent_connections_share_one_bucket() {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..CONNECTIONS {
         tasks.spawn(async move {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-            tokio::spawn(conn);
+            let mut sender = http1::connect(addr).await;
             let req = Request::post("/api/order")
                 .header("host", "127.0.0.1")
                 .body(http_body_util::Empty::<bytes::Bytes>::new())
@@ -413,12 +413,7 @@ async fn around_the_router_it_decides_before_routing() {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = http1::connect(addr).await;
     let mut send = |method: &str, path: &str| {
         let req = Request::builder()
             .method(method)
@@ -499,10 +494,7 @@ async fn a_streamed_body_holds_its_concurrency_permit_when_mapped() {
     }
     /// Sends a GET; returns its status and its body, still streaming.
     async fn fetch(addr: SocketAddr) -> (StatusCode, hyper::body::Incoming) {
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let io = hyper_util::rt::TokioIo::new(stream);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-        tokio::spawn(conn);
+        let mut sender = http1::connect(addr).await;
         let req = Request::get("/feed")
             .header("host", "127.0.0.1")
             .body(http_body_util::Empty::<bytes::Bytes>::new())

@@ -10,6 +10,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+#[path = "common/http1.rs"]
+mod http1;
+
 /// Every `rocgate_*` metric name in `text`, histogram suffixes removed.
 fn metric_names(text: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
@@ -226,12 +229,7 @@ fn series(exposition: &str) -> BTreeSet<String> {
 }
 
 async fn get(addr: std::net::SocketAddr, path: &str, xff: Option<String>) -> (u16, String) {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = http1::connect(addr).await;
     let mut req = http::Request::get(path).header("host", "rocgate.test");
     if let Some(x) = xff {
         req = req.header("x-forwarded-for", x);

@@ -29,6 +29,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{sleep, timeout, Instant};
 
+#[path = "common/http1.rs"]
+mod http1;
 #[path = "common/proxy.rs"]
 mod running;
 
@@ -136,11 +138,7 @@ async fn capped(upstream: SocketAddr, cap: usize, route: &str) -> RunningProxy {
 /// Sends `GET path` on a connection of its own.
 async fn get(addr: SocketAddr, path: &str) -> Reply {
     within("response", async {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+        let mut sender = http1::connect(addr).await;
         let req = Request::get(path)
             .header(header::HOST, "shop.example")
             .body(Full::<Bytes>::default())
@@ -228,11 +226,7 @@ async fn a_request_beyond_the_cap_gets_503_at_once_and_is_never_forwarded() {
 async fn the_place_is_held_until_the_response_body_ends() {
     let up = start_upstream().await;
     let proxy = capped(up.addr, 1, "cap_body").await;
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut sender = http1::connect(proxy.addr).await;
     let req = Request::get("/body")
         .header(header::HOST, "shop.example")
         .body(Full::<Bytes>::default())
