@@ -10,6 +10,9 @@
 #[cfg(feature = "cli")]
 #[path = "common/captured.rs"]
 mod captured;
+#[cfg(feature = "proxy")]
+#[path = "common/http1.rs"]
+mod http1;
 
 use rocgate::clock::{Clock, ManualClock, MonotonicClock, Nanos};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
@@ -2304,21 +2307,8 @@ async fn behave_alike(server: &impl Servers) {
     }
 }
 
-/// `rocgate serve` with `[store] backend = "redis"`: two proxies in front of one
-/// upstream share one bucket, and each reports its store mode on `/metrics`.
-#[cfg(feature = "proxy")]
-/// An HTTP/1.1 client connection to `addr`.
-async fn connect(
-    addr: std::net::SocketAddr,
-) -> hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>> {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    sender
-}
+// `rocgate serve` with `[store] backend = "redis"`: two proxies in front of one
+// upstream share one bucket, and each reports its store mode on `/metrics`.
 
 /// An upstream that answers `ok` to every request, and its task.
 async fn start_ok_upstream() -> (
@@ -2433,7 +2423,7 @@ async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
         v
     });
     let proxy = Served::start(upstream_addr, &config, None).await;
-    let mut client = connect(proxy.addr).await;
+    let mut client = http1::connect(proxy.addr).await;
     let mut statuses = std::collections::BTreeMap::new();
     for _ in 0..100 {
         *statuses.entry(post_order(&mut client).await.0).or_insert(0) += 1;
@@ -2443,7 +2433,7 @@ async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
     assert!((25..=26).contains(&admitted), "{statuses:?}");
     assert_eq!(statuses.get(&429).copied().unwrap_or(0), 100 - admitted);
 
-    let mut admin = connect(proxy.admin).await;
+    let mut admin = http1::connect(proxy.admin).await;
     let status: serde_json::Value =
         serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
     assert_eq!(status["mode"], "fallback_local", "{status}");
@@ -2473,7 +2463,7 @@ async fn two_proxies_share_one_limit() {
     ];
     let mut clients = Vec::new();
     for proxy in &proxies {
-        clients.push(connect(proxy.addr).await);
+        clients.push(http1::connect(proxy.addr).await);
     }
     let (mut admitted, mut rejected) = (0, 0);
     for i in 0..300 {
@@ -2489,15 +2479,15 @@ async fn two_proxies_share_one_limit() {
     assert!((100..=102).contains(&admitted), "admitted {admitted}");
     assert_eq!(admitted + rejected, 300);
     // Other paths match no route and pass through the local layer.
-    let mut client = connect(proxies[0].addr).await;
+    let mut client = http1::connect(proxies[0].addr).await;
     let req = http::Request::get("/elsewhere")
         .header("host", "shop.example")
-        .body(Empty::new())
+        .body(Empty::<hyper::body::Bytes>::new())
         .unwrap();
     client.ready().await.unwrap();
     assert_eq!(client.send_request(req).await.unwrap().status(), 200);
     // The admin API reports the store mode.
-    let mut admin = connect(proxies[0].admin).await;
+    let mut admin = http1::connect(proxies[0].admin).await;
     let text = get(&mut admin, "/metrics").await;
     assert!(
         text.contains("rocgate_store_mode{mode=\"shared\"} 1"),
@@ -2506,7 +2496,7 @@ async fn two_proxies_share_one_limit() {
     // Each proxy's engine counts the shared decisions it made: together, all of them.
     let (mut offered, mut engine_admitted) = (0, 0);
     for proxy in &proxies {
-        let mut admin = connect(proxy.admin).await;
+        let mut admin = http1::connect(proxy.admin).await;
         let route: serde_json::Value =
             serde_json::from_str(&get(&mut admin, "/admin/routes/order").await).unwrap();
         offered += route["offered"].as_u64().unwrap();
@@ -2565,8 +2555,8 @@ async fn a_distributed_routes_limiter_level_is_the_shared_buckets() {
     let mut config = Config::new(vec![route(10.0, Duration::from_secs(100))]);
     config.store = StoreConfig::Redis(store_config(&server, "admin-level"));
     let proxy = Served::start(upstream_addr, &config, None).await;
-    let mut client = connect(proxy.addr).await;
-    let mut admin = connect(proxy.admin).await;
+    let mut client = http1::connect(proxy.addr).await;
+    let mut admin = http1::connect(proxy.admin).await;
     let started = tokio::time::Instant::now();
     for _ in 0..100 {
         assert_eq!(post_order(&mut client).await.0, 200);
@@ -2611,8 +2601,8 @@ async fn the_admin_api_shows_a_distributed_routes_shared_cut() {
     let mut config = Config::new(vec![quick_route()]);
     config.store = StoreConfig::Redis(store_config(&server, "admin-cut"));
     let proxy = Served::start(upstream_addr, &config, None).await;
-    let mut client = connect(proxy.addr).await;
-    let mut admin = connect(proxy.admin).await;
+    let mut client = http1::connect(proxy.addr).await;
+    let mut admin = http1::connect(proxy.admin).await;
     // Calm for more than a window, then a spike until the shared controller cuts.
     let started = tokio::time::Instant::now();
     let mut cut = false;
@@ -2668,13 +2658,13 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     std::fs::write(&path, file("route")).unwrap();
     let config = Config::load(&path).unwrap();
     let proxy = Served::start(upstream_addr, &config, Some(path.clone())).await;
-    let mut admin = connect(proxy.admin).await;
+    let mut admin = http1::connect(proxy.admin).await;
     let mut store_mode = async || {
         let status: serde_json::Value =
             serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
         status["mode"].as_str().unwrap().to_owned()
     };
-    let mut client = connect(proxy.addr).await;
+    let mut client = http1::connect(proxy.addr).await;
     for _ in 0..5 {
         assert_eq!(post_order(&mut client).await.0, 200);
     }

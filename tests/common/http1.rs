@@ -1,6 +1,6 @@
 //! An HTTP/1.1 client connection over a real socket, for the files that send requests
 //! to a server on 127.0.0.1 (`tests/layer.rs`, `tests/metrics.rs`,
-//! `tests/upstream_cap.rs`), included by path.
+//! `tests/redis_store.rs`, `tests/upstream_cap.rs`), included by path.
 
 use hyper::client::conn::http1::SendRequest;
 use std::net::SocketAddr;
