@@ -37,6 +37,7 @@ use crate::limiter::{
     gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Level, Limiter,
     Pace, Reason, Rejection,
 };
+use crate::route_index::RouteIndex;
 use crate::sync::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::window::{RocMode, RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
 use dashmap::mapref::entry::Entry;
@@ -181,9 +182,11 @@ pub struct SlotReport {
 /// Every route's window, controller and limiters.
 pub struct Engine {
     routes: Box<[Slot]>,
-    /// Each route's matcher, in route order, apart from the rest of its state: finding
-    /// a request's route reads one small array.
+    /// Each route's matcher, in route order, apart from the rest of its state.
     matchers: Box<[RouteMatch]>,
+    /// The matchers indexed by path: finding a request's route tries only the routes
+    /// whose path matches, not every route.
+    index: RouteIndex,
     hook: Option<TransitionHook>,
     sample_hook: Option<SampleHook>,
 }
@@ -313,7 +316,8 @@ impl Engine {
         hook: Option<TransitionHook>,
         sample_hook: Option<SampleHook>,
     ) -> Engine {
-        let matchers = config.routes.iter().map(|r| r.matcher.clone()).collect();
+        let matchers: Box<[RouteMatch]> = config.routes.iter().map(|r| r.matcher.clone()).collect();
+        let index = RouteIndex::new(&matchers);
         let routes = routes
             .into_iter()
             .map(|route| Slot {
@@ -324,6 +328,7 @@ impl Engine {
         Engine {
             routes,
             matchers,
+            index,
             hook,
             sample_hook,
         }
@@ -574,15 +579,15 @@ impl Engine {
         self
     }
 
-    /// The first route that takes a request with this method and path (compared
-    /// once [normalized](crate::config::normalize_path)).
+    /// The first route, in config order, that takes a request with this method and
+    /// path (compared once [normalized](crate::config::normalize_path)): the route
+    /// whose [`RouteMatch::matches`] is true and that no earlier route's is. Found by
+    /// an index built with the engine, so that its cost does not grow with the number
+    /// of routes.
     #[inline]
     pub fn route_for(&self, method: &str, path: &str) -> Option<RouteId> {
         let path = crate::config::normalize_path(path);
-        let index = self
-            .matchers
-            .iter()
-            .position(|m| m.matches(method, &path))?;
+        let index = self.index.first(&self.matchers, method, &path)?;
         self.route_at(index)
     }
 

@@ -49,6 +49,7 @@ pub mod limiter;
 pub mod metrics;
 #[cfg(feature = "proxy")]
 pub mod proxy;
+mod route_index;
 pub mod sim;
 pub mod store;
 mod sync;

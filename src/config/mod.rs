@@ -239,10 +239,15 @@ impl RouteMatch {
     /// Whether a request with this method and path belongs to the route.
     #[inline]
     pub fn matches(&self, method: &str, path: &str) -> bool {
+        self.takes_method(method) && self.path.matches(path)
+    }
+
+    /// Whether the route takes requests with this method (whatever their path).
+    #[inline]
+    pub(crate) fn takes_method(&self, method: &str) -> bool {
         self.method
             .as_deref()
             .is_none_or(|m| method_matches(m, method))
-            && self.path.matches(path)
     }
 }
 
@@ -317,7 +322,7 @@ impl PathPattern {
 }
 
 /// `path` without its trailing slash, unless it is the root.
-fn without_trailing_slash(path: &str) -> &str {
+pub(crate) fn without_trailing_slash(path: &str) -> &str {
     match path.strip_suffix('/') {
         Some(rest) if !rest.is_empty() => rest,
         _ => path,

@@ -1,0 +1,510 @@
+//! The engine's route index: finds the first route, in config order, that takes a
+//! request, without trying every route's matcher in turn.
+//!
+//! Each kind of path pattern has a structure that gives exactly the routes of that
+//! kind whose path matches:
+//!
+//! - exact paths and prefixes, in one byte trie with single-child chains merged (a
+//!   radix tree): walking the request's path down it passes through every prefix the
+//!   path starts with, and through its exact path (without a trailing slash, as an
+//!   exact path matches with or without one) if a route has it;
+//! - templates, in a trie of segments, literal or parameter (a parameter takes any
+//!   non-empty segment), walked by the request's segments down every branch that
+//!   matches.
+//!
+//! Of the routes whose path matches, the one taken is the lowest in config order whose
+//! method matches too: the same route as trying every matcher in config order, first
+//! match wins. The cost grows with the path's length and with the routes that share
+//! it, not with the table. Both tries are flat arrays, so that the index costs a route
+//! tens of bytes.
+
+use crate::config::{without_trailing_slash, PathPattern, RouteMatch, Segment};
+
+/// A run of a flat array: `len` items from `start`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Span {
+    start: usize,
+    len: usize,
+}
+
+impl Span {
+    /// The items of `all` this span covers.
+    #[inline]
+    fn of<T>(self, all: &[T]) -> &[T] {
+        all.get(self.start..self.start + self.len)
+            .unwrap_or_default()
+    }
+
+    /// The span of the items pushed onto `all` from `items`.
+    fn push<T: Clone>(all: &mut Vec<T>, items: &[T]) -> Span {
+        let start = all.len();
+        all.extend_from_slice(items);
+        Span {
+            start,
+            len: items.len(),
+        }
+    }
+}
+
+/// The routes of a table, indexed by path.
+#[derive(Debug)]
+pub(crate) struct RouteIndex {
+    /// Exact paths and prefixes.
+    paths: Radix,
+    /// Templates.
+    templates: Segments,
+}
+
+impl RouteIndex {
+    /// The index of `matchers`, in config order.
+    pub(crate) fn new(matchers: &[RouteMatch]) -> Self {
+        let mut paths = ByteTrie::default();
+        let mut templates = SegmentTrie::default();
+        for (i, m) in matchers.iter().enumerate() {
+            match &m.path {
+                PathPattern::Exact(p) => paths.insert(without_trailing_slash(p), i, true),
+                PathPattern::Prefix(p) => paths.insert(p, i, false),
+                PathPattern::Template(segments) => templates.insert(segments, i),
+            }
+        }
+        RouteIndex {
+            paths: Radix::new(&paths),
+            templates: Segments::new(templates),
+        }
+    }
+
+    /// The first route of `matchers` (the table this index was built from) that takes
+    /// a request with this method and path (normalized).
+    pub(crate) fn first(&self, matchers: &[RouteMatch], method: &str, path: &str) -> Option<usize> {
+        let mut best = First {
+            matchers,
+            method,
+            route: usize::MAX,
+        };
+        self.paths.visit(path, &mut best);
+        self.templates.visit(path, &mut best);
+        (best.route != usize::MAX).then_some(best.route)
+    }
+}
+
+/// The first route found so far whose path and method match.
+struct First<'a> {
+    matchers: &'a [RouteMatch],
+    method: &'a str,
+    /// `usize::MAX` until one is found.
+    route: usize,
+}
+
+impl First<'_> {
+    /// Takes the first of `routes` (whose paths match) whose method matches, if it
+    /// comes before the route found so far.
+    #[inline]
+    fn consider(&mut self, routes: &[usize]) {
+        for &i in routes {
+            if i >= self.route {
+                return;
+            }
+            if self.matchers[i].takes_method(self.method) {
+                self.route = i;
+                return;
+            }
+        }
+    }
+}
+
+/// A node of [`ByteTrie`].
+#[derive(Debug, Default)]
+struct ByteNode {
+    /// The next byte of a longer path, and its node, in byte order.
+    children: std::collections::BTreeMap<u8, usize>,
+    /// The routes whose prefix ends here.
+    prefix: Vec<usize>,
+    /// The routes whose exact path (without a trailing slash) ends here.
+    exact: Vec<usize>,
+}
+
+/// Exact paths and prefixes byte by byte, as built (then flattened into a [`Radix`]).
+#[derive(Debug)]
+struct ByteTrie {
+    /// The root (the empty path) first.
+    nodes: Vec<ByteNode>,
+}
+
+impl Default for ByteTrie {
+    fn default() -> Self {
+        ByteTrie {
+            nodes: vec![ByteNode::default()],
+        }
+    }
+}
+
+impl ByteTrie {
+    fn insert(&mut self, path: &str, route: usize, exact: bool) {
+        let mut at = 0;
+        for &b in path.as_bytes() {
+            let fresh = self.nodes.len();
+            at = *self.nodes[at].children.entry(b).or_insert(fresh);
+            if at == fresh {
+                self.nodes.push(ByteNode::default());
+            }
+        }
+        let node = &mut self.nodes[at];
+        if exact {
+            node.exact.push(route);
+        } else {
+            node.prefix.push(route);
+        }
+    }
+}
+
+/// A node of [`Radix`].
+#[derive(Debug, Default)]
+struct RadixNode {
+    /// The bytes from the parent to this node, in [`Radix::labels`].
+    label: Span,
+    /// Its children, in [`Radix::edges`].
+    edges: Span,
+    /// The routes whose prefix ends here, in [`Radix::routes`].
+    prefix: Span,
+    /// The routes whose exact path (without a trailing slash) ends here.
+    exact: Span,
+    /// The lowest route here or below (`usize::MAX` if none): a route found before it
+    /// needs no walk down here.
+    lowest: usize,
+}
+
+/// A [`ByteTrie`] with every chain of nodes that hold no route and have one child
+/// merged into one node, in flat arrays.
+#[derive(Debug)]
+struct Radix {
+    /// The root (the empty path) first.
+    nodes: Vec<RadixNode>,
+    /// Each node's children: the first byte of the child's label, and the child, in
+    /// byte order.
+    edges: Vec<(u8, usize)>,
+    /// Every node's label, one after another.
+    labels: Vec<u8>,
+    /// Every node's routes, each node's in config order.
+    routes: Vec<usize>,
+}
+
+impl Radix {
+    fn new(trie: &ByteTrie) -> Self {
+        let mut radix = Radix {
+            nodes: vec![RadixNode::default()],
+            edges: Vec::new(),
+            labels: Vec::new(),
+            routes: Vec::new(),
+        };
+        // (node of the trie, its node in the radix tree), breadth first.
+        let mut queue = std::collections::VecDeque::from([(0, 0)]);
+        while let Some((from, to)) = queue.pop_front() {
+            let node = &trie.nodes[from];
+            let prefix = Span::push(&mut radix.routes, &node.prefix);
+            let exact = Span::push(&mut radix.routes, &node.exact);
+            let edges_start = radix.edges.len();
+            for (&first, &child) in &node.children {
+                let label_start = radix.labels.len();
+                radix.labels.push(first);
+                let mut end = child;
+                loop {
+                    let n = &trie.nodes[end];
+                    let only = match n.children.first_key_value() {
+                        Some((&b, &next)) if n.children.len() == 1 => (b, next),
+                        _ => break,
+                    };
+                    if !n.prefix.is_empty() || !n.exact.is_empty() {
+                        break;
+                    }
+                    radix.labels.push(only.0);
+                    end = only.1;
+                }
+                let at = radix.nodes.len();
+                radix.nodes.push(RadixNode {
+                    label: Span {
+                        start: label_start,
+                        len: radix.labels.len() - label_start,
+                    },
+                    ..RadixNode::default()
+                });
+                radix.edges.push((first, at));
+                queue.push_back((end, at));
+            }
+            let own = node.prefix.iter().chain(&node.exact).copied().min();
+            let node = &mut radix.nodes[to];
+            node.lowest = own.unwrap_or(usize::MAX);
+            node.prefix = prefix;
+            node.exact = exact;
+            node.edges = Span {
+                start: edges_start,
+                len: radix.edges.len() - edges_start,
+            };
+        }
+        // Breadth first, children come after their parents.
+        for at in (0..radix.nodes.len()).rev() {
+            let below = radix.nodes[at]
+                .edges
+                .of(&radix.edges)
+                .iter()
+                .map(|&(_, child)| radix.nodes[child].lowest)
+                .min()
+                .unwrap_or(usize::MAX);
+            radix.nodes[at].lowest = radix.nodes[at].lowest.min(below);
+        }
+        radix.nodes.shrink_to_fit();
+        radix.edges.shrink_to_fit();
+        radix.labels.shrink_to_fit();
+        radix.routes.shrink_to_fit();
+        radix
+    }
+
+    /// Offers `best` the routes of every prefix `path` starts with, and of its exact
+    /// path.
+    fn visit(&self, path: &str, best: &mut First<'_>) {
+        let exact_len = without_trailing_slash(path).len();
+        let path = path.as_bytes();
+        let mut node = &self.nodes[0];
+        let mut at = 0;
+        loop {
+            if best.route <= node.lowest {
+                return;
+            }
+            best.consider(node.prefix.of(&self.routes));
+            if at == exact_len {
+                best.consider(node.exact.of(&self.routes));
+            }
+            let Some(&b) = path.get(at) else {
+                return;
+            };
+            let edges = node.edges.of(&self.edges);
+            let Ok(i) = edges.binary_search_by_key(&b, |&(first, _)| first) else {
+                return;
+            };
+            let child = &self.nodes[edges[i].1];
+            let label = child.label.of(&self.labels);
+            if !starts_with(&path[at..], label) {
+                return;
+            }
+            at += label.len();
+            node = child;
+        }
+    }
+}
+
+/// A node of [`SegmentTrie`].
+#[derive(Debug, Default)]
+struct SegmentNode {
+    /// A literal next segment, and its node.
+    literals: Vec<(String, usize)>,
+    /// A parameter as the next segment: its node.
+    param: Option<usize>,
+    /// The routes whose template ends here.
+    routes: Vec<usize>,
+}
+
+/// Path templates segment by segment, as built (then flattened into [`Segments`]).
+/// Every node comes after its parent.
+#[derive(Debug)]
+struct SegmentTrie {
+    /// The root (no segment yet) first.
+    nodes: Vec<SegmentNode>,
+}
+
+impl Default for SegmentTrie {
+    fn default() -> Self {
+        SegmentTrie {
+            nodes: vec![SegmentNode::default()],
+        }
+    }
+}
+
+impl SegmentTrie {
+    fn insert(&mut self, segments: &[Segment], route: usize) {
+        // A trailing slash is no segment, as for a template's match.
+        let segments = match segments.split_last() {
+            Some((Segment::Literal(l), rest)) if l.is_empty() && !rest.is_empty() => rest,
+            _ => segments,
+        };
+        let mut at = 0;
+        for segment in segments {
+            let next = match segment {
+                Segment::Literal(l) => self.nodes[at]
+                    .literals
+                    .iter()
+                    .find(|(s, _)| s == l)
+                    .map(|&(_, next)| next),
+                Segment::Param(_) => self.nodes[at].param,
+            };
+            at = match next {
+                Some(next) => next,
+                None => {
+                    let next = self.nodes.len();
+                    self.nodes.push(SegmentNode::default());
+                    match segment {
+                        Segment::Literal(l) => self.nodes[at].literals.push((l.clone(), next)),
+                        Segment::Param(_) => self.nodes[at].param = Some(next),
+                    }
+                    next
+                }
+            };
+        }
+        self.nodes[at].routes.push(route);
+    }
+}
+
+/// A literal segment of [`Segments`].
+#[derive(Debug)]
+struct Literal {
+    /// Its first 8 bytes ([`key`]): most comparisons end here.
+    key: u64,
+    /// Its text, in [`Segments::text`].
+    text: Span,
+    /// The node it leads to.
+    node: usize,
+}
+
+/// A node of [`Segments`].
+#[derive(Debug)]
+struct SegmentsNode {
+    /// Its literal next segments, in [`Segments::literals`], in [`literal_order`].
+    literals: Span,
+    /// The node a parameter as the next segment leads to, if any.
+    param: Option<usize>,
+    /// The routes whose template ends here, in [`Segments::routes`].
+    routes: Span,
+    /// The lowest route here or below (`usize::MAX` if none): a route found before it
+    /// needs no walk down here.
+    lowest: usize,
+}
+
+/// A [`SegmentTrie`] in flat arrays.
+#[derive(Debug)]
+struct Segments {
+    /// The root first, every node after its parent.
+    nodes: Vec<SegmentsNode>,
+    literals: Vec<Literal>,
+    /// Every literal's text, one after another.
+    text: Vec<u8>,
+    /// Every node's routes, each node's in config order.
+    routes: Vec<usize>,
+}
+
+/// The first 8 bytes of `s`, zero-padded, as one number.
+#[inline]
+fn key(s: &[u8]) -> u64 {
+    let mut k = 0;
+    for (i, &b) in s.iter().take(8).enumerate() {
+        k |= u64::from(b) << (56 - 8 * i);
+    }
+    k
+}
+
+/// An order of segments that mostly compares numbers: by their first 8 bytes, their
+/// length, and the rest. Two segments are equal in it only if they are the same.
+#[inline]
+fn literal_order(key_a: u64, a: &[u8], key_b: u64, b: &[u8]) -> std::cmp::Ordering {
+    key_a
+        .cmp(&key_b)
+        .then(a.len().cmp(&b.len()))
+        .then_with(|| a.get(8..).cmp(&b.get(8..)))
+}
+
+impl Segments {
+    fn new(trie: SegmentTrie) -> Self {
+        let mut flat = Segments {
+            nodes: Vec::with_capacity(trie.nodes.len()),
+            literals: Vec::new(),
+            text: Vec::new(),
+            routes: Vec::new(),
+        };
+        for node in &trie.nodes {
+            let start = flat.literals.len();
+            for (l, next) in &node.literals {
+                let text = Span::push(&mut flat.text, l.as_bytes());
+                flat.literals.push(Literal {
+                    key: key(l.as_bytes()),
+                    text,
+                    node: *next,
+                });
+            }
+            let (text, literals) = (&flat.text, &mut flat.literals[start..]);
+            literals.sort_unstable_by(|a, b| {
+                literal_order(a.key, a.text.of(text), b.key, b.text.of(text))
+            });
+            flat.nodes.push(SegmentsNode {
+                literals: Span {
+                    start,
+                    len: node.literals.len(),
+                },
+                param: node.param,
+                routes: Span::push(&mut flat.routes, &node.routes),
+                lowest: node.routes.iter().copied().min().unwrap_or(usize::MAX),
+            });
+        }
+        // Children come after their parents: the last nodes' lowest are whole first.
+        for at in (0..flat.nodes.len()).rev() {
+            let node = &flat.nodes[at];
+            let below = node
+                .literals
+                .of(&flat.literals)
+                .iter()
+                .map(|l| l.node)
+                .chain(node.param)
+                .map(|child| flat.nodes[child].lowest)
+                .min()
+                .unwrap_or(usize::MAX);
+            flat.nodes[at].lowest = flat.nodes[at].lowest.min(below);
+        }
+        flat.literals.shrink_to_fit();
+        flat.text.shrink_to_fit();
+        flat.routes.shrink_to_fit();
+        flat
+    }
+
+    /// Offers `best` the routes of every template `path` matches.
+    fn visit(&self, path: &str, best: &mut First<'_>) {
+        let parts = without_trailing_slash(path)
+            .trim_start_matches('/')
+            .split('/');
+        self.walk(0, parts, best);
+    }
+
+    fn walk(&self, at: usize, mut parts: std::str::Split<'_, char>, best: &mut First<'_>) {
+        let node = &self.nodes[at];
+        if best.route <= node.lowest {
+            return;
+        }
+        let Some(part) = parts.next() else {
+            best.consider(node.routes.of(&self.routes));
+            return;
+        };
+        let part = part.as_bytes();
+        let k = key(part);
+        let literals = node.literals.of(&self.literals);
+        let found =
+            literals.binary_search_by(|l| literal_order(l.key, l.text.of(&self.text), k, part));
+        if let Ok(i) = found {
+            self.walk(literals[i].node, parts.clone(), best);
+        }
+        if let Some(next) = node.param.filter(|_| !part.is_empty()) {
+            self.walk(next, parts, best);
+        }
+    }
+}
+
+/// Whether `text` starts with `prefix`, compared 8 bytes at a time: labels are short,
+/// and a call to `memcmp` would cost more than comparing them.
+#[inline]
+fn starts_with(text: &[u8], prefix: &[u8]) -> bool {
+    let Some(text) = text.get(..prefix.len()) else {
+        return false;
+    };
+    let mut words = text.chunks_exact(8).zip(prefix.chunks_exact(8));
+    let whole = words.all(|(a, b)| key(a) == key(b));
+    let tail = prefix.len() - prefix.len() % 8;
+    whole
+        && text[tail..]
+            .iter()
+            .zip(&prefix[tail..])
+            .all(|(a, b)| a == b)
+}

@@ -1,0 +1,172 @@
+//! `Engine::route_for` finds the route that trying every route's matcher in config
+//! order finds (first match wins), on random route tables of exact paths, prefixes and
+//! templates, method-restricted or not, for paths drawn from the table and perturbed.
+
+mod common;
+
+use proptest::prelude::*;
+use rocgate::clock::Nanos;
+use rocgate::config::{normalize_path, Config, PathPattern, RouteConfig, RouteMatch, Segment};
+use rocgate::engine::Engine;
+use std::time::SystemTime;
+
+/// The route a linear scan finds: every matcher in config order, first match wins.
+fn linear(routes: &[RouteConfig], method: &str, path: &str) -> Option<usize> {
+    let path = normalize_path(path);
+    routes.iter().position(|r| r.matcher.matches(method, &path))
+}
+
+/// Segments of paths, few enough that routes share them: one a prefix of another
+/// (`a`, `ab`), two longer than 8 bytes that differ only after them.
+fn segment() -> impl Strategy<Value = String> + Clone {
+    prop::sample::select(vec![
+        "a",
+        "ab",
+        "b",
+        "api",
+        "v1",
+        "x.y",
+        "7",
+        "products-a",
+        "products-b",
+    ])
+    .prop_map(str::to_owned)
+}
+
+/// A route's method: any, or one of a few (`GET` also takes `HEAD`).
+fn method() -> impl Strategy<Value = Option<&'static str>> {
+    prop::sample::select(vec![None, Some("GET"), Some("HEAD"), Some("POST")])
+}
+
+/// A route's path pattern: exact, a prefix (ending in a slash, mid-segment, or the
+/// root), or a template with one or more parameters.
+fn pattern() -> impl Strategy<Value = PathPattern> {
+    let segments = || prop::collection::vec(segment(), 0..4);
+    prop_oneof![
+        (segments(), any::<bool>()).prop_map(|(s, slash)| {
+            let mut p = format!("/{}", s.join("/"));
+            if slash && !s.is_empty() {
+                p.push('/');
+            }
+            PathPattern::Exact(p)
+        }),
+        (segments(), 0..3usize).prop_map(|(s, cut)| {
+            let mut p = format!("/{}", s.join("/"));
+            if !s.is_empty() {
+                match cut {
+                    0 => p.push('/'),
+                    1 => {
+                        p.pop();
+                    }
+                    _ => {}
+                }
+            }
+            PathPattern::Prefix(p)
+        }),
+        (
+            prop::collection::vec((segment(), any::<bool>()), 1..5),
+            any::<bool>()
+        )
+            .prop_map(|(s, slash)| {
+                let mut p = String::new();
+                for (i, (seg, param)) in s.iter().enumerate() {
+                    p.push('/');
+                    if *param {
+                        p.push_str(&format!("{{p{i}}}"));
+                    } else {
+                        p.push_str(seg);
+                    }
+                }
+                if slash {
+                    p.push('/');
+                }
+                PathPattern::parse_path(&p).expect("a valid template")
+            }),
+    ]
+}
+
+/// A route table: the routes drawn that an engine takes (none shadowed by an earlier
+/// one, as the engine refuses such a table), in the order drawn.
+fn table() -> impl Strategy<Value = Vec<RouteConfig>> {
+    prop::collection::vec((method(), pattern()), 1..40).prop_map(|drawn| {
+        let mut routes: Vec<RouteConfig> = Vec::new();
+        for (i, (method, path)) in drawn.into_iter().enumerate() {
+            routes.push(RouteConfig::new(
+                format!("r{i}"),
+                RouteMatch::new(method, path),
+            ));
+            if Config::new(routes.clone()).validate().is_err() {
+                routes.pop();
+            }
+        }
+        routes
+    })
+}
+
+/// A path a route of the table would take (a template's parameters filled in), or a
+/// random one, then perturbed: a trailing slash added or taken away, a byte cut off,
+/// a segment added, spelled otherwise (`//`, a `.` segment, a percent-encoded letter).
+fn path(routes: &[RouteConfig], pick: usize, filler: &str, change: u8, extra: &str) -> String {
+    let base = match &routes[pick % routes.len()].matcher.path {
+        PathPattern::Exact(p) | PathPattern::Prefix(p) => p.clone(),
+        PathPattern::Template(segments) => segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(l) => format!("/{l}"),
+                _ => format!("/{filler}"),
+            })
+            .collect(),
+        _ => "/".to_owned(),
+    };
+    match change {
+        0 | 1 => base,
+        2 => format!("{base}/"),
+        3 => base.strip_suffix('/').unwrap_or(&base).to_owned(),
+        4 => {
+            let mut p = base;
+            p.pop();
+            if p.is_empty() {
+                p.push('/');
+            }
+            p
+        }
+        5 => format!("{}/{extra}", base.trim_end_matches('/')),
+        6 => format!("{base}{extra}"),
+        7 => format!("/{base}"),
+        8 => format!("/.{base}"),
+        9 => base.replacen('a', "%61", 1),
+        10 => format!("{base}/../{extra}"),
+        _ => format!("/{extra}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(common::cases(512))]
+
+    #[test]
+    fn the_engine_finds_the_route_a_scan_in_config_order_finds(
+        routes in table(),
+        requests in prop::collection::vec(
+            (
+                any::<usize>(),
+                segment(),
+                0u8..12,
+                segment(),
+                prop::sample::select(vec!["GET", "HEAD", "POST", "PUT", "get", "head", "Post"]),
+            ),
+            1..24,
+        ),
+    ) {
+        let engine = Engine::new(&Config::new(routes.clone()), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+            .expect("the table validates");
+        for (pick, filler, change, extra, method) in requests {
+            let path = path(&routes, pick, &filler, change, &extra);
+            prop_assert_eq!(
+                engine.route_for(method, &path).map(|r| r.index()),
+                linear(&routes, method, &path),
+                "{} {} in {:?}", method, path,
+                routes.iter().map(|r| (&r.matcher.method, &r.matcher.path)).collect::<Vec<_>>()
+            );
+        }
+    }
+}
