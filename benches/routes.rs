@@ -7,7 +7,8 @@
 //!
 //! - `route_lookup`: finding a request's route in tables of 10, 100 and 1,000 routes,
 //!   for a request that the first route takes, one a middle route takes (`n / 2`), one
-//!   the last takes, and one no route takes. `engine` is `Engine::route_for`;
+//!   the last takes, and one no route takes; and in a table of one catch-all route
+//!   (`1/catch_all`, as examples/bench_server.rs has). `engine` is `Engine::route_for`;
 //!   `linear` is the scan of every matcher in config order (first match wins) that
 //!   the engine did before it indexed its routes, kept here to compare with.
 //! - `layer_admit`: one admitted request through `AdmissionLayer` around a service
@@ -66,6 +67,17 @@ fn cases(n: usize) -> [(&'static str, (&'static str, String), Option<usize>); 4]
 
 fn route_lookup(c: &mut Criterion) {
     let mut g = c.benchmark_group("route_lookup");
+    // One catch-all route, as examples/bench_server.rs has: what the layer's figures
+    // against bare axum pay for the lookup.
+    let any = vec![RouteConfig::new("any", RouteMatch::any())];
+    let matchers = [RouteMatch::any()];
+    let e = engine(any);
+    g.bench_function("engine/1/catch_all", |b| {
+        b.iter(|| e.route_for(black_box("GET"), black_box("/hello")))
+    });
+    g.bench_function("linear/1/catch_all", |b| {
+        b.iter(|| linear(&matchers, black_box("GET"), black_box("/hello")))
+    });
     for n in SIZES {
         let table = routes::table(n);
         let matchers: Vec<RouteMatch> = table.iter().map(|r| r.matcher.clone()).collect();
