@@ -28,7 +28,7 @@ pub struct Advisor {
 
 impl Advisor {
     /// An advisor with an empty history shaped by `config`.
-    pub fn new(config: &HintsConfig) -> Self {
+    pub(crate) fn new(config: &HintsConfig) -> Self {
         Advisor {
             history: Mutex::new(History::new(config.interval, config.keep)),
             keep: config.keep,
