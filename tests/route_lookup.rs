@@ -7,7 +7,7 @@ mod common;
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
 use rocgate::config::{normalize_path, Config, PathPattern, RouteConfig, RouteMatch, Segment};
-use rocgate::engine::Engine;
+use rocgate::engine::{Engine, SCAN_ROUTES};
 use std::time::SystemTime;
 
 /// The route a linear scan finds: every matcher in config order, first match wins.
@@ -157,16 +157,25 @@ proptest! {
             1..24,
         ),
     ) {
-        let engine = Engine::new(&Config::new(routes.clone()), Nanos::ZERO, SystemTime::UNIX_EPOCH)
-            .expect("the table validates");
-        for (pick, filler, change, extra, method) in requests {
-            let path = path(&routes, pick, &filler, change, &extra);
-            prop_assert_eq!(
-                engine.route_for(method, &path).map(|r| r.index()),
-                linear(&routes, method, &path),
-                "{} {} in {:?}", method, path,
-                routes.iter().map(|r| (&r.matcher.method, &r.matcher.path)).collect::<Vec<_>>()
-            );
+        // The table as drawn (up to `SCAN_ROUTES` routes the engine tries each in
+        // turn), and behind routes no request takes, enough for the engine's index
+        // to find its route whatever the table's size.
+        let mut padded: Vec<RouteConfig> = (0..=SCAN_ROUTES)
+            .map(|i| RouteConfig::new(format!("pad{i}"), RouteMatch::new(None, PathPattern::Exact(format!("/zz{i}")))))
+            .collect();
+        padded.extend(routes.iter().cloned());
+        for table in [&routes, &padded] {
+            let engine = Engine::new(&Config::new(table.clone()), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+                .expect("the table validates");
+            for &(pick, ref filler, change, ref extra, method) in &requests {
+                let path = path(&routes, pick, filler, change, extra);
+                prop_assert_eq!(
+                    engine.route_for(method, &path).map(|r| r.index()),
+                    linear(table, method, &path),
+                    "{} {} in {:?}", method, path,
+                    table.iter().map(|r| (&r.matcher.method, &r.matcher.path)).collect::<Vec<_>>()
+                );
+            }
         }
     }
 }
