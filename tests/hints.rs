@@ -1188,3 +1188,17 @@ fn a_burst_hint_in_an_events_part_names_no_event() {
     let base = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert_eq!(base.event.as_deref(), Some("sale"));
 }
+
+/// A scheduled event has controller parameters and no `mode`: a shadow route's
+/// `shadow_verdict` judged in an event's part named the event ("mode shadow → enforce
+/// in event sale"), pointing at an entry that cannot take it, as `raise_burst` did for
+/// `burst`. The mode is the route's: the hint names no event.
+#[test]
+fn a_mode_hint_in_an_events_part_names_no_event() {
+    let mut during = engine_settings("mode = \"shadow\"");
+    during.event = Some("sale".into());
+    let h = rocgate::hints::advise(&during, &seconds(100, false), None, &Policy::default());
+    let verdict = find(&h, "shadow_verdict").unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(verdict.parameter.as_deref(), Some("mode"));
+    assert_eq!(verdict.event, None, "{verdict:#?}");
+}

@@ -207,6 +207,24 @@ struct RawTier {
     cut_limit: Option<Num>,
 }
 
+/// The settings a `[[routes.events]]` table can change, as written: the controller's
+/// ([`RawEvent`]'s fields after `name`, `start` and `duration`). Any other setting
+/// (`burst`, `mode`) is the route's own, in force during its events too.
+pub(crate) const EVENT_SETTINGS: [&str; 12] = [
+    "base_limit",
+    "cut_limit",
+    "danger_roc",
+    "safe_roc",
+    "hold",
+    "restore_step",
+    "restore_interval",
+    "min_rps",
+    "min_samples",
+    "min_dwell",
+    "max_cut",
+    "roc_mode",
+];
+
 /// One `[[routes.events]]` table: when, and the controller settings it changes.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -2252,6 +2270,22 @@ mod tests {
         assert_eq!(again.routes[0].controller, r.controller);
         assert_eq!(again.routes[0].events, r.events);
         assert_eq!(again.routes[0].matcher, r.matcher);
+    }
+
+    /// [`EVENT_SETTINGS`] are the settings an event's table takes: the fields its
+    /// deserializer expects, past `name`, `start` and `duration`.
+    #[test]
+    fn event_settings_are_the_fields_an_event_takes() {
+        let e = serde_json::from_str::<RawEvent>(r#"{"burst": "1s"}"#).unwrap_err();
+        let e = e.to_string();
+        let expected = e
+            .split_once("expected one of ")
+            .map(|(_, rest)| rest)
+            .unwrap_or_else(|| panic!("{e}"));
+        // Each field is quoted in backticks: every other piece between them.
+        let fields: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        assert_eq!(fields[..3], ["name", "start", "duration"], "{e}");
+        assert_eq!(fields[3..], EVENT_SETTINGS, "{e}");
     }
 
     fn matcher(method: Option<&str>, path: PathPattern) -> RouteMatch {

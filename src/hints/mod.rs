@@ -45,7 +45,7 @@ pub use history::{
 };
 pub use sketch::Sketch;
 
-use crate::config::Mode;
+use crate::config::{Mode, EVENT_SETTINGS};
 use crate::controller::ControllerState;
 use crate::limiter::{gcra, Algorithm, Reason, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
 use serde::{Deserialize, Serialize};
@@ -424,6 +424,9 @@ impl<'a> Evidence<'a> {
         }
     }
 
+    /// A hint of `rule` on this route. Judged in an event's part, it names the event
+    /// where `parameter` is one an event's profile sets ([`EVENT_SETTINGS`]); any other
+    /// (`burst`, `mode`) is the route's own, in force during the event too.
     fn hint(
         &self,
         rule: &'static str,
@@ -441,7 +444,9 @@ impl<'a> Evidence<'a> {
             current,
             suggested,
             reason,
-            event: parameter.and(self.s.event.clone()),
+            event: parameter
+                .filter(|p| EVENT_SETTINGS.contains(p))
+                .and(self.s.event.clone()),
         }
     }
 
@@ -833,7 +838,8 @@ impl<'a> Evidence<'a> {
     /// first one: `flash-sale` against 300 req/s with a sale event's base limit of 500
     /// gets 270 and a burst of 111 ms (no overload), where counting the burst in the
     /// base limit alone (220) still overloaded the first second and rejected 4% more.
-    /// The bucket is the route's (an event has none): the hint names no event.
+    /// The bucket is the route's (an event has none): the hint names no event
+    /// ([`Evidence::hint`]).
     fn lower_burst(&self, lower_base: &Hint) -> Option<Hint> {
         let Algorithm::TokenBucket { burst } = self.s.algorithm else {
             return None;
@@ -853,7 +859,7 @@ impl<'a> Evidence<'a> {
         if suggested >= burst {
             return None;
         }
-        let mut hint = self.hint(
+        Some(self.hint(
             "lower_base_limit",
             Severity::Critical,
             Some("burst"),
@@ -865,9 +871,7 @@ impl<'a> Evidence<'a> {
                 fmt_num(new_base),
                 fmt_num(cap)
             ),
-        );
-        hint.event = None;
-        Some(hint)
+        ))
     }
 
     /// The cut limit must stay at most the base limit: when the base limit's
@@ -932,7 +936,8 @@ impl<'a> Evidence<'a> {
 
     /// `new_base`: the base limit `raise_base_limit` suggests in the same report, if
     /// it does: the burst stays within what the bucket keeps at that limit too. The
-    /// bucket is the route's, judged in an event's part too: the hint names no event.
+    /// bucket is the route's, judged in an event's part too: the hint names no event
+    /// ([`Evidence::hint`]).
     fn raise_burst(&self, new_base: Option<f64>) -> Option<Hint> {
         let Algorithm::TokenBucket { burst } = self.s.algorithm else {
             return None;
@@ -1008,8 +1013,7 @@ impl<'a> Evidence<'a> {
         if suggested <= burst {
             return None;
         }
-        // The bucket is the route's: an event has none, so the hint names none.
-        let mut hint = self.hint(
+        Some(self.hint(
             "raise_burst",
             Severity::Info,
             Some("burst"),
@@ -1021,9 +1025,7 @@ impl<'a> Evidence<'a> {
                 fmt_num(base),
                 fmt_num(excess)
             ),
-        );
-        hint.event = None;
-        Some(hint)
+        ))
     }
 
     /// Not on a `concurrency` or partitioned route: a false cut is one whose demand,
