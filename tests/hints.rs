@@ -1202,3 +1202,19 @@ fn a_mode_hint_in_an_events_part_names_no_event() {
     assert_eq!(verdict.parameter.as_deref(), Some("mode"));
     assert_eq!(verdict.event, None, "{verdict:#?}");
 }
+
+/// On a partitioned route the base limit is each key's: `raise_min_rps` quoted it as
+/// "base limit 200 req/s", the route's whole rate by its units, beside the route's
+/// mean demand. It says "req/s per key", as the other rules do.
+#[test]
+fn a_min_rps_raise_on_a_partitioned_route_quotes_each_keys_base_limit() {
+    let h = advise(
+        &format!("partition = \"ip\"\n{RELATIVE}"),
+        &quiet(4),
+        Some(1000),
+    );
+    let reason = &find(&h, "raise_min_rps")
+        .unwrap_or_else(|| panic!("{h:#?}"))
+        .reason;
+    assert!(reason.contains("base limit 200 req/s per key"), "{reason}");
+}

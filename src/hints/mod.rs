@@ -1162,8 +1162,9 @@ impl<'a> Evidence<'a> {
         }
         let bound = match new_base {
             Some(b) if target == most => format!(
-                ", at most half the base limit of {} req/s suggested with it",
-                fmt_num(b)
+                ", at most half the base limit of {} {} suggested with it",
+                fmt_num(b),
+                self.units()
             ),
             _ => String::new(),
         };
@@ -1173,10 +1174,11 @@ impl<'a> Evidence<'a> {
             Some("min_rps"),
             Some((Setting::Number(current), Setting::Number(suggested))),
             format!(
-                "{} cuts on a quiet route (mean demand {} req/s, base limit {} req/s, peak demand during cuts {} req/s): small numbers make ROC jumpy; raise min_rps above that peak{bound}",
+                "{} cuts on a quiet route (mean demand {} req/s, base limit {} {}, peak demand during cuts {} req/s): small numbers make ROC jumpy; raise min_rps above that peak{bound}",
                 self.cut_count(),
                 fmt_num(self.mean_rps()),
                 fmt_num(base),
+                self.units(),
                 fmt_num(peak)
             ),
         ))
