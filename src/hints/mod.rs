@@ -117,6 +117,14 @@ impl Setting {
     }
 }
 
+/// The number `hint` suggests, if it suggests one.
+fn suggested_number(hint: &Hint) -> Option<f64> {
+    match hint.suggested {
+        Some(Setting::Number(x)) => Some(x),
+        _ => None,
+    }
+}
+
 impl fmt::Display for Setting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -231,18 +239,13 @@ pub fn advise(
         )];
     }
     let lower_base = e.lower_base_limit();
-    let lower_cut = lower_base.as_ref().and_then(|h| e.lower_cut_limit(h));
-    let lower_min = lower_base.as_ref().and_then(|h| e.lower_min_rps(h));
-    let lower_burst = lower_base.as_ref().and_then(|h| e.lower_burst(h));
-    let quiet_cuts = e.raise_min_rps(lower_base.as_ref().and_then(|h| match h.suggested {
-        Some(Setting::Number(new_base)) => Some(new_base),
-        _ => None,
-    }));
+    let lowered = lower_base.as_ref().and_then(suggested_number);
+    let lower_cut = lowered.and_then(|b| e.lower_cut_limit(b));
+    let lower_min = lowered.and_then(|b| e.lower_min_rps(b));
+    let lower_burst = lowered.and_then(|b| e.lower_burst(b));
+    let quiet_cuts = e.raise_min_rps(lowered);
     let raise_base = e.raise_base_limit();
-    let raise_burst = e.raise_burst(raise_base.as_ref().and_then(|h| match h.suggested {
-        Some(Setting::Number(new_base)) => Some(new_base),
-        _ => None,
-    }));
+    let raise_burst = e.raise_burst(raise_base.as_ref().and_then(suggested_number));
     let lower_danger = e.lower_danger_roc();
     let raise_danger = if quiet_cuts.is_some() {
         None
@@ -838,13 +841,10 @@ impl<'a> Evidence<'a> {
     /// first one: `flash-sale` against 300 req/s with a sale event's base limit of 500
     /// gets 270 and a burst of 111 ms (no overload), where counting the burst in the
     /// base limit alone (220) still overloaded the first second and rejected 4% more.
-    /// The bucket is the route's (an event has none): the hint names no event
+    /// `new_base`: the base limit `lower_base_limit` suggests. The bucket is the route's (an event has none): the hint names no event
     /// ([`Evidence::hint`]).
-    fn lower_burst(&self, lower_base: &Hint) -> Option<Hint> {
+    fn lower_burst(&self, new_base: f64) -> Option<Hint> {
         let Algorithm::TokenBucket { burst } = self.s.algorithm else {
-            return None;
-        };
-        let Some(Setting::Number(new_base)) = lower_base.suggested else {
             return None;
         };
         let cap = self.capacity()?;
@@ -875,12 +875,9 @@ impl<'a> Evidence<'a> {
     }
 
     /// The cut limit must stay at most the base limit: when the base limit's
-    /// suggestion goes under it, the cut limit goes down too, keeping its ratio to the
+    /// suggestion (`new_base`) goes under it, the cut limit goes down too, keeping its ratio to the
     /// base limit.
-    fn lower_cut_limit(&self, lower_base: &Hint) -> Option<Hint> {
-        let Some(Setting::Number(new_base)) = lower_base.suggested else {
-            return None;
-        };
+    fn lower_cut_limit(&self, new_base: f64) -> Option<Hint> {
         let (base, cut) = (self.base(), self.s.params.cut_limit_rps);
         if cut <= new_base {
             return None;
@@ -902,20 +899,18 @@ impl<'a> Evidence<'a> {
         ))
     }
 
-    /// A cut needs demand of at least `min_rps`: above the base limit's suggestion, a
+    /// A cut needs demand of at least `min_rps`: above the base limit's suggestion
+    /// (`new_base`), a
     /// surge that stays under it is never cut, and only the lowered base limit stands
     /// between it and an upstream that saturated. `min_rps` goes down with the base
     /// limit, keeping its ratio to it, at most half of it (as `raise_min_rps` bounds
     /// it). Not for `concurrency`, whose base limit counts requests in flight, not a
     /// rate that `min_rps` could be above, nor for a partitioned route, whose base
     /// limit is each key's while `min_rps` is the route's whole demand.
-    fn lower_min_rps(&self, lower_base: &Hint) -> Option<Hint> {
+    fn lower_min_rps(&self, new_base: f64) -> Option<Hint> {
         if self.concurrency() || self.s.partitioned {
             return None;
         }
-        let Some(Setting::Number(new_base)) = lower_base.suggested else {
-            return None;
-        };
         let (base, min) = (self.base(), self.s.params.min_rps);
         if min <= new_base {
             return None;
