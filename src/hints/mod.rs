@@ -900,11 +900,10 @@ impl<'a> Evidence<'a> {
     }
 
     /// A cut needs demand of at least `min_rps`: above the base limit's suggestion
-    /// (`new_base`), a
-    /// surge that stays under it is never cut, and only the lowered base limit stands
-    /// between it and an upstream that saturated. `min_rps` goes down with the base
-    /// limit, keeping its ratio to it, at most half of it (as `raise_min_rps` bounds
-    /// it). Not for `concurrency`, whose base limit counts requests in flight, not a
+    /// (`new_base`), a surge that stays under it is never cut, and only the lowered
+    /// base limit stands between it and an upstream that saturated. `min_rps` goes
+    /// down with the base limit, keeping its ratio to it, at most half of it (as
+    /// `raise_min_rps` bounds it). Not for `concurrency`, whose base limit counts requests in flight, not a
     /// rate that `min_rps` could be above, nor for a partitioned route, whose base
     /// limit is each key's while `min_rps` is the route's whole demand.
     fn lower_min_rps(&self, new_base: f64) -> Option<Hint> {
