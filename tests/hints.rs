@@ -933,6 +933,18 @@ fn rejecting(
         .collect()
 }
 
+/// 30 one-second intervals, every other one a burst of 400 requests after 100, 150
+/// of each burst rejected by the limit; the upstream answered the rest, healthy.
+fn bursts_of_400() -> Vec<rocgate::hints::Interval> {
+    use rocgate::limiter::Reason;
+    (0..30)
+        .flat_map(|k| {
+            let (offered, rejected) = if k % 2 == 0 { (100, 0) } else { (400, 150) };
+            rejecting(k, 1, offered, (Reason::Limit, rejected), 0)
+        })
+        .collect()
+}
+
 /// A `concurrency` route's base limit counts requests in flight, and the upstream's
 /// capacity was the admitted rate at which it saturated: 1,000 req/s saturating it
 /// behind 64 in flight read as "capacity 1,000" above 64 (lowered 20%, to 51), and a
@@ -1028,14 +1040,8 @@ fn a_partitioned_routes_limit_per_key_is_bounded_by_the_routes_admitted_rate() {
 fn rules_that_cannot_compare_like_with_like_say_so_once_per_route() {
     use rocgate::controller::ControllerState;
     use rocgate::hints::RouteHints;
-    use rocgate::limiter::Reason;
     // Bursts of 400 req/s after a second of 100, against 300 req/s per client.
-    let bursty: Vec<_> = (0..30)
-        .flat_map(|k| {
-            let (offered, rejected) = if k % 2 == 0 { (100, 0) } else { (400, 150) };
-            rejecting(k, 1, offered, (Reason::Limit, rejected), 0)
-        })
-        .collect();
+    let bursty = bursts_of_400();
     let notes = |h: &[Hint], rule: &str| {
         h.iter()
             .filter(|h| h.rule == rule && h.parameter.is_none())
@@ -1171,13 +1177,7 @@ fn a_lowered_token_bucket_limit_takes_the_burst_with_it_where_demand_drained_it(
 /// entry that cannot take it. The bucket is the route's: the hint names no event.
 #[test]
 fn a_burst_hint_in_an_events_part_names_no_event() {
-    use rocgate::limiter::Reason;
-    let bursty: Vec<_> = (0..30)
-        .flat_map(|k| {
-            let (offered, rejected) = if k % 2 == 0 { (100, 0) } else { (400, 150) };
-            rejecting(k, 1, offered, (Reason::Limit, rejected), 0)
-        })
-        .collect();
+    let bursty = bursts_of_400();
     let mut during = engine_settings("base_limit = 300");
     during.event = Some("sale".into());
     let h = rocgate::hints::advise(&during, &bursty, None, &Policy::default());
