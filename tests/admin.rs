@@ -263,32 +263,38 @@ async fn a_runtime_change_is_validated_and_applied() {
     p.stop().await;
 }
 
+/// Puts `change` on route `order` and checks that it is refused (422) with each of
+/// `errors` in the body, and that the route then has no runtime change. Returns the
+/// route as `GET /admin/routes/order` then reads it.
+async fn refused_on_order(admin: SocketAddr, change: &str, errors: &[&str]) -> Value {
+    let (status, body) = call(admin, "PUT", "/admin/routes/order", change, None).await;
+    assert_eq!(status, 422, "{body}");
+    let said = body["errors"].to_string();
+    for expected in errors {
+        assert!(said.contains(expected), "{expected} in {said}");
+    }
+    let (_, order) = call(admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["runtime_change"], false, "{order}");
+    order
+}
+
 /// A runtime change's durations have the file's upper bounds: each past its bound is
 /// refused (422) naming the field and the bound, and the route is left as it was;
 /// each at its bound is taken.
 #[tokio::test]
 async fn a_runtime_change_past_a_durations_bound_is_refused() {
     let p = start(None).await;
-    let (status, body) = call(
+    refused_on_order(
         p.admin,
-        "PUT",
-        "/admin/routes/order",
         r#"{"hold": "100years", "restore_interval": "25h", "min_dwell": "2days", "max_cut": "1000years"}"#,
-        None,
+        &[
+            "hold: must be at most 1day, got 100years",
+            "restore_interval: must be at most 1day, got 1day 1h",
+            "min_dwell: must be at most 1day, got 2days",
+            "max_cut: must be at most 1day, got 1000years",
+        ],
     )
     .await;
-    assert_eq!(status, 422, "{body}");
-    let errors = body["errors"].to_string();
-    for expected in [
-        "hold: must be at most 1day, got 100years",
-        "restore_interval: must be at most 1day, got 1day 1h",
-        "min_dwell: must be at most 1day, got 2days",
-        "max_cut: must be at most 1day, got 1000years",
-    ] {
-        assert!(errors.contains(expected), "{expected} in {errors}");
-    }
-    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
-    assert_eq!(order["runtime_change"], false, "{order}");
     let (status, body) = call(
         p.admin,
         "PUT",
@@ -309,26 +315,17 @@ async fn a_runtime_change_past_a_durations_bound_is_refused() {
 #[tokio::test]
 async fn a_runtime_change_past_a_limits_bound_is_refused() {
     let p = start(None).await;
-    let (status, body) = call(
+    let order = refused_on_order(
         p.admin,
-        "PUT",
-        "/admin/routes/order",
         r#"{"base_limit": 700000000, "cut_limit": 2000001}"#,
-        None,
+        &[
+            "base_limit: must be at most 2000000 req/s with algorithm token_bucket",
+            "got 700000000",
+            "cut_limit: must be at most 2000000 req/s",
+            "got 2000001",
+        ],
     )
     .await;
-    assert_eq!(status, 422, "{body}");
-    let errors = body["errors"].to_string();
-    for expected in [
-        "base_limit: must be at most 2000000 req/s with algorithm token_bucket",
-        "got 700000000",
-        "cut_limit: must be at most 2000000 req/s",
-        "got 2000001",
-    ] {
-        assert!(errors.contains(expected), "{expected} in {errors}");
-    }
-    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
-    assert_eq!(order["runtime_change"], false, "{order}");
     assert_eq!(order["base_limit_rps"], 200.0, "{order}");
     let (status, body) = call(
         p.admin,
