@@ -841,8 +841,8 @@ impl<'a> Evidence<'a> {
     /// first one: `flash-sale` against 300 req/s with a sale event's base limit of 500
     /// gets 270 and a burst of 111 ms (no overload), where counting the burst in the
     /// base limit alone (220) still overloaded the first second and rejected 4% more.
-    /// `new_base`: the base limit `lower_base_limit` suggests. The bucket is the route's (an event has none): the hint names no event
-    /// ([`Evidence::hint`]).
+    /// `new_base`: the base limit `lower_base_limit` suggests. The bucket is the
+    /// route's (an event has none): the hint names no event ([`Evidence::hint`]).
     fn lower_burst(&self, new_base: f64) -> Option<Hint> {
         let Algorithm::TokenBucket { burst } = self.s.algorithm else {
             return None;
@@ -875,8 +875,8 @@ impl<'a> Evidence<'a> {
     }
 
     /// The cut limit must stay at most the base limit: when the base limit's
-    /// suggestion (`new_base`) goes under it, the cut limit goes down too, keeping its ratio to the
-    /// base limit.
+    /// suggestion (`new_base`) goes under it, the cut limit goes down too, keeping its
+    /// ratio to the base limit.
     fn lower_cut_limit(&self, new_base: f64) -> Option<Hint> {
         let (base, cut) = (self.base(), self.s.params.cut_limit_rps);
         if cut <= new_base {
@@ -903,9 +903,10 @@ impl<'a> Evidence<'a> {
     /// (`new_base`), a surge that stays under it is never cut, and only the lowered
     /// base limit stands between it and an upstream that saturated. `min_rps` goes
     /// down with the base limit, keeping its ratio to it, at most half of it (as
-    /// `raise_min_rps` bounds it). Not for `concurrency`, whose base limit counts requests in flight, not a
-    /// rate that `min_rps` could be above, nor for a partitioned route, whose base
-    /// limit is each key's while `min_rps` is the route's whole demand.
+    /// `raise_min_rps` bounds it). Not for `concurrency`, whose base limit counts
+    /// requests in flight, not a rate that `min_rps` could be above, nor for a
+    /// partitioned route, whose base limit is each key's while `min_rps` is the
+    /// route's whole demand.
     fn lower_min_rps(&self, new_base: f64) -> Option<Hint> {
         if self.concurrency() || self.s.partitioned {
             return None;
