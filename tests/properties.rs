@@ -526,7 +526,11 @@ proptest! {
         };
         let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let route = e.route_at(0).unwrap();
-        let capacity = if leaky { 1.0 } else { (limit / 1e3 + 1e-6).floor().max(1.0) };
+        let capacity = if leaky {
+            1.0
+        } else {
+            bucket_capacity(limit, Duration::from_millis(1))
+        };
         let span_ns = (20_000.0 * 1e9 / limit) as u64;
         let (mut now, mut admitted) = (Nanos::ZERO, 0u64);
         while now.as_u64() <= span_ns {
