@@ -32,6 +32,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout, Instant};
 
+#[path = "common/http1.rs"]
+mod http1;
 #[path = "common/proxy.rs"]
 mod running;
 
@@ -197,12 +199,9 @@ struct Client {
 
 impl Client {
     async fn connect(addr: SocketAddr) -> Client {
-        let stream = within("connect", TcpStream::connect(addr)).await.unwrap();
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        Client { sender }
+        Client {
+            sender: within("connect", http1::connect(addr)).await,
+        }
     }
 
     async fn send(&mut self, req: Request<Full<Bytes>>) -> Reply {

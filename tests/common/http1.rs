@@ -1,5 +1,5 @@
 //! An HTTP/1.1 client connection over a real socket, for the files that send requests
-//! to a server on 127.0.0.1 (`tests/layer.rs`, `tests/metrics.rs`,
+//! to a server on 127.0.0.1 (`tests/layer.rs`, `tests/metrics.rs`, `tests/proxy.rs`,
 //! `tests/redis_store.rs`, `tests/upstream_cap.rs`), included by path.
 
 use hyper::client::conn::http1::SendRequest;
