@@ -174,20 +174,13 @@ if has_config rocgate-serve-admit; then
 fi
 rocgate="${CARGO_TARGET_DIR:-target}/release/rocgate"
 
-work=$(mktemp -d)
-# Every process of the configuration being measured: the server, or the upstream and
-# the proxy in front of it.
-pids=()
+# `pids`: every process of the configuration being measured, the server, or the
+# upstream and the proxy in front of it.
+work_reaped_on_exit
 stop_server() {
     reap "${pids[@]}"
     pids=()
 }
-cleanup() {
-    stop_server
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 # Waits until process $2 ($1 names it) answers at `url` (set by running $3 with no
 # arguments until it prints a URL). Returns 1 if the process exits.
