@@ -83,6 +83,17 @@ fn engine_bytes(n: usize, partition: &Partition) -> i64 {
     bytes
 }
 
+/// Asserts that the bytes of engines of 10, 100 and 1,000 routes grow linearly in
+/// the number of routes: from 100 to 1,000 routes ten times what they grow from 10 to
+/// 100, to within one `parts`-th of it.
+#[track_caller]
+fn assert_linear([b10, b100, b1000]: [i64; 3], parts: i64) {
+    assert!(
+        ((b100 - b10) * 10 - (b1000 - b100)).abs() <= (b1000 - b100) / parts,
+        "route memory is not linear in the number of routes: {b10} / {b100} / {b1000} B"
+    );
+}
+
 /// Bytes per route: the difference between engines of different sizes, so the
 /// engine's own fixed cost cancels out. Asserts that the cost is linear: to within
 /// 0.1%, as the route index keeps the bytes that paths share once (routes 0–9 share
@@ -90,10 +101,7 @@ fn engine_bytes(n: usize, partition: &Partition) -> i64 {
 fn bytes_per_route(partition: Partition) -> i64 {
     engine_bytes(1, &partition); // first use of process-wide caches (CPU count for DashMap)
     let [b10, b100, b1000] = [10, 100, 1000].map(|n| engine_bytes(n, &partition));
-    assert!(
-        ((b100 - b10) * 10 - (b1000 - b100)).abs() <= (b1000 - b100) / 1000,
-        "route memory is not linear in the number of routes: {b10} / {b100} / {b1000} B"
-    );
+    assert_linear([b10, b100, b1000], 1000);
     (b1000 - b100) / 900
 }
 
@@ -159,10 +167,7 @@ fn a_gateways_routes_hold_memory_linear_in_their_number() {
         (b1000 - b100) / 900,
         (b100 - b10) / 90
     );
-    assert!(
-        ((b100 - b10) * 10 - (b1000 - b100)).abs() <= (b1000 - b100) / 100,
-        "not linear in the number of routes: {b10} / {b100} / {b1000} B"
-    );
+    assert_linear([b10, b100, b1000], 100);
 }
 
 #[test]
