@@ -1033,7 +1033,7 @@ fn a_partitioned_routes_limit_per_key_is_bounded_by_the_routes_admitted_rate() {
 
 /// Where a rule would compare a rate with a count in flight, or the route's demand
 /// with one key's limit, and the figure it needs is not observed, it does not fire,
-/// and the report says so once per route and rule: a `raise_burst` of each client's
+/// and the report says so once per route and rule (in a period with no event): a `raise_burst` of each client's
 /// bucket from the route's bursts, and a `raise_danger_roc` from a "false" cut whose
 /// demand of 30 req/s was under 64 requests in flight, were suggested before.
 #[test]

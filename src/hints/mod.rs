@@ -32,7 +32,8 @@
 //! highest admitted rate, `lower_base_limit` takes no capacity target, and
 //! `raise_burst`, `raise_danger_roc` and `faster_restore` do not judge it (one key's
 //! demand is not observed). A rule that does not judge a route says so in an `info`
-//! hint without a change, "not advised on a … route: …", once per route and rule.
+//! hint without a change, "not advised on a … route: …", once per rule in each part of
+//! the period a route ran under a profile (its own, and each event's that ran).
 //!
 //! Routes with fewer than [`Policy::min_requests`] offered in the period (or none at
 //! all) get "no change: too little traffic".
