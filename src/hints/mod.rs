@@ -804,11 +804,7 @@ impl<'a> Evidence<'a> {
                 why = format!(
                     "; it saturates at about {} {}, so go to 90% of that",
                     fmt_num(cap),
-                    if self.concurrency() {
-                        "in flight"
-                    } else {
-                        "req/s"
-                    }
+                    self.units()
                 );
             }
         }
