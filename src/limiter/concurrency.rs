@@ -1,0 +1,276 @@
+//! The concurrency limiter: permits held by RAII guards, with an optional bounded
+//! queue of tickets.
+
+use super::{reject, Admit, Decision, Level, Reason, MAX_PERMITS};
+use crate::clock::duration_nanos;
+use crate::sync::{Arc, AtomicU32, Ordering};
+use event_listener::{Event, EventListener, IntoNotification};
+use std::future::Future;
+use std::mem::ManuallyDrop;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+/// Limits requests in flight. A permit is an RAII guard: dropping it frees the slot.
+/// With a queue, requests over the limit may wait (await the [`Ticket`]); requests
+/// beyond the queue are rejected with `queue_full`, without a queue with `concurrency`.
+#[derive(Debug, Clone)]
+pub struct Concurrency {
+    shared: Arc<ConcurrencyShared>,
+}
+
+#[derive(Debug)]
+struct ConcurrencyShared {
+    in_flight: AtomicU32,
+    waiting: AtomicU32,
+    limit: AtomicU32,
+    queue: u32,
+    /// Queued tickets listen here, in order; each freed permit notifies one more.
+    freed: Event,
+    /// A partitioned route's key keeps the route generation its limit was set for
+    /// here, beside its permits, and its tier (see [`Concurrency::for_key`]): its place
+    /// in the key table then holds only this state's address and a second. Unused at
+    /// route level, where they fill what would be padding.
+    key_generation: AtomicU32,
+    key_tier: u16,
+}
+
+/// How long a rejected request is told to wait when the limit is in flight counts
+/// (there is no schedule to derive it from).
+const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
+
+// `in_flight` and `waiting` are read and written in sequentially consistent order: a
+// ticket counts itself in `waiting` before it tries for a permit, a release frees its
+// permit before it reads `waiting`, so either the ticket sees the permit free or the
+// release sees the ticket waiting and notifies. (On x86 this costs nothing: the
+// writes are locked instructions anyway.)
+impl ConcurrencyShared {
+    fn try_acquire(&self) -> bool {
+        let limit = self.limit.load(Ordering::SeqCst);
+        self.in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Wakes up to `n` more queued tickets to try for a permit. With none queued it
+    /// leaves the event alone (its state is allocated on first use).
+    fn notify_waiting(&self, n: u32) {
+        // After the write that frees permits (see `seq_cst_fence_under_loom`).
+        crate::sync::seq_cst_fence_under_loom();
+        if n > 0 && self.waiting.load(Ordering::SeqCst) > 0 {
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            self.freed.notify(n.additional());
+        }
+    }
+}
+
+impl Concurrency {
+    /// No requests in flight; at most `limit` at once (up to `u32::MAX`), `queue`
+    /// more waiting.
+    pub fn new(limit: f64, queue: u32) -> Self {
+        Concurrency::for_key(limit, queue, 0, 0)
+    }
+
+    /// [`new`](Self::new), for a key of a partitioned route, with the key's route
+    /// `generation` and `tier` kept beside the permits ([`key_generation`],
+    /// [`key_tier`]).
+    ///
+    /// [`key_generation`]: Self::key_generation
+    /// [`key_tier`]: Self::key_tier
+    pub(crate) fn for_key(limit: f64, queue: u32, generation: u32, tier: u16) -> Self {
+        Concurrency {
+            shared: Arc::new(ConcurrencyShared {
+                in_flight: AtomicU32::new(0),
+                waiting: AtomicU32::new(0),
+                limit: AtomicU32::new(permits(limit)),
+                queue,
+                freed: Event::new(),
+                key_generation: AtomicU32::new(generation),
+                key_tier: tier,
+            }),
+        }
+    }
+
+    /// The route generation a key's limit was last set for (see
+    /// [`for_key`](Self::for_key)).
+    pub(crate) fn key_generation(&self) -> &AtomicU32 {
+        &self.shared.key_generation
+    }
+
+    /// A key's tier (see [`for_key`](Self::for_key)).
+    pub(crate) fn key_tier(&self) -> u16 {
+        self.shared.key_tier
+    }
+
+    /// Takes a permit, a place in the queue, or neither.
+    pub fn check(&self) -> Decision {
+        let s = &self.shared;
+        if s.waiting.load(Ordering::SeqCst) == 0 && s.try_acquire() {
+            return Decision::Admit(Admit::Held(Permit::new(Arc::clone(s))));
+        }
+        if s.queue == 0 {
+            return reject(duration_nanos(CONCURRENCY_RETRY), Reason::Concurrency);
+        }
+        let queued = s
+            .waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < s.queue).then_some(n + 1)
+            })
+            .is_ok();
+        if queued {
+            // After counting itself in `waiting`, the ticket reads `in_flight` (see
+            // `seq_cst_fence_under_loom`).
+            crate::sync::seq_cst_fence_under_loom();
+            Decision::Admit(Admit::Queued(Ticket {
+                shared: ManuallyDrop::new(Some(Arc::clone(s))),
+                listener: None,
+            }))
+        } else {
+            reject(duration_nanos(CONCURRENCY_RETRY), Reason::QueueFull)
+        }
+    }
+
+    /// Changes the number of permits. Requests in flight keep theirs; lowering the
+    /// limit only stops new ones until enough have finished; raising it wakes as many
+    /// queued requests as it frees permits.
+    pub fn set_limit(&self, limit: f64) {
+        let s = &self.shared;
+        let limit = permits(limit);
+        s.limit.store(limit, Ordering::SeqCst);
+        crate::sync::seq_cst_fence_under_loom();
+        s.notify_waiting(limit.saturating_sub(s.in_flight.load(Ordering::SeqCst)));
+    }
+
+    /// Requests in flight and the limit.
+    pub fn level(&self) -> Level {
+        Level {
+            value: f64::from(self.shared.in_flight.load(Ordering::Relaxed)),
+            capacity: f64::from(self.shared.limit.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Requests waiting for a permit.
+    pub fn waiting(&self) -> u64 {
+        u64::from(self.shared.waiting.load(Ordering::Relaxed))
+    }
+
+    /// Whether a request is queued, read `SeqCst` (see the engine's concurrency keys).
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.shared.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    /// Whether no permit is out and no request is queued, so that a fresh limiter
+    /// would stand where this one does (a partitioned route evicts an idle key only
+    /// then).
+    ///
+    /// A queued request that takes its permit counts itself in flight before it leaves
+    /// the queue, so the queue is read first, then the permits, each with `Acquire`:
+    /// a request seen gone from the queue is seen in flight. Read the other way round
+    /// (or relaxed), a hand-over between the two reads looked idle, and the key was
+    /// evicted while its permit was out (`tests/loom.rs`).
+    pub(crate) fn is_idle(&self) -> bool {
+        let s = &self.shared;
+        s.waiting.load(Ordering::Acquire) == 0 && s.in_flight.load(Ordering::Acquire) == 0
+    }
+}
+
+/// Whole permits for a limit of `limit` requests in flight: rounded down, but a limit
+/// a rounding error short of a whole number is that number. A key's limit is computed
+/// as `cut + (base − cut) × progress`, which for a route recovering at 16 between 1 and
+/// 23 comes out as 15.999999999999998, and must give the route's 16 permits.
+fn permits(limit: f64) -> u32 {
+    let whole = limit.round();
+    let n = if (limit - whole).abs() <= 1e-9 * whole.abs().max(1.0) {
+        whole
+    } else {
+        limit.floor()
+    };
+    n.clamp(0.0, f64::from(MAX_PERMITS)) as u32
+}
+
+/// A slot in flight; dropping it lets the next request in.
+#[derive(Debug)]
+pub struct Permit {
+    // Always `Some` until dropped. In `ManuallyDrop` so that the out-of-line `Drop`
+    // below releases the `Arc` too: a `Decision`'s drop glue is then a tag check and
+    // at most one call, small enough to inline on the paths that hold no permit.
+    shared: ManuallyDrop<Option<Arc<ConcurrencyShared>>>,
+}
+
+impl Permit {
+    fn new(shared: Arc<ConcurrencyShared>) -> Self {
+        Permit {
+            shared: ManuallyDrop::new(Some(shared)),
+        }
+    }
+}
+
+impl Drop for Permit {
+    #[inline(never)]
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            shared.notify_waiting(1);
+        }
+    }
+}
+
+/// A place in a concurrency queue. Awaiting it yields a [`Permit`]; dropping it
+/// gives the place up. Waiters are woken in order, one per freed permit, but a woken
+/// waiter competes with the next permit release, so the order is not strictly
+/// first-come first-served. Polling it more often than it is woken is harmless.
+#[derive(Debug)]
+pub struct Ticket {
+    // `None` once the permit is taken; `ManuallyDrop` as in `Permit`.
+    shared: ManuallyDrop<Option<Arc<ConcurrencyShared>>>,
+    /// Its place among the listeners for a freed permit, once it has had to wait.
+    listener: Option<EventListener>,
+}
+
+impl Future for Ticket {
+    type Output = Permit;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Permit> {
+        let Some(shared) = (*self.shared).clone() else {
+            return Poll::Pending;
+        };
+        // A notification already in stands for a freed permit, the one this poll is
+        // about to try for: taken first, it is not passed on if the permit is taken,
+        // which would wake the next in line for nothing (and, polled, send it to the
+        // back of the line).
+        if let Some(listener) = self.listener.as_mut() {
+            if Pin::new(listener).poll(cx).is_ready() {
+                self.listener = None;
+            }
+        }
+        // Try; if that fails, listen and try again (a permit freed before the listener
+        // was in place notified nobody); then wait for a notification, and so on.
+        while !shared.try_acquire() {
+            match self.listener.as_mut() {
+                None => self.listener = Some(shared.freed.listen()),
+                Some(listener) => {
+                    ready!(Pin::new(listener).poll(cx));
+                    self.listener = None;
+                }
+            }
+        }
+        *self.shared = None;
+        // A listener notified meanwhile passes its notification on as it drops.
+        self.listener = None;
+        shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        Poll::Ready(Permit::new(shared))
+    }
+}
+
+impl Drop for Ticket {
+    #[inline(never)]
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        // A listener notified for a permit this ticket will not take passes the
+        // notification on to the next one.
+    }
+}

@@ -1,0 +1,63 @@
+//! The leaky bucket: requests paced out at the limit, with a bounded queue.
+
+use super::{interval_ns, words, Decision, Level, Pace};
+use crate::clock::Nanos;
+use crate::sync::{AtomicU64, Ordering};
+
+/// Paces requests out at the limit, each after the one before it; at most `queue`
+/// may be waiting. The state is one atomic word: when the next request may leave.
+#[derive(Debug)]
+pub struct LeakyBucket {
+    next_free: AtomicU64,
+    emission_ns: AtomicU64,
+    queue: u32,
+}
+
+impl LeakyBucket {
+    /// An idle bucket.
+    pub fn new(limit: f64, queue: u32) -> Self {
+        LeakyBucket {
+            next_free: AtomicU64::new(0),
+            emission_ns: AtomicU64::new(interval_ns(limit)),
+            queue,
+        }
+    }
+
+    /// Schedules one request at `now`: admitted with the delay it must wait, or
+    /// rejected with `queue_full` when `queue` requests are already waiting.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        words::leaky(
+            &self.next_free,
+            self.emission_ns.load(Ordering::Relaxed),
+            self.queue,
+            now,
+        )
+    }
+
+    /// Gives back the place of a paced request that leaves at `now`, before its
+    /// departure, if no request was scheduled after it: the next request takes its
+    /// departure time. Whether it did (see [`Pace`]).
+    pub fn give_back(&self, pace: Pace, now: Nanos) -> bool {
+        words::give_back(&self.next_free, pace, now)
+    }
+
+    /// Changes the pace; requests already scheduled keep their departure times.
+    pub fn set_limit(&self, limit: f64) {
+        self.emission_ns
+            .store(interval_ns(limit), Ordering::Relaxed);
+    }
+
+    /// Requests waiting at `now`, and the queue size.
+    pub fn level(&self, now: Nanos) -> Level {
+        let t = self.emission_ns.load(Ordering::Relaxed);
+        let backlog = self
+            .next_free
+            .load(Ordering::Relaxed)
+            .saturating_sub(now.as_u64());
+        Level {
+            value: (backlog / t.max(1)) as f64,
+            capacity: f64::from(self.queue),
+        }
+    }
+}

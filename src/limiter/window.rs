@@ -1,0 +1,116 @@
+//! The window-counting limiters: a fixed window and the sliding-window counter, each
+//! on one packed word ([`words`] holds their arithmetic).
+
+use super::{words, Decision, Level};
+use crate::clock::Nanos;
+use crate::sync::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The limit and window length shared by the two window-counting limiters.
+#[derive(Debug)]
+struct WindowQuota {
+    limit_bits: AtomicU64,
+    /// Window length in milliseconds (32 bits keep a [`Limiter`](super::Limiter) at 32 bytes).
+    window_ms: u32,
+}
+
+impl WindowQuota {
+    fn new(limit: f64, window: Duration) -> Self {
+        WindowQuota {
+            limit_bits: AtomicU64::new(limit.to_bits()),
+            window_ms: words::window_ms(window),
+        }
+    }
+
+    fn window_ns(&self) -> u64 {
+        words::window_ns(self.window_ms)
+    }
+
+    fn quota(&self) -> f64 {
+        words::quota(
+            f64::from_bits(self.limit_bits.load(Ordering::Relaxed)),
+            self.window_ns(),
+        )
+    }
+
+    fn set_limit(&self, limit: f64) {
+        self.limit_bits.store(limit.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// Counts requests per fixed window; admits `limit × window` per window.
+#[derive(Debug)]
+pub struct FixedWindow {
+    word: AtomicU64,
+    quota: WindowQuota,
+}
+
+impl FixedWindow {
+    /// An empty counter (the window is kept to the millisecond).
+    pub fn new(limit: f64, window: Duration) -> Self {
+        FixedWindow {
+            word: AtomicU64::new(0),
+            quota: WindowQuota::new(limit, window),
+        }
+    }
+
+    fn quota(&self) -> u64 {
+        self.quota.quota() as u64
+    }
+
+    /// Counts one request at `now`, or says when the window ends.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        words::fixed(&self.word, self.quota(), self.quota.window_ns(), now)
+    }
+
+    /// Changes the per-second limit; the current window's count is kept.
+    pub fn set_limit(&self, limit: f64) {
+        self.quota.set_limit(limit);
+    }
+
+    /// Requests counted in the current window, and the quota.
+    pub fn level(&self, now: Nanos) -> Level {
+        Level {
+            value: words::fixed_count(&self.word, self.quota.window_ns(), now) as f64,
+            capacity: self.quota() as f64,
+        }
+    }
+}
+
+/// The sliding-window counter: the current window's count plus the previous window's
+/// count weighted by how much of it still overlaps the sliding window. O(1), one word.
+#[derive(Debug)]
+pub struct SlidingWindowCounter {
+    word: AtomicU64,
+    quota: WindowQuota,
+}
+
+impl SlidingWindowCounter {
+    /// An empty counter (the window is kept to the millisecond).
+    pub fn new(limit: f64, window: Duration) -> Self {
+        SlidingWindowCounter {
+            word: AtomicU64::new(0),
+            quota: WindowQuota::new(limit, window),
+        }
+    }
+
+    /// Counts one request at `now`, or says when the weighted count will allow it.
+    #[inline]
+    pub fn check(&self, now: Nanos) -> Decision {
+        words::sliding(&self.word, self.quota.quota(), self.quota.window_ns(), now)
+    }
+
+    /// Changes the per-second limit; counts are kept.
+    pub fn set_limit(&self, limit: f64) {
+        self.quota.set_limit(limit);
+    }
+
+    /// The weighted count at `now`, and the quota.
+    pub fn level(&self, now: Nanos) -> Level {
+        Level {
+            value: words::sliding_count(&self.word, self.quota.window_ns(), now),
+            capacity: self.quota.quota(),
+        }
+    }
+}
