@@ -1218,3 +1218,63 @@ fn a_min_rps_raise_on_a_partitioned_route_quotes_each_keys_base_limit() {
         .reason;
     assert!(reason.contains("base limit 200 req/s per key"), "{reason}");
 }
+
+/// Seconds in which the controller held the limit under the base limit (a whole
+/// second in `Cut`) and the cut refused requests while the upstream saturated: what was
+/// admitted, and kept in flight, was the cut's to bound, not the upstream's. Read as the
+/// capacity, a cut limit of 150 req/s took a base limit of 500 to 130 over an upstream
+/// measured healthy at 400 req/s in 26 seconds of 30; on a `concurrency` route 32 in
+/// flight under the cut took 64 to 28 over an upstream healthy at 50. Such seconds say
+/// nothing of the capacity above the cut and are left out of it; a second in a cut
+/// that refused nothing (the cut did not bind) still reads as the capacity.
+#[test]
+fn a_cut_limit_is_not_read_as_the_upstreams_capacity() {
+    use rocgate::controller::ControllerState;
+    use rocgate::limiter::Reason;
+    let cut = usize::from(ControllerState::Cut.as_index());
+    let held = |mut i: rocgate::hints::Interval| {
+        i.in_state[cut] = 1.0;
+        i
+    };
+    let rate = engine_settings("base_limit = 500\ncut_limit = 150");
+    let mut intervals = rejecting(0, 26, 400, (Reason::Limit, 0), 0);
+    intervals.extend(
+        rejecting(26, 4, 500, (Reason::RocCut, 350), 10)
+            .into_iter()
+            .map(held),
+    );
+    let h = rocgate::hints::advise(&rate, &intervals, None, &Policy::default());
+    assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
+    // The cut refusing nothing: 150 req/s was all there was, and the upstream
+    // saturated at it.
+    let mut unbound = rejecting(0, 26, 400, (Reason::Limit, 0), 0);
+    unbound.extend(
+        rejecting(26, 4, 150, (Reason::RocCut, 0), 10)
+            .into_iter()
+            .map(held),
+    );
+    let h = rocgate::hints::advise(&rate, &unbound, None, &Policy::default());
+    assert_eq!(
+        numbers(&h, "lower_base_limit"),
+        (500.0, 130.0),
+        "90% of 150"
+    );
+
+    let concurrency = engine_settings(
+        "algorithm = \"concurrency\"\nbase_limit = 64\ncut_limit = 32\nrestore_step = 2",
+    );
+    let mut intervals = rejecting(0, 26, 400, (Reason::Concurrency, 0), 0);
+    for i in &mut intervals {
+        i.peak_in_flight = Some(50.0);
+    }
+    intervals.extend(
+        rejecting(26, 4, 500, (Reason::Concurrency, 350), 10)
+            .into_iter()
+            .map(|mut i| {
+                i.peak_in_flight = Some(32.0);
+                held(i)
+            }),
+    );
+    let h = rocgate::hints::advise(&concurrency, &intervals, None, &Policy::default());
+    assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
+}

@@ -27,7 +27,9 @@
 //! `concurrency` route the base limit counts requests in flight: the upstream's
 //! capacity there is the most requests in flight seen in the intervals in which it
 //! saturated ([`Interval::peak_in_flight`]), never a rate; `raise_danger_roc` and
-//! `raise_min_rps` do not judge it (demand is a rate). On a partitioned route the base
+//! `raise_min_rps` do not judge it (demand is a rate). On any route the capacity is
+//! not read from intervals mostly in `Cut` in which requests were refused: the cut
+//! limit bounded what was admitted there. On a partitioned route the base
 //! limit is each key's: `raise_base_limit` scales it by the capacity over the route's
 //! highest admitted rate, `lower_base_limit` takes no capacity target, and
 //! `raise_burst`, `raise_danger_roc` and `faster_restore` do not judge it (one key's
@@ -586,18 +588,39 @@ impl<'a> Evidence<'a> {
         self.known() > 0 && self.count(Health::Saturated) as f64 <= 0.05 * self.known() as f64
     }
 
+    /// The intervals in which the upstream saturated at a rate (or a count in flight)
+    /// that it was offered, not one a cut pinned: left out are those in `Cut` for at
+    /// least half their length in which requests were refused. There the cut limit,
+    /// not the upstream, set what was admitted and kept in flight, and the saturation
+    /// may be what came before the cut still draining (a queue's latency) or what
+    /// another route sent: read as the capacity, a cut limit of 150 req/s lowered a
+    /// base limit of 500 to 130 over an upstream measured healthy at 400, and each
+    /// round's lower cut limit (it follows the base limit) would read lower again.
+    /// Recovery stays in: there the limit climbs back towards the base limit, and an
+    /// upstream that saturates as it passes the capacity shows where that is (a
+    /// flash sale's event against 300 req/s is found so).
+    fn capacity_readings(&self) -> impl Iterator<Item = &Interval> {
+        self.intervals
+            .iter()
+            .zip(&self.health)
+            .filter(|(i, h)| {
+                let pinned =
+                    i.time_in(ControllerState::Cut) >= 0.5 * i.secs() && i.rejected_total() > 0;
+                **h == Health::Saturated && !pinned
+            })
+            .map(|(i, _)| i)
+    }
+
     /// The upstream's capacity as a rate for the whole route, req/s: the model's, or
-    /// the median admitted rate of the intervals in which it saturated.
+    /// the median admitted rate of the intervals in which it saturated at what the
+    /// base limit let through ([`Evidence::capacity_readings`]).
     fn route_capacity(&self) -> Option<f64> {
         if self.capacity_rps.is_some() {
             return self.capacity_rps;
         }
         let mut rates: Vec<f64> = self
-            .intervals
-            .iter()
-            .zip(&self.health)
-            .filter(|(_, h)| **h == Health::Saturated)
-            .map(|(i, _)| i.admitted() as f64 / i.secs())
+            .capacity_readings()
+            .map(|i| i.admitted() as f64 / i.secs())
             .collect();
         median(&mut rates)
     }
@@ -605,9 +628,9 @@ impl<'a> Evidence<'a> {
     /// The upstream's capacity in the units of the base limit, where it has them: the
     /// route's rate ([`Evidence::route_capacity`]) on a rate route limited as a whole;
     /// on a `concurrency` route the median of the most requests in flight seen in the
-    /// intervals in which it saturated (a modelled capacity, a rate, does not count);
-    /// `None` on a partitioned route, whose base limit is each key's while the
-    /// upstream takes all keys together.
+    /// intervals in which it saturated at what the base limit let through (a modelled
+    /// capacity, a rate, does not count); `None` on a partitioned route, whose base
+    /// limit is each key's while the upstream takes all keys together.
     fn capacity(&self) -> Option<f64> {
         if self.s.partitioned {
             return None;
@@ -616,11 +639,8 @@ impl<'a> Evidence<'a> {
             return self.route_capacity();
         }
         let mut counts: Vec<f64> = self
-            .intervals
-            .iter()
-            .zip(&self.health)
-            .filter(|(_, h)| **h == Health::Saturated)
-            .filter_map(|(i, _)| i.peak_in_flight)
+            .capacity_readings()
+            .filter_map(|i| i.peak_in_flight)
             .collect();
         median(&mut counts)
     }
