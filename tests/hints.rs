@@ -1107,7 +1107,10 @@ fn rules_that_cannot_compare_like_with_like_say_so_once_per_route() {
             said[0]
         );
     }
-    assert!(notes(&h, "raise_burst").is_empty() && notes(&h, "faster_restore").is_empty());
+    let said = notes(&h, "faster_restore");
+    assert_eq!(said.len(), 1, "faster_restore: {h:#?}");
+    assert!(said[0].starts_with("not advised on a concurrency route: "));
+    assert!(notes(&h, "raise_burst").is_empty());
     assert_eq!(h[0].rule, "no_change", "{h:#?}");
 }
 
@@ -1277,4 +1280,53 @@ fn a_cut_limit_is_not_read_as_the_upstreams_capacity() {
     );
     let h = rocgate::hints::advise(&concurrency, &intervals, None, &Policy::default());
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
+}
+
+/// On a `concurrency` route what the base limit would have rejected during recovery
+/// is not observed (a request refused under the lowered limit never is in flight, and
+/// a count in flight has no rate to hold demand against), so `faster_restore` counted
+/// every rejection in recovery as one a faster restore saves: 40% refused in 10 s of
+/// recovery doubled `restore_step` 2 → 4, though the base limit of 64 may have refused
+/// them all. It does not fire there and says so; a rate route with the same seconds,
+/// whose demand of 100 req/s fits its base limit, is still told to restore faster.
+#[test]
+fn a_concurrency_route_is_not_told_to_restore_faster() {
+    use rocgate::controller::ControllerState;
+    use rocgate::limiter::Reason;
+    let recovering = usize::from(ControllerState::Recovering.as_index());
+    let recovery = |reason: Reason| {
+        let mut intervals = seconds(100, false);
+        intervals.extend(
+            rejecting(30, 10, 100, (reason, 40), 0)
+                .into_iter()
+                .map(|mut i| {
+                    i.in_state[recovering] = 1.0;
+                    i.peak_in_flight = Some(40.0);
+                    i
+                }),
+        );
+        intervals
+    };
+    let concurrency = engine_settings(
+        "algorithm = \"concurrency\"\nbase_limit = 64\ncut_limit = 32\nrestore_step = 2",
+    );
+    let h = rocgate::hints::advise(
+        &concurrency,
+        &recovery(Reason::Concurrency),
+        None,
+        &Policy::default(),
+    );
+    let restore: Vec<&Hint> = h.iter().filter(|h| h.rule == "faster_restore").collect();
+    assert_eq!(restore.len(), 1, "{h:#?}");
+    assert_eq!(restore[0].parameter, None, "{h:#?}");
+    assert!(
+        restore[0]
+            .reason
+            .starts_with("not advised on a concurrency route: "),
+        "{}",
+        restore[0].reason
+    );
+    let rate = engine_settings("base_limit = 200\ncut_limit = 60");
+    let h = rocgate::hints::advise(&rate, &recovery(Reason::RocCut), None, &Policy::default());
+    assert_eq!(numbers(&h, "faster_restore"), (20.0, 40.0));
 }

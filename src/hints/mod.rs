@@ -27,9 +27,10 @@
 //! `concurrency` route the base limit counts requests in flight: the upstream's
 //! capacity there is the most requests in flight seen in the intervals in which it
 //! saturated ([`Interval::peak_in_flight`]), never a rate; `raise_danger_roc` and
-//! `raise_min_rps` do not judge it (demand is a rate). On any route the capacity is
-//! not read from intervals mostly in `Cut` in which requests were refused: the cut
-//! limit bounded what was admitted there. On a partitioned route the base
+//! `raise_min_rps` do not judge it (demand is a rate), nor does `faster_restore` (what
+//! its base limit would have rejected during recovery is not observed). On any route
+//! the capacity is not read from intervals mostly in `Cut` in which requests were
+//! refused: the cut limit bounded what was admitted there. On a partitioned route the base
 //! limit is each key's: `raise_base_limit` scales it by the capacity over the route's
 //! highest admitted rate, `lower_base_limit` takes no capacity target, and
 //! `raise_burst`, `raise_danger_roc` and `faster_restore` do not judge it (one key's
@@ -485,8 +486,12 @@ impl<'a> Evidence<'a> {
             ),
             (
                 "faster_restore",
-                partitioned,
-                (PARTITIONED, "what each key's base limit would have rejected during recovery, and what the keys' limits let through together against the upstream's capacity, are not observed"),
+                concurrency || partitioned,
+                if concurrency {
+                    (CONCURRENCY, "what the base limit would have rejected during recovery is not observed (a request refused under the lowered limit never is in flight), so a faster restore might save none of the rejections there")
+                } else {
+                    (PARTITIONED, "what each key's base limit would have rejected during recovery, and what the keys' limits let through together against the upstream's capacity, are not observed")
+                },
             ),
         ]
         .into_iter()
@@ -1198,25 +1203,27 @@ impl<'a> Evidence<'a> {
 
     /// Not on a partitioned route: neither what each key's base limit would have
     /// rejected during recovery nor what the keys' base limits let through together
-    /// (to hold against the upstream's capacity) is observed.
+    /// (to hold against the upstream's capacity) is observed. Not on a `concurrency`
+    /// route: what its base limit would have rejected during recovery is not observed
+    /// either (a request refused under the lowered limit never is in flight, and a
+    /// limit in flight has no rate to hold demand against), so every rejection there
+    /// would count as one a faster restore saves, those the base limit makes too.
     fn faster_restore(&self) -> Option<Hint> {
-        if self.s.partitioned {
+        if self.s.partitioned || self.concurrency() {
             return None;
         }
         let p = &self.s.params;
         // Restoring faster brings back the base limit sooner, and with it whatever the
-        // base limit lets through: not while that is more than the upstream takes (in
-        // flight, on a `concurrency` route).
+        // base limit lets through: not while that is more than the upstream takes.
         if self
             .capacity()
             .is_some_and(|cap| self.base_within(cap) < p.base_limit_rps)
         {
             return None;
         }
-        // Rejections of demand beyond the base limit (its rate over the interval; a
-        // limit in flight has no rate) would come at any pace of restoring: only the
-        // rest is what a faster restore can save.
-        let rate_limit = !self.concurrency();
+        // Rejections of demand beyond the base limit (its rate over the interval) would
+        // come at any pace of restoring: only the rest is what a faster restore can
+        // save.
         let (mut secs, mut offered, mut rejected, mut beyond) = (0.0, 0u64, 0u64, 0u64);
         for (i, h) in self.intervals.iter().zip(&self.health) {
             let t = i.time_in(ControllerState::Recovering);
@@ -1229,10 +1236,8 @@ impl<'a> Evidence<'a> {
             secs += t;
             offered += i.offered;
             rejected += i.rejected_total();
-            if rate_limit {
-                let excess = (i.offered as f64 - p.base_limit_rps * i.secs()).max(0.0);
-                beyond += (excess as u64).min(i.rejected_total());
-            }
+            let excess = (i.offered as f64 - p.base_limit_rps * i.secs()).max(0.0);
+            beyond += (excess as u64).min(i.rejected_total());
         }
         let avoidable = rejected - beyond;
         if offered == 0
