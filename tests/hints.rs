@@ -1330,3 +1330,93 @@ fn a_concurrency_route_is_not_told_to_restore_faster() {
     let h = rocgate::hints::advise(&rate, &recovery(Reason::RocCut), None, &Policy::default());
     assert_eq!(numbers(&h, "faster_restore"), (20.0, 40.0));
 }
+
+/// A route's `burst` is in force under its own profile and during its events alike,
+/// but a period with an event is judged in parts: bursts of 600 req/s every 10 s over
+/// a base limit of 200, and of 160 during a sale from 25 s to 45 s, got "burst 1s →
+/// 2s" from the route's own part and "burst 1s → 2s 700ms" from the sale's in one report.
+/// One suggestion is left, the smaller (each part bounds it only by its own figures),
+/// with both parts' reasoning; the other part says where it went.
+#[test]
+fn a_route_and_its_event_give_one_burst_suggestion() {
+    let extra = "danger_roc = 2000\nsafe_roc = 100\n\
+                 [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:25Z\"\n\
+                 duration = \"20s\"\nbase_limit = 160";
+    let h = advise(extra, &bursts(), Some(1000));
+    let bursts: Vec<&Hint> = h
+        .iter()
+        .filter(|h| h.parameter.as_deref() == Some("burst"))
+        .collect();
+    assert_eq!(bursts.len(), 1, "{h:#?}");
+    let burst = bursts[0];
+    assert_eq!(
+        burst.suggested,
+        Some(Setting::Text("2s".into())),
+        "{burst:#?}"
+    );
+    assert_eq!(burst.event, None);
+    assert!(
+        burst.reason.contains("under the route's own profile, 2s: ")
+            && burst.reason.contains("under event sale, 2s 700ms: "),
+        "{}",
+        burst.reason
+    );
+    let note = h
+        .iter()
+        .find(|h| h.rule == "raise_burst" && h.parameter.is_none())
+        .unwrap_or_else(|| panic!("{h:#?}"));
+    assert!(
+        note.reason
+            .starts_with("burst is the route's: one suggestion"),
+        "{}",
+        note.reason
+    );
+}
+
+/// Where one part lowers the route's `burst` to spare the upstream and another would
+/// raise it for its bursts, the lowering is the one left (the smaller, `critical`),
+/// with both parts' figures: a raise from another part's figures must not undo it.
+#[test]
+fn a_lowered_burst_is_not_raised_by_another_part() {
+    use rocgate::limiter::Reason;
+    let mut own = rocgate::hints::advise(
+        &engine_settings("base_limit = 300"),
+        &bursts_of_400(),
+        None,
+        &Policy::default(),
+    );
+    assert_eq!(
+        find(&own, "raise_burst").and_then(|h| h.parameter.as_deref()),
+        Some("burst")
+    );
+    let mut spikes = seconds(100, false);
+    for k in [5, 6, 15, 16, 25, 26] {
+        let i = &mut spikes[k];
+        i.offered = 262;
+        i.rejected[Reason::Limit.index()] = 2;
+        i.exhausted_s = 0.5;
+        let up = i.upstream.as_mut().unwrap();
+        (up.requests, up.errors) = (260, 110);
+    }
+    let mut during = engine_settings("");
+    during.event = Some("sale".into());
+    let mut sale = rocgate::hints::advise(&during, &spikes, Some(150.0), &Policy::default());
+    rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
+    let all: Vec<&Hint> = own.iter().chain(&sale).collect();
+    let bursts: Vec<&&Hint> = all
+        .iter()
+        .filter(|h| h.parameter.as_deref() == Some("burst"))
+        .collect();
+    assert_eq!(bursts.len(), 1, "{all:#?}");
+    let burst = bursts[0];
+    assert_eq!(
+        (burst.severity, &burst.suggested),
+        (Severity::Critical, &Some(Setting::Text("153ms".into())))
+    );
+    assert!(
+        burst.reason.contains("under the route's own profile, ")
+            && burst.reason.contains("under event sale, 153ms: "),
+        "{}",
+        burst.reason
+    );
+}

@@ -301,6 +301,129 @@ pub fn advise(
     hints
 }
 
+/// One suggestion per route-only setting across the parts of one route's period.
+///
+/// A period in which a scheduled event ran is judged in parts (the route's own profile,
+/// each event's), and a setting no event takes (`burst`, `mode`: not in
+/// [`EVENT_SETTINGS`]) is the route's in every part: two parts could each suggest a
+/// value for it. `parts` are one route's, each with the event it judged (`None`: the
+/// route's own profile). Where more than one suggests a value for such a setting, the
+/// first keeps one, the smallest value suggested (equal values: the first part's),
+/// with the highest severity and every part's reasoning; the others become `info`
+/// notes without a change that say where it is.
+/// The smallest because the setting is in force under every profile and each part
+/// bounds it only by its own figures: a burst raised within one part's capacity bound
+/// and raised further within another's stays within both only at the smaller, and a
+/// burst one part lowers to spare the upstream must not be raised by another.
+pub fn one_per_route_setting<'a>(
+    parts: impl IntoIterator<Item = (Option<&'a str>, &'a mut Vec<Hint>)>,
+) {
+    let mut parts: Vec<(Option<&str>, &mut Vec<Hint>)> = parts.into_iter().collect();
+    let route_only = |h: &Hint| {
+        h.suggested.is_some()
+            && h.parameter
+                .as_deref()
+                .is_some_and(|p| !EVENT_SETTINGS.contains(&p))
+    };
+    let mut parameters: Vec<String> = Vec::new();
+    for (_, hints) in &parts {
+        for h in hints.iter().filter(|h| route_only(h)) {
+            if let Some(p) = &h.parameter {
+                if !parameters.contains(p) {
+                    parameters.push(p.clone());
+                }
+            }
+        }
+    }
+    for parameter in parameters {
+        let is = |h: &Hint| route_only(h) && h.parameter.as_deref() == Some(parameter.as_str());
+        // Every part's suggestion, in order, and where it is.
+        let found: Vec<(usize, usize)> = parts
+            .iter()
+            .enumerate()
+            .flat_map(|(p, (_, hints))| {
+                hints
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| is(h))
+                    .map(move |(k, _)| (p, k))
+            })
+            .collect();
+        if found.len() < 2 {
+            continue;
+        }
+        let hint = |(p, k): (usize, usize)| &parts[p].1[k];
+        let kept = found
+            .iter()
+            .copied()
+            .reduce(|a, b| {
+                if smaller(hint(b).suggested.as_ref(), hint(a).suggested.as_ref()) {
+                    b
+                } else {
+                    a
+                }
+            })
+            .unwrap_or(found[0]);
+        let severity = found.iter().map(|&at| hint(at).severity).max();
+        let reasons: Vec<String> = found
+            .iter()
+            .map(|&(p, k)| {
+                let part = parts[p].0.map_or_else(
+                    || "the route's own profile".to_owned(),
+                    |e| format!("event {e}"),
+                );
+                let h = &parts[p].1[k];
+                let value = h
+                    .suggested
+                    .as_ref()
+                    .map_or_else(String::new, Setting::to_string);
+                format!("under {part}, {value}: {}", h.reason)
+            })
+            .collect();
+        let mut merged = hint(kept).clone();
+        merged.severity = severity.unwrap_or(merged.severity);
+        merged.reason = format!(
+            "{} (the smallest suggested: {parameter} is the route's, in force under every profile, and each part bounds it only by its own figures)",
+            reasons.join("; ")
+        );
+        let first = found[0];
+        let there = parts[first.0].0.map_or_else(
+            || "the route's own profile".to_owned(),
+            |e| format!("event {e}"),
+        );
+        let value = merged
+            .suggested
+            .as_ref()
+            .map_or_else(String::new, Setting::to_string);
+        for &(p, k) in &found[1..] {
+            let h = &mut parts[p].1[k];
+            h.severity = Severity::Info;
+            h.parameter = None;
+            h.current = None;
+            h.suggested = None;
+            h.reason = format!(
+                "{parameter} is the route's: one suggestion for the whole period, {value}, among the hints judged under {there}, with this part's figures"
+            );
+        }
+        parts[first.0].1[first.1] = merged;
+    }
+}
+
+/// Whether suggestion `a` is a smaller value than `b`: both numbers, or both
+/// durations as written (`"111ms"`); anything else is not smaller.
+fn smaller(a: Option<&Setting>, b: Option<&Setting>) -> bool {
+    match (a, b) {
+        (Some(Setting::Number(a)), Some(Setting::Number(b))) => a < b,
+        (Some(Setting::Text(a)), Some(Setting::Text(b))) => {
+            match (humantime::parse_duration(a), humantime::parse_duration(b)) {
+                (Ok(a), Ok(b)) => a < b,
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
 /// The hints as a table for a person: one line per hint (route, severity, the change)
 /// and its reasoning indented below.
 pub fn table(hints: &[Hint]) -> String {

@@ -12,7 +12,9 @@
 use crate::clock::Nanos;
 use crate::config::HintsConfig;
 use crate::engine::{Engine, SlotReport};
-use crate::hints::{HintsReport, History, Policy, RouteHints, RouteSettings, UpstreamMeter};
+use crate::hints::{
+    one_per_route_setting, HintsReport, History, Policy, RouteHints, RouteSettings, UpstreamMeter,
+};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -118,7 +120,9 @@ impl Advisor {
     }
 
     /// The hints over the last `period` before `now` (at most `[hints] keep`, which the
-    /// report's `period_s` then says), as `GET /admin/hints` returns them. The interval
+    /// report's `period_s` then says), as `GET /admin/hints` returns them, one
+    /// suggestion per route-only setting across a route's parts
+    /// ([`one_per_route_setting`]). The interval
     /// still open is not included: call [`Advisor::tick`] first to close it.
     pub fn report(&self, period: Duration, now: Nanos) -> HintsReport {
         // No longer is kept: the report says the period it looked at.
@@ -131,15 +135,19 @@ impl Advisor {
             let h = self.history();
             (h.interval(), h.since(since))
         };
+        let mut routes: Vec<RouteHints> = routes
+            .iter()
+            .map(|(settings, intervals)| RouteHints::new(settings, intervals, None, &self.policy))
+            .collect();
+        // One route's parts come together: one suggestion per route-only setting
+        // across them.
+        for parts in routes.chunk_by_mut(|a, b| a.route == b.route) {
+            one_per_route_setting(parts.iter_mut().map(|r| (r.event.as_deref(), &mut r.hints)));
+        }
         HintsReport {
             period_s: period.as_secs_f64(),
             interval_s: interval.as_secs_f64(),
-            routes: routes
-                .iter()
-                .map(|(settings, intervals)| {
-                    RouteHints::new(settings, intervals, None, &self.policy)
-                })
-                .collect(),
+            routes,
         }
     }
 }

@@ -119,7 +119,8 @@ fn chunks<'a>(rows: &'a [SlotRow], per: usize, edges: &[f64]) -> Vec<&'a [SlotRo
 /// limit never binds and no run shows what another size of it would do.
 const CONCURRENCY_NOT_JUDGED: &str = "no change: the simulation completes requests at once, so a concurrency limit never binds and a run cannot judge its settings";
 
-/// The hints for every route of `run`, simulated with `config`. A `concurrency`
+/// The hints for every route of `run`, simulated with `config`, one suggestion per
+/// route-only setting across its parts ([`hints::one_per_route_setting`]). A `concurrency`
 /// route gets one "no change" hint saying so: advice from a run in
 /// which its limit never binds would move it without end (each round lowering a limit
 /// that changed nothing).
@@ -162,10 +163,23 @@ pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
                 &edges,
             );
             let known = capacity.filter(|_| single).map(|c| c as f64);
-            Some(
+            let mut parts: Vec<(Option<String>, Vec<Hint>)> =
                 by_profile(route, result.summary.start_unix_s, all)
                     .into_iter()
-                    .flat_map(|(settings, part)| hints::advise(&settings, &part, known, policy))
+                    .map(|(settings, part)| {
+                        let hints = hints::advise(&settings, &part, known, policy);
+                        (settings.event, hints)
+                    })
+                    .collect();
+            hints::one_per_route_setting(
+                parts
+                    .iter_mut()
+                    .map(|(event, hints)| (event.as_deref(), hints)),
+            );
+            Some(
+                parts
+                    .into_iter()
+                    .flat_map(|(_, hints)| hints)
                     .collect::<Vec<_>>(),
             )
         })
