@@ -13,7 +13,11 @@
 //! between two profiles. Memory is bounded: the intervals that began in the last
 //! `keep` per route (`keep ÷ interval`, and one more per edge of its events),
 //! never more than twice `keep ÷ interval`, each with two sparse [`Sketch`]es (at most
-//! one bucket per slot or per latency decade step).
+//! one bucket per slot or per latency decade step). A route whose events have more
+//! edges within `keep` than that leaves room folds intervals rather than lose any
+//! ([`History::tick`]): two of one profile, next to each other among that profile's
+//! intervals and the shortest such pair, become one, so the whole of `keep` stays and
+//! no interval mixes two profiles; coarser intervals are the price.
 
 use super::sketch::Sketch;
 use crate::clock::{duration_nanos, Nanos};
@@ -104,6 +108,40 @@ impl Interval {
     /// Seconds in `state`.
     pub fn time_in(&self, state: ControllerState) -> f64 {
         self.in_state[usize::from(state.as_index())]
+    }
+
+    /// Takes the activity of `earlier`, an interval of the same profile that began
+    /// before it, into this one, as if one: lengths and counts added, sketches merged,
+    /// peaks the higher. The start stays this one's, so that the two age out of `keep`
+    /// with the newer part (what began in `keep` is never dropped with an older one).
+    fn take_in(&mut self, earlier: &Interval) {
+        self.length = self.length.saturating_add(earlier.length);
+        self.offered += earlier.offered;
+        for (mine, theirs) in self.rejected.iter_mut().zip(&earlier.rejected) {
+            *mine += theirs;
+        }
+        self.shadow_rejected += earlier.shadow_rejected;
+        self.roc.merge(&earlier.roc);
+        for (mine, theirs) in self.in_state.iter_mut().zip(&earlier.in_state) {
+            *mine += theirs;
+        }
+        self.exhausted_s += earlier.exhausted_s;
+        self.cuts = self.cuts.saturating_add(earlier.cuts);
+        self.cut_roc = self.cut_roc.max(earlier.cut_roc);
+        self.peak_demand_rps = self.peak_demand_rps.max(earlier.peak_demand_rps);
+        self.peak_in_flight = match (self.peak_in_flight, earlier.peak_in_flight) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.upstream = match (self.upstream.take(), &earlier.upstream) {
+            (Some(mut mine), Some(theirs)) => {
+                mine.requests += theirs.requests;
+                mine.errors += theirs.errors;
+                mine.latency.merge(&theirs.latency);
+                Some(mine)
+            }
+            (mine, theirs) => mine.or_else(|| theirs.clone()),
+        };
     }
 }
 
@@ -254,7 +292,7 @@ pub struct History {
     /// How long an interval is kept after it began.
     keep: Duration,
     /// The most intervals kept per route: twice `keep ÷ interval`, room for the ticks
-    /// at event edges between the regular ones.
+    /// at event edges between the regular ones (past it, intervals fold: [`fold`]).
     most: usize,
     routes: BTreeMap<String, RouteHistory>,
 }
@@ -313,7 +351,10 @@ impl History {
 
     /// Closes the open interval of every route in `snapshots` at `now` (counters
     /// are cumulative; a counter that went back, after a reload, counts from zero)
-    /// and opens the next. `settings` gives each route's configuration, in the order
+    /// and opens the next. Past the most intervals kept per route (more edges than
+    /// regular ticks within `keep`), two of one profile fold into one (the pair next
+    /// to each other among that profile's intervals that is shortest together, dated
+    /// by the newer) rather than drop out of `keep`. `settings` gives each route's configuration, in the order
     /// of `snapshots`: the profile due at `now`, under which the next interval is
     /// judged. Called every `interval`, and at each event's start and end (an early
     /// tick: the interval then ends there). Intervals that began more than `keep`
@@ -372,12 +413,11 @@ impl History {
                 h.done.push_back(closed);
             }
             let oldest = now.as_u64().saturating_sub(duration_nanos(self.keep));
-            while h
-                .done
-                .front()
-                .is_some_and(|i| i.start.as_u64() < oldest || h.done.len() > self.most)
-            {
+            while h.done.front().is_some_and(|i| i.start.as_u64() < oldest) {
                 h.done.pop_front();
+            }
+            while h.done.len() > self.most {
+                fold(&mut h.done);
             }
             h.profiles.retain(|p| p.event != settings.event);
             h.profiles.push(settings);
@@ -418,6 +458,40 @@ impl History {
             }
         }
         groups
+    }
+}
+
+/// One interval fewer in `done`, none of `keep` lost and no two profiles mixed: of
+/// the pairs of intervals of one profile that are next to each other among that
+/// profile's intervals (as its part of a period is judged), the shortest together
+/// (the oldest of those) becomes one, at the newer one's place and start
+/// ([`Interval::take_in`]): the older one's activity is dated later, and may outstay
+/// `keep` by its length, rather than the newer one's go early. Only when every
+/// interval is of a profile of its own (more events than room) does the oldest go.
+fn fold(done: &mut VecDeque<Interval>) {
+    let mut last: Vec<(&Option<String>, usize)> = Vec::new();
+    let mut best: Option<(Duration, usize, usize)> = None;
+    for (k, i) in done.iter().enumerate() {
+        match last.iter_mut().find(|(event, _)| **event == i.event) {
+            Some((_, at)) => {
+                let length = done[*at].length.saturating_add(i.length);
+                if best.is_none_or(|(shortest, _, _)| length < shortest) {
+                    best = Some((length, *at, k));
+                }
+                *at = k;
+            }
+            None => last.push((&i.event, k)),
+        }
+    }
+    match best {
+        Some((_, older, later)) => {
+            if let Some(older) = done.remove(older) {
+                done[later - 1].take_in(&older);
+            }
+        }
+        None => {
+            done.pop_front();
+        }
     }
 }
 
@@ -621,14 +695,18 @@ mod tests {
         let kept = &h.since(Nanos::ZERO)[0].1;
         let starts: Vec<u64> = kept.iter().map(|i| i.start.as_u64() / 1_000_000).collect();
         assert_eq!(starts, [7000, 7500, 8000, 8500, 9000, 9500]);
-        // Ticks every 100 ms: six kept, the most for keep ÷ interval = 3.
+        // Ticks every 100 ms: six kept, the most for keep ÷ interval = 3, folded so
+        // that they still hold the 30 that began in the last 3 s (the cap kept the
+        // last six, 600 ms).
         for t in 101..=200 {
             let now = Nanos::from_millis(t * 100);
             h.tick(now, &engine.snapshot(now), [settings("r")], None);
         }
         let kept = &h.since(Nanos::ZERO)[0].1;
         assert_eq!(kept.len(), 6);
-        assert_eq!(kept[0].start, Nanos::from_millis(19_400));
+        assert!(kept[0].start >= Nanos::from_secs(17), "{:?}", kept[0].start);
+        let covered = Interval::total_secs(kept);
+        assert!((3.0..3.5).contains(&covered), "{covered}");
     }
 
     /// The profile an interval is judged under is the one due when it begins, by the
@@ -655,6 +733,60 @@ mod tests {
         assert_eq!(engine.route_settings(id).unwrap().event, None);
         let after = engine.route_settings_at(id, s(160)).unwrap();
         assert_eq!((after.event, after.params.base_limit_rps), (None, 200.0));
+    }
+
+    /// More edges within `keep` than `keep ÷ interval` (an event every half second,
+    /// each 250 ms long, against 1 s intervals kept 3 s: 12 intervals where 6 fit):
+    /// the oldest intervals went to the cap, half of `keep` lost, though they began
+    /// within it. They fold instead, each with the next of its own profile: every
+    /// request of the last 3 s is kept, each under the profile it came in, and no more
+    /// intervals than the cap.
+    #[test]
+    fn more_edges_than_room_fold_intervals_and_lose_none_of_keep() {
+        let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        let id = engine.route_at(0).unwrap();
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
+        let profile = |sale: bool| RouteSettings {
+            event: sale.then(|| "sale".to_owned()),
+            ..settings("r")
+        };
+        // From k × 250 ms: the sale's profile in every other quarter second, with 1
+        // request in it; 10 in the route's own quarters.
+        let (mut own, mut sale) = (0u64, 0u64);
+        for k in 0..=40u64 {
+            let now = Nanos::from_millis(k * 250);
+            let during = k % 2 == 1;
+            h.tick(now, &engine.snapshot(now), [profile(during)], None);
+            let n = if during { 1 } else { 10 };
+            for _ in 0..n {
+                let _ = engine.check(id, Key::None, now);
+            }
+            // Those that began within the last 3 s before the last tick, at 10 s.
+            if k < 40 && k * 250 >= 7_000 {
+                *if during { &mut sale } else { &mut own } += n;
+            }
+        }
+        assert_eq!((own, sale), (60, 6));
+        let kept = h.since(Nanos::from_secs(7));
+        let mut intervals = 0;
+        for (s, part) in &kept {
+            let per_quarter = if s.event.is_some() { 1 } else { 10 };
+            let offered: u64 = part.iter().map(|i| i.offered).sum();
+            assert!(
+                offered >= if s.event.is_some() { sale } else { own },
+                "{:?}: {offered} of {own} and {sale}",
+                s.event
+            );
+            for i in part {
+                assert_eq!(i.event, s.event);
+                let quarters = (i.length.as_millis() / 250) as u64;
+                assert_eq!(i.offered, per_quarter * quarters, "{i:?}");
+            }
+            intervals += part.len();
+        }
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert!(intervals <= 6, "at most twice keep ÷ interval: {intervals}");
     }
 
     #[test]
