@@ -348,4 +348,72 @@ mod tests {
         assert_eq!(starts("b"), [0, 10, 20, 30, 40, 50]);
         assert_eq!(starts("a"), [0, 10, 20, 25, 35, 45]);
     }
+
+    /// `GET /admin/hints` judges a period with an event in parts, and `burst`, which
+    /// no event takes, is the route's in both: bursts of 600 req/s every 10 s over 100
+    /// against a base limit of 200, and of 160 during a sale from 20 s to 40 s, are
+    /// bursts in each part. The report gives one `burst` suggestion for the route,
+    /// with both parts' figures, and the other part a note saying where it is.
+    #[test]
+    fn the_report_gives_one_burst_suggestion_per_route() {
+        let toml = "[hints]\ninterval = \"1s\"\n\
+                    [[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                    danger_roc = 2000\nsafe_roc = 100\n\
+                    [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:20Z\"\n\
+                    duration = \"20s\"\nbase_limit = 160\n";
+        let config = Config::from_toml_str(toml, "test").unwrap();
+        let advisor = Arc::new(Advisor::new(&config.hints));
+        let hook = Arc::clone(&advisor);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH)
+            .unwrap()
+            .with_sample_hook(Arc::new(move |route, report| hook.on_slot(route, report)));
+        let id = engine.route_at(0).unwrap();
+        let route: Arc<str> = "r".into();
+        let meter = advisor.meter();
+        let mut points = Vec::new();
+        for k in 0..6 {
+            let t = f64::from(k) * 10.0;
+            points.extend([
+                (t, 100.0),
+                (t + 9.0, 100.0),
+                (t + 9.0, 600.0),
+                (t + 10.0, 600.0),
+            ]);
+        }
+        let profile = crate::sim::Profile::from_points(&points).unwrap();
+        let mut due = Nanos::ZERO;
+        for now in profile.arrivals(ArrivalModel::Uniform) {
+            while now >= due {
+                advisor.tick_due(&engine, due);
+                due = advisor.next_tick(&engine, due);
+            }
+            if engine.check(id, Key::None, now).is_admit() {
+                meter.record(&route, Duration::from_millis(5), false);
+            }
+        }
+        let end = Nanos::from_secs(60);
+        engine.catch_up(id, end);
+        advisor.tick(&engine, end);
+        let report = advisor.report(Duration::from_secs(3600), end);
+        let parts: Vec<_> = report.routes.iter().map(|r| r.event.clone()).collect();
+        assert_eq!(parts, [None, Some("sale".to_owned())]);
+        let hints: Vec<_> = report.routes.iter().flat_map(|r| &r.hints).collect();
+        let bursts: Vec<_> = hints
+            .iter()
+            .filter(|h| h.parameter.as_deref() == Some("burst"))
+            .collect();
+        assert_eq!(bursts.len(), 1, "{hints:#?}");
+        assert!(
+            bursts[0].reason.contains("under the route's own profile, ")
+                && bursts[0].reason.contains("under event sale, "),
+            "{}",
+            bursts[0].reason
+        );
+        assert!(
+            hints.iter().any(|h| h.rule == "raise_burst"
+                && h.parameter.is_none()
+                && h.reason.starts_with("burst is the route's: one suggestion")),
+            "{hints:#?}"
+        );
+    }
 }
