@@ -1420,3 +1420,35 @@ fn a_lowered_burst_is_not_raised_by_another_part() {
         burst.reason
     );
 }
+
+/// A shadow route's `mode`, which no event takes either, judged safe to enforce under
+/// the route's own profile and during its sale: one `mode` suggestion for the route,
+/// not two, saying it is one and not "the smallest".
+#[test]
+fn a_route_and_its_event_give_one_mode_suggestion() {
+    let own_settings = engine_settings("mode = \"shadow\"");
+    let mut during = own_settings.clone();
+    during.event = Some("sale".into());
+    let mut own = rocgate::hints::advise(
+        &own_settings,
+        &seconds(100, false),
+        None,
+        &Policy::default(),
+    );
+    let mut sale = rocgate::hints::advise(&during, &seconds(100, false), None, &Policy::default());
+    rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
+    let modes: Vec<&Hint> = own
+        .iter()
+        .chain(&sale)
+        .filter(|h| h.parameter.as_deref() == Some("mode"))
+        .collect();
+    assert_eq!(modes.len(), 1, "{own:#?} {sale:#?}");
+    assert_eq!(modes[0].suggested, Some(Setting::Text("enforce".into())));
+    assert!(
+        modes[0]
+            .reason
+            .contains("(one suggestion: mode is the route's"),
+        "{}",
+        modes[0].reason
+    );
+}

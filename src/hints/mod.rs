@@ -379,10 +379,18 @@ pub fn one_per_route_setting<'a>(
                 format!("under {part}, {value}: {}", h.reason)
             })
             .collect();
+        let same = found
+            .iter()
+            .all(|&at| hint(at).suggested == hint(kept).suggested);
+        let which = if same {
+            "one suggestion"
+        } else {
+            "the smallest suggested"
+        };
         let mut merged = hint(kept).clone();
         merged.severity = severity.unwrap_or(merged.severity);
         merged.reason = format!(
-            "{} (the smallest suggested: {parameter} is the route's, in force under every profile, and each part bounds it only by its own figures)",
+            "{} ({which}: {parameter} is the route's, in force under every profile, and each part bounds it only by its own figures)",
             reasons.join("; ")
         );
         let first = found[0];
