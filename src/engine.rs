@@ -768,7 +768,7 @@ impl Engine {
             retry_after,
             reason,
         };
-        if rej.reason == Reason::Limit
+        if matches!(rej.reason, Reason::Limit | Reason::Concurrency)
             && r.mode != Mode::ShadowAdaptive
             && r.engaged.load(Ordering::Relaxed)
         {

@@ -121,6 +121,42 @@ fn a_spike_cuts_the_limit_and_rejections_say_roc_cut() {
     assert_eq!(s.admitted + s.rejected_total(), s.offered);
 }
 
+/// A `concurrency` route's rejections while a cut holds its limit below base say
+/// `roc_cut`, as a rate route's do; at base they say `concurrency`. They said
+/// `concurrency` under the cut too, so the metrics and the tuning hints counted the
+/// cut's rejections as the base limit's.
+#[test]
+fn a_concurrency_route_under_a_cut_rejects_with_roc_cut() {
+    let mut cfg = RouteConfig::new("conc_cut", RouteMatch::any());
+    cfg.algorithm = Algorithm::Concurrency { queue: 0 };
+    cfg.controller.base_limit_rps = 20.0;
+    cfg.controller.cut_limit_rps = 5.0;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let held_at = |t: f64| -> Vec<Decision> {
+        std::iter::repeat_with(|| e.check(id, Key::None, Nanos::from_secs_f64(t)))
+            .take(25)
+            .collect()
+    };
+    let reasons = |held: &[Decision]| -> Vec<Reason> {
+        held.iter()
+            .filter_map(|d| d.rejection().map(|r| r.reason))
+            .collect()
+    };
+    let at_base = held_at(0.0);
+    assert_eq!(reasons(&at_base), vec![Reason::Concurrency; 5]);
+    drop(at_base);
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Cut, 5.0));
+    let cut = held_at(11.0);
+    assert_eq!(reasons(&cut), vec![Reason::RocCut; 20]);
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!(s.rejected_for(Reason::RocCut), 20);
+    assert_eq!(s.rejected_for(Reason::Concurrency), 5);
+}
+
 #[test]
 fn rejections_at_base_say_limit() {
     let e = engine(vec![RouteConfig::new("flat", RouteMatch::any())]);
