@@ -305,8 +305,9 @@ pub fn advise(
 ///
 /// A period in which a scheduled event ran is judged in parts (the route's own profile,
 /// each event's), and a setting no `[[routes.events]]` entry takes (`burst`, `mode`)
-/// is the route's in every part: two parts could each suggest a value for it. `parts` are one route's, each with the event it judged (`None`: the
-/// route's own profile). Where more than one suggests a value for such a setting, the
+/// is the route's in every part: two parts could each suggest a value for it. `parts`
+/// are one route's, each with the event it judged (`None`: the route's own profile).
+/// Where more than one suggests a value for such a setting, the
 /// first keeps one, the smallest value suggested (equal values: the first part's),
 /// with the highest severity and every part's reasoning; the others become `info`
 /// notes without a change that say where it is.
