@@ -252,22 +252,27 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off() {
     );
     let stderr = child.0.stderr.take().unwrap();
     let (listen, rx) = logged_listen(stderr);
-    // Silent connections: each holds a descriptor until the header read timeout.
+    // Silent connections: each holds a descriptor until the header read timeout (10 s).
     let mut held = Vec::new();
     for _ in 0..60 {
         held.push(tokio::net::TcpStream::connect(listen).await.unwrap());
     }
+    // The first failure is logged once the descriptors run out, however long a loaded
+    // machine takes to get there (the bound only ends a hang)...
+    let first = tokio::task::block_in_place(|| logged(&rx, &["accept failed"]))
+        .expect("an accept failure is logged");
+    assert!(
+        first.contains("WARN") && first.contains("failures=1"),
+        "{first}"
+    );
+    // ... and no other in the next 2 s, though accept fails every 100 ms meanwhile (the
+    // connections beyond the descriptors still wait in the backlog).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let lines: Vec<String> = rx
+    let more: Vec<String> = rx
         .try_iter()
         .filter(|line| line.contains("accept failed"))
         .collect();
-    assert_eq!(lines.len(), 1, "accept failures logged in 2 s: {lines:#?}");
-    assert!(
-        lines[0].contains("WARN") && lines[0].contains("failures=1"),
-        "{}",
-        lines[0]
-    );
+    assert!(more.is_empty(), "accept failures logged again: {more:#?}");
 }
 
 /// The status of a `PUT` of `body` to `path` at `addr`, with no `Authorization`.
