@@ -61,7 +61,9 @@ use crate::clock::Nanos;
 use crate::controller::{ControllerState, TransitionCounts};
 use crate::engine::{Engine, RouteSnapshot, SampleHook, SlotReport};
 use crate::limiter::{Level, Reason};
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, Counter, Gauge, Unit,
+};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -423,8 +425,11 @@ struct RouteCounters {
 pub struct Collector {
     history: Mutex<HashMap<String, Seen>>,
     counters: Mutex<HashMap<String, RouteCounters>>,
+    series: Mutex<Registered>,
     /// Whether a shared store sets the store metrics itself.
     shared_store: bool,
+    /// Whether series handles are kept from one collection to the next.
+    keep_handles: bool,
 }
 
 /// A route's limit and controller state as a shared store runs them.
@@ -481,6 +486,21 @@ impl Collector {
         self
     }
 
+    /// A collector for a process whose metrics go to its one global recorder, as
+    /// `rocgate serve`'s do: it registers each series with the recorder once and keeps
+    /// the handle, so that a collection sets each series with an atomic store instead
+    /// of looking it up by name and labels in the recorder's registry (at 1,000 routes,
+    /// most of what a collection costs). The handles are registered again when a
+    /// recorder at another address is in use (the global one installed after a
+    /// first collection); not when a recorder dropped is replaced by another at the
+    /// same address, as a local recorder on the stack may be, so a collector used
+    /// under [`metrics::with_local_recorder`] should be a [`new`](Self::new) one,
+    /// which registers its series at every collection.
+    pub fn for_global_recorder(mut self) -> Self {
+        self.keep_handles = true;
+        self
+    }
+
     /// Sets every metric of every route of `engine` as of `now`.
     pub fn collect(&self, engine: &Engine, now: Nanos) {
         self.collect_with(engine, now, |_| None);
@@ -498,30 +518,34 @@ impl Collector {
     ) {
         let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
         let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut registered = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let series = registered.in_use(self.keep_handles);
         let mut snapshots = engine.snapshot(now);
         history.retain(|name, seen| {
             let kept = snapshots.iter().any(|s| &s.name == name);
             if !kept {
-                route_gauges(name, seen.algorithm, None);
+                let route = series.route(name);
+                route_gauges(route, name, seen.algorithm, None);
                 if seen.store_roc {
-                    gauge!(STORE_ROC, "route" => name.clone()).set(f64::NAN);
+                    route.store_roc(name).set(f64::NAN);
                 }
             }
             kept
         });
         for s in &mut snapshots {
             let seen = history.entry(s.name.clone()).or_default();
+            let route = series.route(&s.name);
             let control = shared(&s.name);
             if let Some(control) = control {
                 control.apply(s);
             }
             if control.is_some() || seen.store_roc {
                 let roc = control.map_or(f64::NAN, |c| c.roc);
-                gauge!(STORE_ROC, "route" => s.name.clone()).set(roc);
+                route.store_roc(&s.name).set(roc);
                 seen.store_roc = control.is_some();
             }
             if !seen.algorithm.is_empty() && seen.algorithm != s.algorithm {
-                limiter_gauges(&s.name, seen.algorithm, None);
+                limiter_gauges(route, &s.name, seen.algorithm, None);
             }
             seen.algorithm = s.algorithm;
             if seen.serial != s.serial {
@@ -530,7 +554,7 @@ impl Collector {
                 seen.serial = s.serial;
             }
             let ratio = rejection_ratio(&mut seen.readings, s, now);
-            record_route(s, ratio, counters.entry(s.name.clone()).or_default());
+            record_route(s, ratio, counters.entry(s.name.clone()).or_default(), route);
         }
         gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
         if !self.shared_store {
@@ -600,9 +624,12 @@ const STATES: [ControllerState; 3] = [
     ControllerState::Recovering,
 ];
 
-fn record_route(s: &RouteSnapshot, rejection_ratio: f64, c: &mut RouteCounters) {
-    let route = s.name.clone();
-    let r = || route.clone();
+fn record_route(
+    s: &RouteSnapshot,
+    rejection_ratio: f64,
+    c: &mut RouteCounters,
+    series: &mut RouteSeries,
+) {
     if c.serial != s.serial {
         let requests = c.rejected.iter_mut().chain(&mut c.shadow_rejected);
         requests
@@ -610,62 +637,250 @@ fn record_route(s: &RouteSnapshot, rejection_ratio: f64, c: &mut RouteCounters) 
             .for_each(Monotonic::restart);
         c.serial = s.serial;
     }
-    counter!(REQUESTS, "route" => r(), "decision" => "admitted", "reason" => "none")
-        .absolute(c.admitted.next(s.admitted));
+    let h = series.counters(&s.name);
+    h.admitted.absolute(c.admitted.next(s.admitted));
     for ((reason, n), m) in s.rejected.iter().zip(&mut c.rejected) {
-        counter!(REQUESTS, "route" => r(), "decision" => "rejected", "reason" => reason.as_str())
-            .absolute(m.next(*n));
+        if let Some(handle) = h.rejected.get(reason.index()) {
+            handle.absolute(m.next(*n));
+        }
     }
     for ((reason, n), m) in s.shadow_rejected.iter().zip(&mut c.shadow_rejected) {
-        counter!(REQUESTS, "route" => r(), "decision" => "shadow_rejected", "reason" => reason.as_str())
-            .absolute(m.next(*n));
+        if let Some(handle) = h.shadow_rejected.get(reason.index()) {
+            handle.absolute(m.next(*n));
+        }
     }
-    for from in STATES {
-        for to in STATES {
-            let (f, t) = (from.as_index() as usize, to.as_index() as usize);
-            if from != to {
-                counter!(TRANSITIONS, "route" => r(), "from" => from.as_str(), "to" => to.as_str())
-                    .absolute(c.transitions[f][t].next(s.transitions[f][t]));
+    for (f, row) in h.transitions.iter().enumerate() {
+        for (t, handle) in row.iter().enumerate() {
+            if let Some(handle) = handle {
+                handle.absolute(c.transitions[f][t].next(s.transitions[f][t]));
             }
         }
     }
-    counter!(CUTS, "route" => r()).absolute(c.cuts.next(s.cuts));
-    counter!(CUT_SECONDS, "route" => r()).absolute(c.cut_seconds.next(s.time_in_cut.as_secs()));
-    route_gauges(&s.name, s.algorithm, Some((s, rejection_ratio)));
+    h.cuts.absolute(c.cuts.next(s.cuts));
+    h.cut_seconds
+        .absolute(c.cut_seconds.next(s.time_in_cut.as_secs()));
+    route_gauges(series, &s.name, s.algorithm, Some((s, rejection_ratio)));
 }
 
 /// Sets a route's gauges from its snapshot and rejection ratio, or, with `None`, to
 /// NaN: a route that is gone has no reading, and NaN compares false in any alert rule,
 /// where its last readings would keep an alert firing. (The metrics facade cannot
 /// delete a series; its counters stay, as counters may.)
-fn route_gauges(route: &str, algorithm: &'static str, now: Option<(&RouteSnapshot, f64)>) {
-    let r = || route.to_owned();
+fn route_gauges(
+    series: &mut RouteSeries,
+    route: &str,
+    algorithm: &'static str,
+    now: Option<(&RouteSnapshot, f64)>,
+) {
     let v = |f: fn(&RouteSnapshot) -> f64| now.map_or(f64::NAN, |(s, _)| f(s));
-    gauge!(DEMAND, "route" => r(), "half" => "prev").set(v(|s| s.sample.rate_prev_rps));
-    gauge!(DEMAND, "route" => r(), "half" => "recent").set(v(|s| s.sample.rate_recent_rps));
-    gauge!(ROC, "route" => r(), "mode" => "absolute").set(v(|s| s.sample.roc));
-    gauge!(ROC, "route" => r(), "mode" => "relative").set(v(|s| s.sample.relative_roc(s.min_rps)));
-    gauge!(CONTROLLER_ROC, "route" => r()).set(v(|s| s.sample.roc_in(s.roc_mode, s.min_rps)));
-    gauge!(LIMIT, "route" => r()).set(v(|s| s.limit_rps));
-    gauge!(BASE_LIMIT, "route" => r()).set(v(|s| s.base_limit_rps));
-    gauge!(CUT_LIMIT, "route" => r()).set(v(|s| s.cut_limit_rps));
-    gauge!(DANGER_ROC, "route" => r()).set(v(|s| s.danger_roc));
-    gauge!(SAFE_ROC, "route" => r()).set(v(|s| s.safe_roc));
-    limiter_gauges(route, algorithm, now.map(|(s, _)| s));
-    for state in STATES {
-        let on = now.map_or(f64::NAN, |(s, _)| f64::from(u8::from(s.state == state)));
-        gauge!(CONTROLLER_STATE, "route" => r(), "state" => state.as_str()).set(on);
+    let h = series.gauges(route);
+    h.demand_prev.set(v(|s| s.sample.rate_prev_rps));
+    h.demand_recent.set(v(|s| s.sample.rate_recent_rps));
+    h.roc_absolute.set(v(|s| s.sample.roc));
+    h.roc_relative.set(v(|s| s.sample.relative_roc(s.min_rps)));
+    h.controller_roc
+        .set(v(|s| s.sample.roc_in(s.roc_mode, s.min_rps)));
+    h.limit.set(v(|s| s.limit_rps));
+    h.base_limit.set(v(|s| s.base_limit_rps));
+    h.cut_limit.set(v(|s| s.cut_limit_rps));
+    h.danger_roc.set(v(|s| s.danger_roc));
+    h.safe_roc.set(v(|s| s.safe_roc));
+    for (state, handle) in STATES.iter().zip(&h.state) {
+        let on = now.map_or(f64::NAN, |(s, _)| f64::from(u8::from(s.state == *state)));
+        handle.set(on);
     }
-    gauge!(REJECTION_RATIO, "route" => r()).set(now.map_or(f64::NAN, |(_, ratio)| ratio));
-    gauge!(KEYS, "route" => r()).set(v(|s| s.keys as f64));
-    gauge!(MAX_KEYS, "route" => r()).set(v(|s| s.max_keys as f64));
+    h.rejection_ratio
+        .set(now.map_or(f64::NAN, |(_, ratio)| ratio));
+    h.keys.set(v(|s| s.keys as f64));
+    h.max_keys.set(v(|s| s.max_keys as f64));
+    limiter_gauges(series, route, algorithm, now.map(|(s, _)| s));
 }
 
 /// Sets a route's limiter gauges under `algorithm`, or to NaN with `None`.
-fn limiter_gauges(route: &str, algorithm: &'static str, now: Option<&RouteSnapshot>) {
-    let r = || route.to_owned();
-    gauge!(LIMITER_LEVEL, "route" => r(), "algorithm" => algorithm)
-        .set(now.map_or(f64::NAN, |s| s.level.value));
-    gauge!(LIMITER_CAPACITY, "route" => r(), "algorithm" => algorithm)
-        .set(now.map_or(f64::NAN, |s| s.level.capacity));
+fn limiter_gauges(
+    series: &mut RouteSeries,
+    route: &str,
+    algorithm: &'static str,
+    now: Option<&RouteSnapshot>,
+) {
+    let h = series.limiter(route, algorithm);
+    h.level.set(now.map_or(f64::NAN, |s| s.level.value));
+    h.capacity.set(now.map_or(f64::NAN, |s| s.level.capacity));
+}
+
+/// The series handles the collector registered, with the recorder they belong to.
+///
+/// `counter!` and `gauge!` build a series' key (its name and labels, the route's name
+/// copied) and look it up in the recorder's registry at every call: 37 a route, 37,000
+/// a scrape at 1,000 routes. A handle kept from the first is set with one atomic store.
+/// Handles belong to the recorder in use when they were registered: only a collector
+/// [`for_global_recorder`](Collector::for_global_recorder) keeps them, while that
+/// recorder is in use.
+#[derive(Debug, Default)]
+struct Registered {
+    /// The address of the recorder the handles belong to (0 before any).
+    recorder: usize,
+    /// Each route's handles, by route name.
+    routes: HashMap<String, RouteSeries>,
+}
+
+impl Registered {
+    /// The handles of the recorder in use now: those kept if `keep` and the recorder
+    /// in use is at the address of the one they were registered with, or none.
+    fn in_use(&mut self, keep: bool) -> &mut Self {
+        let recorder =
+            metrics::with_recorder(|r| (r as *const dyn metrics::Recorder).cast::<()>().addr());
+        if !keep || recorder != self.recorder {
+            self.routes.clear();
+            self.recorder = recorder;
+        }
+        self
+    }
+
+    /// The handles of `route`, registered as they are first set.
+    fn route(&mut self, route: &str) -> &mut RouteSeries {
+        self.routes.entry(route.to_owned()).or_default()
+    }
+}
+
+/// A route's series handles, each group registered the first time it is set (a route
+/// removed before its first collection has only its gauges blanked, as before).
+#[derive(Debug, Default)]
+struct RouteSeries {
+    counters: Option<CounterSeries>,
+    gauges: Option<GaugeSeries>,
+    /// `rocgate_limiter_level` and `rocgate_limiter_capacity` under each `algorithm`
+    /// label the route has been set with.
+    limiters: Vec<LimiterSeries>,
+    /// `rocgate_store_roc`.
+    store_roc: Option<Gauge>,
+}
+
+impl RouteSeries {
+    fn counters(&mut self, route: &str) -> &CounterSeries {
+        self.counters
+            .get_or_insert_with(|| CounterSeries::register(route))
+    }
+
+    fn gauges(&mut self, route: &str) -> &GaugeSeries {
+        self.gauges
+            .get_or_insert_with(|| GaugeSeries::register(route))
+    }
+
+    fn limiter(&mut self, route: &str, algorithm: &'static str) -> &LimiterSeries {
+        let at = match self.limiters.iter().position(|l| l.algorithm == algorithm) {
+            Some(at) => at,
+            None => {
+                let r = || route.to_owned();
+                self.limiters.push(LimiterSeries {
+                    algorithm,
+                    level: gauge!(LIMITER_LEVEL, "route" => r(), "algorithm" => algorithm),
+                    capacity: gauge!(LIMITER_CAPACITY, "route" => r(), "algorithm" => algorithm),
+                });
+                self.limiters.len() - 1
+            }
+        };
+        &self.limiters[at]
+    }
+
+    fn store_roc(&mut self, route: &str) -> &Gauge {
+        self.store_roc
+            .get_or_insert_with(|| gauge!(STORE_ROC, "route" => route.to_owned()))
+    }
+}
+
+/// A route's counters: `rocgate_requests_total`, `rocgate_controller_transitions_total`,
+/// `rocgate_cuts_total`, `rocgate_cut_seconds_total`.
+#[derive(Debug)]
+struct CounterSeries {
+    admitted: Counter,
+    /// By [`Reason::index`].
+    rejected: [Counter; Reason::ALL.len()],
+    /// By [`Reason::index`].
+    shadow_rejected: [Counter; Reason::ALL.len()],
+    /// By `[from][to]` state index; none from a state to itself.
+    transitions: [[Option<Counter>; 3]; 3],
+    cuts: Counter,
+    cut_seconds: Counter,
+}
+
+impl CounterSeries {
+    fn register(route: &str) -> Self {
+        let r = || route.to_owned();
+        let requests = |decision: &'static str| {
+            Reason::ALL.map(|reason| {
+                counter!(REQUESTS, "route" => r(), "decision" => decision, "reason" => reason.as_str())
+            })
+        };
+        let mut transitions = [const { [const { None }; 3] }; 3];
+        for from in STATES {
+            for to in STATES {
+                if from != to {
+                    let (f, t) = (from.as_index() as usize, to.as_index() as usize);
+                    transitions[f][t] = Some(
+                        counter!(TRANSITIONS, "route" => r(), "from" => from.as_str(), "to" => to.as_str()),
+                    );
+                }
+            }
+        }
+        Self {
+            admitted: counter!(REQUESTS, "route" => r(), "decision" => "admitted", "reason" => "none"),
+            rejected: requests("rejected"),
+            shadow_rejected: requests("shadow_rejected"),
+            transitions,
+            cuts: counter!(CUTS, "route" => r()),
+            cut_seconds: counter!(CUT_SECONDS, "route" => r()),
+        }
+    }
+}
+
+/// A route's gauges but its limiter's and the shared store's.
+#[derive(Debug)]
+struct GaugeSeries {
+    demand_prev: Gauge,
+    demand_recent: Gauge,
+    roc_absolute: Gauge,
+    roc_relative: Gauge,
+    controller_roc: Gauge,
+    limit: Gauge,
+    base_limit: Gauge,
+    cut_limit: Gauge,
+    danger_roc: Gauge,
+    safe_roc: Gauge,
+    /// In [`STATES`] order.
+    state: [Gauge; 3],
+    rejection_ratio: Gauge,
+    keys: Gauge,
+    max_keys: Gauge,
+}
+
+impl GaugeSeries {
+    fn register(route: &str) -> Self {
+        let r = || route.to_owned();
+        Self {
+            demand_prev: gauge!(DEMAND, "route" => r(), "half" => "prev"),
+            demand_recent: gauge!(DEMAND, "route" => r(), "half" => "recent"),
+            roc_absolute: gauge!(ROC, "route" => r(), "mode" => "absolute"),
+            roc_relative: gauge!(ROC, "route" => r(), "mode" => "relative"),
+            controller_roc: gauge!(CONTROLLER_ROC, "route" => r()),
+            limit: gauge!(LIMIT, "route" => r()),
+            base_limit: gauge!(BASE_LIMIT, "route" => r()),
+            cut_limit: gauge!(CUT_LIMIT, "route" => r()),
+            danger_roc: gauge!(DANGER_ROC, "route" => r()),
+            safe_roc: gauge!(SAFE_ROC, "route" => r()),
+            state: STATES
+                .map(|state| gauge!(CONTROLLER_STATE, "route" => r(), "state" => state.as_str())),
+            rejection_ratio: gauge!(REJECTION_RATIO, "route" => r()),
+            keys: gauge!(KEYS, "route" => r()),
+            max_keys: gauge!(MAX_KEYS, "route" => r()),
+        }
+    }
+}
+
+/// A route's limiter gauges under one `algorithm` label.
+#[derive(Debug)]
+struct LimiterSeries {
+    algorithm: &'static str,
+    level: Gauge,
+    capacity: Gauge,
 }

@@ -754,3 +754,149 @@ fn the_roc_histogram_leaves_out_the_first_window() {
     let count = format!(r#"rocgate_roc_observed_count{{route="roc_observed_steady"}} {armed}"#);
     assert!(text.lines().any(|l| l == count), "no `{count}` in:\n{text}");
 }
+
+/// A recorder that counts the series registered with it (and records nothing).
+#[derive(Default)]
+struct Registrations(std::sync::atomic::AtomicUsize);
+
+impl Registrations {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl metrics::Recorder for Registrations {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        self.add();
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        self.add();
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        self.add();
+        metrics::Histogram::noop()
+    }
+}
+
+/// A collector for the global recorder, as `rocgate serve`'s, registers each route's
+/// series with the recorder once and keeps the handles: a scrape sets them, instead of
+/// looking every series up again by its name and labels (37 a route, most of a
+/// collection's time at 1,000 routes). A `Collector::new()` registers them at every
+/// collection.
+#[test]
+fn a_collector_for_the_global_recorder_registers_each_series_once() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::Engine;
+    use rocgate::metrics::Collector;
+    let routes = (0..3)
+        .map(|i| {
+            RouteConfig::new(
+                format!("once{i}"),
+                RouteMatch::exact("GET", format!("/once/{i}")),
+            )
+        })
+        .collect();
+    let engine = Engine::new(
+        &Config::new(routes),
+        Nanos::ZERO,
+        std::time::SystemTime::UNIX_EPOCH,
+    )
+    .unwrap();
+    // Series registered by each of 4 collections.
+    let registered = |collector: &Collector| {
+        let recorder = Registrations::default();
+        (1..5)
+            .map(|s| {
+                let before = recorder.count();
+                metrics::with_local_recorder(&recorder, || {
+                    collector.collect(&engine, Nanos::from_secs(s))
+                });
+                recorder.count() - before
+            })
+            .collect::<Vec<_>>()
+    };
+    let kept = registered(&Collector::new().for_global_recorder());
+    // Every route's 37, then only the 2 process-wide gauges (build info, store mode).
+    assert_eq!(kept, [3 * 37 + 2, 2, 2, 2]);
+    let each_time = registered(&Collector::new());
+    assert_eq!(each_time, [3 * 37 + 2; 4]);
+}
+
+/// Handles belong to the recorder they were registered with. A `Collector::new()`
+/// registers its series at every collection, so each recorder it is used with (here
+/// two in turn at one address on the stack) shows every series; one for the global
+/// recorder registers them again with a recorder at another address (the global one
+/// installed after a first collection).
+#[test]
+fn the_collector_follows_the_recorder_in_use() {
+    use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+    use rocgate::clock::Nanos;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::Collector;
+    let config = Config::new(vec![RouteConfig::new("follows", RouteMatch::any())]);
+    let engine = Engine::new(&config, Nanos::ZERO, std::time::SystemTime::UNIX_EPOCH).unwrap();
+    let id = engine.route_id("follows").unwrap();
+    let mut offered = 0;
+    // Offers 4 requests, collects through `recorder`; what it renders.
+    let mut collect = |collector: &Collector, recorder: &PrometheusRecorder| {
+        offered += 4;
+        for _ in 0..4 {
+            let _ = engine.check(id, Key::None, Nanos::from_secs(offered));
+        }
+        metrics::with_local_recorder(recorder, || {
+            collector.collect(&engine, Nanos::from_secs(offered))
+        });
+        let text = recorder.handle().render();
+        let line = format!(
+            r#"rocgate_requests_total{{route="follows",decision="admitted",reason="none"}} {offered}"#
+        );
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        assert!(
+            text.contains(r#"rocgate_limit_rps{route="follows"} "#),
+            "{text}"
+        );
+    };
+    let each_time = Collector::new();
+    for _ in 0..2 {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        collect(&each_time, &recorder);
+    }
+    let kept = Collector::new().for_global_recorder();
+    let (first, second) = (
+        PrometheusBuilder::new().build_recorder(),
+        PrometheusBuilder::new().build_recorder(),
+    );
+    collect(&kept, &first);
+    collect(&kept, &second);
+}

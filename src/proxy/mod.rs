@@ -681,14 +681,15 @@ impl Proxy {
             let service = layer.layer(forwarder.clone()).for_peer(peer);
             handing_route(service, &forwarder)
         };
+        // Its metrics go to the global recorder `prometheus` installs (or one
+        // installed before it): the collector keeps its handles.
+        let collector = metric::Collector::new().for_global_recorder();
         #[cfg(feature = "redis")]
         let collector = if self.store.is_some() {
-            metric::Collector::new().with_shared_store()
+            collector.with_shared_store()
         } else {
-            metric::Collector::new()
+            collector
         };
-        #[cfg(not(feature = "redis"))]
-        let collector = metric::Collector::new();
         let prometheus = prometheus();
         let upkeep = tokio::spawn({
             let handle = prometheus.clone();
