@@ -380,15 +380,19 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
 /// Every route's upstream error counters are in the first scrape, at 0, for every
 /// kind README names: a counter that appears with its first errors already counted
 /// gives `rate` and `increase` nothing to compare with, so the errors panel and any
-/// alert on it missed the first burst of an upstream's failure.
+/// alert on it missed the first burst of an upstream's failure. So are those of a route
+/// a reload adds, in the scrape after it (each route's are registered once).
 #[tokio::test]
 async fn upstream_error_counters_start_at_zero_for_every_route() {
     let extra = "[[routes]]\nname = \"errors_from_zero\"\npath = \"/errors-from-zero\"\n";
     let p = start_on(None, &format!("{extra}{CONFIG}"), None).await.0;
-    let text = match call(p.admin, "GET", "/metrics", "", None).await {
-        (200, Value::String(text)) => text,
-        other => panic!("{other:?}"),
+    let scrape = || async {
+        match call(p.admin, "GET", "/metrics", "", None).await {
+            (200, Value::String(text)) => text,
+            other => panic!("{other:?}"),
+        }
     };
+    let text = scrape().await;
     let kinds = [
         "connect_timeout",
         "response_timeout",
@@ -402,12 +406,21 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
         "forwarding_loop",
         "upstream_overflow",
     ];
-    for kind in kinds {
-        let series = format!(
-            "rocgate_upstream_errors_total{{route=\"errors_from_zero\",kind=\"{kind}\"}} 0\n"
-        );
-        assert!(text.contains(&series), "no {series} in {text}");
-    }
+    let all_at_zero = |text: &str, route: &str| {
+        for kind in kinds {
+            let series =
+                format!("rocgate_upstream_errors_total{{route=\"{route}\",kind=\"{kind}\"}} 0\n");
+            assert!(text.contains(&series), "no {series} in {text}");
+        }
+    };
+    all_at_zero(&text, "errors_from_zero");
+    let added = "[[routes]]\nname = \"errors_from_zero_added\"\npath = \"/errors-added\"\n";
+    std::fs::write(&p.file, format!("{extra}{added}{CONFIG}")).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    let text = scrape().await;
+    all_at_zero(&text, "errors_from_zero");
+    all_at_zero(&text, "errors_from_zero_added");
     p.stop().await;
 }
 

@@ -40,10 +40,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -72,6 +73,10 @@ pub(crate) struct Exporter {
     /// Client connections open, times their cap was reached, and their lingering
     /// closes.
     pub(crate) connections: Arc<super::connections::ClientConnections>,
+    /// The routes whose `rocgate_upstream_errors_total` series of every kind are
+    /// registered (at 0 before their first error): each is registered once, where
+    /// looking all up at every scrape cost 11 registry lookups a route.
+    pub(crate) errors_registered: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for Exporter {
@@ -314,13 +319,7 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
         .collect_with(&engine, now, |route| shared_control(&state, &engine, route));
     #[cfg(not(feature = "redis"))]
     m.collector.collect(&engine, now);
-    // At 0 before a route's first error, so that `rate` counts that one too.
-    for route in engine.route_names() {
-        for kind in crate::metrics::UPSTREAM_ERROR_KINDS {
-            metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "route" => route.to_owned(), "kind" => kind)
-                .increment(0);
-        }
-    }
+    register_upstream_errors(m, &engine);
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_LANES).set(m.lanes.open() as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_REQUESTS).set(m.upstream_requests.held() as f64);
@@ -352,6 +351,26 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
         crate::metrics::omit_blank_gauges(&m.handle.render()),
     )
         .into_response()
+}
+
+/// Registers the `rocgate_upstream_errors_total` series of every kind of each route
+/// of `engine` that has none yet, at 0 before the route's first error, so that `rate`
+/// counts that one too.
+fn register_upstream_errors(m: &Exporter, engine: &Engine) {
+    let mut registered = m
+        .errors_registered
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    for route in engine.route_names() {
+        if registered.contains(route) {
+            continue;
+        }
+        for kind in crate::metrics::UPSTREAM_ERROR_KINDS {
+            metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "route" => route.to_owned(), "kind" => kind)
+                .increment(0);
+        }
+        registered.insert(route.to_owned());
+    }
 }
 
 /// The shared limit and controller state of `route`, if a shared store decides it.
@@ -687,6 +706,7 @@ mod tests {
                 lanes: super::super::lane::LaneCount::new(1),
                 upstream_requests: super::super::forward::UpstreamRequests::new(1),
                 connections: Arc::new(super::super::connections::ClientConnections::new(1)),
+                errors_registered: Mutex::default(),
             }),
             #[cfg(feature = "redis")]
             store: None,

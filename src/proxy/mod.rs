@@ -738,6 +738,7 @@ impl Proxy {
                 lanes,
                 upstream_requests,
                 connections: Arc::clone(&connections),
+                errors_registered: std::sync::Mutex::default(),
             }),
         });
         let mut builder = auto::Builder::new(TokioExecutor::new());
