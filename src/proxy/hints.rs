@@ -172,6 +172,17 @@ mod tests {
     use crate::sim::{ArrivalModel, Scenario};
     use std::time::UNIX_EPOCH;
 
+    /// The engine of config `toml`, whose slot reports feed a new advisor.
+    fn advised(toml: &str) -> (Arc<Advisor>, Engine) {
+        let config = Config::from_toml_str(toml, "test").unwrap();
+        let advisor = Arc::new(Advisor::new(&config.hints));
+        let hook = Arc::clone(&advisor);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH)
+            .unwrap()
+            .with_sample_hook(Arc::new(move |route, report| hook.on_slot(route, report)));
+        (advisor, engine)
+    }
+
     /// `serve`'s hints, with the default `[hints]` (10 s intervals), over the flash
     /// sale (40 req/s, 600 from 20 s to 40 s, back to 40 by 50 s) on a route whose
     /// sale event runs from 20 s to 60 s with a base limit of 500, against an upstream
@@ -183,12 +194,7 @@ mod tests {
         let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
                     [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:20Z\"\n\
                     duration = \"40s\"\nbase_limit = 500\ncut_limit = 150\ndanger_roc = 200\n";
-        let config = Config::from_toml_str(toml, "test").unwrap();
-        let advisor = Arc::new(Advisor::new(&config.hints));
-        let hook = Arc::clone(&advisor);
-        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH)
-            .unwrap()
-            .with_sample_hook(Arc::new(move |route, report| hook.on_slot(route, report)));
+        let (advisor, engine) = advised(toml);
         let id = engine.route_at(0).unwrap();
         let route: Arc<str> = "r".into();
         let meter = advisor.meter();
@@ -361,12 +367,7 @@ mod tests {
                     danger_roc = 2000\nsafe_roc = 100\n\
                     [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:20Z\"\n\
                     duration = \"20s\"\nbase_limit = 160\n";
-        let config = Config::from_toml_str(toml, "test").unwrap();
-        let advisor = Arc::new(Advisor::new(&config.hints));
-        let hook = Arc::clone(&advisor);
-        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH)
-            .unwrap()
-            .with_sample_hook(Arc::new(move |route, report| hook.on_slot(route, report)));
+        let (advisor, engine) = advised(toml);
         let id = engine.route_at(0).unwrap();
         let route: Arc<str> = "r".into();
         let meter = advisor.meter();
