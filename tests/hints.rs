@@ -838,6 +838,23 @@ fn seconds(offered: u64, saturated: bool) -> Vec<rocgate::hints::Interval> {
         .collect()
 }
 
+/// Three two-second spikes against 150 req/s among quiet seconds of [`seconds`] at
+/// 100 req/s: 260 admitted a second, the bucket drained half of each (2 rejected by
+/// the base limit), the upstream failing 110 of them.
+fn drained_spikes() -> Vec<rocgate::hints::Interval> {
+    use rocgate::limiter::Reason;
+    let mut spikes = seconds(100, false);
+    for k in [5, 6, 15, 16, 25, 26] {
+        let i = &mut spikes[k];
+        i.offered = 262;
+        i.rejected[Reason::Limit.index()] = 2;
+        i.exhausted_s = 0.5;
+        let up = i.upstream.as_mut().unwrap();
+        (up.requests, up.errors) = (260, 110);
+    }
+    spikes
+}
+
 /// `raise_min_rps` judged a `concurrency` route quiet by its mean demand, a rate,
 /// against a fifth of its base limit, a count in flight, and bounded `min_rps` by half
 /// that count: 10 req/s against 64 in flight, with three cuts peaking at 30 req/s,
@@ -1124,17 +1141,7 @@ fn rules_that_cannot_compare_like_with_like_say_so_once_per_route() {
 fn a_lowered_token_bucket_limit_takes_the_burst_with_it_where_demand_drained_it() {
     use rocgate::limiter::Reason;
     let settings = engine_settings("");
-    // Three two-second spikes against 150 req/s among quiet seconds: 260 admitted a
-    // second, the bucket drained (some rejected by the base limit).
-    let mut spikes = seconds(100, false);
-    for k in [5, 6, 15, 16, 25, 26] {
-        let i = &mut spikes[k];
-        i.offered = 262;
-        i.rejected[Reason::Limit.index()] = 2;
-        i.exhausted_s = 0.5;
-        let up = i.upstream.as_mut().unwrap();
-        (up.requests, up.errors) = (260, 110);
-    }
+    let spikes = drained_spikes();
     let burst_of = |h: &[Hint]| {
         h.iter()
             .find(|h| h.parameter.as_deref() == Some("burst"))
@@ -1378,7 +1385,6 @@ fn a_route_and_its_event_give_one_burst_suggestion() {
 /// with both parts' figures: a raise from another part's figures must not undo it.
 #[test]
 fn a_lowered_burst_is_not_raised_by_another_part() {
-    use rocgate::limiter::Reason;
     let mut own = rocgate::hints::advise(
         &engine_settings("base_limit = 300"),
         &bursts_of_400(),
@@ -1389,15 +1395,7 @@ fn a_lowered_burst_is_not_raised_by_another_part() {
         find(&own, "raise_burst").and_then(|h| h.parameter.as_deref()),
         Some("burst")
     );
-    let mut spikes = seconds(100, false);
-    for k in [5, 6, 15, 16, 25, 26] {
-        let i = &mut spikes[k];
-        i.offered = 262;
-        i.rejected[Reason::Limit.index()] = 2;
-        i.exhausted_s = 0.5;
-        let up = i.upstream.as_mut().unwrap();
-        (up.requests, up.errors) = (260, 110);
-    }
+    let spikes = drained_spikes();
     let mut during = engine_settings("");
     during.event = Some("sale".into());
     let mut sale = rocgate::hints::advise(&during, &spikes, Some(150.0), &Policy::default());
