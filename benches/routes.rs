@@ -20,7 +20,8 @@
 //!   runs them), and over loopback a scrape of `/metrics` and a `GET /admin/routes`
 //!   (the sizes of both bodies are printed before they are measured), then
 //!   `metrics_after_traffic`: a scrape once every route has its histograms, as it has
-//!   after traffic (the ROC histogram, upstream durations answered 2xx and 4xx).
+//!   after traffic (the ROC histogram, upstream durations answered 2xx and 4xx), and
+//!   `metrics_after_traffic_gzip`, the same scrape as Prometheus asks for it, gzipped.
 //!
 //! Run with bounded times:
 //! `cargo bench --bench routes -- --warm-up-time 1 --measurement-time 3`.
@@ -140,13 +141,23 @@ fn layer_admit(c: &mut Criterion) {
 }
 
 /// GETs `path` from `addr`; the body.
+/// `GET path` (as a scraper would, accepting gzip, if the path ends in `?gzip`: the
+/// query is dropped).
 async fn get(
     client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<bytes::Bytes>>,
     addr: SocketAddr,
     path: &str,
 ) -> bytes::Bytes {
+    let (plain, gzip) = match path.strip_suffix("?gzip") {
+        Some(plain) => (plain, true),
+        None => (path, false),
+    };
+    let mut req = http::Request::get(format!("http://{addr}{plain}"));
+    if gzip {
+        req = req.header("accept-encoding", "gzip");
+    }
     let res = client
-        .get(format!("http://{addr}{path}").parse().unwrap())
+        .request(req.body(Full::default()).unwrap())
         .await
         .unwrap();
     assert_eq!(res.status(), 200, "GET {path}");
@@ -234,6 +245,7 @@ fn at_1000(c: &mut Criterion) {
         }
     }
     scrape("metrics_after_traffic", "/metrics");
+    scrape("metrics_after_traffic_gzip", "/metrics?gzip");
     g.finish();
     let _ = stop.send(());
     rt.block_on(task).unwrap().unwrap();

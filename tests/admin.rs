@@ -183,6 +183,64 @@ fn route<'a>(all: &'a Value, name: &str) -> &'a Value {
         .unwrap()
 }
 
+/// The admin API's answers are gzip-compressed for a client that accepts gzip, as
+/// Prometheus does, and plain for one that does not: `/metrics` is the same series
+/// either way, in a fraction of the bytes.
+#[tokio::test]
+async fn metrics_are_gzipped_for_a_client_that_accepts_gzip() {
+    use std::io::Read;
+    let p = start(None).await;
+    let admin = p.admin;
+    let scrape = |gzip: bool| async move {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+        let mut req = http::Request::get(format!("http://{admin}/metrics"));
+        if gzip {
+            req = req.header("accept-encoding", "gzip");
+        }
+        let res = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.request(req.body(Full::default()).unwrap()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(res.status(), 200);
+        let encoding = res
+            .headers()
+            .get("content-encoding")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (encoding, body)
+    };
+    // Series are registered as the first scrape collects them: compare later ones.
+    scrape(false).await;
+    let (encoding, plain) = scrape(false).await;
+    assert_eq!(encoding, None);
+    let plain = String::from_utf8(plain.to_vec()).unwrap();
+    let (encoding, gzipped) = scrape(true).await;
+    assert_eq!(encoding.as_deref(), Some("gzip"));
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&gzipped[..])
+        .read_to_string(&mut text)
+        .unwrap();
+    // A moment apart, gauges may move: the series are the same.
+    let series = |t: &str| -> std::collections::BTreeSet<String> {
+        t.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| l.rsplit_once(' ').unwrap().0.to_owned())
+            .collect()
+    };
+    assert!(plain.contains("rocgate_requests_total{"), "{plain}");
+    assert_eq!(series(&text), series(&plain));
+    assert!(
+        gzipped.len() * 3 < plain.len(),
+        "{} bytes gzipped, {} plain",
+        gzipped.len(),
+        plain.len()
+    );
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn health_and_live_state() {
     let p = start(None).await;
