@@ -1289,6 +1289,42 @@ fn a_cut_limit_is_not_read_as_the_upstreams_capacity() {
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
 }
 
+/// Under `shadow_adaptive` the cut is not enforced: the base limit is, and what it
+/// admitted while the controller was in `Cut` is what the upstream was offered. Seconds
+/// in a cut in which the base limit refused a few while the upstream saturated at 396
+/// req/s were left out of the capacity as if the cut had pinned them, and
+/// `lower_base_limit` took a base limit of 500 to 400, over where the upstream was
+/// seen to saturate, instead of to 350 (90% of it, rounded down). An enforced cut's
+/// seconds alike are still left out.
+#[test]
+fn a_cut_in_shadow_adaptive_pins_nothing_of_the_capacity() {
+    use rocgate::controller::ControllerState;
+    use rocgate::limiter::Reason;
+    let cut = usize::from(ControllerState::Cut.as_index());
+    let spike = |reason: Reason| {
+        let mut intervals = rejecting(0, 26, 300, (Reason::Limit, 0), 0);
+        intervals.extend(
+            rejecting(26, 4, 400, (reason, 4), 40)
+                .into_iter()
+                .map(|mut i| {
+                    i.in_state[cut] = 1.0;
+                    i
+                }),
+        );
+        intervals
+    };
+    let shadow = engine_settings("mode = \"shadow_adaptive\"\nbase_limit = 500\ncut_limit = 150");
+    let h = rocgate::hints::advise(&shadow, &spike(Reason::Limit), None, &Policy::default());
+    assert_eq!(
+        numbers(&h, "lower_base_limit"),
+        (500.0, 350.0),
+        "90% of the 396 req/s it saturated at, rounded down"
+    );
+    let enforced = engine_settings("base_limit = 500\ncut_limit = 150");
+    let h = rocgate::hints::advise(&enforced, &spike(Reason::RocCut), None, &Policy::default());
+    assert_eq!(numbers(&h, "lower_base_limit"), (500.0, 400.0), "−20%");
+}
+
 /// On a `concurrency` route what the base limit would have rejected during recovery
 /// is not observed (a request refused under the lowered limit never is in flight, and
 /// a count in flight has no rate to hold demand against), so `faster_restore` counted

@@ -30,7 +30,8 @@
 //! `raise_min_rps` do not judge it (demand is a rate), nor does `faster_restore` (what
 //! its base limit would have rejected during recovery is not observed). On any route
 //! the capacity is not read from intervals mostly in `Cut` in which requests were
-//! refused: the cut limit bounded what was admitted there. On a partitioned route the base
+//! refused, where the cut is enforced: the cut limit bounded what was admitted there
+//! (in `shadow_adaptive` the base limit did). On a partitioned route the base
 //! limit is each key's: `raise_base_limit` scales it by the capacity over the route's
 //! highest admitted rate, `lower_base_limit` takes no capacity target, and
 //! `raise_burst`, `raise_danger_roc` and `faster_restore` do not judge it (one key's
@@ -726,7 +727,9 @@ impl<'a> Evidence<'a> {
 
     /// The intervals in which the upstream saturated at a rate (or a count in flight)
     /// that it was offered, not one a cut pinned: left out are those in `Cut` for at
-    /// least half their length in which requests were refused. There the cut limit,
+    /// least half their length in which requests were refused, on a route that
+    /// enforces its cut (`shadow_adaptive` enforces the base limit, and its
+    /// rejections there are the base limit's). There the cut limit,
     /// not the upstream, set what was admitted and kept in flight, and the saturation
     /// may be what came before the cut still draining (a queue's latency) or what
     /// another route sent: read as the capacity, a cut limit of 150 req/s lowered a
@@ -740,8 +743,9 @@ impl<'a> Evidence<'a> {
             .iter()
             .zip(&self.health)
             .filter(|(i, h)| {
-                let pinned =
-                    i.time_in(ControllerState::Cut) >= 0.5 * i.secs() && i.rejected_total() > 0;
+                let pinned = self.s.mode == Mode::Enforce
+                    && i.time_in(ControllerState::Cut) >= 0.5 * i.secs()
+                    && i.rejected_total() > 0;
                 **h == Health::Saturated && !pinned
             })
             .map(|(i, _)| i)
