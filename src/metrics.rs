@@ -65,6 +65,7 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, Counter, Gauge, Unit,
 };
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// `rocgate_requests_total`.
@@ -368,6 +369,9 @@ struct Seen {
     store_roc: bool,
     /// The route's serial when `readings` were taken.
     serial: u64,
+    /// Its series' handles, registered with the recorder in use (see
+    /// [`RouteSeries`]); dropped with the route.
+    series: RouteSeries,
 }
 
 /// A counter the engine starts again from zero when a reload rebuilds its route (a new
@@ -425,7 +429,8 @@ struct RouteCounters {
 pub struct Collector {
     history: Mutex<HashMap<String, Seen>>,
     counters: Mutex<HashMap<String, RouteCounters>>,
-    series: Mutex<Registered>,
+    /// The address of the recorder the routes' handles belong to (0 before any).
+    recorder: AtomicUsize,
     /// Whether a shared store sets the store metrics itself.
     shared_store: bool,
     /// Whether series handles are kept from one collection to the next.
@@ -518,13 +523,19 @@ impl Collector {
     ) {
         let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
         let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut registered = self.series.lock().unwrap_or_else(PoisonError::into_inner);
-        let series = registered.in_use(self.keep_handles);
+        // Handles are kept while the recorder they belong to is in use.
+        let recorder =
+            metrics::with_recorder(|r| (r as *const dyn metrics::Recorder).cast::<()>().addr());
+        if self.recorder.swap(recorder, Ordering::Relaxed) != recorder || !self.keep_handles {
+            for seen in history.values_mut() {
+                seen.series = RouteSeries::default();
+            }
+        }
         let mut snapshots = engine.snapshot(now);
         history.retain(|name, seen| {
             let kept = snapshots.iter().any(|s| &s.name == name);
             if !kept {
-                let route = series.route(name);
+                let route = &mut seen.series;
                 route_gauges(route, name, seen.algorithm, None);
                 if seen.store_roc {
                     route.store_roc(name).set(f64::NAN);
@@ -534,7 +545,7 @@ impl Collector {
         });
         for s in &mut snapshots {
             let seen = history.entry(s.name.clone()).or_default();
-            let route = series.route(&s.name);
+            let route = &mut seen.series;
             let control = shared(&s.name);
             if let Some(control) = control {
                 control.apply(s);
@@ -708,43 +719,16 @@ fn limiter_gauges(
     h.capacity.set(now.map_or(f64::NAN, |s| s.level.capacity));
 }
 
-/// The series handles the collector registered, with the recorder they belong to.
+/// A route's series handles, each group registered the first time it is set (a route
+/// removed before its first collection has only its gauges blanked, as before).
 ///
 /// `counter!` and `gauge!` build a series' key (its name and labels, the route's name
 /// copied) and look it up in the recorder's registry at every call: 37 a route, 37,000
 /// a scrape at 1,000 routes. A handle kept from the first is set with one atomic store.
 /// Handles belong to the recorder in use when they were registered: only a collector
 /// [`for_global_recorder`](Collector::for_global_recorder) keeps them, while that
-/// recorder is in use.
-#[derive(Debug, Default)]
-struct Registered {
-    /// The address of the recorder the handles belong to (0 before any).
-    recorder: usize,
-    /// Each route's handles, by route name.
-    routes: HashMap<String, RouteSeries>,
-}
-
-impl Registered {
-    /// The handles of the recorder in use now: those kept if `keep` and the recorder
-    /// in use is at the address of the one they were registered with, or none.
-    fn in_use(&mut self, keep: bool) -> &mut Self {
-        let recorder =
-            metrics::with_recorder(|r| (r as *const dyn metrics::Recorder).cast::<()>().addr());
-        if !keep || recorder != self.recorder {
-            self.routes.clear();
-            self.recorder = recorder;
-        }
-        self
-    }
-
-    /// The handles of `route`, registered as they are first set.
-    fn route(&mut self, route: &str) -> &mut RouteSeries {
-        self.routes.entry(route.to_owned()).or_default()
-    }
-}
-
-/// A route's series handles, each group registered the first time it is set (a route
-/// removed before its first collection has only its gauges blanked, as before).
+/// recorder is in use, and only for the routes in force (those of a route a reload
+/// removed go with it; added back, it registers them again).
 #[derive(Debug, Default)]
 struct RouteSeries {
     counters: Option<CounterSeries>,

@@ -900,3 +900,99 @@ fn the_collector_follows_the_recorder_in_use() {
     collect(&kept, &first);
     collect(&kept, &second);
 }
+
+/// What a [`LiveHandles`] recorder's handles update: nothing.
+struct Ignored;
+
+impl metrics::CounterFn for Ignored {
+    fn increment(&self, _: u64) {}
+    fn absolute(&self, _: u64) {}
+}
+
+impl metrics::GaugeFn for Ignored {
+    fn increment(&self, _: f64) {}
+    fn decrement(&self, _: f64) {}
+    fn set(&self, _: f64) {}
+}
+
+/// A recorder whose every handle shares one `Arc`: its strong count, less this one,
+/// is how many handles registered with it are still held.
+struct LiveHandles(std::sync::Arc<Ignored>);
+
+impl LiveHandles {
+    fn live(&self) -> usize {
+        std::sync::Arc::strong_count(&self.0) - 1
+    }
+}
+
+impl metrics::Recorder for LiveHandles {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(std::sync::Arc::clone(&self.0))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(std::sync::Arc::clone(&self.0))
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// A collector for the global recorder keeps the handles of the routes in force, not
+/// those of every route a reload removed or renamed: each of 20 reloads renaming 3
+/// routes left their 37 handles each held, 2,220 by the last where 111 are in use,
+/// however long the process runs (a route added back registers its series again, and continues them).
+#[test]
+fn a_collector_lets_go_of_the_handles_of_routes_a_reload_removed() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::Engine;
+    use rocgate::metrics::Collector;
+    let recorder = LiveHandles(std::sync::Arc::new(Ignored));
+    let collector = Collector::new().for_global_recorder();
+    let mut held = Vec::new();
+    for reload in 0..20 {
+        let routes = (0..3)
+            .map(|i| {
+                RouteConfig::new(
+                    format!("renamed{reload}_{i}"),
+                    RouteMatch::exact("GET", format!("/renamed/{i}")),
+                )
+            })
+            .collect();
+        let engine = Engine::new(
+            &Config::new(routes),
+            Nanos::ZERO,
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        metrics::with_local_recorder(&recorder, || {
+            collector.collect(&engine, Nanos::from_secs(reload + 1))
+        });
+        held.push(recorder.live());
+    }
+    assert_eq!(held, [3 * 37; 20]);
+}
