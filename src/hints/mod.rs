@@ -320,102 +320,93 @@ pub fn one_per_route_setting<'a>(
     parts: impl IntoIterator<Item = (Option<&'a str>, &'a mut Vec<Hint>)>,
 ) {
     let mut parts: Vec<(Option<&str>, &mut Vec<Hint>)> = parts.into_iter().collect();
-    let route_only = |h: &Hint| {
-        h.suggested.is_some()
-            && h.parameter
-                .as_deref()
-                .is_some_and(|p| !EVENT_SETTINGS.contains(&p))
-    };
-    let mut parameters: Vec<String> = Vec::new();
-    for (_, hints) in &parts {
-        for h in hints.iter().filter(|h| route_only(h)) {
-            if let Some(p) = &h.parameter {
-                if !parameters.contains(p) {
-                    parameters.push(p.clone());
+    // Every suggestion of a route-only setting: the setting, the part, the place there.
+    let mut found: Vec<(String, usize, usize)> = Vec::new();
+    for (p, (_, hints)) in parts.iter().enumerate() {
+        for (k, h) in hints.iter().enumerate() {
+            if let (Some(parameter), Some(_)) = (&h.parameter, &h.suggested) {
+                if !EVENT_SETTINGS.contains(&parameter.as_str()) {
+                    found.push((parameter.clone(), p, k));
                 }
             }
         }
     }
-    for parameter in parameters {
-        let is = |h: &Hint| route_only(h) && h.parameter.as_deref() == Some(parameter.as_str());
-        // Every part's suggestion, in order, and where it is.
-        let found: Vec<(usize, usize)> = parts
-            .iter()
-            .enumerate()
-            .flat_map(|(p, (_, hints))| {
-                hints
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, h)| is(h))
-                    .map(move |(k, _)| (p, k))
-            })
-            .collect();
-        if found.len() < 2 {
-            continue;
-        }
-        let hint = |(p, k): (usize, usize)| &parts[p].1[k];
-        let kept = found
-            .iter()
-            .copied()
-            .reduce(|a, b| {
-                if smaller(hint(b).suggested.as_ref(), hint(a).suggested.as_ref()) {
-                    b
-                } else {
-                    a
-                }
-            })
-            .unwrap_or(found[0]);
-        let severity = found.iter().map(|&at| hint(at).severity).max();
-        let reasons: Vec<String> = found
-            .iter()
-            .map(|&(p, k)| {
-                let part = parts[p].0.map_or_else(
-                    || "the route's own profile".to_owned(),
-                    |e| format!("event {e}"),
-                );
-                let h = &parts[p].1[k];
-                let value = h
-                    .suggested
-                    .as_ref()
-                    .map_or_else(String::new, Setting::to_string);
-                format!("under {part}, {value}: {}", h.reason)
-            })
-            .collect();
-        let same = found
-            .iter()
-            .all(|&at| hint(at).suggested == hint(kept).suggested);
-        let which = if same {
-            "one suggestion"
-        } else {
-            "the smallest suggested"
-        };
-        let mut merged = hint(kept).clone();
-        merged.severity = severity.unwrap_or(merged.severity);
-        merged.reason = format!(
-            "{} ({which}: {parameter} is the route's, in force under every profile, and each part bounds it only by its own figures)",
-            reasons.join("; ")
-        );
-        let first = found[0];
-        let there = parts[first.0].0.map_or_else(
+    // Setting by setting (each merge changes only that setting's hints), each one's
+    // suggestions in order: the sort is stable.
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    for same in found
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|same| same.len() > 1)
+    {
+        let at: Vec<(usize, usize)> = same.iter().map(|&(_, p, k)| (p, k)).collect();
+        merge_suggestions(&mut parts, &same[0].0, &at);
+    }
+}
+
+/// [`one_per_route_setting`] of `parameter`, suggested at `at` (part, place; two or
+/// more, in order).
+fn merge_suggestions(
+    parts: &mut [(Option<&str>, &mut Vec<Hint>)],
+    parameter: &str,
+    at: &[(usize, usize)],
+) {
+    let profile = |p: usize| {
+        parts[p].0.map_or_else(
             || "the route's own profile".to_owned(),
             |e| format!("event {e}"),
-        );
-        let value = merged
-            .suggested
+        )
+    };
+    let hint = |(p, k): (usize, usize)| &parts[p].1[k];
+    let value = |h: &Hint| {
+        h.suggested
             .as_ref()
-            .map_or_else(String::new, Setting::to_string);
-        for &(p, k) in &found[1..] {
-            let h = &mut parts[p].1[k];
-            h.severity = Severity::Info;
-            h.parameter = None;
-            h.current = None;
-            h.suggested = None;
-            h.reason = format!(
-                "{parameter} is the route's: one suggestion for the whole period, {value}, among the hints judged under {there}, with this part's figures"
-            );
+            .map_or_else(String::new, Setting::to_string)
+    };
+    let kept = at[1..].iter().fold(at[0], |a, &b| {
+        if smaller(hint(b).suggested.as_ref(), hint(a).suggested.as_ref()) {
+            b
+        } else {
+            a
         }
-        parts[first.0].1[first.1] = merged;
+    });
+    let reasons: Vec<String> = at
+        .iter()
+        .map(|&(p, k)| {
+            let h = hint((p, k));
+            format!("under {}, {}: {}", profile(p), value(h), h.reason)
+        })
+        .collect();
+    let which = if at
+        .iter()
+        .all(|&h| hint(h).suggested == hint(kept).suggested)
+    {
+        "one suggestion"
+    } else {
+        "the smallest suggested"
+    };
+    let mut merged = hint(kept).clone();
+    merged.severity = at
+        .iter()
+        .map(|&h| hint(h).severity)
+        .fold(merged.severity, Ord::max);
+    merged.reason = format!(
+        "{} ({which}: {parameter} is the route's, in force under every profile, and each part bounds it only by its own figures)",
+        reasons.join("; ")
+    );
+    let note = format!(
+        "{parameter} is the route's: one suggestion for the whole period, {}, among the hints judged under {}, with this part's figures",
+        value(&merged),
+        profile(at[0].0)
+    );
+    for &(p, k) in &at[1..] {
+        let h = &mut parts[p].1[k];
+        h.severity = Severity::Info;
+        h.parameter = None;
+        h.current = None;
+        h.suggested = None;
+        h.reason.clone_from(&note);
     }
+    parts[at[0].0].1[at[0].1] = merged;
 }
 
 /// Whether suggestion `a` is a smaller value than `b`: both numbers, or both
