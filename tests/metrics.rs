@@ -755,17 +755,42 @@ fn the_roc_histogram_leaves_out_the_first_window() {
     assert!(text.lines().any(|l| l == count), "no `{count}` in:\n{text}");
 }
 
-/// A recorder that counts the series registered with it (and records nothing).
+/// What a [`Registrations`] recorder's handles update: nothing.
 #[derive(Default)]
-struct Registrations(std::sync::atomic::AtomicUsize);
+struct Ignored;
+
+impl metrics::CounterFn for Ignored {
+    fn increment(&self, _: u64) {}
+    fn absolute(&self, _: u64) {}
+}
+
+impl metrics::GaugeFn for Ignored {
+    fn increment(&self, _: f64) {}
+    fn decrement(&self, _: f64) {}
+    fn set(&self, _: f64) {}
+}
+
+/// A recorder that counts the series registered with it (and records nothing). Its
+/// counters and gauges share one `Arc`, whose strong count tells how many are held.
+#[derive(Default)]
+struct Registrations {
+    registered: std::sync::atomic::AtomicUsize,
+    handle: std::sync::Arc<Ignored>,
+}
 
 impl Registrations {
     fn count(&self) -> usize {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
+        self.registered.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn add(&self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.registered
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counters and gauges registered with it that are still held.
+    fn live(&self) -> usize {
+        std::sync::Arc::strong_count(&self.handle) - 1
     }
 }
 
@@ -793,11 +818,11 @@ impl metrics::Recorder for Registrations {
     }
     fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
         self.add();
-        metrics::Counter::noop()
+        metrics::Counter::from_arc(std::sync::Arc::clone(&self.handle))
     }
     fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
         self.add();
-        metrics::Gauge::noop()
+        metrics::Gauge::from_arc(std::sync::Arc::clone(&self.handle))
     }
     fn register_histogram(
         &self,
@@ -901,67 +926,6 @@ fn the_collector_follows_the_recorder_in_use() {
     collect(&kept, &second);
 }
 
-/// What a [`LiveHandles`] recorder's handles update: nothing.
-struct Ignored;
-
-impl metrics::CounterFn for Ignored {
-    fn increment(&self, _: u64) {}
-    fn absolute(&self, _: u64) {}
-}
-
-impl metrics::GaugeFn for Ignored {
-    fn increment(&self, _: f64) {}
-    fn decrement(&self, _: f64) {}
-    fn set(&self, _: f64) {}
-}
-
-/// A recorder whose every handle shares one `Arc`: its strong count, less this one,
-/// is how many handles registered with it are still held.
-struct LiveHandles(std::sync::Arc<Ignored>);
-
-impl LiveHandles {
-    fn live(&self) -> usize {
-        std::sync::Arc::strong_count(&self.0) - 1
-    }
-}
-
-impl metrics::Recorder for LiveHandles {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::from_arc(std::sync::Arc::clone(&self.0))
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::from_arc(std::sync::Arc::clone(&self.0))
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
 /// A collector for the global recorder keeps the handles of the routes in force, not
 /// those of every route a reload removed or renamed: each of 20 reloads renaming 3
 /// routes left their 37 handles each held, 2,220 by the last where 111 are in use,
@@ -971,7 +935,7 @@ fn a_collector_lets_go_of_the_handles_of_routes_a_reload_removed() {
     use rocgate::clock::Nanos;
     use rocgate::engine::Engine;
     use rocgate::metrics::Collector;
-    let recorder = LiveHandles(std::sync::Arc::new(Ignored));
+    let recorder = Registrations::default();
     let collector = Collector::new().for_global_recorder();
     let mut held = Vec::new();
     for reload in 0..20 {
