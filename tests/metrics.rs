@@ -834,6 +834,24 @@ impl metrics::Recorder for Registrations {
     }
 }
 
+/// An engine of three routes, `{prefix}0` to `{prefix}2`, each on a path of its own.
+fn three_routes(prefix: &str) -> rocgate::engine::Engine {
+    let routes = (0..3)
+        .map(|i| {
+            RouteConfig::new(
+                format!("{prefix}{i}"),
+                RouteMatch::exact("GET", format!("/{prefix}/{i}")),
+            )
+        })
+        .collect();
+    rocgate::engine::Engine::new(
+        &Config::new(routes),
+        rocgate::clock::Nanos::ZERO,
+        std::time::SystemTime::UNIX_EPOCH,
+    )
+    .unwrap()
+}
+
 /// A collector for the global recorder, as `rocgate serve`'s, registers each route's
 /// series with the recorder once and keeps the handles: a scrape sets them, instead of
 /// looking every series up again by its name and labels (37 a route, most of a
@@ -842,22 +860,8 @@ impl metrics::Recorder for Registrations {
 #[test]
 fn a_collector_for_the_global_recorder_registers_each_series_once() {
     use rocgate::clock::Nanos;
-    use rocgate::engine::Engine;
     use rocgate::metrics::Collector;
-    let routes = (0..3)
-        .map(|i| {
-            RouteConfig::new(
-                format!("once{i}"),
-                RouteMatch::exact("GET", format!("/once/{i}")),
-            )
-        })
-        .collect();
-    let engine = Engine::new(
-        &Config::new(routes),
-        Nanos::ZERO,
-        std::time::SystemTime::UNIX_EPOCH,
-    )
-    .unwrap();
+    let engine = three_routes("once");
     // Series registered by each of 4 collections.
     let registered = |collector: &Collector| {
         let recorder = Registrations::default();
@@ -929,30 +933,17 @@ fn the_collector_follows_the_recorder_in_use() {
 /// A collector for the global recorder keeps the handles of the routes in force, not
 /// those of every route a reload removed or renamed: each of 20 reloads renaming 3
 /// routes left their 37 handles each held, 2,220 by the last where 111 are in use,
-/// however long the process runs (a route added back registers its series again, and continues them).
+/// however long the process runs (a route added back registers its series again, and
+/// continues them).
 #[test]
 fn a_collector_lets_go_of_the_handles_of_routes_a_reload_removed() {
     use rocgate::clock::Nanos;
-    use rocgate::engine::Engine;
     use rocgate::metrics::Collector;
     let recorder = Registrations::default();
     let collector = Collector::new().for_global_recorder();
     let mut held = Vec::new();
     for reload in 0..20 {
-        let routes = (0..3)
-            .map(|i| {
-                RouteConfig::new(
-                    format!("renamed{reload}_{i}"),
-                    RouteMatch::exact("GET", format!("/renamed/{i}")),
-                )
-            })
-            .collect();
-        let engine = Engine::new(
-            &Config::new(routes),
-            Nanos::ZERO,
-            std::time::SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+        let engine = three_routes(&format!("renamed{reload}_"));
         metrics::with_local_recorder(&recorder, || {
             collector.collect(&engine, Nanos::from_secs(reload + 1))
         });
