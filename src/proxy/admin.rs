@@ -359,7 +359,9 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
 
 /// Registers the `rocgate_upstream_errors_total` series of every kind of each route
 /// of `engine` that has none yet, at 0 before the route's first error, so that `rate`
-/// counts that one too.
+/// counts that one too. Only the routes of `engine` are remembered: one a reload
+/// removed and adds back is registered again (an increment of 0 leaves a count as it
+/// is).
 fn register_upstream_errors(m: &Exporter, engine: &Engine) {
     let mut registered = m
         .errors_registered
@@ -374,6 +376,10 @@ fn register_upstream_errors(m: &Exporter, engine: &Engine) {
                 .increment(0);
         }
         registered.insert(route.to_owned());
+    }
+    if registered.len() > engine.route_ids().len() {
+        let in_force: HashSet<&str> = engine.route_names().collect();
+        registered.retain(|route| in_force.contains(route.as_str()));
     }
 }
 
@@ -715,6 +721,38 @@ mod tests {
             #[cfg(feature = "redis")]
             store: None,
         }
+    }
+
+    /// The routes whose upstream error series are registered are those in force: each
+    /// of 20 reloads renaming 3 routes left their names in the set, 60 by the last
+    /// where 3 are in force.
+    #[tokio::test]
+    async fn upstream_errors_are_remembered_for_the_routes_in_force() {
+        let state = state().await;
+        let mut remembered = Vec::new();
+        for reload in 0..20 {
+            let routes = (0..3)
+                .map(|i| {
+                    crate::config::RouteConfig::new(
+                        format!("errors{reload}_{i}"),
+                        crate::config::RouteMatch::exact("GET", format!("/errors/{i}")),
+                    )
+                })
+                .collect();
+            let engine = Engine::new(
+                &crate::config::Config::new(routes),
+                crate::clock::Nanos::ZERO,
+                std::time::SystemTime::UNIX_EPOCH,
+            )
+            .unwrap();
+            register_upstream_errors(&state.metrics, &engine);
+            let set = state.metrics.errors_registered.lock().unwrap();
+            assert!(set
+                .iter()
+                .all(|r| r.starts_with(&format!("errors{reload}_"))));
+            remembered.push(set.len());
+        }
+        assert_eq!(remembered, [3; 20]);
     }
 
     /// The router, served as a connection from `peer` is, refuses every change from
