@@ -1455,6 +1455,49 @@ fn a_lowered_burst_is_not_raised_by_another_part() {
     );
 }
 
+/// A shadow route judged safe to enforce under its own profile, but not during its
+/// sale (enforcing would have rejected a fifth of the sale's requests while the
+/// upstream was healthy): `mode` is the route's under both, so no part suggests
+/// `enforce`, and the route's part says why, quoting the sale's verdict. Before, the
+/// route's part suggested `mode = "enforce"` beside the sale's "not safe to enforce".
+#[test]
+fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
+    let own_settings = engine_settings("mode = \"shadow\"");
+    let mut during = own_settings.clone();
+    during.event = Some("sale".into());
+    let mut own = rocgate::hints::advise(
+        &own_settings,
+        &seconds(100, false),
+        None,
+        &Policy::default(),
+    );
+    let mut busy = seconds(100, false);
+    for i in &mut busy {
+        i.shadow_rejected = 20;
+    }
+    let mut sale = rocgate::hints::advise(&during, &busy, None, &Policy::default());
+    rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
+    let verdicts: Vec<&Hint> = own
+        .iter()
+        .chain(&sale)
+        .filter(|h| h.rule == "shadow_verdict")
+        .collect();
+    assert_eq!(verdicts.len(), 2, "{own:#?} {sale:#?}");
+    assert!(
+        verdicts.iter().all(|h| h.suggested.is_none()),
+        "{verdicts:#?}"
+    );
+    let own_verdict = find(&own, "shadow_verdict").unwrap();
+    assert!(
+        own_verdict.reason.contains("safe to enforce")
+            && own_verdict
+                .reason
+                .contains("under event sale: enforcing would have rejected 600 of 3000"),
+        "{}",
+        own_verdict.reason
+    );
+}
+
 /// A shadow route's `mode`, which no event takes either, judged safe to enforce under
 /// the route's own profile and during its sale: one `mode` suggestion for the route,
 /// not two, saying it is one and not "the smallest".

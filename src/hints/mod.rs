@@ -316,20 +316,53 @@ pub fn advise(
 /// bounds it only by its own figures: a burst raised within one part's capacity bound
 /// and raised further within another's stays within both only at the smaller, and a
 /// burst one part lowers to spare the upstream must not be raised by another.
+/// For the same reason a part whose judgement of the same rule suggests no change
+/// withdraws the others' suggestion (`shadow_verdict`: safe to enforce under the
+/// route's own profile, not safe during a sale, is not safe): the suggestion becomes
+/// an `info` note that quotes that part's reasoning.
 pub fn one_per_route_setting<'a>(
     parts: impl IntoIterator<Item = (Option<&'a str>, &'a mut Vec<Hint>)>,
 ) {
     let mut parts: Vec<(Option<&str>, &mut Vec<Hint>)> = parts.into_iter().collect();
     // Every suggestion of a route-only setting: the setting, the part, the place there.
     let mut found: Vec<(String, usize, usize)> = Vec::new();
+    // Suggestions another part's judgement of the same rule withdraws: the part and
+    // place, and the note that replaces it.
+    let mut withdrawn: Vec<(usize, usize, String)> = Vec::new();
     for (p, (_, hints)) in parts.iter().enumerate() {
         for (k, h) in hints.iter().enumerate() {
-            if let (Some(parameter), Some(_)) = (&h.parameter, &h.suggested) {
-                if !EVENT_SETTINGS.contains(&parameter.as_str()) {
-                    found.push((parameter.clone(), p, k));
-                }
+            let Some(parameter) = h.parameter.as_ref().filter(|_| h.suggested.is_some()) else {
+                continue;
+            };
+            if EVENT_SETTINGS.contains(&parameter.as_str()) {
+                continue;
+            }
+            let veto = parts.iter().enumerate().find_map(|(q, (event, others))| {
+                let other = others
+                    .iter()
+                    .find(|o| q != p && o.rule == h.rule && o.parameter.is_none())?;
+                Some((profile_name(*event), other))
+            });
+            match veto {
+                Some((there, other)) => withdrawn.push((
+                    p,
+                    k,
+                    format!(
+                        "{} ({parameter} is the route's, in force under every profile: no change suggested, since under {there}: {})",
+                        h.reason, other.reason
+                    ),
+                )),
+                None => found.push((parameter.clone(), p, k)),
             }
         }
+    }
+    for (p, k, note) in withdrawn {
+        let h = &mut parts[p].1[k];
+        h.severity = Severity::Info;
+        h.parameter = None;
+        h.current = None;
+        h.suggested = None;
+        h.reason = note;
     }
     // Setting by setting (each merge changes only that setting's hints), each one's
     // suggestions in order: the sort is stable.
@@ -350,12 +383,7 @@ fn merge_suggestions(
     parameter: &str,
     at: &[(usize, usize)],
 ) {
-    let profile = |p: usize| {
-        parts[p].0.map_or_else(
-            || "the route's own profile".to_owned(),
-            |e| format!("event {e}"),
-        )
-    };
+    let profile = |p: usize| profile_name(parts[p].0);
     let hint = |(p, k): (usize, usize)| &parts[p].1[k];
     let value = |h: &Hint| {
         h.suggested
@@ -407,6 +435,14 @@ fn merge_suggestions(
         h.reason.clone_from(&note);
     }
     parts[at[0].0].1[at[0].1] = merged;
+}
+
+/// The profile a part of a route's period was judged under, for a person.
+fn profile_name(event: Option<&str>) -> String {
+    event.map_or_else(
+        || "the route's own profile".to_owned(),
+        |e| format!("event {e}"),
+    )
 }
 
 /// Whether suggestion `a` is a smaller value than `b`: both numbers, or both
