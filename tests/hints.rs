@@ -1455,13 +1455,10 @@ fn a_lowered_burst_is_not_raised_by_another_part() {
     );
 }
 
-/// A shadow route judged safe to enforce under its own profile, but not during its
-/// sale (enforcing would have rejected a fifth of the sale's requests while the
-/// upstream was healthy): `mode` is the route's under both, so no part suggests
-/// `enforce`, and the route's part says why, quoting the sale's verdict. Before, the
-/// route's part suggested `mode = "enforce"` beside the sale's "not safe to enforce".
-#[test]
-fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
+/// The hints of a shadow route over 30 quiet seconds of its own profile and over
+/// `sale`, judged under its event `sale`, made one per route-only setting: the
+/// route's part's, then the sale's.
+fn shadow_route_and_sale(sale: Vec<rocgate::hints::Interval>) -> (Vec<Hint>, Vec<Hint>) {
     let own_settings = engine_settings("mode = \"shadow\"");
     let mut during = own_settings.clone();
     during.event = Some("sale".into());
@@ -1471,12 +1468,23 @@ fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
         None,
         &Policy::default(),
     );
+    let mut sale = rocgate::hints::advise(&during, &sale, None, &Policy::default());
+    rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
+    (own, sale)
+}
+
+/// A shadow route judged safe to enforce under its own profile, but not during its
+/// sale (enforcing would have rejected a fifth of the sale's requests while the
+/// upstream was healthy): `mode` is the route's under both, so no part suggests
+/// `enforce`, and the route's part says why, quoting the sale's verdict. Before, the
+/// route's part suggested `mode = "enforce"` beside the sale's "not safe to enforce".
+#[test]
+fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
     let mut busy = seconds(100, false);
     for i in &mut busy {
         i.shadow_rejected = 20;
     }
-    let mut sale = rocgate::hints::advise(&during, &busy, None, &Policy::default());
-    rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
+    let (own, sale) = shadow_route_and_sale(busy);
     let verdicts: Vec<&Hint> = own
         .iter()
         .chain(&sale)
@@ -1503,17 +1511,7 @@ fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
 /// not two, saying it is one and not "the smallest".
 #[test]
 fn a_route_and_its_event_give_one_mode_suggestion() {
-    let own_settings = engine_settings("mode = \"shadow\"");
-    let mut during = own_settings.clone();
-    during.event = Some("sale".into());
-    let mut own = rocgate::hints::advise(
-        &own_settings,
-        &seconds(100, false),
-        None,
-        &Policy::default(),
-    );
-    let mut sale = rocgate::hints::advise(&during, &seconds(100, false), None, &Policy::default());
-    rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
+    let (own, sale) = shadow_route_and_sale(seconds(100, false));
     let modes: Vec<&Hint> = own
         .iter()
         .chain(&sale)
