@@ -64,7 +64,7 @@ use crate::limiter::{Level, Reason};
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, Counter, Gauge, Unit,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -532,8 +532,9 @@ impl Collector {
             }
         }
         let mut snapshots = engine.snapshot(now);
+        let in_force: HashSet<&str> = snapshots.iter().map(|s| s.name.as_str()).collect();
         history.retain(|name, seen| {
-            let kept = snapshots.iter().any(|s| &s.name == name);
+            let kept = in_force.contains(name.as_str());
             if !kept {
                 let route = &mut seen.series;
                 route_gauges(route, name, seen.algorithm, None);
