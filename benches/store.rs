@@ -84,11 +84,12 @@ fn main() {
         };
         let mut route = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
         // Never rejects during the run: decisions cost the same throughout. The most
-        // a token bucket is configured at, with a burst of 4 × 10⁹ tokens.
+        // a token bucket is configured at, with a burst of 4 × 10⁹ tokens, and a danger
+        // ROC no demand under that limit reaches (the safe ROC must be below it).
         route.controller.base_limit_rps = 2e6;
         route.controller.cut_limit_rps = 2e6;
-        route.controller.danger_roc = f64::MAX;
-        route.controller.safe_roc = f64::MAX;
+        route.controller.danger_roc = 1e9;
+        route.controller.safe_roc = 1e8;
         route.algorithm = Algorithm::TokenBucket {
             burst: Duration::from_secs(2000),
         };
