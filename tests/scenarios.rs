@@ -468,7 +468,7 @@ fn scheduled_events_are_placed_by_the_wall_start() {
     assert_eq!(r.series.len(), 400);
 }
 
-/// ENGINE BUG (fails on purpose; src/engine.rs, `ScheduledEvent::place`): an event
+/// ENGINE BUG (fails on purpose; src/engine/events.rs, `ScheduledEvent::place`): an event
 /// that ended before the engine started is applied from the start. Its start is
 /// computed as `now - (wall_now - event.start)`, which saturates at `Nanos::ZERO` when
 /// the engine starts at zero, and its end as that start + duration, so an event from

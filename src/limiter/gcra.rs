@@ -36,7 +36,7 @@
 //! any request that meets a change, and makes the change later, never dropping it:
 //! - a key's bucket (which catches up with its route's limit on the key's next
 //!   request) records a route generation that is not the route's, so the key's next
-//!   request tries again (`keep_up` in `engine.rs`);
+//!   request tries again (`keep_up` in `engine/keys.rs`);
 //! - a route's bucket (changed by the request that wins a slot rollover, or by an
 //!   update) is marked behind, and the next decision on the route, or the next
 //!   upkeep, makes the change before it decides, dated where it was pushed.

@@ -1,0 +1,84 @@
+//! Scheduled events on the engine's clock: where a configured event's wall-clock
+//! window lies ([`span`]), and which profile, an event's or the route's own, is in
+//! force at a given moment ([`follow_events`]).
+
+use super::{RouteState, ScheduledEvent};
+use crate::clock::Nanos;
+use crate::config::Event;
+use crate::controller::{Controller, ControllerParams, Transition};
+use std::time::{Duration, SystemTime};
+
+impl ScheduledEvent {
+    /// Places an event on the engine's clock, where `now` is `wall_now`. Both ends are
+    /// placed from wall time, so an event that began before `now` keeps its real end
+    /// (the clock cannot go below its origin); one that has already ended is dropped.
+    pub(super) fn place(e: &Event, now: Nanos, wall_now: SystemTime) -> Option<Self> {
+        let (start, end) = span(e.start, e.duration, now, wall_now)?;
+        Some(ScheduledEvent {
+            name: e.name.clone(),
+            start,
+            end,
+            params: e.controller.clone(),
+            wall: (e.start, e.duration),
+        })
+    }
+
+    /// Places the event again, where `now` is `wall_now`; one that has ended is
+    /// never due again.
+    pub(super) fn align(&mut self, now: Nanos, wall_now: SystemTime) {
+        let (start, duration) = self.wall;
+        (self.start, self.end) = span(start, duration, now, wall_now).unwrap_or_default();
+    }
+}
+
+/// Where an event of `duration` from wall-clock `start` lies on the engine's clock,
+/// where `now` is `wall_now`: `None` if it has ended.
+fn span(
+    start: SystemTime,
+    duration: Duration,
+    now: Nanos,
+    wall_now: SystemTime,
+) -> Option<(Nanos, Nanos)> {
+    match start.duration_since(wall_now) {
+        Ok(ahead) => Some((now + ahead, now + ahead + duration)),
+        Err(past) => {
+            let elapsed = past.duration();
+            let left = duration.checked_sub(elapsed).filter(|d| !d.is_zero())?;
+            Some((now - elapsed, now + left))
+        }
+    }
+}
+
+impl RouteState {
+    /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,
+    /// where the controller is in `Normal` and no transition can follow.
+    pub(super) fn follow_events(&mut self, at: Nanos) {
+        follow_events(
+            &self.events,
+            &mut self.active_event,
+            &self.own,
+            &mut self.controller,
+            at,
+            |_| {},
+        );
+    }
+}
+
+/// Puts the profile due at `at` in force: the scheduled event running then, or the
+/// route's own parameters. Does nothing if that profile is already in force. A
+/// transition the change makes is passed to `on_transition`.
+pub(super) fn follow_events(
+    events: &[ScheduledEvent],
+    active: &mut Option<usize>,
+    own: &ControllerParams,
+    controller: &mut Controller,
+    at: Nanos,
+    on_transition: impl FnMut(Transition),
+) {
+    let due = events.iter().position(|e| e.start <= at && at < e.end);
+    if due != *active {
+        *active = due;
+        let params = due.map_or_else(|| own.clone(), |i| events[i].params.clone());
+        controller.set_params(params, at, on_transition);
+    }
+}

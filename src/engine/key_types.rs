@@ -1,0 +1,193 @@
+//! The keys the key tables are keyed by: [`TableKey`] (a request's [`Key`], owned),
+//! [`IpKey`] (a client IP cut to its route's IPv6 prefix) and [`ValueKey`] (a header
+//! value, whole or by its digest), and [`tier_index`], each tier value by the key bits
+//! it matches.
+
+use super::Key;
+use crate::config::{Partition, RouteConfig, MAX_KEY_VALUE_BYTES};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+
+/// A [`Key`] as the key tables take it, and owned: a header value by its 16-byte
+/// [`ValueKey`] (the value whole up to [`MAX_KEY_VALUE_BYTES`], else a digest), made
+/// once per request. A paced request keeps it to give its place back with, holding no
+/// copy of its header value however long.
+#[derive(Clone, Copy)]
+pub(crate) enum TableKey {
+    /// No key.
+    None,
+    /// A client IP, cut to its route's `ipv6_prefix` by the table.
+    Ip(IpAddr),
+    /// A header value.
+    Value(ValueKey),
+}
+
+impl TableKey {
+    /// The table key of `key`.
+    #[inline]
+    pub(crate) fn of(key: Key<'_>) -> Self {
+        match key {
+            Key::None => TableKey::None,
+            Key::Ip(ip) => TableKey::Ip(ip),
+            Key::Value(v) => TableKey::Value(ValueKey::new(v)),
+        }
+    }
+}
+
+/// The tier of each of the route's tier values (tiers counted from 1), by the bits of
+/// the key they are (an address of a client-IP partition cut to the route's
+/// `ipv6_prefix`, so `::FFFF:10.0.0.7` matches the client 10.0.0.7 and an IPv6 address
+/// every client of its prefix; a header value as [`ValueKey::new`] keys it, so a long
+/// one by its digest); a value that two tiers hold, which only an address and another
+/// of its IPv6 prefix can be, is the first's. A tier value of a client-IP partition
+/// that is no address is no client's (the configuration refuses it).
+pub(super) fn tier_index(cfg: &RouteConfig) -> HashMap<u128, u16> {
+    let mut index = HashMap::new();
+    for (i, tier) in cfg.tiers.iter().enumerate() {
+        let n = u16::try_from(i + 1).unwrap_or(u16::MAX);
+        for value in &tier.values {
+            let bits = match cfg.partition {
+                Partition::ClientIp(limits) => match value.parse::<IpAddr>() {
+                    Ok(ip) => IpKey::new(ip, limits.ipv6_prefix).bits(),
+                    Err(_) => continue,
+                },
+                _ => ValueKey::new(value).bits(),
+            };
+            index.entry(bits).or_insert(n);
+        }
+    }
+    index
+}
+
+/// A key-table key as the 128 bits its tier is looked up by.
+pub(super) trait TierKey {
+    fn bits(&self) -> u128;
+}
+
+/// A client IP as a key-table key: the IPv6 address's bits (past the route's
+/// `ipv6_prefix` zeroed), IPv4 in its IPv4-mapped form, so that a key is 16 bytes with
+/// no tag (an `IpAddr` is 17, padded to 24 beside
+/// a key's state: 8 B more per key). An IPv4 client and the same address mapped into
+/// IPv6 share a key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct IpKey(u128);
+
+/// The prefix of IPv4-mapped IPv6 addresses (`::ffff:0:0/96`), shifted down 32 bits.
+const V4_MAPPED: u128 = 0xffff;
+
+impl IpKey {
+    /// The key of `ip`: an IPv4 address whole, an IPv6 one by its first `v6_prefix`
+    /// bits (1 to 128).
+    #[inline]
+    pub(super) fn new(ip: IpAddr, v6_prefix: u8) -> Self {
+        IpKey(match ip.to_canonical() {
+            IpAddr::V4(v4) => V4_MAPPED << 32 | u128::from(v4.to_bits()),
+            IpAddr::V6(v6) => {
+                v6.to_bits() & (u128::MAX << (128 - u32::from(v6_prefix.clamp(1, 128))))
+            }
+        })
+    }
+}
+
+impl Hash for IpKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // An IPv4 key hashes its 4 bytes only (SipHash's cost grows with the input).
+        if self.0 >> 32 == V4_MAPPED {
+            state.write_u32(self.0 as u32);
+        } else {
+            state.write_u128(self.0);
+        }
+    }
+}
+
+impl TierKey for IpKey {
+    fn bits(&self) -> u128 {
+        self.0
+    }
+}
+
+/// A header value as a key-table key: 16 bytes in the table's slot, whatever the
+/// value's length, and nothing on the heap. A value of up to
+/// [`MAX_KEY_VALUE_BYTES`] (15) bytes is kept whole: its bytes, zero-padded, and its
+/// length in the 16th byte. A longer one is the first 128 bits of its SHA-256, so that
+/// a key costs the same whether its value is a user id, a 1 KiB JWT or the hundreds
+/// of KiB an HTTP/1 head may carry.
+///
+/// Every value has one key on every instance and every run (no seed). Two values share
+/// a key only if their SHA-256s agree in 128 bits: a client who knows this code needs
+/// about 2^64 hashes to make two of its own values collide (which only makes them
+/// share one quota), and about 2^128 to find a value with another client's key, short
+/// or long. No marker sets a kept value apart from a digest: with 16 bytes to a key
+/// there is no bit left for one, and a 17th byte would pad each table slot by 8 (up
+/// to 130 B per key just after a table doubles, over the 128 B target).
+///
+/// Held as bytes, not a `u128`, so that a [`TableKey`] is no bigger and no more aligned
+/// than the [`Key`] it is made of (17 bytes and 1, against 24 and 8; a `u128`, aligned
+/// to 16, made it 32 and 16).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ValueKey([u8; 16]);
+
+impl ValueKey {
+    /// The key of a header value.
+    #[inline]
+    fn new(value: &str) -> Self {
+        let bytes = value.as_bytes();
+        let mut key = [0u8; 16];
+        match u8::try_from(bytes.len()) {
+            Ok(len) if bytes.len() <= MAX_KEY_VALUE_BYTES => {
+                key[..bytes.len()].copy_from_slice(bytes);
+                key[15] = len;
+            }
+            _ => {
+                use sha2::Digest as _;
+                key.copy_from_slice(&sha2::Sha256::digest(bytes)[..16]);
+            }
+        }
+        ValueKey(key)
+    }
+}
+
+impl Hash for ValueKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u128(self.bits());
+    }
+}
+
+impl TierKey for ValueKey {
+    #[inline]
+    fn bits(&self) -> u128 {
+        u128::from_le_bytes(self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A header value of up to 15 bytes is its own key; a longer one is the first 128
+    /// bits of its SHA-256, the published one (FIPS 180-2's two-block example), so
+    /// that every instance and every build keys it alike.
+    #[test]
+    fn a_long_header_value_is_keyed_by_its_sha256() {
+        let long = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+        let sha256_prefix = 0x248d6a61_d20638b8_e5c02693_0c3e6039_u128.swap_bytes();
+        assert_eq!(ValueKey::new(long).bits(), sha256_prefix);
+        // The same value, one key; values that differ in their last byte, two.
+        let (a, b) = (
+            format!("{}a", "k".repeat(99_999)),
+            format!("{}b", "k".repeat(99_999)),
+        );
+        assert_eq!(ValueKey::new(&a).bits(), ValueKey::new(&a.clone()).bits());
+        assert_ne!(ValueKey::new(&a).bits(), ValueKey::new(&b).bits());
+        // Kept whole: its bytes, and its length in the 16th byte, so that "k" and
+        // "k\0" are two keys.
+        let short = ValueKey::new("fifteen-bytes-k").bits().to_le_bytes();
+        assert_eq!(&short[..15], b"fifteen-bytes-k");
+        assert_eq!(short[15], 15);
+        assert_ne!(ValueKey::new("k").bits(), ValueKey::new("k\0").bits());
+        assert_ne!(ValueKey::new("").bits(), ValueKey::new("\0").bits());
+    }
+}

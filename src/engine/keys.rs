@@ -1,0 +1,876 @@
+//! The per-key state of partitioned routes: a key table per algorithm and key kind,
+//! each key's limiter state laid flat beside its tier, generation and last-seen time,
+//! the tiers' limits, the lazy catch-up of a key to a changed limit, and the sweep of
+//! idle keys. Also [`Shadow`], the second set of limiters of a `shadow_adaptive` route.
+
+use super::key_types::{tier_index, IpKey, TableKey, TierKey, ValueKey};
+use super::Route;
+use crate::clock::Nanos;
+use crate::config::{KeyLimits, Partition, RouteConfig, Tier};
+use crate::limiter::{
+    gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Limiter, Pace,
+    Reason,
+};
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// shadow_adaptive's second set of limiters, following the controller's limit while
+/// the enforced ones hold the base limit.
+pub(super) enum Shadow {
+    /// For a route limited as a whole.
+    Route(Limiter),
+    /// For a partitioned route: a second key table (filled only while a cut is in
+    /// force, since only then is it consulted).
+    Keys(Box<Keys>),
+}
+
+/// Per-key state of a partitioned route, in a key table per algorithm: each key's
+/// state laid flat beside its own fields, so that a table slot stays small.
+pub(super) enum Keys {
+    Bucket(KeyTables<BucketKey>),
+    Fixed(KeyTables<WordKey<Fixed>>),
+    Sliding(KeyTables<WordKey<Sliding>>),
+    Leaky(KeyTables<WordKey<Leaky>>),
+    Concurrency(KeyTables<ConcurrencyKey>),
+}
+
+/// The key tables of one key state, by key kind.
+pub(super) enum KeyTables<E> {
+    Ip(KeyTable<IpKey, E>),
+    Value(KeyTable<ValueKey, E>),
+}
+
+/// Runs `$e` with `$t` bound to the key tables, whatever their key state.
+macro_rules! with_tables {
+    ($keys:expr, $t:ident => $e:expr) => {
+        match $keys {
+            Keys::Bucket($t) => $e,
+            Keys::Fixed($t) => $e,
+            Keys::Sliding($t) => $e,
+            Keys::Leaky($t) => $e,
+            Keys::Concurrency($t) => $e,
+        }
+    };
+}
+
+impl Keys {
+    /// The key tables of a partitioned route (`None` for a route limited as a whole),
+    /// of the key state of its algorithm, with that algorithm's [`TierTable::shape`].
+    pub(super) fn new(cfg: &RouteConfig, now: Nanos, hold_base: bool) -> Option<Self> {
+        let (n, h) = (now, hold_base);
+        match cfg.algorithm {
+            Algorithm::TokenBucket { burst } => {
+                KeyTables::new(cfg, gcra::burst_ms(burst), n, h).map(Keys::Bucket)
+            }
+            Algorithm::FixedWindow { window } => {
+                KeyTables::new(cfg, words::window_ms(window), n, h).map(Keys::Fixed)
+            }
+            Algorithm::SlidingWindow { window } => {
+                KeyTables::new(cfg, words::window_ms(window), n, h).map(Keys::Sliding)
+            }
+            Algorithm::LeakyBucket { queue } => KeyTables::new(cfg, queue, n, h).map(Keys::Leaky),
+            Algorithm::Concurrency { queue } => {
+                KeyTables::new(cfg, queue, n, h).map(Keys::Concurrency)
+            }
+        }
+    }
+
+    #[inline]
+    pub(super) fn check(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
+        with_tables!(self, t => t.check(r, key, now))
+    }
+
+    pub(super) fn give_back(&self, key: TableKey, pace: Pace, now: Nanos) -> bool {
+        with_tables!(self, t => t.give_back(key, pace, now))
+    }
+
+    pub(super) fn sweep(&self, last: &mut Nanos, now: Nanos) {
+        with_tables!(self, t => t.sweep(last, now));
+    }
+
+    pub(super) fn len(&self) -> usize {
+        with_tables!(self, t => t.len())
+    }
+
+    /// Concurrency keys with requests queued take the route's new limit now, which
+    /// wakes as many as a raise lets in (other keys catch up on their next request).
+    /// Only a route with a concurrency queue visits its keys.
+    pub(super) fn wake_queued(&self, r: &Route) {
+        let Keys::Concurrency(tables) = self else {
+            return;
+        };
+        match tables {
+            KeyTables::Ip(t) => t.wake_queued(r),
+            KeyTables::Value(t) => t.wake_queued(r),
+        }
+    }
+
+    pub(super) fn tiers(&self) -> &TierTable {
+        with_tables!(self, t => t.tiers())
+    }
+
+    /// Whether a request with `key` is decided by the shared overflow limiter: the
+    /// table is full and holds no state of the key's.
+    pub(super) fn overflowed(&self, key: TableKey) -> bool {
+        with_tables!(self, t => t.overflowed(key))
+    }
+}
+
+impl<E: KeyState> KeyTables<E> {
+    /// The tables of a partitioned route (`None` for a route limited as a whole).
+    fn new(cfg: &RouteConfig, shape: u32, now: Nanos, hold_base: bool) -> Option<Self> {
+        match &cfg.partition {
+            Partition::Route => None,
+            Partition::ClientIp(limits) => Some(KeyTables::Ip(KeyTable::new(
+                cfg, *limits, shape, now, hold_base,
+            ))),
+            Partition::Header(_, limits) => Some(KeyTables::Value(KeyTable::new(
+                cfg, *limits, shape, now, hold_base,
+            ))),
+        }
+    }
+
+    #[inline]
+    fn check(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
+        match (self, key) {
+            (KeyTables::Ip(t), TableKey::Ip(ip)) => {
+                t.check(r, &IpKey::new(ip, t.limits.ipv6_prefix), now, |k| *k)
+            }
+            (KeyTables::Value(t), TableKey::Value(v)) => t.check(r, &v, now, |k| *k),
+            (KeyTables::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
+            (KeyTables::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
+        }
+    }
+
+    /// Gives a paced request's place back on the state it was scheduled on: its key's,
+    /// the shared overflow's ([`Pace`] says which) or the anonymous one.
+    fn give_back(&self, key: TableKey, pace: Pace, now: Nanos) -> bool {
+        match (self, key) {
+            (KeyTables::Ip(t), TableKey::Ip(ip)) => {
+                t.give_back(&IpKey::new(ip, t.limits.ipv6_prefix), pace, now)
+            }
+            (KeyTables::Value(t), TableKey::Value(v)) => t.give_back(&v, pace, now),
+            (KeyTables::Ip(t), _) => t.anonymous.give_back(pace, now),
+            (KeyTables::Value(t), _) => t.anonymous.give_back(pace, now),
+        }
+    }
+
+    fn sweep(&self, last: &mut Nanos, now: Nanos) {
+        match self {
+            KeyTables::Ip(t) => t.sweep(last, now),
+            KeyTables::Value(t) => t.sweep(last, now),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            KeyTables::Ip(t) => t.len.load(Ordering::Relaxed),
+            KeyTables::Value(t) => t.len.load(Ordering::Relaxed),
+        }
+    }
+
+    fn tiers(&self) -> &TierTable {
+        match self {
+            KeyTables::Ip(t) => &t.tiers,
+            KeyTables::Value(t) => &t.tiers,
+        }
+    }
+
+    fn overflowed(&self, key: TableKey) -> bool {
+        match (self, key) {
+            (KeyTables::Ip(t), TableKey::Ip(ip)) => {
+                t.overflowed(&IpKey::new(ip, t.limits.ipv6_prefix))
+            }
+            (KeyTables::Value(t), TableKey::Value(v)) => t.overflowed(&v),
+            _ => false,
+        }
+    }
+}
+
+/// Tier limits resolved for the key table: each tier's `(base, cut)`, the tier of
+/// each value, and the default.
+pub(super) struct TierTable {
+    /// Base and cut limits of keys in no tier, as f64 bits: the route's controller
+    /// parameters in force, updated when they change (runtime update, reload of the
+    /// parameters, scheduled event).
+    default: [AtomicU64; 2],
+    /// Each tier's base and cut limits, tier `i` at `i - 1`.
+    tiers: Vec<(f64, f64)>,
+    /// The tier of each tier value, by its key's bits ([`TierKey`]). A key's tier is
+    /// looked up at each new key and rejection: a scan of every value of every tier
+    /// made each of those cost as much as the list is long (a partner list of 10,000
+    /// API keys), for invented keys too.
+    index: HashMap<u128, u16>,
+    /// The algorithm's fixed parameter, the same for every key: the token bucket's
+    /// burst or the windows' length in milliseconds, or the leaky bucket's or the
+    /// concurrency limiter's queue.
+    shape: u32,
+    /// Keys hold their base limit whatever the controller does (shadow_adaptive's
+    /// enforced keys).
+    hold_base: bool,
+}
+
+impl TierTable {
+    /// Where the table's keys stand between their cut (0) and base (1) limits.
+    pub(super) fn progress(&self, r: &Route) -> f64 {
+        if self.hold_base {
+            1.0
+        } else {
+            f64::from_bits(r.progress.load(Ordering::Relaxed))
+        }
+    }
+
+    /// The tier of a key of the table (0: none).
+    pub(super) fn tier_of<Q: TierKey>(&self, key: &Q) -> u16 {
+        if self.index.is_empty() {
+            0
+        } else {
+            self.index.get(&key.bits()).copied().unwrap_or(0)
+        }
+    }
+
+    pub(super) fn set_default(&self, base: f64, cut: f64) {
+        self.default[0].store(base.to_bits(), Ordering::Relaxed);
+        self.default[1].store(cut.to_bits(), Ordering::Relaxed);
+    }
+
+    pub(super) fn limit(&self, tier: u16, progress: f64) -> f64 {
+        let (base, cut) = match tier {
+            0 => (
+                f64::from_bits(self.default[0].load(Ordering::Relaxed)),
+                f64::from_bits(self.default[1].load(Ordering::Relaxed)),
+            ),
+            i => {
+                let (b, c) = &self.tiers[usize::from(i) - 1];
+                (*b, *c)
+            }
+        };
+        cut + (base - cut) * progress
+    }
+}
+
+/// One key's state, stored inline in the key table (no allocation of its own, but for
+/// a [`ConcurrencyKey`]'s shared state): its limiter, the tier it belongs to, when it
+/// was last seen, and the route generation its limit was last set for (keys catch up
+/// with limit changes lazily).
+pub(super) trait KeyState: Send + Sync {
+    /// A new key of `tier` at `progress` between its cut and base limits, set for the
+    /// route's `generation`.
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self;
+
+    /// Decides one request, after catching up with the route's limit if it changed
+    /// since this key last looked.
+    fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision;
+
+    /// Whether the key may be evicted: unseen since `cutoff` (whole seconds) and
+    /// holding nothing at `now`, so that a new key would start where it stands (a
+    /// token short of a full bucket, a count in the window, a request still queued
+    /// or a concurrency permit still out keeps it).
+    fn evictable(&self, cutoff: u32, shape: u32, now: Nanos) -> bool;
+
+    /// Gives back a paced request's place (see [`Pace`]); only a leaky bucket's key
+    /// has one.
+    fn give_back(&self, _pace: Pace, _now: Nanos) -> bool {
+        false
+    }
+}
+
+/// Whole seconds on the engine's clock, as kept per key (136 years fit).
+fn secs(now: Nanos) -> u32 {
+    u32::try_from(now.as_u64() / 1_000_000_000).unwrap_or(u32::MAX)
+}
+
+/// What every key keeps beside its limiter's state (12 bytes).
+struct KeyMeta {
+    /// The route generation this key's limit was last set for (wrapping; compared
+    /// for equality only).
+    generation: AtomicU32,
+    /// Whole seconds on the engine's clock when the key was last seen.
+    last_seen_s: AtomicU32,
+    tier: u16,
+}
+
+impl KeyMeta {
+    fn new(tier: u16, generation: u32, now: Nanos) -> Self {
+        KeyMeta {
+            generation: AtomicU32::new(generation),
+            last_seen_s: AtomicU32::new(secs(now)),
+            tier,
+        }
+    }
+
+    /// Calls `apply`, which sets the key's limit as the route now is, if the key's
+    /// limit was set for an older route generation than the route's, and again while
+    /// the route's generation moves on meanwhile; see [`keep_up`].
+    #[inline]
+    fn keep_up(&self, r: &Route, apply: impl FnMut() -> bool) {
+        keep_up(&self.generation, r, Ordering::Acquire, apply);
+    }
+
+    /// The key's limit between its tier's cut and base limits, as the route now is.
+    fn limit(&self, r: &Route, tiers: &TierTable) -> f64 {
+        tiers.limit(self.tier, tiers.progress(r))
+    }
+
+    /// Stores the second the key was seen, unless it already says so (most requests
+    /// of a busy key find it there and write nothing).
+    #[inline]
+    fn touch(&self, now: Nanos) {
+        touch(&self.last_seen_s, now);
+    }
+
+    /// Whether the key was last seen before `cutoff` (whole seconds): a key seen in
+    /// the second `cutoff` itself may have been seen after the instant it stands for.
+    fn unseen_since(&self, cutoff: u32) -> bool {
+        unseen_since(&self.last_seen_s, cutoff)
+    }
+}
+
+/// [`KeyMeta::unseen_since`], on a key's `last_seen_s` wherever it is kept.
+fn unseen_since(last_seen_s: &AtomicU32, cutoff: u32) -> bool {
+    last_seen_s.load(Ordering::Relaxed) < cutoff
+}
+
+/// Catches a key up with its route's limit changes: if the key's limit was set for an
+/// older generation than the route's, records the route's and calls `apply`, which
+/// sets the key's limit as the route now is; then, if the route's generation moved on
+/// meanwhile, records it and calls `apply` again, until it stays.
+///
+/// `apply` may decline, never waiting: a token bucket's change returns `false` when
+/// another change holds the note it needs (see the `gcra` module docs). The key then
+/// records a generation that is not the route's (the one it recorded, less one,
+/// unless another request recorded something else meanwhile), so that its next
+/// request tries again; this one is decided at the limit the key has. A request
+/// that meets the recorded generation before it is put back is decided at that
+/// limit too, as one is while another request's change of the key is under way.
+///
+/// Without the second look, a request that read the route's limit before a change and
+/// set it after another request had caught the key up with that change (recording its
+/// generation) left the key at the older limit until the route changed again. `apply`
+/// must order the limit it sets after the limit set before it, so that the route's
+/// generation read after it is at least the one that other request read: a token
+/// bucket's change takes its note, which the one before gave back; a window key swaps
+/// its limit word (`AcqRel`); a concurrency key stores its limit `SeqCst`, and reads
+/// the generation `SeqCst` after it.
+///
+/// `order` reads the route's generation: `Acquire`, or `SeqCst` for a concurrency key
+/// (whose queue is also read or written beside it: see [`ConcurrencyKey::check`]).
+#[inline]
+fn keep_up(generation: &AtomicU32, r: &Route, order: Ordering, mut apply: impl FnMut() -> bool) {
+    let mut seen = r.generation.load(order) as u32;
+    if generation.load(Ordering::Relaxed) == seen {
+        return;
+    }
+    loop {
+        generation.store(seen, Ordering::Relaxed);
+        if !apply() {
+            // The route's generation is `seen` or later (it only moves on), so this
+            // is not it, short of 2^32 changes in between.
+            let _ = generation.compare_exchange(
+                seen,
+                seen.wrapping_sub(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            return;
+        }
+        let now = r.generation.load(order) as u32;
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
+}
+
+/// [`KeyMeta::touch`], on a key's `last_seen_s` wherever it is kept.
+#[inline]
+fn touch(last_seen_s: &AtomicU32, now: Nanos) {
+    let now_s = secs(now);
+    if last_seen_s.load(Ordering::Relaxed) != now_s {
+        last_seen_s.store(now_s, Ordering::Relaxed);
+    }
+}
+
+/// A key's token bucket: the GCRA words of [`TokenBucket`](crate::limiter::TokenBucket)
+/// laid flat beside the key's own fields, 32 bytes. With its 16-byte key a table slot
+/// is 48 bytes. The burst is the route's, read from the [`TierTable`].
+pub(super) struct BucketKey {
+    tat: AtomicU64,
+    /// Emission interval T: nanoseconds per token.
+    emission_ns: AtomicU64,
+    /// Tokens the bucket holds.
+    capacity: AtomicU32,
+    meta: KeyMeta,
+}
+
+impl KeyState for BucketKey {
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
+        let (t, capacity) = gcra::params(tiers.limit(tier, progress), tiers.shape);
+        BucketKey {
+            tat: AtomicU64::new(gcra::full_at(now)),
+            emission_ns: AtomicU64::new(t),
+            capacity: AtomicU32::new(capacity),
+            meta: KeyMeta::new(tier, generation, now),
+        }
+    }
+
+    #[inline]
+    fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
+        let words = self.words();
+        // A change whose note another change holds is left for the key's next
+        // request; this one is decided at the limit the key has (see `keep_up`).
+        self.meta.keep_up(r, || {
+            let changed = Nanos::new(r.changed_at.load(Ordering::Relaxed));
+            words.try_set(
+                gcra::params(self.meta.limit(r, tiers), tiers.shape),
+                changed.min(now),
+            )
+        });
+        self.meta.touch(now);
+        match words.take(now) {
+            Ok(()) => Decision::Admit(Admit::Now),
+            Err(retry_after_ns) => reject(retry_after_ns, Reason::Limit),
+        }
+    }
+
+    fn evictable(&self, cutoff: u32, _shape: u32, now: Nanos) -> bool {
+        self.meta.unseen_since(cutoff) && self.words().full(now)
+    }
+}
+
+impl BucketKey {
+    fn words(&self) -> gcra::Words<'_> {
+        gcra::Words {
+            tat: &self.tat,
+            emission_ns: &self.emission_ns,
+            capacity: &self.capacity,
+        }
+    }
+}
+
+/// A key of the fixed window, the sliding window or the leaky bucket: the limiter's
+/// state word (the packed counts, or when the next request may leave) and its limit
+/// word laid flat beside the key's own fields, 32 bytes like a [`BucketKey`]. The
+/// window length or the queue is the route's, read from the [`TierTable`].
+pub(super) struct WordKey<A> {
+    state: AtomicU64,
+    /// The key's limit in `A`'s form ([`WordAlgo::limit_word`]).
+    limit: AtomicU64,
+    meta: KeyMeta,
+    algorithm: PhantomData<fn() -> A>,
+}
+
+/// An algorithm whose per-key state is one word: its decision on [`words`].
+trait WordAlgo {
+    /// The limit word for `limit` req/s.
+    fn limit_word(limit: f64) -> u64;
+
+    /// Decides one request on the state word, with the key's limit word and the
+    /// route's [`TierTable::shape`]. Changing the limit word keeps the state.
+    fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision;
+
+    /// Whether the state word holds nothing at `now` (as a new key's would).
+    fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool;
+
+    /// Gives back a paced request's place on the state word (see [`Pace`]); only the
+    /// leaky bucket paces.
+    fn give_back(_state: &AtomicU64, _pace: Pace, _now: Nanos) -> bool {
+        false
+    }
+}
+
+/// [`FixedWindow`](crate::limiter::FixedWindow) per key; the limit word is the limit's bits.
+pub(super) struct Fixed;
+/// [`SlidingWindowCounter`](crate::limiter::SlidingWindowCounter) per key; the limit
+/// word is the limit's bits.
+pub(super) struct Sliding;
+/// [`LeakyBucket`](crate::limiter::LeakyBucket) per key; the limit word is the
+/// emission interval.
+pub(super) struct Leaky;
+
+impl WordAlgo for Fixed {
+    fn limit_word(limit: f64) -> u64 {
+        limit.to_bits()
+    }
+
+    fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
+        let window_ns = words::window_ns(shape);
+        let quota = words::quota(f64::from_bits(limit_word), window_ns);
+        words::fixed(state, quota as u64, window_ns, now)
+    }
+
+    fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool {
+        words::fixed_count(state, words::window_ns(shape), now) == 0
+    }
+}
+
+impl WordAlgo for Sliding {
+    fn limit_word(limit: f64) -> u64 {
+        limit.to_bits()
+    }
+
+    fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
+        let window_ns = words::window_ns(shape);
+        let quota = words::quota(f64::from_bits(limit_word), window_ns);
+        words::sliding(state, quota, window_ns, now)
+    }
+
+    fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool {
+        words::sliding_count(state, words::window_ns(shape), now) == 0.0
+    }
+}
+
+impl WordAlgo for Leaky {
+    fn limit_word(limit: f64) -> u64 {
+        interval_ns(limit)
+    }
+
+    fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
+        words::leaky(state, limit_word, shape, now)
+    }
+
+    fn at_rest(state: &AtomicU64, _shape: u32, now: Nanos) -> bool {
+        state.load(Ordering::Relaxed) <= now.as_u64()
+    }
+
+    fn give_back(state: &AtomicU64, pace: Pace, now: Nanos) -> bool {
+        words::give_back(state, pace, now)
+    }
+}
+
+impl<A: WordAlgo> KeyState for WordKey<A> {
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
+        WordKey {
+            state: AtomicU64::new(0),
+            limit: AtomicU64::new(A::limit_word(tiers.limit(tier, progress))),
+            meta: KeyMeta::new(tier, generation, now),
+            algorithm: PhantomData,
+        }
+    }
+
+    #[inline]
+    fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
+        // A swap, `AcqRel`: a key's limits are set one after another, each after the
+        // one it replaces, as `keep_up` needs.
+        self.meta.keep_up(r, || {
+            let limit = self.meta.limit(r, tiers);
+            self.limit.swap(A::limit_word(limit), Ordering::AcqRel);
+            true
+        });
+        self.meta.touch(now);
+        A::check(
+            &self.state,
+            self.limit.load(Ordering::Relaxed),
+            tiers.shape,
+            now,
+        )
+    }
+
+    fn evictable(&self, cutoff: u32, shape: u32, now: Nanos) -> bool {
+        self.meta.unseen_since(cutoff) && A::at_rest(&self.state, shape, now)
+    }
+
+    fn give_back(&self, pace: Pace, now: Nanos) -> bool {
+        A::give_back(&self.state, pace, now)
+    }
+}
+
+/// A key of the concurrency limiter. Its permits outlive any place in the key table
+/// (which moves its entries as it grows), so its state is shared on the heap.
+pub(super) struct ConcurrencyKey {
+    /// Keeps the key's tier and route generation too ([`Concurrency::for_key`]).
+    limiter: Concurrency,
+    /// Whole seconds on the engine's clock when the key was last seen.
+    last_seen_s: AtomicU32,
+}
+
+impl KeyState for ConcurrencyKey {
+    fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
+        let limit = tiers.limit(tier, progress);
+        ConcurrencyKey {
+            limiter: Concurrency::for_key(limit, tiers.shape, generation, tier),
+            last_seen_s: AtomicU32::new(secs(now)),
+        }
+    }
+
+    #[inline]
+    fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
+        keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
+            self.take_limit(r, tiers)
+        });
+        touch(&self.last_seen_s, now);
+        let decision = self.limiter.check();
+        // Queued: a limit change may have looked for this key's waiters (`wake_queued`)
+        // before the request counted itself in the queue, and passed the key by. The
+        // request then looks at the route's generation again, after counting itself:
+        // both sides write (`SeqCst`), then read what the other wrote (`SeqCst`), so
+        // at least one of them sees the other and the key takes the new limit, which
+        // wakes as many as it lets in.
+        if matches!(decision, Decision::Admit(Admit::Queued(_))) {
+            keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
+                self.take_limit(r, tiers)
+            });
+        }
+        decision
+    }
+
+    fn evictable(&self, cutoff: u32, _shape: u32, _now: Nanos) -> bool {
+        // A request still queued counts as held: a permit handed back leaves none in
+        // flight until the request it woke takes it, from this state.
+        unseen_since(&self.last_seen_s, cutoff) && self.limiter.is_idle()
+    }
+}
+
+impl ConcurrencyKey {
+    /// Takes the route's limit now if requests are queued on the key and it changed
+    /// (after the route's generation was raised; see [`ConcurrencyKey::check`] for a
+    /// request queued meanwhile).
+    fn wake_queued(&self, r: &Route, tiers: &TierTable) {
+        if self.limiter.has_waiters() {
+            keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
+                self.take_limit(r, tiers)
+            });
+        }
+    }
+
+    /// Sets the key's limit for its tier, as the route now is (always: `true`, as
+    /// [`keep_up`] takes it).
+    fn take_limit(&self, r: &Route, tiers: &TierTable) -> bool {
+        let tier = self.limiter.key_tier();
+        self.limiter.set_limit(tiers.limit(tier, tiers.progress(r)));
+        true
+    }
+}
+
+impl<K: Hash + Eq> KeyTable<K, ConcurrencyKey> {
+    /// [`ConcurrencyKey::wake_queued`] on every key, the shared ones too; nothing
+    /// without a queue, where no request waits.
+    fn wake_queued(&self, r: &Route) {
+        if self.tiers.shape == 0 {
+            return;
+        }
+        self.overflow.wake_queued(r, &self.tiers);
+        self.anonymous.wake_queued(r, &self.tiers);
+        if let Some(map) = self.map.get() {
+            for entry in map.iter() {
+                entry.wake_queued(r, &self.tiers);
+            }
+        }
+    }
+}
+
+/// The least time between two sweeps of a full key table, which evict every key at
+/// rest (see [`KeyTable::sweep`]); a table of over 100,000 keys waits a microsecond
+/// per key, as a sweep visits every key.
+const FULL_SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+pub(super) struct KeyTable<K, E> {
+    /// Made at the first key: DashMap allocates its shards up front ((4 × cores)
+    /// rounded up to a power of two, 128 bytes each), which a route whose keys never
+    /// come, or a shadow table outside cuts, need not pay.
+    map: OnceLock<DashMap<K, E>>,
+    len: AtomicUsize,
+    limits: KeyLimits,
+    tiers: TierTable,
+    /// Shared by new keys while the table is full.
+    overflow: E,
+    /// Shared by requests that carry no key.
+    anonymous: E,
+}
+
+impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
+    fn new(cfg: &RouteConfig, limits: KeyLimits, shape: u32, now: Nanos, hold_base: bool) -> Self {
+        let p = &cfg.controller;
+        let tiers = TierTable {
+            default: [
+                AtomicU64::new(p.base_limit_rps.to_bits()),
+                AtomicU64::new(p.cut_limit_rps.to_bits()),
+            ],
+            tiers: cfg
+                .tiers
+                .iter()
+                .map(|t: &Tier| (t.base_limit_rps, t.cut_limit_rps))
+                .collect(),
+            index: tier_index(cfg),
+            shape,
+            hold_base,
+        };
+        KeyTable {
+            map: OnceLock::new(),
+            len: AtomicUsize::new(0),
+            limits,
+            overflow: E::new(&tiers, 0, 1.0, 0, now),
+            anonymous: E::new(&tiers, 0, 1.0, 0, now),
+            tiers,
+        }
+    }
+
+    #[inline]
+    fn check<Q>(&self, r: &Route, key: &Q, now: Nanos, own: impl FnOnce(&Q) -> K) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + TierKey,
+    {
+        if let Some(entry) = self.map.get().and_then(|map| map.get(key)) {
+            return entry.check(r, &self.tiers, now);
+        }
+        // A key of a tier takes a place beyond `max_keys` (at most as many as the
+        // tiers' values): a full table sent it to the overflow limiter at the route's
+        // limit, which a client inventing keys both filled and drained.
+        let tier = self.tiers.tier_of(key);
+        if tier == 0 && self.len.load(Ordering::Relaxed) >= self.limits.max_keys {
+            return self.check_overflow(r, now);
+        }
+        // Generation first: a limit change between the two loads then leaves the new
+        // key a generation behind, to catch up on its next request.
+        let generation = r.generation.load(Ordering::Acquire) as u32;
+        let progress = self.tiers.progress(r);
+        let map = self.map.get_or_init(DashMap::new);
+        let entry = match map.entry(own(key)) {
+            Entry::Occupied(entry) => entry.into_ref(),
+            // A place is taken before the key goes in: threads adding keys to a table
+            // one short of full each found room, and passed `max_keys` together.
+            Entry::Vacant(entry) => {
+                let max = if tier == 0 {
+                    self.limits.max_keys
+                } else {
+                    usize::MAX
+                };
+                let reserved = self
+                    .len
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        (n < max).then_some(n + 1)
+                    })
+                    .is_ok();
+                if !reserved {
+                    drop(entry);
+                    return self.check_overflow(r, now);
+                }
+                entry.insert(E::new(&self.tiers, tier, progress, generation, now))
+            }
+        };
+        entry.check(r, &self.tiers, now)
+    }
+
+    /// Decides a new key's request on the shared overflow state (the table is full).
+    fn check_overflow(&self, r: &Route, now: Nanos) -> Decision {
+        match self.overflow.check(r, &self.tiers, now) {
+            Decision::Admit(Admit::Paced(mut pace)) => {
+                pace.overflow = true;
+                Decision::Admit(Admit::Paced(pace))
+            }
+            decision => decision,
+        }
+    }
+
+    /// Gives a paced request's place back on the state `key`'s request was scheduled
+    /// on: the overflow's if [`Pace`] says so, else the key's own (a key evicted since
+    /// held nothing scheduled, so there is nothing to give back).
+    fn give_back<Q>(&self, key: &Q, pace: Pace, now: Nanos) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if pace.overflow {
+            return self.overflow.give_back(pace, now);
+        }
+        self.map
+            .get()
+            .and_then(|map| map.get(key))
+            .is_some_and(|entry| entry.give_back(pace, now))
+    }
+
+    /// Whether `key` is decided by [`KeyTable::overflow`]: the table is full, `key` is
+    /// not in it, and it is in no tier.
+    fn overflowed<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + TierKey,
+    {
+        self.len.load(Ordering::Relaxed) >= self.limits.max_keys
+            && !self.map.get().is_some_and(|map| map.contains_key(key))
+            && self.tiers.tier_of(key) == 0
+    }
+
+    /// Evicts keys idle for `idle_timeout`, at most every half of it; while the table
+    /// is full, every key at rest, idle or not, at most every [`FULL_SWEEP_EVERY`] or a
+    /// microsecond per key of `max_keys`, whichever is longer (a sweep of 10,000 keys
+    /// takes about 0.1 ms, of 1,000,000 about 20 ms: 2% of a core at most).
+    ///
+    /// A key at rest (a full bucket, an empty window, no permit held or request
+    /// queued) decides its next request as a new key would, so evicting it loses
+    /// nothing. Evicting only idle keys let a client that sent one request on each
+    /// of `max_keys` invented keys every `idle_timeout` (10,000 per 5 minutes, 33
+    /// req/s) keep the table full, and every new client in the one overflow limiter
+    /// that it drained too. It must now hold `max_keys` keys off rest at once, again
+    /// after each sweep.
+    fn sweep(&self, last: &mut Nanos, now: Nanos) {
+        let full = self.len.load(Ordering::Relaxed) >= self.limits.max_keys;
+        let idle_every = self.limits.idle_timeout / 2;
+        let every = if full {
+            let per_key =
+                Duration::from_micros(u64::try_from(self.limits.max_keys).unwrap_or(u64::MAX));
+            idle_every.min(FULL_SWEEP_EVERY.max(per_key))
+        } else {
+            idle_every
+        };
+        if now.saturating_since(*last) < every {
+            return;
+        }
+        *last = now;
+        let Some(map) = self.map.get() else {
+            return;
+        };
+        let cutoff = if full {
+            u32::MAX
+        } else {
+            secs(now - self.limits.idle_timeout)
+        };
+        map.retain(|_, e| {
+            let keep = !e.evictable(cutoff, self.tiers.shape, now);
+            if !keep {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            keep
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Key;
+
+    /// The layout the per-key memory target rests on (`tests/memory.rs` measures the
+    /// tables): a key of the token bucket, either window or the leaky bucket and its
+    /// 16-byte key fill a 48-byte slot.
+    #[test]
+    fn a_key_fills_a_48_byte_slot() {
+        fn slot<E>() -> [usize; 3] {
+            use std::mem::size_of;
+            [
+                size_of::<E>(),
+                size_of::<(IpKey, E)>(),
+                size_of::<(ValueKey, E)>(),
+            ]
+        }
+        assert_eq!(slot::<BucketKey>(), [32, 48, 48]);
+        // A key as the tables take it is no bigger than the `Key` it is made of, nor
+        // more aligned (a 16-aligned header key made it 32 bytes against 24).
+        assert!(std::mem::size_of::<TableKey>() <= std::mem::size_of::<Key<'_>>());
+        assert!(std::mem::align_of::<TableKey>() <= std::mem::align_of::<Key<'_>>());
+        assert_eq!(slot::<WordKey<Fixed>>(), [32, 48, 48]);
+        assert_eq!(slot::<WordKey<Sliding>>(), [32, 48, 48]);
+        assert_eq!(slot::<WordKey<Leaky>>(), [32, 48, 48]);
+        // Its state is on the heap, where its permits can reach it, with its tier and
+        // generation: a 32-byte slot.
+        assert_eq!(slot::<ConcurrencyKey>(), [16, 32, 32]);
+    }
+}

@@ -1,0 +1,1302 @@
+//! The engine: route table, partitions, windows, controllers and limiters behind one call.
+//!
+//! [`Engine::check`] decides one request: count it in the route's window (one relaxed
+//! atomic add), and, if its slot is later than the one accumulating, advance the
+//! window and step the controller first; then ask the limiter (one CAS on the bucket
+//! word). Only the one request that wins a slot rollover takes the route's state lock,
+//! with `try_lock`: on a route as a whole no request ever waits for another. On a
+//! partitioned route a request may wait briefly on its key's shard of the key table
+//! while another request inserts a key there or sweeps idle keys out. Nothing
+//! allocates unless a new key enters a partitioned route.
+//!
+//! ```
+//! use rocgate::clock::Nanos;
+//! use rocgate::config::{Config, RouteConfig, RouteMatch};
+//! use rocgate::engine::{Engine, Key};
+//! use std::time::SystemTime;
+//!
+//! // Every other setting at its default: a token bucket of one second at the base
+//! // limit (200 req/s), cut to 60 req/s.
+//! let route = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+//! let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH)?;
+//! let id = engine.route_for("POST", "/api/order").unwrap();
+//! let admitted = (0..300).filter(|_| engine.check(id, Key::None, Nanos::ZERO).is_admit()).count();
+//! assert_eq!(admitted, 200); // one second of burst at the base limit
+//! # Ok::<(), rocgate::config::ConfigError>(())
+//! ```
+
+mod events;
+mod key_types;
+mod keys;
+mod snapshot;
+
+use events::follow_events;
+use key_types::IpKey;
+pub(crate) use key_types::TableKey;
+use keys::{Keys, Shadow};
+pub use snapshot::RouteSnapshot;
+
+use crate::clock::Nanos;
+use crate::config::{
+    Config, ConfigError, Event, Mode, Partition, Problem, RouteConfig, RouteMatch, Tier,
+};
+use crate::controller::{
+    Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
+};
+use crate::limiter::{Admit, Algorithm, Decision, Limiter, Pace, Reason, Rejection};
+use crate::route_index::RouteIndex;
+use crate::sync::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use crate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+/// A route of an [`Engine`], as [`Engine::route_for`], [`Engine::route_id`],
+/// [`Engine::route_at`] or [`Engine::route_ids`] found it: it cannot be made any other
+/// way, so every id names a route some engine built.
+///
+/// An id names the route's live state (its window, controller, limiters, keys), not
+/// its position: it stays good across [`Engine::reload`] for as long as the reload
+/// keeps that state (a route whose name and structure are unchanged), wherever the
+/// route then stands in the table. It names no route of an engine that does not hold
+/// that state: a route rebuilt or removed by a reload, or a route of an engine built
+/// separately (even from the same configuration). Given such an id, the engine's
+/// methods never panic: [`Engine::check`] admits the request uncounted (as a request
+/// no route matches passes through the layer), [`Engine::give_back`] gives nothing
+/// back, [`Engine::record`] and [`Engine::catch_up`] do nothing,
+/// [`Engine::update_route`] is an error, and the accessors return `None`. Looking the
+/// route up again on the engine in use (per request, as the layer does, or after each
+/// reload) is what keeps a request counted.
+///
+/// ```
+/// use rocgate::clock::Nanos;
+/// use rocgate::config::{Config, RouteConfig, RouteMatch};
+/// use rocgate::engine::{Engine, Key};
+/// use std::time::UNIX_EPOCH;
+///
+/// let route = |name: &str| RouteConfig::new(name, RouteMatch::prefix(format!("/{name}")));
+/// let engine = Engine::new(&Config::new(vec![route("a"), route("b")]), Nanos::ZERO, UNIX_EPOCH)?;
+/// let b = engine.route_for("GET", "/b/1").unwrap();
+///
+/// // `b` moves to the front and keeps its state: the id still names it.
+/// let swapped = engine.reload(&Config::new(vec![route("b"), route("a")]), Nanos::ZERO, UNIX_EPOCH)?;
+/// assert_eq!(swapped.route_name(b), Some("b"));
+///
+/// // `b` is removed: the id names no route, and nothing panics.
+/// let without_b = swapped.reload(&Config::new(vec![route("a")]), Nanos::ZERO, UNIX_EPOCH)?;
+/// assert_eq!(without_b.route_name(b), None);
+/// assert!(without_b.check(b, Key::None, Nanos::ZERO).is_admit());
+/// # Ok::<(), rocgate::config::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RouteId {
+    /// Where the route stood in the table of the engine that gave the id.
+    index: usize,
+    /// The route's [`Route::serial`]: which state the id names.
+    serial: NonZeroU64,
+}
+
+impl RouteId {
+    /// The route's position in the table of the engine that gave this id: its index in
+    /// that engine's configuration (`Config::routes`), which is also its match order.
+    pub fn index(self) -> usize {
+        self.index
+    }
+}
+
+/// The partition key of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Key<'a> {
+    /// No key: the route-level limiter, or a shared anonymous key on partitioned routes.
+    None,
+    /// The client's IP address.
+    Ip(IpAddr),
+    /// A header value (API key, user id), of any length: a table keeps one of up to
+    /// [`MAX_KEY_VALUE_BYTES`](crate::config::MAX_KEY_VALUE_BYTES) bytes whole and a
+    /// longer one by a 128-bit digest of it.
+    Value(&'a str),
+}
+
+/// Called with each controller transition: the route's name and the transition.
+pub type TransitionHook = Arc<dyn Fn(&str, &Transition) + Send + Sync>;
+
+/// Called with every completed slot: the route's name and what the controller saw and
+/// did. Once per slot and route, never per request.
+pub type SampleHook = Arc<dyn Fn(&str, &SlotReport) + Send + Sync>;
+
+/// One completed window slot of a route, as the controller saw it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlotReport {
+    /// End of the slot, on the engine's clock.
+    pub at: Nanos,
+    /// The slot's length.
+    pub slot: Duration,
+    /// The window's reading at the slot's end.
+    pub sample: RocSample,
+    /// ROC in the route's mode.
+    pub roc: f64,
+    /// The controller's state after this sample.
+    pub state: ControllerState,
+    /// The controller's limit after this sample, req/s.
+    pub limit_rps: f64,
+    /// Whether the route-level limiter had no room left when the slot was closed (no
+    /// token, a full window, queue or set of permits). Always false on partitioned
+    /// routes, whose limiters are per key.
+    pub exhausted: bool,
+    /// Requests in flight when the slot was closed, on a `concurrency` route limited as
+    /// a whole (`None` with other algorithms and on partitioned routes, whose limiters
+    /// are per key): what its base limit counts.
+    pub in_flight: Option<f64>,
+    /// Whether the controller acted on this sample: false during the first full
+    /// window after start or a reload, whose earlier half is still filling (ROC there
+    /// is about the whole rate, and no decision uses it).
+    pub armed: bool,
+}
+
+/// Up to this many routes, [`Engine::route_for`] tries each route's matcher in config
+/// order (a few nanoseconds each: 7 ns for a catch-all, under 80 ns for the last of
+/// ten), and above it looks the path up in an index (60 to 150 ns whatever the
+/// table's size, `cargo bench --all-features --bench routes -- route_lookup`).
+pub const SCAN_ROUTES: usize = 8;
+
+/// Every route's window, controller and limiters.
+pub struct Engine {
+    routes: Box<[Slot]>,
+    /// Each route's matcher, in route order, apart from the rest of its state.
+    matchers: Box<[RouteMatch]>,
+    /// The matchers indexed by path, above [`SCAN_ROUTES`] routes: finding a request's
+    /// route then tries only the routes whose path matches, not every route.
+    index: Option<RouteIndex>,
+    hook: Option<TransitionHook>,
+    sample_hook: Option<SampleHook>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("routes", &self.routes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A route in the engine's table, with its serial beside the pointer to it: a
+/// [`RouteId`] is checked against the entry that finding the route reads anyway.
+struct Slot {
+    serial: NonZeroU64,
+    route: Arc<Route>,
+}
+
+/// The lane counter (next to the window's arrivals) of rejections for `reason`: real
+/// ones, or in `shadow` mode the would-be ones.
+fn rejected_counter(reason: Reason) -> usize {
+    1 + reason.index()
+}
+
+/// The lane counter of what a cut would have rejected in `shadow_adaptive` mode.
+const SHADOW_CUT: usize = 1 + Reason::ALL.len();
+const _: () = assert!(SHADOW_CUT < crate::lanes::COUNTERS);
+
+/// [`Route::behind`]: the route's limiter.
+const BEHIND_LIMITER: u8 = 1;
+/// [`Route::behind`]: the shadow limiter of a `shadow_adaptive` route-wide route.
+const BEHIND_SHADOW: u8 = 2;
+
+/// The next [`Route::serial`], less one. Always `std`'s (a `static` needs a `const fn
+/// new`): a process-wide serial, in no loom model.
+static ROUTE_SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+struct Route {
+    name: Arc<str>,
+    /// Unique to this route's state in the process: a reload that rebuilds the route
+    /// (and so starts its counts again) gives the new one another. A [`RouteId`]
+    /// carries it.
+    serial: NonZeroU64,
+    mode: Mode,
+    window: WindowSpec,
+    algorithm: Algorithm,
+    tiers: Vec<Tier>,
+    reject_status: AtomicU16,
+    counter: SlotCounter,
+    /// Route-level enforcement (partition `Route`); for shadow_adaptive, at base limit.
+    limiter: Limiter,
+    /// shadow_adaptive only: at the controller's limit, to count what a cut would reject.
+    shadow: Option<Shadow>,
+    /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`]) a
+    /// limit change has not reached yet: a token bucket's change that found its note
+    /// taken, left for the next decision on the route ([`Route::finish_change`]).
+    /// Written under the state lock only, read by decisions as a hint (a stale read
+    /// puts the change off, or tries the lock, for one decision). `std`'s even under
+    /// loom, as the lock is: a model would only explore more orders of it.
+    behind: std::sync::atomic::AtomicU8,
+    keys: Option<Keys>,
+    /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
+    generation: AtomicU64,
+    /// When the limit last changed (ns on the engine's clock): a key catching up
+    /// refills at its old rate until then, at the new one after.
+    changed_at: AtomicU64,
+    /// Controller progress between cut (0) and base (1), as f64 bits.
+    progress: AtomicU64,
+    /// Whether the controller holds the limit below base.
+    engaged: AtomicBool,
+    /// The limit enforced now (the controller's, or in `shadow_adaptive` the base
+    /// limit), as f64 bits.
+    limit: AtomicU64,
+    /// When the controller will next raise the limit (ns on the engine's clock; 0: not cut).
+    next_raise: AtomicU64,
+    partition: Partition,
+    state: Mutex<RouteState>,
+}
+
+struct RouteState {
+    ring: SlotRing,
+    controller: Controller,
+    /// The route's own profile, in force outside events.
+    own: ControllerParams,
+    events: Vec<ScheduledEvent>,
+    active_event: Option<usize>,
+    counts: TransitionCounts,
+    /// When the key table was last swept.
+    last_sweep: Nanos,
+    /// When the shadow key table was last swept: on a cadence of its own, as one of
+    /// the two tables may be full (swept often) and the other not.
+    last_shadow_sweep: Nanos,
+}
+
+/// A configured event, placed on the engine's clock.
+struct ScheduledEvent {
+    name: String,
+    start: Nanos,
+    end: Nanos,
+    params: ControllerParams,
+    /// The configured wall-clock start and duration, from which `start` and `end`
+    /// are placed again ([`Engine::align_events`]).
+    wall: (SystemTime, Duration),
+}
+
+impl Engine {
+    /// Builds every route of `config`, after checking its routes by the rules of the
+    /// file ([`Config::validate`]): routes built in code that a file would refuse (a
+    /// `cut_limit` above `base_limit`, a route shadowed by an earlier one) are an error
+    /// naming each field, not an engine. `now` is the engine's start (no controller
+    /// acts before one full window after it); `wall_now` is the wall-clock time at
+    /// `now`, which places scheduled events on the engine's clock.
+    pub fn new(config: &Config, now: Nanos, wall_now: SystemTime) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| Arc::new(Route::new(r, now, wall_now)))
+            .collect();
+        Ok(Engine::assemble(config, routes, None, None))
+    }
+
+    /// The engine of `config`'s routes, built or kept in its order.
+    fn assemble(
+        config: &Config,
+        routes: Vec<Arc<Route>>,
+        hook: Option<TransitionHook>,
+        sample_hook: Option<SampleHook>,
+    ) -> Engine {
+        let matchers: Box<[RouteMatch]> = config.routes.iter().map(|r| r.matcher.clone()).collect();
+        let index = (matchers.len() > SCAN_ROUTES).then(|| RouteIndex::new(&matchers));
+        let routes = routes
+            .into_iter()
+            .map(|route| Slot {
+                serial: route.serial,
+                route,
+            })
+            .collect();
+        Engine {
+            routes,
+            matchers,
+            index,
+            hook,
+            sample_hook,
+        }
+    }
+
+    /// A new engine for `config` that keeps the live state (window, controller,
+    /// buckets, keys, counters) of every route whose name and structure (matcher, mode,
+    /// window, algorithm, partition, tiers) are unchanged; their controller parameters
+    /// and events are replaced in place, and a route whose parameters changed takes no
+    /// action for one full window. Other routes start fresh. Both engines share the
+    /// kept routes, so requests still in flight on the old one count in the new one.
+    /// `config`'s routes are checked first, as for [`Engine::new`]: an error leaves
+    /// this engine as it was.
+    pub fn reload(
+        &self,
+        config: &Config,
+        now: Nanos,
+        wall_now: SystemTime,
+    ) -> Result<Engine, ConfigError> {
+        config.validate()?;
+        let routes = config
+            .routes
+            .iter()
+            .map(|cfg| {
+                let kept = self
+                    .routes
+                    .iter()
+                    .map(|e| &e.route)
+                    .zip(self.matchers.iter())
+                    .find(|(r, m)| **m == cfg.matcher && r.same_structure(cfg));
+                match kept.map(|(r, _)| r) {
+                    Some(r) => {
+                        let hook = self.hook.as_ref();
+                        r.reconfigure(&cfg.controller, Some(&cfg.events), now, wall_now, hook);
+                        r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
+                        Arc::clone(r)
+                    }
+                    None => Arc::new(Route::new(cfg, now, wall_now)),
+                }
+            })
+            .collect();
+        Ok(Engine::assemble(
+            config,
+            routes,
+            self.hook.clone(),
+            self.sample_hook.clone(),
+        ))
+    }
+
+    /// Replaces a route's own controller parameters at runtime, keeping its state: the
+    /// limit is recomputed for the current controller state and applied to the existing
+    /// limiters (tokens clamped, never refilled). While an event is active, the event's
+    /// profile stays in force and the new parameters apply when it ends.
+    ///
+    /// `params` are checked first by the rules of the file, for this route (its
+    /// algorithm, tiers and events): parameters a file would refuse (a `cut_limit`
+    /// above `base_limit`, a limit of 0) are an error naming each field under the
+    /// route's name, and change nothing. So is a `route` this engine does not hold (see
+    /// [`RouteId`]).
+    pub fn update_route(
+        &self,
+        route: RouteId,
+        params: ControllerParams,
+        now: Nanos,
+    ) -> Result<(), ConfigError> {
+        let Some((index, r)) = self.find(route) else {
+            return Err(ConfigError::new(
+                "engine",
+                vec![Problem::new(
+                    format!("route {}", route.index),
+                    "not a route of this engine (rebuilt or removed by a reload, or \
+                     another engine's): look it up again",
+                )],
+            ));
+        };
+        let mut checked = RouteConfig::new(r.name.to_string(), self.matchers[index].clone());
+        checked.mode = r.mode;
+        checked.reject_status = r.reject_status.load(Ordering::Relaxed);
+        checked.window = r.window;
+        checked.controller = params;
+        checked.algorithm = r.algorithm;
+        checked.partition = r.partition.clone();
+        checked.tiers = r.tiers.clone();
+        checked.events = r
+            .lock()
+            .events
+            .iter()
+            .map(|e| Event::new(e.name.clone(), e.wall.0, e.wall.1, e.params.clone()))
+            .collect();
+        crate::config::check_route(&checked)
+            .map_err(|problems| ConfigError::new(&format!("route `{}`", r.name), problems))?;
+        r.reconfigure(
+            &checked.controller,
+            None,
+            now,
+            SystemTime::UNIX_EPOCH,
+            self.hook.as_ref(),
+        );
+        Ok(())
+    }
+
+    /// The route's own controller parameters (outside events); `None` if this engine
+    /// does not hold `route` (see [`RouteId`]).
+    pub fn route_params(&self, route: RouteId) -> Option<ControllerParams> {
+        Some(self.route(route)?.lock().own.clone())
+    }
+
+    /// What the tuning hints need to know of the route: name, mode, algorithm,
+    /// whether it is partitioned and the controller parameters in force (an event's while one is active); `None` if
+    /// this engine does not hold `route` (see [`RouteId`]).
+    pub fn route_settings(&self, route: RouteId) -> Option<crate::hints::RouteSettings> {
+        let r = self.route(route)?;
+        let st = r.lock();
+        Some(crate::hints::RouteSettings {
+            name: r.name.to_string(),
+            mode: r.mode,
+            algorithm: r.algorithm,
+            params: st.controller.params().clone(),
+            partitioned: r.partition != Partition::Route,
+            event: st
+                .active_event
+                .and_then(|i| st.events.get(i))
+                .map(|e| e.name.clone()),
+        })
+    }
+
+    /// What the tuning hints need to know of the route, as due at `now`: the profile
+    /// of the scheduled event running then (by its schedule), or else the route's
+    /// own, whether or not a slot's rollover has put it in force yet (the engine
+    /// changes profile at the first rollover from an event's edge on, which a route
+    /// without requests has not reached). `None` if this engine does not hold `route`
+    /// (see [`RouteId`]).
+    pub fn route_settings_at(
+        &self,
+        route: RouteId,
+        now: Nanos,
+    ) -> Option<crate::hints::RouteSettings> {
+        let r = self.route(route)?;
+        let st = r.lock();
+        let due = st.events.iter().find(|e| e.start <= now && now < e.end);
+        Some(crate::hints::RouteSettings {
+            name: r.name.to_string(),
+            mode: r.mode,
+            algorithm: r.algorithm,
+            params: due.map_or_else(|| st.own.clone(), |e| e.params.clone()),
+            partitioned: r.partition != Partition::Route,
+            event: due.map(|e| e.name.clone()),
+        })
+    }
+
+    /// The first start or end of a scheduled event of any route strictly after
+    /// `after`, on the engine's clock: where `rocgate serve` closes its hints history's
+    /// interval early, so that none straddles an event's edge.
+    pub fn next_event_edge(&self, after: Nanos) -> Option<Nanos> {
+        self.routes
+            .iter()
+            .flat_map(|e| {
+                let st = e.route.lock();
+                st.events
+                    .iter()
+                    .flat_map(|e| [e.start, e.end])
+                    .filter(|&t| t > after)
+                    .min()
+            })
+            .min()
+    }
+
+    /// The controller parameters due at `now`: those of the scheduled event running
+    /// then, or else the route's own. (A shared store steps its controller with these.)
+    /// `None` if this engine does not hold `route` (see [`RouteId`]).
+    pub fn params_at(&self, route: RouteId, now: Nanos) -> Option<ControllerParams> {
+        let st = self.route(route)?.lock();
+        Some(
+            st.events
+                .iter()
+                .find(|e| e.start <= now && now < e.end)
+                .map_or_else(|| st.own.clone(), |e| e.params.clone()),
+        )
+    }
+
+    /// Places every route's scheduled events again from the wall clock, where `now` is
+    /// `wall_now`. Events are placed on the engine's monotonic clock when the engine is
+    /// built or reloaded; the two clocks part when the wall clock is stepped (an NTP
+    /// correction after boot), when the monotonic clock stops (a suspended host, a
+    /// paused VM) or drifts (a TSC calibrated once: about 1 ppm). Called
+    /// periodically (`rocgate serve` does every 5 s), this keeps each event within
+    /// that period's parting of its wall-clock time. The event due at the next
+    /// completed slot is put in force then, as always (see [`Engine::catch_up`] for
+    /// a route without requests).
+    pub fn align_events(&self, now: Nanos, wall_now: SystemTime) {
+        for e in self.routes.iter() {
+            let mut st = e.route.lock();
+            for e in &mut st.events {
+                e.align(now, wall_now);
+            }
+        }
+    }
+
+    /// Brings a route up to `now` as a request at `now` would, without counting one:
+    /// its window advances over the slots that have passed, its controller steps
+    /// through them (taking the scheduled event due), its idle keys are swept, and a
+    /// limit change its route-wide limiter is still behind on (one that found its
+    /// token bucket's note taken) is made. Otherwise a route without requests stands
+    /// where its last request left it: a cut that its silence outlasted reads as a
+    /// cut, for as long as the silence, in snapshots, metrics and the admin API; its
+    /// idle keys stay in memory; an event shows only from its next request. `rocgate serve` calls this every 5 s for the
+    /// routes it decides itself; the simulator at the start of every slot without
+    /// arrivals. Nothing happens if this engine does not hold `route` (see [`RouteId`]).
+    pub fn catch_up(&self, route: RouteId, now: Nanos) {
+        let Some(r) = self.route(route) else {
+            return;
+        };
+        if r.counter.needs_roll(now) {
+            self.roll(r, now);
+        } else if r.behind.load(Ordering::Relaxed) != 0 {
+            r.finish_change();
+        }
+    }
+
+    /// Periodic upkeep for a process that runs for days: places the scheduled events
+    /// again from the wall clock ([`Engine::align_events`]) and brings every route up
+    /// to now ([`Engine::catch_up`]) but those `decided_elsewhere` (by a shared store,
+    /// which steps their controllers). `rocgate serve` and `AdmissionLayer::upkeep`
+    /// (feature `http`) call it.
+    pub fn upkeep(
+        &self,
+        now: Nanos,
+        wall_now: SystemTime,
+        decided_elsewhere: impl Fn(RouteId) -> bool,
+    ) {
+        self.align_events(now, wall_now);
+        for id in self.route_ids() {
+            if !decided_elsewhere(id) {
+                self.catch_up(id, now);
+            }
+        }
+    }
+
+    /// Calls `hook` with every controller transition (for metrics, logs, simulation).
+    pub fn with_transition_hook(mut self, hook: TransitionHook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// Calls `hook` with every completed slot's ROC (for the ROC histogram).
+    pub fn with_sample_hook(mut self, hook: SampleHook) -> Self {
+        self.sample_hook = Some(hook);
+        self
+    }
+
+    /// The first route, in config order, that takes a request with this method and
+    /// path (compared once [normalized](crate::config::normalize_path)): the route
+    /// whose [`RouteMatch::matches`] is true and that no earlier route's is. In a table
+    /// of more than [`SCAN_ROUTES`] routes it is found through an index built with the
+    /// engine, so that its cost does not grow with the number of routes; in a smaller
+    /// one by trying each route in turn, which costs less there.
+    #[inline]
+    pub fn route_for(&self, method: &str, path: &str) -> Option<RouteId> {
+        let path = crate::config::normalize_path(path);
+        let index = match &self.index {
+            Some(index) => index.first(&self.matchers, method, &path),
+            None => self.matchers.iter().position(|m| m.matches(method, &path)),
+        }?;
+        self.route_at(index)
+    }
+
+    /// The route with this name.
+    pub fn route_id(&self, name: &str) -> Option<RouteId> {
+        let index = self.routes.iter().position(|e| &*e.route.name == name)?;
+        self.route_at(index)
+    }
+
+    /// The route at `index` in the configuration this engine was built from (its match
+    /// order); `None` past the last.
+    #[inline]
+    pub fn route_at(&self, index: usize) -> Option<RouteId> {
+        self.routes.get(index).map(|e| RouteId {
+            index,
+            serial: e.serial,
+        })
+    }
+
+    /// Every route, in match order (the configuration's).
+    pub fn route_ids(&self) -> impl ExactSizeIterator<Item = RouteId> + '_ {
+        self.routes.iter().enumerate().map(|(index, e)| RouteId {
+            index,
+            serial: e.serial,
+        })
+    }
+
+    /// The route `id` names, if this engine holds it (see [`RouteId`]): where the id
+    /// says, checked by its serial (on the line the pointer to it is read from).
+    #[inline]
+    fn route(&self, id: RouteId) -> Option<&Route> {
+        match self.routes.get(id.index) {
+            Some(e) if e.serial == id.serial => Some(&e.route),
+            _ => self.moved(id).map(|(_, r)| r),
+        }
+    }
+
+    /// The route `id` names and where it stands in this engine's table.
+    fn find(&self, id: RouteId) -> Option<(usize, &Route)> {
+        match self.routes.get(id.index) {
+            Some(e) if e.serial == id.serial => Some((id.index, &e.route)),
+            _ => self.moved(id),
+        }
+    }
+
+    /// A route kept by a reload that moved it in the table, found by its serial; or
+    /// none, for a route this engine does not hold.
+    #[cold]
+    #[inline(never)]
+    fn moved(&self, id: RouteId) -> Option<(usize, &Route)> {
+        self.routes
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.serial == id.serial)
+            .map(|(i, e)| (i, &*e.route))
+    }
+
+    /// Names of all routes, in match order.
+    pub fn route_names(&self) -> impl Iterator<Item = &str> {
+        self.routes.iter().map(|e| &*e.route.name)
+    }
+
+    /// Decides one request on `route` for `key` at `now`. A `route` this engine does
+    /// not hold (see [`RouteId`]) is admitted at once and counted nowhere, as a request
+    /// that matches no route.
+    #[inline]
+    pub fn check(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Decision {
+        self.check_key(route, TableKey::of(key), now)
+    }
+
+    /// [`Engine::check`] of a key already in the form the key tables take it.
+    #[inline]
+    pub(crate) fn check_key(&self, route: RouteId, key: TableKey, now: Nanos) -> Decision {
+        // The route found where the id says is decided here; any other id out of line,
+        // so that looking a route up again adds nothing to this path.
+        match self.routes.get(route.index) {
+            Some(s) if s.serial == route.serial => self.decide(&s.route, key, now),
+            _ => self.check_moved(route, key, now),
+        }
+    }
+
+    /// [`Engine::check`] of an id that is not where it says in this engine's table: of
+    /// a route a reload kept and moved, or of none.
+    #[cold]
+    #[inline(never)]
+    fn check_moved(&self, route: RouteId, key: TableKey, now: Nanos) -> Decision {
+        match self.moved(route) {
+            Some((_, r)) => self.decide(r, key, now),
+            None => Decision::Admit(Admit::Now),
+        }
+    }
+
+    /// Decides one request on `r`.
+    #[inline(always)]
+    fn decide(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
+        if r.counter.needs_roll(now) {
+            self.roll(r, now);
+        } else if r.behind.load(Ordering::Relaxed) != 0 {
+            r.finish_change();
+        }
+        r.counter.add();
+        // The common case, a route-wide token bucket, is decided from a two-register
+        // result: the `Decision` is built once, in the caller's slot, never moved.
+        if let (None, Limiter::TokenBucket(bucket)) = (&r.keys, &r.limiter) {
+            return match bucket.take(now) {
+                Ok(()) => {
+                    self.after_admit(r, key, now);
+                    Decision::Admit(Admit::Now)
+                }
+                Err(retry_after_ns) => self.refused(
+                    r,
+                    Duration::from_nanos(retry_after_ns.max(1)),
+                    Reason::Limit,
+                ),
+            };
+        }
+        let decision = match &r.keys {
+            None => r.limiter.check(now),
+            Some(keys) => keys.check(r, key, now),
+        };
+        match decision {
+            Decision::Reject(rej) => self.refused(r, rej.retry_after, rej.reason),
+            // Shadow admits everything as it comes: the pacing is decided, not applied.
+            Decision::Admit(Admit::Paced(_)) if r.mode == Mode::Shadow => {
+                Decision::Admit(Admit::Now)
+            }
+            admit => {
+                self.after_admit(r, key, now);
+                admit
+            }
+        }
+    }
+
+    /// Gives back the place of a paced request (a leaky bucket's [`Admit::Paced`],
+    /// decided by [`Engine::check`] on `route` for `key`) that leaves at `now`, before
+    /// its departure: if it is still the last one scheduled on its bucket, the next
+    /// request takes its departure time. `key` is the key it was checked with. Whether
+    /// it did (see [`Pace`]): never if this engine does not hold `route` (see
+    /// [`RouteId`]).
+    pub fn give_back(&self, route: RouteId, key: Key<'_>, pace: Pace, now: Nanos) -> bool {
+        self.give_back_key(route, TableKey::of(key), pace, now)
+    }
+
+    /// [`Engine::give_back`] of a key already in the form the key tables take it.
+    pub(crate) fn give_back_key(
+        &self,
+        route: RouteId,
+        key: TableKey,
+        pace: Pace,
+        now: Nanos,
+    ) -> bool {
+        let Some(r) = self.route(route) else {
+            return false;
+        };
+        match &r.keys {
+            None => r.limiter.give_back(pace, now),
+            Some(keys) => keys.give_back(key, pace, now),
+        }
+    }
+
+    /// A limiter refused the request: names an ROC cut as the reason when one is in
+    /// force, counts the rejection, and enforces it unless the route is in shadow.
+    /// (The rejection comes in registers, as its two parts: a `Rejection` passed by
+    /// reference is read back whole from two narrower stores, which stalls the CPU.)
+    #[inline(never)]
+    fn refused(&self, r: &Route, retry_after: Duration, reason: Reason) -> Decision {
+        let mut rej = Rejection {
+            retry_after,
+            reason,
+        };
+        if matches!(rej.reason, Reason::Limit | Reason::Concurrency)
+            && r.mode != Mode::ShadowAdaptive
+            && r.engaged.load(Ordering::Relaxed)
+        {
+            rej.reason = Reason::RocCut;
+        }
+        r.counter.counters().add(rejected_counter(rej.reason));
+        match r.mode {
+            Mode::Enforce | Mode::ShadowAdaptive => Decision::Reject(rej),
+            Mode::Shadow => Decision::Admit(Admit::Now),
+        }
+    }
+
+    /// Counts a request that was decided elsewhere (by a shared store) at `now` as
+    /// offered, and as rejected for `rejected` if it was: the route's counters,
+    /// snapshots and metrics then show this instance's traffic, its window's demand
+    /// and ROC included. Its controller and limiter are left alone. Nothing is counted
+    /// if this engine does not hold `route` (see [`RouteId`]).
+    pub fn record(&self, route: RouteId, rejected: Option<Reason>, now: Nanos) {
+        let Some(r) = self.route(route) else {
+            return;
+        };
+        if r.counter.needs_roll(now) {
+            Self::advance(r, now);
+        }
+        r.counter.add();
+        if let Some(reason) = rejected {
+            r.counter.counters().add(rejected_counter(reason));
+        }
+    }
+
+    /// shadow_adaptive: an admitted request is also tried against the limit the
+    /// controller sets (its key's, on a partitioned route), and counted while that is
+    /// a cut, below base.
+    #[inline]
+    fn after_admit(&self, r: &Route, key: TableKey, now: Nanos) {
+        if let Some(shadow) = &r.shadow {
+            Self::count_shadow_cut(r, shadow, key, now);
+        }
+    }
+
+    /// Counts an admitted request that the cut would have refused. The route's shadow
+    /// limiter takes every admitted request, cut or not, so that a cut finds it as
+    /// drained as an enforced limiter would be (not full, which would count one burst
+    /// at the cut limit too few); the shadow key table is only tried during a cut.
+    /// Out of line: only shadow_adaptive routes come here.
+    #[inline(never)]
+    fn count_shadow_cut(r: &Route, shadow: &Shadow, key: TableKey, now: Nanos) {
+        let would_admit = match shadow {
+            Shadow::Route(limiter) => limiter.check(now).is_admit(),
+            Shadow::Keys(_) if !r.engaged.load(Ordering::Relaxed) => return,
+            Shadow::Keys(keys) => keys.check(r, key, now).is_admit(),
+        };
+        if !would_admit && r.engaged.load(Ordering::Relaxed) {
+            r.counter.counters().add(SHADOW_CUT);
+        }
+    }
+
+    /// Advances the window of a route decided elsewhere to the slot of `now`, if no
+    /// other request is doing so already; its controller does not step.
+    #[cold]
+    fn advance(r: &Route, now: Nanos) {
+        if let Some(mut st) = r.try_lock() {
+            st.ring
+                .advance(&r.counter, r.counter.slot_index(now), |_| {});
+        }
+    }
+
+    /// Advances the route's window to the slot of `now` and steps the controller, if
+    /// no other request is doing so already.
+    #[cold]
+    fn roll(&self, r: &Route, now: Nanos) {
+        let Some(mut guard) = r.try_lock() else {
+            return;
+        };
+        let st = &mut *guard;
+        // What the limiters and the tier keys follow: the limit, the base limit, and
+        // the cut, which with them says where the limit stands between the two (an
+        // event may move the cut and the step and leave the limit where it was).
+        let standing = |c: &Controller| {
+            (
+                c.limit_rps(),
+                c.params().base_limit_rps,
+                c.params().cut_limit_rps,
+            )
+        };
+        let before = standing(&st.controller);
+        let hook = self.hook.as_deref();
+        let sample_hook = self.sample_hook.as_deref();
+        let level = (sample_hook.is_some() && r.keys.is_none()).then(|| r.limiter.level(now));
+        let exhausted = level.is_some_and(|l| l.exhausted(&r.algorithm));
+        let in_flight = level
+            .filter(|_| matches!(r.algorithm, Algorithm::Concurrency { .. }))
+            .map(|l| l.value);
+        let RouteState {
+            ring,
+            controller,
+            own,
+            events,
+            active_event,
+            counts,
+            ..
+        } = st;
+        // `entered`: when the state left was entered.
+        let mut record = |t: Transition, entered: Nanos| {
+            counts.record(&t, entered);
+            if let Some(h) = hook {
+                h(&r.name, &t);
+            }
+        };
+        let slot_ns = r.counter.slot_ns();
+        let mut last_at = None;
+        ring.advance(&r.counter, r.counter.slot_index(now), |s| {
+            // A silence longer than the window ends in one sample for every slot past
+            // the window's replay: they all read alike. If the controller was armed
+            // again among them, it observes that reading from the slot where it was,
+            // as stepping each slot would have (a cut's calm counts from there).
+            let armed_at = controller.memory().armed_at;
+            let armed_slot = armed_at.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns);
+            let armed_slot = Nanos::new(armed_slot);
+            let rearmed = (last_at.is_some_and(|last| last < armed_at) && armed_slot < s.at)
+                .then_some(SampleAt {
+                    at: armed_slot,
+                    ..s
+                });
+            last_at = Some(s.at);
+            for s in rearmed.into_iter().chain([s]) {
+                let entered = controller.entered_at();
+                follow_events(events, active_event, own, controller, s.at, |t| {
+                    record(t, entered);
+                });
+                let entered = controller.entered_at();
+                controller.observe(s, |t| record(t, entered));
+            }
+            if let Some(h) = sample_hook {
+                let report = SlotReport {
+                    at: s.at,
+                    slot: r.window.slot(),
+                    sample: s.sample,
+                    roc: controller.last_roc(),
+                    state: controller.state(),
+                    limit_rps: controller.limit_rps(),
+                    exhausted,
+                    in_flight,
+                    armed: controller.armed(s.at),
+                };
+                h(&r.name, &report);
+            }
+        });
+        if standing(&st.controller) != before {
+            // Dated where the controller changed the limit: after a silence, the
+            // limiters refill at the new limit from then, not only from now.
+            let at = st.controller.limit_since().min(now);
+            r.apply_limit(&st.controller, at);
+        } else {
+            let behind = r.behind.load(Ordering::Relaxed);
+            if behind != 0 {
+                let at = Nanos::new(r.changed_at.load(Ordering::Relaxed));
+                r.set_limiters(&st.controller, at, behind);
+            }
+        }
+        r.publish_next_raise(&st.controller, now);
+        if let Some(keys) = &r.keys {
+            keys.sweep(&mut st.last_sweep, now);
+            if let Some(Shadow::Keys(shadow)) = &r.shadow {
+                shadow.sweep(&mut st.last_shadow_sweep, now);
+            }
+        }
+    }
+
+    /// The route's name. Like every accessor of a route, `None` if this engine does not
+    /// hold `route` (see [`RouteId`]).
+    pub fn route_name(&self, route: RouteId) -> Option<&str> {
+        Some(&self.route(route)?.name)
+    }
+
+    /// The route's name, shared: cloning it is one reference count (for request
+    /// extensions and metric labels).
+    pub fn route_label(&self, route: RouteId) -> Option<Arc<str>> {
+        Some(Arc::clone(&self.route(route)?.name))
+    }
+
+    /// How the route shares out its limit (which key a request needs).
+    pub fn partition(&self, route: RouteId) -> Option<&Partition> {
+        Some(&self.route(route)?.partition)
+    }
+
+    /// The HTTP status the route answers a rejection with.
+    pub fn reject_status(&self, route: RouteId) -> Option<u16> {
+        Some(self.route(route)?.reject_status.load(Ordering::Relaxed))
+    }
+
+    /// The shape of the route's ROC window.
+    pub fn window(&self, route: RouteId) -> Option<WindowSpec> {
+        Some(self.route(route)?.window)
+    }
+
+    /// The route's mode (enforce or a shadow mode).
+    pub fn mode(&self, route: RouteId) -> Option<Mode> {
+        Some(self.route(route)?.mode)
+    }
+
+    /// The algorithm enforcing the route's limit.
+    pub fn algorithm(&self, route: RouteId) -> Option<&Algorithm> {
+        Some(&self.route(route)?.algorithm)
+    }
+
+    /// The limit the route enforces now, req/s (per key in no tier on partitioned
+    /// routes): the controller's, or in `shadow_adaptive` the base limit. One atomic
+    /// load: cheap enough for response headers.
+    pub fn limit_rps(&self, route: RouteId) -> Option<f64> {
+        Some(self.route(route)?.limit_rps())
+    }
+
+    /// The limit `route` enforces now for requests with `key`: its tier's, between the
+    /// tier's cut and base limits as the route's controller stands, for a key of a tier
+    /// that has its own state; [`limit_rps`](Self::limit_rps) otherwise (a key in no
+    /// tier, or one that a full key table sends to its shared overflow limiter, which
+    /// holds keys to the route's limit). For the quota a rejection states.
+    pub fn key_limit_rps(&self, route: RouteId, key: Key<'_>) -> Option<f64> {
+        self.key_limit_rps_of(route, TableKey::of(key))
+    }
+
+    /// [`Engine::key_limit_rps`] of a key already in the form the key tables take it.
+    pub(crate) fn key_limit_rps_of(&self, route: RouteId, key: TableKey) -> Option<f64> {
+        let r = self.route(route)?;
+        let Some(keys) = r.keys.as_ref().filter(|_| !r.tiers.is_empty()) else {
+            return Some(r.limit_rps());
+        };
+        if keys.overflowed(key) {
+            return Some(r.limit_rps());
+        }
+        let tiers = keys.tiers();
+        let tier = match (key, &r.partition) {
+            (TableKey::Ip(ip), Partition::ClientIp(limits)) => {
+                tiers.tier_of(&IpKey::new(ip, limits.ipv6_prefix))
+            }
+            (TableKey::Value(value), _) => tiers.tier_of(&value),
+            _ => 0,
+        };
+        Some(match tier {
+            0 => r.limit_rps(),
+            tier => tiers.limit(tier, tiers.progress(r)),
+        })
+    }
+
+    /// How long until the controller next raises a cut route's limit, at the earliest
+    /// (see [`Controller::next_raise_at`]): the basis of `Retry-After` for `roc_cut`
+    /// rejections. `None` when the route is not cut, or this engine does not hold
+    /// `route` (see [`RouteId`]). One atomic load.
+    pub fn restore_eta(&self, route: RouteId, now: Nanos) -> Option<Duration> {
+        match self.route(route)?.next_raise.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(Nanos::new(at).saturating_since(now)),
+        }
+    }
+
+    /// A read-only view of every route at `now`.
+    pub fn snapshot(&self, now: Nanos) -> Vec<RouteSnapshot> {
+        self.routes.iter().map(|e| e.route.snapshot(now)).collect()
+    }
+
+    /// A read-only view of one route at `now`; `None` if this engine does not hold
+    /// `route` (see [`RouteId`]).
+    pub fn route_snapshot(&self, route: RouteId, now: Nanos) -> Option<RouteSnapshot> {
+        Some(self.route(route)?.snapshot(now))
+    }
+}
+
+impl Route {
+    fn new(cfg: &RouteConfig, now: Nanos, wall_now: SystemTime) -> Self {
+        let p = &cfg.controller;
+        let enforced_limit = p.base_limit_rps;
+        // shadow_adaptive enforces each key's base limit; its shadow keys follow the cut.
+        let hold_base = cfg.mode == Mode::ShadowAdaptive;
+        let keys = Keys::new(cfg, now, hold_base);
+        let shadow = (cfg.mode == Mode::ShadowAdaptive).then(|| {
+            Keys::new(cfg, now, false).map_or_else(
+                || Shadow::Route(Limiter::new(cfg.algorithm, p.base_limit_rps, now)),
+                |keys| Shadow::Keys(Box::new(keys)),
+            )
+        });
+        let events = cfg
+            .events
+            .iter()
+            .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
+            .collect();
+        let route = Route {
+            name: cfg.name.as_str().into(),
+            serial: NonZeroU64::MIN.saturating_add(ROUTE_SERIALS.fetch_add(1, Ordering::Relaxed)),
+            mode: cfg.mode,
+            window: cfg.window,
+            algorithm: cfg.algorithm,
+            tiers: cfg.tiers.clone(),
+            reject_status: AtomicU16::new(cfg.reject_status),
+            counter: SlotCounter::new(&cfg.window),
+            limiter: Limiter::new(cfg.algorithm, enforced_limit, now),
+            shadow,
+            behind: std::sync::atomic::AtomicU8::new(0),
+            keys,
+            generation: AtomicU64::new(0),
+            changed_at: AtomicU64::new(now.as_u64()),
+            progress: AtomicU64::new(1.0f64.to_bits()),
+            engaged: AtomicBool::new(false),
+            limit: AtomicU64::new(p.base_limit_rps.to_bits()),
+            next_raise: AtomicU64::new(0),
+            partition: cfg.partition.clone(),
+            state: Mutex::new(RouteState {
+                ring: SlotRing::new(&cfg.window),
+                controller: Controller::new(p.clone(), now, cfg.window.window()),
+                own: p.clone(),
+                events,
+                active_event: None,
+                counts: TransitionCounts::default(),
+                last_sweep: now,
+                last_shadow_sweep: now,
+            }),
+        };
+        route.start(now);
+        route
+    }
+
+    /// The limit enforced now, req/s.
+    fn limit_rps(&self) -> f64 {
+        f64::from_bits(self.limit.load(Ordering::Relaxed))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RouteState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The state lock if no one holds it, without waiting; taken poisoned or not, as
+    /// [`Route::lock`] takes it. Refused for poison, no request would roll the window,
+    /// step the controller or make a change left behind again, after a panic (a
+    /// hook's) while the lock was held.
+    fn try_lock(&self) -> Option<std::sync::MutexGuard<'_, RouteState>> {
+        match self.state.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Whether `cfg` describes this route with the same shape of state (its matcher
+    /// aside: the engine holds the matchers).
+    fn same_structure(&self, cfg: &RouteConfig) -> bool {
+        *self.name == cfg.name
+            && self.mode == cfg.mode
+            && self.window == cfg.window
+            && self.algorithm == cfg.algorithm
+            && self.partition == cfg.partition
+            && self.tiers == cfg.tiers
+    }
+
+    /// New own parameters (and, on reload, new events) applied to the live state; a
+    /// transition this makes is counted and passed to `hook`.
+    fn reconfigure(
+        &self,
+        params: &ControllerParams,
+        events: Option<&[Event]>,
+        now: Nanos,
+        wall_now: SystemTime,
+        hook: Option<&TransitionHook>,
+    ) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let changed = st.own != *params;
+        st.own = params.clone();
+        if let Some(events) = events {
+            st.events = events
+                .iter()
+                .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
+                .collect();
+        }
+        // Whatever was in force, the profile due now replaces it (in one step: the
+        // route's own profile set on the way would move a recovering controller).
+        let due = st.events.iter().position(|e| e.start <= now && now < e.end);
+        st.active_event = due;
+        let params = due.map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
+        let (counts, entered) = (&mut st.counts, st.controller.entered_at());
+        st.controller.set_params(params, now, |t| {
+            counts.record(&t, entered);
+            if let Some(h) = hook {
+                h(&self.name, &t);
+            }
+        });
+        if changed {
+            st.controller.rearm(now, self.window.window());
+        }
+        self.apply_limit(&st.controller, now);
+        self.publish_next_raise(&st.controller, now);
+    }
+
+    /// Publishes when the controller next raises the limit, as seen at `now`, for
+    /// [`Engine::restore_eta`].
+    fn publish_next_raise(&self, c: &Controller, now: Nanos) {
+        let at = c
+            .next_raise_at(now, self.window.window())
+            .map_or(0, Nanos::as_u64);
+        self.next_raise.store(at, Ordering::Relaxed);
+    }
+
+    /// Starts the window at the slot containing `now` (so a clock that starts far from
+    /// zero does not replay empty slots since its origin), and puts in force the event
+    /// due now, if any.
+    fn start(&self, now: Nanos) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let idx = self.counter.slot_index(now);
+        st.ring.advance(&self.counter, idx, |_| {});
+        st.follow_events(now);
+        self.apply_limit(&st.controller, now);
+    }
+
+    /// Pushes the controller's limit to the limiters, as of `at`, when it took effect
+    /// (never before the last change pushed). Never waits: a route-wide token bucket
+    /// whose change finds its note taken is marked [`behind`](Route::behind), and
+    /// the next decision on the route makes the change ([`Route::finish_change`]).
+    fn apply_limit(&self, c: &Controller, at: Nanos) {
+        let now = at.max(Nanos::new(self.changed_at.load(Ordering::Relaxed)));
+        self.set_limiters(c, now, BEHIND_LIMITER | BEHIND_SHADOW);
+        let limit = c.limit_rps();
+        let base = c.params().base_limit_rps;
+        let cut = c.params().cut_limit_rps;
+        if let Some(keys) = &self.keys {
+            keys.tiers().set_default(base, cut);
+        }
+        if let Some(Shadow::Keys(keys)) = &self.shadow {
+            keys.tiers().set_default(base, cut);
+        }
+        self.progress
+            .store(c.progress().to_bits(), Ordering::Relaxed);
+        let enforced = if self.mode == Mode::ShadowAdaptive {
+            base
+        } else {
+            limit
+        };
+        self.limit.store(enforced.to_bits(), Ordering::Relaxed);
+        self.engaged.store(
+            c.state() != ControllerState::Normal && limit < base,
+            Ordering::Relaxed,
+        );
+        self.changed_at.store(now.as_u64(), Ordering::Relaxed);
+        // `SeqCst`, then read the concurrency keys' queues (`wake_queued`): see
+        // `ConcurrencyKey::check`.
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        crate::sync::seq_cst_fence_under_loom();
+        if let Some(keys) = &self.keys {
+            keys.wake_queued(self);
+        }
+    }
+
+    /// Sets the route-wide limiters among `which` ([`BEHIND_LIMITER`],
+    /// [`BEHIND_SHADOW`]) to the controller's limit as of `at`, each without waiting,
+    /// and records those whose change could not take its note as [`behind`](Route::behind).
+    /// Called with the state lock held.
+    fn set_limiters(&self, c: &Controller, at: Nanos, which: u8) {
+        let limit = c.limit_rps();
+        let base = c.params().base_limit_rps;
+        let set = |limiter: &Limiter, limit: f64, flag: u8| {
+            if which & flag == 0 || limiter.try_set_limit(limit, at) {
+                0
+            } else {
+                flag
+            }
+        };
+        let behind = match (self.mode, &self.shadow) {
+            (Mode::ShadowAdaptive, Some(Shadow::Route(shadow))) => {
+                set(&self.limiter, base, BEHIND_LIMITER) | set(shadow, limit, BEHIND_SHADOW)
+            }
+            // Keys (enforced and shadow) catch up lazily with `generation`.
+            (Mode::ShadowAdaptive, _) => 0,
+            _ => set(&self.limiter, limit, BEHIND_LIMITER),
+        };
+        self.behind.store(behind, Ordering::Relaxed);
+    }
+
+    /// Makes the limit change that a route-wide limiter is [`behind`](Route::behind)
+    /// on, dated where it was pushed, if the state lock is free (it is taken, not
+    /// waited for) and the note too (else the next decision tries again). Out of
+    /// line: a change finds its note taken only while another change holds it.
+    #[cold]
+    #[inline(never)]
+    fn finish_change(&self) {
+        if let Some(st) = self.try_lock() {
+            let which = self.behind.load(Ordering::Relaxed);
+            if which != 0 {
+                let at = Nanos::new(self.changed_at.load(Ordering::Relaxed));
+                self.set_limiters(&st.controller, at, which);
+            }
+        }
+    }
+
+    fn snapshot(&self, now: Nanos) -> RouteSnapshot {
+        let st = self.lock();
+        let c = &st.controller;
+        let p = c.params();
+        let offered = self.counter.arrivals();
+        let counted = Reason::ALL.map(|r| (r, self.counter.counters().sum(rejected_counter(r))));
+        let none = Reason::ALL.map(|r| (r, 0));
+        let (rejected, shadow_rejected) = match self.mode {
+            Mode::Enforce => (counted, none),
+            Mode::Shadow => (none, counted),
+            Mode::ShadowAdaptive => {
+                let cut = self.counter.counters().sum(SHADOW_CUT);
+                (
+                    counted,
+                    none.map(|(r, _)| (r, if r == Reason::RocCut { cut } else { 0 })),
+                )
+            }
+        };
+        let rejected_total: u64 = rejected.iter().map(|(_, n)| n).sum();
+        RouteSnapshot {
+            name: self.name.to_string(),
+            serial: self.serial.get(),
+            mode: self.mode,
+            state: c.state(),
+            state_since: c.entered_at(),
+            sample: st.ring.sample(),
+            roc: c.last_roc(),
+            limit_rps: c.limit_rps(),
+            base_limit_rps: p.base_limit_rps,
+            cut_limit_rps: p.cut_limit_rps,
+            danger_roc: p.danger_roc,
+            safe_roc: p.safe_roc,
+            level: self.limiter.level(now),
+            offered,
+            admitted: offered.saturating_sub(rejected_total),
+            rejected: rejected.to_vec(),
+            shadow_rejected: shadow_rejected.to_vec(),
+            cuts: st.counts.cuts,
+            time_in_cut: st.counts.time_in_cut
+                + if c.state() == ControllerState::Cut {
+                    now.saturating_since(c.entered_at())
+                } else {
+                    Duration::ZERO
+                },
+            transitions: st.counts.transitions,
+            active_event: st.active_event.map(|i| st.events[i].name.clone()),
+            keys: self.keys.as_ref().map_or(0, Keys::len),
+            max_keys: match &self.partition {
+                Partition::Route => 0,
+                Partition::ClientIp(limits) | Partition::Header(_, limits) => limits.max_keys,
+            },
+            window: self.window,
+            min_rps: p.min_rps,
+            roc_mode: p.roc_mode,
+            algorithm: self.algorithm.name(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,96 @@
+//! [`RouteSnapshot`]: a read-only view of one route, for the admin API, metrics and
+//! tests.
+
+use crate::clock::Nanos;
+use crate::config::Mode;
+use crate::controller::ControllerState;
+use crate::limiter::{Level, Reason};
+use crate::window::{RocMode, RocSample, WindowSpec};
+use std::time::Duration;
+
+/// A read-only view of one route.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RouteSnapshot {
+    /// Route name.
+    pub name: String,
+    /// Unique to the route's state in this process: a reload that rebuilds the route
+    /// (a new window, algorithm, mode, partition or tiers) starts its counts from zero
+    /// under a new serial; one that keeps it keeps the serial.
+    pub serial: u64,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// Controller state.
+    pub state: ControllerState,
+    /// When the controller entered its state.
+    pub state_since: Nanos,
+    /// Demand in each half-window over completed slots.
+    pub sample: RocSample,
+    /// ROC of the last completed slot, in the route's mode.
+    pub roc: f64,
+    /// The controller's current limit, req/s (per key on partitioned routes).
+    pub limit_rps: f64,
+    /// The base limit in force (an event's, while one is active).
+    pub base_limit_rps: f64,
+    /// The cut limit in force.
+    pub cut_limit_rps: f64,
+    /// The danger threshold in force.
+    pub danger_roc: f64,
+    /// The safe threshold in force.
+    pub safe_roc: f64,
+    /// The route-level limiter's level (tokens, count, queue or in-flight).
+    pub level: Level,
+    /// Requests offered (admitted and rejected alike).
+    pub offered: u64,
+    /// Requests admitted (offered less rejected; shadow modes admit all).
+    pub admitted: u64,
+    /// Requests rejected, by reason.
+    pub rejected: Vec<(Reason, u64)>,
+    /// Requests a shadow mode admitted but would have rejected, by reason.
+    pub shadow_rejected: Vec<(Reason, u64)>,
+    /// Cuts since start.
+    pub cuts: u64,
+    /// Total time spent in `Cut`.
+    pub time_in_cut: Duration,
+    /// Transition counts, `[from][to]` indexed by [`ControllerState::as_index`].
+    pub transitions: [[u64; 3]; 3],
+    /// The scheduled event in force, if any.
+    pub active_event: Option<String>,
+    /// Keys tracked (partitioned routes).
+    pub keys: usize,
+    /// Keys a partitioned route tracks at most (its `max_keys`; 0 for a route limited
+    /// as a whole): once `keys` reaches it, new keys share one overflow limiter.
+    pub max_keys: usize,
+    /// The window's shape.
+    pub window: WindowSpec,
+    /// The `min_rps` in force (the floor of relative ROC).
+    pub min_rps: f64,
+    /// Whether `roc`, `danger_roc` and `safe_roc` are absolute or relative.
+    pub roc_mode: RocMode,
+    /// The enforcing algorithm's name, as in config.
+    pub algorithm: &'static str,
+}
+
+impl RouteSnapshot {
+    /// Total rejected, all reasons.
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Rejected for `reason`.
+    pub fn rejected_for(&self, reason: Reason) -> u64 {
+        count_for(&self.rejected, reason)
+    }
+
+    /// Admitted by a shadow mode but would have been rejected for `reason`.
+    pub fn shadow_rejected_for(&self, reason: Reason) -> u64 {
+        count_for(&self.shadow_rejected, reason)
+    }
+}
+
+fn count_for(counts: &[(Reason, u64)], reason: Reason) -> u64 {
+    counts
+        .iter()
+        .find(|(r, _)| *r == reason)
+        .map_or(0, |(_, n)| *n)
+}

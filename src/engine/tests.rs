@@ -1,0 +1,264 @@
+//! Unit tests of the engine that read its private state (key tables, shadow
+//! limiters); the rest are in `tests/`.
+
+use super::*;
+use crate::config::{KeyLimits, Tier};
+use std::net::Ipv4Addr;
+
+fn ip(n: u32) -> Key<'static> {
+    Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
+}
+
+/// Offers `rate` req/s of `key` evenly from `from` to `to` (seconds).
+fn offer(e: &Engine, id: RouteId, key: Key<'_>, from: f64, to: f64, rate: f64) {
+    let n = ((to - from) * rate).round() as u64;
+    for k in 0..n {
+        let _ = e.check(id, key, Nanos::from_secs_f64(from + k as f64 / rate));
+    }
+}
+
+/// Keys in the route's shadow key table.
+fn shadow_keys(e: &Engine, id: RouteId) -> usize {
+    match &e.route(id).unwrap().shadow {
+        Some(Shadow::Keys(keys)) => keys.len(),
+        _ => panic!("a shadow_adaptive partitioned route has a shadow key table"),
+    }
+}
+
+/// In `shadow_adaptive` mode, the shadow key table's idle keys are evicted after
+/// `idle_timeout` while the enforced table stays full, and is swept every 100 ms.
+/// The shadow table used to be swept on the enforced table's clock: with the
+/// enforced table swept every 100 ms, the shadow table, not full and swept every
+/// half `idle_timeout`, never found that much time gone, and kept its keys.
+#[test]
+fn the_shadow_key_table_is_swept_on_its_own_clock() {
+    let mut cfg = RouteConfig::new("sa-sweep", crate::config::RouteMatch::any());
+    cfg.mode = Mode::ShadowAdaptive;
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        max_keys: 2,
+        idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
+    });
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    cfg.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_secs(1024),
+    };
+    // Two keys whose one request each leaves their buckets short for 1,024 s: the
+    // enforced table is full, and none of its keys is at rest.
+    cfg.tiers = vec![Tier::new(
+        "slow",
+        vec!["10.0.0.1", "10.0.0.2"],
+        1.0 / 1024.0,
+        1.0 / 2048.0,
+    )];
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    for n in [1, 2] {
+        assert!(e.check(id, ip(n), Nanos::ZERO).is_admit());
+    }
+    offer(&e, id, Key::None, 0.0, 10.0, 8.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+    let cut = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!(cut.state, ControllerState::Cut);
+    // A new client during the cut: the enforced table is full (it goes to the
+    // overflow limiter), the shadow table takes it.
+    offer(&e, id, ip(3), 11.0, 11.5, 4.0);
+    assert_eq!(shadow_keys(&e, id), 1);
+    // Anonymous requests roll the window on, every slot, for 30 s.
+    offer(&e, id, Key::None, 11.5, 41.5, 10.0);
+    let now = Nanos::from_secs_f64(41.5);
+    assert_eq!(e.route_snapshot(id, now).unwrap().keys, 2, "still full");
+    assert_eq!(
+        shadow_keys(&e, id),
+        0,
+        "the shadow key idle for 30 s, idle_timeout 10 s, was evicted"
+    );
+}
+
+/// The request that wins the slot rollover at 2 s takes the event's profile, and
+/// its change of the route's bucket finds the note taken: it is decided at the
+/// old limit (a 21st request at 2 s is admitted), not held until the note is free
+/// (the test hung there, in `Note::take`), and the route is behind. The first
+/// decision after the note is given back makes the change: the bucket holds 20
+/// tokens and admits 20 at once. The event's end at 3 s, taken by an upkeep
+/// (`catch_up`) while the note is held again, reaches the bucket at the next
+/// upkeep, with no request in between.
+#[test]
+fn a_rollover_winner_never_waits_for_another_buckets_change() {
+    let ms = Nanos::from_millis;
+    // 200/s (200 tokens), and from 2 s to 3 s an event that brings it to 20/s.
+    let mut cfg = RouteConfig::new("held_note", crate::config::RouteMatch::any());
+    let mut event = cfg.controller.clone();
+    event.base_limit_rps = 20.0;
+    event.cut_limit_rps = 10.0;
+    let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
+    cfg.events = vec![Event::new("sale", start, Duration::from_secs(1), event)];
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
+    crate::limiter::gcra::with_the_note_held(|| {
+        let n = (0..21)
+            .filter(|_| e.check(id, Key::None, ms(2_000)).is_admit())
+            .count();
+        assert_eq!(n, 21, "decided at 200/s meanwhile");
+        assert_eq!(e.limit_rps(id), Some(20.0));
+        assert_eq!(r.behind.load(Ordering::Relaxed), BEHIND_LIMITER);
+    });
+    assert_eq!(r.limiter.level(ms(2_000)).capacity, 200.0);
+    let n = (0..100)
+        .filter(|_| e.check(id, Key::None, ms(2_000)).is_admit())
+        .count();
+    assert_eq!(n, 20);
+    assert_eq!(r.behind.load(Ordering::Relaxed), 0);
+    assert_eq!(r.limiter.level(ms(2_000)).capacity, 20.0);
+    crate::limiter::gcra::with_the_note_held(|| {
+        e.catch_up(id, ms(3_000));
+        assert_eq!(e.limit_rps(id), Some(200.0));
+        assert_eq!(r.behind.load(Ordering::Relaxed), BEHIND_LIMITER);
+    });
+    assert_eq!(r.limiter.level(ms(3_000)).capacity, 20.0);
+    e.catch_up(id, ms(3_000));
+    assert_eq!(r.behind.load(Ordering::Relaxed), 0);
+    assert_eq!(r.limiter.level(ms(3_000)).capacity, 200.0);
+}
+
+/// A concurrency route's slot reports say how many requests were in flight when
+/// the slot closed (what its base limit counts, for the tuning hints); other
+/// algorithms' say nothing.
+#[test]
+fn slot_reports_carry_the_count_in_flight_of_a_concurrency_route() {
+    let seen = |algorithm: Algorithm| {
+        let mut cfg = RouteConfig::new("in_flight_report", crate::config::RouteMatch::any());
+        cfg.algorithm = algorithm;
+        cfg.controller.base_limit_rps = 10.0;
+        cfg.controller.cut_limit_rps = 5.0;
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        let hook = {
+            let reports = Arc::clone(&reports);
+            move |_: &str, r: &SlotReport| reports.lock().unwrap().push(r.in_flight)
+        };
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
+            .unwrap()
+            .with_sample_hook(Arc::new(hook));
+        let id = e.route_at(0).unwrap();
+        let held: Vec<Decision> = (0..3)
+            .map(|_| e.check(id, Key::None, Nanos::ZERO))
+            .collect();
+        assert!(held.iter().all(Decision::is_admit));
+        let _ = e.check(id, Key::None, Nanos::from_millis(250));
+        let seen = reports.lock().unwrap().clone();
+        seen
+    };
+    let counts = seen(Algorithm::Concurrency { queue: 0 });
+    assert!(!counts.is_empty());
+    assert!(counts.iter().all(|&n| n == Some(3.0)), "{counts:?}");
+    let bucket = seen(Algorithm::TokenBucket {
+        burst: Duration::from_secs(1),
+    });
+    assert!(
+        !bucket.is_empty() && bucket.iter().all(Option::is_none),
+        "{bucket:?}"
+    );
+}
+
+/// A sample hook that panics once (at the first slot's report, 0.5 s) poisons the
+/// route's state lock, which the request rolling the window held. The route still
+/// rolls: the request that wins the rollover at 2 s takes the event's profile
+/// (20/s), and when its change finds the note taken, the next decision makes it.
+/// Before, `try_lock` failed on the poisoned lock forever: no request rolled the
+/// window or stepped the controller again, the limit stayed 200/s through the
+/// event (a cut in force then would have stayed in force for good), and no
+/// decision made a change left behind.
+#[test]
+fn a_route_whose_lock_a_panicking_hook_poisoned_still_rolls() {
+    let ms = Nanos::from_millis;
+    let mut cfg = RouteConfig::new("poisoned_lock", crate::config::RouteMatch::any());
+    let mut event = cfg.controller.clone();
+    event.base_limit_rps = 20.0;
+    event.cut_limit_rps = 10.0;
+    let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
+    cfg.events = vec![Event::new("sale", start, Duration::from_secs(1), event)];
+    let panicked = Arc::new(AtomicBool::new(false));
+    let hook = {
+        let panicked = Arc::clone(&panicked);
+        move |_: &str, _: &SlotReport| {
+            if !panicked.swap(true, Ordering::Relaxed) {
+                panic!("the sample hook fails once");
+            }
+        }
+    };
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
+        .unwrap()
+        .with_sample_hook(Arc::new(hook));
+    let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
+    let rolled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        e.check(id, Key::None, ms(500))
+    }));
+    assert!(rolled.is_err() && r.state.is_poisoned());
+    crate::limiter::gcra::with_the_note_held(|| {
+        assert!(e.check(id, Key::None, ms(2_000)).is_admit());
+        assert_eq!(e.limit_rps(id), Some(20.0), "the event's limit");
+        assert_eq!(r.behind.load(Ordering::Relaxed), BEHIND_LIMITER);
+    });
+    assert!(e.check(id, Key::None, ms(2_000)).is_admit());
+    assert_eq!(r.behind.load(Ordering::Relaxed), 0);
+    assert_eq!(r.limiter.level(ms(2_000)).capacity, 20.0);
+}
+
+/// A key's request that must catch up with a change of its route's limit (4/s
+/// lowered to 1/s, one second's burst), while the note the key's bucket needs is
+/// held by another bucket's change: decided at the key's old limit (2 of 4 tokens
+/// left: admitted), not held until the note is free (the test hung there, in
+/// `Note::take`). Its next request catches up: the one token left at 4/s stays
+/// one at 1/s, and a request after it waits a second. At 0 the key admitted 4,
+/// its old capacity.
+#[test]
+fn a_keyed_request_never_waits_for_another_buckets_change() {
+    let mut cfg = RouteConfig::new("held_note_keys", crate::config::RouteMatch::any());
+    cfg.partition = crate::config::Partition::ClientIp(crate::config::KeyLimits::default());
+    cfg.controller.base_limit_rps = 4.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let (id, key) = (
+        e.route_at(0).unwrap(),
+        Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 1).into()),
+    );
+    for _ in 0..2 {
+        assert!(e.check(id, key, Nanos::ZERO).is_admit());
+    }
+    let mut params = e.route_params(id).unwrap();
+    params.base_limit_rps = 1.0;
+    e.update_route(id, params, Nanos::ZERO).unwrap();
+    crate::limiter::gcra::with_the_note_held(|| assert!(e.check(id, key, Nanos::ZERO).is_admit()));
+    assert!(e.check(id, key, Nanos::ZERO).is_admit());
+    let r = e.check(id, key, Nanos::ZERO).rejection().expect("empty");
+    assert_eq!(r.retry_after, Duration::from_secs(1));
+}
+
+/// The sample hook says which slots the controller acted on: none before one full
+/// window (6 s) from the start, every one after.
+#[test]
+fn slot_reports_say_whether_the_controller_was_armed() {
+    let config = Config::new(vec![RouteConfig::new(
+        "r",
+        crate::config::RouteMatch::any(),
+    )]);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    let engine = Engine::new(&config, Nanos::ZERO, std::time::UNIX_EPOCH)
+        .unwrap()
+        .with_sample_hook(Arc::new(move |_: &str, r: &SlotReport| {
+            sink.lock().unwrap().push((r.at, r.armed));
+        }));
+    let id = engine.route_at(0).unwrap();
+    for ms in (0..8_000).step_by(50) {
+        let _ = engine.check(id, Key::None, Nanos::from_millis(ms));
+    }
+    let seen = seen.lock().unwrap();
+    assert!(seen.len() > 70, "{}", seen.len());
+    for &(at, armed) in seen.iter() {
+        assert_eq!(armed, at >= Nanos::from_secs(6), "at {at}");
+    }
+}
