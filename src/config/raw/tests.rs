@@ -1,0 +1,536 @@
+//! Unit tests of the file format: what the raw structs take, what their validation
+//! reports and where, and that what it writes back reads as the routes given.
+
+use super::*;
+
+/// What [`check_routes`] writes back reads as the very routes it was given, for
+/// every shipped file (tiers, events, partitions, every algorithm, relative ROC):
+/// no setting is lost or changed on the way, so the file's rules see what runs.
+#[test]
+fn routes_written_back_read_as_themselves() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut files = vec![dir.join("rocgate.toml")];
+    for entry in std::fs::read_dir(dir.join("examples")).expect("config/examples") {
+        files.push(entry.expect("an entry").path());
+    }
+    assert!(files.len() >= 8, "{files:?}");
+    for path in files {
+        let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let again = reread(&config.routes).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+        assert_eq!(again.routes, config.routes, "{}", path.display());
+    }
+    // Durations to the nanosecond, and an event's start too.
+    let mut r = RouteConfig::new("r", RouteMatch::exact("GET", "/api/items/{id}"));
+    r.controller.hold = Duration::from_nanos(1_500_000_001);
+    r.partition = Partition::Header("X-Api-Key".into(), KeyLimits::default());
+    r.events.push(Event {
+        name: "sale".into(),
+        start: SystemTime::UNIX_EPOCH + Duration::from_nanos(1_764_000_000_123_456_789),
+        duration: Duration::from_secs(60),
+        controller: r.controller.clone(),
+    });
+    let again = reread(std::slice::from_ref(&r)).expect("valid");
+    assert_eq!(again.routes[0].controller, r.controller);
+    assert_eq!(again.routes[0].events, r.events);
+    assert_eq!(again.routes[0].matcher, r.matcher);
+}
+
+/// [`EVENT_SETTINGS`] are the settings an event's table takes: the fields its
+/// deserializer expects, past `name`, `start` and `duration`.
+#[test]
+fn event_settings_are_the_fields_an_event_takes() {
+    let e = serde_json::from_str::<RawEvent>(r#"{"burst": "1s"}"#).unwrap_err();
+    let e = e.to_string();
+    let expected = e
+        .split_once("expected one of ")
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("{e}"));
+    // Each field is quoted in backticks: every other piece between them.
+    let fields: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    assert_eq!(fields[..3], ["name", "start", "duration"], "{e}");
+    assert_eq!(fields[3..], EVENT_SETTINGS, "{e}");
+}
+
+fn matcher(method: Option<&str>, path: PathPattern) -> RouteMatch {
+    RouteMatch {
+        method: method.map(str::to_owned),
+        path,
+    }
+}
+
+fn template(path: &str) -> PathPattern {
+    PathPattern::parse_path(path).expect("a valid template")
+}
+
+#[test]
+fn a_route_is_shadowed_only_when_every_request_it_matches_is_taken() {
+    let prefix = |p: &str| PathPattern::Prefix(p.to_owned());
+    let exact = |p: &str| PathPattern::Exact(p.to_owned());
+    let all = matcher(None, prefix("/"));
+    let api = matcher(None, prefix("/api/"));
+    let post_order = matcher(Some("POST"), exact("/api/order"));
+    let items = matcher(None, template("/api/items/{id}"));
+
+    assert!(shadows(&all, &post_order));
+    assert!(shadows(&api, &post_order));
+    assert!(shadows(&api, &items));
+    assert!(shadows(&api, &matcher(None, prefix("/api/v2"))));
+    assert!(shadows(&items, &matcher(None, exact("/api/items/7"))));
+    assert!(shadows(&post_order, &post_order.clone()));
+
+    assert!(!shadows(
+        &post_order,
+        &matcher(Some("GET"), exact("/api/order"))
+    ));
+    assert!(!shadows(&post_order, &matcher(None, exact("/api/order"))));
+    assert!(!shadows(&matcher(Some("GET"), prefix("/")), &post_order));
+    // A GET route takes HEAD requests too (the GET handler answers them).
+    let get_order = matcher(Some("GET"), exact("/api/order"));
+    let head_order = matcher(Some("HEAD"), exact("/api/order"));
+    assert!(shadows(&get_order, &head_order));
+    assert!(!shadows(&head_order, &get_order));
+    assert!(!shadows(&api, &matcher(None, prefix("/ap"))));
+    assert!(!shadows(
+        &items,
+        &matcher(None, exact("/api/items/7/reviews"))
+    ));
+    assert!(!shadows(&matcher(None, prefix("/api/items/1")), &items));
+}
+
+#[test]
+fn a_template_shadows_a_later_one_whatever_its_parameters_are_named() {
+    let items = matcher(None, template("/api/items/{id}"));
+    assert!(shadows(
+        &items,
+        &matcher(None, template("/api/items/{item}"))
+    ));
+    assert!(shadows(
+        &items,
+        &matcher(Some("GET"), template("/api/items/{sku}/"))
+    ));
+    assert!(shadows(
+        &matcher(None, template("/api/{kind}/{id}")),
+        &items
+    ));
+    assert!(!shadows(
+        &items,
+        &matcher(None, template("/api/{kind}/{id}"))
+    ));
+    assert!(!shadows(
+        &items,
+        &matcher(None, template("/api/items/{id}/reviews"))
+    ));
+    assert!(!shadows(
+        &matcher(None, template("/api/items/{id}/reviews")),
+        &items
+    ));
+    assert!(!shadows(
+        &matcher(None, template("/api/orders/{id}")),
+        &items
+    ));
+    // And the file says so.
+    let text = "[[routes]]\nname = \"a\"\npath = \"/api/items/{id}\"\n\
+                    [[routes]]\nname = \"b\"\npath = \"/api/items/{item}\"\n";
+    let e = Config::from_toml_str(text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+            e,
+            "t.toml: routes[1].path: never matches: routes[0] (\"a\") comes first and takes every request it would"
+        );
+}
+
+#[test]
+fn a_change_that_is_not_json_is_named_once() {
+    let e = crate::config::patch_controller(
+        &ControllerParams::default(),
+        &Algorithm::default(),
+        r#"{"base_limit": }"#,
+        "PUT /admin/routes/order",
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "PUT /admin/routes/order: base_limit: expected value at line 1 column 16"
+    );
+    // What follows the object is not dropped silently.
+    let e = patch_controller(
+        &ControllerParams::default(),
+        &Algorithm::default(),
+        r#"{"base_limit": 300} {"cut_limit": 500}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e[0].to_string(), "trailing characters at line 1 column 21");
+}
+
+#[test]
+fn a_change_keeps_a_token_buckets_capacity_within_what_it_holds() {
+    // 10^6 req/s for 2 h is 7.2 × 10^9 tokens; the bucket holds 2^32 − 1.
+    let bucket = Algorithm::TokenBucket {
+        burst: Duration::from_secs(7200),
+    };
+    let e = patch_controller(
+        &ControllerParams::default(),
+        &bucket,
+        r#"{"base_limit": 1000000}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].location(), "base_limit");
+    assert!(
+        e[0].message()
+            .contains("base_limit × burst must be at most 4294967295 tokens"),
+        "{e:?}"
+    );
+    patch_controller(
+        &ControllerParams::default(),
+        &bucket,
+        r#"{"base_limit": 500000}"#,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_change_of_roc_mode_at_runtime_takes_thresholds_of_the_new_mode() {
+    // An absolute route (danger 80 req/s per s): read as a ratio, 80 would mean
+    // demand up 81-fold. The file requires the thresholds with relative, and so
+    // does a change.
+    let absolute = ControllerParams::default();
+    let patch = |json: &str, current: &ControllerParams| {
+        patch_controller(current, &Algorithm::default(), json)
+    };
+    let e = patch(r#"{"roc_mode": "relative"}"#, &absolute).unwrap_err();
+    let fields: Vec<&str> = e.iter().map(Problem::location).collect();
+    assert_eq!(fields, ["danger_roc", "safe_roc"], "{e:?}");
+    assert!(e[0].message().contains("roc_mode"), "{e:?}");
+    let e = patch(r#"{"roc_mode": "relative", "danger_roc": 1.5}"#, &absolute).unwrap_err();
+    let about_mode: Vec<&str> = e
+        .iter()
+        .filter(|p| p.message().contains("roc_mode"))
+        .map(Problem::location)
+        .collect();
+    assert_eq!(about_mode, ["safe_roc"], "{e:?}");
+    let relative = patch(
+        r#"{"roc_mode": "relative", "danger_roc": 1.5, "safe_roc": 0.2}"#,
+        &absolute,
+    )
+    .unwrap();
+    assert_eq!(relative.roc_mode, RocMode::Relative);
+    assert_eq!((relative.danger_roc, relative.safe_roc), (1.5, 0.2));
+    // Back to absolute: the ratios would be read as req/s per s.
+    let e = patch(r#"{"roc_mode": "absolute"}"#, &relative).unwrap_err();
+    assert_eq!(e.len(), 2, "{e:?}");
+    // Naming the mode in force, or changing a threshold alone, needs nothing more.
+    assert!(patch(r#"{"roc_mode": "relative"}"#, &relative).is_ok());
+    assert_eq!(
+        patch(r#"{"danger_roc": 2}"#, &relative).unwrap().danger_roc,
+        2.0
+    );
+}
+
+#[test]
+fn every_algorithm_name_is_the_limiter_s_own() {
+    for (name, kind) in ALGORITHMS {
+        let s = Settings {
+            algorithm: Some(Set {
+                value: kind,
+                scope: Scope::Defaults,
+            }),
+            ..Settings::builtin()
+        };
+        let built = algorithm_of(&mut Problems::default(), &s, Scope::Defaults);
+        assert_eq!(built.map(|a| a.name()), Some(name));
+    }
+}
+
+/// The field names a struct's derived `Deserialize` takes (the list it hands
+/// `deserialize_struct`), so that the docs are compared with the file format itself.
+fn fields_of<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> Deserializer<'de> for Probe<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+            enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    assert!(
+        !fields.is_empty(),
+        "{} declares no field",
+        std::any::type_name::<T>()
+    );
+    fields
+}
+
+/// README's section under the heading `title`, up to the next heading of its level
+/// or above.
+fn readme_section(title: &str) -> &'static str {
+    let readme = include_str!("../../../README.md");
+    let level = title.chars().take_while(|&c| c == '#').count();
+    let start = readme
+        .find(&format!("\n{title}\n"))
+        .unwrap_or_else(|| panic!("README.md has no heading {title:?}"))
+        + 1;
+    let body = &readme[start + title.len()..];
+    let end = body
+        .match_indices("\n#")
+        .find(|&(at, _)| {
+            let hashes = body[at + 1..].chars().take_while(|&c| c == '#').count();
+            hashes <= level && body[at + 1 + hashes..].starts_with(' ')
+        })
+        .map_or(body.len(), |(at, _)| at);
+    &body[..end]
+}
+
+/// README's "Configuration reference" table lists exactly the settings a route and
+/// `[defaults]` take, each with the value a file that leaves it out gets; and the
+/// section names every field of the other tables (a route's own, tiers, events,
+/// `[server]`, `[admin]`, `[hints]`), as "Distributed mode" names `[store]`'s.
+#[test]
+fn readme_configuration_reference_matches_the_file_format() {
+    let section = readme_section("## Configuration reference");
+    let rows: Vec<(&str, &str)> = section
+        .lines()
+        .filter_map(|line| {
+            let mut cells = line.strip_prefix("| `")?.split(" | ");
+            let name = cells.next()?.strip_suffix('`')?;
+            let default = cells.next()?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((name, default))
+        })
+        .collect();
+    let mut documented: Vec<&str> = rows.iter().map(|&(name, _)| name).collect();
+    let mut settings = fields_of::<RawSettings>().to_vec();
+    documented.sort_unstable();
+    settings.sort_unstable();
+    assert_eq!(
+        documented, settings,
+        "README's table against [defaults]' fields"
+    );
+
+    let route = "[[routes]]\nname = \"r\"\npath = \"/\"\n";
+    let builtin = Config::from_toml_str(route, "builtin").expect("a route of built-ins");
+    for &(name, default) in &rows {
+        let text = format!("[defaults]\n{name} = {default}\n{route}");
+        let written = Config::from_toml_str(&text, "README")
+            .unwrap_or_else(|e| panic!("README's default of {name}, {default}: {e}"));
+        assert_eq!(written, builtin, "README's default of {name} is {default}");
+    }
+
+    // "of the durations below, only `hold` and `min_dwell` may be zero": the
+    // durations of the table, each written as "0s".
+    let zero = section
+        .split_once("of the durations below, only ")
+        .and_then(|(_, rest)| rest.split_once(" may be zero"))
+        .expect("README says which durations may be zero")
+        .0;
+    for (name, default) in &rows {
+        // A duration's default is a quoted number with its unit (`"6s"`).
+        let duration = default
+            .strip_prefix('"')
+            .is_some_and(|d| d.starts_with(|c: char| c.is_ascii_digit()));
+        if !duration {
+            continue;
+        }
+        let text = format!("[defaults]\n{name} = \"0s\"\n{route}");
+        let accepted = Config::from_toml_str(&text, "README").is_ok();
+        assert_eq!(
+            accepted,
+            zero.contains(&format!("`{name}`")),
+            "README on whether {name} may be zero"
+        );
+    }
+
+    let named = |text: &str, field: &str| {
+        text.contains(&format!("`{field}`")) || text.contains(&format!("[[routes.{field}]]"))
+    };
+    let route_own = fields_of::<RawRoute>()
+        .iter()
+        .filter(|f| !fields_of::<RawSettings>().contains(f));
+    let tables = [
+        ("[[routes]]", route_own.copied().collect::<Vec<_>>()),
+        ("[[routes.tiers]]", fields_of::<RawTier>().to_vec()),
+        ("[[routes.events]]", fields_of::<RawEvent>().to_vec()),
+        ("[server]", fields_of::<RawServer>().to_vec()),
+        ("[admin]", fields_of::<RawAdmin>().to_vec()),
+        ("[hints]", fields_of::<RawHints>().to_vec()),
+    ];
+    for (table, fields) in tables {
+        for field in fields {
+            assert!(
+                named(section, field),
+                "README's reference omits {table} {field}"
+            );
+        }
+    }
+    let store = readme_section("### Distributed mode: shared state in Redis");
+    for field in fields_of::<RawStore>() {
+        assert!(
+            named(store, field),
+            "README's Distributed mode omits [store] {field}"
+        );
+    }
+}
+
+/// Where README gives a default in prose, "`field` (`value`", for a field of
+/// `[server]`, `[hints]` (Configuration reference) or `[store]` (Distributed mode),
+/// a file that writes that value loads as one that leaves the field out.
+#[test]
+fn readme_defaults_in_prose_are_the_built_in_values() {
+    let paragraph = |section: &'static str, opening: &str| {
+        let start = section
+            .find(opening)
+            .unwrap_or_else(|| panic!("README has no paragraph {opening:?}"));
+        let body = &section[start..];
+        &body[..body.find("\n\n").unwrap_or(body.len())]
+    };
+    let reference = readme_section("## Configuration reference");
+    let distributed = readme_section("### Distributed mode: shared state in Redis");
+    let route = "[[routes]]\nname = \"r\"\npath = \"/\"\n";
+    let tables = [
+        (
+            "[server]",
+            "",
+            paragraph(reference, "`[server]` and `[admin]`"),
+            fields_of::<RawServer>(),
+        ),
+        (
+            "[hints]",
+            "",
+            paragraph(reference, "`[hints]`:"),
+            fields_of::<RawHints>(),
+        ),
+        (
+            "[store]",
+            "backend = \"redis\"\n",
+            paragraph(distributed, "All fields, with their defaults:"),
+            fields_of::<RawStore>(),
+        ),
+    ];
+    let mut checked = 0;
+    for (table, base, text, fields) in tables {
+        for field in fields {
+            let Some(at) = text.find(&format!("`{field}` (`")) else {
+                continue;
+            };
+            let value = &text[at + field.len() + 5..];
+            let value = &value[..value.find('`').expect("a closed code span")];
+            let literal = if value.parse::<f64>().is_ok() || value.starts_with('"') {
+                value.to_owned()
+            } else {
+                format!("{value:?}")
+            };
+            let base = if *field == "backend" { "" } else { base };
+            let expected = Config::from_toml_str(&format!("{table}\n{base}{route}"), "built-in")
+                .expect("the built-in values");
+            let written = Config::from_toml_str(
+                &format!("{table}\n{base}{field} = {literal}\n{route}"),
+                "README",
+            )
+            .unwrap_or_else(|e| panic!("README's default of {table} {field}, {value}: {e}"));
+            assert_eq!(
+                written, expected,
+                "README's default of {table} {field} is {value}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 20,
+        "only {checked} defaults found in README's prose"
+    );
+}
+
+/// `config/rocgate.toml`, "the documented default", shows every field of
+/// `[defaults]`, `[server]`, `[admin]`, `[hints]` and `[store]` (commented out where
+/// it has no default value to show), and its `[defaults]` are the built-in values,
+/// as its comment says.
+#[test]
+fn default_file_shows_every_field_and_the_built_in_values() {
+    let text = include_str!("../../../config/rocgate.toml");
+    let tables = [
+        ("[defaults]", fields_of::<RawSettings>()),
+        ("[server]", fields_of::<RawServer>()),
+        ("[admin]", fields_of::<RawAdmin>()),
+        ("[hints]", fields_of::<RawHints>()),
+        ("[store]", fields_of::<RawStore>()),
+    ];
+    for (table, fields) in tables {
+        let start = text
+            .find(&format!("\n{table}\n"))
+            .or_else(|| text.find(&format!("\n# {table}\n")))
+            .unwrap_or_else(|| panic!("config/rocgate.toml has no {table}"));
+        let body = &text[start + table.len() + 2..];
+        let body = &body[..body.find("\n[").unwrap_or(body.len())];
+        for field in fields {
+            let shown = body.lines().any(|line| {
+                let line = line.trim_start_matches(['#', ' ']);
+                line.strip_prefix(field)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            });
+            assert!(shown, "config/rocgate.toml's {table} does not show {field}");
+        }
+    }
+    let defaults = text.find("\n[defaults]\n").expect("[defaults]");
+    let routes = text.find("\n[[routes]]\n").expect("[[routes]]");
+    let without = format!("{}{}", &text[..defaults], &text[routes..]);
+    assert_eq!(
+        Config::from_toml_str(&without, "without [defaults]").expect("valid"),
+        Config::from_toml_str(text, "config/rocgate.toml").expect("valid"),
+        "config/rocgate.toml's [defaults] are not the built-in values"
+    );
+
+    // `[server]`, `[admin]` and `[hints]` show their built-in values too: the file
+    // without one of them loads the same.
+    for table in ["[server]", "[admin]", "[hints]"] {
+        let start = text.find(&format!("\n{table}\n")).expect("the table") + 1;
+        let end = text[start + table.len()..]
+            .find("\n[")
+            .map_or(text.len(), |n| start + table.len() + n + 1);
+        let without = format!("{}{}", &text[..start], &text[end..]);
+        assert_eq!(
+            Config::from_toml_str(&without, "without the table").expect("valid"),
+            Config::from_toml_str(text, "config/rocgate.toml").expect("valid"),
+            "config/rocgate.toml's {table} are not the built-in values"
+        );
+    }
+
+    // The commented-out `[store]` shows the built-in values of the fields that have
+    // one (not `url`'s example database, `cluster_nodes` or `instance_id`).
+    let store = &text[text.find("\n# [store]\n").expect("# [store]")..];
+    let shown: String = store
+        .lines()
+        .filter_map(|line| line.strip_prefix("# "))
+        .filter(|line| {
+            !["url", "cluster_nodes", "instance_id"]
+                .iter()
+                .any(|f| line.starts_with(f))
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let route = "[[routes]]\nname = \"r\"\npath = \"/\"\n";
+    assert_eq!(
+        Config::from_toml_str(&format!("{shown}{route}"), "config/rocgate.toml's [store]")
+            .expect("valid"),
+        Config::from_toml_str(
+            &format!("[store]\nbackend = \"redis\"\n{route}"),
+            "built-in"
+        )
+        .expect("valid"),
+        "config/rocgate.toml's commented-out [store] shows other values than the built-in"
+    );
+}
