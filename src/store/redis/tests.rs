@@ -1,0 +1,401 @@
+//! Unit tests of the Redis backend that need no server: the replay of the shared
+//! window and controller memory, and the encoding of what the scripts store.
+
+use super::*;
+
+fn window() -> WindowSpec {
+    WindowSpec::new(Duration::from_secs(1), Duration::from_millis(100)).unwrap()
+}
+
+/// [`replay`] of `r` under the default parameters, called in slot 110 at 11 s.
+fn replay_to_slot_110(r: &Roll) -> (Controller, u64, Entered, Duration) {
+    replay(
+        ControllerParams::default(),
+        &window(),
+        r,
+        110,
+        Nanos::from_secs(11),
+    )
+    .unwrap()
+}
+
+fn roll(lo: i64, counts: Vec<u64>, through: Option<u64>) -> Roll {
+    Roll {
+        lo,
+        counts,
+        memory: StoredController {
+            through,
+            memory: None,
+        },
+    }
+}
+
+/// A fallback bucket whose share changes (10/s → 2/s, one second's burst) while
+/// another bucket's change holds the note they share: the decision that finds
+/// the new share is made at the old one, not held until the note is free (this
+/// test hung there, in `Note::take`), and the next call makes the change.
+#[test]
+fn a_share_change_never_waits_for_another_buckets_change() {
+    let ms = Nanos::from_millis;
+    let bucket = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+    let set_to = AtomicU64::new(10f64.to_bits());
+    crate::limiter::gcra::with_the_note_held(|| {
+        set_share(&bucket, &set_to, 2.0, ms(0));
+        assert_eq!(bucket.level(ms(0)).capacity, 10.0);
+        assert_eq!(set_to.load(Ordering::Relaxed), SHARE_UNSET);
+    });
+    set_share(&bucket, &set_to, 2.0, ms(0));
+    assert_eq!(bucket.level(ms(0)).capacity, 2.0);
+    assert_eq!(set_to.load(Ordering::Relaxed), 2f64.to_bits());
+}
+
+/// Two calls that find different shares (the live instances went from 2 to 5
+/// between their reads: 10/s and 4/s of a 20/s limit) record them in turn, and
+/// the one that recorded first changes the bucket last: the bucket must end at
+/// the share recorded last, which every later call finds recorded and so never
+/// sets again. Before, it stayed at the first share (10/s, two and a half times
+/// this instance's) until the share changed again.
+#[test]
+fn a_share_recorded_later_is_the_one_the_bucket_keeps() {
+    let ms = Nanos::from_millis;
+    let bucket = TokenBucket::new(20.0, Duration::from_secs(1), ms(0));
+    let set_to = AtomicU64::new(20f64.to_bits());
+    assert!(claim_share(&set_to, 10f64.to_bits()));
+    set_share(&bucket, &set_to, 4.0, ms(0));
+    assert_eq!(bucket.level(ms(0)).capacity, 4.0);
+    make_share(&bucket, &set_to, 10f64.to_bits(), ms(0));
+    assert_eq!(bucket.level(ms(0)).capacity, 4.0);
+    set_share(&bucket, &set_to, 4.0, ms(0));
+    assert_eq!(bucket.level(ms(0)).capacity, 4.0);
+}
+
+#[test]
+fn replay_observes_each_completed_slot_once() {
+    // Slots 100..=109 complete: 10 arrivals each in 100..=104, 50 in 105..=109.
+    let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 50 }).collect();
+    let r = roll(100, counts, Some(108));
+    let params = ControllerParams {
+        min_samples: 1,
+        ..ControllerParams::default()
+    };
+    let now = Nanos::from_millis(11_000);
+    let (c, through, _, _) = replay(params, &window(), &r, 110, now).unwrap();
+    assert_eq!(through, 109);
+    // Half-windows of 0.5 s: 50 then 250 arrivals, 100 → 500 req/s.
+    assert_eq!(c.last_roc(), 400.0);
+    // Not armed yet: a fresh controller waits one window from `now`.
+    assert_eq!(c.state(), ControllerState::Normal);
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn tcp_user_timeout_is_four_keepalive_probes_of_the_timeout_rounded_up() {
+    let user_timeout = |ms| tcp_settings(Duration::from_millis(ms)).user_timeout();
+    assert_eq!(user_timeout(50), Some(Duration::from_secs(4)));
+    assert_eq!(user_timeout(1_000), Some(Duration::from_secs(4)));
+    assert_eq!(user_timeout(1_500), Some(Duration::from_secs(8)));
+    assert_eq!(
+        tcp_settings(Duration::MAX).user_timeout(),
+        Some(Duration::from_secs(4 * 32_767))
+    );
+    assert!(tcp_settings(Duration::ZERO).keepalive().is_some());
+}
+
+#[test]
+fn replay_with_nothing_new_does_nothing() {
+    let r = roll(100, vec![1; 10], Some(109));
+    assert!(replay(ControllerParams::default(), &window(), &r, 110, Nanos::ZERO).is_none());
+}
+
+/// A stored controller cut since 5 s, calm since `safe_since` if any.
+fn cut_since_five(safe_since: Option<Nanos>) -> ControllerMemory {
+    ControllerMemory {
+        state: ControllerState::Cut,
+        entered_at: Nanos::from_secs(5),
+        armed_at: Nanos::ZERO,
+        safe_since,
+        limit_rps: 60.0,
+        last_roc: 0.0,
+    }
+}
+
+/// A cut in force through the slots stepped (steady traffic, calm for less than
+/// `hold`) counts their time in cut as they pass: slots 100..=109, the second from
+/// 10 s to 11 s, not nothing until the cut ends.
+#[test]
+fn replay_counts_the_time_in_a_cut_in_force() {
+    let mut r = roll(90, vec![10; 20], Some(99));
+    r.memory.memory = Some(cut_since_five(None));
+    let (c, through, transitions, in_cut) = replay_to_slot_110(&r);
+    assert_eq!((c.state(), through), (ControllerState::Cut, 109));
+    assert!(transitions.is_empty(), "{transitions:?}");
+    assert_eq!(in_cut, Duration::from_secs(1));
+}
+
+/// A cut that ends in the slots stepped counts its time from the end of the slot
+/// stepped before (10 s: the time before it was counted by that step) to its end.
+#[test]
+fn replay_counts_the_time_in_a_cut_up_to_its_end() {
+    let mut r = roll(90, vec![10; 20], Some(99));
+    r.memory.memory = Some(cut_since_five(Some(Nanos::from_secs(8))));
+    let (c, _, transitions, in_cut) = replay_to_slot_110(&r);
+    assert_ne!(c.state(), ControllerState::Cut);
+    let left = transitions
+        .iter()
+        .find(|(t, _)| t.from == ControllerState::Cut)
+        .unwrap_or_else(|| panic!("{transitions:?}"))
+        .0;
+    assert!(left.at < Nanos::from_secs(11), "{left:?}");
+    assert_eq!(in_cut, left.at.saturating_since(Nanos::from_secs(10)));
+}
+
+/// A stored controller in `Normal` at the default base limit since time zero.
+fn calm_at_base() -> ControllerMemory {
+    ControllerMemory {
+        state: ControllerState::Normal,
+        entered_at: Nanos::ZERO,
+        armed_at: Nanos::ZERO,
+        safe_since: None,
+        limit_rps: 200.0,
+        last_roc: 0.0,
+    }
+}
+
+#[test]
+fn replay_continues_a_stored_controller_and_cuts() {
+    let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
+    let mut r = roll(100, counts, Some(108));
+    r.memory.memory = Some(calm_at_base());
+    let (c, _, transitions, _) = replay_to_slot_110(&r);
+    assert_eq!(c.state(), ControllerState::Cut);
+    assert_eq!(c.limit_rps(), 60.0);
+    // The cut, with when the state it left (Normal, from the memory) was entered.
+    let [(cut, entered)] = transitions[..] else {
+        panic!("{transitions:?}")
+    };
+    assert_eq!(
+        (cut.from, cut.to, entered),
+        (ControllerState::Normal, ControllerState::Cut, Nanos::ZERO)
+    );
+}
+
+/// A restore that reaches base in the slot stepped (seven steps of 20 req/s a
+/// second from 13.3 s: base at 20.3 s, the end of slot 202), stepped by the call
+/// that began slot 203 a millisecond later: the controller goes back to Normal when
+/// the slot ends, and says so. It was continued from its memory as of that call,
+/// which finished the restore first, silently (no transition to count), and dated
+/// Normal from the call.
+#[test]
+fn replay_reports_a_restore_ending_in_the_slot_it_steps() {
+    let mut r = roll(193, vec![0; 10], Some(201));
+    r.memory.memory = Some(ControllerMemory {
+        state: ControllerState::Recovering,
+        entered_at: Nanos::from_millis(13_300),
+        armed_at: Nanos::ZERO,
+        safe_since: None,
+        limit_rps: 180.0,
+        last_roc: 0.0,
+    });
+    let now = Nanos::from_millis(20_301);
+    let params = ControllerParams::default();
+    let (c, through, transitions, _) = replay(params, &window(), &r, 203, now).unwrap();
+    assert_eq!(through, 202);
+    assert_eq!(c.state(), ControllerState::Normal);
+    assert_eq!(c.entered_at(), Nanos::from_millis(20_300));
+    let [(normal, _)] = transitions[..] else {
+        panic!("{transitions:?}")
+    };
+    assert_eq!(
+        (normal.from, normal.to, normal.at),
+        (
+            ControllerState::Recovering,
+            ControllerState::Normal,
+            Nanos::from_millis(20_300)
+        )
+    );
+}
+
+/// The route of `replay_continues_a_stored_controller_and_cuts`, cut at 11 s by
+/// the slot that ended then, and silent after one more call (in slot 110): what
+/// DECIDE hands over at slot `slot`, the counts of slots 101..=110 (none came after).
+fn cut_then_silent(memory: ControllerMemory, through: u64) -> Roll {
+    let counts: Vec<u64> = (101..=110)
+        .map(|s| match s {
+            ..105 => 10,
+            105..110 => 100,
+            _ => 1,
+        })
+        .collect();
+    let mut r = roll(101, counts, Some(through));
+    r.memory.memory = Some(memory);
+    r
+}
+
+/// A route cut at 11 s, then silent until 40 s: the rollover at 40 s lands where
+/// stepping every slot (one rollover per slot) would have, at base since 20.3 s
+/// (calm from 11.3 s, restoring from 13.3 s after the 2 s hold, seven steps of
+/// 20 req/s a second). It used to step only the last window's slots, calm from
+/// 39.1 s, and came back still cut at 60 req/s.
+#[test]
+fn replay_after_a_silence_lands_where_stepping_every_slot_would() {
+    let params = ControllerParams::default();
+    // Redis's now at the call that begins slot `s`: a millisecond into it.
+    let call = |s: u64| Nanos::from_millis(s * 100 + 1);
+    let mut r = roll(
+        100,
+        (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect(),
+        Some(108),
+    );
+    r.memory.memory = Some(calm_at_base());
+    let (cut, _, _, _) = replay(params.clone(), &window(), &r, 110, call(110)).unwrap();
+    assert_eq!(cut.state(), ControllerState::Cut);
+    let cut = cut.memory();
+
+    let mut stepped = cut;
+    let mut every_slot = Vec::new();
+    for s in 110..400 {
+        let r = cut_then_silent(stepped, s - 1);
+        let (c, _, t, _) = replay(params.clone(), &window(), &r, s + 1, call(s + 1)).unwrap();
+        stepped = c.memory();
+        every_slot.extend(t);
+    }
+    assert_eq!(stepped.state, ControllerState::Normal);
+    assert_eq!(stepped.limit_rps, 200.0);
+    assert_eq!(stepped.entered_at, Nanos::from_millis(20_300));
+
+    let r = cut_then_silent(cut, 109);
+    let (c, through, at_once, _) = replay(params, &window(), &r, 400, call(400)).unwrap();
+    assert_eq!(through, 399);
+    assert_eq!(c.memory(), stepped);
+    // The same transitions, and the same time in the cut counted.
+    let counted = |ts: &Entered| {
+        let mut counts = TransitionCounts::default();
+        ts.iter()
+            .for_each(|(t, entered)| counts.record(t, *entered));
+        (ts.iter().map(|(t, _)| *t).collect::<Vec<_>>(), counts)
+    };
+    assert_eq!(counted(&at_once), counted(&every_slot));
+}
+
+/// The same cut, stored as armed only from 30 s (a time written under a clock
+/// ahead of Redis's, as after a failover): the silence is calm from the slot where
+/// the controller was armed, restoring from 32 s after the hold, at base at 39 s,
+/// as stepping every slot would have it; not calm only from 40 s, still cut.
+#[test]
+fn replay_after_a_silence_observes_the_slot_where_it_was_armed() {
+    let mut cut = calm_at_base();
+    cut.state = ControllerState::Cut;
+    cut.limit_rps = 60.0;
+    cut.entered_at = Nanos::from_secs(11);
+    cut.armed_at = Nanos::from_millis(29_950);
+    let r = cut_then_silent(cut, 109);
+    let now = Nanos::from_millis(40_001);
+    let (c, _, transitions, _) =
+        replay(ControllerParams::default(), &window(), &r, 400, now).unwrap();
+    let path: Vec<_> = transitions.iter().map(|(t, _)| (t.to, t.at)).collect();
+    assert_eq!(
+        path,
+        [
+            (ControllerState::Recovering, Nanos::from_secs(32)),
+            (ControllerState::Normal, Nanos::from_secs(39)),
+        ]
+    );
+    assert_eq!(c.limit_rps(), 200.0);
+}
+
+#[test]
+fn replay_rearms_a_stored_controller_without_through() {
+    // What DECIDE hands over after a route's window changed: the memory,
+    // but no `through` (its slot numbers were counted in other slots).
+    let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
+    let mut r = roll(100, counts, None);
+    r.memory.memory = Some(calm_at_base());
+    let now = Nanos::from_secs(11);
+    let (c, through, _, _) = replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
+    assert_eq!(through, 109);
+    assert_eq!(c.last_roc(), 900.0);
+    // A spike, but no action for one window from now, as after a local reload.
+    assert_eq!(c.state(), ControllerState::Normal);
+    assert_eq!(c.memory().armed_at, now + Duration::from_secs(1));
+}
+
+#[test]
+fn a_reply_carries_the_buckets_level_and_the_roll_after_it() {
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let head = || {
+        vec![
+            Value::Int(1),
+            Value::Int(0),
+            text("100"),
+            Value::Int(0),
+            Value::Int(5_000_000),
+            Value::Int(50),
+            Value::Nil,
+        ]
+    };
+    // Exact mode, no rollover: the level after the token taken.
+    let mut exact = head();
+    exact.push(text("41.5"));
+    let reply = Reply::parse(Value::Array(exact)).unwrap();
+    assert_eq!(reply.tokens, Some(41.5));
+    assert!(reply.roll.is_none());
+    // Batched mode (no token taken), winning a rollover: no level, and the roll.
+    let mut batched = head();
+    batched.push(Value::Nil);
+    batched.push(Value::Array(vec![
+        Value::Int(40),
+        Value::Array(vec![Value::Int(3); 10]),
+        Value::Array(vec![Value::Nil; 7]),
+    ]));
+    let reply = Reply::parse(Value::Array(batched)).unwrap();
+    assert_eq!(reply.tokens, None);
+    let roll = reply.roll.unwrap();
+    assert_eq!((roll.lo, roll.counts.len()), (40, 10));
+}
+
+#[test]
+fn stored_controller_round_trips_through_the_hash_fields() {
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let ctl = [
+        text("60.0"),
+        text("1"),
+        text("42"),
+        text("1000"),
+        text("2000"),
+        Value::Nil,
+        text("123.5"),
+    ];
+    let stored = StoredController::parse(&ctl);
+    assert_eq!(stored.through, Some(42));
+    let m = stored.memory.unwrap();
+    assert_eq!(m.state, ControllerState::Cut);
+    assert_eq!(m.limit_rps, 60.0);
+    assert_eq!(
+        (m.entered_at, m.armed_at),
+        (Nanos::new(1000), Nanos::new(2000))
+    );
+    assert_eq!(m.safe_since, None);
+    assert_eq!(m.last_roc, 123.5);
+    let empty = StoredController::parse(&[Value::Nil, Value::Nil, Value::Nil]);
+    assert_eq!(empty, StoredController::default());
+}
+
+#[test]
+fn stored_times_keep_every_nanosecond_of_the_redis_clock() {
+    // Times are Redis's, ns since the Unix epoch: beyond 2^53, where a float
+    // keeps only every 256th nanosecond.
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let ctl = [
+        text("60.0"),
+        text("1"),
+        text("17645900001"),
+        text("1764590000123456789"),
+        text("1764590006123456789"),
+        text("1764590001000000001"),
+        text("0.0"),
+    ];
+    let m = StoredController::parse(&ctl).memory.unwrap();
+    assert_eq!(m.entered_at, Nanos::new(1_764_590_000_123_456_789));
+    assert_eq!(m.armed_at, Nanos::new(1_764_590_006_123_456_789));
+    assert_eq!(m.safe_since, Some(Nanos::new(1_764_590_001_000_000_001)));
+}
