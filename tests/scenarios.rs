@@ -468,13 +468,13 @@ fn scheduled_events_are_placed_by_the_wall_start() {
     assert_eq!(r.series.len(), 400);
 }
 
-/// ENGINE BUG (fails on purpose; src/engine/events.rs, `ScheduledEvent::place`): an event
-/// that ended before the engine started is applied from the start. Its start is
-/// computed as `now - (wall_now - event.start)`, which saturates at `Nanos::ZERO` when
-/// the engine starts at zero, and its end as that start + duration, so an event from
-/// 10 s to 50 s after the epoch runs from 0 s to 40 s in an engine started an hour after
-/// the epoch. In production the engine also starts near zero: every past event in the
-/// config comes back for its whole duration after each start.
+/// An event that ended before the engine started stays over. It was applied from the
+/// start: its start was computed as `now - (wall_now - event.start)`, which saturated at
+/// `Nanos::ZERO` for an engine started near zero (as every engine is), and its end as
+/// that start + duration, so an event from 10 s to 50 s after the epoch ran from 0 s to
+/// 40 s in an engine started an hour after the epoch, and every past event in a config
+/// came back for its whole duration after each start (`span` in
+/// src/engine/events.rs now places no event that has ended).
 #[test]
 fn a_past_event_does_not_come_back_at_start() {
     let r = simulator(route_with_event(10))
