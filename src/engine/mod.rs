@@ -668,34 +668,69 @@ impl Engine {
         }
     }
 
-    /// Decides one request on `r`.
+    /// Decides one request on `r`: at once, or, when its window needs rolling or a
+    /// limit change is left to make, after doing so out of line, in a tail call: no
+    /// value of the common path has to be kept across a call for it.
     #[inline(always)]
     fn decide(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
+        if r.counter.needs_roll(now) || r.behind.load(Ordering::Relaxed) != 0 {
+            return self.decide_late(r, key, now);
+        }
+        self.decide_now(r, key, now)
+    }
+
+    /// [`Engine::decide`] of a request that finds its window to roll or a limit change
+    /// left to make ([`Route::finish_change`]): does that first.
+    #[cold]
+    #[inline(never)]
+    fn decide_late(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
         if r.counter.needs_roll(now) {
             self.roll(r, now);
-        } else if r.behind.load(Ordering::Relaxed) != 0 {
+        } else {
             r.finish_change();
         }
+        self.decide_now(r, key, now)
+    }
+
+    /// Decides one request on `r`, its window and limiters up to date.
+    #[inline(always)]
+    fn decide_now(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
         r.counter.add();
         // The common case, a route-wide token bucket, is decided from a two-register
         // result: the `Decision` is built once, in the caller's slot, never moved.
-        if let (None, Limiter::TokenBucket(bucket)) = (&r.keys, &r.limiter) {
-            return match bucket.take(now) {
-                Ok(()) => {
-                    self.after_admit(r, key, now);
-                    Decision::Admit(Admit::Now)
-                }
+        match (&r.keys, &r.limiter) {
+            (None, Limiter::TokenBucket(bucket)) => match bucket.take(now) {
+                Ok(()) if r.shadow.is_none() => Decision::Admit(Admit::Now),
+                Ok(()) => self.admit_shadowed(r, key, now),
                 Err(retry_after_ns) => self.refused(
                     r,
                     Duration::from_nanos(retry_after_ns.max(1)),
                     Reason::Limit,
                 ),
-            };
+            },
+            (Some(keys), _) => self.settle(r, key, now, keys.check(r, key, now)),
+            (None, _) => self.decide_route(r, key, now),
         }
-        let decision = match &r.keys {
-            None => r.limiter.check(now),
-            Some(keys) => keys.check(r, key, now),
-        };
+    }
+
+    /// An admission by a route-wide token bucket on a `shadow_adaptive` route.
+    #[inline(never)]
+    fn admit_shadowed(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
+        self.after_admit(r, key, now);
+        Decision::Admit(Admit::Now)
+    }
+
+    /// [`Engine::decide_now`] of a route limited as a whole by another algorithm than
+    /// a token bucket.
+    #[inline(never)]
+    fn decide_route(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
+        self.settle(r, key, now, r.limiter.check(now))
+    }
+
+    /// What becomes of the limiter's `decision` on `r`: a rejection counted (and
+    /// enforced unless in shadow), an admission tried against the shadow limiter.
+    #[inline(always)]
+    fn settle(&self, r: &Route, key: TableKey, now: Nanos, decision: Decision) -> Decision {
         match decision {
             Decision::Reject(rej) => self.refused(r, rej.retry_after, rej.reason),
             // Shadow admits everything as it comes: the pacing is decided, not applied.
@@ -740,7 +775,9 @@ impl Engine {
     /// force, counts the rejection, and enforces it unless the route is in shadow.
     /// (The rejection comes in registers, as its two parts: a `Rejection` passed by
     /// reference is read back whole from two narrower stores, which stalls the CPU.)
-    #[inline(never)]
+    /// Inlined: a call cost a rejection by a route's token bucket its registers'
+    /// saves and restores, and the reason (`limit`) is known there.
+    #[inline(always)]
     fn refused(&self, r: &Route, retry_after: Duration, reason: Reason) -> Decision {
         let mut rej = Rejection {
             retry_after,
