@@ -204,6 +204,8 @@ struct Waits {
     timeout: Duration,
     decisions: usize,
     late: Vec<Duration>,
+    /// How late the runtime's timers ran during the last decision.
+    last_stall: Duration,
 }
 
 impl Waits {
@@ -212,6 +214,7 @@ impl Waits {
             timeout: config.timeout,
             decisions: 0,
             late: Vec::new(),
+            last_stall: Duration::ZERO,
         }
     }
 
@@ -240,6 +243,7 @@ impl Waits {
         let took = now.saturating_duration_since(started);
         // A tick due before the decision ended, not yet seen: the stall it was in.
         let timers_late = timers_late.max(now.saturating_duration_since(tick_at));
+        self.last_stall = timers_late;
         let own = took.saturating_sub(timers_late);
         assert!(
             own <= self.timeout + LATE,
@@ -995,20 +999,29 @@ async fn a_connection_gone_dark_is_replaced() {
         a.store.fallback_decisions(),
         b.store.fallback_decisions()
     );
-    // ... and no decision falls back after that.
-    let fell = a.store.fallback_decisions() + b.store.fallback_decisions();
-    run_for(
-        [&a, &b],
-        Duration::from_millis(1),
-        Duration::from_millis(300),
-        &mut waits,
-    )
-    .await;
+    // ... and no decision falls back after that, but one the test process was held up
+    // in: a decision whose timers ran late by half the timeout or more (the process
+    // stopped, a host short of CPU) may find its timeout passed when the process runs
+    // again, the reply unread. One the new connection left waiting for the timeout
+    // shows no such lateness.
+    let started = tokio::time::Instant::now();
+    let mut unexplained = Vec::new();
+    while started.elapsed() < Duration::from_millis(300) {
+        for (i, inst) in [&a, &b].into_iter().enumerate() {
+            let fell = inst.store.fallback_decisions();
+            let _ = waits.time(&format!("instance {i}"), inst.check()).await;
+            if inst.store.fallback_decisions() > fell && waits.last_stall < config.timeout / 2 {
+                unexplained.push((i, started.elapsed(), waits.last_stall));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert_eq!(a.store.mode(), StoreMode::Shared);
     assert_eq!(b.store.mode(), StoreMode::Shared);
-    assert_eq!(
-        a.store.fallback_decisions() + b.store.fallback_decisions(),
-        fell
+    assert!(
+        unexplained.is_empty(),
+        "fallbacks on the new connection (instance, when, the timers' lateness): \
+         {unexplained:?}"
     );
 }
 
