@@ -11,7 +11,9 @@
 #     from 20,000, idle after 10 s), `concurrency` with a queue (`/conc`), a leaky
 #     bucket with a queue (`/leaky`), a tight token bucket that refuses most uploads
 #     (`/tight`: lingering closes), WebSockets on a `concurrency` route of their own
-#     (`/ws`), and a catch-all; short idle, header, lingering and upstream timeouts;
+#     (`/ws`), and a catch-all; short idle, header, lingering and upstream timeouts,
+#     and a hints history kept for 1 minute (it fills up to `keep`, by design: kept
+#     short, it is full before the second half of the run);
 # and then drives it for SECONDS (default 180) with:
 #   - wrk in bursts (a flash sale: BURST seconds on, PAUSE off; each burst opens its
 #     connections anew) over every route and 20,000 API keys;
@@ -188,6 +190,10 @@ upstream_idle_timeout = "2s"
 lingering_time = "4s"
 lingering_timeout = "1s"
 max_body_bytes = 1048576
+
+[hints]
+interval = "10s"
+keep = "1m"
 EOF
     mv "$work/rocgate.toml.new" "$work/rocgate.toml"
 }
