@@ -707,8 +707,11 @@ async fn cut_together(server: &impl Servers) {
     assert!(same, "the instances disagree on the shared controller");
     // One instance steps and stores each transition, and counts it: over both, the
     // fleet's one cut (what `rocgate_cuts_total` sums to).
-    let stepped = |i: &Instance| i.store.view("order").unwrap().stepped;
-    let (sa, sb) = (stepped(&a), stepped(&b));
+    let (sa, sb) = once_counted(
+        || (stepped(&a), stepped(&b)),
+        |(sa, sb)| sa.cuts + sb.cuts > 0,
+    )
+    .await;
     assert_eq!(sa.cuts + sb.cuts, 1, "{sa:?} {sb:?}");
     let normal_to_cut = |s: TransitionCounts| s.transitions[0][1];
     assert_eq!(normal_to_cut(sa) + normal_to_cut(sb), 1);
@@ -1482,6 +1485,27 @@ async fn stored_through(
     through
 }
 
+/// What `read` gives once `counted` holds of it, or as it is after 2 s: for the shared
+/// controller's transitions an instance counted (`SharedView::stepped`). An instance
+/// counts the steps it stored when Redis's answer to the save comes back, in the task
+/// that stepped, which can run after the test has seen the save in Redis, or a slot's
+/// other decisions (a loaded host runs it late).
+async fn once_counted<T>(read: impl Fn() -> T, counted: impl Fn(&T) -> bool) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let seen = read();
+        if counted(&seen) || tokio::time::Instant::now() >= deadline {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The shared controller's transitions `inst` counted on its route `order`.
+fn stepped(inst: &Instance) -> TransitionCounts {
+    inst.store.view("order").unwrap().stepped
+}
+
 /// A bucket last written under a clock 30 s ahead of the one Redis reads now (a
 /// failover to a replica whose clock is behind the old master's, or the host's clock
 /// stepped back): it refills from now at the limit, rather than admitting nothing until
@@ -1578,7 +1602,7 @@ async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut conn = server.connection().unwrap();
-    let config = store_config(&server, "silent");
+    let config = patient_config(&server, "silent");
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
     let a = Instance::new(&quick_route(), &config, clock);
     assert!(a.check().await.is_admit());
@@ -1635,7 +1659,7 @@ async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_
         (ControllerState::Normal, 200.0)
     );
     // Cut → Recovering → Normal, stepped by this instance; 5.3 s in the cut.
-    let stepped = view.stepped;
+    let stepped = once_counted(|| stepped(&a), |s| s.transitions[2][0] > 0).await;
     assert_eq!(
         (stepped.transitions[1][2], stepped.transitions[2][0]),
         (1, 1)
@@ -1653,7 +1677,7 @@ async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut conn = server.connection().unwrap();
-    let config = store_config(&server, "restored");
+    let config = patient_config(&server, "restored");
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
     let a = Instance::new(&quick_route(), &config, clock);
     assert!(a.check().await.is_admit());
@@ -1685,7 +1709,7 @@ async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
         .query(&mut conn)
         .unwrap();
     assert_eq!((state, entered), (0, base_at_ns), "state, entered");
-    let stepped = a.store.view("order").unwrap().stepped;
+    let stepped = once_counted(|| stepped(&a), |s| s.transitions[2][0] > 0).await;
     assert_eq!(stepped.transitions[2][0], 1, "{stepped:?}");
 }
 
@@ -1700,7 +1724,7 @@ async fn a_shared_cut_in_force_is_counted_as_it_passes() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut conn = server.connection().unwrap();
-    let config = store_config(&server, "cutting");
+    let config = patient_config(&server, "cutting");
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
     let a = Instance::new(&quick_route(), &config, clock);
     assert!(a.check().await.is_admit());
@@ -1736,7 +1760,7 @@ async fn a_shared_cut_in_force_is_counted_as_it_passes() {
         .query(&mut conn)
         .unwrap();
     assert_eq!(state, 1, "still cut");
-    let stepped = a.store.view("order").unwrap().stepped;
+    let stepped = once_counted(|| stepped(&a), |s| s.time_in_cut > Duration::ZERO).await;
     assert_eq!(stepped.cuts, 0, "{stepped:?}");
     assert_eq!(
         stepped.time_in_cut,
@@ -3124,13 +3148,13 @@ async fn a_reload_that_changes_a_routes_window_keeps_its_stepped_transitions() {
     let config = store_config(&server, "keep-counts");
     let mut a = Instance::system(&quick_route(), &config);
     spike_until_both_cut(&a, &a, Duration::from_millis(4)).await;
-    let cuts = a.store.view("order").unwrap().stepped.cuts;
+    let cuts = once_counted(|| stepped(&a).cuts, |&cuts| cuts > 0).await;
     assert_eq!(cuts, 1, "one instance steps every slot");
     let mut longer = quick_route();
     longer.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
     a.reload(longer);
     let _ = a.check().await;
-    assert_eq!(a.store.view("order").unwrap().stepped.cuts, cuts);
+    assert_eq!(stepped(&a).cuts, cuts);
 }
 
 /// A reload that lengthens a distributed route's window (same slot): Redis kept two
