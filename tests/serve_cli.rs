@@ -2,9 +2,12 @@
 //! flight, refuses new connections and exits 0.
 #![cfg(all(unix, feature = "cli"))]
 
+#[path = "common/serve.rs"]
+mod serve;
+
 use axum::routing::get;
 use axum::Router;
-use std::io::{BufRead, BufReader};
+use serve::{field, log_lines, Reap};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,26 +33,6 @@ async fn upstream(delay: Duration, arrived: Arc<AtomicU64>) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     addr
-}
-
-/// The value of `key=` in a log line.
-fn field(line: &str, key: &str) -> Option<SocketAddr> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key))
-        .and_then(|v| v.parse().ok())
-}
-
-/// `serve`'s log lines, read from `stderr` on a thread of their own.
-fn log_lines(stderr: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 /// Reads `serve`'s log lines from `stderr` on a thread of their own until one names
@@ -174,16 +157,6 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
         panic!("rocgate serve did not exit within 20 s of SIGTERM");
     };
     assert!(status.success(), "exit status {status:?}");
-}
-
-/// Kills the child it holds when dropped (a test that fails leaves no process behind).
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `--upstream` is held to the file's rules: a path the proxy would silently drop is

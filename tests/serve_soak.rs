@@ -9,14 +9,16 @@
 
 #[path = "common/churn.rs"]
 mod churn;
+#[path = "common/serve.rs"]
+mod serve;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use std::io::{BufRead, BufReader};
+use serve::{field, log_lines, Reap};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 use tokio::time::{sleep, Instant};
 
@@ -108,16 +110,6 @@ max_body_bytes = 1048576
     )
 }
 
-/// Kills the child it holds when dropped (a test that fails leaves no process behind).
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `rocgate serve --config file` on ports the OS picks; returns it, its proxy
 /// and its admin address (from its log line).
 fn start_serve(file: &Path) -> (Reap, SocketAddr, SocketAddr) {
@@ -133,19 +125,7 @@ fn start_serve(file: &Path) -> (Reap, SocketAddr, SocketAddr) {
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let child = Reap(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let field = |line: &str, key: &str| -> Option<SocketAddr> {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(key))
-            .and_then(|v| v.parse().ok())
-    };
+    let rx = log_lines(stderr);
     loop {
         let line = rx
             .recv_timeout(Duration::from_secs(20))

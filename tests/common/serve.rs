@@ -1,0 +1,38 @@
+//! `rocgate serve` run as a child process: its log lines read on a thread of their
+//! own, the addresses it logs, and the child killed when the test is done with it.
+//! Shared by `tests/serve_cli.rs` and `tests/serve_soak.rs`, included by path.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+
+/// The value of `key=` in a log line.
+pub(crate) fn field(line: &str, key: &str) -> Option<SocketAddr> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .and_then(|v| v.parse().ok())
+}
+
+/// `serve`'s log lines, read from `stderr` on a thread of their own.
+pub(crate) fn log_lines(
+    stderr: impl std::io::Read + Send + 'static,
+) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Kills the child it holds when dropped (a test that fails leaves no process behind).
+pub(crate) struct Reap(pub(crate) std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
