@@ -144,8 +144,20 @@ fn open_fds(pid: u32) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-/// A GET of `path` on a connection of its own: the status and body.
+/// How long [`get`] waits for a whole answer: a process that stops answering fails the
+/// test rather than hanging it.
+const ANSWER: Duration = Duration::from_secs(10);
+
+/// A GET of `path` on a connection of its own: the status and body, or an error if
+/// they have not come within [`ANSWER`].
 async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    tokio::time::timeout(ANSWER, get_unbounded(addr, path))
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer to GET {path} from {addr} in {ANSWER:?}")))
+}
+
+/// [`get`] without its bound.
+async fn get_unbounded(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -286,4 +298,24 @@ async fn after_churn_everything_taken_is_given_back() {
     );
 
     drop(child);
+}
+
+/// A peer that takes the connection and never answers (an admin API that wedged under
+/// the churn) fails [`get`], and the scrapes of [`held`] with it, in [`ANSWER`]: the
+/// test fails rather than hangs.
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_never_answers_fails_a_get_in_time() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let started = Instant::now();
+    let got = get(addr, "/metrics").await;
+    assert!(got.is_err(), "{got:?}");
+    assert!(started.elapsed() <= ANSWER, "{:?}", started.elapsed());
+    holder.abort();
 }
