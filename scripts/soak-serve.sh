@@ -31,8 +31,11 @@
 # (/proc/PID/fd), RSS (VmRSS), threads, and from /metrics the requests in flight, client
 # connections, upstream lanes, upstream requests, lingering connections, keys tracked
 # and the concurrency routes' permits held (CSV in OUT, default
-# target/soak-serve/samples.csv). Once traffic stops it waits SETTLE seconds (past the
-# idle, lingering and upstream idle timeouts) and checks:
+# target/soak-serve/samples.csv; left empty where /metrics did not answer). Once
+# traffic stops it waits SETTLE seconds (past the idle, lingering and upstream idle
+# timeouts) and checks:
+#   - the proxy still runs, and its /metrics answers (a gone or wedged proxy would
+#     otherwise read as holding nothing);
 #   - requests in flight, upstream requests, client connections, lanes, lingering
 #     connections and concurrency permits are all 0;
 #   - open file descriptors are back to their count before traffic, within FD_SLACK (4);
@@ -208,7 +211,9 @@ proxy=$(await_line "$work/serve.err" 's/.*listen=\([0-9.:]*\).*/\1/p')
 admin=$(await_line "$work/serve.err" 's/.*admin=\([0-9.:]*\).*/\1/p')
 echo "upstream $upstream, rocgate serve pid $serve_pid on $proxy, admin $admin"
 
-scrape() { curl -sf --max-time 5 "http://$admin/metrics" >"$work/metrics" || : >"$work/metrics"; }
+# Scrapes /metrics into $work/metrics; fails, the file left empty, without an answer in
+# 5 s.
+scrape() { curl -sf --max-time 5 "http://$admin/metrics" >"$work/metrics" || { : >"$work/metrics"; return 1; }; }
 # The sum of the series of metric $1 (whose labels match the regex $2, if given) in
 # the last scrape.
 metric() {
@@ -217,20 +222,32 @@ metric() {
             && $1 ~ labels { sum += $NF }
         END { printf "%d\n", sum }' "$work/metrics"
 }
-fds() { find "/proc/$serve_pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
-status_field() { awk -v f="$1:" '$1 == f { print $2 }' "/proc/$serve_pid/status"; }
+# The proxy's open fds, and a field of its /proc status: 0 and empty once it is gone
+# (which the checks name, rather than stop the script on).
+fds() { find "/proc/$serve_pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l || true; }
+status_field() { awk -v f="$1:" '$1 == f { print $2 }' "/proc/$serve_pid/status" 2>/dev/null || true; }
+# Whether the proxy is still running (not gone, not a zombie).
+serving() {
+    local state
+    state=$(status_field State)
+    [[ -n $state && $state != Z ]]
+}
 
 start=$(date +%s)
 echo "t,phase,fds,rss_kib,threads,in_flight,client_connections,upstream_lanes,upstream_requests,lingering,keys,concurrency_permits" >"$samples"
-# Appends one sample, in phase $1, to the CSV and prints it.
+# Appends one sample, in phase $1, to the CSV and prints it. The gauges of a scrape
+# that got no answer are left empty: unknown, not 0.
 sample() {
-    scrape
     local row
     row="$(($(date +%s) - start)),$1,$(fds),$(status_field VmRSS),$(status_field Threads)"
-    row+=",$(metric rocgate_in_flight_requests),$(metric rocgate_client_connections)"
-    row+=",$(metric rocgate_upstream_lanes),$(metric rocgate_upstream_requests)"
-    row+=",$(metric rocgate_lingering_connections),$(metric rocgate_keys)"
-    row+=",$(metric rocgate_limiter_level 'algorithm="concurrency"')"
+    if scrape; then
+        row+=",$(metric rocgate_in_flight_requests),$(metric rocgate_client_connections)"
+        row+=",$(metric rocgate_upstream_lanes),$(metric rocgate_upstream_requests)"
+        row+=",$(metric rocgate_lingering_connections),$(metric rocgate_keys)"
+        row+=",$(metric rocgate_limiter_level 'algorithm="concurrency"')"
+    else
+        row+=",,,,,,,"
+    fi
     echo "$row" >>"$samples"
     echo "$row"
 }
@@ -306,9 +323,12 @@ while (($(date +%s) < settle_end)); do
 done
 final=$(tail -1 "$samples")
 final_fds=$(fds)
-scrape
-applied=$(metric rocgate_config_reloads_total 'result="applied"')
-refused=$(metric rocgate_config_reloads_total 'result="refused"')
+if scrape; then
+    applied=$(metric rocgate_config_reloads_total 'result="applied"')
+    refused=$(metric rocgate_config_reloads_total 'result="refused"')
+else
+    applied=unknown refused=unknown
+fi
 reloads=$(cat "$work/reloads" 2>/dev/null || echo 0)
 
 echo
@@ -318,15 +338,21 @@ echo "wrk bursts: $(grep -c 'Requests/sec' "$work/wrk.out" || true), requests $(
 echo "reloads asked $reloads, applied $applied, refused $refused"
 
 failures=()
+# A proxy that is gone reads as holding nothing (no fds, no RSS, every gauge empty).
+serving || failures+=("rocgate serve (pid $serve_pid) is gone; its log ends: $(tail -3 "$work/serve.err" | tr '\n' ' ')")
 IFS=, read -r _ _ _ _ _ in_flight conns lanes up_requests lingering keys permits <<<"$final"
 for check in "in_flight:$in_flight" "client_connections:$conns" "upstream_lanes:$lanes" \
     "upstream_requests:$up_requests" "lingering:$lingering" "concurrency_permits:$permits"; do
-    ((${check#*:} == 0)) || failures+=("${check%:*} is ${check#*:} after traffic stopped, not 0")
+    if [[ -z ${check#*:} ]]; then
+        failures+=("${check%:*} unknown after traffic stopped: /metrics did not answer")
+    elif ((${check#*:} != 0)); then
+        failures+=("${check%:*} is ${check#*:} after traffic stopped, not 0")
+    fi
 done
 echo "file descriptors: $baseline_fds before traffic, $final_fds after (slack $FD_SLACK)"
 ((final_fds <= baseline_fds + FD_SLACK)) ||
     failures+=("file descriptors: $final_fds after, $baseline_fds before")
-((applied == reloads && refused == 0)) ||
+[[ $applied == "$reloads" && $refused == 0 ]] ||
     failures+=("reloads: $reloads asked, $applied applied, $refused refused")
 echo "keys tracked after settling: $keys"
 
