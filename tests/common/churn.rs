@@ -4,7 +4,6 @@
 //! queued, mid-response, with a reset, or leave a WebSocket without closing it).
 //! Shared by `examples/soak_peer.rs` (which `scripts/soak-serve.sh` drives) and
 //! `tests/serve_soak.rs`, included by path.
-#![allow(dead_code)] // each includer uses its part
 
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
@@ -78,6 +77,7 @@ pub(crate) fn upstream_app() -> Router {
 
 /// Serves [`upstream_app`] on 127.0.0.1, a port the OS picks, in a task of the
 /// current runtime.
+#[allow(dead_code)] // examples/soak_peer.rs serves `upstream_app` on the address it is given
 pub(crate) async fn start_upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
