@@ -4,8 +4,9 @@
 # On this shared machine a suite run (scripts/bench-http.sh) moves by more than most
 # changes to the proxy, so a change is judged against the build before it, in pairs:
 # both proxies run at once (each pinned to CPU 0, admitting everything: one route, a
-# token bucket at 10,000,000 req/s) in front of one upstream (examples/bench_server
-# bare, on CPU 1), and each round loads A then B (B then A in even rounds) with
+# token bucket at 2,000,000 req/s, the most the config takes) in front of one upstream
+# (examples/bench_server bare, on CPU 1), and each round loads A then B (B then A in
+# even rounds) with
 #     taskset -c 1 wrk -t1 -c64 -d${DURATION}s --latency
 # Per run: req/s, p99, and the proxy's CPU time per request (from /proc/PID/stat).
 # The summary gives each build's median req/s and CPU per request, and the median over
@@ -64,7 +65,7 @@ upstream=$(await upstream_url upstream)
 
 # Starts build $2 as proxy $1 on CPU 0; its PID goes to $work/$1.pid.
 start() {
-    write_rocgate_config "$work/$1.toml" 10000000 "$upstream"
+    write_rocgate_config "$work/$1.toml" 2000000 "$upstream"
     RUST_LOG=info taskset -c 0 "$2" serve --config "$work/$1.toml" >/dev/null 2>"$work/$1.err" &
     pids+=($!)
     echo $! >"$work/$1.pid"
