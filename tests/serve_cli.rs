@@ -545,3 +545,41 @@ fn an_address_flag_that_is_no_socket_address_says_what_it_takes() {
         );
     }
 }
+
+/// The allocator does not ask the kernel for transparent huge pages: each is resident
+/// whole (2 MiB) while one object in it is live, which kept the proxy's RSS about
+/// twice its size for the same live heap (README, the soak-serve.sh bullet). A region
+/// advised so carries the `hg` flag in /proc/PID/smaps, whatever the host's THP
+/// setting.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allocator_asks_for_no_transparent_huge_pages() {
+    let up = upstream(Duration::ZERO, Arc::default()).await;
+    let mut child = Reap(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--upstream", &format!("http://{up}")])
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let (listen, _rx) = logged_listen(stderr);
+    for _ in 0..200 {
+        assert_eq!(get_status(listen, "/").await, Ok(200));
+    }
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", child.0.id())).unwrap();
+    let advised: Vec<&str> = smaps
+        .lines()
+        .filter(|line| {
+            line.strip_prefix("VmFlags:")
+                .is_some_and(|flags| flags.split_whitespace().any(|f| f == "hg"))
+        })
+        .collect();
+    assert!(
+        advised.is_empty(),
+        "regions advised for huge pages: {advised:?}"
+    );
+}
