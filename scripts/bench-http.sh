@@ -282,9 +282,9 @@ start_server() {
             start_bench_server bare 1
             upstream=$url
             case $mode in
-                rocgate-serve-admit) start_rocgate_serve 10000000 "$upstream" ;;
+                rocgate-serve-admit) start_rocgate_serve 2000000 "$upstream" ;;
                 rocgate-serve-reject) start_rocgate_serve 1 "$upstream" ;;
-                nginx-admit) start_nginx 10000000 "$upstream" ;;
+                nginx-admit) start_nginx 2000000 "$upstream" ;;
                 nginx-reject) start_nginx 1 "$upstream" ;;
             esac
             ;;

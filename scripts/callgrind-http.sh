@@ -115,7 +115,7 @@ if [[ $SUITE != proxy ]]; then
 fi
 [[ $SUITE == layer ]] && exit 0
 
-for rate in 10000000 1; do
+for rate in 2000000 1; do
     if ((rate == 1)); then kind=reject; else kind=admit; fi
     write_rocgate_config "$work/rocgate.toml" "$rate" "$upstream"
     RUST_LOG=info valgrind --tool=callgrind --callgrind-out-file="$out/rocgate-$kind.%p" \
