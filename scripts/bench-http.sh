@@ -43,7 +43,7 @@
 #
 # With SUITE=proxy (or SUITE=all, the default: both suites), the reverse proxies are
 # measured too, in front of the same upstream (bench_server bare, on CPU 1 with wrk):
-#   rocgate-serve-admit   `rocgate serve`, one route, token bucket at 10,000,000 req/s
+#   rocgate-serve-admit   `rocgate serve`, one route, token bucket at 2,000,000 req/s
 #                         with a bucket of one second: nothing is rejected
 #   rocgate-serve-reject  the same at 1 req/s: almost everything gets a 429
 #   nginx-admit           Debian's nginx (installed when missing) as a reverse proxy
