@@ -214,14 +214,10 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off() {
         "ulimit -n 40 && exec {} serve --listen 127.0.0.1:0 --admin 127.0.0.1:0 --upstream http://{up}",
         env!("CARGO_BIN_EXE_rocgate")
     );
-    let mut child = Reap(
+    let mut child = Reap::spawn(
         Command::new("sh")
             .args(["-c", &command])
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("RUST_LOG", "info"),
     );
     let stderr = child.0.stderr.take().unwrap();
     let (listen, rx) = logged_listen(stderr);
@@ -266,18 +262,14 @@ async fn put_status(addr: SocketAddr, path: &str, body: &'static str) -> Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_config_file_the_environment_still_sets_the_admin_token() {
     let up = upstream(Duration::ZERO, Arc::default()).await;
-    let mut child = Reap(
+    let mut child = Reap::spawn(
         Command::new(env!("CARGO_BIN_EXE_rocgate"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .arg("--upstream")
             .arg(format!("http://{up}"))
             .env_clear()
             .env("RUST_LOG", "info")
-            .env("ROCGATE__ADMIN__TOKEN", "s3cret")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("ROCGATE__ADMIN__TOKEN", "s3cret"),
     );
     let rx = log_lines(child.0.stderr.take().unwrap());
     let admin = loop {
@@ -392,17 +384,13 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rocgate.toml");
     std::fs::write(&file, RELOADED).unwrap();
-    let mut child = Reap(
+    let mut child = Reap::spawn(
         Command::new(env!("CARGO_BIN_EXE_rocgate"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(["--upstream", "http://127.0.0.1:1", "--config"])
             .arg(&file)
             .env_clear()
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("RUST_LOG", "info"),
     );
     let pid = child.0.id().to_string();
     let lines = log_lines(child.0.stderr.take().unwrap());
@@ -489,16 +477,12 @@ async fn an_unreachable_upstream_is_logged_once_in_a_while() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut child = Reap(
+    let mut child = Reap::spawn(
         Command::new(env!("CARGO_BIN_EXE_rocgate"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .arg("--upstream")
             .arg(format!("http://{dead}"))
-            .env_clear()
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env_clear(),
     );
     let lines = log_lines(child.0.stderr.take().unwrap());
     let listen = logged(&lines, &["listen="])
@@ -555,15 +539,11 @@ fn an_address_flag_that_is_no_socket_address_says_what_it_takes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_allocator_asks_for_no_transparent_huge_pages() {
     let up = upstream(Duration::ZERO, Arc::default()).await;
-    let mut child = Reap(
+    let mut child = Reap::spawn(
         Command::new(env!("CARGO_BIN_EXE_rocgate"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(["--upstream", &format!("http://{up}")])
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("RUST_LOG", "info"),
     );
     let stderr = child.0.stderr.take().unwrap();
     let (listen, _rx) = logged_listen(stderr);

@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use serve::{field, log_lines, Reap};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use tokio::time::{sleep, Instant};
 
@@ -113,18 +113,15 @@ max_body_bytes = 1048576
 /// Starts `rocgate serve --config file` on ports the OS picks; returns it, its proxy
 /// and its admin address (from its log line).
 fn start_serve(file: &Path) -> (Reap, SocketAddr, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .arg("serve")
-        .arg("--config")
-        .arg(file)
-        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn,rocgate::cli=info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let child = Reap(child);
+    let mut child = Reap::spawn(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .arg("serve")
+            .arg("--config")
+            .arg(file)
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn,rocgate::cli=info"),
+    );
+    let stderr = child.0.stderr.take().unwrap();
     let rx = log_lines(stderr);
     loop {
         let line = rx

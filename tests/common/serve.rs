@@ -30,6 +30,20 @@ pub(crate) fn log_lines(
 /// Kills the child it holds when dropped (a test that fails leaves no process behind).
 pub(crate) struct Reap(pub(crate) std::process::Child);
 
+impl Reap {
+    /// Starts `command` with its stderr piped (`serve`'s log) and its stdout dropped.
+    pub(crate) fn spawn(command: &mut std::process::Command) -> Self {
+        use std::process::Stdio;
+        Reap(
+            command
+                .stderr(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
 impl Drop for Reap {
     fn drop(&mut self) {
         let _ = self.0.kill();
