@@ -7,7 +7,7 @@ mod serve;
 
 use axum::routing::get;
 use axum::Router;
-use serve::{field, log_lines, Reap};
+use serve::{field, log_lines, send, status_and_text, Reap};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,27 +67,6 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     Ok(send(addr, req).await?.status().as_u16())
-}
-
-/// `req`'s response from `addr`, over a connection of its own.
-async fn send<B>(
-    addr: SocketAddr,
-    req: http::Request<B>,
-) -> Result<http::Response<hyper::body::Incoming>, String>
-where
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    sender.send_request(req).await.map_err(|e| e.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,7 +305,6 @@ async fn exchange(
     path: &str,
     body: &'static str,
 ) -> Result<(u16, String), String> {
-    use http_body_util::BodyExt as _;
     let req = http::Request::builder()
         .method(method)
         .uri(path)
@@ -335,15 +313,7 @@ async fn exchange(
             body.as_bytes(),
         )))
         .unwrap();
-    let res = send(addr, req).await?;
-    let status = res.status().as_u16();
-    let bytes = res
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+    status_and_text(send(addr, req).await?).await
 }
 
 /// The next log line that contains every one of `words`, within 10 s of silence and

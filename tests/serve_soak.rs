@@ -13,9 +13,8 @@ mod churn;
 mod serve;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
-use serve::{field, log_lines, Reap};
+use http_body_util::Empty;
+use serve::{field, log_lines, send, status_and_text, Reap};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
@@ -155,26 +154,11 @@ async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
 
 /// [`get`] without its bound.
 async fn get_unbounded(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let req = http::Request::get(path)
         .header("host", "soak")
         .body(Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
-    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = res.status().as_u16();
-    let body = res
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    status_and_text(send(addr, req).await?).await
 }
 
 /// What the gauges of one `/metrics` scrape, and `/proc`, say the process holds.
