@@ -312,15 +312,39 @@ async fn read_body(body: Body) -> Result<String, Response> {
     })
 }
 
-/// The Prometheus text exposition, collected from the engine just now.
+/// The Prometheus text exposition, collected from the engine just now, on the
+/// blocking pool ([`off_the_workers`]).
 async fn render_metrics(State(state): State<AdminState>) -> Response {
+    off_the_workers(move || metrics_text(&state).into_response()).await
+}
+
+/// Runs `answer` on tokio's blocking pool and returns what it answers, or a 500 if
+/// it panicked. For the answers that may hold their thread: those whose cost grows
+/// with the route count (at 1,000 routes a scrape takes about 100 ms of CPU,
+/// benches/README.md, "Hundreds of routes"), and those that wait for the reload lock
+/// (a route's runtime change is read under it, and a reload holds it while it reads
+/// the file and builds the engine). On a runtime worker either would hold up the
+/// proxy's requests queued there; the blocking pool's threads take no requests.
+async fn off_the_workers(answer: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(answer)
+        .await
+        .unwrap_or_else(|e| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                vec![format!("the request failed: {e}")],
+            )
+        })
+}
+
+/// The exposition `/metrics` serves, the engine's state collected into the recorder first.
+fn metrics_text(state: &AdminState) -> impl IntoResponse {
     let m = &state.metrics;
     #[cfg(feature = "redis")]
     state.reloader.retain_store();
-    let (engine, now) = caught_up(&state);
+    let (engine, now) = caught_up(state);
     #[cfg(feature = "redis")]
     m.collector
-        .collect_with(&engine, now, |route| shared_control(&state, &engine, route));
+        .collect_with(&engine, now, |route| shared_control(state, &engine, route));
     #[cfg(not(feature = "redis"))]
     m.collector.collect(&engine, now);
     register_upstream_errors(m, &engine);
@@ -354,7 +378,6 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
         )],
         crate::metrics::omit_blank_gauges(&m.handle.render()),
     )
-        .into_response()
 }
 
 /// Registers the `rocgate_upstream_errors_total` series of every kind of each route
@@ -431,14 +454,18 @@ fn caught_up(state: &AdminState) -> (Arc<Engine>, Nanos) {
     (state.reloader.engine(), state.reloader.clock().now())
 }
 
-async fn routes(State(state): State<AdminState>) -> Json<Value> {
-    let (engine, now) = caught_up(&state);
-    let routes: Vec<Value> = engine
-        .snapshot(now)
-        .into_iter()
-        .map(|s| route_state(&state, &as_exported(&state, &engine, s)))
-        .collect();
-    Json(json!({ "routes": routes }))
+/// Every route's state, on the blocking pool ([`off_the_workers`]).
+async fn routes(State(state): State<AdminState>) -> Response {
+    off_the_workers(move || {
+        let (engine, now) = caught_up(&state);
+        let routes: Vec<Value> = engine
+            .snapshot(now)
+            .into_iter()
+            .map(|s| route_state(&state, &as_exported(&state, &engine, s)))
+            .collect();
+        Json(json!({ "routes": routes })).into_response()
+    })
+    .await
 }
 
 /// A route's live state as the admin API shows it: [`route_json`], and whether a
@@ -481,19 +508,22 @@ async fn one_route(
         Ok(name) => name,
         Err(refused) => return *refused,
     };
-    let (engine, now) = caught_up(&state);
-    match engine
-        .route_id(&name)
-        .and_then(|id| engine.route_snapshot(id, now))
-    {
-        Some(snap) => {
-            Json(route_state(&state, &as_exported(&state, &engine, snap))).into_response()
+    off_the_workers(move || {
+        let (engine, now) = caught_up(&state);
+        match engine
+            .route_id(&name)
+            .and_then(|id| engine.route_snapshot(id, now))
+        {
+            Some(snap) => {
+                Json(route_state(&state, &as_exported(&state, &engine, snap))).into_response()
+            }
+            None => error(
+                StatusCode::NOT_FOUND,
+                vec![format!("no route named {name:?}")],
+            ),
         }
-        None => error(
-            StatusCode::NOT_FOUND,
-            vec![format!("no route named {name:?}")],
-        ),
-    }
+    })
+    .await
 }
 
 async fn update_route(
@@ -512,9 +542,7 @@ async fn update_route(
         Err(refused) => return refused,
     };
     // On the blocking pool: the change waits for a reload under way.
-    let reloader = state.reloader.clone();
-    let changed = tokio::task::spawn_blocking(move || reloader.update_route(&name, &body)).await;
-    change_answer(&state, changed)
+    off_the_workers(move || change_answer(&state, state.reloader.update_route(&name, &body))).await
 }
 
 async fn withdraw_change(
@@ -527,39 +555,28 @@ async fn withdraw_change(
         Ok(name) => name,
         Err(refused) => return *refused,
     };
-    let reloader = state.reloader.clone();
-    let withdrawn = tokio::task::spawn_blocking(move || reloader.withdraw_change(&name)).await;
-    change_answer(&state, withdrawn)
+    off_the_workers(move || change_answer(&state, state.reloader.withdraw_change(&name))).await
 }
 
 /// The answer to a runtime change or its withdrawal: the route's state after it, or
 /// why nothing changed.
-fn change_answer(
-    state: &AdminState,
-    changed: Result<Result<RouteSnapshot, RouteChangeError>, tokio::task::JoinError>,
-) -> Response {
+fn change_answer(state: &AdminState, changed: Result<RouteSnapshot, RouteChangeError>) -> Response {
     match changed {
-        Ok(Ok(snapshot)) => {
+        Ok(snapshot) => {
             let engine = state.reloader.engine();
             Json(route_state(state, &as_exported(state, &engine, snapshot))).into_response()
         }
-        Ok(Err(RouteChangeError::NoSuchRoute(name))) => error(
+        Err(RouteChangeError::NoSuchRoute(name)) => error(
             StatusCode::NOT_FOUND,
             vec![format!("no route named {name:?}")],
         ),
-        Ok(Err(RouteChangeError::NoChange(name))) => error(
+        Err(RouteChangeError::NoChange(name)) => error(
             StatusCode::NOT_FOUND,
             vec![format!(
                 "route {name:?} has no runtime change: the file's parameters are in force"
             )],
         ),
-        Ok(Err(RouteChangeError::Invalid(errors))) => {
-            error(StatusCode::UNPROCESSABLE_ENTITY, errors)
-        }
-        Err(e) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            vec![format!("the change failed: {e}")],
-        ),
+        Err(RouteChangeError::Invalid(errors)) => error(StatusCode::UNPROCESSABLE_ENTITY, errors),
     }
 }
 
@@ -753,6 +770,86 @@ mod tests {
             remembered.push(set.len());
         }
         assert_eq!(remembered, [3; 20]);
+    }
+
+    /// Holds a lock of the admin state's while it calls its second argument.
+    type Hold = fn(&AdminState, &mut dyn FnMut());
+
+    /// What the router answers `method path` (from loopback) while another thread
+    /// holds a lock the answer needs, through `hold`, until this runtime's thread has
+    /// run something else: answered on that thread, the answer would wait for the lock
+    /// and hold the thread, so the release would never come (the holder gives up after
+    /// 10 s). Returns whether the holder was released before it gave up, and the
+    /// answer's status.
+    async fn answered_beside_a_held_lock(
+        method: &str,
+        path: &str,
+        hold: Hold,
+    ) -> (bool, StatusCode) {
+        let state = state().await;
+        let (held, is_held) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let state = state.clone();
+            std::thread::spawn(move || {
+                let mut in_time = false;
+                hold(&state, &mut || {
+                    held.send(()).unwrap();
+                    in_time = released
+                        .recv_timeout(std::time::Duration::from_secs(10))
+                        .is_ok();
+                });
+                in_time
+            })
+        };
+        is_held.recv().unwrap();
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(axum::body::Body::from(r#"{"base_limit": 300}"#))
+            .unwrap();
+        let answer = tokio::spawn(
+            for_connection(&router(state), IpAddr::from([127, 0, 0, 1])).oneshot(request),
+        );
+        // The answer runs up to where it waits; then this task comes back.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let _ = release.send(());
+        let in_time = holder.join().unwrap();
+        (in_time, answer.await.unwrap().unwrap().status())
+    }
+
+    /// A scrape, every route's state, one route's and a runtime change are answered on
+    /// the blocking pool: the one thread of a current-thread runtime goes on while
+    /// each of them waits for a lock (the scrape for the upstream error series' set,
+    /// the others for the reload lock, which a reload holds while it builds an
+    /// engine). When the first three were answered on the runtime's thread, each held
+    /// it for the holder's 10 s and the holder was never released (a change was made
+    /// on the blocking pool already).
+    #[tokio::test(flavor = "current_thread")]
+    async fn answers_that_may_wait_hold_no_runtime_thread() {
+        fn upstream_errors(state: &AdminState, wait: &mut dyn FnMut()) {
+            let _held = state.metrics.errors_registered.lock().unwrap();
+            wait();
+        }
+        fn reload_lock(state: &AdminState, wait: &mut dyn FnMut()) {
+            let _held = state.reloader.reloading.lock().unwrap();
+            wait();
+        }
+        let cases: [(&str, &str, Hold); 4] = [
+            ("GET", "/metrics", upstream_errors),
+            ("GET", "/admin/routes", reload_lock),
+            ("GET", "/admin/routes/order", reload_lock),
+            ("PUT", "/admin/routes/order", reload_lock),
+        ];
+        for (method, path, hold) in cases {
+            assert_eq!(
+                answered_beside_a_held_lock(method, path, hold).await,
+                (true, StatusCode::OK),
+                "{method} {path}"
+            );
+        }
     }
 
     /// The router, served as a connection from `peer` is, refuses every change from
