@@ -17,8 +17,9 @@
 //! - `routes_1000`: with 1,000 routes, once each: loading and validating the config
 //!   file's text (`Config::from_toml_str`), building the engine, reloading it with the
 //!   same config, a hints timer tick (`Advisor::next_tick` and `tick_due`, as `serve`
-//!   runs them), and over loopback a scrape of `/metrics` and a `GET /admin/routes`
-//!   (the sizes of both bodies are printed before they are measured), then
+//!   runs them), and over loopback a scrape of `/metrics`, a `GET /admin/routes` and
+//!   a `GET /admin/hints` over the whole history the ticks filled (the sizes of the
+//!   bodies are printed before they are measured), then
 //!   `metrics_after_traffic`: a scrape once every route has its histograms, as it has
 //!   after traffic (the ROC histogram, upstream durations answered 2xx and 4xx), and
 //!   `metrics_after_traffic_gzip`, the same scrape as Prometheus asks for it, gzipped.
@@ -233,6 +234,9 @@ fn at_1000(c: &mut Criterion) {
     };
     scrape("metrics", "/metrics");
     scrape("admin_routes", "/admin/routes");
+    // The whole history the hints keep (`keep`, 1 h of 10 s intervals) once the
+    // ticks above have filled it.
+    scrape("admin_hints", "/admin/hints");
     // Every route as it is once it has had traffic: its ROC histogram (recorded once
     // a slot, from the end of its first window) and its upstream durations, answered
     // 2xx and 4xx, recorded as the proxy records them.

@@ -320,8 +320,8 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
 
 /// Runs `answer` on tokio's blocking pool and returns what it answers, or a 500 if
 /// it panicked. For the answers that may hold their thread: those whose cost grows
-/// with the route count (at 1,000 routes a scrape takes about 100 ms of CPU,
-/// benches/README.md, "Hundreds of routes"), and those that wait for the reload lock
+/// with the route count (at 1,000 routes a scrape takes about 100 ms of CPU, a hints
+/// report over an hour about 45 ms: benches/README.md, "Hundreds of routes"), and those that wait for the reload lock
 /// (a route's runtime change is read under it, and a reload holds it while it reads
 /// the file and builds the engine). On a runtime worker either would hold up the
 /// proxy's requests queued there; the blocking pool's threads take no requests.
@@ -663,7 +663,12 @@ async fn hints(
             )
         }
     };
-    Json(state.advisor.report(period, state.reloader.clock().now())).into_response()
+    // On the blocking pool: at 1,000 routes a report over an hour's history takes
+    // about 45 ms (benches/README.md, "Hundreds of routes").
+    off_the_workers(move || {
+        Json(state.advisor.report(period, state.reloader.clock().now())).into_response()
+    })
+    .await
 }
 
 /// One route's live state as JSON.
@@ -820,13 +825,13 @@ mod tests {
         (in_time, answer.await.unwrap().unwrap().status())
     }
 
-    /// A scrape, every route's state, one route's and a runtime change are answered on
-    /// the blocking pool: the one thread of a current-thread runtime goes on while
-    /// each of them waits for a lock (the scrape for the upstream error series' set,
-    /// the others for the reload lock, which a reload holds while it builds an
-    /// engine). When the first three were answered on the runtime's thread, each held
-    /// it for the holder's 10 s and the holder was never released (a change was made
-    /// on the blocking pool already).
+    /// A scrape, a hints report, every route's state, one route's and a runtime change
+    /// are answered on the blocking pool: the one thread of a current-thread runtime
+    /// goes on while each of them waits for a lock (the scrape for the upstream error
+    /// series' set, the hints report for their history, the others for the reload
+    /// lock, which a reload holds while it builds an engine). When all but the change were answered
+    /// on the runtime's thread, each held it for the holder's 10 s and the holder was
+    /// never released (a change was made on the blocking pool already).
     #[tokio::test(flavor = "current_thread")]
     async fn answers_that_may_wait_hold_no_runtime_thread() {
         fn upstream_errors(state: &AdminState, wait: &mut dyn FnMut()) {
@@ -837,8 +842,13 @@ mod tests {
             let _held = state.reloader.reloading.lock().unwrap();
             wait();
         }
-        let cases: [(&str, &str, Hold); 4] = [
+        fn hints_history(state: &AdminState, wait: &mut dyn FnMut()) {
+            let _held = state.advisor.history();
+            wait();
+        }
+        let cases: [(&str, &str, Hold); 5] = [
             ("GET", "/metrics", upstream_errors),
+            ("GET", "/admin/hints", hints_history),
             ("GET", "/admin/routes", reload_lock),
             ("GET", "/admin/routes/order", reload_lock),
             ("PUT", "/admin/routes/order", reload_lock),

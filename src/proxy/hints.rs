@@ -39,7 +39,7 @@ impl Advisor {
         }
     }
 
-    fn history(&self) -> std::sync::MutexGuard<'_, History> {
+    pub(super) fn history(&self) -> std::sync::MutexGuard<'_, History> {
         self.history.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
