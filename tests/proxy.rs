@@ -1236,6 +1236,61 @@ async fn an_upstream_that_dies_mid_body_is_counted() {
     .await;
 }
 
+/// An upstream that speaks HTTP/1.0, as `python3 -m http.server` does: it answers each
+/// request with `HTTP/1.0 200 OK`, no length, and its path as the body ended by closing
+/// the connection.
+async fn start_http10_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let path = String::from_utf8_lossy(&head)
+                    .split(' ')
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_owned();
+                let answer = format!("HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\n{path}");
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// The proxy answers in its own HTTP version, not the upstream's: behind an HTTP/1.0
+/// upstream a keep-alive client gets HTTP/1.1 answers (the body chunked, since the
+/// upstream gave no length) and keeps its connection for the next request. The
+/// upstream's version passed on made each answer `HTTP/1.0` and closed the client's
+/// connection after it: the second request on it failed.
+#[tokio::test]
+async fn an_http10_upstream_is_answered_for_in_http11_and_the_connection_kept() {
+    let upstream = start_http10_upstream().await;
+    let route = RouteConfig::new("old", RouteMatch::prefix("/"));
+    let proxy = start_proxy(settings(upstream), vec![route]).await;
+    let mut sender: SendRequest<Full<Bytes>> = within("connect", http1::connect(proxy.addr)).await;
+    for path in ["/first", "/second", "/third"] {
+        let (version, body) = within(path, async {
+            sender.ready().await.expect("the connection is kept");
+            let res = sender.send_request(empty(get(path))).await.unwrap();
+            let version = res.version();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            (version, body)
+        })
+        .await;
+        assert_eq!(version, http::Version::HTTP_11, "{path}");
+        assert_eq!(body, path.as_bytes(), "{path}");
+    }
+}
+
 /// Held by the tests that read `rocgate_upstream_lanes`: the metrics recorder is one
 /// per process, so another proxy's scrape would set the gauge to its own count.
 static LANES_GAUGE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -1008,6 +1008,10 @@ impl Inner {
             Ok(res) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                // The proxy answers in its own version: an HTTP/1.0 upstream's passed
+                // on would make hyper answer a keep-alive client in HTTP/1.0 and close
+                // its connection (hyper still answers an HTTP/1.0 client in 1.0).
+                parts.version = Version::HTTP_11;
                 let body = UpstreamBody {
                     body,
                     route,
