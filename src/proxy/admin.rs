@@ -57,6 +57,9 @@ pub(crate) struct AdminState {
     pub(crate) advisor: Arc<Advisor>,
     pub(crate) token: Option<String>,
     pub(crate) metrics: Arc<Exporter>,
+    /// Held by the answer being made on the blocking pool ([`off_the_workers`]): one
+    /// at a time.
+    pub(crate) answering: Arc<tokio::sync::Mutex<()>>,
     /// The Redis store, if `[store] backend = "redis"`.
     #[cfg(feature = "redis")]
     pub(crate) store: Option<crate::store::redis::RedisStore>,
@@ -315,25 +318,40 @@ async fn read_body(body: Body) -> Result<String, Response> {
 /// The Prometheus text exposition, collected from the engine just now, on the
 /// blocking pool ([`off_the_workers`]).
 async fn render_metrics(State(state): State<AdminState>) -> Response {
-    off_the_workers(move || metrics_text(&state).into_response()).await
+    off_the_workers(Arc::clone(&state.answering), move || {
+        metrics_text(&state).into_response()
+    })
+    .await
 }
 
-/// Runs `answer` on tokio's blocking pool and returns what it answers, or a 500 if
-/// it panicked. For the answers that may hold their thread: those whose cost grows
-/// with the route count (at 1,000 routes a scrape takes about 100 ms of CPU, a hints
-/// report over an hour about 45 ms: benches/README.md, "Hundreds of routes"), and those that wait for the reload lock
+/// Runs `answer` on tokio's blocking pool once no other answer is being made there
+/// (`answering`), and returns what it answers, or a 500 if it panicked. For the answers
+/// that may hold their thread: those whose cost grows with the route count (at 1,000
+/// routes a scrape takes about 100 ms of CPU, a hints report over an hour about 45 ms:
+/// benches/README.md, "Hundreds of routes"), and those that wait for the reload lock
 /// (a route's runtime change is read under it, and a reload holds it while it reads
 /// the file and builds the engine). On a runtime worker either would hold up the
-/// proxy's requests queued there; the blocking pool's threads take no requests.
-async fn off_the_workers(answer: impl FnOnce() -> Response + Send + 'static) -> Response {
-    tokio::task::spawn_blocking(answer)
-        .await
-        .unwrap_or_else(|e| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                vec![format!("the request failed: {e}")],
-            )
-        })
+/// proxy's requests queued there; the blocking pool's threads take no requests. One
+/// at a time, as a runtime worker made them before, since a scrape of 1,000 routes
+/// builds a text of up to 8 MB: scrapers asking at once wait their turn, rather than
+/// each taking a thread of the pool's hundreds and building one.
+async fn off_the_workers(
+    answering: Arc<tokio::sync::Mutex<()>>,
+    answer: impl FnOnce() -> Response + Send + 'static,
+) -> Response {
+    let turn = answering.lock_owned().await;
+    tokio::task::spawn_blocking(move || {
+        let answered = answer();
+        drop(turn);
+        answered
+    })
+    .await
+    .unwrap_or_else(|e| {
+        error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            vec![format!("the request failed: {e}")],
+        )
+    })
 }
 
 /// The exposition `/metrics` serves, the engine's state collected into the recorder first.
@@ -456,7 +474,7 @@ fn caught_up(state: &AdminState) -> (Arc<Engine>, Nanos) {
 
 /// Every route's state, on the blocking pool ([`off_the_workers`]).
 async fn routes(State(state): State<AdminState>) -> Response {
-    off_the_workers(move || {
+    off_the_workers(Arc::clone(&state.answering), move || {
         let (engine, now) = caught_up(&state);
         let routes: Vec<Value> = engine
             .snapshot(now)
@@ -508,7 +526,7 @@ async fn one_route(
         Ok(name) => name,
         Err(refused) => return *refused,
     };
-    off_the_workers(move || {
+    off_the_workers(Arc::clone(&state.answering), move || {
         let (engine, now) = caught_up(&state);
         match engine
             .route_id(&name)
@@ -542,7 +560,10 @@ async fn update_route(
         Err(refused) => return refused,
     };
     // On the blocking pool: the change waits for a reload under way.
-    off_the_workers(move || change_answer(&state, state.reloader.update_route(&name, &body))).await
+    off_the_workers(Arc::clone(&state.answering), move || {
+        change_answer(&state, state.reloader.update_route(&name, &body))
+    })
+    .await
 }
 
 async fn withdraw_change(
@@ -555,7 +576,10 @@ async fn withdraw_change(
         Ok(name) => name,
         Err(refused) => return *refused,
     };
-    off_the_workers(move || change_answer(&state, state.reloader.withdraw_change(&name))).await
+    off_the_workers(Arc::clone(&state.answering), move || {
+        change_answer(&state, state.reloader.withdraw_change(&name))
+    })
+    .await
 }
 
 /// The answer to a runtime change or its withdrawal: the route's state after it, or
@@ -665,7 +689,7 @@ async fn hints(
     };
     // On the blocking pool: at 1,000 routes a report over an hour's history takes
     // about 45 ms (benches/README.md, "Hundreds of routes").
-    off_the_workers(move || {
+    off_the_workers(Arc::clone(&state.answering), move || {
         Json(state.advisor.report(period, state.reloader.clock().now())).into_response()
     })
     .await
@@ -729,6 +753,7 @@ mod tests {
             reloader: proxy.reloader().clone(),
             advisor: proxy.advisor(),
             token: None,
+            answering: Arc::default(),
             metrics: Arc::new(Exporter {
                 handle: metrics_exporter_prometheus::PrometheusBuilder::new()
                     .build_recorder()
@@ -860,6 +885,39 @@ mod tests {
                 "{method} {path}"
             );
         }
+    }
+
+    /// Answers made on the blocking pool are made one at a time: while one is held,
+    /// another asked for after it does not start (not within a second), and starts
+    /// once the first is done. Without the turn, the second started at once.
+    #[tokio::test]
+    async fn answers_off_the_workers_are_made_one_at_a_time() {
+        let answering = Arc::default();
+        let (started, mut has_started) = tokio::sync::mpsc::unbounded_channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let first = {
+            let started = started.clone();
+            tokio::spawn(off_the_workers(Arc::clone(&answering), move || {
+                started.send("first").unwrap();
+                released.recv().unwrap();
+                StatusCode::OK.into_response()
+            }))
+        };
+        let ten = std::time::Duration::from_secs(10);
+        let next = tokio::time::timeout(ten, has_started.recv()).await;
+        assert_eq!(next, Ok(Some("first")));
+        let second = tokio::spawn(off_the_workers(answering, move || {
+            started.send("second").unwrap();
+            StatusCode::OK.into_response()
+        }));
+        let one = std::time::Duration::from_secs(1);
+        let early = tokio::time::timeout(one, has_started.recv()).await;
+        assert!(early.is_err(), "the second started beside the first");
+        release.send(()).unwrap();
+        let next = tokio::time::timeout(ten, has_started.recv()).await;
+        assert_eq!(next, Ok(Some("second")));
+        assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+        assert_eq!(second.await.unwrap().status(), StatusCode::OK);
     }
 
     /// The router, served as a connection from `peer` is, refuses every change from

@@ -731,6 +731,7 @@ impl Proxy {
             #[cfg(feature = "redis")]
             store: self.store.clone(),
             token: self.settings.admin_token.clone(),
+            answering: Arc::default(),
             metrics: Arc::new(admin::Exporter {
                 handle: prometheus,
                 collector,
