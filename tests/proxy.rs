@@ -1291,6 +1291,56 @@ async fn an_http10_upstream_is_answered_for_in_http11_and_the_connection_kept() 
     }
 }
 
+/// Once shutdown begins, `/readyz` answers 503 "shutting down" through the grace
+/// period in which requests in flight finish (the admin API still answers): a load
+/// balancer probing it stops sending the instance requests it would refuse. It
+/// answered 200 "ready" until the admin API closed with the rest.
+#[tokio::test]
+async fn readyz_answers_503_once_shutdown_begins() {
+    // An upstream that tells when it has a request and never answers it: the request
+    // stays in flight, and the grace period lasts.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (has_request, mut request_arrived) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = [0u8; 1024];
+            let _ = stream.read(&mut head).await;
+            let _ = has_request.send(());
+            held.push(stream);
+        }
+    });
+    let mut s = settings(upstream);
+    s.forward.response_timeout = Duration::from_secs(30);
+    s.shutdown_grace = Duration::from_secs(10);
+    let proxy = start_proxy(s, vec![]).await;
+    let admin = proxy.admin;
+    let ready = send(admin, empty(get("/readyz"))).await;
+    assert_eq!(
+        (ready.status, &ready.body[..]),
+        (StatusCode::OK, &b"ready"[..])
+    );
+    let addr = proxy.addr;
+    let _in_flight = tokio::spawn(async move { send(addr, empty(get("/held"))).await });
+    within("the request upstream", request_arrived.recv()).await;
+    let _run = proxy.shut_down();
+    let answer = within("/readyz saying so", async {
+        loop {
+            let answer = send(admin, empty(get("/readyz"))).await;
+            if answer.status != StatusCode::OK {
+                return answer;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        (answer.status, &answer.body[..]),
+        (StatusCode::SERVICE_UNAVAILABLE, &b"shutting down"[..])
+    );
+}
+
 /// Held by the tests that read `rocgate_upstream_lanes`: the metrics recorder is one
 /// per process, so another proxy's scrape would set the gauge to its own count.
 static LANES_GAUGE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

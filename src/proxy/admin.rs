@@ -43,7 +43,7 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::future::Future;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -54,6 +54,9 @@ use tower_http::compression::{CompressionLayer, CompressionLevel};
 #[derive(Clone, Debug)]
 pub(crate) struct AdminState {
     pub(crate) reloader: Reloader,
+    /// Set once the proxy's shutdown has begun (its listener closed, requests in
+    /// flight finishing): `/readyz` answers 503 from then on.
+    pub(crate) shutting_down: Arc<AtomicBool>,
     pub(crate) advisor: Arc<Advisor>,
     pub(crate) token: Option<String>,
     pub(crate) metrics: Arc<Exporter>,
@@ -456,8 +459,13 @@ fn as_exported(state: &AdminState, engine: &Engine, s: RouteSnapshot) -> RouteSn
     s
 }
 
+/// Ready: the proxy has a route and takes connections. During the grace period after
+/// shutdown begins, while requests in flight finish, it takes no new connections: 503,
+/// so that a load balancer probing it stops sending it requests.
 async fn ready(State(state): State<AdminState>) -> Response {
-    if state.reloader.engine().route_names().next().is_some() {
+    if state.shutting_down.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else if state.reloader.engine().route_names().next().is_some() {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "no routes").into_response()
@@ -751,6 +759,7 @@ mod tests {
             .unwrap();
         AdminState {
             reloader: proxy.reloader().clone(),
+            shutting_down: Arc::default(),
             advisor: proxy.advisor(),
             token: None,
             answering: Arc::default(),

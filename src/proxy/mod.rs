@@ -725,8 +725,11 @@ impl Proxy {
                 }
             }
         });
+        // Set once shutdown begins: `/readyz` says so from then on.
+        let shutting_down = Arc::new(AtomicBool::new(false));
         let admin_router = admin::router(admin::AdminState {
             reloader: self.reloader.clone(),
+            shutting_down: Arc::clone(&shutting_down),
             advisor: Arc::clone(&self.advisor),
             #[cfg(feature = "redis")]
             store: self.store.clone(),
@@ -1015,6 +1018,7 @@ impl Proxy {
                 }
             });
         }
+        shutting_down.store(true, Ordering::Relaxed);
         drop(self.listener);
         drop((stopping, aborting));
         tracing::info!(connections = connections.open(), "shutting down");
