@@ -825,7 +825,7 @@ impl Proxy {
                     refusal_warned = Some(now);
                     tracing::warn!(
                         %peer,
-                        max_connections_per_client = ?self.settings.max_connections_per_client,
+                        max_connections_per_client = self.settings.max_connections_per_client,
                         refused,
                         "a client address holds max_connections_per_client: its new \
                          connections are closed as accepted"
