@@ -1091,11 +1091,33 @@ fn server_and_admin_sections() {
         "must not be empty",
     );
     // A token no client can send in an `Authorization` header locks the admin API.
-    for token in [r#"" t0k""#, r#""t0k ""#, r#""t0\nk""#, r#""t0\u0000k""#] {
+    // The refusal says what is wrong where, without the token: errors go to logs.
+    for (token, wrong) in [
+        (r#"" t0k""#, "whitespace before a token of 4 characters"),
+        (r#""t0k ""#, "whitespace after a token of 4 characters"),
+        (
+            r#""t0\nk""#,
+            "the control character U+000A as character 3 of 4",
+        ),
+        (
+            r#""t0\u0000k""#,
+            "the control character U+0000 as character 3 of 4",
+        ),
+        (
+            r#""t0\u007fk""#,
+            "the control character U+007F as character 3 of 4",
+        ),
+    ] {
+        let text = route(&format!("[admin]\ntoken = {token}"));
         refused(
-            &route(&format!("[admin]\ntoken = {token}")),
+            &text,
             "admin.token",
-            "no control characters and no leading or trailing whitespace",
+            &format!("no control characters and no leading or trailing whitespace, got {wrong}"),
+        );
+        assert!(
+            problems(&text).iter().all(|line| !line.contains("t0")),
+            "the token shown: {:?}",
+            problems(&text)
         );
     }
     refused(

@@ -897,6 +897,32 @@ fn is_header_value(s: &str) -> bool {
         && s.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
+/// What keeps `token`, which [`is_header_value`] refuses, out of a header, said
+/// without the token: it is a secret, and the error goes to logs.
+fn unsendable(token: &str) -> String {
+    let len = token.chars().count();
+    if token.starts_with([' ', '\t']) {
+        return format!("whitespace before a token of {len} characters");
+    }
+    if token.ends_with([' ', '\t']) {
+        return format!("whitespace after a token of {len} characters");
+    }
+    token
+        .chars()
+        .enumerate()
+        .find(|(_, c)| c.is_control() && *c != '\t')
+        .map_or_else(
+            || format!("a token of {len} characters it cannot carry"),
+            |(i, c)| {
+                format!(
+                    "the control character U+{:04X} as character {} of {len}",
+                    u32::from(c),
+                    i + 1
+                )
+            },
+        )
+}
+
 /// Checks a name that may become a metric label value: `A-Z a-z 0-9 _ . : -`.
 fn check_name(p: &mut Problems, at: Scope, raw: Option<String>) -> Option<String> {
     let is_label = |n: &str| {
@@ -1957,7 +1983,8 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             Err("must not be empty; leave it out to run without a token".to_owned())
         } else if !is_header_value(&token) {
             Err(format!(
-                "must be sendable in an Authorization header: no control characters and no leading or trailing whitespace, got {token:?}"
+                "must be sendable in an Authorization header: no control characters and no leading or trailing whitespace, got {}",
+                unsendable(&token)
             ))
         } else {
             out.admin_token = Some(token);
