@@ -50,8 +50,10 @@ pub enum SimError {
         duration: Duration,
         /// The route's slot.
         slot: Duration,
-        /// Slots the run would record.
-        slots: u64,
+        /// Slots the run would record, counted exactly: a run of 10^15 s in 100 ms
+        /// slots needs 10^16 of them, and one of `Duration::MAX` in 1 ns slots more
+        /// than a `u64` holds.
+        slots: u128,
     },
     /// The profile offers more than [`MAX_ARRIVALS`] requests.
     #[error(
@@ -271,14 +273,14 @@ impl Simulator {
             };
             let slot = cfg.window.slot();
             let slot_ns = duration_nanos(slot);
-            let slots = end.as_u64().div_ceil(slot_ns);
-            if slots > MAX_SLOTS {
+            let exact = duration.as_nanos().div_ceil(slot.as_nanos());
+            let Some(slots) = u64::try_from(exact).ok().filter(|&n| n <= MAX_SLOTS) else {
                 return Err(SimError::TooManySlots {
                     duration,
                     slot,
-                    slots,
+                    slots: exact,
                 });
-            }
+            };
             slot_of[route] = Some(i);
             plans.push((route, slot_ns, slots));
         }
