@@ -808,6 +808,32 @@ fn env_override_changes_a_default() {
 }
 
 #[test]
+fn env_override_of_no_field_is_refused_and_an_empty_value_skipped() {
+    let text =
+        std::fs::read_to_string(config_dir().join("rocgate.toml")).expect("the default config");
+    // `ROCGATE__` alone names no field: it was ignored, as a variable without the prefix.
+    let env = [("ROCGATE__".to_owned(), "5".to_owned())];
+    let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "rocgate.toml: not a field path: each part between `__` must be a field name \
+         (letters, digits, _) or an index (set by environment variable ROCGATE__)"
+    );
+    // An empty value is no override, whatever the name: the file's value stays.
+    let env = [
+        ("ROCGATE__".to_owned(), String::new()),
+        ("ROCGATE__ROUTES__0__BASE_LIMIT".to_owned(), String::new()),
+    ];
+    let c = Config::from_toml_str_with_env(&text, "rocgate.toml", env)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let file = Config::from_toml_str(&text, "rocgate.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.routes[0].controller.base_limit_rps,
+        file.routes[0].controller.base_limit_rps
+    );
+}
+
+#[test]
 fn env_overrides_the_connection_limits() {
     let text =
         std::fs::read_to_string(config_dir().join("rocgate.toml")).expect("the default config");

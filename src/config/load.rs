@@ -328,9 +328,8 @@ impl Override {
     fn parse(var: String) -> Option<Override> {
         let lower = var.to_ascii_lowercase();
         let prefix = format!("{}{ENV_SEPARATOR}", ENV_PREFIX.to_ascii_lowercase());
-        let rest = lower
-            .strip_prefix(&prefix)
-            .filter(|rest| !rest.is_empty())?;
+        // `ROCGATE__` alone is an override of no field: refused as not a field path.
+        let rest = lower.strip_prefix(&prefix)?;
         let mut path = String::new();
         for part in rest.split(ENV_SEPARATOR) {
             if !path.is_empty() && !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
@@ -805,6 +804,8 @@ mod tests {
         assert_eq!(o.config_key(), "ROCGATE__routes[12]__tiers[0]__base_limit");
         assert!(Override::parse("ROCGATEX__DEFAULTS__HOLD".into()).is_none());
         assert!(Override::parse("ROCGATE_DEFAULTS_HOLD".into()).is_none());
-        assert!(Override::parse("ROCGATE__".into()).is_none());
+        // The prefix alone is an override of no field, refused as not a field path.
+        let o = Override::parse("ROCGATE__".into()).unwrap();
+        assert!(!o.is_field_path());
     }
 }
