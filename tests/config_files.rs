@@ -921,6 +921,53 @@ fn check_config_prints_ok_or_every_error() {
 }
 
 #[test]
+fn the_proxy_and_the_admin_api_need_an_address_each() {
+    // check-config said ok, and serve then failed to bind the admin API as if another
+    // process held the port.
+    for (listen, admin) in [
+        ("127.0.0.1:8080", "127.0.0.1:8080"),
+        ("0.0.0.0:8080", "127.0.0.1:8080"),
+        ("127.0.0.1:9090", "[::]:9090"),
+    ] {
+        refused(
+            &route(&format!(
+                "[server]\nlisten = \"{listen}\"\n[admin]\nlisten = \"{admin}\""
+            )),
+            "admin.listen",
+            &format!(
+                "{} takes the port of server.listen ({}): the proxy and the admin API \
+                 need an address each",
+                admin.parse::<std::net::SocketAddr>().unwrap(),
+                listen.parse::<std::net::SocketAddr>().unwrap()
+            ),
+        );
+    }
+    // The admin API's default, 127.0.0.1:9090, taken by the proxy.
+    refused(
+        &route("[server]\nlisten = \"127.0.0.1:9090\""),
+        "admin.listen",
+        "127.0.0.1:9090 takes the port of server.listen (127.0.0.1:9090)",
+    );
+    // Port 0 twice is two free ports; other ports or other addresses do not clash.
+    for (listen, admin) in [
+        ("127.0.0.1:0", "127.0.0.1:0"),
+        ("127.0.0.1:8080", "127.0.0.1:8081"),
+        ("127.0.0.1:8080", "127.0.0.2:8080"),
+    ] {
+        let text = route(&format!(
+            "[server]\nlisten = \"{listen}\"\n[admin]\nlisten = \"{admin}\""
+        ));
+        Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    }
+    // A listen address that is wrong is reported alone, not also as a clash with the
+    // default it left in place.
+    let found = problems(&route(
+        "[server]\nlisten = \"nowhere\"\n[admin]\nlisten = \"127.0.0.1:8080\"",
+    ));
+    assert_eq!(found.len(), 1, "{}", found.join("\n"));
+}
+
+#[test]
 fn server_and_admin_sections() {
     let text = format!(
         "{ORDER}[server]\nlisten = \"0.0.0.0:8081\"\nupstream = \"http://10.1.2.3:3000/\"\n\

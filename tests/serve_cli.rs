@@ -500,6 +500,35 @@ fn an_address_flag_that_is_no_socket_address_says_what_it_takes() {
     }
 }
 
+/// `--listen` and `--admin` on one address are refused before anything is bound,
+/// naming both flags: serve bound the proxy, then failed on the admin API with
+/// "Address already in use", as if another process held the port.
+#[test]
+fn listen_and_admin_flags_on_one_address_are_refused_with_exit_code_2() {
+    for command in ["serve", "demo"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args([
+                command,
+                "--listen",
+                "127.0.0.1:47391",
+                "--admin",
+                "127.0.0.1:47391",
+            ])
+            .env_clear()
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains(
+                "--listen 127.0.0.1:47391 and --admin 127.0.0.1:47391 take the same port"
+            ),
+            "{command}: {stderr}"
+        );
+    }
+}
+
 /// The allocator does not ask the kernel for transparent huge pages: each is resident
 /// whole (2 MiB) while one object in it is live, which kept the proxy's RSS about
 /// twice its size for the same live heap (README, the soak-serve.sh bullet). A region

@@ -54,10 +54,15 @@ fn parse_plan(text: &str) -> Result<Plan, String> {
 const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9090);
 
 /// `--admin`, or the usual address if it is free, or any free port: a demo should not
-/// fail because something else (often Prometheus itself) holds port 9090.
-fn admin_addr(given: Option<SocketAddr>) -> SocketAddr {
+/// fail because something else (often Prometheus itself) holds port 9090, or because
+/// `--listen` (`listen`) takes it.
+fn admin_addr(given: Option<SocketAddr>, listen: SocketAddr) -> SocketAddr {
     if let Some(addr) = given {
         return addr;
+    }
+    if rocgate::config::listeners_clash(listen, DEFAULT_ADMIN) {
+        eprintln!("rocgate demo: --listen {listen} takes {DEFAULT_ADMIN}; the admin API takes any free port");
+        return SocketAddr::new(DEFAULT_ADMIN.ip(), 0);
     }
     match std::net::TcpListener::bind(DEFAULT_ADMIN) {
         Ok(probe) => {
@@ -72,7 +77,16 @@ fn admin_addr(given: Option<SocketAddr>) -> SocketAddr {
 }
 
 pub(crate) fn run(args: DemoArgs) -> ExitCode {
-    let mut settings = DemoSettings::new(args.duration, args.listen, admin_addr(args.admin));
+    let admin = admin_addr(args.admin, args.listen);
+    if rocgate::config::listeners_clash(args.listen, admin) {
+        eprintln!(
+            "rocgate demo: --listen {} and --admin {admin} take the same port: the proxy and \
+             the admin API need an address each",
+            args.listen
+        );
+        return ExitCode::from(2);
+    }
+    let mut settings = DemoSettings::new(args.duration, args.listen, admin);
     settings.compare = args.compare;
     settings.arrivals = ArrivalModel::from_seed(args.seed);
     let runtime = match tokio::runtime::Runtime::new() {

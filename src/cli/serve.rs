@@ -35,6 +35,16 @@ fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, St
     let mut settings = ProxySettings::from_server(server, upstream);
     settings.listen = args.listen.unwrap_or(server.listen);
     settings.admin_listen = args.admin.unwrap_or(server.admin_listen);
+    // The file's two are held apart by its rules; a flag may put one on the other.
+    if rocgate::config::listeners_clash(settings.listen, settings.admin_listen) {
+        let listen = args.listen.map_or("server.listen", |_| "--listen");
+        let admin = args.admin.map_or("admin.listen", |_| "--admin");
+        return Err(format!(
+            "{listen} {} and {admin} {} take the same port: the proxy and the admin API \
+             need an address each",
+            settings.listen, settings.admin_listen
+        ));
+    }
     Ok(settings)
 }
 

@@ -36,6 +36,27 @@ pub fn patch_controller(
         .map_err(|problems| ConfigError::new(origin, problems))
 }
 
+/// Whether two listening addresses take the same port on a shared address, so that
+/// the second bind fails: the same address, or one of them unspecified (`0.0.0.0`,
+/// `::`, every address) on the same port. Port 0 on both is two free ports, no clash.
+/// `server.listen` and `admin.listen` are held to it, and `rocgate serve`'s
+/// `--listen` and `--admin`.
+///
+/// ```
+/// use rocgate::config::listeners_clash;
+///
+/// let at = |s: &str| s.parse().unwrap();
+/// assert!(listeners_clash(at("127.0.0.1:8080"), at("127.0.0.1:8080")));
+/// assert!(listeners_clash(at("0.0.0.0:8080"), at("127.0.0.1:8080")));
+/// assert!(!listeners_clash(at("127.0.0.1:8080"), at("127.0.0.2:8080")));
+/// assert!(!listeners_clash(at("127.0.0.1:0"), at("127.0.0.1:0")));
+/// ```
+pub fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
 /// Checks an upstream URL by the rules of the file's `server.upstream`:
 /// `http://host[:port]`, nothing after the authority but `/`, a port from 1 to 65535.
 /// Returns it as `http://host[:port]`, or what is wrong with it (without a field name:

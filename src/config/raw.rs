@@ -1851,8 +1851,12 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             p.at(path.to_owned(), message);
         }
     };
+    // Whether both listening addresses are known, to hold one against the other.
+    let mut listeners_read = true;
     if let Some(v) = server.listen {
-        field(p, "server.listen", socket_addr(v).map(|a| out.listen = a));
+        let read = socket_addr(v);
+        listeners_read &= read.is_ok();
+        field(p, "server.listen", read.map(|a| out.listen = a));
     }
     if let Some(v) = server.upstream {
         field(
@@ -1972,10 +1976,18 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         );
     }
     if let Some(v) = admin.listen {
-        field(
-            p,
-            "admin.listen",
-            socket_addr(v).map(|a| out.admin_listen = a),
+        let read = socket_addr(v);
+        listeners_read &= read.is_ok();
+        field(p, "admin.listen", read.map(|a| out.admin_listen = a));
+    }
+    if listeners_read && super::listeners_clash(out.listen, out.admin_listen) {
+        p.at(
+            "admin.listen".to_owned(),
+            format!(
+                "{} takes the port of server.listen ({}): the proxy and the admin API \
+                 need an address each",
+                out.admin_listen, out.listen
+            ),
         );
     }
     if let Some(token) = admin.token {
