@@ -1022,6 +1022,18 @@ fn server_and_admin_sections() {
         "server.upstream",
         "with no path",
     );
+    // User info was refused as a path.
+    refused(
+        &route("[server]\nupstream = \"http://user:pw@x:80\""),
+        "server.upstream",
+        "must not carry user info (user:password@): rocgate sends no credentials upstream, \
+         got \"http://user:pw@x:80\"",
+    );
+    refused(
+        &route("[server]\nupstream = \"http://x:80/a@b\""),
+        "server.upstream",
+        "with no path",
+    );
     refused(
         &route("[server]\nupstream = \"http://x:http\""),
         "server.upstream",
@@ -1631,10 +1643,16 @@ fn check_upstream_refuses_with_an_error_to_match_on() {
             url: url("https://x:443")
         })
     );
-    for bad in ["http://x:80/api", "http://", "ftp://x", "http://u@x:80"] {
+    for bad in ["http://x:80/api", "http://", "ftp://x", "http://x:80/u@x"] {
         assert_eq!(
             check_upstream(bad),
             Err(UpstreamError::NotAnAuthority { url: url(bad) })
+        );
+    }
+    for bad in ["http://u@x:80", "http://u:pw@x:80/", "http://@x"] {
+        assert_eq!(
+            check_upstream(bad),
+            Err(UpstreamError::UserInfo { url: url(bad) })
         );
     }
     for bad in ["http://:80", "http://[::1", "http://[nope]:80"] {

@@ -145,7 +145,8 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 async fn an_upstream_flag_the_file_would_refuse_is_refused_with_exit_code_2() {
     for (upstream, says) in [
         ("http://127.0.0.1:1/api", "with no path"),
-        ("http://user@127.0.0.1:1", "with no path"),
+        ("http://user@127.0.0.1:1", "must not carry user info"),
+        ("http://user:pw@127.0.0.1:1", "must not carry user info"),
         ("http://127.0.0.1:1?x=1", "with no path"),
         (
             "http://127.0.0.1:99999",

@@ -86,10 +86,19 @@ pub enum UpstreamError {
         /// The URL as given.
         url: String,
     },
-    /// Not `http://` followed by an authority alone (a path, a query, a fragment or
-    /// user info after it, or nothing).
+    /// Not `http://` followed by an authority alone (a path, a query or a fragment
+    /// after it, or nothing).
     #[error("must be http://host[:port] with no path, got {url:?}")]
     NotAnAuthority {
+        /// The URL as given.
+        url: String,
+    },
+    /// User info before the host (`http://user:password@host`): rocgate would send
+    /// no credentials upstream.
+    #[error(
+        "must not carry user info (user:password@): rocgate sends no credentials upstream, got {url:?}"
+    )]
+    UserInfo {
         /// The URL as given.
         url: String,
     },

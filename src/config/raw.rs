@@ -1780,6 +1780,13 @@ pub(super) fn upstream_url(text: String) -> Result<String, UpstreamError> {
     if t.starts_with("https://") {
         return Err(UpstreamError::Tls { url: text });
     }
+    let user_info = t
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split(['/', '?', '#']).next())
+        .is_some_and(|authority| authority.contains('@'));
+    if user_info {
+        return Err(UpstreamError::UserInfo { url: text });
+    }
     let Some(authority) = t
         .strip_prefix("http://")
         .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
