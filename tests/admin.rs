@@ -918,6 +918,33 @@ async fn a_change_is_a_json_object_and_nothing_else() {
     p.stop().await;
 }
 
+/// A body cut short is refused with the parser's line and column and no field path:
+/// the answer read `PUT /admin/routes/order: ?: EOF while parsing an object`, the `?`
+/// where a field's name goes.
+#[tokio::test]
+async fn a_change_cut_short_names_where_the_text_ends() {
+    let p = start(None).await;
+    for (body, says) in [
+        (
+            r#"{"base_limit": 300"#,
+            "PUT /admin/routes/order: EOF while parsing an object at line 1 column 18",
+        ),
+        (
+            r#"{"base_limit": 300,"#,
+            "PUT /admin/routes/order: EOF while parsing a value at line 1 column 19",
+        ),
+        (
+            r#"{"base_limit": "#,
+            "PUT /admin/routes/order: base_limit: EOF while parsing a value at line 1 column 15",
+        ),
+    ] {
+        let (status, reply) = call(p.admin, "PUT", "/admin/routes/order", body, None).await;
+        assert_eq!(status, 422, "{body}: {reply}");
+        assert_eq!(reply["errors"][0], says, "{body}: {reply}");
+    }
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn the_token_is_checked_before_the_body_is_read() {
     let p = start(Some("s3cret")).await;

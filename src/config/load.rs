@@ -4,7 +4,7 @@
 //! The file is read with the `config` crate, which also applies the overrides; see
 //! [`Config::load`] for how variables name fields.
 
-use super::raw::RawConfig;
+use super::raw::{error_location, RawConfig};
 use super::Config;
 use std::collections::HashMap;
 use std::fmt;
@@ -252,10 +252,7 @@ impl Config {
                 Err(found) => attribute(found, &overrides),
             },
             Err(e) => {
-                let location = match e.path().to_string() {
-                    root if root == "." => String::new(),
-                    path => path,
-                };
+                let location = error_location(e.path());
                 // A shape error is found at the first table or field that is wrong,
                 // which may lie above the field a variable set (`base_limit` for
                 // ROCGATE__BASE_LIMIT__DEFAULTS, an unknown field there).

@@ -2303,6 +2303,29 @@ struct RawPatch {
 /// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by
 /// the rules of the file. Problems are named by field (`cut_limit: must be ≤ base_limit
 /// (200), got 300`); the caller names the origin.
+/// Where a deserialization error is, as a field path (`routes[0].hold`): the fields
+/// and indices the deserializer had entered, up to the first it had not named yet
+/// (serde_path_to_error writes that one `?`: a JSON object cut short after a value
+/// was waiting for its next key). Empty at the root: the error's own message says
+/// where in the text it is (`EOF while parsing an object at line 1 column 18`).
+pub(super) fn error_location(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key: name } | Segment::Enum { variant: name } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(name);
+            }
+            Segment::Unknown => break,
+        }
+    }
+    out
+}
+
 pub(crate) fn patch_controller(
     current: &ControllerParams,
     algorithm: &Algorithm,
@@ -2320,11 +2343,10 @@ pub(crate) fn patch_controller(
     }
     let mut de = serde_json::Deserializer::from_str(json);
     let raw: RawPatch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let location = match e.path().to_string() {
-            root if root == "." => String::new(),
-            path => path,
-        };
-        vec![Problem::new(location, e.inner().to_string())]
+        vec![Problem::new(
+            error_location(e.path()),
+            e.inner().to_string(),
+        )]
     })?;
     // Whatever follows the object (a second one) would be dropped silently.
     de.end()
