@@ -287,6 +287,18 @@ fn route_names_and_paths() {
         "routes[0].path",
         "invalid template \"/api/items/{id\"",
     );
+    // One name for two segments passed check-config.
+    refused(
+        "[[routes]]\nname = \"a\"\npath = \"/a/{id}/b/{ref}/{id}\"\n",
+        "routes[0].path",
+        "invalid template \"/a/{id}/b/{ref}/{id}\": the parameter {id} is named twice; \
+         give each its own name",
+    );
+    Config::from_toml_str(
+        "[[routes]]\nname = \"a\"\npath = \"/a/{id}/b/{ID}\"\n",
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     refused(
         "[[routes]]\nname = \"a\"\nmethod = \"PO ST\"\npath = \"/a\"\n",
         "routes[0].method",

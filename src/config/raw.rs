@@ -1228,6 +1228,18 @@ fn partition_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Partition> 
     })
 }
 
+/// The first parameter name a template gives twice (`id` of `/a/{id}/{id}`): one name
+/// for two segments, a slip in the template (the engine's matching ignores names, but
+/// whoever reads the template, or a handler reading its parameters by name, cannot
+/// tell the two apart).
+fn repeated_param(segments: &[Segment]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    segments.iter().find_map(|segment| match segment {
+        Segment::Param(name) if !seen.insert(name.as_str()) => Some(name.as_str()),
+        _ => None,
+    })
+}
+
 /// Which requests the route takes.
 fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch> {
     let method = match &own.method {
@@ -1266,21 +1278,42 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
     };
     let pattern = match (&own.path, &own.path_prefix) {
         (Some(_), Some(_)) => {
-            p.at(at.path("path_prefix"), "cannot be set together with path: set one of the two");
+            p.at(
+                at.path("path_prefix"),
+                "cannot be set together with path: set one of the two",
+            );
             None
         }
         (None, None) => {
-            p.at(at.path("path"), "required: set path (exact or a template) or path_prefix");
+            p.at(
+                at.path("path"),
+                "required: set path (exact or a template) or path_prefix",
+            );
             None
         }
-        (None, Some(prefix)) => check("path_prefix", prefix).then(|| PathPattern::Prefix(prefix.clone())),
-        (Some(path), None) if check("path", path) => PathPattern::parse_path(path).or_else(|| {
-            let message = format!(
-                r#"invalid template {path:?}: each {{param}} must be a whole segment with a name, as in "/api/items/{{id}}""#
-            );
-            p.at(at.path("path"), message);
-            None
-        }),
+        (None, Some(prefix)) => {
+            check("path_prefix", prefix).then(|| PathPattern::Prefix(prefix.clone()))
+        }
+        (Some(path), None) if check("path", path) => match PathPattern::parse_path(path) {
+            None => {
+                let message = format!(
+                    r#"invalid template {path:?}: each {{param}} must be a whole segment with a name, as in "/api/items/{{id}}""#
+                );
+                p.at(at.path("path"), message);
+                None
+            }
+            Some(PathPattern::Template(segments)) => match repeated_param(&segments) {
+                Some(name) => {
+                    let message = format!(
+                        "invalid template {path:?}: the parameter {{{name}}} is named twice; give each its own name"
+                    );
+                    p.at(at.path("path"), message);
+                    None
+                }
+                None => Some(PathPattern::Template(segments)),
+            },
+            pattern => pattern,
+        },
         (Some(_), None) => None,
     };
     Some(RouteMatch {
