@@ -12,7 +12,9 @@ use traffic::bursts;
 use rocgate::config::Config;
 use rocgate::controller::ControllerState;
 use rocgate::hints::{Hint, Policy, Setting};
-use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, SimRun, Simulator, SlotRow};
+use rocgate::sim::{
+    hints, ArrivalModel, Profile, ProfileError, Scenario, SimRun, Simulator, SlotRow,
+};
 
 /// A config of one route `r` taking every path, with `extra` TOML lines of the route.
 fn config(extra: &str) -> Config {
@@ -783,7 +785,12 @@ fn a_profile_at_the_edge_of_f64_offers_a_number_of_requests_not_nan() {
         matches!(refused, Err(rocgate::sim::SimError::TooManyArrivals { .. })),
         "{refused:?}"
     );
-    // A silent profile spanning more seconds than f64 holds: ∞ × 0 again.
-    let p = Profile::parse_csv("-1e308,0\n1e308,0\n").unwrap();
+    // A silent profile spanning more seconds than f64 holds (∞ × 0 again) is refused
+    // now for its negative time; the longest span a profile can have offers nothing.
+    assert_eq!(
+        Profile::parse_csv("-1e308,0\n1e308,0\n").map(|_| ()),
+        Err(ProfileError::NegativeTime { line: 1, t: -1e308 })
+    );
+    let p = Profile::parse_csv("0,0\n1.7976931348623157e308,0\n").unwrap();
     assert_eq!(p.expected_arrivals(), 0.0);
 }

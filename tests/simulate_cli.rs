@@ -104,6 +104,22 @@ fn a_malformed_profile_names_its_line_and_exits_2() {
     assert!(out.stdout.is_empty());
 }
 
+/// A negative time was taken, and the run said "t = 0 at unix -10 s".
+#[test]
+fn a_profile_time_below_zero_names_its_line_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("early.csv");
+    std::fs::write(&profile, "t_seconds,rate\n-10,10\n0,10\n").unwrap();
+    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("early.csv: line 2: t_seconds must not be negative, got -10"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
 #[test]
 fn a_profile_with_bytes_beyond_utf8_is_read_line_by_line() {
     // A Latin-1 comment made the whole file "stream did not contain valid UTF-8",

@@ -64,6 +64,15 @@ pub enum ProfileError {
         /// The rate.
         rate: f64,
     },
+    /// A time is below zero: a profile's times are seconds from its start, and its
+    /// first is read as Unix seconds when no `--start` is given.
+    #[error("line {line}: t_seconds must not be negative, got {t}")]
+    NegativeTime {
+        /// The line.
+        line: usize,
+        /// The time.
+        t: f64,
+    },
     /// A point's time is earlier than the previous point's.
     #[error("line {line}: t_seconds must increase, got {t} after {previous}")]
     TimeNotIncreasing {
@@ -95,6 +104,7 @@ impl ProfileError {
             ProfileError::Fields { line, .. }
             | ProfileError::NotANumber { line, .. }
             | ProfileError::NegativeRate { line, .. }
+            | ProfileError::NegativeTime { line, .. }
             | ProfileError::TimeNotIncreasing { line, .. } => Some(*line),
             ProfileError::TooFewPoints { .. } | ProfileError::NoDuration { .. } => None,
         }
@@ -153,6 +163,9 @@ impl Profile {
                     return Err(ProfileError::NotANumber { line, field, text });
                 }
             }
+            if t < 0.0 {
+                return Err(ProfileError::NegativeTime { line, t });
+            }
             if rate < 0.0 {
                 return Err(ProfileError::NegativeRate { line, rate });
             }
@@ -199,7 +212,8 @@ impl Profile {
         }
     }
 
-    /// `t_seconds` of the first point: the profile's own time at the start of a run.
+    /// `t_seconds` of the first point (never negative): the profile's own time at the
+    /// start of a run.
     pub fn start_s(&self) -> f64 {
         self.start_s
     }
