@@ -872,6 +872,208 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     );
 }
 
+/// A route limited as a whole to `limit` requests in flight, `queue` more waiting.
+fn in_flight(name: &str, limit: f64, queue: u32) -> RouteConfig {
+    let mut cfg = RouteConfig::new(name, RouteMatch::prefix(format!("/{name}")));
+    cfg.algorithm = Algorithm::Concurrency { queue };
+    cfg.controller.base_limit_rps = limit;
+    cfg.controller.cut_limit_rps = 1.0;
+    cfg
+}
+
+/// `n` requests on `route` at `now`, each holding its permit.
+fn hold(e: &Engine, route: RouteId, n: usize, now: Nanos) -> Vec<Decision> {
+    let held: Vec<Decision> = (0..n).map(|_| e.check(route, Key::None, now)).collect();
+    assert!(held
+        .iter()
+        .all(|d| matches!(d, Decision::Admit(Admit::Held(_)))));
+    held
+}
+
+/// A reload that rebuilds a `concurrency` route (a new window, mode or limit) hands
+/// it the permits still held under the old one: they take places under its limit
+/// until released. The new route started with none, and admitted a whole limit
+/// more beside the open WebSocket tunnels of the old one (6 open on a limit of 3).
+#[test]
+fn a_reload_that_rebuilds_a_concurrency_route_counts_the_permits_still_held() {
+    let e = engine(vec![in_flight("ws", 3.0, 0)]);
+    let old = e.route_id("ws").unwrap();
+    let mut held = hold(&e, old, 3, Nanos::ZERO);
+    assert!(e.check(old, Key::None, Nanos::ZERO).rejection().is_some());
+
+    let mut rebuilt = in_flight("ws", 3.0, 0);
+    rebuilt.window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    let now = Nanos::from_secs(1);
+    let e2 = e
+        .reload(&Config::new(vec![rebuilt]), now, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id = e2.route_id("ws").unwrap();
+    assert_ne!(Some(old), e2.route_id("ws"), "rebuilt: a new state");
+    assert_eq!(e2.route_snapshot(id, now).unwrap().level.value, 3.0);
+    assert_eq!(
+        e2.check(id, Key::None, now).rejection().map(|r| r.reason),
+        Some(Reason::Concurrency)
+    );
+    // Each permit released frees one place in the new route.
+    held.pop();
+    let again = hold(&e2, id, 1, now);
+    assert!(e2.check(id, Key::None, now).rejection().is_some());
+    held.clear();
+    let rest = hold(&e2, id, 2, now);
+    assert!(e2.check(id, Key::None, now).rejection().is_some());
+    drop((again, rest));
+    assert_eq!(e2.route_snapshot(id, now).unwrap().level.value, 0.0);
+
+    // Mode and limit change: the permits held count under the new limit of 4 in shadow.
+    let held = hold(&e2, id, 3, now);
+    let mut shadow = in_flight("ws", 4.0, 0);
+    shadow.mode = Mode::Shadow;
+    let e3 = e2
+        .reload(&Config::new(vec![shadow]), now, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id = e3.route_id("ws").unwrap();
+    let fourth = hold(&e3, id, 1, now);
+    assert!(matches!(
+        e3.check(id, Key::None, now),
+        Decision::Admit(Admit::Now)
+    ));
+    let s = e3.route_snapshot(id, now).unwrap();
+    assert_eq!((s.level.value, s.level.capacity), (4.0, 4.0));
+    assert_eq!(s.shadow_rejected_for(Reason::Concurrency), 1);
+    drop((held, fourth));
+}
+
+/// A request queued on the rebuilt route takes the place an old permit frees, and
+/// the release wakes it; a queue the reload lowered keeps who already waits.
+#[test]
+fn a_permit_released_after_a_reload_wakes_a_request_queued_on_the_new_route() {
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let e = engine(vec![in_flight("ws", 2.0, 0)]);
+    let old = e.route_id("ws").unwrap();
+    let mut held = hold(&e, old, 2, Nanos::ZERO);
+    // A queue of 1 is a new algorithm's settings: the route is rebuilt.
+    let e2 = e
+        .reload(
+            &Config::new(vec![in_flight("ws", 2.0, 1)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id = e2.route_id("ws").unwrap();
+    let Decision::Admit(Admit::Queued(mut ticket)) = e2.check(id, Key::None, Nanos::ZERO) else {
+        panic!("both places are held: the request waits");
+    };
+    assert_eq!(
+        e2.check(id, Key::None, Nanos::ZERO)
+            .rejection()
+            .map(|r| r.reason),
+        Some(Reason::QueueFull)
+    );
+    let wakes = Arc::new(Wakes::default());
+    let waker = std::task::Waker::from(Arc::clone(&wakes));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut poll = || std::future::Future::poll(std::pin::Pin::new(&mut ticket), &mut cx);
+    assert!(poll().is_pending());
+    held.pop();
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the release wakes it");
+    let std::task::Poll::Ready(permit) = poll() else {
+        panic!("and it takes the place");
+    };
+    assert_eq!(e2.route_snapshot(id, Nanos::ZERO).unwrap().level.value, 2.0);
+
+    // Queued requests stay through a reload that takes the queue away.
+    let Decision::Admit(Admit::Queued(waiting)) = e2.check(id, Key::None, Nanos::ZERO) else {
+        panic!("the request waits");
+    };
+    let e3 = e2
+        .reload(
+            &Config::new(vec![in_flight("ws", 3.0, 0)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id = e3.route_id("ws").unwrap();
+    assert_eq!(
+        e3.check(id, Key::None, Nanos::ZERO)
+            .rejection()
+            .map(|r| r.reason),
+        Some(Reason::Concurrency),
+        "the raised limit's third place is the queued request's"
+    );
+    let mut waiting = waiting;
+    let waker = std::task::Waker::noop();
+    let std::task::Poll::Ready(third) = std::future::Future::poll(
+        std::pin::Pin::new(&mut waiting),
+        &mut std::task::Context::from_waker(waker),
+    ) else {
+        panic!("the raised limit frees a place for it");
+    };
+    drop((held, permit, third));
+}
+
+/// Once a reload has handed a route's permits over, their limit is the new route's:
+/// a change on the old engine's route (a request still deciding there, a runtime
+/// change) does not set it.
+#[test]
+fn the_old_route_leaves_the_limit_of_the_permits_it_handed_over() {
+    let e = engine(vec![in_flight("ws", 2.0, 0)]);
+    let old = e.route_id("ws").unwrap();
+    let mut rebuilt = in_flight("ws", 2.0, 0);
+    rebuilt.mode = Mode::Shadow;
+    let e2 = e
+        .reload(
+            &Config::new(vec![rebuilt]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let mut params = e.route_params(old).unwrap();
+    params.base_limit_rps = 10.0;
+    e.update_route(old, params, Nanos::ZERO).unwrap();
+    let id = e2.route_id("ws").unwrap();
+    let level = e2.route_snapshot(id, Nanos::ZERO).unwrap().level;
+    assert_eq!(level.capacity, 2.0);
+    // The old engine's requests take the same permits, under the new route's limit.
+    let held = hold(&e, old, 2, Nanos::ZERO);
+    assert!(e.check(old, Key::None, Nanos::ZERO).rejection().is_some());
+    assert_eq!(e2.route_snapshot(id, Nanos::ZERO).unwrap().level.value, 2.0);
+    drop(held);
+}
+
+/// Permits are handed over only from `concurrency` to `concurrency`: a route that
+/// changes algorithm starts fresh, as every rate route does.
+#[test]
+fn a_route_that_leaves_concurrency_starts_fresh() {
+    let e = engine(vec![in_flight("ws", 2.0, 0)]);
+    let held = hold(&e, e.route_id("ws").unwrap(), 2, Nanos::ZERO);
+    let mut bucket = in_flight("ws", 2.0, 0);
+    bucket.algorithm = Algorithm::default();
+    let e2 = e
+        .reload(
+            &Config::new(vec![bucket]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let e3 = e2
+        .reload(
+            &Config::new(vec![in_flight("ws", 2.0, 0)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id = e3.route_id("ws").unwrap();
+    let fresh = hold(&e3, id, 2, Nanos::ZERO);
+    assert_eq!(e3.route_snapshot(id, Nanos::ZERO).unwrap().level.value, 2.0);
+    drop((held, fresh));
+}
+
 #[test]
 fn restore_eta_follows_the_cut() {
     let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);

@@ -43,7 +43,7 @@ use crate::config::{
 use crate::controller::{
     Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
-use crate::limiter::{Admit, Algorithm, Decision, Limiter, Pace, Reason, Rejection};
+use crate::limiter::{Admit, Algorithm, Concurrency, Decision, Limiter, Pace, Reason, Rejection};
 use crate::route_index::RouteIndex;
 use crate::sync::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use crate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
@@ -224,6 +224,11 @@ struct Route {
     limiter: Limiter,
     /// shadow_adaptive only: at the controller's limit, to count what a cut would reject.
     shadow: Option<Shadow>,
+    /// Set once a reload has rebuilt this route around its route-wide concurrency
+    /// permits ([`Route::hand_over`]): their limit is then the new route's to set, and
+    /// this route's controller leaves it alone. Written and read under the state lock;
+    /// `std`'s even under loom, as [`behind`](Route::behind) is.
+    handed_over: std::sync::atomic::AtomicBool,
     /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`]) a
     /// limit change has not reached yet: a token bucket's change that found its note
     /// taken, left for the next decision on the route ([`Route::finish_change`]).
@@ -288,7 +293,7 @@ impl Engine {
         let routes = config
             .routes
             .iter()
-            .map(|r| Arc::new(Route::new(r, now, wall_now)))
+            .map(|r| Arc::new(Route::new(r, now, wall_now, None)))
             .collect();
         Ok(Engine::assemble(config, routes, None, None))
     }
@@ -322,8 +327,14 @@ impl Engine {
     /// buckets, keys, counters) of every route whose name and structure (matcher, mode,
     /// window, algorithm, partition, tiers) are unchanged; their controller parameters
     /// and events are replaced in place, and a route whose parameters changed takes no
-    /// action for one full window. Other routes start fresh. Both engines share the
-    /// kept routes, so requests still in flight on the old one count in the new one.
+    /// action for one full window. Other routes start fresh, but for the permits of a
+    /// `concurrency` route limited as a whole that stays one (by name; its mode,
+    /// window, queue or limits changed): the route rebuilt takes them over, with the
+    /// requests queued for them, and counts them under its own limit until they are
+    /// released, which frees a place in it; from then on its limit is the new route's
+    /// to set, and the old route's controller leaves it alone. Both engines share the
+    /// kept routes and the permits taken over, so requests still in flight on the old
+    /// one count in the new one.
     /// `config`'s routes are checked first, as for [`Engine::new`]: an error leaves
     /// this engine as it was.
     pub fn reload(
@@ -350,7 +361,18 @@ impl Engine {
                         r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
                         Arc::clone(r)
                     }
-                    None => Arc::new(Route::new(cfg, now, wall_now)),
+                    None => {
+                        let permits = match (cfg.algorithm, &cfg.partition) {
+                            (Algorithm::Concurrency { queue }, Partition::Route) => self
+                                .routes
+                                .iter()
+                                .find(|e| *e.route.name == cfg.name)
+                                .and_then(|e| e.route.hand_over())
+                                .map(|permits| permits.handed_over(queue)),
+                            _ => None,
+                        };
+                        Arc::new(Route::new(cfg, now, wall_now, permits))
+                    }
                 }
             })
             .collect();
@@ -1047,7 +1069,15 @@ impl Engine {
 }
 
 impl Route {
-    fn new(cfg: &RouteConfig, now: Nanos, wall_now: SystemTime) -> Self {
+    /// The route `cfg` describes, fresh at `now`; or, with the route-wide concurrency
+    /// `permits` a reload took from the route this one rebuilds, around those (which
+    /// `cfg` says are its algorithm, on the route as a whole), set to its limit.
+    fn new(
+        cfg: &RouteConfig,
+        now: Nanos,
+        wall_now: SystemTime,
+        permits: Option<Concurrency>,
+    ) -> Self {
         let p = &cfg.controller;
         let enforced_limit = p.base_limit_rps;
         // shadow_adaptive enforces each key's base limit; its shadow keys follow the cut.
@@ -1073,8 +1103,12 @@ impl Route {
             tiers: cfg.tiers.clone(),
             reject_status: AtomicU16::new(cfg.reject_status),
             counter: SlotCounter::new(&cfg.window),
-            limiter: Limiter::new(cfg.algorithm, enforced_limit, now),
+            limiter: permits.map_or_else(
+                || Limiter::new(cfg.algorithm, enforced_limit, now),
+                Limiter::Concurrency,
+            ),
             shadow,
+            handed_over: std::sync::atomic::AtomicBool::new(false),
             behind: std::sync::atomic::AtomicU8::new(0),
             keys,
             generation: AtomicU64::new(0),
@@ -1118,6 +1152,19 @@ impl Route {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
+    }
+
+    /// The route's concurrency permits, if it is limited as a whole by `concurrency`,
+    /// for the route a reload rebuilds it as (see [`Engine::reload`]); from then on
+    /// this route leaves their limit to that one. Taken under the state lock, so no
+    /// limit this route is setting lands after the new route's.
+    fn hand_over(&self) -> Option<&Concurrency> {
+        let (None, Limiter::Concurrency(permits)) = (&self.keys, &self.limiter) else {
+            return None;
+        };
+        let _st = self.lock();
+        self.handed_over.store(true, Ordering::Relaxed);
+        Some(permits)
     }
 
     /// Whether `cfg` describes this route with the same shape of state (its matcher
@@ -1234,6 +1281,11 @@ impl Route {
     /// and records those whose change could not take its note as [`behind`](Route::behind).
     /// Called with the state lock held.
     fn set_limiters(&self, c: &Controller, at: Nanos, which: u8) {
+        let which = if self.handed_over.load(Ordering::Relaxed) {
+            which & !BEHIND_LIMITER
+        } else {
+            which
+        };
         let limit = c.limit_rps();
         let base = c.params().base_limit_rps;
         let set = |limiter: &Limiter, limit: f64, flag: u8| {

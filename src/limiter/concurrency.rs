@@ -24,7 +24,9 @@ struct ConcurrencyShared {
     in_flight: AtomicU32,
     waiting: AtomicU32,
     limit: AtomicU32,
-    queue: u32,
+    /// Requests that may wait; set anew when a reload hands the permits to a route
+    /// with another queue ([`Concurrency::handed_over`]).
+    queue: AtomicU32,
     /// Queued tickets listen here, in order; each freed permit notifies one more.
     freed: Event,
     /// A partitioned route's key keeps the route generation its limit was set for
@@ -85,7 +87,7 @@ impl Concurrency {
                 in_flight: AtomicU32::new(0),
                 waiting: AtomicU32::new(0),
                 limit: AtomicU32::new(permits(limit)),
-                queue,
+                queue: AtomicU32::new(queue),
                 freed: Event::new(),
                 key_generation: AtomicU32::new(generation),
                 key_tier: tier,
@@ -110,13 +112,14 @@ impl Concurrency {
         if s.waiting.load(Ordering::SeqCst) == 0 && s.try_acquire() {
             return Decision::Admit(Admit::Held(Permit::new(Arc::clone(s))));
         }
-        if s.queue == 0 {
+        let queue = s.queue.load(Ordering::Relaxed);
+        if queue == 0 {
             return reject(duration_nanos(CONCURRENCY_RETRY), Reason::Concurrency);
         }
         let queued = s
             .waiting
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < s.queue).then_some(n + 1)
+                (n < queue).then_some(n + 1)
             })
             .is_ok();
         if queued {
@@ -141,6 +144,16 @@ impl Concurrency {
         s.limit.store(limit, Ordering::SeqCst);
         crate::sync::seq_cst_fence_under_loom();
         s.notify_waiting(limit.saturating_sub(s.in_flight.load(Ordering::SeqCst)));
+    }
+
+    /// The same permits and queue, for a route that a reload rebuilds around them,
+    /// taking at most `queue` waiting from now on: the permits held and the requests
+    /// queued stay, and are counted under its limit, which it sets; releasing a permit
+    /// frees a place in it. Lowering the queue leaves the requests already queued
+    /// there, as lowering the limit leaves the permits held.
+    pub(crate) fn handed_over(&self, queue: u32) -> Concurrency {
+        self.shared.queue.store(queue, Ordering::Relaxed);
+        self.clone()
     }
 
     /// Requests in flight and the limit.
