@@ -32,7 +32,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{settings, start_proxy};
+use running::{settings, start_proxy, start_proxy_from};
 
 /// The longest any single exchange may take before the test fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -373,6 +373,52 @@ async fn a_tunnel_holds_its_concurrency_permit_until_it_closes() {
         .await
         .expect("a handshake once the tunnel closed");
     assert_eq!(next_text(&mut again).await, "welcome");
+}
+
+/// A reload that rebuilds the tunnels' concurrency route (here a new window) hands
+/// the new route the permits the open tunnels hold: the level stays at 3 and a fourth
+/// handshake is still refused, until a tunnel closes. The new route started at 0 and
+/// let 3 more tunnels in, 6 open on a limit of 3.
+#[tokio::test]
+async fn a_reload_that_rebuilds_the_route_keeps_counting_the_open_tunnels() {
+    let (upstream_addr, upstream) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    let config = |extra: &str| {
+        format!(
+            "[[routes]]\nname = \"ws\"\npath_prefix = \"/ws\"\nalgorithm = \"concurrency\"\n\
+             base_limit = 3\ncut_limit = 3\n{extra}"
+        )
+    };
+    std::fs::write(&file, config("")).unwrap();
+    let proxy = start_proxy_from(settings(upstream_addr), &file).await;
+    let mut tunnels = Vec::new();
+    for _ in 0..3 {
+        let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
+        assert_eq!(next_text(&mut ws).await, "welcome");
+        tunnels.push(ws);
+    }
+    let fourth = refused(open(proxy.addr, "/ws", &[]).await);
+    assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    std::fs::write(&file, config("window = \"4s\"\n")).unwrap();
+    let serial = proxy.snapshot("ws").serial;
+    proxy.reloader.reload_async().await.expect("the reload");
+    assert_ne!(proxy.snapshot("ws").serial, serial, "the route is rebuilt");
+    assert_eq!(proxy.level("ws"), 3.0, "the open tunnels' permits");
+    let fourth = refused(open(proxy.addr, "/ws", &[]).await);
+    assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(upstream.count("/ws"), 3);
+
+    let mut closing = tunnels.pop().unwrap();
+    within("close", closing.close(None)).await.unwrap();
+    until("the permit back", || proxy.level("ws") == 2.0).await;
+    let mut again = open(proxy.addr, "/ws", &[])
+        .await
+        .expect("a handshake in the place the closed tunnel freed");
+    assert_eq!(next_text(&mut again).await, "welcome");
+    let fifth = refused(open(proxy.addr, "/ws", &[]).await);
+    assert_eq!(fifth.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// An open tunnel holds its place under `max_upstream_requests` (it holds an upstream

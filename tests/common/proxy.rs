@@ -7,6 +7,7 @@ use rocgate::engine::RouteSnapshot;
 use rocgate::proxy::{Proxy, ProxySettings, Reloader};
 use std::io;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -81,6 +82,21 @@ pub(crate) async fn start_proxy(
     let proxy = Proxy::bind(settings, &Config::new(routes), None)
         .await
         .unwrap();
+    run(proxy)
+}
+
+/// A proxy over the routes of the config file `file`, which `reloader.reload()` reads
+/// again.
+pub(crate) async fn start_proxy_from(settings: ProxySettings, file: &Path) -> RunningProxy {
+    let config = Config::load(file).unwrap();
+    let proxy = Proxy::bind(settings, &config, Some(file.to_path_buf()))
+        .await
+        .unwrap();
+    run(proxy)
+}
+
+/// `proxy` running in a task of the test's runtime.
+fn run(proxy: Proxy) -> RunningProxy {
     let addr = proxy.local_addr().unwrap();
     let admin = proxy.admin_addr().unwrap();
     let reloader = proxy.reloader().clone();
