@@ -1204,6 +1204,12 @@ fn server_and_admin_sections() {
             r#""t0\u007fk""#,
             "the control character U+007F as character 3 of 4",
         ),
+        // U+0085 is a control character a header value may carry (its UTF-8 bytes
+        // are not): the refusal names the one it cannot.
+        (
+            r#""t0\u0085k\u0001""#,
+            "the control character U+0001 as character 5 of 5",
+        ),
     ] {
         let text = route(&format!("[admin]\ntoken = {token}"));
         refused(

@@ -910,7 +910,7 @@ fn unsendable(token: &str) -> String {
     token
         .chars()
         .enumerate()
-        .find(|(_, c)| c.is_control() && *c != '\t')
+        .find(|(_, c)| c.is_ascii_control() && *c != '\t')
         .map_or_else(
             || format!("a token of {len} characters it cannot carry"),
             |(i, c)| {
