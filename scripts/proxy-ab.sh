@@ -96,10 +96,13 @@ for url in "$url_a" "$url_b"; do
     taskset -c 1 wrk -t1 -c64 -d1s "$url/" >/dev/null
 done
 
-# Scrapes $1's /metrics every $SCRAPE seconds until killed, counting the scrapes in
-# $work/scrapes.
+# Scrapes $1's /metrics every $SCRAPE seconds from CPU 1 until killed, counting the
+# scrapes in $work/scrapes. Killed, it exits once the scrape or sleep under way is
+# over: a scrape still running would load the proxy beside the next run.
 scrape() {
     local n=0
+    taskset -p -c 1 "$BASHPID" >/dev/null
+    trap 'exit 0' TERM
     while :; do
         curl -s --compressed -o /dev/null --max-time 10 "$1/metrics" && n=$((n + 1))
         echo "$n" >"$work/scrapes"
@@ -119,7 +122,7 @@ run() {
         echo 0 >"$work/scrapes"
         scrape "$(admin_url "$x")" &
         scraper=$!
-        taskset -p -c 1 "$scraper" >/dev/null
+        pids+=("$scraper")
     fi
     c0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
     taskset -c 1 wrk -t1 -c64 -d"${DURATION}s" --latency "$url/" >"$work/wrk.out"
@@ -127,6 +130,7 @@ run() {
     if [[ -n $scraper ]]; then
         kill "$scraper"
         wait "$scraper" 2>/dev/null || true
+        unset 'pids[-1]'
     fi
     n=$(awk '/ requests in / {print $1}' "$work/wrk.out")
     rps=$(awk '/Requests\/sec/ {print $2}' "$work/wrk.out")
