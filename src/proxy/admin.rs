@@ -328,33 +328,42 @@ async fn render_metrics(State(state): State<AdminState>) -> Response {
 }
 
 /// Runs `answer` on tokio's blocking pool once no other answer is being made there
-/// (`answering`), and returns what it answers, or a 500 if it panicked. For the answers
-/// that may hold their thread: those whose cost grows with the route count (at 1,000
-/// routes a scrape takes about 100 ms of CPU, a hints report over an hour about 45 ms:
-/// benches/README.md, "Hundreds of routes"), and those that wait for the reload lock
-/// (a route's runtime change is read under it, and a reload holds it while it reads
-/// the file and builds the engine). On a runtime worker either would hold up the
-/// proxy's requests queued there; the blocking pool's threads take no requests. One
-/// at a time, as a runtime worker made them before, since a scrape of 1,000 routes
-/// builds a text of up to 8 MB: scrapers asking at once wait their turn, rather than
-/// each taking a thread of the pool's hundreds and building one.
+/// (`answering`), and returns what it answers, or a 500 if it panicked
+/// ([`on_the_blocking_pool`]). For the reads whose cost grows with the route count (at
+/// 1,000 routes a scrape takes about 100 ms of CPU, a hints report over an hour about
+/// 45 ms: benches/README.md, "Hundreds of routes"), which also wait for the reload lock
+/// (they read the runtime changes under it, and a reload holds it while it reads the
+/// file and builds the engine). On a runtime worker either would hold up the proxy's
+/// requests queued there; the blocking pool's threads take no requests. One at a time,
+/// since a scrape of 1,000 routes builds a text of up to 8 MB: scrapers asking at once
+/// wait their turn, rather than each taking a thread of the pool's hundreds and
+/// building one.
 async fn off_the_workers(
     answering: Arc<tokio::sync::Mutex<()>>,
     answer: impl FnOnce() -> Response + Send + 'static,
 ) -> Response {
     let turn = answering.lock_owned().await;
-    tokio::task::spawn_blocking(move || {
+    on_the_blocking_pool(move || {
         let answered = answer();
         drop(turn);
         answered
     })
     .await
-    .unwrap_or_else(|e| {
-        error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            vec![format!("the request failed: {e}")],
-        )
-    })
+}
+
+/// Runs `answer` on tokio's blocking pool, and returns what it answers, or a 500 if it
+/// panicked. A runtime change and its withdrawal are made so, without waiting for a
+/// turn behind scrapes (an operator's change during an incident does not queue behind
+/// scrapers): they wait for the reload lock, and build no large text.
+async fn on_the_blocking_pool(answer: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(answer)
+        .await
+        .unwrap_or_else(|e| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                vec![format!("the request failed: {e}")],
+            )
+        })
 }
 
 /// The exposition `/metrics` serves, the engine's state collected into the recorder first.
@@ -568,10 +577,8 @@ async fn update_route(
         Err(refused) => return refused,
     };
     // On the blocking pool: the change waits for a reload under way.
-    off_the_workers(Arc::clone(&state.answering), move || {
-        change_answer(&state, state.reloader.update_route(&name, &body))
-    })
-    .await
+    on_the_blocking_pool(move || change_answer(&state, state.reloader.update_route(&name, &body)))
+        .await
 }
 
 async fn withdraw_change(
@@ -584,10 +591,7 @@ async fn withdraw_change(
         Ok(name) => name,
         Err(refused) => return *refused,
     };
-    off_the_workers(Arc::clone(&state.answering), move || {
-        change_answer(&state, state.reloader.withdraw_change(&name))
-    })
-    .await
+    on_the_blocking_pool(move || change_answer(&state, state.reloader.withdraw_change(&name))).await
 }
 
 /// The answer to a runtime change or its withdrawal: the route's state after it, or
@@ -927,6 +931,34 @@ mod tests {
         assert_eq!(next, Ok(Some("second")));
         assert_eq!(first.await.unwrap().status(), StatusCode::OK);
         assert_eq!(second.await.unwrap().status(), StatusCode::OK);
+    }
+
+    /// A runtime change and its withdrawal are made while a scrape holds the turn: an
+    /// operator's change does not queue behind scrapers. Held to the turn, each waited
+    /// for as long as it was held (here, past the test's 10 s).
+    #[tokio::test]
+    async fn a_change_does_not_wait_for_the_scrapes_turn() {
+        let state = state().await;
+        let _turn = Arc::clone(&state.answering).lock_owned().await;
+        let router = for_connection(&router(state), IpAddr::from([127, 0, 0, 1]));
+        for (method, path, body) in [
+            ("PUT", "/admin/routes/order", r#"{"base_limit": 300}"#),
+            ("DELETE", "/admin/routes/order/change", ""),
+        ] {
+            let request = http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::from(body))
+                .unwrap();
+            let answer = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                router.clone().oneshot(request),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{method} {path} waited for the turn"))
+            .unwrap();
+            assert_eq!(answer.status(), StatusCode::OK, "{method} {path}");
+        }
     }
 
     /// The router, served as a connection from `peer` is, refuses every change from
