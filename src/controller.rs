@@ -83,6 +83,57 @@ pub struct ControllerParams {
     pub roc_mode: RocMode,
 }
 
+impl ControllerParams {
+    /// These parameters, an event's profile written over the route's own `from`, moved
+    /// onto the route's new own parameters `onto`: a field the profile leaves as `from`
+    /// has it takes `onto`'s; a field it sets otherwise stays the profile's. So a
+    /// runtime change reaches the fields an event does not set, while the event is in
+    /// force too.
+    #[must_use]
+    pub fn rebased(&self, from: &ControllerParams, onto: &ControllerParams) -> ControllerParams {
+        fn field<T: PartialEq + Clone>(event: &T, from: &T, onto: &T) -> T {
+            if event == from { onto } else { event }.clone()
+        }
+        // Every field named, so that a new one cannot be left out.
+        let ControllerParams {
+            base_limit_rps,
+            cut_limit_rps,
+            danger_roc,
+            safe_roc,
+            hold,
+            restore_step_rps,
+            restore_interval,
+            min_rps,
+            min_samples,
+            min_dwell,
+            max_cut,
+            roc_mode,
+        } = self;
+        ControllerParams {
+            base_limit_rps: field(base_limit_rps, &from.base_limit_rps, &onto.base_limit_rps),
+            cut_limit_rps: field(cut_limit_rps, &from.cut_limit_rps, &onto.cut_limit_rps),
+            danger_roc: field(danger_roc, &from.danger_roc, &onto.danger_roc),
+            safe_roc: field(safe_roc, &from.safe_roc, &onto.safe_roc),
+            hold: field(hold, &from.hold, &onto.hold),
+            restore_step_rps: field(
+                restore_step_rps,
+                &from.restore_step_rps,
+                &onto.restore_step_rps,
+            ),
+            restore_interval: field(
+                restore_interval,
+                &from.restore_interval,
+                &onto.restore_interval,
+            ),
+            min_rps: field(min_rps, &from.min_rps, &onto.min_rps),
+            min_samples: field(min_samples, &from.min_samples, &onto.min_samples),
+            min_dwell: field(min_dwell, &from.min_dwell, &onto.min_dwell),
+            max_cut: field(max_cut, &from.max_cut, &onto.max_cut),
+            roc_mode: field(roc_mode, &from.roc_mode, &onto.roc_mode),
+        }
+    }
+}
+
 impl Default for ControllerParams {
     /// The classic values: base 200, cut 60, danger 80, safe 20, step 20 every 1 s
     /// after a 2 s hold.

@@ -1897,3 +1897,69 @@ fn an_id_of_another_engine_names_no_route_and_nothing_panics() {
     assert_eq!(small.route_at(1), None);
     assert_eq!(small.route_ids().len(), 1);
 }
+
+/// A runtime change made while an event is in force reaches at once the fields the
+/// event leaves as the route's own (its danger threshold here), keeps the event's own
+/// fields (its base and cut) until it ends, and then puts the change in force whole; a
+/// change the event's profile would not fit beside is refused, naming the event's
+/// field. The whole change used to wait for the event's end (danger 80 until then).
+#[test]
+fn a_runtime_change_during_an_event_reaches_the_fields_the_event_leaves_alone() {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    cfg.events = vec![Event::new(
+        "flash",
+        SystemTime::UNIX_EPOCH,
+        Duration::from_secs(10),
+        {
+            let mut v = ControllerParams::default();
+            v.base_limit_rps = 400.0;
+            v.cut_limit_rps = 150.0;
+            v
+        },
+    )];
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let seen = |at: u64| {
+        let s = e.route_snapshot(id, Nanos::from_secs(at)).unwrap();
+        (
+            s.active_event,
+            s.base_limit_rps,
+            s.cut_limit_rps,
+            s.danger_roc,
+        )
+    };
+    assert_eq!(seen(1), (Some("flash".to_owned()), 400.0, 150.0, 80.0));
+    let mut changed = e.route_params(id).unwrap();
+    changed.base_limit_rps = 100.0;
+    changed.cut_limit_rps = 50.0;
+    changed.danger_roc = 50.0;
+    e.update_route(id, changed.clone(), Nanos::from_secs(2))
+        .unwrap();
+    assert_eq!(seen(2), (Some("flash".to_owned()), 400.0, 150.0, 50.0));
+    assert_eq!(e.route_params(id), Some(changed));
+    e.catch_up(id, Nanos::from_secs(11));
+    assert_eq!(seen(11), (None, 100.0, 50.0, 50.0));
+
+    // An event that sets only the cut limit (150) cannot run beside a base of 100.
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    cfg.events = vec![Event::new(
+        "flash",
+        SystemTime::UNIX_EPOCH,
+        Duration::from_secs(10),
+        {
+            let mut v = ControllerParams::default();
+            v.cut_limit_rps = 150.0;
+            v
+        },
+    )];
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let mut lower = e.route_params(id).unwrap();
+    lower.base_limit_rps = 100.0;
+    let refused = e
+        .update_route(id, lower, Nanos::from_secs(2))
+        .expect_err("the event's cut limit is above the base")
+        .to_string();
+    assert!(refused.contains("cut_limit"), "{refused}");
+    assert_eq!(e.route_params(id).unwrap().base_limit_rps, 200.0);
+}

@@ -386,8 +386,10 @@ impl Engine {
 
     /// Replaces a route's own controller parameters at runtime, keeping its state: the
     /// limit is recomputed for the current controller state and applied to the existing
-    /// limiters (tokens clamped, never refilled). While an event is active, the event's
-    /// profile stays in force and the new parameters apply when it ends.
+    /// limiters (tokens clamped, never refilled). Each scheduled event's profile
+    /// follows the change in the fields it leaves as the route's own parameters were
+    /// ([`ControllerParams::rebased`]), and keeps those it sets: while an event is
+    /// active, a change to a field it sets applies when it ends.
     ///
     /// `params` are checked first by the rules of the file, for this route (its
     /// algorithm, tiers and events): parameters a file would refuse (a `cut_limit`
@@ -418,12 +420,17 @@ impl Engine {
         checked.algorithm = r.algorithm;
         checked.partition = r.partition.clone();
         checked.tiers = r.tiers.clone();
-        checked.events = r
-            .lock()
-            .events
-            .iter()
-            .map(|e| Event::new(e.name.clone(), e.wall.0, e.wall.1, e.params.clone()))
-            .collect();
+        checked.events = {
+            // As `reconfigure` will have them: moved onto the new parameters.
+            let st = r.lock();
+            st.events
+                .iter()
+                .map(|e| {
+                    let moved = e.params.rebased(&st.own, &checked.controller);
+                    Event::new(e.name.clone(), e.wall.0, e.wall.1, moved)
+                })
+                .collect()
+        };
         crate::config::check_route(&checked)
             .map_err(|problems| ConfigError::new(&format!("route `{}`", r.name), problems))?;
         r.reconfigure(
@@ -1191,13 +1198,19 @@ impl Route {
         let mut st = self.lock();
         let st = &mut *st;
         let changed = st.own != *params;
-        st.own = params.clone();
         if let Some(events) = events {
             st.events = events
                 .iter()
                 .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
                 .collect();
+        } else {
+            // A runtime change: the events' profiles follow it where they leave the
+            // route's own parameters as they were.
+            for e in &mut st.events {
+                e.params = e.params.rebased(&st.own, params);
+            }
         }
+        st.own = params.clone();
         // Whatever was in force, the profile due now replaces it (in one step: the
         // route's own profile set on the way would move a recovering controller).
         let due = st.events.iter().position(|e| e.start <= now && now < e.end);
