@@ -1963,3 +1963,50 @@ fn a_runtime_change_during_an_event_reaches_the_fields_the_event_leaves_alone() 
     assert!(refused.contains("cut_limit"), "{refused}");
     assert_eq!(e.route_params(id).unwrap().base_limit_rps, 200.0);
 }
+
+/// An event keeps a field it sets through runtime changes that pass by its value: the
+/// route's base limit changed to the event's 400 and then withdrawn (the file's 200
+/// put back, as DELETE /admin/routes/{name}/change does) leaves the event at 400, and
+/// a later change of the base limit does not reach it. On the old engine each change
+/// moved the profile from the one before, so once the route's own base limit was 400
+/// the event's looked left alone: the withdrawal set it to 200, the file's event lost.
+#[test]
+fn an_event_keeps_a_field_it_sets_through_changes_that_pass_by_its_value() {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    cfg.events = vec![Event::new(
+        "flash",
+        SystemTime::UNIX_EPOCH,
+        Duration::from_secs(10),
+        {
+            let mut v = ControllerParams::default();
+            v.base_limit_rps = 400.0;
+            v
+        },
+    )];
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let base = |at: u64| {
+        let s = e.route_snapshot(id, Nanos::from_secs(at)).unwrap();
+        (s.active_event, s.base_limit_rps)
+    };
+    let flash = |limit: f64| (Some("flash".to_owned()), limit);
+    let file = e.route_params(id).unwrap();
+    let with_base = |limit: f64| {
+        let mut p = file.clone();
+        p.base_limit_rps = limit;
+        p
+    };
+    e.update_route(id, with_base(400.0), Nanos::from_secs(2))
+        .unwrap();
+    assert_eq!(base(2), flash(400.0));
+    e.update_route(id, file.clone(), Nanos::from_secs(3))
+        .unwrap();
+    assert_eq!(base(3), flash(400.0));
+    e.update_route(id, with_base(400.0), Nanos::from_secs(4))
+        .unwrap();
+    e.update_route(id, with_base(300.0), Nanos::from_secs(5))
+        .unwrap();
+    assert_eq!(base(5), flash(400.0));
+    e.catch_up(id, Nanos::from_secs(11));
+    assert_eq!(base(11), (None, 300.0));
+}

@@ -9,18 +9,32 @@ use crate::controller::{Controller, ControllerParams, Transition};
 use std::time::{Duration, SystemTime};
 
 impl ScheduledEvent {
-    /// Places an event on the engine's clock, where `now` is `wall_now`. Both ends are
-    /// placed from wall time, so an event that began before `now` keeps its real end
-    /// (the clock cannot go below its origin); one that has already ended is dropped.
-    pub(super) fn place(e: &Event, now: Nanos, wall_now: SystemTime) -> Option<Self> {
+    /// Places an event of a route whose own parameters are `own` on the engine's
+    /// clock, where `now` is `wall_now`. Both ends are placed from wall time, so an
+    /// event that began before `now` keeps its real end (the clock cannot go below its
+    /// origin); one that has already ended is dropped.
+    pub(super) fn place(
+        e: &Event,
+        own: &ControllerParams,
+        now: Nanos,
+        wall_now: SystemTime,
+    ) -> Option<Self> {
         let (start, end) = span(e.start, e.duration, now, wall_now)?;
         Some(ScheduledEvent {
             name: e.name.clone(),
             start,
             end,
             params: e.controller.clone(),
+            configured: (e.controller.clone(), own.clone()),
             wall: (e.start, e.duration),
         })
+    }
+
+    /// The event's profile as configured, moved onto the route's own parameters `own`
+    /// ([`ControllerParams::rebased`]).
+    pub(super) fn rebased(&self, own: &ControllerParams) -> ControllerParams {
+        let (profile, written_over) = &self.configured;
+        profile.rebased(written_over, own)
     }
 
     /// Places the event again, where `now` is `wall_now`; one that has ended is

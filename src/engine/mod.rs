@@ -275,7 +275,14 @@ struct ScheduledEvent {
     name: String,
     start: Nanos,
     end: Nanos,
+    /// The profile in force while it runs: `configured` moved onto the route's own
+    /// parameters ([`ScheduledEvent::rebased`]).
     params: ControllerParams,
+    /// The profile as configured, and the route's own parameters it was written over
+    /// then: what a runtime change moves onto its new parameters, each time from
+    /// these, so that a field the event sets stays its own through changes that pass
+    /// by its value, and a change withdrawn leaves the profile as configured.
+    configured: (ControllerParams, ControllerParams),
     /// The configured wall-clock start and duration, from which `start` and `end`
     /// are placed again ([`Engine::align_events`]).
     wall: (SystemTime, Duration),
@@ -426,7 +433,7 @@ impl Engine {
             st.events
                 .iter()
                 .map(|e| {
-                    let moved = e.params.rebased(&st.own, &checked.controller);
+                    let moved = e.rebased(&checked.controller);
                     Event::new(e.name.clone(), e.wall.0, e.wall.1, moved)
                 })
                 .collect()
@@ -1099,7 +1106,7 @@ impl Route {
         let events = cfg
             .events
             .iter()
-            .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
+            .filter_map(|e| ScheduledEvent::place(e, p, now, wall_now))
             .collect();
         let route = Route {
             name: cfg.name.as_str().into(),
@@ -1201,13 +1208,13 @@ impl Route {
         if let Some(events) = events {
             st.events = events
                 .iter()
-                .filter_map(|e| ScheduledEvent::place(e, now, wall_now))
+                .filter_map(|e| ScheduledEvent::place(e, params, now, wall_now))
                 .collect();
         } else {
             // A runtime change: the events' profiles follow it where they leave the
             // route's own parameters as they were.
             for e in &mut st.events {
-                e.params = e.params.rebased(&st.own, params);
+                e.params = e.rebased(params);
             }
         }
         st.own = params.clone();
