@@ -395,8 +395,9 @@ impl Engine {
     /// limit is recomputed for the current controller state and applied to the existing
     /// limiters (tokens clamped, never refilled). Each scheduled event's profile
     /// follows the change in the fields it leaves as the route's own parameters were
-    /// ([`ControllerParams::rebased`]), and keeps those it sets: while an event is
-    /// active, a change to a field it sets applies when it ends.
+    /// when it was configured ([`ControllerParams::rebased`]), and keeps those it sets,
+    /// whatever changes came before: while an event is active, a change to a field it
+    /// sets applies when it ends.
     ///
     /// `params` are checked first by the rules of the file, for this route (its
     /// algorithm, tiers and events): parameters a file would refuse (a `cut_limit`
