@@ -837,6 +837,58 @@ fn engine_raising_the_limit_wakes_a_request_queued_meanwhile() {
     });
 }
 
+/// A route limited as a whole to 1 request in flight with a queue of 1, its window
+/// `window_s` seconds long.
+fn in_flight_config(window_s: u64) -> Config {
+    let mut cfg = RouteConfig::new("ws", RouteMatch::any());
+    cfg.algorithm = rocgate::limiter::Algorithm::Concurrency { queue: 1 };
+    cfg.window = WindowSpec::new(Duration::from_secs(window_s), Duration::from_millis(100))
+        .expect("a window");
+    cfg.controller.base_limit_rps = 1.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    Config::new(vec![cfg])
+}
+
+/// A request holds the route's one permit and a second is queued for it, both on the
+/// old engine, when a reload rebuilds the route (a new window) while the permit is
+/// released: the new route, set to its limit around the permits handed over, and the
+/// release race for the queued request, which is woken whichever comes first, and its
+/// permit is counted in the new route (a third request is queued there).
+#[test]
+fn engine_a_reload_that_hands_the_permits_over_wakes_a_request_queued_before_it() {
+    check(|| {
+        let e = Engine::new(&in_flight_config(1), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        let Decision::Admit(Admit::Held(held)) = e.check(id, Key::None, Nanos::ZERO) else {
+            panic!("a permit");
+        };
+        let Decision::Admit(Admit::Queued(ticket)) = e.check(id, Key::None, Nanos::ZERO) else {
+            panic!("a queue place");
+        };
+        let release = thread::spawn(move || drop(held));
+        let next = e
+            .reload(&in_flight_config(2), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let permit = block_on(ticket);
+        release.join().expect("the releasing thread");
+        let id = next.route_at(0).unwrap();
+        assert_eq!(
+            next.route_snapshot(id, Nanos::ZERO).unwrap().level.value,
+            1.0
+        );
+        let third = next.check(id, Key::None, Nanos::ZERO);
+        assert!(
+            matches!(third, Decision::Admit(Admit::Queued(_))),
+            "{third:?}"
+        );
+        drop((third, permit));
+        assert_eq!(
+            next.route_snapshot(id, Nanos::ZERO).unwrap().level.value,
+            0.0
+        );
+    });
+}
+
 /// A route with a token bucket per client IP: 4/s, one second's burst (4 tokens), cut
 /// to 1/s.
 fn keyed_bucket_engine() -> Engine {
