@@ -88,7 +88,9 @@ impl ControllerParams {
     /// onto the route's new own parameters `onto`: a field the profile leaves as `from`
     /// has it takes `onto`'s; a field it sets otherwise stays the profile's. So a
     /// runtime change reaches the fields an event does not set, while the event is in
-    /// force too.
+    /// force too. `roc_mode`, `danger_roc` and `safe_roc` move together: thresholds
+    /// mean something only in their mode, so a profile that sets any of the three keeps
+    /// all three.
     #[must_use]
     pub fn rebased(&self, from: &ControllerParams, onto: &ControllerParams) -> ControllerParams {
         fn field<T: PartialEq + Clone>(event: &T, from: &T, onto: &T) -> T {
@@ -109,11 +111,15 @@ impl ControllerParams {
             max_cut,
             roc_mode,
         } = self;
+        let sets_roc = *roc_mode != from.roc_mode
+            || *danger_roc != from.danger_roc
+            || *safe_roc != from.safe_roc;
+        let roc_field = |event: &f64, onto: &f64| if sets_roc { *event } else { *onto };
         ControllerParams {
             base_limit_rps: field(base_limit_rps, &from.base_limit_rps, &onto.base_limit_rps),
             cut_limit_rps: field(cut_limit_rps, &from.cut_limit_rps, &onto.cut_limit_rps),
-            danger_roc: field(danger_roc, &from.danger_roc, &onto.danger_roc),
-            safe_roc: field(safe_roc, &from.safe_roc, &onto.safe_roc),
+            danger_roc: roc_field(danger_roc, &onto.danger_roc),
+            safe_roc: roc_field(safe_roc, &onto.safe_roc),
             hold: field(hold, &from.hold, &onto.hold),
             restore_step_rps: field(
                 restore_step_rps,
@@ -129,7 +135,7 @@ impl ControllerParams {
             min_samples: field(min_samples, &from.min_samples, &onto.min_samples),
             min_dwell: field(min_dwell, &from.min_dwell, &onto.min_dwell),
             max_cut: field(max_cut, &from.max_cut, &onto.max_cut),
-            roc_mode: field(roc_mode, &from.roc_mode, &onto.roc_mode),
+            roc_mode: if sets_roc { *roc_mode } else { onto.roc_mode },
         }
     }
 }

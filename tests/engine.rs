@@ -7,7 +7,7 @@ use rocgate::config::{
 use rocgate::controller::{ControllerParams, ControllerState};
 use rocgate::engine::{Engine, Key, RouteId};
 use rocgate::limiter::{Admit, Algorithm, Decision, Reason};
-use rocgate::window::WindowSpec;
+use rocgate::window::{RocMode, WindowSpec};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -2009,4 +2009,49 @@ fn an_event_keeps_a_field_it_sets_through_changes_that_pass_by_its_value() {
     assert_eq!(base(5), flash(400.0));
     e.catch_up(id, Nanos::from_secs(11));
     assert_eq!(base(11), (None, 300.0));
+}
+
+/// A route's ROC mode and thresholds reach an event as one: an event that sets its
+/// danger threshold (in the route's absolute mode) keeps the mode and both thresholds
+/// through a change to relative ROC (relative thresholds would be read in absolute
+/// units, 0.5 req/s, a cut at any rise), and takes them all once it ends; an event that
+/// sets only limits takes the change's mode and thresholds at once. The mode alone used
+/// to follow the change, the event's danger of 100 then read as a ratio.
+#[test]
+fn a_change_of_roc_mode_reaches_an_event_with_its_thresholds_or_not_at_all() {
+    let event = |danger: Option<f64>| {
+        let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+        let mut v = ControllerParams::default();
+        v.base_limit_rps = 400.0;
+        v.cut_limit_rps = 150.0;
+        if let Some(d) = danger {
+            v.danger_roc = d;
+        }
+        cfg.events = vec![Event::new(
+            "flash",
+            SystemTime::UNIX_EPOCH,
+            Duration::from_secs(10),
+            v,
+        )];
+        cfg
+    };
+    for (danger, during) in [
+        (Some(100.0), (RocMode::Absolute, 100.0, 20.0)),
+        (None, (RocMode::Relative, 0.5, 0.1)),
+    ] {
+        let e = engine(vec![event(danger)]);
+        let id = e.route_at(0).unwrap();
+        let seen = |at: u64| {
+            let s = e.route_snapshot(id, Nanos::from_secs(at)).unwrap();
+            (s.roc_mode, s.danger_roc, s.safe_roc)
+        };
+        let mut relative = e.route_params(id).unwrap();
+        relative.roc_mode = RocMode::Relative;
+        relative.danger_roc = 0.5;
+        relative.safe_roc = 0.1;
+        e.update_route(id, relative, Nanos::from_secs(1)).unwrap();
+        assert_eq!(seen(1), during, "an event setting danger {danger:?}");
+        e.catch_up(id, Nanos::from_secs(11));
+        assert_eq!(seen(11), (RocMode::Relative, 0.5, 0.1));
+    }
 }
