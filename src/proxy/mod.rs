@@ -433,8 +433,11 @@ impl Reloader {
                 runtime_changes_replaced.push(name);
                 continue;
             }
-            // Made on the new engine before it is in force: no request sees the file's
-            // parameters in between.
+            // Made on the new engine before it is in force. A route the reload rebuilt
+            // is seen by no request before; one it kept is shared with the engine in
+            // force, whose requests see the file's parameters from the reload's
+            // `reconfigure` until this puts the change back, and each of the two
+            // changes rearms its controller (no ROC action for a window).
             match next.update_route(id, runtime, now) {
                 Ok(()) => {
                     changed_at_runtime.insert(name.clone(), file);
