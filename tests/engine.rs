@@ -1898,6 +1898,21 @@ fn an_id_of_another_engine_names_no_route_and_nothing_panics() {
     assert_eq!(small.route_ids().len(), 1);
 }
 
+/// A route `sale` running the event `flash` for its first 10 s, with the route's own
+/// parameters (the default) changed by `set`.
+fn sale_with_flash(set: impl FnOnce(&mut ControllerParams)) -> RouteConfig {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    let mut v = ControllerParams::default();
+    set(&mut v);
+    cfg.events = vec![Event::new(
+        "flash",
+        SystemTime::UNIX_EPOCH,
+        Duration::from_secs(10),
+        v,
+    )];
+    cfg
+}
+
 /// A runtime change made while an event is in force reaches at once the fields the
 /// event leaves as the route's own (its danger threshold here), keeps the event's own
 /// fields (its base and cut) until it ends, and then puts the change in force whole; a
@@ -1905,19 +1920,10 @@ fn an_id_of_another_engine_names_no_route_and_nothing_panics() {
 /// field. The whole change used to wait for the event's end (danger 80 until then).
 #[test]
 fn a_runtime_change_during_an_event_reaches_the_fields_the_event_leaves_alone() {
-    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
-    cfg.events = vec![Event::new(
-        "flash",
-        SystemTime::UNIX_EPOCH,
-        Duration::from_secs(10),
-        {
-            let mut v = ControllerParams::default();
-            v.base_limit_rps = 400.0;
-            v.cut_limit_rps = 150.0;
-            v
-        },
-    )];
-    let e = engine(vec![cfg]);
+    let e = engine(vec![sale_with_flash(|v| {
+        v.base_limit_rps = 400.0;
+        v.cut_limit_rps = 150.0;
+    })]);
     let id = e.route_at(0).unwrap();
     let seen = |at: u64| {
         let s = e.route_snapshot(id, Nanos::from_secs(at)).unwrap();
@@ -1941,18 +1947,7 @@ fn a_runtime_change_during_an_event_reaches_the_fields_the_event_leaves_alone() 
     assert_eq!(seen(11), (None, 100.0, 50.0, 50.0));
 
     // An event that sets only the cut limit (150) cannot run beside a base of 100.
-    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
-    cfg.events = vec![Event::new(
-        "flash",
-        SystemTime::UNIX_EPOCH,
-        Duration::from_secs(10),
-        {
-            let mut v = ControllerParams::default();
-            v.cut_limit_rps = 150.0;
-            v
-        },
-    )];
-    let e = engine(vec![cfg]);
+    let e = engine(vec![sale_with_flash(|v| v.cut_limit_rps = 150.0)]);
     let id = e.route_at(0).unwrap();
     let mut lower = e.route_params(id).unwrap();
     lower.base_limit_rps = 100.0;
@@ -1972,18 +1967,7 @@ fn a_runtime_change_during_an_event_reaches_the_fields_the_event_leaves_alone() 
 /// the event's looked left alone: the withdrawal set it to 200, the file's event lost.
 #[test]
 fn an_event_keeps_a_field_it_sets_through_changes_that_pass_by_its_value() {
-    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
-    cfg.events = vec![Event::new(
-        "flash",
-        SystemTime::UNIX_EPOCH,
-        Duration::from_secs(10),
-        {
-            let mut v = ControllerParams::default();
-            v.base_limit_rps = 400.0;
-            v
-        },
-    )];
-    let e = engine(vec![cfg]);
+    let e = engine(vec![sale_with_flash(|v| v.base_limit_rps = 400.0)]);
     let id = e.route_at(0).unwrap();
     let base = |at: u64| {
         let s = e.route_snapshot(id, Nanos::from_secs(at)).unwrap();
@@ -2020,20 +2004,13 @@ fn an_event_keeps_a_field_it_sets_through_changes_that_pass_by_its_value() {
 #[test]
 fn a_change_of_roc_mode_reaches_an_event_with_its_thresholds_or_not_at_all() {
     let event = |danger: Option<f64>| {
-        let mut cfg = RouteConfig::new("sale", RouteMatch::any());
-        let mut v = ControllerParams::default();
-        v.base_limit_rps = 400.0;
-        v.cut_limit_rps = 150.0;
-        if let Some(d) = danger {
-            v.danger_roc = d;
-        }
-        cfg.events = vec![Event::new(
-            "flash",
-            SystemTime::UNIX_EPOCH,
-            Duration::from_secs(10),
-            v,
-        )];
-        cfg
+        sale_with_flash(|v| {
+            v.base_limit_rps = 400.0;
+            v.cut_limit_rps = 150.0;
+            if let Some(d) = danger {
+                v.danger_roc = d;
+            }
+        })
     };
     for (danger, during) in [
         (Some(100.0), (RocMode::Absolute, 100.0, 20.0)),
