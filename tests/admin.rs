@@ -611,6 +611,48 @@ async fn a_reload_keeps_a_runtime_change_unless_the_file_changed_its_route() {
     p.stop().await;
 }
 
+/// A runtime change kept through a reload is in force on the route the whole time, and
+/// its controller goes on: a spike right after the reload is cut at once. It was cut a
+/// window late: the reload put the file's parameters in force and the change back in
+/// two steps, each of which rearmed the controller (no ROC action for a window).
+#[tokio::test]
+async fn a_runtime_change_kept_through_a_reload_does_not_pause_its_controller() {
+    let clock = Arc::new(ManualClock::new());
+    let (p, reloader) = start_on(None, CONFIG, Some(clock.clone())).await;
+    let change = r#"{"base_limit": 300}"#;
+    let (status, body) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
+    assert_eq!(status, 200, "{body}");
+    // Two windows at 40 req/s: the controller is armed.
+    let mut at = Nanos::ZERO;
+    let mut send = |engine: &rocgate::engine::Engine, rate: u32, secs: u32| {
+        let id = engine.route_id("order").unwrap();
+        for _ in 0..rate * secs {
+            at = Nanos::from_secs_f64(at.as_secs_f64() + 1.0 / f64::from(rate));
+            let _ = engine.check(id, rocgate::engine::Key::None, at);
+        }
+        at
+    };
+    clock.set(send(&reloader.engine(), 40, 12));
+
+    // A reload for another route's sake keeps `order`'s change.
+    std::fs::write(
+        &p.file,
+        CONFIG.replace("base_limit = 1000", "base_limit = 900"),
+    )
+    .unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_reload_lists(&body, serde_json::json!(["order"]), serde_json::json!([]));
+
+    // A spike from 40 to 600 req/s, a second long: cut within it.
+    clock.set(send(&reloader.engine(), 600, 1));
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["state"], "cut", "{order}");
+    assert_eq!(order["base_limit_rps"], 300.0, "{order}");
+    assert_eq!(order["runtime_change"], true, "{order}");
+    p.stop().await;
+}
+
 /// A runtime change survives a refused reload as the running config does, and is
 /// withdrawn on demand: the file's parameters, as last read, are back in force.
 #[tokio::test]

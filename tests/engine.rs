@@ -2032,3 +2032,58 @@ fn a_change_of_roc_mode_reaches_an_event_with_its_thresholds_or_not_at_all() {
         assert_eq!(seen(11), (RocMode::Relative, 0.5, 0.1));
     }
 }
+
+/// A reload that keeps a runtime change puts it in force on the new route with the
+/// file's events moved onto it (an event's own fields kept, the others the change's),
+/// and one the file's events refuse comes back with its error, the route on the file's
+/// parameters.
+#[test]
+fn a_reload_keeping_a_change_moves_the_files_events_onto_it_or_refuses_it() {
+    let at = |secs: u64| {
+        (
+            Nanos::from_secs(secs),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
+        )
+    };
+    let sale = sale_with_flash(|v| v.base_limit_rps = 400.0);
+    let e = engine(vec![sale.clone()]);
+    let id = e.route_at(0).unwrap();
+    let mut change = e.route_params(id).unwrap();
+    change.danger_roc = 50.0;
+    let (now, wall) = at(2);
+    let (next, refused) = e
+        .reload_keeping(
+            &Config::new(vec![sale]),
+            &[("sale".to_owned(), change.clone())],
+            now,
+            wall,
+        )
+        .unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    let id = next.route_at(0).unwrap();
+    assert_eq!(next.route_params(id), Some(change));
+    let s = next.route_snapshot(id, now).unwrap();
+    assert_eq!(
+        (s.active_event.as_deref(), s.base_limit_rps, s.danger_roc),
+        (Some("flash"), 400.0, 50.0)
+    );
+
+    // An event that sets only the cut limit (150) cannot run beside a base of 100.
+    let sale = sale_with_flash(|v| v.cut_limit_rps = 150.0);
+    let mut lower = e.route_params(e.route_at(0).unwrap()).unwrap();
+    lower.base_limit_rps = 100.0;
+    let (next, refused) = e
+        .reload_keeping(
+            &Config::new(vec![sale]),
+            &[("sale".to_owned(), lower)],
+            now,
+            wall,
+        )
+        .unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].route, "sale");
+    let error = refused[0].error.to_string();
+    assert!(error.contains("cut_limit"), "{error}");
+    let id = next.route_at(0).unwrap();
+    assert_eq!(next.route_params(id).unwrap().base_limit_rps, 200.0);
+}

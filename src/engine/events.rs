@@ -9,12 +9,15 @@ use crate::controller::{Controller, ControllerParams, Transition};
 use std::time::{Duration, SystemTime};
 
 impl ScheduledEvent {
-    /// Places an event of a route whose own parameters are `own` on the engine's
-    /// clock, where `now` is `wall_now`. Both ends are placed from wall time, so an
-    /// event that began before `now` keeps its real end (the clock cannot go below its
-    /// origin); one that has already ended is dropped.
+    /// Places an event whose profile was written over the route's parameters
+    /// `written_over` (a file's) on the engine's clock, where `now` is `wall_now`, its
+    /// profile moved onto the route's own parameters in force, `own` (a runtime change
+    /// kept through a reload; [`ControllerParams::rebased`]). Both ends are placed from
+    /// wall time, so an event that began before `now` keeps its real end (the clock
+    /// cannot go below its origin); one that has already ended is dropped.
     pub(super) fn place(
         e: &Event,
+        written_over: &ControllerParams,
         own: &ControllerParams,
         now: Nanos,
         wall_now: SystemTime,
@@ -24,8 +27,8 @@ impl ScheduledEvent {
             name: e.name.clone(),
             start,
             end,
-            params: e.controller.clone(),
-            configured: (e.controller.clone(), own.clone()),
+            params: e.controller.rebased(written_over, own),
+            configured: (e.controller.clone(), written_over.clone()),
             wall: (e.start, e.duration),
         })
     }

@@ -47,6 +47,7 @@ use crate::limiter::{Admit, Algorithm, Concurrency, Decision, Limiter, Pace, Rea
 use crate::route_index::RouteIndex;
 use crate::sync::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use crate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
+use std::borrow::Cow;
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::num::NonZeroU64;
@@ -300,7 +301,7 @@ impl Engine {
         let routes = config
             .routes
             .iter()
-            .map(|r| Arc::new(Route::new(r, now, wall_now, None)))
+            .map(|r| Arc::new(Route::new(r, &r.controller, now, wall_now, None)))
             .collect();
         Ok(Engine::assemble(config, routes, None, None))
     }
@@ -350,11 +351,45 @@ impl Engine {
         now: Nanos,
         wall_now: SystemTime,
     ) -> Result<Engine, ConfigError> {
+        self.reload_keeping(config, &[], now, wall_now)
+            .map(|(engine, _)| engine)
+    }
+
+    /// [`Engine::reload`], each route named in `changes` taking the parameters given
+    /// there as its own in place of `config`'s (a runtime change kept through the
+    /// reload, as [`Engine::update_route`] would make it on the new engine), in the
+    /// same step: a route kept never has `config`'s parameters in force, even for an
+    /// instant, and one whose parameters are those in force takes no pause in its
+    /// controller. Its events' profiles are `config`'s, moved onto the change
+    /// ([`ControllerParams::rebased`]). A change that the new route's algorithm,
+    /// tiers or events refuse (checked as `update_route` checks one) is not made: the
+    /// route takes `config`'s parameters, and the change comes back with its error.
+    /// A name that is no route of `config` is ignored.
+    pub fn reload_keeping(
+        &self,
+        config: &Config,
+        changes: &[(String, ControllerParams)],
+        now: Nanos,
+        wall_now: SystemTime,
+    ) -> Result<(Engine, Vec<RefusedChange>), ConfigError> {
         config.validate()?;
+        let mut refused = Vec::new();
         let routes = config
             .routes
             .iter()
             .map(|cfg| {
+                let change = changes.iter().find(|(name, _)| *name == cfg.name);
+                let own = match change.map(|(_, params)| changed(cfg, params)) {
+                    Some(Ok(checked)) => Cow::Owned(checked),
+                    Some(Err(error)) => {
+                        refused.push(RefusedChange {
+                            route: cfg.name.clone(),
+                            error,
+                        });
+                        Cow::Borrowed(cfg)
+                    }
+                    None => Cow::Borrowed(cfg),
+                };
                 let kept = self
                     .routes
                     .iter()
@@ -364,7 +399,8 @@ impl Engine {
                 match kept.map(|(r, _)| r) {
                     Some(r) => {
                         let hook = self.hook.as_ref();
-                        r.reconfigure(&cfg.controller, Some(&cfg.events), now, wall_now, hook);
+                        let events = Some((cfg.events.as_slice(), &cfg.controller));
+                        r.reconfigure(&own.controller, events, now, wall_now, hook);
                         r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
                         Arc::clone(r)
                     }
@@ -378,17 +414,14 @@ impl Engine {
                                 .map(|permits| permits.handed_over(queue)),
                             _ => None,
                         };
-                        Arc::new(Route::new(cfg, now, wall_now, permits))
+                        let written_over = &cfg.controller;
+                        Arc::new(Route::new(&own, written_over, now, wall_now, permits))
                     }
                 }
             })
             .collect();
-        Ok(Engine::assemble(
-            config,
-            routes,
-            self.hook.clone(),
-            self.sample_hook.clone(),
-        ))
+        let engine = Engine::assemble(config, routes, self.hook.clone(), self.sample_hook.clone());
+        Ok((engine, refused))
     }
 
     /// Replaces a route's own controller parameters at runtime, keeping its state: the
@@ -439,8 +472,7 @@ impl Engine {
                 })
                 .collect()
         };
-        crate::config::check_route(&checked)
-            .map_err(|problems| ConfigError::new(&format!("route `{}`", r.name), problems))?;
+        refused_by_file(&checked)?;
         r.reconfigure(
             &checked.controller,
             None,
@@ -1083,12 +1115,44 @@ impl Engine {
     }
 }
 
+/// A runtime change that [`Engine::reload_keeping`] could not keep, and why.
+#[derive(Debug)]
+pub struct RefusedChange {
+    /// The route's name.
+    pub route: String,
+    /// What the file's rules refuse in the change, on the reloaded route.
+    pub error: ConfigError,
+}
+
+/// `cfg` with `params` as its own parameters, if the rules of the file take them
+/// there with its events' profiles moved onto them; its events are left as `cfg`'s,
+/// written over `cfg.controller`.
+fn changed(cfg: &RouteConfig, params: &ControllerParams) -> Result<RouteConfig, ConfigError> {
+    let mut checked = cfg.clone();
+    checked.controller = params.clone();
+    for e in &mut checked.events {
+        e.controller = e.controller.rebased(&cfg.controller, params);
+    }
+    refused_by_file(&checked)?;
+    checked.events.clone_from(&cfg.events);
+    Ok(checked)
+}
+
+/// What the rules of the file refuse in `route`, under its name.
+fn refused_by_file(route: &RouteConfig) -> Result<(), ConfigError> {
+    crate::config::check_route(route)
+        .map_err(|problems| ConfigError::new(&format!("route `{}`", route.name), problems))
+}
+
 impl Route {
     /// The route `cfg` describes, fresh at `now`; or, with the route-wide concurrency
     /// `permits` a reload took from the route this one rebuilds, around those (which
-    /// `cfg` says are its algorithm, on the route as a whole), set to its limit.
+    /// `cfg` says are its algorithm, on the route as a whole), set to its limit. Its
+    /// events' profiles were written over `written_over` (the file's parameters of a
+    /// route whose `cfg.controller` is a runtime change kept through a reload).
     fn new(
         cfg: &RouteConfig,
+        written_over: &ControllerParams,
         now: Nanos,
         wall_now: SystemTime,
         permits: Option<Concurrency>,
@@ -1107,7 +1171,7 @@ impl Route {
         let events = cfg
             .events
             .iter()
-            .filter_map(|e| ScheduledEvent::place(e, p, now, wall_now))
+            .filter_map(|e| ScheduledEvent::place(e, written_over, p, now, wall_now))
             .collect();
         let route = Route {
             name: cfg.name.as_str().into(),
@@ -1193,12 +1257,13 @@ impl Route {
             && self.tiers == cfg.tiers
     }
 
-    /// New own parameters (and, on reload, new events) applied to the live state; a
-    /// transition this makes is counted and passed to `hook`.
+    /// New own parameters (and, on reload, new events, with the parameters their
+    /// profiles were written over) applied to the live state; a transition this makes
+    /// is counted and passed to `hook`.
     fn reconfigure(
         &self,
         params: &ControllerParams,
-        events: Option<&[Event]>,
+        events: Option<(&[Event], &ControllerParams)>,
         now: Nanos,
         wall_now: SystemTime,
         hook: Option<&TransitionHook>,
@@ -1206,10 +1271,10 @@ impl Route {
         let mut st = self.lock();
         let st = &mut *st;
         let changed = st.own != *params;
-        if let Some(events) = events {
+        if let Some((events, written_over)) = events {
             st.events = events
                 .iter()
-                .filter_map(|e| ScheduledEvent::place(e, params, now, wall_now))
+                .filter_map(|e| ScheduledEvent::place(e, written_over, params, now, wall_now))
                 .collect();
         } else {
             // A runtime change: the events' profiles follow it where they leave the

@@ -37,7 +37,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
 use crate::controller::ControllerParams;
 use crate::controller::Transition;
-use crate::engine::Engine;
+use crate::engine::{Engine, RefusedChange};
 use crate::http::{AdmissionLayer, SharedEngine};
 use crate::metrics as metric;
 use hyper::body::Incoming;
@@ -408,49 +408,51 @@ impl Reloader {
                 Some((name, file, runtime))
             })
             .collect();
+        // Each change the file left room for is offered to the reload, which puts it in
+        // force on the new route in the same step as the file's other parameters: a
+        // route kept never runs on the file's parameters, and its controller is rearmed
+        // once at most (not at all where the parameters in force stay).
+        let (mut runtime_changes_kept, mut runtime_changes_replaced) = (Vec::new(), Vec::new());
+        let (mut offered, mut files) = (Vec::new(), Vec::new());
+        for (name, file, runtime) in &changed {
+            // A route the file no longer has took its change with it.
+            let Some(route) = config.routes.iter().find(|r| r.name == *name) else {
+                continue;
+            };
+            if route.controller == *runtime {
+                // The file repeats the change: it is the file's now.
+                continue;
+            }
+            if route.controller != *file {
+                runtime_changes_replaced.push(name.clone());
+                continue;
+            }
+            offered.push((name.clone(), runtime.clone()));
+            files.push(file.clone());
+        }
         let now = self.clock.now();
-        let next = match before.reload(&config, now, wall_now) {
-            Ok(next) => next,
+        let (next, refused) = match before.reload_keeping(&config, &offered, now, wall_now) {
+            Ok(reloaded) => reloaded,
             Err(e) => {
                 // Refused: the changes stay in force, as the running config does.
                 changed_at_runtime.extend(changed.into_iter().map(|(n, file, _)| (n, file)));
                 return Err(e.into());
             }
         };
-        let (mut runtime_changes_kept, mut runtime_changes_replaced) = (Vec::new(), Vec::new());
-        for (name, file, runtime) in changed {
-            // A route the file no longer has took its change with it.
-            let Some(id) = next.route_id(&name) else {
-                continue;
-            };
-            let Some(now_in_file) = next.route_params(id) else {
-                continue;
-            };
-            if now_in_file == runtime {
-                continue;
-            }
-            if now_in_file != file {
-                runtime_changes_replaced.push(name);
-                continue;
-            }
-            // Made on the new engine before it is in force. A route the reload rebuilt
-            // is seen by no request before; one it kept is shared with the engine in
-            // force, whose requests see the file's parameters from the reload's
-            // `reconfigure` until this puts the change back, and each of the two
-            // changes rearms its controller (no ROC action for a window).
-            match next.update_route(id, runtime, now) {
-                Ok(()) => {
-                    changed_at_runtime.insert(name.clone(), file);
-                    runtime_changes_kept.push(name);
-                }
-                Err(e) => {
-                    for problem in e.to_string().lines() {
-                        tracing::warn!(route = %name, "the runtime change no longer fits the route: {problem}");
-                    }
-                    runtime_changes_replaced.push(name);
-                }
+        for RefusedChange { route, error } in &refused {
+            for problem in error.to_string().lines() {
+                tracing::warn!(route = %route, "the runtime change no longer fits the route: {problem}");
             }
         }
+        for ((name, _), file) in offered.into_iter().zip(files) {
+            if refused.iter().any(|r| r.route == name) {
+                runtime_changes_replaced.push(name);
+            } else {
+                changed_at_runtime.insert(name.clone(), file);
+                runtime_changes_kept.push(name);
+            }
+        }
+        runtime_changes_replaced.sort();
         let next = Arc::new(next);
         self.engine.replace(Arc::clone(&next));
         #[cfg(feature = "redis")]
