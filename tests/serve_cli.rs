@@ -138,6 +138,53 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     assert!(status.success(), "exit status {status:?}");
 }
 
+/// A second SIGTERM during the shutdown's grace period ends the process at once, with
+/// exit status 1 and a warning: an operator who means it is not kept waiting for a
+/// request that will not finish. The second one was ignored, the process waiting out
+/// `shutdown_grace` (30 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_during_the_drain_exits_at_once() {
+    let arrived = Arc::new(AtomicU64::new(0));
+    let up = upstream(Duration::from_secs(60), arrived.clone()).await;
+    let mut child = Reap::spawn(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--upstream")
+            .arg(format!("http://{up}"))
+            .env("RUST_LOG", "info"),
+    );
+    let pid = child.0.id().to_string();
+    let (listen, log) = logged_listen(child.0.stderr.take().unwrap());
+    let _stuck = tokio::spawn(get_status(listen, "/slow"));
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while arrived.load(Ordering::SeqCst) < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the request reached the upstream");
+
+    let term = || Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(term().success());
+    assert!(
+        logged(&log, &["shutting down"]).is_some(),
+        "the first SIGTERM starts the drain"
+    );
+    assert!(term().success());
+    let line = logged(&log, &["second SIGTERM"]).expect("the second SIGTERM is logged");
+    assert!(line.contains("WARN"), "{line}");
+    let mut exited = None;
+    for _ in 0..100 {
+        exited = child.0.try_wait().unwrap();
+        if exited.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = exited.expect("rocgate serve exits within 5 s of the second SIGTERM");
+    assert_eq!(status.code(), Some(1), "{status:?}");
+}
+
 /// `--upstream` is held to the file's rules: a path the proxy would silently drop is
 /// an error, not a proxy that forwards elsewhere than asked; so is a port no
 /// connection can reach (99999 and 0 were taken, and every request got a 502).

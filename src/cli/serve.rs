@@ -48,25 +48,78 @@ fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, St
     Ok(settings)
 }
 
-/// Completes on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM and Ctrl-C (SIGINT), listened for once for the whole run, so that none is
+/// missed between the first and the second.
+struct ShutdownSignals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            ShutdownSignals {
+                term: signal(SignalKind::terminate()).ok(),
+                interrupt: signal(SignalKind::interrupt()).ok(),
             }
-            Err(_) => std::future::pending().await,
         }
+        #[cfg(not(unix))]
+        ShutdownSignals {}
+    }
+
+    /// Completes on the next SIGTERM or Ctrl-C.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(signal: Option<&mut tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                () = recv(self.term.as_mut()) => {},
+                () = recv(self.interrupt.as_mut()) => {},
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Serves with `proxy` until the first SIGTERM or Ctrl-C, then drains; a second one
+/// during the drain ends it at once, the requests still in flight dropped.
+async fn serve_until_signalled(proxy: Proxy) -> ExitCode {
+    let mut signals = ShutdownSignals::listen();
+    let (first, first_seen) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = first_seen.await;
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
+    let signalled = async {
+        signals.next().await;
+        let _ = first.send(());
+        signals.next().await;
+    };
     tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        served = proxy.run(shutdown) => match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rocgate serve: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        () = signalled => {
+            tracing::warn!("a second SIGTERM or Ctrl-C during the shutdown: exiting now, the requests in flight dropped");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -146,12 +199,6 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 "the admin API listens beyond loopback without a token: changes are taken from loopback only, and anyone who reaches it can read the routes' state; set [admin] token"
             );
         }
-        match proxy.run(shutdown_signal()).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("rocgate serve: {e}");
-                ExitCode::FAILURE
-            }
-        }
+        serve_until_signalled(proxy).await
     })
 }
