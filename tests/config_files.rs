@@ -845,6 +845,26 @@ fn env_override_of_no_field_is_refused_and_an_empty_value_skipped() {
     );
 }
 
+/// An empty `ROCGATE__ADMIN__TOKEN` is refused, not skipped as other empty variables
+/// are: a secret that came out empty (`ROCGATE__ADMIN__TOKEN=$TOKEN` with `TOKEN`
+/// unset) ran the admin API without a token.
+#[test]
+fn an_empty_admin_token_from_the_environment_is_refused() {
+    let text =
+        std::fs::read_to_string(config_dir().join("rocgate.toml")).expect("the default config");
+    for var in ["ROCGATE__ADMIN__TOKEN", "rocgate__admin__token"] {
+        let env = [(var.to_owned(), String::new())];
+        let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "rocgate.toml: admin.token: must not be empty (set by environment variable \
+                 {var}); unset it to run without a token"
+            )
+        );
+    }
+}
+
 #[test]
 fn env_overrides_the_connection_limits() {
     let text =

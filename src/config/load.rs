@@ -190,6 +190,18 @@ impl Config {
                 continue;
             };
             if value.is_empty() {
+                // Skipped, as if unset, but for the admin token: a secret that came out
+                // empty (a variable taken from one that was never set) would run the
+                // admin API without a token, which nobody asked for by leaving it empty.
+                if o.path == "admin.token" {
+                    problems.push(Problem::new(
+                        o.path.clone(),
+                        format!(
+                            "must not be empty (set by environment variable {}); unset it to run without a token",
+                            o.var
+                        ),
+                    ));
+                }
                 continue;
             }
             if !o.is_field_path() {
