@@ -140,6 +140,87 @@ impl ControllerParams {
     }
 }
 
+/// Which of the controller's fields an event's profile sets, as its table in the file
+/// wrote them: a field it sets stays the event's through any runtime change of the
+/// route's own parameters, even one that passes by the event's value; a field it does
+/// not set is the route's own in force. `roc` stands for `roc_mode`, `danger_roc` and
+/// `safe_roc` together (thresholds mean something only in their mode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProfileFields {
+    /// `base_limit`.
+    pub base_limit: bool,
+    /// `cut_limit`.
+    pub cut_limit: bool,
+    /// Any of `roc_mode`, `danger_roc` and `safe_roc`.
+    pub roc: bool,
+    /// `hold`.
+    pub hold: bool,
+    /// `restore_step`.
+    pub restore_step: bool,
+    /// `restore_interval`.
+    pub restore_interval: bool,
+    /// `min_rps`.
+    pub min_rps: bool,
+    /// `min_samples`.
+    pub min_samples: bool,
+    /// `min_dwell`.
+    pub min_dwell: bool,
+    /// `max_cut`.
+    pub max_cut: bool,
+}
+
+impl ProfileFields {
+    /// Every field: a whole profile.
+    pub const ALL: ProfileFields = ProfileFields {
+        base_limit: true,
+        cut_limit: true,
+        roc: true,
+        hold: true,
+        restore_step: true,
+        restore_interval: true,
+        min_rps: true,
+        min_samples: true,
+        min_dwell: true,
+        max_cut: true,
+    };
+
+    /// `profile`'s fields that these name, the others `onto`'s.
+    #[must_use]
+    pub fn apply(&self, profile: &ControllerParams, onto: &ControllerParams) -> ControllerParams {
+        fn field<T: Clone>(set: bool, profile: &T, onto: &T) -> T {
+            if set { profile } else { onto }.clone()
+        }
+        // Every flag named, so that a new one cannot be left out.
+        let ProfileFields {
+            base_limit,
+            cut_limit,
+            roc,
+            hold,
+            restore_step,
+            restore_interval,
+            min_rps,
+            min_samples,
+            min_dwell,
+            max_cut,
+        } = *self;
+        let (p, o) = (profile, onto);
+        ControllerParams {
+            base_limit_rps: field(base_limit, &p.base_limit_rps, &o.base_limit_rps),
+            cut_limit_rps: field(cut_limit, &p.cut_limit_rps, &o.cut_limit_rps),
+            danger_roc: field(roc, &p.danger_roc, &o.danger_roc),
+            safe_roc: field(roc, &p.safe_roc, &o.safe_roc),
+            roc_mode: field(roc, &p.roc_mode, &o.roc_mode),
+            hold: field(hold, &p.hold, &o.hold),
+            restore_step_rps: field(restore_step, &p.restore_step_rps, &o.restore_step_rps),
+            restore_interval: field(restore_interval, &p.restore_interval, &o.restore_interval),
+            min_rps: field(min_rps, &p.min_rps, &o.min_rps),
+            min_samples: field(min_samples, &p.min_samples, &o.min_samples),
+            min_dwell: field(min_dwell, &p.min_dwell, &o.min_dwell),
+            max_cut: field(max_cut, &p.max_cut, &o.max_cut),
+        }
+    }
+}
+
 impl Default for ControllerParams {
     /// The classic values: base 200, cut 60, danger 80, safe 20, step 20 every 1 s
     /// after a 2 s hold.

@@ -2087,3 +2087,45 @@ fn a_reload_keeping_a_change_moves_the_files_events_onto_it_or_refuses_it() {
     let id = next.route_at(0).unwrap();
     assert_eq!(next.route_params(id).unwrap().base_limit_rps, 200.0);
 }
+
+/// An event read from a file keeps every field its table sets through a runtime
+/// change, a field set to the route's own value too: `base_limit = 200` on a route of
+/// base 200 stays 200 when the route's base is changed to 300, while `min_rps`, which
+/// the event leaves alone, follows the change. The engine took a field equal to the route's
+/// own for one the event leaves alone, and the event ran at 300.
+#[test]
+fn an_event_keeps_a_field_its_table_sets_to_the_routes_own_value() {
+    let text = r#"
+[[routes]]
+name = "sale"
+path_prefix = "/"
+
+[[routes.events]]
+name = "flash"
+start = "1970-01-01T00:00:00Z"
+duration = "10s"
+base_limit = 200
+cut_limit = 100
+"#;
+    let config = Config::from_toml_str(text, "sale.toml").unwrap_or_else(|e| panic!("{e}"));
+    let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    let mut change = e.route_params(id).unwrap();
+    assert_eq!(change.base_limit_rps, 200.0);
+    change.base_limit_rps = 300.0;
+    change.min_rps = 5.0;
+    e.update_route(id, change, Nanos::from_secs(1)).unwrap();
+    let s = e.route_snapshot(id, Nanos::from_secs(2)).unwrap();
+    assert_eq!(
+        (
+            s.active_event.as_deref(),
+            s.base_limit_rps,
+            s.cut_limit_rps,
+            s.min_rps
+        ),
+        (Some("flash"), 200.0, 100.0, 5.0)
+    );
+    e.catch_up(id, Nanos::from_secs(11));
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!((s.active_event, s.base_limit_rps), (None, 300.0));
+}

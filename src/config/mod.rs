@@ -116,7 +116,7 @@ pub enum UpstreamError {
     },
 }
 
-use crate::controller::ControllerParams;
+use crate::controller::{ControllerParams, ProfileFields};
 use crate::limiter::Algorithm;
 use crate::window::WindowSpec;
 use std::net::SocketAddr;
@@ -637,10 +637,18 @@ pub struct Event {
     pub duration: Duration,
     /// The profile in force meanwhile (the route's own, overridden field by field).
     pub controller: ControllerParams,
+    /// Which of `controller`'s fields the event sets, the others being the route's own
+    /// when it was configured: an event read from a file has them as its table wrote
+    /// them. Without them ([`Event::new`]), a field the profile leaves as the route's
+    /// own has it is taken as one the event leaves alone
+    /// ([`ControllerParams::rebased`]), so an event built in code that sets a field to
+    /// the route's own value follows a runtime change of it.
+    pub sets: Option<ProfileFields>,
 }
 
 impl Event {
-    /// The event `name`: from `start`, for `duration`, the route runs `controller`.
+    /// The event `name`: from `start`, for `duration`, the route runs `controller`;
+    /// the fields it sets are those where `controller` differs from the route's own.
     pub fn new(
         name: impl Into<String>,
         start: SystemTime,
@@ -652,6 +660,22 @@ impl Event {
             start,
             duration,
             controller,
+            sets: None,
+        }
+    }
+
+    /// The event's profile, written over the route's own parameters `written_over`,
+    /// moved onto the route's own parameters in force, `own`: the fields it sets are
+    /// its own, the others `own`'s.
+    #[must_use]
+    pub fn profile_on(
+        &self,
+        written_over: &ControllerParams,
+        own: &ControllerParams,
+    ) -> ControllerParams {
+        match &self.sets {
+            Some(sets) => sets.apply(&self.controller, own),
+            None => self.controller.rebased(written_over, own),
         }
     }
 }

@@ -17,7 +17,7 @@ use super::load::Problem;
 use super::{ClientIpHeader, HintsConfig, ServerConfig, UpstreamError};
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
 use super::{Segment, Tier};
-use crate::controller::ControllerParams;
+use crate::controller::{ControllerParams, ProfileFields};
 use crate::limiter::{gcra, words, Algorithm, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
 use crate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
@@ -244,6 +244,24 @@ struct RawEvent {
     min_dwell: Option<String>,
     max_cut: Option<String>,
     roc_mode: Option<String>,
+}
+
+impl RawSettings {
+    /// Which of the controller's fields these set, as an event's table does.
+    fn profile_fields(&self) -> ProfileFields {
+        ProfileFields {
+            base_limit: self.base_limit.is_some(),
+            cut_limit: self.cut_limit.is_some(),
+            roc: self.roc_mode.is_some() || self.danger_roc.is_some() || self.safe_roc.is_some(),
+            hold: self.hold.is_some(),
+            restore_step: self.restore_step.is_some(),
+            restore_interval: self.restore_interval.is_some(),
+            min_rps: self.min_rps.is_some(),
+            min_samples: self.min_samples.is_some(),
+            min_dwell: self.min_dwell.is_some(),
+            max_cut: self.max_cut.is_some(),
+        }
+    }
 }
 
 impl RawEvent {
@@ -1440,6 +1458,7 @@ fn route_events(
     for (j, e) in raw.into_iter().enumerate() {
         let at = Scope::Event(i, j);
         let ([name_raw, start_raw, duration_raw], settings) = e.split();
+        let sets = settings.profile_fields();
         let es = s.over(settings, at, p);
         let name = check_name(p, at, name_raw);
         if let Some(n) = &name {
@@ -1470,6 +1489,7 @@ fn route_events(
                 start: start.value,
                 duration: duration.value,
                 controller,
+                sets: Some(sets),
             }),
             _ => complete = false,
         }
@@ -1750,22 +1770,26 @@ impl RawRoute {
                 .iter()
                 .map(|e| {
                     let c = &e.controller;
+                    // The fields it sets; all of them for an event built in code,
+                    // whose profile is whole.
+                    let sets = e.sets.unwrap_or(ProfileFields::ALL);
                     RawEvent {
                         name: Some(e.name.clone()),
                         start: Some(humantime::format_rfc3339_nanos(e.start).to_string()),
                         duration: written(e.duration),
-                        base_limit: Some(Num(c.base_limit_rps)),
-                        cut_limit: Some(Num(c.cut_limit_rps)),
-                        danger_roc: Some(Num(c.danger_roc)),
-                        safe_roc: Some(Num(c.safe_roc)),
-                        hold: written(c.hold),
-                        restore_step: Some(Num(c.restore_step_rps)),
-                        restore_interval: written(c.restore_interval),
-                        min_rps: Some(Num(c.min_rps)),
-                        min_samples: Some(Whole(c.min_samples)),
-                        min_dwell: written(c.min_dwell),
-                        max_cut: written(c.max_cut),
-                        roc_mode: roc_mode_name(c.roc_mode),
+                        base_limit: sets.base_limit.then_some(Num(c.base_limit_rps)),
+                        cut_limit: sets.cut_limit.then_some(Num(c.cut_limit_rps)),
+                        danger_roc: sets.roc.then_some(Num(c.danger_roc)),
+                        safe_roc: sets.roc.then_some(Num(c.safe_roc)),
+                        hold: written(c.hold).filter(|_| sets.hold),
+                        restore_step: sets.restore_step.then_some(Num(c.restore_step_rps)),
+                        restore_interval: written(c.restore_interval)
+                            .filter(|_| sets.restore_interval),
+                        min_rps: sets.min_rps.then_some(Num(c.min_rps)),
+                        min_samples: sets.min_samples.then_some(Whole(c.min_samples)),
+                        min_dwell: written(c.min_dwell).filter(|_| sets.min_dwell),
+                        max_cut: written(c.max_cut).filter(|_| sets.max_cut),
+                        roc_mode: roc_mode_name(c.roc_mode).filter(|_| sets.roc),
                     }
                 })
                 .collect(),

@@ -12,7 +12,7 @@ impl ScheduledEvent {
     /// Places an event whose profile was written over the route's parameters
     /// `written_over` (a file's) on the engine's clock, where `now` is `wall_now`, its
     /// profile moved onto the route's own parameters in force, `own` (a runtime change
-    /// kept through a reload; [`ControllerParams::rebased`]). Both ends are placed from
+    /// kept through a reload; [`Event::profile_on`]). Both ends are placed from
     /// wall time, so an event that began before `now` keeps its real end (the clock
     /// cannot go below its origin); one that has already ended is dropped.
     pub(super) fn place(
@@ -27,17 +27,17 @@ impl ScheduledEvent {
             name: e.name.clone(),
             start,
             end,
-            params: e.controller.rebased(written_over, own),
-            configured: (e.controller.clone(), written_over.clone()),
+            params: e.profile_on(written_over, own),
+            configured: (e.clone(), written_over.clone()),
             wall: (e.start, e.duration),
         })
     }
 
     /// The event's profile as configured, moved onto the route's own parameters `own`
-    /// ([`ControllerParams::rebased`]).
+    /// ([`Event::profile_on`]).
     pub(super) fn rebased(&self, own: &ControllerParams) -> ControllerParams {
-        let (profile, written_over) = &self.configured;
-        profile.rebased(written_over, own)
+        let (event, written_over) = &self.configured;
+        event.profile_on(written_over, own)
     }
 
     /// Places the event again, where `now` is `wall_now`; one that has ended is

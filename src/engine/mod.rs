@@ -279,11 +279,11 @@ struct ScheduledEvent {
     /// The profile in force while it runs: `configured` moved onto the route's own
     /// parameters ([`ScheduledEvent::rebased`]).
     params: ControllerParams,
-    /// The profile as configured, and the route's own parameters it was written over
+    /// The event as configured, and the route's own parameters it was written over
     /// then: what a runtime change moves onto its new parameters, each time from
     /// these, so that a field the event sets stays its own through changes that pass
     /// by its value, and a change withdrawn leaves the profile as configured.
-    configured: (ControllerParams, ControllerParams),
+    configured: (Event, ControllerParams),
     /// The configured wall-clock start and duration, from which `start` and `end`
     /// are placed again ([`Engine::align_events`]).
     wall: (SystemTime, Duration),
@@ -361,7 +361,7 @@ impl Engine {
     /// same step: a route kept never has `config`'s parameters in force, even for an
     /// instant, and one whose parameters are those in force takes no pause in its
     /// controller. Its events' profiles are `config`'s, moved onto the change
-    /// ([`ControllerParams::rebased`]). A change that the new route's algorithm,
+    /// ([`Event::profile_on`]). A change that the new route's algorithm,
     /// tiers or events refuse (checked as `update_route` checks one) is not made: the
     /// route takes `config`'s parameters, and the change comes back with its error.
     /// A name that is no route of `config` is ignored.
@@ -428,7 +428,7 @@ impl Engine {
     /// limit is recomputed for the current controller state and applied to the existing
     /// limiters (tokens clamped, never refilled). Each scheduled event's profile
     /// follows the change in the fields it leaves as the route's own parameters were
-    /// when it was configured ([`ControllerParams::rebased`]), and keeps those it sets,
+    /// when it was configured ([`Event::profile_on`]), and keeps those it sets,
     /// whatever changes came before: while an event is active, a change to a field it
     /// sets applies when it ends.
     ///
@@ -1131,7 +1131,7 @@ fn changed(cfg: &RouteConfig, params: &ControllerParams) -> Result<RouteConfig, 
     let mut checked = cfg.clone();
     checked.controller = params.clone();
     for e in &mut checked.events {
-        e.controller = e.controller.rebased(&cfg.controller, params);
+        e.controller = e.profile_on(&cfg.controller, params);
     }
     refused_by_file(&checked)?;
     checked.events.clone_from(&cfg.events);

@@ -28,6 +28,7 @@ fn routes_written_back_read_as_themselves() {
         start: SystemTime::UNIX_EPOCH + Duration::from_nanos(1_764_000_000_123_456_789),
         duration: Duration::from_secs(60),
         controller: r.controller.clone(),
+        sets: Some(ProfileFields::ALL),
     });
     let again = reread(std::slice::from_ref(&r)).expect("valid");
     assert_eq!(again.routes[0].controller, r.controller);
