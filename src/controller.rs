@@ -93,50 +93,7 @@ impl ControllerParams {
     /// all three.
     #[must_use]
     pub fn rebased(&self, from: &ControllerParams, onto: &ControllerParams) -> ControllerParams {
-        fn field<T: PartialEq + Clone>(event: &T, from: &T, onto: &T) -> T {
-            if event == from { onto } else { event }.clone()
-        }
-        // Every field named, so that a new one cannot be left out.
-        let ControllerParams {
-            base_limit_rps,
-            cut_limit_rps,
-            danger_roc,
-            safe_roc,
-            hold,
-            restore_step_rps,
-            restore_interval,
-            min_rps,
-            min_samples,
-            min_dwell,
-            max_cut,
-            roc_mode,
-        } = self;
-        let sets_roc = *roc_mode != from.roc_mode
-            || *danger_roc != from.danger_roc
-            || *safe_roc != from.safe_roc;
-        let roc_field = |event: &f64, onto: &f64| if sets_roc { *event } else { *onto };
-        ControllerParams {
-            base_limit_rps: field(base_limit_rps, &from.base_limit_rps, &onto.base_limit_rps),
-            cut_limit_rps: field(cut_limit_rps, &from.cut_limit_rps, &onto.cut_limit_rps),
-            danger_roc: roc_field(danger_roc, &onto.danger_roc),
-            safe_roc: roc_field(safe_roc, &onto.safe_roc),
-            hold: field(hold, &from.hold, &onto.hold),
-            restore_step_rps: field(
-                restore_step_rps,
-                &from.restore_step_rps,
-                &onto.restore_step_rps,
-            ),
-            restore_interval: field(
-                restore_interval,
-                &from.restore_interval,
-                &onto.restore_interval,
-            ),
-            min_rps: field(min_rps, &from.min_rps, &onto.min_rps),
-            min_samples: field(min_samples, &from.min_samples, &onto.min_samples),
-            min_dwell: field(min_dwell, &from.min_dwell, &onto.min_dwell),
-            max_cut: field(max_cut, &from.max_cut, &onto.max_cut),
-            roc_mode: if sets_roc { *roc_mode } else { onto.roc_mode },
-        }
+        ProfileFields::differing(self, from).apply(self, onto)
     }
 }
 
@@ -170,6 +127,27 @@ pub struct ProfileFields {
 }
 
 impl ProfileFields {
+    /// The fields where `profile` differs from `own`, the route's parameters it was
+    /// written over (`roc` if any of the three differs).
+    #[must_use]
+    pub fn differing(profile: &ControllerParams, own: &ControllerParams) -> ProfileFields {
+        let (p, o) = (profile, own);
+        ProfileFields {
+            base_limit: p.base_limit_rps != o.base_limit_rps,
+            cut_limit: p.cut_limit_rps != o.cut_limit_rps,
+            roc: p.roc_mode != o.roc_mode
+                || p.danger_roc != o.danger_roc
+                || p.safe_roc != o.safe_roc,
+            hold: p.hold != o.hold,
+            restore_step: p.restore_step_rps != o.restore_step_rps,
+            restore_interval: p.restore_interval != o.restore_interval,
+            min_rps: p.min_rps != o.min_rps,
+            min_samples: p.min_samples != o.min_samples,
+            min_dwell: p.min_dwell != o.min_dwell,
+            max_cut: p.max_cut != o.max_cut,
+        }
+    }
+
     /// Every field: a whole profile.
     pub const ALL: ProfileFields = ProfileFields {
         base_limit: true,

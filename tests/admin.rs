@@ -548,6 +548,19 @@ fn assert_reload_lists(body: &Value, kept: Value, replaced: Value) {
     assert_eq!(body["runtime_changes_replaced"], replaced, "{body}");
 }
 
+/// Reloads `p` with a file that changes the `rest` route alone (its base limit 1000 →
+/// 900): `order`'s runtime change is kept, and the answer says so.
+async fn reload_for_rests_sake(p: &Running) {
+    std::fs::write(
+        &p.file,
+        CONFIG.replace("base_limit = 1000", "base_limit = 900"),
+    )
+    .unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_reload_lists(&body, serde_json::json!(["order"]), serde_json::json!([]));
+}
+
 /// A runtime change outlives a reload that leaves its route as the file had it: a
 /// colleague's reload for another route does not undo an incident's raised limit (it
 /// did: every reload put the file's parameters back). A file that changes the route
@@ -561,14 +574,7 @@ async fn a_reload_keeps_a_runtime_change_unless_the_file_changed_its_route() {
     assert_eq!(body["runtime_change"], true, "{body}");
 
     // Another route changed in the file: `order`'s change stays.
-    std::fs::write(
-        &p.file,
-        CONFIG.replace("base_limit = 1000", "base_limit = 900"),
-    )
-    .unwrap();
-    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
-    assert_eq!(status, 200, "{body}");
-    assert_reload_lists(&body, serde_json::json!(["order"]), serde_json::json!([]));
+    reload_for_rests_sake(&p).await;
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
     assert_eq!(order["base_limit_rps"], 300.0, "{order}");
     assert_eq!(order["runtime_change"], true, "{order}");
@@ -635,14 +641,7 @@ async fn a_runtime_change_kept_through_a_reload_does_not_pause_its_controller() 
     clock.set(send(&reloader.engine(), 40, 12));
 
     // A reload for another route's sake keeps `order`'s change.
-    std::fs::write(
-        &p.file,
-        CONFIG.replace("base_limit = 1000", "base_limit = 900"),
-    )
-    .unwrap();
-    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
-    assert_eq!(status, 200, "{body}");
-    assert_reload_lists(&body, serde_json::json!(["order"]), serde_json::json!([]));
+    reload_for_rests_sake(&p).await;
 
     // A spike from 40 to 600 req/s, a second long: cut within it.
     clock.set(send(&reloader.engine(), 600, 1));

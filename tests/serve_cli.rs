@@ -69,6 +69,23 @@ where
     Ok(send(addr, req).await?.status().as_u16())
 }
 
+/// `child`'s exit status, if it exits within `within` (looked at every 50 ms).
+async fn exit_within(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let arrived = Arc::new(AtomicU64::new(0));
@@ -123,15 +140,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
             .unwrap();
         assert_eq!(status, Ok(200), "requests in flight complete");
     }
-    let mut exited = None;
-    for _ in 0..400 {
-        if let Some(status) = child.try_wait().unwrap() {
-            exited = Some(status);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let Some(status) = exited else {
+    let Some(status) = exit_within(&mut child, Duration::from_secs(20)).await else {
         let _ = child.kill();
         panic!("rocgate serve did not exit within 20 s of SIGTERM");
     };
@@ -173,15 +182,9 @@ async fn a_second_sigterm_during_the_drain_exits_at_once() {
     assert!(term().success());
     let line = logged(&log, &["second SIGTERM"]).expect("the second SIGTERM is logged");
     assert!(line.contains("WARN"), "{line}");
-    let mut exited = None;
-    for _ in 0..100 {
-        exited = child.0.try_wait().unwrap();
-        if exited.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let status = exited.expect("rocgate serve exits within 5 s of the second SIGTERM");
+    let status = exit_within(&mut child.0, Duration::from_secs(5))
+        .await
+        .expect("rocgate serve exits within 5 s of the second SIGTERM");
     assert_eq!(status.code(), Some(1), "{status:?}");
 }
 
@@ -212,15 +215,9 @@ async fn an_upstream_flag_the_file_would_refuse_is_refused_with_exit_code_2() {
             .spawn()
             .unwrap();
         let mut child = Reap(child);
-        let mut status = None;
-        for _ in 0..200 {
-            status = child.0.try_wait().unwrap();
-            if status.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let status = status.unwrap_or_else(|| panic!("serve --upstream {upstream} kept running"));
+        let status = exit_within(&mut child.0, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("serve --upstream {upstream} kept running"));
         assert_eq!(status.code(), Some(2), "{upstream}");
         let mut stderr = String::new();
         std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
