@@ -1955,7 +1955,10 @@ fn a_runtime_change_during_an_event_reaches_the_fields_the_event_leaves_alone() 
         .update_route(id, lower, Nanos::from_secs(2))
         .expect_err("the event's cut limit is above the base")
         .to_string();
-    assert!(refused.contains("cut_limit"), "{refused}");
+    assert!(
+        refused.contains("events[0].cut_limit") && refused.ends_with("(event \"flash\")"),
+        "{refused}"
+    );
     assert_eq!(e.route_params(id).unwrap().base_limit_rps, 200.0);
 }
 

@@ -1138,10 +1138,27 @@ fn changed(cfg: &RouteConfig, params: &ControllerParams) -> Result<RouteConfig, 
     Ok(checked)
 }
 
-/// What the rules of the file refuse in `route`, under its name.
+/// What the rules of the file refuse in `route`, under its name; a problem in one of
+/// its events names the event too (`events[0].cut_limit: … (event "flash")`): a change
+/// refused for an event's sake is made by someone who knows the event by its name.
 fn refused_by_file(route: &RouteConfig) -> Result<(), ConfigError> {
-    crate::config::check_route(route)
-        .map_err(|problems| ConfigError::new(&format!("route `{}`", route.name), problems))
+    crate::config::check_route(route).map_err(|problems| {
+        let named = problems.into_iter().map(|p| {
+            let event = p
+                .location()
+                .strip_prefix("events[")
+                .and_then(|rest| rest.split_once(']'))
+                .and_then(|(index, _)| route.events.get(index.parse::<usize>().ok()?));
+            match event {
+                Some(e) => Problem::new(
+                    p.location(),
+                    format!("{} (event {:?})", p.message(), e.name),
+                ),
+                None => p,
+            }
+        });
+        ConfigError::new(&format!("route `{}`", route.name), named.collect())
+    })
 }
 
 impl Route {
