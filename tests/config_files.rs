@@ -863,6 +863,19 @@ fn an_empty_admin_token_from_the_environment_is_refused() {
             )
         );
     }
+    // With a token in the file, unsetting the variable keeps that one.
+    let with_token = text.replace("# token = \"...\"", "token = \"from-the-file\"");
+    assert_ne!(
+        with_token, text,
+        "the default config's commented token line moved"
+    );
+    let env = [("ROCGATE__ADMIN__TOKEN".to_owned(), String::new())];
+    let e = Config::from_toml_str_with_env(&with_token, "rocgate.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "rocgate.toml: admin.token: must not be empty (set by environment variable \
+         ROCGATE__ADMIN__TOKEN); unset it to use the file's token"
+    );
 }
 
 #[test]

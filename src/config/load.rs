@@ -194,10 +194,15 @@ impl Config {
                 // empty (a variable taken from one that was never set) would run the
                 // admin API without a token, which nobody asked for by leaving it empty.
                 if o.path == "admin.token" {
+                    let unset = if file.get_string("admin.token").is_ok() {
+                        "unset it to use the file's token"
+                    } else {
+                        "unset it to run without a token"
+                    };
                     problems.push(Problem::new(
                         o.path.clone(),
                         format!(
-                            "must not be empty (set by environment variable {}); unset it to run without a token",
+                            "must not be empty (set by environment variable {}); {unset}",
                             o.var
                         ),
                     ));
