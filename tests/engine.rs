@@ -2091,6 +2091,43 @@ fn a_reload_keeping_a_change_moves_the_files_events_onto_it_or_refuses_it() {
     assert_eq!(next.route_params(id).unwrap().base_limit_rps, 200.0);
 }
 
+/// An event that has ended refuses no runtime change, on the engine (`update_route`)
+/// or kept through a reload (`reload_keeping`): its cut limit of 150 no longer runs
+/// beside anything, so a base of 100 is taken after it. Both refused the change for
+/// an event over for good.
+#[test]
+fn an_event_that_has_ended_refuses_no_change() {
+    let sale = sale_with_flash(|v| v.cut_limit_rps = 150.0);
+    let e = engine(vec![sale.clone()]);
+    let id = e.route_at(0).unwrap();
+    let mut lower = e.route_params(id).unwrap();
+    lower.base_limit_rps = 100.0;
+    lower.cut_limit_rps = 50.0;
+    // During the event the change is refused, naming it.
+    let during = e
+        .update_route(id, lower.clone(), Nanos::from_secs(2))
+        .expect_err("the event's cut limit is above the base")
+        .to_string();
+    assert!(during.ends_with("(event \"flash\")"), "{during}");
+    e.update_route(id, lower.clone(), Nanos::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let s = e.route_snapshot(id, Nanos::from_secs(20)).unwrap();
+    assert_eq!((s.active_event, s.base_limit_rps), (None, 100.0));
+
+    let e = engine(vec![sale.clone()]);
+    let (next, refused) = e
+        .reload_keeping(
+            &Config::new(vec![sale]),
+            &[("sale".to_owned(), lower.clone())],
+            Nanos::from_secs(20),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(20),
+        )
+        .unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    let id = next.route_at(0).unwrap();
+    assert_eq!(next.route_params(id), Some(lower));
+}
+
 /// An event read from a file keeps every field its table sets through a runtime
 /// change, a field set to the route's own value too: `base_limit = 200` on a route of
 /// base 200 stays 200 when the route's base is changed to 300, while `min_rps`, which

@@ -48,6 +48,11 @@ impl ScheduledEvent {
     }
 }
 
+/// Whether `e` has ended at wall-clock `wall_now` (it is never in force again).
+pub(super) fn has_ended(e: &Event, wall_now: SystemTime) -> bool {
+    span(e.start, e.duration, Nanos::ZERO, wall_now).is_none()
+}
+
 /// Where an event of `duration` from wall-clock `start` lies on the engine's clock,
 /// where `now` is `wall_now`: `None` if it has ended.
 fn span(

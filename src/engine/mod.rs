@@ -379,7 +379,7 @@ impl Engine {
             .iter()
             .map(|cfg| {
                 let change = changes.iter().find(|(name, _)| *name == cfg.name);
-                let own = match change.map(|(_, params)| changed(cfg, params)) {
+                let own = match change.map(|(_, params)| changed(cfg, params, wall_now)) {
                     Some(Ok(checked)) => Cow::Owned(checked),
                     Some(Err(error)) => {
                         refused.push(RefusedChange {
@@ -472,7 +472,8 @@ impl Engine {
                 })
                 .collect()
         };
-        refused_by_file(&checked)?;
+        let ended: Vec<bool> = r.lock().events.iter().map(|e| e.end <= now).collect();
+        refused_by_file(&checked, |i| ended.get(i) == Some(&true))?;
         r.reconfigure(
             &checked.controller,
             None,
@@ -1127,38 +1128,57 @@ pub struct RefusedChange {
 /// `cfg` with `params` as its own parameters, if the rules of the file take them
 /// there with its events' profiles moved onto them; its events are left as `cfg`'s,
 /// written over `cfg.controller`.
-fn changed(cfg: &RouteConfig, params: &ControllerParams) -> Result<RouteConfig, ConfigError> {
+fn changed(
+    cfg: &RouteConfig,
+    params: &ControllerParams,
+    wall_now: SystemTime,
+) -> Result<RouteConfig, ConfigError> {
     let mut checked = cfg.clone();
     checked.controller = params.clone();
     for e in &mut checked.events {
         e.controller = e.profile_on(&cfg.controller, params);
     }
-    refused_by_file(&checked)?;
+    refused_by_file(&checked, |i| {
+        checked
+            .events
+            .get(i)
+            .is_some_and(|e| events::has_ended(e, wall_now))
+    })?;
     checked.events.clone_from(&cfg.events);
     Ok(checked)
 }
 
-/// What the rules of the file refuse in `route`, under its name; a problem in one of
-/// its events names the event too (`events[0].cut_limit: … (event "flash")`): a change
+/// What the rules of the file refuse in `route`, under its name, but for problems in
+/// its events that have `ended` (by index: an event over is never in force again, so
+/// a change it would not fit beside is no change it refuses); a problem in one of its
+/// events names the event too (`events[0].cut_limit: … (event "flash")`): a change
 /// refused for an event's sake is made by someone who knows the event by its name.
-fn refused_by_file(route: &RouteConfig) -> Result<(), ConfigError> {
-    crate::config::check_route(route).map_err(|problems| {
-        let named = problems.into_iter().map(|p| {
-            let event = p
+fn refused_by_file(route: &RouteConfig, ended: impl Fn(usize) -> bool) -> Result<(), ConfigError> {
+    let Err(problems) = crate::config::check_route(route) else {
+        return Ok(());
+    };
+    let named: Vec<Problem> = problems
+        .into_iter()
+        .filter_map(|p| {
+            let index = p
                 .location()
                 .strip_prefix("events[")
                 .and_then(|rest| rest.split_once(']'))
-                .and_then(|(index, _)| route.events.get(index.parse::<usize>().ok()?));
-            match event {
-                Some(e) => Problem::new(
+                .and_then(|(index, _)| index.parse::<usize>().ok());
+            match index.map(|i| (i, route.events.get(i))) {
+                Some((i, _)) if ended(i) => None,
+                Some((_, Some(e))) => Some(Problem::new(
                     p.location(),
                     format!("{} (event {:?})", p.message(), e.name),
-                ),
-                None => p,
+                )),
+                _ => Some(p),
             }
-        });
-        ConfigError::new(&format!("route `{}`", route.name), named.collect())
-    })
+        })
+        .collect();
+    if named.is_empty() {
+        return Ok(());
+    }
+    Err(ConfigError::new(&format!("route `{}`", route.name), named))
 }
 
 impl Route {
