@@ -2128,6 +2128,44 @@ fn an_event_that_has_ended_refuses_no_change() {
     assert_eq!(next.route_params(id), Some(lower));
 }
 
+/// A runtime change pauses the controller for a window only if it changes the
+/// parameters in force: during an event that sets the base limit, a change of the base
+/// limit (in force when the event ends) leaves the route able to cut a spike at once,
+/// while a change of the danger threshold, which the event leaves as the route's own,
+/// pauses it. The engine paused on any change of the route's own parameters, so the
+/// spike after the base limit's change went uncut for a window.
+#[test]
+fn a_change_pauses_the_controller_only_if_it_changes_the_parameters_in_force() {
+    for (field, cuts) in [("base_limit", true), ("danger_roc", false)] {
+        let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+        let mut during = ControllerParams::default();
+        during.base_limit_rps = 400.0;
+        cfg.events = vec![Event::new(
+            "flash",
+            SystemTime::UNIX_EPOCH,
+            Duration::from_secs(100),
+            during,
+        )];
+        let e = engine(vec![cfg]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, Key::None, 0.0, 12.0, 40.0);
+        let mut change = e.route_params(id).unwrap();
+        match field {
+            "base_limit" => change.base_limit_rps = 300.0,
+            _ => change.danger_roc = 70.0,
+        }
+        e.update_route(id, change, Nanos::from_secs(12)).unwrap();
+        offer(&e, id, Key::None, 12.0, 13.0, 600.0);
+        let s = e.route_snapshot(id, Nanos::from_secs(13)).unwrap();
+        assert_eq!(
+            s.state == ControllerState::Cut,
+            cuts,
+            "a change of {field}: {:?}",
+            s.state
+        );
+    }
+}
+
 /// An event read from a file keeps every field its table sets through a runtime
 /// change, a field set to the route's own value too: `base_limit = 200` on a route of
 /// base 200 stays 200 when the route's base is changed to 300, while `min_rps`, which

@@ -334,15 +334,15 @@ impl Engine {
     /// A new engine for `config` that keeps the live state (window, controller,
     /// buckets, keys, counters) of every route whose name and structure (matcher, mode,
     /// window, algorithm, partition, tiers) are unchanged; their controller parameters
-    /// and events are replaced in place, and a route whose parameters changed takes no
-    /// action for one full window. Other routes start fresh, but for the permits of a
-    /// `concurrency` route limited as a whole that stays one (by name; its mode,
-    /// window, queue or limits changed): the route rebuilt takes them over, with the
-    /// requests queued for them, and counts them under its own limit until they are
-    /// released, which frees a place in it; from then on its limit is the new route's
-    /// to set, and the old route's controller leaves it alone. Both engines share the
-    /// kept routes and the permits taken over, so requests still in flight on the old
-    /// one count in the new one.
+    /// and events are replaced in place, and a route whose parameters in force (its
+    /// own, or an event's running) changed takes no action for one full window. Other routes start fresh,
+    /// but for the permits of a `concurrency` route limited as a whole that stays one
+    /// (by name; its mode, window, queue or limits changed): the route rebuilt takes
+    /// them over, with the requests queued for them, and counts them under its own
+    /// limit until they are released, which frees a place in it; from then on its
+    /// limit is the new route's to set, and the old route's controller leaves it alone.
+    /// Both engines share the kept routes and the permits taken over, so requests still
+    /// in flight on the old one count in the new one.
     /// `config`'s routes are checked first, as for [`Engine::new`]: an error leaves
     /// this engine as it was.
     pub fn reload(
@@ -1307,7 +1307,7 @@ impl Route {
     ) {
         let mut st = self.lock();
         let st = &mut *st;
-        let changed = st.own != *params;
+        let before = st.controller.params().clone();
         if let Some((events, written_over)) = events {
             st.events = events
                 .iter()
@@ -1326,6 +1326,7 @@ impl Route {
         let due = st.events.iter().position(|e| e.start <= now && now < e.end);
         st.active_event = due;
         let params = due.map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
+        let changed = params != before;
         let (counts, entered) = (&mut st.counts, st.controller.entered_at());
         st.controller.set_params(params, now, |t| {
             counts.record(&t, entered);
