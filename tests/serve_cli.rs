@@ -188,6 +188,107 @@ async fn a_second_sigterm_during_the_drain_exits_at_once() {
     assert_eq!(status.code(), Some(1), "{status:?}");
 }
 
+/// A `redis-server` of the test's own on a free loopback port, killed (by PID) on drop.
+struct Redis(std::process::Child, u16);
+
+impl Redis {
+    async fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test.sh installs it)");
+        let redis = Redis(child, port);
+        for _ in 0..200 {
+            if redis.query::<String>(&mut redis::cmd("PING")).is_ok() {
+                return redis;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("redis-server did not answer on port {port}");
+    }
+
+    fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> redis::RedisResult<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.1))?;
+        cmd.query(&mut client.get_connection_with_timeout(Duration::from_secs(1))?)
+    }
+
+    /// Instances in the heartbeat set of the default key prefix.
+    fn instances(&self) -> u64 {
+        self.query(redis::cmd("ZCARD").arg("{rocgate}:instances"))
+            .expect("redis answers")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The second SIGTERM's exit leaves the shared store's heartbeat set, as a graceful
+/// exit does, so that the other instances' shares of a shared limit grow at once. It
+/// left the instance in the set, counted by the others until three beats were missed
+/// (3 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_leaves_the_shared_store() {
+    let redis = Redis::start().await;
+    let arrived = Arc::new(AtomicU64::new(0));
+    let up = upstream(Duration::from_secs(60), arrived.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    let config = format!(
+        "[[routes]]\nname = \"all\"\npath_prefix = \"/\"\n\n\
+         [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\n\
+         heartbeat = \"1h\"\n",
+        redis.1
+    );
+    std::fs::write(&file, config).unwrap();
+    let mut child = Reap::spawn(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--upstream")
+            .arg(format!("http://{up}"))
+            .arg("--config")
+            .arg(&file)
+            .env("RUST_LOG", "info"),
+    );
+    let pid = child.0.id().to_string();
+    let (listen, log) = logged_listen(child.0.stderr.take().unwrap());
+    let _stuck = tokio::spawn(get_status(listen, "/slow"));
+    let joined = tokio::time::timeout(Duration::from_secs(10), async {
+        while arrived.load(Ordering::SeqCst) < 1 || redis.instances() < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        joined.is_ok(),
+        "the request reached the upstream and the instance beat into the set"
+    );
+
+    let term = || Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(term().success());
+    assert!(
+        logged(&log, &["shutting down"]).is_some(),
+        "the first SIGTERM starts the drain"
+    );
+    assert!(term().success());
+    let status = exit_within(&mut child.0, Duration::from_secs(5))
+        .await
+        .expect("rocgate serve exits within 5 s of the second SIGTERM");
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert_eq!(redis.instances(), 0, "the instance left the heartbeat set");
+}
+
 /// `--upstream` is held to the file's rules: a path the proxy would silently drop is
 /// an error, not a proxy that forwards elsewhere than asked; so is a port no
 /// connection can reach (99999 and 0 were taken, and every request got a 502).

@@ -95,10 +95,11 @@ impl ShutdownSignals {
     }
 }
 
-/// Serves with `proxy` until the first SIGTERM or Ctrl-C, then drains; a second one
-/// during the drain ends it at once, the requests still in flight dropped.
-async fn serve_until_signalled(proxy: Proxy) -> ExitCode {
-    let mut signals = ShutdownSignals::listen();
+/// Serves with `proxy` until the first of `signals`, then drains; a second one during
+/// the drain ends it at once, the requests still in flight dropped (the instance
+/// leaves the shared store first, within the store's timeout).
+async fn serve_until_signalled(proxy: Proxy, mut signals: ShutdownSignals) -> ExitCode {
+    let leaving = proxy.leaving();
     let (first, first_seen) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         let _ = first_seen.await;
@@ -118,20 +119,38 @@ async fn serve_until_signalled(proxy: Proxy) -> ExitCode {
         },
         () = signalled => {
             tracing::warn!("a second SIGTERM or Ctrl-C during the shutdown: exiting now, the requests in flight dropped");
+            leaving.await;
             ExitCode::FAILURE
         }
     }
 }
 
-/// Reloads the config file on every SIGHUP; a bad file is logged and the running
-/// config kept (the reloader logs it, as it logs the sections that wait for a restart
-/// and the runtime changes the file replaced).
-fn reload_on_sighup(reloader: Reloader) {
-    // Listened for before the task is spawned, not in it: until then a SIGHUP's
-    // default action ends the process, and the task may run after serving has begun.
+/// SIGHUP, listened for from before the proxy binds (until then a SIGHUP's default
+/// action ends the process); `None` (logged) if it cannot be listened for.
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = ();
+
+fn listen_for_sighup() -> Hangups {
     #[cfg(unix)]
-    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP: reload through POST /admin/reload only");
+    {
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        if hup.is_err() {
+            tracing::warn!("cannot listen for SIGHUP: reload through POST /admin/reload only");
+        }
+        hup.ok()
+    }
+}
+
+/// Reloads the config file on every SIGHUP of `hangups` (one that came while the proxy
+/// was starting too); a bad file is logged and the running config kept (the reloader
+/// logs it, as it logs the sections that wait for a restart and the runtime changes the
+/// file replaced).
+fn reload_on_sighup(hangups: Hangups, reloader: Reloader) {
+    #[cfg(unix)]
+    let Some(mut hup) = hangups
+    else {
         return;
     };
     #[cfg(unix)]
@@ -142,7 +161,7 @@ fn reload_on_sighup(reloader: Reloader) {
         }
     });
     #[cfg(not(unix))]
-    drop(reloader);
+    let _ = (hangups, reloader);
 }
 
 pub(crate) fn run(args: ServeArgs) -> ExitCode {
@@ -173,6 +192,9 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Listened for before binding: a signal's default action would end the
+        // process meanwhile. One that comes then is acted on once serving has begun.
+        let (signals, hangups) = (ShutdownSignals::listen(), listen_for_sighup());
         let proxy = match Proxy::bind(settings.clone(), &config, args.config.clone()).await {
             Ok(p) => p,
             Err(e) => {
@@ -180,7 +202,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        reload_on_sighup(proxy.reloader().clone());
+        reload_on_sighup(hangups, proxy.reloader().clone());
         let (listen, admin) = (proxy.local_addr(), proxy.admin_addr());
         tracing::info!(
             listen = %listen.map_or_else(|e| e.to_string(), |a| a.to_string()),
@@ -199,6 +221,6 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 "the admin API listens beyond loopback without a token: changes are taken from loopback only, and anyone who reaches it can read the routes' state; set [admin] token"
             );
         }
-        serve_until_signalled(proxy).await
+        serve_until_signalled(proxy, signals).await
     })
 }

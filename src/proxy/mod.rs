@@ -637,6 +637,22 @@ impl Proxy {
         &self.reloader
     }
 
+    /// What the end of [`Proxy::run`] does to the shared store, for a shutdown cut
+    /// short before `run` gets there (`rocgate serve`'s second SIGTERM): removes this
+    /// instance from the heartbeat set, so the other instances' shares grow at once
+    /// rather than after three missed beats. Bounded in time by the store's `timeout`
+    /// (twice, if a beat is in flight); nothing to do without a shared store.
+    pub fn leaving(&self) -> impl Future<Output = ()> + Send + 'static {
+        #[cfg(feature = "redis")]
+        let store = self.store.clone();
+        async move {
+            #[cfg(feature = "redis")]
+            if let Some(store) = store {
+                store.leave().await;
+            }
+        }
+    }
+
     /// Serves until `shutdown` completes, then stops accepting and lets requests in
     /// flight finish for up to `shutdown_grace`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
