@@ -6,9 +6,13 @@
 mod traffic;
 use traffic::bursts;
 
-use rocgate::config::Config;
-use rocgate::hints::{Hint, Policy, Setting, Severity};
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, Mode};
+use rocgate::controller::{ControllerParams, ControllerState};
+use rocgate::hints::{Hint, Interval, Policy, RouteSettings, Setting, Severity, UpstreamCounts};
+use rocgate::limiter::{Algorithm, Reason};
 use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, Simulator};
+use std::time::Duration;
 
 /// The hints for one route `r` (classic parameters plus `extra`, TOML lines of the
 /// route) under a profile of `(t_seconds, rate)` points.
@@ -114,6 +118,72 @@ fn bursty_rejections_raise_the_burst() {
         Some(1000),
     );
     assert!(find(&h, "raise_burst").is_none(), "{:#?}", rules(&h));
+}
+
+/// Rejections by the local fallback limiter (a distributed route while Redis is
+/// away) are the outage's, no reason to tune the bucket or the restore: bursts of 300
+/// req/s over a base of 200, each after a quiet second, raise the burst when the
+/// bucket rejected them, and not when the fallback limiter did; a third of 150 req/s
+/// rejected while recovering asks for a faster restore when the lowered limit rejected
+/// it, and not when the fallback limiter did. Both rules took every rejection but the
+/// cut's for the limit's.
+#[test]
+fn fallback_rejections_tune_neither_burst_nor_restore() {
+    let settings = RouteSettings {
+        name: "r".to_owned(),
+        mode: Mode::Enforce,
+        algorithm: Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        },
+        params: ControllerParams::default(),
+        partitioned: false,
+        event: None,
+    };
+    // 20 seconds of (offered, rejected for `reason`), in `state`.
+    let intervals = |pattern: &dyn Fn(u64) -> (u64, u64), reason: Reason, state| {
+        (0..20u64)
+            .map(|k| {
+                let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+                let (offered, rejected) = pattern(k);
+                i.offered = offered;
+                i.rejected[reason.index()] = rejected;
+                i.in_state[usize::from(ControllerState::as_index(state))] = 1.0;
+                i.upstream = Some(UpstreamCounts {
+                    requests: offered - rejected,
+                    ..UpstreamCounts::default()
+                });
+                i
+            })
+            .collect::<Vec<Interval>>()
+    };
+    let bursts = |k: u64| -> (u64, u64) {
+        if k % 2 == 0 {
+            (100, 0)
+        } else {
+            (300, 100)
+        }
+    };
+    let recovering = |_: u64| -> (u64, u64) { (150, 50) };
+    for (pattern, state, rule) in [
+        (
+            &bursts as &dyn Fn(u64) -> (u64, u64),
+            ControllerState::Normal,
+            "raise_burst",
+        ),
+        (&recovering, ControllerState::Recovering, "faster_restore"),
+    ] {
+        let advised = |reason| {
+            let part = intervals(pattern, reason, state);
+            rocgate::hints::advise(&settings, &part, None, &Policy::default())
+        };
+        let by_limit = advised(Reason::Limit);
+        assert!(find(&by_limit, rule).is_some(), "{rule}: {by_limit:#?}");
+        let by_fallback = advised(Reason::FallbackLocal);
+        assert!(
+            find(&by_fallback, rule).is_none(),
+            "{rule}: {by_fallback:#?}"
+        );
+    }
 }
 
 #[test]

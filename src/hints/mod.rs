@@ -1125,15 +1125,17 @@ impl<'a> Evidence<'a> {
             return None;
         }
         // A bucket absorbs a burst only if it had time to fill before it: runs of
-        // intervals over 20% rejected by the base limit, each right after an interval
-        // with room (under 2% rejected for any reason). A run after a cut, or a
-        // sustained excess, empties any bucket.
+        // intervals over 20% rejected by the bucket at the base limit, each right
+        // after an interval with room (under 2% rejected for any reason). A run after
+        // a cut, or a sustained excess, empties any bucket. A rejection by the local
+        // fallback limiter (a distributed route while Redis is away) is the outage's,
+        // not the bucket's: a larger burst would not have admitted it.
         let base = self.base();
         let (mut high, mut low, mut excess) = (0usize, 0usize, 0.0f64);
         let (mut run, mut run_excess, mut room_before) = (0usize, 0.0f64, false);
         for i in self.intervals.iter().filter(|i| i.offered >= 10) {
             let offered = i.offered as f64;
-            let base_rej = i.rejected_total() - i.rejected[Reason::RocCut.index()];
+            let base_rej = i.rejected[Reason::Limit.index()];
             if base_rej as f64 > 0.20 * offered {
                 if room_before {
                     run += 1;
@@ -1384,8 +1386,9 @@ impl<'a> Evidence<'a> {
             return None;
         }
         // Rejections of demand beyond the base limit (its rate over the interval) would
-        // come at any pace of restoring: only the rest is what a faster restore can
-        // save.
+        // come at any pace of restoring, as would the local fallback limiter's (a
+        // distributed route while Redis is away): only the rest is what a faster
+        // restore can save.
         let (mut secs, mut offered, mut rejected, mut beyond) = (0.0, 0u64, 0u64, 0u64);
         for (i, h) in self.intervals.iter().zip(&self.health) {
             let t = i.time_in(ControllerState::Recovering);
@@ -1397,9 +1400,10 @@ impl<'a> Evidence<'a> {
             }
             secs += t;
             offered += i.offered;
-            rejected += i.rejected_total();
+            let refused = i.rejected_total() - i.rejected[Reason::FallbackLocal.index()];
+            rejected += refused;
             let excess = (i.offered as f64 - p.base_limit_rps * i.secs()).max(0.0);
-            beyond += (excess as u64).min(i.rejected_total());
+            beyond += (excess as u64).min(refused);
         }
         let avoidable = rejected - beyond;
         if offered == 0
