@@ -294,7 +294,12 @@ fn the_cli_reports_an_unreachable_admin_api() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+    // The cause, not only the client's "client error (Connect)".
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("cannot connect") && said.contains("Connection refused"),
+        "{said}"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
         .args(["hints", "--admin", "127.0.0.1:9090"])
         .output()

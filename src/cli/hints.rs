@@ -79,13 +79,13 @@ fn fetch(url: http::Uri) -> Result<String, String> {
             let res = client
                 .get(url)
                 .await
-                .map_err(|e| format!("cannot connect: {e}"))?;
+                .map_err(|e| format!("cannot connect: {}", with_causes(&e)))?;
             let status = res.status();
             let limited = http_body_util::Limited::new(res.into_body(), MAX_ANSWER_BYTES);
             let bytes = limited
                 .collect()
                 .await
-                .map_err(|e| format!("reading the answer: {e}"))?
+                .map_err(|e| format!("reading the answer: {}", with_causes(&*e)))?
                 .to_bytes();
             let text = String::from_utf8_lossy(&bytes).into_owned();
             if status.is_success() {
@@ -98,6 +98,18 @@ fn fetch(url: http::Uri) -> Result<String, String> {
             .await
             .map_err(|_| format!("no answer within {}", humantime::format_duration(TIMEOUT)))?
     })
+}
+
+/// `e` and its causes, each after a colon: the client's own error says only "client
+/// error (Connect)", its cause why ("tcp connect error: Connection refused").
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(&format!(": {cause}"));
+        next = cause.source();
+    }
+    text
 }
 
 fn render(report: &HintsReport) -> String {
