@@ -6,8 +6,10 @@
 //! optionally prefixed by a route (`order.danger_roc`) to change that route only;
 //! otherwise the value applies to every route of the run. Durations are in seconds.
 //! Several parameters make a grid of every combination (the first one varies slowest),
-//! at most [`MAX_RUNS`] runs. Every point is checked by the config file's own rules
-//! before anything runs. A scheduled event's profile is left as configured.
+//! at most [`MAX_RUNS`] runs. A scheduled event's profile keeps the fields its table
+//! sets and takes the others from the point, as through a runtime change. Every point
+//! is checked by the config file's own rules, events and tiers included, before
+//! anything runs.
 //!
 //! ```
 //! use rocgate::config::{Config, RouteConfig, RouteMatch};
@@ -45,7 +47,7 @@
 //! | `overload_s` | whole seconds in which more than the capacity was admitted |
 
 use super::run::{csv_field, RunSummary, SimError, SimRun, Simulator};
-use crate::config::{patch_controller, Mode, RouteConfig};
+use crate::config::{patch_controller, RouteConfig};
 use crate::limiter::Algorithm;
 use crate::window::WindowSpec;
 use std::io;
@@ -412,11 +414,26 @@ impl Sweep {
                         .filter(|(p, _)| p.route.as_ref().is_none_or(|r| *r == route.name))
                         .map(|(p, &v)| (p, v))
                         .collect();
-                    apply(route, &changes).map_err(|problem| SweepError::Invalid {
-                        point: self.describe(&values),
-                        route: route.name.clone(),
-                        problem,
-                    })?;
+                    // The point's values, its events' profiles moved onto them (each
+                    // keeps the fields it sets, as through a runtime change), then the
+                    // route whole as the file's rules see it.
+                    let file = route.controller.clone();
+                    apply(route, &changes)
+                        .and_then(|()| {
+                            for e in &mut route.events {
+                                e.controller = e.profile_on(&file, &route.controller);
+                            }
+                            crate::config::check_route(route).map_err(|problems| {
+                                let problems: Vec<String> =
+                                    problems.iter().map(ToString::to_string).collect();
+                                problems.join("; ")
+                            })
+                        })
+                        .map_err(|problem| SweepError::Invalid {
+                            point: self.describe(&values),
+                            route: route.name.clone(),
+                            problem,
+                        })?;
                 }
                 Ok((values, base.with_config(config)))
             })
@@ -555,11 +572,6 @@ fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), 
                 }
             },
             "queue" => match &mut route.algorithm {
-                Algorithm::Concurrency { .. } if route.mode == Mode::Shadow && v > 0.0 => {
-                    return Err(format!(
-                        "queue: shadow admits every request at once, so a concurrency queue would hold requests it should not; got {v}"
-                    ))
-                }
                 Algorithm::LeakyBucket { queue } | Algorithm::Concurrency { queue } => {
                     *queue = v as u32;
                 }
@@ -686,7 +698,7 @@ mod tests {
 
     #[test]
     fn a_concurrency_queue_is_refused_in_shadow_mode_as_in_the_file() {
-        use crate::config::{Config, RouteConfig, RouteMatch};
+        use crate::config::{Config, Mode, RouteConfig, RouteMatch};
         let mut route = RouteConfig::new("r", RouteMatch::any());
         route.mode = Mode::Shadow;
         route.algorithm = Algorithm::Concurrency { queue: 0 };
@@ -695,8 +707,44 @@ mod tests {
         assert_eq!(sweep("queue=0").simulators(&sim).unwrap().len(), 1);
         let e = sweep("queue=0,5").simulators(&sim).unwrap_err().to_string();
         assert!(
-            e.starts_with("at queue=5: route `r`: queue: shadow admits"),
+            e.starts_with("at queue=5: route `r`: mode: shadow admits"),
             "{e}"
+        );
+    }
+
+    /// A point reaches the fields a route's event leaves as the route's, and is held
+    /// to the file's rules with the events beside it: a base limit under the cut limit
+    /// an event sets is refused before anything runs, naming the point. The event kept
+    /// the file's base limit whatever the point, and a point its cut limit refused was
+    /// taken, the run failing on the engine's check with no word of the point.
+    #[test]
+    fn a_point_the_routes_events_refuse_is_refused_before_anything_runs() {
+        use crate::config::Config;
+        let text = "[[routes]]\nname = \"sale\"\npath_prefix = \"/\"\n\n\
+                    [[routes.events]]\nname = \"flash\"\n\
+                    start = \"1970-01-01T00:00:10Z\"\nduration = \"20s\"\ncut_limit = 150\n";
+        let config = Config::from_toml_str(text, "sale.toml").unwrap();
+        let sim = Simulator::new(config, None).unwrap();
+        let sweep = |spec: &str| Sweep::new(vec![spec.parse().unwrap()]).unwrap();
+        // The event keeps its cut limit and takes the point's base limit, which it
+        // leaves as the route's (it kept the file's 200).
+        let sims = sweep("base_limit=150,300").simulators(&sim).unwrap();
+        let during: Vec<(f64, f64)> = sims
+            .iter()
+            .map(|(_, s)| {
+                let c = &s.config().routes[0].events[0].controller;
+                (c.base_limit_rps, c.cut_limit_rps)
+            })
+            .collect();
+        assert_eq!(during, [(150.0, 150.0), (300.0, 150.0)]);
+        let e = sweep("base_limit=300,100")
+            .simulators(&sim)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "at base_limit=100: route `sale`: events[0].cut_limit: must be ≤ base_limit \
+             (100), got 150"
         );
     }
 
