@@ -1465,6 +1465,86 @@ fn store_section() {
         "store.cluster_nodes[0]",
         "database 0 only",
     );
+    // URLs the Redis client cannot read when serve starts (it would not start), or
+    // reads as a Redis no connection reaches (a port of 0, a negative database):
+    // refused by check-config. They were taken.
+    for (url, says) in [
+        (
+            "redis://127.0.0.1:notaport",
+            "port must be a number from 1 to 65535",
+        ),
+        (
+            "redis://127.0.0.1:99999",
+            "port must be a number from 1 to 65535",
+        ),
+        (
+            "redis://127.0.0.1:0",
+            "port must be a number from 1 to 65535",
+        ),
+        ("redis://:6379", "names no host"),
+        ("redis://user:pw@", "names no host"),
+        ("redis://[::1:6379", "must end with ]"),
+        ("redis://cache :6379", "must not contain spaces"),
+        (
+            "redis://cache:6379/abc",
+            "the database /abc must be a whole number",
+        ),
+        (
+            "redis://cache:6379/-1",
+            "the database /-1 must be a whole number",
+        ),
+        (
+            "redis://cache:6379/0/extra",
+            "the database /0/extra must be",
+        ),
+        ("unix://run/redis.sock", "the socket's absolute path"),
+    ] {
+        refused(&redis(&format!("url = {url:?}")), "store.url", says);
+        #[cfg(feature = "redis")]
+        {
+            use redis::{ConnectionAddr, IntoConnectionInfo as _};
+            match url.into_connection_info() {
+                Err(_) => {}
+                Ok(info) => assert!(
+                    info.redis_settings().db() < 0
+                        || matches!(info.addr(), ConnectionAddr::Tcp(_, 0)),
+                    "{url}: the client reads {:?}",
+                    info.addr()
+                ),
+            }
+        }
+        refused(
+            &redis(&format!("cluster_nodes = [\"redis://a:7000\", {url:?}]")),
+            "store.cluster_nodes[1]",
+            if url.starts_with("unix") {
+                "must be a URL such as"
+            } else {
+                says
+            },
+        );
+    }
+    // What the client reads is taken: user and password, a database, IPv6, a query.
+    for url in [
+        "redis://cache.internal",
+        "redis://user:p%40ss@cache.internal:6380/3",
+        "redis://:secret@10.0.0.1:6379/0",
+        "redis://[::1]:6379",
+        "redis://[::1]",
+        "redis://cache:6379/?protocol=resp3",
+        "unix:///run/redis.sock",
+        "redis+unix:///run/redis.sock?db=2",
+    ] {
+        let text = redis(&format!("url = {url:?}"));
+        Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{url}: {e}"));
+        #[cfg(feature = "redis")]
+        {
+            use redis::IntoConnectionInfo as _;
+            let info = url
+                .into_connection_info()
+                .unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert!(info.redis_settings().db() >= 0, "{url}");
+        }
+    }
     // No TLS in the build: refused by check-config, not only when serve starts.
     refused(
         &redis("url = \"rediss://cache.internal:6380/0\""),

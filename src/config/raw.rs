@@ -2149,16 +2149,67 @@ fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<&'a str, String> {
             "rediss:// (TLS) is not supported: rocgate is built without TLS for Redis; use redis://, through a TLS tunnel (such as stunnel) if Redis requires TLS, got {url:?}"
         ));
     }
-    if schemes
+    let Some(rest) = schemes
         .iter()
-        .any(|scheme| t.len() > scheme.len() && t.starts_with(scheme))
-    {
-        Ok(t)
-    } else {
-        Err(format!(
+        .find_map(|scheme| t.strip_prefix(scheme).filter(|rest| !rest.is_empty()))
+    else {
+        return Err(format!(
             "must be a URL such as \"redis://127.0.0.1:6379\" ({}), got {url:?}",
             schemes.join(", ")
-        ))
+        ));
+    };
+    let shape = if t.starts_with("redis://") {
+        redis_authority(rest)
+    } else {
+        unix_socket(rest)
+    };
+    shape.map(|()| t).map_err(|e| format!("{e}, got {url:?}"))
+}
+
+/// What follows `redis://` (`[user[:password]@]host[:port][/db][?query]`), held to
+/// what the Redis client reads when `serve` starts: a URL it cannot read there was a
+/// config that `check-config` passed and a process that would not start, and a port
+/// of 0 or a negative database one that started and could never reach Redis.
+fn redis_authority(rest: &str) -> Result<(), String> {
+    if rest.chars().any(char::is_whitespace) {
+        return Err("must not contain spaces".into());
+    }
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let (authority, db) = rest.split_once('/').unwrap_or((rest, ""));
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        Some(v6) => {
+            let (host, after) = v6
+                .split_once(']')
+                .ok_or("an IPv6 host in brackets must end with ]")?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return Err("names no host (redis://host[:port])".into());
+    }
+    if port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
+        return Err("port must be a number from 1 to 65535".into());
+    }
+    let db = db.trim_matches('/');
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(format!(
+            "the database /{db} must be a whole number ≥ 0 (redis://host:port/0)"
+        ));
+    }
+    Ok(())
+}
+
+/// What follows `unix://` or `redis+unix://`: an absolute path to the socket.
+fn unix_socket(rest: &str) -> Result<(), String> {
+    if rest.starts_with('/') {
+        Ok(())
+    } else {
+        Err("must give the socket's absolute path (unix:///run/redis.sock)".into())
     }
 }
 
