@@ -1046,6 +1046,65 @@ fn the_old_route_leaves_the_limit_of_the_permits_it_handed_over() {
     drop(held);
 }
 
+/// A reload that rebuilds a `concurrency` route limited per header value (a new
+/// window) hands each key's permits to the same key of the new route, and the old
+/// route's runtime changes leave their limit alone: key "a", holding its 2, is refused
+/// on the new engine until one of its old permits is released; key "b" has its 2; a
+/// request without the header finds the keyless state's permit held. The new route's
+/// keys started with none, and "a" had 4 in flight on a limit of 2.
+#[test]
+fn a_reload_that_rebuilds_a_keyed_concurrency_route_hands_each_keys_permits_over() {
+    let keyed = |window_s: u64| {
+        let mut cfg = in_flight("ws", 2.0, 0);
+        cfg.partition = Partition::Header("x-key".into(), KeyLimits::default());
+        cfg.window =
+            WindowSpec::new(Duration::from_secs(window_s), Duration::from_millis(100)).unwrap();
+        cfg
+    };
+    let e = engine(vec![keyed(6)]);
+    let old = e.route_id("ws").unwrap();
+    let take = |e: &Engine, id: RouteId, key: Key<'_>| match e.check(id, key, Nanos::ZERO) {
+        Decision::Admit(Admit::Held(permit)) => Some(Decision::Admit(Admit::Held(permit))),
+        _ => None,
+    };
+    let mut a: Vec<Decision> = (0..2)
+        .map(|_| take(&e, old, Key::Value("a")).expect("a permit"))
+        .collect();
+    let keyless = take(&e, old, Key::None).expect("a permit");
+    assert!(take(&e, old, Key::Value("a")).is_none());
+
+    let e2 = e
+        .reload(
+            &Config::new(vec![keyed(4)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id = e2.route_id("ws").unwrap();
+    assert_ne!(Some(old), e2.route_id("ws"), "rebuilt: a new state");
+    let mut params = e.route_params(old).unwrap();
+    params.base_limit_rps = 10.0;
+    e.update_route(old, params, Nanos::ZERO).unwrap();
+    assert!(
+        take(&e2, id, Key::Value("a")).is_none(),
+        "a's two old permits count under the new route's limit of 2"
+    );
+    assert!(
+        take(&e, old, Key::Value("a")).is_none(),
+        "the old route's change leaves the limit to the new route"
+    );
+    let b: Vec<Decision> = (0..2)
+        .map(|_| take(&e2, id, Key::Value("b")).expect("b's permits"))
+        .collect();
+    let keyless2 = take(&e2, id, Key::None).expect("the keyless state's second permit");
+    assert!(take(&e2, id, Key::None).is_none());
+    a.pop();
+    let again = take(&e2, id, Key::Value("a")).expect("the place an old permit freed");
+    assert!(take(&e2, id, Key::Value("a")).is_none());
+    drop((a, again, b, keyless, keyless2));
+    assert!(take(&e2, id, Key::Value("a")).is_some());
+}
+
 /// Permits are handed over only from `concurrency` to `concurrency`: a route that
 /// changes algorithm starts fresh, as every rate route does.
 #[test]

@@ -889,6 +889,46 @@ fn engine_a_reload_that_hands_the_permits_over_wakes_a_request_queued_before_it(
     });
 }
 
+/// [`engine_a_reload_that_hands_the_permits_over_wakes_a_request_queued_before_it`],
+/// on a route limited per header value: the permit and the queued request are key
+/// "a"'s, handed to key "a" of the new route, where a third request of "a" is queued.
+#[test]
+fn engine_a_reload_that_hands_a_keys_permits_over_wakes_a_request_queued_before_it() {
+    let keyed = |window_s: u64| {
+        let mut config = in_flight_config(window_s);
+        config.routes[0].partition = Partition::Header("x-key".into(), KeyLimits::default());
+        config
+    };
+    check(move || {
+        let a = Key::Value("a");
+        let e = Engine::new(&keyed(1), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        let Decision::Admit(Admit::Held(held)) = e.check(id, a, Nanos::ZERO) else {
+            panic!("a permit");
+        };
+        let Decision::Admit(Admit::Queued(ticket)) = e.check(id, a, Nanos::ZERO) else {
+            panic!("a queue place");
+        };
+        let release = thread::spawn(move || drop(held));
+        let next = e
+            .reload(&keyed(2), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let permit = block_on(ticket);
+        release.join().expect("the releasing thread");
+        let id = next.route_at(0).unwrap();
+        let third = next.check(id, a, Nanos::ZERO);
+        assert!(
+            matches!(third, Decision::Admit(Admit::Queued(_))),
+            "{third:?}"
+        );
+        drop((third, permit));
+        assert!(matches!(
+            next.check(id, a, Nanos::ZERO),
+            Decision::Admit(Admit::Held(_))
+        ));
+    });
+}
+
 /// A route with a token bucket per client IP: 4/s, one second's burst (4 tokens), cut
 /// to 1/s.
 fn keyed_bucket_engine() -> Engine {

@@ -116,6 +116,22 @@ impl Keys {
         with_tables!(self, t => t.tiers())
     }
 
+    /// Takes over the concurrency permits of `from`, the keys of a route that a reload
+    /// rebuilds into this one's ([`KeyTable::take_over`]); nothing unless both are
+    /// concurrency keys of one kind.
+    pub(super) fn take_over(&mut self, from: &Keys, queue: u32) {
+        match (self, from) {
+            (Keys::Concurrency(KeyTables::Ip(new)), Keys::Concurrency(KeyTables::Ip(old))) => {
+                new.take_over(old, queue)
+            }
+            (
+                Keys::Concurrency(KeyTables::Value(new)),
+                Keys::Concurrency(KeyTables::Value(old)),
+            ) => new.take_over(old, queue),
+            _ => {}
+        }
+    }
+
     /// Whether a request with `key` is decided by the shared overflow limiter: the
     /// table is full and holds no state of the key's.
     pub(super) fn overflowed(&self, key: TableKey) -> bool {
@@ -641,15 +657,49 @@ impl ConcurrencyKey {
     }
 
     /// Sets the key's limit for its tier, as the route now is (always: `true`, as
-    /// [`keep_up`] takes it).
+    /// [`keep_up`] takes it); but not once a reload has handed the route's keys over
+    /// to the route it rebuilds ([`Route::hand_over`]), whose limit it is then.
     fn take_limit(&self, r: &Route, tiers: &TierTable) -> bool {
+        if r.handed_over.load(Ordering::Relaxed) {
+            return true;
+        }
         let tier = self.limiter.key_tier();
         self.limiter.set_limit(tiers.limit(tier, tiers.progress(r)));
         true
     }
 }
 
-impl<K: Hash + Eq> KeyTable<K, ConcurrencyKey> {
+impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
+    /// Takes over the permits of `from`, the table of a route that a reload rebuilds
+    /// into this one's (same partition and tiers): each key with a permit out or a
+    /// request queued, and the shared overflow and keyless states, come in under the
+    /// same key, their permits held and requests queued counted under this table's
+    /// limits, at most `queue` waiting from now on. A key at rest is left behind: it
+    /// holds nothing a new key would not.
+    fn take_over(&mut self, from: &Self, queue: u32) {
+        let tiers = &self.tiers;
+        let carried = |old: &ConcurrencyKey| {
+            let limiter = old.limiter.handed_over(queue);
+            // Set for this route as a new key is: generation 0, at its base limit.
+            limiter.key_generation().store(0, Ordering::Relaxed);
+            limiter.set_limit(tiers.limit(limiter.key_tier(), 1.0));
+            ConcurrencyKey {
+                limiter,
+                last_seen_s: AtomicU32::new(old.last_seen_s.load(Ordering::Relaxed)),
+            }
+        };
+        self.overflow = carried(&from.overflow);
+        self.anonymous = carried(&from.anonymous);
+        let Some(old) = from.map.get() else {
+            return;
+        };
+        let map = self.map.get_or_init(DashMap::new);
+        for entry in old.iter().filter(|e| !e.limiter.is_idle()) {
+            map.insert(entry.key().clone(), carried(entry.value()));
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// [`ConcurrencyKey::wake_queued`] on every key, the shared ones too; nothing
     /// without a queue, where no request waits.
     fn wake_queued(&self, r: &Route) {

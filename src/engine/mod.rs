@@ -225,10 +225,12 @@ struct Route {
     limiter: Limiter,
     /// shadow_adaptive only: at the controller's limit, to count what a cut would reject.
     shadow: Option<Shadow>,
-    /// Set once a reload has rebuilt this route around its route-wide concurrency
-    /// permits ([`Route::hand_over`]): their limit is then the new route's to set, and
-    /// this route's controller leaves it alone. Written and read under the state lock;
-    /// `std`'s even under loom, as [`behind`](Route::behind) is.
+    /// Set once a reload has rebuilt this route around its concurrency permits, route
+    /// wide or per key ([`Route::hand_over`]): their limit is then the new route's to
+    /// set, and this route's controller and keys leave it alone. Written under the
+    /// state lock, read under it (route wide) or by a key catching up with a limit
+    /// change (a hint there: see [`Route::hand_over`]); `std`'s even under loom, as
+    /// [`behind`](Route::behind) is.
     handed_over: std::sync::atomic::AtomicBool,
     /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`]) a
     /// limit change has not reached yet: a token bucket's change that found its note
@@ -335,14 +337,15 @@ impl Engine {
     /// buckets, keys, counters) of every route whose name and structure (matcher, mode,
     /// window, algorithm, partition, tiers) are unchanged; their controller parameters
     /// and events are replaced in place, and a route whose parameters in force (its
-    /// own, or an event's running) changed takes no action for one full window. Other routes start fresh,
-    /// but for the permits of a `concurrency` route limited as a whole that stays one
-    /// (by name; its mode, window, queue or limits changed): the route rebuilt takes
-    /// them over, with the requests queued for them, and counts them under its own
-    /// limit until they are released, which frees a place in it; from then on its
-    /// limit is the new route's to set, and the old route's controller leaves it alone.
-    /// Both engines share the kept routes and the permits taken over, so requests still
-    /// in flight on the old one count in the new one.
+    /// own, or an event's running) changed takes no action for one full window. Other
+    /// routes start fresh, but for the permits of a `concurrency` route that stays one
+    /// (by name; its mode, window, queue, matcher or limits changed), limited as a
+    /// whole, or per key with the same partition and tiers: the route rebuilt takes
+    /// them over (each key's under the same key), with the requests queued for them,
+    /// and counts them under its own limit until they are released, which frees a
+    /// place in it; from then on their limit is the new route's to set, and the old
+    /// route leaves it alone. Both engines share the kept routes and the permits taken
+    /// over, so requests still in flight on the old one count in the new one.
     /// `config`'s routes are checked first, as for [`Engine::new`]: an error leaves
     /// this engine as it was.
     pub fn reload(
@@ -405,17 +408,13 @@ impl Engine {
                         Arc::clone(r)
                     }
                     None => {
-                        let permits = match (cfg.algorithm, &cfg.partition) {
-                            (Algorithm::Concurrency { queue }, Partition::Route) => self
-                                .routes
-                                .iter()
-                                .find(|e| *e.route.name == cfg.name)
-                                .and_then(|e| e.route.hand_over())
-                                .map(|permits| permits.handed_over(queue)),
-                            _ => None,
-                        };
+                        let handed = self
+                            .routes
+                            .iter()
+                            .find(|e| *e.route.name == cfg.name)
+                            .and_then(|e| e.route.hand_over(cfg));
                         let written_over = &cfg.controller;
-                        Arc::new(Route::new(&own, written_over, now, wall_now, permits))
+                        Arc::new(Route::new(&own, written_over, now, wall_now, handed))
                     }
                 }
             })
@@ -1181,24 +1180,44 @@ fn refused_by_file(route: &RouteConfig, ended: impl Fn(usize) -> bool) -> Result
     Err(ConfigError::new(&format!("route `{}`", route.name), named))
 }
 
+/// What a reload takes from a route it rebuilds, for the route built in its place
+/// ([`Route::hand_over`]): the concurrency permits held and queued for, route wide, or
+/// in the keys of a partitioned route with the new route's queue.
+enum HandedOver<'a> {
+    /// The route-wide permits, their queue already the new route's.
+    Route(Concurrency),
+    /// The keys whose permits the new route's keys take over, and its queue.
+    Keys(&'a Keys, u32),
+}
+
 impl Route {
-    /// The route `cfg` describes, fresh at `now`; or, with the route-wide concurrency
-    /// `permits` a reload took from the route this one rebuilds, around those (which
-    /// `cfg` says are its algorithm, on the route as a whole), set to its limit. Its
-    /// events' profiles were written over `written_over` (the file's parameters of a
-    /// route whose `cfg.controller` is a runtime change kept through a reload).
+    /// The route `cfg` describes, fresh at `now`; or, with the concurrency permits a
+    /// reload took from the route this one rebuilds ([`Route::hand_over`]), around
+    /// those, set to its limit. Its events' profiles were written over `written_over`
+    /// (the file's parameters of a route whose `cfg.controller` is a runtime change
+    /// kept through a reload).
     fn new(
         cfg: &RouteConfig,
         written_over: &ControllerParams,
         now: Nanos,
         wall_now: SystemTime,
-        permits: Option<Concurrency>,
+        handed: Option<HandedOver<'_>>,
     ) -> Self {
         let p = &cfg.controller;
         let enforced_limit = p.base_limit_rps;
         // shadow_adaptive enforces each key's base limit; its shadow keys follow the cut.
         let hold_base = cfg.mode == Mode::ShadowAdaptive;
-        let keys = Keys::new(cfg, now, hold_base);
+        let mut keys = Keys::new(cfg, now, hold_base);
+        let permits = match handed {
+            Some(HandedOver::Route(permits)) => Some(permits),
+            Some(HandedOver::Keys(old, queue)) => {
+                if let Some(keys) = &mut keys {
+                    keys.take_over(old, queue);
+                }
+                None
+            }
+            None => None,
+        };
         let shadow = (cfg.mode == Mode::ShadowAdaptive).then(|| {
             Keys::new(cfg, now, false).map_or_else(
                 || Shadow::Route(Limiter::new(cfg.algorithm, p.base_limit_rps, now)),
@@ -1270,17 +1289,34 @@ impl Route {
         }
     }
 
-    /// The route's concurrency permits, if it is limited as a whole by `concurrency`,
-    /// for the route a reload rebuilds it as (see [`Engine::reload`]); from then on
-    /// this route leaves their limit to that one. Taken under the state lock, so no
-    /// limit this route is setting lands after the new route's.
-    fn hand_over(&self) -> Option<&Concurrency> {
-        let (None, Limiter::Concurrency(permits)) = (&self.keys, &self.limiter) else {
+    /// The route's concurrency permits, for `cfg`, the route a reload rebuilds it as
+    /// (see [`Engine::reload`]), if both are limited by `concurrency`: as a whole, or
+    /// per key with the same partition and tiers (each key's permits go to the same
+    /// key, in the same tier). From then on this route leaves their limit to that one.
+    /// Taken under the state lock, so no route-wide limit this route is setting lands
+    /// after the new route's. A key of this route catching up with a limit change reads
+    /// [`handed_over`](Route::handed_over) without the lock: one that read it just
+    /// before may set this route's limit after the new route set its own; the key's
+    /// generation, then this route's, sends the new route's next request on the key
+    /// to set it again.
+    fn hand_over<'a>(&'a self, cfg: &RouteConfig) -> Option<HandedOver<'a>> {
+        let Algorithm::Concurrency { queue } = cfg.algorithm else {
             return None;
+        };
+        let handed = match (&self.keys, &self.limiter) {
+            (None, Limiter::Concurrency(permits)) if cfg.partition == Partition::Route => {
+                HandedOver::Route(permits.handed_over(queue))
+            }
+            (Some(keys @ Keys::Concurrency(_)), _)
+                if cfg.partition == self.partition && cfg.tiers == self.tiers =>
+            {
+                HandedOver::Keys(keys, queue)
+            }
+            _ => return None,
         };
         let _st = self.lock();
         self.handed_over.store(true, Ordering::Relaxed);
-        Some(permits)
+        Some(handed)
     }
 
     /// Whether `cfg` describes this route with the same shape of state (its matcher
