@@ -162,7 +162,6 @@ async fn a_second_sigterm_during_the_drain_exits_at_once() {
             .arg(format!("http://{up}"))
             .env("RUST_LOG", "info"),
     );
-    let pid = child.0.id().to_string();
     let (listen, log) = logged_listen(child.0.stderr.take().unwrap());
     let _stuck = tokio::spawn(get_status(listen, "/slow"));
     let waited = tokio::time::timeout(Duration::from_secs(10), async {
@@ -173,19 +172,29 @@ async fn a_second_sigterm_during_the_drain_exits_at_once() {
     .await;
     assert!(waited.is_ok(), "the request reached the upstream");
 
+    let status = sigterm_twice(&mut child.0, &log).await;
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    let line = logged(&log, &["second SIGTERM"]).expect("the second SIGTERM is logged");
+    assert!(line.contains("WARN"), "{line}");
+}
+
+/// Sends SIGTERM to `child`, waits for `log` to say the drain began, sends another,
+/// and waits (5 s at most) for its exit.
+async fn sigterm_twice(
+    child: &mut std::process::Child,
+    log: &std::sync::mpsc::Receiver<String>,
+) -> std::process::ExitStatus {
+    let pid = child.id().to_string();
     let term = || Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(term().success());
     assert!(
-        logged(&log, &["shutting down"]).is_some(),
+        logged(log, &["shutting down"]).is_some(),
         "the first SIGTERM starts the drain"
     );
     assert!(term().success());
-    let line = logged(&log, &["second SIGTERM"]).expect("the second SIGTERM is logged");
-    assert!(line.contains("WARN"), "{line}");
-    let status = exit_within(&mut child.0, Duration::from_secs(5))
+    exit_within(child, Duration::from_secs(5))
         .await
-        .expect("rocgate serve exits within 5 s of the second SIGTERM");
-    assert_eq!(status.code(), Some(1), "{status:?}");
+        .expect("rocgate serve exits within 5 s of the second SIGTERM")
 }
 
 /// A `redis-server` of the test's own on a free loopback port, killed (by PID) on drop.
@@ -261,7 +270,6 @@ async fn a_second_sigterm_leaves_the_shared_store() {
             .arg(&file)
             .env("RUST_LOG", "info"),
     );
-    let pid = child.0.id().to_string();
     let (listen, log) = logged_listen(child.0.stderr.take().unwrap());
     let _stuck = tokio::spawn(get_status(listen, "/slow"));
     let joined = tokio::time::timeout(Duration::from_secs(10), async {
@@ -275,16 +283,7 @@ async fn a_second_sigterm_leaves_the_shared_store() {
         "the request reached the upstream and the instance beat into the set"
     );
 
-    let term = || Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(term().success());
-    assert!(
-        logged(&log, &["shutting down"]).is_some(),
-        "the first SIGTERM starts the drain"
-    );
-    assert!(term().success());
-    let status = exit_within(&mut child.0, Duration::from_secs(5))
-        .await
-        .expect("rocgate serve exits within 5 s of the second SIGTERM");
+    let status = sigterm_twice(&mut child.0, &log).await;
     assert_eq!(status.code(), Some(1), "{status:?}");
     assert_eq!(redis.instances(), 0, "the instance left the heartbeat set");
 }
