@@ -638,27 +638,31 @@ async fn a_head_the_layer_rejects_has_no_body() {
 }
 
 #[tokio::test]
-async fn a_limit_under_one_per_second_states_its_quota_over_a_longer_window() {
+async fn a_limit_states_its_quota_over_the_window_that_makes_it_whole() {
     // At 0.5 req/s the policy said `q=0;w=1`: no request ever, which is not the limit.
     for (limit, policy) in [
         (0.5, r#""order";q=1;w=2"#),
-        (0.3, r#""order";q=1;w=4"#),
+        (0.3, r#""order";q=3;w=10"#),
         (0.1, r#""order";q=1;w=10"#),
-        (2.5, r#""order";q=2;w=1"#),
+        (1.0 / 3.0, r#""order";q=1;w=3"#),
+        // Over the window that makes it whole: 2.5 req/s was stated as 2 per second.
+        (2.5, r#""order";q=5;w=2"#),
+        (1.5, r#""order";q=3;w=2"#),
+        (12.34, r#""order";q=12;w=1"#),
     ] {
         let mut r = route("order", RouteMatch::exact("POST", "/api/order"), limit);
         r.controller.cut_limit_rps = limit;
         let (l, _clock) = layer(vec![r]);
         let app = app(l, Arc::new(AtomicU64::new(0)));
         let mut rejected = None;
-        for _ in 0..4 {
+        for _ in 0..20 {
             let res = app.clone().oneshot(post_order()).await.unwrap();
             if res.status() == StatusCode::TOO_MANY_REQUESTS {
                 rejected = Some(res);
                 break;
             }
         }
-        let res = rejected.expect("a rejection within 4 requests");
+        let res = rejected.expect("a rejection within 20 requests");
         assert_eq!(res.headers()["ratelimit-policy"], policy, "{limit}");
     }
 }

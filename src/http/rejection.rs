@@ -19,7 +19,8 @@
 //! all return in the same second. `RateLimit-Policy` and `RateLimit` follow the IETF
 //! draft (draft-ietf-httpapi-ratelimit-headers): the quota `q` is the limit the request
 //! was refused at (the route's in force, or its key's tier's) per `w = 1` second, or
-//! under 1 req/s one request per `w` seconds (0.5 req/s is `q=1;w=2`), and for the
+//! over a window in which it is a whole number of requests (0.5 req/s is `q=1;w=2`,
+//! 2.5 req/s `q=5;w=2`), and for the
 //! `concurrency` algorithm requests in flight (`q=10;qu="concurrent-requests"`); `r` is the
 //! remaining quota (0) and `t` the seconds to wait. The body's `retry_after_ms` is the
 //! wait in milliseconds, rounded up.
@@ -159,20 +160,37 @@ fn millis_up(wait: Duration) -> u64 {
 }
 
 /// The quota and window (whole seconds) that `RateLimit-Policy` states for a limit
-/// on `route`: the limit per second, or under 1 req/s the requests it admits over the
-/// whole seconds one takes (0.5 req/s is 1 per 2 s, 0.3 req/s 1 per 4 s), never a
-/// quota of 0 for a limit above it. For the `concurrency` algorithm, requests in
-/// flight, with no window (0).
+/// on `route`: over the shortest window of up to [`EXACT_WINDOW_S`] seconds in which
+/// the limit admits a whole number of requests (2.5 req/s is 5 per 2 s, 0.3 req/s 3
+/// per 10 s); a limit with none, per second, rounded down (12.34 req/s is 12 per
+/// 1 s), or under 1 req/s the requests it admits over the whole seconds one takes (1/3
+/// req/s is 1 per 3 s), never a quota of 0 for a limit above it. For the
+/// `concurrency` algorithm, requests in flight, with no window (0).
 fn policy(engine: &Engine, route: RouteId, limit_rps: f64) -> (u64, u64) {
     if matches!(engine.algorithm(route), Some(Algorithm::Concurrency { .. })) {
         return (limit_rps.floor() as u64, 0);
     }
-    if limit_rps >= 1.0 || limit_rps.is_nan() || limit_rps <= 0.0 {
+    if limit_rps.is_nan() || limit_rps <= 0.0 {
+        return (0, 1);
+    }
+    let exact = (1..=EXACT_WINDOW_S).find_map(|w| {
+        let quota = limit_rps * w as f64;
+        let whole = quota.round();
+        ((quota - whole).abs() <= 1e-9 * whole && whole >= 1.0).then_some((whole as u64, w))
+    });
+    if let Some(policy) = exact {
+        return policy;
+    }
+    if limit_rps >= 1.0 {
         return (limit_rps.floor() as u64, 1);
     }
     let window = (1.0 / limit_rps).ceil();
     ((limit_rps * window).floor().max(1.0) as u64, window as u64)
 }
+
+/// The longest window `RateLimit-Policy` states a limit over to make its quota a
+/// whole number of requests ([`policy`]), seconds.
+const EXACT_WINDOW_S: u64 = 10;
 
 /// The `RateLimit-Policy` value of route `name` with this quota and window ([`policy`]):
 /// a quota of requests in flight is in the draft's unit `concurrent-requests`.
