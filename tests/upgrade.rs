@@ -421,6 +421,71 @@ async fn a_reload_that_rebuilds_the_route_keeps_counting_the_open_tunnels() {
     assert_eq!(fifth.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
+/// The same, per client: on a route limited to 2 tunnels per `x-client`, a reload that
+/// rebuilds it (a new window) hands each client's open tunnels to the same client of
+/// the new route: client "a", with its 2 open, is refused a third, and client "b" opens
+/// its 2. The new route's clients started at 0, and "a" opened 2 more, 4 on a limit of
+/// 2.
+#[tokio::test]
+async fn a_reload_that_rebuilds_a_per_client_route_keeps_counting_each_clients_tunnels() {
+    let (upstream_addr, upstream) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    let config = |extra: &str| {
+        format!(
+            "[[routes]]\nname = \"ws\"\npath_prefix = \"/ws\"\nalgorithm = \"concurrency\"\n\
+             partition = \"header:x-client\"\nbase_limit = 2\ncut_limit = 2\n{extra}"
+        )
+    };
+    std::fs::write(&file, config("")).unwrap();
+    let proxy = start_proxy_from(settings(upstream_addr), &file).await;
+    let client = |name: &'static str| [("x-client", name)];
+    let mut tunnels = Vec::new();
+    for _ in 0..2 {
+        let mut ws = open(proxy.addr, "/ws", &client("a"))
+            .await
+            .expect("the handshake");
+        assert_eq!(next_text(&mut ws).await, "welcome");
+        tunnels.push(ws);
+    }
+    let third = refused(open(proxy.addr, "/ws", &client("a")).await);
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    std::fs::write(&file, config("window = \"4s\"\n")).unwrap();
+    let serial = proxy.snapshot("ws").serial;
+    proxy.reloader.reload_async().await.expect("the reload");
+    assert_ne!(proxy.snapshot("ws").serial, serial, "the route is rebuilt");
+    let third = refused(open(proxy.addr, "/ws", &client("a")).await);
+    assert_eq!(
+        third.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a's open tunnels count on the new route"
+    );
+    for _ in 0..2 {
+        let mut ws = open(proxy.addr, "/ws", &client("b"))
+            .await
+            .expect("b's handshake");
+        assert_eq!(next_text(&mut ws).await, "welcome");
+        tunnels.push(ws);
+    }
+    assert_eq!(upstream.count("/ws"), 4);
+
+    let mut closing = tunnels.remove(0);
+    within("close", closing.close(None)).await.unwrap();
+    let mut again = None;
+    for _ in 0..100 {
+        if let Ok(ws) = open(proxy.addr, "/ws", &client("a")).await {
+            again = Some(ws);
+            break;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    let mut again = again.expect("a handshake of a in the place its closed tunnel freed");
+    assert_eq!(next_text(&mut again).await, "welcome");
+    let fourth = refused(open(proxy.addr, "/ws", &client("a")).await);
+    assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
 /// An open tunnel holds its place under `max_upstream_requests` (it holds an upstream
 /// connection): with the cap at 1, any other request is answered 503
 /// `upstream_overflow` until the tunnel closes.
