@@ -195,11 +195,30 @@ loom::lazy_static! {
     });
 }
 
-#[cfg(test)]
 std::thread_local! {
-    /// Set by [`with_the_note_held`]: the note this thread's buckets all take.
-    static TEST_NOTE: std::cell::Cell<Option<&'static Note>> =
+    /// The note this thread's buckets all take, once set ([`notes_of_this_thread`];
+    /// the unit tests' `with_the_note_held`).
+    static THREAD_NOTE: std::cell::Cell<Option<&'static Note>> =
         const { std::cell::Cell::new(None) };
+}
+
+/// From now on every bucket changed or decided on this thread takes a note of this
+/// thread's own, instead of the one its address picks among the notes all threads
+/// share. For a simulation, whose buckets are all changed and decided on the one
+/// thread it runs on: a change of one of its buckets then never finds the note held
+/// by a change of another thread's bucket (another simulation's, run at once), which
+/// would put the change off to the bucket's next decision and make the run's result
+/// depend on what else the process was doing. Buckets that other threads decide
+/// must not be changed or decided on this thread. The note is leaked, once per
+/// thread (32 bytes).
+pub(crate) fn notes_of_this_thread() {
+    if THREAD_NOTE.get().is_none() {
+        THREAD_NOTE.set(Some(Box::leak(Box::new(Note {
+            held: AtomicU32::new(0),
+            capacity: AtomicU32::new(0),
+            emission_ns: AtomicU64::new(0),
+        }))));
+    }
 }
 
 /// Unit tests only: runs `during` on this thread while a change of another bucket
@@ -211,19 +230,13 @@ std::thread_local! {
 /// meanwhile: it is leaked, once per test thread (16 bytes).
 #[cfg(test)]
 pub(crate) fn with_the_note_held(during: impl FnOnce()) {
-    let note: &'static Note = TEST_NOTE.get().unwrap_or_else(|| {
-        Box::leak(Box::new(Note {
-            held: AtomicU32::new(0),
-            capacity: AtomicU32::new(0),
-            emission_ns: AtomicU64::new(0),
-        }))
-    });
-    TEST_NOTE.set(Some(note));
+    notes_of_this_thread();
+    let note = THREAD_NOTE.get();
     let other = super::TokenBucket::new(1.0, Duration::from_secs(1), Nanos::ZERO);
     let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
     std::thread::scope(|s| {
         s.spawn(|| {
-            TEST_NOTE.set(Some(note));
+            THREAD_NOTE.set(note);
             other
                 .words()
                 .set_midway(params(2.0, other.burst_ms), Nanos::ZERO, || {
@@ -247,8 +260,7 @@ impl Note {
     /// The note of the bucket whose TAT word is `tat`, by its address (which does
     /// not change while a change or a decision borrows the bucket).
     fn of(tat: &AtomicU64) -> &'static Note {
-        #[cfg(test)]
-        if let Some(note) = TEST_NOTE.get() {
+        if let Some(note) = THREAD_NOTE.get() {
             return note;
         }
         let addr = std::ptr::from_ref(tat) as usize as u64;

@@ -285,6 +285,10 @@ impl Simulator {
             plans.push((route, slot_ns, slots));
         }
 
+        // Every decision and change of this run's buckets is made on this thread:
+        // their notes are its own, so that another run at once (a sweep's, a test's)
+        // cannot put a limit change off and change the result.
+        crate::limiter::gcra::notes_of_this_thread();
         let transitions = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&transitions);
         let names: Vec<String> = self
