@@ -1051,4 +1051,71 @@ mod tests {
             Some(StatusCode::UNAUTHORIZED)
         );
     }
+
+    /// A `PUT` of the values in force (`{}`, or a field set to its value) changes
+    /// nothing and is not logged as a change, nor remembered as one; a `PUT` that
+    /// changes a value is. Each used to be logged "route parameters changed at
+    /// runtime".
+    #[tokio::test]
+    async fn a_put_of_the_values_in_force_is_not_logged_as_a_change() {
+        let state = state().await;
+        let log = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let logged = |body: &str| {
+            let kept = Arc::clone(&log);
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(move || Written(Arc::clone(&kept)))
+                .with_ansi(false)
+                .finish();
+            let answer = tracing::subscriber::with_default(subscriber, || {
+                state.reloader.update_route("order", body)
+            });
+            let base = answer.map(|snap| snap.base_limit_rps).unwrap();
+            let line = String::from_utf8(std::mem::take(&mut *log.lock().unwrap())).unwrap();
+            (base, line)
+        };
+        let base = state
+            .reloader
+            .engine()
+            .route_params(route_id(&state))
+            .unwrap();
+        let base = base.base_limit_rps;
+        for same in ["{}".to_owned(), format!(r#"{{"base_limit": {base}}}"#)] {
+            let (limit, line) = logged(&same);
+            assert_eq!(limit, base, "{same}");
+            assert!(
+                line.contains("route parameters unchanged"),
+                "{same}: {line}"
+            );
+            assert!(!state.reloader.has_runtime_change("order"), "{same}");
+        }
+        let (limit, line) = logged(r#"{"base_limit": 300}"#);
+        assert_eq!(limit, 300.0);
+        assert!(
+            line.contains("route parameters changed at runtime"),
+            "{line}"
+        );
+        assert!(state.reloader.has_runtime_change("order"));
+        let (_, line) = logged(r#"{"base_limit": 300}"#);
+        assert!(line.contains("route parameters unchanged"), "{line}");
+        assert!(state.reloader.has_runtime_change("order"));
+    }
+
+    /// The one route of [`state`]'s engine.
+    fn route_id(state: &AdminState) -> crate::engine::RouteId {
+        state.reloader.engine().route_id("order").unwrap()
+    }
+
+    /// A log writer into a buffer the test reads.
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Written {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 }

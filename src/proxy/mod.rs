@@ -333,6 +333,12 @@ impl Reloader {
         let id = engine.route_id(name).ok_or_else(no_such_route)?;
         let (params, file) = params(&engine, id, changed_at_runtime.get(name))?;
         let now = self.clock.now();
+        if engine.route_params(id).as_ref() == Some(&params) {
+            // Nothing to change (a `PUT` of the values in force, `{}`): not a change
+            // to log, nor to remember as one.
+            tracing::info!(route = %name, "route parameters unchanged: the values given are those in force");
+            return engine.route_snapshot(id, now).ok_or_else(no_such_route);
+        }
         let in_force = params != file;
         engine
             .update_route(id, params, now)
