@@ -196,28 +196,46 @@ loom::lazy_static! {
 }
 
 std::thread_local! {
-    /// The note this thread's buckets all take, once set ([`notes_of_this_thread`];
-    /// the unit tests' `with_the_note_held`).
+    /// The note this thread's buckets all take while it is set
+    /// ([`notes_of_this_thread`]; the unit tests' `with_the_note_held`).
     static THREAD_NOTE: std::cell::Cell<Option<&'static Note>> =
         const { std::cell::Cell::new(None) };
+    /// This thread's own note, made the first time it takes one: leaked, once per
+    /// thread (32 bytes), so that [`THREAD_NOTE`] may lend it for `'static`.
+    static OWN_NOTE: &'static Note = Box::leak(Box::new(Note {
+        held: AtomicU32::new(0),
+        capacity: AtomicU32::new(0),
+        emission_ns: AtomicU64::new(0),
+    }));
 }
 
-/// From now on every bucket changed or decided on this thread takes a note of this
-/// thread's own, instead of the one its address picks among the notes all threads
-/// share. For a simulation, whose buckets are all changed and decided on the one
-/// thread it runs on: a change of one of its buckets then never finds the note held
-/// by a change of another thread's bucket (another simulation's, run at once), which
-/// would put the change off to the bucket's next decision and make the run's result
-/// depend on what else the process was doing. Buckets that other threads decide
-/// must not be changed or decided on this thread. The note is leaked, once per
-/// thread (32 bytes).
-pub(crate) fn notes_of_this_thread() {
-    if THREAD_NOTE.get().is_none() {
-        THREAD_NOTE.set(Some(Box::leak(Box::new(Note {
-            held: AtomicU32::new(0),
-            capacity: AtomicU32::new(0),
-            emission_ns: AtomicU64::new(0),
-        }))));
+/// Until the guard returned is dropped, every bucket changed or decided on this
+/// thread takes a note of this thread's own, instead of the one its address picks
+/// among the notes all threads share. For a simulation, whose buckets are all changed
+/// and decided on the one thread it runs on: a change of one of its buckets then never
+/// finds the note held by a change of another thread's bucket (another simulation's,
+/// run at once), which would put the change off to the bucket's next decision and make
+/// the run's result depend on what else the process was doing. Buckets that other
+/// threads decide must not be changed or decided on this thread meanwhile (their
+/// changes would not exclude each other); once the guard is dropped, they may be
+/// again: a thread of a pool that ran a simulation goes back to the shared notes.
+pub(crate) fn notes_of_this_thread() -> NotesOfThisThread {
+    let before = THREAD_NOTE.get();
+    THREAD_NOTE.set(Some(OWN_NOTE.with(|own| *own)));
+    NotesOfThisThread { before }
+}
+
+/// While alive, this thread's buckets take its own note ([`notes_of_this_thread`]);
+/// dropped, they take the note they took before.
+#[must_use = "the thread takes its own note only while the guard lives"]
+pub(crate) struct NotesOfThisThread {
+    /// The thread's note before the guard was made.
+    before: Option<&'static Note>,
+}
+
+impl Drop for NotesOfThisThread {
+    fn drop(&mut self) {
+        THREAD_NOTE.set(self.before);
     }
 }
 
@@ -227,19 +245,34 @@ pub(crate) fn notes_of_this_thread() {
 /// as every bucket takes the one note under loom, so that `during` meets the held
 /// change whatever bucket it changes (decisions on those buckets must stay on
 /// this thread). The note is no other test's, so tests run at once cannot take it
-/// meanwhile: it is leaked, once per test thread (16 bytes).
+/// meanwhile ([`OWN_NOTE`]).
 #[cfg(test)]
 pub(crate) fn with_the_note_held(during: impl FnOnce()) {
-    notes_of_this_thread();
-    let note = THREAD_NOTE.get();
+    let note = Some(OWN_NOTE.with(|own| *own));
+    THREAD_NOTE.set(note);
     let other = super::TokenBucket::new(1.0, Duration::from_secs(1), Nanos::ZERO);
+    held_beside(&other, note, during);
+}
+
+/// Unit tests only: runs `during` on this thread while a change of `bucket` is held
+/// half-way on a thread of its own, which takes the note the bucket's address picks
+/// among those all threads share.
+#[cfg(test)]
+pub(crate) fn with_a_change_held(bucket: &super::TokenBucket, during: impl FnOnce()) {
+    held_beside(bucket, None, during);
+}
+
+/// Runs `during` while a change of `bucket` is held half-way on a thread of its own,
+/// which takes `note` (`None`: the shared note of the bucket's address).
+#[cfg(test)]
+fn held_beside(bucket: &super::TokenBucket, note: Option<&'static Note>, during: impl FnOnce()) {
     let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
     std::thread::scope(|s| {
         s.spawn(|| {
             THREAD_NOTE.set(note);
-            other
+            bucket
                 .words()
-                .set_midway(params(2.0, other.burst_ms), Nanos::ZERO, || {
+                .set_midway(params(2.0, bucket.burst_ms), Nanos::ZERO, || {
                     held.wait();
                     release.wait();
                 });

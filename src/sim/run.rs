@@ -287,8 +287,10 @@ impl Simulator {
 
         // Every decision and change of this run's buckets is made on this thread:
         // their notes are its own, so that another run at once (a sweep's, a test's)
-        // cannot put a limit change off and change the result.
-        crate::limiter::gcra::notes_of_this_thread();
+        // cannot put a limit change off and change the result; until the run ends
+        // (the guard outlives the engine), when the thread's buckets take the shared
+        // notes again.
+        let _own_notes = crate::limiter::gcra::notes_of_this_thread();
         let transitions = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&transitions);
         let names: Vec<String> = self
@@ -1051,6 +1053,25 @@ fn mode_name<S: Serializer>(mode: &Mode, s: S) -> Result<S::Ok, S::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread that ran a simulation takes the notes all threads share again: its
+    /// change of a bucket that another thread is changing waits for that change (a
+    /// thread of a pool that ran a what-if and then changes a live route's limit).
+    /// The run's note used to stay the thread's, and the change went ahead beside the
+    /// other, two changes of one bucket at once.
+    #[test]
+    fn a_thread_that_ran_a_simulation_takes_the_shared_notes_again() {
+        let route = crate::config::RouteConfig::new("r", crate::config::RouteMatch::any());
+        let sim = Simulator::new(Config::new(vec![route]), None).unwrap();
+        let profile = super::super::Scenario::FlashSale.profile();
+        sim.run_profile(&profile, ArrivalModel::Uniform).unwrap();
+        let live = crate::limiter::TokenBucket::new(100.0, Duration::from_secs(1), Nanos::ZERO);
+        let mut beside = None;
+        crate::limiter::gcra::with_a_change_held(&live, || {
+            beside = Some(live.try_set_limit(50.0, Nanos::ZERO));
+        });
+        assert_eq!(beside, Some(false), "changed beside the held change");
+    }
 
     #[test]
     fn too_many_arrivals_reads_as_a_count_at_any_size() {
