@@ -943,17 +943,20 @@ fn a_reload_that_rebuilds_a_concurrency_route_counts_the_permits_still_held() {
     drop((held, fourth));
 }
 
+/// Counts the wakes of a queued request's waker.
+#[derive(Default)]
+struct Wakes(AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// A request queued on the rebuilt route takes the place an old permit frees, and
 /// the release wakes it; a queue the reload lowered keeps who already waits.
 #[test]
 fn a_permit_released_after_a_reload_wakes_a_request_queued_on_the_new_route() {
-    #[derive(Default)]
-    struct Wakes(AtomicUsize);
-    impl std::task::Wake for Wakes {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
     let e = engine(vec![in_flight("ws", 2.0, 0)]);
     let old = e.route_id("ws").unwrap();
     let mut held = hold(&e, old, 2, Nanos::ZERO);
@@ -1103,6 +1106,53 @@ fn a_reload_that_rebuilds_a_keyed_concurrency_route_hands_each_keys_permits_over
     assert!(take(&e2, id, Key::Value("a")).is_none());
     drop((a, again, b, keyless, keyless2));
     assert!(take(&e2, id, Key::Value("a")).is_some());
+}
+
+/// A key handed over takes the new route's limit changes, whatever the old route does
+/// on it afterwards: a request on the old engine (one that found it just before the
+/// swap) used to write the old route's generation on the key's shared permits, and
+/// where that equalled the new route's, the new route took the key as caught up with
+/// its change. Here both routes are at their second generation; the new route's base
+/// went from 2 to 10, and "a", holding 2, was refused on it.
+#[test]
+fn a_key_handed_over_takes_the_new_routes_change_after_a_request_on_the_old_engine() {
+    let keyed = |window_s: u64| {
+        let mut cfg = in_flight("ws", 2.0, 0);
+        cfg.partition = Partition::Header("x-key".into(), KeyLimits::default());
+        cfg.window =
+            WindowSpec::new(Duration::from_secs(window_s), Duration::from_millis(100)).unwrap();
+        cfg
+    };
+    let e = engine(vec![keyed(6)]);
+    let old = e.route_id("ws").unwrap();
+    let held: Vec<Decision> = (0..2)
+        .map(|_| e.check(old, Key::Value("a"), Nanos::ZERO))
+        .collect();
+    assert!(held
+        .iter()
+        .all(|d| matches!(d, Decision::Admit(Admit::Held(_)))));
+    let e2 = e
+        .reload(
+            &Config::new(vec![keyed(4)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id = e2.route_id("ws").unwrap();
+    for (engine, route) in [(&e, old), (&e2, id)] {
+        let mut params = engine.route_params(route).unwrap();
+        params.base_limit_rps = 10.0;
+        engine.update_route(route, params, Nanos::ZERO).unwrap();
+    }
+    assert!(
+        !e.check(old, Key::Value("a"), Nanos::ZERO).is_admit(),
+        "the old route leaves the key's limit to the new route: still 2"
+    );
+    assert!(
+        e2.check(id, Key::Value("a"), Nanos::ZERO).is_admit(),
+        "a third permit, under the new route's base of 10"
+    );
+    drop(held);
 }
 
 /// Permits are handed over only from `concurrency` to `concurrency`: a route that
@@ -1373,13 +1423,6 @@ fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
     // Keys catch up with a limit change on their next request; a key's queued
     // requests waited for a permit back, or for another request on the key, however
     // far the limit had been raised (a restore step, a runtime change).
-    #[derive(Default)]
-    struct Wakes(AtomicUsize);
-    impl std::task::Wake for Wakes {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
     let e = engine(vec![one_in_flight_per_ip(2)]);
     let id = e.route_at(0).unwrap();
     let held = e.check(id, ip(1), Nanos::ZERO);
@@ -1395,6 +1438,44 @@ fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
     let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 2.0;
     e.update_route(id, params, Nanos::from_millis(1)).unwrap();
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        1,
+        "the queued request is woken"
+    );
+    assert!(poll().is_ready(), "and takes the second permit");
+    drop(held);
+}
+
+/// A request queued on a key before a reload took the route's queue away (queue 1,
+/// then 0) is woken when the new route raises the limit: it waited for a permit
+/// back, the new table's keys being walked for their queued requests only where it
+/// has a queue.
+#[test]
+fn a_raised_limit_lets_in_a_request_queued_on_a_key_before_a_reload_took_the_queue_away() {
+    let e = engine(vec![one_in_flight_per_ip(1)]);
+    let old = e.route_at(0).unwrap();
+    let held = e.check(old, ip(1), Nanos::ZERO);
+    assert!(matches!(held, Decision::Admit(Admit::Held(_))));
+    let Decision::Admit(Admit::Queued(mut ticket)) = e.check(old, ip(1), Nanos::ZERO) else {
+        panic!("the second request waits");
+    };
+    let e2 = e
+        .reload(
+            &Config::new(vec![one_in_flight_per_ip(0)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id = e2.route_at(0).unwrap();
+    let wakes = Arc::new(Wakes::default());
+    let waker = std::task::Waker::from(Arc::clone(&wakes));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut poll = || std::future::Future::poll(std::pin::Pin::new(&mut ticket), &mut cx);
+    assert!(poll().is_pending());
+    let mut params = e2.route_params(id).unwrap();
+    params.base_limit_rps = 2.0;
+    e2.update_route(id, params, Nanos::from_millis(1)).unwrap();
     assert_eq!(
         wakes.0.load(Ordering::SeqCst),
         1,

@@ -618,9 +618,7 @@ impl KeyState for ConcurrencyKey {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
-        keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
-            self.take_limit(r, tiers)
-        });
+        self.catch_up(r, tiers);
         touch(&self.last_seen_s, now);
         let decision = self.limiter.check();
         // Queued: a limit change may have looked for this key's waiters (`wake_queued`)
@@ -630,9 +628,7 @@ impl KeyState for ConcurrencyKey {
         // at least one of them sees the other and the key takes the new limit, which
         // wakes as many as it lets in.
         if matches!(decision, Decision::Admit(Admit::Queued(_))) {
-            keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
-                self.take_limit(r, tiers)
-            });
+            self.catch_up(r, tiers);
         }
         decision
     }
@@ -650,15 +646,28 @@ impl ConcurrencyKey {
     /// request queued meanwhile).
     fn wake_queued(&self, r: &Route, tiers: &TierTable) {
         if self.limiter.has_waiters() {
-            keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
-                self.take_limit(r, tiers)
-            });
+            self.catch_up(r, tiers);
         }
+    }
+
+    /// [`keep_up`] with the route's limit changes; nothing once a reload has handed
+    /// the route's keys over to the route it rebuilds ([`Route::hand_over`]): the
+    /// key's limit is that route's then, and so is the generation kept beside the
+    /// permits, which this route's would overwrite (a generation the new route also
+    /// reaches would then read as its change taken).
+    #[inline]
+    fn catch_up(&self, r: &Route, tiers: &TierTable) {
+        if r.handed_over.load(Ordering::Relaxed) {
+            return;
+        }
+        keep_up(self.limiter.key_generation(), r, Ordering::SeqCst, || {
+            self.take_limit(r, tiers)
+        });
     }
 
     /// Sets the key's limit for its tier, as the route now is (always: `true`, as
     /// [`keep_up`] takes it); but not once a reload has handed the route's keys over
-    /// to the route it rebuilds ([`Route::hand_over`]), whose limit it is then.
+    /// (a key that [`catch_up`](Self::catch_up) found not handed over just before).
     fn take_limit(&self, r: &Route, tiers: &TierTable) -> bool {
         if r.handed_over.load(Ordering::Relaxed) {
             return true;
@@ -678,7 +687,9 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
     /// holds nothing a new key would not.
     fn take_over(&mut self, from: &Self, queue: u32) {
         let tiers = &self.tiers;
-        let carried = |old: &ConcurrencyKey| {
+        let mut waiters = false;
+        let mut carried = |old: &ConcurrencyKey| {
+            waiters |= old.limiter.has_waiters();
             let limiter = old.limiter.handed_over(queue);
             // Set for this route as a new key is: generation 0, at its base limit.
             limiter.key_generation().store(0, Ordering::Relaxed);
@@ -690,20 +701,20 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
         };
         self.overflow = carried(&from.overflow);
         self.anonymous = carried(&from.anonymous);
-        let Some(old) = from.map.get() else {
-            return;
-        };
-        let map = self.map.get_or_init(DashMap::new);
-        for entry in old.iter().filter(|e| !e.limiter.is_idle()) {
-            map.insert(entry.key().clone(), carried(entry.value()));
-            self.len.fetch_add(1, Ordering::Relaxed);
+        if let Some(old) = from.map.get() {
+            let map = self.map.get_or_init(DashMap::new);
+            for entry in old.iter().filter(|e| !e.limiter.is_idle()) {
+                map.insert(entry.key().clone(), carried(entry.value()));
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
         }
+        self.carried_waiters = waiters;
     }
 
     /// [`ConcurrencyKey::wake_queued`] on every key, the shared ones too; nothing
-    /// without a queue, where no request waits.
+    /// without a queue, where no request waits (but those a reload carried in).
     fn wake_queued(&self, r: &Route) {
-        if self.tiers.shape == 0 {
+        if self.tiers.shape == 0 && !self.carried_waiters {
             return;
         }
         self.overflow.wake_queued(r, &self.tiers);
@@ -733,6 +744,10 @@ pub(super) struct KeyTable<K, E> {
     overflow: E,
     /// Shared by requests that carry no key.
     anonymous: E,
+    /// A reload handed this table requests queued under a route that had a queue,
+    /// where this one has none ([`KeyTable::take_over`]): a limit raised must still
+    /// wake them ([`KeyTable::wake_queued`]).
+    carried_waiters: bool,
 }
 
 impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
@@ -759,6 +774,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             overflow: E::new(&tiers, 0, 1.0, 0, now),
             anonymous: E::new(&tiers, 0, 1.0, 0, now),
             tiers,
+            carried_waiters: false,
         }
     }
 

@@ -1294,11 +1294,13 @@ impl Route {
     /// per key with the same partition and tiers (each key's permits go to the same
     /// key, in the same tier). From then on this route leaves their limit to that one.
     /// Taken under the state lock, so no route-wide limit this route is setting lands
-    /// after the new route's. A key of this route catching up with a limit change reads
-    /// [`handed_over`](Route::handed_over) without the lock: one that read it just
-    /// before may set this route's limit after the new route set its own; the key's
-    /// generation, then this route's, sends the new route's next request on the key
-    /// to set it again.
+    /// after the new route's. A key of this route reads
+    /// [`handed_over`](Route::handed_over) without the lock before it catches up with
+    /// a limit change, and leaves the key alone once it is set. One that read it just
+    /// before may set this route's limit after the new route set its own, with this
+    /// route's generation: the new route's next request on the key sets it again,
+    /// unless the new route's generation is then the same number (until its next
+    /// change).
     fn hand_over<'a>(&'a self, cfg: &RouteConfig) -> Option<HandedOver<'a>> {
         let Algorithm::Concurrency { queue } = cfg.algorithm else {
             return None;
