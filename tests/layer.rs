@@ -12,6 +12,7 @@ use rocgate::config::{ClientIpHeader, Config, KeyLimits, Partition, RouteConfig,
 use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key};
 use rocgate::http::{AdmissionLayer, PeerAddr, RouteKey, SharedEngine, UPKEEP_EVERY};
+use rocgate::limiter::Algorithm;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -685,6 +686,38 @@ async fn quota_stated(app: &Router, key: Option<&str>) -> String {
         }
     }
     panic!("no rejection in 1000 requests");
+}
+
+/// A window algorithm's policy states what its windows admit: `limit × window`,
+/// rounded down, per window (or per whole seconds of whole windows). At 2.5 req/s in
+/// windows of 1 s it said `q=5;w=2`, where the windows admit 2 a second, 4 in 2 s.
+#[tokio::test]
+async fn a_window_routes_policy_states_what_its_windows_admit() {
+    let ms = Duration::from_millis;
+    let fixed = |window| Algorithm::FixedWindow { window };
+    let sliding = |window| Algorithm::SlidingWindow { window };
+    for (algorithm, limit, policy) in [
+        (fixed(ms(1000)), 2.5, r#""order";q=2;w=1"#),
+        (sliding(ms(1000)), 2.5, r#""order";q=2;w=1"#),
+        (fixed(ms(10_000)), 20.0, r#""order";q=200;w=10"#),
+        // 2 per 500 ms.
+        (sliding(ms(500)), 5.0, r#""order";q=4;w=1"#),
+        // 3 per 300 ms: 30 in 3 s, the first whole seconds of whole windows.
+        (fixed(ms(300)), 10.0, r#""order";q=30;w=3"#),
+        // 3 per 333 ms, no whole seconds of whole windows up to 10 s: 9.009 req/s.
+        (fixed(ms(333)), 10.0, r#""order";q=9;w=1"#),
+    ] {
+        let mut r = route("order", RouteMatch::exact("POST", "/api/order"), limit);
+        r.controller.cut_limit_rps = limit;
+        r.algorithm = algorithm;
+        let (l, _clock) = layer(vec![r]);
+        let app = app(l, Arc::new(AtomicU64::new(0)));
+        assert_eq!(
+            quota_stated(&app, None).await,
+            policy,
+            "{algorithm:?} {limit}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -20,7 +20,8 @@
 //! draft (draft-ietf-httpapi-ratelimit-headers): the quota `q` is the limit the request
 //! was refused at (the route's in force, or its key's tier's) per `w = 1` second, or
 //! over a window in which it is a whole number of requests (0.5 req/s is `q=1;w=2`,
-//! 2.5 req/s `q=5;w=2`), and for the
+//! 2.5 req/s `q=5;w=2`); for the window algorithms what a window admits, over it
+//! (`q=2;w=1` at 2.5 req/s in windows of 1 s), and for the
 //! `concurrency` algorithm requests in flight (`q=10;qu="concurrent-requests"`); `r` is the
 //! remaining quota (0) and `t` the seconds to wait. The body's `retry_after_ms` is the
 //! wait in milliseconds, rounded up.
@@ -67,7 +68,7 @@
 //! ```
 
 use crate::engine::{Engine, RouteId};
-use crate::limiter::{Algorithm, Reason, Rejection};
+use crate::limiter::{words, Algorithm, Reason, Rejection};
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
@@ -165,11 +166,39 @@ fn millis_up(wait: Duration) -> u64 {
 /// per 10 s); a limit with none, per second, rounded down (12.34 req/s is 12 per
 /// 1 s), or under 1 req/s the requests it admits over the whole seconds one takes (1/3
 /// req/s is 1 per 3 s), never a quota of 0 for a limit above it. For the
-/// `concurrency` algorithm, requests in flight, with no window (0).
+/// `concurrency` algorithm, requests in flight, with no window (0). For the window
+/// algorithms, the whole requests their window admits ([`window_policy`]).
 fn policy(engine: &Engine, route: RouteId, limit_rps: f64) -> (u64, u64) {
-    if matches!(engine.algorithm(route), Some(Algorithm::Concurrency { .. })) {
-        return (limit_rps.floor() as u64, 0);
+    match engine.algorithm(route) {
+        Some(Algorithm::Concurrency { .. }) => (limit_rps.floor() as u64, 0),
+        Some(Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window }) => {
+            window_policy(limit_rps, *window)
+        }
+        _ => rate_policy(limit_rps),
     }
+}
+
+/// [`policy`] for a fixed or sliding window of length `window` at `limit_rps`: the
+/// quota the window admits (`limit × window`, rounded down: 2 at 2.5 req/s in windows
+/// of 1 s, which admit no more) over the window, if it is whole seconds, or over the
+/// shortest span of whole seconds, up to [`EXACT_WINDOW_S`], that is whole windows (4
+/// per 1 s in windows of 500 ms admitting 2); else the rate the windows admit, as
+/// [`rate_policy`] states it.
+fn window_policy(limit_rps: f64, window: Duration) -> (u64, u64) {
+    let kept_ms = words::window_ms(window);
+    let quota = words::quota(limit_rps, words::window_ns(kept_ms)) as u64;
+    let window_ms = u64::from(kept_ms);
+    if window_ms % 1000 == 0 {
+        return (quota, window_ms / 1000);
+    }
+    let whole = (1..=EXACT_WINDOW_S)
+        .find(|w| (w * 1000) % window_ms == 0)
+        .map(|w| (quota.saturating_mul(w * 1000 / window_ms), w));
+    whole.unwrap_or_else(|| rate_policy(quota as f64 * 1000.0 / window_ms as f64))
+}
+
+/// [`policy`] for a rate of `limit_rps`.
+fn rate_policy(limit_rps: f64) -> (u64, u64) {
     if limit_rps.is_nan() || limit_rps <= 0.0 {
         return (0, 1);
     }
