@@ -1484,7 +1484,13 @@ fn store_section() {
         ("redis://:6379", "names no host"),
         ("redis://user:pw@", "names no host"),
         ("redis://[::1:6379", "must end with ]"),
-        ("redis://cache :6379", "must not contain spaces"),
+        ("redis://[::1]6379", "followed by :port or nothing"),
+        ("redis://::1:6379", "an IPv6 host must be in brackets"),
+        ("redis://cache:+6379", "port must be a number from 1 to 65535"),
+        ("redis://0.0.0.0:6379", "0.0.0.0 is a wildcard address"),
+        ("redis://[::]:6379", ":: is a wildcard address"),
+        ("redis://cache:6379/?protocol=bogus", "protocol=bogus is no protocol"),
+        ("redis://cache :6379", "the host must not contain spaces"),
         (
             "redis://cache:6379/abc",
             "the database /abc must be a whole number",
@@ -1533,6 +1539,12 @@ fn store_section() {
         "redis://cache:6379/?protocol=resp3",
         "unix:///run/redis.sock",
         "redis+unix:///run/redis.sock?db=2",
+        // Refused before: a space in the password (the client reads it encoded), an
+        // empty port (the default), a socket on `localhost`, a scheme in capitals.
+        "redis://:my pass@cache:6379",
+        "redis://cache:",
+        "unix://localhost/run/redis.sock",
+        "REDIS://cache:6379",
     ] {
         let text = redis(&format!("url = {url:?}"));
         Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -1545,6 +1557,9 @@ fn store_section() {
             assert!(info.redis_settings().db() >= 0, "{url}");
         }
     }
+    // A query on a cluster node is no database (it was read as "/?protocol=resp3").
+    let text = redis("cluster_nodes = [\"redis://a:7000/?protocol=resp3\"]");
+    Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{e}"));
     // No TLS in the build: refused by check-config, not only when serve starts.
     refused(
         &redis("url = \"rediss://cache.internal:6380/0\""),

@@ -2139,31 +2139,44 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     out
 }
 
-/// A Redis URL with one of `schemes`, trimmed. `rediss://` (TLS) is refused by name:
-/// rocgate is built without TLS for Redis, and would otherwise pass a config check and
-/// fail only when `rocgate serve` starts.
+/// A Redis URL with one of `schemes` (in any case, as the Redis client reads them),
+/// trimmed. `rediss://` (TLS) is refused by name: rocgate is built without TLS for
+/// Redis, and would otherwise pass a config check and fail only when `rocgate serve`
+/// starts.
 fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<&'a str, String> {
     let t = url.trim();
-    if t.starts_with("rediss://") {
+    let scheme = t
+        .split_once("://")
+        .map(|(scheme, _)| scheme.to_ascii_lowercase());
+    if scheme.as_deref() == Some("rediss") {
         return Err(format!(
             "rediss:// (TLS) is not supported: rocgate is built without TLS for Redis; use redis://, through a TLS tunnel (such as stunnel) if Redis requires TLS, got {url:?}"
         ));
     }
-    let Some(rest) = schemes
-        .iter()
-        .find_map(|scheme| t.strip_prefix(scheme).filter(|rest| !rest.is_empty()))
-    else {
+    let known = scheme.filter(|scheme| {
+        schemes
+            .iter()
+            .any(|s| s.strip_suffix("://") == Some(scheme.as_str()))
+    });
+    let rest = known
+        .as_ref()
+        .and_then(|scheme| t.get(scheme.len() + 3..))
+        .filter(|rest| !rest.is_empty());
+    let (Some(scheme), Some(rest)) = (known.as_deref(), rest) else {
         return Err(format!(
             "must be a URL such as \"redis://127.0.0.1:6379\" ({}), got {url:?}",
             schemes.join(", ")
         ));
     };
-    let shape = if t.starts_with("redis://") {
+    let shape = if scheme == "redis" {
         redis_authority(rest)
     } else {
         unix_socket(rest)
     };
-    shape.map(|()| t).map_err(|e| format!("{e}, got {url:?}"))
+    shape
+        .and_then(|()| protocol(rest))
+        .map(|()| t)
+        .map_err(|e| format!("{e}, got {url:?}"))
 }
 
 /// What follows `redis://` (`[user[:password]@]host[:port][/db][?query]`), held to
@@ -2171,20 +2184,27 @@ fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<&'a str, String> {
 /// config that `check-config` passed and a process that would not start, and a port
 /// of 0 or a negative database one that started and could never reach Redis.
 fn redis_authority(rest: &str) -> Result<(), String> {
-    if rest.chars().any(char::is_whitespace) {
-        return Err("must not contain spaces".into());
-    }
     let rest = rest.split(['?', '#']).next().unwrap_or_default();
     let (authority, db) = rest.split_once('/').unwrap_or((rest, ""));
+    // The user and password may hold anything (the client reads them percent-encoded).
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host_port.chars().any(char::is_whitespace) {
+        return Err("the host must not contain spaces".into());
+    }
     let (host, port) = match host_port.strip_prefix('[') {
         Some(v6) => {
             let (host, after) = v6
                 .split_once(']')
                 .ok_or("an IPv6 host in brackets must end with ]")?;
+            if !after.is_empty() && !after.starts_with(':') {
+                return Err("an IPv6 host's ] must be followed by :port or nothing".into());
+            }
             (host, after.strip_prefix(':'))
         }
         None => match host_port.rsplit_once(':') {
+            Some((host, _)) if host.contains(':') => {
+                return Err("an IPv6 host must be in brackets (redis://[::1]:6379)".into())
+            }
             Some((host, port)) => (host, Some(port)),
             None => (host_port, None),
         },
@@ -2192,7 +2212,20 @@ fn redis_authority(rest: &str) -> Result<(), String> {
     if host.is_empty() {
         return Err("names no host (redis://host[:port])".into());
     }
-    if port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
+    let wildcard = host
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified());
+    if wildcard {
+        return Err(format!(
+            "{host} is a wildcard address, which no connection reaches: name the Redis host"
+        ));
+    }
+    // An empty port is the default one (6379), as the client reads it.
+    let port_ok = |p: &str| {
+        p.is_empty()
+            || (p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok_and(|p| p > 0))
+    };
+    if port.is_some_and(|p| !port_ok(p)) {
         return Err("port must be a number from 1 to 65535".into());
     }
     let db = db.trim_matches('/');
@@ -2204,18 +2237,40 @@ fn redis_authority(rest: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// What follows `unix://` or `redis+unix://`: an absolute path to the socket.
+/// What follows `unix://` or `redis+unix://`: an absolute path to the socket, on this
+/// host (`localhost` may name it).
 fn unix_socket(rest: &str) -> Result<(), String> {
-    if rest.starts_with('/') {
+    if rest.starts_with('/') || rest.starts_with("localhost/") {
         Ok(())
     } else {
         Err("must give the socket's absolute path (unix:///run/redis.sock)".into())
     }
 }
 
+/// A URL's `protocol` query parameter, if any (the last, as the Redis client reads
+/// it): one the client knows (`2`, `resp2`, `3`, `resp3`).
+fn protocol(rest: &str) -> Result<(), String> {
+    let query = rest.split('#').next().unwrap_or_default();
+    let Some((_, query)) = query.split_once('?') else {
+        return Ok(());
+    };
+    let given = query
+        .rsplit('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(name, _)| *name == "protocol")
+        .map(|(_, value)| value);
+    match given {
+        None | Some("2" | "resp2" | "3" | "resp3") => Ok(()),
+        Some(other) => Err(format!(
+            "protocol={other} is no protocol the Redis client knows (resp2 or resp3)"
+        )),
+    }
+}
+
 /// A cluster node's URL: a Redis Cluster has database 0 only.
 fn cluster_node(url: &str) -> Result<&str, String> {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
     match rest.split_once('/') {
         None | Some((_, "" | "0")) => Ok(url),
         Some((_, db)) => Err(format!(
