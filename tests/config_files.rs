@@ -1486,10 +1486,16 @@ fn store_section() {
         ("redis://[::1:6379", "must end with ]"),
         ("redis://[::1]6379", "followed by :port or nothing"),
         ("redis://::1:6379", "an IPv6 host must be in brackets"),
-        ("redis://cache:+6379", "port must be a number from 1 to 65535"),
+        (
+            "redis://cache:+6379",
+            "port must be a number from 1 to 65535",
+        ),
         ("redis://0.0.0.0:6379", "0.0.0.0 is a wildcard address"),
         ("redis://[::]:6379", ":: is a wildcard address"),
-        ("redis://cache:6379/?protocol=bogus", "protocol=bogus is no protocol"),
+        (
+            "redis://cache:6379/?protocol=bogus",
+            "protocol=bogus is no protocol",
+        ),
         ("redis://cache :6379", "the host must not contain spaces"),
         (
             "redis://cache:6379/abc",

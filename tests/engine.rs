@@ -2306,6 +2306,34 @@ fn a_change_pauses_the_controller_only_if_it_changes_the_parameters_in_force() {
     }
 }
 
+/// A reload of the same file just as an event starts, before any request has put the
+/// event in force, changes nothing in force: the controller is not paused, and a spike
+/// right after is cut. The parameters in force were read from the controller, still on
+/// the route's own, so the event's were taken for a change and the spike went uncut.
+#[test]
+fn a_reload_of_the_same_file_as_an_event_starts_does_not_pause_the_controller() {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    let mut during = ControllerParams::default();
+    during.base_limit_rps = 400.0;
+    cfg.events = vec![Event::new(
+        "flash",
+        SystemTime::UNIX_EPOCH + Duration::from_secs(12),
+        Duration::from_secs(100),
+        during,
+    )];
+    let config = Config::new(vec![cfg]);
+    let e = engine(config.routes.clone());
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, Key::None, 0.0, 12.0, 40.0);
+    let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(12);
+    let e2 = e.reload(&config, Nanos::from_secs(12), wall).unwrap();
+    assert_eq!(e2.route_at(0), Some(id), "kept");
+    offer(&e2, id, Key::None, 12.0, 13.0, 600.0);
+    let s = e2.route_snapshot(id, Nanos::from_secs(13)).unwrap();
+    assert_eq!(s.state, ControllerState::Cut);
+    assert_eq!(s.base_limit_rps, 400.0, "the event's");
+}
+
 /// An event read from a file keeps every field its table sets through a runtime
 /// change, a field set to the route's own value too: `base_limit = 200` on a route of
 /// base 200 stays 200 when the route's base is changed to 300, while `min_rps`, which

@@ -1345,7 +1345,12 @@ impl Route {
     ) {
         let mut st = self.lock();
         let st = &mut *st;
-        let before = st.controller.params().clone();
+        // What is in force now: the profile due, which no request may have put in the
+        // controller yet (an event that has just started or ended).
+        let before = match st.events.iter().find(|e| e.start <= now && now < e.end) {
+            Some(e) => e.params.clone(),
+            None => st.own.clone(),
+        };
         if let Some((events, written_over)) = events {
             st.events = events
                 .iter()
