@@ -2253,6 +2253,16 @@ fn an_event_that_has_ended_refuses_no_change() {
         .unwrap_or_else(|e| panic!("{e}"));
     let s = e.route_snapshot(id, Nanos::from_secs(20)).unwrap();
     assert_eq!((s.active_event, s.base_limit_rps), (None, 100.0));
+    // A wall clock stepped back into the event does not bring it back: its cut of 150
+    // above the base of 100 was put in force.
+    let back = SystemTime::UNIX_EPOCH + Duration::from_secs(5);
+    e.align_events(Nanos::from_secs(21), back);
+    e.catch_up(id, Nanos::from_secs(21));
+    let s = e.route_snapshot(id, Nanos::from_secs(21)).unwrap();
+    assert_eq!(
+        (s.active_event, s.base_limit_rps, s.cut_limit_rps),
+        (None, 100.0, 50.0)
+    );
 
     let e = engine(vec![sale.clone()]);
     let (next, refused) = e

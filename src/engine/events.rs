@@ -41,8 +41,13 @@ impl ScheduledEvent {
     }
 
     /// Places the event again, where `now` is `wall_now`; one that has ended is
-    /// never due again.
+    /// never due again, even if the wall clock is stepped back into it (a runtime
+    /// change may have been made beside it since, as beside an event that has ended:
+    /// a cut limit of its own above the route's base, say).
     pub(super) fn align(&mut self, now: Nanos, wall_now: SystemTime) {
+        if self.end <= now {
+            return;
+        }
         let (start, duration) = self.wall;
         (self.start, self.end) = span(start, duration, now, wall_now).unwrap_or_default();
     }
@@ -72,6 +77,16 @@ fn span(
 }
 
 impl RouteState {
+    /// The controller parameters due at `at`: those of the scheduled event running
+    /// then, or else the route's own (in force once a request or an upkeep has put
+    /// them there: see [`follow_events`]).
+    pub(super) fn params_due(&self, at: Nanos) -> &ControllerParams {
+        self.events
+            .iter()
+            .find(|e| e.start <= at && at < e.end)
+            .map_or(&self.own, |e| &e.params)
+    }
+
     /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,
     /// where the controller is in `Normal` and no transition can follow.
     pub(super) fn follow_events(&mut self, at: Nanos) {

@@ -553,13 +553,7 @@ impl Engine {
     /// then, or else the route's own. (A shared store steps its controller with these.)
     /// `None` if this engine does not hold `route` (see [`RouteId`]).
     pub fn params_at(&self, route: RouteId, now: Nanos) -> Option<ControllerParams> {
-        let st = self.route(route)?.lock();
-        Some(
-            st.events
-                .iter()
-                .find(|e| e.start <= now && now < e.end)
-                .map_or_else(|| st.own.clone(), |e| e.params.clone()),
-        )
+        Some(self.route(route)?.lock().params_due(now).clone())
     }
 
     /// Places every route's scheduled events again from the wall clock, where `now` is
@@ -1347,10 +1341,7 @@ impl Route {
         let st = &mut *st;
         // What is in force now: the profile due, which no request may have put in the
         // controller yet (an event that has just started or ended).
-        let before = match st.events.iter().find(|e| e.start <= now && now < e.end) {
-            Some(e) => e.params.clone(),
-            None => st.own.clone(),
-        };
+        let before = st.params_due(now).clone();
         if let Some((events, written_over)) = events {
             st.events = events
                 .iter()
