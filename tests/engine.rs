@@ -2278,6 +2278,33 @@ fn an_event_that_has_ended_refuses_no_change() {
     assert_eq!(next.route_params(id), Some(lower));
 }
 
+/// A runtime change refused for an event's sake names the event where the file has
+/// it: an event that had ended when the route was built was dropped, and the one after
+/// it was named `events[0]`.
+#[test]
+fn a_change_refused_for_an_event_names_it_where_the_file_has_it() {
+    let mut sale = RouteConfig::new("sale", RouteMatch::any());
+    let (mut early, mut flash) = (ControllerParams::default(), ControllerParams::default());
+    early.base_limit_rps = 300.0;
+    flash.cut_limit_rps = 150.0;
+    let at = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    sale.events = vec![
+        Event::new("gone", at(0), Duration::from_secs(1), early),
+        Event::new("flash", at(1), Duration::from_secs(10), flash),
+    ];
+    let e = Engine::new(&Config::new(vec![sale]), Nanos::ZERO, at(2)).unwrap();
+    let id = e.route_at(0).unwrap();
+    let mut lower = e.route_params(id).unwrap();
+    lower.base_limit_rps = 100.0;
+    lower.cut_limit_rps = 50.0;
+    let refused = e
+        .update_route(id, lower, Nanos::from_secs(1))
+        .expect_err("the running event's cut limit is above the base")
+        .to_string();
+    assert!(refused.contains("events[1].cut_limit"), "{refused}");
+    assert!(refused.ends_with("(event \"flash\")"), "{refused}");
+}
+
 /// A runtime change pauses the controller for a window only if it changes the
 /// parameters in force: during an event that sets the base limit, a change of the base
 /// limit (in force when the event ends) leaves the route able to cut a spike at once,

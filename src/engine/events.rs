@@ -14,23 +14,25 @@ impl ScheduledEvent {
     /// profile moved onto the route's own parameters in force, `own` (a runtime change
     /// kept through a reload; [`Event::profile_on`]). Both ends are placed from
     /// wall time, so an event that began before `now` keeps its real end (the clock
-    /// cannot go below its origin); one that has already ended is dropped.
+    /// cannot go below its origin); one that has already ended is placed at 0 for no
+    /// time, never due, and kept so that the route's events stay where the file has
+    /// them (`events[1]` in a message is the file's second).
     pub(super) fn place(
         e: &Event,
         written_over: &ControllerParams,
         own: &ControllerParams,
         now: Nanos,
         wall_now: SystemTime,
-    ) -> Option<Self> {
-        let (start, end) = span(e.start, e.duration, now, wall_now)?;
-        Some(ScheduledEvent {
+    ) -> Self {
+        let (start, end) = span(e.start, e.duration, now, wall_now).unwrap_or_default();
+        ScheduledEvent {
             name: e.name.clone(),
             start,
             end,
             params: e.profile_on(written_over, own),
             configured: (e.clone(), written_over.clone()),
             wall: (e.start, e.duration),
-        })
+        }
     }
 
     /// The event's profile as configured, moved onto the route's own parameters `own`

@@ -1221,7 +1221,7 @@ impl Route {
         let events = cfg
             .events
             .iter()
-            .filter_map(|e| ScheduledEvent::place(e, written_over, p, now, wall_now))
+            .map(|e| ScheduledEvent::place(e, written_over, p, now, wall_now))
             .collect();
         let route = Route {
             name: cfg.name.as_str().into(),
@@ -1345,7 +1345,7 @@ impl Route {
         if let Some((events, written_over)) = events {
             st.events = events
                 .iter()
-                .filter_map(|e| ScheduledEvent::place(e, written_over, params, now, wall_now))
+                .map(|e| ScheduledEvent::place(e, written_over, params, now, wall_now))
                 .collect();
         } else {
             // A runtime change: the events' profiles follow it where they leave the
