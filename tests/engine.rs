@@ -1049,6 +1049,16 @@ fn the_old_route_leaves_the_limit_of_the_permits_it_handed_over() {
     drop(held);
 }
 
+/// A `concurrency` route "ws" of 2 in flight per `x-key` value, with no queue, over a
+/// window of `window_s` seconds (another window rebuilds it on a reload).
+fn keyed_in_flight(window_s: u64) -> RouteConfig {
+    let mut cfg = in_flight("ws", 2.0, 0);
+    cfg.partition = Partition::Header("x-key".into(), KeyLimits::default());
+    cfg.window =
+        WindowSpec::new(Duration::from_secs(window_s), Duration::from_millis(100)).unwrap();
+    cfg
+}
+
 /// A reload that rebuilds a `concurrency` route limited per header value (a new
 /// window) hands each key's permits to the same key of the new route, and the old
 /// route's runtime changes leave their limit alone: key "a", holding its 2, is refused
@@ -1057,14 +1067,7 @@ fn the_old_route_leaves_the_limit_of_the_permits_it_handed_over() {
 /// keys started with none, and "a" had 4 in flight on a limit of 2.
 #[test]
 fn a_reload_that_rebuilds_a_keyed_concurrency_route_hands_each_keys_permits_over() {
-    let keyed = |window_s: u64| {
-        let mut cfg = in_flight("ws", 2.0, 0);
-        cfg.partition = Partition::Header("x-key".into(), KeyLimits::default());
-        cfg.window =
-            WindowSpec::new(Duration::from_secs(window_s), Duration::from_millis(100)).unwrap();
-        cfg
-    };
-    let e = engine(vec![keyed(6)]);
+    let e = engine(vec![keyed_in_flight(6)]);
     let old = e.route_id("ws").unwrap();
     let take = |e: &Engine, id: RouteId, key: Key<'_>| match e.check(id, key, Nanos::ZERO) {
         Decision::Admit(Admit::Held(permit)) => Some(Decision::Admit(Admit::Held(permit))),
@@ -1078,7 +1081,7 @@ fn a_reload_that_rebuilds_a_keyed_concurrency_route_hands_each_keys_permits_over
 
     let e2 = e
         .reload(
-            &Config::new(vec![keyed(4)]),
+            &Config::new(vec![keyed_in_flight(4)]),
             Nanos::ZERO,
             SystemTime::UNIX_EPOCH,
         )
@@ -1108,6 +1111,34 @@ fn a_reload_that_rebuilds_a_keyed_concurrency_route_hands_each_keys_permits_over
     assert!(take(&e2, id, Key::Value("a")).is_some());
 }
 
+/// A key at rest when a reload hands a keyed concurrency route over comes too: a
+/// request deciding on the old engine as the new one is put in force takes a permit
+/// the new route counts. The key was left behind, and "a" had 3 in flight on a limit
+/// of 2.
+#[test]
+fn a_key_at_rest_is_handed_over_too() {
+    let e = engine(vec![keyed_in_flight(6)]);
+    let old = e.route_id("ws").unwrap();
+    drop(e.check(old, Key::Value("a"), Nanos::ZERO));
+    let e2 = e
+        .reload(
+            &Config::new(vec![keyed_in_flight(4)]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id = e2.route_id("ws").unwrap();
+    let late = e.check(old, Key::Value("a"), Nanos::ZERO);
+    assert!(matches!(late, Decision::Admit(Admit::Held(_))));
+    let now = e2.check(id, Key::Value("a"), Nanos::ZERO);
+    assert!(matches!(now, Decision::Admit(Admit::Held(_))));
+    assert!(
+        !e2.check(id, Key::Value("a"), Nanos::ZERO).is_admit(),
+        "the late request's permit counts"
+    );
+    drop((late, now));
+}
+
 /// A key handed over takes the new route's limit changes, whatever the old route does
 /// on it afterwards: a request on the old engine (one that found it just before the
 /// swap) used to write the old route's generation on the key's shared permits, and
@@ -1116,14 +1147,7 @@ fn a_reload_that_rebuilds_a_keyed_concurrency_route_hands_each_keys_permits_over
 /// went from 2 to 10, and "a", holding 2, was refused on it.
 #[test]
 fn a_key_handed_over_takes_the_new_routes_change_after_a_request_on_the_old_engine() {
-    let keyed = |window_s: u64| {
-        let mut cfg = in_flight("ws", 2.0, 0);
-        cfg.partition = Partition::Header("x-key".into(), KeyLimits::default());
-        cfg.window =
-            WindowSpec::new(Duration::from_secs(window_s), Duration::from_millis(100)).unwrap();
-        cfg
-    };
-    let e = engine(vec![keyed(6)]);
+    let e = engine(vec![keyed_in_flight(6)]);
     let old = e.route_id("ws").unwrap();
     let held: Vec<Decision> = (0..2)
         .map(|_| e.check(old, Key::Value("a"), Nanos::ZERO))
@@ -1133,7 +1157,7 @@ fn a_key_handed_over_takes_the_new_routes_change_after_a_request_on_the_old_engi
         .all(|d| matches!(d, Decision::Admit(Admit::Held(_)))));
     let e2 = e
         .reload(
-            &Config::new(vec![keyed(4)]),
+            &Config::new(vec![keyed_in_flight(4)]),
             Nanos::ZERO,
             SystemTime::UNIX_EPOCH,
         )

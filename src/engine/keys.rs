@@ -683,8 +683,9 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
     /// into this one's (same partition and tiers): each key with a permit out or a
     /// request queued, and the shared overflow and keyless states, come in under the
     /// same key, their permits held and requests queued counted under this table's
-    /// limits, at most `queue` waiting from now on. A key at rest is left behind: it
-    /// holds nothing a new key would not.
+    /// limits, at most `queue` waiting from now on. A key at rest comes too: a request
+    /// deciding on the old engine as the new one is put in force may still take a
+    /// permit of it, which the new route then counts.
     fn take_over(&mut self, from: &Self, queue: u32) {
         let tiers = &self.tiers;
         let mut waiters = false;
@@ -703,7 +704,7 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
         self.anonymous = carried(&from.anonymous);
         if let Some(old) = from.map.get() {
             let map = self.map.get_or_init(DashMap::new);
-            for entry in old.iter().filter(|e| !e.limiter.is_idle()) {
+            for entry in old.iter() {
                 map.insert(entry.key().clone(), carried(entry.value()));
                 self.len.fetch_add(1, Ordering::Relaxed);
             }
