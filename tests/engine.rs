@@ -1059,6 +1059,17 @@ fn keyed_in_flight(window_s: u64) -> RouteConfig {
     cfg
 }
 
+/// `e`, holding [`keyed_in_flight`] over 6 s, reloaded with it over 4 s (the route
+/// rebuilt), and the route's id there.
+fn rebuilt_keyed(e: &Engine) -> (Engine, RouteId) {
+    let config = Config::new(vec![keyed_in_flight(4)]);
+    let e2 = e
+        .reload(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id = e2.route_id("ws").unwrap();
+    (e2, id)
+}
+
 /// A reload that rebuilds a `concurrency` route limited per header value (a new
 /// window) hands each key's permits to the same key of the new route, and the old
 /// route's runtime changes leave their limit alone: key "a", holding its 2, is refused
@@ -1079,14 +1090,7 @@ fn a_reload_that_rebuilds_a_keyed_concurrency_route_hands_each_keys_permits_over
     let keyless = take(&e, old, Key::None).expect("a permit");
     assert!(take(&e, old, Key::Value("a")).is_none());
 
-    let e2 = e
-        .reload(
-            &Config::new(vec![keyed_in_flight(4)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    let id = e2.route_id("ws").unwrap();
+    let (e2, id) = rebuilt_keyed(&e);
     assert_ne!(Some(old), e2.route_id("ws"), "rebuilt: a new state");
     let mut params = e.route_params(old).unwrap();
     params.base_limit_rps = 10.0;
@@ -1120,14 +1124,7 @@ fn a_key_at_rest_is_handed_over_too() {
     let e = engine(vec![keyed_in_flight(6)]);
     let old = e.route_id("ws").unwrap();
     drop(e.check(old, Key::Value("a"), Nanos::ZERO));
-    let e2 = e
-        .reload(
-            &Config::new(vec![keyed_in_flight(4)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    let id = e2.route_id("ws").unwrap();
+    let (e2, id) = rebuilt_keyed(&e);
     let late = e.check(old, Key::Value("a"), Nanos::ZERO);
     assert!(matches!(late, Decision::Admit(Admit::Held(_))));
     let now = e2.check(id, Key::Value("a"), Nanos::ZERO);
@@ -1155,14 +1152,7 @@ fn a_key_handed_over_takes_the_new_routes_change_after_a_request_on_the_old_engi
     assert!(held
         .iter()
         .all(|d| matches!(d, Decision::Admit(Admit::Held(_)))));
-    let e2 = e
-        .reload(
-            &Config::new(vec![keyed_in_flight(4)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    let id = e2.route_id("ws").unwrap();
+    let (e2, id) = rebuilt_keyed(&e);
     for (engine, route) in [(&e, old), (&e2, id)] {
         let mut params = engine.route_params(route).unwrap();
         params.base_limit_rps = 10.0;
@@ -1447,28 +1437,7 @@ fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
     // Keys catch up with a limit change on their next request; a key's queued
     // requests waited for a permit back, or for another request on the key, however
     // far the limit had been raised (a restore step, a runtime change).
-    let e = engine(vec![one_in_flight_per_ip(2)]);
-    let id = e.route_at(0).unwrap();
-    let held = e.check(id, ip(1), Nanos::ZERO);
-    assert!(matches!(held, Decision::Admit(Admit::Held(_))));
-    let Decision::Admit(Admit::Queued(mut ticket)) = e.check(id, ip(1), Nanos::ZERO) else {
-        panic!("the second request waits");
-    };
-    let wakes = Arc::new(Wakes::default());
-    let waker = std::task::Waker::from(Arc::clone(&wakes));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut poll = || std::future::Future::poll(std::pin::Pin::new(&mut ticket), &mut cx);
-    assert!(poll().is_pending());
-    let mut params = e.route_params(id).unwrap();
-    params.base_limit_rps = 2.0;
-    e.update_route(id, params, Nanos::from_millis(1)).unwrap();
-    assert_eq!(
-        wakes.0.load(Ordering::SeqCst),
-        1,
-        "the queued request is woken"
-    );
-    assert!(poll().is_ready(), "and takes the second permit");
-    drop(held);
+    a_raised_limit_wakes_a_request_queued_on_a_key(2, None);
 }
 
 /// A request queued on a key before a reload took the route's queue away (queue 1,
@@ -1477,29 +1446,38 @@ fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
 /// has a queue.
 #[test]
 fn a_raised_limit_lets_in_a_request_queued_on_a_key_before_a_reload_took_the_queue_away() {
-    let e = engine(vec![one_in_flight_per_ip(1)]);
-    let old = e.route_at(0).unwrap();
-    let held = e.check(old, ip(1), Nanos::ZERO);
+    a_raised_limit_wakes_a_request_queued_on_a_key(1, Some(0));
+}
+
+/// A request queued on a key of one in flight with `queue`, on the route as built or
+/// after a reload to `queue_after` (a rebuilt route), is woken when the limit is
+/// raised to 2, and takes the second permit.
+fn a_raised_limit_wakes_a_request_queued_on_a_key(queue: u32, queue_after: Option<u32>) {
+    let e = engine(vec![one_in_flight_per_ip(queue)]);
+    let id = e.route_at(0).unwrap();
+    let held = e.check(id, ip(1), Nanos::ZERO);
     assert!(matches!(held, Decision::Admit(Admit::Held(_))));
-    let Decision::Admit(Admit::Queued(mut ticket)) = e.check(old, ip(1), Nanos::ZERO) else {
+    let Decision::Admit(Admit::Queued(mut ticket)) = e.check(id, ip(1), Nanos::ZERO) else {
         panic!("the second request waits");
     };
-    let e2 = e
-        .reload(
-            &Config::new(vec![one_in_flight_per_ip(0)]),
+    let reloaded = queue_after.map(|q| {
+        e.reload(
+            &Config::new(vec![one_in_flight_per_ip(q)]),
             Nanos::ZERO,
             SystemTime::UNIX_EPOCH,
         )
-        .unwrap();
-    let id = e2.route_at(0).unwrap();
+        .unwrap()
+    });
+    let e = reloaded.as_ref().unwrap_or(&e);
+    let id = e.route_at(0).unwrap();
     let wakes = Arc::new(Wakes::default());
     let waker = std::task::Waker::from(Arc::clone(&wakes));
     let mut cx = std::task::Context::from_waker(&waker);
     let mut poll = || std::future::Future::poll(std::pin::Pin::new(&mut ticket), &mut cx);
     assert!(poll().is_pending());
-    let mut params = e2.route_params(id).unwrap();
+    let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 2.0;
-    e2.update_route(id, params, Nanos::from_millis(1)).unwrap();
+    e.update_route(id, params, Nanos::from_millis(1)).unwrap();
     assert_eq!(
         wakes.0.load(Ordering::SeqCst),
         1,
