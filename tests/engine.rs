@@ -2278,6 +2278,36 @@ fn an_event_that_has_ended_refuses_no_change() {
     assert!(refused.is_empty(), "{refused:?}");
     let id = next.route_at(0).unwrap();
     assert_eq!(next.route_params(id), Some(lower));
+    // Nor through a reload that kept the change.
+    next.align_events(Nanos::from_secs(21), back);
+    next.catch_up(id, Nanos::from_secs(21));
+    let s = next.route_snapshot(id, Nanos::from_secs(21)).unwrap();
+    assert_eq!((s.active_event, s.cut_limit_rps), (None, 50.0));
+}
+
+/// An event that a wall clock stepped forward past its end took out of the schedule
+/// comes back when the clock is stepped back (an NTP correction undone, a host
+/// booted with its clock hours ahead): it stayed out for good.
+#[test]
+fn an_event_a_wall_clock_step_passed_comes_back_when_it_is_stepped_back() {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    let mut during = ControllerParams::default();
+    during.base_limit_rps = 400.0;
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+    cfg.events = vec![Event::new("flash", start, Duration::from_secs(10), during)];
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let wall = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    e.align_events(Nanos::from_secs(5), wall(3_605));
+    assert_eq!(e.next_event_edge(Nanos::from_secs(5)), None);
+    e.align_events(Nanos::from_secs(10), wall(10));
+    assert_eq!(
+        e.next_event_edge(Nanos::from_secs(10)),
+        Some(Nanos::from_secs(100))
+    );
+    e.catch_up(id, Nanos::from_secs(101));
+    let s = e.route_snapshot(id, Nanos::from_secs(101)).unwrap();
+    assert_eq!(s.active_event.as_deref(), Some("flash"));
 }
 
 /// A runtime change refused for an event's sake names the event where the file has

@@ -42,16 +42,21 @@ impl ScheduledEvent {
         event.profile_on(written_over, own)
     }
 
-    /// Places the event again, where `now` is `wall_now`; one that has ended is
-    /// never due again, even if the wall clock is stepped back into it (a runtime
-    /// change may have been made beside it since, as beside an event that has ended:
-    /// a cut limit of its own above the route's base, say).
+    /// Places the event again, where `now` is `wall_now`: one that the wall clock
+    /// has passed is placed at 0 for no time, never due, until the wall clock is
+    /// stepped back into it; one [`retired`](Self::retire) never again.
     pub(super) fn align(&mut self, now: Nanos, wall_now: SystemTime) {
-        if self.end <= now {
-            return;
-        }
         let (start, duration) = self.wall;
         (self.start, self.end) = span(start, duration, now, wall_now).unwrap_or_default();
+    }
+
+    /// Never places the event again: a runtime change was made beside it once it had
+    /// ended, which its profile does not fit (a cut limit of its own above the route's
+    /// new base, say), so the wall clock stepped back into it must not put it in
+    /// force again.
+    pub(super) fn retire(&mut self) {
+        self.wall.1 = Duration::ZERO;
+        (self.start, self.end) = (Nanos::ZERO, Nanos::ZERO);
     }
 }
 

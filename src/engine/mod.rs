@@ -402,7 +402,8 @@ impl Engine {
                 match kept.map(|(r, _)| r) {
                     Some(r) => {
                         let hook = self.hook.as_ref();
-                        let events = Some((cfg.events.as_slice(), &cfg.controller));
+                        // `own`'s: the file's, but those a kept change retired.
+                        let events = Some((own.events.as_slice(), &cfg.controller));
                         r.reconfigure(&own.controller, events, now, wall_now, hook);
                         r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
                         Arc::clone(r)
@@ -472,7 +473,15 @@ impl Engine {
                 .collect()
         };
         let ended: Vec<bool> = r.lock().events.iter().map(|e| e.end <= now).collect();
-        refused_by_file(&checked, |i| ended.get(i) == Some(&true))?;
+        let retired = refused_by_file(&checked, |i| ended.get(i) == Some(&true))?;
+        {
+            let mut st = r.lock();
+            for i in retired {
+                if let Some(e) = st.events.get_mut(i) {
+                    e.retire();
+                }
+            }
+        }
         r.reconfigure(
             &checked.controller,
             None,
@@ -1131,25 +1140,38 @@ fn changed(
     for e in &mut checked.events {
         e.controller = e.profile_on(&cfg.controller, params);
     }
-    refused_by_file(&checked, |i| {
+    let retired = refused_by_file(&checked, |i| {
         checked
             .events
             .get(i)
             .is_some_and(|e| events::has_ended(e, wall_now))
     })?;
     checked.events.clone_from(&cfg.events);
+    // Ended, and not fitting the change: never placed again (see
+    // `ScheduledEvent::retire`).
+    for i in retired {
+        if let Some(e) = checked.events.get_mut(i) {
+            e.duration = Duration::ZERO;
+        }
+    }
     Ok(checked)
 }
 
 /// What the rules of the file refuse in `route`, under its name, but for problems in
-/// its events that have `ended` (by index: an event over is never in force again, so
-/// a change it would not fit beside is no change it refuses); a problem in one of its
+/// its events that have `ended` (by index: an event over is not in force again, so a
+/// change it would not fit beside is no change it refuses); a problem in one of its
 /// events names the event too (`events[0].cut_limit: … (event "flash")`): a change
 /// refused for an event's sake is made by someone who knows the event by its name.
-fn refused_by_file(route: &RouteConfig, ended: impl Fn(usize) -> bool) -> Result<(), ConfigError> {
+/// Returns the ended events whose problems were passed over, which the change must
+/// retire.
+fn refused_by_file(
+    route: &RouteConfig,
+    ended: impl Fn(usize) -> bool,
+) -> Result<Vec<usize>, ConfigError> {
     let Err(problems) = crate::config::check_route(route) else {
-        return Ok(());
+        return Ok(Vec::new());
     };
+    let mut passed_over = Vec::new();
     let named: Vec<Problem> = problems
         .into_iter()
         .filter_map(|p| {
@@ -1159,7 +1181,10 @@ fn refused_by_file(route: &RouteConfig, ended: impl Fn(usize) -> bool) -> Result
                 .and_then(|rest| rest.split_once(']'))
                 .and_then(|(index, _)| index.parse::<usize>().ok());
             match index.map(|i| (i, route.events.get(i))) {
-                Some((i, _)) if ended(i) => None,
+                Some((i, _)) if ended(i) => {
+                    passed_over.push(i);
+                    None
+                }
                 Some((_, Some(e))) => Some(Problem::new(
                     p.location(),
                     format!("{} (event {:?})", p.message(), e.name),
@@ -1169,7 +1194,8 @@ fn refused_by_file(route: &RouteConfig, ended: impl Fn(usize) -> bool) -> Result
         })
         .collect();
     if named.is_empty() {
-        return Ok(());
+        passed_over.dedup();
+        return Ok(passed_over);
     }
     Err(ConfigError::new(&format!("route `{}`", route.name), named))
 }
