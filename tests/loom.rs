@@ -929,6 +929,56 @@ fn engine_a_reload_that_hands_a_keys_permits_over_wakes_a_request_queued_before_
     });
 }
 
+/// A request on the old engine catches key "a" up with the old route's change (its
+/// generation 2) as a reload hands the key over: whichever comes first, the new route's
+/// own change (base 4, its second change) reaches the key, and "a" holds 4 permits in
+/// all. Where the request wrote the old route's generation after the hand-over, the
+/// new route, at the same number, took the key as caught up: 3 permits (the file's
+/// base the hand-over set).
+#[test]
+fn engine_a_key_caught_up_on_the_old_route_as_it_is_handed_over_takes_the_new_routes_change() {
+    let keyed = |window_s: u64, base: f64| {
+        let mut config = in_flight_config(window_s);
+        config.routes[0].partition = Partition::Header("x-key".into(), KeyLimits::default());
+        config.routes[0].controller.base_limit_rps = base;
+        config
+    };
+    let raise = |e: &Engine, id, base| {
+        let mut p = e.route_params(id).expect("the route");
+        p.base_limit_rps = base;
+        e.update_route(id, p, Nanos::ZERO).expect("a change");
+    };
+    check(move || {
+        let a = Key::Value("a");
+        let e = Arc::new(Engine::new(&keyed(1, 1.0), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap());
+        let id = e.route_at(0).unwrap();
+        drop(e.check(id, a, Nanos::ZERO));
+        raise(&e, id, 2.0);
+        let late = {
+            let e = Arc::clone(&e);
+            thread::spawn(move || e.check(id, a, Nanos::ZERO))
+        };
+        let next = e
+            .reload(&keyed(2, 3.0), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let late = late.join().expect("the old engine's request");
+        let nid = next.route_at(0).unwrap();
+        raise(&next, nid, 4.0);
+        let mut held = vec![late];
+        for _ in 0..5 {
+            match next.check(nid, a, Nanos::ZERO) {
+                d @ Decision::Admit(Admit::Held(_)) => held.push(d),
+                _ => break,
+            }
+        }
+        let permits = held
+            .iter()
+            .filter(|d| matches!(d, Decision::Admit(Admit::Held(_))))
+            .count();
+        assert_eq!(permits, 4);
+    });
+}
+
 /// A route with a token bucket per client IP: 4/s, one second's burst (4 tokens), cut
 /// to 1/s.
 fn keyed_bucket_engine() -> Engine {

@@ -229,9 +229,9 @@ struct Route {
     /// wide or per key ([`Route::hand_over`]): their limit is then the new route's to
     /// set, and this route's controller and keys leave it alone. Written under the
     /// state lock, read under it (route wide) or by a key catching up with a limit
-    /// change (a hint there: see [`Route::hand_over`]); `std`'s even under loom, as
-    /// [`behind`](Route::behind) is.
-    handed_over: std::sync::atomic::AtomicBool,
+    /// change (a hint there, read without the lock: loom's under loom, so that the
+    /// models see a key read it as the hand-over is made; see [`Route::hand_over`]).
+    handed_over: AtomicBool,
     /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`]) a
     /// limit change has not reached yet: a token bucket's change that found its note
     /// taken, left for the next decision on the route ([`Route::finish_change`]).
@@ -1206,8 +1206,9 @@ fn refused_by_file(
 enum HandedOver<'a> {
     /// The route-wide permits, their queue already the new route's.
     Route(Concurrency),
-    /// The keys whose permits the new route's keys take over, and its queue.
-    Keys(&'a Keys, u32),
+    /// The keys whose permits the new route's keys take over, its queue, and the
+    /// old route's generation then, which the new route's counts on from.
+    Keys(&'a Keys, u32, u64),
 }
 
 impl Route {
@@ -1228,12 +1229,17 @@ impl Route {
         // shadow_adaptive enforces each key's base limit; its shadow keys follow the cut.
         let hold_base = cfg.mode == Mode::ShadowAdaptive;
         let mut keys = Keys::new(cfg, now, hold_base);
+        // A key handed over keeps its generation beside its permits: a request on the
+        // old route that wrote the old route's there as the hand-over was made must
+        // never match one of this route's.
+        let mut generation = 0;
         let permits = match handed {
             Some(HandedOver::Route(permits)) => Some(permits),
-            Some(HandedOver::Keys(old, queue)) => {
+            Some(HandedOver::Keys(old, queue, old_generation)) => {
                 if let Some(keys) = &mut keys {
                     keys.take_over(old, queue);
                 }
+                generation = old_generation.wrapping_add(1);
                 None
             }
             None => None,
@@ -1263,10 +1269,10 @@ impl Route {
                 Limiter::Concurrency,
             ),
             shadow,
-            handed_over: std::sync::atomic::AtomicBool::new(false),
+            handed_over: AtomicBool::new(false),
             behind: std::sync::atomic::AtomicU8::new(0),
             keys,
-            generation: AtomicU64::new(0),
+            generation: AtomicU64::new(generation),
             changed_at: AtomicU64::new(now.as_u64()),
             progress: AtomicU64::new(1.0f64.to_bits()),
             engaged: AtomicBool::new(false),
@@ -1318,9 +1324,8 @@ impl Route {
     /// [`handed_over`](Route::handed_over) without the lock before it catches up with
     /// a limit change, and leaves the key alone once it is set. One that read it just
     /// before may set this route's limit after the new route set its own, with this
-    /// route's generation: the new route's next request on the key sets it again,
-    /// unless the new route's generation is then the same number (until its next
-    /// change).
+    /// route's generation, which the new route's, counting on from it, never is: the
+    /// new route's next request on the key sets it again.
     fn hand_over<'a>(&'a self, cfg: &RouteConfig) -> Option<HandedOver<'a>> {
         let Algorithm::Concurrency { queue } = cfg.algorithm else {
             return None;
@@ -1332,13 +1337,18 @@ impl Route {
             (Some(keys @ Keys::Concurrency(_)), _)
                 if cfg.partition == self.partition && cfg.tiers == self.tiers =>
             {
-                HandedOver::Keys(keys, queue)
+                HandedOver::Keys(keys, queue, 0)
             }
             _ => return None,
         };
         let _st = self.lock();
         self.handed_over.store(true, Ordering::Relaxed);
-        Some(handed)
+        Some(match handed {
+            HandedOver::Keys(keys, queue, _) => {
+                HandedOver::Keys(keys, queue, self.generation.load(Ordering::SeqCst))
+            }
+            route => route,
+        })
     }
 
     /// Whether `cfg` describes this route with the same shape of state (its matcher
