@@ -688,9 +688,7 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
     /// permit of it, which the new route then counts.
     fn take_over(&mut self, from: &Self, queue: u32) {
         let tiers = &self.tiers;
-        let mut waiters = false;
-        let mut carried = |old: &ConcurrencyKey| {
-            waiters |= old.limiter.has_waiters();
+        let carried = |old: &ConcurrencyKey| {
             let limiter = old.limiter.handed_over(queue);
             // Set for this route as a new key is: generation 0, at its base limit.
             limiter.key_generation().store(0, Ordering::Relaxed);
@@ -709,7 +707,10 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
                 self.len.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.carried_waiters = waiters;
+        // Requests may be queued under the old route's queue until it is handed over,
+        // key by key, and after it, a request that read the old queue: any key of a
+        // table with one may hold some.
+        self.carried_waiters = from.tiers.shape > 0 || from.carried_waiters;
     }
 
     /// [`ConcurrencyKey::wake_queued`] on every key, the shared ones too; nothing
@@ -745,9 +746,9 @@ pub(super) struct KeyTable<K, E> {
     overflow: E,
     /// Shared by requests that carry no key.
     anonymous: E,
-    /// A reload handed this table requests queued under a route that had a queue,
-    /// where this one has none ([`KeyTable::take_over`]): a limit raised must still
-    /// wake them ([`KeyTable::wake_queued`]).
+    /// A reload handed this table the keys of a route that had a queue (requests may
+    /// be queued on them), where this one has none ([`KeyTable::take_over`]): a limit
+    /// raised must still wake them ([`KeyTable::wake_queued`]).
     carried_waiters: bool,
 }
 

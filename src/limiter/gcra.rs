@@ -222,7 +222,10 @@ std::thread_local! {
 pub(crate) fn notes_of_this_thread() -> NotesOfThisThread {
     let before = THREAD_NOTE.get();
     THREAD_NOTE.set(Some(OWN_NOTE.with(|own| *own)));
-    NotesOfThisThread { before }
+    NotesOfThisThread {
+        before,
+        this_thread: std::marker::PhantomData,
+    }
 }
 
 /// While alive, this thread's buckets take its own note ([`notes_of_this_thread`]);
@@ -231,6 +234,8 @@ pub(crate) fn notes_of_this_thread() -> NotesOfThisThread {
 pub(crate) struct NotesOfThisThread {
     /// The thread's note before the guard was made.
     before: Option<&'static Note>,
+    /// Not `Send`: dropped on another thread, it would set that thread's note.
+    this_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for NotesOfThisThread {
