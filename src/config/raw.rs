@@ -2140,10 +2140,11 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
 }
 
 /// A Redis URL with one of `schemes` (in any case, as the Redis client reads them),
-/// trimmed. `rediss://` (TLS) is refused by name: rocgate is built without TLS for
-/// Redis, and would otherwise pass a config check and fail only when `rocgate serve`
-/// starts.
-fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<&'a str, String> {
+/// trimmed, and, in a build with the Redis client, what it reads there
+/// ([`read_redis_url`]). `rediss://` (TLS) is refused by name: rocgate is built
+/// without TLS for Redis, and would otherwise pass a config check and fail only when
+/// `rocgate serve` starts.
+fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<(&'a str, RedisUrl), String> {
     let t = url.trim();
     let scheme = t
         .split_once("://")
@@ -2153,130 +2154,120 @@ fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<&'a str, String> {
             "rediss:// (TLS) is not supported: rocgate is built without TLS for Redis; use redis://, through a TLS tunnel (such as stunnel) if Redis requires TLS, got {url:?}"
         ));
     }
-    let known = scheme.filter(|scheme| {
+    let known = scheme.is_some_and(|scheme| {
         schemes
             .iter()
             .any(|s| s.strip_suffix("://") == Some(scheme.as_str()))
     });
-    let rest = known
-        .as_ref()
-        .and_then(|scheme| t.get(scheme.len() + 3..))
-        .filter(|rest| !rest.is_empty());
-    let (Some(scheme), Some(rest)) = (known.as_deref(), rest) else {
+    if !known || t.split_once("://").is_some_and(|(_, rest)| rest.is_empty()) {
         return Err(format!(
             "must be a URL such as \"redis://127.0.0.1:6379\" ({}), got {url:?}",
             schemes.join(", ")
         ));
-    };
-    let shape = if scheme == "redis" {
-        redis_authority(rest)
-    } else {
-        unix_socket(rest)
-    };
-    shape
-        .and_then(|()| protocol(rest))
-        .map(|()| t)
+    }
+    read_redis_url(t)
+        .map(|read| (t, read))
         .map_err(|e| format!("{e}, got {url:?}"))
 }
 
-/// What follows `redis://` (`[user[:password]@]host[:port][/db][?query]`), held to
-/// what the Redis client reads when `serve` starts: a URL it cannot read there was a
-/// config that `check-config` passed and a process that would not start, and a port
-/// of 0 or a negative database one that started and could never reach Redis.
-fn redis_authority(rest: &str) -> Result<(), String> {
-    let rest = rest.split(['?', '#']).next().unwrap_or_default();
-    let (authority, db) = rest.split_once('/').unwrap_or((rest, ""));
-    // The user and password may hold anything (the client reads them percent-encoded).
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host_port.chars().any(char::is_whitespace) {
-        return Err("the host must not contain spaces".into());
-    }
-    let (host, port) = match host_port.strip_prefix('[') {
-        Some(v6) => {
-            let (host, after) = v6
-                .split_once(']')
-                .ok_or("an IPv6 host in brackets must end with ]")?;
-            if !after.is_empty() && !after.starts_with(':') {
-                return Err("an IPv6 host's ] must be followed by :port or nothing".into());
-            }
-            (host, after.strip_prefix(':'))
+/// What a Redis URL gives besides its address, which every node of a Redis Cluster
+/// must give alike (the client refuses nodes that differ).
+#[derive(Debug, Default, PartialEq)]
+struct RedisUrl {
+    username: String,
+    password: Option<String>,
+    protocol: Option<String>,
+    database: i64,
+}
+
+/// `url` read as the Redis client (redis-rs) reads it when `serve` starts, with
+/// the `url` crate as it does: a URL it cannot read there was a config that
+/// `check-config` passed and a process that would not start; a port of 0 or a
+/// negative database, which it reads, one that started and could never reach Redis.
+#[cfg(feature = "redis")]
+fn read_redis_url(t: &str) -> Result<RedisUrl, String> {
+    use url::{Host, ParseError};
+    let u = url::Url::parse(t).map_err(|e| match e {
+        ParseError::EmptyHost => {
+            "names no host (redis://host[:port]; an IPv6 host in brackets: redis://[::1]:6379)"
+                .to_owned()
         }
-        None => match host_port.rsplit_once(':') {
-            Some((host, _)) if host.contains(':') => {
-                return Err("an IPv6 host must be in brackets (redis://[::1]:6379)".into())
-            }
-            Some((host, port)) => (host, Some(port)),
-            None => (host_port, None),
-        },
-    };
-    if host.is_empty() {
-        return Err("names no host (redis://host[:port])".into());
+        ParseError::InvalidPort => "port must be a number from 1 to 65535".to_owned(),
+        ParseError::InvalidIpv6Address => {
+            "the host in brackets must be an IPv6 address (redis://[::1]:6379)".to_owned()
+        }
+        ParseError::InvalidDomainCharacter => {
+            "the host holds a character no host name has (a space, ^, |, [, ] …)".to_owned()
+        }
+        e => format!("is not a URL the Redis client reads ({e})"),
+    })?;
+    let query: std::collections::HashMap<_, _> = u.query_pairs().collect();
+    let protocol = query.get("protocol").map(|p| p.to_string());
+    if let Some(p) = protocol.as_deref() {
+        if !matches!(p, "2" | "resp2" | "3" | "resp3") {
+            return Err(format!(
+                "protocol={p:?} is no protocol the Redis client knows (resp2 or resp3)"
+            ));
+        }
     }
-    let wildcard = host
-        .parse::<std::net::IpAddr>()
-        .is_ok_and(|ip| ip.is_unspecified());
-    if wildcard {
-        return Err(format!(
-            "{host} is a wildcard address, which no connection reaches: name the Redis host"
-        ));
-    }
-    // An empty port is the default one (6379), as the client reads it.
-    let port_ok = |p: &str| {
-        p.is_empty()
-            || (p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok_and(|p| p > 0))
-    };
-    if port.is_some_and(|p| !port_ok(p)) {
-        return Err("port must be a number from 1 to 65535".into());
-    }
-    let db = db.trim_matches('/');
-    if !db.is_empty() && db.parse::<u32>().is_err() {
-        return Err(format!(
-            "the database /{db} must be a whole number ≥ 0 (redis://host:port/0)"
-        ));
-    }
-    Ok(())
-}
-
-/// What follows `unix://` or `redis+unix://`: an absolute path to the socket, on this
-/// host (`localhost` may name it).
-fn unix_socket(rest: &str) -> Result<(), String> {
-    if rest.starts_with('/') || rest.starts_with("localhost/") {
-        Ok(())
-    } else {
-        Err("must give the socket's absolute path (unix:///run/redis.sock)".into())
-    }
-}
-
-/// A URL's `protocol` query parameter, if any (the last, as the Redis client reads
-/// it): one the client knows (`2`, `resp2`, `3`, `resp3`).
-fn protocol(rest: &str) -> Result<(), String> {
-    let query = rest.split('#').next().unwrap_or_default();
-    let Some((_, query)) = query.split_once('?') else {
-        return Ok(());
-    };
-    let given = query
-        .rsplit('&')
-        .filter_map(|pair| pair.split_once('='))
-        .find(|(name, _)| *name == "protocol")
-        .map(|(_, value)| value);
-    match given {
-        None | Some("2" | "resp2" | "3" | "resp3") => Ok(()),
-        Some(other) => Err(format!(
-            "protocol={other} is no protocol the Redis client knows (resp2 or resp3)"
+    let whole = |db: &str, written: String, example: &str| match db.parse::<i64>() {
+        Ok(n) if n >= 0 => Ok(n),
+        _ => Err(format!(
+            "the database {written} must be a whole number ≥ 0 ({example})"
         )),
-    }
+    };
+    let database = if u.scheme() == "redis" {
+        let host = match u.host() {
+            Some(Host::Domain(name)) => name.to_owned(),
+            Some(Host::Ipv4(ip)) => ip.to_string(),
+            Some(Host::Ipv6(ip)) => ip.to_string(),
+            None => return Err("names no host (redis://host[:port])".into()),
+        };
+        if host == "0.0.0.0" || host == "::" {
+            return Err(format!(
+                "{host} is a wildcard address, which no connection reaches: name the Redis host"
+            ));
+        }
+        if u.port() == Some(0) {
+            return Err("port must be a number from 1 to 65535".into());
+        }
+        match u.path().trim_matches('/') {
+            "" => 0,
+            db => whole(db, format!("/{db}"), "redis://host:port/0")?,
+        }
+    } else {
+        if u.to_file_path().is_err() {
+            return Err("must give the socket's absolute path (unix:///run/redis.sock)".into());
+        }
+        match query.get("db") {
+            None => 0,
+            Some(db) => whole(db, format!("?db={db}"), "unix:///run/redis.sock?db=0")?,
+        }
+    };
+    Ok(RedisUrl {
+        username: u.username().to_owned(),
+        password: u.password().map(str::to_owned),
+        protocol,
+        database,
+    })
+}
+
+/// Without the Redis client in the build, no Redis is reached: the scheme alone is
+/// checked ([`redis_url`]).
+#[cfg(not(feature = "redis"))]
+fn read_redis_url(_: &str) -> Result<RedisUrl, String> {
+    Ok(RedisUrl::default())
 }
 
 /// A cluster node's URL: a Redis Cluster has database 0 only.
-fn cluster_node(url: &str) -> Result<&str, String> {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let rest = rest.split(['?', '#']).next().unwrap_or_default();
-    match rest.split_once('/') {
-        None | Some((_, "" | "0")) => Ok(url),
-        Some((_, db)) => Err(format!(
-            "a Redis Cluster has database 0 only, got /{db} in {url:?}"
-        )),
+fn cluster_node((url, read): (&str, RedisUrl)) -> Result<(&str, RedisUrl), String> {
+    if read.database != 0 {
+        return Err(format!(
+            "a Redis Cluster has database 0 only, got {} in {url:?}",
+            read.database
+        ));
     }
+    Ok((url, read))
 }
 
 /// `[store]`, each field checked on its own. Redis settings given with the local
@@ -2332,15 +2323,25 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         ),
         (Some(url), None) => {
             let checked = redis_url(&url, &["redis://", "unix://", "redis+unix://"])
-                .map(|t| out.servers = RedisServers::Single(t.to_owned()));
+                .map(|(t, _)| out.servers = RedisServers::Single(t.to_owned()));
             field(p, "url", checked);
         }
         (None, Some(nodes)) => {
             let nodes = nodes.into_urls();
             let mut urls = Vec::new();
+            let mut first: Option<RedisUrl> = None;
             for (i, url) in nodes.iter().enumerate() {
                 match redis_url(url, &["redis://"]).and_then(cluster_node) {
-                    Ok(t) => urls.push(t.to_owned()),
+                    Ok((_, read)) if first.as_ref().is_some_and(|f| *f != read) => p.at(
+                        format!("store.cluster_nodes[{i}]"),
+                        format!(
+                            "every node must give the user, password and protocol of cluster_nodes[0] (the Redis client refuses nodes that differ), got {url:?}"
+                        ),
+                    ),
+                    Ok((t, read)) => {
+                        urls.push(t.to_owned());
+                        first.get_or_insert(read);
+                    }
                     Err(message) => p.at(format!("store.cluster_nodes[{i}]"), message),
                 }
             }
