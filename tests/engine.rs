@@ -10,7 +10,7 @@ use rocgate::limiter::{Admit, Algorithm, Decision, Reason};
 use rocgate::window::{RocMode, WindowSpec};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// The algorithms that limit a rate: a second of burst or of window, and a leaky
@@ -1550,6 +1550,14 @@ fn a_key_seen_within_idle_timeout_is_not_evicted() {
 /// at 11 s and calm after: the time (in tenths of a second) at which the event's
 /// limit has climbed back to 290, still recovering.
 fn recovering_under_an_event(duration: Duration) -> (Engine, RouteConfig, u64) {
+    recovering_under_an_event_after(Vec::new(), duration)
+}
+
+/// [`recovering_under_an_event`], the route "sale" placed after the routes `before`.
+fn recovering_under_an_event_after(
+    before: Vec<RouteConfig>,
+    duration: Duration,
+) -> (Engine, RouteConfig, u64) {
     let mut cfg = RouteConfig::new("sale", RouteMatch::any());
     cfg.events = vec![Event::new("flash", SystemTime::UNIX_EPOCH, duration, {
         let mut v = ControllerParams::default();
@@ -1557,8 +1565,8 @@ fn recovering_under_an_event(duration: Duration) -> (Engine, RouteConfig, u64) {
         v.cut_limit_rps = 150.0;
         v
     })];
-    let e = engine(vec![cfg.clone()]);
-    let id = e.route_at(0).unwrap();
+    let e = engine(before.into_iter().chain([cfg.clone()]).collect());
+    let id = e.route_id("sale").unwrap();
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
     offer(&e, id, Key::None, 10.0, 11.0, 600.0);
     for tenths in 110..600u64 {
@@ -1605,6 +1613,52 @@ fn a_reload_that_ends_an_event_mid_recovery_reports_the_transition() {
     let s = e.route_snapshot(e.route_at(0).unwrap(), now).unwrap();
     assert_eq!((s.state, s.active_event), (ControllerState::Normal, None));
     assert_eq!(s.transitions[2][0], 1);
+}
+
+/// The keys of a partitioned `concurrency` route come into the route a reload rebuilds
+/// once the whole engine is built: a client's first request on the old engine while
+/// the reload builds the routes after it (here made from the transition hook of a
+/// later route, which the reload moves from Recovering to Normal) is counted in the
+/// new route. Its key was taken before it existed, and "b" had 3 in flight on a
+/// limit of 2.
+#[test]
+fn a_key_first_reached_while_a_reload_builds_later_routes_is_handed_over() {
+    type Old = (std::sync::Weak<Engine>, RouteId, Nanos);
+    let (e, mut sale, tenths) =
+        recovering_under_an_event_after(vec![keyed_in_flight(6)], Duration::from_secs(3600));
+    let now = Nanos::from_millis(tenths * 100);
+    let old: Arc<std::sync::OnceLock<Old>> = Arc::default();
+    let during: Arc<Mutex<Vec<Decision>>> = Arc::default();
+    let (seen, kept) = (Arc::clone(&old), Arc::clone(&during));
+    let e = Arc::new(e.with_transition_hook(Arc::new(move |_, t| {
+        let normal = (t.from, t.to) == (ControllerState::Recovering, ControllerState::Normal);
+        if let (true, Some((e, ws, now))) = (normal, seen.get()) {
+            if let Some(e) = e.upgrade() {
+                kept.lock()
+                    .unwrap()
+                    .push(e.check(*ws, Key::Value("b"), *now));
+            }
+        }
+    })));
+    let ws = e.route_id("ws").unwrap();
+    assert!(old.set((Arc::downgrade(&e), ws, now)).is_ok());
+    sale.events.clear();
+    let config = Config::new(vec![keyed_in_flight(4), sale]);
+    let e2 = e.reload(&config, now, SystemTime::UNIX_EPOCH).unwrap();
+    let first = during
+        .lock()
+        .unwrap()
+        .pop()
+        .expect("a request during the reload");
+    assert!(matches!(first, Decision::Admit(Admit::Held(_))));
+    let ws = e2.route_id("ws").unwrap();
+    let second = e2.check(ws, Key::Value("b"), now);
+    assert!(matches!(second, Decision::Admit(Admit::Held(_))));
+    assert!(
+        !e2.check(ws, Key::Value("b"), now).is_admit(),
+        "the permit taken during the reload counts"
+    );
+    drop((first, second));
 }
 
 #[test]

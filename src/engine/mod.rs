@@ -377,10 +377,12 @@ impl Engine {
     ) -> Result<(Engine, Vec<RefusedChange>), ConfigError> {
         config.validate()?;
         let mut refused = Vec::new();
+        let mut keys_handed = Vec::new();
         let routes = config
             .routes
             .iter()
-            .map(|cfg| {
+            .enumerate()
+            .map(|(i, cfg)| {
                 let change = changes.iter().find(|(name, _)| *name == cfg.name);
                 let own = match change.map(|(_, params)| changed(cfg, params, wall_now)) {
                     Some(Ok(checked)) => Cow::Owned(checked),
@@ -414,13 +416,30 @@ impl Engine {
                             .iter()
                             .find(|e| *e.route.name == cfg.name)
                             .and_then(|e| e.route.hand_over(cfg));
+                        if let Some(HandedOver::Keys(keys, queue, _)) = handed {
+                            keys_handed.push((i, keys, queue));
+                        }
                         let written_over = &cfg.controller;
                         Arc::new(Route::new(&own, written_over, now, wall_now, handed))
                     }
                 }
             })
             .collect();
-        let engine = Engine::assemble(config, routes, self.hook.clone(), self.sample_hook.clone());
+        let mut engine =
+            Engine::assemble(config, routes, self.hook.clone(), self.sample_hook.clone());
+        // The keys of a partitioned route handed over come in last, once the rest is
+        // built, so that fewer keys are first reached on the old engine after they are
+        // taken (a client's first request during the reload): such a key is not
+        // carried, and its permits are not counted in the new route.
+        for (i, old, queue) in keys_handed {
+            let built = engine
+                .routes
+                .get_mut(i)
+                .and_then(|s| Arc::get_mut(&mut s.route));
+            if let Some(keys) = built.and_then(|r| r.keys.as_mut()) {
+                keys.take_over(old, queue);
+            }
+        }
         Ok((engine, refused))
     }
 
@@ -1206,8 +1225,9 @@ fn refused_by_file(
 enum HandedOver<'a> {
     /// The route-wide permits, their queue already the new route's.
     Route(Concurrency),
-    /// The keys whose permits the new route's keys take over, its queue, and the
-    /// old route's generation then, which the new route's counts on from.
+    /// The keys whose permits the new route's keys take over (once the new engine is
+    /// built: [`Engine::reload_keeping`]), its queue, and the old route's generation
+    /// then, which the new route's counts on from.
     Keys(&'a Keys, u32, u64),
 }
 
@@ -1228,17 +1248,15 @@ impl Route {
         let enforced_limit = p.base_limit_rps;
         // shadow_adaptive enforces each key's base limit; its shadow keys follow the cut.
         let hold_base = cfg.mode == Mode::ShadowAdaptive;
-        let mut keys = Keys::new(cfg, now, hold_base);
+        let keys = Keys::new(cfg, now, hold_base);
         // A key handed over keeps its generation beside its permits: a request on the
         // old route that wrote the old route's there as the hand-over was made must
-        // never match one of this route's.
+        // never match one of this route's. (The keys themselves come in once the
+        // engine is built: see `Engine::reload_keeping`.)
         let mut generation = 0;
         let permits = match handed {
             Some(HandedOver::Route(permits)) => Some(permits),
-            Some(HandedOver::Keys(old, queue, old_generation)) => {
-                if let Some(keys) = &mut keys {
-                    keys.take_over(old, queue);
-                }
+            Some(HandedOver::Keys(_, _, old_generation)) => {
                 generation = old_generation.wrapping_add(1);
                 None
             }
