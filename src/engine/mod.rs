@@ -480,18 +480,19 @@ impl Engine {
         checked.algorithm = r.algorithm;
         checked.partition = r.partition.clone();
         checked.tiers = r.tiers.clone();
-        checked.events = {
+        let ended: Vec<bool>;
+        (checked.events, ended) = {
             // As `reconfigure` will have them: moved onto the new parameters.
             let st = r.lock();
-            st.events
-                .iter()
-                .map(|e| {
-                    let moved = e.rebased(&checked.controller);
-                    Event::new(e.name.clone(), e.wall.0, e.wall.1, moved)
-                })
-                .collect()
+            let moved = st.events.iter().map(|e| {
+                let moved = e.rebased(&checked.controller);
+                Event::new(e.name.clone(), e.wall.0, e.wall.1, moved)
+            });
+            (
+                moved.collect(),
+                st.events.iter().map(|e| e.end <= now).collect(),
+            )
         };
-        let ended: Vec<bool> = r.lock().events.iter().map(|e| e.end <= now).collect();
         let retired = refused_by_file(&checked, |i| ended.get(i) == Some(&true))?;
         {
             let mut st = r.lock();
@@ -1348,6 +1349,7 @@ impl Route {
         let Algorithm::Concurrency { queue } = cfg.algorithm else {
             return None;
         };
+        let _st = self.lock();
         let handed = match (&self.keys, &self.limiter) {
             (None, Limiter::Concurrency(permits)) if cfg.partition == Partition::Route => {
                 HandedOver::Route(permits.handed_over(queue))
@@ -1355,18 +1357,12 @@ impl Route {
             (Some(keys @ Keys::Concurrency(_)), _)
                 if cfg.partition == self.partition && cfg.tiers == self.tiers =>
             {
-                HandedOver::Keys(keys, queue, 0)
+                HandedOver::Keys(keys, queue, self.generation.load(Ordering::SeqCst))
             }
             _ => return None,
         };
-        let _st = self.lock();
         self.handed_over.store(true, Ordering::Relaxed);
-        Some(match handed {
-            HandedOver::Keys(keys, queue, _) => {
-                HandedOver::Keys(keys, queue, self.generation.load(Ordering::SeqCst))
-            }
-            route => route,
-        })
+        Some(handed)
     }
 
     /// Whether `cfg` describes this route with the same shape of state (its matcher
