@@ -2332,6 +2332,17 @@ fn an_event_that_has_ended_refuses_no_change() {
     assert!(refused.is_empty(), "{refused:?}");
     let id = next.route_at(0).unwrap();
     assert_eq!(next.route_params(id), Some(lower));
+    // Nor when the wall clock goes back before its start, where the retired event
+    // used to be placed for no time, not yet ended: every change was then refused
+    // for its duration of zero.
+    e.align_events(
+        Nanos::from_secs(22),
+        SystemTime::UNIX_EPOCH - Duration::from_secs(1),
+    );
+    let mut again = e.route_params(id).unwrap();
+    again.danger_roc = 70.0;
+    e.update_route(id, again, Nanos::from_secs(22))
+        .unwrap_or_else(|e| panic!("{e}"));
     // Nor through a reload that kept the change.
     next.align_events(Nanos::from_secs(21), back);
     next.catch_up(id, Nanos::from_secs(21));

@@ -73,6 +73,11 @@ fn span(
     now: Nanos,
     wall_now: SystemTime,
 ) -> Option<(Nanos, Nanos)> {
+    // No file gives an event of no time: a retired one (`ScheduledEvent::retire`),
+    // over wherever the wall clock stands.
+    if duration.is_zero() {
+        return None;
+    }
     match start.duration_since(wall_now) {
         Ok(ahead) => Some((now + ahead, now + ahead + duration)),
         Err(past) => {
