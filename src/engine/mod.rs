@@ -1476,8 +1476,12 @@ impl Route {
         );
         self.changed_at.store(now.as_u64(), Ordering::Relaxed);
         // `SeqCst`, then read the concurrency keys' queues (`wake_queued`): see
-        // `ConcurrencyKey::check`.
-        self.generation.fetch_add(1, Ordering::SeqCst);
+        // `ConcurrencyKey::check`. Not once the keys are handed over: their limit is
+        // the new route's, whose generation counts on from this one's as it was then,
+        // and a late request of this route writing this one's must not meet it.
+        if !self.handed_over.load(Ordering::Relaxed) {
+            self.generation.fetch_add(1, Ordering::SeqCst);
+        }
         crate::sync::seq_cst_fence_under_loom();
         if let Some(keys) = &self.keys {
             keys.wake_queued(self);
