@@ -1521,6 +1521,14 @@ fn store_section() {
             "the database ?db=-1 must be a whole number",
         ),
         (
+            "redis://%FF@cache:6379",
+            "the user, percent-decoded, must be UTF-8",
+        ),
+        (
+            "redis://:%FF@cache:6379",
+            "the password, percent-decoded, must be UTF-8",
+        ),
+        (
             "redis://cache:6379/abc",
             "the database /abc must be a whole number",
         ),
@@ -1591,6 +1599,17 @@ fn store_section() {
         "store.cluster_nodes[1]",
         "every node must give the user, password and protocol of cluster_nodes[0]",
     );
+    // Nodes alike as the client reads them: the protocol by its version, the user and
+    // password decoded.
+    #[cfg(feature = "redis")]
+    for nodes in [
+        r#"["redis://a:7000/?protocol=2", "redis://b:7000"]"#,
+        r#"["redis://a:7000/?protocol=3", "redis://b:7000/?protocol=resp3"]"#,
+        r#"["redis://us%65r:pw@a:7000", "redis://user:pw@b:7000"]"#,
+    ] {
+        let text = redis(&format!("cluster_nodes = {nodes}"));
+        Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{nodes}: {e}"));
+    }
     // A query on a cluster node is no database (it was read as "/?protocol=resp3").
     let text = redis("cluster_nodes = [\"redis://a:7000/?protocol=resp3\"]");
     Config::from_toml_str(&text, "store.toml").unwrap_or_else(|e| panic!("{e}"));

@@ -2174,9 +2174,12 @@ fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<(&'a str, RedisUrl), 
 /// must give alike (the client refuses nodes that differ).
 #[derive(Debug, Default, PartialEq)]
 struct RedisUrl {
+    /// Percent-decoded, as the client reads it.
     username: String,
+    /// Percent-decoded, as the client reads it.
     password: Option<String>,
-    protocol: Option<String>,
+    /// The RESP version: 2 unless the URL's `protocol` says 3.
+    resp: u8,
     database: i64,
 }
 
@@ -2202,14 +2205,21 @@ fn read_redis_url(t: &str) -> Result<RedisUrl, String> {
         e => format!("is not a URL the Redis client reads ({e})"),
     })?;
     let query: std::collections::HashMap<_, _> = u.query_pairs().collect();
-    let protocol = query.get("protocol").map(|p| p.to_string());
-    if let Some(p) = protocol.as_deref() {
-        if !matches!(p, "2" | "resp2" | "3" | "resp3") {
+    let resp = match query.get("protocol").map(|p| p.as_ref()) {
+        None | Some("2" | "resp2") => 2,
+        Some("3" | "resp3") => 3,
+        Some(p) => {
             return Err(format!(
                 "protocol={p:?} is no protocol the Redis client knows (resp2 or resp3)"
-            ));
+            ))
         }
-    }
+    };
+    let decoded = |part: &str, what: &str| {
+        percent_encoding::percent_decode_str(part)
+            .decode_utf8()
+            .map(|d| d.into_owned())
+            .map_err(|_| format!("the {what}, percent-decoded, must be UTF-8"))
+    };
     let whole = |db: &str, written: String, example: &str| match db.parse::<i64>() {
         Ok(n) if n >= 0 => Ok(n),
         _ => Err(format!(
@@ -2245,9 +2255,9 @@ fn read_redis_url(t: &str) -> Result<RedisUrl, String> {
         }
     };
     Ok(RedisUrl {
-        username: u.username().to_owned(),
-        password: u.password().map(str::to_owned),
-        protocol,
+        username: decoded(u.username(), "user")?,
+        password: u.password().map(|p| decoded(p, "password")).transpose()?,
+        resp,
         database,
     })
 }
