@@ -646,8 +646,39 @@ async fn forwarded_headers_from_a_trusted_proxy_are_kept_and_extended() {
 
     let res = send(proxy.addr, forwarded_request()).await;
     assert_eq!(res.status, StatusCode::OK);
+    assert_kept_and_extended(&upstream.only("/xff").headers);
+}
 
-    let h = upstream.only("/xff").headers;
+/// A client behind a trusted proxy that passes its `Connection` on names the
+/// forwarding headers there, as connection options to strip: the chain and scheme the
+/// proxy wrote reach the upstream all the same (Traefik's CVE-2024-45410).
+#[tokio::test]
+async fn a_connection_header_naming_them_does_not_strip_a_trusted_proxys_forwarding_headers() {
+    let upstream = start_upstream().await;
+    let mut settings = settings(upstream.addr);
+    settings.forward.resolver = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]);
+    let proxy = start_proxy(settings, Vec::new()).await;
+
+    let mut req = forwarded_request();
+    let named = [
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "forwarded",
+    ]
+    .into_iter()
+    .chain(OTHER_FORWARDING)
+    .collect::<Vec<_>>()
+    .join(", ");
+    req.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_str(&named).unwrap());
+    let res = send(proxy.addr, req).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_kept_and_extended(&upstream.only("/xff").headers);
+}
+
+/// What the upstream sees of [`forwarded_request`] sent by a trusted proxy.
+fn assert_kept_and_extended(h: &HeaderMap) {
     let xff: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
     assert_eq!(
         xff,

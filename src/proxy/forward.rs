@@ -127,6 +127,20 @@ static OTHER_FORWARDING: [HeaderName; 6] = [
     HeaderName::from_static("x-forwarded-server"),
 ];
 
+/// Whether `name` is a forwarding header: one `set_forwarded` keeps from a trusted
+/// peer and replaces or drops from any other.
+fn is_forwarding(name: &HeaderName) -> bool {
+    [
+        &X_FORWARDED_FOR,
+        &X_FORWARDED_PROTO,
+        &X_FORWARDED_HOST,
+        &FORWARDED,
+    ]
+    .into_iter()
+    .chain(&OTHER_FORWARDING)
+    .any(|f| f == name)
+}
+
 /// What one pass over a request's header names finds, for the checks before admission
 /// ([`refusal`]) and the rewrite ([`Inner::rewrite`]): most requests carry few headers
 /// and none of the rare ones (hop-by-hop, forwarding, `Via`, `Expect`), and a pass
@@ -219,13 +233,16 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) -> bool {
     }
     // `Host` is end to end and HTTP/1.1 requires it (RFC 9112 §3.2): named as a
     // connection option, it stays. Stripped, the request went up with the upstream's
-    // own `Host` through the pool, and with none at all over a lane.
+    // own `Host` through the pool, and with none at all over a lane. So do the
+    // forwarding headers, which `set_forwarded` keeps or replaces by who the peer is:
+    // a client behind a trusted proxy that passes its `Connection` on would otherwise
+    // strip the chain and the scheme the proxy wrote (Traefik's CVE-2024-45410).
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .filter_map(|name| HeaderName::from_bytes(name.trim_ascii()).ok())
-        .filter(|name| name != header::HOST)
+        .filter(|name| name != header::HOST && !is_forwarding(name))
         .collect();
     let upgrading = upgrade && named.contains(&header::UPGRADE) && tunnelled(headers);
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
