@@ -38,7 +38,9 @@ struct RedisServer {
     port: u16,
     extra: Vec<String>,
     child: Option<Child>,
-    _serial: tokio::sync::MutexGuard<'static, ()>,
+    /// `None` for a server started [`beside`](Self::beside) another, whose turn it
+    /// shares.
+    _serial: Option<tokio::sync::MutexGuard<'static, ()>>,
 }
 
 impl RedisServer {
@@ -49,6 +51,19 @@ impl RedisServer {
     /// [`start`](Self::start), with more `redis-server` arguments (every start of it).
     async fn start_with(extra: &[&str]) -> RedisServer {
         let serial = SERIAL.lock().await;
+        RedisServer::started(extra, Some(serial)).await
+    }
+
+    /// A second server, in the turn of `_first` (a test's other server: a failover's
+    /// new master).
+    async fn beside(_first: &RedisServer) -> RedisServer {
+        RedisServer::started(&[], None).await
+    }
+
+    async fn started(
+        extra: &[&str],
+        serial: Option<tokio::sync::MutexGuard<'static, ()>>,
+    ) -> RedisServer {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -4042,4 +4057,141 @@ async fn a_route_first_seen_in_an_outage_falls_back_at_its_base_share() {
         assert_eq!(b.offer(100).await, 50, "b, second {second}");
     }
     assert_eq!((a.store.instances(), b.store.instances()), (2, 2));
+}
+
+/// A relay whose new connections go to the port in `to`, which a test switches (a
+/// virtual IP moved by a failover); connections already open keep their server.
+struct SwitchRelay {
+    port: u16,
+    to: Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SwitchRelay {
+    async fn start(to: u16) -> SwitchRelay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let to = Arc::new(std::sync::atomic::AtomicU16::new(to));
+        let target = Arc::clone(&to);
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let port = target.load(std::sync::atomic::Ordering::Relaxed);
+                tokio::spawn(async move {
+                    if let Ok(mut server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        SwitchRelay { port, to, task }
+    }
+}
+
+impl Drop for SwitchRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Offers requests every 5 ms until `inst`'s decisions are made in `mode` or `within`
+/// has passed; returns its mode then.
+async fn offer_until_in(inst: &Instance, mode: StoreMode, within: Duration) -> StoreMode {
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < within && inst.store.mode() != mode {
+        let _ = inst.check().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    inst.store.mode()
+}
+
+/// A failover behind one address (a virtual IP, a DNS name) that leaves the old
+/// master up as a replica: the instance's connection to it stays open and answers
+/// every script with `READONLY`, which the client does not reconnect on. The failed
+/// heartbeat replaces it, as it replaces a dark one, and the instance is back on the
+/// shared state, on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_demotes_the_old_master_behind_the_same_address_is_followed() {
+    // The old master, as a replica, writes the new one's data to its directory.
+    let dir = tempfile::tempdir().unwrap();
+    let old = RedisServer::start_with(&["--dir", dir.path().to_str().unwrap()]).await;
+    let new = RedisServer::beside(&old).await;
+    let relay = SwitchRelay::start(old.port).await;
+    let mut config = patient_config(&old, "failover");
+    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{}", relay.port));
+    let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    beat_answered(&inst.store).await;
+    assert!(inst.check().await.is_admit());
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+
+    relay
+        .to
+        .store(new.port, std::sync::atomic::Ordering::Relaxed);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(new.port)
+        .query(&mut old.connection().unwrap())
+        .unwrap();
+    let mut seen = redis::cmd("SET");
+    seen.arg("{failover:probe}").arg(1);
+    assert!(
+        seen.query::<()>(&mut old.connection().unwrap()).is_err(),
+        "the old master refuses writes once demoted"
+    );
+    let fallback = offer_until_in(&inst, StoreMode::Fallback, Duration::from_secs(2)).await;
+    assert_eq!(fallback, StoreMode::Fallback, "READONLY answers fall back");
+    // A heartbeat every 200 ms: 25 of them.
+    let mode = offer_until_in(&inst, StoreMode::Shared, Duration::from_secs(5)).await;
+    assert_eq!(
+        mode,
+        StoreMode::Shared,
+        "{} local decisions",
+        inst.store.fallback_decisions()
+    );
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("{failover:*")
+        .query(&mut new.connection().unwrap())
+        .unwrap();
+    assert!(!keys.is_empty(), "the new master holds the route's state");
+}
+
+/// Redis refuses the instance's `AUTH` for a while (an ACL change, a password rotated
+/// in the wrong order), then accepts it again: the client keeps the refused connection
+/// and answers every call with its error, and the failed heartbeat replaces it, so the
+/// instance comes back to the shared state as after any other outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_refused_for_a_while_is_recovered_from() {
+    let server = RedisServer::start().await;
+    let mut admin = server.connection().unwrap();
+    let acl = |args: &[&str]| {
+        let mut c = redis::cmd("ACL");
+        c.arg(args);
+        c
+    };
+    let _: () = acl(&["SETUSER", "a", "on", ">pw", "~*", "&*", "+@all"])
+        .query(&mut admin)
+        .unwrap();
+    let mut config = store_config(&server, "auth");
+    config.servers = RedisServers::Single(format!("redis://a:pw@127.0.0.1:{}", server.port));
+    let inst = Instance::system(&route(100.0, Duration::from_secs(100)), &config);
+    beat_answered(&inst.store).await;
+    assert!(inst.check().await.is_admit());
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+
+    let _: () = acl(&["SETUSER", "a", "off"]).query(&mut admin).unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "USER", "a"])
+        .query(&mut admin)
+        .unwrap();
+    let fallback = offer_until_in(&inst, StoreMode::Fallback, Duration::from_secs(2)).await;
+    assert_eq!(fallback, StoreMode::Fallback);
+    let _: () = acl(&["SETUSER", "a", "on"]).query(&mut admin).unwrap();
+    let mode = offer_until_in(&inst, StoreMode::Shared, Duration::from_secs(5)).await;
+    assert_eq!(
+        mode,
+        StoreMode::Shared,
+        "beat: {:?}",
+        inst.store.beat().await
+    );
 }

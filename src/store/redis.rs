@@ -408,16 +408,17 @@ impl Conn {
     }
 
     /// One server: drops the connection for a new one (opened by the next call), after
-    /// a heartbeat that it did not answer within `timeout`. Calls in flight keep the old
-    /// one until they end. A Redis that is away or slow costs one new connection per
-    /// heartbeat; one whose connection went dark is reached again on the next call. A
+    /// a heartbeat that it did not answer within `timeout`, or answered with an error.
+    /// Calls in flight keep the old one until they end. A Redis that is away, slow or
+    /// failing costs one new connection per heartbeat; one whose connection went dark
+    /// or only answers errors is reached again on the next call. A
     /// cluster's connection is replaced by [`suspect`](Self::suspect) instead.
     fn renew(&self) {
         if let Conn::Single(s) = self {
             match ConnectionManager::new_lazy_with_config(s.client.clone(), s.config.clone()) {
                 Ok(manager) => {
                     s.manager.store(Arc::new(manager));
-                    tracing::debug!("store connection replaced after an unanswered heartbeat");
+                    tracing::debug!("store connection replaced after a failed heartbeat");
                 }
                 Err(e) => tracing::debug!(error = %e, "store connection not replaced"),
             }
@@ -1418,19 +1419,19 @@ impl Inner {
                 if self.heard.swap(REACHED, Ordering::Relaxed) != REACHED {
                     tracing::info!(instances, "shared store reached");
                 }
-                Some(n)
+                return Some(n);
             }
-            Ok(Err(e)) => {
-                self.unreached(&e);
-                None
-            }
+            Ok(Err(e)) => self.unreached(&e),
             Err(_) => {
                 self.unreached(&format_args!("no answer within {:?}", self.config.timeout));
-                self.conn.renew();
-                self.conn.suspect(&self.instances_key);
-                None
             }
         }
+        // A connection answering only errors is replaced as a dark one is: the client
+        // reconnects on I/O errors alone, and would keep answering `READONLY` from a
+        // master demoted behind the same address, or an `AUTH` refused once, for good.
+        self.conn.renew();
+        self.conn.suspect(&self.instances_key);
+        None
     }
 
     /// A heartbeat failed: logged as a warning if the last one did not fail too.
