@@ -221,16 +221,56 @@ fn the_window_must_split_into_halves_of_slots() {
         "defaults.slot",
         "must divide the window",
     );
+    // Named where the value at fault was written: the more specific of the two, the
+    // slot where both are written in one place.
     refused(
         &route("window = \"500ms\""),
-        "routes[0].slot",
+        "routes[0].window",
         "an even number of at least 4 slots, got 5",
     );
     refused(
         &route("window = \"200ms\""),
-        "routes[0].slot",
+        "routes[0].window",
         "at least 4 slots, got 2",
     );
+    refused(
+        &route("slot = \"700ms\""),
+        "routes[0].slot",
+        "slot (700ms) must divide the window (6s)",
+    );
+    refused(
+        &route("window = \"1s\"\nslot = \"300ms\""),
+        "routes[0].slot",
+        "slot (300ms) must divide the window (1s)",
+    );
+}
+
+#[test]
+fn a_cut_route_must_be_restored_within_a_week() {
+    // 140 req/s back in steps of 10^-300 req/s: never, as it was (60 + 10^-300 is 60).
+    refused(
+        &route("restore_step = 1e-300"),
+        "routes[0].restore_step",
+        "restoring from cut_limit (60) to base_limit (200) in steps of 1e-300 every 1s \
+         takes 1.4e302 steps, longer than 7days: take a restore_step of at least 0.0002315 or",
+    );
+    // 14,000 steps of 0.01 req/s a minute: 9.7 days. At most 10,080 steps of a minute
+    // fit in a week: a step of 140/10,080 req/s at least.
+    refused(
+        &format!("[defaults]\nrestore_step = 0.01\n{ORDER}restore_interval = \"1m\"\n"),
+        "routes[0].restore_interval",
+        "takes 14000 steps, longer than 7days: take a restore_step of at least 0.01389 or",
+    );
+    // 14,000 steps of 43 s are 6.97 days; 7 steps of a day, 7 days.
+    for within in [
+        format!("[defaults]\nrestore_step = 0.01\n{ORDER}restore_interval = \"43s\"\n"),
+        route("restore_interval = \"1day\""),
+    ] {
+        assert!(
+            Config::from_toml_str(&within, "week.toml").is_ok(),
+            "{within}"
+        );
+    }
 }
 
 #[test]

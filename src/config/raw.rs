@@ -691,6 +691,11 @@ const LONGEST_WINDOW: Duration = Duration::from_secs(3600);
 /// restore step waited for, longer than a day is no adaptive limit but a fixed one.
 const LONGEST_CONTROLLER_DURATION: Duration = Duration::from_secs(24 * 3600);
 
+/// The longest restore from `cut_limit` to `base_limit`, all its steps together (7
+/// steps of the longest `restore_interval`): a cut route back at its base limit only
+/// later than that is cut for good.
+const LONGEST_RESTORE: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The longest `idle_timeout` of a partition's keys.
 const LONGEST_IDLE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -991,6 +996,9 @@ fn ordered(p: &mut Problems, low: (&str, &Set<f64>), high: (&str, &Set<f64>), st
 fn controller_params(p: &mut Problems, s: &Settings) -> Option<ControllerParams> {
     if let (Some(cut), Some(base)) = (&s.cut_limit, &s.base_limit) {
         ordered(p, ("cut_limit", cut), ("base_limit", base), false);
+        if let (Some(step), Some(interval)) = (&s.restore_step, &s.restore_interval) {
+            restores_within_a_day(p, (cut, base), step, interval);
+        }
     }
     if let (Some(safe), Some(danger)) = (&s.safe_roc, &s.danger_roc) {
         ordered(p, ("safe_roc", safe), ("danger_roc", danger), true);
@@ -1037,6 +1045,58 @@ fn controller_params(p: &mut Problems, s: &Settings) -> Option<ControllerParams>
         max_cut: s.max_cut.as_ref()?.value,
         roc_mode: s.roc_mode.as_ref()?.value,
     })
+}
+
+/// Refuses a restore from `cut_limit` to `base_limit` that takes longer than
+/// [`LONGEST_RESTORE`]: a `restore_step` too small for the gap (`1e-300`) left a cut
+/// route at its cut limit for good. Named at the more specific of `restore_step` and
+/// `restore_interval`.
+fn restores_within_a_day(
+    p: &mut Problems,
+    (cut, base): (&Set<f64>, &Set<f64>),
+    step: &Set<f64>,
+    interval: &Set<Duration>,
+) {
+    if cut.value >= base.value || step.value <= 0.0 {
+        return;
+    }
+    let steps = ((base.value - cut.value) / step.value).ceil();
+    let longest = LONGEST_RESTORE.as_secs_f64();
+    if steps * interval.value.as_secs_f64() <= longest {
+        return;
+    }
+    let at = if step.scope >= interval.scope {
+        step.scope.path("restore_step")
+    } else {
+        interval.scope.path("restore_interval")
+    };
+    // The least step that restores in time, rounded up to 4 figures.
+    let fewest = (longest / interval.value.as_secs_f64()).floor().max(1.0);
+    let least = (base.value - cut.value) / fewest;
+    let scale = 10f64.powi(3 - least.log10().floor() as i32);
+    p.at(
+        at,
+        format!(
+            "restoring from cut_limit ({}) to base_limit ({}) in steps of {} every {} takes \
+             {} steps, longer than 7days: take a restore_step of at least {} or a shorter \
+             restore_interval",
+            cut.value,
+            base.value,
+            figure(step.value),
+            humantime::format_duration(interval.value),
+            figure(steps),
+            figure((least * scale).ceil() / scale),
+        ),
+    );
+}
+
+/// `x` as written in a file: in full, or with an exponent where that would run long.
+fn figure(x: f64) -> String {
+    if x != 0.0 && !(1e-4..1e15).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
 }
 
 /// Checks limits against the algorithm that enforces them, so that each is enforced
@@ -1201,11 +1261,17 @@ fn algorithm_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Algorithm> 
     })
 }
 
-/// The ROC window; a shape [`WindowSpec`] refuses is reported under `slot`.
+/// The ROC window; a shape [`WindowSpec`] refuses is reported under the more specific
+/// of `window` and `slot` (`slot` where both are given in one place).
 fn window_spec(p: &mut Problems, s: &Settings) -> Option<WindowSpec> {
     let (window, slot) = (s.window.as_ref()?, s.slot.as_ref()?);
+    let at = if window.scope > slot.scope {
+        window.scope.path("window")
+    } else {
+        slot.scope.path("slot")
+    };
     WindowSpec::new(window.value, slot.value)
-        .map_err(|e| p.at(window.scope.max(slot.scope).path("slot"), e.to_string()))
+        .map_err(|e| p.at(at, e.to_string()))
         .ok()
 }
 
