@@ -190,6 +190,113 @@ fn an_unwritable_out_dir_exits_2_before_running() {
     assert!(out.stdout.is_empty(), "nothing ran");
 }
 
+/// The files of `dir`, by name, with their contents.
+fn files_of(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let out_arg = out_dir.to_str().unwrap();
+    let out = rocgate(&["simulate", "--scenario", "flash-sale", "--out", out_arg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let before = files_of(&out_dir);
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        ["chart.png", "chart.svg", "summary.json", "timeseries.csv"]
+    );
+
+    // Refused once the files are opened: the run is too long.
+    let long = dir.path().join("long.csv");
+    std::fs::write(&long, "0,0\n2000000,0\n").unwrap();
+    let out = rocgate(&[
+        "simulate",
+        "--profile",
+        long.to_str().unwrap(),
+        "--out",
+        out_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("more than 1000000"));
+    assert_eq!(files_of(&out_dir), before, "a refused run");
+
+    // A write fails part-way: files over 60 KiB cannot be written (a full disk), so
+    // the summary and the SVG chart are written and the CSV and PNG are not.
+    let out = Command::new("bash")
+        .args(["-c", "trap '' XFSZ; ulimit -f 60; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["simulate", "--scenario", "steady", "--out", out_arg])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot write: File too large"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(files_of(&out_dir), before, "a run failing part-way");
+
+    // And a run that succeeds replaces them all.
+    let out = rocgate(&["simulate", "--scenario", "steady", "--out", out_arg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let after = files_of(&out_dir);
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        String::from_utf8_lossy(&after["summary.json"]).contains("\"steady\""),
+        "the steady run's summary"
+    );
+}
+
+#[test]
+fn a_replay_is_bounded_by_the_slots_of_all_its_routes() {
+    // Two requests 14 hours apart on each of the default config's two routes: 504,000
+    // slots of 100 ms each, 1,008,000 in all (once, a day on ten routes took 1.3 GB).
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let line = |request: &str, at: &str| {
+        format!("198.51.100.1 - - [27/Nov/2026:{at} +0000] \"{request} HTTP/1.1\" 200 5\n")
+    };
+    let text_of_log = [
+        line("POST /api/order", "06:00:00"),
+        line("GET /index.html", "06:00:00"),
+        line("POST /api/order", "19:59:59"),
+        line("GET /index.html", "19:59:59"),
+    ]
+    .concat();
+    std::fs::write(&log, text_of_log).unwrap();
+    let out = rocgate(&["simulate", "--access-log", log.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains(
+            "a run of 50400s in slots of 100ms needs 1008000 slots over its 2 routes, \
+             more than 1000000; replay a part with --from/--to, or fewer routes with --route"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = rocgate(&[
+        "simulate",
+        "--access-log",
+        log.to_str().unwrap(),
+        "--route",
+        "order",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 #[test]
 fn an_invalid_config_exits_2() {
     let dir = tempfile::tempdir().unwrap();

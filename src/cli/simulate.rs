@@ -133,10 +133,20 @@ struct SummaryFile<'a> {
 /// Writes one output file.
 type Writer<'a> = Box<dyn FnOnce(&mut BufWriter<File>) -> io::Result<()> + 'a>;
 
-/// The output files, created before the run so that an unwritable directory is
-/// reported before any work is done.
+/// The output files, opened before the run so that an unwritable directory is
+/// reported before any work is done. Each is written under a temporary name beside
+/// its own, and every one is renamed into place only once all are written: a run
+/// refused or failing part-way leaves the last run's files as they were.
 struct Outputs {
-    files: Vec<(PathBuf, BufWriter<File>)>,
+    files: Vec<Output>,
+}
+
+/// One output file, while it is written.
+struct Output {
+    path: PathBuf,
+    /// Where it is written until every file is: `.NAME.PID.partial` beside it.
+    partial: PathBuf,
+    out: BufWriter<File>,
 }
 
 impl Outputs {
@@ -147,31 +157,49 @@ impl Outputs {
                 dir.display()
             ))
         })?;
-        let files = names
-            .iter()
-            .map(|name| {
-                let path = dir.join(name);
-                File::create(&path)
-                    .map(|f| (path.clone(), BufWriter::new(f)))
-                    .map_err(|e| bad_input(format!("{}: cannot write: {e}", path.display())))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Outputs { files })
+        let mut outputs = Outputs { files: Vec::new() };
+        for name in names {
+            let path = dir.join(name);
+            let partial = dir.join(format!(".{name}.{}.partial", std::process::id()));
+            let file = File::create(&partial)
+                .map_err(|e| bad_input(format!("{}: cannot write: {e}", path.display())))?;
+            outputs.files.push(Output {
+                path,
+                partial,
+                out: BufWriter::new(file),
+            });
+        }
+        Ok(outputs)
     }
 
-    /// Writes each file with its writer, in order, and names them.
-    fn write(self, writers: Vec<Writer<'_>>) -> Result<String, Failure> {
-        let mut names = Vec::new();
-        for ((path, mut out), write) in self.files.into_iter().zip(writers) {
-            write(&mut out)
-                .and_then(|()| out.flush())
-                .map_err(|e| Failure {
-                    message: format!("{}: cannot write: {e}", path.display()),
-                    code: FAILED,
-                })?;
-            names.push(path.display().to_string());
+    /// Writes each file with its writer, in order, then puts them all in place, and
+    /// names them.
+    fn write(mut self, writers: Vec<Writer<'_>>) -> Result<String, Failure> {
+        let failed = |path: &Path, e: io::Error| Failure {
+            message: format!("{}: cannot write: {e}", path.display()),
+            code: FAILED,
+        };
+        for (file, write) in self.files.iter_mut().zip(writers) {
+            write(&mut file.out)
+                .and_then(|()| file.out.flush())
+                .map_err(|e| failed(&file.path, e))?;
         }
+        let mut names = Vec::new();
+        for file in &self.files {
+            fs::rename(&file.partial, &file.path).map_err(|e| failed(&file.path, e))?;
+            names.push(file.path.display().to_string());
+        }
+        self.files.clear();
         Ok(names.join(", "))
+    }
+}
+
+impl Drop for Outputs {
+    /// Removes the files not put in place: the run was refused, or a write failed.
+    fn drop(&mut self) {
+        for file in &self.files {
+            let _ = fs::remove_file(&file.partial);
+        }
     }
 }
 
@@ -381,7 +409,12 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
 /// A run failed before it started: the error, with a hint for over-long logs.
 fn run_failure(label: &str, traffic: &Traffic, e: SimError) -> Failure {
     let hint = match (&e, traffic) {
-        (SimError::TooManySlots { .. }, Traffic::Log(_)) => "; replay a part with --from/--to",
+        (SimError::TooManySlots { routes: 1, .. }, Traffic::Log(_)) => {
+            "; replay a part with --from/--to"
+        }
+        (SimError::TooManySlots { .. }, Traffic::Log(_)) => {
+            "; replay a part with --from/--to, or fewer routes with --route"
+        }
         _ => "",
     };
     bad_input(format!("{label}: {e}{hint}"))

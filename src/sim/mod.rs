@@ -149,15 +149,17 @@ mod run;
 pub mod sweep;
 
 pub use access_log::{AccessLog, LogOptions, LogReader, LogStats, Spread};
-pub use profile::{ArrivalModel, Arrivals, Profile, ProfileError, Scenario, UnknownScenario};
+pub use profile::{
+    ArrivalModel, Arrivals, Profile, ProfileError, Scenario, UnknownScenario, LATEST_TIME_S,
+};
 pub use run::{
     ReasonCounts, Request, RunSummary, SimError, SimResult, SimRun, Simulator, SlotRow, Summary,
     TransitionRecord,
 };
 pub use sweep::{Sweep, SweepError, SweepParam, SweepRow};
 
-/// The most slots one run may record per route (27.7 hours of 100 ms slots, about
-/// 150 MB of rows).
+/// The most slots one run may record, over all its routes (27.7 hours of 100 ms
+/// slots on one route, a tenth of that on ten; about 150 MB of rows).
 pub const MAX_SLOTS: u64 = 1_000_000;
 
 /// The most requests a profile may offer in one run: at about 110 ns a request

@@ -34,6 +34,10 @@ pub struct Profile {
     cumulative: Box<[f64]>,
 }
 
+/// The latest time a profile's point may be at, in seconds: 10^12, where an `f64`
+/// still holds a time to about a tenth of a millisecond.
+pub const LATEST_TIME_S: f64 = 1e12;
+
 /// Why a profile was refused. Line numbers are 1-based.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -73,6 +77,15 @@ pub enum ProfileError {
         /// The time.
         t: f64,
     },
+    /// A time is past [`LATEST_TIME_S`]: read as Unix seconds it is no date a clock
+    /// holds, and a float that large no longer holds a slot's time.
+    #[error("line {line}: t_seconds must be at most {LATEST_TIME_S:e} (the year 33658 read as Unix seconds), got {t}")]
+    TimeTooLate {
+        /// The line.
+        line: usize,
+        /// The time.
+        t: f64,
+    },
     /// A point's time is earlier than the previous point's.
     #[error("line {line}: t_seconds must increase, got {t} after {previous}")]
     TimeNotIncreasing {
@@ -105,6 +118,7 @@ impl ProfileError {
             | ProfileError::NotANumber { line, .. }
             | ProfileError::NegativeRate { line, .. }
             | ProfileError::NegativeTime { line, .. }
+            | ProfileError::TimeTooLate { line, .. }
             | ProfileError::TimeNotIncreasing { line, .. } => Some(*line),
             ProfileError::TooFewPoints { .. } | ProfileError::NoDuration { .. } => None,
         }
@@ -120,10 +134,12 @@ impl Profile {
 
     /// Parses `t_seconds,rate` lines. Blank lines and `#` comments are ignored, and
     /// so is a first line none of whose fields is or starts like a number (a header,
-    /// such as `t_seconds,rate`): `0;40` is a point written wrong, not a header.
+    /// such as `t_seconds,rate`): `0;40` is a point written wrong, not a header. A
+    /// byte order mark before the first line, as spreadsheets write, is skipped.
     pub fn parse_csv(text: &str) -> Result<Self, ProfileError> {
         let mut points = Vec::new();
         let mut seen_content = false;
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
             let content = raw.split('#').next().unwrap_or_default().trim();
@@ -165,6 +181,9 @@ impl Profile {
             }
             if t < 0.0 {
                 return Err(ProfileError::NegativeTime { line, t });
+            }
+            if t > LATEST_TIME_S {
+                return Err(ProfileError::TimeTooLate { line, t });
             }
             if rate < 0.0 {
                 return Err(ProfileError::NegativeRate { line, rate });
@@ -545,8 +564,35 @@ mod tests {
             ProfileError::TooFewPoints { points: 1 }
         );
         assert_eq!(err("3,1\n3,5\n"), ProfileError::NoDuration { t: 3.0 });
+        // Read as Unix seconds, a time past 10^12 is no date (it started the run in
+        // 1970), and its slots' times are no longer held to the millisecond.
+        assert_eq!(
+            err("1e19,10\n10000000000000010000,10\n"),
+            ProfileError::TimeTooLate { line: 1, t: 1e19 }
+        );
+        assert_eq!(
+            err("0,10\n1000000000001,10\n"),
+            ProfileError::TimeTooLate {
+                line: 2,
+                t: 1_000_000_000_001.0
+            }
+        );
+        assert!(Profile::parse_csv("0,10\n1000000000000,10\n").is_ok());
         let msg = err("0,1\n\n2,x\n").to_string();
         assert!(msg.starts_with("line 3:"), "{msg}");
+    }
+
+    #[test]
+    fn csv_skips_a_byte_order_mark() {
+        for text in ["\u{feff}0,10\n10,20\n", "\u{feff}t,rate\n0,10\n10,20\n"] {
+            let p = Profile::parse_csv(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!((p.start_s(), p.rate_at(5.0)), (0.0, 15.0), "{text:?}");
+        }
+        // Only at the start of the text: anywhere else it is no number.
+        assert!(matches!(
+            Profile::parse_csv("0,10\n\u{feff}10,20\n"),
+            Err(ProfileError::NotANumber { line: 2, .. })
+        ));
     }
 
     #[test]

@@ -41,15 +41,18 @@ pub enum SimError {
         /// The routes there are.
         known: Vec<String>,
     },
-    /// The run would record more than [`MAX_SLOTS`] slots for one route.
+    /// The run would record more than [`MAX_SLOTS`] slots over all its routes.
     #[error(
-        "a run of {duration:?} in slots of {slot:?} needs {slots} slots, more than {MAX_SLOTS}"
+        "a run of {duration:?} in slots of {slot:?} needs {slots} slots{}, more than {MAX_SLOTS}",
+        over_routes(*routes)
     )]
     TooManySlots {
         /// Length of the run.
         duration: Duration,
-        /// The route's slot.
+        /// The routes' shortest slot.
         slot: Duration,
+        /// The routes the run records.
+        routes: usize,
         /// Slots the run would record, counted exactly: a run of 10^15 s in 100 ms
         /// slots needs 10^16 of them, and one of `Duration::MAX` in 1 ns slots more
         /// than a `u64` holds.
@@ -267,22 +270,26 @@ impl Simulator {
         let end = Nanos::new(duration_nanos(duration));
         let mut slot_of = vec![None; self.config.routes.len()];
         let mut plans = Vec::with_capacity(self.routes.len());
+        // Every route's rows are kept to the end of the run: the bound is on them all.
+        let (mut total, mut shortest) = (0u128, Duration::MAX);
         for (i, &route) in self.routes.iter().enumerate() {
             let Some(cfg) = self.config.routes.get(route) else {
                 continue;
             };
             let slot = cfg.window.slot();
-            let slot_ns = duration_nanos(slot);
             let exact = duration.as_nanos().div_ceil(slot.as_nanos());
-            let Some(slots) = u64::try_from(exact).ok().filter(|&n| n <= MAX_SLOTS) else {
-                return Err(SimError::TooManySlots {
-                    duration,
-                    slot,
-                    slots: exact,
-                });
-            };
+            total = total.saturating_add(exact);
+            shortest = shortest.min(slot);
             slot_of[route] = Some(i);
-            plans.push((route, slot_ns, slots));
+            plans.push((route, duration_nanos(slot), exact as u64));
+        }
+        if total > u128::from(MAX_SLOTS) {
+            return Err(SimError::TooManySlots {
+                duration,
+                slot: shortest,
+                routes: plans.len(),
+                slots: total,
+            });
         }
 
         // Every decision and change of this run's buckets is made on this thread:
@@ -434,6 +441,15 @@ fn summarize(
         peak_admitted_1s,
         peak_admitted_1s_at_s,
         peak_offered_1s,
+    }
+}
+
+/// How [`SimError::TooManySlots`] names a run's routes: by their count, if more than one.
+fn over_routes(routes: usize) -> String {
+    if routes > 1 {
+        format!(" over its {routes} routes")
+    } else {
+        String::new()
     }
 }
 

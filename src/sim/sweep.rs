@@ -231,9 +231,11 @@ impl FromStr for SweepParam {
                 }
                 let steps = ((end - start) / step + 1e-9).floor();
                 if steps >= MAX_RUNS as f64 {
+                    // Past u128 (or infinite), the count saturates.
+                    let runs = (steps as u128).saturating_add(1);
                     return Err(SweepError::TooManyRuns {
-                        counts: vec![format!("{label} ({})", steps as u128 + 1)],
-                        runs: steps as u128 + 1,
+                        counts: vec![format!("{label} ({runs})")],
+                        runs,
                     });
                 }
                 (0..=steps as u64)
@@ -631,6 +633,23 @@ mod tests {
         // The end is reached even when (end − start) / step is a hair below a whole number.
         let p: SweepParam = "min_rps=0..0.3:0.1".parse().unwrap();
         assert_eq!(p.values.len(), 4);
+    }
+
+    #[test]
+    fn a_range_of_more_runs_than_any_count_is_refused_with_its_count() {
+        // Its count of steps is past u128, or infinite: it saturates (an overflow
+        // once, which counted it as 0 runs or panicked).
+        for (range, runs) in [
+            ("danger_roc=0..1e39:1", u128::MAX),
+            ("danger_roc=0..1e300:1e-300", u128::MAX),
+            ("danger_roc=0..1000:1", 1001),
+        ] {
+            let e = range.parse::<SweepParam>().unwrap_err();
+            assert!(
+                matches!(e, SweepError::TooManyRuns { runs: r, .. } if r == runs),
+                "{range}: {e}"
+            );
+        }
     }
 
     #[test]
