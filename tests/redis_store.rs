@@ -4195,3 +4195,46 @@ async fn an_auth_refused_for_a_while_is_recovered_from() {
         inst.store.beat().await
     );
 }
+
+/// Instances beating at different `heartbeat`s (a rolling change of it) count each
+/// other: one beating every 200 ms counts one beating every 5 s for 15 s after its
+/// beat, not 600 ms, and its beats leave the set to expire no sooner than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_beating_at_different_rates_count_each_other() {
+    let server = RedisServer::start().await;
+    let mut fast = hand_beaten_config(&server, "hb");
+    let mut slow = fast.clone();
+    fast.heartbeat = Duration::from_millis(200);
+    slow.heartbeat = Duration::from_secs(5);
+    let route = route(100.0, Duration::from_secs(1));
+    let s = Instance::system(&route, &slow);
+    assert_eq!(beat_answered(&s.store).await, 1);
+    let f = Instance::system(&route, &fast);
+    assert_eq!(beat_answered(&f.store).await, 2);
+    // Past the fast one's span (600 ms), within the slow one's (15 s).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(beat_answered(&f.store).await, 2, "the slow one still counts");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("{hb}:instances")
+        .query(&mut server.connection().unwrap())
+        .unwrap();
+    assert!(ttl > 10_000, "the set expires with the slow one's beat: {ttl} ms");
+    // A beat still ends at its own span: one of 600 ms beaten 700 ms ago is gone,
+    // whoever counts; one without a span (an older rocgate's) counts for the
+    // counter's span, 15 s here.
+    let mut redis = server.connection().unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis).unwrap();
+    let beaten = secs * 1000 + micros / 1000 - 700;
+    let _: () = redis::cmd("ZADD")
+        .arg("{hb}:instances")
+        .arg(&[beaten.to_string(), "ghost/hb=600".into()])
+        .arg(&[beaten.to_string(), "older".into()])
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(beat_answered(&s.store).await, 3, "both live, and the older one");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&["{hb}:instances", "0", "-1"])
+        .query(&mut redis)
+        .unwrap();
+    assert!(!members.iter().any(|m| m == "ghost/hb=600"), "{members:?}");
+}

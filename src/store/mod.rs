@@ -53,7 +53,8 @@ pub struct RedisConfig {
     pub fail_mode: FailMode,
     /// One round trip per decision, or local decisions synchronised once per slot.
     pub mode: SyncMode,
-    /// How often an instance announces itself; it counts as gone after 3 missed beats.
+    /// How often an instance announces itself (at least every millisecond); it counts
+    /// as gone after 3 missed beats.
     pub heartbeat: Duration,
     /// Failures in a row that open the breaker.
     pub failures_to_open: u32,
@@ -65,7 +66,8 @@ pub struct RedisConfig {
     pub key_ttl: Duration,
     /// This instance's name (logs, `GET /admin/store`); a random one when unset. Its
     /// member of the heartbeat set is the name followed by random bits, so instances
-    /// given the same name (one config file for the fleet) still count as two.
+    /// given the same name (one config file for the fleet) still count as two, and by
+    /// how long its beat counts.
     pub instance_id: Option<String>,
     /// The live instances this one assumes until a heartbeat has counted them (its
     /// share is the shared limit ÷ this): bounds what a fleet started while Redis is

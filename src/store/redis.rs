@@ -268,18 +268,35 @@ return 1
 /// Announces an instance and counts the live ones.
 ///
 /// - `KEYS[1]` sorted set of instances, scored by their last beat (ms, Redis time).
-/// - `ARGV[1]` this instance's member (its id, with random bits after a given one);
-///   `ARGV[2]` how long a beat counts, ms.
+/// - `ARGV[1]` this instance's member (its id, with random bits after a given one,
+///   then `/hb=` and how long its beat counts, ms); `ARGV[2]` how long its beat
+///   counts, ms.
 ///
-/// Returns `{count, missing}`: the number of instances that beat within `ARGV[2]`,
-/// this one included, and `1` if this instance was not in the set (its first beat,
-/// or the set was lost: Redis restarted empty, or nobody beat for `ARGV[2]`), else `0`.
+/// Each member counts for as long as its own beat does, written at the end of it (or
+/// `ARGV[2]`, for a member without one), so that instances beating at different
+/// `heartbeat`s (a rolling change of it) count each other; the set expires when the
+/// last of them would stop counting.
+///
+/// Returns `{count, missing}`: the number of instances whose beat still counts, this
+/// one included, and `1` if this instance was not in the set (its first beat, or the
+/// set was lost: Redis restarted empty, or nobody beat for as long as a beat counts),
+/// else `0`.
 pub const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - tonumber(ARGV[2])))
+local own = tonumber(ARGV[2])
+local longest = own
+local beats = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #beats, 2 do
+  local span = tonumber(string.match(beats[i], '/hb=(%d+)$')) or own
+  if tonumber(beats[i + 1]) <= now - span then
+    redis.call('ZREM', KEYS[1], beats[i])
+  elseif span > longest then
+    longest = span
+  end
+end
 local missing = redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', longest))
 return {redis.call('ZCARD', KEYS[1]), missing}
 ";
 
@@ -665,7 +682,8 @@ struct Inner {
     config: RedisConfig,
     instance_id: String,
     /// This instance's member of the heartbeat set: its id, and if the id was given,
-    /// random bits after it, so that instances given the same id count as two.
+    /// random bits after it, so that instances given the same id count as two; then
+    /// how long its beat counts ([`HEARTBEAT`]).
     member: String,
     instances_key: String,
     clock: Arc<dyn Clock>,
@@ -772,12 +790,11 @@ impl RedisStore {
                 }))
             }
         };
-        let (instance_id, member) = match &config.instance_id {
-            Some(id) => (id.clone(), format!("{id}#{:016x}", random_bits())),
-            None => {
-                let id = random_id();
-                (id.clone(), id)
-            }
+        let instance_id = config.instance_id.clone().unwrap_or_else(random_id);
+        let span = ttl_ms(config.heartbeat.saturating_mul(3));
+        let member = match &config.instance_id {
+            Some(id) => format!("{id}#{:016x}/hb={span}", random_bits()),
+            None => format!("{instance_id}/hb={span}"),
         };
         let inner = Arc::new(Inner {
             conn,
@@ -1406,7 +1423,7 @@ impl Inner {
         let mut invocation = self.heartbeat.call(&[&self.instances_key]);
         invocation
             .arg(self.member.as_str())
-            .arg(ttl_ms(self.config.heartbeat * 3));
+            .arg(ttl_ms(self.config.heartbeat.saturating_mul(3)));
         let answer = tokio::time::timeout(
             self.config.timeout,
             self.conn.invoke::<(u64, u64)>(&invocation),
@@ -1463,7 +1480,9 @@ async fn heartbeat(inner: Weak<Inner>) {
         Some(i) => i.config.heartbeat,
         None => return,
     };
-    let mut ticks = tokio::time::interval(every);
+    // A zero period, which the file refuses and a `RedisConfig` built in code may
+    // hold, is no period tokio takes.
+    let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
