@@ -857,6 +857,18 @@ fn env_override_changes_a_default() {
         "rocgate.toml: defaults.safe_roc: must be < danger_roc (80), got 90 \
          (set by environment variable ROCGATE__DEFAULTS__SAFE_ROC)"
     );
+    // Both fields of the problem set by variables: both are named.
+    let env = [
+        ("ROCGATE__DEFAULTS__SAFE_ROC".to_owned(), "90".to_owned()),
+        ("ROCGATE__DEFAULTS__DANGER_ROC".to_owned(), "85".to_owned()),
+    ];
+    let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "rocgate.toml: defaults.safe_roc: must be < danger_roc (85), got 90 \
+         (set by environment variable ROCGATE__DEFAULTS__SAFE_ROC; \
+         danger_roc set by environment variable ROCGATE__DEFAULTS__DANGER_ROC)"
+    );
 }
 
 #[test]

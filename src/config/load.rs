@@ -405,30 +405,30 @@ impl Override {
 /// A problem between two fields is reported at one of them (`routes[0].cut_limit: must
 /// be ≤ base_limit (50)`); when a variable set the other one, the field the message
 /// names, in the problem's table, a table above it or `[defaults]` (which every route
-/// inherits), the problem says so: `(base_limit set by environment variable …)`.
+/// inherits), the problem says so: `(base_limit set by environment variable …)`, after
+/// the variable that set the field it is reported at, if one did.
 fn attribute(problems: Vec<Problem>, overrides: &[Override]) -> Vec<Problem> {
     problems
         .into_iter()
         .map(|mut problem| {
             let within = |path: &str| lies_within(&problem.location, path);
-            if let Some(o) = overrides.iter().find(|o| within(&o.path)) {
-                problem.message = format!(
-                    "{} (set by environment variable {})",
-                    problem.message, o.var
-                );
-                return problem;
-            }
+            let at = overrides.iter().find(|o| within(&o.path));
             let named = overrides
                 .iter()
+                .filter(|o| at.is_none_or(|at| at.var != o.var))
                 .filter_map(|o| {
                     let (table, field) = o.path.rsplit_once('.')?;
                     let inherited = table == "defaults" || within(table);
                     (inherited && names_field(&problem.message, field))
                         .then(|| format!("{field} set by environment variable {}", o.var))
-                })
-                .collect::<Vec<_>>();
-            if !named.is_empty() {
-                problem.message = format!("{} ({})", problem.message, named.join("; "));
+                });
+            let parts: Vec<String> = at
+                .map(|o| format!("set by environment variable {}", o.var))
+                .into_iter()
+                .chain(named)
+                .collect();
+            if !parts.is_empty() {
+                problem.message = format!("{} ({})", problem.message, parts.join("; "));
             }
             problem
         })
