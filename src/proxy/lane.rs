@@ -184,9 +184,9 @@ pub(crate) struct Driver {
 }
 
 impl Future for Driver {
-    type Output = ();
+    type Output = std::convert::Infallible;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((connection, _)) = state.connection.as_mut() {
             if let Poll::Ready(result) = Pin::new(connection).poll(cx) {

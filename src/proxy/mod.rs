@@ -975,12 +975,12 @@ impl Proxy {
                                 served = conn.as_mut() => {
                                     // Completed after a 101: hyper has handed it over.
                                     upgraded = activity.take_tunnel();
-                                    break (served, false);
+                                    break served;
                                 }
                                 () = stalled.as_mut() => {
                                     tracing::debug!(%peer, "connection closed: the client took nothing for idle_timeout");
                                     cut = Some(Ended::Cut);
-                                    break (Ok(()), false);
+                                    break Ok(());
                                 }
                                 () = idle.as_mut(), if !closing => {
                                     tracing::debug!(%peer, "idle connection closed");
@@ -996,21 +996,18 @@ impl Proxy {
                                 }
                                 () = aborting.as_mut() => {
                                     cut = Some(Ended::Cut);
-                                    break (Ok(()), false);
+                                    break Ok(());
                                 }
                                 never = sweep.as_mut() => match never {},
                             }
                         }
                     };
-                    // The lane ending ends the connection: it is cut.
+                    // The lane's driver never completes: the connection ends with the
+                    // client's side.
                     let upstream = async {
-                        driver.as_mut().await;
-                        (Ok(()), true)
+                        match driver.as_mut().await {}
                     };
-                    let (served, lane_ended) = crate::beside::Beside::new(client, upstream).await;
-                    if lane_ended {
-                        cut = Some(Ended::Cut);
-                    }
+                    let served = crate::beside::Beside::new(client, upstream).await;
                     if let Err(e) = served {
                         tracing::debug!(error = %e, %peer, "connection ended with an error");
                     }
