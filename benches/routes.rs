@@ -23,6 +23,9 @@
 //!   `metrics_after_traffic`: a scrape once every route has its histograms, as it has
 //!   after traffic (the ROC histogram, upstream durations answered 2xx and 4xx), and
 //!   `metrics_after_traffic_gzip`, the same scrape as Prometheus asks for it, gzipped.
+//! - `reload_keys`: a reload that rebuilds a route limited per client IP by
+//!   `concurrency` (its queue changed), which hands each of its 1,000, 10,000 or
+//!   100,000 keys over to the new route (the new engine's drop left out).
 //!
 //! Run with bounded times:
 //! `cargo bench --bench routes -- --warm-up-time 1 --measurement-time 3`.
@@ -35,13 +38,15 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rocgate::clock::Nanos;
-use rocgate::config::{normalize_path, Config, RouteConfig, RouteMatch};
+use rocgate::config::{normalize_path, Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::engine::Engine;
+use rocgate::engine::Key;
 use rocgate::http::AdmissionLayer;
 use rocgate::proxy::{Proxy, ProxySettings};
 use std::convert::Infallible;
 use std::hint::black_box;
 use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 use tower::{Layer as _, Service as _, ServiceExt as _};
 
@@ -256,10 +261,57 @@ fn at_1000(c: &mut Criterion) {
     rt.block_on(task).unwrap().unwrap();
 }
 
+/// Keys of a partitioned `concurrency` route handed over by a reload.
+const KEY_COUNTS: [u32; 3] = [1_000, 10_000, 100_000];
+
+/// A route limited per client IP by `concurrency`, with room for `keys` keys and
+/// `queue` queued requests per key.
+fn per_ip_concurrency(keys: u32, queue: u32) -> Config {
+    let mut r = RouteConfig::new("keyed", RouteMatch::any());
+    r.algorithm = rocgate::limiter::Algorithm::Concurrency { queue };
+    r.partition = Partition::ClientIp({
+        let mut limits = KeyLimits::default();
+        limits.max_keys = keys as usize;
+        limits
+    });
+    Config::new(vec![r])
+}
+
+/// A reload that rebuilds a partitioned `concurrency` route (its queue changed) and so
+/// hands every key over to the new route, for tables of 1,000 to 100,000 keys at rest.
+fn reload_keys(c: &mut Criterion) {
+    let mut g = c.benchmark_group("reload_keys");
+    g.sample_size(10);
+    for keys in KEY_COUNTS {
+        let built = Engine::new(
+            &per_ip_concurrency(keys, 0),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        let route = built.route_id("keyed").unwrap();
+        for k in 0..keys {
+            let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + k));
+            assert!(built.check(route, Key::Ip(ip), Nanos::ZERO).is_admit());
+        }
+        let rebuilt = per_ip_concurrency(keys, 1);
+        g.bench_function(BenchmarkId::from_parameter(keys), |b| {
+            // The old engine's drop, as a reload's, is left out.
+            b.iter_with_large_drop(|| {
+                built
+                    .reload(&rebuilt, Nanos::ZERO, SystemTime::UNIX_EPOCH)
+                    .unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     route_lookup(&mut c);
     layer_admit(&mut c);
     at_1000(&mut c);
+    reload_keys(&mut c);
     c.final_summary();
 }
