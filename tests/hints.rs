@@ -128,7 +128,7 @@ fn bursty_rejections_raise_the_burst() {
 /// it, and not when the fallback limiter did. Both rules took every rejection but the
 /// cut's for the limit's.
 #[test]
-fn fallback_rejections_tune_neither_burst_nor_restore() {
+fn fallback_rejections_tune_neither_base_limit_nor_burst_nor_restore() {
     let settings = RouteSettings {
         name: "r".to_owned(),
         mode: Mode::Enforce,
@@ -163,14 +163,16 @@ fn fallback_rejections_tune_neither_burst_nor_restore() {
             (300, 100)
         }
     };
-    let recovering = |_: u64| -> (u64, u64) { (150, 50) };
+    let over = |_: u64| -> (u64, u64) { (150, 50) };
     for (pattern, state, rule) in [
         (
             &bursts as &dyn Fn(u64) -> (u64, u64),
             ControllerState::Normal,
             "raise_burst",
         ),
-        (&recovering, ControllerState::Recovering, "faster_restore"),
+        (&over, ControllerState::Recovering, "faster_restore"),
+        // A Redis outage read as the base limit's rejections raised it for good.
+        (&over, ControllerState::Normal, "raise_base_limit"),
     ] {
         let advised = |reason| {
             let part = intervals(pattern, reason, state);

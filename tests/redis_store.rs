@@ -4213,12 +4213,19 @@ async fn instances_beating_at_different_rates_count_each_other() {
     assert_eq!(beat_answered(&f.store).await, 2);
     // Past the fast one's span (600 ms), within the slow one's (15 s).
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(beat_answered(&f.store).await, 2, "the slow one still counts");
+    assert_eq!(
+        beat_answered(&f.store).await,
+        2,
+        "the slow one still counts"
+    );
     let ttl: i64 = redis::cmd("PTTL")
         .arg("{hb}:instances")
         .query(&mut server.connection().unwrap())
         .unwrap();
-    assert!(ttl > 10_000, "the set expires with the slow one's beat: {ttl} ms");
+    assert!(
+        ttl > 10_000,
+        "the set expires with the slow one's beat: {ttl} ms"
+    );
     // A beat still ends at its own span: one of 600 ms beaten 700 ms ago is gone,
     // whoever counts; one without a span (an older rocgate's) counts for the
     // counter's span, 15 s here.
@@ -4231,7 +4238,11 @@ async fn instances_beating_at_different_rates_count_each_other() {
         .arg(&[beaten.to_string(), "older".into()])
         .query(&mut redis)
         .unwrap();
-    assert_eq!(beat_answered(&s.store).await, 3, "both live, and the older one");
+    assert_eq!(
+        beat_answered(&s.store).await,
+        3,
+        "both live, and the older one"
+    );
     let members: Vec<String> = redis::cmd("ZRANGE")
         .arg(&["{hb}:instances", "0", "-1"])
         .query(&mut redis)

@@ -543,9 +543,11 @@ impl<'a> Evidence<'a> {
         }
         let offered = intervals.iter().map(|i| i.offered).sum();
         let rejected = intervals.iter().map(Interval::rejected_total).sum();
-        let cut_rejected: u64 = intervals
+        // Neither the cut's rejections nor the local fallback limiter's (Redis away)
+        // are the base limit's.
+        let not_base: u64 = intervals
             .iter()
-            .map(|i| i.rejected[Reason::RocCut.index()])
+            .map(|i| i.rejected[Reason::RocCut.index()] + i.rejected[Reason::FallbackLocal.index()])
             .sum();
         let start = intervals.first().map_or(0.0, |i| i.start.as_secs_f64());
         let mut cuts: Vec<CutEpisode> = Vec::new();
@@ -581,7 +583,7 @@ impl<'a> Evidence<'a> {
             capacity_rps,
             offered,
             rejected,
-            base_rejected: rejected - cut_rejected,
+            base_rejected: rejected - not_base,
             secs: Interval::total_secs(intervals),
             exhausted_s: intervals.iter().map(|i| i.exhausted_s).sum(),
             cuts,
