@@ -791,6 +791,14 @@ fn a_profile_at_the_edge_of_f64_offers_a_number_of_requests_not_nan() {
         Profile::parse_csv("-1e308,0\n1e308,0\n").map(|_| ()),
         Err(ProfileError::NegativeTime { line: 1, t: -1e308 })
     );
-    let p = Profile::parse_csv("0,0\n1.7976931348623157e308,0\n").unwrap();
+    // Nor may a time pass 10^12 s; the longest span a profile can have offers nothing.
+    assert_eq!(
+        Profile::parse_csv("0,0\n1.7976931348623157e308,0\n").map(|_| ()),
+        Err(ProfileError::TimeTooLate {
+            line: 2,
+            t: f64::MAX
+        })
+    );
+    let p = Profile::parse_csv("0,0\n1e12,0\n").unwrap();
     assert_eq!(p.expected_arrivals(), 0.0);
 }
