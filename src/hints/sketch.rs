@@ -101,6 +101,17 @@ impl Sketch {
         (self.count > 0).then_some(self.max)
     }
 
+    /// Values recorded in buckets above the one that holds `value`: those certainly
+    /// above it (a value in its bucket may lie up to 9% either side of it).
+    pub fn count_above(&self, value: f64) -> u64 {
+        let at = Self::bucket(value);
+        self.buckets
+            .iter()
+            .filter(|&&(b, _)| b > at)
+            .map(|&(_, n)| u64::from(n))
+            .sum()
+    }
+
     /// The value below which a fraction `q` of the values lie: the upper bound of
     /// the bucket holding the `q`-th value, never above the exact maximum. `None`
     /// when empty.
@@ -144,6 +155,20 @@ mod tests {
         }
         assert_eq!(s.quantile(1.0), Some(1000.0));
         assert_eq!(s.max(), Some(1000.0));
+    }
+
+    #[test]
+    fn values_above_count_only_buckets_above_the_values_own() {
+        let mut s = Sketch::new();
+        s.record_n(0.4, 97);
+        // The meter's 0.5 s bound, recorded as itself: in the bucket of 0.5 (up to
+        // 0.512), not above it.
+        s.record_n(0.5, 2);
+        s.record(1.0);
+        assert_eq!(s.count_above(0.5), 1);
+        assert_eq!(s.count_above(0.3), 100);
+        assert_eq!(s.count_above(2.0), 0);
+        assert_eq!(Sketch::new().count_above(0.5), 0);
     }
 
     #[test]
