@@ -484,27 +484,40 @@ fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
 }
 
 /// Two rules of one report, each within its bounds, broke the relation together:
-/// thresholds far too low, Poisson noise at 40 req/s against a service of 50 cut a
-/// quiet route again and again (`raise_min_rps` 10 → 58, at most half the base limit
-/// of 200) while saturating it (`lower_base_limit` 200 → 45): min_rps 58 above a base
-/// limit of 45. `raise_min_rps` is bounded by the base limit suggested with it.
+/// a quiet route cut again and again while its upstream was healthy (`raise_min_rps`
+/// 10 → 58, at most half the base limit of 200) and saturating it at other times
+/// (`lower_base_limit` 200 → 45): min_rps 58 above a base limit of 45.
+/// `raise_min_rps` is bounded by the base limit suggested with it.
 #[test]
 fn min_rps_raised_beside_a_lowered_base_limit_stays_under_it() {
-    let extra = "danger_roc = 1\nsafe_roc = 0.5";
-    let config = Config::from_toml_str(
-        &format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{extra}\n"),
-        "test",
-    )
-    .unwrap();
-    let run = Simulator::new(config.clone(), None)
-        .unwrap()
-        .capacity(50)
-        .run_profile_all(
-            &Scenario::Steady.profile(),
-            ArrivalModel::Poisson { seed: 5 },
-        )
-        .unwrap();
-    let h = hints::hints(&run, &config, &Policy::default());
+    // 20 req/s, healthy; three seconds at 50 in which the upstream saturated; three
+    // cuts of spikes to 60 req/s over a healthy upstream.
+    let intervals: Vec<Interval> = (0..30u64)
+        .map(|k| {
+            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+            let (offered, errors) = match k % 10 {
+                2 => (50, 10),
+                _ => (20, 0),
+            };
+            i.offered = offered;
+            i.peak_demand_rps = offered as f64;
+            if k % 10 == 6 {
+                i.cuts = 1;
+                i.cut_roc = 40.0;
+                i.peak_demand_rps = 60.0;
+                i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+            } else {
+                i.in_state[usize::from(ControllerState::Normal.as_index())] = 1.0;
+            }
+            i.upstream = Some(UpstreamCounts {
+                requests: offered,
+                errors,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&classic(), &intervals, None, &Policy::default());
     assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 45.0));
     let (current, raised) = numbers(&h, "raise_min_rps");
     assert_eq!(current, 10.0);
@@ -514,7 +527,7 @@ fn min_rps_raised_beside_a_lowered_base_limit_stays_under_it() {
     );
     let reason = &find(&h, "raise_min_rps").unwrap().reason;
     assert!(reason.contains("half the base limit of 45"), "{reason}");
-    apply(extra, &h).unwrap();
+    apply("", &h).unwrap();
 }
 
 /// A window counter holds at most 1,048,575 requests a window: a base limit of 10^6
@@ -1678,4 +1691,53 @@ fn a_p99_within_the_latency_budget_is_healthy() {
     let h = rocgate::hints::advise(&st, &intervals, None, &Policy::default());
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
     assert_eq!(rules(&h), ["no_change"], "{h:#?}");
+}
+
+/// Three cuts on a quiet route (10 req/s) whose spikes to 80 req/s saturated the
+/// upstream (10 of 60 forwarded failed): the cuts were needed. Counted with the
+/// others, they made `raise_min_rps` ask for min_rps above their peak (10 → 96),
+/// which would have stopped them all.
+#[test]
+fn needed_cuts_do_not_raise_min_rps_above_them() {
+    let spiking = |failed: u64| -> Vec<Interval> {
+        (0..30u64)
+            .map(|k| {
+                let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+                let spike = k % 10 == 5;
+                i.offered = if spike { 80 } else { 10 };
+                let mut errors = 0;
+                if spike {
+                    i.cuts = 1;
+                    i.cut_roc = 100.0;
+                    i.peak_demand_rps = 80.0;
+                    i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+                    i.rejected[Reason::RocCut.index()] = 20;
+                    errors = failed;
+                } else {
+                    i.in_state[usize::from(ControllerState::Normal.as_index())] = 1.0;
+                    i.peak_demand_rps = 10.0;
+                }
+                i.upstream = Some(UpstreamCounts {
+                    requests: i.offered - i.rejected_total(),
+                    errors,
+                    ..UpstreamCounts::default()
+                });
+                i
+            })
+            .collect()
+    };
+    let h = rocgate::hints::advise(&classic(), &spiking(10), None, &Policy::default());
+    assert!(find(&h, "raise_min_rps").is_none(), "{h:#?}");
+    // The same cuts over a healthy upstream guarded nothing: raise it above them.
+    let h = rocgate::hints::advise(&classic(), &spiking(0), None, &Policy::default());
+    let (current, suggested) = numbers(&h, "raise_min_rps");
+    assert_eq!(current, 10.0);
+    assert!(suggested > 80.0, "{suggested}");
+    assert!(
+        find(&h, "raise_min_rps")
+            .unwrap()
+            .reason
+            .starts_with("3 cuts on a quiet route while the upstream was not saturated"),
+        "{h:#?}"
+    );
 }

@@ -1338,18 +1338,22 @@ impl<'a> Evidence<'a> {
             return None;
         }
         let base = self.base();
-        if self.cut_count() < 3 || self.mean_rps() >= 0.2 * base {
+        // The cuts that guarded nothing: those in which the upstream saturated were
+        // needed, and a min_rps above their demand would have stopped them.
+        let (needless, needed): (Vec<&CutEpisode>, Vec<&CutEpisode>) =
+            self.cuts.iter().partition(|c| !c.saturated);
+        let count: u64 = needless.iter().map(|c| c.cuts).sum();
+        if count < 3 || self.mean_rps() >= 0.2 * base {
             return None;
         }
         let current = self.s.params.min_rps;
-        let peak = self
-            .cuts
+        let peak = needless
             .iter()
             .map(|c| c.peak_demand_rps)
             .fold(0.0, f64::max);
         let most = 0.5 * new_base.unwrap_or(base).min(base);
         let target = (peak * 1.2).max(2.0 * current).min(most);
-        if target <= current {
+        if target <= current || needed.iter().any(|c| c.peak_demand_rps <= target) {
             return None;
         }
         // At the bound, rounded down: not above it.
@@ -1375,8 +1379,8 @@ impl<'a> Evidence<'a> {
             Some("min_rps"),
             Some((Setting::Number(current), Setting::Number(suggested))),
             format!(
-                "{} cuts on a quiet route (mean demand {} req/s, base limit {} {}, peak demand during cuts {} req/s): small numbers make ROC jumpy; raise min_rps above that peak{bound}",
-                self.cut_count(),
+                "{} cuts on a quiet route while the upstream was not saturated (mean demand {} req/s, base limit {} {}, peak demand during them {} req/s): small numbers make ROC jumpy; raise min_rps above that peak{bound}",
+                count,
                 fmt_num(self.mean_rps()),
                 fmt_num(base),
                 self.units(),
