@@ -168,9 +168,17 @@ pub struct RocSample {
 
 impl RocSample {
     /// ROC relative to the earlier half's rate, floored at `min_rps` so a quiet route
-    /// cannot divide by almost nothing.
+    /// cannot divide by almost nothing. With neither (an earlier half without
+    /// requests and a `min_rps` of 0, which only a route in absolute mode may have) it
+    /// has no value: NaN, or 0 where demand did not change either. (Divided by the
+    /// least positive number instead, it was infinite, and a gauge of it read +Inf.)
     pub fn relative_roc(&self, min_rps: f64) -> f64 {
-        self.roc / self.rate_prev_rps.max(min_rps).max(f64::MIN_POSITIVE)
+        let base = self.rate_prev_rps.max(min_rps);
+        match (base > 0.0, self.roc == 0.0) {
+            (true, _) => self.roc / base,
+            (false, true) => 0.0,
+            (false, false) => f64::NAN,
+        }
     }
 
     /// ROC in the given mode.

@@ -671,10 +671,15 @@ fn the_controller_roc_is_in_each_routes_mode() {
         r.controller.safe_roc = if mode == RocMode::Relative { 1.0 } else { 20.0 };
         r
     };
+    // An absolute route may have a min_rps of 0: after a silent first half, its
+    // relative ROC has no value (it was +Inf).
+    let mut quiet = route("quiet", RocMode::Absolute);
+    quiet.controller.min_rps = 0.0;
     let engine = Engine::new(
         &Config::new(vec![
             route("abs", RocMode::Absolute),
             route("rel", RocMode::Relative),
+            quiet,
         ]),
         Nanos::ZERO,
         std::time::SystemTime::UNIX_EPOCH,
@@ -682,11 +687,11 @@ fn the_controller_roc_is_in_each_routes_mode() {
     .unwrap();
     // 20 req/s for the window's first half (3 s), then 50 req/s: in the last completed
     // slot the halves read 20 and 50 req/s, so ROC is 30 absolute, 1.5 relative.
-    for name in ["abs", "rel"] {
+    for name in ["abs", "rel", "quiet"] {
         let id = engine.route_id(name).unwrap();
         for ms in (0..6_000).step_by(10) {
             let every = if ms < 3_000 { 50 } else { 20 };
-            if ms % every == 0 {
+            if ms % every == 0 && (name != "quiet" || ms >= 3_000) {
                 let _ = engine.check(id, Key::None, Nanos::from_millis(ms));
             }
         }
@@ -703,6 +708,8 @@ fn the_controller_roc_is_in_each_routes_mode() {
         r#"rocgate_roc{route="rel",mode="relative"} 1.5"#,
         r#"rocgate_controller_roc{route="abs"} 30"#,
         r#"rocgate_controller_roc{route="rel"} 1.5"#,
+        r#"rocgate_roc{route="quiet",mode="absolute"} 50"#,
+        r#"rocgate_roc{route="quiet",mode="relative"} NaN"#,
     ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }
