@@ -1945,6 +1945,55 @@ fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
     assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys, 1);
 }
 
+/// A key full at its limit when the route's limit is raised holds that limit's
+/// tokens, and takes the new one's only as the bucket refills at the new rate: a
+/// sweep evicting it before it caught up (a full table sweeps every key at rest)
+/// made it a new key, full at the new capacity: 100 requests at once instead of 30.
+#[test]
+fn a_key_evicted_after_a_raise_gets_no_tokens_it_did_not_have() {
+    let mut cfg = RouteConfig::new("raised", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(key_table(2, None));
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 5.0;
+    cfg.controller.danger_roc = 1e9;
+    cfg.controller.safe_roc = 1e8;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
+    assert!(e.check(id, ip(2), Nanos::ZERO).is_admit());
+    let mut params = e.route_params(id).unwrap();
+    params.base_limit_rps = 100.0;
+    e.update_route(id, params, Nanos::from_secs(10)).unwrap();
+    // A rollover of the full table: ip(1) is at rest, full at 10 tokens.
+    assert!(e.check(id, ip(2), Nanos::from_millis(10_200)).is_admit());
+    let at = Nanos::from_millis(10_200);
+    let admitted = (0..200)
+        .filter(|_| e.check(id, ip(1), at).is_admit())
+        .count();
+    // Its 10 tokens, plus 0.2 s at 100 req/s.
+    assert_eq!(admitted, 30);
+}
+
+/// A key the route's limit was raised under and that sends nothing more catches up
+/// in the sweep, and once its bucket is full at the new capacity, it is evicted as
+/// any idle key is.
+#[test]
+fn a_key_idle_since_before_a_raise_is_still_evicted() {
+    let mut cfg = RouteConfig::new("raised-idle", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(key_table(100, Some(Duration::from_secs(10))));
+    cfg.controller.base_limit_rps = 5.0;
+    cfg.controller.cut_limit_rps = 5.0;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
+    let mut params = e.route_params(id).unwrap();
+    params.base_limit_rps = 10.0;
+    params.cut_limit_rps = 10.0;
+    e.update_route(id, params, Nanos::from_secs(1)).unwrap();
+    assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys, 1);
+}
+
 /// An engine is built only from routes a file would accept: `Engine::new` and
 /// `Engine::reload` check them by the file's rules and name every problem by its
 /// field path. They used to build the engine as given, here one whose cut would raise

@@ -91,8 +91,8 @@ impl Keys {
         with_tables!(self, t => t.give_back(key, pace, now))
     }
 
-    pub(super) fn sweep(&self, last: &mut Nanos, now: Nanos) {
-        with_tables!(self, t => t.sweep(last, now));
+    pub(super) fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos) {
+        with_tables!(self, t => t.sweep(r, last, now));
     }
 
     pub(super) fn len(&self) -> usize {
@@ -178,10 +178,10 @@ impl<E: KeyState> KeyTables<E> {
         }
     }
 
-    fn sweep(&self, last: &mut Nanos, now: Nanos) {
+    fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos) {
         match self {
-            KeyTables::Ip(t) => t.sweep(last, now),
-            KeyTables::Value(t) => t.sweep(last, now),
+            KeyTables::Ip(t) => t.sweep(r, last, now),
+            KeyTables::Value(t) => t.sweep(r, last, now),
         }
     }
 
@@ -288,8 +288,11 @@ pub(super) trait KeyState: Send + Sync {
     /// Whether the key may be evicted: unseen since `cutoff` (whole seconds) and
     /// holding nothing at `now`, so that a new key would start where it stands (a
     /// token short of a full bucket, a count in the window, a request still queued
-    /// or a concurrency permit still out keeps it).
-    fn evictable(&self, cutoff: u32, shape: u32, now: Nanos) -> bool;
+    /// or a concurrency permit still out keeps it). A token bucket's key catches up
+    /// with the route's limit first, as its next request would: full at a limit the
+    /// route has since raised, it holds fewer tokens than a new key gets, and evicted
+    /// as it was, it came back full at the new capacity.
+    fn evictable(&self, r: &Route, tiers: &TierTable, cutoff: u32, now: Nanos) -> bool;
 
     /// Gives back a paced request's place (see [`Pace`]); only a leaky bucket's key
     /// has one.
@@ -439,9 +442,31 @@ impl KeyState for BucketKey {
 
     #[inline]
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
+        self.catch_up(r, tiers, now);
+        self.meta.touch(now);
+        match self.words().take(now) {
+            Ok(()) => Decision::Admit(Admit::Now),
+            Err(retry_after_ns) => reject(retry_after_ns, Reason::Limit),
+        }
+    }
+
+    fn evictable(&self, r: &Route, tiers: &TierTable, cutoff: u32, now: Nanos) -> bool {
+        if !self.meta.unseen_since(cutoff) {
+            return false;
+        }
+        self.catch_up(r, tiers, now);
+        let caught_up = self.meta.generation.load(Ordering::Relaxed)
+            == r.generation.load(Ordering::Acquire) as u32;
+        caught_up && self.words().full(now)
+    }
+}
+
+impl BucketKey {
+    /// Sets the key's bucket at the route's limit if the route changed it since the
+    /// key last looked. A change whose note another change holds is left for later;
+    /// the key stays at the limit it has (see `keep_up`).
+    fn catch_up(&self, r: &Route, tiers: &TierTable, now: Nanos) {
         let words = self.words();
-        // A change whose note another change holds is left for the key's next
-        // request; this one is decided at the limit the key has (see `keep_up`).
         self.meta.keep_up(r, || {
             let changed = Nanos::new(r.changed_at.load(Ordering::Relaxed));
             words.try_set(
@@ -449,19 +474,8 @@ impl KeyState for BucketKey {
                 changed.min(now),
             )
         });
-        self.meta.touch(now);
-        match words.take(now) {
-            Ok(()) => Decision::Admit(Admit::Now),
-            Err(retry_after_ns) => reject(retry_after_ns, Reason::Limit),
-        }
     }
 
-    fn evictable(&self, cutoff: u32, _shape: u32, now: Nanos) -> bool {
-        self.meta.unseen_since(cutoff) && self.words().full(now)
-    }
-}
-
-impl BucketKey {
     fn words(&self) -> gcra::Words<'_> {
         gcra::Words {
             tat: &self.tat,
@@ -589,8 +603,8 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
         )
     }
 
-    fn evictable(&self, cutoff: u32, shape: u32, now: Nanos) -> bool {
-        self.meta.unseen_since(cutoff) && A::at_rest(&self.state, shape, now)
+    fn evictable(&self, _r: &Route, tiers: &TierTable, cutoff: u32, now: Nanos) -> bool {
+        self.meta.unseen_since(cutoff) && A::at_rest(&self.state, tiers.shape, now)
     }
 
     fn give_back(&self, pace: Pace, now: Nanos) -> bool {
@@ -633,7 +647,7 @@ impl KeyState for ConcurrencyKey {
         decision
     }
 
-    fn evictable(&self, cutoff: u32, _shape: u32, _now: Nanos) -> bool {
+    fn evictable(&self, _r: &Route, _tiers: &TierTable, cutoff: u32, _now: Nanos) -> bool {
         // A request still queued counts as held: a permit handed back leaves none in
         // flight until the request it woke takes it, from this state.
         unseen_since(&self.last_seen_s, cutoff) && self.limiter.is_idle()
@@ -879,7 +893,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// req/s) keep the table full, and every new client in the one overflow limiter
     /// that it drained too. It must now hold `max_keys` keys off rest at once, again
     /// after each sweep.
-    fn sweep(&self, last: &mut Nanos, now: Nanos) {
+    fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos) {
         let full = self.len.load(Ordering::Relaxed) >= self.limits.max_keys;
         let idle_every = self.limits.idle_timeout / 2;
         let every = if full {
@@ -902,7 +916,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             secs(now - self.limits.idle_timeout)
         };
         map.retain(|_, e| {
-            let keep = !e.evictable(cutoff, self.tiers.shape, now);
+            let keep = !e.evictable(r, &self.tiers, cutoff, now);
             if !keep {
                 self.len.fetch_sub(1, Ordering::Relaxed);
             }

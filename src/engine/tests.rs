@@ -71,10 +71,17 @@ fn the_shadow_key_table_is_swept_on_its_own_clock() {
     offer(&e, id, Key::None, 11.5, 41.5, 10.0);
     let now = Nanos::from_secs_f64(41.5);
     assert_eq!(e.route_snapshot(id, now).unwrap().keys, 2, "still full");
+    // The shadow key took the base limit's capacity (10,240 tokens) when the cut
+    // ended, with the cut's (about 3,070) in it: not at rest until it has refilled,
+    // about 12 minutes on.
+    assert_eq!(shadow_keys(&e, id), 1);
+    offer(&e, id, Key::None, 41.5, 800.0, 10.0);
+    let now = Nanos::from_secs(800);
+    assert_eq!(e.route_snapshot(id, now).unwrap().keys, 2, "still full");
     assert_eq!(
         shadow_keys(&e, id),
         0,
-        "the shadow key idle for 30 s, idle_timeout 10 s, was evicted"
+        "the shadow key idle and refilled, idle_timeout 10 s, was evicted"
     );
 }
 
