@@ -1741,3 +1741,59 @@ fn needed_cuts_do_not_raise_min_rps_above_them() {
         "{h:#?}"
     );
 }
+
+/// 300 req/s against a base limit of 200 for 30 s: raise it to 260. Once raised, 250
+/// req/s are all admitted, yet the hour of history kept the rejections made at 200
+/// and judged them against 260: "17% rejected by the base limit of 260", raise it
+/// again to 340, and so on at every report. A change of the route's settings drops
+/// what came before it.
+#[test]
+fn advice_applied_is_not_advised_again_on_what_came_before() {
+    use rocgate::engine::{Engine, Key};
+    use rocgate::hints::{History, UpstreamMeter};
+    let cfg = |base: u32| {
+        let toml = format!(
+            "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\ndanger_roc = 5000\nsafe_roc = 100\nbase_limit = {base}\n"
+        );
+        Config::from_toml_str(&toml, "test").unwrap()
+    };
+    let meter = UpstreamMeter::new();
+    let route: std::sync::Arc<str> = "r".into();
+    let mut history = History::new(Duration::from_secs(1), Duration::from_secs(3600));
+    let settings = |e: &Engine| e.route_settings(e.route_at(0).unwrap()).unwrap();
+    let run = |engine: &Engine, history: &mut History, from: u64, to: u64, rate: u64| {
+        let id = engine.route_at(0).unwrap();
+        for sec in from..to {
+            for n in 0..rate {
+                let now = Nanos::new(sec * 1_000_000_000 + n * 1_000_000_000 / rate);
+                if engine.check(id, Key::None, now).is_admit() {
+                    meter.record(&route, Duration::from_millis(5), false);
+                }
+            }
+            let now = Nanos::from_secs(sec + 1);
+            history.tick(now, &engine.snapshot(now), [settings(engine)], Some(&meter));
+        }
+    };
+    let engine = Engine::new(&cfg(200), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    history.tick(
+        Nanos::ZERO,
+        &engine.snapshot(Nanos::ZERO),
+        [settings(&engine)],
+        Some(&meter),
+    );
+    run(&engine, &mut history, 0, 30, 300);
+    let (st, iv) = history.since(Nanos::ZERO).remove(0);
+    let first = rocgate::hints::advise(&st, &iv, None, &Policy::default());
+    assert_eq!(numbers(&first, "raise_base_limit"), (200.0, 260.0));
+
+    let wall = std::time::UNIX_EPOCH + Duration::from_secs(30);
+    let engine = engine
+        .reload(&cfg(260), Nanos::from_secs(30), wall)
+        .unwrap();
+    run(&engine, &mut history, 30, 60, 250);
+    let (st, iv) = history.since(Nanos::ZERO).remove(0);
+    assert!(iv.iter().all(|i| i.start >= Nanos::from_secs(30)), "{iv:?}");
+    assert_eq!(iv.iter().map(|i| i.rejected_total()).sum::<u64>(), 0);
+    let second = rocgate::hints::advise(&st, &iv, None, &Policy::default());
+    assert!(find(&second, "raise_base_limit").is_none(), "{second:#?}");
+}

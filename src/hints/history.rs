@@ -356,8 +356,11 @@ impl History {
     /// to each other among that profile's intervals that is shortest together, dated
     /// by the newer) rather than drop out of `keep`. `settings` gives each route's configuration, in the order
     /// of `snapshots`: the profile due at `now`, under which the next interval is
-    /// judged. Called every `interval`, and at each event's start and end (an early
-    /// tick: the interval then ends there). Intervals that began more than `keep`
+    /// judged; where it differs from what the profile had (a reload, a runtime
+    /// change), the profile's intervals so far are dropped, the one closed now too:
+    /// they say nothing of the new settings. Called every `interval`, and at each
+    /// event's start and end (an early tick: the interval then ends there). Intervals
+    /// that began more than `keep`
     /// before `now` are dropped; routes gone from the engine keep their past intervals
     /// until they age out.
     pub fn tick(
@@ -418,6 +421,16 @@ impl History {
             }
             while h.done.len() > self.most {
                 fold(&mut h.done);
+            }
+            // Settings changed for the profile (a reload, a runtime change): its
+            // intervals so far, the one just closed too, were under others. Judged
+            // against the new ones, rejections at a base limit of 200 read as the
+            // raised one's, and a raise already made was advised again, and again.
+            if h.profiles
+                .iter()
+                .any(|p| p.event == settings.event && *p != settings)
+            {
+                h.done.retain(|i| i.event != settings.event);
             }
             h.profiles.retain(|p| p.event != settings.event);
             h.profiles.push(settings);
