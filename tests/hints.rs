@@ -1797,3 +1797,26 @@ fn advice_applied_is_not_advised_again_on_what_came_before() {
     let second = rocgate::hints::advise(&st, &iv, None, &Policy::default());
     assert!(find(&second, "raise_base_limit").is_none(), "{second:#?}");
 }
+
+/// An upstream that degrades at its usual rate, saturated in most seconds, is still
+/// told to lower the base limit: a saturation at the usual rate is left out of the
+/// capacity only while it is the exception.
+#[test]
+fn an_upstream_degraded_at_the_usual_rate_still_lowers_the_base_limit() {
+    for (healthy, degraded_rate) in [(10u64, 100u64), (1, 100), (10, 80)] {
+        let mut intervals = rejecting(0, healthy, 100, (Reason::Limit, 0), 0);
+        intervals.extend(rejecting(
+            healthy,
+            30 - healthy,
+            degraded_rate,
+            (Reason::Limit, 0),
+            degraded_rate / 10,
+        ));
+        let h = rocgate::hints::advise(&classic(), &intervals, None, &Policy::default());
+        assert!(
+            find(&h, "lower_base_limit").is_some(),
+            "{healthy} healthy at 100, saturated at {degraded_rate}: {:?}",
+            rules(&h)
+        );
+    }
+}

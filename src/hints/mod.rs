@@ -769,7 +769,8 @@ impl<'a> Evidence<'a> {
     /// flash sale's event against 300 req/s is found so).
     ///
     /// Nor does an interval that saturated at no more than the median admitted rate
-    /// of the healthy ones: the upstream took that rate well as a rule, and what
+    /// of the healthy ones, unless most intervals saturated (the upstream degraded at
+    /// its usual rate): the upstream took that rate well as a rule, and what
     /// saturated it there was something else (a few slow requests, a moment of
     /// another route's load). Read as the capacity, one slow request in ten on a
     /// quiet route took its base limit from 200 to its usual demand, 0.9 req/s.
@@ -782,6 +783,10 @@ impl<'a> Evidence<'a> {
             .map(|(i, _)| i.admitted() as f64 / i.secs())
             .collect();
         let usual = median(&mut healthy).unwrap_or(0.0);
+        // Saturated in most intervals, the upstream is degraded at its usual rate:
+        // every reading counts.
+        let saturated = self.count(Health::Saturated);
+        let degraded = 2 * saturated > self.known();
         self.intervals
             .iter()
             .zip(&self.health)
@@ -789,7 +794,7 @@ impl<'a> Evidence<'a> {
                 let pinned = self.s.mode == Mode::Enforce
                     && i.time_in(ControllerState::Cut) >= 0.5 * i.secs()
                     && i.rejected_total() > 0;
-                let above_usual = i.admitted() as f64 / i.secs() > usual;
+                let above_usual = degraded || i.admitted() as f64 / i.secs() > usual;
                 **h == Health::Saturated && !pinned && above_usual
             })
             .map(|(i, _)| i)
