@@ -421,7 +421,7 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
         "{errors}"
     );
     assert!(
-        errors.contains("routes[1].slot"),
+        errors.contains("routes[1].window"),
         "every error is reported: {errors}"
     );
     let (_, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
@@ -1227,7 +1227,7 @@ async fn a_refused_reload_answers_each_problem_as_a_string() {
     assert_eq!(status, 422);
     let file = p.file.display();
     let expected = serde_json::json!({ "errors": [
-        format!("{file}: routes[1].slot: window must hold an even number of at least 4 slots, got 65"),
+        format!("{file}: routes[1].window: window must hold an even number of at least 4 slots, got 65"),
         format!("{file}: routes[1].cut_limit: must be ≤ base_limit (100), got 300"),
     ]});
     assert_eq!(body, expected);
