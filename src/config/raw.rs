@@ -1065,11 +1065,19 @@ fn restores_within_a_day(
     if steps * interval.value.as_secs_f64() <= longest {
         return;
     }
-    let at = if step.scope >= interval.scope {
-        step.scope.path("restore_step")
-    } else {
-        interval.scope.path("restore_interval")
-    };
+    // Named at the most specific of the four (the step, else the interval, else the
+    // limits, where equally specific).
+    let at = [
+        ("restore_step", step.scope),
+        ("restore_interval", interval.scope),
+        ("base_limit", base.scope),
+        ("cut_limit", cut.scope),
+    ]
+    .into_iter()
+    .rev()
+    .max_by_key(|&(_, scope)| scope)
+    .map(|(field, scope)| scope.path(field))
+    .unwrap_or_default();
     // The least step that restores in time, rounded up to 4 figures.
     let fewest = (longest / interval.value.as_secs_f64()).floor().max(1.0);
     let least = (base.value - cut.value) / fewest;
