@@ -129,16 +129,7 @@ fn bursty_rejections_raise_the_burst() {
 /// cut's for the limit's.
 #[test]
 fn fallback_rejections_tune_neither_base_limit_nor_burst_nor_restore() {
-    let settings = RouteSettings {
-        name: "r".to_owned(),
-        mode: Mode::Enforce,
-        algorithm: Algorithm::TokenBucket {
-            burst: Duration::from_secs(1),
-        },
-        params: ControllerParams::default(),
-        partitioned: false,
-        event: None,
-    };
+    let settings = classic();
     // 20 seconds of (offered, rejected for `reason`), in `state`.
     let intervals = |pattern: &dyn Fn(u64) -> (u64, u64), reason: Reason, state| {
         (0..20u64)

@@ -997,7 +997,7 @@ fn controller_params(p: &mut Problems, s: &Settings) -> Option<ControllerParams>
     if let (Some(cut), Some(base)) = (&s.cut_limit, &s.base_limit) {
         ordered(p, ("cut_limit", cut), ("base_limit", base), false);
         if let (Some(step), Some(interval)) = (&s.restore_step, &s.restore_interval) {
-            restores_within_a_day(p, (cut, base), step, interval);
+            restores_within_a_week(p, (cut, base), step, interval);
         }
     }
     if let (Some(safe), Some(danger)) = (&s.safe_roc, &s.danger_roc) {
@@ -1051,7 +1051,7 @@ fn controller_params(p: &mut Problems, s: &Settings) -> Option<ControllerParams>
 /// [`LONGEST_RESTORE`]: a `restore_step` too small for the gap (`1e-300`) left a cut
 /// route at its cut limit for good. Named at the more specific of `restore_step` and
 /// `restore_interval`.
-fn restores_within_a_day(
+fn restores_within_a_week(
     p: &mut Problems,
     (cut, base): (&Set<f64>, &Set<f64>),
     step: &Set<f64>,
