@@ -267,15 +267,15 @@ return 1
 
 /// Announces an instance and counts the live ones.
 ///
-/// - `KEYS[1]` sorted set of instances, scored by their last beat (ms, Redis time).
-/// - `ARGV[1]` this instance's member (its id, with random bits after a given one,
-///   then `/hb=` and how long its beat counts, ms); `ARGV[2]` how long its beat
-///   counts, ms.
+/// - `KEYS[1]` sorted set of instances, each scored by the time its last beat stops
+///   counting (ms, Redis time).
+/// - `ARGV[1]` this instance's member (its id, with random bits after a given one);
+///   `ARGV[2]` how long its beat counts, ms.
 ///
-/// Each member counts for as long as its own beat does, written at the end of it (or
-/// `ARGV[2]`, for a member without one), so that instances beating at different
-/// `heartbeat`s (a rolling change of it) count each other; the set expires when the
-/// last of them would stop counting.
+/// Each member counts until the end of its own beat, so that instances beating at
+/// different `heartbeat`s (a rolling change of it) count each other; the set expires
+/// when the last of them would stop counting. A beat removes the members whose beat
+/// has ended by score (`O(log N)` plus those removed), never walks the set.
 ///
 /// Returns `{count, missing}`: the number of instances whose beat still counts, this
 /// one included, and `1` if this instance was not in the set (its first beat, or the
@@ -284,19 +284,12 @@ return 1
 pub const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local own = tonumber(ARGV[2])
-local longest = own
-local beats = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-for i = 1, #beats, 2 do
-  local span = tonumber(string.match(beats[i], '/hb=(%d+)$')) or own
-  if tonumber(beats[i + 1]) <= now - span then
-    redis.call('ZREM', KEYS[1], beats[i])
-  elseif span > longest then
-    longest = span
-  end
+local span = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))
+local missing = redis.call('ZADD', KEYS[1], string.format('%.0f', now + span), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < span then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-local missing = redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', longest))
 return {redis.call('ZCARD', KEYS[1]), missing}
 ";
 
@@ -425,7 +418,8 @@ impl Conn {
     }
 
     /// One server: drops the connection for a new one (opened by the next call), after
-    /// a heartbeat that it did not answer within `timeout`, or answered with an error.
+    /// a heartbeat that it did not answer within `timeout`, or answered with an error
+    /// a new connection may cure ([`cured_by_reconnecting`]).
     /// Calls in flight keep the old one until they end. A Redis that is away, slow or
     /// failing costs one new connection per heartbeat; one whose connection went dark
     /// or only answers errors is reached again on the next call. A
@@ -682,8 +676,7 @@ struct Inner {
     config: RedisConfig,
     instance_id: String,
     /// This instance's member of the heartbeat set: its id, and if the id was given,
-    /// random bits after it, so that instances given the same id count as two; then
-    /// how long its beat counts ([`HEARTBEAT`]).
+    /// random bits after it, so that instances given the same id count as two.
     member: String,
     instances_key: String,
     clock: Arc<dyn Clock>,
@@ -747,6 +740,15 @@ impl RedisStore {
     /// # Errors
     /// If a URL cannot be parsed.
     pub fn connect(config: &RedisConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        // A period the file refuses but a `RedisConfig` built in code may hold: zero is
+        // no period tokio takes, and a span past what `PEXPIRE` takes would fail every
+        // beat.
+        let config = &RedisConfig {
+            heartbeat: config
+                .heartbeat
+                .clamp(Duration::from_millis(1), LONGEST_HEARTBEAT),
+            ..config.clone()
+        };
         let connect_timeout = config.timeout.max(Duration::from_millis(100));
         let conn = match &config.servers {
             RedisServers::Single(url) => {
@@ -791,10 +793,9 @@ impl RedisStore {
             }
         };
         let instance_id = config.instance_id.clone().unwrap_or_else(random_id);
-        let span = ttl_ms(config.heartbeat.saturating_mul(3));
         let member = match &config.instance_id {
-            Some(id) => format!("{id}#{:016x}/hb={span}", random_bits()),
-            None => format!("{instance_id}/hb={span}"),
+            Some(id) => format!("{id}#{:016x}", random_bits()),
+            None => instance_id.clone(),
         };
         let inner = Arc::new(Inner {
             conn,
@@ -1438,14 +1439,16 @@ impl Inner {
                 }
                 return Some(n);
             }
-            Ok(Err(e)) => self.unreached(&e),
+            Ok(Err(e)) => {
+                self.unreached(&e);
+                if !cured_by_reconnecting(&e) {
+                    return None;
+                }
+            }
             Err(_) => {
                 self.unreached(&format_args!("no answer within {:?}", self.config.timeout));
             }
         }
-        // A connection answering only errors is replaced as a dark one is: the client
-        // reconnects on I/O errors alone, and would keep answering `READONLY` from a
-        // master demoted behind the same address, or an `AUTH` refused once, for good.
         self.conn.renew();
         self.conn.suspect(&self.instances_key);
         None
@@ -1465,6 +1468,28 @@ impl Inner {
     }
 }
 
+/// Whether a heartbeat's error may go with a new connection, which then replaces the
+/// one that answered it, as a dark one is replaced: the client reconnects on I/O errors
+/// alone, and would keep answering `READONLY` from a master demoted behind the same
+/// address, or an `AUTH` refused once, for good. What Redis answers any connection
+/// alike (`OOM`, `NOPERM`: the user's rights apply to open connections too, `BUSY`, a
+/// script's error) leaves the connection be: a new one per beat would cure nothing.
+fn cured_by_reconnecting(e: &redis::RedisError) -> bool {
+    match e.code() {
+        None => true,
+        Some(code) => matches!(
+            code,
+            "READONLY"
+                | "NOAUTH"
+                | "WRONGPASS"
+                | "MASTERDOWN"
+                | "LOADING"
+                | "CLUSTERDOWN"
+                | "TRYAGAIN"
+        ),
+    }
+}
+
 /// Sets `rocgate_store_mode`: 1 for `mode`, 0 for the others.
 fn publish_mode(mode: StoreMode) {
     for m in [StoreMode::Shared, StoreMode::Fallback] {
@@ -1480,9 +1505,7 @@ async fn heartbeat(inner: Weak<Inner>) {
         Some(i) => i.config.heartbeat,
         None => return,
     };
-    // A zero period, which the file refuses and a `RedisConfig` built in code may
-    // hold, is no period tokio takes.
-    let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
+    let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
@@ -1661,6 +1684,9 @@ fn state_of(index: u8) -> ControllerState {
         _ => ControllerState::Normal,
     }
 }
+
+/// The longest `heartbeat` taken, as the file's longest period: a beat counts three.
+const LONGEST_HEARTBEAT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 fn ttl_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
