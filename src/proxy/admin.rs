@@ -254,14 +254,28 @@ fn unauthorized(token: Option<&str>, headers: &HeaderMap, peer: IpAddr) -> Optio
     let given = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| bearer_token(v.as_bytes()));
-    if given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
-        None
-    } else {
-        Some(error(
-            StatusCode::UNAUTHORIZED,
-            vec!["a valid bearer token is required".into()],
-        ))
+    match given {
+        Some(g) if constant_time_eq(g, token.as_bytes()) => None,
+        // RFC 6750 §3: the scheme and realm; `invalid_token` when one was sent.
+        Some(_) => Some(challenge(
+            r#"Bearer realm="rocgate admin", error="invalid_token""#,
+        )),
+        None => Some(challenge(r#"Bearer realm="rocgate admin""#)),
     }
+}
+
+/// A 401 that names the scheme the admin API takes (`WWW-Authenticate`, which RFC 9110
+/// §15.5.2 requires of a 401).
+fn challenge(scheme: &'static str) -> Response {
+    let mut response = error(
+        StatusCode::UNAUTHORIZED,
+        vec!["a valid bearer token is required".into()],
+    );
+    response.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static(scheme),
+    );
+    response
 }
 
 /// The token of an `Authorization: Bearer <token>` value.
@@ -1013,9 +1027,8 @@ mod tests {
         }
     }
 
-    /// The status a mutating request from `peer` with `headers` is refused with, if
-    /// it is.
-    fn refused(token: Option<&str>, headers: &[(&str, &str)], peer: &str) -> Option<StatusCode> {
+    /// The refusal of a mutating request from `peer` with `headers`, if it is refused.
+    fn refusal(token: Option<&str>, headers: &[(&str, &str)], peer: &str) -> Option<Response> {
         let mut map = HeaderMap::new();
         for (name, value) in headers {
             map.insert(
@@ -1023,7 +1036,13 @@ mod tests {
                 value.parse().unwrap(),
             );
         }
-        unauthorized(token, &map, peer.parse().unwrap()).map(|r| r.status())
+        unauthorized(token, &map, peer.parse().unwrap())
+    }
+
+    /// The status a mutating request from `peer` with `headers` is refused with, if
+    /// it is.
+    fn refused(token: Option<&str>, headers: &[(&str, &str)], peer: &str) -> Option<StatusCode> {
+        refusal(token, headers, peer).map(|r| r.status())
     }
 
     #[test]
@@ -1049,6 +1068,21 @@ mod tests {
         assert_eq!(
             refused(Some("t0k"), &[], "127.0.0.1"),
             Some(StatusCode::UNAUTHORIZED)
+        );
+    }
+
+    /// A 401 names the scheme to use (RFC 9110 §15.5.2), and says when the token sent
+    /// was wrong (RFC 6750 §3).
+    #[test]
+    fn a_401_says_which_scheme_to_use() {
+        let challenge = |headers: &[(&str, &str)]| {
+            let refused = refusal(Some("t0k"), headers, "127.0.0.1").unwrap();
+            refused.headers()[http::header::WWW_AUTHENTICATE].clone()
+        };
+        assert_eq!(challenge(&[]), r#"Bearer realm="rocgate admin""#);
+        assert_eq!(
+            challenge(&[("authorization", "Bearer wrong")]),
+            r#"Bearer realm="rocgate admin", error="invalid_token""#
         );
     }
 
