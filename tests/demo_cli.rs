@@ -339,6 +339,10 @@ fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
         line_starting(&text, "  cut           ").contains("none"),
         "{text}"
     );
+    assert!(
+        line_starting(&text, "  sale opened   ").contains("never: it was due at "),
+        "stopped in the warm-up: {text}"
+    );
 }
 
 #[test]

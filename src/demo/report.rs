@@ -166,11 +166,19 @@ pub fn write_report(out: &mut (dyn Write + Send), outcome: &Outcome) -> io::Resu
             gated.elapsed.as_secs_f64()
         )?;
     }
-    writeln!(
-        out,
-        "  sale opened   at {:.2} s: 40 → 600 req/s",
-        plan.sale_opens_s()
-    )?;
+    if gated.elapsed.as_secs_f64() < plan.sale_opens_s() {
+        writeln!(
+            out,
+            "  sale opened   never: it was due at {:.2} s (40 → 600 req/s)",
+            plan.sale_opens_s()
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  sale opened   at {:.2} s: 40 → 600 req/s",
+            plan.sale_opens_s()
+        )?;
+    }
     write_cut(out, plan, gated)?;
     let load = &gated.load;
     writeln!(
