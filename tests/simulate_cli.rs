@@ -190,14 +190,15 @@ fn an_unwritable_out_dir_exits_2_before_running() {
     assert!(out.stdout.is_empty(), "nothing ran");
 }
 
-/// The files of `dir`, by name, with their contents.
-fn files_of(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+/// The entries of `dir`, by name, with a file's contents (`None` for a directory).
+fn files_of(dir: &std::path::Path) -> std::collections::BTreeMap<String, Option<Vec<u8>>> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
             let name = e.file_name().to_string_lossy().into_owned();
-            (name, std::fs::read(e.path()).unwrap())
+            let path = e.path();
+            (name, (!path.is_dir()).then(|| std::fs::read(path).unwrap()))
         })
         .collect()
 }
@@ -255,9 +256,47 @@ fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
         before.keys().collect::<Vec<_>>()
     );
     assert!(
-        String::from_utf8_lossy(&after["summary.json"]).contains("\"steady\""),
+        String::from_utf8_lossy(after["summary.json"].as_deref().unwrap()).contains("\"steady\""),
         "the steady run's summary"
     );
+}
+
+/// A directory where an output file goes is refused before the run, with its path,
+/// and the other files are left as they were; the files written are readable as
+/// `File::create` would have made them (not the owner-only mode of a temporary file).
+#[test]
+fn a_directory_where_an_output_goes_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let out_arg = out_dir.to_str().unwrap();
+    let out = Command::new("bash")
+        .args(["-c", "umask 022; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["simulate", "--scenario", "steady", "--out", out_arg])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for name in ["summary.json", "timeseries.csv"] {
+        let mode = std::fs::metadata(out_dir.join(name)).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o644,
+            "{name}"
+        );
+    }
+    std::fs::remove_file(out_dir.join("timeseries.csv")).unwrap();
+    std::fs::create_dir(out_dir.join("timeseries.csv")).unwrap();
+    let before = files_of(&out_dir);
+    let out = rocgate(&["simulate", "--scenario", "flash-sale", "--out", out_arg]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("timeseries.csv: is a directory, where the output file goes"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stdout.is_empty(), "nothing ran");
+    assert_eq!(files_of(&out_dir), before);
 }
 
 #[test]

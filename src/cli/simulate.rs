@@ -21,11 +21,12 @@ use rocgate::sim::{
 };
 use serde::Serialize;
 use std::fmt::Write as _;
-use std::fs::{self, File};
+use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tempfile::NamedTempFile;
 
 /// Exit code for bad input.
 const BAD_INPUT: u8 = 2;
@@ -131,11 +132,12 @@ struct SummaryFile<'a> {
 }
 
 /// Writes one output file.
-type Writer<'a> = Box<dyn FnOnce(&mut BufWriter<File>) -> io::Result<()> + 'a>;
+type Writer<'a> = Box<dyn FnOnce(&mut BufWriter<NamedTempFile>) -> io::Result<()> + 'a>;
 
-/// The output files, opened before the run so that an unwritable directory is
-/// reported before any work is done. Each is written under a temporary name beside
-/// its own, and every one is renamed into place only once all are written: a run
+/// The output files, opened before the run so that an unwritable directory, or a
+/// directory where a file goes, is reported before any work is done. Each is written
+/// under a temporary name beside its own (`.NAME.XXXXXX.partial`, removed when
+/// dropped), and every one is renamed into place only once all are written: a run
 /// refused or failing part-way leaves the last run's files as they were.
 struct Outputs {
     files: Vec<Output>,
@@ -144,9 +146,7 @@ struct Outputs {
 /// One output file, while it is written.
 struct Output {
     path: PathBuf,
-    /// Where it is written until every file is: `.NAME.PID.partial` beside it.
-    partial: PathBuf,
-    out: BufWriter<File>,
+    out: BufWriter<NamedTempFile>,
 }
 
 impl Outputs {
@@ -157,49 +157,55 @@ impl Outputs {
                 dir.display()
             ))
         })?;
-        let mut outputs = Outputs { files: Vec::new() };
+        let mut files = Vec::new();
         for name in names {
             let path = dir.join(name);
-            let partial = dir.join(format!(".{name}.{}.partial", std::process::id()));
-            let file = File::create(&partial)
+            if path.is_dir() {
+                return Err(bad_input(format!(
+                    "{}: is a directory, where the output file goes",
+                    path.display()
+                )));
+            }
+            let prefix = format!(".{name}.");
+            let mut builder = tempfile::Builder::new();
+            builder.prefix(&prefix).suffix(".partial");
+            // Created as `File::create` creates, for everyone the umask lets read (a
+            // temporary file's default is the owner alone).
+            #[cfg(unix)]
+            builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+            let file = builder
+                .tempfile_in(dir)
                 .map_err(|e| bad_input(format!("{}: cannot write: {e}", path.display())))?;
-            outputs.files.push(Output {
+            files.push(Output {
                 path,
-                partial,
                 out: BufWriter::new(file),
             });
         }
-        Ok(outputs)
+        Ok(Outputs { files })
     }
 
     /// Writes each file with its writer, in order, then puts them all in place, and
     /// names them.
-    fn write(mut self, writers: Vec<Writer<'_>>) -> Result<String, Failure> {
+    fn write(self, writers: Vec<Writer<'_>>) -> Result<String, Failure> {
         let failed = |path: &Path, e: io::Error| Failure {
             message: format!("{}: cannot write: {e}", path.display()),
             code: FAILED,
         };
-        for (file, write) in self.files.iter_mut().zip(writers) {
-            write(&mut file.out)
-                .and_then(|()| file.out.flush())
-                .map_err(|e| failed(&file.path, e))?;
+        let mut written = Vec::new();
+        for (mut file, write) in self.files.into_iter().zip(writers) {
+            write(&mut file.out).map_err(|e| failed(&file.path, e))?;
+            let partial = file
+                .out
+                .into_inner()
+                .map_err(|e| failed(&file.path, e.into_error()))?;
+            written.push((partial, file.path));
         }
         let mut names = Vec::new();
-        for file in &self.files {
-            fs::rename(&file.partial, &file.path).map_err(|e| failed(&file.path, e))?;
-            names.push(file.path.display().to_string());
+        for (partial, path) in written {
+            partial.persist(&path).map_err(|e| failed(&path, e.error))?;
+            names.push(path.display().to_string());
         }
-        self.files.clear();
         Ok(names.join(", "))
-    }
-}
-
-impl Drop for Outputs {
-    /// Removes the files not put in place: the run was refused, or a write failed.
-    fn drop(&mut self) {
-        for file in &self.files {
-            let _ = fs::remove_file(&file.partial);
-        }
     }
 }
 
