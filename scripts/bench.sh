@@ -6,6 +6,10 @@
 # run it twice and compare before believing a ratio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v jq >/dev/null 2>&1; then
+    echo "scripts/bench.sh needs jq: apt-get install jq (scripts/test.sh installs it)" >&2
+    exit 2
+fi
 
 cargo bench --bench check -- --warm-up-time 1 --measurement-time 3
 

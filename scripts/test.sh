@@ -19,26 +19,47 @@ for component in rustfmt clippy; do
 done
 
 step "test dependencies (Debian packages)"
+# Installs Debian packages (as root, or through sudo). Debian starts a packaged
+# server's service at install on a systemd machine: one this script installed is
+# stopped and disabled again, since the tests start their own on ports they pick
+# (a Prometheus left on :9090 would take the port `rocgate serve`'s admin API uses).
+install() {
+    local as_root=()
+    if [ "$(id -u)" -ne 0 ]; then
+        if ! command -v sudo >/dev/null 2>&1; then
+            echo "the tests need the Debian packages $*: install them as root, or install sudo" >&2
+            exit 2
+        fi
+        as_root=(sudo)
+    fi
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "$@"
+    if [ -d /run/systemd/system ]; then
+        for service in "$@"; do
+            case "$service" in prometheus | redis-server) ;; *) continue ;; esac
+            if systemctl is-enabled --quiet "$service" 2>/dev/null; then
+                echo "stopping and disabling the $service service the package started"
+                "${as_root[@]}" systemctl disable --now --quiet "$service"
+            fi
+        done
+    fi
+}
 # tests/prometheus.rs runs a real Prometheus and promtool.
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends prometheus
+    install prometheus
 fi
 prometheus --version 2>&1 | head -n 1
 # tests/redis_store.rs runs real redis-servers (the shared store), and builds Redis
 # Clusters with redis-cli (package redis-tools).
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends redis-server redis-tools
+    install redis-server redis-tools
 fi
 redis-server --version
-# The shell scripts are checked by shellcheck.
-if ! command -v shellcheck >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends shellcheck
+# The shell scripts are checked by shellcheck; scripts/bench.sh reads criterion's
+# estimates with jq.
+if ! command -v shellcheck >/dev/null 2>&1 || ! command -v jq >/dev/null 2>&1; then
+    install shellcheck jq
 fi
 shellcheck --version | sed -n 2p
 
