@@ -261,6 +261,32 @@ fn a_cut_route_must_be_restored_within_a_week() {
         "routes[0].restore_interval",
         "takes 14000 steps, longer than 7days: take a restore_step of at least 0.01389 or",
     );
+    // The step suggested is one the check takes, where rounding it to 4 figures lands
+    // on the least step exactly: 54,216 req/s in 86,400 steps of 7 s are 0.6275 each,
+    // and 54,216 / 0.6275 in floating point is just over 86,400.
+    let limits = "base_limit = 54276\ncut_limit = 60\nrestore_interval = \"7s\"\n";
+    let found = problems(&route(&format!("{limits}restore_step = 0.01")));
+    let suggested = found
+        .iter()
+        .find_map(|line| line.split("a restore_step of at least ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{found:?}"));
+    let taken = route(&format!("{limits}restore_step = {suggested}"));
+    assert!(
+        Config::from_toml_str(&taken, "week.toml").is_ok(),
+        "{taken}"
+    );
+    // An event's limits that a route's step cannot restore in time are named in the
+    // event: 340 req/s in steps of 0.01 every 43 s.
+    refused(
+        &format!(
+            "[defaults]\nrestore_step = 0.01\n{ORDER}restore_interval = \"43s\"\n\
+             [[routes.events]]\nname = \"sale\"\nstart = \"2027-11-26T20:00:00Z\"\n\
+             duration = \"1h\"\nbase_limit = 400\n"
+        ),
+        "routes[0].events[0].base_limit",
+        "restoring from cut_limit (60) to base_limit (400) in steps of 0.01 every 43s",
+    );
     // 14,000 steps of 43 s are 6.97 days; 7 steps of a day, 7 days.
     for within in [
         format!("[defaults]\nrestore_step = 0.01\n{ORDER}restore_interval = \"43s\"\n"),

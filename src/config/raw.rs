@@ -1078,10 +1078,17 @@ fn restores_within_a_week(
     .max_by_key(|&(_, scope)| scope)
     .map(|(field, scope)| scope.path(field))
     .unwrap_or_default();
-    // The least step that restores in time, rounded up to 4 figures.
+    // The least step that restores in time, rounded up to 4 figures: one more in the
+    // fourth while the check above would refuse it (the rounded step can land on the
+    // least exactly, and the gap divided by it just over the steps that fit).
+    let gap = base.value - cut.value;
     let fewest = (longest / interval.value.as_secs_f64()).floor().max(1.0);
-    let least = (base.value - cut.value) / fewest;
+    let least = gap / fewest;
     let scale = 10f64.powi(3 - least.log10().floor() as i32);
+    let mut suggested = (least * scale).ceil();
+    while (gap / (suggested / scale)).ceil() * interval.value.as_secs_f64() > longest {
+        suggested += 1.0;
+    }
     p.at(
         at,
         format!(
@@ -1093,7 +1100,7 @@ fn restores_within_a_week(
             figure(step.value),
             humantime::format_duration(interval.value),
             figure(steps),
-            figure((least * scale).ceil() / scale),
+            figure(suggested / scale),
         ),
     );
 }
