@@ -2671,6 +2671,19 @@ async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
         v
     });
     let proxy = Served::start(upstream_addr, &config, None).await;
+    // Before any request: no decision fell back yet, but the heartbeat says Redis is
+    // not reached.
+    let mut admin = http1::connect(proxy.admin).await;
+    let mut status = serde_json::Value::Null;
+    for _ in 0..100 {
+        status = serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+        if !status["reached"].is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status["reached"], false, "{status}");
+    assert_eq!(status["mode"], "shared", "{status}");
     let mut client = http1::connect(proxy.addr).await;
     let mut statuses = std::collections::BTreeMap::new();
     for _ in 0..100 {
@@ -2681,7 +2694,6 @@ async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
     assert!((25..=26).contains(&admitted), "{statuses:?}");
     assert_eq!(statuses.get(&429).copied().unwrap_or(0), 100 - admitted);
 
-    let mut admin = http1::connect(proxy.admin).await;
     let status: serde_json::Value =
         serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
     assert_eq!(status["mode"], "fallback_local", "{status}");

@@ -681,6 +681,7 @@ async fn store(State(state): State<AdminState>) -> Json<Value> {
         return Json(json!({
             "backend": "redis",
             "mode": store.mode().as_str(),
+            "reached": store.reached(),
             "instance_id": store.instance_id(),
             "instances": store.instances(),
             "expected_instances": store.expected_instances(),

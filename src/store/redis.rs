@@ -915,6 +915,17 @@ impl RedisStore {
         self.inner.instances()
     }
 
+    /// Whether the last heartbeat reached Redis (`None` until the first one ends).
+    /// Unlike [`mode`](Self::mode), which a decision sets, it tells an instance that
+    /// has decided nothing yet whether Redis answers.
+    pub fn reached(&self) -> Option<bool> {
+        match self.inner.heard.load(Ordering::Relaxed) {
+            REACHED => Some(true),
+            UNREACHED => Some(false),
+            _ => None,
+        }
+    }
+
     /// Decisions on distributed routes taken locally since start.
     pub fn fallback_decisions(&self) -> u64 {
         self.inner.fallbacks.load(Ordering::Relaxed)
