@@ -599,20 +599,30 @@ fn forwarded_request() -> Request<Full<Bytes>> {
             .header("x-forwarded-prefix", "/evil")
             .header("x-forwarded-ssl", "on")
             .header("x-forwarded-scheme", "https")
-            .header("x-forwarded-server", "public.example"),
+            .header("x-forwarded-server", "public.example")
+            .header("x-forwarded-uri", "/admin")
+            .header("x-forwarded-method", "GET")
+            .header(
+                "x-forwarded-client-cert",
+                "By=spiffe://evil;URI=spiffe://admin",
+            ),
     )
 }
 
 /// The other forwarding headers upstream frameworks read (Rack, Spring, Symfony, Gin,
-/// Traefik's list): some say the opposite of rocgate's `X-Forwarded-Proto: http`
-/// (Rack takes `X-Forwarded-Ssl: on` and `X-Forwarded-Scheme` before it).
-const OTHER_FORWARDING: [&str; 6] = [
+/// Traefik's list, forward auth's URI and method, Envoy's client certificate): some say
+/// the opposite of rocgate's `X-Forwarded-Proto: http` (Rack takes `X-Forwarded-Ssl:
+/// on` and `X-Forwarded-Scheme` before it), some what an upstream authorises on.
+const OTHER_FORWARDING: [&str; 9] = [
     "x-real-ip",
     "x-forwarded-port",
     "x-forwarded-prefix",
     "x-forwarded-ssl",
     "x-forwarded-scheme",
     "x-forwarded-server",
+    "x-forwarded-uri",
+    "x-forwarded-method",
+    "x-forwarded-client-cert",
 ];
 
 #[tokio::test]

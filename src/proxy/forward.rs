@@ -113,32 +113,17 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
-/// Forwarding headers besides `X-Forwarded-For`, `-Proto`, `-Host` and `Forwarded`
-/// that upstream frameworks read (Rack, Spring, Symfony, Gin; Traefik's list), dropped
-/// from an untrusted peer: passed on, they would tell the upstream what the client
-/// chose, against what rocgate sets (Rack takes `X-Forwarded-Ssl: on` and
-/// `X-Forwarded-Scheme` before `X-Forwarded-Proto`).
-static OTHER_FORWARDING: [HeaderName; 6] = [
-    HeaderName::from_static("x-real-ip"),
-    HeaderName::from_static("x-forwarded-port"),
-    HeaderName::from_static("x-forwarded-prefix"),
-    HeaderName::from_static("x-forwarded-ssl"),
-    HeaderName::from_static("x-forwarded-scheme"),
-    HeaderName::from_static("x-forwarded-server"),
-];
-
 /// Whether `name` is a forwarding header: one `set_forwarded` keeps from a trusted
-/// peer and replaces or drops from any other.
+/// peer and replaces or drops from any other. Besides `X-Forwarded-For`, `-Proto`,
+/// `-Host` and `Forwarded`, that is every other `X-Forwarded-*` and `X-Real-IP`:
+/// upstream frameworks and proxies read many (Rack, Spring, Symfony, Gin; Traefik's
+/// list; `X-Forwarded-Uri` and `-Method` for forward auth, Envoy's
+/// `X-Forwarded-Client-Cert` for the client's certificate), and from an untrusted peer
+/// they would tell the upstream what the client chose, against what rocgate sets
+/// (Rack takes `X-Forwarded-Ssl: on` and `X-Forwarded-Scheme` before
+/// `X-Forwarded-Proto`).
 fn is_forwarding(name: &HeaderName) -> bool {
-    [
-        &X_FORWARDED_FOR,
-        &X_FORWARDED_PROTO,
-        &X_FORWARDED_HOST,
-        &FORWARDED,
-    ]
-    .into_iter()
-    .chain(&OTHER_FORWARDING)
-    .any(|f| f == name)
+    name.as_str().starts_with("x-forwarded-") || name == FORWARDED || name == "x-real-ip"
 }
 
 /// What one pass over a request's header names finds, for the checks before admission
@@ -808,7 +793,7 @@ impl Inner {
     /// `Forwarded`, which says the same things, is kept from a trusted proxy only, and
     /// extended with this hop (`for=` the peer, `proto=http`). rocgate adds no
     /// `Forwarded` of its own where the request had none. The other forwarding headers
-    /// upstreams read ([`OTHER_FORWARDING`]) are kept from a trusted proxy only. `any`
+    /// ([`is_forwarding`]) are kept from a trusted proxy only. `any`
     /// says whether the request carries any forwarding header ([`HeadScan`]).
     fn set_forwarded(
         &self,
@@ -830,10 +815,15 @@ impl Inner {
             }
         }
         if any {
-            headers.remove(&X_FORWARDED_FOR);
-            if !trusted {
-                headers.remove(&FORWARDED);
-                for name in &OTHER_FORWARDING {
+            if trusted {
+                headers.remove(&X_FORWARDED_FOR);
+            } else {
+                let names: Vec<HeaderName> = headers
+                    .keys()
+                    .filter(|n| is_forwarding(n))
+                    .cloned()
+                    .collect();
+                for name in &names {
                     headers.remove(name);
                 }
             }
