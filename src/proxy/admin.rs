@@ -302,25 +302,42 @@ fn constant_time_eq(given: &[u8], token: &[u8]) -> bool {
 /// The largest body the admin API reads: a change is a few fields.
 const MAX_BODY_BYTES: usize = 64 * 1024;
 
+/// How long the admin API waits for a request's whole body: a client that sends a few
+/// fields slower than this (or never ends its body) would otherwise hold one of the
+/// [`MAX_CONNECTIONS`] for good, and enough of them would keep Prometheus's scrapes out.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The body of a request, read once it is authorized, as text.
 async fn read_body(body: Body) -> Result<String, Response> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|e| {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    vec![format!("body: larger than {MAX_BODY_BYTES} bytes")],
-                )
-            } else {
-                error(
-                    StatusCode::BAD_REQUEST,
-                    vec![format!("body: cannot be read: {e}")],
-                )
-            }
-        })?;
+    let read = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(body, MAX_BODY_BYTES),
+    )
+    .await
+    .map_err(|_| {
+        error(
+            StatusCode::REQUEST_TIMEOUT,
+            vec![format!(
+                "body: not received within {}",
+                humantime::format_duration(BODY_READ_TIMEOUT)
+            )],
+        )
+    })?;
+    let bytes = read.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                vec![format!("body: larger than {MAX_BODY_BYTES} bytes")],
+            )
+        } else {
+            error(
+                StatusCode::BAD_REQUEST,
+                vec![format!("body: cannot be read: {e}")],
+            )
+        }
+    })?;
     String::from_utf8(bytes.into()).map_err(|e| {
         error(
             StatusCode::BAD_REQUEST,
@@ -974,6 +991,24 @@ mod tests {
             .unwrap();
             assert_eq!(answer.status(), StatusCode::OK, "{method} {path}");
         }
+    }
+
+    /// A change whose body never ends gets 408 once [`BODY_READ_TIMEOUT`] has passed,
+    /// and its connection's place back, rather than holding it for good.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_never_ends_is_a_408() {
+        let router = router(state().await);
+        let never = futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        let request = http::Request::put("/admin/routes/order")
+            .body(Body::from_stream(never))
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let response = for_connection(&router, [127, 0, 0, 1].into())
+            .oneshot(request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(started.elapsed(), BODY_READ_TIMEOUT);
     }
 
     /// The router, served as a connection from `peer` is, refuses every change from
