@@ -309,6 +309,37 @@ async fn a_tier_value_longer_than_a_kept_value_matches_its_requests() {
     );
 }
 
+/// A route partitioned by `Host` (named in any case, as a `Partition` built in code
+/// may name it) keys every spelling of one host (a port, letter case, a trailing dot)
+/// as that host: named `Host`, each spelling had a fresh quota.
+#[tokio::test]
+async fn a_host_partition_named_in_any_case_folds_the_spellings_of_a_host() {
+    let spellings = [
+        "shop.example",
+        "shop.example:1",
+        "shop.example:2",
+        "SHOP.example",
+        "shop.example.",
+    ];
+    for name in ["host", "Host", "HOST"] {
+        let mut r = route("shop", RouteMatch::prefix("/"), 1.0);
+        r.controller.cut_limit_rps = 1.0;
+        r.partition = Partition::Header(name.into(), KeyLimits::default());
+        let (layer, _clock) = layer(vec![r]);
+        let app = app(layer, Arc::default());
+        let mut admitted = 0;
+        for host in spellings {
+            let req = Request::get("/api/items/1")
+                .header("host", host)
+                .body(Body::empty())
+                .unwrap();
+            admitted +=
+                usize::from(app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK);
+        }
+        assert_eq!(admitted, 1, "partitioned by {name:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_repeated_key_header_is_no_key() {
     // The first of two values was the key: a client could send a fresh one first on

@@ -169,7 +169,8 @@ impl Gate {
                 // (absolute form, HTTP/2's `:authority`), which a proxy sends on as
                 // `Host` (RFC 9112 §3.2.2): keyed by `Host` alone, a client could name
                 // one host in its target and a new one in `Host`, a fresh key each time.
-                let host = name == "host";
+                // Any case: a `Partition` built in code may name it `Host`.
+                let host = name.eq_ignore_ascii_case("host");
                 let authority = req.uri().authority().filter(|_| host);
                 let value = match authority {
                     Some(a) => Some(a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h)),
