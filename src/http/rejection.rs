@@ -125,8 +125,7 @@ pub fn respond_at_limit<B: From<Bytes>>(
     limit_rps: f64,
 ) -> Response<B> {
     let name = engine.route_name(route).unwrap_or_default();
-    let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-    let secs = secs.max(1);
+    let secs = secs_up(retry_after);
     let reason = rejection.reason.as_str();
     let mut body = String::with_capacity(96);
     let _ = write!(
@@ -155,6 +154,14 @@ pub fn respond_at_limit<B: From<Bytes>>(
 }
 
 /// The wait in whole milliseconds, rounded up: a positive wait is never 0.
+/// `wait` in whole seconds, rounded up, at least 1 (saturating: `Duration::MAX` is
+/// `u64::MAX` seconds, not 0).
+fn secs_up(wait: Duration) -> u64 {
+    wait.as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0))
+        .max(1)
+}
+
 fn millis_up(wait: Duration) -> u64 {
     let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
     ms.saturating_add(u64::from(wait.subsec_nanos() % 1_000_000 > 0))
@@ -343,8 +350,7 @@ impl Templates {
         let Some(template) = built.routes.get(route.index()) else {
             return respond_at_limit(engine, route, rejection, retry_after, limit_rps);
         };
-        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-        let secs = secs.max(1);
+        let secs = secs_up(retry_after);
         let reason = rejection.reason.as_str();
 
         let mut digits = Digits::default();
@@ -471,6 +477,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A wait past what seconds can hold (a library caller's `Duration::MAX`) is told
+    /// as the most seconds there are, by both paths: the header's sum overflowed
+    /// (a panic in debug builds, `Retry-After: 1` in release ones).
+    #[test]
+    fn a_wait_of_duration_max_is_told_as_the_longest() {
+        let engine = Arc::new(
+            Engine::new(
+                &Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]),
+                Nanos::ZERO,
+                std::time::SystemTime::UNIX_EPOCH,
+            )
+            .unwrap(),
+        );
+        let route = engine.route_at(0).unwrap();
+        let rej = Rejection {
+            retry_after: Duration::MAX,
+            reason: Reason::Limit,
+        };
+        let longest = u64::MAX.to_string();
+        let direct = respond::<Bytes>(&engine, route, &rej, Duration::MAX);
+        assert_eq!(direct.headers()[RETRY_AFTER], longest.as_str());
+        let templated =
+            Templates::default().respond::<Bytes>(&engine, route, &rej, Duration::MAX, 200.0);
+        assert_eq!(templated.headers()[RETRY_AFTER], longest.as_str());
     }
 
     #[test]
