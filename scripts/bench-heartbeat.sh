@@ -25,9 +25,9 @@ print(s[start:s.index("\";", start)])'
 
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 dir="$(mktemp -d)"
+trap 'if [ -s "$dir/redis.pid" ]; then kill "$(cat "$dir/redis.pid")"; fi; rm -rf "$dir"' EXIT
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --dir "$dir" >/dev/null
-trap 'kill "$(cat "$dir/redis.pid")" 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 50); do
     redis-cli -p "$port" ping >/dev/null 2>&1 && break
     sleep 0.1

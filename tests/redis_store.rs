@@ -4300,10 +4300,10 @@ async fn a_beat_in_a_large_fleet_counts_it() {
 }
 
 /// A heartbeat that Redis refuses alike on every connection (`NOPERM`: an ACL change
-/// took a command from the instance's user, which applies to its open connections
+/// took scripting from the instance's user, which applies to its open connections
 /// too) does not replace the connection: a new one per beat would cure nothing and
 /// cost Redis a connection each. (A refusal a new connection may cure, `READONLY` or a
-/// refused `AUTH`, does: tests above.)
+/// refused `AUTH` or `SELECT`, does: tests above and below.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_refused_for_its_rights_keeps_its_connection() {
     let server = RedisServer::start().await;
@@ -4329,18 +4329,59 @@ async fn a_heartbeat_refused_for_its_rights_keeps_its_connection() {
             .parse()
             .unwrap()
     };
-    let _: () = acl(&["SETUSER", "a", "-zadd"]).query(&mut admin).unwrap();
+    let _: () = acl(&["SETUSER", "a", "-@scripting"])
+        .query(&mut admin)
+        .unwrap();
     let before = opened(&mut admin);
     for _ in 0..5 {
         assert_eq!(inst.store.beat().await, None, "refused: NOPERM");
     }
     assert_eq!(opened(&mut admin), before, "no connection opened");
-    let _: () = acl(&["SETUSER", "a", "+zadd"]).query(&mut admin).unwrap();
+    let _: () = acl(&["SETUSER", "a", "+@scripting"])
+        .query(&mut admin)
+        .unwrap();
     assert_eq!(
         inst.store.beat().await,
         Some(1),
         "answered on the same connection"
     );
+}
+
+/// A URL with a database: Redis starts asking for a password and drops the
+/// connection, so the client's reconnection is refused its `SELECT` (which redis-rs
+/// reports as `ERR`) and answers every call with that error, for good; the heartbeat
+/// replaces the connection, and once the password is gone again the instance reaches
+/// Redis. (Taking `ERR` as incurable left it in fallback for good; found by
+/// helper-119.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_select_refused_for_a_while_is_recovered_from() {
+    let server = RedisServer::start().await;
+    let mut admin = server.connection().unwrap();
+    let mut config = hand_beaten_config(&server, "selectauth");
+    config.timeout = Duration::from_millis(500);
+    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{}/1", server.port));
+    let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    beat_answered(&inst.store).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "oops"])
+        .query(&mut admin)
+        .unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal"])
+        .query(&mut admin)
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(inst.store.beat().await, None);
+    }
+    let mut admin = redis::Client::open(format!("redis://:oops@127.0.0.1:{}", server.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", ""])
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(beat_answered(&inst.store).await, 1);
 }
 
 /// A `heartbeat` of `Duration::MAX`, which the file refuses but a `RedisConfig` built

@@ -1482,23 +1482,15 @@ impl Inner {
 /// Whether a heartbeat's error may go with a new connection, which then replaces the
 /// one that answered it, as a dark one is replaced: the client reconnects on I/O errors
 /// alone, and would keep answering `READONLY` from a master demoted behind the same
-/// address, or an `AUTH` refused once, for good. What Redis answers any connection
-/// alike (`OOM`, `NOPERM`: the user's rights apply to open connections too, `BUSY`, a
-/// script's error) leaves the connection be: a new one per beat would cure nothing.
+/// address, or the error of a setup refused once (an `AUTH`, a `SELECT`), for good.
+/// Only what Redis answers any connection alike (`OOM`, `NOPERM`: the user's rights
+/// apply to open connections too, `BUSY`) leaves the connection be: a new one per beat
+/// would cure nothing. Anything else may be cured, `ERR` included: Redis before 7.0
+/// wraps a script's error (`READONLY` among them) in an `ERR`, and redis-rs reports a
+/// refused `SELECT` as one (and an ACL refusal inside a script, which Redis 7.0 words
+/// as `ERR` too, costs a new connection per beat).
 fn cured_by_reconnecting(e: &redis::RedisError) -> bool {
-    match e.code() {
-        None => true,
-        Some(code) => matches!(
-            code,
-            "READONLY"
-                | "NOAUTH"
-                | "WRONGPASS"
-                | "MASTERDOWN"
-                | "LOADING"
-                | "CLUSTERDOWN"
-                | "TRYAGAIN"
-        ),
-    }
+    !matches!(e.code(), Some("OOM" | "NOPERM" | "BUSY"))
 }
 
 /// Sets `rocgate_store_mode`: 1 for `mode`, 0 for the others.
