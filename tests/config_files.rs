@@ -1025,6 +1025,33 @@ fn check_config_prints_ok_or_every_error() {
         ]
     );
 
+    // An event that has ended is valid, and named as one that will never run.
+    let past = dir.path().join("past.toml");
+    std::fs::write(
+        &past,
+        route(
+            "[[routes.events]]\nname = \"sale\"\nstart = \"2020-11-27T20:00:00Z\"\n\
+             duration = \"30m\"\nbase_limit = 400\n\
+             [[routes.events]]\nname = \"next\"\nstart = \"2999-11-27T20:00:00Z\"\n\
+             duration = \"30m\"\nbase_limit = 400",
+        ),
+    )
+    .expect("written");
+    let out = Command::new(bin)
+        .arg("check-config")
+        .arg(&past)
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        format!(
+            "{}: warning: routes[0].events[0] (\"sale\") ended at 2020-11-27T20:30:00Z: it will never run",
+            past.display()
+        )
+    );
+
     let out = Command::new(bin)
         .arg("check-config")
         .arg(dir.path().join("missing.toml"))
