@@ -443,6 +443,46 @@ async fn an_address_in_use_is_named_with_its_listener() {
     }
 }
 
+/// A scheduled event that has ended is logged as a warning when `serve` starts (it is
+/// valid, and will never run). Here the start then fails on an address in use, which
+/// ends the run.
+#[test]
+fn an_ended_event_is_logged_as_a_warning_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("past.toml");
+    std::fs::write(
+        &file,
+        "[[routes]]\nname = \"order\"\npath = \"/api/order\"\n\
+         [[routes.events]]\nname = \"last-sale\"\nstart = \"2020-11-27T20:00:00Z\"\n\
+         duration = \"30m\"\nbase_limit = 400\n",
+    )
+    .unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .args(["--listen", &taken.local_addr().unwrap().to_string()])
+        .args(["--admin", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
+        .env_clear()
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let warning = stderr
+        .lines()
+        .find(|l| l.contains("a scheduled event has ended: it will never run"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    for field in [
+        "WARN",
+        "event=last-sale",
+        "at=\"routes[0].events[0]\"",
+        "ended=2020-11-27T20:30:00Z",
+    ] {
+        assert!(warning.contains(field), "{field}: {warning}");
+    }
+}
+
 /// The status and body of a `method` request to `path` at `addr`, with `body`.
 async fn exchange(
     addr: SocketAddr,

@@ -15,8 +15,13 @@ pub(crate) fn run(args: CheckConfigArgs) -> ExitCode {
         Ok(config) => {
             #[allow(clippy::disallowed_methods)] // the wall clock, which events are placed on
             let now = SystemTime::now();
-            for warning in ended_events(&config, now) {
-                eprintln!("{}: warning: {warning}", args.file.display());
+            for (at, event, end) in config.ended_events(now) {
+                eprintln!(
+                    "{}: warning: {at} ({:?}) ended at {}: it will never run",
+                    args.file.display(),
+                    event.name,
+                    humantime::format_rfc3339_seconds(end),
+                );
             }
             out!("ok\n");
             ExitCode::SUCCESS
@@ -26,22 +31,4 @@ pub(crate) fn run(args: CheckConfigArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// A line for each of `config`'s events that ended at or before `now`.
-fn ended_events(config: &Config, now: SystemTime) -> Vec<String> {
-    let mut lines = Vec::new();
-    for (i, route) in config.routes.iter().enumerate() {
-        for (j, event) in route.events.iter().enumerate() {
-            let end = event.start.checked_add(event.duration);
-            if end.is_some_and(|end| end <= now) {
-                lines.push(format!(
-                    "routes[{i}].events[{j}] ({:?}) ended at {}: it will never run",
-                    event.name,
-                    humantime::format_rfc3339_seconds(end.unwrap_or(now)),
-                ));
-            }
-        }
-    }
-    lines
 }

@@ -176,6 +176,16 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    #[allow(clippy::disallowed_methods)] // the wall clock, which events are placed on
+    let now = std::time::SystemTime::now();
+    for (at, event, end) in config.ended_events(now) {
+        tracing::warn!(
+            event = %event.name,
+            at,
+            ended = %humantime::format_rfc3339_seconds(end),
+            "a scheduled event has ended: it will never run"
+        );
+    }
     let server = config.server.clone();
     let settings = match settings(&server, &args) {
         Ok(s) => s,

@@ -140,6 +140,24 @@ pub struct Config {
 }
 
 impl Config {
+    /// The scheduled events that ended at or before `now`, with where each is
+    /// (`routes[0].events[1]`) and when it ended: valid, and never to run (a date left
+    /// from a past sale). `check-config` and `serve` name them as warnings.
+    pub fn ended_events(&self, now: SystemTime) -> Vec<(String, &Event, SystemTime)> {
+        let mut ended = Vec::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            for (j, event) in route.events.iter().enumerate() {
+                match event.start.checked_add(event.duration) {
+                    Some(end) if end <= now => {
+                        ended.push((format!("routes[{i}].events[{j}]"), event, end));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        ended
+    }
+
     /// These routes, with the default proxy settings. Nothing is checked here: an
     /// engine, layer or simulator built from it checks the routes
     /// ([`validate`](Config::validate)), as a file's are checked when loaded.
