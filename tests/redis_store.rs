@@ -4168,6 +4168,27 @@ async fn a_failover_that_demotes_the_old_master_behind_the_same_address_is_follo
     assert!(!keys.is_empty(), "the new master holds the route's state");
 }
 
+/// `ACL <args>`.
+fn acl(args: &[&str]) -> redis::Cmd {
+    let mut c = redis::cmd("ACL");
+    c.arg(args);
+    c
+}
+
+/// `config` connecting to `server` as the ACL user `a` (password `pw`, every right),
+/// made here through `admin`.
+fn as_acl_user(
+    server: &RedisServer,
+    admin: &mut redis::Connection,
+    mut config: RedisConfig,
+) -> RedisConfig {
+    let _: () = acl(&["SETUSER", "a", "on", ">pw", "~*", "&*", "+@all"])
+        .query(admin)
+        .unwrap();
+    config.servers = RedisServers::Single(format!("redis://a:pw@127.0.0.1:{}", server.port));
+    config
+}
+
 /// Redis refuses the instance's `AUTH` for a while (an ACL change, a password rotated
 /// in the wrong order), then accepts it again: the client keeps the refused connection
 /// and answers every call with its error, and the failed heartbeat replaces it, so the
@@ -4176,16 +4197,7 @@ async fn a_failover_that_demotes_the_old_master_behind_the_same_address_is_follo
 async fn an_auth_refused_for_a_while_is_recovered_from() {
     let server = RedisServer::start().await;
     let mut admin = server.connection().unwrap();
-    let acl = |args: &[&str]| {
-        let mut c = redis::cmd("ACL");
-        c.arg(args);
-        c
-    };
-    let _: () = acl(&["SETUSER", "a", "on", ">pw", "~*", "&*", "+@all"])
-        .query(&mut admin)
-        .unwrap();
-    let mut config = store_config(&server, "auth");
-    config.servers = RedisServers::Single(format!("redis://a:pw@127.0.0.1:{}", server.port));
+    let config = as_acl_user(&server, &mut admin, store_config(&server, "auth"));
     let inst = Instance::system(&route(100.0, Duration::from_secs(100)), &config);
     beat_answered(&inst.store).await;
     assert!(inst.check().await.is_admit());
@@ -4308,16 +4320,7 @@ async fn a_beat_in_a_large_fleet_counts_it() {
 async fn a_heartbeat_refused_for_its_rights_keeps_its_connection() {
     let server = RedisServer::start().await;
     let mut admin = server.connection().unwrap();
-    let acl = |args: &[&str]| {
-        let mut c = redis::cmd("ACL");
-        c.arg(args);
-        c
-    };
-    let _: () = acl(&["SETUSER", "a", "on", ">pw", "~*", "&*", "+@all"])
-        .query(&mut admin)
-        .unwrap();
-    let mut config = hand_beaten_config(&server, "noperm");
-    config.servers = RedisServers::Single(format!("redis://a:pw@127.0.0.1:{}", server.port));
+    let config = as_acl_user(&server, &mut admin, hand_beaten_config(&server, "noperm"));
     let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     beat_answered(&inst.store).await;
     let opened = |admin: &mut redis::Connection| -> u64 {

@@ -441,6 +441,20 @@ mod tests {
         (r.status(), headers, r.into_body())
     }
 
+    /// An engine of one route (`order`, every path, the default limits), and it.
+    fn one_route() -> (Arc<Engine>, RouteId) {
+        let engine = Arc::new(
+            Engine::new(
+                &Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]),
+                Nanos::ZERO,
+                std::time::SystemTime::UNIX_EPOCH,
+            )
+            .unwrap(),
+        );
+        let route = engine.route_at(0).unwrap();
+        (engine, route)
+    }
+
     #[test]
     fn templates_answer_exactly_as_respond() {
         let mut a = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
@@ -484,15 +498,7 @@ mod tests {
     /// (a panic in debug builds, `Retry-After: 1` in release ones).
     #[test]
     fn a_wait_of_duration_max_is_told_as_the_longest() {
-        let engine = Arc::new(
-            Engine::new(
-                &Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]),
-                Nanos::ZERO,
-                std::time::SystemTime::UNIX_EPOCH,
-            )
-            .unwrap(),
-        );
-        let route = engine.route_at(0).unwrap();
+        let (engine, route) = one_route();
         let rej = Rejection {
             retry_after: Duration::MAX,
             reason: Reason::Limit,
@@ -509,15 +515,7 @@ mod tests {
     fn a_wait_under_a_millisecond_is_no_zero_in_the_body() {
         // A token bucket at 10,000 req/s says to come back in 100 µs: the body said
         // `"retry_after_ms":0`, a client reading it retried at once.
-        let engine = Arc::new(
-            Engine::new(
-                &Config::new(vec![RouteConfig::new("order", RouteMatch::prefix("/"))]),
-                Nanos::ZERO,
-                std::time::SystemTime::UNIX_EPOCH,
-            )
-            .unwrap(),
-        );
-        let route = engine.route_at(0).unwrap();
+        let (engine, route) = one_route();
         let templates = Templates::default();
         for (wait, ms) in [
             (100_000, 1),
