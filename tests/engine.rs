@@ -1952,7 +1952,7 @@ fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
 #[test]
 fn a_key_evicted_after_a_raise_gets_no_tokens_it_did_not_have() {
     let mut cfg = RouteConfig::new("raised", RouteMatch::any());
-    cfg.partition = Partition::ClientIp(key_table(2, None));
+    cfg.partition = Partition::ClientIp(key_table(3, None));
     cfg.controller.base_limit_rps = 10.0;
     cfg.controller.cut_limit_rps = 5.0;
     cfg.controller.danger_roc = 1e9;
@@ -1961,10 +1961,13 @@ fn a_key_evicted_after_a_raise_gets_no_tokens_it_did_not_have() {
     let id = e.route_at(0).unwrap();
     assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
     assert!(e.check(id, ip(2), Nanos::ZERO).is_admit());
+    // The change's rollover finds the table with room: no key at rest is swept.
     let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 100.0;
     e.update_route(id, params, Nanos::from_secs(10)).unwrap();
-    // A rollover of the full table: ip(1) is at rest, full at 10 tokens.
+    assert!(e.check(id, ip(3), Nanos::from_millis(10_100)).is_admit());
+    // A rollover of the full table, after the raise: ip(1) is at rest, full at 10
+    // tokens.
     assert!(e.check(id, ip(2), Nanos::from_millis(10_200)).is_admit());
     let at = Nanos::from_millis(10_200);
     let admitted = (0..200)

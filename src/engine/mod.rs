@@ -406,6 +406,9 @@ impl Engine {
                         let hook = self.hook.as_ref();
                         // `own`'s: the file's, but those a kept change retired.
                         let events = Some((own.events.as_slice(), &cfg.controller));
+                        // The silence before the reload is stepped under the parameters
+                        // that were in force during it.
+                        self.bring_up_to(r, now);
                         r.reconfigure(&own.controller, events, now, wall_now, hook);
                         r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
                         Arc::clone(r)
@@ -502,6 +505,9 @@ impl Engine {
                 }
             }
         }
+        // The silence before the change is stepped under the parameters that were in
+        // force during it.
+        self.bring_up_to(r, now);
         r.reconfigure(
             &checked.controller,
             None,
@@ -614,9 +620,15 @@ impl Engine {
     /// routes it decides itself; the simulator at the start of every slot without
     /// arrivals. Nothing happens if this engine does not hold `route` (see [`RouteId`]).
     pub fn catch_up(&self, route: RouteId, now: Nanos) {
-        let Some(r) = self.route(route) else {
-            return;
-        };
+        if let Some(r) = self.route(route) {
+            self.bring_up_to(r, now);
+        }
+    }
+
+    /// Brings `r` up to `now`: its window rolled and its controller stepped over the
+    /// slots completed since the last request (a silence), or a limit change left
+    /// half-made finished.
+    fn bring_up_to(&self, r: &Route, now: Nanos) {
         if r.counter.needs_roll(now) {
             self.roll(r, now);
         } else if r.behind.load(Ordering::Relaxed) != 0 {
