@@ -450,7 +450,9 @@ impl Controller {
     /// Replaces the parameters (a runtime change, or a scheduled event starting or
     /// ending), keeping the state: the limit is recomputed for the state under the new
     /// parameters. A recovering limit already at the new base ends the recovery: that
-    /// transition to `Normal` is passed to `on_transition`.
+    /// transition to `Normal` is passed to `on_transition`. A cut whose new parameters
+    /// end it sooner (a shorter `hold` or `max_cut`) restores from `now` at the
+    /// earliest, one step at a time.
     pub fn set_params(
         &mut self,
         params: ControllerParams,
@@ -458,6 +460,12 @@ impl Controller {
         mut on_transition: impl FnMut(Transition),
     ) {
         let changed = self.params != params;
+        if changed && self.state == ControllerState::Cut {
+            // The cut's end under the new parameters (a shorter hold or max_cut) is
+            // not dated before they came in force: it restores from now, one step at
+            // a time, not with the steps it would have taken since.
+            self.armed_at = self.armed_at.max(now);
+        }
         self.params = params;
         let before = self.limit_rps;
         self.limit_rps = match self.state {
@@ -491,9 +499,11 @@ impl Controller {
             ControllerState::Normal => return None,
             ControllerState::Cut => {
                 let max_cut = self.entered_at + self.params.max_cut;
+                // A calm that starts while the controller is disarmed is seen, and
+                // its hold counted, from when it is armed again.
                 let calm = self
                     .safe_since
-                    .unwrap_or_else(|| (self.entered_at + window).max(now));
+                    .unwrap_or_else(|| (self.entered_at + window).max(now).max(self.armed_at));
                 self.hold_done(calm).min(max_cut).max(self.armed_at) + self.params.restore_interval
             }
             ControllerState::Recovering => {
@@ -576,14 +586,25 @@ impl Controller {
         (since + self.params.hold).max(self.entered_at + self.params.min_dwell)
     }
 
+    /// The restore steps that take the limit from cut to base: the fewest at which
+    /// [`recovering_limit`](Self::recovering_limit)'s sum reaches it (the quotient
+    /// alone can round the other way: 21 / 0.7 is just over 30, where 10 + 30 × 0.7 is
+    /// 31 exactly).
     fn steps_to_base(&self) -> u64 {
         let p = &self.params;
         if p.restore_step_rps <= 0.0 {
             return u64::MAX;
         }
-        ((p.base_limit_rps - p.cut_limit_rps) / p.restore_step_rps)
+        let reaches = |k: u64| p.cut_limit_rps + k as f64 * p.restore_step_rps >= p.base_limit_rps;
+        let mut k = ((p.base_limit_rps - p.cut_limit_rps) / p.restore_step_rps)
             .ceil()
-            .max(0.0) as u64
+            .max(0.0) as u64;
+        if k > 0 && reaches(k - 1) {
+            k -= 1;
+        } else if !reaches(k) {
+            k += 1;
+        }
+        k
     }
 
     /// Restore steps taken so far in `Recovering`, derived from the limit.
