@@ -5,8 +5,9 @@
 
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, Event, RouteConfig, RouteMatch};
-use rocgate::controller::{ControllerParams, ControllerState};
+use rocgate::controller::{Controller, ControllerParams, ControllerState, Transition};
 use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::window::{RocSample, SampleAt};
 use std::time::{Duration, SystemTime};
 
 fn engine(routes: Vec<RouteConfig>) -> Engine {
@@ -21,87 +22,72 @@ fn offer(e: &Engine, id: RouteId, from: f64, to: f64, rate: f64) {
     }
 }
 
+/// The route after a cut at about 10 s, a silence from 11 s, `change` made at 30 s,
+/// and one request at 40 s; with `upkeep`, stepped every slot in between as well.
+fn after_a_change_in_a_silence(
+    upkeep: bool,
+    change: impl Fn(Engine, Nanos) -> Engine,
+) -> rocgate::engine::RouteSnapshot {
+    let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, 0.0, 10.0, 40.0);
+    offer(&e, id, 10.0, 11.0, 600.0);
+    let step = |e: &Engine, from_ms: u64, to_ms: u64| {
+        if upkeep {
+            for ms in (from_ms..to_ms).step_by(100) {
+                e.catch_up(e.route_at(0).unwrap(), Nanos::from_millis(ms));
+            }
+        }
+    };
+    step(&e, 11_100, 30_000);
+    let e = change(e, Nanos::from_secs(30));
+    step(&e, 30_100, 40_000);
+    let (id, end) = (e.route_at(0).unwrap(), Nanos::from_secs(40));
+    let _ = e.check(id, Key::None, end);
+    e.route_snapshot(id, end).unwrap()
+}
+
 /// A runtime change late in a silence after a cut: the silence is stepped under the
 /// parameters in force during it before the change applies, so one request at 40 s
 /// finds the route where stepping every slot put it (it found it still recovering:
 /// the silence's samples were dated before the change's rearm, and read as nothing).
 #[test]
 fn a_put_late_in_a_silence_lands_where_stepping_every_slot_would() {
-    let run = |upkeep: bool| {
-        let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+    let put = |e: Engine, at| {
         let id = e.route_at(0).unwrap();
-        offer(&e, id, 0.0, 10.0, 40.0);
-        offer(&e, id, 10.0, 11.0, 600.0); // cut at ~10 s; silent from 11 s
-        if upkeep {
-            for ms in (11_100..30_000).step_by(100) {
-                e.catch_up(id, Nanos::from_millis(ms));
-            }
-        }
         let mut p = e.route_params(id).unwrap();
         p.danger_roc = 90.0;
-        e.update_route(id, p, Nanos::from_secs(30)).unwrap();
-        if upkeep {
-            for ms in (30_100..40_000).step_by(100) {
-                e.catch_up(id, Nanos::from_millis(ms));
-            }
-        }
-        let end = Nanos::from_secs(40);
-        let _ = e.check(id, Key::None, end);
-        e.route_snapshot(id, end).unwrap()
+        e.update_route(id, p, at).unwrap();
+        e
     };
-    let (stepped, jumped) = (run(true), run(false));
+    let stepped = after_a_change_in_a_silence(true, put);
+    let jumped = after_a_change_in_a_silence(false, put);
     assert_eq!(stepped.state, ControllerState::Normal);
     assert_eq!(
         (jumped.state, jumped.limit_rps),
-        (stepped.state, stepped.limit_rps),
-        "one request at 40 s after a PUT at 30 s, against stepping every slot"
+        (stepped.state, stepped.limit_rps)
     );
 }
 
 /// As above, for a reload.
 #[test]
 fn a_reload_late_in_a_silence_lands_where_stepping_every_slot_would() {
-    let run = |upkeep: bool| {
-        let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
-        let id = e.route_at(0).unwrap();
-        offer(&e, id, 0.0, 10.0, 40.0);
-        offer(&e, id, 10.0, 11.0, 600.0);
-        if upkeep {
-            for ms in (11_100..30_000).step_by(100) {
-                e.catch_up(id, Nanos::from_millis(ms));
-            }
-        }
+    let reload = |e: Engine, at| {
         let mut cfg = RouteConfig::new("r", RouteMatch::any());
         cfg.controller.danger_roc = 90.0;
-        let e = e
-            .reload(
-                &Config::new(vec![cfg]),
-                Nanos::from_secs(30),
-                SystemTime::UNIX_EPOCH,
-            )
-            .unwrap();
-        let id = e.route_at(0).unwrap();
-        if upkeep {
-            for ms in (30_100..40_000).step_by(100) {
-                e.catch_up(id, Nanos::from_millis(ms));
-            }
-        }
-        let end = Nanos::from_secs(40);
-        let _ = e.check(id, Key::None, end);
-        e.route_snapshot(id, end).unwrap()
+        e.reload(&Config::new(vec![cfg]), at, SystemTime::UNIX_EPOCH)
+            .unwrap()
     };
-    let (stepped, jumped) = (run(true), run(false));
+    let stepped = after_a_change_in_a_silence(true, reload);
+    let jumped = after_a_change_in_a_silence(false, reload);
     assert_eq!(stepped.state, ControllerState::Normal);
     assert_eq!(
         (jumped.state, jumped.limit_rps),
-        (stepped.state, stepped.limit_rps),
-        "one request at 40 s after a reload at 30 s, against stepping every slot"
+        (stepped.state, stepped.limit_rps)
     );
 }
 
-use rocgate::controller::{Controller, Transition};
-use rocgate::window::{RocSample, SampleAt};
-
+/// A completed slot's sample at `at_ms`: half-window rates `prev` and `recent`.
 fn sample(at_ms: u64, prev: f64, recent: f64) -> SampleAt {
     SampleAt {
         at: Nanos::from_millis(at_ms),
