@@ -1035,4 +1035,94 @@ mod tests {
         assert_eq!(c.state(), ControllerState::Cut);
         assert!((c.last_roc() - 35.0 / 30.0).abs() < 1e-9);
     }
+
+    /// The end of a recovery is dated by the step that reached base as the limit is
+    /// summed (10 + 30 × 0.7 is 31), not by the quotient (21 / 0.7 is just over 30): it
+    /// was dated a step after the sample that reached base, and a spike 1.4 s later was
+    /// not cut (its `min_dwell` counted from that later instant).
+    #[test]
+    fn the_end_of_a_recovery_is_not_dated_after_the_sample_that_reached_base() {
+        let p = ControllerParams {
+            base_limit_rps: 31.0,
+            cut_limit_rps: 10.0,
+            restore_step_rps: 0.7,
+            danger_roc: 8.0,
+            safe_roc: 2.0,
+            min_rps: 1.0,
+            min_samples: 1,
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        run(&mut c, 10_000, 10_000, 4.0, 30.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        // Calm from 10.1 s: recovering from 12.1 s, one step a second.
+        run(&mut c, 10_100, 12_100, 10.0, 10.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+        assert_eq!(c.entered_at(), Nanos::from_millis(12_100));
+        let seen = run(&mut c, 12_200, 42_100, 10.0, 10.0);
+        assert_eq!(c.limit_rps(), 31.0);
+        assert_eq!(c.state(), ControllerState::Normal);
+        let normal = seen.last().unwrap();
+        assert!(
+            normal.at <= Nanos::from_millis(42_100),
+            "Normal entered at {} by the sample at 42.100s (in the future)",
+            normal.at
+        );
+        // What it costs: 1.4 s at base (> min_dwell of 1 s) a spike is not cut.
+        run(&mut c, 42_200, 43_400, 10.0, 10.0);
+        run(&mut c, 43_500, 43_500, 4.0, 30.0);
+        assert_eq!(
+            c.state(),
+            ControllerState::Cut,
+            "spike 1.4 s after reaching base"
+        );
+    }
+
+    /// A shorter `max_cut` set on a cut long under way restores from the change, one
+    /// step at a time: it was dated back to when the new `max_cut` would have ended it,
+    /// and the limit leapt from cut to base in one slot.
+    #[test]
+    fn a_shorter_max_cut_mid_cut_does_not_leap_to_base() {
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 40_000, 100.0, 150.0); // roc 50: neither calm nor danger
+        assert_eq!((c.state(), c.limit_rps()), (ControllerState::Cut, 60.0));
+        let p = ControllerParams {
+            max_cut: Duration::from_secs(10),
+            ..ControllerParams::default()
+        };
+        c.set_params(p, Nanos::from_millis(40_050), |_| {});
+        run(&mut c, 40_100, 40_100, 100.0, 150.0);
+        assert!(
+            c.limit_rps() <= 60.0 + 20.0,
+            "one slot later: {:?} at {} req/s (entered {})",
+            c.state(),
+            c.limit_rps(),
+            c.entered_at()
+        );
+    }
+
+    /// `Retry-After` of a cut whose calm began while the controller was disarmed counts
+    /// the hold from the arming, as the controller does: it said one second early.
+    #[test]
+    fn the_next_raise_of_a_disarmed_cut_counts_the_hold_from_the_arming() {
+        let window = Duration::from_secs(6);
+        let mut c = Controller::new(ControllerParams::default(), Nanos::ZERO, window);
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 11_000, 40.0, 600.0); // still climbing: not calm
+        c.rearm(Nanos::from_secs(11), window); // a reload: disarmed until 17 s
+        run(&mut c, 11_100, 16_000, 100.0, 100.0); // calm from 11.1 s
+        let estimate = c.next_raise_at(Nanos::from_secs(16), window).unwrap();
+        // When does the limit really first rise?
+        let mut t = 16_100;
+        while c.limit_rps() == 60.0 && t < 60_000 {
+            run(&mut c, t, t, 100.0, 100.0);
+            t += 100;
+        }
+        let actual = Nanos::from_millis(t - 100);
+        assert_eq!(
+            estimate, actual,
+            "estimated at 16 s: {estimate}, first raise: {actual}"
+        );
+    }
 }
