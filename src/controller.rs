@@ -453,6 +453,15 @@ impl Controller {
     /// transition to `Normal` is passed to `on_transition`. A cut whose new parameters
     /// end it sooner (a shorter `hold` or `max_cut`) restores from `now` at the
     /// earliest, one step at a time.
+    ///
+    /// A restore whose schedule the change replaces (`cut_limit`, `restore_step` or
+    /// `restore_interval`) goes on under the new one from the limit it has reached:
+    /// from the new cut limit if that is higher, else from the new schedule's first
+    /// step at or above that limit, at the change; the next step one new interval
+    /// later (or one after the last step, if the limit is on the new schedule). The restore is re-dated to where the new schedule would have
+    /// started it, which [`Controller::entered_at`] then reports and `min_dwell`
+    /// counts from. A schedule is not dated before the clock's origin: one younger
+    /// than the steps it has taken goes on from the highest step it has room for.
     pub fn set_params(
         &mut self,
         params: ControllerParams,
@@ -466,7 +475,15 @@ impl Controller {
             // a time, not with the steps it would have taken since.
             self.armed_at = self.armed_at.max(now);
         }
+        let rescheduled = self.state == ControllerState::Recovering
+            && (params.cut_limit_rps != self.params.cut_limit_rps
+                || params.restore_step_rps != self.params.restore_step_rps
+                || params.restore_interval != self.params.restore_interval);
+        let last_step = self.step_time();
         self.params = params;
+        if rescheduled {
+            self.entered_at = self.restore_origin(last_step.min(now), now);
+        }
         let before = self.limit_rps;
         self.limit_rps = match self.state {
             ControllerState::Normal => self.params.base_limit_rps,
@@ -627,6 +644,31 @@ impl Controller {
         let interval = duration_nanos(self.params.restore_interval).max(1);
         let done = self.limit_steps().saturating_mul(interval);
         Nanos::new(self.entered_at.as_u64().saturating_add(done))
+    }
+
+    /// Where the restore schedule under the parameters in force starts for a
+    /// restore that has reached the current limit, its last step due at `last_step`.
+    /// A limit on the new schedule keeps its place and the pace of its steps, the next
+    /// one a new interval after the last (or now, if that has passed); a limit between
+    /// two of its steps takes the upper one now.
+    fn restore_origin(&self, last_step: Nanos, now: Nanos) -> Nanos {
+        let p = &self.params;
+        let interval = duration_nanos(p.restore_interval).max(1);
+        let (steps, last) = if p.restore_step_rps > 0.0 {
+            let at = ((self.limit_rps - p.cut_limit_rps) / p.restore_step_rps).max(0.0);
+            // The tolerance keeps a limit the new schedule passes through (120 from 60
+            // in steps of 20, or of 0.7) from reading as between two steps.
+            let steps = (at - 1e-9).ceil().max(0.0);
+            if steps - at < 1e-9 {
+                let last = last_step.max(Nanos::new(now.as_u64().saturating_sub(interval)));
+                (steps as u64, last)
+            } else {
+                (steps as u64, now)
+            }
+        } else {
+            (0, now)
+        };
+        Nanos::new(last.as_u64().saturating_sub(steps.saturating_mul(interval)))
     }
 
     fn recovering_limit(&self, now: Nanos) -> f64 {
@@ -1100,6 +1142,104 @@ mod tests {
             c.limit_rps(),
             c.entered_at()
         );
+    }
+
+    /// Steps the cut of [`cut_hold_restore_step_by_step_then_normal`] to 17.5 s: in
+    /// `Recovering` since 14 s, at 120 req/s (three steps of 20 from 60).
+    fn recovering_at_120() -> Controller {
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 11_900, 500.0, 560.0);
+        run(&mut c, 12_000, 17_500, 600.0, 600.0);
+        assert_eq!(
+            (c.state(), c.limit_rps()),
+            (ControllerState::Recovering, 120.0)
+        );
+        c
+    }
+
+    /// A slower restore set mid-recovery goes on from the limit reached: the steps
+    /// taken were recomputed under the new step, and the limit fell from 120 to 75
+    /// with no cut.
+    #[test]
+    fn a_smaller_restore_step_mid_recovery_does_not_lower_the_limit() {
+        let mut c = recovering_at_120();
+        let p = ControllerParams {
+            restore_step_rps: 5.0,
+            ..ControllerParams::default()
+        };
+        c.set_params(p, Nanos::from_millis(17_550), |_| {});
+        assert_eq!(c.limit_rps(), 120.0);
+        // The last step was due at 17 s: the next, of 5, at 18 s.
+        run(&mut c, 17_600, 17_900, 600.0, 600.0);
+        assert_eq!(c.limit_rps(), 120.0);
+        run(&mut c, 18_000, 18_000, 600.0, 600.0);
+        assert_eq!(c.limit_rps(), 125.0);
+        assert_eq!(
+            c.next_raise_at(Nanos::from_secs(18), Duration::from_secs(6)),
+            Some(Nanos::from_secs(19))
+        );
+    }
+
+    /// A faster restore set mid-recovery goes on one step at a time from the limit
+    /// reached: a step of 100 leapt from 120 to base at once, and a 100 ms interval
+    /// from 120 to base (35 steps since 14 s).
+    #[test]
+    fn a_faster_restore_mid_recovery_goes_on_one_step_at_a_time() {
+        let bigger = ControllerParams {
+            restore_step_rps: 100.0,
+            ..ControllerParams::default()
+        };
+        let sooner = ControllerParams {
+            restore_interval: Duration::from_millis(100),
+            ..ControllerParams::default()
+        };
+        // 120 is between 60 and 160 on the schedule of 100: 160 at the change, then
+        // base a second later. 120 is on the schedule of 20 every 100 ms, whose
+        // interval has passed since the step of 17 s: a step at the change, then one
+        // every 100 ms from it.
+        let mut after = vec![160.0; 10];
+        after.push(200.0);
+        let cases = [
+            (bigger, 160.0, after),
+            (
+                sooner,
+                140.0,
+                [140.0, 160.0, 180.0, 200.0]
+                    .into_iter()
+                    .chain([200.0; 7])
+                    .collect(),
+            ),
+        ];
+        for (p, at_change, expected) in cases {
+            let mut c = recovering_at_120();
+            let mut seen = Vec::new();
+            c.set_params(p.clone(), Nanos::from_millis(17_550), |t| seen.push(t));
+            assert_eq!(c.limit_rps(), at_change, "{p:?}");
+            assert!(seen.is_empty());
+            let limits: Vec<f64> = (0..11)
+                .map(|i| {
+                    run(&mut c, 17_600 + 100 * i, 17_600 + 100 * i, 600.0, 600.0);
+                    c.limit_rps()
+                })
+                .collect();
+            assert_eq!(limits, expected, "{p:?}");
+            assert_eq!(c.state(), ControllerState::Normal);
+        }
+    }
+
+    /// A cut limit raised mid-recovery above the limit reached restores from it.
+    #[test]
+    fn a_cut_limit_raised_past_a_recovery_restores_from_it() {
+        let mut c = recovering_at_120();
+        let p = ControllerParams {
+            cut_limit_rps: 150.0,
+            ..ControllerParams::default()
+        };
+        c.set_params(p, Nanos::from_millis(17_550), |_| {});
+        assert_eq!(c.limit_rps(), 150.0);
+        run(&mut c, 17_600, 18_000, 600.0, 600.0);
+        assert_eq!(c.limit_rps(), 170.0);
     }
 
     /// `Retry-After` of a cut whose calm began while the controller was disarmed counts

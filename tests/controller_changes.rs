@@ -1,5 +1,5 @@
 //! The controller under changes, through the engine: runtime changes and reloads after
-//! a silence, and a scheduled event that shortens a cut's hold. (Found by a review,
+//! a silence, and scheduled events that shorten a cut's hold or change a restore's step. (Found by a review,
 //! helper-120, with the controller's own cases in `src/controller.rs`; each failed
 //! before its fix.)
 
@@ -115,4 +115,43 @@ fn an_event_with_a_shorter_hold_does_not_leap_a_cut_to_base() {
         );
         before = limit;
     }
+}
+
+/// A scheduled event that slows the restore (a smaller `restore_step`) starting in a
+/// recovery, and ending in it: the limit never falls and rises one step at a time
+/// (the steps taken were recomputed under each profile's step from the recovery's
+/// start: the limit fell when the event started and leapt when it ended).
+#[test]
+fn an_event_changing_the_restore_step_mid_recovery_goes_on_from_the_limit() {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    let mut ev = cfg.controller.clone();
+    ev.restore_step_rps = 5.0;
+    cfg.events = vec![Event::new(
+        "slow-restore",
+        SystemTime::UNIX_EPOCH + Duration::from_secs(18),
+        Duration::from_secs(4),
+        ev,
+    )];
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, 0.0, 10.0, 40.0);
+    offer(&e, id, 10.0, 11.0, 600.0);
+    let mut before = e.limit_rps(id).unwrap();
+    assert_eq!(before, 60.0);
+    let mut seen = Vec::new();
+    for tenths in 110..400u64 {
+        let t = tenths as f64 / 10.0;
+        offer(&e, id, t, t + 0.1, 40.0);
+        let limit = e.limit_rps(id).unwrap();
+        assert!(
+            before <= limit && limit <= before + 20.0,
+            "at {t:.1} s the limit went from {before} to {limit}"
+        );
+        seen.push((tenths, limit));
+        before = limit;
+    }
+    let at = |tenths| seen.iter().find(|s| s.0 == tenths).unwrap().1;
+    assert!(at(175) > 60.0, "recovering before the event: {seen:?}");
+    assert!(at(219) - at(181) <= 20.0, "5 a step in the event: {seen:?}");
+    assert_eq!(before, 200.0, "back at base: {seen:?}");
 }
