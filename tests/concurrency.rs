@@ -67,7 +67,7 @@ fn engine_route_admits_exactly_its_capacity_under_contention() {
 #[test]
 fn other_limiters_are_exact_under_contention() {
     for threads in [2, 4, 8] {
-        let fixed = FixedWindow::new(1_000.0, Duration::from_secs(1));
+        let fixed = FixedWindow::new(1_000.0, Duration::from_secs(1), Nanos::ZERO);
         assert_eq!(
             hammer(threads, || fixed.check(Nanos::ZERO).is_admit()),
             1_000

@@ -2561,3 +2561,47 @@ cut_limit = 100
     let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
     assert_eq!((s.active_event, s.base_limit_rps), (None, 300.0));
 }
+
+/// A new key's window word started as 0, which reads as window index 0: a key first
+/// seen in the `late` windows (1 s) before the 24-bit index wraps was taken for a late
+/// reader of window 0, counted there, and found window 0 used when it came. With
+/// 1 ms windows the index wraps every 4.66 h of uptime. (helper-121)
+#[test]
+fn a_new_window_key_just_before_the_index_wraps_gets_its_quota_each_window() {
+    let wrap_ms: u64 = 1 << 24;
+    let one_per_window = |e: &Engine, id: RouteId, key: Key<'_>, from_ms: u64| {
+        (0..1000u64)
+            .filter(|k| {
+                let now = Nanos::new((from_ms + k) * 1_000_000 + 500_000);
+                e.check(id, key, now).is_admit()
+            })
+            .count()
+    };
+    let mut results = Vec::new();
+    for algorithm in [
+        Algorithm::FixedWindow {
+            window: Duration::from_millis(1),
+        },
+        Algorithm::SlidingWindow {
+            window: Duration::from_millis(1),
+        },
+    ] {
+        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        cfg.controller.base_limit_rps = 1000.0; // one request per 1 ms window per key
+        cfg.controller.cut_limit_rps = 1000.0;
+        let start = Nanos::from_millis(wrap_ms - 5_000);
+        let e = Engine::new(&Config::new(vec![cfg]), start, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        let control = one_per_window(&e, id, ip(41), wrap_ms - 4_000);
+        let across_the_wrap = one_per_window(&e, id, ip(42), wrap_ms - 500);
+        results.push((algorithm.name(), control, across_the_wrap));
+    }
+    // One per window: all of them; the sliding window weighs the previous one in.
+    assert_eq!(
+        results,
+        [("fixed_window", 1000, 1000), ("sliding_window", 500, 500)],
+        "(algorithm, admitted of 1000 far from the wrap, across it)"
+    );
+}

@@ -420,7 +420,7 @@ fn token_bucket_lower_to_during_shared_note_changes() {
 #[test]
 fn fixed_window_admits_exactly_its_quota() {
     check(|| {
-        let w = FixedWindow::new(2.0, Duration::from_secs(1));
+        let w = FixedWindow::new(2.0, Duration::from_secs(1), Nanos::ZERO);
         let n = admitted_by(w, 3, 1, |w| w.check(ms(100)).is_admit());
         assert_eq!(n, 2);
     });
@@ -431,7 +431,7 @@ fn fixed_window_admits_exactly_its_quota() {
 #[test]
 fn sliding_window_admits_exactly_its_quota() {
     check(|| {
-        let w = SlidingWindowCounter::new(2.0, Duration::from_secs(1));
+        let w = SlidingWindowCounter::new(2.0, Duration::from_secs(1), Nanos::ZERO);
         let n = admitted_by(w, 3, 1, |w| w.check(ms(1000)).is_admit());
         assert_eq!(n, 2);
     });

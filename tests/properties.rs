@@ -353,9 +353,9 @@ proptest! {
         let window = Duration::from_millis(window_ms);
         // At least one request per window, as the config requires.
         let rate = rate.max(1e3 / window_ms as f64);
-        let counted = FixedWindow::new(rate, window);
-        let fixed = FixedWindow::new(rate, window);
-        let sliding = SlidingWindowCounter::new(rate, window);
+        let counted = FixedWindow::new(rate, window, Nanos::ZERO);
+        let fixed = FixedWindow::new(rate, window, Nanos::ZERO);
+        let sliding = SlidingWindowCounter::new(rate, window, Nanos::ZERO);
         let quota = (rate * window.as_secs_f64() + 1e-6).floor() as u64;
         let mut per_window = std::collections::HashMap::<u64, u64>::new();
         for t in times(&gaps) {

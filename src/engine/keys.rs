@@ -506,6 +506,11 @@ trait WordAlgo {
     /// route's [`TierTable::shape`]. Changing the limit word keeps the state.
     fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision;
 
+    /// The state word of a new key at `now`.
+    fn fresh(_shape: u32, _now: Nanos) -> u64 {
+        0
+    }
+
     /// Whether the state word holds nothing at `now` (as a new key's would).
     fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool;
 
@@ -530,6 +535,10 @@ impl WordAlgo for Fixed {
         limit.to_bits()
     }
 
+    fn fresh(shape: u32, now: Nanos) -> u64 {
+        words::empty_at(words::window_ns(shape), now)
+    }
+
     fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
         let window_ns = words::window_ns(shape);
         let quota = words::quota(f64::from_bits(limit_word), window_ns);
@@ -544,6 +553,10 @@ impl WordAlgo for Fixed {
 impl WordAlgo for Sliding {
     fn limit_word(limit: f64) -> u64 {
         limit.to_bits()
+    }
+
+    fn fresh(shape: u32, now: Nanos) -> u64 {
+        words::empty_at(words::window_ns(shape), now)
     }
 
     fn check(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> Decision {
@@ -578,7 +591,7 @@ impl WordAlgo for Leaky {
 impl<A: WordAlgo> KeyState for WordKey<A> {
     fn new(tiers: &TierTable, tier: u16, progress: f64, generation: u32, now: Nanos) -> Self {
         WordKey {
-            state: AtomicU64::new(0),
+            state: AtomicU64::new(A::fresh(tiers.shape, now)),
             limit: AtomicU64::new(A::limit_word(tiers.limit(tier, progress))),
             meta: KeyMeta::new(tier, generation, now),
             algorithm: PhantomData,

@@ -300,10 +300,10 @@ impl Limiter {
                 Limiter::TokenBucket(TokenBucket::new(limit, burst, now))
             }
             Algorithm::FixedWindow { window } => {
-                Limiter::FixedWindow(FixedWindow::new(limit, window))
+                Limiter::FixedWindow(FixedWindow::new(limit, window, now))
             }
             Algorithm::SlidingWindow { window } => {
-                Limiter::SlidingWindow(SlidingWindowCounter::new(limit, window))
+                Limiter::SlidingWindow(SlidingWindowCounter::new(limit, window, now))
             }
             Algorithm::LeakyBucket { queue } => {
                 Limiter::LeakyBucket(LeakyBucket::new(limit, queue))

@@ -367,7 +367,7 @@ fn lowering_follows_a_limit_change() {
 
 #[test]
 fn fixed_window_counts_per_window() {
-    let w = FixedWindow::new(10.0, Duration::from_secs(1));
+    let w = FixedWindow::new(10.0, Duration::from_secs(1), Nanos::ZERO);
     let n = (0..20).filter(|_| admitted(w.check(ms(100)))).count();
     assert_eq!(n, 10);
     let r = w.check(ms(300)).rejection().unwrap();
@@ -381,18 +381,33 @@ fn fixed_window_counts_per_window() {
 #[test]
 fn a_quota_a_rounding_error_short_of_whole_is_whole() {
     // 909.090909090909 × 1.1 s comes out of the product as 999.9999999999999.
-    let w = FixedWindow::new(909.090909090909, Duration::from_millis(1_100));
+    let w = FixedWindow::new(909.090909090909, Duration::from_millis(1_100), Nanos::ZERO);
     assert_eq!(w.level(ms(0)).capacity, 1_000.0);
-    let w = SlidingWindowCounter::new(1.0 / 0.033, Duration::from_millis(33));
+    let w = SlidingWindowCounter::new(1.0 / 0.033, Duration::from_millis(33), Nanos::ZERO);
     assert!(admitted(w.check(ms(0))));
     // A quota really below a whole number still rounds down.
-    let w = FixedWindow::new(999.99, Duration::from_secs(1));
+    let w = FixedWindow::new(999.99, Duration::from_secs(1), Nanos::ZERO);
     assert_eq!(w.level(ms(0)).capacity, 999.0);
+}
+
+/// A counter built in the last second before its 24-bit window index wraps counts its
+/// first request in that request's window, not in the window 0 still to come.
+#[test]
+fn a_window_counter_built_just_before_the_index_wraps_starts_in_its_window() {
+    let wrap = Nanos::from_millis(1 << 24);
+    let built = Nanos::new(wrap.as_u64() - 500_000_000);
+    let w = FixedWindow::new(1000.0, Duration::from_millis(1), built);
+    let s = SlidingWindowCounter::new(1000.0, Duration::from_millis(1), built);
+    assert!(admitted(w.check(built)));
+    assert!(admitted(s.check(built)));
+    // Window 0, after the wrap: the counts of 0.5 s earlier are not in it.
+    assert!(admitted(w.check(wrap)));
+    assert!(admitted(s.check(Nanos::new(wrap.as_u64() + 999_999))));
 }
 
 #[test]
 fn a_late_reader_cannot_reopen_a_counted_window() {
-    let w = FixedWindow::new(2.0, Duration::from_secs(1));
+    let w = FixedWindow::new(2.0, Duration::from_secs(1), Nanos::ZERO);
     assert!(admitted(w.check(ms(1000))));
     assert!(admitted(w.check(ms(1000))));
     // A thread that read the clock in the previous window arrives late.
@@ -407,8 +422,8 @@ fn window_counters_count_afresh_once_their_packed_index_wraps() {
     // Uptime or idleness past that must not read as a window still to come.
     let window = Duration::from_millis(10);
     let late = Nanos::new(((1 << 23) + 5) * 10_000_000);
-    let fixed = FixedWindow::new(100.0, window);
-    let sliding = SlidingWindowCounter::new(100.0, window);
+    let fixed = FixedWindow::new(100.0, window, Nanos::ZERO);
+    let sliding = SlidingWindowCounter::new(100.0, window, Nanos::ZERO);
     // One request per window (the quota), every other window.
     for w in [0, 2, 4] {
         let now = late + window * w;
@@ -427,8 +442,8 @@ fn a_window_counter_idle_for_a_whole_wrap_reads_its_last_count_for_at_most_a_sec
     const WRAP: u64 = 1 << 24;
     let window = Duration::from_millis(1);
     let full = || {
-        let fixed = FixedWindow::new(2_000.0, window);
-        let sliding = SlidingWindowCounter::new(2_000.0, window);
+        let fixed = FixedWindow::new(2_000.0, window, Nanos::ZERO);
+        let sliding = SlidingWindowCounter::new(2_000.0, window, Nanos::ZERO);
         for _ in 0..2 {
             assert!(admitted(fixed.check(ms(0))));
             assert!(admitted(sliding.check(ms(0))));
@@ -464,7 +479,7 @@ fn a_window_counter_idle_for_a_whole_wrap_reads_its_last_count_for_at_most_a_sec
 
 #[test]
 fn sliding_window_weights_the_previous_window() {
-    let w = SlidingWindowCounter::new(10.0, Duration::from_secs(1));
+    let w = SlidingWindowCounter::new(10.0, Duration::from_secs(1), Nanos::ZERO);
     let n = (0..20).filter(|_| admitted(w.check(ms(900)))).count();
     assert_eq!(n, 10);
     // At 1.5 s the previous window weighs half: 5 estimated, 5 more fit.

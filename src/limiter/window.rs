@@ -46,11 +46,12 @@ pub struct FixedWindow {
 }
 
 impl FixedWindow {
-    /// An empty counter (the window is kept to the millisecond).
-    pub fn new(limit: f64, window: Duration) -> Self {
+    /// A counter empty at `now` (the window is kept to the millisecond).
+    pub fn new(limit: f64, window: Duration, now: Nanos) -> Self {
+        let quota = WindowQuota::new(limit, window);
         FixedWindow {
-            word: AtomicU64::new(0),
-            quota: WindowQuota::new(limit, window),
+            word: AtomicU64::new(words::empty_at(quota.window_ns(), now)),
+            quota,
         }
     }
 
@@ -87,11 +88,12 @@ pub struct SlidingWindowCounter {
 }
 
 impl SlidingWindowCounter {
-    /// An empty counter (the window is kept to the millisecond).
-    pub fn new(limit: f64, window: Duration) -> Self {
+    /// A counter empty at `now` (the window is kept to the millisecond).
+    pub fn new(limit: f64, window: Duration, now: Nanos) -> Self {
+        let quota = WindowQuota::new(limit, window);
         SlidingWindowCounter {
-            word: AtomicU64::new(0),
-            quota: WindowQuota::new(limit, window),
+            word: AtomicU64::new(words::empty_at(quota.window_ns(), now)),
+            quota,
         }
     }
 

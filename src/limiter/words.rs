@@ -92,6 +92,19 @@ pub(crate) fn window_ms(window: Duration) -> u32 {
 }
 
 /// A window kept by [`window_ms`] in nanoseconds.
+/// A window word that has counted nothing, in the window of `now`. (A word of 0 is
+/// window index 0: a first request in the last `late` windows before the index wraps
+/// would read it as a window still to come and count there, into the window 0 it then
+/// reached with that count.)
+pub(crate) fn empty_at(window_ns: u64, now: Nanos) -> u64 {
+    Packed {
+        idx: now.as_u64() / window_ns.max(1),
+        prev: 0,
+        cur: 0,
+    }
+    .store()
+}
+
 pub(crate) fn window_ns(window_ms: u32) -> u64 {
     u64::from(window_ms) * 1_000_000
 }
