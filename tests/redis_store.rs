@@ -3055,23 +3055,76 @@ async fn batched_instances_admit_at_most_the_limit_and_count_every_arrival() {
     let _ = a.check().await;
     let _ = b.check().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let mut conn = server.connection().unwrap();
-    let window: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
-        .arg("{batch:order}:w")
-        .query(&mut conn)
-        .unwrap();
-    let counted: u64 = window
-        .iter()
-        .filter(|(k, _)| k.as_str() != "cur")
-        .map(|(_, n)| n)
-        .sum();
-    assert_eq!(counted, 1602, "{window:?}");
+    assert_eq!(window_sum(&server, "{batch:order}:w"), 1602);
     // No bucket in Redis: batched decisions take no shared token.
+    let mut conn = server.connection().unwrap();
     let bucket: bool = redis::cmd("EXISTS")
         .arg("{batch:order}:b")
         .query(&mut conn)
         .unwrap();
     assert!(!bucket);
+}
+
+/// The arrivals a shared window (`KEY:w`) has counted, all slots.
+fn window_sum(server: &RedisServer, key: &str) -> u64 {
+    let window: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+        .arg(key)
+        .query(&mut server.connection().unwrap())
+        .unwrap();
+    window
+        .iter()
+        .filter(|(k, _)| k.as_str() != "cur")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Batched mode: the arrivals of an instance whose traffic pauses reach the shared
+/// window at the end of their slot. They waited for its next request, however late: a
+/// burst went unseen (99 of 100 missing 2 s later), then landed in one slot when calm
+/// traffic resumed, and the route was cut there, 2 s after the burst. (helper-122)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_arrivals_of_a_paused_instance_reach_the_window_at_their_slots_end() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = batched(store_config(&server, "strand"));
+    let a = Instance::system(&quick_route(), &config);
+    beat_answered(&a.store).await;
+    // 1.5 s calm, a request every 100 ms (arms the shared controller), then a burst
+    // of 100 within a few ms, and silence.
+    let mut offered = 0u64;
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1500) {
+        let _ = a.check().await;
+        offered += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let burst_us = redis_time_us(&mut conn);
+    a.offer(100).await;
+    offered += 100;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        window_sum(&server, "{strand:order}:w"),
+        offered,
+        "0.5 s after"
+    );
+    // Calm traffic again 2 s after the burst: its first request steps the shared
+    // controller over the silence, which cuts at the burst (hold 5 s: still cut).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = stored_through(&mut conn, "{strand:order}:c", |_| true).await;
+    let _ = a.check().await;
+    stored_through(&mut conn, "{strand:order}:c", |t| t > before).await;
+    let (state, entered): (u8, u64) = redis::cmd("HMGET")
+        .arg("{strand:order}:c")
+        .arg(&["state", "entered"][..])
+        .query(&mut conn)
+        .unwrap();
+    let after_burst_ms = (entered / 1_000).saturating_sub(burst_us) / 1_000;
+    assert_eq!(state, ControllerState::Cut.as_index());
+    assert!(
+        after_burst_ms <= 300,
+        "cut {after_burst_ms} ms after the burst"
+    );
 }
 
 /// Batched mode: a reload that rebuilds a route (its burst changed) keeps the arrivals

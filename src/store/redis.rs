@@ -63,7 +63,9 @@
 //! the request; the first decision of each slot (on the instance's clock) starts, in a
 //! task of its own, one [`DECIDE`] call that adds the arrivals since the last sync to
 //! the shared window without taking a token, and learns the shared limit and
-//! controller state back (rollovers step the controller as in exact mode). Its bounds:
+//! controller state back (rollovers step the controller as in exact mode); the same
+//! task sends the arrivals that follow at the slot's end, unless a decision of the
+//! next slot has sent them. Its bounds:
 //! - admission: instance `i` admits at most `limit ÷ n` per second plus a burst of
 //!   `limit ÷ n × burst`, so the fleet admits at most what exact mode admits
 //!   (`limit × (T + burst)` over `T`), if `n` is the true live count. With uneven load
@@ -1308,7 +1310,13 @@ impl Inner {
             // slot they would look like a spike.
             let arrivals = r.pending.swap(0, Ordering::Relaxed);
             if let Some(params) = params.filter(|_| r.breaker().call(now) != Call::Skip) {
-                tokio::spawn(sync(Arc::clone(self), Arc::clone(r), arrivals, params));
+                tokio::spawn(sync(
+                    Arc::clone(self),
+                    Arc::clone(r),
+                    arrivals,
+                    params,
+                    slot,
+                ));
             }
         }
         let base = f64::from_bits(r.base_limit.load(Ordering::Relaxed));
@@ -1733,10 +1741,50 @@ fn random_bits() -> u64 {
 
 /// Batched mode: adds a slot's arrivals to the shared window and learns the shared
 /// limit back.
-async fn sync(inner: Arc<Inner>, r: Arc<SharedRoute>, arrivals: u64, params: ControllerParams) {
-    if let Some(reply) = inner.call(&r, arrivals, false, 0).await {
-        inner.absorb(&r, reply, || params);
+async fn sync(
+    inner: Arc<Inner>,
+    r: Arc<SharedRoute>,
+    mut arrivals: u64,
+    params: ControllerParams,
+    mut slot: u64,
+) {
+    loop {
+        if let Some(reply) = inner.call(&r, arrivals, false, 0).await {
+            inner.absorb(&r, reply, || params.clone());
+        }
+        match flush(&inner, &r, slot).await {
+            Some((next, more)) => (slot, arrivals) = (next, more),
+            None => return,
+        }
     }
+}
+
+/// Batched mode, after the sync of `slot`: waits for the slot's end, and takes the
+/// arrivals counted since that sync (with the next slot, as its first decision would)
+/// if no decision has opened a later slot by then: an instance whose traffic pauses
+/// would hold them until its next request, however late, and a burst would reach the
+/// shared window only then, as a false spike. `None` if there is nothing to send, a
+/// decision sends it, the breaker skips the call (its arrivals are dropped, as a
+/// decision's are), the store dropped the route, or the clock has not moved on (a
+/// manual one).
+async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<(u64, u64)> {
+    let slot_ns = r.slot_us.saturating_mul(1000).max(1);
+    let end = slot.saturating_add(1).saturating_mul(slot_ns);
+    let wait = end.saturating_sub(inner.clock.now().as_u64());
+    tokio::time::sleep(Duration::from_nanos(wait)).await;
+    let now = inner.clock.now();
+    let next = now.as_u64() / slot_ns;
+    if next == slot
+        || r.retired.load(Ordering::Relaxed)
+        || r.pending.load(Ordering::Relaxed) == 0
+        || r.synced_slot
+            .compare_exchange(slot, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return None;
+    }
+    let arrivals = r.pending.swap(0, Ordering::Relaxed);
+    (r.breaker().call(now) != Call::Skip).then_some((next, arrivals))
 }
 
 /// Steps the controller over the slots the rollover completed and stores the result.
