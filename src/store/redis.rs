@@ -69,7 +69,10 @@
 //! - admission: instance `i` admits at most `limit ÷ n` per second plus a burst of
 //!   `limit ÷ n × burst`, so the fleet admits at most what exact mode admits
 //!   (`limit × (T + burst)` over `T`), if `n` is the true live count. With uneven load
-//!   the fleet admits less: an instance cannot lend its unused share to another.
+//!   the fleet admits less: an instance cannot lend its unused share to another. A
+//!   bucket holds at least one request, so where a share of the burst is under one
+//!   (`limit × burst < n`) the fleet's burst is `n`, not `limit × burst`: a route that
+//!   slow on a fleet that large is exact mode's.
 //! - the window: while Redis answers, every arrival reaches it, at most one slot and
 //!   one round trip late (the arrivals of a failed or skipped sync are dropped rather
 //!   than dumped into a later slot as a false spike); so ROC, cuts and restores lag
