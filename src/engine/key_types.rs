@@ -115,11 +115,13 @@ impl TierKey for IpKey {
 /// a key costs the same whether its value is a user id, a 1 KiB JWT or the hundreds
 /// of KiB an HTTP/1 head may carry.
 ///
-/// Every value has one key on every instance and every run (no seed). Two values share
-/// a key only if their SHA-256s agree in 128 bits: a client who knows this code needs
-/// about 2^64 hashes to make two of its own values collide (which only makes them
-/// share one quota), and about 2^128 to find a value with another client's key, short
-/// or long. No marker sets a kept value apart from a digest: with 16 bytes to a key
+/// Every value has one key on every instance and every run (no seed). Two long values
+/// share a key only if their SHA-256s agree in 128 bits: a client who knows this code
+/// needs about 2^64 hashes to make two of them collide, and about 2^128 to find a
+/// value with another client's key, short or long. A long value whose digest reads as
+/// a short one of its own choosing (its 16th byte 15, the rest a header value it could
+/// send) takes fewer, about 2^30 for ASCII; either collision only makes the client's
+/// own values share one quota. No marker sets a kept value apart from a digest: with 16 bytes to a key
 /// there is no bit left for one, and a 17th byte would pad each table slot by 8 (up
 /// to 130 B per key just after a table doubles, over the 128 B target).
 ///

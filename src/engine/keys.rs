@@ -896,8 +896,9 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
 
     /// Evicts keys idle for `idle_timeout`, at most every half of it; while the table
     /// is full, every key at rest, idle or not, at most every [`FULL_SWEEP_EVERY`] or a
-    /// microsecond per key of `max_keys`, whichever is longer (a sweep of 10,000 keys
-    /// takes about 0.1 ms, of 1,000,000 about 20 ms: 2% of a core at most).
+    /// microsecond per key of `max_keys`, whichever is longer, but no less often than
+    /// the idle sweep (a sweep of 10,000 keys takes about 0.1 ms, of 1,000,000 about
+    /// 20 ms: 2% of a core at most, or more with an `idle_timeout` under 200 ms).
     ///
     /// A key at rest (a full bucket, an empty window, no permit held or request
     /// queued) decides its next request as a new key would, so evicting it loses

@@ -4,8 +4,11 @@ use super::{interval_ns, words, Decision, Level, Pace};
 use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
 
-/// Paces requests out at the limit, each after the one before it; at most `queue`
-/// may be waiting. The state is one atomic word: when the next request may leave.
+/// Paces requests out at the limit, each after the one before it; a request waits at
+/// most `queue` intervals at the limit in force when it asks, which is `queue`
+/// requests waiting at a steady limit (after a cut, those scheduled before it at the
+/// shorter interval may be more; after a raise, fewer take the same wait). The state
+/// is one atomic word: when the next request may leave.
 #[derive(Debug)]
 pub struct LeakyBucket {
     next_free: AtomicU64,
@@ -24,7 +27,7 @@ impl LeakyBucket {
     }
 
     /// Schedules one request at `now`: admitted with the delay it must wait, or
-    /// rejected with `queue_full` when `queue` requests are already waiting.
+    /// rejected with `queue_full` when that wait would pass `queue` intervals.
     #[inline]
     pub fn check(&self, now: Nanos) -> Decision {
         words::leaky(

@@ -233,8 +233,8 @@ pub(crate) fn sliding_count(word: &AtomicU64, window_ns: u64, now: Nanos) -> f64
 }
 
 /// Leaky bucket: schedules one request at `now`, `t` ns after the one before it;
-/// admitted with the delay it must wait, or rejected with `queue_full` when
-/// `queue` requests are already waiting.
+/// admitted with the delay it must wait, or rejected with `queue_full` when that
+/// wait would pass `queue × t` (`queue` requests waiting, at a steady `t`).
 #[inline]
 pub(crate) fn leaky(next_free: &AtomicU64, t: u64, queue: u32, now: Nanos) -> Decision {
     let now = now.as_u64();
