@@ -26,11 +26,11 @@
 //! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode, from the end of its first window |
 //! | `rocgate_limit_rps`, `rocgate_base_limit_rps`, `rocgate_cut_limit_rps` | gauge | `route` | current, base and cut limit |
 //! | `rocgate_danger_roc`, `rocgate_safe_roc` | gauge | `route` | thresholds in force |
-//! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, queue, in flight) and its maximum; a distributed route's: the shared bucket as this instance last saw it (exact mode), or this instance's bucket at its share (batched mode, fallback) |
+//! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, queue, in flight) and its maximum; NaN and a key's capacity on a partitioned route (each key has its own limiter); a distributed route's: the shared bucket as this instance last saw it (exact mode), or this instance's bucket at its share (batched mode, fallback) |
 //! | `rocgate_controller_state` | gauge | `route`, `state` | 1 for the state the controller is in, 0 for the others |
 //! | `rocgate_controller_transitions_total` | counter | `route`, `from`, `to` | state changes |
 //! | `rocgate_cuts_total` | counter | `route` | cuts |
-//! | `rocgate_cut_seconds_total` | counter | `route` | time spent in `cut`, whole seconds |
+//! | `rocgate_cut_seconds_total` | counter | `route` | time spent in `cut`, whole seconds, a cut under way counted to the collection (never taken back if its end is later dated before that) |
 //! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic; shadow modes' would-be rejections are not in it |
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
 //! | `rocgate_max_keys` | gauge | `route` | keys a partitioned route tracks at most (`max_keys`; 0 for a route limited as a whole): at it, new keys share one overflow limiter |
@@ -417,7 +417,10 @@ struct RouteCounters {
     shadow_rejected: [Monotonic; Reason::ALL.len()],
     transitions: [[Monotonic; 3]; 3],
     cuts: Monotonic,
-    cut_seconds: Monotonic,
+    /// Milliseconds in cuts that have ended.
+    cut_ended_ms: Monotonic,
+    /// `rocgate_cut_seconds_total` as last exported.
+    cut_seconds: u64,
 }
 
 /// Sets every engine metric from the engine's snapshots. Remembers each route's recent
@@ -669,8 +672,18 @@ fn record_route(
         }
     }
     h.cuts.absolute(c.cuts.next(s.cuts));
-    h.cut_seconds
-        .absolute(c.cut_seconds.next(s.time_in_cut.as_secs()));
+    // The cut under way is counted on top of the ended ones, and never taken back: a
+    // cut stepped after a silence may end before a time it was counted to, and the
+    // lower total then read as a restart, adding the whole total again.
+    let ended_ms = s.time_in_cut.saturating_sub(s.cut_running).as_millis();
+    let ended_ms = c
+        .cut_ended_ms
+        .next(u64::try_from(ended_ms).unwrap_or(u64::MAX));
+    let running_ms = u64::try_from(s.cut_running.as_millis()).unwrap_or(u64::MAX);
+    c.cut_seconds = c
+        .cut_seconds
+        .max(ended_ms.saturating_add(running_ms) / 1000);
+    h.cut_seconds.absolute(c.cut_seconds);
     route_gauges(series, &s.name, s.algorithm, Some((s, rejection_ratio)));
 }
 

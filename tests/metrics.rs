@@ -958,3 +958,92 @@ fn a_collector_lets_go_of_the_handles_of_routes_a_reload_removed() {
     }
     assert_eq!(held, [3 * 37; 20]);
 }
+
+/// The value of the series `series` (name and labels) in a rendered scrape.
+fn scraped(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A partitioned route's `rocgate_limiter_level` is NaN, not the route-level
+/// limiter's, which decides none of its requests: it read full (10 of 10) while both
+/// keys' buckets were empty and 60 requests were refused. The capacity is a key's.
+/// (helper-123)
+#[test]
+fn a_partitioned_routes_limiter_level_is_no_level() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::Collector;
+    let mut r = RouteConfig::new("per_ip", RouteMatch::any());
+    r.controller.base_limit_rps = 10.0;
+    r.controller.cut_limit_rps = 5.0;
+    r.partition = Partition::ClientIp(KeyLimits::default());
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    let engine = Engine::new(&Config::new(vec![r]), Nanos::ZERO, epoch).unwrap();
+    let id = engine.route_id("per_ip").unwrap();
+    // Two clients, 40 requests each at once: each key's bucket of 10 admits 10.
+    for ip in ["10.0.0.1", "10.0.0.2"] {
+        for _ in 0..40 {
+            let _ = engine.check(id, Key::Ip(ip.parse().unwrap()), Nanos::from_millis(1));
+        }
+    }
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        Collector::new().collect(&engine, Nanos::from_millis(2));
+    });
+    let text = handle.render();
+    let series = |name: &str| format!(r#"{name}{{route="per_ip",algorithm="token_bucket"}}"#);
+    let rejected = r#"rocgate_requests_total{route="per_ip",decision="rejected",reason="limit"}"#;
+    assert_eq!(scraped(&text, rejected), 60.0);
+    assert!(scraped(&text, &series("rocgate_limiter_level")).is_nan());
+    assert_eq!(scraped(&text, &series("rocgate_limiter_capacity")), 10.0);
+}
+
+/// `rocgate_cut_seconds_total` of a cut that a silence outlasted: a scrape counts the
+/// cut under way to its time; brought up to date later, the cut is found to have
+/// ended earlier. The engine's lower total was taken for a restarted count and the
+/// whole previous total added again (11 s exported, then 16 for one cut of 5.1 s).
+/// (helper-123)
+#[test]
+fn cut_seconds_do_not_jump_when_a_silent_cut_is_caught_up() {
+    use rocgate::clock::Nanos;
+    use rocgate::controller::ControllerState;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::Collector;
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    let routes = vec![RouteConfig::new("r", RouteMatch::any())];
+    let engine = Engine::new(&Config::new(routes), Nanos::ZERO, epoch).unwrap();
+    let id = engine.route_id("r").unwrap();
+    // 100 req/s for 8 s (the first window arms the controller), then 1,000 req/s
+    // for 1 s: cut. Then silence.
+    for slot in 0..90u64 {
+        let n = if slot < 80 { 10 } else { 100 };
+        for i in 0..n {
+            let at = Nanos::from_millis(slot * 100 + i * 100 / n);
+            let _ = engine.check(id, Key::None, at);
+        }
+    }
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let collector = Collector::new();
+    let series = r#"rocgate_cut_seconds_total{route="r"}"#;
+    // A scrape at 20 s, before any upkeep: still in cut for the snapshot.
+    let at = Nanos::from_secs(20);
+    metrics::with_local_recorder(&recorder, || collector.collect(&engine, at));
+    let first = scraped(&handle.render(), series);
+    assert_eq!(engine.snapshot(at)[0].state, ControllerState::Cut);
+    // The upkeep brings the route up to date (as `rocgate serve` does every 5 s).
+    let at = Nanos::from_millis(20_050);
+    engine.catch_up(id, at);
+    metrics::with_local_recorder(&recorder, || collector.collect(&engine, at));
+    let s = &engine.snapshot(at)[0];
+    let second = scraped(&handle.render(), series);
+    assert_eq!(s.cuts, 1);
+    assert!(s.time_in_cut.as_secs_f64() < first, "{s:?}");
+    assert_eq!(second, first, "one cut of {:?}", s.time_in_cut);
+}

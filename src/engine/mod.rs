@@ -43,7 +43,9 @@ use crate::config::{
 use crate::controller::{
     Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
-use crate::limiter::{Admit, Algorithm, Concurrency, Decision, Limiter, Pace, Reason, Rejection};
+use crate::limiter::{
+    Admit, Algorithm, Concurrency, Decision, Level, Limiter, Pace, Reason, Rejection,
+};
 use crate::route_index::RouteIndex;
 use crate::sync::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use crate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
@@ -1565,6 +1567,11 @@ impl Route {
             }
         };
         let rejected_total: u64 = rejected.iter().map(|(_, n)| n).sum();
+        let cut_running = if c.state() == ControllerState::Cut {
+            now.saturating_since(c.entered_at())
+        } else {
+            Duration::ZERO
+        };
         RouteSnapshot {
             name: self.name.to_string(),
             serial: self.serial.get(),
@@ -1578,18 +1585,20 @@ impl Route {
             cut_limit_rps: p.cut_limit_rps,
             danger_roc: p.danger_roc,
             safe_roc: p.safe_roc,
-            level: self.limiter.level(now),
+            level: match self.keys {
+                None => self.limiter.level(now),
+                Some(_) => Level {
+                    value: f64::NAN,
+                    ..self.limiter.level(now)
+                },
+            },
             offered,
             admitted: offered.saturating_sub(rejected_total),
             rejected: rejected.to_vec(),
             shadow_rejected: shadow_rejected.to_vec(),
             cuts: st.counts.cuts,
-            time_in_cut: st.counts.time_in_cut
-                + if c.state() == ControllerState::Cut {
-                    now.saturating_since(c.entered_at())
-                } else {
-                    Duration::ZERO
-                },
+            time_in_cut: st.counts.time_in_cut + cut_running,
+            cut_running,
             transitions: st.counts.transitions,
             active_event: st.active_event.map(|i| st.events[i].name.clone()),
             keys: self.keys.as_ref().map_or(0, Keys::len),

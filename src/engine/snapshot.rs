@@ -38,7 +38,10 @@ pub struct RouteSnapshot {
     pub danger_roc: f64,
     /// The safe threshold in force.
     pub safe_roc: f64,
-    /// The route-level limiter's level (tokens, count, queue or in-flight).
+    /// The route-level limiter's level (tokens, count, queue or in-flight). On a
+    /// partitioned route, where each key has a limiter of its own and the route-level
+    /// one decides nothing, the value is NaN (no one level describes the keys) and the
+    /// capacity is that of a key in no tier.
     pub level: Level,
     /// Requests offered (admitted and rejected alike).
     pub offered: u64,
@@ -50,8 +53,13 @@ pub struct RouteSnapshot {
     pub shadow_rejected: Vec<(Reason, u64)>,
     /// Cuts since start.
     pub cuts: u64,
-    /// Total time spent in `Cut`.
+    /// Total time spent in `Cut`, the cut under way (if any) counted to the
+    /// snapshot's time.
     pub time_in_cut: Duration,
+    /// The part of `time_in_cut` that is the cut under way. Stepped later, its end may
+    /// be dated before the snapshot's time (a hold that ran out in a silence), so
+    /// `time_in_cut` can read less in a later snapshot than in this one.
+    pub cut_running: Duration,
     /// Transition counts, `[from][to]` indexed by [`ControllerState::as_index`].
     pub transitions: [[u64; 3]; 3],
     /// The scheduled event in force, if any.
