@@ -442,16 +442,17 @@ fn metrics_text(state: &AdminState) -> impl IntoResponse {
 }
 
 /// Registers the `rocgate_upstream_errors_total` series of every kind of each route
-/// of `engine` that has none yet, at 0 before the route's first error, so that `rate`
-/// counts that one too. Only the routes of `engine` are remembered: one a reload
-/// removed and adds back is registered again (an increment of 0 leaves a count as it
-/// is).
+/// of `engine`, and of the requests no route matches, that has none yet, at 0 before
+/// the route's first error, so that `rate` counts that one too. Only the routes of
+/// `engine` are remembered: one a reload removed and adds back is registered again
+/// (an increment of 0 leaves a count as it is).
 fn register_upstream_errors(m: &Exporter, engine: &Engine) {
     let mut registered = m
         .errors_registered
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    for route in engine.route_names() {
+    let routes = || engine.route_names().chain([crate::config::UNMATCHED_ROUTE]);
+    for route in routes() {
         if registered.contains(route) {
             continue;
         }
@@ -461,8 +462,8 @@ fn register_upstream_errors(m: &Exporter, engine: &Engine) {
         }
         registered.insert(route.to_owned());
     }
-    if registered.len() > engine.route_ids().len() {
-        let in_force: HashSet<&str> = engine.route_names().collect();
+    if registered.len() > engine.route_ids().len() + 1 {
+        let in_force: HashSet<&str> = routes().collect();
         registered.retain(|route| in_force.contains(route.as_str()));
     }
 }
