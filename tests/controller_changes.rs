@@ -5,7 +5,7 @@
 
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, Event, RouteConfig, RouteMatch};
-use rocgate::controller::ControllerState;
+use rocgate::controller::{ControllerParams, ControllerState};
 use rocgate::engine::{Engine, Key, RouteId};
 use std::time::{Duration, SystemTime};
 
@@ -86,32 +86,52 @@ fn a_reload_late_in_a_silence_lands_where_stepping_every_slot_would() {
     );
 }
 
-/// The same through a scheduled event whose profile has a shorter `hold`.
-#[test]
-fn an_event_with_a_shorter_hold_does_not_leap_a_cut_to_base() {
+/// The limit every 100 ms from 11 s to 40 s of a route cut at about 10 s (40 req/s,
+/// 600 for one second, 40 again), its own parameters set by `own`, with an event
+/// from `start` for `secs` seconds whose profile `profile` sets over them. The limit
+/// starts at the cut, 60.
+fn limits_with_event(
+    own: impl FnOnce(&mut ControllerParams),
+    profile: impl FnOnce(&mut ControllerParams),
+    (start, secs): (u64, u64),
+) -> Vec<(u64, f64)> {
     let mut cfg = RouteConfig::new("sale", RouteMatch::any());
-    cfg.controller.hold = Duration::from_secs(30);
+    own(&mut cfg.controller);
     let mut ev = cfg.controller.clone();
-    ev.hold = Duration::from_secs(2);
+    profile(&mut ev);
     cfg.events = vec![Event::new(
-        "flash",
-        SystemTime::UNIX_EPOCH + Duration::from_secs(30),
-        Duration::from_secs(600),
+        "event",
+        SystemTime::UNIX_EPOCH + Duration::from_secs(start),
+        Duration::from_secs(secs),
         ev,
     )];
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
     offer(&e, id, 0.0, 10.0, 40.0);
     offer(&e, id, 10.0, 11.0, 600.0);
-    let mut before = e.limit_rps(id).unwrap();
-    assert_eq!(before, 60.0);
-    for tenths in 110..400u64 {
-        let t = tenths as f64 / 10.0;
-        offer(&e, id, t, t + 0.1, 40.0);
-        let limit = e.limit_rps(id).unwrap();
+    assert_eq!(e.limit_rps(id).unwrap(), 60.0);
+    (110..400u64)
+        .map(|tenths| {
+            let t = tenths as f64 / 10.0;
+            offer(&e, id, t, t + 0.1, 40.0);
+            (tenths, e.limit_rps(id).unwrap())
+        })
+        .collect()
+}
+
+/// The same through a scheduled event whose profile has a shorter `hold`.
+#[test]
+fn an_event_with_a_shorter_hold_does_not_leap_a_cut_to_base() {
+    let limits = limits_with_event(
+        |own| own.hold = Duration::from_secs(30),
+        |event| event.hold = Duration::from_secs(2),
+        (30, 600),
+    );
+    let mut before = 60.0;
+    for (tenths, limit) in limits {
         assert!(
             limit <= before + 20.0,
-            "at {t:.1} s the limit leapt from {before} to {limit}"
+            "at {tenths} tenths of a second the limit leapt from {before} to {limit}"
         );
         before = limit;
     }
@@ -123,31 +143,13 @@ fn an_event_with_a_shorter_hold_does_not_leap_a_cut_to_base() {
 /// start: the limit fell when the event started and leapt when it ended).
 #[test]
 fn an_event_changing_the_restore_step_mid_recovery_goes_on_from_the_limit() {
-    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
-    let mut ev = cfg.controller.clone();
-    ev.restore_step_rps = 5.0;
-    cfg.events = vec![Event::new(
-        "slow-restore",
-        SystemTime::UNIX_EPOCH + Duration::from_secs(18),
-        Duration::from_secs(4),
-        ev,
-    )];
-    let e = engine(vec![cfg]);
-    let id = e.route_at(0).unwrap();
-    offer(&e, id, 0.0, 10.0, 40.0);
-    offer(&e, id, 10.0, 11.0, 600.0);
-    let mut before = e.limit_rps(id).unwrap();
-    assert_eq!(before, 60.0);
-    let mut seen = Vec::new();
-    for tenths in 110..400u64 {
-        let t = tenths as f64 / 10.0;
-        offer(&e, id, t, t + 0.1, 40.0);
-        let limit = e.limit_rps(id).unwrap();
+    let seen = limits_with_event(|_| {}, |event| event.restore_step_rps = 5.0, (18, 4));
+    let mut before = 60.0;
+    for &(tenths, limit) in &seen {
         assert!(
             before <= limit && limit <= before + 20.0,
-            "at {t:.1} s the limit went from {before} to {limit}"
+            "at {tenths} tenths of a second the limit went from {before} to {limit}"
         );
-        seen.push((tenths, limit));
         before = limit;
     }
     let at = |tenths| seen.iter().find(|s| s.0 == tenths).unwrap().1;
