@@ -372,6 +372,10 @@ impl Controller {
     /// A controller that continues from `memory` under `params` (the limit is
     /// recomputed for the state under these parameters, as by
     /// [`Controller::set_params`] at `now`, whose transition, if any, is not reported).
+    /// A restore whose limit is not where `params`' schedule puts it at `now` was
+    /// stepped under another schedule (another instance's parameters, or a change
+    /// since): it goes on from the limit it reached, as after a change, its next step
+    /// one interval after `now`.
     pub fn from_memory(params: ControllerParams, memory: ControllerMemory, now: Nanos) -> Self {
         let mut c = Controller {
             params: params.clone(),
@@ -383,6 +387,9 @@ impl Controller {
             limit_since: memory.entered_at,
             last_roc: memory.last_roc,
         };
+        if c.state == ControllerState::Recovering && c.recovering_limit(now) != c.limit_rps {
+            c.entered_at = c.restore_origin(now, now);
+        }
         c.limit_since = c.step_time();
         c.set_params(params, now, |_| {});
         c
@@ -455,10 +462,14 @@ impl Controller {
     /// earliest, one step at a time.
     ///
     /// A restore whose schedule the change replaces (`cut_limit`, `restore_step` or
-    /// `restore_interval`) goes on under the new one from the limit it has reached:
-    /// from the new cut limit if that is higher, else from the new schedule's first
-    /// step at or above that limit, at the change; the next step one new interval
-    /// later (or one after the last step, if the limit is on the new schedule). The restore is re-dated to where the new schedule would have
+    /// `restore_interval`) is first brought up to `now` under the old one (a change
+    /// applied late, after a silence, lands where stepping every slot would have), then
+    /// goes on under the new one from the limit it has reached: from the new cut limit
+    /// if that is higher, else from the new schedule's first step at or above that
+    /// limit. A limit on the new schedule (the new cut limit included) takes its next
+    /// step one new interval after its last step, or at the change if that has passed;
+    /// one between two steps takes the upper one at the change, and the next one new
+    /// interval later. The restore is re-dated to where the new schedule would have
     /// started it, which [`Controller::entered_at`] then reports and `min_dwell`
     /// counts from. A schedule is not dated before the clock's origin: one younger
     /// than the steps it has taken goes on from the highest step it has room for.
@@ -469,6 +480,13 @@ impl Controller {
         mut on_transition: impl FnMut(Transition),
     ) {
         let changed = self.params != params;
+        if changed
+            && self.state == ControllerState::Recovering
+            && self.recovering_limit(now) > self.limit_rps
+        {
+            let roc = self.last_roc;
+            self.restore(now, roc, &mut on_transition);
+        }
         if changed && self.state == ControllerState::Cut {
             // The cut's end under the new parameters (a shorter hold or max_cut) is
             // not dated before they came in force: it restores from now, one step at
@@ -1240,6 +1258,46 @@ mod tests {
         assert_eq!(c.limit_rps(), 150.0);
         run(&mut c, 17_600, 18_000, 600.0, 600.0);
         assert_eq!(c.limit_rps(), 170.0);
+    }
+
+    /// A change applied late, after a silence, to a restore whose old schedule reached
+    /// base meanwhile: it lands where stepping every slot would have (it went on from
+    /// the limit of the last step observed, 120, at the new step). (helper-124)
+    #[test]
+    fn a_change_after_a_silence_steps_the_restore_under_the_old_schedule_first() {
+        let mut c = recovering_at_120();
+        let p = ControllerParams {
+            restore_step_rps: 5.0,
+            ..ControllerParams::default()
+        };
+        let mut seen = Vec::new();
+        c.set_params(p, Nanos::from_secs(30), |t| seen.push(t));
+        assert_eq!((c.state(), c.limit_rps()), (ControllerState::Normal, 200.0));
+        assert_eq!(seen[0].at, Nanos::from_secs(21));
+    }
+
+    /// A shared controller continued under a schedule other than the one that stepped
+    /// it goes on from the limit it reached (it was recomputed from the restore's start:
+    /// 120 fell to 75). (helper-124)
+    #[test]
+    fn a_restore_continued_under_another_schedule_keeps_its_limit() {
+        let m = recovering_at_120().memory();
+        let p = ControllerParams {
+            restore_step_rps: 5.0,
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::from_memory(p, m, Nanos::from_millis(17_500));
+        assert_eq!(c.limit_rps(), 120.0);
+        run(&mut c, 17_600, 18_400, 600.0, 600.0);
+        assert_eq!(c.limit_rps(), 120.0);
+        run(&mut c, 18_500, 18_500, 600.0, 600.0);
+        assert_eq!(c.limit_rps(), 125.0);
+        // Under its own schedule, it is continued as it was.
+        let mut same =
+            Controller::from_memory(ControllerParams::default(), m, Nanos::from_millis(17_500));
+        assert_eq!(same.entered_at(), Nanos::from_secs(14));
+        run(&mut same, 17_600, 18_000, 600.0, 600.0);
+        assert_eq!(same.limit_rps(), 140.0);
     }
 
     /// `Retry-After` of a cut whose calm began while the controller was disarmed counts

@@ -157,3 +157,35 @@ fn an_event_changing_the_restore_step_mid_recovery_goes_on_from_the_limit() {
     assert!(at(219) - at(181) <= 20.0, "5 a step in the event: {seen:?}");
     assert_eq!(before, 200.0, "back at base: {seen:?}");
 }
+
+/// An event that starts in a silence longer than the window, with a slower restore:
+/// one request after the silence finds the route where stepping every slot put it
+/// (the event was applied at that request, 10 s late, to the limit of the last slot
+/// replayed: 63 req/s against 98). (helper-124)
+#[test]
+fn an_event_in_a_long_silence_lands_where_stepping_every_slot_would() {
+    let run = |upkeep: bool| {
+        let mut cfg = RouteConfig::new("r", RouteMatch::any());
+        cfg.controller.restore_step_rps = 2.0;
+        let mut ev = cfg.controller.clone();
+        ev.restore_step_rps = 1.0;
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(30);
+        cfg.events = vec![Event::new("slow", start, Duration::from_secs(600), ev)];
+        let e = engine(vec![cfg]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, 0.0, 10.0, 40.0);
+        offer(&e, id, 10.0, 11.0, 600.0);
+        if upkeep {
+            for ms in (11_100..40_000).step_by(100) {
+                e.catch_up(id, Nanos::from_millis(ms));
+            }
+        }
+        let end = Nanos::from_secs(40);
+        let _ = e.check(id, Key::None, end);
+        let s = e.route_snapshot(id, end).unwrap();
+        (s.state, s.limit_rps)
+    };
+    let stepped = run(true);
+    assert_eq!(stepped.0, ControllerState::Recovering);
+    assert_eq!(run(false), stepped);
+}

@@ -998,18 +998,24 @@ impl Engine {
         ring.advance(&r.counter, r.counter.slot_index(now), |s| {
             // A silence longer than the window ends in one sample for every slot past
             // the window's replay: they all read alike. If the controller was armed
-            // again among them, it observes that reading from the slot where it was,
-            // as stepping each slot would have (a cut's calm counts from there).
-            let armed_at = controller.memory().armed_at;
-            let armed_slot = armed_at.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns);
-            let armed_slot = Nanos::new(armed_slot);
-            let rearmed = (last_at.is_some_and(|last| last < armed_at) && armed_slot < s.at)
-                .then_some(SampleAt {
-                    at: armed_slot,
-                    ..s
-                });
+            // again among them, or an event started or ended, it observes that reading
+            // from that slot too, as stepping each slot would have (a cut's calm counts
+            // from the arming, an event's profile is in force from its start).
+            let mut among = Vec::new();
+            if let Some(last) = last_at.filter(|&last| s.at > last + r.window.slot()) {
+                let marks = events.iter().flat_map(|e| [e.start, e.end]);
+                for mark in marks.chain([controller.memory().armed_at]) {
+                    let slot = Nanos::new(mark.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns));
+                    if last < mark && slot < s.at {
+                        among.push(slot);
+                    }
+                }
+                among.sort_unstable();
+                among.dedup();
+            }
             last_at = Some(s.at);
-            for s in rearmed.into_iter().chain([s]) {
+            let among = among.into_iter().map(|at| SampleAt { at, ..s });
+            for s in among.chain([s]) {
                 let entered = controller.entered_at();
                 follow_events(events, active_event, own, controller, s.at, |t| {
                     record(t, entered);

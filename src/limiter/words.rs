@@ -91,7 +91,6 @@ pub(crate) fn window_ms(window: Duration) -> u32 {
     u32::try_from(window.as_millis()).unwrap_or(u32::MAX).max(1)
 }
 
-/// A window kept by [`window_ms`] in nanoseconds.
 /// A window word that has counted nothing, in the window of `now`. (A word of 0 is
 /// window index 0: a first request in the last `late` windows before the index wraps
 /// would read it as a window still to come and count there, into the window 0 it then
@@ -105,6 +104,7 @@ pub(crate) fn empty_at(window_ns: u64, now: Nanos) -> u64 {
     .store()
 }
 
+/// A window kept by [`window_ms`] in nanoseconds.
 pub(crate) fn window_ns(window_ms: u32) -> u64 {
     u64::from(window_ms) * 1_000_000
 }

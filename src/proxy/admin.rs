@@ -842,10 +842,12 @@ mod tests {
             let set = state.metrics.errors_registered.lock().unwrap();
             assert!(set
                 .iter()
-                .all(|r| r.starts_with(&format!("errors{reload}_"))));
+                .all(|r| r.starts_with(&format!("errors{reload}_"))
+                    || r == crate::config::UNMATCHED_ROUTE));
             remembered.push(set.len());
         }
-        assert_eq!(remembered, [3; 20]);
+        // Three routes, and the requests no route matches.
+        assert_eq!(remembered, [4; 20]);
     }
 
     /// Holds a lock of the admin state's while it calls its second argument.
