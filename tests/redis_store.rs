@@ -3127,6 +3127,37 @@ async fn batched_arrivals_of_a_paused_instance_reach_the_window_at_their_slots_e
     );
 }
 
+/// Batched mode under steady traffic: every slot is opened by its first decision,
+/// which takes the parameters in force, so a reload that lowers the base limit applies
+/// from the next slot. (The sync of the slot's end, when it claimed the next slot,
+/// left most slots to it, under the parameters of the slot that started it: a lowered
+/// base waited for a decision in a slot's first millisecond. helper-124)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_steady_traffic_takes_a_lowered_base_limit_within_a_slot() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = batched(store_config(&server, "steady"));
+    let mut a = Instance::system(&route(200.0, Duration::from_secs(1)), &config);
+    beat_answered(&a.store).await;
+    async fn steady(a: &Instance, ms: u64) {
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(ms) {
+            let _ = a.check().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    steady(&a, 1_000).await;
+    let capacity = |a: &Instance| a.store.view("order").unwrap().level.unwrap().capacity;
+    assert_eq!(capacity(&a), 200.0);
+    a.reload(route(40.0, Duration::from_secs(1)));
+    steady(&a, 400).await;
+    assert_eq!(
+        capacity(&a),
+        40.0,
+        "400 ms of steady traffic after the reload"
+    );
+}
+
 /// Batched mode: a reload that rebuilds a route (its burst changed) keeps the arrivals
 /// not yet synced, which the rebuilt route's first sync sends: the shared window
 /// misses none of them (it would see a dip, one slot of this instance's traffic

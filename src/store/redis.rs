@@ -1743,51 +1743,49 @@ fn random_bits() -> u64 {
 }
 
 /// Batched mode: adds a slot's arrivals to the shared window and learns the shared
-/// limit back.
+/// limit back, then, at the slot's end, those that came after, unless a decision of
+/// the next slot sends them ([`flush`]).
 async fn sync(
     inner: Arc<Inner>,
     r: Arc<SharedRoute>,
-    mut arrivals: u64,
+    arrivals: u64,
     params: ControllerParams,
-    mut slot: u64,
+    slot: u64,
 ) {
-    loop {
-        if let Some(reply) = inner.call(&r, arrivals, false, 0).await {
-            inner.absorb(&r, reply, || params.clone());
-        }
-        match flush(&inner, &r, slot).await {
-            Some((next, more)) => (slot, arrivals) = (next, more),
-            None => return,
+    if let Some(reply) = inner.call(&r, arrivals, false, 0).await {
+        inner.absorb(&r, reply, || params.clone());
+    }
+    if let Some(more) = flush(&inner, &r, slot).await {
+        if let Some(reply) = inner.call(&r, more, false, 0).await {
+            inner.absorb(&r, reply, || params);
         }
     }
 }
 
 /// Batched mode, after the sync of `slot`: waits for the slot's end, and takes the
-/// arrivals counted since that sync (with the next slot, as its first decision would)
-/// if no decision has opened a later slot by then: an instance whose traffic pauses
-/// would hold them until its next request, however late, and a burst would reach the
-/// shared window only then, as a false spike. `None` if there is nothing to send, a
-/// decision sends it, the breaker skips the call (its arrivals are dropped, as a
-/// decision's are), the store dropped the route, or the clock has not moved on (a
-/// manual one).
-async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<(u64, u64)> {
+/// arrivals counted since that sync if no decision of a later slot has sent them by
+/// then (an instance whose traffic pauses held them until its next request, however
+/// late, and a burst reached the shared window only then, as a false spike). The slot
+/// that follows is still opened, and synced under the parameters then in force, by its
+/// first decision. `None` if there is nothing to send, a decision sent it, the breaker
+/// skips the call (its arrivals are dropped, as a decision's are), the store dropped
+/// the route or the instance left, or the clock has not moved on (a manual one).
+async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
     let slot_ns = r.slot_us.saturating_mul(1000).max(1);
     let end = slot.saturating_add(1).saturating_mul(slot_ns);
     let wait = end.saturating_sub(inner.clock.now().as_u64());
     tokio::time::sleep(Duration::from_nanos(wait)).await;
     let now = inner.clock.now();
-    let next = now.as_u64() / slot_ns;
-    if next == slot
+    if now.as_u64() / slot_ns == slot
+        || r.synced_slot.load(Ordering::Relaxed) != slot
         || r.retired.load(Ordering::Relaxed)
+        || inner.left.load(Ordering::Relaxed)
         || r.pending.load(Ordering::Relaxed) == 0
-        || r.synced_slot
-            .compare_exchange(slot, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
     {
         return None;
     }
     let arrivals = r.pending.swap(0, Ordering::Relaxed);
-    (r.breaker().call(now) != Call::Skip).then_some((next, arrivals))
+    (r.breaker().call(now) != Call::Skip).then_some(arrivals)
 }
 
 /// Steps the controller over the slots the rollover completed and stores the result.
