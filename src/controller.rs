@@ -372,10 +372,12 @@ impl Controller {
     /// A controller that continues from `memory` under `params` (the limit is
     /// recomputed for the state under these parameters, as by
     /// [`Controller::set_params`] at `now`, whose transition, if any, is not reported).
-    /// A restore whose limit is not where `params`' schedule puts it at `now` was
+    /// A restore whose limit is above where `params`' schedule puts it at `now` was
     /// stepped under another schedule (another instance's parameters, or a change
     /// since): it goes on from the limit it reached, as after a change, its next step
-    /// one interval after `now`.
+    /// one interval after `now`. One below it (time passed since its last step, when
+    /// `now` is later than that) goes on at its pace: it may also have been stepped
+    /// under a slower schedule, and then takes the steps `params` would have taken.
     pub fn from_memory(params: ControllerParams, memory: ControllerMemory, now: Nanos) -> Self {
         let mut c = Controller {
             params: params.clone(),
@@ -387,7 +389,7 @@ impl Controller {
             limit_since: memory.entered_at,
             last_roc: memory.last_roc,
         };
-        if c.state == ControllerState::Recovering && c.recovering_limit(now) != c.limit_rps {
+        if c.state == ControllerState::Recovering && c.recovering_limit(now) < c.limit_rps {
             c.entered_at = c.restore_origin(now, now);
         }
         c.limit_since = c.step_time();

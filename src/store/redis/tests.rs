@@ -399,3 +399,25 @@ fn stored_times_keep_every_nanosecond_of_the_redis_clock() {
     assert_eq!(m.armed_at, Nanos::new(1_764_590_006_123_456_789));
     assert_eq!(m.safe_since, Some(Nanos::new(1_764_590_001_000_000_001)));
 }
+
+/// A restore at 120 req/s (entered 14 s, steps of 20 a second from 60: 120 since
+/// 17 s), stored without `through` (the route's window changed), stepped by the call
+/// at 18.201 s under the same parameters: it goes on at its pace, 140 since 18 s (it
+/// was taken for one stepped under another schedule, re-dated, and fell to 100).
+/// (helper-125)
+#[test]
+fn a_restore_stored_without_through_keeps_its_pace() {
+    let mut r = roll(172, vec![0; 10], None);
+    r.memory.memory = Some(ControllerMemory {
+        state: ControllerState::Recovering,
+        entered_at: Nanos::from_secs(14),
+        armed_at: Nanos::ZERO,
+        safe_since: None,
+        limit_rps: 120.0,
+        last_roc: 0.0,
+    });
+    let now = Nanos::from_millis(18_201);
+    let (c, through, _, _) = replay(ControllerParams::default(), &window(), &r, 182, now).unwrap();
+    assert_eq!(through, 181);
+    assert_eq!(c.limit_rps(), 140.0);
+}
