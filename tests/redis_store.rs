@@ -3158,6 +3158,52 @@ async fn batched_steady_traffic_takes_a_lowered_base_limit_within_a_slot() {
     );
 }
 
+/// Batched mode: the end-of-slot sync of a slot, answered after the next slot's first
+/// decision took a lowered base limit (Redis paused meanwhile), leaves that base in
+/// force: its reply, which carries the rollover (the first call Redis sees in a new
+/// slot), used to store the base limit of the slot it was sent for, and the instance
+/// admitted at the old base for the rest of the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_a_late_end_of_slot_sync_keeps_the_next_slots_lowered_base() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = batched(patient_config(&server, "lateflush"));
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let mut a = Instance::new(
+        &route(200.0, Duration::from_secs(1)),
+        &config,
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    );
+    let capacity = |a: &Instance| a.store.view("order").unwrap().level.unwrap().capacity;
+    // A first slot, then the next (Redis's too), whose sync steps the shared
+    // controller: Redis holds its limit, 200, from then on.
+    assert!(a.check().await.is_admit());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    clock.advance(Duration::from_millis(100));
+    // The slot's first decision syncs; the second waits for the slot's end.
+    assert!(a.check().await.is_admit());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(a.check().await.is_admit());
+    assert_eq!(capacity(&a), 200.0);
+    let mut conn = server.connection().unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(500)
+        .arg("ALL")
+        .query(&mut conn)
+        .unwrap();
+    // The slot ends: the end-of-slot sync sends the second arrival, held by the pause.
+    clock.advance(Duration::from_millis(101));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.reload(route(40.0, Duration::from_secs(1)));
+    assert!(a.check().await.is_admit());
+    assert_eq!(capacity(&a), 40.0, "the next slot's first decision");
+    // Both syncs answered once the pause is over.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let _ = a.check().await;
+    assert_eq!(capacity(&a), 40.0, "after the late end-of-slot sync");
+}
+
 /// Batched mode: a reload that rebuilds a route (its burst changed) keeps the arrivals
 /// not yet synced, which the rebuilt route's first sync sends: the shared window
 /// misses none of them (it would see a dip, one slot of this instance's traffic

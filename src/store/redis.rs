@@ -568,8 +568,8 @@ struct SharedRoute {
     /// The keys' expiry, ms: `key_ttl`, or the burst and the window if longer, each
     /// with one slot more (see [`Inner::route`]).
     ttl_ms: u64,
-    /// The route's own base limit, f64 bits (refreshed at each rollover won here, and
-    /// in batched mode at the first decision of each slot).
+    /// The route's own base limit, f64 bits (refreshed in exact mode at each rollover
+    /// won here, in batched mode at the first decision of each slot).
     base_limit: AtomicU64,
     /// The shared limit last seen, f64 bits.
     limit: AtomicU64,
@@ -609,6 +609,11 @@ struct SharedRoute {
 impl SharedRoute {
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
         self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The slot's length, ns (at least 1).
+    fn slot_ns(&self) -> u64 {
+        self.slot_us.saturating_mul(1000).max(1)
     }
 
     /// The shared limit last seen.
@@ -1252,7 +1257,11 @@ impl Inner {
     }
 
     /// Takes in what Redis answered: the shared limit and state, and, for the winner
-    /// of a rollover, the controller step (in a task of its own).
+    /// of a rollover, the controller step (in a task of its own). In exact mode the
+    /// winner also takes the base limit of `params`; batched mode takes it at each
+    /// slot's first decision only (see [`Inner::batched`]): the end-of-slot sync,
+    /// answered after the next slot's first decision, would otherwise write the base
+    /// of the slot it was sent for back over a lowered one, for the rest of the slot.
     fn absorb(
         self: &Arc<Self>,
         r: &Arc<SharedRoute>,
@@ -1265,8 +1274,10 @@ impl Inner {
         r.limit_gauge.set(reply.limit);
         if let Some(roll) = reply.roll {
             let params = params();
-            r.base_limit
-                .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+            if self.config.mode == SyncMode::Exact {
+                r.base_limit
+                    .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+            }
             tokio::spawn(step(
                 Arc::clone(self),
                 Arc::clone(r),
@@ -1293,7 +1304,7 @@ impl Inner {
         now: Nanos,
     ) -> Verdict {
         r.pending.fetch_add(1, Ordering::Relaxed);
-        let slot = now.as_u64() / r.slot_us.saturating_mul(1000).max(1);
+        let slot = now.as_u64() / r.slot_ns();
         let last = r.synced_slot.load(Ordering::Relaxed);
         if slot != last
             && r.synced_slot
@@ -1771,7 +1782,7 @@ async fn sync(
 /// skips the call (its arrivals are dropped, as a decision's are), the store dropped
 /// the route or the instance left, or the clock has not moved on (a manual one).
 async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
-    let slot_ns = r.slot_us.saturating_mul(1000).max(1);
+    let slot_ns = r.slot_ns();
     let end = slot.saturating_add(1).saturating_mul(slot_ns);
     let wait = end.saturating_sub(inner.clock.now().as_u64());
     tokio::time::sleep(Duration::from_nanos(wait)).await;
