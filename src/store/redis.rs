@@ -26,7 +26,12 @@
 //! Each [`DECIDE`] and [`SAVE`] call touches one route's keys only, so one slot;
 //! [`HEARTBEAT`] touches its own key only. Scripts go by `EVALSHA`, and by `EVAL` on
 //! `NOSCRIPT` (routed like any keyed command, where `SCRIPT LOAD` would go to every
-//! master and fail while any is down).
+//! master and fail while any is down). The cluster client also sends a call again
+//! (at most twice, while the decision still waits for it) when the node's connection
+//! dropped or the call timed out on it: a call the node had applied before its reply
+//! was lost is then applied twice (a token taken twice, or a batched sync's arrivals
+//! counted twice), the ambiguity of any retry on a lost reply; it errs on the side of
+//! admitting less. One server's connection sends each call once.
 //!
 //! Failure: a call that errs or takes longer than `timeout` is decided locally within
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
