@@ -9,11 +9,15 @@
 //! tokio-tungstenite, or raw bytes where the exact head matters. Every wait is bounded.
 #![cfg(feature = "proxy")]
 
+#[path = "common/captured.rs"]
+mod captured;
+
 use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use captured::Captured;
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderMap, StatusCode};
 use rocgate::config::{RouteConfig, RouteMatch};
@@ -74,7 +78,7 @@ impl Upstream {
 }
 
 /// `/ws`: says `welcome`, then echoes every text and binary message. `/refuse`: 426
-/// with a body. `/plain`: `ok`.
+/// with a body, requiring `websocket` in its `Upgrade`. `/plain`: `ok`.
 async fn start_upstream() -> (SocketAddr, Upstream) {
     let upstream = Upstream::default();
     let app = Router::new()
@@ -97,7 +101,12 @@ async fn start_upstream() -> (SocketAddr, Upstream) {
                  ConnectInfo(peer): ConnectInfo<SocketAddr>,
                  headers: HeaderMap| async move {
                     up.record("/refuse", peer, &headers);
-                    (StatusCode::UPGRADE_REQUIRED, "not here").into_response()
+                    (
+                        StatusCode::UPGRADE_REQUIRED,
+                        [("upgrade", "websocket"), ("connection", "upgrade")],
+                        "not here",
+                    )
+                        .into_response()
                 },
             ),
         )
@@ -305,7 +314,8 @@ async fn a_rejected_handshake_gets_429_and_never_reaches_the_upstream() {
 }
 
 /// An upstream that answers the handshake with anything but 101 has its answer passed
-/// on as an ordinary response, body and all.
+/// on as an ordinary response, body and all; a 426 with the `Upgrade` it requires
+/// (RFC 9110: a 426 must name it), and the connection goes on.
 #[tokio::test]
 async fn an_upstream_refusing_the_upgrade_is_passed_on() {
     let (upstream_addr, upstream) = start_upstream().await;
@@ -338,8 +348,22 @@ async fn an_upstream_refusing_the_upgrade_is_passed_on() {
     }
     let reply = String::from_utf8_lossy(&received).to_lowercase();
     assert!(reply.starts_with("http/1.1 426 "), "{reply}");
-    assert!(!reply.contains("connection: upgrade"), "{reply}");
+    assert!(reply.contains("\r\nupgrade: websocket\r\n"), "{reply}");
+    assert!(reply.contains("\r\nconnection: upgrade\r\n"), "{reply}");
     assert_eq!(upstream.count("/refuse"), 1);
+    stream
+        .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    within("the next answer", stream.read_to_end(&mut rest))
+        .await
+        .unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.starts_with("HTTP/1.1 200 ") && rest.ends_with("ok"),
+        "{rest}"
+    );
     assert_eq!(upstream.requests("/refuse")[0].1["upgrade"], "websocket");
 }
 
@@ -665,9 +689,11 @@ async fn a_tunnels_upstream_connection_is_never_reused() {
 }
 
 /// An upstream that answers 101 to a request that asked for no upgrade has nothing to
-/// switch to: the client gets 502, not a 101 with no protocol behind it.
+/// switch to: the client gets 502, not a 101 with no protocol behind it, and the
+/// upstream's failure is logged as any other.
 #[tokio::test]
 async fn a_101_to_a_plain_request_is_a_bad_gateway() {
+    let (log, _capturing) = Captured::on_this_thread();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream_addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -707,4 +733,12 @@ async fn a_101_to_a_plain_request_is_a_bad_gateway() {
         .unwrap();
     let reply = String::from_utf8_lossy(&reply);
     assert!(reply.starts_with("HTTP/1.1 502 "), "{reply}");
+    let lines = log.lines_with("upstream request failed");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("a 101 to a request that did not upgrade"),
+        "{}",
+        lines[0]
+    );
 }

@@ -205,6 +205,18 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// [`strip_hop_by_hop`] on a response, but for its `Upgrade`, kept with `Connection:
+/// upgrade` (RFC 9110 §7.8: the option that keeps the next hop from passing it on):
+/// a 101's switch, or the protocols a 426 requires.
+fn strip_but_upgrade(headers: &mut HeaderMap) {
+    let offered: Vec<HeaderValue> = headers.get_all(header::UPGRADE).iter().cloned().collect();
+    strip_hop_by_hop(headers);
+    for v in offered {
+        headers.append(header::UPGRADE, v);
+    }
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+}
+
 /// [`strip_hop_by_hop`], without looking first whether there is any. With `upgrade`
 /// (an HTTP/1.1 request that hyper can hand over), a message whose `Connection` names
 /// `upgrade` and that has an `Upgrade` not offering `h2c` keeps its `Upgrade` and gets
@@ -886,7 +898,8 @@ impl Inner {
         // HTTP/1 requests come one after another on a connection: from the second
         // one on they go through the connection's own lane (HTTP/2 streams run side
         // by side and share the pool).
-        let on_lane = connection.filter(|c| req.version() <= Version::HTTP_11 && c.lane.enter());
+        let version = req.version();
+        let on_lane = connection.filter(|c| version <= Version::HTTP_11 && c.lane.enter());
         let own_peer;
         let peer = match connection {
             Some(c) => Some(&c.peer),
@@ -946,8 +959,14 @@ impl Inner {
                 // without its `Transfer-Encoding`, a hop-by-hop header.
                 // (`Transfer-Encoding` is hop-by-hop: a response with none of those
                 // has none, and needs no lookup.)
+                // A 101 to a request that asked for no upgrade has nothing to switch
+                // to: a failure of the upstream's, logged and counted as one.
                 let result = result.and_then(|res| {
-                    if !any_hop_by_hop(res.headers()) || chunked_only(res.headers()) {
+                    if res.status() == http::StatusCode::SWITCHING_PROTOCOLS && upgrade.is_none() {
+                        Err(ProxyError::upstream(
+                            "a 101 to a request that did not upgrade",
+                        ))
+                    } else if !any_hop_by_hop(res.headers()) || chunked_only(res.headers()) {
                         Ok(res)
                     } else {
                         Err(ProxyError::upstream(
@@ -985,28 +1004,17 @@ impl Inner {
             Ok(res) if res.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 let (mut parts, _) = res.into_parts();
                 let upstream = parts.extensions.remove::<OnUpgrade>();
+                // (A request that asked for none was failed above.)
                 let Some((client, upstream)) = upgrade.zip(upstream) else {
-                    // A 101 to a request that asked for no upgrade: nothing to switch to.
-                    let e = ProxyError::upstream("a 101 to a request that did not upgrade");
+                    // hyper hands over no upstream connection: nothing to switch to.
+                    let e = ProxyError::upstream("a 101 whose connection cannot be taken over");
+                    self.failures.failed(&route, &e);
                     metrics::counter!(metric::UPSTREAM_ERRORS, "route" => route, "kind" => e.kind())
                         .increment(1);
                     return e.into_response();
                 };
-                // The upstream's switch, told to the client: of this hop's headers,
-                // its `Upgrade` is kept, with `Connection: upgrade`.
-                let switched: Vec<HeaderValue> = parts
-                    .headers
-                    .get_all(header::UPGRADE)
-                    .iter()
-                    .cloned()
-                    .collect();
-                strip_hop_by_hop(&mut parts.headers);
-                for v in switched {
-                    parts.headers.append(header::UPGRADE, v);
-                }
-                parts
-                    .headers
-                    .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                // The upstream's switch, told to the client.
+                strip_but_upgrade(&mut parts.headers);
                 let mut res = Response::from_parts(parts, Body::empty());
                 let tunnel = Tunnel::new(client, upstream).holding_upstream_place(place);
                 res.extensions_mut().insert(tunnel);
@@ -1014,7 +1022,17 @@ impl Inner {
             }
             Ok(res) => {
                 let (mut parts, body) = res.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
+                // A 426 names the protocols it requires in its `Upgrade` (RFC 9110
+                // §15.5.22: it must), which an HTTP/1.1 client gets; HTTP/1.0 and
+                // HTTP/2 have none.
+                if parts.status == http::StatusCode::UPGRADE_REQUIRED
+                    && version == Version::HTTP_11
+                    && parts.headers.contains_key(header::UPGRADE)
+                {
+                    strip_but_upgrade(&mut parts.headers);
+                } else {
+                    strip_hop_by_hop(&mut parts.headers);
+                }
                 // The proxy answers in its own version: an HTTP/1.0 upstream's passed
                 // on would make hyper answer a keep-alive client in HTTP/1.0 and close
                 // its connection (hyper still answers an HTTP/1.0 client in 1.0).
