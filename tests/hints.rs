@@ -9,10 +9,15 @@ use traffic::bursts;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, Mode};
 use rocgate::controller::{ControllerParams, ControllerState};
-use rocgate::hints::{Hint, Interval, Policy, RouteSettings, Setting, Severity, UpstreamCounts};
+use rocgate::engine::{Engine, Key};
+use rocgate::hints::{
+    Hint, History, Interval, Policy, RouteSettings, Setting, Severity, UpstreamCounts,
+    UpstreamMeter,
+};
 use rocgate::limiter::{Algorithm, Reason};
 use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, Simulator};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
 
 /// The hints for one route `r` (classic parameters plus `extra`, TOML lines of the
 /// route) under a profile of `(t_seconds, rate)` points.
@@ -1810,4 +1815,72 @@ fn an_upstream_degraded_at_the_usual_rate_still_lowers_the_base_limit() {
             rules(&h)
         );
     }
+}
+
+/// 20 one-second intervals of route `r` (default config) offered `rate` req/s, each
+/// request admitted taking `took` upstream, through the proxy's meter and history.
+fn metered(rate: u64, took: Duration) -> (RouteSettings, Vec<Interval>) {
+    let config =
+        Config::from_toml_str("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n", "t").unwrap();
+    let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+    let id = engine.route_at(0).unwrap();
+    let settings = RouteSettings {
+        name: "r".into(),
+        mode: Mode::Enforce,
+        algorithm: Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        },
+        params: ControllerParams::default(),
+        partitioned: false,
+        event: None,
+    };
+    let meter = UpstreamMeter::new();
+    let route: Arc<str> = "r".into();
+    let mut history = History::new(Duration::from_secs(1), Duration::from_secs(3600));
+    let snapshot = |at| engine.snapshot(at);
+    history.tick(
+        Nanos::ZERO,
+        &snapshot(Nanos::ZERO),
+        [settings.clone()],
+        Some(&meter),
+    );
+    for sec in 0..20u64 {
+        for k in 0..rate {
+            let now = Nanos::new(sec * 1_000_000_000 + k * 1_000_000_000 / rate);
+            if engine.check(id, Key::None, now).is_admit() {
+                meter.record(&route, took, false);
+            }
+        }
+        let end = Nanos::from_secs(sec + 1);
+        history.tick(end, &snapshot(end), [settings.clone()], Some(&meter));
+    }
+    let mut groups = history.since(Nanos::ZERO);
+    assert_eq!(groups.len(), 1);
+    groups.remove(0)
+}
+
+/// A latency budget between two of the old meter's bounds (250 ms: 200 and 300) read
+/// every request of 210 ms as 300 ms: each interval saturated, and a healthy route
+/// was to be lowered from 200 to 90 req/s.
+#[test]
+fn requests_within_a_latency_budget_off_the_old_bounds_are_healthy() {
+    let (settings, intervals) = metered(100, Duration::from_millis(210));
+    let mut policy = Policy::default();
+    policy.latency_budget = Duration::from_millis(250);
+    let h = rocgate::hints::advise(&settings, &intervals, None, &policy);
+    assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
+    // Over it, the same route is saturated throughout.
+    let (settings, intervals) = metered(100, Duration::from_millis(300));
+    let h = rocgate::hints::advise(&settings, &intervals, None, &policy);
+    assert!(find(&h, "lower_base_limit").is_some(), "{h:#?}");
+}
+
+/// The p99 a reason quotes is the upstream's, within the histogram's 9%: 11 ms, not
+/// the old meter's bound above it (20 ms).
+#[test]
+fn the_quoted_upstream_p99_is_within_nine_percent() {
+    let (settings, intervals) = metered(300, Duration::from_millis(11));
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let raise = find(&h, "raise_base_limit").expect("a raise");
+    assert!(raise.reason.contains("p99 11 ms"), "{}", raise.reason);
 }

@@ -142,6 +142,11 @@ async fn a_running_proxy_gives_hints_over_http_and_to_the_cli() {
     let (status, body) = get(format!("http://{admin}/admin/hints?period=2h")).await;
     assert_eq!(status, 200);
     assert_eq!(body["period_s"], 60.0, "{body}");
+    // A shorter one than two intervals holds no closed interval: it looks at two
+    // (it read as no traffic).
+    let (status, body) = get(format!("http://{admin}/admin/hints?period=50ms")).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["period_s"], 0.4, "{body}");
 
     let (status, body) = get(format!("http://{admin}/admin/hints?period=soon")).await;
     assert_eq!(status, 400);
@@ -300,12 +305,23 @@ fn the_cli_reports_an_unreachable_admin_api() {
         said.contains("cannot connect") && said.contains("Connection refused"),
         "{said}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["hints", "--admin", "127.0.0.1:9090"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin"));
+    // No scheme; a path or a query of its own (it was sent as
+    // `/x?y/admin/hints?period=15m`).
+    for admin in [
+        "127.0.0.1:9090",
+        "http://127.0.0.1:9090/x",
+        "http://127.0.0.1:9090?y",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["hints", "--admin", admin])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{admin}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--admin"),
+            "{admin}"
+        );
+    }
 }
 
 /// An admin API that answers every `GET /admin/hints` with `report`, and the periods

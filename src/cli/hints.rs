@@ -34,8 +34,15 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
     let query = form_urlencoded::Serializer::new(String::new())
         .append_pair("period", &args.period)
         .finish();
+    // The API's root: a path or query of its own would be sent before the hints'.
+    let root = base.parse::<http::Uri>().is_ok_and(|u| {
+        u.scheme_str() == Some("http")
+            && u.authority().is_some()
+            && u.path() == "/"
+            && u.query().is_none()
+    });
     let url: http::Uri = match format!("{base}/admin/hints?{query}").parse() {
-        Ok(u) if base.starts_with("http://") => u,
+        Ok(u) if root => u,
         _ => {
             eprintln!(
                 "--admin: must be the admin API's URL such as http://127.0.0.1:9090, got {:?}",

@@ -469,7 +469,8 @@ async fn drive<S: Future<Output = ()>>(
         started: start,
         totals: LoadTotals::default(),
     };
-    // Rows end on whole seconds since the start, so the sale opens on a row boundary.
+    // Rows end on whole seconds since the start: the sale opens on a row boundary at
+    // the default 60 s (20 s in), within a row on a scaled run (3.33 s at 10 s).
     let mut next_row = start + Duration::from_secs(1);
     let mut worst_p99: Option<(f64, Duration)> = None;
     let mut interrupted = false;

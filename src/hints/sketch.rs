@@ -30,7 +30,8 @@ impl Sketch {
         Sketch::default()
     }
 
-    fn bucket(value: f64) -> u16 {
+    /// The bucket that holds `value`.
+    pub(crate) fn bucket(value: f64) -> u16 {
         if value.is_nan() || value <= Self::FLOOR {
             return 0;
         }
@@ -58,6 +59,26 @@ impl Sketch {
             value
         } else {
             self.max.max(value)
+        };
+        self.count += n;
+    }
+
+    /// Records `n` values known only by their `bucket` (read as its upper bound, which
+    /// is then the maximum if none recorded is larger).
+    pub(crate) fn record_in(&mut self, bucket: u16, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let bound = if bucket == 0 {
+            Self::FLOOR
+        } else {
+            Self::upper_bound(bucket)
+        };
+        self.add(bucket, n);
+        self.max = if self.count == 0 {
+            bound
+        } else {
+            self.max.max(bound)
         };
         self.count += n;
     }

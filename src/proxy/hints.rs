@@ -119,22 +119,23 @@ impl Advisor {
         history.tick(now, &snapshots, settings, Some(&self.meter));
     }
 
-    /// The hints over the last `period` before `now` (at most `[hints] keep`, which the
-    /// report's `period_s` then says), as `GET /admin/hints` returns them, one
-    /// suggestion per route-only setting across a route's parts
-    /// ([`one_per_route_setting`]). The interval
-    /// still open is not included: call [`Advisor::tick`] first to close it.
+    /// The hints over the last `period` before `now`, as `GET /admin/hints` returns
+    /// them, one suggestion per route-only setting across a route's parts
+    /// ([`one_per_route_setting`]): the closed intervals that began within it. The
+    /// interval still open is not included: call [`Advisor::tick`] first to close it.
+    /// A period is at least two intervals (a shorter one holds no closed interval, and
+    /// read as no traffic) and at most `[hints] keep`; the report's `period_s` says
+    /// the period it looked at.
     pub fn report(&self, period: Duration, now: Nanos) -> HintsReport {
-        // No longer is kept: the report says the period it looked at.
-        let period = period.min(self.keep);
+        let h = self.history();
+        let interval = h.interval();
+        let period = period.max(interval.saturating_mul(2)).min(self.keep);
         let since = Nanos::new(
             now.as_u64()
                 .saturating_sub(u64::try_from(period.as_nanos()).unwrap_or(u64::MAX)),
         );
-        let (interval, routes) = {
-            let h = self.history();
-            (h.interval(), h.since(since))
-        };
+        let routes = h.since(since);
+        drop(h);
         let mut routes: Vec<RouteHints> = routes
             .iter()
             .map(|(settings, intervals)| RouteHints::new(settings, intervals, None, &self.policy))
