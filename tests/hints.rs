@@ -1824,16 +1824,7 @@ fn metered(rate: u64, took: Duration) -> (RouteSettings, Vec<Interval>) {
         Config::from_toml_str("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n", "t").unwrap();
     let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
     let id = engine.route_at(0).unwrap();
-    let settings = RouteSettings {
-        name: "r".into(),
-        mode: Mode::Enforce,
-        algorithm: Algorithm::TokenBucket {
-            burst: Duration::from_secs(1),
-        },
-        params: ControllerParams::default(),
-        partitioned: false,
-        event: None,
-    };
+    let settings = classic();
     let meter = UpstreamMeter::new();
     let route: Arc<str> = "r".into();
     let mut history = History::new(Duration::from_secs(1), Duration::from_secs(3600));

@@ -223,6 +223,19 @@ fn refused(result: Result<Ws, WsError>) -> http::Response<Option<Vec<u8>>> {
 }
 
 /// Waits until `cond` holds, polling every 10 ms.
+/// Sends `GET /plain` with `Connection: close` on `stream`: the answer, to the close.
+async fn last_plain_get(stream: &mut TcpStream) -> String {
+    stream
+        .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    within("the answer", stream.read_to_end(&mut reply))
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     within(what, async {
         while !cond() {
@@ -351,15 +364,7 @@ async fn an_upstream_refusing_the_upgrade_is_passed_on() {
     assert!(reply.contains("\r\nupgrade: websocket\r\n"), "{reply}");
     assert!(reply.contains("\r\nconnection: upgrade\r\n"), "{reply}");
     assert_eq!(upstream.count("/refuse"), 1);
-    stream
-        .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut rest = Vec::new();
-    within("the next answer", stream.read_to_end(&mut rest))
-        .await
-        .unwrap();
-    let rest = String::from_utf8_lossy(&rest);
+    let rest = last_plain_get(&mut stream).await;
     assert!(
         rest.starts_with("HTTP/1.1 200 ") && rest.ends_with("ok"),
         "{rest}"
@@ -723,15 +728,7 @@ async fn a_101_to_a_plain_request_is_a_bad_gateway() {
     let mut stream = within("connect", TcpStream::connect(proxy.addr))
         .await
         .unwrap();
-    stream
-        .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut reply = Vec::new();
-    within("the answer", stream.read_to_end(&mut reply))
-        .await
-        .unwrap();
-    let reply = String::from_utf8_lossy(&reply);
+    let reply = last_plain_get(&mut stream).await;
     assert!(reply.starts_with("HTTP/1.1 502 "), "{reply}");
     let lines = log.lines_with("upstream request failed");
     assert_eq!(lines.len(), 1, "{lines:#?}");
