@@ -51,34 +51,24 @@ impl Sketch {
 
     /// Records `value` `n` times.
     pub fn record_n(&mut self, value: f64, n: u64) {
-        if n == 0 {
-            return;
-        }
-        self.add(Self::bucket(value), n);
-        self.max = if self.count == 0 {
-            value
-        } else {
-            self.max.max(value)
-        };
-        self.count += n;
+        self.record_at(Self::bucket(value), value, n);
     }
 
     /// Records `n` values known only by their `bucket` (read as its upper bound, which
     /// is then the maximum if none recorded is larger).
     pub(crate) fn record_in(&mut self, bucket: u16, n: u64) {
+        self.record_at(bucket, Self::upper_bound(bucket), n);
+    }
+
+    fn record_at(&mut self, bucket: u16, value: f64, n: u64) {
         if n == 0 {
             return;
         }
-        let bound = if bucket == 0 {
-            Self::FLOOR
-        } else {
-            Self::upper_bound(bucket)
-        };
         self.add(bucket, n);
         self.max = if self.count == 0 {
-            bound
+            value
         } else {
-            self.max.max(bound)
+            self.max.max(value)
         };
         self.count += n;
     }

@@ -955,12 +955,12 @@ impl Inner {
                         within_response_timeout(sent, timeout, progress.as_deref()).await
                     }
                 };
-                // A body still under a coding rocgate does not decode cannot go on
-                // without its `Transfer-Encoding`, a hop-by-hop header.
-                // (`Transfer-Encoding` is hop-by-hop: a response with none of those
-                // has none, and needs no lookup.)
                 // A 101 to a request that asked for no upgrade has nothing to switch
-                // to: a failure of the upstream's, logged and counted as one.
+                // to: a failure of the upstream's, logged and counted as one. A body
+                // still under a coding rocgate does not decode cannot go on without
+                // its `Transfer-Encoding`, a hop-by-hop header. (`Transfer-Encoding`
+                // is hop-by-hop: a response with none of those has none, and needs no
+                // lookup.)
                 let result = result.and_then(|res| {
                     if res.status() == http::StatusCode::SWITCHING_PROTOCOLS && upgrade.is_none() {
                         Err(ProxyError::upstream(
