@@ -375,6 +375,17 @@ fn route_names_and_paths() {
         "routes[1].path",
         "never matches: routes[0] (\"all\") comes first",
     );
+    // An exact path takes its spelling without the trailing slash too, which a prefix
+    // ending in one does not: `/api/order` reaches the later route (it was refused).
+    let sub_first = "[[routes]]\nname = \"sub\"\npath_prefix = \"/api/order/\"\n\
+         [[routes]]\nname = \"order\"\npath = \"/api/order/\"\n";
+    Config::from_toml_str(sub_first, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    refused(
+        "[[routes]]\nname = \"sub\"\npath_prefix = \"/api/order\"\n\
+         [[routes]]\nname = \"order\"\npath = \"/api/order/\"\n",
+        "routes[1].path",
+        "never matches: routes[0] (\"sub\") comes first",
+    );
     refused(
         "[defaults]\nhold = \"2s\"\n",
         "routes",
@@ -645,6 +656,31 @@ fn tiers() {
         "routes[0].tiers[1].values[0]",
         "duplicate of routes[0].tiers[0].values[0] (\"k\")",
     );
+    // Two values that are one client, as the engine keys it: the second tier was
+    // never applied (its client got the first's limits), and the file said `ok`.
+    let ip_tiers = |a: &str, b: &str, extra: &str| {
+        route(&format!(
+            "partition = \"ip\"\n{extra}\n\
+             [[routes.tiers]]\nname = \"vip\"\nvalues = [\"{a}\"]\nbase_limit = 100\ncut_limit = 50\n\
+             [[routes.tiers]]\nname = \"blocked\"\nvalues = [\"{b}\"]\nbase_limit = 1\ncut_limit = 1"
+        ))
+    };
+    refused(
+        &ip_tiers("2001:db8::1", "2001:db8::2", ""),
+        "routes[0].tiers[1].values[0]",
+        "the same client as routes[0].tiers[0].values[0] (\"2001:db8::2\" is keyed as 2001:db8::/64, by ipv6_prefix)",
+    );
+    refused(
+        &ip_tiers("10.0.0.1", "::ffff:10.0.0.1", ""),
+        "routes[0].tiers[1].values[0]",
+        "the same client as routes[0].tiers[0].values[0] (\"::ffff:10.0.0.1\" is keyed as 10.0.0.1",
+    );
+    // Apart under a longer prefix.
+    Config::from_toml_str(
+        &ip_tiers("2001:db8::1", "2001:db8::2", "ipv6_prefix = 128"),
+        "test",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     // A header value arrives trimmed and without control characters: a tier value
     // with either would never match. (Values as TOML writes them.)
     let header_tier = |value: &str| {
@@ -751,7 +787,7 @@ fn relative_thresholds_must_be_given() {
         "routes[0].safe_roc",
         "must be > -1 when roc_mode is relative",
     );
-    // Thresholds written where the mode was another are in its unit (req/s per s or a
+    // Thresholds written where the mode was another are in its unit (req/s per half-window or a
     // ratio): inherited across a change of mode, they were read in the wrong one.
     refused(
         &format!("[defaults]\ndanger_roc = 50\nsafe_roc = 10\n{ORDER}roc_mode = \"relative\"\n"),
@@ -766,7 +802,7 @@ fn relative_thresholds_must_be_given() {
     refused(
         &format!("[defaults]\nroc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = 0.2\n{ORDER}roc_mode = \"absolute\"\n"),
         "routes[0].safe_roc",
-        "this mode reads it as req/s per s",
+        "this mode reads it as req/s per half-window",
     );
     for ok in [
         format!("[defaults]\nroc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = 0.2\n{ORDER}"),
@@ -1761,7 +1797,7 @@ fn the_hints_section_is_read_and_checked() {
     refused(
         &route("[hints]\nerror_budget = 1.5"),
         "hints.error_budget",
-        "fraction from 0 up to 1",
+        "fraction of at least 0 and below 1",
     );
     refused(
         &route("[hints]\ninterval = \"1m\"\nkeep = \"10s\""),
@@ -1771,10 +1807,21 @@ fn the_hints_section_is_read_and_checked() {
     // Every route keeps a record an interval for `keep`: 1 ms intervals over the
     // default hour were 3.6 million records a route (and a tick every millisecond);
     // below 1 ms the history silently ticked every millisecond anyway.
+    // The field the file wrote is named (it was hints.keep, left at its default).
     refused(
         &route("[hints]\ninterval = \"1ms\""),
+        "hints.interval",
+        "must be at least hints.keep ÷ 100000 (36ms, hints.keep being 1h, its default), got 1ms",
+    );
+    refused(
+        &route("[hints]\ninterval = \"1ms\"\nkeep = \"1h\""),
         "hints.keep",
         "must be at most 100000 intervals of hints.interval (1ms), got 3600000",
+    );
+    refused(
+        &route("[hints]\ninterval = \"2h\""),
+        "hints.interval",
+        "must be at most hints.keep (1h, its default)",
     );
     refused(
         &route("[hints]\ninterval = \"100us\"\nkeep = \"1s\""),

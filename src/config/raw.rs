@@ -590,7 +590,7 @@ impl Settings {
         s
     }
 
-    /// The ROC thresholds are in req/s per s (absolute) or a ratio (relative): where
+    /// The ROC thresholds are in req/s per half-window (absolute) or a ratio (relative): where
     /// `roc_mode` changes the mode in force below, thresholds written below (not the
     /// built-in ones, which `controller_params` reports) would be read in the other
     /// unit, so they must be written here.
@@ -602,7 +602,7 @@ impl Settings {
             return;
         }
         let unit = match mode.value {
-            RocMode::Absolute => "req/s per s",
+            RocMode::Absolute => "req/s per half-window",
             RocMode::Relative => "a ratio",
         };
         for (field, threshold) in [
@@ -1422,6 +1422,21 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
 }
 
 /// The route's tiers: named key values with limits of their own.
+/// The client an address is keyed as: IPv4 (an IPv4-mapped IPv6 address too) whole,
+/// IPv6 by its first `v6_prefix` bits, as the engine keys a request.
+fn client_key(ip: IpAddr, v6_prefix: u8) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let kept = u128::MAX << (128 - u32::from(v6_prefix.clamp(1, 128)));
+            format!(
+                "{}/{v6_prefix}",
+                std::net::Ipv6Addr::from_bits(v6.to_bits() & kept)
+            )
+        }
+    }
+}
+
 fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> Option<Vec<Tier>> {
     let partition = s.partition.as_ref().map(|k| &k.value);
     if !raw.is_empty() && partition == Some(&PartitionKind::Route) {
@@ -1431,7 +1446,10 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
         );
     }
     let mut names = HashMap::new();
+    // By the client key each value maps to: two addresses of one IPv6 prefix, or an
+    // address and its IPv4-mapped form, are one client.
     let mut owners: HashMap<String, String> = HashMap::new();
+    let v6_prefix = s.ipv6_prefix.as_ref().map_or(128, |v| v.value);
     let mut tiers = Vec::new();
     let mut complete = true;
     for (j, t) in raw.into_iter().enumerate() {
@@ -1455,9 +1473,13 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
             Some(v) => {
                 for (k, value) in v.into_iter().enumerate() {
                     let location = format!("{}[{k}]", at.path("values"));
+                    let mut key = None;
                     let value = match partition {
                         Some(PartitionKind::Ip) => match value.trim().parse::<IpAddr>() {
-                            Ok(ip) => ip.to_string(),
+                            Ok(ip) => {
+                                key = Some(client_key(ip, v6_prefix));
+                                ip.to_string()
+                            }
                             Err(_) => {
                                 p.at(location, format!("must be an IP address, got {value:?}"));
                                 continue;
@@ -1488,13 +1510,18 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                         }
                         _ => value,
                     };
-                    match owners.get(&value) {
-                        Some(first) => p.at(
+                    let key = key.unwrap_or_else(|| value.clone());
+                    match owners.get(&key) {
+                        Some(first) if key == value => p.at(
                             location,
                             format!("duplicate of {first} ({value:?}): a key belongs to one tier"),
                         ),
+                        Some(first) => p.at(
+                            location,
+                            format!("the same client as {first} ({value:?} is keyed as {key}, by ipv6_prefix): a key belongs to one tier"),
+                        ),
                         None => {
-                            owners.insert(value.clone(), location);
+                            owners.insert(key, location);
                         }
                     }
                     values.push(value);
@@ -1643,7 +1670,12 @@ fn shadows(first: &RouteMatch, later: &RouteMatch) -> bool {
     };
     methods
         && match (&first.path, &later.path) {
-            (_, PathPattern::Exact(path)) => first.path.matches(path),
+            // An exact path is taken with or without its trailing slash: shadowed
+            // only if both spellings are the first route's.
+            (_, PathPattern::Exact(path)) => {
+                let bare = super::without_trailing_slash(path);
+                first.path.matches(bare) && (bare == "/" || first.path.matches(&format!("{bare}/")))
+            }
             (PathPattern::Prefix(p), PathPattern::Prefix(q)) => q.starts_with(p.as_str()),
             (PathPattern::Prefix(p), PathPattern::Template(segments)) => {
                 // Every path the template matches starts with its literal lead.
@@ -2173,6 +2205,8 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
         });
         field("interval", checked);
     }
+    // A clash of the two is the one the file wrote's (`keep` if both).
+    let keep_written = raw.keep.is_some();
     if let Some(v) = raw.keep {
         field("keep", timer_duration(v).map(|d| out.keep = d));
     }
@@ -2188,7 +2222,7 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
             Ok(())
         } else {
             Err(format!(
-                "must be a fraction from 0 up to 1, such as 0.01, got {}",
+                "must be a fraction of at least 0 and below 1, such as 0.01, got {}",
                 v.0
             ))
         };
@@ -2200,22 +2234,35 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     // Every route keeps a record an interval, for `keep`.
     const MOST_INTERVALS: u128 = 100_000;
     let kept = out.keep.as_nanos() / out.interval.as_nanos().max(1);
+    let keep = humantime::format_duration(out.keep);
+    let interval = humantime::format_duration(out.interval);
     if out.keep < out.interval {
-        field(
-            "keep",
-            Err(format!(
-                "must be at least hints.interval ({})",
-                humantime::format_duration(out.interval)
-            )),
-        );
+        match keep_written {
+            true => field(
+                "keep",
+                Err(format!("must be at least hints.interval ({interval})")),
+            ),
+            false => field(
+                "interval",
+                Err(format!("must be at most hints.keep ({keep}, its default)")),
+            ),
+        }
     } else if kept > MOST_INTERVALS {
-        field(
-            "keep",
-            Err(format!(
-                "must be at most {MOST_INTERVALS} intervals of hints.interval ({}), got {kept}: every route keeps a record an interval",
-                humantime::format_duration(out.interval)
-            )),
-        );
+        match keep_written {
+            true => field(
+                "keep",
+                Err(format!(
+                    "must be at most {MOST_INTERVALS} intervals of hints.interval ({interval}), got {kept}: every route keeps a record an interval"
+                )),
+            ),
+            false => field(
+                "interval",
+                Err(format!(
+                    "must be at least hints.keep ÷ {MOST_INTERVALS} ({}, hints.keep being {keep}, its default), got {interval}: every route keeps a record an interval",
+                    humantime::format_duration(out.keep.div_f64(MOST_INTERVALS as f64))
+                )),
+            ),
+        }
     }
     out
 }

@@ -193,7 +193,7 @@ fn a_change_keeps_a_token_buckets_capacity_within_what_it_holds() {
 
 #[test]
 fn a_change_of_roc_mode_at_runtime_takes_thresholds_of_the_new_mode() {
-    // An absolute route (danger 80 req/s per s): read as a ratio, 80 would mean
+    // An absolute route (danger 80 req/s per half-window): read as a ratio, 80 would mean
     // demand up 81-fold. The file requires the thresholds with relative, and so
     // does a change.
     let absolute = ControllerParams::default();
@@ -218,7 +218,7 @@ fn a_change_of_roc_mode_at_runtime_takes_thresholds_of_the_new_mode() {
     .unwrap();
     assert_eq!(relative.roc_mode, RocMode::Relative);
     assert_eq!((relative.danger_roc, relative.safe_roc), (1.5, 0.2));
-    // Back to absolute: the ratios would be read as req/s per s.
+    // Back to absolute: the ratios would be read as req/s per half-window.
     let e = patch(r#"{"roc_mode": "absolute"}"#, &relative).unwrap_err();
     assert_eq!(e.len(), 2, "{e:?}");
     // Naming the mode in force, or changing a threshold alone, needs nothing more.
