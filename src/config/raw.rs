@@ -2237,31 +2237,33 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     let keep = humantime::format_duration(out.keep);
     let interval = humantime::format_duration(out.interval);
     if out.keep < out.interval {
-        match keep_written {
-            true => field(
+        if keep_written {
+            field(
                 "keep",
                 Err(format!("must be at least hints.interval ({interval})")),
-            ),
-            false => field(
+            );
+        } else {
+            field(
                 "interval",
                 Err(format!("must be at most hints.keep ({keep}, its default)")),
-            ),
+            );
         }
     } else if kept > MOST_INTERVALS {
-        match keep_written {
-            true => field(
+        if keep_written {
+            field(
                 "keep",
                 Err(format!(
                     "must be at most {MOST_INTERVALS} intervals of hints.interval ({interval}), got {kept}: every route keeps a record an interval"
                 )),
-            ),
-            false => field(
+            );
+        } else {
+            field(
                 "interval",
                 Err(format!(
                     "must be at least hints.keep ÷ {MOST_INTERVALS} ({}, hints.keep being {keep}, its default), got {interval}: every route keeps a record an interval",
                     humantime::format_duration(out.keep.div_f64(MOST_INTERVALS as f64))
                 )),
-            ),
+            );
         }
     }
     out
