@@ -2040,6 +2040,110 @@ async fn script_flush_is_recovered_without_fallback() {
     assert_eq!(loaded, [true]);
 }
 
+/// Callers that stop waiting before the store's `timeout` (a client gone, a deadline
+/// shorter than it) still open the breaker of a stalled Redis: each call runs on to its
+/// answer or its timeout and tells the breaker, so the route falls back and its
+/// decisions stop waiting. (They were dropped with their caller, told the breaker
+/// nothing, and every decision kept waiting on the stopped Redis.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_opens_the_breaker_when_its_callers_give_up_first() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut config = store_config(&server, "gave-up");
+    config.timeout = Duration::from_millis(200);
+    // No probe within the test: the decision after the breaker opens is local.
+    config.probe_interval = Duration::from_secs(60);
+    let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(inst.check().await.is_admit());
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+    server.signal("-STOP");
+    // Ten callers in a row, each giving up after half the store's timeout, or
+    // answered at once, locally, once the breaker has opened.
+    let mut gave_up = 0;
+    for _ in 0..10 {
+        let answer = tokio::time::timeout(Duration::from_millis(100), inst.check()).await;
+        gave_up += usize::from(answer.is_err());
+    }
+    let mode = inst.store.mode();
+    server.signal("-CONT");
+    assert_eq!(mode, StoreMode::Fallback, "failures_to_open 3");
+    assert!(
+        (3..10).contains(&gave_up),
+        "{gave_up} of 10 callers gave up: the breaker opens on the third call's timeout"
+    );
+}
+
+/// What an instance admitted in fallback goes with the first call that reaches Redis
+/// again; a probe carrying it whose caller gives up before Redis answers keeps it
+/// owed, and a later call debits it. (The probe's future was dropped with the debit,
+/// before its command was written: the shared bucket came back as if nothing had been
+/// admitted in fallback.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_debit_outlives_a_probe_whose_caller_gave_up() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "debit-kept");
+    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
+    let inst = Instance::system(&route(1.0, Duration::from_secs(100)), &config);
+    beat_answered(&inst.store).await;
+    assert!(inst.check().await.is_admit());
+    server.signal("-STOP");
+    let mut in_fallback = 0;
+    while inst.store.mode() != StoreMode::Fallback {
+        in_fallback += usize::from(inst.check().await.is_admit());
+    }
+    // Past a failed heartbeat, which replaces the connection.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..40 {
+        in_fallback += usize::from(inst.check().await.is_admit());
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await; // a probe is due
+    let gone = tokio::time::timeout(Duration::from_millis(1), inst.check()).await;
+    assert!(gone.is_err(), "the probe was answered at once");
+    server.signal("-CONT");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while inst.store.mode() != StoreMode::Shared {
+        assert!(tokio::time::Instant::now() < deadline, "not back on Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = inst.store.mode();
+        let admitted = inst.check().await.is_admit();
+        if before == StoreMode::Fallback && inst.store.mode() == StoreMode::Fallback {
+            in_fallback += usize::from(admitted);
+        }
+    }
+    let tokens: f64 = redis::cmd("HGET")
+        .arg("{debit-kept:order}:b")
+        .arg("tokens")
+        .query::<String>(&mut server.connection().unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    // 100, less the shared admissions, plus a few seconds of refill at 1/s, less
+    // what was admitted in fallback.
+    assert!(in_fallback >= 40, "{in_fallback}");
+    let most = 100.0 - in_fallback as f64 + 6.0;
+    assert!(
+        tokens <= most,
+        "the shared bucket came back at {tokens:.1} tokens after {in_fallback} fallback admissions (at most {most:.1} once debited)"
+    );
+}
+
+/// `GET /admin/store`'s `mode` is the breakers': a decision that fell back on one
+/// failure of fewer than `failures_to_open` in a row counts in `fallback_decisions`
+/// and leaves the instance `shared`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_decision_taken_locally_leaves_the_instance_shared() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let config = store_config(&server, "one-local");
+    let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(inst.check().await.is_admit());
+    server.kill();
+    assert!(inst.check().await.is_admit());
+    assert_eq!(inst.store.fallback_decisions(), 1);
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_modes_open_and_closed() {
     let _serial = one_at_a_time().await;

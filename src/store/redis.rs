@@ -889,10 +889,25 @@ impl RedisStore {
             0 => 0,
             _ => r.owed.swap(0, Ordering::Relaxed),
         };
-        let Some(reply) = inner.call(&r, 1, true, owed).await else {
-            // Owed still: the call may have been applied anyway (a timeout on a Redis
-            // that answers later), so this can debit twice, never not at all.
-            r.owed.fetch_add(owed, Ordering::Relaxed);
+        // The call runs in a task of its own, to its answer or its `timeout`: a
+        // decision whose caller stops waiting first (its client gone, a deadline
+        // shorter than `timeout`) still tells the breaker how Redis answered, so a
+        // stalled Redis opens it whoever waits, and a debit it carried is owed again
+        // if Redis did not answer.
+        let call = {
+            let (inner, r) = (Arc::clone(inner), Arc::clone(&r));
+            tokio::spawn(async move {
+                let reply = inner.call(&r, 1, true, owed).await;
+                if reply.is_none() {
+                    // Owed still: the call may have been applied anyway (a timeout on
+                    // a Redis that answers later), so this can debit twice, never not
+                    // at all.
+                    r.owed.fetch_add(owed, Ordering::Relaxed);
+                }
+                reply
+            })
+        };
+        let Some(reply) = call.await.ok().flatten() else {
             return inner.fallback(&r, mode, base, now);
         };
         let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
@@ -1103,12 +1118,12 @@ impl Inner {
     /// decided locally.
     fn failed(&self, r: &SharedRoute) {
         let now = self.clock.now();
-        let open = {
-            let mut b = r.breaker();
-            b.failure(now);
-            b.is_open()
-        };
-        if open {
+        // The mode changes under the breaker's lock, as on a success: a success
+        // between the two would otherwise leave the route in fallback, its breaker
+        // closed, until its next decision.
+        let mut b = r.breaker();
+        b.failure(now);
+        if b.is_open() {
             self.set_mode(r, StoreMode::Fallback);
         }
     }
@@ -1253,7 +1268,8 @@ impl Inner {
             }
         };
         if reply.is_some() {
-            r.breaker().success();
+            let mut b = r.breaker();
+            b.success();
             self.set_mode(r, StoreMode::Shared);
         } else {
             self.failed(r);
