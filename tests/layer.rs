@@ -184,6 +184,38 @@ async fn unmatched_requests_pass_and_matched_path_keys_by_template() {
     }
 }
 
+/// A template's parameter of `..`, `.` (encoded or not) or holding a backslash is
+/// limited by the template's route: axum routes on the path as written and serves it
+/// with the template's handler, where the normalized path (`/api`, `/api/items/`,
+/// `/api/items/7/x`) is another. (It matched no route, and passed unlimited.)
+#[tokio::test]
+async fn a_parameter_spelled_as_a_dot_segment_or_with_a_backslash_stays_limited() {
+    let mut items = route("items", RouteMatch::any(), 1.0);
+    items.matcher.path = rocgate::config::PathPattern::parse_path("/api/items/{id}").unwrap();
+    let (l, _) = layer(vec![items]);
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    assert_eq!(
+        app.clone()
+            .oneshot(get("/api/items/1"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    for path in [
+        "/api/items/2",
+        "/api/items/..",
+        "/api/items/.",
+        "/api/items/%2e%2e",
+        "/api/items/%2E",
+        "/api/items/7\\x",
+    ] {
+        let status = app.clone().oneshot(get(path)).await.unwrap().status();
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{path}");
+    }
+}
+
 #[tokio::test]
 async fn spoofed_forwarded_for_from_an_untrusted_peer_lands_in_one_bucket() {
     let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);

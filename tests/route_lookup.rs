@@ -10,10 +10,13 @@ use rocgate::config::{normalize_path, Config, PathPattern, RouteConfig, RouteMat
 use rocgate::engine::{Engine, SCAN_ROUTES};
 use std::time::SystemTime;
 
-/// The route a linear scan finds: every matcher in config order, first match wins.
+/// The route a linear scan finds: every matcher in config order, first match of the
+/// path as written or normalized wins.
 fn linear(routes: &[RouteConfig], method: &str, path: &str) -> Option<usize> {
-    let path = normalize_path(path);
-    routes.iter().position(|r| r.matcher.matches(method, &path))
+    let normalized = normalize_path(path);
+    routes
+        .iter()
+        .position(|r| r.matcher.matches(method, path) || r.matcher.matches(method, &normalized))
 }
 
 /// Segments of paths, few enough that routes share them: one a prefix of another
@@ -105,7 +108,8 @@ fn table() -> impl Strategy<Value = Vec<RouteConfig>> {
 
 /// A path a route of the table would take (a template's parameters filled in), or a
 /// random one, then perturbed: a trailing slash added or taken away, a byte cut off,
-/// a segment added, spelled otherwise (`//`, a `.` segment, a percent-encoded letter).
+/// a segment added, spelled otherwise (`//`, a `.` segment, a percent-encoded letter,
+/// a last segment of `..` or holding a backslash).
 fn path(routes: &[RouteConfig], pick: usize, filler: &str, change: u8, extra: &str) -> String {
     let base = match &routes[pick % routes.len()].matcher.path {
         PathPattern::Exact(p) | PathPattern::Prefix(p) => p.clone(),
@@ -136,6 +140,16 @@ fn path(routes: &[RouteConfig], pick: usize, filler: &str, change: u8, extra: &s
         8 => format!("/.{base}"),
         9 => base.replacen('a', "%61", 1),
         10 => format!("{base}/../{extra}"),
+        // A parameter of `..`, or holding a backslash: a template takes it as
+        // written, normalized it is another path.
+        11 => match base.trim_end_matches('/').rsplit_once('/') {
+            Some((head, _)) => format!("{head}/.."),
+            None => base,
+        },
+        12 => match base.trim_end_matches('/').rsplit_once('/') {
+            Some((head, last)) => format!("{head}/{last}\\{extra}"),
+            None => base,
+        },
         _ => format!("/{extra}"),
     }
 }
@@ -150,7 +164,7 @@ proptest! {
             (
                 any::<usize>(),
                 segment(),
-                0u8..12,
+                0u8..14,
                 segment(),
                 prop::sample::select(vec!["GET", "HEAD", "POST", "PUT", "get", "head", "Post"]),
             ),
