@@ -42,7 +42,7 @@
 //! ```
 
 use crate::clock::{duration_nanos, Nanos};
-use crate::window::{RocMode, SampleAt};
+use crate::window::{RocMode, RocSample, SampleAt};
 use std::fmt;
 use std::time::Duration;
 
@@ -339,6 +339,10 @@ pub struct Controller {
     /// When `limit_rps` took its value (see [`Controller::limit_since`]).
     limit_since: Nanos,
     last_roc: f64,
+    /// The last sample observed, as much of it as its ROC in either mode needs (the
+    /// earlier half's rate and the absolute ROC): a change of `roc_mode` or `min_rps`
+    /// reads it again. Not kept in [`ControllerMemory`].
+    last_reading: Option<(f64, f64)>,
 }
 
 impl Controller {
@@ -354,6 +358,7 @@ impl Controller {
             limit_rps,
             limit_since: now,
             last_roc: 0.0,
+            last_reading: None,
         }
     }
 
@@ -388,6 +393,7 @@ impl Controller {
             limit_rps: memory.limit_rps,
             limit_since: memory.entered_at,
             last_roc: memory.last_roc,
+            last_reading: None,
         };
         if c.state == ControllerState::Recovering && c.recovering_limit(now) < c.limit_rps {
             c.entered_at = c.restore_origin(now, now);
@@ -501,6 +507,16 @@ impl Controller {
                 || params.restore_interval != self.params.restore_interval);
         let last_step = self.step_time();
         self.params = params;
+        // The last ROC in the mode in force, as snapshots show it beside its
+        // thresholds.
+        if let Some((rate_prev_rps, roc)) = self.last_reading {
+            let sample = RocSample {
+                rate_prev_rps,
+                roc,
+                ..RocSample::default()
+            };
+            self.last_roc = sample.roc_in(self.params.roc_mode, self.params.min_rps);
+        }
         if rescheduled {
             self.entered_at = self.restore_origin(last_step.min(now), now);
         }
@@ -557,12 +573,18 @@ impl Controller {
         let p = &self.params;
         let roc = s.sample.roc_in(p.roc_mode, p.min_rps);
         self.last_roc = roc;
+        self.last_reading = Some((s.sample.rate_prev_rps, s.sample.roc));
         let now = s.at;
         if now < self.armed_at {
             // Disarmed, ROC decides nothing; a restore in progress keeps its schedule,
-            // which ROC does not decide either.
-            if self.state == ControllerState::Recovering {
-                self.restore(now, roc, &mut on_transition);
+            // which ROC does not decide either. A cut's calm counts from the arming,
+            // and must hold throughout: a calm begun before the controller was armed
+            // again ends at a reading that is not calm, armed or not.
+            match self.state {
+                ControllerState::Recovering => self.restore(now, roc, &mut on_transition),
+                ControllerState::Cut if roc < p.safe_roc => {}
+                ControllerState::Cut => self.safe_since = None,
+                ControllerState::Normal => {}
             }
             return;
         }
@@ -1065,6 +1087,30 @@ mod tests {
         assert_eq!(c.state(), ControllerState::Recovering);
         assert_eq!(c.entered_at(), Nanos::from_secs(17));
         assert_eq!(c.limit_rps(), 80.0);
+    }
+
+    /// A cut's calm must hold throughout `hold`: a calm begun before the controller
+    /// was armed again ends at a reading that is not calm while it is disarmed. (It
+    /// survived 6 s of ROC 600 while disarmed, and the first calm reading once armed
+    /// ended the cut at once.)
+    #[test]
+    fn a_surge_while_disarmed_ends_a_calm_begun_before() {
+        let window = Duration::from_secs(6);
+        let mut c = controller();
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        run(&mut c, 10_100, 10_900, 300.0, 300.0); // calm from 10.1 s
+        c.rearm(Nanos::from_secs(11), window);
+        run(&mut c, 11_000, 16_900, 300.0, 900.0); // a second surge, disarmed
+        let t = run(&mut c, 17_000, 17_000, 300.0, 300.0);
+        assert_eq!(c.state(), ControllerState::Cut, "{t:?}");
+        // The calm counts from its first reading once armed: restoring begins a
+        // hold after it.
+        let restores = 17_000 + c.params().hold.as_millis() as u64;
+        run(&mut c, 17_100, restores - 100, 300.0, 300.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        run(&mut c, restores, restores, 300.0, 300.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+        assert_eq!(c.entered_at(), Nanos::from_millis(restores));
     }
 
     #[test]

@@ -6,7 +6,10 @@
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, Event, RouteConfig, RouteMatch};
 use rocgate::controller::{ControllerParams, ControllerState};
-use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::engine::{Engine, Key, RouteId, SlotReport};
+use rocgate::window::RocMode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 fn engine(routes: Vec<RouteConfig>) -> Engine {
@@ -188,4 +191,125 @@ fn an_event_in_a_long_silence_lands_where_stepping_every_slot_would() {
     let stepped = run(true);
     assert_eq!(stepped.0, ControllerState::Recovering);
     assert_eq!(run(false), stepped);
+}
+
+/// An engine of one route after a cut at about 10 s and a silence from 11 s, and a
+/// `hold` that makes its sample hook hold the route's state at the next slot until
+/// the test lets it go (see [`while_the_route_is_held`]).
+fn cut_then_silent_with_a_holding_hook() -> (Engine, RouteId, Holder) {
+    let hold = Arc::new(AtomicBool::new(false));
+    let (held_tx, held) = mpsc::sync_channel(1);
+    let (release, release_rx) = mpsc::sync_channel::<()>(1);
+    let release_rx = Mutex::new(release_rx);
+    let holding = Arc::clone(&hold);
+    let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]).with_sample_hook(Arc::new(
+        move |_: &str, _: &SlotReport| {
+            if holding.swap(false, Ordering::SeqCst) {
+                held_tx.send(()).unwrap();
+                release_rx.lock().unwrap().recv().unwrap();
+            }
+        },
+    ));
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, 0.0, 10.0, 40.0);
+    offer(&e, id, 10.0, 11.0, 600.0);
+    (
+        e,
+        id,
+        Holder {
+            hold,
+            held,
+            release,
+        },
+    )
+}
+
+/// What holds a route's state through its sample hook.
+struct Holder {
+    hold: Arc<AtomicBool>,
+    held: mpsc::Receiver<()>,
+    release: mpsc::SyncSender<()>,
+}
+
+/// Runs `call` on another thread while the route's state is held by a roll to
+/// 11.1 s (whose sample hook waits: a reader such as a snapshot holds it alike), then
+/// lets the holder go, and waits for both.
+fn while_the_route_is_held(e: &Engine, id: RouteId, holder: Holder, call: impl FnOnce() + Send) {
+    holder.hold.store(true, Ordering::SeqCst);
+    std::thread::scope(|s| {
+        let rolling = s.spawn(|| e.catch_up(id, Nanos::from_millis(11_100)));
+        holder.held.recv().unwrap();
+        let caller = s.spawn(call);
+        // Long enough for the caller to reach the route's state; if it has not, the
+        // run is as if nothing held it.
+        std::thread::sleep(Duration::from_millis(50));
+        holder.release.send(()).unwrap();
+        rolling.join().unwrap();
+        caller.join().unwrap();
+    });
+}
+
+/// A reload made while something else holds the route's state (a snapshot for
+/// `/metrics` or `GET /admin/routes`) still steps the silence before it under the
+/// parameters in force during it. (It left the roll to the holder, which rolled to its
+/// own time only: the silence was replayed after the change's rearm, read as nothing,
+/// and the route stayed recovering at 100 req/s where it should have been back at 200.)
+#[test]
+fn a_reload_while_the_route_is_held_still_steps_the_silence_first() {
+    let (e, id, holder) = cut_then_silent_with_a_holding_hook();
+    let mut cfg = RouteConfig::new("r", RouteMatch::any());
+    cfg.controller.danger_roc = 90.0;
+    let mut reloaded = None;
+    while_the_route_is_held(&e, id, holder, || {
+        let config = Config::new(vec![cfg]);
+        reloaded = Some(
+            e.reload(&config, Nanos::from_secs(30), SystemTime::UNIX_EPOCH)
+                .unwrap(),
+        );
+    });
+    let e = reloaded.unwrap();
+    let (id, end) = (e.route_at(0).unwrap(), Nanos::from_secs(40));
+    let _ = e.check(id, Key::None, end);
+    let s = e.route_snapshot(id, end).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Normal, 200.0));
+}
+
+/// Upkeep while something else holds the route's state still brings the route up to
+/// now: a cut that the silence outlasted does not read as a cut in the snapshot taken
+/// next. (It left the roll to the holder, which rolled to its own time only.)
+#[test]
+fn a_catch_up_while_the_route_is_held_still_ends_an_outlasted_cut() {
+    let (e, id, holder) = cut_then_silent_with_a_holding_hook();
+    let end = Nanos::from_secs(40);
+    while_the_route_is_held(&e, id, holder, || e.catch_up(id, end));
+    let s = e.route_snapshot(id, end).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Normal, 200.0));
+}
+
+/// After a change of `roc_mode`, the ROC a snapshot shows beside the new thresholds is
+/// the last reading in the new mode. (It was the old mode's until the next slot: an
+/// absolute 30 beside a relative danger of 1, where the reading is 0.75.)
+#[test]
+fn a_change_of_roc_mode_shows_the_last_roc_in_the_new_mode() {
+    let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, 0.0, 7.0, 40.0);
+    offer(&e, id, 7.0, 10.0, 70.0);
+    let _ = e.check(id, Key::None, Nanos::from_secs(10));
+    let before = e.route_snapshot(id, Nanos::from_secs(10)).unwrap();
+    assert!((before.roc - 30.0).abs() < 1.0, "{}", before.roc);
+    let mut p = e.route_params(id).unwrap();
+    p.roc_mode = RocMode::Relative;
+    p.danger_roc = 1.0;
+    p.safe_roc = 0.25;
+    e.update_route(id, p, Nanos::from_secs(10)).unwrap();
+    let s = e.route_snapshot(id, Nanos::from_secs(10)).unwrap();
+    assert_eq!(s.roc_mode, RocMode::Relative);
+    let relative = s.sample.roc_in(RocMode::Relative, s.min_rps);
+    assert!((relative - 0.75).abs() < 0.05, "{relative}");
+    assert!(
+        (s.roc - relative).abs() < 1e-9,
+        "{} beside {relative}",
+        s.roc
+    );
 }

@@ -629,10 +629,17 @@ impl Engine {
 
     /// Brings `r` up to `now`: its window rolled and its controller stepped over the
     /// slots completed since the last request (a silence), or a limit change left
-    /// half-made finished.
+    /// half-made finished. Unlike a request, which leaves the roll to whoever holds
+    /// the route's state, it waits for it: a snapshot holding it must not leave a
+    /// change about to be made without the silence stepped before it, nor a cut that
+    /// the silence outlasted in what the caller reads next.
     fn bring_up_to(&self, r: &Route, now: Nanos) {
         if r.counter.needs_roll(now) {
-            self.roll(r, now);
+            let mut st = r.lock();
+            // A request may have rolled while this waited.
+            if r.counter.needs_roll(now) {
+                self.roll_locked(r, &mut st, now);
+            }
         } else if r.behind.load(Ordering::Relaxed) != 0 {
             r.finish_change();
         }
@@ -966,10 +973,13 @@ impl Engine {
     /// no other request is doing so already.
     #[cold]
     fn roll(&self, r: &Route, now: Nanos) {
-        let Some(mut guard) = r.try_lock() else {
-            return;
-        };
-        let st = &mut *guard;
+        if let Some(mut st) = r.try_lock() {
+            self.roll_locked(r, &mut st, now);
+        }
+    }
+
+    /// [`roll`](Self::roll), the route's state held.
+    fn roll_locked(&self, r: &Route, st: &mut RouteState, now: Nanos) {
         // What the limiters and the tier keys follow: the limit, the base limit, and
         // the cut, which with them says where the limit stands between the two (an
         // event may move the cut and the step and leave the limit where it was).
