@@ -544,11 +544,75 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
 }
 
 /// A reload's answer lists the routes whose runtime change it `kept` and those whose
-/// change the file `replaced`.
+/// change the file `replaced`, and drops none.
 #[track_caller]
 fn assert_reload_lists(body: &Value, kept: Value, replaced: Value) {
     assert_eq!(body["runtime_changes_kept"], kept, "{body}");
     assert_eq!(body["runtime_changes_replaced"], replaced, "{body}");
+    assert_eq!(
+        body["runtime_changes_dropped"],
+        serde_json::json!([]),
+        "{body}"
+    );
+}
+
+/// A reload whose file no longer has a route of that name (renamed here) drops the
+/// route's runtime change with it, and its answer names it. (It named it nowhere: an
+/// operator's change made during an incident went without a word.)
+#[tokio::test]
+async fn a_reload_that_renames_a_changed_route_says_it_dropped_the_change() {
+    let p = start(None).await;
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"base_limit": 300}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    std::fs::write(
+        &p.file,
+        CONFIG.replace("name = \"order\"", "name = \"orders\""),
+    )
+    .unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    let (_, orders) = call(p.admin, "GET", "/admin/routes/orders", "", None).await;
+    p.stop().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["runtime_changes_dropped"],
+        serde_json::json!(["order"]),
+        "{body}"
+    );
+    assert_eq!(
+        body["runtime_changes_kept"],
+        serde_json::json!([]),
+        "{body}"
+    );
+    assert_eq!(
+        body["runtime_changes_replaced"],
+        serde_json::json!([]),
+        "{body}"
+    );
+    assert_eq!(orders["base_limit_rps"], 200.0, "{orders}");
+    assert_eq!(orders["runtime_change"], false, "{orders}");
+}
+
+/// A field set to `null` is refused, naming it; the route is left as it was.
+#[tokio::test]
+async fn a_change_setting_a_field_to_null_is_refused() {
+    let p = start(None).await;
+    let change = r#"{"cut_limit": 30, "hold": null}"#;
+    let (status, body) = call(p.admin, "PUT", "/admin/routes/order", change, None).await;
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    p.stop().await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.to_string().contains("hold: null is no value"),
+        "{body}"
+    );
+    assert_eq!(order["runtime_change"], false, "{order}");
 }
 
 /// Reloads `p` with a file that changes the `rest` route alone (its base limit 1000 →

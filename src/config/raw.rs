@@ -2586,22 +2586,51 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
 }
 
 /// The controller fields a runtime change may set: those of `[defaults]` that do not
-/// change the shape of a route's state.
+/// change the shape of a route's state. A field left out keeps its value; `null` is
+/// refused ([`not_null`]).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPatch {
+    #[serde(default, deserialize_with = "not_null")]
     base_limit: Option<Num>,
+    #[serde(default, deserialize_with = "not_null")]
     cut_limit: Option<Num>,
+    #[serde(default, deserialize_with = "not_null")]
     danger_roc: Option<Num>,
+    #[serde(default, deserialize_with = "not_null")]
     safe_roc: Option<Num>,
+    #[serde(default, deserialize_with = "not_null")]
     hold: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     restore_step: Option<Num>,
+    #[serde(default, deserialize_with = "not_null")]
     restore_interval: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     min_rps: Option<Num>,
+    #[serde(default, deserialize_with = "not_null")]
     min_samples: Option<Whole>,
+    #[serde(default, deserialize_with = "not_null")]
     min_dwell: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     max_cut: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     roc_mode: Option<String>,
+}
+
+/// A field of a runtime change that must have a value if written: `null` would read as
+/// left out, and an operator who meant "back to the file's value" would get a success
+/// and an unchanged route.
+fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    match Option::<T>::deserialize(d)? {
+        Some(v) => Ok(Some(v)),
+        None => Err(serde::de::Error::custom(
+            "null is no value: leave the field out to keep it, or withdraw the change (DELETE /admin/routes/{name}/change) to go back to the file's parameters",
+        )),
+    }
 }
 
 /// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by

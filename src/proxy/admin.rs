@@ -7,9 +7,10 @@
 //! | `GET /readyz` | the engine has routes and serves |
 //! | `GET /metrics` | Prometheus metrics (see [`crate::metrics`]) |
 //! | `GET /admin/routes` | every route's live state as JSON |
+//! | `GET /admin/routes/{name}` | one route's live state |
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
 //! | `DELETE /admin/routes/{name}/change` | withdraw the route's runtime change: the file's parameters are in force again |
-//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart; `runtime_changes_kept` the routes whose runtime change stays, the file having left them as they were, and `runtime_changes_replaced` those whose change the file's new parameters replaced) |
+//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart; `runtime_changes_kept` the routes whose runtime change stays, the file having left them as they were, `runtime_changes_replaced` those whose change the file's new parameters replaced, and `runtime_changes_dropped` those whose change went with them, the file having no route of that name) |
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
 //! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen |
 //!
@@ -662,6 +663,7 @@ async fn reload(
             "restart_required": done.restart_required,
             "runtime_changes_kept": done.runtime_changes_kept,
             "runtime_changes_replaced": done.runtime_changes_replaced,
+            "runtime_changes_dropped": done.runtime_changes_dropped,
         }))
         .into_response(),
         Err(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e.messages()),

@@ -199,6 +199,9 @@ pub struct Reloaded {
     /// The routes whose runtime change the file's parameters replaced: the file
     /// changed them (or the change no longer fits the route the file describes).
     pub runtime_changes_replaced: Vec<String>,
+    /// The routes whose runtime change went with them: the file no longer has a route
+    /// of that name (removed, or renamed).
+    pub runtime_changes_dropped: Vec<String>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -419,10 +422,12 @@ impl Reloader {
         // route kept never runs on the file's parameters, and its controller is rearmed
         // once at most (not at all where the parameters in force stay).
         let (mut runtime_changes_kept, mut runtime_changes_replaced) = (Vec::new(), Vec::new());
+        let mut runtime_changes_dropped = Vec::new();
         let (mut offered, mut files) = (Vec::new(), Vec::new());
         for (name, file, runtime) in &changed {
-            // A route the file no longer has took its change with it.
+            // A route the file no longer has takes its change with it.
             let Some(route) = config.routes.iter().find(|r| r.name == *name) else {
+                runtime_changes_dropped.push(name.clone());
                 continue;
             };
             if route.controller == *runtime {
@@ -459,6 +464,7 @@ impl Reloader {
             }
         }
         runtime_changes_replaced.sort();
+        runtime_changes_dropped.sort();
         let next = Arc::new(next);
         self.engine.replace(Arc::clone(&next));
         #[cfg(feature = "redis")]
@@ -478,6 +484,12 @@ impl Reloader {
                 "the reload replaced the route's runtime change (PUT /admin/routes) with the file's parameters"
             );
         }
+        for route in &runtime_changes_dropped {
+            tracing::warn!(
+                route,
+                "the reload dropped the route's runtime change (PUT /admin/routes): the file has no route of that name"
+            );
+        }
         let restart_required = needing_restart(&self.started, &config);
         for section in &restart_required {
             tracing::warn!(
@@ -489,6 +501,7 @@ impl Reloader {
             restart_required,
             runtime_changes_kept,
             runtime_changes_replaced,
+            runtime_changes_dropped,
         })
     }
 }

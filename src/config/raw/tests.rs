@@ -164,6 +164,23 @@ fn a_change_that_is_not_json_is_named_once() {
     assert_eq!(e[0].to_string(), "trailing characters at line 1 column 21");
 }
 
+/// `null` is no value: refused at its field, where it read as the field left out
+/// (answered 200, the route unchanged, the operator told it was done).
+#[test]
+fn a_change_setting_a_field_to_null_is_refused_at_that_field() {
+    for (json, field) in [
+        (r#"{"base_limit": null}"#, "base_limit"),
+        (r#"{"cut_limit": 30, "hold": null}"#, "hold"),
+        (r#"{"min_samples": null}"#, "min_samples"),
+    ] {
+        let e = patch_controller(&ControllerParams::default(), &Algorithm::default(), json)
+            .unwrap_err();
+        assert_eq!(e.len(), 1, "{json}: {e:?}");
+        assert_eq!(e[0].location(), field, "{json}");
+        assert!(e[0].message().contains("null is no value"), "{json}: {e:?}");
+    }
+}
+
 #[test]
 fn a_change_keeps_a_token_buckets_capacity_within_what_it_holds() {
     // 10^6 req/s for 2 h is 7.2 × 10^9 tokens; the bucket holds 2^32 − 1.
