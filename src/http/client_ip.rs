@@ -99,13 +99,15 @@ impl ClientIpResolver {
             .into_iter()
             .flat_map(right_to_left)
             .map(|entry| Some(entry.trim_ascii()));
-        // Each `Forwarded` element's `for=`, unquoted (a quoted string holding a comma
-        // only splits elements left of the proxies that wrote theirs).
+        // Each `Forwarded` element's `for=`, unquoted.
         let forwarded =
             (self.header == ClientIpHeader::Forwarded).then(|| headers.get_all("forwarded"));
         let elements = forwarded
             .into_iter()
-            .flat_map(right_to_left)
+            .flat_map(|all| all.into_iter().rev())
+            .flat_map(|v| Elements {
+                rest: Some(v.as_bytes()),
+            })
             .map(forwarded_for);
         for entry in entries.chain(elements) {
             let ip = entry
@@ -170,10 +172,73 @@ fn right_to_left(all: GetAll<'_, HeaderValue>) -> impl Iterator<Item = &[u8]> {
         .flat_map(|v| v.as_bytes().rsplit(|&b| b == b','))
 }
 
+/// A `Forwarded` header line's elements, the last first: split at the commas outside
+/// quoted strings (RFC 7239 §4: a value may be a quoted string, holding commas and
+/// semicolons, such as a `host` a proxy writes after `for`), found from the right,
+/// where the trusted proxies wrote theirs: what a client wrote on the left, its quotes
+/// balanced or not, cannot move where theirs split. (Split at every comma, a host of
+/// `"a,for=6.6.6.6"` in a trusted proxy's own element gave the client the address it
+/// wrote there.)
+struct Elements<'a> {
+    rest: Option<&'a [u8]>,
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.rest?;
+        let mut quoted = false;
+        for i in (0..rest.len()).rev() {
+            match rest[i] {
+                b'"' if !escaped(rest, i) => quoted = !quoted,
+                b',' if !quoted => {
+                    self.rest = Some(&rest[..i]);
+                    return Some(&rest[i + 1..]);
+                }
+                _ => {}
+            }
+        }
+        self.rest = None;
+        Some(rest)
+    }
+}
+
+/// Whether the byte at `i` is escaped inside a quoted string: an odd run of
+/// backslashes before it.
+fn escaped(bytes: &[u8], i: usize) -> bool {
+    bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
+}
+
+/// An element's `name=value` pairs, in order, split at the semicolons outside quoted
+/// strings (the element is a trusted proxy's, its quotes balanced).
+fn pairs(element: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let (mut quoted, mut escape) = (false, false);
+    // `split` asks of each byte once, in order, as the pairs are taken.
+    element.split(move |&b| {
+        if escape {
+            escape = false;
+            return false;
+        }
+        match b {
+            b'\\' if quoted => {
+                escape = true;
+                false
+            }
+            b'"' => {
+                quoted = !quoted;
+                false
+            }
+            b';' => !quoted,
+            _ => false,
+        }
+    })
+}
+
 /// The node of a `Forwarded` element's `for=` parameter (its name in any case), without
 /// its quotes; `None` for an element without one.
 fn forwarded_for(element: &[u8]) -> Option<&[u8]> {
-    element.split(|&b| b == b';').find_map(|pair| {
+    pairs(element).find_map(|pair| {
         let pair = pair.trim_ascii();
         let (name, value) = pair.split_at(pair.iter().position(|&b| b == b'=')?);
         if !name.trim_ascii().eq_ignore_ascii_case(b"for") {
@@ -337,6 +402,27 @@ mod tests {
         // From an untrusted peer, it counts for nothing.
         let h = forwarded(&["for=203.0.113.7"]);
         assert_eq!(r.resolve(Some(ip("1.2.3.4")), &h), Some(ip("1.2.3.4")));
+    }
+
+    /// A quoted value in a trusted proxy's element may hold commas and semicolons (a
+    /// host is a reg-name, which may): they split nothing. (A host of
+    /// `"a,for=6.6.6.6;x="` after the proxy's `for=` gave the client 6.6.6.6.) Quotes a
+    /// client wrote on the left, unbalanced or not, do not move the proxies' split.
+    #[test]
+    fn a_quoted_forwarded_value_splits_no_element_and_no_pair() {
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()])
+            .with_header(ClientIpHeader::Forwarded);
+        let peer = Some(ip("10.0.0.1"));
+        let h = forwarded(&[r#"for=203.0.113.7;host="a,for=6.6.6.6;x=";proto=https"#]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        let h = forwarded(&[r#"host="a;for=6.6.6.6";for=203.0.113.7"#]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        let h = forwarded(&[r#"host="a\",for=6.6.6.6";for=203.0.113.7"#]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        let h = forwarded(&[r#"for="6.6.6.6, for=203.0.113.7;host="shop""#]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        let h = forwarded(&[r#"for="6.6.6.6"#, "for=203.0.113.7"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
     }
 
     /// Only the header chosen is read. A proxy that writes `Forwarded` and passes on

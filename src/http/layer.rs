@@ -346,7 +346,10 @@ impl AdmissionLayer {
     /// Runs [`upkeep`](Self::upkeep) every [`UPKEEP_EVERY`] on the current tokio
     /// runtime, as `rocgate serve` does, until every clone of this layer and every
     /// service it built is dropped (or the handle is aborted). Call it once, after
-    /// `build`, from inside the runtime; outside one it returns tokio's error.
+    /// `build`, from inside the runtime; outside one it returns tokio's error. The
+    /// runtime must have its timer enabled (`enable_time` or `enable_all`, as
+    /// `#[tokio::main]` has it): in one without, the task panics at its first tick
+    /// ("timers are disabled", on stderr and in the handle) and no upkeep runs.
     pub fn spawn_upkeep(
         &self,
     ) -> Result<tokio::task::JoinHandle<()>, tokio::runtime::TryCurrentError> {

@@ -177,7 +177,8 @@ fn millis_up(wait: Duration) -> u64 {
 /// algorithms, the whole requests their window admits ([`window_policy`]).
 fn policy(engine: &Engine, route: RouteId, limit_rps: f64) -> (u64, u64) {
     match engine.algorithm(route) {
-        Some(Algorithm::Concurrency { .. }) => (limit_rps.floor() as u64, 0),
+        // The permits the limiter grants, rounded as it rounds them.
+        Some(Algorithm::Concurrency { .. }) => (u64::from(crate::limiter::permits(limit_rps)), 0),
         Some(Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window }) => {
             window_policy(limit_rps, *window)
         }
@@ -453,6 +454,31 @@ mod tests {
         );
         let route = engine.route_at(0).unwrap();
         (engine, route)
+    }
+
+    /// A concurrency route's quota is the permits its limiter grants: a tier key's
+    /// limit recovering to 16 between 1 and 23 comes out a rounding error short
+    /// (15.999999999999998), the limiter grants 16, and the policy says 16 (it said
+    /// 15).
+    #[test]
+    fn a_concurrency_quota_states_the_permits_granted() {
+        let limit = 1.0 + (23.0 - 1.0) * ((16.0 - 1.0) / (23.0 - 1.0));
+        assert!(limit < 16.0, "{limit}");
+        let granted = crate::limiter::Concurrency::new(limit, 0);
+        let held: Vec<_> = (0..20)
+            .map(|_| granted.check())
+            .filter(|d| d.is_admit())
+            .collect();
+        assert_eq!(held.len(), 16);
+        let mut r = RouteConfig::new("conc", RouteMatch::prefix("/"));
+        r.algorithm = Algorithm::Concurrency { queue: 0 };
+        r.controller.base_limit_rps = 23.0;
+        r.controller.cut_limit_rps = 1.0;
+        let engine =
+            Engine::new(&Config::new(vec![r]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+        let route = engine.route_at(0).unwrap();
+        assert_eq!(policy(&engine, route, limit), (16, 0));
+        assert_eq!(policy(&engine, route, 16.5), (16, 0));
     }
 
     #[test]

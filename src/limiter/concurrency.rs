@@ -193,7 +193,7 @@ impl Concurrency {
 /// a rounding error short of a whole number is that number. A key's limit is computed
 /// as `cut + (base − cut) × progress`, which for a route recovering at 16 between 1 and
 /// 23 comes out as 15.999999999999998, and must give the route's 16 permits.
-fn permits(limit: f64) -> u32 {
+pub(crate) fn permits(limit: f64) -> u32 {
     let whole = limit.round();
     let n = if (limit - whole).abs() <= 1e-9 * whole.abs().max(1.0) {
         whole

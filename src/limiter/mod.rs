@@ -51,6 +51,8 @@ mod token_bucket;
 mod window;
 pub(crate) mod words;
 
+#[cfg(feature = "http")]
+pub(crate) use concurrency::permits;
 pub use concurrency::{Concurrency, Permit, Ticket};
 pub use leaky::LeakyBucket;
 pub use token_bucket::TokenBucket;
