@@ -243,7 +243,15 @@ fn bad_lines_are_counted_with_their_line_numbers() {
         "{err:?}"
     );
     let msg = err.to_string();
-    assert!(msg.contains("2 of 46 lines (4.3%)"), "{msg}");
+    assert!(msg.contains("2 of 46 lines (4.35%)"), "{msg}");
+    // Just past 1% reads past it (3 of 297 read "1.0%", more than 1%).
+    let mut over =
+        "203.0.113.7 - - [27/Nov/2026:20:00:00 +0100] \"GET / HTTP/1.1\" 200 1\n".repeat(294);
+    over.push_str("garbage\n".repeat(3).as_str());
+    let past = read(&config(), LogOptions::default(), &over)
+        .unwrap_err()
+        .to_string();
+    assert!(past.contains("3 of 297 lines (1.01%)"), "{past}");
     assert!(
         msg.contains("sale.log:45: no ident and user fields") && msg.contains("sale.log:46:"),
         "{msg}"
@@ -426,6 +434,46 @@ fn from_and_to_bound_the_replay() {
         LogReader::new(&config(), reversed),
         Err(LogError::EmptyBounds)
     ));
+}
+
+/// A log too long to replay is refused with where its span starts and ends: the
+/// earliest and the latest request and where each was read, or the bound given. (It
+/// said only the span: one line with a wrong year in a large log had to be searched
+/// for.)
+#[test]
+fn a_log_too_long_names_its_earliest_and_latest_request() {
+    let mut text = sale_log(&[2, 2, 2]);
+    text.push_str(&line("203.0.113.7", 0, "POST", "/api/order").replace("2026", "2025"));
+    let mut reader = LogReader::new(&config(), LogOptions::default()).unwrap();
+    reader.read("a.log", text.as_bytes()).unwrap();
+    reader.read("b.log", sale_log(&[1]).as_bytes()).unwrap();
+    let lines = text.lines().count();
+    let latest = 1 + text
+        .lines()
+        .position(|l| l.contains(&logged_time(2)))
+        .unwrap();
+    let Err(e) = reader.finish() else {
+        panic!("a year of requests replayed");
+    };
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "the replay would span 31536003 s, more than 1000000 s: from 2025-11-27T19:00:00Z (the earliest request, a.log:{lines}) to 2026-11-27T19:00:02Z (the latest request, a.log:{latest})"
+        )
+    );
+    // A bound given is named as such.
+    let far = {
+        let mut v = LogOptions::default();
+        v.to = Some(UNIX_EPOCH + Duration::from_secs(SALE_UNIX_S as u64 + 2_000_000));
+        v
+    };
+    let mut reader = LogReader::new(&config(), far).unwrap();
+    reader.read("a.log", sale_log(&[2]).as_bytes()).unwrap();
+    let e = reader.finish().err().unwrap().to_string();
+    assert!(
+        e.ends_with("from 2026-11-27T19:00:00Z (the earliest request, a.log:1) to 2026-12-20T22:33:20Z (the `to` bound)"),
+        "{e}"
+    );
 }
 
 /// The flash-sale scenario's per-second counts: 40 req/s, 600 from 20 s to 40 s, then

@@ -386,6 +386,31 @@ fn gzip(text: &str) -> Vec<u8> {
     gz.finish().unwrap()
 }
 
+/// `--access-log -` reads standard input gzip-compressed or not, as a file is read
+/// (it was read as text only, and a compressed log was refused as not an access log).
+#[test]
+fn an_access_log_on_stdin_may_be_gzip_compressed() {
+    use std::io::Write;
+    use std::process::Stdio;
+    for input in [gzip(&flash_sale_log()), flash_sale_log().into_bytes()] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["simulate", "--access-log", "-"])
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run rocgate");
+        let mut stdin = child.stdin.take().unwrap();
+        let writer = std::thread::spawn(move || stdin.write_all(&input));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        assert!(stdout.contains("13660 requests replayed"), "{stdout}");
+    }
+}
+
 #[test]
 fn an_access_log_replays_every_route_it_reaches() {
     let dir = tempfile::tempdir().unwrap();
@@ -493,7 +518,7 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains("2 of 122 lines (1.6%) are not access-log lines"),
+        stderr.contains("2 of 122 lines (1.64%) are not access-log lines"),
         "{stderr}"
     );
     assert!(
@@ -642,6 +667,33 @@ fn bad_sweeps_exit_2_with_the_reason() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
         assert!(out.stdout.is_empty(), "{args:?}: nothing ran");
     }
+}
+
+/// A point whose run cannot be made (too many slots for the traffic's span) is named
+/// in the error, with the flag: the error said only what the run needed, and suggested
+/// `--from/--to`, where the swept `slot` was the cause.
+#[test]
+fn a_sweep_point_whose_run_fails_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("long.csv");
+    std::fs::write(&profile, "t_seconds,rate\n0,10\n2000,10\n").unwrap();
+    let out = rocgate(&[
+        "simulate",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--sweep",
+        "slot=0.1,0.001",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("--sweep at slot=0.001: profile "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("needs 2000000 slots, more than 1000000"),
+        "{stderr}"
+    );
 }
 
 #[test]

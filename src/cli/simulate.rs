@@ -323,8 +323,10 @@ fn log_traffic(
     let mut names = Vec::new();
     for path in &args.access_logs {
         let name = if path.as_os_str() == "-" {
+            let input = access_log::sniffed(io::stdin())
+                .map_err(|e| bad_input(format!("stdin: cannot read the access log: {e}")))?;
             reader
-                .read("stdin", io::stdin().lock())
+                .read("stdin", input)
                 .map_err(|e| bad_input(e.to_string()))?;
             "stdin".to_owned()
         } else {
@@ -342,6 +344,9 @@ fn log_traffic(
         bad_input(match e {
             LogError::TooManyUnparsable { .. } => {
                 format!("{}: {e} (--lenient replays the rest)", names.join(", "))
+            }
+            LogError::TooLong { .. } => {
+                format!("{}: {e}; replay a part with --from/--to", names.join(", "))
             }
             e => format!("{}: {e}", names.join(", ")),
         })
@@ -522,7 +527,9 @@ fn run_sweep(
     let rows = sweep
         .run(sim, threads, |s| traffic.run(s))
         .map_err(|e| match e {
-            rocgate::sim::SweepError::Run { error, .. } => run_failure(label, traffic, error),
+            rocgate::sim::SweepError::Run { point, error } => {
+                run_failure(&format!("--sweep at {point}: {label}"), traffic, error)
+            }
             e => bad_input(format!("--sweep: {e}")),
         })?;
     out!(

@@ -50,7 +50,8 @@
 //! profile's uniform arrivals are) or, with [`Spread::Random`], at independent uniform
 //! random times drawn from the seed; the routes' requests are then interleaved by
 //! time. Lines need not be in time order (servers write a line when a request ends);
-//! within a second and a route, the log's order is kept. Time zero of the run is
+//! evenly spread, a route's requests of a second keep the log's order; randomly
+//! spread, each takes its own time, so their order is the draws'. Time zero of the run is
 //! the start of `from` (whole seconds, rounded down) or of the first logged second, and
 //! the run ends at `to` (rounded up) or after the last logged second. The client
 //! address is the key of routes partitioned by client IP; routes partitioned by a
@@ -139,22 +140,22 @@ fn split_request(request: &[u8]) -> Option<(&[u8], &[u8])> {
     (protocol_ok && is_token).then_some((method, target))
 }
 
-/// The path of a request target: no query, and no `scheme://authority` in front.
+/// The path of a request target as `serve` reads it (the `http` crate's URI parser):
+/// no query, no fragment, and no `scheme://authority` in front, the authority ending
+/// at the first `/`, `?` or `#` (`http://shop.example?next=/api` has the path `/`).
 fn path_of(target: &[u8]) -> &[u8] {
+    let ends_path = |b: &u8| matches!(b, b'?' | b'#');
     let target = match find(target, b"://") {
         Some(i) if target[..i].iter().all(u8::is_ascii_alphabetic) => {
             let rest = &target[i + 3..];
-            match rest.iter().position(|&b| b == b'/') {
-                Some(j) => &rest[j..],
-                None => b"/",
+            match rest.iter().position(|b| *b == b'/' || ends_path(b)) {
+                Some(j) if rest[j] == b'/' => &rest[j..],
+                _ => b"/",
             }
         }
         _ => target,
     };
-    let end = target
-        .iter()
-        .position(|&b| b == b'?')
-        .unwrap_or(target.len());
+    let end = target.iter().position(ends_path).unwrap_or(target.len());
     &target[..end]
 }
 
@@ -427,7 +428,9 @@ pub enum Spread {
     /// Request k of n at `k + ½` n-ths of the second.
     #[default]
     Even,
-    /// At sorted uniform random times drawn from the seed (PCG-64 MCG).
+    /// At independent uniform random times in their second, drawn from the seed
+    /// (PCG-64 MCG), and replayed in time order: a second's requests are in the
+    /// order of their draws, not of the log.
     Random {
         /// The generator's seed.
         seed: u64,
@@ -555,7 +558,7 @@ pub enum LogError {
     },
     /// Too many lines are not access-log lines.
     #[error(
-        "{unparsable} of {lines} lines ({:.1}%) are not access-log lines (common or combined format), more than {:.0}%; first: {}",
+        "{unparsable} of {lines} lines ({:.2}%) are not access-log lines (common or combined format), more than {:.0}%; first: {}",
         100.0 * *unparsable as f64 / (*lines).max(1) as f64,
         100.0 * MAX_UNPARSABLE_FRACTION,
         first.iter().map(BadLine::to_string).collect::<Vec<_>>().join("; ")
@@ -575,13 +578,28 @@ pub enum LogError {
         stats: Box<LogStats>,
     },
     /// The logged requests span more time than a run may.
-    #[error(
-        "the requests span {span_s} s, more than {MAX_SLOTS} s: choose a part with `from` and `to`"
-    )]
+    #[error("the replay would span {span_s} s, more than {MAX_SLOTS} s: from {start} to {end}")]
     TooLong {
         /// The span, seconds.
         span_s: i64,
+        /// Where it starts: the `from` bound, or the earliest request and where it
+        /// was read.
+        start: String,
+        /// Where it ends: the `to` bound, or the latest request and where it was
+        /// read.
+        end: String,
     },
+}
+
+/// Unix seconds as an RFC 3339 time when between 1970 and 9999, else as a number.
+fn unix_text(unix_s: i64) -> String {
+    match u64::try_from(unix_s) {
+        Ok(s) if s < 253_402_300_800 => {
+            humantime::format_rfc3339_seconds(UNIX_EPOCH + std::time::Duration::from_secs(s))
+                .to_string()
+        }
+        _ => format!("unix {unix_s} s"),
+    }
 }
 
 fn describe(s: &LogStats) -> String {
@@ -674,6 +692,12 @@ pub struct LogReader {
     stats: LogStats,
     /// The last time field parsed and its value: consecutive lines mostly share it.
     last_time: (Vec<u8>, i64),
+    /// The inputs read, by name, in order.
+    sources: Vec<String>,
+    /// The earliest and the latest request replayed: its second, and where it was
+    /// read (input, line), for an error that names them.
+    earliest: Option<(i64, (usize, u64))>,
+    latest: Option<(i64, (usize, u64))>,
 }
 
 impl LogReader {
@@ -717,6 +741,9 @@ impl LogReader {
             clients: Vec::new(),
             stats: LogStats::default(),
             last_time: (Vec::new(), 0),
+            sources: Vec::new(),
+            earliest: None,
+            latest: None,
         })
     }
 
@@ -724,6 +751,7 @@ impl LogReader {
     pub fn read(&mut self, source: &str, mut input: impl BufRead) -> Result<(), LogError> {
         let mut buf = Vec::with_capacity(512);
         let mut line_no = 0u64;
+        self.sources.push(source.to_owned());
         let io = |error| LogError::Io {
             name: source.to_owned(),
             error,
@@ -798,6 +826,13 @@ impl LogReader {
             return;
         }
         self.stats.replayed += 1;
+        let (t, here) = (l.time_unix_s, (self.sources.len() - 1, line_no));
+        if self.earliest.is_none_or(|(first, _)| t < first) {
+            self.earliest = Some((t, here));
+        }
+        if self.latest.is_none_or(|(last, _)| t > last) {
+            self.latest = Some((t, here));
+        }
         if !self.by_ip[route] {
             self.counts.add(l.time_unix_s, route as u32);
             return;
@@ -885,7 +920,20 @@ impl LogReader {
         let end_s = self.to_s.unwrap_or(last + 1);
         let span_s = end_s - start_s;
         if span_s > MAX_SLOTS as i64 {
-            return Err(LogError::TooLong { span_s });
+            let logged = |seen: Option<(i64, (usize, u64))>, which: &str| {
+                let (t, (source, line)) = seen.unwrap_or((0, (0, 0)));
+                let source = self.sources.get(source).map_or("", String::as_str);
+                format!("{} ({which} request, {source}:{line})", unix_text(t))
+            };
+            let start = match self.from_s {
+                Some(from) => format!("{} (the `from` bound)", unix_text(from)),
+                None => logged(self.earliest, "the earliest"),
+            };
+            let end = match self.to_s {
+                Some(to) => format!("{} (the `to` bound)", unix_text(to)),
+                None => logged(self.latest, "the latest"),
+            };
+            return Err(LogError::TooLong { span_s, start, end });
         }
         let mut counted: Vec<(i64, u32, u32)> = std::mem::take(&mut self.counts.done)
             .into_iter()
@@ -1234,27 +1282,33 @@ impl FusedIterator for LogRequests<'_> {}
 /// by its first bytes, not its name; concatenated gzip members, as `logrotate` and
 /// `cat a.gz b.gz` make, are read through).
 pub fn open(path: &std::path::Path) -> io::Result<Box<dyn BufRead + Send>> {
-    let mut file = io::BufReader::with_capacity(1 << 16, std::fs::File::open(path)?);
-    let gzip = file.fill_buf()?.starts_with(&[0x1f, 0x8b]);
+    sniffed(std::fs::File::open(path)?)
+}
+
+/// An access log read from `input` (standard input, say), gzip-compressed or not, as
+/// [`open`] reads a file.
+pub fn sniffed<R: io::Read + Send + 'static>(input: R) -> io::Result<Box<dyn BufRead + Send>> {
+    let mut input = io::BufReader::with_capacity(1 << 16, input);
+    let gzip = input.fill_buf()?.starts_with(&[0x1f, 0x8b]);
     if !gzip {
-        return Ok(Box::new(file));
+        return Ok(Box::new(input));
     }
-    gunzip(file)
+    gunzip(input)
 }
 
 #[cfg(feature = "gzip")]
-fn gunzip(file: io::BufReader<std::fs::File>) -> io::Result<Box<dyn BufRead + Send>> {
+fn gunzip<R: BufRead + Send + 'static>(input: R) -> io::Result<Box<dyn BufRead + Send>> {
     Ok(Box::new(io::BufReader::with_capacity(
         1 << 16,
-        flate2::bufread::MultiGzDecoder::new(file),
+        flate2::bufread::MultiGzDecoder::new(input),
     )))
 }
 
 #[cfg(not(feature = "gzip"))]
-fn gunzip(_: io::BufReader<std::fs::File>) -> io::Result<Box<dyn BufRead + Send>> {
+fn gunzip<R: BufRead + Send + 'static>(_: R) -> io::Result<Box<dyn BufRead + Send>> {
     Err(io::Error::new(
         io::ErrorKind::Unsupported,
-        "the file is gzip-compressed, and this build reads no gzip (feature `gzip`)",
+        "the input is gzip-compressed, and this build reads no gzip (feature `gzip`)",
     ))
 }
 
@@ -1369,5 +1423,32 @@ mod tests {
         assert_eq!(split_request(b"GET /x HTTP/1.1 extra"), None);
         assert_eq!(split_request(b"G(T /x HTTP/1.1"), None);
         assert_eq!(split_request(b"GET /x"), Some((&b"GET"[..], &b"/x"[..])));
+    }
+
+    /// The path is the one `serve` matches, which the `http` crate's parser gives: a
+    /// fragment is no part of it, and an absolute target's authority ends at a `?` or
+    /// a `#` too. (A `/` in the query of `http://shop.example?next=/api/order` began
+    /// the path, and `#top` stayed on it.)
+    #[cfg(feature = "http")]
+    #[test]
+    fn a_targets_path_is_the_one_serve_matches() {
+        for target in [
+            "/api/order",
+            "/api/order?id=1",
+            "/api/order#top",
+            "/api/order?a=b#top",
+            "http://shop.example?next=/api/order",
+            "http://shop.example#/api/order",
+            "http://shop.example/api/order#x",
+            "https://shop.example:8443/api/order?x=/y",
+            "http://shop.example",
+        ] {
+            let uri: http::Uri = target.parse().unwrap();
+            assert_eq!(
+                std::str::from_utf8(path_of(target.as_bytes())).unwrap(),
+                uri.path(),
+                "{target}"
+            );
+        }
     }
 }
