@@ -110,9 +110,12 @@ use redis::{
     Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult, Script, ServerErrorKind,
     ToRedisArgs, Value,
 };
+use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// One decision on a route's shared state.
@@ -889,14 +892,13 @@ impl RedisStore {
             0 => 0,
             _ => r.owed.swap(0, Ordering::Relaxed),
         };
-        // The call runs in a task of its own, to its answer or its `timeout`: a
-        // decision whose caller stops waiting first (its client gone, a deadline
-        // shorter than `timeout`) still tells the breaker how Redis answered, so a
-        // stalled Redis opens it whoever waits, and a debit it carried is owed again
-        // if Redis did not answer.
+        // The call runs to its answer or its `timeout` even if this decision's caller
+        // stops waiting first (its client gone, a deadline shorter than `timeout`):
+        // the breaker learns how Redis answered, so a stalled Redis opens it whoever
+        // waits, and a debit it carried is owed again if Redis did not answer.
         let call = {
             let (inner, r) = (Arc::clone(inner), Arc::clone(&r));
-            tokio::spawn(async move {
+            RunsToEnd::new(async move {
                 let reply = inner.call(&r, 1, true, owed).await;
                 if reply.is_none() {
                     // Owed still: the call may have been applied anyway (a timeout on
@@ -907,7 +909,7 @@ impl RedisStore {
                 reply
             })
         };
-        let Some(reply) = call.await.ok().flatten() else {
+        let Some(reply) = call.await else {
             return inner.fallback(&r, mode, base, now);
         };
         let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
@@ -1790,6 +1792,43 @@ async fn sync(
     if let Some(more) = flush(&inner, &r, slot).await {
         if let Some(reply) = inner.call(&r, more, false, 0).await {
             inner.absorb(&r, reply, || params);
+        }
+    }
+}
+
+/// A future that, dropped before it is done, is finished on a task of its own: where
+/// what it does matters beyond its caller's answer. Costs a box, and a task only when
+/// dropped early (a task for every call added about 7% to an exact decision's median
+/// on loopback, 92.7 → 99.7 µs in `cargo bench --bench store`; the box is within the
+/// noise).
+struct RunsToEnd<F: Future<Output = Option<Reply>> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output = Option<Reply>> + Send + 'static> RunsToEnd<F> {
+    fn new(future: F) -> Self {
+        RunsToEnd(Some(Box::pin(future)))
+    }
+}
+
+impl<F: Future<Output = Option<Reply>> + Send + 'static> Future for RunsToEnd<F> {
+    type Output = Option<Reply>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Reply>> {
+        let Some(future) = self.0.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let done = future.as_mut().poll(cx);
+        if done.is_ready() {
+            self.0 = None;
+        }
+        done
+    }
+}
+
+impl<F: Future<Output = Option<Reply>> + Send + 'static> Drop for RunsToEnd<F> {
+    fn drop(&mut self) {
+        if let (Some(future), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(future);
         }
     }
 }
