@@ -2128,6 +2128,63 @@ async fn a_fallback_debit_outlives_a_probe_whose_caller_gave_up() {
     );
 }
 
+/// A debit in flight when a reload rebuilds the route (its call waiting on a stopped
+/// Redis, its caller gone) is owed, if the call fails, by the route that replaced it,
+/// whose next call that reaches Redis sends it. (It was owed by the retired route, which
+/// makes no call: the shared bucket came back as if nothing had been admitted in
+/// fallback.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debit_in_flight_through_a_rebuild_is_owed_by_the_new_route() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut config = store_config(&server, "debit-rebuilt");
+    // Room for the reload while the probe's call waits.
+    config.timeout = Duration::from_millis(500);
+    let mut inst = Instance::system(&route(1.0, Duration::from_secs(100)), &config);
+    beat_answered(&inst.store).await;
+    assert!(inst.check().await.is_admit());
+    server.signal("-STOP");
+    let mut in_fallback = 0;
+    while inst.store.mode() != StoreMode::Fallback {
+        in_fallback += usize::from(inst.check().await.is_admit());
+    }
+    for _ in 0..40 {
+        in_fallback += usize::from(inst.check().await.is_admit());
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await; // a probe is due
+    let gone = tokio::time::timeout(Duration::from_millis(1), inst.check()).await;
+    assert!(gone.is_err(), "the probe was answered at once");
+    // Another burst: the route is rebuilt at its next decision.
+    inst.reload(route(1.0, Duration::from_secs(101)));
+    in_fallback += usize::from(inst.check().await.is_admit());
+    // The probe's call times out.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.signal("-CONT");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while inst.store.mode() != StoreMode::Shared {
+        assert!(tokio::time::Instant::now() < deadline, "not back on Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = inst.store.mode();
+        let admitted = inst.check().await.is_admit();
+        if before == StoreMode::Fallback && inst.store.mode() == StoreMode::Fallback {
+            in_fallback += usize::from(admitted);
+        }
+    }
+    let tokens: f64 = redis::cmd("HGET")
+        .arg("{debit-rebuilt:order}:b")
+        .arg("tokens")
+        .query::<String>(&mut server.connection().unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(in_fallback >= 40, "{in_fallback}");
+    let most = 101.0 - in_fallback as f64 + 8.0;
+    assert!(
+        tokens <= most,
+        "the shared bucket came back at {tokens:.1} tokens after {in_fallback} fallback admissions (at most {most:.1} once debited)"
+    );
+}
+
 /// `GET /admin/store`'s `mode` is the breakers': a decision that fell back on one
 /// failure of fewer than `failures_to_open` in a row counts in `fallback_decisions`
 /// and leaves the instance `shared`.

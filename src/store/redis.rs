@@ -601,6 +601,9 @@ struct SharedRoute {
     /// Redis, to be debited from the shared bucket by the next call that does, so
     /// that the shared bucket does not refill for time the fleet already used.
     owed: AtomicU64,
+    /// The route that replaced this one (a reload rebuilt it), to which what is owed
+    /// here goes ([`SharedRoute::owe`]).
+    successor: std::sync::OnceLock<Weak<SharedRoute>>,
     admitted: Counter,
     rejected: Counter,
     shadow_rejected: Counter,
@@ -615,6 +618,19 @@ struct SharedRoute {
 }
 
 impl SharedRoute {
+    /// Owes `n` tokens the fallback bucket gave to the shared bucket: on this route, or
+    /// on the one that replaced it if a reload has (a decision in flight on this one
+    /// when it was rebuilt would otherwise leave its debit where no call sends it).
+    fn owe(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.owed.fetch_add(n, Ordering::Relaxed);
+        if let Some(next) = self.successor.get().and_then(Weak::upgrade) {
+            next.owe(self.owed.swap(0, Ordering::Relaxed));
+        }
+    }
+
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
         self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -904,7 +920,7 @@ impl RedisStore {
                     // Owed still: the call may have been applied anyway (a timeout on
                     // a Redis that answers later), so this can debit twice, never not
                     // at all.
-                    r.owed.fetch_add(owed, Ordering::Relaxed);
+                    r.owe(owed);
                 }
                 reply
             })
@@ -1190,6 +1206,7 @@ impl Inner {
             fallback: TokenBucket::new(share, burst, now),
             fallback_limit: AtomicU64::new(share.to_bits()),
             owed: AtomicU64::new(0),
+            successor: std::sync::OnceLock::new(),
             admitted: counter("admitted"),
             rejected: counter("rejected"),
             shadow_rejected: counter("shadow_rejected"),
@@ -1210,8 +1227,11 @@ impl Inner {
                 .store(old.tokens.load(Ordering::Relaxed), Ordering::Relaxed);
             r.tokens_at
                 .store(old.tokens_at.load(Ordering::Relaxed), Ordering::Relaxed);
+            // What it owes, and what decisions still in flight on it come to owe
+            // (set first, so that none is left behind).
+            let _ = old.successor.set(Arc::downgrade(&r));
             let owed = old.owed.swap(0, Ordering::Relaxed);
-            r.owed.fetch_add(owed, Ordering::Relaxed);
+            r.owe(owed);
             // Batched mode: the arrivals not yet synced go with the rebuilt route's
             // first sync (the shared window would otherwise miss a slot of them).
             let pending = old.pending.swap(0, Ordering::Relaxed);
@@ -1424,7 +1444,7 @@ impl Inner {
                 admit => {
                     // Exact mode debits it from the shared bucket once Redis answers.
                     if self.config.mode == SyncMode::Exact {
-                        r.owed.fetch_add(1, Ordering::Relaxed);
+                        r.owe(1);
                     }
                     return (admit, None);
                 }
