@@ -2073,6 +2073,69 @@ async fn a_stalled_redis_opens_the_breaker_when_its_callers_give_up_first() {
     );
 }
 
+/// Decides on `inst` until it falls back, then `more` times; the requests admitted in
+/// fallback.
+async fn into_fallback(inst: &Instance, more: usize) -> usize {
+    let mut admitted = 0;
+    while inst.store.mode() != StoreMode::Fallback {
+        admitted += usize::from(inst.check().await.is_admit());
+    }
+    for _ in 0..more {
+        admitted += usize::from(inst.check().await.is_admit());
+    }
+    admitted
+}
+
+/// Waits for a probe to be due, and makes it: its caller leaves after 1 ms, its call
+/// to the stopped Redis goes on.
+async fn leave_a_probe_waiting(inst: &Instance) {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let gone = tokio::time::timeout(Duration::from_millis(1), inst.check()).await;
+    assert!(gone.is_err(), "the probe was answered at once");
+}
+
+/// Decides on `inst` every 20 ms until it is back on Redis (within 3 s); the requests
+/// admitted in fallback meanwhile.
+async fn back_on_redis(inst: &Instance) -> usize {
+    let mut admitted = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while inst.store.mode() != StoreMode::Shared {
+        assert!(tokio::time::Instant::now() < deadline, "not back on Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = inst.store.mode();
+        let decided = inst.check().await.is_admit();
+        if before == StoreMode::Fallback && inst.store.mode() == StoreMode::Fallback {
+            admitted += usize::from(decided);
+        }
+    }
+    admitted
+}
+
+/// Asserts that the shared bucket of route `order` under `prefix`, of `capacity`
+/// tokens refilling at 1/s, was debited what was admitted in fallback: it holds at
+/// most its capacity, less that, plus `refill` tokens.
+fn assert_debited(
+    server: &RedisServer,
+    prefix: &str,
+    capacity: f64,
+    in_fallback: usize,
+    refill: f64,
+) {
+    let tokens: f64 = redis::cmd("HGET")
+        .arg(format!("{{{prefix}:order}}:b"))
+        .arg("tokens")
+        .query::<String>(&mut server.connection().unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(in_fallback >= 40, "{in_fallback}");
+    let most = capacity - in_fallback as f64 + refill;
+    assert!(
+        tokens <= most,
+        "the shared bucket came back at {tokens:.1} tokens after {in_fallback} fallback admissions (at most {most:.1} once debited)"
+    );
+}
+
 /// What an instance admitted in fallback goes with the first call that reaches Redis
 /// again; a probe carrying it whose caller gives up before Redis answers keeps it
 /// owed, and a later call debits it. (The probe's future was dropped with the debit,
@@ -2088,44 +2151,15 @@ async fn a_fallback_debit_outlives_a_probe_whose_caller_gave_up() {
     beat_answered(&inst.store).await;
     assert!(inst.check().await.is_admit());
     server.signal("-STOP");
-    let mut in_fallback = 0;
-    while inst.store.mode() != StoreMode::Fallback {
-        in_fallback += usize::from(inst.check().await.is_admit());
-    }
+    let mut in_fallback = into_fallback(&inst, 0).await;
     // Past a failed heartbeat, which replaces the connection.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    for _ in 0..40 {
-        in_fallback += usize::from(inst.check().await.is_admit());
-    }
-    tokio::time::sleep(Duration::from_millis(150)).await; // a probe is due
-    let gone = tokio::time::timeout(Duration::from_millis(1), inst.check()).await;
-    assert!(gone.is_err(), "the probe was answered at once");
+    in_fallback += into_fallback(&inst, 40).await;
+    leave_a_probe_waiting(&inst).await;
     server.signal("-CONT");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while inst.store.mode() != StoreMode::Shared {
-        assert!(tokio::time::Instant::now() < deadline, "not back on Redis");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let before = inst.store.mode();
-        let admitted = inst.check().await.is_admit();
-        if before == StoreMode::Fallback && inst.store.mode() == StoreMode::Fallback {
-            in_fallback += usize::from(admitted);
-        }
-    }
-    let tokens: f64 = redis::cmd("HGET")
-        .arg("{debit-kept:order}:b")
-        .arg("tokens")
-        .query::<String>(&mut server.connection().unwrap())
-        .unwrap()
-        .parse()
-        .unwrap();
-    // 100, less the shared admissions, plus a few seconds of refill at 1/s, less
-    // what was admitted in fallback.
-    assert!(in_fallback >= 40, "{in_fallback}");
-    let most = 100.0 - in_fallback as f64 + 6.0;
-    assert!(
-        tokens <= most,
-        "the shared bucket came back at {tokens:.1} tokens after {in_fallback} fallback admissions (at most {most:.1} once debited)"
-    );
+    in_fallback += back_on_redis(&inst).await;
+    // A few seconds of refill at 1/s.
+    assert_debited(&server, "debit-kept", 100.0, in_fallback, 6.0);
 }
 
 /// A debit in flight when a reload rebuilds the route (its call waiting on a stopped
@@ -2144,45 +2178,16 @@ async fn a_debit_in_flight_through_a_rebuild_is_owed_by_the_new_route() {
     beat_answered(&inst.store).await;
     assert!(inst.check().await.is_admit());
     server.signal("-STOP");
-    let mut in_fallback = 0;
-    while inst.store.mode() != StoreMode::Fallback {
-        in_fallback += usize::from(inst.check().await.is_admit());
-    }
-    for _ in 0..40 {
-        in_fallback += usize::from(inst.check().await.is_admit());
-    }
-    tokio::time::sleep(Duration::from_millis(150)).await; // a probe is due
-    let gone = tokio::time::timeout(Duration::from_millis(1), inst.check()).await;
-    assert!(gone.is_err(), "the probe was answered at once");
+    let mut in_fallback = into_fallback(&inst, 40).await;
+    leave_a_probe_waiting(&inst).await;
     // Another burst: the route is rebuilt at its next decision.
     inst.reload(route(1.0, Duration::from_secs(101)));
     in_fallback += usize::from(inst.check().await.is_admit());
     // The probe's call times out.
     tokio::time::sleep(Duration::from_millis(600)).await;
     server.signal("-CONT");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while inst.store.mode() != StoreMode::Shared {
-        assert!(tokio::time::Instant::now() < deadline, "not back on Redis");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let before = inst.store.mode();
-        let admitted = inst.check().await.is_admit();
-        if before == StoreMode::Fallback && inst.store.mode() == StoreMode::Fallback {
-            in_fallback += usize::from(admitted);
-        }
-    }
-    let tokens: f64 = redis::cmd("HGET")
-        .arg("{debit-rebuilt:order}:b")
-        .arg("tokens")
-        .query::<String>(&mut server.connection().unwrap())
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(in_fallback >= 40, "{in_fallback}");
-    let most = 101.0 - in_fallback as f64 + 8.0;
-    assert!(
-        tokens <= most,
-        "the shared bucket came back at {tokens:.1} tokens after {in_fallback} fallback admissions (at most {most:.1} once debited)"
-    );
+    in_fallback += back_on_redis(&inst).await;
+    assert_debited(&server, "debit-rebuilt", 101.0, in_fallback, 8.0);
 }
 
 /// `GET /admin/store`'s `mode` is the breakers': a decision that fell back on one
