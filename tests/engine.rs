@@ -2605,3 +2605,48 @@ fn a_new_window_key_just_before_the_index_wraps_gets_its_quota_each_window() {
         "(algorithm, admitted of 1000 far from the wrap, across it)"
     );
 }
+
+/// The route a request is found on, by name: normalized (`route_for`, `serve`'s) and
+/// as written (`route_for_written`, the tower layer's).
+fn found(e: &Engine, method: &str, path: &str) -> [Option<String>; 2] {
+    let name = |id: Option<RouteId>| id.and_then(|id| e.route_name(id)).map(str::to_owned);
+    [
+        name(e.route_for(method, path)),
+        name(e.route_for_written(method, path)),
+    ]
+}
+
+/// Each spelling is matched on its own, never the first route of either: a route
+/// found for the path as written could be an earlier prefix the client put in front of
+/// a later route's path (`/static/../api/login`, which a normalizing upstream serves
+/// as the login), and `OPTIONS *` matched as written took a one-segment template.
+/// As written, a template's parameter of `..` is the template's (axum serves it so).
+#[test]
+fn a_path_is_matched_normalized_or_as_written_never_either() {
+    let template = |name: &str, path: &str| {
+        let mut r = RouteConfig::new(name, RouteMatch::any());
+        r.matcher.path = PathPattern::parse_path(path).unwrap();
+        r
+    };
+    let e = Engine::new(
+        &Config::new(vec![
+            RouteConfig::new("static", RouteMatch::prefix("/static/")),
+            RouteConfig::new("login", RouteMatch::exact("POST", "/api/login")),
+            template("items", "/api/items/{id}"),
+            template("page", "/{page}"),
+            RouteConfig::new("all", RouteMatch::prefix("/")),
+        ]),
+        Nanos::ZERO,
+        SystemTime::UNIX_EPOCH,
+    )
+    .unwrap();
+    let some = |a: &str, b: &str| [Some(a.to_owned()), Some(b.to_owned())];
+    assert_eq!(
+        found(&e, "POST", "/static/../api/login"),
+        some("login", "static")
+    );
+    assert_eq!(found(&e, "GET", "/api/items/.."), some("page", "items"));
+    assert_eq!(found(&e, "GET", "/api/items/7\\x"), some("all", "items"));
+    assert_eq!(found(&e, "OPTIONS", "*"), some("all", "all"));
+    assert_eq!(found(&e, "POST", "/api/login"), some("login", "login"));
+}

@@ -1,5 +1,5 @@
-//! `Engine::route_for` finds the route that trying every route's matcher in config
-//! order finds (first match wins), on random route tables of exact paths, prefixes and
+//! `Engine::route_for` (and `route_for_written`) finds the route that trying every
+//! route's matcher in config order finds (first match wins), on random route tables of exact paths, prefixes and
 //! templates, method-restricted or not, for paths drawn from the table and perturbed.
 
 mod common;
@@ -10,13 +10,16 @@ use rocgate::config::{normalize_path, Config, PathPattern, RouteConfig, RouteMat
 use rocgate::engine::{Engine, SCAN_ROUTES};
 use std::time::SystemTime;
 
-/// The route a linear scan finds: every matcher in config order, first match of the
-/// path as written or normalized wins.
-fn linear(routes: &[RouteConfig], method: &str, path: &str) -> Option<usize> {
-    let normalized = normalize_path(path);
-    routes
-        .iter()
-        .position(|r| r.matcher.matches(method, path) || r.matcher.matches(method, &normalized))
+/// The route a linear scan finds: every matcher in config order, first match wins,
+/// on the normalized path or on `path` as written (a target that is no path read as
+/// `/`).
+fn linear(routes: &[RouteConfig], method: &str, path: &str, normalized: bool) -> Option<usize> {
+    let path = match normalized {
+        true => normalize_path(path),
+        false if !path.starts_with('/') => std::borrow::Cow::Borrowed("/"),
+        false => std::borrow::Cow::Borrowed(path),
+    };
+    routes.iter().position(|r| r.matcher.matches(method, &path))
 }
 
 /// Segments of paths, few enough that routes share them: one a prefix of another
@@ -141,7 +144,7 @@ fn path(routes: &[RouteConfig], pick: usize, filler: &str, change: u8, extra: &s
         9 => base.replacen('a', "%61", 1),
         10 => format!("{base}/../{extra}"),
         // A parameter of `..`, or holding a backslash: a template takes it as
-        // written, normalized it is another path.
+        // written (route_for_written), normalized it is another path (route_for).
         11 => match base.trim_end_matches('/').rsplit_once('/') {
             Some((head, _)) => format!("{head}/.."),
             None => base,
@@ -185,8 +188,14 @@ proptest! {
                 let path = path(&routes, pick, filler, change, extra);
                 prop_assert_eq!(
                     engine.route_for(method, &path).map(|r| r.index()),
-                    linear(table, method, &path),
+                    linear(table, method, &path, true),
                     "{} {} in {:?}", method, path,
+                    table.iter().map(|r| (&r.matcher.method, &r.matcher.path)).collect::<Vec<_>>()
+                );
+                prop_assert_eq!(
+                    engine.route_for_written(method, &path).map(|r| r.index()),
+                    linear(table, method, &path, false),
+                    "as written: {} {} in {:?}", method, path,
                     table.iter().map(|r| (&r.matcher.method, &r.matcher.path)).collect::<Vec<_>>()
                 );
             }

@@ -677,28 +677,35 @@ impl Engine {
     }
 
     /// The first route, in config order, that takes a request with this method and
-    /// path, as written or [normalized](crate::config::normalize_path): the route
-    /// whose [`RouteMatch::matches`] is true of either spelling and that no earlier
-    /// route's is. Either, because the service behind may route on either: one that
-    /// normalizes (nginx) on the normalized path, one that does not (axum, Express)
-    /// on the path as written, where a template's parameter may be `..` or hold a
-    /// backslash (`/api/items/..` is `/api` normalized, and would escape the
-    /// `/api/items/{id}` route its handler serves). In a table of more than
-    /// [`SCAN_ROUTES`] routes it is found through an index built with the engine, so
-    /// that its cost does not grow with the number of routes; in a smaller one by
-    /// trying each route in turn, which costs less there. A path normalization leaves
-    /// as it is (most) is looked up once.
+    /// path (compared once [normalized](crate::config::normalize_path)): the route
+    /// whose [`RouteMatch::matches`] is true and that no earlier route's is. For a
+    /// service that routes on the normalized path (behind `rocgate serve`: nginx,
+    /// Apache, Spring normalize), so that another spelling of a route's path cannot
+    /// reach its handler past its limit. In a table of more than [`SCAN_ROUTES`]
+    /// routes it is found through an index built with the engine, so that its cost
+    /// does not grow with the number of routes; in a smaller one by trying each route
+    /// in turn, which costs less there.
     #[inline]
     pub fn route_for(&self, method: &str, path: &str) -> Option<RouteId> {
-        let normalized = crate::config::normalize_path(path);
-        let first = |path: &str| match &self.index {
+        self.first_route(method, &crate::config::normalize_path(path))
+    }
+
+    /// [`route_for`](Self::route_for) on the path as written, for a service that
+    /// routes on it (tower and axum normalize nothing): there a template's parameter
+    /// may be `..` or hold a backslash (`/api/items/..` reaches the
+    /// `/api/items/{id}` handler, where normalized it is `/api`), and
+    /// `/static/../api/login` is no login. A target that is no path (`OPTIONS *`) is
+    /// `/`, as normalized.
+    #[inline]
+    pub fn route_for_written(&self, method: &str, path: &str) -> Option<RouteId> {
+        self.first_route(method, if path.starts_with('/') { path } else { "/" })
+    }
+
+    #[inline]
+    fn first_route(&self, method: &str, path: &str) -> Option<RouteId> {
+        let index = match &self.index {
             Some(index) => index.first(&self.matchers, method, path),
             None => self.matchers.iter().position(|m| m.matches(method, path)),
-        };
-        let index = match first(&normalized) {
-            found if *normalized == *path => found,
-            Some(found) => Some(first(path).map_or(found, |raw| raw.min(found))),
-            None => first(path),
         }?;
         self.route_at(index)
     }

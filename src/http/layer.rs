@@ -19,7 +19,9 @@ use std::time::{Duration, SystemTime};
 #[non_exhaustive]
 pub enum RouteKey {
     /// The config's route matching (method and path pattern), in config order, on the
-    /// request's whole path (axum's `OriginalUri` inside a nested router).
+    /// request's whole path (axum's `OriginalUri` inside a nested router) as written,
+    /// as the service the layer wraps routes it
+    /// ([`Engine::route_for_written`](crate::engine::Engine::route_for_written)).
     #[default]
     Config,
     /// axum's `MatchedPath` (the route template, such as `/api/items/{id}`) matched
@@ -128,7 +130,8 @@ impl Gate {
                     .extensions()
                     .get::<OriginalUri>()
                     .map_or(req.uri(), |o| &o.0);
-                engine.route_for(method, uri.path())
+                // As written: the service this layer wraps routes on it.
+                engine.route_for_written(method, uri.path())
             }
             RouteKey::MatchedPath => {
                 let path = req.extensions().get::<MatchedPath>()?;
