@@ -24,6 +24,12 @@ pub enum RouteKey {
     /// ([`Engine::route_for_written`](crate::engine::Engine::route_for_written)).
     #[default]
     Config,
+    /// The config's route matching on the path normalized
+    /// ([`Engine::route_for`](crate::engine::Engine::route_for)), as `rocgate serve`
+    /// matches it: for a layer in front of a service that routes on the normalized
+    /// path (a proxy to nginx, Apache or Spring), which would otherwise serve another
+    /// spelling of a route's path past its limit.
+    Normalized,
     /// axum's `MatchedPath` (the route template, such as `/api/items/{id}`) matched
     /// against the config's patterns; requests without one match no route. Never the
     /// raw path.
@@ -133,6 +139,7 @@ impl Gate {
                 // As written: the service this layer wraps routes on it.
                 engine.route_for_written(method, uri.path())
             }
+            RouteKey::Normalized => engine.route_for(method, req.uri().path()),
             RouteKey::MatchedPath => {
                 let path = req.extensions().get::<MatchedPath>()?;
                 engine.route_for(method, path.as_str())

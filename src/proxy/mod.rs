@@ -38,7 +38,7 @@ use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
 use crate::controller::ControllerParams;
 use crate::controller::Transition;
 use crate::engine::{Engine, RefusedChange};
-use crate::http::{AdmissionLayer, SharedEngine};
+use crate::http::{AdmissionLayer, RouteKey, SharedEngine};
 use crate::metrics as metric;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -682,6 +682,7 @@ impl Proxy {
         .trusted_proxies(self.settings.forward.resolver_networks())
         .client_ip_header(self.settings.forward.resolver.header())
         .matched_route(true)
+        .route_key(RouteKey::Normalized)
         .build();
         let in_flight = Arc::new(AtomicI64::new(0));
         let forwarder = Forwarder::new(
