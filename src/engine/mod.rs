@@ -124,10 +124,17 @@ pub enum Key<'a> {
 }
 
 /// Called with each controller transition: the route's name and the transition.
+///
+/// A hook runs while the engine holds the route's state: it must not call back into
+/// the engine for a route (a snapshot, [`Engine::catch_up`], [`Engine::upkeep`], a
+/// change or a reload wait for that state, and on its own route would wait for ever).
+/// Hand what it needs to another thread instead.
 pub type TransitionHook = Arc<dyn Fn(&str, &Transition) + Send + Sync>;
 
 /// Called with every completed slot: the route's name and what the controller saw and
-/// did. Once per slot and route, never per request.
+/// did. Once per slot and route, never per request. It runs as a
+/// [`TransitionHook`] does, the route's state held, and must not call back into the
+/// engine.
 pub type SampleHook = Arc<dyn Fn(&str, &SlotReport) + Send + Sync>;
 
 /// One completed window slot of a route, as the controller saw it.

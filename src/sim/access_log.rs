@@ -558,8 +558,8 @@ pub enum LogError {
     },
     /// Too many lines are not access-log lines.
     #[error(
-        "{unparsable} of {lines} lines ({:.2}%) are not access-log lines (common or combined format), more than {:.0}%; first: {}",
-        100.0 * *unparsable as f64 / (*lines).max(1) as f64,
+        "{unparsable} of {lines} lines ({}%) are not access-log lines (common or combined format), more than {:.0}%; first: {}",
+        past_the_bound(100.0 * *unparsable as f64 / (*lines).max(1) as f64),
         100.0 * MAX_UNPARSABLE_FRACTION,
         first.iter().map(BadLine::to_string).collect::<Vec<_>>().join("; ")
     )]
@@ -589,6 +589,16 @@ pub enum LogError {
         /// read.
         end: String,
     },
+}
+
+/// A share of lines past [`MAX_UNPARSABLE_FRACTION`], in percent: two decimals, or as
+/// many more as it takes not to read as the bound itself (1.001% is not "1.00%").
+fn past_the_bound(percent: f64) -> String {
+    let bound = 100.0 * MAX_UNPARSABLE_FRACTION;
+    (2..=9)
+        .map(|decimals| format!("{percent:.decimals$}"))
+        .find(|text| text.parse::<f64>().is_ok_and(|shown| shown > bound))
+        .unwrap_or_else(|| format!("{percent}"))
 }
 
 /// Unix seconds as an RFC 3339 time when between 1970 and 9999, else as a number.
@@ -1287,9 +1297,13 @@ pub fn open(path: &std::path::Path) -> io::Result<Box<dyn BufRead + Send>> {
 
 /// An access log read from `input` (standard input, say), gzip-compressed or not, as
 /// [`open`] reads a file.
-pub fn sniffed<R: io::Read + Send + 'static>(input: R) -> io::Result<Box<dyn BufRead + Send>> {
-    let mut input = io::BufReader::with_capacity(1 << 16, input);
-    let gzip = input.fill_buf()?.starts_with(&[0x1f, 0x8b]);
+pub fn sniffed<R: io::Read + Send + 'static>(mut input: R) -> io::Result<Box<dyn BufRead + Send>> {
+    // The magic's two bytes, which a pipe may hand over one at a time.
+    let mut magic = Vec::with_capacity(2);
+    io::Read::read_to_end(&mut io::Read::take(&mut input, 2), &mut magic)?;
+    let gzip = magic == [0x1f, 0x8b];
+    let input =
+        io::BufReader::with_capacity(1 << 16, io::Read::chain(io::Cursor::new(magic), input));
     if !gzip {
         return Ok(Box::new(input));
     }
@@ -1423,6 +1437,52 @@ mod tests {
         assert_eq!(split_request(b"GET /x HTTP/1.1 extra"), None);
         assert_eq!(split_request(b"G(T /x HTTP/1.1"), None);
         assert_eq!(split_request(b"GET /x"), Some((&b"GET"[..], &b"/x"[..])));
+    }
+
+    /// Standard input is told gzip-compressed by its first two bytes, even when a pipe
+    /// hands them over one at a time (it was read as text).
+    #[cfg(feature = "gzip")]
+    #[test]
+    fn gzip_is_told_from_a_trickle() {
+        use std::io::{Read, Write};
+        struct Trickle(std::io::Cursor<Vec<u8>>);
+        impl Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let n = buf.len().min(1);
+                self.0.read(&mut buf[..n])
+            }
+        }
+        let line = "203.0.113.7 - - [27/Nov/2026:20:00:00 +0000] \"GET / HTTP/1.1\" 200 1\n";
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(line.as_bytes()).unwrap();
+        for bytes in [
+            gz.finish().unwrap(),
+            line.as_bytes().to_vec(),
+            vec![0x1f],
+            vec![],
+        ] {
+            let plain = bytes.first() != Some(&0x1f) || bytes.len() == 1;
+            let mut text = Vec::new();
+            sniffed(Trickle(std::io::Cursor::new(bytes.clone())))
+                .unwrap()
+                .read_to_end(&mut text)
+                .unwrap();
+            assert_eq!(
+                text,
+                if plain {
+                    bytes
+                } else {
+                    line.as_bytes().to_vec()
+                }
+            );
+        }
+        // A share just past 1% reads past it.
+        let e = LogError::TooManyUnparsable {
+            unparsable: 1001,
+            lines: 100_000,
+            first: Vec::new(),
+        };
+        assert!(e.to_string().contains("(1.001%)"), "{e}");
     }
 
     /// The path is the one `serve` matches, which the `http` crate's parser gives: a

@@ -1821,11 +1821,19 @@ async fn sync(
 /// dropped early (a task for every call added about 7% to an exact decision's median
 /// on loopback, 92.7 → 99.7 µs in `cargo bench --bench store`; the box is within the
 /// noise).
-struct RunsToEnd<F: Future<Output = Option<Reply>> + Send + 'static>(Option<Pin<Box<F>>>);
+/// The runtime it finishes on is the one current when it was made (it may be
+/// dropped where none is).
+struct RunsToEnd<F: Future<Output = Option<Reply>> + Send + 'static>(
+    Option<Pin<Box<F>>>,
+    Option<tokio::runtime::Handle>,
+);
 
 impl<F: Future<Output = Option<Reply>> + Send + 'static> RunsToEnd<F> {
     fn new(future: F) -> Self {
-        RunsToEnd(Some(Box::pin(future)))
+        RunsToEnd(
+            Some(Box::pin(future)),
+            tokio::runtime::Handle::try_current().ok(),
+        )
     }
 }
 
@@ -1846,8 +1854,7 @@ impl<F: Future<Output = Option<Reply>> + Send + 'static> Future for RunsToEnd<F>
 
 impl<F: Future<Output = Option<Reply>> + Send + 'static> Drop for RunsToEnd<F> {
     fn drop(&mut self) {
-        if let (Some(future), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current())
-        {
+        if let (Some(future), Some(runtime)) = (self.0.take(), self.1.take()) {
             runtime.spawn(future);
         }
     }

@@ -421,3 +421,49 @@ fn a_restore_stored_without_through_keeps_its_pace() {
     assert_eq!(through, 181);
     assert_eq!(c.limit_rps(), 140.0);
 }
+
+/// A call whose caller drops it goes on to its end on the runtime it was made on, even
+/// when dropped where no runtime is current (its debit and the breaker's answer were
+/// lost with it).
+#[test]
+fn a_call_dropped_early_runs_to_its_end_on_its_runtime() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for dropped_in_runtime in [true, false] {
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = Arc::clone(&done);
+        let mut call = rt.block_on(async {
+            Box::pin(RunsToEnd::new(async move {
+                tokio::task::yield_now().await;
+                tokio::task::yield_now().await;
+                finished.store(true, Ordering::SeqCst);
+                None
+            }))
+        });
+        // Polled once, then left.
+        rt.block_on(async {
+            let _ = futures_poll_once(call.as_mut()).await;
+        });
+        if dropped_in_runtime {
+            rt.block_on(async { drop(call) });
+        } else {
+            drop(call);
+        }
+        rt.block_on(async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert!(
+            done.load(Ordering::SeqCst),
+            "dropped in a runtime: {dropped_in_runtime}"
+        );
+    }
+}
+
+/// Polls `f` once.
+async fn futures_poll_once<F: Future + Unpin>(mut f: F) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut f).poll(cx))).await
+}
