@@ -434,14 +434,15 @@ fn a_call_dropped_early_runs_to_its_end_on_its_runtime() {
     for dropped_in_runtime in [true, false] {
         let done = Arc::new(AtomicBool::new(false));
         let finished = Arc::clone(&done);
-        let mut call = rt.block_on(async {
-            Box::pin(RunsToEnd::new(async move {
-                tokio::task::yield_now().await;
-                tokio::task::yield_now().await;
-                finished.store(true, Ordering::SeqCst);
-                None
-            }))
-        });
+        // Made where the runtime is current.
+        let entered = rt.enter();
+        let mut call = Box::pin(RunsToEnd::new(async move {
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            finished.store(true, Ordering::SeqCst);
+            None
+        }));
+        drop(entered);
         // Polled once, then left.
         rt.block_on(async {
             let _ = futures_poll_once(call.as_mut()).await;
