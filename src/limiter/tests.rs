@@ -558,6 +558,29 @@ fn a_leaky_bucket_at_an_absurdly_low_limit_does_not_overflow() {
     }
 }
 
+/// The queue stays bounded where the schedule would pass what its word holds: at the
+/// lowest limit a file accepts (1e-6 req/s, one request per ~31.7 years) with a queue
+/// of 20,000, no more than 20,000 wait. (The schedule saturated at u64::MAX ns, every
+/// later request read as waiting within the saturated bound, and 29,999 of 30,000
+/// were paced, 11,553 to depart in 584 years.)
+#[test]
+fn a_leaky_bucket_whose_schedule_would_pass_its_word_keeps_its_queue_bound() {
+    let queue = 20_000u32;
+    let b = LeakyBucket::new(1e-6, queue);
+    let mut waiting = 0u64;
+    for _ in 0..30_000 {
+        match b.check(ms(0)) {
+            Decision::Admit(Admit::Paced(_)) => waiting += 1,
+            Decision::Admit(_) => {}
+            Decision::Reject(r) => {
+                assert_eq!(r.reason, Reason::QueueFull);
+                assert!(r.retry_after > Duration::ZERO);
+            }
+        }
+    }
+    assert!(waiting <= u64::from(queue), "{waiting} waiting");
+}
+
 #[test]
 fn leaky_bucket_paces_and_bounds_its_queue() {
     let b = LeakyBucket::new(10.0, 2);

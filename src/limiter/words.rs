@@ -246,8 +246,13 @@ pub(crate) fn leaky(next_free: &AtomicU64, t: u64, queue: u32, now: Nanos) -> De
         if wait > max_wait {
             return reject(wait - max_wait, Reason::QueueFull);
         }
-        // Saturates for intervals near `interval_ns`'s cap (limits under 1e-9/s).
-        let next = start.saturating_add(t);
+        // A schedule that would pass what the word holds has no place left: refused,
+        // not saturated (every later request then read as waiting no longer than
+        // the saturated `max_wait`, and the queue had no bound). At 1e-6 req/s a
+        // queue of 18,447 reaches it.
+        let Some(next) = start.checked_add(t) else {
+            return reject(wait.max(1), Reason::QueueFull);
+        };
         match next_free.compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) if wait == 0 => return Decision::Admit(Admit::Now),
             Ok(_) => {
