@@ -20,18 +20,36 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     // The demo's table is on stdout; its info logs (each transition) would interleave
     // with it on a terminal, so it logs warnings only unless RUST_LOG says otherwise.
+    // The Redis client's cluster code logs every failed reconnection, tens of lines a
+    // second while a cluster is away (more with traffic), where rocgate says once
+    // every 10 s that the store is unreachable.
     let default_filter = match args.command {
         cli::Command::Demo(_) => "warn",
-        _ => "info",
+        _ => "info,redis::cluster_handling=off",
+    };
+    // `RUST_LOG` set but empty (a unit's `Environment=RUST_LOG=`) is the default, not
+    // a filter that passes nothing, errors included; one that is no filter is the
+    // default too, and said.
+    let (filter, unreadable) = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => match tracing_subscriber::EnvFilter::try_new(&v) {
+            Ok(filter) => (filter, None),
+            Err(e) => (
+                tracing_subscriber::EnvFilter::new(default_filter),
+                Some((v, e)),
+            ),
+        },
+        _ => (tracing_subscriber::EnvFilter::new(default_filter), None),
     };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    if let Some((value, e)) = unreadable {
+        tracing::warn!(
+            "RUST_LOG={value:?} is no log filter ({e}): logging with {default_filter:?}"
+        );
+    }
     match args.command {
         cli::Command::Demo(a) => cli::demo::run(a),
         cli::Command::Serve(a) => cli::serve::run(a),

@@ -483,6 +483,46 @@ fn an_ended_event_is_logged_as_a_warning_at_start() {
     }
 }
 
+/// `RUST_LOG` set but empty logs as if unset (it passed nothing, errors included:
+/// a unit's `Environment=RUST_LOG=` silenced every line); one that is no filter is
+/// said, and the default applies.
+#[test]
+fn an_empty_or_unreadable_rust_log_logs_at_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("past.toml");
+    std::fs::write(
+        &file,
+        "[[routes]]\nname = \"order\"\npath = \"/api/order\"\n\
+         [[routes.events]]\nname = \"last-sale\"\nstart = \"2020-11-27T20:00:00Z\"\n\
+         duration = \"30m\"\nbase_limit = 400\n",
+    )
+    .unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    for rust_log in ["", "  ", "rocgate=loud"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--config"])
+            .arg(&file)
+            .args(["--listen", &taken.local_addr().unwrap().to_string()])
+            .args(["--admin", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
+            .env_clear()
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{rust_log:?}: {stderr}");
+        assert!(
+            stderr.contains("a scheduled event has ended: it will never run"),
+            "{rust_log:?}: {stderr}"
+        );
+        assert_eq!(
+            stderr.contains("is no log filter"),
+            rust_log == "rocgate=loud",
+            "{rust_log:?}: {stderr}"
+        );
+    }
+}
+
 /// The status and body of a `method` request to `path` at `addr`, with `body`.
 async fn exchange(
     addr: SocketAddr,

@@ -669,6 +669,21 @@ fn bad_sweeps_exit_2_with_the_reason() {
     }
 }
 
+/// A seed that is no whole number says what a seed is (it said only "invalid digit
+/// found in string").
+#[test]
+fn a_bad_seed_says_what_a_seed_is() {
+    for seed in ["-1", "1.5", "x"] {
+        let out = rocgate(&["simulate", "--seed", seed]);
+        assert_eq!(out.status.code(), Some(2), "{seed}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("a seed is a whole number from 0 to 18446744073709551615"),
+            "{seed}: {stderr}"
+        );
+    }
+}
+
 /// A point whose run cannot be made (too many slots for the traffic's span) is named
 /// in the error, with the flag: the error said only what the run needed, and suggested
 /// `--from/--to`, where the swept `slot` was the cause.

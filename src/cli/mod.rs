@@ -101,7 +101,7 @@ pub(crate) struct SimulateArgs {
     pub(crate) lenient: bool,
     /// Seed: Poisson arrivals for a profile, random times inside each logged second
     /// for an access log; without it, arrivals are evenly spaced.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = simulate::parse_seed)]
     pub(crate) seed: Option<u64>,
     /// Wall-clock time of t = 0, RFC 3339 in UTC (places scheduled events; default: the
     /// profile's first `t_seconds` read as Unix seconds, or the log's first second).

@@ -66,6 +66,16 @@ pub(crate) fn parse_sweep(text: &str) -> Result<SweepParam, String> {
 }
 
 /// `--start`: an RFC 3339 UTC time.
+/// `--seed`: a whole number from 0 to 18446744073709551615.
+pub(crate) fn parse_seed(text: &str) -> Result<u64, String> {
+    text.trim().parse().map_err(|_| {
+        format!(
+            "a seed is a whole number from 0 to {}, got {text:?}",
+            u64::MAX
+        )
+    })
+}
+
 pub(crate) fn parse_start(text: &str) -> Result<SystemTime, String> {
     humantime::parse_rfc3339_weak(text)
         .map_err(|e| format!("{e}: must be an RFC 3339 time in UTC, such as 2026-11-27T19:00:00Z"))
