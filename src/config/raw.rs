@@ -1362,7 +1362,9 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
         } else if field == "path_prefix" && path.contains(['{', '}']) {
             format!("must not contain '{{' or '}}' (templates go in path), got {path:?}")
         } else if super::normalize_path(path) != path {
-            // Such a route would never match: requests are matched once normalized.
+            // Such a route would never match behind `serve`, which matches requests
+            // once normalized; the layer matches as written, where a client seldom
+            // spells a path so. One spelling, the normalized, is asked for.
             format!(
                 "requests are matched on their normalized path: write {:?} (no \"//\", \
                  no \".\" or \"..\" segment, letters, digits and -._~ not percent-encoded), \
