@@ -736,13 +736,21 @@ fn events() {
     refused(
         &route(&event("2026-11-27T20:00:00+01:00", "30m")),
         "routes[0].events[0].start",
-        "no other offset than Z",
+        "in UTC: Z, or an offset of +00:00",
     );
     refused(
         &route(&event("2026-11-27T20:00:00Z", "0s")),
         "routes[0].events[0].duration",
         "must be longer than zero",
     );
+    // Shorter than a slot, it could fall between two slots' ends, where the profile
+    // due is taken, and never be in force.
+    refused(
+        &route(&event("2026-11-27T20:00:00Z", "50ms")),
+        "routes[0].events[0].duration",
+        "must be at least the route's slot (100ms), got 50ms",
+    );
+    Config::from_toml_str(&route(&event("2026-11-27T20:00:00Z", "100ms")), "t.toml").unwrap();
     refused(
         &route(&format!(
             "{}{}",

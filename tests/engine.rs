@@ -2650,3 +2650,66 @@ fn a_path_is_matched_normalized_or_as_written_never_either() {
     assert_eq!(found(&e, "OPTIONS", "*"), some("all", "all"));
     assert_eq!(found(&e, "POST", "/api/login"), some("login", "login"));
 }
+
+/// A route whose decisions a shared store takes (its requests `record`ed, its upkeep
+/// told it is decided elsewhere) with an event "flash" (base 50, cut 20) from
+/// `start_s` for `dur_s` seconds of wall-clock time.
+fn shared_with_event(start_s: u64, dur_s: u64, wall_start: SystemTime) -> (Engine, RouteId) {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    cfg.events = vec![Event::new(
+        "flash",
+        SystemTime::UNIX_EPOCH + Duration::from_secs(start_s),
+        Duration::from_secs(dur_s),
+        {
+            let mut v = ControllerParams::default();
+            v.base_limit_rps = 50.0;
+            v.cut_limit_rps = 20.0;
+            v
+        },
+    )];
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, wall_start).unwrap();
+    let id = e.route_at(0).unwrap();
+    (e, id)
+}
+
+/// Records 10 requests a second from `from` to `to` seconds, as a shared store does,
+/// with an upkeep every 5 s that says the route is decided elsewhere.
+fn record_shared(e: &Engine, id: RouteId, wall_start: SystemTime, from: u64, to: u64) {
+    for k in from * 10..to * 10 {
+        let now = Nanos::from_millis(k * 100);
+        e.record(id, None, now);
+        if k % 50 == 0 {
+            e.upkeep(now, wall_start + Duration::from_nanos(now.as_u64()), |_| {
+                true
+            });
+        }
+    }
+}
+
+/// A shared route's snapshot follows its scheduled events, as the store's controller
+/// does (`params_at`): shown from its start, gone at its end. (It showed the route's
+/// own limits and no event throughout one, and one running at the start for ever.)
+#[test]
+fn a_shared_routes_snapshot_follows_its_events() {
+    let shown = |e: &Engine, id: RouteId, at: u64| {
+        let s = e.route_snapshot(id, Nanos::from_secs(at)).unwrap();
+        (s.active_event, s.base_limit_rps, s.cut_limit_rps)
+    };
+    let (e, id) = shared_with_event(20, 10, SystemTime::UNIX_EPOCH);
+    record_shared(&e, id, SystemTime::UNIX_EPOCH, 0, 26);
+    assert_eq!(
+        e.params_at(id, Nanos::from_secs(25))
+            .unwrap()
+            .base_limit_rps,
+        50.0
+    );
+    assert_eq!(shown(&e, id, 25), (Some("flash".into()), 50.0, 20.0));
+    record_shared(&e, id, SystemTime::UNIX_EPOCH, 26, 36);
+    assert_eq!(shown(&e, id, 35), (None, 200.0, 60.0));
+    // One running when the engine was built ends too.
+    let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let (e, id) = shared_with_event(990, 20, wall);
+    assert_eq!(shown(&e, id, 0).0.as_deref(), Some("flash"));
+    record_shared(&e, id, wall, 0, 60);
+    assert_eq!(shown(&e, id, 60), (None, 200.0, 60.0));
+}

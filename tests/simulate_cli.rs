@@ -669,6 +669,21 @@ fn bad_sweeps_exit_2_with_the_reason() {
     }
 }
 
+/// `--start` takes UTC only: an offset is refused, naming it, where one after a
+/// fraction of a second (`19:00:00.0+01:00`) was dropped and the time read as UTC,
+/// placing the run's events an hour off.
+#[test]
+fn a_start_with_an_offset_is_refused_not_read_as_utc() {
+    for start in ["2026-11-27T19:00:00.0+01:00", "2026-11-27T19:00:00-05:00"] {
+        let out = rocgate(&["simulate", "--start", start]);
+        assert_eq!(out.status.code(), Some(2), "{start}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("is not UTC"), "{start}: {stderr}");
+    }
+    let out = rocgate(&["simulate", "--start", "2026-11-27T19:00:00.5+00:00"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 /// A seed that is no whole number says what a seed is (it said only "invalid digit
 /// found in string").
 #[test]

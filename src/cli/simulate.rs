@@ -65,7 +65,6 @@ pub(crate) fn parse_sweep(text: &str) -> Result<SweepParam, String> {
         .map_err(|e: rocgate::sim::SweepError| e.to_string())
 }
 
-/// `--start`: an RFC 3339 UTC time.
 /// `--seed`: a whole number from 0 to 18446744073709551615.
 pub(crate) fn parse_seed(text: &str) -> Result<u64, String> {
     text.trim().parse().map_err(|_| {
@@ -76,14 +75,31 @@ pub(crate) fn parse_seed(text: &str) -> Result<u64, String> {
     })
 }
 
+/// An RFC 3339 time in UTC: `Z`, an offset of zero, or none (read as UTC). Any other
+/// offset is refused, naming it: humantime's weak parser, given one after a fraction
+/// of a second (`19:00:00.0+01:00`), read the time as UTC and dropped the offset.
+fn utc_rfc3339(text: &str) -> Result<SystemTime, String> {
+    let text = text.trim();
+    let time = text.get(10..).unwrap_or_default();
+    let (body, offset) = match time.rfind(['+', '-']) {
+        Some(i) => text.split_at(10 + i),
+        None => (text, ""),
+    };
+    if !matches!(offset, "" | "+00:00" | "-00:00") {
+        return Err(format!("the offset {offset} is not UTC"));
+    }
+    humantime::parse_rfc3339_weak(body).map_err(|e| e.to_string())
+}
+
+/// `--start`: an RFC 3339 UTC time.
 pub(crate) fn parse_start(text: &str) -> Result<SystemTime, String> {
-    humantime::parse_rfc3339_weak(text)
+    utc_rfc3339(text)
         .map_err(|e| format!("{e}: must be an RFC 3339 time in UTC, such as 2026-11-27T19:00:00Z"))
 }
 
 /// `--from`, `--to`: an RFC 3339 UTC time, or a time as an access log writes it.
 pub(crate) fn parse_log_bound(text: &str) -> Result<SystemTime, String> {
-    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+    if let Ok(t) = utc_rfc3339(text) {
         return Ok(t);
     }
     access_log::parse_time(text.trim().as_bytes())

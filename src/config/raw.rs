@@ -779,7 +779,7 @@ fn timer_duration(text: String) -> Result<Duration, String> {
 fn utc_time(text: String) -> Result<SystemTime, String> {
     humantime::parse_rfc3339(text.trim()).map_err(|e| {
         format!(
-            "must be an RFC 3339 UTC time such as \"2026-11-27T20:00:00Z\" (no other offset than Z), got {text:?}: {e}"
+            "must be an RFC 3339 UTC time such as \"2026-11-27T20:00:00Z\" (in UTC: Z, or an offset of +00:00), got {text:?}: {e}"
         )
     })
 }
@@ -1582,6 +1582,20 @@ fn route_events(
         let mut r = Reader { p: &mut *p, at };
         let start = r.require("start", start_raw, utc_time);
         let duration = r.require("duration", duration_raw, timer_duration);
+        if let (Some(d), Some(slot)) = (&duration, &s.slot) {
+            // The profile due is taken at each slot's end: a shorter event between two
+            // ends would never be in force.
+            if d.value < slot.value {
+                p.at(
+                    at.path("duration"),
+                    format!(
+                        "must be at least the route's slot ({}), got {}: the profile in force is taken at each slot's end",
+                        humantime::format_duration(slot.value),
+                        humantime::format_duration(d.value)
+                    ),
+                );
+            }
+        }
         if let (Some(start), Some(d)) = (&start, &duration) {
             match start.value.checked_add(d.value) {
                 Some(end) => spans.push((start.value, end, j)),

@@ -655,8 +655,9 @@ impl Engine {
     /// Periodic upkeep for a process that runs for days: places the scheduled events
     /// again from the wall clock ([`Engine::align_events`]) and brings every route up
     /// to now ([`Engine::catch_up`]) but those `decided_elsewhere` (by a shared store,
-    /// which steps their controllers). `rocgate serve` and `AdmissionLayer::upkeep`
-    /// (feature `http`) call it.
+    /// which steps their controllers), whose profile in force it only follows: a
+    /// scheduled event shows in their snapshots from its start to its end.
+    /// `rocgate serve` and `AdmissionLayer::upkeep` (feature `http`) call it.
     pub fn upkeep(
         &self,
         now: Nanos,
@@ -667,6 +668,12 @@ impl Engine {
         for id in self.route_ids() {
             if !decided_elsewhere(id) {
                 self.catch_up(id, now);
+            } else if let Some(r) = self.route(id) {
+                // The store steps its controller under the profile due then
+                // ([`Engine::params_at`]); the route's own, which never steps (its
+                // state stays `Normal`), shows which profile that is, for snapshots
+                // (`active_event`, the limits) and metrics.
+                r.lock().follow_events(now);
             }
         }
     }
