@@ -443,11 +443,10 @@ async fn an_address_in_use_is_named_with_its_listener() {
     }
 }
 
-/// A scheduled event that has ended is logged as a warning when `serve` starts (it is
-/// valid, and will never run). Here the start then fails on an address in use, which
-/// ends the run.
-#[test]
-fn an_ended_event_is_logged_as_a_warning_at_start() {
+/// `serve` started on a config with an event that has ended, on a listen address in
+/// use (so that the start fails and the run ends), with `RUST_LOG` if given: its exit
+/// code and stderr.
+fn serve_an_ended_event(rust_log: Option<&str>) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("past.toml");
     std::fs::write(
@@ -458,17 +457,31 @@ fn an_ended_event_is_logged_as_a_warning_at_start() {
     )
     .unwrap();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rocgate"));
+    command
         .args(["serve", "--config"])
         .arg(&file)
         .args(["--listen", &taken.local_addr().unwrap().to_string()])
         .args(["--admin", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
         .env_clear()
-        .stdout(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+        .stdout(Stdio::null());
+    if let Some(filter) = rust_log {
+        command.env("RUST_LOG", filter);
+    }
+    let out = command.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A scheduled event that has ended is logged as a warning when `serve` starts (it is
+/// valid, and will never run). Here the start then fails on an address in use, which
+/// ends the run.
+#[test]
+fn an_ended_event_is_logged_as_a_warning_at_start() {
+    let (code, stderr) = serve_an_ended_event(None);
+    assert_eq!(code, Some(1), "{stderr}");
     let warning = stderr
         .lines()
         .find(|l| l.contains("a scheduled event has ended: it will never run"))
@@ -488,29 +501,9 @@ fn an_ended_event_is_logged_as_a_warning_at_start() {
 /// said, and the default applies.
 #[test]
 fn an_empty_or_unreadable_rust_log_logs_at_the_default() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("past.toml");
-    std::fs::write(
-        &file,
-        "[[routes]]\nname = \"order\"\npath = \"/api/order\"\n\
-         [[routes.events]]\nname = \"last-sale\"\nstart = \"2020-11-27T20:00:00Z\"\n\
-         duration = \"30m\"\nbase_limit = 400\n",
-    )
-    .unwrap();
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     for rust_log in ["", "  ", "rocgate=loud"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--config"])
-            .arg(&file)
-            .args(["--listen", &taken.local_addr().unwrap().to_string()])
-            .args(["--admin", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
-            .env_clear()
-            .env("RUST_LOG", rust_log)
-            .stdout(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{rust_log:?}: {stderr}");
+        let (code, stderr) = serve_an_ended_event(Some(rust_log));
+        assert_eq!(code, Some(1), "{rust_log:?}: {stderr}");
         assert!(
             stderr.contains("a scheduled event has ended: it will never run"),
             "{rust_log:?}: {stderr}"
