@@ -345,7 +345,7 @@ fn route_names_and_paths() {
         refused(
             &format!("[[routes]]\nname = \"a\"\n{field} = \"{written}\"\n"),
             &format!("routes[0].{field}"),
-            &format!("requests are matched on their normalized path: write {normalized:?}"),
+            &format!("a route's path is written normalized (`serve` matches requests so): write {normalized:?}"),
         );
     }
     refused(

@@ -509,32 +509,46 @@ async fn around_the_router_it_decides_before_routing() {
 /// the config's routes, written for the whole path, must still match.
 #[tokio::test]
 async fn config_routes_match_inside_a_nested_router() {
-    let (l, _clock) = layer(vec![route(
-        "order",
-        RouteMatch::exact("POST", "/api/order"),
-        1.0,
-    )]);
-    let hits = Arc::new(AtomicU64::new(0));
-    let counted = hits.clone();
-    let api = Router::new()
-        .route(
-            "/order",
-            post(move || {
-                let hits = counted.clone();
-                async move {
-                    hits.fetch_add(1, Ordering::Relaxed);
-                    "ordered"
-                }
-            }),
+    // As written and normalized alike (`Normalized` read the nested URI, and matched
+    // no route there).
+    for key in [RouteKey::Config, RouteKey::Normalized] {
+        let order = route("order", RouteMatch::exact("POST", "/api/order"), 1.0);
+        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+        let engine = Engine::new(
+            &Config::new(vec![order]),
+            clock.now(),
+            SystemTime::UNIX_EPOCH,
         )
-        .layer(l);
-    let app = Router::new().nest("/api", api);
-    let statuses = [
-        app.clone().oneshot(post_order()).await.unwrap().status(),
-        app.clone().oneshot(post_order()).await.unwrap().status(),
-    ];
-    assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
-    assert_eq!(hits.load(Ordering::Relaxed), 1);
+        .unwrap();
+        let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
+            .route_key(key)
+            .build();
+        let hits = Arc::new(AtomicU64::new(0));
+        let counted = hits.clone();
+        let api = Router::new()
+            .route(
+                "/order",
+                post(move || {
+                    let hits = counted.clone();
+                    async move {
+                        hits.fetch_add(1, Ordering::Relaxed);
+                        "ordered"
+                    }
+                }),
+            )
+            .layer(l);
+        let app = Router::new().nest("/api", api);
+        let statuses = [
+            app.clone().oneshot(post_order()).await.unwrap().status(),
+            app.clone().oneshot(post_order()).await.unwrap().status(),
+        ];
+        assert_eq!(
+            statuses,
+            [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS],
+            "{key:?}"
+        );
+        assert_eq!(hits.load(Ordering::Relaxed), 1, "{key:?}");
+    }
 }
 
 /// A concurrency route behind the layer, over a real hyper server, with a response

@@ -2190,6 +2190,30 @@ async fn a_debit_in_flight_through_a_rebuild_is_owed_by_the_new_route() {
     assert_debited(&server, "debit-rebuilt", 101.0, in_fallback, 8.0);
 }
 
+/// The same through two rebuilds: the route in between, held by no one, still leads
+/// the debt on to the live route. (Its successor was weak, and the debt was lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debit_in_flight_through_two_rebuilds_is_owed_by_the_live_route() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut config = store_config(&server, "debit-rebuilt2");
+    config.timeout = Duration::from_millis(500);
+    let mut inst = Instance::system(&route(1.0, Duration::from_secs(100)), &config);
+    beat_answered(&inst.store).await;
+    assert!(inst.check().await.is_admit());
+    server.signal("-STOP");
+    let mut in_fallback = into_fallback(&inst, 40).await;
+    leave_a_probe_waiting(&inst).await;
+    for burst in [101, 102] {
+        inst.reload(route(1.0, Duration::from_secs(burst)));
+        in_fallback += usize::from(inst.check().await.is_admit());
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.signal("-CONT");
+    in_fallback += back_on_redis(&inst).await;
+    assert_debited(&server, "debit-rebuilt2", 102.0, in_fallback, 8.0);
+}
+
 /// `GET /admin/store`'s `mode` is the breakers': a decision that fell back on one
 /// failure of fewer than `failures_to_open` in a row counts in `fallback_decisions`
 /// and leaves the instance `shared`.

@@ -1366,7 +1366,7 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
             // once normalized; the layer matches as written, where a client seldom
             // spells a path so. One spelling, the normalized, is asked for.
             format!(
-                "requests are matched on their normalized path: write {:?} (no \"//\", \
+                "a route's path is written normalized (`serve` matches requests so): write {:?} (no \"//\", \
                  no \".\" or \"..\" segment, letters, digits and -._~ not percent-encoded), \
                  got {path:?}",
                 super::normalize_path(path)

@@ -128,18 +128,18 @@ impl Gate {
     #[inline]
     pub(crate) fn route_of<B>(&self, engine: &Engine, req: &Request<B>) -> Option<RouteId> {
         let method = req.method().as_str();
+        // Inside a router nested with `Router::nest`, axum has stripped the prefix from
+        // the URI; the original has the path routes are written for.
+        let whole_path = || {
+            req.extensions()
+                .get::<OriginalUri>()
+                .map_or(req.uri(), |o| &o.0)
+                .path()
+        };
         match self.route_key {
-            RouteKey::Config => {
-                // Inside a router nested with `Router::nest`, axum has stripped the
-                // prefix from the URI; the original has the path routes are written for.
-                let uri = req
-                    .extensions()
-                    .get::<OriginalUri>()
-                    .map_or(req.uri(), |o| &o.0);
-                // As written: the service this layer wraps routes on it.
-                engine.route_for_written(method, uri.path())
-            }
-            RouteKey::Normalized => engine.route_for(method, req.uri().path()),
+            // As written: the service this layer wraps routes on it.
+            RouteKey::Config => engine.route_for_written(method, whole_path()),
+            RouteKey::Normalized => engine.route_for(method, whole_path()),
             RouteKey::MatchedPath => {
                 let path = req.extensions().get::<MatchedPath>()?;
                 engine.route_for(method, path.as_str())

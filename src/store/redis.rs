@@ -602,8 +602,10 @@ struct SharedRoute {
     /// that the shared bucket does not refill for time the fleet already used.
     owed: AtomicU64,
     /// The route that replaced this one (a reload rebuilt it), to which what is owed
-    /// here goes ([`SharedRoute::owe`]).
-    successor: std::sync::OnceLock<Weak<SharedRoute>>,
+    /// here goes ([`SharedRoute::owe`]). Held, not weak: a route rebuilt twice while
+    /// a call on the first was in flight must still lead to the third. A route never
+    /// leads back, so the chain ends with the oldest route still held.
+    successor: std::sync::OnceLock<Arc<SharedRoute>>,
     admitted: Counter,
     rejected: Counter,
     shadow_rejected: Counter,
@@ -625,9 +627,12 @@ impl SharedRoute {
         if n == 0 {
             return;
         }
-        self.owed.fetch_add(n, Ordering::Relaxed);
-        if let Some(next) = self.successor.get().and_then(Weak::upgrade) {
-            next.owe(self.owed.swap(0, Ordering::Relaxed));
+        // AcqRel with the move in `Inner::replaced`: whichever of the two comes
+        // second in `owed`'s order sees the other (the add, or the successor set
+        // before the move).
+        self.owed.fetch_add(n, Ordering::AcqRel);
+        if let Some(next) = self.successor.get() {
+            next.owe(self.owed.swap(0, Ordering::AcqRel));
         }
     }
 
@@ -1227,11 +1232,8 @@ impl Inner {
                 .store(old.tokens.load(Ordering::Relaxed), Ordering::Relaxed);
             r.tokens_at
                 .store(old.tokens_at.load(Ordering::Relaxed), Ordering::Relaxed);
-            // What it owes, and what decisions still in flight on it come to owe
-            // (set first, so that none is left behind).
-            let _ = old.successor.set(Arc::downgrade(&r));
-            let owed = old.owed.swap(0, Ordering::Relaxed);
-            r.owe(owed);
+            // What it owes, and what decisions still in flight on it come to owe.
+            Self::replaced(old, &r);
             // Batched mode: the arrivals not yet synced go with the rebuilt route's
             // first sync (the shared window would otherwise miss a slot of them).
             let pending = old.pending.swap(0, Ordering::Relaxed);
@@ -1248,9 +1250,23 @@ impl Inner {
             }
         }
         if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
+            // The route replaced, which is `before` unless another decision rebuilt
+            // it meanwhile: its debt follows too.
+            Self::replaced(&old, &r);
             self.retire(&old);
         }
         Some(r)
+    }
+
+    /// `old`, replaced by `new`: what it owes, and what decisions still in flight on
+    /// it come to owe, goes to `new` (the successor set first, so that none is left
+    /// behind). A route replaced twice keeps its first successor, which leads on.
+    fn replaced(old: &SharedRoute, new: &Arc<SharedRoute>) {
+        if !std::ptr::eq(old, Arc::as_ptr(new)) {
+            let _ = old.successor.set(Arc::clone(new));
+        }
+        let owed = old.owed.swap(0, Ordering::AcqRel);
+        new.owe(owed);
     }
 
     /// Runs [`DECIDE`]: counts `arrivals`, and, if `take`, debits `debit` tokens and
