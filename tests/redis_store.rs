@@ -2169,10 +2169,25 @@ async fn a_fallback_debit_outlives_a_probe_whose_caller_gave_up() {
 /// fallback.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_debit_in_flight_through_a_rebuild_is_owed_by_the_new_route() {
+    debit_through_rebuilds("debit-rebuilt", &[101]).await;
+}
+
+/// The same through two rebuilds: the route in between, held by no one, still leads
+/// the debt on to the live route. (Its successor was weak, and the debt was lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debit_in_flight_through_two_rebuilds_is_owed_by_the_live_route() {
+    debit_through_rebuilds("debit-rebuilt2", &[101, 102]).await;
+}
+
+/// A route of 1 req/s and 100 s of burst, in fallback with a probe's call left
+/// waiting on a stopped Redis, then rebuilt by reloads to each of `bursts` (seconds)
+/// in turn, a decision after each; Redis back, the shared bucket must have been
+/// debited what was admitted in fallback.
+async fn debit_through_rebuilds(prefix: &str, bursts: &[u64]) {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
-    let mut config = store_config(&server, "debit-rebuilt");
-    // Room for the reload while the probe's call waits.
+    let mut config = store_config(&server, prefix);
+    // Room for the reloads while the probe's call waits.
     config.timeout = Duration::from_millis(500);
     let mut inst = Instance::system(&route(1.0, Duration::from_secs(100)), &config);
     beat_answered(&inst.store).await;
@@ -2181,37 +2196,16 @@ async fn a_debit_in_flight_through_a_rebuild_is_owed_by_the_new_route() {
     let mut in_fallback = into_fallback(&inst, 40).await;
     leave_a_probe_waiting(&inst).await;
     // Another burst: the route is rebuilt at its next decision.
-    inst.reload(route(1.0, Duration::from_secs(101)));
-    in_fallback += usize::from(inst.check().await.is_admit());
+    for &burst in bursts {
+        inst.reload(route(1.0, Duration::from_secs(burst)));
+        in_fallback += usize::from(inst.check().await.is_admit());
+    }
     // The probe's call times out.
     tokio::time::sleep(Duration::from_millis(600)).await;
     server.signal("-CONT");
     in_fallback += back_on_redis(&inst).await;
-    assert_debited(&server, "debit-rebuilt", 101.0, in_fallback, 8.0);
-}
-
-/// The same through two rebuilds: the route in between, held by no one, still leads
-/// the debt on to the live route. (Its successor was weak, and the debt was lost.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_debit_in_flight_through_two_rebuilds_is_owed_by_the_live_route() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut config = store_config(&server, "debit-rebuilt2");
-    config.timeout = Duration::from_millis(500);
-    let mut inst = Instance::system(&route(1.0, Duration::from_secs(100)), &config);
-    beat_answered(&inst.store).await;
-    assert!(inst.check().await.is_admit());
-    server.signal("-STOP");
-    let mut in_fallback = into_fallback(&inst, 40).await;
-    leave_a_probe_waiting(&inst).await;
-    for burst in [101, 102] {
-        inst.reload(route(1.0, Duration::from_secs(burst)));
-        in_fallback += usize::from(inst.check().await.is_admit());
-    }
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    server.signal("-CONT");
-    in_fallback += back_on_redis(&inst).await;
-    assert_debited(&server, "debit-rebuilt2", 102.0, in_fallback, 8.0);
+    let capacity = bursts.last().copied().unwrap_or(100) as f64;
+    assert_debited(&server, prefix, capacity, in_fallback, 8.0);
 }
 
 /// `GET /admin/store`'s `mode` is the breakers': a decision that fell back on one
