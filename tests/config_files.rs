@@ -1032,6 +1032,45 @@ fn env_overrides_the_connection_limits() {
 }
 
 #[test]
+fn normalize_path_is_a_boolean_from_the_file_or_the_environment() {
+    let text =
+        std::fs::read_to_string(config_dir().join("rocgate.toml")).expect("the default config");
+    let c = Config::from_toml_str(&text, "rocgate.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.server.normalize_path);
+    let off = text.replace("normalize_path = true", "normalize_path = false");
+    assert_ne!(off, text, "the default config's normalize_path line moved");
+    let c = Config::from_toml_str(&off, "rocgate.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(!c.server.normalize_path);
+    let env = |value: &str| {
+        [(
+            "ROCGATE__SERVER__NORMALIZE_PATH".to_owned(),
+            value.to_owned(),
+        )]
+    };
+    let c = Config::from_toml_str_with_env(&text, "rocgate.toml", env("false"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!c.server.normalize_path);
+    let e = Config::from_toml_str(
+        &text.replace("normalize_path = true", "normalize_path = 1"),
+        "rocgate.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("rocgate.toml: server.normalize_path: "),
+        "{e}"
+    );
+    let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env("sometimes"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("rocgate.toml: server.normalize_path: ")
+            && e.contains("ROCGATE__SERVER__NORMALIZE_PATH"),
+        "{e}"
+    );
+}
+
+#[test]
 fn check_config_prints_ok_or_every_error() {
     let bin = env!("CARGO_BIN_EXE_rocgate");
     let dir = tempfile::tempdir().expect("a temp dir");

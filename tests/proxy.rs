@@ -464,6 +464,55 @@ async fn another_spelling_of_a_routes_path_does_not_evade_its_limit() {
     }
 }
 
+/// An upstream that answers each request with its target as received.
+async fn start_echoing_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().fallback(|req: Request<Body>| async move { req.uri().to_string() });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// What the upstream received as the target of `GET {target}`, sent as written.
+async fn target_received(proxy: SocketAddr, target: &str) -> String {
+    let request = format!("GET {target} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n");
+    let raw = raw_exchange(proxy, request.as_bytes(), IO_TIMEOUT).await;
+    let raw = String::from_utf8(raw).unwrap();
+    assert_eq!(statuses(raw.as_bytes()), [200], "{target}: {raw}");
+    raw.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+#[tokio::test]
+async fn the_upstream_receives_the_path_its_route_was_matched_on() {
+    // An upstream that routes as written (axum) would serve `/api/items/..` with the
+    // `/api/items/{id}` handler, under the limit of the route `/api` takes.
+    let upstream = start_echoing_upstream().await;
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    for (sent, received) in [
+        ("/api/items/..", "/api/"),
+        ("/api/items/%2e%2e?x=..%2F&y=/./", "/api/?x=..%2F&y=/./"),
+        ("/api/./x//y\\z/%6Frder/", "/api/x/y/z/order/"),
+        ("http://shop.example/a/b/../c?q", "/a/c?q"),
+        // Already normalized: as sent, encoded slash and case kept.
+        ("/api/Items/a%2Fb?q=%41", "/api/Items/a%2Fb?q=%41"),
+    ] {
+        assert_eq!(target_received(proxy.addr, sent).await, received, "{sent}");
+    }
+    let request = format!("OPTIONS * HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n");
+    let raw = raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await;
+    assert!(
+        String::from_utf8_lossy(&raw).ends_with("\r\n\r\n*"),
+        "{raw:?}"
+    );
+
+    let mut as_sent = settings(upstream);
+    as_sent.forward.normalize_path = false;
+    let proxy = start_proxy(as_sent, Vec::new()).await;
+    for sent in ["/api/items/..", "/api/./x//y/%6Frder/?q=/../"] {
+        assert_eq!(target_received(proxy.addr, sent).await, sent);
+    }
+}
+
 #[tokio::test]
 async fn options_asterisk_does_not_evade_a_catch_all_limit() {
     let upstream = start_upstream().await;

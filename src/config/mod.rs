@@ -722,6 +722,10 @@ pub struct ServerConfig {
     /// How long an upstream connection may sit idle and still be reused (pool and
     /// lanes); keep it below the upstream's own keep-alive timeout.
     pub upstream_idle_timeout: Duration,
+    /// Whether the upstream receives a request's path
+    /// [normalized](normalize_path), the path its route was matched on (`true`,
+    /// the default), or as the client sent it.
+    pub normalize_path: bool,
     /// Networks whose client IP header ([`client_ip_header`](Self::client_ip_header))
     /// is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
@@ -771,6 +775,7 @@ impl Default for ServerConfig {
             max_body_bytes: 10 * 1024 * 1024,
             max_upstream_lanes: 1024,
             upstream_idle_timeout: Duration::from_secs(4),
+            normalize_path: true,
             trusted_proxies: Vec::new(),
             client_ip_header: ClientIpHeader::XForwardedFor,
             shutdown_grace: Duration::from_secs(30),

@@ -95,6 +95,7 @@ struct RawServer {
     max_body_bytes: Option<Whole>,
     max_upstream_lanes: Option<Whole>,
     upstream_idle_timeout: Option<String>,
+    normalize_path: Option<Flag>,
     trusted_proxies: Option<Vec<String>>,
     client_ip_header: Option<String>,
     shutdown_grace: Option<String>,
@@ -349,6 +350,34 @@ impl<'de> Deserialize<'de> for Whole {
             }
         }
         d.deserialize_any(WholeVisitor)
+    }
+}
+
+/// `true` or `false`, as written in the file or as text from the environment (where
+/// `config` would also take `1`, `on` or `yes`: a file says `true`).
+#[derive(Clone, Copy, Debug)]
+struct Flag(bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct FlagVisitor;
+        impl Visitor<'_> for FlagVisitor {
+            type Value = Flag;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true or false")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Flag, E> {
+                Ok(Flag(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Flag, E> {
+                match v.trim() {
+                    "true" => Ok(Flag(true)),
+                    "false" => Ok(Flag(false)),
+                    _ => Err(E::invalid_value(Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(FlagVisitor)
     }
 }
 
@@ -2144,6 +2173,9 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             "server.max_upstream_requests",
             count_within(w, 1, MAX_CONNECTIONS_LIMIT).map(|n| out.max_upstream_requests = n),
         );
+    }
+    if let Some(Flag(normalize)) = server.normalize_path {
+        out.normalize_path = normalize;
     }
     for (i, text) in server
         .trusted_proxies

@@ -707,7 +707,7 @@ impl Engine {
     /// [`route_for`](Self::route_for) on the path as written, for a service that
     /// routes on it (tower and axum normalize nothing): there a template's parameter
     /// may be `..` or hold a backslash (`/api/items/..` reaches the
-    /// `/api/items/{id}` handler, where normalized it is `/api`), and
+    /// `/api/items/{id}` handler, where normalized it is `/api/`), and
     /// `/static/../api/login` is no login. A target that is no path (`OPTIONS *`) is
     /// `/`, as normalized.
     #[inline]

@@ -67,6 +67,10 @@ pub struct ForwardSettings {
     /// it makes that request fail (502): keep this below the upstream's keep-alive
     /// timeout.
     pub upstream_idle_timeout: Duration,
+    /// Whether the upstream receives the request's path
+    /// [normalized](crate::config::normalize_path), as its route was matched (`true`),
+    /// or as the client sent it. The query is sent as the client sent it either way.
+    pub normalize_path: bool,
     /// Proxies whose `X-Forwarded-For` chain is kept and extended.
     pub resolver: ClientIpResolver,
 }
@@ -84,6 +88,7 @@ impl ForwardSettings {
             max_upstream_lanes: server.max_upstream_lanes,
             max_upstream_requests: server.max_upstream_requests,
             upstream_idle_timeout: server.upstream_idle_timeout,
+            normalize_path: server.normalize_path,
             resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone())
                 .with_header(server.client_ip_header),
         }
@@ -780,6 +785,11 @@ impl Inner {
         if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
             parts.uri = Uri::from(origin_form(&parts.uri));
         }
+        if self.settings.normalize_path {
+            if let Some(normalized) = normalized_target(&parts.uri) {
+                parts.uri = normalized;
+            }
+        }
         parts.version = Version::HTTP_11;
         if body.is_end_stream() {
             // No body (most GETs): nothing to limit, nothing to time, nothing to box.
@@ -1392,6 +1402,26 @@ fn origin_form(uri: &Uri) -> PathAndQuery {
         .unwrap_or_else(|| PathAndQuery::from_static("/"))
 }
 
+/// `uri` (in origin form) with its path [normalized](crate::config::normalize_path)
+/// and its query as it was, if normalizing changes the path. `*` (of `OPTIONS *`) is
+/// no path and stays.
+fn normalized_target(uri: &Uri) -> Option<Uri> {
+    let path = uri.path();
+    if !path.starts_with('/') {
+        return None;
+    }
+    let std::borrow::Cow::Owned(mut target) = crate::config::normalize_path(path) else {
+        return None;
+    };
+    if let Some(query) = uri.query() {
+        target.push('?');
+        target.push_str(query);
+    }
+    // The normalized path holds only bytes the request's path held (an escape of an
+    // unreserved character decoded, a backslash made a slash), all valid in a target.
+    Uri::try_from(target).ok()
+}
+
 /// `1xx` … `5xx`.
 fn status_class(status: http::StatusCode) -> &'static str {
     match status.as_u16() {
@@ -1644,6 +1674,7 @@ mod tests {
             max_upstream_lanes: 0,
             max_upstream_requests: 10,
             upstream_idle_timeout: Duration::from_secs(4),
+            normalize_path: true,
             resolver,
         };
         Forwarder::new(
