@@ -321,10 +321,13 @@ fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
     let text = demo.output(Duration::from_secs(15));
     let status = demo.wait();
     assert_eq!(status.code(), Some(130), "{text}");
-    assert!(text.contains("  interrupted   by Ctrl-C after "), "{text}");
+    assert!(text.contains("  interrupted   after "), "{text}");
     // The partial second has its row (and its p99 counts for the worst second): the
     // last row ends where the run did, not at the last whole second.
-    let elapsed = number_after(line_starting(&text, "  interrupted   "), "Ctrl-C after ");
+    let elapsed = number_after(
+        line_starting(&text, "  interrupted   "),
+        "interrupted   after ",
+    );
     let last_row = rows
         .lines()
         .chain(text.lines())
@@ -343,6 +346,22 @@ fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
         line_starting(&text, "  sale opened   ").contains("never: it was due at "),
         "stopped in the warm-up: {text}"
     );
+}
+
+#[test]
+fn sigterm_stops_the_demo_with_its_summary() {
+    let mut demo = Demo::start(&["--duration", "60"]);
+    demo.until(" warm-up ", Duration::from_secs(40));
+    let terminated = Command::new("kill")
+        .args(["-TERM", &demo.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(terminated.success());
+    let text = demo.output(Duration::from_secs(15));
+    let status = demo.wait();
+    assert_eq!(status.code(), Some(143), "{text}");
+    assert!(text.contains("summary (with rocgate)"), "{text}");
+    assert!(text.contains("  interrupted   after "), "{text}");
 }
 
 #[test]

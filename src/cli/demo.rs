@@ -1,6 +1,7 @@
 //! `rocgate demo`: the demo shop, the proxy in front of it and a flash sale over real
 //! HTTP on loopback, with a live table; see [`rocgate::demo`].
 
+use super::signals::ShutdownSignals;
 use rocgate::demo::{DemoSettings, Plan};
 use rocgate::sim::ArrivalModel;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -97,9 +98,14 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
         }
     };
     let mut out = std::io::stdout();
-    let outcome = runtime.block_on(rocgate::demo::run(&settings, &mut out, async {
-        let _ = tokio::signal::ctrl_c().await;
-    }));
+    let stopped_by = std::cell::Cell::new(None);
+    let outcome = runtime.block_on(async {
+        let mut signals = ShutdownSignals::listen();
+        let stop = async {
+            stopped_by.set(Some(signals.next().await));
+        };
+        rocgate::demo::run(&settings, &mut out, stop).await
+    });
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
@@ -113,9 +119,8 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
     }
     // The runtime's leftover tasks (requests that were still in flight) end with it.
     runtime.shutdown_timeout(Duration::from_secs(1));
-    if outcome.interrupted() {
-        ExitCode::from(130)
-    } else {
-        ExitCode::SUCCESS
+    match stopped_by.get() {
+        Some(signal) if outcome.interrupted() => ExitCode::from(signal.exit_code()),
+        _ => ExitCode::SUCCESS,
     }
 }

@@ -4,6 +4,7 @@ pub(crate) mod check_config;
 pub(crate) mod demo;
 pub(crate) mod hints;
 pub(crate) mod serve;
+pub(crate) mod signals;
 pub(crate) mod simulate;
 
 use clap::{Parser, Subcommand};

@@ -1,5 +1,6 @@
 //! `rocgate serve`: the reverse proxy and admin API until SIGTERM or Ctrl-C.
 
+use super::signals::ShutdownSignals;
 use super::ServeArgs;
 use rocgate::config::{Config, ServerConfig};
 use rocgate::proxy::{Proxy, ProxySettings, Reloader};
@@ -46,53 +47,6 @@ fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, St
         ));
     }
     Ok(settings)
-}
-
-/// SIGTERM and Ctrl-C (SIGINT), listened for once for the whole run, so that none is
-/// missed between the first and the second.
-struct ShutdownSignals {
-    #[cfg(unix)]
-    term: Option<tokio::signal::unix::Signal>,
-    #[cfg(unix)]
-    interrupt: Option<tokio::signal::unix::Signal>,
-}
-
-impl ShutdownSignals {
-    fn listen() -> Self {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            ShutdownSignals {
-                term: signal(SignalKind::terminate()).ok(),
-                interrupt: signal(SignalKind::interrupt()).ok(),
-            }
-        }
-        #[cfg(not(unix))]
-        ShutdownSignals {}
-    }
-
-    /// Completes on the next SIGTERM or Ctrl-C.
-    async fn next(&mut self) {
-        #[cfg(unix)]
-        {
-            async fn recv(signal: Option<&mut tokio::signal::unix::Signal>) {
-                match signal {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            }
-            tokio::select! {
-                () = recv(self.term.as_mut()) => {},
-                () = recv(self.interrupt.as_mut()) => {},
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 /// Serves with `proxy` until the first of `signals`, then drains; a second one during

@@ -275,7 +275,7 @@ pub struct SeenTransition {
 pub struct RunReport {
     /// Whether rocgate was in front of the shop.
     pub gated: bool,
-    /// Whether Ctrl-C cut the run short.
+    /// Whether `stop` (Ctrl-C, SIGTERM) cut the run short.
     pub interrupted: bool,
     /// How long the traffic ran, its last answers included.
     pub elapsed: Duration,
@@ -331,7 +331,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Whether Ctrl-C cut the demo short.
+    /// Whether `stop` (Ctrl-C, SIGTERM) cut the demo short.
     pub fn interrupted(&self) -> bool {
         self.gated.interrupted || self.ungated.as_ref().is_some_and(|u| u.interrupted)
     }
@@ -339,7 +339,7 @@ impl Outcome {
 
 /// Runs the demo: starts the shop and the proxy, plays the traffic while writing the
 /// live table to `out`, then (with `compare`) plays it again straight to a new shop.
-/// When `stop` completes (Ctrl-C), the traffic stops, everything shuts down, and the
+/// When `stop` completes (Ctrl-C, SIGTERM), the traffic stops, everything shuts down, and the
 /// outcome so far is returned. The report is [`write_report`]'s.
 pub async fn run(
     settings: &DemoSettings,

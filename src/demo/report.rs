@@ -162,7 +162,7 @@ pub fn write_report(out: &mut (dyn Write + Send), outcome: &Outcome) -> io::Resu
     if gated.interrupted {
         writeln!(
             out,
-            "  interrupted   by Ctrl-C after {:.1} s",
+            "  interrupted   after {:.1} s",
             gated.elapsed.as_secs_f64()
         )?;
     }
@@ -306,7 +306,7 @@ fn write_comparison(
     if ungated.interrupted {
         writeln!(
             out,
-            "\nwith and without rocgate (without: interrupted by Ctrl-C after {:.1} s)",
+            "\nwith and without rocgate (without: interrupted after {:.1} s)",
             ungated.elapsed.as_secs_f64()
         )?;
     } else {
