@@ -543,6 +543,30 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
     p.stop().await;
 }
 
+/// A reload names the file's scheduled events that have ended, as the start does
+/// (it named none: a sale's date mistyped into the past went by in silence).
+#[tokio::test]
+async fn a_reload_names_the_events_that_have_ended() {
+    let p = start(None).await;
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["events_ended"], serde_json::json!([]), "{body}");
+    let with_events = format!(
+        "{CONFIG}\n\
+         [[routes.events]]\nname = \"last-years-sale\"\nstart = \"2020-11-27T19:00:00Z\"\nduration = \"2h\"\nbase_limit = 500\n\n\
+         [[routes.events]]\nname = \"next-sale\"\nstart = \"2999-11-27T19:00:00Z\"\nduration = \"2h\"\nbase_limit = 500\n"
+    );
+    std::fs::write(&p.file, with_events).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    p.stop().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["events_ended"],
+        serde_json::json!(["routes[1].events[0]"]),
+        "{body}"
+    );
+}
+
 /// A reload's answer lists the routes whose runtime change it `kept` and those whose
 /// change the file `replaced`, and drops none.
 #[track_caller]

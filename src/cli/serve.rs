@@ -132,14 +132,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
     };
     #[allow(clippy::disallowed_methods)] // the wall clock, which events are placed on
     let now = std::time::SystemTime::now();
-    for (at, event, end) in config.ended_events(now) {
-        tracing::warn!(
-            event = %event.name,
-            at,
-            ended = %humantime::format_rfc3339_seconds(end),
-            "a scheduled event has ended: it will never run"
-        );
-    }
+    rocgate::proxy::warn_ended_events(&config, now);
     let server = config.server.clone();
     let settings = match settings(&server, &args) {
         Ok(s) => s,

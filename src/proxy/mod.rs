@@ -202,6 +202,27 @@ pub struct Reloaded {
     /// The routes whose runtime change went with them: the file no longer has a route
     /// of that name (removed, or renamed).
     pub runtime_changes_dropped: Vec<String>,
+    /// The file's scheduled events that have ended (`routes[0].events[1]`): valid, and
+    /// never to run (a date left from a past sale).
+    pub events_ended: Vec<String>,
+}
+
+/// Logs each of `config`'s scheduled events that ended at or before `wall_now` (a
+/// warning: it will never run), and says where each is (`routes[0].events[1]`).
+pub fn warn_ended_events(config: &Config, wall_now: SystemTime) -> Vec<String> {
+    config
+        .ended_events(wall_now)
+        .into_iter()
+        .map(|(at, event, end)| {
+            tracing::warn!(
+                event = %event.name,
+                at,
+                ended = %humantime::format_rfc3339_seconds(end),
+                "a scheduled event has ended: it will never run"
+            );
+            at
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for Reloader {
@@ -472,6 +493,7 @@ impl Reloader {
             store.retain(&next);
         }
         tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
+        let events_ended = warn_ended_events(&config, wall_now);
         for route in &runtime_changes_kept {
             tracing::info!(
                 route,
@@ -502,6 +524,7 @@ impl Reloader {
             runtime_changes_kept,
             runtime_changes_replaced,
             runtime_changes_dropped,
+            events_ended,
         })
     }
 }
