@@ -35,9 +35,13 @@ fn main() -> ExitCode {
             Ok(filter) => (filter, None),
             Err(e) => (
                 tracing_subscriber::EnvFilter::new(default_filter),
-                Some((v, e)),
+                Some((format!("{v:?}"), e.to_string())),
             ),
         },
+        Err(std::env::VarError::NotUnicode(v)) => (
+            tracing_subscriber::EnvFilter::new(default_filter),
+            Some((format!("{v:?}"), "not UTF-8".to_owned())),
+        ),
         _ => (tracing_subscriber::EnvFilter::new(default_filter), None),
     };
     tracing_subscriber::fmt()
@@ -46,9 +50,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     if let Some((value, e)) = unreadable {
-        tracing::warn!(
-            "RUST_LOG={value:?} is no log filter ({e}): logging with {default_filter:?}"
-        );
+        tracing::warn!("RUST_LOG={value} is no log filter ({e}): logging with {default_filter:?}");
     }
     match args.command {
         cli::Command::Demo(a) => cli::demo::run(a),

@@ -446,7 +446,7 @@ async fn an_address_in_use_is_named_with_its_listener() {
 /// `serve` started on a config with an event that has ended, on a listen address in
 /// use (so that the start fails and the run ends), with `RUST_LOG` if given: its exit
 /// code and stderr.
-fn serve_an_ended_event(rust_log: Option<&str>) -> (Option<i32>, String) {
+fn serve_an_ended_event(rust_log: Option<&std::ffi::OsStr>) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("past.toml");
     std::fs::write(
@@ -501,7 +501,15 @@ fn an_ended_event_is_logged_as_a_warning_at_start() {
 /// said, and the default applies.
 #[test]
 fn an_empty_or_unreadable_rust_log_logs_at_the_default() {
-    for rust_log in ["", "  ", "rocgate=loud"] {
+    use std::os::unix::ffi::OsStrExt as _;
+    for (rust_log, said) in [
+        (&b""[..], false),
+        (b"  ", false),
+        (b"rocgate=loud", true),
+        // Not UTF-8: the default, said (it went by in silence).
+        (b"rocgate=\xffdebug", true),
+    ] {
+        let rust_log = std::ffi::OsStr::from_bytes(rust_log);
         let (code, stderr) = serve_an_ended_event(Some(rust_log));
         assert_eq!(code, Some(1), "{rust_log:?}: {stderr}");
         assert!(
@@ -510,7 +518,7 @@ fn an_empty_or_unreadable_rust_log_logs_at_the_default() {
         );
         assert_eq!(
             stderr.contains("is no log filter"),
-            rust_log == "rocgate=loud",
+            said,
             "{rust_log:?}: {stderr}"
         );
     }
