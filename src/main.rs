@@ -16,6 +16,9 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The most log lines waiting to be written before further ones are dropped.
+const LOG_LINES_WAITING: usize = 100_000;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     // The demo's table is on stdout; its info logs (each transition) would interleave
@@ -44,9 +47,19 @@ fn main() -> ExitCode {
         ),
         _ => (tracing_subscriber::EnvFilter::new(default_filter), None),
     };
+    // Lines are written to stderr by a thread of their own, never where they are
+    // logged: a pipe nobody reads (a stalled log collector) would otherwise stop the
+    // first request that logs, and a route whose transition is logged under its lock.
+    // While that thread is behind by LOG_LINES_WAITING lines, further ones are dropped.
+    // The guard writes out what waits when `main` returns.
+    let (writer, _written_out) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(LOG_LINES_WAITING)
+        .lossy(true)
+        .thread_name("rocgate-log")
+        .finish(std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     if let Some((value, e)) = unreadable {

@@ -788,3 +788,46 @@ async fn the_allocator_asks_for_no_transparent_huge_pages() {
         "regions advised for huge pages: {advised:?}"
     );
 }
+
+/// A log nobody reads (a full pipe: a stalled log collector, `serve 2>&1 | slow`)
+/// holds no request up: lines are written off the request's path, and dropped when
+/// too many wait. (Each was written where it was logged: once the pipe was full, the
+/// first request that logged stopped, and a route's transition logged under its lock
+/// stopped the route.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_nobody_reads_holds_no_request_up() {
+    use std::io::BufRead as _;
+    let up = upstream(Duration::ZERO, Arc::default()).await;
+    let mut child = Reap::spawn(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--upstream")
+            .arg(format!("http://{up}"))
+            // Several lines a request, from the HTTP stack.
+            .env("RUST_LOG", "trace"),
+    );
+    let mut log = std::io::BufReader::new(child.0.stderr.take().unwrap());
+    let listen = loop {
+        let mut line = String::new();
+        assert!(
+            log.read_line(&mut line).unwrap() > 0,
+            "serve logs its address"
+        );
+        if let Some(addr) = field(&line, "listen=") {
+            break addr;
+        }
+    };
+    // `log` is kept, never read again: the pipe (64 KiB) fills within the first
+    // requests, each of which logs more than 1 KiB here.
+    let served = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut statuses = Vec::new();
+        for _ in 0..500 {
+            statuses.push(get_status(listen, "/").await);
+        }
+        statuses
+    })
+    .await
+    .expect("500 requests answered with the log unread");
+    assert!(served.iter().all(|s| *s == Ok(200)), "{served:?}");
+    drop(log);
+}
