@@ -22,6 +22,7 @@ use rocgate::limiter::{Algorithm, Reason, Rejection};
 use rocgate::store::redis::{RedisStore, StoreMode};
 use rocgate::store::{RedisConfig, RedisServers, SyncMode};
 use rocgate::window::WindowSpec;
+use std::future::Future as _;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -2070,6 +2071,46 @@ async fn a_stalled_redis_opens_the_breaker_when_its_callers_give_up_first() {
     assert!(
         (3..10).contains(&gave_up),
         "{gave_up} of 10 callers gave up: the breaker opens on the third call's timeout"
+    );
+}
+
+/// A decision whose caller gives up while its call is on the way, and whose answer
+/// wins a rollover, still has the shared controller stepped over the slots it rolled:
+/// its call runs to its end, and its answer is taken in. (The roll was dropped with
+/// the caller: the controller stood still until another request's rollover.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollover_won_by_a_decision_whose_caller_gave_up_is_stepped() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "rolled");
+    let inst = Instance::system(&quick_route(), &config);
+    // Until a step is stored (the first rollover's).
+    let mut through = None;
+    for _ in 0..20 {
+        assert!(inst.check().await.is_admit());
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        through = redis::cmd("HGET")
+            .arg("{rolled:order}:c")
+            .arg("through")
+            .query(&mut conn)
+            .unwrap();
+        if through.is_some() {
+            break;
+        }
+    }
+    let through: u64 = through.expect("a step is stored");
+    // Two slots on: the next call rolls the window over. Its caller leaves once the
+    // call is made (one poll).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut check = Box::pin(inst.check());
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(check.as_mut().poll(cx))).await;
+    assert!(polled.is_pending(), "answered within one poll: {polled:?}");
+    drop(check);
+    let after = stored_through(&mut conn, "{rolled:order}:c", |t| t > through).await;
+    assert!(
+        after > through,
+        "no step stored after the rollover: through {through}, then {after}"
     );
 }
 

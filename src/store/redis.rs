@@ -902,8 +902,12 @@ impl RedisStore {
         if inner.config.mode == SyncMode::Batched {
             return inner.batched(engine, route, &r, mode, now);
         }
-        let params = || engine.params_at(route, now).unwrap_or_default();
-        let base = || params().base_limit_rps;
+        let base = || {
+            engine
+                .params_at(route, now)
+                .unwrap_or_default()
+                .base_limit_rps
+        };
         if r.breaker().call(now) == Call::Skip {
             return inner.fallback(&r, mode, base, now);
         }
@@ -913,36 +917,41 @@ impl RedisStore {
             0 => 0,
             _ => r.owed.swap(0, Ordering::Relaxed),
         };
-        // The call runs to its answer or its `timeout` even if this decision's caller
-        // stops waiting first (its client gone, a deadline shorter than `timeout`):
-        // the breaker learns how Redis answered, so a stalled Redis opens it whoever
-        // waits, and a debit it carried is owed again if Redis did not answer.
+        // Taken before the call, which may end without this caller: a rollover its
+        // answer won is stepped on them.
+        let params = engine.params_at(route, now).unwrap_or_default();
+        let base_limit = params.base_limit_rps;
+        // The call runs to its answer or its `timeout`, and the answer is taken in,
+        // even if this decision's caller stops waiting first (its client gone, a
+        // deadline shorter than `timeout`): the breaker learns how Redis answered, so
+        // a stalled Redis opens it whoever waits; a debit the call carried is owed
+        // again if Redis did not answer; and a rollover the answer won is stepped.
         let call = {
             let (inner, r) = (Arc::clone(inner), Arc::clone(&r));
             RunsToEnd::new(async move {
-                let reply = inner.call(&r, 1, true, owed).await;
-                if reply.is_none() {
+                let Some(reply) = inner.call(&r, 1, true, owed).await else {
                     // Owed still: the call may have been applied anyway (a timeout on
                     // a Redis that answers later), so this can debit twice, never not
                     // at all.
                     r.owe(owed);
+                    return None;
+                };
+                let answer = (reply.admit, reply.wait_us, reply.limit, reply.state);
+                let tokens = reply.tokens;
+                inner.absorb(&r, reply, || params);
+                if let Some(tokens) = tokens {
+                    r.tokens.store(tokens.to_bits(), Ordering::Relaxed);
+                    r.tokens_at.store(now.as_u64(), Ordering::Relaxed);
+                    if inner.config.fail_mode == FailMode::Local {
+                        inner.mirror(&r, tokens, now);
+                    }
                 }
-                reply
+                Some(answer)
             })
         };
-        let Some(reply) = call.await else {
-            return inner.fallback(&r, mode, base, now);
+        let Some((admit, wait_us, limit, state)) = call.await else {
+            return inner.fallback(&r, mode, || base_limit, now);
         };
-        let (admit, wait_us, limit, state) = (reply.admit, reply.wait_us, reply.limit, reply.state);
-        let tokens = reply.tokens;
-        inner.absorb(&r, reply, params);
-        if let Some(tokens) = tokens {
-            r.tokens.store(tokens.to_bits(), Ordering::Relaxed);
-            r.tokens_at.store(now.as_u64(), Ordering::Relaxed);
-            if inner.config.fail_mode == FailMode::Local {
-                inner.mirror(&r, tokens, now);
-            }
-        }
         if admit {
             r.admitted.increment(1);
             return (Decision::Admit(Admit::Now), None);
@@ -1839,12 +1848,12 @@ async fn sync(
 /// noise).
 /// The runtime it finishes on is the one current when it was made (it may be
 /// dropped where none is).
-struct RunsToEnd<F: Future<Output = Option<Reply>> + Send + 'static>(
+struct RunsToEnd<T: Send + 'static, F: Future<Output = Option<T>> + Send + 'static>(
     Option<Pin<Box<F>>>,
     Option<tokio::runtime::Handle>,
 );
 
-impl<F: Future<Output = Option<Reply>> + Send + 'static> RunsToEnd<F> {
+impl<T: Send + 'static, F: Future<Output = Option<T>> + Send + 'static> RunsToEnd<T, F> {
     fn new(future: F) -> Self {
         RunsToEnd(
             Some(Box::pin(future)),
@@ -1853,10 +1862,10 @@ impl<F: Future<Output = Option<Reply>> + Send + 'static> RunsToEnd<F> {
     }
 }
 
-impl<F: Future<Output = Option<Reply>> + Send + 'static> Future for RunsToEnd<F> {
-    type Output = Option<Reply>;
+impl<T: Send + 'static, F: Future<Output = Option<T>> + Send + 'static> Future for RunsToEnd<T, F> {
+    type Output = Option<T>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Reply>> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
         let Some(future) = self.0.as_mut() else {
             return Poll::Ready(None);
         };
@@ -1868,7 +1877,7 @@ impl<F: Future<Output = Option<Reply>> + Send + 'static> Future for RunsToEnd<F>
     }
 }
 
-impl<F: Future<Output = Option<Reply>> + Send + 'static> Drop for RunsToEnd<F> {
+impl<T: Send + 'static, F: Future<Output = Option<T>> + Send + 'static> Drop for RunsToEnd<T, F> {
     fn drop(&mut self) {
         if let (Some(future), Some(runtime)) = (self.0.take(), self.1.take()) {
             runtime.spawn(future);

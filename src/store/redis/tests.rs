@@ -436,7 +436,7 @@ fn a_call_dropped_early_runs_to_its_end_on_its_runtime() {
         let finished = Arc::clone(&done);
         // Made where the runtime is current.
         let entered = rt.enter();
-        let mut call = Box::pin(RunsToEnd::new(async move {
+        let mut call = Box::pin(RunsToEnd::<(), _>::new(async move {
             tokio::task::yield_now().await;
             tokio::task::yield_now().await;
             finished.store(true, Ordering::SeqCst);
