@@ -949,7 +949,7 @@ fn two_problems_config() -> String {
 /// the gate.
 fn gated_config(danger_roc: u32) -> String {
     format!(
-        "[hints]\ninterval = \"1h\"\nkeep = \"1h\"\n{}",
+        "[hints]\ninterval = \"1h\"\nkeep = \"2h\"\n{}",
         CONFIG.replace(
             "path = \"/api/order\"",
             &format!("path = \"/api/order\"\ndanger_roc = {danger_roc}"),

@@ -1849,7 +1849,19 @@ fn the_hints_section_is_read_and_checked() {
     refused(
         &route("[hints]\ninterval = \"1m\"\nkeep = \"10s\""),
         "hints.keep",
-        "at least hints.interval",
+        "at least twice hints.interval",
+    );
+    // One interval kept: the one closed last was dropped as it closed (the timer
+    // closes it a little late), and no hint was ever given.
+    refused(
+        &route("[hints]\ninterval = \"10s\"\nkeep = \"10s\""),
+        "hints.keep",
+        "must be at least twice hints.interval (10s), got 10s",
+    );
+    refused(
+        &route("[hints]\ninterval = \"40m\""),
+        "hints.interval",
+        "must be at most half of hints.keep (1h, its default), got 40m",
     );
     // Every route keeps a record an interval for `keep`: 1 ms intervals over the
     // default hour were 3.6 million records a route (and a tick every millisecond);
@@ -1868,7 +1880,7 @@ fn the_hints_section_is_read_and_checked() {
     refused(
         &route("[hints]\ninterval = \"2h\""),
         "hints.interval",
-        "must be at most hints.keep (1h, its default)",
+        "must be at most half of hints.keep (1h, its default)",
     );
     refused(
         &route("[hints]\ninterval = \"100us\"\nkeep = \"1s\""),

@@ -345,6 +345,7 @@ fn no_traffic_gets_no_verdict_even_without_a_minimum() {
         },
         params: rocgate::controller::ControllerParams::default(),
         partitioned: false,
+        tiered: false,
         event: None,
     };
     let policy = {
@@ -456,6 +457,7 @@ fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
         algorithm: Algorithm::Concurrency { queue: 0 },
         params,
         partitioned: false,
+        tiered: false,
         event: None,
     };
     // 1,000 req/s admitted, 5% failing: saturated, nothing rejected.
@@ -548,6 +550,7 @@ fn a_raised_window_limit_stays_within_what_its_counter_holds() {
             v
         },
         partitioned: false,
+        tiered: false,
         event: None,
     };
     let intervals: Vec<Interval> = (0..30)
@@ -700,6 +703,7 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
             v
         },
         partitioned: false,
+        tiered: false,
         event: None,
     };
     let intervals: Vec<Interval> = (0..30)
@@ -773,6 +777,7 @@ fn no_history_covers_zero_seconds_not_minus_zero() {
         },
         params: rocgate::controller::ControllerParams::default(),
         partitioned: false,
+        tiered: false,
         event: None,
     };
     let r = RouteHints::new(&settings, &[], None, &Policy::default());
@@ -1620,6 +1625,7 @@ fn classic() -> RouteSettings {
         },
         params: ControllerParams::default(),
         partitioned: false,
+        tiered: false,
         event: None,
     }
 }
@@ -1874,4 +1880,324 @@ fn the_quoted_upstream_p99_is_within_nine_percent() {
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     let raise = find(&h, "raise_base_limit").expect("a raise");
     assert!(raise.reason.contains("p99 11 ms"), "{}", raise.reason);
+}
+fn suggested_by(h: &[Hint], param: &str) -> Option<f64> {
+    h.iter()
+        .find(|h| h.parameter.as_deref() == Some(param) && h.suggested.is_some())
+        .and_then(|h| match &h.suggested {
+            Some(Setting::Number(x)) => Some(*x),
+            _ => None,
+        })
+}
+
+fn suggested_secs(h: &[Hint], param: &str) -> Option<f64> {
+    h.iter()
+        .find(|h| h.parameter.as_deref() == Some(param) && h.suggested.is_some())
+        .and_then(|h| match &h.suggested {
+            Some(Setting::Text(t)) => humantime::parse_duration(t).ok().map(|d| d.as_secs_f64()),
+            _ => None,
+        })
+}
+
+/// raise_base_limit and raise_burst in one report stay within the known capacity
+/// together: the burst is bounded at the raised base limit. (Each was bounded on its
+/// own: 260 × (1 s + 4 s) against 1,000 req/s.)
+#[test]
+fn raised_base_and_raised_burst_together_stay_within_the_capacity() {
+    // 10 cycles of 10 s: 9 s at 100 req/s (nothing rejected), then 1 s at 1000 req/s of
+    // which a full 1 s bucket at 200 admits 400 (600 rejected by the base limit).
+    let mut intervals = Vec::new();
+    for k in 0..100u64 {
+        let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+        let burst = k % 10 == 9;
+        i.offered = if burst { 1000 } else { 100 };
+        if burst {
+            i.rejected[Reason::Limit.index()] = 600;
+            i.exhausted_s = 0.5;
+        }
+        i.in_state[usize::from(ControllerState::Normal.as_index())] = 1.0;
+        i.upstream = Some(UpstreamCounts {
+            requests: i.admitted(),
+            errors: 0,
+            ..UpstreamCounts::default()
+        });
+        intervals.push(i);
+    }
+    let cap = 1000.0;
+    let h = rocgate::hints::advise(&classic(), &intervals, Some(cap), &Policy::default());
+    let base = suggested_by(&h, "base_limit").expect("raise_base_limit");
+    let burst = suggested_secs(&h, "burst").expect("raise_burst");
+    assert!(
+        base * (1.0 + burst) <= cap,
+        "base {base} × (1 s + burst {burst} s) = {} > capacity {cap}",
+        base * (1.0 + burst)
+    );
+}
+
+/// A reload that rebuilds a route (here: its path changes; its parameters do not)
+/// starts its counters from zero, and the history counts them from zero. (It diffed
+/// them against the old route's: 1,100 offered and 981 rejected for 2,100 and 981.)
+#[test]
+fn a_rebuilt_route_is_not_diffed_against_the_old_routes_counters() {
+    let toml = |prefix: &str| {
+        Config::from_toml_str(
+            &format!("[[routes]]\nname = \"r\"\npath_prefix = \"{prefix}\"\n"),
+            "test",
+        )
+        .unwrap()
+    };
+    let s = Nanos::from_secs;
+    let wall = |t: u64| UNIX_EPOCH + Duration::from_secs(t);
+    let engine = Engine::new(&toml("/"), Nanos::ZERO, UNIX_EPOCH).unwrap();
+    let mut h = History::new(Duration::from_secs(10), Duration::from_secs(3600));
+    let settings = |e: &Engine| e.route_settings(e.route_at(0).unwrap()).unwrap();
+    h.tick(s(0), &engine.snapshot(s(0)), [settings(&engine)], None);
+    // 0..10 s: 100 req/s, all admitted.
+    for t in 0..10 {
+        for _ in 0..100 {
+            let _ = engine.check(engine.route_at(0).unwrap(), Key::None, s(t));
+        }
+    }
+    h.tick(s(10), &engine.snapshot(s(10)), [settings(&engine)], None);
+    // A reload at 12 s changes only the route's path.
+    let engine = engine.reload(&toml("/api"), s(12), wall(12)).unwrap();
+    assert_eq!(settings(&engine).params, ControllerParams::default());
+    // 13..20 s: 300 req/s against the bucket of 200.
+    let (mut offered, mut rejected) = (0u64, 0u64);
+    for t in 13..20 {
+        for _ in 0..300 {
+            offered += 1;
+            if !engine
+                .check(engine.route_at(0).unwrap(), Key::None, s(t))
+                .is_admit()
+            {
+                rejected += 1;
+            }
+        }
+    }
+    h.tick(s(20), &engine.snapshot(s(20)), [settings(&engine)], None);
+    let kept = h.since(s(10));
+    let i = &kept[0].1[0];
+    assert_eq!((i.offered, i.rejected_total()), (offered, rejected));
+}
+
+/// Without any measure of the upstream (no `--capacity`; the layer without a meter),
+/// health is unknown and the rules that need it stay silent. (A cut was judged false,
+/// and danger_roc raised, the reason saying the upstream "was not saturated".)
+#[test]
+fn an_unmeasured_upstream_is_not_reported_as_not_saturated() {
+    // A 20 → 180 req/s step; nothing says whether the upstream took 180 req/s.
+    let step = vec![(0.0, 20.0), (30.0, 20.0), (30.0, 180.0), (60.0, 180.0)];
+    let h = advise("", &step, None);
+    assert!(
+        h.iter().all(|h| h.rule != "raise_danger_roc"),
+        "raise_danger_roc on an upstream nobody measured"
+    );
+}
+
+/// `current` is the value in force, not rounded (it was, down to 100 ms).
+#[test]
+fn a_current_duration_is_the_value_in_force() {
+    let mut settings = classic();
+    settings.params.restore_step_rps = 100.0; // more than half the cut's depth of 140
+    settings.params.restore_interval = Duration::from_millis(1250);
+    // 10 s recovering at 150 req/s, a third rejected by the lowered limit, healthy.
+    let intervals: Vec<Interval> = (0..10u64)
+        .map(|k| {
+            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = 150;
+            i.rejected[Reason::Limit.index()] = 50;
+            i.in_state[usize::from(ControllerState::Recovering.as_index())] = 1.0;
+            i.upstream = Some(UpstreamCounts {
+                requests: 100,
+                errors: 0,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let hint = h
+        .iter()
+        .find(|h| h.parameter.as_deref() == Some("restore_interval"))
+        .unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(hint.current, Some(Setting::Text("1s 250ms".into())));
+}
+
+/// A lowered burst never reads as no change. (With `current` rounded down to 100 ms,
+/// 1550 ms lowered to 1500 ms read "burst 1s 500ms → 1s 500ms", critical.)
+#[test]
+fn a_lowered_burst_does_not_read_as_no_change() {
+    let mut settings = classic();
+    settings.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_millis(1550),
+    };
+    let intervals: Vec<Interval> = (0..30u64)
+        .map(|k| {
+            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+            let spike = k % 5 == 4;
+            i.offered = if spike { 502 } else { 100 };
+            i.in_state[usize::from(ControllerState::Normal.as_index())] = 1.0;
+            if spike {
+                i.rejected[Reason::Limit.index()] = 2;
+                i.exhausted_s = 0.5;
+            }
+            i.upstream = Some(UpstreamCounts {
+                requests: i.admitted(),
+                errors: if spike { 100 } else { 0 },
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&settings, &intervals, Some(400.0), &Policy::default());
+    let burst = h
+        .iter()
+        .find(|h| h.parameter.as_deref() == Some("burst"))
+        .unwrap_or_else(|| panic!("{h:#?}"));
+    assert_ne!(burst.current, burst.suggested);
+}
+
+/// Steady Poisson traffic at 150 req/s under the classic route (no cut), the upstream
+/// healthy but for one interval in sixty (the 20th) with 2% errors (a deploy, a bad
+/// node): one saturated interval at the usual rate is no capacity, and no ramp either.
+/// (lower_danger_roc read the ROC noise of that interval as a ramp and asked,
+/// critical, to lower danger_roc towards safe_roc: a controller then cutting on noise.)
+#[test]
+fn one_bad_interval_at_the_usual_rate_is_no_ramp() {
+    use rocgate::sim::{ArrivalModel, Profile, Simulator};
+    let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\ndanger_roc = 2000\n";
+    let config = Config::from_toml_str(toml, "test").unwrap();
+    let sim = Simulator::new(config.clone(), Some("r")).unwrap();
+    let profile = Profile::from_points(&[(0.0, 150.0), (60.0, 150.0)]).unwrap();
+    let run = sim
+        .run_profile_all(&profile, ArrivalModel::Poisson { seed: 7 })
+        .unwrap();
+    let route = &config.routes[0];
+    let mut intervals = hints::intervals(
+        &run.routes[0],
+        route.window.slots() / 2,
+        &route.algorithm,
+        false,
+        &[],
+    );
+    for (k, i) in intervals.iter_mut().enumerate() {
+        let requests = i.admitted();
+        i.upstream = Some(UpstreamCounts {
+            requests,
+            errors: if k == 19 { requests / 50 } else { 0 },
+            ..UpstreamCounts::default()
+        });
+    }
+    let mut settings = classic();
+    settings.params = route.controller.clone();
+    settings.params.danger_roc = 80.0; // judged against the classic thresholds
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert!(h.iter().all(|h| h.rule != "lower_base_limit"));
+    assert!(
+        h.iter().all(|h| h.rule != "lower_danger_roc"),
+        "critical on one bad interval"
+    );
+}
+
+/// On a route with tiers, a tier's limit rejects as `Reason::Limit`, as the base
+/// limit does: raise_base_limit is not advised there. (A batch key held to its tier's
+/// 10 req/s got the base limit of the keys in no tier, none of them rejected, raised
+/// at every report.)
+#[test]
+fn a_tiers_rejections_do_not_raise_the_routes_base_limit() {
+    use rocgate::hints::UpstreamMeter;
+    use std::sync::Arc;
+    let toml = "[[routes]]\nname = \"search\"\npath_prefix = \"/\"\n\
+                partition = \"header:x-api-key\"\nbase_limit = 50\ncut_limit = 15\n\
+                restore_step = 5\ndanger_roc = 400\nsafe_roc = 100\n\
+                [[routes.tiers]]\nname = \"batch\"\nvalues = [\"key-nightly-export\"]\n\
+                base_limit = 10\ncut_limit = 10\n";
+    let config = Config::from_toml_str(toml, "test").unwrap();
+    let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+    let id = engine.route_at(0).unwrap();
+    let meter = UpstreamMeter::new();
+    let route: Arc<str> = "search".into();
+    let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3600));
+    let settings = || engine.route_settings(id).unwrap();
+    h.tick(
+        Nanos::ZERO,
+        &engine.snapshot(Nanos::ZERO),
+        [settings()],
+        Some(&meter),
+    );
+    let keys: Vec<String> = (0..20).map(|k| format!("key-{k}")).collect();
+    let mut untiered_rejected = 0u64;
+    for t in 0..30u64 {
+        for n in 0..100u64 {
+            let now = Nanos::from_millis(t * 1000 + n * 10);
+            if engine
+                .check(id, Key::Value("key-nightly-export"), now)
+                .is_admit()
+            {
+                meter.record(&route, Duration::from_millis(5), false);
+            }
+            if n % 5 == 0 {
+                for k in &keys {
+                    if engine.check(id, Key::Value(k), now).is_admit() {
+                        meter.record(&route, Duration::from_millis(5), false);
+                    } else {
+                        untiered_rejected += 1;
+                    }
+                }
+            }
+        }
+        let now = Nanos::from_secs(t + 1);
+        engine.catch_up(id, now);
+        h.tick(now, &engine.snapshot(now), [settings()], Some(&meter));
+    }
+    assert_eq!(
+        untiered_rejected, 0,
+        "the keys in no tier were never rejected"
+    );
+    let groups = h.since(Nanos::ZERO);
+    let (s, intervals) = &groups[0];
+    let hints = rocgate::hints::advise(s, intervals, None, &Policy::default());
+    let raise: Vec<&Hint> = hints
+        .iter()
+        .filter(|h| h.rule == "raise_base_limit")
+        .collect();
+    assert_eq!(raise.len(), 1, "{hints:#?}");
+    assert_eq!(raise[0].suggested, None, "{:?}", raise[0]);
+    assert!(
+        raise[0]
+            .reason
+            .starts_with("not advised on a route with tiers: "),
+        "{}",
+        raise[0].reason
+    );
+}
+
+/// A raised base limit widens the gap a restore climbs: with a slow restore it is
+/// bounded by what a restore covers in 7 days, as the config requires. (A raise the
+/// config then refused was suggested.)
+#[test]
+fn a_raised_base_limit_is_one_the_config_accepts() {
+    let mut settings = classic();
+    settings.params.restore_interval = Duration::from_secs(20 * 3600); // 8 steps in 7 days: 220 at most
+    let intervals: Vec<Interval> = (0..30u64)
+        .map(|k| {
+            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = 300;
+            i.rejected[Reason::Limit.index()] = 100;
+            i.in_state[usize::from(ControllerState::Normal.as_index())] = 1.0;
+            i.upstream = Some(UpstreamCounts {
+                requests: 200,
+                errors: 0,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let base = suggested_by(&h, "base_limit").expect("raise_base_limit");
+    let json = format!("{{\"base_limit\": {base}}}");
+    let r =
+        rocgate::config::patch_controller(&settings.params, &settings.algorithm, &json, "hints");
+    assert!(r.is_ok(), "{json}: {}", r.unwrap_err());
 }

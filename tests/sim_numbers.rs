@@ -357,7 +357,9 @@ fn false_cuts_on_a_warmup_ramp_are_cured_by_the_advice_and_the_sale_still_cut() 
         cut_at(extra, &points, ArrivalModel::Uniform).is_some(),
         "a false cut"
     );
-    let h = advise(extra, &points, ArrivalModel::Uniform, None);
+    // A service that takes it all: a false cut is judged by the upstream's health,
+    // which without a capacity is not known.
+    let h = advise(extra, &points, ArrivalModel::Uniform, Some(1000));
     let danger = number(&h, "danger_roc").unwrap_or_else(|| panic!("{h:#?}"));
     let fixed = apply(extra, &h);
     assert_eq!(
@@ -382,7 +384,7 @@ fn false_cuts_on_a_noisy_steady_route_are_cured_without_blinding_the_controller(
     let poisson = ArrivalModel::Poisson { seed: 7 };
     let before = run(extra, &steady, poisson);
     assert!(before.summary.cut_count >= 3, "{:?}", before.summary);
-    let h = advise(extra, &steady, poisson, None);
+    let h = advise(extra, &steady, poisson, Some(1000));
     let danger = number(&h, "danger_roc").unwrap_or_else(|| panic!("{h:#?}"));
     // The hint counts the cuts the run counted (cuts in consecutive seconds are
     // one episode for the rule, not one cut).
@@ -753,7 +755,7 @@ fn reasons_quote_the_runs_own_figures() {
     // The warm-up's false cut: its interval and the ROC that started it.
     let (run, h) = figures(
         "danger_roc = 1\nsafe_roc = 0.5",
-        None,
+        Some(1000),
         &Scenario::Warmup.profile(),
     );
     let cut = &run.routes[0].summary.cuts[0];

@@ -723,7 +723,7 @@ const LONGEST_CONTROLLER_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// The longest restore from `cut_limit` to `base_limit`, all its steps together (7
 /// steps of the longest `restore_interval`): a cut route back at its base limit only
 /// later than that is cut for good.
-const LONGEST_RESTORE: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const LONGEST_RESTORE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The longest `idle_timeout` of a partition's keys.
 const LONGEST_IDLE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -2284,16 +2284,24 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     let kept = out.keep.as_nanos() / out.interval.as_nanos().max(1);
     let keep = humantime::format_duration(out.keep);
     let interval = humantime::format_duration(out.interval);
-    if out.keep < out.interval {
+    // Twice: the interval that closed last began more than one interval before the
+    // tick that closed it (the timer is never early), and a report looks back at least
+    // two intervals; with `keep` of one interval, it was dropped at once, and no hint
+    // was ever given.
+    if out.keep < out.interval.saturating_mul(2) {
         if keep_written {
             field(
                 "keep",
-                Err(format!("must be at least hints.interval ({interval})")),
+                Err(format!(
+                    "must be at least twice hints.interval ({interval}), got {keep}: the interval that closed last began more than one interval ago"
+                )),
             );
         } else {
             field(
                 "interval",
-                Err(format!("must be at most hints.keep ({keep}, its default)")),
+                Err(format!(
+                    "must be at most half of hints.keep ({keep}, its default), got {interval}: the interval that closed last began more than one interval ago"
+                )),
             );
         }
     } else if kept > MOST_INTERVALS {

@@ -545,6 +545,7 @@ impl Engine {
             algorithm: r.algorithm,
             params: st.controller.params().clone(),
             partitioned: r.partition != Partition::Route,
+            tiered: !r.tiers.is_empty(),
             event: st
                 .active_event
                 .and_then(|i| st.events.get(i))
@@ -572,6 +573,7 @@ impl Engine {
             algorithm: r.algorithm,
             params: due.map_or_else(|| st.own.clone(), |e| e.params.clone()),
             partitioned: r.partition != Partition::Route,
+            tiered: !r.tiers.is_empty(),
             event: due.map(|e| e.name.clone()),
         })
     }

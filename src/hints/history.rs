@@ -171,6 +171,9 @@ pub struct RouteSettings {
     /// Partitioned (`ip` or `header:`): `base_limit` is each key's, while `min_rps`
     /// and ROC are the route's whole demand, so the rules do not compare the two.
     pub partitioned: bool,
+    /// Has tiers: a tier's rejections count as the base limit's do (reason `limit`),
+    /// so what the base limit alone rejected is not observed.
+    pub tiered: bool,
     /// The scheduled event whose profile `params` are, if one was running: its
     /// `[[routes.events]]` entry is where a change to them belongs.
     pub event: Option<String>,
@@ -281,6 +284,9 @@ impl MeterReading {
 /// Cumulative counters of one route at the last tick.
 #[derive(Clone, Copy, Debug, Default)]
 struct Totals {
+    /// The route state the counters are of ([`RouteSnapshot::serial`]): a route that
+    /// a reload rebuilt, or that was removed and added again, counts from zero.
+    serial: u64,
     offered: u64,
     rejected: ReasonArray,
     shadow_rejected: u64,
@@ -312,11 +318,12 @@ pub struct History {
 
 impl History {
     /// A history cutting time into `interval`s and keeping those that began in the
-    /// last `keep` (at least one interval's worth), at most twice `keep ÷ interval`
-    /// of them per route.
+    /// last `keep` (at least two intervals' worth: the interval that closed last
+    /// began more than one interval before the tick that closed it), at most twice
+    /// `keep ÷ interval` of them per route.
     pub fn new(interval: Duration, keep: Duration) -> Self {
         let interval = interval.max(Duration::from_millis(1));
-        let keep = keep.max(interval);
+        let keep = keep.max(interval.saturating_mul(2));
         let regular = usize::try_from(keep.as_nanos() / interval.as_nanos()).unwrap_or(usize::MAX);
         History {
             interval,
@@ -385,6 +392,7 @@ impl History {
     ) {
         for (snap, settings) in snapshots.iter().zip(settings) {
             let totals = Totals {
+                serial: snap.serial,
                 offered: snap.offered,
                 rejected: reason_array(&snap.rejected),
                 shadow_rejected: snap.shadow_rejected.iter().map(|(_, n)| n).sum(),
@@ -404,7 +412,16 @@ impl History {
                     totals,
                     last_state: snap.state,
                 });
-            let before = h.totals;
+            let mut before = h.totals;
+            if before.serial != totals.serial {
+                // Another route state under the name: its counters began at zero (what
+                // the old one counted since the last tick is not known). The upstream
+                // meter goes by the name, and went on.
+                before = Totals {
+                    upstream: before.upstream,
+                    ..Totals::default()
+                };
+            }
             let open = &mut h.open;
             open.length = now.saturating_since(open.start);
             open.offered = delta(totals.offered, before.offered);
@@ -556,6 +573,7 @@ mod tests {
             },
             params: ControllerParams::default(),
             partitioned: false,
+            tiered: false,
             event: None,
         }
     }
@@ -578,6 +596,33 @@ mod tests {
             in_flight: None,
             armed: true,
         }
+    }
+
+    /// `keep` of one interval keeps two: the interval closed by a tick a little late
+    /// began more than one interval before it, and was dropped as it closed.
+    #[test]
+    fn a_keep_of_one_interval_still_keeps_the_one_closed_last() {
+        let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        let mut h = History::new(Duration::from_secs(10), Duration::from_secs(10));
+        h.tick(
+            Nanos::ZERO,
+            &engine.snapshot(Nanos::ZERO),
+            [settings("r")],
+            None,
+        );
+        for k in 0..1000 {
+            let _ = engine.check(
+                engine.route_at(0).unwrap(),
+                Key::None,
+                Nanos::from_millis(k * 10),
+            );
+        }
+        let late = Nanos::from_millis(10_002);
+        h.tick(late, &engine.snapshot(late), [settings("r")], None);
+        let kept = h.since(Nanos::ZERO);
+        assert_eq!(kept[0].1.len(), 1);
+        assert_eq!(kept[0].1[0].offered, 1000);
     }
 
     #[test]

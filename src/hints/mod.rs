@@ -14,11 +14,11 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals); not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
-//! | `lower_danger_roc` | upstream saturated during ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
+//! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated |
@@ -50,7 +50,7 @@ pub use history::{
 };
 pub use sketch::Sketch;
 
-use crate::config::{Mode, EVENT_SETTINGS};
+use crate::config::{Mode, EVENT_SETTINGS, LONGEST_RESTORE};
 use crate::controller::ControllerState;
 use crate::limiter::{gcra, Algorithm, Reason, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
 use serde::{Deserialize, Serialize};
@@ -117,8 +117,11 @@ pub enum Setting {
 }
 
 impl Setting {
+    /// `d` as written in a config file. Not rounded: a value in force is shown as it
+    /// is (a `current` rounded down to 100 ms made a lowered burst of 1550 ms → 1500 ms
+    /// read `1s 500ms → 1s 500ms`); a suggestion is rounded where it is made.
     fn duration(d: Duration) -> Setting {
-        Setting::Text(humantime::format_duration(round_duration(d)).to_string())
+        Setting::Text(humantime::format_duration(d).to_string())
     }
 }
 
@@ -506,6 +509,16 @@ struct CutEpisode {
     trigger_roc: f64,
     peak_demand_rps: f64,
     saturated: bool,
+    /// The upstream's health was known in at least one of its intervals: a cut in
+    /// which it was never measured is neither needed nor needless.
+    measured: bool,
+}
+
+impl CutEpisode {
+    /// Measured, and the upstream never saturated in it.
+    fn healthy(&self) -> bool {
+        self.measured && !self.saturated
+    }
 }
 
 /// Everything the rules look at, computed once.
@@ -559,12 +572,14 @@ impl<'a> Evidence<'a> {
                 continue;
             }
             let saturated = *h == Health::Saturated;
+            let measured = *h != Health::Unknown;
             match cuts.last_mut() {
                 Some(ep) if in_episode => {
                     ep.cuts += u64::from(i.cuts);
                     ep.trigger_roc = ep.trigger_roc.max(i.cut_roc);
                     ep.peak_demand_rps = ep.peak_demand_rps.max(i.peak_demand_rps);
                     ep.saturated |= saturated;
+                    ep.measured |= measured;
                 }
                 _ => cuts.push(CutEpisode {
                     at_s: i.start.as_secs_f64() - start,
@@ -572,6 +587,7 @@ impl<'a> Evidence<'a> {
                     trigger_roc: i.cut_roc,
                     peak_demand_rps: i.peak_demand_rps,
                     saturated,
+                    measured,
                 }),
             }
             in_episode = true;
@@ -625,6 +641,7 @@ impl<'a> Evidence<'a> {
     fn not_advised(&self) -> Vec<Hint> {
         const CONCURRENCY: &str = "a concurrency route";
         const PARTITIONED: &str = "a partitioned route";
+        const TIERED: &str = "a route with tiers";
         let concurrency = self.concurrency();
         let partitioned = self.s.partitioned;
         let bucket = matches!(self.s.algorithm, Algorithm::TokenBucket { .. });
@@ -640,6 +657,11 @@ impl<'a> Evidence<'a> {
                 (PARTITIONED, "the burst is each key's, and whether one key's demand came in bursts or fit its limit is not observed (demand is the whole route's)"),
             ),
             ("raise_danger_roc", concurrency || partitioned, danger),
+            (
+                "raise_base_limit",
+                self.s.tiered,
+                (TIERED, "a tier's rejections count as the base limit's (reason limit), so what the base limit alone rejected is not observed"),
+            ),
             (
                 "raise_min_rps",
                 concurrency,
@@ -922,7 +944,13 @@ impl<'a> Evidence<'a> {
         Some((most, bound))
     }
 
+    /// Not on a route with tiers: a tier's rejections count as the base limit's (reason
+    /// `limit`), and a key held to its tier's lower limit asked for the base limit of
+    /// the other keys, none of them rejected, to be raised, again at every report.
     fn raise_base_limit(&self) -> Option<Hint> {
+        if self.s.tiered {
+            return None;
+        }
         let ratio = self.base_rejected as f64 / self.offered as f64;
         if ratio <= 0.10 || !self.mostly_healthy() {
             return None;
@@ -939,8 +967,31 @@ impl<'a> Evidence<'a> {
                 bound = why;
             }
         }
+        // A restore from the cut limit to the raised base limit must end within 7
+        // days, as the config requires (a raise it then refused was suggested).
+        let p = &self.s.params;
+        let steps = (LONGEST_RESTORE.as_secs_f64() / p.restore_interval.as_secs_f64()).floor();
+        let restores = p.cut_limit_rps + p.restore_step_rps * steps;
+        if restores < target {
+            if restores <= base * 1.01 {
+                return None;
+            }
+            target = restores;
+            bound = format!(
+                ", at most {} so that a restore from the cut limit of {} in steps of {} every {} ends within 7 days",
+                fmt_num(round_sig(restores, 4, false)),
+                fmt_num(p.cut_limit_rps),
+                fmt_num(p.restore_step_rps),
+                fmt_secs(p.restore_interval.as_secs_f64())
+            );
+        }
         let health = format!("the upstream was {}", self.health_summary());
         let wanted = round_up(target, base);
+        let wanted = if wanted > restores {
+            round_sig(restores, 4, false)
+        } else {
+            wanted
+        };
         let suggested = self.fit_limit(wanted, true);
         if suggested <= base {
             return None;
@@ -1064,7 +1115,7 @@ impl<'a> Evidence<'a> {
         // To the millisecond, down: raise_burst's bound, rounded as it rounds, is no
         // more than this.
         let fits_ms = ((cap / new_base - 1.0) * 1e3).floor().max(1.0);
-        let suggested = Duration::from_millis(fits_ms as u64);
+        let suggested = round_duration(Duration::from_millis(fits_ms as u64));
         if suggested >= burst {
             return None;
         }
@@ -1186,14 +1237,24 @@ impl<'a> Evidence<'a> {
         let current = burst.as_secs_f64();
         let mut most = current * 10.0;
         let mut bound = String::new();
+        // The base limit in force once the report is followed: the one raise_base_limit
+        // suggests with it, if it does.
+        let then = new_base.unwrap_or(base).max(base);
         // A full bucket and a second of refill pass in one second: base × (1 s + burst)
-        // must fit what the upstream takes.
+        // must fit what the upstream takes, at that base limit (at the current one, a
+        // raised base and a raised burst each fit and together passed it: 260 × 5 s
+        // against 1,000 req/s).
         if let Some(cap) = self.capacity() {
-            let fits = cap / base - 1.0;
+            let fits = cap / then - 1.0;
             if fits < most {
                 most = fits;
+                let at = if then > base {
+                    format!(" at the base limit of {} suggested with it", fmt_num(then))
+                } else {
+                    String::new()
+                };
                 bound = format!(
-                    ", at most {} so that a full bucket and a second of refill stay within the upstream's {} req/s",
+                    ", at most {} so that a full bucket and a second of refill{at} stay within the upstream's {} req/s",
                     fmt_secs(fits.max(0.0)),
                     fmt_num(cap)
                 );
@@ -1201,8 +1262,7 @@ impl<'a> Evidence<'a> {
         }
         // What the bucket keeps: a burst of 49.7 days at most, and limit × burst in
         // 32 bits of tokens, at the base limit suggested with it too.
-        let keeps = (f64::from(gcra::MAX_TOKENS) / new_base.unwrap_or(base).max(base))
-            .min(f64::from(u32::MAX) / 1e3);
+        let keeps = (f64::from(gcra::MAX_TOKENS) / then).min(f64::from(u32::MAX) / 1e3);
         if keeps < most {
             most = keeps;
             bound = format!(
@@ -1246,7 +1306,7 @@ impl<'a> Evidence<'a> {
         let false_cuts: Vec<&CutEpisode> = self
             .cuts
             .iter()
-            .filter(|c| !c.saturated && c.peak_demand_rps <= base)
+            .filter(|c| c.healthy() && c.peak_demand_rps <= base)
             .collect();
         if false_cuts.is_empty() {
             return None;
@@ -1293,20 +1353,27 @@ impl<'a> Evidence<'a> {
         ))
     }
 
+    /// A ramp is an interval with no cut or recovery whose ROC rose past `safe_roc`
+    /// and in which the upstream saturated at more than it usually takes healthily
+    /// ([`Evidence::capacity_readings`]); at least two are needed. One saturated
+    /// interval at the usual rate is no ramp: ROC noise alone passes `safe_roc` (150
+    /// req/s of Poisson arrivals peaks at ROC 18 to 29 under the classic window), and
+    /// a deploy's errors in one interval asked, critical, for a danger_roc that cuts on
+    /// that noise.
     fn lower_danger_roc(&self) -> Option<Hint> {
         let p = &self.s.params;
         let ramps: Vec<(f64, &Interval)> = self
-            .intervals
-            .iter()
-            .zip(&self.health)
-            .filter(|(i, h)| {
-                **h == Health::Saturated
-                    && i.time_in(ControllerState::Cut) == 0.0
+            .capacity_readings()
+            .filter(|i| {
+                i.time_in(ControllerState::Cut) == 0.0
                     && i.time_in(ControllerState::Recovering) == 0.0
             })
-            .filter_map(|(i, _)| i.roc.max().map(|m| (m, i)))
+            .filter_map(|i| i.roc.max().map(|m| (m, i)))
             .filter(|(m, _)| *m > p.safe_roc && *m < p.danger_roc)
             .collect();
+        if ramps.len() < 2 {
+            return None;
+        }
         let lowest = ramps.iter().map(|(m, _)| *m).reduce(f64::min)?;
         let floor = p.safe_roc + 0.05 * (p.danger_roc - p.safe_roc).abs().max(1e-9);
         let target = (0.8 * lowest).max(floor);
@@ -1344,9 +1411,10 @@ impl<'a> Evidence<'a> {
         }
         let base = self.base();
         // The cuts that guarded nothing: those in which the upstream saturated were
-        // needed, and a min_rps above their demand would have stopped them.
-        let (needless, needed): (Vec<&CutEpisode>, Vec<&CutEpisode>) =
-            self.cuts.iter().partition(|c| !c.saturated);
+        // needed, and a min_rps above their demand would have stopped them. One in
+        // which the upstream was never measured is neither.
+        let needless: Vec<&CutEpisode> = self.cuts.iter().filter(|c| c.healthy()).collect();
+        let needed: Vec<&CutEpisode> = self.cuts.iter().filter(|c| c.saturated).collect();
         let count: u64 = needless.iter().map(|c| c.cuts).sum();
         if count < 3 || self.mean_rps() >= 0.2 * base {
             return None;
@@ -1471,7 +1539,7 @@ impl<'a> Evidence<'a> {
                 format!("{figures}: restore in larger steps"),
             ))
         } else {
-            let suggested = (p.restore_interval / 2).max(Duration::from_millis(100));
+            let suggested = round_duration(p.restore_interval / 2).max(Duration::from_millis(100));
             if suggested >= p.restore_interval {
                 return None;
             }

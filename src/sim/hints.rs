@@ -217,6 +217,7 @@ fn by_profile(
                     params: event
                         .map_or_else(|| route.controller.clone(), |e| e.controller.clone()),
                     partitioned: route.partition != Partition::Route,
+                    tiered: !route.tiers.is_empty(),
                     event: i.event.clone(),
                 };
                 groups.push((settings, vec![i]));
