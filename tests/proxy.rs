@@ -644,6 +644,13 @@ fn forwarded_request() -> Request<Full<Bytes>> {
             .header("x-forwarded-host", "public.example")
             .header("forwarded", "for=6.6.6.6;proto=https;host=public.example")
             .header("x-real-ip", "6.6.6.6")
+            .header("x-client-ip", "6.6.6.6")
+            .header("true-client-ip", "6.6.6.6")
+            .header("cf-connecting-ip", "6.6.6.6")
+            .header("fastly-client-ip", "6.6.6.6")
+            .header("x-cluster-client-ip", "6.6.6.6")
+            .header("x-forwarded", "for=6.6.6.6")
+            .header("forwarded-for", "6.6.6.6")
             .header("x-forwarded-port", "443")
             .header("x-forwarded-prefix", "/evil")
             .header("x-forwarded-ssl", "on")
@@ -662,8 +669,17 @@ fn forwarded_request() -> Request<Full<Bytes>> {
 /// Traefik's list, forward auth's URI and method, Envoy's client certificate): some say
 /// the opposite of rocgate's `X-Forwarded-Proto: http` (Rack takes `X-Forwarded-Ssl:
 /// on` and `X-Forwarded-Scheme` before it), some what an upstream authorises on.
-const OTHER_FORWARDING: [&str; 9] = [
+const OTHER_FORWARDING: [&str; 16] = [
     "x-real-ip",
+    // Where CDNs and load balancers name the client, read by Node.js's `request-ip`
+    // before `X-Forwarded-For`: they reached the upstream as the client wrote them.
+    "x-client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+    "x-forwarded",
+    "forwarded-for",
     "x-forwarded-port",
     "x-forwarded-prefix",
     "x-forwarded-ssl",
@@ -708,6 +724,39 @@ async fn forwarded_headers_from_a_trusted_proxy_are_kept_and_extended() {
     assert_kept_and_extended(&upstream.only("/xff").headers);
 }
 
+/// With `client_ip_header = "forwarded"`, a trusted proxy writes `Forwarded` (HAProxy's
+/// `option forwarded`), kept and extended; the `X-Forwarded-*` and `X-Real-IP` it
+/// passes on are its client's, and are replaced or dropped as from an untrusted peer.
+/// (They were kept: the client's own `X-Forwarded-For: 6.6.6.6` reached the upstream
+/// as a chain rocgate extended.)
+#[tokio::test]
+async fn a_trusted_proxy_of_forwarded_has_only_forwarded_kept() {
+    let upstream = start_upstream().await;
+    let mut settings = settings(upstream.addr);
+    settings.forward.resolver = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()])
+        .with_header(rocgate::config::ClientIpHeader::Forwarded);
+    let proxy = start_proxy(settings, Vec::new()).await;
+
+    let res = send(proxy.addr, forwarded_request()).await;
+    assert_eq!(res.status, StatusCode::OK);
+    let h = upstream.only("/xff").headers;
+    let forwarded: Vec<_> = h.get_all("forwarded").iter().collect();
+    assert_eq!(
+        forwarded,
+        [
+            HeaderValue::from_static("for=6.6.6.6;proto=https;host=public.example"),
+            HeaderValue::from_static("for=127.0.0.1;proto=http"),
+        ]
+    );
+    let xff: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+    assert_eq!(xff, [HeaderValue::from_static("127.0.0.1")]);
+    assert_eq!(h["x-forwarded-host"], HOST);
+    assert_eq!(h["x-forwarded-proto"], "http");
+    for name in OTHER_FORWARDING {
+        assert!(!h.contains_key(name), "{name} reached the upstream: {h:?}");
+    }
+}
+
 /// A client behind a trusted proxy that passes its `Connection` on names the
 /// forwarding headers there, as connection options to strip: the chain and scheme the
 /// proxy wrote reach the upstream all the same (Traefik's CVE-2024-45410).
@@ -747,10 +796,9 @@ fn assert_kept_and_extended(h: &HeaderMap) {
     );
     assert_eq!(h["x-forwarded-host"], "public.example");
     assert_eq!(h["x-forwarded-proto"], "https");
-    assert_eq!(
-        h["forwarded"],
-        "for=6.6.6.6;proto=https;host=public.example"
-    );
+    // Not the kind `client_ip_header` says the proxy writes: its client's, as nginx
+    // passes it on. (It was kept and extended with rocgate's hop, as if believed.)
+    assert!(!h.contains_key("forwarded"), "{h:?}");
     for name in OTHER_FORWARDING {
         assert!(
             h.contains_key(name),

@@ -10,6 +10,7 @@ use super::error::ProxyError;
 use super::lane::{Driver, Lane, LaneCount};
 use super::tunnel::Tunnel;
 use crate::clock::{Clock, Nanos};
+use crate::config::ClientIpHeader;
 use crate::hints::UpstreamMeter;
 use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr, RouteSlot};
 use crate::metrics as metric;
@@ -126,9 +127,22 @@ static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 /// `X-Forwarded-Client-Cert` for the client's certificate), and from an untrusted peer
 /// they would tell the upstream what the client chose, against what rocgate sets
 /// (Rack takes `X-Forwarded-Ssl: on` and `X-Forwarded-Scheme` before
-/// `X-Forwarded-Proto`).
+/// `X-Forwarded-Proto`). And the headers in which CDNs and load balancers name the
+/// client (`X-Client-IP`, Akamai's `True-Client-IP`, Cloudflare's `CF-Connecting-IP`,
+/// Fastly's, `X-Cluster-Client-IP`, `X-Forwarded`, `Forwarded-For`), which Node.js's
+/// `request-ip` reads before `X-Forwarded-For`.
 fn is_forwarding(name: &HeaderName) -> bool {
-    name.as_str().starts_with("x-forwarded-") || name == FORWARDED || name == "x-real-ip"
+    match name.as_str() {
+        "forwarded"
+        | "x-real-ip"
+        | "x-client-ip"
+        | "true-client-ip"
+        | "cf-connecting-ip"
+        | "fastly-client-ip"
+        | "x-cluster-client-ip"
+        | "forwarded-for" => true,
+        other => other.starts_with("x-forwarded"),
+    }
 }
 
 /// What one pass over a request's header names finds, for the checks before admission
@@ -169,8 +183,7 @@ impl<'a> HeadScan<'a> {
                     scan.hop_by_hop = true;
                     scan.transfer_encoding |= hop == "transfer-encoding";
                 }
-                "x-real-ip" | "forwarded" => scan.forwarding = true,
-                other if other.starts_with("x-forwarded-") => scan.forwarding = true,
+                _ if is_forwarding(name) => scan.forwarding = true,
                 _ => {}
             }
         }
@@ -809,14 +822,19 @@ impl Inner {
         Ok((Request::from_parts(parts, body), Some(progress), upgrade))
     }
 
-    /// `X-Forwarded-For`: the chain is kept and extended only when the peer is a
-    /// trusted proxy; otherwise it is replaced by the peer, so clients cannot forge
-    /// it for the upstream. `X-Forwarded-Proto` and `-Host` likewise; RFC 7239's
-    /// `Forwarded`, which says the same things, is kept from a trusted proxy only, and
-    /// extended with this hop (`for=` the peer, `proto=http`). rocgate adds no
-    /// `Forwarded` of its own where the request had none. The other forwarding headers
-    /// ([`is_forwarding`]) are kept from a trusted proxy only. `any`
-    /// says whether the request carries any forwarding header ([`HeadScan`]).
+    /// The forwarding headers a trusted proxy writes are those of its kind, the one
+    /// `client_ip_header` names: with `x-forwarded-for`, `X-Forwarded-For` and the
+    /// other `X-Forwarded-*` and `X-Real-IP` (nginx, Envoy); with `forwarded`, RFC
+    /// 7239's `Forwarded` (HAProxy's `option forwarded`). Those are kept from a trusted
+    /// proxy and extended with this hop: the `X-Forwarded-For` chain with the peer,
+    /// `Forwarded` with `for=` the peer and `proto=http` (rocgate adds no `Forwarded`
+    /// of its own where the request had none). The other kind, which such a proxy
+    /// passes on as its client wrote it (nginx passes `Forwarded` on, HAProxy
+    /// `X-Forwarded-For`), and every forwarding header ([`is_forwarding`]) from an
+    /// untrusted peer, are dropped, so that no client can choose what the upstream
+    /// reads of it; `X-Forwarded-For` (the peer alone), `-Proto` (`http`) and `-Host`
+    /// are then set by rocgate. `any` says whether the request carries any forwarding
+    /// header ([`HeadScan`]).
     fn set_forwarded(
         &self,
         headers: &mut HeaderMap,
@@ -825,10 +843,13 @@ impl Inner {
         any: bool,
     ) {
         let trusted = peer.is_some_and(|p| self.settings.resolver.is_trusted(p.ip));
+        let forwarded_kind = self.settings.resolver.header() == ClientIpHeader::Forwarded;
+        // The kind a trusted proxy writes, kept; the other is its client's.
+        let (keep_x, keep_forwarded) = (trusted && !forwarded_kind, trusted && forwarded_kind);
         // One buffer, handed to the header value without a copy. Bytes, since a value
         // may hold bytes beyond ASCII: the chain is passed on as received.
         let mut chain = Vec::new();
-        if trusted && any {
+        if keep_x && any {
             for v in headers.get_all(&X_FORWARDED_FOR) {
                 if !chain.is_empty() {
                     chain.extend_from_slice(b", ");
@@ -837,12 +858,13 @@ impl Inner {
             }
         }
         if any {
-            if trusted {
+            if keep_x {
                 headers.remove(&X_FORWARDED_FOR);
+                headers.remove(&FORWARDED);
             } else {
                 let names: Vec<HeaderName> = headers
                     .keys()
-                    .filter(|n| is_forwarding(n))
+                    .filter(|n| is_forwarding(n) && !(keep_forwarded && *n == FORWARDED))
                     .cloned()
                     .collect();
                 for name in &names {
@@ -851,7 +873,7 @@ impl Inner {
             }
         }
         if let Some(Peer { ip, .. }) =
-            peer.filter(|_| trusted && any && headers.contains_key(&FORWARDED))
+            peer.filter(|_| keep_forwarded && any && headers.contains_key(&FORWARDED))
         {
             // The trusted proxy's chain goes on with this hop (RFC 7239 §4: an IPv6
             // node is quoted and bracketed), as `X-Forwarded-For` does.
@@ -879,10 +901,10 @@ impl Inner {
                 headers.insert(X_FORWARDED_FOR.clone(), v);
             }
         }
-        if !(trusted && any && headers.contains_key(&X_FORWARDED_PROTO)) {
+        if !(keep_x && any && headers.contains_key(&X_FORWARDED_PROTO)) {
             headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
         }
-        if !(trusted && any && headers.contains_key(&X_FORWARDED_HOST)) {
+        if !(keep_x && any && headers.contains_key(&X_FORWARDED_HOST)) {
             match host {
                 Some(h) => {
                     headers.insert(X_FORWARDED_HOST.clone(), h.clone());
