@@ -2083,6 +2083,40 @@ async fn a_header_partition_keys_a_value_without_the_whitespace_around_it() {
 
 /// A client speaking h2c (HTTP/2 with prior knowledge) is served like an HTTP/1.1 one:
 /// forwarded over HTTP/1.1, and limited by the same bucket.
+/// An h2c client's `cookie` fields, split one crumb a field as HTTP/2 allows, reach an
+/// HTTP/1.1 upstream as one `Cookie` line joined with `"; "` (RFC 9113 §8.2.3). (They
+/// went up as several lines, which CGI and WSGI stacks join with `", "`.)
+#[tokio::test]
+async fn an_h2c_clients_split_cookies_reach_the_upstream_as_one() {
+    let up = start_upstream().await;
+    let proxy = start_proxy(settings(up.addr), Vec::new()).await;
+    let mut sender = h2c_connect(proxy.addr).await;
+    for (path, crumbs) in [
+        ("/one-crumb", &["a=1"][..]),
+        ("/crumbs", &["a=1", "b=2", "c=3"]),
+    ] {
+        let mut req = Request::get(format!("http://{HOST}{path}"));
+        for crumb in crumbs {
+            req = req.header(header::COOKIE, *crumb);
+        }
+        let res = within(
+            "h2 response",
+            sender.send_request(req.body(Full::<Bytes>::default()).unwrap()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let seen = up.only(path).headers;
+        let cookies: Vec<_> = seen.get_all(header::COOKIE).iter().collect();
+        assert_eq!(
+            cookies,
+            [HeaderValue::from_str(&crumbs.join("; ")).unwrap()],
+            "{path}"
+        );
+    }
+    let _ = proxy.shut_down().await;
+}
+
 #[tokio::test]
 async fn h2c_clients_are_forwarded_and_limited() {
     let up = start_upstream().await;

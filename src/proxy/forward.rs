@@ -216,7 +216,8 @@ fn is_hop_by_hop(name: &str) -> bool {
 }
 
 /// Removes hop-by-hop headers, including every header named in `Connection` but
-/// `Host`, and a `Content-Length` beside a `Transfer-Encoding`.
+/// `Host` and the forwarding headers ([`is_forwarding`]), and a `Content-Length`
+/// beside a `Transfer-Encoding`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if any_hop_by_hop(headers) {
         remove_hop_by_hop(headers, false);
@@ -781,6 +782,9 @@ impl Inner {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
         {
             parts.headers.remove(header::EXPECT);
+        }
+        if parts.version == Version::HTTP_2 {
+            join_cookies(&mut parts.headers);
         }
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref(), forwarding);
         parts
@@ -1422,6 +1426,25 @@ fn origin_form(uri: &Uri) -> PathAndQuery {
     uri.path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"))
+}
+
+/// An HTTP/2 request's `cookie` fields as one, joined with `"; "`, as it goes on in
+/// HTTP/1.1 (RFC 9113 §8.2.3: HTTP/2 may split them, one crumb a field, and an
+/// HTTP/1.1 server reads one `Cookie` line; CGI and WSGI stacks joined several with
+/// `", "`, which is no cookie separator).
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut crumbs = headers.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (crumbs.next(), crumbs.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for crumb in headers.get_all(header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(joined)) {
+        headers.insert(header::COOKIE, v);
+    }
 }
 
 /// `uri` (in origin form) with its path [normalized](crate::config::normalize_path)
