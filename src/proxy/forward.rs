@@ -1746,10 +1746,13 @@ mod tests {
 
     #[test]
     fn a_trusted_proxys_forwarded_chain_gets_this_hop() {
-        let forwarder = forwarder(ClientIpResolver::new(vec![
-            "10.0.0.0/8".parse().unwrap(),
-            "fd00::/8".parse().unwrap(),
-        ]));
+        let forwarder = forwarder(
+            ClientIpResolver::new(vec![
+                "10.0.0.0/8".parse().unwrap(),
+                "fd00::/8".parse().unwrap(),
+            ])
+            .with_header(ClientIpHeader::Forwarded),
+        );
         let forwarded = |peer: &str, sent: Option<&'static str>| {
             let mut h = HeaderMap::new();
             if let Some(v) = sent {
