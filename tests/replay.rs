@@ -943,3 +943,21 @@ fn a_chart_error_keeps_its_cause() {
         Some("no room")
     );
 }
+
+/// A shadow route rejects nothing: its chart's title says what it would have rejected,
+/// as its summary does. (It said "0.0% rejected" and nothing else.)
+#[test]
+fn a_shadow_routes_chart_says_what_it_would_have_rejected() {
+    let mut route = order_route();
+    route.mode = rocgate::config::Mode::Shadow;
+    let run = flash_sale_run(&Simulator::new(Config::new(vec![route]), None).unwrap());
+    let s = &run.routes[0].summary;
+    assert_eq!(s.rejected, 0);
+    assert!(s.shadow_rejected > 0);
+    let would = format!(
+        "0.0% rejected ({:.1}% would have been)",
+        100.0 * s.shadow_rejected as f64 / s.offered as f64
+    );
+    let svg = chart::svg(&run).unwrap();
+    assert!(svg.contains(&would), "{would:?} not in the chart's title");
+}

@@ -951,3 +951,72 @@ fn every_flag_readme_gives_a_subcommand_is_one_it_takes() {
     }
     assert!(checked >= 20, "only {checked} flags found in README");
 }
+
+/// `--from`, `--to` and `--lenient` apply to an access log: beside a scenario or a
+/// profile they are refused, naming the flag. (clap's requirement of an access log
+/// gave way beside those flags, which conflict with one: the run ignored them.)
+#[test]
+fn log_only_flags_beside_a_scenario_or_profile_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.csv");
+    std::fs::write(&profile, "0,40\n60,40\n").unwrap();
+    let p = profile.to_str().unwrap();
+    for (args, flag) in [
+        (
+            vec!["--scenario", "steady", "--from", "2026-11-26T18:55:00Z"],
+            "--from",
+        ),
+        (
+            vec!["--scenario", "steady", "--to", "2026-11-26T18:55:00Z"],
+            "--to",
+        ),
+        (vec!["--profile", p, "--lenient"], "--lenient"),
+    ] {
+        let out = rocgate(&[&["simulate"][..], &args].concat());
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{flag} applies to an access log")),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?} ran");
+    }
+}
+
+/// A sweep over a shadow route shows what each point would have rejected, beside the
+/// nothing it rejected. (Its table said 0.0% rejected for every point; the counts were
+/// in sweep.csv only.)
+#[test]
+fn a_sweep_over_a_shadow_route_shows_what_it_would_have_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shadow.toml");
+    std::fs::write(
+        &config,
+        "[[routes]]\nname = \"checkout\"\npath_prefix = \"/\"\nmode = \"shadow\"\n",
+    )
+    .unwrap();
+    let out = rocgate(&[
+        "simulate",
+        "--config",
+        config.to_str().unwrap(),
+        "--sweep",
+        "danger_roc=60,120",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let header = stdout
+        .lines()
+        .find(|l| l.starts_with("danger_roc"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(header.contains("rejected  would reject"), "{header}");
+    for value in ["60", "120"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(value))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[1], "0.0%", "{row}");
+        let would: f64 = cells[2].trim_end_matches('%').parse().unwrap();
+        assert!(would > 50.0, "{row}");
+    }
+}

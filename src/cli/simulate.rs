@@ -236,6 +236,20 @@ impl Outputs {
 }
 
 fn simulate(args: &SimulateArgs) -> Result<(), Failure> {
+    // clap requires an access log for these, but drops the requirement beside a flag
+    // that conflicts with one (`--scenario`, `--profile`): the run ignored them.
+    if args.access_logs.is_empty() {
+        let log_only = [
+            (args.from.is_some(), "--from"),
+            (args.to.is_some(), "--to"),
+            (args.lenient, "--lenient"),
+        ];
+        if let Some((_, flag)) = log_only.iter().find(|(set, _)| *set) {
+            return Err(bad_input(format!(
+                "{flag} applies to an access log (--access-log), and none is given"
+            )));
+        }
+    }
     let config = match &args.config {
         Some(path) => Config::load(path),
         None => Config::embedded_default_with_env(),
@@ -744,7 +758,13 @@ fn render_sweep(
     for (p, w) in sweep.params().iter().zip(&widths) {
         let _ = write!(header, "{:>w$}  ", p.label);
     }
-    header.push_str("rejected   cuts  first cut    in cut  peak 1 s");
+    // A shadow route rejects nothing: what it would have rejected is what is tuned.
+    let shadow = rows.iter().any(|r| r.summary.shadow_rejected > 0);
+    header.push_str("rejected");
+    if shadow {
+        header.push_str("  would reject");
+    }
+    header.push_str("   cuts  first cut    in cut  peak 1 s");
     if overload {
         header.push_str("    overload");
     }
@@ -758,14 +778,14 @@ fn render_sweep(
         let first = s
             .first_cut_s
             .map_or_else(|| "-".to_owned(), |t| format!("{t:.1} s"));
+        let _ = write!(text, "{:>7.1}%", row.rejected_pct());
+        if shadow {
+            let _ = write!(text, "  {:>11.1}%", row.shadow_rejected_pct());
+        }
         let _ = write!(
             text,
-            "{:>7.1}%  {:>5}  {:>9}  {:>6.1} s  {:>8}",
-            row.rejected_pct(),
-            s.cut_count,
-            first,
-            s.time_in_cut_s,
-            s.peak_admitted_1s
+            "  {:>5}  {:>9}  {:>6.1} s  {:>8}",
+            s.cut_count, first, s.time_in_cut_s, s.peak_admitted_1s
         );
         if overload {
             let _ = write!(text, "  {:>9.1}%", row.overload_pct());

@@ -89,7 +89,7 @@
 //! | `limit_rps` | the controller's limit in force during the slot |
 //! | `base_limit_rps` | the base limit in force |
 //! | `state` | the controller's state during the slot: `normal`, `cut`, `recovering` |
-//! | `level` | the limiter's level at the end of the slot: tokens left for a token bucket (requests counted, queued or in flight for the other algorithms) |
+//! | `level` | the limiter's level at the end of the slot: tokens left for a token bucket (requests counted, queued or in flight for the other algorithms); `NaN` on a partitioned route, whose limiters are each key's |
 //! | `level_capacity` | the most `level` can be at that time (the bucket's capacity) |
 //!
 //! The engine steps its controller when the first request of a new slot arrives, so
@@ -120,6 +120,7 @@
 //! | `cut_count`, `first_cut_s`, `time_in_cut_s` | cuts of all routes, the earliest (or `null`), time in cut summed over routes |
 //! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s, all routes together (sliding by 100 ms), and when that second began |
 //! | `routes` | one object per route, in config order, as below |
+//! | `hints` | the run's tuning hints, each as `GET /admin/hints` gives it (`route`, `rule`, `severity`, `parameter`, `current`, `suggested`, `reason`) |
 //!
 //! Each of `routes`:
 //!
@@ -159,7 +160,8 @@ pub use run::{
 pub use sweep::{Sweep, SweepError, SweepParam, SweepRow};
 
 /// The most slots one run may record, over all its routes (27.7 hours of 100 ms
-/// slots on one route, a tenth of that on ten; about 150 MB of rows).
+/// slots on one route, a tenth of that on ten; about 150 MB of rows, and a peak of
+/// about 270 MB resident for the whole run).
 pub const MAX_SLOTS: u64 = 1_000_000;
 
 /// The most requests a profile may offer in one run: at about 110 ns a request

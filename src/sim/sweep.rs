@@ -305,6 +305,11 @@ impl SweepRow {
         percent(self.summary.rejected, self.summary.offered)
     }
 
+    /// Counted as rejected but admitted (`shadow`, `shadow_adaptive`), % of offered.
+    pub fn shadow_rejected_pct(&self) -> f64 {
+        percent(self.summary.shadow_rejected, self.summary.offered)
+    }
+
     /// Overload, % of offered.
     pub fn overload_pct(&self) -> f64 {
         percent(self.summary.overload, self.summary.offered)

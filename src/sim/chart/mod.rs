@@ -242,6 +242,12 @@ fn panel<DB: DrawingBackend>(
         s.offered,
         100.0 * s.rejected as f64 / s.offered.max(1) as f64
     );
+    if s.shadow_rejected > 0 {
+        title.push_str(&format!(
+            " ({:.1}% would have been)",
+            100.0 * s.shadow_rejected as f64 / s.offered.max(1) as f64
+        ));
+    }
     match s.first_cut_s {
         Some(t) => title.push_str(&format!(
             ", {} cut(s), first at {t:.1} s, {:.1} s in cut",
