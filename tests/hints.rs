@@ -1881,6 +1881,29 @@ fn the_quoted_upstream_p99_is_within_nine_percent() {
     let raise = find(&h, "raise_base_limit").expect("a raise");
     assert!(raise.reason.contains("p99 11 ms"), "{}", raise.reason);
 }
+/// `n` one-second intervals in `state`, each of `offered` requests of which `rejected`
+/// by the base limit, the upstream healthy with the rest.
+fn healthy_seconds(
+    n: u64,
+    (offered, rejected): (u64, u64),
+    state: ControllerState,
+) -> Vec<Interval> {
+    (0..n)
+        .map(|k| {
+            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+            i.offered = offered;
+            i.rejected[Reason::Limit.index()] = rejected;
+            i.in_state[usize::from(state.as_index())] = 1.0;
+            i.upstream = Some(UpstreamCounts {
+                requests: offered - rejected,
+                errors: 0,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect()
+}
+
 fn suggested_by(h: &[Hint], param: &str) -> Option<f64> {
     h.iter()
         .find(|h| h.parameter.as_deref() == Some(param) && h.suggested.is_some())
@@ -2002,20 +2025,7 @@ fn a_current_duration_is_the_value_in_force() {
     settings.params.restore_step_rps = 100.0; // more than half the cut's depth of 140
     settings.params.restore_interval = Duration::from_millis(1250);
     // 10 s recovering at 150 req/s, a third rejected by the lowered limit, healthy.
-    let intervals: Vec<Interval> = (0..10u64)
-        .map(|k| {
-            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
-            i.offered = 150;
-            i.rejected[Reason::Limit.index()] = 50;
-            i.in_state[usize::from(ControllerState::Recovering.as_index())] = 1.0;
-            i.upstream = Some(UpstreamCounts {
-                requests: 100,
-                errors: 0,
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect();
+    let intervals = healthy_seconds(10, (150, 50), ControllerState::Recovering);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     let hint = h
         .iter()
@@ -2180,20 +2190,7 @@ fn a_tiers_rejections_do_not_raise_the_routes_base_limit() {
 fn a_raised_base_limit_is_one_the_config_accepts() {
     let mut settings = classic();
     settings.params.restore_interval = Duration::from_secs(20 * 3600); // 8 steps in 7 days: 220 at most
-    let intervals: Vec<Interval> = (0..30u64)
-        .map(|k| {
-            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
-            i.offered = 300;
-            i.rejected[Reason::Limit.index()] = 100;
-            i.in_state[usize::from(ControllerState::Normal.as_index())] = 1.0;
-            i.upstream = Some(UpstreamCounts {
-                requests: 200,
-                errors: 0,
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect();
+    let intervals = healthy_seconds(30, (300, 100), ControllerState::Normal);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     let base = suggested_by(&h, "base_limit").expect("raise_base_limit");
     let json = format!("{{\"base_limit\": {base}}}");

@@ -35,6 +35,16 @@ async fn upstream(delay: Duration, arrived: Arc<AtomicU64>) -> SocketAddr {
     addr
 }
 
+/// `rocgate serve` in front of `upstream`, its proxy and admin API on ports the OS
+/// picks.
+fn serve_to(upstream: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rocgate"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(["--upstream", upstream]);
+    command
+}
+
 /// Reads `serve`'s log lines from `stderr` on a thread of their own until one names
 /// the address it listens on; the lines after it come on the receiver.
 fn logged_listen(
@@ -90,10 +100,7 @@ async fn exit_within(
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let arrived = Arc::new(AtomicU64::new(0));
     let up = upstream(Duration::from_millis(800), arrived.clone()).await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .arg("--upstream")
-        .arg(format!("http://{up}"))
+    let mut child = serve_to(&format!("http://{up}"))
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -155,13 +162,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 async fn a_second_sigterm_during_the_drain_exits_at_once() {
     let arrived = Arc::new(AtomicU64::new(0));
     let up = upstream(Duration::from_secs(60), arrived.clone()).await;
-    let mut child = Reap::spawn(
-        Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .arg("--upstream")
-            .arg(format!("http://{up}"))
-            .env("RUST_LOG", "info"),
-    );
+    let mut child = Reap::spawn(serve_to(&format!("http://{up}")).env("RUST_LOG", "info"));
     let (listen, log) = logged_listen(child.0.stderr.take().unwrap());
     let _stuck = tokio::spawn(get_status(listen, "/slow"));
     let waited = tokio::time::timeout(Duration::from_secs(10), async {
@@ -262,10 +263,7 @@ async fn a_second_sigterm_leaves_the_shared_store() {
     );
     std::fs::write(&file, config).unwrap();
     let mut child = Reap::spawn(
-        Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .arg("--upstream")
-            .arg(format!("http://{up}"))
+        serve_to(&format!("http://{up}"))
             .arg("--config")
             .arg(&file)
             .env("RUST_LOG", "info"),
@@ -307,9 +305,7 @@ async fn an_upstream_flag_the_file_would_refuse_is_refused_with_exit_code_2() {
             "port must be a number from 1 to 65535",
         ),
     ] {
-        let child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(["--upstream", upstream])
+        let child = serve_to(upstream)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -387,10 +383,7 @@ async fn put_status(addr: SocketAddr, path: &str, body: &'static str) -> Result<
 async fn without_a_config_file_the_environment_still_sets_the_admin_token() {
     let up = upstream(Duration::ZERO, Arc::default()).await;
     let mut child = Reap::spawn(
-        Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .arg("--upstream")
-            .arg(format!("http://{up}"))
+        serve_to(&format!("http://{up}"))
             .env_clear()
             .env("RUST_LOG", "info")
             .env("ROCGATE__ADMIN__TOKEN", "s3cret"),
@@ -581,9 +574,8 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
     let file = dir.path().join("rocgate.toml");
     std::fs::write(&file, RELOADED).unwrap();
     let mut child = Reap::spawn(
-        Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(["--upstream", "http://127.0.0.1:1", "--config"])
+        serve_to("http://127.0.0.1:1")
+            .arg("--config")
             .arg(&file)
             .env_clear()
             .env("RUST_LOG", "info"),
@@ -673,13 +665,7 @@ async fn an_unreachable_upstream_is_logged_once_in_a_while() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut child = Reap::spawn(
-        Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .arg("--upstream")
-            .arg(format!("http://{dead}"))
-            .env_clear(),
-    );
+    let mut child = Reap::spawn(serve_to(&format!("http://{dead}")).env_clear());
     let lines = log_lines(child.0.stderr.take().unwrap());
     let listen = logged(&lines, &["listen="])
         .and_then(|line| field(&line, "listen="))
@@ -764,12 +750,7 @@ fn listen_and_admin_flags_on_one_address_are_refused_with_exit_code_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_allocator_asks_for_no_transparent_huge_pages() {
     let up = upstream(Duration::ZERO, Arc::default()).await;
-    let mut child = Reap::spawn(
-        Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(["--upstream", &format!("http://{up}")])
-            .env("RUST_LOG", "info"),
-    );
+    let mut child = Reap::spawn(serve_to(&format!("http://{up}")).env("RUST_LOG", "info"));
     let stderr = child.0.stderr.take().unwrap();
     let (listen, _rx) = logged_listen(stderr);
     for _ in 0..200 {
@@ -799,10 +780,7 @@ async fn a_log_nobody_reads_holds_no_request_up() {
     use std::io::BufRead as _;
     let up = upstream(Duration::ZERO, Arc::default()).await;
     let mut child = Reap::spawn(
-        Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .arg("--upstream")
-            .arg(format!("http://{up}"))
+        serve_to(&format!("http://{up}"))
             // Several lines a request, from the HTTP stack.
             .env("RUST_LOG", "trace"),
     );
