@@ -34,6 +34,8 @@
 //! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic; shadow modes' would-be rejections are not in it |
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
 //! | `rocgate_max_keys` | gauge | `route` | keys a partitioned route tracks at most (`max_keys`; 0 for a route limited as a whole): at it, new keys share one overflow limiter |
+//! | `rocgate_keys_evicted_total` | counter | `route` | keys a partitioned route evicted: idle for `idle_timeout`, or at rest while its table was full |
+//! | `rocgate_key_overflow_total` | counter | `route` | requests of new keys a partitioned route decided on its one shared overflow limiter, its key table full (`rocgate_keys` may read below `max_keys` between sweeps meanwhile) |
 //! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head (`timeout`: the `response_timeout` waited) |
 //! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_aborted` (the upstream failed after a good head, or sent nothing of its body for `response_timeout`: the client got a truncated body), and the request's own: `body_too_large`, `client_aborted`, `client_timeout`, `bad_request`, `transfer_coding_not_implemented`, `forwarding_loop`, and this instance's own cap: `upstream_overflow` (`max_upstream_requests` in flight, answered 503 without forwarding) |
 //! | `rocgate_upstream_lanes` | gauge | | proxy: upstream connections held by client connections of their own (at most `max_upstream_lanes`) |
@@ -106,6 +108,10 @@ pub const REJECTION_RATIO: &str = "rocgate_rejection_ratio";
 pub const KEYS: &str = "rocgate_keys";
 /// `rocgate_max_keys`.
 pub const MAX_KEYS: &str = "rocgate_max_keys";
+/// `rocgate_keys_evicted_total`.
+pub const KEYS_EVICTED: &str = "rocgate_keys_evicted_total";
+/// `rocgate_key_overflow_total`.
+pub const KEY_OVERFLOW: &str = "rocgate_key_overflow_total";
 /// `rocgate_upstream_request_duration_seconds` (histogram).
 pub const UPSTREAM_DURATION: &str = "rocgate_upstream_request_duration_seconds";
 /// `rocgate_upstream_errors_total`.
@@ -152,7 +158,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 41] = [
+pub const ALL: [&str; 43] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -172,6 +178,8 @@ pub const ALL: [&str; 41] = [
     REJECTION_RATIO,
     KEYS,
     MAX_KEYS,
+    KEYS_EVICTED,
+    KEY_OVERFLOW,
     UPSTREAM_DURATION,
     UPSTREAM_ERRORS,
     UPSTREAM_LANES,
@@ -270,6 +278,11 @@ pub fn describe() {
     describe_gauge!(
         MAX_KEYS,
         "Keys a partitioned route tracks at most (0 for a route limited as a whole)."
+    );
+    describe_counter!(KEYS_EVICTED, "Keys a partitioned route evicted.");
+    describe_counter!(
+        KEY_OVERFLOW,
+        "Requests of new keys decided on the shared overflow limiter, the key table full."
     );
     describe_histogram!(
         UPSTREAM_DURATION,
@@ -421,6 +434,8 @@ struct RouteCounters {
     cut_ended_ms: Monotonic,
     /// `rocgate_cut_seconds_total` as last exported.
     cut_seconds: u64,
+    keys_evicted: Monotonic,
+    key_overflow: Monotonic,
 }
 
 /// Sets every engine metric from the engine's snapshots. Remembers each route's recent
@@ -648,7 +663,7 @@ fn record_route(
     if c.serial != s.serial {
         let requests = c.rejected.iter_mut().chain(&mut c.shadow_rejected);
         requests
-            .chain([&mut c.admitted])
+            .chain([&mut c.admitted, &mut c.keys_evicted, &mut c.key_overflow])
             .for_each(Monotonic::restart);
         c.serial = s.serial;
     }
@@ -684,6 +699,9 @@ fn record_route(
         .cut_seconds
         .max(ended_ms.saturating_add(running_ms) / 1000);
     h.cut_seconds.absolute(c.cut_seconds);
+    h.keys_evicted.absolute(c.keys_evicted.next(s.keys_evicted));
+    h.key_overflow
+        .absolute(c.key_overflow.next(s.keys_overflowed));
     route_gauges(series, &s.name, s.algorithm, Some((s, rejection_ratio)));
 }
 
@@ -800,6 +818,8 @@ struct CounterSeries {
     transitions: [[Option<Counter>; 3]; 3],
     cuts: Counter,
     cut_seconds: Counter,
+    keys_evicted: Counter,
+    key_overflow: Counter,
 }
 
 impl CounterSeries {
@@ -828,6 +848,8 @@ impl CounterSeries {
             transitions,
             cuts: counter!(CUTS, "route" => r()),
             cut_seconds: counter!(CUT_SECONDS, "route" => r()),
+            keys_evicted: counter!(KEYS_EVICTED, "route" => r()),
+            key_overflow: counter!(KEY_OVERFLOW, "route" => r()),
         }
     }
 }

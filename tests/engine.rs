@@ -584,16 +584,25 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
             .collect();
         let admitted = overflow.iter().filter(|d| d.is_admit()).count();
         assert_eq!(admitted, 5, "{name}");
-        assert_eq!(e.route_snapshot(id, Nanos::ZERO).unwrap().keys, 3, "{name}");
+        let full = e.route_snapshot(id, Nanos::ZERO).unwrap();
+        assert_eq!(full.keys, 3, "{name}");
+        // Counted: what the keys gauge cannot tell between sweeps.
+        assert_eq!(
+            (full.keys_overflowed, full.keys_evicted),
+            (100, 0),
+            "{name}"
+        );
         drop((first, overflow));
         // Idle keys are evicted at a later rollover; new keys get their own limiters again.
         assert!(
             e.check(id, ip(7), Nanos::from_secs(30)).is_admit(),
             "{name}"
         );
+        let later = e.route_snapshot(id, Nanos::from_secs(30)).unwrap();
+        assert_eq!(later.keys, 1, "{name}");
         assert_eq!(
-            e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys,
-            1,
+            (later.keys_overflowed, later.keys_evicted),
+            (100, 3),
             "{name}"
         );
     }

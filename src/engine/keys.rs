@@ -99,6 +99,12 @@ impl Keys {
         with_tables!(self, t => t.len())
     }
 
+    /// Keys evicted, and requests of new keys decided by the overflow limiter, since
+    /// the tables were made.
+    pub(super) fn counts(&self) -> (u64, u64) {
+        with_tables!(self, t => t.counts())
+    }
+
     /// Concurrency keys with requests queued take the route's new limit now, which
     /// wakes as many as a raise lets in (other keys catch up on their next request).
     /// Only a route with a concurrency queue visits its keys.
@@ -189,6 +195,19 @@ impl<E: KeyState> KeyTables<E> {
         match self {
             KeyTables::Ip(t) => t.len.load(Ordering::Relaxed),
             KeyTables::Value(t) => t.len.load(Ordering::Relaxed),
+        }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        let read = |evicted: &AtomicU64, overflowed: &AtomicU64| {
+            (
+                evicted.load(Ordering::Relaxed),
+                overflowed.load(Ordering::Relaxed),
+            )
+        };
+        match self {
+            KeyTables::Ip(t) => read(&t.evicted, &t.overflowed),
+            KeyTables::Value(t) => read(&t.evicted, &t.overflowed),
         }
     }
 
@@ -767,6 +786,10 @@ pub(super) struct KeyTable<K, E> {
     /// come, or a shadow table outside cuts, need not pay.
     map: OnceLock<DashMap<K, E>>,
     len: AtomicUsize,
+    /// Keys evicted by the sweeps.
+    evicted: AtomicU64,
+    /// Requests of new keys decided by [`KeyTable::overflow`] (the table full).
+    overflowed: AtomicU64,
     limits: KeyLimits,
     tiers: TierTable,
     /// Shared by new keys while the table is full.
@@ -799,6 +822,8 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         KeyTable {
             map: OnceLock::new(),
             len: AtomicUsize::new(0),
+            evicted: AtomicU64::new(0),
+            overflowed: AtomicU64::new(0),
             limits,
             overflow: E::new(&tiers, 0, 1.0, 0, now),
             anonymous: E::new(&tiers, 0, 1.0, 0, now),
@@ -856,6 +881,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
 
     /// Decides a new key's request on the shared overflow state (the table is full).
     fn check_overflow(&self, r: &Route, now: Nanos) -> Decision {
+        self.overflowed.fetch_add(1, Ordering::Relaxed);
         match self.overflow.check(r, &self.tiers, now) {
             Decision::Admit(Admit::Paced(mut pace)) => {
                 pace.overflow = true;
@@ -933,6 +959,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             let keep = !e.evictable(r, &self.tiers, cutoff, now);
             if !keep {
                 self.len.fetch_sub(1, Ordering::Relaxed);
+                self.evicted.fetch_add(1, Ordering::Relaxed);
             }
             keep
         });

@@ -1622,6 +1622,7 @@ impl Route {
         } else {
             Duration::ZERO
         };
+        let (keys_evicted, keys_overflowed) = self.keys.as_ref().map_or((0, 0), Keys::counts);
         RouteSnapshot {
             name: self.name.to_string(),
             serial: self.serial.get(),
@@ -1656,6 +1657,8 @@ impl Route {
                 Partition::Route => 0,
                 Partition::ClientIp(limits) | Partition::Header(_, limits) => limits.max_keys,
             },
+            keys_evicted,
+            keys_overflowed,
             window: self.window,
             min_rps: p.min_rps,
             roc_mode: p.roc_mode,

@@ -69,6 +69,11 @@ pub struct RouteSnapshot {
     /// Keys a partitioned route tracks at most (its `max_keys`; 0 for a route limited
     /// as a whole): once `keys` reaches it, new keys share one overflow limiter.
     pub max_keys: usize,
+    /// Keys evicted (idle, or at rest in a full table) since the route was built.
+    pub keys_evicted: u64,
+    /// Requests of new keys decided by the shared overflow limiter (the key table
+    /// full) since the route was built.
+    pub keys_overflowed: u64,
     /// The window's shape.
     pub window: WindowSpec,
     /// The `min_rps` in force (the floor of relative ROC).
