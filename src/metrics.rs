@@ -701,7 +701,7 @@ fn record_route(
     h.cut_seconds.absolute(c.cut_seconds);
     h.keys_evicted.absolute(c.keys_evicted.next(s.keys_evicted));
     h.key_overflow
-        .absolute(c.key_overflow.next(s.keys_overflowed));
+        .absolute(c.key_overflow.next(u64::from(s.keys_overflowed)));
     route_gauges(series, &s.name, s.algorithm, Some((s, rejection_ratio)));
 }
 

@@ -99,10 +99,11 @@ impl Keys {
         with_tables!(self, t => t.len())
     }
 
-    /// Keys evicted, and requests of new keys decided by the overflow limiter, since
-    /// the tables were made.
-    pub(super) fn counts(&self) -> (u64, u64) {
-        with_tables!(self, t => t.counts())
+    /// Requests of new keys decided by the overflow limiter since the tables were
+    /// made, modulo 2^32 (a collector that reads it more often than 2^32 such requests
+    /// takes a lower count for a wrap).
+    pub(super) fn overflow_decisions(&self) -> u32 {
+        with_tables!(self, t => t.overflow_decisions())
     }
 
     /// Concurrency keys with requests queued take the route's new limit now, which
@@ -198,16 +199,10 @@ impl<E: KeyState> KeyTables<E> {
         }
     }
 
-    fn counts(&self) -> (u64, u64) {
-        let read = |evicted: &AtomicU64, overflowed: &AtomicU64| {
-            (
-                evicted.load(Ordering::Relaxed),
-                overflowed.load(Ordering::Relaxed),
-            )
-        };
+    fn overflow_decisions(&self) -> u32 {
         match self {
-            KeyTables::Ip(t) => read(&t.evicted, &t.overflowed),
-            KeyTables::Value(t) => read(&t.evicted, &t.overflowed),
+            KeyTables::Ip(t) => t.overflow_decisions.load(Ordering::Relaxed),
+            KeyTables::Value(t) => t.overflow_decisions.load(Ordering::Relaxed),
         }
     }
 
@@ -786,10 +781,10 @@ pub(super) struct KeyTable<K, E> {
     /// come, or a shadow table outside cuts, need not pay.
     map: OnceLock<DashMap<K, E>>,
     len: AtomicUsize,
-    /// Keys evicted by the sweeps.
-    evicted: AtomicU64,
-    /// Requests of new keys decided by [`KeyTable::overflow`] (the table full).
-    overflowed: AtomicU64,
+    /// Requests of new keys decided by [`KeyTable::overflow`] (the table full), modulo
+    /// 2^32: 32 bits keep a route within its memory budget (keys evicted are counted
+    /// in the route's lane counters, [`super::KEYS_EVICTED`]).
+    overflow_decisions: AtomicU32,
     limits: KeyLimits,
     tiers: TierTable,
     /// Shared by new keys while the table is full.
@@ -822,8 +817,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         KeyTable {
             map: OnceLock::new(),
             len: AtomicUsize::new(0),
-            evicted: AtomicU64::new(0),
-            overflowed: AtomicU64::new(0),
+            overflow_decisions: AtomicU32::new(0),
             limits,
             overflow: E::new(&tiers, 0, 1.0, 0, now),
             anonymous: E::new(&tiers, 0, 1.0, 0, now),
@@ -881,7 +875,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
 
     /// Decides a new key's request on the shared overflow state (the table is full).
     fn check_overflow(&self, r: &Route, now: Nanos) -> Decision {
-        self.overflowed.fetch_add(1, Ordering::Relaxed);
+        self.overflow_decisions.fetch_add(1, Ordering::Relaxed);
         match self.overflow.check(r, &self.tiers, now) {
             Decision::Admit(Admit::Paced(mut pace)) => {
                 pace.overflow = true;
@@ -959,7 +953,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             let keep = !e.evictable(r, &self.tiers, cutoff, now);
             if !keep {
                 self.len.fetch_sub(1, Ordering::Relaxed);
-                self.evicted.fetch_add(1, Ordering::Relaxed);
+                r.counter.counters().add(super::KEYS_EVICTED);
             }
             keep
         });

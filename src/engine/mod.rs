@@ -207,7 +207,9 @@ fn rejected_counter(reason: Reason) -> usize {
 
 /// The lane counter of what a cut would have rejected in `shadow_adaptive` mode.
 const SHADOW_CUT: usize = 1 + Reason::ALL.len();
-const _: () = assert!(SHADOW_CUT < crate::lanes::COUNTERS);
+/// The lane counter of keys a partitioned route's sweeps evicted.
+const KEYS_EVICTED: usize = SHADOW_CUT + 1;
+const _: () = assert!(KEYS_EVICTED < crate::lanes::COUNTERS);
 
 /// [`Route::behind`]: the route's limiter.
 const BEHIND_LIMITER: u8 = 1;
@@ -1622,7 +1624,6 @@ impl Route {
         } else {
             Duration::ZERO
         };
-        let (keys_evicted, keys_overflowed) = self.keys.as_ref().map_or((0, 0), Keys::counts);
         RouteSnapshot {
             name: self.name.to_string(),
             serial: self.serial.get(),
@@ -1657,8 +1658,8 @@ impl Route {
                 Partition::Route => 0,
                 Partition::ClientIp(limits) | Partition::Header(_, limits) => limits.max_keys,
             },
-            keys_evicted,
-            keys_overflowed,
+            keys_evicted: self.counter.counters().sum(KEYS_EVICTED),
+            keys_overflowed: self.keys.as_ref().map_or(0, Keys::overflow_decisions),
             window: self.window,
             min_rps: p.min_rps,
             roc_mode: p.roc_mode,

@@ -72,8 +72,10 @@ pub struct RouteSnapshot {
     /// Keys evicted (idle, or at rest in a full table) since the route was built.
     pub keys_evicted: u64,
     /// Requests of new keys decided by the shared overflow limiter (the key table
-    /// full) since the route was built.
-    pub keys_overflowed: u64,
+    /// full) since the route was built, modulo 2^32 (read it more often than 2^32
+    /// such requests, and a lower count than the last is a wrap: the metrics
+    /// collector counts on from it).
+    pub keys_overflowed: u32,
     /// The window's shape.
     pub window: WindowSpec,
     /// The `min_rps` in force (the floor of relative ROC).
