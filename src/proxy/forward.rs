@@ -119,6 +119,19 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
+/// The client address headers of CDNs and load balancers ([`is_forwarding`]), dropped
+/// from every peer: a trusted proxy of `X-Forwarded-For` passes on those its client
+/// wrote.
+const CDN_CLIENT_ADDRESS: [&str; 7] = [
+    "x-client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+    "x-forwarded",
+    "forwarded-for",
+];
+
 /// Whether `name` is a forwarding header: one `set_forwarded` keeps from a trusted
 /// peer and replaces or drops from any other. Besides `X-Forwarded-For`, `-Proto`,
 /// `-Host` and `Forwarded`, that is every other `X-Forwarded-*` and `X-Real-IP`:
@@ -865,6 +878,11 @@ impl Inner {
             if keep_x {
                 headers.remove(&X_FORWARDED_FOR);
                 headers.remove(&FORWARDED);
+                // A CDN's header names the client only where that CDN is the trusted
+                // proxy; nginx or Envoy in front pass on the one their client wrote.
+                for name in CDN_CLIENT_ADDRESS {
+                    headers.remove(name);
+                }
             } else {
                 let names: Vec<HeaderName> = headers
                     .keys()
@@ -905,7 +923,11 @@ impl Inner {
                 headers.insert(X_FORWARDED_FOR.clone(), v);
             }
         }
-        if !(keep_x && any && headers.contains_key(&X_FORWARDED_PROTO)) {
+        // Behind a trusted proxy of `Forwarded`, the scheme is the one its element
+        // says (`proto=https` where it terminated TLS): `http` here would be wrong.
+        if keep_forwarded {
+            headers.remove(&X_FORWARDED_PROTO);
+        } else if !(keep_x && any && headers.contains_key(&X_FORWARDED_PROTO)) {
             headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
         }
         if !(keep_x && any && headers.contains_key(&X_FORWARDED_HOST)) {
