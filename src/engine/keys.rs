@@ -91,8 +91,11 @@ impl Keys {
         with_tables!(self, t => t.give_back(key, pace, now))
     }
 
-    pub(super) fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos) {
-        with_tables!(self, t => t.sweep(r, last, now));
+    /// Sweeps the tables (see [`KeyTable::sweep`]); `counted`: the keys evicted count
+    /// as the route's ([`super::KEYS_EVICTED`]), as the enforced table's do and a
+    /// shadow table's do not.
+    pub(super) fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos, counted: bool) {
+        with_tables!(self, t => t.sweep(r, last, now, counted));
     }
 
     pub(super) fn len(&self) -> usize {
@@ -185,10 +188,10 @@ impl<E: KeyState> KeyTables<E> {
         }
     }
 
-    fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos) {
+    fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos, counted: bool) {
         match self {
-            KeyTables::Ip(t) => t.sweep(r, last, now),
-            KeyTables::Value(t) => t.sweep(r, last, now),
+            KeyTables::Ip(t) => t.sweep(r, last, now, counted),
+            KeyTables::Value(t) => t.sweep(r, last, now, counted),
         }
     }
 
@@ -927,7 +930,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// req/s) keep the table full, and every new client in the one overflow limiter
     /// that it drained too. It must now hold `max_keys` keys off rest at once, again
     /// after each sweep.
-    fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos) {
+    fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos, counted: bool) {
         let full = self.len.load(Ordering::Relaxed) >= self.limits.max_keys;
         let idle_every = self.limits.idle_timeout / 2;
         let every = if full {
@@ -953,7 +956,9 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             let keep = !e.evictable(r, &self.tiers, cutoff, now);
             if !keep {
                 self.len.fetch_sub(1, Ordering::Relaxed);
-                r.counter.counters().add(super::KEYS_EVICTED);
+                if counted {
+                    r.counter.counters().add(super::KEYS_EVICTED);
+                }
             }
             keep
         });

@@ -1098,9 +1098,9 @@ impl Engine {
         }
         r.publish_next_raise(&st.controller, now);
         if let Some(keys) = &r.keys {
-            keys.sweep(r, &mut st.last_sweep, now);
+            keys.sweep(r, &mut st.last_sweep, now, true);
             if let Some(Shadow::Keys(shadow)) = &r.shadow {
-                shadow.sweep(r, &mut st.last_shadow_sweep, now);
+                shadow.sweep(r, &mut st.last_shadow_sweep, now, false);
             }
         }
     }
