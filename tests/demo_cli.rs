@@ -153,6 +153,7 @@ fn a_short_sale_is_cut_and_summarized() {
         .count();
     assert!((8..=12).contains(&rows), "{rows} rows:\n{text}");
     assert!(text.contains("  time      ×0.167"), "{text}");
+    assert!(text.contains("; burst 100.0 ms (not scaled)"), "{text}");
     assert!(!text.contains("with and without rocgate"), "{text}");
     // The hints for the run close the report. The shop mostly stays healthy, so when
     // the base limit turned away over 10% of the requests (most runs), the first hint

@@ -69,7 +69,7 @@ pub(super) fn write_header(
         if let Some(route) = config.routes.iter().find(|r| r.name == SALE_ROUTE) {
             let c = &route.controller;
             let burst = match route.algorithm {
-                Algorithm::TokenBucket { burst } => format!(", burst {}", secs(burst)),
+                Algorithm::TokenBucket { burst } => format!("; burst {} (not scaled)", secs(burst)),
                 _ => String::new(),
             };
             writeln!(
