@@ -2,7 +2,12 @@
 //! protects.
 //!
 //! `workers` requests are served at a time, each taking `service_time`; the others wait
-//! in line, first come first served, so latency grows with the line. A request that
+//! in line, first come first served, so latency grows with the line. Each worker keeps
+//! a timetable: a request is booked to end `service_time` after its worker comes free
+//! (or after it arrives, if later), and sleeps until then. A timer fires up to a
+//! millisecond late, but a late wake does not delay the next booking, so the shop
+//! serves its capacity exactly (a plain 10 ms sleep per request took about 11.4 ms,
+//! and 300 req/s became about 270). A request that
 //! finds `workers + queue` requests in the shop already is answered `503` at once.
 //! Capacity is thus `workers / service_time` req/s, and the worst wait about
 //! `(workers + queue) × service_time / workers`.
@@ -18,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -26,7 +31,7 @@ use tokio::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ShopSettings {
-    /// Requests served at the same time.
+    /// Requests served at the same time (0 is taken as 1).
     pub workers: usize,
     /// How long serving one request takes.
     pub service_time: Duration,
@@ -122,10 +127,39 @@ fn micros(us: u64) -> Duration {
     Duration::from_micros(us)
 }
 
+/// When each worker comes free.
+#[derive(Debug)]
+struct Timetable {
+    free_at: Vec<Instant>,
+    service_time: Duration,
+}
+
+impl Timetable {
+    fn new(settings: ShopSettings, now: Instant) -> Self {
+        Timetable {
+            free_at: vec![now; settings.workers.max(1)],
+            service_time: settings.service_time,
+        }
+    }
+
+    /// Books a request that arrived at `arrived` on the worker that comes free first,
+    /// and returns when it is served.
+    fn book(&mut self, arrived: Instant) -> Instant {
+        let worker = self
+            .free_at
+            .iter_mut()
+            .min()
+            .expect("a timetable has a worker");
+        let end = (*worker).max(arrived) + self.service_time;
+        *worker = end;
+        end
+    }
+}
+
 #[derive(Clone, Debug)]
 struct ShopState {
     settings: ShopSettings,
-    workers: Arc<Semaphore>,
+    timetable: Arc<Mutex<Timetable>>,
     in_shop: Arc<AtomicUsize>,
     stats: Arc<ShopStats>,
 }
@@ -147,11 +181,12 @@ async fn serve_request(State(s): State<ShopState>) -> Response {
         s.stats.overloaded.fetch_add(1, Ordering::Relaxed);
         return (StatusCode::SERVICE_UNAVAILABLE, "shop overloaded\n").into_response();
     }
-    // The semaphore is never closed; if it were, the shop would be shutting down.
-    let Ok(_worker) = s.workers.acquire().await else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shop closing\n").into_response();
-    };
-    tokio::time::sleep(s.settings.service_time).await;
+    let served_at = s
+        .timetable
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .book(arrived);
+    tokio::time::sleep_until(served_at).await;
     s.stats.record(arrived.elapsed());
     s.stats.served.fetch_add(1, Ordering::Relaxed);
     (StatusCode::OK, "order placed\n").into_response()
@@ -175,7 +210,7 @@ impl Shop {
         let stats = Arc::new(ShopStats::new());
         let app = Router::new().fallback(serve_request).with_state(ShopState {
             settings,
-            workers: Arc::new(Semaphore::new(settings.workers)),
+            timetable: Arc::new(Mutex::new(Timetable::new(settings, Instant::now()))),
             in_shop: Arc::new(AtomicUsize::new(0)),
             stats: Arc::clone(&stats),
         });
@@ -221,5 +256,34 @@ impl Drop for Shop {
         if let Some(task) = &self.task {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 300 requests at once on 3 workers of 10 ms: served 10 ms apart per worker, the
+    /// last at 1 s, first come first served.
+    #[test]
+    fn the_timetable_serves_the_capacity_exactly() {
+        let start = Instant::now();
+        let mut t = Timetable::new(ShopSettings::default(), start);
+        let ends: Vec<Duration> = (0..300).map(|_| t.book(start) - start).collect();
+        assert_eq!(ends[0], Duration::from_millis(10));
+        assert_eq!(ends[2], Duration::from_millis(10));
+        assert_eq!(ends[3], Duration::from_millis(20));
+        assert_eq!(ends[299], Duration::from_secs(1));
+        assert!(ends.windows(2).all(|w| w[0] <= w[1]));
+        // Requests arriving after every worker came free are served at once; one
+        // arriving while all three are busy waits for the first to come free.
+        let later = start + Duration::from_secs(5);
+        for _ in 0..3 {
+            assert_eq!(t.book(later) - later, Duration::from_millis(10));
+        }
+        assert_eq!(
+            t.book(later + Duration::from_millis(1)) - later,
+            Duration::from_millis(20)
+        );
     }
 }
