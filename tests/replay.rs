@@ -961,3 +961,24 @@ fn a_shadow_routes_chart_says_what_it_would_have_rejected() {
     let svg = chart::svg(&run).unwrap();
     assert!(svg.contains(&would), "{would:?} not in the chart's title");
 }
+
+/// A shadow_adaptive route rejects at its base limit; the cut's share is counted apart
+/// and its chart's title says it is more, not the total.
+#[test]
+fn a_shadow_adaptive_routes_chart_says_the_cut_would_have_rejected_more() {
+    let mut route = order_route();
+    route.mode = rocgate::config::Mode::ShadowAdaptive;
+    let run = flash_sale_run(&Simulator::new(Config::new(vec![route]), None).unwrap());
+    let s = &run.routes[0].summary;
+    assert!(s.rejected > 0);
+    assert!(s.shadow_rejected > 0);
+    let pct = |n: u64| 100.0 * n as f64 / s.offered as f64;
+    let title = format!(
+        "{:.1}% rejected (the cut would have rejected {:.1}% more)",
+        pct(s.rejected),
+        pct(s.shadow_rejected)
+    );
+    let svg = chart::svg(&run).unwrap();
+    assert!(svg.contains(&title), "{title:?} not in the chart's title");
+    assert!(!svg.contains("would have been"));
+}

@@ -1019,4 +1019,37 @@ fn a_sweep_over_a_shadow_route_shows_what_it_would_have_rejected() {
         let would: f64 = cells[2].trim_end_matches('%').parse().unwrap();
         assert!(would > 50.0, "{row}");
     }
+    assert!(
+        stdout.contains("(would reject: admitted but counted rejected by a shadow mode"),
+        "{stdout}"
+    );
+}
+
+/// shadow_adaptive rejects at its base limit; its summary says the count it would
+/// reject is the cut's, besides those rejected, not the total.
+#[test]
+fn a_shadow_adaptive_summary_says_the_cut_would_reject_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shadow.toml");
+    std::fs::write(
+        &config,
+        "[[routes]]\nname = \"checkout\"\npath_prefix = \"/\"\nmode = \"shadow_adaptive\"\n",
+    )
+    .unwrap();
+    let out = rocgate(&["simulate", "--config", config.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rejected = stdout
+        .lines()
+        .find(|l| l.starts_with("rejected "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert_ne!(rejected.split_whitespace().nth(1), Some("0"), "{stdout}");
+    let would = stdout
+        .lines()
+        .find(|l| l.starts_with("would reject "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        would.ends_with("(shadow: by the cut, besides those rejected)"),
+        "{would}"
+    );
 }

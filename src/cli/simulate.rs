@@ -12,7 +12,7 @@
 
 use super::out;
 use super::SimulateArgs;
-use rocgate::config::{Config, Partition};
+use rocgate::config::{Config, Mode, Partition};
 use rocgate::sim::access_log::{self, LogError};
 use rocgate::sim::{
     chart, sweep, AccessLog, ArrivalModel, LogOptions, LogReader, LogStats, Profile, ReasonCounts,
@@ -701,9 +701,14 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
         line(
             out,
             format_args!(
-                "would reject  {:>8}  {:5.1}%  (shadow)",
+                "would reject  {:>8}  {:5.1}%  ({})",
                 s.shadow_rejected,
-                pct(s.shadow_rejected)
+                pct(s.shadow_rejected),
+                if s.mode == Mode::ShadowAdaptive {
+                    "shadow: by the cut, besides those rejected"
+                } else {
+                    "shadow"
+                }
             ),
         );
         by_reason(out, &s.shadow_rejected_by_reason);
@@ -791,6 +796,15 @@ fn render_sweep(
             let _ = write!(text, "  {:>9.1}%", row.overload_pct());
         }
         line(&mut out, format_args!("{text}"));
+    }
+    if shadow {
+        line(
+            &mut out,
+            format_args!(
+                "(would reject: admitted but counted rejected by a shadow mode, % of offered; \
+                 on a shadow_adaptive route, by the cut, besides those rejected)"
+            ),
+        );
     }
     if let Some(rps) = sim_capacity(rows) {
         line(

@@ -82,7 +82,7 @@
 //! | `admitted` | of those, admitted (in `shadow` mode: all) |
 //! | `rejected` | of those, rejected, all reasons |
 //! | `rejected_limit`, `rejected_roc_cut`, `rejected_concurrency`, `rejected_queue_full`, `rejected_fallback_local` | rejected, by reason |
-//! | `shadow_rejected` | shadow modes: admitted but would have been rejected |
+//! | `shadow_rejected` | shadow modes: admitted but would have been rejected (in `shadow_adaptive`, by the cut, besides `rejected`) |
 //! | `overload` | of the admitted, those above the capacity (0 without one) |
 //! | `roc` | ROC of the last window sample the controller saw when the slot began (req/s per half-window; a ratio in relative mode) |
 //! | `danger_roc`, `safe_roc` | the thresholds in force (an event's, while one is active) |

@@ -37,7 +37,7 @@
 //! | one per parameter, named as written (`danger_roc`, `order.hold`) | the value of the run |
 //! | `offered`, `admitted`, `rejected` | requests, all routes of the run together |
 //! | `rejected_pct` | rejected, % of offered (3 decimals) |
-//! | `shadow_rejected` | shadow modes: admitted but would have been rejected |
+//! | `shadow_rejected` | shadow modes: admitted but would have been rejected (in `shadow_adaptive`, by the cut, besides `rejected`) |
 //! | `cut_count` | cuts, all routes |
 //! | `first_cut_s` | the earliest cut, seconds since the start (empty: none) |
 //! | `time_in_cut_s` | time in cut, summed over routes |

@@ -31,6 +31,7 @@
 //! ```
 
 use super::run::{SimResult, SimRun, SlotRow};
+use crate::config::Mode;
 use crate::controller::ControllerState;
 use plotters::backend::{BitMapBackend, DrawingBackend, SVGBackend};
 use plotters::chart::{ChartBuilder, SeriesLabelPosition};
@@ -243,10 +244,13 @@ fn panel<DB: DrawingBackend>(
         100.0 * s.rejected as f64 / s.offered.max(1) as f64
     );
     if s.shadow_rejected > 0 {
-        title.push_str(&format!(
-            " ({:.1}% would have been)",
-            100.0 * s.shadow_rejected as f64 / s.offered.max(1) as f64
-        ));
+        let share = 100.0 * s.shadow_rejected as f64 / s.offered.max(1) as f64;
+        // shadow_adaptive rejects at the base limit and counts the cut's share apart.
+        title.push_str(&if s.mode == Mode::ShadowAdaptive {
+            format!(" (the cut would have rejected {share:.1}% more)")
+        } else {
+            format!(" ({share:.1}% would have been)")
+        });
     }
     match s.first_cut_s {
         Some(t) => title.push_str(&format!(
