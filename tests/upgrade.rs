@@ -699,27 +699,10 @@ async fn a_tunnels_upstream_connection_is_never_reused() {
 #[tokio::test]
 async fn a_101_to_a_plain_request_is_a_bad_gateway() {
     let (log, _capturing) = Captured::on_this_thread();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.ends_with(b"\r\n\r\n") {
-                    match stream.read(&mut buf).await {
-                        Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
-                        _ => return,
-                    }
-                }
-                let _ = stream
-                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n")
-                    .await;
-                let mut rest = Vec::new();
-                let _ = stream.read_to_end(&mut rest).await;
-            });
-        }
-    });
+    let upstream_addr = answering_every_request(
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n",
+    )
+    .await;
     let proxy = start_proxy(
         settings(upstream_addr),
         vec![route("ws_bad_101", "/", Algorithm::default(), 1000.0)],
@@ -738,4 +721,88 @@ async fn a_101_to_a_plain_request_is_a_bad_gateway() {
         "{}",
         lines[0]
     );
+}
+
+/// An upstream on loopback that reads each request's head and answers `response`, then
+/// holds the connection until the client closes it.
+async fn answering_every_request(response: &'static [u8]) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let _ = stream.write_all(response).await;
+                let mut rest = Vec::new();
+                let _ = stream.read_to_end(&mut rest).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A 101 must say what it switches to, among what the client offered (RFC 9110 §7.8):
+/// one with no `Upgrade`, or switching a WebSocket handshake to `h2c`, would leave the
+/// client speaking one protocol to an upstream speaking another. The client gets 502.
+/// A 101 naming the offered protocol in another case and with a version is a switch.
+#[tokio::test]
+async fn a_101_to_no_protocol_the_client_offered_is_a_bad_gateway() {
+    let cases: [(&'static [u8], &str); 3] = [
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n\r\n",
+            "HTTP/1.1 502 ",
+        ),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\nconnection: upgrade\r\n\r\n",
+            "HTTP/1.1 502 ",
+        ),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: WebSocket/13\r\nconnection: upgrade\r\n\r\n",
+            "HTTP/1.1 101 ",
+        ),
+    ];
+    for (answer, expected) in cases {
+        let (log, _capturing) = Captured::on_this_thread();
+        let upstream_addr = answering_every_request(answer).await;
+        let proxy = start_proxy(
+            settings(upstream_addr),
+            vec![route("ws_wrong_101", "/", Algorithm::default(), 1000.0)],
+        )
+        .await;
+        let mut stream = within("connect", TcpStream::connect(proxy.addr))
+            .await
+            .unwrap();
+        within(
+            "handshake",
+            stream.write_all(
+                b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\
+                  sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+            ),
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = within("answer", stream.read(&mut buf)).await.unwrap();
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&head));
+            head.extend_from_slice(&buf[..n]);
+        }
+        let head = String::from_utf8_lossy(&head);
+        let answer = String::from_utf8_lossy(answer);
+        assert!(head.starts_with(expected), "{answer:?}: {head}");
+        let lines = log.lines_with("a 101 switching to no protocol the client offered");
+        assert_eq!(
+            lines.len(),
+            usize::from(expected.contains("502")),
+            "{answer:?}: {lines:#?}"
+        );
+    }
 }

@@ -286,6 +286,21 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) -> bool {
     upgrading
 }
 
+/// The protocol names (without their versions, in lower case) a message's `Upgrade`
+/// lists.
+fn protocol_names(headers: &HeaderMap) -> Vec<Vec<u8>> {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|p| {
+            let name = p.split(|&b| b == b'/').next().unwrap_or_default();
+            name.trim_ascii().to_ascii_lowercase()
+        })
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
 /// Whether a message asking to upgrade (`Connection: upgrade`) names protocols in
 /// `Upgrade` that may be tunnelled: any but `h2c`.
 fn tunnelled(headers: &HeaderMap) -> bool {
@@ -991,6 +1006,9 @@ impl Inner {
                 // An upgrade goes over an upstream connection of its own: the tunnel
                 // takes that connection over, so it must come from no pool or lane.
                 let on_lane = on_lane.filter(|_| client_upgrade.is_none());
+                let offered = client_upgrade
+                    .as_ref()
+                    .map(|_| protocol_names(upstream_req.headers()));
                 upgrade = client_upgrade;
                 let result = match on_lane {
                     Some(c) => {
@@ -1019,10 +1037,23 @@ impl Inner {
                 // its `Transfer-Encoding`, a hop-by-hop header. (`Transfer-Encoding`
                 // is hop-by-hop: a response with none of those has none, and needs no
                 // lookup.)
+                // A 101 must name what it switches to, among the protocols the client
+                // offered (RFC 9110 §7.8, §15.2.2): anything else would leave the
+                // client speaking one protocol to an upstream that speaks another.
                 let result = result.and_then(|res| {
-                    if res.status() == http::StatusCode::SWITCHING_PROTOCOLS && upgrade.is_none() {
+                    let switching = res.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+                    if switching && upgrade.is_none() {
                         Err(ProxyError::upstream(
                             "a 101 to a request that did not upgrade",
+                        ))
+                    } else if switching
+                        && offered.as_ref().is_some_and(|offered| {
+                            let chosen = protocol_names(res.headers());
+                            chosen.is_empty() || !chosen.iter().all(|p| offered.contains(p))
+                        })
+                    {
+                        Err(ProxyError::upstream(
+                            "a 101 switching to no protocol the client offered",
                         ))
                     } else if !any_hop_by_hop(res.headers()) || chunked_only(res.headers()) {
                         Ok(res)
