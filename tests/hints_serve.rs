@@ -436,3 +436,24 @@ fn a_negative_period_is_refused_naming_the_flag() {
         "{stderr}"
     );
 }
+
+/// `--json` prints a hints report, not whatever answered at that address: a 200 that is
+/// no report fails as it does without `--json`, and prints nothing on stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_prints_as_json_only_a_hints_report() {
+    let (admin, _) = fake_admin("<html>a login page</html>").await;
+    for json in [true, false] {
+        let mut args = vec!["--admin".into(), format!("http://{admin}")];
+        if json {
+            args.push("--json".into());
+        }
+        let out = hints_cli(args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--json {json}: {stderr}");
+        assert!(out.stdout.is_empty(), "--json {json}");
+        assert!(
+            stderr.contains("not a hints report"),
+            "--json {json}: {stderr}"
+        );
+    }
+}

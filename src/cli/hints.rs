@@ -58,11 +58,13 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if args.json {
-        out!("{body}\n");
-        return ExitCode::SUCCESS;
-    }
+    // Read either way: with `--json` too, what is printed is a hints report, not
+    // whatever else answered at that address.
     match serde_json::from_str::<HintsReport>(&body) {
+        Ok(_) if args.json => {
+            out!("{body}\n");
+            ExitCode::SUCCESS
+        }
         Ok(report) => {
             out!("{}", render(&report));
             ExitCode::SUCCESS
