@@ -1841,6 +1841,15 @@ fn the_hints_section_is_read_and_checked() {
         "hints.interval",
         "longer than zero",
     );
+    // The upstream meter tells latencies apart up to 55 s: a longer budget could
+    // never be exceeded, and the upstream would never count as saturated.
+    refused(
+        &route("[hints]\nlatency_budget = \"56s\""),
+        "hints.latency_budget",
+        "must be at most 55s (upstream latencies are told apart up to that), got 56s",
+    );
+    let c = Config::from_toml_str(&route("[hints]\nlatency_budget = \"55s\""), "ok.toml").unwrap();
+    assert_eq!(c.hints.policy.latency_budget.as_secs(), 55);
     refused(
         &route("[hints]\nerror_budget = 1.5"),
         "hints.error_budget",

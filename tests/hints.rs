@@ -1872,6 +1872,21 @@ fn requests_within_a_latency_budget_off_the_old_bounds_are_healthy() {
     assert!(find(&h, "lower_base_limit").is_some(), "{h:#?}");
 }
 
+/// The longest budget the config takes can be exceeded: requests of 58 s make the
+/// upstream saturated under it, requests of 50 s do not. (The meter holds every
+/// latency above 55 s in its last bucket: a budget of a minute was never exceeded.)
+#[test]
+fn the_longest_latency_budget_can_be_exceeded() {
+    let mut policy = Policy::default();
+    policy.latency_budget = Policy::LONGEST_LATENCY_BUDGET;
+    let (settings, intervals) = metered(100, Duration::from_secs(58));
+    let h = rocgate::hints::advise(&settings, &intervals, None, &policy);
+    assert!(find(&h, "lower_base_limit").is_some(), "{h:#?}");
+    let (settings, intervals) = metered(100, Duration::from_secs(50));
+    let h = rocgate::hints::advise(&settings, &intervals, None, &policy);
+    assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
+}
+
 /// The p99 a reason quotes is the upstream's, within the histogram's 9%: 11 ms, not
 /// the old meter's bound above it (20 ms).
 #[test]

@@ -18,6 +18,7 @@ use super::{ClientIpHeader, HintsConfig, ServerConfig, UpstreamError};
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
 use super::{Segment, Tier};
 use crate::controller::{ControllerParams, ProfileFields};
+use crate::hints::Policy;
 use crate::limiter::{gcra, words, Algorithm, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
 use crate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
@@ -2261,7 +2262,17 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     if let Some(v) = raw.latency_budget {
         field(
             "latency_budget",
-            timer_duration(v).map(|d| out.policy.latency_budget = d),
+            timer_duration(v).and_then(|d| {
+                if d > Policy::LONGEST_LATENCY_BUDGET {
+                    return Err(format!(
+                        "must be at most {} (upstream latencies are told apart up to that), got {}",
+                        humantime::format_duration(Policy::LONGEST_LATENCY_BUDGET),
+                        humantime::format_duration(d)
+                    ));
+                }
+                out.policy.latency_budget = d;
+                Ok(())
+            }),
         );
     }
     if let Some(v) = raw.error_budget {

@@ -61,13 +61,20 @@ use std::time::Duration;
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct Policy {
-    /// An interval whose upstream p99 latency exceeds this is saturated.
+    /// An interval whose upstream p99 latency exceeds this is saturated. At most
+    /// [`Policy::LONGEST_LATENCY_BUDGET`].
     pub latency_budget: Duration,
     /// An interval in which more than this fraction of forwarded requests failed is
     /// saturated.
     pub error_budget: f64,
     /// Fewer requests than this in the period: no hint but "too little traffic".
     pub min_requests: u64,
+}
+
+impl Policy {
+    /// The longest latency budget that can be exceeded: the upstream meter tells
+    /// latencies apart up to 55 s, and holds every longer one in its last bucket.
+    pub const LONGEST_LATENCY_BUDGET: Duration = Duration::from_secs(55);
 }
 
 impl Default for Policy {
