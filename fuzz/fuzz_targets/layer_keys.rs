@@ -3,9 +3,14 @@
 //! IPv6 prefixes, IP tiers) and header-value keys (several values, non-UTF-8, long
 //! values, tiers).
 //!
+//! The table has more routes than `SCAN_ROUTES`, so requests are routed through the
+//! route index.
+//!
 //! Invariants: no panic; every response is the inner service's 200 or the route's
 //! rejection status; path normalization is idempotent (for paths whose every `%`
-//! begins an escape).
+//! begins an escape); the index finds the route that trying every route in config
+//! order finds, on the normalized path and as written; no route tracks more keys than
+//! its `max_keys`.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -13,7 +18,7 @@ use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use libfuzzer_sys::fuzz_target;
 use rocgate::clock::{Clock, ManualClock, Nanos};
 use rocgate::config::{normalize_path, Config};
-use rocgate::engine::Engine;
+use rocgate::engine::{Engine, SCAN_ROUTES};
 use rocgate::http::{AdmissionLayer, PeerAddr, SharedEngine};
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -61,6 +66,40 @@ cut_limit = 1
 queue = 0
 
 [[routes]]
+name = "item"
+path = "/api/items/{id}"
+
+[[routes]]
+name = "reviews"
+method = "GET"
+path = "/api/items/{id}/reviews"
+
+[[routes]]
+name = "orders"
+path = "/api/orders"
+
+[[routes]]
+name = "order_pages"
+path_prefix = "/api/orders/"
+
+[[routes]]
+name = "delete_any"
+method = "DELETE"
+path = "/api/{kind}/{id}"
+
+[[routes]]
+name = "static_file"
+path = "/static/{file}"
+
+[[routes]]
+name = "static"
+path_prefix = "/static"
+
+[[routes]]
+name = "health"
+path = "/health"
+
+[[routes]]
 name = "rest"
 path_prefix = "/"
 algorithm = "fixed_window"
@@ -71,6 +110,8 @@ cut_limit = 2
 struct World {
     runtime: tokio::runtime::Runtime,
     layer: AdmissionLayer,
+    engine: SharedEngine,
+    config: Config,
     clock: Arc<ManualClock>,
 }
 
@@ -79,8 +120,13 @@ fn world() -> &'static World {
     WORLD.get_or_init(|| {
         let config = Config::from_toml_str(CONFIG, "fuzz").expect("valid config");
         let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+        assert!(
+            config.routes.len() > SCAN_ROUTES,
+            "routed through the index"
+        );
         let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
-        let layer = AdmissionLayer::with_engine(SharedEngine::new(engine), clock.clone())
+        let engine = SharedEngine::new(engine);
+        let layer = AdmissionLayer::with_engine(engine.clone(), clock.clone())
             .trusted_proxies(vec![
                 "10.0.0.0/8".parse().unwrap(),
                 "::1/128".parse().unwrap(),
@@ -93,6 +139,8 @@ fn world() -> &'static World {
         World {
             runtime,
             layer,
+            engine,
+            config,
             clock,
         }
     })
@@ -107,7 +155,7 @@ struct Req {
     advance_ms: u16,
 }
 
-const METHODS: [&[u8]; 5] = [b"GET", b"POST", b"HEAD", b"PUT", b"PATCH"];
+const METHODS: [&[u8]; 6] = [b"GET", b"POST", b"HEAD", b"PUT", b"PATCH", b"DELETE"];
 const NAMES: [&str; 6] = [
     "x-api-key",
     "authorization",
@@ -147,6 +195,29 @@ fuzz_target!(|reqs: Vec<Req>| {
                 "normalizing {path:?} twice"
             );
         }
+        let engine = w.engine.load();
+        let linear = |path: &str| {
+            w.config
+                .routes
+                .iter()
+                .position(|r| r.matcher.matches(method.as_str(), path))
+                .and_then(|i| engine.route_at(i))
+        };
+        assert_eq!(
+            engine.route_for(method.as_str(), &path),
+            linear(&once),
+            "{method} {path:?}"
+        );
+        let written = if path.starts_with('/') {
+            path.as_str()
+        } else {
+            "/"
+        };
+        assert_eq!(
+            engine.route_for_written(method.as_str(), &path),
+            linear(written),
+            "{method} {path:?} as written"
+        );
         let mut req = Request::builder().method(method).uri(uri).body(()).unwrap();
         for (which, value) in &r.headers {
             let name = NAMES[usize::from(*which) % NAMES.len()];
@@ -175,5 +246,8 @@ fuzz_target!(|reqs: Vec<Req>| {
             status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
             "status {status}"
         );
+        for route in engine.snapshot(w.clock.now()) {
+            assert!(route.keys <= route.max_keys, "{}: {route:?}", route.name);
+        }
     }
 });
