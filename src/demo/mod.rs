@@ -404,7 +404,11 @@ pub async fn run(
     let now = reloader.clock().now();
     advisor.tick(&reloader.engine(), now);
     let hints = advisor
-        .report(gated.elapsed + Duration::from_secs(1), now)
+        .report(
+            gated.elapsed + Duration::from_secs(1),
+            now,
+            &reloader.engine(),
+        )
         .routes
         .into_iter()
         .filter(|r| r.offered > 0)

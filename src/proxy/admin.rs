@@ -738,7 +738,11 @@ async fn hints(
     // On the blocking pool: at 1,000 routes a report over an hour's history takes
     // about 45 ms (benches/README.md, "Hundreds of routes").
     off_the_workers(Arc::clone(&state.answering), move || {
-        Json(state.advisor.report(period, state.reloader.clock().now())).into_response()
+        let engine = state.reloader.engine();
+        let report = state
+            .advisor
+            .report(period, state.reloader.clock().now(), &engine);
+        Json(report).into_response()
     })
     .await
 }

@@ -125,8 +125,10 @@ impl Advisor {
     /// interval still open is not included: call [`Advisor::tick`] first to close it.
     /// A period is at least two intervals (a shorter one holds no closed interval, and
     /// read as no traffic) and at most `[hints] keep`; the report's `period_s` says
-    /// the period it looked at.
-    pub fn report(&self, period: Duration, now: Nanos) -> HintsReport {
+    /// the period it looked at. Only the routes `engine` has are reported: a route a
+    /// reload removed has no setting left to change (its history stays until `keep`
+    /// ends, and is reported again if a reload brings the route back).
+    pub fn report(&self, period: Duration, now: Nanos, engine: &Engine) -> HintsReport {
         let h = self.history();
         let interval = h.interval();
         let period = period.max(interval.saturating_mul(2)).min(self.keep);
@@ -138,6 +140,7 @@ impl Advisor {
         drop(h);
         let mut routes: Vec<RouteHints> = routes
             .iter()
+            .filter(|(settings, _)| engine.route_id(&settings.name).is_some())
             .map(|(settings, intervals)| RouteHints::new(settings, intervals, None, &self.policy))
             .collect();
         // One route's parts come together: one suggestion per route-only setting
@@ -228,7 +231,7 @@ mod tests {
         let end = Nanos::from_secs(60);
         engine.catch_up(id, end);
         tick(end);
-        let report = advisor.report(Duration::from_secs(3600), end);
+        let report = advisor.report(Duration::from_secs(3600), end, &engine);
         let sale = report
             .routes
             .iter()
@@ -356,6 +359,34 @@ mod tests {
         assert_eq!(starts("a"), [0, 10, 20, 25, 35, 45]);
     }
 
+    /// A route a reload removed is not reported (it was, for as long as `keep`, with
+    /// suggestions for settings no longer anywhere); one the reload keeps is.
+    #[test]
+    fn a_route_a_reload_removed_is_not_reported() {
+        let two = "[hints]\ninterval = \"1s\"\n\
+                   [[routes]]\nname = \"a\"\npath = \"/a\"\n\
+                   [[routes]]\nname = \"b\"\npath_prefix = \"/\"\n";
+        let (advisor, engine) = advised(two);
+        for s in 1..=5 {
+            advisor.tick(&engine, Nanos::from_secs(s));
+        }
+        let end = Nanos::from_secs(5);
+        let names = |engine: &Engine| -> Vec<String> {
+            let report = advisor.report(Duration::from_secs(3600), end, engine);
+            report.routes.into_iter().map(|r| r.route).collect()
+        };
+        assert_eq!(names(&engine), ["a", "b"]);
+        let one = "[[routes]]\nname = \"a\"\npath = \"/a\"\n";
+        let reloaded = engine
+            .reload(
+                &Config::from_toml_str(one, "reloaded").unwrap(),
+                end,
+                UNIX_EPOCH,
+            )
+            .unwrap();
+        assert_eq!(names(&reloaded), ["a"]);
+    }
+
     /// `GET /admin/hints` judges a period with an event in parts, and `burst`, which
     /// no event takes, is the route's in both: bursts of 600 req/s every 10 s over 100
     /// against a base limit of 200, and of 160 during a sale from 20 s to 40 s, are
@@ -396,7 +427,7 @@ mod tests {
         let end = Nanos::from_secs(60);
         engine.catch_up(id, end);
         advisor.tick(&engine, end);
-        let report = advisor.report(Duration::from_secs(3600), end);
+        let report = advisor.report(Duration::from_secs(3600), end, &engine);
         let parts: Vec<_> = report.routes.iter().map(|r| r.event.clone()).collect();
         assert_eq!(parts, [None, Some("sale".to_owned())]);
         let hints: Vec<_> = report.routes.iter().flat_map(|r| &r.hints).collect();
