@@ -347,6 +347,7 @@ fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
         line_starting(&text, "  sale opened   ").contains("never: it was due at "),
         "stopped in the warm-up: {text}"
     );
+    every_request_is_accounted_for(&text);
 }
 
 #[test]
@@ -363,6 +364,33 @@ fn sigterm_stops_the_demo_with_its_summary() {
     assert_eq!(status.code(), Some(143), "{text}");
     assert!(text.contains("summary (with rocgate)"), "{text}");
     assert!(text.contains("  interrupted   after "), "{text}");
+    every_request_is_accounted_for(&text);
+}
+
+/// A stopped demo's summary accounts for every request offered: those in flight at the
+/// stop are answered before it is written. (They were in no count: the `rocgate
+/// demo` binary of the time, stopped at random points of its warm-up, summed one
+/// request short in 7 of 12 runs; a test stops where a request is in flight about
+/// half the time.)
+fn every_request_is_accounted_for(text: &str) {
+    let count = |label: &str| -> u64 {
+        text.lines().find(|l| l.starts_with(label)).map_or(0, |l| {
+            l[label.len()..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+    };
+    let offered = count("  offered       ");
+    assert!(offered > 0, "{text}");
+    assert_eq!(count("  unanswered    "), 0, "{text}");
+    assert_eq!(
+        count("  admitted      ") + count("  rejected      ") + count("  failed        "),
+        offered,
+        "{text}"
+    );
 }
 
 #[test]

@@ -94,6 +94,12 @@ impl LoadTotals {
     pub fn failures(&self) -> u64 {
         self.failed + self.errors
     }
+
+    /// Requests sent and not yet answered (nor timed out).
+    pub fn in_flight(&self) -> u64 {
+        self.offered
+            .saturating_sub(self.skipped + self.ok + self.rejected + self.failed + self.errors)
+    }
 }
 
 impl Sub for LoadTotals {

@@ -54,6 +54,9 @@ pub const SALE_ROUTE: &str = "order";
 /// The path the sale's traffic goes to.
 pub const SALE_PATH: &str = "/api/order";
 
+/// How long a stopped demo waits for the answers to requests it had sent.
+const SETTLE: Duration = Duration::from_secs(1);
+
 /// The length the scenario and the configuration are written for.
 pub const NOMINAL_DURATION: Duration = Duration::from_secs(60);
 
@@ -500,6 +503,13 @@ async fn drive<S: Future<Output = ()>>(
                 }
             }
         }
+    }
+    // Requests sent before a stop run to their end: their answers are counted, up to
+    // a second (the shop answers within its line's length, about 210 ms); the report
+    // names those still unanswered.
+    let settle = Instant::now() + SETTLE;
+    while counters.totals().in_flight() > 0 && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     if let Some(o) = &mut observer {
         o.observe();

@@ -219,6 +219,14 @@ pub fn write_report(out: &mut (dyn Write + Send), outcome: &Outcome) -> io::Resu
         load.failures(),
         percent(load.failures(), load.offered)
     )?;
+    if load.in_flight() > 0 {
+        writeln!(
+            out,
+            "  unanswered    {:<7} {:>6}   still in flight a second after the stop",
+            load.in_flight(),
+            percent(load.in_flight(), load.offered)
+        )?;
+    }
     if load.skipped > 0 {
         writeln!(
             out,
