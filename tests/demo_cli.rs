@@ -18,12 +18,17 @@ struct Demo {
 
 impl Demo {
     fn start(args: &[&str]) -> Demo {
+        Demo::start_with(args, Stdio::inherit())
+    }
+
+    /// [`Demo::start`], its stderr going to `stderr`.
+    fn start_with(args: &[&str], stderr: Stdio) -> Demo {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
             .arg("demo")
             .args(["--admin", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("rocgate starts");
         let stdout = child.stdout.take().expect("stdout is piped");
@@ -391,6 +396,38 @@ fn every_request_is_accounted_for(text: &str) {
         offered,
         "{text}"
     );
+}
+
+/// A second signal while the demo shuts down ends it at once, as `serve`'s does: here
+/// it lands while the demo waits for the answers to the requests it had sent, which a
+/// full shop's line (without rocgate, during the sale) takes about 200 ms to give.
+/// The exit code is the first signal's; there is no summary. (The second was ignored.)
+#[test]
+fn a_second_signal_during_the_shutdown_ends_the_demo_at_once() {
+    let mut demo = Demo::start_with(&["--duration", "5", "--compare"], Stdio::piped());
+    demo.until("without rocgate:", Duration::from_secs(40));
+    demo.until(" sale ", Duration::from_secs(10));
+    let kill = |signal: &str| {
+        let sent = Command::new("kill")
+            .args([signal, &demo.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success());
+    };
+    kill("-INT");
+    #[allow(clippy::disallowed_methods)] // a real process's real time: within its shutdown
+    std::thread::sleep(Duration::from_millis(50));
+    kill("-TERM");
+    let text = demo.output(Duration::from_secs(15));
+    let status = demo.wait();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut demo.child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "{text}\n{stderr}");
+    assert!(
+        stderr.contains("a second SIGTERM or Ctrl-C during the shutdown: exiting now"),
+        "{stderr}"
+    );
+    assert!(!text.contains("summary (with rocgate)"), "{text}");
 }
 
 #[test]

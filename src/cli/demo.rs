@@ -1,7 +1,7 @@
 //! `rocgate demo`: the demo shop, the proxy in front of it and a flash sale over real
 //! HTTP on loopback, with a live table; see [`rocgate::demo`].
 
-use super::signals::ShutdownSignals;
+use super::signals::{ShutdownSignals, Stop};
 use rocgate::demo::{DemoSettings, Plan};
 use rocgate::sim::ArrivalModel;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -99,16 +99,38 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
     };
     let mut out = std::io::stdout();
     let stopped_by = std::cell::Cell::new(None);
+    // The first SIGTERM or Ctrl-C stops the traffic and lets the demo shut down and
+    // report (a few seconds at most); a second one ends it at once, as `serve`'s does.
     let outcome = runtime.block_on(async {
         let mut signals = ShutdownSignals::listen();
-        let stop = async {
-            stopped_by.set(Some(signals.next().await));
-        };
-        rocgate::demo::run(&settings, &mut out, stop).await
+        let (first, stopped) = tokio::sync::oneshot::channel::<()>();
+        let mut first = Some(first);
+        let run = rocgate::demo::run(&settings, &mut out, async {
+            let _ = stopped.await;
+        });
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                outcome = &mut run => return Some(outcome),
+                signal = signals.next() => match first.take() {
+                    Some(first) => {
+                        stopped_by.set(Some(signal));
+                        let _ = first.send(());
+                    }
+                    None => return None,
+                },
+            }
+        }
     });
     let outcome = match outcome {
-        Ok(o) => o,
-        Err(e) => {
+        Some(Ok(o)) => o,
+        None => {
+            eprintln!("rocgate demo: a second SIGTERM or Ctrl-C during the shutdown: exiting now, without the summary");
+            runtime.shutdown_background();
+            let signal = stopped_by.get().unwrap_or(Stop::Interrupt);
+            return ExitCode::from(signal.exit_code());
+        }
+        Some(Err(e)) => {
             eprintln!("rocgate demo: {e}");
             return ExitCode::FAILURE;
         }
