@@ -1413,3 +1413,47 @@ async fn a_reload_that_brings_a_running_event_starts_its_part_of_the_history() {
     );
     p.stop().await;
 }
+
+/// An upstream that leads to the admin API (a typo, a port swapped) does not open it to
+/// the proxy's clients: a request that came through the proxy is refused with 508, and
+/// the route keeps its limit. (Every client of the proxy could read the admin API and,
+/// the change coming from rocgate's own loopback address, set any limit without a
+/// token.) The config and `serve`'s flags refuse such an upstream too; this is what
+/// holds when neither was asked, as for `Proxy::bind` here.
+#[tokio::test]
+async fn the_admin_api_is_not_reachable_through_the_proxy() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = Config::from_toml_str(CONFIG, "t.toml").unwrap();
+    let mut settings = ProxySettings::from_server(
+        &rocgate::config::ServerConfig::default(),
+        format!("http://127.0.0.1:{port}").parse().unwrap(),
+    );
+    settings.listen = "127.0.0.1:0".parse().unwrap();
+    settings.admin_listen = format!("127.0.0.1:{port}").parse().unwrap();
+    let proxy = Proxy::bind(settings, &config, None).await.unwrap();
+    let (listen, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    let change = r#"{"base_limit": 1, "cut_limit": 1}"#;
+    let (status, body) = call(listen, "PUT", "/admin/routes/order", change, None).await;
+    let (read, _) = call(listen, "GET", "/admin/routes", "", None).await;
+    let (_, order) = call(admin, "GET", "/admin/routes/order", "", None).await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    assert_eq!(status, 508, "{body}");
+    assert!(
+        body["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("came through this instance's proxy"),
+        "{body}"
+    );
+    assert_eq!(read, 508);
+    assert_eq!(order["base_limit_rps"], 200.0, "{order}");
+}

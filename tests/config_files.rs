@@ -1153,6 +1153,56 @@ fn check_config_prints_ok_or_every_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("ROCGATE__DEFAULTS__CUT_LIMIT"));
 }
 
+/// An upstream that is rocgate's own listener is refused: the admin API's would open
+/// it to every client of the proxy, the proxy's would send each request back to
+/// itself.
+#[test]
+fn the_upstream_is_not_rocgates_own_listener() {
+    for (upstream, more, which, addr) in [
+        (
+            "http://127.0.0.1:9090",
+            "",
+            "admin.listen",
+            "127.0.0.1:9090",
+        ),
+        (
+            "http://localhost:9191",
+            "[admin]\nlisten = \"0.0.0.0:9191\"\n",
+            "admin.listen",
+            "0.0.0.0:9191",
+        ),
+        (
+            "http://127.0.0.1:8080",
+            "listen = \"127.0.0.1:8080\"\n",
+            "server.listen",
+            "127.0.0.1:8080",
+        ),
+    ] {
+        let (server, admin) = match more.strip_prefix("[admin]") {
+            Some(_) => ("", more),
+            None => (more, ""),
+        };
+        refused(
+            &route(&format!(
+                "[server]\nupstream = \"{upstream}\"\n{server}{admin}"
+            )),
+            "server.upstream",
+            &format!(
+                "{upstream} is rocgate's own {which} ({addr}): requests would come back to it"
+            ),
+        );
+    }
+    // Another port, or another host, is an upstream.
+    for upstream in [
+        "http://127.0.0.1:9091",
+        "http://10.0.0.5:9090",
+        "http://shop:9090",
+    ] {
+        let text = route(&format!("[server]\nupstream = \"{upstream}\"\n"));
+        Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{upstream}: {e}"));
+    }
+}
+
 #[test]
 fn the_proxy_and_the_admin_api_need_an_address_each() {
     // check-config said ok, and serve then failed to bind the admin API as if another

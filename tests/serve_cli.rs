@@ -741,6 +741,48 @@ fn listen_and_admin_flags_on_one_address_are_refused_with_exit_code_2() {
     }
 }
 
+/// An `--upstream` that is rocgate's own admin API (the default 127.0.0.1:9090) or
+/// proxy listener is refused before anything is bound, naming the flags: through it
+/// every client of the proxy could read and change the limits.
+#[test]
+fn an_upstream_that_is_rocgates_own_listener_is_refused_with_exit_code_2() {
+    for (args, expected) in [
+        (
+            vec!["--upstream", "http://127.0.0.1:9090"],
+            "--upstream \"http://127.0.0.1:9090\" is rocgate's own admin.listen 127.0.0.1:9090",
+        ),
+        (
+            vec![
+                "--upstream",
+                "http://localhost:47392",
+                "--admin",
+                "0.0.0.0:47392",
+            ],
+            "--upstream \"http://localhost:47392\" is rocgate's own --admin 0.0.0.0:47392",
+        ),
+        (
+            vec![
+                "--upstream",
+                "http://127.0.0.1:47393",
+                "--listen",
+                "127.0.0.1:47393",
+            ],
+            "--upstream \"http://127.0.0.1:47393\" is rocgate's own --listen 127.0.0.1:47393",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .arg("serve")
+            .args(&args)
+            .env_clear()
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
 /// The allocator does not ask the kernel for transparent huge pages: each is resident
 /// whole (2 MiB) while one object in it is live, which kept the proxy's RSS about
 /// twice its size for the same live heap (README, the soak-serve.sh bullet). A region

@@ -36,6 +36,24 @@ fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, St
     let mut settings = ProxySettings::from_server(server, upstream);
     settings.listen = args.listen.unwrap_or(server.listen);
     settings.admin_listen = args.admin.unwrap_or(server.admin_listen);
+    // The file's upstream is held apart from its listeners by its rules; a flag may
+    // put it on one.
+    for (name, addr) in [
+        (
+            args.listen.map_or("server.listen", |_| "--listen"),
+            settings.listen,
+        ),
+        (
+            args.admin.map_or("admin.listen", |_| "--admin"),
+            settings.admin_listen,
+        ),
+    ] {
+        if rocgate::config::upstream_is_listener(upstream_text, addr) {
+            return Err(format!(
+                "{source} {upstream_text:?} is rocgate's own {name} {addr}: requests would come back to it"
+            ));
+        }
+    }
     // The file's two are held apart by its rules; a flag may put one on the other.
     if rocgate::config::listeners_clash(settings.listen, settings.admin_listen) {
         let listen = args.listen.map_or("server.listen", |_| "--listen");

@@ -57,6 +57,50 @@ pub fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
+/// Whether the upstream `http://host[:port]` (as [`check_upstream`] returns it) is
+/// this process's own listener at `listener`: its port, and a host that is the
+/// listener's address, or a loopback one (an IP or `localhost`) where the listener
+/// takes every address. Requests sent there would come back to rocgate: to the admin
+/// API (where every client of the proxy could read and, from loopback, change
+/// limits), or to the proxy itself. A host name other than `localhost` is not
+/// resolved, and is never taken for a listener.
+///
+/// ```
+/// use rocgate::config::upstream_is_listener;
+/// let at = |a: &str| a.parse().unwrap();
+/// assert!(upstream_is_listener("http://127.0.0.1:9090", at("127.0.0.1:9090")));
+/// assert!(upstream_is_listener("http://localhost:9090", at("0.0.0.0:9090")));
+/// assert!(upstream_is_listener("http://[::1]:80", at("[::]:80")));
+/// assert!(upstream_is_listener("http://127.0.0.1", at("127.0.0.1:80")));
+/// assert!(!upstream_is_listener("http://127.0.0.1:3000", at("127.0.0.1:9090")));
+/// assert!(!upstream_is_listener("http://10.0.0.5:9090", at("127.0.0.1:9090")));
+/// assert!(!upstream_is_listener("http://shop.internal:9090", at("0.0.0.0:9090")));
+/// ```
+pub fn upstream_is_listener(upstream: &str, listener: SocketAddr) -> bool {
+    let Ok(uri) = upstream.parse::<http::Uri>() else {
+        return false;
+    };
+    let Some(authority) = uri.authority() else {
+        return false;
+    };
+    if authority.port_u16().unwrap_or(80) != listener.port() || listener.port() == 0 {
+        return false;
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let ip = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_canonical(),
+        Err(_) if host.eq_ignore_ascii_case("localhost") => {
+            return listener.ip().is_loopback() || listener.ip().is_unspecified();
+        }
+        Err(_) => return false,
+    };
+    let own = listener.ip().to_canonical();
+    ip == own || (own.is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
+}
+
 /// Checks an upstream URL by the rules of the file's `server.upstream`:
 /// `http://host[:port]`, nothing after the authority but `/`, a port from 1 to 65535.
 /// Returns it as `http://host[:port]`, or what is wrong with it (without a field name:

@@ -2081,13 +2081,14 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         listeners_read &= read.is_ok();
         field(p, "server.listen", read.map(|a| out.listen = a));
     }
+    let mut upstream_read = true;
     if let Some(v) = server.upstream {
+        let read = upstream_url(v);
+        upstream_read &= read.is_ok();
         field(
             p,
             "server.upstream",
-            upstream_url(v)
-                .map(|u| out.upstream = u)
-                .map_err(|e| e.to_string()),
+            read.map(|u| out.upstream = u).map_err(|e| e.to_string()),
         );
     }
     for (name, raw, slot) in [
@@ -2205,6 +2206,22 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         let read = socket_addr(v);
         listeners_read &= read.is_ok();
         field(p, "admin.listen", read.map(|a| out.admin_listen = a));
+    }
+    // The file's upstream is its listeners' own: read where both are the file's or the
+    // defaults (flags are held to the same rule by `serve`).
+    for (name, addr) in [
+        ("server.listen", out.listen),
+        ("admin.listen", out.admin_listen),
+    ] {
+        if listeners_read && upstream_read && super::upstream_is_listener(&out.upstream, addr) {
+            p.at(
+                "server.upstream".to_owned(),
+                format!(
+                    "{} is rocgate's own {name} ({addr}): requests would come back to it",
+                    out.upstream
+                ),
+            );
+        }
     }
     if listeners_read && super::listeners_clash(out.listen, out.admin_listen) {
         p.at(

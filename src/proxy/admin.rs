@@ -67,6 +67,9 @@ pub(crate) struct AdminState {
     /// The Redis store, if `[store] backend = "redis"`.
     #[cfg(feature = "redis")]
     pub(crate) store: Option<crate::store::redis::RedisStore>,
+    /// The proxy's name in `Via`: a request that bears it came through the proxy's
+    /// port, an upstream leading back here, and is refused.
+    pub(crate) via: Arc<super::forward::Via>,
 }
 
 /// What `/metrics` renders from.
@@ -192,8 +195,33 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/admin/store", get(store))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state.via),
+            refuse_the_proxys_own,
+        ))
         .with_state(state)
         .layer(CompressionLayer::new().quality(CompressionLevel::Fastest))
+}
+
+/// Refuses a request that came through this instance's proxy: its upstream leads to
+/// the admin API (a typo, a port swapped), so that every client of the proxy would
+/// read it and, from rocgate's own loopback address, change any limit without a token.
+async fn refuse_the_proxys_own(
+    State(via): State<Arc<super::forward::Via>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if via.came_through(request.headers()) {
+        return error(
+            StatusCode::LOOP_DETECTED,
+            vec![
+                "this request came through this instance's proxy: its upstream leads to \
+                 the admin API (server.upstream, --upstream)"
+                    .into(),
+            ],
+        );
+    }
+    next.run(request).await
 }
 
 /// The refusal of a path the admin API does not serve.
@@ -820,6 +848,7 @@ mod tests {
             }),
             #[cfg(feature = "redis")]
             store: None,
+            via: Arc::new(super::super::forward::Via::new()),
         }
     }
 

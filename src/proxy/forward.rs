@@ -319,7 +319,7 @@ fn tunnelled(headers: &HeaderMap) -> bool {
 /// other proxies) is recognised as a forwarding loop rather than forwarded again until
 /// connections run out.
 #[derive(Debug)]
-struct Via {
+pub(crate) struct Via {
     /// `rocgate-` and 16 random hex digits.
     pseudonym: String,
     /// `1.0 rocgate-…`, `1.1 rocgate-…` and `2 rocgate-…`: this hop's entry, by the
@@ -328,7 +328,7 @@ struct Via {
 }
 
 impl Via {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let pseudonym = format!("rocgate-{:016x}", fastrand::u64(..));
         let entry = |version: &'static str| {
             // Digits, letters and a space: always a valid header value.
@@ -351,7 +351,7 @@ impl Via {
     }
 
     /// Whether the request has come through this instance before.
-    fn came_through(&self, headers: &HeaderMap) -> bool {
+    pub(crate) fn came_through(&self, headers: &HeaderMap) -> bool {
         let me = self.pseudonym.as_bytes();
         headers
             .get_all(header::VIA)
@@ -506,7 +506,7 @@ struct Inner {
     /// `Host` for requests that carry none (the legacy client's default too).
     upstream_host: Option<HeaderValue>,
     /// This instance's `Via` entry.
-    via: Via,
+    via: Arc<Via>,
     /// Failures of the upstream, logged at most once every [`FAILURE_LOG_EVERY`]
     /// (shared with the response bodies on their way, which can fail too).
     failures: Arc<FailureLog>,
@@ -647,13 +647,18 @@ impl Forwarder {
                 meter,
                 lanes,
                 connector,
-                via: Via::new(),
+                via: Arc::new(Via::new()),
                 failures,
                 upstream_requests,
                 overflows,
             }),
             connection: None,
         }
+    }
+
+    /// This instance's name in `Via`, to know a request that came through it.
+    pub(crate) fn via(&self) -> Arc<Via> {
+        Arc::clone(&self.inner.via)
     }
 
     /// Why `req` cannot be forwarded, known from its head alone (a tunnel, a target in

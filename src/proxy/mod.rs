@@ -716,6 +716,7 @@ impl Proxy {
         );
         let lanes = forwarder.lanes();
         let upstream_requests = forwarder.upstream_requests();
+        let via = forwarder.via();
         let connections = Arc::new(
             connections::ClientConnections::new(self.settings.max_connections).per_client(
                 self.settings.max_connections_per_client,
@@ -798,6 +799,7 @@ impl Proxy {
             #[cfg(feature = "redis")]
             store: self.store.clone(),
             token: self.settings.admin_token.clone(),
+            via,
             answering: Arc::default(),
             metrics: Arc::new(admin::Exporter {
                 handle: prometheus,
