@@ -1457,3 +1457,74 @@ async fn the_admin_api_is_not_reachable_through_the_proxy() {
     assert_eq!(read, 508);
     assert_eq!(order["base_limit_rps"], 200.0, "{order}");
 }
+
+/// A reload refuses a config path that is no regular file (a FIFO here): reading it
+/// would hold the reload up, and with it the scrapes and changes that wait for the
+/// reload's lock. (`GET /metrics` had no answer while a reload waited on a FIFO, and
+/// the process did not exit until it was killed.) Scrapes answer throughout.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refuses_a_config_path_that_is_no_regular_file() {
+    let p = start(None).await;
+    std::fs::remove_file(&p.file).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&p.file)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let reload = tokio::time::timeout(
+        Duration::from_secs(5),
+        call(p.admin, "POST", "/admin/reload", "", None),
+    )
+    .await;
+    let scrape = tokio::time::timeout(
+        Duration::from_secs(5),
+        call_raw(p.admin, "GET", "/metrics", Vec::new(), None),
+    )
+    .await;
+    // Whatever came of the above, let a read of the FIFO end before stopping.
+    let file = p.file.clone();
+    std::thread::spawn(move || std::fs::write(file, CONFIG));
+    p.stop().await;
+    let (status, body) = reload.expect("the reload answers");
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("not a regular file"),
+        "{body}"
+    );
+    assert_eq!(scrape.expect("the scrape answers").0, 200);
+}
+
+/// No admin connection outlives `Proxy::run`: one whose change's body is still
+/// coming when the proxy stops is closed past the drain. (It stayed open, holding the
+/// engine, until its body timeout answered 408.)
+#[tokio::test]
+async fn admin_connections_end_before_run_returns() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let p = start(None).await;
+    let mut conn = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    conn.write_all(b"PUT /admin/routes/order HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    // The head is read before the proxy stops.
+    let mut buf = [0u8; 256];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf))
+            .await
+            .is_err(),
+        "no answer while the body is coming"
+    );
+    p.stop().await;
+    let read = tokio::time::timeout(Duration::from_secs(3), conn.read(&mut buf)).await;
+    match read {
+        Ok(Ok(0) | Err(_)) => {}
+        Ok(Ok(n)) => panic!(
+            "answered after run returned: {}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(_) => panic!("the admin connection was still open 3 s after Proxy::run returned"),
+    }
+}

@@ -5,6 +5,7 @@ use super::ServeArgs;
 use rocgate::config::{Config, ServerConfig};
 use rocgate::proxy::{Proxy, ProxySettings, Reloader};
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// The proxy settings: the file's, then the command line's overrides.
 fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, String> {
@@ -166,7 +167,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         // Listened for before binding: a signal's default action would end the
         // process meanwhile. One that comes then is acted on once serving has begun.
         let (signals, hangups) = (ShutdownSignals::listen(), listen_for_sighup());
@@ -197,5 +198,10 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             );
         }
         serve_until_signalled(proxy, signals).await
-    })
+    });
+    // Tasks still running (a reload stuck reading its file on a hung mount, a
+    // connection past the grace) do not hold the exit: dropping the runtime waited for
+    // them, with nothing listening for a second signal any more.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    code
 }

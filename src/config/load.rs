@@ -162,6 +162,22 @@ impl Config {
         Config::from_toml_str_with_env(&text, &origin, process_env())
     }
 
+    /// [`Config::load`], refusing a path that is not a regular file (once followed
+    /// through symbolic links): a FIFO or a device would hold up the reload that reads
+    /// it again, and with it everything that waits for that reload.
+    pub(crate) fn load_regular(path: &Path) -> Result<Config, ConfigError> {
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() && !m.is_dir() => Err(ConfigError::new(
+                &path.display().to_string(),
+                vec![Problem::new(
+                    "",
+                    "not a regular file (a FIFO or a device): a reload reads a file",
+                )],
+            )),
+            _ => Config::load(path),
+        }
+    }
+
     /// Parses and validates TOML text, without environment overrides. `origin` names
     /// the text in errors (a file path, or something like `"inline"`).
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {

@@ -105,8 +105,9 @@ const DRAIN: Duration = Duration::from_secs(1);
 
 /// Serves `router` on `listener` with `builder` (the proxy's, which bounds a request
 /// head by `header_read_timeout`), at most [`MAX_CONNECTIONS`] connections at once,
-/// until `stopped` completes; then closes the listener and gives the connections open
-/// up to [`DRAIN`] to finish.
+/// until `stopped` completes; then closes the listener, gives the connections open
+/// up to [`DRAIN`] to finish, and ends those that have not (a change whose body is
+/// still coming): none outlives the proxy's `run`.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
@@ -116,6 +117,7 @@ pub(crate) async fn serve(
 ) {
     let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (stop, stopping) = watch::channel(());
+    let (end, ended) = watch::channel(());
     let mut accept_failures = super::AcceptFailures::default();
     tokio::pin!(stopped);
     loop {
@@ -146,8 +148,8 @@ pub(crate) async fn serve(
             hyper_util::service::TowerToHyperService::new(for_connection(&router, peer.ip()));
         let builder = builder.clone();
         let mut stopping = stopping.clone();
-        tokio::spawn(async move {
-            let _place = place;
+        let mut ended = ended.clone();
+        let connection = async move {
             if !super::protocol_known_within(&stream, header_read_timeout).await {
                 return;
             }
@@ -165,11 +167,20 @@ pub(crate) async fn serve(
             if let Err(e) = served {
                 tracing::debug!(error = %e, "admin connection ended with an error");
             }
+        };
+        tokio::spawn(async move {
+            let _place = place;
+            tokio::select! {
+                () = connection => {}
+                // Past the drain: the connection is dropped, its socket closed.
+                _ = ended.changed() => {}
+            }
         });
     }
-    drop((listener, stopping));
+    drop((listener, stopping, ended));
     let _ = stop.send(());
     let _ = tokio::time::timeout(DRAIN, stop.closed()).await;
+    let _ = end.send(());
 }
 
 /// The admin router as one connection from `peer` is served by: each request carries

@@ -148,11 +148,14 @@ pub struct Reloader {
     /// The sections read once, at start (`[server]`, `[admin]`, `[hints]`, `[store]`),
     /// as the proxy started with them; the routes are left out.
     started: Arc<Config>,
-    /// Held through a reload: of two at once (a SIGHUP and `POST /admin/reload`), the
-    /// second reads the file after the first has swapped its engine in, so the file
-    /// read last is the one in force. It holds the routes whose runtime change is in
-    /// force, each with the file's parameters that the change replaced (see
-    /// [`Reloaded`]).
+    /// Held through a reload, its file read included: of two at once (a SIGHUP and
+    /// `POST /admin/reload`), the second reads the file after the first has swapped
+    /// its engine in, so the file read last is the one in force.
+    reading: Arc<Mutex<()>>,
+    /// Held while a reload swaps its engine in, and while a runtime change is made:
+    /// the routes whose runtime change is in force, each with the file's parameters
+    /// that the change replaced (see [`Reloaded`]). Not held through the file's read,
+    /// which a slow or hung file system may hold up: scrapes and changes need it.
     reloading: Arc<Mutex<BTreeMap<String, ControllerParams>>>,
     /// The reloads applied and refused, for `/metrics`.
     reloads: Arc<ReloadCounts>,
@@ -422,11 +425,12 @@ impl Reloader {
         let Some(path) = &self.source else {
             return Err(ReloadError::NoConfigFile);
         };
+        let _one_at_a_time = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
+        let config = Config::load_regular(path)?;
         let mut changed_at_runtime = self
             .reloading
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let config = Config::load(path)?;
         #[allow(clippy::disallowed_methods)] // wall time enters here, once, to place events
         let wall_now = SystemTime::now();
         let before = self.engine.load();
@@ -653,6 +657,7 @@ impl Proxy {
                     routes: Vec::new(),
                     ..config.clone()
                 }),
+                reading: Arc::default(),
                 reloading: Arc::default(),
                 reloads: Arc::default(),
             },
