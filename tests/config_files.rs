@@ -760,6 +760,16 @@ fn events() {
         "routes[0].events[1].start",
         "overlaps routes[0].events[0], which runs until 2026-11-27T20:30:00Z",
     );
+    // An end past what RFC 3339 can write: said in words (its formatting panicked).
+    refused(
+        &route(&format!(
+            "{}{}",
+            event("9999-06-01T00:00:00Z", "365days"),
+            event("9999-12-01T00:00:00Z", "1h")
+        )),
+        "routes[0].events[1].start",
+        "overlaps routes[0].events[0], which runs until a time after 9999-12-31T23:59:59Z",
+    );
     refused(
         &route(&format!(
             "{}cut_limit = 500\n",
@@ -2040,6 +2050,35 @@ fn a_config_built_in_code_is_validated_by_the_files_rules() {
         problems(Vec::new()),
         ["routes: at least one [[routes]] table is required"]
     );
+    // Events a file cannot place (its times are RFC 3339): refused, not a panic.
+    use rocgate::config::Event;
+    use rocgate::controller::ControllerParams;
+    use std::time::UNIX_EPOCH;
+    for (start, said) in [
+        (
+            UNIX_EPOCH - Duration::from_secs(1),
+            "before 1970-01-01T00:00:00Z",
+        ),
+        (
+            UNIX_EPOCH + Duration::from_secs(253_402_300_800),
+            "after 9999-12-31T23:59:59Z",
+        ),
+    ] {
+        let mut far = order();
+        far.events.push(Event::new(
+            "far",
+            start,
+            Duration::from_secs(60),
+            ControllerParams::default(),
+        ));
+        let found = problems(vec![far]);
+        assert!(
+            found.len() == 1
+                && found[0].starts_with("routes[0].events[0].start: must be an RFC 3339")
+                && found[0].contains(said),
+            "{found:?}"
+        );
+    }
 }
 
 /// `RouteMatch::exact` with a template matches the paths the template stands for, as

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -803,6 +803,22 @@ fn timer_duration(text: String) -> Result<Duration, String> {
     match nonzero_duration(text.clone())? {
         d if d > LONGEST => Err(format!("must be at most 365 days, got {text:?}")),
         d => Ok(d),
+    }
+}
+
+/// The last second RFC 3339 can write (9999-12-31T23:59:59Z), past which humantime's
+/// formatting panics, as it does before 1970.
+const LAST_RFC3339_SECOND: u64 = 253_402_300_799;
+
+/// `t` written in RFC 3339 by `format`, or, out of the range that can be written (an
+/// event built in code, an event's end past the year 9999), a phrase saying where it is.
+fn utc_text<D: fmt::Display>(t: SystemTime, format: fn(SystemTime) -> D) -> String {
+    match t.duration_since(UNIX_EPOCH) {
+        Err(_) => "a time before 1970-01-01T00:00:00Z".to_owned(),
+        Ok(d) if d.as_secs() > LAST_RFC3339_SECOND => {
+            "a time after 9999-12-31T23:59:59Z".to_owned()
+        }
+        Ok(_) => format(t).to_string(),
     }
 }
 
@@ -1657,7 +1673,7 @@ fn route_events(
                 Scope::Event(i, j).path("start"),
                 format!(
                     "overlaps routes[{i}].events[{first}], which runs until {}: events of one route must not overlap",
-                    humantime::format_rfc3339(until)
+                    utc_text(until, humantime::format_rfc3339)
                 ),
             ),
             _ => {}
@@ -1934,7 +1950,7 @@ impl RawRoute {
                     let sets = e.sets.unwrap_or(ProfileFields::ALL);
                     RawEvent {
                         name: Some(e.name.clone()),
-                        start: Some(humantime::format_rfc3339_nanos(e.start).to_string()),
+                        start: Some(utc_text(e.start, humantime::format_rfc3339_nanos)),
                         duration: written(e.duration),
                         base_limit: sets.base_limit.then_some(Num(c.base_limit_rps)),
                         cut_limit: sets.cut_limit.then_some(Num(c.cut_limit_rps)),
