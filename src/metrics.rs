@@ -392,10 +392,11 @@ struct Seen {
 /// registry keeps the highest value a counter was set to, so the restarted count would
 /// leave the series flat until it passed the old total; instead each restart adds the
 /// last total to an offset. The request counters know a rebuild by the route's new
-/// serial; the controller's counters (a shared store's part in them outlives some
-/// rebuilds) by a count lower than the last. (One of those that passes its old total
-/// between two collections is taken for growth: it then undercounts, but never goes
-/// back.)
+/// serial, as do the controller's counters of a route whose controller is its own;
+/// those of a route a shared store decides (the store's part in them outlives some
+/// rebuilds) know it by a count lower than the last. (One of those that passes its old
+/// total between two collections is taken for growth: it then undercounts, but never
+/// goes back.)
 #[derive(Clone, Copy, Debug, Default)]
 struct Monotonic {
     last: u64,
@@ -423,8 +424,11 @@ impl Monotonic {
 /// and added back continues its series).
 #[derive(Debug, Default)]
 struct RouteCounters {
-    /// The route's serial at the last collection (0 before the first).
+    /// The route's serial when its request counts were last read (0 before).
     serial: u64,
+    /// The route's serial when its controller's counts were last read (0 before): a
+    /// reload's last reading of the engine it replaced reads its requests only.
+    controller_serial: u64,
     admitted: Monotonic,
     rejected: [Monotonic; Reason::ALL.len()],
     shadow_rejected: [Monotonic; Reason::ALL.len()],
@@ -432,10 +436,65 @@ struct RouteCounters {
     cuts: Monotonic,
     /// Milliseconds in cuts that have ended.
     cut_ended_ms: Monotonic,
+    /// Milliseconds into the cut under way, as last read.
+    cut_running_ms: u64,
     /// `rocgate_cut_seconds_total` as last exported.
     cut_seconds: u64,
     keys_evicted: Monotonic,
     key_overflow: Monotonic,
+}
+
+impl RouteCounters {
+    /// Follows the route to the engine's serial `serial`: a new one (the route
+    /// rebuilt) starts its request counts again.
+    fn follow_requests(&mut self, serial: u64) {
+        if self.serial != serial {
+            let requests = self.rejected.iter_mut().chain(&mut self.shadow_rejected);
+            requests
+                .chain([
+                    &mut self.admitted,
+                    &mut self.keys_evicted,
+                    &mut self.key_overflow,
+                ])
+                .for_each(Monotonic::restart);
+            self.serial = serial;
+        }
+    }
+
+    /// Follows the route's controller to the engine's serial `serial`: a new one starts
+    /// the counts of a controller that is the route's own (`local`) again, the cut under
+    /// way when it was rebuilt counted as ended.
+    fn follow_controller(&mut self, serial: u64, local: bool) {
+        if self.controller_serial != serial && local {
+            self.transitions
+                .iter_mut()
+                .flatten()
+                .chain([&mut self.cuts, &mut self.cut_ended_ms])
+                .for_each(Monotonic::restart);
+            self.cut_ended_ms.offset += std::mem::take(&mut self.cut_running_ms);
+        }
+        self.controller_serial = serial;
+    }
+
+    /// Exports the request counts of `s` to `h`.
+    fn requests(&mut self, s: &RouteSnapshot, h: &CounterSeries) {
+        self.follow_requests(s.serial);
+        h.admitted.absolute(self.admitted.next(s.admitted));
+        for ((reason, n), m) in s.rejected.iter().zip(&mut self.rejected) {
+            if let Some(handle) = h.rejected.get(reason.index()) {
+                handle.absolute(m.next(*n));
+            }
+        }
+        for ((reason, n), m) in s.shadow_rejected.iter().zip(&mut self.shadow_rejected) {
+            if let Some(handle) = h.shadow_rejected.get(reason.index()) {
+                handle.absolute(m.next(*n));
+            }
+        }
+        h.keys_evicted
+            .absolute(self.keys_evicted.next(s.keys_evicted));
+        h.key_overflow
+            .absolute(self.key_overflow.next(u64::from(s.keys_overflowed)));
+    }
 }
 
 /// Sets every engine metric from the engine's snapshots. Remembers each route's recent
@@ -524,6 +583,26 @@ impl Collector {
         self
     }
 
+    /// Puts a new engine in place of one by `replace`, which returns the engine it
+    /// replaced, and counts the requests that engine's routes decided since the last
+    /// collection (then no more): those of a route the new engine rebuilt (its counts
+    /// start again from zero) or does not have were lost otherwise. Nothing is
+    /// collected between the two, the new engine's rebuilt routes read as restarted
+    /// only once the old ones' counts are in. The controllers' counts (transitions,
+    /// cuts, time in cut) are not read from the replaced engine: a shared store's part in
+    /// them is not the engine's; a rebuilt route's since the last collection are lost.
+    /// `rocgate serve`'s reloads replace their engine so; a layer that replaces its
+    /// engine (`rocgate::http::SharedEngine::replace`) can too.
+    pub fn replace(&self, now: Nanos, replace: impl FnOnce() -> Arc<Engine>) {
+        let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        let replaced = replace();
+        for s in replaced.snapshot(now) {
+            let mut series = RouteSeries::default();
+            let c = counters.entry(s.name.clone()).or_default();
+            c.requests(&s, series.counters(&s.name));
+        }
+    }
+
     /// Sets every metric of every route of `engine` as of `now`.
     pub fn collect(&self, engine: &Engine, now: Nanos) {
         self.collect_with(engine, now, |_| None);
@@ -584,7 +663,8 @@ impl Collector {
                 seen.serial = s.serial;
             }
             let ratio = rejection_ratio(&mut seen.readings, s, now);
-            record_route(s, ratio, counters.entry(s.name.clone()).or_default(), route);
+            let c = counters.entry(s.name.clone()).or_default();
+            record_route(s, ratio, control.is_none(), c, route);
         }
         gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
         if !self.shared_store {
@@ -654,31 +734,18 @@ const STATES: [ControllerState; 3] = [
     ControllerState::Recovering,
 ];
 
+/// Exports the counters and gauges of the route `s`, whose controller is its own
+/// (`local`) or a shared store's.
 fn record_route(
     s: &RouteSnapshot,
     rejection_ratio: f64,
+    local: bool,
     c: &mut RouteCounters,
     series: &mut RouteSeries,
 ) {
-    if c.serial != s.serial {
-        let requests = c.rejected.iter_mut().chain(&mut c.shadow_rejected);
-        requests
-            .chain([&mut c.admitted, &mut c.keys_evicted, &mut c.key_overflow])
-            .for_each(Monotonic::restart);
-        c.serial = s.serial;
-    }
     let h = series.counters(&s.name);
-    h.admitted.absolute(c.admitted.next(s.admitted));
-    for ((reason, n), m) in s.rejected.iter().zip(&mut c.rejected) {
-        if let Some(handle) = h.rejected.get(reason.index()) {
-            handle.absolute(m.next(*n));
-        }
-    }
-    for ((reason, n), m) in s.shadow_rejected.iter().zip(&mut c.shadow_rejected) {
-        if let Some(handle) = h.shadow_rejected.get(reason.index()) {
-            handle.absolute(m.next(*n));
-        }
-    }
+    c.requests(s, h);
+    c.follow_controller(s.serial, local);
     for (f, row) in h.transitions.iter().enumerate() {
         for (t, handle) in row.iter().enumerate() {
             if let Some(handle) = handle {
@@ -695,13 +762,11 @@ fn record_route(
         .cut_ended_ms
         .next(u64::try_from(ended_ms).unwrap_or(u64::MAX));
     let running_ms = u64::try_from(s.cut_running.as_millis()).unwrap_or(u64::MAX);
+    c.cut_running_ms = running_ms;
     c.cut_seconds = c
         .cut_seconds
         .max(ended_ms.saturating_add(running_ms) / 1000);
     h.cut_seconds.absolute(c.cut_seconds);
-    h.keys_evicted.absolute(c.keys_evicted.next(s.keys_evicted));
-    h.key_overflow
-        .absolute(c.key_overflow.next(u64::from(s.keys_overflowed)));
     route_gauges(series, &s.name, s.algorithm, Some((s, rejection_ratio)));
 }
 

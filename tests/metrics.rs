@@ -696,6 +696,127 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
     assert_eq!(ratio.parse::<f64>().unwrap(), 1.0 / 3.0);
 }
 
+/// Requests decided between the last scrape and a reload that rebuilds their route
+/// (or removes it) are counted: the reload's `Collector::replace` reads the engine it
+/// replaces once more. They were lost: the exported total read 150 here, not 180.
+/// (helper-146)
+#[test]
+fn requests_decided_after_the_last_scrape_count_across_a_reload() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::http::SharedEngine;
+    use rocgate::metrics::Collector;
+    use rocgate::window::WindowSpec;
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    let with_window = |secs| {
+        let mut r = RouteConfig::new("r", RouteMatch::any());
+        r.window = WindowSpec::new(Duration::from_secs(secs), Duration::from_millis(100)).unwrap();
+        Config::new(vec![r])
+    };
+    let offer = |e: &Engine, n: usize, at: Nanos| {
+        let id = e.route_id("r").unwrap();
+        for _ in 0..n {
+            let _ = e.check(id, Key::None, at);
+        }
+    };
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let collector = Collector::new();
+    let admitted = r#"rocgate_requests_total{route="r",decision="admitted",reason="none"}"#;
+    let scrape = |shared: &SharedEngine, at: Nanos| {
+        metrics::with_local_recorder(&recorder, || collector.collect(&shared.load(), at));
+        scraped(&handle.render(), admitted)
+    };
+    let reload = |shared: &SharedEngine, config: &Config, at: Nanos| {
+        let next = shared.load().reload(config, at, epoch).unwrap();
+        metrics::with_local_recorder(&recorder, || {
+            collector.replace(at, || shared.replace(next));
+        });
+    };
+    let t = Nanos::from_secs;
+    let shared = SharedEngine::new(Engine::new(&with_window(6), t(0), epoch).unwrap());
+    offer(&shared.load(), 100, t(1));
+    assert_eq!(scrape(&shared, t(1)), 100.0);
+    // 30 more after that scrape, then a reload that rebuilds the route (a new window).
+    offer(&shared.load(), 30, Nanos::from_millis(1500));
+    reload(&shared, &with_window(4), t(2));
+    offer(&shared.load(), 50, t(3));
+    assert_eq!(scrape(&shared, t(3)), 180.0, "100 + 30 + 50");
+    // 10 more, then a reload that removes the route: they are counted too.
+    offer(&shared.load(), 10, t(4));
+    let other = Config::new(vec![RouteConfig::new("other", RouteMatch::any())]);
+    reload(&shared, &other, t(5));
+    assert_eq!(scrape(&shared, t(5)), 190.0);
+    // A reload that keeps the route as it was reads what the next scrape reads.
+    reload(&shared, &with_window(4), t(6));
+    offer(&shared.load(), 5, t(7));
+    reload(&shared, &with_window(4), t(8));
+    assert_eq!(scrape(&shared, t(8)), 195.0);
+}
+
+/// A reload that rebuilds a route during a cut: the seconds of that cut exported so
+/// far stay counted, and the rebuilt route's own cut adds to them. The cut under way
+/// was left out of the total carried over, so the next cut's first seconds were
+/// swallowed by it (helper-146).
+#[test]
+fn cut_seconds_carry_on_across_a_rebuild_during_a_cut() {
+    use rocgate::clock::Nanos;
+    use rocgate::controller::ControllerState;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::Collector;
+    use rocgate::window::WindowSpec;
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    let with_window = |secs| {
+        let mut r = RouteConfig::new("r", RouteMatch::any());
+        r.window = WindowSpec::new(Duration::from_secs(secs), Duration::from_millis(100)).unwrap();
+        Config::new(vec![r])
+    };
+    // 100 req/s for a window and more, then 1,000 req/s for 1 s: a cut.
+    let drive = |e: &Engine, from_ms: u64, calm_slots: u64| {
+        let id = e.route_id("r").unwrap();
+        for slot in 0..calm_slots + 10 {
+            let n = if slot < calm_slots { 10 } else { 100 };
+            for i in 0..n {
+                let at = Nanos::from_millis(from_ms + slot * 100 + i * 100 / n);
+                let _ = e.check(id, Key::None, at);
+            }
+        }
+    };
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let collector = Collector::new();
+    let series = r#"rocgate_cut_seconds_total{route="r"}"#;
+    let collect = |e: &Engine, at: Nanos| {
+        metrics::with_local_recorder(&recorder, || collector.collect(e, at));
+        scraped(&handle.render(), series)
+    };
+    let first = Engine::new(&with_window(8), Nanos::ZERO, epoch).unwrap();
+    drive(&first, 0, 80);
+    let at = Nanos::from_secs(38);
+    let s = first.snapshot(at).remove(0);
+    assert_eq!(s.state, ControllerState::Cut, "{s:?}");
+    let before = collect(&first, at);
+    assert!(
+        before >= 25.0,
+        "{before} s into a cut of {:?}",
+        s.time_in_cut
+    );
+    // Rebuilt (a new window: a fresh controller), then cut again.
+    let rebuilt = first.reload(&with_window(6), at, epoch).unwrap();
+    drive(&rebuilt, 38_000, 60);
+    let at = Nanos::from_secs(65);
+    let s = rebuilt.snapshot(at).remove(0);
+    assert_eq!((s.state, s.cuts), (ControllerState::Cut, 1), "{s:?}");
+    assert!(s.time_in_cut >= Duration::from_secs(10), "{s:?}");
+    let after = collect(&rebuilt, at);
+    // Whole seconds of the two cuts' sum: the new cut's, give or take the rounding.
+    let cut = s.time_in_cut.as_secs_f64();
+    assert!(
+        (before + cut.floor()..=before + cut.ceil()).contains(&after),
+        "{before} s before the rebuild, {after} after a cut of {cut} s"
+    );
+}
+
 /// `rocgate_controller_roc` is the ROC each route's thresholds are compared with: the
 /// absolute one for an absolute-mode route, the relative one for a relative-mode
 /// route, so the dashboard draws each beside thresholds of its own kind.

@@ -544,11 +544,12 @@ fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
     let mut series = String::new();
     let mut add_to = |job: &str, name: &str, instance: &str, route: &str, values: &str| {
         series.push_str(&format!(
-            "      - series: '{name}{{instance=\"{instance}\",job=\"{job}\",route=\"{route}\"}}'\n        values: '{values}'\n"
+            "      - series: '{name}{{instance=\"{instance}\",job=\"{job}\",pod=\"{job}-{instance}\",route=\"{route}\"}}'\n        values: '{values}'\n"
         ));
     };
-    // Another fleet scraped by the same Prometheus, with a distributed route of the
-    // same name: its cuts are its own.
+    // Labels beside `instance` that tell instances apart (Kubernetes' pod) are not
+    // taken for fleets of their own. Another fleet scraped by the same Prometheus, with
+    // a distributed route of the same name: its cuts are its own.
     add_to(
         "staging",
         "rocgate_store_limit_rps",

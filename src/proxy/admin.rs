@@ -75,7 +75,7 @@ pub(crate) struct AdminState {
 /// What `/metrics` renders from.
 pub(crate) struct Exporter {
     pub(crate) handle: PrometheusHandle,
-    pub(crate) collector: Collector,
+    pub(crate) collector: Arc<Collector>,
     pub(crate) in_flight: Arc<AtomicI64>,
     /// Upstream connections held by client connections' lanes.
     pub(crate) lanes: super::lane::LaneCount,
@@ -850,7 +850,7 @@ mod tests {
                 handle: metrics_exporter_prometheus::PrometheusBuilder::new()
                     .build_recorder()
                     .handle(),
-                collector: Collector::new(),
+                collector: Arc::new(Collector::new()),
                 in_flight: Arc::default(),
                 lanes: super::super::lane::LaneCount::new(1),
                 upstream_requests: super::super::forward::UpstreamRequests::new(1),

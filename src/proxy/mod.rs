@@ -159,6 +159,9 @@ pub struct Reloader {
     reloading: Arc<Mutex<BTreeMap<String, ControllerParams>>>,
     /// The reloads applied and refused, for `/metrics`.
     reloads: Arc<ReloadCounts>,
+    /// What `/metrics` collects with: a reload counts through it what the engine it
+    /// replaces decided since the last scrape.
+    collector: Arc<metric::Collector>,
 }
 
 /// The reloads a [`Reloader`] applied and refused, and whether the last one was applied.
@@ -491,7 +494,8 @@ impl Reloader {
         runtime_changes_replaced.sort();
         runtime_changes_dropped.sort();
         let next = Arc::new(next);
-        self.engine.replace(Arc::clone(&next));
+        self.collector
+            .replace(now, || self.engine.replace(Arc::clone(&next)));
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             store.retain(&next);
@@ -640,6 +644,15 @@ impl Proxy {
         if config.store != crate::store::StoreConfig::Local {
             return Err(BindError::StoreNotBuilt);
         }
+        // Its metrics go to the global recorder `prometheus` installs (or one
+        // installed before it): the collector keeps its handles.
+        let collector = metric::Collector::new().for_global_recorder();
+        #[cfg(feature = "redis")]
+        let collector = if store.is_some() {
+            collector.with_shared_store()
+        } else {
+            collector
+        };
         Ok(Proxy {
             listener,
             admin,
@@ -660,6 +673,7 @@ impl Proxy {
                 reading: Arc::default(),
                 reloading: Arc::default(),
                 reloads: Arc::default(),
+                collector: Arc::new(collector),
             },
         })
     }
@@ -751,15 +765,6 @@ impl Proxy {
             let service = layer.layer(forwarder.clone()).for_peer(peer);
             handing_route(service, &forwarder)
         };
-        // Its metrics go to the global recorder `prometheus` installs (or one
-        // installed before it): the collector keeps its handles.
-        let collector = metric::Collector::new().for_global_recorder();
-        #[cfg(feature = "redis")]
-        let collector = if self.store.is_some() {
-            collector.with_shared_store()
-        } else {
-            collector
-        };
         let prometheus = prometheus();
         let upkeep = tokio::spawn({
             let handle = prometheus.clone();
@@ -808,7 +813,7 @@ impl Proxy {
             answering: Arc::default(),
             metrics: Arc::new(admin::Exporter {
                 handle: prometheus,
-                collector,
+                collector: Arc::clone(&self.reloader.collector),
                 in_flight,
                 lanes,
                 upstream_requests,
