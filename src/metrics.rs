@@ -418,6 +418,18 @@ impl Monotonic {
         self.last = raw;
         self.offset + raw
     }
+
+    /// The value to export for a count the engine keeps modulo 2^32 (`raw`), read
+    /// before it has gone round once more: a count lower than the last has wrapped
+    /// (the route's rebuilds are known by its serial, see [`restart`](Self::restart)).
+    fn next_u32(&mut self, raw: u32) -> u64 {
+        let raw = u64::from(raw);
+        if raw < self.last {
+            self.offset += 1 << 32;
+        }
+        self.last = raw;
+        self.offset + raw
+    }
 }
 
 /// A route's exported counters, kept for every route name ever seen (a route removed
@@ -493,7 +505,7 @@ impl RouteCounters {
         h.keys_evicted
             .absolute(self.keys_evicted.next(s.keys_evicted));
         h.key_overflow
-            .absolute(self.key_overflow.next(u64::from(s.keys_overflowed)));
+            .absolute(self.key_overflow.next_u32(s.keys_overflowed));
     }
 }
 
@@ -968,4 +980,23 @@ struct LimiterSeries {
     algorithm: &'static str,
     level: Gauge,
     capacity: Gauge,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Monotonic;
+
+    /// A count kept modulo 2^32 that wraps between two readings counts on past 2^32;
+    /// it went back to the last reading's value, counting 2^32 − 100 + 50 as 50.
+    /// (helper-146)
+    #[test]
+    fn a_wrapped_count_counts_on() {
+        let mut overflow = Monotonic::default();
+        let last = u32::MAX - 99;
+        assert_eq!(overflow.next_u32(last), u64::from(last));
+        assert_eq!(overflow.next_u32(50), (1 << 32) + 50);
+        // A rebuilt route's count starts again from zero: added to the total.
+        overflow.restart();
+        assert_eq!(overflow.next_u32(7), (1 << 32) + 50 + 7);
+    }
 }
