@@ -710,7 +710,11 @@ pub fn omit_blank_gauges(text: &str) -> String {
 
 /// Rejected ÷ offered between the newest reading at least one window old (or the
 /// oldest kept) and now. Only requests refused count: shadow modes' would-be
-/// rejections were admitted.
+/// rejections were admitted. Without readings (the route's first collection, or its
+/// first since it was rebuilt) the counts are taken from zero, where the route started
+/// them, by a reading of zeros a window back: kept until a real reading is a window
+/// old, it makes the ratio cover the counts since the start until then, not the time
+/// since the last scrape.
 fn rejection_ratio(readings: &mut VecDeque<Reading>, s: &RouteSnapshot, now: Nanos) -> f64 {
     let current = Reading {
         at: now,
@@ -718,15 +722,18 @@ fn rejection_ratio(readings: &mut VecDeque<Reading>, s: &RouteSnapshot, now: Nan
         rejected: s.rejected_total(),
     };
     let window = s.window.window();
+    if readings.is_empty() {
+        readings.push_back(Reading {
+            at: now - window,
+            offered: 0,
+            rejected: 0,
+        });
+    }
     // Keep one reading at least a window old, and everything newer.
     while readings.len() >= 2 && now.saturating_since(readings[1].at) >= window {
         readings.pop_front();
     }
-    let base = readings.front().copied().unwrap_or(Reading {
-        at: now - window,
-        offered: 0,
-        rejected: 0,
-    });
+    let base = readings[0];
     readings.push_back(current);
     if readings.len() > 1024 {
         readings.pop_front();

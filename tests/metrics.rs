@@ -817,6 +817,40 @@ fn cut_seconds_carry_on_across_a_rebuild_during_a_cut() {
     );
 }
 
+/// `rocgate_rejection_ratio` covers a window at least from the first scrape on: a
+/// second scrape a second after the first read 0 (the one request since the first
+/// was admitted), where over the last 6 s 100 of 301 were refused. (helper-146)
+#[test]
+fn the_rejection_ratio_covers_a_window_from_the_first_scrape() {
+    use rocgate::clock::Nanos;
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::Collector;
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    let routes = vec![RouteConfig::new("r", RouteMatch::any())];
+    let engine = Engine::new(&Config::new(routes), Nanos::ZERO, epoch).unwrap();
+    let id = engine.route_id("r").unwrap();
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let collector = Collector::new();
+    let ratio = |at: Nanos| {
+        metrics::with_local_recorder(&recorder, || collector.collect(&engine, at));
+        scraped(&handle.render(), r#"rocgate_rejection_ratio{route="r"}"#)
+    };
+    let t = Nanos::from_secs;
+    // A bucket of 200 admits 200 of 300 at once.
+    for _ in 0..300 {
+        let _ = engine.check(id, Key::None, t(1));
+    }
+    assert_eq!(ratio(t(1)), 100.0 / 300.0);
+    let _ = engine.check(id, Key::None, t(2));
+    assert_eq!(ratio(t(2)), 100.0 / 301.0);
+    // A window after the first scrape, the ratio is over the window since it.
+    for _ in 0..9 {
+        let _ = engine.check(id, Key::None, t(7));
+    }
+    assert_eq!(ratio(t(7)), 0.0, "10 admitted since the scrape at 1 s");
+}
+
 /// `rocgate_controller_roc` is the ROC each route's thresholds are compared with: the
 /// absolute one for an absolute-mode route, the relative one for a relative-mode
 /// route, so the dashboard draws each beside thresholds of its own kind.
