@@ -94,6 +94,52 @@ async fn the_layer_around_the_router() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// README's recorder for a layer's metrics: `rocgate_roc_observed` is a histogram
+/// (with the exporter's defaults it is a summary, with no `_bucket` series for the
+/// dashboard's "Observed ROC" panel).
+#[cfg(feature = "proxy")]
+#[test]
+fn the_roc_histogram_has_its_buckets() -> Result<(), Box<dyn Error>> {
+    use rocgate::clock::Nanos;
+    use rocgate::config::{RouteConfig, RouteMatch};
+    use rocgate::engine::{Engine, Key};
+    // README.md, "Metrics and dashboards":
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use rocgate::metrics::{ROC_BUCKETS, ROC_OBSERVED};
+
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(ROC_OBSERVED.into()), &ROC_BUCKETS)?
+        .install_recorder()?;
+    // (end of README's code)
+    let mut route = RouteConfig::new("r", RouteMatch::any());
+    route.window = rocgate::window::WindowSpec::new(
+        std::time::Duration::from_secs(2),
+        std::time::Duration::from_millis(100),
+    )?;
+    let engine = Engine::new(
+        &Config::new(vec![route]),
+        Nanos::ZERO,
+        std::time::UNIX_EPOCH,
+    )?
+    .with_sample_hook(rocgate::metrics::roc_sample_hook());
+    let id = engine.route_id("r").ok_or("no route r")?;
+    // 100 req/s for 10 s: 80 slots once the first window has armed the controller.
+    for ms in (0..10_000u64).step_by(10) {
+        let _ = engine.check(id, Key::None, Nanos::from_millis(ms));
+    }
+    let text = handle.render();
+    assert!(
+        text.contains("# TYPE rocgate_roc_observed histogram\n"),
+        "{text}"
+    );
+    let count = text
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"rocgate_roc_observed_count{route="r"} "#))
+        .ok_or("no count")?;
+    assert!(count.parse::<u64>()? >= 70, "{text}");
+    Ok(())
+}
+
 /// Every ```rust block in README.md is code of this file.
 #[test]
 fn every_rust_block_in_the_readme_is_compiled_here() {
