@@ -31,23 +31,30 @@
 //! A rejection, and only a rejection, carries the `rocgate-reason` header. To answer
 //! in another form (an HTML page, `application/problem+json`), map responses outside
 //! the layer and rewrite those that carry it; the status and `Retry-After` are the
-//! layer's to keep or change. Replace `Content-Length` with the body:
+//! layer's to keep or change. Give `Content-Length` the new body's length, and leave
+//! the answer to a `HEAD` without a body (its rejection's is empty): an HTTP/2 server
+//! sends a body it is given, in frames a `HEAD`'s stream must not carry.
 //!
 //! ```
 //! use axum::{body::Body, response::Response, routing::get, Router};
-//! use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+//! use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+//! use http_body::Body as _;
 //! use rocgate::config::{Config, RouteConfig, RouteMatch};
 //! use rocgate::http::AdmissionLayer;
 //! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! const PAGE: &str = "<h1>Busy, back in a moment</h1>";
 //!
 //! fn busy_page(response: Response) -> Response {
 //!     if !response.headers().contains_key("rocgate-reason") {
 //!         return response; // admitted: the handler's own response
 //!     }
-//!     let (mut head, _json) = response.into_parts();
-//!     head.headers.remove(CONTENT_LENGTH);
-//!     head.headers.insert(CONTENT_TYPE, "text/html".parse().unwrap());
-//!     Response::from_parts(head, Body::from("<h1>Busy, back in a moment</h1>"))
+//!     let (mut head, json) = response.into_parts();
+//!     let bodiless = json.size_hint().exact() == Some(0); // a HEAD's
+//!     head.headers.insert(CONTENT_LENGTH, HeaderValue::from(PAGE.len()));
+//!     head.headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/html"));
+//!     let page = if bodiless { Body::empty() } else { Body::from(PAGE) };
+//!     Response::from_parts(head, page)
 //! }
 //!
 //! let mut page = RouteConfig::new("page", RouteMatch::prefix("/"));
@@ -60,10 +67,17 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! let get = || http::Request::get("/").body(Body::empty()).unwrap();
 //! assert_eq!(app.clone().oneshot(get()).await.unwrap().status(), 200);
-//! let rejected = app.oneshot(get()).await.unwrap();
+//! let rejected = app.clone().oneshot(get()).await.unwrap();
 //! assert_eq!(rejected.status(), 429);
 //! assert_eq!(rejected.headers()["content-type"], "text/html");
 //! assert_eq!(rejected.headers()["retry-after"], "1");
+//! let body = axum::body::to_bytes(rejected.into_body(), 1024).await.unwrap();
+//! assert_eq!(body, PAGE);
+//! let head = http::Request::head("/").body(Body::empty()).unwrap();
+//! let rejected = app.oneshot(head).await.unwrap();
+//! assert_eq!(rejected.status(), 429);
+//! assert_eq!(rejected.headers()["content-length"], PAGE.len().to_string().as_str());
+//! assert_eq!(rejected.into_body().size_hint().exact(), Some(0));
 //! # });
 //! ```
 
