@@ -21,6 +21,9 @@ use tower::ServiceExt;
 #[path = "common/http1.rs"]
 mod http1;
 
+#[path = "common/captured.rs"]
+mod captured;
+
 fn route(name: &str, matcher: RouteMatch, limit: f64) -> RouteConfig {
     let mut r = RouteConfig::new(name, matcher);
     r.controller.base_limit_rps = limit;
@@ -182,6 +185,73 @@ async fn unmatched_requests_pass_and_matched_path_keys_by_template() {
             StatusCode::OK
         );
     }
+}
+
+/// A layer keyed by `MatchedPath` outside the router limits nothing (no request carries
+/// axum's `MatchedPath` there): it says so, once, after 100 requests without one. Inside
+/// the router, requests no route takes (which carry none either) do not make it say so.
+/// It said nothing. (helper-147)
+#[tokio::test(flavor = "current_thread")]
+async fn a_matched_path_layer_outside_the_router_says_it_limits_nothing() {
+    let said = "none of the first 100 requests carried axum's MatchedPath";
+    let keyed = || {
+        let routes = vec![route("order", RouteMatch::any(), 1.0)];
+        let engine = Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH);
+        let clock = Arc::new(ManualClock::new());
+        AdmissionLayer::with_engine(SharedEngine::new(engine.unwrap()), clock)
+    };
+    let (log, _guard) = captured::Captured::on_this_thread();
+    let outside = tower::Layer::layer(
+        &keyed().route_key(RouteKey::MatchedPath).build(),
+        router(Arc::new(AtomicU64::new(0))),
+    );
+    for _ in 0..99 {
+        let response = outside.clone().oneshot(post_order()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "nothing limited");
+    }
+    assert_eq!(log.lines_with(said).len(), 0, "not before the 100th");
+    for _ in 0..50 {
+        let _ = outside.clone().oneshot(post_order()).await.unwrap();
+    }
+    assert_eq!(log.lines_with(said).len(), 1, "once");
+    // Inside: one request with a route, then 200 without (a 404 each).
+    let inside =
+        router(Arc::new(AtomicU64::new(0))).layer(keyed().route_key(RouteKey::MatchedPath).build());
+    let _ = inside.clone().oneshot(post_order()).await.unwrap();
+    for _ in 0..200 {
+        let nowhere = Request::get("/nowhere").body(Body::empty()).unwrap();
+        let response = inside.clone().oneshot(nowhere).await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+    assert_eq!(log.lines_with(said).len(), 1);
+}
+
+/// A route partitioned by `ip` whose requests come without their connection's address
+/// (the app served without `ConnectInfo`) puts every client under one anonymous key:
+/// the layer says so, once, naming the route. It said nothing. (helper-147)
+#[tokio::test(flavor = "current_thread")]
+async fn a_route_partitioned_by_ip_without_peer_addresses_says_so() {
+    let said = "came without its connection's address";
+    let mut per_ip = route("per_ip", RouteMatch::any(), 100.0);
+    per_ip.partition = Partition::ClientIp(KeyLimits::default());
+    let (log, _guard) = captured::Captured::on_this_thread();
+    let (l, _) = layer(vec![per_ip.clone()]);
+    let with_peer = app(l, Arc::new(AtomicU64::new(0)));
+    for _ in 0..3 {
+        let mut req = post_order();
+        req.extensions_mut()
+            .insert(PeerAddr("198.51.100.7:4242".parse().unwrap()));
+        let _ = with_peer.clone().oneshot(req).await.unwrap();
+    }
+    assert_eq!(log.lines_with(said).len(), 0);
+    let (l, _) = layer(vec![per_ip]);
+    let without = app(l, Arc::new(AtomicU64::new(0)));
+    for _ in 0..3 {
+        let _ = without.clone().oneshot(post_order()).await.unwrap();
+    }
+    let lines = log.lines_with(said);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("per_ip"), "{lines:?}");
 }
 
 /// A template's parameter of `..`, `.` (encoded or not) or holding a backslash is

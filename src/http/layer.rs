@@ -11,6 +11,7 @@ use axum::extract::{ConnectInfo, MatchedPath, OriginalUri};
 use http::Request;
 use ipnet::IpNet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -121,6 +122,58 @@ pub(crate) struct Gate {
     pub(crate) matched_route: bool,
     /// Pre-built rejection headers, per route.
     pub(crate) rejections: super::rejection::Templates,
+    /// What the layer has seen of a setup that limits nothing, or less than it should,
+    /// to say so once in the log.
+    misplaced: Misplaced,
+}
+
+/// What a [`Gate`] has seen of a setup that limits nothing, or less than it should, and
+/// said once: the layer outside the router with [`RouteKey::MatchedPath`], or a route
+/// partitioned by `ip` whose requests come without their connection's address.
+#[derive(Default)]
+struct Misplaced {
+    /// Whether a request has carried axum's `MatchedPath`.
+    matched_path_seen: AtomicBool,
+    /// Requests without it, while none has had it (up to [`Misplaced::WITHOUT_MATCHED_PATH`]).
+    without_matched_path: AtomicU32,
+    /// Whether a request on a route partitioned by `ip` came without its peer's address.
+    no_peer_said: AtomicBool,
+}
+
+impl Misplaced {
+    /// Requests without axum's `MatchedPath`, none with it, that say the layer is
+    /// outside the router (a few are requests no route of the router takes).
+    const WITHOUT_MATCHED_PATH: u32 = 100;
+
+    /// A request carried `MatchedPath` (`true`) or did not.
+    #[inline]
+    fn matched_path(&self, carried: bool) {
+        if self.matched_path_seen.load(Ordering::Relaxed) {
+            return;
+        }
+        if carried {
+            self.matched_path_seen.store(true, Ordering::Relaxed);
+        } else if self.without_matched_path.fetch_add(1, Ordering::Relaxed) + 1
+            == Self::WITHOUT_MATCHED_PATH
+        {
+            tracing::warn!(
+                "route_key is MatchedPath, but none of the first {} requests carried axum's MatchedPath: the layer is outside the Router, and limits no request (add it with Router::layer, or key routes with RouteKey::Normalized)",
+                Self::WITHOUT_MATCHED_PATH
+            );
+        }
+    }
+
+    /// A request on `route`, partitioned by `ip`, came without its peer's address.
+    #[cold]
+    fn no_peer(&self, engine: &Engine, route: RouteId) {
+        if !self.no_peer_said.swap(true, Ordering::Relaxed) {
+            let route = engine.route_label(route).unwrap_or_default();
+            tracing::warn!(
+                route = &*route,
+                "a request on a route partitioned by ip came without its connection's address (serve with into_make_service_with_connect_info::<SocketAddr>(), or insert a rocgate::http::PeerAddr): such requests share one anonymous key"
+            );
+        }
+    }
 }
 
 impl Gate {
@@ -141,8 +194,9 @@ impl Gate {
             RouteKey::Config => engine.route_for_written(method, whole_path()),
             RouteKey::Normalized => engine.route_for(method, whole_path()),
             RouteKey::MatchedPath => {
-                let path = req.extensions().get::<MatchedPath>()?;
-                engine.route_for(method, path.as_str())
+                let path = req.extensions().get::<MatchedPath>();
+                self.misplaced.matched_path(path.is_some());
+                engine.route_for(method, path?.as_str())
             }
         }
     }
@@ -170,6 +224,9 @@ impl Gate {
                     .or_else(|| ext.get::<PeerAddr>().map(|p| p.0))
                     .or_else(|| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))
                     .map(|a| a.ip());
+                if peer.is_none() {
+                    self.misplaced.no_peer(engine, route);
+                }
                 self.resolver
                     .resolve(peer, req.headers())
                     .map_or(Key::None, Key::Ip)
@@ -467,6 +524,7 @@ impl AdmissionLayerBuilder {
                 resolver: ClientIpResolver::new(self.trusted).with_header(self.client_ip_header),
                 matched_route: self.matched_route,
                 rejections: super::rejection::Templates::default(),
+                misplaced: Misplaced::default(),
             }),
         }
     }
