@@ -165,6 +165,7 @@ impl Config {
     /// [`Config::load`], refusing a path that is not a regular file (once followed
     /// through symbolic links): a FIFO or a device would hold up the reload that reads
     /// it again, and with it everything that waits for that reload.
+    #[cfg(feature = "proxy")]
     pub(crate) fn load_regular(path: &Path) -> Result<Config, ConfigError> {
         match std::fs::metadata(path) {
             Ok(m) if !m.is_file() && !m.is_dir() => Err(ConfigError::new(

@@ -77,19 +77,20 @@ pub fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
 /// assert!(!upstream_is_listener("http://shop.internal:9090", at("0.0.0.0:9090")));
 /// ```
 pub fn upstream_is_listener(upstream: &str, listener: SocketAddr) -> bool {
-    let Ok(uri) = upstream.parse::<http::Uri>() else {
+    let Ok(url) = check_upstream(upstream) else {
         return false;
     };
-    let Some(authority) = uri.authority() else {
-        return false;
+    let authority = url.strip_prefix("http://").unwrap_or(&url);
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
+            (host, port.parse::<u16>().ok())
+        }
+        _ => (authority, Some(80)),
     };
-    if authority.port_u16().unwrap_or(80) != listener.port() || listener.port() == 0 {
+    if port != Some(listener.port()) || listener.port() == 0 {
         return false;
     }
-    let host = authority
-        .host()
-        .trim_start_matches('[')
-        .trim_end_matches(']');
+    let host = host.trim_start_matches('[').trim_end_matches(']');
     let ip = match host.parse::<std::net::IpAddr>() {
         Ok(ip) => ip.to_canonical(),
         Err(_) if host.eq_ignore_ascii_case("localhost") => {
