@@ -1080,6 +1080,21 @@ fn normalize_path_is_a_boolean_from_the_file_or_the_environment() {
     );
 }
 
+/// A path to something endless (`/dev/zero`) or huge is refused once 16 MiB are read:
+/// it was read until memory ran out (helper-149).
+#[test]
+fn check_config_refuses_an_endless_file() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["check-config", "/dev/zero"])
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "/dev/zero: longer than 16 MiB: not a config file\n"
+    );
+}
+
 #[test]
 fn check_config_prints_ok_or_every_error() {
     let bin = env!("CARGO_BIN_EXE_rocgate");

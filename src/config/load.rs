@@ -104,6 +104,10 @@ impl fmt::Display for Problem {
     }
 }
 
+/// The longest config file read: a path to something endless (`/dev/zero`) or huge is
+/// refused once this much is read, not read until memory runs out.
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
 impl Config {
     /// Loads and validates the file at `path`, with overrides from the process
     /// environment.
@@ -139,12 +143,20 @@ impl Config {
     /// ```
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let origin = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| {
-            ConfigError::new(
-                &origin,
-                vec![Problem::new("", format!("cannot read the file: {e}"))],
-            )
-        })?;
+        let refused = |problem: String| ConfigError::new(&origin, vec![Problem::new("", problem)]);
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|file| {
+                use std::io::Read as _;
+                file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)
+            })
+            .map_err(|e| refused(format!("cannot read the file: {e}")))?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return Err(refused(format!(
+                "longer than {} MiB: not a config file",
+                MAX_FILE_BYTES >> 20
+            )));
+        }
         let text = String::from_utf8(bytes).map_err(|e| {
             // Where the first byte that is not UTF-8 is.
             let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
