@@ -468,6 +468,35 @@ fn serve_an_ended_event(rust_log: Option<&std::ffi::OsStr>) -> (Option<i32>, Str
     )
 }
 
+/// Without a token, an admin API beyond loopback is warned of at start; one on
+/// loopback, written as an IPv4-mapped IPv6 address too, is not (it was). (helper-148)
+#[test]
+fn an_admin_api_beyond_loopback_without_a_token_is_warned_of() {
+    let warned = |admin: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", admin])
+            .args(["--upstream", "http://127.0.0.1:1"])
+            .env_remove("ROCGATE__ADMIN__TOKEN")
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (_, log) = logged_listen(child.stderr.take().unwrap());
+        let killed = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        assert!(child.wait().unwrap().success());
+        log.iter()
+            .any(|line| line.contains("beyond loopback without a token"))
+    };
+    assert!(warned("0.0.0.0:0"));
+    assert!(!warned("[::ffff:127.0.0.1]:0"));
+    assert!(!warned("127.0.0.1:0"));
+}
+
 /// A scheduled event that has ended is logged as a warning when `serve` starts (it is
 /// valid, and will never run). Here the start then fails on an address in use, which
 /// ends the run.

@@ -191,7 +191,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             ),
             "rocgate serving"
         );
-        if !settings.admin_listen.ip().is_loopback() && settings.admin_token.is_none() {
+        if !settings.admin_listen.ip().to_canonical().is_loopback() && settings.admin_token.is_none() {
             tracing::warn!(
                 admin = %settings.admin_listen,
                 "the admin API listens beyond loopback without a token: changes are taken from loopback only, and anyone who reaches it can read the routes' state; set [admin] token"
