@@ -751,6 +751,20 @@ fn events() {
         "must be at least the route's slot (100ms), got 50ms",
     );
     Config::from_toml_str(&route(&event("2026-11-27T20:00:00Z", "100ms")), "t.toml").unwrap();
+    // RFC 3339's `t` and `z` may be lower case, and a space may stand for the `T`: each
+    // spelling is one time. (Lower case was refused.)
+    let start = |text: &str| {
+        let table =
+            format!("[[routes.events]]\nname = \"e\"\nstart = \"{text}\"\nduration = \"1m\"");
+        Config::from_toml_str(&route(&table), "t.toml")
+            .unwrap()
+            .routes[0]
+            .events[0]
+            .start
+    };
+    let upper = start("2026-11-27T20:00:00Z");
+    assert_eq!(start("2026-11-27t20:00:00z"), upper);
+    assert_eq!(start("2026-11-27 20:00:00Z"), upper);
     refused(
         &route(&format!(
             "{}{}",

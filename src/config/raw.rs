@@ -822,8 +822,14 @@ fn utc_text<D: fmt::Display>(t: SystemTime, format: fn(SystemTime) -> D) -> Stri
     }
 }
 
+/// An RFC 3339 time in UTC; its `T` and `Z` may be lower case (RFC 3339 §5.6), and a
+/// space may stand for the `T`.
 fn utc_time(text: String) -> Result<SystemTime, String> {
-    humantime::parse_rfc3339(text.trim()).map_err(|e| {
+    let mut written = text.trim().to_ascii_uppercase();
+    if written.get(10..11) == Some(" ") {
+        written.replace_range(10..11, "T");
+    }
+    humantime::parse_rfc3339(&written).map_err(|e| {
         format!(
             "must be an RFC 3339 UTC time such as \"2026-11-27T20:00:00Z\" (in UTC: Z, or an offset of +00:00), got {text:?}: {e}"
         )
