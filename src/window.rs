@@ -60,6 +60,12 @@ pub enum WindowError {
     /// The slot length is zero.
     #[error("slot must be longer than zero")]
     ZeroSlot,
+    /// The slot is shorter than [`WindowSpec::SHORTEST_SLOT`].
+    #[error("slot must be at least 1ms, got {slot:?}")]
+    SlotTooShort {
+        /// The slot length.
+        slot: Duration,
+    },
     /// The slot does not divide the window into a whole number of slots.
     #[error("slot ({slot:?}) must divide the window ({window:?}) into a whole number of slots")]
     NotDivisible {
@@ -83,14 +89,23 @@ pub enum WindowError {
 }
 
 impl WindowSpec {
+    /// The shortest slot: a slot holds the arrivals of a span of time, and one much
+    /// shorter than a request's own handling (a window of 4 ns) measures nothing a
+    /// controller could act on, nor can a simulation step through its slots.
+    pub const SHORTEST_SLOT: Duration = Duration::from_millis(1);
+
     /// A window of `window` split into slots of `slot`.
     ///
-    /// The slot must divide the window into an even number of at least 4 slots.
+    /// The slot must be at least [`SHORTEST_SLOT`](Self::SHORTEST_SLOT) and divide the
+    /// window into an even number of at least 4 slots.
     pub fn new(window: Duration, slot: Duration) -> Result<Self, WindowError> {
         let slot_ns = duration_nanos(slot);
         let window_ns = duration_nanos(window);
         if slot_ns == 0 {
             return Err(WindowError::ZeroSlot);
+        }
+        if slot < Self::SHORTEST_SLOT {
+            return Err(WindowError::SlotTooShort { slot });
         }
         if window_ns % slot_ns != 0 {
             return Err(WindowError::NotDivisible { window, slot });
@@ -408,6 +423,13 @@ mod tests {
     fn spec_rejects_bad_shapes() {
         let ms = Duration::from_millis;
         assert_eq!(WindowSpec::new(ms(1000), ms(0)), Err(WindowError::ZeroSlot));
+        // 4 slots of 1 ns passed, and no simulation could step through a minute of them.
+        let ns = Duration::from_nanos;
+        assert_eq!(
+            WindowSpec::new(ns(4), ns(1)),
+            Err(WindowError::SlotTooShort { slot: ns(1) })
+        );
+        assert!(WindowSpec::new(ms(4), ms(1)).is_ok());
         assert!(matches!(
             WindowSpec::new(ms(1000), ms(300)),
             Err(WindowError::NotDivisible { .. })

@@ -243,6 +243,12 @@ fn the_window_must_split_into_halves_of_slots() {
         "routes[0].slot",
         "slot (300ms) must divide the window (1s)",
     );
+    // A window of 4 ns passed check-config; simulate could not step through it.
+    refused(
+        &route("window = \"4ns\"\nslot = \"1ns\""),
+        "routes[0].slot",
+        "slot must be at least 1ms, got 1ns",
+    );
 }
 
 #[test]
