@@ -935,6 +935,34 @@ path = \"/c\"
     assert_eq!(found.len(), expected.len(), "{}", found.join("\n"));
 }
 
+/// An override whose value is not UTF-8 is refused, naming its variable: it was read
+/// with its bytes replaced by U+FFFD, an admin token of "\u{FFFD}\u{FFFD}" nobody wrote.
+/// (helper-149)
+#[test]
+fn an_override_that_is_not_utf8_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .arg("check-config")
+        .arg(config_dir().join("rocgate.toml"))
+        .env(
+            "ROCGATE__ADMIN__TOKEN",
+            std::ffi::OsStr::from_bytes(b"\xff\xfe"),
+        )
+        .env("ROCGATE__DEFAULTS__SAFE_ROC", "90")
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(2));
+    let file = config_dir().join("rocgate.toml");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "{0}: admin.token: not UTF-8 text (set by environment variable ROCGATE__ADMIN__TOKEN)\n\
+             {0}: defaults.safe_roc: must be < danger_roc (80), got 90 (set by environment variable ROCGATE__DEFAULTS__SAFE_ROC)\n",
+            file.display()
+        )
+    );
+}
+
 #[test]
 fn env_override_changes_a_default() {
     let text =

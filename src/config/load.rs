@@ -171,7 +171,7 @@ impl Config {
                 )],
             )
         })?;
-        Config::from_toml_str_with_env(&text, &origin, process_env())
+        with_process_env(&text, &origin)
     }
 
     /// [`Config::load`], refusing a path that is not a regular file (once followed
@@ -342,21 +342,47 @@ impl Config {
     /// serve` and `rocgate simulate` run without `--config`. Only an override can make
     /// it invalid, and the error names its variable.
     pub fn embedded_default_with_env() -> Result<Config, ConfigError> {
-        Config::from_toml_str_with_env(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, process_env())
+        with_process_env(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN)
     }
 }
 
 /// How errors in the embedded default configuration name it.
 const EMBEDDED_ORIGIN: &str = "config/rocgate.toml (built in)";
 
-/// The process environment as `(name, value)` text.
-fn process_env() -> impl Iterator<Item = (String, String)> {
-    std::env::vars_os().map(|(k, v)| {
-        (
-            k.to_string_lossy().into_owned(),
-            v.to_string_lossy().into_owned(),
-        )
-    })
+/// [`Config::from_toml_str_with_env`] with the process environment, whose overrides
+/// that are not UTF-8 text are refused too.
+fn with_process_env(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    let (env, mut problems) = process_env();
+    let loaded = Config::from_toml_str_with_env(text, origin, env);
+    if problems.is_empty() {
+        return loaded;
+    }
+    if let Err(e) = loaded {
+        problems.extend(e.problems);
+    }
+    Err(ConfigError::new(origin, problems))
+}
+
+/// The process environment as `(name, value)` text, and a problem for each override
+/// whose value is not UTF-8: read with its bytes replaced (`\u{FFFD}`), it would set a
+/// value nobody wrote, an admin token among them.
+fn process_env() -> (Vec<(String, String)>, Vec<Problem>) {
+    let (mut env, mut problems) = (Vec::new(), Vec::new());
+    for (name, value) in std::env::vars_os() {
+        let name = name.to_string_lossy().into_owned();
+        match value.into_string() {
+            Ok(value) => env.push((name, value)),
+            Err(_) => {
+                if let Some(o) = Override::parse(name) {
+                    problems.push(Problem::new(
+                        o.path,
+                        format!("not UTF-8 text (set by environment variable {})", o.var),
+                    ));
+                }
+            }
+        }
+    }
+    (env, problems)
 }
 
 /// One `ROCGATE__…` variable: its name and the field path it sets.
