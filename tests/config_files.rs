@@ -2019,6 +2019,20 @@ fn the_hints_section_is_read_and_checked() {
         "hints.interval",
         "must be at least 1ms",
     );
+    // A value refused is not held against the other: `keep` was checked against the
+    // built-in 10 s interval the file never wrote, and `interval` against the
+    // built-in hour of `keep`.
+    for (hints, only) in [
+        ("interval = \"0s\"\nkeep = \"15s\"", "hints.interval: "),
+        ("interval = \"100us\"\nkeep = \"1s\"", "hints.interval: "),
+        ("interval = \"2h\"\nkeep = \"0s\"", "hints.keep: "),
+    ] {
+        let found = problems(&route(&format!("[hints]\n{hints}")));
+        assert!(
+            found.len() == 1 && found[0].starts_with(only),
+            "{hints}: {found:#?}"
+        );
+    }
     refused(
         &route("[hints]\nbudget = 1"),
         "hints.budget",

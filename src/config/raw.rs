@@ -2280,6 +2280,9 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
             p.at(format!("hints.{path}"), message);
         }
     };
+    // A value refused is not checked against the other: the other would be held
+    // against a default the file did not write (a second, wrong error).
+    let mut both_read = true;
     if let Some(v) = raw.interval {
         let checked = timer_duration(v).and_then(|d| {
             if d < Duration::from_millis(1) {
@@ -2291,12 +2294,15 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
             out.interval = d;
             Ok(())
         });
+        both_read &= checked.is_ok();
         field("interval", checked);
     }
     // A clash of the two is the one the file wrote's (`keep` if both).
     let keep_written = raw.keep.is_some();
     if let Some(v) = raw.keep {
-        field("keep", timer_duration(v).map(|d| out.keep = d));
+        let checked = timer_duration(v).map(|d| out.keep = d);
+        both_read &= checked.is_ok();
+        field("keep", checked);
     }
     if let Some(v) = raw.latency_budget {
         field(
@@ -2328,6 +2334,9 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
     }
     if let Some(v) = raw.min_requests {
         out.policy.min_requests = v.0;
+    }
+    if !both_read {
+        return out;
     }
     // Every route keeps a record an interval, for `keep`.
     const MOST_INTERVALS: u128 = 100_000;
