@@ -1250,6 +1250,19 @@ fn the_upstream_is_not_rocgates_own_listener() {
             "server.listen",
             "127.0.0.1:8080",
         ),
+        // An IPv4-mapped address is its IPv4 address, on either side.
+        (
+            "http://[::ffff:127.0.0.1]:9090",
+            "",
+            "admin.listen",
+            "127.0.0.1:9090",
+        ),
+        (
+            "http://127.0.0.1:8080",
+            "listen = \"[::ffff:127.0.0.1]:8080\"\n",
+            "server.listen",
+            "[::ffff:127.0.0.1]:8080",
+        ),
     ] {
         let (server, admin) = match more.strip_prefix("[admin]") {
             Some(_) => ("", more),
@@ -1284,6 +1297,9 @@ fn the_proxy_and_the_admin_api_need_an_address_each() {
         ("127.0.0.1:8080", "127.0.0.1:8080"),
         ("0.0.0.0:8080", "127.0.0.1:8080"),
         ("127.0.0.1:9090", "[::]:9090"),
+        // An IPv4-mapped address is its IPv4 address: the second bind fails.
+        ("[::ffff:127.0.0.1]:8080", "127.0.0.1:8080"),
+        ("127.0.0.1:8080", "[::ffff:127.0.0.1]:8080"),
     ] {
         refused(
             &route(&format!(

@@ -38,9 +38,10 @@ pub fn patch_controller(
 
 /// Whether two listening addresses take the same port on a shared address, so that
 /// the second bind fails: the same address, or one of them unspecified (`0.0.0.0`,
-/// `::`, every address) on the same port. Port 0 on both is two free ports, no clash.
-/// `server.listen` and `admin.listen` are held to it, and `rocgate serve`'s
-/// `--listen` and `--admin`.
+/// `::`, every address) on the same port. An IPv4-mapped IPv6 address
+/// (`::ffff:127.0.0.1`) is its IPv4 address: Linux refuses to bind both. Port 0 on
+/// both is two free ports, no clash. `server.listen` and `admin.listen` are held to
+/// it, and `rocgate serve`'s `--listen` and `--admin`.
 ///
 /// ```
 /// use rocgate::config::listeners_clash;
@@ -49,12 +50,12 @@ pub fn patch_controller(
 /// assert!(listeners_clash(at("127.0.0.1:8080"), at("127.0.0.1:8080")));
 /// assert!(listeners_clash(at("0.0.0.0:8080"), at("127.0.0.1:8080")));
 /// assert!(!listeners_clash(at("127.0.0.1:8080"), at("127.0.0.2:8080")));
+/// assert!(listeners_clash(at("[::ffff:127.0.0.1]:8080"), at("127.0.0.1:8080")));
 /// assert!(!listeners_clash(at("127.0.0.1:0"), at("127.0.0.1:0")));
 /// ```
 pub fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() != 0
-        && a.port() == b.port()
-        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    a.port() != 0 && a.port() == b.port() && (x == y || x.is_unspecified() || y.is_unspecified())
 }
 
 /// Whether the upstream `http://host[:port]` (as [`check_upstream`] returns it) is
@@ -72,6 +73,7 @@ pub fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
 /// assert!(upstream_is_listener("http://localhost:9090", at("0.0.0.0:9090")));
 /// assert!(upstream_is_listener("http://[::1]:80", at("[::]:80")));
 /// assert!(upstream_is_listener("http://127.0.0.1", at("127.0.0.1:80")));
+/// assert!(upstream_is_listener("http://[::ffff:127.0.0.1]:80", at("127.0.0.1:80")));
 /// assert!(!upstream_is_listener("http://127.0.0.1:3000", at("127.0.0.1:9090")));
 /// assert!(!upstream_is_listener("http://10.0.0.5:9090", at("127.0.0.1:9090")));
 /// assert!(!upstream_is_listener("http://shop.internal:9090", at("0.0.0.0:9090")));
