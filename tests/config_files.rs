@@ -354,6 +354,29 @@ fn route_names_and_paths() {
             &format!("a route's path is written normalized (`serve` matches requests so): write {normalized:?}"),
         );
     }
+    // A client percent-encodes a character that is not printable ASCII, and
+    // normalization keeps the escape: `/café` never matched `/caf%C3%A9`.
+    for (field, written, encoded) in [
+        ("path", "/café", "/caf%C3%A9"),
+        ("path", "/menü/{id}", "/men%C3%BC/{id}"),
+        ("path_prefix", "/files/\\u0001", "/files/%01"),
+    ] {
+        refused(
+            &format!("[[routes]]\nname = \"a\"\n{field} = \"{written}\"\n"),
+            &format!("routes[0].{field}"),
+            &format!(
+                "must be printable ASCII, as clients send it (other characters \
+                 percent-encoded in UTF-8): write {encoded:?}"
+            ),
+        );
+    }
+    let c = Config::from_toml_str(
+        "[[routes]]\nname = \"a\"\npath = \"/caf%C3%A9/{thé}\"\n",
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let sent = rocgate::config::normalize_path("/caf%C3%A9/1");
+    assert!(c.routes[0].matcher.matches("GET", &sent), "{sent}");
     refused(
         "[[routes]]\nname = \"a\"\npath = \"/api/items/{id\"\n",
         "routes[0].path",

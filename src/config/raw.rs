@@ -1391,6 +1391,37 @@ fn repeated_param(segments: &[Segment]) -> Option<&str> {
     })
 }
 
+/// `path` with each character that is not printable ASCII percent-encoded (its UTF-8
+/// bytes, upper-case hex), as clients send it, or `None` if it has none. A template's
+/// `{param}` segment is a name, never sent, and is kept as written.
+fn percent_encoded(path: &str) -> Option<String> {
+    if path.chars().all(|c| c.is_ascii_graphic()) {
+        return None;
+    }
+    let segments: Vec<String> = path
+        .split('/')
+        .map(|segment| {
+            if segment.starts_with('{') && segment.ends_with('}') {
+                return segment.to_owned();
+            }
+            let mut out = String::with_capacity(segment.len());
+            for c in segment.chars() {
+                if c.is_ascii_graphic() {
+                    out.push(c);
+                } else {
+                    let mut utf8 = [0; 4];
+                    for b in c.encode_utf8(&mut utf8).bytes() {
+                        out.push_str(&format!("%{b:02X}"));
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    let encoded = segments.join("/");
+    (encoded != path).then_some(encoded)
+}
+
 /// Which requests the route takes.
 fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch> {
     let method = match &own.method {
@@ -1413,6 +1444,14 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
             )
         } else if field == "path_prefix" && path.contains(['{', '}']) {
             format!("must not contain '{{' or '}}' (templates go in path), got {path:?}")
+        } else if let Some(encoded) = percent_encoded(path) {
+            // A client sends such a character percent-encoded, and normalization keeps
+            // the escape (`%C3%A9` is no unreserved character): the route never
+            // matched.
+            format!(
+                "must be printable ASCII, as clients send it (other characters \
+                 percent-encoded in UTF-8): write {encoded:?}, got {path:?}"
+            )
         } else if super::normalize_path(path) != path {
             // Such a route would never match behind `serve`, which matches requests
             // once normalized; the layer matches as written, where a client seldom
