@@ -425,6 +425,32 @@ fn route_names_and_paths() {
 #[test]
 fn unknown_fields_and_values() {
     refused(&route("danger = 90"), "routes[0].danger", "unknown field");
+    // A key holding a line break is written escaped, as a quoted TOML key: it made a
+    // problem of two lines, where check-config promises one a line.
+    let found = problems(&format!("[defaults]\n\"x\\ny\" = 1\n{ORDER}"));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].starts_with(r#"defaults."x\ny": unknown field `x\ny`, expected one of"#),
+        "{found:#?}"
+    );
+    let found = problems(&format!("[defaults]\n\"x\\ty\" = 1e999\n{ORDER}"));
+    assert!(
+        found.len() == 1 && found[0].starts_with(r#"defaults."x\ty": number out of range"#),
+        "{found:#?}"
+    );
+    // The admin API's changes are read by the same rules.
+    let e = rocgate::config::patch_controller(
+        &Default::default(),
+        &Algorithm::default(),
+        r#"{"x\ny": 1}"#,
+        "PUT",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with(r#"PUT: "x\ny": unknown field `x\ny`"#) && !e.contains('\n'),
+        "{e}"
+    );
     refused("[default]\nhold = \"2s\"\n", "default", "unknown field");
     refused(
         &route("hold = \"2 parsecs\""),

@@ -4,7 +4,7 @@
 //! The file is read with the `config` crate, which also applies the overrides; see
 //! [`Config::load`] for how variables name fields.
 
-use super::raw::{error_location, RawConfig};
+use super::raw::{error_location, key_text, one_line, RawConfig};
 use super::Config;
 use std::collections::HashMap;
 use std::fmt;
@@ -567,9 +567,9 @@ fn out_of_range_number(text: &str) -> Option<(String, usize)> {
         out_of_range.then(|| (path, value.span().start))
     }
     fn in_table(prefix: &str, table: &DeTable<'_>) -> Option<(String, usize)> {
-        table
-            .iter()
-            .find_map(|(key, value)| in_value(format!("{prefix}{}", key.get_ref()), value))
+        table.iter().find_map(|(key, value)| {
+            in_value(format!("{prefix}{}", key_text(key.get_ref())), value)
+        })
     }
     in_table("", DeTable::parse(text).ok()?.get_ref())
 }
@@ -583,8 +583,10 @@ fn shape_message(error: &config::ConfigError) -> String {
             unexpected,
             expected,
             ..
-        } => tables_named(format!("invalid type: {unexpected}, expected {expected}")),
-        other => tables_named(other.to_string()),
+        } => one_line(tables_named(format!(
+            "invalid type: {unexpected}, expected {expected}"
+        ))),
+        other => one_line(tables_named(other.to_string())),
     }
 }
 

@@ -2805,12 +2805,43 @@ pub(super) fn error_location(path: &serde_path_to_error::Path) -> String {
                 if !out.is_empty() {
                     out.push('.');
                 }
-                out.push_str(name);
+                out.push_str(&key_text(name));
             }
             Segment::Unknown => break,
         }
     }
     out
+}
+
+/// A key as a field path names it: as it is if TOML takes it bare (letters, digits,
+/// `_`, `-`), else quoted and escaped (`"x\ny"`, `"a.b"`), so that a problem stays on
+/// one line and a dot in a key is not read as a table's.
+pub(super) fn key_text(key: &str) -> std::borrow::Cow<'_, str> {
+    let bare = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if !key.is_empty() && key.chars().all(bare) {
+        std::borrow::Cow::Borrowed(key)
+    } else {
+        std::borrow::Cow::Owned(format!("{key:?}"))
+    }
+}
+
+/// `message` with each control character escaped (`\n`, `\u{1}`): a deserializer's
+/// message quotes an unknown key or variant as written, and a line break there split
+/// one problem over two lines.
+pub(super) fn one_line(message: String) -> String {
+    if !message.contains(char::is_control) {
+        return message;
+    }
+    message
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 pub(crate) fn patch_controller(
@@ -2832,7 +2863,7 @@ pub(crate) fn patch_controller(
     let raw: RawPatch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         vec![Problem::new(
             error_location(e.path()),
-            e.inner().to_string(),
+            one_line(e.inner().to_string()),
         )]
     })?;
     // Whatever follows the object (a second one) would be dropped silently.
