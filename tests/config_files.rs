@@ -1074,6 +1074,53 @@ fn env_override_of_no_field_is_refused_and_an_empty_value_skipped() {
     );
 }
 
+/// A list of values is set in the file only, whole or an element: an element the file
+/// has was replaced (`ROCGATE__SERVER__TRUSTED_PROXIES__0=0.0.0.0/0` trusted every
+/// peer's `X-Forwarded-For`, where the README said it could not be set).
+#[test]
+fn an_element_of_a_list_of_values_is_not_set_from_the_environment() {
+    let text = format!(
+        "{ORDER}partition = \"header:x-api-key\"\n[[routes.tiers]]\nname = \"vip\"\n\
+         values = [\"k1\"]\nbase_limit = 500\ncut_limit = 150\n\
+         [server]\ntrusted_proxies = [\"10.0.0.0/8\"]\n"
+    );
+    Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    for (var, element) in [
+        (
+            "ROCGATE__SERVER__TRUSTED_PROXIES__0",
+            "server.trusted_proxies[0]",
+        ),
+        (
+            "ROCGATE__SERVER__TRUSTED_PROXIES__1",
+            "server.trusted_proxies[1]",
+        ),
+        (
+            "ROCGATE__ROUTES__0__TIERS__0__VALUES__0",
+            "routes[0].tiers[0].values[0]",
+        ),
+        ("ROCGATE__STORE__CLUSTER_NODES__0", "store.cluster_nodes[0]"),
+        ("ROCGATE__ROUTES__0__NAME__0", "routes[0].name[0]"),
+    ] {
+        let env = [(var.to_owned(), "0.0.0.0/0".to_owned())];
+        let e = Config::from_toml_str_with_env(&text, "t.toml", env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "t.toml: {element}: cannot be set from the environment: an index may follow \
+                 routes, events or tiers only, and a list of values is set in the file \
+                 (set by environment variable {var})"
+            )
+        );
+    }
+    // The arrays of tables still take an index.
+    let env = [(
+        "ROCGATE__ROUTES__0__TIERS__0__BASE_LIMIT".to_owned(),
+        "600".to_owned(),
+    )];
+    let c = Config::from_toml_str_with_env(&text, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.routes[0].tiers[0].base_limit_rps, 600.0);
+}
+
 /// An empty `ROCGATE__ADMIN__TOKEN` is refused, not skipped as other empty variables
 /// are: a secret that came out empty (`ROCGATE__ADMIN__TOKEN=$TOKEN` with `TOKEN`
 /// unset) ran the admin API without a token.

@@ -125,7 +125,9 @@ impl Config {
     /// `shadow`). A part made only of digits is an index into an array of tables
     /// (`routes`, `events`, `tiers`, counted from 0), which must exist in the file: the
     /// environment can change a route, not add one. Arrays of values (a tier's
-    /// `values`) cannot be set from the environment. An empty variable counts as unset.
+    /// `values`, `server.trusted_proxies`) cannot be set from the environment, whole or
+    /// an element: an index after any other field is refused. An empty variable counts
+    /// as unset.
     /// Every `ROCGATE__` variable is an override, so an unknown field is an error as it
     /// is in the file, and a problem in a value from the environment names the variable.
     ///
@@ -244,6 +246,18 @@ impl Config {
                     format!(
                         "not a field path: each part between `__` must be a field name \
                          (letters, digits, _) or an index (set by environment variable {})",
+                        o.var
+                    ),
+                ));
+                continue;
+            }
+            if let Some(element) = o.list_element() {
+                problems.push(Problem::new(
+                    element,
+                    format!(
+                        "cannot be set from the environment: an index may follow routes, \
+                         events or tiers only, and a list of values is set in the file \
+                         (set by environment variable {})",
                         o.var
                     ),
                 ));
@@ -443,6 +457,19 @@ impl Override {
             "{ENV_PREFIX}{ENV_SEPARATOR}{}",
             self.path.replace('.', ENV_SEPARATOR)
         )
+    }
+
+    /// The first index on the path that does not follow `routes`, `events` or `tiers`
+    /// (`server.trusted_proxies[0]`), up to it, if any: those are the arrays of tables,
+    /// and an index elsewhere replaced an element of a list of values, which the
+    /// environment does not set (a variable widened the file's trusted proxies).
+    fn list_element(&self) -> Option<&str> {
+        const ARRAYS_OF_TABLES: [&str; 3] = ["routes", "events", "tiers"];
+        self.path.match_indices('[').find_map(|(at, _)| {
+            let name = self.path[..at].rsplit('.').next().unwrap_or_default();
+            let end = at + self.path[at..].find(']')?;
+            (!ARRAYS_OF_TABLES.contains(&name)).then(|| &self.path[..=end])
+        })
     }
 
     /// The first indexed table on the path that the file does not have, if any.
