@@ -1074,6 +1074,69 @@ fn env_override_of_no_field_is_refused_and_an_empty_value_skipped() {
     );
 }
 
+/// A problem between fields, or between routes, that a variable caused names it, as a
+/// problem in the value it set does (it named none: the README said every one did).
+#[test]
+fn a_problem_a_variable_caused_names_it() {
+    let two = "[[routes]]\nname = \"order\"\npath = \"/api/order\"\nalgorithm = \"concurrency\"\n\
+               [[routes]]\nname = \"b\"\npath = \"/x\"\n";
+    for (var, value, problem) in [
+        (
+            "ROCGATE__DEFAULTS__MODE",
+            "shadow_adaptive",
+            "routes[0].mode: shadow_adaptive cannot count what a cut would reject with the \
+             concurrency algorithm (its shadow permits would be released at once): use \
+             enforce or shadow, or another algorithm (defaults.mode set by environment \
+             variable ROCGATE__DEFAULTS__MODE)",
+        ),
+        (
+            "ROCGATE__ROUTES__0__PATH",
+            "/x",
+            "routes[1].path: never matches: routes[0] (\"order\") comes first and its path \
+             takes every request it would (routes[0].path set by environment variable \
+             ROCGATE__ROUTES__0__PATH)",
+        ),
+        (
+            "ROCGATE__ROUTES__0__NAME",
+            "b",
+            "routes[1].name: duplicate of routes[0].name (\"b\") (routes[0].name set by \
+             environment variable ROCGATE__ROUTES__0__NAME)",
+        ),
+        (
+            "ROCGATE__SERVER__LISTEN",
+            "127.0.0.1:9090",
+            "admin.listen: 127.0.0.1:9090 takes the port of server.listen (127.0.0.1:9090): \
+             the proxy and the admin API need an address each (server.listen set by \
+             environment variable ROCGATE__SERVER__LISTEN)",
+        ),
+    ] {
+        let env = [(var.to_owned(), value.to_owned())];
+        let e = Config::from_toml_str_with_env(two, "t.toml", env).unwrap_err();
+        assert_eq!(e.to_string(), format!("t.toml: {problem}"));
+    }
+    // A route that sets the field itself does not take the variable's value.
+    let own = two.replace("algorithm", "mode = \"shadow_adaptive\"\nalgorithm");
+    let env = [(
+        "ROCGATE__DEFAULTS__MODE".to_owned(),
+        "shadow_adaptive".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(&own, "t.toml", env).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("t.toml: routes[0].mode: shadow_adaptive cannot count")
+            && !e.to_string().contains("ROCGATE__"),
+        "{e}"
+    );
+    // A variable on a field of another route that the message does not name is not
+    // the cause.
+    let env = [(
+        "ROCGATE__ROUTES__0__BASE_LIMIT".to_owned(),
+        "300".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(&format!("{two}{ORDER}"), "t.toml", env).unwrap_err();
+    assert!(!e.to_string().contains("ROCGATE__"), "{e}");
+}
+
 /// A list of values is set in the file only, whole or an element: an element the file
 /// has was replaced (`ROCGATE__SERVER__TRUSTED_PROXIES__0=0.0.0.0/0` trusted every
 /// peer's `X-Forwarded-For`, where the README said it could not be set).
@@ -2228,7 +2291,7 @@ fn a_config_built_in_code_is_validated_by_the_files_rules() {
         problems(vec![RouteConfig::new("all", RouteMatch::any()), order(), spaced]),
         [
             "routes[2].name: must be non-empty and use only A-Z a-z 0-9 _ . : - (it is a metric label value), got \"my order\"",
-            "routes[1].path: never matches: routes[0] (\"all\") comes first and takes every request it would",
+            "routes[1].path: never matches: routes[0] (\"all\") comes first and its path_prefix takes every request it would",
         ]
     );
     assert_eq!(

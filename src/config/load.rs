@@ -297,7 +297,7 @@ impl Config {
         });
 
         let merged = config::Config::builder()
-            .add_source(file)
+            .add_source(file.clone())
             .add_source(
                 config::Environment::with_prefix(ENV_PREFIX)
                     .separator(ENV_SEPARATOR)
@@ -309,7 +309,7 @@ impl Config {
             Ok(raw) => match Config::try_from(raw) {
                 Ok(config) if problems.is_empty() => return Ok(config),
                 Ok(_) => Vec::new(),
-                Err(found) => attribute(found, &overrides),
+                Err(found) => attribute(found, &overrides, &file),
             },
             Err(e) => {
                 let location = error_location(e.path());
@@ -488,25 +488,49 @@ impl Override {
 /// be ≤ base_limit (50)`); when a variable set the other one, the field the message
 /// names, in the problem's table, a table above it or `[defaults]` (which every route
 /// inherits), the problem says so: `(base_limit set by environment variable …)`, after
-/// the variable that set the field it is reported at, if one did.
-fn attribute(problems: Vec<Problem>, overrides: &[Override]) -> Vec<Problem> {
+/// the variable that set the field it is reported at, if one did. So does a problem
+/// at a route's field that the route inherits from `[defaults]`, where a variable set
+/// it (`(defaults.mode set by …)`); and one whose message names, in another table, the
+/// field a variable set in full (`duplicate of routes[0].name`, `the port of
+/// server.listen`) or that table and the field (`routes[0] ("all") comes first and
+/// its path_prefix …`).
+fn attribute(
+    problems: Vec<Problem>,
+    overrides: &[Override],
+    file: &config::Config,
+) -> Vec<Problem> {
     problems
         .into_iter()
         .map(|mut problem| {
             let within = |path: &str| lies_within(&problem.location, path);
             let at = overrides.iter().find(|o| within(&o.path));
+            let inherited = match at {
+                None => inherited_from(&problem.location, overrides, file),
+                Some(_) => None,
+            };
+            let message = &problem.message;
             let named = overrides
                 .iter()
-                .filter(|o| at.is_none_or(|at| at.var != o.var))
+                .filter(|o| ![at, inherited].iter().flatten().any(|a| a.var == o.var))
                 .filter_map(|o| {
                     let (table, field) = o.path.rsplit_once('.')?;
                     let inherited = table == "defaults" || within(table);
-                    (inherited && names_field(&problem.message, field))
-                        .then(|| format!("{field} set by environment variable {}", o.var))
+                    if inherited && names_field(message, field) {
+                        Some(format!("{field} set by environment variable {}", o.var))
+                    } else if names_field(message, &o.path)
+                        || (names_field(message, table) && names_field(message, field))
+                    {
+                        Some(format!("{} set by environment variable {}", o.path, o.var))
+                    } else {
+                        None
+                    }
                 });
             let parts: Vec<String> = at
                 .map(|o| format!("set by environment variable {}", o.var))
                 .into_iter()
+                .chain(
+                    inherited.map(|o| format!("{} set by environment variable {}", o.path, o.var)),
+                )
                 .chain(named)
                 .collect();
             if !parts.is_empty() {
@@ -515,6 +539,25 @@ fn attribute(problems: Vec<Problem>, overrides: &[Override]) -> Vec<Problem> {
             problem
         })
         .collect()
+}
+
+/// The variable that set `[defaults]`' value of the route's field at `location`
+/// (`routes[0].mode`), if the route does not set that field in the file: the route
+/// took its value from there.
+fn inherited_from<'a>(
+    location: &str,
+    overrides: &'a [Override],
+    file: &config::Config,
+) -> Option<&'a Override> {
+    let (route, field) = location.split_once('.')?;
+    if !route.starts_with("routes[") || field.contains(['.', '[']) {
+        return None;
+    }
+    if file.get::<config::Value>(location).is_ok() {
+        return None;
+    }
+    let path = format!("defaults.{field}");
+    overrides.iter().find(|o| o.path == path)
 }
 
 /// Whether the field at `location` is the one at `path` or lies in it.

@@ -1863,9 +1863,20 @@ impl TryFrom<RawConfig> for Config {
                     PathPattern::Prefix(_) => "path_prefix",
                     _ => "path",
                 };
+                // The fields of the earlier route that take the request are named, so
+                // that a variable that set one of them is named too.
+                let takes = match (&e.matcher.method, &e.matcher.path) {
+                    (None, PathPattern::Prefix(_)) => "its path_prefix takes",
+                    (None, _) => "its path takes",
+                    (Some(_), PathPattern::Prefix(_)) => "its method and path_prefix take",
+                    (Some(_), _) => "its method and path take",
+                };
                 p.at(
                     Scope::Route(j).path(field),
-                    format!("never matches: routes[{i}] ({:?}) comes first and takes every request it would", e.name),
+                    format!(
+                        "never matches: routes[{i}] ({:?}) comes first and {takes} every request it would",
+                        e.name
+                    ),
                 );
             }
         }

@@ -137,7 +137,7 @@ fn a_template_shadows_a_later_one_whatever_its_parameters_are_named() {
         .to_string();
     assert_eq!(
             e,
-            "t.toml: routes[1].path: never matches: routes[0] (\"a\") comes first and takes every request it would"
+            "t.toml: routes[1].path: never matches: routes[0] (\"a\") comes first and its path takes every request it would"
         );
 }
 
