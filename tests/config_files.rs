@@ -399,6 +399,12 @@ fn route_names_and_paths() {
         "routes[0].method",
         "must be an HTTP method",
     );
+    // A token, but written to mean "any": it matched no request. (helper-149)
+    refused(
+        "[[routes]]\nname = \"a\"\nmethod = \"*\"\npath = \"/a\"\n",
+        "routes[0].method",
+        "leave method out to take every method",
+    );
     refused(
         &format!("[[routes]]\nname = \"all\"\npath_prefix = \"/\"\n{ORDER}"),
         "routes[1].path",

@@ -1426,6 +1426,14 @@ fn percent_encoded(path: &str) -> Option<String> {
 fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch> {
     let method = match &own.method {
         None => Some(None),
+        // A token, "*" too; but no client sends "*", and written it means "any".
+        Some(m) if m == "*" => {
+            p.at(
+                at.path("method"),
+                r#"leave method out to take every method: "*" is no wildcard, and no request has it"#,
+            );
+            None
+        }
         Some(m) if is_token(m) => Some(Some(m.to_ascii_uppercase())),
         Some(m) => {
             p.at(
