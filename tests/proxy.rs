@@ -495,6 +495,9 @@ async fn the_upstream_receives_the_path_its_route_was_matched_on() {
         ("http://shop.example/a/b/../c?q", "/a/c?q"),
         // Already normalized: as sent, encoded slash and case kept.
         ("/api/Items/a%2Fb?q=%41", "/api/Items/a%2Fb?q=%41"),
+        // An escape's digits upper case, a byte beyond ASCII encoded: one spelling.
+        ("/caf%c3%a9?q=%c3", "/caf%C3%A9?q=%c3"),
+        ("/café", "/caf%C3%A9"),
     ] {
         assert_eq!(target_received(proxy.addr, sent).await, received, "{sent}");
     }

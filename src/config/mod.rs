@@ -431,9 +431,12 @@ pub(crate) fn without_trailing_slash(path: &str) -> &str {
 /// nginx on Windows and the WHATWG URL parser (`new URL()` in Node.js, Deno, Bun) read
 /// it. A client cannot then send a route's path spelled otherwise, reach
 /// the same handler and escape the route's limit. An encoded slash (`%2F`) stays
-/// encoded, as servers keep it inside its segment. A target that is no path (`OPTIONS
+/// encoded, as servers keep it inside its segment; the hexadecimal digits of an
+/// escape kept are upper case (`%c3%a9` is `%C3%A9`, RFC 3986 §6.2.2.1), and a byte
+/// beyond ASCII that a client sent unencoded is encoded (`é` is `%C3%A9`), so that a
+/// route written `/caf%C3%A9` takes each spelling. A target that is no path (`OPTIONS
 /// *`) is `/`, so that a catch-all route limits it too. Paths that need none of this
-/// (no `%`, no `\`, no `//`, no `/.`) are returned as they are.
+/// (ASCII, no `%`, no `\`, no `//`, no `/.`) are returned as they are.
 ///
 /// ```
 /// use rocgate::config::normalize_path;
@@ -444,6 +447,8 @@ pub(crate) fn without_trailing_slash(path: &str) -> &str {
 /// assert_eq!(normalize_path("/api\\order"), "/api/order");
 /// assert_eq!(normalize_path("/.."), "/");
 /// assert_eq!(normalize_path("*"), "/");
+/// assert_eq!(normalize_path("/caf%c3%a9"), "/caf%C3%A9");
+/// assert_eq!(normalize_path("/café"), "/caf%C3%A9");
 /// ```
 pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
     if !path.starts_with('/') {
@@ -451,7 +456,10 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
     }
     let bytes = path.as_bytes();
     let plain = !bytes.iter().enumerate().any(|(i, &b)| {
-        b == b'%' || b == b'\\' || (b == b'/' && matches!(bytes.get(i + 1), Some(b'/' | b'.')))
+        b == b'%'
+            || b == b'\\'
+            || !b.is_ascii()
+            || (b == b'/' && matches!(bytes.get(i + 1), Some(b'/' | b'.')))
     });
     if plain {
         return std::borrow::Cow::Borrowed(path);
@@ -459,17 +467,22 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let unreserved = match (bytes[i], bytes.get(i + 1..i + 3)) {
-            (b'%', Some(&[hi, lo])) => hex(hi)
-                .zip(hex(lo))
-                .map(|(hi, lo)| (hi << 4) | lo)
-                .filter(|c| c.is_ascii_alphanumeric() || b"-._~".contains(c)),
+        let escaped = match (bytes[i], bytes.get(i + 1..i + 3)) {
+            (b'%', Some(&[hi, lo])) => hex(hi).zip(hex(lo)).map(|(hi, lo)| (hi << 4) | lo),
             _ => None,
         };
-        match unreserved {
-            Some(c) => {
+        match escaped {
+            Some(c) if c.is_ascii_alphanumeric() || b"-._~".contains(&c) => {
                 decoded.push(c);
                 i += 3;
+            }
+            Some(c) => {
+                push_escape(&mut decoded, c);
+                i += 3;
+            }
+            None if !bytes[i].is_ascii() => {
+                push_escape(&mut decoded, bytes[i]);
+                i += 1;
             }
             None => {
                 decoded.push(if bytes[i] == b'\\' { b'/' } else { bytes[i] });
@@ -477,7 +490,7 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
             }
         }
     }
-    // Only ASCII bytes were decoded, so the text is still whole.
+    // Every byte beyond ASCII was encoded: the text is ASCII.
     let decoded = String::from_utf8_lossy(&decoded);
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
@@ -499,6 +512,16 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
         out.push('/');
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// Appends `byte` percent-encoded, in upper-case hexadecimal digits.
+fn push_escape(out: &mut Vec<u8>, byte: u8) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    out.extend([
+        b'%',
+        DIGITS[usize::from(byte >> 4)],
+        DIGITS[usize::from(byte & 0xF)],
+    ]);
 }
 
 /// The value of a hexadecimal digit.

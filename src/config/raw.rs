@@ -1422,6 +1422,28 @@ fn percent_encoded(path: &str) -> Option<String> {
     (encoded != path).then_some(encoded)
 }
 
+/// A route path's normalized spelling, if it is written otherwise. A template's
+/// parameters are names, not text a request holds: normalized as a placeholder each
+/// (`{thé}` is no `{th%C3%A9}`), and given back in the spelling asked for.
+fn normalized_otherwise(path: &str) -> Option<String> {
+    const PARAM: &str = "{_}";
+    let is_param = |segment: &&str| segment.starts_with('{') && segment.ends_with('}');
+    let neutral: Vec<&str> = path
+        .split('/')
+        .map(|segment| if is_param(&segment) { PARAM } else { segment })
+        .collect();
+    let neutral = neutral.join("/");
+    let normalized = super::normalize_path(&neutral);
+    if normalized == neutral {
+        return None;
+    }
+    let mut named = normalized.into_owned();
+    for param in path.split('/').filter(is_param) {
+        named = named.replacen(PARAM, param, 1);
+    }
+    Some(named)
+}
+
 /// Which requests the route takes.
 fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch> {
     let method = match &own.method {
@@ -1460,15 +1482,14 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
                 "must be printable ASCII, as clients send it (other characters \
                  percent-encoded in UTF-8): write {encoded:?}, got {path:?}"
             )
-        } else if super::normalize_path(path) != path {
+        } else if let Some(normalized) = normalized_otherwise(path) {
             // Such a route would never match behind `serve`, which matches requests
             // once normalized; the layer matches as written, where a client seldom
             // spells a path so. One spelling, the normalized, is asked for.
             format!(
-                "a route's path is written normalized (`serve` matches requests so): write {:?} (no \"//\", \
+                "a route's path is written normalized (`serve` matches requests so): write {normalized:?} (no \"//\", \
                  no \".\" or \"..\" segment, letters, digits and -._~ not percent-encoded), \
-                 got {path:?}",
-                super::normalize_path(path)
+                 got {path:?}"
             )
         } else {
             return true;

@@ -1520,8 +1520,9 @@ fn normalized_target(uri: &Uri) -> Option<Uri> {
         target.push('?');
         target.push_str(query);
     }
-    // The normalized path holds only bytes the request's path held (an escape of an
-    // unreserved character decoded, a backslash made a slash), all valid in a target.
+    // The normalized path holds only bytes valid in a target: the request's ASCII
+    // bytes (an escape of an unreserved character decoded, a backslash made a slash),
+    // and escapes (upper-cased, or of a byte beyond ASCII).
     Uri::try_from(target).ok()
 }
 
