@@ -617,6 +617,23 @@ fn a_full_key_tables_overflow_and_evictions_are_counted() {
     }
 }
 
+/// One route, `r`, taking every request, with a window of `secs` in slots of 100 ms.
+fn r_with_window(secs: u64) -> Config {
+    let mut r = RouteConfig::new("r", RouteMatch::any());
+    r.window =
+        rocgate::window::WindowSpec::new(Duration::from_secs(secs), Duration::from_millis(100))
+            .unwrap();
+    Config::new(vec![r])
+}
+
+/// Offers `n` requests to the route `r` of `e` at `at`.
+fn offer_to_r(e: &rocgate::engine::Engine, n: usize, at: rocgate::clock::Nanos) {
+    let id = e.route_id("r").unwrap();
+    for _ in 0..n {
+        let _ = e.check(id, rocgate::engine::Key::None, at);
+    }
+}
+
 /// A reload that rebuilds a route (here, a new window) restarts its engine counters
 /// from zero; the exported counters carry on from their totals instead of standing
 /// still (the registry never lowers a counter), and so does a route removed and added
@@ -624,20 +641,8 @@ fn a_full_key_tables_overflow_and_evictions_are_counted() {
 #[test]
 fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
     use rocgate::clock::Nanos;
-    use rocgate::engine::{Engine, Key};
+    use rocgate::engine::Engine;
     use rocgate::metrics::Collector;
-    use rocgate::window::WindowSpec;
-    let with_window = |secs| {
-        let mut r = RouteConfig::new("r", RouteMatch::any());
-        r.window = WindowSpec::new(Duration::from_secs(secs), Duration::from_millis(100)).unwrap();
-        Config::new(vec![r])
-    };
-    let offer = |e: &Engine, n: usize, at: Nanos| {
-        let id = e.route_id("r").unwrap();
-        for _ in 0..n {
-            let _ = e.check(id, Key::None, at);
-        }
-    };
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     let collector = Collector::new();
@@ -658,11 +663,11 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
     };
     let admitted = |e: &Engine, at: Nanos| read(e, at).0;
     let t = Nanos::from_secs;
-    let first = Engine::new(&with_window(6), t(0), std::time::SystemTime::UNIX_EPOCH).unwrap();
-    offer(&first, 100, t(1));
+    let first = Engine::new(&r_with_window(6), t(0), std::time::SystemTime::UNIX_EPOCH).unwrap();
+    offer_to_r(&first, 100, t(1));
     assert_eq!(admitted(&first, t(1)), "100");
     let rebuilt = first
-        .reload(&with_window(4), t(2), std::time::SystemTime::UNIX_EPOCH)
+        .reload(&r_with_window(4), t(2), std::time::SystemTime::UNIX_EPOCH)
         .unwrap();
     assert_eq!(
         rebuilt
@@ -671,7 +676,7 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
             .offered,
         0
     );
-    offer(&rebuilt, 50, t(3));
+    offer_to_r(&rebuilt, 50, t(3));
     assert_eq!(admitted(&rebuilt, t(3)), "150");
     // Removed, then back: its series goes on from 150.
     let other = Config::new(vec![RouteConfig::new("other", RouteMatch::any())]);
@@ -680,17 +685,17 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
         .unwrap();
     metrics::with_local_recorder(&recorder, || collector.collect(&removed, t(4)));
     let back = removed
-        .reload(&with_window(4), t(5), std::time::SystemTime::UNIX_EPOCH)
+        .reload(&r_with_window(4), t(5), std::time::SystemTime::UNIX_EPOCH)
         .unwrap();
-    offer(&back, 20, t(6));
+    offer_to_r(&back, 20, t(6));
     assert_eq!(admitted(&back, t(6)), "170");
     // Rebuilt again, and past the old count (20) before the next scrape: still known
     // for a restart (by the route's serial), so nothing is lost. A fresh bucket of 200
     // admits 200 of 300; the rejection ratio is over the new counts only.
     let again = back
-        .reload(&with_window(6), t(7), std::time::SystemTime::UNIX_EPOCH)
+        .reload(&r_with_window(6), t(7), std::time::SystemTime::UNIX_EPOCH)
         .unwrap();
-    offer(&again, 300, t(8));
+    offer_to_r(&again, 300, t(8));
     let (admitted, ratio) = read(&again, t(8));
     assert_eq!(admitted, "370");
     assert_eq!(ratio.parse::<f64>().unwrap(), 1.0 / 3.0);
@@ -703,22 +708,10 @@ fn counters_carry_on_across_a_reload_that_rebuilds_the_route() {
 #[test]
 fn requests_decided_after_the_last_scrape_count_across_a_reload() {
     use rocgate::clock::Nanos;
-    use rocgate::engine::{Engine, Key};
+    use rocgate::engine::Engine;
     use rocgate::http::SharedEngine;
     use rocgate::metrics::Collector;
-    use rocgate::window::WindowSpec;
     let epoch = std::time::SystemTime::UNIX_EPOCH;
-    let with_window = |secs| {
-        let mut r = RouteConfig::new("r", RouteMatch::any());
-        r.window = WindowSpec::new(Duration::from_secs(secs), Duration::from_millis(100)).unwrap();
-        Config::new(vec![r])
-    };
-    let offer = |e: &Engine, n: usize, at: Nanos| {
-        let id = e.route_id("r").unwrap();
-        for _ in 0..n {
-            let _ = e.check(id, Key::None, at);
-        }
-    };
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     let collector = Collector::new();
@@ -734,23 +727,23 @@ fn requests_decided_after_the_last_scrape_count_across_a_reload() {
         });
     };
     let t = Nanos::from_secs;
-    let shared = SharedEngine::new(Engine::new(&with_window(6), t(0), epoch).unwrap());
-    offer(&shared.load(), 100, t(1));
+    let shared = SharedEngine::new(Engine::new(&r_with_window(6), t(0), epoch).unwrap());
+    offer_to_r(&shared.load(), 100, t(1));
     assert_eq!(scrape(&shared, t(1)), 100.0);
     // 30 more after that scrape, then a reload that rebuilds the route (a new window).
-    offer(&shared.load(), 30, Nanos::from_millis(1500));
-    reload(&shared, &with_window(4), t(2));
-    offer(&shared.load(), 50, t(3));
+    offer_to_r(&shared.load(), 30, Nanos::from_millis(1500));
+    reload(&shared, &r_with_window(4), t(2));
+    offer_to_r(&shared.load(), 50, t(3));
     assert_eq!(scrape(&shared, t(3)), 180.0, "100 + 30 + 50");
     // 10 more, then a reload that removes the route: they are counted too.
-    offer(&shared.load(), 10, t(4));
+    offer_to_r(&shared.load(), 10, t(4));
     let other = Config::new(vec![RouteConfig::new("other", RouteMatch::any())]);
     reload(&shared, &other, t(5));
     assert_eq!(scrape(&shared, t(5)), 190.0);
     // A reload that keeps the route as it was reads what the next scrape reads.
-    reload(&shared, &with_window(4), t(6));
-    offer(&shared.load(), 5, t(7));
-    reload(&shared, &with_window(4), t(8));
+    reload(&shared, &r_with_window(4), t(6));
+    offer_to_r(&shared.load(), 5, t(7));
+    reload(&shared, &r_with_window(4), t(8));
     assert_eq!(scrape(&shared, t(8)), 195.0);
 }
 
@@ -764,13 +757,7 @@ fn cut_seconds_carry_on_across_a_rebuild_during_a_cut() {
     use rocgate::controller::ControllerState;
     use rocgate::engine::{Engine, Key};
     use rocgate::metrics::Collector;
-    use rocgate::window::WindowSpec;
     let epoch = std::time::SystemTime::UNIX_EPOCH;
-    let with_window = |secs| {
-        let mut r = RouteConfig::new("r", RouteMatch::any());
-        r.window = WindowSpec::new(Duration::from_secs(secs), Duration::from_millis(100)).unwrap();
-        Config::new(vec![r])
-    };
     // 100 req/s for a window and more, then 1,000 req/s for 1 s: a cut.
     let drive = |e: &Engine, from_ms: u64, calm_slots: u64| {
         let id = e.route_id("r").unwrap();
@@ -790,7 +777,7 @@ fn cut_seconds_carry_on_across_a_rebuild_during_a_cut() {
         metrics::with_local_recorder(&recorder, || collector.collect(e, at));
         scraped(&handle.render(), series)
     };
-    let first = Engine::new(&with_window(8), Nanos::ZERO, epoch).unwrap();
+    let first = Engine::new(&r_with_window(8), Nanos::ZERO, epoch).unwrap();
     drive(&first, 0, 80);
     let at = Nanos::from_secs(38);
     let s = first.snapshot(at).remove(0);
@@ -802,7 +789,7 @@ fn cut_seconds_carry_on_across_a_rebuild_during_a_cut() {
         s.time_in_cut
     );
     // Rebuilt (a new window: a fresh controller), then cut again.
-    let rebuilt = first.reload(&with_window(6), at, epoch).unwrap();
+    let rebuilt = first.reload(&r_with_window(6), at, epoch).unwrap();
     drive(&rebuilt, 38_000, 60);
     let at = Nanos::from_secs(65);
     let s = rebuilt.snapshot(at).remove(0);
