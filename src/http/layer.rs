@@ -145,19 +145,23 @@ impl Misplaced {
     /// outside the router (a few are requests no route of the router takes).
     const WITHOUT_MATCHED_PATH: u32 = 100;
 
-    /// A request carried `MatchedPath` (`true`) or did not.
+    /// A request carried `MatchedPath` (`true`) or did not, though a route takes its
+    /// written path (`routed`: a request no route takes, a 404 inside the router, says
+    /// nothing). Once it has said so, or seen one, it counts no more.
     #[inline]
-    fn matched_path(&self, carried: bool) {
+    fn matched_path(&self, carried: bool, routed: impl FnOnce() -> bool) {
         if self.matched_path_seen.load(Ordering::Relaxed) {
             return;
         }
         if carried {
             self.matched_path_seen.store(true, Ordering::Relaxed);
-        } else if self.without_matched_path.fetch_add(1, Ordering::Relaxed) + 1
-            == Self::WITHOUT_MATCHED_PATH
+        } else if routed()
+            && self.without_matched_path.fetch_add(1, Ordering::Relaxed) + 1
+                == Self::WITHOUT_MATCHED_PATH
         {
+            self.matched_path_seen.store(true, Ordering::Relaxed);
             tracing::warn!(
-                "route_key is MatchedPath, but none of the first {} requests carried axum's MatchedPath: the layer is outside the Router, and limits no request (add it with Router::layer, or key routes with RouteKey::Normalized)",
+                "route_key is MatchedPath, but none of the first {} requests a route takes carried axum's MatchedPath: the layer is outside the Router, and limits no request (add it with Router::layer, or key routes with RouteKey::Normalized)",
                 Self::WITHOUT_MATCHED_PATH
             );
         }
@@ -166,7 +170,9 @@ impl Misplaced {
     /// A request on `route`, partitioned by `ip`, came without its peer's address.
     #[cold]
     fn no_peer(&self, engine: &Engine, route: RouteId) {
-        if !self.no_peer_said.swap(true, Ordering::Relaxed) {
+        if !self.no_peer_said.load(Ordering::Relaxed)
+            && !self.no_peer_said.swap(true, Ordering::Relaxed)
+        {
             let route = engine.route_label(route).unwrap_or_default();
             tracing::warn!(
                 route = &*route,
@@ -195,7 +201,9 @@ impl Gate {
             RouteKey::Normalized => engine.route_for(method, whole_path()),
             RouteKey::MatchedPath => {
                 let path = req.extensions().get::<MatchedPath>();
-                self.misplaced.matched_path(path.is_some());
+                self.misplaced.matched_path(path.is_some(), || {
+                    engine.route_for(method, whole_path()).is_some()
+                });
                 engine.route_for(method, path?.as_str())
             }
         }
