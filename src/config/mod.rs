@@ -83,12 +83,8 @@ pub fn upstream_is_listener(upstream: &str, listener: SocketAddr) -> bool {
         return false;
     };
     let authority = url.strip_prefix("http://").unwrap_or(&url);
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
-            (host, port.parse::<u16>().ok())
-        }
-        _ => (authority, Some(80)),
-    };
+    let (host, port) = raw::host_and_port(authority);
+    let port = port.map_or(Some(80), |p| p.parse::<u16>().ok());
     if port != Some(listener.port()) || listener.port() == 0 {
         return false;
     }

@@ -2111,14 +2111,7 @@ pub(super) fn upstream_url(text: String) -> Result<String, UpstreamError> {
     else {
         return Err(UpstreamError::NotAnAuthority { url: text });
     };
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port))
-            if !host.contains(':') || (host.starts_with('[') && host.ends_with(']')) =>
-        {
-            (host, Some(port))
-        }
-        _ => (authority, None),
-    };
+    let (host, port) = host_and_port(authority);
     let named = match host.strip_prefix('[') {
         Some(v6) => v6
             .strip_suffix(']')
@@ -2137,6 +2130,18 @@ pub(super) fn upstream_url(text: String) -> Result<String, UpstreamError> {
         }
     }
     Ok(format!("http://{authority}"))
+}
+
+/// An authority's host (an IPv6 address in brackets) and its port, if it gives one.
+pub(super) fn host_and_port(authority: &str) -> (&str, Option<&str>) {
+    match authority.rsplit_once(':') {
+        Some((host, port))
+            if !host.contains(':') || (host.starts_with('[') && host.ends_with(']')) =>
+        {
+            (host, Some(port))
+        }
+        _ => (authority, None),
+    }
 }
 
 /// A trusted proxy network: a CIDR (`10.0.0.0/8`) or one address.
