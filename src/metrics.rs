@@ -441,6 +441,8 @@ struct RouteCounters {
     /// The route's serial when its controller's counts were last read (0 before): a
     /// reload's last reading of the engine it replaced reads its requests only.
     controller_serial: u64,
+    /// Whether the controller last read was the route's own (not a shared store's).
+    controller_local: bool,
     admitted: Monotonic,
     rejected: [Monotonic; Reason::ALL.len()],
     shadow_rejected: [Monotonic; Reason::ALL.len()],
@@ -474,10 +476,11 @@ impl RouteCounters {
     }
 
     /// Follows the route's controller to the engine's serial `serial`: a new one starts
-    /// the counts of a controller that is the route's own (`local`) again, the cut under
-    /// way when it was rebuilt counted as ended.
+    /// the counts again where the controller is the route's own (`local`), or was
+    /// before the rebuild (a shared store's counts do not go on from a local
+    /// controller's), the cut under way when it was rebuilt counted as ended.
     fn follow_controller(&mut self, serial: u64, local: bool) {
-        if self.controller_serial != serial && local {
+        if self.controller_serial != serial && (local || self.controller_local) {
             self.transitions
                 .iter_mut()
                 .flatten()
@@ -486,6 +489,7 @@ impl RouteCounters {
             self.cut_ended_ms.offset += std::mem::take(&mut self.cut_running_ms);
         }
         self.controller_serial = serial;
+        self.controller_local = local;
     }
 
     /// Exports the request counts of `s` to `h`.

@@ -804,6 +804,65 @@ fn cut_seconds_carry_on_across_a_rebuild_during_a_cut() {
     );
 }
 
+/// A reload that rebuilds a route its own controller cut into one a shared store
+/// decides (`shadow_adaptive` to `enforce` under Redis): the local cut under way stays
+/// counted, and the store's cuts and seconds add to it. The counts went on from the
+/// local controller's as if the store's were the same count: its cut was taken for
+/// the one under way, and 29 s of it plus the store's 10 s read 29 s, 2 cuts read 1.
+/// (helper-151)
+#[test]
+fn a_local_cut_stays_counted_when_a_rebuild_hands_the_route_to_a_shared_store() {
+    use rocgate::clock::Nanos;
+    use rocgate::controller::{ControllerState, TransitionCounts};
+    use rocgate::engine::{Engine, Key};
+    use rocgate::metrics::{Collector, SharedControl};
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    let first = Engine::new(&r_with_window(8), Nanos::ZERO, epoch).unwrap();
+    // 100 req/s for 8 s, then 1,000 req/s for 1 s: a cut.
+    let id = first.route_id("r").unwrap();
+    for slot in 0..90u64 {
+        let n = if slot < 80 { 10 } else { 100 };
+        for i in 0..n {
+            let _ = first.check(id, Key::None, Nanos::from_millis(slot * 100 + i * 100 / n));
+        }
+    }
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let collector = Collector::new().with_shared_store();
+    let seconds = r#"rocgate_cut_seconds_total{route="r"}"#;
+    let cuts = r#"rocgate_cuts_total{route="r"}"#;
+    let at = Nanos::from_secs(38);
+    let s = first.snapshot(at).remove(0);
+    assert_eq!((s.state, s.cuts), (ControllerState::Cut, 1), "{s:?}");
+    metrics::with_local_recorder(&recorder, || collector.collect(&first, at));
+    let before = scraped(&handle.render(), seconds);
+    assert!(
+        before >= 25.0,
+        "{before} s into a cut of {:?}",
+        s.time_in_cut
+    );
+    // Rebuilt (a new window); now the store's controller decides it, and has cut once
+    // for 10 s.
+    let rebuilt = first.reload(&r_with_window(6), at, epoch).unwrap();
+    let store = SharedControl {
+        limit_rps: 60.0,
+        state: ControllerState::Cut,
+        roc: 120.0,
+        stepped: TransitionCounts {
+            transitions: [[0, 1, 0], [0, 0, 0], [0, 0, 0]],
+            cuts: 1,
+            time_in_cut: Duration::from_secs(10),
+        },
+        level: None,
+    };
+    metrics::with_local_recorder(&recorder, || {
+        collector.collect_with(&rebuilt, Nanos::from_secs(50), |_| Some(store));
+    });
+    let text = handle.render();
+    assert_eq!(scraped(&text, seconds), before + 10.0, "{text}");
+    assert_eq!(scraped(&text, cuts), 2.0, "{text}");
+}
+
 /// `rocgate_rejection_ratio` covers a window at least from the first scrape on: a
 /// second scrape a second after the first read 0 (the one request since the first
 /// was admitted), where over the last 6 s 100 of 301 were refused. (helper-146)
