@@ -337,6 +337,15 @@ fn route_names_and_paths() {
         "routes[0].path",
         "must start with '/'",
     );
+    // `serve` matches a request's path without its segments' parameters: a route
+    // with one would never match.
+    for (field, written) in [("path", "/api/order;v=2"), ("path_prefix", "/a;x/")] {
+        refused(
+            &format!("[[routes]]\nname = \"a\"\n{field} = \"{written}\"\n"),
+            &format!("routes[0].{field}"),
+            "must not contain ';': `serve` matches a request's path without its segments' parameters",
+        );
+    }
     // Requests are matched on their normalized path, so a route written otherwise
     // would never match one.
     for (field, written, normalized) in [
@@ -1437,6 +1446,21 @@ fn the_upstream_is_not_rocgates_own_listener() {
             "server.listen",
             "[::ffff:127.0.0.1]:8080",
         ),
+        (
+            "http://localhost:8080",
+            "listen = \"[::ffff:127.0.0.1]:8080\"\n",
+            "server.listen",
+            "[::ffff:127.0.0.1]:8080",
+        ),
+        // A connection to an unspecified address goes to the loopback one (helper-151:
+        // these three were let through).
+        ("http://0.0.0.0:9090", "", "admin.listen", "127.0.0.1:9090"),
+        (
+            "http://[::]:8080",
+            "listen = \"[::1]:8080\"\n",
+            "server.listen",
+            "[::1]:8080",
+        ),
     ] {
         let (server, admin) = match more.strip_prefix("[admin]") {
             Some(_) => ("", more),
@@ -1452,13 +1476,18 @@ fn the_upstream_is_not_rocgates_own_listener() {
             ),
         );
     }
-    // Another port, or another host, is an upstream.
-    for upstream in [
-        "http://127.0.0.1:9091",
-        "http://10.0.0.5:9090",
-        "http://shop:9090",
+    // Another port, or another host, is an upstream; so is localhost beside a listener
+    // on 127.0.0.2 (localhost reaches 127.0.0.1 or ::1: helper-151 found it refused),
+    // and an IPv6 address beside an IPv4 listener that takes every address.
+    for (upstream, listen) in [
+        ("http://127.0.0.1:9091", ""),
+        ("http://10.0.0.5:9090", ""),
+        ("http://shop:9090", ""),
+        ("http://localhost:8080", "listen = \"127.0.0.2:8080\"\n"),
+        ("http://[::1]:8080", "listen = \"0.0.0.0:8080\"\n"),
+        ("http://[::]:8080", "listen = \"127.0.0.1:8080\"\n"),
     ] {
-        let text = route(&format!("[server]\nupstream = \"{upstream}\"\n"));
+        let text = route(&format!("[server]\nupstream = \"{upstream}\"\n{listen}"));
         Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{upstream}: {e}"));
     }
 }
@@ -1894,6 +1923,17 @@ fn store_section() {
         "longer than zero",
     );
     refused(&redis("timeout = \"soon\""), "store.timeout", "");
+    // A beat answered after three of them counts its instance gone (helper-154).
+    refused(
+        &redis("timeout = \"2s\""),
+        "store.timeout",
+        "must be shorter than heartbeat (1s), got 2s",
+    );
+    refused(
+        &redis("heartbeat = \"40ms\""),
+        "store.timeout",
+        "must be shorter than heartbeat (40ms), got 50ms",
+    );
     refused(
         &redis("heartbeat = \"300000000000y\""),
         "store.heartbeat",
@@ -2231,25 +2271,74 @@ fn the_hints_section_is_read_and_checked() {
 }
 
 #[test]
-fn of_several_unknown_fields_the_first_in_the_file_is_named_every_time() {
+fn several_unknown_fields_are_named_each_in_the_files_order_every_time() {
     // Found by fuzzing (fuzz/fuzz_targets/config.rs): the table was a hash map, so the
     // unknown field named changed from one load of the same text to the next.
     let top = "zulu = 1\nyankee = 2\nxray = 3\nwhiskey = 4\nvictor = 5\nuniform = 6\n";
     let route =
         "[[routes]]\nname = \"a\"\npath = \"/\"\nzulu = 1\nyankee = 2\nxray = 3\nwhiskey = 4\n";
-    for (text, location) in [(top, "zulu"), (route, "routes[0].zulu")] {
+    let names = ["zulu", "yankee", "xray", "whiskey", "victor", "uniform"];
+    for (text, table, names) in [(top, "", &names[..]), (route, "routes[0].", &names[..4])] {
         for _ in 0..32 {
             let e = Config::from_toml_str(text, "t.toml").unwrap_err();
-            assert_eq!(e.problems().len(), 1, "{e}");
-            assert_eq!(e.problems()[0].location(), location, "{e}");
-            assert!(
-                e.problems()[0]
-                    .message()
-                    .starts_with("unknown field `zulu`"),
-                "{e}"
-            );
+            let found: Vec<(&str, &str)> = e
+                .problems()
+                .iter()
+                .map(|p| (p.location(), p.message()))
+                .collect();
+            assert_eq!(found.len(), names.len(), "{e}");
+            for ((location, message), name) in found.iter().zip(names) {
+                assert_eq!(*location, format!("{table}{name}"), "{e}");
+                assert!(
+                    message.starts_with(&format!("unknown field `{name}`")),
+                    "{e}"
+                );
+            }
         }
     }
+}
+
+/// Every problem of shape is reported, not the first alone, and none that taking one
+/// out made: a value of the wrong type and an unknown field in three tables. Reported
+/// one at a time, each fix showed the next. A list's element of the wrong type ends
+/// the list: the problems after it are found once it is fixed.
+#[test]
+fn every_problem_of_shape_is_reported() {
+    let text = "[defaults]\nbase_limt = 200\n\
+                [[routes]]\nname = \"a\"\npath = \"/a\"\ncut_limit = \"x\"\n\
+                [[routes]]\nname = \"b\"\npath = \"/b\"\ncolour = \"red\"\n\
+                [server]\nfoo = 1\n[store]\nbaz = 1\n";
+    let e = Config::from_toml_str(text, "t.toml").unwrap_err();
+    let locations: Vec<&str> = e.problems().iter().map(|p| p.location()).collect();
+    assert_eq!(
+        locations,
+        [
+            "defaults.base_limt",
+            "routes[0].cut_limit",
+            "routes[1].colour",
+            "server.foo",
+            "store.baz"
+        ],
+        "{e}"
+    );
+    assert!(
+        e.problems()[1].message().contains("expected a number"),
+        "{e}"
+    );
+    let text = "[[routes]]\nname = \"a\"\npath = \"/a\"\nevents = [1]\nx = 1\n[server]\nfoo = 1\n";
+    let e = Config::from_toml_str(text, "t.toml").unwrap_err();
+    let locations: Vec<&str> = e.problems().iter().map(|p| p.location()).collect();
+    assert_eq!(locations, ["routes[0].events[0]"], "{e}");
+    // Up to 50, then a word that more follow.
+    let many: String = (0..60).map(|i| format!("unknown_{i} = 1\n")).collect();
+    let e = Config::from_toml_str(&format!("{many}{}", route("")), "t.toml").unwrap_err();
+    let problems = e.problems();
+    assert_eq!(problems.len(), 51, "{e}");
+    assert_eq!(problems[49].location(), "unknown_49", "{e}");
+    assert_eq!(
+        problems[50].message(),
+        "more problems of shape follow: the first 50 are reported"
+    );
 }
 
 /// A config built in code is checked by the file's rules: every shipped file, once
@@ -2449,6 +2538,17 @@ fn check_upstream_refuses_with_an_error_to_match_on() {
     assert_eq!(
         check_upstream("http://[::1]:3000/").unwrap(),
         "http://[::1]:3000"
+    );
+    // A scheme is case-insensitive: `HTTP://` was refused as no `http://host[:port]`.
+    assert_eq!(
+        check_upstream("HTTP://127.0.0.1:3000").unwrap(),
+        "http://127.0.0.1:3000"
+    );
+    assert_eq!(
+        check_upstream("Https://x:443"),
+        Err(UpstreamError::Tls {
+            url: url("Https://x:443")
+        })
     );
 }
 

@@ -71,6 +71,9 @@ impl std::error::Error for ConfigError {}
 pub struct Problem {
     location: String,
     message: String,
+    /// Fields elsewhere whose values make the problem (the other event of two that
+    /// overlap): a variable that set one is named with it.
+    causes: Vec<String>,
 }
 
 impl Problem {
@@ -78,7 +81,14 @@ impl Problem {
         Problem {
             location: location.into(),
             message: message.into(),
+            causes: Vec::new(),
         }
+    }
+
+    /// The problem, made also by the values of the fields at `causes`.
+    pub(crate) fn caused_by(mut self, causes: Vec<String>) -> Self {
+        self.causes = causes;
+        self
     }
 
     /// Where: a field path as written in the file (`routes[2].cut_limit`,
@@ -305,36 +315,13 @@ impl Config {
             )
             .build()
             .map_err(|e| fail(vec![Problem::new("", e.to_string())]))?;
-        let found = match serde_path_to_error::deserialize::<_, RawConfig>(merged) {
+        let found = match serde_path_to_error::deserialize::<_, RawConfig>(merged.cache.clone()) {
             Ok(raw) => match Config::try_from(raw) {
                 Ok(config) if problems.is_empty() => return Ok(config),
                 Ok(_) => Vec::new(),
                 Err(found) => attribute(found, &overrides, &file),
             },
-            Err(e) => {
-                let location = error_location(e.path());
-                // A shape error is found at the first table or field that is wrong,
-                // which may lie above the field a variable set (`base_limit` for
-                // ROCGATE__BASE_LIMIT__DEFAULTS, an unknown field there).
-                let mut problem = Problem::new(location, shape_message(e.inner()));
-                let under = |o: &&Override| {
-                    !problem.location.is_empty()
-                        && o.path
-                            .strip_prefix(&problem.location)
-                            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
-                };
-                let set = overrides
-                    .iter()
-                    .find(|o| lies_within(&problem.location, &o.path))
-                    .or_else(|| overrides.iter().find(under));
-                if let Some(o) = set {
-                    problem.message = format!(
-                        "{} (set by environment variable {})",
-                        problem.message, o.var
-                    );
-                }
-                vec![problem]
-            }
+            Err(e) => shape_problems(e, merged.cache, &overrides),
         };
         problems.extend(found);
         Err(fail(problems))
@@ -358,6 +345,103 @@ impl Config {
     pub fn embedded_default_with_env() -> Result<Config, ConfigError> {
         with_process_env(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN)
     }
+}
+
+/// The most problems of shape reported at once.
+const MAX_SHAPE_PROBLEMS: usize = 50;
+
+/// Every problem of shape in the merged file and overrides `value`, the first of
+/// which is `first`: each found is taken out of the value (an unknown field, a value
+/// of the wrong type) and the value read again, until it reads or a problem cannot be
+/// taken out without changing what the others say. A list's element is not removed
+/// (the elements after it would be named by the wrong index), nor a table that lacks
+/// a field; a missing field found once another was taken out may be that one, and is
+/// not reported.
+fn shape_problems(
+    first: serde_path_to_error::Error<config::ConfigError>,
+    mut value: config::Value,
+    overrides: &[Override],
+) -> Vec<Problem> {
+    let mut found = Vec::new();
+    let mut next = Some(first);
+    while let Some(e) = next.take() {
+        let message = shape_message(e.inner());
+        let missing = message.starts_with("missing field");
+        if missing && !found.is_empty() {
+            break;
+        }
+        if found.len() == MAX_SHAPE_PROBLEMS {
+            found.push(Problem::new(
+                "",
+                format!(
+                    "more problems of shape follow: the first {MAX_SHAPE_PROBLEMS} are reported"
+                ),
+            ));
+            break;
+        }
+        found.push(shape_problem(error_location(e.path()), message, overrides));
+        if missing || !take_out(&mut value, e.path()) {
+            break;
+        }
+        next = serde_path_to_error::deserialize::<_, RawConfig>(value.clone()).err();
+    }
+    found
+}
+
+/// Removes the field at `path` from `value`; false where the path ends at a list's
+/// element, names nothing, or goes through what is no table or list.
+fn take_out(value: &mut config::Value, path: &serde_path_to_error::Path) -> bool {
+    use serde_path_to_error::Segment;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let Some((Segment::Map { key }, above)) = segments.split_last() else {
+        return false;
+    };
+    let mut at = value;
+    for segment in above {
+        at = match (segment, &mut at.kind) {
+            (Segment::Map { key }, config::ValueKind::Table(table)) => match table.get_mut(key) {
+                Some(v) => v,
+                None => return false,
+            },
+            (Segment::Seq { index }, config::ValueKind::Array(list)) => {
+                match list.get_mut(*index) {
+                    Some(v) => v,
+                    None => return false,
+                }
+            }
+            _ => return false,
+        };
+    }
+    match &mut at.kind {
+        config::ValueKind::Table(table) => table.shift_remove(key).is_some(),
+        _ => false,
+    }
+}
+
+/// The problem of shape `message` at `location`, naming the environment variable that
+/// set the field there or one below it.
+fn shape_problem(location: String, message: String, overrides: &[Override]) -> Problem {
+    // A shape error is found at the first table or field that is wrong, which may lie
+    // above the field a variable set (`base_limit` for ROCGATE__BASE_LIMIT__DEFAULTS,
+    // an unknown field there).
+    let mut problem = Problem::new(location, message);
+    let under = |o: &&Override| {
+        !problem.location.is_empty()
+            && o.path
+                .strip_prefix(&problem.location)
+                .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+    };
+    let set = overrides
+        .iter()
+        .find(|o| lies_within(&problem.location, &o.path))
+        .or_else(|| overrides.iter().find(under));
+    if let Some(o) = set {
+        problem.message = format!(
+            "{} (set by environment variable {})",
+            problem.message, o.var
+        );
+    }
+    problem
 }
 
 /// How errors in the embedded default configuration name it.
@@ -493,7 +577,8 @@ impl Override {
 /// it (`(defaults.mode set by …)`); and one whose message names, in another table, the
 /// field a variable set in full (`duplicate of routes[0].name`, `the port of
 /// server.listen`) or that table and the field (`routes[0] ("all") comes first and
-/// its path_prefix …`).
+/// its path_prefix …`), or a field the problem gives as one of its causes (the start
+/// and duration of the event another overlaps).
 fn attribute(
     problems: Vec<Problem>,
     overrides: &[Override],
@@ -513,6 +598,9 @@ fn attribute(
                 .iter()
                 .filter(|o| ![at, inherited].iter().flatten().any(|a| a.var == o.var))
                 .filter_map(|o| {
+                    if problem.causes.contains(&o.path) {
+                        return Some(format!("{} set by environment variable {}", o.path, o.var));
+                    }
                     let (table, field) = o.path.rsplit_once('.')?;
                     let inherited = table == "defaults" || within(table);
                     if inherited && names_field(message, field) {
@@ -751,13 +839,27 @@ mod tests {
             ("ROCGATE__VICTOR", "1"),
             ("ROCGATE__DEFAULTS__UNIFORM", "1"),
         ];
-        for _ in 0..32 {
-            let e = error(ROUTE, &vars);
+        let first = error(ROUTE, &vars);
+        // Each is reported, in the order the variables came, naming its variable.
+        let lines: Vec<&str> = first.lines().collect();
+        assert_eq!(lines.len(), vars.len(), "{first}");
+        for (line, (var, _)) in lines.iter().zip(&vars) {
+            let field = var.rsplit("__").next().unwrap().to_lowercase();
             assert!(
-                e.starts_with("t.toml: zulu: unknown field `zulu`")
-                    && e.ends_with("(set by environment variable ROCGATE__ZULU)"),
-                "{e}"
+                line.contains(&format!(": unknown field `{field}`")),
+                "{first}"
             );
+            assert!(
+                line.ends_with(&format!("(set by environment variable {var})")),
+                "{first}"
+            );
+        }
+        assert!(
+            first.starts_with("t.toml: zulu: unknown field `zulu`"),
+            "{first}"
+        );
+        for _ in 0..32 {
+            assert_eq!(error(ROUTE, &vars), first);
         }
     }
 
@@ -819,6 +921,66 @@ mod tests {
         );
         assert_eq!(e.matches("set by environment variable").count(), 1, "{e}");
         assert!(e.contains("ROCGATE__ROUTES__0__BASE_LIMIT)"), "{e}");
+    }
+
+    #[test]
+    fn an_overlap_names_the_variable_that_set_the_other_events_start_or_duration() {
+        let event = |start: &str| {
+            format!("[[routes.events]]\nname = \"sale\"\nstart = \"{start}\"\nduration = \"30m\"\n")
+        };
+        let file = format!(
+            "{ROUTE}{}{}",
+            event("2030-01-01T00:00:00Z"),
+            event("2030-01-01T01:00:00Z")
+        );
+        // The overlap is reported at the later event's start, but the variable made the
+        // earlier one run into it: it went unnamed (helper-151).
+        for (var, value) in [
+            ("ROCGATE__ROUTES__0__EVENTS__0__DURATION", "2h"),
+            (
+                "ROCGATE__ROUTES__0__EVENTS__0__START",
+                "2030-01-01T00:45:00Z",
+            ),
+        ] {
+            let e = error(&file, &[(var, value)]);
+            let field = var.rsplit("__").next().unwrap().to_lowercase();
+            let said = format!("(routes[0].events[0].{field} set by environment variable {var})");
+            assert!(
+                e.contains("routes[0].events[1].start: overlaps routes[0].events[0]"),
+                "{e}"
+            );
+            assert!(e.ends_with(&said), "{e}");
+        }
+        // The later event's own duration makes no overlap: its variable is not named.
+        let e = error(
+            &file,
+            &[
+                ("ROCGATE__ROUTES__0__EVENTS__0__DURATION", "2h"),
+                ("ROCGATE__ROUTES__0__EVENTS__1__DURATION", "1h"),
+            ],
+        );
+        assert_eq!(e.matches("set by environment variable").count(), 1, "{e}");
+    }
+
+    #[test]
+    fn each_problem_of_shape_names_its_variable() {
+        let file = format!("{ROUTE}colour = \"red\"\n");
+        let e = error(&file, &[("ROCGATE__SERVER__FOO", "1")]);
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.len(), 2, "{e}");
+        assert!(
+            lines[0].starts_with("t.toml: routes[0].colour: unknown field"),
+            "{e}"
+        );
+        assert!(!lines[0].contains("environment variable"), "{e}");
+        assert!(
+            lines[1].starts_with("t.toml: server.foo: unknown field"),
+            "{e}"
+        );
+        assert!(
+            lines[1].ends_with("(set by environment variable ROCGATE__SERVER__FOO)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -59,12 +59,15 @@ pub fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
 }
 
 /// Whether the upstream `http://host[:port]` (as [`check_upstream`] returns it) is
-/// this process's own listener at `listener`: its port, and a host that is the
-/// listener's address, or a loopback one (an IP or `localhost`) where the listener
-/// takes every address. Requests sent there would come back to rocgate: to the admin
-/// API (where every client of the proxy could read and, from loopback, change
-/// limits), or to the proxy itself. A host name other than `localhost` is not
-/// resolved, and is never taken for a listener.
+/// this process's own listener at `listener`: its port, and a host a connection to
+/// which the listener takes. That is the listener's address; a loopback one where the
+/// listener takes every address (of its family, or of both where it is `[::]`);
+/// `localhost`, which reaches `127.0.0.1` or `[::1]`; and an unspecified address
+/// (`0.0.0.0`, `[::]`), which a connection takes for the loopback one of its family.
+/// Requests sent there would come back to rocgate: to the admin API (where every
+/// client of the proxy could read and, from loopback, change limits), or to the proxy
+/// itself. A host name other than `localhost` is not resolved, and is never taken for
+/// a listener.
 ///
 /// ```
 /// use rocgate::config::upstream_is_listener;
@@ -74,11 +77,14 @@ pub fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
 /// assert!(upstream_is_listener("http://[::1]:80", at("[::]:80")));
 /// assert!(upstream_is_listener("http://127.0.0.1", at("127.0.0.1:80")));
 /// assert!(upstream_is_listener("http://[::ffff:127.0.0.1]:80", at("127.0.0.1:80")));
+/// assert!(upstream_is_listener("http://0.0.0.0:80", at("127.0.0.1:80")));
 /// assert!(!upstream_is_listener("http://127.0.0.1:3000", at("127.0.0.1:9090")));
 /// assert!(!upstream_is_listener("http://10.0.0.5:9090", at("127.0.0.1:9090")));
 /// assert!(!upstream_is_listener("http://shop.internal:9090", at("0.0.0.0:9090")));
+/// assert!(!upstream_is_listener("http://localhost:80", at("127.0.0.2:80")));
 /// ```
 pub fn upstream_is_listener(upstream: &str, listener: SocketAddr) -> bool {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     let Ok(url) = check_upstream(upstream) else {
         return false;
     };
@@ -89,15 +95,19 @@ pub fn upstream_is_listener(upstream: &str, listener: SocketAddr) -> bool {
         return false;
     }
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let ip = match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.to_canonical(),
-        Err(_) if host.eq_ignore_ascii_case("localhost") => {
-            return listener.ip().is_loopback() || listener.ip().is_unspecified();
-        }
+    let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    // The addresses a connection to the host may reach.
+    let reached = match host.parse::<IpAddr>().map(|ip| ip.to_canonical()) {
+        Ok(ip) if ip.is_unspecified() => [Some(if ip.is_ipv4() { v4 } else { v6 }), None],
+        Ok(ip) => [Some(ip), None],
+        Err(_) if host.eq_ignore_ascii_case("localhost") => [Some(v4), Some(v6)],
         Err(_) => return false,
     };
     let own = listener.ip().to_canonical();
-    ip == own || (own.is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
+    reached.into_iter().flatten().any(|ip| {
+        ip == own || (own.is_unspecified() && ip.is_loopback() && (own.is_ipv6() || ip.is_ipv4()))
+    })
 }
 
 /// Checks an upstream URL by the rules of the file's `server.upstream`:
@@ -420,6 +430,43 @@ pub(crate) fn without_trailing_slash(path: &str) -> &str {
     }
 }
 
+/// A request path as `rocgate serve` matches it to a route: without each segment's
+/// parameters (`;` and what follows it in its segment: `/api/order;jsessionid=1` is
+/// `/api/order`), then [normalized](normalize_path). Tomcat, Jetty and Spring route a
+/// path so, before they resolve its dot segments: matched with its parameters, a path
+/// reached their handler past the route's limit, `/api/order;x` as a path no route
+/// took, and `/static/..;/api/login` as a static file. An encoded `;` (`%3B`) is no
+/// separator, as there. Without a `;`, the path is only normalized.
+///
+/// ```
+/// use rocgate::config::matching_path;
+///
+/// assert_eq!(matching_path("/api/order;jsessionid=1"), "/api/order");
+/// assert_eq!(matching_path("/static/..;/api/login"), "/api/login");
+/// assert_eq!(matching_path("/api;v=2/items;x/42"), "/api/items/42");
+/// assert_eq!(matching_path("/api/order%3Bx"), "/api/order%3Bx");
+/// assert_eq!(matching_path("//api/./order"), "/api/order");
+/// ```
+pub fn matching_path(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.contains(';') {
+        return normalize_path(path);
+    }
+    let mut bare = String::with_capacity(path.len());
+    let mut in_parameters = false;
+    for c in path.chars() {
+        match c {
+            '/' | '\\' => {
+                in_parameters = false;
+                bare.push(c);
+            }
+            ';' => in_parameters = true,
+            c if !in_parameters => bare.push(c),
+            _ => {}
+        }
+    }
+    std::borrow::Cow::Owned(normalize_path(&bare).into_owned())
+}
+
 /// A request path as routes see it: percent-encoded unreserved characters decoded
 /// (`%6F` is `o`) and dot segments removed (`/a/./b/../c` is `/a/c`), as RFC 3986
 /// §6.2.2 makes them equivalent, and runs of slashes merged (`//a//b` is `/a/b`), as
@@ -511,7 +558,7 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Appends `byte` percent-encoded, in upper-case hexadecimal digits.
-fn push_escape(out: &mut Vec<u8>, byte: u8) {
+pub(crate) fn push_escape(out: &mut Vec<u8>, byte: u8) {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
     out.extend([
         b'%',

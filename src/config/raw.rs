@@ -433,7 +433,10 @@ struct Problems(Vec<Problem>);
 
 impl Problems {
     fn at(&mut self, location: String, message: impl Into<String>) {
-        let problem = Problem::new(location, message);
+        self.add(Problem::new(location, message));
+    }
+
+    fn add(&mut self, problem: Problem) {
         if !self.0.contains(&problem) {
             self.0.push(problem);
         }
@@ -1404,18 +1407,16 @@ fn percent_encoded(path: &str) -> Option<String> {
             if segment.starts_with('{') && segment.ends_with('}') {
                 return segment.to_owned();
             }
-            let mut out = String::with_capacity(segment.len());
-            for c in segment.chars() {
-                if c.is_ascii_graphic() {
-                    out.push(c);
+            let mut out = Vec::with_capacity(segment.len());
+            for &b in segment.as_bytes() {
+                if b.is_ascii_graphic() {
+                    out.push(b);
                 } else {
-                    let mut utf8 = [0; 4];
-                    for b in c.encode_utf8(&mut utf8).bytes() {
-                        out.push_str(&format!("%{b:02X}"));
-                    }
+                    super::push_escape(&mut out, b);
                 }
             }
-            out
+            // Every byte beyond ASCII was encoded: the text is ASCII.
+            String::from_utf8_lossy(&out).into_owned()
         })
         .collect();
     let encoded = segments.join("/");
@@ -1471,6 +1472,11 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
         } else if path.contains(['?', '#']) || path.contains(char::is_whitespace) {
             format!(
                 "must not contain '?', '#' or whitespace (only the path is matched), got {path:?}"
+            )
+        } else if path.contains(';') {
+            format!(
+                "must not contain ';': `serve` matches a request's path without its segments' \
+                 parameters (`/order;x=1` as `/order`, as Tomcat and Spring route it), got {path:?}"
             )
         } else if field == "path_prefix" && path.contains(['{', '}']) {
             format!("must not contain '{{' or '}}' (templates go in path), got {path:?}")
@@ -1743,13 +1749,17 @@ fn route_events(
     let mut latest: Option<(SystemTime, usize)> = None;
     for (start, end, j) in spans {
         match latest {
-            Some((until, first)) if start < until => p.at(
-                Scope::Event(i, j).path("start"),
-                format!(
-                    "overlaps routes[{i}].events[{first}], which runs until {}: events of one route must not overlap",
-                    utc_text(until, humantime::format_rfc3339)
-                ),
-            ),
+            Some((until, first)) if start < until => {
+                let other = Scope::Event(i, first);
+                let problem = Problem::new(
+                    Scope::Event(i, j).path("start"),
+                    format!(
+                        "overlaps routes[{i}].events[{first}], which runs until {}: events of one route must not overlap",
+                        utc_text(until, humantime::format_rfc3339)
+                    ),
+                );
+                p.add(problem.caused_by(vec![other.path("start"), other.path("duration")]));
+            }
             _ => {}
         }
         if latest.is_none_or(|(until, _)| end > until) {
@@ -2094,18 +2104,23 @@ fn socket_addr(text: String) -> Result<SocketAddr, String> {
 /// from 1 to 65535.
 pub(super) fn upstream_url(text: String) -> Result<String, UpstreamError> {
     let t = text.trim();
-    if t.starts_with("https://") {
+    // A scheme is case-insensitive (RFC 3986 §3.1): `HTTP://` is `http://`.
+    let after = |scheme: &str| {
+        t.get(..scheme.len())
+            .filter(|s| s.eq_ignore_ascii_case(scheme))
+            .map(|_| &t[scheme.len()..])
+    };
+    if after("https://").is_some() {
         return Err(UpstreamError::Tls { url: text });
     }
-    let user_info = t
-        .strip_prefix("http://")
+    let rest = after("http://");
+    let user_info = rest
         .and_then(|rest| rest.split(['/', '?', '#']).next())
         .is_some_and(|authority| authority.contains('@'));
     if user_info {
         return Err(UpstreamError::UserInfo { url: text });
     }
-    let Some(authority) = t
-        .strip_prefix("http://")
+    let Some(authority) = rest
         .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
         .filter(|a| !a.is_empty() && !a.contains(['/', '?', '#', '@', ' ']))
     else {
@@ -2716,6 +2731,18 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
             Err(format!("must be at least 1s, got {:?}", out.key_ttl)),
         );
     }
+    // A beat Redis answers after three of them is no beat: the other instances count
+    // this one gone meanwhile, now and then, and their shares jump.
+    if out.timeout >= out.heartbeat {
+        field(
+            p,
+            "timeout",
+            Err(format!(
+                "must be shorter than heartbeat ({:?}), got {:?}: an instance whose beats Redis answers later than 3 beats counts as gone",
+                out.heartbeat, out.timeout
+            )),
+        );
+    }
     if let Some(prefix) = raw.key_prefix {
         let checked = if prefix.is_empty()
             || !prefix
@@ -2894,6 +2921,9 @@ pub(crate) fn patch_controller(
     algorithm: &Algorithm,
     json: &str,
 ) -> Result<ControllerParams, Vec<Problem>> {
+    // A byte order mark, which some Windows tools write, is no part of the JSON text
+    // (RFC 8259 §8.1 lets a parser ignore it).
+    let json = json.strip_prefix('\u{feff}').unwrap_or(json);
     // serde reads a struct from a JSON array too, field by field in order.
     if !json.trim_start().starts_with('{') {
         return Err(vec![Problem::new(
