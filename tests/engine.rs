@@ -2658,6 +2658,19 @@ fn a_path_is_matched_normalized_or_as_written_never_either() {
     assert_eq!(found(&e, "GET", "/api/items/7\\x"), some("all", "items"));
     assert_eq!(found(&e, "OPTIONS", "*"), some("all", "all"));
     assert_eq!(found(&e, "POST", "/api/login"), some("login", "login"));
+    // Segments' parameters: `serve` matches without them, as Tomcat and Spring route
+    // (`/static/..;/api/login` is their login); the layer as written. Matched with
+    // them, both reached the login past its limit (helper-152).
+    assert_eq!(
+        found(&e, "POST", "/api/login;jsessionid=1"),
+        some("login", "all")
+    );
+    assert_eq!(
+        found(&e, "POST", "/static/..;/api/login"),
+        some("login", "static")
+    );
+    assert_eq!(found(&e, "GET", "/api;v=2/items/7;x"), some("items", "all"));
+    assert_eq!(found(&e, "POST", "/api/login%3Bx"), some("all", "all"));
 }
 
 /// A route whose decisions a shared store takes (its requests `record`ed, its upkeep
@@ -2721,4 +2734,30 @@ fn a_shared_routes_snapshot_follows_its_events() {
     assert_eq!(shown(&e, id, 0).0.as_deref(), Some("flash"));
     record_shared(&e, id, wall, 0, 60);
     assert_eq!(shown(&e, id, 60), (None, 200.0, 60.0));
+}
+
+/// The headers routes are partitioned by, in lower case whatever the config wrote,
+/// as the engine in force has them: a reload that drops the partition drops the name.
+#[test]
+fn the_engine_knows_the_headers_its_routes_are_keyed_by() {
+    let keyed = |name: &str, header: &str| {
+        let mut r = RouteConfig::new(name, RouteMatch::prefix(format!("/{name}/")));
+        r.partition = Partition::Header(header.into(), KeyLimits::default());
+        r
+    };
+    let config = Config::new(vec![
+        keyed("a", "X-Api-Key"),
+        keyed("b", "cookie"),
+        keyed("c", "x-api-key"),
+        RouteConfig::new("all", RouteMatch::any()),
+    ]);
+    let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    assert!(e.keys_by_header("x-api-key"));
+    assert!(e.keys_by_header("cookie"));
+    assert!(!e.keys_by_header("host"));
+    let plain = Config::new(vec![RouteConfig::new("all", RouteMatch::any())]);
+    let e = e
+        .reload(&plain, Nanos::ZERO, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    assert!(!e.keys_by_header("x-api-key"));
 }

@@ -6,7 +6,7 @@ mod common;
 
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
-use rocgate::config::{normalize_path, Config, PathPattern, RouteConfig, RouteMatch, Segment};
+use rocgate::config::{matching_path, Config, PathPattern, RouteConfig, RouteMatch, Segment};
 use rocgate::engine::{Engine, SCAN_ROUTES};
 use std::time::SystemTime;
 
@@ -15,7 +15,7 @@ use std::time::SystemTime;
 /// `/`).
 fn linear(routes: &[RouteConfig], method: &str, path: &str, normalized: bool) -> Option<usize> {
     let path = match normalized {
-        true => normalize_path(path),
+        true => matching_path(path),
         false if !path.starts_with('/') => std::borrow::Cow::Borrowed("/"),
         false => std::borrow::Cow::Borrowed(path),
     };
@@ -153,6 +153,10 @@ fn path(routes: &[RouteConfig], pick: usize, filler: &str, change: u8, extra: &s
             Some((head, last)) => format!("{head}/{last}\\{extra}"),
             None => base,
         },
+        // Segments' parameters, which `serve` matches without (`route_for`): on a
+        // segment, and behind `..` (`/x/..;/api`, the dot segment Tomcat resolves).
+        13 => format!("{};{extra}", base.trim_end_matches('/')),
+        14 => format!("/{extra}/..;{base}"),
         _ => format!("/{extra}"),
     }
 }
@@ -167,7 +171,7 @@ proptest! {
             (
                 any::<usize>(),
                 segment(),
-                0u8..14,
+                0u8..16,
                 segment(),
                 prop::sample::select(vec!["GET", "HEAD", "POST", "PUT", "get", "head", "Post"]),
             ),

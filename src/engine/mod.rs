@@ -180,6 +180,8 @@ pub struct Engine {
     /// The matchers indexed by path, above [`SCAN_ROUTES`] routes: finding a request's
     /// route then tries only the routes whose path matches, not every route.
     index: Option<RouteIndex>,
+    /// The headers, in lower case and each once, that routes are partitioned by.
+    key_headers: Box<[String]>,
     hook: Option<TransitionHook>,
     sample_hook: Option<SampleHook>,
 }
@@ -328,6 +330,16 @@ impl Engine {
     ) -> Engine {
         let matchers: Box<[RouteMatch]> = config.routes.iter().map(|r| r.matcher.clone()).collect();
         let index = (matchers.len() > SCAN_ROUTES).then(|| RouteIndex::new(&matchers));
+        let mut key_headers: Vec<String> = config
+            .routes
+            .iter()
+            .filter_map(|r| match &r.partition {
+                Partition::Header(name, _) => Some(name.to_ascii_lowercase()),
+                _ => None,
+            })
+            .collect();
+        key_headers.sort_unstable();
+        key_headers.dedup();
         let routes = routes
             .into_iter()
             .map(|route| Slot {
@@ -339,6 +351,7 @@ impl Engine {
             routes,
             matchers,
             index,
+            key_headers: key_headers.into(),
             hook,
             sample_hook,
         }
@@ -695,7 +708,8 @@ impl Engine {
     }
 
     /// The first route, in config order, that takes a request with this method and
-    /// path (compared once [normalized](crate::config::normalize_path)): the route
+    /// path (compared once [normalized](crate::config::normalize_path), without its
+    /// segments' parameters: [`matching_path`](crate::config::matching_path)): the route
     /// whose [`RouteMatch::matches`] is true and that no earlier route's is. For a
     /// service that routes on the normalized path (behind `rocgate serve`: nginx,
     /// Apache, Spring normalize), so that another spelling of a route's path cannot
@@ -705,7 +719,7 @@ impl Engine {
     /// in turn, which costs less there.
     #[inline]
     pub fn route_for(&self, method: &str, path: &str) -> Option<RouteId> {
-        self.first_route(method, &crate::config::normalize_path(path))
+        self.first_route(method, &crate::config::matching_path(path))
     }
 
     /// [`route_for`](Self::route_for) on the path as written, for a service that
@@ -1115,6 +1129,13 @@ impl Engine {
     /// extensions and metric labels).
     pub fn route_label(&self, route: RouteId) -> Option<Arc<str>> {
         Some(Arc::clone(&self.route(route)?.name))
+    }
+
+    /// Whether a route of this engine is partitioned by the header `name` (in lower
+    /// case, as `http` names headers): a request's key, which a proxy must pass on.
+    /// A look at the few names kept when the engine was built, not at every route.
+    pub fn keys_by_header(&self, name: &str) -> bool {
+        self.key_headers.iter().any(|h| h == name)
     }
 
     /// How the route shares out its limit (which key a request needs).
