@@ -1047,6 +1047,12 @@ async fn a_change_is_a_json_object_and_nothing_else() {
     }
     let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
     assert_eq!(order["base_limit_rps"], 200.0, "no change was applied");
+    // A byte order mark in front of the object is no part of it (it was refused as
+    // no JSON object).
+    let body = "\u{feff}{\"base_limit\": 300}";
+    let (status, reply) = call(p.admin, "PUT", "/admin/routes/order", body, None).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["base_limit_rps"], 300.0, "{reply}");
     p.stop().await;
 }
 
@@ -1324,9 +1330,10 @@ async fn a_refused_reload_answers_each_problem_as_a_string() {
     assert_eq!(body, expected);
     p.stop().await;
 
+    // Nothing to reload is no invalid file: 409 (it was a 422).
     let (p, _) = start_from(None, CONFIG, None, false).await;
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
-    assert_eq!(status, 422);
+    assert_eq!(status, 409);
     let expected = serde_json::json!({ "errors": [
         "no config file to reload: rocgate was started with the embedded default",
     ]});

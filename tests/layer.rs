@@ -462,6 +462,45 @@ async fn a_repeated_key_header_is_no_key() {
     assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 0);
 }
 
+/// HTTP/2's cookie crumbs, one a field (RFC 9113 §8.2.3), are one cookie: the key is
+/// them joined with "; ", as `rocgate serve` sends them on. Several fields were no key,
+/// so each cookie so sent drew on the one keyless bucket (here the third, of another
+/// cookie, was refused). Over HTTP/1.1 two `Cookie` lines stay no key.
+#[tokio::test]
+async fn http2_cookie_crumbs_are_one_cookie_key() {
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 1.0);
+    r.partition = Partition::Header("cookie".into(), KeyLimits::default());
+    let (l, _clock) = layer(vec![r]);
+    let engine = l.engine();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let send = |crumbs: [&'static str; 2], version: http::Version| {
+        let app = app.clone();
+        async move {
+            let mut req = post_order();
+            *req.version_mut() = version;
+            for crumb in crumbs {
+                req.headers_mut().append("cookie", crumb.parse().unwrap());
+            }
+            app.oneshot(req).await.unwrap().status()
+        }
+    };
+    let h2 = http::Version::HTTP_2;
+    assert_eq!(send(["a=1", "b=2"], h2).await, StatusCode::OK);
+    assert_eq!(
+        send(["a=1", "b=2"], h2).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(["a=3", "b=2"], h2).await, StatusCode::OK);
+    assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 2);
+    let h1 = http::Version::HTTP_11;
+    assert_eq!(send(["a=5", "b=6"], h1).await, StatusCode::OK);
+    assert_eq!(
+        send(["a=7", "b=8"], h1).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_connections_share_one_bucket() {
     const CONNECTIONS: usize = 1_500;

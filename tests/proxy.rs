@@ -2088,6 +2088,39 @@ async fn a_header_partition_keys_a_value_without_the_whitespace_around_it() {
     assert_eq!(upstream.only("/padded").headers["x-api-key"], "k");
 }
 
+/// The header a route is partitioned by reaches the upstream even when the client
+/// names it in `Connection`: the upstream reads the key the request was limited by. It
+/// used to be stripped as a connection option, so a client sending a fresh key with
+/// each request (`Connection: x-api-key`) got a fresh quota each time while the
+/// upstream saw a request with no key at all, one that the keyless limit holds: the
+/// keyless limit escaped.
+#[tokio::test]
+async fn the_partition_header_named_in_connection_still_reaches_the_upstream() {
+    let upstream = start_upstream().await;
+    let mut route = trickle_route("per_named_key", "/", 1);
+    route.partition = Partition::Header("x-api-key".into(), KeyLimits::default());
+    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    let mut conn = Client::connect(proxy.addr).await;
+    for (path, key) in [("/fresh-1", "k1"), ("/fresh-2", "k2")] {
+        let req = get(path)
+            .header("x-api-key", key)
+            .header(header::CONNECTION, "x-api-key, x-hop")
+            .header("x-hop", "this hop's")
+            .body(Full::<Bytes>::default())
+            .unwrap();
+        let res = conn.send(req).await;
+        assert_eq!(res.status, StatusCode::OK, "{path}");
+        let seen = upstream.only(path).headers;
+        assert_eq!(
+            seen.get("x-api-key").map(|v| v.as_bytes()),
+            Some(key.as_bytes()),
+            "{path}: {seen:?}"
+        );
+        // Another connection option is still this hop's.
+        assert!(!seen.contains_key("x-hop"), "{path}: {seen:?}");
+    }
+}
+
 /// A client speaking h2c (HTTP/2 with prior knowledge) is served like an HTTP/1.1 one:
 /// forwarded over HTTP/1.1, and limited by the same bucket.
 /// An h2c client's `cookie` fields, split one crumb a field as HTTP/2 allows, reach an
@@ -2799,19 +2832,55 @@ async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
 /// taken off and `Transfer-Encoding` dropped, gzip's bytes passed off as the content.
 #[tokio::test]
 async fn an_upstream_response_with_a_transfer_coding_besides_chunked_is_a_bad_gateway() {
-    let upstream = raw_upstream(
+    a_response_so_framed_is_a_bad_gateway(
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n\
           5\r\nhello\r\n0\r\n\r\n",
     )
     .await;
+}
+
+/// Asserts that an upstream answering `response` gets the client a 502
+/// `upstream_error`, on the pool's request and on the lane's.
+async fn a_response_so_framed_is_a_bad_gateway(response: &'static [u8]) {
+    let upstream = raw_upstream(response).await;
     let proxy = start_proxy(settings(upstream), Vec::new()).await;
     let mut conn = Client::connect(proxy.addr).await;
-    // The pool's request, then the lane's.
     for _ in 0..2 {
-        let res = conn.send(empty(get("/coded"))).await;
+        let res = conn.send(empty(get("/framed"))).await;
         assert_eq!(res.status, StatusCode::BAD_GATEWAY, "{res:?}");
         assert_eq!(res.json()["error"], "upstream_error");
     }
+}
+
+/// `chunked` named twice (`chunked, chunked`, or two `Transfer-Encoding` lines) is a
+/// coding rocgate does not decode: hyper takes one chunked coding off, and what is under
+/// it is still chunked (RFC 9112 §6.1: a sender must not apply it more than once). A
+/// request so framed gets 501 and a response so framed is a 502, as `gzip, chunked`
+/// are: each went on with one layer taken off, its chunk framing passed off as the
+/// content, where nginx refuses any `Transfer-Encoding` but `chunked` itself.
+#[tokio::test]
+async fn chunked_named_twice_is_a_coding_rocgate_does_not_decode() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    for request in [
+        &b"POST /twice HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\nConnection: close\r\n\r\n\
+           f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n"[..],
+        b"POST /twice HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+           f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n",
+    ] {
+        let raw = raw_exchange(proxy.addr, request, IO_TIMEOUT).await;
+        assert_eq!(statuses(&raw), [501], "{}", String::from_utf8_lossy(&raw));
+    }
+    assert!(
+        upstream.all_paths().is_empty(),
+        "{:?}",
+        upstream.all_paths()
+    );
+    a_response_so_framed_is_a_bad_gateway(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, chunked\r\n\r\n\
+          f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n",
+    )
+    .await;
 }
 
 /// Once `shutdown_grace` is over, `run` drops the connections still open, as its log

@@ -593,6 +593,18 @@ method = "POST"
 path = "/api/order"
 "#;
 
+/// `rocgate serve --config file` in front of a port nothing listens on, logging at
+/// `INFO`, with no other environment.
+fn serve_file(file: &std::path::Path) -> Reap {
+    Reap::spawn(
+        serve_to("http://127.0.0.1:1")
+            .arg("--config")
+            .arg(file)
+            .env_clear()
+            .env("RUST_LOG", "info"),
+    )
+}
+
 /// A refused reload keeps the running config, and the operator hears of it wherever
 /// it was asked for: the log (a refusal answered to an admin API client was logged
 /// nowhere; only SIGHUP's were) and `/metrics` (nothing counted reloads). A reload
@@ -602,13 +614,7 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rocgate.toml");
     std::fs::write(&file, RELOADED).unwrap();
-    let mut child = Reap::spawn(
-        serve_to("http://127.0.0.1:1")
-            .arg("--config")
-            .arg(&file)
-            .env_clear()
-            .env("RUST_LOG", "info"),
-    );
+    let mut child = serve_file(&file);
     let pid = child.0.id().to_string();
     let lines = log_lines(child.0.stderr.take().unwrap());
     let started = logged(&lines, &["admin="]).expect("serve logs its admin address");
@@ -682,6 +688,39 @@ async fn a_refused_reload_is_logged_and_counted_whoever_asked_for_it() {
         "{text}"
     );
     assert!(text.contains(r#"rocgate_base_limit_rps{route="order_reloaded"} 200"#));
+}
+
+/// A field that a flag sets (`--listen`, `--admin`, `--upstream`) keeps the flag's value
+/// whatever the file says of it, now and at a restart with the same flags: a reload
+/// does not list a change to it as waiting for a restart. It listed `[server]` and
+/// `[admin]` here, and a restart changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_does_not_ask_a_restart_for_what_a_flag_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    let server = |listen: u16, upstream: u16, admin: u16, body: u64| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\nupstream = \"http://127.0.0.1:{upstream}\"\n\
+             max_body_bytes = {body}\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n{RELOADED}"
+        )
+    };
+    std::fs::write(&file, server(18080, 2, 19090, 1024)).unwrap();
+    let mut child = serve_file(&file);
+    let lines = log_lines(child.0.stderr.take().unwrap());
+    let started = logged(&lines, &["admin="]).expect("serve logs its admin address");
+    let admin = field(&started, "admin=").expect("an address");
+    let reload = || async {
+        let (status, answer) = exchange(admin, "POST", "/admin/reload", "").await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        answer["restart_required"].clone()
+    };
+    // Each of the three held fields changed in the file: nothing waits for a restart.
+    std::fs::write(&file, server(18081, 3, 19091, 1024)).unwrap();
+    assert_eq!(reload().await, serde_json::json!([]));
+    // A field no flag holds still does.
+    std::fs::write(&file, server(18081, 3, 19091, 2048)).unwrap();
+    assert_eq!(reload().await, serde_json::json!(["[server]"]));
 }
 
 /// An upstream that cannot be reached is logged, naming it and why, at most once every

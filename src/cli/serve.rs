@@ -3,7 +3,7 @@
 use super::signals::ShutdownSignals;
 use super::ServeArgs;
 use rocgate::config::{Config, ServerConfig};
-use rocgate::proxy::{Proxy, ProxySettings, Reloader};
+use rocgate::proxy::{HeldByFlags, Proxy, ProxySettings, Reloader};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -171,13 +171,20 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
         // Listened for before binding: a signal's default action would end the
         // process meanwhile. One that comes then is acted on once serving has begun.
         let (signals, hangups) = (ShutdownSignals::listen(), listen_for_sighup());
-        let proxy = match Proxy::bind(settings.clone(), &config, args.config.clone()).await {
+        let mut proxy = match Proxy::bind(settings.clone(), &config, args.config.clone()).await {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("rocgate serve: {e}");
                 return ExitCode::FAILURE;
             }
         };
+        proxy.hold(HeldByFlags {
+            listen: args.listen,
+            admin_listen: args.admin,
+            upstream: args.upstream.as_deref().map(|flag| {
+                rocgate::config::check_upstream(flag).unwrap_or_else(|_| flag.to_owned())
+            }),
+        });
         reload_on_sighup(hangups, proxy.reloader().clone());
         let (listen, admin) = (proxy.local_addr(), proxy.admin_addr());
         tracing::info!(

@@ -8,7 +8,7 @@ use crate::engine::{Engine, Key, RouteId, TableKey};
 use crate::limiter::{Admit, Decision, Pace};
 use arc_swap::ArcSwap;
 use axum::extract::{ConnectInfo, MatchedPath, OriginalUri};
-use http::Request;
+use http::{HeaderValue, Request};
 use ipnet::IpNet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -25,11 +25,11 @@ pub enum RouteKey {
     /// ([`Engine::route_for_written`](crate::engine::Engine::route_for_written)).
     #[default]
     Config,
-    /// The config's route matching on the path normalized
-    /// ([`Engine::route_for`](crate::engine::Engine::route_for)), as `rocgate serve`
-    /// matches it: for a layer in front of a service that routes on the normalized
-    /// path (a proxy to nginx, Apache or Spring), which would otherwise serve another
-    /// spelling of a route's path past its limit.
+    /// The config's route matching on the path normalized, without its segments'
+    /// parameters ([`Engine::route_for`](crate::engine::Engine::route_for)), as
+    /// `rocgate serve` matches it: for a layer in front of a service that routes on the
+    /// normalized path (a proxy to nginx, Apache or Spring), which would otherwise
+    /// serve another spelling of a route's path past its limit.
     Normalized,
     /// axum's `MatchedPath` (the route template, such as `/api/items/{id}`) matched
     /// against the config's patterns; requests without one match no route. Never the
@@ -223,6 +223,7 @@ impl Gate {
         peer: Option<SocketAddr>,
     ) -> Decided {
         let folded: std::borrow::Cow<'_, str>;
+        let joined: Vec<u8>;
         let key = match engine.partition(route) {
             // A route this engine does not hold: `check` admits it, whatever the key.
             None | Some(Partition::Route) => Key::None,
@@ -251,15 +252,34 @@ impl Gate {
                     Some(a) => Some(a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h)),
                     None => {
                         // One value only: of several, which one the upstream reads is
-                        // its own choice, so none is the key.
+                        // its own choice, so none is the key. But for HTTP/2's cookie
+                        // crumbs, one a field (RFC 9113 §8.2.3), which are one cookie
+                        // joined with "; ", as `rocgate serve` sends them on.
                         let mut values = req.headers().get_all(name.as_str()).iter();
-                        let value = values.next().filter(|_| values.next().is_none());
+                        let first = values.next();
+                        let value = match values.next() {
+                            None => first.map(HeaderValue::as_bytes),
+                            Some(_)
+                                if req.version() == http::Version::HTTP_2
+                                    && name.eq_ignore_ascii_case("cookie") =>
+                            {
+                                joined = req
+                                    .headers()
+                                    .get_all(name.as_str())
+                                    .iter()
+                                    .map(HeaderValue::as_bytes)
+                                    .collect::<Vec<_>>()
+                                    .join(&b"; "[..]);
+                                Some(&joined[..])
+                            }
+                            Some(_) => None,
+                        };
                         // UTF-8 beyond ASCII ("café") is a key of its own; other bytes
                         // are none. Without the whitespace around it, which an HTTP/1
                         // parser drops but HTTP/2 carries (`" k"`): the upstream, sent
                         // it over HTTP/1.1, reads `k`, and each padding was a fresh key.
                         value
-                            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+                            .and_then(|v| std::str::from_utf8(v).ok())
                             .map(|v| v.trim_matches([' ', '\t']))
                     }
                 };

@@ -10,7 +10,7 @@
 //! | `GET /admin/routes/{name}` | one route's live state |
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
 //! | `DELETE /admin/routes/{name}/change` | withdraw the route's runtime change: the file's parameters are in force again |
-//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart; `runtime_changes_kept` the routes whose runtime change stays, the file having left them as they were, `runtime_changes_replaced` those whose change the file's new parameters replaced, `runtime_changes_dropped` those whose change went with them, the file having no route of that name, and `events_ended` the file's scheduled events that have ended, never to run) |
+//! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart; `runtime_changes_kept` the routes whose runtime change stays, the file having left them as they were, `runtime_changes_replaced` those whose change the file's new parameters replaced, `runtime_changes_dropped` those whose change went with them, the file having no route of that name, and `events_ended` the file's scheduled events that have ended, never to run; 422 with every error for a file refused, 409 without a file, 500 for a reload that failed within) |
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
 //! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen |
 //!
@@ -24,7 +24,7 @@
 //! Prometheus on another host.
 
 use super::hints::Advisor;
-use super::{Reloader, RouteChangeError};
+use super::{ReloadError, Reloader, RouteChangeError};
 use crate::clock::Nanos;
 use crate::engine::{Engine, RouteSnapshot};
 use crate::limiter::Reason;
@@ -706,7 +706,14 @@ async fn reload(
             "events_ended": done.events_ended,
         }))
         .into_response(),
-        Err(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e.messages()),
+        Err(e) => {
+            let status = match e {
+                ReloadError::NoConfigFile => StatusCode::CONFLICT,
+                ReloadError::Config(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                ReloadError::Aborted(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(status, e.messages())
+        }
     }
 }
 

@@ -20,8 +20,9 @@ pub enum ProxyError {
     /// The request has come through this instance before (its `Via` names it): the
     /// upstream leads back to rocgate (508).
     ForwardingLoop,
-    /// The request body has a transfer coding besides `chunked` (`gzip, chunked`),
-    /// which rocgate does not decode (501, RFC 9112 §6.1).
+    /// The request body has a transfer coding besides `chunked` (`gzip, chunked`), or
+    /// `chunked` twice (`chunked, chunked`), which rocgate does not decode (501, RFC
+    /// 9112 §6.1).
     TransferCodingNotImplemented,
     /// The client stopped sending its request body before its end (400): the client's
     /// doing, not the upstream's.

@@ -12,7 +12,7 @@ use super::tunnel::Tunnel;
 use crate::clock::{Clock, Nanos};
 use crate::config::ClientIpHeader;
 use crate::hints::UpstreamMeter;
-use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr, RouteSlot};
+use crate::http::{ClientIpResolver, MatchedRoute, PeerAddr, RouteSlot, SharedEngine};
 use crate::metrics as metric;
 use axum::body::Body;
 use bytes::Bytes;
@@ -233,7 +233,7 @@ fn is_hop_by_hop(name: &str) -> bool {
 /// beside a `Transfer-Encoding`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if any_hop_by_hop(headers) {
-        remove_hop_by_hop(headers, false);
+        remove_hop_by_hop(headers, false, |_| false);
     }
 }
 
@@ -249,12 +249,18 @@ fn strip_but_upgrade(headers: &mut HeaderMap) {
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
 }
 
-/// [`strip_hop_by_hop`], without looking first whether there is any. With `upgrade`
+/// [`strip_hop_by_hop`], without looking first whether there is any, but for the
+/// headers named in `Connection` that `keep` takes (a request's key: see
+/// [`Inner::rewrite`]). With `upgrade`
 /// (an HTTP/1.1 request that hyper can hand over), a message whose `Connection` names
 /// `upgrade` and that has an `Upgrade` not offering `h2c` keeps its `Upgrade` and gets
 /// `Connection: upgrade`: returns whether it did. `h2c` is never tunnelled: an
 /// upgraded HTTP/2 connection would carry requests no route admits.
-fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) -> bool {
+fn remove_hop_by_hop(
+    headers: &mut HeaderMap,
+    upgrade: bool,
+    keep: impl Fn(&HeaderName) -> bool,
+) -> bool {
     // The body was framed by its transfer coding, which overrides a `Content-Length`
     // (RFC 9112 §6.3: a proxy MUST remove it). Kept, it would frame the next hop's.
     if headers.contains_key(header::TRANSFER_ENCODING) {
@@ -265,13 +271,19 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) -> bool {
     // own `Host` through the pool, and with none at all over a lane. So do the
     // forwarding headers, which `set_forwarded` keeps or replaces by who the peer is:
     // a client behind a trusted proxy that passes its `Connection` on would otherwise
-    // strip the chain and the scheme the proxy wrote (Traefik's CVE-2024-45410).
+    // strip the chain and the scheme the proxy wrote (Traefik's CVE-2024-45410). And
+    // so does what `keep` takes: the header a request was keyed by.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .filter_map(|name| HeaderName::from_bytes(name.trim_ascii()).ok())
-        .filter(|name| name != header::HOST && !is_forwarding(name))
+        .filter(|name| {
+            // `keep` is not asked of the options most messages name, which are stripped
+            // whatever it says (hop by hop) or are no header (`close`).
+            let always = is_hop_by_hop(name.as_str()) || name.as_str() == "close";
+            name != header::HOST && !is_forwarding(name) && (always || !keep(name))
+        })
         .collect();
     let upgrading = upgrade && named.contains(&header::UPGRADE) && tunnelled(headers);
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
@@ -395,7 +407,8 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
         return Some(ProxyError::ForwardingLoop);
     }
     // hyper takes the chunked coding off and hands over what is under it: forwarded,
-    // `gzip, chunked` would reach the upstream as gzip's bytes taken for the content.
+    // `gzip, chunked` would reach the upstream as gzip's bytes taken for the content,
+    // and `chunked, chunked` as the inner chunks' framing.
     if scan.transfer_encoding && !chunked_only(headers) {
         return Some(ProxyError::TransferCodingNotImplemented);
     }
@@ -404,16 +417,21 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     (req.body().size_hint().lower() > max_body_bytes).then_some(ProxyError::BodyTooLarge)
 }
 
-/// Whether a message's `Transfer-Encoding`, if it has one, names no coding but
-/// `chunked`: the one hyper takes off. Under any other, the body hyper hands over is
-/// still coded, and with `Transfer-Encoding` stripped (hop by hop) the next hop would
-/// take it for the content.
+/// Whether a message's `Transfer-Encoding`, if it has one, names `chunked` alone, once:
+/// the one coding hyper takes off. Under any other, or under `chunked` applied twice
+/// (`chunked, chunked`, which RFC 9112 §6.1 forbids a sender), the body hyper hands
+/// over is still coded, and with `Transfer-Encoding` stripped (hop by hop) the next hop
+/// would take it for the content.
 fn chunked_only(headers: &HeaderMap) -> bool {
-    headers
+    let mut codings = headers
         .get_all(header::TRANSFER_ENCODING)
         .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .all(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','));
+    match (codings.next(), codings.next()) {
+        (None, _) => true,
+        (Some(coding), None) => coding.trim_ascii().eq_ignore_ascii_case(b"chunked"),
+        (Some(_), Some(_)) => false,
+    }
 }
 
 /// A client request rewritten for the upstream ([`Inner::rewrite`]): the request, the
@@ -515,6 +533,9 @@ struct Inner {
     /// Requests refused for want of a place, logged at most once every
     /// [`FAILURE_LOG_EVERY`].
     overflows: Throttled,
+    /// The engine whose routes' partition headers are kept when a request names them
+    /// in `Connection` (`rocgate serve`'s: see [`Forwarder::keeping_keys_of`]).
+    keys: Option<SharedEngine>,
 }
 
 /// How often at most a failing upstream is logged.
@@ -651,9 +672,22 @@ impl Forwarder {
                 failures,
                 upstream_requests,
                 overflows,
+                keys: None,
             }),
             connection: None,
         }
+    }
+
+    /// This forwarder, before any clone of it is made, keeping in each request the
+    /// header a route of `engine` (the one in force at the time) is partitioned by,
+    /// even where the request names it in `Connection`: the admission layer in front
+    /// keyed the request by it, and the upstream must read the same key. A forwarder
+    /// already cloned is returned as it is.
+    pub(crate) fn keeping_keys_of(mut self, engine: SharedEngine) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.keys = Some(engine);
+        }
+        self
     }
 
     /// This instance's name in `Via`, to know a request that came through it.
@@ -791,7 +825,18 @@ impl Inner {
             });
             // hyper hands over a connection it read an HTTP/1.1 `Upgrade` on.
             let upgrades = upgrades && parts.version == Version::HTTP_11;
-            if remove_hop_by_hop(&mut parts.headers, upgrades) {
+            // The header a route of the engine in force is partitioned by was the
+            // request's key: named as a connection option, it still goes on, so that
+            // the upstream reads the key the request was limited by. Stripped, a
+            // fresh key a request (and `Connection` naming it) had a fresh quota each
+            // time, and reached the upstream as a request with no key at all.
+            let engine = self.keys.as_ref().map(SharedEngine::load);
+            let keyed = |name: &HeaderName| {
+                engine
+                    .as_deref()
+                    .is_some_and(|engine| engine.keys_by_header(name.as_str()))
+            };
+            if remove_hop_by_hop(&mut parts.headers, upgrades, keyed) {
                 upgrade = parts.extensions.remove::<OnUpgrade>();
                 if upgrade.is_none() {
                     parts.headers.remove(header::UPGRADE);
@@ -1729,7 +1774,7 @@ mod tests {
             h
         };
         let mut h = request("keep-alive, Upgrade, x-hop", "websocket");
-        assert!(remove_hop_by_hop(&mut h, true));
+        assert!(remove_hop_by_hop(&mut h, true, |_| false));
         assert_eq!(h[header::UPGRADE], "websocket");
         assert_eq!(h[header::CONNECTION], "upgrade");
         assert_eq!(h.len(), 3, "{h:?}");
@@ -1743,7 +1788,7 @@ mod tests {
         ] {
             let mut h = request(connection, upgrade);
             assert!(
-                !remove_hop_by_hop(&mut h, upgradable),
+                !remove_hop_by_hop(&mut h, upgradable, |_| false),
                 "{connection}, {upgrade}"
             );
             assert_eq!(h.len(), 1, "{h:?}");

@@ -148,6 +148,8 @@ pub struct Reloader {
     /// The sections read once, at start (`[server]`, `[admin]`, `[hints]`, `[store]`),
     /// as the proxy started with them; the routes are left out.
     started: Arc<Config>,
+    /// The fields the command line set, which no file changes.
+    held: Arc<HeldByFlags>,
     /// Held through a reload, its file read included: of two at once (a SIGHUP and
     /// `POST /admin/reload`), the second reads the file after the first has swapped
     /// its engine in, so the file read last is the one in force.
@@ -520,7 +522,7 @@ impl Reloader {
                 "the reload dropped the route's runtime change (PUT /admin/routes): the file has no route of that name"
             );
         }
-        let restart_required = needing_restart(&self.started, &config);
+        let restart_required = needing_restart(&self.started, &config, &self.held);
         for section in &restart_required {
             tracing::warn!(
                 section,
@@ -553,9 +555,40 @@ pub(crate) enum RouteChangeError {
     NoChange(String),
 }
 
-/// The sections of `next` read only at start that differ from those of `started`.
-fn needing_restart(started: &Config, next: &Config) -> Vec<&'static str> {
-    let (a, b) = (&started.server, &next.server);
+/// Fields of `[server]` and `[admin]` that `rocgate serve`'s flags set (`--listen`,
+/// `--admin`, `--upstream`): they hold over the file's at start and at a restart with
+/// the same flags, so a reload does not report a change the file makes to one as
+/// waiting for a restart (see [`Proxy::hold`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldByFlags {
+    /// `server.listen`, set by `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `admin.listen`, set by `--admin`.
+    pub admin_listen: Option<SocketAddr>,
+    /// `server.upstream`, set by `--upstream`, as
+    /// [`check_upstream`](crate::config::check_upstream) returns it.
+    pub upstream: Option<String>,
+}
+
+impl HeldByFlags {
+    /// `server` with the held fields set to the flags' values.
+    fn over(&self, server: &ServerConfig) -> ServerConfig {
+        ServerConfig {
+            listen: self.listen.unwrap_or(server.listen),
+            admin_listen: self.admin_listen.unwrap_or(server.admin_listen),
+            upstream: self
+                .upstream
+                .clone()
+                .unwrap_or_else(|| server.upstream.clone()),
+            ..server.clone()
+        }
+    }
+}
+
+/// The sections of `next` read only at start that differ from those of `started`, the
+/// fields the command line holds left out.
+fn needing_restart(started: &Config, next: &Config, held: &HeldByFlags) -> Vec<&'static str> {
+    let (a, b) = (&held.over(&started.server), &held.over(&next.server));
     let server = |s: &ServerConfig| ServerConfig {
         admin_listen: a.admin_listen,
         admin_token: None,
@@ -670,6 +703,7 @@ impl Proxy {
                     routes: Vec::new(),
                     ..config.clone()
                 }),
+                held: Arc::default(),
                 reading: Arc::default(),
                 reloading: Arc::default(),
                 reloads: Arc::default(),
@@ -691,6 +725,13 @@ impl Proxy {
     /// The tuning hints' history and rules (what `GET /admin/hints` answers from).
     pub fn advisor(&self) -> Arc<Advisor> {
         Arc::clone(&self.advisor)
+    }
+
+    /// Tells the proxy which fields of the file its settings took from elsewhere (the
+    /// command line's flags), which a change in the file then does not reach: a reload
+    /// leaves them out of [`Reloaded::restart_required`].
+    pub fn hold(&mut self, held: HeldByFlags) {
+        self.reloader.held = Arc::new(held);
     }
 
     /// What reloads the config; also gives the engine in force.
@@ -732,7 +773,8 @@ impl Proxy {
             Arc::clone(&self.reloader.clock),
             Arc::clone(&in_flight),
             self.advisor.meter(),
-        );
+        )
+        .keeping_keys_of(self.reloader.engine.clone());
         let lanes = forwarder.lanes();
         let upstream_requests = forwarder.upstream_requests();
         let via = forwarder.via();
