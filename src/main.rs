@@ -79,5 +79,13 @@ fn main() -> ExitCode {
     if dropped.dropped_lines() > 0 {
         std::mem::forget(written_out);
     }
-    code
+    // Output that could not be written (a full disk) is a failure, not a success with
+    // nothing to show.
+    match cli::stdout_failure() {
+        Some(e) if code == ExitCode::SUCCESS => {
+            eprintln!("rocgate: cannot write to standard output: {e}");
+            ExitCode::FAILURE
+        }
+        _ => code,
+    }
 }

@@ -441,6 +441,24 @@ fn a_duration_beyond_any_length_is_a_flag_error() {
     assert!(stderr.contains("--duration"), "{stderr}");
 }
 
+/// A seed that is no whole number was refused with "invalid digit found in string",
+/// where `simulate --seed` says what a seed is.
+#[test]
+fn a_bad_seed_says_what_a_seed_is() {
+    for seed in ["-1", "1.5", "x"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["demo", "--seed", seed])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{seed}: {stderr}");
+        assert!(
+            stderr.contains("a seed is a whole number from 0 to 18446744073709551615"),
+            "{seed}: {stderr}"
+        );
+    }
+}
+
 /// A proxy port taken is named with its listener, and the flags' way out: the
 /// message `Proxy::bind`'s error gave when it was an `io::Error`, kept byte for byte.
 #[test]

@@ -305,6 +305,39 @@ fn shadow_mode_says_whether_enforcing_is_safe() {
     assert!(hint.reason.contains("protected"), "{}", hint.reason);
 }
 
+/// A shadow route rejects nothing: 300 req/s against a service of 250 behind a base
+/// limit of 200 saturated it because shadow let the load through, not because the base
+/// limit did, and `lower_base_limit` said 200 → 160 ("0.0% of 18000 requests were
+/// rejected … the base limit lets through more than it can take"), beside the verdict
+/// that enforcing would have protected it. Enforced, a third is rejected and nothing is
+/// lowered; what a shadow route would have rejected counts as that.
+#[test]
+fn a_shadow_route_saturating_what_it_would_have_rejected_keeps_its_base_limit() {
+    let enforced = advise("", &steady(300.0), Some(250));
+    assert!(
+        find(&enforced, "lower_base_limit").is_none(),
+        "{enforced:#?}"
+    );
+    for mode in ["shadow", "shadow_adaptive"] {
+        let h = advise(&format!("mode = \"{mode}\""), &steady(300.0), Some(250));
+        assert!(find(&h, "lower_base_limit").is_none(), "{mode}: {h:#?}");
+    }
+    let h = advise("mode = \"shadow\"", &steady(300.0), Some(250));
+    let verdict = find(&h, "shadow_verdict").unwrap();
+    assert!(verdict.reason.contains("protected"), "{}", verdict.reason);
+    // A shadow route that would have rejected nothing, and saturated the upstream: its
+    // base limit lets through too much, as when enforced.
+    let h = advise("mode = \"shadow\"", &steady(180.0), Some(150));
+    let lower = find(&h, "lower_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
+    assert!(
+        lower
+            .reason
+            .starts_with("0.0% of 10800 requests were or would have been rejected"),
+        "{}",
+        lower.reason
+    );
+}
+
 #[test]
 fn a_quiet_healthy_route_gets_no_change() {
     let h = advise("", &steady(100.0), Some(1000));

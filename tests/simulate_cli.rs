@@ -91,6 +91,82 @@ fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
     assert_eq!((info.info().width, info.info().height), (1200, 560));
 }
 
+/// Output that cannot be written (a full disk) fails the command: `simulate >
+/// /dev/full` exited 0 with nothing written. A reader gone (`| head -1`) is no failure.
+#[cfg(target_os = "linux")]
+#[test]
+fn output_that_cannot_be_written_fails_the_command() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full opens");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["simulate", "--scenario", "flash-sale"])
+        .stdout(full)
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("rocgate: cannot write to standard output: No space left"),
+        "{}",
+        text(&out.stderr)
+    );
+    let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["simulate", "--scenario", "flash-sale"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rocgate runs");
+    drop(head.stdout.take());
+    let out = head.wait_with_output().expect("rocgate ends");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// A run refused once its output directory is made (too many slots) removes the
+/// directory it made: it was left behind, empty. One that was there stays.
+#[test]
+fn a_refused_run_leaves_no_output_directory_it_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("long.csv");
+    std::fs::write(&profile, "0,1\n1000000000,1\n").unwrap();
+    let out_dir = dir.path().join("out");
+    let args = |out: &std::path::Path| {
+        rocgate(&[
+            "simulate",
+            "--profile",
+            profile.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let out = args(&out_dir);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("slots"), "{}", text(&out.stderr));
+    assert!(!out_dir.exists(), "the directory it made is gone");
+    let out = args(dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(dir.path().is_dir(), "the directory that was there stays");
+}
+
+/// A start before 1970 says which times are taken: it said only "numeric component
+/// is out of range".
+#[test]
+fn a_start_before_1970_says_which_times_are_taken() {
+    let out = rocgate(&[
+        "simulate",
+        "--scenario",
+        "steady",
+        "--start",
+        "1900-01-01T00:00:00Z",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("must be an RFC 3339 time in UTC from 1970 to 9999"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn a_malformed_profile_names_its_line_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,6 +211,73 @@ fn a_profile_with_bytes_beyond_utf8_is_read_line_by_line() {
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains("latin1.csv: line 2: rate is not a number"),
+        "{stderr}"
+    );
+}
+
+/// A profile was read whole, however long: `--profile /dev/zero` read until memory ran
+/// out, and a long file of one line was printed back whole as the field in error.
+#[test]
+fn a_profile_longer_than_32_mib_is_refused_once_that_much_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("zeros.csv");
+    let file = std::fs::File::create(&profile).unwrap();
+    file.set_len(33 << 20).unwrap(); // sparse: 33 MiB of NUL bytes on one line
+    drop(file);
+    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    let head: String = stderr.chars().take(200).collect();
+    assert_eq!(out.status.code(), Some(2), "{head}");
+    assert!(
+        stderr.contains("zeros.csv: longer than 32 MiB: not a profile"),
+        "{head}"
+    );
+    assert!(stderr.len() < 1000, "{} bytes on stderr", stderr.len());
+    assert!(out.stdout.is_empty());
+}
+
+/// PowerShell's `>` and `Out-File` write UTF-16 with a byte order mark: read as UTF-8,
+/// a NUL beside every digit made "line 2: t_seconds is not a number", quoting a
+/// field that showed as ` 0 `.
+#[test]
+fn a_profile_in_utf16_is_read_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = "t_seconds,rate\r\n0,40\r\n60,40\r\n";
+    let le: Vec<u8> = [0xFF, 0xFE]
+        .into_iter()
+        .chain(csv.encode_utf16().flat_map(u16::to_le_bytes))
+        .collect();
+    let be: Vec<u8> = [0xFE, 0xFF]
+        .into_iter()
+        .chain(csv.encode_utf16().flat_map(u16::to_be_bytes))
+        .collect();
+    for (name, bytes) in [("le.csv", le), ("be.csv", be)] {
+        let profile = dir.path().join(name);
+        std::fs::write(&profile, bytes).unwrap();
+        let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+        assert!(stdout.contains("; 60.0 s"), "{name}: {stdout}");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.split_whitespace().eq(["offered", "2400"])),
+            "{name}: {stdout}"
+        );
+    }
+    // An odd last byte is no character, and named as such on its line.
+    let profile = dir.path().join("odd.csv");
+    let mut bytes: Vec<u8> = [0xFF, 0xFE]
+        .into_iter()
+        .chain("0,40\n60,4".encode_utf16().flat_map(u16::to_le_bytes))
+        .collect();
+    bytes.push(b'0');
+    std::fs::write(&profile, bytes).unwrap();
+    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("odd.csv: line 2: rate is not a number: `4\u{fffd}`"),
         "{stderr}"
     );
 }
@@ -297,6 +440,18 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     );
     assert!(out.stdout.is_empty(), "nothing ran");
     assert_eq!(files_of(&out_dir), before);
+    // A file where the directory goes is named as such: it was "cannot create the
+    // output directory: File exists".
+    let file = out_dir.join("summary.json");
+    let file_arg = file.to_str().unwrap();
+    let out = rocgate(&["simulate", "--scenario", "steady", "--out", file_arg]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr)
+            .contains("summary.json: exists and is no directory, where the output files go"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

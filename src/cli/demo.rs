@@ -32,12 +32,14 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value = "127.0.0.1:0", value_parser = super::parse_addr)]
     listen: SocketAddr,
     /// Poisson arrivals from this seed (default: evenly spaced).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::simulate::parse_seed)]
     seed: Option<u64>,
 }
 
 /// A `--duration`: whole or decimal seconds, or a humantime duration.
 fn parse_plan(text: &str) -> Result<Plan, String> {
+    // As the other flags: " 60" (a quoted value with a space) is 60.
+    let text = text.trim();
     let duration = match text.parse::<f64>().map(Duration::try_from_secs_f64) {
         Ok(Ok(d)) => d,
         Ok(Err(_)) => return Err(format!("{text:?} is not a length of time")),
@@ -144,5 +146,21 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
     match stopped_by.get() {
         Some(signal) if outcome.interrupted() => ExitCode::from(signal.exit_code()),
         _ => ExitCode::SUCCESS,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_plan;
+    use std::time::Duration;
+
+    /// A value with spaces around it (a quoted `" 60"`) is read as the other flags
+    /// read theirs: it was refused as no duration.
+    #[test]
+    fn a_duration_is_read_without_the_spaces_around_it() {
+        for text in [" 60", "60 ", " 1m "] {
+            let plan = parse_plan(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(plan.duration(), Duration::from_secs(60), "{text:?}");
+        }
     }
 }

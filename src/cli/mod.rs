@@ -152,7 +152,22 @@ macro_rules! out {
 }
 pub(crate) use out;
 
-/// What [`out!`] writes with; errors (a closed pipe) are dropped.
+/// What [`out!`] writes with. A closed pipe is dropped quietly; another error (a full
+/// disk, `> /dev/full`) is kept for [`stdout_failure`], so that the command does not
+/// end as if its output had been written.
 pub(crate) fn write_out(text: std::fmt::Arguments<'_>) {
-    let _ = std::io::stdout().lock().write_fmt(text);
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(text).and_then(|()| stdout.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            let _ = STDOUT_FAILURE.set(e.to_string());
+        }
+    }
+}
+
+/// The first error [`write_out`] met other than a closed pipe.
+static STDOUT_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Why standard output could not be written, if it could not (a closed pipe aside).
+pub(crate) fn stdout_failure() -> Option<&'static str> {
+    STDOUT_FAILURE.get().map(String::as_str)
 }

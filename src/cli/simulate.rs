@@ -93,8 +93,11 @@ fn utc_rfc3339(text: &str) -> Result<SystemTime, String> {
 
 /// `--start`: an RFC 3339 UTC time.
 pub(crate) fn parse_start(text: &str) -> Result<SystemTime, String> {
-    utc_rfc3339(text)
-        .map_err(|e| format!("{e}: must be an RFC 3339 time in UTC, such as 2026-11-27T19:00:00Z"))
+    utc_rfc3339(text).map_err(|e| {
+        format!(
+            "{e}: must be an RFC 3339 time in UTC from 1970 to 9999, such as 2026-11-27T19:00:00Z"
+        )
+    })
 }
 
 /// `--from`, `--to`: an RFC 3339 UTC time, or a time as an access log writes it.
@@ -167,6 +170,21 @@ type Writer<'a> = Box<dyn FnOnce(&mut BufWriter<NamedTempFile>) -> io::Result<()
 /// refused or failing part-way leaves the last run's files as they were.
 struct Outputs {
     files: Vec<Output>,
+    /// The directory, if this run created it: removed again (once the files above,
+    /// dropped first, are gone) unless the run wrote its files there.
+    created: CreatedDir,
+}
+
+/// A directory a run created for its output, removed when dropped if still armed and
+/// empty: a run refused after it (too many slots) left an empty directory behind.
+struct CreatedDir(Option<PathBuf>);
+
+impl Drop for CreatedDir {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = fs::remove_dir(dir);
+        }
+    }
 }
 
 /// One output file, while it is written.
@@ -177,6 +195,13 @@ struct Output {
 
 impl Outputs {
     fn create(dir: &Path, names: &[&str]) -> Result<Self, Failure> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(bad_input(format!(
+                "{}: exists and is no directory, where the output files go",
+                dir.display()
+            )));
+        }
+        let created = CreatedDir((!dir.exists()).then(|| dir.to_owned()));
         fs::create_dir_all(dir).map_err(|e| {
             bad_input(format!(
                 "{}: cannot create the output directory: {e}",
@@ -207,7 +232,7 @@ impl Outputs {
                 out: BufWriter::new(file),
             });
         }
-        Ok(Outputs { files })
+        Ok(Outputs { files, created })
     }
 
     /// Writes each file with its writer, in order, then puts them all in place, and
@@ -231,6 +256,8 @@ impl Outputs {
             partial.persist(&path).map_err(|e| failed(&path, e.error))?;
             names.push(path.display().to_string());
         }
+        let mut created = self.created;
+        created.0 = None;
         Ok(names.join(", "))
     }
 }
@@ -448,13 +475,49 @@ fn describe_log(s: &LogStats) -> String {
     parts.join(", ")
 }
 
+/// The longest profile read: a path to something endless (`/dev/zero`) or huge is
+/// refused once this much is read, not read until memory runs out. A point every
+/// 100 ms over the longest run a profile may make (27.7 hours) takes about 20 MB;
+/// parsing holds about 70 B a point, so 32 MiB of the shortest points (`0,0`) take
+/// about 600 MB.
+const MAX_PROFILE_BYTES: u64 = 32 << 20;
+
 fn read_profile(path: &Path) -> Result<Profile, Failure> {
-    let bytes = fs::read(path)
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    fs::File::open(path)
+        .and_then(|file| file.take(MAX_PROFILE_BYTES + 1).read_to_end(&mut bytes))
         .map_err(|e| bad_input(format!("{}: cannot read the profile: {e}", path.display())))?;
-    // Bytes that are not UTF-8 (a Latin-1 comment) spoil only the field holding them,
-    // which the parser then names with its line.
-    let text = String::from_utf8_lossy(&bytes);
+    if bytes.len() as u64 > MAX_PROFILE_BYTES {
+        return Err(bad_input(format!(
+            "{}: longer than {} MiB: not a profile",
+            path.display(),
+            MAX_PROFILE_BYTES >> 20
+        )));
+    }
+    let text = profile_text(&bytes);
     Profile::parse_csv(&text).map_err(|e| bad_input(format!("{}: {e}", path.display())))
+}
+
+/// A profile file's text: UTF-16 after its byte order mark (as PowerShell's `>` and
+/// `Out-File` write), else UTF-8, where bytes that are not (a Latin-1 comment) spoil
+/// only the field holding them, which the parser then names with its line. Read as
+/// UTF-8, UTF-16 put a NUL byte beside every digit: "line 2: t_seconds is not a
+/// number" quoting a field that showed as ` 0 `.
+fn profile_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    let unit: fn([u8; 2]) -> u16 = match bytes {
+        [0xFF, 0xFE, ..] => u16::from_le_bytes,
+        [0xFE, 0xFF, ..] => u16::from_be_bytes,
+        _ => return String::from_utf8_lossy(bytes),
+    };
+    let units = bytes[2..].chunks(2).map(|pair| match *pair {
+        [a, b] => unit([a, b]),
+        _ => 0xFFFD, // an odd last byte
+    });
+    char::decode_utf16(units)
+        .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+        .collect::<String>()
+        .into()
 }
 
 /// A run failed before it started: the error, with a hint for over-long logs.

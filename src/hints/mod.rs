@@ -15,7 +15,7 @@
 //! | rule | evidence | suggestion |
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals); not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
-//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected, or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
+//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
@@ -1058,7 +1058,18 @@ impl<'a> Evidence<'a> {
         if saturated < 2 || (!known_above && (saturated as f64) < 0.10 * self.known() as f64) {
             return None;
         }
-        let few_rejected = (self.rejected as f64) < 0.01 * self.offered as f64;
+        // What the route would have rejected enforced: in `shadow` nothing is
+        // rejected, and a load the base limit would have held back saturated the
+        // upstream only because it was let through (`shadow_verdict` says to
+        // enforce); in `shadow_adaptive` the cut's would-rejects count as they would
+        // in `enforce`.
+        let rejected = self.rejected
+            + self
+                .intervals
+                .iter()
+                .map(|i| i.shadow_rejected)
+                .sum::<u64>();
+        let few_rejected = (rejected as f64) < 0.01 * self.offered as f64;
         let above_capacity = capacity.is_some_and(|c| c < base);
         if !few_rejected && !above_capacity {
             return None;
@@ -1088,9 +1099,14 @@ impl<'a> Evidence<'a> {
             Some("base_limit"),
             Some((Setting::Number(base), Setting::Number(suggested))),
             format!(
-                "{} of {} requests were rejected while the upstream was {}: the base limit of {} {} lets through more than it can take; lower it about 20%{why}",
-                pct(self.rejected, self.offered),
+                "{} of {} requests {} rejected while the upstream was {}: the base limit of {} {} lets through more than it can take; lower it about 20%{why}",
+                pct(rejected, self.offered),
                 self.offered,
+                if self.s.mode == Mode::Enforce {
+                    "were"
+                } else {
+                    "were or would have been"
+                },
                 self.health_summary(),
                 fmt_num(base),
                 self.units()

@@ -50,6 +50,15 @@ pub enum ProfileError {
         /// How many fields it holds.
         fields: usize,
     },
+    /// The header names the rate first: the columns are read as `t_seconds,rate`
+    /// whatever a header says, so the points would be read swapped.
+    #[error("line {line}: the header names `{first}` first, but a profile's columns are `t_seconds,rate`: swap them")]
+    SwappedHeader {
+        /// The line.
+        line: usize,
+        /// The header's first field as written.
+        first: String,
+    },
     /// A field is not a finite number.
     #[error("line {line}: {field} is not a number: `{text}`")]
     NotANumber {
@@ -115,6 +124,7 @@ impl ProfileError {
     pub fn line(&self) -> Option<usize> {
         match self {
             ProfileError::Fields { line, .. }
+            | ProfileError::SwappedHeader { line, .. }
             | ProfileError::NotANumber { line, .. }
             | ProfileError::NegativeRate { line, .. }
             | ProfileError::NegativeTime { line, .. }
@@ -134,7 +144,8 @@ impl Profile {
 
     /// Parses `t_seconds,rate` lines. Blank lines and `#` comments are ignored, and
     /// so is a first line none of whose fields is or starts like a number (a header,
-    /// such as `t_seconds,rate`): `0;40` is a point written wrong, not a header. A
+    /// such as `t_seconds,rate`; one that names the rate first, `rate,t`, is refused:
+    /// the columns are read by position): `0;40` is a point written wrong, not a header. A
     /// byte order mark before the first line, as spreadsheets write, is skipped.
     pub fn parse_csv(text: &str) -> Result<Self, ProfileError> {
         let mut points = Vec::new();
@@ -154,6 +165,15 @@ impl Profile {
                 });
             seen_content = true;
             if is_header {
+                // Read by position, a header `rate,t_seconds` had its points read
+                // swapped ("all its points are at t = 40").
+                let first = fields[0].to_ascii_lowercase();
+                if fields.len() == 2 && (first.starts_with("rate") || first.starts_with("rps")) {
+                    return Err(ProfileError::SwappedHeader {
+                        line,
+                        first: fields[0].to_owned(),
+                    });
+                }
                 continue;
             }
             let [t, rate] = fields[..] else {
@@ -545,6 +565,22 @@ mod tests {
             err("0,1\n1,inf\n"),
             ProfileError::NotANumber { line: 2, .. }
         ));
+        // A header naming the rate first: read by position, the points were swapped.
+        for header in ["rate,t_seconds", " RPS , t"] {
+            assert_eq!(
+                err(&format!("{header}\n0,40\n10,40\n")),
+                ProfileError::SwappedHeader {
+                    line: 1,
+                    first: header.split(',').next().unwrap().trim().into()
+                }
+            );
+        }
+        assert_eq!(
+            Profile::parse_csv("t,rate\n0,40\n10,40\n")
+                .unwrap()
+                .rate_at(5.0),
+            40.0
+        );
         // A header is only taken on the first line with content, and only without numbers.
         assert!(matches!(
             err("0,1\nt,rate\n"),
