@@ -3122,6 +3122,36 @@ async fn the_admin_api_shows_a_distributed_routes_shared_cut() {
     upstream_task.abort();
 }
 
+/// A config file of one route, `POST /api/order` with the line `extra`, on a store
+/// that never answers (nothing listens on port 1: every call fails), its keys under
+/// `prefix`.
+fn unanswered_order(extra: &str, prefix: &str) -> String {
+    format!(
+        "[[routes]]\nname = \"order\"\nmethod = \"POST\"\npath = \"/api/order\"\n{extra}\n\n\
+         [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nkey_prefix = \"{prefix}\"\n"
+    )
+}
+
+/// A proxy in front of an upstream that answers 200, started from the config file
+/// `text` (written to a file of its own, which a reload reads again), with the file's
+/// path, its directory (removed when dropped) and the upstream's task.
+async fn served_from_file(
+    text: &str,
+) -> (
+    Served,
+    std::path::PathBuf,
+    tempfile::TempDir,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let (upstream_addr, upstream_task) = start_ok_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rocgate.toml");
+    std::fs::write(&path, text).unwrap();
+    let config = Config::load(&path).unwrap();
+    let proxy = Served::start(upstream_addr, &config, Some(path.clone())).await;
+    (proxy, path, dir, upstream_task)
+}
+
 /// A route that falls back while Redis is away, then a reload that makes it local: it
 /// makes no more decisions on the store, so it must not keep the instance in fallback
 /// (`GET /admin/store`, and the `RocgateStoreFallback` alert's gauge).
@@ -3129,20 +3159,9 @@ async fn the_admin_api_shows_a_distributed_routes_shared_cut() {
 async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     let _serial = one_at_a_time().await;
 
-    let (upstream_addr, upstream_task) = start_ok_upstream().await;
-    // Nothing listens on port 1: every store call fails.
-    let file = |partition: &str| {
-        format!(
-            "[[routes]]\nname = \"order\"\nmethod = \"POST\"\npath = \"/api/order\"\n\
-             partition = \"{partition}\"\n\n[store]\nbackend = \"redis\"\n\
-             url = \"redis://127.0.0.1:1\"\nkey_prefix = \"made-local\"\n"
-        )
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rocgate.toml");
-    std::fs::write(&path, file("route")).unwrap();
-    let config = Config::load(&path).unwrap();
-    let proxy = Served::start(upstream_addr, &config, Some(path.clone())).await;
+    let file =
+        |partition: &str| unanswered_order(&format!("partition = \"{partition}\""), "made-local");
+    let (proxy, path, _dir, upstream_task) = served_from_file(&file("route")).await;
     let mut admin = http1::connect(proxy.admin).await;
     let mut store_mode = async || {
         let status: serde_json::Value =
@@ -3165,6 +3184,42 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     upstream_task.abort();
 }
 
+/// `rocgate_store_mode{mode="fallback_local"}` stays 1 while any route is in
+/// fallback: here a route in fallback that a reload rebuilt (a new burst) while Redis
+/// is away, the rebuilt route still in fallback. Any route that left fallback set the
+/// gauge to `shared`, other routes still in fallback or not (here the route replaced):
+/// `/metrics` said shared, `GET /admin/store` fallback_local, and the
+/// `RocgateStoreFallback` alert went quiet through the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_mode_gauge_stays_fallback_while_a_rebuilt_route_is_in_fallback() {
+    let _serial = one_at_a_time().await;
+    let file = |burst: &str| unanswered_order(&format!("burst = \"{burst}\""), "rebuilt-mode");
+    let (proxy, path, _dir, upstream_task) = served_from_file(&file("10s")).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    let mut client = http1::connect(proxy.addr).await;
+    let fallback = "rocgate_store_mode{mode=\"fallback_local\"} 1";
+    for _ in 0..5 {
+        let _ = post_order(&mut client).await;
+    }
+    let text = get(&mut admin, "/metrics").await;
+    assert!(text.contains(fallback), "{text}");
+
+    std::fs::write(&path, file("20s")).unwrap();
+    proxy.reloader.reload_async().await.unwrap();
+    let (status, reason) = post_order(&mut client).await;
+    assert!(
+        status == 200 || reason.as_deref() == Some("fallback_local"),
+        "{status} {reason:?}"
+    );
+    let store: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+    assert_eq!(store["mode"], "fallback_local", "{store}");
+    let text = get(&mut admin, "/metrics").await;
+    assert!(text.contains(fallback), "{text}");
+
+    proxy.stop().await;
+    upstream_task.abort();
+}
 /// A decision in flight when a reload drops its route, and that fails afterwards,
 /// leaves the instance out of fallback: no decision on that route would come to take
 /// it out again, and the `RocgateStoreFallback` alert would fire for good.
@@ -3212,6 +3267,62 @@ async fn a_decision_failing_after_a_reload_dropped_its_route_leaves_no_fallback(
     let _ = inst.check().await;
     assert_eq!(inst.store.mode(), StoreMode::Fallback);
     holding.abort();
+}
+
+/// A decision in flight when a reload makes its route local, answered after the
+/// reload forgot the route: `rocgate_store_limit_rps` of the route stays off
+/// `/metrics`. The late answer set it again, and nothing blanked it after (the route
+/// is in no pass's list any more): the alerts, which tell a distributed route by
+/// that series, took the local route for a distributed one until restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_answered_after_a_reload_made_its_route_local_leaves_no_shared_limit() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let (upstream_addr, upstream_task) = start_ok_upstream().await;
+    let file = |partition: &str| {
+        format!(
+            "[[routes]]\nname = \"late\"\nmethod = \"POST\"\npath = \"/api/late\"\n\
+             partition = \"{partition}\"\n\n[store]\nbackend = \"redis\"\n\
+             url = \"{}\"\nkey_prefix = \"late-answer\"\ntimeout = \"5s\"\nheartbeat = \"10s\"\n",
+            server.url()
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rocgate.toml");
+    std::fs::write(&path, file("route")).unwrap();
+    let config = Config::load(&path).unwrap();
+    let proxy = Served::start(upstream_addr, &config, Some(path.clone())).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    let series = "rocgate_store_limit_rps{route=\"late\"}";
+    let post_late = |addr| async move {
+        let mut client = http1::connect(addr).await;
+        let req = http::Request::post("/api/late")
+            .header("host", "shop.example")
+            .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+            .unwrap();
+        client.ready().await.unwrap();
+        client.send_request(req).await.unwrap().status().as_u16()
+    };
+    assert_eq!(post_late(proxy.addr).await, 200);
+    let text = get(&mut admin, "/metrics").await;
+    assert!(text.contains(series), "{text}");
+
+    // Redis holds the next decision's answer until the reload has made the route local.
+    server.signal("-STOP");
+    let in_flight = tokio::spawn(post_late(proxy.addr));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!in_flight.is_finished(), "the decision waits for Redis");
+    std::fs::write(&path, file("ip")).unwrap();
+    proxy.reloader.reload_async().await.unwrap();
+    let text = get(&mut admin, "/metrics").await;
+    assert!(!text.contains(series), "{text}");
+    server.signal("-CONT");
+    assert_eq!(in_flight.await.unwrap(), 200);
+
+    let text = get(&mut admin, "/metrics").await;
+    assert!(!text.contains(series), "{text}");
+    proxy.stop().await;
+    upstream_task.abort();
 }
 
 /// A distributed route's window in the local engine follows this instance's traffic
@@ -4477,7 +4588,9 @@ async fn offer_until_in(inst: &Instance, mode: StoreMode, within: Duration) -> S
 /// master up as a replica: the instance's connection to it stays open and answers
 /// every script with `READONLY`, which the client does not reconnect on. The failed
 /// heartbeat replaces it, as it replaces a dark one, and the instance is back on the
-/// shared state, on the new master.
+/// shared state, on the new master. The test beats by hand, after the fallback: a
+/// background beat that came first replaced the connection before three decisions
+/// had failed, and the instance never fell back (1 of 2 runs of the whole file here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_that_demotes_the_old_master_behind_the_same_address_is_followed() {
     // The old master, as a replica, writes the new one's data to its directory.
@@ -4487,6 +4600,7 @@ async fn a_failover_that_demotes_the_old_master_behind_the_same_address_is_follo
     let relay = SwitchRelay::start(old.port).await;
     let mut config = patient_config(&old, "failover");
     config.servers = RedisServers::Single(format!("redis://127.0.0.1:{}", relay.port));
+    config.heartbeat = hand_beaten_config(&old, "failover").heartbeat;
     let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     beat_answered(&inst.store).await;
     assert!(inst.check().await.is_admit());
@@ -4508,7 +4622,11 @@ async fn a_failover_that_demotes_the_old_master_behind_the_same_address_is_follo
     );
     let fallback = offer_until_in(&inst, StoreMode::Fallback, Duration::from_secs(2)).await;
     assert_eq!(fallback, StoreMode::Fallback, "READONLY answers fall back");
-    // A heartbeat every 200 ms: 25 of them.
+    assert_eq!(
+        inst.store.beat().await,
+        None,
+        "READONLY to the heartbeat too"
+    );
     let mode = offer_until_in(&inst, StoreMode::Shared, Duration::from_secs(5)).await;
     assert_eq!(
         mode,
@@ -4757,4 +4875,51 @@ async fn a_heartbeat_past_the_longest_period_still_beats() {
         .query(&mut server.connection().unwrap())
         .unwrap();
     assert!(ttl > 0, "{ttl}");
+}
+
+/// A route on steady traffic (a request every 10 ms) whose Redis stalls for 0.7 s:
+/// the decisions taken locally meanwhile never reach the shared window, and the
+/// traffic back read as a rise from the gap. The shared controller cut the route for
+/// the whole fleet on its return (ROC 56 against a danger_roc of 40; none without the
+/// stall). Now the probe that finds Redis back restarts the controller's window: no
+/// cut, through the return and after the window that follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_route_back_from_fallback_is_not_cut_for_the_gap() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let inst = Instance::system(&quick_route(), &store_config(&server, "gap"));
+    beat_answered(&inst.store).await;
+    let started = tokio::time::Instant::now();
+    let (mut stopped, mut resumed) = (false, false);
+    let mut seen = Vec::new();
+    while started.elapsed() < Duration::from_millis(4000) {
+        let t = started.elapsed();
+        if !stopped && t > Duration::from_millis(1800) {
+            server.signal("-STOP");
+            stopped = true;
+        }
+        if !resumed && t > Duration::from_millis(2500) {
+            server.signal("-CONT");
+            resumed = true;
+        }
+        let _ = inst.check().await;
+        let v = inst.store.view("order").unwrap();
+        if seen.last().map(|&(_, state, mode, _)| (state, mode)) != Some((v.state, v.mode)) {
+            seen.push((t, v.state, v.mode, v.roc));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let modes: Vec<_> = seen.iter().map(|&(_, _, mode, _)| mode).collect();
+    assert!(
+        modes
+            .windows(2)
+            .any(|m| m == [StoreMode::Fallback, StoreMode::Shared]),
+        "fell back and came back: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|&(_, state, _, _)| state == ControllerState::Normal),
+        "{seen:?}"
+    );
+    assert_eq!(stepped(&inst).cuts, 0, "{seen:?}");
 }

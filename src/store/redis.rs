@@ -38,8 +38,10 @@
 //! instances last seen), or by `fail_mode`. Each route has a [`Breaker`]: it stops
 //! calling Redis for that route after `failures_to_open` failures in a row and lets
 //! one decision probe it per `probe_interval`; the first answer returns the route to
-//! shared state. On a cluster a dead master thus sends only the routes it holds to
-//! fallback. The instance counts as in fallback while any route is. A heartbeat that
+//! shared state, its controller rearmed for one window (the decisions taken locally
+//! meanwhile are missing from the shared window: see [`DECIDE`]'s `ARGV[9]`). On a
+//! cluster a dead master thus sends only the routes it holds to fallback. The
+//! instance counts as in fallback while any route is. A heartbeat that
 //! Redis does not answer within `timeout` replaces the connection (one server), which
 //! could otherwise have gone dark, silent and never erring, for minutes. On a cluster,
 //! whose client retries a timed-out request on the same node connection and reconnects
@@ -135,6 +137,8 @@ use std::time::Duration;
 ///   taking one (exact mode: what this instance admitted in fallback since it last
 ///   reached Redis; absent means 0). The debit comes after the refill and never takes
 ///   the bucket below empty, where an admission of its last token leaves it.
+///   `ARGV[9]` `1` if the window missed arrivals (the call is the probe of a route
+///   in fallback, whose decisions were taken locally): drops `through`, as below.
 ///
 /// A call whose slot length differs from `slot_us` (a reload, or a release, changed
 /// the route's slot) starts the window afresh: slot numbers counted in another length
@@ -143,6 +147,11 @@ use std::time::Duration;
 /// window would read the slots deleted under the shorter one as empty: a false
 /// spike), drops `through`, and the stored controller then continues from its
 /// memory, rearmed for one window as a local route is on such a reload.
+///
+/// A call that says the window missed arrivals (`ARGV[9]`) drops `through` too: the
+/// slots of the gap read as a fall, and the traffic back as a rise that would cut a
+/// steady route fleet-wide; rearmed, the controller takes no action until the window
+/// holds a whole window of counts again.
 ///
 /// A window whose `cur` is more than a window ahead of the slot now (Redis's clock
 /// went back by more than a window) starts afresh too, and drops `through`: otherwise
@@ -198,6 +207,10 @@ if cur ~= nil and cur > slot + slots then
     redis.call('HDEL', KEYS[3], 'through')
     ctl[3] = false
   end
+end
+if ARGV[9] == '1' and ctl[3] then
+  redis.call('HDEL', KEYS[3], 'through')
+  ctl[3] = false
 end
 local roll = false
 local fresh = cur == nil or cur < slot
@@ -1115,7 +1128,9 @@ impl Inner {
     /// out again.
     fn retire(&self, r: &SharedRoute) {
         let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
-        r.retired.store(true, Ordering::Relaxed);
+        // SeqCst with the load in `absorb`: an answer that sets the route's gauge after
+        // `retain` blanked it sees the route retired.
+        r.retired.store(true, Ordering::SeqCst);
         self.flip(r, StoreMode::Shared);
     }
 
@@ -1140,7 +1155,9 @@ impl Inner {
             mode = mode.as_str(),
             "route store mode changed"
         );
-        if (before == 0) == fall {
+        // The instance's mode changes with the first route to fall and the last to
+        // come back, not with every route that comes back.
+        if before == usize::from(!fall) {
             publish_mode(mode);
             tracing::warn!(mode = mode.as_str(), "store mode changed");
         }
@@ -1282,6 +1299,10 @@ impl Inner {
     /// takes one. `None` if Redis erred, did not answer within `timeout`, or answered
     /// nonsense; the breaker and the error counters know either way.
     async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool, debit: u64) -> Option<Reply> {
+        // A call on a route in fallback is its probe: the decisions taken locally
+        // meanwhile are missing from the shared window, so an answer restarts the
+        // shared controller's window (see [`DECIDE`]).
+        let gap = r.mode() == StoreMode::Fallback;
         let mut invocation = self.decide.call(&[&r.keys[0], &r.keys[1], &r.keys[2]]);
         invocation
             .arg(r.slot_us)
@@ -1291,7 +1312,8 @@ impl Inner {
             .arg(r.ttl_ms)
             .arg(arrivals)
             .arg(u8::from(take))
-            .arg(debit);
+            .arg(debit)
+            .arg(u8::from(gap));
         let answer =
             tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
         let reply = match answer {
@@ -1340,6 +1362,12 @@ impl Inner {
         r.state.store(reply.state, Ordering::Relaxed);
         r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
         r.limit_gauge.set(reply.limit);
+        // An answer to a call on a route that a reload has since dropped or made
+        // local (no route of its name held any more) blanks the gauge again, as the
+        // reload's pass did: no pass sees this route again to blank it.
+        if r.retired.load(Ordering::SeqCst) && !self.routes.contains_key(&r.name) {
+            r.limit_gauge.set(f64::NAN);
+        }
         if let Some(roll) = reply.roll {
             let params = params();
             if self.config.mode == SyncMode::Exact {
