@@ -4923,3 +4923,66 @@ async fn a_steady_route_back_from_fallback_is_not_cut_for_the_gap() {
     );
     assert_eq!(stepped(&inst).cuts, 0, "{seen:?}");
 }
+
+/// A route of 1 s slots (a window of 10 s), so that a test's burst of decisions falls
+/// within one slot of Redis's clock.
+fn slow_slotted_route(base: f64) -> RouteConfig {
+    let mut r = route(base, Duration::from_secs(1));
+    r.window = WindowSpec::new(Duration::from_secs(10), Duration::from_secs(1)).unwrap();
+    r
+}
+
+/// Decides on `inst` every 20 ms until the controller hash `key` stores a `through`
+/// past `after` (a rollover `inst` won, stepped and stored); returns it. At most 3 s.
+async fn step_past(inst: &Instance, conn: &mut redis::Connection, key: &str, after: u64) -> u64 {
+    for _ in 0..150 {
+        let _ = inst.check().await;
+        let through: Option<u64> = redis::cmd("HGET")
+            .arg(key)
+            .arg("through")
+            .query(conn)
+            .unwrap();
+        if let Some(through) = through.filter(|&t| t > after) {
+            return through;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no rollover stored on {key} past {after}");
+}
+
+/// Exact mode: a base limit lowered on an instance (a reload, `PUT /admin/routes`, a
+/// scheduled event starting) applies to its next shared decisions. The shared
+/// controller holds the old limit until a rollover is stepped under the new base, and
+/// a rollover won by an instance still at the old base stores the old limit again:
+/// the instance used to decide at the old limit until it won a rollover itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_a_lowered_base_limit_applies_to_the_next_shared_decisions() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = patient_config(&server, "lowered-exact");
+    let mut a = Instance::system(&slow_slotted_route(200.0), &config);
+    let b = Instance::system(&slow_slotted_route(200.0), &config);
+    let mut conn = server.connection().unwrap();
+    let key = "{lowered-exact:order}:c";
+    // B steps the shared controller, which stores its limit, 200; the slot just began.
+    let through = step_past(&b, &mut conn, key, 0).await;
+    let stored: f64 = redis::cmd("HGET")
+        .arg(key)
+        .arg("limit")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(stored, 200.0);
+    a.reload(slow_slotted_route(40.0));
+    let admitted = a.offer(100).await;
+    assert!(
+        (38..=45).contains(&admitted),
+        "{admitted} admitted at a base of 40 with 1 s of burst"
+    );
+    // B wins the next rollover too, and stores its own base, 200, again.
+    step_past(&b, &mut conn, key, through).await;
+    let admitted = a.offer(100).await;
+    assert!(
+        admitted <= 45,
+        "{admitted} admitted at a base of 40 after another instance's rollover"
+    );
+}

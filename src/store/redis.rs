@@ -129,8 +129,12 @@ use std::time::Duration;
 ///   `through` (last slot stepped), `entered`, `armed`, `safe` (ns, Redis time), `roc`,
 ///   `slot_us` (the slot length, µs, that the slot numbers of the window and of
 ///   `through` count) and `slots` (slots per window the controller last stepped on).
-/// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` base limit
-///   (used until the controller hash has one); `ARGV[4]` bucket burst, seconds;
+/// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` the calling
+///   instance's base limit in force: the limit until the controller hash has one, and
+///   a cap on the stored one (a base lowered by a reload, a runtime change or a
+///   scheduled event applies to the instance's next call, before the controller is
+///   stepped under it; a raised one waits for that step); `ARGV[4]` bucket burst,
+///   seconds;
 ///   `ARGV[5]` key expiry, ms; `ARGV[6]` arrivals to count (1 per decision; a
 ///   slot's worth in batched mode); `ARGV[7]` `1` to take a token, `0` to only count
 ///   (batched mode: the answer then always admits); `ARGV[8]` tokens to debit before
@@ -174,6 +178,7 @@ use std::time::Duration;
 /// each, and none of the silent slots after `cur`, which all count zero.
 ///
 /// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll}`;
+/// `limit` is the one the call was decided at (the stored one, or `ARGV[3]` if lower);
 /// `tokens` is the bucket's level after this call (nil when `ARGV[7]` is `0`); `roll`
 /// is present only for the call that observed a new slot: `{lo, counts of slots
 /// lo..cur (or lo..slot-1, whichever ends first; none when `cur` is before `lo`),
@@ -186,7 +191,9 @@ local slots = tonumber(ARGV[2])
 local ttl = ARGV[5]
 local slot = math.floor(now / slot_us)
 local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots')
-local limit = tonumber(ctl[1]) or tonumber(ARGV[3])
+local base = tonumber(ARGV[3])
+local limit = tonumber(ctl[1]) or base
+if base < limit then limit = base end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
 if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
   if ctl[8] and ctl[8] ~= ARGV[1] then
@@ -589,8 +596,8 @@ struct SharedRoute {
     /// The keys' expiry, ms: `key_ttl`, or the burst and the window if longer, each
     /// with one slot more (see [`Inner::route`]).
     ttl_ms: u64,
-    /// The route's own base limit, f64 bits (refreshed in exact mode at each rollover
-    /// won here, in batched mode at the first decision of each slot).
+    /// The route's own base limit, f64 bits (refreshed in exact mode by each decision
+    /// that calls Redis, in batched mode by the first decision of each slot).
     base_limit: AtomicU64,
     /// The shared limit last seen, f64 bits.
     limit: AtomicU64,
@@ -931,8 +938,16 @@ impl RedisStore {
             _ => r.owed.swap(0, Ordering::Relaxed),
         };
         // Taken before the call, which may end without this caller: a rollover its
-        // answer won is stepped on them.
-        let params = engine.params_at(route, now).unwrap_or_default();
+        // answer won is stepped on them. Their base limit goes with the call: a lowered
+        // one applies to this decision, before the shared controller steps on it (see
+        // [`DECIDE`]'s `ARGV[3]`). A route this engine no longer holds keeps the base
+        // it had.
+        let params = engine.params_at(route, now);
+        if let Some(params) = &params {
+            r.base_limit
+                .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+        }
+        let params = params.unwrap_or_default();
         let base_limit = params.base_limit_rps;
         // The call runs to its answer or its `timeout`, and the answer is taken in,
         // even if this decision's caller stops waiting first (its client gone, a
@@ -1347,11 +1362,12 @@ impl Inner {
     }
 
     /// Takes in what Redis answered: the shared limit and state, and, for the winner
-    /// of a rollover, the controller step (in a task of its own). In exact mode the
-    /// winner also takes the base limit of `params`; batched mode takes it at each
-    /// slot's first decision only (see [`Inner::batched`]): the end-of-slot sync,
-    /// answered after the next slot's first decision, would otherwise write the base
-    /// of the slot it was sent for back over a lowered one, for the rest of the slot.
+    /// of a rollover, the controller step under `params` (in a task of its own). The
+    /// base limit is taken before the call, not from its answer: in exact mode by each
+    /// decision, in batched mode by each slot's first decision only (see
+    /// [`Inner::batched`]): the end-of-slot sync, answered after the next slot's first
+    /// decision, would otherwise write the base of the slot it was sent for back over
+    /// a lowered one, for the rest of the slot.
     fn absorb(
         self: &Arc<Self>,
         r: &Arc<SharedRoute>,
@@ -1369,15 +1385,10 @@ impl Inner {
             r.limit_gauge.set(f64::NAN);
         }
         if let Some(roll) = reply.roll {
-            let params = params();
-            if self.config.mode == SyncMode::Exact {
-                r.base_limit
-                    .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
-            }
             tokio::spawn(step(
                 Arc::clone(self),
                 Arc::clone(r),
-                params,
+                params(),
                 reply.slot,
                 reply.now_us,
                 roll,
