@@ -4986,3 +4986,49 @@ async fn exact_a_lowered_base_limit_applies_to_the_next_shared_decisions() {
         "{admitted} admitted at a base of 40 after another instance's rollover"
     );
 }
+
+/// A route in fallback with `fail_mode = "open"` or `"closed"` has no bucket level:
+/// no bucket decides its requests (all are admitted, or all refused). Its fallback
+/// bucket, which decides nothing, used to be shown (`rocgate_limiter_level`, the admin
+/// API's `tokens`), full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_failing_open_or_closed_shows_no_bucket_level() {
+    let _serial = one_at_a_time().await;
+    let port = free_ports(1)[0];
+    for mode in [SyncMode::Exact, SyncMode::Batched] {
+        for fail_mode in [
+            rocgate::store::FailMode::Open,
+            rocgate::store::FailMode::Closed,
+        ] {
+            let mut config = RedisConfig::default();
+            config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+            config.key_prefix = "no-level".into();
+            config.mode = mode;
+            config.fail_mode = fail_mode;
+            let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+            let a = Instance::new(
+                &route(100.0, Duration::from_secs(1)),
+                &config,
+                Arc::clone(&clock) as Arc<dyn Clock>,
+            );
+            for _ in 0..50 {
+                if a.store.mode() == StoreMode::Fallback {
+                    break;
+                }
+                let _ = a.check().await;
+                clock.advance(Duration::from_secs(1));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(
+                a.store.mode(),
+                StoreMode::Fallback,
+                "{mode:?} {fail_mode:?}"
+            );
+            let level = a.store.view("order").unwrap().level.unwrap();
+            assert!(
+                level.value.is_nan() && level.capacity.is_nan(),
+                "{mode:?} {fail_mode:?}: {level:?}"
+            );
+        }
+    }
+}

@@ -573,6 +573,9 @@ pub struct SharedView {
     /// not knowing what other instances took meanwhile; its capacity the shared
     /// limit × burst); in batched mode or in fallback, this instance's own bucket at
     /// its share of the limit. `None` in exact mode before Redis answered a decision.
+    /// In fallback with `fail_mode = "open"` or `"closed"`, where no bucket decides
+    /// (every request is admitted, or every one refused), a level and capacity of NaN:
+    /// no level.
     pub level: Option<Level>,
 }
 
@@ -678,21 +681,28 @@ impl SharedRoute {
         }
     }
 
-    fn view(&self, sync: SyncMode, now: Nanos) -> SharedView {
+    fn view(&self, config: &RedisConfig, now: Nanos) -> SharedView {
         SharedView {
             mode: self.mode(),
             limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
             state: state_of(self.state.load(Ordering::Relaxed)),
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
             stepped: *self.stepped.lock().unwrap_or_else(PoisonError::into_inner),
-            level: self.level(sync, now),
+            level: self.level(config, now),
         }
     }
 
     /// See [`SharedView::level`]. The shared bucket's capacity is [`DECIDE`]'s: the
     /// limit × burst, whole, at least 1.
-    fn level(&self, sync: SyncMode, now: Nanos) -> Option<Level> {
-        if sync == SyncMode::Batched || self.mode() == StoreMode::Fallback {
+    fn level(&self, config: &RedisConfig, now: Nanos) -> Option<Level> {
+        let fallen = self.mode() == StoreMode::Fallback;
+        if fallen && config.fail_mode != FailMode::Local {
+            return Some(Level {
+                value: f64::NAN,
+                capacity: f64::NAN,
+            });
+        }
+        if config.mode == SyncMode::Batched || fallen {
             return Some(self.fallback.level(now));
         }
         let tokens = f64::from_bits(self.tokens.load(Ordering::Relaxed));
@@ -1040,7 +1050,7 @@ impl RedisStore {
             inner
                 .routes
                 .get(route)?
-                .view(inner.config.mode, inner.clock.now()),
+                .view(&inner.config, inner.clock.now()),
         )
     }
 
@@ -1081,9 +1091,7 @@ impl RedisStore {
             .routes
             .iter()
             .map(|r| {
-                let view = r
-                    .value()
-                    .view(self.inner.config.mode, self.inner.clock.now());
+                let view = r.value().view(&self.inner.config, self.inner.clock.now());
                 (r.key().to_string(), view)
             })
             .collect();
