@@ -735,7 +735,8 @@ async fn cut_together(server: &impl Servers) {
     rejections_name_the_cut(&a).await;
 }
 
-/// 200 decisions on `inst`: some rejected, each for the rate-of-change cut.
+/// 200 decisions on [`quick_route`] on `inst`: some rejected, each for the
+/// rate-of-change cut; and the store tells when the shared limit will next rise.
 async fn rejections_name_the_cut(inst: &Instance) {
     let mut reasons = Vec::new();
     for _ in 0..200 {
@@ -746,6 +747,13 @@ async fn rejections_name_the_cut(inst: &Instance) {
     assert!(
         !reasons.is_empty() && reasons.iter().all(|r| *r == Reason::RocCut),
         "{reasons:?}"
+    );
+    // One restore interval (1 s) after the hold (5 s) from the first calm slot, which
+    // is a window (1 s) after the cut at the latest, if it is still to come.
+    let eta = inst.store.restore_eta("order", inst.clock.now());
+    assert!(
+        eta.is_some_and(|e| e > Duration::from_secs(1) && e <= Duration::from_millis(7_100)),
+        "{eta:?}"
     );
 }
 
@@ -5031,4 +5039,80 @@ async fn a_route_failing_open_or_closed_shows_no_bucket_level() {
             );
         }
     }
+}
+
+/// `POST /api/order`: the status, and the `Retry-After` of a rejection for `roc_cut`
+/// (`None` for anything else), seconds.
+async fn post_order_cut_retry(
+    client: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+) -> (u16, Option<u64>) {
+    use http_body_util::BodyExt;
+    client.ready().await.unwrap();
+    let req = http::Request::post("/api/order")
+        .header("host", "shop.example")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let cut = res
+        .headers()
+        .get("rocgate-reason")
+        .is_some_and(|v| v == "roc_cut");
+    let retry = res
+        .headers()
+        .get("retry-after")
+        .filter(|_| cut)
+        .map(|v| v.to_str().unwrap().parse().unwrap());
+    let status = res.status().as_u16();
+    let _ = res.into_body().collect().await;
+    (status, retry)
+}
+
+/// A distributed route cut by the shared controller tells the clients it refuses when
+/// the limit will next rise, with jitter, as a local route's cut does (README:
+/// `Retry-After`): not the bucket's wait, a second, which sent every refused client
+/// back at once into the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_cut_tells_refused_clients_when_the_limit_rises() {
+    let _serial = one_at_a_time().await;
+    use rocgate::store::StoreConfig;
+
+    let server = RedisServer::start().await;
+    let (upstream_addr, upstream_task) = start_ok_upstream().await;
+    let mut config = Config::new(vec![quick_route()]);
+    config.store = StoreConfig::Redis(store_config(&server, "cut-retry"));
+    let proxy = Served::start(upstream_addr, &config, None).await;
+    let mut client = http1::connect(proxy.addr).await;
+    // Calm for more than a window, then a spike until the shared controller cuts and
+    // 20 requests are refused for it.
+    let started = tokio::time::Instant::now();
+    let mut told = Vec::new();
+    while started.elapsed() < Duration::from_secs(6) && told.len() < 20 {
+        let spike = started.elapsed() > Duration::from_millis(1500);
+        for _ in 0..if spike { 10 } else { 1 } {
+            if let (429, Some(retry)) = post_order_cut_retry(&mut client).await {
+                told.push(retry);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(if spike { 5 } else { 100 })).await;
+    }
+    assert!(
+        told.len() >= 20,
+        "the shared controller did not cut: {told:?}"
+    );
+    // The first rise: the hold (5 s) and one restore interval (1 s) after the spike
+    // reads calm, at the earliest a window (1 s) after the cut; then up to as long
+    // again of jitter, at most 10 s, and the rounding up to whole seconds.
+    assert!(
+        told.iter().all(|&s| (5..=18).contains(&s)),
+        "Retry-After {told:?}"
+    );
+    assert!(
+        told.iter().any(|&s| s != told[0]),
+        "no jitter: Retry-After {told:?}"
+    );
+    proxy.stop().await;
+    upstream_task.abort();
 }

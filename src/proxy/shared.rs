@@ -105,17 +105,21 @@ where
                 let decision = gate.store.check(&engine, route, now).await;
                 match decision {
                     Decision::Reject(rej) => {
-                        let limit = engine
-                            .route_name(route)
+                        let name = engine.route_name(route);
+                        let limit = name
                             .and_then(|name| gate.store.view(name))
                             .map(|v| v.limit_rps)
                             .or_else(|| engine.limit_rps(route))
                             .unwrap_or(0.0);
+                        // For a cut, the shared restore schedule with jitter, as the
+                        // admission layer tells of a local route's.
+                        let eta = name.and_then(|name| gate.store.restore_eta(name, now));
+                        let retry_after = rejection::retry_after(&rej, eta);
                         Ok(rejection::respond_at_limit(
                             &engine,
                             route,
                             &rej,
-                            rej.retry_after,
+                            retry_after,
                             limit,
                         ))
                     }

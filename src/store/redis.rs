@@ -177,12 +177,16 @@ use std::time::Duration;
 /// slots up to `cur` (the last slot that had a call), with a window of counts before
 /// each, and none of the silent slots after `cur`, which all count zero.
 ///
-/// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll}`;
-/// `limit` is the one the call was decided at (the stored one, or `ARGV[3]` if lower);
-/// `tokens` is the bucket's level after this call (nil when `ARGV[7]` is `0`); `roll`
-/// is present only for the call that observed a new slot: `{lo, counts of slots
+/// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll,
+/// memory}`; `limit` is the one the call was decided at (the stored one, or `ARGV[3]`
+/// if lower); `tokens` is the bucket's level after this call (nil when `ARGV[7]` is
+/// `0`); `roll` is nil but for the call that observed a new slot: `{lo, counts of slots
 /// lo..cur (or lo..slot-1, whichever ends first; none when `cur` is before `lo`),
-/// controller fields (limit, state, through, entered, armed, safe, roc)}`.
+/// controller fields (limit, state, through, entered, armed, safe, roc, slot_us,
+/// slots)}`; `memory` is present only while the controller is not normal, for a call
+/// that was refused or took no token (batched mode): the controller fields as in
+/// `roll`, from which the caller tells when the limit will next rise (the
+/// `Retry-After` of a rejection for a cut).
 pub const DECIDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -273,8 +277,9 @@ if fresh then
   redis.call('PEXPIRE', KEYS[2], ttl)
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
-local result = {admit, wait, string.format('%.17g', limit), tonumber(ctl[2]) or 0, now, slot, ctl[7], level}
-if roll then result[9] = roll end
+local state = tonumber(ctl[2]) or 0
+local result = {admit, wait, string.format('%.17g', limit), state, now, slot, ctl[7], level, roll}
+if state ~= 0 and (admit == 0 or ARGV[7] ~= '1') then result[10] = ctl end
 return result
 ";
 
@@ -608,6 +613,10 @@ struct SharedRoute {
     state: AtomicU8,
     /// The shared ROC last seen, f64 bits.
     roc: AtomicU64,
+    /// When (this instance's clock, ns) the shared controller will next raise the
+    /// limit, as the last answer that told it put it; 0 when not known, or normal
+    /// (see [`RedisStore::restore_eta`]).
+    next_raise: AtomicU64,
     /// Exact mode: the shared bucket's tokens after this instance's last decision
     /// answered, f64 bits (NaN before the first).
     tokens: AtomicU64,
@@ -918,6 +927,11 @@ impl RedisStore {
     /// shadow-rejected), so the engine's snapshots and metrics show this instance's
     /// traffic on the route. A route `engine` does not hold (see [`RouteId`]) is
     /// admitted uncounted, as [`Engine::check`] admits it.
+    ///
+    /// A rejection's `retry_after` is the bucket's wait, as [`Engine::check`]'s is;
+    /// for a `roc_cut` rejection, [`restore_eta`](Self::restore_eta) tells when the
+    /// shared limit will next rise, as [`Engine::restore_eta`] does for a local
+    /// route.
     pub async fn check(&self, engine: &Engine, route: RouteId, now: Nanos) -> Decision {
         let (decision, rejected) = self.decide(engine, route, now).await;
         engine.record(route, rejected, now);
@@ -976,7 +990,7 @@ impl RedisStore {
                 };
                 let answer = (reply.admit, reply.wait_us, reply.limit, reply.state);
                 let tokens = reply.tokens;
-                inner.absorb(&r, reply, || params);
+                inner.absorb(&r, reply, &params, now);
                 if let Some(tokens) = tokens {
                     r.tokens.store(tokens.to_bits(), Ordering::Relaxed);
                     r.tokens_at.store(now.as_u64(), Ordering::Relaxed);
@@ -1052,6 +1066,26 @@ impl RedisStore {
                 .get(route)?
                 .view(&inner.config, inner.clock.now()),
         )
+    }
+
+    /// How long after `now` (this instance's clock) the shared controller will next
+    /// raise `route`'s limit, at the earliest, as the last answer that told it put it
+    /// (in exact mode each rejection while the controller is not normal, in batched
+    /// mode each sync): the basis of `Retry-After` for a `roc_cut` rejection of the
+    /// route, as [`Engine::restore_eta`] is for a local route's
+    /// (`rocgate::http::rejection::retry_after` adds the jitter). `None` when the
+    /// shared controller was last seen normal, or it is not known.
+    pub fn restore_eta(&self, route: &str, now: Nanos) -> Option<Duration> {
+        match self
+            .inner
+            .routes
+            .get(route)?
+            .next_raise
+            .load(Ordering::Relaxed)
+        {
+            0 => None,
+            at => Some(Nanos::new(at).saturating_since(now)),
+        }
     }
 
     /// Forgets every route that `engine` (the one a reload just put in force) does
@@ -1255,6 +1289,7 @@ impl Inner {
             limit: AtomicU64::new(base.to_bits()),
             state: AtomicU8::new(ControllerState::Normal.as_index()),
             roc: AtomicU64::new(0f64.to_bits()),
+            next_raise: AtomicU64::new(0),
             tokens: AtomicU64::new(f64::NAN.to_bits()),
             tokens_at: AtomicU64::new(0),
             fallback: TokenBucket::new(share, burst, now),
@@ -1277,6 +1312,8 @@ impl Inner {
                 .store(old.state.load(Ordering::Relaxed), Ordering::Relaxed);
             r.roc
                 .store(old.roc.load(Ordering::Relaxed), Ordering::Relaxed);
+            r.next_raise
+                .store(old.next_raise.load(Ordering::Relaxed), Ordering::Relaxed);
             r.tokens
                 .store(old.tokens.load(Ordering::Relaxed), Ordering::Relaxed);
             r.tokens_at
@@ -1369,8 +1406,10 @@ impl Inner {
         reply
     }
 
-    /// Takes in what Redis answered: the shared limit and state, and, for the winner
-    /// of a rollover, the controller step under `params` (in a task of its own). The
+    /// Takes in what Redis answered at `now` (this instance's clock): the shared limit
+    /// and state, when the limit will next rise if it told the controller's memory,
+    /// and, for the winner of a rollover, the controller step under `params` (in a
+    /// task of its own). The
     /// base limit is taken before the call, not from its answer: in exact mode by each
     /// decision, in batched mode by each slot's first decision only (see
     /// [`Inner::batched`]): the end-of-slot sync, answered after the next slot's first
@@ -1380,10 +1419,18 @@ impl Inner {
         self: &Arc<Self>,
         r: &Arc<SharedRoute>,
         reply: Reply,
-        params: impl FnOnce() -> ControllerParams,
+        params: &ControllerParams,
+        now: Nanos,
     ) {
         r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
         r.state.store(reply.state, Ordering::Relaxed);
+        if reply.state == ControllerState::Normal.as_index() {
+            r.next_raise.store(0, Ordering::Relaxed);
+        } else if let Some(memory) = &reply.memory {
+            let at = next_raise(params, &r.window, memory, reply.now_us)
+                .map_or(0, |eta| (now + eta).as_u64().max(1));
+            r.next_raise.store(at, Ordering::Relaxed);
+        }
         r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
         r.limit_gauge.set(reply.limit);
         // An answer to a call on a route that a reload has since dropped or made
@@ -1396,7 +1443,7 @@ impl Inner {
             tokio::spawn(step(
                 Arc::clone(self),
                 Arc::clone(r),
-                params(),
+                params.clone(),
                 reply.slot,
                 reply.now_us,
                 roll,
@@ -1690,6 +1737,9 @@ struct Reply {
     /// The shared bucket's level after the call (when it took a token).
     tokens: Option<f64>,
     roll: Option<Roll>,
+    /// The controller's memory, when it is not normal and the call was refused or
+    /// took no token.
+    memory: Option<StoredController>,
 }
 
 /// The completed slots a rollover hands to its winner.
@@ -1725,6 +1775,10 @@ impl Reply {
             Some(Value::Array(roll)) => Some(Roll::parse(roll)?),
             _ => None,
         };
+        let memory = match next() {
+            Some(Value::Array(ctl)) => Some(StoredController::parse(&ctl)),
+            _ => None,
+        };
         (limit.is_finite() && limit > 0.0).then_some(Reply {
             admit,
             wait_us,
@@ -1735,6 +1789,7 @@ impl Reply {
             roc,
             tokens,
             roll,
+            memory,
         })
     }
 }
@@ -1879,11 +1934,11 @@ async fn sync(
     slot: u64,
 ) {
     if let Some(reply) = inner.call(&r, arrivals, false, 0).await {
-        inner.absorb(&r, reply, || params.clone());
+        inner.absorb(&r, reply, &params, inner.clock.now());
     }
     if let Some(more) = flush(&inner, &r, slot).await {
         if let Some(reply) = inner.call(&r, more, false, 0).await {
-            inner.absorb(&r, reply, || params);
+            inner.absorb(&r, reply, &params, inner.clock.now());
         }
     }
 }
@@ -2056,31 +2111,8 @@ fn replay(
         return None;
     }
     let slot_ns = window.slot().as_micros() as u64 * 1000;
-    // Continued as of the end of the slot it last stepped: as of now, a restore that
-    // reaches base in the slots still to step would end before they are stepped,
-    // unreported and dated now.
-    let stepped_at = roll.memory.through.map_or(now, |t| {
-        Nanos::new((t + 1).saturating_mul(slot_ns)).min(now)
-    });
-    let mut controller = match roll.memory.memory {
-        Some(m) => {
-            // Times stored under a clock ahead of Redis's now (it went back) would hold
-            // the controller in its state, and unarmed, until the clock caught up.
-            let m = ControllerMemory {
-                entered_at: m.entered_at.min(now),
-                armed_at: m.armed_at.min(now + window.window()),
-                safe_since: m.safe_since.map(|t| t.min(now)),
-                ..m
-            };
-            let mut c = Controller::from_memory(params, m, stepped_at);
-            // Stepped before, but not in this window: its slot or length changed.
-            if roll.memory.through.is_none() {
-                c.rearm(now, window.window());
-            }
-            c
-        }
-        None => Controller::new(params, now, window.window()),
-    };
+    let stepped_at = stepped_at(window, &roll.memory, now);
+    let mut controller = resume(params, window, &roll.memory, now);
     let count = |i: u64| -> u64 {
         let at = i as i64 - roll.lo;
         usize::try_from(at)
@@ -2138,6 +2170,60 @@ fn replay(
         in_cut += Nanos::new((last + 1).saturating_mul(slot_ns)).saturating_since(since);
     }
     Some((controller, last, transitions, in_cut))
+}
+
+/// When the stored controller was last stepped to, as of Redis's `now`: the end of the
+/// slot it last stepped (as of now, a restore that reaches base in the slots still to
+/// step would end before they are stepped, unreported and dated now), or now without
+/// one.
+fn stepped_at(window: &WindowSpec, stored: &StoredController, now: Nanos) -> Nanos {
+    let slot_ns = window.slot().as_micros() as u64 * 1000;
+    stored.through.map_or(now, |t| {
+        Nanos::new((t + 1).saturating_mul(slot_ns)).min(now)
+    })
+}
+
+/// The stored controller continued under `params` at Redis's `now`, as the next step
+/// continues it (a new one without a memory).
+fn resume(
+    params: ControllerParams,
+    window: &WindowSpec,
+    stored: &StoredController,
+    now: Nanos,
+) -> Controller {
+    let Some(m) = stored.memory else {
+        return Controller::new(params, now, window.window());
+    };
+    // Times stored under a clock ahead of Redis's now (it went back) would hold the
+    // controller in its state, and unarmed, until the clock caught up.
+    let m = ControllerMemory {
+        entered_at: m.entered_at.min(now),
+        armed_at: m.armed_at.min(now + window.window()),
+        safe_since: m.safe_since.map(|t| t.min(now)),
+        ..m
+    };
+    let mut c = Controller::from_memory(params, m, stepped_at(window, stored, now));
+    // Stepped before, but not in this window: its slot or length changed.
+    if stored.through.is_none() {
+        c.rearm(now, window.window());
+    }
+    c
+}
+
+/// How long after Redis's `now_us` the stored controller, continued under `params`,
+/// will next raise the limit ([`Controller::next_raise_at`], as
+/// [`Engine::restore_eta`] tells it of a local route); `None` without a memory, or in
+/// `Normal`.
+fn next_raise(
+    params: &ControllerParams,
+    window: &WindowSpec,
+    stored: &StoredController,
+    now_us: u64,
+) -> Option<Duration> {
+    stored.memory?;
+    let now = Nanos::new(now_us.saturating_mul(1000));
+    let c = resume(params.clone(), window, stored, now);
+    Some(c.next_raise_at(now, window.window())?.saturating_since(now))
 }
 
 /// A [`SharedRoute::fallback_limit`] that is no share's: the fallback bucket's last

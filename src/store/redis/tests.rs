@@ -351,6 +351,63 @@ fn a_reply_carries_the_buckets_level_and_the_roll_after_it() {
     assert_eq!(reply.tokens, None);
     let roll = reply.roll.unwrap();
     assert_eq!((roll.lo, roll.counts.len()), (40, 10));
+    assert!(reply.memory.is_none());
+    // Refused under a cut, no rollover: the controller's memory after the roll's place.
+    let mut refused = head();
+    refused.push(text("0"));
+    refused.push(Value::Nil);
+    refused.push(Value::Array(vec![
+        text("60"),
+        text("1"),
+        text("49"),
+        text("4000000000"),
+        text("4000000000"),
+        Value::Nil,
+        text("90"),
+    ]));
+    let reply = Reply::parse(Value::Array(refused)).unwrap();
+    assert!(reply.roll.is_none());
+    let memory = reply.memory.unwrap().memory.unwrap();
+    assert_eq!(memory.state, ControllerState::Cut);
+    assert_eq!(memory.entered_at, Nanos::from_secs(4));
+}
+
+#[test]
+fn a_stored_cut_rises_after_its_hold_and_one_interval() {
+    let params = ControllerParams {
+        hold: Duration::from_secs(5),
+        restore_interval: Duration::from_secs(1),
+        min_dwell: Duration::ZERO,
+        ..ControllerParams::default()
+    };
+    let cut_at = |entered: u64, safe: Option<u64>| StoredController {
+        through: Some(39),
+        memory: Some(ControllerMemory {
+            state: ControllerState::Cut,
+            entered_at: Nanos::from_secs(entered),
+            armed_at: Nanos::from_secs(entered),
+            safe_since: safe.map(Nanos::from_secs),
+            limit_rps: params.cut_limit_rps,
+            last_roc: 0.0,
+        }),
+    };
+    let us = |s: u64| s * 1_000_000;
+    // Still spiking: calm a window (1 s) after the cut at the earliest, then the hold
+    // and one interval.
+    assert_eq!(
+        next_raise(&params, &window(), &cut_at(4, None), us(4)),
+        Some(Duration::from_secs(7))
+    );
+    // Calm since 6 s: at 11 s and one interval, seen at 8 s.
+    assert_eq!(
+        next_raise(&params, &window(), &cut_at(4, Some(6)), us(8)),
+        Some(Duration::from_secs(4))
+    );
+    // No memory, or normal: not known.
+    assert_eq!(
+        next_raise(&params, &window(), &StoredController::default(), us(8)),
+        None
+    );
 }
 
 #[test]
