@@ -54,7 +54,7 @@
 //! | `rocgate_store_errors_total` | counter | `kind` | shared-store calls that failed: `timeout`, `error` (none in local mode) |
 //! | `rocgate_store_fallback_total` | counter | `route` | decisions on distributed routes taken locally because the store could not answer |
 //! | `rocgate_store_requests_total` | counter | `route`, `decision` | decisions on the shared state: `admitted`, `rejected`, `shadow_rejected` |
-//! | `rocgate_store_limit_rps` | gauge | `route` | the shared limit, as this instance last saw it |
+//! | `rocgate_store_limit_rps` | gauge | `route` | the shared limit, as this instance last saw it (in exact mode, this instance's base limit in force where that is lower: the limit Redis decided its last request at) |
 //! | `rocgate_store_roc` | gauge | `route` | ROC of the last slot the shared controller observed (the fleet's traffic, in the route's `roc_mode`), as this instance last saw it |
 //! | `rocgate_store_instances` | gauge | | live instances, as last counted through the heartbeat |
 //! | `rocgate_build_info` | gauge | `version` | always 1 |

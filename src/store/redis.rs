@@ -562,7 +562,9 @@ impl StoreMode {
 pub struct SharedView {
     /// Whether this instance decides the route on the shared state or locally.
     pub mode: StoreMode,
-    /// The shared limit, req/s.
+    /// The shared limit, req/s, as the last answer gave it: the shared controller's,
+    /// or this instance's base limit in force where that is lower (see [`DECIDE`]'s
+    /// `ARGV[3]`).
     pub limit_rps: f64,
     /// The shared controller's state.
     pub state: ControllerState,
