@@ -305,6 +305,66 @@ fn shadow_mode_says_whether_enforcing_is_safe() {
     assert!(hint.reason.contains("protected"), "{}", hint.reason);
 }
 
+/// A shadow route whose base limit would have rejected a third of a healthy
+/// upstream's traffic, and no other hint: the verdict said "not safe to enforce yet;
+/// tune the limits first (see the other hints)", pointing at hints there were none of
+/// (a shadow route rejects nothing, so `raise_base_limit` has no rejections to judge).
+/// It names the setting itself: the base limit, toward the demand seen while healthy.
+#[test]
+fn a_shadow_verdict_without_other_hints_names_what_to_tune() {
+    let h = advise("mode = \"shadow\"", &steady(300.0), Some(1000));
+    let verdict = find(&h, "shadow_verdict").unwrap();
+    assert!(verdict.reason.contains("not safe"), "{}", verdict.reason);
+    assert!(
+        h.iter()
+            .all(|o| o.rule == "shadow_verdict" || o.suggested.is_none()),
+        "{h:#?}"
+    );
+    assert!(
+        !verdict.reason.contains("see the other hints")
+            && verdict
+                .reason
+                .contains("raise base_limit from 200 req/s toward 300 req/s"),
+        "{}",
+        verdict.reason
+    );
+}
+
+/// The same for the ROC cut of a `shadow_adaptive` route: cuts while the upstream was
+/// healthy, with demand above the base limit at their peak (so not the false cuts
+/// `raise_danger_roc` judges), would have rejected 6.7%: the verdict names
+/// `danger_roc` and `cut_limit` with the figures of those cuts.
+#[test]
+fn a_shadow_adaptive_verdict_without_other_hints_names_the_cut_settings() {
+    let settings = engine_settings("mode = \"shadow_adaptive\"");
+    let mut intervals = seconds(180, false);
+    for i in &mut intervals[10..16] {
+        i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+        i.peak_demand_rps = 250.0;
+        i.shadow_rejected[Reason::RocCut.index()] = 60;
+    }
+    intervals[10].cuts = 1;
+    intervals[10].cut_roc = 95.0;
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let verdict = find(&h, "shadow_verdict").unwrap_or_else(|| panic!("{h:#?}"));
+    assert!(
+        h.iter()
+            .all(|o| o.rule == "shadow_verdict" || o.suggested.is_none()),
+        "{h:#?}"
+    );
+    assert!(
+        verdict.reason.contains("not safe")
+            && verdict.reason.contains("raise danger_roc (")
+            && verdict.reason.contains("above 95")
+            && verdict.reason.contains("cut_limit (")
+            && verdict
+                .reason
+                .contains("(their demand peaked at 250 req/s)"),
+        "{}",
+        verdict.reason
+    );
+}
+
 /// A shadow route rejects nothing: 300 req/s against a service of 250 behind a base
 /// limit of 200 saturated it because shadow let the load through, not because the base
 /// limit did, and `lower_base_limit` said 200 → 160 ("0.0% of 18000 requests were
@@ -1602,7 +1662,7 @@ fn shadow_route_and_sale(sale: Vec<rocgate::hints::Interval>) -> (Vec<Hint>, Vec
 fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
     let mut busy = seconds(100, false);
     for i in &mut busy {
-        i.shadow_rejected = 20;
+        i.shadow_rejected[Reason::Limit.index()] = 20;
     }
     let (own, sale) = shadow_route_and_sale(busy);
     let verdicts: Vec<&Hint> = own

@@ -47,8 +47,10 @@ pub struct Interval {
     pub offered: u64,
     /// Requests rejected, by reason.
     pub rejected: ReasonArray,
-    /// Requests a shadow mode admitted but would have rejected.
-    pub shadow_rejected: u64,
+    /// Requests a shadow mode admitted but would have rejected, by the reason it
+    /// would have rejected them for (in `shadow_adaptive`, only the cut's,
+    /// [`Reason::RocCut`]: it enforces the base limit).
+    pub shadow_rejected: ReasonArray,
     /// Every completed slot's ROC, in the route's mode.
     pub roc: Sketch,
     /// Seconds spent in each controller state, by [`ControllerState::as_index`].
@@ -100,6 +102,11 @@ impl Interval {
         self.rejected.iter().sum()
     }
 
+    /// All that a shadow mode would have rejected.
+    pub fn shadow_rejected_total(&self) -> u64 {
+        self.shadow_rejected.iter().sum()
+    }
+
     /// Requests admitted.
     pub fn admitted(&self) -> u64 {
         self.offered.saturating_sub(self.rejected_total())
@@ -120,7 +127,13 @@ impl Interval {
         for (mine, theirs) in self.rejected.iter_mut().zip(&earlier.rejected) {
             *mine += theirs;
         }
-        self.shadow_rejected += earlier.shadow_rejected;
+        for (mine, theirs) in self
+            .shadow_rejected
+            .iter_mut()
+            .zip(&earlier.shadow_rejected)
+        {
+            *mine += theirs;
+        }
         self.roc.merge(&earlier.roc);
         for (mine, theirs) in self.in_state.iter_mut().zip(&earlier.in_state) {
             *mine += theirs;
@@ -289,7 +302,7 @@ struct Totals {
     serial: u64,
     offered: u64,
     rejected: ReasonArray,
-    shadow_rejected: u64,
+    shadow_rejected: ReasonArray,
     upstream: Option<MeterReading>,
 }
 
@@ -395,7 +408,7 @@ impl History {
                 serial: snap.serial,
                 offered: snap.offered,
                 rejected: reason_array(&snap.rejected),
-                shadow_rejected: snap.shadow_rejected.iter().map(|(_, n)| n).sum(),
+                shadow_rejected: reason_array(&snap.shadow_rejected),
                 upstream: upstream.and_then(|u| u.reading(&snap.name)),
             };
             let interval = self.interval;
@@ -428,7 +441,9 @@ impl History {
             for (i, n) in totals.rejected.iter().enumerate() {
                 open.rejected[i] = delta(*n, before.rejected[i]);
             }
-            open.shadow_rejected = delta(totals.shadow_rejected, before.shadow_rejected);
+            for (i, n) in totals.shadow_rejected.iter().enumerate() {
+                open.shadow_rejected[i] = delta(*n, before.shadow_rejected[i]);
+            }
             open.upstream = totals
                 .upstream
                 .map(|now| now.since(&before.upstream.unwrap_or_default()));
@@ -674,6 +689,33 @@ mod tests {
         assert_eq!(all[0].1.len(), 1);
         assert_eq!(all[0].1[0].offered, 1);
         assert_eq!(all[0].1[0].upstream.as_ref().unwrap().requests, 0);
+    }
+
+    /// What a shadow route would have rejected is kept by reason, as the engine's
+    /// snapshot counts it, so that a verdict can say which setting would have
+    /// rejected it: the bucket of 200 would have rejected 50 of 250 for `limit`.
+    #[test]
+    fn ticks_keep_shadow_rejections_by_reason() {
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.mode = Mode::Shadow;
+        let engine = Engine::new(
+            &crate::config::Config::new(vec![route]),
+            Nanos::ZERO,
+            UNIX_EPOCH,
+        )
+        .unwrap();
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
+        let s = Nanos::from_secs;
+        h.tick(s(0), &engine.snapshot(s(0)), [settings("r")], None);
+        for _ in 0..250 {
+            let _ = engine.check(engine.route_at(0).unwrap(), Key::None, s(0));
+        }
+        h.tick(s(1), &engine.snapshot(s(1)), [settings("r")], None);
+        let all = h.since(Nanos::ZERO);
+        let i = &all[0].1[0];
+        assert_eq!(i.rejected_total(), 0);
+        assert_eq!(i.shadow_rejected[Reason::Limit.index()], 50);
+        assert_eq!(i.shadow_rejected_total(), 50);
     }
 
     /// A concurrency route's slots say how many requests were in flight: the interval

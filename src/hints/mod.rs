@@ -21,7 +21,7 @@
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
-//! | `shadow_verdict` | shadow modes: what enforcing would have rejected | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated |
+//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune where no other hint suggests a change (`base_limit` toward the demand seen while healthy, or `danger_roc` / `cut_limit` for the cut) |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
 //! `concurrency` route the base limit counts requests in flight: the upstream's
@@ -288,11 +288,14 @@ pub fn advise(
         lower_danger,
         quiet_cuts,
         e.faster_restore(),
-        e.shadow_verdict(),
     ]
     .into_iter()
     .flatten()
     .collect();
+    // Whether another hint says what to change: a verdict "not safe to enforce yet"
+    // names the settings itself where none does.
+    let others_advise = hints.iter().any(|h| h.suggested.is_some());
+    hints.extend(e.shadow_verdict(others_advise));
     if hints.is_empty() {
         hints.push(e.hint(
             "no_change",
@@ -1067,7 +1070,7 @@ impl<'a> Evidence<'a> {
             + self
                 .intervals
                 .iter()
-                .map(|i| i.shadow_rejected)
+                .map(Interval::shadow_rejected_total)
                 .sum::<u64>();
         let few_rejected = (rejected as f64) < 0.01 * self.offered as f64;
         let above_capacity = capacity.is_some_and(|c| c < base);
@@ -1581,17 +1584,28 @@ impl<'a> Evidence<'a> {
         }
     }
 
-    fn shadow_verdict(&self) -> Option<Hint> {
+    /// `others_advise`: another hint of this part suggests a change. Where none does,
+    /// a verdict "not safe to enforce yet" says what to tune itself
+    /// ([`Evidence::shadow_tuning`]): it pointed at the other hints, and there may be
+    /// none (`raise_base_limit` judges rejections, which a shadow route has none of).
+    fn shadow_verdict(&self, others_advise: bool) -> Option<Hint> {
         let mode = match self.s.mode {
             Mode::Enforce => return None,
             Mode::Shadow => "shadow",
             Mode::ShadowAdaptive => "shadow_adaptive",
         };
         let (mut would, mut would_saturated) = (0u64, 0u64);
+        // What would have been rejected outside the intervals the upstream saturated
+        // in, by reason.
+        let mut unneeded: ReasonArray = [0; Reason::ALL.len()];
         for (i, h) in self.intervals.iter().zip(&self.health) {
-            would += i.shadow_rejected;
+            would += i.shadow_rejected_total();
             if *h == Health::Saturated {
-                would_saturated += i.shadow_rejected;
+                would_saturated += i.shadow_rejected_total();
+            } else {
+                for (mine, n) in unneeded.iter_mut().zip(&i.shadow_rejected) {
+                    *mine += n;
+                }
             }
         }
         let what = if self.s.mode == Mode::Shadow {
@@ -1627,15 +1641,156 @@ impl<'a> Evidence<'a> {
                 ),
             ));
         }
+        let tune = if others_advise {
+            "tune the limits first (see the other hints)".to_owned()
+        } else {
+            self.shadow_tuning(&unneeded)
+        };
         Some(self.hint(
             "shadow_verdict",
             Severity::Info,
             None,
             None,
             format!(
-                "{figures}, mostly while the upstream was not saturated: not safe to enforce yet; tune the limits first (see the other hints)"
+                "{figures}, mostly while the upstream was not saturated: not safe to enforce yet; {tune}"
             ),
         ))
+    }
+
+    /// What to tune before a shadow route can enforce, for a verdict no other hint
+    /// backs: for each reason that `would` (what would have been rejected outside the
+    /// intervals in which the upstream saturated) holds at least a tenth of, the most
+    /// first, the setting behind it: the base limit (toward the demand seen while the
+    /// upstream was healthy) or the cut (`danger_roc`, `cut_limit`), quoting what the
+    /// intervals hold.
+    fn shadow_tuning(&self, would: &ReasonArray) -> String {
+        let total: u64 = would.iter().sum();
+        let cut = would[Reason::RocCut.index()];
+        let fallback = would[Reason::FallbackLocal.index()];
+        let base = total - cut - fallback;
+        let mut parts = [(base, 0), (cut, 1), (fallback, 2)];
+        parts.sort_by_key(|&(n, _)| std::cmp::Reverse(n));
+        parts
+            .iter()
+            .enumerate()
+            .filter(|&(k, &(n, _))| k == 0 || (n > 0 && n * 10 >= total))
+            .map(|(_, &(n, which))| {
+                let share = pct(n, total);
+                match which {
+                    0 => self.shadow_base_tuning(&share),
+                    1 => self.shadow_cut_tuning(&share),
+                    _ => format!(
+                        "{share} of them by the local fallback limiter while Redis was away, which the route's limits do not set: judge again over a period with Redis reached"
+                    ),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// [`Evidence::shadow_tuning`] of the base limit: raise it toward the most demand
+    /// (requests in flight on `concurrency`) seen in an interval in which the
+    /// upstream was measured healthy, within its known capacity.
+    fn shadow_base_tuning(&self, share: &str) -> String {
+        let base = self.base();
+        let by = format!(
+            "{share} of them by the base limit of {} {}",
+            fmt_num(base),
+            self.units()
+        );
+        if self.s.partitioned {
+            return format!(
+                "{by}: raise base_limit (each key's; one key's demand is not observed, so no value is suggested)"
+            );
+        }
+        let demand = self
+            .intervals
+            .iter()
+            .zip(&self.health)
+            .filter(|(_, h)| **h == Health::Healthy)
+            .filter_map(|(i, _)| {
+                if self.concurrency() {
+                    i.peak_in_flight
+                } else {
+                    Some(i.peak_demand_rps.max(i.offered as f64 / i.secs()))
+                }
+            })
+            .reduce(f64::max);
+        let Some(demand) = demand else {
+            return format!(
+                "{by}: raise base_limit (the upstream's health was not measured, so no value is suggested)"
+            );
+        };
+        let (mut target, mut bound) = (demand, String::new());
+        if let Some((most, why)) = self.highest_base() {
+            if most < target {
+                (target, bound) = (most, why);
+            }
+        }
+        let suggested = self.fit_limit(round_up(target, base), true);
+        if suggested <= base {
+            let burst = match self.s.algorithm {
+                Algorithm::TokenBucket { burst } => format!(
+                    "; on a token bucket, a larger burst ({}) absorbs bursts the base limit need not",
+                    fmt_secs(burst.as_secs_f64())
+                ),
+                _ => String::new(),
+            };
+            return format!(
+                "{by}, though the most demand seen while the upstream was healthy, {} {}, is within it{}: raise base_limit only with evidence it takes more{burst}",
+                fmt_num(demand),
+                self.units(),
+                bound
+            );
+        }
+        format!(
+            "{by}: raise base_limit from {} {} toward {} {}, the most demand seen in an interval while the upstream was healthy ({} {}){bound}",
+            fmt_num(base),
+            self.units(),
+            fmt_num(suggested),
+            self.units(),
+            fmt_num(demand),
+            self.units()
+        )
+    }
+
+    /// [`Evidence::shadow_tuning`] of the cut: `danger_roc` above the ROC that started
+    /// the cuts in which the upstream did not saturate, or `cut_limit` toward the
+    /// demand they saw.
+    fn shadow_cut_tuning(&self, share: &str) -> String {
+        let p = &self.s.params;
+        let unneeded = || self.cuts.iter().filter(|c| !c.saturated);
+        let trigger = unneeded().map(|c| c.trigger_roc).fold(0.0, f64::max);
+        let peak = unneeded().map(|c| c.peak_demand_rps).fold(0.0, f64::max);
+        let danger = if trigger > 0.0 {
+            format!(
+                "raise danger_roc ({}) above {}, the highest ROC that started them",
+                fmt_num(p.danger_roc),
+                fmt_num(trigger)
+            )
+        } else {
+            format!("raise danger_roc ({})", fmt_num(p.danger_roc))
+        };
+        let base = self.base();
+        let toward = if self.concurrency() || self.s.partitioned || peak <= 0.0 {
+            format!("the base limit of {} {}", fmt_num(base), self.units())
+        } else if peak >= base {
+            format!(
+                "the base limit of {} req/s (their demand peaked at {} req/s)",
+                fmt_num(base),
+                fmt_num(peak)
+            )
+        } else {
+            format!(
+                "the {} req/s of demand they saw at their peak",
+                fmt_num(peak)
+            )
+        };
+        format!(
+            "{share} of them by the ROC cut, in cuts during which the upstream did not saturate: {danger}, or cut_limit ({} {}) toward {toward}",
+            fmt_num(p.cut_limit_rps),
+            self.units()
+        )
     }
 }
 

@@ -53,7 +53,9 @@ pub fn intervals(
             for (reason, n) in row.rejected.iter() {
                 i.rejected[reason.index()] += n;
             }
-            i.shadow_rejected += row.shadow_rejected;
+            for (reason, n) in row.shadow_rejected_by_reason.iter() {
+                i.shadow_rejected[reason.index()] += n;
+            }
             // The first window's ROC compares with an earlier half still filling
             // (about the whole rate), and the controller does not act on it.
             if armed == 0 {

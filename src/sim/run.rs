@@ -646,8 +646,9 @@ struct Recorder<'e> {
     /// End of the slot being counted.
     boundary: u64,
     row: SlotRow,
-    /// Shadow would-rejects counted by the engine up to the last closed slot.
-    shadow_seen: u64,
+    /// Shadow would-rejects counted by the engine up to the last closed slot, by
+    /// reason.
+    shadow_seen: crate::hints::ReasonArray,
     rows: Vec<SlotRow>,
     /// Offered and admitted requests on the 100 ms grid, for the busiest second,
     /// when slots are longer than 100 ms or 1 s is not a whole number of them (whole
@@ -664,7 +665,7 @@ impl<'e> Recorder<'e> {
             slot_ns,
             boundary: slot_ns,
             row: SlotRow::empty(0.0),
-            shadow_seen: 0,
+            shadow_seen: Default::default(),
             rows: Vec::with_capacity(usize::try_from(slots).unwrap_or(0)),
             grid: (slot_ns > PEAK_GRID_NS || SECOND_NS % slot_ns != 0)
                 .then(|| (Peak::new(), Peak::new())),
@@ -718,10 +719,14 @@ impl<'e> Recorder<'e> {
             .route_snapshot(self.route, Nanos::new(self.boundary));
         self.rows.push(match snap {
             Some(snap) => {
-                let shadow: u64 = snap.shadow_rejected.iter().map(|(_, n)| n).sum();
+                let shadow = crate::hints::reason_array(&snap.shadow_rejected);
                 let seen = std::mem::replace(&mut self.shadow_seen, shadow);
+                let by_reason =
+                    Reason::ALL.map(|r| (r, shadow[r.index()].saturating_sub(seen[r.index()])));
+                let shadow_rejected_by_reason = ReasonCounts::from_pairs(&by_reason);
                 SlotRow {
-                    shadow_rejected: shadow - seen,
+                    shadow_rejected: shadow_rejected_by_reason.total(),
+                    shadow_rejected_by_reason,
                     roc: snap.roc,
                     danger_roc: snap.danger_roc,
                     safe_roc: snap.safe_roc,
@@ -851,6 +856,8 @@ pub struct SlotRow {
     pub rejected: ReasonCounts,
     /// Shadow modes: admitted but would have been rejected.
     pub shadow_rejected: u64,
+    /// Of those, by the reason they would have been rejected for.
+    pub shadow_rejected_by_reason: ReasonCounts,
     /// Of the admitted, those above the service's capacity ([`Simulator::capacity`]).
     pub overload: u64,
     /// ROC of the last sample the controller saw when the slot began.
@@ -881,6 +888,7 @@ impl SlotRow {
             admitted: 0,
             rejected: ReasonCounts::default(),
             shadow_rejected: 0,
+            shadow_rejected_by_reason: ReasonCounts::default(),
             overload: 0,
             roc: 0.0,
             danger_roc: 0.0,
