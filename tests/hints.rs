@@ -365,6 +365,37 @@ fn a_shadow_adaptive_verdict_without_other_hints_names_the_cut_settings() {
     );
 }
 
+/// Another hint of the route does not cover every setting behind the would-be
+/// rejections: a `shadow_adaptive` route whose base limit (enforced) rejected a fifth
+/// of a healthy upstream's traffic gets `raise_base_limit`, and the verdict on its
+/// cut said "see the other hints", though none of them touches the cut. It names the
+/// cut's settings, and points at the other hint only for a setting it changes.
+#[test]
+fn a_shadow_verdict_names_what_the_other_hints_leave_out() {
+    let settings = engine_settings("mode = \"shadow_adaptive\"");
+    let mut intervals = seconds(300, false);
+    for i in &mut intervals {
+        i.rejected[Reason::Limit.index()] = 60;
+        i.peak_demand_rps = 300.0;
+    }
+    for i in &mut intervals[10..16] {
+        i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+        i.shadow_rejected[Reason::RocCut.index()] = 60;
+    }
+    intervals[10].cuts = 1;
+    intervals[10].cut_roc = 95.0;
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert!(find(&h, "raise_base_limit").is_some(), "{h:#?}");
+    let verdict = find(&h, "shadow_verdict").unwrap_or_else(|| panic!("{h:#?}"));
+    assert!(
+        verdict.reason.contains("not safe")
+            && !verdict.reason.contains("see the other hints")
+            && verdict.reason.contains("raise danger_roc (80) above 95"),
+        "{}",
+        verdict.reason
+    );
+}
+
 /// A shadow route rejects nothing: 300 req/s against a service of 250 behind a base
 /// limit of 200 saturated it because shadow let the load through, not because the base
 /// limit did, and `lower_base_limit` said 200 → 160 ("0.0% of 18000 requests were

@@ -21,7 +21,7 @@
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
-//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune where no other hint suggests a change (`base_limit` toward the demand seen while healthy, or `danger_roc` / `cut_limit` for the cut) |
+//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
 //! `concurrency` route the base limit counts requests in flight: the upstream's
@@ -292,10 +292,10 @@ pub fn advise(
     .into_iter()
     .flatten()
     .collect();
-    // Whether another hint says what to change: a verdict "not safe to enforce yet"
-    // names the settings itself where none does.
-    let others_advise = hints.iter().any(|h| h.suggested.is_some());
-    hints.extend(e.shadow_verdict(others_advise));
+    // A verdict "not safe to enforce yet" names the settings to tune, pointing at
+    // these hints where one of them changes a setting it names.
+    let verdict = e.shadow_verdict(&hints);
+    hints.extend(verdict);
     if hints.is_empty() {
         hints.push(e.hint(
             "no_change",
@@ -498,6 +498,14 @@ pub fn table(hints: &[Hint]) -> String {
         ));
     }
     out
+}
+
+/// A hint's change as the table shows it: `rule (parameter current → suggested)`.
+fn change_of(h: &Hint) -> String {
+    match (&h.parameter, &h.current, &h.suggested) {
+        (Some(p), Some(c), Some(s)) => format!("{} ({p} {c} → {s})", h.rule),
+        _ => h.rule.clone(),
+    }
 }
 
 /// An interval's upstream health.
@@ -1584,11 +1592,11 @@ impl<'a> Evidence<'a> {
         }
     }
 
-    /// `others_advise`: another hint of this part suggests a change. Where none does,
-    /// a verdict "not safe to enforce yet" says what to tune itself
-    /// ([`Evidence::shadow_tuning`]): it pointed at the other hints, and there may be
-    /// none (`raise_base_limit` judges rejections, which a shadow route has none of).
-    fn shadow_verdict(&self, others_advise: bool) -> Option<Hint> {
+    /// `others`: the other hints of this part. A verdict "not safe to enforce yet"
+    /// says what to tune ([`Evidence::shadow_tuning`]): it said "see the other hints",
+    /// and there may be none (`raise_base_limit` judges rejections, which a shadow
+    /// route has none of), or none of the setting behind the would-be rejections.
+    fn shadow_verdict(&self, others: &[Hint]) -> Option<Hint> {
         let mode = match self.s.mode {
             Mode::Enforce => return None,
             Mode::Shadow => "shadow",
@@ -1641,11 +1649,7 @@ impl<'a> Evidence<'a> {
                 ),
             ));
         }
-        let tune = if others_advise {
-            "tune the limits first (see the other hints)".to_owned()
-        } else {
-            self.shadow_tuning(&unneeded)
-        };
+        let tune = self.shadow_tuning(&unneeded, others);
         Some(self.hint(
             "shadow_verdict",
             Severity::Info,
@@ -1657,13 +1661,14 @@ impl<'a> Evidence<'a> {
         ))
     }
 
-    /// What to tune before a shadow route can enforce, for a verdict no other hint
-    /// backs: for each reason that `would` (what would have been rejected outside the
-    /// intervals in which the upstream saturated) holds at least a tenth of, the most
-    /// first, the setting behind it: the base limit (toward the demand seen while the
+    /// What to tune before a shadow route can enforce: for each reason that `would`
+    /// (what would have been rejected outside the intervals in which the upstream
+    /// saturated) holds at least a tenth of, the most first, the setting behind it.
+    /// Where one of `others` (this part's other hints) suggests a change of such a
+    /// setting, that hint; otherwise the base limit (toward the demand seen while the
     /// upstream was healthy) or the cut (`danger_roc`, `cut_limit`), quoting what the
     /// intervals hold.
-    fn shadow_tuning(&self, would: &ReasonArray) -> String {
+    fn shadow_tuning(&self, would: &ReasonArray, others: &[Hint]) -> String {
         let total: u64 = would.iter().sum();
         let cut = would[Reason::RocCut.index()];
         let fallback = would[Reason::FallbackLocal.index()];
@@ -1676,6 +1681,20 @@ impl<'a> Evidence<'a> {
             .filter(|&(k, &(n, _))| k == 0 || (n > 0 && n * 10 >= total))
             .map(|(_, &(n, which))| {
                 let share = pct(n, total);
+                let (by, settings): (&str, &[&str]) = match which {
+                    0 => ("the base limit", &["base_limit", "burst"]),
+                    1 => ("the ROC cut", &["danger_roc", "cut_limit", "min_rps"]),
+                    _ => ("", &[]),
+                };
+                let other = others.iter().find(|h| {
+                    h.suggested.is_some()
+                        && h.parameter
+                            .as_deref()
+                            .is_some_and(|p| settings.contains(&p))
+                });
+                if let Some(h) = other {
+                    return format!("{share} of them by {by}: see {}", change_of(h));
+                }
                 match which {
                     0 => self.shadow_base_tuning(&share),
                     1 => self.shadow_cut_tuning(&share),
