@@ -306,11 +306,14 @@ fn the_cli_reports_an_unreachable_admin_api() {
         "{said}"
     );
     // No scheme; a path or a query of its own (it was sent as
-    // `/x?y/admin/hints?period=15m`).
+    // `/x?y/admin/hints?period=15m`); a port past 65535 (the client took it for none,
+    // and asked port 80: "cannot connect", exit 1, for a typo in the flag).
     for admin in [
         "127.0.0.1:9090",
         "http://127.0.0.1:9090/x",
         "http://127.0.0.1:9090?y",
+        "http://127.0.0.1:99999",
+        "http://user:pw@127.0.0.1:65536",
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
             .args(["hints", "--admin", admin])

@@ -34,10 +34,13 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
     let query = form_urlencoded::Serializer::new(String::new())
         .append_pair("period", &args.period)
         .finish();
-    // The API's root: a path or query of its own would be sent before the hints'.
+    // The API's root: a path or query of its own would be sent before the hints'. A
+    // port given must be one (the URI takes any digits, and the client asked port 80
+    // for one past 65535).
     let root = base.parse::<http::Uri>().is_ok_and(|u| {
         u.scheme_str() == Some("http")
-            && u.authority().is_some()
+            && u.authority()
+                .is_some_and(|a| a.port().is_some() || !has_port(a.as_str()))
             && u.path() == "/"
             && u.query().is_none()
     });
@@ -74,6 +77,15 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `authority` (`[user@]host[:port]`) gives a port, a number or not.
+fn has_port(authority: &str) -> bool {
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    host.rsplit_once(':')
+        .is_some_and(|(_, port)| !port.contains(']'))
 }
 
 /// The response body of a GET, or why there is none.
