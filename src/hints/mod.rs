@@ -40,7 +40,8 @@
 //! the period a route ran under a profile (its own, and each event's that ran).
 //!
 //! Routes with fewer than [`Policy::min_requests`] offered in the period (or none at
-//! all) get "no change: too little traffic".
+//! all) get "no change: too little traffic"; a route without an interval in it,
+//! "no change: nothing measured yet".
 
 mod history;
 mod sketch;
@@ -230,6 +231,10 @@ pub struct HintsReport {
     pub routes: Vec<RouteHints>,
 }
 
+/// What [`advise`] says of a route without an interval: not "too little traffic",
+/// which a busy route whose settings had just changed read as having none.
+const NOTHING_MEASURED: &str = "no change: nothing measured yet: no interval of the route's history in the period has ended (the first ends one [hints] interval after serve starts, or after a change of the route's settings, which starts its history again)";
+
 /// The hints for one route over the given intervals. `capacity_rps` is the
 /// upstream's capacity when known (a simulation's model); otherwise only measured
 /// health counts.
@@ -240,6 +245,15 @@ pub fn advise(
     policy: &Policy,
 ) -> Vec<Hint> {
     let e = Evidence::new(settings, intervals, capacity_rps, policy);
+    if intervals.is_empty() {
+        return vec![e.hint(
+            "no_change",
+            Severity::Info,
+            None,
+            None,
+            NOTHING_MEASURED.to_owned(),
+        )];
+    }
     if e.offered < policy.min_requests.max(1) {
         return vec![e.hint(
             "no_change",
