@@ -1719,6 +1719,28 @@ fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
     );
 }
 
+/// A verdict judged in an event's part names the event where it names a setting the
+/// event sets: the change belongs in its `[[routes.events]]` entry, and the hint has
+/// no `event` of its own (it changes no parameter), so a flat list of hints (as
+/// `simulate` prints them) did not say whose base limit to raise.
+#[test]
+fn a_verdict_in_an_events_part_names_the_event_with_its_settings() {
+    let mut busy = seconds(100, false);
+    for i in &mut busy {
+        i.shadow_rejected[Reason::Limit.index()] = 20;
+        i.peak_demand_rps = 300.0;
+    }
+    let (_, sale) = shadow_route_and_sale(busy);
+    let verdict = find(&sale, "shadow_verdict").unwrap();
+    assert!(
+        verdict
+            .reason
+            .contains("raise base_limit in event sale from 200 req/s toward 300 req/s"),
+        "{}",
+        verdict.reason
+    );
+}
+
 /// A shadow route's `mode`, which no event takes either, judged safe to enforce under
 /// the route's own profile and during its sale: one `mode` suggestion for the route,
 /// not two, saying it is one and not "the smallest".

@@ -1721,10 +1721,21 @@ impl<'a> Evidence<'a> {
             .join("; ")
     }
 
+    /// " in event NAME" where this part is an event's, for a setting named in a
+    /// reason (a hint without a change has no `event`): the change belongs in its
+    /// `[[routes.events]]` entry.
+    fn in_event(&self) -> String {
+        self.s
+            .event
+            .as_ref()
+            .map_or_else(String::new, |e| format!(" in event {e}"))
+    }
+
     /// [`Evidence::shadow_tuning`] of the base limit: raise it toward the most demand
     /// (requests in flight on `concurrency`) seen in an interval in which the
     /// upstream was measured healthy, within its known capacity.
     fn shadow_base_tuning(&self, share: &str) -> String {
+        let at = self.in_event();
         let base = self.base();
         let by = format!(
             "{share} of them by the base limit of {} {}",
@@ -1733,7 +1744,7 @@ impl<'a> Evidence<'a> {
         );
         if self.s.partitioned {
             return format!(
-                "{by}: raise base_limit (each key's; one key's demand is not observed, so no value is suggested)"
+                "{by}: raise base_limit{at} (each key's; one key's demand is not observed, so no value is suggested)"
             );
         }
         let demand = self
@@ -1751,7 +1762,7 @@ impl<'a> Evidence<'a> {
             .reduce(f64::max);
         let Some(demand) = demand else {
             return format!(
-                "{by}: raise base_limit (the upstream's health was not measured, so no value is suggested)"
+                "{by}: raise base_limit{at} (the upstream's health was not measured, so no value is suggested)"
             );
         };
         let (mut target, mut bound) = (demand, String::new());
@@ -1770,14 +1781,14 @@ impl<'a> Evidence<'a> {
                 _ => String::new(),
             };
             return format!(
-                "{by}, though the most demand seen while the upstream was healthy, {} {}, is within it{}: raise base_limit only with evidence it takes more{burst}",
+                "{by}, though the most demand seen while the upstream was healthy, {} {}, is within it{}: raise base_limit{at} only with evidence it takes more{burst}",
                 fmt_num(demand),
                 self.units(),
                 bound
             );
         }
         format!(
-            "{by}: raise base_limit from {} {} toward {} {}, the most demand seen in an interval while the upstream was healthy ({} {}){bound}",
+            "{by}: raise base_limit{at} from {} {} toward {} {}, the most demand seen in an interval while the upstream was healthy ({} {}){bound}",
             fmt_num(base),
             self.units(),
             fmt_num(suggested),
@@ -1791,18 +1802,19 @@ impl<'a> Evidence<'a> {
     /// the cuts in which the upstream did not saturate, or `cut_limit` toward the
     /// demand they saw.
     fn shadow_cut_tuning(&self, share: &str) -> String {
+        let at = self.in_event();
         let p = &self.s.params;
         let unneeded = || self.cuts.iter().filter(|c| !c.saturated);
         let trigger = unneeded().map(|c| c.trigger_roc).fold(0.0, f64::max);
         let peak = unneeded().map(|c| c.peak_demand_rps).fold(0.0, f64::max);
         let danger = if trigger > 0.0 {
             format!(
-                "raise danger_roc ({}) above {}, the highest ROC that started them",
+                "raise danger_roc{at} ({}) above {}, the highest ROC that started them",
                 fmt_num(p.danger_roc),
                 fmt_num(trigger)
             )
         } else {
-            format!("raise danger_roc ({})", fmt_num(p.danger_roc))
+            format!("raise danger_roc{at} ({})", fmt_num(p.danger_roc))
         };
         let base = self.base();
         let toward = if self.concurrency() || self.s.partitioned || peak <= 0.0 {
@@ -1820,7 +1832,7 @@ impl<'a> Evidence<'a> {
             )
         };
         format!(
-            "{share} of them by the ROC cut, in cuts during which the upstream did not saturate: {danger}, or cut_limit ({} {}) toward {toward}",
+            "{share} of them by the ROC cut, in cuts during which the upstream did not saturate: {danger}, or cut_limit{at} ({} {}) toward {toward}",
             fmt_num(p.cut_limit_rps),
             self.units()
         )
