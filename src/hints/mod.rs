@@ -1762,7 +1762,7 @@ impl<'a> Evidence<'a> {
             .reduce(f64::max);
         let Some(demand) = demand else {
             return format!(
-                "{by}: raise base_limit{at} (the upstream's health was not measured, so no value is suggested)"
+                "{by}: raise base_limit{at} (no interval measured the upstream healthy with its demand, so no value is suggested)"
             );
         };
         let (mut target, mut bound) = (demand, String::new());
