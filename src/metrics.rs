@@ -545,7 +545,7 @@ pub struct SharedControl {
     pub stepped: TransitionCounts,
     /// The level of the bucket that decides this instance's requests on the route
     /// (the shared bucket as last seen, or this instance's share of it; NaN where no
-    /// bucket decides them), in place of the local engine's limiter, which does not
+    /// bucket decides them, or the deciding one's level is not known yet), in place of the local engine's limiter, which does not
     /// decide them; `None` keeps the local one.
     pub level: Option<Level>,
 }

@@ -875,7 +875,7 @@ async fn redis_killed_falls_back_at_the_share_and_comes_back() {
     // stopped near the start, with the bucket full, loses what refills meanwhile.
     let mut since = [(Nanos::ZERO, Nanos::ZERO); 2];
     for (i, inst) in [&a, &b].into_iter().enumerate() {
-        let level = inst.store.view("order").unwrap().level.unwrap();
+        let level = inst.store.view("order").unwrap().level;
         assert_eq!(level.capacity, 50.0, "instance {i}");
         since[i] = drain_timed(inst, &mut waits).await.1;
     }
@@ -3491,7 +3491,7 @@ async fn batched_steady_traffic_takes_a_lowered_base_limit_within_a_slot() {
         }
     }
     steady(&a, 1_000).await;
-    let capacity = |a: &Instance| a.store.view("order").unwrap().level.unwrap().capacity;
+    let capacity = |a: &Instance| a.store.view("order").unwrap().level.capacity;
     assert_eq!(capacity(&a), 200.0);
     a.reload(route(40.0, Duration::from_secs(1)));
     steady(&a, 400).await;
@@ -3518,7 +3518,7 @@ async fn batched_a_late_end_of_slot_sync_keeps_the_next_slots_lowered_base() {
         &config,
         Arc::clone(&clock) as Arc<dyn Clock>,
     );
-    let capacity = |a: &Instance| a.store.view("order").unwrap().level.unwrap().capacity;
+    let capacity = |a: &Instance| a.store.view("order").unwrap().level.capacity;
     // A first slot, then the next (Redis's too), whose sync steps the shared
     // controller: Redis holds its limit, 200, from then on.
     assert!(a.check().await.is_admit());
@@ -5032,7 +5032,7 @@ async fn a_route_failing_open_or_closed_shows_no_bucket_level() {
                 StoreMode::Fallback,
                 "{mode:?} {fail_mode:?}"
             );
-            let level = a.store.view("order").unwrap().level.unwrap();
+            let level = a.store.view("order").unwrap().level;
             assert!(
                 level.value.is_nan() && level.capacity.is_nan(),
                 "{mode:?} {fail_mode:?}: {level:?}"
@@ -5115,4 +5115,31 @@ async fn a_shared_cut_tells_refused_clients_when_the_limit_rises() {
     );
     proxy.stop().await;
     upstream_task.abort();
+}
+
+/// Exact mode, before Redis ever answered a decision on the route (each call failed,
+/// the breaker not open yet, so the route is still shared): no bucket level is known
+/// (NaN, left out of `/metrics`). The shared bucket decides the route's requests once
+/// Redis answers, and its level is not known before; the local engine's bucket, full,
+/// which decides none of them, used to be shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exact_route_never_answered_shows_no_bucket_level() {
+    let _serial = one_at_a_time().await;
+    let port = free_ports(1)[0];
+    let mut config = RedisConfig::default();
+    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+    config.key_prefix = "never-answered".into();
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let a = Instance::new(
+        &route(100.0, Duration::from_secs(1)),
+        &config,
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    );
+    let _ = a.check().await;
+    let view = a.store.view("order").unwrap();
+    assert_eq!(view.mode, StoreMode::Shared, "one failure opens no breaker");
+    assert!(
+        view.level.value.is_nan() && view.level.capacity.is_nan(),
+        "{view:?}"
+    );
 }

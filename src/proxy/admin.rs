@@ -521,7 +521,7 @@ fn shared_control(
         state: view.state,
         roc: view.roc,
         stepped: view.stepped,
-        level: view.level,
+        level: Some(view.level),
     })
 }
 

@@ -579,11 +579,13 @@ pub struct SharedView {
     /// last decision, refilled at the shared limit since by this instance's clock,
     /// not knowing what other instances took meanwhile; its capacity the shared
     /// limit × burst); in batched mode or in fallback, this instance's own bucket at
-    /// its share of the limit. `None` in exact mode before Redis answered a decision.
-    /// In fallback with `fail_mode = "open"` or `"closed"`, where no bucket decides
-    /// (every request is admitted, or every one refused), a level and capacity of NaN:
-    /// no level.
-    pub level: Option<Level>,
+    /// its share of the limit. A level and capacity of NaN (no level) where none is
+    /// known or none decides: in exact mode before Redis answered a decision on the
+    /// route (the shared bucket's level is not known yet), and in fallback with
+    /// `fail_mode = "open"` or `"closed"` (every request is admitted, or every one
+    /// refused). Never the local engine's bucket, which decides none of the route's
+    /// requests.
+    pub level: Level,
 }
 
 /// A decision, and the reason it rejected the request, or would have in shadow mode.
@@ -705,28 +707,29 @@ impl SharedRoute {
 
     /// See [`SharedView::level`]. The shared bucket's capacity is [`DECIDE`]'s: the
     /// limit × burst, whole, at least 1.
-    fn level(&self, config: &RedisConfig, now: Nanos) -> Option<Level> {
+    fn level(&self, config: &RedisConfig, now: Nanos) -> Level {
+        const UNKNOWN: Level = Level {
+            value: f64::NAN,
+            capacity: f64::NAN,
+        };
         let fallen = self.mode() == StoreMode::Fallback;
         if fallen && config.fail_mode != FailMode::Local {
-            return Some(Level {
-                value: f64::NAN,
-                capacity: f64::NAN,
-            });
+            return UNKNOWN;
         }
         if config.mode == SyncMode::Batched || fallen {
-            return Some(self.fallback.level(now));
+            return self.fallback.level(now);
         }
         let tokens = f64::from_bits(self.tokens.load(Ordering::Relaxed));
         if tokens.is_nan() {
-            return None;
+            return UNKNOWN;
         }
         let limit = self.seen_limit();
         let capacity = (limit * self.burst.as_secs_f64() + 1e-6).floor().max(1.0);
         let since = now.saturating_since(Nanos::new(self.tokens_at.load(Ordering::Relaxed)));
-        Some(Level {
+        Level {
             value: (tokens + since.as_secs_f64() * limit).min(capacity),
             capacity,
-        })
+        }
     }
 
     /// Why a shared limit rejects: a cut if the controller holds it below base.
