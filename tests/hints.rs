@@ -2361,3 +2361,51 @@ fn a_raised_base_limit_is_one_the_config_accepts() {
         rocgate::config::patch_controller(&settings.params, &settings.algorithm, &json, "hints");
     assert!(r.is_ok(), "{json}: {}", r.unwrap_err());
 }
+
+/// "healthy throughout" is said only of a period every interval of which was
+/// measured: with 10 of 30 intervals forwarding nothing the upstream measured (no
+/// upstream figures), the raise said "healthy throughout" of 20 seconds. It says how
+/// many intervals were measured and how many not.
+#[test]
+fn health_is_claimed_only_of_the_intervals_measured() {
+    let settings = engine_settings("");
+    let mut intervals = rejecting(0, 30, 300, (Reason::Limit, 60), 0);
+    for i in &mut intervals[..10] {
+        i.upstream = None;
+    }
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
+    assert!(
+        raise
+            .reason
+            .contains("the upstream was healthy in all 20 measured intervals (10 not measured)"),
+        "{}",
+        raise.reason
+    );
+    // Saturated in some of them: the unmeasured are counted too.
+    for i in &mut intervals[10..11] {
+        i.upstream.as_mut().unwrap().errors = 100;
+    }
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
+    assert!(
+        raise
+            .reason
+            .contains("healthy in 19 of 20 measured intervals, saturated in 1 (10 not measured)"),
+        "{}",
+        raise.reason
+    );
+    // Every interval measured: throughout.
+    let h = rocgate::hints::advise(
+        &settings,
+        &rejecting(0, 30, 300, (Reason::Limit, 60), 0),
+        None,
+        &Policy::default(),
+    );
+    let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
+    assert!(
+        raise.reason.contains("the upstream was healthy throughout"),
+        "{}",
+        raise.reason
+    );
+}

@@ -791,14 +791,25 @@ impl<'a> Evidence<'a> {
             .quantile(0.99)
             .map(|l| format!(", p99 {}", fmt_secs(l)))
             .unwrap_or_default();
-        if saturated == 0 {
-            format!("healthy throughout{p99}")
+        // "Throughout" only of a period measured throughout: an interval that forwarded
+        // nothing (or had no upstream figures) says nothing of the upstream.
+        let unknown = self.count(Health::Unknown);
+        let (measured, not_measured) = if unknown == 0 {
+            ("", String::new())
         } else {
-            format!(
-                "healthy in {} of {} intervals, saturated in {saturated}{p99}",
+            (" measured", format!(" ({unknown} not measured)"))
+        };
+        match saturated {
+            0 if unknown == 0 => format!("healthy throughout{p99}"),
+            0 => format!(
+                "healthy in all {}{measured} intervals{not_measured}{p99}",
+                self.known()
+            ),
+            _ => format!(
+                "healthy in {} of {}{measured} intervals, saturated in {saturated}{not_measured}{p99}",
                 self.known() - saturated,
                 self.known()
-            )
+            ),
         }
     }
 
