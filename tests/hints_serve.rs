@@ -375,16 +375,59 @@ async fn the_cli_passes_on_a_period_with_a_space() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_eq!(*asked.lock().unwrap(), ["1h 30m"]);
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("hints over the last 1h 30m"));
+    // No history to report: the header claims no period.
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("hints (asked 1h 30m)\n"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
+/// The header said "hints over the last 1h" (the period asked, capped at `[hints]
+/// keep`) of a history of 20 s: it says what the report covers, the longest history of
+/// a route in it (a route's parts together), and what was asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_does_not_panic_on_an_answer_out_of_range() {
-    let (admin, _) = fake_admin(r#"{"period_s":1e300,"interval_s":10,"routes":[]}"#).await;
-    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+async fn the_cli_header_claims_only_the_history_there_is() {
+    let (admin, _) = fake_admin(
+        r#"{"period_s":3600,"interval_s":10,"routes":[
+            {"route":"order","intervals":1,"covered_s":10,"offered":100,"rejected":0,"hints":[]},
+            {"route":"order","event":"sale","intervals":1,"covered_s":10,"offered":20,"rejected":0,"hints":[]},
+            {"route":"search","intervals":1,"covered_s":10,"offered":20,"rejected":0,"hints":[]}
+        ]}"#,
+    )
+    .await;
+    let args = vec![
+        "--admin".into(),
+        format!("http://{admin}"),
+        "--period".into(),
+        "1h".into(),
+    ];
+    let out = hints_cli(args).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.starts_with("hints over the last 20s of history (asked 1h)\n"),
+        "{stdout}"
+    );
+    // A history that fills the period (all but the interval still open) covers it.
+    let (admin, _) = fake_admin(
+        r#"{"period_s":3600,"interval_s":10,"routes":[
+            {"route":"order","intervals":359,"covered_s":3590,"offered":100,"rejected":0,"hints":[]}
+        ]}"#,
+    )
+    .await;
+    let args = vec![
+        "--admin".into(),
+        format!("http://{admin}"),
+        "--period".into(),
+        "2h".into(),
+    ];
+    let out = hints_cli(args).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("hints over the last 1h (asked 2h)\n"),
+        "{stdout}"
+    );
 }
 
 /// An interval ends at each event's edge, so an event's part of a report is often a

@@ -69,7 +69,7 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(report) => {
-            out!("{}", render(&report));
+            out!("{}", render(&report, &args.period));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -133,13 +133,45 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-fn render(report: &HintsReport) -> String {
+/// The report as tables, under a header that says what it covers: the period asked
+/// (`asked`, as given) where the history is shorter (`serve` started, or a route's
+/// settings changed, since), capped at `[hints] keep`.
+fn render(report: &HintsReport, asked: &str) -> String {
     // The answer is input: a period no `Duration` holds is printed in seconds.
-    let period = Duration::try_from_secs_f64(report.period_s).map_or_else(
-        |_| format!("{} s", report.period_s),
-        |d| humantime::format_duration(d).to_string(),
-    );
-    let mut out = format!("hints over the last {period}\n");
+    let format = |secs: f64| {
+        Duration::try_from_secs_f64(secs).map_or_else(
+            |_| format!("{secs} s"),
+            |d| humantime::format_duration(d).to_string(),
+        )
+    };
+    // The longest history of a route in the report, its parts together; the interval
+    // still open is not in it.
+    let mut covered = Vec::<(&str, f64)>::new();
+    for r in &report.routes {
+        match covered.iter_mut().find(|(route, _)| *route == r.route) {
+            Some((_, secs)) => *secs += r.covered_s,
+            None => covered.push((&r.route, r.covered_s)),
+        }
+    }
+    let covered = covered.iter().map(|&(_, secs)| secs).fold(0.0, f64::max);
+    let asked_other =
+        humantime::parse_duration(asked).is_ok_and(|d| d.as_secs_f64() != report.period_s);
+    let mut out = if report.routes.is_empty() {
+        format!("hints (asked {asked})\n")
+    } else if covered + report.interval_s < report.period_s {
+        // To a tenth of a second, as the routes' lines.
+        format!(
+            "hints over the last {} of history (asked {asked})\n",
+            format((covered * 10.0).round() / 10.0)
+        )
+    } else if asked_other {
+        format!(
+            "hints over the last {} (asked {asked})\n",
+            format(report.period_s)
+        )
+    } else {
+        format!("hints over the last {}\n", format(report.period_s))
+    };
     if report.routes.is_empty() {
         out.push_str("  no history yet: the first interval has not ended\n");
     }
