@@ -2409,3 +2409,40 @@ fn health_is_claimed_only_of_the_intervals_measured() {
         raise.reason
     );
 }
+
+/// A shadow route rejects nothing, and its `RouteHints` said "0 rejected" beside a
+/// verdict that enforcing would have rejected a fifth: they count what it would have
+/// rejected, apart from what it did.
+#[test]
+fn a_shadow_routes_hints_count_what_it_would_have_rejected() {
+    let settings = engine_settings("mode = \"shadow\"");
+    let mut intervals = seconds(300, false);
+    for i in &mut intervals {
+        i.shadow_rejected[Reason::Limit.index()] = 60;
+    }
+    // As `GET /admin/hints` returns it.
+    let r = rocgate::hints::RouteHints::new(&settings, &intervals, None, &Policy::default());
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        (
+            &json["offered"],
+            &json["rejected"],
+            &json["shadow_rejected"]
+        ),
+        (&9000.into(), &0.into(), &1800.into()),
+        "{json}"
+    );
+    // An enforcing route would have rejected nothing more than it did.
+    let r = rocgate::hints::RouteHints::new(
+        &engine_settings(""),
+        &rejecting(0, 30, 300, (Reason::Limit, 60), 0),
+        None,
+        &Policy::default(),
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        (&json["rejected"], &json["shadow_rejected"]),
+        (&1800.into(), &0.into()),
+        "{json}"
+    );
+}

@@ -430,6 +430,41 @@ async fn the_cli_header_claims_only_the_history_there_is() {
     );
 }
 
+/// A shadow route's line said "0 rejected" however much enforcing would have
+/// rejected: it says that too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_says_what_a_shadow_route_would_have_rejected() {
+    let (admin, _) = fake_admin(
+        r#"{"period_s":60,"interval_s":10,"routes":[
+            {"route":"order","intervals":6,"covered_s":60,"offered":9000,"rejected":0,"shadow_rejected":1800,"hints":[]},
+            {"route":"search","intervals":6,"covered_s":60,"offered":100,"rejected":5,"hints":[]}
+        ]}"#,
+    )
+    .await;
+    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains(
+            "route order: 6 interval(s), 60.0 s, 9000 offered, 0 rejected, 1800 would have been rejected\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("route search: 6 interval(s), 60.0 s, 100 offered, 5 rejected\n"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_does_not_panic_on_an_answer_out_of_range() {
+    let (admin, _) = fake_admin(r#"{"period_s":1e300,"interval_s":10,"routes":[]}"#).await;
+    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
 /// An interval ends at each event's edge, so an event's part of a report is often a
 /// fraction of a second, or a second and a half: the table printed the time covered in
 /// whole seconds, "0 s" for 0.4 s of a sale and "2 s" for 1.5.

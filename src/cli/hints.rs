@@ -180,8 +180,15 @@ fn render(report: &HintsReport, asked: &str) -> String {
             .event
             .as_ref()
             .map_or_else(String::new, |e| format!(" during event {e}"));
+        // A shadow route rejects nothing (a `shadow_adaptive` one only by its base
+        // limit): what it would have rejected too.
+        let would = if r.shadow_rejected > 0 {
+            format!(", {} would have been rejected", r.shadow_rejected)
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "route {}{during}: {} interval(s), {:.1} s, {} offered, {} rejected\n",
+            "route {}{during}: {} interval(s), {:.1} s, {} offered, {} rejected{would}\n",
             r.route, r.intervals, r.covered_s, r.offered, r.rejected
         ));
         out.push_str(&hints::table(&r.hints));

@@ -194,6 +194,12 @@ pub struct RouteHints {
     pub offered: u64,
     /// Requests rejected in them.
     pub rejected: u64,
+    /// Requests a shadow mode would have rejected in them, which it let through: what
+    /// enforcing would have rejected on a `shadow` route, what the ROC cut would have
+    /// on a `shadow_adaptive` one (whose base limit's rejections are in `rejected`); 0
+    /// on an enforcing route.
+    #[serde(default)]
+    pub shadow_rejected: u64,
     /// The hints.
     pub hints: Vec<Hint>,
 }
@@ -213,6 +219,7 @@ impl RouteHints {
             covered_s: Interval::total_secs(intervals),
             offered: intervals.iter().map(|i| i.offered).sum(),
             rejected: intervals.iter().map(Interval::rejected_total).sum(),
+            shadow_rejected: intervals.iter().map(Interval::shadow_rejected_total).sum(),
             hints: advise(settings, intervals, capacity_rps, policy),
         }
     }
