@@ -2446,3 +2446,32 @@ fn a_shadow_routes_hints_count_what_it_would_have_rejected() {
         "{json}"
     );
 }
+
+/// The table sized its route column by the names' bytes and padded them by `char`s:
+/// a route named "日本" (6 bytes, 2 chars) beside "r" widened the column to 6, four
+/// spaces past the longest name. (The columns stayed aligned, each name padded to the
+/// same count of chars; a wide character still takes two places on a terminal, which
+/// a count of chars does not know.)
+#[test]
+fn the_tables_route_column_is_as_wide_as_the_longest_name() {
+    let mut hints = Vec::new();
+    for name in ["日本", "r"] {
+        let mut settings = engine_settings("");
+        settings.name = name.into();
+        hints.extend(rocgate::hints::advise(
+            &settings,
+            &seconds(300, false),
+            None,
+            &Policy::default(),
+        ));
+    }
+    let table = rocgate::hints::table(&hints);
+    // Each route's "no change" line: where its severity begins, in chars: two spaces,
+    // the column of 2, two spaces.
+    let severity: Vec<Option<usize>> = table
+        .lines()
+        .filter(|l| l.contains("info"))
+        .map(|l| l.find("info").map(|b| l[..b].chars().count()))
+        .collect();
+    assert_eq!(severity, [Some(6), Some(6)], "{table}");
+}

@@ -497,7 +497,12 @@ fn smaller(a: Option<&Setting>, b: Option<&Setting>) -> bool {
 /// The hints as a table for a person: one line per hint (route, severity, the change)
 /// and its reasoning indented below.
 pub fn table(hints: &[Hint]) -> String {
-    let width = hints.iter().map(|h| h.route.len()).max().unwrap_or(0);
+    // In chars, as `{:<width$}` pads (a name's bytes widened the column past it).
+    let width = hints
+        .iter()
+        .map(|h| h.route.chars().count())
+        .max()
+        .unwrap_or(0);
     let mut out = String::new();
     for h in hints {
         let mut change = match (&h.parameter, &h.current, &h.suggested) {
