@@ -305,16 +305,20 @@ fn shadow_mode_says_whether_enforcing_is_safe() {
     assert!(hint.reason.contains("protected"), "{}", hint.reason);
 }
 
-/// A shadow route whose base limit would have rejected a third of a healthy
-/// upstream's traffic, and no other hint: the verdict said "not safe to enforce yet;
-/// tune the limits first (see the other hints)", pointing at hints there were none of
-/// (a shadow route rejects nothing, so `raise_base_limit` has no rejections to judge).
-/// It names the setting itself: the base limit, toward the demand seen while healthy.
+/// A shadow route whose base limit would have rejected some of a healthy upstream's
+/// traffic (7.6% of 220 req/s: too few for `raise_base_limit`, too many to enforce),
+/// and no other hint: the verdict said "not safe to enforce yet; tune the limits
+/// first (see the other hints)", pointing at hints there were none of. It names the
+/// setting itself: the base limit, toward the demand seen while healthy.
 #[test]
 fn a_shadow_verdict_without_other_hints_names_what_to_tune() {
-    let h = advise("mode = \"shadow\"", &steady(300.0), Some(1000));
+    let h = advise("mode = \"shadow\"", &steady(220.0), Some(1000));
     let verdict = find(&h, "shadow_verdict").unwrap();
-    assert!(verdict.reason.contains("not safe"), "{}", verdict.reason);
+    assert!(
+        verdict.reason.contains("(7.6%)") && verdict.reason.contains("not safe"),
+        "{}",
+        verdict.reason
+    );
     assert!(
         h.iter()
             .all(|o| o.rule == "shadow_verdict" || o.suggested.is_none()),
@@ -324,7 +328,7 @@ fn a_shadow_verdict_without_other_hints_names_what_to_tune() {
         !verdict.reason.contains("see the other hints")
             && verdict
                 .reason
-                .contains("raise base_limit from 200 req/s toward 300 req/s"),
+                .contains("raise base_limit from 200 req/s toward 220 req/s"),
         "{}",
         verdict.reason
     );
@@ -1723,19 +1727,33 @@ fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
 /// event sets: the change belongs in its `[[routes.events]]` entry, and the hint has
 /// no `event` of its own (it changes no parameter), so a flat list of hints (as
 /// `simulate` prints them) did not say whose base limit to raise.
+/// Where it points at another hint, that hint's change names the event too. (5% would
+/// have been rejected: too few for `raise_base_limit`; a fifth: enough.)
 #[test]
 fn a_verdict_in_an_events_part_names_the_event_with_its_settings() {
     let mut busy = seconds(100, false);
     for i in &mut busy {
-        i.shadow_rejected[Reason::Limit.index()] = 20;
+        i.shadow_rejected[Reason::Limit.index()] = 5;
         i.peak_demand_rps = 300.0;
+    }
+    let (_, sale) = shadow_route_and_sale(busy.clone());
+    let verdict = find(&sale, "shadow_verdict").unwrap();
+    assert!(
+        verdict
+            .reason
+            .contains("raise base_limit in event sale from 200 req/s toward 300 req/s"),
+        "{}",
+        verdict.reason
+    );
+    for i in &mut busy {
+        i.shadow_rejected[Reason::Limit.index()] = 20;
     }
     let (_, sale) = shadow_route_and_sale(busy);
     let verdict = find(&sale, "shadow_verdict").unwrap();
     assert!(
         verdict
             .reason
-            .contains("raise base_limit in event sale from 200 req/s toward 300 req/s"),
+            .contains("see raise_base_limit (base_limit 200 → 260 in event sale)"),
         "{}",
         verdict.reason
     );
@@ -2474,4 +2492,54 @@ fn the_tables_route_column_is_as_wide_as_the_longest_name() {
         .map(|l| l.find("info").map(|b| l[..b].chars().count()))
         .collect();
     assert_eq!(severity, [Some(6), Some(6)], "{table}");
+}
+
+/// A `shadow` route got no `base_limit` or `burst` suggestion: `raise_base_limit` and
+/// `raise_burst` judged rejections, and a shadow route makes none, so only the
+/// verdict's text said what to raise. What enforcing would have rejected by the base
+/// limit counts as its rejections there: 300 req/s against a base limit of 200 and a
+/// healthy upstream of 1,000 gets 200 → 260 as an enforcing route does (`info`:
+/// nothing is rejected yet), and the verdict points at it; bursts over the bucket get
+/// a larger one.
+#[test]
+fn a_shadow_route_gets_the_limits_enforcing_would_need() {
+    let h = advise("mode = \"shadow\"", &steady(300.0), Some(1000));
+    assert_eq!(numbers(&h, "raise_base_limit"), (200.0, 260.0), "{h:#?}");
+    let raise = find(&h, "raise_base_limit").unwrap();
+    assert_eq!(raise.severity, Severity::Info);
+    assert!(
+        raise.reason.starts_with(
+            "enforcing would have rejected 32.2% of 18000 requests by the base limit of 200 req/s"
+        ),
+        "{}",
+        raise.reason
+    );
+    let verdict = find(&h, "shadow_verdict").unwrap();
+    assert!(
+        verdict
+            .reason
+            .contains("see raise_base_limit (base_limit 200 → 260)"),
+        "{}",
+        verdict.reason
+    );
+    let h = advise(
+        "mode = \"shadow\"\ndanger_roc = 2000\nsafe_roc = 100",
+        &bursts(),
+        Some(1000),
+    );
+    let burst = find(&h, "raise_burst").unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(
+        (&burst.current, &burst.suggested),
+        (
+            &Some(Setting::Text("1s".into())),
+            &Some(Setting::Text("2s".into()))
+        )
+    );
+    assert!(
+        burst
+            .reason
+            .starts_with("what enforcing would have rejected comes in bursts"),
+        "{}",
+        burst.reason
+    );
 }

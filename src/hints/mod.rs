@@ -14,9 +14,9 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals); not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
-//! | `raise_burst` | token bucket; the base limit's rejection ratio swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
+//! | `raise_burst` | token bucket; the base limit's rejection ratio (in `shadow`, would-be) swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
@@ -526,10 +526,15 @@ pub fn table(hints: &[Hint]) -> String {
     out
 }
 
-/// A hint's change as the table shows it: `rule (parameter current → suggested)`.
+/// A hint's change as the table shows it: `rule (parameter current → suggested)`,
+/// with the event whose entry it belongs in (`… in event sale)`).
 fn change_of(h: &Hint) -> String {
+    let event = h
+        .event
+        .as_ref()
+        .map_or_else(String::new, |e| format!(" in event {e}"));
     match (&h.parameter, &h.current, &h.suggested) {
-        (Some(p), Some(c), Some(s)) => format!("{} ({p} {c} → {s})", h.rule),
+        (Some(p), Some(c), Some(s)) => format!("{} ({p} {c} → {s}{event})", h.rule),
         _ => h.rule.clone(),
     }
 }
@@ -601,10 +606,13 @@ impl<'a> Evidence<'a> {
         let offered = intervals.iter().map(|i| i.offered).sum();
         let rejected = intervals.iter().map(Interval::rejected_total).sum();
         // Neither the cut's rejections nor the local fallback limiter's (Redis away)
-        // are the base limit's.
-        let not_base: u64 = intervals
+        // are the base limit's; on a `shadow` route, what enforcing would have rejected.
+        let base_rejected: u64 = intervals
             .iter()
-            .map(|i| i.rejected[Reason::RocCut.index()] + i.rejected[Reason::FallbackLocal.index()])
+            .map(|i| {
+                let r = as_enforced(s.mode, i);
+                r.iter().sum::<u64>() - r[Reason::RocCut.index()] - r[Reason::FallbackLocal.index()]
+            })
             .sum();
         let start = intervals.first().map_or(0.0, |i| i.start.as_secs_f64());
         let mut cuts: Vec<CutEpisode> = Vec::new();
@@ -643,7 +651,7 @@ impl<'a> Evidence<'a> {
             capacity_rps,
             offered,
             rejected,
-            base_rejected: rejected - not_base,
+            base_rejected,
             secs: Interval::total_secs(intervals),
             exhausted_s: intervals.iter().map(|i| i.exhausted_s).sum(),
             cuts,
@@ -1070,15 +1078,33 @@ impl<'a> Evidence<'a> {
                 self.units()
             ));
         }
+        // A `shadow` route rejects nothing yet: the raise readies it for enforcing.
+        let (severity, rejected) = if self.s.mode == Mode::Shadow {
+            (
+                Severity::Info,
+                format!(
+                    "enforcing would have rejected {} of {} requests by",
+                    pct(self.base_rejected, self.offered),
+                    self.offered
+                ),
+            )
+        } else {
+            (
+                Severity::Warn,
+                format!(
+                    "{} of {} requests were rejected by",
+                    pct(self.base_rejected, self.offered),
+                    self.offered
+                ),
+            )
+        };
         Some(self.hint(
             "raise_base_limit",
-            Severity::Warn,
+            severity,
             Some("base_limit"),
             Some((Setting::Number(base), Setting::Number(suggested))),
             format!(
-                "{} of {} requests were rejected by the base limit of {} {} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}",
-                pct(self.base_rejected, self.offered),
-                self.offered,
+                "{rejected} the base limit of {} {} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}",
                 fmt_num(base),
                 self.units(),
                 fmt_num(self.mean_rps()),
@@ -1282,7 +1308,8 @@ impl<'a> Evidence<'a> {
         let (mut run, mut run_excess, mut room_before) = (0usize, 0.0f64, false);
         for i in self.intervals.iter().filter(|i| i.offered >= 10) {
             let offered = i.offered as f64;
-            let base_rej = i.rejected[Reason::Limit.index()];
+            let rejected = as_enforced(self.s.mode, i);
+            let base_rej = rejected[Reason::Limit.index()];
             if base_rej as f64 > 0.20 * offered {
                 if room_before {
                     run += 1;
@@ -1295,7 +1322,7 @@ impl<'a> Evidence<'a> {
                 excess = excess.max(run_excess);
             }
             (run, run_excess) = (0, 0.0);
-            room_before = (i.rejected_total() as f64) < 0.02 * offered;
+            room_before = (rejected.iter().sum::<u64>() as f64) < 0.02 * offered;
             low += usize::from(room_before);
         }
         if room_before && run > 0 {
@@ -1356,7 +1383,12 @@ impl<'a> Evidence<'a> {
             Some("burst"),
             Some((Setting::duration(burst), Setting::duration(suggested))),
             format!(
-                "rejections come in bursts ({high} intervals over 20% rejected right after room in the limiter, {low} under 2%{}) while mean demand of {} req/s fits the base limit of {} req/s; the largest burst exceeded it by {} requests: a larger bucket absorbs it{bound}",
+                "{} in bursts ({high} intervals over 20% rejected right after room in the limiter, {low} under 2%{}) while mean demand of {} req/s fits the base limit of {} req/s; the largest burst exceeded it by {} requests: a larger bucket absorbs it{bound}",
+                if self.s.mode == Mode::Shadow {
+                    "what enforcing would have rejected comes"
+                } else {
+                    "rejections come"
+                },
                 self.exhausted_summary(),
                 fmt_num(self.mean_rps()),
                 fmt_num(base),
@@ -1859,6 +1891,17 @@ impl<'a> Evidence<'a> {
             fmt_num(p.cut_limit_rps),
             self.units()
         )
+    }
+}
+
+/// What the route rejected in `i`, by reason; on a `shadow` route, which rejects
+/// nothing, what enforcing would have rejected. (`shadow_adaptive` enforces its base
+/// limit: its rejections are its own, and its would-be ones the cut's.)
+fn as_enforced(mode: Mode, i: &Interval) -> &ReasonArray {
+    if mode == Mode::Shadow {
+        &i.shadow_rejected
+    } else {
+        &i.rejected
     }
 }
 
