@@ -133,9 +133,11 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// The report as tables, under a header that says what it covers: the period asked
-/// (`asked`, as given) where the history is shorter (`serve` started, or a route's
-/// settings changed, since), capped at `[hints] keep`.
+/// The report as tables, under a header that says what it covers: the period looked
+/// at (`period_s`, the one asked capped at `[hints] keep`), or, where the history is
+/// shorter (`serve` started, or every route's settings changed, since), the longest
+/// history of a route in it; with the period asked (`asked`, as given) where that is
+/// another.
 fn render(report: &HintsReport, asked: &str) -> String {
     // The answer is input: a period no `Duration` holds is printed in seconds.
     let format = |secs: f64| {
