@@ -2543,3 +2543,37 @@ fn a_shadow_route_gets_the_limits_enforcing_would_need() {
         burst.reason
     );
 }
+
+/// A `shadow` route got no `faster_restore`: the rule read what was rejected during
+/// recovery, and a shadow route rejects nothing, its would-be rejections in
+/// `shadow_rejected`. A spike of 400 req/s against a base limit of 200 and a healthy
+/// upstream of 1,000, which an enforcing route is told to restore faster from (20 →
+/// 40), tells a `shadow` route the same (`info`: nothing is rejected yet), and a
+/// `shadow_adaptive` one, whose base limit's rejections are its own and whose
+/// restoring limit's are would-be ones, too.
+#[test]
+fn a_shadow_route_that_recovers_slowly_is_told_to_restore_faster() {
+    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    for mode in ["shadow", "shadow_adaptive"] {
+        let h = advise(&format!("mode = \"{mode}\""), &spike, Some(1000));
+        assert_eq!(
+            numbers(&h, "faster_restore"),
+            (20.0, 40.0),
+            "{mode}: {h:#?}"
+        );
+        let restore = find(&h, "faster_restore").unwrap();
+        assert_eq!(restore.severity, Severity::Info, "{mode}");
+        assert!(
+            restore.reason.starts_with("enforcing would have rejected "),
+            "{mode}: {}",
+            restore.reason
+        );
+        // An upstream that saturates during the recovery says the pace is right.
+        let h = advise(&format!("mode = \"{mode}\""), &spike, Some(150));
+        assert!(
+            find(&h, "faster_restore").is_none(),
+            "{mode}: {:#?}",
+            rules(&h)
+        );
+    }
+}

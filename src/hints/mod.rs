@@ -20,7 +20,7 @@
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
-//! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
+//! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
@@ -1600,7 +1600,15 @@ impl<'a> Evidence<'a> {
             }
             secs += t;
             offered += i.offered;
-            let refused = i.rejected_total() - i.rejected[Reason::FallbackLocal.index()];
+            // On a `shadow` route what enforcing would have rejected; `shadow_adaptive`
+            // enforces its base limit and shadows the lowered limit, whose would-be
+            // rejections (of what the base limit let through) are what restoring
+            // faster saves there.
+            let r = as_enforced(self.s.mode, i);
+            let mut refused = r.iter().sum::<u64>() - r[Reason::FallbackLocal.index()];
+            if self.s.mode == Mode::ShadowAdaptive {
+                refused += i.shadow_rejected[Reason::RocCut.index()];
+            }
             rejected += refused;
             let excess = (i.offered as f64 - p.base_limit_rps * i.secs()).max(0.0);
             beyond += (excess as u64).min(refused);
@@ -1623,17 +1631,26 @@ impl<'a> Evidence<'a> {
         } else {
             String::new()
         };
+        // In a shadow mode the restore rejects nothing yet: the hint readies it for
+        // enforcing.
+        let share = format!("{} of {} requests", pct(rejected, offered), offered);
+        let (severity, figures) = if self.s.mode == Mode::Enforce {
+            (Severity::Warn, format!("{share} were rejected"))
+        } else {
+            (
+                Severity::Info,
+                format!("enforcing would have rejected {share}"),
+            )
+        };
         let figures = format!(
-            "{} of {} requests were rejected during {} of recovery{beyond_base} while the upstream stayed healthy",
-            pct(rejected, offered),
-            offered,
+            "{figures} during {} of recovery{beyond_base} while the upstream stayed healthy",
             fmt_secs(secs)
         );
         if p.restore_step_rps * 2.0 <= depth.max(p.restore_step_rps) && depth > 0.0 {
             let suggested = round_up((p.restore_step_rps * 2.0).min(depth), p.restore_step_rps);
             Some(self.hint(
                 "faster_restore",
-                Severity::Warn,
+                severity,
                 Some("restore_step"),
                 Some((
                     Setting::Number(p.restore_step_rps),
@@ -1648,7 +1665,7 @@ impl<'a> Evidence<'a> {
             }
             Some(self.hint(
                 "faster_restore",
-                Severity::Warn,
+                severity,
                 Some("restore_interval"),
                 Some((
                     Setting::duration(p.restore_interval),
