@@ -137,6 +137,9 @@ async fn a_running_proxy_gives_hints_over_http_and_to_the_cli() {
     );
     assert_eq!(report["period_s"], 60.0);
     assert_eq!(report["interval_s"], 0.2);
+    // The history it covers: the proxy started within the period, so less of it.
+    let covered = report["covered_s"].as_f64().unwrap_or(f64::NAN);
+    assert!(covered > 0.0 && covered < 60.0, "{report:#}");
     // A longer period than the history keeps (`keep = "1m"`) looks at what is kept,
     // and says so: it read 7200.
     let (status, body) = get(format!("http://{admin}/admin/hints?period=2h")).await;
@@ -238,6 +241,10 @@ async fn an_events_part_of_the_history_is_exactly_the_time_it_ran() {
     );
     assert_eq!(sale["offered"], 20, "{report:#}");
     assert_eq!(part(None)["offered"], 0, "{report:#}");
+    // The report covers the route's history, its parts together.
+    let own = part(None)["covered_s"].as_f64().unwrap();
+    let whole = report["covered_s"].as_f64().unwrap_or(f64::NAN);
+    assert!((whole - (own + covered)).abs() < 1e-9, "{report:#}");
     let _ = stop.send(());
 }
 
@@ -384,34 +391,39 @@ async fn the_cli_passes_on_a_period_with_a_space() {
 }
 
 /// The header said "hints over the last 1h" (the period asked, capped at `[hints]
-/// keep`) of a history of 20 s: it says what the report covers, the longest history of
-/// a route in it (a route's parts together), and what was asked.
+/// keep`) of a history of 20 s: it says what the report covers (its `covered_s`), and
+/// what was asked. A report without `covered_s` (a `serve` from before it) covers the
+/// longest history of a route in it (a route's parts together).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_header_claims_only_the_history_there_is() {
-    let (admin, _) = fake_admin(
-        r#"{"period_s":3600,"interval_s":10,"routes":[
+    let parts = r#""routes":[
             {"route":"order","intervals":1,"covered_s":10,"offered":100,"rejected":0,"hints":[]},
             {"route":"order","event":"sale","intervals":1,"covered_s":10,"offered":20,"rejected":0,"hints":[]},
             {"route":"search","intervals":1,"covered_s":10,"offered":20,"rejected":0,"hints":[]}
-        ]}"#,
-    )
-    .await;
-    let args = vec![
-        "--admin".into(),
-        format!("http://{admin}"),
-        "--period".into(),
-        "1h".into(),
-    ];
-    let out = hints_cli(args).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
-    assert!(
-        stdout.starts_with("hints over the last 20s of history (asked 1h)\n"),
-        "{stdout}"
-    );
+        ]"#;
+    for (covered, header) in [
+        (
+            r#""covered_s":30,"#,
+            "hints over the last 30s of history (asked 1h)\n",
+        ),
+        ("", "hints over the last 20s of history (asked 1h)\n"),
+    ] {
+        let answer = format!(r#"{{"period_s":3600,{covered}"interval_s":10,{parts}}}"#);
+        let (admin, _) = fake_admin(Box::leak(answer.into_boxed_str())).await;
+        let args = vec![
+            "--admin".into(),
+            format!("http://{admin}"),
+            "--period".into(),
+            "1h".into(),
+        ];
+        let out = hints_cli(args).await;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}");
+        assert!(stdout.starts_with(header), "{stdout}");
+    }
     // A history that fills the period (all but the interval still open) covers it.
     let (admin, _) = fake_admin(
-        r#"{"period_s":3600,"interval_s":10,"routes":[
+        r#"{"period_s":3600,"covered_s":3590,"interval_s":10,"routes":[
             {"route":"order","intervals":359,"covered_s":3590,"offered":100,"rejected":0,"hints":[]}
         ]}"#,
     )

@@ -135,8 +135,8 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// The report as tables, under a header that says what it covers: the period looked
 /// at (`period_s`, the one asked capped at `[hints] keep`), or, where the history is
-/// shorter (`serve` started, or every route's settings changed, since), the longest
-/// history of a route in it; with the period asked (`asked`, as given) where that is
+/// shorter (`serve` started, or every route's settings changed, since), the history
+/// it covers (`covered_s`); with the period asked (`asked`, as given) where that is
 /// another.
 fn render(report: &HintsReport, asked: &str) -> String {
     // The answer is input: a period no `Duration` holds is printed in seconds.
@@ -146,25 +146,15 @@ fn render(report: &HintsReport, asked: &str) -> String {
             |d| humantime::format_duration(d).to_string(),
         )
     };
-    // The longest history of a route in the report, its parts together; the interval
-    // still open is not in it.
-    let mut covered = Vec::<(&str, f64)>::new();
-    for r in &report.routes {
-        match covered.iter_mut().find(|(route, _)| *route == r.route) {
-            Some((_, secs)) => *secs += r.covered_s,
-            None => covered.push((&r.route, r.covered_s)),
-        }
-    }
-    let covered = covered.iter().map(|&(_, secs)| secs).fold(0.0, f64::max);
     let asked_other =
         humantime::parse_duration(asked).is_ok_and(|d| d.as_secs_f64() != report.period_s);
     let mut out = if report.routes.is_empty() {
         format!("hints (asked {asked})\n")
-    } else if covered + report.interval_s < report.period_s {
+    } else if report.covered_s + report.interval_s < report.period_s {
         // To a tenth of a second, as the routes' lines.
         format!(
             "hints over the last {} of history (asked {asked})\n",
-            format((covered * 10.0).round() / 10.0)
+            format((report.covered_s * 10.0).round() / 10.0)
         )
     } else if asked_other {
         format!(

@@ -227,15 +227,68 @@ impl RouteHints {
 
 /// Every route's hints over a period: the body of `GET /admin/hints`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "ReportFields")]
 #[non_exhaustive]
 pub struct HintsReport {
-    /// The period asked for, seconds.
+    /// The period looked at, seconds: the one asked for, at least two intervals and
+    /// at most `[hints] keep`.
     pub period_s: f64,
+    /// The seconds of history the report covers: the longest history of a route in
+    /// the period, its parts (its own profile's and each event's) together; the
+    /// interval still open is not in it. Less than `period_s` where `serve` started,
+    /// or every route's settings changed, within the period; 0 without routes.
+    pub covered_s: f64,
     /// The history's interval, seconds.
     pub interval_s: f64,
     /// One entry per route with history in the period, and per profile when a
     /// scheduled event ran in it: a route's own and each event's, judged apart.
     pub routes: Vec<RouteHints>,
+}
+
+impl HintsReport {
+    /// The report of `routes` over `period_s` of history in intervals of
+    /// `interval_s`, covering the longest history of a route in it.
+    pub fn new(period_s: f64, interval_s: f64, routes: Vec<RouteHints>) -> Self {
+        HintsReport {
+            period_s,
+            covered_s: longest_history(&routes),
+            interval_s,
+            routes,
+        }
+    }
+}
+
+/// A [`HintsReport`] as read: one from a `serve` that gave no `covered_s` (from
+/// before it did) covers what its routes say.
+#[derive(Deserialize)]
+struct ReportFields {
+    period_s: f64,
+    covered_s: Option<f64>,
+    interval_s: f64,
+    routes: Vec<RouteHints>,
+}
+
+impl From<ReportFields> for HintsReport {
+    fn from(f: ReportFields) -> Self {
+        HintsReport {
+            covered_s: f.covered_s.unwrap_or_else(|| longest_history(&f.routes)),
+            period_s: f.period_s,
+            interval_s: f.interval_s,
+            routes: f.routes,
+        }
+    }
+}
+
+/// The longest history of a route in `routes`, its parts together, seconds.
+fn longest_history(routes: &[RouteHints]) -> f64 {
+    let mut covered = Vec::<(&str, f64)>::new();
+    for r in routes {
+        match covered.iter_mut().find(|(route, _)| *route == r.route) {
+            Some((_, secs)) => *secs += r.covered_s,
+            None => covered.push((&r.route, r.covered_s)),
+        }
+    }
+    covered.iter().map(|&(_, secs)| secs).fold(0.0, f64::max)
 }
 
 /// What [`advise`] says of a route without an interval: not "too little traffic",

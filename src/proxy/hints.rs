@@ -125,7 +125,7 @@ impl Advisor {
     /// interval still open is not included: call [`Advisor::tick`] first to close it.
     /// A period is at least two intervals (a shorter one holds no closed interval, and
     /// read as no traffic) and at most `[hints] keep`; the report's `period_s` says
-    /// the period it looked at. Only the routes `engine` has are reported: a route a
+    /// the period it looked at, its `covered_s` how much of it the history covers. Only the routes `engine` has are reported: a route a
     /// reload removed has no setting left to change (its history stays until `keep`
     /// ends, and is reported again if a reload brings the route back).
     pub fn report(&self, period: Duration, now: Nanos, engine: &Engine) -> HintsReport {
@@ -148,11 +148,7 @@ impl Advisor {
         for parts in routes.chunk_by_mut(|a, b| a.route == b.route) {
             one_per_route_setting(parts.iter_mut().map(|r| (r.event.as_deref(), &mut r.hints)));
         }
-        HintsReport {
-            period_s: period.as_secs_f64(),
-            interval_s: interval.as_secs_f64(),
-            routes,
-        }
+        HintsReport::new(period.as_secs_f64(), interval.as_secs_f64(), routes)
     }
 }
 
