@@ -545,8 +545,11 @@ pub struct SharedControl {
     pub stepped: TransitionCounts,
     /// The level of the bucket that decides this instance's requests on the route
     /// (the shared bucket as last seen, or this instance's share of it; NaN where no
-    /// bucket decides them, or the deciding one's level is not known yet), in place of the local engine's limiter, which does not
-    /// decide them; `None` keeps the local one.
+    /// bucket decides them, or the deciding one's level is not known yet), in place
+    /// of the local engine's limiter, which does not decide them; `None` keeps the
+    /// local one. A route a shared store decides has a `SharedControl` from its start,
+    /// before its shared state is known: its controller counts are never the local
+    /// one's (see the collector's `follow_controller`).
     pub level: Option<Level>,
 }
 

@@ -5143,3 +5143,64 @@ async fn an_exact_route_never_answered_shows_no_bucket_level() {
         "{view:?}"
     );
 }
+
+/// A distributed route this instance has not decided on yet (the store has not built
+/// it): its shared state is not known, so `/metrics` shows no bucket level and no
+/// shared ROC for it (NaN, left out), and `GET /admin/routes/order` `tokens`,
+/// `capacity` and `roc` null. It showed the local engine's bucket, full, which decides
+/// none of the route's requests; `RedisStore::shared_view` said the route was not
+/// shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distributed_route_never_decided_shows_no_shared_state() {
+    let _serial = one_at_a_time().await;
+    let (proxy, _path, _dir, upstream_task) =
+        served_from_file(&unanswered_order("burst = \"10s\"", "never-decided")).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    let text = get(&mut admin, "/metrics").await;
+    for series in [
+        r#"rocgate_limiter_level{route="order","#,
+        r#"rocgate_limiter_capacity{route="order","#,
+        r#"rocgate_store_roc{route="order"}"#,
+    ] {
+        assert!(
+            !text.lines().any(|l| l.starts_with(series)),
+            "{series} in {text}"
+        );
+    }
+    let route: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/routes/order").await).unwrap();
+    for field in ["tokens", "capacity", "roc"] {
+        assert!(route[field].is_null(), "{field}: {route}");
+    }
+    assert_eq!(route["state"], "normal", "{route}");
+    proxy.stop().await;
+    upstream_task.abort();
+}
+
+/// [`RedisStore::shared_view`] of a route the engine shares and the store has not
+/// built (no decision on it yet): the route is shared, its state not known (no level,
+/// no ROC), its limit the base limit in force, as the store starts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_route_never_decided_has_a_view_of_nothing_known() {
+    let _serial = one_at_a_time().await;
+    let port = free_ports(1)[0];
+    let mut config = RedisConfig::default();
+    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+    config.key_prefix = "never-built".into();
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let a = Instance::new(
+        &route(100.0, Duration::from_secs(1)),
+        &config,
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    );
+    assert!(a.store.view("order").is_none());
+    let view = a.store.shared_view(&a.engine, "order").expect("shared");
+    assert_eq!(view.mode, StoreMode::Shared);
+    assert_eq!(view.limit_rps, 100.0);
+    assert_eq!(view.state, ControllerState::Normal);
+    assert!(view.roc.is_nan(), "{view:?}");
+    assert!(
+        view.level.value.is_nan() && view.level.capacity.is_nan(),
+        "{view:?}"
+    );
+}

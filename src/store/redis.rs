@@ -568,7 +568,8 @@ pub struct SharedView {
     pub limit_rps: f64,
     /// The shared controller's state.
     pub state: ControllerState,
-    /// ROC of the last slot the shared controller observed.
+    /// ROC of the last slot the shared controller observed (NaN in the view of a
+    /// route this instance has not decided on, see [`RedisStore::shared_view`]).
     pub roc: f64,
     /// The shared controller's transitions that this instance stepped and stored:
     /// each is stepped and stored by one instance, so summed over the fleet they are
@@ -580,13 +581,19 @@ pub struct SharedView {
     /// not knowing what other instances took meanwhile; its capacity the shared
     /// limit × burst); in batched mode or in fallback, this instance's own bucket at
     /// its share of the limit. A level and capacity of NaN (no level) where none is
-    /// known or none decides: in exact mode before Redis answered a decision on the
-    /// route (the shared bucket's level is not known yet), and in fallback with
-    /// `fail_mode = "open"` or `"closed"` (every request is admitted, or every one
-    /// refused). Never the local engine's bucket, which decides none of the route's
-    /// requests.
+    /// known or none decides: before this instance decided on the route, in exact
+    /// mode before Redis answered a decision on it (the shared bucket's level is not
+    /// known yet), and in fallback with `fail_mode = "open"` or `"closed"` (every
+    /// request is admitted, or every one refused). Never the local engine's bucket,
+    /// which decides none of the route's requests.
     pub level: Level,
 }
+
+/// No bucket level (see [`SharedView::level`]): none is known, or none decides.
+const UNKNOWN_LEVEL: Level = Level {
+    value: f64::NAN,
+    capacity: f64::NAN,
+};
 
 /// A decision, and the reason it rejected the request, or would have in shadow mode.
 type Verdict = (Decision, Option<Reason>);
@@ -708,20 +715,16 @@ impl SharedRoute {
     /// See [`SharedView::level`]. The shared bucket's capacity is [`DECIDE`]'s: the
     /// limit × burst, whole, at least 1.
     fn level(&self, config: &RedisConfig, now: Nanos) -> Level {
-        const UNKNOWN: Level = Level {
-            value: f64::NAN,
-            capacity: f64::NAN,
-        };
         let fallen = self.mode() == StoreMode::Fallback;
         if fallen && config.fail_mode != FailMode::Local {
-            return UNKNOWN;
+            return UNKNOWN_LEVEL;
         }
         if config.mode == SyncMode::Batched || fallen {
             return self.fallback.level(now);
         }
         let tokens = f64::from_bits(self.tokens.load(Ordering::Relaxed));
         if tokens.is_nan() {
-            return UNKNOWN;
+            return UNKNOWN_LEVEL;
         }
         let limit = self.seen_limit();
         let capacity = (limit * self.burst.as_secs_f64() + 1e-6).floor().max(1.0);
@@ -1114,13 +1117,26 @@ impl RedisStore {
 
     /// [`view`](Self::view), for a route that `engine` (the one in force) shares: a
     /// route a reload made local keeps the view it had until [`retain`](Self::retain),
-    /// which this leaves out.
+    /// which this leaves out. A shared route this instance has not decided on yet has
+    /// a view all the same, of a shared state not known: shared, at its base limit in
+    /// force and normal, as the store starts it, with a ROC and a bucket level of NaN
+    /// (never the local engine's, which decides none of its requests).
     pub fn shared_view(&self, engine: &Engine, route: &str) -> Option<SharedView> {
         let id = engine.route_id(route)?;
         if !self.shares(engine, id) {
             return None;
         }
-        self.view(route)
+        self.view(route).or_else(|| {
+            let params = engine.params_at(id, self.inner.clock.now())?;
+            Some(SharedView {
+                mode: StoreMode::Shared,
+                limit_rps: params.base_limit_rps,
+                state: ControllerState::Normal,
+                roc: f64::NAN,
+                stepped: TransitionCounts::default(),
+                level: UNKNOWN_LEVEL,
+            })
+        })
     }
 
     /// Every route this instance has decided on, with what it last saw, by name.
