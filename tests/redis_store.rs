@@ -5204,3 +5204,56 @@ async fn a_shared_route_never_decided_has_a_view_of_nothing_known() {
         "{view:?}"
     );
 }
+
+/// A distributed route in fallback whose base limit a reload lowered below the shared
+/// limit last seen (100 req/s, what the store started it at) decides at the lowered
+/// base (10 req/s, a bucket of 10 here), and its rejections' `RateLimit-Policy` says
+/// so: it stated the shared limit last seen, 100 per second, ten times what was
+/// enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_rejection_states_the_lowered_base_it_enforces() {
+    let _serial = one_at_a_time().await;
+    let file = |base: u32| {
+        unanswered_order(
+            &format!("base_limit = {base}\ncut_limit = {base}\nburst = \"1s\""),
+            "lowered-policy",
+        )
+    };
+    let (proxy, path, _dir, upstream_task) = served_from_file(&file(100)).await;
+    let mut client = http1::connect(proxy.addr).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    for _ in 0..5 {
+        assert_eq!(post_order(&mut client).await.0, 200);
+    }
+    let store: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+    assert_eq!(store["mode"], "fallback_local", "{store}");
+    assert_eq!(store["routes"]["order"]["limit_rps"], 100.0, "{store}");
+
+    std::fs::write(&path, file(10)).unwrap();
+    proxy.reloader.reload_async().await.unwrap();
+    let mut policy = None;
+    for _ in 0..20 {
+        client.ready().await.unwrap();
+        let req = http::Request::post("/api/order")
+            .header("host", "shop.example")
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        let res = client.send_request(req).await.unwrap();
+        if res.status() == 429 {
+            policy = Some(res.headers()["ratelimit-policy"].clone());
+            break;
+        }
+        use http_body_util::BodyExt;
+        let _ = res.into_body().collect().await;
+    }
+    assert_eq!(
+        policy
+            .expect("the lowered bucket refuses")
+            .to_str()
+            .unwrap(),
+        r#""order";q=10;w=1"#
+    );
+    proxy.stop().await;
+    upstream_task.abort();
+}

@@ -106,9 +106,11 @@ where
                 match decision {
                     Decision::Reject(rej) => {
                         let name = engine.route_name(route);
-                        let limit = name
-                            .and_then(|name| gate.store.view(name))
-                            .map(|v| v.limit_rps)
+                        // The limit the decision enforced: a base limit in force below
+                        // the shared limit last seen is (in fallback, in batched mode).
+                        let limit = gate
+                            .store
+                            .limit_in_force(&engine, route, now)
                             .or_else(|| engine.limit_rps(route))
                             .unwrap_or(0.0);
                         // For a cut, the shared restore schedule with jitter, as the

@@ -1076,6 +1076,22 @@ impl RedisStore {
         )
     }
 
+    /// The limit, req/s, that this instance's decisions on `route` enforce as of
+    /// `now`, as a fleet's (in batched mode and in fallback this instance decides at
+    /// its share of it): the shared limit last seen ([`SharedView::limit_rps`]), or
+    /// the route's base limit in force where lower, as [`check`](Self::check) decides
+    /// (in batched mode, the base taken at the first decision of the slot). `None`
+    /// for a route this instance has not decided on. The quota that a rejection's
+    /// `RateLimit-Policy` states in `rocgate serve`.
+    pub fn limit_in_force(&self, engine: &Engine, route: RouteId, now: Nanos) -> Option<f64> {
+        let r = self.inner.routes.get(engine.route_name(route)?)?;
+        let base = match self.inner.config.mode {
+            SyncMode::Batched => f64::from_bits(r.base_limit.load(Ordering::Relaxed)),
+            SyncMode::Exact => engine.params_at(route, now)?.base_limit_rps,
+        };
+        Some(r.seen_limit().min(base))
+    }
+
     /// How long after `now` (this instance's clock) the shared controller will next
     /// raise `route`'s limit, at the earliest, as the last answer that told it put it
     /// (in exact mode each rejection while the controller is not normal, in batched
