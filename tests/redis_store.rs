@@ -5119,7 +5119,8 @@ async fn a_shared_cut_tells_refused_clients_when_the_limit_rises() {
 
 /// Exact mode, before Redis ever answered a decision on the route (each call failed,
 /// the breaker not open yet, so the route is still shared): no bucket level is known
-/// (NaN, left out of `/metrics`). The shared bucket decides the route's requests once
+/// (NaN, left out of `/metrics`), nor a shared ROC (it read 0, as if the fleet's
+/// traffic were steady). The shared bucket decides the route's requests once
 /// Redis answers, and its level is not known before; the local engine's bucket, full,
 /// which decides none of them, used to be shown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -5142,6 +5143,7 @@ async fn an_exact_route_never_answered_shows_no_bucket_level() {
         view.level.value.is_nan() && view.level.capacity.is_nan(),
         "{view:?}"
     );
+    assert!(view.roc.is_nan(), "no shared ROC known: {view:?}");
 }
 
 /// A distributed route this instance has not decided on yet (the store has not built

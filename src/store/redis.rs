@@ -568,8 +568,9 @@ pub struct SharedView {
     pub limit_rps: f64,
     /// The shared controller's state.
     pub state: ControllerState,
-    /// ROC of the last slot the shared controller observed (NaN in the view of a
-    /// route this instance has not decided on, see [`RedisStore::shared_view`]).
+    /// ROC of the last slot the shared controller observed: NaN before Redis answered
+    /// one of this instance's decisions (or syncs) on the route, as in the view of a
+    /// route it has not decided on (see [`RedisStore::shared_view`]).
     pub roc: f64,
     /// The shared controller's transitions that this instance stepped and stored:
     /// each is stepped and stored by one instance, so summed over the fleet they are
@@ -622,7 +623,7 @@ struct SharedRoute {
     limit: AtomicU64,
     /// The shared controller state last seen ([`ControllerState::as_index`]).
     state: AtomicU8,
-    /// The shared ROC last seen, f64 bits.
+    /// The shared ROC last seen, f64 bits (NaN before any).
     roc: AtomicU64,
     /// When (this instance's clock, ns) the shared controller will next raise the
     /// limit, as the last answer that told it put it; 0 when not known, or normal
@@ -1325,7 +1326,8 @@ impl Inner {
             base_limit: AtomicU64::new(base.to_bits()),
             limit: AtomicU64::new(base.to_bits()),
             state: AtomicU8::new(ControllerState::Normal.as_index()),
-            roc: AtomicU64::new(0f64.to_bits()),
+            // Not known before Redis answers (see [`SharedView::roc`]).
+            roc: AtomicU64::new(f64::NAN.to_bits()),
             next_raise: AtomicU64::new(0),
             tokens: AtomicU64::new(f64::NAN.to_bits()),
             tokens_at: AtomicU64::new(0),
