@@ -29,7 +29,12 @@ impl Captured {
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish();
-        (log, tracing::subscriber::set_default(subscriber))
+        let guard = tracing::subscriber::set_default(subscriber);
+        // A callsite first reached on another thread as the subscriber was set may
+        // have kept the interest of none (tracing-core registers it after the rebuild
+        // that setting it ran): rebuilt again, it is seen.
+        tracing::callsite::rebuild_interest_cache();
+        (log, guard)
     }
 
     /// The lines written that contain `text`.
