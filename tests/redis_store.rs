@@ -3160,6 +3160,37 @@ async fn served_from_file(
     (proxy, path, dir, upstream_task)
 }
 
+/// `fail_mode = "closed"` refuses every request of a route Redis does not answer: its
+/// rejections' `RateLimit-Policy` states a quota of 0, the limit enforced, where it
+/// stated the route's limit (100 per second) though none of it was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_fallback_states_a_quota_of_none() {
+    let _serial = one_at_a_time().await;
+    let file = format!(
+        "{}fail_mode = \"closed\"\n",
+        unanswered_order("base_limit = 100", "closed-policy")
+    );
+    let (proxy, _path, _dir, upstream_task) = served_from_file(&file).await;
+    let mut client = http1::connect(proxy.addr).await;
+    for _ in 0..3 {
+        client.ready().await.unwrap();
+        let req = http::Request::post("/api/order")
+            .header("host", "shop.example")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let res = client.send_request(req).await.unwrap();
+        assert_eq!(res.status(), 429);
+        assert_eq!(
+            res.headers()["ratelimit-policy"].to_str().unwrap(),
+            r#""order";q=0;w=1"#
+        );
+        use http_body_util::BodyExt;
+        let _ = res.into_body().collect().await;
+    }
+    proxy.stop().await;
+    upstream_task.abort();
+}
+
 /// A route that falls back while Redis is away, then a reload that makes it local: it
 /// makes no more decisions on the store, so it must not keep the instance in fallback
 /// (`GET /admin/store`, and the `RocgateStoreFallback` alert's gauge).

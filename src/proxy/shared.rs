@@ -107,10 +107,11 @@ where
                     Decision::Reject(rej) => {
                         let name = engine.route_name(route);
                         // The limit the decision enforced: a base limit in force below
-                        // the shared limit last seen is (in fallback, in batched mode).
+                        // the shared limit last seen is (in fallback, in batched mode),
+                        // and none is under `fail_mode = "closed"` in fallback.
                         let limit = gate
                             .store
-                            .limit_in_force(&engine, route, now)
+                            .limit_in_force(&engine, route, rej.reason, now)
                             .or_else(|| engine.limit_rps(route))
                             .unwrap_or(0.0);
                         // For a cut, the shared restore schedule with jitter, as the

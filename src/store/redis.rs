@@ -1083,8 +1083,19 @@ impl RedisStore {
     /// the route's base limit in force where lower, as [`check`](Self::check) decides
     /// (in batched mode, the base taken at the first decision of the slot). `None`
     /// for a route this instance has not decided on. The quota that a rejection's
-    /// `RateLimit-Policy` states in `rocgate serve`.
-    pub fn limit_in_force(&self, engine: &Engine, route: RouteId, now: Nanos) -> Option<f64> {
+    /// `RateLimit-Policy` states in `rocgate serve`: `reason` is the rejection's, and
+    /// a fallback's under `fail_mode = "closed"`, which refuses every request, enforces
+    /// a limit of 0.
+    pub fn limit_in_force(
+        &self,
+        engine: &Engine,
+        route: RouteId,
+        reason: Reason,
+        now: Nanos,
+    ) -> Option<f64> {
+        if reason == Reason::FallbackLocal && self.inner.config.fail_mode == FailMode::Closed {
+            return Some(0.0);
+        }
         let r = self.inner.routes.get(engine.route_name(route)?)?;
         let base = match self.inner.config.mode {
             SyncMode::Batched => f64::from_bits(r.base_limit.load(Ordering::Relaxed)),
