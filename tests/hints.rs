@@ -2550,7 +2550,8 @@ fn a_shadow_route_gets_the_limits_enforcing_would_need() {
 /// upstream of 1,000, which an enforcing route is told to restore faster from (20 →
 /// 40), tells a `shadow` route the same (`info`: nothing is rejected yet), and a
 /// `shadow_adaptive` one, whose base limit's rejections are its own and whose
-/// restoring limit's are would-be ones, too.
+/// restoring limit's are would-be ones, too. The verdict, whose would-be rejections by
+/// the cut include those while restoring, pointed at the cut's settings only.
 #[test]
 fn a_shadow_route_that_recovers_slowly_is_told_to_restore_faster() {
     let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
@@ -2567,6 +2568,16 @@ fn a_shadow_route_that_recovers_slowly_is_told_to_restore_faster() {
             restore.reason.starts_with("enforcing would have rejected "),
             "{mode}: {}",
             restore.reason
+        );
+        // The verdict points at it for the cut's would-be rejections while restoring,
+        // beside its own tuning of the cut.
+        let verdict = find(&h, "shadow_verdict").unwrap();
+        assert!(
+            verdict.reason.contains(
+                "(their demand peaked at 400 req/s), and for those while it restored the limit: see faster_restore (restore_step 20 → 40)"
+            ),
+            "{mode}: {}",
+            verdict.reason
         );
         // An upstream that saturates during the recovery says the pace is right.
         let h = advise(&format!("mode = \"{mode}\""), &spike, Some(150));

@@ -1806,7 +1806,8 @@ impl<'a> Evidence<'a> {
     /// Where one of `others` (this part's other hints) suggests a change of such a
     /// setting, that hint; otherwise the base limit (toward the demand seen while the
     /// upstream was healthy) or the cut (`danger_roc`, `cut_limit`), quoting what the
-    /// intervals hold.
+    /// intervals hold. The cut's also points at a `faster_restore` hint among `others`:
+    /// its would-be rejections include those while it restored the base limit.
     fn shadow_tuning(&self, would: &ReasonArray, others: &[Hint]) -> String {
         let total: u64 = would.iter().sum();
         let cut = would[Reason::RocCut.index()];
@@ -1831,15 +1832,26 @@ impl<'a> Evidence<'a> {
                             .as_deref()
                             .is_some_and(|p| settings.contains(&p))
                 });
-                if let Some(h) = other {
-                    return format!("{share} of them by {by}: see {}", change_of(h));
-                }
-                match which {
-                    0 => self.shadow_base_tuning(&share),
-                    1 => self.shadow_cut_tuning(&share),
-                    _ => format!(
+                let said = match (other, which) {
+                    (Some(h), _) => format!("{share} of them by {by}: see {}", change_of(h)),
+                    (None, 0) => self.shadow_base_tuning(&share),
+                    (None, 1) => self.shadow_cut_tuning(&share),
+                    (None, _) => format!(
                         "{share} of them by the local fallback limiter while Redis was away, which the route's limits do not set: judge again over a period with Redis reached"
                     ),
+                };
+                // The cut's would-be rejections include those while it restored the
+                // base limit, which restoring faster saves.
+                let restore = others
+                    .iter()
+                    .find(|h| h.rule == "faster_restore" && h.suggested.is_some())
+                    .filter(|_| which == 1);
+                match restore {
+                    Some(h) => format!(
+                        "{said}, and for those while it restored the limit: see {}",
+                        change_of(h)
+                    ),
+                    None => said,
                 }
             })
             .collect::<Vec<_>>()
