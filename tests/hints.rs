@@ -2588,3 +2588,36 @@ fn a_shadow_route_that_recovers_slowly_is_told_to_restore_faster() {
         );
     }
 }
+
+/// The share `raise_base_limit` quotes is what the base limit itself would have
+/// refused. While a cut holds the limit below base (cut and recovery), an enforcing
+/// route labels every refusal `roc_cut`, those of demand beyond the base limit's rate
+/// too, and a `shadow` route's would-be refusals are labelled so as well:
+/// `shadow_adaptive`, which enforces its base limit throughout, quoted 43.3% of a spike
+/// of 400 req/s against 200, the other two 27.9%. Demand beyond the base limit's rate
+/// in an interval counts as the base limit's, up to what the cut refused there.
+#[test]
+fn the_base_limits_share_is_the_same_in_every_mode() {
+    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let share = |mode: &str| {
+        let h = advise(&format!("mode = \"{mode}\""), &spike, Some(1000));
+        let reason = &find(&h, "raise_base_limit")
+            .unwrap_or_else(|| panic!("{mode}: {h:#?}"))
+            .reason;
+        let end = reason.find('%').unwrap();
+        let start = reason[..end].rfind(' ').map_or(0, |s| s + 1);
+        (reason[start..end].parse::<f64>().unwrap(), reason.clone())
+    };
+    let (adaptive, why) = share("shadow_adaptive");
+    assert_eq!(adaptive, 43.3, "{why}");
+    for mode in ["enforce", "shadow"] {
+        let (quoted, why) = share(mode);
+        assert!((quoted - adaptive).abs() <= 0.5, "{mode}: {why}");
+        assert!(
+            why.contains(
+                "the base limit of 200 req/s, counting 15.5% beyond its rate that the ROC cut"
+            ),
+            "{mode}: {why}"
+        );
+    }
+}

@@ -631,7 +631,14 @@ struct Evidence<'a> {
     capacity_rps: Option<f64>,
     offered: u64,
     rejected: u64,
+    /// What the base limit itself would have refused, `base_in_cut` of it estimated.
     base_rejected: u64,
+    /// Demand beyond the base limit's rate in an interval in which the cut refused it
+    /// (labelled `roc_cut`, as every refusal while the cut holds the limit below base
+    /// is, on a route that enforces its cut), up to what the cut refused there: the
+    /// base limit would have refused it too. Zero on a `concurrency` or partitioned
+    /// route, whose base limit is no rate the route's demand can be held against.
+    base_in_cut: u64,
     secs: f64,
     /// Seconds with the route-level limiter exhausted.
     exhausted_s: f64,
@@ -659,14 +666,25 @@ impl<'a> Evidence<'a> {
         let offered = intervals.iter().map(|i| i.offered).sum();
         let rejected = intervals.iter().map(Interval::rejected_total).sum();
         // Neither the cut's rejections nor the local fallback limiter's (Redis away)
-        // are the base limit's; on a `shadow` route, what enforcing would have rejected.
-        let base_rejected: u64 = intervals
-            .iter()
-            .map(|i| {
-                let r = as_enforced(s.mode, i);
-                r.iter().sum::<u64>() - r[Reason::RocCut.index()] - r[Reason::FallbackLocal.index()]
-            })
-            .sum();
+        // are the base limit's, but for the cut's of demand beyond the base limit's
+        // rate (`base_in_cut`); on a `shadow` route, what enforcing would have
+        // rejected.
+        let rate = !matches!(s.algorithm, Algorithm::Concurrency { .. }) && !s.partitioned;
+        let (mut base_rejected, mut base_in_cut) = (0u64, 0u64);
+        for i in intervals {
+            let r = as_enforced(s.mode, i);
+            let cut = r[Reason::RocCut.index()];
+            let own = r.iter().sum::<u64>() - cut - r[Reason::FallbackLocal.index()];
+            let beyond = if rate {
+                ((i.offered as f64 - s.params.base_limit_rps * i.secs()).max(0.0) as u64)
+                    .min(own + cut)
+                    .saturating_sub(own)
+            } else {
+                0
+            };
+            base_rejected += own + beyond;
+            base_in_cut += beyond;
+        }
         let start = intervals.first().map_or(0.0, |i| i.start.as_secs_f64());
         let mut cuts: Vec<CutEpisode> = Vec::new();
         let mut in_episode = false;
@@ -705,6 +723,7 @@ impl<'a> Evidence<'a> {
             offered,
             rejected,
             base_rejected,
+            base_in_cut,
             secs: Interval::total_secs(intervals),
             exhausted_s: intervals.iter().map(|i| i.exhausted_s).sum(),
             cuts,
@@ -1132,7 +1151,7 @@ impl<'a> Evidence<'a> {
             ));
         }
         // A `shadow` route rejects nothing yet: the raise readies it for enforcing.
-        let (severity, rejected) = if self.s.mode == Mode::Shadow {
+        let (severity, rejected, cut_rejected) = if self.s.mode == Mode::Shadow {
             (
                 Severity::Info,
                 format!(
@@ -1140,6 +1159,7 @@ impl<'a> Evidence<'a> {
                     pct(self.base_rejected, self.offered),
                     self.offered
                 ),
+                "would have rejected",
             )
         } else {
             (
@@ -1149,7 +1169,16 @@ impl<'a> Evidence<'a> {
                     pct(self.base_rejected, self.offered),
                     self.offered
                 ),
+                "rejected",
             )
+        };
+        let in_cut = if self.base_in_cut > 0 {
+            format!(
+                ", counting {} beyond its rate that the ROC cut {cut_rejected} while in force",
+                pct(self.base_in_cut, self.offered)
+            )
+        } else {
+            String::new()
         };
         Some(self.hint(
             "raise_base_limit",
@@ -1157,7 +1186,7 @@ impl<'a> Evidence<'a> {
             Some("base_limit"),
             Some((Setting::Number(base), Setting::Number(suggested))),
             format!(
-                "{rejected} the base limit of {} {} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}",
+                "{rejected} the base limit of {} {}{in_cut} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}",
                 fmt_num(base),
                 self.units(),
                 fmt_num(self.mean_rps()),
