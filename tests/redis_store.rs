@@ -4963,6 +4963,65 @@ async fn a_steady_route_back_from_fallback_is_not_cut_for_the_gap() {
     assert_eq!(stepped(&inst).cuts, 0, "{seen:?}");
 }
 
+/// Batched mode, a route on steady traffic (a request every 5 ms and the time a
+/// decision takes: 100 to 150 req/s) whose Redis stalls for 0.3 s with the breaker
+/// still closed (`failures_to_open` 10): the syncs that fail meanwhile drop their
+/// slots' arrivals, holes in the shared window that read as a fall and, once in its
+/// earlier half, as a rise. The shared controller cut the route fleet-wide (ROC 60 to
+/// 94 against a danger_roc of 40: 3 holes in a half-window of 5 slots read 3/5 of the
+/// rate). Now the first sync answered after a dropped one restarts the controller's
+/// window, as a probe back from fallback does: no cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_a_steady_route_is_not_cut_for_the_slots_of_failed_syncs() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut config = batched(store_config(&server, "holes"));
+    config.failures_to_open = 10;
+    let inst = Instance::system(&quick_route(), &config);
+    let mut conn = server.connection().unwrap();
+    beat_answered(&inst.store).await;
+    let started = tokio::time::Instant::now();
+    let (mut stopped, mut resumed) = (false, false);
+    let mut stopped_us = 0;
+    let mut seen = Vec::new();
+    while started.elapsed() < Duration::from_millis(3000) {
+        let t = started.elapsed();
+        if !stopped && t > Duration::from_millis(1300) {
+            stopped_us = redis_time_us(&mut conn);
+            server.signal("-STOP");
+            stopped = true;
+        }
+        if !resumed && t > Duration::from_millis(1600) {
+            server.signal("-CONT");
+            resumed = true;
+        }
+        let _ = inst.check().await;
+        let v = inst.store.view("order").unwrap();
+        if seen.last().map(|&(_, state, mode, _)| (state, mode)) != Some((v.state, v.mode)) {
+            seen.push((t, v.state, v.mode, v.roc));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        seen.iter()
+            .all(|&(_, _, mode, _)| mode == StoreMode::Shared),
+        "the breaker opened: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|&(_, state, _, _)| state == ControllerState::Normal),
+        "{seen:?}"
+    );
+    assert_eq!(stepped(&inst).cuts, 0, "{seen:?}");
+    // Syncs failed, and the controller was rearmed after the stall.
+    let armed_ns: u64 = redis::cmd("HGET")
+        .arg("{holes:order}:c")
+        .arg("armed")
+        .query(&mut conn)
+        .unwrap();
+    assert!(armed_ns / 1_000 > stopped_us, "armed at {armed_ns} ns");
+}
+
 /// A route of 1 s slots (a window of 10 s), so that a test's burst of decisions falls
 /// within one slot of Redis's clock.
 fn slow_slotted_route(base: f64) -> RouteConfig {

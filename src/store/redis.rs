@@ -82,9 +82,11 @@
 //!   slow on a fleet that large is exact mode's.
 //! - the window: while Redis answers, every arrival reaches it, at most one slot and
 //!   one round trip late (the arrivals of a failed or skipped sync are dropped rather
-//!   than dumped into a later slot as a false spike); so ROC, cuts and restores lag
-//!   exact mode by that much, and a new limit reaches an instance at its next sync
-//!   (one slot, while it has traffic).
+//!   than dumped into a later slot as a false spike, and the next call answered
+//!   rearms the shared controller for one window, as a probe back from fallback does:
+//!   see [`DECIDE`]'s `ARGV[9]`); so ROC, cuts and restores lag exact mode by that
+//!   much, and a new limit reaches an instance at its next sync (one slot, while it
+//!   has traffic).
 //!
 //! Distributed routes are those limited as a whole (`partition = "route"`) with the
 //! token bucket, in `enforce` or `shadow` mode, with at most 1000 slots per window;
@@ -142,7 +144,9 @@ use std::time::Duration;
 ///   reached Redis; absent means 0). The debit comes after the refill and never takes
 ///   the bucket below empty, where an admission of its last token leaves it.
 ///   `ARGV[9]` `1` if the window missed arrivals (the call is the probe of a route
-///   in fallback, whose decisions were taken locally): drops `through`, as below.
+///   in fallback, whose decisions were taken locally, or, in batched mode, the first
+///   call since a sync of the instance failed or was skipped, whose arrivals were
+///   dropped): drops `through`, as below.
 ///
 /// A call whose slot length differs from `slot_us` (a reload, or a release, changed
 /// the route's slot) starts the window afresh: slot numbers counted in another length
@@ -155,7 +159,12 @@ use std::time::Duration;
 /// A call that says the window missed arrivals (`ARGV[9]`) drops `through` too: the
 /// slots of the gap read as a fall, and the traffic back as a rise that would cut a
 /// steady route fleet-wide; rearmed, the controller takes no action until the window
-/// holds a whole window of counts again.
+/// holds a whole window of counts again. In batched mode one failed sync leaves a
+/// hole of a slot (of the instance's arrivals): `k` holes in a half-window of `h`
+/// slots read, once in the earlier half, as a rise of `k ÷ h` of the route's rate
+/// (absolute mode; `k ÷ (h − k)` relative), which a steady route at high load, or on
+/// a short window, passes `danger_roc` by (a 1 s window of 100 ms slots at 100 req/s
+/// read 60 for 3 holes, against a `danger_roc` of 40), before the breaker opens.
 ///
 /// A window whose `cur` is more than a window ahead of the slot now (Redis's clock
 /// went back by more than a window) starts afresh too, and drops `through`: otherwise
@@ -657,6 +666,10 @@ struct SharedRoute {
     limit_gauge: Gauge,
     /// Batched mode: arrivals since the last sync.
     pending: AtomicU64,
+    /// Batched mode: a sync's arrivals were dropped (its call failed, or the breaker
+    /// skipped it) since a call last said so: the next call says the window missed
+    /// arrivals ([`DECIDE`]'s `ARGV[9]`).
+    missed: AtomicBool,
     /// Batched mode: the slot (on this instance's clock) of the last sync.
     synced_slot: AtomicU64,
     /// The shared controller's transitions stepped and stored here.
@@ -1352,6 +1365,7 @@ impl Inner {
             fallbacks: metrics::counter!(metric::STORE_FALLBACK, "route" => label.to_string()),
             limit_gauge: metrics::gauge!(metric::STORE_LIMIT, "route" => label.to_string()),
             pending: AtomicU64::new(0),
+            missed: AtomicBool::new(false),
             synced_slot: AtomicU64::new(u64::MAX),
             stepped: Mutex::new(stepped),
         });
@@ -1374,6 +1388,10 @@ impl Inner {
             // first sync (the shared window would otherwise miss a slot of them).
             let pending = old.pending.swap(0, Ordering::Relaxed);
             r.pending.fetch_add(pending, Ordering::Relaxed);
+            // And a gap its dropped arrivals left, still to be said.
+            if old.missed.swap(false, Ordering::Relaxed) {
+                r.missed.store(true, Ordering::Relaxed);
+            }
             let level = old.fallback.level(now).value;
             self.share(&r, r.seen_limit(), now).lower_to(level, now);
             // And its breaker and mode: a route in fallback stays there (counted before
@@ -1411,8 +1429,11 @@ impl Inner {
     async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool, debit: u64) -> Option<Reply> {
         // A call on a route in fallback is its probe: the decisions taken locally
         // meanwhile are missing from the shared window, so an answer restarts the
-        // shared controller's window (see [`DECIDE`]).
-        let gap = r.mode() == StoreMode::Fallback;
+        // shared controller's window (see [`DECIDE`]). So are, in batched mode, the
+        // arrivals of a sync that failed or was skipped: the call that fails sets
+        // `missed` again ([`sync`]).
+        let gap = r.mode() == StoreMode::Fallback
+            || (r.missed.load(Ordering::Relaxed) && r.missed.swap(false, Ordering::Relaxed));
         let mut invocation = self.decide.call(&[&r.keys[0], &r.keys[1], &r.keys[2]]);
         invocation
             .arg(r.slot_us)
@@ -1533,7 +1554,8 @@ impl Inner {
                     .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
             }
             // Arrivals of a failed or skipped sync are dropped: dumped into a later
-            // slot they would look like a spike.
+            // slot they would look like a spike. The hole they leave would read as a
+            // fall, then as a rise, so the next call says so (`missed`).
             let arrivals = r.pending.swap(0, Ordering::Relaxed);
             if let Some(params) = params.filter(|_| r.breaker().call(now) != Call::Skip) {
                 tokio::spawn(sync(
@@ -1543,6 +1565,8 @@ impl Inner {
                     params,
                     slot,
                 ));
+            } else {
+                r.missed.store(true, Ordering::Relaxed);
             }
         }
         let base = f64::from_bits(r.base_limit.load(Ordering::Relaxed));
@@ -1975,7 +1999,8 @@ fn random_bits() -> u64 {
 
 /// Batched mode: adds a slot's arrivals to the shared window and learns the shared
 /// limit back, then, at the slot's end, those that came after, unless a decision of
-/// the next slot sends them ([`flush`]).
+/// the next slot sends them ([`flush`]). A call that fails drops its arrivals, and
+/// marks the route `missed`, for the next call to say that the window missed some.
 async fn sync(
     inner: Arc<Inner>,
     r: Arc<SharedRoute>,
@@ -1983,13 +2008,18 @@ async fn sync(
     params: ControllerParams,
     slot: u64,
 ) {
-    if let Some(reply) = inner.call(&r, arrivals, false, 0).await {
-        inner.absorb(&r, reply, &params, inner.clock.now());
-    }
-    if let Some(more) = flush(&inner, &r, slot).await {
-        if let Some(reply) = inner.call(&r, more, false, 0).await {
-            inner.absorb(&r, reply, &params, inner.clock.now());
+    let send = |arrivals| {
+        let (inner, r, params) = (&inner, &r, &params);
+        async move {
+            match inner.call(r, arrivals, false, 0).await {
+                Some(reply) => inner.absorb(r, reply, params, inner.clock.now()),
+                None => r.missed.store(true, Ordering::Relaxed),
+            }
         }
+    };
+    send(arrivals).await;
+    if let Some(more) = flush(&inner, &r, slot).await {
+        send(more).await;
     }
 }
 
@@ -2043,8 +2073,9 @@ impl<T: Send + 'static, F: Future<Output = Option<T>> + Send + 'static> Drop for
 /// late, and a burst reached the shared window only then, as a false spike). The slot
 /// that follows is still opened, and synced under the parameters then in force, by its
 /// first decision. `None` if there is nothing to send, a decision sent it, the breaker
-/// skips the call (its arrivals are dropped, as a decision's are), the store dropped
-/// the route or the instance left, or the clock has not moved on (a manual one).
+/// skips the call (its arrivals are dropped, as a decision's are, and the route marked
+/// `missed`), the store dropped the route or the instance left, or the clock has not
+/// moved on (a manual one).
 async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
     let slot_ns = r.slot_ns();
     let end = slot.saturating_add(1).saturating_mul(slot_ns);
@@ -2060,7 +2091,11 @@ async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
         return None;
     }
     let arrivals = r.pending.swap(0, Ordering::Relaxed);
-    (r.breaker().call(now) != Call::Skip).then_some(arrivals)
+    let sent = r.breaker().call(now) != Call::Skip;
+    if !sent {
+        r.missed.store(true, Ordering::Relaxed);
+    }
+    sent.then_some(arrivals)
 }
 
 /// Steps the controller over the slots the rollover completed and stores the result.
