@@ -2621,3 +2621,43 @@ fn the_base_limits_share_is_the_same_in_every_mode() {
         );
     }
 }
+
+/// The shadow verdict's split of the would-be rejections between the base limit and
+/// the cut is `raise_base_limit`'s: demand beyond the base limit's rate that the cut
+/// would have refused while in force is the base limit's in both. On a spike of
+/// 400 req/s against 200 the verdict said "53.7% of them by the base limit" (27.9% of
+/// the requests, those labelled `limit`) beside `raise_base_limit`'s 43.4%, and
+/// "46.3% … by the ROC cut", where `shadow_adaptive`, which enforces its base limit,
+/// sees the cut refuse 1540 of 18000 requests (16.5% of the 9341 would-be ones).
+#[test]
+fn the_shadow_verdict_splits_the_rejections_as_raise_base_limit_does() {
+    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let h = advise("mode = \"shadow\"", &spike, Some(1000));
+    let percent = |text: &str, before: &str| -> f64 {
+        let end = text
+            .find(before)
+            .unwrap_or_else(|| panic!("{before:?} in {text:?}"));
+        let start = text[..end].rfind(' ').map_or(0, |s| s + 1);
+        text[start..end].parse().unwrap()
+    };
+    let raise = &find(&h, "raise_base_limit")
+        .unwrap_or_else(|| panic!("{h:#?}"))
+        .reason;
+    let quoted = percent(raise, "% of 18000 requests");
+    let verdict = &find(&h, "shadow_verdict")
+        .unwrap_or_else(|| panic!("{h:#?}"))
+        .reason;
+    let would: f64 = verdict["enforcing would have rejected ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let base = percent(verdict, "% of them by the base limit");
+    let cut = percent(verdict, "% of them by the ROC cut");
+    assert!(
+        (base * would / 18000.0 - quoted).abs() <= 0.1,
+        "{base}% of {would} against {quoted}% of 18000: {verdict}"
+    );
+    assert!((cut - 100.0 * 1540.0 / would).abs() <= 0.5, "{verdict}");
+}

@@ -21,7 +21,7 @@
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
-//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut |
+//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
 //! `concurrency` route the base limit counts requests in flight: the upstream's
@@ -631,7 +631,8 @@ struct Evidence<'a> {
     capacity_rps: Option<f64>,
     offered: u64,
     rejected: u64,
-    /// What the base limit itself would have refused, `base_in_cut` of it estimated.
+    /// What the base limit itself would have refused, `base_in_cut` of it estimated
+    /// ([`base_refused`]).
     base_rejected: u64,
     /// Demand beyond the base limit's rate in an interval in which the cut refused it
     /// (labelled `roc_cut`, as every refusal while the cut holds the limit below base
@@ -665,23 +666,9 @@ impl<'a> Evidence<'a> {
         }
         let offered = intervals.iter().map(|i| i.offered).sum();
         let rejected = intervals.iter().map(Interval::rejected_total).sum();
-        // Neither the cut's rejections nor the local fallback limiter's (Redis away)
-        // are the base limit's, but for the cut's of demand beyond the base limit's
-        // rate (`base_in_cut`); on a `shadow` route, what enforcing would have
-        // rejected.
-        let rate = !matches!(s.algorithm, Algorithm::Concurrency { .. }) && !s.partitioned;
         let (mut base_rejected, mut base_in_cut) = (0u64, 0u64);
         for i in intervals {
-            let r = as_enforced(s.mode, i);
-            let cut = r[Reason::RocCut.index()];
-            let own = r.iter().sum::<u64>() - cut - r[Reason::FallbackLocal.index()];
-            let beyond = if rate {
-                ((i.offered as f64 - s.params.base_limit_rps * i.secs()).max(0.0) as u64)
-                    .min(own + cut)
-                    .saturating_sub(own)
-            } else {
-                0
-            };
+            let (own, beyond) = base_refused(s, i);
             base_rejected += own + beyond;
             base_in_cut += beyond;
         }
@@ -1772,7 +1759,10 @@ impl<'a> Evidence<'a> {
         };
         let (mut would, mut would_saturated) = (0u64, 0u64);
         // What would have been rejected outside the intervals the upstream saturated
-        // in, by reason.
+        // in, by reason; the cut's of demand beyond the base limit's rate are the base
+        // limit's, as `raise_base_limit` counts them ([`base_refused`], of what the
+        // interval holds as the cut's: an interval before a reload into
+        // `shadow_adaptive` may hold enforced ones).
         let mut unneeded: ReasonArray = [0; Reason::ALL.len()];
         for (i, h) in self.intervals.iter().zip(&self.health) {
             would += i.shadow_rejected_total();
@@ -1782,6 +1772,11 @@ impl<'a> Evidence<'a> {
                 for (mine, n) in unneeded.iter_mut().zip(&i.shadow_rejected) {
                     *mine += n;
                 }
+                let beyond = base_refused(self.s, i)
+                    .1
+                    .min(i.shadow_rejected[Reason::RocCut.index()]);
+                unneeded[Reason::RocCut.index()] -= beyond;
+                unneeded[Reason::Limit.index()] += beyond;
             }
         }
         let what = if self.s.mode == Mode::Shadow {
@@ -2003,6 +1998,29 @@ impl<'a> Evidence<'a> {
             self.units()
         )
     }
+}
+
+/// What the base limit refused in `i`, or on a `shadow` route would have refused
+/// enforced ([`as_enforced`]), in two parts: the refusals labelled its own, and those
+/// labelled `roc_cut` that were its too. Neither the cut's refusals nor the local
+/// fallback limiter's (Redis away) are the base limit's, but for the cut's of demand
+/// beyond the base limit's rate in the interval, up to what the cut refused there (in
+/// all `max(own, min(own + cut, excess))`), which the base limit would have refused
+/// too. `raise_base_limit`'s share and the shadow verdict's split both count this.
+/// The second part is zero on a `concurrency` or partitioned route, whose base limit
+/// is no rate the route's demand can be held against, and on `shadow_adaptive`, which
+/// enforces its base limit and only shadows the cut: the cut refuses nothing there,
+/// and what it would have refused the base limit let through.
+fn base_refused(s: &RouteSettings, i: &Interval) -> (u64, u64) {
+    let r = as_enforced(s.mode, i);
+    let cut = r[Reason::RocCut.index()];
+    let own = r.iter().sum::<u64>() - cut - r[Reason::FallbackLocal.index()];
+    let rate = !matches!(s.algorithm, Algorithm::Concurrency { .. }) && !s.partitioned;
+    if !rate {
+        return (own, 0);
+    }
+    let excess = (i.offered as f64 - s.params.base_limit_rps * i.secs()).max(0.0) as u64;
+    (own, excess.min(own + cut).saturating_sub(own))
 }
 
 /// What the route rejected in `i`, by reason; on a `shadow` route, which rejects
