@@ -2622,6 +2622,45 @@ fn the_base_limits_share_is_the_same_in_every_mode() {
     }
 }
 
+/// A leaky bucket refuses with `queue_full`, cut or not (the engine names only a
+/// `limit` refusal the cut's), and `raise_base_limit` counted every refusal of the
+/// cut's lowered pace as the base limit's: on a spike of 400 req/s against 200, 54.5%
+/// enforcing and in `shadow` (the verdict then "100.0% of them by the base limit"),
+/// where `shadow_adaptive`, which enforces its base limit, quotes 46.3%. In an interval
+/// the cut was in force in, they count as the cut's do on another algorithm: 45.2%
+/// (the interval the cut began in holds the base limit's refusals before it, which
+/// count up to its excess only). The `shadow` verdict, which said "100.0% of them by
+/// the base limit", now says 83.0%, and 17.0% by the ROC cut.
+#[test]
+fn a_leaky_buckets_share_is_the_same_in_every_mode() {
+    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let share = |mode: &str| {
+        let extra = format!("algorithm = \"leaky_bucket\"\nmode = \"{mode}\"");
+        let h = advise(&extra, &spike, Some(1000));
+        let reason = &find(&h, "raise_base_limit")
+            .unwrap_or_else(|| panic!("{mode}: {h:#?}"))
+            .reason;
+        let end = reason.find('%').unwrap();
+        let start = reason[..end].rfind(' ').map_or(0, |s| s + 1);
+        (reason[start..end].parse::<f64>().unwrap(), reason.clone())
+    };
+    let (adaptive, why) = share("shadow_adaptive");
+    for mode in ["enforce", "shadow"] {
+        let (quoted, why_mode) = share(mode);
+        assert!(
+            (quoted - adaptive).abs() <= 1.5,
+            "{mode}: {why_mode}; shadow_adaptive: {why}"
+        );
+    }
+    let h = advise(
+        "algorithm = \"leaky_bucket\"\nmode = \"shadow\"",
+        &spike,
+        Some(1000),
+    );
+    let verdict = &find(&h, "shadow_verdict").unwrap().reason;
+    assert!(verdict.contains("of them by the ROC cut"), "{verdict}");
+}
+
 /// The shadow verdict's split of the would-be rejections between the base limit and
 /// the cut is `raise_base_limit`'s: demand beyond the base limit's rate that the cut
 /// would have refused while in force is the base limit's in both. On a spike of

@@ -1762,7 +1762,8 @@ impl<'a> Evidence<'a> {
         // in, by reason; the cut's of demand beyond the base limit's rate are the base
         // limit's, as `raise_base_limit` counts them ([`base_refused`], of what the
         // interval holds as the cut's: an interval before a reload into
-        // `shadow_adaptive` may hold enforced ones).
+        // `shadow_adaptive` may hold enforced ones), and a leaky bucket's `queue_full`
+        // ones while the cut was in force are the cut's ([`paced_by_cut`]).
         let mut unneeded: ReasonArray = [0; Reason::ALL.len()];
         for (i, h) in self.intervals.iter().zip(&self.health) {
             would += i.shadow_rejected_total();
@@ -1772,9 +1773,12 @@ impl<'a> Evidence<'a> {
                 for (mine, n) in unneeded.iter_mut().zip(&i.shadow_rejected) {
                     *mine += n;
                 }
+                let paced = paced_by_cut(self.s, i);
+                unneeded[Reason::QueueFull.index()] -= paced;
+                unneeded[Reason::RocCut.index()] += paced;
                 let beyond = base_refused(self.s, i)
                     .1
-                    .min(i.shadow_rejected[Reason::RocCut.index()]);
+                    .min(i.shadow_rejected[Reason::RocCut.index()] + paced);
                 unneeded[Reason::RocCut.index()] -= beyond;
                 unneeded[Reason::Limit.index()] += beyond;
             }
@@ -2011,9 +2015,15 @@ impl<'a> Evidence<'a> {
 /// is no rate the route's demand can be held against, and on `shadow_adaptive`, which
 /// enforces its base limit and only shadows the cut: the cut refuses nothing there,
 /// and what it would have refused the base limit let through.
+///
+/// A leaky bucket refuses with `queue_full`, cut or not (the engine names a `limit`
+/// refusal the cut's, not a `queue_full` one): in an interval the cut was in force in
+/// (cut or recovering), on a route that enforces or shadows it, those count as the
+/// cut's, and such an interval's part before the cut or after the restore is read by
+/// its excess alone.
 fn base_refused(s: &RouteSettings, i: &Interval) -> (u64, u64) {
     let r = as_enforced(s.mode, i);
-    let cut = r[Reason::RocCut.index()];
+    let cut = r[Reason::RocCut.index()] + paced_by_cut(s, i);
     let own = r.iter().sum::<u64>() - cut - r[Reason::FallbackLocal.index()];
     let rate = !matches!(s.algorithm, Algorithm::Concurrency { .. }) && !s.partitioned;
     if !rate {
@@ -2021,6 +2031,19 @@ fn base_refused(s: &RouteSettings, i: &Interval) -> (u64, u64) {
     }
     let excess = (i.offered as f64 - s.params.base_limit_rps * i.secs()).max(0.0) as u64;
     (own, excess.min(own + cut).saturating_sub(own))
+}
+
+/// The `queue_full` refusals in `i` ([`as_enforced`]) that [`base_refused`] counts as
+/// the cut's: on a leaky bucket, in an interval the cut was in force in (cut or
+/// recovering), unless the route only shadows the cut (`shadow_adaptive`).
+fn paced_by_cut(s: &RouteSettings, i: &Interval) -> u64 {
+    let in_force = s.mode != Mode::ShadowAdaptive
+        && (i.time_in(ControllerState::Cut) > 0.0 || i.time_in(ControllerState::Recovering) > 0.0);
+    if in_force && matches!(s.algorithm, Algorithm::LeakyBucket { .. }) {
+        as_enforced(s.mode, i)[Reason::QueueFull.index()]
+    } else {
+        0
+    }
 }
 
 /// What the route rejected in `i`, by reason; on a `shadow` route, which rejects
