@@ -160,21 +160,33 @@ fn fallback_rejections_tune_neither_base_limit_nor_burst_nor_restore() {
         }
     };
     let over = |_: u64| -> (u64, u64) { (150, 50) };
-    for (pattern, state, rule) in [
+    // The limiter's refusals: while recovering, the lowered limit's (`roc_cut`).
+    for (pattern, state, limiter, rule) in [
         (
             &bursts as &dyn Fn(u64) -> (u64, u64),
             ControllerState::Normal,
+            Reason::Limit,
             "raise_burst",
         ),
-        (&over, ControllerState::Recovering, "faster_restore"),
+        (
+            &over,
+            ControllerState::Recovering,
+            Reason::RocCut,
+            "faster_restore",
+        ),
         // A Redis outage read as the base limit's rejections raised it for good.
-        (&over, ControllerState::Normal, "raise_base_limit"),
+        (
+            &over,
+            ControllerState::Normal,
+            Reason::Limit,
+            "raise_base_limit",
+        ),
     ] {
         let advised = |reason| {
             let part = intervals(pattern, reason, state);
             rocgate::hints::advise(&settings, &part, None, &Policy::default())
         };
-        let by_limit = advised(Reason::Limit);
+        let by_limit = advised(limiter);
         assert!(find(&by_limit, rule).is_some(), "{rule}: {by_limit:#?}");
         let by_fallback = advised(Reason::FallbackLocal);
         assert!(
@@ -182,6 +194,65 @@ fn fallback_rejections_tune_neither_base_limit_nor_burst_nor_restore() {
             "{rule}: {by_fallback:#?}"
         );
     }
+}
+
+/// What a faster restore cannot save is what the base limit refused, or would have,
+/// anyway: `faster_restore` counts it as `raise_base_limit` does ([`base_refused`]),
+/// its own refusals (`limit`, once the restore reached the base limit, or a
+/// `shadow_adaptive` route's enforced ones) and the cut's of demand beyond its rate.
+/// It took the demand beyond the rate out of all the refusals instead: 20 seconds of
+/// recovery at 150 req/s under a base limit of 200, of which the base limit refused 30
+/// and the lowered one 20, read as 33.3% a faster restore saves, not 13.3%; 50 by the
+/// base limit asked for a faster restore; and on a `shadow_adaptive` route at 300 req/s
+/// whose base limit refused 80 (a full bucket let more than its rate through) and
+/// whose lowered one would have refused 60 more, 13.3%, where the lowered limit's
+/// alone, which restoring faster saves, are 20%.
+#[test]
+fn faster_restore_counts_the_base_limits_refusals_as_raise_base_limit_does() {
+    // 20 seconds of recovery at `offered`, rejected for (reason, n) enforced, and
+    // `shadow_cut` by the lowered limit in shadow.
+    let recovery = |offered: u64, rejected: &[(Reason, u64)], shadow_cut: u64| {
+        (0..20u64)
+            .map(|k| {
+                let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
+                i.offered = offered;
+                for &(reason, n) in rejected {
+                    i.rejected[reason.index()] = n;
+                }
+                i.shadow_rejected[Reason::RocCut.index()] = shadow_cut;
+                let admitted = offered - rejected.iter().map(|&(_, n)| n).sum::<u64>();
+                i.in_state[usize::from(ControllerState::Recovering.as_index())] = 1.0;
+                i.upstream = Some(UpstreamCounts {
+                    requests: admitted,
+                    ..UpstreamCounts::default()
+                });
+                i
+            })
+            .collect::<Vec<Interval>>()
+    };
+    let restore = |settings: &RouteSettings, part: &[Interval]| {
+        let h = rocgate::hints::advise(settings, part, None, &Policy::default());
+        find(&h, "faster_restore").map(|h| h.reason.clone())
+    };
+    let enforce = classic();
+    let mixed = recovery(150, &[(Reason::Limit, 30), (Reason::RocCut, 20)], 0);
+    let said = restore(&enforce, &mixed).expect("20 of 150 rejected by the lowered limit");
+    assert!(
+        said.contains("(13.3% beyond what the base limit of 200 req/s would have rejected)"),
+        "{said}"
+    );
+    let own = recovery(150, &[(Reason::Limit, 50)], 0);
+    assert_eq!(restore(&enforce, &own), None);
+    let adaptive = RouteSettings {
+        mode: Mode::ShadowAdaptive,
+        ..classic()
+    };
+    let part = recovery(300, &[(Reason::Limit, 80)], 60);
+    let said = restore(&adaptive, &part).expect("60 of 300 the lowered limit's");
+    assert!(
+        said.contains("(20.0% beyond what the base limit of 200 req/s would have rejected)"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -2067,13 +2138,14 @@ fn the_quoted_upstream_p99_is_within_nine_percent() {
 fn healthy_seconds(
     n: u64,
     (offered, rejected): (u64, u64),
+    reason: Reason,
     state: ControllerState,
 ) -> Vec<Interval> {
     (0..n)
         .map(|k| {
             let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
             i.offered = offered;
-            i.rejected[Reason::Limit.index()] = rejected;
+            i.rejected[reason.index()] = rejected;
             i.in_state[usize::from(state.as_index())] = 1.0;
             i.upstream = Some(UpstreamCounts {
                 requests: offered - rejected,
@@ -2206,7 +2278,7 @@ fn a_current_duration_is_the_value_in_force() {
     settings.params.restore_step_rps = 100.0; // more than half the cut's depth of 140
     settings.params.restore_interval = Duration::from_millis(1250);
     // 10 s recovering at 150 req/s, a third rejected by the lowered limit, healthy.
-    let intervals = healthy_seconds(10, (150, 50), ControllerState::Recovering);
+    let intervals = healthy_seconds(10, (150, 50), Reason::RocCut, ControllerState::Recovering);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     let hint = h
         .iter()
@@ -2371,7 +2443,7 @@ fn a_tiers_rejections_do_not_raise_the_routes_base_limit() {
 fn a_raised_base_limit_is_one_the_config_accepts() {
     let mut settings = classic();
     settings.params.restore_interval = Duration::from_secs(20 * 3600); // 8 steps in 7 days: 220 at most
-    let intervals = healthy_seconds(30, (300, 100), ControllerState::Normal);
+    let intervals = healthy_seconds(30, (300, 100), Reason::Limit, ControllerState::Normal);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     let base = suggested_by(&h, "base_limit").expect("raise_base_limit");
     let json = format!("{{\"base_limit\": {base}}}");

@@ -20,7 +20,7 @@
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
-//! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (demand over its rate), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
+//! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (its own rejections, and the cut's of demand over its rate, as `raise_base_limit` counts them), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
@@ -1654,11 +1654,12 @@ impl<'a> Evidence<'a> {
         {
             return None;
         }
-        // Rejections of demand beyond the base limit (its rate over the interval) would
-        // come at any pace of restoring, as would the local fallback limiter's (a
+        // What the base limit refused, or would have, would be refused at any pace of
+        // restoring, as `raise_base_limit` counts it ([`base_refused`]: its own, and the
+        // cut's of demand beyond its rate), as would the local fallback limiter's (a
         // distributed route while Redis is away): only the rest is what a faster
         // restore can save.
-        let (mut secs, mut offered, mut rejected, mut beyond) = (0.0, 0u64, 0u64, 0u64);
+        let (mut secs, mut offered, mut rejected, mut anyway) = (0.0, 0u64, 0u64, 0u64);
         for (i, h) in self.intervals.iter().zip(&self.health) {
             let t = i.time_in(ControllerState::Recovering);
             if t < 0.5 * i.secs() {
@@ -1679,10 +1680,10 @@ impl<'a> Evidence<'a> {
                 refused += i.shadow_rejected[Reason::RocCut.index()];
             }
             rejected += refused;
-            let excess = (i.offered as f64 - p.base_limit_rps * i.secs()).max(0.0);
-            beyond += (excess as u64).min(refused);
+            let (own, beyond) = base_refused(self.s, i);
+            anyway += own + beyond;
         }
-        let avoidable = rejected - beyond;
+        let avoidable = rejected - anyway;
         if offered == 0
             || (avoidable as f64) <= 0.10 * offered as f64
             || secs < 2.0 * p.restore_interval.as_secs_f64()
@@ -1690,7 +1691,7 @@ impl<'a> Evidence<'a> {
             return None;
         }
         let depth = (p.base_limit_rps - p.cut_limit_rps).max(0.0);
-        let beyond_base = if beyond > 0 {
+        let beyond_base = if anyway > 0 {
             format!(
                 " ({} beyond what the base limit of {} {} would have rejected)",
                 pct(avoidable, offered),
