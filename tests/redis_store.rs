@@ -5264,7 +5264,8 @@ async fn an_exact_route_never_answered_shows_no_bucket_level() {
 /// shared ROC for it (NaN, left out), and `GET /admin/routes/order` `tokens`,
 /// `capacity` and `roc` null. It showed the local engine's bucket, full, which decides
 /// none of the route's requests; `RedisStore::shared_view` said the route was not
-/// shared.
+/// shared. `GET /admin/store` lists it as `/admin/routes` shows it: shared, normal at
+/// its base limit, `roc` null (it listed only the routes the store had built).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_distributed_route_never_decided_shows_no_shared_state() {
     let _serial = one_at_a_time().await;
@@ -5288,6 +5289,18 @@ async fn a_distributed_route_never_decided_shows_no_shared_state() {
         assert!(route[field].is_null(), "{field}: {route}");
     }
     assert_eq!(route["state"], "normal", "{route}");
+    let store: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+    assert_eq!(
+        store["routes"]["order"],
+        serde_json::json!({
+            "mode": "shared",
+            "limit_rps": route["base_limit_rps"],
+            "state": "normal",
+            "roc": null,
+        }),
+        "{store}"
+    );
     proxy.stop().await;
     upstream_task.abort();
 }

@@ -1180,16 +1180,14 @@ impl RedisStore {
         })
     }
 
-    /// Every route this instance has decided on, with what it last saw, by name.
-    pub fn views(&self) -> Vec<(String, SharedView)> {
-        let mut views: Vec<_> = self
-            .inner
-            .routes
-            .iter()
-            .map(|r| {
-                let view = r.value().view(&self.inner.config, self.inner.clock.now());
-                (r.key().to_string(), view)
-            })
+    /// Every route that `engine` (the one in force) shares, by name, with its
+    /// [`shared_view`](Self::shared_view): what this instance last saw of it, or, for a
+    /// route it has not decided on yet, a view of nothing known (shared, normal at the
+    /// base limit in force, no ROC).
+    pub fn shared_views(&self, engine: &Engine) -> Vec<(String, SharedView)> {
+        let mut views: Vec<_> = engine
+            .route_names()
+            .filter_map(|name| Some((name.to_owned(), self.shared_view(engine, name)?)))
             .collect();
         views.sort_by(|a, b| a.0.cmp(&b.0));
         views
