@@ -5108,6 +5108,27 @@ async fn offer_timed(inst: &Instance, n: usize, rate: f64) -> (usize, usize) {
     )
 }
 
+/// An instance of the route `order` at 100 req/s (1 s of burst), on a manual clock at
+/// 1,000 s, whose Redis at `port` (where nothing listens) never answers: the default
+/// store config under `prefix`, as `tune` changes it.
+fn unanswered_instance(
+    port: u16,
+    prefix: &str,
+    tune: impl FnOnce(&mut RedisConfig),
+) -> (Instance, Arc<ManualClock>) {
+    let mut config = RedisConfig::default();
+    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+    config.key_prefix = prefix.into();
+    tune(&mut config);
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let a = Instance::new(
+        &route(100.0, Duration::from_secs(1)),
+        &config,
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    );
+    (a, clock)
+}
+
 /// A route in fallback with `fail_mode = "open"` or `"closed"` has no bucket level:
 /// no bucket decides its requests (all are admitted, or all refused). Its fallback
 /// bucket, which decides nothing, used to be shown (`rocgate_limiter_level`, the admin
@@ -5121,17 +5142,10 @@ async fn a_route_failing_open_or_closed_shows_no_bucket_level() {
             rocgate::store::FailMode::Open,
             rocgate::store::FailMode::Closed,
         ] {
-            let mut config = RedisConfig::default();
-            config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
-            config.key_prefix = "no-level".into();
-            config.mode = mode;
-            config.fail_mode = fail_mode;
-            let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-            let a = Instance::new(
-                &route(100.0, Duration::from_secs(1)),
-                &config,
-                Arc::clone(&clock) as Arc<dyn Clock>,
-            );
+            let (a, clock) = unanswered_instance(port, "no-level", |config| {
+                config.mode = mode;
+                config.fail_mode = fail_mode;
+            });
             for _ in 0..50 {
                 if a.store.mode() == StoreMode::Fallback {
                     break;
@@ -5239,16 +5253,7 @@ async fn a_shared_cut_tells_refused_clients_when_the_limit_rises() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exact_route_never_answered_shows_no_bucket_level() {
     let _serial = one_at_a_time().await;
-    let port = free_ports(1)[0];
-    let mut config = RedisConfig::default();
-    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
-    config.key_prefix = "never-answered".into();
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(
-        &route(100.0, Duration::from_secs(1)),
-        &config,
-        Arc::clone(&clock) as Arc<dyn Clock>,
-    );
+    let (a, _clock) = unanswered_instance(free_ports(1)[0], "never-answered", |_| {});
     let _ = a.check().await;
     let view = a.store.view("order").unwrap();
     assert_eq!(view.mode, StoreMode::Shared, "one failure opens no breaker");
@@ -5311,16 +5316,7 @@ async fn a_distributed_route_never_decided_shows_no_shared_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_route_never_decided_has_a_view_of_nothing_known() {
     let _serial = one_at_a_time().await;
-    let port = free_ports(1)[0];
-    let mut config = RedisConfig::default();
-    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
-    config.key_prefix = "never-built".into();
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(
-        &route(100.0, Duration::from_secs(1)),
-        &config,
-        Arc::clone(&clock) as Arc<dyn Clock>,
-    );
+    let (a, _clock) = unanswered_instance(free_ports(1)[0], "never-built", |_| {});
     assert!(a.store.view("order").is_none());
     let view = a.store.shared_view(&a.engine, "order").expect("shared");
     assert_eq!(view.mode, StoreMode::Shared);
