@@ -2851,6 +2851,18 @@ impl Served {
 async fn post_order(
     client: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
 ) -> (u16, Option<String>) {
+    let head = post_order_head(client).await;
+    let reason = head
+        .headers
+        .get("rocgate-reason")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (head.status.as_u16(), reason)
+}
+
+/// `POST /api/order` on `client` (within 5 s): the response's head, its body read.
+async fn post_order_head(
+    client: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+) -> http::response::Parts {
     use http_body_util::BodyExt;
     client.ready().await.unwrap();
     let req = http::Request::post("/api/order")
@@ -2861,13 +2873,9 @@ async fn post_order(
         .await
         .unwrap()
         .unwrap();
-    let reason = res
-        .headers()
-        .get("rocgate-reason")
-        .map(|v| v.to_str().unwrap().to_owned());
-    let status = res.status().as_u16();
-    let _ = res.into_body().collect().await;
-    (status, reason)
+    let (head, body) = res.into_parts();
+    let _ = body.collect().await;
+    head
 }
 
 /// The body of `GET path` on an admin connection.
@@ -3175,19 +3183,12 @@ async fn a_closed_fallback_states_a_quota_of_none() {
     let (proxy, _path, _dir, upstream_task) = served_from_file(&file).await;
     let mut client = http1::connect(proxy.addr).await;
     for _ in 0..3 {
-        client.ready().await.unwrap();
-        let req = http::Request::post("/api/order")
-            .header("host", "shop.example")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .unwrap();
-        let res = client.send_request(req).await.unwrap();
-        assert_eq!(res.status(), 429);
+        let head = post_order_head(&mut client).await;
+        assert_eq!(head.status, 429);
         assert_eq!(
-            res.headers()["ratelimit-policy"].to_str().unwrap(),
+            head.headers["ratelimit-policy"].to_str().unwrap(),
             r#""order";q=0;w=1"#
         );
-        use http_body_util::BodyExt;
-        let _ = res.into_body().collect().await;
     }
     proxy.stop().await;
     upstream_task.abort();
@@ -5173,28 +5174,17 @@ async fn a_route_failing_open_or_closed_shows_no_bucket_level() {
 async fn post_order_cut_retry(
     client: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
 ) -> (u16, Option<u64>) {
-    use http_body_util::BodyExt;
-    client.ready().await.unwrap();
-    let req = http::Request::post("/api/order")
-        .header("host", "shop.example")
-        .body(http_body_util::Empty::new())
-        .unwrap();
-    let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
-        .await
-        .unwrap()
-        .unwrap();
-    let cut = res
-        .headers()
+    let head = post_order_head(client).await;
+    let cut = head
+        .headers
         .get("rocgate-reason")
         .is_some_and(|v| v == "roc_cut");
-    let retry = res
-        .headers()
+    let retry = head
+        .headers
         .get("retry-after")
         .filter(|_| cut)
         .map(|v| v.to_str().unwrap().parse().unwrap());
-    let status = res.status().as_u16();
-    let _ = res.into_body().collect().await;
-    (status, retry)
+    (head.status.as_u16(), retry)
 }
 
 /// A distributed route cut by the shared controller tells the clients it refuses when
@@ -5358,18 +5348,11 @@ async fn a_fallback_rejection_states_the_lowered_base_it_enforces() {
     proxy.reloader.reload_async().await.unwrap();
     let mut policy = None;
     for _ in 0..20 {
-        client.ready().await.unwrap();
-        let req = http::Request::post("/api/order")
-            .header("host", "shop.example")
-            .body(http_body_util::Empty::new())
-            .unwrap();
-        let res = client.send_request(req).await.unwrap();
-        if res.status() == 429 {
-            policy = Some(res.headers()["ratelimit-policy"].clone());
+        let head = post_order_head(&mut client).await;
+        if head.status == 429 {
+            policy = Some(head.headers["ratelimit-policy"].clone());
             break;
         }
-        use http_body_util::BodyExt;
-        let _ = res.into_body().collect().await;
     }
     assert_eq!(
         policy
