@@ -2859,9 +2859,23 @@ where
     }
 }
 
-/// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by
-/// the rules of the file. Problems are named by field (`cut_limit: must be ≤ base_limit
-/// (200), got 300`); the caller names the origin.
+/// What is wrong in a change's JSON text. A problem with a named field's value is
+/// placed by that field, as a file's problem is, without the position serde_json
+/// appends (it ended the `null` refusal's "to go back to the file's parameters at line
+/// 1 column 20", which read as a place in the config file); one of the text's syntax
+/// keeps it, having no field to name.
+fn json_problem(e: &serde_json::Error, location: &str) -> String {
+    let text = e.to_string();
+    if location.is_empty() || e.classify() != serde_json::error::Category::Data {
+        return text;
+    }
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&position) {
+        Some(message) => message.to_owned(),
+        None => text,
+    }
+}
+
 /// Where a deserialization error is, as a field path (`routes[0].hold`): the fields
 /// and indices the deserializer had entered, up to the first it had not named yet
 /// (serde_path_to_error writes that one `?`: a JSON object cut short after a value
@@ -2916,6 +2930,9 @@ pub(super) fn one_line(message: String) -> String {
         .collect()
 }
 
+/// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by
+/// the rules of the file. Problems are named by field (`cut_limit: must be ≤ base_limit
+/// (200), got 300`); the caller names the origin.
 pub(crate) fn patch_controller(
     current: &ControllerParams,
     algorithm: &Algorithm,
@@ -2936,10 +2953,9 @@ pub(crate) fn patch_controller(
     }
     let mut de = serde_json::Deserializer::from_str(json);
     let raw: RawPatch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        vec![Problem::new(
-            error_location(e.path()),
-            one_line(e.inner().to_string()),
-        )]
+        let location = error_location(e.path());
+        let message = one_line(json_problem(e.inner(), &location));
+        vec![Problem::new(location, message)]
     })?;
     // Whatever follows the object (a second one) would be dropped silently.
     de.end()

@@ -181,6 +181,56 @@ fn a_change_setting_a_field_to_null_is_refused_at_that_field() {
     }
 }
 
+/// A problem with a named field's value is placed by the field, as a file's is: the
+/// JSON position serde_json appends ended the `null` refusal's "to go back to the
+/// file's parameters at line 1 column 20", which read as a place in the config file.
+/// A problem of the text's syntax keeps its position: it has no field to name.
+#[test]
+fn a_changes_field_problem_is_placed_by_its_field_alone() {
+    for (json, field, message) in [
+        (
+            r#"{"base_limit": null}"#,
+            "base_limit",
+            "null is no value: leave the field out to keep it, or withdraw the change (DELETE /admin/routes/{name}/change) to go back to the file's parameters",
+        ),
+        (
+            r#"{"base_limit": "x"}"#,
+            "base_limit",
+            "invalid value: string \"x\", expected a number",
+        ),
+        (
+            r#"{"hold": 5}"#,
+            "hold",
+            "invalid type: integer `5`, expected a string",
+        ),
+    ] {
+        let e = patch_controller(&ControllerParams::default(), &Algorithm::default(), json)
+            .unwrap_err();
+        assert_eq!(e.len(), 1, "{json}: {e:?}");
+        assert_eq!(e[0].location(), field, "{json}");
+        assert_eq!(e[0].message(), message, "{json}");
+    }
+    let e = patch_controller(
+        &ControllerParams::default(),
+        &Algorithm::default(),
+        r#"{"colour": 1}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e[0].location(), "colour");
+    assert!(
+        e[0].message().ends_with("`max_cut`, `roc_mode`"),
+        "{:?}",
+        e[0].message()
+    );
+    let e = patch_controller(
+        &ControllerParams::default(),
+        &Algorithm::default(),
+        r#"{"base_limit": }"#,
+    )
+    .unwrap_err();
+    assert_eq!(e[0].message(), "expected value at line 1 column 16");
+}
+
 #[test]
 fn a_change_keeps_a_token_buckets_capacity_within_what_it_holds() {
     // 10^6 req/s for 2 h is 7.2 × 10^9 tokens; the bucket holds 2^32 − 1.
