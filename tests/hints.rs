@@ -1034,6 +1034,28 @@ fn a_simulated_event_is_judged_against_its_own_profile() {
     );
 }
 
+/// `simulate` prints a run's hints as one table: where an event ran, a hint that
+/// changes nothing (no change, a rule that does not judge the route) names the part it
+/// judged, as one that changes an event's setting names the event. `simulate
+/// --profile` over `config/examples/scheduled-event.toml`'s Black Friday printed
+/// "order  info  no change" twice, the route's own part and the event's alike.
+#[test]
+fn a_simulated_events_hints_without_a_change_name_the_event() {
+    let event = "[[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:30Z\"\n\
+                 duration = \"30s\"\nbase_limit = 400\ncut_limit = 150";
+    let h = advise(event, &steady(40.0), Some(1000));
+    let no_change: Vec<Option<&str>> = h
+        .iter()
+        .filter(|h| h.rule == "no_change")
+        .map(|h| h.event.as_deref())
+        .collect();
+    assert_eq!(no_change, [None, Some("sale")], "{h:#?}");
+    let table = rocgate::hints::table(&h);
+    assert!(table.contains("  no change in event sale\n"), "{table}");
+    let json = serde_json::to_value(&h[1]).unwrap();
+    assert_eq!(json["event"], "sale");
+}
+
 /// While a scheduled event runs, the hints judge the event's profile (the parameters in
 /// force) and say so: each hint that changes a parameter names the event, whose
 /// `[[routes.events]]` entry is where the change belongs, not `PUT /admin/routes` (the

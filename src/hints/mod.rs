@@ -170,7 +170,9 @@ pub struct Hint {
     pub reason: String,
     /// The scheduled event whose profile the hint judges (and `current` comes from):
     /// the change belongs in its `[[routes.events]]` entry (`PUT /admin/routes`
-    /// changes the route's own profile, outside events).
+    /// changes the route's own profile, outside events). A hint without a change
+    /// judged in an event's part names the event too; one that changes a setting of
+    /// the route's alone (`burst`, `mode`) names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,
 }
@@ -720,8 +722,10 @@ impl<'a> Evidence<'a> {
     }
 
     /// A hint of `rule` on this route. Judged in an event's part, it names the event
-    /// where `parameter` is one an event's profile sets ([`EVENT_SETTINGS`]); any other
-    /// (`burst`, `mode`) is the route's own, in force during the event too.
+    /// where `parameter` is one an event's profile sets ([`EVENT_SETTINGS`]), or where
+    /// it changes nothing (so that a list of several parts' hints, `simulate`'s, tells
+    /// them apart); any other parameter (`burst`, `mode`) is the route's own, in force
+    /// during the event too.
     fn hint(
         &self,
         rule: &'static str,
@@ -739,9 +743,11 @@ impl<'a> Evidence<'a> {
             current,
             suggested,
             reason,
-            event: parameter
-                .filter(|p| EVENT_SETTINGS.contains(p))
-                .and(self.s.event.clone()),
+            event: self
+                .s
+                .event
+                .clone()
+                .filter(|_| parameter.is_none_or(|p| EVENT_SETTINGS.contains(&p))),
         }
     }
 
