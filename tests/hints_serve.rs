@@ -530,6 +530,57 @@ fn a_negative_period_is_refused_naming_the_flag() {
     );
 }
 
+/// A refused `--admin` or `--period` says what is wrong with it: "must be the admin
+/// API's URL such as http://127.0.0.1:9090" answered `http://127.0.0.1:9090/admin`
+/// (the admin API's URL, with a path) and `https://…` alike, and "must be a duration
+/// such as 15m" answered `0s`, a duration.
+#[test]
+fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
+    for (admin, period, expected) in [
+        (
+            "http://127.0.0.1:9090/admin",
+            "15m",
+            "--admin: must be the admin API's root, http://host[:port] with no path or query (such as http://127.0.0.1:9090): it ends in \"/admin\", got \"http://127.0.0.1:9090/admin\"",
+        ),
+        (
+            "http://127.0.0.1:9090/?period=1h",
+            "15m",
+            "--admin: must be the admin API's root, http://host[:port] with no path or query (such as http://127.0.0.1:9090): it ends in \"/?period=1h\", got \"http://127.0.0.1:9090/?period=1h\"",
+        ),
+        (
+            "https://127.0.0.1:9090",
+            "15m",
+            "--admin: must be an http:// URL (the admin API speaks plain HTTP), got \"https://127.0.0.1:9090\"",
+        ),
+        (
+            "127.0.0.1:9090",
+            "15m",
+            "--admin: must be an http:// URL (the admin API speaks plain HTTP), got \"127.0.0.1:9090\"",
+        ),
+        (
+            "http://127.0.0.1:99999",
+            "15m",
+            "--admin: must be http://host[:port] with a port from 1 to 65535, such as http://127.0.0.1:9090, got \"http://127.0.0.1:99999\"",
+        ),
+        (
+            "http://127.0.0.1:9",
+            "0s",
+            "--period: must be longer than zero, got \"0s\"",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["hints", "--admin", admin, "--period", period])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{admin} {period}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim_end(),
+            expected,
+            "{admin} {period}"
+        );
+    }
+}
+
 /// `--json` prints a hints report, not whatever answered at that address: a 200 that is
 /// no report fails as it does without `--json`, and prints nothing on stdout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,35 +22,35 @@ const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// Fetches and prints the hints.
 pub(crate) fn run(args: HintsArgs) -> ExitCode {
-    if humantime::parse_duration(&args.period).map_or(true, |p| p.is_zero()) {
-        eprintln!(
-            "--period: must be a duration such as 15m or 1h, got {:?}",
-            args.period
-        );
-        return ExitCode::from(2);
+    match humantime::parse_duration(&args.period) {
+        Ok(p) if !p.is_zero() => {}
+        Ok(_) => {
+            eprintln!("--period: must be longer than zero, got {:?}", args.period);
+            return ExitCode::from(2);
+        }
+        Err(_) => {
+            eprintln!(
+                "--period: must be a duration such as 15m or 1h, got {:?}",
+                args.period
+            );
+            return ExitCode::from(2);
+        }
     }
-    let base = args.admin.trim_end_matches('/');
+    let base = match admin_root(&args.admin) {
+        Ok(base) => base,
+        Err(wrong) => {
+            eprintln!("--admin: {wrong}, got {:?}", args.admin);
+            return ExitCode::from(2);
+        }
+    };
     // Encoded: a period may hold spaces ("1h 30m").
     let query = form_urlencoded::Serializer::new(String::new())
         .append_pair("period", &args.period)
         .finish();
-    // The API's root: a path or query of its own would be sent before the hints'. A
-    // port given must be one (the URI takes any digits, and the client asked port 80
-    // for one past 65535).
-    let root = base.parse::<http::Uri>().is_ok_and(|u| {
-        u.scheme_str() == Some("http")
-            && u.authority()
-                .is_some_and(|a| a.port().is_some() || !has_port(a.as_str()))
-            && u.path() == "/"
-            && u.query().is_none()
-    });
     let url: http::Uri = match format!("{base}/admin/hints?{query}").parse() {
-        Ok(u) if root => u,
-        _ => {
-            eprintln!(
-                "--admin: must be the admin API's URL such as http://127.0.0.1:9090, got {:?}",
-                args.admin
-            );
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("--admin: {e}, got {:?}", args.admin);
             return ExitCode::from(2);
         }
     };
@@ -77,6 +77,39 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The admin API's root that `--admin` gives (`http://127.0.0.1:9090`, without a
+/// trailing `/`), or what is wrong with it. A path or query of its own would be sent
+/// before the hints'; a port given must be one (the URI takes any digits, and the
+/// client asked port 80 for one past 65535).
+fn admin_root(admin: &str) -> Result<&str, String> {
+    const FORM: &str = "http://host[:port]";
+    const EXAMPLE: &str = "http://127.0.0.1:9090";
+    let base = admin.trim_end_matches('/');
+    // With the `/` the hints' path begins with: `http://` alone is no URL.
+    let uri = format!("{base}/").parse::<http::Uri>().ok();
+    if uri.as_ref().and_then(http::Uri::scheme_str) != Some("http") && !admin.starts_with("http://")
+    {
+        return Err("must be an http:// URL (the admin API speaks plain HTTP)".to_owned());
+    }
+    let Some((uri, authority)) = uri.and_then(|u| u.authority().cloned().map(|a| (u, a))) else {
+        return Err(format!("must be {FORM} such as {EXAMPLE}"));
+    };
+    if authority.port().is_none() && has_port(authority.as_str()) {
+        return Err(format!(
+            "must be {FORM} with a port from 1 to 65535, such as {EXAMPLE}"
+        ));
+    }
+    if uri.path() != "/" || uri.query().is_some() {
+        let rest = admin
+            .get("http://".len() + authority.as_str().len()..)
+            .unwrap_or(admin);
+        return Err(format!(
+            "must be the admin API's root, {FORM} with no path or query (such as {EXAMPLE}): it ends in {rest:?}"
+        ));
+    }
+    Ok(base)
 }
 
 /// Whether `authority` (`[user@]host[:port]`) gives a port, a number or not.
