@@ -110,7 +110,7 @@
 //! |---|---|
 //! | `scenario`, `profile`, `access_logs` | the traffic: a scenario name, a profile path, or the access logs read (the others `null`) |
 //! | `seed` | Poisson arrivals (profiles) or random spreading in a second (logs); `null`: evenly spaced |
-//! | `log` | access logs only: what reading found, see [`LogStats`]: `lines`, `blank`, `unparsable`, `first_unparsable` (`{source, line, error}`), `outside`, `unmatched`, `unmatched_examples`, `other_routes`, `replayed` |
+//! | `log` | access logs only: what reading found, see [`LogStats`]: `lines`, `blank`, `unparsable`, `first_unparsable` (a list of the first five, each `{source, line, error}`), `outside`, `unmatched`, `unmatched_examples`, `other_routes`, `replayed` |
 //! | `start_unix_s` | wall-clock time of `t = 0`, Unix seconds |
 //! | `duration_s` | length of the run |
 //! | `capacity_rps` | the capacity modelled, or `null` |
@@ -120,7 +120,7 @@
 //! | `cut_count`, `first_cut_s`, `time_in_cut_s` | cuts of all routes, the earliest (or `null`), time in cut summed over routes |
 //! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s, all routes together (sliding by 100 ms), and when that second began |
 //! | `routes` | one object per route, in config order, as below |
-//! | `hints` | the run's tuning hints, each as `GET /admin/hints` gives it (`route`, `rule`, `severity`, `parameter`, `current`, `suggested`, `reason`) |
+//! | `hints` | the run's tuning hints, each as `GET /admin/hints` gives it (`route`, `rule`, `severity`, `parameter`, `current`, `suggested`, `reason`, and `event` on a hint judged under a scheduled event's profile that changes that event's setting or nothing) |
 //!
 //! Each of `routes`:
 //!
