@@ -1771,6 +1771,44 @@ async fn a_host_partition_keys_a_host_by_its_name_without_port_or_trailing_dot()
     assert_eq!(seen.headers[header::HOST], "name.example");
 }
 
+/// A request refused with 400 for its head says why, beside its kind: every such
+/// refusal answered `{"error":"bad_request"}` alone, and logged nothing at the default
+/// level, so a client's developer could not tell two `Host` fields from a missing one.
+#[tokio::test]
+async fn a_head_refused_with_400_says_why() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    for (request, why) in [
+        (
+            &b"CONNECT db.internal:5432 HTTP/1.1\r\nHost: db.internal:5432\r\nConnection: close\r\n\r\n"[..],
+            "CONNECT is not forwarded: rocgate is a reverse proxy, not a forward proxy",
+        ),
+        (
+            b"GET shop.example:8080 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "a target in authority form (host:port) is CONNECT's alone (RFC 9112 §3.2.3)",
+        ),
+        (
+            b"GET * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "the target * is OPTIONS's alone (RFC 9112 §3.2.4)",
+        ),
+        (
+            b"GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+            "two Host fields: a request names one host (RFC 9112 §3.2)",
+        ),
+        (
+            b"GET /none HTTP/1.1\r\nConnection: close\r\n\r\n",
+            "no Host field: an HTTP/1.1 request names its host (RFC 9112 §3.2)",
+        ),
+    ] {
+        let raw = raw_exchange(proxy.addr, request, IO_TIMEOUT).await;
+        let text = String::from_utf8_lossy(&raw);
+        assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
+        let body = format!(r#"{{"error":"bad_request","detail":"{why}"}}"#);
+        assert!(text.ends_with(&body), "{text}");
+    }
+    assert_eq!(upstream.hits(), 0, "{:?}", upstream.all_paths());
+}
+
 #[tokio::test]
 async fn connect_is_refused_and_never_reaches_the_upstream() {
     let upstream = start_upstream().await;
@@ -2499,7 +2537,12 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
         .await;
         let text = String::from_utf8_lossy(&raw);
         assert!(text.contains("HTTP/1.1 400 "), "{text}");
-        assert!(text.ends_with(r#"{"error":"bad_request"}"#), "{text}");
+        assert!(
+            text.ends_with(
+                r#"{"error":"bad_request","detail":"two Host fields: a request names one host (RFC 9112 §3.2)"}"#
+            ),
+            "{text}"
+        );
     }
     assert!(
         upstream.seen("/two").is_empty(),

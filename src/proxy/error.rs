@@ -15,6 +15,10 @@ use std::net::SocketAddr;
 pub enum ProxyError {
     /// The request cannot be turned into an upstream request (400).
     BadRequest,
+    /// The request's head is one rocgate does not forward (400, `bad_request`), and
+    /// why, which the response's `detail` says: CONNECT, a target in a form its method
+    /// cannot take, two `Host` fields, or an HTTP/1.1 request without one.
+    Unforwardable(&'static str),
     /// The request body is larger than `max_body_bytes` (413).
     BodyTooLarge,
     /// The request has come through this instance before (its `Via` names it): the
@@ -47,6 +51,7 @@ impl fmt::Display for ProxyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ProxyError::BadRequest => f.write_str("request cannot be forwarded"),
+            ProxyError::Unforwardable(why) => write!(f, "request cannot be forwarded: {why}"),
             ProxyError::BodyTooLarge => f.write_str("request body too large"),
             ProxyError::ForwardingLoop => {
                 f.write_str("forwarding loop: the request came back through this instance")
@@ -249,6 +254,7 @@ impl ProxyError {
     pub(crate) fn is_upstream_failure(&self) -> bool {
         match self {
             ProxyError::BadRequest
+            | ProxyError::Unforwardable(_)
             | ProxyError::BodyTooLarge
             | ProxyError::ForwardingLoop
             | ProxyError::TransferCodingNotImplemented
@@ -264,7 +270,9 @@ impl ProxyError {
     /// The status a client gets for this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadRequest | ProxyError::ClientAborted => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest | ProxyError::Unforwardable(_) | ProxyError::ClientAborted => {
+                StatusCode::BAD_REQUEST
+            }
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::ForwardingLoop => StatusCode::LOOP_DETECTED,
             ProxyError::TransferCodingNotImplemented => StatusCode::NOT_IMPLEMENTED,
@@ -278,7 +286,7 @@ impl ProxyError {
     /// A short machine-readable name, for the JSON body and logs.
     pub fn kind(&self) -> &'static str {
         match self {
-            ProxyError::BadRequest => "bad_request",
+            ProxyError::BadRequest | ProxyError::Unforwardable(_) => "bad_request",
             ProxyError::BodyTooLarge => "body_too_large",
             ProxyError::ForwardingLoop => "forwarding_loop",
             ProxyError::TransferCodingNotImplemented => "transfer_coding_not_implemented",
@@ -291,11 +299,19 @@ impl ProxyError {
         }
     }
 
-    /// The response sent to the client: `{"error":"<kind>"}`, and `Retry-After: 1` for
+    /// The response sent to the client: `{"error":"<kind>"}` (with `"detail"`, why, for
+    /// [`Unforwardable`](ProxyError::Unforwardable)), and `Retry-After: 1` for
     /// [`UpstreamOverflow`](ProxyError::UpstreamOverflow), whose cause passes as the
     /// requests in flight end.
     pub fn into_response(self) -> Response<Body> {
-        let body = format!(r#"{{"error":"{}"}}"#, self.kind());
+        let body = match &self {
+            ProxyError::Unforwardable(why) => format!(
+                r#"{{"error":"{}","detail":{}}}"#,
+                self.kind(),
+                serde_json::Value::from(*why)
+            ),
+            _ => format!(r#"{{"error":"{}"}}"#, self.kind()),
+        };
         let mut res = Response::new(Body::from(body));
         *res.status_mut() = self.status();
         res.headers_mut().insert(
@@ -336,6 +352,7 @@ mod tests {
     fn every_kind_is_counted_from_zero() {
         let errors = [
             ProxyError::BadRequest,
+            ProxyError::Unforwardable("two Host fields"),
             ProxyError::BodyTooLarge,
             ProxyError::ForwardingLoop,
             ProxyError::TransferCodingNotImplemented,

@@ -380,15 +380,22 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     // A tunnel is not forwarding: sent on, it would ask the upstream for one to
     // itself, and no route's limit would hold it (its target has no path).
     if method == http::Method::CONNECT {
-        return Some(ProxyError::BadRequest);
+        return Some(ProxyError::Unforwardable(
+            "CONNECT is not forwarded: rocgate is a reverse proxy, not a forward proxy",
+        ));
     }
     // A target in authority form (`shop.example:80`) is CONNECT's alone, and `*`
     // OPTIONS's (RFC 9112 §3.2.3, §3.2.4): no request for a resource of the upstream.
     let uri = req.uri();
-    if (uri.scheme().is_none() && uri.authority().is_some())
-        || (uri.path() == "*" && method != http::Method::OPTIONS)
-    {
-        return Some(ProxyError::BadRequest);
+    if uri.scheme().is_none() && uri.authority().is_some() {
+        return Some(ProxyError::Unforwardable(
+            "a target in authority form (host:port) is CONNECT's alone (RFC 9112 §3.2.3)",
+        ));
+    }
+    if uri.path() == "*" && method != http::Method::OPTIONS {
+        return Some(ProxyError::Unforwardable(
+            "the target * is OPTIONS's alone (RFC 9112 §3.2.4)",
+        ));
     }
     // Two `Host`s are refused (RFC 9112 §3.2): a proxy in front that reads the
     // other one would route or cache by another host than the upstream sees. So is
@@ -397,9 +404,15 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     // the upstream's own `Host`, for a host the client never named.
     let scan = HeadScan::of(headers);
     match scan.hosts {
-        2 => return Some(ProxyError::BadRequest),
+        2 => {
+            return Some(ProxyError::Unforwardable(
+                "two Host fields: a request names one host (RFC 9112 §3.2)",
+            ))
+        }
         0 if req.version() == http::Version::HTTP_11 && uri.authority().is_none() => {
-            return Some(ProxyError::BadRequest)
+            return Some(ProxyError::Unforwardable(
+                "no Host field: an HTTP/1.1 request names its host (RFC 9112 §3.2)",
+            ))
         }
         _ => {}
     }
