@@ -563,6 +563,11 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
             "--admin: must be http://host[:port] with a port from 1 to 65535, such as http://127.0.0.1:9090, got \"http://127.0.0.1:99999\"",
         ),
         (
+            "http://127.0.0.1:0",
+            "15m",
+            "--admin: must be http://host[:port] with a port from 1 to 65535, such as http://127.0.0.1:9090, got \"http://127.0.0.1:0\"",
+        ),
+        (
             "http://127.0.0.1:9",
             "0s",
             "--period: must be longer than zero, got \"0s\"",

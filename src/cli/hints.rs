@@ -96,7 +96,7 @@ fn admin_root(admin: &str) -> Result<&str, String> {
     let Some((uri, authority)) = uri.and_then(|u| u.authority().cloned().map(|a| (u, a))) else {
         return Err(format!("must be {FORM} such as {EXAMPLE}"));
     };
-    if authority.port().is_none() && has_port(authority.as_str()) {
+    if authority.port_u16().is_none_or(|p| p == 0) && has_port(authority.as_str()) {
         return Err(format!(
             "must be {FORM} with a port from 1 to 65535, such as {EXAMPLE}"
         ));
