@@ -1166,6 +1166,23 @@ async fn a_hints_query_with_an_unknown_or_repeated_field_is_refused() {
             "{query}: errors in the API's shape: {reply}"
         );
     }
+    // Each says what is wrong: axum's "Failed to deserialize query string: …" named
+    // the query, and a zero period was "must be a duration such as \"15m\"".
+    for (query, error) in [
+        (
+            "perod=1h",
+            "query: perod: unknown field `perod`, expected `period`",
+        ),
+        ("period=1h&period=2h", "query: duplicate field `period`"),
+        ("period=0s", "period: must be longer than zero, got \"0s\""),
+        (
+            "period=soon",
+            "period: must be a duration such as \"15m\" or \"1h\", got \"soon\"",
+        ),
+    ] {
+        let (_, reply) = call(p.admin, "GET", &format!("/admin/hints?{query}"), "", None).await;
+        assert_eq!(reply, serde_json::json!({ "errors": [error] }), "{query}");
+    }
     assert_eq!(
         call(p.admin, "GET", "/admin/hints?period=1h", "", None)
             .await

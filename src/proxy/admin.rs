@@ -766,12 +766,26 @@ async fn hints(
 ) -> Response {
     let q = match query {
         Ok(Query(q)) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, vec![e.body_text()]),
+        Err(e) => {
+            // axum's text begins "Failed to deserialize query string: ".
+            let text = e.body_text();
+            let why = text.split_once(": ").map_or(text.as_str(), |(_, why)| why);
+            return error(StatusCode::BAD_REQUEST, vec![format!("query: {why}")]);
+        }
     };
     let period = match q.period.as_deref().map(humantime::parse_duration) {
         None => DEFAULT_PERIOD,
         Some(Ok(p)) if !p.is_zero() => p,
-        Some(_) => {
+        Some(Ok(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                vec![format!(
+                    "period: must be longer than zero, got {:?}",
+                    q.period.unwrap_or_default()
+                )],
+            )
+        }
+        Some(Err(_)) => {
             return error(
                 StatusCode::BAD_REQUEST,
                 vec![format!(
