@@ -1567,6 +1567,33 @@ async fn a_bucket_stamped_ahead_of_redis_clock_still_refills() {
     assert_eq!(a.store.fallback_decisions(), 0);
 }
 
+/// A controller hash whose stored limit is no limit (`nan`, `-5`, `0`: written by hand
+/// or by a faulty client; Redis's Lua reads `nan` as a NaN) is taken as no stored
+/// limit, the base: decisions stay shared. It was taken as the limit, every answer
+/// then read as nonsense, and the route stayed in fallback for as long as traffic kept
+/// the hash alive. (helper-167)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_limit_that_is_no_limit_is_the_base() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "nolimit");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(a.check().await.is_admit());
+    for limit in ["nan", "-5", "0"] {
+        let _: () = redis::cmd("HSET")
+            .arg("{nolimit:order}:c")
+            .arg("limit")
+            .arg(limit)
+            .query(&mut conn)
+            .unwrap();
+        for _ in 0..3 {
+            assert!(a.check().await.is_admit(), "stored limit {limit}");
+        }
+        assert_eq!(a.store.fallback_decisions(), 0, "stored limit {limit}");
+    }
+}
+
 /// A route's window and controller stamped 30 s ahead of Redis's clock (it went back,
 /// as in the test above): the shared controller still steps, and cuts on a spike as
 /// it would have, rather than standing still until the clock catches up.
