@@ -1888,7 +1888,8 @@ impl Roll {
 
 impl StoredController {
     /// Fields `limit, state, through, entered, armed, safe, roc`; anything missing or
-    /// unreadable means no memory (the controller starts afresh).
+    /// unreadable, a limit that is no positive number included, means no memory (the
+    /// controller starts afresh).
     fn parse(ctl: &[Value]) -> StoredController {
         let field = |i: usize| ctl.get(i).and_then(float);
         // Times are ns since the Unix epoch, past 2^53: read whole, not as floats.
@@ -1896,7 +1897,7 @@ impl StoredController {
         let through = field(2).map(|t| t as u64);
         let memory = (|| {
             Some(ControllerMemory {
-                limit_rps: field(0)?,
+                limit_rps: field(0).filter(|l| l.is_finite() && *l > 0.0)?,
                 state: match field(1)? as u8 {
                     0 => ControllerState::Normal,
                     1 => ControllerState::Cut,

@@ -525,3 +525,26 @@ fn a_call_dropped_early_runs_to_its_end_on_its_runtime() {
 async fn futures_poll_once<F: Future + Unpin>(mut f: F) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut f).poll(cx))).await
 }
+
+/// A stored limit that is no limit (NaN, infinite, 0 or below: written by hand or by
+/// a faulty client) is no memory: the controller starts afresh and its step stores a
+/// limit again, where it was resumed at that limit, and stepped and stored it back.
+/// (helper-167)
+#[test]
+fn a_stored_limit_that_is_no_limit_is_no_memory() {
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    for limit in ["nan", "inf", "-5", "0"] {
+        let ctl = [
+            text(limit),
+            text("1"),
+            text("42"),
+            text("1000"),
+            text("2000"),
+            Value::Nil,
+            text("1.5"),
+        ];
+        let stored = StoredController::parse(&ctl);
+        assert_eq!(stored.memory, None, "stored limit {limit}");
+        assert_eq!(stored.through, Some(42), "stored limit {limit}");
+    }
+}
