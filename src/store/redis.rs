@@ -2189,7 +2189,9 @@ fn replay(
     // No slot from here on had a call.
     let called = u64::try_from(roll.lo.saturating_add(roll.counts.len() as i64)).unwrap_or(0);
     let first = match roll.memory.through {
-        Some(t) => (t + 1).max(called.min(slot).saturating_sub(slots)),
+        Some(t) => t
+            .saturating_add(1)
+            .max(called.min(slot).saturating_sub(slots)),
         None => last,
     };
     if first > last {
@@ -2199,7 +2201,7 @@ fn replay(
     let stepped_at = stepped_at(window, &roll.memory, now);
     let mut controller = resume(params, window, &roll.memory, now);
     let count = |i: u64| -> u64 {
-        let at = i as i64 - roll.lo;
+        let at = (i as i64).saturating_sub(roll.lo);
         usize::try_from(at)
             .ok()
             .and_then(|k| roll.counts.get(k).copied())
@@ -2213,8 +2215,11 @@ fn replay(
     let mut in_cut = Duration::ZERO;
     let mut observe = |controller: &mut Controller, s: u64| {
         let start = (s + 1).saturating_sub(slots);
-        let n_prev: u64 = (start..start + half).map(count).sum();
-        let n_recent: u64 = (start + half..=s).map(count).sum();
+        // Saturating: the counts are Redis's, any up to i64::MAX.
+        let n_prev = (start..start + half)
+            .map(count)
+            .fold(0, u64::saturating_add);
+        let n_recent = (start + half..=s).map(count).fold(0, u64::saturating_add);
         let rate_prev_rps = n_prev as f64 / half_secs;
         let rate_recent_rps = n_recent as f64 / half_secs;
         let sample = RocSample {
@@ -2264,7 +2269,7 @@ fn replay(
 fn stepped_at(window: &WindowSpec, stored: &StoredController, now: Nanos) -> Nanos {
     let slot_ns = window.slot().as_micros() as u64 * 1000;
     stored.through.map_or(now, |t| {
-        Nanos::new((t + 1).saturating_mul(slot_ns)).min(now)
+        Nanos::new(t.saturating_add(1).saturating_mul(slot_ns)).min(now)
     })
 }
 

@@ -548,3 +548,38 @@ fn a_stored_limit_that_is_no_limit_is_no_memory() {
         assert_eq!(stored.through, Some(42), "stored limit {limit}");
     }
 }
+
+/// Stored numbers past their range (written by hand or by a faulty client): a
+/// `through` of u64::MAX (or a float beyond it), a roll starting at i64::MIN, counts
+/// whose window sums past u64::MAX. The replay and the time of the next raise are
+/// still answered, where they overflowed (a panic in a debug build, on the decision's
+/// path for the next raise). (helper-167)
+#[test]
+fn stored_numbers_past_their_range_overflow_nothing() {
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let params = ControllerParams::default();
+    for through in ["18446744073709551615", "1e30"] {
+        let ctl = [
+            text("60"),
+            text("1"),
+            text(through),
+            text("1000"),
+            text("2000"),
+            Value::Nil,
+            text("0"),
+        ];
+        let stored = StoredController::parse(&ctl);
+        assert_eq!(stored.through, Some(u64::MAX));
+        assert!(next_raise(&params, &window(), &stored, 11_000_000).is_some());
+        let r = Roll {
+            lo: 100,
+            counts: vec![1; 10],
+            memory: stored,
+        };
+        assert!(replay(params.clone(), &window(), &r, 110, Nanos::from_secs(11)).is_none());
+    }
+    let (_, through, _, _) = replay_to_slot_110(&roll(i64::MIN, vec![1; 10], Some(99)));
+    assert_eq!(through, 109);
+    let (_, through, _, _) = replay_to_slot_110(&roll(100, vec![u64::MAX / 2; 10], Some(99)));
+    assert_eq!(through, 109);
+}
