@@ -81,6 +81,29 @@ fn rejections_under_a_healthy_upstream_raise_the_base_limit() {
     assert!(find(&advise("", &steady(300.0), None), "raise_base_limit").is_none());
 }
 
+/// A limit under 0.1 req/s (the config takes them down to 0.000001) is printed to
+/// three significant digits: a raise of 0.001 was printed `0.001 → 0.001` (three
+/// decimals), and one of 0.0002, `0 → 0`. (helper-167)
+#[test]
+fn a_raise_of_a_tiny_base_limit_prints_the_change() {
+    for (base, printed) in [
+        ("0.001", "base_limit 0.001 → 0.0013"),
+        ("0.0002", "base_limit 0.0002 → 0.00026"),
+    ] {
+        let h = advise(
+            &format!("base_limit = {base}\ncut_limit = {base}"),
+            &steady(300.0),
+            Some(1000),
+        );
+        let table = rocgate::hints::table(&h);
+        assert!(table.contains(printed), "{table}");
+        assert!(
+            table.contains(&format!("base limit of {base} req/s")),
+            "{table}"
+        );
+    }
+}
+
 #[test]
 fn a_saturated_upstream_behind_few_rejections_lowers_the_base_limit() {
     let h = advise("", &steady(180.0), Some(150));

@@ -2137,9 +2137,16 @@ fn round_duration(d: Duration) -> Duration {
     }
 }
 
-/// A number as an operator reads it: no needless decimals.
+/// A number as an operator reads it: no needless decimals; three of them, or under
+/// 0.1 three significant digits (a base limit may be as low as 0.000001 req/s).
 fn fmt_num(x: f64) -> String {
-    let r = (x * 1000.0).round() / 1000.0;
+    let decimals = if x != 0.0 && x.abs() < 0.1 {
+        (2 - x.abs().log10().floor() as i32).min(15)
+    } else {
+        3
+    };
+    let scale = 10f64.powi(decimals);
+    let r = (x * scale).round() / scale;
     let r = if r.abs() >= 100.0 { r.round() } else { r };
     if r.fract() == 0.0 && r.abs() < 1e15 {
         format!("{r:.0}")
