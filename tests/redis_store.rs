@@ -1594,6 +1594,38 @@ async fn a_stored_limit_that_is_no_limit_is_the_base() {
     }
 }
 
+/// A bucket whose stored level is no level (`nan`, `-inf`, below empty: written by
+/// hand or by a faulty client; the script never stores one below 0) is taken as
+/// empty, and refills: decisions stay shared. It was taken as it was, every answer
+/// then read as nonsense (a wait of NaN or infinite µs), the level stored back, and
+/// the route stayed in fallback for as long as traffic kept the bucket alive.
+/// (helper-167)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_bucket_level_that_is_no_level_is_empty() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "nolevel");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(a.check().await.is_admit());
+    for level in ["nan", "-inf", "-1e300"] {
+        let _: () = redis::cmd("HSET")
+            .arg("{nolevel:order}:b")
+            .arg("tokens")
+            .arg(level)
+            .query(&mut conn)
+            .unwrap();
+        // 100 req/s: a token every 10 ms.
+        let mut admitted = 0;
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            admitted += usize::from(a.check().await.is_admit());
+        }
+        assert!(admitted > 0, "stored level {level}");
+        assert_eq!(a.store.fallback_decisions(), 0, "stored level {level}");
+    }
+}
+
 /// A route's window and controller stamped 30 s ahead of Redis's clock (it went back,
 /// as in the test above): the shared controller still steps, and cuts on a spike as
 /// it would have, rather than standing still until the clock catches up.

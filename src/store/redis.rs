@@ -173,6 +173,9 @@ use std::time::Duration;
 /// caught up. (The controller's stored times, then ahead of it too, are brought back
 /// to now when it is stepped: see `replay`.)
 ///
+/// A stored bucket level that is no level (NaN, infinite below, or below empty, which
+/// no call stores) counts as empty.
+///
 /// The bucket refills for the time since its `ts`, and is stamped with the time now
 /// even when that is earlier than `ts` (Redis's clock went back: the host's clock
 /// stepped, or a failover to a replica whose clock is behind the old master's): it
@@ -267,6 +270,7 @@ if ARGV[7] == '1' then
   local ts = tonumber(b[2])
   local created = tokens == nil or ts == nil
   if created then tokens = cap; ts = now end
+  if not (tokens >= 0) then tokens = 0 end
   if now > ts then tokens = tokens + (now - ts) * limit / 1000000 end
   ts = now
   if tokens > cap then tokens = cap end
