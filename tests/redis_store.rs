@@ -1626,6 +1626,58 @@ async fn a_stored_bucket_level_that_is_no_level_is_empty() {
     }
 }
 
+/// A window whose `cur` is no slot (`nan`), or a controller whose `through` is none
+/// (`nan`) or more than a window ahead of Redis's clock (`1e30`), written by hand or
+/// by a faulty client, is dropped as a window stamped ahead of the clock is: the
+/// shared controller goes on stepping. It stood still (no call saw a new slot, or
+/// each found nothing after `through` to step), cutting nothing, for as long as
+/// traffic kept the keys alive. (helper-167)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_slot_that_is_no_slot_is_dropped() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "noslot");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(a.check().await.is_admit());
+    for (key, field, value) in [
+        ("{noslot:order}:w", "cur", "nan"),
+        ("{noslot:order}:c", "through", "1e30"),
+        ("{noslot:order}:c", "through", "nan"),
+    ] {
+        let _: () = redis::cmd("HSET")
+            .arg(key)
+            .arg(field)
+            .arg(value)
+            .query(&mut conn)
+            .unwrap();
+        // Calls for at least a second (ten slots of 100 ms), then until the
+        // controller has been stepped to within half a second of now (2 s at most).
+        let started = tokio::time::Instant::now();
+        let mut through = None;
+        for _ in 0..150 {
+            let _ = a.check().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let stored: Option<String> = redis::cmd("HGET")
+                .arg("{noslot:order}:c")
+                .arg("through")
+                .query(&mut conn)
+                .unwrap();
+            through = stored.and_then(|t| t.parse::<u64>().ok());
+            let slot = redis_time_us(&mut conn) / 100_000;
+            let recent = through.is_some_and(|t| t < slot && t + 5 > slot);
+            if recent && started.elapsed() > Duration::from_secs(1) {
+                break;
+            }
+        }
+        let slot = redis_time_us(&mut conn) / 100_000;
+        assert!(
+            through.is_some_and(|t| t < slot && t + 5 > slot),
+            "{field} = {value}: through {through:?} in slot {slot}"
+        );
+    }
+}
+
 /// A route's window and controller stamped 30 s ahead of Redis's clock (it went back,
 /// as in the test above): the shared controller still steps, and cuts on a spike as
 /// it would have, rather than standing still until the clock catches up.

@@ -168,9 +168,11 @@ use std::time::Duration;
 /// read 60 for 3 holes, against a `danger_roc` of 40), before the breaker opens.
 ///
 /// A window whose `cur` is more than a window ahead of the slot now (Redis's clock
-/// went back by more than a window) starts afresh too, and drops `through`: otherwise
-/// no call would observe a new slot, and the controller would not step, until the clock
-/// caught up. (The controller's stored times, then ahead of it too, are brought back
+/// went back by more than a window), or no number (`nan`, written by another client),
+/// starts afresh too, and drops `through`; so does a `through` more than a window
+/// ahead, or no number, alone: otherwise no call would observe a new slot, or find one
+/// after `through` to step, and the controller would not step, until the clock caught
+/// up (for ever, for a NaN). (The controller's stored times, then ahead of it too, are brought back
 /// to now when it is stepped: see `replay`.)
 ///
 /// A stored bucket level that is no level (NaN, infinite below, or below empty, which
@@ -224,7 +226,7 @@ if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
   redis.call('HSET', KEYS[3], 'slot_us', ARGV[1], 'slots', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
-if cur ~= nil and cur > slot + slots then
+if cur ~= nil and not (cur <= slot + slots) then
   redis.call('DEL', KEYS[1])
   cur = nil
   if ctl[3] then
@@ -232,7 +234,8 @@ if cur ~= nil and cur > slot + slots then
     ctl[3] = false
   end
 end
-if ARGV[9] == '1' and ctl[3] then
+local stored_through = tonumber(ctl[3])
+if ctl[3] and (ARGV[9] == '1' or not (stored_through and stored_through < slot + slots)) then
   redis.call('HDEL', KEYS[3], 'through')
   ctl[3] = false
 end
