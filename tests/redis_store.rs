@@ -1678,6 +1678,33 @@ async fn a_stored_slot_that_is_no_slot_is_dropped() {
     }
 }
 
+/// A controller hash whose stored state is none of 0, 1 and 2 (`nan`, `-1`, `1e30`:
+/// written by hand or by a faulty client) is taken as normal: decisions stay shared.
+/// It was answered as it was, every answer then read as nonsense (a state that is no
+/// `u8`), and the route stayed in fallback, the state never stepped over, for as long
+/// as traffic kept the hash alive. (helper-167)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_state_that_is_no_state_is_normal() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "nostate");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(a.check().await.is_admit());
+    for state in ["nan", "-1", "1e30"] {
+        let _: () = redis::cmd("HSET")
+            .arg("{nostate:order}:c")
+            .arg("state")
+            .arg(state)
+            .query(&mut conn)
+            .unwrap();
+        for _ in 0..3 {
+            assert!(a.check().await.is_admit(), "stored state {state}");
+        }
+        assert_eq!(a.store.fallback_decisions(), 0, "stored state {state}");
+    }
+}
+
 /// A route's window and controller stamped 30 s ahead of Redis's clock (it went back,
 /// as in the test above): the shared controller still steps, and cuts on a spike as
 /// it would have, rather than standing still until the clock catches up.

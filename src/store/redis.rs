@@ -127,7 +127,8 @@ use std::time::Duration;
 /// - `KEYS[1]` window hash: `cur` (the slot accumulating) and one field per slot index
 ///   (arrivals in it).
 /// - `KEYS[2]` bucket hash: `tokens` (float) and `ts` (µs, Redis time).
-/// - `KEYS[3]` controller hash: `limit`, `state` (0 normal, 1 cut, 2 recovering),
+/// - `KEYS[3]` controller hash: `limit`, `state` (0 normal, 1 cut, 2 recovering; any
+///   other, normal),
 ///   `through` (last slot stepped), `entered`, `armed`, `safe` (ns, Redis time), `roc`,
 ///   `slot_us` (the slot length, µs, that the slot numbers of the window and of
 ///   `through` count) and `slots` (slots per window the controller last stepped on).
@@ -294,7 +295,8 @@ if fresh then
   redis.call('PEXPIRE', KEYS[2], ttl)
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
-local state = tonumber(ctl[2]) or 0
+local state = tonumber(ctl[2])
+if state ~= 1 and state ~= 2 then state = 0 end
 local result = {admit, wait, string.format('%.17g', limit), state, now, slot, ctl[7], level, roll}
 if state ~= 0 and (admit == 0 or ARGV[7] ~= '1') then result[10] = ctl end
 return result
@@ -1905,10 +1907,10 @@ impl StoredController {
         let memory = (|| {
             Some(ControllerMemory {
                 limit_rps: field(0).filter(|l| l.is_finite() && *l > 0.0)?,
-                state: match field(1)? as u8 {
-                    0 => ControllerState::Normal,
-                    1 => ControllerState::Cut,
-                    2 => ControllerState::Recovering,
+                state: match field(1)? {
+                    s if s == 0.0 => ControllerState::Normal,
+                    s if s == 1.0 => ControllerState::Cut,
+                    s if s == 2.0 => ControllerState::Recovering,
                     _ => return None,
                 },
                 entered_at: time(3)?,

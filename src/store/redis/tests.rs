@@ -583,3 +583,27 @@ fn stored_numbers_past_their_range_overflow_nothing() {
     let (_, through, _, _) = replay_to_slot_110(&roll(100, vec![u64::MAX / 2; 10], Some(99)));
     assert_eq!(through, 109);
 }
+
+/// A stored state that is none of 0, 1 and 2 (NaN, -1, 1.5: written by hand or by a
+/// faulty client) is no memory, as the decision script reads it as normal: -1 and NaN
+/// were read as normal, and 1.5 as cut, each with the stored times. (helper-167)
+#[test]
+fn a_stored_state_that_is_no_state_is_no_memory() {
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    for state in ["nan", "-1", "1.5", "3"] {
+        let ctl = [
+            text("60"),
+            text(state),
+            text("42"),
+            text("1000"),
+            text("2000"),
+            Value::Nil,
+            text("1.5"),
+        ];
+        assert_eq!(
+            StoredController::parse(&ctl).memory,
+            None,
+            "stored state {state}"
+        );
+    }
+}
