@@ -1908,9 +1908,9 @@ impl StoredController {
             Some(ControllerMemory {
                 limit_rps: field(0).filter(|l| l.is_finite() && *l > 0.0)?,
                 state: match field(1)? {
-                    s if s == 0.0 => ControllerState::Normal,
-                    s if s == 1.0 => ControllerState::Cut,
-                    s if s == 2.0 => ControllerState::Recovering,
+                    0.0 => ControllerState::Normal,
+                    1.0 => ControllerState::Cut,
+                    2.0 => ControllerState::Recovering,
                     _ => return None,
                 },
                 entered_at: time(3)?,
