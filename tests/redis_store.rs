@@ -1705,6 +1705,59 @@ async fn a_stored_state_that_is_no_state_is_normal() {
     }
 }
 
+/// A controller whose `through` is stored in another spelling of its number (`42.0`,
+/// `4.2e1`: written by hand or by another client) is stepped on: the step is stored
+/// over it. The step's save compared the spellings, refused each step as one another
+/// instance had overtaken, and the shared controller stood still for as long as
+/// traffic kept the hash alive. (helper-167)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_through_spelled_otherwise_is_stepped_on() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "spelled");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let key = "{spelled:order}:c";
+    let through = |conn: &mut redis::Connection| -> Option<String> {
+        redis::cmd("HGET")
+            .arg(key)
+            .arg("through")
+            .query(conn)
+            .unwrap()
+    };
+    // Calls until a step is stored.
+    let mut first = None;
+    for _ in 0..100 {
+        let _ = a.check().await;
+        first = through(&mut conn);
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first: u64 = first.expect("a step stored").parse().unwrap();
+    // Another spelling of the same number; then a second of calls (ten slots).
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg("through")
+        .arg(format!("{first}.0"))
+        .query(&mut conn)
+        .unwrap();
+    let mut stepped = None;
+    for _ in 0..100 {
+        let _ = a.check().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        stepped = through(&mut conn).and_then(|t| t.parse::<u64>().ok());
+        if stepped.is_some_and(|t| t > first + 5) {
+            break;
+        }
+    }
+    assert!(
+        stepped.is_some_and(|t| t > first + 5),
+        "through {first}.0, then {stepped:?}"
+    );
+}
+
 /// A route's window and controller stamped 30 s ahead of Redis's clock (it went back,
 /// as in the test above): the shared controller still steps, and cuts on a spike as
 /// it would have, rather than standing still until the clock catches up.

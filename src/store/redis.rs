@@ -305,7 +305,8 @@ return result
 /// Stores a controller step, unless another instance stored a newer one meanwhile.
 ///
 /// - `KEYS[1]` controller hash (see [`DECIDE`]).
-/// - `ARGV[1]` the `through` the step started from (empty: none); `ARGV[2]` the new
+/// - `ARGV[1]` the `through` the step started from (empty: none; compared with the
+///   stored one as numbers, whatever their spelling); `ARGV[2]` the new
 ///   `through`; `ARGV[3]` limit; `ARGV[4]` state; `ARGV[5]` entered; `ARGV[6]` armed;
 ///   `ARGV[7]` safe since (empty: none); `ARGV[8]` roc; `ARGV[9]` key expiry, ms;
 ///   `ARGV[10]` the slot length, µs, and `ARGV[11]` the slots per window the step
@@ -314,7 +315,7 @@ return result
 /// Returns 1 if stored, 0 if the hash had moved on (or the route's window changed).
 pub const SAVE: &str = r"
 local stored = redis.call('HMGET', KEYS[1], 'through', 'slot_us', 'slots')
-if (stored[1] or '') ~= ARGV[1] or stored[2] ~= ARGV[10] or stored[3] ~= ARGV[11] then return 0 end
+if tonumber(stored[1]) ~= tonumber(ARGV[1]) or stored[2] ~= ARGV[10] or stored[3] ~= ARGV[11] then return 0 end
 redis.call('HSET', KEYS[1], 'through', ARGV[2], 'limit', ARGV[3], 'state', ARGV[4],
   'entered', ARGV[5], 'armed', ARGV[6], 'roc', ARGV[8])
 if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'safe') else redis.call('HSET', KEYS[1], 'safe', ARGV[7]) end
