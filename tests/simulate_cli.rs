@@ -971,6 +971,23 @@ fn a_negative_number_is_refused_naming_its_flag() {
     }
 }
 
+/// A `--capacity` that is no whole number of req/s from 1 is refused saying what it
+/// must be, where a fraction, a negative number or `NaN` was refused as "invalid
+/// digit found in string". (helper-167)
+#[test]
+fn a_capacity_that_is_no_whole_number_is_refused_saying_so() {
+    for value in ["1.5", "-5", "NaN", "", "0", "18446744073709551616"] {
+        let out = rocgate(&["simulate", "--capacity", value]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{value:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("invalid value '{value}' for '--capacity <RPS>'"))
+                && stderr.contains("whole number of req/s from 1 to 18446744073709551615"),
+            "{value:?}: {stderr}"
+        );
+    }
+}
+
 /// `--start` takes an RFC 3339 time in UTC; another offset is refused, saying so.
 #[test]
 fn start_is_a_utc_time() {

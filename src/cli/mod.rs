@@ -114,7 +114,7 @@ pub(crate) struct SimulateArgs {
         long,
         value_name = "RPS",
         allow_negative_numbers = true,
-        value_parser = clap::value_parser!(u64).range(1..)
+        value_parser = simulate::parse_capacity
     )]
     pub(crate) capacity: Option<u64>,
     /// Run once per value of a route parameter and print a table:

@@ -75,6 +75,16 @@ pub(crate) fn parse_seed(text: &str) -> Result<u64, String> {
     })
 }
 
+/// `--capacity`: a whole number of req/s, at least 1.
+pub(crate) fn parse_capacity(text: &str) -> Result<u64, String> {
+    text.trim().parse().ok().filter(|&c| c >= 1).ok_or_else(|| {
+        format!(
+            "a capacity is a whole number of req/s from 1 to {}, got {text:?}",
+            u64::MAX
+        )
+    })
+}
+
 /// An RFC 3339 time in UTC: `Z`, an offset of zero, or none (read as UTC). Any other
 /// offset is refused, naming it: humantime's weak parser, given one after a fraction
 /// of a second (`19:00:00.0+01:00`), read the time as UTC and dropped the offset.
