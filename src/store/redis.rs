@@ -173,8 +173,8 @@ use std::time::Duration;
 /// starts afresh too, and drops `through`; so does a `through` more than a window
 /// ahead, or no number, alone: otherwise no call would observe a new slot, or find one
 /// after `through` to step, and the controller would not step, until the clock caught
-/// up (for ever, for a NaN). (The controller's stored times, then ahead of it too, are brought back
-/// to now when it is stepped: see `replay`.)
+/// up (for ever, for a NaN). (The controller's stored times, then ahead of it too, are
+/// brought back to now when it is stepped: see `replay`.)
 ///
 /// A stored bucket level that is no level (NaN, infinite below, or below empty, which
 /// no call stores) counts as empty.
