@@ -1758,6 +1758,35 @@ async fn a_through_spelled_otherwise_is_stepped_on() {
     );
 }
 
+/// A window whose past slots hold counts that are no counts (`nan`, `-5`, `inf`:
+/// written by hand or by a faulty client; `HINCRBY` stores none) reads them as 0:
+/// decisions stay shared. The roll that handed them over was unreadable (a count that
+/// is no `u64`), its call fell back, and so did the first call of every slot, the
+/// controller standing still, until the slots were two windows old. (helper-167)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_count_that_is_no_count_is_none() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "nocount");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(a.check().await.is_admit());
+    // Slots of 100 ms: the second to the fifteenth before now's.
+    let slot = redis_time_us(&mut conn) / 100_000;
+    let mut hset = redis::cmd("HSET");
+    hset.arg("{nocount:order}:w");
+    for (k, count) in (2..16).zip(["nan", "-5", "inf"].iter().cycle()) {
+        hset.arg(slot - k).arg(*count);
+    }
+    let _: () = hset.query(&mut conn).unwrap();
+    // A second of calls: ten slots, each first call handing over a roll.
+    for _ in 0..50 {
+        let _ = a.check().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(a.store.fallback_decisions(), 0);
+}
+
 /// A route's window and controller stamped 30 s ahead of Redis's clock (it went back,
 /// as in the test above): the shared controller still steps, and cuts on a spike as
 /// it would have, rather than standing still until the clock catches up.

@@ -191,7 +191,8 @@ use std::time::Duration;
 /// The call that observes a new slot hands the slots completed since `through` to
 /// its caller to step the controller over (see `replay`): at most one window of the
 /// slots up to `cur` (the last slot that had a call), with a window of counts before
-/// each, and none of the silent slots after `cur`, which all count zero.
+/// each, and none of the silent slots after `cur`, which all count zero (as does a
+/// count that is no count, such as `nan`, which `HINCRBY` never stores).
 ///
 /// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll,
 /// memory}`; `limit` is the one the call was decided at (the stored one, or `ARGV[3]`
@@ -254,7 +255,11 @@ if fresh then
       for i = lo, math.min(cur, slot - 1) do fields[#fields + 1] = string.format('%.0f', i) end
       local counts = {}
       if #fields > 0 then counts = redis.call('HMGET', KEYS[1], unpack(fields)) end
-      for i = 1, #counts do counts[i] = tonumber(counts[i]) or 0 end
+      for i = 1, #counts do
+        local n = tonumber(counts[i])
+        if not (n and n >= 0 and n < 9.2e18) then n = 0 end
+        counts[i] = n
+      end
       roll = {lo, counts, ctl}
     end
     for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
