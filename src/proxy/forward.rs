@@ -1075,7 +1075,11 @@ impl Inner {
                 upgrade = client_upgrade;
                 let result = match on_lane {
                     Some(c) => {
-                        let sent = self.send_on_lane(&c.lane, upstream_req, started);
+                        // Pinned where it is made: a `Deadline` holding the
+                        // future itself was moved whole three times on its way to
+                        // its first poll.
+                        let sent =
+                            std::pin::pin!(self.send_on_lane(&c.lane, upstream_req, started));
                         Deadline {
                             inner: sent,
                             at: tokio::time::Instant::now() + timeout,
