@@ -2817,3 +2817,46 @@ fn the_shadow_verdict_splits_the_rejections_as_raise_base_limit_does() {
     );
     assert!((cut - 100.0 * 1540.0 / would).abs() <= 0.5, "{verdict}");
 }
+
+/// On a partitioned route each key has its own base limit, and the history does not
+/// count the keys refused: a brute-forcer held to a per-IP limit on a login route
+/// rejects as many as a crowd over it. `raise_base_limit` was a `warn` "raise it
+/// about 30%" (`simulate` of config/examples/per-ip.toml, one keyless client at 273
+/// req/s against 5 req/s per key): it is `info`, with the same value, and says so;
+/// a shadow verdict naming the base limit says the same of its would-be rejections.
+#[test]
+fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() {
+    use rocgate::limiter::Reason;
+    let keyed = engine_settings("partition = \"ip\"");
+    let intervals = rejecting(0, 30, 1_000, (Reason::Limit, 200), 0);
+    let h = rocgate::hints::advise(&keyed, &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "raise_base_limit"), (200.0, 260.0));
+    let hint = find(&h, "raise_base_limit").unwrap();
+    assert_eq!(hint.severity, Severity::Info);
+    assert!(
+        hint.reason.contains("a few keys over their own limit")
+            && hint.reason.contains("only if many clients are refused"),
+        "{}",
+        hint.reason
+    );
+    // Limited as a whole, the route's rejections are a shortfall: `warn`, as before.
+    let whole = engine_settings("");
+    let h = rocgate::hints::advise(&whole, &intervals, None, &Policy::default());
+    let hint = find(&h, "raise_base_limit").unwrap();
+    assert_eq!(hint.severity, Severity::Warn);
+    assert!(!hint.reason.contains("few keys"), "{}", hint.reason);
+
+    let shadow = engine_settings("partition = \"ip\"\nmode = \"shadow\"");
+    let mut intervals = rejecting(0, 30, 1_000, (Reason::Limit, 0), 0);
+    for i in &mut intervals {
+        i.shadow_rejected[Reason::Limit.index()] = 200;
+    }
+    let h = rocgate::hints::advise(&shadow, &intervals, None, &Policy::default());
+    let verdict = find(&h, "shadow_verdict").unwrap();
+    assert!(
+        verdict.reason.contains("see raise_base_limit")
+            && verdict.reason.contains("a few keys over their own limit"),
+        "{}",
+        verdict.reason
+    );
+}

@@ -14,14 +14,14 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); on a partitioned route an `info` hint, "only if many clients are refused" (each key's limit: they may be a few keys over their own, which rocgate does not tell apart from many); not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio (in `shadow`, would-be) swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (its own rejections, and the cut's of demand over its rate, as `raise_base_limit` counts them), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
-//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut |
+//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut; on a partitioned route the base limit's, "if many clients would be refused" |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
 //! `concurrency` route the base limit counts requests in flight: the upstream's
@@ -594,6 +594,10 @@ fn change_of(h: &Hint) -> String {
     }
 }
 
+/// Why a partitioned route's base-limit rejections need not ask for a higher limit:
+/// the history counts rejections, not the keys refused.
+const FEW_KEYS: &str = "each key has its own limit, and these may be a few keys over their own limit (one client's flood, a brute-forcer), which rocgate does not tell apart from many";
+
 /// An interval's upstream health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Health {
@@ -1165,6 +1169,17 @@ impl<'a> Evidence<'a> {
                 "rejected",
             )
         };
+        // Each key's limit refuses only the keys over it, and the history does not
+        // count the keys refused: one brute-forcer held to it refuses as many as a
+        // crowd, and that is the limit working.
+        let (severity, few_keys) = if self.s.partitioned {
+            (
+                Severity::Info,
+                format!(" only if many clients are refused: {FEW_KEYS}"),
+            )
+        } else {
+            (severity, String::new())
+        };
         let in_cut = if self.base_in_cut > 0 {
             format!(
                 ", counting {} beyond its rate that the ROC cut {cut_rejected} while in force",
@@ -1179,7 +1194,7 @@ impl<'a> Evidence<'a> {
             Some("base_limit"),
             Some((Setting::Number(base), Setting::Number(suggested))),
             format!(
-                "{rejected} the base limit of {} {}{in_cut} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}",
+                "{rejected} the base limit of {} {}{in_cut} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}{few_keys}",
                 fmt_num(base),
                 self.units(),
                 fmt_num(self.mean_rps()),
@@ -1881,6 +1896,12 @@ impl<'a> Evidence<'a> {
                     .iter()
                     .find(|h| h.rule == "faster_restore" && h.suggested.is_some())
                     .filter(|_| which == 1);
+                // A partitioned route's base limit refuses only the keys over it.
+                let said = if which == 0 && self.s.partitioned {
+                    format!("{said}, if many clients would be refused: {FEW_KEYS}")
+                } else {
+                    said
+                };
                 match restore {
                     Some(h) => format!(
                         "{said}, and for those while it restored the limit: see {}",
