@@ -1209,7 +1209,8 @@ async fn an_unknown_path_or_method_is_refused_with_errors() {
         let error = reply["errors"][0].as_str().unwrap_or_default();
         assert!(error.contains(path), "{method} {path}: {reply}");
     }
-    // A route name that is no text (`%FF`) was refused in axum's plain text.
+    // A route name that is no text (`%FF`) was refused in axum's plain text, then in
+    // axum's words, "route name: Invalid URL: Invalid UTF-8 in `name`".
     for method in ["GET", "PUT", "DELETE"] {
         let path = if method == "DELETE" {
             "/admin/routes/%FF/change"
@@ -1219,7 +1220,8 @@ async fn an_unknown_path_or_method_is_refused_with_errors() {
         let (got, reply) = call(p.admin, method, path, "{}", None).await;
         assert_eq!(got, 400, "{method} {path}: {reply}");
         assert_eq!(
-            reply["errors"][0], "route name: Invalid URL: Invalid UTF-8 in `name`",
+            reply["errors"][0],
+            "route name: not UTF-8 once percent-decoded (a route's name is text)",
             "{method} {path}"
         );
     }

@@ -30,6 +30,7 @@ use crate::engine::{Engine, RouteSnapshot};
 use crate::limiter::Reason;
 use crate::metrics::Collector;
 use axum::body::Body;
+use axum::extract::path::ErrorKind;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -584,12 +585,21 @@ fn route_state(state: &AdminState, snap: &RouteSnapshot) -> Value {
 }
 
 /// The `{name}` of a route's path, or the refusal of one that is no text
-/// (`/admin/routes/%FF`) in the API's own shape: axum's was plain text.
+/// (`/admin/routes/%FF`) in the API's own shape and words: axum's was plain text,
+/// "Invalid URL: Invalid UTF-8 in `name`".
 fn route_name(name: Result<Path<String>, PathRejection>) -> Result<String, Box<Response>> {
     name.map(|Path(name)| name).map_err(|e| {
+        let why = match &e {
+            PathRejection::FailedToDeserializePathParams(failed)
+                if matches!(failed.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+            {
+                "not UTF-8 once percent-decoded (a route's name is text)".to_owned()
+            }
+            _ => e.body_text(),
+        };
         Box::new(error(
             StatusCode::BAD_REQUEST,
-            vec![format!("route name: {}", e.body_text())],
+            vec![format!("route name: {why}")],
         ))
     })
 }
