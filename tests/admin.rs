@@ -623,7 +623,9 @@ async fn a_reload_that_renames_a_changed_route_says_it_dropped_the_change() {
     assert_eq!(orders["runtime_change"], false, "{orders}");
 }
 
-/// A field set to `null` is refused, naming it; the route is left as it was.
+/// A field set to `null` is refused, naming it and how to withdraw the route's change
+/// (it named `DELETE /admin/routes/{name}/change`, a literal `{name}`); the route is
+/// left as it was.
 #[tokio::test]
 async fn a_change_setting_a_field_to_null_is_refused() {
     let p = start(None).await;
@@ -634,6 +636,11 @@ async fn a_change_setting_a_field_to_null_is_refused() {
     assert_eq!(status, 422, "{body}");
     assert!(
         body.to_string().contains("hold: null is no value"),
+        "{body}"
+    );
+    assert!(
+        body.to_string()
+            .contains("withdraw the change (DELETE /admin/routes/order/change)"),
         "{body}"
     );
     assert_eq!(order["runtime_change"], false, "{order}");

@@ -32,8 +32,23 @@ pub fn patch_controller(
     json: &str,
     origin: &str,
 ) -> Result<ControllerParams, ConfigError> {
-    raw::patch_controller(current, algorithm, json)
+    raw::patch_controller(current, algorithm, json, None)
         .map_err(|problems| ConfigError::new(origin, problems))
+}
+
+/// [`patch_controller`] of the route `name` through the admin API: the origin is
+/// `PUT /admin/routes/{name}`, and a field set to `null` is refused naming the way
+/// back to the file's parameters, `DELETE /admin/routes/{name}/change`.
+#[cfg(feature = "proxy")]
+pub(crate) fn patch_route_controller(
+    current: &ControllerParams,
+    algorithm: &Algorithm,
+    json: &str,
+    name: &str,
+) -> Result<ControllerParams, ConfigError> {
+    let withdraw = format!("DELETE /admin/routes/{name}/change");
+    raw::patch_controller(current, algorithm, json, Some(&withdraw))
+        .map_err(|problems| ConfigError::new(&format!("PUT /admin/routes/{name}"), problems))
 }
 
 /// Whether two listening addresses take the same port on a shared address, so that

@@ -2843,6 +2843,10 @@ struct RawPatch {
     roc_mode: Option<String>,
 }
 
+/// What [`not_null`] refuses with; [`patch_controller`] words it in full, with how to
+/// withdraw the change ([`null_refusal`]).
+const NULL_IS_NO_VALUE: &str = "null is no value";
+
 /// A field of a runtime change that must have a value if written: `null` would read as
 /// left out, and an operator who meant "back to the file's value" would get a success
 /// and an unchanged route.
@@ -2853,10 +2857,17 @@ where
 {
     match Option::<T>::deserialize(d)? {
         Some(v) => Ok(Some(v)),
-        None => Err(serde::de::Error::custom(
-            "null is no value: leave the field out to keep it, or withdraw the change (DELETE /admin/routes/{name}/change) to go back to the file's parameters",
-        )),
+        None => Err(serde::de::Error::custom(NULL_IS_NO_VALUE)),
     }
+}
+
+/// The refusal of a field set to `null`, naming how to withdraw the change
+/// (`withdraw`, such as `DELETE /admin/routes/order/change`) where there is one.
+fn null_refusal(withdraw: Option<&str>) -> String {
+    let how = withdraw.map_or_else(String::new, |w| format!(" ({w})"));
+    format!(
+        "{NULL_IS_NO_VALUE}: leave the field out to keep it, or withdraw the change{how} to go back to the file's parameters"
+    )
 }
 
 /// What is wrong in a change's JSON text. A problem with a named field's value is
@@ -2932,11 +2943,13 @@ pub(super) fn one_line(message: String) -> String {
 
 /// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by
 /// the rules of the file. Problems are named by field (`cut_limit: must be ≤ base_limit
-/// (200), got 300`); the caller names the origin.
+/// (200), got 300`); the caller names the origin. `withdraw`: how the change is
+/// withdrawn, named where a field set to `null` is refused.
 pub(crate) fn patch_controller(
     current: &ControllerParams,
     algorithm: &Algorithm,
     json: &str,
+    withdraw: Option<&str>,
 ) -> Result<ControllerParams, Vec<Problem>> {
     // A byte order mark, which some Windows tools write, is no part of the JSON text
     // (RFC 8259 §8.1 lets a parser ignore it).
@@ -2955,6 +2968,11 @@ pub(crate) fn patch_controller(
     let raw: RawPatch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let location = error_location(e.path());
         let message = one_line(json_problem(e.inner(), &location));
+        let message = if message == NULL_IS_NO_VALUE {
+            null_refusal(withdraw)
+        } else {
+            message
+        };
         vec![Problem::new(location, message)]
     })?;
     // Whatever follows the object (a second one) would be dropped silently.

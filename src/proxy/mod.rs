@@ -314,8 +314,7 @@ impl Reloader {
             let no_such_route = || RouteChangeError::NoSuchRoute(name.to_owned());
             let current = engine.route_params(id).ok_or_else(no_such_route)?;
             let algorithm = engine.algorithm(id).ok_or_else(no_such_route)?;
-            let origin = format!("PUT /admin/routes/{name}");
-            let params = crate::config::patch_controller(&current, algorithm, patch, &origin)
+            let params = crate::config::patch_route_controller(&current, algorithm, patch, name)
                 .map_err(|e| RouteChangeError::Invalid(lines(&e)))?;
             Ok((params, file.cloned().unwrap_or(current)))
         };

@@ -159,6 +159,7 @@ fn a_change_that_is_not_json_is_named_once() {
         &ControllerParams::default(),
         &Algorithm::default(),
         r#"{"base_limit": 300} {"cut_limit": 500}"#,
+        None,
     )
     .unwrap_err();
     assert_eq!(e[0].to_string(), "trailing characters at line 1 column 21");
@@ -173,8 +174,13 @@ fn a_change_setting_a_field_to_null_is_refused_at_that_field() {
         (r#"{"cut_limit": 30, "hold": null}"#, "hold"),
         (r#"{"min_samples": null}"#, "min_samples"),
     ] {
-        let e = patch_controller(&ControllerParams::default(), &Algorithm::default(), json)
-            .unwrap_err();
+        let e = patch_controller(
+            &ControllerParams::default(),
+            &Algorithm::default(),
+            json,
+            None,
+        )
+        .unwrap_err();
         assert_eq!(e.len(), 1, "{json}: {e:?}");
         assert_eq!(e[0].location(), field, "{json}");
         assert!(e[0].message().contains("null is no value"), "{json}: {e:?}");
@@ -191,7 +197,7 @@ fn a_changes_field_problem_is_placed_by_its_field_alone() {
         (
             r#"{"base_limit": null}"#,
             "base_limit",
-            "null is no value: leave the field out to keep it, or withdraw the change (DELETE /admin/routes/{name}/change) to go back to the file's parameters",
+            "null is no value: leave the field out to keep it, or withdraw the change to go back to the file's parameters",
         ),
         (
             r#"{"base_limit": "x"}"#,
@@ -204,7 +210,7 @@ fn a_changes_field_problem_is_placed_by_its_field_alone() {
             "invalid type: integer `5`, expected a string",
         ),
     ] {
-        let e = patch_controller(&ControllerParams::default(), &Algorithm::default(), json)
+        let e = patch_controller(&ControllerParams::default(), &Algorithm::default(), json, None)
             .unwrap_err();
         assert_eq!(e.len(), 1, "{json}: {e:?}");
         assert_eq!(e[0].location(), field, "{json}");
@@ -214,6 +220,7 @@ fn a_changes_field_problem_is_placed_by_its_field_alone() {
         &ControllerParams::default(),
         &Algorithm::default(),
         r#"{"colour": 1}"#,
+        None,
     )
     .unwrap_err();
     assert_eq!(e[0].location(), "colour");
@@ -226,6 +233,7 @@ fn a_changes_field_problem_is_placed_by_its_field_alone() {
         &ControllerParams::default(),
         &Algorithm::default(),
         r#"{"base_limit": }"#,
+        None,
     )
     .unwrap_err();
     assert_eq!(e[0].message(), "expected value at line 1 column 16");
@@ -241,6 +249,7 @@ fn a_change_keeps_a_token_buckets_capacity_within_what_it_holds() {
         &ControllerParams::default(),
         &bucket,
         r#"{"base_limit": 1000000}"#,
+        None,
     )
     .unwrap_err();
     assert_eq!(e.len(), 1, "{e:?}");
@@ -254,6 +263,7 @@ fn a_change_keeps_a_token_buckets_capacity_within_what_it_holds() {
         &ControllerParams::default(),
         &bucket,
         r#"{"base_limit": 500000}"#,
+        None,
     )
     .unwrap();
 }
@@ -265,7 +275,7 @@ fn a_change_of_roc_mode_at_runtime_takes_thresholds_of_the_new_mode() {
     // does a change.
     let absolute = ControllerParams::default();
     let patch = |json: &str, current: &ControllerParams| {
-        patch_controller(current, &Algorithm::default(), json)
+        patch_controller(current, &Algorithm::default(), json, None)
     };
     let e = patch(r#"{"roc_mode": "relative"}"#, &absolute).unwrap_err();
     let fields: Vec<&str> = e.iter().map(Problem::location).collect();
