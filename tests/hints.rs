@@ -583,6 +583,19 @@ fn no_traffic_gets_no_verdict_even_without_a_minimum() {
     );
 }
 
+/// One request is counted in the singular: it said "1 requests".
+#[test]
+fn one_request_is_too_little_traffic_in_the_singular() {
+    let settings = engine_settings("");
+    let mut intervals = seconds(0, false);
+    intervals[0].offered = 1;
+    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    assert_eq!(
+        h[0].reason,
+        "no change: too little traffic to judge (1 request in 30.0 s)"
+    );
+}
+
 /// The hints' controller changes applied together, as `PUT /admin/routes/r` applies
 /// them to the route of `extra`: the config file's rules must accept them.
 fn apply(extra: &str, hints: &[Hint]) -> Result<(), String> {

@@ -697,6 +697,30 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
     assert!(text(&out.stdout).contains("120 requests replayed"));
 }
 
+/// The access log's header counts in words that agree with the count: it said "1
+/// unparsable lines".
+#[test]
+fn one_unparsable_line_is_counted_in_the_singular() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut lines: Vec<String> = sale_log(|_| 1).lines().map(String::from).collect();
+    lines.insert(3, "[error] upstream timed out".into());
+    std::fs::write(&log, lines.join("\n")).unwrap();
+    let out = rocgate(&[
+        "simulate",
+        "--access-log",
+        log.to_str().unwrap(),
+        "--lenient",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("120 requests replayed, 1 unparsable line,")
+            || stdout.contains("120 requests replayed, 1 unparsable line)"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn same_input_and_seed_give_identical_files() {
     let dir = tempfile::tempdir().unwrap();

@@ -471,12 +471,21 @@ fn log_traffic(
 }
 
 fn describe_log(s: &LogStats) -> String {
-    let mut parts = vec![format!("{} requests replayed", s.replayed)];
+    let mut parts = vec![format!(
+        "{} request{} replayed",
+        s.replayed,
+        if s.replayed == 1 { "" } else { "s" }
+    )];
+    let lines = if s.unparsable == 1 {
+        "unparsable line"
+    } else {
+        "unparsable lines"
+    };
     for (n, what) in [
         (s.unmatched, "matching no route"),
         (s.other_routes, "on other routes"),
         (s.outside, "outside --from/--to"),
-        (s.unparsable, "unparsable lines"),
+        (s.unparsable, lines),
     ] {
         if n > 0 {
             parts.push(format!("{n} {what}"));

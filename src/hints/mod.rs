@@ -323,8 +323,9 @@ pub fn advise(
             None,
             None,
             format!(
-                "no change: too little traffic to judge ({} requests in {})",
+                "no change: too little traffic to judge ({} request{} in {})",
                 e.offered,
+                if e.offered == 1 { "" } else { "s" },
                 fmt_secs(e.secs)
             ),
         )];
