@@ -2873,3 +2873,38 @@ fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() 
         verdict.reason
     );
 }
+
+/// A measured rate is quoted to 3 significant digits: a capacity read from intervals
+/// of 3 s, 259 requests each, was "it saturates at about 86.333 req/s" beside a
+/// suggestion of 77. A small limit keeps its digits: a raise of 0.001 read
+/// "0.001 → 0.001".
+#[test]
+fn measured_rates_are_quoted_to_three_significant_digits() {
+    use rocgate::hints::{Interval, UpstreamCounts};
+    let intervals: Vec<Interval> = (0..30)
+        .map(|k| {
+            let mut i = Interval::new(Nanos::from_secs(3 * k), Duration::from_secs(3));
+            i.offered = 259;
+            i.upstream = Some(UpstreamCounts {
+                requests: 259,
+                errors: 13,
+                ..UpstreamCounts::default()
+            });
+            i
+        })
+        .collect();
+    let h = rocgate::hints::advise(&engine_settings(""), &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 77.0));
+    let reason = &find(&h, "lower_base_limit").unwrap().reason;
+    assert!(
+        reason.contains("it saturates at about 86.3 req/s"),
+        "{reason}"
+    );
+
+    let small = engine_settings("base_limit = 0.001\ncut_limit = 0.0003\nmin_rps = 0.0001");
+    let intervals = rejecting(0, 30, 1_000, (Reason::Limit, 200), 0);
+    let h = rocgate::hints::advise(&small, &intervals, None, &Policy::default());
+    assert_eq!(numbers(&h, "raise_base_limit"), (0.001, 0.0013));
+    let table = rocgate::hints::table(&h);
+    assert!(table.contains("base_limit 0.001 → 0.0013"), "{table}");
+}

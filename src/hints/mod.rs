@@ -1048,10 +1048,10 @@ impl<'a> Evidence<'a> {
                 most,
                 format!(
                     ", at most {} {} so that the route's highest admitted rate, {} req/s, scaled with each key's limit stays within the upstream's capacity of {} req/s",
-                    fmt_num(most),
+                    fmt_measured(most),
                     self.units(),
-                    fmt_num(peak),
-                    fmt_num(cap)
+                    fmt_measured(peak),
+                    fmt_measured(cap)
                 ),
             ));
         }
@@ -1060,18 +1060,18 @@ impl<'a> Evidence<'a> {
         let bound = match self.s.algorithm {
             Algorithm::TokenBucket { burst } => format!(
                 ", at most {} so that a full bucket and a second of refill (base × (1 s + burst {})) stay within the upstream's capacity of {} req/s",
-                fmt_num(most),
+                fmt_measured(most),
                 fmt_secs(burst.as_secs_f64()),
-                fmt_num(cap)
+                fmt_measured(cap)
             ),
             Algorithm::Concurrency { .. } => format!(
                 ", at most the {} requests in flight at which the upstream saturated",
-                fmt_num(cap)
+                fmt_measured(cap)
             ),
             _ => format!(
                 ", at most {} bounded by the upstream's capacity of {} req/s",
-                fmt_num(most),
-                fmt_num(cap)
+                fmt_measured(most),
+                fmt_measured(cap)
             ),
         };
         Some((most, bound))
@@ -1198,7 +1198,7 @@ impl<'a> Evidence<'a> {
                 "{rejected} the base limit of {} {}{in_cut} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}{few_keys}",
                 fmt_num(base),
                 self.units(),
-                fmt_num(self.mean_rps()),
+                fmt_measured(self.mean_rps()),
                 self.exhausted_summary()
             ),
         ))
@@ -1249,7 +1249,7 @@ impl<'a> Evidence<'a> {
                 target = cap * 0.9;
                 why = format!(
                     "; it saturates at about {} {}, so go to 90% of that",
-                    fmt_num(cap),
+                    fmt_measured(cap),
                     self.units()
                 );
             }
@@ -1317,7 +1317,7 @@ impl<'a> Evidence<'a> {
                 fmt_secs(burst.as_secs_f64()),
                 fmt_num(passes),
                 fmt_num(new_base),
-                fmt_num(cap)
+                fmt_measured(cap)
             ),
         ))
     }
@@ -1445,7 +1445,7 @@ impl<'a> Evidence<'a> {
                 bound = format!(
                     ", at most {} so that a full bucket and a second of refill{at} stay within the upstream's {} req/s",
                     fmt_secs(fits.max(0.0)),
-                    fmt_num(cap)
+                    fmt_measured(cap)
                 );
             }
         }
@@ -1481,9 +1481,9 @@ impl<'a> Evidence<'a> {
                     "rejections come"
                 },
                 self.exhausted_summary(),
-                fmt_num(self.mean_rps()),
+                fmt_measured(self.mean_rps()),
                 fmt_num(base),
-                fmt_num(excess)
+                fmt_measured(excess)
             ),
         ))
     }
@@ -1524,10 +1524,10 @@ impl<'a> Evidence<'a> {
             false_cuts.iter().map(|c| c.cuts).sum::<u64>(),
             self.cut_count(),
             fmt_num(base),
-            fmt_num(first.peak_demand_rps),
+            fmt_measured(first.peak_demand_rps),
             fmt_secs(first.at_s),
-            fmt_num(first.trigger_roc),
-            fmt_num(high)
+            fmt_measured(first.trigger_roc),
+            fmt_measured(high)
         );
         let severity = if true_below.is_empty() {
             Severity::Warn
@@ -1584,8 +1584,8 @@ impl<'a> Evidence<'a> {
             format!(
                 "the upstream saturated in {} interval(s) of ramping demand (ROC up to {}, the lowest ramp {}) that never reached danger_roc {}: lower it below those ramps",
                 ramps.len(),
-                fmt_num(peak),
-                fmt_num(lowest),
+                fmt_measured(peak),
+                fmt_measured(lowest),
                 fmt_num(p.danger_roc)
             ),
         ))
@@ -1648,10 +1648,10 @@ impl<'a> Evidence<'a> {
             format!(
                 "{} cuts on a quiet route while the upstream was not saturated (mean demand {} req/s, base limit {} {}, peak demand during them {} req/s): small numbers make ROC jumpy; raise min_rps above that peak{bound}",
                 count,
-                fmt_num(self.mean_rps()),
+                fmt_measured(self.mean_rps()),
                 fmt_num(base),
                 self.units(),
-                fmt_num(peak)
+                fmt_measured(peak)
             ),
         ))
     }
@@ -1976,7 +1976,7 @@ impl<'a> Evidence<'a> {
             };
             return format!(
                 "{by}, though the most demand seen while the upstream was healthy, {} {}, is within it{}: raise base_limit{at} only with evidence it takes more{burst}",
-                fmt_num(demand),
+                fmt_measured(demand),
                 self.units(),
                 bound
             );
@@ -1987,7 +1987,7 @@ impl<'a> Evidence<'a> {
             self.units(),
             fmt_num(suggested),
             self.units(),
-            fmt_num(demand),
+            fmt_measured(demand),
             self.units()
         )
     }
@@ -2005,7 +2005,7 @@ impl<'a> Evidence<'a> {
             format!(
                 "raise danger_roc{at} ({}) above {}, the highest ROC that started them",
                 fmt_num(p.danger_roc),
-                fmt_num(trigger)
+                fmt_measured(trigger)
             )
         } else {
             format!("raise danger_roc{at} ({})", fmt_num(p.danger_roc))
@@ -2017,12 +2017,12 @@ impl<'a> Evidence<'a> {
             format!(
                 "the base limit of {} req/s (their demand peaked at {} req/s)",
                 fmt_num(base),
-                fmt_num(peak)
+                fmt_measured(peak)
             )
         } else {
             format!(
                 "the {} req/s of demand they saw at their peak",
-                fmt_num(peak)
+                fmt_measured(peak)
             )
         };
         format!(
@@ -2159,17 +2159,49 @@ fn round_duration(d: Duration) -> Duration {
     }
 }
 
-/// A number as an operator reads it: no needless decimals; three of them, or under
-/// 0.1 three significant digits (a base limit may be as low as 0.000001 req/s).
+/// A setting or a suggestion as an operator reads it: no needless decimals, to the
+/// thousandth, whole from 100, and under 0.1 to 4 significant digits, as suggestions
+/// are rounded (a raise of a base limit of 0.001 to 0.0013 read "0.001 → 0.001").
 fn fmt_num(x: f64) -> String {
-    let decimals = if x != 0.0 && x.abs() < 0.1 {
-        (2 - x.abs().log10().floor() as i32).min(15)
+    let r = if x.abs() < 0.1 {
+        nearest_sig(x, 4)
     } else {
-        3
+        let r = (x * 1000.0).round() / 1000.0;
+        if r.abs() >= 100.0 {
+            r.round()
+        } else {
+            r
+        }
     };
-    let scale = 10f64.powi(decimals);
-    let r = (x * scale).round() / scale;
-    let r = if r.abs() >= 100.0 { r.round() } else { r };
+    plain(r)
+}
+
+/// A measured figure (a rate, a ROC, a capacity, a bound read from them) as an
+/// operator reads it: to 3 significant digits, whole from 100. It printed the
+/// thousandths of a rate read from intervals, "it saturates at about 86.392 req/s",
+/// beside suggestions rounded to 2.
+fn fmt_measured(x: f64) -> String {
+    plain(if x.abs() >= 100.0 {
+        x.round()
+    } else {
+        nearest_sig(x, 3)
+    })
+}
+
+/// `x` to the nearest of `digits` significant digits.
+fn nearest_sig(x: f64, digits: i32) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    if !scale.is_finite() {
+        return x;
+    }
+    (x * scale).round() / scale
+}
+
+/// `r` without a fraction of zero.
+fn plain(r: f64) -> String {
     if r.fract() == 0.0 && r.abs() < 1e15 {
         format!("{r:.0}")
     } else {
