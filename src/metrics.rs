@@ -52,9 +52,9 @@
 //! | `rocgate_runtime_changes` | gauge | | proxy: routes running on a runtime change (`PUT /admin/routes/{name}`) rather than the file's parameters |
 //! | `rocgate_store_mode` | gauge | `mode` | 1 for where decisions are taken: `local` (no shared store), `shared` (Redis), `fallback_local` (Redis unreachable) |
 //! | `rocgate_store_errors_total` | counter | `kind` | shared-store calls that failed: `timeout`, `error` (none in local mode) |
-//! | `rocgate_store_fallback_total` | counter | `route` | decisions on distributed routes taken locally because the store could not answer |
-//! | `rocgate_store_requests_total` | counter | `route`, `decision` | decisions on the shared state: `admitted`, `rejected`, `shadow_rejected` |
-//! | `rocgate_store_limit_rps` | gauge | `route` | the shared limit, as this instance last saw it (in exact mode, this instance's base limit in force where that is lower: the limit Redis decided its last request at) |
+//! | `rocgate_store_fallback_total` | counter | `route` | decisions on distributed routes taken locally because the store could not answer (at 0 from the start, in `rocgate serve`) |
+//! | `rocgate_store_requests_total` | counter | `route`, `decision` | decisions on the shared state: `admitted`, `rejected`, `shadow_rejected` (each at 0 from the start, in `rocgate serve`) |
+//! | `rocgate_store_limit_rps` | gauge | `route` | the shared limit, as this instance last saw it (in exact mode, this instance's base limit in force where that is lower: the limit Redis decided its last request at); in `rocgate serve`, before the instance's first decision on the route, its base limit in force, as the store starts it |
 //! | `rocgate_store_roc` | gauge | `route` | ROC of the last slot the shared controller observed (the fleet's traffic, in the route's `roc_mode`), as this instance last saw it |
 //! | `rocgate_store_instances` | gauge | | live instances, as last counted through the heartbeat |
 //! | `rocgate_build_info` | gauge | `version` | always 1 |

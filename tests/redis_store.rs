@@ -5584,3 +5584,71 @@ async fn a_fallback_rejection_states_the_lowered_base_it_enforces() {
     proxy.stop().await;
     upstream_task.abort();
 }
+
+/// A distributed route this instance has not decided on yet has its `rocgate_store_*`
+/// series in `/metrics` from the start, as `GET /admin/store` lists it and `/metrics`
+/// shows its other series: `rocgate_store_limit_rps` at its base limit in force (the
+/// limit the store starts it at, as `rocgate_limit_rps` reads), and its counters at 0,
+/// so that `rate` and `increase` count its first decision (a first fallback, Redis
+/// away, was otherwise a series that began at 1). They had no series until its first
+/// request. A reload that removes the route before any decision ends the gauge's
+/// series, as it does a decided route's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distributed_route_never_decided_has_its_store_series_from_the_start() {
+    let _serial = one_at_a_time().await;
+    // A route name of its own: the recorder is the process's, shared by the tests.
+    let file = |name: &str| {
+        format!(
+            "[[routes]]\nname = \"{name}\"\npath = \"/api/undecided\"\nbase_limit = 150\n\n\
+             [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nkey_prefix = \"undecided\"\n"
+        )
+    };
+    let (proxy, path, _dir, upstream_task) = served_from_file(&file("undecided")).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    let text = get(&mut admin, "/metrics").await;
+    let sample = |text: &str, name: &str, labels: &[&str]| {
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!("{name}{{")) && labels.iter().all(|label| l.contains(label))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().to_owned())
+    };
+    let route = r#"route="undecided""#;
+    assert_eq!(
+        sample(&text, "rocgate_store_limit_rps", &[route]).as_deref(),
+        Some("150"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "rocgate_store_fallback_total", &[route]).as_deref(),
+        Some("0"),
+        "{text}"
+    );
+    for decision in ["admitted", "rejected", "shadow_rejected"] {
+        let labelled = format!("decision=\"{decision}\"");
+        assert_eq!(
+            sample(&text, "rocgate_store_requests_total", &[route, &labelled]).as_deref(),
+            Some("0"),
+            "{decision}: {text}"
+        );
+    }
+    let store: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+    assert_eq!(store["routes"]["undecided"]["limit_rps"], 150.0, "{store}");
+
+    std::fs::write(&path, file("renamed")).unwrap();
+    proxy.reloader.reload().unwrap();
+    let text = get(&mut admin, "/metrics").await;
+    assert_eq!(
+        sample(&text, "rocgate_store_limit_rps", &[route]),
+        None,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "rocgate_store_limit_rps", &[r#"route="renamed""#]).as_deref(),
+        Some("150"),
+        "{text}"
+    );
+    proxy.stop().await;
+    upstream_task.abort();
+}

@@ -445,6 +445,10 @@ fn metrics_text(state: &AdminState) -> impl IntoResponse {
     state.reloader.retain_store();
     let (engine, now) = caught_up(state);
     #[cfg(feature = "redis")]
+    if let Some(store) = &state.store {
+        store.register_undecided(&engine);
+    }
+    #[cfg(feature = "redis")]
     m.collector
         .collect_with(&engine, now, |route| shared_control(state, &engine, route));
     #[cfg(not(feature = "redis"))]

@@ -813,6 +813,9 @@ struct Inner {
     /// traffic does, and when it is back.
     heard: AtomicU8,
     routes: DashMap<Arc<str>, Arc<SharedRoute>>,
+    /// Shared routes not built yet whose `rocgate_store_*` series
+    /// [`RedisStore::register_undecided`] registered, until built or no longer shared.
+    undecided: Mutex<std::collections::HashSet<Arc<str>>>,
     decide: Lua,
     save: Lua,
     heartbeat: Lua,
@@ -927,6 +930,7 @@ impl RedisStore {
             count: Mutex::new(Count::default()),
             heard: AtomicU8::new(UNHEARD),
             routes: DashMap::new(),
+            undecided: Mutex::default(),
             decide: Lua::new(DECIDE),
             save: Lua::new(SAVE),
             heartbeat: Lua::new(HEARTBEAT),
@@ -1194,6 +1198,54 @@ impl RedisStore {
                 level: UNKNOWN_LEVEL,
             })
         })
+    }
+
+    /// Registers the `rocgate_store_*` series of every route that `engine` (the one
+    /// in force) shares and this instance has not decided on yet (the store builds a
+    /// route at its first decision), as `/metrics` shows the route's other series from
+    /// the start: its counters at 0, so that `rate` counts its first decision (a
+    /// first fallback too), and `rocgate_store_limit_rps` at its base limit in force,
+    /// the limit [`shared_view`](Self::shared_view) gives it. From its first decision
+    /// the store sets them. Such a route that `engine` no longer shares, not built,
+    /// has its gauge blanked (NaN), as [`retain`](Self::retain) blanks a built one's.
+    /// `rocgate serve` calls it before each scrape.
+    pub fn register_undecided(&self, engine: &Engine) {
+        let inner = &self.inner;
+        let mut undecided = inner
+            .undecided
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        undecided.retain(|name| {
+            if inner.routes.contains_key(name) {
+                return false;
+            }
+            let shared = engine
+                .route_id(name)
+                .is_some_and(|id| self.shares(engine, id));
+            if !shared {
+                metrics::gauge!(metric::STORE_LIMIT, "route" => name.to_string()).set(f64::NAN);
+            }
+            shared
+        });
+        for name in engine.route_names() {
+            let Some(view) = self.shared_view(engine, name) else {
+                continue;
+            };
+            let name: Arc<str> = Arc::from(name);
+            // Under the map's lock of the name: a decision building the route now sets
+            // the gauge after this, from Redis's answer.
+            let dashmap::Entry::Vacant(_building) = inner.routes.entry(Arc::clone(&name)) else {
+                continue;
+            };
+            let route = || name.to_string();
+            for decision in ["admitted", "rejected", "shadow_rejected"] {
+                metrics::counter!(metric::STORE_REQUESTS, "route" => route(), "decision" => decision)
+                    .increment(0);
+            }
+            metrics::counter!(metric::STORE_FALLBACK, "route" => route()).increment(0);
+            metrics::gauge!(metric::STORE_LIMIT, "route" => route()).set(view.limit_rps);
+            undecided.insert(name);
+        }
     }
 
     /// Every route that `engine` (the one in force) shares, by name, with its
