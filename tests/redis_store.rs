@@ -1787,6 +1787,43 @@ async fn a_stored_count_that_is_no_count_is_none() {
     assert_eq!(a.store.fallback_decisions(), 0);
 }
 
+/// The slot now's count written as no integer (`nan`, `1.5`: by hand or by a faulty
+/// client) is counted over, from this call's arrivals: the decision stays shared.
+/// `HINCRBY` raised an error on it, and every call of the slot fell back until the
+/// next slot. Slots of 10 s, both the slot now's and the next's written: the call
+/// lands in one of them, however the test is timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_now_that_is_no_integer_is_counted_over() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "nointeger");
+    let mut r = route(100.0, Duration::from_secs(1));
+    r.window = WindowSpec::new(Duration::from_secs(40), Duration::from_secs(10)).unwrap();
+    let a = Instance::system(&r, &config);
+    assert!(a.check().await.is_admit());
+    for count in ["nan", "1.5"] {
+        let slot = redis_time_us(&mut conn) / 10_000_000;
+        let _: () = redis::cmd("HSET")
+            .arg("{nointeger:order}:w")
+            .arg(slot)
+            .arg(count)
+            .arg(slot + 1)
+            .arg(count)
+            .query(&mut conn)
+            .unwrap();
+        assert!(a.check().await.is_admit(), "{count}");
+        assert_eq!(a.store.fallback_decisions(), 0, "{count}");
+        let counts: Vec<String> = redis::cmd("HMGET")
+            .arg("{nointeger:order}:w")
+            .arg(slot)
+            .arg(slot + 1)
+            .query(&mut conn)
+            .unwrap();
+        assert!(counts.contains(&"1".to_owned()), "{count}: {counts:?}");
+    }
+}
+
 /// A route's window and controller stamped 30 s ahead of Redis's clock (it went back,
 /// as in the test above): the shared controller still steps, and cuts on a spike as
 /// it would have, rather than standing still until the clock catches up.

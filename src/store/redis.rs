@@ -179,6 +179,11 @@ use std::time::Duration;
 /// A stored bucket level that is no level (NaN, infinite below, or below empty, which
 /// no call stores) counts as empty.
 ///
+/// A count of the slot now that is no integer (`nan`, `1.5`, written by another
+/// client), on which `HINCRBY` errs, is counted over: the field is set to this call's
+/// arrivals (`redis.pcall`, so that no call pays a read for it), where the script
+/// failed, and every call of the slot fell back, until the next slot.
+///
 /// The bucket refills for the time since its `ts`, and is stamped with the time now
 /// even when that is earlier than `ts` (Redis's clock went back: the host's clock
 /// stepped, or a failover to a replica whose clock is behind the old master's): it
@@ -268,7 +273,9 @@ if fresh then
     end
   end
 end
-redis.call('HINCRBY', KEYS[1], string.format('%.0f', slot), tonumber(ARGV[6]))
+local field = string.format('%.0f', slot)
+local counted = redis.pcall('HINCRBY', KEYS[1], field, tonumber(ARGV[6]))
+if type(counted) == 'table' and counted.err then redis.call('HSET', KEYS[1], field, ARGV[6]) end
 local admit = 1
 local wait = 0
 local level = false
