@@ -678,9 +678,10 @@ struct SharedRoute {
     /// that the shared bucket does not refill for time the fleet already used.
     owed: AtomicU64,
     /// The route that replaced this one (a reload rebuilt it), to which what is owed
-    /// here goes ([`SharedRoute::owe`]). Held, not weak: a route rebuilt twice while
-    /// a call on the first was in flight must still lead to the third. A route never
-    /// leads back, so the chain ends with the oldest route still held.
+    /// here goes ([`SharedRoute::owe`]), and a gap left here ([`SharedRoute::miss`]).
+    /// Held, not weak: a route rebuilt twice while a call on the first was in flight
+    /// must still lead to the third. A route never leads back, so the chain ends with
+    /// the oldest route still held.
     successor: std::sync::OnceLock<Arc<SharedRoute>>,
     admitted: Counter,
     rejected: Counter,
@@ -691,7 +692,7 @@ struct SharedRoute {
     pending: AtomicU64,
     /// Batched mode: a sync's arrivals were dropped (its call failed, or the breaker
     /// skipped it) since a call last said so: the next call says the window missed
-    /// arrivals ([`DECIDE`]'s `ARGV[9]`).
+    /// arrivals ([`DECIDE`]'s `ARGV[9]`). Set by [`SharedRoute::miss`].
     missed: AtomicBool,
     /// Batched mode: the slot (on this instance's clock) of the last sync.
     synced_slot: AtomicU64,
@@ -713,6 +714,22 @@ impl SharedRoute {
         self.owed.fetch_add(n, Ordering::AcqRel);
         if let Some(next) = self.successor.get() {
             next.owe(self.owed.swap(0, Ordering::AcqRel));
+        }
+    }
+
+    /// Marks that the window missed arrivals of this route (a sync's, dropped): on
+    /// it, or on the one that replaced it if a reload has (a sync in flight on this
+    /// one when it was rebuilt, failing after, would otherwise leave the gap where no
+    /// call says it).
+    fn miss(&self) {
+        // AcqRel with the move in `Inner::replaced`: whichever of the two comes
+        // second in `missed`'s order sees the other (the flag set, or the successor
+        // set before the move).
+        self.missed.swap(true, Ordering::AcqRel);
+        if let Some(next) = self.successor.get() {
+            if self.missed.swap(false, Ordering::AcqRel) {
+                next.miss();
+            }
         }
     }
 
@@ -1461,10 +1478,6 @@ impl Inner {
             // first sync (the shared window would otherwise miss a slot of them).
             let pending = old.pending.swap(0, Ordering::Relaxed);
             r.pending.fetch_add(pending, Ordering::Relaxed);
-            // And a gap its dropped arrivals left, still to be said.
-            if old.missed.swap(false, Ordering::Relaxed) {
-                r.missed.store(true, Ordering::Relaxed);
-            }
             let level = old.fallback.level(now).value;
             self.share(&r, r.seen_limit(), now).lower_to(level, now);
             // And its breaker and mode: a route in fallback stays there (counted before
@@ -1486,14 +1499,20 @@ impl Inner {
     }
 
     /// `old`, replaced by `new`: what it owes, and what decisions still in flight on
-    /// it come to owe, goes to `new` (the successor set first, so that none is left
-    /// behind). A route replaced twice keeps its first successor, which leads on.
+    /// it come to owe, goes to `new`, and so does a gap its dropped arrivals left, or
+    /// syncs still in flight on it come to leave, still to be said (batched mode:
+    /// `missed`), the successor set first, so that none is left behind. A route
+    /// replaced twice keeps its first successor, which leads on.
     fn replaced(old: &SharedRoute, new: &Arc<SharedRoute>) {
-        if !std::ptr::eq(old, Arc::as_ptr(new)) {
-            let _ = old.successor.set(Arc::clone(new));
+        if std::ptr::eq(old, Arc::as_ptr(new)) {
+            return;
         }
+        let _ = old.successor.set(Arc::clone(new));
         let owed = old.owed.swap(0, Ordering::AcqRel);
         new.owe(owed);
+        if old.missed.swap(false, Ordering::AcqRel) {
+            new.miss();
+        }
     }
 
     /// Runs [`DECIDE`]: counts `arrivals`, and, if `take`, debits `debit` tokens and
@@ -1639,7 +1658,7 @@ impl Inner {
                     slot,
                 ));
             } else {
-                r.missed.store(true, Ordering::Relaxed);
+                r.miss();
             }
         }
         let base = f64::from_bits(r.base_limit.load(Ordering::Relaxed));
@@ -2087,7 +2106,7 @@ async fn sync(
         async move {
             match inner.call(r, arrivals, false, 0).await {
                 Some(reply) => inner.absorb(r, reply, params, inner.clock.now()),
-                None => r.missed.store(true, Ordering::Relaxed),
+                None => r.miss(),
             }
         }
     };
@@ -2167,7 +2186,7 @@ async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
     let arrivals = r.pending.swap(0, Ordering::Relaxed);
     let sent = r.breaker().call(now) != Call::Skip;
     if !sent {
-        r.missed.store(true, Ordering::Relaxed);
+        r.miss();
     }
     sent.then_some(arrivals)
 }

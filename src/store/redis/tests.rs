@@ -607,3 +607,40 @@ fn a_stored_state_that_is_no_state_is_no_memory() {
         );
     }
 }
+
+/// A batched sync in flight on a route that a reload rebuilt (its burst changed),
+/// which fails afterwards, marks the gap on the rebuilt route, whose next call then
+/// says it ([`DECIDE`]'s `ARGV[9]`): marked on the old route, which no call makes
+/// again, it was never said. Redis is a port where nothing listens: the sync fails.
+#[tokio::test]
+async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
+    use crate::config::{Config, RouteConfig, RouteMatch};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = RedisConfig::default();
+    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+    config.mode = SyncMode::Batched;
+    let store = RedisStore::connect(&config, Arc::new(crate::clock::ManualClock::new())).unwrap();
+    let routes = |burst_s| {
+        let mut r = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+        r.algorithm = Algorithm::TokenBucket {
+            burst: Duration::from_secs(burst_s),
+        };
+        Config::new(vec![r])
+    };
+    let epoch = std::time::UNIX_EPOCH;
+    let engine = Engine::new(&routes(1), Nanos::ZERO, epoch).unwrap();
+    let id = engine.route_id("order").unwrap();
+    let old = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
+    let engine = engine.reload(&routes(2), Nanos::ZERO, epoch).unwrap();
+    let id = engine.route_id("order").unwrap();
+    let new = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
+    assert!(!Arc::ptr_eq(&old, &new));
+    let params = engine.params_at(id, Nanos::ZERO).unwrap();
+    sync(Arc::clone(&store.inner), Arc::clone(&old), 5, params, 0).await;
+    assert!(new.missed.load(Ordering::Relaxed));
+    assert!(!old.missed.load(Ordering::Relaxed));
+}
