@@ -406,13 +406,27 @@ fn from_and_to_bound_the_replay() {
         v
     };
     let log = read(&config(), options, &text).unwrap();
-    // From 2.5 s rounded down to 2 s; to 5.5 s rounded up to 6 s.
+    // Exact to the logged whole seconds: from 2.5 s, the seconds from 3 s; to 5.5 s,
+    // those to 5 s. (The bounds were rounded down and up: 2 s to 5 s.)
     assert_eq!(
         log.start(),
-        UNIX_EPOCH + Duration::from_secs(SALE_UNIX_S as u64 + 2)
+        UNIX_EPOCH + Duration::from_secs(SALE_UNIX_S as u64 + 3)
     );
-    assert_eq!(log.duration(), Duration::from_secs(4));
-    assert_eq!((log.stats().replayed, log.stats().outside), (44, 66));
+    assert_eq!(log.duration(), Duration::from_secs(3));
+    assert_eq!((log.stats().replayed, log.stats().outside), (33, 77));
+    // A bound a millisecond short of a second keeps that second out, or in.
+    let options = {
+        let mut v = LogOptions::default();
+        v.from = Some(UNIX_EPOCH + Duration::from_millis(SALE_UNIX_S as u64 * 1000 + 999));
+        v.to = Some(UNIX_EPOCH + Duration::from_millis((SALE_UNIX_S as u64 + 2) * 1000 - 1));
+        v
+    };
+    let log = read(&config(), options, &text).unwrap();
+    assert_eq!(
+        log.start(),
+        UNIX_EPOCH + Duration::from_secs(SALE_UNIX_S as u64 + 1)
+    );
+    assert_eq!((log.stats().replayed, log.stats().outside), (11, 99));
 
     let empty = {
         let mut v = LogOptions::default();

@@ -51,9 +51,12 @@
 //! random times drawn from the seed; the routes' requests are then interleaved by
 //! time. Lines need not be in time order (servers write a line when a request ends);
 //! evenly spread, a route's requests of a second keep the log's order; randomly
-//! spread, each takes its own time, so their order is the draws'. Time zero of the run is
-//! the start of `from` (whole seconds, rounded down) or of the first logged second, and
-//! the run ends at `to` (rounded up) or after the last logged second. The client
+//! spread, each takes its own time, so their order is the draws'. `from` and `to` are
+//! compared with the logged seconds exactly (a request logged at 19:00:00 is before a
+//! `from` of 19:00:00.999, and before a `to` of 19:00:00.001). Time zero of the run is
+//! the first whole second at or after `from`, or the first logged second, and the run
+//! ends at the last whole second before `to` (its end), or after the last logged
+//! second. The client
 //! address is the key of routes partitioned by client IP; routes partitioned by a
 //! header are replayed as one keyless client, since logs do not carry headers.
 
@@ -460,9 +463,11 @@ pub struct LogOptions {
     /// Routes to replay, by name (empty: every route). Requests other routes take
     /// are counted, not replayed.
     pub routes: Vec<String>,
-    /// Skip requests logged before this time (rounded down to a whole second).
+    /// Skip requests logged before this time, compared with the logged second exactly
+    /// (19:00:00.999 skips those logged at 19:00:00).
     pub from: Option<SystemTime>,
-    /// Skip requests logged at or after this time (rounded up to a whole second).
+    /// Skip requests logged at or after this time, compared with the logged second
+    /// exactly (19:00:00.001 keeps those logged at 19:00:00).
     pub to: Option<SystemTime>,
     /// How a second's requests are placed inside it.
     pub spread: Spread,
@@ -727,13 +732,15 @@ impl LogReader {
                 })?;
             replayed[i] = true;
         }
-        let from_s = options.from.map(|t| whole_seconds(t, false));
-        let to_s = options.to.map(|t| whole_seconds(t, true));
-        if let (Some(from), Some(to)) = (from_s, to_s) {
+        if let (Some(from), Some(to)) = (options.from, options.to) {
             if from >= to {
                 return Err(LogError::EmptyBounds);
             }
         }
+        // A logged second `s` is in the bounds if `from <= s < to`: if the whole
+        // seconds at or after them bound it so.
+        let from_s = options.from.map(whole_seconds_up);
+        let to_s = options.to.map(whole_seconds_up);
         Ok(LogReader {
             engine,
             replayed,
@@ -1078,14 +1085,11 @@ struct Keyed {
     client: u32,
 }
 
-/// Unix seconds of `t`, rounded down, or up when `up`.
-fn whole_seconds(t: SystemTime, up: bool) -> i64 {
+/// Unix seconds of `t`, rounded up.
+fn whole_seconds_up(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs() as i64 + i64::from(up && d.subsec_nanos() > 0),
-        Err(e) => {
-            let d = e.duration();
-            -(d.as_secs() as i64) - i64::from(!up && d.subsec_nanos() > 0)
-        }
+        Ok(d) => d.as_secs() as i64 + i64::from(d.subsec_nanos() > 0),
+        Err(e) => -(e.duration().as_secs() as i64),
     }
 }
 
@@ -1354,7 +1358,7 @@ mod tests {
     }
 
     #[test]
-    fn bounds_round_outwards_to_whole_seconds() {
+    fn bounds_round_up_to_whole_seconds() {
         let at = |ms: i64| {
             let d = Duration::from_millis(ms.unsigned_abs());
             if ms >= 0 {
@@ -1363,11 +1367,10 @@ mod tests {
                 UNIX_EPOCH - d
             }
         };
-        assert_eq!(whole_seconds(at(2_500), false), 2);
-        assert_eq!(whole_seconds(at(2_500), true), 3);
-        assert_eq!(whole_seconds(at(2_000), true), 2);
-        assert_eq!(whole_seconds(at(-1_500), false), -2);
-        assert_eq!(whole_seconds(at(-1_500), true), -1);
+        assert_eq!(whole_seconds_up(at(2_500)), 3);
+        assert_eq!(whole_seconds_up(at(2_000)), 2);
+        assert_eq!(whole_seconds_up(at(-1_500)), -1);
+        assert_eq!(whole_seconds_up(at(-2_000)), -2);
     }
 
     #[test]
