@@ -3,6 +3,7 @@
 //! or Poisson.
 
 use crate::clock::Nanos;
+use crate::window::WindowSpec;
 use rand::{RngCore, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use std::fmt;
@@ -117,6 +118,16 @@ pub enum ProfileError {
         /// The time of every point.
         t: f64,
     },
+    /// The last point is less than [`WindowSpec::SHORTEST_SLOT`] after the first: a
+    /// run that short is shorter than any route's slot, and reports no slot of it (it
+    /// ran for "0.0 s", with no hints).
+    #[error("line {line}: a profile must span at least 1 ms (the shortest slot), but its last point is {span_s:e} s after its first")]
+    SpanTooShort {
+        /// The last point's line.
+        line: usize,
+        /// From the first point to the last, seconds.
+        span_s: f64,
+    },
 }
 
 impl ProfileError {
@@ -129,7 +140,8 @@ impl ProfileError {
             | ProfileError::NegativeRate { line, .. }
             | ProfileError::NegativeTime { line, .. }
             | ProfileError::TimeTooLate { line, .. }
-            | ProfileError::TimeNotIncreasing { line, .. } => Some(*line),
+            | ProfileError::TimeNotIncreasing { line, .. }
+            | ProfileError::SpanTooShort { line, .. } => Some(*line),
             ProfileError::TooFewPoints { .. } | ProfileError::NoDuration { .. } => None,
         }
     }
@@ -192,7 +204,9 @@ impl Profile {
 
     fn build(points: impl IntoIterator<Item = (usize, (f64, f64))>) -> Result<Self, ProfileError> {
         let mut valid: Vec<(f64, f64)> = Vec::new();
+        let mut last_line = 0;
         for (line, (t, rate)) in points {
+            last_line = line;
             for (x, field) in [(t, "t_seconds"), (rate, "rate")] {
                 if !x.is_finite() {
                     let text = x.to_string();
@@ -221,6 +235,16 @@ impl Profile {
             }),
             (Some(&(first, _)), Some(&(last, _))) if last <= first => {
                 Err(ProfileError::NoDuration { t: first })
+            }
+            // As the run takes the span: a duration, to the nanosecond.
+            (Some(&(first, _)), Some(&(last, _)))
+                if Duration::try_from_secs_f64(last - first)
+                    .is_ok_and(|span| span < WindowSpec::SHORTEST_SLOT) =>
+            {
+                Err(ProfileError::SpanTooShort {
+                    line: last_line,
+                    span_s: last - first,
+                })
             }
             _ => Ok(Self::assemble(&valid)),
         }
@@ -600,6 +624,28 @@ mod tests {
             ProfileError::TooFewPoints { points: 1 }
         );
         assert_eq!(err("3,1\n3,5\n"), ProfileError::NoDuration { t: 3.0 });
+        // A span shorter than any slot runs for no slot: "0.0 s", no hints.
+        let short = err("0,10\n5e-324,10\n");
+        assert_eq!(
+            short,
+            ProfileError::SpanTooShort {
+                line: 2,
+                span_s: 5e-324
+            }
+        );
+        assert_eq!(short.line(), Some(2));
+        assert_eq!(
+            short.to_string(),
+            "line 2: a profile must span at least 1 ms (the shortest slot), but its last point is 5e-324 s after its first"
+        );
+        assert!(matches!(
+            err("7,10\n7.0005,0\n# end\n"),
+            ProfileError::SpanTooShort { line: 2, .. }
+        ));
+        assert_eq!(
+            Profile::parse_csv("0,10\n0.001,10\n").unwrap().duration(),
+            Duration::from_millis(1)
+        );
         // Read as Unix seconds, a time past 10^12 is no date (it started the run in
         // 1970), and its slots' times are no longer held to the millisecond.
         assert_eq!(
