@@ -620,9 +620,11 @@ async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
         .local_addr()
         .unwrap()
         .port();
-    let mut config = RedisConfig::default();
-    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
-    config.mode = SyncMode::Batched;
+    let config = RedisConfig {
+        servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
+        mode: SyncMode::Batched,
+        ..RedisConfig::default()
+    };
     let store = RedisStore::connect(&config, Arc::new(crate::clock::ManualClock::new())).unwrap();
     let routes = |burst_s| {
         let mut r = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
