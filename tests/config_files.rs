@@ -140,6 +140,82 @@ fn route(extra: &str) -> String {
     format!("{ORDER}{extra}\n")
 }
 
+/// A value written too long (100 KB) is quoted by its first 64 characters and its
+/// length, not echoed whole into the error (a log line, a terminal). Every field whose
+/// error quotes the value as written; `store.instance_id` was quoted whole.
+#[test]
+fn an_over_long_value_is_quoted_by_a_bounded_prefix() {
+    let long = "x".repeat(100_000);
+    let redis = |extra: &str| route(&format!("[store]\nbackend = \"redis\"\n{extra}"));
+    refused(
+        &redis(&format!("instance_id = \"{long}\"")),
+        "store.instance_id",
+        &format!("must be 1 to 128 characters; leave it out for a random one, got \"{}\"… (100000 bytes)", &long[..64]),
+    );
+    let cases = [
+        redis(&format!("instance_id = \"{long}\"")),
+        redis(&format!("key_prefix = \"{{{long}\"")),
+        redis(&format!("mode = \"{long}\"")),
+        redis(&format!("fail_mode = \"{long}\"")),
+        redis(&format!("url = \"http://{long}\"")),
+        redis(&format!("url = \"{long}\"")),
+        redis(&format!("cluster_nodes = [\"redis://a:7000\", \"redis://u:p@{long}:7000\"]")),
+        route(&format!("[store]\nbackend = \"{long}\"")),
+        format!("[[routes]]\nname = \"a {long}\"\npath = \"/api/order\"\n"),
+        format!("[[routes]]\nname = \"order\"\npath = \"/{long}?\"\n"),
+        format!("[[routes]]\nname = \"order\"\npath = \"{long}\"\n"),
+        format!("[[routes]]\nname = \"order\"\npath = \"/{{{long}\"\n"),
+        route(&format!("method = \"{long} \"")),
+        route(&format!("hold = \"{long}\"")),
+        route(&format!("hold = \"1{long}\"")),
+        route(&format!("hold = \"-{long}\"")),
+        route(&format!("algorithm = \"{long}\"")),
+        route(&format!("mode = \"{long}\"")),
+        route(&format!("partition = \"{long}\"")),
+        route(&format!("partition = \"header:{long} \"")),
+        route(&format!("roc_mode = \"{long}\"")),
+        route(&format!("base_limit = \"{long}\"")),
+        route(&format!("[[routes.events]]\nname = \"sale\"\nstart = \"{long}\"\nduration = \"1m\"")),
+        format!("[server]\ntrusted_proxies = [\"{long}\"]\n{ORDER}"),
+        format!("[server]\nclient_ip_header = \"{long}\"\n{ORDER}"),
+        route(&format!("{long} = 1")),
+        route(&format!("\"{long}\" = 1")),
+        route(&format!("hold = {long}")),
+        route(&format!("tiers = \"{long}\"")),
+        route(&format!("tiers = [{{ name = \"gold\", base_limit = 10, keys = [\"{long}\"] }}]\npartition = \"ip\"")),
+    ];
+    for text in &cases {
+        let found = problems(text);
+        assert!(!found.is_empty());
+        for line in &found {
+            assert!(
+                line.len() < 1000,
+                "{} bytes: {}…",
+                line.len(),
+                &line[..1000]
+            );
+        }
+    }
+    // A runtime change's too.
+    for json in [
+        format!("{{\"{long}\": 1}}"),
+        format!("{{\"hold\": \"{long}\"}}"),
+        format!("{{\"roc_mode\": \"{long}\"}}"),
+        format!("{{\"base_limit\": \"{long}\"}}"),
+        format!("{{\"min_samples\": \"{long}\"}}"),
+    ] {
+        let e = rocgate::config::patch_controller(
+            &Default::default(),
+            &Default::default(),
+            &json,
+            "PUT",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.len() < 1000, "{} bytes: {}…", e.len(), &e[..1000]);
+    }
+}
+
 #[test]
 fn limits_and_thresholds_must_fit_together() {
     refused(

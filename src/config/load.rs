@@ -5,7 +5,7 @@
 //! [`Config::load`] for how variables name fields.
 
 use super::raw::{error_location, key_text, one_line, RawConfig};
-use super::Config;
+use super::{quoted, quotes_bounded, Config};
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
@@ -288,8 +288,10 @@ impl Config {
                 Some((first, first_value)) => problems.push(Problem::new(
                     o.path.clone(),
                     format!(
-                        "set by two environment variables, {first} ({first_value:?}) and {} ({value:?}): keep one",
-                        o.var
+                        "set by two environment variables, {first} ({:?}) and {} ({:?}): keep one",
+                        quoted(first_value),
+                        o.var,
+                        quoted(&value)
                     ),
                 )),
                 None => {
@@ -737,14 +739,16 @@ fn out_of_range_number(text: &str) -> Option<(String, usize)> {
 fn shape_message(error: &config::ConfigError) -> String {
     match error {
         config::ConfigError::At { error, .. } => shape_message(error),
+        // Either quotes a value or a key as written (`string "…"`, unknown field
+        // `…`): bounded as a value is.
         config::ConfigError::Type {
             unexpected,
             expected,
             ..
-        } => one_line(tables_named(format!(
+        } => one_line(tables_named(quotes_bounded(&format!(
             "invalid type: {unexpected}, expected {expected}"
-        ))),
-        other => one_line(tables_named(other.to_string())),
+        )))),
+        other => one_line(tables_named(quotes_bounded(&other.to_string()))),
     }
 }
 

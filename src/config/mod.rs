@@ -10,6 +10,107 @@ pub(crate) use raw::{check_burst, check_route, EVENT_SETTINGS, LONGEST_RESTORE};
 
 pub use load::{ConfigError, Problem};
 
+/// The most characters of a value an error quotes ([`quoted`]).
+const QUOTED_CHARS: usize = 64;
+
+/// `text`, a value as the user wrote it (or a part of one), as an error quotes it:
+/// whole if it holds at most [`QUOTED_CHARS`] characters, else its first ones and its
+/// length (`{:?}`: `"xxx…x"… (100000 bytes)`; `{}`, without the quotes and escapes),
+/// so that a value written too long (a 100 KB `store.instance_id`) is not echoed whole
+/// into a log line or a terminal. Every error of the configuration that quotes a value
+/// written goes through it.
+pub(crate) fn quoted(text: &str) -> Quoted<'_> {
+    Quoted(text)
+}
+
+/// A value quoted by [`quoted`].
+pub(crate) struct Quoted<'a>(&'a str);
+
+impl Quoted<'_> {
+    /// Whether the value is quoted whole.
+    pub(crate) fn is_whole(&self) -> bool {
+        self.cut().1.is_none()
+    }
+
+    /// The part quoted, and the whole's length in bytes if that is not all of it.
+    fn cut(&self) -> (&str, Option<usize>) {
+        match self.0.char_indices().nth(QUOTED_CHARS) {
+            None => (self.0, None),
+            Some((end, _)) => (&self.0[..end], Some(self.0.len())),
+        }
+    }
+}
+
+impl std::fmt::Debug for Quoted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cut() {
+            (all, None) => write!(f, "{all:?}"),
+            (part, Some(bytes)) => write!(f, "{part:?}… ({bytes} bytes)"),
+        }
+    }
+}
+
+/// `message`, from a deserializer, with each quoted part of it (between `"`, with
+/// its escapes, or between backticks: a value, or a key, as written) bounded as
+/// [`quoted`] bounds a value: its first [`QUOTED_CHARS`] characters (an escape counts
+/// one), then how long it is as quoted.
+pub(crate) fn quotes_bounded(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(1024));
+    let mut rest = message;
+    while let Some(open) = rest.find(['"', '`']) {
+        let quote = if rest.as_bytes()[open] == b'"' {
+            '"'
+        } else {
+            '`'
+        };
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        // Up to the closing quote, an escape (`\"`, `\u{1}`) at a time.
+        let mut chars = rest.char_indices();
+        let (mut shown, mut count) = (None, 0);
+        let close = loop {
+            let Some((i, c)) = chars.next() else {
+                break None;
+            };
+            if c == quote {
+                break Some(i);
+            }
+            if count == QUOTED_CHARS {
+                shown.get_or_insert(i);
+            }
+            count += 1;
+            if c == '\\' && quote == '"' {
+                if let Some((_, 'u')) = chars.next() {
+                    chars.find(|&(_, c)| c == '}');
+                }
+            }
+        };
+        let Some(close) = close else {
+            break;
+        };
+        match shown {
+            None => out.push_str(&rest[..=close]),
+            Some(end) => {
+                out.push_str(&rest[..end]);
+                out.push(quote);
+                out.push_str(&format!("… ({close} bytes)"));
+            }
+        }
+        rest = &rest[close + quote.len_utf8()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+impl std::fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cut() {
+            (all, None) => f.write_str(all),
+            (part, Some(bytes)) => write!(f, "{part}… ({bytes} bytes)"),
+        }
+    }
+}
+
 /// `current` (the parameters of a route enforced by `algorithm`) changed by a JSON
 /// object of file fields (`{"base_limit": 300, "hold": "5s"}`), validated by the rules
 /// of the file; `origin` names the change in errors. For runtime changes through the
@@ -149,14 +250,14 @@ pub fn check_upstream(text: &str) -> Result<String, UpstreamError> {
 #[non_exhaustive]
 pub enum UpstreamError {
     /// An `https://` URL: rocgate reaches its upstream over plain HTTP only.
-    #[error("TLS upstreams are not supported: use http://, got {url:?}")]
+    #[error("TLS upstreams are not supported: use http://, got {:?}", quoted(.url))]
     Tls {
         /// The URL as given.
         url: String,
     },
     /// Not `http://` followed by an authority alone (a path, a query or a fragment
     /// after it, or nothing).
-    #[error("must be http://host[:port] with no path, got {url:?}")]
+    #[error("must be http://host[:port] with no path, got {:?}", quoted(.url))]
     NotAnAuthority {
         /// The URL as given.
         url: String,
@@ -164,20 +265,24 @@ pub enum UpstreamError {
     /// User info before the host (`http://user:password@host`): rocgate would send
     /// no credentials upstream.
     #[error(
-        "must not carry user info (user:password@): rocgate sends no credentials upstream, got {url:?}"
+        "must not carry user info (user:password@): rocgate sends no credentials upstream, got {:?}",
+        quoted(.url)
     )]
     UserInfo {
         /// The URL as given.
         url: String,
     },
     /// The authority names no host (`http://:3000`), or a malformed IPv6 one.
-    #[error("must name a host, as in http://127.0.0.1:3000 or http://[::1]:3000, got {url:?}")]
+    #[error(
+        "must name a host, as in http://127.0.0.1:3000 or http://[::1]:3000, got {:?}",
+        quoted(.url)
+    )]
     NoHost {
         /// The URL as given.
         url: String,
     },
     /// The port is not a number from 1 to 65535.
-    #[error("port must be a number from 1 to 65535, got {port:?}")]
+    #[error("port must be a number from 1 to 65535, got {:?}", quoted(.port))]
     Port {
         /// The port as given.
         port: String,
@@ -940,5 +1045,50 @@ impl Default for HintsConfig {
             keep: Duration::from_secs(3600),
             policy: crate::hints::Policy::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod quoting_tests {
+    use super::*;
+
+    /// A value of at most 64 characters is quoted whole; a longer one by its first 64
+    /// (characters, not bytes) and its length.
+    #[test]
+    fn a_value_is_quoted_whole_or_by_its_start() {
+        assert_eq!(format!("{:?}", quoted("gw\n1")), r#""gw\n1""#);
+        assert_eq!(format!("{}", quoted("gw-1")), "gw-1");
+        let long = "é".repeat(100);
+        let start = "é".repeat(64);
+        assert_eq!(
+            format!("{:?}", quoted(&long)),
+            format!("\"{start}\"… (200 bytes)")
+        );
+        assert_eq!(
+            format!("{}", quoted(&long)),
+            format!("{start}… (200 bytes)")
+        );
+        let url = format!("https://{}", "x".repeat(1000));
+        let e = check_upstream(&url).unwrap_err().to_string();
+        assert!(e.ends_with(r#"x"… (1008 bytes)"#), "{e}");
+    }
+
+    /// A deserializer's message has each quoted part bounded, an escape counted as one
+    /// character and never cut.
+    #[test]
+    fn quotes_in_a_message_are_bounded() {
+        let short = r#"invalid type: string "a\"b", expected `x`"#;
+        assert_eq!(quotes_bounded(short), short);
+        let key = "k".repeat(63) + r"\u{1}" + &"k".repeat(10);
+        let message = format!("unknown field `{}`, expected \"{key}\"", "f".repeat(70));
+        assert_eq!(
+            quotes_bounded(&message),
+            format!(
+                "unknown field `{}`… (70 bytes), expected \"{}\\u{{1}}\"… (78 bytes)",
+                "f".repeat(64),
+                "k".repeat(63)
+            )
+        );
+        assert_eq!(quotes_bounded("an \"open quote"), "an \"open quote");
     }
 }

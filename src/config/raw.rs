@@ -14,9 +14,9 @@
 //! with a route's `base_limit = 50` is `routes[i].base_limit: must be ≥ cut_limit (60)`.
 
 use super::load::Problem;
+use super::{quoted, quotes_bounded, Segment, Tier};
 use super::{ClientIpHeader, HintsConfig, ServerConfig, UpstreamError};
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
-use super::{Segment, Tier};
 use crate::controller::{ControllerParams, ProfileFields};
 use crate::hints::Policy;
 use crate::limiter::{gcra, words, Algorithm, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
@@ -310,10 +310,9 @@ impl<'de> Deserialize<'de> for Num {
                 Ok(Num(v))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Num, E> {
-                v.trim()
-                    .parse()
-                    .map(Num)
-                    .map_err(|_| E::invalid_value(Unexpected::Str(v), &self))
+                v.trim().parse().map(Num).map_err(|_| {
+                    E::invalid_value(Unexpected::Other(&format!("string {:?}", quoted(v))), &self)
+                })
             }
         }
         d.deserialize_any(NumVisitor)
@@ -344,10 +343,9 @@ impl<'de> Deserialize<'de> for Whole {
                 Err(E::invalid_value(Unexpected::Float(v), &self))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Whole, E> {
-                v.trim()
-                    .parse()
-                    .map(Whole)
-                    .map_err(|_| E::invalid_value(Unexpected::Str(v), &self))
+                v.trim().parse().map(Whole).map_err(|_| {
+                    E::invalid_value(Unexpected::Other(&format!("string {:?}", quoted(v))), &self)
+                })
             }
         }
         d.deserialize_any(WholeVisitor)
@@ -374,7 +372,10 @@ impl<'de> Deserialize<'de> for Flag {
                 match v.trim() {
                     "true" => Ok(Flag(true)),
                     "false" => Ok(Flag(false)),
-                    _ => Err(E::invalid_value(Unexpected::Str(v), &self)),
+                    _ => Err(E::invalid_value(
+                        Unexpected::Other(&format!("string {:?}", quoted(v))),
+                        &self,
+                    )),
                 }
             }
         }
@@ -704,9 +705,20 @@ impl Reader<'_> {
 
 fn any_duration(text: String) -> Result<Duration, String> {
     if text.trim_start().starts_with('-') {
-        return Err(format!("must not be negative, got {text:?}"));
+        return Err(format!("must not be negative, got {:?}", quoted(&text)));
     }
-    humantime::parse_duration(text.trim()).map_err(|e| format!("invalid duration {text:?}: {e}"))
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        let why = match e {
+            // The unit as written, the whole value at worst: quoted as the value is.
+            humantime::DurationError::UnknownUnit { unit, .. } if !unit.is_empty() => format!(
+                "unknown time unit {:?}, supported units: ns, us/µs, ms, sec, min, hours, \
+                 days, weeks, months, years (and few variations)",
+                quoted(&unit)
+            ),
+            e => e.to_string(),
+        };
+        format!("invalid duration {:?}: {why}", quoted(&text))
+    })
 }
 
 fn nonzero_duration(text: String) -> Result<Duration, String> {
@@ -804,7 +816,7 @@ pub(crate) fn check_burst(burst: Duration) -> Result<Duration, String> {
 fn timer_duration(text: String) -> Result<Duration, String> {
     const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
     match nonzero_duration(text.clone())? {
-        d if d > LONGEST => Err(format!("must be at most 365 days, got {text:?}")),
+        d if d > LONGEST => Err(format!("must be at most 365 days, got {:?}", quoted(&text))),
         d => Ok(d),
     }
 }
@@ -834,7 +846,8 @@ fn utc_time(text: String) -> Result<SystemTime, String> {
     }
     humantime::parse_rfc3339(&written).map_err(|e| {
         format!(
-            "must be an RFC 3339 UTC time such as \"2026-11-27T20:00:00Z\" (in UTC: Z, or an offset of +00:00), got {text:?}: {e}"
+            "must be an RFC 3339 UTC time such as \"2026-11-27T20:00:00Z\" (in UTC: Z, or an offset of +00:00), got {:?}: {e}",
+            quoted(&text)
         )
     })
 }
@@ -909,7 +922,11 @@ fn choice<T: Clone>(text: &str, options: &[(&str, T)]) -> Result<T, String> {
                 .iter()
                 .map(|(name, _)| format!("{name:?}"))
                 .collect();
-            format!("must be one of {}, got {text:?}", names.join(", "))
+            format!(
+                "must be one of {}, got {:?}",
+                names.join(", "),
+                quoted(text)
+            )
         })
 }
 
@@ -952,9 +969,13 @@ fn partition(text: String) -> Result<PartitionKind, String> {
         "ip" => Ok(PartitionKind::Ip),
         _ => match text.strip_prefix("header:") {
             Some(name) if is_token(name) => Ok(PartitionKind::Header(name.to_ascii_lowercase())),
-            Some(name) => Err(format!("{name:?} is not a valid HTTP header name")),
+            Some(name) => Err(format!(
+                "{:?} is not a valid HTTP header name",
+                quoted(name)
+            )),
             None => Err(format!(
-                r#"must be "route", "ip" or "header:<name>", got {text:?}"#
+                r#"must be "route", "ip" or "header:<name>", got {:?}"#,
+                quoted(&text)
             )),
         },
     }
@@ -1012,7 +1033,7 @@ fn check_name(p: &mut Problems, at: Scope, raw: Option<String>) -> Option<String
         Some(n) if is_label(&n) => return Some(n),
         Some(n) => p.at(
             at.path("name"),
-            format!("must be non-empty and use only A-Z a-z 0-9 _ . : - (it is a metric label value), got {n:?}"),
+            format!("must be non-empty and use only A-Z a-z 0-9 _ . : - (it is a metric label value), got {:?}", quoted(&n)),
         ),
         None => p.at(at.path("name"), "required"),
     }
@@ -1461,41 +1482,47 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
         Some(m) => {
             p.at(
                 at.path("method"),
-                format!(r#"must be an HTTP method such as "GET" or "POST", got {m:?}"#),
+                format!(
+                    r#"must be an HTTP method such as "GET" or "POST", got {:?}"#,
+                    quoted(m)
+                ),
             );
             None
         }
     };
     let mut check = |field: &str, path: &str| {
+        let shown = quoted(path);
         let problem = if !path.starts_with('/') {
-            format!("must start with '/', got {path:?}")
+            format!("must start with '/', got {shown:?}")
         } else if path.contains(['?', '#']) || path.contains(char::is_whitespace) {
             format!(
-                "must not contain '?', '#' or whitespace (only the path is matched), got {path:?}"
+                "must not contain '?', '#' or whitespace (only the path is matched), got {shown:?}"
             )
         } else if path.contains(';') {
             format!(
                 "must not contain ';': `serve` matches a request's path without its segments' \
-                 parameters (`/order;x=1` as `/order`, as Tomcat and Spring route it), got {path:?}"
+                 parameters (`/order;x=1` as `/order`, as Tomcat and Spring route it), got {shown:?}"
             )
         } else if field == "path_prefix" && path.contains(['{', '}']) {
-            format!("must not contain '{{' or '}}' (templates go in path), got {path:?}")
+            format!("must not contain '{{' or '}}' (templates go in path), got {shown:?}")
         } else if let Some(encoded) = percent_encoded(path) {
             // A client sends such a character percent-encoded, and normalization keeps
             // the escape (`%C3%A9` is no unreserved character): the route never
             // matched.
             format!(
                 "must be printable ASCII, as clients send it (other characters \
-                 percent-encoded in UTF-8): write {encoded:?}, got {path:?}"
+                 percent-encoded in UTF-8): write {:?}, got {shown:?}",
+                quoted(&encoded)
             )
         } else if let Some(normalized) = normalized_otherwise(path) {
             // Such a route would never match behind `serve`, which matches requests
             // once normalized; the layer matches as written, where a client seldom
             // spells a path so. One spelling, the normalized, is asked for.
             format!(
-                "a route's path is written normalized (`serve` matches requests so): write {normalized:?} (no \"//\", \
+                "a route's path is written normalized (`serve` matches requests so): write {:?} (no \"//\", \
                  no \".\" or \"..\" segment, letters, digits and -._~ not percent-encoded), \
-                 got {path:?}"
+                 got {shown:?}",
+                quoted(&normalized)
             )
         } else {
             return true;
@@ -1524,7 +1551,8 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
         (Some(path), None) if check("path", path) => match PathPattern::parse_path(path) {
             None => {
                 let message = format!(
-                    r#"invalid template {path:?}: each {{param}} must be a whole segment with a name, as in "/api/items/{{id}}""#
+                    r#"invalid template {:?}: each {{param}} must be a whole segment with a name, as in "/api/items/{{id}}""#,
+                    quoted(path)
                 );
                 p.at(at.path("path"), message);
                 None
@@ -1532,7 +1560,9 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
             Some(PathPattern::Template(segments)) => match repeated_param(&segments) {
                 Some(name) => {
                     let message = format!(
-                        "invalid template {path:?}: the parameter {{{name}}} is named twice; give each its own name"
+                        "invalid template {:?}: the parameter {{{}}} is named twice; give each its own name",
+                        quoted(path),
+                        quoted(name)
                     );
                     p.at(at.path("path"), message);
                     None
@@ -1587,7 +1617,10 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
             if let Some(first) = names.insert(n.clone(), j) {
                 p.at(
                     at.path("name"),
-                    format!("duplicate of routes[{i}].tiers[{first}].name ({n:?})"),
+                    format!(
+                        "duplicate of routes[{i}].tiers[{first}].name ({:?})",
+                        quoted(n)
+                    ),
                 );
             }
         }
@@ -1609,7 +1642,10 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                                 ip.to_string()
                             }
                             Err(_) => {
-                                p.at(location, format!("must be an IP address, got {value:?}"));
+                                p.at(
+                                    location,
+                                    format!("must be an IP address, got {:?}", quoted(&value)),
+                                );
                                 continue;
                             }
                         },
@@ -1620,7 +1656,7 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                         Some(PartitionKind::Header(_)) if !is_header_value(&value) => {
                             p.at(
                                 location,
-                                format!("can never match: a header value has no control characters and no leading or trailing whitespace, got {value:?}"),
+                                format!("can never match: a header value has no control characters and no leading or trailing whitespace, got {:?}", quoted(&value)),
                             );
                             continue;
                         }
@@ -1630,8 +1666,9 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                             p.at(
                                 location,
                                 format!(
-                                    "can never match: a host is keyed by its name in lower case, without a port or a trailing dot ({:?}), got {value:?}",
-                                    super::host_key(&value)
+                                    "can never match: a host is keyed by its name in lower case, without a port or a trailing dot ({:?}), got {:?}",
+                                    quoted(&super::host_key(&value)),
+                                    quoted(&value)
                                 ),
                             );
                             continue;
@@ -1642,11 +1679,11 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                     match owners.get(&key) {
                         Some(first) if key == value => p.at(
                             location,
-                            format!("duplicate of {first} ({value:?}): a key belongs to one tier"),
+                            format!("duplicate of {first} ({:?}): a key belongs to one tier", quoted(&value)),
                         ),
                         Some(first) => p.at(
                             location,
-                            format!("the same client as {first} ({value:?} is keyed as {key}, by ipv6_prefix): a key belongs to one tier"),
+                            format!("the same client as {first} ({:?} is keyed as {key}, by ipv6_prefix): a key belongs to one tier", quoted(&value)),
                         ),
                         None => {
                             owners.insert(key, location);
@@ -1701,7 +1738,10 @@ fn route_events(
             if let Some(first) = names.insert(n.clone(), j) {
                 p.at(
                     at.path("name"),
-                    format!("duplicate of routes[{i}].events[{first}].name ({n:?})"),
+                    format!(
+                        "duplicate of routes[{i}].events[{first}].name ({:?})",
+                        quoted(n)
+                    ),
                 );
             }
         }
@@ -1779,7 +1819,10 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
         if reserved {
             p.at(
                 at.path("name"),
-                format!("{n:?} is reserved: it labels the requests that no route takes"),
+                format!(
+                    "{:?} is reserved: it labels the requests that no route takes",
+                    quoted(n)
+                ),
             );
         }
         !reserved
@@ -1887,7 +1930,7 @@ impl TryFrom<RawConfig> for Config {
             if let Some(first) = names.insert(r.name.as_str(), j) {
                 p.at(
                     Scope::Route(j).path("name"),
-                    format!("duplicate of routes[{first}].name ({:?})", r.name),
+                    format!("duplicate of routes[{first}].name ({:?})", quoted(&r.name)),
                 );
             }
             let earlier = routes[..j]
@@ -1914,7 +1957,7 @@ impl TryFrom<RawConfig> for Config {
                     Scope::Route(j).path(field),
                     format!(
                         "never matches: routes[{i}] ({:?}) comes first and {takes} every request it would",
-                        e.name
+                        quoted(&e.name)
                     ),
                 );
             }
@@ -2096,7 +2139,10 @@ impl RawRoute {
 /// A socket address such as `127.0.0.1:8080` or `[::1]:8080`.
 fn socket_addr(text: String) -> Result<SocketAddr, String> {
     text.trim().parse().map_err(|_| {
-        format!("must be an IP address and port such as \"127.0.0.1:8080\", got {text:?}")
+        format!(
+            "must be an IP address and port such as \"127.0.0.1:8080\", got {:?}",
+            quoted(&text)
+        )
     })
 }
 
@@ -2165,7 +2211,10 @@ fn network(text: &str) -> Result<ipnet::IpNet, String> {
     t.parse::<ipnet::IpNet>()
         .or_else(|_| t.parse::<IpAddr>().map(ipnet::IpNet::from))
         .map_err(|_| {
-            format!("must be a network such as \"10.0.0.0/8\" or an IP address, got {text:?}")
+            format!(
+                "must be a network such as \"10.0.0.0/8\" or an IP address, got {:?}",
+                quoted(text)
+            )
         })
 }
 
@@ -2314,7 +2363,8 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             "x-forwarded-for" => Ok(ClientIpHeader::XForwardedFor),
             "forwarded" => Ok(ClientIpHeader::Forwarded),
             _ => Err(format!(
-                "must be \"x-forwarded-for\" or \"forwarded\", got {header:?}"
+                "must be \"x-forwarded-for\" or \"forwarded\", got {:?}",
+                quoted(&header)
             )),
         };
         field(
@@ -2495,7 +2545,8 @@ fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<(&'a str, RedisUrl), 
         .map(|(scheme, _)| scheme.to_ascii_lowercase());
     if scheme.as_deref() == Some("rediss") {
         return Err(format!(
-            "rediss:// (TLS) is not supported: rocgate is built without TLS for Redis; use redis://, through a TLS tunnel (such as stunnel) if Redis requires TLS, got {url:?}"
+            "rediss:// (TLS) is not supported: rocgate is built without TLS for Redis; use redis://, through a TLS tunnel (such as stunnel) if Redis requires TLS, got {:?}",
+            quoted(url)
         ));
     }
     let known = scheme.is_some_and(|scheme| {
@@ -2505,13 +2556,14 @@ fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<(&'a str, RedisUrl), 
     });
     if !known || t.split_once("://").is_some_and(|(_, rest)| rest.is_empty()) {
         return Err(format!(
-            "must be a URL such as \"redis://127.0.0.1:6379\" ({}), got {url:?}",
-            schemes.join(", ")
+            "must be a URL such as \"redis://127.0.0.1:6379\" ({}), got {:?}",
+            schemes.join(", "),
+            quoted(url)
         ));
     }
     read_redis_url(t)
         .map(|read| (t, read))
-        .map_err(|e| format!("{e}, got {url:?}"))
+        .map_err(|e| format!("{e}, got {:?}", quoted(url)))
 }
 
 /// What a Redis URL gives besides its address, which every node of a Redis Cluster
@@ -2554,7 +2606,8 @@ fn read_redis_url(t: &str) -> Result<RedisUrl, String> {
         Some("3" | "resp3") => 3,
         Some(p) => {
             return Err(format!(
-                "protocol={p:?} is no protocol the Redis client knows (resp2 or resp3)"
+                "protocol={:?} is no protocol the Redis client knows (resp2 or resp3)",
+                quoted(p)
             ))
         }
     };
@@ -2617,8 +2670,9 @@ fn read_redis_url(_: &str) -> Result<RedisUrl, String> {
 fn cluster_node((url, read): (&str, RedisUrl)) -> Result<(&str, RedisUrl), String> {
     if read.database != 0 {
         return Err(format!(
-            "a Redis Cluster has database 0 only, got {} in {url:?}",
-            read.database
+            "a Redis Cluster has database 0 only, got {} in {:?}",
+            read.database,
+            quoted(url)
         ));
     }
     Ok((url, read))
@@ -2658,7 +2712,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         Some(other) => {
             p.at(
                 "store.backend".to_owned(),
-                format!("must be \"local\" or \"redis\", got {other:?}"),
+                format!("must be \"local\" or \"redis\", got {:?}", quoted(other)),
             );
             return StoreConfig::Local;
         }
@@ -2689,7 +2743,8 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
                     Ok((_, read)) if first.as_ref().is_some_and(|f| *f != read) => p.at(
                         format!("store.cluster_nodes[{i}]"),
                         format!(
-                            "every node must give the user, password and protocol of cluster_nodes[0] (the Redis client refuses nodes that differ), got {url:?}"
+                            "every node must give the user, password and protocol of cluster_nodes[0] (the Redis client refuses nodes that differ), got {:?}",
+                            quoted(url)
                         ),
                     ),
                     Ok((t, read)) => {
@@ -2750,7 +2805,8 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
                 .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c))
         {
             Err(format!(
-                "must be one or more of A-Z a-z 0-9 _ . : - (no braces: rocgate adds the hash tag), got {prefix:?}"
+                "must be one or more of A-Z a-z 0-9 _ . : - (no braces: rocgate adds the hash tag), got {:?}",
+                quoted(&prefix)
             ))
         } else {
             out.key_prefix = prefix;
@@ -2764,7 +2820,8 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
             "open" => Ok(FailMode::Open),
             "closed" => Ok(FailMode::Closed),
             _ => Err(format!(
-                "must be \"local\", \"open\" or \"closed\", got {mode:?}"
+                "must be \"local\", \"open\" or \"closed\", got {:?}",
+                quoted(&mode)
             )),
         };
         field(p, "fail_mode", checked.map(|m| out.fail_mode = m));
@@ -2773,7 +2830,10 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         let checked = match mode.trim() {
             "exact" => Ok(SyncMode::Exact),
             "batched" => Ok(SyncMode::Batched),
-            _ => Err(format!("must be \"exact\" or \"batched\", got {mode:?}")),
+            _ => Err(format!(
+                "must be \"exact\" or \"batched\", got {:?}",
+                quoted(&mode)
+            )),
         };
         field(p, "mode", checked.map(|m| out.mode = m));
     }
@@ -2800,7 +2860,8 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
     if let Some(id) = raw.instance_id {
         let checked = if id.trim().is_empty() || id.len() > 128 {
             Err(format!(
-                "must be 1 to 128 characters; leave it out for a random one, got {id:?}"
+                "must be 1 to 128 characters; leave it out for a random one, got {:?}",
+                quoted(&id)
             ))
         } else {
             out.instance_id = Some(id);
@@ -2912,13 +2973,15 @@ pub(super) fn error_location(path: &serde_path_to_error::Path) -> String {
 
 /// A key as a field path names it: as it is if TOML takes it bare (letters, digits,
 /// `_`, `-`), else quoted and escaped (`"x\ny"`, `"a.b"`), so that a problem stays on
-/// one line and a dot in a key is not read as a table's.
+/// one line and a dot in a key is not read as a table's; a key too long to quote
+/// whole is quoted by its start ([`quoted`]).
 pub(super) fn key_text(key: &str) -> std::borrow::Cow<'_, str> {
     let bare = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
-    if !key.is_empty() && key.chars().all(bare) {
+    let shown = quoted(key);
+    if !key.is_empty() && key.chars().all(bare) && shown.is_whole() {
         std::borrow::Cow::Borrowed(key)
     } else {
-        std::borrow::Cow::Owned(format!("{key:?}"))
+        std::borrow::Cow::Owned(format!("{shown:?}"))
     }
 }
 
@@ -2967,7 +3030,7 @@ pub(crate) fn patch_controller(
     let mut de = serde_json::Deserializer::from_str(json);
     let raw: RawPatch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let location = error_location(e.path());
-        let message = one_line(json_problem(e.inner(), &location));
+        let message = one_line(quotes_bounded(&json_problem(e.inner(), &location)));
         let message = if message == NULL_IS_NO_VALUE {
             null_refusal(withdraw)
         } else {
