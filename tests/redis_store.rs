@@ -1678,6 +1678,55 @@ async fn a_stored_slot_that_is_no_slot_is_dropped() {
     }
 }
 
+/// A controller whose `through` is a number but no slot (`-5`, or a fraction such as
+/// `1234.5` just behind the slot now: written by hand or by a faulty client) is
+/// dropped as one that is no number is: the shared controller goes on stepping. It
+/// was kept; the step read it as a whole slot (0, 1234), the save compared that with
+/// the stored number and refused every step as overtaken, and the controller stood
+/// still for as long as traffic kept the hash alive. (found by helper-171)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_through_that_is_no_slot_is_dropped() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "nothrough");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(a.check().await.is_admit());
+    let slot = redis_time_us(&mut conn) / 100_000;
+    for value in ["-5".to_string(), format!("{}.5", slot - 3)] {
+        let _: () = redis::cmd("HSET")
+            .arg("{nothrough:order}:c")
+            .arg("through")
+            .arg(&value)
+            .query(&mut conn)
+            .unwrap();
+        // Calls for at least a second (ten slots of 100 ms), then until the
+        // controller has been stepped to within half a second of now (2 s at most).
+        let started = tokio::time::Instant::now();
+        let mut through = None;
+        for _ in 0..150 {
+            let _ = a.check().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let stored: Option<String> = redis::cmd("HGET")
+                .arg("{nothrough:order}:c")
+                .arg("through")
+                .query(&mut conn)
+                .unwrap();
+            through = stored.and_then(|t| t.parse::<u64>().ok());
+            let slot = redis_time_us(&mut conn) / 100_000;
+            let recent = through.is_some_and(|t| t < slot && t + 5 > slot);
+            if recent && started.elapsed() > Duration::from_secs(1) {
+                break;
+            }
+        }
+        let slot = redis_time_us(&mut conn) / 100_000;
+        assert!(
+            through.is_some_and(|t| t < slot && t + 5 > slot),
+            "through = {value}: through {through:?} in slot {slot}"
+        );
+    }
+}
+
 /// A controller hash whose stored state is none of 0, 1 and 2 (`nan`, `-1`, `1e30`:
 /// written by hand or by a faulty client) is taken as normal: decisions stay shared.
 /// It was answered as it was, every answer then read as nonsense (a state that is no

@@ -171,9 +171,10 @@ use std::time::Duration;
 /// A window whose `cur` is more than a window ahead of the slot now (Redis's clock
 /// went back by more than a window), or no number (`nan`, written by another client),
 /// starts afresh too, and drops `through`; so does a `through` more than a window
-/// ahead, or no number, alone: otherwise no call would observe a new slot, or find one
-/// after `through` to step, and the controller would not step, until the clock caught
-/// up (for ever, for a NaN). (The controller's stored times, then ahead of it too, are
+/// ahead, or no slot (no number, below 0 or a fraction), alone: otherwise no call would
+/// observe a new slot, or find one after `through` to step, or store its step over a
+/// `through` it read as another slot, and the controller would not step, until the
+/// clock caught up (for ever, for a NaN or no slot). (The controller's stored times, then ahead of it too, are
 /// brought back to now when it is stepped: see `replay`.)
 ///
 /// A stored bucket level that is no level (NaN, infinite below, or below empty, which
@@ -242,7 +243,7 @@ if cur ~= nil and not (cur <= slot + slots) then
   end
 end
 local stored_through = tonumber(ctl[3])
-if ctl[3] and (ARGV[9] == '1' or not (stored_through and stored_through < slot + slots)) then
+if ctl[3] and (ARGV[9] == '1' or not (stored_through and stored_through >= 0 and stored_through % 1 == 0 and stored_through < slot + slots)) then
   redis.call('HDEL', KEYS[3], 'through')
   ctl[3] = false
 end
