@@ -1594,6 +1594,37 @@ async fn a_stored_limit_that_is_no_limit_is_the_base() {
     }
 }
 
+/// A controller hash whose stored limit is a positive number below any the config
+/// takes (`1e-300`, against its least of 0.000001 req/s: written by hand or by a
+/// faulty client) is taken as no stored limit, the base: decisions stay shared. It
+/// was taken as the limit, a refusal's wait (about 10^306 µs) then passed what Redis
+/// answers as an integer, every refusal read as nonsense, the roll of a new slot
+/// with it, and the route stayed in fallback, its controller never stepped off that
+/// limit, for as long as traffic kept the hash alive. (found by helper-171)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_limit_below_any_limit_is_the_base() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "tinylimit");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert!(a.check().await.is_admit());
+    let _: () = redis::cmd("HSET")
+        .arg("{tinylimit:order}:c")
+        .arg("limit")
+        .arg("1e-300")
+        .query(&mut conn)
+        .unwrap();
+    // 100 req/s: a token every 10 ms.
+    let mut admitted = 0;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        admitted += usize::from(a.check().await.is_admit());
+    }
+    assert!(admitted > 0);
+    assert_eq!(a.store.fallback_decisions(), 0);
+}
+
 /// A bucket whose stored level is no level (`nan`, `-inf`, below empty: written by
 /// hand or by a faulty client; the script never stores one below 0) is taken as
 /// empty, and refills: decisions stay shared. It was taken as it was, every answer

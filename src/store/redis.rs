@@ -134,7 +134,9 @@ use std::time::Duration;
 ///   `through` count) and `slots` (slots per window the controller last stepped on).
 /// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` the calling
 ///   instance's base limit in force: the limit until the controller hash has one (a
-///   stored `limit` that is no positive number, such as `nan`, counts as none), and
+///   stored `limit` that is no limit the config takes, such as `nan` or one below
+///   0.000001 req/s, counts as none: a refusal's wait at `1e-300` would pass what
+///   Redis answers as an integer), and
 ///   a cap on the stored one (a base lowered by a reload, a runtime change or a
 ///   scheduled event applies to the instance's next call, before the controller is
 ///   stepped under it; a raised one waits for that step); `ARGV[4]` bucket burst,
@@ -220,7 +222,7 @@ local slot = math.floor(now / slot_us)
 local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots')
 local base = tonumber(ARGV[3])
 local limit = tonumber(ctl[1]) or base
-if not (limit > 0) or base < limit then limit = base end
+if not (limit >= 0.000001) or base < limit then limit = base end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
 if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
   if ctl[8] and ctl[8] ~= ARGV[1] then
