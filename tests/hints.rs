@@ -1853,8 +1853,8 @@ fn a_part_not_safe_to_enforce_withdraws_another_parts_enforce() {
 }
 
 /// A verdict judged in an event's part names the event where it names a setting the
-/// event sets: the change belongs in its `[[routes.events]]` entry, and the hint has
-/// no `event` of its own (it changes no parameter), so a flat list of hints (as
+/// event sets: the change belongs in its `[[routes.events]]` entry, and the hint had
+/// no `event` of its own then (it changes no parameter), so a flat list of hints (as
 /// `simulate` prints them) did not say whose base limit to raise.
 /// Where it points at another hint, that hint's change names the event too. (5% would
 /// have been rejected: too few for `raise_base_limit`; a fifth: enough.)
@@ -1886,6 +1886,33 @@ fn a_verdict_in_an_events_part_names_the_event_with_its_settings() {
         "{}",
         verdict.reason
     );
+}
+
+/// A shadow route judged safe to enforce during its sale but not under its own
+/// profile: the sale's `mode = "enforce"` is withdrawn, a hint that changes nothing,
+/// and names the sale as such a hint of an event's part does, so that a flat list of
+/// both parts' hints (`simulate`'s table) tells the two verdicts apart. It kept the
+/// `event` of its withdrawn `mode` (none), and the table printed "shadow_verdict: no
+/// change" for both parts alike. (found by helper-171)
+#[test]
+fn a_withdrawn_suggestion_of_an_events_part_names_the_event() {
+    let own_settings = engine_settings("mode = \"shadow\"");
+    let mut during = own_settings.clone();
+    during.event = Some("sale".into());
+    let mut busy = seconds(100, false);
+    for i in &mut busy {
+        i.shadow_rejected[Reason::Limit.index()] = 20;
+    }
+    let mut own = rocgate::hints::advise(&own_settings, &busy, None, &Policy::default());
+    let mut sale = rocgate::hints::advise(&during, &seconds(100, false), None, &Policy::default());
+    rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
+    let verdict = find(&sale, "shadow_verdict").unwrap();
+    assert_eq!(
+        (&verdict.suggested, verdict.event.as_deref()),
+        (&None, Some("sale")),
+        "{verdict:#?}"
+    );
+    assert_eq!(find(&own, "shadow_verdict").unwrap().event, None);
 }
 
 /// A shadow route's `mode`, which no event takes either, judged safe to enforce under

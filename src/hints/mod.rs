@@ -447,12 +447,15 @@ pub fn one_per_route_setting<'a>(
         }
     }
     for (p, k, note) in withdrawn {
+        // A hint that changes nothing names its event's part, as one made so does.
+        let event = parts[p].0.map(str::to_owned);
         let h = &mut parts[p].1[k];
         h.severity = Severity::Info;
         h.parameter = None;
         h.current = None;
         h.suggested = None;
         h.reason = note;
+        h.event = event;
     }
     // Setting by setting (each merge changes only that setting's hints), each one's
     // suggestions in order: the sort is stable.
