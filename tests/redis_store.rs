@@ -1838,6 +1838,65 @@ async fn a_through_spelled_otherwise_is_stepped_on() {
     );
 }
 
+/// A controller whose `through` is stored in a spelling Redis's Lua reads as the
+/// number and Rust does not (` 42` with a space, `0x2a`: written by hand or by another
+/// client) is stepped on. The script kept it and handed it over as it was; the step
+/// read it as none, the save compared none with the stored number, refused every step
+/// as overtaken, and the shared controller stood still for as long as traffic kept
+/// the hash alive. (found by helper-171)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_through_spelled_as_only_lua_reads_it_is_stepped_on() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "luaspelled");
+    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let key = "{luaspelled:order}:c";
+    let through = |conn: &mut redis::Connection| -> Option<u64> {
+        let stored: Option<String> = redis::cmd("HGET")
+            .arg(key)
+            .arg("through")
+            .query(conn)
+            .unwrap();
+        stored.and_then(|t| t.parse().ok())
+    };
+    // Calls until a step is stored.
+    let mut first = None;
+    for _ in 0..100 {
+        let _ = a.check().await;
+        first = through(&mut conn);
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut last = first.expect("a step stored");
+    for spelling in [format!(" {last}"), format!("{:#x}", last + 1)] {
+        let at = last;
+        let _: () = redis::cmd("HSET")
+            .arg(key)
+            .arg("through")
+            .arg(&spelling)
+            .query(&mut conn)
+            .unwrap();
+        // A second of calls at most (ten slots), until a step is stored over it.
+        let mut stepped = None;
+        for _ in 0..100 {
+            let _ = a.check().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            stepped = through(&mut conn);
+            if stepped.is_some_and(|t| t > at + 5) {
+                break;
+            }
+        }
+        assert!(
+            stepped.is_some_and(|t| t > at + 5),
+            "through {spelling:?}, then {stepped:?}"
+        );
+        last = stepped.unwrap();
+    }
+}
+
 /// A window whose past slots hold counts that are no counts (`nan`, `-5`, `inf`:
 /// written by hand or by a faulty client; `HINCRBY` stores none) reads them as 0:
 /// decisions stay shared. The roll that handed them over was unreadable (a count that

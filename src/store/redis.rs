@@ -176,7 +176,9 @@ use std::time::Duration;
 /// ahead, or no slot (no number, below 0 or a fraction), alone: otherwise no call would
 /// observe a new slot, or find one after `through` to step, or store its step over a
 /// `through` it read as another slot, and the controller would not step, until the
-/// clock caught up (for ever, for a NaN or no slot). (The controller's stored times, then ahead of it too, are
+/// clock caught up (for ever, for a NaN or no slot). A `through` kept is handed over
+/// in whole digits, however it is spelled (` 42`, `0x2a` read as 42 here, and as no
+/// number by the caller, whose save would then never match it). (The controller's stored times, then ahead of it too, are
 /// brought back to now when it is stepped: see `replay`.)
 ///
 /// A stored bucket level that is no level (NaN, infinite below, or below empty, which
@@ -249,6 +251,7 @@ if ctl[3] and (ARGV[9] == '1' or not (stored_through and stored_through >= 0 and
   redis.call('HDEL', KEYS[3], 'through')
   ctl[3] = false
 end
+if ctl[3] then ctl[3] = string.format('%.0f', stored_through) end
 local roll = false
 local fresh = cur == nil or cur < slot
 if fresh then
