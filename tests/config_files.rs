@@ -178,8 +178,6 @@ fn an_over_long_value_is_quoted_by_a_bounded_prefix() {
         route(&format!("[[routes.events]]\nname = \"sale\"\nstart = \"{long}\"\nduration = \"1m\"")),
         format!("[server]\ntrusted_proxies = [\"{long}\"]\n{ORDER}"),
         format!("[server]\nclient_ip_header = \"{long}\"\n{ORDER}"),
-        route(&format!("{long} = 1")),
-        route(&format!("\"{long}\" = 1")),
         route(&format!("hold = {long}")),
         route(&format!("tiers = \"{long}\"")),
         route(&format!("tiers = [{{ name = \"gold\", base_limit = 10, keys = [\"{long}\"] }}]\npartition = \"ip\"")),
@@ -198,7 +196,6 @@ fn an_over_long_value_is_quoted_by_a_bounded_prefix() {
     }
     // A runtime change's too.
     for json in [
-        format!("{{\"{long}\": 1}}"),
         format!("{{\"hold\": \"{long}\"}}"),
         format!("{{\"roc_mode\": \"{long}\"}}"),
         format!("{{\"base_limit\": \"{long}\"}}"),
@@ -214,6 +211,28 @@ fn an_over_long_value_is_quoted_by_a_bounded_prefix() {
         .to_string();
         assert!(e.len() < 1000, "{} bytes: {}…", e.len(), &e[..1000]);
     }
+    // An over-long key is named whole in the field path, which locates the problem
+    // (and names the variable that set it), and bounded in the message.
+    let unknown = format!("unknown field `{}`… (100000 bytes), expected", &long[..64]);
+    for text in [
+        route(&format!("{long} = 1")),
+        route(&format!("\"{long}\" = 1")),
+    ] {
+        refused(&text, &format!("routes[0].{long}"), &unknown);
+        for line in problems(&text) {
+            assert!(line.len() < long.len() + 1000, "{} bytes", line.len());
+        }
+    }
+    let e = rocgate::config::patch_controller(
+        &Default::default(),
+        &Default::default(),
+        &format!("{{\"{long}\": 1}}"),
+        "PUT",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(&format!("{long}: {unknown}")), "{}…", &e[..1000]);
+    assert!(e.len() < long.len() + 1000, "{} bytes", e.len());
 }
 
 #[test]

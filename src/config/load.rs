@@ -867,6 +867,29 @@ mod tests {
         }
     }
 
+    /// A key longer than a value is quoted by is named whole in the field path: the
+    /// path locates the problem, and a variable that set it is found by it.
+    #[test]
+    fn a_long_key_keeps_its_whole_path_and_its_variable() {
+        let field = "a".repeat(70);
+        let var = format!("ROCGATE__DEFAULTS__{}", field.to_uppercase());
+        let e = error(ROUTE, &[(&var, "1")]);
+        assert!(
+            e.starts_with(&format!("t.toml: defaults.{field}: unknown field")),
+            "{e}"
+        );
+        assert!(
+            e.ends_with(&format!("(set by environment variable {var})")),
+            "{e}"
+        );
+        let key = format!("{field}.b");
+        let e = error(&format!("{ROUTE}\"{key}\" = 1\n"), &[]);
+        assert!(
+            e.starts_with(&format!("t.toml: routes[0].\"{key}\": unknown field")),
+            "{e}"
+        );
+    }
+
     #[test]
     fn env_problems_name_the_variable() {
         let e = error(ROUTE, &[("ROCGATE__DEFAULTS__HOLD", "soon")]);

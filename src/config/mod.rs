@@ -27,11 +27,6 @@ pub(crate) fn quoted(text: &str) -> Quoted<'_> {
 pub(crate) struct Quoted<'a>(&'a str);
 
 impl Quoted<'_> {
-    /// Whether the value is quoted whole.
-    pub(crate) fn is_whole(&self) -> bool {
-        self.cut().1.is_none()
-    }
-
     /// The part quoted, and the whole's length in bytes if that is not all of it.
     fn cut(&self) -> (&str, Option<usize>) {
         match self.0.char_indices().nth(QUOTED_CHARS) {

@@ -2973,15 +2973,15 @@ pub(super) fn error_location(path: &serde_path_to_error::Path) -> String {
 
 /// A key as a field path names it: as it is if TOML takes it bare (letters, digits,
 /// `_`, `-`), else quoted and escaped (`"x\ny"`, `"a.b"`), so that a problem stays on
-/// one line and a dot in a key is not read as a table's; a key too long to quote
-/// whole is quoted by its start ([`quoted`]).
+/// one line and a dot in a key is not read as a table's. Whole, however long (unlike
+/// a value a message quotes, [`quoted`]): the path locates the problem, and names
+/// the environment variable that set it.
 pub(super) fn key_text(key: &str) -> std::borrow::Cow<'_, str> {
     let bare = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
-    let shown = quoted(key);
-    if !key.is_empty() && key.chars().all(bare) && shown.is_whole() {
+    if !key.is_empty() && key.chars().all(bare) {
         std::borrow::Cow::Borrowed(key)
     } else {
-        std::borrow::Cow::Owned(format!("{shown:?}"))
+        std::borrow::Cow::Owned(format!("{key:?}"))
     }
 }
 
