@@ -81,6 +81,28 @@ fn rejections_under_a_healthy_upstream_raise_the_base_limit() {
     assert!(find(&advise("", &steady(300.0), None), "raise_base_limit").is_none());
 }
 
+/// A raise bounded by the upstream's capacity is rounded down to the bound, never up
+/// past it: at a capacity of 422 req/s a token bucket of 1 s takes at most 211 (a full
+/// bucket and a second of refill, 422), and the raise of 200 said "at most 211" beside
+/// a suggestion of 220, which passes 440: now 210. As `raise_min_rps` rounds at its bound.
+/// (found by helper-172)
+#[test]
+fn a_raise_bounded_by_the_capacity_is_not_rounded_past_it() {
+    for (capacity, most, readable) in [
+        (422, 211.0, 210.0),
+        (466, 233.0, 230.0),
+        (500, 250.0, 250.0),
+    ] {
+        let h = advise("", &steady(300.0), Some(capacity));
+        let (current, suggested) = numbers(&h, "raise_base_limit");
+        assert!(
+            current < suggested && suggested <= most,
+            "{capacity}: {current} → {suggested}, at most {most}"
+        );
+        assert_eq!(suggested, readable, "{capacity}");
+    }
+}
+
 /// A limit under 0.1 req/s (the config takes them down to 0.000001) is printed to
 /// three significant digits: a raise of 0.001 was printed `0.001 → 0.001` (three
 /// decimals), and one of 0.0002, `0 → 0`. (helper-167)

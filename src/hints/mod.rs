@@ -1094,6 +1094,8 @@ impl<'a> Evidence<'a> {
         let base = self.base();
         let mut target = base * 1.3;
         let mut bound = String::new();
+        // Whether `target` is the upstream's capacity, a bound not to round past.
+        let mut at_capacity = false;
         if let Some((most, why)) = self.highest_base() {
             if most <= base * 1.01 {
                 return None;
@@ -1101,6 +1103,7 @@ impl<'a> Evidence<'a> {
             if most < target {
                 target = most;
                 bound = why;
+                at_capacity = true;
             }
         }
         // A restore from the cut limit to the raised base limit must end within 7
@@ -1113,6 +1116,7 @@ impl<'a> Evidence<'a> {
                 return None;
             }
             target = restores;
+            at_capacity = false;
             bound = format!(
                 ", at most {} so that a restore from the cut limit of {} in steps of {} every {} ends within 7 days",
                 fmt_num(round_sig(restores, 4, false)),
@@ -1122,7 +1126,12 @@ impl<'a> Evidence<'a> {
             );
         }
         let health = format!("the upstream was {}", self.health_summary());
-        let wanted = round_up(target, base);
+        // At the upstream's capacity, rounded down: not above it.
+        let wanted = if at_capacity {
+            round_within(target, base)
+        } else {
+            round_up(target, base)
+        };
         let wanted = if wanted > restores {
             round_sig(restores, 4, false)
         } else {
@@ -2142,6 +2151,15 @@ fn round_sig(x: f64, digits: i32, up: bool) -> f64 {
 fn round_up(x: f64, from: f64) -> f64 {
     (2..=4)
         .map(|d| round_sig(x, d, true))
+        .find(|&r| r > from)
+        .unwrap_or(x)
+}
+
+/// A suggested increase over `from` up to a bound `x`: `x` rounded down to a readable
+/// value still above `from`.
+fn round_within(x: f64, from: f64) -> f64 {
+    (2..=4)
+        .map(|d| round_sig(x, d, false))
         .find(|&r| r > from)
         .unwrap_or(x)
 }
