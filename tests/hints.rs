@@ -450,6 +450,24 @@ fn a_shadow_verdict_without_other_hints_names_what_to_tune() {
     );
 }
 
+/// The verdict's raise toward the demand, stopped at the upstream's capacity, is
+/// rounded down within it, as `raise_base_limit`'s is: at a capacity of 410 req/s a
+/// token bucket of 1 s takes at most 205, and the verdict said "toward 210 req/s".
+/// (found by helper-172)
+#[test]
+fn a_shadow_verdicts_raise_bounded_by_the_capacity_is_not_rounded_past_it() {
+    let h = advise("mode = \"shadow\"", &steady(220.0), Some(410));
+    let verdict = find(&h, "shadow_verdict").unwrap();
+    assert!(
+        verdict
+            .reason
+            .contains("raise base_limit from 200 req/s toward 205 req/s")
+            && verdict.reason.contains("at most 205"),
+        "{}",
+        verdict.reason
+    );
+}
+
 /// The same for the ROC cut of a `shadow_adaptive` route: cuts while the upstream was
 /// healthy, with demand above the base limit at their peak (so not the false cuts
 /// `raise_danger_roc` judges), would have rejected 6.7%: the verdict names

@@ -1972,12 +1972,14 @@ impl<'a> Evidence<'a> {
             );
         };
         let (mut target, mut bound) = (demand, String::new());
+        // At the upstream's capacity, rounded down: not above it.
+        let mut round: fn(f64, f64) -> f64 = round_up;
         if let Some((most, why)) = self.highest_base() {
             if most < target {
-                (target, bound) = (most, why);
+                (target, bound, round) = (most, why, round_within);
             }
         }
-        let suggested = self.fit_limit(round_up(target, base), true);
+        let suggested = self.fit_limit(round(target, base), true);
         if suggested <= base {
             let burst = match self.s.algorithm {
                 Algorithm::TokenBucket { burst } => format!(
