@@ -5828,3 +5828,52 @@ async fn a_distributed_route_never_decided_has_its_store_series_from_the_start()
     proxy.stop().await;
     upstream_task.abort();
 }
+
+/// [`DECIDE`](rocgate::store::redis::DECIDE) called by hand on 10 s slots, counting
+/// `arrivals` and taking no token: the slot the call counted in.
+fn count_by_hand(conn: &mut redis::Connection, arrivals: u64) -> i64 {
+    let answer: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(rocgate::store::redis::DECIDE)
+        .arg(3)
+        .arg(&["{big:order}:w", "{big:order}:b", "{big:order}:c"][..])
+        .arg(10_000_000)
+        .arg(4)
+        .arg(100.0)
+        .arg(1.0)
+        .arg(60_000)
+        .arg(arrivals)
+        .arg(0)
+        .query(conn)
+        .unwrap();
+    match &answer[5] {
+        redis::Value::Int(slot) => *slot,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A slot's count grows by a call's arrivals however many they are: 10^17 arrivals
+/// (a count Lua spells 1e+17, which HINCRBY refuses) were set over the count, and the
+/// slot's 5 arrivals before them were lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_many_arrivals_adds_them_to_the_count() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    // Both calls in one slot: a pair that straddles a slot's end is made again.
+    let slot = loop {
+        let _: () = redis::cmd("DEL")
+            .arg("{big:order}:w")
+            .query(&mut conn)
+            .unwrap();
+        let first = count_by_hand(&mut conn, 5);
+        if count_by_hand(&mut conn, 100_000_000_000_000_000) == first {
+            break first;
+        }
+    };
+    let count: String = redis::cmd("HGET")
+        .arg("{big:order}:w")
+        .arg(slot)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(count, "100000000000000005");
+}

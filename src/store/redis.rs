@@ -280,7 +280,7 @@ if fresh then
   end
 end
 local field = string.format('%.0f', slot)
-local counted = redis.pcall('HINCRBY', KEYS[1], field, tonumber(ARGV[6]))
+local counted = redis.pcall('HINCRBY', KEYS[1], field, ARGV[6])
 if type(counted) == 'table' and counted.err then redis.call('HSET', KEYS[1], field, ARGV[6]) end
 local admit = 1
 local wait = 0
