@@ -2975,3 +2975,54 @@ fn measured_rates_are_quoted_to_three_significant_digits() {
     let table = rocgate::hints::table(&h);
     assert!(table.contains("base_limit 0.001 → 0.0013"), "{table}");
 }
+
+/// A measured figure quoted beside a setting it exceeds or falls short of keeps the
+/// digits that tell the two apart: a false cut started at ROC 80.04 against a
+/// `danger_roc` of 80 read "raise danger_roc (80) above 80", and its demand of
+/// 199.6 req/s under a base limit of 200 "peak 200 req/s".
+#[test]
+fn a_measured_figure_beside_a_setting_is_told_apart_from_it() {
+    let cuts = |intervals: &mut [Interval]| {
+        for i in &mut intervals[10..16] {
+            i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+            i.peak_demand_rps = 199.6;
+        }
+        intervals[10].cuts = 1;
+        intervals[10].cut_roc = 80.04;
+    };
+    let mut intervals = seconds(180, false);
+    cuts(&mut intervals);
+    let h = rocgate::hints::advise(&engine_settings(""), &intervals, None, &Policy::default());
+    let reason = &find(&h, "raise_danger_roc")
+        .unwrap_or_else(|| panic!("{h:#?}"))
+        .reason;
+    assert!(
+        reason.contains("with ROC 80.04") && reason.contains("(peak 199.6 req/s)"),
+        "{reason}"
+    );
+
+    let shadow = engine_settings("mode = \"shadow_adaptive\"");
+    let mut intervals = seconds(180, false);
+    cuts(&mut intervals);
+    // Demand over the base limit: no false cut for raise_danger_roc, which the verdict
+    // would point at.
+    for i in &mut intervals[10..16] {
+        i.shadow_rejected[Reason::RocCut.index()] = 60;
+        i.peak_demand_rps = 250.0;
+    }
+    let h = rocgate::hints::advise(&shadow, &intervals, None, &Policy::default());
+    let verdict = &find(&h, "shadow_verdict")
+        .unwrap_or_else(|| panic!("{h:#?}"))
+        .reason;
+    assert!(
+        verdict.contains("raise danger_roc (80) above 80.04,"),
+        "{verdict}"
+    );
+    // Far from the setting, a figure keeps its 3 significant digits.
+    let mut intervals = seconds(180, false);
+    cuts(&mut intervals);
+    intervals[10].cut_roc = 95.04;
+    let h = rocgate::hints::advise(&engine_settings(""), &intervals, None, &Policy::default());
+    let reason = &find(&h, "raise_danger_roc").unwrap().reason;
+    assert!(reason.contains("with ROC 95;"), "{reason}");
+}

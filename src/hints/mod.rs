@@ -1493,7 +1493,7 @@ impl<'a> Evidence<'a> {
                     "rejections come"
                 },
                 self.exhausted_summary(),
-                fmt_measured(self.mean_rps()),
+                fmt_beside(self.mean_rps(), base),
                 fmt_num(base),
                 fmt_measured(excess)
             ),
@@ -1536,10 +1536,10 @@ impl<'a> Evidence<'a> {
             false_cuts.iter().map(|c| c.cuts).sum::<u64>(),
             self.cut_count(),
             fmt_num(base),
-            fmt_measured(first.peak_demand_rps),
+            fmt_beside(first.peak_demand_rps, base),
             fmt_secs(first.at_s),
-            fmt_measured(first.trigger_roc),
-            fmt_measured(high)
+            fmt_beside(first.trigger_roc, danger),
+            fmt_beside(high, danger)
         );
         let severity = if true_below.is_empty() {
             Severity::Warn
@@ -1596,8 +1596,8 @@ impl<'a> Evidence<'a> {
             format!(
                 "the upstream saturated in {} interval(s) of ramping demand (ROC up to {}, the lowest ramp {}) that never reached danger_roc {}: lower it below those ramps",
                 ramps.len(),
-                fmt_measured(peak),
-                fmt_measured(lowest),
+                fmt_beside(peak, p.danger_roc),
+                fmt_beside(lowest, p.danger_roc),
                 fmt_num(p.danger_roc)
             ),
         ))
@@ -1990,7 +1990,7 @@ impl<'a> Evidence<'a> {
             };
             return format!(
                 "{by}, though the most demand seen while the upstream was healthy, {} {}, is within it{}: raise base_limit{at} only with evidence it takes more{burst}",
-                fmt_measured(demand),
+                fmt_beside(demand, base),
                 self.units(),
                 bound
             );
@@ -2019,7 +2019,7 @@ impl<'a> Evidence<'a> {
             format!(
                 "raise danger_roc{at} ({}) above {}, the highest ROC that started them",
                 fmt_num(p.danger_roc),
-                fmt_measured(trigger)
+                fmt_beside(trigger, p.danger_roc)
             )
         } else {
             format!("raise danger_roc{at} ({})", fmt_num(p.danger_roc))
@@ -2031,12 +2031,12 @@ impl<'a> Evidence<'a> {
             format!(
                 "the base limit of {} req/s (their demand peaked at {} req/s)",
                 fmt_num(base),
-                fmt_measured(peak)
+                fmt_beside(peak, base)
             )
         } else {
             format!(
                 "the {} req/s of demand they saw at their peak",
-                fmt_measured(peak)
+                fmt_beside(peak, p.cut_limit_rps)
             )
         };
         format!(
@@ -2186,7 +2186,12 @@ fn round_duration(d: Duration) -> Duration {
 /// thousandth, whole from 100, and under 0.1 to 4 significant digits, as suggestions
 /// are rounded (a raise of a base limit of 0.001 to 0.0013 read "0.001 → 0.001").
 fn fmt_num(x: f64) -> String {
-    let r = if x.abs() < 0.1 {
+    plain(num_shown(x))
+}
+
+/// The value [`fmt_num`] prints.
+fn num_shown(x: f64) -> f64 {
+    if x.abs() < 0.1 {
         nearest_sig(x, 4)
     } else {
         let r = (x * 1000.0).round() / 1000.0;
@@ -2195,8 +2200,7 @@ fn fmt_num(x: f64) -> String {
         } else {
             r
         }
-    };
-    plain(r)
+    }
 }
 
 /// A measured figure (a rate, a ROC, a capacity, a bound read from them) as an
@@ -2204,11 +2208,39 @@ fn fmt_num(x: f64) -> String {
 /// thousandths of a rate read from intervals, "it saturates at about 86.392 req/s",
 /// beside suggestions rounded to 2.
 fn fmt_measured(x: f64) -> String {
-    plain(if x.abs() >= 100.0 {
+    plain(measured_shown(x))
+}
+
+/// The value [`fmt_measured`] prints.
+fn measured_shown(x: f64) -> f64 {
+    if x.abs() >= 100.0 {
         x.round()
     } else {
         nearest_sig(x, 3)
-    })
+    }
+}
+
+/// A measured figure quoted beside a `setting` it exceeds or falls short of: as
+/// [`fmt_measured`], with as many more significant digits as it takes for the two as
+/// printed (the setting by [`fmt_num`]) to compare as they do, and as the setting
+/// when equal. A false cut started at ROC 50.04 read "raise danger_roc (50) above
+/// 50".
+fn fmt_beside(x: f64, setting: f64) -> String {
+    if x == setting {
+        return fmt_num(setting);
+    }
+    let shown = num_shown(setting);
+    let order = x.partial_cmp(&setting);
+    // Past the whole digits that fmt_measured keeps from 100 on.
+    let from = if x.abs() >= 100.0 {
+        x.abs().log10().floor() as i32 + 2
+    } else {
+        4
+    };
+    std::iter::once(measured_shown(x))
+        .chain((from..=17).map(|d| nearest_sig(x, d)))
+        .find(|r| r.partial_cmp(&shown) == order)
+        .map_or_else(|| plain(x), plain)
 }
 
 /// `x` to the nearest of `digits` significant digits.
