@@ -3026,3 +3026,53 @@ fn a_measured_figure_beside_a_setting_is_told_apart_from_it() {
     let reason = &find(&h, "raise_danger_roc").unwrap().reason;
     assert!(reason.contains("with ROC 95;"), "{reason}");
 }
+
+/// `raise_danger_roc` does not judge a partitioned route (a false cut's demand is
+/// held against each key's base limit, and one key's demand is not observed), nor a
+/// `concurrency` one: the shadow verdict's cut part said "raise danger_roc (80) above
+/// 95" there all the same. It names `danger_roc` without a value, and says why.
+#[test]
+fn a_shadow_verdict_suggests_no_danger_roc_where_raise_danger_roc_does_not_judge() {
+    let cut = || {
+        let mut intervals = seconds(180, false);
+        for i in &mut intervals[10..16] {
+            i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+            i.peak_demand_rps = 250.0;
+            i.shadow_rejected[Reason::RocCut.index()] = 60;
+        }
+        intervals[10].cuts = 1;
+        intervals[10].cut_roc = 95.0;
+        intervals
+    };
+    for (extra, kind) in [
+        ("mode = \"shadow_adaptive\"\npartition = \"ip\"", "a partitioned route"),
+        (
+            "mode = \"shadow\"\npartition = \"header:x-api-key\"",
+            "a partitioned route",
+        ),
+        (
+            "mode = \"shadow\"\nalgorithm = \"concurrency\"\nbase_limit = 64\ncut_limit = 32\nrestore_step = 2",
+            "a concurrency route",
+        ),
+    ] {
+        let settings = engine_settings(extra);
+        let h = rocgate::hints::advise(&settings, &cut(), None, &Policy::default());
+        let verdict = &find(&h, "shadow_verdict")
+            .unwrap_or_else(|| panic!("{h:#?}"))
+            .reason;
+        assert!(
+            verdict.contains(&format!(
+                "raise danger_roc (80; no value is suggested on {kind}: a false cut is one whose demand fit under the base limit"
+            )) && !verdict.contains("above 95"),
+            "{extra}: {verdict}"
+        );
+    }
+    // Limited as a whole, the verdict still quotes the ROC to raise it above.
+    let settings = engine_settings("mode = \"shadow_adaptive\"");
+    let h = rocgate::hints::advise(&settings, &cut(), None, &Policy::default());
+    let verdict = &find(&h, "shadow_verdict").unwrap().reason;
+    assert!(
+        verdict.contains("raise danger_roc (80) above 95"),
+        "{verdict}"
+    );
+}

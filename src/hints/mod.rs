@@ -21,7 +21,7 @@
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (its own rejections, and the cut's of demand over its rate, as `raise_base_limit` counts them), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
-//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut; on a partitioned route the base limit's, "if many clients would be refused" |
+//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut; on a partitioned route the base limit's, "if many clients would be refused", and `base_limit` without a value; on a `concurrency` or partitioned route `danger_roc` without a value, saying why (`raise_danger_roc` does not judge the route) |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
 //! `concurrency` route the base limit counts requests in flight: the upstream's
@@ -57,6 +57,10 @@ use crate::limiter::{gcra, Algorithm, Reason, MAX_PERMITS, MAX_SPACED_RATE, MAX_
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
+
+/// The kinds of route a rule may not judge, as its "not advised on …" hint names them.
+const CONCURRENCY: &str = "a concurrency route";
+const PARTITIONED: &str = "a partitioned route";
 
 /// When the upstream counts as saturated, and how much evidence a rule needs.
 #[derive(Clone, Debug, PartialEq)]
@@ -764,24 +768,22 @@ impl<'a> Evidence<'a> {
     /// changes (see the module doc): so that a missing suggestion is not read as "all
     /// is well".
     fn not_advised(&self) -> Vec<Hint> {
-        const CONCURRENCY: &str = "a concurrency route";
-        const PARTITIONED: &str = "a partitioned route";
         const TIERED: &str = "a route with tiers";
         let concurrency = self.concurrency();
         let partitioned = self.s.partitioned;
         let bucket = matches!(self.s.algorithm, Algorithm::TokenBucket { .. });
-        let danger = if concurrency {
-            (CONCURRENCY, "a false cut is one whose demand fit under the base limit, here a count of requests in flight, while demand is a rate, and what rejected requests would have kept in flight is not observed")
-        } else {
-            (PARTITIONED, "a false cut is one whose demand fit under the base limit, here each key's, while demand is the whole route's, and one key's demand is not observed")
-        };
+        let danger = self.danger_unjudged();
         [
             (
                 "raise_burst",
                 partitioned && bucket,
                 (PARTITIONED, "the burst is each key's, and whether one key's demand came in bursts or fit its limit is not observed (demand is the whole route's)"),
             ),
-            ("raise_danger_roc", concurrency || partitioned, danger),
+            (
+                "raise_danger_roc",
+                danger.is_some(),
+                danger.unwrap_or_default(),
+            ),
             (
                 "raise_base_limit",
                 self.s.tiered,
@@ -808,6 +810,21 @@ impl<'a> Evidence<'a> {
             self.hint(rule, Severity::Info, None, None, format!("not advised on {kind}: {why}"))
         })
         .collect()
+    }
+
+    /// Why `raise_danger_roc` does not judge this route, as (the route's kind, the
+    /// reason), if it does not: on a `concurrency` or partitioned route a false cut's
+    /// demand, a rate of the whole route, is held against a base limit it cannot be.
+    /// The shadow verdict names `danger_roc` without a value there, for the same
+    /// reason.
+    fn danger_unjudged(&self) -> Option<(&'static str, &'static str)> {
+        if self.concurrency() {
+            Some((CONCURRENCY, "a false cut is one whose demand fit under the base limit, here a count of requests in flight, while demand is a rate, and what rejected requests would have kept in flight is not observed"))
+        } else if self.s.partitioned {
+            Some((PARTITIONED, "a false cut is one whose demand fit under the base limit, here each key's, while demand is the whole route's, and one key's demand is not observed"))
+        } else {
+            None
+        }
     }
 
     /// Cuts in the period: transitions into `Cut`, a cut in force at its start
@@ -2007,15 +2024,21 @@ impl<'a> Evidence<'a> {
     }
 
     /// [`Evidence::shadow_tuning`] of the cut: `danger_roc` above the ROC that started
-    /// the cuts in which the upstream did not saturate, or `cut_limit` toward the
-    /// demand they saw.
+    /// the cuts in which the upstream did not saturate (without a value where
+    /// `raise_danger_roc` does not judge the route, [`Evidence::danger_unjudged`]), or
+    /// `cut_limit` toward the demand they saw.
     fn shadow_cut_tuning(&self, share: &str) -> String {
         let at = self.in_event();
         let p = &self.s.params;
         let unneeded = || self.cuts.iter().filter(|c| !c.saturated);
         let trigger = unneeded().map(|c| c.trigger_roc).fold(0.0, f64::max);
         let peak = unneeded().map(|c| c.peak_demand_rps).fold(0.0, f64::max);
-        let danger = if trigger > 0.0 {
+        let danger = if let Some((kind, why)) = self.danger_unjudged() {
+            format!(
+                "raise danger_roc{at} ({}; no value is suggested on {kind}: {why})",
+                fmt_num(p.danger_roc)
+            )
+        } else if trigger > 0.0 {
             format!(
                 "raise danger_roc{at} ({}) above {}, the highest ROC that started them",
                 fmt_num(p.danger_roc),
