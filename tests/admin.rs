@@ -1561,3 +1561,45 @@ async fn admin_connections_end_before_run_returns() {
         Err(_) => panic!("the admin connection was still open 3 s after Proxy::run returned"),
     }
 }
+
+/// The withdrawal a refusal names is a path a client sends as written: a route's
+/// name (`A-Z a-z 0-9 _ . : -`) may be `..`, which as a path segment a client
+/// resolves away (`DELETE /admin/routes/../change` is `DELETE /admin/change`). Its
+/// dots are percent-encoded, and the advice, followed, withdraws that route's change.
+#[tokio::test]
+async fn the_withdrawal_named_for_a_dotted_route_is_a_path_sent_as_written() {
+    let config = r#"
+[[routes]]
+name = ".."
+path_prefix = "/"
+"#;
+    let (p, _) = start_on(None, config, None).await;
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/%2E%2E",
+        r#"{"hold": null}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    let said = body.to_string();
+    assert!(
+        said.contains("withdraw the change (DELETE /admin/routes/%2E%2E/change)")
+            && said.contains("PUT /admin/routes/%2E%2E:"),
+        "{said}"
+    );
+    let (status, body) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/%2E%2E",
+        r#"{"hold": "5s"}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(p.admin, "DELETE", "/admin/routes/%2E%2E/change", "", None).await;
+    p.stop().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["runtime_change"], false, "{body}");
+}
