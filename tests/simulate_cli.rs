@@ -1249,3 +1249,36 @@ fn a_shadow_adaptive_summary_says_the_cut_would_reject_more() {
         "{would}"
     );
 }
+
+/// A profile spanning less than one slot of its route ran one partial slot and
+/// printed a summary of it: 50 ms against the default 100 ms slots. It is refused,
+/// naming the file, its span and the route's slot; at a slot it spans it runs.
+#[test]
+fn a_profile_shorter_than_its_routes_slot_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("blip.csv");
+    std::fs::write(&profile, "t_seconds,rate\n0,100\n0.05,100\n").unwrap();
+    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("blip.csv")
+            && stderr.contains("spans 50ms, less than one slot of route `")
+            && stderr.contains("(100ms)"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    let out = rocgate(&[
+        "simulate",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--sweep",
+        "slot=0.01,0.1",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("--sweep at slot=0.1: profile ") && stderr.contains("spans 50ms"),
+        "{stderr}"
+    );
+}

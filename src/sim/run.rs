@@ -67,6 +67,21 @@ pub enum SimError {
         /// Requests the profile offers.
         expected: f64,
     },
+    /// The profile spans less than one slot of the route it drives: the run would
+    /// record one partial slot, and summarize it as if it were the route's traffic.
+    /// (A profile under 1 ms, shorter than any slot, is refused as it is read,
+    /// [`ProfileError::SpanTooShort`](super::ProfileError::SpanTooShort).)
+    #[error(
+        "the profile spans {span:?}, less than one slot of route `{route}` ({slot:?}): make it span at least one slot, or give the route shorter slots"
+    )]
+    ProfileShorterThanSlot {
+        /// From the profile's first point to its last.
+        span: Duration,
+        /// The route the profile drives.
+        route: String,
+        /// The route's slot.
+        slot: Duration,
+    },
 }
 
 /// A request count as a person reads it: whole below 10^12, else in scientific
@@ -199,7 +214,8 @@ impl Simulator {
             .and_then(SimRun::into_first)
     }
 
-    /// [`Simulator::run_profile`], with the run-wide summary.
+    /// [`Simulator::run_profile`], with the run-wide summary. A profile spanning less
+    /// than one slot of the route is refused ([`SimError::ProfileShorterThanSlot`]).
     pub fn run_profile_all(
         &self,
         profile: &Profile,
@@ -209,10 +225,20 @@ impl Simulator {
         if expected > MAX_ARRIVALS {
             return Err(SimError::TooManyArrivals { expected });
         }
+        let route = self.routes[0];
+        if let Some(cfg) = self.config.routes.get(route) {
+            let (span, slot) = (profile.duration(), cfg.window.slot());
+            if span < slot {
+                return Err(SimError::ProfileShorterThanSlot {
+                    span,
+                    route: cfg.name.clone(),
+                    slot,
+                });
+            }
+        }
         let wall = self
             .wall_start
             .unwrap_or_else(|| unix_time(profile.start_s()));
-        let route = self.routes[0];
         let requests = profile.arrivals(model).map(|at| Request {
             at,
             route,
