@@ -1657,6 +1657,39 @@ async fn a_stored_bucket_level_that_is_no_level_is_empty() {
     }
 }
 
+/// Calls `a` for at least a second (ten slots of 100 ms), then until the shared
+/// controller stored at `controller` has been stepped to within half a second of
+/// Redis's clock (2 s at most), and asserts that it was (`what` names the case).
+async fn assert_stepped_to_now(
+    a: &Instance,
+    conn: &mut redis::Connection,
+    controller: &str,
+    what: &str,
+) {
+    let started = tokio::time::Instant::now();
+    let mut through = None;
+    for _ in 0..150 {
+        let _ = a.check().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let stored: Option<String> = redis::cmd("HGET")
+            .arg(controller)
+            .arg("through")
+            .query(conn)
+            .unwrap();
+        through = stored.and_then(|t| t.parse::<u64>().ok());
+        let slot = redis_time_us(conn) / 100_000;
+        let recent = through.is_some_and(|t| t < slot && t + 5 > slot);
+        if recent && started.elapsed() > Duration::from_secs(1) {
+            break;
+        }
+    }
+    let slot = redis_time_us(conn) / 100_000;
+    assert!(
+        through.is_some_and(|t| t < slot && t + 5 > slot),
+        "{what}: through {through:?} in slot {slot}"
+    );
+}
+
 /// A window whose `cur` is no slot (`nan`), or a controller whose `through` is none
 /// (`nan`) or more than a window ahead of Redis's clock (`1e30`), written by hand or
 /// by a faulty client, is dropped as a window stamped ahead of the clock is: the
@@ -1682,30 +1715,13 @@ async fn a_stored_slot_that_is_no_slot_is_dropped() {
             .arg(value)
             .query(&mut conn)
             .unwrap();
-        // Calls for at least a second (ten slots of 100 ms), then until the
-        // controller has been stepped to within half a second of now (2 s at most).
-        let started = tokio::time::Instant::now();
-        let mut through = None;
-        for _ in 0..150 {
-            let _ = a.check().await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let stored: Option<String> = redis::cmd("HGET")
-                .arg("{noslot:order}:c")
-                .arg("through")
-                .query(&mut conn)
-                .unwrap();
-            through = stored.and_then(|t| t.parse::<u64>().ok());
-            let slot = redis_time_us(&mut conn) / 100_000;
-            let recent = through.is_some_and(|t| t < slot && t + 5 > slot);
-            if recent && started.elapsed() > Duration::from_secs(1) {
-                break;
-            }
-        }
-        let slot = redis_time_us(&mut conn) / 100_000;
-        assert!(
-            through.is_some_and(|t| t < slot && t + 5 > slot),
-            "{field} = {value}: through {through:?} in slot {slot}"
-        );
+        assert_stepped_to_now(
+            &a,
+            &mut conn,
+            "{noslot:order}:c",
+            &format!("{field} = {value}"),
+        )
+        .await;
     }
 }
 
@@ -1731,30 +1747,13 @@ async fn a_stored_through_that_is_no_slot_is_dropped() {
             .arg(&value)
             .query(&mut conn)
             .unwrap();
-        // Calls for at least a second (ten slots of 100 ms), then until the
-        // controller has been stepped to within half a second of now (2 s at most).
-        let started = tokio::time::Instant::now();
-        let mut through = None;
-        for _ in 0..150 {
-            let _ = a.check().await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let stored: Option<String> = redis::cmd("HGET")
-                .arg("{nothrough:order}:c")
-                .arg("through")
-                .query(&mut conn)
-                .unwrap();
-            through = stored.and_then(|t| t.parse::<u64>().ok());
-            let slot = redis_time_us(&mut conn) / 100_000;
-            let recent = through.is_some_and(|t| t < slot && t + 5 > slot);
-            if recent && started.elapsed() > Duration::from_secs(1) {
-                break;
-            }
-        }
-        let slot = redis_time_us(&mut conn) / 100_000;
-        assert!(
-            through.is_some_and(|t| t < slot && t + 5 > slot),
-            "through = {value}: through {through:?} in slot {slot}"
-        );
+        assert_stepped_to_now(
+            &a,
+            &mut conn,
+            "{nothrough:order}:c",
+            &format!("through = {value}"),
+        )
+        .await;
     }
 }
 
