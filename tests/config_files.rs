@@ -417,6 +417,15 @@ fn route_names_and_paths() {
         "routes[0].name",
         "\"unmatched\" is reserved: it labels the requests that no route takes",
     );
+    // The admin API names a route in its path (/admin/routes/{name}), where clients
+    // take `.` and `..` as steps of the path, encoded or not.
+    for dots in [".", ".."] {
+        refused(
+            &format!("[[routes]]\nname = \"{dots}\"\npath = \"/\"\n"),
+            "routes[0].name",
+            &format!("{dots:?} cannot name a route: the admin API names a route in its path (/admin/routes/{{name}}), where clients read . and .. as steps of the path"),
+        );
+    }
     refused(
         "[[routes]]\nname = \"order\"\n",
         "routes[0].path",

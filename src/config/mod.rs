@@ -134,8 +134,7 @@ pub fn patch_controller(
 
 /// [`patch_controller`] of the route `name` through the admin API: the origin is
 /// `PUT /admin/routes/{name}`, and a field set to `null` is refused naming the way
-/// back to the file's parameters, `DELETE /admin/routes/{name}/change`, the name as a
-/// path segment a client sends as written ([`path_segment`]).
+/// back to the file's parameters, `DELETE /admin/routes/{name}/change`.
 #[cfg(feature = "proxy")]
 pub(crate) fn patch_route_controller(
     current: &ControllerParams,
@@ -143,41 +142,9 @@ pub(crate) fn patch_route_controller(
     json: &str,
     name: &str,
 ) -> Result<ControllerParams, ConfigError> {
-    let segment = path_segment(name);
-    let withdraw = format!("DELETE /admin/routes/{segment}/change");
+    let withdraw = format!("DELETE /admin/routes/{name}/change");
     raw::patch_controller(current, algorithm, json, Some(&withdraw))
-        .map_err(|problems| ConfigError::new(&format!("PUT /admin/routes/{segment}"), problems))
-}
-
-/// `name` as one segment of a URL path: percent-encoded as the URL standard encodes a
-/// path segment (with `%`, `\`, `[`, `]`, `^` and `|` too), and a dot segment (`.`,
-/// `..`, which a route's name may be) with its dots encoded, which a client would
-/// otherwise resolve away: `DELETE /admin/routes/../change` is sent as
-/// `DELETE /admin/change`.
-#[cfg(feature = "proxy")]
-fn path_segment(name: &str) -> String {
-    use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
-    const SEGMENT: &AsciiSet = &CONTROLS
-        .add(b' ')
-        .add(b'"')
-        .add(b'#')
-        .add(b'%')
-        .add(b'/')
-        .add(b'<')
-        .add(b'>')
-        .add(b'?')
-        .add(b'[')
-        .add(b'\\')
-        .add(b']')
-        .add(b'^')
-        .add(b'`')
-        .add(b'{')
-        .add(b'|')
-        .add(b'}');
-    if name == "." || name == ".." {
-        return name.replace('.', "%2E");
-    }
-    utf8_percent_encode(name, SEGMENT).to_string()
+        .map_err(|problems| ConfigError::new(&format!("PUT /admin/routes/{name}"), problems))
 }
 
 /// Whether two listening addresses take the same port on a shared address, so that

@@ -1825,7 +1825,16 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
                 ),
             );
         }
-        !reserved
+        // The admin API names a route in its path, where `.` and `..` are steps of the
+        // path to every client, percent-encoded or not (WHATWG URLs decode `%2e`).
+        let dots = n == "." || n == "..";
+        if dots {
+            p.at(
+                at.path("name"),
+                format!("{n:?} cannot name a route: the admin API names a route in its path (/admin/routes/{{name}}), where clients read . and .. as steps of the path"),
+            );
+        }
+        !reserved && !dots
     });
     let matcher = matcher(p, at, &own);
     let window = window_spec(p, &s);
