@@ -1739,8 +1739,13 @@ async fn a_stored_through_that_is_no_slot_is_dropped() {
     let config = patient_config(&server, "nothrough");
     let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     assert!(a.check().await.is_admit());
-    let slot = redis_time_us(&mut conn) / 100_000;
-    for value in ["-5".to_string(), format!("{}.5", slot - 3)] {
+    for fraction in [false, true] {
+        let slot = redis_time_us(&mut conn) / 100_000;
+        let value = if fraction {
+            format!("{}.5", slot - 3)
+        } else {
+            "-5".to_string()
+        };
         let _: () = redis::cmd("HSET")
             .arg("{nothrough:order}:c")
             .arg("through")
