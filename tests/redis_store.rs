@@ -1574,23 +1574,29 @@ async fn a_bucket_stamped_ahead_of_redis_clock_still_refills() {
 /// the hash alive. (helper-167)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_limit_that_is_no_limit_is_the_base() {
+    assert_shared_whatever_is_stored("nolimit", "limit", &["nan", "-5", "0"]).await;
+}
+
+/// A route of 100 req/s on `prefix`'s keys, its controller hash's `field` set to each
+/// of `values` in turn: three decisions after each are admitted, none in fallback.
+async fn assert_shared_whatever_is_stored(prefix: &str, field: &str, values: &[&str]) {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "nolimit");
+    let config = patient_config(&server, prefix);
     let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     assert!(a.check().await.is_admit());
-    for limit in ["nan", "-5", "0"] {
+    for value in values {
         let _: () = redis::cmd("HSET")
-            .arg("{nolimit:order}:c")
-            .arg("limit")
-            .arg(limit)
+            .arg(format!("{{{prefix}:order}}:c"))
+            .arg(field)
+            .arg(value)
             .query(&mut conn)
             .unwrap();
         for _ in 0..3 {
-            assert!(a.check().await.is_admit(), "stored limit {limit}");
+            assert!(a.check().await.is_admit(), "stored {field} {value}");
         }
-        assert_eq!(a.store.fallback_decisions(), 0, "stored limit {limit}");
+        assert_eq!(a.store.fallback_decisions(), 0, "stored {field} {value}");
     }
 }
 
@@ -1769,24 +1775,7 @@ async fn a_stored_through_that_is_no_slot_is_dropped() {
 /// as traffic kept the hash alive. (helper-167)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_state_that_is_no_state_is_normal() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "nostate");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
-    assert!(a.check().await.is_admit());
-    for state in ["nan", "-1", "1e30"] {
-        let _: () = redis::cmd("HSET")
-            .arg("{nostate:order}:c")
-            .arg("state")
-            .arg(state)
-            .query(&mut conn)
-            .unwrap();
-        for _ in 0..3 {
-            assert!(a.check().await.is_admit(), "stored state {state}");
-        }
-        assert_eq!(a.store.fallback_decisions(), 0, "stored state {state}");
-    }
+    assert_shared_whatever_is_stored("nostate", "state", &["nan", "-1", "1e30"]).await;
 }
 
 /// A controller whose `through` is stored in another spelling of its number (`42.0`,
