@@ -781,6 +781,13 @@ pub enum Partition {
 /// takes; a route may not be named so.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
+/// The least limit a route takes, req/s: one request in 11.6 days, so that the
+/// interval between two requests stays within the limiters' nanosecond arithmetic. A
+/// limit stored in Redis below it (by hand or by a faulty client) is no limit, as the
+/// config would refuse it: the shared controller's script and its replay both take
+/// the base limit then.
+pub const MIN_LIMIT: f64 = 1e-6;
+
 /// The longest header value that is kept whole as a key of a `header:<name>`
 /// partition; a longer one is keyed by the first 128 bits of its SHA-256. A key is 16
 /// bytes in its table whatever its value (every key is kept while it lives, and an

@@ -886,10 +886,10 @@ fn positive(n: Num) -> Result<f64, String> {
 /// A limit: at least one request in 11.6 days, so that the interval between two
 /// requests stays within the limiters' nanosecond arithmetic.
 fn limit(n: Num) -> Result<f64, String> {
-    const LEAST: f64 = 1e-6;
     match positive(n)? {
-        rate if rate < LEAST => Err(format!(
-            "must be at least {LEAST:.6} (one request in 11.6 days), got {}",
+        rate if rate < super::MIN_LIMIT => Err(format!(
+            "must be at least {:.6} (one request in 11.6 days), got {}",
+            super::MIN_LIMIT,
             n.0
         )),
         rate => Ok(rate),

@@ -51,7 +51,7 @@ pub use history::{
 };
 pub use sketch::Sketch;
 
-use crate::config::{Mode, EVENT_SETTINGS, LONGEST_RESTORE};
+use crate::config::{Mode, EVENT_SETTINGS, LONGEST_RESTORE, MIN_LIMIT};
 use crate::controller::ControllerState;
 use crate::limiter::{gcra, Algorithm, Reason, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
 use serde::{Deserialize, Serialize};
@@ -843,7 +843,7 @@ impl<'a> Evidence<'a> {
     /// ([`MAX_WINDOW_COUNT`]) for the window counters, at most what a token bucket
     /// keeps (`limit × burst` at most [`MAX_TOKENS`](gcra::MAX_TOKENS)) for
     /// `token_bucket`, at most [`MAX_SPACED_RATE`] for `token_bucket` and
-    /// `leaky_bucket`, at least 0.000001 req/s for the rate algorithms; rounded `up`
+    /// `leaky_bucket`, at least [`MIN_LIMIT`] for the rate algorithms; rounded `up`
     /// or down.
     fn fit_limit(&self, x: f64, up: bool) -> f64 {
         match self.s.algorithm {
@@ -860,11 +860,11 @@ impl<'a> Evidence<'a> {
             }
             Algorithm::TokenBucket { burst } => {
                 let secs = f64::from(gcra::burst_ms(burst)) / 1e3;
-                x.max(1e-6)
+                x.max(MIN_LIMIT)
                     .min(round_sig(f64::from(gcra::MAX_TOKENS) / secs, 4, false))
                     .min(MAX_SPACED_RATE)
             }
-            Algorithm::LeakyBucket { .. } => x.clamp(1e-6, MAX_SPACED_RATE),
+            Algorithm::LeakyBucket { .. } => x.clamp(MIN_LIMIT, MAX_SPACED_RATE),
         }
     }
 

@@ -95,7 +95,7 @@
 use super::breaker::{Breaker, Call};
 use super::{FailMode, RedisConfig, RedisServers, SyncMode};
 use crate::clock::{Clock, Nanos};
-use crate::config::{Mode, Partition};
+use crate::config::{Mode, Partition, MIN_LIMIT};
 use crate::controller::{
     Controller, ControllerMemory, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
@@ -1987,8 +1987,8 @@ impl Roll {
 
 impl StoredController {
     /// Fields `limit, state, through, entered, armed, safe, roc`; anything missing or
-    /// unreadable, a limit that is no positive number included, means no memory (the
-    /// controller starts afresh).
+    /// unreadable, a limit that is no number of at least [`MIN_LIMIT`] included (as
+    /// [`DECIDE`] reads it), means no memory (the controller starts afresh).
     fn parse(ctl: &[Value]) -> StoredController {
         let field = |i: usize| ctl.get(i).and_then(float);
         // Times are ns since the Unix epoch, past 2^53: read whole, not as floats.
@@ -1996,7 +1996,7 @@ impl StoredController {
         let through = field(2).map(|t| t as u64);
         let memory = (|| {
             Some(ControllerMemory {
-                limit_rps: field(0).filter(|l| l.is_finite() && *l > 0.0)?,
+                limit_rps: field(0).filter(|l| l.is_finite() && *l >= MIN_LIMIT)?,
                 state: match field(1)? {
                     0.0 => ControllerState::Normal,
                     1.0 => ControllerState::Cut,

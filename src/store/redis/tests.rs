@@ -529,11 +529,13 @@ async fn futures_poll_once<F: Future + Unpin>(mut f: F) -> Poll<F::Output> {
 /// A stored limit that is no limit (NaN, infinite, 0 or below: written by hand or by
 /// a faulty client) is no memory: the controller starts afresh and its step stores a
 /// limit again, where it was resumed at that limit, and stepped and stored it back.
-/// (helper-167)
+/// (helper-167) So is one below [`MIN_LIMIT`] (`1e-300`), which [`DECIDE`] takes for
+/// none: it was resumed here at a limit the script had replaced by the base.
 #[test]
 fn a_stored_limit_that_is_no_limit_is_no_memory() {
     let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-    for limit in ["nan", "inf", "-5", "0"] {
+    assert!(DECIDE.contains(&format!("if not (limit >= {MIN_LIMIT:.6})")));
+    for limit in ["nan", "inf", "-5", "0", "1e-300", "0.0000009"] {
         let ctl = [
             text(limit),
             text("1"),
