@@ -6,7 +6,7 @@ mod common;
 
 use common::cases;
 use proptest::prelude::*;
-use rocgate::config::{normalize_path, Config};
+use rocgate::config::{matching_path, normalize_path, Config};
 use rocgate::sim::access_log::{parse_line, LineError, MAX_LINE_BYTES};
 use rocgate::sim::{LogOptions, LogReader};
 use rocgate::sim::{Profile, SweepParam};
@@ -378,10 +378,13 @@ fn log_line() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// A path as a request target may spell it: segments of plain text, dots, percent
-/// escapes (right or wrong), runs of slashes.
+/// escapes (right or wrong), runs of slashes, segments' parameters (`;` and what
+/// follows it in its segment).
 fn request_path() -> impl Strategy<Value = String> {
     let segment = prop_oneof![
         "[a-z]{1,4}",
+        "[a-z.]{0,3};[a-z=;]{0,4}",
+        Just("..;".to_owned()),
         Just(".".to_owned()),
         Just("..".to_owned()),
         Just(String::new()),
@@ -423,6 +426,31 @@ proptest! {
             let again = normalize_path(&normal);
             prop_assert_eq!(again.as_ref(), normal.as_ref(), "{:?}", path);
         }
+    }
+}
+
+/// `path` without its segments' parameters: each `;` and what follows it up to the
+/// next `/` or `\`.
+fn without_parameters(path: &str) -> String {
+    let (mut bare, mut rest) = (String::new(), path);
+    while let Some(at) = rest.find(';') {
+        bare.push_str(&rest[..at]);
+        let parameters = &rest[at..];
+        rest = &parameters[parameters.find(['/', '\\']).unwrap_or(parameters.len())..];
+    }
+    bare + rest
+}
+
+proptest! {
+    #![proptest_config(cases(512))]
+
+    /// A request path is matched as its normalized form without its segments'
+    /// parameters, read from the path once when it needs neither (the common request).
+    #[test]
+    fn a_request_path_is_matched_normalized_without_its_parameters(path in request_path()) {
+        let expected = normalize_path(&without_parameters(&path)).into_owned();
+        let matched = matching_path(&path);
+        prop_assert_eq!(matched.as_ref(), expected.as_str(), "{:?}", path);
     }
 }
 
