@@ -563,6 +563,9 @@ pub(crate) fn without_trailing_slash(path: &str) -> &str {
 /// assert_eq!(matching_path("//api/./order"), "/api/order");
 /// ```
 pub fn matching_path(path: &str) -> std::borrow::Cow<'_, str> {
+    if path.starts_with('/') && is_plain(path.as_bytes(), true) {
+        return std::borrow::Cow::Borrowed(path);
+    }
     if !path.contains(';') {
         return normalize_path(path);
     }
@@ -613,13 +616,7 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
         return std::borrow::Cow::Borrowed("/");
     }
     let bytes = path.as_bytes();
-    let plain = !bytes.iter().enumerate().any(|(i, &b)| {
-        b == b'%'
-            || b == b'\\'
-            || !b.is_ascii()
-            || (b == b'/' && matches!(bytes.get(i + 1), Some(b'/' | b'.')))
-    });
-    if plain {
+    if is_plain(bytes, false) {
         return std::borrow::Cow::Borrowed(path);
     }
     let mut decoded = Vec::with_capacity(bytes.len());
@@ -670,6 +667,21 @@ pub fn normalize_path(path: &str) -> std::borrow::Cow<'_, str> {
         out.push('/');
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// Whether a path (that starts with `/`) is its own normalized form: no `%`, `\`,
+/// byte beyond ASCII, `//` or `/.`, and with `parameters` no `;` either: then
+/// [`matching_path`] reads the common request's path (plain, without parameters)
+/// once, where it looked for a `;` before normalizing.
+#[inline(always)]
+fn is_plain(bytes: &[u8], parameters: bool) -> bool {
+    !bytes.iter().enumerate().any(|(i, &b)| {
+        b == b'%'
+            || (parameters && b == b';')
+            || b == b'\\'
+            || !b.is_ascii()
+            || (b == b'/' && matches!(bytes.get(i + 1), Some(b'/' | b'.')))
+    })
 }
 
 /// Appends `byte` percent-encoded, in upper-case hexadecimal digits.
