@@ -434,7 +434,8 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
 }
 
 /// Every route's upstream error counters are in the first scrape, at 0, for every
-/// kind README names: a counter that appears with its first errors already counted
+/// kind README names (`UPSTREAM_ERROR_KINDS`, which holds every kind the proxy
+/// counts: src/proxy/error.rs's `every_kind_is_counted_from_zero`): a counter that appears with its first errors already counted
 /// gives `rate` and `increase` nothing to compare with, so the errors panel and any
 /// alert on it missed the first burst of an upstream's failure. So are those of a route
 /// a reload adds, in the scrape after it (each route's are registered once).
@@ -449,21 +450,8 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
         }
     };
     let text = scrape().await;
-    let kinds = [
-        "connect_timeout",
-        "response_timeout",
-        "upstream_error",
-        "body_aborted",
-        "body_too_large",
-        "client_aborted",
-        "client_timeout",
-        "bad_request",
-        "transfer_coding_not_implemented",
-        "forwarding_loop",
-        "upstream_overflow",
-    ];
     let all_at_zero = |text: &str, route: &str| {
-        for kind in kinds {
+        for kind in rocgate::metrics::UPSTREAM_ERROR_KINDS {
             let series =
                 format!("rocgate_upstream_errors_total{{route=\"{route}\",kind=\"{kind}\"}} 0\n");
             assert!(text.contains(&series), "no {series} in {text}");
