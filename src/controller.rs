@@ -1224,17 +1224,25 @@ mod tests {
         c
     }
 
+    /// [`recovering_at_120`] with `p` set on it at `at`, and the transitions the change
+    /// reported. The tests of a change mid-recovery start from it.
+    fn recovering_at_120_changed(p: ControllerParams, at: Nanos) -> (Controller, Vec<Transition>) {
+        let mut c = recovering_at_120();
+        let mut seen = Vec::new();
+        c.set_params(p, at, |t| seen.push(t));
+        (c, seen)
+    }
+
     /// A slower restore set mid-recovery goes on from the limit reached: the steps
     /// taken were recomputed under the new step, and the limit fell from 120 to 75
     /// with no cut.
     #[test]
     fn a_smaller_restore_step_mid_recovery_does_not_lower_the_limit() {
-        let mut c = recovering_at_120();
         let p = ControllerParams {
             restore_step_rps: 5.0,
             ..ControllerParams::default()
         };
-        c.set_params(p, Nanos::from_millis(17_550), |_| {});
+        let mut c = recovering_at_120_changed(p, Nanos::from_millis(17_550)).0;
         assert_eq!(c.limit_rps(), 120.0);
         // The last step was due at 17 s: the next, of 5, at 18 s.
         run(&mut c, 17_600, 17_900, 600.0, 600.0);
@@ -1278,9 +1286,7 @@ mod tests {
             ),
         ];
         for (p, at_change, expected) in cases {
-            let mut c = recovering_at_120();
-            let mut seen = Vec::new();
-            c.set_params(p.clone(), Nanos::from_millis(17_550), |t| seen.push(t));
+            let (mut c, seen) = recovering_at_120_changed(p.clone(), Nanos::from_millis(17_550));
             assert_eq!(c.limit_rps(), at_change, "{p:?}");
             assert!(seen.is_empty());
             let limits: Vec<f64> = (0..11)
@@ -1297,12 +1303,11 @@ mod tests {
     /// A cut limit raised mid-recovery above the limit reached restores from it.
     #[test]
     fn a_cut_limit_raised_past_a_recovery_restores_from_it() {
-        let mut c = recovering_at_120();
         let p = ControllerParams {
             cut_limit_rps: 150.0,
             ..ControllerParams::default()
         };
-        c.set_params(p, Nanos::from_millis(17_550), |_| {});
+        let mut c = recovering_at_120_changed(p, Nanos::from_millis(17_550)).0;
         assert_eq!(c.limit_rps(), 150.0);
         run(&mut c, 17_600, 18_000, 600.0, 600.0);
         assert_eq!(c.limit_rps(), 170.0);
@@ -1313,13 +1318,11 @@ mod tests {
     /// the limit of the last step observed, 120, at the new step). (helper-124)
     #[test]
     fn a_change_after_a_silence_steps_the_restore_under_the_old_schedule_first() {
-        let mut c = recovering_at_120();
         let p = ControllerParams {
             restore_step_rps: 5.0,
             ..ControllerParams::default()
         };
-        let mut seen = Vec::new();
-        c.set_params(p, Nanos::from_secs(30), |t| seen.push(t));
+        let (c, seen) = recovering_at_120_changed(p, Nanos::from_secs(30));
         assert_eq!((c.state(), c.limit_rps()), (ControllerState::Normal, 200.0));
         assert_eq!(seen[0].at, Nanos::from_secs(21));
     }
