@@ -256,6 +256,15 @@ fn error(status: StatusCode, errors: Vec<String>) -> Response {
     (status, Json(json!({ "errors": errors }))).into_response()
 }
 
+/// The 404 of a route path naming no route, as `GET`, `PUT` and `DELETE
+/// /admin/routes/{name}` answer it.
+fn no_such_route(name: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        vec![format!("no route named {name:?}")],
+    )
+}
+
 /// The address an admin connection comes from, as a request extension.
 #[derive(Clone, Copy, Debug)]
 struct Peer(IpAddr);
@@ -638,10 +647,7 @@ async fn one_route(
             Some(snap) => {
                 Json(route_state(&state, &as_exported(&state, &engine, snap))).into_response()
             }
-            None => error(
-                StatusCode::NOT_FOUND,
-                vec![format!("no route named {name:?}")],
-            ),
+            None => no_such_route(&name),
         }
     })
     .await
@@ -688,10 +694,7 @@ fn change_answer(state: &AdminState, changed: Result<RouteSnapshot, RouteChangeE
             let engine = state.reloader.engine();
             Json(route_state(state, &as_exported(state, &engine, snapshot))).into_response()
         }
-        Err(RouteChangeError::NoSuchRoute(name)) => error(
-            StatusCode::NOT_FOUND,
-            vec![format!("no route named {name:?}")],
-        ),
+        Err(RouteChangeError::NoSuchRoute(name)) => no_such_route(&name),
         Err(RouteChangeError::NoChange(name)) => error(
             StatusCode::NOT_FOUND,
             vec![format!(
