@@ -1466,18 +1466,19 @@ impl Inner {
             stepped: Mutex::new(stepped),
         });
         if let Some(old) = &before {
-            r.limit
-                .store(old.limit.load(Ordering::Relaxed), Ordering::Relaxed);
+            // The shared state it had last seen (`r` is not published yet: the order
+            // of these stores is no one's to observe).
+            for (to, from) in [
+                (&r.limit, &old.limit),
+                (&r.roc, &old.roc),
+                (&r.next_raise, &old.next_raise),
+                (&r.tokens, &old.tokens),
+                (&r.tokens_at, &old.tokens_at),
+            ] {
+                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
             r.state
                 .store(old.state.load(Ordering::Relaxed), Ordering::Relaxed);
-            r.roc
-                .store(old.roc.load(Ordering::Relaxed), Ordering::Relaxed);
-            r.next_raise
-                .store(old.next_raise.load(Ordering::Relaxed), Ordering::Relaxed);
-            r.tokens
-                .store(old.tokens.load(Ordering::Relaxed), Ordering::Relaxed);
-            r.tokens_at
-                .store(old.tokens_at.load(Ordering::Relaxed), Ordering::Relaxed);
             // What it owes, and what decisions still in flight on it come to owe.
             Self::replaced(old, &r);
             // Batched mode: the arrivals not yet synced go with the rebuilt route's
