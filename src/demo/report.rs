@@ -94,25 +94,39 @@ fn secs(d: Duration) -> String {
     }
 }
 
+/// The cells of a line of the table, each at its column's width: the client's six
+/// (time, phase, and the offered, admitted, rejected and failed rates), then the
+/// controller's three (ROC, state, limit) behind rocgate. The head and every row are
+/// written by it, so that the rows line up under the names.
+fn write_cells(
+    out: &mut (dyn Write + Send),
+    client: [&str; 6],
+    controller: Option<[&str; 3]>,
+) -> io::Result<()> {
+    let [t, phase, offered, admitted, rejected, failed] = client;
+    write!(
+        out,
+        "{t:>6}  {phase:<8} {offered:>8} {admitted:>9} {rejected:>9} {failed:>7}"
+    )?;
+    if let Some([roc, state, limit]) = controller {
+        write!(out, " {roc:>7}  {state:<10} {limit:>6}")?;
+    }
+    Ok(())
+}
+
 /// The column names; the controller's columns only behind rocgate.
 pub(super) fn write_table_head(out: &mut (dyn Write + Send), gated: bool) -> io::Result<()> {
-    write!(
+    write_cells(
         out,
-        "{:>6}  {:<8} {:>8} {:>9} {:>9} {:>7}",
-        "t", "phase", "offered", "admitted", "rejected", "failed"
+        ["t", "phase", "offered", "admitted", "rejected", "failed"],
+        gated.then_some(["roc", "state", "limit"]),
     )?;
-    if gated {
-        write!(out, " {:>7}  {:<10} {:>6}", "roc", "state", "limit")?;
-    }
     writeln!(out, " {:>11}", "shop p99")?;
-    write!(
+    write_cells(
         out,
-        "{:>6}  {:<8} {:>8} {:>9} {:>9} {:>7}",
-        "s", "", "req/s", "req/s", "req/s", "req/s"
+        ["s", "", "req/s", "req/s", "req/s", "req/s"],
+        gated.then_some(["", "", "req/s"]),
     )?;
-    if gated {
-        write!(out, " {:>7}  {:<10} {:>6}", "", "", "req/s")?;
-    }
     writeln!(out)?;
     out.flush()
 }
@@ -129,25 +143,28 @@ pub(super) fn write_row(
     p99: Option<Duration>,
 ) -> io::Result<()> {
     let rate = |n: u64| format!("{:.0}", n as f64 / period_s.max(1e-3));
-    write!(
-        out,
-        "{:>6.1}  {:<8} {:>8} {:>9} {:>9} {:>7}",
-        end_s,
-        phase,
+    let client = [
+        format!("{end_s:.1}"),
+        phase.to_owned(),
         rate(counts.offered),
         rate(counts.admitted()),
         rate(counts.rejected),
         rate(counts.failures()),
+    ];
+    let controller = controller.map(|c| {
+        [
+            format!("{:.1}", c.roc),
+            c.state.as_str().to_owned(),
+            format!("{:.0}", c.limit_rps),
+        ]
+    });
+    write_cells(
+        out,
+        client.each_ref().map(String::as_str),
+        controller
+            .as_ref()
+            .map(|c| c.each_ref().map(String::as_str)),
     )?;
-    if let Some(c) = controller {
-        write!(
-            out,
-            " {:>7.1}  {:<10} {:>6.0}",
-            c.roc,
-            c.state.as_str(),
-            c.limit_rps
-        )?;
-    }
     writeln!(out, " {:>11}", p99.map_or_else(|| "–".into(), ms))?;
     out.flush()
 }
@@ -344,4 +361,64 @@ fn write_comparison(
     row(out, "shop worst 1-s p99", &|r| {
         r.worst_p99.map_or_else(|| "–".into(), |(_, p)| ms(p))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Nanos;
+    use crate::config::{RouteConfig, RouteMatch};
+    use crate::engine::Engine;
+    use std::time::UNIX_EPOCH;
+
+    /// What `write` writes.
+    fn written(write: impl FnOnce(&mut (dyn Write + Send)) -> io::Result<()>) -> String {
+        let mut out = Vec::new();
+        write(&mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The live table, with the controller's columns (behind rocgate) and without: the
+    /// head's names and units, and a row's rates, state and p99, each at its column's
+    /// width under its name.
+    #[test]
+    fn the_rows_of_the_table_line_up_under_its_head() {
+        let engine = Engine::new(
+            &Config::new(vec![RouteConfig::new("r", RouteMatch::any())]),
+            Nanos::ZERO,
+            UNIX_EPOCH,
+        )
+        .unwrap();
+        let mut snap = engine
+            .route_snapshot(engine.route_at(0).unwrap(), Nanos::ZERO)
+            .unwrap();
+        (snap.roc, snap.state, snap.limit_rps) = (12.34, ControllerState::Cut, 60.0);
+        let counts = super::super::LoadTotals {
+            offered: 600,
+            ok: 100,
+            rejected: 480,
+            failed: 20,
+            errors: 5,
+            skipped: 0,
+        };
+        let p99 = Some(Duration::from_micros(4_321));
+        assert_eq!(
+            written(|out| write_table_head(out, true)),
+            "     t  phase     offered  admitted  rejected  failed     roc  state       limit    shop p99\n\
+             \x20    s              req/s     req/s     req/s   req/s                      req/s\n"
+        );
+        assert_eq!(
+            written(|out| write_row(out, 12.34, "sale", &counts, 1.0, Some(&snap), p99)),
+            "  12.3  sale          600       120       480      25    12.3  cut            60      4.3 ms\n"
+        );
+        assert_eq!(
+            written(|out| write_table_head(out, false)),
+            "     t  phase     offered  admitted  rejected  failed    shop p99\n\
+             \x20    s              req/s     req/s     req/s   req/s\n"
+        );
+        assert_eq!(
+            written(|out| write_row(out, 12.34, "sale", &counts, 1.0, None, None)),
+            "  12.3  sale          600       120       480      25           –\n"
+        );
+    }
 }
