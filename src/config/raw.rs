@@ -287,6 +287,15 @@ impl RawEvent {
     }
 }
 
+/// The refusal of text `v` from the environment that is not the `expected` value
+/// ([`Num`], [`Whole`], [`Flag`]): it names the text as a string, quoted.
+fn not_text_of<E: de::Error>(v: &str, expected: &dyn de::Expected) -> E {
+    E::invalid_value(
+        Unexpected::Other(&format!("string {:?}", quoted(v))),
+        expected,
+    )
+}
+
 /// A number, as written in the file (integer or float) or as text from the
 /// environment. Stricter than the `config` crate's own conversion: `true` is not 1.
 #[derive(Clone, Copy, Debug)]
@@ -310,9 +319,7 @@ impl<'de> Deserialize<'de> for Num {
                 Ok(Num(v))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Num, E> {
-                v.trim().parse().map(Num).map_err(|_| {
-                    E::invalid_value(Unexpected::Other(&format!("string {:?}", quoted(v))), &self)
-                })
+                v.trim().parse().map(Num).map_err(|_| not_text_of(v, &self))
             }
         }
         d.deserialize_any(NumVisitor)
@@ -343,9 +350,10 @@ impl<'de> Deserialize<'de> for Whole {
                 Err(E::invalid_value(Unexpected::Float(v), &self))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Whole, E> {
-                v.trim().parse().map(Whole).map_err(|_| {
-                    E::invalid_value(Unexpected::Other(&format!("string {:?}", quoted(v))), &self)
-                })
+                v.trim()
+                    .parse()
+                    .map(Whole)
+                    .map_err(|_| not_text_of(v, &self))
             }
         }
         d.deserialize_any(WholeVisitor)
@@ -372,10 +380,7 @@ impl<'de> Deserialize<'de> for Flag {
                 match v.trim() {
                     "true" => Ok(Flag(true)),
                     "false" => Ok(Flag(false)),
-                    _ => Err(E::invalid_value(
-                        Unexpected::Other(&format!("string {:?}", quoted(v))),
-                        &self,
-                    )),
+                    _ => Err(not_text_of(v, &self)),
                 }
             }
         }
