@@ -25,6 +25,19 @@ fn shadow_keys(e: &Engine, id: RouteId) -> usize {
     }
 }
 
+/// Route `name` at the default limit (200/s, a token bucket of 200 tokens), with an
+/// event `sale` from 2 s to 3 s (Unix time) that brings it to 20/s (cut 10/s): the
+/// tests of the rollover that takes the event's profile at 2 s start from it.
+fn with_a_sale(name: &str) -> RouteConfig {
+    let mut cfg = RouteConfig::new(name, crate::config::RouteMatch::any());
+    let mut event = cfg.controller.clone();
+    event.base_limit_rps = 20.0;
+    event.cut_limit_rps = 10.0;
+    let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
+    cfg.events = vec![Event::new("sale", start, Duration::from_secs(1), event)];
+    cfg
+}
+
 /// In `shadow_adaptive` mode, the shadow key table's idle keys are evicted after
 /// `idle_timeout` while the enforced table stays full, and is swept every 100 ms.
 /// The shadow table used to be swept on the enforced table's clock: with the
@@ -101,12 +114,7 @@ fn the_shadow_key_table_is_swept_on_its_own_clock() {
 fn a_rollover_winner_never_waits_for_another_buckets_change() {
     let ms = Nanos::from_millis;
     // 200/s (200 tokens), and from 2 s to 3 s an event that brings it to 20/s.
-    let mut cfg = RouteConfig::new("held_note", crate::config::RouteMatch::any());
-    let mut event = cfg.controller.clone();
-    event.base_limit_rps = 20.0;
-    event.cut_limit_rps = 10.0;
-    let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
-    cfg.events = vec![Event::new("sale", start, Duration::from_secs(1), event)];
+    let cfg = with_a_sale("held_note");
     let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
     let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
     crate::limiter::gcra::with_the_note_held(|| {
@@ -185,12 +193,7 @@ fn slot_reports_carry_the_count_in_flight_of_a_concurrency_route() {
 #[test]
 fn a_route_whose_lock_a_panicking_hook_poisoned_still_rolls() {
     let ms = Nanos::from_millis;
-    let mut cfg = RouteConfig::new("poisoned_lock", crate::config::RouteMatch::any());
-    let mut event = cfg.controller.clone();
-    event.base_limit_rps = 20.0;
-    event.cut_limit_rps = 10.0;
-    let start = std::time::UNIX_EPOCH + Duration::from_secs(2);
-    cfg.events = vec![Event::new("sale", start, Duration::from_secs(1), event)];
+    let cfg = with_a_sale("poisoned_lock");
     let panicked = Arc::new(AtomicBool::new(false));
     let hook = {
         let panicked = Arc::clone(&panicked);
