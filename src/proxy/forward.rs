@@ -2028,6 +2028,17 @@ mod tests {
     async fn a_lane_request_times_out_at_its_own_deadline_not_an_earlier_ones() {
         use tokio::time::{sleep, Instant};
         const TIMEOUT: Duration = Duration::from_secs(5);
+        /// A request without a body on `timer`'s lane, begun now: `inner`, or a
+        /// timeout at its own deadline, `TIMEOUT` from now.
+        fn begun_now<F>(inner: F, timer: &Mutex<LaneTimer>) -> Deadline<'_, F> {
+            Deadline {
+                inner,
+                at: Instant::now() + TIMEOUT,
+                timeout: TIMEOUT,
+                progress: None,
+                timer,
+            }
+        }
         let timer = Mutex::new(LaneTimer::new());
         let start = Instant::now();
         let answered_after = |delay| async move {
@@ -2035,31 +2046,13 @@ mod tests {
             Ok::<_, ProxyError>(delay)
         };
         // Answered within its timeout: the timer is left set to its deadline (5 s).
-        let first = Deadline {
-            inner: answered_after(Duration::from_secs(1)),
-            at: Instant::now() + TIMEOUT,
-            timeout: TIMEOUT,
-            progress: None,
-            timer: &timer,
-        };
+        let first = begun_now(answered_after(Duration::from_secs(1)), &timer);
         assert!(first.await.is_ok());
         // From 1 s to 5.5 s: past the first request's deadline, within its own.
-        let second = Deadline {
-            inner: answered_after(Duration::from_millis(4_500)),
-            at: Instant::now() + TIMEOUT,
-            timeout: TIMEOUT,
-            progress: None,
-            timer: &timer,
-        };
+        let second = begun_now(answered_after(Duration::from_millis(4_500)), &timer);
         assert!(second.await.is_ok(), "timed out at an earlier deadline");
         // Never answered: times out at its own deadline, 5 s after it began.
-        let third = Deadline {
-            inner: std::future::pending::<Result<(), ProxyError>>(),
-            at: Instant::now() + TIMEOUT,
-            timeout: TIMEOUT,
-            progress: None,
-            timer: &timer,
-        };
+        let third = begun_now(std::future::pending::<Result<(), ProxyError>>(), &timer);
         assert!(matches!(third.await, Err(ProxyError::ResponseTimeout)));
         assert_eq!(Instant::now() - start, Duration::from_millis(10_500));
     }
