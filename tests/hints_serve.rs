@@ -11,7 +11,7 @@ use rocgate::proxy::{Proxy, ProxySettings};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -159,18 +159,9 @@ async fn a_running_proxy_gives_hints_over_http_and_to_the_cli() {
     );
 
     // The CLI prints the same hint as a table, or the JSON as returned.
-    let exe = env!("CARGO_BIN_EXE_rocgate");
-    let admin_url = format!("http://{admin}");
-    let (table, json, bad) = tokio::task::spawn_blocking(move || {
-        let run = |args: &[&str]| Command::new(exe).args(args).output().unwrap();
-        (
-            run(&["hints", "--admin", &admin_url, "--period", "1m"]),
-            run(&["hints", "--admin", &admin_url, "--json"]),
-            run(&["hints", "--admin", &admin_url, "--period", "never"]),
-        )
-    })
-    .await
-    .unwrap();
+    let table = hints_from(admin, &["--period", "1m"]).await;
+    let json = hints_from(admin, &["--json"]).await;
+    let bad = hints_from(admin, &["--period", "never"]).await;
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(table.status.success(), "{text}");
     assert!(text.contains("base_limit 50 → 65"), "{text}");
@@ -301,10 +292,7 @@ fn the_cli_reports_an_unreachable_admin_api() {
         .local_addr()
         .unwrap()
         .port();
-    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["hints", "--admin", &format!("http://127.0.0.1:{port}")])
-        .output()
-        .unwrap();
+    let out = hints(&["--admin", &format!("http://127.0.0.1:{port}")]);
     assert_eq!(out.status.code(), Some(1));
     // The cause, not only the client's "client error (Connect)".
     let said = String::from_utf8_lossy(&out.stderr);
@@ -322,10 +310,7 @@ fn the_cli_reports_an_unreachable_admin_api() {
         "http://127.0.0.1:99999",
         "http://user:pw@127.0.0.1:65536",
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["hints", "--admin", admin])
-            .output()
-            .unwrap();
+        let out = hints(&["--admin", admin]);
         assert_eq!(out.status.code(), Some(2), "{admin}");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("--admin"),
@@ -356,14 +341,24 @@ async fn fake_admin(report: &'static str) -> (SocketAddr, Arc<Mutex<Vec<String>>
     (addr, asked)
 }
 
-/// Runs `rocgate hints` with these arguments, off the runtime's threads.
-async fn hints_cli(args: Vec<String>) -> std::process::Output {
+/// Runs `rocgate hints` with these arguments and waits for it: its exit status and
+/// output, which the tests of the CLI read.
+fn hints(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .arg("hints")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Runs `rocgate hints --admin http://{admin}` followed by `more`, off the runtime's
+/// threads (so that an admin API served by a task of the test's runtime answers it).
+async fn hints_from(admin: SocketAddr, more: &[&str]) -> Output {
+    let mut args = vec!["--admin".to_owned(), format!("http://{admin}")];
+    args.extend(more.iter().map(|a| (*a).to_owned()));
     tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .arg("hints")
-            .args(args)
-            .output()
-            .unwrap()
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        hints(&args)
     })
     .await
     .unwrap()
@@ -372,13 +367,7 @@ async fn hints_cli(args: Vec<String>) -> std::process::Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_passes_on_a_period_with_a_space() {
     let (admin, asked) = fake_admin(r#"{"period_s":5400,"interval_s":10,"routes":[]}"#).await;
-    let args = vec![
-        "--admin".into(),
-        format!("http://{admin}"),
-        "--period".into(),
-        "1h 30m".into(),
-    ];
-    let out = hints_cli(args).await;
+    let out = hints_from(admin, &["--period", "1h 30m"]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_eq!(*asked.lock().unwrap(), ["1h 30m"]);
@@ -410,13 +399,7 @@ async fn the_cli_header_claims_only_the_history_there_is() {
     ] {
         let answer = format!(r#"{{"period_s":3600,{covered}"interval_s":10,{parts}}}"#);
         let (admin, _) = fake_admin(Box::leak(answer.into_boxed_str())).await;
-        let args = vec![
-            "--admin".into(),
-            format!("http://{admin}"),
-            "--period".into(),
-            "1h".into(),
-        ];
-        let out = hints_cli(args).await;
+        let out = hints_from(admin, &["--period", "1h"]).await;
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{stdout}");
         assert!(stdout.starts_with(header), "{stdout}");
@@ -428,13 +411,7 @@ async fn the_cli_header_claims_only_the_history_there_is() {
         ]}"#,
     )
     .await;
-    let args = vec![
-        "--admin".into(),
-        format!("http://{admin}"),
-        "--period".into(),
-        "2h".into(),
-    ];
-    let out = hints_cli(args).await;
+    let out = hints_from(admin, &["--period", "2h"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.starts_with("hints over the last 1h (asked 2h)\n"),
@@ -453,7 +430,7 @@ async fn the_cli_says_what_a_shadow_route_would_have_rejected() {
         ]}"#,
     )
     .await;
-    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let out = hints_from(admin, &[]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(
@@ -471,7 +448,7 @@ async fn the_cli_says_what_a_shadow_route_would_have_rejected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_does_not_panic_on_an_answer_out_of_range() {
     let (admin, _) = fake_admin(r#"{"period_s":1e300,"interval_s":10,"routes":[]}"#).await;
-    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let out = hints_from(admin, &[]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
@@ -489,7 +466,7 @@ async fn the_cli_prints_an_events_part_to_a_tenth_of_a_second() {
         ]}"#,
     )
     .await;
-    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let out = hints_from(admin, &[]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(
@@ -508,7 +485,7 @@ async fn the_cli_prints_an_events_part_to_a_tenth_of_a_second() {
 async fn the_cli_refuses_an_answer_larger_than_any_report() {
     let huge: &'static str = Box::leak(" ".repeat(17 << 20).into_boxed_str());
     let (admin, _) = fake_admin(huge).await;
-    let out = hints_cli(vec!["--admin".into(), format!("http://{admin}")]).await;
+    let out = hints_from(admin, &[]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("reading the answer"), "{stderr}");
@@ -518,10 +495,7 @@ async fn the_cli_refuses_an_answer_larger_than_any_report() {
 /// argument '-5m'"), before any call to the admin API.
 #[test]
 fn a_negative_period_is_refused_naming_the_flag() {
-    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["hints", "--admin", "http://127.0.0.1:9", "--period", "-5m"])
-        .output()
-        .unwrap();
+    let out = hints(&["--admin", "http://127.0.0.1:9", "--period", "-5m"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -573,10 +547,7 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
             "--period: must be longer than zero, got \"0s\"",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["hints", "--admin", admin, "--period", period])
-            .output()
-            .unwrap();
+        let out = hints(&["--admin", admin, "--period", period]);
         assert_eq!(out.status.code(), Some(2), "{admin} {period}");
         assert_eq!(
             String::from_utf8_lossy(&out.stderr).trim_end(),
@@ -592,11 +563,7 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
 async fn the_cli_prints_as_json_only_a_hints_report() {
     let (admin, _) = fake_admin("<html>a login page</html>").await;
     for json in [true, false] {
-        let mut args = vec!["--admin".into(), format!("http://{admin}")];
-        if json {
-            args.push("--json".into());
-        }
-        let out = hints_cli(args).await;
+        let out = hints_from(admin, if json { &["--json"] } else { &[] }).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "--json {json}: {stderr}");
         assert!(out.stdout.is_empty(), "--json {json}");
