@@ -182,20 +182,11 @@ fn fallback_rejections_tune_neither_base_limit_nor_burst_nor_restore() {
     let settings = classic();
     // 20 seconds of (offered, rejected for `reason`), in `state`.
     let intervals = |pattern: &dyn Fn(u64) -> (u64, u64), reason: Reason, state| {
-        (0..20u64)
-            .map(|k| {
-                let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
-                let (offered, rejected) = pattern(k);
-                i.offered = offered;
-                i.rejected[reason.index()] = rejected;
-                i.in_state[usize::from(ControllerState::as_index(state))] = 1.0;
-                i.upstream = Some(UpstreamCounts {
-                    requests: offered - rejected,
-                    ..UpstreamCounts::default()
-                });
-                i
-            })
-            .collect::<Vec<Interval>>()
+        let seconds = (0..20u64).flat_map(|k| {
+            let (offered, rejected) = pattern(k);
+            rejecting(k, 1, offered, (reason, rejected), 0)
+        });
+        in_state(seconds.collect(), state)
     };
     let bursts = |k: u64| -> (u64, u64) {
         if k % 2 == 0 {
@@ -718,9 +709,8 @@ fn a_base_limit_lowered_below_min_rps_takes_min_rps_with_it() {
 fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
     use rocgate::config::Mode;
     use rocgate::controller::ControllerParams;
-    use rocgate::hints::{Interval, RouteSettings, UpstreamCounts};
+    use rocgate::hints::RouteSettings;
     use rocgate::limiter::Algorithm;
-    use std::time::Duration;
     let mut params = ControllerParams::default();
     params.base_limit_rps = 64.0;
     params.cut_limit_rps = 32.0;
@@ -735,18 +725,7 @@ fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
         event: None,
     };
     // 1,000 req/s admitted, 5% failing: saturated, nothing rejected.
-    let intervals: Vec<Interval> = (0..30)
-        .map(|k| {
-            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
-            i.offered = 1_000;
-            i.upstream = Some(UpstreamCounts {
-                requests: 1_000,
-                errors: 50,
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect();
+    let intervals = seconds(1_000, true);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     assert_eq!(numbers(&h, "lower_base_limit"), (64.0, 51.0));
     assert!(
@@ -809,7 +788,7 @@ fn min_rps_raised_beside_a_lowered_base_limit_stays_under_it() {
 fn a_raised_window_limit_stays_within_what_its_counter_holds() {
     use rocgate::config::Mode;
     use rocgate::controller::ControllerParams;
-    use rocgate::hints::{Interval, RouteSettings, UpstreamCounts};
+    use rocgate::hints::RouteSettings;
     use rocgate::limiter::{Algorithm, Reason};
     use std::time::Duration;
     let settings = |base: f64| RouteSettings {
@@ -827,18 +806,7 @@ fn a_raised_window_limit_stays_within_what_its_counter_holds() {
         tiered: false,
         event: None,
     };
-    let intervals: Vec<Interval> = (0..30)
-        .map(|k| {
-            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
-            i.offered = 1_250_000;
-            i.rejected[Reason::Limit.index()] = 250_000;
-            i.upstream = Some(UpstreamCounts {
-                requests: 1_000_000,
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect();
+    let intervals = rejecting(0, 30, 1_250_000, (Reason::Limit, 250_000), 0);
     let h = rocgate::hints::advise(&settings(1e6), &intervals, None, &Policy::default());
     assert_eq!(numbers(&h, "raise_base_limit"), (1e6, 1_048_000.0));
     let raise = find(&h, "raise_base_limit").unwrap();
@@ -954,9 +922,8 @@ fn a_raised_bucket_limit_stays_within_what_a_bucket_enforces() {
 fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
     use rocgate::config::Mode;
     use rocgate::controller::ControllerParams;
-    use rocgate::hints::{Interval, RouteSettings, UpstreamCounts};
+    use rocgate::hints::RouteSettings;
     use rocgate::limiter::{Algorithm, Reason};
-    use std::time::Duration;
 
     // A fixed window of 1 s must admit at least one request: base 1 cannot go lower.
     let window = "algorithm = \"fixed_window\"\nbase_limit = 1\ncut_limit = 1";
@@ -980,36 +947,16 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
         tiered: false,
         event: None,
     };
-    let intervals: Vec<Interval> = (0..30)
-        .map(|k| {
-            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
-            i.offered = 20;
-            i.rejected[Reason::Concurrency.index()] = 5;
-            i.upstream = Some(UpstreamCounts {
-                requests: 15,
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect();
+    let intervals = rejecting(0, 30, 20, (Reason::Concurrency, 5), 0);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     assert_eq!(numbers(&h, "raise_base_limit"), (7.0, 10.0));
 
     // An upstream saturated with 5 requests in flight behind a limit of 7: 90% of 5
     // is 4.5, which is no limit concurrency takes; 4 is.
-    let saturated: Vec<Interval> = (0..30)
-        .map(|k| {
-            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
-            i.offered = 10;
-            i.peak_in_flight = Some(5.0);
-            i.upstream = Some(UpstreamCounts {
-                requests: 10,
-                errors: 1,
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect();
+    let mut saturated = rejecting(0, 30, 10, (Reason::Concurrency, 0), 1);
+    for i in &mut saturated {
+        i.peak_in_flight = Some(5.0);
+    }
     let h = rocgate::hints::advise(&settings, &saturated, None, &Policy::default());
     assert_eq!(numbers(&h, "lower_base_limit"), (7.0, 4.0));
     let concurrency =
@@ -1140,9 +1087,8 @@ fn a_simulated_events_hints_without_a_change_name_the_event() {
 fn hints_during_an_event_name_the_event() {
     use rocgate::clock::Nanos;
     use rocgate::engine::Engine;
-    use rocgate::hints::{Interval, UpstreamCounts};
     use rocgate::limiter::Reason;
-    use std::time::{Duration, SystemTime};
+    use std::time::SystemTime;
     let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
                 [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:01:40Z\"\n\
                 duration = \"1h\"\nbase_limit = 500\ncut_limit = 150\n";
@@ -1161,18 +1107,7 @@ fn hints_during_an_event_name_the_event() {
     assert_eq!(during.event.as_deref(), Some("sale"));
     assert_eq!(during.params.base_limit_rps, 500.0);
     // A third rejected by the base limit while the upstream is healthy.
-    let intervals: Vec<Interval> = (0..30)
-        .map(|k| {
-            let mut i = Interval::new(Nanos::from_secs(100 + k), Duration::from_secs(1));
-            i.offered = 750;
-            i.rejected[Reason::Limit.index()] = 250;
-            i.upstream = Some(UpstreamCounts {
-                requests: 500,
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect();
+    let intervals = rejecting(100, 30, 750, (Reason::Limit, 250), 0);
     let h = rocgate::hints::advise(&during, &intervals, None, &Policy::default());
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert_eq!(numbers(&h, "raise_base_limit"), (500.0, 650.0));
@@ -1205,22 +1140,10 @@ fn engine_settings(extra: &str) -> rocgate::hints::RouteSettings {
 }
 
 /// 30 one-second intervals of `offered` requests each, the upstream healthy (or 5%
-/// failing if `saturated`), none rejected.
+/// failing if `saturated`), none rejected: [`rejecting`] nothing.
 fn seconds(offered: u64, saturated: bool) -> Vec<rocgate::hints::Interval> {
-    use rocgate::hints::{Interval, UpstreamCounts};
-    use std::time::Duration;
-    (0..30)
-        .map(|k| {
-            let mut i = Interval::new(rocgate::clock::Nanos::from_secs(k), Duration::from_secs(1));
-            i.offered = offered;
-            i.upstream = Some(UpstreamCounts {
-                requests: offered,
-                errors: if saturated { offered / 20 } else { 0 },
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect()
+    let errors = if saturated { offered / 20 } else { 0 };
+    rejecting(0, 30, offered, (Reason::Limit, 0), errors)
 }
 
 /// Three two-second spikes against 150 req/s among quiet seconds of [`seconds`] at
@@ -1310,7 +1233,9 @@ fn a_partitioned_routes_lowered_base_limit_leaves_min_rps_alone() {
 }
 
 /// `n` one-second intervals from `from_s` with `offered` requests each, `rejected` of
-/// them by `reason`; the upstream answered the rest, `errors` of them failing.
+/// them by `reason`; the upstream answered the rest, `errors` of them failing. The
+/// interval builders of this file ([`seconds`], [`healthy_seconds`], …) and the tests
+/// that need no more than that start from it: nothing else of an interval is set.
 fn rejecting(
     from_s: u64,
     n: u64,
@@ -2259,27 +2184,23 @@ fn the_quoted_upstream_p99_is_within_nine_percent() {
     assert!(raise.reason.contains("p99 11 ms"), "{}", raise.reason);
 }
 /// `n` one-second intervals in `state`, each of `offered` requests of which `rejected`
-/// by the base limit, the upstream healthy with the rest.
+/// by `reason`, the upstream healthy with the rest.
 fn healthy_seconds(
     n: u64,
     (offered, rejected): (u64, u64),
     reason: Reason,
     state: ControllerState,
 ) -> Vec<Interval> {
-    (0..n)
-        .map(|k| {
-            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
-            i.offered = offered;
-            i.rejected[reason.index()] = rejected;
-            i.in_state[usize::from(state.as_index())] = 1.0;
-            i.upstream = Some(UpstreamCounts {
-                requests: offered - rejected,
-                errors: 0,
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect()
+    in_state(rejecting(0, n, offered, (reason, rejected), 0), state)
+}
+
+/// `intervals`, each spent wholly in `state` (the rules judge a route's recovery, or its
+/// cuts, by the time in each state).
+fn in_state(mut intervals: Vec<Interval>, state: ControllerState) -> Vec<Interval> {
+    for i in &mut intervals {
+        i.in_state[usize::from(state.as_index())] = 1.0;
+    }
+    intervals
 }
 
 fn suggested_by(h: &[Hint], param: &str) -> Option<f64> {
