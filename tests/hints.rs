@@ -467,13 +467,7 @@ fn a_shadow_verdicts_raise_bounded_by_the_capacity_is_not_rounded_past_it() {
 fn a_shadow_adaptive_verdict_without_other_hints_names_the_cut_settings() {
     let settings = engine_settings("mode = \"shadow_adaptive\"");
     let mut intervals = seconds(180, false);
-    for i in &mut intervals[10..16] {
-        i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
-        i.peak_demand_rps = 250.0;
-        i.shadow_rejected[Reason::RocCut.index()] = 60;
-    }
-    intervals[10].cuts = 1;
-    intervals[10].cut_roc = 95.0;
+    shadow_cut(&mut intervals, 250.0);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     let verdict = find(&h, "shadow_verdict").unwrap_or_else(|| panic!("{h:#?}"));
     assert!(
@@ -494,6 +488,21 @@ fn a_shadow_adaptive_verdict_without_other_hints_names_the_cut_settings() {
     );
 }
 
+/// One cut, started at second 10 with ROC 95 and holding seconds 10 to 15 in `Cut`,
+/// their demand peaking at `peak_demand_rps` (above the base limit: no false cut), in
+/// which a shadow cut would have rejected 60 requests a second: the cut whose settings
+/// the shadow verdict of a `shadow_adaptive` route names (`raise danger_roc (80) above
+/// 95`, `cut_limit`).
+fn shadow_cut(intervals: &mut [Interval], peak_demand_rps: f64) {
+    for i in &mut intervals[10..16] {
+        i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
+        i.peak_demand_rps = peak_demand_rps;
+        i.shadow_rejected[Reason::RocCut.index()] = 60;
+    }
+    intervals[10].cuts = 1;
+    intervals[10].cut_roc = 95.0;
+}
+
 /// Another hint of the route does not cover every setting behind the would-be
 /// rejections: a `shadow_adaptive` route whose base limit (enforced) rejected a fifth
 /// of a healthy upstream's traffic gets `raise_base_limit`, and the verdict on its
@@ -507,12 +516,7 @@ fn a_shadow_verdict_names_what_the_other_hints_leave_out() {
         i.rejected[Reason::Limit.index()] = 60;
         i.peak_demand_rps = 300.0;
     }
-    for i in &mut intervals[10..16] {
-        i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
-        i.shadow_rejected[Reason::RocCut.index()] = 60;
-    }
-    intervals[10].cuts = 1;
-    intervals[10].cut_roc = 95.0;
+    shadow_cut(&mut intervals, 300.0);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
     assert!(find(&h, "raise_base_limit").is_some(), "{h:#?}");
     let verdict = find(&h, "shadow_verdict").unwrap_or_else(|| panic!("{h:#?}"));
@@ -2956,13 +2960,7 @@ fn a_measured_figure_beside_a_setting_is_told_apart_from_it() {
 fn a_shadow_verdict_suggests_no_danger_roc_where_raise_danger_roc_does_not_judge() {
     let cut = || {
         let mut intervals = seconds(180, false);
-        for i in &mut intervals[10..16] {
-            i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
-            i.peak_demand_rps = 250.0;
-            i.shadow_rejected[Reason::RocCut.index()] = 60;
-        }
-        intervals[10].cuts = 1;
-        intervals[10].cut_roc = 95.0;
+        shadow_cut(&mut intervals, 250.0);
         intervals
     };
     for (extra, kind) in [
