@@ -41,6 +41,15 @@ fn find<'a>(hints: &'a [Hint], rule: &str) -> Option<&'a Hint> {
     hints.iter().find(|h| h.rule == rule)
 }
 
+/// The hint that sets `parameter` (the first, in the report's order); the test fails
+/// showing the hints if none does.
+fn setting<'a>(hints: &'a [Hint], parameter: &str) -> &'a Hint {
+    hints
+        .iter()
+        .find(|h| h.parameter.as_deref() == Some(parameter))
+        .unwrap_or_else(|| panic!("no {parameter} hint in {hints:#?}"))
+}
+
 fn rules(hints: &[Hint]) -> Vec<&str> {
     hints.iter().map(|h| h.rule.as_str()).collect()
 }
@@ -657,10 +666,7 @@ fn a_base_limit_lowered_below_the_cut_limit_takes_the_cut_limit_with_it() {
     let extra = "cut_limit = 180";
     let h = advise(extra, &steady(150.0), Some(100));
     assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 90.0));
-    let cut = h
-        .iter()
-        .find(|h| h.parameter.as_deref() == Some("cut_limit"))
-        .unwrap_or_else(|| panic!("no cut_limit hint in {h:#?}"));
+    let cut = setting(&h, "cut_limit");
     assert_eq!(cut.rule, "lower_base_limit");
     assert_eq!(cut.current, Some(Setting::Number(180.0)));
     assert_eq!(
@@ -686,10 +692,7 @@ fn a_base_limit_lowered_below_min_rps_takes_min_rps_with_it() {
     let extra = "min_rps = 150\nmin_samples = 5";
     let h = advise(extra, &steady(150.0), Some(50));
     assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 45.0));
-    let min = h
-        .iter()
-        .find(|h| h.parameter.as_deref() == Some("min_rps"))
-        .unwrap_or_else(|| panic!("no min_rps hint in {h:#?}"));
+    let min = setting(&h, "min_rps");
     assert_eq!(min.rule, "lower_base_limit");
     assert_eq!(min.current, Some(Setting::Number(150.0)));
     assert_eq!(
@@ -1039,10 +1042,7 @@ fn a_simulated_event_is_judged_against_its_own_profile() {
     // The bucket is the route's, which an event has none of: its burst goes down with
     // the event's base limit, naming no event (a full bucket and a second of refill at
     // 270 req/s pass 540 in a second, over 300).
-    let burst = h
-        .iter()
-        .find(|h| h.parameter.as_deref() == Some("burst"))
-        .unwrap_or_else(|| panic!("{h:#?}"));
+    let burst = setting(&h, "burst");
     assert_eq!(
         (&burst.event, &burst.suggested),
         (&None, &Some(Setting::Text("111ms".into())))
@@ -1229,10 +1229,7 @@ fn a_partitioned_routes_lowered_base_limit_leaves_min_rps_alone() {
     // Limited as a whole, the same route's min_rps goes down with its base limit.
     let settings = engine_settings("min_rps = 180");
     let h = rocgate::hints::advise(&settings, &seconds(1_000, true), None, &Policy::default());
-    let min = h
-        .iter()
-        .find(|h| h.parameter.as_deref() == Some("min_rps"))
-        .unwrap_or_else(|| panic!("{h:#?}"));
+    let min = setting(&h, "min_rps");
     assert_eq!(min.suggested, Some(Setting::Number(80.0)));
 }
 
@@ -2330,10 +2327,7 @@ fn a_current_duration_is_the_value_in_force() {
     // 10 s recovering at 150 req/s, a third rejected by the lowered limit, healthy.
     let intervals = healthy_seconds(10, (150, 50), Reason::RocCut, ControllerState::Recovering);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
-    let hint = h
-        .iter()
-        .find(|h| h.parameter.as_deref() == Some("restore_interval"))
-        .unwrap_or_else(|| panic!("{h:#?}"));
+    let hint = setting(&h, "restore_interval");
     assert_eq!(hint.current, Some(Setting::Text("1s 250ms".into())));
 }
 
@@ -2364,10 +2358,7 @@ fn a_lowered_burst_does_not_read_as_no_change() {
         })
         .collect();
     let h = rocgate::hints::advise(&settings, &intervals, Some(400.0), &Policy::default());
-    let burst = h
-        .iter()
-        .find(|h| h.parameter.as_deref() == Some("burst"))
-        .unwrap_or_else(|| panic!("{h:#?}"));
+    let burst = setting(&h, "burst");
     assert_ne!(burst.current, burst.suggested);
 }
 
