@@ -601,18 +601,9 @@ fn hints_are_deterministic() {
 /// nothing: no "safe to enforce" for a shadow route that saw no traffic.
 #[test]
 fn no_traffic_gets_no_verdict_even_without_a_minimum() {
-    use rocgate::config::Mode;
-    use rocgate::hints::RouteSettings;
     let settings = RouteSettings {
-        name: "r".into(),
         mode: Mode::Shadow,
-        algorithm: rocgate::limiter::Algorithm::TokenBucket {
-            burst: std::time::Duration::from_secs(1),
-        },
-        params: rocgate::controller::ControllerParams::default(),
-        partitioned: false,
-        tiered: false,
-        event: None,
+        ..classic()
     };
     let policy = {
         let mut v = Policy::default();
@@ -714,7 +705,6 @@ fn a_base_limit_lowered_below_min_rps_takes_min_rps_with_it() {
 /// units. `min_rps` is left alone there.
 #[test]
 fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
-    use rocgate::config::Mode;
     use rocgate::controller::ControllerParams;
     use rocgate::hints::RouteSettings;
     use rocgate::limiter::Algorithm;
@@ -723,13 +713,9 @@ fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
     params.cut_limit_rps = 32.0;
     params.min_rps = 100.0;
     let settings = RouteSettings {
-        name: "r".into(),
-        mode: Mode::Enforce,
         algorithm: Algorithm::Concurrency { queue: 0 },
         params,
-        partitioned: false,
-        tiered: false,
-        event: None,
+        ..classic()
     };
     // 1,000 req/s admitted, 5% failing: saturated, nothing rejected.
     let intervals = seconds(1_000, true);
@@ -793,14 +779,11 @@ fn min_rps_raised_beside_a_lowered_base_limit_stays_under_it() {
 /// healthy, was raised 30% to 1.3 × 10^6, which the config refuses.
 #[test]
 fn a_raised_window_limit_stays_within_what_its_counter_holds() {
-    use rocgate::config::Mode;
     use rocgate::controller::ControllerParams;
     use rocgate::hints::RouteSettings;
     use rocgate::limiter::{Algorithm, Reason};
     use std::time::Duration;
     let settings = |base: f64| RouteSettings {
-        name: "r".into(),
-        mode: Mode::Enforce,
         algorithm: Algorithm::FixedWindow {
             window: Duration::from_secs(1),
         },
@@ -809,9 +792,7 @@ fn a_raised_window_limit_stays_within_what_its_counter_holds() {
             v.base_limit_rps = base;
             v
         },
-        partitioned: false,
-        tiered: false,
-        event: None,
+        ..classic()
     };
     let intervals = rejecting(0, 30, 1_250_000, (Reason::Limit, 250_000), 0);
     let h = rocgate::hints::advise(&settings(1e6), &intervals, None, &Policy::default());
@@ -927,7 +908,6 @@ fn a_raised_bucket_limit_stays_within_what_a_bucket_enforces() {
 
 #[test]
 fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
-    use rocgate::config::Mode;
     use rocgate::controller::ControllerParams;
     use rocgate::hints::RouteSettings;
     use rocgate::limiter::{Algorithm, Reason};
@@ -940,8 +920,6 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
 
     // A quarter rejected for concurrency while the upstream is healthy: 7 → 10, not 9.1.
     let settings = RouteSettings {
-        name: "r".into(),
-        mode: Mode::Enforce,
         algorithm: Algorithm::Concurrency { queue: 0 },
         params: {
             let mut v = ControllerParams::default();
@@ -950,9 +928,7 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
             v.restore_step_rps = 1.0;
             v
         },
-        partitioned: false,
-        tiered: false,
-        event: None,
+        ..classic()
     };
     let intervals = rejecting(0, 30, 20, (Reason::Concurrency, 5), 0);
     let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
@@ -999,19 +975,7 @@ fn a_simulated_concurrency_route_gets_no_advice_it_cannot_judge() {
 /// history again) as a route without traffic.
 #[test]
 fn no_history_covers_zero_seconds_not_minus_zero() {
-    use rocgate::hints::{RouteHints, RouteSettings};
-    let settings = RouteSettings {
-        name: "r".into(),
-        mode: rocgate::config::Mode::Enforce,
-        algorithm: rocgate::limiter::Algorithm::TokenBucket {
-            burst: std::time::Duration::from_secs(1),
-        },
-        params: rocgate::controller::ControllerParams::default(),
-        partitioned: false,
-        tiered: false,
-        event: None,
-    };
-    let r = RouteHints::new(&settings, &[], None, &Policy::default());
+    let r = rocgate::hints::RouteHints::new(&classic(), &[], None, &Policy::default());
     assert_eq!(r.intervals, 0);
     assert!(
         r.covered_s == 0.0 && r.covered_s.is_sign_positive(),
@@ -1903,7 +1867,9 @@ fn a_route_and_its_event_give_one_mode_suggestion() {
     );
 }
 
-/// The classic route's settings, limited by a token bucket of 1 s.
+/// The classic route's settings (route `r`, enforced, the default controller, neither
+/// partitioned nor tiered, no event), limited by a token bucket of 1 s: the tests of
+/// another mode, algorithm or parameters take the rest of the settings from it.
 fn classic() -> RouteSettings {
     RouteSettings {
         name: "r".to_owned(),
