@@ -1,5 +1,6 @@
 //! `rocgate simulate`, run as a process: output files, the printed summary, exit codes.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn rocgate(args: &[&str]) -> Output {
@@ -8,6 +9,22 @@ fn rocgate(args: &[&str]) -> Output {
         .env_clear() // no ROCGATE__ overrides from the test's environment
         .output()
         .expect("run rocgate")
+}
+
+/// A file `name` holding `contents` in a temporary directory of its own, and its path:
+/// the directory goes, and the file with it, when the `TempDir` is dropped, so the test
+/// holds it while it runs `rocgate` on the file (and may write more files beside it).
+fn file(name: &str, contents: impl AsRef<[u8]>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents).unwrap();
+    (dir, path)
+}
+
+/// `rocgate simulate --profile {profile}` followed by `more`, as [`rocgate`] runs it.
+fn simulate_profile(profile: &Path, more: &[&str]) -> Output {
+    let profile = profile.to_str().unwrap();
+    rocgate(&[&["simulate", "--profile", profile][..], more].concat())
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -126,19 +143,9 @@ fn output_that_cannot_be_written_fails_the_command() {
 /// directory it made: it was left behind, empty. One that was there stays.
 #[test]
 fn a_refused_run_leaves_no_output_directory_it_made() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("long.csv");
-    std::fs::write(&profile, "0,1\n1000000000,1\n").unwrap();
+    let (dir, profile) = file("long.csv", "0,1\n1000000000,1\n");
     let out_dir = dir.path().join("out");
-    let args = |out: &std::path::Path| {
-        rocgate(&[
-            "simulate",
-            "--profile",
-            profile.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ])
-    };
+    let args = |out: &Path| simulate_profile(&profile, &["--out", out.to_str().unwrap()]);
     let out = args(&out_dir);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("slots"), "{}", text(&out.stderr));
@@ -169,10 +176,8 @@ fn a_start_before_1970_says_which_times_are_taken() {
 
 #[test]
 fn a_malformed_profile_names_its_line_and_exits_2() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("sale.csv");
-    std::fs::write(&profile, "t_seconds,rate\n0,40\n# the sale\n\n20,6OO\n").unwrap();
-    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let (_dir, profile) = file("sale.csv", "t_seconds,rate\n0,40\n# the sale\n\n20,6OO\n");
+    let out = simulate_profile(&profile, &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("sale.csv: line 5:"), "{stderr}");
@@ -183,10 +188,8 @@ fn a_malformed_profile_names_its_line_and_exits_2() {
 /// A negative time was taken, and the run said "t = 0 at unix -10 s".
 #[test]
 fn a_profile_time_below_zero_names_its_line_and_exits_2() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("early.csv");
-    std::fs::write(&profile, "t_seconds,rate\n-10,10\n0,10\n").unwrap();
-    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let (_dir, profile) = file("early.csv", "t_seconds,rate\n-10,10\n0,10\n");
+    let out = simulate_profile(&profile, &[]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
@@ -200,13 +203,11 @@ fn a_profile_time_below_zero_names_its_line_and_exits_2() {
 fn a_profile_with_bytes_beyond_utf8_is_read_line_by_line() {
     // A Latin-1 comment made the whole file "stream did not contain valid UTF-8",
     // naming no line: a comment is now read past, and a field names its line.
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("latin1.csv");
-    std::fs::write(&profile, b"# caf\xe9\n0,5\n30,5\n").unwrap();
-    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let (_dir, profile) = file("latin1.csv", b"# caf\xe9\n0,5\n30,5\n");
+    let out = simulate_profile(&profile, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     std::fs::write(&profile, b"0,5\n30,5\xe9\n").unwrap();
-    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let out = simulate_profile(&profile, &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
     assert!(
@@ -219,12 +220,11 @@ fn a_profile_with_bytes_beyond_utf8_is_read_line_by_line() {
 /// out, and a long file of one line was printed back whole as the field in error.
 #[test]
 fn a_profile_longer_than_32_mib_is_refused_once_that_much_is_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("zeros.csv");
-    let file = std::fs::File::create(&profile).unwrap();
-    file.set_len(33 << 20).unwrap(); // sparse: 33 MiB of NUL bytes on one line
-    drop(file);
-    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let (_dir, profile) = file("zeros.csv", "");
+    let zeros = std::fs::File::options().write(true).open(&profile).unwrap();
+    zeros.set_len(33 << 20).unwrap(); // sparse: 33 MiB of NUL bytes on one line
+    drop(zeros);
+    let out = simulate_profile(&profile, &[]);
     let stderr = text(&out.stderr);
     let head: String = stderr.chars().take(200).collect();
     assert_eq!(out.status.code(), Some(2), "{head}");
@@ -254,7 +254,7 @@ fn a_profile_in_utf16_is_read_as_such() {
     for (name, bytes) in [("le.csv", le), ("be.csv", be)] {
         let profile = dir.path().join(name);
         std::fs::write(&profile, bytes).unwrap();
-        let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+        let out = simulate_profile(&profile, &[]);
         let stdout = text(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
         assert!(stdout.contains("; 60.0 s"), "{name}: {stdout}");
@@ -273,7 +273,7 @@ fn a_profile_in_utf16_is_read_as_such() {
         .collect();
     bytes.push(b'0');
     std::fs::write(&profile, bytes).unwrap();
-    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let out = simulate_profile(&profile, &[]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
@@ -284,16 +284,8 @@ fn a_profile_in_utf16_is_read_as_such() {
 
 #[test]
 fn a_good_profile_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("quiet.csv");
-    std::fs::write(&profile, "0,5\n30,5\n").unwrap();
-    let out = rocgate(&[
-        "simulate",
-        "--profile",
-        profile.to_str().unwrap(),
-        "--seed",
-        "7",
-    ]);
+    let (_dir, profile) = file("quiet.csv", "0,5\n30,5\n");
+    let out = simulate_profile(&profile, &["--seed", "7"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(stdout.contains("poisson (seed 7)"), "{stdout}");
@@ -319,10 +311,8 @@ fn unknown_names_exit_2() {
 
 #[test]
 fn an_unwritable_out_dir_exits_2_before_running() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("a-file");
-    std::fs::write(&file, "").unwrap();
-    let under_a_file = file.join("out");
+    let (_dir, a_file) = file("a-file", "");
+    let under_a_file = a_file.join("out");
     let out = rocgate(&["simulate", "--out", under_a_file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
@@ -458,8 +448,6 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
 fn a_replay_is_bounded_by_the_slots_of_all_its_routes() {
     // Two requests 14 hours apart on each of the default config's two routes: 504,000
     // slots of 100 ms each, 1,008,000 in all (once, a day on ten routes took 1.3 GB).
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
     let line = |request: &str, at: &str| {
         format!("198.51.100.1 - - [27/Nov/2026:{at} +0000] \"{request} HTTP/1.1\" 200 5\n")
     };
@@ -470,7 +458,7 @@ fn a_replay_is_bounded_by_the_slots_of_all_its_routes() {
         line("GET /index.html", "19:59:59"),
     ]
     .concat();
-    std::fs::write(&log, text_of_log).unwrap();
+    let (_dir, log) = file("access.log", text_of_log);
     let out = rocgate(&["simulate", "--access-log", log.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
     assert!(
@@ -493,9 +481,7 @@ fn a_replay_is_bounded_by_the_slots_of_all_its_routes() {
 
 #[test]
 fn an_invalid_config_exits_2() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("bad.toml");
-    std::fs::write(&config, "[[routes]]\nname = \"order\"\n").unwrap();
+    let (_dir, config) = file("bad.toml", "[[routes]]\nname = \"order\"\n");
     let out = rocgate(&["simulate", "--config", config.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
@@ -568,9 +554,7 @@ fn an_access_log_on_stdin_may_be_gzip_compressed() {
 
 #[test]
 fn an_access_log_replays_every_route_it_reaches() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log.1.gz");
-    std::fs::write(&log, gzip(&flash_sale_log())).unwrap();
+    let (dir, log) = file("access.log.1.gz", gzip(&flash_sale_log()));
     let out_dir = dir.path().join("run");
     let out = rocgate(&[
         "simulate",
@@ -630,9 +614,7 @@ fn an_access_log_replays_every_route_it_reaches() {
 
 #[test]
 fn a_route_and_time_bounds_narrow_the_replay() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, flash_sale_log()).unwrap();
+    let (_dir, log) = file("access.log", flash_sale_log());
     let out = rocgate(&[
         "simulate",
         "--access-log",
@@ -723,9 +705,7 @@ fn one_unparsable_line_is_counted_in_the_singular() {
 
 #[test]
 fn same_input_and_seed_give_identical_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, flash_sale_log()).unwrap();
+    let (dir, log) = file("access.log", flash_sale_log());
     let files = ["summary.json", "timeseries.csv", "chart.svg", "chart.png"];
     let run = |name: &str, traffic: &[&str]| -> Vec<Vec<u8>> {
         let out_dir = dir.path().join(name);
@@ -883,16 +863,8 @@ fn a_bad_seed_says_what_a_seed_is() {
 /// `--from/--to`, where the swept `slot` was the cause.
 #[test]
 fn a_sweep_point_whose_run_fails_is_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("long.csv");
-    std::fs::write(&profile, "t_seconds,rate\n0,10\n2000,10\n").unwrap();
-    let out = rocgate(&[
-        "simulate",
-        "--profile",
-        profile.to_str().unwrap(),
-        "--sweep",
-        "slot=0.1,0.001",
-    ]);
+    let (_dir, profile) = file("long.csv", "t_seconds,rate\n0,10\n2000,10\n");
+    let out = simulate_profile(&profile, &["--sweep", "slot=0.1,0.001"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
     assert!(
@@ -1153,9 +1125,7 @@ fn every_flag_readme_gives_a_subcommand_is_one_it_takes() {
 /// gave way beside those flags, which conflict with one: the run ignored them.)
 #[test]
 fn log_only_flags_beside_a_scenario_or_profile_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("p.csv");
-    std::fs::write(&profile, "0,40\n60,40\n").unwrap();
+    let (_dir, profile) = file("p.csv", "0,40\n60,40\n");
     let p = profile.to_str().unwrap();
     for (args, flag) in [
         (
@@ -1179,18 +1149,20 @@ fn log_only_flags_beside_a_scenario_or_profile_are_refused() {
     }
 }
 
+/// A config file of one route, `checkout`, taking every path, in `mode` (the shadow
+/// modes' tests), with its directory as [`file`] gives it.
+fn checkout_config(mode: &str) -> (tempfile::TempDir, PathBuf) {
+    let route =
+        format!("[[routes]]\nname = \"checkout\"\npath_prefix = \"/\"\nmode = \"{mode}\"\n");
+    file("shadow.toml", route)
+}
+
 /// A sweep over a shadow route shows what each point would have rejected, beside the
 /// nothing it rejected. (Its table said 0.0% rejected for every point; the counts were
 /// in sweep.csv only.)
 #[test]
 fn a_sweep_over_a_shadow_route_shows_what_it_would_have_rejected() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("shadow.toml");
-    std::fs::write(
-        &config,
-        "[[routes]]\nname = \"checkout\"\npath_prefix = \"/\"\nmode = \"shadow\"\n",
-    )
-    .unwrap();
+    let (_dir, config) = checkout_config("shadow");
     let out = rocgate(&[
         "simulate",
         "--config",
@@ -1225,13 +1197,7 @@ fn a_sweep_over_a_shadow_route_shows_what_it_would_have_rejected() {
 /// reject is the cut's, besides those rejected, not the total.
 #[test]
 fn a_shadow_adaptive_summary_says_the_cut_would_reject_more() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("shadow.toml");
-    std::fs::write(
-        &config,
-        "[[routes]]\nname = \"checkout\"\npath_prefix = \"/\"\nmode = \"shadow_adaptive\"\n",
-    )
-    .unwrap();
+    let (_dir, config) = checkout_config("shadow_adaptive");
     let out = rocgate(&["simulate", "--config", config.to_str().unwrap()]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -1255,10 +1221,8 @@ fn a_shadow_adaptive_summary_says_the_cut_would_reject_more() {
 /// naming the file, its span and the route's slot; at a slot it spans it runs.
 #[test]
 fn a_profile_shorter_than_its_routes_slot_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("blip.csv");
-    std::fs::write(&profile, "t_seconds,rate\n0,100\n0.05,100\n").unwrap();
-    let out = rocgate(&["simulate", "--profile", profile.to_str().unwrap()]);
+    let (_dir, profile) = file("blip.csv", "t_seconds,rate\n0,100\n0.05,100\n");
+    let out = simulate_profile(&profile, &[]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
@@ -1268,13 +1232,7 @@ fn a_profile_shorter_than_its_routes_slot_is_refused() {
         "{stderr}"
     );
     assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
-    let out = rocgate(&[
-        "simulate",
-        "--profile",
-        profile.to_str().unwrap(),
-        "--sweep",
-        "slot=0.01,0.1",
-    ]);
+    let out = simulate_profile(&profile, &["--sweep", "slot=0.01,0.1"]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
