@@ -31,6 +31,24 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// What a run said on standard output; the test fails, showing both outputs, unless it
+/// succeeded.
+#[track_caller]
+fn succeeded(out: &Output) -> String {
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    stdout
+}
+
+/// What a run said on standard error; the test fails, showing it, unless the run was
+/// refused as a usage error (exit 2).
+#[track_caller]
+fn refused(out: &Output) -> String {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
 #[test]
 fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
     let dir = tempfile::tempdir().unwrap();
@@ -42,8 +60,7 @@ fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
         "--out",
         out_dir.to_str().unwrap(),
     ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     assert!(stdout.contains("scenario flash-sale"), "{stdout}");
     assert!(stdout.contains("normal → cut"), "{stdout}");
     assert!(stdout.contains("roc_cut"), "{stdout}");
@@ -147,8 +164,8 @@ fn a_refused_run_leaves_no_output_directory_it_made() {
     let out_dir = dir.path().join("out");
     let args = |out: &Path| simulate_profile(&profile, &["--out", out.to_str().unwrap()]);
     let out = args(&out_dir);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("slots"), "{}", text(&out.stderr));
+    let stderr = refused(&out);
+    assert!(stderr.contains("slots"), "{stderr}");
     assert!(!out_dir.exists(), "the directory it made is gone");
     let out = args(dir.path());
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
@@ -166,11 +183,10 @@ fn a_start_before_1970_says_which_times_are_taken() {
         "--start",
         "1900-01-01T00:00:00Z",
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = refused(&out);
     assert!(
-        text(&out.stderr).contains("must be an RFC 3339 time in UTC from 1970 to 9999"),
-        "{}",
-        text(&out.stderr)
+        stderr.contains("must be an RFC 3339 time in UTC from 1970 to 9999"),
+        "{stderr}"
     );
 }
 
@@ -178,8 +194,7 @@ fn a_start_before_1970_says_which_times_are_taken() {
 fn a_malformed_profile_names_its_line_and_exits_2() {
     let (_dir, profile) = file("sale.csv", "t_seconds,rate\n0,40\n# the sale\n\n20,6OO\n");
     let out = simulate_profile(&profile, &[]);
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = text(&out.stderr);
+    let stderr = refused(&out);
     assert!(stderr.contains("sale.csv: line 5:"), "{stderr}");
     assert!(stderr.contains("`6OO`"), "{stderr}");
     assert!(out.stdout.is_empty());
@@ -190,8 +205,7 @@ fn a_malformed_profile_names_its_line_and_exits_2() {
 fn a_profile_time_below_zero_names_its_line_and_exits_2() {
     let (_dir, profile) = file("early.csv", "t_seconds,rate\n-10,10\n0,10\n");
     let out = simulate_profile(&profile, &[]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = refused(&out);
     assert!(
         stderr.contains("early.csv: line 2: t_seconds must not be negative, got -10"),
         "{stderr}"
@@ -208,8 +222,7 @@ fn a_profile_with_bytes_beyond_utf8_is_read_line_by_line() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     std::fs::write(&profile, b"0,5\n30,5\xe9\n").unwrap();
     let out = simulate_profile(&profile, &[]);
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = text(&out.stderr);
+    let stderr = refused(&out);
     assert!(
         stderr.contains("latin1.csv: line 2: rate is not a number"),
         "{stderr}"
@@ -274,8 +287,7 @@ fn a_profile_in_utf16_is_read_as_such() {
     bytes.push(b'0');
     std::fs::write(&profile, bytes).unwrap();
     let out = simulate_profile(&profile, &[]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = refused(&out);
     assert!(
         stderr.contains("odd.csv: line 2: rate is not a number: `4\u{fffd}`"),
         "{stderr}"
@@ -286,8 +298,7 @@ fn a_profile_in_utf16_is_read_as_such() {
 fn a_good_profile_runs() {
     let (_dir, profile) = file("quiet.csv", "0,5\n30,5\n");
     let out = simulate_profile(&profile, &["--seed", "7"]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     assert!(stdout.contains("poisson (seed 7)"), "{stdout}");
     assert!(stdout.contains("cuts          none"), "{stdout}");
 }
@@ -295,8 +306,7 @@ fn a_good_profile_runs() {
 #[test]
 fn unknown_names_exit_2() {
     let out = rocgate(&["simulate", "--scenario", "black-friday"]);
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = text(&out.stderr);
+    let stderr = refused(&out);
     assert!(
         stderr.contains("unknown scenario `black-friday`"),
         "{stderr}"
@@ -304,8 +314,7 @@ fn unknown_names_exit_2() {
     assert!(stderr.contains("flash-sale"), "{stderr}");
 
     let out = rocgate(&["simulate", "--route", "checkout"]);
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = text(&out.stderr);
+    let stderr = refused(&out);
     assert!(stderr.contains("unknown route `checkout`"), "{stderr}");
 }
 
@@ -314,12 +323,8 @@ fn an_unwritable_out_dir_exits_2_before_running() {
     let (_dir, a_file) = file("a-file", "");
     let under_a_file = a_file.join("out");
     let out = rocgate(&["simulate", "--out", under_a_file.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("a-file"),
-        "{}",
-        text(&out.stderr)
-    );
+    let stderr = refused(&out);
+    assert!(stderr.contains("a-file"), "{stderr}");
     assert!(out.stdout.is_empty(), "nothing ran");
 }
 
@@ -342,7 +347,7 @@ fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
     let out_dir = dir.path().join("run");
     let out_arg = out_dir.to_str().unwrap();
     let out = rocgate(&["simulate", "--scenario", "flash-sale", "--out", out_arg]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeded(&out);
     let before = files_of(&out_dir);
     assert_eq!(
         before.keys().collect::<Vec<_>>(),
@@ -382,7 +387,7 @@ fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
 
     // And a run that succeeds replaces them all.
     let out = rocgate(&["simulate", "--scenario", "steady", "--out", out_arg]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeded(&out);
     let after = files_of(&out_dir);
     assert_eq!(
         after.keys().collect::<Vec<_>>(),
@@ -409,7 +414,7 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
         .env_clear()
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeded(&out);
     for name in ["summary.json", "timeseries.csv"] {
         let mode = std::fs::metadata(out_dir.join(name)).unwrap().permissions();
         assert_eq!(
@@ -422,11 +427,10 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     std::fs::create_dir(out_dir.join("timeseries.csv")).unwrap();
     let before = files_of(&out_dir);
     let out = rocgate(&["simulate", "--scenario", "flash-sale", "--out", out_arg]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = refused(&out);
     assert!(
-        text(&out.stderr).contains("timeseries.csv: is a directory, where the output file goes"),
-        "{}",
-        text(&out.stderr)
+        stderr.contains("timeseries.csv: is a directory, where the output file goes"),
+        "{stderr}"
     );
     assert!(out.stdout.is_empty(), "nothing ran");
     assert_eq!(files_of(&out_dir), before);
@@ -435,12 +439,10 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     let file = out_dir.join("summary.json");
     let file_arg = file.to_str().unwrap();
     let out = rocgate(&["simulate", "--scenario", "steady", "--out", file_arg]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = refused(&out);
     assert!(
-        text(&out.stderr)
-            .contains("summary.json: exists and is no directory, where the output files go"),
-        "{}",
-        text(&out.stderr)
+        stderr.contains("summary.json: exists and is no directory, where the output files go"),
+        "{stderr}"
     );
 }
 
@@ -476,19 +478,15 @@ fn a_replay_is_bounded_by_the_slots_of_all_its_routes() {
         "--route",
         "order",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeded(&out);
 }
 
 #[test]
 fn an_invalid_config_exits_2() {
     let (_dir, config) = file("bad.toml", "[[routes]]\nname = \"order\"\n");
     let out = rocgate(&["simulate", "--config", config.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("bad.toml"),
-        "{}",
-        text(&out.stderr)
-    );
+    let stderr = refused(&out);
+    assert!(stderr.contains("bad.toml"), "{stderr}");
 }
 
 /// 27/Nov/2026:20:MM:SS +0100 for `s` seconds after 20:00.
@@ -546,8 +544,7 @@ fn an_access_log_on_stdin_may_be_gzip_compressed() {
         let writer = std::thread::spawn(move || stdin.write_all(&input));
         let out = child.wait_with_output().unwrap();
         writer.join().unwrap().unwrap();
-        let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        let stdout = succeeded(&out);
         assert!(stdout.contains("13660 requests replayed"), "{stdout}");
     }
 }
@@ -565,8 +562,7 @@ fn an_access_log_replays_every_route_it_reaches() {
         "--out",
         out_dir.to_str().unwrap(),
     ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     assert!(stdout.contains("13660 requests replayed"), "{stdout}");
     assert!(stdout.contains("route         order (enforce)"), "{stdout}");
     assert!(
@@ -626,8 +622,7 @@ fn a_route_and_time_bounds_narrow_the_replay() {
         "--to",
         "27/Nov/2026:20:00:50 +0100",
     ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("(12800 requests replayed, 40 on other routes, 820 outside --from/--to)"),
         "{stdout}"
@@ -652,8 +647,7 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
     std::fs::write(&log, lines.join("\n")).unwrap();
     let path = log.to_str().unwrap();
     let out = rocgate(&["simulate", "--access-log", path]);
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = text(&out.stderr);
+    let stderr = refused(&out);
     assert!(
         stderr.contains("2 of 122 lines (1.64%) are not access-log lines"),
         "{stderr}"
@@ -670,7 +664,7 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
     assert!(out.stdout.is_empty());
 
     let out = rocgate(&["simulate", "--access-log", path, "--lenient"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeded(&out);
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains("warning: 2 unparsable line(s) skipped"),
@@ -694,8 +688,7 @@ fn one_unparsable_line_is_counted_in_the_singular() {
         log.to_str().unwrap(),
         "--lenient",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("120 requests replayed, 1 unparsable line,")
             || stdout.contains("120 requests replayed, 1 unparsable line)"),
@@ -713,7 +706,7 @@ fn same_input_and_seed_give_identical_files() {
         args.extend_from_slice(traffic);
         args.extend_from_slice(&["--out", out_dir.to_str().unwrap()]);
         let out = rocgate(&args);
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        succeeded(&out);
         files
             .iter()
             .map(|f| std::fs::read(out_dir.join(f)).unwrap())
@@ -759,8 +752,7 @@ fn a_sweep_prints_a_table_and_writes_sweep_csv() {
         "--out",
         out_dir.to_str().unwrap(),
     ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     assert!(stdout.contains("sweep         7 run(s)"), "{stdout}");
     assert!(
         stdout.contains("danger_roc  rejected   cuts  first cut    in cut  peak 1 s    overload"),
@@ -840,7 +832,7 @@ fn a_start_with_an_offset_is_refused_not_read_as_utc() {
         assert!(stderr.contains("is not UTC"), "{start}: {stderr}");
     }
     let out = rocgate(&["simulate", "--start", "2026-11-27T19:00:00.5+00:00"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeded(&out);
 }
 
 /// A seed that is no whole number says what a seed is (it said only "invalid digit
@@ -865,8 +857,7 @@ fn a_bad_seed_says_what_a_seed_is() {
 fn a_sweep_point_whose_run_fails_is_named() {
     let (_dir, profile) = file("long.csv", "t_seconds,rate\n0,10\n2000,10\n");
     let out = simulate_profile(&profile, &["--sweep", "slot=0.1,0.001"]);
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = text(&out.stderr);
+    let stderr = refused(&out);
     assert!(
         stderr.starts_with("--sweep at slot=0.001: profile "),
         "{stderr}"
@@ -880,19 +871,11 @@ fn a_sweep_point_whose_run_fails_is_named() {
 #[test]
 fn a_profile_drives_one_route() {
     let out = rocgate(&["simulate", "--route", "order", "--route", "seckill"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("a profile drives one route"),
-        "{}",
-        text(&out.stderr)
-    );
+    let stderr = refused(&out);
+    assert!(stderr.contains("a profile drives one route"), "{stderr}");
     let out = rocgate(&["simulate", "--from", "2026-11-27T19:00:10Z"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("--access-log"),
-        "{}",
-        text(&out.stderr)
-    );
+    let stderr = refused(&out);
+    assert!(stderr.contains("--access-log"), "{stderr}");
 }
 
 /// A reader that has gone (`rocgate simulate | head -1`) ends the output quietly:
@@ -988,15 +971,14 @@ fn a_capacity_that_is_no_whole_number_is_refused_saying_so() {
 #[test]
 fn start_is_a_utc_time() {
     let out = rocgate(&["simulate", "--start", "2026-11-27T20:00:00Z"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeded(&out);
     assert!(
         text(&out.stdout).contains("t = 0 at 2026-11-27T20:00:00.000Z"),
         "{}",
         text(&out.stdout)
     );
     let out = rocgate(&["simulate", "--start", "2026-11-27T21:00:00+01:00"]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = refused(&out);
     assert!(
         stderr.contains("'--start <START>'") && stderr.contains("UTC"),
         "{stderr}"
@@ -1031,8 +1013,7 @@ fn a_profile_on_a_partitioned_route_is_one_client_and_says_so() {
 #[test]
 fn one_routes_overload_is_printed_once() {
     let out = rocgate(&["simulate", "--scenario", "flash-sale", "--capacity", "300"]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     let lines: Vec<&str> = stdout
         .lines()
         .filter(|l| l.starts_with("overload"))
@@ -1058,7 +1039,7 @@ fn readme_block_after(after: &str) -> &'static str {
 #[test]
 fn readme_quotes_what_simulate_prints() {
     let out = rocgate(&["simulate", "--scenario", "flash-sale"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeded(&out);
     assert_eq!(
         readme_block_after("prints what the `order` route of the embedded default"),
         text(&out.stdout),
@@ -1066,8 +1047,7 @@ fn readme_quotes_what_simulate_prints() {
     );
 
     let out = rocgate(&["simulate", "--scenario", "flash-sale", "--capacity", "1000"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    let stdout = succeeded(&out);
     let hints = &stdout[stdout.find("\nhints\n").expect("the hints") + 1..];
     assert_eq!(
         readme_block_after(
@@ -1170,8 +1150,7 @@ fn a_sweep_over_a_shadow_route_shows_what_it_would_have_rejected() {
         "--sweep",
         "danger_roc=60,120",
     ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     let header = stdout
         .lines()
         .find(|l| l.starts_with("danger_roc"))
@@ -1199,8 +1178,7 @@ fn a_sweep_over_a_shadow_route_shows_what_it_would_have_rejected() {
 fn a_shadow_adaptive_summary_says_the_cut_would_reject_more() {
     let (_dir, config) = checkout_config("shadow_adaptive");
     let out = rocgate(&["simulate", "--config", config.to_str().unwrap()]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     let rejected = stdout
         .lines()
         .find(|l| l.starts_with("rejected "))
@@ -1223,8 +1201,7 @@ fn a_shadow_adaptive_summary_says_the_cut_would_reject_more() {
 fn a_profile_shorter_than_its_routes_slot_is_refused() {
     let (_dir, profile) = file("blip.csv", "t_seconds,rate\n0,100\n0.05,100\n");
     let out = simulate_profile(&profile, &[]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = refused(&out);
     assert!(
         stderr.contains("blip.csv")
             && stderr.contains("spans 50ms, less than one slot of route `")
@@ -1233,8 +1210,7 @@ fn a_profile_shorter_than_its_routes_slot_is_refused() {
     );
     assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
     let out = simulate_profile(&profile, &["--sweep", "slot=0.01,0.1"]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = refused(&out);
     assert!(
         stderr.starts_with("--sweep at slot=0.1: profile ") && stderr.contains("spans 50ms"),
         "{stderr}"
