@@ -27,6 +27,34 @@ fn simulate_profile(profile: &Path, more: &[&str]) -> Output {
     rocgate(&[&["simulate", "--profile", profile][..], more].concat())
 }
 
+/// The arguments of `rocgate simulate {args} --out {out_dir}`.
+fn simulate_to_args<'a>(out_dir: &'a Path, args: &[&'a str]) -> Vec<&'a str> {
+    [
+        &["simulate"][..],
+        args,
+        &["--out", out_dir.to_str().unwrap()],
+    ]
+    .concat()
+}
+
+/// `rocgate simulate {args} --out {out_dir}`, as [`rocgate`] runs it: a run that writes
+/// its files (a sweep its sweep.csv) into `out_dir`.
+fn simulate_to(out_dir: &Path, args: &[&str]) -> Output {
+    rocgate(&simulate_to_args(out_dir, args))
+}
+
+/// [`simulate_to`] run by bash after `setup`, whose limit or umask the run inherits (its
+/// environment cleared as [`rocgate`] clears it).
+fn simulate_to_after(setup: &str, out_dir: &Path, args: &[&str]) -> Output {
+    Command::new("bash")
+        .args(["-c", &format!("{setup}; exec \"$0\" \"$@\"")])
+        .arg(env!("CARGO_BIN_EXE_rocgate"))
+        .args(simulate_to_args(out_dir, args))
+        .env_clear()
+        .output()
+        .unwrap()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -53,13 +81,7 @@ fn refused(out: &Output) -> String {
 fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("run");
-    let out = rocgate(&[
-        "simulate",
-        "--scenario",
-        "flash-sale",
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
+    let out = simulate_to(&out_dir, &["--scenario", "flash-sale"]);
     let stdout = succeeded(&out);
     assert!(stdout.contains("scenario flash-sale"), "{stdout}");
     assert!(stdout.contains("normal → cut"), "{stdout}");
@@ -345,8 +367,7 @@ fn files_of(dir: &std::path::Path) -> std::collections::BTreeMap<String, Option<
 fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("run");
-    let out_arg = out_dir.to_str().unwrap();
-    let out = rocgate(&["simulate", "--scenario", "flash-sale", "--out", out_arg]);
+    let out = simulate_to(&out_dir, &["--scenario", "flash-sale"]);
     succeeded(&out);
     let before = files_of(&out_dir);
     assert_eq!(
@@ -357,26 +378,15 @@ fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
     // Refused once the files are opened: the run is too long.
     let long = dir.path().join("long.csv");
     std::fs::write(&long, "0,0\n2000000,0\n").unwrap();
-    let out = rocgate(&[
-        "simulate",
-        "--profile",
-        long.to_str().unwrap(),
-        "--out",
-        out_arg,
-    ]);
+    let out = simulate_to(&out_dir, &["--profile", long.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("more than 1000000"));
     assert_eq!(files_of(&out_dir), before, "a refused run");
 
     // A write fails part-way: files over 60 KiB cannot be written (a full disk), so
     // the summary and the SVG chart are written and the CSV and PNG are not.
-    let out = Command::new("bash")
-        .args(["-c", "trap '' XFSZ; ulimit -f 60; exec \"$0\" \"$@\""])
-        .arg(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["simulate", "--scenario", "steady", "--out", out_arg])
-        .env_clear()
-        .output()
-        .unwrap();
+    let limited = "trap '' XFSZ; ulimit -f 60";
+    let out = simulate_to_after(limited, &out_dir, &["--scenario", "steady"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("cannot write: File too large"),
@@ -386,7 +396,7 @@ fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
     assert_eq!(files_of(&out_dir), before, "a run failing part-way");
 
     // And a run that succeeds replaces them all.
-    let out = rocgate(&["simulate", "--scenario", "steady", "--out", out_arg]);
+    let out = simulate_to(&out_dir, &["--scenario", "steady"]);
     succeeded(&out);
     let after = files_of(&out_dir);
     assert_eq!(
@@ -406,14 +416,7 @@ fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
 fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("run");
-    let out_arg = out_dir.to_str().unwrap();
-    let out = Command::new("bash")
-        .args(["-c", "umask 022; exec \"$0\" \"$@\""])
-        .arg(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["simulate", "--scenario", "steady", "--out", out_arg])
-        .env_clear()
-        .output()
-        .unwrap();
+    let out = simulate_to_after("umask 022", &out_dir, &["--scenario", "steady"]);
     succeeded(&out);
     for name in ["summary.json", "timeseries.csv"] {
         let mode = std::fs::metadata(out_dir.join(name)).unwrap().permissions();
@@ -426,7 +429,7 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     std::fs::remove_file(out_dir.join("timeseries.csv")).unwrap();
     std::fs::create_dir(out_dir.join("timeseries.csv")).unwrap();
     let before = files_of(&out_dir);
-    let out = rocgate(&["simulate", "--scenario", "flash-sale", "--out", out_arg]);
+    let out = simulate_to(&out_dir, &["--scenario", "flash-sale"]);
     let stderr = refused(&out);
     assert!(
         stderr.contains("timeseries.csv: is a directory, where the output file goes"),
@@ -437,8 +440,7 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     // A file where the directory goes is named as such: it was "cannot create the
     // output directory: File exists".
     let file = out_dir.join("summary.json");
-    let file_arg = file.to_str().unwrap();
-    let out = rocgate(&["simulate", "--scenario", "steady", "--out", file_arg]);
+    let out = simulate_to(&file, &["--scenario", "steady"]);
     let stderr = refused(&out);
     assert!(
         stderr.contains("summary.json: exists and is no directory, where the output files go"),
@@ -553,15 +555,8 @@ fn an_access_log_on_stdin_may_be_gzip_compressed() {
 fn an_access_log_replays_every_route_it_reaches() {
     let (dir, log) = file("access.log.1.gz", gzip(&flash_sale_log()));
     let out_dir = dir.path().join("run");
-    let out = rocgate(&[
-        "simulate",
-        "--access-log",
-        log.to_str().unwrap(),
-        "--capacity",
-        "250",
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
+    let log_arg = log.to_str().unwrap();
+    let out = simulate_to(&out_dir, &["--access-log", log_arg, "--capacity", "250"]);
     let stdout = succeeded(&out);
     assert!(stdout.contains("13660 requests replayed"), "{stdout}");
     assert!(stdout.contains("route         order (enforce)"), "{stdout}");
@@ -702,10 +697,10 @@ fn same_input_and_seed_give_identical_files() {
     let files = ["summary.json", "timeseries.csv", "chart.svg", "chart.png"];
     let run = |name: &str, traffic: &[&str]| -> Vec<Vec<u8>> {
         let out_dir = dir.path().join(name);
-        let mut args = vec!["simulate", "--seed", "11", "--capacity", "300"];
-        args.extend_from_slice(traffic);
-        args.extend_from_slice(&["--out", out_dir.to_str().unwrap()]);
-        let out = rocgate(&args);
+        let out = simulate_to(
+            &out_dir,
+            &[&["--seed", "11", "--capacity", "300"], traffic].concat(),
+        );
         succeeded(&out);
         files
             .iter()
@@ -722,17 +717,8 @@ fn same_input_and_seed_give_identical_files() {
     assert_eq!(c, d);
     // The seed matters: another one places the requests elsewhere.
     let out_dir = dir.path().join("e");
-    let out = rocgate(&[
-        "simulate",
-        "--seed",
-        "12",
-        "--capacity",
-        "300",
-        "--access-log",
-        log.to_str().unwrap(),
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
+    let seed_12 = ["--seed", "12", "--capacity", "300"];
+    let out = simulate_to(&out_dir, &[&seed_12[..], &log_args].concat());
     assert!(out.status.success());
     assert_ne!(std::fs::read(out_dir.join("timeseries.csv")).unwrap(), a[1]);
 }
@@ -741,17 +727,11 @@ fn same_input_and_seed_give_identical_files() {
 fn a_sweep_prints_a_table_and_writes_sweep_csv() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("sweep");
-    let out = rocgate(&[
-        "simulate",
-        "--scenario",
-        "flash-sale",
-        "--capacity",
-        "250",
-        "--sweep",
-        "danger_roc=40..160:20",
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
+    let flash_sale = ["--scenario", "flash-sale", "--capacity", "250"];
+    let out = simulate_to(
+        &out_dir,
+        &[&flash_sale[..], &["--sweep", "danger_roc=40..160:20"]].concat(),
+    );
     let stdout = succeeded(&out);
     assert!(stdout.contains("sweep         7 run(s)"), "{stdout}");
     assert!(
