@@ -55,6 +55,22 @@ fn simulate_to_after(setup: &str, out_dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `rocgate {args}` (its environment cleared as [`rocgate`] clears it) with its standard
+/// output closed once it starts, as a reader gone (`| head -1`) leaves it: for a
+/// simulation, before its summary is written (the simulation takes a while first).
+fn with_stdout_closed(args: &[&str]) -> Output {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(args)
+        .env_clear()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rocgate");
+    drop(child.stdout.take());
+    child.wait_with_output().expect("rocgate ends")
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -167,14 +183,7 @@ fn output_that_cannot_be_written_fails_the_command() {
         "{}",
         text(&out.stderr)
     );
-    let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["simulate", "--scenario", "flash-sale"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("rocgate runs");
-    drop(head.stdout.take());
-    let out = head.wait_with_output().expect("rocgate ends");
+    let out = with_stdout_closed(&["simulate", "--scenario", "flash-sale"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
@@ -516,6 +525,17 @@ fn sale_log(orders: impl Fn(u64) -> u64) -> String {
     text
 }
 
+/// [`sale_log`] of one order a second (120 lines) with the `bad` lines inserted, each
+/// at its index once those before it are in, and no newline after the last line.
+fn quiet_log_with(bad: &[(usize, &str)]) -> String {
+    let log = sale_log(|_| 1);
+    let mut lines: Vec<&str> = log.lines().collect();
+    for &(at, line) in bad {
+        lines.insert(at, line);
+    }
+    lines.join("\n")
+}
+
 fn flash_sale_log() -> String {
     sale_log(|s| if (20..40).contains(&s) { 600 } else { 40 })
 }
@@ -631,15 +651,9 @@ fn a_route_and_time_bounds_narrow_the_replay() {
 
 #[test]
 fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let mut lines: Vec<String> = sale_log(|_| 1).lines().map(String::from).collect();
-    lines.insert(3, "[error] upstream timed out".into());
-    lines.insert(
-        7,
-        "198.51.100.1 - - [27/Nov/2026:20:00:03 +0100] \"GET / HTTP/1.1".into(),
-    );
-    std::fs::write(&log, lines.join("\n")).unwrap();
+    let unclosed = "198.51.100.1 - - [27/Nov/2026:20:00:03 +0100] \"GET / HTTP/1.1";
+    let bad = quiet_log_with(&[(3, "[error] upstream timed out"), (7, unclosed)]);
+    let (_dir, log) = file("access.log", bad);
     let path = log.to_str().unwrap();
     let out = rocgate(&["simulate", "--access-log", path]);
     let stderr = refused(&out);
@@ -672,11 +686,8 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
 /// unparsable lines".
 #[test]
 fn one_unparsable_line_is_counted_in_the_singular() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let mut lines: Vec<String> = sale_log(|_| 1).lines().map(String::from).collect();
-    lines.insert(3, "[error] upstream timed out".into());
-    std::fs::write(&log, lines.join("\n")).unwrap();
+    let bad = quiet_log_with(&[(3, "[error] upstream timed out")]);
+    let (_dir, log) = file("access.log", bad);
     let out = rocgate(&[
         "simulate",
         "--access-log",
@@ -862,17 +873,7 @@ fn a_profile_drives_one_route() {
 /// `print!` panicked on the closed pipe (exit 101).
 #[test]
 fn a_closed_stdout_ends_the_output_without_a_panic() {
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .args(["simulate", "--scenario", "flash-sale"])
-        .env_clear()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run rocgate");
-    // Closed before the summary is written (the simulation takes a while first).
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
+    let out = with_stdout_closed(&["simulate", "--scenario", "flash-sale"]);
     let stderr = text(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
