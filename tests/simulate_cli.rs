@@ -93,6 +93,21 @@ fn refused(out: &Output) -> String {
     stderr
 }
 
+/// The summary.json a run wrote into `out_dir`, parsed.
+fn summary_in(out_dir: &Path) -> serde_json::Value {
+    let json = std::fs::read_to_string(out_dir.join("summary.json")).unwrap();
+    serde_json::from_str(&json).unwrap()
+}
+
+/// The width and height of the chart.png a run wrote into `out_dir`, as the PNG
+/// decoder reads them.
+fn chart_size(out_dir: &Path) -> (u32, u32) {
+    let png = std::fs::read(out_dir.join("chart.png")).unwrap();
+    let decoder = png::Decoder::new(std::io::Cursor::new(png));
+    let info = decoder.read_info().unwrap();
+    (info.info().width, info.info().height)
+}
+
 #[test]
 fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
     let dir = tempfile::tempdir().unwrap();
@@ -103,9 +118,7 @@ fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
     assert!(stdout.contains("normal → cut"), "{stdout}");
     assert!(stdout.contains("roc_cut"), "{stdout}");
 
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
-            .unwrap();
+    let summary = summary_in(&out_dir);
     assert_eq!(summary["scenario"], "flash-sale");
     assert_eq!(summary["access_logs"], serde_json::Value::Null);
     let routes = summary["routes"].as_array().unwrap();
@@ -156,11 +169,7 @@ fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
         "{}",
         &svg[..200]
     );
-    let png = std::fs::read(out_dir.join("chart.png")).unwrap();
-    let info = png::Decoder::new(std::io::Cursor::new(png))
-        .read_info()
-        .unwrap();
-    assert_eq!((info.info().width, info.info().height), (1200, 560));
+    assert_eq!(chart_size(&out_dir), (1200, 560));
 }
 
 /// Output that cannot be written (a full disk) fails the command: `simulate >
@@ -280,6 +289,22 @@ fn a_profile_longer_than_32_mib_is_refused_once_that_much_is_read() {
     assert!(out.stdout.is_empty());
 }
 
+/// `text` in UTF-16, big- or little-endian, behind its byte order mark.
+fn utf16(text: &str, big_endian: bool) -> Vec<u8> {
+    let units = text.encode_utf16();
+    if big_endian {
+        [0xFE, 0xFF]
+            .into_iter()
+            .chain(units.flat_map(u16::to_be_bytes))
+            .collect()
+    } else {
+        [0xFF, 0xFE]
+            .into_iter()
+            .chain(units.flat_map(u16::to_le_bytes))
+            .collect()
+    }
+}
+
 /// PowerShell's `>` and `Out-File` write UTF-16 with a byte order mark: read as UTF-8,
 /// a NUL beside every digit made "line 2: t_seconds is not a number", quoting a
 /// field that showed as ` 0 `.
@@ -287,15 +312,7 @@ fn a_profile_longer_than_32_mib_is_refused_once_that_much_is_read() {
 fn a_profile_in_utf16_is_read_as_such() {
     let dir = tempfile::tempdir().unwrap();
     let csv = "t_seconds,rate\r\n0,40\r\n60,40\r\n";
-    let le: Vec<u8> = [0xFF, 0xFE]
-        .into_iter()
-        .chain(csv.encode_utf16().flat_map(u16::to_le_bytes))
-        .collect();
-    let be: Vec<u8> = [0xFE, 0xFF]
-        .into_iter()
-        .chain(csv.encode_utf16().flat_map(u16::to_be_bytes))
-        .collect();
-    for (name, bytes) in [("le.csv", le), ("be.csv", be)] {
+    for (name, bytes) in [("le.csv", utf16(csv, false)), ("be.csv", utf16(csv, true))] {
         let profile = dir.path().join(name);
         std::fs::write(&profile, bytes).unwrap();
         let out = simulate_profile(&profile, &[]);
@@ -311,10 +328,7 @@ fn a_profile_in_utf16_is_read_as_such() {
     }
     // An odd last byte is no character, and named as such on its line.
     let profile = dir.path().join("odd.csv");
-    let mut bytes: Vec<u8> = [0xFF, 0xFE]
-        .into_iter()
-        .chain("0,40\n60,4".encode_utf16().flat_map(u16::to_le_bytes))
-        .collect();
+    let mut bytes = utf16("0,40\n60,4", false);
     bytes.push(b'0');
     std::fs::write(&profile, bytes).unwrap();
     let out = simulate_profile(&profile, &[]);
@@ -590,9 +604,7 @@ fn an_access_log_replays_every_route_it_reaches() {
     );
     assert!(stdout.contains("admitted above 250 req/s"), "{stdout}");
 
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
-            .unwrap();
+    let summary = summary_in(&out_dir);
     assert_eq!(summary["access_logs"][0], log.to_str().unwrap());
     assert_eq!(summary["log"]["lines"], 13_660);
     assert_eq!(summary["log"]["replayed"], 13_660);
@@ -612,15 +624,7 @@ fn an_access_log_replays_every_route_it_reaches() {
         csv.lines().filter(|l| l.starts_with("default,")).count(),
         600
     );
-    let png = std::fs::read(out_dir.join("chart.png")).unwrap();
-    let info = png::Decoder::new(std::io::Cursor::new(png))
-        .read_info()
-        .unwrap();
-    assert_eq!(
-        (info.info().width, info.info().height),
-        (1200, 1120),
-        "one panel per route"
-    );
+    assert_eq!(chart_size(&out_dir), (1200, 1120), "one panel per route");
 }
 
 #[test]
