@@ -93,6 +93,15 @@ fn refused(out: &Output) -> String {
     stderr
 }
 
+/// What a run said on standard error; the test fails, showing it, unless the run was
+/// refused (exit 2) saying `what`.
+#[track_caller]
+fn refused_saying(out: &Output, what: &str) -> String {
+    let stderr = refused(out);
+    assert!(stderr.contains(what), "{stderr}");
+    stderr
+}
+
 /// The summary.json a run wrote into `out_dir`, parsed.
 fn summary_in(out_dir: &Path) -> serde_json::Value {
     let json = std::fs::read_to_string(out_dir.join("summary.json")).unwrap();
@@ -204,8 +213,7 @@ fn a_refused_run_leaves_no_output_directory_it_made() {
     let out_dir = dir.path().join("out");
     let args = |out: &Path| simulate_profile(&profile, &["--out", out.to_str().unwrap()]);
     let out = args(&out_dir);
-    let stderr = refused(&out);
-    assert!(stderr.contains("slots"), "{stderr}");
+    refused_saying(&out, "slots");
     assert!(!out_dir.exists(), "the directory it made is gone");
     let out = args(dir.path());
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
@@ -223,19 +231,14 @@ fn a_start_before_1970_says_which_times_are_taken() {
         "--start",
         "1900-01-01T00:00:00Z",
     ]);
-    let stderr = refused(&out);
-    assert!(
-        stderr.contains("must be an RFC 3339 time in UTC from 1970 to 9999"),
-        "{stderr}"
-    );
+    refused_saying(&out, "must be an RFC 3339 time in UTC from 1970 to 9999");
 }
 
 #[test]
 fn a_malformed_profile_names_its_line_and_exits_2() {
     let (_dir, profile) = file("sale.csv", "t_seconds,rate\n0,40\n# the sale\n\n20,6OO\n");
     let out = simulate_profile(&profile, &[]);
-    let stderr = refused(&out);
-    assert!(stderr.contains("sale.csv: line 5:"), "{stderr}");
+    let stderr = refused_saying(&out, "sale.csv: line 5:");
     assert!(stderr.contains("`6OO`"), "{stderr}");
     assert!(out.stdout.is_empty());
 }
@@ -245,10 +248,9 @@ fn a_malformed_profile_names_its_line_and_exits_2() {
 fn a_profile_time_below_zero_names_its_line_and_exits_2() {
     let (_dir, profile) = file("early.csv", "t_seconds,rate\n-10,10\n0,10\n");
     let out = simulate_profile(&profile, &[]);
-    let stderr = refused(&out);
-    assert!(
-        stderr.contains("early.csv: line 2: t_seconds must not be negative, got -10"),
-        "{stderr}"
+    refused_saying(
+        &out,
+        "early.csv: line 2: t_seconds must not be negative, got -10",
     );
     assert!(out.stdout.is_empty());
 }
@@ -262,11 +264,7 @@ fn a_profile_with_bytes_beyond_utf8_is_read_line_by_line() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     std::fs::write(&profile, b"0,5\n30,5\xe9\n").unwrap();
     let out = simulate_profile(&profile, &[]);
-    let stderr = refused(&out);
-    assert!(
-        stderr.contains("latin1.csv: line 2: rate is not a number"),
-        "{stderr}"
-    );
+    refused_saying(&out, "latin1.csv: line 2: rate is not a number");
 }
 
 /// A profile was read whole, however long: `--profile /dev/zero` read until memory ran
@@ -332,11 +330,7 @@ fn a_profile_in_utf16_is_read_as_such() {
     bytes.push(b'0');
     std::fs::write(&profile, bytes).unwrap();
     let out = simulate_profile(&profile, &[]);
-    let stderr = refused(&out);
-    assert!(
-        stderr.contains("odd.csv: line 2: rate is not a number: `4\u{fffd}`"),
-        "{stderr}"
-    );
+    refused_saying(&out, "odd.csv: line 2: rate is not a number: `4\u{fffd}`");
 }
 
 #[test]
@@ -351,16 +345,11 @@ fn a_good_profile_runs() {
 #[test]
 fn unknown_names_exit_2() {
     let out = rocgate(&["simulate", "--scenario", "black-friday"]);
-    let stderr = refused(&out);
-    assert!(
-        stderr.contains("unknown scenario `black-friday`"),
-        "{stderr}"
-    );
+    let stderr = refused_saying(&out, "unknown scenario `black-friday`");
     assert!(stderr.contains("flash-sale"), "{stderr}");
 
     let out = rocgate(&["simulate", "--route", "checkout"]);
-    let stderr = refused(&out);
-    assert!(stderr.contains("unknown route `checkout`"), "{stderr}");
+    refused_saying(&out, "unknown route `checkout`");
 }
 
 #[test]
@@ -368,8 +357,7 @@ fn an_unwritable_out_dir_exits_2_before_running() {
     let (_dir, a_file) = file("a-file", "");
     let under_a_file = a_file.join("out");
     let out = rocgate(&["simulate", "--out", under_a_file.to_str().unwrap()]);
-    let stderr = refused(&out);
-    assert!(stderr.contains("a-file"), "{stderr}");
+    refused_saying(&out, "a-file");
     assert!(out.stdout.is_empty(), "nothing ran");
 }
 
@@ -453,10 +441,9 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     std::fs::create_dir(out_dir.join("timeseries.csv")).unwrap();
     let before = files_of(&out_dir);
     let out = simulate_to(&out_dir, &["--scenario", "flash-sale"]);
-    let stderr = refused(&out);
-    assert!(
-        stderr.contains("timeseries.csv: is a directory, where the output file goes"),
-        "{stderr}"
+    refused_saying(
+        &out,
+        "timeseries.csv: is a directory, where the output file goes",
     );
     assert!(out.stdout.is_empty(), "nothing ran");
     assert_eq!(files_of(&out_dir), before);
@@ -464,10 +451,9 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     // output directory: File exists".
     let file = out_dir.join("summary.json");
     let out = simulate_to(&file, &["--scenario", "steady"]);
-    let stderr = refused(&out);
-    assert!(
-        stderr.contains("summary.json: exists and is no directory, where the output files go"),
-        "{stderr}"
+    refused_saying(
+        &out,
+        "summary.json: exists and is no directory, where the output files go",
     );
 }
 
@@ -510,8 +496,7 @@ fn a_replay_is_bounded_by_the_slots_of_all_its_routes() {
 fn an_invalid_config_exits_2() {
     let (_dir, config) = file("bad.toml", "[[routes]]\nname = \"order\"\n");
     let out = rocgate(&["simulate", "--config", config.to_str().unwrap()]);
-    let stderr = refused(&out);
-    assert!(stderr.contains("bad.toml"), "{stderr}");
+    refused_saying(&out, "bad.toml");
 }
 
 /// 27/Nov/2026:20:MM:SS +0100 for `s` seconds after 20:00.
@@ -660,11 +645,7 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
     let (_dir, log) = file("access.log", bad);
     let path = log.to_str().unwrap();
     let out = rocgate(&["simulate", "--access-log", path]);
-    let stderr = refused(&out);
-    assert!(
-        stderr.contains("2 of 122 lines (1.64%) are not access-log lines"),
-        "{stderr}"
-    );
+    let stderr = refused_saying(&out, "2 of 122 lines (1.64%) are not access-log lines");
     assert!(
         stderr.contains("access.log:4: no [time] after the user field"),
         "{stderr}"
@@ -866,11 +847,9 @@ fn a_sweep_point_whose_run_fails_is_named() {
 #[test]
 fn a_profile_drives_one_route() {
     let out = rocgate(&["simulate", "--route", "order", "--route", "seckill"]);
-    let stderr = refused(&out);
-    assert!(stderr.contains("a profile drives one route"), "{stderr}");
+    refused_saying(&out, "a profile drives one route");
     let out = rocgate(&["simulate", "--from", "2026-11-27T19:00:10Z"]);
-    let stderr = refused(&out);
-    assert!(stderr.contains("--access-log"), "{stderr}");
+    refused_saying(&out, "--access-log");
 }
 
 /// A reader that has gone (`rocgate simulate | head -1`) ends the output quietly:
