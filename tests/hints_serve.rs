@@ -364,6 +364,16 @@ async fn hints_from(admin: SocketAddr, more: &[&str]) -> Output {
     .unwrap()
 }
 
+/// What `rocgate hints --admin … {more}` prints on stdout of `report`, which a
+/// [`fake_admin`] answers; the test fails, showing it, unless the CLI exits 0.
+async fn printed(report: &'static str, more: &[&str]) -> String {
+    let (admin, _) = fake_admin(report).await;
+    let out = hints_from(admin, more).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    stdout
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_passes_on_a_period_with_a_space() {
     let (admin, asked) = fake_admin(r#"{"period_s":5400,"interval_s":10,"routes":[]}"#).await;
@@ -398,10 +408,7 @@ async fn the_cli_header_claims_only_the_history_there_is() {
         ("", "hints over the last 20s of history (asked 1h)\n"),
     ] {
         let answer = format!(r#"{{"period_s":3600,{covered}"interval_s":10,{parts}}}"#);
-        let (admin, _) = fake_admin(Box::leak(answer.into_boxed_str())).await;
-        let out = hints_from(admin, &["--period", "1h"]).await;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(0), "{stdout}");
+        let stdout = printed(Box::leak(answer.into_boxed_str()), &["--period", "1h"]).await;
         assert!(stdout.starts_with(header), "{stdout}");
     }
     // A history that fills the period (all but the interval still open) covers it.
@@ -423,16 +430,14 @@ async fn the_cli_header_claims_only_the_history_there_is() {
 /// rejected: it says that too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_says_what_a_shadow_route_would_have_rejected() {
-    let (admin, _) = fake_admin(
+    let stdout = printed(
         r#"{"period_s":60,"interval_s":10,"routes":[
             {"route":"order","intervals":6,"covered_s":60,"offered":9000,"rejected":0,"shadow_rejected":1800,"hints":[]},
             {"route":"search","intervals":6,"covered_s":60,"offered":100,"rejected":5,"hints":[]}
         ]}"#,
+        &[],
     )
     .await;
-    let out = hints_from(admin, &[]).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(
         stdout.contains(
             "route order: 6 interval(s), 60.0 s, 9000 offered, 0 rejected, 1800 would have been rejected\n"
@@ -459,16 +464,14 @@ async fn the_cli_does_not_panic_on_an_answer_out_of_range() {
 /// whole seconds, "0 s" for 0.4 s of a sale and "2 s" for 1.5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_prints_an_events_part_to_a_tenth_of_a_second() {
-    let (admin, _) = fake_admin(
+    let stdout = printed(
         r#"{"period_s":60,"interval_s":10,"routes":[
             {"route":"order","intervals":6,"covered_s":58.5,"offered":100,"rejected":0,"hints":[]},
             {"route":"order","event":"sale","intervals":1,"covered_s":0.4,"offered":20,"rejected":0,"hints":[]}
         ]}"#,
+        &[],
     )
     .await;
-    let out = hints_from(admin, &[]).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(
         stdout.contains("route order: 6 interval(s), 58.5 s,"),
         "{stdout}"
