@@ -2,12 +2,15 @@
 //! and `rocgate hints --admin`.
 #![cfg(feature = "cli")]
 
+#[path = "common/proxy.rs"]
+mod running;
+
 use axum::Router;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rocgate::config::Config;
-use rocgate::proxy::{Proxy, ProxySettings};
+use rocgate::proxy::Proxy;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -60,16 +63,11 @@ async fn start_with(config: &str) -> (SocketAddr, SocketAddr, tokio::sync::onesh
     let app = Router::new().fallback(|| async { "ok" });
     tokio::spawn(async move { axum::serve(upstream, app).await });
     let config = Config::from_toml_str(config, "test").unwrap();
+    // The shared test settings, with this file's own timeouts and body limit.
     let settings = {
-        let mut built = ProxySettings::from_server(
-            &rocgate::config::ServerConfig::default(),
-            format!("http://{upstream_addr}").parse().unwrap(),
-        );
-        built.listen = "127.0.0.1:0".parse().unwrap();
-        built.admin_listen = "127.0.0.1:0".parse().unwrap();
+        let mut built = running::settings(upstream_addr);
         built.header_read_timeout = Duration::from_secs(2);
         built.shutdown_grace = Duration::from_secs(2);
-        built.forward.connect_timeout = Duration::from_secs(1);
         built.forward.response_timeout = Duration::from_secs(5);
         built.forward.max_body_bytes = 1024;
         built
