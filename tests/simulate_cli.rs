@@ -93,6 +93,16 @@ fn refused(out: &Output) -> String {
     stderr
 }
 
+/// What the run of a test's `case` said on standard error; the test fails, naming the
+/// case and showing what the run said, unless it was refused (exit 2) saying `what`.
+#[track_caller]
+fn case_refused_saying(case: impl std::fmt::Debug, out: &Output, what: &str) -> String {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{case:?}: {stderr}");
+    assert!(stderr.contains(what), "{case:?}: {stderr}");
+    stderr
+}
+
 /// What a run said on standard error; the test fails, showing it, unless the run was
 /// refused (exit 2) saying `what`.
 #[track_caller]
@@ -216,7 +226,7 @@ fn a_refused_run_leaves_no_output_directory_it_made() {
     refused_saying(&out, "slots");
     assert!(!out_dir.exists(), "the directory it made is gone");
     let out = args(dir.path());
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    refused(&out);
     assert!(dir.path().is_dir(), "the directory that was there stays");
 }
 
@@ -390,8 +400,7 @@ fn a_run_refused_or_failing_part_way_leaves_the_last_runs_files_as_they_were() {
     let long = dir.path().join("long.csv");
     std::fs::write(&long, "0,0\n2000000,0\n").unwrap();
     let out = simulate_to(&out_dir, &["--profile", long.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("more than 1000000"));
+    refused_saying(&out, "more than 1000000");
     assert_eq!(files_of(&out_dir), before, "a refused run");
 
     // A write fails part-way: files over 60 KiB cannot be written (a full disk), so
@@ -789,9 +798,7 @@ fn bad_sweeps_exit_2_with_the_reason() {
         let mut all = vec!["simulate"];
         all.extend(args.iter().copied());
         let out = rocgate(&all);
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        let stderr = text(&out.stderr);
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        case_refused_saying(&args, &out, expected);
         assert!(out.stdout.is_empty(), "{args:?}: nothing ran");
     }
 }
@@ -803,9 +810,7 @@ fn bad_sweeps_exit_2_with_the_reason() {
 fn a_start_with_an_offset_is_refused_not_read_as_utc() {
     for start in ["2026-11-27T19:00:00.0+01:00", "2026-11-27T19:00:00-05:00"] {
         let out = rocgate(&["simulate", "--start", start]);
-        assert_eq!(out.status.code(), Some(2), "{start}");
-        let stderr = text(&out.stderr);
-        assert!(stderr.contains("is not UTC"), "{start}: {stderr}");
+        case_refused_saying(start, &out, "is not UTC");
     }
     let out = rocgate(&["simulate", "--start", "2026-11-27T19:00:00.5+00:00"]);
     succeeded(&out);
@@ -817,12 +822,8 @@ fn a_start_with_an_offset_is_refused_not_read_as_utc() {
 fn a_bad_seed_says_what_a_seed_is() {
     for seed in ["-1", "1.5", "x"] {
         let out = rocgate(&["simulate", "--seed", seed]);
-        assert_eq!(out.status.code(), Some(2), "{seed}");
-        let stderr = text(&out.stderr);
-        assert!(
-            stderr.contains("a seed is a whole number from 0 to 18446744073709551615"),
-            "{seed}: {stderr}"
-        );
+        let what = "a seed is a whole number from 0 to 18446744073709551615";
+        case_refused_saying(seed, &out, what);
     }
 }
 
@@ -905,12 +906,8 @@ fn a_negative_number_is_refused_naming_its_flag() {
         (&["demo", "--seed", "-1"][..], "'--seed <SEED>'"),
     ] {
         let out = rocgate(flags);
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
-        assert!(
-            stderr.contains(&format!("invalid value '{}' for {named}", flags[2])),
-            "{flags:?}: {stderr}"
-        );
+        let what = format!("invalid value '{}' for {named}", flags[2]);
+        case_refused_saying(flags, &out, &what);
     }
 }
 
@@ -921,11 +918,10 @@ fn a_negative_number_is_refused_naming_its_flag() {
 fn a_capacity_that_is_no_whole_number_is_refused_saying_so() {
     for value in ["1.5", "-5", "NaN", "", "0", "18446744073709551616"] {
         let out = rocgate(&["simulate", "--capacity", value]);
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{value:?}: {stderr}");
+        let what = format!("invalid value '{value}' for '--capacity <RPS>'");
+        let stderr = case_refused_saying(value, &out, &what);
         assert!(
-            stderr.contains(&format!("invalid value '{value}' for '--capacity <RPS>'"))
-                && stderr.contains("whole number of req/s from 1 to 18446744073709551615"),
+            stderr.contains("whole number of req/s from 1 to 18446744073709551615"),
             "{value:?}: {stderr}"
         );
     }
@@ -1083,12 +1079,7 @@ fn log_only_flags_beside_a_scenario_or_profile_are_refused() {
         (vec!["--profile", p, "--lenient"], "--lenient"),
     ] {
         let out = rocgate(&[&["simulate"][..], &args].concat());
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains(&format!("{flag} applies to an access log")),
-            "{args:?}: {stderr}"
-        );
+        case_refused_saying(&args, &out, &format!("{flag} applies to an access log"));
         assert!(out.stdout.is_empty(), "{args:?} ran");
     }
 }
