@@ -67,6 +67,11 @@ fn steady(rate: f64) -> Vec<(f64, f64)> {
     vec![(0.0, rate), (60.0, rate)]
 }
 
+/// 100 req/s for 20 s, then 400 (twice the default base limit) to 60 s.
+fn spike_to_400() -> Vec<(f64, f64)> {
+    vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)]
+}
+
 #[test]
 fn rejections_under_a_healthy_upstream_raise_the_base_limit() {
     let h = advise("", &steady(300.0), Some(1000));
@@ -361,7 +366,7 @@ fn many_cuts_on_a_quiet_route_raise_min_rps() {
 
 #[test]
 fn heavy_rejection_while_recovering_under_a_healthy_upstream_restores_faster() {
-    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let spike = spike_to_400();
     let h = advise("", &spike, Some(1000));
     let (current, suggested) = numbers(&h, "faster_restore");
     assert_eq!(current, 20.0);
@@ -393,7 +398,7 @@ fn no_faster_restore_to_a_base_limit_the_upstream_cannot_take() {
     assert!(find(&h, "faster_restore").is_none(), "{h:#?}");
     // A sustained spike: restored faster against a service with room for a full bucket
     // and a second of refill (400 req/s), not against one without.
-    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let spike = spike_to_400();
     assert_eq!(
         numbers(&advise("", &spike, Some(400)), "faster_restore"),
         (20.0, 40.0)
@@ -587,7 +592,7 @@ fn a_quiet_healthy_route_gets_no_change() {
 
 #[test]
 fn hints_are_deterministic() {
-    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let spike = spike_to_400();
     let a = advise("", &spike, Some(1000));
     let b = advise("", &spike, Some(1000));
     assert_eq!(a, b);
@@ -2633,7 +2638,7 @@ fn a_shadow_route_gets_the_limits_enforcing_would_need() {
 /// the cut include those while restoring, pointed at the cut's settings only.
 #[test]
 fn a_shadow_route_that_recovers_slowly_is_told_to_restore_faster() {
-    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
+    let spike = spike_to_400();
     for mode in ["shadow", "shadow_adaptive"] {
         let h = advise(&format!("mode = \"{mode}\""), &spike, Some(1000));
         assert_eq!(
@@ -2675,18 +2680,23 @@ fn a_shadow_route_that_recovers_slowly_is_told_to_restore_faster() {
 /// `shadow_adaptive`, which enforces its base limit throughout, quoted 43.3% of a spike
 /// of 400 req/s against 200, the other two 27.9%. Demand beyond the base limit's rate
 /// in an interval counts as the base limit's, up to what the cut refused there.
+/// The share of the rejections `raise_base_limit` counts as the base limit's (the first
+/// percentage its reason quotes), and that reason, for the route of `extra` under
+/// [`spike_to_400`] at a capacity of 1,000 req/s; the test fails, naming `extra`, if it
+/// gives no `raise_base_limit`.
+fn base_limits_share(extra: &str) -> (f64, String) {
+    let h = advise(extra, &spike_to_400(), Some(1000));
+    let reason = &find(&h, "raise_base_limit")
+        .unwrap_or_else(|| panic!("{extra}: {h:#?}"))
+        .reason;
+    let end = reason.find('%').unwrap();
+    let start = reason[..end].rfind(' ').map_or(0, |s| s + 1);
+    (reason[start..end].parse::<f64>().unwrap(), reason.clone())
+}
+
 #[test]
 fn the_base_limits_share_is_the_same_in_every_mode() {
-    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
-    let share = |mode: &str| {
-        let h = advise(&format!("mode = \"{mode}\""), &spike, Some(1000));
-        let reason = &find(&h, "raise_base_limit")
-            .unwrap_or_else(|| panic!("{mode}: {h:#?}"))
-            .reason;
-        let end = reason.find('%').unwrap();
-        let start = reason[..end].rfind(' ').map_or(0, |s| s + 1);
-        (reason[start..end].parse::<f64>().unwrap(), reason.clone())
-    };
+    let share = |mode: &str| base_limits_share(&format!("mode = \"{mode}\""));
     let (adaptive, why) = share("shadow_adaptive");
     assert_eq!(adaptive, 43.3, "{why}");
     for mode in ["enforce", "shadow"] {
@@ -2712,17 +2722,8 @@ fn the_base_limits_share_is_the_same_in_every_mode() {
 /// the base limit", now says 83.0%, and 17.0% by the ROC cut.
 #[test]
 fn a_leaky_buckets_share_is_the_same_in_every_mode() {
-    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
-    let share = |mode: &str| {
-        let extra = format!("algorithm = \"leaky_bucket\"\nmode = \"{mode}\"");
-        let h = advise(&extra, &spike, Some(1000));
-        let reason = &find(&h, "raise_base_limit")
-            .unwrap_or_else(|| panic!("{mode}: {h:#?}"))
-            .reason;
-        let end = reason.find('%').unwrap();
-        let start = reason[..end].rfind(' ').map_or(0, |s| s + 1);
-        (reason[start..end].parse::<f64>().unwrap(), reason.clone())
-    };
+    let share =
+        |mode: &str| base_limits_share(&format!("algorithm = \"leaky_bucket\"\nmode = \"{mode}\""));
     let (adaptive, why) = share("shadow_adaptive");
     for mode in ["enforce", "shadow"] {
         let (quoted, why_mode) = share(mode);
@@ -2733,7 +2734,7 @@ fn a_leaky_buckets_share_is_the_same_in_every_mode() {
     }
     let h = advise(
         "algorithm = \"leaky_bucket\"\nmode = \"shadow\"",
-        &spike,
+        &spike_to_400(),
         Some(1000),
     );
     let verdict = &find(&h, "shadow_verdict").unwrap().reason;
@@ -2749,8 +2750,7 @@ fn a_leaky_buckets_share_is_the_same_in_every_mode() {
 /// sees the cut refuse 1540 of 18000 requests (16.5% of the 9341 would-be ones).
 #[test]
 fn the_shadow_verdict_splits_the_rejections_as_raise_base_limit_does() {
-    let spike = vec![(0.0, 100.0), (20.0, 100.0), (20.0, 400.0), (60.0, 400.0)];
-    let h = advise("mode = \"shadow\"", &spike, Some(1000));
+    let h = advise("mode = \"shadow\"", &spike_to_400(), Some(1000));
     let percent = |text: &str, before: &str| -> f64 {
         let end = text
             .find(before)
