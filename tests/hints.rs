@@ -19,6 +19,12 @@ use rocgate::sim::{hints, ArrivalModel, Profile, Scenario, Simulator};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+/// The hints `serve` gives for a route of `settings` over `intervals` of its history,
+/// with no capacity known and the default policy (the rules' own bounds).
+fn advise_over(settings: &RouteSettings, intervals: &[Interval]) -> Vec<Hint> {
+    rocgate::hints::advise(settings, intervals, None, &Policy::default())
+}
+
 /// The hints for one route `r` (classic parameters plus `extra`, TOML lines of the
 /// route) under a profile of `(t_seconds, rate)` points.
 fn advise(extra: &str, points: &[(f64, f64)], capacity: Option<u64>) -> Vec<Hint> {
@@ -234,7 +240,7 @@ fn fallback_rejections_tune_neither_base_limit_nor_burst_nor_restore() {
     ] {
         let advised = |reason| {
             let part = intervals(pattern, reason, state);
-            rocgate::hints::advise(&settings, &part, None, &Policy::default())
+            advise_over(&settings, &part)
         };
         let by_limit = advised(limiter);
         assert!(find(&by_limit, rule).is_some(), "{rule}: {by_limit:#?}");
@@ -281,7 +287,7 @@ fn faster_restore_counts_the_base_limits_refusals_as_raise_base_limit_does() {
             .collect::<Vec<Interval>>()
     };
     let restore = |settings: &RouteSettings, part: &[Interval]| {
-        let h = rocgate::hints::advise(settings, part, None, &Policy::default());
+        let h = advise_over(settings, part);
         find(&h, "faster_restore").map(|h| h.reason.clone())
     };
     let enforce = classic();
@@ -482,7 +488,7 @@ fn a_shadow_adaptive_verdict_without_other_hints_names_the_cut_settings() {
     let settings = engine_settings("mode = \"shadow_adaptive\"");
     let mut intervals = seconds(180, false);
     shadow_cut(&mut intervals, 250.0);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     let verdict = find(&h, "shadow_verdict").unwrap_or_else(|| panic!("{h:#?}"));
     assert!(
         h.iter()
@@ -531,7 +537,7 @@ fn a_shadow_verdict_names_what_the_other_hints_leave_out() {
         i.peak_demand_rps = 300.0;
     }
     shadow_cut(&mut intervals, 300.0);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert!(find(&h, "raise_base_limit").is_some(), "{h:#?}");
     let verdict = find(&h, "shadow_verdict").unwrap_or_else(|| panic!("{h:#?}"));
     assert!(
@@ -629,7 +635,7 @@ fn one_request_is_too_little_traffic_in_the_singular() {
     let settings = engine_settings("");
     let mut intervals = seconds(0, false);
     intervals[0].offered = 1;
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert_eq!(
         h[0].reason,
         "no change: too little traffic to judge (1 request in 30.0 s)"
@@ -724,7 +730,7 @@ fn a_concurrency_limit_lowered_leaves_min_rps_alone() {
     };
     // 1,000 req/s admitted, 5% failing: saturated, nothing rejected.
     let intervals = seconds(1_000, true);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert_eq!(numbers(&h, "lower_base_limit"), (64.0, 51.0));
     assert!(
         h.iter().all(|h| h.parameter.as_deref() != Some("min_rps")),
@@ -766,7 +772,7 @@ fn min_rps_raised_beside_a_lowered_base_limit_stays_under_it() {
             i
         })
         .collect();
-    let h = rocgate::hints::advise(&classic(), &intervals, None, &Policy::default());
+    let h = advise_over(&classic(), &intervals);
     assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 45.0));
     let (current, raised) = numbers(&h, "raise_min_rps");
     assert_eq!(current, 10.0);
@@ -800,14 +806,14 @@ fn a_raised_window_limit_stays_within_what_its_counter_holds() {
         ..classic()
     };
     let intervals = rejecting(0, 30, 1_250_000, (Reason::Limit, 250_000), 0);
-    let h = rocgate::hints::advise(&settings(1e6), &intervals, None, &Policy::default());
+    let h = advise_over(&settings(1e6), &intervals);
     assert_eq!(numbers(&h, "raise_base_limit"), (1e6, 1_048_000.0));
     let raise = find(&h, "raise_base_limit").unwrap();
     assert!(raise.reason.contains("window counter"), "{}", raise.reason);
     let extra = "algorithm = \"fixed_window\"\nlimiter_window = \"1s\"\nbase_limit = 1000000";
     apply(extra, &h).unwrap();
     // At that most already: nothing to raise.
-    let h = rocgate::hints::advise(&settings(1_048_000.0), &intervals, None, &Policy::default());
+    let h = advise_over(&settings(1_048_000.0), &intervals);
     assert!(find(&h, "raise_base_limit").is_none(), "{h:#?}");
 }
 
@@ -823,7 +829,7 @@ fn a_raised_bucket_limit_stays_within_what_the_bucket_keeps() {
         i.rejected[rocgate::limiter::Reason::Limit.index()] = 250_000;
     }
     let settings = engine_settings(extra);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert_eq!(numbers(&h, "raise_base_limit"), (1e6, 1_193_000.0));
     let raise = find(&h, "raise_base_limit").unwrap();
     assert!(
@@ -844,7 +850,7 @@ fn a_raised_bucket_limit_stays_within_what_the_bucket_keeps() {
         i.rejected[rocgate::limiter::Reason::Limit.index()] = rejected;
         i.upstream.as_mut().unwrap().requests = offered - rejected;
     }
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     let (_, base) = numbers(&h, "raise_base_limit");
     let burst = find(&h, "raise_burst").unwrap_or_else(|| panic!("{h:#?}"));
     let Some(Setting::Text(raised)) = &burst.suggested else {
@@ -880,12 +886,7 @@ fn a_raised_bucket_limit_stays_within_what_a_bucket_enforces() {
         for i in &mut intervals {
             i.rejected[rocgate::limiter::Reason::Limit.index()] = 450_000;
         }
-        let h = rocgate::hints::advise(
-            &engine_settings(&extra),
-            &intervals,
-            None,
-            &Policy::default(),
-        );
+        let h = advise_over(&engine_settings(&extra), &intervals);
         assert_eq!(numbers(&h, "raise_base_limit"), (1.8e6, 2e6), "{algorithm}");
         let raise = find(&h, "raise_base_limit").unwrap();
         assert!(
@@ -898,12 +899,7 @@ fn a_raised_bucket_limit_stays_within_what_a_bucket_enforces() {
         apply(&extra, &h).unwrap();
         // At the bound already: nothing to raise.
         let extra = format!("algorithm = \"{algorithm}\"\nbase_limit = 2000000\ncut_limit = 1000");
-        let h = rocgate::hints::advise(
-            &engine_settings(&extra),
-            &intervals,
-            None,
-            &Policy::default(),
-        );
+        let h = advise_over(&engine_settings(&extra), &intervals);
         assert!(
             find(&h, "raise_base_limit").is_none(),
             "{algorithm}: {h:#?}"
@@ -936,7 +932,7 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
         ..classic()
     };
     let intervals = rejecting(0, 30, 20, (Reason::Concurrency, 5), 0);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert_eq!(numbers(&h, "raise_base_limit"), (7.0, 10.0));
 
     // An upstream saturated with 5 requests in flight behind a limit of 7: 90% of 5
@@ -945,7 +941,7 @@ fn limits_are_suggested_as_the_routes_algorithm_takes_them() {
     for i in &mut saturated {
         i.peak_in_flight = Some(5.0);
     }
-    let h = rocgate::hints::advise(&settings, &saturated, None, &Policy::default());
+    let h = advise_over(&settings, &saturated);
     assert_eq!(numbers(&h, "lower_base_limit"), (7.0, 4.0));
     let concurrency =
         "algorithm = \"concurrency\"\nbase_limit = 7\ncut_limit = 3\nrestore_step = 1";
@@ -1081,7 +1077,7 @@ fn hints_during_an_event_name_the_event() {
     assert_eq!(during.params.base_limit_rps, 500.0);
     // A third rejected by the base limit while the upstream is healthy.
     let intervals = rejecting(100, 30, 750, (Reason::Limit, 250), 0);
-    let h = rocgate::hints::advise(&during, &intervals, None, &Policy::default());
+    let h = advise_over(&during, &intervals);
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert_eq!(numbers(&h, "raise_base_limit"), (500.0, 650.0));
     assert_eq!(raise.event.as_deref(), Some("sale"));
@@ -1093,7 +1089,7 @@ fn hints_during_an_event_name_the_event() {
     let json = serde_json::to_value(raise).unwrap();
     assert_eq!(json["event"], "sale");
     // Judged outside the event: no event named, and none in the JSON.
-    let h = rocgate::hints::advise(&before, &intervals, None, &Policy::default());
+    let h = advise_over(&before, &intervals);
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert_eq!(raise.event, None);
     assert!(serde_json::to_value(raise).unwrap().get("event").is_none());
@@ -1155,7 +1151,7 @@ fn a_concurrency_route_gets_no_min_rps_raise_measured_against_its_in_flight_limi
         i.peak_demand_rps = 30.0;
         i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
     }
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert!(
         find(&h, "raise_min_rps").is_some_and(|h| h.parameter.is_none()),
         "{h:#?}"
@@ -1163,14 +1159,14 @@ fn a_concurrency_route_gets_no_min_rps_raise_measured_against_its_in_flight_limi
     // The same traffic on a token bucket of 64 req/s is quiet, and min_rps is raised
     // above the cuts' peak demand, at most half the base limit.
     let settings = engine_settings("base_limit = 64\ncut_limit = 32\nmin_rps = 10");
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert_eq!(numbers(&h, "raise_min_rps"), (10.0, 32.0));
     // Per client, the route's whole demand under a fifth of one client's limit is
     // quiet too, and the raise stays within half of one client's limit.
     let settings =
         engine_settings("partition = \"ip\"\nbase_limit = 64\ncut_limit = 32\nmin_rps = 10");
     assert!(settings.partitioned);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert_eq!(numbers(&h, "raise_min_rps"), (10.0, 32.0));
 }
 
@@ -1184,7 +1180,7 @@ fn a_concurrency_route_gets_no_min_rps_raise_measured_against_its_in_flight_limi
 fn a_partitioned_routes_lowered_base_limit_leaves_min_rps_alone() {
     for partition in ["ip", "header:x-api-key"] {
         let settings = engine_settings(&format!("partition = \"{partition}\"\nmin_rps = 180"));
-        let h = rocgate::hints::advise(&settings, &seconds(1_000, true), None, &Policy::default());
+        let h = advise_over(&settings, &seconds(1_000, true));
         assert_eq!(
             numbers(&h, "lower_base_limit"),
             (200.0, 160.0),
@@ -1197,7 +1193,7 @@ fn a_partitioned_routes_lowered_base_limit_leaves_min_rps_alone() {
     }
     // Limited as a whole, the same route's min_rps goes down with its base limit.
     let settings = engine_settings("min_rps = 180");
-    let h = rocgate::hints::advise(&settings, &seconds(1_000, true), None, &Policy::default());
+    let h = advise_over(&settings, &seconds(1_000, true));
     let min = setting(&h, "min_rps");
     assert_eq!(min.suggested, Some(Setting::Number(80.0)));
 }
@@ -1258,7 +1254,7 @@ fn a_concurrency_routes_capacity_is_the_count_in_flight_it_saturated_at() {
     for (k, i) in saturated.iter_mut().enumerate() {
         i.peak_in_flight = Some(if k % 2 == 0 { 40.0 } else { 38.0 });
     }
-    let h = rocgate::hints::advise(&settings, &saturated, None, &Policy::default());
+    let h = advise_over(&settings, &saturated);
     assert_eq!(numbers(&h, "lower_base_limit"), (64.0, 36.0), "90% of 40");
     let reason = &find(&h, "lower_base_limit").unwrap().reason;
     assert!(reason.contains("about 40 in flight"), "{reason}");
@@ -1273,7 +1269,7 @@ fn a_concurrency_routes_capacity_is_the_count_in_flight_it_saturated_at() {
     let mut intervals = rejecting(0, 30, 20, (Reason::Concurrency, 5), 0);
     intervals[10] = rejecting(10, 1, 20, (Reason::Concurrency, 0), 1).remove(0);
     intervals[10].peak_in_flight = Some(8.0);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert_eq!(numbers(&h, "raise_base_limit"), (7.0, 8.0));
     let reason = &find(&h, "raise_base_limit").unwrap().reason;
     assert!(
@@ -1346,13 +1342,13 @@ fn rules_that_cannot_compare_like_with_like_say_so_once_per_route() {
             .collect::<Vec<_>>()
     };
     let whole = engine_settings("base_limit = 300");
-    let h = rocgate::hints::advise(&whole, &bursty, None, &Policy::default());
+    let h = advise_over(&whole, &bursty);
     assert_eq!(
         find(&h, "raise_burst").and_then(|h| h.parameter.as_deref()),
         Some("burst")
     );
     let keyed = engine_settings("partition = \"ip\"\nbase_limit = 300");
-    let h = rocgate::hints::advise(&keyed, &bursty, None, &Policy::default());
+    let h = advise_over(&keyed, &bursty);
     for rule in ["raise_burst", "raise_danger_roc", "faster_restore"] {
         let said = notes(&h, rule);
         assert_eq!(said.len(), 1, "{rule}: {h:#?}");
@@ -1386,7 +1382,7 @@ fn rules_that_cannot_compare_like_with_like_say_so_once_per_route() {
     i.peak_demand_rps = 30.0;
     i.in_state[usize::from(ControllerState::Cut.as_index())] = 1.0;
     let rate = engine_settings("base_limit = 64\ncut_limit = 32");
-    let h = rocgate::hints::advise(&rate, &intervals, None, &Policy::default());
+    let h = advise_over(&rate, &intervals);
     assert_eq!(
         find(&h, "raise_danger_roc").and_then(|h| h.parameter.as_deref()),
         Some("danger_roc")
@@ -1394,7 +1390,7 @@ fn rules_that_cannot_compare_like_with_like_say_so_once_per_route() {
     let concurrency = engine_settings(
         "algorithm = \"concurrency\"\nbase_limit = 64\ncut_limit = 32\nrestore_step = 2",
     );
-    let h = rocgate::hints::advise(&concurrency, &intervals, None, &Policy::default());
+    let h = advise_over(&concurrency, &intervals);
     for rule in ["raise_danger_roc", "raise_min_rps"] {
         let said = notes(&h, rule);
         assert_eq!(said.len(), 1, "{rule}: {h:#?}");
@@ -1470,7 +1466,7 @@ fn a_burst_hint_in_an_events_part_names_no_event() {
     let bursty = bursts_of_400();
     let mut during = engine_settings("base_limit = 300");
     during.event = Some("sale".into());
-    let h = rocgate::hints::advise(&during, &bursty, None, &Policy::default());
+    let h = advise_over(&during, &bursty);
     let burst = find(&h, "raise_burst").unwrap_or_else(|| panic!("{h:#?}"));
     assert_eq!(burst.parameter.as_deref(), Some("burst"));
     assert_eq!(burst.event, None);
@@ -1487,7 +1483,7 @@ fn a_burst_hint_in_an_events_part_names_no_event() {
 fn a_mode_hint_in_an_events_part_names_no_event() {
     let mut during = engine_settings("mode = \"shadow\"");
     during.event = Some("sale".into());
-    let h = rocgate::hints::advise(&during, &seconds(100, false), None, &Policy::default());
+    let h = advise_over(&during, &seconds(100, false));
     let verdict = find(&h, "shadow_verdict").unwrap_or_else(|| panic!("{h:#?}"));
     assert_eq!(verdict.parameter.as_deref(), Some("mode"));
     assert_eq!(verdict.event, None, "{verdict:#?}");
@@ -1533,7 +1529,7 @@ fn a_cut_limit_is_not_read_as_the_upstreams_capacity() {
             .into_iter()
             .map(held),
     );
-    let h = rocgate::hints::advise(&rate, &intervals, None, &Policy::default());
+    let h = advise_over(&rate, &intervals);
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
     // The cut refusing nothing: 150 req/s was all there was, and the upstream,
     // healthy at 100, saturated at it.
@@ -1543,7 +1539,7 @@ fn a_cut_limit_is_not_read_as_the_upstreams_capacity() {
             .into_iter()
             .map(held),
     );
-    let h = rocgate::hints::advise(&rate, &unbound, None, &Policy::default());
+    let h = advise_over(&rate, &unbound);
     assert_eq!(
         numbers(&h, "lower_base_limit"),
         (500.0, 130.0),
@@ -1565,7 +1561,7 @@ fn a_cut_limit_is_not_read_as_the_upstreams_capacity() {
                 held(i)
             }),
     );
-    let h = rocgate::hints::advise(&concurrency, &intervals, None, &Policy::default());
+    let h = advise_over(&concurrency, &intervals);
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
 }
 
@@ -1595,14 +1591,14 @@ fn a_cut_in_shadow_adaptive_pins_nothing_of_the_capacity() {
         intervals
     };
     let shadow = engine_settings("mode = \"shadow_adaptive\"\nbase_limit = 500\ncut_limit = 150");
-    let h = rocgate::hints::advise(&shadow, &spike(Reason::Limit), None, &Policy::default());
+    let h = advise_over(&shadow, &spike(Reason::Limit));
     assert_eq!(
         numbers(&h, "lower_base_limit"),
         (500.0, 350.0),
         "90% of the 396 req/s it saturated at, rounded down"
     );
     let enforced = engine_settings("base_limit = 500\ncut_limit = 150");
-    let h = rocgate::hints::advise(&enforced, &spike(Reason::RocCut), None, &Policy::default());
+    let h = advise_over(&enforced, &spike(Reason::RocCut));
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
 }
 
@@ -1634,12 +1630,7 @@ fn a_concurrency_route_is_not_told_to_restore_faster() {
     let concurrency = engine_settings(
         "algorithm = \"concurrency\"\nbase_limit = 64\ncut_limit = 32\nrestore_step = 2",
     );
-    let h = rocgate::hints::advise(
-        &concurrency,
-        &recovery(Reason::Concurrency),
-        None,
-        &Policy::default(),
-    );
+    let h = advise_over(&concurrency, &recovery(Reason::Concurrency));
     let restore: Vec<&Hint> = h.iter().filter(|h| h.rule == "faster_restore").collect();
     assert_eq!(restore.len(), 1, "{h:#?}");
     assert_eq!(restore[0].parameter, None, "{h:#?}");
@@ -1651,7 +1642,7 @@ fn a_concurrency_route_is_not_told_to_restore_faster() {
         restore[0].reason
     );
     let rate = engine_settings("base_limit = 200\ncut_limit = 60");
-    let h = rocgate::hints::advise(&rate, &recovery(Reason::RocCut), None, &Policy::default());
+    let h = advise_over(&rate, &recovery(Reason::RocCut));
     assert_eq!(numbers(&h, "faster_restore"), (20.0, 40.0));
 }
 
@@ -1702,12 +1693,7 @@ fn a_route_and_its_event_give_one_burst_suggestion() {
 /// with both parts' figures: a raise from another part's figures must not undo it.
 #[test]
 fn a_lowered_burst_is_not_raised_by_another_part() {
-    let mut own = rocgate::hints::advise(
-        &engine_settings("base_limit = 300"),
-        &bursts_of_400(),
-        None,
-        &Policy::default(),
-    );
+    let mut own = advise_over(&engine_settings("base_limit = 300"), &bursts_of_400());
     assert_eq!(
         find(&own, "raise_burst").and_then(|h| h.parameter.as_deref()),
         Some("burst")
@@ -1743,13 +1729,8 @@ fn shadow_route_and_sale(sale: Vec<rocgate::hints::Interval>) -> (Vec<Hint>, Vec
     let own_settings = engine_settings("mode = \"shadow\"");
     let mut during = own_settings.clone();
     during.event = Some("sale".into());
-    let mut own = rocgate::hints::advise(
-        &own_settings,
-        &seconds(100, false),
-        None,
-        &Policy::default(),
-    );
-    let mut sale = rocgate::hints::advise(&during, &sale, None, &Policy::default());
+    let mut own = advise_over(&own_settings, &seconds(100, false));
+    let mut sale = advise_over(&during, &sale);
     rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
     (own, sale)
 }
@@ -1838,8 +1819,8 @@ fn a_withdrawn_suggestion_of_an_events_part_names_the_event() {
     for i in &mut busy {
         i.shadow_rejected[Reason::Limit.index()] = 20;
     }
-    let mut own = rocgate::hints::advise(&own_settings, &busy, None, &Policy::default());
-    let mut sale = rocgate::hints::advise(&during, &seconds(100, false), None, &Policy::default());
+    let mut own = advise_over(&own_settings, &busy);
+    let mut sale = advise_over(&during, &seconds(100, false));
     rocgate::hints::one_per_route_setting([(None, &mut own), (Some("sale"), &mut sale)]);
     let verdict = find(&sale, "shadow_verdict").unwrap();
     assert_eq!(
@@ -1911,7 +1892,7 @@ fn a_few_slow_requests_at_the_usual_rate_are_no_capacity() {
             i
         })
         .collect();
-    let h = rocgate::hints::advise(&classic(), &intervals, None, &Policy::default());
+    let h = advise_over(&classic(), &intervals);
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
 }
 
@@ -1949,7 +1930,7 @@ fn a_p99_within_the_latency_budget_is_healthy() {
         history.tick(now, &engine.snapshot(now), [settings()], Some(&meter));
     }
     let (st, intervals) = history.since(Nanos::ZERO).remove(0);
-    let h = rocgate::hints::advise(&st, &intervals, None, &Policy::default());
+    let h = advise_over(&st, &intervals);
     assert!(find(&h, "lower_base_limit").is_none(), "{h:#?}");
     assert_eq!(rules(&h), ["no_change"], "{h:#?}");
 }
@@ -1987,10 +1968,10 @@ fn needed_cuts_do_not_raise_min_rps_above_them() {
             })
             .collect()
     };
-    let h = rocgate::hints::advise(&classic(), &spiking(10), None, &Policy::default());
+    let h = advise_over(&classic(), &spiking(10));
     assert!(find(&h, "raise_min_rps").is_none(), "{h:#?}");
     // The same cuts over a healthy upstream guarded nothing: raise it above them.
-    let h = rocgate::hints::advise(&classic(), &spiking(0), None, &Policy::default());
+    let h = advise_over(&classic(), &spiking(0));
     let (current, suggested) = numbers(&h, "raise_min_rps");
     assert_eq!(current, 10.0);
     assert!(suggested > 80.0, "{suggested}");
@@ -2044,7 +2025,7 @@ fn advice_applied_is_not_advised_again_on_what_came_before() {
     );
     run(&engine, &mut history, 0, 30, 300);
     let (st, iv) = history.since(Nanos::ZERO).remove(0);
-    let first = rocgate::hints::advise(&st, &iv, None, &Policy::default());
+    let first = advise_over(&st, &iv);
     assert_eq!(numbers(&first, "raise_base_limit"), (200.0, 260.0));
 
     let wall = std::time::UNIX_EPOCH + Duration::from_secs(30);
@@ -2055,7 +2036,7 @@ fn advice_applied_is_not_advised_again_on_what_came_before() {
     let (st, iv) = history.since(Nanos::ZERO).remove(0);
     assert!(iv.iter().all(|i| i.start >= Nanos::from_secs(30)), "{iv:?}");
     assert_eq!(iv.iter().map(|i| i.rejected_total()).sum::<u64>(), 0);
-    let second = rocgate::hints::advise(&st, &iv, None, &Policy::default());
+    let second = advise_over(&st, &iv);
     assert!(find(&second, "raise_base_limit").is_none(), "{second:#?}");
 }
 
@@ -2073,7 +2054,7 @@ fn an_upstream_degraded_at_the_usual_rate_still_lowers_the_base_limit() {
             (Reason::Limit, 0),
             degraded_rate / 10,
         ));
-        let h = rocgate::hints::advise(&classic(), &intervals, None, &Policy::default());
+        let h = advise_over(&classic(), &intervals);
         assert!(
             find(&h, "lower_base_limit").is_some(),
             "{healthy} healthy at 100, saturated at {degraded_rate}: {:?}",
@@ -2151,7 +2132,7 @@ fn the_longest_latency_budget_can_be_exceeded() {
 #[test]
 fn the_quoted_upstream_p99_is_within_nine_percent() {
     let (settings, intervals) = metered(300, Duration::from_millis(11));
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     let raise = find(&h, "raise_base_limit").expect("a raise");
     assert!(raise.reason.contains("p99 11 ms"), "{}", raise.reason);
 }
@@ -2297,7 +2278,7 @@ fn a_current_duration_is_the_value_in_force() {
     settings.params.restore_interval = Duration::from_millis(1250);
     // 10 s recovering at 150 req/s, a third rejected by the lowered limit, healthy.
     let intervals = healthy_seconds(10, (150, 50), Reason::RocCut, ControllerState::Recovering);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     let hint = setting(&h, "restore_interval");
     assert_eq!(hint.current, Some(Setting::Text("1s 250ms".into())));
 }
@@ -2367,7 +2348,7 @@ fn one_bad_interval_at_the_usual_rate_is_no_ramp() {
     let mut settings = classic();
     settings.params = route.controller.clone();
     settings.params.danger_roc = 80.0; // judged against the classic thresholds
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     assert!(h.iter().all(|h| h.rule != "lower_base_limit"));
     assert!(
         h.iter().all(|h| h.rule != "lower_danger_roc"),
@@ -2432,7 +2413,7 @@ fn a_tiers_rejections_do_not_raise_the_routes_base_limit() {
     );
     let groups = h.since(Nanos::ZERO);
     let (s, intervals) = &groups[0];
-    let hints = rocgate::hints::advise(s, intervals, None, &Policy::default());
+    let hints = advise_over(s, intervals);
     let raise: Vec<&Hint> = hints
         .iter()
         .filter(|h| h.rule == "raise_base_limit")
@@ -2456,7 +2437,7 @@ fn a_raised_base_limit_is_one_the_config_accepts() {
     let mut settings = classic();
     settings.params.restore_interval = Duration::from_secs(20 * 3600); // 8 steps in 7 days: 220 at most
     let intervals = healthy_seconds(30, (300, 100), Reason::Limit, ControllerState::Normal);
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     let base = suggested_by(&h, "base_limit").expect("raise_base_limit");
     let json = format!("{{\"base_limit\": {base}}}");
     let r =
@@ -2475,7 +2456,7 @@ fn health_is_claimed_only_of_the_intervals_measured() {
     for i in &mut intervals[..10] {
         i.upstream = None;
     }
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert!(
         raise
@@ -2488,7 +2469,7 @@ fn health_is_claimed_only_of_the_intervals_measured() {
     for i in &mut intervals[10..11] {
         i.upstream.as_mut().unwrap().errors = 100;
     }
-    let h = rocgate::hints::advise(&settings, &intervals, None, &Policy::default());
+    let h = advise_over(&settings, &intervals);
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert!(
         raise
@@ -2498,12 +2479,7 @@ fn health_is_claimed_only_of_the_intervals_measured() {
         raise.reason
     );
     // Every interval measured: throughout.
-    let h = rocgate::hints::advise(
-        &settings,
-        &rejecting(0, 30, 300, (Reason::Limit, 60), 0),
-        None,
-        &Policy::default(),
-    );
+    let h = advise_over(&settings, &rejecting(0, 30, 300, (Reason::Limit, 60), 0));
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
     assert!(
         raise.reason.contains("the upstream was healthy throughout"),
@@ -2560,12 +2536,7 @@ fn the_tables_route_column_is_as_wide_as_the_longest_name() {
     for name in ["日本", "r"] {
         let mut settings = engine_settings("");
         settings.name = name.into();
-        hints.extend(rocgate::hints::advise(
-            &settings,
-            &seconds(300, false),
-            None,
-            &Policy::default(),
-        ));
+        hints.extend(advise_over(&settings, &seconds(300, false)));
     }
     let table = rocgate::hints::table(&hints);
     // Each route's "no change" line: where its severity begins, in chars: two spaces,
@@ -2791,7 +2762,7 @@ fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() 
     use rocgate::limiter::Reason;
     let keyed = engine_settings("partition = \"ip\"");
     let intervals = rejecting(0, 30, 1_000, (Reason::Limit, 200), 0);
-    let h = rocgate::hints::advise(&keyed, &intervals, None, &Policy::default());
+    let h = advise_over(&keyed, &intervals);
     assert_eq!(numbers(&h, "raise_base_limit"), (200.0, 260.0));
     let hint = find(&h, "raise_base_limit").unwrap();
     assert_eq!(hint.severity, Severity::Info);
@@ -2803,7 +2774,7 @@ fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() 
     );
     // Limited as a whole, the route's rejections are a shortfall: `warn`, as before.
     let whole = engine_settings("");
-    let h = rocgate::hints::advise(&whole, &intervals, None, &Policy::default());
+    let h = advise_over(&whole, &intervals);
     let hint = find(&h, "raise_base_limit").unwrap();
     assert_eq!(hint.severity, Severity::Warn);
     assert!(!hint.reason.contains("few keys"), "{}", hint.reason);
@@ -2813,7 +2784,7 @@ fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() 
     for i in &mut intervals {
         i.shadow_rejected[Reason::Limit.index()] = 200;
     }
-    let h = rocgate::hints::advise(&shadow, &intervals, None, &Policy::default());
+    let h = advise_over(&shadow, &intervals);
     let verdict = find(&h, "shadow_verdict").unwrap();
     assert!(
         verdict.reason.contains("see raise_base_limit")
@@ -2842,7 +2813,7 @@ fn measured_rates_are_quoted_to_three_significant_digits() {
             i
         })
         .collect();
-    let h = rocgate::hints::advise(&engine_settings(""), &intervals, None, &Policy::default());
+    let h = advise_over(&engine_settings(""), &intervals);
     assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 77.0));
     let reason = &find(&h, "lower_base_limit").unwrap().reason;
     assert!(
@@ -2852,7 +2823,7 @@ fn measured_rates_are_quoted_to_three_significant_digits() {
 
     let small = engine_settings("base_limit = 0.001\ncut_limit = 0.0003\nmin_rps = 0.0001");
     let intervals = rejecting(0, 30, 1_000, (Reason::Limit, 200), 0);
-    let h = rocgate::hints::advise(&small, &intervals, None, &Policy::default());
+    let h = advise_over(&small, &intervals);
     assert_eq!(numbers(&h, "raise_base_limit"), (0.001, 0.0013));
     let table = rocgate::hints::table(&h);
     assert!(table.contains("base_limit 0.001 → 0.0013"), "{table}");
@@ -2874,7 +2845,7 @@ fn a_measured_figure_beside_a_setting_is_told_apart_from_it() {
     };
     let mut intervals = seconds(180, false);
     cuts(&mut intervals);
-    let h = rocgate::hints::advise(&engine_settings(""), &intervals, None, &Policy::default());
+    let h = advise_over(&engine_settings(""), &intervals);
     let reason = &find(&h, "raise_danger_roc")
         .unwrap_or_else(|| panic!("{h:#?}"))
         .reason;
@@ -2892,7 +2863,7 @@ fn a_measured_figure_beside_a_setting_is_told_apart_from_it() {
         i.shadow_rejected[Reason::RocCut.index()] = 60;
         i.peak_demand_rps = 250.0;
     }
-    let h = rocgate::hints::advise(&shadow, &intervals, None, &Policy::default());
+    let h = advise_over(&shadow, &intervals);
     let verdict = &find(&h, "shadow_verdict")
         .unwrap_or_else(|| panic!("{h:#?}"))
         .reason;
@@ -2904,7 +2875,7 @@ fn a_measured_figure_beside_a_setting_is_told_apart_from_it() {
     let mut intervals = seconds(180, false);
     cuts(&mut intervals);
     intervals[10].cut_roc = 95.04;
-    let h = rocgate::hints::advise(&engine_settings(""), &intervals, None, &Policy::default());
+    let h = advise_over(&engine_settings(""), &intervals);
     let reason = &find(&h, "raise_danger_roc").unwrap().reason;
     assert!(reason.contains("with ROC 95;"), "{reason}");
 }
@@ -2932,7 +2903,7 @@ fn a_shadow_verdict_suggests_no_danger_roc_where_raise_danger_roc_does_not_judge
         ),
     ] {
         let settings = engine_settings(extra);
-        let h = rocgate::hints::advise(&settings, &cut(), None, &Policy::default());
+        let h = advise_over(&settings, &cut());
         let verdict = &find(&h, "shadow_verdict")
             .unwrap_or_else(|| panic!("{h:#?}"))
             .reason;
@@ -2945,7 +2916,7 @@ fn a_shadow_verdict_suggests_no_danger_roc_where_raise_danger_roc_does_not_judge
     }
     // Limited as a whole, the verdict still quotes the ROC to raise it above.
     let settings = engine_settings("mode = \"shadow_adaptive\"");
-    let h = rocgate::hints::advise(&settings, &cut(), None, &Policy::default());
+    let h = advise_over(&settings, &cut());
     let verdict = &find(&h, "shadow_verdict").unwrap().reason;
     assert!(
         verdict.contains("raise danger_roc (80) above 95"),
