@@ -2156,6 +2156,28 @@ fn in_state(mut intervals: Vec<Interval>, state: ControllerState) -> Vec<Interva
     intervals
 }
 
+/// `n` one-second intervals in `Normal` at `usual` req/s, healthy and none rejected,
+/// but for the last of every `every`: a burst of `offered` requests of which `rejected`
+/// by the base limit, the bucket empty half that second, `errors` of those admitted
+/// failing upstream.
+fn bursting(
+    n: u64,
+    every: u64,
+    usual: u64,
+    (offered, rejected, errors): (u64, u64, u64),
+) -> Vec<Interval> {
+    let seconds = (0..n).flat_map(|k| {
+        if k % every == every - 1 {
+            let mut burst = rejecting(k, 1, offered, (Reason::Limit, rejected), errors);
+            burst[0].exhausted_s = 0.5;
+            burst
+        } else {
+            rejecting(k, 1, usual, (Reason::Limit, 0), 0)
+        }
+    });
+    in_state(seconds.collect(), ControllerState::Normal)
+}
+
 fn suggested_by(h: &[Hint], param: &str) -> Option<f64> {
     h.iter()
         .find(|h| h.parameter.as_deref() == Some(param) && h.suggested.is_some())
@@ -2181,23 +2203,7 @@ fn suggested_secs(h: &[Hint], param: &str) -> Option<f64> {
 fn raised_base_and_raised_burst_together_stay_within_the_capacity() {
     // 10 cycles of 10 s: 9 s at 100 req/s (nothing rejected), then 1 s at 1000 req/s of
     // which a full 1 s bucket at 200 admits 400 (600 rejected by the base limit).
-    let mut intervals = Vec::new();
-    for k in 0..100u64 {
-        let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
-        let burst = k % 10 == 9;
-        i.offered = if burst { 1000 } else { 100 };
-        if burst {
-            i.rejected[Reason::Limit.index()] = 600;
-            i.exhausted_s = 0.5;
-        }
-        i.in_state[usize::from(ControllerState::Normal.as_index())] = 1.0;
-        i.upstream = Some(UpstreamCounts {
-            requests: i.admitted(),
-            errors: 0,
-            ..UpstreamCounts::default()
-        });
-        intervals.push(i);
-    }
+    let intervals = bursting(100, 10, 100, (1000, 600, 0));
     let cap = 1000.0;
     let h = rocgate::hints::advise(&classic(), &intervals, Some(cap), &Policy::default());
     let base = suggested_by(&h, "base_limit").expect("raise_base_limit");
@@ -2291,24 +2297,7 @@ fn a_lowered_burst_does_not_read_as_no_change() {
     settings.algorithm = Algorithm::TokenBucket {
         burst: Duration::from_millis(1550),
     };
-    let intervals: Vec<Interval> = (0..30u64)
-        .map(|k| {
-            let mut i = Interval::new(Nanos::from_secs(k), Duration::from_secs(1));
-            let spike = k % 5 == 4;
-            i.offered = if spike { 502 } else { 100 };
-            i.in_state[usize::from(ControllerState::Normal.as_index())] = 1.0;
-            if spike {
-                i.rejected[Reason::Limit.index()] = 2;
-                i.exhausted_s = 0.5;
-            }
-            i.upstream = Some(UpstreamCounts {
-                requests: i.admitted(),
-                errors: if spike { 100 } else { 0 },
-                ..UpstreamCounts::default()
-            });
-            i
-        })
-        .collect();
+    let intervals = bursting(30, 5, 100, (502, 2, 100));
     let h = rocgate::hints::advise(&settings, &intervals, Some(400.0), &Policy::default());
     let burst = setting(&h, "burst");
     assert_ne!(burst.current, burst.suggested);
