@@ -56,6 +56,12 @@ fn setting<'a>(hints: &'a [Hint], parameter: &str) -> &'a Hint {
         .unwrap_or_else(|| panic!("no {parameter} hint in {hints:#?}"))
 }
 
+/// The test fails, showing the reason, unless `hint`'s reason contains `text`.
+#[track_caller]
+fn assert_says(hint: &Hint, text: &str) {
+    assert!(hint.reason.contains(text), "{}", hint.reason);
+}
+
 fn rules(hints: &[Hint]) -> Vec<&str> {
     hints.iter().map(|h| h.rule.as_str()).collect()
 }
@@ -419,17 +425,17 @@ fn shadow_mode_says_whether_enforcing_is_safe() {
     let safe = advise(shadow, &steady(150.0), Some(1000));
     let hint = find(&safe, "shadow_verdict").unwrap();
     assert_eq!(hint.suggested, Some(Setting::Text("enforce".into())));
-    assert!(hint.reason.contains("safe to enforce"), "{}", hint.reason);
+    assert_says(hint, "safe to enforce");
 
     let unsafe_ = advise(shadow, &steady(300.0), Some(1000));
     let hint = find(&unsafe_, "shadow_verdict").unwrap();
     assert_eq!(hint.suggested, None);
-    assert!(hint.reason.contains("not safe"), "{}", hint.reason);
+    assert_says(hint, "not safe");
 
     let protect = advise(shadow, &steady(300.0), Some(150));
     let hint = find(&protect, "shadow_verdict").unwrap();
     assert_eq!(hint.suggested, Some(Setting::Text("enforce".into())));
-    assert!(hint.reason.contains("protected"), "{}", hint.reason);
+    assert_says(hint, "protected");
 }
 
 /// A shadow route whose base limit would have rejected some of a healthy upstream's
@@ -568,7 +574,7 @@ fn a_shadow_route_saturating_what_it_would_have_rejected_keeps_its_base_limit() 
     }
     let h = advise("mode = \"shadow\"", &steady(300.0), Some(250));
     let verdict = find(&h, "shadow_verdict").unwrap();
-    assert!(verdict.reason.contains("protected"), "{}", verdict.reason);
+    assert_says(verdict, "protected");
     // A shadow route that would have rejected nothing, and saturated the upstream: its
     // base limit lets through too much, as when enforced.
     let h = advise("mode = \"shadow\"", &steady(180.0), Some(150));
@@ -589,11 +595,7 @@ fn a_quiet_healthy_route_gets_no_change() {
     assert!(h[0].parameter.is_none());
     let h = advise("", &steady(2.0), Some(1000));
     assert_eq!(rules(&h), ["no_change"]);
-    assert!(
-        h[0].reason.contains("too little traffic"),
-        "{}",
-        h[0].reason
-    );
+    assert_says(&h[0], "too little traffic");
 }
 
 #[test]
@@ -702,7 +704,7 @@ fn a_base_limit_lowered_below_min_rps_takes_min_rps_with_it() {
         Some(Setting::Number(22.0)),
         "half of 45, rounded down"
     );
-    assert!(min.reason.contains("never cut"), "{}", min.reason);
+    assert_says(min, "never cut");
     apply(extra, &h).unwrap();
     // A min_rps already under the new base limit is left alone.
     let h = advise("min_rps = 40", &steady(150.0), Some(50));
@@ -809,7 +811,7 @@ fn a_raised_window_limit_stays_within_what_its_counter_holds() {
     let h = advise_over(&settings(1e6), &intervals);
     assert_eq!(numbers(&h, "raise_base_limit"), (1e6, 1_048_000.0));
     let raise = find(&h, "raise_base_limit").unwrap();
-    assert!(raise.reason.contains("window counter"), "{}", raise.reason);
+    assert_says(raise, "window counter");
     let extra = "algorithm = \"fixed_window\"\nlimiter_window = \"1s\"\nbase_limit = 1000000";
     apply(extra, &h).unwrap();
     // At that most already: nothing to raise.
@@ -832,11 +834,7 @@ fn a_raised_bucket_limit_stays_within_what_the_bucket_keeps() {
     let h = advise_over(&settings, &intervals);
     assert_eq!(numbers(&h, "raise_base_limit"), (1e6, 1_193_000.0));
     let raise = find(&h, "raise_base_limit").unwrap();
-    assert!(
-        raise.reason.contains("4294967295 tokens"),
-        "{}",
-        raise.reason
-    );
+    assert_says(raise, "4294967295 tokens");
     apply(extra, &h).unwrap();
     // Rejections in bursts after room in the bucket: a larger burst is suggested too,
     // within what the bucket keeps at the raised limit.
@@ -859,11 +857,7 @@ fn a_raised_bucket_limit_stays_within_what_the_bucket_keeps() {
     let secs = humantime::parse_duration(raised).unwrap().as_secs_f64();
     assert!(secs > 3600.0, "{raised}");
     assert!(base * secs <= 4_294_967_295.0, "{base} req/s × {raised}");
-    assert!(
-        burst.reason.contains("what the bucket keeps"),
-        "{}",
-        burst.reason
-    );
+    assert_says(burst, "what the bucket keeps");
     Config::from_toml_str(
         &format!(
             "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nbase_limit = {base}\ncut_limit = 1000\nburst = \"{raised}\"\n"
@@ -962,11 +956,7 @@ fn a_simulated_concurrency_route_gets_no_advice_it_cannot_judge() {
     );
     assert_eq!(h.len(), 1, "{h:#?}");
     assert_eq!((h[0].rule.as_str(), &h[0].suggested), ("no_change", &None));
-    assert!(
-        h[0].reason.contains("a concurrency limit never binds"),
-        "{}",
-        h[0].reason
-    );
+    assert_says(&h[0], "a concurrency limit never binds");
 }
 
 /// A route with no history yet (a `serve` just started) covers 0 s, not -0 s: an empty
@@ -1003,7 +993,7 @@ fn a_simulated_event_is_judged_against_its_own_profile() {
     assert_eq!(numbers(&h, "lower_base_limit"), (500.0, 270.0));
     let lower = find(&h, "lower_base_limit").unwrap();
     assert_eq!(lower.event.as_deref(), Some("sale"));
-    assert!(lower.reason.contains("saturated in 10"), "{}", lower.reason);
+    assert_says(lower, "saturated in 10");
     // The bucket is the route's, which an event has none of: its burst goes down with
     // the event's base limit, naming no event (a full bucket and a second of refill at
     // 270 req/s pass 540 in a second, over 300).
@@ -1783,24 +1773,18 @@ fn a_verdict_in_an_events_part_names_the_event_with_its_settings() {
     }
     let (_, sale) = shadow_route_and_sale(busy.clone());
     let verdict = find(&sale, "shadow_verdict").unwrap();
-    assert!(
-        verdict
-            .reason
-            .contains("raise base_limit in event sale from 200 req/s toward 300 req/s"),
-        "{}",
-        verdict.reason
+    assert_says(
+        verdict,
+        "raise base_limit in event sale from 200 req/s toward 300 req/s",
     );
     for i in &mut busy {
         i.shadow_rejected[Reason::Limit.index()] = 20;
     }
     let (_, sale) = shadow_route_and_sale(busy);
     let verdict = find(&sale, "shadow_verdict").unwrap();
-    assert!(
-        verdict
-            .reason
-            .contains("see raise_base_limit (base_limit 200 → 260 in event sale)"),
-        "{}",
-        verdict.reason
+    assert_says(
+        verdict,
+        "see raise_base_limit (base_limit 200 → 260 in event sale)",
     );
 }
 
@@ -1844,13 +1828,7 @@ fn a_route_and_its_event_give_one_mode_suggestion() {
         .collect();
     assert_eq!(modes.len(), 1, "{own:#?} {sale:#?}");
     assert_eq!(modes[0].suggested, Some(Setting::Text("enforce".into())));
-    assert!(
-        modes[0]
-            .reason
-            .contains("(one suggestion: mode is the route's"),
-        "{}",
-        modes[0].reason
-    );
+    assert_says(modes[0], "(one suggestion: mode is the route's");
 }
 
 /// The classic route's settings (route `r`, enforced, the default controller, neither
@@ -2134,7 +2112,7 @@ fn the_quoted_upstream_p99_is_within_nine_percent() {
     let (settings, intervals) = metered(300, Duration::from_millis(11));
     let h = advise_over(&settings, &intervals);
     let raise = find(&h, "raise_base_limit").expect("a raise");
-    assert!(raise.reason.contains("p99 11 ms"), "{}", raise.reason);
+    assert_says(raise, "p99 11 ms");
 }
 /// `n` one-second intervals in `state`, each of `offered` requests of which `rejected`
 /// by `reason`, the upstream healthy with the rest.
@@ -2447,12 +2425,9 @@ fn health_is_claimed_only_of_the_intervals_measured() {
     }
     let h = advise_over(&settings, &intervals);
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
-    assert!(
-        raise
-            .reason
-            .contains("the upstream was healthy in all 20 measured intervals (10 not measured)"),
-        "{}",
-        raise.reason
+    assert_says(
+        raise,
+        "the upstream was healthy in all 20 measured intervals (10 not measured)",
     );
     // Saturated in some of them: the unmeasured are counted too.
     for i in &mut intervals[10..11] {
@@ -2460,21 +2435,14 @@ fn health_is_claimed_only_of_the_intervals_measured() {
     }
     let h = advise_over(&settings, &intervals);
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
-    assert!(
-        raise
-            .reason
-            .contains("healthy in 19 of 20 measured intervals, saturated in 1 (10 not measured)"),
-        "{}",
-        raise.reason
+    assert_says(
+        raise,
+        "healthy in 19 of 20 measured intervals, saturated in 1 (10 not measured)",
     );
     // Every interval measured: throughout.
     let h = advise_over(&settings, &rejecting(0, 30, 300, (Reason::Limit, 60), 0));
     let raise = find(&h, "raise_base_limit").unwrap_or_else(|| panic!("{h:#?}"));
-    assert!(
-        raise.reason.contains("the upstream was healthy throughout"),
-        "{}",
-        raise.reason
-    );
+    assert_says(raise, "the upstream was healthy throughout");
 }
 
 /// A shadow route rejects nothing, and its `RouteHints` said "0 rejected" beside a
@@ -2559,13 +2527,7 @@ fn a_shadow_route_gets_the_limits_enforcing_would_need() {
         raise.reason
     );
     let verdict = find(&h, "shadow_verdict").unwrap();
-    assert!(
-        verdict
-            .reason
-            .contains("see raise_base_limit (base_limit 200 → 260)"),
-        "{}",
-        verdict.reason
-    );
+    assert_says(verdict, "see raise_base_limit (base_limit 200 → 260)");
     let h = advise(
         "mode = \"shadow\"\ndanger_roc = 2000\nsafe_roc = 100",
         &bursts(),
