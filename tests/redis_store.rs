@@ -1487,6 +1487,26 @@ fn redis_time_us(conn: &mut redis::Connection) -> u64 {
     s * 1_000_000 + us
 }
 
+/// The field `field` of the hash `key`, as `T` (an `Option` where the field may be
+/// missing: Redis answers nil).
+fn hget<T: redis::FromRedisValue>(
+    conn: &mut redis::Connection,
+    key: impl redis::ToRedisArgs,
+    field: impl redis::ToRedisArgs,
+) -> T {
+    redis::cmd("HGET").arg(key).arg(field).query(conn).unwrap()
+}
+
+/// Sets fields of the hash `key`, as a test writes a store's keys by hand: `fields` a
+/// `(field, value)` pair, a tuple of them, or a slice of fields and values in turn.
+fn hset(
+    conn: &mut redis::Connection,
+    key: impl redis::ToRedisArgs,
+    fields: impl redis::ToRedisArgs,
+) {
+    let _: () = redis::cmd("HSET").arg(key).arg(fields).query(conn).unwrap();
+}
+
 /// Reads the `through` of the controller hash `key` every 20 ms, at most 100 times,
 /// until `stored` holds of it (a step stored); returns the last read.
 async fn stored_through(
@@ -1496,11 +1516,7 @@ async fn stored_through(
 ) -> u64 {
     let mut through = 0;
     for _ in 0..100 {
-        through = redis::cmd("HGET")
-            .arg(key)
-            .arg("through")
-            .query(conn)
-            .unwrap();
+        through = hget(conn, key, "through");
         if stored(through) {
             break;
         }
@@ -1543,14 +1559,11 @@ async fn a_bucket_stamped_ahead_of_redis_clock_still_refills() {
     let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     assert!(a.check().await.is_admit());
     let ahead = redis_time_us(&mut conn) + 30_000_000;
-    let _: () = redis::cmd("HSET")
-        .arg("{ahead:order}:b")
-        .arg("tokens")
-        .arg("0")
-        .arg("ts")
-        .arg(ahead)
-        .query(&mut conn)
-        .unwrap();
+    hset(
+        &mut conn,
+        "{ahead:order}:b",
+        (("tokens", "0"), ("ts", ahead)),
+    );
     // 100 req/s for about a second: about 100 admitted as the bucket refills.
     let started = tokio::time::Instant::now();
     let mut admitted = 0;
@@ -1587,12 +1600,7 @@ async fn assert_shared_whatever_is_stored(prefix: &str, field: &str, values: &[&
     let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     assert!(a.check().await.is_admit());
     for value in values {
-        let _: () = redis::cmd("HSET")
-            .arg(format!("{{{prefix}:order}}:c"))
-            .arg(field)
-            .arg(value)
-            .query(&mut conn)
-            .unwrap();
+        hset(&mut conn, format!("{{{prefix}:order}}:c"), (field, value));
         for _ in 0..3 {
             assert!(a.check().await.is_admit(), "stored {field} {value}");
         }
@@ -1615,12 +1623,7 @@ async fn a_stored_limit_below_any_limit_is_the_base() {
     let config = patient_config(&server, "tinylimit");
     let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     assert!(a.check().await.is_admit());
-    let _: () = redis::cmd("HSET")
-        .arg("{tinylimit:order}:c")
-        .arg("limit")
-        .arg("1e-300")
-        .query(&mut conn)
-        .unwrap();
+    hset(&mut conn, "{tinylimit:order}:c", ("limit", "1e-300"));
     // 100 req/s: a token every 10 ms.
     let mut admitted = 0;
     for _ in 0..10 {
@@ -1646,12 +1649,7 @@ async fn a_stored_bucket_level_that_is_no_level_is_empty() {
     let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     assert!(a.check().await.is_admit());
     for level in ["nan", "-inf", "-1e300"] {
-        let _: () = redis::cmd("HSET")
-            .arg("{nolevel:order}:b")
-            .arg("tokens")
-            .arg(level)
-            .query(&mut conn)
-            .unwrap();
+        hset(&mut conn, "{nolevel:order}:b", ("tokens", level));
         // 100 req/s: a token every 10 ms.
         let mut admitted = 0;
         for _ in 0..10 {
@@ -1677,11 +1675,7 @@ async fn assert_stepped_to_now(
     for _ in 0..150 {
         let _ = a.check().await;
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let stored: Option<String> = redis::cmd("HGET")
-            .arg(controller)
-            .arg("through")
-            .query(conn)
-            .unwrap();
+        let stored: Option<String> = hget(conn, controller, "through");
         through = stored.and_then(|t| t.parse::<u64>().ok());
         let slot = redis_time_us(conn) / 100_000;
         let recent = through.is_some_and(|t| t < slot && t + 5 > slot);
@@ -1715,12 +1709,7 @@ async fn a_stored_slot_that_is_no_slot_is_dropped() {
         ("{noslot:order}:c", "through", "1e30"),
         ("{noslot:order}:c", "through", "nan"),
     ] {
-        let _: () = redis::cmd("HSET")
-            .arg(key)
-            .arg(field)
-            .arg(value)
-            .query(&mut conn)
-            .unwrap();
+        hset(&mut conn, key, (field, value));
         assert_stepped_to_now(
             &a,
             &mut conn,
@@ -1752,12 +1741,7 @@ async fn a_stored_through_that_is_no_slot_is_dropped() {
         } else {
             "-5".to_string()
         };
-        let _: () = redis::cmd("HSET")
-            .arg("{nothrough:order}:c")
-            .arg("through")
-            .arg(&value)
-            .query(&mut conn)
-            .unwrap();
+        hset(&mut conn, "{nothrough:order}:c", ("through", &value));
         assert_stepped_to_now(
             &a,
             &mut conn,
@@ -1778,6 +1762,49 @@ async fn a_stored_state_that_is_no_state_is_normal() {
     assert_shared_whatever_is_stored("nostate", "state", &["nan", "-1", "1e30"]).await;
 }
 
+/// Decides on `a` every 20 ms, at most 100 times, until the controller hash
+/// `controller` stores a `through` (a step stored): the `through` stored, as it is
+/// spelled, or `None` if none was.
+async fn first_step_stored(
+    a: &Instance,
+    conn: &mut redis::Connection,
+    controller: &str,
+) -> Option<String> {
+    let mut first = None;
+    for _ in 0..100 {
+        let _ = a.check().await;
+        first = hget(conn, controller, "through");
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first
+}
+
+/// Decides on `a` every 20 ms, at most 100 times (ten slots of 100 ms and more), until the
+/// controller hash `controller` stores a `through` more than 5 slots past `at` (steps
+/// stored over the one written at `at`): the last `through` read that is a whole
+/// number, `None` where it is not.
+async fn stepped_over(
+    a: &Instance,
+    conn: &mut redis::Connection,
+    controller: &str,
+    at: u64,
+) -> Option<u64> {
+    let mut stepped = None;
+    for _ in 0..100 {
+        let _ = a.check().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let stored: Option<String> = hget(conn, controller, "through");
+        stepped = stored.and_then(|t| t.parse::<u64>().ok());
+        if stepped.is_some_and(|t| t > at + 5) {
+            break;
+        }
+    }
+    stepped
+}
+
 /// A controller whose `through` is stored in another spelling of its number (`42.0`,
 /// `4.2e1`: written by hand or by another client) is stepped on: the step is stored
 /// over it. The step's save compared the spellings, refused each step as one another
@@ -1791,40 +1818,14 @@ async fn a_through_spelled_otherwise_is_stepped_on() {
     let config = patient_config(&server, "spelled");
     let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     let key = "{spelled:order}:c";
-    let through = |conn: &mut redis::Connection| -> Option<String> {
-        redis::cmd("HGET")
-            .arg(key)
-            .arg("through")
-            .query(conn)
-            .unwrap()
-    };
-    // Calls until a step is stored.
-    let mut first = None;
-    for _ in 0..100 {
-        let _ = a.check().await;
-        first = through(&mut conn);
-        if first.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let first: u64 = first.expect("a step stored").parse().unwrap();
-    // Another spelling of the same number; then a second of calls (ten slots).
-    let _: () = redis::cmd("HSET")
-        .arg(key)
-        .arg("through")
-        .arg(format!("{first}.0"))
-        .query(&mut conn)
+    let first: u64 = first_step_stored(&a, &mut conn, key)
+        .await
+        .expect("a step stored")
+        .parse()
         .unwrap();
-    let mut stepped = None;
-    for _ in 0..100 {
-        let _ = a.check().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        stepped = through(&mut conn).and_then(|t| t.parse::<u64>().ok());
-        if stepped.is_some_and(|t| t > first + 5) {
-            break;
-        }
-    }
+    // Another spelling of the same number; then a second of calls (ten slots).
+    hset(&mut conn, key, ("through", format!("{first}.0")));
+    let stepped = stepped_over(&a, &mut conn, key, first).await;
     assert!(
         stepped.is_some_and(|t| t > first + 5),
         "through {first}.0, then {stepped:?}"
@@ -1845,43 +1846,15 @@ async fn a_through_spelled_as_only_lua_reads_it_is_stepped_on() {
     let config = patient_config(&server, "luaspelled");
     let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     let key = "{luaspelled:order}:c";
-    let through = |conn: &mut redis::Connection| -> Option<u64> {
-        let stored: Option<String> = redis::cmd("HGET")
-            .arg(key)
-            .arg("through")
-            .query(conn)
-            .unwrap();
-        stored.and_then(|t| t.parse().ok())
-    };
-    // Calls until a step is stored.
-    let mut first = None;
-    for _ in 0..100 {
-        let _ = a.check().await;
-        first = through(&mut conn);
-        if first.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut last = first.expect("a step stored");
+    let mut last: u64 = first_step_stored(&a, &mut conn, key)
+        .await
+        .expect("a step stored")
+        .parse()
+        .unwrap();
     for spelling in [format!(" {last}"), format!("{:#x}", last + 1)] {
         let at = last;
-        let _: () = redis::cmd("HSET")
-            .arg(key)
-            .arg("through")
-            .arg(&spelling)
-            .query(&mut conn)
-            .unwrap();
-        // A second of calls at most (ten slots), until a step is stored over it.
-        let mut stepped = None;
-        for _ in 0..100 {
-            let _ = a.check().await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            stepped = through(&mut conn);
-            if stepped.is_some_and(|t| t > at + 5) {
-                break;
-            }
-        }
+        hset(&mut conn, key, ("through", &spelling));
+        let stepped = stepped_over(&a, &mut conn, key, at).await;
         assert!(
             stepped.is_some_and(|t| t > at + 5),
             "through {spelling:?}, then {stepped:?}"
@@ -1936,14 +1909,11 @@ async fn a_count_now_that_is_no_integer_is_counted_over() {
     assert!(a.check().await.is_admit());
     for count in ["nan", "1.5"] {
         let slot = redis_time_us(&mut conn) / 10_000_000;
-        let _: () = redis::cmd("HSET")
-            .arg("{nointeger:order}:w")
-            .arg(slot)
-            .arg(count)
-            .arg(slot + 1)
-            .arg(count)
-            .query(&mut conn)
-            .unwrap();
+        hset(
+            &mut conn,
+            "{nointeger:order}:w",
+            ((slot, count), (slot + 1, count)),
+        );
         assert!(a.check().await.is_admit(), "{count}");
         assert_eq!(a.store.fallback_decisions(), 0, "{count}");
         let counts: Vec<String> = redis::cmd("HMGET")
@@ -1969,38 +1939,21 @@ async fn a_window_stamped_ahead_of_redis_clock_still_cuts() {
     let a = Instance::system(&route, &config);
     let b = Instance::system(&route, &config);
     // Until a step is stored: the controller hash then holds its memory.
-    for _ in 0..100 {
-        let _ = a.check().await;
-        let stored: Option<String> = redis::cmd("HGET")
-            .arg("{back:order}:c")
-            .arg("through")
-            .query(&mut conn)
-            .unwrap();
-        if stored.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    first_step_stored(&a, &mut conn, "{back:order}:c").await;
     // 30 s ahead: 300 slots of 100 ms.
     let now_us = redis_time_us(&mut conn);
     let slot = now_us / 100_000;
     let ahead_ns = (now_us + 30_000_000) * 1000;
-    let _: () = redis::cmd("HSET")
-        .arg("{back:order}:w")
-        .arg("cur")
-        .arg(slot + 300)
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg("{back:order}:c")
-        .arg("through")
-        .arg(slot + 299)
-        .arg("entered")
-        .arg(ahead_ns)
-        .arg("armed")
-        .arg(ahead_ns)
-        .query(&mut conn)
-        .unwrap();
+    hset(&mut conn, "{back:order}:w", ("cur", slot + 300));
+    hset(
+        &mut conn,
+        "{back:order}:c",
+        (
+            ("through", slot + 299),
+            ("entered", ahead_ns),
+            ("armed", ahead_ns),
+        ),
+    );
     spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
 }
 
@@ -2038,17 +1991,16 @@ async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_
     }
     let _: () = window.query(&mut conn).unwrap();
     let cut_ns = cut * 100_000_000;
-    let _: () = redis::cmd("HSET")
-        .arg("{silent:order}:c")
-        .arg(&["limit", "60", "state", "1", "roc", "522"][..])
-        .arg("through")
-        .arg(cut - 1)
-        .arg("entered")
-        .arg(cut_ns)
-        .arg("armed")
-        .arg(cut_ns)
-        .query(&mut conn)
-        .unwrap();
+    hset(
+        &mut conn,
+        "{silent:order}:c",
+        (
+            &["limit", "60", "state", "1", "roc", "522"][..],
+            ("through", cut - 1),
+            ("entered", cut_ns),
+            ("armed", cut_ns),
+        ),
+    );
     let _: () = redis::cmd("HDEL")
         .arg("{silent:order}:c")
         .arg("safe")
@@ -2097,23 +2049,17 @@ async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
     // Seven steps of 20 req/s a second from the cut's 60: base when slot `s - 1` ends.
     let s = redis_time_us(&mut conn) / 100_000;
     let base_at_ns = s * 100_000_000;
-    let _: () = redis::cmd("HSET")
-        .arg("{restored:order}:w")
-        .arg("cur")
-        .arg(s - 1)
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg("{restored:order}:c")
-        .arg(&["limit", "180", "state", "2", "roc", "0"][..])
-        .arg("through")
-        .arg(s - 2)
-        .arg("entered")
-        .arg(base_at_ns - 7_000_000_000)
-        .arg("armed")
-        .arg(0)
-        .query(&mut conn)
-        .unwrap();
+    hset(&mut conn, "{restored:order}:w", ("cur", s - 1));
+    hset(
+        &mut conn,
+        "{restored:order}:c",
+        (
+            &["limit", "180", "state", "2", "roc", "0"][..],
+            ("through", s - 2),
+            ("entered", base_at_ns - 7_000_000_000),
+            ("armed", 0),
+        ),
+    );
     let _ = a.check().await;
     stored_through(&mut conn, "{restored:order}:c", |through| through >= s - 1).await;
     let (state, entered): (u8, u64) = redis::cmd("HMGET")
@@ -2142,23 +2088,17 @@ async fn a_shared_cut_in_force_is_counted_as_it_passes() {
     let a = Instance::new(&quick_route(), &config, clock);
     assert!(a.check().await.is_admit());
     let s = redis_time_us(&mut conn) / 100_000;
-    let _: () = redis::cmd("HSET")
-        .arg("{cutting:order}:w")
-        .arg("cur")
-        .arg(s - 1)
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg("{cutting:order}:c")
-        .arg(&["limit", "60", "state", "1", "roc", "0"][..])
-        .arg("through")
-        .arg(s - 2)
-        .arg("entered")
-        .arg((s - 2) * 100_000_000 - 30_000_000_000)
-        .arg("armed")
-        .arg(0)
-        .query(&mut conn)
-        .unwrap();
+    hset(&mut conn, "{cutting:order}:w", ("cur", s - 1));
+    hset(
+        &mut conn,
+        "{cutting:order}:c",
+        (
+            &["limit", "60", "state", "1", "roc", "0"][..],
+            ("through", s - 2),
+            ("entered", (s - 2) * 100_000_000 - 30_000_000_000),
+            ("armed", 0),
+        ),
+    );
     let _: () = redis::cmd("HDEL")
         .arg("{cutting:order}:c")
         .arg("safe")
@@ -2167,11 +2107,7 @@ async fn a_shared_cut_in_force_is_counted_as_it_passes() {
     let _ = a.check().await;
     let through = stored_through(&mut conn, "{cutting:order}:c", |through| through > s - 2).await;
     assert!(through > s - 2, "the step was stored");
-    let state: u8 = redis::cmd("HGET")
-        .arg("{cutting:order}:c")
-        .arg("state")
-        .query(&mut conn)
-        .unwrap();
+    let state: u8 = hget(&mut conn, "{cutting:order}:c", "state");
     assert_eq!(state, 1, "still cut");
     let stepped = once_counted(|| stepped(&a), |s| s.time_in_cut > Duration::ZERO).await;
     assert_eq!(stepped.cuts, 0, "{stepped:?}");
@@ -2192,23 +2128,14 @@ async fn a_rollover_after_a_silence_without_through_hands_over_no_counts() {
     let mut conn = server.connection().unwrap();
     let keys = ["{quiet:order}:w", "{quiet:order}:b", "{quiet:order}:c"];
     let cur = redis_time_us(&mut conn) / 100_000 - 50;
-    let _: () = redis::cmd("HSET")
-        .arg(keys[0])
-        .arg("cur")
-        .arg(cur)
-        .arg(cur)
-        .arg(3)
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg(keys[2])
-        .arg(
-            &[
-                "limit", "60", "state", "1", "slot_us", "100000", "slots", "10",
-            ][..],
-        )
-        .query(&mut conn)
-        .unwrap();
+    hset(&mut conn, keys[0], (("cur", cur), (cur, 3)));
+    hset(
+        &mut conn,
+        keys[2],
+        &[
+            "limit", "60", "state", "1", "slot_us", "100000", "slots", "10",
+        ][..],
+    );
     // 100 ms slots, 10 per window, 200 req/s, 1 s of burst, 60 s expiry, one arrival,
     // take a token.
     let answer: Vec<redis::Value> = redis::cmd("EVAL")
@@ -2319,11 +2246,7 @@ async fn every_key_expires_and_a_routes_keys_share_one_slot() {
         .unwrap();
     // `cur` and at most two windows of slots.
     assert!(window.len() <= 1 + 2 * 10 + 1, "{window:?}");
-    let through: Option<u64> = redis::cmd("HGET")
-        .arg("{keys:order}:c")
-        .arg("through")
-        .query(&mut conn)
-        .unwrap();
+    let through: Option<u64> = hget(&mut conn, "{keys:order}:c", "through");
     assert!(through.is_some(), "the controller was stepped and stored");
 
     // A bucket created after its slot's first call (by a batched instance) expires
@@ -2489,11 +2412,7 @@ async fn a_rollover_won_by_a_decision_whose_caller_gave_up_is_stepped() {
     for _ in 0..20 {
         assert!(inst.check().await.is_admit());
         tokio::time::sleep(Duration::from_millis(150)).await;
-        through = redis::cmd("HGET")
-            .arg("{rolled:order}:c")
-            .arg("through")
-            .query(&mut conn)
-            .unwrap();
+        through = hget(&mut conn, "{rolled:order}:c", "through");
         if through.is_some() {
             break;
         }
@@ -2561,13 +2480,13 @@ fn assert_debited(
     in_fallback: usize,
     refill: f64,
 ) {
-    let tokens: f64 = redis::cmd("HGET")
-        .arg(format!("{{{prefix}:order}}:b"))
-        .arg("tokens")
-        .query::<String>(&mut server.connection().unwrap())
-        .unwrap()
-        .parse()
-        .unwrap();
+    let tokens: f64 = hget::<String>(
+        &mut server.connection().unwrap(),
+        format!("{{{prefix}:order}}:b"),
+        "tokens",
+    )
+    .parse()
+    .unwrap();
     assert!(in_fallback >= 40, "{in_fallback}");
     let most = capacity - in_fallback as f64 + refill;
     assert!(
@@ -4947,11 +4866,11 @@ async fn a_route_first_seen_in_an_outage_falls_back_at_its_base_share() {
     let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
     let a = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
     // The shared controller holds a cut at 40 (written as a step would store it).
-    let _: () = redis::cmd("HSET")
-        .arg("{unseen:order}:c")
-        .arg(&["limit", "40", "state", "1"])
-        .query(&mut server.connection().unwrap())
-        .unwrap();
+    hset(
+        &mut server.connection().unwrap(),
+        "{unseen:order}:c",
+        &["limit", "40", "state", "1"],
+    );
     assert!(a.check().await.is_admit());
     assert_eq!(a.store.view("order").unwrap().limit_rps, 40.0);
     server.kill();
@@ -5414,11 +5333,7 @@ async fn batched_a_steady_route_is_not_cut_for_the_slots_of_failed_syncs() {
     );
     assert_eq!(stepped(&inst).cuts, 0, "{seen:?}");
     // Syncs failed, and the controller was rearmed after the stall.
-    let armed_ns: u64 = redis::cmd("HGET")
-        .arg("{holes:order}:c")
-        .arg("armed")
-        .query(&mut conn)
-        .unwrap();
+    let armed_ns: u64 = hget(&mut conn, "{holes:order}:c", "armed");
     assert!(armed_ns / 1_000 > stopped_us, "armed at {armed_ns} ns");
 }
 
@@ -5435,11 +5350,7 @@ fn slow_slotted_route(base: f64) -> RouteConfig {
 async fn step_past(inst: &Instance, conn: &mut redis::Connection, key: &str, after: u64) -> u64 {
     for _ in 0..150 {
         let _ = inst.check().await;
-        let through: Option<u64> = redis::cmd("HGET")
-            .arg(key)
-            .arg("through")
-            .query(conn)
-            .unwrap();
+        let through: Option<u64> = hget(conn, key, "through");
         if let Some(through) = through.filter(|&t| t > after) {
             return through;
         }
@@ -5464,11 +5375,7 @@ async fn exact_a_lowered_base_limit_applies_to_the_next_shared_decisions() {
     let key = "{lowered-exact:order}:c";
     // B steps the shared controller, which stores its limit, 200; the slot just began.
     let through = step_past(&b, &mut conn, key, 0).await;
-    let stored: f64 = redis::cmd("HGET")
-        .arg(key)
-        .arg("limit")
-        .query(&mut conn)
-        .unwrap();
+    let stored: f64 = hget(&mut conn, key, "limit");
     assert_eq!(stored, 200.0);
     a.reload(slow_slotted_route(40.0));
     // The bucket refills on Redis's clock while the 100 are offered: 40 a second of
@@ -5863,10 +5770,6 @@ async fn a_call_of_many_arrivals_adds_them_to_the_count() {
             break first;
         }
     };
-    let count: String = redis::cmd("HGET")
-        .arg("{big:order}:w")
-        .arg(slot)
-        .query(&mut conn)
-        .unwrap();
+    let count: String = hget(&mut conn, "{big:order}:w", slot);
     assert_eq!(count, "100000000000000005");
 }
