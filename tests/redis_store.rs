@@ -1546,17 +1546,36 @@ fn stepped(inst: &Instance) -> TransitionCounts {
     inst.store.view("order").unwrap().stepped
 }
 
+/// A test's own Redis, held until the test ends, and its turn among this file's tests.
+struct Turn {
+    _server: RedisServer,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+/// For the tests of keys written by hand: a test's own Redis (its [`Turn`]), a
+/// connection to it to write and read the keys, and an instance on it of `route` under
+/// [`patient_config`] with `prefix` (every decision on the healthy Redis shared: the
+/// tests take any fallback as the fault they look for). Bound as
+/// `(_turn, mut conn, a)`, they are dropped instance first, Redis last.
+async fn hand_written(prefix: &str, route: &RouteConfig) -> (Turn, redis::Connection, Instance) {
+    let serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let conn = server.connection().unwrap();
+    let a = Instance::system(route, &patient_config(&server, prefix));
+    let turn = Turn {
+        _server: server,
+        _serial: serial,
+    };
+    (turn, conn, a)
+}
+
 /// A bucket last written under a clock 30 s ahead of the one Redis reads now (a
 /// failover to a replica whose clock is behind the old master's, or the host's clock
 /// stepped back): it refills from now at the limit, rather than admitting nothing until
 /// Redis's clock catches up with the stored time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_stamped_ahead_of_redis_clock_still_refills() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "ahead");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) = hand_written("ahead", &route(100.0, Duration::from_secs(1))).await;
     assert!(a.check().await.is_admit());
     let ahead = redis_time_us(&mut conn) + 30_000_000;
     hset(
@@ -1593,11 +1612,7 @@ async fn a_stored_limit_that_is_no_limit_is_the_base() {
 /// A route of 100 req/s on `prefix`'s keys, its controller hash's `field` set to each
 /// of `values` in turn: three decisions after each are admitted, none in fallback.
 async fn assert_shared_whatever_is_stored(prefix: &str, field: &str, values: &[&str]) {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, prefix);
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) = hand_written(prefix, &route(100.0, Duration::from_secs(1))).await;
     assert!(a.check().await.is_admit());
     for value in values {
         hset(&mut conn, format!("{{{prefix}:order}}:c"), (field, value));
@@ -1617,11 +1632,8 @@ async fn assert_shared_whatever_is_stored(prefix: &str, field: &str, values: &[&
 /// limit, for as long as traffic kept the hash alive. (found by helper-171)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_limit_below_any_limit_is_the_base() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "tinylimit");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) =
+        hand_written("tinylimit", &route(100.0, Duration::from_secs(1))).await;
     assert!(a.check().await.is_admit());
     hset(&mut conn, "{tinylimit:order}:c", ("limit", "1e-300"));
     // 100 req/s: a token every 10 ms.
@@ -1642,11 +1654,7 @@ async fn a_stored_limit_below_any_limit_is_the_base() {
 /// (helper-167)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_bucket_level_that_is_no_level_is_empty() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "nolevel");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) = hand_written("nolevel", &route(100.0, Duration::from_secs(1))).await;
     assert!(a.check().await.is_admit());
     for level in ["nan", "-inf", "-1e300"] {
         hset(&mut conn, "{nolevel:order}:b", ("tokens", level));
@@ -1698,11 +1706,7 @@ async fn assert_stepped_to_now(
 /// traffic kept the keys alive. (helper-167)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_slot_that_is_no_slot_is_dropped() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "noslot");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) = hand_written("noslot", &route(100.0, Duration::from_secs(1))).await;
     assert!(a.check().await.is_admit());
     for (key, field, value) in [
         ("{noslot:order}:w", "cur", "nan"),
@@ -1728,11 +1732,8 @@ async fn a_stored_slot_that_is_no_slot_is_dropped() {
 /// still for as long as traffic kept the hash alive. (found by helper-171)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_through_that_is_no_slot_is_dropped() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "nothrough");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) =
+        hand_written("nothrough", &route(100.0, Duration::from_secs(1))).await;
     assert!(a.check().await.is_admit());
     for fraction in [false, true] {
         let slot = redis_time_us(&mut conn) / 100_000;
@@ -1812,11 +1813,7 @@ async fn stepped_over(
 /// traffic kept the hash alive. (helper-167)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_through_spelled_otherwise_is_stepped_on() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "spelled");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) = hand_written("spelled", &route(100.0, Duration::from_secs(1))).await;
     let key = "{spelled:order}:c";
     let first: u64 = first_step_stored(&a, &mut conn, key)
         .await
@@ -1840,11 +1837,8 @@ async fn a_through_spelled_otherwise_is_stepped_on() {
 /// the hash alive. (found by helper-171)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_through_spelled_as_only_lua_reads_it_is_stepped_on() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "luaspelled");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) =
+        hand_written("luaspelled", &route(100.0, Duration::from_secs(1))).await;
     let key = "{luaspelled:order}:c";
     let mut last: u64 = first_step_stored(&a, &mut conn, key)
         .await
@@ -1870,11 +1864,7 @@ async fn a_through_spelled_as_only_lua_reads_it_is_stepped_on() {
 /// controller standing still, until the slots were two windows old. (helper-167)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_count_that_is_no_count_is_none() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "nocount");
-    let a = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let (_turn, mut conn, a) = hand_written("nocount", &route(100.0, Duration::from_secs(1))).await;
     assert!(a.check().await.is_admit());
     // Slots of 100 ms: the second to the fifteenth before now's.
     let slot = redis_time_us(&mut conn) / 100_000;
@@ -1899,13 +1889,9 @@ async fn a_stored_count_that_is_no_count_is_none() {
 /// lands in one of them, however the test is timed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_now_that_is_no_integer_is_counted_over() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "nointeger");
     let mut r = route(100.0, Duration::from_secs(1));
     r.window = WindowSpec::new(Duration::from_secs(40), Duration::from_secs(10)).unwrap();
-    let a = Instance::system(&r, &config);
+    let (_turn, mut conn, a) = hand_written("nointeger", &r).await;
     assert!(a.check().await.is_admit());
     for count in ["nan", "1.5"] {
         let slot = redis_time_us(&mut conn) / 10_000_000;
