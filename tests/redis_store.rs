@@ -3101,6 +3101,13 @@ async fn start_ok_upstream() -> (
     )
 }
 
+/// A config of the one route `route`, on the Redis store `store`.
+fn on_redis(route: RouteConfig, store: RedisConfig) -> Config {
+    let mut config = Config::new(vec![route]);
+    config.store = rocgate::store::StoreConfig::Redis(store);
+    config
+}
+
 /// A `rocgate serve` proxy running in a task of the test's runtime.
 struct Served {
     addr: std::net::SocketAddr,
@@ -3108,6 +3115,9 @@ struct Served {
     reloader: rocgate::proxy::Reloader,
     stop: tokio::sync::oneshot::Sender<()>,
     run: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The upstream started for this proxy alone, which [`stop`](Self::stop) ends
+    /// with it.
+    upstream: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Served {
@@ -3130,13 +3140,35 @@ impl Served {
             run: tokio::spawn(proxy.run(async {
                 let _ = stopped.await;
             })),
+            upstream: None,
         }
     }
 
-    /// Shuts the proxy down and waits for it to end.
+    /// [`start`](Self::start), in front of an upstream of its own that answers `ok`
+    /// to every request ([`start_ok_upstream`]), which [`stop`](Self::stop) ends.
+    async fn with_ok_upstream(config: &Config, file: Option<std::path::PathBuf>) -> Served {
+        let (upstream_addr, upstream_task) = start_ok_upstream().await;
+        let proxy = Served::start(upstream_addr, config, file).await;
+        Served {
+            upstream: Some(upstream_task),
+            ..proxy
+        }
+    }
+
+    /// [`with_ok_upstream`](Self::with_ok_upstream), serving [`on_redis`]`(route,
+    /// store)`.
+    async fn on_redis(route: RouteConfig, store: RedisConfig) -> Served {
+        Served::with_ok_upstream(&on_redis(route, store), None).await
+    }
+
+    /// Shuts the proxy down and waits for it to end; then ends its own upstream, if
+    /// it has one.
     async fn stop(self) {
         let _ = self.stop.send(());
         self.run.await.unwrap().unwrap();
+        if let Some(upstream) = self.upstream {
+            upstream.abort();
+        }
     }
 }
 
@@ -3194,20 +3226,16 @@ async fn get(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
     let _serial = one_at_a_time().await;
-    use rocgate::store::StoreConfig;
-
-    let (upstream_addr, upstream_task) = start_ok_upstream().await;
     // 100 tokens refilling at 1/s: a quarter is 25 tokens refilling at 0.25/s.
-    let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
     let port = free_ports(1)[0];
-    config.store = StoreConfig::Redis({
+    let proxy = Served::on_redis(route(1.0, Duration::from_secs(100)), {
         let mut v = RedisConfig::default();
         v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
         v.key_prefix = "unreached-serve".into();
         v.expected_instances = 4;
         v
-    });
-    let proxy = Served::start(upstream_addr, &config, None).await;
+    })
+    .await;
     // Before any request: no decision fell back yet, but the heartbeat says Redis is
     // not reached.
     let mut admin = http1::connect(proxy.admin).await;
@@ -3239,21 +3267,20 @@ async fn a_proxy_started_while_redis_is_unreachable_admits_its_share() {
     let text = get(&mut admin, "/metrics").await;
     assert!(text.contains("rocgate_store_instances 4"), "{text}");
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_share_one_limit() {
     let _serial = one_at_a_time().await;
     use http_body_util::Empty;
-    use rocgate::store::StoreConfig;
-
     let server = RedisServer::start().await;
     let (upstream_addr, upstream_task) = start_ok_upstream().await;
 
     // 100 tokens refilling at 1/s: a short run admits its burst, shared.
-    let mut config = Config::new(vec![route(1.0, Duration::from_secs(100))]);
-    config.store = StoreConfig::Redis(store_config(&server, "serve"));
+    let config = on_redis(
+        route(1.0, Duration::from_secs(100)),
+        store_config(&server, "serve"),
+    );
     let proxies = [
         Served::start(upstream_addr, &config, None).await,
         Served::start(upstream_addr, &config, None).await,
@@ -3345,13 +3372,12 @@ async fn two_proxies_share_one_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_distributed_routes_limiter_level_is_the_shared_buckets() {
     let _serial = one_at_a_time().await;
-    use rocgate::store::StoreConfig;
-
     let server = RedisServer::start().await;
-    let (upstream_addr, upstream_task) = start_ok_upstream().await;
-    let mut config = Config::new(vec![route(10.0, Duration::from_secs(100))]);
-    config.store = StoreConfig::Redis(store_config(&server, "admin-level"));
-    let proxy = Served::start(upstream_addr, &config, None).await;
+    let proxy = Served::on_redis(
+        route(10.0, Duration::from_secs(100)),
+        store_config(&server, "admin-level"),
+    )
+    .await;
     let mut client = http1::connect(proxy.addr).await;
     let mut admin = http1::connect(proxy.admin).await;
     let started = tokio::time::Instant::now();
@@ -3382,7 +3408,6 @@ async fn a_distributed_routes_limiter_level_is_the_shared_buckets() {
         "{route}"
     );
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// A distributed route cut by the shared controller: `GET /admin/routes/order` says
@@ -3391,13 +3416,8 @@ async fn a_distributed_routes_limiter_level_is_the_shared_buckets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_shows_a_distributed_routes_shared_cut() {
     let _serial = one_at_a_time().await;
-    use rocgate::store::StoreConfig;
-
     let server = RedisServer::start().await;
-    let (upstream_addr, upstream_task) = start_ok_upstream().await;
-    let mut config = Config::new(vec![quick_route()]);
-    config.store = StoreConfig::Redis(store_config(&server, "admin-cut"));
-    let proxy = Served::start(upstream_addr, &config, None).await;
+    let proxy = Served::on_redis(quick_route(), store_config(&server, "admin-cut")).await;
     let mut client = http1::connect(proxy.addr).await;
     let mut admin = http1::connect(proxy.admin).await;
     // Calm for more than a window, then a spike until the shared controller cuts.
@@ -3431,7 +3451,6 @@ async fn the_admin_api_shows_a_distributed_routes_shared_cut() {
         "{text}"
     );
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// A config file of one route, `POST /api/order` with the line `extra`, on a store
@@ -3444,24 +3463,17 @@ fn unanswered_order(extra: &str, prefix: &str) -> String {
     )
 }
 
-/// A proxy in front of an upstream that answers 200, started from the config file
-/// `text` (written to a file of its own, which a reload reads again), with the file's
-/// path, its directory (removed when dropped) and the upstream's task.
-async fn served_from_file(
-    text: &str,
-) -> (
-    Served,
-    std::path::PathBuf,
-    tempfile::TempDir,
-    tokio::task::JoinHandle<std::io::Result<()>>,
-) {
-    let (upstream_addr, upstream_task) = start_ok_upstream().await;
+/// A proxy in front of an upstream of its own that answers 200
+/// ([`Served::with_ok_upstream`]), started from the config file `text` (written to a
+/// file of its own, which a reload reads again), with the file's path and its
+/// directory (removed when dropped).
+async fn served_from_file(text: &str) -> (Served, std::path::PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rocgate.toml");
     std::fs::write(&path, text).unwrap();
     let config = Config::load(&path).unwrap();
-    let proxy = Served::start(upstream_addr, &config, Some(path.clone())).await;
-    (proxy, path, dir, upstream_task)
+    let proxy = Served::with_ok_upstream(&config, Some(path.clone())).await;
+    (proxy, path, dir)
 }
 
 /// `fail_mode = "closed"` refuses every request of a route Redis does not answer: its
@@ -3474,7 +3486,7 @@ async fn a_closed_fallback_states_a_quota_of_none() {
         "{}fail_mode = \"closed\"\n",
         unanswered_order("base_limit = 100", "closed-policy")
     );
-    let (proxy, _path, _dir, upstream_task) = served_from_file(&file).await;
+    let (proxy, _path, _dir) = served_from_file(&file).await;
     let mut client = http1::connect(proxy.addr).await;
     for _ in 0..3 {
         let head = post_order_head(&mut client).await;
@@ -3485,7 +3497,6 @@ async fn a_closed_fallback_states_a_quota_of_none() {
         );
     }
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// A route that falls back while Redis is away, then a reload that makes it local: it
@@ -3497,7 +3508,7 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
 
     let file =
         |partition: &str| unanswered_order(&format!("partition = \"{partition}\""), "made-local");
-    let (proxy, path, _dir, upstream_task) = served_from_file(&file("route")).await;
+    let (proxy, path, _dir) = served_from_file(&file("route")).await;
     let mut admin = http1::connect(proxy.admin).await;
     let mut store_mode = async || {
         let status: serde_json::Value =
@@ -3517,7 +3528,6 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
     assert_eq!(store_mode().await, "shared");
 
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// `rocgate_store_mode{mode="fallback_local"}` stays 1 while any route is in
@@ -3530,7 +3540,7 @@ async fn a_route_made_local_in_fallback_does_not_keep_the_instance_there() {
 async fn the_store_mode_gauge_stays_fallback_while_a_rebuilt_route_is_in_fallback() {
     let _serial = one_at_a_time().await;
     let file = |burst: &str| unanswered_order(&format!("burst = \"{burst}\""), "rebuilt-mode");
-    let (proxy, path, _dir, upstream_task) = served_from_file(&file("10s")).await;
+    let (proxy, path, _dir) = served_from_file(&file("10s")).await;
     let mut admin = http1::connect(proxy.admin).await;
     let mut client = http1::connect(proxy.addr).await;
     let fallback = "rocgate_store_mode{mode=\"fallback_local\"} 1";
@@ -3554,7 +3564,6 @@ async fn the_store_mode_gauge_stays_fallback_while_a_rebuilt_route_is_in_fallbac
     assert!(text.contains(fallback), "{text}");
 
     proxy.stop().await;
-    upstream_task.abort();
 }
 /// A decision in flight when a reload drops its route, and that fails afterwards,
 /// leaves the instance out of fallback: no decision on that route would come to take
@@ -3614,7 +3623,6 @@ async fn a_decision_failing_after_a_reload_dropped_its_route_leaves_no_fallback(
 async fn a_decision_answered_after_a_reload_made_its_route_local_leaves_no_shared_limit() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
-    let (upstream_addr, upstream_task) = start_ok_upstream().await;
     let file = |partition: &str| {
         format!(
             "[[routes]]\nname = \"late\"\nmethod = \"POST\"\npath = \"/api/late\"\n\
@@ -3623,11 +3631,7 @@ async fn a_decision_answered_after_a_reload_made_its_route_local_leaves_no_share
             server.url()
         )
     };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rocgate.toml");
-    std::fs::write(&path, file("route")).unwrap();
-    let config = Config::load(&path).unwrap();
-    let proxy = Served::start(upstream_addr, &config, Some(path.clone())).await;
+    let (proxy, path, _dir) = served_from_file(&file("route")).await;
     let mut admin = http1::connect(proxy.admin).await;
     let series = "rocgate_store_limit_rps{route=\"late\"}";
     let post_late = |addr| async move {
@@ -3658,7 +3662,6 @@ async fn a_decision_answered_after_a_reload_made_its_route_local_leaves_no_share
     let text = get(&mut admin, "/metrics").await;
     assert!(!text.contains(series), "{text}");
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// A distributed route's window in the local engine follows this instance's traffic
@@ -5476,13 +5479,8 @@ async fn post_order_cut_retry(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_cut_tells_refused_clients_when_the_limit_rises() {
     let _serial = one_at_a_time().await;
-    use rocgate::store::StoreConfig;
-
     let server = RedisServer::start().await;
-    let (upstream_addr, upstream_task) = start_ok_upstream().await;
-    let mut config = Config::new(vec![quick_route()]);
-    config.store = StoreConfig::Redis(store_config(&server, "cut-retry"));
-    let proxy = Served::start(upstream_addr, &config, None).await;
+    let proxy = Served::on_redis(quick_route(), store_config(&server, "cut-retry")).await;
     let mut client = http1::connect(proxy.addr).await;
     // Calm for more than a window, then a spike until the shared controller cuts and
     // 20 requests are refused for it.
@@ -5513,7 +5511,6 @@ async fn a_shared_cut_tells_refused_clients_when_the_limit_rises() {
         "no jitter: Retry-After {told:?}"
     );
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// Exact mode, before Redis ever answered a decision on the route (each call failed,
@@ -5546,7 +5543,7 @@ async fn an_exact_route_never_answered_shows_no_bucket_level() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_distributed_route_never_decided_shows_no_shared_state() {
     let _serial = one_at_a_time().await;
-    let (proxy, _path, _dir, upstream_task) =
+    let (proxy, _path, _dir) =
         served_from_file(&unanswered_order("burst = \"10s\"", "never-decided")).await;
     let mut admin = http1::connect(proxy.admin).await;
     let text = get(&mut admin, "/metrics").await;
@@ -5579,7 +5576,6 @@ async fn a_distributed_route_never_decided_shows_no_shared_state() {
         "{store}"
     );
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// [`RedisStore::shared_view`] of a route the engine shares and the store has not
@@ -5615,7 +5611,7 @@ async fn a_fallback_rejection_states_the_lowered_base_it_enforces() {
             "lowered-policy",
         )
     };
-    let (proxy, path, _dir, upstream_task) = served_from_file(&file(100)).await;
+    let (proxy, path, _dir) = served_from_file(&file(100)).await;
     let mut client = http1::connect(proxy.addr).await;
     let mut admin = http1::connect(proxy.admin).await;
     for _ in 0..5 {
@@ -5644,7 +5640,6 @@ async fn a_fallback_rejection_states_the_lowered_base_it_enforces() {
         r#""order";q=10;w=1"#
     );
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// A distributed route this instance has not decided on yet has its `rocgate_store_*`
@@ -5665,7 +5660,7 @@ async fn a_distributed_route_never_decided_has_its_store_series_from_the_start()
              [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nkey_prefix = \"undecided\"\n"
         )
     };
-    let (proxy, path, _dir, upstream_task) = served_from_file(&file("undecided")).await;
+    let (proxy, path, _dir) = served_from_file(&file("undecided")).await;
     let mut admin = http1::connect(proxy.admin).await;
     let text = get(&mut admin, "/metrics").await;
     let sample = |text: &str, name: &str, labels: &[&str]| {
@@ -5712,7 +5707,6 @@ async fn a_distributed_route_never_decided_has_its_store_series_from_the_start()
         "{text}"
     );
     proxy.stop().await;
-    upstream_task.abort();
 }
 
 /// [`DECIDE`](rocgate::store::redis::DECIDE) called by hand on 10 s slots, counting
