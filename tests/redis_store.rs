@@ -3453,13 +3453,26 @@ async fn the_admin_api_shows_a_distributed_routes_shared_cut() {
     proxy.stop().await;
 }
 
+/// A config file of one route named `name`, its table's other lines `route`, on the
+/// Redis at `url`, its keys under `prefix`, with the `[store]` table's other lines
+/// `store` (each line ending in a newline; none if empty).
+fn redis_file(name: &str, route: &str, url: &str, prefix: &str, store: &str) -> String {
+    format!(
+        "[[routes]]\nname = \"{name}\"\n{route}\n\n\
+         [store]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"{prefix}\"\n{store}"
+    )
+}
+
 /// A config file of one route, `POST /api/order` with the line `extra`, on a store
 /// that never answers (nothing listens on port 1: every call fails), its keys under
 /// `prefix`.
 fn unanswered_order(extra: &str, prefix: &str) -> String {
-    format!(
-        "[[routes]]\nname = \"order\"\nmethod = \"POST\"\npath = \"/api/order\"\n{extra}\n\n\
-         [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nkey_prefix = \"{prefix}\"\n"
+    redis_file(
+        "order",
+        &format!("method = \"POST\"\npath = \"/api/order\"\n{extra}"),
+        "redis://127.0.0.1:1",
+        prefix,
+        "",
     )
 }
 
@@ -3624,11 +3637,12 @@ async fn a_decision_answered_after_a_reload_made_its_route_local_leaves_no_share
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let file = |partition: &str| {
-        format!(
-            "[[routes]]\nname = \"late\"\nmethod = \"POST\"\npath = \"/api/late\"\n\
-             partition = \"{partition}\"\n\n[store]\nbackend = \"redis\"\n\
-             url = \"{}\"\nkey_prefix = \"late-answer\"\ntimeout = \"5s\"\nheartbeat = \"10s\"\n",
-            server.url()
+        redis_file(
+            "late",
+            &format!("method = \"POST\"\npath = \"/api/late\"\npartition = \"{partition}\""),
+            &server.url(),
+            "late-answer",
+            "timeout = \"5s\"\nheartbeat = \"10s\"\n",
         )
     };
     let (proxy, path, _dir) = served_from_file(&file("route")).await;
@@ -5655,9 +5669,12 @@ async fn a_distributed_route_never_decided_has_its_store_series_from_the_start()
     let _serial = one_at_a_time().await;
     // A route name of its own: the recorder is the process's, shared by the tests.
     let file = |name: &str| {
-        format!(
-            "[[routes]]\nname = \"{name}\"\npath = \"/api/undecided\"\nbase_limit = 150\n\n\
-             [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nkey_prefix = \"undecided\"\n"
+        redis_file(
+            name,
+            "path = \"/api/undecided\"\nbase_limit = 150",
+            "redis://127.0.0.1:1",
+            "undecided",
+            "",
         )
     };
     let (proxy, path, _dir) = served_from_file(&file("undecided")).await;
