@@ -5238,6 +5238,59 @@ async fn a_heartbeat_past_the_longest_period_still_beats() {
     assert!(ttl > 0, "{ttl}");
 }
 
+/// What [`steady_through_a_stall`] saw: when (since it began), the route's shared
+/// state and mode, and its ROC then.
+type Seen = Vec<(Duration, ControllerState, StoreMode, f64)>;
+
+/// Steady traffic on `inst`'s route `order` for `run`: a decision, then a pause of
+/// `pause`. Redis is stopped (`SIGSTOP`) at the first decision past `stop_at`, right
+/// after `before_stop` is called, and resumed (`SIGCONT`) at the first past
+/// `resume_at`. Returns each change of the route's (state, mode) the store showed
+/// after a decision. The stall tests rely on its timings being theirs: a route
+/// sampled at every decision, Redis stopped and resumed between two of them.
+async fn steady_through_a_stall(
+    inst: &Instance,
+    server: &RedisServer,
+    run: Duration,
+    [stop_at, resume_at]: [Duration; 2],
+    pause: Duration,
+    mut before_stop: impl FnMut(),
+) -> Seen {
+    let started = tokio::time::Instant::now();
+    let (mut stopped, mut resumed) = (false, false);
+    let mut seen: Seen = Vec::new();
+    while started.elapsed() < run {
+        let t = started.elapsed();
+        if !stopped && t > stop_at {
+            before_stop();
+            server.signal("-STOP");
+            stopped = true;
+        }
+        if !resumed && t > resume_at {
+            server.signal("-CONT");
+            resumed = true;
+        }
+        let _ = inst.check().await;
+        let v = inst.store.view("order").unwrap();
+        if seen.last().map(|&(_, state, mode, _)| (state, mode)) != Some((v.state, v.mode)) {
+            seen.push((t, v.state, v.mode, v.roc));
+        }
+        tokio::time::sleep(pause).await;
+    }
+    seen
+}
+
+/// Asserts that the shared controller of `inst`'s route `order` never left normal in
+/// what [`steady_through_a_stall`] saw, and that `inst` counted no cut of it.
+fn assert_never_cut(inst: &Instance, seen: &Seen) {
+    assert!(
+        seen.iter()
+            .all(|&(_, state, _, _)| state == ControllerState::Normal),
+        "{seen:?}"
+    );
+    assert_eq!(stepped(inst).cuts, 0, "{seen:?}");
+}
+
 /// A route on steady traffic (a request every 10 ms) whose Redis stalls for 0.7 s:
 /// the decisions taken locally meanwhile never reach the shared window, and the
 /// traffic back read as a rise from the gap. The shared controller cut the route for
@@ -5250,26 +5303,15 @@ async fn a_steady_route_back_from_fallback_is_not_cut_for_the_gap() {
     let server = RedisServer::start().await;
     let inst = Instance::system(&quick_route(), &store_config(&server, "gap"));
     beat_answered(&inst.store).await;
-    let started = tokio::time::Instant::now();
-    let (mut stopped, mut resumed) = (false, false);
-    let mut seen = Vec::new();
-    while started.elapsed() < Duration::from_millis(4000) {
-        let t = started.elapsed();
-        if !stopped && t > Duration::from_millis(1800) {
-            server.signal("-STOP");
-            stopped = true;
-        }
-        if !resumed && t > Duration::from_millis(2500) {
-            server.signal("-CONT");
-            resumed = true;
-        }
-        let _ = inst.check().await;
-        let v = inst.store.view("order").unwrap();
-        if seen.last().map(|&(_, state, mode, _)| (state, mode)) != Some((v.state, v.mode)) {
-            seen.push((t, v.state, v.mode, v.roc));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let seen = steady_through_a_stall(
+        &inst,
+        &server,
+        Duration::from_millis(4000),
+        [Duration::from_millis(1800), Duration::from_millis(2500)],
+        Duration::from_millis(10),
+        || {},
+    )
+    .await;
     let modes: Vec<_> = seen.iter().map(|&(_, _, mode, _)| mode).collect();
     assert!(
         modes
@@ -5277,12 +5319,7 @@ async fn a_steady_route_back_from_fallback_is_not_cut_for_the_gap() {
             .any(|m| m == [StoreMode::Fallback, StoreMode::Shared]),
         "fell back and came back: {seen:?}"
     );
-    assert!(
-        seen.iter()
-            .all(|&(_, state, _, _)| state == ControllerState::Normal),
-        "{seen:?}"
-    );
-    assert_eq!(stepped(&inst).cuts, 0, "{seen:?}");
+    assert_never_cut(&inst, &seen);
 }
 
 /// Batched mode, a route on steady traffic (a request every 5 ms and the time a
@@ -5302,39 +5339,22 @@ async fn batched_a_steady_route_is_not_cut_for_the_slots_of_failed_syncs() {
     let inst = Instance::system(&quick_route(), &config);
     let mut conn = server.connection().unwrap();
     beat_answered(&inst.store).await;
-    let started = tokio::time::Instant::now();
-    let (mut stopped, mut resumed) = (false, false);
     let mut stopped_us = 0;
-    let mut seen = Vec::new();
-    while started.elapsed() < Duration::from_millis(3000) {
-        let t = started.elapsed();
-        if !stopped && t > Duration::from_millis(1300) {
-            stopped_us = redis_time_us(&mut conn);
-            server.signal("-STOP");
-            stopped = true;
-        }
-        if !resumed && t > Duration::from_millis(1600) {
-            server.signal("-CONT");
-            resumed = true;
-        }
-        let _ = inst.check().await;
-        let v = inst.store.view("order").unwrap();
-        if seen.last().map(|&(_, state, mode, _)| (state, mode)) != Some((v.state, v.mode)) {
-            seen.push((t, v.state, v.mode, v.roc));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let seen = steady_through_a_stall(
+        &inst,
+        &server,
+        Duration::from_millis(3000),
+        [Duration::from_millis(1300), Duration::from_millis(1600)],
+        Duration::from_millis(5),
+        || stopped_us = redis_time_us(&mut conn),
+    )
+    .await;
     assert!(
         seen.iter()
             .all(|&(_, _, mode, _)| mode == StoreMode::Shared),
         "the breaker opened: {seen:?}"
     );
-    assert!(
-        seen.iter()
-            .all(|&(_, state, _, _)| state == ControllerState::Normal),
-        "{seen:?}"
-    );
-    assert_eq!(stepped(&inst).cuts, 0, "{seen:?}");
+    assert_never_cut(&inst, &seen);
     // Syncs failed, and the controller was rearmed after the stall.
     let armed_ns: u64 = hget(&mut conn, "{holes:order}:c", "armed");
     assert!(armed_ns / 1_000 > stopped_us, "armed at {armed_ns} ns");
