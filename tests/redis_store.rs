@@ -2615,16 +2615,10 @@ async fn an_instance_that_never_reached_redis_admits_its_expected_share() {
     // 100 req/s with 2 s of burst, over 4 expected instances: 50 tokens, then 25/s.
     let route = route(100.0, Duration::from_secs(2));
     for mode in [SyncMode::Exact, SyncMode::Batched] {
-        let config = {
-            let mut v = RedisConfig::default();
-            v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
-            v.key_prefix = "unreached".into();
-            v.mode = mode;
-            v.expected_instances = 4;
-            v
-        };
-        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-        let a = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
+        let (a, clock) = unanswered_instance_of(&route, port, "unreached", |config| {
+            config.mode = mode;
+            config.expected_instances = 4;
+        });
         assert_eq!(a.offer(200).await, 50, "{mode:?}: the first burst");
         for second in 1..=3 {
             clock.advance(Duration::from_secs(1));
@@ -2645,28 +2639,9 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
     let _serial = one_at_a_time().await;
     let port = free_ports(1)[0];
     for mode in [SyncMode::Exact, SyncMode::Batched] {
-        let config = {
-            let mut v = RedisConfig::default();
-            v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
-            v.key_prefix = "lowered".into();
-            v.mode = mode;
-            v
-        };
-        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-        let mut a = Instance::new(
-            &route(100.0, Duration::from_secs(1)),
-            &config,
-            Arc::clone(&clock) as Arc<dyn Clock>,
-        );
+        let (mut a, clock) = unanswered_instance(port, "lowered", |config| config.mode = mode);
         // Batched mode falls back once three syncs (one a slot) have failed.
-        for _ in 0..50 {
-            if a.store.mode() == StoreMode::Fallback {
-                break;
-            }
-            let _ = a.check().await;
-            clock.advance(Duration::from_secs(1));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_fallback(&a, &clock).await;
         assert_eq!(a.store.mode(), StoreMode::Fallback, "{mode:?}");
         assert!(a.offer(200).await <= 100, "{mode:?}: the burst");
         clock.advance(Duration::from_secs(1));
@@ -2696,18 +2671,7 @@ async fn a_limit_lowered_while_redis_is_away_applies_in_fallback() {
 async fn a_reload_while_redis_is_away_brings_no_fresh_burst() {
     let _serial = one_at_a_time().await;
     let port = free_ports(1)[0];
-    let config = {
-        let mut v = RedisConfig::default();
-        v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
-        v.key_prefix = "rebuilt".into();
-        v
-    };
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let mut a = Instance::new(
-        &route(100.0, Duration::from_secs(1)),
-        &config,
-        Arc::clone(&clock) as Arc<dyn Clock>,
-    );
+    let (mut a, clock) = unanswered_instance(port, "rebuilt", |_| {});
     assert_eq!(a.offer(300).await, 100, "the burst");
     assert_eq!(a.store.mode(), StoreMode::Fallback);
     a.reload(route(100.0, Duration::from_secs(2)));
@@ -4660,19 +4624,10 @@ async fn cluster_master_killed_fails_over_to_its_replica() {
 async fn batched_mode_applies_a_lowered_base_limit_before_its_breaker_opens() {
     let _serial = one_at_a_time().await;
     let port = free_ports(1)[0];
-    let config = {
-        let mut v = batched(RedisConfig::default());
-        v.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
-        v.key_prefix = "lowered-batched".into();
-        v.failures_to_open = 100;
-        v
-    };
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let mut a = Instance::new(
-        &route(100.0, Duration::from_secs(1)),
-        &config,
-        Arc::clone(&clock) as Arc<dyn Clock>,
-    );
+    let (mut a, clock) = unanswered_instance(port, "lowered-batched", |config| {
+        config.mode = SyncMode::Batched;
+        config.failures_to_open = 100;
+    });
     assert_eq!(a.offer(200).await, 100, "the burst");
     a.reload(route(40.0, Duration::from_secs(1)));
     for second in 1..=2 {
@@ -5436,17 +5391,36 @@ fn unanswered_instance(
     prefix: &str,
     tune: impl FnOnce(&mut RedisConfig),
 ) -> (Instance, Arc<ManualClock>) {
+    unanswered_instance_of(&route(100.0, Duration::from_secs(1)), port, prefix, tune)
+}
+
+/// [`unanswered_instance`] of `route`.
+fn unanswered_instance_of(
+    route: &RouteConfig,
+    port: u16,
+    prefix: &str,
+    tune: impl FnOnce(&mut RedisConfig),
+) -> (Instance, Arc<ManualClock>) {
     let mut config = RedisConfig::default();
     config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
     config.key_prefix = prefix.into();
     tune(&mut config);
     let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(
-        &route(100.0, Duration::from_secs(1)),
-        &config,
-        Arc::clone(&clock) as Arc<dyn Clock>,
-    );
+    let a = Instance::new(route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
     (a, clock)
+}
+
+/// Decides on `a` and advances `clock` a second, every 20 ms, until the store is in
+/// fallback (50 times at most: the caller asserts that it is).
+async fn until_fallback(a: &Instance, clock: &ManualClock) {
+    for _ in 0..50 {
+        if a.store.mode() == StoreMode::Fallback {
+            break;
+        }
+        let _ = a.check().await;
+        clock.advance(Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A route in fallback with `fail_mode = "open"` or `"closed"` has no bucket level:
@@ -5466,14 +5440,7 @@ async fn a_route_failing_open_or_closed_shows_no_bucket_level() {
                 config.mode = mode;
                 config.fail_mode = fail_mode;
             });
-            for _ in 0..50 {
-                if a.store.mode() == StoreMode::Fallback {
-                    break;
-                }
-                let _ = a.check().await;
-                clock.advance(Duration::from_secs(1));
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            until_fallback(&a, &clock).await;
             assert_eq!(
                 a.store.mode(),
                 StoreMode::Fallback,
