@@ -1105,16 +1105,35 @@ async fn a_connection_gone_dark_is_replaced() {
     }
     assert_eq!(a.store.mode(), StoreMode::Shared);
     assert_eq!(b.store.mode(), StoreMode::Shared);
-    // The answers a fallback gave up on, in by then.
+    assert_fallbacks_explained(&fell, started, "instance", |began, ended| {
+        relay.redis_waited(config.timeout / 2, began, ended)
+    })
+    .await;
+}
+
+/// A decision that fell back, in the gone-dark tests: on what (an instance, a
+/// route), when it began and ended, and how late the runtime's timers ran in it.
+type Fell<T> = (T, tokio::time::Instant, tokio::time::Instant, Duration);
+
+/// Asserts, once the answers a fallback gave up on are in (200 ms), that Redis was
+/// held up (`redis_waited` from a decision's beginning to its end, as the relays timed
+/// it) in each decision of `fell`, those that fell back after the store was on a new
+/// connection, `started` then; `what` names what each fell back on.
+async fn assert_fallbacks_explained<T: Copy + std::fmt::Debug>(
+    fell: &[Fell<T>],
+    started: tokio::time::Instant,
+    what: &str,
+    redis_waited: impl Fn(tokio::time::Instant, tokio::time::Instant) -> bool,
+) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let unexplained: Vec<_> = fell
         .iter()
-        .filter(|&&(_, began, ended, _)| !relay.redis_waited(config.timeout / 2, began, ended))
-        .map(|&(i, began, _, late)| (i, began - started, late))
+        .filter(|&&(_, began, ended, _)| !redis_waited(began, ended))
+        .map(|&(on, began, _, late)| (on, began - started, late))
         .collect();
     assert!(
         unexplained.is_empty(),
-        "fallbacks on the new connection (instance, when, the timers' lateness) that \
+        "fallbacks on the new connection ({what}, when, the timers' lateness) that \
          neither the process nor Redis was held up in: {unexplained:?}"
     );
 }
@@ -4543,23 +4562,12 @@ async fn a_cluster_node_connection_gone_dark_is_replaced() {
     }
     assert_eq!((mode(&a), mode(&b)), (StoreMode::Shared, StoreMode::Shared));
     assert_eq!(b_fallen, 0, "the route on a live master fell back");
-    // The answers a fallback gave up on, in by then.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let slow_redis = |began, ended| {
+    assert_fallbacks_explained(&fell, started, "route", |began, ended| {
         relays
             .iter()
             .any(|r| r.redis_waited(config.timeout / 2, began, ended))
-    };
-    let unexplained: Vec<_> = fell
-        .iter()
-        .filter(|&&(_, began, ended, _)| !slow_redis(began, ended))
-        .map(|&(name, began, _, late)| (name, began - started, late))
-        .collect();
-    assert!(
-        unexplained.is_empty(),
-        "fallbacks on the new connection (route, when, the timers' lateness) that \
-         neither the process nor Redis was held up in: {unexplained:?}"
-    );
+    })
+    .await;
 }
 
 /// `SIGKILL` of the master holding a route's slot, in a cluster where each master has a
