@@ -1516,6 +1516,19 @@ fn hget<T: redis::FromRedisValue>(
     redis::cmd("HGET").arg(key).arg(field).query(conn).unwrap()
 }
 
+/// The fields `fields` of the hash `key` (a slice or a tuple of them), as `T`.
+fn hmget<T: redis::FromRedisValue>(
+    conn: &mut redis::Connection,
+    key: impl redis::ToRedisArgs,
+    fields: impl redis::ToRedisArgs,
+) -> T {
+    redis::cmd("HMGET")
+        .arg(key)
+        .arg(fields)
+        .query(conn)
+        .unwrap()
+}
+
 /// Sets fields of the hash `key`, as a test writes a store's keys by hand: `fields` a
 /// `(field, value)` pair, a tuple of them, or a slice of fields and values in turn.
 fn hset(
@@ -1887,12 +1900,12 @@ async fn a_stored_count_that_is_no_count_is_none() {
     assert!(a.check().await.is_admit());
     // Slots of 100 ms: the second to the fifteenth before now's.
     let slot = redis_time_us(&mut conn) / 100_000;
-    let mut hset = redis::cmd("HSET");
-    hset.arg("{nocount:order}:w");
+    let mut slots = redis::cmd("HSET");
+    slots.arg("{nocount:order}:w");
     for (k, count) in (2..16).zip(["nan", "-5", "inf"].iter().cycle()) {
-        hset.arg(slot - k).arg(*count);
+        slots.arg(slot - k).arg(*count);
     }
-    let _: () = hset.query(&mut conn).unwrap();
+    let _: () = slots.query(&mut conn).unwrap();
     // A second of calls: ten slots, each first call handing over a roll.
     for _ in 0..50 {
         let _ = a.check().await;
@@ -1921,12 +1934,7 @@ async fn a_count_now_that_is_no_integer_is_counted_over() {
         );
         assert!(a.check().await.is_admit(), "{count}");
         assert_eq!(a.store.fallback_decisions(), 0, "{count}");
-        let counts: Vec<String> = redis::cmd("HMGET")
-            .arg("{nointeger:order}:w")
-            .arg(slot)
-            .arg(slot + 1)
-            .query(&mut conn)
-            .unwrap();
+        let counts: Vec<String> = hmget(&mut conn, "{nointeger:order}:w", (slot, slot + 1));
         assert!(counts.contains(&"1".to_owned()), "{count}: {counts:?}");
     }
 }
@@ -2015,11 +2023,11 @@ async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_
     // The request after the silence rolls the window over; its step is stored then.
     let _ = a.check().await;
     stored_through(&mut conn, "{silent:order}:c", |through| through > cut).await;
-    let (state, limit, entered): (u8, f64, u64) = redis::cmd("HMGET")
-        .arg("{silent:order}:c")
-        .arg(&["state", "limit", "entered"][..])
-        .query(&mut conn)
-        .unwrap();
+    let (state, limit, entered): (u8, f64, u64) = hmget(
+        &mut conn,
+        "{silent:order}:c",
+        &["state", "limit", "entered"][..],
+    );
     assert_eq!((state, limit), (0, 200.0), "state, limit after the silence");
     assert_eq!(entered, (cut + 123) * 100_000_000);
     let _ = a.check().await;
@@ -2067,11 +2075,8 @@ async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
     );
     let _ = a.check().await;
     stored_through(&mut conn, "{restored:order}:c", |through| through >= s - 1).await;
-    let (state, entered): (u8, u64) = redis::cmd("HMGET")
-        .arg("{restored:order}:c")
-        .arg(&["state", "entered"][..])
-        .query(&mut conn)
-        .unwrap();
+    let (state, entered): (u8, u64) =
+        hmget(&mut conn, "{restored:order}:c", &["state", "entered"][..]);
     assert_eq!((state, entered), (0, base_at_ns), "state, entered");
     let stepped = once_counted(|| stepped(&a), |s| s.transitions[2][0] > 0).await;
     assert_eq!(stepped.transitions[2][0], 1, "{stepped:?}");
@@ -3786,11 +3791,8 @@ async fn batched_arrivals_of_a_paused_instance_reach_the_window_at_their_slots_e
     let before = stored_through(&mut conn, "{strand:order}:c", |_| true).await;
     let _ = a.check().await;
     stored_through(&mut conn, "{strand:order}:c", |t| t > before).await;
-    let (state, entered): (u8, u64) = redis::cmd("HMGET")
-        .arg("{strand:order}:c")
-        .arg(&["state", "entered"][..])
-        .query(&mut conn)
-        .unwrap();
+    let (state, entered): (u8, u64) =
+        hmget(&mut conn, "{strand:order}:c", &["state", "entered"][..]);
     let after_burst_ms = (entered / 1_000).saturating_sub(burst_us) / 1_000;
     assert_eq!(state, ControllerState::Cut.as_index());
     assert!(
