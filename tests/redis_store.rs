@@ -372,6 +372,14 @@ impl Instance {
         Instance::new(route, config, Arc::new(MonotonicClock::new()))
     }
 
+    /// An instance on a manual clock at 1,000 s, and the clock, which the test
+    /// advances.
+    fn manual(route: &RouteConfig, config: &RedisConfig) -> (Instance, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+        let a = Instance::new(route, config, Arc::clone(&clock) as Arc<dyn Clock>);
+        (a, clock)
+    }
+
     /// Reloads the engine to `route` alone, as of the instance's now, and decides on
     /// it from then.
     fn reload(&mut self, route: RouteConfig) {
@@ -591,8 +599,7 @@ async fn a_heartbeat_set_lost_with_redis_does_not_shrink_the_count() {
     let config = hand_beaten_config(&server, "regrow");
     // 90 req/s with 1 s of burst: a third is 30 tokens, then 30/s.
     let route = route(90.0, Duration::from_secs(1));
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
+    let (a, clock) = Instance::manual(&route, &config);
     let b = Instance::system(&route, &config);
     let c = Instance::system(&route, &config);
     for i in [&a, &b, &c] {
@@ -1590,10 +1597,19 @@ struct Turn {
 /// tests take any fallback as the fault they look for). Bound as
 /// `(_turn, mut conn, a)`, they are dropped instance first, Redis last.
 async fn hand_written(prefix: &str, route: &RouteConfig) -> (Turn, redis::Connection, Instance) {
+    hand_written_on(prefix, |config| Instance::system(route, config)).await
+}
+
+/// [`hand_written`], the instance made by `instance` of its config (for a clock of
+/// the test's own).
+async fn hand_written_on(
+    prefix: &str,
+    instance: impl FnOnce(&RedisConfig) -> Instance,
+) -> (Turn, redis::Connection, Instance) {
     let serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let conn = server.connection().unwrap();
-    let a = Instance::system(route, &patient_config(&server, prefix));
+    let a = instance(&patient_config(&server, prefix));
     let turn = Turn {
         _server: server,
         _serial: serial,
@@ -1978,12 +1994,10 @@ async fn a_window_stamped_ahead_of_redis_clock_still_cuts() {
 /// cut at 60 req/s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_it() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "silent");
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(&quick_route(), &config, clock);
+    let (_turn, mut conn, a) = hand_written_on("silent", |config| {
+        Instance::manual(&quick_route(), config).0
+    })
+    .await;
     assert!(a.check().await.is_admit());
     // The window: 10 arrivals a slot, then 100 for half a window (the spike that cut
     // when slot `cut` began), and the last call in slot `cut`, 290 slots ago.
@@ -2052,12 +2066,10 @@ async fn a_route_silent_past_its_cut_comes_back_where_every_slot_would_have_put_
 /// before the slot was observed, and dated Normal at the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "restored");
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(&quick_route(), &config, clock);
+    let (_turn, mut conn, a) = hand_written_on("restored", |config| {
+        Instance::manual(&quick_route(), config).0
+    })
+    .await;
     assert!(a.check().await.is_admit());
     // Seven steps of 20 req/s a second from the cut's 60: base when slot `s - 1` ends.
     let s = redis_time_us(&mut conn) / 100_000;
@@ -2090,12 +2102,10 @@ async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
 /// 3 minutes or more had ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_cut_in_force_is_counted_as_it_passes() {
-    let _serial = one_at_a_time().await;
-    let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "cutting");
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(&quick_route(), &config, clock);
+    let (_turn, mut conn, a) = hand_written_on("cutting", |config| {
+        Instance::manual(&quick_route(), config).0
+    })
+    .await;
     assert!(a.check().await.is_admit());
     let s = redis_time_us(&mut conn) / 100_000;
     hset(&mut conn, "{cutting:order}:w", ("cur", s - 1));
@@ -3842,12 +3852,7 @@ async fn batched_a_late_end_of_slot_sync_keeps_the_next_slots_lowered_base() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = batched(patient_config(&server, "lateflush"));
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let mut a = Instance::new(
-        &route(200.0, Duration::from_secs(1)),
-        &config,
-        Arc::clone(&clock) as Arc<dyn Clock>,
-    );
+    let (mut a, clock) = Instance::manual(&route(200.0, Duration::from_secs(1)), &config);
     let capacity = |a: &Instance| a.store.view("order").unwrap().level.capacity;
     // A first slot, then the next (Redis's too), whose sync steps the shared
     // controller: Redis holds its limit, 200, from then on.
@@ -3887,12 +3892,7 @@ async fn batched_arrivals_not_yet_synced_survive_a_reload() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = batched(store_config(&server, "resync"));
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let mut a = Instance::new(
-        &route(100.0, Duration::from_secs(1)),
-        &config,
-        Arc::clone(&clock) as Arc<dyn Clock>,
-    );
+    let (mut a, _clock) = Instance::manual(&route(100.0, Duration::from_secs(1)), &config);
     assert_eq!(a.offer(10).await, 10);
     a.reload(route(100.0, Duration::from_secs(2)));
     assert!(a.check().await.is_admit());
@@ -4831,8 +4831,7 @@ async fn a_route_first_seen_in_an_outage_falls_back_at_its_base_share() {
         v
     };
     let route = route(100.0, Duration::from_secs(1));
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
+    let (a, clock) = Instance::manual(&route, &config);
     // The shared controller holds a cut at 40 (written as a step would store it).
     hset(
         &mut server.connection().unwrap(),
@@ -5415,9 +5414,7 @@ fn unanswered_instance_of(
     config.servers = RedisServers::Single(format!("redis://127.0.0.1:{port}"));
     config.key_prefix = prefix.into();
     tune(&mut config);
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
-    let a = Instance::new(route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
-    (a, clock)
+    Instance::manual(route, &config)
 }
 
 /// Decides on `a` and advances `clock` a second, every 20 ms, until the store is in
