@@ -296,10 +296,13 @@ impl Drop for Waits {
 /// The tests of this file run one at a time: several assert how long a decision takes
 /// (see [`Waits`]), which the redis-servers and clusters of tests running
 /// alongside on the same 2 cores would stretch. They are bound by timers, not CPU: one
-/// at a time takes as long as all at once (about 54 s).
+/// at a time takes as long as all at once (about 54 s). Every test takes it first, a
+/// server's turn ([`SERIAL`], held with the server) after it: six heartbeat tests and
+/// a failover took only the server's turn, and so ran beside the tests on a port
+/// where nothing listens, which take no server.
 async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
-    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    SERIAL.lock().await
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
 }
 
 fn store_config(server: &impl Servers, prefix: &str) -> RedisConfig {
@@ -4912,6 +4915,7 @@ async fn offer_until_in(inst: &Instance, mode: StoreMode, within: Duration) -> S
 /// had failed, and the instance never fell back (1 of 2 runs of the whole file here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_that_demotes_the_old_master_behind_the_same_address_is_followed() {
+    let _serial = one_at_a_time().await;
     // The old master, as a replica, writes the new one's data to its directory.
     let dir = tempfile::tempdir().unwrap();
     let old = RedisServer::start_with(&["--dir", dir.path().to_str().unwrap()]).await;
@@ -4993,6 +4997,7 @@ fn as_acl_user(
 /// instance comes back to the shared state as after any other outage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auth_refused_for_a_while_is_recovered_from() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut admin = server.connection().unwrap();
     let config = as_acl_user(&server, &mut admin, store_config(&server, "auth"));
@@ -5023,6 +5028,7 @@ async fn an_auth_refused_for_a_while_is_recovered_from() {
 /// beat, not 600 ms, and its beats leave the set to expire no sooner than that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_beating_at_different_rates_count_each_other() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut fast = hand_beaten_config(&server, "hb");
     let mut slow = fast.clone();
@@ -5084,6 +5090,7 @@ async fn instances_beating_at_different_rates_count_each_other() {
 /// score rather than by a walk of the set, is measured by scripts/bench-heartbeat.sh).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_beat_in_a_large_fleet_counts_it() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = hand_beaten_config(&server, "fleet");
     let mut redis = server.connection().unwrap();
@@ -5116,6 +5123,7 @@ async fn a_beat_in_a_large_fleet_counts_it() {
 /// refused `AUTH` or `SELECT`, does: tests above and below.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_refused_for_its_rights_keeps_its_connection() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut admin = server.connection().unwrap();
     let config = as_acl_user(&server, &mut admin, hand_beaten_config(&server, "noperm"));
@@ -5156,6 +5164,7 @@ async fn a_heartbeat_refused_for_its_rights_keeps_its_connection() {
 /// helper-119.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_select_refused_for_a_while_is_recovered_from() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut admin = server.connection().unwrap();
     let mut config = hand_beaten_config(&server, "selectauth");
@@ -5190,6 +5199,7 @@ async fn a_select_refused_for_a_while_is_recovered_from() {
 /// file's longest period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_past_the_longest_period_still_beats() {
+    let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut config = hand_beaten_config(&server, "forever");
     config.heartbeat = Duration::MAX;
