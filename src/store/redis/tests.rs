@@ -610,13 +610,8 @@ fn a_stored_state_that_is_no_state_is_no_memory() {
     }
 }
 
-/// A batched sync in flight on a route that a reload rebuilt (its burst changed),
-/// which fails afterwards, marks the gap on the rebuilt route, whose next call then
-/// says it ([`DECIDE`]'s `ARGV[9]`): marked on the old route, which no call makes
-/// again, it was never said. Redis is a port where nothing listens: the sync fails.
-#[tokio::test]
-async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
-    use crate::config::{Config, RouteConfig, RouteMatch};
+/// A store whose Redis is a port where nothing listens: every call on it fails.
+fn a_store_where_nothing_listens(mode: SyncMode) -> RedisStore {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -624,22 +619,37 @@ async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
         .port();
     let config = RedisConfig {
         servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
-        mode: SyncMode::Batched,
+        mode,
         ..RedisConfig::default()
     };
-    let store = RedisStore::connect(&config, Arc::new(crate::clock::ManualClock::new())).unwrap();
-    let routes = |burst_s| {
-        let mut r = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
-        r.algorithm = Algorithm::TokenBucket {
-            burst: Duration::from_secs(burst_s),
-        };
-        Config::new(vec![r])
+    RedisStore::connect(&config, Arc::new(crate::clock::ManualClock::new())).unwrap()
+}
+
+/// The route `order` (at 100 req/s) with a token bucket of `burst_s` seconds.
+fn order_with_a_burst_of(burst_s: u64) -> crate::config::Config {
+    use crate::config::{Config, RouteConfig, RouteMatch};
+    let mut r = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
+    r.controller.base_limit_rps = 100.0;
+    r.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_secs(burst_s),
     };
+    Config::new(vec![r])
+}
+
+/// A batched sync in flight on a route that a reload rebuilt (its burst changed),
+/// which fails afterwards, marks the gap on the rebuilt route, whose next call then
+/// says it ([`DECIDE`]'s `ARGV[9]`): marked on the old route, which no call makes
+/// again, it was never said. Redis is a port where nothing listens: the sync fails.
+#[tokio::test]
+async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
+    let store = a_store_where_nothing_listens(SyncMode::Batched);
     let epoch = std::time::UNIX_EPOCH;
-    let engine = Engine::new(&routes(1), Nanos::ZERO, epoch).unwrap();
+    let engine = Engine::new(&order_with_a_burst_of(1), Nanos::ZERO, epoch).unwrap();
     let id = engine.route_id("order").unwrap();
     let old = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
-    let engine = engine.reload(&routes(2), Nanos::ZERO, epoch).unwrap();
+    let engine = engine
+        .reload(&order_with_a_burst_of(2), Nanos::ZERO, epoch)
+        .unwrap();
     let id = engine.route_id("order").unwrap();
     let new = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
     assert!(!Arc::ptr_eq(&old, &new));
@@ -647,4 +657,58 @@ async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
     sync(Arc::clone(&store.inner), Arc::clone(&old), 5, params, 0).await;
     assert!(new.missed.load(Ordering::Relaxed));
     assert!(!old.missed.load(Ordering::Relaxed));
+}
+
+/// A reload that rebuilds a route (its burst changed, 1 s to 2 s) while Redis is away
+/// (nothing listens) keeps what the route last saw of the shared state, which no
+/// answer refreshes until Redis is back: the
+/// cut (limit 30 req/s of a base of 100, state, ROC) that `/admin/store` shows and
+/// the fallback's share and `RateLimit-Policy` enforce, when it next rises (a
+/// `roc_cut` rejection's `Retry-After`), and the shared bucket's level (4 tokens
+/// answered at 1 s, refilled at 30/s since, to 34 at 2 s). A rebuilt route that
+/// started afresh showed the base limit, no cut, no ROC, no rise due and no level
+/// (and with the level but not its time, one refilled since the clock's start).
+#[tokio::test]
+async fn a_rebuilt_route_keeps_the_shared_state_it_last_saw() {
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let (epoch, s) = (std::time::UNIX_EPOCH, Nanos::from_secs);
+    let engine = Engine::new(&order_with_a_burst_of(1), Nanos::ZERO, epoch).unwrap();
+    let id = engine.route_id("order").unwrap();
+    let old = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
+    old.limit.store(30f64.to_bits(), Ordering::Relaxed);
+    old.state
+        .store(ControllerState::Cut.as_index(), Ordering::Relaxed);
+    old.roc.store(55f64.to_bits(), Ordering::Relaxed);
+    old.next_raise.store(s(7).as_u64(), Ordering::Relaxed);
+    old.tokens.store(4f64.to_bits(), Ordering::Relaxed);
+    old.tokens_at.store(s(1).as_u64(), Ordering::Relaxed);
+    let engine = engine
+        .reload(&order_with_a_burst_of(2), s(2), epoch)
+        .unwrap();
+    let id = engine.route_id("order").unwrap();
+    let new = store.inner.route(&engine, id, s(2)).unwrap();
+    assert!(!Arc::ptr_eq(&old, &new));
+    let view = new.view(&store.inner.config, s(2));
+    assert_eq!(
+        (view.limit_rps, view.state, view.roc),
+        (30.0, ControllerState::Cut, 55.0)
+    );
+    assert_eq!(
+        (view.level.value, view.level.capacity),
+        (34.0, 60.0),
+        "the shared bucket's level"
+    );
+    assert_eq!(
+        store.restore_eta("order", s(2)),
+        Some(Duration::from_secs(5))
+    );
+    assert_eq!(
+        store.limit_in_force(&engine, id, Reason::RocCut, s(2)),
+        Some(30.0)
+    );
+    assert_eq!(
+        new.fallback.level(s(2)).capacity,
+        60.0,
+        "the fallback's share"
+    );
 }
