@@ -19,8 +19,7 @@ use http_body_util::BodyExt;
 use rocgate::config::{RouteConfig, RouteMatch};
 use rocgate::limiter::Algorithm;
 use rocgate::proxy::ProxySettings;
-use running::{settings, start_proxy, RunningProxy};
-use std::future::Future;
+use running::{settings, start_proxy, within, RunningProxy, IO_TIMEOUT};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -30,8 +29,6 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep, timeout};
 
-/// The longest any single exchange may take before the test fails.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The body the uploading clients send: far more than the sockets' buffers hold, so
 /// that most of it is still to be sent when the answer comes.
 const UPLOAD: usize = 4 << 20;
@@ -109,12 +106,6 @@ async fn proxy_with(
     settings.forward.max_body_bytes = MAX_BODY;
     change(&mut settings);
     start_proxy(settings, routes).await
-}
-
-async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    timeout(IO_TIMEOUT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing within {IO_TIMEOUT:?}"))
 }
 
 /// A head for a request with a body of `len` bytes, with `extra` header lines.

@@ -38,11 +38,10 @@ mod http1;
 mod running;
 
 use running::{
-    closed_port, settings, start_proxy, start_truncating_upstream, Reply, HEADER_READ_TIMEOUT,
+    closed_port, connect, settings, start_proxy, start_truncating_upstream, within, Reply,
+    HEADER_READ_TIMEOUT, IO_TIMEOUT,
 };
 
-/// The longest any single exchange may take before the test fails.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the upstream's `/slow` handler takes.
 const SLOW: Duration = Duration::from_millis(500);
 /// The size of the upstream's `/big` answer.
@@ -230,7 +229,7 @@ fn empty(builder: http::request::Builder) -> Request<Full<Bytes>> {
 /// Writes `bytes` on a fresh connection and reads until the proxy closes it (or until
 /// `deadline`, whatever it sent by then).
 async fn raw_exchange(addr: SocketAddr, bytes: &[u8], deadline: Duration) -> Vec<u8> {
-    let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+    let mut stream = connect(addr).await;
     stream.write_all(bytes).await.unwrap();
     closed_within(&mut stream, deadline).await.1
 }
@@ -268,12 +267,6 @@ fn statuses(raw: &[u8]) -> Vec<u16> {
                 .ok()
         })
         .collect()
-}
-
-async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    timeout(IO_TIMEOUT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing within {IO_TIMEOUT:?}"))
 }
 
 // ---------------------------------------------------------------------------------
@@ -1081,9 +1074,7 @@ async fn dripping_request_head_is_closed_within_the_header_read_timeout() {
     let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
 
     let start = Instant::now();
-    let stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let stream = connect(proxy.addr).await;
     let (mut rd, mut wr) = stream.into_split();
     wr.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
         .await
@@ -1115,9 +1106,7 @@ async fn silent_connection_is_closed_within_the_header_read_timeout() {
     let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
 
     let start = Instant::now();
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     let (closed, received) = closed_within(&mut stream, HEADER_CLOSE_WAIT).await;
     let elapsed = start.elapsed();
     assert!(closed, "still open after {elapsed:?}");
@@ -1142,7 +1131,7 @@ async fn a_connection_stalled_within_the_http2_preface_is_closed_within_the_head
         let addr = proxy.addr;
         stalled.spawn(async move {
             let start = Instant::now();
-            let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+            let mut stream = connect(addr).await;
             stream.write_all(sent).await.unwrap();
             let (closed, received) = closed_within(&mut stream, HEADER_CLOSE_WAIT).await;
             (sent, start.elapsed(), closed, received)
@@ -1167,9 +1156,7 @@ async fn an_h2c_connection_gone_silent_is_closed() {
     let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
 
     let start = Instant::now();
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     // The HTTP/2 preface and an empty SETTINGS frame, then nothing: no head to time.
     stream
         .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
@@ -1249,16 +1236,12 @@ async fn a_client_that_aborts_its_body_is_not_an_upstream_error() {
     let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
     const CUT_SHORT: &[u8] = b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 50\r\n\r\nabc";
     // A connection's first request goes through the pool.
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     stream.write_all(CUT_SHORT).await.unwrap();
     upstream.wait_for_hits(1).await;
     drop(stream);
     // Its second, through the connection's own lane.
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     stream
         .write_all(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
         .await
@@ -1894,9 +1877,7 @@ async fn read_until_seen(stream: &mut TcpStream, marker: &str) -> String {
 async fn expect_100_continue_works_over_a_lane() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     stream
         .write_all(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
@@ -2090,7 +2071,7 @@ async fn shutdown_closes_the_listener_and_lets_requests_in_flight_finish() {
 
 /// An HTTP/2 (prior knowledge) connection to `addr`, driven by a task of its own.
 async fn h2c_connect(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+    let stream = connect(addr).await;
     let (sender, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(stream),
@@ -2347,7 +2328,7 @@ async fn a_concurrency_permit_is_held_until_the_response_body_ends() {
 /// after `before` (a request on the connection before it, or nothing); returns what
 /// the proxy answered, read until it closes the connection.
 async fn trickle_upload(addr: SocketAddr, before: &[u8], n: usize, every: Duration) -> String {
-    let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+    let mut stream = connect(addr).await;
     if !before.is_empty() {
         stream.write_all(before).await.unwrap();
         read_until_seen(&mut stream, "\r\n\r\nok").await;
@@ -2418,9 +2399,7 @@ async fn a_client_that_stalls_its_body_gets_408_not_504() {
     let route = trickle_route("stalled", "/", 1000);
     let proxy = start_proxy(short, vec![route]).await;
     for before in [&b""[..], b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n"] {
-        let mut stream = within("connect", TcpStream::connect(proxy.addr))
-            .await
-            .unwrap();
+        let mut stream = connect(proxy.addr).await;
         if !before.is_empty() {
             stream.write_all(before).await.unwrap();
             read_until_seen(&mut stream, "\r\n\r\nok").await;
@@ -2948,9 +2927,7 @@ async fn connections_still_open_after_the_shutdown_grace_are_dropped() {
     let mut short = settings(upstream);
     short.shutdown_grace = Duration::from_millis(300);
     let proxy = start_proxy(short, Vec::new()).await;
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     stream
         .write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
@@ -2981,9 +2958,7 @@ async fn a_connection_that_has_sent_nothing_does_not_hold_the_shutdown() {
     patient.header_read_timeout = Duration::from_secs(60);
     patient.shutdown_grace = Duration::from_secs(60);
     let proxy = start_proxy(patient, Vec::new()).await;
-    let mut silent = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut silent = connect(proxy.addr).await;
     // Connections are accepted in the order they were made: once a later one is
     // answered, the silent one is the proxy's.
     let raw = raw_exchange(

@@ -22,13 +22,12 @@ use futures_util::{SinkExt, StreamExt};
 use http::{HeaderMap, StatusCode};
 use rocgate::config::{RouteConfig, RouteMatch};
 use rocgate::limiter::Algorithm;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::{sleep, Instant};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -36,10 +35,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{settings, start_proxy, start_proxy_from};
-
-/// The longest any single exchange may take before the test fails.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
+use running::{connect, settings, start_proxy, start_proxy_from, within};
 
 // ---------------------------------------------------------------------------------
 // Upstream
@@ -174,12 +170,6 @@ fn one_at_a_time(name: &str, prefix: &str) -> RouteConfig {
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    timeout(IO_TIMEOUT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing within {IO_TIMEOUT:?}"))
-}
-
 /// A WebSocket handshake on `path` through the proxy, with `extra` headers.
 async fn open(
     addr: SocketAddr,
@@ -190,7 +180,7 @@ async fn open(
     for (name, value) in extra {
         req.headers_mut().insert(*name, value.parse().unwrap());
     }
-    let stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+    let stream = connect(addr).await;
     within(
         "the handshake",
         tokio_tungstenite::client_async(req, MaybeTlsStream::Plain(stream)),
@@ -337,9 +327,7 @@ async fn an_upstream_refusing_the_upgrade_is_passed_on() {
         vec![route("ws_refused", "/", Algorithm::default(), 1000.0)],
     )
     .await;
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     stream
         .write_all(
             b"GET /refuse HTTP/1.1\r\nhost: shop.example\r\nconnection: upgrade\r\n\
@@ -531,7 +519,7 @@ async fn a_tunnel_holds_its_upstream_place_until_it_closes() {
     let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
     assert_eq!(next_text(&mut ws).await, "welcome");
     let plain = |addr| async move {
-        let mut stream = within("connect", TcpStream::connect(addr)).await.unwrap();
+        let mut stream = connect(addr).await;
         stream
             .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n")
             .await
@@ -634,9 +622,7 @@ async fn a_tunnels_upstream_connection_is_never_reused() {
     )
     .await;
     // Two plain requests, then the handshake, on one client connection.
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     for _ in 0..2 {
         stream
             .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\n\r\n")
@@ -666,9 +652,7 @@ async fn a_tunnels_upstream_connection_is_never_reused() {
     // Later requests, on other client connections (the pool) and on one connection
     // (its lane).
     for _ in 0..3 {
-        let mut s = within("connect", TcpStream::connect(proxy.addr))
-            .await
-            .unwrap();
+        let mut s = connect(proxy.addr).await;
         s.write_all(
             b"GET /plain HTTP/1.1\r\nhost: shop.example\r\n\r\n\
               GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n",
@@ -708,9 +692,7 @@ async fn a_101_to_a_plain_request_is_a_bad_gateway() {
         vec![route("ws_bad_101", "/", Algorithm::default(), 1000.0)],
     )
     .await;
-    let mut stream = within("connect", TcpStream::connect(proxy.addr))
-        .await
-        .unwrap();
+    let mut stream = connect(proxy.addr).await;
     let reply = last_plain_get(&mut stream).await;
     assert!(reply.starts_with("HTTP/1.1 502 "), "{reply}");
     let lines = log.lines_with("upstream request failed");
@@ -776,9 +758,7 @@ async fn a_101_to_no_protocol_the_client_offered_is_a_bad_gateway() {
             vec![route("ws_wrong_101", "/", Algorithm::default(), 1000.0)],
         )
         .await;
-        let mut stream = within("connect", TcpStream::connect(proxy.addr))
-            .await
-            .unwrap();
+        let mut stream = connect(proxy.addr).await;
         within(
             "handshake",
             stream.write_all(

@@ -20,32 +20,25 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rocgate::config::{RouteConfig, RouteMatch};
 use rocgate::proxy::ProxySettings;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::{sleep, Instant};
 
 #[path = "common/http1.rs"]
 mod http1;
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{closed_port, settings, start_proxy, start_truncating_upstream, Reply, RunningProxy};
+use running::{
+    closed_port, settings, start_proxy, start_truncating_upstream, within, Reply, RunningProxy,
+};
 
-/// The longest any single exchange may take before the test fails.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest a refusal at the cap may take: it waits for nothing.
 const AT_ONCE: Duration = Duration::from_secs(1);
-
-async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    timeout(IO_TIMEOUT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing within {IO_TIMEOUT:?}"))
-}
 
 // ---------------------------------------------------------------------------------
 // Upstream

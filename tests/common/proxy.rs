@@ -5,12 +5,17 @@
 use rocgate::config::{Config, RouteConfig, RouteMatch};
 use rocgate::engine::RouteSnapshot;
 use rocgate::proxy::{Proxy, ProxySettings, Reloader};
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
+use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// The longest any single exchange may take before the test fails.
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The proxies' `header_read_timeout`.
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
@@ -164,4 +169,18 @@ pub(crate) async fn start_truncating_upstream() -> SocketAddr {
         }
     });
     addr
+}
+
+/// What `fut` gives, within [`IO_TIMEOUT`]; else the test fails, naming `what` it was
+/// waiting for.
+pub(crate) async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    tokio::time::timeout(IO_TIMEOUT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {IO_TIMEOUT:?}"))
+}
+
+/// A connection to `addr` (the proxy), made within [`IO_TIMEOUT`]; the test fails if
+/// it is refused.
+pub(crate) async fn connect(addr: SocketAddr) -> TcpStream {
+    within("connect", TcpStream::connect(addr)).await.unwrap()
 }
