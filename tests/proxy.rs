@@ -17,7 +17,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
+use rocgate::config::{
+    ClientIpHeader, Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch,
+};
 use rocgate::http::ClientIpResolver;
 use rocgate::limiter::Algorithm;
 use rocgate::proxy::Proxy;
@@ -39,7 +41,7 @@ mod running;
 
 use running::{
     closed_port, connect, settings, start_proxy, start_truncating_upstream, within, Reply,
-    HEADER_READ_TIMEOUT, IO_TIMEOUT,
+    RunningProxy, HEADER_READ_TIMEOUT, IO_TIMEOUT,
 };
 
 /// How long the upstream's `/slow` handler takes.
@@ -123,6 +125,15 @@ async fn start_upstream() -> Upstream {
     let app = Router::new().fallback(record).with_state(upstream.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
     upstream
+}
+
+/// A recording upstream ([`start_upstream`]) and a proxy in front of it, with the
+/// tests' [`settings`], over no route: every request is forwarded as it is, none
+/// limited.
+async fn forwarding_proxy() -> (Upstream, RunningProxy) {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    (upstream, proxy)
 }
 
 async fn record(State(up): State<Upstream>, req: Request<Body>) -> Response<Body> {
@@ -531,8 +542,7 @@ async fn options_asterisk_does_not_evade_a_catch_all_limit() {
 
 #[tokio::test]
 async fn hop_by_hop_headers_are_stripped_both_ways() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
 
     let req = get("/hop")
         .header(header::CONNECTION, "keep-alive, X-Custom-Hop")
@@ -602,8 +612,7 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
 /// pool's request went up with the upstream's own `Host`, the lane's with none.
 #[tokio::test]
 async fn a_connection_header_naming_host_keeps_the_clients_host() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     // The first request goes through the pool, the second through the lane.
     let raw = raw_exchange(
         proxy.addr,
@@ -686,15 +695,34 @@ const OTHER_FORWARDING: [&str; 16] = [
     "x-forwarded-client-cert",
 ];
 
+/// A recording upstream and a proxy in front of it over no route, whose client (on
+/// loopback, 127.0.0.0/8 trusted) is a trusted proxy that writes `header`.
+async fn behind_a_trusted_proxy(header: ClientIpHeader) -> (Upstream, RunningProxy) {
+    let upstream = start_upstream().await;
+    let mut settings = settings(upstream.addr);
+    settings.forward.resolver =
+        ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]).with_header(header);
+    let proxy = start_proxy(settings, Vec::new()).await;
+    (upstream, proxy)
+}
+
+/// Sends `req` (to `/xff`) through `proxy`, which must answer 200: the headers the
+/// upstream received with it, its one request to `/xff`.
+async fn forwarded_as(
+    proxy: &RunningProxy,
+    upstream: &Upstream,
+    req: Request<Full<Bytes>>,
+) -> HeaderMap {
+    let res = send(proxy.addr, req).await;
+    assert_eq!(res.status, StatusCode::OK);
+    upstream.only("/xff").headers
+}
+
 #[tokio::test]
 async fn forwarded_headers_from_an_untrusted_peer_are_replaced() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
 
-    let res = send(proxy.addr, forwarded_request()).await;
-    assert_eq!(res.status, StatusCode::OK);
-
-    let h = upstream.only("/xff").headers;
+    let h = forwarded_as(&proxy, &upstream, forwarded_request()).await;
     let xff: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
     assert_eq!(xff, [HeaderValue::from_static("127.0.0.1")]);
     assert_eq!(h["x-forwarded-host"], HOST);
@@ -710,14 +738,9 @@ async fn forwarded_headers_from_an_untrusted_peer_are_replaced() {
 
 #[tokio::test]
 async fn forwarded_headers_from_a_trusted_proxy_are_kept_and_extended() {
-    let upstream = start_upstream().await;
-    let mut settings = settings(upstream.addr);
-    settings.forward.resolver = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]);
-    let proxy = start_proxy(settings, Vec::new()).await;
+    let (upstream, proxy) = behind_a_trusted_proxy(ClientIpHeader::XForwardedFor).await;
 
-    let res = send(proxy.addr, forwarded_request()).await;
-    assert_eq!(res.status, StatusCode::OK);
-    assert_kept_and_extended(&upstream.only("/xff").headers);
+    assert_kept_and_extended(&forwarded_as(&proxy, &upstream, forwarded_request()).await);
 }
 
 /// With `client_ip_header = "forwarded"`, a trusted proxy writes `Forwarded` (HAProxy's
@@ -727,15 +750,9 @@ async fn forwarded_headers_from_a_trusted_proxy_are_kept_and_extended() {
 /// as a chain rocgate extended.)
 #[tokio::test]
 async fn a_trusted_proxy_of_forwarded_has_only_forwarded_kept() {
-    let upstream = start_upstream().await;
-    let mut settings = settings(upstream.addr);
-    settings.forward.resolver = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()])
-        .with_header(rocgate::config::ClientIpHeader::Forwarded);
-    let proxy = start_proxy(settings, Vec::new()).await;
+    let (upstream, proxy) = behind_a_trusted_proxy(ClientIpHeader::Forwarded).await;
 
-    let res = send(proxy.addr, forwarded_request()).await;
-    assert_eq!(res.status, StatusCode::OK);
-    let h = upstream.only("/xff").headers;
+    let h = forwarded_as(&proxy, &upstream, forwarded_request()).await;
     let forwarded: Vec<_> = h.get_all("forwarded").iter().collect();
     assert_eq!(
         forwarded,
@@ -759,10 +776,7 @@ async fn a_trusted_proxy_of_forwarded_has_only_forwarded_kept() {
 /// proxy wrote reach the upstream all the same (Traefik's CVE-2024-45410).
 #[tokio::test]
 async fn a_connection_header_naming_them_does_not_strip_a_trusted_proxys_forwarding_headers() {
-    let upstream = start_upstream().await;
-    let mut settings = settings(upstream.addr);
-    settings.forward.resolver = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]);
-    let proxy = start_proxy(settings, Vec::new()).await;
+    let (upstream, proxy) = behind_a_trusted_proxy(ClientIpHeader::XForwardedFor).await;
 
     let mut req = forwarded_request();
     let named = [
@@ -777,9 +791,7 @@ async fn a_connection_header_naming_them_does_not_strip_a_trusted_proxys_forward
     .join(", ");
     req.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_str(&named).unwrap());
-    let res = send(proxy.addr, req).await;
-    assert_eq!(res.status, StatusCode::OK);
-    assert_kept_and_extended(&upstream.only("/xff").headers);
+    assert_kept_and_extended(&forwarded_as(&proxy, &upstream, req).await);
 }
 
 /// What the upstream sees of [`forwarded_request`] sent by a trusted proxy.
@@ -991,8 +1003,7 @@ fn smuggling_cases() -> Vec<SmugglingCase> {
 
 #[tokio::test]
 async fn request_smuggling_corpus_never_reaches_the_upstream() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
 
     // Each case on a fresh connection, all at once; the proxy closes each connection
     // after an error, or once it has been idle for the header read timeout.
@@ -1068,10 +1079,20 @@ async fn request_smuggling_corpus_never_reaches_the_upstream() {
 /// 60 s. So the wait only bounds a hang, however late a loaded machine runs the timer.
 const HEADER_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
+/// That a connection with no whole head yet (`what`), read from for at most
+/// [`HEADER_CLOSE_WAIT`], was `closed` by the proxy `elapsed` after it was opened, and
+/// not before the [`HEADER_READ_TIMEOUT`].
+fn assert_closed_at_the_header_read_timeout(what: &str, closed: bool, elapsed: Duration) {
+    assert!(closed, "{what}: still open after {elapsed:?}");
+    assert!(
+        elapsed >= HEADER_READ_TIMEOUT,
+        "{what}: closed after {elapsed:?}, before the header read timeout"
+    );
+}
+
 #[tokio::test]
 async fn dripping_request_head_is_closed_within_the_header_read_timeout() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
 
     let start = Instant::now();
     let stream = connect(proxy.addr).await;
@@ -1091,29 +1112,20 @@ async fn dripping_request_head_is_closed_within_the_header_read_timeout() {
     let (closed, received) = closed_within(&mut rd, HEADER_CLOSE_WAIT).await;
     let elapsed = start.elapsed();
     drip.abort();
-    assert!(closed, "still open after {elapsed:?}");
-    assert!(
-        elapsed >= HEADER_READ_TIMEOUT,
-        "closed after {elapsed:?}, before the header read timeout"
-    );
+    assert_closed_at_the_header_read_timeout("the dripping head", closed, elapsed);
     assert!(!statuses(&received).contains(&200));
     assert_eq!(upstream.hits(), 0);
 }
 
 #[tokio::test]
 async fn silent_connection_is_closed_within_the_header_read_timeout() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (_upstream, proxy) = forwarding_proxy().await;
 
     let start = Instant::now();
     let mut stream = connect(proxy.addr).await;
     let (closed, received) = closed_within(&mut stream, HEADER_CLOSE_WAIT).await;
     let elapsed = start.elapsed();
-    assert!(closed, "still open after {elapsed:?}");
-    assert!(
-        elapsed >= HEADER_READ_TIMEOUT,
-        "closed after {elapsed:?}, before the header read timeout"
-    );
+    assert_closed_at_the_header_read_timeout("the silent connection", closed, elapsed);
     assert!(received.is_empty(), "{received:?}");
 }
 
@@ -1124,8 +1136,7 @@ async fn silent_connection_is_closed_within_the_header_read_timeout() {
 /// (60 s), six times as long: a slowloris that sends one `P` per connection.
 #[tokio::test]
 async fn a_connection_stalled_within_the_http2_preface_is_closed_within_the_header_read_timeout() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     let mut stalled = JoinSet::new();
     for sent in [&b"P"[..], b"PRI * HTTP/2.0\r\n\r\nSM\r\n"] {
         let addr = proxy.addr;
@@ -1140,11 +1151,7 @@ async fn a_connection_stalled_within_the_http2_preface_is_closed_within_the_head
     while let Some(done) = within("stalled connections", stalled.join_next()).await {
         let (sent, elapsed, closed, received) = done.unwrap();
         let sent = String::from_utf8_lossy(sent);
-        assert!(closed, "{sent:?}: still open after {elapsed:?}");
-        assert!(
-            elapsed >= HEADER_READ_TIMEOUT,
-            "{sent:?}: closed after {elapsed:?}, before the header read timeout"
-        );
+        assert_closed_at_the_header_read_timeout(&format!("{sent:?}"), closed, elapsed);
         assert!(received.is_empty(), "{sent:?}: {received:?}");
     }
     assert_eq!(upstream.hits(), 0);
@@ -1152,8 +1159,7 @@ async fn a_connection_stalled_within_the_http2_preface_is_closed_within_the_head
 
 #[tokio::test]
 async fn an_h2c_connection_gone_silent_is_closed() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (_upstream, proxy) = forwarding_proxy().await;
 
     let start = Instant::now();
     let mut stream = connect(proxy.addr).await;
@@ -1627,8 +1633,7 @@ async fn with_max_upstream_lanes_0_every_request_shares_the_pool() {
 /// `Host`: its requests go up with the upstream's.
 #[tokio::test]
 async fn a_request_without_host_is_refused_in_http_1_1_and_gets_the_upstreams_in_1_0() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     let raw = raw_exchange(proxy.addr, b"GET /n1 HTTP/1.1\r\n\r\n", IO_TIMEOUT).await;
     assert_eq!(statuses(&raw), [400]);
     assert!(upstream.seen("/n1").is_empty(), "went up without a host");
@@ -1644,8 +1649,7 @@ async fn a_request_without_host_is_refused_in_http_1_1_and_gets_the_upstreams_in
 
 #[tokio::test]
 async fn an_absolute_form_requests_host_is_its_targets() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     // RFC 9112 §3.2.2: the Host of a request in absolute form is replaced by the
     // authority of its target.
     let raw = raw_exchange(
@@ -1671,6 +1675,29 @@ async fn an_absolute_form_requests_host_is_its_targets() {
     assert_eq!(seen.headers["x-forwarded-host"], "shop.example:8080");
 }
 
+/// A recording upstream and a proxy in front of it over one route `name` on every
+/// path, partitioned by `header:host`: each host (as the route keys it) has one token
+/// over a test run.
+async fn host_partitioned_proxy(name: &str) -> (Upstream, RunningProxy) {
+    let upstream = start_upstream().await;
+    let mut route = trickle_route(name, "/", 1);
+    route.partition = Partition::Header("host".into(), KeyLimits::default());
+    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    (upstream, proxy)
+}
+
+/// The statuses of the answers to `requests`, each written on a connection of its own
+/// (see [`raw_exchange`]), one after the other.
+async fn statuses_each(addr: SocketAddr, requests: impl IntoIterator<Item = String>) -> Vec<u16> {
+    let mut answers = Vec::new();
+    for request in requests {
+        answers.extend(statuses(
+            &raw_exchange(addr, request.as_bytes(), IO_TIMEOUT).await,
+        ));
+    }
+    answers
+}
+
 /// A route partitioned by `header:host` keys a request by the host it is for, the one
 /// the upstream sees: its target's authority (absolute form, HTTP/2's `:authority`)
 /// before its `Host`. It used to key by `Host` alone: a client could name the same
@@ -1678,31 +1705,27 @@ async fn an_absolute_form_requests_host_is_its_targets() {
 /// requests (which need no `Host`) were all one keyless client.
 #[tokio::test]
 async fn a_host_partition_keys_by_the_host_the_upstream_sees() {
-    let upstream = start_upstream().await;
-    let mut route = trickle_route("per_host", "/", 1);
-    route.partition = Partition::Header("host".into(), KeyLimits::default());
-    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    let (upstream, proxy) = host_partitioned_proxy("per_host").await;
     // One tenant in the target, two in `Host`: one key, one token.
-    let mut answers = Vec::new();
-    for fake in ["fake-1.example", "fake-2.example"] {
-        let request = format!(
-            "GET http://tenant-a.example/abs HTTP/1.1\r\nHost: {fake}\r\nConnection: close\r\n\r\n"
-        );
-        answers.extend(statuses(
-            &raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await,
-        ));
-    }
+    let answers = statuses_each(
+        proxy.addr,
+        ["fake-1.example", "fake-2.example"].map(|fake| {
+            format!(
+                "GET http://tenant-a.example/abs HTTP/1.1\r\nHost: {fake}\r\nConnection: close\r\n\r\n"
+            )
+        }),
+    )
+    .await;
     assert_eq!(answers, [200, 429]);
     // A host name in any case is one host (RFC 9110 §4.2.3), so one key: each spelling
     // used to be a key of its own, 2^n fresh quotas for a name of n letters.
-    let mut answers = Vec::new();
-    for spelling in ["case.example", "CASE.example", "Case.Example"] {
-        let request =
-            format!("GET /case HTTP/1.1\r\nHost: {spelling}\r\nConnection: close\r\n\r\n");
-        answers.extend(statuses(
-            &raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await,
-        ));
-    }
+    let answers = statuses_each(
+        proxy.addr,
+        ["case.example", "CASE.example", "Case.Example"].map(|spelling| {
+            format!("GET /case HTTP/1.1\r\nHost: {spelling}\r\nConnection: close\r\n\r\n")
+        }),
+    )
+    .await;
     assert_eq!(answers, [200, 429, 429]);
     // Two tenants over HTTP/2, without `Host`: two keys, a token each.
     let mut sender = h2c_connect(proxy.addr).await;
@@ -1728,12 +1751,8 @@ async fn a_host_partition_keys_by_the_host_the_upstream_sees() {
 /// to nginx and Apache, and each was a fresh quota of its own (65,536 for the ports).
 #[tokio::test]
 async fn a_host_partition_keys_a_host_by_its_name_without_port_or_trailing_dot() {
-    let upstream = start_upstream().await;
-    let mut route = trickle_route("per_host_name", "/", 1);
-    route.partition = Partition::Header("host".into(), KeyLimits::default());
-    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
-    let mut answers = Vec::new();
-    for (target, host) in [
+    let (upstream, proxy) = host_partitioned_proxy("per_host_name").await;
+    let requests = [
         ("/n", "name.example"),
         ("/n", "name.example."),
         ("/n", "name.example:80"),
@@ -1742,12 +1761,11 @@ async fn a_host_partition_keys_a_host_by_its_name_without_port_or_trailing_dot()
         ("http://name.example.:81/n", "other.example"),
         ("/v6", "[2001:db8::1]"),
         ("/v6", "[2001:DB8::1]:80"),
-    ] {
-        let request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-        answers.extend(statuses(
-            &raw_exchange(proxy.addr, request.as_bytes(), IO_TIMEOUT).await,
-        ));
-    }
+    ]
+    .map(|(target, host)| {
+        format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+    });
+    let answers = statuses_each(proxy.addr, requests).await;
     assert_eq!(answers, [200, 429, 429, 429, 429, 429, 200, 429]);
     // The upstream still gets the host as the client wrote it.
     let seen = upstream.only("/n");
@@ -1759,8 +1777,7 @@ async fn a_host_partition_keys_a_host_by_its_name_without_port_or_trailing_dot()
 /// level, so a client's developer could not tell two `Host` fields from a missing one.
 #[tokio::test]
 async fn a_head_refused_with_400_says_why() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     for (request, why) in [
         (
             &b"CONNECT db.internal:5432 HTTP/1.1\r\nHost: db.internal:5432\r\nConnection: close\r\n\r\n"[..],
@@ -1833,8 +1850,7 @@ async fn a_lane_recovers_after_a_response_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_stream_both_ways_over_a_lane() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     let mut conn = Client::connect(proxy.addr).await;
     assert_eq!(conn.send(empty(get("/first"))).await.status, StatusCode::OK);
     // An upload within the limit (64 KiB) arrives whole.
@@ -1875,8 +1891,7 @@ async fn read_until_seen(stream: &mut TcpStream, marker: &str) -> String {
 
 #[tokio::test]
 async fn expect_100_continue_works_over_a_lane() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     let mut stream = connect(proxy.addr).await;
     stream
         .write_all(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -2023,8 +2038,7 @@ async fn upstream_failures_map_the_same_on_a_connections_later_requests() {
 #[tokio::test]
 async fn shutdown_closes_the_listener_and_lets_requests_in_flight_finish() {
     const IN_FLIGHT: u64 = 5;
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     let addr = proxy.addr;
 
     // Each slow request is its connection's second, so it runs on the connection's
@@ -2501,8 +2515,7 @@ async fn trailers_pass_both_ways() {
 /// upstream behind rocgate see two different hosts.
 #[tokio::test]
 async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     for first in ["", "GET /first HTTP/1.1\r\nHost: a.example\r\n\r\n"] {
         let raw = raw_exchange(
             proxy.addr,
@@ -2534,8 +2547,7 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
 /// pseudonym that stays the same across requests.
 #[tokio::test]
 async fn each_forwarded_request_names_this_instance_in_via() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     for _ in 0..2 {
         let res = send(proxy.addr, empty(get("/via").header("via", "1.1 cdn-edge"))).await;
         assert_eq!(res.status, StatusCode::OK);
@@ -2882,8 +2894,7 @@ async fn a_response_so_framed_is_a_bad_gateway(response: &'static [u8]) {
 /// content, where nginx refuses any `Transfer-Encoding` but `chunked` itself.
 #[tokio::test]
 async fn chunked_named_twice_is_a_coding_rocgate_does_not_decode() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), Vec::new()).await;
+    let (upstream, proxy) = forwarding_proxy().await;
     for request in [
         &b"POST /twice HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\nConnection: close\r\n\r\n\
            f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n"[..],
