@@ -40,8 +40,8 @@ mod http1;
 mod running;
 
 use running::{
-    closed_port, connect, settings, start_proxy, start_truncating_upstream, within, Reply,
-    RunningProxy, HEADER_READ_TIMEOUT, IO_TIMEOUT,
+    closed_port, connect, read_head, settings, start_proxy, start_truncating_upstream, within,
+    Reply, RunningProxy, HEADER_READ_TIMEOUT, IO_TIMEOUT,
 };
 
 /// How long the upstream's `/slow` handler takes.
@@ -1379,14 +1379,9 @@ async fn start_http10_upstream() -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
+                let Some(head) = read_head(&mut stream).await else {
+                    return;
+                };
                 let path = String::from_utf8_lossy(&head)
                     .split(' ')
                     .nth(1)

@@ -23,6 +23,7 @@ use http::{HeaderMap, StatusCode};
 use rocgate::config::{RouteConfig, RouteMatch};
 use rocgate::limiter::Algorithm;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,7 +36,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{connect, settings, start_proxy, start_proxy_from, within};
+use running::{connect, read_head, settings, start_proxy, start_proxy_from, within, RunningProxy};
 
 // ---------------------------------------------------------------------------------
 // Upstream
@@ -160,9 +161,48 @@ fn route(name: &str, prefix: &str, algorithm: Algorithm, rps: f64) -> RouteConfi
     r
 }
 
+/// A route `name` on every path with the default algorithm at 1000/s: no request of
+/// these tests is refused there.
+fn roomy(name: &str) -> RouteConfig {
+    route(name, "/", Algorithm::default(), 1000.0)
+}
+
 /// One request in flight at most on the route, none queued.
 fn one_at_a_time(name: &str, prefix: &str) -> RouteConfig {
     route(name, prefix, Algorithm::Concurrency { queue: 0 }, 1.0)
+}
+
+/// Writes `rocgate.toml` in `dir`: one concurrency route `ws` on `/ws`, with `limits`
+/// (its partition and limits, as TOML lines) and `extra` lines.
+fn write_ws_file(dir: &Path, limits: &str, extra: &str) -> PathBuf {
+    let file = dir.join("rocgate.toml");
+    let config = format!(
+        "[[routes]]\nname = \"ws\"\npath_prefix = \"/ws\"\nalgorithm = \"concurrency\"\n\
+         {limits}{extra}"
+    );
+    std::fs::write(&file, config).unwrap();
+    file
+}
+
+/// A proxy in front of `upstream` over the file [`write_ws_file`] writes with `limits`
+/// in a new temporary folder (returned with it: the file lasts as long as it), which a
+/// reload reads again.
+async fn proxy_over_a_ws_file(
+    upstream: SocketAddr,
+    limits: &str,
+) -> (RunningProxy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_ws_file(dir.path(), limits, "");
+    (start_proxy_from(settings(upstream), &file).await, dir)
+}
+
+/// Gives the route `ws` of [`proxy_over_a_ws_file`] a new window (`4s`; `limits` as
+/// they were) and reloads `proxy`, which must rebuild the route.
+async fn rebuild_with_a_new_window(proxy: &RunningProxy, dir: &tempfile::TempDir, limits: &str) {
+    write_ws_file(dir.path(), limits, "window = \"4s\"\n");
+    let serial = proxy.snapshot("ws").serial;
+    proxy.reloader.reload_async().await.expect("the reload");
+    assert_ne!(proxy.snapshot("ws").serial, serial, "the route is rebuilt");
 }
 
 // ---------------------------------------------------------------------------------
@@ -212,7 +252,6 @@ fn refused(result: Result<Ws, WsError>) -> http::Response<Option<Vec<u8>>> {
     }
 }
 
-/// Waits until `cond` holds, polling every 10 ms.
 /// Sends `GET /plain` with `Connection: close` on `stream`: the answer, to the close.
 async fn last_plain_get(stream: &mut TcpStream) -> String {
     stream
@@ -226,6 +265,25 @@ async fn last_plain_get(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&reply).into_owned()
 }
 
+/// Reads from `stream` until what it has read ends with `end`, each read within
+/// [`IO_TIMEOUT`](running::IO_TIMEOUT) (waiting for `what`): all it read. The test
+/// fails if the connection closes first.
+async fn read_until_it_ends_with(stream: &mut TcpStream, what: &str, end: &str) -> String {
+    let mut received = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !received.ends_with(end.as_bytes()) {
+        let n = within(what, stream.read(&mut buf)).await.unwrap();
+        assert!(
+            n > 0,
+            "closed early: {}",
+            String::from_utf8_lossy(&received)
+        );
+        received.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+/// Waits until `cond` holds, polling every 10 ms.
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     within(what, async {
         while !cond() {
@@ -244,11 +302,7 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 #[tokio::test]
 async fn a_websocket_through_serve_echoes_both_ways() {
     let (upstream_addr, upstream) = start_upstream().await;
-    let proxy = start_proxy(
-        settings(upstream_addr),
-        vec![route("ws_echo", "/", Algorithm::default(), 1000.0)],
-    )
-    .await;
+    let proxy = start_proxy(settings(upstream_addr), vec![roomy("ws_echo")]).await;
     let mut ws = open(
         proxy.addr,
         "/ws",
@@ -322,11 +376,7 @@ async fn a_rejected_handshake_gets_429_and_never_reaches_the_upstream() {
 #[tokio::test]
 async fn an_upstream_refusing_the_upgrade_is_passed_on() {
     let (upstream_addr, upstream) = start_upstream().await;
-    let proxy = start_proxy(
-        settings(upstream_addr),
-        vec![route("ws_refused", "/", Algorithm::default(), 1000.0)],
-    )
-    .await;
+    let proxy = start_proxy(settings(upstream_addr), vec![roomy("ws_refused")]).await;
     let mut stream = connect(proxy.addr).await;
     stream
         .write_all(
@@ -336,18 +386,9 @@ async fn an_upstream_refusing_the_upgrade_is_passed_on() {
         )
         .await
         .unwrap();
-    let mut received = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&received).ends_with("not here") {
-        let n = within("the refusal", stream.read(&mut buf)).await.unwrap();
-        assert!(
-            n > 0,
-            "closed early: {}",
-            String::from_utf8_lossy(&received)
-        );
-        received.extend_from_slice(&buf[..n]);
-    }
-    let reply = String::from_utf8_lossy(&received).to_lowercase();
+    let reply = read_until_it_ends_with(&mut stream, "the refusal", "not here")
+        .await
+        .to_lowercase();
     assert!(reply.starts_with("http/1.1 426 "), "{reply}");
     assert!(reply.contains("\r\nupgrade: websocket\r\n"), "{reply}");
     assert!(reply.contains("\r\nconnection: upgrade\r\n"), "{reply}");
@@ -398,17 +439,9 @@ async fn a_tunnel_holds_its_concurrency_permit_until_it_closes() {
 /// let 3 more tunnels in, 6 open on a limit of 3.
 #[tokio::test]
 async fn a_reload_that_rebuilds_the_route_keeps_counting_the_open_tunnels() {
+    const LIMITS: &str = "base_limit = 3\ncut_limit = 3\n";
     let (upstream_addr, upstream) = start_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("rocgate.toml");
-    let config = |extra: &str| {
-        format!(
-            "[[routes]]\nname = \"ws\"\npath_prefix = \"/ws\"\nalgorithm = \"concurrency\"\n\
-             base_limit = 3\ncut_limit = 3\n{extra}"
-        )
-    };
-    std::fs::write(&file, config("")).unwrap();
-    let proxy = start_proxy_from(settings(upstream_addr), &file).await;
+    let (proxy, dir) = proxy_over_a_ws_file(upstream_addr, LIMITS).await;
     let mut tunnels = Vec::new();
     for _ in 0..3 {
         let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
@@ -418,10 +451,7 @@ async fn a_reload_that_rebuilds_the_route_keeps_counting_the_open_tunnels() {
     let fourth = refused(open(proxy.addr, "/ws", &[]).await);
     assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS);
 
-    std::fs::write(&file, config("window = \"4s\"\n")).unwrap();
-    let serial = proxy.snapshot("ws").serial;
-    proxy.reloader.reload_async().await.expect("the reload");
-    assert_ne!(proxy.snapshot("ws").serial, serial, "the route is rebuilt");
+    rebuild_with_a_new_window(&proxy, &dir, LIMITS).await;
     assert_eq!(proxy.level("ws"), 3.0, "the open tunnels' permits");
     let fourth = refused(open(proxy.addr, "/ws", &[]).await);
     assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -445,17 +475,9 @@ async fn a_reload_that_rebuilds_the_route_keeps_counting_the_open_tunnels() {
 /// 2.
 #[tokio::test]
 async fn a_reload_that_rebuilds_a_per_client_route_keeps_counting_each_clients_tunnels() {
+    const LIMITS: &str = "partition = \"header:x-client\"\nbase_limit = 2\ncut_limit = 2\n";
     let (upstream_addr, upstream) = start_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("rocgate.toml");
-    let config = |extra: &str| {
-        format!(
-            "[[routes]]\nname = \"ws\"\npath_prefix = \"/ws\"\nalgorithm = \"concurrency\"\n\
-             partition = \"header:x-client\"\nbase_limit = 2\ncut_limit = 2\n{extra}"
-        )
-    };
-    std::fs::write(&file, config("")).unwrap();
-    let proxy = start_proxy_from(settings(upstream_addr), &file).await;
+    let (proxy, dir) = proxy_over_a_ws_file(upstream_addr, LIMITS).await;
     let client = |name: &'static str| [("x-client", name)];
     let mut tunnels = Vec::new();
     for _ in 0..2 {
@@ -468,10 +490,7 @@ async fn a_reload_that_rebuilds_a_per_client_route_keeps_counting_each_clients_t
     let third = refused(open(proxy.addr, "/ws", &client("a")).await);
     assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
 
-    std::fs::write(&file, config("window = \"4s\"\n")).unwrap();
-    let serial = proxy.snapshot("ws").serial;
-    proxy.reloader.reload_async().await.expect("the reload");
-    assert_ne!(proxy.snapshot("ws").serial, serial, "the route is rebuilt");
+    rebuild_with_a_new_window(&proxy, &dir, LIMITS).await;
     let third = refused(open(proxy.addr, "/ws", &client("a")).await);
     assert_eq!(
         third.status(),
@@ -511,25 +530,10 @@ async fn a_tunnel_holds_its_upstream_place_until_it_closes() {
     let (upstream_addr, upstream) = start_upstream().await;
     let mut capped = settings(upstream_addr);
     capped.forward.max_upstream_requests = 1;
-    let proxy = start_proxy(
-        capped,
-        vec![route("ws_upstream_cap", "/", Algorithm::default(), 1000.0)],
-    )
-    .await;
+    let proxy = start_proxy(capped, vec![roomy("ws_upstream_cap")]).await;
     let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
     assert_eq!(next_text(&mut ws).await, "welcome");
-    let plain = |addr| async move {
-        let mut stream = connect(addr).await;
-        stream
-            .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut reply = Vec::new();
-        within("the reply", stream.read_to_end(&mut reply))
-            .await
-            .unwrap();
-        String::from_utf8_lossy(&reply).into_owned()
-    };
+    let plain = |addr| async move { last_plain_get(&mut connect(addr).await).await };
     let refused = plain(proxy.addr).await;
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     assert!(
@@ -588,11 +592,7 @@ async fn a_tunnel_is_dropped_when_the_shutdown_grace_ends() {
     let (upstream_addr, _upstream) = start_upstream().await;
     let mut quick = settings(upstream_addr);
     quick.shutdown_grace = GRACE;
-    let proxy = start_proxy(
-        quick,
-        vec![route("ws_shutdown", "/", Algorithm::default(), 1000.0)],
-    )
-    .await;
+    let proxy = start_proxy(quick, vec![roomy("ws_shutdown")]).await;
     let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
     assert_eq!(next_text(&mut ws).await, "welcome");
     let stopping = Instant::now();
@@ -616,11 +616,7 @@ async fn a_tunnel_is_dropped_when_the_shutdown_grace_ends() {
 #[tokio::test]
 async fn a_tunnels_upstream_connection_is_never_reused() {
     let (upstream_addr, upstream) = start_upstream().await;
-    let proxy = start_proxy(
-        settings(upstream_addr),
-        vec![route("ws_own_conn", "/", Algorithm::default(), 1000.0)],
-    )
-    .await;
+    let proxy = start_proxy(settings(upstream_addr), vec![roomy("ws_own_conn")]).await;
     // Two plain requests, then the handshake, on one client connection.
     let mut stream = connect(proxy.addr).await;
     for _ in 0..2 {
@@ -628,15 +624,7 @@ async fn a_tunnels_upstream_connection_is_never_reused() {
             .write_all(b"GET /plain HTTP/1.1\r\nhost: shop.example\r\n\r\n")
             .await
             .unwrap();
-        let mut received = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !received.ends_with(b"ok") {
-            let n = within("a plain answer", stream.read(&mut buf))
-                .await
-                .unwrap();
-            assert!(n > 0, "closed");
-            received.extend_from_slice(&buf[..n]);
-        }
+        read_until_it_ends_with(&mut stream, "a plain answer", "ok").await;
     }
     let req = format!("ws://{}/ws", proxy.addr)
         .into_client_request()
@@ -687,11 +675,7 @@ async fn a_101_to_a_plain_request_is_a_bad_gateway() {
         b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n",
     )
     .await;
-    let proxy = start_proxy(
-        settings(upstream_addr),
-        vec![route("ws_bad_101", "/", Algorithm::default(), 1000.0)],
-    )
-    .await;
+    let proxy = start_proxy(settings(upstream_addr), vec![roomy("ws_bad_101")]).await;
     let mut stream = connect(proxy.addr).await;
     let reply = last_plain_get(&mut stream).await;
     assert!(reply.starts_with("HTTP/1.1 502 "), "{reply}");
@@ -713,13 +697,8 @@ async fn answering_every_request(response: &'static [u8]) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.ends_with(b"\r\n\r\n") {
-                    match stream.read(&mut buf).await {
-                        Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
-                        _ => return,
-                    }
+                if read_head(&mut stream).await.is_none() {
+                    return;
                 }
                 let _ = stream.write_all(response).await;
                 let mut rest = Vec::new();
@@ -753,11 +732,7 @@ async fn a_101_to_no_protocol_the_client_offered_is_a_bad_gateway() {
     for (answer, expected) in cases {
         let (log, _capturing) = Captured::on_this_thread();
         let upstream_addr = answering_every_request(answer).await;
-        let proxy = start_proxy(
-            settings(upstream_addr),
-            vec![route("ws_wrong_101", "/", Algorithm::default(), 1000.0)],
-        )
-        .await;
+        let proxy = start_proxy(settings(upstream_addr), vec![roomy("ws_wrong_101")]).await;
         let mut stream = connect(proxy.addr).await;
         within(
             "handshake",

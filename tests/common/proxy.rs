@@ -184,3 +184,19 @@ pub(crate) async fn within<F: Future>(what: &str, fut: F) -> F::Output {
 pub(crate) async fn connect(addr: SocketAddr) -> TcpStream {
     within("connect", TcpStream::connect(addr)).await.unwrap()
 }
+
+/// Reads a request head from `stream` (an upstream's connection), up to its blank line
+/// and with whatever came in the same reads after it: `None` if the connection ends or
+/// fails first.
+pub(crate) async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(head)
+}
