@@ -28,8 +28,23 @@ const RATE_ALGORITHMS: [Algorithm; 4] = [
     Algorithm::LeakyBucket { queue: 4 },
 ];
 
+/// [`RATE_ALGORITHMS`], then the concurrency limiter with no queue: every algorithm,
+/// for the key-table tests that run under each.
+fn every_algorithm() -> impl Iterator<Item = Algorithm> {
+    RATE_ALGORITHMS
+        .into_iter()
+        .chain([Algorithm::Concurrency { queue: 0 }])
+}
+
 fn engine(routes: Vec<RouteConfig>) -> Engine {
     Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
+}
+
+/// `e` reloaded with `routes` at 0 s, the epoch its wall time (as [`engine`] builds
+/// one); the reload must succeed.
+fn reloaded(e: &Engine, routes: Vec<RouteConfig>) -> Engine {
+    e.reload(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+        .unwrap()
 }
 
 /// Offers `rate` req/s evenly from `from` to `to` (seconds) and returns (admitted, rejected).
@@ -569,10 +584,7 @@ fn an_idle_key_keeps_what_its_limiter_still_holds() {
 fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
     // Every algorithm holds 5 requests at one instant at 5/s: a second of burst or of
     // window, one leaving now and four queued, or five in flight.
-    for algorithm in RATE_ALGORITHMS
-        .into_iter()
-        .chain([Algorithm::Concurrency { queue: 0 }])
-    {
+    for algorithm in every_algorithm() {
         let e = five_per_ip(algorithm, key_table(3, Some(Duration::from_secs(10))));
         let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         let first: Vec<_> = (0..3).map(|n| e.check(id, ip(n), Nanos::ZERO)).collect();
@@ -615,10 +627,7 @@ fn a_full_key_table_sends_new_keys_to_one_overflow_bucket() {
 /// as new ones would; a full table now evicts them, and the new client gets its own.
 #[test]
 fn a_table_kept_full_with_invented_keys_at_rest_still_takes_new_clients() {
-    for algorithm in RATE_ALGORITHMS
-        .into_iter()
-        .chain([Algorithm::Concurrency { queue: 0 }])
-    {
+    for algorithm in every_algorithm() {
         let e = five_per_ip(algorithm, key_table(100, Some(Duration::from_secs(300))));
         let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         // 100 invented keys, a request each: the table is full. Their requests end
@@ -647,10 +656,7 @@ fn a_table_kept_full_with_invented_keys_at_rest_still_takes_new_clients() {
 /// it spent (a new key would have a whole one).
 #[test]
 fn a_full_tables_sweep_keeps_the_keys_off_rest() {
-    for algorithm in RATE_ALGORITHMS
-        .into_iter()
-        .chain([Algorithm::Concurrency { queue: 0 }])
-    {
+    for algorithm in every_algorithm() {
         let e = five_per_ip(algorithm, key_table(2, None));
         let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
         // Two keys fill the table; ip(1) spends its limit (decisions held).
@@ -962,6 +968,46 @@ impl std::task::Wake for Wakes {
     }
 }
 
+/// A queued request's ticket, polled with a waker that counts its wakes: for the tests
+/// that a release or a raise wakes a request waiting in a queue.
+struct Watched<F> {
+    ticket: F,
+    wakes: Arc<Wakes>,
+    waker: std::task::Waker,
+}
+
+impl<F: std::future::Future + Unpin> Watched<F> {
+    fn new(ticket: F) -> Self {
+        let wakes = Arc::new(Wakes::default());
+        let waker = std::task::Waker::from(Arc::clone(&wakes));
+        Watched {
+            ticket,
+            wakes,
+            waker,
+        }
+    }
+
+    /// Polls the ticket once, with the counting waker: ready once it has its permit.
+    fn poll(&mut self) -> std::task::Poll<F::Output> {
+        let mut cx = std::task::Context::from_waker(&self.waker);
+        std::future::Future::poll(std::pin::Pin::new(&mut self.ticket), &mut cx)
+    }
+
+    /// How many times the ticket's waker has been woken.
+    fn wakes(&self) -> usize {
+        self.wakes.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Polls `ticket` (a queued request) once, with a waker that does nothing: ready if a
+/// permit is free for it now.
+fn poll_once<F: std::future::Future + Unpin>(ticket: &mut F) -> std::task::Poll<F::Output> {
+    std::future::Future::poll(
+        std::pin::Pin::new(ticket),
+        &mut std::task::Context::from_waker(std::task::Waker::noop()),
+    )
+}
+
 /// A request queued on the rebuilt route takes the place an old permit frees, and
 /// the release wakes it; a queue the reload lowered keeps who already waits.
 #[test]
@@ -970,15 +1016,9 @@ fn a_permit_released_after_a_reload_wakes_a_request_queued_on_the_new_route() {
     let old = e.route_id("ws").unwrap();
     let mut held = hold(&e, old, 2, Nanos::ZERO);
     // A queue of 1 is a new algorithm's settings: the route is rebuilt.
-    let e2 = e
-        .reload(
-            &Config::new(vec![in_flight("ws", 2.0, 1)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let e2 = reloaded(&e, vec![in_flight("ws", 2.0, 1)]);
     let id = e2.route_id("ws").unwrap();
-    let Decision::Admit(Admit::Queued(mut ticket)) = e2.check(id, Key::None, Nanos::ZERO) else {
+    let Decision::Admit(Admit::Queued(ticket)) = e2.check(id, Key::None, Nanos::ZERO) else {
         panic!("both places are held: the request waits");
     };
     assert_eq!(
@@ -987,14 +1027,11 @@ fn a_permit_released_after_a_reload_wakes_a_request_queued_on_the_new_route() {
             .map(|r| r.reason),
         Some(Reason::QueueFull)
     );
-    let wakes = Arc::new(Wakes::default());
-    let waker = std::task::Waker::from(Arc::clone(&wakes));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut poll = || std::future::Future::poll(std::pin::Pin::new(&mut ticket), &mut cx);
-    assert!(poll().is_pending());
+    let mut ticket = Watched::new(ticket);
+    assert!(ticket.poll().is_pending());
     held.pop();
-    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the release wakes it");
-    let std::task::Poll::Ready(permit) = poll() else {
+    assert_eq!(ticket.wakes(), 1, "the release wakes it");
+    let std::task::Poll::Ready(permit) = ticket.poll() else {
         panic!("and it takes the place");
     };
     assert_eq!(e2.route_snapshot(id, Nanos::ZERO).unwrap().level.value, 2.0);
@@ -1003,13 +1040,7 @@ fn a_permit_released_after_a_reload_wakes_a_request_queued_on_the_new_route() {
     let Decision::Admit(Admit::Queued(waiting)) = e2.check(id, Key::None, Nanos::ZERO) else {
         panic!("the request waits");
     };
-    let e3 = e2
-        .reload(
-            &Config::new(vec![in_flight("ws", 3.0, 0)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let e3 = reloaded(&e2, vec![in_flight("ws", 3.0, 0)]);
     let id = e3.route_id("ws").unwrap();
     assert_eq!(
         e3.check(id, Key::None, Nanos::ZERO)
@@ -1019,11 +1050,7 @@ fn a_permit_released_after_a_reload_wakes_a_request_queued_on_the_new_route() {
         "the raised limit's third place is the queued request's"
     );
     let mut waiting = waiting;
-    let waker = std::task::Waker::noop();
-    let std::task::Poll::Ready(third) = std::future::Future::poll(
-        std::pin::Pin::new(&mut waiting),
-        &mut std::task::Context::from_waker(waker),
-    ) else {
+    let std::task::Poll::Ready(third) = poll_once(&mut waiting) else {
         panic!("the raised limit frees a place for it");
     };
     drop((held, permit, third));
@@ -1038,13 +1065,7 @@ fn the_old_route_leaves_the_limit_of_the_permits_it_handed_over() {
     let old = e.route_id("ws").unwrap();
     let mut rebuilt = in_flight("ws", 2.0, 0);
     rebuilt.mode = Mode::Shadow;
-    let e2 = e
-        .reload(
-            &Config::new(vec![rebuilt]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let e2 = reloaded(&e, vec![rebuilt]);
     let mut params = e.route_params(old).unwrap();
     params.base_limit_rps = 10.0;
     e.update_route(old, params, Nanos::ZERO).unwrap();
@@ -1186,20 +1207,8 @@ fn a_route_that_leaves_concurrency_starts_fresh() {
     let held = hold(&e, e.route_id("ws").unwrap(), 2, Nanos::ZERO);
     let mut bucket = in_flight("ws", 2.0, 0);
     bucket.algorithm = Algorithm::default();
-    let e2 = e
-        .reload(
-            &Config::new(vec![bucket]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    let e3 = e2
-        .reload(
-            &Config::new(vec![in_flight("ws", 2.0, 0)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let e2 = reloaded(&e, vec![bucket]);
+    let e3 = reloaded(&e2, vec![in_flight("ws", 2.0, 0)]);
     let id = e3.route_id("ws").unwrap();
     let fresh = hold(&e3, id, 2, Nanos::ZERO);
     assert_eq!(e3.route_snapshot(id, Nanos::ZERO).unwrap().level.value, 2.0);
@@ -1426,11 +1435,7 @@ fn a_key_with_a_request_still_queued_is_not_evicted() {
     // sweeps while the woken request has not yet taken its permit.
     assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
     assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys, 2);
-    let waker = std::task::Waker::noop();
-    let std::task::Poll::Ready(permit) = std::future::Future::poll(
-        std::pin::Pin::new(&mut ticket),
-        &mut std::task::Context::from_waker(waker),
-    ) else {
+    let std::task::Poll::Ready(permit) = poll_once(&mut ticket) else {
         panic!("the permit is free");
     };
     // The key's one permit is out: the next request on it waits.
@@ -1466,33 +1471,19 @@ fn a_raised_limit_wakes_a_request_queued_on_a_key(queue: u32, queue_after: Optio
     let id = e.route_at(0).unwrap();
     let held = e.check(id, ip(1), Nanos::ZERO);
     assert!(matches!(held, Decision::Admit(Admit::Held(_))));
-    let Decision::Admit(Admit::Queued(mut ticket)) = e.check(id, ip(1), Nanos::ZERO) else {
+    let Decision::Admit(Admit::Queued(ticket)) = e.check(id, ip(1), Nanos::ZERO) else {
         panic!("the second request waits");
     };
-    let reloaded = queue_after.map(|q| {
-        e.reload(
-            &Config::new(vec![one_in_flight_per_ip(q)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap()
-    });
-    let e = reloaded.as_ref().unwrap_or(&e);
+    let rebuilt = queue_after.map(|q| reloaded(&e, vec![one_in_flight_per_ip(q)]));
+    let e = rebuilt.as_ref().unwrap_or(&e);
     let id = e.route_at(0).unwrap();
-    let wakes = Arc::new(Wakes::default());
-    let waker = std::task::Waker::from(Arc::clone(&wakes));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut poll = || std::future::Future::poll(std::pin::Pin::new(&mut ticket), &mut cx);
-    assert!(poll().is_pending());
+    let mut ticket = Watched::new(ticket);
+    assert!(ticket.poll().is_pending());
     let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 2.0;
     e.update_route(id, params, Nanos::from_millis(1)).unwrap();
-    assert_eq!(
-        wakes.0.load(Ordering::SeqCst),
-        1,
-        "the queued request is woken"
-    );
-    assert!(poll().is_ready(), "and takes the second permit");
+    assert_eq!(ticket.wakes(), 1, "the queued request is woken");
+    assert!(ticket.poll().is_ready(), "and takes the second permit");
     drop(held);
 }
 
@@ -1931,11 +1922,11 @@ fn an_event_that_keeps_the_limit_but_moves_the_cut_moves_tier_keys_at_once() {
     assert!((got - expected).abs() < 1e-9, "{got}, expected {expected}");
 }
 
-/// A token-bucket key whose limit changed (its TAT word then counts the change above
-/// the TAT) is still evicted once idle and full, as one whose limit never changed.
-#[test]
-fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
-    let mut cfg = RouteConfig::new("ip-limit-changed", RouteMatch::any());
+/// A route `name` keyed by client IP at 5/s (a table of 100 keys, idle after 10 s),
+/// whose key `ip(1)` was admitted at 0 s before the route's limit was raised to 10/s
+/// (base and cut) at 1 s: the engine and the route.
+fn a_key_then_a_raise(name: &str) -> (Engine, RouteId) {
+    let mut cfg = RouteConfig::new(name, RouteMatch::any());
     cfg.partition = Partition::ClientIp(key_table(100, Some(Duration::from_secs(10))));
     cfg.controller.base_limit_rps = 5.0;
     cfg.controller.cut_limit_rps = 5.0;
@@ -1946,6 +1937,14 @@ fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
     params.base_limit_rps = 10.0;
     params.cut_limit_rps = 10.0;
     e.update_route(id, params, Nanos::from_secs(1)).unwrap();
+    (e, id)
+}
+
+/// A token-bucket key whose limit changed (its TAT word then counts the change above
+/// the TAT) is still evicted once idle and full, as one whose limit never changed.
+#[test]
+fn a_bucket_key_whose_limit_changed_is_still_evicted_once_idle() {
+    let (e, id) = a_key_then_a_raise("ip-limit-changed");
     // The key's next request catches up with the new limit.
     assert!(e.check(id, ip(1), Nanos::from_secs(1)).is_admit());
     assert_eq!(e.key_limit_rps(id, ip(1)), Some(10.0));
@@ -1991,17 +1990,7 @@ fn a_key_evicted_after_a_raise_gets_no_tokens_it_did_not_have() {
 /// any idle key is.
 #[test]
 fn a_key_idle_since_before_a_raise_is_still_evicted() {
-    let mut cfg = RouteConfig::new("raised-idle", RouteMatch::any());
-    cfg.partition = Partition::ClientIp(key_table(100, Some(Duration::from_secs(10))));
-    cfg.controller.base_limit_rps = 5.0;
-    cfg.controller.cut_limit_rps = 5.0;
-    let e = engine(vec![cfg]);
-    let id = e.route_at(0).unwrap();
-    assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
-    let mut params = e.route_params(id).unwrap();
-    params.base_limit_rps = 10.0;
-    params.cut_limit_rps = 10.0;
-    e.update_route(id, params, Nanos::from_secs(1)).unwrap();
+    let (e, id) = a_key_then_a_raise("raised-idle");
     assert!(e.check(id, ip(2), Nanos::from_secs(30)).is_admit());
     assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys, 1);
 }
@@ -2059,13 +2048,7 @@ fn limited(name: &str, rps: f64) -> RouteConfig {
 fn an_id_kept_across_a_reload_names_its_route_or_none() {
     let e = engine(vec![limited("a", 1.0), limited("b", 100.0)]);
     let b = e.route_id("b").unwrap();
-    let swapped = e
-        .reload(
-            &Config::new(vec![limited("b", 100.0), limited("a", 1.0)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let swapped = reloaded(&e, vec![limited("b", 100.0), limited("a", 1.0)]);
     assert_ne!(swapped.route_id("b"), Some(b), "b moved to the first place");
     let admitted = (0..5)
         .filter(|_| swapped.check(b, Key::None, Nanos::ZERO).is_admit())
@@ -2083,13 +2066,7 @@ fn an_id_kept_across_a_reload_names_its_route_or_none() {
     // b's window changes: a new state, which the old id does not name.
     let mut rebuilt_b = limited("b", 100.0);
     rebuilt_b.window = WindowSpec::new(Duration::from_secs(10), Duration::from_secs(1)).unwrap();
-    let rebuilt = swapped
-        .reload(
-            &Config::new(vec![rebuilt_b, limited("a", 1.0)]),
-            Nanos::ZERO,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let rebuilt = reloaded(&swapped, vec![rebuilt_b, limited("a", 1.0)]);
     assert!(matches!(
         rebuilt.check(b, Key::None, Nanos::ZERO),
         Decision::Admit(Admit::Now)
