@@ -217,7 +217,6 @@ fn parse_all(mut raw: &[u8]) -> Vec<Parsed> {
     all
 }
 
-/// Spends the one token of the route at `path`.
 /// An upstream and a proxy in front of it (`change` applied to its settings) whose
 /// route `name` on `path` has its one token spent: its next request is refused.
 async fn refusing(
@@ -241,6 +240,7 @@ async fn connect(addr: SocketAddr) -> (OwnedReadHalf, OwnedWriteHalf) {
     TcpStream::connect(addr).await.unwrap().into_split()
 }
 
+/// Spends the one token of the route at `path`.
 async fn spend_token(proxy: &RunningProxy, path: &str) {
     let (mut read, mut write) = connect(proxy.addr).await;
     let request = format!("GET {path} HTTP/1.1\r\nhost: shop.example\r\nconnection: close\r\n\r\n");
@@ -318,17 +318,30 @@ async fn a_client_that_uploads_too_much_before_it_reads_gets_the_413() {
     assert!(upstream.seen().is_empty());
 }
 
-/// A client that reads while it writes, and keeps writing after the answer has come:
-/// it reads the whole 429, then the connection's end as an end, not a reset.
-#[tokio::test]
-async fn a_client_that_keeps_writing_after_the_429_reads_it_and_a_clean_close() {
-    let (_, proxy) = refusing("linger_keep_writing", "/upload", |_| {}).await;
-    let (mut read, mut write) = connect(proxy.addr).await;
+/// Sends the head of a POST of [`UPLOAD`] bytes to `/upload` on a connection of its
+/// own, and reads that connection to its close in a task ([`read_to_close`]): the write
+/// half, for the body, and the reading task.
+async fn upload_head_reading(
+    addr: SocketAddr,
+) -> (
+    OwnedWriteHalf,
+    tokio::task::JoinHandle<(Vec<u8>, Option<io::Error>)>,
+) {
+    let (mut read, mut write) = connect(addr).await;
     write
         .write_all(head("POST", "/upload", UPLOAD, "").as_bytes())
         .await
         .unwrap();
     let reader = tokio::spawn(async move { read_to_close(&mut read).await });
+    (write, reader)
+}
+
+/// A client that reads while it writes, and keeps writing after the answer has come:
+/// it reads the whole 429, then the connection's end as an end, not a reset.
+#[tokio::test]
+async fn a_client_that_keeps_writing_after_the_429_reads_it_and_a_clean_close() {
+    let (_, proxy) = refusing("linger_keep_writing", "/upload", |_| {}).await;
+    let (mut write, reader) = upload_head_reading(proxy.addr).await;
     let written = within("the upload", write_body(&mut write, UPLOAD)).await;
     let (raw, error) = within("the answer", reader).await.unwrap();
     written.expect("the whole body is taken");
@@ -381,17 +394,29 @@ async fn get_within(addr: SocketAddr, wait: Duration) -> Option<u16> {
     timeout(wait, answered).await.ok().flatten()
 }
 
+/// A proxy with `max_connections = 1`, `lingering_time` 60 s and `lingering_timeout`,
+/// whose route `name` on `/upload` is [`refusing`], and its one connection (kept
+/// open): [`refused_then_silent`] after 64 KiB of the body.
+async fn lingering_at_a_cap_of_one(
+    name: &str,
+    lingering_timeout: Duration,
+) -> (RunningProxy, (OwnedReadHalf, OwnedWriteHalf)) {
+    let (_, proxy) = refusing(name, "/upload", |s| {
+        s.max_connections = 1;
+        s.lingering_time = Duration::from_secs(60);
+        s.lingering_timeout = lingering_timeout;
+    })
+    .await;
+    let held = refused_then_silent(proxy.addr, 64 * 1024).await;
+    (proxy, held)
+}
+
 /// A lingering connection holds its place under `max_connections` (it is an open
 /// socket), until the client closes its side: the connection beyond the cap waits.
 #[tokio::test]
 async fn a_lingering_connection_counts_against_max_connections_until_the_client_closes() {
-    let (_, proxy) = refusing("linger_cap", "/upload", |s| {
-        s.max_connections = 1;
-        s.lingering_time = Duration::from_secs(60);
-        s.lingering_timeout = Duration::from_secs(60);
-    })
-    .await;
-    let (mut read, mut write) = refused_then_silent(proxy.addr, 64 * 1024).await;
+    let (proxy, (mut read, mut write)) =
+        lingering_at_a_cap_of_one("linger_cap", Duration::from_secs(60)).await;
     assert_eq!(
         get_within(proxy.addr, Duration::from_millis(300)).await,
         None,
@@ -408,13 +433,8 @@ async fn a_lingering_connection_counts_against_max_connections_until_the_client_
 /// `lingering_time` is far off: the connection beyond a cap of one is then served.
 #[tokio::test]
 async fn a_lingering_connection_silent_for_lingering_timeout_is_closed() {
-    let (_, proxy) = refusing("linger_silent", "/upload", |s| {
-        s.max_connections = 1;
-        s.lingering_time = Duration::from_secs(60);
-        s.lingering_timeout = Duration::from_millis(300);
-    })
-    .await;
-    let _held = refused_then_silent(proxy.addr, 64 * 1024).await;
+    let (proxy, _held) =
+        lingering_at_a_cap_of_one("linger_silent", Duration::from_millis(300)).await;
     assert_eq!(get_within(proxy.addr, IO_TIMEOUT).await, Some(200));
 }
 
@@ -427,12 +447,7 @@ async fn a_client_that_keeps_sending_is_closed_after_lingering_time() {
         s.lingering_timeout = Duration::from_secs(60);
     })
     .await;
-    let (mut read, mut write) = connect(proxy.addr).await;
-    write
-        .write_all(head("POST", "/upload", UPLOAD, "").as_bytes())
-        .await
-        .unwrap();
-    let reader = tokio::spawn(async move { read_to_close(&mut read).await });
+    let (mut write, reader) = upload_head_reading(proxy.addr).await;
     // 64 KiB every 40 ms: the 4 MiB would take 2.5 s, five lingering times.
     let written = within("the paced upload", async {
         let chunk = vec![b'x'; 64 * 1024];
