@@ -501,16 +501,12 @@ fn the_dashboards_offered_line_counts_each_request_once() {
         .find(|t| t["legendFormat"] == "{{route}} offered")
         .expect("the offered line")["expr"]
         .as_str()
-        .unwrap()
-        .replace("$route", ".*")
-        .replace("$instance", ".*")
-        .replace("$__rate_interval", "5m");
-    promql_test(&format!(
-        "{series}    \
-             promql_expr_test:\n      - expr: '{}'\n        eval_time: 10m\n        exp_samples:\n          \
-             - labels: '{{route=\"order\"}}'\n            value: 2\n",
-            offered.replace('\'', "''")
-    ));
+        .map(evaluable)
+        .unwrap();
+    test_exprs(
+        &series,
+        &expr_test(&offered, "10m", &[("{route=\"order\"}", "2")]),
+    );
 }
 
 /// `RocgateRouteCutTooLong` fires on time spent in cut, which `max_cut` (60 s by
@@ -519,16 +515,18 @@ fn the_dashboards_offered_line_counts_each_request_once() {
 #[test]
 fn the_cut_too_long_alert_counts_time_in_cut_across_cuts() {
     let expr = rule_expr("RocgateRouteCutTooLong");
-    promql_test(&format!(
+    test_exprs(
         "      \
-             - series: 'rocgate_cut_seconds_total{{instance=\"a\",route=\"cycling\"}}'\n        \
-             values: '0+45x15'\n      \
-             - series: 'rocgate_cut_seconds_total{{instance=\"a\",route=\"once\"}}'\n        \
-             values: '0 60 60 60 60 60 60 60 60 60 60 60 60 60 60 60'\n    \
-             promql_expr_test:\n      - expr: '{}'\n        eval_time: 12m\n        exp_samples:\n          \
-             - labels: '{{instance=\"a\",route=\"cycling\"}}'\n            value: 450\n",
-            expr.replace('\'', "''")
-    ));
+         - series: 'rocgate_cut_seconds_total{instance=\"a\",route=\"cycling\"}'\n        \
+         values: '0+45x15'\n      \
+         - series: 'rocgate_cut_seconds_total{instance=\"a\",route=\"once\"}'\n        \
+         values: '0 60 60 60 60 60 60 60 60 60 60 60 60 60 60 60'\n",
+        &expr_test(
+            &expr,
+            "12m",
+            &[("{instance=\"a\",route=\"cycling\"}", "450")],
+        ),
+    );
 }
 
 /// `RocgateRouteCutTooLong` and `RocgateControllerFlapping` judge each instance's own
@@ -625,11 +623,7 @@ fn the_state_timeline_shows_the_worst_state_over_instances() {
         .iter()
         .find(|p| p["type"] == "state-timeline")
         .expect("the state timeline");
-    let expr = panel["targets"][0]["expr"]
-        .as_str()
-        .unwrap()
-        .replace("$route", ".*")
-        .replace("$instance", ".*");
+    let expr = panel["targets"][0]["expr"].as_str().map(evaluable).unwrap();
     let mapped = |text: &str| -> String {
         panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
             .as_object()
@@ -654,15 +648,17 @@ fn the_state_timeline_shows_the_worst_state_over_instances() {
             ));
         }
     }
-    promql_test(&format!(
-        "{series}    \
-             promql_expr_test:\n      - expr: '{}'\n        eval_time: 2m\n        exp_samples:\n          \
-             - labels: '{{route=\"order\"}}'\n            value: {}\n          \
-             - labels: '{{route=\"cart\"}}'\n            value: {}\n",
-            expr.replace('\'', "''"),
-            mapped("cut"),
-            mapped("normal"),
-    ));
+    test_exprs(
+        &series,
+        &expr_test(
+            &expr,
+            "2m",
+            &[
+                ("{route=\"order\"}", &mapped("cut")),
+                ("{route=\"cart\"}", &mapped("normal")),
+            ],
+        ),
+    );
 }
 
 /// The dashboard's observed ROC quantiles of a route whose every slot read ROC 0 (an
@@ -701,19 +697,15 @@ fn the_observed_roc_of_a_flat_route_reads_about_zero() {
         .flat_map(|p| p["targets"].as_array().unwrap())
         .filter_map(|t| t["expr"].as_str())
         .filter(|e| e.contains("rocgate_roc_observed_bucket"))
-        .map(|e| {
-            e.replace("$route", ".*")
-                .replace("$instance", ".*")
-                .replace("$__rate_interval", "5m")
-        })
+        .map(evaluable)
         .collect();
     assert_eq!(quantiles.len(), 2, "p50 and p99");
     let mut tests = String::new();
     for q in &quantiles {
-        tests.push_str(&format!(
-            "      - expr: 'abs({}) < bool 0.001'\n        eval_time: 10m\n        exp_samples:\n          \
-             - labels: '{{route=\"flat\"}}'\n            value: 1\n",
-            q.replace('\'', "''")
+        tests.push_str(&expr_test(
+            &format!("abs({q}) < bool 0.001"),
+            "10m",
+            &[("{route=\"flat\"}", "1")],
         ));
     }
     test_exprs(&series, &tests);
@@ -736,16 +728,17 @@ fn the_connection_alerts_fire_on_a_recent_hit_only() {
         ),
     ] {
         let expr = rule_expr(alert);
-        promql_test(&format!(
+        let series = format!(
             "      \
-                 - series: '{counter}{{instance=\"recent\"}}'\n        \
-                 values: '0 0 0 0 0 0 0 0 2 2 2'\n      \
-                 - series: '{counter}{{instance=\"earlier\"}}'\n        \
-                 values: '0 3 3 3 3 3 3 3 3 3 3'\n    \
-                 promql_expr_test:\n      - expr: '{}'\n        eval_time: 10m\n        exp_samples:\n          \
-                 - labels: '{{instance=\"recent\"}}'\n            value: 2\n",
-                expr.replace('\'', "''")
-        ));
+             - series: '{counter}{{instance=\"recent\"}}'\n        \
+             values: '0 0 0 0 0 0 0 0 2 2 2'\n      \
+             - series: '{counter}{{instance=\"earlier\"}}'\n        \
+             values: '0 3 3 3 3 3 3 3 3 3 3'\n"
+        );
+        test_exprs(
+            &series,
+            &expr_test(&expr, "10m", &[("{instance=\"recent\"}", "2")]),
+        );
     }
 }
 
@@ -1119,8 +1112,7 @@ fn the_upstream_cap_panel_shows_places_held_against_the_cap_and_refusals() {
     test_exprs(&series, &tests);
 }
 
-/// The queries of the dashboard panel that reads `metric`, with Grafana's variables
-/// given values (`$__rate_interval` as 5m, promtool's samples being a minute apart).
+/// The queries of the dashboard panel that reads `metric`, [`evaluable`].
 fn panel_queries(metric: &str) -> Vec<String> {
     let dashboard = dashboard();
     let panel = dashboard["panels"]
@@ -1139,34 +1131,54 @@ fn panel_queries(metric: &str) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| {
-            t["expr"]
-                .as_str()
-                .unwrap()
-                .replace("$route", ".*")
-                .replace("$instance", ".*")
-                .replace("$__rate_interval", "5m")
-        })
+        .map(|t| evaluable(t["expr"].as_str().unwrap()))
         .collect()
 }
 
-/// The query of `exprs` that holds `needle`, quoted for a single-quoted YAML string.
+/// A dashboard query `expr` with Grafana's variables given values promtool can
+/// evaluate: every route and instance, and `$__rate_interval` as 5m (promtool's
+/// samples being a minute apart).
+fn evaluable(expr: &str) -> String {
+    expr.replace("$route", ".*")
+        .replace("$instance", ".*")
+        .replace("$__rate_interval", "5m")
+}
+
+/// The query of `exprs` that holds `needle`.
 fn query_of(exprs: &[String], needle: &str) -> String {
     exprs
         .iter()
         .find(|e| e.contains(needle))
         .unwrap_or_else(|| panic!("no query of {needle} in {exprs:?}"))
-        .replace('\'', "''")
+        .clone()
 }
 
-/// A `promql_expr_test` of `expr` (quoted as [`query_of`] does) at 10 minutes: `a` on
-/// instance `a`, `b` on instance `b`.
+/// An [`expr_test`] of `expr` at 10 minutes: `a` on instance `a`, `b` on instance `b`.
 fn per_instance(expr: String, a: f64, b: f64) -> String {
-    format!(
-        "      - expr: '{expr}'\n        eval_time: 10m\n        exp_samples:\n          \
-         - labels: '{{instance=\"a\"}}'\n            value: {a}\n          \
-         - labels: '{{instance=\"b\"}}'\n            value: {b}\n"
+    expr_test(
+        &expr,
+        "10m",
+        &[
+            ("{instance=\"a\"}", &a.to_string()),
+            ("{instance=\"b\"}", &b.to_string()),
+        ],
     )
+}
+
+/// A `promql_expr_test` item for [`test_exprs`] (indented six spaces): `expr`, quoted
+/// here for a single-quoted YAML string, evaluated at `eval_time`, expecting `samples`
+/// (each one's labels and value).
+fn expr_test(expr: &str, eval_time: &str, samples: &[(&str, &str)]) -> String {
+    let mut item = format!(
+        "      - expr: '{}'\n        eval_time: {eval_time}\n        exp_samples:\n",
+        expr.replace('\'', "''")
+    );
+    for (labels, value) in samples {
+        item.push_str(&format!(
+            "          - labels: '{labels}'\n            value: {value}\n"
+        ));
+    }
+    item
 }
 
 /// Runs promtool's `promql_expr_test`s `tests` (YAML list items, indented six spaces)
