@@ -31,6 +31,19 @@ fn route(name: &str, matcher: RouteMatch, limit: f64) -> RouteConfig {
     r
 }
 
+/// A layer over one route `name` on the paths under `prefix`, limited by `algorithm`
+/// to 1 request a second (when cut too), on a manual clock ([`layer`]).
+fn one_a_second(
+    name: &str,
+    prefix: &str,
+    algorithm: rocgate::limiter::Algorithm,
+) -> (AdmissionLayer, Arc<ManualClock>) {
+    let mut r = route(name, RouteMatch::prefix(prefix), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.algorithm = algorithm;
+    layer(vec![r])
+}
+
 /// A layer over an engine on a manual clock.
 fn layer(routes: Vec<RouteConfig>) -> (AdmissionLayer, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
@@ -989,10 +1002,7 @@ async fn a_waiting_request_reaches_the_inner_service_only_once_admitted() {
 
     // Paced by a leaky bucket (1 req/s): the second request waits a second, and
     // reaches the service (whose timeout would start) only then.
-    let mut r = route("feed", RouteMatch::prefix("/feed"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::LeakyBucket { queue: 2 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second("feed", "/feed", Algorithm::LeakyBucket { queue: 2 });
     let calls = Arc::new(AtomicU64::new(0));
     let mut svc = l.layer(counting_service(calls.clone(), Duration::ZERO));
     let first = svc.ready().await.unwrap().call(get());
@@ -1006,10 +1016,7 @@ async fn a_waiting_request_reaches_the_inner_service_only_once_admitted() {
 
     // Queued for a concurrency permit (1 in flight, 1 waiting): not called while it
     // waits; dropped while waiting, it gives its place up and is never called.
-    let mut r = route("feed", RouteMatch::prefix("/feed"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::Concurrency { queue: 1 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second("feed", "/feed", Algorithm::Concurrency { queue: 1 });
     let calls = Arc::new(AtomicU64::new(0));
     let mut svc = l.layer(counting_service(calls.clone(), Duration::from_secs(10)));
     // Its response (and with it the permit) is dropped as the task ends.
@@ -1039,10 +1046,7 @@ async fn a_concurrency_quota_is_stated_in_requests_in_flight() {
     // It said `q=1;w=1`, one request per second, which is not what was refused.
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
-    let mut r = route("feed", RouteMatch::prefix("/feed"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::Concurrency { queue: 0 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second("feed", "/feed", Algorithm::Concurrency { queue: 0 });
     let calls = Arc::new(AtomicU64::new(0));
     let mut svc = l.layer(counting_service(calls, Duration::from_secs(10)));
     let get = || Request::get("/feed").body(Body::empty()).unwrap();
@@ -1124,10 +1128,7 @@ async fn a_rejection_does_not_wait_for_a_saturated_inner_service() {
 async fn a_concurrency_permit_is_held_while_the_inner_service_readies_and_freed_if_dropped() {
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
-    let mut r = route("rq-held", RouteMatch::prefix("/rq-held"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::Concurrency { queue: 0 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second("rq-held", "/rq-held", Algorithm::Concurrency { queue: 0 });
     let calls = Arc::new(AtomicU64::new(0));
     let (inner, holder) = saturated(calls.clone()).await;
     let mut svc = l.layer(inner);
@@ -1169,10 +1170,7 @@ async fn a_paced_request_readies_the_inner_service_only_when_it_departs() {
     // request asleep for a second.
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
-    let mut r = route("rq-paced", RouteMatch::prefix("/rq-paced"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::LeakyBucket { queue: 2 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second("rq-paced", "/rq-paced", Algorithm::LeakyBucket { queue: 2 });
     let calls = Arc::new(AtomicU64::new(0));
     let limited =
         tower::limit::ConcurrencyLimit::new(counting_service(calls.clone(), Duration::ZERO), 1);
@@ -1302,10 +1300,11 @@ async fn a_dropped_paced_request_gives_its_place_to_the_next() {
     // the next request was refused `queue_full` by a queue holding no one.
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
-    let mut r = route("rq-paced-drop", RouteMatch::prefix("/rq-paced-drop"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::LeakyBucket { queue: 1 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second(
+        "rq-paced-drop",
+        "/rq-paced-drop",
+        Algorithm::LeakyBucket { queue: 1 },
+    );
     let calls = Arc::new(AtomicU64::new(0));
     let mut svc = l.layer(counting_service(calls.clone(), Duration::ZERO));
     let get = || Request::get("/rq-paced-drop").body(Body::empty()).unwrap();
@@ -1336,10 +1335,11 @@ async fn a_paced_request_that_departed_keeps_its_place_spent() {
     // has used its interval: nothing is given back.
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
-    let mut r = route("rq-paced-gone", RouteMatch::prefix("/rq-paced-gone"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::LeakyBucket { queue: 1 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second(
+        "rq-paced-gone",
+        "/rq-paced-gone",
+        Algorithm::LeakyBucket { queue: 1 },
+    );
     let inner = Switch::default();
     let mut svc = l.layer(inner.clone());
     let get = || Request::get("/rq-paced-gone").body(Body::empty()).unwrap();
@@ -1485,10 +1485,7 @@ async fn layers_built_from_a_builder_and_its_clone_share_one_engine() {
 fn paced(name: &'static str) -> (AdmissionLayer, impl Fn() -> Request<Body>) {
     use rocgate::limiter::Algorithm;
     let path = format!("/{name}");
-    let mut r = route(name, RouteMatch::prefix(&path), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::LeakyBucket { queue: 2 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second(name, &path, Algorithm::LeakyBucket { queue: 2 });
     (l, move || Request::get(&path).body(Body::empty()).unwrap())
 }
 
@@ -1580,10 +1577,7 @@ async fn a_panicking_inner_service_gives_its_concurrency_permit_back() {
     // the permit goes with it, and the next request is admitted.
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
-    let mut r = route("rq-panic", RouteMatch::prefix("/rq-panic"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::Concurrency { queue: 0 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second("rq-panic", "/rq-panic", Algorithm::Concurrency { queue: 0 });
     let get = |fail: &str| {
         Request::get("/rq-panic")
             .header("fail", fail)
@@ -1655,10 +1649,11 @@ async fn the_layer_serves_any_request_body_and_answers_in_the_inner_services_bod
 fn a_paced_call_that_panics_outside_tokio_gives_its_place_back() {
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
-    let mut r = route("rq-no-timer", RouteMatch::prefix("/rq-no-timer"), 1.0);
-    r.controller.cut_limit_rps = 1.0;
-    r.algorithm = Algorithm::LeakyBucket { queue: 1 };
-    let (l, _clock) = layer(vec![r]);
+    let (l, _clock) = one_a_second(
+        "rq-no-timer",
+        "/rq-no-timer",
+        Algorithm::LeakyBucket { queue: 1 },
+    );
     let inner = tower::service_fn(|_req: Request<Body>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
     });
@@ -1787,12 +1782,8 @@ async fn a_configs_client_ip_header_is_the_only_one_the_layer_reads() {
 async fn stacked_layers_both_hold_their_permits_until_the_response_goes() {
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
-    let concurrency = |name: &str| {
-        let mut r = route(name, RouteMatch::prefix("/rq-stacked"), 1.0);
-        r.controller.cut_limit_rps = 1.0;
-        r.algorithm = Algorithm::Concurrency { queue: 0 };
-        layer(vec![r]).0
-    };
+    let concurrency =
+        |name: &str| one_a_second(name, "/rq-stacked", Algorithm::Concurrency { queue: 0 }).0;
     let (outer, inner) = (
         concurrency("rq-stacked-outer"),
         concurrency("rq-stacked-inner"),
