@@ -264,26 +264,16 @@ async fn health_and_live_state() {
 #[tokio::test]
 async fn a_runtime_change_is_validated_and_applied() {
     let p = start(None).await;
-    let (status, body) = call(
-        p.admin,
-        "PUT",
-        "/admin/routes/order",
-        r#"{"base_limit": 100, "danger_roc": 120}"#,
-        None,
-    )
-    .await;
+    let (status, body) = change_order(p.admin, r#"{"base_limit": 100, "danger_roc": 120}"#).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["base_limit_rps"], 100.0);
     assert_eq!(body["limit_rps"], 100.0);
     assert_eq!(body["danger_roc"], 120.0);
     assert_eq!(body["tokens"], 100.0, "tokens clamped to the new capacity");
 
-    let (status, body) = call(
+    let (status, body) = change_order(
         p.admin,
-        "PUT",
-        "/admin/routes/order",
         r#"{"cut_limit": 500, "hold": "soon", "window": "10s"}"#,
-        None,
     )
     .await;
     assert_eq!(status, 422);
@@ -299,14 +289,7 @@ async fn a_runtime_change_is_validated_and_applied() {
         "unknown field named: {errors:?}"
     );
 
-    let (status, body) = call(
-        p.admin,
-        "PUT",
-        "/admin/routes/order",
-        r#"{"cut_limit": 500, "hold": "soon"}"#,
-        None,
-    )
-    .await;
+    let (status, body) = change_order(p.admin, r#"{"cut_limit": 500, "hold": "soon"}"#).await;
     assert_eq!(status, 422);
     let errors = body["errors"].to_string();
     assert!(
@@ -321,11 +304,17 @@ async fn a_runtime_change_is_validated_and_applied() {
     p.stop().await;
 }
 
+/// Puts the runtime change `change` (JSON) on route `order`, with no token: the
+/// status and the body.
+async fn change_order(admin: SocketAddr, change: &str) -> (u16, Value) {
+    call(admin, "PUT", "/admin/routes/order", change, None).await
+}
+
 /// Puts `change` on route `order` and checks that it is refused (422) with each of
 /// `errors` in the body, and that the route then has no runtime change. Returns the
 /// route as `GET /admin/routes/order` then reads it.
 async fn refused_on_order(admin: SocketAddr, change: &str, errors: &[&str]) -> Value {
-    let (status, body) = call(admin, "PUT", "/admin/routes/order", change, None).await;
+    let (status, body) = change_order(admin, change).await;
     assert_eq!(status, 422, "{body}");
     let said = body["errors"].to_string();
     for expected in errors {
@@ -353,12 +342,9 @@ async fn a_runtime_change_past_a_durations_bound_is_refused() {
         ],
     )
     .await;
-    let (status, body) = call(
+    let (status, body) = change_order(
         p.admin,
-        "PUT",
-        "/admin/routes/order",
         r#"{"hold": "1day", "restore_interval": "24h", "min_dwell": "1day", "max_cut": "1day"}"#,
-        None,
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -385,14 +371,8 @@ async fn a_runtime_change_past_a_limits_bound_is_refused() {
     )
     .await;
     assert_eq!(order["base_limit_rps"], 200.0, "{order}");
-    let (status, body) = call(
-        p.admin,
-        "PUT",
-        "/admin/routes/order",
-        r#"{"base_limit": 2000000, "cut_limit": 2000000}"#,
-        None,
-    )
-    .await;
+    let (status, body) =
+        change_order(p.admin, r#"{"base_limit": 2000000, "cut_limit": 2000000}"#).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["base_limit_rps"], 2_000_000.0, "{body}");
     p.stop().await;
@@ -574,14 +554,7 @@ fn assert_reload_lists(body: &Value, kept: Value, replaced: Value) {
 #[tokio::test]
 async fn a_reload_that_renames_a_changed_route_says_it_dropped_the_change() {
     let p = start(None).await;
-    let (status, body) = call(
-        p.admin,
-        "PUT",
-        "/admin/routes/order",
-        r#"{"base_limit": 300}"#,
-        None,
-    )
-    .await;
+    let (status, body) = change_order(p.admin, r#"{"base_limit": 300}"#).await;
     assert_eq!(status, 200, "{body}");
     std::fs::write(
         &p.file,
@@ -1005,16 +978,8 @@ async fn two_runtime_changes_at_once_both_land() {
     let (p, _) = start_on(None, &gated_config(80), Some(clock.clone())).await;
     let (first, release) = gated_put(&clock, p.admin, r#"{"base_limit": 300}"#).await;
     let admin = p.admin;
-    let mut second = tokio::spawn(async move {
-        call(
-            admin,
-            "PUT",
-            "/admin/routes/order",
-            r#"{"danger_roc": 90}"#,
-            None,
-        )
-        .await
-    });
+    let mut second =
+        tokio::spawn(async move { change_order(admin, r#"{"danger_roc": 90}"#).await });
     // Give a change that does not wait for the first the time to finish inside it.
     let early = tokio::time::timeout(Duration::from_millis(300), &mut second).await;
     release.send(()).unwrap();
