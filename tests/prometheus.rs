@@ -595,19 +595,39 @@ fn the_cut_and_flapping_alerts_judge_a_distributed_route_over_the_fleet() {
     let flapping = "Thresholds too close to normal traffic's ROC: widen danger_roc - safe_roc or raise min_dwell.";
     test_alert_rules(
         &series,
-        &format!(
-            "      \
-             - eval_time: 12m\n        alertname: RocgateRouteCutTooLong\n        exp_alerts:\n          \
-             - exp_labels: {{severity: warning, route: order, job: rocgate}}\n            \
-             exp_annotations: {{summary: \"order was cut for 7m 30s of the last 10 minutes (shared by the fleet)\", description: \"{cut}\"}}\n          \
-             - exp_labels: {{severity: warning, route: cart, instance: a}}\n            \
-             exp_annotations: {{summary: \"cart was cut for 5m 0s of the last 10 minutes on a\", description: \"{cut}\"}}\n      \
-             - eval_time: 16m\n        alertname: RocgateControllerFlapping\n        exp_alerts:\n          \
-             - exp_labels: {{severity: warning, route: order, job: rocgate}}\n            \
-             exp_annotations: {{summary: \"order changed controller state 22.5 times in 15 minutes (shared by the fleet)\", description: \"{flapping}\"}}\n          \
-             - exp_labels: {{severity: warning, route: cart, instance: a}}\n            \
-             exp_annotations: {{summary: \"cart changed controller state 15 times in 15 minutes on a\", description: \"{flapping}\"}}\n"
-        ),
+        &[
+            alert_test(
+                "12m",
+                "RocgateRouteCutTooLong",
+                cut,
+                &[
+                    (
+                        "severity: warning, route: order, job: rocgate",
+                        "order was cut for 7m 30s of the last 10 minutes (shared by the fleet)",
+                    ),
+                    (
+                        "severity: warning, route: cart, instance: a",
+                        "cart was cut for 5m 0s of the last 10 minutes on a",
+                    ),
+                ],
+            ),
+            alert_test(
+                "16m",
+                "RocgateControllerFlapping",
+                flapping,
+                &[
+                    (
+                        "severity: warning, route: order, job: rocgate",
+                        "order changed controller state 22.5 times in 15 minutes (shared by the fleet)",
+                    ),
+                    (
+                        "severity: warning, route: cart, instance: a",
+                        "cart changed controller state 15 times in 15 minutes on a",
+                    ),
+                ],
+            ),
+        ]
+        .concat(),
     );
 }
 
@@ -767,7 +787,28 @@ fn rule_expr(name: &str) -> String {
     block.join(" ")
 }
 
-/// Runs `promtool test rules` on `file` and fails with its output unless it passes.
+/// An `alert_rule_test` item for [`test_alert_rules`] (indented six spaces): the alert
+/// `alertname` evaluated at `eval_time`, expected to fire once for each of `alerts`,
+/// given as its labels (the items of a YAML flow mapping) and its summary, each with
+/// `description`.
+fn alert_test(
+    eval_time: &str,
+    alertname: &str,
+    description: &str,
+    alerts: &[(&str, &str)],
+) -> String {
+    let mut item = format!(
+        "      - eval_time: {eval_time}\n        alertname: {alertname}\n        exp_alerts:\n"
+    );
+    for (labels, summary) in alerts {
+        item.push_str(&format!(
+            "          - exp_labels: {{{labels}}}\n            \
+             exp_annotations: {{summary: \"{summary}\", description: \"{description}\"}}\n"
+        ));
+    }
+    item
+}
+
 /// Runs promtool's `alert_rule_test`s `tests` (YAML list items, indented six
 /// spaces) on the real `dashboards/alerts.yml`, over `input_series` (indented four
 /// spaces), evaluated and sampled every minute.
@@ -787,6 +828,7 @@ fn test_alert_rules(input_series: &str, tests: &str) {
     promtool_test_rules(&file);
 }
 
+/// Runs `promtool test rules` on `file` and fails with its output unless it passes.
 fn promtool_test_rules(file: &Path) {
     let out = Command::new(which("promtool"))
         .args(["test", "rules"])
@@ -953,19 +995,32 @@ fn the_upstream_overload_alert_sees_timeouts_and_unmatched_traffic() {
         "The limits are above what the upstream can take: lower base_limit or danger_roc.";
     test_alert_rules(
         &series,
-        &format!(
-            "      \
-             - eval_time: 15m\n        alertname: RocgateUpstreamOverloadedWhileAdmitting\n        exp_alerts:\n          \
-             - exp_labels: {{severity: critical, route: order, instance: a}}\n            \
-             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on order while rocgate rejects nothing\", description: \"{description}\"}}\n          \
-             - exp_labels: {{severity: critical, route: unmatched, instance: a}}\n            \
-             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on unmatched while rocgate rejects nothing\", description: \"{description}\"}}\n          \
-             - exp_labels: {{severity: critical, route: keyed, instance: a}}\n            \
-             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on keyed while rocgate rejects nothing\", description: \"{description}\"}}\n          \
-             - exp_labels: {{severity: critical, route: backlog, instance: a}}\n            \
-             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on backlog while rocgate rejects nothing\", description: \"{description}\"}}\n          \
-             - exp_labels: {{severity: critical, route: dark, instance: a}}\n            \
-             exp_annotations: {{summary: \"upstream p99 over 1 s or over 1% of requests timing out on dark while rocgate rejects nothing\", description: \"{description}\"}}\n"
+        &alert_test(
+            "15m",
+            "RocgateUpstreamOverloadedWhileAdmitting",
+            description,
+            &[
+                (
+                    "severity: critical, route: order, instance: a",
+                    "upstream p99 over 1 s or over 1% of requests timing out on order while rocgate rejects nothing",
+                ),
+                (
+                    "severity: critical, route: unmatched, instance: a",
+                    "upstream p99 over 1 s or over 1% of requests timing out on unmatched while rocgate rejects nothing",
+                ),
+                (
+                    "severity: critical, route: keyed, instance: a",
+                    "upstream p99 over 1 s or over 1% of requests timing out on keyed while rocgate rejects nothing",
+                ),
+                (
+                    "severity: critical, route: backlog, instance: a",
+                    "upstream p99 over 1 s or over 1% of requests timing out on backlog while rocgate rejects nothing",
+                ),
+                (
+                    "severity: critical, route: dark, instance: a",
+                    "upstream p99 over 1 s or over 1% of requests timing out on dark while rocgate rejects nothing",
+                ),
+            ],
         ),
     );
 }
@@ -1017,15 +1072,24 @@ fn the_rejection_ratio_alert_leaves_clients_held_to_their_own_limits_alone() {
     let description = "Sustained rejections: either a real overload, or base_limit is too low for healthy traffic (see /admin/hints). On a partitioned route with room for new keys only the ROC cut's count: clients held to their own limits are by design.";
     test_alert_rules(
         &series,
-        &format!(
-            "      \
-             - eval_time: 12m\n        alertname: RocgateHighRejectionRatio\n        exp_alerts:\n          \
-             - exp_labels: {{severity: warning, route: shop, instance: a}}\n            \
-             exp_annotations: {{summary: \"rocgate rejects 40% of shop on a\", description: \"{description}\"}}\n          \
-             - exp_labels: {{severity: warning, route: crowd, instance: a}}\n            \
-             exp_annotations: {{summary: \"rocgate rejects 50% of crowd on a\", description: \"{description}\"}}\n          \
-             - exp_labels: {{severity: warning, route: checkout, instance: a}}\n            \
-             exp_annotations: {{summary: \"rocgate rejects 30% of checkout on a\", description: \"{description}\"}}\n"
+        &alert_test(
+            "12m",
+            "RocgateHighRejectionRatio",
+            description,
+            &[
+                (
+                    "severity: warning, route: shop, instance: a",
+                    "rocgate rejects 40% of shop on a",
+                ),
+                (
+                    "severity: warning, route: crowd, instance: a",
+                    "rocgate rejects 50% of crowd on a",
+                ),
+                (
+                    "severity: warning, route: checkout, instance: a",
+                    "rocgate rejects 30% of checkout on a",
+                ),
+            ],
         ),
     );
 }
@@ -1073,11 +1137,14 @@ fn the_upstream_overflow_alert_fires_on_sustained_refusals_only() {
     let description = "Requests in flight to the upstream reached max_upstream_requests (503 upstream_overflow): the upstream is slower than usual, or the routes admit more than the cap holds. Compare rocgate_upstream_requests with rocgate_max_upstream_requests and the upstream latency.";
     test_alert_rules(
         &series,
-        &format!(
-            "      \
-             - eval_time: 16m\n        alertname: RocgateUpstreamOverflow\n        exp_alerts:\n          \
-             - exp_labels: {{severity: warning, instance: a}}\n            \
-             exp_annotations: {{summary: \"rocgate on a refuses 5% of its upstream requests at max_upstream_requests\", description: \"{description}\"}}\n"
+        &alert_test(
+            "16m",
+            "RocgateUpstreamOverflow",
+            description,
+            &[(
+                "severity: warning, instance: a",
+                "rocgate on a refuses 5% of its upstream requests at max_upstream_requests",
+            )],
         ),
     );
 }
