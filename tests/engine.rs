@@ -62,6 +62,12 @@ fn offer(e: &Engine, id: RouteId, key: Key<'_>, from: f64, to: f64, rate: f64) -
     (admitted, rejected)
 }
 
+/// How many of `n` requests with `key` at the one instant `at` are admitted, each
+/// decision dropped at once (a concurrency permit goes back before the next).
+fn admitted_at_once(e: &Engine, id: RouteId, key: Key<'_>, n: usize, at: Nanos) -> usize {
+    (0..n).filter(|_| e.check(id, key, at).is_admit()).count()
+}
+
 fn ip(n: u32) -> Key<'static> {
     Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
 }
@@ -465,11 +471,7 @@ fn ip_tiers_match_by_address_text_and_mapped_ipv4_shares_its_key() {
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
     let ip = |s: &str| Key::Ip(s.parse().unwrap());
-    let admitted = |key: Key<'_>| {
-        (0..100)
-            .filter(|_| e.check(id, key, Nanos::from_secs(1)).is_admit())
-            .count()
-    };
+    let admitted = |key: Key<'_>| admitted_at_once(&e, id, key, 100, Nanos::from_secs(1));
     assert_eq!(admitted(ip("10.0.0.7")), 50, "IPv4 partner");
     assert_eq!(admitted(ip("2001:db8::7")), 50, "IPv6 partner");
     assert_eq!(admitted(ip("10.0.0.8")), 2, "IPv4, no tier");
@@ -526,9 +528,7 @@ fn a_key_refills_at_the_new_rate_from_the_change_on() {
     cfg.partition = Partition::ClientIp(KeyLimits::default());
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
-    let n = (0..300)
-        .filter(|_| e.check(id, ip(1), Nanos::ZERO).is_admit())
-        .count();
+    let n = admitted_at_once(&e, id, ip(1), 300, Nanos::ZERO);
     assert_eq!(n, 200);
     // 10 ms later (2 tokens back at 200/s) the base limit drops to 20/s; 100 ms after
     // that the key holds 2 + 2 tokens, not the 20 that 110 ms at 200/s would give.
@@ -540,9 +540,7 @@ fn a_key_refills_at_the_new_rate_from_the_change_on() {
     };
     e.update_route(id, params, Nanos::from_millis(10)).unwrap();
     let at = Nanos::from_millis(110);
-    let n = (0..300)
-        .filter(|_| e.check(id, ip(1), at).is_admit())
-        .count();
+    let n = admitted_at_once(&e, id, ip(1), 300, at);
     assert_eq!(n, 4);
 }
 
@@ -564,17 +562,13 @@ fn an_idle_key_keeps_what_its_limiter_still_holds() {
         cfg.controller.cut_limit_rps = 10.0 / 3600.0;
         let e = engine(vec![cfg]);
         let (id, name) = (e.route_at(0).unwrap(), algorithm.name());
-        let n = (0..20)
-            .filter(|_| e.check(id, ip(1), Nanos::ZERO).is_admit())
-            .count();
+        let n = admitted_at_once(&e, id, ip(1), 20, Nanos::ZERO);
         assert_eq!(n, 10, "{name}");
         // Ten minutes later (a token or a queue place back at most), a request rolls
         // the window and sweeps the keys.
         let later = Nanos::from_secs(600);
         assert!(e.check(id, ip(2), later).is_admit(), "{name}");
-        let n = (0..20)
-            .filter(|_| e.check(id, ip(1), later).is_admit())
-            .count();
+        let n = admitted_at_once(&e, id, ip(1), 20, later);
         assert!(n <= 1, "{name}: {n} admitted");
         assert_eq!(e.route_snapshot(id, later).unwrap().keys, 2, "{name}");
     }
@@ -665,9 +659,7 @@ fn a_full_tables_sweep_keeps_the_keys_off_rest() {
         // Half a second on, a new key's request sweeps the full table.
         let at = Nanos::from_millis(500);
         drop(e.check(id, ip(2), at));
-        let again = (0..10)
-            .filter(|_| e.check(id, ip(1), at).is_admit())
-            .count();
+        let again = admitted_at_once(&e, id, ip(1), 10, at);
         assert!(again < 5, "{name}: {again} admitted, as to a new key");
         drop(spent);
     }
@@ -1532,17 +1524,13 @@ fn a_key_seen_within_idle_timeout_is_not_evicted() {
     let id = e.route_at(0).unwrap();
     // Client 1 spends its burst (200 tokens) at 10.9 s, late in that second.
     let at = Nanos::from_millis(10_900);
-    let n = (0..300)
-        .filter(|_| e.check(id, ip(1), at).is_admit())
-        .count();
+    let n = admitted_at_once(&e, id, ip(1), 300, at);
     assert_eq!(n, 200);
     // Another client's requests roll the window (and sweep the keys) until 11.2 s:
     // client 1 has been idle 300 ms, less than idle_timeout.
     offer(&e, id, ip(2), 10.9, 11.2, 40.0);
     let later = Nanos::from_millis(11_200);
-    let n = (0..300)
-        .filter(|_| e.check(id, ip(1), later).is_admit())
-        .count();
+    let n = admitted_at_once(&e, id, ip(1), 300, later);
     assert!(n <= 61, "{n} admitted 300 ms after the burst was spent");
 }
 
@@ -1978,9 +1966,7 @@ fn a_key_evicted_after_a_raise_gets_no_tokens_it_did_not_have() {
     // tokens.
     assert!(e.check(id, ip(2), Nanos::from_millis(10_200)).is_admit());
     let at = Nanos::from_millis(10_200);
-    let admitted = (0..200)
-        .filter(|_| e.check(id, ip(1), at).is_admit())
-        .count();
+    let admitted = admitted_at_once(&e, id, ip(1), 200, at);
     // Its 10 tokens, plus 0.2 s at 100 req/s.
     assert_eq!(admitted, 30);
 }
