@@ -316,9 +316,7 @@ async fn drive_load(addr: SocketAddr) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_load_the_upstream_receives_exactly_what_the_engine_admitted() {
-    let upstream = start_upstream().await;
-    let route = trickle_route("load", "/load", LOAD_CAPACITY);
-    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    let (upstream, proxy) = trickle_proxy("load", "/load", LOAD_CAPACITY).await;
 
     let (ok, limited) = drive_load(proxy.addr).await;
 
@@ -522,8 +520,7 @@ async fn the_upstream_receives_the_path_its_route_was_matched_on() {
 
 #[tokio::test]
 async fn options_asterisk_does_not_evade_a_catch_all_limit() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(settings(upstream.addr), vec![trickle_route("all", "/", 1)]).await;
+    let (upstream, proxy) = trickle_proxy("all", "/", 1).await;
     let request = |line: &str| format!("{line}\r\nHost: {HOST}\r\nConnection: close\r\n\r\n");
     let raw = raw_exchange(proxy.addr, request("GET / HTTP/1.1").as_bytes(), IO_TIMEOUT).await;
     assert_eq!(statuses(&raw), [200], "the route's one token");
@@ -1239,9 +1236,7 @@ async fn chunked_body_over_the_limit_gets_413_mid_stream() {
 /// and so would whoever reads `rocgate_upstream_errors_total{kind="upstream_error"}`.
 #[tokio::test]
 async fn a_client_that_aborts_its_body_is_not_an_upstream_error() {
-    let upstream = start_upstream().await;
-    let route = trickle_route("aborted_uploads", "/", 1000);
-    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    let (upstream, proxy) = trickle_proxy("aborted_uploads", "/", 1000).await;
     const CUT_SHORT: &[u8] = b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 50\r\n\r\nabc";
     // A connection's first request goes through the pool.
     let mut stream = connect(proxy.addr).await;
@@ -1628,15 +1623,26 @@ async fn with_max_upstream_lanes_0_every_request_shares_the_pool() {
 /// 400 (RFC 9112 §3.2, a MUST; Envoy and nginx refuse it too): it was forwarded with
 /// the upstream's own `Host`, for a host the client never named. HTTP/1.0 needs no
 /// `Host`: its requests go up with the upstream's.
+/// Writes `request` on a connection of its own ([`raw_exchange`]), which must be
+/// answered 200 alone: the upstream's one request to `path`.
+async fn answered_200(
+    proxy: &RunningProxy,
+    upstream: &Upstream,
+    request: &[u8],
+    path: &str,
+) -> Seen {
+    let raw = raw_exchange(proxy.addr, request, IO_TIMEOUT).await;
+    assert_eq!(statuses(&raw), [200]);
+    upstream.only(path)
+}
+
 #[tokio::test]
 async fn a_request_without_host_is_refused_in_http_1_1_and_gets_the_upstreams_in_1_0() {
     let (upstream, proxy) = forwarding_proxy().await;
     let raw = raw_exchange(proxy.addr, b"GET /n1 HTTP/1.1\r\n\r\n", IO_TIMEOUT).await;
     assert_eq!(statuses(&raw), [400]);
     assert!(upstream.seen("/n1").is_empty(), "went up without a host");
-    let raw = raw_exchange(proxy.addr, b"GET /h1 HTTP/1.0\r\n\r\n", IO_TIMEOUT).await;
-    assert_eq!(statuses(&raw), [200]);
-    let seen = upstream.only("/h1");
+    let seen = answered_200(&proxy, &upstream, b"GET /h1 HTTP/1.0\r\n\r\n", "/h1").await;
     assert_eq!(
         seen.headers[header::HOST],
         upstream.addr.to_string().as_str()
@@ -1649,27 +1655,38 @@ async fn an_absolute_form_requests_host_is_its_targets() {
     let (upstream, proxy) = forwarding_proxy().await;
     // RFC 9112 §3.2.2: the Host of a request in absolute form is replaced by the
     // authority of its target.
-    let raw = raw_exchange(
-        proxy.addr,
+    let seen = answered_200(
+        &proxy,
+        &upstream,
         b"GET http://shop.example/abs HTTP/1.1\r\nHost: other.example\r\nConnection: close\r\n\r\n",
-        IO_TIMEOUT,
+        "/abs",
     )
     .await;
-    assert_eq!(statuses(&raw), [200]);
-    let seen = upstream.only("/abs");
     assert_eq!(seen.headers[header::HOST], "shop.example");
     assert_eq!(seen.headers["x-forwarded-host"], "shop.example");
     // Its host and port, that is: a userinfo (credentials) is no part of a Host.
-    let raw = raw_exchange(
-        proxy.addr,
+    let seen = answered_200(
+        &proxy,
+        &upstream,
         b"GET http://alice:secret@shop.example:8080/user HTTP/1.1\r\nHost: other.example\r\nConnection: close\r\n\r\n",
-        IO_TIMEOUT,
+        "/user",
     )
     .await;
-    assert_eq!(statuses(&raw), [200]);
-    let seen = upstream.only("/user");
     assert_eq!(seen.headers[header::HOST], "shop.example:8080");
     assert_eq!(seen.headers["x-forwarded-host"], "shop.example:8080");
+}
+
+/// A recording upstream and a proxy in front of it, with the tests' [`settings`], over
+/// one [`trickle_route`]: `name` on the paths under `prefix`, admitting `capacity`
+/// requests over a test run.
+async fn trickle_proxy(name: &str, prefix: &str, capacity: u64) -> (Upstream, RunningProxy) {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        settings(upstream.addr),
+        vec![trickle_route(name, prefix, capacity)],
+    )
+    .await;
+    (upstream, proxy)
 }
 
 /// A recording upstream and a proxy in front of it over one route `name` on every
@@ -1808,12 +1825,7 @@ async fn a_head_refused_with_400_says_why() {
 
 #[tokio::test]
 async fn connect_is_refused_and_never_reaches_the_upstream() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(
-        settings(upstream.addr),
-        vec![trickle_route("all", "/", 1000)],
-    )
-    .await;
+    let (upstream, proxy) = trickle_proxy("all", "/", 1000).await;
     let raw = raw_exchange(
         proxy.addr,
         b"CONNECT db.internal:5432 HTTP/1.1\r\nHost: db.internal:5432\r\n\r\n",
@@ -2189,8 +2201,7 @@ async fn an_h2c_clients_split_cookies_reach_the_upstream_as_one() {
 
 #[tokio::test]
 async fn h2c_clients_are_forwarded_and_limited() {
-    let up = start_upstream().await;
-    let proxy = start_proxy(settings(up.addr), vec![trickle_route("h2", "/", 2)]).await;
+    let (up, proxy) = trickle_proxy("h2", "/", 2).await;
     let mut sender = h2c_connect(proxy.addr).await;
     let mut statuses = Vec::new();
     for _ in 0..4 {
@@ -2993,12 +3004,7 @@ async fn a_connection_that_has_sent_nothing_does_not_hold_the_shutdown() {
 /// connection, and the 429 says so.
 #[tokio::test]
 async fn a_rejected_requests_unread_body_is_not_read_as_the_next_request() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(
-        settings(upstream.addr),
-        vec![trickle_route("limited", "/limited", 1)],
-    )
-    .await;
+    let (upstream, proxy) = trickle_proxy("limited", "/limited", 1).await;
     let raw = raw_exchange(
         proxy.addr,
         b"POST /limited HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
