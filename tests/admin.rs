@@ -304,6 +304,14 @@ async fn a_runtime_change_is_validated_and_applied() {
     p.stop().await;
 }
 
+/// `GET /metrics` on the admin API, which must answer 200 with text: the exposition.
+async fn metrics_text(admin: SocketAddr) -> String {
+    match call(admin, "GET", "/metrics", "", None).await {
+        (200, Value::String(text)) => text,
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Puts the runtime change `change` (JSON) on route `order`, with no token: the
 /// status and the body.
 async fn change_order(admin: SocketAddr, change: &str) -> (u16, Value) {
@@ -423,13 +431,7 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
 async fn upstream_error_counters_start_at_zero_for_every_route() {
     let extra = "[[routes]]\nname = \"errors_from_zero\"\npath = \"/errors-from-zero\"\n";
     let p = start_on(None, &format!("{extra}{CONFIG}"), None).await.0;
-    let scrape = || async {
-        match call(p.admin, "GET", "/metrics", "", None).await {
-            (200, Value::String(text)) => text,
-            other => panic!("{other:?}"),
-        }
-    };
-    let text = scrape().await;
+    let text = metrics_text(p.admin).await;
     let all_at_zero = |text: &str, route: &str| {
         for kind in rocgate::metrics::UPSTREAM_ERROR_KINDS {
             let series =
@@ -445,7 +447,7 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
     std::fs::write(&p.file, format!("{extra}{added}{CONFIG}")).unwrap();
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
     assert_eq!(status, 200, "{body}");
-    let text = scrape().await;
+    let text = metrics_text(p.admin).await;
     all_at_zero(&text, "errors_from_zero");
     all_at_zero(&text, "errors_from_zero_added");
     p.stop().await;
@@ -457,21 +459,15 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
 async fn a_route_removed_by_a_reload_leaves_the_gauges_of_metrics() {
     let extra = "[[routes]]\nname = \"retired_by_reload\"\npath = \"/retired\"\n";
     let p = start_on(None, &format!("{extra}{CONFIG}"), None).await.0;
-    let scrape = || async {
-        match call(p.admin, "GET", "/metrics", "", None).await {
-            (200, Value::String(text)) => text,
-            other => panic!("{other:?}"),
-        }
-    };
     let gauge = r#"rocgate_limit_rps{route="retired_by_reload"} "#;
     let counter = r#"rocgate_cuts_total{route="retired_by_reload"} "#;
-    let text = scrape().await;
+    let text = metrics_text(p.admin).await;
     assert!(text.contains(&format!("{gauge}200")), "{text}");
 
     std::fs::write(&p.file, CONFIG).unwrap();
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
     assert_eq!(status, 200, "{body}");
-    let text = scrape().await;
+    let text = metrics_text(p.admin).await;
     assert!(!text.contains(gauge), "{text}");
     assert!(!text.contains("NaN"), "{text}");
     assert!(text.contains(&format!("{counter}0")), "{text}");
@@ -1280,10 +1276,7 @@ async fn a_silent_route_reads_where_it_stands_now() {
     clock.set(Nanos::from_secs(1200));
     let (_, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
     assert_eq!(route(&all, "order")["state"], "normal", "{all}");
-    let text = match call(p.admin, "GET", "/metrics", "", None).await {
-        (200, Value::String(text)) => text,
-        other => panic!("{other:?}"),
-    };
+    let text = metrics_text(p.admin).await;
     assert!(
         text.contains(r#"rocgate_limit_rps{route="order"} 200"#),
         "{text}"
