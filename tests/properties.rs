@@ -85,6 +85,18 @@ fn bucket_capacity(rate: f64, burst: Duration) -> f64 {
     (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0)
 }
 
+/// The ROC sample of a route whose rate went from `prev` to `r` req/s, its two
+/// windows 3 s each: what the controller properties feed a controller every 100 ms.
+fn sample_of(prev: f64, r: f64) -> RocSample {
+    RocSample {
+        n_prev: (prev * 3.0) as u64,
+        n_recent: (r * 3.0) as u64,
+        rate_prev_rps: prev,
+        rate_recent_rps: r,
+        roc: r - prev,
+    }
+}
+
 /// In every interval [a, b] between two admissions, at most capacity + rate × (b − a)
 /// were admitted (one more for the rounding of a token's time).
 fn within_rate(admitted: &[Nanos], capacity: f64, rate: f64) -> Result<(), TestCaseError> {
@@ -446,13 +458,7 @@ proptest! {
         let mut t = 0u64;
         for r in rates {
             t += 100;
-            let sample = RocSample {
-                n_prev: (prev * 3.0) as u64,
-                n_recent: (r * 3.0) as u64,
-                rate_prev_rps: prev,
-                rate_recent_rps: r,
-                roc: r - prev,
-            };
+            let sample = sample_of(prev, r);
             c.observe(SampleAt { at: Nanos::from_millis(t), sample }, |_| {});
             prop_assert!(c.limit_rps() >= params.cut_limit_rps && c.limit_rps() <= params.base_limit_rps);
             prev = r;
@@ -689,13 +695,7 @@ proptest! {
         let mut prev = 0.0;
         for r in rates {
             t += 100;
-            let sample = RocSample {
-                n_prev: (prev * 3.0) as u64,
-                n_recent: (r * 3.0) as u64,
-                rate_prev_rps: prev,
-                rate_recent_rps: r,
-                roc: r - prev,
-            };
+            let sample = sample_of(prev, r);
             stepped.observe(SampleAt { at: Nanos::from_millis(t), sample }, |_| {});
             prev = r;
         }
