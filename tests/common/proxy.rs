@@ -1,5 +1,6 @@
 //! A `rocgate serve` proxy running in a task of the test's runtime, for the files that
-//! drive one over sockets (`tests/proxy.rs`, `tests/upgrade.rs`), included by path.
+//! drive one over sockets (`tests/proxy.rs`, `tests/upgrade.rs`, `tests/lingering.rs`,
+//! `tests/upstream_cap.rs`, `tests/hints_serve.rs`), included by path.
 #![allow(dead_code)] // each file uses its part
 
 use rocgate::config::{Config, RouteConfig, RouteMatch};
