@@ -208,6 +208,37 @@ fn dashboards_and_rules_use_only_exported_metrics() {
     assert_eq!(vars, ["datasource", "instance", "route"]);
 }
 
+/// Every alert of `dashboards/alerts.yml` has a row in README's "When an alert
+/// fires", and the section names no alert the rules do not have: an operator paged
+/// by one finds what to do.
+#[test]
+fn every_alert_has_a_runbook_row() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = std::fs::read_to_string(root.join("dashboards/alerts.yml")).unwrap();
+    let alerts: BTreeSet<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .map(str::trim)
+        .collect();
+    assert!(alerts.len() >= 9, "the rules' alerts: {alerts:?}");
+    let readme = include_str!("../README.md");
+    let section = readme
+        .split_once("#### When an alert fires\n")
+        .expect("README has a section \"When an alert fires\"")
+        .1;
+    let section = &section[..section.find("\n#").unwrap_or(section.len())];
+    let named: BTreeSet<&str> = section
+        .split('`')
+        .filter(|w| w.starts_with("Rocgate") && w.chars().all(char::is_alphanumeric))
+        .collect();
+    let missing: Vec<_> = alerts.difference(&named).collect();
+    let unknown: Vec<_> = named.difference(&alerts).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "README's runbook omits {missing:?} and names alerts the rules do not have: {unknown:?}"
+    );
+}
+
 #[test]
 fn names_are_found_in_expressions() {
     let names = metric_names(
