@@ -625,11 +625,11 @@ fn a_store_where_nothing_listens(mode: SyncMode) -> RedisStore {
     RedisStore::connect(&config, Arc::new(crate::clock::ManualClock::new())).unwrap()
 }
 
-/// The route `order` (at 100 req/s) with a token bucket of `burst_s` seconds.
+/// The route `order` (at the default 200 req/s) with a token bucket of `burst_s`
+/// seconds.
 fn order_with_a_burst_of(burst_s: u64) -> crate::config::Config {
     use crate::config::{Config, RouteConfig, RouteMatch};
     let mut r = RouteConfig::new("order", RouteMatch::exact("POST", "/api/order"));
-    r.controller.base_limit_rps = 100.0;
     r.algorithm = Algorithm::TokenBucket {
         burst: Duration::from_secs(burst_s),
     };
@@ -662,7 +662,7 @@ async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
 /// A reload that rebuilds a route (its burst changed, 1 s to 2 s) while Redis is away
 /// (nothing listens) keeps what the route last saw of the shared state, which no
 /// answer refreshes until Redis is back: the
-/// cut (limit 30 req/s of a base of 100, state, ROC) that `/admin/store` shows and
+/// cut (limit 30 req/s of a base of 200, state, ROC) that `/admin/store` shows and
 /// the fallback's share and `RateLimit-Policy` enforce, when it next rises (a
 /// `roc_cut` rejection's `Retry-After`), and the shared bucket's level (4 tokens
 /// answered at 1 s, refilled at 30/s since, to 34 at 2 s). A rebuilt route that
