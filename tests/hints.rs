@@ -2595,13 +2595,6 @@ fn a_shadow_route_that_recovers_slowly_is_told_to_restore_faster() {
     }
 }
 
-/// The share `raise_base_limit` quotes is what the base limit itself would have
-/// refused. While a cut holds the limit below base (cut and recovery), an enforcing
-/// route labels every refusal `roc_cut`, those of demand beyond the base limit's rate
-/// too, and a `shadow` route's would-be refusals are labelled so as well:
-/// `shadow_adaptive`, which enforces its base limit throughout, quoted 43.3% of a spike
-/// of 400 req/s against 200, the other two 27.9%. Demand beyond the base limit's rate
-/// in an interval counts as the base limit's, up to what the cut refused there.
 /// The share of the rejections `raise_base_limit` counts as the base limit's (the first
 /// percentage its reason quotes), and that reason, for the route of `extra` under
 /// [`spike_to_400`] at a capacity of 1,000 req/s; the test fails, naming `extra`, if it
@@ -2616,6 +2609,13 @@ fn base_limits_share(extra: &str) -> (f64, String) {
     (reason[start..end].parse::<f64>().unwrap(), reason.clone())
 }
 
+/// The share `raise_base_limit` quotes is what the base limit itself would have
+/// refused. While a cut holds the limit below base (cut and recovery), an enforcing
+/// route labels every refusal `roc_cut`, those of demand beyond the base limit's rate
+/// too, and a `shadow` route's would-be refusals are labelled so as well:
+/// `shadow_adaptive`, which enforces its base limit throughout, quoted 43.3% of a spike
+/// of 400 req/s against 200, the other two 27.9%. Demand beyond the base limit's rate
+/// in an interval counts as the base limit's, up to what the cut refused there.
 #[test]
 fn the_base_limits_share_is_the_same_in_every_mode() {
     let share = |mode: &str| base_limits_share(&format!("mode = \"{mode}\""));
