@@ -347,7 +347,11 @@ fn push_causes(text: &mut String, e: &(dyn std::error::Error + 'static)) {
 mod tests {
     use super::ProxyError;
 
-    /// Every kind the proxy counts is one `/metrics` sets at 0 before the first error.
+    /// Every kind the proxy counts is one `/metrics` sets at 0 before the first error,
+    /// and README names it: a [`ProxyError`]'s, or `body_aborted`, which the upstream
+    /// body counts itself (src/proxy/forward.rs's `UpstreamBody`); and `/metrics` sets
+    /// no kind the proxy never counts. (tests/admin.rs checks the counters at 0 of
+    /// `UPSTREAM_ERROR_KINDS`, which once named each kind, `body_aborted` too.)
     #[test]
     fn every_kind_is_counted_from_zero() {
         let errors = [
@@ -363,12 +367,28 @@ mod tests {
             ProxyError::ResponseTimeout,
             ProxyError::UpstreamOverflow,
         ];
-        for e in errors {
+        for e in &errors {
             assert!(
                 crate::metrics::UPSTREAM_ERROR_KINDS.contains(&e.kind()),
                 "{}",
                 e.kind()
             );
+        }
+        let counted: std::collections::BTreeSet<&str> = errors
+            .iter()
+            .map(ProxyError::kind)
+            .chain(["body_aborted"])
+            .collect();
+        let set: std::collections::BTreeSet<&str> =
+            crate::metrics::UPSTREAM_ERROR_KINDS.into_iter().collect();
+        assert_eq!(set, counted);
+        let readme = include_str!("../../README.md");
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with("| `rocgate_upstream_errors_total` |"))
+            .expect("README's row of rocgate_upstream_errors_total");
+        for kind in set {
+            assert!(row.contains(&format!("`{kind}`")), "README names no {kind}");
         }
     }
 }
