@@ -1619,10 +1619,6 @@ async fn with_max_upstream_lanes_0_every_request_shares_the_pool() {
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 }
 
-/// An HTTP/1.1 request that names no host (no `Host`, a target in origin form) gets
-/// 400 (RFC 9112 §3.2, a MUST; Envoy and nginx refuse it too): it was forwarded with
-/// the upstream's own `Host`, for a host the client never named. HTTP/1.0 needs no
-/// `Host`: its requests go up with the upstream's.
 /// Writes `request` on a connection of its own ([`raw_exchange`]), which must be
 /// answered 200 alone: the upstream's one request to `path`.
 async fn answered_200(
@@ -1636,6 +1632,10 @@ async fn answered_200(
     upstream.only(path)
 }
 
+/// An HTTP/1.1 request that names no host (no `Host`, a target in origin form) gets
+/// 400 (RFC 9112 §3.2, a MUST; Envoy and nginx refuse it too): it was forwarded with
+/// the upstream's own `Host`, for a host the client never named. HTTP/1.0 needs no
+/// `Host`: its requests go up with the upstream's.
 #[tokio::test]
 async fn a_request_without_host_is_refused_in_http_1_1_and_gets_the_upstreams_in_1_0() {
     let (upstream, proxy) = forwarding_proxy().await;
