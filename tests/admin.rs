@@ -422,11 +422,12 @@ async fn reload_applies_a_good_file_and_keeps_the_running_config_on_a_bad_one() 
 }
 
 /// Every route's upstream error counters are in the first scrape, at 0, for every
-/// kind README names (`UPSTREAM_ERROR_KINDS`, which holds every kind the proxy
-/// counts: src/proxy/error.rs's `every_kind_is_counted_from_zero`): a counter that appears with its first errors already counted
-/// gives `rate` and `increase` nothing to compare with, so the errors panel and any
-/// alert on it missed the first burst of an upstream's failure. So are those of a route
-/// a reload adds, in the scrape after it (each route's are registered once).
+/// kind README names (`UPSTREAM_ERROR_KINDS`, which src/proxy/error.rs's
+/// `every_kind_is_counted_from_zero` holds to every kind the proxy counts,
+/// `body_aborted` included): a counter that appears with its first errors already
+/// counted gives `rate` and `increase` nothing to compare with, so the errors panel
+/// and any alert on it missed the first burst of an upstream's failure. So are those
+/// of a route a reload adds, in the scrape after it (each route's are registered once).
 #[tokio::test]
 async fn upstream_error_counters_start_at_zero_for_every_route() {
     let extra = "[[routes]]\nname = \"errors_from_zero\"\npath = \"/errors-from-zero\"\n";
