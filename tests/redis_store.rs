@@ -1549,6 +1549,30 @@ fn hset(
     let _: () = redis::cmd("HSET").arg(key).arg(fields).query(conn).unwrap();
 }
 
+/// Writes by hand the route `{prefix:order}`'s window as in slot `s - 1` and its
+/// controller as stepped through slot `s - 2` at `(limit, state)` (state 1 cut, 2
+/// recovering) entered at `entered` (ns), its ROC 0, armed at time 0 (free to act): the
+/// next rollover steps it.
+fn stepped_to(
+    conn: &mut redis::Connection,
+    prefix: &str,
+    s: u64,
+    (limit, state): (&str, &str),
+    entered: u64,
+) {
+    hset(conn, format!("{{{prefix}:order}}:w"), ("cur", s - 1));
+    hset(
+        conn,
+        format!("{{{prefix}:order}}:c"),
+        (
+            &["limit", limit, "state", state, "roc", "0"][..],
+            ("through", s - 2),
+            ("entered", entered),
+            ("armed", 0),
+        ),
+    );
+}
+
 /// Reads the `through` of the controller hash `key` every 20 ms, at most 100 times,
 /// until `stored` holds of it (a step stored); returns the last read.
 async fn stored_through(
@@ -2077,16 +2101,12 @@ async fn a_shared_restore_reaching_base_is_counted_when_its_step_was_due() {
     // Seven steps of 20 req/s a second from the cut's 60: base when slot `s - 1` ends.
     let s = redis_time_us(&mut conn) / 100_000;
     let base_at_ns = s * 100_000_000;
-    hset(&mut conn, "{restored:order}:w", ("cur", s - 1));
-    hset(
+    stepped_to(
         &mut conn,
-        "{restored:order}:c",
-        (
-            &["limit", "180", "state", "2", "roc", "0"][..],
-            ("through", s - 2),
-            ("entered", base_at_ns - 7_000_000_000),
-            ("armed", 0),
-        ),
+        "restored",
+        s,
+        ("180", "2"),
+        base_at_ns - 7_000_000_000,
     );
     let _ = a.check().await;
     stored_through(&mut conn, "{restored:order}:c", |through| through >= s - 1).await;
@@ -2111,17 +2131,8 @@ async fn a_shared_cut_in_force_is_counted_as_it_passes() {
     .await;
     assert!(a.check().await.is_admit());
     let s = redis_time_us(&mut conn) / 100_000;
-    hset(&mut conn, "{cutting:order}:w", ("cur", s - 1));
-    hset(
-        &mut conn,
-        "{cutting:order}:c",
-        (
-            &["limit", "60", "state", "1", "roc", "0"][..],
-            ("through", s - 2),
-            ("entered", (s - 2) * 100_000_000 - 30_000_000_000),
-            ("armed", 0),
-        ),
-    );
+    let entered = (s - 2) * 100_000_000 - 30_000_000_000;
+    stepped_to(&mut conn, "cutting", s, ("60", "1"), entered);
     let _: () = redis::cmd("HDEL")
         .arg("{cutting:order}:c")
         .arg("safe")
