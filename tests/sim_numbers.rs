@@ -814,3 +814,185 @@ fn a_profile_at_the_edge_of_f64_offers_a_number_of_requests_not_nan() {
     let p = Profile::parse_csv("0,0\n1e12,0\n").unwrap();
     assert_eq!(p.expected_arrivals(), 0.0);
 }
+
+/// The flash sale, as profile points: 40 req/s, then 600 req/s from 20 s to 40 s.
+fn flash_sale() -> Profile {
+    Scenario::FlashSale.profile()
+}
+
+/// A route that cannot cut: no ROC reaches this danger threshold.
+const NEVER_CUTS: &str = "danger_roc = 1e12";
+
+/// What a route rejects without its cuts is what the same route rejects, on the same
+/// arrivals, when no cut is ever made: a second run, independent of the first, of the
+/// route with a danger threshold no ROC reaches.
+#[test]
+fn the_rejections_without_cuts_are_those_of_the_route_that_cannot_cut() {
+    for model in [
+        ArrivalModel::Uniform,
+        ArrivalModel::Poisson { seed: 1 },
+        ArrivalModel::Poisson { seed: 7 },
+    ] {
+        let sim = |extra: &str| {
+            Simulator::new(config(extra), None)
+                .unwrap()
+                .run_profile_all(&flash_sale(), model)
+                .unwrap()
+        };
+        let (cut, never) = (sim(""), sim(NEVER_CUTS));
+        let (s, alone) = (&cut.routes[0].summary, &never.routes[0].summary);
+        assert!(!s.cuts.is_empty() && alone.cuts.is_empty(), "{model}");
+        assert!(s.rejected > alone.rejected, "{model}: the cut rejects more");
+        assert_eq!(s.rejected_without_cuts, Some(alone.rejected), "{model}");
+        assert_eq!(cut.summary.rejected_without_cuts, Some(alone.rejected));
+        // Without a cut, the route rejects what it rejects without cuts.
+        assert_eq!(alone.rejected_without_cuts, Some(alone.rejected), "{model}");
+        assert_eq!(never.summary.rejected_without_cuts, Some(alone.rejected));
+    }
+}
+
+/// A route in a shadow mode enforces no cut: it has no rejections without cuts, nor
+/// has the run, when it is the only route.
+#[test]
+fn a_shadow_route_has_no_rejections_without_cuts() {
+    for mode in ["shadow", "shadow_adaptive"] {
+        let run = run(
+            &format!("mode = \"{mode}\""),
+            &SALE,
+            ArrivalModel::Poisson { seed: 3 },
+        );
+        let s = &run.routes[0].summary;
+        assert!(!s.cuts.is_empty(), "{mode}");
+        assert_eq!(s.rejected_without_cuts, None, "{mode}");
+        assert_eq!(run.summary.rejected_without_cuts, None, "{mode}");
+    }
+}
+
+/// An access log of 60 s from 27/Nov/2026:20:00:00 +0000: `per_client(s)` requests a
+/// second from each of three clients to `path`.
+fn three_client_log(path: &str, per_client: impl Fn(u64) -> u64) -> String {
+    let mut text = String::new();
+    for s in 0..60 {
+        for i in 0..per_client(s) {
+            for client in ["192.0.2.1", "192.0.2.2", "2001:db8::7"] {
+                text.push_str(&format!(
+                    "{client} - - [27/Nov/2026:20:{:02}:{:02} +0000] \"POST {path}?n={i} HTTP/1.1\" 201 9\n",
+                    s / 60,
+                    s % 60
+                ));
+            }
+        }
+    }
+    text
+}
+
+/// `log` replayed (with `seed`) through a config of one route `r` taking every path,
+/// with `extra` TOML lines of the route.
+fn replay(extra: &str, log: &str, seed: Option<u64>) -> SimRun {
+    use rocgate::sim::{LogOptions, LogReader, Spread};
+    let config = config(extra);
+    let mut options = LogOptions::default();
+    options.spread = Spread::from_seed(seed);
+    let mut reader = LogReader::new(&config, options).unwrap();
+    reader.read("sale.log", log.as_bytes()).unwrap();
+    let log = reader.finish().unwrap();
+    Simulator::for_routes(config, &["r"])
+        .unwrap()
+        .replay(&log)
+        .unwrap()
+}
+
+/// The same on a route partitioned by client IP, each key cut, and on a route whose
+/// scheduled event raises its base limit during the sale: the rejections without
+/// cuts are those of the route that cannot cut, replayed from the same log.
+#[test]
+fn rejections_without_cuts_hold_for_keys_and_scheduled_events() {
+    let sale = three_client_log(
+        "/api/order",
+        |s| if (20..40).contains(&s) { 250 } else { 15 },
+    );
+    // 20:00:30 to 20:00:40 UTC: the second half of the sale.
+    let event = "[[routes.events]]\nname = \"flash\"\n\
+                 start = \"2026-11-27T20:00:30Z\"\nduration = \"10s\"\nbase_limit = 400\n";
+    let cases = [
+        ("partition = \"ip\"", ""),
+        ("", event),
+        ("partition = \"ip\"", event),
+    ];
+    for (partition, event) in cases {
+        for seed in [None, Some(5)] {
+            let extra = |more: &str| format!("{partition}\n{more}\n{event}");
+            let cut = replay(&extra(""), &sale, seed);
+            let never = replay(&extra(NEVER_CUTS), &sale, seed);
+            let (s, alone) = (&cut.routes[0].summary, &never.routes[0].summary);
+            let case = format!("{partition:?}, {event:?}, seed {seed:?}");
+            assert!(!s.cuts.is_empty() && alone.cuts.is_empty(), "{case}");
+            assert!(s.rejected > alone.rejected, "{case}: the cuts reject more");
+            assert_eq!(s.rejected_without_cuts, Some(alone.rejected), "{case}");
+            assert_eq!(alone.rejected_without_cuts, Some(alone.rejected), "{case}");
+        }
+    }
+}
+
+/// A key idle from before an event raised its base limit until after a cut: without
+/// cuts it comes back to the raised limit, its bucket refilled at it since the event
+/// began, and takes a burst whole. A twin in `shadow_adaptive` (which enforces the
+/// base limit and counts the cut beside it) rejected most of the burst: its keys
+/// take a change of the base limit dated at the controller's last change, a cut's
+/// step after the event too, and the idle key had refilled at the old base until then.
+#[test]
+fn a_key_idle_across_an_events_raise_and_a_cut_comes_back_to_the_raised_limit() {
+    use rocgate::clock::Nanos;
+    use rocgate::sim::Request;
+    let extra = |more: &str| {
+        format!(
+            "partition = \"ip\"\nbase_limit = 50\ncut_limit = 10\n{more}\n\
+             [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:10Z\"\n\
+             duration = \"40s\"\nbase_limit = 400\n"
+        )
+    };
+    let client = |net: u8, n: u64| Some(format!("10.0.{net}.{}", n % 200).parse().unwrap());
+    let ns = Nanos::new;
+    // 20 req/s all along, and 2,000 req/s from 12 s to 14 s, over many clients: cuts.
+    let mut requests: Vec<Request> = (0..1200u64)
+        .map(|i| Request {
+            at: ns(i * 50_000_000),
+            route: 0,
+            client: client(1, i),
+        })
+        .chain((0..4000u64).map(|i| Request {
+            at: ns(12_000_000_000 + i * 500_000),
+            route: 0,
+            client: client(2, i),
+        }))
+        .collect();
+    // One client: a request at 1 s, then 300 in 30 ms from 25.05 s, during the cuts.
+    let a = "192.0.2.9".parse().ok();
+    requests.push(Request {
+        at: ns(1_000_000_000),
+        route: 0,
+        client: a,
+    });
+    requests.extend((0..300u64).map(|i| Request {
+        at: ns(25_050_000_000 + i * 100_000),
+        route: 0,
+        client: a,
+    }));
+    requests.sort_by_key(|r| r.at);
+    let run = |more: &str| {
+        Simulator::new(config(&extra(more)), None)
+            .unwrap()
+            .run_requests(requests.clone(), std::time::Duration::from_secs(60))
+            .unwrap()
+    };
+    let (cut, never) = (run(""), run(NEVER_CUTS));
+    let (s, alone) = (&cut.routes[0].summary, &never.routes[0].summary);
+    assert!(s.cuts.len() >= 2 && alone.cuts.is_empty(), "{:?}", s.cuts);
+    assert_eq!(alone.rejected, 0, "without cuts the burst is taken whole");
+    assert!(
+        s.rejected > 200,
+        "the cuts reject the burst: {}",
+        s.rejected
+    );
+    assert_eq!(s.rejected_without_cuts, Some(0));
+}

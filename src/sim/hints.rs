@@ -254,6 +254,7 @@ mod tests {
                 offered: 0,
                 admitted: 0,
                 rejected: 0,
+                rejected_without_cuts: None,
                 rejected_by_reason: Default::default(),
                 shadow_rejected: 0,
                 shadow_rejected_by_reason: Default::default(),

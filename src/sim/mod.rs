@@ -115,6 +115,7 @@
 //! | `duration_s` | length of the run |
 //! | `capacity_rps` | the capacity modelled, or `null` |
 //! | `offered`, `admitted`, `rejected`, `shadow_rejected` | all routes together |
+//! | `rejected_without_cuts` | what all routes together would have rejected had no route enforced a cut: each `enforce` route's own (below), the others' `rejected`; `null` when no route is in `enforce` mode |
 //! | `overload` | admitted requests above the capacity |
 //! | `overload_s` | whole seconds in which more than the capacity was admitted |
 //! | `cut_count`, `first_cut_s`, `time_in_cut_s` | cuts of all routes, the earliest (or `null`), time in cut summed over routes |
@@ -130,6 +131,7 @@
 //! | `start_unix_s`, `duration_s`, `slot_s` | as above, and the route's slot |
 //! | `offered`, `admitted`, `rejected` | request counts over the run |
 //! | `rejected_by_reason` | `{limit, roc_cut, concurrency, queue_full, fallback_local}` |
+//! | `rejected_without_cuts` | `enforce` routes: what the route rejects on the same arrivals with a controller that never cuts, by its base limit alone (an event's while one is active), counted by a second engine beside the run's; `rejected` less this is what the cuts themselves rejected (every refusal during a cut counts as `roc_cut`, those the base limit would have made too). Equal to `rejected` on a route that never cut; `null` on a route in a shadow mode |
 //! | `shadow_rejected`, `shadow_rejected_by_reason` | shadow modes: what would have been rejected |
 //! | `overload` | this route's admitted requests above the capacity |
 //! | `cuts` | every cut: `{t_s, from, to, roc, limit_rps}` |

@@ -116,6 +116,8 @@ pub struct Simulator {
     routes: Vec<usize>,
     wall_start: Option<SystemTime>,
     capacity_rps: Option<u64>,
+    /// Whether a run counts what its `enforce` routes reject without their cuts.
+    without_cuts: bool,
 }
 
 impl Simulator {
@@ -166,6 +168,7 @@ impl Simulator {
             routes,
             wall_start: None,
             capacity_rps: None,
+            without_cuts: true,
         })
     }
 
@@ -180,6 +183,15 @@ impl Simulator {
     /// requests after the first `rps` count as overload.
     pub fn capacity(mut self, rps: u64) -> Self {
         self.capacity_rps = Some(rps);
+        self
+    }
+
+    /// Whether a run counts, for each recorded route in `enforce` mode, what it rejects
+    /// without its cuts ([`Summary::rejected_without_cuts`]); on by default. Counting
+    /// decides every arrival on such a route a second time, in a twin engine whose
+    /// controllers never cut, beside the run's own.
+    pub fn count_without_cuts(mut self, on: bool) -> Self {
+        self.without_cuts = on;
         self
     }
 
@@ -347,6 +359,7 @@ impl Simulator {
             .iter()
             .filter_map(|&(route, _, _)| engine.route_at(route))
             .collect();
+        let twin = self.twin(wall_start)?;
         let mut recorders: Vec<Recorder<'_>> = plans
             .iter()
             .zip(&ids)
@@ -355,7 +368,15 @@ impl Simulator {
                     self.config.routes.get(route).map(|r| &r.partition),
                     Some(Partition::ClientIp(_))
                 );
-                Recorder::new(&engine, id, by_ip, slot_ns, slots)
+                let twin = twin.as_ref().and_then(|(twin, routes)| {
+                    let id = routes.contains(&route).then(|| twin.route_at(route))??;
+                    Some(Twin {
+                        engine: twin,
+                        route: id,
+                        rejected: 0,
+                    })
+                });
+                Recorder::new(&engine, id, by_ip, slot_ns, slots, twin)
             })
             .collect();
         let mut load = Load::new(self.capacity_rps);
@@ -379,7 +400,10 @@ impl Simulator {
         let (series, grids): (Vec<Vec<SlotRow>>, Vec<_>) = recorders
             .into_iter()
             .zip(&plans)
-            .map(|(rec, &(_, _, slots))| rec.finish(slots))
+            .map(|(rec, &(_, _, slots))| {
+                let (rows, grid, without_cuts) = rec.finish(slots);
+                (rows, (grid, without_cuts))
+            })
             .unzip();
         let snaps: Vec<_> = ids
             .iter()
@@ -400,10 +424,10 @@ impl Simulator {
             .zip(by_route)
             .zip(&plans)
             .map(
-                |((((series, grid), snap), transitions), &(_, slot_ns, _))| {
+                |((((series, (grid, without_cuts)), snap), transitions), &(_, slot_ns, _))| {
                     let peaks =
                         grid.map(|(offered, admitted)| (offered.finish(end), admitted.finish(end)));
-                    let summary = summarize(
+                    let mut summary = summarize(
                         snap,
                         &series,
                         peaks,
@@ -412,12 +436,50 @@ impl Simulator {
                         start_unix_s,
                         end,
                     );
+                    summary.rejected_without_cuts = without_cuts;
                     SimResult { summary, series }
                 },
             )
             .collect();
         let summary = load.finish(&routes, self.capacity_rps, start_unix_s, end);
         Ok(SimRun { summary, routes })
+    }
+
+    /// The twin engine of a run that counts what its routes reject without their cuts
+    /// ([`Simulator::count_without_cuts`]), and the routes it counts (indices in the
+    /// configuration): the recorded routes in `enforce` mode, whose controllers never
+    /// cut there (no window sample ever holds the requests a cut needs: `min_samples` is
+    /// `u64::MAX`, in their events' profiles too), so that they enforce their base
+    /// limit (an event's, while one is active) and nothing else. `None` when no
+    /// recorded route is in `enforce` mode: a shadow mode enforces no cut.
+    ///
+    /// Not `shadow_adaptive`, which enforces the base limit and counts the cut beside
+    /// it: its keys take a change of the base limit (an event's) dated at the
+    /// controller's last change of limit, a cut's step after it too, and a key idle
+    /// across both refilled at the old base in between, rejecting what the route
+    /// without cuts admits.
+    fn twin(&self, wall_start: SystemTime) -> Result<Option<(Engine, Vec<usize>)>, SimError> {
+        if !self.without_cuts {
+            return Ok(None);
+        }
+        let mut config = self.config.clone();
+        let mut counted = Vec::new();
+        for &i in &self.routes {
+            if let Some(route) = config.routes.get_mut(i).filter(|r| r.mode == Mode::Enforce) {
+                route.controller.min_samples = u64::MAX;
+                for event in &mut route.events {
+                    event.controller.min_samples = u64::MAX;
+                }
+                counted.push(i);
+            }
+        }
+        if counted.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((
+            Engine::new(&config, Nanos::ZERO, wall_start)?,
+            counted,
+        )))
     }
 }
 
@@ -456,6 +518,7 @@ fn summarize(
         offered: snap.offered,
         admitted: snap.admitted,
         rejected: rejected_by_reason.total(),
+        rejected_without_cuts: None,
         rejected_by_reason,
         shadow_rejected: shadow_rejected_by_reason.total(),
         shadow_rejected_by_reason,
@@ -638,6 +701,10 @@ impl Load {
     ) -> RunSummary {
         let (peak_admitted_1s, peak_admitted_1s_at_s) = self.peak.finish(end);
         let sum = |f: fn(&Summary) -> u64| routes.iter().map(|r| f(&r.summary)).sum::<u64>();
+        let rejected_without_cuts = routes
+            .iter()
+            .any(|r| r.summary.rejected_without_cuts.is_some())
+            .then(|| sum(|s| s.rejected_without_cuts.unwrap_or(s.rejected)));
         let first_cut_s = routes
             .iter()
             .filter_map(|r| r.summary.first_cut_s)
@@ -649,6 +716,7 @@ impl Load {
             offered: sum(|s| s.offered),
             admitted: sum(|s| s.admitted),
             rejected: sum(|s| s.rejected),
+            rejected_without_cuts,
             shadow_rejected: sum(|s| s.shadow_rejected),
             overload: self.overload,
             overload_s: self.overload_s,
@@ -680,13 +748,32 @@ struct Recorder<'e> {
     /// when slots are longer than 100 ms or 1 s is not a whole number of them (whole
     /// slots would slide too coarsely: by 1 s, only the aligned seconds).
     grid: Option<(Peak, Peak)>,
+    /// The route in the twin engine, when the run counts what it rejects without its
+    /// cuts (see `Simulator::twin`).
+    twin: Option<Twin<'e>>,
+}
+
+/// A route of the twin engine, which decides each of the route's arrivals too.
+struct Twin<'e> {
+    engine: &'e Engine,
+    route: RouteId,
+    /// Arrivals the twin rejected.
+    rejected: u64,
 }
 
 impl<'e> Recorder<'e> {
-    fn new(engine: &'e Engine, route: RouteId, by_ip: bool, slot_ns: u64, slots: u64) -> Self {
+    fn new(
+        engine: &'e Engine,
+        route: RouteId,
+        by_ip: bool,
+        slot_ns: u64,
+        slots: u64,
+        twin: Option<Twin<'e>>,
+    ) -> Self {
         Recorder {
             engine,
             route,
+            twin,
             by_ip,
             slot_ns,
             boundary: slot_ns,
@@ -710,6 +797,11 @@ impl<'e> Recorder<'e> {
             _ => Key::None,
         };
         let decision = self.engine.check(self.route, key, t);
+        if let Some(twin) = &mut self.twin {
+            if !twin.engine.check(twin.route, key, t).is_admit() {
+                twin.rejected += 1;
+            }
+        }
         if let Some((offered, admitted)) = &mut self.grid {
             offered.add(t.as_u64());
             if decision.is_admit() {
@@ -730,12 +822,15 @@ impl<'e> Recorder<'e> {
 
     /// Snapshots the engine at the slot's end (before any later arrival is decided)
     /// and starts the next slot. A slot without arrivals steps the controller at its
-    /// start first, as its first arrival would have.
+    /// start first, as its first arrival would have, in the twin too.
     #[cold]
     fn close(&mut self) {
         if self.row.offered == 0 {
-            let start = self.boundary.saturating_sub(self.slot_ns);
-            self.engine.catch_up(self.route, Nanos::new(start));
+            let start = Nanos::new(self.boundary.saturating_sub(self.slot_ns));
+            self.engine.catch_up(self.route, start);
+            if let Some(twin) = &self.twin {
+                twin.engine.catch_up(twin.route, start);
+            }
         }
         let next = SlotRow::empty(Nanos::new(self.boundary).as_secs_f64());
         let row = std::mem::replace(&mut self.row, next);
@@ -769,12 +864,13 @@ impl<'e> Recorder<'e> {
         self.boundary = self.boundary.saturating_add(self.slot_ns);
     }
 
-    /// The route's rows, and its busiest seconds on the 100 ms grid if it kept them.
-    fn finish(mut self, slots: u64) -> (Vec<SlotRow>, Option<(Peak, Peak)>) {
+    /// The route's rows, its busiest seconds on the 100 ms grid if it kept them, and
+    /// what its twin rejected, if it has one.
+    fn finish(mut self, slots: u64) -> (Vec<SlotRow>, Option<(Peak, Peak)>, Option<u64>) {
         while (self.rows.len() as u64) < slots {
             self.close();
         }
-        (self.rows, self.grid)
+        (self.rows, self.grid, self.twin.map(|t| t.rejected))
     }
 }
 
@@ -950,6 +1046,16 @@ pub struct Summary {
     pub admitted: u64,
     /// Requests rejected, all reasons.
     pub rejected: u64,
+    /// `enforce` routes: requests the route rejects on the same arrivals when its
+    /// controller never cuts (by its base limit alone, an event's while one is
+    /// active); equal to `rejected` on a route that never cut. While a cut holds,
+    /// every refusal counts as `roc_cut`, those the base limit would have made too:
+    /// `rejected` less this is what the cuts themselves rejected (below zero, should
+    /// a cut leave a limiter fuller afterwards than the base limit alone would have).
+    /// The arrivals are the same: clients are taken to send what they sent, refused
+    /// or not. `None` for routes in a shadow mode, which enforce no cut, and in runs
+    /// that do not count it ([`Simulator::count_without_cuts`], sweeps).
+    pub rejected_without_cuts: Option<u64>,
     /// Requests rejected, by reason.
     pub rejected_by_reason: ReasonCounts,
     /// Shadow modes: requests admitted that would have been rejected.
@@ -992,6 +1098,10 @@ pub struct RunSummary {
     pub admitted: u64,
     /// Requests rejected.
     pub rejected: u64,
+    /// Requests rejected had no route enforced its cuts: the routes'
+    /// [`Summary::rejected_without_cuts`], or `rejected` where that is `None`; `None`
+    /// when no route has it.
+    pub rejected_without_cuts: Option<u64>,
     /// Shadow modes: requests admitted that would have been rejected.
     pub shadow_rejected: u64,
     /// Admitted requests above the capacity.

@@ -442,7 +442,8 @@ impl Sweep {
                             problem,
                         })?;
                 }
-                Ok((values, base.with_config(config)))
+                // A sweep's rows show no rejections without cuts: not counted.
+                Ok((values, base.with_config(config).count_without_cuts(false)))
             })
             .collect()
     }
