@@ -191,6 +191,60 @@ fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
     assert_eq!(chart_size(&out_dir), (1200, 560));
 }
 
+/// The flash sale's cut is set apart from the base limit: a line says what the base
+/// limit alone rejects, and summary.json holds it, for the route and the run.
+#[test]
+fn flash_sale_says_what_the_base_limit_alone_rejects() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let stdout = succeeded(&simulate_to(&out_dir, &["--scenario", "flash-sale"]));
+    let summary = summary_in(&out_dir);
+    let route = &summary["routes"][0];
+    let offered = route["offered"].as_u64().unwrap();
+    let rejected = route["rejected"].as_u64().unwrap();
+    let without = route["rejected_without_cuts"].as_u64().unwrap();
+    assert!(0 < without && without < rejected, "{summary}");
+    assert_eq!(summary["rejected_without_cuts"], without);
+    let pct = |n: u64| 100.0 * n as f64 / offered as f64;
+    let line = format!(
+        "without cuts  {without:>8}  {:5.1}%  rejected by the base limit alone; the cuts' own {}, {:.1}%",
+        pct(without),
+        rejected - without,
+        pct(rejected - without)
+    );
+    assert!(stdout.contains(&line), "{line}\n{stdout}");
+    // The line comes after the reasons, before the peak.
+    let at = |what: &str| stdout.find(what).unwrap();
+    assert!(at("  roc_cut") < at("without cuts") && at("without cuts") < at("peak admitted"));
+}
+
+/// A shadow route enforces no cut: no line, and the field is `null`.
+#[test]
+fn a_shadow_route_says_nothing_of_rejections_without_cuts() {
+    let (dir, config) = file(
+        "shadow.toml",
+        "[[routes]]\nname = \"order\"\npath_prefix = \"/\"\nmode = \"shadow_adaptive\"\n",
+    );
+    let out_dir = dir.path().join("run");
+    let stdout = succeeded(&simulate_to(
+        &out_dir,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--scenario",
+            "flash-sale",
+        ],
+    ));
+    assert!(stdout.contains("normal → cut"), "{stdout}");
+    assert!(!stdout.contains("without cuts"), "{stdout}");
+    let summary = summary_in(&out_dir);
+    assert_eq!(
+        summary["routes"][0]["rejected_without_cuts"],
+        serde_json::Value::Null
+    );
+    assert_eq!(summary["rejected_without_cuts"], serde_json::Value::Null);
+}
+
 /// Output that cannot be written (a full disk) fails the command: `simulate >
 /// /dev/full` exited 0 with nothing written. A reader gone (`| head -1`) is no failure.
 #[cfg(target_os = "linux")]
@@ -612,6 +666,25 @@ fn an_access_log_replays_every_route_it_reaches() {
         .map(|r| r["route"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["order", "default"]);
+    // Both routes enforce: the run's rejections without cuts are theirs together,
+    // and the line of all routes gives them beside the rejections.
+    let without: u64 = summary["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rejected_without_cuts"].as_u64().unwrap())
+        .sum();
+    assert_eq!(summary["rejected_without_cuts"], without);
+    let offered = summary["offered"].as_u64().unwrap();
+    let all = format!(
+        ", {without} ({:.1}%) without cuts, 1 cut(s)",
+        100.0 * without as f64 / offered as f64
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("all routes"))
+        .unwrap();
+    assert!(line.contains(&all), "{all}\n{line}");
     let csv = std::fs::read_to_string(out_dir.join("timeseries.csv")).unwrap();
     assert_eq!(csv.lines().filter(|l| l.starts_with("order,")).count(), 600);
     assert_eq!(

@@ -691,10 +691,21 @@ fn render(run: &SimRun, label: &str) -> String {
     }
     let pct = |n: u64| 100.0 * n as f64 / t.offered.max(1) as f64;
     if run.routes.len() > 1 {
+        // Besides the rejections, those without cuts, when a route's line gave them.
+        let without_cuts = t
+            .rejected_without_cuts
+            .filter(|_| {
+                run.routes
+                    .iter()
+                    .any(|r| cuts_set_apart(&r.summary).is_some())
+            })
+            .map_or_else(String::new, |n| {
+                format!(", {n} ({:.1}%) without cuts", pct(n))
+            });
         line(
             &mut out,
             format_args!(
-                "all routes    offered {}, admitted {} ({:.1}%), rejected {} ({:.1}%), {} cut(s); peak admitted {} in 1 s from {:.1} s",
+                "all routes    offered {}, admitted {} ({:.1}%), rejected {} ({:.1}%){without_cuts}, {} cut(s); peak admitted {} in 1 s from {:.1} s",
                 t.offered,
                 t.admitted,
                 pct(t.admitted),
@@ -795,6 +806,24 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
         );
         by_reason(out, &s.shadow_rejected_by_reason);
     }
+    if let Some(without) = cuts_set_apart(s) {
+        // What the cuts themselves rejected: below zero, should a cut have let through
+        // afterwards more than the base limit alone would have.
+        let own = i128::from(s.rejected) - i128::from(without);
+        let share = 100.0 * own as f64 / s.offered.max(1) as f64;
+        let what = if own >= 0 {
+            "the cuts' own"
+        } else {
+            "difference"
+        };
+        line(
+            out,
+            format_args!(
+                "without cuts  {without:>8}  {:5.1}%  rejected by the base limit alone; {what} {own}, {share:.1}%",
+                pct(without)
+            ),
+        );
+    }
     if several && s.overload > 0 {
         line(
             out,
@@ -808,6 +837,14 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
             s.peak_admitted_1s, s.peak_admitted_1s_at_s, s.peak_offered_1s
         ),
     );
+}
+
+/// What an `enforce` route that cut rejects without its cuts, which its summary sets
+/// apart from what it rejected; `None` for a route that never cut (the two are the
+/// same), and for one that enforces no cut.
+fn cuts_set_apart(s: &Summary) -> Option<u64> {
+    s.rejected_without_cuts
+        .filter(|_| s.mode == Mode::Enforce && !s.cuts.is_empty())
 }
 
 /// The sweep as a table, one line per run.
@@ -908,5 +945,57 @@ fn wall_clock(unix_s: f64) -> String {
             humantime::format_rfc3339_millis(UNIX_EPOCH + d).to_string()
         }
         _ => format!("unix {unix_s} s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocgate::config::{RouteConfig, RouteMatch};
+
+    /// The flash sale's summary of route `order` (which cuts) in `mode`.
+    fn flash_sale(mode: Mode) -> Summary {
+        let mut route = RouteConfig::new("order", RouteMatch::any());
+        route.mode = mode;
+        let sim = Simulator::new(Config::new(vec![route]), None).unwrap();
+        let run = sim
+            .run_profile(&Scenario::FlashSale.profile(), ArrivalModel::Uniform)
+            .unwrap();
+        run.summary
+    }
+
+    fn without_cuts_line(s: &Summary) -> Option<String> {
+        let mut out = String::new();
+        render_route(&mut out, s, false);
+        out.lines()
+            .find(|l| l.starts_with("without cuts"))
+            .map(str::to_owned)
+    }
+
+    /// The cuts' own rejections below zero are said as a difference, not saturated.
+    #[test]
+    fn rejections_without_cuts_above_the_runs_read_as_a_difference() {
+        let mut s = flash_sale(Mode::Enforce);
+        s.rejected_without_cuts = Some(s.rejected + 164);
+        let line = without_cuts_line(&s).unwrap();
+        assert!(
+            line.ends_with("rejected by the base limit alone; difference -164, -1.0%"),
+            "{line}"
+        );
+    }
+
+    /// No line for a route that never cut (its rejections are those without cuts)
+    /// nor for a route in a shadow mode.
+    #[test]
+    fn only_an_enforce_route_that_cut_sets_its_cuts_apart() {
+        let mut s = flash_sale(Mode::Enforce);
+        assert!(without_cuts_line(&s).is_some());
+        s.cuts.clear();
+        assert_eq!(without_cuts_line(&s), None);
+        for mode in [Mode::Shadow, Mode::ShadowAdaptive] {
+            let s = flash_sale(mode);
+            assert!(!s.cuts.is_empty());
+            assert_eq!(without_cuts_line(&s), None, "{mode:?}");
+        }
     }
 }
