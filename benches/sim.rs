@@ -8,7 +8,9 @@
 //! - `profile_hour_1000rps`: `Simulator::run_profile_all` over an hour at 1,000 req/s
 //!   (3.6 M requests), uniform and Poisson arrivals, with a capacity; against
 //!   `engine_only`, the same arrivals sent to `Engine::check` with nothing recorded: the
-//!   simulator's own cost is the difference.
+//!   simulator's own cost is the difference (its second engine included, which decides
+//!   every arrival of an `enforce` route again to count what it rejects without cuts:
+//!   `Simulator::count_without_cuts`).
 //! - `log_10min_1000rps`: an access log of 10 minutes at 1,000 req/s on two routes
 //!   (600 k lines, built in memory): `parse` reads it into an `AccessLog`
 //!   (throughput: lines), `replay` runs it (throughput: requests).
