@@ -2619,6 +2619,163 @@ async fn debit_through_rebuilds(prefix: &str, bursts: &[u64]) {
     assert_debited(&server, prefix, capacity, in_fallback, 8.0);
 }
 
+/// What `inst`'s view of its route `order` says: shared, or in fallback.
+fn route_mode(inst: &Instance) -> StoreMode {
+    inst.store.view("order").unwrap().mode
+}
+
+/// A route that fell back while Redis was away and then gets no request (idle) is
+/// probed by the heartbeat once its probe is due: the answer puts it back on the
+/// shared state, and the instance with it (`GET /admin/store`'s `mode`,
+/// `rocgate_store_mode`, the `RocgateStoreFallback` alert), in exact and in batched
+/// mode. A beat before the probe is due sends none. (A route's mode changed on its own
+/// decisions only: an idle route stayed `fallback_local`, and the instance with it,
+/// until its next request; 6 minutes on a live serve whose heartbeat reached Redis.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_route_in_fallback_is_back_on_the_shared_state_at_a_beat() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    for mode in [SyncMode::Exact, SyncMode::Batched] {
+        let mut config = hand_beaten_config(&server, &format!("idle-{mode:?}"));
+        config.mode = mode;
+        // Longer than the seconds `until_fallback` moves the clock on.
+        config.probe_interval = Duration::from_secs(10);
+        let (a, clock) = Instance::manual(&route(100.0, Duration::from_secs(1)), &config);
+        beat_answered(&a.store).await;
+        assert!(a.check().await.is_admit());
+        server.kill();
+        until_fallback(&a, &clock).await;
+        assert_eq!(a.store.mode(), StoreMode::Fallback, "{mode:?}");
+        server.restart().await;
+        beat_answered(&a.store).await;
+        assert_eq!(
+            route_mode(&a),
+            StoreMode::Fallback,
+            "{mode:?}: a beat before the probe is due"
+        );
+        assert_eq!(a.store.mode(), StoreMode::Fallback, "{mode:?}");
+        clock.advance(config.probe_interval);
+        assert!(a.store.beat().await.is_some(), "{mode:?}");
+        assert_eq!(
+            route_mode(&a),
+            StoreMode::Shared,
+            "{mode:?}: the beat's probe"
+        );
+        assert_eq!(a.store.mode(), StoreMode::Shared, "{mode:?}");
+    }
+}
+
+/// Exact mode: the first decision after the heartbeat's probe put an idle route back
+/// on the shared state says that the shared window missed the decisions taken locally
+/// (`DECIDE`'s `ARGV[9]`: the stored `through` is dropped, and the shared controller
+/// rearmed for one window, as after a decision's probe), and debits from the shared
+/// bucket what the route admitted in fallback. (Shared again through the beat, the
+/// route's next call said no gap: the controller stepped on, the gap read as a fall.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_decision_after_a_beats_probe_says_the_gap_and_pays_the_debit() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let config = hand_beaten_config(&server, "probed");
+    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
+    let (a, clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
+    beat_answered(&a.store).await;
+    assert!(a.check().await.is_admit());
+    let (slot_us, slots): (u64, u64) = hmget(
+        &mut server.connection().unwrap(),
+        "{probed:order}:c",
+        ("slot_us", "slots"),
+    );
+    server.kill();
+    let in_fallback = into_fallback(&a, 40).await;
+    server.restart().await;
+    beat_answered(&a.store).await;
+    clock.advance(config.probe_interval);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(route_mode(&a), StoreMode::Shared, "the beat's probe");
+    // Redis restarted empty: the shared controller as stepped through the slot before
+    // Redis's now, on the route's window, armed long ago.
+    let mut conn = server.connection().unwrap();
+    let slot = redis_time_us(&mut conn) / slot_us;
+    hset(
+        &mut conn,
+        "{probed:order}:c",
+        (
+            &["limit", "1", "state", "0", "roc", "0"][..],
+            ("through", slot - 1),
+            ("entered", 0),
+            ("armed", 0),
+            ("slot_us", slot_us),
+            ("slots", slots),
+        ),
+    );
+    assert!(a.check().await.is_admit());
+    let through: Option<u64> = hget(&mut conn, "{probed:order}:c", "through");
+    assert_eq!(
+        through, None,
+        "the decision said the window missed arrivals"
+    );
+    // The bucket was created full (100) by that decision, debited, and took its token.
+    assert_debited(&server, "probed", 100.0, in_fallback, 1.0);
+}
+
+/// A heartbeat's probe that Redis refuses (the route's keys are outside the instance's
+/// ACL, the heartbeat's key inside it) leaves the route in fallback, and its next
+/// probe, a decision's or a beat's, a whole `probe_interval` later: a decision right
+/// after is taken locally, though Redis would now answer it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_beats_probe_refused_waits_a_whole_interval_for_the_next() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start_with(&[
+        "--user",
+        "fleet",
+        "on",
+        ">s3cret",
+        "~{refused}:instances",
+        "+@all",
+    ])
+    .await;
+    let mut config = hand_beaten_config(&server, "refused");
+    config.servers =
+        RedisServers::Single(format!("redis://fleet:s3cret@127.0.0.1:{}", server.port));
+    let (a, clock) = Instance::manual(&route(100.0, Duration::from_secs(1)), &config);
+    beat_answered(&a.store).await;
+    into_fallback(&a, 0).await;
+    assert_eq!(
+        a.store.fallback_decisions(),
+        3,
+        "refused on the route's keys"
+    );
+    clock.advance(config.probe_interval);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(
+        route_mode(&a),
+        StoreMode::Fallback,
+        "the beat's probe, refused"
+    );
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "fleet", "~*"])
+        .query(&mut server.connection().unwrap())
+        .unwrap();
+    assert!(a.check().await.is_admit());
+    assert_eq!(
+        route_mode(&a),
+        StoreMode::Fallback,
+        "a decision in the interval of the beat's probe"
+    );
+    assert_eq!(a.store.fallback_decisions(), 4);
+    clock.advance(config.probe_interval - Duration::from_nanos(1));
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(
+        route_mode(&a),
+        StoreMode::Fallback,
+        "a beat in that interval"
+    );
+    clock.advance(Duration::from_nanos(1));
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(route_mode(&a), StoreMode::Shared, "the next beat's probe");
+    assert_eq!(a.store.mode(), StoreMode::Shared);
+}
+
 /// `GET /admin/store`'s `mode` is the breakers': a decision that fell back on one
 /// failure of fewer than `failures_to_open` in a row counts in `fallback_decisions`
 /// and leaves the instance `shared`.
@@ -3606,6 +3763,53 @@ async fn the_store_mode_gauge_stays_fallback_while_a_rebuilt_route_is_in_fallbac
     let text = get(&mut admin, "/metrics").await;
     assert!(text.contains(fallback), "{text}");
 
+    proxy.stop().await;
+}
+
+/// `rocgate serve` (a heartbeat every 200 ms): a route that fell back while Redis was
+/// away, and gets no request after, is back on the shared state once Redis answers
+/// again, through the heartbeat's probe, and `rocgate_store_mode` with it: the
+/// `RocgateStoreFallback` alert clears with no request on the route. (The route, and
+/// the instance, stayed `fallback_local` until its next request.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_mode_gauge_clears_with_no_request_once_redis_is_back() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let proxy = Served::on_redis(
+        route(100.0, Duration::from_secs(1)),
+        store_config(&server, "idle-gauge"),
+    )
+    .await;
+    let mut client = http1::connect(proxy.addr).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    assert_eq!(post_order(&mut client).await, (200, None));
+    server.kill();
+    for _ in 0..3 {
+        assert_eq!(post_order(&mut client).await, (200, None));
+    }
+    let text = get(&mut admin, "/metrics").await;
+    assert!(
+        text.contains("rocgate_store_mode{mode=\"fallback_local\"} 1"),
+        "{text}"
+    );
+    server.restart().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = get(&mut admin, "/metrics").await;
+        if text.contains("rocgate_store_mode{mode=\"shared\"} 1") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still in fallback 5 s after Redis came back: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+    assert_eq!(store["mode"], "shared", "{store}");
+    assert_eq!(store["routes"]["order"]["mode"], "shared", "{store}");
+    assert_eq!(store["fallback_decisions"], 3, "no request since: {store}");
     proxy.stop().await;
 }
 /// A decision in flight when a reload drops its route, and that fails afterwards,

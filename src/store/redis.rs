@@ -37,10 +37,13 @@
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
 //! instances last seen), or by `fail_mode`. Each route has a [`Breaker`]: it stops
 //! calling Redis for that route after `failures_to_open` failures in a row and lets
-//! one decision probe it per `probe_interval`; the first answer returns the route to
-//! shared state, its controller rearmed for one window (the decisions taken locally
-//! meanwhile are missing from the shared window: see [`DECIDE`]'s `ARGV[9]`). On a
-//! cluster a dead master thus sends only the routes it holds to fallback. The
+//! one call probe it per `probe_interval`: a decision's, or the heartbeat's (an
+//! `EXISTS` on one of the route's keys, so that a route with no traffic comes back
+//! too, about one heartbeat after its probe is due; on one server only after a beat
+//! that reached it). The first answer returns the route to shared state, its
+//! controller rearmed for one window by the route's next call (the decisions taken
+//! locally meanwhile are missing from the shared window: see [`DECIDE`]'s `ARGV[9]`).
+//! On a cluster a dead master thus sends only the routes it holds to fallback. The
 //! instance counts as in fallback while any route is. A heartbeat that
 //! Redis does not answer within `timeout` replaces the connection (one server), which
 //! could otherwise have gone dark, silent and never erring, for minutes. On a cluster,
@@ -148,8 +151,9 @@ use std::time::Duration;
 ///   reached Redis; absent means 0). The debit comes after the refill and never takes
 ///   the bucket below empty, where an admission of its last token leaves it.
 ///   `ARGV[9]` `1` if the window missed arrivals (the call is the probe of a route
-///   in fallback, whose decisions were taken locally, or, in batched mode, the first
-///   call since a sync of the instance failed or was skipped, whose arrivals were
+///   in fallback, whose decisions were taken locally, or the first call since the
+///   heartbeat's probe brought the route back, or, in batched mode, the first call
+///   since a sync of the instance failed or was skipped, whose arrivals were
 ///   dropped): drops `through`, as below.
 ///
 /// A call whose slot length differs from `slot_us` (a reload, or a release, changed
@@ -696,9 +700,11 @@ struct SharedRoute {
     limit_gauge: Gauge,
     /// Batched mode: arrivals since the last sync.
     pending: AtomicU64,
-    /// Batched mode: a sync's arrivals were dropped (its call failed, or the breaker
-    /// skipped it) since a call last said so: the next call says the window missed
-    /// arrivals ([`DECIDE`]'s `ARGV[9]`). Set by [`SharedRoute::miss`].
+    /// The window missed arrivals since a call last said so: the next call says it
+    /// ([`DECIDE`]'s `ARGV[9]`). Set by [`SharedRoute::miss`]: in batched mode when a
+    /// sync's arrivals were dropped (its call failed, or the breaker skipped it), and
+    /// when the heartbeat's probe ([`Inner::probe`]) brought the route back from
+    /// fallback, whose decisions were taken locally.
     missed: AtomicBool,
     /// Batched mode: the slot (on this instance's clock) of the last sync.
     synced_slot: AtomicU64,
@@ -723,10 +729,10 @@ impl SharedRoute {
         }
     }
 
-    /// Marks that the window missed arrivals of this route (a sync's, dropped): on
-    /// it, or on the one that replaced it if a reload has (a sync in flight on this
-    /// one when it was rebuilt, failing after, would otherwise leave the gap where no
-    /// call says it).
+    /// Marks that the window missed arrivals of this route (a sync's, dropped, or the
+    /// decisions taken locally in fallback): on it, or on the one that replaced it if
+    /// a reload has (a sync in flight on this one when it was rebuilt, failing after,
+    /// would otherwise leave the gap where no call says it).
     fn miss(&self) {
         // AcqRel with the move in `Inner::replaced`: whichever of the two comes
         // second in `missed`'s order sees the other (the flag set, or the successor
@@ -1189,8 +1195,9 @@ impl RedisStore {
 
     /// Forgets every route that `engine` (the one a reload just put in force) does
     /// not share: removed, or made local. A route in fallback then no longer keeps
-    /// the instance in fallback (its mode changes on its own decisions only, and it
-    /// makes none any more). `rocgate serve` calls it on each reload.
+    /// the instance in fallback (its mode changes on its own decisions and the
+    /// heartbeat's probes only, and it gets neither any more). `rocgate serve` calls
+    /// it on each reload.
     pub fn retain(&self, engine: &Engine) {
         let inner = &self.inner;
         inner.routes.retain(|name, r| {
@@ -1294,8 +1301,15 @@ impl RedisStore {
     /// Beats once now (the heartbeat task beats every `heartbeat`): announces this
     /// instance and updates the live count ([`instances`](Self::instances): for three
     /// beats after one that found this instance missing from the set, it does not
-    /// fall). Returns the count Redis answered, or `None` if Redis did not answer
-    /// within `timeout` (or this instance has left).
+    /// fall). Then probes each route in fallback whose probe is due (the one probe of
+    /// its `probe_interval`, which its decisions then do not get), with an `EXISTS`
+    /// on one of its keys, all at once, each within `timeout`: an answer puts the
+    /// route back on the shared state with no request on it, its next call rearming
+    /// the shared controller as a decision's probe does (see the module docs). One
+    /// server: only if this beat reached it. A cluster: whatever the beat found (the
+    /// heartbeat's key is on one master, a route's on its own). Returns once every
+    /// probe is answered or timed out: the count Redis answered, or `None` if Redis
+    /// did not answer within `timeout` (or this instance has left).
     pub async fn beat(&self) -> Option<u64> {
         self.inner.beat().await
     }
@@ -1528,9 +1542,10 @@ impl Inner {
     async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool, debit: u64) -> Option<Reply> {
         // A call on a route in fallback is its probe: the decisions taken locally
         // meanwhile are missing from the shared window, so an answer restarts the
-        // shared controller's window (see [`DECIDE`]). So are, in batched mode, the
-        // arrivals of a sync that failed or was skipped: the call that fails sets
-        // `missed` again ([`sync`]).
+        // shared controller's window (see [`DECIDE`]). The first call after the
+        // heartbeat's probe brought the route back says so too (`missed`). So are, in
+        // batched mode, the arrivals of a sync that failed or was skipped: the call
+        // that fails sets `missed` again ([`sync`]).
         let gap = r.mode() == StoreMode::Fallback
             || (r.missed.load(Ordering::Relaxed) && r.missed.swap(false, Ordering::Relaxed));
         let mut invocation = self.decide.call(&[&r.keys[0], &r.keys[1], &r.keys[2]]);
@@ -1783,7 +1798,87 @@ impl Inner {
         n
     }
 
-    async fn beat(&self) -> Option<u64> {
+    /// Beats once ([`announce`](Self::announce)), then probes the routes in fallback
+    /// whose probe is due ([`probe_fallen`](Self::probe_fallen)), and returns once each
+    /// probe is answered or timed out. One server: only if the beat reached it (a probe
+    /// would only find it away too). A cluster: whatever the beat found, which tells
+    /// of the heartbeat key's master alone, each probe going to its route's own.
+    async fn beat(self: &Arc<Self>) -> Option<u64> {
+        let counted = self.announce().await;
+        if counted.is_some() || matches!(self.conn, Conn::Cluster(_)) {
+            self.probe_fallen().await;
+        }
+        counted
+    }
+
+    /// The routes in fallback whose breaker grants a probe at `now`: each grant is the
+    /// route's one probe of its `probe_interval`, which its decisions then do not get.
+    /// Never a route the store dropped.
+    fn due_probes(&self, now: Nanos) -> Vec<Arc<SharedRoute>> {
+        let fallen: Vec<Arc<SharedRoute>> = self
+            .routes
+            .iter()
+            .filter(|r| r.mode() == StoreMode::Fallback && !r.retired.load(Ordering::Relaxed))
+            .map(|r| Arc::clone(r.value()))
+            .collect();
+        fallen
+            .into_iter()
+            .filter(|r| r.breaker().call(now) == Call::Probe)
+            .collect()
+    }
+
+    /// Probes every route [`due_probes`](Self::due_probes) gives, each in a task of its
+    /// own (a master that does not answer costs one `timeout`, not one per route),
+    /// and waits for them all.
+    async fn probe_fallen(self: &Arc<Self>) {
+        if self.left.load(Ordering::Relaxed) {
+            return;
+        }
+        let probes: Vec<_> = self
+            .due_probes(self.clock.now())
+            .into_iter()
+            .map(|r| tokio::spawn(Arc::clone(self).probe(r)))
+            .collect();
+        for probe in probes {
+            let _ = probe.await;
+        }
+    }
+
+    /// A route's probe by the heartbeat: `EXISTS` on one of its keys, which goes to the
+    /// master holding them on a cluster, within `timeout`. Not [`DECIDE`], whose answer
+    /// may win a rollover, which the route's controller parameters step (the engine's,
+    /// which the heartbeat does not hold). Answered, the route is back on the shared
+    /// state as after a decision's probe, and its next call says that the window
+    /// missed the decisions taken locally (`missed`), which a decision's probe says
+    /// itself; what the fallback admitted stays owed to that call. Not answered, the
+    /// breaker stays open, its next probe a whole `probe_interval` after this one.
+    async fn probe(self: Arc<Self>, r: Arc<SharedRoute>) {
+        let exists = redis::cmd("EXISTS").arg(&r.keys[0]).to_owned();
+        match tokio::time::timeout(self.config.timeout, self.conn.query::<i64>(&exists)).await {
+            Ok(Ok(_)) => {
+                // `missed` first: a decision that sees the route shared says the gap.
+                let mut b = r.breaker();
+                r.miss();
+                b.success();
+                self.set_mode(&r, StoreMode::Shared);
+            }
+            Ok(Err(e)) => {
+                self.errors.increment(1);
+                tracing::debug!(route = r.name.as_ref(), error = %e, "store probe failed");
+                self.failed(&r);
+            }
+            Err(_) => {
+                self.timeouts.increment(1);
+                self.conn.suspect(&r.keys[0]);
+                self.failed(&r);
+            }
+        }
+    }
+
+    /// Announces this instance in the heartbeat set and takes in the live count
+    /// ([`counted`](Self::counted)); on no answer or an error a new connection may
+    /// cure, replaces the connection ([`Conn::renew`], [`Conn::suspect`]).
+    async fn announce(&self) -> Option<u64> {
         let _beating = self.beating.lock().await;
         if self.left.load(Ordering::Relaxed) {
             return None;
@@ -1859,7 +1954,9 @@ fn publish_mode(mode: StoreMode) {
     metrics::gauge!(metric::STORE_MODE, "mode" => "local").set(0.0);
 }
 
-/// Beats every `heartbeat` while the store lives.
+/// Beats every `heartbeat` while the store lives ([`Inner::beat`]: announces the
+/// instance, and probes the routes in fallback whose probe is due, so that one with
+/// no traffic returns to the shared state too).
 async fn heartbeat(inner: Weak<Inner>) {
     let every = match inner.upgrade() {
         Some(i) => i.config.heartbeat,

@@ -612,6 +612,11 @@ fn a_stored_state_that_is_no_state_is_no_memory() {
 
 /// A store whose Redis is a port where nothing listens: every call on it fails.
 fn a_store_where_nothing_listens(mode: SyncMode) -> RedisStore {
+    a_store_where_nothing_listens_on(mode, Arc::new(crate::clock::ManualClock::new()))
+}
+
+/// [`a_store_where_nothing_listens`], timing its decisions with `clock`.
+fn a_store_where_nothing_listens_on(mode: SyncMode, clock: Arc<dyn Clock>) -> RedisStore {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -622,7 +627,7 @@ fn a_store_where_nothing_listens(mode: SyncMode) -> RedisStore {
         mode,
         ..RedisConfig::default()
     };
-    RedisStore::connect(&config, Arc::new(crate::clock::ManualClock::new())).unwrap()
+    RedisStore::connect(&config, clock).unwrap()
 }
 
 /// The route `order` (at the default 200 req/s) with a token bucket of `burst_s`
@@ -634,6 +639,60 @@ fn order_with_a_burst_of(burst_s: u64) -> crate::config::Config {
         burst: Duration::from_secs(burst_s),
     };
     Config::new(vec![r])
+}
+
+/// The heartbeat probes a route in fallback once per `probe_interval` (250 ms here),
+/// the probe its decisions would otherwise get, and no route that is shared, or that a
+/// reload dropped; on one server, only after a beat that reached it. Redis is a port
+/// where nothing listens.
+#[tokio::test]
+async fn the_heartbeat_probes_each_fallen_route_once_per_interval() {
+    use crate::config::{Config, RouteConfig, RouteMatch};
+    let clock = Arc::new(crate::clock::ManualClock::new());
+    let store = a_store_where_nothing_listens_on(SyncMode::Exact, clock.clone());
+    let inner = &store.inner;
+    let (epoch, ms) = (std::time::UNIX_EPOCH, Nanos::from_millis);
+    let routes = ["order", "cart"]
+        .map(|name| RouteConfig::new(name, RouteMatch::exact("POST", format!("/api/{name}"))));
+    let engine = Engine::new(&Config::new(routes.to_vec()), Nanos::ZERO, epoch).unwrap();
+    let [order, cart] = ["order", "cart"].map(|name| {
+        inner
+            .route(&engine, engine.route_id(name).unwrap(), Nanos::ZERO)
+            .unwrap()
+    });
+    for _ in 0..3 {
+        inner.failed(&order);
+    }
+    assert_eq!(order.mode(), StoreMode::Fallback);
+    let due = |at| -> Vec<Arc<str>> {
+        inner
+            .due_probes(at)
+            .iter()
+            .map(|r| Arc::clone(&r.name))
+            .collect()
+    };
+    assert!(due(ms(249)).is_empty(), "before the interval");
+    assert_eq!(due(ms(250)), [Arc::clone(&order.name)]);
+    assert!(due(ms(250)).is_empty(), "once per interval");
+    assert_eq!(
+        order.breaker().call(ms(499)),
+        Call::Skip,
+        "nor to a decision"
+    );
+    assert_eq!(due(ms(500)), [Arc::clone(&order.name)]);
+    assert_eq!(cart.mode(), StoreMode::Shared);
+
+    // A beat that does not reach Redis leaves the probe to the route's next decision.
+    clock.set(ms(750));
+    assert_eq!(store.beat().await, None);
+    assert_eq!(order.breaker().call(ms(750)), Call::Probe);
+
+    // Dropped by a reload: never probed again.
+    let engine = engine
+        .reload(&Config::new(vec![routes[1].clone()]), ms(750), epoch)
+        .unwrap();
+    store.retain(&engine);
+    assert!(due(ms(2_000)).is_empty(), "a route dropped");
 }
 
 /// A batched sync in flight on a route that a reload rebuilt (its burst changed),
