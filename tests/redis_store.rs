@@ -1163,25 +1163,7 @@ async fn a_redis_out_of_memory_falls_back_untouched_and_comes_back() {
     let b = Instance::system(&route, &config);
     assert!(a.check().await.is_admit() && b.check().await.is_admit());
 
-    // 4 MB of other data, then a limit below what Redis uses.
-    let junk = vec![b'x'; 4 << 20];
-    let _: () = redis::cmd("SET")
-        .arg("oom-junk")
-        .arg(junk)
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("1mb")
-        .query(&mut conn)
-        .unwrap();
+    out_of_memory(&mut conn);
     let keys = ["{oom:order}:w", "{oom:order}:b", "{oom:order}:c"];
     let contents = |conn: &mut redis::Connection| -> Vec<Vec<(String, String)>> {
         keys.iter()
@@ -1195,13 +1177,41 @@ async fn a_redis_out_of_memory_falls_back_untouched_and_comes_back() {
     fall_back([&a, &b], &mut waits).await;
     assert_eq!(contents(&mut conn), before);
 
+    memory_freed(&mut conn);
+    come_back([&a, &b], &mut waits).await;
+}
+
+/// Puts the Redis of `conn` out of memory under `maxmemory-policy noeviction`: 4 MB
+/// of other data, then a limit below what Redis uses.
+fn out_of_memory(conn: &mut redis::Connection) {
+    let junk = vec![b'x'; 4 << 20];
+    let _: () = redis::cmd("SET")
+        .arg("oom-junk")
+        .arg(junk)
+        .query(conn)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query(conn)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1mb")
+        .query(conn)
+        .unwrap();
+}
+
+/// Lifts the limit [`out_of_memory`] set.
+fn memory_freed(conn: &mut redis::Connection) {
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
         .arg("0")
-        .query(&mut conn)
+        .query(conn)
         .unwrap();
-    come_back([&a, &b], &mut waits).await;
 }
 
 /// The URL forms README gives, against a Redis with an ACL user and a unix socket:
@@ -2716,6 +2726,36 @@ async fn the_first_decision_after_a_beats_probe_says_the_gap_and_pays_the_debit(
     );
     // The bucket was created full (100) by that decision, debited, and took its token.
     assert_debited(&server, "probed", 100.0, in_fallback, 1.0);
+}
+
+/// A Redis out of memory under `noeviction` answers reads, and the heartbeat (its
+/// script's first write, a removal, lets the rest of it write), but refuses the
+/// decisions' script: the heartbeat's probe of a route in fallback is refused too, and
+/// the route stays there until memory is freed. (A probe by `EXISTS`, a read, put the
+/// route back on the shared state at each beat, and its next decisions sent it back
+/// to fallback, `rocgate_store_mode` flapping with it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_beats_probe_of_a_redis_out_of_memory_leaves_the_route_in_fallback() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = hand_beaten_config(&server, "oom-probe");
+    let (a, clock) = Instance::manual(&route(100.0, Duration::from_secs(1)), &config);
+    beat_answered(&a.store).await;
+    assert!(a.check().await.is_admit());
+    out_of_memory(&mut conn);
+    into_fallback(&a, 0).await;
+    clock.advance(config.probe_interval);
+    assert!(a.store.beat().await.is_some(), "the heartbeat is answered");
+    assert_eq!(
+        route_mode(&a),
+        StoreMode::Fallback,
+        "the beat's probe, refused"
+    );
+    memory_freed(&mut conn);
+    clock.advance(config.probe_interval);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(route_mode(&a), StoreMode::Shared, "memory freed");
 }
 
 /// A heartbeat's probe that Redis refuses (the route's keys are outside the instance's

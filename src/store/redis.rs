@@ -13,13 +13,15 @@
 //! together, and the controller is written once, in Rust.
 //!
 //! Keys: `{<prefix>:<route>}:w` (window: `cur` and one field per slot index, kept two
-//! windows), `:b` (bucket: `tokens`, `ts`), `:c` (controller). The braces are a Redis
-//! Cluster hash tag, so a route's keys share one slot and one script may touch them
-//! all. Every key has an expiry (`key_ttl`, or the route's burst and window if longer,
-//! each with one slot more), renewed once per slot. Instances announce
-//! themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and learn the
-//! live count (`expected_instances` until then; one that finds itself missing from
-//! the set, lost with Redis, lets the count fall only three beats later).
+//! windows), `:b` (bucket: `tokens`, `ts`), `:c` (controller); and `:probe`, which
+//! the heartbeat's probe of a route in fallback names and never creates. The braces
+//! are a Redis Cluster hash tag, so a route's keys share one slot and one script may
+//! touch them all. Every key has an expiry (`key_ttl`, or the route's burst and
+//! window if longer, each with one slot more), renewed once per slot. Instances
+//! announce themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and
+//! learn the live count (`expected_instances` until then; one that finds itself
+//! missing from the set, lost with Redis, lets the count fall only three beats
+//! later).
 //!
 //! Redis Cluster (`cluster_nodes`): the same scripts over redis-rs's cluster client,
 //! which sends each call to the master of its keys' slot and follows `MOVED`/`ASK`.
@@ -37,14 +39,15 @@
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
 //! instances last seen), or by `fail_mode`. Each route has a [`Breaker`]: it stops
 //! calling Redis for that route after `failures_to_open` failures in a row and lets
-//! one call probe it per `probe_interval`: a decision's, or the heartbeat's (an
-//! `EXISTS` on one of the route's keys, so that a route with no traffic comes back
-//! too, about one heartbeat after its probe is due; on one server only after a beat
-//! that reached it). The first answer returns the route to shared state, its
-//! controller rearmed for one window by the route's next call (the decisions taken
-//! locally meanwhile are missing from the shared window: see [`DECIDE`]'s `ARGV[9]`).
-//! On a cluster a dead master thus sends only the routes it holds to fallback. The
-//! instance counts as in fallback while any route is. A heartbeat that
+//! one call probe it per `probe_interval`: a decision's, or the heartbeat's (a
+//! `SETRANGE` of nothing on the route's `:probe` key, a write refused where the
+//! script would be, so that a route with no traffic comes back too, about one
+//! heartbeat after its probe is due; on one server only after a beat that reached
+//! it). The first answer returns the route to shared state, its controller rearmed
+//! for one window by the route's next call (the decisions taken locally meanwhile are
+//! missing from the shared window: see [`DECIDE`]'s `ARGV[9]`). On a cluster a dead
+//! master thus sends only the routes it holds to fallback. The instance counts as in
+//! fallback while any route is. A heartbeat that
 //! Redis does not answer within `timeout` replaces the connection (one server), which
 //! could otherwise have gone dark, silent and never erring, for minutes. On a cluster,
 //! whose client retries a timed-out request on the same node connection and reconnects
@@ -645,6 +648,9 @@ type Verdict = (Decision, Option<Reason>);
 struct SharedRoute {
     name: Arc<str>,
     keys: [String; 3],
+    /// `{<prefix>:<route>}:probe`, the key of the heartbeat's probe ([`Inner::probe`]),
+    /// which no one writes.
+    probe_key: String,
     /// Guards the calls on this route's keys: on a cluster, those go to the one node
     /// that holds the route's slot, so each route falls back (and returns) on its own.
     breaker: Mutex<Breaker>,
@@ -1302,14 +1308,15 @@ impl RedisStore {
     /// instance and updates the live count ([`instances`](Self::instances): for three
     /// beats after one that found this instance missing from the set, it does not
     /// fall). Then probes each route in fallback whose probe is due (the one probe of
-    /// its `probe_interval`, which its decisions then do not get), with an `EXISTS`
-    /// on one of its keys, all at once, each within `timeout`: an answer puts the
-    /// route back on the shared state with no request on it, its next call rearming
-    /// the shared controller as a decision's probe does (see the module docs). One
-    /// server: only if this beat reached it. A cluster: whatever the beat found (the
-    /// heartbeat's key is on one master, a route's on its own). Returns once every
-    /// probe is answered or timed out: the count Redis answered, or `None` if Redis
-    /// did not answer within `timeout` (or this instance has left).
+    /// its `probe_interval`, which its decisions then do not get), with a `SETRANGE`
+    /// of nothing on its `:probe` key (a write that creates nothing, refused where a
+    /// decision's script would be), all at once, each within `timeout`: an answer
+    /// puts the route back on the shared state with no request on it, its next call
+    /// rearming the shared controller as a decision's probe does (see the module
+    /// docs). One server: only if this beat reached it. A cluster: whatever the beat
+    /// found (the heartbeat's key is on one master, a route's on its own). Returns
+    /// once every probe is answered or timed out: the count Redis answered, or `None`
+    /// if Redis did not answer within `timeout` (or this instance has left).
     pub async fn beat(&self) -> Option<u64> {
         self.inner.beat().await
     }
@@ -1447,6 +1454,7 @@ impl Inner {
         let r = Arc::new(SharedRoute {
             name: Arc::clone(&label),
             keys: [format!("{tag}:w"), format!("{tag}:b"), format!("{tag}:c")],
+            probe_key: format!("{tag}:probe"),
             breaker: Mutex::new(Breaker::new(
                 self.config.failures_to_open,
                 self.config.probe_interval,
@@ -1844,17 +1852,26 @@ impl Inner {
         }
     }
 
-    /// A route's probe by the heartbeat: `EXISTS` on one of its keys, which goes to the
-    /// master holding them on a cluster, within `timeout`. Not [`DECIDE`], whose answer
-    /// may win a rollover, which the route's controller parameters step (the engine's,
+    /// A route's probe by the heartbeat, within `timeout`: `SETRANGE` of nothing on
+    /// its `probe_key`, which is under the route's hash tag (on a cluster, it goes to
+    /// the master holding the route's keys). A write that writes nothing (an empty
+    /// range on a key that does not exist creates none), refused where a decision's
+    /// script would be: by a Redis out of memory under `noeviction`, which answers
+    /// reads (an `EXISTS` put the route back at each beat, and its next decisions sent
+    /// it back to fallback), by a replica, by `BUSY`. Not [`DECIDE`], whose answer may
+    /// win a rollover, which the route's controller parameters step (the engine's,
     /// which the heartbeat does not hold). Answered, the route is back on the shared
     /// state as after a decision's probe, and its next call says that the window
     /// missed the decisions taken locally (`missed`), which a decision's probe says
     /// itself; what the fallback admitted stays owed to that call. Not answered, the
     /// breaker stays open, its next probe a whole `probe_interval` after this one.
     async fn probe(self: Arc<Self>, r: Arc<SharedRoute>) {
-        let exists = redis::cmd("EXISTS").arg(&r.keys[0]).to_owned();
-        match tokio::time::timeout(self.config.timeout, self.conn.query::<i64>(&exists)).await {
+        let nothing = redis::cmd("SETRANGE")
+            .arg(&r.probe_key)
+            .arg(0)
+            .arg("")
+            .to_owned();
+        match tokio::time::timeout(self.config.timeout, self.conn.query::<i64>(&nothing)).await {
             Ok(Ok(_)) => {
                 // `missed` first: a decision that sees the route shared says the gap.
                 let mut b = r.breaker();
@@ -1869,7 +1886,7 @@ impl Inner {
             }
             Err(_) => {
                 self.timeouts.increment(1);
-                self.conn.suspect(&r.keys[0]);
+                self.conn.suspect(&r.probe_key);
                 self.failed(&r);
             }
         }
