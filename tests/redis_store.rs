@@ -4687,6 +4687,50 @@ async fn cluster_master_killed_falls_back_its_routes_only() {
     assert_eq!(inst.store.mode(), StoreMode::Shared);
 }
 
+/// On a Redis Cluster the heartbeat probes the routes in fallback whatever its beat
+/// found: the heartbeat's key is on one master, each route's on its own. Here the
+/// master of the heartbeat's key is silent (`SIGSTOP`, shorter than the cluster's node
+/// timeout) when a route whose own master answers again is probed: the beat times out,
+/// the route is back on the shared state. (On one Redis a beat that fails probes
+/// nothing: the probes would find it away too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_route_is_probed_back_while_the_heartbeats_master_is_silent() {
+    let _serial = one_at_a_time().await;
+    let cluster = RedisCluster::start().await;
+    let prefix = "apart";
+    let beats_on = cluster.owner(&format!("{{{prefix}}}:instances"));
+    let (name, held_by) = ["order", "seckill", "cart", "search", "login", "pay", "ship"]
+        .iter()
+        .map(|n| (n.to_string(), cluster.owner(&format!("{{{prefix}:{n}}}:w"))))
+        .find(|&(_, node)| node != beats_on)
+        .expect("a route on another master than the heartbeat's key");
+    let mut config = hand_beaten_config(&cluster, prefix);
+    // Room for a loaded machine: a probe that timed out would leave the route in
+    // fallback. One failure opens the breaker, so the route's master is stopped for
+    // one timeout only, well within the cluster's node timeout.
+    config.timeout = Duration::from_millis(300);
+    config.failures_to_open = 1;
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let route = route_named(&name, 100.0, Duration::from_secs(1));
+    let inst = Instance::new(&route, &config, Arc::clone(&clock) as Arc<dyn Clock>);
+    beat_answered(&inst.store).await;
+    assert!(inst.check().await.is_admit());
+    cluster.nodes[held_by].signal("-STOP");
+    into_fallback(&inst, 0).await;
+    cluster.nodes[held_by].signal("-CONT");
+    cluster.nodes[beats_on].signal("-STOP");
+    clock.advance(config.probe_interval);
+    let beat = inst.store.beat().await;
+    cluster.nodes[beats_on].signal("-CONT");
+    assert_eq!(beat, None, "the heartbeat's master is silent");
+    assert_eq!(
+        inst.store.view(&name).unwrap().mode,
+        StoreMode::Shared,
+        "the beat's probe"
+    );
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+}
+
 /// A silent master (`SIGSTOP`: its connections stay open and answer nothing, for less
 /// than the cluster's node timeout, so the cluster does not mark it failed): the route
 /// it holds falls back within the timeout, no decision waits longer, the route on
