@@ -362,6 +362,51 @@ fn shadow_adaptive_on_a_partitioned_route_counts_each_keys_cut() {
     );
 }
 
+/// A key idle across an event's raise of the base limit and a cut after it comes back
+/// to the raised limit in `shadow_adaptive` mode, whose enforced keys hold the base
+/// limit whatever the cut does: it admits a burst as the same route that never cuts
+/// does. Its keys took the raise dated at the cut's step, the controller's last
+/// change, and the idle key had refilled at the old base until then: the burst was
+/// mostly rejected (found by helper-184).
+#[test]
+fn a_shadow_adaptive_key_idle_across_a_raise_and_a_cut_takes_the_raise_from_the_event() {
+    let run = |danger_roc: f64| {
+        let mut cfg = RouteConfig::new(format!("sa-raise-{danger_roc}"), RouteMatch::any());
+        cfg.mode = Mode::ShadowAdaptive;
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        cfg.controller.base_limit_rps = 50.0;
+        cfg.controller.cut_limit_rps = 10.0;
+        cfg.controller.danger_roc = danger_roc;
+        let mut sale = cfg.controller.clone();
+        sale.base_limit_rps = 400.0;
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(10);
+        cfg.events = vec![Event::new("sale", start, Duration::from_secs(40), sale)];
+        let e = engine(vec![cfg]);
+        let id = e.route_at(0).unwrap();
+        // The key's one request at 1 s, at the base of 50/s.
+        assert!(e.check(id, ip(1), Nanos::from_secs(1)).is_admit());
+        // Keyless demand all along, and a spike at 12 s: a cut, 2 s into the event.
+        offer(&e, id, Key::None, 0.0, 12.0, 20.0);
+        offer(&e, id, Key::None, 12.0, 12.5, 2000.0);
+        e.catch_up(id, Nanos::from_secs_f64(12.5));
+        let s = e.route_snapshot(id, Nanos::from_secs_f64(12.5)).unwrap();
+        assert_eq!(s.base_limit_rps, 400.0, "the event is in force");
+        // 300 of the key's requests at once, a moment after.
+        let at = Nanos::from_secs_f64(12.55);
+        (s.state, admitted_at_once(&e, id, ip(1), 300, at))
+    };
+    let (never_cut, without_cuts) = run(1e12);
+    let (cut, admitted) = run(ControllerParams::default().danger_roc);
+    assert_eq!(never_cut, ControllerState::Normal);
+    assert_eq!(cut, ControllerState::Cut);
+    // A full bucket of the event's 400/s holds the burst whole.
+    assert_eq!(without_cuts, 300);
+    assert_eq!(
+        admitted, without_cuts,
+        "the cut moved the enforced base limit"
+    );
+}
+
 #[test]
 fn per_ip_partition_gives_each_client_its_own_bucket() {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());

@@ -937,9 +937,10 @@ fn rejections_without_cuts_hold_for_keys_and_scheduled_events() {
 /// A key idle from before an event raised its base limit until after a cut: without
 /// cuts it comes back to the raised limit, its bucket refilled at it since the event
 /// began, and takes a burst whole. A twin in `shadow_adaptive` (which enforces the
-/// base limit and counts the cut beside it) rejected most of the burst: its keys
-/// take a change of the base limit dated at the controller's last change, a cut's
-/// step after the event too, and the idle key had refilled at the old base until then.
+/// base limit and counts the cut beside it) rejected most of the burst: its keys took
+/// a change of the base limit dated at the controller's last change, a cut's step
+/// after the event too, and the idle key had refilled at the old base until then. The
+/// same route in `shadow_adaptive` mode now takes it whole too.
 #[test]
 fn a_key_idle_across_an_events_raise_and_a_cut_comes_back_to_the_raised_limit() {
     use rocgate::clock::Nanos;
@@ -988,6 +989,17 @@ fn a_key_idle_across_an_events_raise_and_a_cut_comes_back_to_the_raised_limit() 
     let (cut, never) = (run(""), run(NEVER_CUTS));
     let (s, alone) = (&cut.routes[0].summary, &never.routes[0].summary);
     assert!(s.cuts.len() >= 2 && alone.cuts.is_empty(), "{:?}", s.cuts);
+    let beside = run("mode = \"shadow_adaptive\"");
+    let beside = &beside.routes[0].summary;
+    assert_eq!(
+        beside.cuts.len(),
+        s.cuts.len(),
+        "the same cuts, counted only"
+    );
+    assert_eq!(
+        beside.rejected, 0,
+        "shadow_adaptive enforces the raised base"
+    );
     assert_eq!(alone.rejected, 0, "without cuts the burst is taken whole");
     assert!(
         s.rejected > 200,

@@ -234,8 +234,9 @@ pub(super) struct TierTable {
     /// parameters in force, updated when they change (runtime update, reload of the
     /// parameters, scheduled event).
     default: [AtomicU64; 2],
-    /// Each tier's base and cut limits, tier `i` at `i - 1`.
-    tiers: Vec<(f64, f64)>,
+    /// Each tier's base and cut limits, tier `i` at `i - 1` (a boxed slice, 8 bytes
+    /// less than a `Vec`, which made room for [`TierTable::changed_at`] in the route).
+    tiers: Box<[(f64, f64)]>,
     /// The tier of each tier value, by its key's bits ([`TierKey`]). A key's tier is
     /// looked up at each new key and rejection: a scan of every value of every tier
     /// made each of those cost as much as the list is long (a partner list of 10,000
@@ -248,6 +249,12 @@ pub(super) struct TierTable {
     /// Keys hold their base limit whatever the controller does (shadow_adaptive's
     /// enforced keys).
     hold_base: bool,
+    /// When the limit of the table's keys last changed (ns on the engine's clock): a
+    /// key catching up refills at its old rate until then, at the new one after. The
+    /// route's own date ([`Route::changed_at`]) moves at every change of its limit,
+    /// which a table holding its base limit does not follow: a key of one, idle across
+    /// a raise of the base and a cut after it, refilled at the old base until the cut.
+    changed_at: AtomicU64,
 }
 
 impl TierTable {
@@ -269,9 +276,17 @@ impl TierTable {
         }
     }
 
-    pub(super) fn set_default(&self, base: f64, cut: f64) {
-        self.default[0].store(base.to_bits(), Ordering::Relaxed);
-        self.default[1].store(cut.to_bits(), Ordering::Relaxed);
+    /// Puts the route's controller parameters in force for the keys in no tier, after
+    /// a change of the route's limit at `at`, which dates the change of the table's
+    /// keys: every change, or, for a table holding its base limit, one that moved its
+    /// keys' limits (the base, or the cut, which [`TierTable::limit`] reads at the base too).
+    /// Called with the route's state lock held, before the route's generation moves on.
+    pub(super) fn set_default(&self, base: f64, cut: f64, at: Nanos) {
+        let base_moved = self.default[0].swap(base.to_bits(), Ordering::Relaxed) != base.to_bits();
+        let cut_moved = self.default[1].swap(cut.to_bits(), Ordering::Relaxed) != cut.to_bits();
+        if base_moved || cut_moved || !self.hold_base {
+            self.changed_at.store(at.as_u64(), Ordering::Relaxed);
+        }
     }
 
     pub(super) fn limit(&self, tier: u16, progress: f64) -> f64 {
@@ -480,12 +495,18 @@ impl KeyState for BucketKey {
 
 impl BucketKey {
     /// Sets the key's bucket at the route's limit if the route changed it since the
-    /// key last looked. A change whose note another change holds is left for later;
-    /// the key stays at the limit it has (see `keep_up`).
+    /// key last looked, dated by the last change of its table's limits
+    /// ([`TierTable::set_default`]): refilled at its old rate until then, at the new one
+    /// after. A key that missed several changes refilled at its old rate until the
+    /// last, and holds at most a bucket of the new limit more or fewer tokens than a
+    /// bucket that took each change as it came (both hold between none and that
+    /// bucket); exact would keep the route's history of changes. A change whose note
+    /// another change holds is left for later; the key stays at the limit it has (see
+    /// `keep_up`).
     fn catch_up(&self, r: &Route, tiers: &TierTable, now: Nanos) {
         let words = self.words();
         self.meta.keep_up(r, || {
-            let changed = Nanos::new(r.changed_at.load(Ordering::Relaxed));
+            let changed = Nanos::new(tiers.changed_at.load(Ordering::Relaxed));
             words.try_set(
                 gcra::params(self.meta.limit(r, tiers), tiers.shape),
                 changed.min(now),
@@ -816,6 +837,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             index: tier_index(cfg),
             shape,
             hold_base,
+            changed_at: AtomicU64::new(now.as_u64()),
         };
         KeyTable {
             map: OnceLock::new(),

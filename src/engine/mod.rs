@@ -255,8 +255,9 @@ struct Route {
     keys: Option<Keys>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
     generation: AtomicU64,
-    /// When the limit last changed (ns on the engine's clock): a key catching up
-    /// refills at its old rate until then, at the new one after.
+    /// When the limit last changed (ns on the engine's clock), what a route-wide
+    /// limiter's change left behind is dated by; no change is dated before it. Keys
+    /// date theirs by their table's own ([`keys::TierTable::set_default`]).
     changed_at: AtomicU64,
     /// Controller progress between cut (0) and base (1), as f64 bits.
     progress: AtomicU64,
@@ -1544,10 +1545,10 @@ impl Route {
         let base = c.params().base_limit_rps;
         let cut = c.params().cut_limit_rps;
         if let Some(keys) = &self.keys {
-            keys.tiers().set_default(base, cut);
+            keys.tiers().set_default(base, cut, now);
         }
         if let Some(Shadow::Keys(keys)) = &self.shadow {
-            keys.tiers().set_default(base, cut);
+            keys.tiers().set_default(base, cut, now);
         }
         self.progress
             .store(c.progress().to_bits(), Ordering::Relaxed);

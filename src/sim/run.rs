@@ -453,11 +453,10 @@ impl Simulator {
     /// limit (an event's, while one is active) and nothing else. `None` when no
     /// recorded route is in `enforce` mode: a shadow mode enforces no cut.
     ///
-    /// Not `shadow_adaptive`, which enforces the base limit and counts the cut beside
-    /// it: its keys take a change of the base limit (an event's) dated at the
-    /// controller's last change of limit, a cut's step after it too, and a key idle
-    /// across both refilled at the old base in between, rejecting what the route
-    /// without cuts admits.
+    /// Not `shadow_adaptive`, which enforces the base limit too but keeps a second set
+    /// of limiters following the cuts beside it, which the count has no use for (its
+    /// keys once took a change of the base limit dated at a later cut's step, and a key
+    /// idle across both rejected what the route without cuts admits: no longer).
     fn twin(&self, wall_start: SystemTime) -> Result<Option<(Engine, Vec<usize>)>, SimError> {
         if !self.without_cuts {
             return Ok(None);
