@@ -2769,3 +2769,67 @@ fn the_engine_knows_the_headers_its_routes_are_keyed_by() {
         .unwrap();
     assert!(!e.keys_by_header("x-api-key"));
 }
+
+/// A key catches up with its route's limit lazily, at its next request, dated by the
+/// route's last change: across one change it comes back as the route's own limiter
+/// does, but across two or more it refilled at its old limit until the last, and then
+/// holds at most a bucket of the new limit more or fewer than the limiter: both end
+/// somewhere between empty and that bucket. One burst drains the difference, after
+/// which the two refill alike. (The route limited as a whole takes each change as it
+/// comes: the exact account.)
+#[test]
+fn a_key_idle_across_several_limit_changes_comes_back_within_a_bucket_of_the_route() {
+    // The base limit at first, whether the key was drained at 9 s (or took one request
+    // at 1 s), each change of the base limit (s, req/s), the instant of the burst, and
+    // what the key admits, then what the whole route admits.
+    type Case = (f64, bool, &'static [(f64, f64)], f64, usize, usize);
+    let cases: [Case; 5] = [
+        // One change: the same.
+        (50.0, true, &[(10.0, 400.0)], 10.5, 250, 250),
+        // A raise, then a cut below it: 2 s at 50/s (a bucket of 50) against 400/s.
+        (50.0, true, &[(10.0, 400.0), (12.0, 200.0)], 12.0, 50, 200),
+        (
+            50.0,
+            true,
+            &[(10.0, 400.0), (10.5, 400.5), (12.0, 300.0)],
+            12.0,
+            50,
+            300,
+        ),
+        // A cut, then a step up: the full bucket of 400 is held through the cut.
+        (400.0, false, &[(10.0, 50.0), (10.1, 100.0)], 10.1, 100, 50),
+        (400.0, true, &[(10.0, 50.0), (10.1, 100.0)], 10.1, 100, 50),
+    ];
+    for (base, drained, changes, at, keyed, whole) in cases {
+        let run = |partition: Partition| {
+            let mut cfg = RouteConfig::new("idle", RouteMatch::any());
+            cfg.partition = partition;
+            cfg.controller.base_limit_rps = base;
+            cfg.controller.cut_limit_rps = 1.0;
+            // Never cut: the limit changes only when the test changes it.
+            cfg.controller.danger_roc = 1e12;
+            let e = engine(vec![cfg]);
+            let id = e.route_at(0).unwrap();
+            if drained {
+                admitted_at_once(&e, id, ip(1), 1000, Nanos::from_secs(9));
+            } else {
+                admitted_at_once(&e, id, ip(1), 1, Nanos::from_secs(1));
+            }
+            for &(t, base) in changes {
+                let mut params = e.route_params(id).unwrap();
+                params.base_limit_rps = base;
+                e.update_route(id, params, Nanos::from_secs_f64(t)).unwrap();
+            }
+            let burst = admitted_at_once(&e, id, ip(1), 5000, Nanos::from_secs_f64(at));
+            let next = admitted_at_once(&e, id, ip(1), 5000, Nanos::from_secs_f64(at + 0.5));
+            (burst, next)
+        };
+        let case = format!("{base}, {changes:?}");
+        let (key_burst, key_next) = run(Partition::ClientIp(KeyLimits::default()));
+        let (route_burst, route_next) = run(Partition::Route);
+        assert_eq!((key_burst, route_burst), (keyed, whole), "{case}");
+        let bucket = changes.last().unwrap().1 as usize;
+        assert!(key_burst.abs_diff(route_burst) <= bucket, "{case}");
+        assert_eq!(key_next, route_next, "{case}: alike after the burst");
+    }
+}
