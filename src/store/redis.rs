@@ -1511,10 +1511,16 @@ impl Inner {
             self.share(&r, r.seen_limit(), now).lower_to(level, now);
             // And its breaker and mode: a route in fallback stays there (counted before
             // the old one is retired, so the instance's mode does not flip to shared
-            // and back) and calls Redis only when a probe is due.
-            let breaker = old.breaker().clone();
+            // and back) and calls Redis only when a probe is due. Both read under the
+            // old breaker's lock, under which its mode changes: a call on the old route
+            // ending between the two would leave this one in fallback with a closed
+            // breaker, which the heartbeat does not probe, or shared with an open one.
+            let (breaker, fallen) = {
+                let b = old.breaker();
+                (b.clone(), old.mode() == StoreMode::Fallback)
+            };
             *r.breaker() = breaker;
-            if old.mode() == StoreMode::Fallback {
+            if fallen {
                 self.set_mode(&r, StoreMode::Fallback);
             }
         }

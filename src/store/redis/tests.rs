@@ -771,3 +771,65 @@ async fn a_rebuilt_route_keeps_the_shared_state_it_last_saw() {
         "the fallback's share"
     );
 }
+
+/// A reload that rebuilds a route takes its breaker and its mode as one: a decision
+/// on the old route that opened its breaker between the two (its last failure) left
+/// the rebuilt route in fallback with a closed breaker, which the heartbeat never
+/// probes (its breaker grants no probe, it sends), so a route with no request stayed
+/// in fallback, the instance with it; the other way round, shared with an open one.
+/// Redis is a port where nothing listens; the failure races each rebuild, at every
+/// point of it in turn. The window was two loads wide: this caught it once a 20 µs
+/// sleep widened it (13,000 of 20,000 rebuilds torn), seldom without.
+#[tokio::test]
+async fn a_rebuilt_route_takes_its_breaker_and_mode_together() {
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let inner = &store.inner;
+    let epoch = std::time::UNIX_EPOCH;
+    let engines = [1, 2]
+        .map(|burst_s| Engine::new(&order_with_a_burst_of(burst_s), Nanos::ZERO, epoch).unwrap());
+    let route_of = |engine: &Engine| {
+        let id = engine.route_id("order").unwrap();
+        inner.route(engine, id, Nanos::ZERO).unwrap()
+    };
+    let consistent = |r: &SharedRoute| {
+        let b = r.breaker();
+        b.is_open() == (r.mode() == StoreMode::Fallback)
+    };
+    let mut old = route_of(&engines[0]);
+    let (go, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    let current = Mutex::new(Arc::clone(&old));
+    let mut torn = Vec::new();
+    std::thread::scope(|scope| {
+        let failer = scope.spawn(|| {
+            for i in 0..5_000u64 {
+                go.wait();
+                let r = Arc::clone(&current.lock().unwrap());
+                // At every point of the rebuild in turn.
+                for _ in 0..i % 2_000 * 5 {
+                    std::hint::spin_loop();
+                }
+                inner.failed(&r);
+                done.wait();
+            }
+        });
+        for i in 0..5_000 {
+            {
+                let mut b = old.breaker();
+                b.success();
+                inner.set_mode(&old, StoreMode::Shared);
+            }
+            inner.failed(&old);
+            inner.failed(&old);
+            *current.lock().unwrap() = Arc::clone(&old);
+            go.wait();
+            let new = route_of(&engines[(i + 1) % 2]);
+            done.wait();
+            if !consistent(&new) {
+                torn.push(i);
+            }
+            old = new;
+        }
+        failer.join().unwrap();
+    });
+    assert_eq!(torn, [0; 0], "rebuilds whose breaker and mode disagree");
+}
