@@ -1864,7 +1864,10 @@ impl Inner {
     /// range on a key that does not exist creates none), refused where a decision's
     /// script would be: by a Redis out of memory under `noeviction`, which answers
     /// reads (an `EXISTS` put the route back at each beat, and its next decisions sent
-    /// it back to fallback), by a replica, by `BUSY`. Not [`DECIDE`], whose answer may
+    /// it back to fallback), by a replica, by `BUSY`; not where the script alone fails
+    /// (a key of another type under the route's tag, an ACL refusing the scripts but
+    /// not `SETRANGE`), whose route comes back at each probe and falls again at its
+    /// next decisions. Not [`DECIDE`], whose answer may
     /// win a rollover, which the route's controller parameters step (the engine's,
     /// which the heartbeat does not hold). Answered, the route is back on the shared
     /// state as after a decision's probe, and its next call says that the window
