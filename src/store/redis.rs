@@ -154,10 +154,10 @@ use std::time::Duration;
 ///   reached Redis; absent means 0). The debit comes after the refill and never takes
 ///   the bucket below empty, where an admission of its last token leaves it.
 ///   `ARGV[9]` `1` if the window missed arrivals (the call is the probe of a route
-///   in fallback, whose decisions were taken locally, or the first call since the
-///   heartbeat's probe brought the route back, or, in batched mode, the first call
-///   since a sync of the instance failed or was skipped, whose arrivals were
-///   dropped): drops `through`, as below.
+///   in fallback, whose decisions were taken locally, or the first call answered
+///   since the heartbeat's probe brought the route back, or, in batched mode, the
+///   first call answered since a sync of the instance failed or was skipped, whose
+///   arrivals were dropped): drops `through`, as below.
 ///
 /// A call whose slot length differs from `slot_us` (a reload, or a release, changed
 /// the route's slot) starts the window afresh: slot numbers counted in another length
@@ -1559,9 +1559,12 @@ impl Inner {
         // shared controller's window (see [`DECIDE`]). The first call after the
         // heartbeat's probe brought the route back says so too (`missed`). So are, in
         // batched mode, the arrivals of a sync that failed or was skipped: the call
-        // that fails sets `missed` again ([`sync`]).
-        let gap = r.mode() == StoreMode::Fallback
-            || (r.missed.load(Ordering::Relaxed) && r.missed.swap(false, Ordering::Relaxed));
+        // that fails sets `missed` again ([`sync`]), as does any call that took
+        // `missed` and failed: the gap is still to be said.
+        let fallen = r.mode() == StoreMode::Fallback;
+        let missed =
+            !fallen && r.missed.load(Ordering::Relaxed) && r.missed.swap(false, Ordering::Relaxed);
+        let gap = fallen || missed;
         let mut invocation = self.decide.call(&[&r.keys[0], &r.keys[1], &r.keys[2]]);
         invocation
             .arg(r.slot_us)
@@ -1600,6 +1603,9 @@ impl Inner {
             b.success();
             self.set_mode(r, StoreMode::Shared);
         } else {
+            if missed {
+                r.miss();
+            }
             self.failed(r);
         }
         reply

@@ -833,3 +833,25 @@ async fn a_rebuilt_route_takes_its_breaker_and_mode_together() {
     });
     assert_eq!(torn, [0; 0], "rebuilds whose breaker and mode disagree");
 }
+
+/// The gap a call was to say (`missed`: the heartbeat's probe brought the route back
+/// from fallback, whose decisions the shared window missed) is still to be said after
+/// that call fails: in exact mode nothing marked it again, so a decision that failed
+/// (Redis flapping again, fewer than `failures_to_open` failures) took it along, and
+/// the next call that reached Redis said nothing; the shared window read the fallback's
+/// hole as a fall, then a rise. Redis is a port where nothing listens.
+#[tokio::test]
+async fn a_call_that_fails_leaves_the_gap_it_was_to_say() {
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let epoch = std::time::UNIX_EPOCH;
+    let engine = Engine::new(&order_with_a_burst_of(1), Nanos::ZERO, epoch).unwrap();
+    let id = engine.route_id("order").unwrap();
+    let r = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
+    r.miss();
+    assert_eq!(r.mode(), StoreMode::Shared);
+    assert!(store.inner.call(&r, 1, true, 0).await.is_none());
+    assert!(
+        r.missed.load(Ordering::Relaxed),
+        "the gap, still to be said"
+    );
+}
