@@ -132,9 +132,46 @@ fn assert_cut_during_the_sale(text: &str, sale_opens_s: f64, plateau_s: f64) {
     let rejected = line_starting(text, "  rejected      ");
     assert!(number_after(rejected, "rejected      ") > 0.0, "{rejected}");
     assert!(rejected.contains("roc_cut"), "{rejected}");
+    assert_without_cuts_follows_rejected(text);
     assert!(
         line_starting(text, "  shop p99      ").contains(" ms over the run"),
         "{text}"
+    );
+}
+
+/// The line after `rejected` in a run that cut: what the base limit alone rejects of
+/// the same schedule, simulated, and the run's rejections less it (the cuts' own, or a
+/// difference below zero), each with its share of the offered.
+fn assert_without_cuts_follows_rejected(text: &str) {
+    let offered = number_after(line_starting(text, "  offered       "), "offered       ");
+    let rejected = line_starting(text, "  rejected      ");
+    let line = line_starting(text, "  without cuts  ");
+    assert!(
+        text.contains(&format!("{rejected}\n{line}\n")),
+        "not right after the rejected line:\n{text}"
+    );
+    let (head, own_part) = line
+        .split_once("the base limit alone, simulated on this schedule; ")
+        .unwrap_or_else(|| panic!("{line}"));
+    let cells: Vec<&str> = head.split_whitespace().collect();
+    let without: f64 = cells[2].parse().unwrap_or_else(|_| panic!("{line}"));
+    let share = number_after(cells[3], "");
+    assert!(
+        (share - 100.0 * without / offered).abs() < 0.051,
+        "{share}% of {offered}: {line}"
+    );
+    let own = number_after(rejected, "rejected      ") - without;
+    let what = if own >= 0.0 {
+        "the cuts' own ≈ "
+    } else {
+        "difference ≈ "
+    };
+    assert!(own_part.starts_with(what), "{rejected}\n{line}");
+    assert_eq!(number_after(own_part, what), own, "{rejected}\n{line}");
+    let own_share = number_after(own_part, ", ");
+    assert!(
+        (own_share - 100.0 * own / offered).abs() < 0.051,
+        "{rejected}\n{line}"
     );
 }
 
@@ -348,6 +385,8 @@ fn the_admin_api_is_live_and_ctrl_c_stops_the_demo() {
         line_starting(&text, "  cut           ").contains("none"),
         "{text}"
     );
+    // No cut, nothing to set apart: the rejections are the base limit's.
+    assert!(!text.contains("  without cuts  "), "{text}");
     assert!(
         line_starting(&text, "  sale opened   ").contains("never: it was due at "),
         "stopped in the warm-up: {text}"

@@ -35,7 +35,7 @@ use crate::engine::RouteSnapshot;
 use crate::hints::Hint;
 use crate::limiter::Algorithm;
 use crate::proxy::{Proxy, ProxySettings, Reloader};
-use crate::sim::{ArrivalModel, Profile, ProfileError, Scenario};
+use crate::sim::{ArrivalModel, Profile, ProfileError, Scenario, SimError, Simulator};
 use crate::window::WindowSpec;
 use std::future::Future;
 use std::io::{self, Write};
@@ -161,6 +161,27 @@ impl Plan {
             }
         }
         Ok(config)
+    }
+
+    /// What the sale route rejects by its base limit alone on this plan's schedule
+    /// under `arrivals`, simulated: the first `offered` arrivals of the profile (the
+    /// whole run, or as far as a run cut short got: the load generator offers them in
+    /// this order), through [`Plan::config`] on the virtual clock, counted by the
+    /// simulator's twin engine whose controller never cuts
+    /// ([`Summary::rejected_without_cuts`](crate::sim::Summary::rejected_without_cuts)).
+    /// `None` when the route is not in `enforce` mode.
+    pub fn rejected_without_cuts(
+        &self,
+        arrivals: ArrivalModel,
+        offered: u64,
+    ) -> Result<Option<u64>, SimError> {
+        let sim = Simulator::new(self.config()?, Some(SALE_ROUTE))?;
+        let schedule = self
+            .profile
+            .arrivals(arrivals)
+            .take(usize::try_from(offered).unwrap_or(usize::MAX));
+        let run = sim.run(schedule, self.profile.duration())?;
+        Ok(run.summary.rejected_without_cuts)
     }
 }
 
@@ -334,6 +355,10 @@ pub struct Outcome {
     /// The tuning hints for the run through rocgate, for every route that had
     /// traffic (what `GET /admin/hints` answered at its end).
     pub hints: Vec<Hint>,
+    /// What the sale route's base limit alone rejects of the arrivals the run through
+    /// rocgate offered, simulated ([`Plan::rejected_without_cuts`]): only when that
+    /// run cut and the route is in `enforce` mode.
+    pub rejected_without_cuts: Option<u64>,
 }
 
 impl Outcome {
@@ -417,6 +442,15 @@ pub async fn run(
         .filter(|r| r.offered > 0)
         .flat_map(|r| r.hints)
         .collect();
+    let rejected_without_cuts = if gated.sale_route().is_some_and(|r| r.cuts > 0) {
+        plan.rejected_without_cuts(settings.arrivals, gated.load.offered)
+            .unwrap_or_else(|e| {
+                tracing::warn!("cannot simulate the run without cuts: {e}");
+                None
+            })
+    } else {
+        None
+    };
     let _ = proxy_stop.send(());
     let grace = Duration::from_secs(3);
     if tokio::time::timeout(grace, proxy_task).await.is_err() {
@@ -448,6 +482,7 @@ pub async fn run(
         gated,
         ungated,
         hints,
+        rejected_without_cuts,
     })
 }
 
@@ -712,6 +747,88 @@ mod tests {
         );
         let source = std::error::Error::source(&e).expect("the profile's error");
         assert_eq!(source.downcast_ref::<ProfileError>(), Some(&profile));
+    }
+
+    /// The sale route of the demo configuration as written, on `profile`: what
+    /// `rocgate simulate --config config/demo.toml` reports.
+    fn simulated(config: Config, profile: &Profile, model: ArrivalModel) -> crate::sim::Summary {
+        crate::sim::Simulator::new(config, Some(SALE_ROUTE))
+            .unwrap()
+            .run_profile(profile, model)
+            .unwrap()
+            .summary
+    }
+
+    fn demo_toml() -> Config {
+        Config::from_toml_str(CONFIG_TOML, "config/demo.toml").unwrap()
+    }
+
+    /// A default run's rejections without cuts are those of `rocgate simulate --config
+    /// config/demo.toml --scenario flash-sale`, evenly spaced or from a seed; the cut
+    /// cost something beyond them.
+    #[test]
+    fn a_default_run_without_cuts_is_the_flash_sale_simulated() {
+        let plan = Plan::new(NOMINAL_DURATION).unwrap();
+        for model in [ArrivalModel::Uniform, ArrivalModel::Poisson { seed: 7 }] {
+            let s = simulated(demo_toml(), &Scenario::FlashSale.profile(), model);
+            let without = s.rejected_without_cuts.expect("an enforce route");
+            assert!(!s.cuts.is_empty() && without < s.rejected, "{model}: {s:?}");
+            assert_eq!(
+                plan.rejected_without_cuts(model, s.offered).unwrap(),
+                Some(without),
+                "{model}"
+            );
+        }
+    }
+
+    /// A 10 s run: the scenario compressed six times, the configuration's durations
+    /// with it, and the seed the load generator used.
+    #[test]
+    fn a_scaled_run_without_cuts_is_its_own_schedule_simulated() {
+        let plan = Plan::new(Duration::from_secs(10)).unwrap();
+        let profile = Scenario::FlashSale
+            .profile()
+            .time_scaled(1.0 / 6.0)
+            .unwrap();
+        for model in [ArrivalModel::Uniform, ArrivalModel::Poisson { seed: 3 }] {
+            let s = simulated(plan.config().unwrap(), &profile, model);
+            let without = s.rejected_without_cuts.unwrap();
+            assert!(!s.cuts.is_empty() && without < s.rejected, "{model}: {s:?}");
+            assert_eq!(
+                plan.rejected_without_cuts(model, s.offered).unwrap(),
+                Some(without),
+                "{model}"
+            );
+            // The base limit alone is the token bucket's, whose burst is not scaled:
+            // the controller's scaled durations change the cuts, not this count.
+            let nominal = simulated(demo_toml(), &profile, model);
+            assert_eq!(nominal.rejected_without_cuts, Some(without), "{model}");
+            assert_ne!(nominal.rejected, s.rejected, "{model}");
+        }
+    }
+
+    /// A run cut short 10 s into the sale offered the schedule's first arrivals: the
+    /// count is the schedule up to there, simulated.
+    #[test]
+    fn a_run_cut_short_is_simulated_up_to_its_stop() {
+        let plan = Plan::new(NOMINAL_DURATION).unwrap();
+        let until_30_s =
+            Profile::from_points(&[(0.0, 40.0), (20.0, 40.0), (20.0, 600.0), (30.0, 600.0)])
+                .unwrap();
+        let s = simulated(demo_toml(), &until_30_s, ArrivalModel::Uniform);
+        let without = s.rejected_without_cuts.unwrap();
+        assert_eq!(s.offered, 800 + 6000);
+        assert!(!s.cuts.is_empty() && without > 0, "{s:?}");
+        assert_eq!(
+            plan.rejected_without_cuts(ArrivalModel::Uniform, s.offered)
+                .unwrap(),
+            Some(without)
+        );
+        let whole = plan
+            .rejected_without_cuts(ArrivalModel::Uniform, u64::MAX)
+            .unwrap()
+            .unwrap();
+        assert!(without < whole, "{without} of {whole}");
     }
 
     #[test]

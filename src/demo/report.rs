@@ -230,6 +230,9 @@ pub fn write_report(out: &mut (dyn Write + Send), outcome: &Outcome) -> io::Resu
         load.rejected,
         percent(load.rejected, load.offered)
     )?;
+    if let Some(without) = outcome.rejected_without_cuts {
+        write_without_cuts(out, load.rejected, without, load.offered)?;
+    }
     writeln!(
         out,
         "  failed        {:<7} {:>6}   5xx or no answer",
@@ -264,6 +267,29 @@ pub fn write_report(out: &mut (dyn Write + Send), outcome: &Outcome) -> io::Resu
         write!(out, "{}", crate::hints::table(&outcome.hints))?;
     }
     out.flush()
+}
+
+/// What the base limit alone rejects of the run's `offered` arrivals (`without`,
+/// simulated), and the difference from what the run rejected (`rejected`, measured):
+/// the cuts' own, or said as a difference when below zero.
+fn write_without_cuts(
+    out: &mut (dyn Write + Send),
+    rejected: u64,
+    without: u64,
+    offered: u64,
+) -> io::Result<()> {
+    let own = i128::from(rejected) - i128::from(without);
+    let share = 100.0 * own as f64 / offered.max(1) as f64;
+    let what = if own >= 0 {
+        "the cuts' own"
+    } else {
+        "difference"
+    };
+    writeln!(
+        out,
+        "  without cuts  {without:<7} {:>6}   the base limit alone, simulated on this schedule; {what} ≈ {own}, {share:.1}%",
+        percent(without, offered)
+    )
 }
 
 /// The first cut, and the way back from it.
@@ -376,6 +402,26 @@ mod tests {
         let mut out = Vec::new();
         write(&mut out).unwrap();
         String::from_utf8(out).unwrap()
+    }
+
+    /// The line after `rejected`: the simulated count and its share of the offered,
+    /// then the measured rejections less it, below zero said as a difference.
+    #[test]
+    fn the_line_without_cuts_says_the_cuts_own() {
+        assert_eq!(
+            written(|out| write_without_cuts(out, 11006, 9410, 16400)),
+            "  without cuts  9410     57.4%   the base limit alone, simulated on this schedule; \
+             the cuts' own ≈ 1596, 9.7%\n"
+        );
+        assert_eq!(
+            written(|out| write_without_cuts(out, 480, 492, 1000)),
+            "  without cuts  492      49.2%   the base limit alone, simulated on this schedule; \
+             difference ≈ -12, -1.2%\n"
+        );
+        // Lined up with the line above it.
+        let rejected = "  rejected      11006    67.1%   429 from rocgate";
+        let line = written(|out| write_without_cuts(out, 11006, 9410, 16400));
+        assert_eq!(line.find('%'), rejected.find('%'));
     }
 
     /// The live table, with the controller's columns (behind rocgate) and without: the
