@@ -10,7 +10,10 @@
 //! controller state and limit, and the shop's p99 latency. The admin API (`/metrics`,
 //! `/admin/routes`) listens meanwhile, so Prometheus and Grafana can watch the run.
 //! With `compare`, the same traffic then goes straight to a fresh shop, without
-//! rocgate, and the report puts both side by side ([`write_report`]).
+//! rocgate, and the report puts both side by side ([`write_report`]). A run that cut
+//! also has its own schedule simulated on the virtual clock, so that the report can
+//! say what the base limit alone rejects of it and what the cut itself cost
+//! ([`Plan::rejected_without_cuts`]).
 //!
 //! The scenario is written for 60 s. A shorter or longer `duration` compresses or
 //! stretches its timeline *and* the controller's durations (window, slot, hold,
