@@ -641,6 +641,18 @@ fn order_with_a_burst_of(burst_s: u64) -> crate::config::Config {
     Config::new(vec![r])
 }
 
+/// The engine of [`order_with_a_burst_of`]`(burst_s)`, built at time zero.
+fn order_engine(burst_s: u64) -> Engine {
+    let epoch = std::time::UNIX_EPOCH;
+    Engine::new(&order_with_a_burst_of(burst_s), Nanos::ZERO, epoch).unwrap()
+}
+
+/// `engine`'s route `order`, and the store's shared state of it as of `now`.
+fn order_of(store: &RedisStore, engine: &Engine, now: Nanos) -> (RouteId, Arc<SharedRoute>) {
+    let id = engine.route_id("order").unwrap();
+    (id, store.inner.route(engine, id, now).unwrap())
+}
+
 /// The heartbeat probes a route in fallback once per `probe_interval` (250 ms here),
 /// the probe its decisions would otherwise get, and no route that is shared, or that a
 /// reload dropped; on one server, only after a beat that reached it. Redis is a port
@@ -703,14 +715,12 @@ async fn the_heartbeat_probes_each_fallen_route_once_per_interval() {
 async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
     let store = a_store_where_nothing_listens(SyncMode::Batched);
     let epoch = std::time::UNIX_EPOCH;
-    let engine = Engine::new(&order_with_a_burst_of(1), Nanos::ZERO, epoch).unwrap();
-    let id = engine.route_id("order").unwrap();
-    let old = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
+    let engine = order_engine(1);
+    let (_, old) = order_of(&store, &engine, Nanos::ZERO);
     let engine = engine
         .reload(&order_with_a_burst_of(2), Nanos::ZERO, epoch)
         .unwrap();
-    let id = engine.route_id("order").unwrap();
-    let new = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
+    let (id, new) = order_of(&store, &engine, Nanos::ZERO);
     assert!(!Arc::ptr_eq(&old, &new));
     let params = engine.params_at(id, Nanos::ZERO).unwrap();
     sync(Arc::clone(&store.inner), Arc::clone(&old), 5, params, 0).await;
@@ -731,9 +741,8 @@ async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
 async fn a_rebuilt_route_keeps_the_shared_state_it_last_saw() {
     let store = a_store_where_nothing_listens(SyncMode::Exact);
     let (epoch, s) = (std::time::UNIX_EPOCH, Nanos::from_secs);
-    let engine = Engine::new(&order_with_a_burst_of(1), Nanos::ZERO, epoch).unwrap();
-    let id = engine.route_id("order").unwrap();
-    let old = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
+    let engine = order_engine(1);
+    let (_, old) = order_of(&store, &engine, Nanos::ZERO);
     old.limit.store(30f64.to_bits(), Ordering::Relaxed);
     old.state
         .store(ControllerState::Cut.as_index(), Ordering::Relaxed);
@@ -744,8 +753,7 @@ async fn a_rebuilt_route_keeps_the_shared_state_it_last_saw() {
     let engine = engine
         .reload(&order_with_a_burst_of(2), s(2), epoch)
         .unwrap();
-    let id = engine.route_id("order").unwrap();
-    let new = store.inner.route(&engine, id, s(2)).unwrap();
+    let (id, new) = order_of(&store, &engine, s(2));
     assert!(!Arc::ptr_eq(&old, &new));
     let view = new.view(&store.inner.config, s(2));
     assert_eq!(
@@ -784,13 +792,8 @@ async fn a_rebuilt_route_keeps_the_shared_state_it_last_saw() {
 async fn a_rebuilt_route_takes_its_breaker_and_mode_together() {
     let store = a_store_where_nothing_listens(SyncMode::Exact);
     let inner = &store.inner;
-    let epoch = std::time::UNIX_EPOCH;
-    let engines = [1, 2]
-        .map(|burst_s| Engine::new(&order_with_a_burst_of(burst_s), Nanos::ZERO, epoch).unwrap());
-    let route_of = |engine: &Engine| {
-        let id = engine.route_id("order").unwrap();
-        inner.route(engine, id, Nanos::ZERO).unwrap()
-    };
+    let engines = [1, 2].map(order_engine);
+    let route_of = |engine: &Engine| order_of(&store, engine, Nanos::ZERO).1;
     let consistent = |r: &SharedRoute| {
         let b = r.breaker();
         b.is_open() == (r.mode() == StoreMode::Fallback)
@@ -843,10 +846,7 @@ async fn a_rebuilt_route_takes_its_breaker_and_mode_together() {
 #[tokio::test]
 async fn a_call_that_fails_leaves_the_gap_it_was_to_say() {
     let store = a_store_where_nothing_listens(SyncMode::Exact);
-    let epoch = std::time::UNIX_EPOCH;
-    let engine = Engine::new(&order_with_a_burst_of(1), Nanos::ZERO, epoch).unwrap();
-    let id = engine.route_id("order").unwrap();
-    let r = store.inner.route(&engine, id, Nanos::ZERO).unwrap();
+    let (_, r) = order_of(&store, &order_engine(1), Nanos::ZERO);
     r.miss();
     assert_eq!(r.mode(), StoreMode::Shared);
     assert!(store.inner.call(&r, 1, true, 0).await.is_none());
