@@ -15,9 +15,9 @@ use super::SimulateArgs;
 use rocgate::config::{Config, Mode, Partition};
 use rocgate::sim::access_log::{self, LogError};
 use rocgate::sim::{
-    chart, sweep, AccessLog, ArrivalModel, LogOptions, LogReader, LogStats, Profile, ReasonCounts,
-    RunSummary, Scenario, SimError, SimRun, Simulator, Spread, Summary, Sweep, SweepParam,
-    SweepRow,
+    chart, sweep, AccessLog, ArrivalModel, CutsOwn, LogOptions, LogReader, LogStats, Profile,
+    ReasonCounts, RunSummary, Scenario, SimError, SimRun, Simulator, Spread, Summary, Sweep,
+    SweepParam, SweepRow,
 };
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -807,20 +807,15 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
         by_reason(out, &s.shadow_rejected_by_reason);
     }
     if let Some(without) = cuts_set_apart(s) {
-        // What the cuts themselves rejected: below zero, should a cut have let through
-        // afterwards more than the base limit alone would have.
-        let own = i128::from(s.rejected) - i128::from(without);
-        let share = 100.0 * own as f64 / s.offered.max(1) as f64;
-        let what = if own >= 0 {
-            "the cuts' own"
-        } else {
-            "difference"
-        };
+        let own = CutsOwn::new(s.rejected, without, s.offered);
         line(
             out,
             format_args!(
-                "without cuts  {without:>8}  {:5.1}%  rejected by the base limit alone; {what} {own}, {share:.1}%",
-                pct(without)
+                "without cuts  {without:>8}  {:5.1}%  rejected by the base limit alone; {} {}, {:.1}%",
+                pct(without),
+                own.label(),
+                own.count,
+                own.percent
             ),
         );
     }

@@ -5,6 +5,7 @@ use crate::config::Config;
 use crate::controller::ControllerState;
 use crate::engine::RouteSnapshot;
 use crate::limiter::Algorithm;
+use crate::sim::CutsOwn;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -278,17 +279,14 @@ fn write_without_cuts(
     without: u64,
     offered: u64,
 ) -> io::Result<()> {
-    let own = i128::from(rejected) - i128::from(without);
-    let share = 100.0 * own as f64 / offered.max(1) as f64;
-    let what = if own >= 0 {
-        "the cuts' own"
-    } else {
-        "difference"
-    };
+    let own = CutsOwn::new(rejected, without, offered);
     writeln!(
         out,
-        "  without cuts  {without:<7} {:>6}   the base limit alone, simulated on this schedule; {what} ≈ {own}, {share:.1}%",
-        percent(without, offered)
+        "  without cuts  {without:<7} {:>6}   the base limit alone, simulated on this schedule; {} ≈ {}, {:.1}%",
+        percent(without, offered),
+        own.label(),
+        own.count,
+        own.percent
     )
 }
 

@@ -156,8 +156,8 @@ pub use profile::{
     ArrivalModel, Arrivals, Profile, ProfileError, Scenario, UnknownScenario, LATEST_TIME_S,
 };
 pub use run::{
-    ReasonCounts, Request, RunSummary, SimError, SimResult, SimRun, Simulator, SlotRow, Summary,
-    TransitionRecord,
+    CutsOwn, ReasonCounts, Request, RunSummary, SimError, SimResult, SimRun, Simulator, SlotRow,
+    Summary, TransitionRecord,
 };
 pub use sweep::{Sweep, SweepError, SweepParam, SweepRow};
 

@@ -1024,6 +1024,39 @@ impl SlotRow {
 }
 
 /// What a run did on one route, in a few numbers (see the module doc of
+/// What a run's cuts themselves rejected: its rejections less those it makes without
+/// cuts ([`Summary::rejected_without_cuts`]), below zero should a cut have left a
+/// limiter fuller afterwards than the base limit alone would have, as a count and a
+/// share of what was offered. `rocgate simulate` and `rocgate demo` print it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CutsOwn {
+    /// `rejected - without_cuts`.
+    pub count: i128,
+    /// `count` as a percentage of the requests offered (of at least one).
+    pub percent: f64,
+}
+
+impl CutsOwn {
+    /// The cuts' own of a run that offered `offered` and rejected `rejected`, of which
+    /// its base limit alone rejects `without_cuts`.
+    pub fn new(rejected: u64, without_cuts: u64, offered: u64) -> Self {
+        let count = i128::from(rejected) - i128::from(without_cuts);
+        CutsOwn {
+            count,
+            percent: 100.0 * count as f64 / offered.max(1) as f64,
+        }
+    }
+
+    /// How a report names it: "the cuts' own", or "difference" below zero.
+    pub fn label(&self) -> &'static str {
+        if self.count >= 0 {
+            "the cuts' own"
+        } else {
+            "difference"
+        }
+    }
+}
+
 /// [`crate::sim`] for each field).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
