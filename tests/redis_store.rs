@@ -2732,6 +2732,72 @@ async fn the_first_decision_after_a_beats_probe_says_the_gap_and_pays_the_debit(
     assert_debited(&server, "probed", 100.0, in_fallback, 1.0);
 }
 
+/// Batched mode: the sync that probes a route in fallback says the gap (the shared
+/// window missed the decisions taken locally), and that is the gap said: the next
+/// slot's sync says none. (The syncs skipped in fallback had marked the gap to say,
+/// and the probe left the mark, so the next sync dropped the shared controller's
+/// `through` again, rearming it one slot later.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_probe_says_the_gap_once() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let mut config = hand_beaten_config(&server, "once");
+    config.mode = SyncMode::Batched;
+    let (a, clock) = Instance::manual(&route(100.0, Duration::from_secs(1)), &config);
+    beat_answered(&a.store).await;
+    assert!(a.check().await.is_admit());
+    // Written by that slot's sync, in a task of its own.
+    let mut conn = server.connection().unwrap();
+    for _ in 0..100 {
+        if hget::<Option<u64>>(&mut conn, "{once:order}:c", "slot_us").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (slot_us, slots): (u64, u64) = hmget(&mut conn, "{once:order}:c", ("slot_us", "slots"));
+    let slot = Duration::from_micros(slot_us);
+    server.kill();
+    until_fallback(&a, &clock).await;
+    assert_eq!(route_mode(&a), StoreMode::Fallback);
+    // A slot's sync skipped in fallback: its arrivals are the gap to say.
+    clock.advance(slot);
+    let _ = a.check().await;
+    tokio::time::sleep(config.timeout * 2).await;
+    server.restart().await;
+    // The probe: the first decision of a slot once the probe is due, whose sync says
+    // the gap and puts the route back.
+    clock.advance(config.probe_interval);
+    let _ = a.check().await;
+    for _ in 0..100 {
+        if route_mode(&a) == StoreMode::Shared {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(route_mode(&a), StoreMode::Shared, "the sync's probe");
+    // The shared controller as stepped through the slot before Redis's now.
+    let mut conn = server.connection().unwrap();
+    let now_slot = redis_time_us(&mut conn) / slot_us;
+    hset(
+        &mut conn,
+        "{once:order}:c",
+        (
+            &["limit", "100", "state", "0", "roc", "0"][..],
+            ("through", now_slot - 1),
+            ("entered", 0),
+            ("armed", 0),
+            ("slot_us", slot_us),
+            ("slots", slots),
+        ),
+    );
+    // The next slot's sync.
+    clock.advance(slot);
+    assert!(a.check().await.is_admit());
+    tokio::time::sleep(config.timeout * 2).await;
+    let through: Option<u64> = hget(&mut conn, "{once:order}:c", "through");
+    assert!(through.is_some(), "the gap said a second time");
+}
+
 /// A Redis out of memory under `noeviction` answers reads, and the heartbeat (its
 /// script's first write, a removal, lets the rest of it write), but refuses the
 /// decisions' script: the heartbeat's probe of a route in fallback is refused too, and

@@ -1560,10 +1560,11 @@ impl Inner {
         // heartbeat's probe brought the route back says so too (`missed`). So are, in
         // batched mode, the arrivals of a sync that failed or was skipped: the call
         // that fails sets `missed` again ([`sync`]), as does any call that took
-        // `missed` and failed: the gap is still to be said.
+        // `missed` and failed: the gap is still to be said. A probe takes `missed`
+        // too: the gap it says covers the syncs skipped in fallback, and the next
+        // call has none to say.
         let fallen = r.mode() == StoreMode::Fallback;
-        let missed =
-            !fallen && r.missed.load(Ordering::Relaxed) && r.missed.swap(false, Ordering::Relaxed);
+        let missed = r.missed.load(Ordering::Relaxed) && r.missed.swap(false, Ordering::Relaxed);
         let gap = fallen || missed;
         let mut invocation = self.decide.call(&[&r.keys[0], &r.keys[1], &r.keys[2]]);
         invocation
