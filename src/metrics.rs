@@ -568,6 +568,8 @@ impl SharedControl {
         }
         s.cuts += stepped.cuts;
         s.time_in_cut += stepped.time_in_cut;
+        // Not the engine's decisions: its bucket and its twin decide none of them.
+        s.cut_own_rejected = None;
         if let Some(level) = self.level {
             s.level = level;
         }

@@ -9,7 +9,7 @@ use crate::clock::Nanos;
 use crate::config::{KeyLimits, Partition, RouteConfig, Tier};
 use crate::limiter::{
     gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Limiter, Pace,
-    Reason,
+    Reason, TokenBucket,
 };
 use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use dashmap::mapref::entry::Entry;
@@ -21,14 +21,22 @@ use std::marker::PhantomData;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// shadow_adaptive's second set of limiters, following the controller's limit while
-/// the enforced ones hold the base limit.
+/// A route's second limiter, beside the one that decides: in `shadow_adaptive`, its
+/// second set of limiters, following the controller's limit while the enforced ones
+/// hold the base limit; in `enforce` and `shadow`, a route-wide token bucket's twin at
+/// the base limit, which counts the cut's own rejections.
 pub(super) enum Shadow {
-    /// For a route limited as a whole.
+    /// shadow_adaptive, for a route limited as a whole.
     Route(Limiter),
-    /// For a partitioned route: a second key table (filled only while a cut is in
-    /// force, since only then is it consulted).
+    /// shadow_adaptive, for a partitioned route: a second key table (filled only while
+    /// a cut is in force, since only then is it consulted).
     Keys(Box<Keys>),
+    /// `enforce` and `shadow`, for a route limited as a whole by a token bucket: the
+    /// route's bucket as the base limit alone would have it. Idle outside cuts; when
+    /// a cut engages it takes the route's bucket's state (at base until then), and
+    /// while the cut holds every decision on the route is tried against it too: a
+    /// refusal it would have admitted is the cut's own (see `TWIN_ENGAGED`).
+    Twin(TokenBucket),
 }
 
 /// Per-key state of a partitioned route, in a key table per algorithm: each key's

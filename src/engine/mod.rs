@@ -44,7 +44,7 @@ use crate::controller::{
     Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
 use crate::limiter::{
-    Admit, Algorithm, Concurrency, Decision, Level, Limiter, Pace, Reason, Rejection,
+    Admit, Algorithm, Concurrency, Decision, Level, Limiter, Pace, Reason, Rejection, TokenBucket,
 };
 use crate::route_index::RouteIndex;
 use crate::sync::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -207,16 +207,31 @@ fn rejected_counter(reason: Reason) -> usize {
     1 + reason.index()
 }
 
-/// The lane counter of what a cut would have rejected in `shadow_adaptive` mode.
-const SHADOW_CUT: usize = 1 + Reason::ALL.len();
+/// The lane counter of the cut's own rejections: requests a cut refused that the base
+/// limit admits. In `shadow_adaptive` mode, those the base limit admitted that a cut
+/// would have rejected (its shadow limiter counts them); in `enforce` and `shadow`, on
+/// a route limited as a whole by a token bucket, those a cut rejected that the
+/// route's twin at the base limit admits ([`Shadow::Twin`]). One quantity, so one
+/// counter (a lane holds 8).
+const CUT_OWN: usize = 1 + Reason::ALL.len();
 /// The lane counter of keys a partitioned route's sweeps evicted.
-const KEYS_EVICTED: usize = SHADOW_CUT + 1;
+const KEYS_EVICTED: usize = CUT_OWN + 1;
 const _: () = assert!(KEYS_EVICTED < crate::lanes::COUNTERS);
 
 /// [`Route::behind`]: the route's limiter.
 const BEHIND_LIMITER: u8 = 1;
 /// [`Route::behind`]: the shadow limiter of a `shadow_adaptive` route-wide route.
 const BEHIND_SHADOW: u8 = 2;
+/// [`Route::behind`]: the twin of an `enforce` or `shadow` route-wide token bucket
+/// ([`Shadow::Twin`]), whose rate follows the base limit while a cut holds.
+const BEHIND_TWIN: u8 = 4;
+/// The [`Route::behind`] bits of changes left to make.
+const BEHIND_CHANGES: u8 = BEHIND_LIMITER | BEHIND_SHADOW | BEHIND_TWIN;
+/// [`Route::behind`]: a cut holds on a route with a twin ([`Shadow::Twin`]), which
+/// every decision is tried against too, out of line ([`Engine::decide_twinned`]).
+/// No change is left to make for it: it sends the route's decisions out of line for
+/// as long as the cut holds, and for no longer.
+const TWIN_ENGAGED: u8 = 8;
 
 /// The next [`Route::serial`], less one. Always `std`'s (a `static` needs a `const fn
 /// new`): a process-wide serial, in no loom model.
@@ -236,7 +251,9 @@ struct Route {
     counter: SlotCounter,
     /// Route-level enforcement (partition `Route`); for shadow_adaptive, at base limit.
     limiter: Limiter,
-    /// shadow_adaptive only: at the controller's limit, to count what a cut would reject.
+    /// shadow_adaptive: at the controller's limit, to count what a cut would reject.
+    /// `enforce` and `shadow` with a route-wide token bucket: its twin at the base
+    /// limit, to count what a cut rejects that the base limit would not.
     shadow: Option<Shadow>,
     /// Set once a reload has rebuilt this route around its concurrency permits, route
     /// wide or per key ([`Route::hand_over`]): their limit is then the new route's to
@@ -245,12 +262,14 @@ struct Route {
     /// change (a hint there, read without the lock: loom's under loom, so that the
     /// models see a key read it as the hand-over is made; see [`Route::hand_over`]).
     handed_over: AtomicBool,
-    /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`]) a
-    /// limit change has not reached yet: a token bucket's change that found its note
-    /// taken, left for the next decision on the route ([`Route::finish_change`]).
-    /// Written under the state lock only, read by decisions as a hint (a stale read
-    /// puts the change off, or tries the lock, for one decision). `std`'s even under
-    /// loom, as the lock is: a model would only explore more orders of it.
+    /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`],
+    /// [`BEHIND_TWIN`]) a limit change has not reached yet: a token bucket's change
+    /// that found its note taken, left for the next decision on the route
+    /// ([`Route::finish_change`]); and [`TWIN_ENGAGED`] while a cut holds on a route
+    /// with a twin. Written under the state lock only, read by decisions as a hint (a
+    /// stale read puts the change off, or tries the lock, for one decision, and
+    /// decides one request with or without the twin at a cut's edges). `std`'s even
+    /// under loom, as the lock is: a model would only explore more orders of it.
     behind: std::sync::atomic::AtomicU8,
     keys: Option<Keys>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
@@ -665,7 +684,7 @@ impl Engine {
             if r.counter.needs_roll(now) {
                 self.roll_locked(r, &mut st, now);
             }
-        } else if r.behind.load(Ordering::Relaxed) != 0 {
+        } else if r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES != 0 {
             r.finish_change();
         }
     }
@@ -832,9 +851,10 @@ impl Engine {
         }
     }
 
-    /// Decides one request on `r`: at once, or, when its window needs rolling or a
-    /// limit change is left to make, after doing so out of line, in a tail call: no
-    /// value of the common path has to be kept across a call for it.
+    /// Decides one request on `r`: at once, or, when its window needs rolling, a
+    /// limit change is left to make or a cut holds on a route with a twin, out of
+    /// line, in a tail call: no value of the common path has to be kept across a call
+    /// for it.
     #[inline(always)]
     fn decide(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
         if r.counter.needs_roll(now) || r.behind.load(Ordering::Relaxed) != 0 {
@@ -844,16 +864,56 @@ impl Engine {
     }
 
     /// [`Engine::decide`] of a request that finds its window to roll or a limit change
-    /// left to make ([`Route::finish_change`]): does that first.
+    /// left to make ([`Route::finish_change`]): does that first. While a cut holds on a
+    /// route with a twin, decides with it ([`Engine::decide_twinned`]).
     #[cold]
     #[inline(never)]
     fn decide_late(&self, r: &Route, key: TableKey, now: Nanos) -> Decision {
         if r.counter.needs_roll(now) {
             self.roll(r, now);
-        } else {
+        } else if r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES != 0 {
             r.finish_change();
         }
+        if r.behind.load(Ordering::Relaxed) & TWIN_ENGAGED != 0 {
+            if let (Limiter::TokenBucket(bucket), Some(Shadow::Twin(twin))) =
+                (&r.limiter, &r.shadow)
+            {
+                return self.decide_twinned(r, bucket, twin, now);
+            }
+        }
         self.decide_now(r, key, now)
+    }
+
+    /// Decides one request on a route-wide token bucket, `bucket`, while a cut holds,
+    /// as [`Engine::decide_now`] does, and tries it against the bucket's `twin` at the
+    /// base limit: an admission takes a token from the twin too (the base limit would
+    /// have admitted it), and a refusal that the twin admits (taking a token) is the
+    /// cut's own ([`CUT_OWN`]). Its reason stays the one `refused` names, `roc_cut`.
+    fn decide_twinned(
+        &self,
+        r: &Route,
+        bucket: &TokenBucket,
+        twin: &TokenBucket,
+        now: Nanos,
+    ) -> Decision {
+        r.counter.add();
+        match bucket.take(now) {
+            Ok(()) => {
+                // A bucket at a cut holds no more than its twin at base: this takes.
+                let _ = twin.take(now);
+                Decision::Admit(Admit::Now)
+            }
+            Err(retry_after_ns) => {
+                if twin.take(now).is_ok() {
+                    r.counter.counters().add(CUT_OWN);
+                }
+                self.refused(
+                    r,
+                    Duration::from_nanos(retry_after_ns.max(1)),
+                    Reason::Limit,
+                )
+            }
+        }
     }
 
     /// Decides one request on `r`, its window and limiters up to date.
@@ -864,7 +924,7 @@ impl Engine {
         // result: the `Decision` is built once, in the caller's slot, never moved.
         match (&r.keys, &r.limiter) {
             (None, Limiter::TokenBucket(bucket)) => match bucket.take(now) {
-                Ok(()) if r.shadow.is_none() => Decision::Admit(Admit::Now),
+                Ok(()) if r.mode != Mode::ShadowAdaptive => Decision::Admit(Admit::Now),
                 Ok(()) => self.admit_shadowed(r, key, now),
                 Err(retry_after_ns) => self.refused(
                     r,
@@ -993,9 +1053,11 @@ impl Engine {
             Shadow::Route(limiter) => limiter.check(now).is_admit(),
             Shadow::Keys(_) if !r.engaged.load(Ordering::Relaxed) => return,
             Shadow::Keys(keys) => keys.check(r, key, now).is_admit(),
+            // Not shadow_adaptive's: a twin is tried in `decide_twinned` only.
+            Shadow::Twin(_) => return,
         };
         if !would_admit && r.engaged.load(Ordering::Relaxed) {
-            r.counter.counters().add(SHADOW_CUT);
+            r.counter.counters().add(CUT_OWN);
         }
     }
 
@@ -1105,7 +1167,7 @@ impl Engine {
             let at = st.controller.limit_since().min(now);
             r.apply_limit(&st.controller, at);
         } else {
-            let behind = r.behind.load(Ordering::Relaxed);
+            let behind = r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES;
             if behind != 0 {
                 let at = Nanos::new(r.changed_at.load(Ordering::Relaxed));
                 r.set_limiters(&st.controller, at, behind);
@@ -1351,12 +1413,16 @@ impl Route {
             }
             None => None,
         };
-        let shadow = (cfg.mode == Mode::ShadowAdaptive).then(|| {
-            Keys::new(cfg, now, false).map_or_else(
+        let shadow = match (cfg.mode, cfg.algorithm, &cfg.partition) {
+            (Mode::ShadowAdaptive, _, _) => Some(Keys::new(cfg, now, false).map_or_else(
                 || Shadow::Route(Limiter::new(cfg.algorithm, p.base_limit_rps, now)),
                 |keys| Shadow::Keys(Box::new(keys)),
-            )
-        });
+            )),
+            (_, Algorithm::TokenBucket { burst }, Partition::Route) => {
+                Some(Shadow::Twin(TokenBucket::new(p.base_limit_rps, burst, now)))
+            }
+            _ => None,
+        };
         let events = cfg
             .events
             .iter()
@@ -1540,7 +1606,7 @@ impl Route {
     /// the next decision on the route makes the change ([`Route::finish_change`]).
     fn apply_limit(&self, c: &Controller, at: Nanos) {
         let now = at.max(Nanos::new(self.changed_at.load(Ordering::Relaxed)));
-        self.set_limiters(c, now, BEHIND_LIMITER | BEHIND_SHADOW);
+        self.set_limiters(c, now, BEHIND_CHANGES);
         let limit = c.limit_rps();
         let base = c.params().base_limit_rps;
         let cut = c.params().cut_limit_rps;
@@ -1577,9 +1643,21 @@ impl Route {
     }
 
     /// Sets the route-wide limiters among `which` ([`BEHIND_LIMITER`],
-    /// [`BEHIND_SHADOW`]) to the controller's limit as of `at`, each without waiting,
-    /// and records those whose change could not take its note as [`behind`](Route::behind).
-    /// Called with the state lock held.
+    /// [`BEHIND_SHADOW`], [`BEHIND_TWIN`]) to the controller's limit as of `at` (a
+    /// twin to the base limit), each without waiting, and records those whose change
+    /// could not take its note as [`behind`](Route::behind). Called with the state
+    /// lock held.
+    ///
+    /// On a route with a twin ([`Shadow::Twin`]), a cut that engages (the limit below
+    /// base) first sets the twin at the base limit and gives it the route's bucket's
+    /// tokens (the bucket is at base until then), then marks the route
+    /// [`TWIN_ENGAGED`], then changes the bucket; while it holds, the twin follows the
+    /// base limit (an event's, a runtime change's: tokens clamped, never refilled);
+    /// once the limit is back at base the mark is cleared and the twin is idle until
+    /// the next cut. A decision that read the mark just before it changed is decided
+    /// without the twin, or with it, as the other side of the edge: a few requests at
+    /// a cut's start or end may be left out of the count, or tried against an idle
+    /// twin, which the next cut's start sets again.
     fn set_limiters(&self, c: &Controller, at: Nanos, which: u8) {
         let which = if self.handed_over.load(Ordering::Relaxed) {
             which & !BEHIND_LIMITER
@@ -1601,6 +1679,29 @@ impl Route {
             }
             // Keys (enforced and shadow) catch up lazily with `generation`.
             (Mode::ShadowAdaptive, _) => 0,
+            (_, Some(Shadow::Twin(twin)))
+                if c.state() != ControllerState::Normal && limit < base =>
+            {
+                let engaged = self.behind.load(Ordering::Relaxed) & TWIN_ENGAGED != 0;
+                let twin_limiter = |which: u8| {
+                    if which & BEHIND_TWIN == 0 || twin.try_set_limit(base, at) {
+                        0
+                    } else {
+                        BEHIND_TWIN
+                    }
+                };
+                let twin_behind = if engaged {
+                    twin_limiter(which)
+                } else {
+                    let behind = twin_limiter(BEHIND_TWIN);
+                    if let Limiter::TokenBucket(bucket) = &self.limiter {
+                        twin.copy_from(bucket);
+                    }
+                    self.behind.fetch_or(TWIN_ENGAGED, Ordering::Relaxed);
+                    behind
+                };
+                TWIN_ENGAGED | twin_behind | set(&self.limiter, limit, BEHIND_LIMITER)
+            }
             _ => set(&self.limiter, limit, BEHIND_LIMITER),
         };
         self.behind.store(behind, Ordering::Relaxed);
@@ -1615,6 +1716,7 @@ impl Route {
     fn finish_change(&self) {
         if let Some(st) = self.try_lock() {
             let which = self.behind.load(Ordering::Relaxed);
+            let which = which & BEHIND_CHANGES;
             if which != 0 {
                 let at = Nanos::new(self.changed_at.load(Ordering::Relaxed));
                 self.set_limiters(&st.controller, at, which);
@@ -1633,7 +1735,7 @@ impl Route {
             Mode::Enforce => (counted, none),
             Mode::Shadow => (none, counted),
             Mode::ShadowAdaptive => {
-                let cut = self.counter.counters().sum(SHADOW_CUT);
+                let cut = self.counter.counters().sum(CUT_OWN);
                 (
                     counted,
                     none.map(|(r, _)| (r, if r == Reason::RocCut { cut } else { 0 })),
@@ -1679,6 +1781,12 @@ impl Route {
             max_keys: match &self.partition {
                 Partition::Route => 0,
                 Partition::ClientIp(limits) | Partition::Header(_, limits) => limits.max_keys,
+            },
+            cut_own_rejected: match (self.mode, &self.shadow) {
+                (Mode::ShadowAdaptive, _) | (_, Some(Shadow::Twin(_))) => {
+                    Some(self.counter.counters().sum(CUT_OWN))
+                }
+                _ => None,
             },
             keys_evicted: self.counter.counters().sum(KEYS_EVICTED),
             keys_overflowed: self.keys.as_ref().map_or(0, Keys::overflow_decisions),

@@ -51,6 +51,20 @@ pub struct RouteSnapshot {
     pub rejected: Vec<(Reason, u64)>,
     /// Requests a shadow mode admitted but would have rejected, by reason.
     pub shadow_rejected: Vec<(Reason, u64)>,
+    /// The cut's own rejections: requests refused while a cut held (`roc_cut`, real or
+    /// in `shadow` would-be) that a token bucket at the base limit would have
+    /// admitted. Of every `roc_cut` refusal, these are the ones the cut made; the
+    /// rest the base limit would have made too. Counted on a route limited as a whole
+    /// by a token bucket in `enforce` and `shadow` mode (by a twin of its bucket at
+    /// the base limit, which takes the bucket's tokens when a cut engages and every
+    /// request while it holds; a few requests at a cut's edges, decided as the cut
+    /// engages or ends, may be missed), and in `shadow_adaptive` mode on every route
+    /// (what the cut would have refused of what the base limit admitted:
+    /// `shadow_rejected`'s `roc_cut`). `None` where not counted: a partitioned route
+    /// or another algorithm in `enforce` or `shadow`; and a route a shared store
+    /// decides, once its shared state is put in the snapshot (the metrics' and the
+    /// admin API's `SharedControl::apply`): Redis's decisions are not the engine's.
+    pub cut_own_rejected: Option<u64>,
     /// Cuts since start.
     pub cuts: u64,
     /// Total time spent in `Cut`, the cut under way (if any) counted to the

@@ -489,6 +489,29 @@ impl Words<'_> {
         }
     }
 
+    /// Puts `from`'s TAT in this bucket's word, its count and mark kept: this bucket
+    /// then holds the tokens `from` holds, read at its own rate and capacity (the
+    /// same tokens where those are `from`'s). `from`'s TAT is read as a decision
+    /// reads it, whole. A decision on this bucket that loaded the word before
+    /// retries; one that wrote it since is overwritten.
+    pub(crate) fn copy_tat(self, from: Words<'_>) {
+        let tat = loop {
+            let (word, tat, _, _) = from.read();
+            if from.still(word) {
+                break tat;
+            }
+        };
+        let mut seen = self.tat.load(Ordering::Relaxed);
+        while let Err(current) = self.tat.compare_exchange_weak(
+            seen,
+            (seen & !TAT) | tat,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            seen = current;
+        }
+    }
+
     /// Tokens left at `now` and the capacity.
     pub(crate) fn level(self, now: Nanos) -> Level {
         let now = clamped(now);

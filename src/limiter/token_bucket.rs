@@ -101,6 +101,14 @@ impl TokenBucket {
         self.words().lower_to(tokens, now);
     }
 
+    /// Takes `other`'s tokens: this bucket holds what `other` holds, as far as its
+    /// rate and capacity are `other`'s (read at its own, otherwise). A decision on
+    /// this bucket meanwhile is made before or after, as it is around a change. The
+    /// engine starts a route bucket's twin from the route's bucket so.
+    pub(crate) fn copy_from(&self, other: &TokenBucket) {
+        self.words().copy_tat(other.words());
+    }
+
     /// Tokens left at `now` and the capacity.
     pub fn level(&self, now: Nanos) -> Level {
         self.words().level(now)

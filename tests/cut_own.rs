@@ -1,0 +1,196 @@
+//! The cut's own rejections, counted live ([`RouteSnapshot::cut_own_rejected`]): the
+//! refusals made while a cut held that a token bucket at the base limit would have
+//! admitted, on the manual clock.
+
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
+use rocgate::controller::ControllerState;
+use rocgate::engine::{Engine, Key, RouteId, RouteSnapshot};
+use rocgate::limiter::{Algorithm, Reason, TokenBucket};
+use std::time::{Duration, SystemTime};
+
+/// A route at 10 req/s, cut to 3 when demand rises past an ROC of 50 (back under 10
+/// to recover), in `mode`.
+fn route(mode: Mode) -> RouteConfig {
+    let mut cfg = RouteConfig::new("sale", RouteMatch::any());
+    cfg.mode = mode;
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    cfg
+}
+
+fn engine(cfg: RouteConfig) -> (Engine, RouteId) {
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    (e, id)
+}
+
+fn snapshot(e: &Engine, id: RouteId, at: f64) -> RouteSnapshot {
+    e.route_snapshot(id, Nanos::from_secs_f64(at)).unwrap()
+}
+
+/// What a token bucket at the base limit (10 req/s, a second's burst) that saw the
+/// same arrivals says of them: fed every arrival from the start, it stands where the
+/// route's bucket stands until the cut (both are at base and admit the same), so
+/// from the cut on it is the route's bucket as the base limit alone would have left it.
+struct Reference {
+    bucket: TokenBucket,
+    /// Refused by the route, admitted by the reference.
+    own: u64,
+}
+
+impl Reference {
+    fn new() -> Self {
+        Reference {
+            bucket: TokenBucket::new(10.0, Duration::from_secs(1), Nanos::ZERO),
+            own: 0,
+        }
+    }
+}
+
+/// Offers `rate` req/s evenly from `from` to `to` (seconds) to the route and to the
+/// reference, which counts those the route refused that it admits. A refusal is one
+/// the route counted (in shadow mode, admitted but counted as would-be refused).
+fn offer(e: &Engine, id: RouteId, reference: &mut Reference, from: f64, to: f64, rate: f64) {
+    let n = ((to - from) * rate).round() as u64;
+    for k in 0..n {
+        let now = Nanos::from_secs_f64(from + k as f64 / rate);
+        let before = refusals(&snapshot(e, id, now.as_secs_f64()));
+        let _ = e.check(id, Key::None, now);
+        let refused = refusals(&snapshot(e, id, now.as_secs_f64())) > before;
+        if reference.bucket.check(now).is_admit() && refused {
+            reference.own += 1;
+        }
+    }
+}
+
+/// Every refusal the route counted, real or would-be.
+fn refusals(s: &RouteSnapshot) -> u64 {
+    s.rejected_total() + s.shadow_rejected.iter().map(|(_, n)| n).sum::<u64>()
+}
+
+/// The flash sale: 12 req/s for 10 s (some refused by the base limit, no cut), then
+/// 200 req/s for a second (the cut engages), then 20 req/s for 3 s with the cut
+/// holding. Returns the route's snapshot at 14 s and the reference's count.
+fn flash_sale(mode: Mode) -> (Engine, RouteId, Reference, RouteSnapshot) {
+    let (e, id) = engine(route(mode));
+    let mut reference = Reference::new();
+    offer(&e, id, &mut reference, 0.0, 10.0, 12.0);
+    let calm = snapshot(&e, id, 10.0);
+    assert_eq!(calm.state, ControllerState::Normal, "{mode:?}");
+    assert!(
+        calm.rejected_for(Reason::Limit) + calm.shadow_rejected_for(Reason::Limit) > 0,
+        "{mode:?}: the base limit refused some before the cut"
+    );
+    assert_eq!(
+        calm.cut_own_rejected,
+        Some(0),
+        "{mode:?}: no cut, none counted"
+    );
+    assert_eq!(reference.own, 0, "{mode:?}");
+    offer(&e, id, &mut reference, 10.0, 11.0, 200.0);
+    offer(&e, id, &mut reference, 11.0, 14.0, 20.0);
+    let s = snapshot(&e, id, 14.0);
+    assert_eq!(
+        s.state,
+        ControllerState::Cut,
+        "{mode:?}: measured while cut"
+    );
+    (e, id, reference, s)
+}
+
+/// The count is exactly what a token bucket at the base limit, starting where the
+/// route's bucket stood when the cut engaged and fed the same arrivals, admits of the
+/// route's refusals; within the `roc_cut` refusals; and it does not move once the
+/// limit is back at base.
+#[test]
+fn the_cuts_own_are_what_the_base_limit_would_have_admitted() {
+    let (e, id, mut reference, s) = flash_sale(Mode::Enforce);
+    let own = s.cut_own_rejected.unwrap();
+    assert!(own > 0, "the cut refused some the base limit admits");
+    assert_eq!(own, reference.own);
+    assert!(s.rejected_for(Reason::RocCut) >= own);
+    assert!(
+        s.rejected_for(Reason::RocCut) > own,
+        "some of the cut's refusals the base limit would have made too"
+    );
+
+    // Calm at 8 req/s until the limit is back at base.
+    let mut t = 14.0;
+    while {
+        let s = snapshot(&e, id, t);
+        s.state != ControllerState::Normal || s.limit_rps < s.base_limit_rps
+    } {
+        assert!(t < 300.0, "the route recovers");
+        offer(&e, id, &mut reference, t, t + 1.0, 8.0);
+        t += 1.0;
+    }
+    let recovered = snapshot(&e, id, t);
+    // Above the base limit again: refused for `limit`, none counted as the cut's.
+    offer(&e, id, &mut Reference::new(), t, t + 5.0, 30.0);
+    let after = snapshot(&e, id, t + 5.0);
+    assert_eq!(after.state, ControllerState::Normal);
+    assert!(after.rejected_for(Reason::Limit) > recovered.rejected_for(Reason::Limit));
+    assert_eq!(after.cut_own_rejected, recovered.cut_own_rejected);
+}
+
+/// Shadow mode refuses nothing but counts the same as enforce for the same traffic
+/// (its limiter takes the same tokens: a would-be refusal takes none).
+#[test]
+fn shadow_mode_counts_the_cuts_own_as_enforce_does() {
+    let (_, _, _, enforced) = flash_sale(Mode::Enforce);
+    let (_, _, reference, shadowed) = flash_sale(Mode::Shadow);
+    assert_eq!(shadowed.rejected_total(), 0);
+    assert_eq!(
+        shadowed.shadow_rejected_for(Reason::RocCut),
+        enforced.rejected_for(Reason::RocCut)
+    );
+    assert_eq!(shadowed.cut_own_rejected, enforced.cut_own_rejected);
+    assert_eq!(shadowed.cut_own_rejected, Some(reference.own));
+}
+
+/// shadow_adaptive enforces the base limit and counts what the cut would have refused
+/// of what it admitted: the same quantity, in the same field.
+#[test]
+fn shadow_adaptive_reports_its_shadow_cut_as_the_cuts_own() {
+    let (e, id) = engine(route(Mode::ShadowAdaptive));
+    let mut reference = Reference::new();
+    offer(&e, id, &mut reference, 0.0, 10.0, 12.0);
+    offer(&e, id, &mut reference, 10.0, 11.0, 200.0);
+    offer(&e, id, &mut reference, 11.0, 14.0, 20.0);
+    let s = snapshot(&e, id, 14.0);
+    assert_eq!(s.state, ControllerState::Cut);
+    assert!(s.shadow_rejected_for(Reason::RocCut) > 0);
+    assert_eq!(
+        s.cut_own_rejected,
+        Some(s.shadow_rejected_for(Reason::RocCut))
+    );
+}
+
+/// Not counted where a token bucket limiting the route as a whole does not decide: a
+/// partitioned route, another algorithm.
+#[test]
+fn keyed_routes_and_other_algorithms_count_none() {
+    let mut keyed = route(Mode::Enforce);
+    keyed.partition = Partition::ClientIp(KeyLimits::default());
+    let mut windowed = route(Mode::Enforce);
+    windowed.algorithm = Algorithm::FixedWindow {
+        window: Duration::from_secs(1),
+    };
+    let mut shadowed = route(Mode::Shadow);
+    shadowed.algorithm = Algorithm::SlidingWindow {
+        window: Duration::from_secs(1),
+    };
+    for cfg in [keyed, windowed, shadowed] {
+        let name = format!("{:?} {:?}", cfg.partition, cfg.algorithm);
+        let (e, id) = engine(cfg);
+        let mut reference = Reference::new();
+        offer(&e, id, &mut reference, 0.0, 10.0, 12.0);
+        offer(&e, id, &mut reference, 10.0, 11.0, 200.0);
+        let s = snapshot(&e, id, 11.0);
+        assert_eq!(s.state, ControllerState::Cut, "{name}");
+        assert_eq!(s.cut_own_rejected, None, "{name}");
+    }
+}
