@@ -253,6 +253,12 @@ async fn health_and_live_state() {
     assert_eq!(order["base_limit_rps"], 200.0);
     assert_eq!(order["tokens"], 200.0);
     assert_eq!(order["rejected"]["roc_cut"], 0);
+    // Counted on a route limited as a whole by a token bucket, and exported.
+    assert_eq!(order["cut_own_rejected"], 0);
+    assert!(metrics_text(p.admin)
+        .await
+        .lines()
+        .any(|l| l == r#"rocgate_cut_own_rejections_total{route="order"} 0"#));
     assert!(order["active_event"].is_null());
     assert_eq!(
         call(p.admin, "GET", "/admin/routes/nope", "", None).await.0,

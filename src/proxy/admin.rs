@@ -850,6 +850,7 @@ pub(crate) fn route_json(s: &RouteSnapshot) -> Value {
         "admitted": s.admitted,
         "rejected": by_reason(&s.rejected),
         "shadow_rejected": by_reason(&s.shadow_rejected),
+        "cut_own_rejected": s.cut_own_rejected,
         "cuts": s.cuts,
         "time_in_cut_seconds": s.time_in_cut.as_secs_f64(),
         "active_event": s.active_event,
