@@ -886,9 +886,12 @@ impl Engine {
 
     /// Decides one request on a route-wide token bucket, `bucket`, while a cut holds,
     /// as [`Engine::decide_now`] does, and tries it against the bucket's `twin` at the
-    /// base limit: an admission takes a token from the twin too (the base limit would
-    /// have admitted it), and a refusal that the twin admits (taking a token) is the
-    /// cut's own ([`CUT_OWN`]). Its reason stays the one `refused` names, `roc_cut`.
+    /// base limit, which every request takes a token from if it has one, as the base
+    /// limit alone would have: a refusal that the twin admits is the cut's own
+    /// ([`CUT_OWN`]). Its reason stays the one `refused` names, `roc_cut`. (An
+    /// admission the twin refuses is counted nowhere: the bucket at the cut and its
+    /// twin at base have tokens at other instants, so the cut admits some requests
+    /// that the base limit alone would have refused then.)
     fn decide_twinned(
         &self,
         r: &Route,
@@ -899,7 +902,7 @@ impl Engine {
         r.counter.add();
         match bucket.take(now) {
             Ok(()) => {
-                // A bucket at a cut holds no more than its twin at base: this takes.
+                // Whether the base limit alone would have admitted it too counts nowhere.
                 let _ = twin.take(now);
                 Decision::Admit(Admit::Now)
             }

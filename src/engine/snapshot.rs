@@ -54,7 +54,11 @@ pub struct RouteSnapshot {
     /// The cut's own rejections: requests refused while a cut held (`roc_cut`, real or
     /// in `shadow` would-be) that a token bucket at the base limit would have
     /// admitted. Of every `roc_cut` refusal, these are the ones the cut made; the
-    /// rest the base limit would have made too. Counted on a route limited as a whole
+    /// rest the base limit would have made too. (Request by request: the cut also
+    /// admits some requests the base limit alone would have refused at that instant,
+    /// its bucket having tokens at other instants, so what the cut cost in all,
+    /// rejections less those the base limit alone makes of the same arrivals, as
+    /// `rocgate simulate` counts it, is lower.) Counted on a route limited as a whole
     /// by a token bucket in `enforce` and `shadow` mode (by a twin of its bucket at
     /// the base limit, which takes the bucket's tokens when a cut engages and every
     /// request while it holds; a few requests at a cut's edges, decided as the cut
