@@ -253,12 +253,6 @@ async fn health_and_live_state() {
     assert_eq!(order["base_limit_rps"], 200.0);
     assert_eq!(order["tokens"], 200.0);
     assert_eq!(order["rejected"]["roc_cut"], 0);
-    // Counted on a route limited as a whole by a token bucket, and exported.
-    assert_eq!(order["cut_own_rejected"], 0);
-    assert!(metrics_text(p.admin)
-        .await
-        .lines()
-        .any(|l| l == r#"rocgate_cut_own_rejections_total{route="order"} 0"#));
     assert!(order["active_event"].is_null());
     assert_eq!(
         call(p.admin, "GET", "/admin/routes/nope", "", None).await.0,
@@ -457,6 +451,33 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
     let text = metrics_text(p.admin).await;
     all_at_zero(&text, "errors_from_zero");
     all_at_zero(&text, "errors_from_zero_added");
+    p.stop().await;
+}
+
+/// The cut's own rejections are in a route's live state and `/metrics` where they are
+/// counted (a route limited as a whole by a token bucket), and `null` and absent where
+/// not (a partitioned route). (Routes of names of their own: the tests of one process
+/// share the global recorder.)
+#[tokio::test]
+async fn the_cuts_own_rejections_are_live_state_and_metrics_where_counted() {
+    let extra = "[[routes]]\nname = \"cut_own_whole\"\npath = \"/cut-own-whole\"\n\n\
+                 [[routes]]\nname = \"cut_own_keyed\"\npath = \"/cut-own-keyed\"\n\
+                 partition = \"ip\"\n";
+    let p = start_on(None, &format!("{extra}{CONFIG}"), None).await.0;
+    let (status, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(route(&all, "cut_own_whole")["cut_own_rejected"], 0);
+    assert!(route(&all, "cut_own_keyed")["cut_own_rejected"].is_null());
+    let text = metrics_text(p.admin).await;
+    assert!(
+        text.lines()
+            .any(|l| l == r#"rocgate_cut_own_rejections_total{route="cut_own_whole"} 0"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains(r#"rocgate_cut_own_rejections_total{route="cut_own_keyed"}"#),
+        "{text}"
+    );
     p.stop().await;
 }
 
