@@ -194,3 +194,28 @@ fn keyed_routes_and_other_algorithms_count_none() {
         assert_eq!(s.cut_own_rejected, None, "{name}");
     }
 }
+
+/// A runtime change of the base limit during the cut (10 → 5 req/s) moves the twin's
+/// rate as the base limit alone would have moved it: the count stays what a token bucket
+/// at the base limit, changed at the same instant, admits of the route's refusals.
+#[test]
+fn a_base_changed_during_the_cut_moves_the_twin() {
+    let (e, id, mut reference, s) = flash_sale(Mode::Enforce);
+    let mut params = e.route_params(id).unwrap();
+    params.base_limit_rps = 5.0;
+    e.update_route(id, params, Nanos::from_secs(14)).unwrap();
+    reference.bucket.set_limit(5.0, Nanos::from_secs(14));
+    offer(&e, id, &mut reference, 14.0, 16.0, 20.0);
+    let after = snapshot(&e, id, 16.0);
+    assert_eq!(after.state, ControllerState::Cut, "measured while cut");
+    assert_eq!(after.base_limit_rps, 5.0);
+    assert!(after.cut_own_rejected > s.cut_own_rejected);
+    assert_eq!(after.cut_own_rejected, Some(reference.own));
+    // The twin left at 10 req/s would have counted more.
+    let (e, id, mut unchanged, _) = flash_sale(Mode::Enforce);
+    let mut params = e.route_params(id).unwrap();
+    params.base_limit_rps = 5.0;
+    e.update_route(id, params, Nanos::from_secs(14)).unwrap();
+    offer(&e, id, &mut unchanged, 14.0, 16.0, 20.0);
+    assert!(unchanged.own > reference.own);
+}
