@@ -219,3 +219,40 @@ fn a_base_changed_during_the_cut_moves_the_twin() {
     offer(&e, id, &mut unchanged, 14.0, 16.0, 20.0);
     assert!(unchanged.own > reference.own);
 }
+
+/// Four threads sharing the flash sale's arrivals (each takes the next), through
+/// the cut's engagement and its end: decisions racing the twin's start and stop
+/// neither panic nor count a refusal that is not `roc_cut`'s.
+#[test]
+fn racing_decisions_count_within_the_cuts_refusals() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let (e, id) = engine(route(Mode::Enforce));
+    let mut arrivals = Vec::new();
+    for (from, to, rate) in [(0.0, 10.0, 12.0), (10.0, 11.0, 200.0), (11.0, 60.0, 8.0)] {
+        let n = ((to - from) * rate) as u64;
+        arrivals.extend((0..n).map(|k| Nanos::from_secs_f64(from + k as f64 / rate)));
+    }
+    let (e, arrivals, next) = (
+        Arc::new(e),
+        Arc::new(arrivals),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (e, arrivals, next) = (Arc::clone(&e), Arc::clone(&arrivals), Arc::clone(&next));
+            std::thread::spawn(move || {
+                while let Some(&now) = arrivals.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let _ = e.check(id, Key::None, now);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a thread");
+    }
+    let s = snapshot(&e, id, 60.0);
+    assert!(s.cuts >= 1, "{s:?}");
+    let own = s.cut_own_rejected.unwrap();
+    assert!(own > 0 && own <= s.rejected_for(Reason::RocCut), "{s:?}");
+}
