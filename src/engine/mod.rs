@@ -1718,8 +1718,7 @@ impl Route {
     #[inline(never)]
     fn finish_change(&self) {
         if let Some(st) = self.try_lock() {
-            let which = self.behind.load(Ordering::Relaxed);
-            let which = which & BEHIND_CHANGES;
+            let which = self.behind.load(Ordering::Relaxed) & BEHIND_CHANGES;
             if which != 0 {
                 let at = Nanos::new(self.changed_at.load(Ordering::Relaxed));
                 self.set_limiters(&st.controller, at, which);
