@@ -30,7 +30,7 @@
 //! | `rocgate_controller_state` | gauge | `route`, `state` | 1 for the state the controller is in, 0 for the others |
 //! | `rocgate_controller_transitions_total` | counter | `route`, `from`, `to` | state changes |
 //! | `rocgate_cuts_total` | counter | `route` | cuts |
-//! | `rocgate_cut_own_rejections_total` | counter | `route` | of the requests refused while a cut held (`reason="roc_cut"`, in `shadow` mode would-be), those a token bucket at the base limit would have admitted: the cut's own, the rest of `roc_cut` the base limit refuses too; in `shadow_adaptive`, what the cut would have refused of what the base limit admitted (its `shadow_rejected` `roc_cut`). Only for routes that count it: a route limited as a whole by a token bucket (`enforce`, `shadow`), any `shadow_adaptive` route; not for partitioned routes or other algorithms in `enforce` and `shadow`, nor for routes a shared store decides |
+//! | `rocgate_cut_vs_base_total` | counter | `route`, `decision` | decisions made while a cut held that a token bucket at the base limit, started from the route's at the cut's start and fed the same requests, made the other way: `rejected`, the cut refused (`roc_cut`, in `shadow` mode would-be) and the base limit admits; `admitted`, the cut admitted and the base limit refuses. `rejected` less `admitted` is the cut's own refusals, net. Only for routes limited as a whole by a token bucket in `enforce` and `shadow` mode, and for `shadow_adaptive` routes, `rejected` only (what the cut would have refused of what the base limit admitted, its `shadow_rejected` `roc_cut`: its cut's limiter sees only those); not for partitioned routes or other algorithms in `enforce` and `shadow`, nor for routes a shared store decides |
 //! | `rocgate_cut_seconds_total` | counter | `route` | time spent in `cut`, whole seconds, a cut under way counted to the collection (never taken back if its end is later dated before that) |
 //! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic; shadow modes' would-be rejections are not in it |
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
@@ -101,8 +101,8 @@ pub const CONTROLLER_STATE: &str = "rocgate_controller_state";
 pub const TRANSITIONS: &str = "rocgate_controller_transitions_total";
 /// `rocgate_cuts_total`.
 pub const CUTS: &str = "rocgate_cuts_total";
-/// `rocgate_cut_own_rejections_total`.
-pub const CUT_OWN_REJECTIONS: &str = "rocgate_cut_own_rejections_total";
+/// `rocgate_cut_vs_base_total`.
+pub const CUT_VS_BASE: &str = "rocgate_cut_vs_base_total";
 /// `rocgate_cut_seconds_total`.
 pub const CUT_SECONDS: &str = "rocgate_cut_seconds_total";
 /// `rocgate_rejection_ratio`.
@@ -177,7 +177,7 @@ pub const ALL: [&str; 44] = [
     CONTROLLER_STATE,
     TRANSITIONS,
     CUTS,
-    CUT_OWN_REJECTIONS,
+    CUT_VS_BASE,
     CUT_SECONDS,
     REJECTION_RATIO,
     KEYS,
@@ -274,8 +274,8 @@ pub fn describe() {
     describe_counter!(TRANSITIONS, "Controller state changes.");
     describe_counter!(CUTS, "Cuts.");
     describe_counter!(
-        CUT_OWN_REJECTIONS,
-        "Requests refused while a cut held that the base limit alone would have admitted."
+        CUT_VS_BASE,
+        "Decisions while a cut held that the base limit alone would have made the other way, by the cut's decision."
     );
     describe_counter!(CUT_SECONDS, Unit::Seconds, "Time spent in cut.");
     describe_gauge!(
@@ -464,7 +464,8 @@ struct RouteCounters {
     cut_seconds: u64,
     keys_evicted: Monotonic,
     key_overflow: Monotonic,
-    cut_own: Monotonic,
+    cut_vs_base_rejected: Monotonic,
+    cut_vs_base_admitted: Monotonic,
 }
 
 impl RouteCounters {
@@ -478,7 +479,8 @@ impl RouteCounters {
                     &mut self.admitted,
                     &mut self.keys_evicted,
                     &mut self.key_overflow,
-                    &mut self.cut_own,
+                    &mut self.cut_vs_base_rejected,
+                    &mut self.cut_vs_base_admitted,
                 ])
                 .for_each(Monotonic::restart);
             self.serial = serial;
@@ -520,8 +522,11 @@ impl RouteCounters {
             .absolute(self.keys_evicted.next(s.keys_evicted));
         h.key_overflow
             .absolute(self.key_overflow.next_u32(s.keys_overflowed));
-        if let (Some(n), Some(handle)) = (s.cut_own_rejected, &h.cut_own) {
-            handle.absolute(self.cut_own.next(n));
+        if let (Some(n), Some(handle)) = (s.cut_vs_base_rejected, &h.cut_vs_base_rejected) {
+            handle.absolute(self.cut_vs_base_rejected.next(n));
+        }
+        if let (Some(n), Some(handle)) = (s.cut_vs_base_admitted, &h.cut_vs_base_admitted) {
+            handle.absolute(self.cut_vs_base_admitted.next(n));
         }
     }
 }
@@ -570,8 +575,8 @@ impl SharedControl {
     /// Puts the shared limit, controller state and bucket level in `s`, a snapshot of
     /// the route in the local engine (whose controller does not step, nor its limiter
     /// decide, for a route a shared store decides), and adds the shared transitions
-    /// this instance stepped to its counts. Its cut's own rejections are not counted
-    /// (`None`): the engine decides none of its requests.
+    /// this instance stepped to its counts. Its decisions against the base limit's
+    /// are not counted (`None`): the engine decides none of its requests.
     pub fn apply(&self, s: &mut RouteSnapshot) {
         s.limit_rps = self.limit_rps;
         s.state = self.state;
@@ -582,7 +587,8 @@ impl SharedControl {
         }
         s.cuts += stepped.cuts;
         s.time_in_cut += stepped.time_in_cut;
-        s.cut_own_rejected = None;
+        s.cut_vs_base_rejected = None;
+        s.cut_vs_base_admitted = None;
         if let Some(level) = self.level {
             s.level = level;
         }
@@ -634,7 +640,8 @@ impl Collector {
             // A count still at 0 adds nothing, and its series is not started here: a
             // route a shared store decides (which the replaced engine's snapshot
             // does not say) has none.
-            s.cut_own_rejected = s.cut_own_rejected.filter(|&n| n > 0);
+            s.cut_vs_base_rejected = s.cut_vs_base_rejected.filter(|&n| n > 0);
+            s.cut_vs_base_admitted = s.cut_vs_base_admitted.filter(|&n| n > 0);
             let mut series = RouteSeries::default();
             let c = counters.entry(s.name.clone()).or_default();
             c.requests(&s, series.counters(&s));
@@ -865,7 +872,7 @@ fn limiter_gauges(
 /// removed before its first collection has only its gauges blanked, as before).
 ///
 /// `counter!` and `gauge!` build a series' key (its name and labels, the route's name
-/// copied) and look it up in the recorder's registry at every call: 40 a route, 40,000
+/// copied) and look it up in the recorder's registry at every call: 41 a route, 41,000
 /// a scrape at 1,000 routes. A handle kept from the first is set with one atomic store.
 /// Handles belong to the recorder in use when they were registered: only a collector
 /// [`for_global_recorder`](Collector::for_global_recorder) keeps them, while that
@@ -883,16 +890,29 @@ struct RouteSeries {
 }
 
 impl RouteSeries {
-    /// The counters of the route `s`, with `rocgate_cut_own_rejections_total` once it
-    /// counts the cut's own rejections (never for a route that does not: the series
-    /// would read 0 where nothing is counted).
+    /// The counters of the route `s`, with each side of `rocgate_cut_vs_base_total`
+    /// once the route counts it (never for a route that does not: the series would
+    /// read 0 where nothing is counted).
     fn counters(&mut self, s: &RouteSnapshot) -> &CounterSeries {
         let h = self
             .counters
             .get_or_insert_with(|| CounterSeries::register(&s.name));
-        if s.cut_own_rejected.is_some() && h.cut_own.is_none() {
-            h.cut_own = Some(counter!(CUT_OWN_REJECTIONS, "route" => s.name.clone()));
-        }
+        let side = |count: Option<u64>, handle: &mut Option<Counter>, decision: &'static str| {
+            if count.is_some() && handle.is_none() {
+                *handle =
+                    Some(counter!(CUT_VS_BASE, "route" => s.name.clone(), "decision" => decision));
+            }
+        };
+        side(
+            s.cut_vs_base_rejected,
+            &mut h.cut_vs_base_rejected,
+            "rejected",
+        );
+        side(
+            s.cut_vs_base_admitted,
+            &mut h.cut_vs_base_admitted,
+            "admitted",
+        );
         h
     }
 
@@ -938,8 +958,12 @@ struct CounterSeries {
     cut_seconds: Counter,
     keys_evicted: Counter,
     key_overflow: Counter,
-    /// `rocgate_cut_own_rejections_total`, registered once the route counts it.
-    cut_own: Option<Counter>,
+    /// `rocgate_cut_vs_base_total{decision="rejected"}`, registered once the route
+    /// counts it.
+    cut_vs_base_rejected: Option<Counter>,
+    /// `rocgate_cut_vs_base_total{decision="admitted"}`, registered once the route
+    /// counts it.
+    cut_vs_base_admitted: Option<Counter>,
 }
 
 impl CounterSeries {
@@ -970,7 +994,8 @@ impl CounterSeries {
             cut_seconds: counter!(CUT_SECONDS, "route" => r()),
             keys_evicted: counter!(KEYS_EVICTED, "route" => r()),
             key_overflow: counter!(KEY_OVERFLOW, "route" => r()),
-            cut_own: None,
+            cut_vs_base_rejected: None,
+            cut_vs_base_admitted: None,
         }
     }
 }

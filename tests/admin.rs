@@ -454,30 +454,30 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
     p.stop().await;
 }
 
-/// The cut's own rejections are in a route's live state and `/metrics` where they are
-/// counted (a route limited as a whole by a token bucket), and `null` and absent where
-/// not (a partitioned route). (Routes of names of their own: the tests of one process
+/// The cut's decisions against the base limit's, both sides, are in a route's live
+/// state and `/metrics` where they are counted (a route limited as a whole by a token
+/// bucket), and `null` and absent where not (a partitioned route). (Routes of names of their own: the tests of one process
 /// share the global recorder.)
 #[tokio::test]
-async fn the_cuts_own_rejections_are_live_state_and_metrics_where_counted() {
+async fn the_cut_against_the_base_limit_is_live_state_and_metrics_where_counted() {
     let extra = "[[routes]]\nname = \"cut_own_whole\"\npath = \"/cut-own-whole\"\n\n\
                  [[routes]]\nname = \"cut_own_keyed\"\npath = \"/cut-own-keyed\"\n\
                  partition = \"ip\"\n";
     let p = start_on(None, &format!("{extra}{CONFIG}"), None).await.0;
     let (status, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
     assert_eq!(status, 200);
-    assert_eq!(route(&all, "cut_own_whole")["cut_own_rejected"], 0);
-    assert!(route(&all, "cut_own_keyed")["cut_own_rejected"].is_null());
     let text = metrics_text(p.admin).await;
-    assert!(
-        text.lines()
-            .any(|l| l == r#"rocgate_cut_own_rejections_total{route="cut_own_whole"} 0"#),
-        "{text}"
-    );
-    assert!(
-        !text.contains(r#"rocgate_cut_own_rejections_total{route="cut_own_keyed"}"#),
-        "{text}"
-    );
+    for decision in ["rejected", "admitted"] {
+        let field = format!("cut_vs_base_{decision}");
+        assert_eq!(route(&all, "cut_own_whole")[&field], 0, "{field}");
+        assert!(route(&all, "cut_own_keyed")[&field].is_null(), "{field}");
+        let series = |route: &str| {
+            format!(r#"rocgate_cut_vs_base_total{{route="{route}",decision="{decision}"}}"#)
+        };
+        let whole = format!("{} 0", series("cut_own_whole"));
+        assert!(text.lines().any(|l| l == whole), "no `{whole}` in {text}");
+        assert!(!text.contains(&series("cut_own_keyed")), "{text}");
+    }
     p.stop().await;
 }
 

@@ -1,6 +1,8 @@
-//! The cut's own rejections, counted live ([`RouteSnapshot::cut_own_rejected`]): the
-//! refusals made while a cut held that a token bucket at the base limit would have
-//! admitted, on the manual clock.
+//! The cut's decisions against the base limit's, counted live
+//! ([`RouteSnapshot::cut_vs_base_rejected`], [`RouteSnapshot::cut_vs_base_admitted`]):
+//! the refusals made while a cut held that a token bucket at the base limit would have
+//! admitted, the admissions it would have refused, and their difference, the cut's own
+//! refusals net, on the manual clock.
 
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
@@ -38,21 +40,27 @@ fn snapshot(e: &Engine, id: RouteId, at: f64) -> RouteSnapshot {
 struct Reference {
     bucket: TokenBucket,
     /// Refused by the route, admitted by the reference.
-    own: u64,
+    rejected: u64,
+    /// Admitted by the route, refused by the reference.
+    admitted: u64,
+    /// Refused by the reference.
+    refused: u64,
 }
 
 impl Reference {
     fn new() -> Self {
         Reference {
             bucket: TokenBucket::new(10.0, Duration::from_secs(1), Nanos::ZERO),
-            own: 0,
+            rejected: 0,
+            admitted: 0,
+            refused: 0,
         }
     }
 }
 
 /// Offers `rate` req/s evenly from `from` to `to` (seconds) to the route and to the
-/// reference, which counts those the route refused that it admits. A refusal is one
-/// the route counted (in shadow mode, admitted but counted as would-be refused).
+/// reference, which decides each and counts those decided the other way. A refusal is
+/// one the route counted (in shadow mode, admitted but counted as would-be refused).
 fn offer(e: &Engine, id: RouteId, reference: &mut Reference, from: f64, to: f64, rate: f64) {
     let n = ((to - from) * rate).round() as u64;
     for k in 0..n {
@@ -60,8 +68,12 @@ fn offer(e: &Engine, id: RouteId, reference: &mut Reference, from: f64, to: f64,
         let before = refusals(&snapshot(e, id, now.as_secs_f64()));
         let _ = e.check(id, Key::None, now);
         let refused = refusals(&snapshot(e, id, now.as_secs_f64())) > before;
-        if reference.bucket.check(now).is_admit() && refused {
-            reference.own += 1;
+        let admits = reference.bucket.check(now).is_admit();
+        reference.refused += u64::from(!admits);
+        match (refused, admits) {
+            (true, true) => reference.rejected += 1,
+            (false, false) => reference.admitted += 1,
+            _ => {}
         }
     }
 }
@@ -85,11 +97,16 @@ fn flash_sale(mode: Mode) -> (Engine, RouteId, Reference, RouteSnapshot) {
         "{mode:?}: the base limit refused some before the cut"
     );
     assert_eq!(
-        calm.cut_own_rejected,
-        Some(0),
+        (calm.cut_vs_base_rejected, calm.cut_vs_base_admitted),
+        (Some(0), Some(0)),
         "{mode:?}: no cut, none counted"
     );
-    assert_eq!(reference.own, 0, "{mode:?}");
+    assert_eq!((reference.rejected, reference.admitted), (0, 0), "{mode:?}");
+    assert_eq!(
+        refusals(&calm),
+        reference.refused,
+        "{mode:?}: the route and the reference agree until the cut"
+    );
     offer(&e, id, &mut reference, 10.0, 11.0, 200.0);
     offer(&e, id, &mut reference, 11.0, 14.0, 20.0);
     let s = snapshot(&e, id, 14.0);
@@ -101,19 +118,29 @@ fn flash_sale(mode: Mode) -> (Engine, RouteId, Reference, RouteSnapshot) {
     (e, id, reference, s)
 }
 
-/// The count is exactly what a token bucket at the base limit, starting where the
-/// route's bucket stood when the cut engaged and fed the same arrivals, admits of the
-/// route's refusals; within the `roc_cut` refusals; and it does not move once the
-/// limit is back at base.
+/// Both sides are exactly what a token bucket at the base limit, starting where the
+/// route's bucket stood when the cut engaged and fed the same arrivals, decides the
+/// other way: of the route's refusals those it admits, of its admissions those it
+/// refuses; their difference, the net, is the route's refusals less the reference's;
+/// and neither moves once the limit is back at base.
 #[test]
-fn the_cuts_own_are_what_the_base_limit_would_have_admitted() {
+fn the_cuts_decisions_against_the_base_limits_are_counted_both_ways() {
     let (e, id, mut reference, s) = flash_sale(Mode::Enforce);
-    let own = s.cut_own_rejected.unwrap();
-    assert!(own > 0, "the cut refused some the base limit admits");
-    assert_eq!(own, reference.own);
-    assert!(s.rejected_for(Reason::RocCut) >= own);
+    let rejected = s.cut_vs_base_rejected.unwrap();
+    let admitted = s.cut_vs_base_admitted.unwrap();
+    assert!(rejected > 0, "the cut refused some the base limit admits");
+    assert!(admitted > 0, "the cut admitted some the base limit refuses");
+    assert_eq!(
+        (rejected, admitted),
+        (reference.rejected, reference.admitted)
+    );
+    assert_eq!(
+        s.cut_own_net(),
+        Some(refusals(&s) as i64 - reference.refused as i64),
+        "the net is the route's refusals less the base limit's"
+    );
     assert!(
-        s.rejected_for(Reason::RocCut) > own,
+        s.rejected_for(Reason::RocCut) > rejected,
         "some of the cut's refusals the base limit would have made too"
     );
 
@@ -133,7 +160,13 @@ fn the_cuts_own_are_what_the_base_limit_would_have_admitted() {
     let after = snapshot(&e, id, t + 5.0);
     assert_eq!(after.state, ControllerState::Normal);
     assert!(after.rejected_for(Reason::Limit) > recovered.rejected_for(Reason::Limit));
-    assert_eq!(after.cut_own_rejected, recovered.cut_own_rejected);
+    assert_eq!(
+        (after.cut_vs_base_rejected, after.cut_vs_base_admitted),
+        (
+            recovered.cut_vs_base_rejected,
+            recovered.cut_vs_base_admitted
+        )
+    );
 }
 
 /// Shadow mode refuses nothing but counts the same as enforce for the same traffic
@@ -147,14 +180,21 @@ fn shadow_mode_counts_the_cuts_own_as_enforce_does() {
         shadowed.shadow_rejected_for(Reason::RocCut),
         enforced.rejected_for(Reason::RocCut)
     );
-    assert_eq!(shadowed.cut_own_rejected, enforced.cut_own_rejected);
-    assert_eq!(shadowed.cut_own_rejected, Some(reference.own));
+    assert_eq!(
+        (shadowed.cut_vs_base_rejected, shadowed.cut_vs_base_admitted),
+        (enforced.cut_vs_base_rejected, enforced.cut_vs_base_admitted)
+    );
+    assert_eq!(
+        (shadowed.cut_vs_base_rejected, shadowed.cut_vs_base_admitted),
+        (Some(reference.rejected), Some(reference.admitted))
+    );
 }
 
 /// shadow_adaptive enforces the base limit and counts what the cut would have refused
-/// of what it admitted: the same quantity, in the same field.
+/// of what it admitted: the same quantity, in the same field. The other side it does
+/// not know (its cut's limiter sees only what the base limit admitted): `None`.
 #[test]
-fn shadow_adaptive_reports_its_shadow_cut_as_the_cuts_own() {
+fn shadow_adaptive_reports_its_shadow_cut_as_the_rejected_side() {
     let (e, id) = engine(route(Mode::ShadowAdaptive));
     let mut reference = Reference::new();
     offer(&e, id, &mut reference, 0.0, 10.0, 12.0);
@@ -164,9 +204,11 @@ fn shadow_adaptive_reports_its_shadow_cut_as_the_cuts_own() {
     assert_eq!(s.state, ControllerState::Cut);
     assert!(s.shadow_rejected_for(Reason::RocCut) > 0);
     assert_eq!(
-        s.cut_own_rejected,
+        s.cut_vs_base_rejected,
         Some(s.shadow_rejected_for(Reason::RocCut))
     );
+    assert_eq!(s.cut_vs_base_admitted, None);
+    assert_eq!(s.cut_own_net(), None);
 }
 
 /// Not counted where a token bucket limiting the route as a whole does not decide: a
@@ -191,13 +233,17 @@ fn keyed_routes_and_other_algorithms_count_none() {
         offer(&e, id, &mut reference, 10.0, 11.0, 200.0);
         let s = snapshot(&e, id, 11.0);
         assert_eq!(s.state, ControllerState::Cut, "{name}");
-        assert_eq!(s.cut_own_rejected, None, "{name}");
+        assert_eq!(
+            (s.cut_vs_base_rejected, s.cut_vs_base_admitted),
+            (None, None),
+            "{name}"
+        );
     }
 }
 
 /// A runtime change of the base limit during the cut (10 → 5 req/s) moves the twin's
-/// rate as the base limit alone would have moved it: the count stays what a token bucket
-/// at the base limit, changed at the same instant, admits of the route's refusals.
+/// rate as the base limit alone would have moved it: both sides stay what a token
+/// bucket at the base limit, changed at the same instant, decides the other way.
 #[test]
 fn a_base_changed_during_the_cut_moves_the_twin() {
     let (e, id, mut reference, s) = flash_sale(Mode::Enforce);
@@ -209,20 +255,28 @@ fn a_base_changed_during_the_cut_moves_the_twin() {
     let after = snapshot(&e, id, 16.0);
     assert_eq!(after.state, ControllerState::Cut, "measured while cut");
     assert_eq!(after.base_limit_rps, 5.0);
-    assert!(after.cut_own_rejected > s.cut_own_rejected);
-    assert_eq!(after.cut_own_rejected, Some(reference.own));
+    assert!(after.cut_vs_base_rejected > s.cut_vs_base_rejected);
+    assert_eq!(
+        (after.cut_vs_base_rejected, after.cut_vs_base_admitted),
+        (Some(reference.rejected), Some(reference.admitted))
+    );
+    assert_eq!(
+        after.cut_own_net(),
+        Some(refusals(&after) as i64 - reference.refused as i64)
+    );
     // The twin left at 10 req/s would have counted more.
     let (e, id, mut unchanged, _) = flash_sale(Mode::Enforce);
     let mut params = e.route_params(id).unwrap();
     params.base_limit_rps = 5.0;
     e.update_route(id, params, Nanos::from_secs(14)).unwrap();
     offer(&e, id, &mut unchanged, 14.0, 16.0, 20.0);
-    assert!(unchanged.own > reference.own);
+    assert!(unchanged.rejected > reference.rejected);
 }
 
 /// Four threads sharing the flash sale's arrivals (each takes the next), through
 /// the cut's engagement and its end: decisions racing the twin's start and stop
-/// neither panic nor count a refusal that is not `roc_cut`'s.
+/// neither panic nor count a refusal that is not `roc_cut`'s, nor more admissions
+/// than the route made.
 #[test]
 fn racing_decisions_count_within_the_cuts_refusals() {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -253,6 +307,10 @@ fn racing_decisions_count_within_the_cuts_refusals() {
     }
     let s = snapshot(&e, id, 60.0);
     assert!(s.cuts >= 1, "{s:?}");
-    let own = s.cut_own_rejected.unwrap();
-    assert!(own > 0 && own <= s.rejected_for(Reason::RocCut), "{s:?}");
+    let rejected = s.cut_vs_base_rejected.unwrap();
+    assert!(
+        rejected > 0 && rejected <= s.rejected_for(Reason::RocCut),
+        "{s:?}"
+    );
+    assert!(s.cut_vs_base_admitted.unwrap() <= s.admitted, "{s:?}");
 }

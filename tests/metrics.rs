@@ -1134,7 +1134,7 @@ fn three_routes(prefix: &str) -> rocgate::engine::Engine {
 
 /// A collector for the global recorder, as `rocgate serve`'s, registers each route's
 /// series with the recorder once and keeps the handles: a scrape sets them, instead of
-/// looking every series up again by its name and labels (40 a route limited as a
+/// looking every series up again by its name and labels (41 a route limited as a
 /// whole by a token bucket, most of a collection's time at 1,000 routes). A `Collector::new()` registers them at every
 /// collection.
 #[test]
@@ -1156,10 +1156,10 @@ fn a_collector_for_the_global_recorder_registers_each_series_once() {
             .collect::<Vec<_>>()
     };
     let kept = registered(&Collector::new().for_global_recorder());
-    // Every route's 40, then only the 2 process-wide gauges (build info, store mode).
-    assert_eq!(kept, [3 * 40 + 2, 2, 2, 2]);
+    // Every route's 41, then only the 2 process-wide gauges (build info, store mode).
+    assert_eq!(kept, [3 * 41 + 2, 2, 2, 2]);
     let each_time = registered(&Collector::new());
-    assert_eq!(each_time, [3 * 40 + 2; 4]);
+    assert_eq!(each_time, [3 * 41 + 2; 4]);
 }
 
 /// Handles belong to the recorder they were registered with. A `Collector::new()`
@@ -1212,7 +1212,7 @@ fn the_collector_follows_the_recorder_in_use() {
 
 /// A collector for the global recorder keeps the handles of the routes in force, not
 /// those of every route a reload removed or renamed: each of 20 reloads renaming 3
-/// routes left their 40 handles each held, 2,400 by the last where 120 are in use,
+/// routes left their 41 handles each held, 2,460 by the last where 123 are in use,
 /// however long the process runs (a route added back registers its series again, and
 /// continues them).
 #[test]
@@ -1229,7 +1229,7 @@ fn a_collector_lets_go_of_the_handles_of_routes_a_reload_removed() {
         });
         held.push(recorder.live());
     }
-    assert_eq!(held, [3 * 40; 20]);
+    assert_eq!(held, [3 * 41; 20]);
 }
 
 /// The value of the series `series` (name and labels) in a rendered scrape.
@@ -1321,12 +1321,13 @@ fn cut_seconds_do_not_jump_when_a_silent_cut_is_caught_up() {
     assert_eq!(second, first, "one cut of {:?}", s.time_in_cut);
 }
 
-/// `rocgate_cut_own_rejections_total` is the snapshot's count of the cut's own
-/// rejections, for the routes that count it only: a route-wide token bucket that cut,
-/// and one that did not (at 0); not a partitioned route, nor a route a shared store
-/// decides.
+/// `rocgate_cut_vs_base_total` is the snapshot's counts of the cut's decisions the
+/// base limit would have made the other way, by decision, for the routes that count
+/// them only: a route-wide token bucket that cut, and one that did not (at 0); the
+/// `rejected` side only on a `shadow_adaptive` route; neither on a partitioned route,
+/// nor a route a shared store decides.
 #[test]
-fn the_cuts_own_rejections_are_exported_where_counted() {
+fn the_cut_against_the_base_limit_is_exported_where_counted() {
     use rocgate::clock::Nanos;
     use rocgate::controller::{ControllerState, TransitionCounts};
     use rocgate::engine::{Engine, Key};
@@ -1341,14 +1342,22 @@ fn the_cuts_own_rejections_are_exported_where_counted() {
     };
     let mut keyed = route("keyed");
     keyed.partition = Partition::ClientIp(KeyLimits::default());
+    let mut adaptive = route("adaptive");
+    adaptive.mode = rocgate::config::Mode::ShadowAdaptive;
     let engine = Engine::new(
-        &Config::new(vec![route("sale"), route("calm"), keyed, route("shared")]),
+        &Config::new(vec![
+            route("sale"),
+            route("calm"),
+            keyed,
+            route("shared"),
+            adaptive,
+        ]),
         Nanos::ZERO,
         std::time::SystemTime::UNIX_EPOCH,
     )
     .unwrap();
     // 12 req/s for 10 s, then 200 req/s for 1 s and 20 req/s for 3 s: cut.
-    for name in ["sale", "keyed"] {
+    for name in ["sale", "keyed", "adaptive"] {
         let id = engine.route_id(name).unwrap();
         for (from, to, rate) in [(0.0, 10.0, 12.0), (10.0, 11.0, 200.0), (11.0, 14.0, 20.0)] {
             let n = ((to - from) * rate) as u64;
@@ -1363,8 +1372,15 @@ fn the_cuts_own_rejections_are_exported_where_counted() {
         .route_snapshot(engine.route_id("sale").unwrap(), now)
         .unwrap();
     assert_eq!(sale.state, ControllerState::Cut);
-    let own = sale.cut_own_rejected.unwrap();
-    assert!(own > 0 && own < sale.rejected_for(rocgate::limiter::Reason::RocCut));
+    let rejected = sale.cut_vs_base_rejected.unwrap();
+    let admitted = sale.cut_vs_base_admitted.unwrap();
+    assert!(rejected > 0 && rejected < sale.rejected_for(rocgate::limiter::Reason::RocCut));
+    assert!(admitted > 0);
+    let adaptive = engine
+        .route_snapshot(engine.route_id("adaptive").unwrap(), now)
+        .unwrap();
+    let adaptive_rejected = adaptive.cut_vs_base_rejected.unwrap();
+    assert!(adaptive_rejected > 0);
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
@@ -1380,15 +1396,28 @@ fn the_cuts_own_rejections_are_exported_where_counted() {
         });
     });
     let text = handle.render();
-    for line in [
-        format!(r#"rocgate_cut_own_rejections_total{{route="sale"}} {own}"#),
-        r#"rocgate_cut_own_rejections_total{route="calm"} 0"#.to_owned(),
+    let series = |route: &str, decision: &str| {
+        format!(r#"rocgate_cut_vs_base_total{{route="{route}",decision="{decision}"}}"#)
+    };
+    for (route, decision, n) in [
+        ("sale", "rejected", rejected),
+        ("sale", "admitted", admitted),
+        ("calm", "rejected", 0),
+        ("calm", "admitted", 0),
+        ("adaptive", "rejected", adaptive_rejected),
     ] {
+        let line = format!("{} {n}", series(route, decision));
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }
-    for route in ["keyed", "shared"] {
-        let series = format!(r#"rocgate_cut_own_rejections_total{{route="{route}"}}"#);
+    for (route, decision) in [
+        ("adaptive", "admitted"),
+        ("keyed", "rejected"),
+        ("keyed", "admitted"),
+        ("shared", "rejected"),
+        ("shared", "admitted"),
+    ] {
+        let series = series(route, decision);
         assert!(!text.contains(&series), "{series} in:\n{text}");
     }
-    assert!(text.contains("# HELP rocgate_cut_own_rejections_total "));
+    assert!(text.contains("# HELP rocgate_cut_vs_base_total "));
 }

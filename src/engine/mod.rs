@@ -207,15 +207,20 @@ fn rejected_counter(reason: Reason) -> usize {
     1 + reason.index()
 }
 
-/// The lane counter of the cut's own rejections: requests a cut refused that the base
-/// limit admits. In `shadow_adaptive` mode, those the base limit admitted that a cut
-/// would have rejected (its shadow limiter counts them); in `enforce` and `shadow`, on
-/// a route limited as a whole by a token bucket, those a cut rejected that the
-/// route's twin at the base limit admits ([`Shadow::Twin`]). One quantity, so one
-/// counter (a lane holds 8).
-const CUT_OWN: usize = 1 + Reason::ALL.len();
+/// The lane counter of requests a cut refused that the base limit admits. In
+/// `shadow_adaptive` mode, those the base limit admitted that a cut would have
+/// rejected (its shadow limiter counts them); in `enforce` and `shadow`, on a route
+/// limited as a whole by a token bucket, those a cut rejected that the route's twin
+/// at the base limit admits ([`Shadow::Twin`]). One quantity, so one counter.
+const CUT_REJECTED: usize = 1 + Reason::ALL.len();
 /// The lane counter of keys a partitioned route's sweeps evicted.
-const KEYS_EVICTED: usize = CUT_OWN + 1;
+const KEYS_EVICTED: usize = CUT_REJECTED + 1;
+/// The lane counter of requests a cut admitted that the twin at the base limit
+/// refuses ([`Shadow::Twin`]): [`KEYS_EVICTED`]'s, as a lane holds 8 counters and
+/// the others are all taken. The two never meet: a twin is only on a route limited
+/// as a whole, which has no key table to evict from, and only a partitioned route
+/// evicts keys. (A route's snapshot reads the slot as the one its route has.)
+const CUT_ADMITTED: usize = KEYS_EVICTED;
 const _: () = assert!(KEYS_EVICTED < crate::lanes::COUNTERS);
 
 /// [`Route::behind`]: the route's limiter.
@@ -887,11 +892,13 @@ impl Engine {
     /// Decides one request on a route-wide token bucket, `bucket`, while a cut holds,
     /// as [`Engine::decide_now`] does, and tries it against the bucket's `twin` at the
     /// base limit, which every request takes a token from if it has one, as the base
-    /// limit alone would have: a refusal that the twin admits is the cut's own
-    /// ([`CUT_OWN`]). Its reason stays the one `refused` names, `roc_cut`. (An
-    /// admission the twin refuses is counted nowhere: the bucket at the cut and its
-    /// twin at base have tokens at other instants, so the cut admits some requests
-    /// that the base limit alone would have refused then.)
+    /// limit alone would have: a refusal that the twin admits counts in
+    /// [`CUT_REJECTED`], an admission that the twin refuses in [`CUT_ADMITTED`] (the
+    /// bucket at the cut and its twin at base have tokens at other instants, so the
+    /// cut admits some requests the base limit alone would have refused then). The
+    /// first less the second is the cut's own refusals over its span: the route's
+    /// refusals less the twin's. A refusal's reason stays the one `refused` names,
+    /// `roc_cut`.
     fn decide_twinned(
         &self,
         r: &Route,
@@ -902,13 +909,14 @@ impl Engine {
         r.counter.add();
         match bucket.take(now) {
             Ok(()) => {
-                // Whether the base limit alone would have admitted it too counts nowhere.
-                let _ = twin.take(now);
+                if twin.take(now).is_err() {
+                    r.counter.counters().add(CUT_ADMITTED);
+                }
                 Decision::Admit(Admit::Now)
             }
             Err(retry_after_ns) => {
                 if twin.take(now).is_ok() {
-                    r.counter.counters().add(CUT_OWN);
+                    r.counter.counters().add(CUT_REJECTED);
                 }
                 self.refused(
                     r,
@@ -1060,7 +1068,7 @@ impl Engine {
             Shadow::Twin(_) => return,
         };
         if !would_admit && r.engaged.load(Ordering::Relaxed) {
-            r.counter.counters().add(CUT_OWN);
+            r.counter.counters().add(CUT_REJECTED);
         }
     }
 
@@ -1737,7 +1745,7 @@ impl Route {
             Mode::Enforce => (counted, none),
             Mode::Shadow => (none, counted),
             Mode::ShadowAdaptive => {
-                let cut = self.counter.counters().sum(CUT_OWN);
+                let cut = self.counter.counters().sum(CUT_REJECTED);
                 (
                     counted,
                     none.map(|(r, _)| (r, if r == Reason::RocCut { cut } else { 0 })),
@@ -1784,13 +1792,20 @@ impl Route {
                 Partition::Route => 0,
                 Partition::ClientIp(limits) | Partition::Header(_, limits) => limits.max_keys,
             },
-            cut_own_rejected: match (self.mode, &self.shadow) {
+            cut_vs_base_rejected: match (self.mode, &self.shadow) {
                 (Mode::ShadowAdaptive, _) | (_, Some(Shadow::Twin(_))) => {
-                    Some(self.counter.counters().sum(CUT_OWN))
+                    Some(self.counter.counters().sum(CUT_REJECTED))
                 }
                 _ => None,
             },
-            keys_evicted: self.counter.counters().sum(KEYS_EVICTED),
+            cut_vs_base_admitted: match &self.shadow {
+                Some(Shadow::Twin(_)) => Some(self.counter.counters().sum(CUT_ADMITTED)),
+                _ => None,
+            },
+            keys_evicted: match &self.shadow {
+                Some(Shadow::Twin(_)) => 0,
+                _ => self.counter.counters().sum(KEYS_EVICTED),
+            },
             keys_overflowed: self.keys.as_ref().map_or(0, Keys::overflow_decisions),
             window: self.window,
             min_rps: p.min_rps,

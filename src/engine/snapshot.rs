@@ -51,24 +51,27 @@ pub struct RouteSnapshot {
     pub rejected: Vec<(Reason, u64)>,
     /// Requests a shadow mode admitted but would have rejected, by reason.
     pub shadow_rejected: Vec<(Reason, u64)>,
-    /// The cut's own rejections: requests refused while a cut held (`roc_cut`, real or
-    /// in `shadow` would-be) that a token bucket at the base limit would have
-    /// admitted. Of every `roc_cut` refusal, these are the ones the cut made; the
-    /// rest the base limit would have made too. (Request by request: the cut also
-    /// admits some requests the base limit alone would have refused at that instant,
-    /// its bucket having tokens at other instants, so what the cut cost in all,
-    /// rejections less those the base limit alone makes of the same arrivals, as
-    /// `rocgate simulate` counts it, is lower.) Counted on a route limited as a whole
-    /// by a token bucket in `enforce` and `shadow` mode (by a twin of its bucket at
-    /// the base limit, which takes the bucket's tokens when a cut engages and every
-    /// request while it holds; a few requests at a cut's edges, decided as the cut
-    /// engages or ends, may be missed), and in `shadow_adaptive` mode on every route
-    /// (what the cut would have refused of what the base limit admitted:
-    /// `shadow_rejected`'s `roc_cut`). `None` where not counted: a partitioned route
-    /// or another algorithm in `enforce` or `shadow`; and a route a shared store
-    /// decides, once its shared state is put in the snapshot (the metrics' and the
-    /// admin API's `SharedControl::apply`): Redis's decisions are not the engine's.
-    pub cut_own_rejected: Option<u64>,
+    /// Requests refused while a cut held (`roc_cut`, real or in `shadow` would-be)
+    /// that a token bucket at the base limit would have admitted then. Less
+    /// [`cut_vs_base_admitted`](Self::cut_vs_base_admitted), the cut's own refusals
+    /// ([`cut_own_net`](Self::cut_own_net)). Counted on a route limited as a whole by
+    /// a token bucket in `enforce` and `shadow` mode, by a twin of its bucket at the
+    /// base limit that takes the bucket's tokens when a cut engages and every request
+    /// while it holds (a few requests decided on other threads as a cut engages or
+    /// ends may be missed); and in `shadow_adaptive` mode on every route, as what the
+    /// cut would have refused of what the base limit admitted (`shadow_rejected`'s
+    /// `roc_cut`). `None` where not counted: a partitioned route or another algorithm
+    /// in `enforce` or `shadow`, and a route a shared store decides once its shared
+    /// state is put in the snapshot (`SharedControl::apply`): Redis's decisions are
+    /// not the engine's.
+    pub cut_vs_base_rejected: Option<u64>,
+    /// Requests admitted while a cut held that the twin at the base limit refused
+    /// then: the bucket at the cut and the one at base have tokens at other instants,
+    /// so the cut admits some the base limit alone would have refused. Counted where
+    /// [`cut_vs_base_rejected`](Self::cut_vs_base_rejected) is, but for
+    /// `shadow_adaptive` routes, which know only that side (their cut's limiter is
+    /// tried only on what the base limit admitted): `None` there.
+    pub cut_vs_base_admitted: Option<u64>,
     /// Cuts since start.
     pub cuts: u64,
     /// Total time spent in `Cut`, the cut under way (if any) counted to the
@@ -105,6 +108,18 @@ pub struct RouteSnapshot {
 }
 
 impl RouteSnapshot {
+    /// The cut's own refusals, net: [`cut_vs_base_rejected`](Self::cut_vs_base_rejected)
+    /// less [`cut_vs_base_admitted`](Self::cut_vs_base_admitted), which over the
+    /// cuts' spans is the route's refusals less those a token bucket at the base
+    /// limit, started from the route's bucket at each cut's start, makes of the same
+    /// arrivals. Below zero where the cut admitted more than it refused of what the
+    /// base limit would have decided otherwise. `None` unless both sides are counted.
+    pub fn cut_own_net(&self) -> Option<i64> {
+        let rejected = i64::try_from(self.cut_vs_base_rejected?).unwrap_or(i64::MAX);
+        let admitted = i64::try_from(self.cut_vs_base_admitted?).unwrap_or(i64::MAX);
+        Some(rejected.saturating_sub(admitted))
+    }
+
     /// Total rejected, all reasons.
     pub fn rejected_total(&self) -> u64 {
         self.rejected.iter().map(|(_, n)| n).sum()
