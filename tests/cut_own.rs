@@ -143,6 +143,10 @@ fn the_cuts_decisions_against_the_base_limits_are_counted_both_ways() {
         s.rejected_for(Reason::RocCut) > rejected,
         "some of the cut's refusals the base limit would have made too"
     );
+    assert_eq!(
+        s.keys_evicted, 0,
+        "the admitted side's lane counter, keys evicted's, is not read as evictions"
+    );
 
     // Calm at 8 req/s until the limit is back at base.
     let mut t = 14.0;

@@ -24,7 +24,8 @@ use std::time::Duration;
 /// A route's second limiter, beside the one that decides: in `shadow_adaptive`, its
 /// second set of limiters, following the controller's limit while the enforced ones
 /// hold the base limit; in `enforce` and `shadow`, a route-wide token bucket's twin at
-/// the base limit, which counts the cut's own rejections.
+/// the base limit, which counts the cut's decisions that the base limit would have
+/// made the other way.
 pub(super) enum Shadow {
     /// shadow_adaptive, for a route limited as a whole.
     Route(Limiter),
@@ -35,7 +36,8 @@ pub(super) enum Shadow {
     /// route's bucket as the base limit alone would have it. Idle outside cuts; when
     /// a cut engages it takes the route's bucket's state (at base until then), and
     /// while the cut holds every decision on the route is tried against it too: a
-    /// refusal it would have admitted is the cut's own (see `TWIN_ENGAGED`).
+    /// refusal it would have admitted, and an admission it would have refused, are
+    /// counted (see `TWIN_ENGAGED` and `Engine::decide_twinned`).
     Twin(TokenBucket),
 }
 
