@@ -1104,6 +1104,39 @@ async fn the_token_is_checked_before_the_body_is_read() {
     p.stop().await;
 }
 
+/// A change whose `Content-Length` is past the 64 KiB the admin API reads is refused
+/// with 413 as soon as its head is read, naming the body's size. It waited for a body
+/// that would be refused anyway, and answered 408 (`not received within 10s`) after
+/// holding the connection for 10 s when the client waited for the answer first.
+#[tokio::test]
+async fn a_change_declaring_a_body_too_large_is_refused_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let p = start(None).await;
+    let mut stream = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    let head = format!(
+        "PUT /admin/routes/order HTTP/1.1\r\nhost: a\r\ncontent-length: {}\r\n\r\n{{}}",
+        (64 << 10) + 1
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Past the 10 s the body timeout took: the status tells the two apart.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !answer.ends_with(b"}") {
+            match stream.read(&mut buf).await {
+                Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+    })
+    .await
+    .expect("an answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("body: larger than 65536 bytes"), "{answer}");
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive() {
     // RFC 9110 §11.1: an authentication scheme is matched case-insensitively.

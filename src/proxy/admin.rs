@@ -357,8 +357,20 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 /// [`MAX_CONNECTIONS`] for good, and enough of them would keep Prometheus's scrapes out.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The body of a request, read once it is authorized, as text.
+/// The body of a request, read once it is authorized, as text. A body whose
+/// `Content-Length` is already past [`MAX_BODY_BYTES`] is refused before any of it is
+/// read: it waited for a body it would refuse, and a client that waits for the answer
+/// before sending one got 408 after [`BODY_READ_TIMEOUT`].
 async fn read_body(body: Body) -> Result<String, Response> {
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            vec![format!("body: larger than {MAX_BODY_BYTES} bytes")],
+        )
+    };
+    if http_body::Body::size_hint(&body).lower() > MAX_BODY_BYTES as u64 {
+        return Err(too_large());
+    }
     let read = tokio::time::timeout(
         BODY_READ_TIMEOUT,
         axum::body::to_bytes(body, MAX_BODY_BYTES),
@@ -374,13 +386,10 @@ async fn read_body(body: Body) -> Result<String, Response> {
         )
     })?;
     let bytes = read.map_err(|e| {
-        let too_large = std::error::Error::source(&e)
+        let over = std::error::Error::source(&e)
             .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>());
-        if too_large {
-            error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                vec![format!("body: larger than {MAX_BODY_BYTES} bytes")],
-            )
+        if over {
+            too_large()
         } else {
             error(
                 StatusCode::BAD_REQUEST,
