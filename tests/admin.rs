@@ -1209,6 +1209,45 @@ async fn a_hints_query_with_an_unknown_or_repeated_field_is_refused() {
     p.stop().await;
 }
 
+/// A change, its withdrawal and a reload take no query: each is refused with 400,
+/// naming the query, and nothing is changed. The query was ignored, so that
+/// `PUT /admin/routes/order?dry_run=1` changed the limit it meant to try.
+#[tokio::test]
+async fn a_change_with_a_query_is_refused_and_changes_nothing() {
+    let p = start(None).await;
+    let base = |state: &Value| state["base_limit_rps"].clone();
+    let before = call(p.admin, "GET", "/admin/routes/order", "", None)
+        .await
+        .1;
+    for (method, path, body) in [
+        (
+            "PUT",
+            "/admin/routes/order?dry_run=1",
+            r#"{"base_limit": 300}"#,
+        ),
+        ("DELETE", "/admin/routes/order/change?all", ""),
+        ("POST", "/admin/reload?dry_run=true", ""),
+    ] {
+        let (status, reply) = call(p.admin, method, path, body, None).await;
+        assert_eq!(status, 400, "{method} {path}: {reply}");
+        let error = reply["errors"][0].as_str().unwrap_or_default();
+        let query = path.split_once('?').unwrap().1;
+        assert!(
+            error.starts_with("query: ") && error.contains(&format!("{query:?}")),
+            "{method} {path}: {reply}"
+        );
+    }
+    let after = call(p.admin, "GET", "/admin/routes/order", "", None)
+        .await
+        .1;
+    assert_eq!(base(&after), base(&before));
+    assert_eq!(after["runtime_change"], false);
+    // Without one, the same change is made.
+    let (status, _) = change_order(p.admin, r#"{"base_limit": 300}"#).await;
+    assert_eq!(status, 200);
+    p.stop().await;
+}
+
 /// Every refusal is `{"errors": […]}`, those of the router too: an unknown path or a
 /// method an endpoint does not take was an empty body.
 #[tokio::test]

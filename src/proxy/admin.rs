@@ -33,7 +33,7 @@ use axum::body::Body;
 use axum::extract::path::ErrorKind;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{delete, get, post};
 use axum::Extension;
@@ -631,12 +631,30 @@ fn authorized_route(
     state: &AdminState,
     headers: &HeaderMap,
     peer: IpAddr,
+    uri: &Uri,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<String, Box<Response>> {
     if let Some(denied) = unauthorized(state.token.as_deref(), headers, peer) {
         return Err(Box::new(denied));
     }
+    if let Some(refused) = query_refused(uri) {
+        return Err(Box::new(refused));
+    }
     route_name(name)
+}
+
+/// The refusal of a change, withdrawal or reload that carries a query: none takes one,
+/// and one ignored made the change it may have meant to try
+/// (`PUT /admin/routes/order?dry_run=1`). An empty query (`…?`) is none.
+fn query_refused(uri: &Uri) -> Option<Response> {
+    let query = uri.query().filter(|q| !q.is_empty())?;
+    Some(error(
+        StatusCode::BAD_REQUEST,
+        vec![format!(
+            "query: {} takes none, got {query:?}: nothing was changed",
+            uri.path()
+        )],
+    ))
 }
 
 async fn one_route(
@@ -667,9 +685,10 @@ async fn update_route(
     name: Result<Path<String>, PathRejection>,
     Extension(Peer(peer)): Extension<Peer>,
     headers: HeaderMap,
+    uri: Uri,
     body: Body,
 ) -> Response {
-    let name = match authorized_route(&state, &headers, peer, name) {
+    let name = match authorized_route(&state, &headers, peer, &uri, name) {
         Ok(name) => name,
         Err(refused) => return *refused,
     };
@@ -687,8 +706,9 @@ async fn withdraw_change(
     name: Result<Path<String>, PathRejection>,
     Extension(Peer(peer)): Extension<Peer>,
     headers: HeaderMap,
+    uri: Uri,
 ) -> Response {
-    let name = match authorized_route(&state, &headers, peer, name) {
+    let name = match authorized_route(&state, &headers, peer, &uri, name) {
         Ok(name) => name,
         Err(refused) => return *refused,
     };
@@ -718,9 +738,13 @@ async fn reload(
     State(state): State<AdminState>,
     Extension(Peer(peer)): Extension<Peer>,
     headers: HeaderMap,
+    uri: Uri,
 ) -> Response {
     if let Some(denied) = unauthorized(state.token.as_deref(), &headers, peer) {
         return denied;
+    }
+    if let Some(refused) = query_refused(&uri) {
+        return refused;
     }
     match state.reloader.reload_async().await {
         Ok(done) => Json(json!({
