@@ -60,8 +60,10 @@ pub enum ProfileError {
         /// The header's first field as written.
         first: String,
     },
-    /// A field is not a finite number.
-    #[error("line {line}: {field} is not a number: `{text}`")]
+    /// A field is not a finite number. The field is quoted with the characters that
+    /// show as nothing (control characters, a byte order mark) escaped (`\0`,
+    /// `\u{feff}`).
+    #[error("line {line}: {field} is not a number: `{}`", shown(.text))]
     NotANumber {
         /// The line.
         line: usize,
@@ -344,6 +346,21 @@ impl Profile {
     }
 }
 
+/// `text` with its characters that show as nothing escaped, as `{:?}` writes them,
+/// the rest as written: a field quoted in an error that held a NUL or a second byte
+/// order mark showed as a number.
+fn shown(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() || c == '\u{feff}' {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn number(text: &str, field: &'static str, line: usize) -> Result<f64, ProfileError> {
     match text.parse::<f64>() {
         Ok(x) if x.is_finite() => Ok(x),
@@ -563,6 +580,31 @@ mod tests {
         let r = p.rate_at(5.0);
         assert!((2.0..=1e308).contains(&r), "{r}");
         assert_eq!(p.rate_at(0.0), 1e308);
+    }
+
+    /// A field's characters that show as nothing (a NUL, a carriage return, a second
+    /// byte order mark) are quoted escaped: "rate is not a number: `20`" quoted a
+    /// field that held `20` and a NUL, and read as a number refused.
+    #[test]
+    fn a_field_quoted_in_an_error_shows_what_does_not_print() {
+        let said = |text: &str| Profile::parse_csv(text).unwrap_err().to_string();
+        assert_eq!(
+            said("0,10\n10,20\0\n"),
+            "line 2: rate is not a number: `20\\0`"
+        );
+        assert_eq!(
+            said("\u{feff}\u{feff}0,10\n10,20\n"),
+            "line 1: t_seconds is not a number: `\\u{feff}0`"
+        );
+        assert_eq!(
+            said("0,10\n1\r0,20\n"),
+            "line 2: t_seconds is not a number: `1\\r0`"
+        );
+        // Text that prints is quoted as written.
+        assert_eq!(
+            said("0,10\n10,\"café\"\n"),
+            "line 2: rate is not a number: `\"café\"`"
+        );
     }
 
     #[test]
