@@ -157,9 +157,10 @@ impl Profile {
     }
 
     /// Parses `t_seconds,rate` lines. Blank lines and `#` comments are ignored, and
-    /// so is a first line none of whose fields is or starts like a number (a header,
-    /// such as `t_seconds,rate`; one that names the rate first, `rate,t`, is refused:
-    /// the columns are read by position): `0;40` is a point written wrong, not a header. A
+    /// so is a first line none of whose fields is or starts like a number, in quotes or
+    /// not (a header, such as `t_seconds,rate`; one that names the rate first, `rate,t`,
+    /// is refused: the columns are read by position): `0;40` and `"0","40"` are points
+    /// written wrong, not headers. A
     /// byte order mark before the first line, as spreadsheets write, is skipped.
     pub fn parse_csv(text: &str) -> Result<Self, ProfileError> {
         let mut points = Vec::new();
@@ -172,8 +173,10 @@ impl Profile {
                 continue;
             }
             let fields: Vec<&str> = content.split(',').map(str::trim).collect();
+            // Judged inside quotes: `"0","40"` is a point written wrong, not a header.
             let is_header = !seen_content
                 && fields.iter().all(|f| {
+                    let f = f.trim_start_matches(['"', '\'']);
                     f.parse::<f64>().is_err()
                         && !f.starts_with(|c: char| c.is_ascii_digit() || "+-.".contains(c))
                 });
@@ -605,6 +608,23 @@ mod tests {
             said("0,10\n10,\"café\"\n"),
             "line 2: rate is not a number: `\"café\"`"
         );
+    }
+
+    /// A first line whose fields are numbers in quotes, as a CSV writer quoting every
+    /// field writes them, is a point written wrong, not a header: it was skipped as
+    /// one, and its point silently left out. A quoted header is still a header.
+    #[test]
+    fn a_first_line_of_quoted_numbers_is_no_header() {
+        assert_eq!(
+            Profile::parse_csv("\"0\",\"10\"\n10,20\n30,5\n").unwrap_err(),
+            ProfileError::NotANumber {
+                line: 1,
+                field: "t_seconds",
+                text: "\"0\"".into()
+            }
+        );
+        let p = Profile::parse_csv("\"t_seconds\",\"rate\"\n0,10\n30,10\n").unwrap();
+        assert_eq!(p.rate_at(0.0), 10.0);
     }
 
     #[test]
