@@ -633,6 +633,27 @@ fn an_access_log_on_stdin_may_be_gzip_compressed() {
     }
 }
 
+/// A log given twice (`--access-log a.log --access-log ./a.log`, a glob that also
+/// matches a file named beside it, `-` twice) is refused naming both: its requests
+/// were replayed twice, twice the traffic logged, and a second `-` read nothing.
+#[test]
+fn an_access_log_given_twice_is_refused() {
+    let (dir, log) = file("access.log", sale_log(|_| 1));
+    let same = dir.path().join(".").join("access.log");
+    let (log, same) = (log.to_str().unwrap(), same.to_str().unwrap());
+    for (first, second) in [(log, log), (log, same), ("-", "-")] {
+        let out = rocgate(&["simulate", "--access-log", first, "--access-log", second]);
+        refused_saying(
+            &out,
+            &format!(
+                "--access-log: {second} is {first} again: its requests would be replayed twice"
+            ),
+        );
+    }
+    let out = rocgate(&["simulate", "--access-log", log]);
+    assert!(succeeded(&out).contains("120 requests replayed"));
+}
+
 #[test]
 fn an_access_log_replays_every_route_it_reaches() {
     let (dir, log) = file("access.log.1.gz", gzip(&flash_sale_log()));

@@ -397,6 +397,7 @@ fn log_traffic(
         LogError::Config(e) => bad_input(e.to_string()),
         e => bad_input(format!("--route: {e}")),
     })?;
+    refuse_a_log_given_twice(&args.access_logs)?;
     let mut names = Vec::new();
     for path in &args.access_logs {
         let name = if path.as_os_str() == "-" {
@@ -492,6 +493,29 @@ fn describe_log(s: &LogStats) -> String {
         }
     }
     parts.join(", ")
+}
+
+/// Refuses an access log given twice, `-` or the same file by whatever path
+/// (`a.log` and `./a.log`, a link to it): its requests were replayed twice, twice the
+/// traffic logged, and a second `-` read nothing.
+fn refuse_a_log_given_twice(paths: &[PathBuf]) -> Result<(), Failure> {
+    let mut seen: Vec<(PathBuf, &PathBuf)> = Vec::new();
+    for path in paths {
+        let file = if path.as_os_str() == "-" {
+            path.clone()
+        } else {
+            fs::canonicalize(path).unwrap_or_else(|_| path.clone())
+        };
+        if let Some((_, first)) = seen.iter().find(|(seen, _)| *seen == file) {
+            return Err(bad_input(format!(
+                "--access-log: {} is {} again: its requests would be replayed twice",
+                path.display(),
+                first.display()
+            )));
+        }
+        seen.push((file, path));
+    }
+    Ok(())
 }
 
 /// The longest profile read: a path to something endless (`/dev/zero`) or huge is
