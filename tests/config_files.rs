@@ -280,7 +280,24 @@ fn numbers_must_be_positive_and_numbers() {
     refused(
         &route("base_limit = 1e-12\ncut_limit = 1e-12"),
         "routes[0].base_limit",
-        "must be at least 0.000001 (one request in 11.6 days), got 0.000000000001",
+        "must be at least 0.000001 (one request in 11.6 days), got 1e-12",
+    );
+    // A number far from 1 is written with an exponent: 1e-300 was written out in full,
+    // 300 zeros and a 1, and -1e300 a 1 and 300 zeros.
+    refused(
+        &route("base_limit = 1e-300\ncut_limit = 1e-300"),
+        "routes[0].base_limit",
+        "must be at least 0.000001 (one request in 11.6 days), got 1e-300",
+    );
+    refused(
+        &route("base_limit = -1e300"),
+        "routes[0].base_limit",
+        "must be a number > 0, got -1e300",
+    );
+    refused(
+        &route("min_rps = -1e300"),
+        "routes[0].min_rps",
+        "must be a number ≥ 0, got -1e300",
     );
     refused(
         &route("restore_step = 0"),

@@ -884,7 +884,7 @@ fn positive(n: Num) -> Result<f64, String> {
     if n.0.is_finite() && n.0 > 0.0 {
         Ok(n.0)
     } else {
-        Err(format!("must be a number > 0, got {}", n.0))
+        Err(format!("must be a number > 0, got {}", figure(n.0)))
     }
 }
 
@@ -895,7 +895,7 @@ fn limit(n: Num) -> Result<f64, String> {
         rate if rate < super::MIN_LIMIT => Err(format!(
             "must be at least {:.6} (one request in 11.6 days), got {}",
             super::MIN_LIMIT,
-            n.0
+            figure(n.0)
         )),
         rate => Ok(rate),
     }
@@ -905,7 +905,7 @@ fn non_negative(n: Num) -> Result<f64, String> {
     if n.0.is_finite() && n.0 >= 0.0 {
         Ok(n.0)
     } else {
-        Err(format!("must be a number ≥ 0, got {}", n.0))
+        Err(format!("must be a number ≥ 0, got {}", figure(n.0)))
     }
 }
 
@@ -913,7 +913,7 @@ fn finite(n: Num) -> Result<f64, String> {
     if n.0.is_finite() {
         Ok(n.0)
     } else {
-        Err(format!("must be a finite number, got {}", n.0))
+        Err(format!("must be a finite number, got {}", figure(n.0)))
     }
 }
 
