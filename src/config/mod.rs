@@ -6,7 +6,7 @@
 
 mod load;
 mod raw;
-pub(crate) use raw::{check_burst, check_route, EVENT_SETTINGS, LONGEST_RESTORE};
+pub(crate) use raw::{check_burst, check_route, figure, EVENT_SETTINGS, LONGEST_RESTORE};
 
 pub use load::{ConfigError, Problem};
 

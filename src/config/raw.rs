@@ -1186,8 +1186,9 @@ fn restores_within_a_week(
     );
 }
 
-/// `x` as written in a file: in full, or with an exponent where that would run long.
-fn figure(x: f64) -> String {
+/// `x` as written in a file: in full, or with an exponent where that would run long
+/// (`1e-300`, not 300 zeros and a 1). For every number an error quotes.
+pub(crate) fn figure(x: f64) -> String {
     if x != 0.0 && !(1e-4..1e15).contains(&x.abs()) {
         format!("{x:e}")
     } else {

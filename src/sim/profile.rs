@@ -3,6 +3,7 @@
 //! or Poisson.
 
 use crate::clock::Nanos;
+use crate::config::figure;
 use crate::window::WindowSpec;
 use rand::{RngCore, SeedableRng};
 use rand_pcg::Pcg64Mcg;
@@ -73,7 +74,7 @@ pub enum ProfileError {
         text: String,
     },
     /// A rate is below zero.
-    #[error("line {line}: rate must not be negative, got {rate}")]
+    #[error("line {line}: rate must not be negative, got {}", figure(*.rate))]
     NegativeRate {
         /// The line.
         line: usize,
@@ -82,7 +83,7 @@ pub enum ProfileError {
     },
     /// A time is below zero: a profile's times are seconds from its start, and its
     /// first is read as Unix seconds when no `--start` is given.
-    #[error("line {line}: t_seconds must not be negative, got {t}")]
+    #[error("line {line}: t_seconds must not be negative, got {}", figure(*.t))]
     NegativeTime {
         /// The line.
         line: usize,
@@ -91,7 +92,7 @@ pub enum ProfileError {
     },
     /// A time is past [`LATEST_TIME_S`]: read as Unix seconds it is no date a clock
     /// holds, and a float that large no longer holds a slot's time.
-    #[error("line {line}: t_seconds must be at most {LATEST_TIME_S:e} (the year 33658 read as Unix seconds), got {t}")]
+    #[error("line {line}: t_seconds must be at most {LATEST_TIME_S:e} (the year 33658 read as Unix seconds), got {}", figure(*.t))]
     TimeTooLate {
         /// The line.
         line: usize,
@@ -625,6 +626,31 @@ mod tests {
         );
         let p = Profile::parse_csv("\"t_seconds\",\"rate\"\n0,10\n30,10\n").unwrap();
         assert_eq!(p.rate_at(0.0), 10.0);
+    }
+
+    /// A number far from 1 is quoted with an exponent: `1e300` was written out in
+    /// full, a 1 and 300 zeros.
+    #[test]
+    fn a_number_far_from_one_is_written_with_an_exponent() {
+        let said = |text: &str| Profile::parse_csv(text).unwrap_err().to_string();
+        assert!(
+            said("0,1\n1e300,5\n").ends_with("got 1e300"),
+            "{}",
+            said("0,1\n1e300,5\n")
+        );
+        assert_eq!(
+            said("0,-1e300\n1,1\n"),
+            "line 1: rate must not be negative, got -1e300"
+        );
+        assert_eq!(
+            said("-1e300,1\n1,1\n"),
+            "line 1: t_seconds must not be negative, got -1e300"
+        );
+        // Numbers near 1 as written.
+        assert_eq!(
+            said("0,-5\n1,1\n"),
+            "line 1: rate must not be negative, got -5"
+        );
     }
 
     #[test]

@@ -382,7 +382,7 @@ impl Sweep {
         self.params
             .iter()
             .zip(values)
-            .map(|(p, v)| format!("{}={v}", p.label))
+            .map(|(p, v)| format!("{}={}", p.label, crate::config::figure(*v)))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -719,6 +719,18 @@ mod tests {
                 (Duration::from_millis(500), Duration::from_millis(125))
             );
         }
+    }
+
+    /// A point's value far from 1 is named with an exponent: `slot=1e-300` was
+    /// named with 300 zeros.
+    #[test]
+    fn a_point_far_from_one_is_named_with_an_exponent() {
+        use crate::config::{Config, RouteConfig, RouteMatch};
+        let config = Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let sim = Simulator::new(config, None).unwrap();
+        let sweep = Sweep::new(vec!["slot=1e-300".parse().unwrap()]).unwrap();
+        let e = sweep.simulators(&sim).unwrap_err().to_string();
+        assert!(e.starts_with("at slot=1e-300: route `r`: "), "{e}");
     }
 
     #[test]
