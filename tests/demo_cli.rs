@@ -524,3 +524,29 @@ fn a_taken_proxy_port_is_named_with_the_way_out() {
     assert_eq!(stderr, want);
     assert_ne!(out.status.code(), Some(0));
 }
+
+/// The demo runs its built-in configuration, which no `ROCGATE__…` variable changes
+/// (its numbers are those `simulate --config config/demo.toml` prints): a variable set
+/// is named as not applied, where it was ignored without a word, as if it had taken.
+/// One set empty is unset, as for `serve`, and not named.
+#[test]
+fn environment_overrides_are_named_as_not_applied() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["demo", "--listen", "127.0.0.1:1", "--admin", "127.0.0.1:1"])
+        .env("ROCGATE__DEFAULTS__BASE_LIMIT", "5")
+        .env("rocgate__routes__0__hold", "1s")
+        .env("ROCGATE__ADMIN__TOKEN", "")
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(
+            "rocgate demo: the demo runs its built-in configuration (config/demo.toml), \
+             which environment variables do not change: ROCGATE__DEFAULTS__BASE_LIMIT, \
+             rocgate__routes__0__hold not applied\n"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+}

@@ -79,7 +79,29 @@ fn admin_addr(given: Option<SocketAddr>, listen: SocketAddr) -> SocketAddr {
     }
 }
 
+/// The `ROCGATE__…` variables set (not empty) in the environment, sorted: the demo
+/// applies none of them.
+fn overrides_set() -> Vec<String> {
+    let mut names: Vec<String> = std::env::vars_os()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(name, _)| name.to_string_lossy().into_owned())
+        .filter(|name| name.to_ascii_lowercase().starts_with("rocgate__"))
+        .collect();
+    names.sort();
+    names
+}
+
 pub(crate) fn run(args: DemoArgs) -> ExitCode {
+    // Its numbers are those `simulate --config config/demo.toml` prints: a variable
+    // meant for `serve` was ignored without a word, as if it had taken.
+    let ignored = overrides_set();
+    if !ignored.is_empty() {
+        eprintln!(
+            "rocgate demo: the demo runs its built-in configuration (config/demo.toml), \
+             which environment variables do not change: {} not applied",
+            ignored.join(", ")
+        );
+    }
     let admin = admin_addr(args.admin, args.listen);
     if rocgate::config::listeners_clash(args.listen, admin) {
         eprintln!(
