@@ -230,8 +230,8 @@ pub enum LineError {
     /// A quoted field has no closing quote.
     #[error("a quoted field has no closing quote")]
     Unterminated,
-    /// No status code after the request.
-    #[error("no status code after the request")]
+    /// No status code after the request: no field, or one that is not three digits.
+    #[error("no status code (three digits) after the request")]
     Status,
     /// No response size after the status.
     #[error("no response size after the status")]
@@ -1333,6 +1333,24 @@ fn gunzip<R: BufRead + Send + 'static>(_: R) -> io::Result<Box<dyn BufRead + Sen
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A status that is there but not three digits says what a status is: "no status
+    /// code after the request" read as a field missing, beside a `2000` or `OK` there.
+    #[test]
+    fn a_status_not_three_digits_says_so() {
+        let line = |status: &str| {
+            format!("::1 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.0\" {status} 1")
+        };
+        for status in ["2000", "OK", "20", "-1"] {
+            let e = parse_line(line(status).as_bytes()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "no status code (three digits) after the request",
+                "{status}"
+            );
+        }
+        assert!(parse_line(line("200").as_bytes()).is_ok());
+    }
 
     #[test]
     fn times_convert_with_their_offset() {
