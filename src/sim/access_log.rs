@@ -553,11 +553,13 @@ pub enum LogError {
     /// `from` is not before `to`.
     #[error("the time bounds are empty: `from` must be before `to`")]
     EmptyBounds,
-    /// Reading failed.
-    #[error("{name}: {error}")]
+    /// Reading failed (a gzip file cut short: "incomplete deflate stream").
+    #[error("{name}: cannot read {}: {error}", past_line(*.line))]
     Io {
         /// The source being read.
         name: String,
+        /// The last line read whole before the failure (0: none).
+        line: u64,
         /// What failed.
         error: io::Error,
     },
@@ -614,6 +616,15 @@ fn unix_text(unix_s: i64) -> String {
                 .to_string()
         }
         _ => format!("unix {unix_s} s"),
+    }
+}
+
+/// Where a read failed: `past line 12`, or `from the start` before the first line.
+fn past_line(line: u64) -> String {
+    if line == 0 {
+        "from the start".to_owned()
+    } else {
+        format!("past line {line}")
     }
 }
 
@@ -769,8 +780,9 @@ impl LogReader {
         let mut buf = Vec::with_capacity(512);
         let mut line_no = 0u64;
         self.sources.push(source.to_owned());
-        let io = |error| LogError::Io {
+        let io = |line, error| LogError::Io {
             name: source.to_owned(),
+            line,
             error,
         };
         // Room for a line at the cap and its line break, `\r\n` included.
@@ -779,7 +791,7 @@ impl LogReader {
             buf.clear();
             let n = io::Read::take(&mut input, cap as u64)
                 .read_until(b'\n', &mut buf)
-                .map_err(io)?;
+                .map_err(|e| io(line_no, e))?;
             if n == 0 {
                 return Ok(());
             }
@@ -790,7 +802,7 @@ impl LogReader {
             let before_break = before_break.strip_suffix(b"\r").unwrap_or(before_break);
             if !whole || before_break.len() > MAX_LINE_BYTES {
                 if !whole {
-                    skip_line(&mut input).map_err(io)?;
+                    skip_line(&mut input).map_err(|e| io(line_no - 1, e))?;
                 }
                 self.stats.lines += 1;
                 self.unparsable(source, line_no, LineError::TooLong);
@@ -1396,6 +1408,29 @@ mod tests {
         assert_eq!(unescape(br#"a\x41\\x41\"\tb\x4"#), "aA\\x41\"\tbx4");
         assert_eq!(unescape(b"plain"), "plain");
         assert_eq!(unescape(br"\xE2\x82\xAC \xFF"), "€ \u{FFFD}");
+    }
+
+    /// A read that fails part way (a gzip file cut short: "incomplete deflate
+    /// stream") names the last line read whole, where the file went wrong: it named
+    /// the file alone.
+    #[test]
+    fn a_read_that_fails_names_the_last_line_read() {
+        use crate::config::{RouteConfig, RouteMatch};
+        struct Failing;
+        impl io::Read for Failing {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::Error::other("incomplete deflate stream"))
+            }
+        }
+        let config = Config::new(vec![RouteConfig::new("all", RouteMatch::any())]);
+        let mut reader = LogReader::new(&config, LogOptions::default()).unwrap();
+        let log = "::1 - - [27/Nov/2026:20:00:00 +0000] \"GET / HTTP/1.1\" 200 1\n".repeat(2);
+        let input = io::BufReader::new(io::Read::chain(io::Cursor::new(log), Failing));
+        let e = reader.read("a.log.gz", input).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.log.gz: cannot read past line 2: incomplete deflate stream"
+        );
     }
 
     #[test]
