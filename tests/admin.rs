@@ -360,6 +360,25 @@ async fn a_runtime_change_past_a_durations_bound_is_refused() {
     p.stop().await;
 }
 
+/// A duration written as a bare number is refused as the file refuses it, asking for
+/// a unit, each field named: it was "invalid type: integer `5`, expected a string",
+/// and the first alone.
+#[tokio::test]
+async fn a_runtime_change_of_a_duration_without_a_unit_asks_for_one() {
+    let p = start(None).await;
+    refused_on_order(
+        p.admin,
+        r#"{"hold": 5, "max_cut": 2.5}"#,
+        // As the errors' JSON text quotes them.
+        &[
+            r#"hold: invalid duration \"5\": time unit needed, for example 5sec or 5ms"#,
+            r#"max_cut: invalid duration \"2.5\": time unit needed"#,
+        ],
+    )
+    .await;
+    p.stop().await;
+}
+
 /// A runtime change's limits have the file's upper bound: a token bucket spaces
 /// requests a whole number of nanoseconds apart, so 7 × 10^8 req/s (1.43 ns) was
 /// taken and enforced as 10^9. Past the bound it is refused (422) naming the field and

@@ -388,6 +388,38 @@ impl<'de> Deserialize<'de> for Flag {
     }
 }
 
+/// A duration of a runtime change, as text: a JSON number is taken as its text, and
+/// refused as the file refuses a bare number (`invalid duration "5": time unit
+/// needed`), with the other fields' problems; it was "invalid type: integer `5`,
+/// expected a string", and the change's first problem alone.
+#[derive(Debug)]
+struct DurationText(String);
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct DurationVisitor;
+        impl Visitor<'_> for DurationVisitor {
+            type Value = DurationText;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"5s\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<DurationText, E> {
+                Ok(DurationText(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<DurationText, E> {
+                Ok(DurationText(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<DurationText, E> {
+                Ok(DurationText(v.to_string()))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DurationText, E> {
+                Ok(DurationText(v.to_owned()))
+            }
+        }
+        d.deserialize_any(DurationVisitor)
+    }
+}
+
 /// Where a value was written. Later variants are more specific; only scopes of one
 /// route are ever compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -2902,19 +2934,19 @@ struct RawPatch {
     #[serde(default, deserialize_with = "not_null")]
     safe_roc: Option<Num>,
     #[serde(default, deserialize_with = "not_null")]
-    hold: Option<String>,
+    hold: Option<DurationText>,
     #[serde(default, deserialize_with = "not_null")]
     restore_step: Option<Num>,
     #[serde(default, deserialize_with = "not_null")]
-    restore_interval: Option<String>,
+    restore_interval: Option<DurationText>,
     #[serde(default, deserialize_with = "not_null")]
     min_rps: Option<Num>,
     #[serde(default, deserialize_with = "not_null")]
     min_samples: Option<Whole>,
     #[serde(default, deserialize_with = "not_null")]
-    min_dwell: Option<String>,
+    min_dwell: Option<DurationText>,
     #[serde(default, deserialize_with = "not_null")]
-    max_cut: Option<String>,
+    max_cut: Option<DurationText>,
     #[serde(default, deserialize_with = "not_null")]
     roc_mode: Option<String>,
 }
@@ -3063,13 +3095,13 @@ pub(crate) fn patch_controller(
         cut_limit: raw.cut_limit,
         danger_roc: raw.danger_roc,
         safe_roc: raw.safe_roc,
-        hold: raw.hold,
+        hold: raw.hold.map(|t| t.0),
         restore_step: raw.restore_step,
-        restore_interval: raw.restore_interval,
+        restore_interval: raw.restore_interval.map(|t| t.0),
         min_rps: raw.min_rps,
         min_samples: raw.min_samples,
-        min_dwell: raw.min_dwell,
-        max_cut: raw.max_cut,
+        min_dwell: raw.min_dwell.map(|t| t.0),
+        max_cut: raw.max_cut.map(|t| t.0),
         roc_mode: raw.roc_mode,
         ..RawSettings::default()
     };

@@ -205,9 +205,14 @@ fn a_changes_field_problem_is_placed_by_its_field_alone() {
             "invalid value: string \"x\", expected a number",
         ),
         (
+            r#"{"hold": true}"#,
+            "hold",
+            "invalid type: boolean `true`, expected a duration such as \"5s\"",
+        ),
+        (
             r#"{"hold": 5}"#,
             "hold",
-            "invalid type: integer `5`, expected a string",
+            "invalid duration \"5\": time unit needed, for example 5sec or 5ms",
         ),
     ] {
         let e = patch_controller(&ControllerParams::default(), &Algorithm::default(), json, None)
