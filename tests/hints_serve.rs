@@ -542,6 +542,12 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
             "15m",
             "--admin: must be http://host[:port] with a port from 1 to 65535, such as http://127.0.0.1:9090, got \"http://127.0.0.1:0\"",
         ),
+        // User info was dropped without a word: no credential was sent.
+        (
+            "http://user:pw@127.0.0.1:9090",
+            "15m",
+            "--admin: must not carry user info (user:password@): hints sends no credentials, and reads the admin API without a token, got \"http://user:pw@127.0.0.1:9090\"",
+        ),
         (
             "http://127.0.0.1:9",
             "0s",

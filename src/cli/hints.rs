@@ -82,7 +82,7 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
 /// The admin API's root that `--admin` gives (`http://127.0.0.1:9090`, without a
 /// trailing `/`), or what is wrong with it. A path or query of its own would be sent
 /// before the hints'; a port given must be one (the URI takes any digits, and the
-/// client asked port 80 for one past 65535).
+/// client asked port 80 for one past 65535); user info would be sent nowhere.
 fn admin_root(admin: &str) -> Result<&str, String> {
     const FORM: &str = "http://host[:port]";
     const EXAMPLE: &str = "http://127.0.0.1:9090";
@@ -96,6 +96,14 @@ fn admin_root(admin: &str) -> Result<&str, String> {
     let Some((uri, authority)) = uri.and_then(|u| u.authority().cloned().map(|a| (u, a))) else {
         return Err(format!("must be {FORM} such as {EXAMPLE}"));
     };
+    // Dropped without a word, they were no credential sent.
+    if authority.as_str().contains('@') {
+        return Err(
+            "must not carry user info (user:password@): hints sends no credentials, \
+             and reads the admin API without a token"
+                .to_owned(),
+        );
+    }
     if authority.port_u16().is_none_or(|p| p == 0) && has_port(authority.as_str()) {
         return Err(format!(
             "must be {FORM} with a port from 1 to 65535, such as {EXAMPLE}"
@@ -112,12 +120,10 @@ fn admin_root(admin: &str) -> Result<&str, String> {
     Ok(base)
 }
 
-/// Whether `authority` (`[user@]host[:port]`) gives a port, a number or not.
+/// Whether `authority` (`host[:port]`) gives a port, a number or not.
 fn has_port(authority: &str) -> bool {
-    let host = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    host.rsplit_once(':')
+    authority
+        .rsplit_once(':')
         .is_some_and(|(_, port)| !port.contains(']'))
 }
 
