@@ -1754,7 +1754,29 @@ fn server_and_admin_sections() {
             "must name a host",
         );
     }
-    for upstream in ["http://[::1]:3000", "http://[::1]", "http://shop.internal"] {
+    // Nor a host no URI holds: check-config said ok, and serve refused it at start
+    // with "invalid uri character" or "invalid authority".
+    for (upstream, character) in [
+        ("http://café.internal:80", "é"),
+        ("http://a%20b", "%"),
+        ("http://a|b", "|"),
+        ("http://a\\\\b", "\\"),
+        ("http://a^b:80", "^"),
+    ] {
+        refused(
+            &route(&format!("[server]\nupstream = \"{upstream}\"")),
+            "server.upstream",
+            &format!(
+                "the host holds {character:?}, which no host does (letters, digits and - . _ ~ ! $ & ' ( ) * + , ; =)"
+            ),
+        );
+    }
+    for upstream in [
+        "http://[::1]:3000",
+        "http://[::1]",
+        "http://shop.internal",
+        "http://my_service:8080",
+    ] {
         let text = route(&format!("[server]\nupstream = \"{upstream}\""));
         let config = Config::from_toml_str(&text, "good.toml").unwrap();
         assert_eq!(config.server.upstream, upstream);

@@ -276,6 +276,19 @@ pub enum UpstreamError {
         /// The URL as given.
         url: String,
     },
+    /// The host holds a character no host name or address does (`é`, `%`, `|`): no
+    /// URI holds it, and `serve` refused it at start with "invalid uri character".
+    #[error(
+        "the host holds {:?}, which no host does (letters, digits and - . _ ~ ! $ & ' ( ) * + , ; =), got {:?}",
+        .character.to_string(),
+        quoted(.url)
+    )]
+    HostCharacter {
+        /// The URL as given.
+        url: String,
+        /// The first such character.
+        character: char,
+    },
     /// The port is not a number from 1 to 65535.
     #[error("port must be a number from 1 to 65535, got {:?}", quoted(.port))]
     Port {

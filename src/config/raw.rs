@@ -2229,6 +2229,20 @@ pub(super) fn upstream_url(text: String) -> Result<String, UpstreamError> {
     if !named {
         return Err(UpstreamError::NoHost { url: text });
     }
+    // A registered name's characters (RFC 3986 §3.2.2), percent-encoding aside: what
+    // a URI holds and a resolver is asked.
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=".contains(c);
+    let odd = if host.starts_with('[') {
+        None
+    } else {
+        host.chars().find(|&c| !allowed(c))
+    };
+    if let Some(character) = odd {
+        return Err(UpstreamError::HostCharacter {
+            url: text,
+            character,
+        });
+    }
     if let Some(port) = port {
         // Port 0 is no port a connection can reach.
         if !port.parse::<u16>().is_ok_and(|p| p != 0) {
