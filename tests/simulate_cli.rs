@@ -654,6 +654,31 @@ fn an_access_log_given_twice_is_refused() {
     assert!(succeeded(&out).contains("120 requests replayed"));
 }
 
+/// Requests on routes `--route` leaves out are counted with the routes they are on
+/// named: "2 on routes not replayed" left `--route order` over `GET /api/order` lines
+/// (route `order` takes `POST` alone) to guess where they went.
+#[test]
+fn requests_on_routes_not_replayed_name_those_routes() {
+    let line = |s: u64| {
+        format!(
+            "198.51.100.1 - - [{}] \"GET /api/order HTTP/1.1\" 200 1\n",
+            logged(s)
+        )
+    };
+    let (_dir, log) = file("get.log", format!("{}{}", line(0), line(1)));
+    let out = rocgate(&[
+        "simulate",
+        "--access-log",
+        log.to_str().unwrap(),
+        "--route",
+        "order",
+    ]);
+    refused_saying(
+        &out,
+        "get.log: no request to replay: 2 lines read, 2 on routes not replayed (default)",
+    );
+}
+
 #[test]
 fn an_access_log_replays_every_route_it_reaches() {
     let (dir, log) = file("access.log.1.gz", gzip(&flash_sale_log()));
@@ -731,7 +756,9 @@ fn a_route_and_time_bounds_narrow_the_replay() {
     ]);
     let stdout = succeeded(&out);
     assert!(
-        stdout.contains("(12800 requests replayed, 40 on other routes, 820 outside --from/--to)"),
+        stdout.contains(
+            "(12800 requests replayed, 40 on other routes (default), 820 outside --from/--to)"
+        ),
         "{stdout}"
     );
     assert!(

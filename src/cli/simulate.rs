@@ -482,9 +482,14 @@ fn describe_log(s: &LogStats) -> String {
     } else {
         "unparsable lines"
     };
+    let others = if s.other_route_names.is_empty() {
+        "on other routes".to_owned()
+    } else {
+        format!("on other routes ({})", s.other_route_names.join(", "))
+    };
     for (n, what) in [
         (s.unmatched, "matching no route"),
-        (s.other_routes, "on other routes"),
+        (s.other_routes, others.as_str()),
         (s.outside, "outside --from/--to"),
         (s.unparsable, lines),
     ] {

@@ -518,6 +518,8 @@ pub struct LogStats {
     pub unmatched_examples: Vec<String>,
     /// Requests taken by routes that are not replayed.
     pub other_routes: u64,
+    /// The first [`EXAMPLES`] of those routes, by name, in the order first met.
+    pub other_route_names: Vec<String>,
     /// Requests replayed.
     pub replayed: u64,
 }
@@ -638,6 +640,14 @@ fn describe(s: &LogStats) -> String {
     ] {
         if n > 0 {
             parts.push(format!("{n} {what}"));
+        }
+    }
+    if !s.other_route_names.is_empty() {
+        if let Some(counted) = parts
+            .iter_mut()
+            .find(|p| p.ends_with("on routes not replayed"))
+        {
+            counted.push_str(&format!(" ({})", s.other_route_names.join(", ")));
         }
     }
     if !s.unmatched_examples.is_empty() {
@@ -846,12 +856,18 @@ impl LogReader {
             }
             None => None,
         };
-        let Some(route) = route.map(RouteId::index) else {
+        let Some(id) = route else {
             self.stats.unmatched += 1;
             return;
         };
+        let route = id.index();
         if !self.replayed[route] {
             self.stats.other_routes += 1;
+            let names = &mut self.stats.other_route_names;
+            let name = self.engine.route_name(id).unwrap_or_default();
+            if names.len() < EXAMPLES && !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
             return;
         }
         self.stats.replayed += 1;
