@@ -679,6 +679,42 @@ fn requests_on_routes_not_replayed_name_those_routes() {
     );
 }
 
+/// A route partitioned by client IP replays each logged address as its client; a
+/// client logged as no address (a host name, as Apache logs with `HostnameLookups
+/// On`, or `-`) is one keyless client for all of them, and `simulate` says so, counting
+/// them with the first few named: they were all held to one key's limit without a
+/// word.
+#[test]
+fn clients_logged_as_no_address_are_named_as_one_keyless_client() {
+    let mut log = String::new();
+    for s in 0..3 {
+        for client in ["shop.example", "-", "203.0.113.7"] {
+            log.push_str(&format!(
+                "{client} - - [{}] \"GET /api/x HTTP/1.1\" 200 1\n",
+                logged(s)
+            ));
+        }
+    }
+    let (_dir, log) = file("hosts.log", log);
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/per-ip.toml");
+    let out = rocgate(&[
+        "simulate",
+        "--config",
+        config,
+        "--access-log",
+        log.to_str().unwrap(),
+    ]);
+    succeeded(&out);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            "note: 6 requests on routes partitioned by client IP logged no IP address \
+             (shop.example, -): they are replayed as one keyless client, held to one key's limit"
+        ),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn an_access_log_replays_every_route_it_reaches() {
     let (dir, log) = file("access.log.1.gz", gzip(&flash_sale_log()));

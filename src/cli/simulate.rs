@@ -131,14 +131,15 @@ pub(crate) fn parse_log_bound(text: &str) -> Result<SystemTime, String> {
         })
 }
 
-/// The traffic to run.
+/// The traffic to run. A log is boxed: what reading it found (its stats, the
+/// examples they name) makes it several times a profile's size.
 enum Traffic {
     Profile {
         scenario: Option<Scenario>,
         profile: Profile,
         model: ArrivalModel,
     },
-    Log(AccessLog),
+    Log(Box<AccessLog>),
 }
 
 impl Traffic {
@@ -462,13 +463,26 @@ fn log_traffic(
             );
         }
     }
+    if stats.no_address > 0 {
+        eprintln!(
+            "note: {} request{} on routes partitioned by client IP logged no IP address ({}{}): they are replayed as one keyless client, held to one key's limit",
+            stats.no_address,
+            if stats.no_address == 1 { "" } else { "s" },
+            stats.no_address_examples.join(", "),
+            if stats.no_address_examples.len() == access_log::EXAMPLES {
+                ", …"
+            } else {
+                ""
+            }
+        );
+    }
     let label = format!(
         "access log {} ({}), {}",
         names.join(", "),
         describe_log(stats),
         log.spread()
     );
-    Ok((Traffic::Log(log), label, routes))
+    Ok((Traffic::Log(Box::new(log)), label, routes))
 }
 
 fn describe_log(s: &LogStats) -> String {

@@ -64,7 +64,7 @@ use super::run::Request;
 use super::MAX_SLOTS;
 use crate::clock::Nanos;
 use crate::config::{Config, Partition};
-use crate::engine::{Engine, RouteId};
+use crate::engine::Engine;
 use rand::{RngCore, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use serde::Serialize;
@@ -520,6 +520,11 @@ pub struct LogStats {
     pub other_routes: u64,
     /// The first [`EXAMPLES`] of those routes, by name, in the order first met.
     pub other_route_names: Vec<String>,
+    /// Requests replayed on routes partitioned by client IP whose logged client is no
+    /// IP address (a host name, `-`): one keyless client for all of them.
+    pub no_address: u64,
+    /// The first [`EXAMPLES`] distinct such clients, as logged.
+    pub no_address_examples: Vec<String>,
     /// Requests replayed.
     pub replayed: u64,
 }
@@ -890,7 +895,17 @@ impl LogReader {
                     next
                 })
             }
-            None => NO_CLIENT,
+            None => {
+                self.stats.no_address += 1;
+                let examples = &mut self.stats.no_address_examples;
+                if examples.len() < EXAMPLES {
+                    let client = String::from_utf8_lossy(l.client);
+                    if !examples.iter().any(|e| *e == client) {
+                        examples.push(client.into_owned());
+                    }
+                }
+                NO_CLIENT
+            }
         };
         self.keyed.push(Entry {
             second: l.time_unix_s,

@@ -110,7 +110,7 @@
 //! |---|---|
 //! | `scenario`, `profile`, `access_logs` | the traffic: a scenario name, a profile path, or the access logs read (the others `null`) |
 //! | `seed` | Poisson arrivals (profiles) or random spreading in a second (logs); `null`: evenly spaced |
-//! | `log` | access logs only: what reading found, see [`LogStats`]: `lines`, `blank`, `unparsable`, `first_unparsable` (a list of the first five, each `{source, line, error}`), `outside`, `unmatched`, `unmatched_examples`, `other_routes`, `other_route_names` (the first five), `replayed` |
+//! | `log` | access logs only: what reading found, see [`LogStats`]: `lines`, `blank`, `unparsable`, `first_unparsable` (a list of the first five, each `{source, line, error}`), `outside`, `unmatched`, `unmatched_examples`, `other_routes`, `other_route_names` (the first five), `no_address` (requests on routes partitioned by client IP whose client is no IP address), `no_address_examples` (the first five), `replayed` |
 //! | `start_unix_s` | wall-clock time of `t = 0`, Unix seconds |
 //! | `duration_s` | length of the run |
 //! | `capacity_rps` | the capacity modelled, or `null` |
