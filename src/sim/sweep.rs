@@ -123,11 +123,11 @@ pub enum SweepError {
         name: String,
     },
     /// The grid has too many points.
-    #[error("{} = {runs} runs, more than {MAX_RUNS}", counts.join(" × "))]
+    #[error("{} = {} runs, more than {MAX_RUNS}", counts.join(" × "), runs_text(*.runs))]
     TooManyRuns {
         /// Values per parameter, as `name (n)`.
         counts: Vec<String>,
-        /// Runs the grid would make.
+        /// Runs the grid would make, [`u128::MAX`] for a count past it.
         runs: u128,
     },
     /// A parameter names a route the run does not drive.
@@ -234,7 +234,7 @@ impl FromStr for SweepParam {
                     // Past u128 (or infinite), the count saturates.
                     let runs = (steps as u128).saturating_add(1);
                     return Err(SweepError::TooManyRuns {
-                        counts: vec![format!("{label} ({runs})")],
+                        counts: vec![format!("{label} ({})", runs_text(runs))],
                         runs,
                     });
                 }
@@ -287,6 +287,16 @@ fn tidy(x: f64) -> f64 {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sweep {
     params: Vec<SweepParam>,
+}
+
+/// A count of runs as an error words it: [`u128::MAX`] stands for every count past it,
+/// not for itself.
+fn runs_text(runs: u128) -> String {
+    if runs == u128::MAX {
+        format!("more than {:.1e}", u128::MAX as f64)
+    } else {
+        runs.to_string()
+    }
 }
 
 /// One run of a sweep: its point of the grid and what it did.
@@ -344,7 +354,10 @@ impl Sweep {
                 return Err(SweepError::Duplicate { name });
             }
         }
-        let runs: u128 = params.iter().map(|p| p.values.len() as u128).product();
+        // Saturated: the product of many parameters' counts passes u128.
+        let runs = params
+            .iter()
+            .fold(1u128, |runs, p| runs.saturating_mul(p.values.len() as u128));
         if runs > MAX_RUNS as u128 {
             return Err(SweepError::TooManyRuns {
                 counts: params
@@ -656,6 +669,46 @@ mod tests {
                 "{range}: {e}"
             );
         }
+    }
+
+    /// A grid of more points than u128 holds is refused, its count saturated: the
+    /// product overflowed, panicking in a debug build and wrapping in a release one,
+    /// where 512^14 × 4 points (2^128) made "0 run(s)" and an empty table, exit 0.
+    #[test]
+    fn a_grid_past_any_count_is_refused_not_wrapped() {
+        let names = [
+            "base_limit",
+            "cut_limit",
+            "danger_roc",
+            "safe_roc",
+            "hold",
+            "restore_step",
+            "restore_interval",
+            "min_rps",
+            "min_samples",
+            "min_dwell",
+            "max_cut",
+            "burst",
+            "queue",
+            "window",
+        ];
+        let many: Vec<String> = (1..=512).map(|v| v.to_string()).collect();
+        let mut params: Vec<SweepParam> = names
+            .iter()
+            .map(|n| format!("{n}={}", many.join(",")).parse().unwrap())
+            .collect();
+        params.push("slot=0.1,0.2,0.3,0.4".parse().unwrap());
+        let e = Sweep::new(params).map(|s| s.runs()).unwrap_err();
+        assert!(
+            matches!(e, SweepError::TooManyRuns { runs, .. } if runs == u128::MAX),
+            "{e}"
+        );
+        // Said as a bound, not as the count u128::MAX is.
+        assert!(
+            e.to_string()
+                .ends_with("slot (4) = more than 3.4e38 runs, more than 400"),
+            "{e}"
+        );
     }
 
     #[test]
