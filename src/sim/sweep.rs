@@ -676,25 +676,13 @@ mod tests {
     /// where 512^14 × 4 points (2^128) made "0 run(s)" and an empty table, exit 0.
     #[test]
     fn a_grid_past_any_count_is_refused_not_wrapped() {
-        let names = [
-            "base_limit",
-            "cut_limit",
-            "danger_roc",
-            "safe_roc",
-            "hold",
-            "restore_step",
-            "restore_interval",
-            "min_rps",
-            "min_samples",
-            "min_dwell",
-            "max_cut",
-            "burst",
-            "queue",
-            "window",
-        ];
+        // The event's numeric settings and three of the route's own: 14 parameters.
+        let names = crate::config::EVENT_SETTINGS
+            .iter()
+            .filter(|&&n| n != "roc_mode")
+            .chain(&["burst", "queue", "window"]);
         let many: Vec<String> = (1..=512).map(|v| v.to_string()).collect();
         let mut params: Vec<SweepParam> = names
-            .iter()
             .map(|n| format!("{n}={}", many.join(",")).parse().unwrap())
             .collect();
         params.push("slot=0.1,0.2,0.3,0.4".parse().unwrap());
