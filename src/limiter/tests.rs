@@ -864,3 +864,25 @@ fn a_limiter_fits_in_32_bytes() {
         std::mem::size_of::<Limiter>()
     );
 }
+
+/// A bucket that takes another's tokens at another rate holds those tokens, not
+/// its TAT read at its own rate: the engine starts a route bucket's twin so when a
+/// cut engages, and a twin whose change to the base limit found its note taken
+/// (left for the next decision) is still at an older base then. 20/s with 10 of 20
+/// tokens taken, copied into one at 10/s (both a second's burst), read 5 tokens
+/// there, and 5 once changed to 20/s: the twin started 5 tokens short of the route's.
+#[test]
+fn a_bucket_copied_at_another_rate_takes_its_tokens() {
+    let bucket = TokenBucket::new(20.0, Duration::from_secs(1), ms(0));
+    for _ in 0..10 {
+        assert!(admitted(bucket.check(ms(0))));
+    }
+    let twin = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
+    twin.copy_from(&bucket);
+    assert_eq!(twin.level(ms(0)).value, 10.0, "10 of its 10 tokens");
+    twin.set_limit(20.0, ms(0));
+    assert_eq!(twin.level(ms(0)).value, bucket.level(ms(0)).value);
+    let lower = TokenBucket::new(40.0, Duration::from_secs(1), ms(0));
+    lower.copy_from(&bucket);
+    assert_eq!(lower.level(ms(0)).value, 10.0);
+}
