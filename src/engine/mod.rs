@@ -1706,7 +1706,7 @@ impl Route {
                 } else {
                     let behind = twin_limiter(BEHIND_TWIN);
                     if let Limiter::TokenBucket(bucket) = &self.limiter {
-                        twin.copy_from(bucket);
+                        twin.copy_from(bucket, at);
                     }
                     self.behind.fetch_or(TWIN_ENGAGED, Ordering::Relaxed);
                     behind

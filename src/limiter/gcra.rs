@@ -489,17 +489,31 @@ impl Words<'_> {
         }
     }
 
-    /// Puts `from`'s TAT in this bucket's word, its count and mark kept: this bucket
-    /// then holds the tokens `from` holds, read at its own rate and capacity (the
-    /// same tokens where those are `from`'s). `from`'s TAT is read as a decision
-    /// reads it, whole. A decision on this bucket that loaded the word before
+    /// Gives this bucket the tokens `from` holds at `now` (clamped to its capacity),
+    /// its count and mark kept: `from`'s TAT rescaled from `from`'s rate and capacity
+    /// to this bucket's, as a change rescales one ([`rescaled`]), so that a bucket at
+    /// another rate (a twin whose change found its note taken) takes the tokens, not
+    /// the TAT read at its own rate. `from` is read as a decision reads it, whole;
+    /// this bucket's rate and capacity must not be changing (its changes are made
+    /// by the caller only). A decision on this bucket that loaded the word before
     /// retries; one that wrote it since is overwritten.
-    pub(crate) fn copy_tat(self, from: Words<'_>) {
-        let tat = loop {
-            let (word, tat, _, _) = from.read();
+    pub(crate) fn copy_tat(self, from: Words<'_>, now: Nanos) {
+        let (tat, t1, c1) = loop {
+            let (word, tat, t, capacity) = from.read();
             if from.still(word) {
-                break tat;
+                break (tat, t, capacity);
             }
+        };
+        let own = (
+            self.emission_ns.load(Ordering::Acquire),
+            self.capacity.load(Ordering::Acquire),
+        );
+        // At the same rate and capacity, the TAT as it is: rescaled, it may come out a
+        // nanosecond off, in floating point.
+        let tat = if own == (t1, c1) {
+            tat
+        } else {
+            rescaled(tat, (t1, c1), own, clamped(now))
         };
         let mut seen = self.tat.load(Ordering::Relaxed);
         while let Err(current) = self.tat.compare_exchange_weak(

@@ -878,11 +878,11 @@ fn a_bucket_copied_at_another_rate_takes_its_tokens() {
         assert!(admitted(bucket.check(ms(0))));
     }
     let twin = TokenBucket::new(10.0, Duration::from_secs(1), ms(0));
-    twin.copy_from(&bucket);
+    twin.copy_from(&bucket, ms(0));
     assert_eq!(twin.level(ms(0)).value, 10.0, "10 of its 10 tokens");
     twin.set_limit(20.0, ms(0));
     assert_eq!(twin.level(ms(0)).value, bucket.level(ms(0)).value);
     let lower = TokenBucket::new(40.0, Duration::from_secs(1), ms(0));
-    lower.copy_from(&bucket);
+    lower.copy_from(&bucket, ms(0));
     assert_eq!(lower.level(ms(0)).value, 10.0);
 }

@@ -101,12 +101,11 @@ impl TokenBucket {
         self.words().lower_to(tokens, now);
     }
 
-    /// Takes `other`'s tokens: this bucket holds what `other` holds, as far as its
-    /// rate and capacity are `other`'s (read at its own, otherwise). A decision on
-    /// this bucket meanwhile is made before or after, as it is around a change. The
-    /// engine starts a route bucket's twin from the route's bucket so.
-    pub(crate) fn copy_from(&self, other: &TokenBucket) {
-        self.words().copy_tat(other.words());
+    /// Takes the tokens `other` holds at `now`, clamped to this bucket's capacity,
+    /// whatever either's rate. A decision on this bucket meanwhile is made before or
+    /// after, as it is around a change. The engine starts a route bucket's twin so.
+    pub(crate) fn copy_from(&self, other: &TokenBucket, now: Nanos) {
+        self.words().copy_tat(other.words(), now);
     }
 
     /// Tokens left at `now` and the capacity.
