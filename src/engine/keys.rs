@@ -34,7 +34,7 @@ pub(super) enum Shadow {
     Keys(Box<Keys>),
     /// `enforce` and `shadow`, for a route limited as a whole by a token bucket: the
     /// route's bucket as the base limit alone would have it. Idle outside cuts; when
-    /// a cut engages it takes the route's bucket's state (at base until then), and
+    /// a cut engages it takes the route's bucket's tokens (at base until then), and
     /// while the cut holds every decision on the route is tried against it too: a
     /// refusal it would have admitted, and an admission it would have refused, are
     /// counted (see `TWIN_ENGAGED` and `Engine::decide_twinned`).
