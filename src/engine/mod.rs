@@ -1694,8 +1694,11 @@ impl Route {
                 if c.state() != ControllerState::Normal && limit < base =>
             {
                 let engaged = self.behind.load(Ordering::Relaxed) & TWIN_ENGAGED != 0;
+                // A twin at base already is left alone: a restore step changes the
+                // route's bucket only, and a change would take a note for nothing.
                 let twin_limiter = |which: u8| {
-                    if which & BEHIND_TWIN == 0 || twin.try_set_limit(base, at) {
+                    if which & BEHIND_TWIN == 0 || twin.is_at(base) || twin.try_set_limit(base, at)
+                    {
                         0
                     } else {
                         BEHIND_TWIN

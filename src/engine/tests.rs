@@ -143,6 +143,50 @@ fn a_rollover_winner_never_waits_for_another_buckets_change() {
     assert_eq!(r.limiter.level(ms(3_000)).capacity, 200.0);
 }
 
+/// While a cut holds, a restore step changes the route's bucket only: the twin is
+/// at the base limit already, and is left alone. (Each step set the twin to base
+/// again, taking a note that other buckets' changes share: with the note taken,
+/// the twin fell behind on a change that changes nothing.)
+#[test]
+fn a_restore_step_leaves_the_twin_at_base_alone() {
+    let mut cfg = RouteConfig::new("twin_step", crate::config::RouteMatch::any());
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    cfg.controller.restore_step_rps = 1.0;
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
+    let offer = |from_ms: u64, to_ms: u64, every_ms: u64| {
+        for t in (from_ms..to_ms).step_by(usize::try_from(every_ms).unwrap()) {
+            let _ = e.check(id, Key::None, Nanos::from_millis(t));
+        }
+    };
+    // 12 req/s for 10 s, then 200 req/s for a second: the cut.
+    offer(0, 10_000, 83);
+    offer(10_000, 11_000, 5);
+    assert!(e.limit_rps(id).unwrap() < 10.0, "cut");
+    // 2 req/s until the first restore step, each decision made with the note held.
+    let mut t = 11_000;
+    loop {
+        t += 500;
+        assert!(t < 120_000, "no restore step");
+        let before = e.limit_rps(id).unwrap();
+        crate::limiter::gcra::with_the_note_held(|| {
+            let _ = e.check(id, Key::None, Nanos::from_millis(t));
+        });
+        let after = e.limit_rps(id).unwrap();
+        if after != before && after < 10.0 {
+            let behind = r.behind.load(Ordering::Relaxed);
+            assert_eq!(behind & TWIN_ENGAGED, TWIN_ENGAGED, "still cut");
+            assert_eq!(behind & BEHIND_TWIN, 0, "the twin behind on a step");
+            assert_eq!(behind & BEHIND_LIMITER, BEHIND_LIMITER, "the bucket's step");
+            break;
+        }
+        let _ = e.check(id, Key::None, Nanos::from_millis(t));
+    }
+}
+
 /// A concurrency route's slot reports say how many requests were in flight when
 /// the slot closed (what its base limit counts, for the tuning hints); other
 /// algorithms' say nothing.

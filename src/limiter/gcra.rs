@@ -424,6 +424,13 @@ impl Words<'_> {
         true
     }
 
+    /// Whether the bucket is at `new` (emission interval, capacity) already: a change
+    /// to it would change nothing. Read without the note: for the holder of the lock
+    /// under which the bucket's changes are made.
+    pub(crate) fn is_at(self, (t, c): (u64, u32)) -> bool {
+        self.emission_ns.load(Ordering::Relaxed) == t && self.capacity.load(Ordering::Relaxed) == c
+    }
+
     /// [`Words::set`], calling `midway` once the TAT word is marked, before the new
     /// rate is written: the model checks and the tests hold a change there.
     pub(crate) fn set_midway(self, new: (u64, u32), now: Nanos, midway: impl FnOnce()) {

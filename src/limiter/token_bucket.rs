@@ -67,6 +67,12 @@ impl TokenBucket {
             .try_set(gcra::params(limit, self.burst_ms), now)
     }
 
+    /// Whether the bucket is at `limit` already (its rate and capacity), for the
+    /// holder of the lock its changes are made under.
+    pub(crate) fn is_at(&self, limit: f64) -> bool {
+        self.words().is_at(gcra::params(limit, self.burst_ms))
+    }
+
     /// [`set_limit`](Self::set_limit), calling `midway` half-way through the change
     /// (the tokens' word marked, the new rate not yet written). Only in the
     /// model-checking build, whose models hold a change there (`tests/loom.rs`).
