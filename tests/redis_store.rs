@@ -1583,6 +1583,31 @@ fn stepped_to(
     );
 }
 
+/// Writes by hand the route `{prefix:order}`'s controller as stepped through the slot
+/// before Redis's now, calm at `limit`, armed long ago, on a window of `slots` slots
+/// of `slot_us` µs: what a restarted, empty Redis holds once the shared controller
+/// has stepped again.
+fn calm_through_the_last_slot(
+    conn: &mut redis::Connection,
+    prefix: &str,
+    limit: &str,
+    (slot_us, slots): (u64, u64),
+) {
+    let slot = redis_time_us(conn) / slot_us;
+    hset(
+        conn,
+        format!("{{{prefix}:order}}:c"),
+        (
+            &["limit", limit, "state", "0", "roc", "0"][..],
+            ("through", slot - 1),
+            ("entered", 0),
+            ("armed", 0),
+            ("slot_us", slot_us),
+            ("slots", slots),
+        ),
+    );
+}
+
 /// Reads the `through` of the controller hash `key` every 20 ms, at most 100 times,
 /// until `stored` holds of it (a step stored); returns the last read.
 async fn stored_through(
@@ -2706,22 +2731,9 @@ async fn the_first_decision_after_a_beats_probe_says_the_gap_and_pays_the_debit(
     clock.advance(config.probe_interval);
     assert!(a.store.beat().await.is_some());
     assert_eq!(route_mode(&a), StoreMode::Shared, "the beat's probe");
-    // Redis restarted empty: the shared controller as stepped through the slot before
-    // Redis's now, on the route's window, armed long ago.
+    // Redis restarted empty.
     let mut conn = server.connection().unwrap();
-    let slot = redis_time_us(&mut conn) / slot_us;
-    hset(
-        &mut conn,
-        "{probed:order}:c",
-        (
-            &["limit", "1", "state", "0", "roc", "0"][..],
-            ("through", slot - 1),
-            ("entered", 0),
-            ("armed", 0),
-            ("slot_us", slot_us),
-            ("slots", slots),
-        ),
-    );
+    calm_through_the_last_slot(&mut conn, "probed", "1", (slot_us, slots));
     assert!(a.check().await.is_admit());
     let through: Option<u64> = hget(&mut conn, "{probed:order}:c", "through");
     assert_eq!(
@@ -2775,27 +2787,21 @@ async fn a_batched_probe_says_the_gap_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(route_mode(&a), StoreMode::Shared, "the sync's probe");
-    // The shared controller as stepped through the slot before Redis's now.
+    // Redis restarted empty.
     let mut conn = server.connection().unwrap();
-    let now_slot = redis_time_us(&mut conn) / slot_us;
-    hset(
-        &mut conn,
-        "{once:order}:c",
-        (
-            &["limit", "100", "state", "0", "roc", "0"][..],
-            ("through", now_slot - 1),
-            ("entered", 0),
-            ("armed", 0),
-            ("slot_us", slot_us),
-            ("slots", slots),
-        ),
-    );
+    calm_through_the_last_slot(&mut conn, "once", "100", (slot_us, slots));
     // The next slot's sync.
     clock.advance(slot);
     assert!(a.check().await.is_admit());
     tokio::time::sleep(config.timeout * 2).await;
-    let through: Option<u64> = hget(&mut conn, "{once:order}:c", "through");
-    assert!(through.is_some(), "the gap said a second time");
+    // Said again, the gap drops `through`, and the step after it stores the
+    // controller rearmed.
+    let (through, armed): (Option<u64>, u64) =
+        hmget(&mut conn, "{once:order}:c", ("through", "armed"));
+    assert!(
+        through.is_some() && armed == 0,
+        "the gap said a second time: through {through:?}, armed at {armed}"
+    );
 }
 
 /// A Redis out of memory under `noeviction` answers reads, and the heartbeat (its
