@@ -23,6 +23,24 @@ pub(crate) fn quoted(text: &str) -> Quoted<'_> {
     Quoted(text)
 }
 
+/// `text` with each character `escape` picks written as `{:?}` writes it (`\u{1b}`,
+/// `\n`), the rest as is: text shown to a user whose control characters would act
+/// on the terminal, break a line, or show as nothing.
+pub fn escaped(text: &str, escape: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    if !text.contains(&escape) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if escape(c) {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// A value quoted by [`quoted`].
 pub(crate) struct Quoted<'a>(&'a str);
 

@@ -3050,19 +3050,10 @@ pub(super) fn key_text(key: &str) -> std::borrow::Cow<'_, str> {
 /// message quotes an unknown key or variant as written, and a line break there split
 /// one problem over two lines.
 pub(super) fn one_line(message: String) -> String {
-    if !message.contains(char::is_control) {
-        return message;
+    match super::escaped(&message, char::is_control) {
+        std::borrow::Cow::Borrowed(_) => message,
+        std::borrow::Cow::Owned(escaped) => escaped,
     }
-    message
-        .chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_debug().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 /// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by

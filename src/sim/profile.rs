@@ -353,16 +353,8 @@ impl Profile {
 /// `text` with its characters that show as nothing escaped, as `{:?}` writes them,
 /// the rest as written: a field quoted in an error that held a NUL or a second byte
 /// order mark showed as a number.
-fn shown(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() || c == '\u{feff}' {
-                c.escape_debug().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::config::escaped(text, |c| c.is_control() || c == '\u{feff}')
 }
 
 fn number(text: &str, field: &'static str, line: usize) -> Result<f64, ProfileError> {
