@@ -480,6 +480,24 @@ async fn the_cli_prints_an_events_part_to_a_tenth_of_a_second() {
     );
 }
 
+/// The answer is another server's: a control character in it (an escape sequence in a
+/// route or event name) is printed escaped, not sent to the terminal to act on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_prints_an_answers_control_characters_escaped() {
+    let stdout = printed(
+        r#"{"period_s":60,"interval_s":10,"routes":[
+            {"route":"or\u001b[2Jder","event":"sa\u0007le","intervals":6,"covered_s":58.5,"offered":100,"rejected":0,"hints":[]}
+        ]}"#,
+        &[],
+    )
+    .await;
+    assert!(!stdout.contains(['\u{1b}', '\u{7}']), "{stdout:?}");
+    assert!(
+        stdout.contains(r"route or\u{1b}[2Jder during event sa\u{7}le: 6 interval(s)"),
+        "{stdout}"
+    );
+}
+
 /// An answer larger than any report (16 MiB) is refused with an error, not read whole
 /// into memory however large it grows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

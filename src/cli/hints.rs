@@ -9,6 +9,7 @@ use super::HintsArgs;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use rocgate::config::escaped;
 use rocgate::hints::{self, HintsReport};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -69,7 +70,10 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(report) => {
-            out!("{}", render(&report, &args.period));
+            // The answer is another server's: a control character in it (an escape
+            // sequence in a route name or a reason) is shown, not sent to the terminal.
+            let text = render(&report, &args.period);
+            out!("{}", escaped(&text, |c| c.is_control() && c != '\n'));
             ExitCode::SUCCESS
         }
         Err(e) => {
