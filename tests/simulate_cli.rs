@@ -27,6 +27,12 @@ fn simulate_profile(profile: &Path, more: &[&str]) -> Output {
     rocgate(&[&["simulate", "--profile", profile][..], more].concat())
 }
 
+/// `rocgate simulate --access-log {log}` followed by `more`, as [`rocgate`] runs it.
+fn simulate_log(log: &Path, more: &[&str]) -> Output {
+    let log = log.to_str().unwrap();
+    rocgate(&[&["simulate", "--access-log", log][..], more].concat())
+}
+
 /// The arguments of `rocgate simulate {args} --out {out_dir}`.
 fn simulate_to_args<'a>(out_dir: &'a Path, args: &[&'a str]) -> Vec<&'a str> {
     [
@@ -535,7 +541,7 @@ fn a_replay_is_bounded_by_the_slots_of_all_its_routes() {
     ]
     .concat();
     let (_dir, log) = file("access.log", text_of_log);
-    let out = rocgate(&["simulate", "--access-log", log.to_str().unwrap()]);
+    let out = simulate_log(&log, &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
     assert!(
         text(&out.stderr).contains(
@@ -545,13 +551,7 @@ fn a_replay_is_bounded_by_the_slots_of_all_its_routes() {
         "{}",
         text(&out.stderr)
     );
-    let out = rocgate(&[
-        "simulate",
-        "--access-log",
-        log.to_str().unwrap(),
-        "--route",
-        "order",
-    ]);
+    let out = simulate_log(&log, &["--route", "order"]);
     succeeded(&out);
 }
 
@@ -666,13 +666,7 @@ fn requests_on_routes_not_replayed_name_those_routes() {
         )
     };
     let (_dir, log) = file("get.log", format!("{}{}", line(0), line(1)));
-    let out = rocgate(&[
-        "simulate",
-        "--access-log",
-        log.to_str().unwrap(),
-        "--route",
-        "order",
-    ]);
+    let out = simulate_log(&log, &["--route", "order"]);
     refused_saying(
         &out,
         "get.log: no request to replay: 2 lines read, 2 on routes not replayed (default)",
@@ -779,17 +773,17 @@ fn an_access_log_replays_every_route_it_reaches() {
 #[test]
 fn a_route_and_time_bounds_narrow_the_replay() {
     let (_dir, log) = file("access.log", flash_sale_log());
-    let out = rocgate(&[
-        "simulate",
-        "--access-log",
-        log.to_str().unwrap(),
-        "--route",
-        "order",
-        "--from",
-        "2026-11-27T19:00:10Z",
-        "--to",
-        "27/Nov/2026:20:00:50 +0100",
-    ]);
+    let out = simulate_log(
+        &log,
+        &[
+            "--route",
+            "order",
+            "--from",
+            "2026-11-27T19:00:10Z",
+            "--to",
+            "27/Nov/2026:20:00:50 +0100",
+        ],
+    );
     let stdout = succeeded(&out);
     assert!(
         stdout.contains(
@@ -809,8 +803,7 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
     let unclosed = "198.51.100.1 - - [27/Nov/2026:20:00:03 +0100] \"GET / HTTP/1.1";
     let bad = quiet_log_with(&[(3, "[error] upstream timed out"), (7, unclosed)]);
     let (_dir, log) = file("access.log", bad);
-    let path = log.to_str().unwrap();
-    let out = rocgate(&["simulate", "--access-log", path]);
+    let out = simulate_log(&log, &[]);
     let stderr = refused_saying(&out, "2 of 122 lines (1.64%) are not access-log lines");
     assert!(
         stderr.contains("access.log:4: no [time] after the user field"),
@@ -823,7 +816,7 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
     assert!(stderr.contains("--lenient"), "{stderr}");
     assert!(out.stdout.is_empty());
 
-    let out = rocgate(&["simulate", "--access-log", path, "--lenient"]);
+    let out = simulate_log(&log, &["--lenient"]);
     succeeded(&out);
     let stderr = text(&out.stderr);
     assert!(
@@ -839,12 +832,7 @@ fn too_many_bad_lines_exit_2_naming_them_unless_lenient() {
 fn one_unparsable_line_is_counted_in_the_singular() {
     let bad = quiet_log_with(&[(3, "[error] upstream timed out")]);
     let (_dir, log) = file("access.log", bad);
-    let out = rocgate(&[
-        "simulate",
-        "--access-log",
-        log.to_str().unwrap(),
-        "--lenient",
-    ]);
+    let out = simulate_log(&log, &["--lenient"]);
     let stdout = succeeded(&out);
     assert!(
         stdout.contains("120 requests replayed, 1 unparsable line,")
