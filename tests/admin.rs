@@ -473,9 +473,10 @@ async fn upstream_error_counters_start_at_zero_for_every_route() {
     p.stop().await;
 }
 
-/// The cut's decisions against the base limit's, both sides, are in a route's live
-/// state and `/metrics` where they are counted (a route limited as a whole by a token
-/// bucket), and `null` and absent where not (a partitioned route). (Routes of names of their own: the tests of one process
+/// The cut's decisions against the base limit's, both sides and the net (the cut's
+/// own), are in a route's live state and `/metrics` where they are counted (a route
+/// limited as a whole by a token bucket), and `null` and absent where not (a
+/// partitioned route). (Routes of names of their own: the tests of one process
 /// share the global recorder.)
 #[tokio::test]
 async fn the_cut_against_the_base_limit_is_live_state_and_metrics_where_counted() {
@@ -497,6 +498,8 @@ async fn the_cut_against_the_base_limit_is_live_state_and_metrics_where_counted(
         assert!(text.lines().any(|l| l == whole), "no `{whole}` in {text}");
         assert!(!text.contains(&series("cut_own_keyed")), "{text}");
     }
+    assert_eq!(route(&all, "cut_own_whole")["cut_own_net"], 0);
+    assert!(route(&all, "cut_own_keyed")["cut_own_net"].is_null());
     p.stop().await;
 }
 

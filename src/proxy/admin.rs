@@ -885,6 +885,7 @@ pub(crate) fn route_json(s: &RouteSnapshot) -> Value {
         "shadow_rejected": by_reason(&s.shadow_rejected),
         "cut_vs_base_rejected": s.cut_vs_base_rejected,
         "cut_vs_base_admitted": s.cut_vs_base_admitted,
+        "cut_own_net": s.cut_own_net(),
         "cuts": s.cuts,
         "time_in_cut_seconds": s.time_in_cut.as_secs_f64(),
         "active_event": s.active_event,
@@ -934,6 +935,29 @@ mod tests {
             store: None,
             via: Arc::new(super::super::forward::Via::new()),
         }
+    }
+
+    /// A route's `cut_own_net` is its cut's refusals against the base limit less its
+    /// admissions against it, below zero where the second are more, and `null` where
+    /// either side is not counted.
+    #[test]
+    fn the_cuts_own_net_is_the_rejected_side_less_the_admitted() {
+        let config = crate::config::Config::new(vec![crate::config::RouteConfig::new(
+            "order",
+            crate::config::RouteMatch::any(),
+        )]);
+        let engine = Engine::new(
+            &config,
+            crate::clock::Nanos::ZERO,
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        let mut s = engine.snapshot(crate::clock::Nanos::ZERO).remove(0);
+        s.cut_vs_base_rejected = Some(5);
+        s.cut_vs_base_admitted = Some(7);
+        assert_eq!(route_json(&s)["cut_own_net"], -2);
+        s.cut_vs_base_admitted = None;
+        assert!(route_json(&s)["cut_own_net"].is_null());
     }
 
     /// The routes whose upstream error series are registered are those in force: each
