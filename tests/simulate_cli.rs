@@ -224,6 +224,64 @@ fn flash_sale_says_what_the_base_limit_alone_rejects() {
     assert!(at("  roc_cut") < at("without cuts") && at("without cuts") < at("peak admitted"));
 }
 
+/// The number after `label` up to the next comma or blank in `stdout`.
+fn number_after(stdout: &str, label: &str) -> i64 {
+    let at = stdout
+        .find(label)
+        .unwrap_or_else(|| panic!("no {label:?} in {stdout}"));
+    let rest = stdout[at + label.len()..].trim_start();
+    let end = rest.find([',', ' ', '\n']).unwrap_or(rest.len());
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|e| panic!("{label:?}: {e} in {stdout}"))
+}
+
+/// The cut's own as the engine counts it live (a twin bucket at the base limit, as
+/// `/admin/routes`' `cut_own_net` has it) is printed beside the offline figure, and
+/// on config/demo.toml's flash sale the two are the same; summary.json has it per
+/// route. A partitioned route, whose cut is not counted live, prints no live figure,
+/// and its field is `null`.
+#[test]
+fn the_cuts_own_counted_live_is_printed_beside_the_offline_figure() {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/config/demo.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let args = ["--config", demo, "--scenario", "flash-sale"];
+    let stdout = succeeded(&simulate_to(&out_dir, &args));
+    let offline = number_after(&stdout, "the cuts' own");
+    let live = number_after(&stdout, "cut's own net");
+    assert!(offline > 0, "{stdout}");
+    assert_eq!(live, offline, "{stdout}");
+    let summary = summary_in(&out_dir);
+    let order = summary["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["route"] == "order")
+        .unwrap();
+    assert_eq!(order["cut_own_net"], live, "{summary}");
+    // The line comes after the offline figure's, before the peak.
+    let at = |what: &str| stdout.find(what).unwrap();
+    assert!(at("without cuts") < at("cut's own net") && at("cut's own net") < at("peak admitted"));
+
+    let (dir, keyed) = file(
+        "keyed.toml",
+        "[[routes]]\nname = \"order\"\npath_prefix = \"/\"\npartition = \"ip\"\n",
+    );
+    let out_dir = dir.path().join("run");
+    let args = [
+        "--config",
+        keyed.to_str().unwrap(),
+        "--scenario",
+        "flash-sale",
+    ];
+    let stdout = succeeded(&simulate_to(&out_dir, &args));
+    assert!(stdout.contains("normal → cut"), "{stdout}");
+    assert!(!stdout.contains("cut's own net"), "{stdout}");
+    let summary = summary_in(&out_dir);
+    assert!(summary["routes"][0]["cut_own_net"].is_null(), "{summary}");
+}
+
 /// A shadow route enforces no cut: no line, and the field is `null`.
 #[test]
 fn a_shadow_route_says_nothing_of_rejections_without_cuts() {

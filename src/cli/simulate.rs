@@ -862,6 +862,15 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
             ),
         );
     }
+    if let Some(net) = s.cut_own_net.filter(|_| !s.cuts.is_empty()) {
+        line(
+            out,
+            format_args!(
+                "cut's own net {net:>8}  {:5.1}%  live, as serve counts it (/admin/routes' cut_own_net)",
+                100.0 * net as f64 / s.offered.max(1) as f64
+            ),
+        );
+    }
     if several && s.overload > 0 {
         line(
             out,

@@ -255,6 +255,7 @@ mod tests {
                 admitted: 0,
                 rejected: 0,
                 rejected_without_cuts: None,
+                cut_own_net: None,
                 rejected_by_reason: Default::default(),
                 shadow_rejected: 0,
                 shadow_rejected_by_reason: Default::default(),

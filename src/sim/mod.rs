@@ -132,6 +132,7 @@
 //! | `offered`, `admitted`, `rejected` | request counts over the run |
 //! | `rejected_by_reason` | `{limit, roc_cut, concurrency, queue_full, fallback_local}` |
 //! | `rejected_without_cuts` | `enforce` routes: what the route rejects on the same arrivals with a controller that never cuts, by its base limit alone (an event's while one is active), counted by a second engine beside the run's; `rejected` less this is what the cuts themselves rejected (every refusal during a cut counts as `roc_cut`, those the base limit would have made too). Equal to `rejected` on a route that never cut; `null` on a route in a shadow mode |
+//! | `cut_own_net` | the cuts' own refusals as the run's engine counts them live, net (`GET /admin/routes`' `cut_own_net` at the run's end): against a twin token bucket at the base limit started from the route's at each cut's start; 0 on a route that never cut; `null` where not counted (a partitioned route, another algorithm, `shadow_adaptive`) |
 //! | `shadow_rejected`, `shadow_rejected_by_reason` | shadow modes: what would have been rejected |
 //! | `overload` | this route's admitted requests above the capacity |
 //! | `cuts` | every cut: `{t_s, from, to, roc, limit_rps}` |

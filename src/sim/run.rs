@@ -508,6 +508,7 @@ fn summarize(
         });
     let rejected_by_reason = ReasonCounts::from_pairs(&snap.rejected);
     let shadow_rejected_by_reason = ReasonCounts::from_pairs(&snap.shadow_rejected);
+    let cut_own_net = snap.cut_own_net();
     Summary {
         route: snap.name,
         mode: snap.mode,
@@ -518,6 +519,7 @@ fn summarize(
         admitted: snap.admitted,
         rejected: rejected_by_reason.total(),
         rejected_without_cuts: None,
+        cut_own_net,
         rejected_by_reason,
         shadow_rejected: shadow_rejected_by_reason.total(),
         shadow_rejected_by_reason,
@@ -1088,6 +1090,16 @@ pub struct Summary {
     /// or not. `None` for routes in a shadow mode, which enforce no cut, and in runs
     /// that do not count it ([`Simulator::count_without_cuts`], sweeps).
     pub rejected_without_cuts: Option<u64>,
+    /// The cuts' own refusals as the engine counts them live, net (`GET
+    /// /admin/routes`' `cut_own_net`, [`RouteSnapshot::cut_own_net`] at the run's
+    /// end): the cut's refusals the base limit would have admitted less its admissions
+    /// the base limit would have refused, each against a twin token bucket at the base
+    /// limit started from the route's at each cut's start. 0 on a route that never cut;
+    /// `None` where it is not counted (a partitioned route, another algorithm, a
+    /// `shadow_adaptive` route).
+    ///
+    /// [`RouteSnapshot::cut_own_net`]: crate::engine::RouteSnapshot::cut_own_net
+    pub cut_own_net: Option<i64>,
     /// Requests rejected, by reason.
     pub rejected_by_reason: ReasonCounts,
     /// Shadow modes: requests admitted that would have been rejected.
