@@ -141,7 +141,8 @@ fn assert_cut_during_the_sale(text: &str, sale_opens_s: f64, plateau_s: f64) {
 
 /// The line after `rejected` in a run that cut: what the base limit alone rejects of
 /// the same schedule, simulated, and the run's rejections less it (the cuts' own, or a
-/// difference below zero), each with its share of the offered.
+/// difference below zero), each with its share of the offered; then the cuts' own as
+/// rocgate counted it live, with its share.
 fn assert_without_cuts_follows_rejected(text: &str) {
     let offered = number_after(line_starting(text, "  offered       "), "offered       ");
     let rejected = line_starting(text, "  rejected      ");
@@ -173,6 +174,19 @@ fn assert_without_cuts_follows_rejected(text: &str) {
         (own_share - 100.0 * own / offered).abs() < 0.051,
         "{rejected}\n{line}"
     );
+    let live = line_starting(text, "  cut's own net ");
+    assert!(
+        text.contains(&format!("{line}\n{live}\n")),
+        "not right after the line without cuts:\n{text}"
+    );
+    let cells: Vec<&str> = live.split_whitespace().collect();
+    let net: f64 = cells[3].parse().unwrap_or_else(|_| panic!("{live}"));
+    let share = number_after(cells[4], "");
+    assert!(
+        (share - 100.0 * net / offered).abs() < 0.051,
+        "{share}% of {offered}: {live}"
+    );
+    assert!(live.contains("live, counted by rocgate"), "{live}");
 }
 
 #[test]

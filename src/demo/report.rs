@@ -234,6 +234,10 @@ pub fn write_report(out: &mut (dyn Write + Send), outcome: &Outcome) -> io::Resu
     if let Some(without) = outcome.rejected_without_cuts {
         write_without_cuts(out, load.rejected, without, load.offered)?;
     }
+    let live = gated.sale_route().filter(|r| r.cuts > 0);
+    if let Some(net) = live.and_then(RouteSnapshot::cut_own_net) {
+        write_cut_own_live(out, net, load.offered)?;
+    }
     writeln!(
         out,
         "  failed        {:<7} {:>6}   5xx or no answer",
@@ -287,6 +291,21 @@ fn write_without_cuts(
         own.label(),
         own.count,
         own.percent
+    )
+}
+
+/// The cuts' own refusals as the sale route's engine counted them during the run, net
+/// ([`RouteSnapshot::cut_own_net`], `GET /admin/routes`' `cut_own_net`), and their
+/// share of the `offered`.
+fn write_cut_own_live(out: &mut (dyn Write + Send), net: i64, offered: u64) -> io::Result<()> {
+    let share = if offered == 0 {
+        "–".to_owned()
+    } else {
+        format!("{:.1}%", 100.0 * net as f64 / offered as f64)
+    };
+    writeln!(
+        out,
+        "  cut's own net {net:<7} {share:>6}   live, counted by rocgate during the cuts (/admin/routes' cut_own_net)"
     )
 }
 
@@ -420,6 +439,22 @@ mod tests {
         let rejected = "  rejected      11006    67.1%   429 from rocgate";
         let line = written(|out| write_without_cuts(out, 11006, 9410, 16400));
         assert_eq!(line.find('%'), rejected.find('%'));
+    }
+
+    /// The cuts' own as rocgate counted it live: the net and its share of the offered,
+    /// lined up with the line above it.
+    #[test]
+    fn the_live_line_says_the_cuts_own_net() {
+        let line = written(|out| write_cut_own_live(out, 1596, 16400));
+        assert_eq!(
+            line,
+            "  cut's own net 1596      9.7%   live, counted by rocgate during the cuts \
+             (/admin/routes' cut_own_net)\n"
+        );
+        let rejected = "  rejected      11006    67.1%   429 from rocgate";
+        assert_eq!(line.find('%'), rejected.find('%'));
+        assert!(written(|out| write_cut_own_live(out, -12, 1000))
+            .starts_with("  cut's own net -12      -1.2%   "));
     }
 
     /// The live table, with the controller's columns (behind rocgate) and without: the
