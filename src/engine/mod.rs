@@ -897,8 +897,14 @@ impl Engine {
     /// bucket at the cut and its twin at base have tokens at other instants, so the
     /// cut admits some requests the base limit alone would have refused then). The
     /// first less the second is the cut's own refusals over its span: the route's
-    /// refusals less the twin's. A refusal's reason stays the one `refused` names,
-    /// `roc_cut`.
+    /// refusals less the twin's.
+    ///
+    /// Both are counted only on a decision that read the route
+    /// [`engaged`](Route::engaged), which names its refusal `roc_cut` (passed to
+    /// `refused` as such, not read again): at a cut's start the twin is engaged just
+    /// before `engaged` is stored, and a refusal decided in between, named `limit`,
+    /// was counted as the cut's own. The twin takes its token all the same, as the
+    /// base limit alone would have.
     fn decide_twinned(
         &self,
         r: &Route,
@@ -907,22 +913,24 @@ impl Engine {
         now: Nanos,
     ) -> Decision {
         r.counter.add();
+        let engaged = r.engaged.load(Ordering::Relaxed);
         match bucket.take(now) {
             Ok(()) => {
-                if twin.take(now).is_err() {
+                if twin.take(now).is_err() && engaged {
                     r.counter.counters().add(CUT_ADMITTED);
                 }
                 Decision::Admit(Admit::Now)
             }
             Err(retry_after_ns) => {
-                if twin.take(now).is_ok() {
+                if twin.take(now).is_ok() && engaged {
                     r.counter.counters().add(CUT_REJECTED);
                 }
-                self.refused(
-                    r,
-                    Duration::from_nanos(retry_after_ns.max(1)),
-                    Reason::Limit,
-                )
+                let reason = if engaged {
+                    Reason::RocCut
+                } else {
+                    Reason::Limit
+                };
+                self.refused(r, Duration::from_nanos(retry_after_ns.max(1)), reason)
             }
         }
     }
@@ -1668,7 +1676,9 @@ impl Route {
     /// the next cut. A decision that read the mark just before it changed is decided
     /// without the twin, or with it, as the other side of the edge: a few requests at
     /// a cut's start or end may be left out of the count, or tried against an idle
-    /// twin, which the next cut's start sets again.
+    /// twin, which the next cut's start sets again. One decided with the twin before
+    /// [`engaged`](Route::engaged) is stored names its refusal `limit` and is not
+    /// counted ([`Engine::decide_twinned`]).
     fn set_limiters(&self, c: &Controller, at: Nanos, which: u8) {
         let which = if self.handed_over.load(Ordering::Relaxed) {
             which & !BEHIND_LIMITER

@@ -187,6 +187,88 @@ fn a_restore_step_leaves_the_twin_at_base_alone() {
     }
 }
 
+/// An engine whose one route, a token bucket at 10 req/s (cut 3), has cut, and the
+/// instant two seconds on, after a decision there: its bucket at the cut holds fewer
+/// tokens than its twin at base.
+fn cut_with_a_twin() -> (Engine, RouteId, Nanos) {
+    let mut cfg = RouteConfig::new("twin_gap", crate::config::RouteMatch::any());
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    let offer = |from_ms: u64, to_ms: u64, every_ms: u64| {
+        for t in (from_ms..to_ms).step_by(usize::try_from(every_ms).unwrap()) {
+            let _ = e.check(id, Key::None, Nanos::from_millis(t));
+        }
+    };
+    // 12 req/s for 10 s, then 200 req/s for a second: the cut.
+    offer(0, 10_000, 83);
+    offer(10_000, 11_000, 5);
+    assert!(e.limit_rps(id).unwrap() < 10.0, "cut");
+    let at = Nanos::from_millis(13_000);
+    let _ = e.check(id, Key::None, at);
+    let r = e.route(id).unwrap();
+    assert_ne!(
+        r.behind.load(Ordering::Relaxed) & TWIN_ENGAGED,
+        0,
+        "twin engaged"
+    );
+    (e, id, at)
+}
+
+/// Decisions made with the twin engaged but the cut not yet marked `engaged` (the gap
+/// at a cut's start, between [`Route::set_limiters`] and the store of `engaged`) name
+/// their refusals `limit`, and are counted against the base limit neither way: a
+/// refusal there counted in `CUT_REJECTED`, labelled `limit`. The twin still takes
+/// its tokens, as the base limit alone would. `drain` empties the twin first, so that
+/// the bucket's admissions are ones the base limit refuses.
+fn decided_in_the_gap(drain: bool) {
+    let (e, id, at) = cut_with_a_twin();
+    let r = e.route(id).unwrap();
+    let Some(Shadow::Twin(twin)) = &r.shadow else {
+        panic!("a twin")
+    };
+    while drain && twin.take(at).is_ok() {}
+    let before = e.route_snapshot(id, at).unwrap();
+    r.engaged.store(false, Ordering::Relaxed);
+    let decisions: Vec<Decision> = (0..20).map(|_| e.check(id, Key::None, at)).collect();
+    let after = e.route_snapshot(id, at).unwrap();
+    let count = |s: &RouteSnapshot, reason: Reason| {
+        s.rejected
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| *n)
+    };
+    let refused = decisions.iter().filter(|d| !d.is_admit()).count() as u64;
+    assert!(0 < refused && refused < 20, "{decisions:?}");
+    assert_eq!(
+        count(&after, Reason::Limit) - count(&before, Reason::Limit),
+        refused
+    );
+    assert_eq!(
+        count(&after, Reason::RocCut),
+        count(&before, Reason::RocCut)
+    );
+    assert_eq!(
+        (after.cut_vs_base_rejected, after.cut_vs_base_admitted),
+        (before.cut_vs_base_rejected, before.cut_vs_base_admitted),
+        "decided in the gap, counted against the base limit"
+    );
+    assert!(twin.take(at).is_err(), "the twin took no token in the gap");
+}
+
+#[test]
+fn a_refusal_labelled_limit_is_not_counted_as_the_cuts_own() {
+    decided_in_the_gap(false);
+}
+
+#[test]
+fn an_admission_before_the_cut_is_marked_is_not_counted_against_the_base_limit() {
+    decided_in_the_gap(true);
+}
+
 /// A concurrency route's slot reports say how many requests were in flight when
 /// the slot closed (what its base limit counts, for the tuning hints); other
 /// algorithms' say nothing.
