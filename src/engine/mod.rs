@@ -1670,7 +1670,11 @@ impl Route {
     /// On a route with a twin ([`Shadow::Twin`]), a cut that engages (the limit below
     /// base) first sets the twin at the base limit and gives it the route's bucket's
     /// tokens (the bucket is at base until then), then marks the route
-    /// [`TWIN_ENGAGED`], then changes the bucket; while it holds, the twin follows the
+    /// [`TWIN_ENGAGED`], then changes the bucket; should the twin's change find its
+    /// note taken, the bucket is left at base too, both [`behind`](Route::behind),
+    /// and the decision that makes the twin's change does all three (a twin given the
+    /// tokens at an older base limit kept them clamped to its older capacity, short
+    /// after a raise); while it holds, the twin follows the
     /// base limit (an event's, a runtime change's: tokens clamped, never refilled);
     /// once the limit is back at base the mark is cleared and the twin is idle until
     /// the next cut. A decision that read the mark just before it changed is decided
@@ -1714,17 +1718,20 @@ impl Route {
                         BEHIND_TWIN
                     }
                 };
-                let twin_behind = if engaged {
-                    twin_limiter(which)
-                } else {
-                    let behind = twin_limiter(BEHIND_TWIN);
+                if engaged {
+                    TWIN_ENGAGED | twin_limiter(which) | set(&self.limiter, limit, BEHIND_LIMITER)
+                } else if twin_limiter(BEHIND_TWIN) == 0 {
                     if let Limiter::TokenBucket(bucket) = &self.limiter {
                         twin.copy_from(bucket, at);
                     }
                     self.behind.fetch_or(TWIN_ENGAGED, Ordering::Relaxed);
-                    behind
-                };
-                TWIN_ENGAGED | twin_behind | set(&self.limiter, limit, BEHIND_LIMITER)
+                    TWIN_ENGAGED | set(&self.limiter, limit, BEHIND_LIMITER)
+                } else {
+                    // The twin's change to base found its note taken: copied now, the
+                    // bucket's tokens would be clamped to its older capacity. The
+                    // bucket is left at base with it, to be copied from there.
+                    BEHIND_TWIN | (which & BEHIND_LIMITER)
+                }
             }
             _ => set(&self.limiter, limit, BEHIND_LIMITER),
         };

@@ -269,6 +269,65 @@ fn an_admission_before_the_cut_is_marked_is_not_counted_against_the_base_limit()
     decided_in_the_gap(true);
 }
 
+/// A cut that engages while the twin's change to a raised base limit finds its note
+/// taken gives the twin the route's bucket's tokens once that change is made, at the
+/// raised capacity: they were copied first, clamped to the twin's older capacity (300
+/// tokens at 10 req/s for 30 s), and the change kept them so, 100 short.
+#[test]
+fn a_twin_behind_a_raise_of_the_base_limit_starts_with_the_buckets_tokens() {
+    let mut cfg = RouteConfig::new("twin_raised", crate::config::RouteMatch::any());
+    cfg.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_secs(30),
+    };
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    // From 1 s on, an event raises the base limit to 20 req/s: the twin, idle, stays
+    // at 10 until a cut engages.
+    let mut raised = cfg.controller.clone();
+    raised.base_limit_rps = 20.0;
+    raised.cut_limit_rps = 6.0;
+    let start = std::time::UNIX_EPOCH + Duration::from_secs(1);
+    cfg.events = vec![Event::new(
+        "raised",
+        start,
+        Duration::from_secs(1000),
+        raised,
+    )];
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
+    let Some(Shadow::Twin(twin)) = &r.shadow else {
+        panic!("a twin")
+    };
+    // 12 req/s for 60 s fills the bucket at 20 req/s (600 tokens).
+    offer(&e, id, Key::None, 0.0, 60.0, 12.0);
+    assert_eq!(r.limiter.level(Nanos::from_secs(60)).value, 600.0);
+    // 200 req/s until the cut, every change finding its note taken: the bucket and
+    // its twin are left behind.
+    let mut t = Nanos::from_secs(60);
+    crate::limiter::gcra::with_the_note_held(|| {
+        while e.limit_rps(id).unwrap() >= 20.0 {
+            assert!(t < Nanos::from_secs(62), "no cut");
+            let _ = e.check(id, Key::None, t);
+            t = Nanos::new(t.as_u64() + 5_000_000);
+        }
+    });
+    let behind = r.behind.load(Ordering::Relaxed);
+    assert_eq!(behind & BEHIND_TWIN, BEHIND_TWIN, "{behind}");
+    let tokens = r.limiter.level(t).value;
+    assert!(tokens > 300.0, "{tokens}");
+    // The next decision makes the changes, and takes a token from both.
+    let _ = e.check(id, Key::None, t);
+    assert_ne!(r.behind.load(Ordering::Relaxed) & TWIN_ENGAGED, 0);
+    let level = twin.level(t);
+    assert_eq!(level.capacity, 600.0);
+    assert!(
+        (level.value - (tokens - 1.0)).abs() < 1e-6,
+        "{level:?}, {tokens}"
+    );
+}
+
 /// A concurrency route's slot reports say how many requests were in flight when
 /// the slot closed (what its base limit counts, for the tuning hints); other
 /// algorithms' say nothing.
