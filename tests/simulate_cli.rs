@@ -800,6 +800,11 @@ fn an_access_log_replays_every_route_it_reaches() {
         .map(|r| r["route"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["order", "default"]);
+    // Each route has the cuts' own as its engine counted it live; only `order` cut,
+    // so only it prints the line, and `default`'s reads 0.
+    assert!(summary["routes"][0]["cut_own_net"].as_i64().unwrap() > 0);
+    assert_eq!(summary["routes"][1]["cut_own_net"], 0);
+    assert_eq!(stdout.matches("cut's own net").count(), 1, "{stdout}");
     // Both routes enforce: the run's rejections without cuts are theirs together,
     // and the line of all routes gives them beside the rejections.
     let without: u64 = summary["routes"]
