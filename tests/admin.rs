@@ -261,6 +261,36 @@ async fn health_and_live_state() {
     p.stop().await;
 }
 
+/// README's table of a route's state names every field `GET /admin/routes/{name}`
+/// answers, and no other.
+#[tokio::test]
+async fn readme_names_every_field_of_a_routes_state() {
+    let readme = include_str!("../README.md");
+    let at = readme
+        .find("\nA route's state, as `GET /admin/routes`")
+        .expect("README's table of a route's state");
+    let table = &readme[at..];
+    let table = &table[table.find("\n|").expect("the table")..];
+    let table = &table[..table.find("\n\n").unwrap_or(table.len())];
+    let documented: std::collections::BTreeSet<&str> = table
+        .lines()
+        .filter_map(|row| row.split('|').nth(1))
+        .flat_map(|names| names.split(','))
+        .filter_map(|name| name.trim().strip_prefix('`')?.strip_suffix('`'))
+        .collect();
+    let p = start(None).await;
+    let (status, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(status, 200);
+    let answered: std::collections::BTreeSet<&str> = order
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(documented, answered, "README's fields against the answer's");
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn a_runtime_change_is_validated_and_applied() {
     let p = start(None).await;
