@@ -960,6 +960,21 @@ mod tests {
         assert!(route_json(&s)["cut_own_net"].is_null());
     }
 
+    /// A reload asked of a proxy started without a config file reloads nothing: it is
+    /// answered `NoConfigFile` and leaves the reload counts as they were, so that
+    /// `rocgate_config_last_reload_successful` does not read 0 (and its alert fire)
+    /// until a restart, which nothing else could clear.
+    #[tokio::test]
+    async fn a_reload_without_a_config_file_is_not_counted() {
+        let state = state().await;
+        let e = state.reloader.reload().unwrap_err();
+        assert!(matches!(e, ReloadError::NoConfigFile), "{e:?}");
+        let counts = state.reloader.reload_counts();
+        assert_eq!(counts.refused.load(Ordering::Relaxed), 0);
+        assert_eq!(counts.applied.load(Ordering::Relaxed), 0);
+        assert!(counts.last_applied.load(Ordering::Relaxed));
+    }
+
     /// The routes whose upstream error series are registered are those in force: each
     /// of 20 reloads renaming 3 routes left their names in the set, 60 by the last
     /// where 3 are in force.

@@ -406,6 +406,13 @@ impl Reloader {
         let counts = &self.reloads;
         match &result {
             Ok(_) => counts.applied.fetch_add(1, Ordering::Relaxed),
+            // Nothing to reload is no reload: counted as refused, it held
+            // `rocgate_config_last_reload_successful` at 0, and its alert firing, until a
+            // restart, since no later reload can be applied.
+            Err(error @ ReloadError::NoConfigFile) => {
+                tracing::error!("reload refused, running config kept: {error}");
+                return result;
+            }
             Err(error) => {
                 // Logged here, whoever asked: a refusal answered to an admin API
                 // client was seen by nobody else.
