@@ -431,6 +431,25 @@ fn utf16(text: &str, big_endian: bool) -> Vec<u8> {
     }
 }
 
+/// A profile whose lines end in a carriage return alone (old Mac programs, a
+/// spreadsheet's "CSV (Macintosh)" export) runs: it was one line, refused as
+/// "line 1: expected `t_seconds,rate`, found 5 field(s)".
+#[test]
+fn a_profile_with_old_mac_line_ends_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("mac.csv");
+    std::fs::write(&profile, "t_seconds,rate\r0,40\r60,40\r").unwrap();
+    let out = simulate_profile(&profile, &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.split_whitespace().eq(["offered", "2400"])),
+        "{stdout}"
+    );
+}
+
 /// PowerShell's `>` and `Out-File` write UTF-16 with a byte order mark: read as UTF-8,
 /// a NUL beside every digit made "line 2: t_seconds is not a number", quoting a
 /// field that showed as ` 0 `.

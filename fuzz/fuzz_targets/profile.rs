@@ -17,10 +17,15 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => {
             let _ = e.to_string();
             if let Some(line) = e.line() {
+                // Lines end with `\n`, `\r\n` or a `\r` alone.
+                let lines = text
+                    .replace("\r\n", "\n")
+                    .replace('\r', "\n")
+                    .lines()
+                    .count();
                 assert!(
-                    line >= 1 && line <= text.lines().count(),
-                    "line {line} of {} lines: {e}",
-                    text.lines().count()
+                    line >= 1 && line <= lines,
+                    "line {line} of {lines} lines: {e}"
                 );
             }
             return;

@@ -162,12 +162,15 @@ impl Profile {
     /// not (a header, such as `t_seconds,rate`; one that names the rate first, `rate,t`,
     /// is refused: the columns are read by position): `0;40` and `"0","40"` are points
     /// written wrong, not headers. A
-    /// byte order mark before the first line, as spreadsheets write, is skipped.
+    /// byte order mark before the first line, as spreadsheets write, is skipped. A line
+    /// ends with a line feed, a carriage return and a line feed, or a carriage return
+    /// alone (old Mac programs, a spreadsheet's "CSV (Macintosh)" export), as CSV
+    /// readers take them.
     pub fn parse_csv(text: &str) -> Result<Self, ProfileError> {
         let mut points = Vec::new();
         let mut seen_content = false;
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        for (i, raw) in text.lines().enumerate() {
+        for (i, raw) in csv_lines(text).enumerate() {
             let line = i + 1;
             let content = raw.split('#').next().unwrap_or_default().trim();
             if content.is_empty() {
@@ -348,6 +351,24 @@ impl Profile {
             rng,
         }
     }
+}
+
+/// The lines of `text`, each ended by `\n`, `\r\n` or a `\r` alone, without their
+/// line break (as [`str::lines`], which takes `\r` alone for a part of the line).
+fn csv_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = rest.find(['\n', '\r']).unwrap_or(rest.len());
+        let (line, after) = rest.split_at(end);
+        rest = after
+            .strip_prefix("\r\n")
+            .or_else(|| after.get(1..))
+            .unwrap_or_default();
+        Some(line)
+    })
 }
 
 /// `text` with its characters that show as nothing escaped, as `{:?}` writes them,
@@ -578,9 +599,9 @@ mod tests {
         assert_eq!(p.rate_at(0.0), 1e308);
     }
 
-    /// A field's characters that show as nothing (a NUL, a carriage return, a second
-    /// byte order mark) are quoted escaped: "rate is not a number: `20`" quoted a
-    /// field that held `20` and a NUL, and read as a number refused.
+    /// A field's characters that show as nothing (a NUL, a backspace, a second byte
+    /// order mark) are quoted escaped: "rate is not a number: `20`" quoted a field that
+    /// held `20` and a NUL, and read as a number refused.
     #[test]
     fn a_field_quoted_in_an_error_shows_what_does_not_print() {
         let said = |text: &str| Profile::parse_csv(text).unwrap_err().to_string();
@@ -593,8 +614,8 @@ mod tests {
             "line 1: t_seconds is not a number: `\\u{feff}0`"
         );
         assert_eq!(
-            said("0,10\n1\r0,20\n"),
-            "line 2: t_seconds is not a number: `1\\r0`"
+            said("0,10\n1\u{8}0,20\n"),
+            "line 2: t_seconds is not a number: `1\\u{8}0`"
         );
         // Text that prints is quoted as written.
         assert_eq!(
@@ -766,6 +787,27 @@ mod tests {
         assert_eq!(p.rate_at(9.999), 4.0);
         assert_eq!(p.rate_at(10.0), 8.0); // a step takes the later point
         assert_eq!(p.expected_arrivals(), 120.0);
+    }
+
+    /// Lines that end in a carriage return alone, as old Mac programs and a
+    /// spreadsheet's "CSV (Macintosh)" export write them, are lines: the whole file
+    /// was one line, refused as "line 1: expected `t_seconds,rate`, found 5 field(s)".
+    #[test]
+    fn csv_takes_lines_ended_by_a_carriage_return_alone() {
+        let p = Profile::parse_csv("t_seconds,rate\r0,10\r10,20\r\r20,20\r").unwrap();
+        assert_eq!(
+            (p.rate_at(5.0), p.duration()),
+            (15.0, Duration::from_secs(20))
+        );
+        // Counted as lines, a blank one and each line break of a mixed file included.
+        assert_eq!(
+            Profile::parse_csv("0,10\r\n10,20\r\r20,x\n").unwrap_err(),
+            ProfileError::NotANumber {
+                line: 4,
+                field: "rate",
+                text: "x".into()
+            }
+        );
     }
 
     #[test]
