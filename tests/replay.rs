@@ -908,18 +908,16 @@ fn the_png_is_an_image_of_the_expected_size() {
     assert_eq!(chart::svg(&run).unwrap(), chart::svg(&run).unwrap());
 }
 
-/// A line longer than `MAX_LINE_BYTES` (a file with no line breaks, say) is counted
-/// as unparsable and skipped unread, named with its line, and the lines after it are
-/// read as usual: the reader never holds more than one line's cap.
+/// A line longer than `MAX_LINE_BYTES` (a file with no line breaks, say) ends the
+/// read, lenient or not, naming its line: it was counted as unparsable and skipped to
+/// its end, and a line that never ends was read forever. A line at the cap is read
+/// (and is no access-log line either).
 #[test]
-fn an_overlong_line_is_skipped_and_named() {
-    use rocgate::sim::access_log::{LineError, MAX_LINE_BYTES};
+fn an_overlong_line_ends_the_read_naming_it() {
+    use rocgate::sim::access_log::MAX_LINE_BYTES;
     let mut text = sale_log(&[20; 3]);
-    let before = read(&config(), LogOptions::default(), &text).unwrap();
     let first = text.lines().next().unwrap().to_owned();
-    text.push_str(&format!("{}\n", "x".repeat(3 * MAX_LINE_BYTES)));
-    // A line at the cap itself is read (and is no access-log line either).
-    text.push_str(&format!("{}\n", "y".repeat(MAX_LINE_BYTES - 1)));
+    text.push_str(&format!("{}\n", "y".repeat(MAX_LINE_BYTES)));
     text.push_str(&first);
     text.push('\n');
     let lenient = {
@@ -927,15 +925,19 @@ fn an_overlong_line_is_skipped_and_named() {
         v.lenient = true;
         v
     };
-    let log = read(&config(), lenient, &text).unwrap();
-    let stats = log.stats();
-    assert_eq!(stats.replayed, before.stats().replayed + 1);
-    assert_eq!(stats.unparsable, 2);
+    let log = read(&config(), lenient.clone(), &text).unwrap();
+    assert_eq!(log.stats().unparsable, 1);
     let lines = text.lines().count() as u64;
-    assert_eq!(stats.lines, lines);
-    let bad = &stats.first_unparsable;
-    assert_eq!((bad[0].line, bad[0].error), (lines - 2, LineError::TooLong));
-    assert_ne!(bad[1].error, LineError::TooLong);
+    text.push_str(&format!("{}\n", "x".repeat(3 * MAX_LINE_BYTES)));
+    text.push_str(&first);
+    text.push('\n');
+    for options in [LogOptions::default(), lenient] {
+        let e = read(&config(), options, &text).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&e, LogError::LineTooLong { name, line } if name == "sale.log" && *line == lines + 1),
+            "{e}"
+        );
+    }
 }
 
 /// A chart error keeps its cause as its `source()` (it kept only its text), with the

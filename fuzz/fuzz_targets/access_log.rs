@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rocgate::config::Config;
-use rocgate::sim::access_log::{parse_line, parse_time, MAX_LINE_BYTES};
+use rocgate::sim::access_log::{parse_line, parse_time, LogError, MAX_LINE_BYTES};
 use rocgate::sim::{LogOptions, LogReader, Spread};
 use std::sync::OnceLock;
 
@@ -33,11 +33,12 @@ fuzz_target!(|data: &[u8]| {
     };
     // The reader's rules: a line is cut at `\n`, loses every `\r` and `\n` at its end,
     // is too long beyond MAX_LINE_BYTES (before that trimming of more than one `\r`),
-    // and is blank if all whitespace.
+    // which ends the read, and is blank if all whitespace.
     let mut unparsable = 0u64;
     let mut lines = 0u64;
+    let mut too_long = None;
     let mut rest = data;
-    while !rest.is_empty() {
+    while !rest.is_empty() && too_long.is_none() {
         let (line, next) = match rest.iter().position(|&b| b == b'\n') {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, &[][..]),
@@ -51,7 +52,7 @@ fuzz_target!(|data: &[u8]| {
             trimmed = head;
         }
         if one_cr.len() > MAX_LINE_BYTES {
-            unparsable += 1;
+            too_long = Some(lines);
             continue;
         }
         match parse_line(trimmed) {
@@ -72,9 +73,17 @@ fuzz_target!(|data: &[u8]| {
     options.spread = Spread::Random { seed: 3 };
     options.lenient = lenient;
     let mut reader = LogReader::new(config(), options).expect("the options are valid");
-    reader
-        .read("fuzz.log", data)
-        .expect("reading a slice cannot fail");
+    match (reader.read("fuzz.log", data), too_long) {
+        (Err(LogError::LineTooLong { line, .. }), Some(at)) => {
+            assert_eq!(line, at, "the line too long");
+            return;
+        }
+        (Ok(()), None) => {}
+        (result, at) => panic!(
+            "read {:?}, a line too long at {at:?}",
+            result.map_err(|e| e.to_string())
+        ),
+    }
     let stats = reader.stats().clone();
     assert_eq!(stats.lines, lines, "lines counted");
     for bad in &stats.first_unparsable {

@@ -36,7 +36,10 @@
 //! `dd/Mon/yyyy:hh:mm:ss ±hhmm`; the client may be IPv4, IPv6 or a host name. Blank
 //! lines are skipped; any other line that does not have this shape is *unparsable*: it
 //! is counted and the first few are reported with their line numbers, and more than
-//! [`MAX_UNPARSABLE_FRACTION`] of them is an error unless [`LogOptions::lenient`].
+//! [`MAX_UNPARSABLE_FRACTION`] of them is an error unless [`LogOptions::lenient`]. A
+//! line longer than [`MAX_LINE_BYTES`] ends the read at once, lenient or not
+//! ([`LogError::LineTooLong`]): no server writes one, and a line that never ends
+//! (`/dev/zero`) would be read forever.
 //!
 //! A line whose request field is not `METHOD target [protocol]` (nginx logs `"-"` for
 //! a connection closed before a request, and the bytes of a TLS handshake sent to a
@@ -236,14 +239,12 @@ pub enum LineError {
     /// No response size after the status.
     #[error("no response size after the status")]
     Bytes,
-    /// The line is longer than [`MAX_LINE_BYTES`]; the rest of it was skipped unread.
-    #[error("longer than {} bytes", MAX_LINE_BYTES)]
-    TooLong,
 }
 
-/// The longest line read: a request line, referrer and user agent fit in far less, and
-/// a line is held whole while it is parsed, so a file with no line breaks cannot fill
-/// memory.
+/// The longest line read, without its line break: a request line, referrer and user
+/// agent fit in far less (nginx and Apache lines run to a few KiB at most). A longer
+/// line is an error, [`LogError::LineTooLong`], found once this much of it is read, so a
+/// file with no line breaks neither fills memory nor is read forever.
 pub const MAX_LINE_BYTES: usize = 64 << 10;
 
 /// Parses one line (without its line break) of the common or combined format.
@@ -570,6 +571,18 @@ pub enum LogError {
         /// What failed.
         error: io::Error,
     },
+    /// A line is longer than [`MAX_LINE_BYTES`]: the read ended there, lenient or not.
+    #[error(
+        "{name}: line {line} is longer than {MAX_LINE_BYTES} bytes ({} KiB), more than an \
+         access-log line holds: not an access log?",
+        MAX_LINE_BYTES >> 10
+    )]
+    LineTooLong {
+        /// The source being read.
+        name: String,
+        /// The line.
+        line: u64,
+    },
     /// Too many lines are not access-log lines.
     #[error(
         "{unparsable} of {lines} lines ({}%) are not access-log lines (common or combined format), more than {:.0}%; first: {}",
@@ -790,7 +803,9 @@ impl LogReader {
         })
     }
 
-    /// Reads every line of `input`; `source` names it in reports (a file name).
+    /// Reads every line of `input`; `source` names it in reports (a file name). A line
+    /// longer than [`MAX_LINE_BYTES`] ends the read with [`LogError::LineTooLong`] once
+    /// that much of it is read.
     pub fn read(&mut self, source: &str, mut input: impl BufRead) -> Result<(), LogError> {
         let mut buf = Vec::with_capacity(512);
         let mut line_no = 0u64;
@@ -816,12 +831,10 @@ impl LogReader {
             let before_break = buf.strip_suffix(b"\n").unwrap_or(&buf);
             let before_break = before_break.strip_suffix(b"\r").unwrap_or(before_break);
             if !whole || before_break.len() > MAX_LINE_BYTES {
-                if !whole {
-                    skip_line(&mut input).map_err(|e| io(line_no - 1, e))?;
-                }
-                self.stats.lines += 1;
-                self.unparsable(source, line_no, LineError::TooLong);
-                continue;
+                return Err(LogError::LineTooLong {
+                    name: source.to_owned(),
+                    line: line_no,
+                });
             }
             let mut line = &buf[..];
             while let [rest @ .., b'\n' | b'\r'] = line {
@@ -1064,26 +1077,6 @@ impl LogReader {
             spread: self.options.spread,
             stats: self.stats,
         })
-    }
-}
-
-/// Reads past the end of the current line (its line break included) without keeping it.
-fn skip_line(input: &mut impl BufRead) -> io::Result<()> {
-    loop {
-        let available = input.fill_buf()?;
-        if available.is_empty() {
-            return Ok(());
-        }
-        match available.iter().position(|&b| b == b'\n') {
-            Some(end) => {
-                input.consume(end + 1);
-                return Ok(());
-            }
-            None => {
-                let all = available.len();
-                input.consume(all);
-            }
-        }
     }
 }
 
@@ -1480,39 +1473,40 @@ mod tests {
         );
     }
 
+    /// A line at the cap is read, with either line break; one past it ends the read
+    /// at once, naming the source, the line and the cap, whether it ends or not: it
+    /// was counted as unparsable and skipped to its end, so a line that never ends
+    /// (`/dev/zero`) was read forever.
     #[test]
-    fn a_line_at_the_cap_is_read_with_either_line_break() {
+    fn a_line_past_the_cap_ends_the_read_at_once() {
         use crate::config::{RouteConfig, RouteMatch};
         let config = Config::new(vec![RouteConfig::new("all", RouteMatch::any())]);
+        let good = "::1 - - [27/Nov/2026:20:00:00 +0000] \"GET / HTTP/1.1\" 200 1";
         let at_cap = "x".repeat(MAX_LINE_BYTES);
         let over = "x".repeat(MAX_LINE_BYTES + 1);
         for newline in ["\n", "\r\n"] {
             let mut reader = LogReader::new(&config, LogOptions::default()).unwrap();
-            let log = [
-                &at_cap,
-                &over,
-                &over,
-                "::1 - - [27/Nov/2026:20:00:00 +0000] \"GET / HTTP/1.1\" 200 1",
-            ]
-            .join(newline);
+            let log = [good, &at_cap, good].join(newline);
             reader.read("a.log", log.as_bytes()).unwrap();
             let stats = reader.stats();
-            let errors: Vec<(u64, LineError)> = stats
-                .first_unparsable
-                .iter()
-                .map(|bad| (bad.line, bad.error))
-                .collect();
-            assert_eq!(
-                errors,
-                [
-                    (1, LineError::Identity),
-                    (2, LineError::TooLong),
-                    (3, LineError::TooLong)
-                ],
-                "{newline:?}"
+            assert_eq!((stats.lines, stats.replayed, stats.unparsable), (3, 2, 1));
+            assert_eq!(stats.first_unparsable[0].error, LineError::Identity);
+            let log = [good, &over, good].join(newline);
+            let e = reader.read("b.log", log.as_bytes()).unwrap_err();
+            assert!(
+                matches!(&e, LogError::LineTooLong { name, line: 2 } if name == "b.log"),
+                "{newline:?}: {e}"
             );
-            assert_eq!((stats.lines, stats.replayed), (4, 1), "{newline:?}");
+            assert_eq!(
+                e.to_string(),
+                "b.log: line 2 is longer than 65536 bytes (64 KiB), more than an access-log \
+                 line holds: not an access log?"
+            );
         }
+        let mut reader = LogReader::new(&config, LogOptions::default()).unwrap();
+        let endless = io::BufReader::new(io::repeat(0));
+        let e = reader.read("/dev/zero", endless).unwrap_err();
+        assert!(matches!(e, LogError::LineTooLong { line: 1, .. }), "{e}");
     }
 
     #[test]
