@@ -1157,6 +1157,43 @@ fn an_override_that_is_not_utf8_is_refused() {
     );
 }
 
+/// An override's name is shown with its control characters escaped, and bounded past
+/// 256 bytes: an escape sequence in a name whose value is not UTF-8 went to the
+/// terminal, and a 100 KiB name was written whole, twice.
+#[test]
+fn an_override_name_is_shown_escaped_and_bounded() {
+    use std::os::unix::ffi::OsStrExt;
+    let long = format!("ROCGATE__SERVER__{}", "A".repeat(100 << 10));
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .arg("check-config")
+        .arg(config_dir().join("rocgate.toml"))
+        .env(
+            "ROCGATE__ADMIN__\u{1b}[2J",
+            std::ffi::OsStr::from_bytes(b"\xff"),
+        )
+        .env(&long, "1")
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains('\u{1b}'), "{stderr}");
+    assert!(
+        stderr.contains(
+            "admin.\\u{1b}[2j: not UTF-8 text (set by environment variable ROCGATE__ADMIN__\\u{1b}[2J)"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "(set by environment variable {}… ({} bytes))",
+            &long[..64],
+            long.len()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.len() < 2048, "{} bytes", stderr.len());
+}
+
 #[test]
 fn env_override_changes_a_default() {
     let text =

@@ -5,7 +5,7 @@
 //! [`Config::load`] for how variables name fields.
 
 use super::raw::{error_location, key_text, one_line, RawConfig};
-use super::{quoted, quotes_bounded, Config};
+use super::{escaped, quoted, quotes_bounded, Config};
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
@@ -17,6 +17,11 @@ const EMBEDDED_DEFAULT: &str = include_str!("../../config/rocgate.toml");
 const ENV_PREFIX: &str = "ROCGATE";
 /// Separator between the parts of an override's field path.
 const ENV_SEPARATOR: &str = "__";
+/// The longest name of an override, in bytes: the file's field paths run to about 60
+/// (`ROCGATE__ROUTES__12__EVENTS__3__RESTORE_INTERVAL`,
+/// `ROCGATE__SERVER__MAX_CONNECTIONS_PER_CLIENT`). A longer one is refused as no field
+/// path, and shown bounded ([`quoted`]).
+const LONGEST_ENV_NAME: usize = 256;
 
 /// Why a configuration was refused: where it came from, and every problem found.
 ///
@@ -250,13 +255,24 @@ impl Config {
                 }
                 continue;
             }
+            if o.var.len() > LONGEST_ENV_NAME {
+                problems.push(Problem::new(
+                    o.shown_path(),
+                    format!(
+                        "not a field path: longer than {LONGEST_ENV_NAME} bytes, which no \
+                         field's is (set by environment variable {})",
+                        o.shown_var()
+                    ),
+                ));
+                continue;
+            }
             if !o.is_field_path() {
                 problems.push(Problem::new(
-                    o.path.clone(),
+                    o.shown_path(),
                     format!(
                         "not a field path: each part between `__` must be a field name \
                          (letters, digits, _) or an index (set by environment variable {})",
-                        o.var
+                        o.shown_var()
                     ),
                 ));
                 continue;
@@ -475,8 +491,11 @@ fn process_env() -> (Vec<(String, String)>, Vec<Problem>) {
             Err(_) => {
                 if let Some(o) = Override::parse(name) {
                     problems.push(Problem::new(
-                        o.path,
-                        format!("not UTF-8 text (set by environment variable {})", o.var),
+                        o.shown_path(),
+                        format!(
+                            "not UTF-8 text (set by environment variable {})",
+                            o.shown_var()
+                        ),
                     ));
                 }
             }
@@ -515,6 +534,30 @@ impl Override {
             }
         }
         Some(Override { var, path })
+    }
+
+    /// The variable's name as a problem shows it (see [`Override::shown`]). Only a name
+    /// that may not be a field path needs it: a field path's prints as it is.
+    fn shown_var(&self) -> String {
+        self.shown(&self.var)
+    }
+
+    /// The field path as a problem's location shows it (see [`Override::shown`]).
+    fn shown_path(&self) -> String {
+        self.shown(&self.path)
+    }
+
+    /// `text`, the name or the path, with its control characters escaped (`\u{1b}`,
+    /// `\n`: they acted on the terminal, or split the problem over two lines), and
+    /// bounded as a value is ([`quoted`]) when the name is longer than
+    /// [`LONGEST_ENV_NAME`] (a 100 KiB name was written whole, twice).
+    fn shown(&self, text: &str) -> String {
+        let text = escaped(text, char::is_control);
+        if self.var.len() > LONGEST_ENV_NAME {
+            quoted(&text).to_string()
+        } else {
+            text.into_owned()
+        }
     }
 
     /// Whether the name is a field path: field names (`a-z 0-9 _`) and indices between
@@ -1041,6 +1084,50 @@ mod tests {
             assert!(e.contains("not a field path"), "{e}");
             assert_eq!(e.lines().count(), 1, "{e}");
         }
+    }
+
+    /// A variable's name is shown with its control characters escaped, in the path and
+    /// where the variable is named, and a name longer than any field path's is refused
+    /// as none, shown bounded: an escape sequence in a name went to the terminal to act
+    /// on, a line break split the problem, and a 100 KiB name was written whole twice.
+    #[test]
+    fn a_variable_name_is_shown_escaped_and_bounded() {
+        let e = error(ROUTE, &[("ROCGATE__SERVER__X\u{1b}[31mY", "1")]);
+        assert_eq!(
+            e,
+            "t.toml: server.x\\u{1b}[31my: not a field path: each part between `__` must be \
+             a field name (letters, digits, _) or an index (set by environment variable \
+             ROCGATE__SERVER__X\\u{1b}[31mY)"
+        );
+        let e = error(ROUTE, &[("ROCGATE__SERVER__LISTEN\n", "1")]);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            e.ends_with("(set by environment variable ROCGATE__SERVER__LISTEN\\n)"),
+            "{e}"
+        );
+        let long = format!("ROCGATE__SERVER__{}", "A".repeat(100 << 10));
+        let e = error(ROUTE, &[(&long, "1")]);
+        let path = format!("server.{}", "a".repeat(100 << 10));
+        assert_eq!(
+            e,
+            format!(
+                "t.toml: {}… ({} bytes): not a field path: longer than {LONGEST_ENV_NAME} \
+                 bytes, which no field's is (set by environment variable {}… ({} bytes))",
+                &path[..64],
+                path.len(),
+                &long[..64],
+                long.len(),
+            )
+        );
+        // A name at the bound is a path like another, named whole.
+        let at_bound = format!("ROCGATE__DEFAULTS__{}", "B".repeat(LONGEST_ENV_NAME - 19));
+        assert_eq!(at_bound.len(), LONGEST_ENV_NAME);
+        let e = error(ROUTE, &[(&at_bound, "1")]);
+        assert!(
+            e.contains("unknown field")
+                && e.ends_with(&format!("(set by environment variable {at_bound})")),
+            "{e}"
+        );
     }
 
     #[test]
