@@ -221,6 +221,7 @@ impl FromStr for SweepParam {
                 let (end, step) = rest
                     .split_once(':')
                     .ok_or_else(|| syntax("a range needs a step, `:STEP`".into()))?;
+                let exact = whole_count(start, end, step);
                 let (start, end, step) =
                     (num(start, "start")?, num(end, "end")?, num(step, "step")?);
                 if step <= 0.0 {
@@ -232,7 +233,7 @@ impl FromStr for SweepParam {
                 let steps = ((end - start) / step + 1e-9).floor();
                 if steps >= MAX_RUNS as f64 {
                     // Past u128 (or infinite), the count saturates.
-                    let runs = (steps as u128).saturating_add(1);
+                    let runs = exact.unwrap_or((steps as u128).saturating_add(1));
                     return Err(SweepError::TooManyRuns {
                         counts: vec![format!("{label} ({})", runs_text(runs))],
                         runs,
@@ -271,6 +272,16 @@ impl FromStr for SweepParam {
             unit,
         })
     }
+}
+
+/// The count of values of the range `start..end:step` written as whole numbers, exact
+/// (a float holds every whole number only up to 2^53: `0..18446744073709551615:1` was
+/// counted 18446744073709551617); `None` for other numbers, or a count past `u128`.
+fn whole_count(start: &str, end: &str, step: &str) -> Option<u128> {
+    let [start, end, step] = [start, end, step].map(|t| t.trim().parse::<i128>().ok());
+    let span = u128::try_from(end?.checked_sub(start?)?).ok()?;
+    let step = u128::try_from(step?).ok().filter(|&s| s > 0)?;
+    (span / step).checked_add(1)
 }
 
 /// `x` without the float noise of repeated steps (`0.30000000000000004` → `0.3`).
@@ -662,6 +673,12 @@ mod tests {
             ("danger_roc=0..1e39:1", u128::MAX),
             ("danger_roc=0..1e300:1e-300", u128::MAX),
             ("danger_roc=0..1000:1", 1001),
+            // Written as whole numbers, counted exactly: 2^64 values, where the count
+            // read in floats was 2^64 + 1 (and 2^53 + 3 for 2^53 + 2).
+            ("danger_roc=0..18446744073709551615:1", 1 << 64),
+            ("danger_roc=1..18446744073709551616:1", 1 << 64),
+            ("danger_roc=0..9007199254740993:1", (1 << 53) + 2),
+            ("danger_roc=-5..+18446744073709551615:2", (1 << 63) + 3),
         ] {
             let e = range.parse::<SweepParam>().unwrap_err();
             assert!(
