@@ -713,6 +713,41 @@ fn an_access_log_line_past_64_kib_ends_the_run() {
     );
 }
 
+/// A path is shown with its control characters escaped, in what is written and in
+/// errors: `--out` holding a line break split the `wrote` line in two, and an escape
+/// sequence in a file's name (a glob over a shared log directory) went to the
+/// terminal to act on.
+#[test]
+fn a_path_is_shown_with_its_control_characters_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("a\nb");
+    let out = rocgate(&[
+        "simulate",
+        "--scenario",
+        "steady",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let stdout = succeeded(&out);
+    let wrote = stdout.lines().find(|l| l.starts_with("wrote")).unwrap();
+    assert!(wrote.ends_with("a\\nb/chart.png"), "{stdout}");
+    assert!(out_dir.join("summary.json").is_file());
+    let log = dir.path().join("x\u{1b}[2J.log");
+    std::fs::write(&log, "not a log\n").unwrap();
+    let stderr = refused(&simulate_log(&log, &[]));
+    assert!(stderr.contains("x\\u{1b}[2J.log: 1 of 1 lines"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "{stderr}");
+    for flag in ["--profile", "--config"] {
+        let missing = dir.path().join("gone\u{1b}[2J");
+        let stderr = refused(&rocgate(&["simulate", flag, missing.to_str().unwrap()]));
+        assert!(
+            stderr.contains("gone\\u{1b}[2J: cannot read"),
+            "{flag}: {stderr}"
+        );
+        assert!(!stderr.contains('\u{1b}'), "{flag}: {stderr}");
+    }
+}
+
 /// `--access-log -` reads standard input gzip-compressed or not, as a file is read
 /// (it was read as text only, and a compressed log was refused as not an access log).
 #[test]

@@ -1,8 +1,8 @@
 //! `rocgate check-config FILE`: validates a configuration file as `serve` would load
 //! it (environment overrides included).
 
-use super::out;
 use super::CheckConfigArgs;
+use super::{out, shown};
 use rocgate::config::Config;
 use std::process::ExitCode;
 use std::time::SystemTime;
@@ -18,7 +18,7 @@ pub(crate) fn run(args: CheckConfigArgs) -> ExitCode {
             for (at, event, end) in config.ended_events(now) {
                 eprintln!(
                     "{}: warning: {at} ({:?}) ended at {}: it will never run",
-                    args.file.display(),
+                    shown(&args.file),
                     event.name,
                     humantime::format_rfc3339_seconds(end),
                 );

@@ -164,6 +164,13 @@ pub(crate) fn write_out(text: std::fmt::Arguments<'_>) {
     }
 }
 
+/// `path` as a message shows it: its control characters escaped (`\n`, `\u{1b}`), as
+/// other input shown is ([`rocgate::config::escaped`]): a line break in `--out` split
+/// the `wrote` line, and an escape sequence in a file's name acted on the terminal.
+pub(crate) fn shown(path: &std::path::Path) -> String {
+    rocgate::config::escaped(&path.display().to_string(), char::is_control).into_owned()
+}
+
 /// The first error [`write_out`] met other than a closed pipe.
 static STDOUT_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 

@@ -10,8 +10,8 @@
 //! written) is reported on stderr, naming the file, line or option at fault, with exit
 //! code 2, before anything runs.
 
-use super::out;
 use super::SimulateArgs;
+use super::{out, shown};
 use rocgate::config::{Config, Mode, Partition};
 use rocgate::sim::access_log::{self, LogError};
 use rocgate::sim::{
@@ -209,14 +209,14 @@ impl Outputs {
         if dir.exists() && !dir.is_dir() {
             return Err(bad_input(format!(
                 "{}: exists and is no directory, where the output files go",
-                dir.display()
+                shown(dir)
             )));
         }
         let created = CreatedDir((!dir.exists()).then(|| dir.to_owned()));
         fs::create_dir_all(dir).map_err(|e| {
             bad_input(format!(
                 "{}: cannot create the output directory: {e}",
-                dir.display()
+                shown(dir)
             ))
         })?;
         let mut files = Vec::new();
@@ -225,7 +225,7 @@ impl Outputs {
             if path.is_dir() {
                 return Err(bad_input(format!(
                     "{}: is a directory, where the output file goes",
-                    path.display()
+                    shown(&path)
                 )));
             }
             let prefix = format!(".{name}.");
@@ -237,7 +237,7 @@ impl Outputs {
             builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
             let file = builder
                 .tempfile_in(dir)
-                .map_err(|e| bad_input(format!("{}: cannot write: {e}", path.display())))?;
+                .map_err(|e| bad_input(format!("{}: cannot write: {e}", shown(&path))))?;
             files.push(Output {
                 path,
                 out: BufWriter::new(file),
@@ -250,7 +250,7 @@ impl Outputs {
     /// names them.
     fn write(self, writers: Vec<Writer<'_>>) -> Result<String, Failure> {
         let failed = |path: &Path, e: io::Error| Failure {
-            message: format!("{}: cannot write: {e}", path.display()),
+            message: format!("{}: cannot write: {e}", shown(path)),
             code: FAILED,
         };
         let mut written = Vec::new();
@@ -265,7 +265,7 @@ impl Outputs {
         let mut names = Vec::new();
         for (partial, path) in written {
             partial.persist(&path).map_err(|e| failed(&path, e.error))?;
-            names.push(path.display().to_string());
+            names.push(shown(&path));
         }
         let mut created = self.created;
         created.0 = None;
@@ -326,7 +326,7 @@ fn profile_traffic(
             (format!("scenario {}", s.name()), Some(s), s.profile())
         }
         (None, Some(path)) => (
-            format!("profile {}", path.display()),
+            format!("profile {}", shown(path)),
             None,
             read_profile(path)?,
         ),
@@ -409,7 +409,7 @@ fn log_traffic(
                 .map_err(|e| bad_input(e.to_string()))?;
             "stdin".to_owned()
         } else {
-            let name = path.display().to_string();
+            let name = shown(path);
             let input = access_log::open(path)
                 .map_err(|e| bad_input(format!("{name}: cannot read the access log: {e}")))?;
             reader
@@ -528,8 +528,8 @@ fn refuse_a_log_given_twice(paths: &[PathBuf]) -> Result<(), Failure> {
         if let Some((_, first)) = seen.iter().find(|(seen, _)| *seen == file) {
             return Err(bad_input(format!(
                 "--access-log: {} is {} again: its requests would be replayed twice",
-                path.display(),
-                first.display()
+                shown(path),
+                shown(first)
             )));
         }
         seen.push((file, path));
@@ -549,16 +549,16 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
     let mut bytes = Vec::new();
     fs::File::open(path)
         .and_then(|file| file.take(MAX_PROFILE_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| bad_input(format!("{}: cannot read the profile: {e}", path.display())))?;
+        .map_err(|e| bad_input(format!("{}: cannot read the profile: {e}", shown(path))))?;
     if bytes.len() as u64 > MAX_PROFILE_BYTES {
         return Err(bad_input(format!(
             "{}: longer than {} MiB: not a profile",
-            path.display(),
+            shown(path),
             MAX_PROFILE_BYTES >> 20
         )));
     }
     let text = profile_text(&bytes);
-    Profile::parse_csv(&text).map_err(|e| bad_input(format!("{}: {e}", path.display())))
+    Profile::parse_csv(&text).map_err(|e| bad_input(format!("{}: {e}", shown(path))))
 }
 
 /// A profile file's text: UTF-16 after its byte order mark (as PowerShell's `>` and

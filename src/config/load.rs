@@ -159,7 +159,8 @@ impl Config {
     /// assert_eq!(config.routes[0].controller.danger_roc, 95.0);
     /// ```
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let origin = path.display().to_string();
+        // Control characters escaped: the origin begins every problem's line.
+        let origin = escaped(&path.display().to_string(), char::is_control).into_owned();
         let refused = |problem: String| ConfigError::new(&origin, vec![Problem::new("", problem)]);
         let mut bytes = Vec::new();
         std::fs::File::open(path)
@@ -198,7 +199,7 @@ impl Config {
     pub(crate) fn load_regular(path: &Path) -> Result<Config, ConfigError> {
         match std::fs::metadata(path) {
             Ok(m) if !m.is_file() && !m.is_dir() => Err(ConfigError::new(
-                &path.display().to_string(),
+                &escaped(&path.display().to_string(), char::is_control),
                 vec![Problem::new(
                     "",
                     "not a regular file (a FIFO or a device): a reload reads a file",
