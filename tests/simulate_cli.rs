@@ -748,6 +748,37 @@ fn a_path_is_shown_with_its_control_characters_escaped() {
     }
 }
 
+/// A scenario or route name that is none is quoted with its control characters
+/// escaped: an escape sequence in it went to the terminal to act on.
+#[test]
+fn an_unknown_name_is_quoted_escaped() {
+    let (_dir, log) = file("a.log", sale_log(|_| 1));
+    let name = "x\u{1b}[2Jy";
+    for (args, said) in [
+        (
+            vec!["simulate", "--scenario", name],
+            "--scenario: unknown scenario `x\\u{1b}[2Jy`",
+        ),
+        (
+            vec!["simulate", "--route", name],
+            "--route: unknown route `x\\u{1b}[2Jy`",
+        ),
+        (
+            vec![
+                "simulate",
+                "--access-log",
+                log.to_str().unwrap(),
+                "--route",
+                name,
+            ],
+            "--route: unknown route `x\\u{1b}[2Jy`",
+        ),
+    ] {
+        let stderr = refused_saying(&rocgate(&args), said);
+        assert!(!stderr.contains('\u{1b}'), "{args:?}: {stderr}");
+    }
+}
+
 /// `--access-log -` reads standard input gzip-compressed or not, as a file is read
 /// (it was read as text only, and a compressed log was refused as not an access log).
 #[test]

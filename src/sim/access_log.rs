@@ -551,9 +551,9 @@ pub enum LogError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     /// A route asked for is not in the configuration.
-    #[error("unknown route `{name}`; routes in the configuration: {}", known.join(", "))]
+    #[error("unknown route `{}`; routes in the configuration: {}", crate::config::escaped(.name, char::is_control), known.join(", "))]
     UnknownRoute {
-        /// The name asked for.
+        /// The name asked for (shown with its control characters escaped).
         name: String,
         /// The routes there are.
         known: Vec<String>,

@@ -578,10 +578,10 @@ impl FromStr for Scenario {
 
 /// A scenario name that is not built in.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown scenario `{name}`; known scenarios: {}", Scenario::names().join(", "))]
+#[error("unknown scenario `{}`; known scenarios: {}", shown(.name), Scenario::names().join(", "))]
 #[non_exhaustive]
 pub struct UnknownScenario {
-    /// The name asked for.
+    /// The name asked for (shown with its control characters escaped).
     pub name: String,
 }
 

@@ -34,9 +34,9 @@ pub enum SimError {
     #[error("no route was selected to drive")]
     NoRouteSelected,
     /// No route has the name asked for.
-    #[error("unknown route `{name}`; routes in the configuration: {}", known.join(", "))]
+    #[error("unknown route `{}`; routes in the configuration: {}", crate::config::escaped(.name, char::is_control), known.join(", "))]
     UnknownRoute {
-        /// The name asked for.
+        /// The name asked for (shown with its control characters escaped).
         name: String,
         /// The routes there are.
         known: Vec<String>,
