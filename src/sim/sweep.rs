@@ -101,7 +101,7 @@ pub fn parameter_names() -> impl Iterator<Item = &'static str> {
 #[non_exhaustive]
 pub enum SweepError {
     /// The text is not `NAME=START..END:STEP` or `NAME=V1,V2,…`.
-    #[error("`{spec}`: {problem}; expected NAME=START..END:STEP or NAME=V1,V2,…")]
+    #[error("`{}`: {}; expected NAME=START..END:STEP or NAME=V1,V2,…", shown(.spec), shown(.problem))]
     Syntax {
         /// The parameter as written.
         spec: String,
@@ -109,7 +109,7 @@ pub enum SweepError {
         problem: String,
     },
     /// No route parameter has this name.
-    #[error("`{spec}`: unknown parameter `{name}`; parameters: {}", parameter_names().collect::<Vec<_>>().join(", "))]
+    #[error("`{}`: unknown parameter `{}`; parameters: {}", shown(.spec), shown(.name), parameter_names().collect::<Vec<_>>().join(", "))]
     UnknownParameter {
         /// The parameter as written.
         spec: String,
@@ -123,7 +123,7 @@ pub enum SweepError {
         name: String,
     },
     /// The grid has too many points.
-    #[error("{} = {} runs, more than {MAX_RUNS}", counts.join(" × "), runs_text(*.runs))]
+    #[error("{} = {} runs, more than {MAX_RUNS}", shown(&counts.join(" × ")), runs_text(*.runs))]
     TooManyRuns {
         /// Values per parameter, as `name (n)`.
         counts: Vec<String>,
@@ -131,7 +131,7 @@ pub enum SweepError {
         runs: u128,
     },
     /// A parameter names a route the run does not drive.
-    #[error("`{spec}`: route `{route}` is not one of the routes run: {}", run.join(", "))]
+    #[error("`{}`: route `{}` is not one of the routes run: {}", shown(.spec), shown(.route), run.join(", "))]
     UnknownRoute {
         /// The parameter as written.
         spec: String,
@@ -298,6 +298,12 @@ fn tidy(x: f64) -> f64 {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sweep {
     params: Vec<SweepParam>,
+}
+
+/// Text from a `--sweep` flag as an error quotes it: its control characters escaped
+/// (`\u{1b}`), which went to the terminal to act on.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::config::escaped(text, char::is_control)
 }
 
 /// A count of runs as an error words it: [`u128::MAX`] stands for every count past it,
@@ -655,6 +661,38 @@ fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Text from the flag is quoted with its control characters escaped: an escape
+    /// sequence in a parameter's name, route or value went to the terminal to act on.
+    #[test]
+    fn an_error_quotes_the_flag_escaped() {
+        for spec in [
+            "x\u{1b}[2Jy=1",
+            "hold=1\u{1b}[2J",
+            "hold",
+            "o\u{1b}r.hold=0..1e9:1",
+        ] {
+            let e = spec.parse::<SweepParam>().unwrap_err().to_string();
+            assert!(!e.contains('\u{1b}'), "{spec:?}: {e}");
+        }
+        let e = "x\u{1b}[2Jy=1"
+            .parse::<SweepParam>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("`x\\u{1b}[2Jy=1`: unknown parameter `x\\u{1b}[2Jy`"),
+            "{e}"
+        );
+        let e = SweepError::UnknownRoute {
+            spec: "o\u{1b}r.hold=1".into(),
+            route: "o\u{1b}r".into(),
+            run: vec!["order".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "`o\\u{1b}r.hold=1`: route `o\\u{1b}r` is not one of the routes run: order"
+        );
+    }
 
     #[test]
     fn steps_do_not_accumulate_float_noise() {
