@@ -539,6 +539,32 @@ fn a_taken_proxy_port_is_named_with_the_way_out() {
     assert_ne!(out.status.code(), Some(0));
 }
 
+/// A variable named as not applied is shown as `check-config` shows it: its control
+/// characters escaped, and a name past 256 bytes by its first 64 characters and its
+/// length (an escape sequence went to the terminal, and a 100 KiB name whole).
+#[test]
+fn an_override_not_applied_is_named_escaped_and_bounded() {
+    let long = format!("ROCGATE__{}", "A".repeat(100 << 10));
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["demo", "--listen", "127.0.0.1:1", "--admin", "127.0.0.1:1"])
+        .env("ROCGATE__X\u{1b}[2J", "1")
+        .env(&long, "1")
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(
+        first.ends_with(&format!(
+            "which environment variables do not change: {}… ({} bytes), \
+             ROCGATE__X\\u{{1b}}[2J not applied",
+            &long[..64],
+            long.len()
+        )),
+        "{first}"
+    );
+}
+
 /// The demo runs its built-in configuration, which no `ROCGATE__…` variable changes
 /// (its numbers are those `simulate --config config/demo.toml` prints): a variable set
 /// is named as not applied, where it was ignored without a word, as if it had taken.

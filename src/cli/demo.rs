@@ -79,8 +79,8 @@ fn admin_addr(given: Option<SocketAddr>, listen: SocketAddr) -> SocketAddr {
     }
 }
 
-/// The `ROCGATE__…` variables set (not empty) in the environment, sorted: the demo
-/// applies none of them.
+/// The `ROCGATE__…` variables set (not empty) in the environment, sorted, as
+/// [`rocgate::config::env_name_shown`] shows them: the demo applies none of them.
 fn overrides_set() -> Vec<String> {
     let mut names: Vec<String> = std::env::vars_os()
         .filter(|(_, value)| !value.is_empty())
@@ -89,6 +89,9 @@ fn overrides_set() -> Vec<String> {
         .collect();
     names.sort();
     names
+        .iter()
+        .map(|name| rocgate::config::env_name_shown(name))
+        .collect()
 }
 
 pub(crate) fn run(args: DemoArgs) -> ExitCode {

@@ -505,6 +505,27 @@ fn process_env() -> (Vec<(String, String)>, Vec<Problem>) {
     (env, problems)
 }
 
+/// A `ROCGATE__…` variable's name as an error or a note shows it: its control
+/// characters escaped (`ROCGATE__X\u{1b}[2J`: they acted on the terminal, or split a
+/// line), and a name longer than 256 bytes, far past any field path's, as its first 64
+/// characters and its length (a 100 KiB name was written whole).
+///
+/// ```
+/// use rocgate::config::env_name_shown;
+///
+/// assert_eq!(env_name_shown("ROCGATE__X\u{1b}[2J"), "ROCGATE__X\\u{1b}[2J");
+/// let long = format!("ROCGATE__{}", "A".repeat(300));
+/// assert_eq!(env_name_shown(&long), format!("{}… (309 bytes)", &long[..64]));
+/// ```
+pub fn env_name_shown(name: &str) -> String {
+    let shown = escaped(name, char::is_control);
+    if name.len() > LONGEST_ENV_NAME {
+        quoted(&shown).to_string()
+    } else {
+        shown.into_owned()
+    }
+}
+
 /// One `ROCGATE__…` variable: its name and the field path it sets.
 struct Override {
     var: String,
@@ -537,27 +558,21 @@ impl Override {
         Some(Override { var, path })
     }
 
-    /// The variable's name as a problem shows it (see [`Override::shown`]). Only a name
-    /// that may not be a field path needs it: a field path's prints as it is.
+    /// The variable's name as a problem shows it ([`env_name_shown`]). Only a name that
+    /// may not be a field path needs it: a field path's prints as it is.
     fn shown_var(&self) -> String {
-        self.shown(&self.var)
+        env_name_shown(&self.var)
     }
 
-    /// The field path as a problem's location shows it (see [`Override::shown`]).
-    fn shown_path(&self) -> String {
-        self.shown(&self.path)
-    }
-
-    /// `text`, the name or the path, with its control characters escaped (`\u{1b}`,
-    /// `\n`: they acted on the terminal, or split the problem over two lines), and
-    /// bounded as a value is ([`quoted`]) when the name is longer than
+    /// The field path as a problem's location shows it, as [`env_name_shown`] shows the
+    /// name: its control characters escaped, and bounded when the name is longer than
     /// [`LONGEST_ENV_NAME`] (a 100 KiB name was written whole, twice).
-    fn shown(&self, text: &str) -> String {
-        let text = escaped(text, char::is_control);
+    fn shown_path(&self) -> String {
+        let path = escaped(&self.path, char::is_control);
         if self.var.len() > LONGEST_ENV_NAME {
-            quoted(&text).to_string()
+            quoted(&path).to_string()
         } else {
-            text.into_owned()
+            path.into_owned()
         }
     }
 

@@ -8,7 +8,7 @@ mod load;
 mod raw;
 pub(crate) use raw::{check_burst, check_route, figure, EVENT_SETTINGS, LONGEST_RESTORE};
 
-pub use load::{ConfigError, Problem};
+pub use load::{env_name_shown, ConfigError, Problem};
 
 /// The most characters of a value an error quotes ([`quoted`]).
 const QUOTED_CHARS: usize = 64;
