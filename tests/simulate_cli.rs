@@ -1083,6 +1083,49 @@ fn a_sweep_prints_a_table_and_writes_sweep_csv() {
     );
 }
 
+/// A run and a sweep into one `--out` each remove the other kind's files, and say so:
+/// an earlier run's summary.json beside a sweep's sweep.csv (README's examples write
+/// both kinds into `run/`) was read as the sweep's. A directory of such a name is
+/// left alone, as is a file of another name.
+#[test]
+fn a_run_and_a_sweep_remove_each_others_earlier_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let steady = ["--scenario", "steady", "--seed", "3"];
+    succeeded(&simulate_to(&out_dir, &steady));
+    std::fs::write(out_dir.join("notes.txt"), "mine").unwrap();
+    let run_files = ["summary.json", "timeseries.csv", "chart.svg", "chart.png"];
+    for name in run_files {
+        assert!(out_dir.join(name).is_file(), "{name}");
+    }
+    let sweep = [&steady[..], &["--sweep", "danger_roc=60..80:20"]].concat();
+    let stdout = succeeded(&simulate_to(&out_dir, &sweep));
+    let removed = stdout.lines().find(|l| l.starts_with("removed")).unwrap();
+    for name in run_files {
+        assert!(!out_dir.join(name).exists(), "{name} left beside sweep.csv");
+        assert!(removed.contains(&format!("run/{name}")), "{removed}");
+    }
+    assert!(
+        removed.ends_with("(an earlier run's, of the other kind)"),
+        "{removed}"
+    );
+    assert!(out_dir.join("sweep.csv").is_file());
+    // A sweep again removes nothing, and leaves a directory of a run file's name be;
+    // a run removes the sweep's file, and no file of another name.
+    std::fs::create_dir(out_dir.join("chart.svg")).unwrap();
+    let stdout = succeeded(&simulate_to(&out_dir, &sweep));
+    assert!(!stdout.contains("removed"), "{stdout}");
+    std::fs::remove_dir(out_dir.join("chart.svg")).unwrap();
+    let stdout = succeeded(&simulate_to(&out_dir, &steady));
+    let removed = stdout.lines().find(|l| l.starts_with("removed")).unwrap();
+    assert!(removed.contains("run/sweep.csv"), "{removed}");
+    assert!(!out_dir.join("sweep.csv").exists());
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("notes.txt")).unwrap(),
+        "mine"
+    );
+}
+
 #[test]
 fn bad_sweeps_exit_2_with_the_reason() {
     for (args, expected) in [

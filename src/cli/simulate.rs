@@ -178,9 +178,14 @@ type Writer<'a> = Box<dyn FnOnce(&mut BufWriter<NamedTempFile>) -> io::Result<()
 /// directory where a file goes, is reported before any work is done. Each is written
 /// under a temporary name beside its own (`.NAME.XXXXXX.partial`, removed when
 /// dropped), and every one is renamed into place only once all are written: a run
-/// refused or failing part-way leaves the last run's files as they were.
+/// refused or failing part-way leaves the last run's files as they were. Once they
+/// are in place, the files the other kind of run writes ([`RUN_FILES`],
+/// [`SWEEP_FILES`]) found there are removed: an earlier run's, they would be read as
+/// this one's.
 struct Outputs {
     files: Vec<Output>,
+    /// The other kind of run's files in the directory, removed once these are in place.
+    others: Vec<PathBuf>,
     /// The directory, if this run created it: removed again (once the files above,
     /// dropped first, are gone) unless the run wrote its files there.
     created: CreatedDir,
@@ -205,7 +210,7 @@ struct Output {
 }
 
 impl Outputs {
-    fn create(dir: &Path, names: &[&str]) -> Result<Self, Failure> {
+    fn create(dir: &Path, names: &[&str], others: &[&str]) -> Result<Self, Failure> {
         if dir.exists() && !dir.is_dir() {
             return Err(bad_input(format!(
                 "{}: exists and is no directory, where the output files go",
@@ -243,12 +248,16 @@ impl Outputs {
                 out: BufWriter::new(file),
             });
         }
-        Ok(Outputs { files, created })
+        Ok(Outputs {
+            files,
+            others: others.iter().map(|name| dir.join(name)).collect(),
+            created,
+        })
     }
 
-    /// Writes each file with its writer, in order, then puts them all in place, and
-    /// names them.
-    fn write(self, writers: Vec<Writer<'_>>) -> Result<String, Failure> {
+    /// Writes each file with its writer, in order, then puts them all in place, then
+    /// removes the other kind of run's files; names both.
+    fn write(self, writers: Vec<Writer<'_>>) -> Result<Written, Failure> {
         let failed = |path: &Path, e: io::Error| Failure {
             message: format!("{}: cannot write: {e}", shown(path)),
             code: FAILED,
@@ -267,9 +276,44 @@ impl Outputs {
             partial.persist(&path).map_err(|e| failed(&path, e.error))?;
             names.push(shown(&path));
         }
+        let mut removed = Vec::new();
+        for path in self.others {
+            let file = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+            if file {
+                fs::remove_file(&path).map_err(|e| Failure {
+                    message: format!("{}: cannot remove an earlier run's file: {e}", shown(&path)),
+                    code: FAILED,
+                })?;
+                removed.push(shown(&path));
+            }
+        }
         let mut created = self.created;
         created.0 = None;
-        Ok(names.join(", "))
+        Ok(Written { names, removed })
+    }
+}
+
+/// The files a run without `--sweep` writes into `--out`.
+const RUN_FILES: [&str; 4] = ["summary.json", "timeseries.csv", "chart.svg", "chart.png"];
+/// The files a sweep writes into `--out`.
+const SWEEP_FILES: [&str; 1] = ["sweep.csv"];
+
+/// What [`Outputs::write`] put in place, and the earlier run's files it removed.
+struct Written {
+    names: Vec<String>,
+    removed: Vec<String>,
+}
+
+impl Written {
+    /// The lines the run prints about its files.
+    fn say(&self) {
+        out!("wrote         {}\n", self.names.join(", "));
+        if !self.removed.is_empty() {
+            out!(
+                "removed       {} (an earlier run's, of the other kind)\n",
+                self.removed.join(", ")
+            );
+        }
     }
 }
 
@@ -602,11 +646,10 @@ fn run_once(
     traffic: &Traffic,
     label: &str,
 ) -> Result<(), Failure> {
-    let names = ["summary.json", "timeseries.csv", "chart.svg", "chart.png"];
     let outputs = args
         .out
         .as_deref()
-        .map(|dir| Outputs::create(dir, &names))
+        .map(|dir| Outputs::create(dir, &RUN_FILES, &SWEEP_FILES))
         .transpose()?;
     let run = traffic
         .run(sim)
@@ -652,16 +695,17 @@ fn run_once(
         hints: &hints,
     };
     let chart_failed = io::Error::other::<chart::ChartError>;
-    let written = outputs.write(vec![
-        Box::new(|out| {
-            serde_json::to_writer_pretty(&mut *out, &file).map_err(io::Error::from)?;
-            writeln!(out)
-        }),
-        Box::new(|out| run.write_csv(out)),
-        Box::new(|out| out.write_all(chart::svg(&run).map_err(chart_failed)?.as_bytes())),
-        Box::new(|out| out.write_all(&chart::png(&run).map_err(chart_failed)?)),
-    ])?;
-    out!("wrote         {written}\n");
+    outputs
+        .write(vec![
+            Box::new(|out| {
+                serde_json::to_writer_pretty(&mut *out, &file).map_err(io::Error::from)?;
+                writeln!(out)
+            }),
+            Box::new(|out| run.write_csv(out)),
+            Box::new(|out| out.write_all(chart::svg(&run).map_err(chart_failed)?.as_bytes())),
+            Box::new(|out| out.write_all(&chart::png(&run).map_err(chart_failed)?)),
+        ])?
+        .say();
     if run.routes.len() > chart::MAX_ROUTES {
         eprintln!(
             "note: the chart shows the first {} of {} routes",
@@ -686,7 +730,7 @@ fn run_sweep(
     let outputs = args
         .out
         .as_deref()
-        .map(|dir| Outputs::create(dir, &["sweep.csv"]))
+        .map(|dir| Outputs::create(dir, &SWEEP_FILES, &RUN_FILES))
         .transpose()?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rows = sweep
@@ -702,8 +746,9 @@ fn run_sweep(
         render_sweep(&sweep, &rows, sim, label, threads.min(rows.len()))
     );
     if let Some(outputs) = outputs {
-        let written = outputs.write(vec![Box::new(|out| sweep::write_csv(&sweep, &rows, out))])?;
-        out!("wrote         {written}\n");
+        outputs
+            .write(vec![Box::new(|out| sweep::write_csv(&sweep, &rows, out))])?
+            .say();
     }
     Ok(())
 }
