@@ -298,11 +298,11 @@ fn the_cli_reports_an_unreachable_admin_api() {
         said.contains("cannot connect") && said.contains("Connection refused"),
         "{said}"
     );
-    // No scheme; a path or a query of its own (it was sent as
+    // Another scheme; a path or a query of its own (it was sent as
     // `/x?y/admin/hints?period=15m`); a port past 65535 (the client took it for none,
     // and asked port 80: "cannot connect", exit 1, for a typo in the flag).
     for admin in [
-        "127.0.0.1:9090",
+        "ftp://127.0.0.1:9090",
         "http://127.0.0.1:9090/x",
         "http://127.0.0.1:9090?y",
         "http://127.0.0.1:99999",
@@ -385,6 +385,19 @@ async fn the_cli_passes_on_a_period_with_a_space() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// `--admin 127.0.0.1:9090`, as `serve --admin` takes the address and its log prints
+/// it, is read as `http://127.0.0.1:9090`: it was refused as no http:// URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_takes_the_admin_address_without_a_scheme() {
+    let (admin, asked) = fake_admin(r#"{"period_s":900,"interval_s":10,"routes":[]}"#).await;
+    let out = tokio::task::spawn_blocking(move || hints(&["--admin", &admin.to_string()]))
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(*asked.lock().unwrap(), ["15m"]);
 }
 
 /// The header said "hints over the last 1h" (the period asked, capped at `[hints]
@@ -546,9 +559,14 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
             "--admin: must be an http:// URL (the admin API speaks plain HTTP), got \"https://127.0.0.1:9090\"",
         ),
         (
-            "127.0.0.1:9090",
+            "ftp://127.0.0.1:9090",
             "15m",
-            "--admin: must be an http:// URL (the admin API speaks plain HTTP), got \"127.0.0.1:9090\"",
+            "--admin: must be an http:// URL (the admin API speaks plain HTTP), got \"ftp://127.0.0.1:9090\"",
+        ),
+        (
+            "127.0.0.1:9090/admin",
+            "15m",
+            "--admin: must be the admin API's root, http://host[:port] with no path or query (such as http://127.0.0.1:9090): it ends in \"/admin\", got \"127.0.0.1:9090/admin\"",
         ),
         (
             "http://127.0.0.1:99999",

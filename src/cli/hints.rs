@@ -84,12 +84,20 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
 }
 
 /// The admin API's root that `--admin` gives (`http://127.0.0.1:9090`, without a
-/// trailing `/`), or what is wrong with it. A path or query of its own would be sent
-/// before the hints'; a port given must be one (the URI takes any digits, and the
-/// client asked port 80 for one past 65535); user info would be sent nowhere.
-fn admin_root(admin: &str) -> Result<&str, String> {
+/// trailing `/`), or what is wrong with it. Given without a scheme (`127.0.0.1:9090`,
+/// as `serve --admin` takes it and its log prints it), it is read as `http://` that.
+/// A path or query of its own would be sent before the hints'; a port given must be
+/// one (the URI takes any digits, and the client asked port 80 for one past 65535);
+/// user info would be sent nowhere.
+fn admin_root(admin: &str) -> Result<String, String> {
     const FORM: &str = "http://host[:port]";
     const EXAMPLE: &str = "http://127.0.0.1:9090";
+    let admin = if admin.contains("://") {
+        admin.to_owned()
+    } else {
+        format!("http://{admin}")
+    };
+    let admin = admin.as_str();
     let base = admin.trim_end_matches('/');
     // With the `/` the hints' path begins with: `http://` alone is no URL.
     let uri = format!("{base}/").parse::<http::Uri>().ok();
@@ -121,7 +129,7 @@ fn admin_root(admin: &str) -> Result<&str, String> {
             "must be the admin API's root, {FORM} with no path or query (such as {EXAMPLE}): it ends in {rest:?}"
         ));
     }
-    Ok(base)
+    Ok(base.to_owned())
 }
 
 /// Whether `authority` (`host[:port]`) gives a port, a number or not.

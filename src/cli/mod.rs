@@ -39,7 +39,7 @@ pub(crate) enum Command {
 /// Arguments of `rocgate hints`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct HintsArgs {
-    /// The admin API of the running `serve`.
+    /// The admin API of the running `serve`: `http://host[:port]`, or `host:port`.
     #[arg(long, default_value = "http://127.0.0.1:9090")]
     pub(crate) admin: String,
     /// How far back to look (at most the history kept, `[hints] keep`).
