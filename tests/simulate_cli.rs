@@ -1126,6 +1126,45 @@ fn a_run_and_a_sweep_remove_each_others_earlier_files() {
     );
 }
 
+/// Files of those names that no earlier run wrote are the user's, and are left alone:
+/// a sweep into a directory used for other things (`--out .`) deleted a `summary.json`
+/// and a `chart.png` of the user's own, and a run a `sweep.csv`.
+#[test]
+fn a_run_and_a_sweep_leave_files_of_those_names_they_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("project");
+    std::fs::create_dir(&out_dir).unwrap();
+    let mine = [
+        ("summary.json", "{\"project\": \"mine\"}\n"),
+        ("chart.png", "not rocgate's"),
+        ("timeseries.csv", "t,temperature\n0,21\n"),
+    ];
+    for (name, text) in mine {
+        std::fs::write(out_dir.join(name), text).unwrap();
+    }
+    let steady = ["--scenario", "steady", "--seed", "3"];
+    let sweep = [&steady[..], &["--sweep", "danger_roc=60..80:20"]].concat();
+    let stdout = succeeded(&simulate_to(&out_dir, &sweep));
+    assert!(!stdout.contains("removed"), "{stdout}");
+    for (name, text) in mine {
+        assert_eq!(
+            std::fs::read_to_string(out_dir.join(name)).unwrap(),
+            text,
+            "{name}"
+        );
+    }
+    // A run into a directory with a sweep.csv of the user's own leaves it too.
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("sweep.csv"), "size,time\n1,2\n").unwrap();
+    let stdout = succeeded(&simulate_to(&other, &steady));
+    assert!(!stdout.contains("removed"), "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(other.join("sweep.csv")).unwrap(),
+        "size,time\n1,2\n"
+    );
+}
+
 #[test]
 fn bad_sweeps_exit_2_with_the_reason() {
     for (args, expected) in [

@@ -22,7 +22,7 @@ use rocgate::sim::{
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::fs;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufRead as _, BufWriter, Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -179,13 +179,15 @@ type Writer<'a> = Box<dyn FnOnce(&mut BufWriter<NamedTempFile>) -> io::Result<()
 /// under a temporary name beside its own (`.NAME.XXXXXX.partial`, removed when
 /// dropped), and every one is renamed into place only once all are written: a run
 /// refused or failing part-way leaves the last run's files as they were. Once they
-/// are in place, the files the other kind of run writes ([`RUN_FILES`],
-/// [`SWEEP_FILES`]) found there are removed: an earlier run's, they would be read as
-/// this one's.
+/// are in place, the files an earlier run of the other kind wrote there
+/// ([`earlier_run`], [`earlier_sweep`]) are removed: they would be read as this one's.
 struct Outputs {
     files: Vec<Output>,
-    /// The other kind of run's files in the directory, removed once these are in place.
-    others: Vec<PathBuf>,
+    /// The directory.
+    dir: PathBuf,
+    /// Finds the other kind of run's files in the directory, removed once these are in
+    /// place.
+    others: fn(&Path) -> Vec<PathBuf>,
     /// The directory, if this run created it: removed again (once the files above,
     /// dropped first, are gone) unless the run wrote its files there.
     created: CreatedDir,
@@ -210,7 +212,11 @@ struct Output {
 }
 
 impl Outputs {
-    fn create(dir: &Path, names: &[&str], others: &[&str]) -> Result<Self, Failure> {
+    fn create(
+        dir: &Path,
+        names: &[&str],
+        others: fn(&Path) -> Vec<PathBuf>,
+    ) -> Result<Self, Failure> {
         if dir.exists() && !dir.is_dir() {
             return Err(bad_input(format!(
                 "{}: exists and is no directory, where the output files go",
@@ -250,7 +256,8 @@ impl Outputs {
         }
         Ok(Outputs {
             files,
-            others: others.iter().map(|name| dir.join(name)).collect(),
+            dir: dir.to_owned(),
+            others,
             created,
         })
     }
@@ -277,15 +284,12 @@ impl Outputs {
             names.push(shown(&path));
         }
         let mut removed = Vec::new();
-        for path in self.others {
-            let file = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
-            if file {
-                fs::remove_file(&path).map_err(|e| Failure {
-                    message: format!("{}: cannot remove an earlier run's file: {e}", shown(&path)),
-                    code: FAILED,
-                })?;
-                removed.push(shown(&path));
-            }
+        for path in (self.others)(&self.dir) {
+            fs::remove_file(&path).map_err(|e| Failure {
+                message: format!("{}: cannot remove an earlier run's file: {e}", shown(&path)),
+                code: FAILED,
+            })?;
+            removed.push(shown(&path));
         }
         let mut created = self.created;
         created.0 = None;
@@ -297,6 +301,65 @@ impl Outputs {
 const RUN_FILES: [&str; 4] = ["summary.json", "timeseries.csv", "chart.svg", "chart.png"];
 /// The files a sweep writes into `--out`.
 const SWEEP_FILES: [&str; 1] = ["sweep.csv"];
+
+/// The files of an earlier run without `--sweep` in `dir`: found by its `summary.json`,
+/// a JSON object with `routes` and `hints` lists, and then its `timeseries.csv` (if
+/// its header is a run's) and charts. Files of those names that are not (a
+/// `summary.json` of the user's own in a directory used for other things) are left
+/// alone, as is anything that is no regular file (a symbolic link, a directory).
+fn earlier_run(dir: &Path) -> Vec<PathBuf> {
+    let summary = dir.join("summary.json");
+    let is_a_runs = regular(&summary)
+        && fs::File::open(&summary)
+            .ok()
+            .and_then(|file| {
+                serde_json::from_reader::<_, serde_json::Value>(io::BufReader::new(
+                    file.take(MAX_SUMMARY_BYTES),
+                ))
+                .ok()
+            })
+            .is_some_and(|v| v["routes"].is_array() && v["hints"].is_array());
+    if !is_a_runs {
+        return Vec::new();
+    }
+    RUN_FILES
+        .iter()
+        .map(|name| dir.join(name))
+        .filter(|path| {
+            regular(path)
+                && (!path.ends_with("timeseries.csv")
+                    || first_line(path).is_some_and(|l| l == SimRun::CSV_HEADER))
+        })
+        .collect()
+}
+
+/// The `sweep.csv` of an earlier sweep in `dir`, if its header ends with the columns a
+/// sweep writes ([`sweep::CSV_COLUMNS`]); one of the user's own is left alone, as is
+/// anything that is no regular file.
+fn earlier_sweep(dir: &Path) -> Vec<PathBuf> {
+    let path = dir.join("sweep.csv");
+    let columns = format!(",{}", sweep::CSV_COLUMNS.join(","));
+    let is_a_sweeps = regular(&path) && first_line(&path).is_some_and(|l| l.ends_with(&columns));
+    is_a_sweeps.then_some(path).into_iter().collect()
+}
+
+/// The most of an earlier `summary.json` read to tell whether a run wrote it.
+const MAX_SUMMARY_BYTES: u64 = 64 << 20;
+
+/// Whether `path` is a regular file, not followed if a symbolic link.
+fn regular(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
+/// The first line of the file at `path`, without its line break, if it is text within
+/// 64 KiB.
+fn first_line(path: &Path) -> Option<String> {
+    let mut line = String::new();
+    io::BufReader::new(fs::File::open(path).ok()?.take(64 << 10))
+        .read_line(&mut line)
+        .ok()?;
+    line.strip_suffix('\n').map(str::to_owned)
+}
 
 /// What [`Outputs::write`] put in place, and the earlier run's files it removed.
 struct Written {
@@ -589,7 +652,6 @@ fn refuse_a_log_given_twice(paths: &[PathBuf]) -> Result<(), Failure> {
 const MAX_PROFILE_BYTES: u64 = 32 << 20;
 
 fn read_profile(path: &Path) -> Result<Profile, Failure> {
-    use std::io::Read as _;
     let mut bytes = Vec::new();
     fs::File::open(path)
         .and_then(|file| file.take(MAX_PROFILE_BYTES + 1).read_to_end(&mut bytes))
@@ -649,7 +711,7 @@ fn run_once(
     let outputs = args
         .out
         .as_deref()
-        .map(|dir| Outputs::create(dir, &RUN_FILES, &SWEEP_FILES))
+        .map(|dir| Outputs::create(dir, &RUN_FILES, earlier_sweep))
         .transpose()?;
     let run = traffic
         .run(sim)
@@ -730,7 +792,7 @@ fn run_sweep(
     let outputs = args
         .out
         .as_deref()
-        .map(|dir| Outputs::create(dir, &SWEEP_FILES, &RUN_FILES))
+        .map(|dir| Outputs::create(dir, &SWEEP_FILES, earlier_run))
         .transpose()?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rows = sweep

@@ -300,6 +300,22 @@ pub struct Sweep {
     params: Vec<SweepParam>,
 }
 
+/// The columns of `sweep.csv` after the parameters' ([`Sweep::csv_header`]).
+pub const CSV_COLUMNS: [&str; 12] = [
+    "offered",
+    "admitted",
+    "rejected",
+    "rejected_pct",
+    "shadow_rejected",
+    "cut_count",
+    "first_cut_s",
+    "time_in_cut_s",
+    "peak_admitted_1s",
+    "overload",
+    "overload_pct",
+    "overload_s",
+];
+
 /// Text from a `--sweep` flag as an error quotes it: its control characters escaped
 /// (`\u{1b}`), which went to the terminal to act on.
 fn shown(text: &str) -> std::borrow::Cow<'_, str> {
@@ -530,23 +546,7 @@ impl Sweep {
             .iter()
             .map(|p| csv_field(&p.label).into_owned())
             .collect();
-        header.extend(
-            [
-                "offered",
-                "admitted",
-                "rejected",
-                "rejected_pct",
-                "shadow_rejected",
-                "cut_count",
-                "first_cut_s",
-                "time_in_cut_s",
-                "peak_admitted_1s",
-                "overload",
-                "overload_pct",
-                "overload_s",
-            ]
-            .map(String::from),
-        );
+        header.extend(CSV_COLUMNS.map(String::from));
         header.join(",")
     }
 }
