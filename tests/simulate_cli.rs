@@ -1,5 +1,6 @@
 //! `rocgate simulate`, run as a process: output files, the printed summary, exit codes.
 
+use rocgate::sim::access_log::MAX_LINE_BYTES;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -686,30 +687,32 @@ fn gzip(text: &str) -> Vec<u8> {
     gz.finish().unwrap()
 }
 
-/// A line past 64 KiB ends the run at once, naming the file, the line and the cap,
-/// `--lenient` or not, gzip-compressed or not: it was skipped as one unparsable line
-/// (exit 0, a warning), and one that never ends (`/dev/zero`) was read forever.
+/// A line past the cap ([`MAX_LINE_BYTES`], 1 MiB) ends the run at once, naming the
+/// file, the line and the cap, `--lenient` or not, gzip-compressed or not: it was
+/// skipped as one unparsable line (exit 0, a warning), and one that never ends
+/// (`/dev/zero`) was read forever.
 #[test]
-fn an_access_log_line_past_64_kib_ends_the_run() {
-    let over = "x".repeat(64 * 1024 + 1);
+fn an_access_log_line_past_the_cap_ends_the_run() {
+    let over = "x".repeat(MAX_LINE_BYTES + 1);
     let log = quiet_log_with(&[(60, &over)]);
-    let said = "line 61 is longer than 65536 bytes (64 KiB), more than an access-log line holds";
+    let cap = format!("longer than {MAX_LINE_BYTES} bytes");
+    let said = format!("line 61 is {cap} (1 MiB), more than an access-log line holds");
     for (name, bytes) in [
         ("a.log", log.clone().into_bytes()),
         ("a.log.gz", gzip(&log)),
     ] {
         let (_dir, path) = file(name, bytes);
         for more in [&[][..], &["--lenient"]] {
-            let stderr = refused_saying(&simulate_log(&path, more), said);
+            let stderr = refused_saying(&simulate_log(&path, more), &said);
             assert!(stderr.contains(&format!("{name}: line 61")), "{stderr}");
         }
     }
     // A gzip stream of zeros, which has no line break: read up to the cap, not to its end.
-    let zeros = String::from_utf8(vec![0; 1 << 20]).unwrap();
+    let zeros = String::from_utf8(vec![0; 4 * MAX_LINE_BYTES]).unwrap();
     let (_dir, path) = file("zero.gz", gzip(&zeros));
     refused_saying(
         &simulate_log(&path, &[]),
-        "zero.gz: line 1 is longer than 65536 bytes",
+        &format!("zero.gz: line 1 is {cap}"),
     );
 }
 
