@@ -568,6 +568,24 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
             "15m",
             "--admin: must be the admin API's root, http://host[:port] with no path or query (such as http://127.0.0.1:9090): it ends in \"/admin\", got \"127.0.0.1:9090/admin\"",
         ),
+        // No host: the client looked the empty name up ("dns error"), exit 1.
+        (
+            ":9090",
+            "15m",
+            "--admin: must be host:port, as serve --admin takes it (such as 127.0.0.1:9090), or http://host[:port]: it names no host, got \":9090\"",
+        ),
+        (
+            "http://:9090",
+            "15m",
+            "--admin: must be http://host[:port] such as http://127.0.0.1:9090: it names no host, got \"http://:9090\"",
+        ),
+        // Without a scheme, a host alone is no address serve takes: it was read as
+        // http://localhost, port 80, and answered "Connection refused" there.
+        (
+            "localhost",
+            "15m",
+            "--admin: must be host:port, as serve --admin takes it (such as 127.0.0.1:9090), or http://host[:port]: it names no port, got \"localhost\"",
+        ),
         (
             "http://127.0.0.1:99999",
             "15m",

@@ -85,14 +85,19 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
 
 /// The admin API's root that `--admin` gives (`http://127.0.0.1:9090`, without a
 /// trailing `/`), or what is wrong with it. Given without a scheme (`127.0.0.1:9090`,
-/// as `serve --admin` takes it and its log prints it), it is read as `http://` that.
-/// A path or query of its own would be sent before the hints'; a port given must be
-/// one (the URI takes any digits, and the client asked port 80 for one past 65535);
-/// user info would be sent nowhere.
+/// as `serve --admin` takes it and its log prints it), it is read as `http://` that,
+/// and must name a port as that does (`localhost` alone was read as port 80). A host
+/// must be named (`:9090` had the client look the empty name up). A path or query of
+/// its own would be sent before the hints'; a port given must be one (the URI takes
+/// any digits, and the client asked port 80 for one past 65535); user info would be
+/// sent nowhere.
 fn admin_root(admin: &str) -> Result<String, String> {
     const FORM: &str = "http://host[:port]";
     const EXAMPLE: &str = "http://127.0.0.1:9090";
-    let admin = if admin.contains("://") {
+    const BARE: &str = "host:port, as serve --admin takes it (such as 127.0.0.1:9090), or \
+                        http://host[:port]";
+    let with_scheme = admin.contains("://");
+    let admin = if with_scheme {
         admin.to_owned()
     } else {
         format!("http://{admin}")
@@ -108,6 +113,16 @@ fn admin_root(admin: &str) -> Result<String, String> {
     let Some((uri, authority)) = uri.and_then(|u| u.authority().cloned().map(|a| (u, a))) else {
         return Err(format!("must be {FORM} such as {EXAMPLE}"));
     };
+    if authority.host().is_empty() {
+        return Err(if with_scheme {
+            format!("must be {FORM} such as {EXAMPLE}: it names no host")
+        } else {
+            format!("must be {BARE}: it names no host")
+        });
+    }
+    if !with_scheme && !has_port(authority.as_str()) {
+        return Err(format!("must be {BARE}: it names no port"));
+    }
     // Dropped without a word, they were no credential sent.
     if authority.as_str().contains('@') {
         return Err(
