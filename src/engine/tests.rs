@@ -232,7 +232,10 @@ fn decided_in_the_gap(drain: bool) {
     };
     while drain && twin.take(at).is_ok() {}
     let twin_before = twin.level(at).value;
-    assert!(drain || twin_before >= 1.0, "a twin with tokens to take: {twin_before}");
+    assert!(
+        drain || twin_before >= 1.0,
+        "a twin with tokens to take: {twin_before}"
+    );
     let before = e.route_snapshot(id, at).unwrap();
     r.engaged.store(false, Ordering::Relaxed);
     let decisions: Vec<Decision> = (0..20).map(|_| e.check(id, Key::None, at)).collect();
