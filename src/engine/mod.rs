@@ -922,15 +922,20 @@ impl Engine {
                 Decision::Admit(Admit::Now)
             }
             Err(retry_after_ns) => {
-                if twin.take(now).is_ok() && engaged {
-                    r.counter.counters().add(CUT_REJECTED);
-                }
+                let own = twin.take(now).is_ok() && engaged;
                 let reason = if engaged {
                     Reason::RocCut
                 } else {
                     Reason::Limit
                 };
-                self.refused(r, Duration::from_nanos(retry_after_ns.max(1)), reason)
+                let decision = self.refused(r, Duration::from_nanos(retry_after_ns.max(1)), reason);
+                // After the refusal's `roc_cut`, which a snapshot reads after this (see
+                // `Route::snapshot`): a snapshot taken in between never finds more of the
+                // cut's own than of `roc_cut`.
+                if own {
+                    r.counter.counters().add(CUT_REJECTED);
+                }
+                decision
             }
         }
     }
@@ -1759,13 +1764,21 @@ impl Route {
         let c = &st.controller;
         let p = c.params();
         let offered = self.counter.arrivals();
+        // Read before the reasons' counts, which a decision adds to first
+        // (`Engine::decide_twinned`): never more of the cut's own than of `roc_cut`.
+        let cut_vs_base_rejected = match (self.mode, &self.shadow) {
+            (Mode::ShadowAdaptive, _) | (_, Some(Shadow::Twin(_))) => {
+                Some(self.counter.counters().sum(CUT_REJECTED))
+            }
+            _ => None,
+        };
         let counted = Reason::ALL.map(|r| (r, self.counter.counters().sum(rejected_counter(r))));
         let none = Reason::ALL.map(|r| (r, 0));
         let (rejected, shadow_rejected) = match self.mode {
             Mode::Enforce => (counted, none),
             Mode::Shadow => (none, counted),
             Mode::ShadowAdaptive => {
-                let cut = self.counter.counters().sum(CUT_REJECTED);
+                let cut = cut_vs_base_rejected.unwrap_or(0);
                 (
                     counted,
                     none.map(|(r, _)| (r, if r == Reason::RocCut { cut } else { 0 })),
@@ -1812,12 +1825,7 @@ impl Route {
                 Partition::Route => 0,
                 Partition::ClientIp(limits) | Partition::Header(_, limits) => limits.max_keys,
             },
-            cut_vs_base_rejected: match (self.mode, &self.shadow) {
-                (Mode::ShadowAdaptive, _) | (_, Some(Shadow::Twin(_))) => {
-                    Some(self.counter.counters().sum(CUT_REJECTED))
-                }
-                _ => None,
-            },
+            cut_vs_base_rejected,
             cut_vs_base_admitted: match &self.shadow {
                 Some(Shadow::Twin(_)) => Some(self.counter.counters().sum(CUT_ADMITTED)),
                 _ => None,
