@@ -1129,6 +1129,50 @@ fn a_run_and_a_sweep_remove_each_others_earlier_files() {
     );
 }
 
+/// An earlier run's file that cannot be removed (immutable, `chattr +i`) is named in a
+/// warning, and the run still says what it wrote and exits 0: its files are in place.
+/// The failed removal ended the run with an error, after its files were written,
+/// without a word of them. Needs `chattr +i` (root on ext4, as in CI); elsewhere the
+/// test says so and checks nothing.
+#[test]
+fn an_earlier_runs_file_that_cannot_be_removed_is_named_and_the_run_ends_well() {
+    /// `chattr -i` on drop, so that the directory can go.
+    struct Immutable(PathBuf);
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let steady = ["--scenario", "steady", "--seed", "3"];
+    succeeded(&simulate_to(&out_dir, &steady));
+    let chart = out_dir.join("chart.svg");
+    let made = Command::new("chattr").arg("+i").arg(&chart).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: chattr +i is not permitted here");
+        return;
+    }
+    let _immutable = Immutable(chart.clone());
+    let sweep = [&steady[..], &["--sweep", "danger_roc=60..80:20"]].concat();
+    let out = simulate_to(&out_dir, &sweep);
+    let stdout = succeeded(&out);
+    assert!(
+        stdout.contains("wrote") && stdout.contains("sweep.csv"),
+        "{stdout}"
+    );
+    let removed = stdout.lines().find(|l| l.starts_with("removed")).unwrap();
+    assert!(removed.contains("run/summary.json"), "{removed}");
+    assert!(!removed.contains("chart.svg"), "{removed}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("warning: cannot remove an earlier run's file, not this run's: ")
+            && stderr.contains("run/chart.svg: "),
+        "{stderr}"
+    );
+    assert!(chart.is_file() && out_dir.join("sweep.csv").is_file());
+}
+
 /// Files of those names that no earlier run wrote are the user's, and are left alone:
 /// a sweep into a directory used for other things (`--out .`) deleted a `summary.json`
 /// and a `chart.png` of the user's own, and a run a `sweep.csv`.

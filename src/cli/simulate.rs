@@ -283,17 +283,20 @@ impl Outputs {
             partial.persist(&path).map_err(|e| failed(&path, e.error))?;
             names.push(shown(&path));
         }
-        let mut removed = Vec::new();
+        let (mut removed, mut kept) = (Vec::new(), Vec::new());
         for path in (self.others)(&self.dir) {
-            fs::remove_file(&path).map_err(|e| Failure {
-                message: format!("{}: cannot remove an earlier run's file: {e}", shown(&path)),
-                code: FAILED,
-            })?;
-            removed.push(shown(&path));
+            match fs::remove_file(&path) {
+                Ok(()) => removed.push(shown(&path)),
+                Err(e) => kept.push(format!("{}: {e}", shown(&path))),
+            }
         }
         let mut created = self.created;
         created.0 = None;
-        Ok(Written { names, removed })
+        Ok(Written {
+            names,
+            removed,
+            kept,
+        })
     }
 }
 
@@ -365,10 +368,13 @@ fn first_line(path: &Path) -> Option<String> {
 struct Written {
     names: Vec<String>,
     removed: Vec<String>,
+    /// The earlier run's files that could not be removed, each with the error.
+    kept: Vec<String>,
 }
 
 impl Written {
-    /// The lines the run prints about its files.
+    /// The lines the run prints about its files, and a warning for each earlier run's
+    /// file it could not remove (this run's files are in place all the same).
     fn say(&self) {
         out!("wrote         {}\n", self.names.join(", "));
         if !self.removed.is_empty() {
@@ -376,6 +382,9 @@ impl Written {
                 "removed       {} (an earlier run's, of the other kind)\n",
                 self.removed.join(", ")
             );
+        }
+        for kept in &self.kept {
+            eprintln!("warning: cannot remove an earlier run's file, not this run's: {kept}");
         }
     }
 }
