@@ -147,25 +147,35 @@ fn a_rollover_winner_never_waits_for_another_buckets_change() {
 /// at the base limit already, and is left alone. (Each step set the twin to base
 /// again, taking a note that other buckets' changes share: with the note taken,
 /// the twin fell behind on a change that changes nothing.)
-#[test]
-fn a_restore_step_leaves_the_twin_at_base_alone() {
-    let mut cfg = RouteConfig::new("twin_step", crate::config::RouteMatch::any());
+/// An engine whose one route, a token bucket at 10 req/s (cut 3) with a twin, its
+/// controller as `tune` leaves it, has cut at 11 s: 12 req/s for 10 s, then 200 req/s
+/// for a second.
+fn cut_twin_route(
+    tune: impl FnOnce(&mut crate::controller::ControllerParams),
+) -> (Engine, RouteId) {
+    let mut cfg = RouteConfig::new("twin", crate::config::RouteMatch::any());
     cfg.controller.base_limit_rps = 10.0;
     cfg.controller.cut_limit_rps = 3.0;
     cfg.controller.danger_roc = 50.0;
     cfg.controller.safe_roc = 10.0;
-    cfg.controller.restore_step_rps = 1.0;
+    tune(&mut cfg.controller);
     let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
-    let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
+    let id = e.route_at(0).unwrap();
     let offer = |from_ms: u64, to_ms: u64, every_ms: u64| {
         for t in (from_ms..to_ms).step_by(usize::try_from(every_ms).unwrap()) {
             let _ = e.check(id, Key::None, Nanos::from_millis(t));
         }
     };
-    // 12 req/s for 10 s, then 200 req/s for a second: the cut.
     offer(0, 10_000, 83);
     offer(10_000, 11_000, 5);
     assert!(e.limit_rps(id).unwrap() < 10.0, "cut");
+    (e, id)
+}
+
+#[test]
+fn a_restore_step_leaves_the_twin_at_base_alone() {
+    let (e, id) = cut_twin_route(|c| c.restore_step_rps = 1.0);
+    let r = &*e.routes[0].route;
     // 2 req/s until the first restore step, each decision made with the note held.
     let mut t = 11_000;
     loop {
@@ -191,22 +201,7 @@ fn a_restore_step_leaves_the_twin_at_base_alone() {
 /// instant two seconds on, after a decision there: its bucket at the cut holds fewer
 /// tokens than its twin at base.
 fn cut_with_a_twin() -> (Engine, RouteId, Nanos) {
-    let mut cfg = RouteConfig::new("twin_gap", crate::config::RouteMatch::any());
-    cfg.controller.base_limit_rps = 10.0;
-    cfg.controller.cut_limit_rps = 3.0;
-    cfg.controller.danger_roc = 50.0;
-    cfg.controller.safe_roc = 10.0;
-    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
-    let id = e.route_at(0).unwrap();
-    let offer = |from_ms: u64, to_ms: u64, every_ms: u64| {
-        for t in (from_ms..to_ms).step_by(usize::try_from(every_ms).unwrap()) {
-            let _ = e.check(id, Key::None, Nanos::from_millis(t));
-        }
-    };
-    // 12 req/s for 10 s, then 200 req/s for a second: the cut.
-    offer(0, 10_000, 83);
-    offer(10_000, 11_000, 5);
-    assert!(e.limit_rps(id).unwrap() < 10.0, "cut");
+    let (e, id) = cut_twin_route(|_| {});
     let at = Nanos::from_millis(13_000);
     let _ = e.check(id, Key::None, at);
     let r = e.route(id).unwrap();
