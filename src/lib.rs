@@ -39,6 +39,7 @@ pub mod config;
 pub mod controller;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod distinct;
 pub mod engine;
 pub mod hints;
 #[cfg(feature = "http")]

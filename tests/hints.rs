@@ -2702,14 +2702,17 @@ fn the_shadow_verdict_splits_the_rejections_as_raise_base_limit_does() {
     assert!((cut - 100.0 * 1540.0 / would).abs() <= 0.5, "{verdict}");
 }
 
-/// On a partitioned route each key has its own base limit, and the history does not
-/// count the keys refused: a brute-forcer held to a per-IP limit on a login route
-/// rejects as many as a crowd over it. `raise_base_limit` was a `warn` "raise it
-/// about 30%" (`simulate` of config/examples/per-ip.toml, one keyless client at 273
-/// req/s against 5 req/s per key): it is `info`, with the same value, and says so;
-/// a shadow verdict naming the base limit says the same of its would-be rejections.
+/// On a partitioned route each key has its own base limit: a brute-forcer held to a
+/// per-IP limit on a login route rejects as many as a crowd over it. The history
+/// counts the distinct keys refused (a sketch per interval, merged over the period):
+/// refused from about 1 client, `raise_base_limit` is `info` and names it (the limit
+/// working: `simulate` of config/examples/per-ip.toml, one keyless client at 273 req/s
+/// against 5 req/s per key); from 10 or more, a `warn` quoting them. Where no key was
+/// counted (a shared store decided them) it is `info`, saying it cannot tell; a shadow
+/// verdict naming the base limit says the same of its would-be rejections.
 #[test]
 fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() {
+    use rocgate::distinct::KeySketch;
     use rocgate::limiter::Reason;
     let keyed = engine_settings("partition = \"ip\"");
     let intervals = rejecting(0, 30, 1_000, (Reason::Limit, 200), 0);
@@ -2720,6 +2723,58 @@ fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() 
     assert!(
         hint.reason.contains("a few keys over their own limit")
             && hint.reason.contains("only if many clients are refused"),
+        "{}",
+        hint.reason
+    );
+    // Each interval's refused keys: `keys(k)` in interval k, as hashes a key table
+    // would give them.
+    let counted = |keys: &dyn Fn(u64) -> std::ops::Range<u64>| {
+        let mut intervals = intervals.clone();
+        for (k, i) in (0u64..).zip(&mut intervals) {
+            let mut sketch = KeySketch::new();
+            for key in keys(k) {
+                use std::hash::BuildHasher;
+                sketch.record(
+                    std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
+                        .hash_one(key),
+                );
+            }
+            i.refused_keys = Some(Box::new(sketch));
+        }
+        let h = advise_over(&keyed, &intervals);
+        let hint = find(&h, "raise_base_limit").unwrap().clone();
+        assert_eq!(numbers(&h, "raise_base_limit"), (200.0, 260.0));
+        let report = rocgate::hints::RouteHints::new(&keyed, &intervals, None, &Policy::default());
+        (hint, report.refused_keys)
+    };
+    // One client, in every interval: the limit working.
+    let (hint, refused) = counted(&|_| 7..8);
+    assert_eq!((hint.severity, refused), (Severity::Info, Some(1)));
+    assert!(
+        hint.reason.contains("from about 1 client (")
+            && hint
+                .reason
+                .contains("only if many clients are refused: about 1 was (one client's flood"),
+        "{}",
+        hint.reason
+    );
+    // Three, one of them in each interval: the period's are its intervals' together.
+    let (hint, refused) = counted(&|k| k % 3..k % 3 + 1);
+    assert_eq!((hint.severity, refused), (Severity::Info, Some(3)));
+    assert!(
+        hint.reason.contains("about 3 were (a few clients' floods"),
+        "{}",
+        hint.reason
+    );
+    // Forty clients, a new one in each of 30 intervals and ten in all of them.
+    let (hint, refused) = counted(&|k| 100 + k..111 + k);
+    let forty = refused.unwrap();
+    assert!((28..=52).contains(&forty), "40 keys read as {forty}");
+    assert_eq!(hint.severity, Severity::Warn);
+    assert!(
+        hint.reason
+            .contains(&format!("from about {forty} clients ("))
+            && !hint.reason.contains("only if"),
         "{}",
         hint.reason
     );

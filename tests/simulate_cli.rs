@@ -1620,3 +1620,59 @@ fn a_profile_shorter_than_its_routes_slot_is_refused() {
         "{stderr}"
     );
 }
+
+/// On a partitioned route `raise_base_limit` counts the clients refused: replaying
+/// config/examples/per-ip.toml's login route, one keyless client at 273 req/s (a
+/// profile's requests carry no address) against 5 req/s per key is refused as about
+/// 1 client, an `info` (the limit working); an access log of 30 addresses at 10 req/s
+/// each is refused as about 30, a `warn` to raise it. summary.json's hint says so.
+#[test]
+fn a_partitioned_routes_raise_says_how_many_clients_were_refused() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/per-ip.toml");
+    let raise = |more: &[&str]| {
+        let out_dir = tempfile::tempdir().unwrap();
+        let args = [&["--config", config, "--capacity", "1000"][..], more].concat();
+        succeeded(&simulate_to(out_dir.path(), &args));
+        let summary = summary_in(out_dir.path());
+        let hints = summary["hints"].as_array().unwrap().clone();
+        hints
+            .into_iter()
+            .find(|h| h["rule"] == "raise_base_limit" && h["route"] == "login")
+            .unwrap_or_else(|| panic!("no raise_base_limit: {summary}"))
+    };
+    let one = raise(&[]);
+    assert_eq!(one["severity"], "info", "{one}");
+    let reason = one["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("from about 1 client (")
+            && reason.contains("about 1 was (one client's flood, held to its own limit"),
+        "{reason}"
+    );
+
+    let mut log = String::new();
+    for s in 0..60 {
+        for _ in 0..10 {
+            for client in 1..=30 {
+                log.push_str(&format!(
+                    "203.0.113.{client} - - [{}] \"POST /api/login HTTP/1.1\" 200 1\n",
+                    logged(s)
+                ));
+            }
+        }
+    }
+    let (_dir, log) = file("logins.log", log);
+    let many = raise(&["--access-log", log.to_str().unwrap()]);
+    assert_eq!(many["severity"], "warn", "{many}");
+    let reason = many["reason"].as_str().unwrap();
+    let about: u64 = reason
+        .split("from about ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{reason}"));
+    assert!(
+        (18..=45).contains(&about),
+        "30 clients read as {about}: {reason}"
+    );
+    assert!(reason.ends_with("raise it about 30%"), "{reason}");
+}

@@ -35,6 +35,14 @@ impl TableKey {
     }
 }
 
+/// The tier of each tier value, by its key's bits, hashed with fixed keys: 16 bytes
+/// less in the route than a randomly keyed map, room for the key table's count of the
+/// keys refused. Only configured values go in, so no request's key can lengthen a
+/// lookup's probe by its hash (a lookup stops at the first empty slot, wherever the
+/// configured values left one).
+pub(super) type TierIndex =
+    HashMap<u128, u16, std::hash::BuildHasherDefault<std::hash::DefaultHasher>>;
+
 /// The tier of each of the route's tier values (tiers counted from 1), by the bits of
 /// the key they are (an address of a client-IP partition cut to the route's
 /// `ipv6_prefix`, so `::FFFF:10.0.0.7` matches the client 10.0.0.7 and an IPv6 address
@@ -42,8 +50,8 @@ impl TableKey {
 /// one by its digest); a value that two tiers hold, which only an address and another
 /// of its IPv6 prefix can be, is the first's. A tier value of a client-IP partition
 /// that is no address is no client's (the configuration refuses it).
-pub(super) fn tier_index(cfg: &RouteConfig) -> HashMap<u128, u16> {
-    let mut index = HashMap::new();
+pub(super) fn tier_index(cfg: &RouteConfig) -> TierIndex {
+    let mut index = TierIndex::default();
     for (i, tier) in cfg.tiers.iter().enumerate() {
         let n = u16::try_from(i + 1).unwrap_or(u16::MAX);
         for value in &tier.values {

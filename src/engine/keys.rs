@@ -3,10 +3,11 @@
 //! the tiers' limits, the lazy catch-up of a key to a changed limit, and the sweep of
 //! idle keys. Also [`Shadow`], the second set of limiters of a `shadow_adaptive` route.
 
-use super::key_types::{tier_index, IpKey, TableKey, TierKey, ValueKey};
+use super::key_types::{tier_index, IpKey, TableKey, TierIndex, TierKey, ValueKey};
 use super::Route;
 use crate::clock::Nanos;
 use crate::config::{KeyLimits, Partition, RouteConfig, Tier};
+use crate::distinct::{AtomicKeySketch, KeySketch};
 use crate::limiter::{
     gcra, interval_ns, reject, words, Admit, Algorithm, Concurrency, Decision, Limiter, Pace,
     Reason, TokenBucket,
@@ -15,8 +16,7 @@ use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::borrow::Borrow;
-use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -157,6 +157,24 @@ impl Keys {
     pub(super) fn overflowed(&self, key: TableKey) -> bool {
         with_tables!(self, t => t.overflowed(key))
     }
+
+    /// Counts `key` among the keys refused (the requests without a key, which share
+    /// one limiter, as one key).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn note_refused(&self, key: TableKey) {
+        with_tables!(self, t => t.note_refused(key));
+    }
+
+    /// The keys refused since they were last taken.
+    pub(super) fn refused(&self) -> KeySketch {
+        with_tables!(self, t => t.refused(false))
+    }
+
+    /// The keys refused since they were last taken, emptied.
+    pub(super) fn take_refused(&self) -> KeySketch {
+        with_tables!(self, t => t.refused(true))
+    }
 }
 
 impl<E: KeyState> KeyTables<E> {
@@ -182,6 +200,24 @@ impl<E: KeyState> KeyTables<E> {
             (KeyTables::Value(t), TableKey::Value(v)) => t.check(r, &v, now, |k| *k),
             (KeyTables::Ip(t), _) => t.anonymous.check(r, &t.tiers, now),
             (KeyTables::Value(t), _) => t.anonymous.check(r, &t.tiers, now),
+        }
+    }
+
+    fn note_refused(&self, key: TableKey) {
+        match (self, key) {
+            (KeyTables::Ip(t), TableKey::Ip(ip)) => {
+                t.note_refused(&IpKey::new(ip, t.limits.ipv6_prefix))
+            }
+            (KeyTables::Value(t), TableKey::Value(v)) => t.note_refused(&v),
+            (KeyTables::Ip(t), _) => t.note_anonymous_refused(),
+            (KeyTables::Value(t), _) => t.note_anonymous_refused(),
+        }
+    }
+
+    fn refused(&self, take: bool) -> KeySketch {
+        match self {
+            KeyTables::Ip(t) => t.refused(take),
+            KeyTables::Value(t) => t.refused(take),
         }
     }
 
@@ -251,7 +287,7 @@ pub(super) struct TierTable {
     /// looked up at each new key and rejection: a scan of every value of every tier
     /// made each of those cost as much as the list is long (a partner list of 10,000
     /// API keys), for invented keys too.
-    index: HashMap<u128, u16>,
+    index: TierIndex,
     /// The algorithm's fixed parameter, the same for every key: the token bucket's
     /// burst or the windows' length in milliseconds, or the leaky bucket's or the
     /// concurrency limiter's queue.
@@ -776,7 +812,7 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
         self.overflow = carried(&from.overflow);
         self.anonymous = carried(&from.anonymous);
         if let Some(old) = from.map.get() {
-            let map = self.map.get_or_init(DashMap::new);
+            let map = self.map.get_or_init(KeyMap::new);
             for entry in old.iter() {
                 map.insert(entry.key().clone(), carried(entry.value()));
                 self.len.fetch_add(1, Ordering::Relaxed);
@@ -804,16 +840,45 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
     }
 }
 
+/// The hash the requests without a key are counted by among the keys refused, as
+/// one key: the least rank in the first register (one key alone reads as one).
+const ANONYMOUS: u64 = u64::MAX >> 6;
+
 /// The least time between two sweeps of a full key table, which evict every key at
 /// rest (see [`KeyTable::sweep`]); a table of over 100,000 keys waits a microsecond
 /// per key, as a sweep visits every key.
 const FULL_SWEEP_EVERY: Duration = Duration::from_millis(100);
 
+/// A key table's map, and the keys it refused since the hints history last took
+/// them (by their hash with the map's own, randomly keyed, hasher): 64 bytes beside
+/// the map's shards, made with them, and 8 in the route.
+pub(super) struct KeyMap<K, E> {
+    keys: DashMap<K, E>,
+    refused: Box<AtomicKeySketch>,
+}
+
+impl<K: Hash + Eq, E> KeyMap<K, E> {
+    fn new() -> Self {
+        KeyMap {
+            keys: DashMap::new(),
+            refused: Box::new(AtomicKeySketch::new()),
+        }
+    }
+}
+
+impl<K, E> std::ops::Deref for KeyMap<K, E> {
+    type Target = DashMap<K, E>;
+
+    fn deref(&self) -> &DashMap<K, E> {
+        &self.keys
+    }
+}
+
 pub(super) struct KeyTable<K, E> {
     /// Made at the first key: DashMap allocates its shards up front ((4 × cores)
     /// rounded up to a power of two, 128 bytes each), which a route whose keys never
     /// come, or a shadow table outside cuts, need not pay.
-    map: OnceLock<DashMap<K, E>>,
+    map: OnceLock<KeyMap<K, E>>,
     len: AtomicUsize,
     /// Requests of new keys decided by [`KeyTable::overflow`] (the table full), modulo
     /// 2^32: 32 bits keep a route within its memory budget (keys evicted are counted
@@ -881,7 +946,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         // key a generation behind, to catch up on its next request.
         let generation = r.generation.load(Ordering::Acquire) as u32;
         let progress = self.tiers.progress(r);
-        let map = self.map.get_or_init(DashMap::new);
+        let map = self.map.get_or_init(KeyMap::new);
         let entry = match map.entry(own(key)) {
             Entry::Occupied(entry) => entry.into_ref(),
             // A place is taken before the key goes in: threads adding keys to a table
@@ -935,6 +1000,33 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             .get()
             .and_then(|map| map.get(key))
             .is_some_and(|entry| entry.give_back(pace, now))
+    }
+
+    /// Counts `key` among the keys refused. Hashed once more (the map's hash of it is
+    /// not kept), with the map's hasher: random per table, so no client can choose
+    /// keys that read as many.
+    fn note_refused<Q>(&self, key: &Q)
+    where
+        Q: Hash + ?Sized,
+    {
+        // Made already (by the key's first request), but where `max_keys` is 0.
+        let map = self.map.get_or_init(KeyMap::new);
+        map.refused.record(map.hasher().hash_one(key));
+    }
+
+    /// Counts the requests without a key, which share one limiter, as one key
+    /// refused (making the table, if no key has yet).
+    fn note_anonymous_refused(&self) {
+        self.map.get_or_init(KeyMap::new).refused.record(ANONYMOUS);
+    }
+
+    /// The keys refused since last taken; `take`: emptied as read.
+    fn refused(&self, take: bool) -> KeySketch {
+        match self.map.get() {
+            Some(map) if take => map.refused.take(),
+            Some(map) => map.refused.read(),
+            None => KeySketch::new(),
+        }
     }
 
     /// Whether `key` is decided by [`KeyTable::overflow`]: the table is full, `key` is

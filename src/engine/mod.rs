@@ -43,6 +43,7 @@ use crate::config::{
 use crate::controller::{
     Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
+use crate::distinct::KeySketch;
 use crate::limiter::{
     Admit, Algorithm, Concurrency, Decision, Level, Limiter, Pace, Reason, Rejection, TokenBucket,
 };
@@ -956,7 +957,13 @@ impl Engine {
                     Reason::Limit,
                 ),
             },
-            (Some(keys), _) => self.settle(r, key, now, keys.check(r, key, now)),
+            (Some(keys), _) => {
+                let decision = keys.check(r, key, now);
+                if !decision.is_admit() {
+                    keys.note_refused(key);
+                }
+                self.settle(r, key, now, decision)
+            }
             // Inline: out of line, a fixed window's admission cost 25 instructions more.
             (None, limiter) => self.settle(r, key, now, limiter.check(now)),
         }
@@ -1309,6 +1316,14 @@ impl Engine {
     /// `route` (see [`RouteId`]).
     pub fn route_snapshot(&self, route: RouteId, now: Nanos) -> Option<RouteSnapshot> {
         Some(self.route(route)?.snapshot(now))
+    }
+
+    /// The keys a partitioned route refused since they were last taken, emptied: what
+    /// the hints history takes once per interval ([`RouteSnapshot::refused_keys`]
+    /// reads them without emptying). `None` for a route limited as a whole, or one
+    /// this engine does not hold.
+    pub fn take_refused_keys(&self, route: RouteId) -> Option<KeySketch> {
+        Some(self.route(route)?.keys.as_ref()?.take_refused())
     }
 }
 
@@ -1835,6 +1850,7 @@ impl Route {
                 _ => self.counter.counters().sum(KEYS_EVICTED),
             },
             keys_overflowed: self.keys.as_ref().map_or(0, Keys::overflow_decisions),
+            refused_keys: self.keys.as_ref().map(Keys::refused),
             window: self.window,
             min_rps: p.min_rps,
             roc_mode: p.roc_mode,

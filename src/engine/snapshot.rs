@@ -4,6 +4,7 @@
 use crate::clock::Nanos;
 use crate::config::Mode;
 use crate::controller::ControllerState;
+use crate::distinct::KeySketch;
 use crate::limiter::{Level, Reason};
 use crate::window::{RocMode, RocSample, WindowSpec};
 use std::time::Duration;
@@ -97,6 +98,11 @@ pub struct RouteSnapshot {
     /// such requests, and a lower count than the last is a wrap: the metrics
     /// collector counts on from it).
     pub keys_overflowed: u32,
+    /// The keys a partitioned route refused (by their own limit, cut or not, or
+    /// the shared overflow limiter's) since the hints history last took them
+    /// ([`Engine::take_refused_keys`](super::Engine::take_refused_keys), once per
+    /// interval), as a sketch of their count; `None` for a route limited as a whole.
+    pub refused_keys: Option<KeySketch>,
     /// The window's shape.
     pub window: WindowSpec,
     /// The `min_rps` in force (the floor of relative ROC).

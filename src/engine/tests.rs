@@ -464,3 +464,52 @@ fn slot_reports_say_whether_the_controller_was_armed() {
         assert_eq!(armed, at >= Nanos::from_secs(6), "at {at}");
     }
 }
+
+/// A partitioned route counts the distinct keys it refused, not its refusals: one
+/// client's flood reads as one key, forty clients over their limits as about forty,
+/// and keys only admitted as none. A snapshot reads the count; a take empties it.
+#[test]
+fn a_partitioned_route_counts_the_distinct_keys_it_refused() {
+    let mut cfg = RouteConfig::new("login", crate::config::RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 5.0;
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    let refused = |e: &Engine| {
+        e.route_snapshot(id, Nanos::from_secs(9))
+            .unwrap()
+            .refused_keys
+    };
+    assert_eq!(refused(&e).map(|s| s.estimate()), Some(0));
+    // One brute-forcer at 100 req/s against 10/s, and 50 clients admitted.
+    offer(&e, id, ip(1), 0.0, 2.0, 100.0);
+    for n in 100..150 {
+        assert!(e.check(id, ip(n), Nanos::from_secs(2)).is_admit());
+    }
+    assert_eq!(refused(&e).map(|s| s.estimate()), Some(1));
+    assert_eq!(e.take_refused_keys(id).map(|s| s.estimate()), Some(1));
+    assert_eq!(e.take_refused_keys(id).map(|s| s.estimate()), Some(0));
+    // Forty clients, each refused after its burst of 10.
+    for n in 200..240 {
+        for _ in 0..30 {
+            let _ = e.check(id, ip(n), Nanos::from_secs(3));
+        }
+    }
+    let forty = e.take_refused_keys(id).unwrap().estimate();
+    assert!((24..=56).contains(&forty), "40 keys read as {forty}");
+    let mut whole = RouteConfig::new("whole", crate::config::RouteMatch::any());
+    whole.controller.base_limit_rps = 1.0;
+    whole.controller.cut_limit_rps = 1.0;
+    let e = Engine::new(
+        &Config::new(vec![whole]),
+        Nanos::ZERO,
+        SystemTime::UNIX_EPOCH,
+    )
+    .unwrap();
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, ip(1), 0.0, 1.0, 10.0);
+    assert_eq!(e.take_refused_keys(id), None);
+    let snap = e.route_snapshot(id, Nanos::from_secs(1)).unwrap();
+    assert_eq!(snap.refused_keys, None);
+}

@@ -23,6 +23,7 @@ use super::sketch::Sketch;
 use crate::clock::{duration_nanos, Nanos};
 use crate::config::Mode;
 use crate::controller::{ControllerParams, ControllerState};
+use crate::distinct::KeySketch;
 use crate::engine::{RouteSnapshot, SlotReport};
 use crate::limiter::{Algorithm, Reason};
 use dashmap::DashMap;
@@ -74,6 +75,10 @@ pub struct Interval {
     /// the route's own): the profile its hints judge. In `serve` an interval ends at
     /// each event's edge, so the whole interval ran under it.
     pub event: Option<String>,
+    /// The distinct keys a partitioned route refused in the interval, as a sketch
+    /// (64 bytes; merged, a period's): `None` where it refused none, and on a route
+    /// limited as a whole.
+    pub refused_keys: Option<Box<KeySketch>>,
 }
 
 impl Interval {
@@ -155,6 +160,28 @@ impl Interval {
             }
             (mine, theirs) => mine.or_else(|| theirs.clone()),
         };
+        self.refused_keys = merge_keys(self.refused_keys.take(), earlier.refused_keys.as_deref());
+    }
+
+    /// The distinct keys refused over `intervals` together: their sketches merged
+    /// (a key refused in several counts once), estimated; `None` where no interval has
+    /// a sketch (a route limited as a whole).
+    pub fn refused_keys(intervals: &[Interval]) -> Option<u64> {
+        intervals
+            .iter()
+            .fold(None, |all, i| merge_keys(all, i.refused_keys.as_deref()))
+            .map(|s| s.estimate())
+    }
+}
+
+/// `a` and `b` merged; either alone if the other is `None`.
+fn merge_keys(a: Option<Box<KeySketch>>, b: Option<&KeySketch>) -> Option<Box<KeySketch>> {
+    match (a, b) {
+        (Some(mut a), Some(b)) => {
+            a.merge(b);
+            Some(a)
+        }
+        (a, b) => a.or_else(|| b.map(|b| Box::new(*b))),
     }
 }
 
@@ -383,7 +410,9 @@ impl History {
     }
 
     /// Closes the open interval of every route in `snapshots` at `now` (counters
-    /// are cumulative; a counter that went back, after a reload, counts from zero)
+    /// are cumulative; a counter that went back, after a reload, counts from zero;
+    /// the keys refused, [`RouteSnapshot::refused_keys`], are taken as the interval's
+    /// own: the snapshot's taker empties them, [`crate::engine::Engine::take_refused_keys`])
     /// and opens the next. Past the most intervals kept per route (more edges than
     /// regular ticks within `keep`), two of one profile fold into one (the pair next
     /// to each other among that profile's intervals that is shortest together, dated
@@ -447,6 +476,7 @@ impl History {
             open.upstream = totals
                 .upstream
                 .map(|now| now.since(&before.upstream.unwrap_or_default()));
+            open.refused_keys = snap.refused_keys.filter(|s| !s.is_empty()).map(Box::new);
             h.totals = totals;
             let next = Interval {
                 event: settings.event.clone(),

@@ -206,6 +206,11 @@ pub struct RouteHints {
     /// on an enforcing route.
     #[serde(default)]
     pub shadow_rejected: u64,
+    /// On a partitioned route, about how many distinct keys (clients) its limits
+    /// refused in them (a sketch's estimate, within about 13%; within about a key
+    /// under 20), or would have in `shadow`; absent on a route limited as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_keys: Option<u64>,
     /// The hints.
     pub hints: Vec<Hint>,
 }
@@ -226,6 +231,11 @@ impl RouteHints {
             offered: intervals.iter().map(|i| i.offered).sum(),
             rejected: intervals.iter().map(Interval::rejected_total).sum(),
             shadow_rejected: intervals.iter().map(Interval::shadow_rejected_total).sum(),
+            refused_keys: if settings.partitioned {
+                Some(Interval::refused_keys(intervals).unwrap_or(0))
+            } else {
+                None
+            },
             hints: advise(settings, intervals, capacity_rps, policy),
         }
     }
@@ -602,9 +612,16 @@ fn change_of(h: &Hint) -> String {
     }
 }
 
-/// Why a partitioned route's base-limit rejections need not ask for a higher limit:
-/// the history counts rejections, not the keys refused.
+/// Why a partitioned route's base-limit rejections need not ask for a higher limit,
+/// where the keys refused were not counted (its keys decided by a shared store).
 const FEW_KEYS: &str = "each key has its own limit, and these may be a few keys over their own limit (one client's flood, a brute-forcer), which rocgate does not tell apart from many";
+
+/// The distinct keys refused over a period from which a partitioned route's
+/// `raise_base_limit` is a warning: clients enough that the limit is too low for
+/// them, not one client's flood or a few (a brute-forcer, a scraper, from an
+/// address or a handful). Below 20 keys the sketch counts within about a key, so 10
+/// reads as at least 9.
+pub const MANY_KEYS: u64 = 10;
 
 /// An interval's upstream health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1100,6 +1117,15 @@ impl<'a> Evidence<'a> {
     /// Not on a route with tiers: a tier's rejections count as the base limit's (reason
     /// `limit`), and a key held to its tier's lower limit asked for the base limit of
     /// the other keys, none of them rejected, to be raised, again at every report.
+    /// On a partitioned route, the distinct keys refused over the period: `Some(0)`
+    /// where none were counted (a shared store decided them); `None` on a route
+    /// limited as a whole.
+    fn refused_keys(&self) -> Option<u64> {
+        self.s
+            .partitioned
+            .then(|| Interval::refused_keys(self.intervals).unwrap_or(0))
+    }
+
     fn raise_base_limit(&self) -> Option<Hint> {
         if self.s.tiered {
             return None;
@@ -1199,16 +1225,31 @@ impl<'a> Evidence<'a> {
                 "rejected",
             )
         };
-        // Each key's limit refuses only the keys over it, and the history does not
-        // count the keys refused: one brute-forcer held to it refuses as many as a
-        // crowd, and that is the limit working.
-        let (severity, few_keys) = if self.s.partitioned {
-            (
+        // Each key's limit refuses only the keys over it: one brute-forcer held to it
+        // refuses as many as a crowd, and that is the limit working. The keys refused
+        // tell the two apart, where the engine counted them.
+        let (severity, from_keys, few_keys) = match self.refused_keys() {
+            None => (severity, String::new(), String::new()),
+            Some(0) => (
                 Severity::Info,
+                String::new(),
                 format!(" only if many clients are refused: {FEW_KEYS}"),
-            )
-        } else {
-            (severity, String::new())
+            ),
+            Some(n) if n >= MANY_KEYS => {
+                (severity, format!(", from about {n} clients"), String::new())
+            }
+            Some(n) => (
+                Severity::Info,
+                format!(
+                    ", from about {n} {}",
+                    if n == 1 { "client" } else { "clients" }
+                ),
+                if n == 1 {
+                    " only if many clients are refused: about 1 was (one client's flood, held to its own limit: the limit working)".to_string()
+                } else {
+                    format!(" only if many clients are refused: about {n} were (a few clients' floods, each held to its own limit: the limit working)")
+                },
+            ),
         };
         let in_cut = if self.base_in_cut > 0 {
             format!(
@@ -1224,7 +1265,7 @@ impl<'a> Evidence<'a> {
             Some("base_limit"),
             Some((Setting::Number(base), Setting::Number(suggested))),
             format!(
-                "{rejected} the base limit of {} {}{in_cut} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}{few_keys}",
+                "{rejected} the base limit of {} {}{in_cut}{from_keys} (mean demand {} req/s{}) while {health}: raise it about 30%{bound}{few_keys}",
                 fmt_num(base),
                 self.units(),
                 fmt_measured(self.mean_rps()),

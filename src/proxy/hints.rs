@@ -108,13 +108,19 @@ impl Advisor {
         let snapshots = engine.snapshot(now);
         let settings: Vec<_> = engine
             .route_ids()
-            .filter_map(|id| engine.route_settings_at(id, now))
+            .filter_map(|id| engine.route_settings_at(id, now).map(|s| (id, s)))
             .collect();
         let mut history = self.history();
+        // The keys refused are taken (emptied) only from the routes whose interval
+        // closes: the others' go on into theirs.
         let (snapshots, settings): (Vec<_>, Vec<_>) = snapshots
             .into_iter()
             .zip(settings)
-            .filter(|(_, s)| all || closes_at(&history, s).is_none_or(|at| at <= now))
+            .filter(|(_, (_, s))| all || closes_at(&history, s).is_none_or(|at| at <= now))
+            .map(|(mut snap, (id, s))| {
+                snap.refused_keys = engine.take_refused_keys(id);
+                (snap, s)
+            })
             .unzip();
         history.tick(now, &snapshots, settings, Some(&self.meter));
     }
@@ -353,6 +359,49 @@ mod tests {
         };
         assert_eq!(starts("b"), [0, 10, 20, 30, 40, 50]);
         assert_eq!(starts("a"), [0, 10, 20, 25, 35, 45]);
+    }
+
+    /// Each interval holds the keys its route refused in it, taken from the engine as
+    /// the interval closes: a client flooding a per-IP route in the first two of three
+    /// 1 s intervals is refused in those two and none in the third (the take emptied
+    /// the count), and the report counts it once over the period, not once an
+    /// interval; a route limited as a whole has no count.
+    #[test]
+    fn each_interval_holds_the_keys_refused_in_it() {
+        let toml = "[hints]\ninterval = \"1s\"\n\
+                    [[routes]]\nname = \"login\"\npath = \"/login\"\npartition = \"ip\"\n\
+                    base_limit = 5\ncut_limit = 1\ndanger_roc = 1000\nsafe_roc = 100\n\
+                    [[routes]]\nname = \"rest\"\npath_prefix = \"/\"\n";
+        let (advisor, engine) = advised(toml);
+        let id = engine.route_at(0).unwrap();
+        let client = Key::Ip(std::net::Ipv4Addr::new(203, 0, 113, 9).into());
+        advisor.tick(&engine, Nanos::ZERO);
+        for s in 0..3u64 {
+            if s < 2 {
+                for k in 0..50 {
+                    let _ = engine.check(id, client, Nanos::from_millis(s * 1000 + k * 20));
+                }
+            }
+            advisor.tick(&engine, Nanos::from_secs(s + 1));
+        }
+        let end = Nanos::from_secs(3);
+        let refused: Vec<Option<u64>> = advisor
+            .history()
+            .since(Nanos::ZERO)
+            .iter()
+            .filter(|(s, _)| s.name == "login")
+            .flat_map(|(_, i)| {
+                i.iter()
+                    .map(|i| i.refused_keys.as_ref().map(|s| s.estimate()))
+            })
+            .collect();
+        assert_eq!(refused, [Some(1), Some(1), None]);
+        let report = advisor.report(Duration::from_secs(3600), end, &engine);
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["routes"][0]["route"], "login");
+        assert_eq!(json["routes"][0]["refused_keys"], 1);
+        assert_eq!(json["routes"][1]["route"], "rest");
+        assert!(json["routes"][1].get("refused_keys").is_none(), "{json}");
     }
 
     /// A route a reload removed is not reported (it was, for as long as `keep`, with

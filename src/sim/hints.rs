@@ -84,6 +84,9 @@ pub fn intervals(
             i.peak_demand_rps = i.peak_demand_rps.max(recent_sum as f64 / half_secs);
             upstream.requests += row.admitted;
             upstream.errors += row.overload;
+            if let Some(keys) = row.refused_keys.filter(|k| !k.is_empty()) {
+                i.refused_keys.get_or_insert_with(Box::default).merge(&keys);
+            }
         }
         if capacity {
             i.upstream = Some(upstream);

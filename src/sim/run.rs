@@ -6,6 +6,7 @@ use super::{ArrivalModel, Profile, MAX_ARRIVALS, MAX_SLOTS};
 use crate::clock::{duration_nanos, Nanos};
 use crate::config::{Config, ConfigError, Mode, Partition};
 use crate::controller::{ControllerState, Transition};
+use crate::distinct::KeySketch;
 use crate::engine::{Engine, Key, RouteId};
 use crate::limiter::{Decision, Reason};
 use serde::{Serialize, Serializer};
@@ -834,7 +835,10 @@ impl<'e> Recorder<'e> {
             }
         }
         let next = SlotRow::empty(Nanos::new(self.boundary).as_secs_f64());
-        let row = std::mem::replace(&mut self.row, next);
+        let row = SlotRow {
+            refused_keys: self.engine.take_refused_keys(self.route),
+            ..std::mem::replace(&mut self.row, next)
+        };
         // The route came from this engine, which holds it: there is always a snapshot.
         let snap = self
             .engine
@@ -1000,6 +1004,10 @@ pub struct SlotRow {
     pub level: f64,
     /// The most `level` can be.
     pub level_capacity: f64,
+    /// The distinct keys a partitioned route refused in the slot, as a sketch (not a
+    /// column: the hints read it); `None` on a route limited as a whole.
+    #[serde(skip)]
+    pub refused_keys: Option<KeySketch>,
 }
 
 impl SlotRow {
@@ -1021,6 +1029,7 @@ impl SlotRow {
             state: ControllerState::Normal,
             level: 0.0,
             level_capacity: 0.0,
+            refused_keys: None,
         }
     }
 }
