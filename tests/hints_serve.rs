@@ -437,6 +437,30 @@ async fn the_cli_header_claims_only_the_history_there_is() {
     );
 }
 
+/// A partitioned route's line says how many clients its rejections came from
+/// (`refused_keys`): one client's flood reads apart from many clients refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_says_how_many_clients_a_partitioned_route_refused() {
+    let stdout = printed(
+        r#"{"period_s":60,"interval_s":10,"routes":[
+            {"route":"login","intervals":6,"covered_s":60,"offered":20000,"rejected":12000,"refused_keys":3,"hints":[]},
+            {"route":"api","intervals":6,"covered_s":60,"offered":20000,"rejected":12000,"refused_keys":1400,"hints":[]},
+            {"route":"brute","intervals":6,"covered_s":60,"offered":900,"rejected":800,"refused_keys":1,"hints":[]},
+            {"route":"quiet","intervals":6,"covered_s":60,"offered":900,"rejected":0,"refused_keys":0,"hints":[]}
+        ]}"#,
+        &[],
+    )
+    .await;
+    for line in [
+        "route login: 6 interval(s), 60.0 s, 20000 offered, 12000 rejected from about 3 clients\n",
+        "route api: 6 interval(s), 60.0 s, 20000 offered, 12000 rejected from about 1400 clients\n",
+        "route brute: 6 interval(s), 60.0 s, 900 offered, 800 rejected from about 1 client\n",
+        "route quiet: 6 interval(s), 60.0 s, 900 offered, 0 rejected\n",
+    ] {
+        assert!(stdout.contains(line), "{line}in {stdout}");
+    }
+}
+
 /// A shadow route's line said "0 rejected" however much enforcing would have
 /// rejected: it says that too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -173,14 +173,15 @@ fn a_gateways_routes_hold_memory_linear_in_their_number() {
 #[test]
 fn a_partitioned_route_holds_at_most_2_kib() {
     // A key table is made at the route's first key: DashMap allocates
-    // (4 × cores).next_power_of_two() shards of 128 B then, which this prints apart.
+    // (4 × cores).next_power_of_two() shards of 128 B then, and the table its 64 B
+    // sketch of the keys refused, which this prints apart.
     let by_ip = bytes_per_route(Partition::ClientIp(KeyLimits::default()));
     let by_header = bytes_per_route(Partition::Header("x-api-key".into(), KeyLimits::default()));
     let e = engine(vec![route(0, Partition::ClientIp(KeyLimits::default()))]);
     let (_, first_key) = retained(|| e.check(e.route_at(0).unwrap(), Key::Ip(ip(1)), Nanos::ZERO));
     println!(
         "bytes per route, no keys yet: per-IP {by_ip}, per-header {by_header}; \
-         the first key adds {first_key} (the table's shards)"
+         the first key adds {first_key} (the table's shards and sketch)"
     );
     assert!(by_ip <= ROUTE_BUDGET, "{by_ip} B per IP-partitioned route");
     assert!(

@@ -245,8 +245,14 @@ fn render(report: &HintsReport, asked: &str) -> String {
         } else {
             String::new()
         };
+        // A partitioned route's rejections: one client's flood, or many clients.
+        let from = match r.refused_keys {
+            Some(1) => " from about 1 client".to_owned(),
+            Some(n) if n > 0 => format!(" from about {n} clients"),
+            _ => String::new(),
+        };
         out.push_str(&format!(
-            "route {}{during}: {} interval(s), {:.1} s, {} offered, {} rejected{would}\n",
+            "route {}{during}: {} interval(s), {:.1} s, {} offered, {} rejected{from}{would}\n",
             r.route, r.intervals, r.covered_s, r.offered, r.rejected
         ));
         out.push_str(&hints::table(&r.hints));

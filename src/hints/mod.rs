@@ -14,7 +14,7 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); on a partitioned route an `info` hint, "only if many clients are refused" (each key's limit: they may be a few keys over their own, which rocgate does not tell apart from many); not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); on a partitioned route, whose limit is each key's, quoting the distinct keys refused over the period ("from about 1,400 clients"), an `info` hint "only if many clients are refused" under [`MANY_KEYS`] (a few keys over their own limit, one client's flood: the limit working) or where its intervals carry no count; not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio (in `shadow`, would-be) swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
@@ -208,7 +208,7 @@ pub struct RouteHints {
     pub shadow_rejected: u64,
     /// On a partitioned route, about how many distinct keys (clients) its limits
     /// refused in them (a sketch's estimate, within about 13%; within about a key
-    /// under 20), or would have in `shadow`; absent on a route limited as a whole.
+    /// at 10), or would have in `shadow`; absent on a route limited as a whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_keys: Option<u64>,
     /// The hints.
@@ -613,14 +613,15 @@ fn change_of(h: &Hint) -> String {
 }
 
 /// Why a partitioned route's base-limit rejections need not ask for a higher limit,
-/// where the keys refused were not counted (its keys decided by a shared store).
+/// where its intervals carry no count of the keys refused (intervals a library user
+/// built).
 const FEW_KEYS: &str = "each key has its own limit, and these may be a few keys over their own limit (one client's flood, a brute-forcer), which rocgate does not tell apart from many";
 
 /// The distinct keys refused over a period from which a partitioned route's
 /// `raise_base_limit` is a warning: clients enough that the limit is too low for
 /// them, not one client's flood or a few (a brute-forcer, a scraper, from an
-/// address or a handful). Below 20 keys the sketch counts within about a key, so 10
-/// reads as at least 9.
+/// address or a handful). At 10 keys the sketch counts within about one (a standard
+/// deviation of 0.9 key).
 pub const MANY_KEYS: u64 = 10;
 
 /// An interval's upstream health.
@@ -1118,8 +1119,7 @@ impl<'a> Evidence<'a> {
     /// `limit`), and a key held to its tier's lower limit asked for the base limit of
     /// the other keys, none of them rejected, to be raised, again at every report.
     /// On a partitioned route, the distinct keys refused over the period: `Some(0)`
-    /// where none were counted (a shared store decided them); `None` on a route
-    /// limited as a whole.
+    /// where no interval counted one; `None` on a route limited as a whole.
     fn refused_keys(&self) -> Option<u64> {
         self.s
             .partitioned
