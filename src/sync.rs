@@ -8,7 +8,9 @@
 //! whose relaxed loads may return any value the memory model allows. Only what the
 //! core uses is here: atomics and `Arc` for the window's lanes and slot boundary,
 //! the limiters' state words and the concurrency limiter's shared state, atomics and
-//! a `Mutex` for [`crate::beside`]'s wake flags and task waker.
+//! a `Mutex` for [`crate::beside`]'s wake flags and task waker, and the engine's
+//! route state lock with the atomics written under it (so that a model's next holder
+//! of the lock sees what the last one wrote, as a real lock's does).
 //!
 //! A loom atomic has no `const fn new`, so a `static` atomic is declared through
 //! loom's `lazy_static!` under `cfg(loom)`; see [`crate::lanes`].
@@ -18,14 +20,14 @@ pub(crate) use std::sync::atomic::{
     AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Arc, Mutex};
+pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
     AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(loom)]
-pub(crate) use loom::sync::{Arc, Mutex};
+pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
 /// Nothing in a normal build; a `SeqCst` fence under loom.
 ///

@@ -48,13 +48,13 @@ use crate::limiter::{
     Admit, Algorithm, Concurrency, Decision, Level, Limiter, Pace, Reason, Rejection, TokenBucket,
 };
 use crate::route_index::RouteIndex;
-use crate::sync::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Mutex, MutexGuard, Ordering};
 use crate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
 use std::borrow::Cow;
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::num::NonZeroU64;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
 /// A route of an [`Engine`], as [`Engine::route_for`], [`Engine::route_id`],
@@ -274,9 +274,10 @@ struct Route {
     /// ([`Route::finish_change`]); and [`TWIN_ENGAGED`] while a cut holds on a route
     /// with a twin. Written under the state lock only, read by decisions as a hint (a
     /// stale read puts the change off, or tries the lock, for one decision, and
-    /// decides one request with or without the twin at a cut's edges). `std`'s even
-    /// under loom, as the lock is: a model would only explore more orders of it.
-    behind: std::sync::atomic::AtomicU8,
+    /// decides one request with or without the twin at a cut's edges). Loom's under
+    /// loom, as the lock is, so that the models see a decision read it as a cut
+    /// engages or ends.
+    behind: AtomicU8,
     keys: Option<Keys>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
     generation: AtomicU64,
@@ -1307,6 +1308,25 @@ impl Engine {
         }
     }
 
+    /// The twin's level at `now` ([`Shadow::Twin`]), whether the route is marked
+    /// [`TWIN_ENGAGED`], and whether a change is left [`behind`](Route::behind), of a
+    /// route with a twin; `None` for others. Only in the model-checking build, whose
+    /// models check a cut's edges with them (`tests/loom.rs`).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn twin_at(&self, route: RouteId, now: Nanos) -> Option<(Level, bool, bool)> {
+        let r = self.route(route)?;
+        let Some(Shadow::Twin(twin)) = &r.shadow else {
+            return None;
+        };
+        let behind = r.behind.load(Ordering::Relaxed);
+        Some((
+            twin.level(now),
+            behind & TWIN_ENGAGED != 0,
+            behind & BEHIND_CHANGES != 0,
+        ))
+    }
+
     /// A read-only view of every route at `now`.
     pub fn snapshot(&self, now: Nanos) -> Vec<RouteSnapshot> {
         self.routes.iter().map(|e| e.route.snapshot(now)).collect()
@@ -1482,7 +1502,7 @@ impl Route {
             ),
             shadow,
             handed_over: AtomicBool::new(false),
-            behind: std::sync::atomic::AtomicU8::new(0),
+            behind: AtomicU8::new(0),
             keys,
             generation: AtomicU64::new(generation),
             changed_at: AtomicU64::new(now.as_u64()),
@@ -1511,7 +1531,7 @@ impl Route {
         f64::from_bits(self.limit.load(Ordering::Relaxed))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, RouteState> {
+    fn lock(&self) -> MutexGuard<'_, RouteState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -1519,7 +1539,7 @@ impl Route {
     /// [`Route::lock`] takes it. Refused for poison, no request would roll the window,
     /// step the controller or make a change left behind again, after a panic (a
     /// hook's) while the lock was held.
-    fn try_lock(&self) -> Option<std::sync::MutexGuard<'_, RouteState>> {
+    fn try_lock(&self) -> Option<MutexGuard<'_, RouteState>> {
         match self.state.try_lock() {
             Ok(guard) => Some(guard),
             Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
