@@ -1363,3 +1363,38 @@ fn engine_a_cut_ending_beside_a_decision_counts_only_its_own_refusals() {
         assert_eq!(e.twin_at(id, ms(900)).unwrap().0, idle, "the twin idle");
     });
 }
+
+/// A snapshot is taken on another thread while a request refused as the cut's own
+/// is counted (the cut holds, the bucket has half a token at 550 ms, the twin at
+/// base more than one): the refusal's `roc_cut` is added, then
+/// `cut_vs_base_rejected`, each a relaxed store on the deciding thread's lane, and
+/// the snapshot reads the second before the first. Every `roc_cut` refusal so far
+/// was the cut's own, so the snapshot never shows more of the cut's own than of
+/// `roc_cut` only if it sees the first add whenever it sees the second.
+#[test]
+fn engine_a_snapshot_never_shows_more_of_the_cuts_own_than_of_roc_cut() {
+    check(|| {
+        let e = Arc::new(twin_engine(40.0));
+        let id = e.route_at(0).unwrap();
+        to_the_brink(&e, id, false);
+        drop(e.check(id, Key::None, ms(500)));
+        drop(e.check(id, Key::None, ms(500)));
+        let before = e.route_snapshot(id, ms(500)).unwrap();
+        assert_eq!(before.rejected_for(Reason::RocCut), 1);
+        assert_eq!(before.cut_vs_base_rejected, Some(1));
+        let snapshot = {
+            let e = Arc::clone(&e);
+            thread::spawn(move || e.route_snapshot(id, ms(550)).unwrap())
+        };
+        let decided = e.check(id, Key::None, ms(550));
+        let s = snapshot.join().expect("the snapshot");
+        let own = s.cut_vs_base_rejected.unwrap();
+        assert!(
+            own <= s.rejected_for(Reason::RocCut),
+            "{own} of the cut's own: {s:?}"
+        );
+        assert_eq!(refused_for(&decided), Some(Reason::RocCut));
+        let s = e.route_snapshot(id, ms(550)).unwrap();
+        assert_eq!(s.cut_vs_base_rejected, Some(2));
+    });
+}
