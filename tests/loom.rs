@@ -1370,7 +1370,11 @@ fn engine_a_cut_ending_beside_a_decision_counts_only_its_own_refusals() {
 /// `cut_vs_base_rejected`, each a relaxed store on the deciding thread's lane, and
 /// the snapshot reads the second before the first. Every `roc_cut` refusal so far
 /// was the cut's own, so the snapshot never shows more of the cut's own than of
-/// `roc_cut` only if it sees the first add whenever it sees the second.
+/// `roc_cut` only if it sees the first add whenever it sees the second: a release
+/// fence before the second add and an acquire fence after the snapshot reads it
+/// see to that. Without either fence the snapshot shows 2 of the cut's own for 1
+/// `roc_cut` and fails this model (on x86's store order it cannot, on a weakly
+/// ordered CPU it can).
 #[test]
 fn engine_a_snapshot_never_shows_more_of_the_cuts_own_than_of_roc_cut() {
     check(|| {

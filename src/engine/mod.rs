@@ -933,8 +933,12 @@ impl Engine {
                 let decision = self.refused(r, Duration::from_nanos(retry_after_ns.max(1)), reason);
                 // After the refusal's `roc_cut`, which a snapshot reads after this (see
                 // `Route::snapshot`): a snapshot taken in between never finds more of the
-                // cut's own than of `roc_cut`.
+                // cut's own than of `roc_cut`. Both adds are relaxed stores, which
+                // another thread may see in the other order (on a weakly ordered CPU):
+                // the fence, with the snapshot's, has one that sees this add see the
+                // `roc_cut` one too (on x86 it only keeps the compiler's order).
                 if own {
+                    crate::sync::fence(Ordering::Release);
                     r.counter.counters().add(CUT_REJECTED);
                 }
                 decision
@@ -1807,6 +1811,9 @@ impl Route {
             }
             _ => None,
         };
+        // With the decision's fence before its add: the reasons' counts read next hold
+        // the `roc_cut` of every cut's own refusal counted above.
+        crate::sync::fence(Ordering::Acquire);
         let counted = Reason::ALL.map(|r| (r, self.counter.counters().sum(rejected_counter(r))));
         let none = Reason::ALL.map(|r| (r, 0));
         let (rejected, shadow_rejected) = match self.mode {
