@@ -24,7 +24,8 @@
 //!   timestamps older than the window evicted on each call) against the engine, both
 //!   on a virtual clock advancing 1 ms per call, so the log holds ~1,000 timestamps of
 //!   its 1 s window in steady state; on 1 thread, then on 2 threads sharing the
-//!   virtual clock (a contended `fetch_add`, also measured alone).
+//!   virtual clock (a contended `fetch_add`, also measured alone), and on 2 threads
+//!   with a virtual clock each (as in `window_1000rps` below).
 //! - `window_1000rps`: the demand meter alone, the part of a decision that the target
 //!   "≥ 10× the timestamp queue" is about: rocgate's slotted window (a rollover check
 //!   and a count on the thread's lane; at each 100 ms slot's end, the rollover) against
@@ -438,6 +439,22 @@ fn occupancy(c: &mut Criterion) {
     let clock = AtomicU64::new(0);
     g.bench_function("rocgate_2_threads", |b| {
         b.iter_custom(|iters| on_two_threads(iters, |_, _| e.check(id, Key::None, tick(&clock))))
+    });
+    // Two threads with a virtual clock each, as in `window_1000rps`: no shared write
+    // but the limiter's own. Each batch starts its clocks at zero again, so it gets a
+    // fresh log and a fresh engine (neither timed).
+    g.bench_function("timestamp_log_2_own_clocks", |b| {
+        b.iter_custom(|iters| {
+            let log = TimestampLog::new(second, OCCUPANCY_LIMIT);
+            on_two_threads_in_step(iters, |t, i| log.check(own_clock(t, i)))
+        })
+    });
+    g.bench_function("rocgate_2_own_clocks", |b| {
+        b.iter_custom(|iters| {
+            let e = route(OCCUPANCY_LIMIT, second, Partition::Route);
+            let id = bench_route(&e);
+            on_two_threads_in_step(iters, |t, i| e.check(id, Key::None, own_clock(t, i)))
+        })
     });
     g.finish();
 }
