@@ -1499,6 +1499,65 @@ async fn the_decision_script_debits_fallback_admissions_never_below_empty() {
     assert!(!admit && tokens < 0.1, "{tokens}");
 }
 
+/// [`DEBIT`](rocgate::store::redis::DEBIT) called by hand on route `{debit-only:order}`'s
+/// bucket (a base limit of 1 req/s, 100 s of burst, 60 s expiry), debiting `n` tokens:
+/// the bucket's level after.
+fn debit_by_hand(conn: &mut redis::Connection, n: u64) -> f64 {
+    let level: String = redis::cmd("EVAL")
+        .arg(rocgate::store::redis::DEBIT)
+        .arg(2)
+        .arg(&["{debit-only:order}:b", "{debit-only:order}:c"][..])
+        .arg(1.0)
+        .arg(100.0)
+        .arg(60_000)
+        .arg(n)
+        .query(conn)
+        .unwrap();
+    level.parse().unwrap()
+}
+
+/// The heartbeat's debit-only script refills the bucket to now and debits, never below
+/// empty, and does nothing else: no window, no controller written (so no rollover to
+/// win), a bucket it creates starting full as a decision's does, with the keys' expiry.
+/// It refills at the limit a decision would be decided at: the stored controller's
+/// where lower than the base, its burst capped to that limit's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debit_script_only_refills_and_debits_never_below_empty() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    // The refill between calls is a thousandth of a token per millisecond.
+    let tokens = debit_by_hand(&mut conn, 30);
+    assert!((tokens - 70.0).abs() < 0.1, "{tokens}");
+    let exists = |conn: &mut redis::Connection, key: &str| -> bool {
+        redis::cmd("EXISTS").arg(key).query(conn).unwrap()
+    };
+    assert!(!exists(&mut conn, "{debit-only:order}:w"), "a window");
+    assert!(!exists(&mut conn, "{debit-only:order}:c"), "a controller");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("{debit-only:order}:b")
+        .query(&mut conn)
+        .unwrap();
+    assert!((50_000..=60_000).contains(&ttl), "{ttl}");
+    let tokens = debit_by_hand(&mut conn, 1_000);
+    assert_eq!(tokens, 0.0, "below empty");
+    // A cut to 0.5 req/s: 50 tokens at most, whatever the bucket held.
+    hset(&mut conn, "{debit-only:order}:c", ("limit", "0.5"));
+    let now = redis_time_us(&mut conn);
+    hset(
+        &mut conn,
+        "{debit-only:order}:b",
+        (("tokens", "90"), ("ts", now.to_string())),
+    );
+    let tokens = debit_by_hand(&mut conn, 10);
+    assert!((tokens - 40.0).abs() < 0.1, "{tokens}");
+    let stored: Vec<String> = redis::cmd("HKEYS")
+        .arg("{debit-only:order}:c")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(stored, ["limit"], "the controller, only read");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_instance_clocks_change_no_total() {
     let _serial = one_at_a_time().await;
@@ -2541,12 +2600,12 @@ async fn leave_a_probe_waiting(inst: &Instance) {
 }
 
 /// Decides on `inst` every 20 ms until a decision is answered by Redis (within 3 s):
-/// that decision's call carries what the route owes. The route back on the shared
+/// that decision's call carries what the route owes, unless the heartbeat's debit took
+/// it first ([`assert_debited_soon`] waits for that one). The route back on the shared
 /// state is not enough: the heartbeat's probe brings it back with no call, and what
-/// the fallback admitted stays owed to the route's next decision (on a loaded machine
-/// the beat's probe came first now and then, this stopped there, and the shared
-/// bucket was read before anything debited it). The requests admitted locally
-/// meanwhile.
+/// the fallback admitted is sent after it (on a loaded machine the beat's probe came
+/// first now and then, this stopped there, and the shared bucket was read before
+/// anything debited it). The requests admitted locally meanwhile.
 async fn back_on_redis(inst: &Instance) -> usize {
     let mut admitted = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
@@ -2587,6 +2646,27 @@ fn assert_debited(
     );
 }
 
+/// [`assert_debited`], once the shared bucket shows the debit or 1 s has passed (five
+/// beats of [`store_config`]'s heartbeat): the heartbeat's debit may have taken the
+/// debt before the decision [`back_on_redis`] waited for, and be still in flight when
+/// that returns, or have timed out, owing it again to the next beat.
+async fn assert_debited_soon(
+    server: &RedisServer,
+    prefix: &str,
+    capacity: f64,
+    in_fallback: usize,
+    refill: f64,
+) {
+    let most = capacity - in_fallback as f64 + refill;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while shared_tokens(server, prefix).is_none_or(|t| t > most)
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_debited(server, prefix, capacity, in_fallback, refill);
+}
+
 /// What an instance admitted in fallback goes with the first call that reaches Redis
 /// again; a probe carrying it whose caller gives up before Redis answers keeps it
 /// owed, and a later call debits it. (The probe's future was dropped with the debit,
@@ -2610,7 +2690,7 @@ async fn a_fallback_debit_outlives_a_probe_whose_caller_gave_up() {
     server.signal("-CONT");
     in_fallback += back_on_redis(&inst).await;
     // A few seconds of refill at 1/s.
-    assert_debited(&server, "debit-kept", 100.0, in_fallback, 6.0);
+    assert_debited_soon(&server, "debit-kept", 100.0, in_fallback, 6.0).await;
 }
 
 /// A debit in flight when a reload rebuilds the route (its call waiting on a stopped
@@ -2656,7 +2736,7 @@ async fn debit_through_rebuilds(prefix: &str, bursts: &[u64]) {
     server.signal("-CONT");
     in_fallback += back_on_redis(&inst).await;
     let capacity = bursts.last().copied().unwrap_or(100) as f64;
-    assert_debited(&server, prefix, capacity, in_fallback, 8.0);
+    assert_debited_soon(&server, prefix, capacity, in_fallback, 8.0).await;
 }
 
 /// What `inst`'s view of its route `order` says: shared, or in fallback.
@@ -2712,11 +2792,13 @@ async fn an_idle_route_in_fallback_is_back_on_the_shared_state_at_a_beat() {
 /// Exact mode: the first decision after the heartbeat's probe put an idle route back
 /// on the shared state says that the shared window missed the decisions taken locally
 /// (`DECIDE`'s `ARGV[9]`: the stored `through` is dropped, and the shared controller
-/// rearmed for one window, as after a decision's probe), and debits from the shared
-/// bucket what the route admitted in fallback. (Shared again through the beat, the
-/// route's next call said no gap: the controller stepped on, the gap read as a fall.)
+/// rearmed for one window, as after a decision's probe); the shared bucket is debited
+/// what the route admitted in fallback (by the beat itself, since: see
+/// `an_idle_routes_fallback_debt_reaches_the_shared_bucket_without_a_decision`).
+/// (Shared again through the beat, the route's next call said no gap: the controller
+/// stepped on, the gap read as a fall.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_first_decision_after_a_beats_probe_says_the_gap_and_pays_the_debit() {
+async fn the_first_decision_after_a_beats_probe_says_the_gap_and_the_debit_is_paid() {
     let _serial = one_at_a_time().await;
     let mut server = RedisServer::start().await;
     let config = hand_beaten_config(&server, "probed");
@@ -2745,8 +2827,57 @@ async fn the_first_decision_after_a_beats_probe_says_the_gap_and_pays_the_debit(
         through, None,
         "the decision said the window missed arrivals"
     );
-    // The bucket was created full (100) by that decision, debited, and took its token.
+    // The bucket was created full (100) by the beat's debit, debited, and the decision
+    // took its token.
     assert_debited(&server, "probed", 100.0, in_fallback, 1.0);
+}
+
+/// The shared bucket's level of route `order` under `prefix`, as Redis holds it (`None`
+/// before any call created the bucket).
+fn shared_tokens(server: &RedisServer, prefix: &str) -> Option<f64> {
+    let tokens: Option<String> = hget(
+        &mut server.connection().unwrap(),
+        format!("{{{prefix}:order}}:b"),
+        "tokens",
+    );
+    tokens.map(|t| t.parse().unwrap())
+}
+
+/// Exact mode: what a route admitted in fallback reaches the shared bucket once the
+/// heartbeat's probe has brought the route back, though the route makes no further
+/// decision (its spike over): the beat sends the debt, and the others see a bucket
+/// debited. Redis is stopped, not killed, so the bucket outlives the outage. (The debt
+/// stayed owed to the route's next decision, which an idle route never makes: the
+/// shared bucket came back at 93 tokens after 43 fallback admissions, at most 62 once
+/// debited, and every other instance could take again what this one had admitted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_routes_fallback_debt_reaches_the_shared_bucket_without_a_decision() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = hand_beaten_config(&server, "idle-debt");
+    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
+    let (a, clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
+    beat_answered(&a.store).await;
+    assert!(a.check().await.is_admit());
+    server.signal("-STOP");
+    let in_fallback = into_fallback(&a, 40).await;
+    server.signal("-CONT");
+    beat_answered(&a.store).await;
+    let local = a.store.fallback_decisions();
+    clock.advance(config.probe_interval);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(route_mode(&a), StoreMode::Shared, "the beat's probe");
+    // Within two more beats at most, and no decision on the route meanwhile.
+    let mut beats = 0;
+    while shared_tokens(&server, "idle-debt").unwrap() > 100.0 - in_fallback as f64 + 5.0
+        && beats < 2
+    {
+        beat_answered(&a.store).await;
+        beats += 1;
+    }
+    assert_eq!(a.store.fallback_decisions(), local);
+    // A few seconds of refill at 1/s, at most.
+    assert_debited(&server, "idle-debt", 100.0, in_fallback, 5.0);
 }
 
 /// Batched mode: the sync that probes a route in fallback says the gap (the shared

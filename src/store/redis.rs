@@ -64,8 +64,12 @@
 //! what the fallback bucket admits is debited from the shared bucket by the first
 //! call that reaches Redis again (`ARGV[8]` of [`DECIDE`]: after the refill, never
 //! below empty), so the shared bucket does not refill for time the fleet already
-//! used. A call that failed keeps its debit owed, to send again: a timed-out call
-//! that Redis runs later debits twice (never not at all). The fleet's bound over `T`
+//! used. A route that the heartbeat's probe brought back, with no call, has its debt
+//! sent by that beat ([`DEBIT`]: the refill and the debit alone), so that it reaches
+//! the shared bucket whether or not the route decides again. A call or debit that
+//! failed keeps its debit owed, to send again (the route's next decision, or the next
+//! beat): a timed-out call that Redis runs later debits twice (never not at all).
+//! Each sender takes the debt whole (a swap), so no two send the same. The fleet's bound over `T`
 //! therefore stays `limit × (T + burst)` across switches, plus at each switch what an
 //! instance's bucket holds beyond its share of the shared level: what the others took
 //! since its last answer, or its whole share of a burst if it made no shared decision
@@ -346,6 +350,44 @@ redis.call('HSET', KEYS[1], 'through', ARGV[2], 'limit', ARGV[3], 'state', ARGV[
 if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'safe') else redis.call('HSET', KEYS[1], 'safe', ARGV[7]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[9])
 return 1
+";
+
+/// Debits a route's shared bucket, and does nothing else: what the fallback bucket of
+/// an instance admitted while Redis was away, sent by the heartbeat once the route is
+/// shared again ([`Inner::pay`]), so that the others see it debited whether or not the
+/// route decides again. Refills the bucket to now as [`DECIDE`] does, at the limit a
+/// decision would be decided at, then subtracts the debit, never below empty; counts no
+/// arrival and touches no window, so it can win no rollover and needs none of a
+/// decision's parameters.
+///
+/// - `KEYS[1]` bucket hash, `KEYS[2]` controller hash (see [`DECIDE`]; the controller
+///   is only read, for its `limit`).
+/// - `ARGV[1]` the instance's base limit in force, as [`DECIDE`]'s `ARGV[3]`;
+///   `ARGV[2]` bucket burst, seconds; `ARGV[3]` key expiry, ms (set on a bucket this
+///   call creates: one that expired, or a Redis restarted empty, starts full, as a
+///   decision finds it); `ARGV[4]` tokens to debit.
+///
+/// Returns the bucket's level after the debit.
+pub const DEBIT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local base = tonumber(ARGV[1])
+local limit = tonumber(redis.call('HGET', KEYS[2], 'limit')) or base
+if not (limit >= 0.000001) or base < limit then limit = base end
+local cap = math.max(math.floor(limit * tonumber(ARGV[2]) + 1e-6), 1)
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(b[1])
+local ts = tonumber(b[2])
+local created = tokens == nil or ts == nil
+if created then tokens = cap; ts = now end
+if not (tokens >= 0) then tokens = 0 end
+if now > ts then tokens = tokens + (now - ts) * limit / 1000000 end
+if tokens > cap then tokens = cap end
+tokens = math.max(tokens - tonumber(ARGV[4]), 0)
+local level = string.format('%.17g', tokens)
+redis.call('HSET', KEYS[1], 'tokens', level, 'ts', string.format('%.0f', now))
+if created then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return level
 ";
 
 /// Announces an instance and counts the live ones.
@@ -690,8 +732,10 @@ struct SharedRoute {
     /// The limit the fallback bucket is set to, f64 bits.
     fallback_limit: AtomicU64,
     /// Exact mode: tokens the fallback bucket gave since this instance last reached
-    /// Redis, to be debited from the shared bucket by the next call that does, so
-    /// that the shared bucket does not refill for time the fleet already used.
+    /// Redis, to be debited from the shared bucket by the next call that does, or by
+    /// the heartbeat's debit once the route is shared again ([`Inner::pay`]), so that
+    /// the shared bucket does not refill for time the fleet already used. A sender
+    /// takes it whole (swapped to 0) and owes it again if its call fails.
     owed: AtomicU64,
     /// The route that replaced this one (a reload rebuilt it), to which what is owed
     /// here goes ([`SharedRoute::owe`]), and a gap left here ([`SharedRoute::miss`]).
@@ -860,6 +904,7 @@ struct Inner {
     undecided: Mutex<std::collections::HashSet<Arc<str>>>,
     decide: Lua,
     save: Lua,
+    debit: Lua,
     heartbeat: Lua,
     timeouts: Counter,
     errors: Counter,
@@ -975,6 +1020,7 @@ impl RedisStore {
             undecided: Mutex::default(),
             decide: Lua::new(DECIDE),
             save: Lua::new(SAVE),
+            debit: Lua::new(DEBIT),
             heartbeat: Lua::new(HEARTBEAT),
             timeouts: metrics::counter!(metric::STORE_ERRORS, "kind" => "timeout"),
             errors: metrics::counter!(metric::STORE_ERRORS, "kind" => "error"),
@@ -1313,10 +1359,14 @@ impl RedisStore {
     /// decision's script would be), all at once, each within `timeout`: an answer
     /// puts the route back on the shared state with no request on it, its next call
     /// rearming the shared controller as a decision's probe does (see the module
-    /// docs). One server: only if this beat reached it. A cluster: whatever the beat
-    /// found (the heartbeat's key is on one master, a route's on its own). Returns
-    /// once every probe is answered or timed out: the count Redis answered, or `None`
-    /// if Redis did not answer within `timeout` (or this instance has left).
+    /// docs). Then sends, with [`DEBIT`], what each route on the shared state owes for
+    /// what its fallback admitted (those just brought back, which made no call, and
+    /// any whose call or debit failed), each within `timeout`; a route that owes
+    /// nothing costs no call. One server: only if this beat reached it. A cluster:
+    /// whatever the beat found (the heartbeat's key is on one master, a route's on its
+    /// own). Returns once every probe and debit is answered or timed out: the count
+    /// Redis answered, or `None` if Redis did not answer within `timeout` (or this
+    /// instance has left).
     pub async fn beat(&self) -> Option<u64> {
         self.inner.beat().await
     }
@@ -1820,14 +1870,17 @@ impl Inner {
     }
 
     /// Beats once ([`announce`](Self::announce)), then probes the routes in fallback
-    /// whose probe is due ([`probe_fallen`](Self::probe_fallen)), and returns once each
-    /// probe is answered or timed out. One server: only if the beat reached it (a probe
+    /// whose probe is due ([`probe_fallen`](Self::probe_fallen)), then sends what the
+    /// routes shared again owe ([`pay_debts`](Self::pay_debts)), those the probes just
+    /// brought back among them, and returns once each probe and debit is answered or
+    /// timed out. One server: only if the beat reached it (a probe or a debit
     /// would only find it away too). A cluster: whatever the beat found, which tells
     /// of the heartbeat key's master alone, each probe going to its route's own.
     async fn beat(self: &Arc<Self>) -> Option<u64> {
         let counted = self.announce().await;
         if counted.is_some() || matches!(self.conn, Conn::Cluster(_)) {
             self.probe_fallen().await;
+            self.pay_debts().await;
         }
         counted
     }
@@ -1879,7 +1932,9 @@ impl Inner {
     /// which the heartbeat does not hold). Answered, the route is back on the shared
     /// state as after a decision's probe, and its next call says that the window
     /// missed the decisions taken locally (`missed`), which a decision's probe says
-    /// itself; what the fallback admitted stays owed to that call. Not answered, the
+    /// itself; what the fallback admitted is sent by the beat after its probes
+    /// ([`pay_debts`](Self::pay_debts)), or by the route's next call if that comes
+    /// first. Not answered, the
     /// breaker stays open, its next probe a whole `probe_interval` after this one.
     async fn probe(self: Arc<Self>, r: Arc<SharedRoute>) {
         let nothing = redis::cmd("SETRANGE")
@@ -1904,6 +1959,88 @@ impl Inner {
                 self.timeouts.increment(1);
                 self.conn.suspect(&r.probe_key);
                 self.failed(&r);
+            }
+        }
+    }
+
+    /// The routes on the shared state that owe the shared bucket what their fallback
+    /// admitted ([`SharedRoute::owed`]): brought back by the heartbeat's probe, which
+    /// sends no debit, or left owing by a call or debit that failed. A load per route:
+    /// a route that owes nothing costs no call. Never a route the store dropped (what it
+    /// owed went to the route that replaced it).
+    fn owing(&self) -> Vec<Arc<SharedRoute>> {
+        self.routes
+            .iter()
+            .filter(|r| {
+                r.mode() == StoreMode::Shared
+                    && !r.retired.load(Ordering::Relaxed)
+                    && r.owed.load(Ordering::Relaxed) > 0
+            })
+            .map(|r| Arc::clone(r.value()))
+            .collect()
+    }
+
+    /// Pays what every route [`owing`](Self::owing) gives owes ([`pay`](Self::pay)),
+    /// each in a task of its own, and waits for them all.
+    async fn pay_debts(self: &Arc<Self>) {
+        let debits: Vec<_> = self
+            .owing()
+            .into_iter()
+            .map(|r| tokio::spawn(Arc::clone(self).pay(r)))
+            .collect();
+        for debit in debits {
+            let _ = debit.await;
+        }
+    }
+
+    /// Sends what `r` owes with [`DEBIT`], within `timeout`, so that an idle route's
+    /// debt reaches the shared bucket without waiting for a decision that may never
+    /// come. The debt is taken as a decision takes it (swapped out: a decision made
+    /// meanwhile sends none of it, and what the fallback admits meanwhile is owed
+    /// anew), and owed again if Redis errs or does not answer (a call timed out that
+    /// Redis runs later debits twice, never not at all), for the route's next decision
+    /// or the next beat to send. A debit is no probe and no decision: its outcome leaves
+    /// the breaker and the route's mode alone (a decision's failures open the
+    /// breaker), and its errors and timeouts count in `rocgate_store_errors_total`.
+    /// Answered, the level it answers is taken as a decision's is: the shared bucket's
+    /// last level seen, and the fallback bucket lowered to this instance's share of it.
+    async fn pay(self: Arc<Self>, r: Arc<SharedRoute>) {
+        let owed = r.owed.swap(0, Ordering::AcqRel);
+        if owed == 0 {
+            return;
+        }
+        let now = self.clock.now();
+        let mut invocation = self.debit.call(&[&r.keys[1], &r.keys[2]]);
+        invocation
+            .arg(f64::from_bits(r.base_limit.load(Ordering::Relaxed)))
+            .arg(r.burst.as_secs_f64())
+            .arg(r.ttl_ms)
+            .arg(owed);
+        let answer =
+            tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
+        match answer {
+            Ok(Ok(value)) => {
+                // Applied, readable or not: paid.
+                let Some(tokens) = float(&value) else {
+                    self.errors.increment(1);
+                    tracing::debug!("store debit answered something unreadable");
+                    return;
+                };
+                r.tokens.store(tokens.to_bits(), Ordering::Relaxed);
+                r.tokens_at.store(now.as_u64(), Ordering::Relaxed);
+                if self.config.fail_mode == FailMode::Local {
+                    self.mirror(&r, tokens, now);
+                }
+            }
+            Ok(Err(e)) => {
+                r.owe(owed);
+                self.errors.increment(1);
+                tracing::debug!(route = r.name.as_ref(), error = %e, "store debit failed");
+            }
+            Err(_) => {
+                r.owe(owed);
+                self.timeouts.increment(1);
+                self.conn.suspect(&r.keys[1]);
             }
         }
     }

@@ -622,6 +622,11 @@ fn a_store_where_nothing_listens_on(mode: SyncMode, clock: Arc<dyn Clock>) -> Re
         .local_addr()
         .unwrap()
         .port();
+    a_store_on(port, mode, clock)
+}
+
+/// A store whose Redis is `127.0.0.1:port`, timing its decisions with `clock`.
+fn a_store_on(port: u16, mode: SyncMode, clock: Arc<dyn Clock>) -> RedisStore {
     let config = RedisConfig {
         servers: RedisServers::Single(format!("redis://127.0.0.1:{port}")),
         mode,
@@ -854,4 +859,92 @@ async fn a_call_that_fails_leaves_the_gap_it_was_to_say() {
         r.missed.load(Ordering::Relaxed),
         "the gap, still to be said"
     );
+}
+
+/// The heartbeat sends a debt ([`Inner::pay_debts`]) only for the routes on the shared
+/// state that owe one: none for a route that owes nothing (the beat stays a load per
+/// route), none for one still in fallback (its probe, a decision's or a beat's, comes
+/// first), none for one a reload dropped (its debt went to the route that replaced it).
+#[tokio::test]
+async fn the_heartbeat_sends_a_debt_only_for_a_shared_route_that_owes_one() {
+    use crate::config::{Config, RouteConfig, RouteMatch};
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let inner = &store.inner;
+    let routes = ["order", "cart"]
+        .map(|name| RouteConfig::new(name, RouteMatch::exact("POST", format!("/api/{name}"))));
+    let epoch = std::time::UNIX_EPOCH;
+    let engine = Engine::new(&Config::new(routes.to_vec()), Nanos::ZERO, epoch).unwrap();
+    let [order, cart] = ["order", "cart"].map(|name| {
+        inner
+            .route(&engine, engine.route_id(name).unwrap(), Nanos::ZERO)
+            .unwrap()
+    });
+    let owing = || -> Vec<Arc<str>> { inner.owing().iter().map(|r| Arc::clone(&r.name)).collect() };
+    assert!(owing().is_empty(), "nothing owed");
+    order.owe(5);
+    assert_eq!(owing(), [Arc::clone(&order.name)]);
+    assert_eq!(cart.mode(), StoreMode::Shared);
+    for _ in 0..3 {
+        inner.failed(&order);
+    }
+    assert_eq!(order.mode(), StoreMode::Fallback);
+    assert!(owing().is_empty(), "in fallback");
+    {
+        let mut b = order.breaker();
+        b.success();
+        inner.set_mode(&order, StoreMode::Shared);
+    }
+    assert_eq!(owing(), [Arc::clone(&order.name)], "shared again");
+    let engine = engine
+        .reload(&Config::new(vec![routes[1].clone()]), Nanos::ZERO, epoch)
+        .unwrap();
+    store.retain(&engine);
+    assert!(owing().is_empty(), "a route dropped");
+}
+
+/// A debit the heartbeat sends that Redis does not take (nothing listens) stays owed,
+/// whole, for the next beat or the route's next decision to send; and it is no
+/// decision: failing, it leaves the breaker closed and the route shared, however often
+/// (three failures would open it).
+#[tokio::test]
+async fn a_debit_that_fails_stays_owed_and_leaves_the_breaker_alone() {
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let (_, r) = order_of(&store, &order_engine(1), Nanos::ZERO);
+    r.owe(5);
+    for _ in 0..3 {
+        Arc::clone(&store.inner).pay(Arc::clone(&r)).await;
+        assert_eq!(r.owed.load(Ordering::Relaxed), 5);
+    }
+    assert_eq!(r.mode(), StoreMode::Shared);
+    assert_eq!(r.breaker().call(Nanos::ZERO), Call::Send);
+}
+
+/// A debit in flight holds the debt it sends: a decision made meanwhile takes none of
+/// it (the two would debit it twice), and what the fallback admits meanwhile is owed
+/// beside it; when the call times out (Redis accepts the connection and answers
+/// nothing), both are owed, nothing lost.
+#[tokio::test]
+async fn a_debit_in_flight_holds_its_debt_and_gives_it_back_on_no_answer() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let clock = Arc::new(crate::clock::ManualClock::new());
+    let store = a_store_on(port, SyncMode::Exact, clock);
+    let (_, r) = order_of(&store, &order_engine(1), Nanos::ZERO);
+    r.owe(5);
+    let debit = tokio::spawn(Arc::clone(&store.inner).pay(Arc::clone(&r)));
+    while r.owed.load(Ordering::Relaxed) != 0 {
+        assert!(!debit.is_finished(), "the debit never took the debt");
+        tokio::task::yield_now().await;
+    }
+    r.owe(2);
+    assert_eq!(
+        r.owed.swap(0, Ordering::Relaxed),
+        2,
+        "what a decision meanwhile takes"
+    );
+    r.owe(2);
+    debit.await.unwrap();
+    assert_eq!(r.owed.load(Ordering::Relaxed), 7);
+    assert_eq!(r.mode(), StoreMode::Shared);
+    drop(silent);
 }
