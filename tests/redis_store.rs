@@ -2848,8 +2848,9 @@ fn shared_tokens(server: &RedisServer, prefix: &str) -> Option<f64> {
 /// decision (its spike over): the beat sends the debt, and the others see a bucket
 /// debited. Redis is stopped, not killed, so the bucket outlives the outage. (The debt
 /// stayed owed to the route's next decision, which an idle route never makes: the
-/// shared bucket came back at 93 tokens after 43 fallback admissions, at most 62 once
-/// debited, and every other instance could take again what this one had admitted.)
+/// shared bucket came back at 93 tokens after 43 fallback admissions, where it reads 50
+/// now after the beat that brought the route back, and every other instance could take
+/// again what this one had admitted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_routes_fallback_debt_reaches_the_shared_bucket_without_a_decision() {
     let _serial = one_at_a_time().await;
