@@ -354,8 +354,8 @@ return 1
 
 /// Debits a route's shared bucket, and does nothing else: what the fallback bucket of
 /// an instance admitted while Redis was away, sent by the heartbeat once the route is
-/// shared again ([`RedisStore::beat`]), so that the others see it debited whether or not the
-/// route decides again. Refills the bucket to now as [`DECIDE`] does, at the limit a
+/// shared again ([`RedisStore::beat`]), so that the others see it debited whether or
+/// not the route decides again. Refills the bucket to now as [`DECIDE`] does, at the limit a
 /// decision would be decided at, then subtracts the debit, never below empty; counts no
 /// arrival and touches no window, so it can win no rollover and needs none of a
 /// decision's parameters.
