@@ -106,6 +106,15 @@ impl AtomicKeySketch {
         }
     }
 
+    /// Takes in the keys of `other` (register by register, the larger kept).
+    pub(crate) fn merge(&self, other: &KeySketch) {
+        for (mine, &theirs) in self.registers.iter().zip(&other.registers) {
+            if theirs > 0 {
+                mine.fetch_max(theirs, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The registers as they are.
     pub(crate) fn read(&self) -> KeySketch {
         KeySketch {

@@ -16,7 +16,7 @@ use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::borrow::Borrow;
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, Hash, RandomState};
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -174,6 +174,27 @@ impl Keys {
     /// The keys refused since they were last taken, emptied.
     pub(super) fn take_refused(&self) -> KeySketch {
         with_tables!(self, t => t.refused(true))
+    }
+
+    /// The keys refused since they were last taken, and the hasher they were counted
+    /// by; `None` where the tables were never made (no key came, none was refused).
+    pub(super) fn refused_by_hash(&self) -> Option<(RandomState, KeySketch)> {
+        with_tables!(self, t => match t {
+            KeyTables::Ip(t) => t.refused_by_hash(),
+            KeyTables::Value(t) => t.refused_by_hash(),
+        })
+    }
+
+    /// Takes in `refused`, the keys another route's tables refused by `hasher`
+    /// ([`Keys::refused_by_hash`]): a reload rebuilding a route under the same name
+    /// carries them, and this route's tables, made now, hash their keys by the same
+    /// hasher, so a key refused on both sides counts once (tables already made keep
+    /// their own, and such a key may count twice).
+    pub(super) fn carry_refused(&self, hasher: RandomState, refused: &KeySketch) {
+        with_tables!(self, t => match t {
+            KeyTables::Ip(t) => t.carry_refused(hasher, refused),
+            KeyTables::Value(t) => t.carry_refused(hasher, refused),
+        });
     }
 }
 
@@ -859,8 +880,13 @@ pub(super) struct KeyMap<K, E> {
 
 impl<K: Hash + Eq, E> KeyMap<K, E> {
     fn new() -> Self {
+        KeyMap::with_hasher(RandomState::new())
+    }
+
+    /// A map whose keys, refused ones included, are hashed by `hasher`.
+    fn with_hasher(hasher: RandomState) -> Self {
         KeyMap {
-            keys: DashMap::new(),
+            keys: DashMap::with_hasher(hasher),
             refused: Box::new(AtomicKeySketch::new()),
         }
     }
@@ -1018,6 +1044,18 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// refused (making the table, if no key has yet).
     fn note_anonymous_refused(&self) {
         self.map.get_or_init(KeyMap::new).refused.record(ANONYMOUS);
+    }
+
+    /// [`Keys::refused_by_hash`] of this table.
+    fn refused_by_hash(&self) -> Option<(RandomState, KeySketch)> {
+        let map = self.map.get()?;
+        Some((map.hasher().clone(), map.refused.read()))
+    }
+
+    /// [`Keys::carry_refused`] into this table.
+    fn carry_refused(&self, hasher: RandomState, refused: &KeySketch) {
+        let map = self.map.get_or_init(|| KeyMap::with_hasher(hasher));
+        map.refused.merge(refused);
     }
 
     /// The keys refused since last taken; `take`: emptied as read.

@@ -396,7 +396,10 @@ impl Engine {
     /// and counts them under its own limit until they are released, which frees a
     /// place in it; from then on their limit is the new route's to set, and the old
     /// route leaves it alone. Both engines share the kept routes and the permits taken
-    /// over, so requests still in flight on the old one count in the new one.
+    /// over, so requests still in flight on the old one count in the new one. A
+    /// partitioned route rebuilt under the same name carries the keys it refused
+    /// since the hints history last took them ([`Engine::take_refused_keys`]; a kept
+    /// route holds them still), counted by the same hash.
     /// `config`'s routes are checked first, as for [`Engine::new`]: an error leaves
     /// this engine as it was.
     pub fn reload(
@@ -465,16 +468,25 @@ impl Engine {
                         Arc::clone(r)
                     }
                     None => {
-                        let handed = self
+                        let before = self
                             .routes
                             .iter()
                             .find(|e| *e.route.name == cfg.name)
-                            .and_then(|e| e.route.hand_over(cfg));
+                            .map(|e| &e.route);
+                        let handed = before.and_then(|r| r.hand_over(cfg));
                         if let Some(HandedOver::Keys(keys, queue, _)) = handed {
                             keys_handed.push((i, keys, queue));
                         }
                         let written_over = &cfg.controller;
-                        Arc::new(Route::new(&own, written_over, now, wall_now, handed))
+                        let route = Route::new(&own, written_over, now, wall_now, handed);
+                        // The keys the route refused since the hints history last took
+                        // them, read, not taken: the old engine decides on until the
+                        // swap, and its route is dropped with it.
+                        let refused = before.and_then(|r| r.keys.as_ref()?.refused_by_hash());
+                        if let (Some(keys), Some((hasher, refused))) = (&route.keys, refused) {
+                            keys.carry_refused(hasher, &refused);
+                        }
+                        Arc::new(route)
                     }
                 }
             })
@@ -1094,6 +1106,11 @@ impl Engine {
         };
         if !would_admit && r.engaged.load(Ordering::Relaxed) {
             r.counter.counters().add(CUT_REJECTED);
+            // A key the cut would have refused counts among the keys refused, as
+            // enforcing would have refused it.
+            if let (Shadow::Keys(_), Some(keys)) = (shadow, &r.keys) {
+                keys.note_refused(key);
+            }
         }
     }
 

@@ -99,7 +99,10 @@ pub struct RouteSnapshot {
     /// collector counts on from it).
     pub keys_overflowed: u32,
     /// The keys a partitioned route refused (by their own limit, cut or not, or
-    /// the shared overflow limiter's) since the hints history last took them
+    /// the shared overflow limiter's), or in a shadow mode would have (`shadow`: its
+    /// limits' would-be refusals; `shadow_adaptive`: its base limit's and the cut's
+    /// would-be ones), since the hints history last took them (a reload carries them
+    /// into a route it keeps or rebuilds under the same name)
     /// ([`Engine::take_refused_keys`](super::Engine::take_refused_keys), once per
     /// interval), as a sketch of their count; `None` for a route limited as a whole.
     pub refused_keys: Option<KeySketch>,

@@ -513,3 +513,173 @@ fn a_partitioned_route_counts_the_distinct_keys_it_refused() {
     let snap = e.route_snapshot(id, Nanos::from_secs(1)).unwrap();
     assert_eq!(snap.refused_keys, None);
 }
+
+/// A partitioned route in `shadow_adaptive` ({"login", base 10/s, cut 3/s}) cut by a
+/// keyless flood: the keyless requests are refused by their own limiter (one key).
+fn a_cut_shadow_adaptive_route() -> (Engine, RouteId) {
+    let mut cfg = RouteConfig::new("login", crate::config::RouteMatch::any());
+    cfg.mode = Mode::ShadowAdaptive;
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, Key::None, 0.0, 10.0, 8.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+    let cut = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!(cut.state, ControllerState::Cut);
+    (e, id)
+}
+
+/// What enforcing would have refused counts among a shadow partitioned route's keys
+/// refused: in `shadow` the keys over their limit (refused by the limiter, then let
+/// through), in `shadow_adaptive` the keys its base limit refuses and those the cut
+/// would have (tried against the shadow key table while it holds), as an enforcing
+/// route refuses both. Keys only admitted count as none.
+#[test]
+fn a_shadow_partitioned_route_counts_the_keys_enforcing_would_refuse() {
+    let mut cfg = RouteConfig::new("login", crate::config::RouteMatch::any());
+    cfg.mode = Mode::Shadow;
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 5.0;
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    for n in 1..=3 {
+        for k in 0..40 {
+            let t = Nanos::from_secs_f64(k as f64 / 100.0);
+            assert!(e.check(id, ip(n), t).is_admit());
+        }
+    }
+    for n in 100..150 {
+        assert!(e.check(id, ip(n), Nanos::from_secs(1)).is_admit());
+    }
+    let (hasher, three) = e
+        .route(id)
+        .unwrap()
+        .keys
+        .as_ref()
+        .unwrap()
+        .refused_by_hash()
+        .unwrap();
+    assert_eq!(three, by_hash(&hasher, 1..=3));
+
+    let (e, id) = a_cut_shadow_adaptive_route();
+    assert_eq!(e.take_refused_keys(id).map(|s| s.estimate()), Some(1));
+    // Twenty clients of 6 requests each while the cut holds: the base limit (a
+    // bucket of 10) admits them all, the cut (3) would have refused 3 of each.
+    let at = Nanos::from_millis(11_050);
+    let before = e
+        .route_snapshot(id, at)
+        .unwrap()
+        .shadow_rejected_for(Reason::RocCut);
+    for n in 1..=20 {
+        for _ in 0..6 {
+            assert!(e.check(id, ip(n), at).is_admit());
+        }
+    }
+    let cut = e.route_snapshot(id, at).unwrap();
+    assert_eq!(cut.state, ControllerState::Cut);
+    assert_eq!(cut.shadow_rejected_for(Reason::RocCut), before + 60);
+    let (hasher, twenty) = e
+        .route(id)
+        .unwrap()
+        .keys
+        .as_ref()
+        .unwrap()
+        .refused_by_hash()
+        .unwrap();
+    assert_eq!(twenty, by_hash(&hasher, 1..=20));
+    assert_eq!(e.take_refused_keys(id), Some(twenty));
+}
+
+/// The sketch of the keys `ip(n)` for `n` in `keys` that a key table hashing by
+/// `hasher` counts.
+fn by_hash(hasher: &std::hash::RandomState, keys: std::ops::RangeInclusive<u32>) -> KeySketch {
+    use std::hash::BuildHasher;
+    let mut sketch = KeySketch::new();
+    for n in keys {
+        let Key::Ip(addr) = ip(n) else { unreachable!() };
+        sketch.record(hasher.hash_one(super::key_types::IpKey::new(addr, 64)));
+    }
+    sketch
+}
+
+/// A reload carries the keys a partitioned route refused since the history last
+/// took them: a route it keeps holds them still, and a route it rebuilds under the
+/// same name (here its mode changed) takes them over, counted by the same hash, so a
+/// key refused on both sides of the reload counts once. A route the reload drops
+/// lets them go: another name starts empty.
+#[test]
+fn a_reload_carries_the_keys_refused() {
+    let route = |name: &str, mode: Mode| {
+        let mut cfg = RouteConfig::new(name, crate::config::RouteMatch::any());
+        cfg.mode = mode;
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        cfg.controller.base_limit_rps = 10.0;
+        cfg.controller.cut_limit_rps = 5.0;
+        Config::new(vec![cfg])
+    };
+    let refuse = |e: &Engine, keys: std::ops::Range<u32>, at: u64| {
+        let id = e.route_at(0).unwrap();
+        for n in keys {
+            offer(e, id, ip(n), at as f64, at as f64 + 1.0, 40.0);
+        }
+    };
+    let refused = |e: &Engine| e.take_refused_keys(e.route_at(0).unwrap()).unwrap();
+    let old = Engine::new(
+        &route("login", Mode::Enforce),
+        Nanos::ZERO,
+        SystemTime::UNIX_EPOCH,
+    )
+    .unwrap();
+    refuse(&old, 1..6, 0);
+    let kept = old
+        .reload(
+            &route("login", Mode::Enforce),
+            Nanos::from_secs(2),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let (hasher, five) = kept
+        .route(kept.route_at(0).unwrap())
+        .unwrap()
+        .keys
+        .as_ref()
+        .unwrap()
+        .refused_by_hash()
+        .unwrap();
+    assert_eq!(five, by_hash(&hasher, 1..=5));
+    assert_eq!(refused(&kept), five);
+
+    refuse(&kept, 1..6, 2);
+    let rebuilt = kept
+        .reload(
+            &route("login", Mode::Shadow),
+            Nanos::from_secs(4),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    refuse(&rebuilt, 3..9, 4);
+    let sketch = refused(&rebuilt);
+    let one_hash = {
+        let mut by_hand = KeySketch::new();
+        refuse(&kept, 1..9, 6);
+        by_hand.merge(&refused(&kept));
+        by_hand
+    };
+    assert_eq!(sketch, one_hash);
+    assert_eq!(sketch, by_hash(&hasher, 1..=8));
+
+    refuse(&rebuilt, 1..6, 8);
+    let renamed = rebuilt
+        .reload(
+            &route("signin", Mode::Shadow),
+            Nanos::from_secs(10),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    assert!(refused(&renamed).is_empty());
+}
