@@ -2798,6 +2798,46 @@ fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() 
         "{}",
         verdict.reason
     );
+    // Where the keys enforcing would have refused were counted, the verdict quotes
+    // them, as `raise_base_limit` does.
+    let verdict_over = |keys: &dyn Fn(u64) -> std::ops::Range<u64>| {
+        let mut intervals = intervals.clone();
+        for (k, i) in (0u64..).zip(&mut intervals) {
+            let mut sketch = KeySketch::new();
+            for key in keys(k) {
+                use std::hash::BuildHasher;
+                sketch.record(
+                    std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
+                        .hash_one(key),
+                );
+            }
+            i.refused_keys = Some(Box::new(sketch));
+        }
+        let report = rocgate::hints::RouteHints::new(&shadow, &intervals, None, &Policy::default());
+        let verdict = find(&report.hints, "shadow_verdict")
+            .unwrap()
+            .reason
+            .clone();
+        (verdict, report.refused_keys)
+    };
+    let (verdict, refused) = verdict_over(&|_| 7..8);
+    assert_eq!(refused, Some(1));
+    assert!(
+        verdict.contains("see raise_base_limit")
+            && verdict.contains(
+                "which would refuse about 1 client (one client's flood, held to its own limit"
+            )
+            && !verdict.contains("if many clients"),
+        "{verdict}"
+    );
+    let (verdict, refused) = verdict_over(&|k| 100 + k..111 + k);
+    let forty = refused.unwrap();
+    assert!(
+        verdict.contains(&format!("which would refuse about {forty} clients"))
+            && !verdict.contains("if many clients")
+            && !verdict.contains("the limit working"),
+        "{verdict}"
+    );
 }
 
 /// A measured rate is quoted to 3 significant digits: a capacity read from intervals

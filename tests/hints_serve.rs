@@ -438,11 +438,14 @@ async fn the_cli_header_claims_only_the_history_there_is() {
 }
 
 /// A partitioned route's line says how many clients its rejections came from
-/// (`refused_keys`): one client's flood reads apart from many clients refused.
+/// (`refused_keys`): one client's flood reads apart from many clients refused. On a
+/// shadow route, they are the clients its rejections and would-be ones came from:
+/// the count follows both ("0 rejected from about 3 clients" said none was).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_says_how_many_clients_a_partitioned_route_refused() {
     let stdout = printed(
         r#"{"period_s":60,"interval_s":10,"routes":[
+            {"route":"shadowed","intervals":6,"covered_s":60,"offered":9000,"rejected":0,"shadow_rejected":1800,"refused_keys":3,"hints":[]},
             {"route":"login","intervals":6,"covered_s":60,"offered":20000,"rejected":12000,"refused_keys":3,"hints":[]},
             {"route":"api","intervals":6,"covered_s":60,"offered":20000,"rejected":12000,"refused_keys":1400,"hints":[]},
             {"route":"brute","intervals":6,"covered_s":60,"offered":900,"rejected":800,"refused_keys":1,"hints":[]},
@@ -456,6 +459,7 @@ async fn the_cli_says_how_many_clients_a_partitioned_route_refused() {
         "route api: 6 interval(s), 60.0 s, 20000 offered, 12000 rejected from about 1400 clients\n",
         "route brute: 6 interval(s), 60.0 s, 900 offered, 800 rejected from about 1 client\n",
         "route quiet: 6 interval(s), 60.0 s, 900 offered, 0 rejected\n",
+        "route shadowed: 6 interval(s), 60.0 s, 9000 offered, 0 rejected, 1800 would have been rejected, from about 3 clients\n",
     ] {
         assert!(stdout.contains(line), "{line}in {stdout}");
     }

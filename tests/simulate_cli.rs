@@ -1675,4 +1675,42 @@ fn a_partitioned_routes_raise_says_how_many_clients_were_refused() {
         "30 clients read as {about}: {reason}"
     );
     assert!(reason.ends_with("raise it about 30%"), "{reason}");
+
+    // The same route in `shadow`: the clients enforcing would have refused, counted
+    // all the same, are quoted by the verdict.
+    let shadow = std::fs::read_to_string(config).unwrap().replace(
+        "name = \"login\"\n",
+        "name = \"login\"\nmode = \"shadow\"\n",
+    );
+    let (_shadow_dir, shadow) = file("shadow.toml", shadow);
+    let out_dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--config",
+        shadow.to_str().unwrap(),
+        "--capacity",
+        "1000",
+        "--access-log",
+        log.to_str().unwrap(),
+    ];
+    succeeded(&simulate_to(out_dir.path(), &args));
+    let summary = summary_in(out_dir.path());
+    let verdict = summary["hints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["rule"] == "shadow_verdict" && h["route"] == "login")
+        .unwrap_or_else(|| panic!("no shadow_verdict: {summary}"))["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let about: u64 = verdict
+        .split("which would refuse about ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{verdict}"));
+    assert!(
+        (18..=45).contains(&about) && !verdict.contains("if many clients"),
+        "30 clients read as {about}: {verdict}"
+    );
 }

@@ -245,11 +245,17 @@ fn render(report: &HintsReport, asked: &str) -> String {
         } else {
             String::new()
         };
-        // A partitioned route's rejections: one client's flood, or many clients.
+        // A partitioned route's rejections: one client's flood, or many clients. After
+        // the would-be rejections where there are some: the clients of both.
         let from = match r.refused_keys {
             Some(1) => " from about 1 client".to_owned(),
             Some(n) if n > 0 => format!(" from about {n} clients"),
             _ => String::new(),
+        };
+        let (from, would) = if would.is_empty() || from.is_empty() {
+            (from, would)
+        } else {
+            (String::new(), format!("{would},{from}"))
         };
         out.push_str(&format!(
             "route {}{during}: {} interval(s), {:.1} s, {} offered, {} rejected{from}{would}\n",

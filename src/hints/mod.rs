@@ -21,7 +21,7 @@
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (its own rejections, and the cut's of demand over its rate, as `raise_base_limit` counts them), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
-//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut; on a partitioned route the base limit's, "if many clients would be refused", and `base_limit` without a value; on a `concurrency` or partitioned route `danger_roc` without a value, saying why (`raise_danger_roc` does not judge the route) |
+//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut; on a partitioned route the base limit's quoting the distinct keys enforcing would refuse over the period ("which would refuse about 1,400 clients"; under [`MANY_KEYS`], "the limit working"; "if many clients would be refused" where no interval counted them), and `base_limit` without a value; on a `concurrency` or partitioned route `danger_roc` without a value, saying why (`raise_danger_roc` does not judge the route) |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
 //! `concurrency` route the base limit counts requests in flight: the upstream's
@@ -623,6 +623,20 @@ const FEW_KEYS: &str = "each key has its own limit, and these may be a few keys 
 /// address or a handful). At 10 keys the sketch counts within about one (a standard
 /// deviation of 0.9 key).
 pub const MANY_KEYS: u64 = 10;
+
+/// What a shadow partitioned route's base limit would refuse, enforced, from `n`
+/// distinct keys refused or would-be refused over the period (0: none counted, where
+/// a shared store decided them), as `raise_base_limit` quotes them: "which would
+/// refuse about 1,400 clients"; under [`MANY_KEYS`], that these are a few clients'
+/// floods, the limit working.
+fn would_refuse(n: u64) -> String {
+    match n {
+        0 => format!("if many clients would be refused: {FEW_KEYS}"),
+        1 => "which would refuse about 1 client (one client's flood, held to its own limit: the limit working)".to_owned(),
+        n if n < MANY_KEYS => format!("which would refuse about {n} clients (a few clients' floods, each held to its own limit: the limit working)"),
+        n => format!("which would refuse about {n} clients"),
+    }
+}
 
 /// An interval's upstream health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1968,10 +1982,9 @@ impl<'a> Evidence<'a> {
                     .find(|h| h.rule == "faster_restore" && h.suggested.is_some())
                     .filter(|_| which == 1);
                 // A partitioned route's base limit refuses only the keys over it.
-                let said = if which == 0 && self.s.partitioned {
-                    format!("{said}, if many clients would be refused: {FEW_KEYS}")
-                } else {
-                    said
+                let said = match self.refused_keys() {
+                    Some(n) if which == 0 => format!("{said}, {}", would_refuse(n)),
+                    _ => said,
                 };
                 match restore {
                     Some(h) => format!(
