@@ -16,6 +16,59 @@ fn slots_per_interval(slot_s: f64) -> usize {
     ((1.0 / slot_s).round() as usize).max(1)
 }
 
+/// Where the intervals of a route's series begin, row by row: at its first row, after
+/// every `per` rows ([`slots_per_interval`]), and at the first row that begins at or
+/// after an edge (within a microsecond: an edge on a slot's start, read back from
+/// floating seconds, is that slot's). [`intervals`] cuts a series by it, and the run
+/// takes the keys a route refused at each interval's end by it, as the rows come.
+pub(super) struct IntervalStarts {
+    per: usize,
+    /// The edges not yet reached, the latest first.
+    edges: Vec<f64>,
+    /// Rows since the interval's start.
+    rows: usize,
+}
+
+impl IntervalStarts {
+    /// The starts of a series of slots of `slot_s` seconds, cut at `edges` too
+    /// (seconds since the run's start; [`event_edges`]).
+    pub(super) fn new(slot_s: f64, edges: &[f64]) -> Self {
+        let mut edges: Vec<f64> = edges.iter().copied().filter(|e| e.is_finite()).collect();
+        edges.sort_by(|a, b| b.total_cmp(a));
+        IntervalStarts {
+            per: slots_per_interval(slot_s),
+            edges,
+            rows: 0,
+        }
+    }
+
+    /// Whether the series' next row, which begins at `t_s`, begins an interval.
+    pub(super) fn begins(&mut self, t_s: f64) -> bool {
+        let mut at_edge = false;
+        while self.edges.last().is_some_and(|&e| e <= t_s + 1e-6) {
+            self.edges.pop();
+            at_edge = true;
+        }
+        let begins = self.rows == 0 || at_edge || self.rows == self.per;
+        self.rows = if begins { 1 } else { self.rows + 1 };
+        begins
+    }
+}
+
+/// The edges of `route`'s scheduled events (their starts and ends), in seconds since
+/// the start of a run begun at `start_unix_s`: where the engine puts another profile in
+/// force at the slot rollover, and an interval ends.
+pub(super) fn event_edges(route: &RouteConfig, start_unix_s: f64) -> Vec<f64> {
+    route
+        .events
+        .iter()
+        .flat_map(|e| {
+            let from = unix(e.start) - start_unix_s;
+            [from, from + e.duration.as_secs_f64()]
+        })
+        .collect()
+}
+
 /// One route's series as one-second intervals, each also ended at the first slot
 /// that begins at or after one of `edges` (seconds since the run's start: its
 /// scheduled events' starts and ends, where the engine puts another profile in force
@@ -33,7 +86,6 @@ pub fn intervals(
     edges: &[f64],
 ) -> Vec<Interval> {
     let slot_s = result.summary.slot_s;
-    let per = slots_per_interval(slot_s);
     let half_secs = slot_s * half_slots.max(1) as f64;
     let mut recent: VecDeque<u64> = VecDeque::with_capacity(half_slots + 1);
     let mut recent_sum = 0u64;
@@ -43,7 +95,10 @@ pub fn intervals(
     // No length if `slot_s` is none (negative, NaN, past `Duration::MAX`).
     let slot = Duration::try_from_secs_f64(slot_s).unwrap_or_default();
     let mut out = Vec::new();
-    for chunk in chunks(&result.series, per, edges) {
+    // The keys refused, taken per interval by the run: by the interval's place.
+    let mut refused = result.refused_keys.iter().peekable();
+    let starts = IntervalStarts::new(slot_s, edges);
+    for (n, chunk) in (0u32..).zip(chunks(&result.series, starts)) {
         let start = crate::clock::Nanos::new((chunk[0].t_s * 1e9).round() as u64);
         let length = slot.saturating_mul(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
         let mut i = Interval::new(start, length);
@@ -84,9 +139,9 @@ pub fn intervals(
             i.peak_demand_rps = i.peak_demand_rps.max(recent_sum as f64 / half_secs);
             upstream.requests += row.admitted;
             upstream.errors += row.overload;
-            if let Some(keys) = row.refused_keys.filter(|k| !k.is_empty()) {
-                i.refused_keys.get_or_insert_with(Box::default).merge(&keys);
-            }
+        }
+        while let Some((_, keys)) = refused.next_if(|(at, _)| *at <= n) {
+            i.refused_keys.get_or_insert_with(Box::default).merge(keys);
         }
         if capacity {
             i.upstream = Some(upstream);
@@ -96,20 +151,11 @@ pub fn intervals(
     out
 }
 
-/// `rows` in runs of `per`, a run also ending before the first row that begins at or
-/// after an edge (within a microsecond: an edge on a slot's start, read back from
-/// floating seconds, is that slot's).
-fn chunks<'a>(rows: &'a [SlotRow], per: usize, edges: &[f64]) -> Vec<&'a [SlotRow]> {
-    let mut edges: Vec<f64> = edges.iter().copied().filter(|e| e.is_finite()).collect();
-    edges.sort_by(f64::total_cmp);
-    let mut edges = edges.into_iter().peekable();
+/// `rows` in runs, each from a row that `starts` says begins an interval.
+fn chunks(rows: &[SlotRow], mut starts: IntervalStarts) -> Vec<&[SlotRow]> {
     let (mut out, mut from) = (Vec::new(), 0);
     for (k, row) in rows.iter().enumerate() {
-        let mut at_edge = false;
-        while edges.next_if(|&e| e <= row.t_s + 1e-6).is_some() {
-            at_edge = true;
-        }
-        if k > from && (at_edge || k - from == per) {
+        if starts.begins(row.t_s) && k > from {
             out.push(&rows[from..k]);
             from = k;
         }
@@ -151,15 +197,7 @@ pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
                     event: None,
                 }]);
             }
-            let start = result.summary.start_unix_s;
-            let edges: Vec<f64> = route
-                .events
-                .iter()
-                .flat_map(|e| {
-                    let from = unix(e.start) - start;
-                    [from, from + e.duration.as_secs_f64()]
-                })
-                .collect();
+            let edges = event_edges(route, result.summary.start_unix_s);
             let all = intervals(
                 result,
                 route.window.slots() / 2,
@@ -272,6 +310,7 @@ mod tests {
                 peak_offered_1s: 0,
             },
             series: rows,
+            refused_keys: Vec::new(),
         }
     }
 
@@ -388,5 +427,50 @@ mod tests {
                 (Some("sale".into()), 500.0, vec![500], (5..15u64).sum()),
             ]
         );
+    }
+
+    /// A run takes the keys a partitioned route refused once per interval of its
+    /// hints, as the rows come, not per slot: each interval holds the keys refused in
+    /// it, an event's edge within a second included. Three clients one after the
+    /// other, each at 20 req/s against 1 per key: the interval from 0 s holds client
+    /// 1, the sale's [0.5 s, 1.5 s) client 2, the one from 1.5 s client 3, and the one
+    /// from 2.5 s none.
+    #[test]
+    fn the_keys_refused_are_taken_per_interval() {
+        use crate::sim::{Request, Simulator};
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\npartition = \"ip\"\n\
+                    base_limit = 1\ncut_limit = 1\n\
+                    [[routes.events]]\nname = \"sale\"\n\
+                    start = \"1970-01-01T00:00:00.5Z\"\nduration = \"1s\"\nbase_limit = 1\n";
+        let config = Config::from_toml_str(toml, "test").unwrap();
+        let client = |k: u8| Some(std::net::IpAddr::from([10, 0, 0, k]));
+        // Every 50 ms until 2.5 s: client 1 until 0.5 s, 2 until 1.5 s, then 3.
+        let requests = (0..50u64).map(|n| Request {
+            at: crate::clock::Nanos::from_millis(n * 50),
+            route: 0,
+            client: client(match n * 50 {
+                0..500 => 1,
+                500..1500 => 2,
+                _ => 3,
+            }),
+        });
+        let sim = Simulator::new(config.clone(), None).unwrap();
+        let run = sim.run_requests(requests, Duration::from_secs(3)).unwrap();
+        let result = &run.routes[0];
+        let route = &config.routes[0];
+        let edges = event_edges(route, result.summary.start_unix_s);
+        let all = intervals(result, 5, &route.algorithm, false, &edges);
+        let starts: Vec<u64> = all.iter().map(|i| i.start.as_u64() / 1_000_000).collect();
+        assert_eq!(starts, [0, 500, 1500, 2500]);
+        let counts: Vec<Option<u64>> = all
+            .iter()
+            .map(|i| i.refused_keys.as_ref().map(|s| s.estimate()))
+            .collect();
+        assert_eq!(counts, [Some(1), Some(1), Some(1), None]);
+        // Three sketches of one key each, other keys: together, 3 (or 2, where two
+        // keys' hashes, random per table, share a register).
+        let together = Interval::refused_keys(&all).unwrap();
+        assert!((2..=3).contains(&together), "{together}");
+        assert_eq!(result.refused_keys.len(), 3);
     }
 }

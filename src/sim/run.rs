@@ -2,6 +2,7 @@
 //! a [`RunSummary`] and, per route, a [`SimResult`] of a [`Summary`] and [`SlotRow`]s),
 //! and the time series as CSV.
 
+use super::hints::{event_edges, IntervalStarts};
 use super::{ArrivalModel, Profile, MAX_ARRIVALS, MAX_SLOTS};
 use crate::clock::{duration_nanos, Nanos};
 use crate::config::{Config, ConfigError, Mode, Partition};
@@ -377,7 +378,14 @@ impl Simulator {
                         rejected: 0,
                     })
                 });
-                Recorder::new(&engine, id, by_ip, slot_ns, slots, twin)
+                let edges = self
+                    .config
+                    .routes
+                    .get(route)
+                    .map(|r| event_edges(r, unix_seconds(wall_start)))
+                    .unwrap_or_default();
+                let starts = IntervalStarts::new(Nanos::new(slot_ns).as_secs_f64(), &edges);
+                Recorder::new(&engine, id, by_ip, slot_ns, slots, twin, starts)
             })
             .collect();
         let mut load = Load::new(self.capacity_rps);
@@ -398,12 +406,12 @@ impl Simulator {
         }
 
         let mut by_route: Vec<Vec<TransitionRecord>> = vec![Vec::new(); recorders.len()];
-        let (series, grids): (Vec<Vec<SlotRow>>, Vec<_>) = recorders
+        let (series, grids): (Vec<_>, Vec<_>) = recorders
             .into_iter()
             .zip(&plans)
             .map(|(rec, &(_, _, slots))| {
-                let (rows, grid, without_cuts) = rec.finish(slots);
-                (rows, (grid, without_cuts))
+                let f = rec.finish(slots);
+                ((f.rows, f.refused), (f.grid, f.without_cuts))
             })
             .unzip();
         let snaps: Vec<_> = ids
@@ -425,7 +433,10 @@ impl Simulator {
             .zip(by_route)
             .zip(&plans)
             .map(
-                |((((series, (grid, without_cuts)), snap), transitions), &(_, slot_ns, _))| {
+                |(
+                    ((((series, refused_keys), (grid, without_cuts)), snap), transitions),
+                    &(_, slot_ns, _),
+                )| {
                     let peaks =
                         grid.map(|(offered, admitted)| (offered.finish(end), admitted.finish(end)));
                     let mut summary = summarize(
@@ -438,7 +449,11 @@ impl Simulator {
                         end,
                     );
                     summary.rejected_without_cuts = without_cuts;
-                    SimResult { summary, series }
+                    SimResult {
+                        summary,
+                        series,
+                        refused_keys,
+                    }
                 },
             )
             .collect();
@@ -753,6 +768,22 @@ struct Recorder<'e> {
     /// The route in the twin engine, when the run counts what it rejects without its
     /// cuts (see `Simulator::twin`).
     twin: Option<Twin<'e>>,
+    /// Where the intervals of the route's hints begin, as its rows come.
+    starts: IntervalStarts,
+    /// The place of the interval the slot being counted is in.
+    interval: u32,
+    /// The keys refused per interval, where some were.
+    refused: Vec<(u32, KeySketch)>,
+}
+
+/// What a [`Recorder`] counted over the run.
+struct Finished {
+    rows: Vec<SlotRow>,
+    grid: Option<(Peak, Peak)>,
+    /// What its twin rejected, if it has one.
+    without_cuts: Option<u64>,
+    /// The keys refused per interval ([`SimResult::refused_keys`]).
+    refused: Vec<(u32, KeySketch)>,
 }
 
 /// A route of the twin engine, which decides each of the route's arrivals too.
@@ -771,8 +802,14 @@ impl<'e> Recorder<'e> {
         slot_ns: u64,
         slots: u64,
         twin: Option<Twin<'e>>,
+        mut starts: IntervalStarts,
     ) -> Self {
+        // The first row, at 0 s, begins the first interval.
+        starts.begins(0.0);
         Recorder {
+            starts,
+            interval: 0,
+            refused: Vec::new(),
             engine,
             route,
             twin,
@@ -835,10 +872,13 @@ impl<'e> Recorder<'e> {
             }
         }
         let next = SlotRow::empty(Nanos::new(self.boundary).as_secs_f64());
-        let row = SlotRow {
-            refused_keys: self.engine.take_refused_keys(self.route),
-            ..std::mem::replace(&mut self.row, next)
-        };
+        // The next slot begins an interval of the hints: this one's keys refused are
+        // the interval's.
+        if self.starts.begins(next.t_s) {
+            self.take_refused();
+            self.interval += 1;
+        }
+        let row = std::mem::replace(&mut self.row, next);
         // The route came from this engine, which holds it: there is always a snapshot.
         let snap = self
             .engine
@@ -869,13 +909,29 @@ impl<'e> Recorder<'e> {
         self.boundary = self.boundary.saturating_add(self.slot_ns);
     }
 
-    /// The route's rows, its busiest seconds on the 100 ms grid if it kept them, and
-    /// what its twin rejected, if it has one.
-    fn finish(mut self, slots: u64) -> (Vec<SlotRow>, Option<(Peak, Peak)>, Option<u64>) {
+    /// The keys the route refused since last taken, as the current interval's (none
+    /// kept where it refused none, or is limited as a whole).
+    fn take_refused(&mut self) {
+        if let Some(keys) = self.engine.take_refused_keys(self.route) {
+            if !keys.is_empty() {
+                self.refused.push((self.interval, keys));
+            }
+        }
+    }
+
+    /// The route's rows, its busiest seconds on the 100 ms grid if it kept them, what
+    /// its twin rejected, if it has one, and the keys it refused per interval.
+    fn finish(mut self, slots: u64) -> Finished {
         while (self.rows.len() as u64) < slots {
             self.close();
         }
-        (self.rows, self.grid, self.twin.map(|t| t.rejected))
+        self.take_refused();
+        Finished {
+            rows: self.rows,
+            grid: self.grid,
+            without_cuts: self.twin.map(|t| t.rejected),
+            refused: self.refused,
+        }
     }
 }
 
@@ -1004,10 +1060,6 @@ pub struct SlotRow {
     pub level: f64,
     /// The most `level` can be.
     pub level_capacity: f64,
-    /// The distinct keys a partitioned route refused in the slot, as a sketch (not a
-    /// column: the hints read it); `None` on a route limited as a whole.
-    #[serde(skip)]
-    pub refused_keys: Option<KeySketch>,
 }
 
 impl SlotRow {
@@ -1029,7 +1081,6 @@ impl SlotRow {
             state: ControllerState::Normal,
             level: 0.0,
             level_capacity: 0.0,
-            refused_keys: None,
         }
     }
 }
@@ -1181,6 +1232,13 @@ pub struct SimResult {
     pub summary: Summary,
     /// One row per slot, from time zero.
     pub series: Vec<SlotRow>,
+    /// The distinct keys a partitioned route refused, as a sketch per interval of its
+    /// hints ([`super::hints::intervals`]: a second, ended at its events' edges too),
+    /// by the interval's place among them, where it refused a key (not written out:
+    /// the hints read them). Taken per interval, not per slot: a sketch in each row
+    /// held 64 B more a slot.
+    #[serde(skip)]
+    pub refused_keys: Vec<(u32, KeySketch)>,
 }
 
 /// The outcome of a run: over all routes, and route by route.
