@@ -404,6 +404,42 @@ mod tests {
         assert!(json["routes"][1].get("refused_keys").is_none(), "{json}");
     }
 
+    /// The keys refused before a reload within an interval are the interval's: a
+    /// reload that rebuilds the route (its `max_keys` changed) carries them into the
+    /// new engine's route, whose tick takes them; they were lost with the old route.
+    #[test]
+    fn the_keys_refused_before_a_reload_are_the_intervals() {
+        let toml = |max_keys: u32| {
+            format!(
+                "[hints]\ninterval = \"1s\"\n\
+                 [[routes]]\nname = \"login\"\npath = \"/login\"\npartition = \"ip\"\n\
+                 max_keys = {max_keys}\nbase_limit = 5\ncut_limit = 1\n"
+            )
+        };
+        let (advisor, engine) = advised(&toml(100));
+        let client = Key::Ip(std::net::Ipv4Addr::new(203, 0, 113, 9).into());
+        advisor.tick(&engine, Nanos::ZERO);
+        let id = engine.route_at(0).unwrap();
+        for k in 0..20 {
+            let _ = engine.check(id, client, Nanos::from_millis(k * 20));
+        }
+        let config = Config::from_toml_str(&toml(200), "test").unwrap();
+        let engine = engine
+            .reload(&config, Nanos::from_millis(500), UNIX_EPOCH)
+            .unwrap();
+        advisor.tick(&engine, Nanos::from_secs(1));
+        let refused: Vec<Option<u64>> = advisor
+            .history()
+            .since(Nanos::ZERO)
+            .iter()
+            .flat_map(|(_, i)| {
+                i.iter()
+                    .map(|i| i.refused_keys.as_ref().map(|s| s.estimate()))
+            })
+            .collect();
+        assert_eq!(refused, [Some(1)]);
+    }
+
     /// A route a reload removed is not reported (it was, for as long as `keep`, with
     /// suggestions for settings no longer anywhere); one the reload keeps is.
     #[test]
