@@ -208,7 +208,9 @@ pub struct RouteHints {
     pub shadow_rejected: u64,
     /// On a partitioned route, about how many distinct keys (clients) its limits
     /// refused in them (a sketch's estimate, within about 13%; within about a key
-    /// at 10), or would have in `shadow`; absent on a route limited as a whole.
+    /// at 10), or would have in a shadow mode (in `shadow_adaptive`, its base
+    /// limit's refusals and the cut's would-be ones); absent on a route limited as a
+    /// whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_keys: Option<u64>,
     /// The hints.
