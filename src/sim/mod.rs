@@ -163,8 +163,8 @@ pub use run::{
 pub use sweep::{Sweep, SweepError, SweepParam, SweepRow};
 
 /// The most slots one run may record, over all its routes (27.7 hours of 100 ms
-/// slots on one route, a tenth of that on ten; about 150 MB of rows, and a peak of
-/// about 270 MB resident for the whole run).
+/// slots on one route, a tenth of that on ten; about 184 MB of rows, and a peak of
+/// about 300 MB resident for the whole run).
 pub const MAX_SLOTS: u64 = 1_000_000;
 
 /// The most requests a profile may offer in one run: at about 110 ns a request
