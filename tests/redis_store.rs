@@ -2471,6 +2471,64 @@ async fn the_shared_cut_is_logged_once_with_its_route() {
     );
 }
 
+/// A Redis that restarts empty during a fleet-wide cut ends the cut: its controller
+/// starts afresh at the base limit. An instance that last saw the route cut says so in
+/// a warning naming the route and what it last saw; without it, the log said only
+/// that Redis was reached again, while the limit jumped from the cut back to base in
+/// the middle of the spike, with no transition logged or counted (found by
+/// helper-201, a flash sale on two `rocgate serve` instances whose Redis was killed
+/// and restarted mid-cut).
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_cut_that_redis_lost_is_logged_with_its_route() {
+    let _serial = one_at_a_time().await;
+    // A current-thread runtime: both stores' tasks log under this thread's subscriber.
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let lost = || log.lines_with("shared controller state gone from Redis");
+    let mut server = RedisServer::start().await;
+    let config = store_config(&server, "lost");
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+    assert!(lost().is_empty(), "{:#?}", lost());
+
+    server.kill();
+    server.restart().await;
+    let normal = |i: &Instance| {
+        let view = i.store.view("order").unwrap();
+        view.mode == StoreMode::Shared && view.state == ControllerState::Normal
+    };
+    for _ in 0..300 {
+        let _ = a.check().await;
+        let _ = b.check().await;
+        if normal(&a) && normal(&b) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(normal(&a) && normal(&b), "not back on shared state, afresh");
+    // Each instance whose first answer found no controller says it once; one whose
+    // first answer came after the fresh controller's first step was stored may not.
+    let lines = lost();
+    assert!((1..=2).contains(&lines.len()), "{lines:#?}");
+    for line in &lines {
+        assert!(
+            line.contains("WARN")
+                && line.contains(r#"route="order""#)
+                && line.contains(r#"was="cut""#),
+            "{line}"
+        );
+    }
+    // Decisions on the fresh controller say nothing more.
+    for _ in 0..20 {
+        let _ = a.check().await;
+        let _ = b.check().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(lost().len(), lines.len(), "{:#?}", lost());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_is_recovered_without_fallback() {
     let _serial = one_at_a_time().await;

@@ -1679,7 +1679,18 @@ impl Inner {
         now: Nanos,
     ) {
         r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
-        r.state.store(reply.state, Ordering::Relaxed);
+        let seen = r.state.swap(reply.state, Ordering::Relaxed);
+        if reply.afresh && seen != ControllerState::Normal.as_index() {
+            // No transition says it: the cut (or restore) this instance last saw is
+            // gone with Redis's state, the route back at its base limit, its
+            // controller unarmed for a window.
+            tracing::warn!(
+                route = r.name.as_ref(),
+                was = state_of(seen).as_str(),
+                limit_rps = reply.limit,
+                "shared controller state gone from Redis (restarted empty, flushed, or the route's keys evicted or expired): the route starts afresh at its base limit"
+            );
+        }
         if reply.state == ControllerState::Normal.as_index() {
             r.next_raise.store(0, Ordering::Relaxed);
         } else if let Some(memory) = &reply.memory {
@@ -2174,6 +2185,10 @@ struct Reply {
     now_us: u64,
     slot: u64,
     roc: f64,
+    /// Whether Redis held no controller step for the route (no `roc` stored): a route
+    /// no instance has stepped yet, or one whose state Redis lost (restarted empty,
+    /// flushed, or its keys evicted or expired).
+    afresh: bool,
     /// The shared bucket's level after the call (when it took a token).
     tokens: Option<f64>,
     roll: Option<Roll>,
@@ -2209,7 +2224,10 @@ impl Reply {
         let state = u8::try_from(int(&next()?)?).ok()?;
         let now_us = u64::try_from(int(&next()?)?).ok()?;
         let slot = u64::try_from(int(&next()?)?).ok()?;
-        let roc = next().as_ref().and_then(float).unwrap_or(0.0);
+        // Every stored step writes `roc`: without one, the controller starts afresh.
+        let roc = next();
+        let afresh = matches!(roc, None | Some(Value::Nil));
+        let roc = roc.as_ref().and_then(float).unwrap_or(0.0);
         let tokens = next().as_ref().and_then(float);
         let roll = match next() {
             Some(Value::Array(roll)) => Some(Roll::parse(roll)?),
@@ -2227,6 +2245,7 @@ impl Reply {
             now_us,
             slot,
             roc,
+            afresh,
             tokens,
             roll,
             memory,
