@@ -2529,6 +2529,56 @@ async fn a_cut_that_redis_lost_is_logged_with_its_route() {
     assert_eq!(lost().len(), lines.len(), "{:#?}", lost());
 }
 
+/// Redis away during a fleet-wide cut: the instances refuse at their share of the cut
+/// (`fallback_local`), and those refusals are told the restore schedule last seen,
+/// with jitter, as the cut's own are, not their bucket's wait of well under a second,
+/// which sent every client the cut refused back at once into it (found by helper-201:
+/// two `rocgate serve` instances told all 540 refusals a second `Retry-After: 1`).
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_fallback_refusal_under_a_cut_is_told_when_the_cut_should_lift() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let config = store_config(&server, "told");
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+    // Refused by the cut while shared: the answer tells its schedule.
+    let mut cut_refusal = false;
+    for _ in 0..500 {
+        if let rocgate::limiter::Decision::Reject(rej) = a.check().await {
+            if rej.reason == Reason::RocCut {
+                cut_refusal = true;
+                break;
+            }
+        }
+    }
+    assert!(cut_refusal, "no roc_cut refusal while shared");
+    server.kill();
+    let mut refused = None;
+    for _ in 0..500 {
+        if let rocgate::limiter::Decision::Reject(rej) = a.check().await {
+            if rej.reason == Reason::FallbackLocal {
+                refused = Some(rej);
+                break;
+            }
+        }
+    }
+    let rej = refused.expect("refused in fallback at the cut's share");
+    assert!(rej.retry_after < Duration::from_secs(1), "{rej:?}");
+    // The cut's hold is 5 s: its first raise is seconds away.
+    let eta = a
+        .store
+        .restore_eta("order", a.clock.now())
+        .expect("the cut last seen has a restore schedule");
+    assert!(eta > Duration::from_secs(1), "{eta:?}");
+    for _ in 0..50 {
+        let told = rocgate::http::rejection::retry_after(&rej, Some(eta));
+        assert!(told >= eta && told < eta * 2, "{told:?} for {eta:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_is_recovered_without_fallback() {
     let _serial = one_at_a_time().await;

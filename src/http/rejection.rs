@@ -97,10 +97,13 @@ static REASON: HeaderName = HeaderName::from_static("rocgate-reason");
 static JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// The time a rejected client is told to wait: the limiter's exact time, or for a
-/// cut, the restore schedule (`restore_eta`) with jitter.
+/// cut, the restore schedule (`restore_eta`) with jitter. So is a distributed route's
+/// `fallback_local` refusal while the shared controller was last seen cut or
+/// recovering (its `restore_eta` is the schedule last seen): the cut is still in
+/// force, and its bucket's wait would send every client it refuses back at once.
 pub fn retry_after(rejection: &Rejection, restore_eta: Option<Duration>) -> Duration {
     match (rejection.reason, restore_eta) {
-        (Reason::RocCut, Some(eta)) => {
+        (Reason::RocCut | Reason::FallbackLocal, Some(eta)) => {
             let spread = eta.clamp(Duration::from_secs(1), Duration::from_secs(10));
             let jitter = spread.mul_f64(fastrand::f64());
             rejection.retry_after.max(eta) + jitter
@@ -613,5 +616,31 @@ mod tests {
             reason: Reason::Limit,
         };
         assert_eq!(retry_after(&limit, Some(eta)), Duration::from_millis(20));
+    }
+
+    /// A distributed route decided locally while Redis is away, under a cut last seen:
+    /// its refusals (`fallback_local`) are told the restore schedule last seen, with
+    /// jitter, as the cut's own are; told its bucket's wait, 1 s, every client the cut
+    /// refuses came back at once into it (found by helper-201: a flash sale on two
+    /// `rocgate serve` instances, Redis killed mid-cut, 540 refusals a second each
+    /// told 1 s). Under no cut (no restore schedule), the bucket's wait.
+    #[test]
+    fn a_fallback_refusal_under_a_cut_is_told_the_restore_eta_plus_jitter() {
+        let rej = Rejection {
+            retry_after: Duration::from_millis(33),
+            reason: Reason::FallbackLocal,
+        };
+        let eta = Duration::from_millis(6500);
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..500 {
+            let r = retry_after(&rej, Some(eta));
+            assert!(r >= eta && r < eta * 2, "{r:?}");
+            seen.insert(r.as_secs());
+        }
+        assert!(
+            seen.len() >= 2,
+            "jitter spreads clients over seconds: {seen:?}"
+        );
+        assert_eq!(retry_after(&rej, None), Duration::from_millis(33));
     }
 }

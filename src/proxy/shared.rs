@@ -114,8 +114,9 @@ where
                             .limit_in_force(&engine, route, rej.reason, now)
                             .or_else(|| engine.limit_rps(route))
                             .unwrap_or(0.0);
-                        // For a cut, the shared restore schedule with jitter, as the
-                        // admission layer tells of a local route's.
+                        // For a cut (and a fallback under one), the shared restore
+                        // schedule with jitter, as the admission layer tells of a local
+                        // route's.
                         let eta = name.and_then(|name| gate.store.restore_eta(name, now));
                         let retry_after = rejection::retry_after(&rej, eta);
                         Ok(rejection::respond_at_limit(

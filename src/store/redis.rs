@@ -1230,7 +1230,9 @@ impl RedisStore {
     /// (in exact mode each rejection while the controller is not normal, in batched
     /// mode each sync): the basis of `Retry-After` for a `roc_cut` rejection of the
     /// route, as [`Engine::restore_eta`] is for a local route's
-    /// (`rocgate::http::rejection::retry_after` adds the jitter). `None` when the
+    /// (`rocgate::http::rejection::retry_after` adds the jitter), and for a
+    /// `fallback_local` one while Redis is away (the schedule last seen: the
+    /// controller does not step meanwhile, so the raise comes later). `None` when the
     /// shared controller was last seen normal, or it is not known.
     pub fn restore_eta(&self, route: &str, now: Nanos) -> Option<Duration> {
         match self
