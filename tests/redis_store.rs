@@ -2529,6 +2529,44 @@ async fn a_cut_that_redis_lost_is_logged_with_its_route() {
     assert_eq!(lost().len(), lines.len(), "{:#?}", lost());
 }
 
+/// The instance's fall to local decisions is a warning; its return to shared state is
+/// not: logged at `WARN` too, an alert on the log's warnings fired again as Redis came
+/// back (found by helper-201, Redis killed and restarted under two `rocgate serve`
+/// instances).
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_instance_s_return_to_shared_state_is_no_warning() {
+    let _serial = one_at_a_time().await;
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let changed = |mode: &str| log.lines_with(&format!(": store mode changed mode=\"{mode}\""));
+    let mut server = RedisServer::start().await;
+    let a = Instance::system(&burst_route(), &store_config(&server, "told"));
+    let _ = a.check().await;
+    server.kill();
+    for _ in 0..20 {
+        let _ = a.check().await;
+        if a.store.mode() == StoreMode::Fallback {
+            break;
+        }
+    }
+    assert_eq!(a.store.mode(), StoreMode::Fallback);
+    server.restart().await;
+    for _ in 0..300 {
+        let _ = a.check().await;
+        if a.store.mode() == StoreMode::Shared {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(a.store.mode(), StoreMode::Shared);
+    let fell = changed("fallback_local");
+    assert_eq!(fell.len(), 1, "{fell:#?}");
+    assert!(fell[0].contains(" WARN "), "{}", fell[0]);
+    let back = changed("shared");
+    assert_eq!(back.len(), 1, "{back:#?}");
+    assert!(back[0].contains(" INFO "), "{}", back[0]);
+}
+
 /// Redis away during a fleet-wide cut: the instances refuse at their share of the cut
 /// (`fallback_local`), and those refusals are told the restore schedule last seen,
 /// with jitter, as the cut's own are, not their bucket's wait of well under a second,

@@ -1444,10 +1444,15 @@ impl Inner {
             "route store mode changed"
         );
         // The instance's mode changes with the first route to fall and the last to
-        // come back, not with every route that comes back.
+        // come back, not with every route that comes back. The fall is a warning, the
+        // return not (an alert on warnings would fire again as Redis came back).
         if before == usize::from(!fall) {
             publish_mode(mode);
-            tracing::warn!(mode = mode.as_str(), "store mode changed");
+            if fall {
+                tracing::warn!(mode = mode.as_str(), "store mode changed");
+            } else {
+                tracing::info!(mode = mode.as_str(), "store mode changed");
+            }
         }
     }
 
