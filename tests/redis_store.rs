@@ -3027,6 +3027,85 @@ async fn an_idle_routes_fallback_debt_reaches_the_shared_bucket_without_a_decisi
     assert_debited(&server, "idle-debt", 100.0, in_fallback, 5.0);
 }
 
+/// The members of the heartbeat set under `prefix`: the live instances that have not
+/// left.
+fn heartbeat_members(server: &RedisServer, prefix: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(format!("{{{prefix}}}:instances"))
+        .query(&mut server.connection().unwrap())
+        .unwrap()
+}
+
+/// Exact mode: an instance that leaves (a graceful shutdown) right after Redis is back,
+/// its route still in fallback (no probe due yet, and no decision since), pays what its
+/// fallback admitted before leaving the heartbeat set: the shared bucket is debited,
+/// and the instance is gone from the set. (A leave paid nothing: the debt went with the
+/// instance, the shared bucket came back undebited, and every other instance could
+/// take again what this one had admitted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_right_after_redis_is_back_pays_what_the_fallback_admitted() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = hand_beaten_config(&server, "leave-debt");
+    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
+    let (a, _clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
+    beat_answered(&a.store).await;
+    assert!(a.check().await.is_admit());
+    server.signal("-STOP");
+    let in_fallback = into_fallback(&a, 40).await;
+    server.signal("-CONT");
+    beat_answered(&a.store).await;
+    assert_eq!(route_mode(&a), StoreMode::Fallback, "no probe due yet");
+    assert!(a.store.view("order").unwrap().owed_tokens >= 40);
+    a.store.leave().await;
+    assert_eq!(a.store.view("order").unwrap().owed_tokens, 0, "all paid");
+    // A few seconds of refill at 1/s, at most.
+    assert_debited(&server, "leave-debt", 100.0, in_fallback, 5.0);
+    assert_eq!(heartbeat_members(&server, "leave-debt"), 0, "left");
+}
+
+/// An instance that leaves while Redis does not answer (stopped) returns within three
+/// times its `timeout` (its debits, then its `ZREM`, each bounded by it), and says
+/// once, as a warning naming the route and the tokens, that the shared bucket was not
+/// debited what its fallback admitted; the debt stays owed, as `GET /admin/store`'s
+/// `owed_tokens` shows. (A leave took the debt with it, and nothing said so.)
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_leave_while_redis_is_stopped_is_bounded_and_warns_of_the_debt_not_paid() {
+    let _serial = one_at_a_time().await;
+    // A current-thread runtime: the leave's debits log under this thread's subscriber.
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let server = RedisServer::start().await;
+    let mut config = hand_beaten_config(&server, "leave-lost");
+    config.timeout = Duration::from_millis(300);
+    let (a, _clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
+    beat_answered(&a.store).await;
+    assert!(a.check().await.is_admit());
+    server.signal("-STOP");
+    into_fallback(&a, 40).await;
+    let owed = a.store.view("order").unwrap().owed_tokens;
+    assert!(owed >= 40, "{owed}");
+    let started = tokio::time::Instant::now();
+    a.store.leave().await;
+    let took = started.elapsed();
+    server.signal("-CONT");
+    // Timers fire a little late: a few ms over the bound, not another `timeout`.
+    assert!(
+        took <= config.timeout * 3 + Duration::from_millis(100),
+        "the leave took {took:?}"
+    );
+    let lines = log.lines_with("not debited");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(lines[0].contains("routes=order"), "{}", lines[0]);
+    assert!(lines[0].contains(&format!("tokens={owed}")), "{}", lines[0]);
+    assert_eq!(
+        a.store.view("order").unwrap().owed_tokens,
+        owed,
+        "still owed"
+    );
+}
+
 /// Batched mode: the sync that probes a route in fallback says the gap (the shared
 /// window missed the decisions taken locally), and that is the gap said: the next
 /// slot's sync says none. (The syncs skipped in fallback had marked the gap to say,
@@ -6270,9 +6349,51 @@ async fn a_distributed_route_never_decided_shows_no_shared_state() {
             "limit_rps": route["base_limit_rps"],
             "state": "normal",
             "roc": null,
+            "owed_tokens": 0,
         }),
         "{store}"
     );
+    proxy.stop().await;
+}
+
+/// `GET /admin/store` shows each shared route's debt: what its fallback admitted that
+/// the shared bucket has not been debited yet (`owed_tokens`; here Redis is a port
+/// where nothing listens, and every request is admitted locally); and README's
+/// **`GET /admin/store`** names every field of the answer and of a route's. (The debt
+/// waiting was nowhere to be seen.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_store_shows_each_routes_debt_and_readme_names_every_field() {
+    let _serial = one_at_a_time().await;
+    let (proxy, _path, _dir) =
+        served_from_file(&unanswered_order("burst = \"10s\"", "owed-admin")).await;
+    let mut client = http1::connect(proxy.addr).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    for _ in 0..5 {
+        assert_eq!(post_order(&mut client).await.0, 200);
+    }
+    let store: serde_json::Value =
+        serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+    assert_eq!(store["routes"]["order"]["owed_tokens"], 5, "{store}");
+    let readme = include_str!("../README.md");
+    let at = readme
+        .find("\n**`GET /admin/store`**, with Redis")
+        .expect("README's GET /admin/store");
+    let section = &readme[at..];
+    let section = &section[..section[1..].find("\n\n").map_or(section.len(), |e| e + 1)];
+    let documented: std::collections::BTreeSet<&str> =
+        section.split('`').skip(1).step_by(2).collect();
+    let fields = |v: &serde_json::Value| -> Vec<String> {
+        v.as_object().expect("an object").keys().cloned().collect()
+    };
+    for field in fields(&store)
+        .into_iter()
+        .chain(fields(&store["routes"]["order"]))
+    {
+        assert!(
+            documented.contains(field.as_str()),
+            "README's GET /admin/store does not name `{field}`: {section}"
+        );
+    }
     proxy.stop().await;
 }
 

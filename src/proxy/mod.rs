@@ -748,8 +748,10 @@ impl Proxy {
     /// What the end of [`Proxy::run`] does to the shared store, for a shutdown cut
     /// short before `run` gets there (`rocgate serve`'s second SIGTERM): removes this
     /// instance from the heartbeat set, so the other instances' shares grow at once
-    /// rather than after three missed beats. Bounded in time by the store's `timeout`
-    /// (twice, if a beat is in flight); nothing to do without a shared store.
+    /// rather than after three missed beats, having paid what its routes owe the
+    /// shared buckets first (see `RedisStore::leave`).
+    /// Bounded in time by three times the store's `timeout`; nothing to do without a
+    /// shared store.
     pub fn leaving(&self) -> impl Future<Output = ()> + Send + 'static {
         #[cfg(feature = "redis")]
         let store = self.store.clone();

@@ -675,6 +675,11 @@ pub struct SharedView {
     /// request is admitted, or every one refused). Never the local engine's bucket,
     /// which decides none of the route's requests.
     pub level: Level,
+    /// Exact mode with `fail_mode = "local"`: the tokens this instance's fallback
+    /// bucket admitted that the shared bucket has not been debited yet (a debt
+    /// waiting for the route's next call that reaches Redis, or the heartbeat's
+    /// debit, or this instance's [`leave`](RedisStore::leave)); 0 otherwise.
+    pub owed_tokens: u64,
 }
 
 /// No bucket level (see [`SharedView::level`]): none is known, or none decides.
@@ -737,6 +742,10 @@ struct SharedRoute {
     /// the shared bucket does not refill for time the fleet already used. A sender
     /// takes it whole (swapped to 0) and owes it again if its call fails.
     owed: AtomicU64,
+    /// Held by a debit ([`Inner::pay`]) from taking the debt to owing it again if its
+    /// call fails: a leave's debit of the route waits for the heartbeat's in flight,
+    /// and so sees what it gives back (a debt not paid, which the leave reports).
+    paying: tokio::sync::Mutex<()>,
     /// The route that replaced this one (a reload rebuilt it), to which what is owed
     /// here goes ([`SharedRoute::owe`]), and a gap left here ([`SharedRoute::miss`]).
     /// Held, not weak: a route rebuilt twice while a call on the first was in flight
@@ -825,6 +834,7 @@ impl SharedRoute {
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
             stepped: *self.stepped.lock().unwrap_or_else(PoisonError::into_inner),
             level: self.level(config, now),
+            owed_tokens: self.owed.load(Ordering::Relaxed),
         }
     }
 
@@ -1287,6 +1297,7 @@ impl RedisStore {
                 roc: f64::NAN,
                 stepped: TransitionCounts::default(),
                 level: UNKNOWN_LEVEL,
+                owed_tokens: 0,
             })
         })
     }
@@ -1373,13 +1384,33 @@ impl RedisStore {
         self.inner.beat().await
     }
 
-    /// Stops the heartbeat and removes this instance from the heartbeat set (on
-    /// shutdown), so the others' shares grow at once instead of after three missed
-    /// beats.
+    /// Stops the heartbeat, pays what each route still owes for what its fallback
+    /// admitted, and removes this instance from the heartbeat set (on shutdown), so
+    /// the others' shares grow at once instead of after three missed beats.
+    ///
+    /// Every route that owes ([`SharedView::owed_tokens`]) is sent its debit with
+    /// [`DEBIT`], whatever its mode (a route still in fallback may well reach Redis
+    /// now, as the heartbeat's probe would find), all at once, each within `timeout`;
+    /// a debit the heartbeat has in flight on a route is waited for first. What Redis
+    /// does not take (it errs, or does not answer within `timeout`) is logged once, as
+    /// a warning naming the routes and the tokens: the shared bucket was not debited
+    /// them, and the instance leaving takes the debt with it. Returns within three
+    /// times `timeout` at most, whatever Redis does: a beat or a debit in flight, the
+    /// debits, the `ZREM`, each bounded by it.
     pub async fn leave(&self) {
         self.inner.left.store(true, Ordering::Relaxed);
         // A beat in flight ends first (within `timeout`); none starts after.
         let _beating = self.inner.beating.lock().await;
+        let unpaid = self.inner.settle().await;
+        if !unpaid.is_empty() {
+            let routes: Vec<&str> = unpaid.iter().map(|(name, _)| name.as_ref()).collect();
+            let tokens: u64 = unpaid.iter().map(|(_, owed)| owed).sum();
+            tracing::warn!(
+                routes = %routes.join(","),
+                tokens,
+                "leaving with fallback admissions the shared bucket was not debited: Redis did not take the debit"
+            );
+        }
         let cmd = redis::cmd("ZREM")
             .arg(&self.inner.instances_key)
             .arg(&self.inner.member)
@@ -1533,6 +1564,7 @@ impl Inner {
             fallback: TokenBucket::new(share, burst, now),
             fallback_limit: AtomicU64::new(share.to_bits()),
             owed: AtomicU64::new(0),
+            paying: tokio::sync::Mutex::new(()),
             successor: std::sync::OnceLock::new(),
             admitted: counter("admitted"),
             rejected: counter("rejected"),
@@ -1981,34 +2013,68 @@ impl Inner {
         }
     }
 
-    /// The routes on the shared state that owe the shared bucket what their fallback
-    /// admitted ([`SharedRoute::owed`]): brought back by the heartbeat's probe, which
-    /// sends no debit, or left owing by a call or debit that failed. A load per route:
-    /// a route that owes nothing costs no call. Never a route the store dropped (what it
-    /// owed went to the route that replaced it).
-    fn owing(&self) -> Vec<Arc<SharedRoute>> {
+    /// The routes that owe the shared bucket what their fallback admitted
+    /// ([`SharedRoute::owed`]): brought back by the heartbeat's probe, which sends no
+    /// debit, or left owing by a call or debit that failed; on the shared state only,
+    /// unless `leaving` (a leave's debits, the debt's last chance: whatever the
+    /// route's mode, and a route whose debit is in flight too, which may give its debt
+    /// back). A load per route: a route that owes nothing costs no call. Never a route
+    /// the store dropped (what it owed went to the route that replaced it).
+    fn owing(&self, leaving: bool) -> Vec<Arc<SharedRoute>> {
         self.routes
             .iter()
             .filter(|r| {
-                r.mode() == StoreMode::Shared
-                    && !r.retired.load(Ordering::Relaxed)
-                    && r.owed.load(Ordering::Relaxed) > 0
+                !r.retired.load(Ordering::Relaxed)
+                    && if leaving {
+                        r.owed.load(Ordering::Relaxed) > 0 || r.paying.try_lock().is_err()
+                    } else {
+                        r.mode() == StoreMode::Shared && r.owed.load(Ordering::Relaxed) > 0
+                    }
             })
             .map(|r| Arc::clone(r.value()))
             .collect()
     }
 
-    /// Pays what every route [`owing`](Self::owing) gives owes ([`pay`](Self::pay)),
-    /// each in a task of its own, and waits for them all.
+    /// Pays what every route [`owing`](Self::owing) on the shared state gives owes
+    /// ([`pay`](Self::pay)), each in a task of its own, and waits for them all; nothing
+    /// once the instance has left (the leave pays them: [`settle`](Self::settle)).
     async fn pay_debts(self: &Arc<Self>) {
-        let debits: Vec<_> = self
-            .owing()
+        if self.left.load(Ordering::Relaxed) {
+            return;
+        }
+        self.pay_all(self.owing(false)).await;
+    }
+
+    /// Pays what each of `routes` owes, each in a task of its own, and waits for them
+    /// all.
+    async fn pay_all(self: &Arc<Self>, routes: Vec<Arc<SharedRoute>>) {
+        let debits: Vec<_> = routes
             .into_iter()
             .map(|r| tokio::spawn(Arc::clone(self).pay(r)))
             .collect();
         for debit in debits {
             let _ = debit.await;
         }
+    }
+
+    /// A leave's debits ([`RedisStore::leave`]): pays what every route owes, whatever
+    /// its mode, and returns the routes that still owe (Redis did not take their
+    /// debit), with what they owe. Within two `timeout`s: a debit of the heartbeat's
+    /// in flight on a route is waited for ([`SharedRoute::paying`]), then the
+    /// route's own.
+    async fn settle(self: &Arc<Self>) -> Vec<(Arc<str>, u64)> {
+        self.pay_all(self.owing(true)).await;
+        let mut unpaid: Vec<(Arc<str>, u64)> = self
+            .routes
+            .iter()
+            .filter(|r| !r.retired.load(Ordering::Relaxed))
+            .filter_map(|r| match r.owed.load(Ordering::Relaxed) {
+                0 => None,
+                owed => Some((Arc::clone(&r.name), owed)),
+            })
+            .collect();
+        unpaid.sort();
+        unpaid
     }
 
     /// Sends what `r` owes with [`DEBIT`], within `timeout`, so that an idle route's
@@ -2023,6 +2089,7 @@ impl Inner {
     /// Answered, the level it answers is taken as a decision's is: the shared bucket's
     /// last level seen, and the fallback bucket lowered to this instance's share of it.
     async fn pay(self: Arc<Self>, r: Arc<SharedRoute>) {
+        let _paying = r.paying.lock().await;
         let owed = r.owed.swap(0, Ordering::AcqRel);
         if owed == 0 {
             return;

@@ -865,6 +865,8 @@ async fn a_call_that_fails_leaves_the_gap_it_was_to_say() {
 /// state that owe one: none for a route that owes nothing (the beat stays a load per
 /// route), none for one still in fallback (its probe, a decision's or a beat's, comes
 /// first), none for one a reload dropped (its debt went to the route that replaced it).
+/// A leave ([`Inner::settle`]) sends it for a route in fallback too: it is the debt's
+/// last chance.
 #[tokio::test]
 async fn the_heartbeat_sends_a_debt_only_for_a_shared_route_that_owes_one() {
     use crate::config::{Config, RouteConfig, RouteMatch};
@@ -879,7 +881,14 @@ async fn the_heartbeat_sends_a_debt_only_for_a_shared_route_that_owes_one() {
             .route(&engine, engine.route_id(name).unwrap(), Nanos::ZERO)
             .unwrap()
     });
-    let owing = || -> Vec<Arc<str>> { inner.owing().iter().map(|r| Arc::clone(&r.name)).collect() };
+    let owing_of = |leaving| -> Vec<Arc<str>> {
+        inner
+            .owing(leaving)
+            .iter()
+            .map(|r| Arc::clone(&r.name))
+            .collect()
+    };
+    let owing = || owing_of(false);
     assert!(owing().is_empty(), "nothing owed");
     order.owe(5);
     assert_eq!(owing(), [Arc::clone(&order.name)]);
@@ -889,6 +898,7 @@ async fn the_heartbeat_sends_a_debt_only_for_a_shared_route_that_owes_one() {
     }
     assert_eq!(order.mode(), StoreMode::Fallback);
     assert!(owing().is_empty(), "in fallback");
+    assert_eq!(owing_of(true), [Arc::clone(&order.name)], "at a leave");
     {
         let mut b = order.breaker();
         b.success();
@@ -900,6 +910,7 @@ async fn the_heartbeat_sends_a_debt_only_for_a_shared_route_that_owes_one() {
         .unwrap();
     store.retain(&engine);
     assert!(owing().is_empty(), "a route dropped");
+    assert!(owing_of(true).is_empty(), "a route dropped, at a leave");
 }
 
 /// A debit the heartbeat sends that Redis does not take (nothing listens) stays owed,
@@ -946,5 +957,53 @@ async fn a_debit_in_flight_holds_its_debt_and_gives_it_back_on_no_answer() {
     debit.await.unwrap();
     assert_eq!(r.owed.load(Ordering::Relaxed), 7);
     assert_eq!(r.mode(), StoreMode::Shared);
+    drop(silent);
+}
+
+/// The heartbeat's debit of `r`, spawned, once it has taken the debt (its call then
+/// in flight).
+async fn a_debit_in_flight(
+    store: &RedisStore,
+    r: &Arc<SharedRoute>,
+) -> tokio::task::JoinHandle<()> {
+    let debit = tokio::spawn(Arc::clone(&store.inner).pay(Arc::clone(r)));
+    while r.owed.load(Ordering::Relaxed) != 0 {
+        assert!(!debit.is_finished(), "the debit never took the debt");
+        tokio::task::yield_now().await;
+    }
+    debit
+}
+
+/// A leave on a Redis that accepts connections and answers nothing, while a debit of
+/// the heartbeat's is in flight: its debits wait for that debit to give its debt back
+/// (they would otherwise find nothing owed, and report nothing lost), try once more,
+/// and report the debt not paid, still owed, within two `timeout`s; the whole leave
+/// (the debits, then the `ZREM`) within three. On tokio's paused clock, which jumps to
+/// each timeout once nothing else is ready.
+#[tokio::test(start_paused = true)]
+async fn a_leave_waits_for_a_debit_in_flight_and_reports_what_is_not_paid() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let clock = Arc::new(crate::clock::ManualClock::new());
+    let store = a_store_on(port, SyncMode::Exact, clock);
+    let timeout = store.inner.config.timeout;
+    let (_, r) = order_of(&store, &order_engine(1), Nanos::ZERO);
+    r.owe(5);
+    let debit = a_debit_in_flight(&store, &r).await;
+    let started = tokio::time::Instant::now();
+    let unpaid = store.inner.settle().await;
+    assert_eq!(unpaid, [(Arc::clone(&r.name), 5)]);
+    assert!(debit.is_finished());
+    assert!(started.elapsed() <= timeout * 2, "{:?}", started.elapsed());
+    let debit = a_debit_in_flight(&store, &r).await;
+    let started = tokio::time::Instant::now();
+    store.leave().await;
+    assert!(
+        started.elapsed() <= timeout * 3,
+        "{:?} for a timeout of {timeout:?}",
+        started.elapsed()
+    );
+    assert!(debit.is_finished());
+    assert_eq!(r.owed.load(Ordering::Relaxed), 5, "still owed");
     drop(silent);
 }
