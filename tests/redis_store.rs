@@ -1558,6 +1558,35 @@ async fn the_debit_script_only_refills_and_debits_never_below_empty() {
     assert_eq!(stored, ["limit"], "the controller, only read");
 }
 
+/// A debit renews its bucket's expiry, as a decision's first call of a slot does (a
+/// debit comes after an outage, in a slot no call has seen): a bucket left a moment
+/// to live by the last decision before the outage would otherwise expire just after
+/// the debit and come back full, the debit lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debit_renews_its_buckets_expiry() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let now = redis_time_us(&mut conn);
+    hset(
+        &mut conn,
+        "{debit-only:order}:b",
+        (("tokens", "90"), ("ts", now.to_string())),
+    );
+    let _: bool = redis::cmd("PEXPIRE")
+        .arg("{debit-only:order}:b")
+        .arg(1_000)
+        .query(&mut conn)
+        .unwrap();
+    let tokens = debit_by_hand(&mut conn, 60);
+    assert!((tokens - 30.0).abs() < 0.1, "{tokens}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("{debit-only:order}:b")
+        .query(&mut conn)
+        .unwrap();
+    assert!((50_000..=60_000).contains(&ttl), "{ttl}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_instance_clocks_change_no_total() {
     let _serial = one_at_a_time().await;

@@ -363,9 +363,11 @@ return 1
 /// - `KEYS[1]` bucket hash, `KEYS[2]` controller hash (see [`DECIDE`]; the controller
 ///   is only read, for its `limit`).
 /// - `ARGV[1]` the instance's base limit in force, as [`DECIDE`]'s `ARGV[3]`;
-///   `ARGV[2]` bucket burst, seconds; `ARGV[3]` key expiry, ms (set on a bucket this
-///   call creates: one that expired, or a Redis restarted empty, starts full, as a
-///   decision finds it); `ARGV[4]` tokens to debit.
+///   `ARGV[2]` bucket burst, seconds; `ARGV[3]` key expiry, ms, set on the bucket as
+///   the first decision of a slot sets it (a debit comes after an outage, in a slot
+///   no call has seen; a bucket left to expire sooner would come back full, the
+///   debit lost); `ARGV[4]` tokens to debit. A bucket that expired, or a Redis
+///   restarted empty, starts full, as a decision finds it.
 ///
 /// Returns the bucket's level after the debit.
 pub const DEBIT: &str = r"
@@ -386,7 +388,7 @@ if tokens > cap then tokens = cap end
 tokens = math.max(tokens - tonumber(ARGV[4]), 0)
 local level = string.format('%.17g', tokens)
 redis.call('HSET', KEYS[1], 'tokens', level, 'ts', string.format('%.0f', now))
-if created then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return level
 ";
 
