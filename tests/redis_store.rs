@@ -335,7 +335,7 @@ fn hand_beaten_config(server: &impl Servers, prefix: &str) -> RedisConfig {
 
 /// One rocgate instance: its own engine and clock, and a store on the shared Redis.
 struct Instance {
-    engine: Engine,
+    engine: Arc<Engine>,
     route: RouteId,
     clock: Arc<dyn Clock>,
     store: RedisStore,
@@ -364,7 +364,7 @@ impl Instance {
             assert!(store.shares(&engine, engine.route_id(&r.name).unwrap()));
         }
         Instance {
-            engine,
+            engine: Arc::new(engine),
             route: id,
             clock,
             store,
@@ -386,14 +386,15 @@ impl Instance {
     /// Reloads the engine to `route` alone, as of the instance's now, and decides on
     /// it from then.
     fn reload(&mut self, route: RouteConfig) {
-        self.engine = self
-            .engine
-            .reload(
-                &Config::new(vec![route.clone()]),
-                self.clock.now(),
-                SystemTime::UNIX_EPOCH,
-            )
-            .unwrap();
+        self.engine = Arc::new(
+            self.engine
+                .reload(
+                    &Config::new(vec![route.clone()]),
+                    self.clock.now(),
+                    SystemTime::UNIX_EPOCH,
+                )
+                .unwrap(),
+        );
         self.route = self.engine.route_id(&route.name).unwrap();
     }
 
@@ -3137,6 +3138,50 @@ async fn a_leave_while_redis_is_stopped_is_bounded_and_warns_of_the_debt_not_pai
     );
 }
 
+/// Exact mode: the heartbeat's debit is decided at the route's base limit in force as
+/// of the debit, as a decision would be: a runtime change that halved it while Redis
+/// was away (after the route's last call, its decisions in fallback making none) caps
+/// the shared bucket at the halved burst before the debit. (Decided at the base of the
+/// route's last call, the debit refilled the bucket to 100 tokens at 1 req/s, and the
+/// route's next decision capped it at 50 only then, the debt lost within the cap.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debit_is_decided_at_the_base_limit_in_force() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = hand_beaten_config(&server, "debit-base");
+    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
+    let (a, clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
+    a.store.follow(&a.engine);
+    beat_answered(&a.store).await;
+    assert!(a.check().await.is_admit());
+    server.signal("-STOP");
+    let mut in_fallback = into_fallback(&a, 10).await;
+    let mut halved = a.engine.route_params(a.route).unwrap();
+    halved.base_limit_rps = 0.5;
+    halved.cut_limit_rps = halved.cut_limit_rps.min(0.5);
+    a.engine.update_route(a.route, halved, clock.now()).unwrap();
+    for _ in 0..10 {
+        in_fallback += usize::from(a.check().await.is_admit());
+    }
+    server.signal("-CONT");
+    beat_answered(&a.store).await;
+    clock.advance(config.probe_interval);
+    assert!(a.store.beat().await.is_some());
+    assert_eq!(route_mode(&a), StoreMode::Shared, "the beat's probe");
+    let mut beats = 0;
+    while shared_tokens(&server, "debit-base").unwrap() > 50.0 - in_fallback as f64 + 5.0
+        && beats < 2
+    {
+        beat_answered(&a.store).await;
+        beats += 1;
+    }
+    let tokens = shared_tokens(&server, "debit-base").unwrap();
+    assert!(
+        in_fallback >= 20 && tokens <= 50.0 - in_fallback as f64 + 5.0,
+        "{tokens:.1} tokens after {in_fallback} fallback admissions"
+    );
+}
+
 /// Batched mode: the sync that probes a route in fallback says the gap (the shared
 /// window missed the decisions taken locally), and that is the gap said: the next
 /// slot's sync says none. (The syncs skipped in fallback had marked the gap to say,
@@ -3426,7 +3471,7 @@ async fn a_reload_while_redis_is_away_brings_no_fresh_burst() {
 /// (Redis reads its own; a manual clock cannot move it), driven by the same code.
 enum Backend {
     Local {
-        engine: Engine,
+        engine: Arc<Engine>,
         route: RouteId,
         clock: Arc<dyn Clock>,
     },
@@ -3450,7 +3495,7 @@ impl Backend {
         let id = engine.route_id(&route.name).unwrap();
         [
             Backend::Local {
-                engine,
+                engine: Arc::new(engine),
                 route: id,
                 clock,
             },

@@ -507,6 +507,7 @@ impl Reloader {
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             store.retain(&next);
+            store.follow(&next);
         }
         tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
         let events_ended = warn_ended_events(&config, wall_now);
@@ -692,6 +693,12 @@ impl Proxy {
         } else {
             collector
         };
+        let engine = SharedEngine::new(engine);
+        // The heartbeat's debits are decided at the base limits in force there.
+        #[cfg(feature = "redis")]
+        if let Some(store) = &store {
+            store.follow(&engine.load());
+        }
         Ok(Proxy {
             listener,
             admin,
@@ -700,7 +707,7 @@ impl Proxy {
             #[cfg(feature = "redis")]
             store: store.clone(),
             reloader: Reloader {
-                engine: SharedEngine::new(engine),
+                engine,
                 clock,
                 source,
                 #[cfg(feature = "redis")]

@@ -714,7 +714,8 @@ struct SharedRoute {
     /// with one slot more (see [`Inner::route`]).
     ttl_ms: u64,
     /// The route's own base limit, f64 bits (refreshed in exact mode by each decision
-    /// that calls Redis, in batched mode by the first decision of each slot).
+    /// that calls Redis and by the heartbeat's debit, in batched mode by the first
+    /// decision of each slot).
     base_limit: AtomicU64,
     /// The shared limit last seen, f64 bits.
     limit: AtomicU64,
@@ -911,6 +912,10 @@ struct Inner {
     /// traffic does, and when it is back.
     heard: AtomicU8,
     routes: DashMap<Arc<str>, Arc<SharedRoute>>,
+    /// The engine in force ([`RedisStore::follow`]), whose base limits in force the
+    /// heartbeat's debits are decided at, as a decision's call is; none before it is
+    /// given, or once dropped.
+    engine: Mutex<Weak<Engine>>,
     /// Shared routes not built yet whose `rocgate_store_*` series
     /// [`RedisStore::register_undecided`] registered, until built or no longer shared.
     undecided: Mutex<std::collections::HashSet<Arc<str>>>,
@@ -1030,6 +1035,7 @@ impl RedisStore {
             heard: AtomicU8::new(UNHEARD),
             routes: DashMap::new(),
             undecided: Mutex::default(),
+            engine: Mutex::new(Weak::new()),
             decide: Lua::new(DECIDE),
             save: Lua::new(SAVE),
             debit: Lua::new(DEBIT),
@@ -1257,6 +1263,20 @@ impl RedisStore {
             0 => None,
             at => Some(Nanos::new(at).saturating_since(now)),
         }
+    }
+
+    /// Follows `engine`, the one in force (`rocgate serve` gives it at start and at
+    /// each reload): the heartbeat's debit of a route ([`beat`](Self::beat)) is then
+    /// decided at the route's base limit in force there as of the debit, as a decision
+    /// would be, a runtime change or a scheduled event since the route's last call
+    /// included. Held weakly; a route it does not hold, or no engine followed, keeps
+    /// the base limit of the route's last call.
+    pub fn follow(&self, engine: &Arc<Engine>) {
+        *self
+            .inner
+            .engine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(engine);
     }
 
     /// Forgets every route that `engine` (the one a reload just put in force) does
@@ -2090,6 +2110,8 @@ impl Inner {
     /// breaker), and its errors and timeouts count in `rocgate_store_errors_total`.
     /// Answered, the level it answers is taken as a decision's is: the shared bucket's
     /// last level seen, and the fallback bucket lowered to this instance's share of it.
+    /// Decided at the route's base limit in force in the engine followed
+    /// ([`base_in_force`](Self::base_in_force)), taken as a decision takes it.
     async fn pay(self: Arc<Self>, r: Arc<SharedRoute>) {
         let _paying = r.paying.lock().await;
         let owed = r.owed.swap(0, Ordering::AcqRel);
@@ -2097,6 +2119,10 @@ impl Inner {
             return;
         }
         let now = self.clock.now();
+        // The base limit in force, as a decision's call takes it.
+        if let Some(base) = self.base_in_force(&r, now) {
+            r.base_limit.store(base.to_bits(), Ordering::Relaxed);
+        }
         let mut invocation = self.debit.call(&[&r.keys[1], &r.keys[2]]);
         invocation
             .arg(f64::from_bits(r.base_limit.load(Ordering::Relaxed)))
@@ -2130,6 +2156,19 @@ impl Inner {
                 self.conn.suspect(&r.keys[1]);
             }
         }
+    }
+
+    /// `r`'s base limit in force at `now` in the engine followed
+    /// ([`RedisStore::follow`]); `None` with no engine followed, or one that does not
+    /// hold the route.
+    fn base_in_force(&self, r: &SharedRoute, now: Nanos) -> Option<f64> {
+        let engine = self
+            .engine
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade()?;
+        let id = engine.route_id(&r.name)?;
+        Some(engine.params_at(id, now)?.base_limit_rps)
     }
 
     /// Announces this instance in the heartbeat set and takes in the live count
