@@ -1844,6 +1844,7 @@ fn classic() -> RouteSettings {
         params: ControllerParams::default(),
         partitioned: false,
         tiered: false,
+        distributed: false,
         event: None,
     }
 }
@@ -2968,4 +2969,106 @@ fn a_shadow_verdict_suggests_no_danger_roc_where_raise_danger_roc_does_not_judge
         verdict.contains("raise danger_roc (80) above 95"),
         "{verdict}"
     );
+}
+
+/// [`classic`], distributed: `rocgate serve` shares it through Redis, its base limit
+/// the fleet's, its history this instance's share of the requests.
+fn distributed() -> RouteSettings {
+    RouteSettings {
+        distributed: true,
+        ..classic()
+    }
+}
+
+/// A game day's flash sale on a route two instances share through Redis (found by
+/// helper-201): each instance saw 40 req/s, a third of it refused by the shared
+/// bucket of 200 req/s, and its hints said "32.5% … rejected by the base limit of 200
+/// req/s (mean demand 40 req/s)": one instance's demand against the fleet's limit,
+/// and a raise to 260 worked out from it. On a distributed route the rule does not
+/// judge: it says so, quoting the figures as this instance's share, with no value.
+#[test]
+fn a_distributed_routes_base_limit_is_not_raised_from_one_instances_share() {
+    let intervals = healthy_seconds(60, (40, 13), Reason::Limit, ControllerState::Normal);
+    // Limited here alone, the same figures raise it.
+    assert_eq!(
+        numbers(&advise_over(&classic(), &intervals), "raise_base_limit"),
+        (200.0, 260.0)
+    );
+    let h = advise_over(&distributed(), &intervals);
+    assert!(
+        h.iter().all(|h| h.suggested.is_none()),
+        "a value from one instance's figures: {h:#?}"
+    );
+    let raise = find(&h, "raise_base_limit").unwrap();
+    assert_eq!(raise.severity, Severity::Info);
+    assert_says(raise, "not advised on a distributed route");
+    assert_says(raise, "this instance's 40 req/s");
+    assert_says(raise, "32.5% of 2400 requests rejected by the base limit");
+    assert_says(raise, "the fleet's base limit of 200 req/s");
+    // The shared controller's slots are not in this instance's history: the rules
+    // that judge cuts, ramps and restores say they do not judge it.
+    for rule in [
+        "raise_burst",
+        "raise_danger_roc",
+        "lower_danger_roc",
+        "raise_min_rps",
+        "faster_restore",
+    ] {
+        let hint = find(&h, rule).unwrap_or_else(|| panic!("no {rule}: {h:#?}"));
+        assert_eq!(hint.suggested, None, "{rule}");
+        assert_says(hint, "not advised on a distributed route");
+    }
+    // Only once per rule.
+    assert_eq!(
+        h.iter().filter(|h| h.rule == "raise_base_limit").count(),
+        1,
+        "{h:#?}"
+    );
+}
+
+/// An upstream saturated behind few rejections: limited here alone, the base limit
+/// goes to 90% of the rate it saturated at; on a distributed route that rate is this
+/// instance's share of what the fleet sent (a third of it with three instances), and
+/// the capacity it reads a fraction of the upstream's: the base limit goes down
+/// about 20%, the figures said to be this instance's.
+#[test]
+fn a_distributed_routes_saturated_upstream_lowers_the_base_limit_without_its_share_as_capacity() {
+    let intervals = in_state(
+        rejecting(0, 60, 40, (Reason::Limit, 0), 4),
+        ControllerState::Normal,
+    );
+    assert_eq!(
+        numbers(&advise_over(&classic(), &intervals), "lower_base_limit"),
+        (200.0, 36.0)
+    );
+    let h = advise_over(&distributed(), &intervals);
+    assert_eq!(numbers(&h, "lower_base_limit"), (200.0, 160.0));
+    let lower = find(&h, "lower_base_limit").unwrap();
+    assert_says(lower, "this instance's share");
+    assert!(!lower.reason.contains("saturates at about"), "{lower:#?}");
+}
+
+/// A shadow distributed route that would have refused 7.5% of this instance's
+/// requests (too few for `raise_base_limit`, too many to enforce): the verdict names
+/// the base limit without a value, where a route limited here alone is told that the
+/// most demand seen while healthy, 40 req/s, fits under it: on a distributed route
+/// that is this instance's share, not the fleet's demand.
+#[test]
+fn a_distributed_shadow_verdict_names_the_base_limit_without_a_value() {
+    let mut intervals = healthy_seconds(60, (40, 0), Reason::Limit, ControllerState::Normal);
+    for i in &mut intervals {
+        i.shadow_rejected[Reason::Limit.index()] = 3;
+    }
+    let shadow = |s: RouteSettings| RouteSettings {
+        mode: Mode::Shadow,
+        ..s
+    };
+    let seen = "the most demand seen while the upstream was healthy, 40 req/s";
+    let local = advise_over(&shadow(classic()), &intervals);
+    assert_says(find(&local, "shadow_verdict").unwrap(), seen);
+    let h = advise_over(&shadow(distributed()), &intervals);
+    let verdict = find(&h, "shadow_verdict").unwrap();
+    assert_eq!(verdict.suggested, None);
+    assert!(!verdict.reason.contains(seen), "{verdict:#?}");
+    assert_says(verdict, "this instance's share");
 }

@@ -589,7 +589,8 @@ impl Engine {
 
     /// What the tuning hints need to know of the route: name, mode, algorithm,
     /// whether it is partitioned and the controller parameters in force (an event's while one is active); `None` if
-    /// this engine does not hold `route` (see [`RouteId`]).
+    /// this engine does not hold `route` (see [`RouteId`]). Never `distributed`: the
+    /// store that shares a route is `rocgate serve`'s, which says so.
     pub fn route_settings(&self, route: RouteId) -> Option<crate::hints::RouteSettings> {
         let r = self.route(route)?;
         let st = r.lock();
@@ -600,6 +601,7 @@ impl Engine {
             params: st.controller.params().clone(),
             partitioned: r.partition != Partition::Route,
             tiered: !r.tiers.is_empty(),
+            distributed: false,
             event: st
                 .active_event
                 .and_then(|i| st.events.get(i))
@@ -628,6 +630,7 @@ impl Engine {
             params: due.map_or_else(|| st.own.clone(), |e| e.params.clone()),
             partitioned: r.partition != Partition::Route,
             tiered: !r.tiers.is_empty(),
+            distributed: false,
             event: due.map(|e| e.name.clone()),
         })
     }

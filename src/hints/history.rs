@@ -214,6 +214,11 @@ pub struct RouteSettings {
     /// Has tiers: a tier's rejections count as the base limit's do (reason `limit`),
     /// so what the base limit alone rejected is not observed.
     pub tiered: bool,
+    /// Distributed (`rocgate serve` with a Redis `[store]` that shares the route):
+    /// the base limit, window and controller are the fleet's, while the history holds
+    /// this instance's share of the requests, and no slot of the shared controller
+    /// (its ROC, cuts and restores are stepped on the fleet's window in Redis).
+    pub distributed: bool,
     /// The scheduled event whose profile `params` are, if one was running: its
     /// `[[routes.events]]` entry is where a change to them belongs.
     pub event: Option<String>,
@@ -619,6 +624,7 @@ mod tests {
             params: ControllerParams::default(),
             partitioned: false,
             tiered: false,
+            distributed: false,
             event: None,
         }
     }

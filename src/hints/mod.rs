@@ -35,7 +35,16 @@
 //! limit is each key's: `raise_base_limit` scales it by the capacity over the route's
 //! highest admitted rate, `lower_base_limit` takes no capacity target, and
 //! `raise_burst`, `raise_danger_roc` and `faster_restore` do not judge it (one key's
-//! demand is not observed). A rule that does not judge a route says so in an `info`
+//! demand is not observed). On a distributed route (shared through Redis in `rocgate
+//! serve`, [`RouteSettings::distributed`]) the base limit, bucket and controller are
+//! the fleet's, while the intervals hold this instance's share of the requests and
+//! none of the shared controller's slots: `raise_base_limit` does not judge it (its
+//! hint quotes this instance's demand and rejections as its share, and the fleet's
+//! base limit), nor do `raise_burst`, `raise_danger_roc`, `lower_danger_roc`,
+//! `raise_min_rps` and `faster_restore`; `lower_base_limit` takes no capacity from
+//! the rate this instance admitted (only a modelled one) and says its figures are
+//! this instance's share; the shadow verdict names `base_limit` and `danger_roc`
+//! without a value. A rule that does not judge a route says so in an `info`
 //! hint without a change, "not advised on a … route: …", once per rule in each part of
 //! the period a route ran under a profile (its own, and each event's that ran).
 //!
@@ -61,6 +70,10 @@ use std::time::Duration;
 /// The kinds of route a rule may not judge, as its "not advised on …" hint names them.
 const CONCURRENCY: &str = "a concurrency route";
 const PARTITIONED: &str = "a partitioned route";
+const DISTRIBUTED: &str = "a distributed route";
+
+/// Why the rules of cuts, ramps and restores do not judge a distributed route.
+const SHARED_CONTROLLER: &str = "the shared controller steps on the fleet's window in Redis, and its ROC, cuts and restores are not in this instance's history";
 
 /// When the upstream counts as saturated, and how much evidence a rule needs.
 #[derive(Clone, Debug, PartialEq)]
@@ -390,18 +403,27 @@ pub fn advise(
     let verdict = e.shadow_verdict(&hints);
     hints.extend(verdict);
     if hints.is_empty() {
+        // A distributed route's cuts are the shared controller's, not counted here.
+        let figures = if settings.distributed {
+            format!(
+                "this instance's share of a distributed route, {} requests, {} rejected",
+                e.offered,
+                pct(e.rejected, e.offered)
+            )
+        } else {
+            format!(
+                "{} requests, {} rejected, {} cut(s)",
+                e.offered,
+                pct(e.rejected, e.offered),
+                e.cut_count()
+            )
+        };
         hints.push(e.hint(
             "no_change",
             Severity::Info,
             None,
             None,
-            format!(
-                "no change: {} requests, {} rejected, {} cut(s), upstream {}",
-                e.offered,
-                pct(e.rejected, e.offered),
-                e.cut_count(),
-                e.health_summary()
-            ),
+            format!("no change: {figures}, upstream {}", e.health_summary()),
         ));
     }
     hints.extend(e.not_advised());
@@ -803,6 +825,9 @@ impl<'a> Evidence<'a> {
     /// is well".
     fn not_advised(&self) -> Vec<Hint> {
         const TIERED: &str = "a route with tiers";
+        if self.s.distributed {
+            return self.not_advised_distributed();
+        }
         let concurrency = self.concurrency();
         let partitioned = self.s.partitioned;
         let bucket = matches!(self.s.algorithm, Algorithm::TokenBucket { .. });
@@ -846,13 +871,49 @@ impl<'a> Evidence<'a> {
         .collect()
     }
 
+    /// [`Evidence::not_advised`] on a distributed route, whose base limit, bucket and
+    /// controller are the fleet's while the intervals hold this instance's share of
+    /// the requests and none of the shared controller's slots: the rules that hold
+    /// demand against the base limit, or judge the controller's cuts, ramps and
+    /// restores, do not judge it. `raise_base_limit`'s says what this instance saw,
+    /// as its share.
+    fn not_advised_distributed(&self) -> Vec<Hint> {
+        let (rejected, enforced) = match self.s.mode {
+            Mode::Shadow => ("would have been rejected", ", enforced"),
+            _ => ("rejected", ""),
+        };
+        let base = format!(
+            "this instance's {} req/s ({} of {} requests {rejected} by the base limit{enforced}) are its share of a route shared by the fleet, and the fleet's base limit of {} req/s is held against the fleet's demand, which this instance does not observe: raise it only on the fleet's figures (rocgate_requests_total of every instance)",
+            fmt_measured(self.mean_rps()),
+            pct(self.base_rejected, self.offered),
+            self.offered,
+            fmt_num(self.base())
+        );
+        [
+            ("raise_base_limit", base),
+            ("raise_burst", "the bucket is the fleet's, and whether the fleet's demand came in bursts or fit under its base limit is not observed (this instance's requests are its share)".to_owned()),
+            ("raise_danger_roc", SHARED_CONTROLLER.to_owned()),
+            ("lower_danger_roc", SHARED_CONTROLLER.to_owned()),
+            ("raise_min_rps", SHARED_CONTROLLER.to_owned()),
+            ("faster_restore", SHARED_CONTROLLER.to_owned()),
+        ]
+        .into_iter()
+        .map(|(rule, why)| {
+            self.hint(rule, Severity::Info, None, None, format!("not advised on {DISTRIBUTED}: {why}"))
+        })
+        .collect()
+    }
+
     /// Why `raise_danger_roc` does not judge this route, as (the route's kind, the
     /// reason), if it does not: on a `concurrency` or partitioned route a false cut's
-    /// demand, a rate of the whole route, is held against a base limit it cannot be.
+    /// demand, a rate of the whole route, is held against a base limit it cannot be;
+    /// on a distributed route the shared controller's cuts are not observed.
     /// The shadow verdict names `danger_roc` without a value there, for the same
     /// reason.
     fn danger_unjudged(&self) -> Option<(&'static str, &'static str)> {
-        if self.concurrency() {
+        if self.s.distributed {
+            Some((DISTRIBUTED, SHARED_CONTROLLER))
+        } else if self.concurrency() {
             Some((CONCURRENCY, "a false cut is one whose demand fit under the base limit, here a count of requests in flight, while demand is a rate, and what rejected requests would have kept in flight is not observed"))
         } else if self.s.partitioned {
             Some((PARTITIONED, "a false cut is one whose demand fit under the base limit, here each key's, while demand is the whole route's, and one key's demand is not observed"))
@@ -1028,10 +1089,15 @@ impl<'a> Evidence<'a> {
     /// on a `concurrency` route the median of the most requests in flight seen in the
     /// intervals in which it saturated at what the base limit let through (a modelled
     /// capacity, a rate, does not count); `None` on a partitioned route, whose base
-    /// limit is each key's while the upstream takes all keys together.
+    /// limit is each key's while the upstream takes all keys together. On a
+    /// distributed route only a modelled capacity: the rate this instance admitted is
+    /// its share of what the fleet sent the upstream.
     fn capacity(&self) -> Option<f64> {
         if self.s.partitioned {
             return None;
+        }
+        if self.s.distributed {
+            return self.capacity_rps;
         }
         if !self.concurrency() {
             return self.route_capacity();
@@ -1143,7 +1209,7 @@ impl<'a> Evidence<'a> {
     }
 
     fn raise_base_limit(&self) -> Option<Hint> {
-        if self.s.tiered {
+        if self.s.tiered || self.s.distributed {
             return None;
         }
         let ratio = self.base_rejected as f64 / self.offered as f64;
@@ -1340,6 +1406,12 @@ impl<'a> Evidence<'a> {
                 );
             }
         }
+        if self.s.distributed {
+            why.push_str("; the figures are this instance's share of a route shared by the fleet");
+            if capacity.is_none() {
+                why.push_str(", the rate it admitted no measure of the upstream's capacity, so the fleet's base limit goes down by a step: judge again after");
+            }
+        }
         let suggested = self.fit_limit(round_down(target, base), false);
         if suggested >= base {
             return None;
@@ -1471,7 +1543,11 @@ impl<'a> Evidence<'a> {
         let Algorithm::TokenBucket { burst } = self.s.algorithm else {
             return None;
         };
-        if self.s.partitioned || !self.mostly_healthy() || self.mean_rps() > self.base() {
+        if self.s.partitioned
+            || self.s.distributed
+            || !self.mostly_healthy()
+            || self.mean_rps() > self.base()
+        {
             return None;
         }
         // A bucket absorbs a burst only if it had time to fill before it: runs of
@@ -1579,7 +1655,7 @@ impl<'a> Evidence<'a> {
     /// (which rejected requests never enter) or each key's (whose demand is not
     /// observed).
     fn raise_danger_roc(&self) -> Option<Hint> {
-        if self.concurrency() || self.s.partitioned {
+        if self.danger_unjudged().is_some() {
             return None;
         }
         let base = self.base();
@@ -1641,6 +1717,9 @@ impl<'a> Evidence<'a> {
     /// a deploy's errors in one interval asked, critical, for a danger_roc that cuts on
     /// that noise.
     fn lower_danger_roc(&self) -> Option<Hint> {
+        if self.s.distributed {
+            return None;
+        }
         let p = &self.s.params;
         let ramps: Vec<(f64, &Interval)> = self
             .capacity_readings()
@@ -1686,7 +1765,7 @@ impl<'a> Evidence<'a> {
     /// key's limit is quiet by any measure, and half of one key's limit bounds the
     /// raise, short of what the keys together let through.
     fn raise_min_rps(&self, new_base: Option<f64>) -> Option<Hint> {
-        if self.concurrency() {
+        if self.concurrency() || self.s.distributed {
             return None;
         }
         let base = self.base();
@@ -1750,7 +1829,7 @@ impl<'a> Evidence<'a> {
     /// limit in flight has no rate to hold demand against), so every rejection there
     /// would count as one a faster restore saves, those the base limit makes too.
     fn faster_restore(&self) -> Option<Hint> {
-        if self.s.partitioned || self.concurrency() {
+        if self.s.partitioned || self.s.distributed || self.concurrency() {
             return None;
         }
         let p = &self.s.params;
@@ -2024,6 +2103,11 @@ impl<'a> Evidence<'a> {
         if self.s.partitioned {
             return format!(
                 "{by}: raise base_limit{at} (each key's; one key's demand is not observed, so no value is suggested)"
+            );
+        }
+        if self.s.distributed {
+            return format!(
+                "{by}: raise base_limit{at} (the fleet's; the demand seen is this instance's share of the fleet's, so no value is suggested)"
             );
         }
         let demand = self

@@ -261,6 +261,7 @@ fn by_profile(
                         .map_or_else(|| route.controller.clone(), |e| e.controller.clone()),
                     partitioned: route.partition != Partition::Route,
                     tiered: !route.tiers.is_empty(),
+                    distributed: false,
                     event: i.event.clone(),
                 };
                 groups.push((settings, vec![i]));
