@@ -3072,3 +3072,17 @@ fn a_distributed_shadow_verdict_names_the_base_limit_without_a_value() {
     assert!(!verdict.reason.contains(seen), "{verdict:#?}");
     assert_says(verdict, "this instance's share");
 }
+
+/// A quiet distributed route: "no change", quoting this instance's share and no count
+/// of cuts (the shared controller's are not in its history), beside the rules that do
+/// not judge it.
+#[test]
+fn a_quiet_distributed_route_gets_no_change_as_its_share() {
+    let intervals = healthy_seconds(60, (40, 0), Reason::Limit, ControllerState::Normal);
+    let h = advise_over(&distributed(), &intervals);
+    let none = find(&h, "no_change").unwrap_or_else(|| panic!("{h:#?}"));
+    assert_eq!(
+        none.reason,
+        "no change: this instance's share of a distributed route, 2400 requests, 0.0% rejected, upstream healthy throughout"
+    );
+}

@@ -6651,3 +6651,92 @@ async fn a_call_of_many_arrivals_adds_them_to_the_count() {
     let count: String = hget(&mut conn, "{big:order}:w", slot);
     assert_eq!(count, "100000000000000005");
 }
+
+/// Two `rocgate serve` instances sharing `order` (a shared bucket of 50 req/s, 1 s of
+/// burst) through a real Redis, each sent 150 requests at once: the shared bucket
+/// admits about 50 of the 300, so each instance sees about two thirds of its share
+/// refused. Each instance's `GET /admin/hints` says the route is distributed, and its
+/// `raise_base_limit` does not judge it: an `info` hint without a value, quoting this
+/// instance's requests as its share and the fleet's base limit (helper-201's game day
+/// read "rejected by the base limit of 200 req/s (mean demand 40 req/s)" on each
+/// instance, and a raise worked out from one instance's figures). A route limited by
+/// each instance alone, beside it, is judged as before.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_hints_say_a_distributed_route_is_their_share() {
+    let server = RedisServer::start().await;
+    let config = Config::from_toml_str(
+        &format!(
+            "[[routes]]\nname = \"order\"\nmethod = \"POST\"\npath = \"/api/order\"\n\
+             base_limit = 50\ncut_limit = 20\n\
+             [[routes]]\nname = \"own\"\npath_prefix = \"/\"\npartition = \"ip\"\n\
+             base_limit = 50\ncut_limit = 20\n\
+             [hints]\ninterval = \"200ms\"\nkeep = \"1m\"\nmin_requests = 50\n\
+             latency_budget = \"30s\"\n\
+             [store]\nbackend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"hints-shared\"\n",
+            server.url()
+        ),
+        "test",
+    )
+    .unwrap();
+    let instances = [
+        Served::with_ok_upstream(&config, None).await,
+        Served::with_ok_upstream(&config, None).await,
+    ];
+    for proxy in &instances {
+        let mut client = http1::connect(proxy.addr).await;
+        for _ in 0..150 {
+            post_order(&mut client).await;
+        }
+    }
+    for proxy in &instances {
+        let mut admin = http1::connect(proxy.admin).await;
+        // The intervals of the requests end within 200 ms; a report with them all.
+        let mut report = serde_json::Value::Null;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            report =
+                serde_json::from_str(&get(&mut admin, "/admin/hints?period=1m").await).unwrap();
+            let offered = report["routes"]
+                .as_array()
+                .and_then(|r| r.iter().find(|r| r["route"] == "order"))
+                .map(|r| r["offered"].as_u64().unwrap_or(0));
+            if offered == Some(150) {
+                break;
+            }
+        }
+        let routes = report["routes"].as_array().unwrap();
+        let order = routes.iter().find(|r| r["route"] == "order").unwrap();
+        assert_eq!(order["offered"], 150, "{report:#}");
+        assert_eq!(order["distributed"], true, "{order:#}");
+        let rejected = order["rejected"].as_u64().unwrap();
+        assert!(rejected > 15, "the shared bucket refused: {order:#}");
+        let hints = order["hints"].as_array().unwrap();
+        assert!(
+            hints.iter().all(|h| h["suggested"].is_null()),
+            "a value from one instance's figures: {order:#}"
+        );
+        let raise = hints
+            .iter()
+            .find(|h| h["rule"] == "raise_base_limit")
+            .unwrap_or_else(|| panic!("{order:#}"));
+        assert_eq!(raise["severity"], "info", "{raise:#}");
+        let reason = raise["reason"].as_str().unwrap();
+        for said in [
+            "not advised on a distributed route",
+            "this instance's ",
+            "of 150 requests rejected by the base limit",
+            "the fleet's base limit of 50 req/s",
+        ] {
+            assert!(reason.contains(said), "{said:?} in {reason}");
+        }
+        // The route each instance limits alone (partitioned: not shared) is not.
+        if let Some(own) = routes.iter().find(|r| r["route"] == "own") {
+            assert_eq!(own["distributed"], false, "{own:#}");
+        }
+    }
+    for proxy in instances {
+        proxy.stop().await;
+    }
+    drop(server);
+}

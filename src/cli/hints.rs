@@ -257,11 +257,56 @@ fn render(report: &HintsReport, asked: &str) -> String {
         } else {
             (String::new(), format!("{would},{from}"))
         };
+        // A distributed route's figures are this instance's share; its limits the
+        // fleet's.
+        let shared = if r.distributed {
+            " (distributed: this instance's share of the fleet's requests)"
+        } else {
+            ""
+        };
         out.push_str(&format!(
-            "route {}{during}: {} interval(s), {:.1} s, {} offered, {} rejected{from}{would}\n",
+            "route {}{during}{shared}: {} interval(s), {:.1} s, {} offered, {} rejected{from}{would}\n",
             r.route, r.intervals, r.covered_s, r.offered, r.rejected
         ));
         out.push_str(&hints::table(&r.hints));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `rocgate hints` says which routes are distributed, their figures this
+    /// instance's share (helper-201's game day read them as the fleet's).
+    #[test]
+    fn a_distributed_routes_line_says_so() {
+        let report = |distributed: bool| -> HintsReport {
+            serde_json::from_value(serde_json::json!({
+                "period_s": 60.0,
+                "covered_s": 60.0,
+                "interval_s": 10.0,
+                "routes": [{
+                    "route": "order",
+                    "intervals": 6,
+                    "covered_s": 60.0,
+                    "offered": 2400,
+                    "rejected": 780,
+                    "distributed": distributed,
+                    "hints": [],
+                }],
+            }))
+            .unwrap()
+        };
+        let shared = render(&report(true), "1m");
+        assert!(
+            shared.contains("route order (distributed: this instance's share of the fleet's requests): 6 interval(s), 60.0 s, 2400 offered, 780 rejected\n"),
+            "{shared}"
+        );
+        let own = render(&report(false), "1m");
+        assert!(
+            own.contains("route order: 6 interval(s)") && !own.contains("distributed"),
+            "{own}"
+        );
+    }
 }

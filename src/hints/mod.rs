@@ -226,6 +226,11 @@ pub struct RouteHints {
     /// whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_keys: Option<u64>,
+    /// A distributed route ([`RouteSettings::distributed`]): its limits are the
+    /// fleet's, while these figures are this instance's share of its requests (its
+    /// hints say what they judge). `false` from a `serve` that did not say.
+    #[serde(default)]
+    pub distributed: bool,
     /// The hints.
     pub hints: Vec<Hint>,
 }
@@ -251,6 +256,7 @@ impl RouteHints {
             } else {
                 None
             },
+            distributed: settings.distributed,
             hints: advise(settings, intervals, capacity_rps, policy),
         }
     }

@@ -11,7 +11,7 @@
 
 use crate::clock::Nanos;
 use crate::config::HintsConfig;
-use crate::engine::{Engine, SlotReport};
+use crate::engine::{Engine, RouteId, SlotReport};
 use crate::hints::{
     one_per_route_setting, HintsReport, History, Policy, RouteHints, RouteSettings, UpstreamMeter,
 };
@@ -26,6 +26,10 @@ pub struct Advisor {
     keep: Duration,
     meter: Arc<UpstreamMeter>,
     policy: Policy,
+    /// The store that shares the distributed routes, once `serve` has opened it: their
+    /// history is this instance's share ([`RouteSettings::distributed`]).
+    #[cfg(feature = "redis")]
+    store: std::sync::OnceLock<crate::store::redis::RedisStore>,
 }
 
 impl Advisor {
@@ -36,7 +40,31 @@ impl Advisor {
             keep: config.keep,
             meter: Arc::new(UpstreamMeter::new()),
             policy: config.policy.clone(),
+            #[cfg(feature = "redis")]
+            store: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Judges the routes `store` shares as distributed from the next tick on (`serve`
+    /// calls it once, as it opens the store; a second store is ignored).
+    #[cfg(feature = "redis")]
+    pub(crate) fn share_with(&self, store: crate::store::redis::RedisStore) {
+        let _ = self.store.set(store);
+    }
+
+    /// The profile due at `now` for `route` of `engine`, as the history takes it:
+    /// distributed where the store shares the route.
+    fn settings_at(&self, engine: &Engine, route: RouteId, now: Nanos) -> Option<RouteSettings> {
+        let settings = engine.route_settings_at(route, now)?;
+        #[cfg(feature = "redis")]
+        let settings = RouteSettings {
+            distributed: self
+                .store
+                .get()
+                .is_some_and(|store| store.shares(engine, route)),
+            ..settings
+        };
+        Some(settings)
     }
 
     pub(super) fn history(&self) -> std::sync::MutexGuard<'_, History> {
@@ -108,7 +136,7 @@ impl Advisor {
         let snapshots = engine.snapshot(now);
         let settings: Vec<_> = engine
             .route_ids()
-            .filter_map(|id| engine.route_settings_at(id, now).map(|s| (id, s)))
+            .filter_map(|id| self.settings_at(engine, id, now).map(|s| (id, s)))
             .collect();
         let mut history = self.history();
         // The keys refused are taken (emptied) only from the routes whose interval

@@ -680,6 +680,10 @@ impl Proxy {
                 open_store(config, &clock)?
             }
         };
+        #[cfg(feature = "redis")]
+        if let Some(store) = &store {
+            advisor.share_with(store.clone());
+        }
         #[cfg(not(feature = "redis"))]
         if config.store != crate::store::StoreConfig::Local {
             return Err(BindError::StoreNotBuilt);
