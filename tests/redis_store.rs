@@ -768,6 +768,45 @@ async fn rejections_name_the_cut(inst: &Instance) {
     );
 }
 
+/// The fleet's demand rides each answer (found by helper-206): two instances, one
+/// sending twice the other's requests, 300 req/s together for 2.5 s on a window of
+/// 1 s, each see about the fleet's 300 req/s, not their own 200 or 100, in exact and
+/// in batched mode (where it comes with each slot's sync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_instance_sees_the_fleets_demand() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    for mode in [SyncMode::Exact, SyncMode::Batched] {
+        let mut config = patient_config(&server, &format!("fleet-demand-{mode:?}"));
+        config.mode = mode;
+        let route = quick_route();
+        let a = Instance::system(&route, &config);
+        let b = Instance::system(&route, &config);
+        assert!(a.store.view("order").is_none());
+        let started = tokio::time::Instant::now();
+        let mut every = tokio::time::interval(Duration::from_millis(10));
+        let mut sent = [0u32; 2];
+        while started.elapsed() < Duration::from_millis(2500) {
+            every.tick().await;
+            let _ = a.check().await;
+            let _ = a.check().await;
+            let _ = b.check().await;
+            sent[0] += 2;
+            sent[1] += 1;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let fleet = f64::from(sent[0] + sent[1]) / secs;
+        let own = f64::from(sent[0]) / secs;
+        for inst in [&a, &b] {
+            let demand = inst.store.view("order").unwrap().demand_rps;
+            assert!(
+                demand > 0.8 * fleet && demand < 1.25 * fleet,
+                "{mode:?}: {demand} req/s seen, the fleet sent {fleet} (the busier instance {own})"
+            );
+        }
+    }
+}
+
 /// Decides on both instances every `pause` until `until` holds or `limit` passes;
 /// times each decision in `waits`. Returns decisions admitted by each instance and how
 /// long it took.
@@ -6425,6 +6464,7 @@ async fn a_distributed_route_never_decided_shows_no_shared_state() {
             "limit_rps": route["base_limit_rps"],
             "state": "normal",
             "roc": null,
+            "demand_rps": null,
             "owed_tokens": 0,
         }),
         "{store}"

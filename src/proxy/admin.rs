@@ -12,7 +12,7 @@
 //! | `DELETE /admin/routes/{name}/change` | withdraw the route's runtime change: the file's parameters are in force again |
 //! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart; `runtime_changes_kept` the routes whose runtime change stays, the file having left them as they were, `runtime_changes_replaced` those whose change the file's new parameters replaced, `runtime_changes_dropped` those whose change went with them, the file having no route of that name, and `events_ended` the file's scheduled events that have ended, never to run; 422 with every error for a file refused, 409 without a file, 500 for a reload that failed within) |
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
-//! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen (one not decided on yet: shared, normal at its base limit, `roc` null), with the tokens its fallback admitted that the shared bucket is still owed |
+//! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen, the fleet's demand included (one not decided on yet: shared, normal at its base limit, `roc` and `demand_rps` null), with the tokens its fallback admitted that the shared bucket is still owed |
 //!
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set;
 //! without one, they take changes from loopback only, and none from a web page.
@@ -791,6 +791,7 @@ async fn store(State(state): State<AdminState>) -> Json<Value> {
                     "limit_rps": v.limit_rps,
                     "state": v.state.as_str(),
                     "roc": v.roc,
+                    "demand_rps": v.demand_rps,
                     "owed_tokens": v.owed_tokens,
                 });
                 (name, view)

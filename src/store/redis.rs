@@ -141,7 +141,9 @@ use std::time::Duration;
 ///   other, normal),
 ///   `through` (last slot stepped), `entered`, `armed`, `safe` (ns, Redis time), `roc`,
 ///   `slot_us` (the slot length, µs, that the slot numbers of the window and of
-///   `through` count) and `slots` (slots per window the controller last stepped on).
+///   `through` count), `slots` (slots per window the controller last stepped on) and
+///   `rate` (the fleet's demand, req/s, in the later half of the last window stepped:
+///   the sample whose ROC is `roc`).
 /// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` the calling
 ///   instance's base limit in force: the limit until the controller hash has one (a
 ///   stored `limit` that is no limit the config takes, such as `nan` or one below
@@ -216,12 +218,15 @@ use std::time::Duration;
 /// count that is no count, such as `nan`, which `HINCRBY` never stores).
 ///
 /// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll,
-/// memory}`; `limit` is the one the call was decided at (the stored one, or `ARGV[3]`
-/// if lower); `tokens` is the bucket's level after this call (nil when `ARGV[7]` is
-/// `0`); `roll` is nil but for the call that observed a new slot: `{lo, counts of slots
-/// lo..cur (or lo..slot-1, whichever ends first; none when `cur` is before `lo`),
-/// controller fields (limit, state, through, entered, armed, safe, roc, slot_us,
-/// slots)}`; `memory` is present only while the controller is not normal, for a call
+/// rate, memory}`; `limit` is the one the call was decided at (the stored one, or
+/// `ARGV[3]` if lower); `tokens` is the bucket's level after this call (nil when
+/// `ARGV[7]` is `0`); `roll` is nil but for the call that observed a new slot: `{lo,
+/// counts of slots lo..cur (or lo..slot-1, whichever ends first; none when `cur` is
+/// before `lo`), controller fields (limit, state, through, entered, armed, safe, roc,
+/// slot_us, slots, rate)}`; `rate` is the stored `rate` (nil before a step stored one:
+/// an older release's `SAVE` stores none, and leaves the last one in place; a field
+/// more of the hash already read, no call more); `memory` is present only while the
+/// controller is not normal, for a call
 /// that was refused or took no token (batched mode): the controller fields as in
 /// `roll`, from which the caller tells when the limit will next rise (the
 /// `Retry-After` of a rejection for a cut).
@@ -232,7 +237,7 @@ local slot_us = tonumber(ARGV[1])
 local slots = tonumber(ARGV[2])
 local ttl = ARGV[5]
 local slot = math.floor(now / slot_us)
-local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots')
+local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots', 'rate')
 local base = tonumber(ARGV[3])
 local limit = tonumber(ctl[1]) or base
 if not (limit >= 0.000001) or base < limit then limit = base end
@@ -326,8 +331,8 @@ if fresh then
 end
 local state = tonumber(ctl[2])
 if state ~= 1 and state ~= 2 then state = 0 end
-local result = {admit, wait, string.format('%.17g', limit), state, now, slot, ctl[7], level, roll}
-if state ~= 0 and (admit == 0 or ARGV[7] ~= '1') then result[10] = ctl end
+local result = {admit, wait, string.format('%.17g', limit), state, now, slot, ctl[7], level, roll, ctl[10]}
+if state ~= 0 and (admit == 0 or ARGV[7] ~= '1') then result[11] = ctl end
 return result
 ";
 
@@ -339,14 +344,15 @@ return result
 ///   `through`; `ARGV[3]` limit; `ARGV[4]` state; `ARGV[5]` entered; `ARGV[6]` armed;
 ///   `ARGV[7]` safe since (empty: none); `ARGV[8]` roc; `ARGV[9]` key expiry, ms;
 ///   `ARGV[10]` the slot length, µs, and `ARGV[11]` the slots per window the step
-///   was taken on.
+///   was taken on; `ARGV[12]` the fleet's demand, req/s, in the later half of the
+///   last window stepped (`rate`, see [`DECIDE`]).
 ///
 /// Returns 1 if stored, 0 if the hash had moved on (or the route's window changed).
 pub const SAVE: &str = r"
 local stored = redis.call('HMGET', KEYS[1], 'through', 'slot_us', 'slots')
 if tonumber(stored[1]) ~= tonumber(ARGV[1]) or stored[2] ~= ARGV[10] or stored[3] ~= ARGV[11] then return 0 end
 redis.call('HSET', KEYS[1], 'through', ARGV[2], 'limit', ARGV[3], 'state', ARGV[4],
-  'entered', ARGV[5], 'armed', ARGV[6], 'roc', ARGV[8])
+  'entered', ARGV[5], 'armed', ARGV[6], 'roc', ARGV[8], 'rate', ARGV[12])
 if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'safe') else redis.call('HSET', KEYS[1], 'safe', ARGV[7]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[9])
 return 1
@@ -661,6 +667,12 @@ pub struct SharedView {
     /// one of this instance's decisions (or syncs) on the route, as in the view of a
     /// route it has not decided on (see [`RedisStore::shared_view`]).
     pub roc: f64,
+    /// The fleet's demand, req/s: the arrivals of every instance in the later half of
+    /// the shared window, as the shared controller last stepped on it (the sample whose
+    /// ROC is [`roc`](Self::roc)), as Redis's last answer to this instance gave it.
+    /// NaN before such an answer, and while Redis holds none (no step stored since the
+    /// route's state was lost, or only steps of an older release, which stores none).
+    pub demand_rps: f64,
     /// The shared controller's transitions that this instance stepped and stored:
     /// each is stepped and stored by one instance, so summed over the fleet they are
     /// the shared controller's.
@@ -723,6 +735,9 @@ struct SharedRoute {
     state: AtomicU8,
     /// The shared ROC last seen, f64 bits (NaN before any).
     roc: AtomicU64,
+    /// The fleet's demand last seen, req/s, f64 bits (NaN before any, or when the
+    /// answer had none: [`SharedView::demand_rps`]).
+    demand: AtomicU64,
     /// When (this instance's clock, ns) the shared controller will next raise the
     /// limit, as the last answer that told it put it; 0 when not known, or normal
     /// (see [`RedisStore::restore_eta`]).
@@ -835,6 +850,7 @@ impl SharedRoute {
             limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
             state: state_of(self.state.load(Ordering::Relaxed)),
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
+            demand_rps: f64::from_bits(self.demand.load(Ordering::Relaxed)),
             stepped: *self.stepped.lock().unwrap_or_else(PoisonError::into_inner),
             level: self.level(config, now),
             owed_tokens: self.owed.load(Ordering::Relaxed),
@@ -1317,6 +1333,7 @@ impl RedisStore {
                 limit_rps: params.base_limit_rps,
                 state: ControllerState::Normal,
                 roc: f64::NAN,
+                demand_rps: f64::NAN,
                 stepped: TransitionCounts::default(),
                 level: UNKNOWN_LEVEL,
                 owed_tokens: 0,
@@ -1580,6 +1597,7 @@ impl Inner {
             state: AtomicU8::new(ControllerState::Normal.as_index()),
             // Not known before Redis answers (see [`SharedView::roc`]).
             roc: AtomicU64::new(f64::NAN.to_bits()),
+            demand: AtomicU64::new(f64::NAN.to_bits()),
             next_raise: AtomicU64::new(0),
             tokens: AtomicU64::new(f64::NAN.to_bits()),
             tokens_at: AtomicU64::new(0),
@@ -1604,6 +1622,7 @@ impl Inner {
             for (to, from) in [
                 (&r.limit, &old.limit),
                 (&r.roc, &old.roc),
+                (&r.demand, &old.demand),
                 (&r.next_raise, &old.next_raise),
                 (&r.tokens, &old.tokens),
                 (&r.tokens_at, &old.tokens_at),
@@ -1760,6 +1779,7 @@ impl Inner {
             r.next_raise.store(at, Ordering::Relaxed);
         }
         r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
+        r.demand.store(reply.rate.to_bits(), Ordering::Relaxed);
         r.limit_gauge.set(reply.limit);
         // An answer to a call on a route that a reload has since dropped or made
         // local (no route of its name held any more) blanks the gauge again, as the
@@ -2300,6 +2320,8 @@ struct Reply {
     now_us: u64,
     slot: u64,
     roc: f64,
+    /// The fleet's demand the last stored step stepped on, req/s (NaN if none stored).
+    rate: f64,
     /// Whether Redis held no controller step for the route (no `roc` stored): a route
     /// no instance has stepped yet, or one whose state Redis lost (restarted empty,
     /// flushed, or its keys evicted or expired).
@@ -2348,6 +2370,11 @@ impl Reply {
             Some(Value::Array(roll)) => Some(Roll::parse(roll)?),
             _ => None,
         };
+        let rate = next()
+            .as_ref()
+            .and_then(float)
+            .filter(|r| r.is_finite() && *r >= 0.0)
+            .unwrap_or(f64::NAN);
         let memory = match next() {
             Some(Value::Array(ctl)) => Some(StoredController::parse(&ctl)),
             _ => None,
@@ -2360,6 +2387,7 @@ impl Reply {
             now_us,
             slot,
             roc,
+            rate,
             afresh,
             tokens,
             roll,
@@ -2609,7 +2637,7 @@ async fn step(
     roll: Roll,
 ) {
     let now = Nanos::new(now_us.saturating_mul(1000));
-    let Some((controller, through, transitions, in_cut)) =
+    let Some((controller, through, transitions, in_cut, rate)) =
         replay(params, &r.window, &roll, slot, now)
     else {
         return;
@@ -2632,7 +2660,8 @@ async fn step(
         .arg(format!("{:?}", m.last_roc))
         .arg(r.ttl_ms)
         .arg(r.slot_us)
-        .arg(r.window.slots());
+        .arg(r.window.slots())
+        .arg(format!("{rate:?}"));
     match tokio::time::timeout(inner.config.timeout, inner.conn.invoke::<i64>(&invocation)).await {
         // Stored: no other instance stores these slots' steps, so counting and logging
         // here counts and logs each transition once in the fleet.
@@ -2665,11 +2694,13 @@ type Entered = Vec<(Transition, Nanos)>;
 
 /// The controller after observing every slot from the one after `through` up to
 /// `slot - 1`, the new `through`, the transitions on the way, each with when the
-/// state it left was entered, and the time it spent in cut over the slots stepped
+/// state it left was entered, the time it spent in cut over the slots stepped
 /// (from the end of the stored `through`, or now without one, to the end of the new
 /// one): each step is stored by one instance, so the fleet's instances together count
-/// every slot's time in cut once, as it passes, not at the cut's end. `None` if there
-/// is nothing to observe. Times are Redis's, in ns.
+/// every slot's time in cut once, as it passes, not at the cut's end; and the fleet's
+/// demand, req/s, in the later half of the window of the last slot observed (what
+/// [`SAVE`] stores as `rate`). `None` if there is nothing to observe. Times are
+/// Redis's, in ns.
 ///
 /// Of the slots up to the last that had a call (the end of the roll's counts), at most
 /// the last window's are stepped. The silent slots after it are stepped as the engine
@@ -2683,7 +2714,7 @@ fn replay(
     roll: &Roll,
     slot: u64,
     now: Nanos,
-) -> Option<(Controller, u64, Entered, Duration)> {
+) -> Option<(Controller, u64, Entered, Duration, f64)> {
     let last = slot.checked_sub(1)?;
     let slots = window.slots() as u64;
     let half = slots / 2;
@@ -2714,6 +2745,7 @@ fn replay(
     let mut cut_since = (controller.state() == ControllerState::Cut)
         .then(|| stepped_at.max(controller.entered_at()));
     let mut in_cut = Duration::ZERO;
+    let mut rate = f64::NAN;
     let mut observe = |controller: &mut Controller, s: u64| {
         let start = (s + 1).saturating_sub(slots);
         // Saturating: the counts are Redis's, any up to i64::MAX.
@@ -2723,6 +2755,7 @@ fn replay(
         let n_recent = (start + half..=s).map(count).fold(0, u64::saturating_add);
         let rate_prev_rps = n_prev as f64 / half_secs;
         let rate_recent_rps = n_recent as f64 / half_secs;
+        rate = rate_recent_rps;
         let sample = RocSample {
             n_prev,
             n_recent,
@@ -2760,7 +2793,7 @@ fn replay(
     if let Some(since) = cut_since {
         in_cut += Nanos::new((last + 1).saturating_mul(slot_ns)).saturating_since(since);
     }
-    Some((controller, last, transitions, in_cut))
+    Some((controller, last, transitions, in_cut, rate))
 }
 
 /// When the stored controller was last stepped to, as of Redis's `now`: the end of the

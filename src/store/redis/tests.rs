@@ -8,7 +8,7 @@ fn window() -> WindowSpec {
 }
 
 /// [`replay`] of `r` under the default parameters, called in slot 110 at 11 s.
-fn replay_to_slot_110(r: &Roll) -> (Controller, u64, Entered, Duration) {
+fn replay_to_slot_110(r: &Roll) -> (Controller, u64, Entered, Duration, f64) {
     replay(
         ControllerParams::default(),
         &window(),
@@ -79,10 +79,12 @@ fn replay_observes_each_completed_slot_once() {
         ..ControllerParams::default()
     };
     let now = Nanos::from_millis(11_000);
-    let (c, through, _, _) = replay(params, &window(), &r, 110, now).unwrap();
+    let (c, through, _, _, rate) = replay(params, &window(), &r, 110, now).unwrap();
     assert_eq!(through, 109);
     // Half-windows of 0.5 s: 50 then 250 arrivals, 100 → 500 req/s.
     assert_eq!(c.last_roc(), 400.0);
+    // The fleet's demand stored with the step: the later half's.
+    assert_eq!(rate, 500.0);
     // Not armed yet: a fresh controller waits one window from `now`.
     assert_eq!(c.state(), ControllerState::Normal);
 }
@@ -126,7 +128,7 @@ fn cut_since_five(safe_since: Option<Nanos>) -> ControllerMemory {
 fn replay_counts_the_time_in_a_cut_in_force() {
     let mut r = roll(90, vec![10; 20], Some(99));
     r.memory.memory = Some(cut_since_five(None));
-    let (c, through, transitions, in_cut) = replay_to_slot_110(&r);
+    let (c, through, transitions, in_cut, _) = replay_to_slot_110(&r);
     assert_eq!((c.state(), through), (ControllerState::Cut, 109));
     assert!(transitions.is_empty(), "{transitions:?}");
     assert_eq!(in_cut, Duration::from_secs(1));
@@ -138,7 +140,7 @@ fn replay_counts_the_time_in_a_cut_in_force() {
 fn replay_counts_the_time_in_a_cut_up_to_its_end() {
     let mut r = roll(90, vec![10; 20], Some(99));
     r.memory.memory = Some(cut_since_five(Some(Nanos::from_secs(8))));
-    let (c, _, transitions, in_cut) = replay_to_slot_110(&r);
+    let (c, _, transitions, in_cut, _) = replay_to_slot_110(&r);
     assert_ne!(c.state(), ControllerState::Cut);
     let left = transitions
         .iter()
@@ -166,7 +168,7 @@ fn replay_continues_a_stored_controller_and_cuts() {
     let counts: Vec<u64> = (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect();
     let mut r = roll(100, counts, Some(108));
     r.memory.memory = Some(calm_at_base());
-    let (c, _, transitions, _) = replay_to_slot_110(&r);
+    let (c, _, transitions, _, _) = replay_to_slot_110(&r);
     assert_eq!(c.state(), ControllerState::Cut);
     assert_eq!(c.limit_rps(), 60.0);
     // The cut, with when the state it left (Normal, from the memory) was entered.
@@ -198,7 +200,7 @@ fn replay_reports_a_restore_ending_in_the_slot_it_steps() {
     });
     let now = Nanos::from_millis(20_301);
     let params = ControllerParams::default();
-    let (c, through, transitions, _) = replay(params, &window(), &r, 203, now).unwrap();
+    let (c, through, transitions, _, _) = replay(params, &window(), &r, 203, now).unwrap();
     assert_eq!(through, 202);
     assert_eq!(c.state(), ControllerState::Normal);
     assert_eq!(c.entered_at(), Nanos::from_millis(20_300));
@@ -247,7 +249,7 @@ fn replay_after_a_silence_lands_where_stepping_every_slot_would() {
         Some(108),
     );
     r.memory.memory = Some(calm_at_base());
-    let (cut, _, _, _) = replay(params.clone(), &window(), &r, 110, call(110)).unwrap();
+    let (cut, _, _, _, _) = replay(params.clone(), &window(), &r, 110, call(110)).unwrap();
     assert_eq!(cut.state(), ControllerState::Cut);
     let cut = cut.memory();
 
@@ -255,7 +257,7 @@ fn replay_after_a_silence_lands_where_stepping_every_slot_would() {
     let mut every_slot = Vec::new();
     for s in 110..400 {
         let r = cut_then_silent(stepped, s - 1);
-        let (c, _, t, _) = replay(params.clone(), &window(), &r, s + 1, call(s + 1)).unwrap();
+        let (c, _, t, _, _) = replay(params.clone(), &window(), &r, s + 1, call(s + 1)).unwrap();
         stepped = c.memory();
         every_slot.extend(t);
     }
@@ -264,7 +266,7 @@ fn replay_after_a_silence_lands_where_stepping_every_slot_would() {
     assert_eq!(stepped.entered_at, Nanos::from_millis(20_300));
 
     let r = cut_then_silent(cut, 109);
-    let (c, through, at_once, _) = replay(params, &window(), &r, 400, call(400)).unwrap();
+    let (c, through, at_once, _, _) = replay(params, &window(), &r, 400, call(400)).unwrap();
     assert_eq!(through, 399);
     assert_eq!(c.memory(), stepped);
     // The same transitions, and the same time in the cut counted.
@@ -290,7 +292,7 @@ fn replay_after_a_silence_observes_the_slot_where_it_was_armed() {
     cut.armed_at = Nanos::from_millis(29_950);
     let r = cut_then_silent(cut, 109);
     let now = Nanos::from_millis(40_001);
-    let (c, _, transitions, _) =
+    let (c, _, transitions, _, _) =
         replay(ControllerParams::default(), &window(), &r, 400, now).unwrap();
     let path: Vec<_> = transitions.iter().map(|(t, _)| (t.to, t.at)).collect();
     assert_eq!(
@@ -311,7 +313,8 @@ fn replay_rearms_a_stored_controller_without_through() {
     let mut r = roll(100, counts, None);
     r.memory.memory = Some(calm_at_base());
     let now = Nanos::from_secs(11);
-    let (c, through, _, _) = replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
+    let (c, through, _, _, _) =
+        replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
     assert_eq!(through, 109);
     assert_eq!(c.last_roc(), 900.0);
     // A spike, but no action for one window from now, as after a local reload.
@@ -339,23 +342,29 @@ fn a_reply_carries_the_buckets_level_and_the_roll_after_it() {
     let reply = Reply::parse(Value::Array(exact)).unwrap();
     assert_eq!(reply.tokens, Some(41.5));
     assert!(reply.roll.is_none());
+    // No rate stored: none known.
+    assert!(reply.rate.is_nan());
     // Batched mode (no token taken), winning a rollover: no level, and the roll.
     let mut batched = head();
     batched.push(Value::Nil);
     batched.push(Value::Array(vec![
         Value::Int(40),
         Value::Array(vec![Value::Int(3); 10]),
-        Value::Array(vec![Value::Nil; 7]),
+        Value::Array(vec![Value::Nil; 10]),
     ]));
+    batched.push(text("212.5"));
     let reply = Reply::parse(Value::Array(batched)).unwrap();
     assert_eq!(reply.tokens, None);
+    assert_eq!(reply.rate, 212.5);
     let roll = reply.roll.unwrap();
     assert_eq!((roll.lo, roll.counts.len()), (40, 10));
     assert!(reply.memory.is_none());
-    // Refused under a cut, no rollover: the controller's memory after the roll's place.
+    // Refused under a cut, no rollover: the controller's memory after the roll's and
+    // the rate's places (a rate that is no rate, none).
     let mut refused = head();
     refused.push(text("0"));
     refused.push(Value::Nil);
+    refused.push(text("nan"));
     refused.push(Value::Array(vec![
         text("60"),
         text("1"),
@@ -367,6 +376,7 @@ fn a_reply_carries_the_buckets_level_and_the_roll_after_it() {
     ]));
     let reply = Reply::parse(Value::Array(refused)).unwrap();
     assert!(reply.roll.is_none());
+    assert!(reply.rate.is_nan());
     let memory = reply.memory.unwrap().memory.unwrap();
     assert_eq!(memory.state, ControllerState::Cut);
     assert_eq!(memory.entered_at, Nanos::from_secs(4));
@@ -474,7 +484,8 @@ fn a_restore_stored_without_through_keeps_its_pace() {
         last_roc: 0.0,
     });
     let now = Nanos::from_millis(18_201);
-    let (c, through, _, _) = replay(ControllerParams::default(), &window(), &r, 182, now).unwrap();
+    let (c, through, _, _, _) =
+        replay(ControllerParams::default(), &window(), &r, 182, now).unwrap();
     assert_eq!(through, 181);
     assert_eq!(c.limit_rps(), 140.0);
 }
@@ -580,9 +591,9 @@ fn stored_numbers_past_their_range_overflow_nothing() {
         };
         assert!(replay(params.clone(), &window(), &r, 110, Nanos::from_secs(11)).is_none());
     }
-    let (_, through, _, _) = replay_to_slot_110(&roll(i64::MIN, vec![1; 10], Some(99)));
+    let (_, through, _, _, _) = replay_to_slot_110(&roll(i64::MIN, vec![1; 10], Some(99)));
     assert_eq!(through, 109);
-    let (_, through, _, _) = replay_to_slot_110(&roll(100, vec![u64::MAX / 2; 10], Some(99)));
+    let (_, through, _, _, _) = replay_to_slot_110(&roll(100, vec![u64::MAX / 2; 10], Some(99)));
     assert_eq!(through, 109);
 }
 
