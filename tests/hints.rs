@@ -11,7 +11,7 @@ use rocgate::config::{Config, Mode};
 use rocgate::controller::{ControllerParams, ControllerState};
 use rocgate::engine::{Engine, Key};
 use rocgate::hints::{
-    Hint, History, Interval, Policy, RouteSettings, Setting, Severity, UpstreamCounts,
+    FleetDemand, Hint, History, Interval, Policy, RouteSettings, Setting, Severity, UpstreamCounts,
     UpstreamMeter,
 };
 use rocgate::limiter::{Algorithm, Reason};
@@ -3085,4 +3085,133 @@ fn a_quiet_distributed_route_gets_no_change_as_its_share() {
         none.reason,
         "no change: this instance's share of a distributed route, 2400 requests, 0.0% rejected, upstream healthy throughout"
     );
+}
+
+/// `intervals`, the first `with` of them holding the fleet's demand that Redis's
+/// answers gave: `mean` req/s, peaking at `peak`.
+fn with_fleet_demand(
+    mut intervals: Vec<Interval>,
+    with: usize,
+    (mean, peak): (f64, f64),
+) -> Vec<Interval> {
+    for i in intervals.iter_mut().take(with) {
+        i.fleet_demand = Some(FleetDemand::new(mean, peak));
+    }
+    intervals
+}
+
+/// The game day's flash sale of
+/// [`a_distributed_routes_base_limit_is_not_raised_from_one_instances_share`], now with
+/// the fleet's demand in the history (found by helper-206): Redis's answers said the
+/// fleet sent 600 req/s against its base limit of 200 while the upstream was healthy,
+/// so the rule advises as on a route of one instance, +30%, quoting the fleet's
+/// figures, not this instance's share. The other rules still do not judge it.
+#[test]
+fn a_distributed_routes_base_limit_is_raised_on_the_fleets_demand() {
+    let intervals = with_fleet_demand(
+        healthy_seconds(60, (40, 13), Reason::Limit, ControllerState::Normal),
+        60,
+        (600.0, 700.0),
+    );
+    let h = advise_over(&distributed(), &intervals);
+    assert_eq!(numbers(&h, "raise_base_limit"), (200.0, 260.0));
+    let raise = find(&h, "raise_base_limit").unwrap();
+    assert_eq!(raise.severity, Severity::Warn);
+    assert_says(
+        raise,
+        "the fleet's demand 600 req/s (peak 700 req/s, as Redis's answers to this instance gave it in 60 of 60 intervals) against its base limit of 200 req/s while the upstream was healthy throughout: raise it about 30%",
+    );
+    assert!(!raise.reason.contains("this instance's"), "{raise:#?}");
+    assert_eq!(
+        h.iter().filter(|h| h.rule == "raise_base_limit").count(),
+        1,
+        "{h:#?}"
+    );
+    for rule in [
+        "raise_burst",
+        "raise_danger_roc",
+        "lower_danger_roc",
+        "raise_min_rps",
+        "faster_restore",
+    ] {
+        let hint = find(&h, rule).unwrap_or_else(|| panic!("no {rule}: {h:#?}"));
+        assert_says(hint, "not advised on a distributed route");
+    }
+    // A shadow route is told, as one limited here alone is.
+    let shadow = RouteSettings {
+        mode: Mode::Shadow,
+        ..distributed()
+    };
+    let raise = advise_over(&shadow, &intervals);
+    let raise = find(&raise, "raise_base_limit").unwrap();
+    assert_eq!(raise.severity, Severity::Info);
+    assert_eq!(raise.suggested, Some(Setting::Number(260.0)));
+}
+
+/// Within the same bounds as on a route of one instance: a modelled upstream of 500
+/// req/s holds the raise to what a full bucket and a second of refill keep within it.
+#[test]
+fn a_distributed_routes_raise_on_the_fleets_demand_stays_within_the_capacity() {
+    let intervals = with_fleet_demand(
+        healthy_seconds(60, (40, 13), Reason::Limit, ControllerState::Normal),
+        60,
+        (600.0, 700.0),
+    );
+    let h = rocgate::hints::advise(&distributed(), &intervals, Some(500.0), &Policy::default());
+    let local = rocgate::hints::advise(&classic(), &intervals, Some(500.0), &Policy::default());
+    let (current, suggested) = numbers(&h, "raise_base_limit");
+    assert_eq!((current, suggested), numbers(&local, "raise_base_limit"));
+    assert!(suggested > 200.0 && suggested < 260.0, "{suggested}");
+    assert_says(
+        find(&h, "raise_base_limit").unwrap(),
+        "within the upstream's capacity of 500 req/s",
+    );
+}
+
+/// The fleet's demand within a tenth of its base limit (210 req/s against 200, as a
+/// route of one instance with under 10% rejected), or above it with the upstream
+/// saturated: no raise, and no "not advised" either (the fleet's demand was judged).
+#[test]
+fn a_distributed_routes_fleet_demand_that_fits_or_saturates_is_not_raised() {
+    let fits = with_fleet_demand(
+        healthy_seconds(60, (40, 13), Reason::Limit, ControllerState::Normal),
+        60,
+        (210.0, 260.0),
+    );
+    let h = advise_over(&distributed(), &fits);
+    assert!(find(&h, "raise_base_limit").is_none(), "{h:#?}");
+    let saturated = with_fleet_demand(
+        in_state(
+            rejecting(0, 60, 40, (Reason::Limit, 13), 4),
+            ControllerState::Normal,
+        ),
+        60,
+        (600.0, 700.0),
+    );
+    let h = advise_over(&distributed(), &saturated);
+    assert!(find(&h, "raise_base_limit").is_none(), "{h:#?}");
+}
+
+/// The fleet's demand in some intervals only (Redis away in the others, or answers of
+/// a release that kept no rate): judged on those, and the hint says how many. In none,
+/// the rule does not judge the route, as before the answers carried it.
+#[test]
+fn a_distributed_routes_fleet_demand_is_judged_where_the_history_has_it() {
+    let seconds = || healthy_seconds(60, (40, 13), Reason::Limit, ControllerState::Normal);
+    let h = advise_over(
+        &distributed(),
+        &with_fleet_demand(seconds(), 20, (600.0, 650.0)),
+    );
+    assert_eq!(numbers(&h, "raise_base_limit"), (200.0, 260.0));
+    assert_says(
+        find(&h, "raise_base_limit").unwrap(),
+        "in 20 of 60 intervals",
+    );
+    let h = advise_over(
+        &distributed(),
+        &with_fleet_demand(seconds(), 0, (600.0, 650.0)),
+    );
+    let raise = find(&h, "raise_base_limit").unwrap();
+    assert_eq!(raise.suggested, None);
+    assert_says(raise, "not advised on a distributed route");
 }

@@ -771,7 +771,8 @@ async fn rejections_name_the_cut(inst: &Instance) {
 /// The fleet's demand rides each answer (found by helper-206): two instances, one
 /// sending twice the other's requests, 300 req/s together for 2.5 s on a window of
 /// 1 s, each see about the fleet's 300 req/s, not their own 200 or 100, in exact and
-/// in batched mode (where it comes with each slot's sync).
+/// in batched mode (where it comes with each slot's sync). What the answers gave
+/// since it was last taken is there for the hints, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_instance_sees_the_fleets_demand() {
     let _serial = one_at_a_time().await;
@@ -803,6 +804,15 @@ async fn each_instance_sees_the_fleets_demand() {
                 demand > 0.8 * fleet && demand < 1.25 * fleet,
                 "{mode:?}: {demand} req/s seen, the fleet sent {fleet} (the busier instance {own})"
             );
+            let taken = inst.store.take_fleet_demand("order").unwrap();
+            assert!(
+                taken.peak_rps > 0.8 * fleet
+                    && taken.peak_rps < 1.25 * fleet
+                    && taken.mean_rps > 0.0
+                    && taken.mean_rps <= taken.peak_rps,
+                "{mode:?}: {taken:?}, the fleet sent {fleet}"
+            );
+            assert_eq!(inst.store.take_fleet_demand("order"), None, "{mode:?}");
         }
     }
 }
@@ -6695,12 +6705,15 @@ async fn a_call_of_many_arrivals_adds_them_to_the_count() {
 /// Two `rocgate serve` instances sharing `order` (a shared bucket of 50 req/s, 1 s of
 /// burst) through a real Redis, each sent 150 requests at once: the shared bucket
 /// admits about 50 of the 300, so each instance sees about two thirds of its share
-/// refused. Each instance's `GET /admin/hints` says the route is distributed, and its
-/// `raise_base_limit` does not judge it: an `info` hint without a value, quoting this
-/// instance's requests as its share and the fleet's base limit (helper-201's game day
-/// read "rejected by the base limit of 200 req/s (mean demand 40 req/s)" on each
-/// instance, and a raise worked out from one instance's figures). A route limited by
-/// each instance alone, beside it, is judged as before.
+/// refused. Each instance's `GET /admin/hints` says the route is distributed, and no
+/// value comes from this instance's figures (helper-201's game day read "rejected by
+/// the base limit of 200 req/s (mean demand 40 req/s)" on each instance, and a raise
+/// worked out from one instance's figures): `raise_base_limit` judges the fleet's
+/// demand where Redis's answers gave it (once the shared controller stepped on a
+/// rollover amid the burst: quoted, or no hint where it fitted), and where none did it
+/// does not judge the route: an `info` hint without a value, quoting this instance's
+/// requests as its share and the fleet's base limit. A route limited by each instance
+/// alone, beside it, is judged as before.
 #[cfg(feature = "proxy")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_hints_say_a_distributed_route_is_their_share() {
@@ -6753,27 +6766,122 @@ async fn two_instances_hints_say_a_distributed_route_is_their_share() {
         assert!(rejected > 15, "the shared bucket refused: {order:#}");
         let hints = order["hints"].as_array().unwrap();
         assert!(
-            hints.iter().all(|h| h["suggested"].is_null()),
+            hints
+                .iter()
+                .all(|h| h["suggested"].is_null() || h["rule"] == "raise_base_limit"),
             "a value from one instance's figures: {order:#}"
         );
-        let raise = hints
-            .iter()
-            .find(|h| h["rule"] == "raise_base_limit")
-            .unwrap_or_else(|| panic!("{order:#}"));
-        assert_eq!(raise["severity"], "info", "{raise:#}");
-        let reason = raise["reason"].as_str().unwrap();
-        for said in [
-            "not advised on a distributed route",
-            "this instance's ",
-            "of 150 requests rejected by the base limit",
-            "the fleet's base limit of 50 req/s",
-        ] {
-            assert!(reason.contains(said), "{said:?} in {reason}");
+        match hints.iter().find(|h| h["rule"] == "raise_base_limit") {
+            Some(raise) if !raise["suggested"].is_null() => {
+                let reason = raise["reason"].as_str().unwrap();
+                assert!(reason.contains("the fleet's demand "), "{reason}");
+                assert!(!reason.contains("this instance's"), "{reason}");
+            }
+            Some(raise) => {
+                assert_eq!(raise["severity"], "info", "{raise:#}");
+                let reason = raise["reason"].as_str().unwrap();
+                for said in [
+                    "not advised on a distributed route",
+                    "this instance's ",
+                    "of 150 requests rejected by the base limit",
+                    "the fleet's base limit of 50 req/s",
+                ] {
+                    assert!(reason.contains(said), "{said:?} in {reason}");
+                }
+            }
+            None => assert!(
+                hints.iter().any(|h| h["rule"] == "no_change"
+                    && h["reason"]
+                        .as_str()
+                        .unwrap()
+                        .contains("this instance's share of a distributed route")),
+                "{order:#}"
+            ),
         }
         // The route each instance limits alone (partitioned: not shared) is not.
         if let Some(own) = routes.iter().find(|r| r["route"] == "own") {
             assert_eq!(own["distributed"], false, "{own:#}");
         }
+    }
+    for proxy in instances {
+        proxy.stop().await;
+    }
+    drop(server);
+}
+
+/// The fleet's demand in the hints of `rocgate serve` (found by helper-206): two
+/// instances sharing `order` (base limit 50 req/s, a window of 1 s) through a real
+/// Redis, each sent 100 req/s together for 2.5 s. Each instance's history records the
+/// fleet's demand that Redis's answers gave, about 200 req/s, and its
+/// `raise_base_limit` holds that against the fleet's base limit: a `warn` with a value,
+/// +30%, quoting the fleet's demand, not this instance's 100 req/s.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_hints_judge_the_fleets_demand() {
+    let server = RedisServer::start().await;
+    let config = Config::from_toml_str(
+        &format!(
+            "[[routes]]\nname = \"order\"\nmethod = \"POST\"\npath = \"/api/order\"\n\
+             base_limit = 50\ncut_limit = 20\nwindow = \"1s\"\nslot = \"100ms\"\n\
+             [hints]\ninterval = \"200ms\"\nkeep = \"1m\"\nmin_requests = 50\n\
+             latency_budget = \"30s\"\n\
+             [store]\nbackend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"hints-fleet\"\n",
+            server.url()
+        ),
+        "test",
+    )
+    .unwrap();
+    let instances = [
+        Served::with_ok_upstream(&config, None).await,
+        Served::with_ok_upstream(&config, None).await,
+    ];
+    let mut clients = Vec::new();
+    for proxy in &instances {
+        clients.push(http1::connect(proxy.addr).await);
+    }
+    let started = tokio::time::Instant::now();
+    let mut every = tokio::time::interval(Duration::from_millis(10));
+    while started.elapsed() < Duration::from_millis(2500) {
+        every.tick().await;
+        for client in &mut clients {
+            post_order(client).await;
+        }
+    }
+    for proxy in &instances {
+        let mut admin = http1::connect(proxy.admin).await;
+        let mut order = serde_json::Value::Null;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let report: serde_json::Value =
+                serde_json::from_str(&get(&mut admin, "/admin/hints?period=1m").await).unwrap();
+            order = report["routes"]
+                .as_array()
+                .and_then(|r| r.iter().find(|r| r["route"] == "order"))
+                .cloned()
+                .unwrap_or_default();
+            if order["covered_s"].as_f64().unwrap_or(0.0) > 2.5 {
+                break;
+            }
+        }
+        assert_eq!(order["distributed"], true, "{order:#}");
+        let raise = order["hints"]
+            .as_array()
+            .and_then(|h| h.iter().find(|h| h["rule"] == "raise_base_limit"))
+            .unwrap_or_else(|| panic!("{order:#}"));
+        assert_eq!(raise["severity"], "warn", "{raise:#}");
+        assert_eq!(raise["current"], 50.0, "{raise:#}");
+        assert!(raise["suggested"].as_f64().unwrap() > 50.0, "{raise:#}");
+        let reason = raise["reason"].as_str().unwrap();
+        let demand: f64 = reason
+            .strip_prefix("the fleet's demand ")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{reason}"));
+        assert!(demand > 140.0 && demand < 260.0, "{reason}");
+        assert!(
+            reason.contains("against its base limit of 50 req/s"),
+            "{reason}"
+        );
     }
     for proxy in instances {
         proxy.stop().await;

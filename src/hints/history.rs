@@ -79,6 +79,30 @@ pub struct Interval {
     /// (64 bytes; merged, a period's): `None` where it refused none, and on a route
     /// limited as a whole.
     pub refused_keys: Option<Box<KeySketch>>,
+    /// A distributed route ([`RouteSettings::distributed`]): the fleet's demand, as
+    /// Redis's answers to this instance gave it in the interval
+    /// ([`History::fleet_demand`]); `None` where none did (Redis away, no decision,
+    /// or no rate stored yet) and on a route limited by this instance alone.
+    pub fleet_demand: Option<FleetDemand>,
+}
+
+/// The demand of every instance of a fleet on a distributed route over an interval,
+/// as the shared controller stepped on it: its recent half-window's rate, req/s, as
+/// the answers to this instance's decisions gave it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct FleetDemand {
+    /// The mean of what the answers gave.
+    pub mean_rps: f64,
+    /// The highest.
+    pub peak_rps: f64,
+}
+
+impl FleetDemand {
+    /// The fleet's demand with mean `mean_rps` and peak `peak_rps`.
+    pub fn new(mean_rps: f64, peak_rps: f64) -> Self {
+        FleetDemand { mean_rps, peak_rps }
+    }
 }
 
 impl Interval {
@@ -127,6 +151,7 @@ impl Interval {
     /// peaks the higher. The start stays this one's, so that the two age out of `keep`
     /// with the newer part (what began in `keep` is never dropped with an older one).
     fn take_in(&mut self, earlier: &Interval) {
+        let later_length = self.length;
         self.length = self.length.saturating_add(earlier.length);
         self.offered += earlier.offered;
         for (mine, theirs) in self.rejected.iter_mut().zip(&earlier.rejected) {
@@ -161,6 +186,18 @@ impl Interval {
             (mine, theirs) => mine.or_else(|| theirs.clone()),
         };
         self.refused_keys = merge_keys(self.refused_keys.take(), earlier.refused_keys.as_deref());
+        self.fleet_demand = match (self.fleet_demand, earlier.fleet_demand) {
+            (Some(mine), Some(theirs)) => {
+                let (a, b) = (later_length.as_secs_f64(), earlier.length.as_secs_f64());
+                let mean = if a + b > 0.0 {
+                    (mine.mean_rps * a + theirs.mean_rps * b) / (a + b)
+                } else {
+                    mine.mean_rps.max(theirs.mean_rps)
+                };
+                Some(FleetDemand::new(mean, mine.peak_rps.max(theirs.peak_rps)))
+            }
+            (mine, theirs) => mine.or(theirs),
+        };
     }
 
     /// The distinct keys refused over `intervals` together: their sketches merged
@@ -414,6 +451,16 @@ impl History {
         h.last_state = report.state;
     }
 
+    /// The fleet's demand on the distributed `route` over its open interval (in `rocgate
+    /// serve`, what Redis's answers gave, taken as the interval closes): the closed
+    /// interval's [`Interval::fleet_demand`]. Routes not seen by a [`History::tick`]
+    /// yet are ignored.
+    pub fn fleet_demand(&mut self, route: &str, demand: FleetDemand) {
+        if let Some(h) = self.routes.get_mut(route) {
+            h.open.fleet_demand = Some(demand);
+        }
+    }
+
     /// Closes the open interval of every route in `snapshots` at `now` (counters
     /// are cumulative; a counter that went back, after a reload, counts from zero;
     /// the keys refused, [`RouteSnapshot::refused_keys`], are taken as the interval's
@@ -647,6 +694,35 @@ mod tests {
             in_flight: None,
             armed: true,
         }
+    }
+
+    /// A distributed route's fleet demand, given for its open interval, is the closed
+    /// interval's; the next interval has none until given; two intervals folded into
+    /// one weigh each's mean by its length and keep the higher peak.
+    #[test]
+    fn the_fleet_demand_given_is_the_closed_intervals_and_folds_by_length() {
+        let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(60));
+        let s = Nanos::from_secs;
+        let shared = RouteSettings {
+            distributed: true,
+            ..settings("r")
+        };
+        h.fleet_demand("r", FleetDemand::new(1.0, 1.0));
+        h.tick(s(0), &engine.snapshot(s(0)), [shared.clone()], None);
+        h.fleet_demand("r", FleetDemand::new(600.0, 700.0));
+        h.tick(s(1), &engine.snapshot(s(1)), [shared.clone()], None);
+        h.tick(s(2), &engine.snapshot(s(2)), [shared.clone()], None);
+        let kept = &h.since(Nanos::ZERO)[0].1;
+        let demand: Vec<_> = kept.iter().map(|i| i.fleet_demand).collect();
+        assert_eq!(demand, [Some(FleetDemand::new(600.0, 700.0)), None]);
+        let mut later = Interval::new(s(3), Duration::from_secs(3));
+        later.fleet_demand = Some(FleetDemand::new(200.0, 300.0));
+        later.take_in(&kept[0]);
+        assert_eq!(later.fleet_demand, Some(FleetDemand::new(300.0, 700.0)));
+        later.take_in(&kept[1]);
+        assert_eq!(later.fleet_demand, Some(FleetDemand::new(300.0, 700.0)));
     }
 
     /// `keep` of one interval keeps two: the interval closed by a tick a little late

@@ -38,9 +38,13 @@
 //! demand is not observed). On a distributed route (shared through Redis in `rocgate
 //! serve`, [`RouteSettings::distributed`]) the base limit, bucket and controller are
 //! the fleet's, while the intervals hold this instance's share of the requests and
-//! none of the shared controller's slots: `raise_base_limit` does not judge it (its
-//! hint quotes this instance's demand and rejections as its share, and the fleet's
-//! base limit), nor do `raise_burst`, `raise_danger_roc`, `lower_danger_roc`,
+//! none of the shared controller's slots: `raise_base_limit` holds the fleet's demand
+//! ([`Interval::fleet_demand`], as Redis's answers gave it) against the fleet's base
+//! limit, and advises as on a route of one instance when more than a tenth of it is
+//! beyond that limit while the upstream is healthy, within the same bounds (a
+//! capacity only a modelled one); where no interval holds the fleet's demand it does
+//! not judge the route (its hint quotes this instance's demand and rejections as its
+//! share, and the fleet's base limit). Nor do `raise_burst`, `raise_danger_roc`, `lower_danger_roc`,
 //! `raise_min_rps` and `faster_restore`; `lower_base_limit` takes no capacity from
 //! the rate this instance admitted (only a modelled one) and says its figures are
 //! this instance's share; the shadow verdict names `base_limit` and `danger_roc`
@@ -56,7 +60,8 @@ mod history;
 mod sketch;
 
 pub use history::{
-    reason_array, History, Interval, ReasonArray, RouteSettings, UpstreamCounts, UpstreamMeter,
+    reason_array, FleetDemand, History, Interval, ReasonArray, RouteSettings, UpstreamCounts,
+    UpstreamMeter,
 };
 pub use sketch::Sketch;
 
@@ -700,6 +705,13 @@ impl CutEpisode {
 }
 
 /// Everything the rules look at, computed once.
+/// A distributed route's fleet demand over a period ([`Evidence::fleet_demand`]).
+struct Fleet {
+    demand: FleetDemand,
+    /// The intervals that had a figure.
+    intervals: usize,
+}
+
 struct Evidence<'a> {
     s: &'a RouteSettings,
     intervals: &'a [Interval],
@@ -882,8 +894,10 @@ impl<'a> Evidence<'a> {
     /// the requests and none of the shared controller's slots: the rules that hold
     /// demand against the base limit, or judge the controller's cuts, ramps and
     /// restores, do not judge it. `raise_base_limit`'s says what this instance saw,
-    /// as its share.
+    /// as its share; it has none where the intervals hold the fleet's demand
+    /// ([`Evidence::fleet_demand`]), which `raise_base_limit` then judges.
     fn not_advised_distributed(&self) -> Vec<Hint> {
+        let judged = self.fleet_demand().is_some();
         let (rejected, enforced) = match self.s.mode {
             Mode::Shadow => ("would have been rejected", ", enforced"),
             _ => ("rejected", ""),
@@ -896,14 +910,15 @@ impl<'a> Evidence<'a> {
             fmt_num(self.base())
         );
         [
-            ("raise_base_limit", base),
-            ("raise_burst", "the bucket is the fleet's, and whether the fleet's demand came in bursts or fit under its base limit is not observed (this instance's requests are its share)".to_owned()),
-            ("raise_danger_roc", SHARED_CONTROLLER.to_owned()),
-            ("lower_danger_roc", SHARED_CONTROLLER.to_owned()),
-            ("raise_min_rps", SHARED_CONTROLLER.to_owned()),
-            ("faster_restore", SHARED_CONTROLLER.to_owned()),
+            ("raise_base_limit", (!judged).then_some(base)),
+            ("raise_burst", Some("the bucket is the fleet's, and whether the fleet's demand came in bursts or fit under its base limit is not observed (this instance's requests are its share)".to_owned())),
+            ("raise_danger_roc", Some(SHARED_CONTROLLER.to_owned())),
+            ("lower_danger_roc", Some(SHARED_CONTROLLER.to_owned())),
+            ("raise_min_rps", Some(SHARED_CONTROLLER.to_owned())),
+            ("faster_restore", Some(SHARED_CONTROLLER.to_owned())),
         ]
         .into_iter()
+        .filter_map(|(rule, why)| Some((rule, why?)))
         .map(|(rule, why)| {
             self.hint(rule, Severity::Info, None, None, format!("not advised on {DISTRIBUTED}: {why}"))
         })
@@ -936,6 +951,29 @@ impl<'a> Evidence<'a> {
 
     fn base(&self) -> f64 {
         self.s.params.base_limit_rps
+    }
+
+    /// A distributed route's fleet demand over the intervals that have a figure
+    /// ([`Interval::fleet_demand`]): their means weighted by length, and the highest
+    /// peak. `None` on a route not distributed, and where no interval has one (Redis
+    /// away, or it held no rate): then the fleet's demand is not observed.
+    fn fleet_demand(&self) -> Option<Fleet> {
+        if !self.s.distributed {
+            return None;
+        }
+        let (mut secs, mut weighted, mut peak, mut intervals) = (0.0, 0.0, 0.0_f64, 0);
+        for i in self.intervals {
+            if let Some(d) = i.fleet_demand {
+                secs += i.secs();
+                weighted += d.mean_rps * i.secs();
+                peak = peak.max(d.peak_rps);
+                intervals += 1;
+            }
+        }
+        (intervals > 0).then(|| Fleet {
+            demand: FleetDemand::new(weighted / secs, peak),
+            intervals,
+        })
     }
 
     /// A suggested limit as the route's algorithm takes it (the config file's rules):
@@ -1215,14 +1253,28 @@ impl<'a> Evidence<'a> {
     }
 
     fn raise_base_limit(&self) -> Option<Hint> {
-        if self.s.tiered || self.s.distributed {
-            return None;
-        }
-        let ratio = self.base_rejected as f64 / self.offered as f64;
-        if ratio <= 0.10 || !self.mostly_healthy() {
+        if self.s.tiered {
             return None;
         }
         let base = self.base();
+        // A distributed route: the fleet's demand, not this instance's share of it,
+        // against the fleet's base limit; more than a tenth of it beyond the limit, as
+        // a local route's 10% of requests rejected by it.
+        let fleet = if self.s.distributed {
+            let fleet = self.fleet_demand()?;
+            if fleet.demand.mean_rps * 0.9 <= base {
+                return None;
+            }
+            Some(fleet)
+        } else {
+            if self.base_rejected as f64 <= 0.10 * self.offered as f64 {
+                return None;
+            }
+            None
+        };
+        if !self.mostly_healthy() {
+            return None;
+        }
         let mut target = base * 1.3;
         let mut bound = String::new();
         // Whether `target` is the upstream's capacity, a bound not to round past.
@@ -1339,6 +1391,27 @@ impl<'a> Evidence<'a> {
                 },
             ),
         };
+        if let Some(fleet) = fleet {
+            let severity = if self.s.mode == Mode::Shadow {
+                Severity::Info
+            } else {
+                Severity::Warn
+            };
+            return Some(self.hint(
+                "raise_base_limit",
+                severity,
+                Some("base_limit"),
+                Some((Setting::Number(base), Setting::Number(suggested))),
+                format!(
+                    "the fleet's demand {} req/s (peak {} req/s, as Redis's answers to this instance gave it in {} of {} intervals) against its base limit of {} req/s while {health}: raise it about 30%{bound}",
+                    fmt_measured(fleet.demand.mean_rps),
+                    fmt_measured(fleet.demand.peak_rps),
+                    fleet.intervals,
+                    self.intervals.len(),
+                    fmt_num(base)
+                ),
+            ));
+        }
         let in_cut = if self.base_in_cut > 0 {
             format!(
                 ", counting {} beyond its rate that the ROC cut {cut_rejected} while in force",

@@ -150,6 +150,16 @@ impl Advisor {
                 (snap, s)
             })
             .unzip();
+        // A distributed route's closing interval takes the fleet's demand that Redis's
+        // answers gave in it (the store's lock is a leaf: taken under the history's).
+        #[cfg(feature = "redis")]
+        if let Some(store) = self.store.get() {
+            for s in settings.iter().filter(|s| s.distributed) {
+                if let Some(demand) = store.take_fleet_demand(&s.name) {
+                    history.fleet_demand(&s.name, demand);
+                }
+            }
+        }
         history.tick(now, &snapshots, settings, Some(&self.meter));
     }
 

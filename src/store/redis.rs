@@ -110,6 +110,7 @@ use crate::controller::{
     Controller, ControllerMemory, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
 use crate::engine::{Engine, RouteId};
+use crate::hints::FleetDemand;
 use crate::limiter::{Admit, Algorithm, Decision, Level, Reason, Rejection, TokenBucket};
 use crate::metrics as metric;
 use crate::window::{RocSample, SampleAt, WindowSpec};
@@ -738,6 +739,9 @@ struct SharedRoute {
     /// The fleet's demand last seen, req/s, f64 bits (NaN before any, or when the
     /// answer had none: [`SharedView::demand_rps`]).
     demand: AtomicU64,
+    /// The fleet's demand each answer gave since [`RedisStore::take_fleet_demand`]
+    /// last took it.
+    demand_seen: Mutex<DemandSeen>,
     /// When (this instance's clock, ns) the shared controller will next raise the
     /// limit, as the last answer that told it put it; 0 when not known, or normal
     /// (see [`RedisStore::restore_eta`]).
@@ -824,6 +828,12 @@ impl SharedRoute {
 
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
         self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn demand_seen(&self) -> std::sync::MutexGuard<'_, DemandSeen> {
+        self.demand_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The slot's length, ns (at least 1).
@@ -1341,6 +1351,16 @@ impl RedisStore {
         })
     }
 
+    /// The fleet's demand on `route` that Redis's answers to this instance gave since
+    /// the last call (each answer's [`SharedView::demand_rps`]): their mean, each
+    /// answer weighing one, and the highest. `None` if no answer gave one since (no
+    /// decision or sync reached Redis, or Redis held no rate), or the store has not
+    /// built the route. `rocgate serve`'s tuning hints take it at the end of each
+    /// interval ([`crate::hints::Interval::fleet_demand`]).
+    pub fn take_fleet_demand(&self, route: &str) -> Option<FleetDemand> {
+        self.inner.routes.get(route)?.demand_seen().take()
+    }
+
     /// Registers the `rocgate_store_*` series of every route that `engine` (the one
     /// in force) shares and this instance has not decided on yet (the store builds a
     /// route at its first decision), as `/metrics` shows the route's other series from
@@ -1598,6 +1618,7 @@ impl Inner {
             // Not known before Redis answers (see [`SharedView::roc`]).
             roc: AtomicU64::new(f64::NAN.to_bits()),
             demand: AtomicU64::new(f64::NAN.to_bits()),
+            demand_seen: Mutex::new(DemandSeen::default()),
             next_raise: AtomicU64::new(0),
             tokens: AtomicU64::new(f64::NAN.to_bits()),
             tokens_at: AtomicU64::new(0),
@@ -1631,6 +1652,8 @@ impl Inner {
             }
             r.state
                 .store(old.state.load(Ordering::Relaxed), Ordering::Relaxed);
+            // The fleet's demand its answers gave since the hints last took it.
+            *r.demand_seen() = std::mem::take(&mut *old.demand_seen());
             // What it owes, and what decisions still in flight on it come to owe.
             Self::replaced(old, &r);
             // Batched mode: the arrivals not yet synced go with the rebuilt route's
@@ -1780,6 +1803,9 @@ impl Inner {
         }
         r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
         r.demand.store(reply.rate.to_bits(), Ordering::Relaxed);
+        if reply.rate.is_finite() {
+            r.demand_seen().add(reply.rate);
+        }
         r.limit_gauge.set(reply.limit);
         // An answer to a call on a route that a reload has since dropped or made
         // local (no route of its name held any more) blanks the gauge again, as the
@@ -2309,6 +2335,33 @@ struct Count {
     applied: u64,
     /// Beats left whose count may not lower the live count.
     held: u8,
+}
+
+/// The fleet's demand that the answers on a route gave (their `rate`), gathered for the
+/// tuning hints until [`RedisStore::take_fleet_demand`] takes it.
+#[derive(Debug, Default)]
+struct DemandSeen {
+    sum: f64,
+    answers: u64,
+    peak: f64,
+}
+
+impl DemandSeen {
+    fn add(&mut self, rate: f64) {
+        self.sum += rate;
+        self.answers += 1;
+        self.peak = self.peak.max(rate);
+    }
+
+    /// The mean and peak of what the answers gave, and none gathered from then;
+    /// `None` if none gave one.
+    fn take(&mut self) -> Option<FleetDemand> {
+        let seen = std::mem::take(self);
+        (seen.answers > 0).then(|| FleetDemand {
+            mean_rps: seen.sum / seen.answers as f64,
+            peak_rps: seen.peak,
+        })
+    }
 }
 
 /// What [`DECIDE`] answered.
