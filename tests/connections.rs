@@ -496,8 +496,8 @@ async fn an_h2c_connection_that_only_answers_pings_is_closed_after_idle_timeout(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_http1_connection_is_closed_after_idle_timeout() {
     let upstream = start_upstream().await;
-    // header_read_timeout (which also bounds a keep-alive wait) far longer than the
-    // idle timeout: the idle timeout closes the connection.
+    // header_read_timeout far longer than the idle timeout: the idle timeout closes
+    // the connection.
     let proxy = start_proxy(upstream, 100, SHORT_IDLE, Duration::from_secs(60)).await;
     let mut client = H1::connect(proxy.addr).await;
     let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
@@ -776,4 +776,128 @@ async fn an_upstream_that_fails_mid_body_is_logged() {
         lines[0]
     );
     assert!(!lines[0].contains("status="), "{}", lines[0]);
+}
+
+/// The header read timeout of the keep-alive tests: far shorter than their idle
+/// timeouts, so that what closes a connection tells which of the two did.
+const SHORT_HEAD: Duration = Duration::from_millis(200);
+
+/// An HTTP/1.1 keep-alive connection idle between requests waits for `idle_timeout`,
+/// not `header_read_timeout`: a client (or a load balancer: AWS ALB keeps an idle
+/// connection 60 s) that pools connections longer than the header read timeout reused
+/// one just as rocgate closed it, and got an empty reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_connection_idle_past_header_read_timeout_serves_its_next_request() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream, 100, Duration::from_secs(60), SHORT_HEAD).await;
+    let mut client = H1::connect(proxy.addr).await;
+    let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    sleep(5 * SHORT_HEAD).await;
+    let next = timeout(IO_TIMEOUT, client.try_send("/")).await.unwrap();
+    let (status, body) = next.expect("the connection is still open after the lull");
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+}
+
+/// An HTTP/1.1 connection idle between requests is open past `header_read_timeout`
+/// and closed gracefully at `idle_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http1_connection_is_closed_at_idle_timeout_not_header_read_timeout() {
+    let upstream = start_upstream().await;
+    let idle = Duration::from_millis(1500);
+    let proxy = start_proxy(upstream, 100, idle, SHORT_HEAD).await;
+    let mut client = H1::connect(proxy.addr).await;
+    let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    sleep(3 * SHORT_HEAD).await;
+    assert!(!client.conn.is_finished(), "closed at header_read_timeout");
+    let ended = timeout(IO_TIMEOUT, client.conn)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap();
+    assert!(ended.is_ok(), "closed gracefully: {ended:?}");
+}
+
+/// Whether the proxy closes `stream` within `limit`, what it sends meanwhile read and
+/// thrown away.
+async fn closed_within(stream: &mut (impl tokio::io::AsyncRead + Unpin), limit: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let reading = async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+        }
+    };
+    timeout(limit, reading).await.is_ok()
+}
+
+/// Sends a whole request on `stream` and reads its answer, `ok`.
+async fn raw_request(stream: &mut TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: rocgate.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"\r\n\r\nok") {
+        let n = timeout(IO_TIMEOUT, stream.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(n, 0, "closed before its answer: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// A request head begun on a keep-alive connection after a lull, and then stalled, or
+/// dripped a byte at a time, is closed at `header_read_timeout` (slowloris), not held
+/// until `idle_timeout`; so is a new connection's first head, however short (shorter
+/// than HTTP/2's preface, it is read whole before hyper times the head), and a new
+/// connection that sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_head_is_closed_at_header_read_timeout_not_idle_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream, 100, Duration::from_secs(60), SHORT_HEAD).await;
+    // Whatever closes these within this wait is the header read timeout: the idle
+    // timeout is 60 s.
+    let wait = Duration::from_secs(5);
+    let heads: [(&[u8], bool, bool); 4] = [
+        // (head begun, after a first request and a lull, dripped on)
+        (b"GET / HT", true, false),
+        (b"GET / HTTP/1.1\r\nX-A: b\r\n", true, true),
+        (b"GET / HTTP/1.1\r\n", false, false),
+        (b"", false, false),
+    ];
+    for (begun, after_lull, drip) in heads {
+        let what = format!(
+            "{:?} (after a lull: {after_lull})",
+            String::from_utf8_lossy(begun)
+        );
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        if after_lull {
+            raw_request(&mut stream).await;
+            sleep(3 * SHORT_HEAD).await;
+        }
+        stream.write_all(begun).await.unwrap();
+        let (mut rd, mut wr) = stream.into_split();
+        let dripping = tokio::spawn(async move {
+            if drip {
+                loop {
+                    sleep(SHORT_HEAD / 4).await;
+                    if wr.write_all(b"X").await.is_err() {
+                        break;
+                    }
+                }
+            }
+            // Holds the write half open.
+            std::future::pending::<()>().await;
+        });
+        let closed = closed_within(&mut rd, wait).await;
+        dripping.abort();
+        assert!(closed, "{what}: still open after {wait:?}");
+    }
 }

@@ -990,7 +990,9 @@ pub struct ServerConfig {
     /// byte; also the longest a client may pause its body (408), and the upstream its
     /// response body (the client's connection is aborted).
     pub response_timeout: Duration,
-    /// Longest wait for a connection's first byte and complete request head.
+    /// Longest wait for a connection's first byte, and for a request head to be
+    /// complete once its first byte is in; not the wait between requests on a
+    /// keep-alive connection, which is `idle_timeout`'s.
     pub header_read_timeout: Duration,
     /// Largest request body forwarded.
     pub max_body_bytes: u64,
@@ -1025,7 +1027,8 @@ pub struct ServerConfig {
     /// `upstream_overflow` at once.
     pub max_upstream_requests: usize,
     /// How long a client connection may have no request in progress before it is
-    /// closed gracefully (HTTP/1.1 and HTTP/2); also how long a WebSocket tunnel may
+    /// closed gracefully (HTTP/1.1, its wait for its next request included, and
+    /// HTTP/2); also how long a WebSocket tunnel may
     /// carry nothing before it is closed.
     pub idle_timeout: Duration,
     /// The longest a lingering close reads what a client still sends, in all: an

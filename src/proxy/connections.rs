@@ -42,7 +42,11 @@
 //!
 //! hyper times each HTTP/1 request head (`header_read_timeout`) with a sleep it asks
 //! its timer for; a connection's [`HeadTimer`] lets those sleeps share one timer,
-//! re-armed as [`Activity::idle`]'s is, rather than register one per request.
+//! re-armed as [`Activity::idle`]'s is, rather than register one per request. hyper
+//! starts that sleep as the connection goes idle, for the next head: the timer lets
+//! the head's time begin with its first byte instead, which [`Watched`] sees, so that
+//! the wait between requests is [`Activity::idle`]'s (`idle_timeout`), as nginx's
+//! `keepalive_timeout` is kept apart from its `client_header_timeout`.
 //!
 //! A connection runs [`Beside`](crate::beside::Beside) its lane's upstream connection (`super::lane`): each
 //! side is polled when it has been woken, and the wakes they give each other (a request
@@ -561,22 +565,30 @@ impl Future for Stalled<'_> {
 }
 
 /// A client connection's socket, recording in a [`WriteStall`] whether its writes are
-/// taken, and handed back to its [`Handback`] when hyper drops it, for a lingering
-/// close.
+/// taken and in its [`Arrivals`] that bytes were read, and handed back to its
+/// [`Handback`] when hyper drops it, for a lingering close.
 #[derive(Debug)]
 pub(crate) struct Watched {
     /// `None` once handed back, as it is dropped.
     stream: Option<TcpStream>,
     stall: Arc<WriteStall>,
+    arrivals: Arc<Arrivals>,
     back: Arc<Handback>,
 }
 
 impl Watched {
-    /// `stream`, its writes recorded in `stall`, handed back to `back` when dropped.
-    pub(crate) fn new(stream: TcpStream, stall: Arc<WriteStall>, back: Arc<Handback>) -> Self {
+    /// `stream`, its writes recorded in `stall` and its reads in `arrivals`, handed
+    /// back to `back` when dropped.
+    pub(crate) fn new(
+        stream: TcpStream,
+        stall: Arc<WriteStall>,
+        arrivals: Arc<Arrivals>,
+        back: Arc<Handback>,
+    ) -> Self {
         Watched {
             stream: Some(stream),
             stall,
+            arrivals,
             back,
         }
     }
@@ -602,7 +614,12 @@ impl AsyncRead for Watched {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        self.stream()?.poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = self.stream()?.poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.arrivals.read();
+        }
+        polled
     }
 }
 
@@ -1065,9 +1082,33 @@ impl Future for Sweep<'_> {
 /// come one after another, each with a later deadline than the one before, so the
 /// shared sleep, set for an earlier one, fires early, never late, and is then set
 /// again. Polled only by the connection's task, so the waker registered stays current.
+///
+/// hyper makes a head's sleep as the connection goes idle after a response, and would
+/// close a keep-alive connection idle for `header_read_timeout`, with no
+/// `Connection: close` sent: a client that reused it then got an empty reply. Every
+/// head but the connection's first has its time from its first byte instead: its
+/// sleep waits, with no timer set, until [`Watched`] has read a byte, and has
+/// `header_read_timeout` from the poll that follows that read (from the byte, as
+/// nginx's `client_header_timeout` runs, rather than from the sleep's start: a head
+/// begun just before a deadline counted from the lull would be cut off while it
+/// arrives). Until then the connection is idle, and [`Activity::idle`] closes it at
+/// `idle_timeout`. The first head keeps hyper's deadline: its first bytes were read
+/// before its sleep was made (to tell HTTP/1.1 from HTTP/2), within
+/// `header_read_timeout` of the connection's opening.
 #[derive(Clone, Debug)]
 pub(crate) struct HeadTimer {
-    shared: Arc<Mutex<SharedSleep>>,
+    shared: Arc<Heads>,
+}
+
+/// What a connection's [`HeadSleep`]s share.
+#[derive(Debug)]
+struct Heads {
+    sleep: Mutex<SharedSleep>,
+    /// The time a head has from its first byte.
+    timeout: Duration,
+    arrivals: Arc<Arrivals>,
+    /// Whether the connection's first head has had its sleep.
+    first_made: AtomicBool,
 }
 
 /// The sleep a connection's [`HeadSleep`]s share.
@@ -1078,16 +1119,48 @@ struct SharedSleep {
     armed: bool,
 }
 
+/// Whether a client connection's socket has been read bytes from since its
+/// [`HeadTimer`] last made a sleep: the connection's [`Watched`] socket records its
+/// reads, a store each.
+#[derive(Debug, Default)]
+pub(crate) struct Arrivals(AtomicBool);
+
+impl Arrivals {
+    /// Records bytes read.
+    fn read(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether bytes were read since the last [`Arrivals::clear`].
+    fn seen(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn clear(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
 impl HeadTimer {
-    /// A timer for one connection.
-    pub(crate) fn new() -> Self {
+    /// A timer for one connection, whose heads have `timeout` each.
+    pub(crate) fn new(timeout: Duration) -> Self {
         HeadTimer {
-            shared: Arc::new(Mutex::new(SharedSleep {
-                // Fires at its first poll, which sets it to that sleep's deadline.
-                sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
-                armed: false,
-            })),
+            shared: Arc::new(Heads {
+                sleep: Mutex::new(SharedSleep {
+                    // Fires at its first poll, which sets it to that sleep's deadline.
+                    sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+                    armed: false,
+                }),
+                timeout,
+                arrivals: Arc::default(),
+                first_made: AtomicBool::new(false),
+            }),
         }
+    }
+
+    /// Where the connection's socket records its reads.
+    pub(crate) fn arrivals(&self) -> Arc<Arrivals> {
+        Arc::clone(&self.shared.arrivals)
     }
 }
 
@@ -1097,15 +1170,25 @@ impl hyper::rt::Timer for HeadTimer {
     }
 
     fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        let shared = &self.shared;
+        let at = if shared.first_made.load(Ordering::Relaxed) {
+            // hyper makes the sleep before it reads: a byte read from now on is this
+            // head's.
+            shared.arrivals.clear();
+            None
+        } else {
+            shared.first_made.store(true, Ordering::Relaxed);
+            Some(Instant::from_std(deadline))
+        };
         Box::pin(HeadSleep {
-            shared: Arc::clone(&self.shared),
-            at: Instant::from_std(deadline),
+            shared: Arc::clone(shared),
+            at,
         })
     }
 
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
         match sleep.as_mut().downcast_mut_pin::<HeadSleep>() {
-            Some(mut own) => own.at = Instant::from_std(new_deadline),
+            Some(mut own) => own.at = Some(Instant::from_std(new_deadline)),
             None => *sleep = self.sleep_until(new_deadline),
         }
     }
@@ -1119,16 +1202,29 @@ impl hyper::rt::Timer for HeadTimer {
 /// One request head's wait, on its connection's [`HeadTimer`].
 #[derive(Debug)]
 struct HeadSleep {
-    shared: Arc<Mutex<SharedSleep>>,
-    at: Instant,
+    shared: Arc<Heads>,
+    /// The head's deadline; `None` until its first byte is read (the connection idle
+    /// between requests, its wait bounded by `idle_timeout`).
+    at: Option<Instant>,
 }
 
 impl Future for HeadSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let at = self.at;
-        let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let this = self.get_mut();
+        let at = match this.at {
+            Some(at) => at,
+            // Idle: the socket's read, which hyper polled before this, wakes the task
+            // when a byte comes.
+            None if !this.shared.arrivals.seen() => return Poll::Pending,
+            None => *this.at.insert(Instant::now() + this.shared.timeout),
+        };
+        let mut shared = this
+            .shared
+            .sleep
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let SharedSleep { sleep, armed } = &mut *shared;
         // Set for a later deadline (a reset moved this one earlier): it would fire late.
         if sleep.deadline() > at {
@@ -1275,20 +1371,29 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn head_sleeps_fire_at_their_own_deadlines_on_one_shared_timer() {
         use hyper::rt::Timer as _;
-        let timer = HeadTimer::new();
+        const HEAD: Duration = Duration::from_secs(10);
+        let timer = HeadTimer::new(HEAD);
+        let arrivals = timer.arrivals();
         let start = Instant::now();
         // Polled by this task, as hyper polls them in the connection's: the shared
         // sleep keeps the waker of the first poll.
-        let mut first = timer.sleep(Duration::from_secs(10));
+        let mut first = timer.sleep(HEAD);
         assert!(poll_here(&mut first).await.is_pending());
-        // The first head came in after 4 s: its sleep is dropped, the next one waits
-        // 10 s from then, past the deadline the shared sleep was set for.
+        // The first head came in after 4 s: its sleep is dropped, and the connection,
+        // idle, waits for its next head with no deadline.
         tokio::time::sleep(Duration::from_secs(4)).await;
         drop(first);
-        let second = timer.sleep(Duration::from_secs(10));
+        let mut second = timer.sleep(HEAD);
+        tokio::select! {
+            () = &mut second => panic!("an idle wait timed as a head"),
+            () = tokio::time::sleep(Duration::from_secs(100)) => {}
+        }
+        // A byte of it at 104 s: the head has 10 s from then, past the deadline the
+        // shared sleep was set for.
+        arrivals.read();
         second.await;
-        assert_eq!(Instant::now() - start, Duration::from_secs(14));
-        // A sleep moved earlier by a reset fires at its new deadline.
+        assert_eq!(Instant::now() - start, Duration::from_secs(114));
+        // A sleep moved earlier by a reset fires at its new deadline, byte or none.
         let mut third = timer.sleep(Duration::from_secs(30));
         assert!(poll_here(&mut third).await.is_pending());
         timer.reset(
@@ -1296,7 +1401,36 @@ mod tests {
             (Instant::now() + Duration::from_secs(3)).into_std(),
         );
         third.await;
-        assert_eq!(Instant::now() - start, Duration::from_secs(17));
+        assert_eq!(Instant::now() - start, Duration::from_secs(117));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_begun_after_an_idle_wait_has_the_head_timeout_from_its_first_byte() {
+        use hyper::rt::Timer as _;
+        const HEAD: Duration = Duration::from_secs(10);
+        let timer = HeadTimer::new(HEAD);
+        let arrivals = timer.arrivals();
+        // The first head's bytes were read before its sleep was made (hyper-util reads
+        // them to tell HTTP/1.1 from HTTP/2): it keeps hyper's deadline, bytes or none.
+        let start = Instant::now();
+        timer.sleep(HEAD).await;
+        assert_eq!(Instant::now() - start, HEAD);
+        // Bytes read before a later head's sleep was made (the last request's) are
+        // not its own: idle, it waits on.
+        arrivals.read();
+        let mut next = timer.sleep(HEAD);
+        assert!(poll_here(&mut next).await.is_pending());
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        assert!(poll_here(&mut next).await.is_pending());
+        // Its first byte at 60 s, then more, dripped: 10 s from the first.
+        let begun = Instant::now();
+        arrivals.read();
+        assert!(poll_here(&mut next).await.is_pending());
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        arrivals.read();
+        assert!(poll_here(&mut next).await.is_pending());
+        next.await;
+        assert_eq!(Instant::now() - begun, HEAD);
     }
 
     /// Polls `sleep` once with this task's waker.

@@ -8,7 +8,8 @@
 //! (`connections::linger`), within `lingering_time` and `lingering_timeout`.
 //! Bodies stream both ways. A connection must send enough to tell HTTP/1.1 from
 //! HTTP/2 (its first byte, or HTTP/2's preface whole), then its complete request head,
-//! each within `header_read_timeout` (slowloris); an HTTP/2 connection silent
+//! each within `header_read_timeout` (slowloris), and each later head within as long
+//! of its first byte (the wait for it is `idle_timeout`'s); an HTTP/2 connection silent
 //! that long is pinged, and closed unless it answers within as long. At most
 //! `max_connections` client connections are open at once (further ones wait in the
 //! listen backlog), and one with no request in progress for `idle_timeout` is closed
@@ -68,7 +69,9 @@ pub struct ProxySettings {
     pub admin_listen: SocketAddr,
     /// Forwarding: upstream, timeouts, body limit, trusted proxies.
     pub forward: ForwardSettings,
-    /// Longest wait for a connection's first byte and for a complete request head.
+    /// Longest wait for a connection's first byte, and for a request head to be
+    /// complete once its first byte is in (the wait between requests is
+    /// `idle_timeout`'s).
     pub header_read_timeout: Duration,
     /// How long requests in flight may take to finish after shutdown begins.
     pub shutdown_grace: Duration,
@@ -984,8 +987,11 @@ impl Proxy {
             };
             let reloader = self.reloader.clone();
             let mut builder = builder.clone();
-            // The connection's request heads share one timer, not one each.
-            builder.http1().timer(connections::HeadTimer::new());
+            // The connection's request heads share one timer, not one each; each but
+            // the first is timed from its first byte, which the socket records.
+            let heads = connections::HeadTimer::new(header_timeout);
+            let arrivals = heads.arrivals();
+            builder.http1().timer(heads);
             let mut stopping = stopping.clone();
             let mut aborting = aborting.clone();
             tokio::spawn(async move {
@@ -1049,8 +1055,12 @@ impl Proxy {
                         }
                     });
                     let writes = connections::WriteStall::new();
-                    let stream =
-                        connections::Watched::new(stream, Arc::clone(&writes), Arc::clone(&back));
+                    let stream = connections::Watched::new(
+                        stream,
+                        Arc::clone(&writes),
+                        arrivals,
+                        Arc::clone(&back),
+                    );
                     let conn = builder
                         .serve_connection_with_upgrades(TokioIo::new(stream), svc)
                         .into_owned();
