@@ -1005,7 +1005,8 @@ async fn request_smuggling_corpus_never_reaches_the_upstream() {
     let (upstream, proxy) = forwarding_proxy().await;
 
     // Each case on a fresh connection, all at once; the proxy closes each connection
-    // after an error, or once it has been idle for the header read timeout.
+    // after an error, or has answered what it will within three header read
+    // timeouts (one left waiting for its next request is open until idle_timeout).
     let mut exchanges = JoinSet::new();
     for case in smuggling_cases() {
         let addr = proxy.addr;
@@ -2993,6 +2994,32 @@ async fn a_connection_that_has_sent_nothing_does_not_hold_the_shutdown() {
         .unwrap();
     let (closed, rest) = closed_within(&mut silent, Duration::from_secs(2)).await;
     assert!(closed && rest.is_empty(), "{rest:?}");
+}
+
+/// A keep-alive connection waiting for its next request past `header_read_timeout`
+/// (which no longer closes it: that wait is `idle_timeout`'s) has no request in
+/// flight: shutdown closes it at once rather than wait out its idle timeout.
+#[tokio::test]
+async fn an_idle_keep_alive_connection_does_not_hold_the_shutdown() {
+    let upstream = start_upstream().await;
+    let mut patient = settings(upstream.addr);
+    patient.idle_timeout = Duration::from_secs(60);
+    patient.shutdown_grace = Duration::from_secs(60);
+    let proxy = start_proxy(patient, Vec::new()).await;
+    let mut kept = connect(proxy.addr).await;
+    kept.write_all(b"GET /kept HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    read_until_seen(&mut kept, "HTTP/1.1 200").await;
+    sleep(2 * HEADER_READ_TIMEOUT).await;
+    let (closed, _) = closed_within(&mut kept, Duration::from_millis(100)).await;
+    assert!(!closed, "closed before shutdown");
+    within("run() returning", proxy.shut_down())
+        .await
+        .unwrap()
+        .unwrap();
+    let (closed, _) = closed_within(&mut kept, Duration::from_secs(2)).await;
+    assert!(closed, "the idle connection outlived run()");
 }
 
 // ---------------------------------------------------------------------------------
