@@ -1028,8 +1028,8 @@ pub struct ServerConfig {
     pub max_upstream_requests: usize,
     /// How long a client connection may have no request in progress before it is
     /// closed gracefully (HTTP/1.1, its wait for its next request included, and
-    /// HTTP/2); also how long a WebSocket tunnel may
-    /// carry nothing before it is closed.
+    /// HTTP/2); also how long a WebSocket tunnel may carry nothing before it is
+    /// closed.
     pub idle_timeout: Duration,
     /// The longest a lingering close reads what a client still sends, in all: an
     /// HTTP/1.1 connection closed after an answer that left its request's body unread

@@ -1136,6 +1136,7 @@ impl Arrivals {
         self.0.load(Ordering::Relaxed)
     }
 
+    /// Forgets the reads so far.
     fn clear(&self) {
         self.0.store(false, Ordering::Relaxed);
     }
