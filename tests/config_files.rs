@@ -1405,7 +1405,7 @@ fn env_overrides_the_connection_limits() {
         std::fs::read_to_string(config_dir().join("rocgate.toml")).expect("the default config");
     let c = Config::from_toml_str(&text, "rocgate.toml").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.server.max_connections, 10_000);
-    assert_eq!(c.server.idle_timeout.as_secs(), 60);
+    assert_eq!(c.server.idle_timeout.as_secs(), 75);
     let env = [
         (
             "ROCGATE__SERVER__MAX_CONNECTIONS".to_owned(),

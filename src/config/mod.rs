@@ -1063,7 +1063,7 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             max_connections_per_client: None,
             max_upstream_requests: 10_000,
-            idle_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(75),
             lingering_time: Duration::from_secs(30),
             lingering_timeout: Duration::from_secs(5),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
