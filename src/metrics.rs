@@ -57,6 +57,7 @@
 //! | `rocgate_store_requests_total` | counter | `route`, `decision` | decisions on the shared state: `admitted`, `rejected`, `shadow_rejected` (each at 0 from the start, in `rocgate serve`) |
 //! | `rocgate_store_limit_rps` | gauge | `route` | the shared limit, as this instance last saw it (in exact mode, this instance's base limit in force where that is lower: the limit Redis decided its last request at); in `rocgate serve`, before the instance's first decision on the route, its base limit in force, as the store starts it |
 //! | `rocgate_store_roc` | gauge | `route` | ROC of the last slot the shared controller observed (the fleet's traffic, in the route's `roc_mode`), as this instance last saw it |
+//! | `rocgate_store_demand_rps` | gauge | `route` | the fleet's demand, req/s: every instance's arrivals in the later half of the shared window, as the shared controller last stepped on them (the slot whose ROC is `rocgate_store_roc`), as Redis's last answer to this instance gave it; `rocgate_demand_rps` keeps this instance's own |
 //! | `rocgate_store_instances` | gauge | | live instances, as last counted through the heartbeat |
 //! | `rocgate_build_info` | gauge | `version` | always 1 |
 
@@ -155,13 +156,15 @@ pub const STORE_REQUESTS: &str = "rocgate_store_requests_total";
 pub const STORE_LIMIT: &str = "rocgate_store_limit_rps";
 /// `rocgate_store_roc`.
 pub const STORE_ROC: &str = "rocgate_store_roc";
+/// `rocgate_store_demand_rps`.
+pub const STORE_DEMAND: &str = "rocgate_store_demand_rps";
 /// `rocgate_store_instances`.
 pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 /// `rocgate_build_info`.
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 44] = [
+pub const ALL: [&str; 45] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -204,6 +207,7 @@ pub const ALL: [&str; 44] = [
     STORE_REQUESTS,
     STORE_LIMIT,
     STORE_ROC,
+    STORE_DEMAND,
     STORE_INSTANCES,
     BUILD_INFO,
 ];
@@ -355,6 +359,10 @@ pub fn describe() {
         STORE_ROC,
         "ROC of the last slot the shared controller observed (in the route's roc_mode), as last seen."
     );
+    describe_gauge!(
+        STORE_DEMAND,
+        "The fleet's demand (every instance's arrivals in the later half-window) the shared controller last stepped on, req/s, as last seen."
+    );
     describe_gauge!(STORE_INSTANCES, "Live instances as last counted.");
     describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
 }
@@ -386,8 +394,8 @@ struct Seen {
     readings: VecDeque<Reading>,
     /// The `algorithm` label its limiter gauges were last set with.
     algorithm: &'static str,
-    /// Whether `rocgate_store_roc` was last set for it.
-    store_roc: bool,
+    /// Whether `rocgate_store_roc` and `rocgate_store_demand_rps` were last set for it.
+    shared: bool,
     /// The route's serial when `readings` were taken.
     serial: u64,
     /// Its series' handles, registered with the recorder in use (see
@@ -558,6 +566,11 @@ pub struct SharedControl {
     /// ROC of the last slot the shared controller observed, in the route's `roc_mode`:
     /// the value it compares with the thresholds (fleet-wide traffic).
     pub roc: f64,
+    /// The fleet's demand, req/s, that the shared controller last stepped on (every
+    /// instance's arrivals in the later half of the shared window), as the store last
+    /// answered it: `rocgate_store_demand_rps`. NaN where no answer gave one (the
+    /// series is then left out of `/metrics`, see [`omit_blank_gauges`]).
+    pub demand_rps: f64,
     /// The shared controller's transitions that this instance stepped (summed over
     /// the fleet, the shared controller's), added to the route's own counts.
     pub stepped: TransitionCounts,
@@ -656,7 +669,8 @@ impl Collector {
     /// [`collect`](Self::collect), with the limit and controller state of the routes a
     /// shared store decides taken from `shared` (by route name): the local engine's
     /// controller does not step for those. Their shared ROC goes to
-    /// `rocgate_store_roc`; `rocgate_roc` keeps this instance's own traffic.
+    /// `rocgate_store_roc` and the fleet's demand to `rocgate_store_demand_rps`;
+    /// `rocgate_roc` and `rocgate_demand_rps` keep this instance's own traffic.
     pub fn collect_with(
         &self,
         engine: &Engine,
@@ -680,8 +694,8 @@ impl Collector {
             if !kept {
                 let route = &mut seen.series;
                 route_gauges(route, name, seen.algorithm, None);
-                if seen.store_roc {
-                    route.store_roc(name).set(f64::NAN);
+                if seen.shared {
+                    route.store_gauges(name).blank();
                 }
             }
             kept
@@ -693,10 +707,16 @@ impl Collector {
             if let Some(control) = control {
                 control.apply(s);
             }
-            if control.is_some() || seen.store_roc {
-                let roc = control.map_or(f64::NAN, |c| c.roc);
-                route.store_roc(&s.name).set(roc);
-                seen.store_roc = control.is_some();
+            if control.is_some() || seen.shared {
+                let h = route.store_gauges(&s.name);
+                match control {
+                    Some(c) => {
+                        h.roc.set(c.roc);
+                        h.demand.set(c.demand_rps);
+                    }
+                    None => h.blank(),
+                }
+                seen.shared = control.is_some();
             }
             if !seen.algorithm.is_empty() && seen.algorithm != s.algorithm {
                 limiter_gauges(route, &s.name, seen.algorithm, None);
@@ -885,8 +905,8 @@ struct RouteSeries {
     /// `rocgate_limiter_level` and `rocgate_limiter_capacity` under each `algorithm`
     /// label the route has been set with.
     limiters: Vec<LimiterSeries>,
-    /// `rocgate_store_roc`.
-    store_roc: Option<Gauge>,
+    /// `rocgate_store_roc` and `rocgate_store_demand_rps`.
+    store: Option<StoreSeries>,
 }
 
 impl RouteSeries {
@@ -937,9 +957,11 @@ impl RouteSeries {
         &self.limiters[at]
     }
 
-    fn store_roc(&mut self, route: &str) -> &Gauge {
-        self.store_roc
-            .get_or_insert_with(|| gauge!(STORE_ROC, "route" => route.to_owned()))
+    fn store_gauges(&mut self, route: &str) -> &StoreSeries {
+        self.store.get_or_insert_with(|| StoreSeries {
+            roc: gauge!(STORE_ROC, "route" => route.to_owned()),
+            demand: gauge!(STORE_DEMAND, "route" => route.to_owned()),
+        })
     }
 }
 
@@ -1040,6 +1062,22 @@ impl GaugeSeries {
             keys: gauge!(KEYS, "route" => r()),
             max_keys: gauge!(MAX_KEYS, "route" => r()),
         }
+    }
+}
+
+/// A route's gauges of what a shared store last answered: `rocgate_store_roc` and
+/// `rocgate_store_demand_rps` (the store sets its limit's itself).
+#[derive(Debug)]
+struct StoreSeries {
+    roc: Gauge,
+    demand: Gauge,
+}
+
+impl StoreSeries {
+    /// No store decides the route (any more): nothing to read.
+    fn blank(&self) {
+        self.roc.set(f64::NAN);
+        self.demand.set(f64::NAN);
     }
 }
 

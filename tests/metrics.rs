@@ -384,7 +384,9 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
 
 /// A route a shared store decides shows the store's limit, controller state and
 /// bucket level, not the local engine's (whose controller does not step, nor its
-/// limiter decide, for such a route); other routes show their own.
+/// limiter decide, for such a route); other routes show their own. It shows the
+/// fleet's demand the store last answered with too, beside this instance's own
+/// (`rocgate_store_demand_rps`: helper-207 put it on each answer, not on `/metrics`).
 #[test]
 fn shared_routes_show_the_stores_limit_and_state() {
     use rocgate::clock::Nanos;
@@ -413,6 +415,7 @@ fn shared_routes_show_the_stores_limit_and_state() {
                 limit_rps: 60.0,
                 state: ControllerState::Cut,
                 roc: 95.5,
+                demand_rps: 290.0,
                 stepped: TransitionCounts {
                     transitions: [[0, 2, 0], [0, 0, 1], [0, 1, 0]],
                     cuts: 2,
@@ -430,6 +433,7 @@ fn shared_routes_show_the_stores_limit_and_state() {
         r#"rocgate_limit_rps{route="local"} 200"#,
         r#"rocgate_controller_state{route="local",state="normal"} 1"#,
         r#"rocgate_store_roc{route="shared"} 95.5"#,
+        r#"rocgate_store_demand_rps{route="shared"} 290"#,
         r#"rocgate_cuts_total{route="shared"} 2"#,
         r#"rocgate_cut_seconds_total{route="shared"} 7"#,
         r#"rocgate_controller_transitions_total{route="shared",from="normal",to="cut"} 2"#,
@@ -441,11 +445,14 @@ fn shared_routes_show_the_stores_limit_and_state() {
     ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
     }
-    // A local route has no shared ROC; its own traffic stays in `rocgate_roc`.
-    assert!(
-        !text.contains(r#"rocgate_store_roc{route="local"}"#),
-        "{text}"
-    );
+    // A local route has no shared ROC, nor a fleet's demand; its own traffic stays in
+    // `rocgate_roc` and `rocgate_demand_rps`.
+    for series in [
+        r#"rocgate_store_roc{route="local"}"#,
+        r#"rocgate_store_demand_rps{route="local"}"#,
+    ] {
+        assert!(!text.contains(series), "{series} in {text}");
+    }
     assert!(
         text.contains(r#"rocgate_roc{route="shared",mode="absolute"} 0"#),
         "{text}"
@@ -454,8 +461,8 @@ fn shared_routes_show_the_stores_limit_and_state() {
 
 /// Once a route is gone (removed by a reload), its gauges read NaN, so no alert rule
 /// fires on its last readings; so do a route's limiter gauges of an algorithm it no
-/// longer uses, and its shared ROC once no store decides it. A scrape of `/metrics`
-/// leaves them out.
+/// longer uses, and its shared ROC and fleet's demand once no store decides it. A
+/// scrape of `/metrics` leaves them out.
 #[test]
 fn gauges_of_what_is_gone_read_nan() {
     use rocgate::clock::Nanos;
@@ -495,6 +502,7 @@ fn gauges_of_what_is_gone_read_nan() {
                 limit_rps: 60.0,
                 state: ControllerState::Cut,
                 roc: 95.5,
+                demand_rps: 290.0,
                 stepped: Default::default(),
                 level: None,
             })
@@ -509,6 +517,10 @@ fn gauges_of_what_is_gone_read_nan() {
         "1"
     );
     assert_eq!(line(&text, r#"rocgate_store_roc{route="goes"}"#), "95.5");
+    assert_eq!(
+        line(&text, r#"rocgate_store_demand_rps{route="goes"}"#),
+        "290"
+    );
     metrics::with_local_recorder(&recorder, || {
         collector.collect(&after, Nanos::from_secs(2));
     });
@@ -521,6 +533,7 @@ fn gauges_of_what_is_gone_read_nan() {
         r#"rocgate_controller_roc{route="goes"}"#,
         r#"rocgate_rejection_ratio{route="goes"}"#,
         r#"rocgate_store_roc{route="goes"}"#,
+        r#"rocgate_store_demand_rps{route="goes"}"#,
         r#"rocgate_limiter_level{route="stays",algorithm="token_bucket"}"#,
     ];
     for series in blanked {
@@ -879,6 +892,7 @@ fn a_local_cut_stays_counted_when_a_rebuild_hands_the_route_to_a_shared_store() 
         limit_rps: 60.0,
         state: ControllerState::Cut,
         roc: 120.0,
+        demand_rps: f64::NAN,
         stepped: TransitionCounts {
             transitions: [[0, 1, 0], [0, 0, 0], [0, 0, 0]],
             cuts: 1,
@@ -892,6 +906,11 @@ fn a_local_cut_stays_counted_when_a_rebuild_hands_the_route_to_a_shared_store() 
     let text = handle.render();
     assert_eq!(scraped(&text, seconds), before + 10.0, "{text}");
     assert_eq!(scraped(&text, cuts), 2.0, "{text}");
+    // No answer gave the fleet's demand: NaN, which a scrape leaves out, not 0.
+    assert!(
+        text.contains(r#"rocgate_store_demand_rps{route="r"} NaN"#),
+        "{text}"
+    );
 }
 
 /// `rocgate_rejection_ratio` covers a window at least from the first scrape on: a
@@ -1390,6 +1409,7 @@ fn the_cut_against_the_base_limit_is_exported_where_counted() {
                 limit_rps: 10.0,
                 state: ControllerState::Normal,
                 roc: 0.0,
+                demand_rps: 10.0,
                 stepped: TransitionCounts::default(),
                 level: None,
             })

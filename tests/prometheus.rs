@@ -343,6 +343,11 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     assert!(queries.len() >= 20, "{} queries", queries.len());
     let mut empty = Vec::new();
     for q in &queries {
+        // Only distributed routes (a Redis store) have the fleet's demand: promtool
+        // evaluates its query in `the_demand_panel_shows_the_fleets_demand_once`.
+        if q.contains("rocgate_store_demand_rps") {
+            continue;
+        }
         if query(&client, prom_addr, q).await.is_empty() {
             empty.push(q.clone());
         }
@@ -1174,6 +1179,42 @@ fn the_upstream_cap_panel_shows_places_held_against_the_cap_and_refusals() {
         per_instance(find("rocgate_max_upstream_requests"), 100.0, 50.0),
         // 120 refusals a minute on each of two routes: 4 a second.
         per_instance(find("upstream_overflow"), 4.0, 0.0),
+    ]
+    .concat();
+    test_exprs(&series, &tests);
+}
+
+/// The dashboard's demand panel draws a distributed route's fleet demand
+/// (`rocgate_store_demand_rps`) beside each instance's own, on two instances deciding
+/// `order` on the shared state: once, at the highest of what Redis last answered
+/// each, not their sum (each reads the whole fleet's demand); a route whose decisions
+/// on the shared state stopped (in fallback, its last answer's demand still held) has
+/// no fleet line. promtool evaluates the panel's own query.
+#[test]
+fn the_demand_panel_shows_the_fleets_demand_once() {
+    let exprs = panel_queries("rocgate_store_demand_rps");
+    let mut series = String::new();
+    for (instance, fleet, decided_a_minute) in [("a", 300, 12000), ("b", 290, 6000)] {
+        series.push_str(&format!(
+            "      - series: 'rocgate_store_demand_rps{{instance=\"{instance}\",route=\"order\"}}'\n        values: '{fleet}x10'\n      \
+             - series: 'rocgate_store_requests_total{{instance=\"{instance}\",route=\"order\",decision=\"admitted\"}}'\n        values: '0+{decided_a_minute}x10'\n      \
+             - series: 'rocgate_store_demand_rps{{instance=\"{instance}\",route=\"fallen\"}}'\n        values: '80x10'\n      \
+             - series: 'rocgate_store_requests_total{{instance=\"{instance}\",route=\"fallen\",decision=\"admitted\"}}'\n        values: '500x10'\n      \
+             - series: 'rocgate_demand_rps{{instance=\"{instance}\",route=\"order\",half=\"recent\"}}'\n        values: '{}x10'\n",
+            decided_a_minute / 60
+        ));
+    }
+    let tests = [
+        expr_test(
+            &query_of(&exprs, "rocgate_store_demand_rps"),
+            "10m",
+            &[("{route=\"order\"}", "300")],
+        ),
+        expr_test(
+            &query_of(&exprs, "rocgate_demand_rps"),
+            "10m",
+            &[("{route=\"order\",half=\"recent\"}", "200")],
+        ),
     ]
     .concat();
     test_exprs(&series, &tests);

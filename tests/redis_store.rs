@@ -6888,3 +6888,77 @@ async fn two_instances_hints_judge_the_fleets_demand() {
     }
     drop(server);
 }
+
+/// The fleet's demand on `/metrics`: two `rocgate serve` instances sharing `order`
+/// through a real Redis, one sent twice the other's requests, 300 req/s together for
+/// 2.5 s on a window of 1 s. Each one's `rocgate_store_demand_rps{route="order"}`
+/// reads about the fleet's 300 req/s, the rate Redis's last answer gave, not its own
+/// 200 or 100 (its `rocgate_demand_rps{half="recent"}`, which keeps its meaning); before
+/// Redis answered a decision on the route, the series is absent, not 0. (helper-207 put
+/// the fleet's demand on each answer and on `GET /admin/store`; `/metrics` had only
+/// each instance's own.)
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_metrics_show_the_fleets_demand() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = patient_config(&server, "fleet-demand-metrics");
+    let instances = [
+        Served::on_redis(quick_route(), config.clone()).await,
+        Served::on_redis(quick_route(), config).await,
+    ];
+    let fleet_series = r#"rocgate_store_demand_rps{route="order"}"#;
+    let reading = |text: &str, series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map(|v| v.trim().parse().unwrap())
+    };
+    for proxy in &instances {
+        let mut admin = http1::connect(proxy.admin).await;
+        let text = get(&mut admin, "/metrics").await;
+        assert_eq!(reading(&text, fleet_series), None, "never answered: {text}");
+    }
+    let mut clients = Vec::new();
+    for proxy in &instances {
+        clients.push(http1::connect(proxy.addr).await);
+    }
+    let started = tokio::time::Instant::now();
+    let mut every = tokio::time::interval(Duration::from_millis(10));
+    let mut sent = [0u32; 2];
+    while started.elapsed() < Duration::from_millis(2500) {
+        every.tick().await;
+        post_order(&mut clients[0]).await;
+        post_order(&mut clients[0]).await;
+        post_order(&mut clients[1]).await;
+        sent[0] += 2;
+        sent[1] += 1;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let fleet = f64::from(sent[0] + sent[1]) / secs;
+    for (proxy, own) in instances.iter().zip(sent) {
+        let own = f64::from(own) / secs;
+        let mut admin = http1::connect(proxy.admin).await;
+        let text = get(&mut admin, "/metrics").await;
+        let demand = reading(&text, fleet_series).unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            demand > 0.8 * fleet && demand < 1.25 * fleet,
+            "{demand} req/s on /metrics, the fleet sent {fleet} (this instance {own})"
+        );
+        let recent = r#"rocgate_demand_rps{route="order",half="recent"}"#;
+        let mine = reading(&text, recent).unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            mine < 0.8 * fleet,
+            "this instance's own demand {mine}, the fleet's {fleet}"
+        );
+        let store: serde_json::Value =
+            serde_json::from_str(&get(&mut admin, "/admin/store").await).unwrap();
+        let answered = store["routes"]["order"]["demand_rps"].as_f64().unwrap();
+        assert!(
+            (answered - demand).abs() < 1e-6 * demand,
+            "the same answer on /metrics and /admin/store: {demand}, {store}"
+        );
+    }
+    for proxy in instances {
+        proxy.stop().await;
+    }
+}

@@ -543,6 +543,7 @@ fn shared_control(
         limit_rps: view.limit_rps,
         state: view.state,
         roc: view.roc,
+        demand_rps: view.demand_rps,
         stepped: view.stepped,
         level: Some(view.level),
     })
