@@ -3,8 +3,9 @@
 //! read is scraped, and a scrape passes `promtool check metrics`.
 //!
 //! Needs the `prometheus` and `promtool` binaries (Debian's `prometheus` package,
-//! which `scripts/test.sh` installs). The test starts everything itself on loopback
-//! ports it picks, and stops it.
+//! which `scripts/test.sh` installs), and with the `redis` feature `redis-server` (for
+//! a distributed route, whose series only a Redis store has). The test starts
+//! everything itself on loopback ports it picks, and stops it.
 #![cfg(feature = "proxy")]
 
 use axum::routing::get;
@@ -40,7 +41,7 @@ fn which(name: &str) -> PathBuf {
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
             panic!(
-                "`{name}` is not installed: scripts/test.sh installs Debian's prometheus package"
+                "`{name}` is not installed: scripts/test.sh installs it (Debian's prometheus and redis-server packages)"
             )
         })
 }
@@ -213,6 +214,11 @@ async fn drive(client: &HttpClient, addr: SocketAddr, path: &str, rate: u32, sec
     }
 }
 
+/// Every query of the dashboard returns data from a real Prometheus scraping a real
+/// instance after a spike, and with the `redis` feature a second instance deciding a
+/// distributed route on a real redis-server (the fleet's demand, and the shared ROC,
+/// only such a route has); the alert rules load, evaluate and read only series a
+/// scrape has; a scrape passes `promtool check metrics`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -220,7 +226,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
 
     let up = upstream().await;
-    let settings = {
+    let settings = || {
         let mut built = ProxySettings::from_server(
             &rocgate::config::ServerConfig::default(),
             format!("http://{up}").parse().unwrap(),
@@ -238,12 +244,21 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         quick_route(),
         RouteConfig::new("rest", RouteMatch::any()),
     ]);
-    let proxy = Proxy::bind(settings, &config, None).await.unwrap();
+    let proxy = Proxy::bind(settings(), &config, None).await.unwrap();
     let (addr, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(proxy.run(async {
         let _ = stopped.await;
     }));
+
+    // A distributed route, on a real redis-server, served by an instance of its own
+    // (scraped too): only such a route has the fleet's demand.
+    #[cfg(feature = "redis")]
+    let fleet = Distributed::start(settings()).await;
+    #[cfg(feature = "redis")]
+    let targets = format!("\"{admin}\", \"{}\"", fleet.admin);
+    #[cfg(not(feature = "redis"))]
+    let targets = format!("\"{admin}\"");
 
     let dir = tempfile::tempdir().unwrap();
     let prom_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -253,7 +268,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
              rule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: rocgate\n    static_configs:\n      - targets: [\"{admin}\"]\n",
+             scrape_configs:\n  - job_name: rocgate\n    static_configs:\n      - targets: [{targets}]\n",
             root.join("dashboards/alerts.yml").display()
         ),
     )
@@ -298,6 +313,11 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         "prometheus scraped rocgate before the spike"
     );
 
+    #[cfg(feature = "redis")]
+    let fleet_traffic = {
+        let (client, addr) = (client.clone(), fleet.addr);
+        tokio::spawn(async move { drive(&client, addr, "/api/fleet", 20, 60.0).await })
+    };
     // Warm traffic past the first window, a spike, then steady traffic with some
     // upstream timeouts while the queries run.
     drive(&client, addr, "/api/order", 20, 3.0).await;
@@ -343,8 +363,9 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     assert!(queries.len() >= 20, "{} queries", queries.len());
     let mut empty = Vec::new();
     for q in &queries {
-        // Only distributed routes (a Redis store) have the fleet's demand: promtool
-        // evaluates its query in `the_demand_panel_shows_the_fleets_demand_once`.
+        // Only distributed routes (a Redis store) have the fleet's demand (promtool
+        // evaluates its query in `the_demand_panel_shows_the_fleets_demand_once`).
+        #[cfg(not(feature = "redis"))]
         if q.contains("rocgate_store_demand_rps") {
             continue;
         }
@@ -444,6 +465,75 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     background.abort();
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), run).await;
+    #[cfg(feature = "redis")]
+    {
+        fleet_traffic.abort();
+        fleet.stop().await;
+    }
+}
+
+/// A `rocgate serve` instance on a redis-server of its own, deciding the route
+/// `fleet` (`/api/fleet`, otherwise [`quick_route`]) on the shared state.
+#[cfg(feature = "redis")]
+struct Distributed {
+    addr: SocketAddr,
+    admin: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<std::io::Result<()>>,
+    _redis: Process,
+}
+
+#[cfg(feature = "redis")]
+impl Distributed {
+    /// Starts redis-server on a loopback port, waits until it takes connections, and
+    /// serves `fleet` on it with `settings`.
+    async fn start(settings: ProxySettings) -> Distributed {
+        let port = free_port();
+        let redis = Process(
+            Command::new(which("redis-server"))
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server starts"),
+        );
+        let up = tokio::time::timeout(Duration::from_secs(10), async {
+            while tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(up.is_ok(), "redis-server took connections");
+        let mut route = quick_route();
+        route.name = "fleet".into();
+        route.matcher = RouteMatch::prefix("/api/fleet");
+        let mut store = rocgate::store::RedisConfig::default();
+        store.servers = rocgate::store::RedisServers::Single(format!("redis://127.0.0.1:{port}"));
+        store.key_prefix = "prometheus-fleet".into();
+        store.timeout = Duration::from_secs(1);
+        let mut config = Config::new(vec![route]);
+        config.store = rocgate::store::StoreConfig::Redis(store);
+        let proxy = Proxy::bind(settings, &config, None).await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        Distributed {
+            addr: proxy.local_addr().unwrap(),
+            admin: proxy.admin_addr().unwrap(),
+            stop,
+            run: tokio::spawn(proxy.run(async {
+                let _ = stopped.await;
+            })),
+            _redis: redis,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.run).await;
+    }
 }
 
 /// The dashboard's request panel evaluated by promtool on a scrape of a shadow route:
