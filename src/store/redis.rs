@@ -133,6 +133,41 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+/// The Lua that [`DECIDE`] and [`DEBIT`] are both built from, so that a debit refills
+/// the shared bucket exactly as a decision does: two functions defined at the head of
+/// each script.
+///
+/// - `shared_limit(stored, base)`: the limit a route's bucket refills at, the stored
+///   controller `limit` capped by the instance's base limit in force, or the base where
+///   the stored one is none or no limit the config takes (below 0.000001 req/s, `nan`).
+/// - `refill(key, limit, burst, now)`: reads the bucket hash `key` (`tokens`, `ts`) and
+///   returns its level refilled to `now` (µs) at `limit`, capped at its capacity
+///   (`max(floor(limit × burst + 1e-6), 1)`), and whether the bucket was missing (then
+///   it starts full); a level that is no number, or below empty, reads empty. Writes
+///   nothing: the caller stores the level with `ts` now.
+macro_rules! bucket_lua {
+    () => {
+        r"
+local function shared_limit(stored, base)
+  local limit = tonumber(stored) or base
+  if not (limit >= 0.000001) or base < limit then limit = base end
+  return limit
+end
+local function refill(key, limit, burst, now)
+  local cap = math.max(math.floor(limit * burst + 1e-6), 1)
+  local b = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(b[1])
+  local ts = tonumber(b[2])
+  local created = tokens == nil or ts == nil
+  if created then tokens = cap; ts = now end
+  if not (tokens >= 0) then tokens = 0 end
+  if now > ts then tokens = tokens + (now - ts) * limit / 1000000 end
+  if tokens > cap then tokens = cap end
+  return tokens, created
+end"
+    };
+}
+
 /// One decision on a route's shared state.
 ///
 /// - `KEYS[1]` window hash: `cur` (the slot accumulating) and one field per slot index
@@ -231,7 +266,9 @@ use std::time::Duration;
 /// that was refused or took no token (batched mode): the controller fields as in
 /// `roll`, from which the caller tells when the limit will next rise (the
 /// `Retry-After` of a rejection for a cut).
-pub const DECIDE: &str = r"
+pub const DECIDE: &str = concat!(
+    bucket_lua!(),
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local slot_us = tonumber(ARGV[1])
@@ -239,9 +276,7 @@ local slots = tonumber(ARGV[2])
 local ttl = ARGV[5]
 local slot = math.floor(now / slot_us)
 local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots', 'rate')
-local base = tonumber(ARGV[3])
-local limit = tonumber(ctl[1]) or base
-if not (limit >= 0.000001) or base < limit then limit = base end
+local limit = shared_limit(ctl[1], tonumber(ARGV[3]))
 local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
 if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
   if ctl[8] and ctl[8] ~= ARGV[1] then
@@ -303,16 +338,7 @@ local admit = 1
 local wait = 0
 local level = false
 if ARGV[7] == '1' then
-  local cap = math.max(math.floor(limit * tonumber(ARGV[4]) + 1e-6), 1)
-  local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
-  local tokens = tonumber(b[1])
-  local ts = tonumber(b[2])
-  local created = tokens == nil or ts == nil
-  if created then tokens = cap; ts = now end
-  if not (tokens >= 0) then tokens = 0 end
-  if now > ts then tokens = tokens + (now - ts) * limit / 1000000 end
-  ts = now
-  if tokens > cap then tokens = cap end
+  local tokens, created = refill(KEYS[2], limit, tonumber(ARGV[4]), now)
   local debit = tonumber(ARGV[8]) or 0
   if debit > 0 then tokens = math.max(tokens - debit, 0) end
   if tokens >= 1 then
@@ -322,7 +348,7 @@ if ARGV[7] == '1' then
     wait = math.ceil((1 - tokens) * 1000000 / limit)
   end
   level = string.format('%.17g', tokens)
-  redis.call('HSET', KEYS[2], 'tokens', level, 'ts', string.format('%.0f', ts))
+  redis.call('HSET', KEYS[2], 'tokens', level, 'ts', string.format('%.0f', now))
   if created then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
 if fresh then
@@ -335,7 +361,8 @@ if state ~= 1 and state ~= 2 then state = 0 end
 local result = {admit, wait, string.format('%.17g', limit), state, now, slot, ctl[7], level, roll, ctl[10]}
 if state ~= 0 and (admit == 0 or ARGV[7] ~= '1') then result[11] = ctl end
 return result
-";
+"
+);
 
 /// Stores a controller step, unless another instance stored a newer one meanwhile.
 ///
@@ -377,27 +404,20 @@ return 1
 ///   restarted empty, starts full, as a decision finds it.
 ///
 /// Returns the bucket's level after the debit.
-pub const DEBIT: &str = r"
+pub const DEBIT: &str = concat!(
+    bucket_lua!(),
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local base = tonumber(ARGV[1])
-local limit = tonumber(redis.call('HGET', KEYS[2], 'limit')) or base
-if not (limit >= 0.000001) or base < limit then limit = base end
-local cap = math.max(math.floor(limit * tonumber(ARGV[2]) + 1e-6), 1)
-local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(b[1])
-local ts = tonumber(b[2])
-local created = tokens == nil or ts == nil
-if created then tokens = cap; ts = now end
-if not (tokens >= 0) then tokens = 0 end
-if now > ts then tokens = tokens + (now - ts) * limit / 1000000 end
-if tokens > cap then tokens = cap end
+local limit = shared_limit(redis.call('HGET', KEYS[2], 'limit'), tonumber(ARGV[1]))
+local tokens = refill(KEYS[1], limit, tonumber(ARGV[2]), now)
 tokens = math.max(tokens - tonumber(ARGV[4]), 0)
 local level = string.format('%.17g', tokens)
 redis.call('HSET', KEYS[1], 'tokens', level, 'ts', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return level
-";
+"
+);
 
 /// Announces an instance and counts the live ones.
 ///
