@@ -253,22 +253,7 @@ async fn a_second_sigterm_leaves_the_shared_store() {
     let redis = Redis::start().await;
     let arrived = Arc::new(AtomicU64::new(0));
     let up = upstream(Duration::from_secs(60), arrived.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("rocgate.toml");
-    let config = format!(
-        "[[routes]]\nname = \"all\"\npath_prefix = \"/\"\n\n\
-         [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\n\
-         heartbeat = \"1h\"\n",
-        redis.1
-    );
-    std::fs::write(&file, config).unwrap();
-    let mut child = Reap::spawn(
-        serve_to(&format!("http://{up}"))
-            .arg("--config")
-            .arg(&file)
-            .env("RUST_LOG", "info"),
-    );
-    let (listen, log) = logged_listen(child.0.stderr.take().unwrap());
+    let (mut child, listen, log, _dir) = serve_on_redis(up, &redis, "");
     let _stuck = tokio::spawn(get_status(listen, "/slow"));
     let joined = tokio::time::timeout(Duration::from_secs(10), async {
         while arrived.load(Ordering::SeqCst) < 1 || redis.instances() < 1 {
@@ -284,6 +269,92 @@ async fn a_second_sigterm_leaves_the_shared_store() {
     let status = sigterm_twice(&mut child.0, &log).await;
     assert_eq!(status.code(), Some(1), "{status:?}");
     assert_eq!(redis.instances(), 0, "the instance left the heartbeat set");
+}
+
+/// `rocgate serve` in front of `upstream`, one route `all` for every path, sharing
+/// its state on `redis` with the heartbeat beating once at start only, and the
+/// `[store]` lines `store` more; its address and its log lines (info and up) after
+/// that, and the folder of its config file (removed on drop).
+fn serve_on_redis(
+    upstream: SocketAddr,
+    redis: &Redis,
+    store: &str,
+) -> (
+    Reap,
+    SocketAddr,
+    std::sync::mpsc::Receiver<String>,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    let config = format!(
+        "[[routes]]\nname = \"all\"\npath_prefix = \"/\"\n\n\
+         [store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\n\
+         heartbeat = \"1h\"\n{store}",
+        redis.1
+    );
+    std::fs::write(&file, config).unwrap();
+    let mut child = Reap::spawn(
+        serve_to(&format!("http://{upstream}"))
+            .arg("--config")
+            .arg(&file)
+            .env("RUST_LOG", "info"),
+    );
+    let (listen, log) = logged_listen(child.0.stderr.take().unwrap());
+    (child, listen, log, dir)
+}
+
+/// A second SIGTERM that comes while the graceful exit is already leaving the shared
+/// store (Redis stopped: its debits failed and it warned, its `ZREM` waiting) lets
+/// that leave finish rather than starting another: the warning that the shared bucket
+/// was not debited is logged once. (The second signal dropped the first leave and
+/// started a second, which sent the debits again, waited on them another `timeout`,
+/// and logged the warning again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_during_the_leave_does_not_leave_again() {
+    let redis = Redis::start().await;
+    let up = upstream(Duration::ZERO, Arc::new(AtomicU64::new(0))).await;
+    // Room to send the second SIGTERM while the first leave's `ZREM` waits.
+    let (mut child, listen, log, _dir) = serve_on_redis(up, &redis, "timeout = \"500ms\"\n");
+    let joined = tokio::time::timeout(Duration::from_secs(10), async {
+        while redis.instances() < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(joined.is_ok(), "the instance beat into the set");
+    assert_eq!(get_status(listen, "/").await, Ok(200), "shared");
+    let redis_pid = redis.0.id().to_string();
+    let signal = |sig: &str, pid: &str| {
+        assert!(Command::new("kill")
+            .args([sig, pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP", &redis_pid);
+    // The breaker opens after 3 timeouts; the rest are admitted in fallback, owed.
+    for _ in 0..10 {
+        assert_eq!(get_status(listen, "/").await, Ok(200));
+    }
+    let pid = child.0.id().to_string();
+    signal("-TERM", &pid);
+    assert!(
+        logged(&log, &["not debited"]).is_some(),
+        "the first leave warns of the debt Redis did not take"
+    );
+    signal("-TERM", &pid);
+    let status = exit_within(&mut child.0, Duration::from_secs(5))
+        .await
+        .expect("rocgate serve exits within 5 s of the second SIGTERM");
+    signal("-CONT", &redis_pid);
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "the second SIGTERM cut the leave short"
+    );
+    let again: Vec<String> = log.iter().filter(|l| l.contains("not debited")).collect();
+    assert!(again.is_empty(), "warned again: {again:#?}");
 }
 
 /// `--upstream` is held to the file's rules: a path the proxy would silently drop is

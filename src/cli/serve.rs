@@ -71,7 +71,8 @@ fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, St
 /// Serves with `proxy` until the first of `signals`, then drains; a second one during
 /// the drain ends it at once, the requests still in flight dropped (the instance
 /// leaves the shared store first, paying what its routes owe the shared buckets,
-/// within three times the store's timeout).
+/// within three times the store's timeout; a drain already leaving is not left
+/// again: its leave goes on, and this waits for it).
 async fn serve_until_signalled(proxy: Proxy, mut signals: ShutdownSignals) -> ExitCode {
     let leaving = proxy.leaving();
     let (first, first_seen) = tokio::sync::oneshot::channel::<()>();

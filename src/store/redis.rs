@@ -980,6 +980,10 @@ struct Inner {
     /// `EVALSHA`, or the `EVAL` that follows a `NOSCRIPT`, reaching Redis after the
     /// `ZREM`, would count it for three more beats).
     beating: tokio::sync::Mutex<()>,
+    /// The leave, spawned as a task of its own by the first [`RedisStore::leave`]:
+    /// `true` once it has ended. A later leave waits for it rather than starting
+    /// another.
+    leaving: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
 }
 
 /// The shared state of every distributed route in Redis. Cloning is one reference
@@ -1091,6 +1095,7 @@ impl RedisStore {
             fallbacks: AtomicU64::new(0),
             left: AtomicBool::new(false),
             beating: tokio::sync::Mutex::new(()),
+            leaving: Mutex::new(None),
         });
         publish_mode(StoreMode::Shared);
         metrics::gauge!(metric::STORE_INSTANCES).set(f64::from(config.expected_instances));
@@ -1476,11 +1481,39 @@ impl RedisStore {
     /// them, and the instance leaving takes the debt with it. Returns within three
     /// times `timeout` at most, whatever Redis does: a beat or a debit in flight, the
     /// debits, the `ZREM`, each bounded by it.
+    ///
+    /// The leave runs once: it is a task of its own, which a caller that gives up
+    /// (`rocgate serve`'s second SIGTERM drops the shutdown that was leaving) leaves
+    /// running, and a later leave waits for it to end rather than sending the debits
+    /// and the warning again; once it has ended, a leave returns at once.
     pub async fn leave(&self) {
-        self.inner.left.store(true, Ordering::Relaxed);
+        let mut ended = self
+            .inner
+            .leaving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(|| {
+                let (done, ended) = tokio::sync::watch::channel(false);
+                let inner = Arc::clone(&self.inner);
+                tokio::spawn(async move {
+                    inner.leave().await;
+                    let _ = done.send(true);
+                });
+                ended
+            })
+            .clone();
+        // An error: the task is gone (its runtime shutting down), and with it the leave.
+        let _ = ended.wait_for(|&ended| ended).await;
+    }
+}
+
+impl Inner {
+    /// [`RedisStore::leave`]'s work, run once.
+    async fn leave(self: &Arc<Self>) {
+        self.left.store(true, Ordering::Relaxed);
         // A beat in flight ends first (within `timeout`); none starts after.
-        let _beating = self.inner.beating.lock().await;
-        let unpaid = self.inner.settle().await;
+        let _beating = self.beating.lock().await;
+        let unpaid = self.settle().await;
         if !unpaid.is_empty() {
             let routes: Vec<&str> = unpaid.iter().map(|(name, _)| name.as_ref()).collect();
             let tokens: u64 = unpaid.iter().map(|(_, owed)| owed).sum();
@@ -1491,18 +1524,12 @@ impl RedisStore {
             );
         }
         let cmd = redis::cmd("ZREM")
-            .arg(&self.inner.instances_key)
-            .arg(&self.inner.member)
+            .arg(&self.instances_key)
+            .arg(&self.member)
             .to_owned();
-        let _ = tokio::time::timeout(
-            self.inner.config.timeout,
-            self.inner.conn.query::<Value>(&cmd),
-        )
-        .await;
+        let _ = tokio::time::timeout(self.config.timeout, self.conn.query::<Value>(&cmd)).await;
     }
-}
 
-impl Inner {
     fn mode(&self) -> StoreMode {
         if self.fallen.load(Ordering::Relaxed) > 0 {
             StoreMode::Fallback
