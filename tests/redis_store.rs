@@ -3027,10 +3027,7 @@ async fn the_first_decision_after_a_beats_probe_says_the_gap_and_the_debit_is_pa
     let _serial = one_at_a_time().await;
     let mut server = RedisServer::start().await;
     let config = hand_beaten_config(&server, "probed");
-    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
-    let (a, clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
-    beat_answered(&a.store).await;
-    assert!(a.check().await.is_admit());
+    let (a, clock) = slow_route_admitted_once(&config).await;
     let (slot_us, slots): (u64, u64) = hmget(
         &mut server.connection().unwrap(),
         "{probed:order}:c",
@@ -3040,9 +3037,7 @@ async fn the_first_decision_after_a_beats_probe_says_the_gap_and_the_debit_is_pa
     let in_fallback = into_fallback(&a, 40).await;
     server.restart().await;
     beat_answered(&a.store).await;
-    clock.advance(config.probe_interval);
-    assert!(a.store.beat().await.is_some());
-    assert_eq!(route_mode(&a), StoreMode::Shared, "the beat's probe");
+    probe_brings_back(&a, &clock, &config).await;
     // Redis restarted empty.
     let mut conn = server.connection().unwrap();
     calm_through_the_last_slot(&mut conn, "probed", "1", (slot_us, slots));
@@ -3068,6 +3063,54 @@ fn shared_tokens(server: &RedisServer, prefix: &str) -> Option<f64> {
     tokens.map(|t| t.parse().unwrap())
 }
 
+/// An instance on a manual clock whose route `order` admits 1 req/s with 100 tokens
+/// shared (what fallback admits shows plainly in the shared bucket's level), its
+/// heartbeat answered and one request admitted on the shared state.
+async fn slow_route_admitted_once(config: &RedisConfig) -> (Instance, Arc<ManualClock>) {
+    let (a, clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), config);
+    beat_answered(&a.store).await;
+    assert!(a.check().await.is_admit());
+    (a, clock)
+}
+
+/// Stops `server` (its keys outlive the outage), decides on `inst`'s route until it is
+/// in fallback and `more` times after ([`into_fallback`]), lets the server go on, and
+/// has a beat answered (no probe due yet: the route is still in fallback). Returns what
+/// the route admitted meanwhile.
+async fn fallback_while_stopped(server: &RedisServer, inst: &Instance, more: usize) -> usize {
+    server.signal("-STOP");
+    let in_fallback = into_fallback(inst, more).await;
+    server.signal("-CONT");
+    beat_answered(&inst.store).await;
+    in_fallback
+}
+
+/// Moves `clock` on by `config`'s probe interval and beats: the beat's probe must put
+/// `inst`'s route, idle in fallback, back on the shared state.
+async fn probe_brings_back(inst: &Instance, clock: &ManualClock, config: &RedisConfig) {
+    clock.advance(config.probe_interval);
+    assert!(inst.store.beat().await.is_some());
+    assert_eq!(route_mode(inst), StoreMode::Shared, "the beat's probe");
+}
+
+/// Beats, two more at most, until the shared bucket of route `order` under `prefix`,
+/// of `capacity` tokens, reads debited what `in_fallback` admitted (within 5 tokens of
+/// refill); the caller asserts the level.
+async fn beats_until_debited(
+    inst: &Instance,
+    server: &RedisServer,
+    prefix: &str,
+    capacity: f64,
+    in_fallback: usize,
+) {
+    let mut beats = 0;
+    while shared_tokens(server, prefix).unwrap() > capacity - in_fallback as f64 + 5.0 && beats < 2
+    {
+        beat_answered(&inst.store).await;
+        beats += 1;
+    }
+}
+
 /// Exact mode: what a route admitted in fallback reaches the shared bucket once the
 /// heartbeat's probe has brought the route back, though the route makes no further
 /// decision (its spike over): the beat sends the debt, and the others see a bucket
@@ -3081,26 +3124,12 @@ async fn an_idle_routes_fallback_debt_reaches_the_shared_bucket_without_a_decisi
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = hand_beaten_config(&server, "idle-debt");
-    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
-    let (a, clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
-    beat_answered(&a.store).await;
-    assert!(a.check().await.is_admit());
-    server.signal("-STOP");
-    let in_fallback = into_fallback(&a, 40).await;
-    server.signal("-CONT");
-    beat_answered(&a.store).await;
+    let (a, clock) = slow_route_admitted_once(&config).await;
+    let in_fallback = fallback_while_stopped(&server, &a, 40).await;
     let local = a.store.fallback_decisions();
-    clock.advance(config.probe_interval);
-    assert!(a.store.beat().await.is_some());
-    assert_eq!(route_mode(&a), StoreMode::Shared, "the beat's probe");
-    // Within two more beats at most, and no decision on the route meanwhile.
-    let mut beats = 0;
-    while shared_tokens(&server, "idle-debt").unwrap() > 100.0 - in_fallback as f64 + 5.0
-        && beats < 2
-    {
-        beat_answered(&a.store).await;
-        beats += 1;
-    }
+    probe_brings_back(&a, &clock, &config).await;
+    // No decision on the route meanwhile.
+    beats_until_debited(&a, &server, "idle-debt", 100.0, in_fallback).await;
     assert_eq!(a.store.fallback_decisions(), local);
     // A few seconds of refill at 1/s, at most.
     assert_debited(&server, "idle-debt", 100.0, in_fallback, 5.0);
@@ -3128,14 +3157,8 @@ async fn a_leave_right_after_redis_is_back_pays_what_the_fallback_admitted() {
     let mut config = hand_beaten_config(&server, "leave-debt");
     // Room for the leave's debit on a loaded machine (50 ms by default).
     config.timeout = Duration::from_millis(300);
-    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
-    let (a, _clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
-    beat_answered(&a.store).await;
-    assert!(a.check().await.is_admit());
-    server.signal("-STOP");
-    let in_fallback = into_fallback(&a, 40).await;
-    server.signal("-CONT");
-    beat_answered(&a.store).await;
+    let (a, _clock) = slow_route_admitted_once(&config).await;
+    let in_fallback = fallback_while_stopped(&server, &a, 40).await;
     assert_eq!(route_mode(&a), StoreMode::Fallback, "no probe due yet");
     assert!(a.store.view("order").unwrap().owed_tokens >= 40);
     a.store.leave().await;
@@ -3159,9 +3182,7 @@ async fn a_leave_while_redis_is_stopped_is_bounded_and_warns_of_the_debt_not_pai
     let server = RedisServer::start().await;
     let mut config = hand_beaten_config(&server, "leave-lost");
     config.timeout = Duration::from_millis(300);
-    let (a, _clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
-    beat_answered(&a.store).await;
-    assert!(a.check().await.is_admit());
+    let (a, _clock) = slow_route_admitted_once(&config).await;
     server.signal("-STOP");
     into_fallback(&a, 40).await;
     let owed = a.store.view("order").unwrap().owed_tokens;
@@ -3198,11 +3219,8 @@ async fn a_debit_is_decided_at_the_base_limit_in_force() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let config = hand_beaten_config(&server, "debit-base");
-    // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
-    let (a, clock) = Instance::manual(&route(1.0, Duration::from_secs(100)), &config);
+    let (a, clock) = slow_route_admitted_once(&config).await;
     a.store.follow(&a.engine);
-    beat_answered(&a.store).await;
-    assert!(a.check().await.is_admit());
     server.signal("-STOP");
     let mut in_fallback = into_fallback(&a, 10).await;
     let mut halved = a.engine.route_params(a.route).unwrap();
@@ -3214,16 +3232,8 @@ async fn a_debit_is_decided_at_the_base_limit_in_force() {
     }
     server.signal("-CONT");
     beat_answered(&a.store).await;
-    clock.advance(config.probe_interval);
-    assert!(a.store.beat().await.is_some());
-    assert_eq!(route_mode(&a), StoreMode::Shared, "the beat's probe");
-    let mut beats = 0;
-    while shared_tokens(&server, "debit-base").unwrap() > 50.0 - in_fallback as f64 + 5.0
-        && beats < 2
-    {
-        beat_answered(&a.store).await;
-        beats += 1;
-    }
+    probe_brings_back(&a, &clock, &config).await;
+    beats_until_debited(&a, &server, "debit-base", 50.0, in_fallback).await;
     let tokens = shared_tokens(&server, "debit-base").unwrap();
     assert!(
         in_fallback >= 20 && tokens <= 50.0 - in_fallback as f64 + 5.0,
