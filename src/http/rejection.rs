@@ -594,16 +594,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn cut_retry_is_the_restore_eta_plus_bounded_jitter() {
-        let rej = Rejection {
-            retry_after: Duration::from_millis(20),
-            reason: Reason::RocCut,
-        };
-        let eta = Duration::from_millis(2500);
+    /// `rej`, with a restore due in `eta`, is told at least `eta` and less than twice
+    /// it, spread over at least two whole seconds in 500 refusals.
+    #[track_caller]
+    fn told_the_eta_plus_jitter(rej: &Rejection, eta: Duration) {
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..500 {
-            let r = retry_after(&rej, Some(eta));
+            let r = retry_after(rej, Some(eta));
             assert!(r >= eta && r < eta * 2, "{r:?}");
             seen.insert(r.as_secs());
         }
@@ -611,6 +608,16 @@ mod tests {
             seen.len() >= 2,
             "jitter spreads clients over seconds: {seen:?}"
         );
+    }
+
+    #[test]
+    fn cut_retry_is_the_restore_eta_plus_bounded_jitter() {
+        let rej = Rejection {
+            retry_after: Duration::from_millis(20),
+            reason: Reason::RocCut,
+        };
+        let eta = Duration::from_millis(2500);
+        told_the_eta_plus_jitter(&rej, eta);
         let limit = Rejection {
             retry_after: Duration::from_millis(20),
             reason: Reason::Limit,
@@ -630,17 +637,7 @@ mod tests {
             retry_after: Duration::from_millis(33),
             reason: Reason::FallbackLocal,
         };
-        let eta = Duration::from_millis(6500);
-        let mut seen = std::collections::BTreeSet::new();
-        for _ in 0..500 {
-            let r = retry_after(&rej, Some(eta));
-            assert!(r >= eta && r < eta * 2, "{r:?}");
-            seen.insert(r.as_secs());
-        }
-        assert!(
-            seen.len() >= 2,
-            "jitter spreads clients over seconds: {seen:?}"
-        );
+        told_the_eta_plus_jitter(&rej, Duration::from_millis(6500));
         assert_eq!(retry_after(&rej, None), Duration::from_millis(33));
     }
 }
