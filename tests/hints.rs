@@ -514,6 +514,25 @@ fn a_shadow_adaptive_verdict_without_other_hints_names_the_cut_settings() {
     );
 }
 
+/// `intervals` with the keys `keys(k)` refused in interval `k`, as hashes a key table
+/// would give them.
+fn with_refused_keys(
+    intervals: &[Interval],
+    keys: &dyn Fn(u64) -> std::ops::Range<u64>,
+) -> Vec<Interval> {
+    use std::hash::BuildHasher;
+    let hasher = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+    let mut intervals = intervals.to_vec();
+    for (k, i) in (0u64..).zip(&mut intervals) {
+        let mut sketch = rocgate::distinct::KeySketch::new();
+        for key in keys(k) {
+            sketch.record(hasher.hash_one(key));
+        }
+        i.refused_keys = Some(Box::new(sketch));
+    }
+    intervals
+}
+
 /// One cut, started at second 10 with ROC 95 and holding seconds 10 to 15 in `Cut`,
 /// their demand peaking at `peak_demand_rps` (above the base limit: no false cut), in
 /// which a shadow cut would have rejected 60 requests a second: the cut whose settings
@@ -2713,7 +2732,6 @@ fn the_shadow_verdict_splits_the_rejections_as_raise_base_limit_does() {
 /// verdict naming the base limit says the same of its would-be rejections.
 #[test]
 fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() {
-    use rocgate::distinct::KeySketch;
     use rocgate::limiter::Reason;
     let keyed = engine_settings("partition = \"ip\"");
     let intervals = rejecting(0, 30, 1_000, (Reason::Limit, 200), 0);
@@ -2730,18 +2748,7 @@ fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() 
     // Each interval's refused keys: `keys(k)` in interval k, as hashes a key table
     // would give them.
     let counted = |keys: &dyn Fn(u64) -> std::ops::Range<u64>| {
-        let mut intervals = intervals.clone();
-        for (k, i) in (0u64..).zip(&mut intervals) {
-            let mut sketch = KeySketch::new();
-            for key in keys(k) {
-                use std::hash::BuildHasher;
-                sketch.record(
-                    std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
-                        .hash_one(key),
-                );
-            }
-            i.refused_keys = Some(Box::new(sketch));
-        }
+        let intervals = with_refused_keys(&intervals, keys);
         let h = advise_over(&keyed, &intervals);
         let hint = find(&h, "raise_base_limit").unwrap().clone();
         assert_eq!(numbers(&h, "raise_base_limit"), (200.0, 260.0));
@@ -2802,18 +2809,7 @@ fn a_partitioned_routes_raise_of_its_base_limit_may_be_a_few_keys_over_theirs() 
     // Where the keys enforcing would have refused were counted, the verdict quotes
     // them, as `raise_base_limit` does.
     let verdict_over = |keys: &dyn Fn(u64) -> std::ops::Range<u64>| {
-        let mut intervals = intervals.clone();
-        for (k, i) in (0u64..).zip(&mut intervals) {
-            let mut sketch = KeySketch::new();
-            for key in keys(k) {
-                use std::hash::BuildHasher;
-                sketch.record(
-                    std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
-                        .hash_one(key),
-                );
-            }
-            i.refused_keys = Some(Box::new(sketch));
-        }
+        let intervals = with_refused_keys(&intervals, keys);
         let report = rocgate::hints::RouteHints::new(&shadow, &intervals, None, &Policy::default());
         let verdict = find(&report.hints, "shadow_verdict")
             .unwrap()
