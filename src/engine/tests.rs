@@ -629,6 +629,15 @@ fn a_reload_carries_the_keys_refused() {
         }
     };
     let refused = |e: &Engine| e.take_refused_keys(e.route_at(0).unwrap()).unwrap();
+    // `e` reloaded with route `name` in `mode`, at `at` s.
+    let reload = |e: &Engine, name: &str, mode: Mode, at: u64| {
+        e.reload(
+            &route(name, mode),
+            Nanos::from_secs(at),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap()
+    };
     let old = Engine::new(
         &route("login", Mode::Enforce),
         Nanos::ZERO,
@@ -636,13 +645,7 @@ fn a_reload_carries_the_keys_refused() {
     )
     .unwrap();
     refuse(&old, 1..6, 0);
-    let kept = old
-        .reload(
-            &route("login", Mode::Enforce),
-            Nanos::from_secs(2),
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let kept = reload(&old, "login", Mode::Enforce, 2);
     let (hasher, five) = kept
         .route(kept.route_at(0).unwrap())
         .unwrap()
@@ -655,13 +658,7 @@ fn a_reload_carries_the_keys_refused() {
     assert_eq!(refused(&kept), five);
 
     refuse(&kept, 1..6, 2);
-    let rebuilt = kept
-        .reload(
-            &route("login", Mode::Shadow),
-            Nanos::from_secs(4),
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let rebuilt = reload(&kept, "login", Mode::Shadow, 4);
     refuse(&rebuilt, 3..9, 4);
     let sketch = refused(&rebuilt);
     let one_hash = {
@@ -674,12 +671,6 @@ fn a_reload_carries_the_keys_refused() {
     assert_eq!(sketch, by_hash(&hasher, 1..=8));
 
     refuse(&rebuilt, 1..6, 8);
-    let renamed = rebuilt
-        .reload(
-            &route("signin", Mode::Shadow),
-            Nanos::from_secs(10),
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
+    let renamed = reload(&rebuilt, "signin", Mode::Shadow, 10);
     assert!(refused(&renamed).is_empty());
 }
