@@ -1095,6 +1095,12 @@ impl Future for Sweep<'_> {
 /// `idle_timeout`. The first head keeps hyper's deadline: its first bytes were read
 /// before its sleep was made (to tell HTTP/1.1 from HTTP/2), within
 /// `header_read_timeout` of the connection's opening.
+///
+/// A head whose first bytes hyper read before it made the head's sleep (sent in the
+/// previous head's packet, or while the previous request was in flight: hyper reads
+/// ahead then) is taken for an idle wait, and a stall in it is closed at
+/// `idle_timeout`, as an idle connection is: hyper does not say whether its read
+/// buffer holds anything when it makes the sleep.
 #[derive(Clone, Debug)]
 pub(crate) struct HeadTimer {
     shared: Arc<Heads>,
