@@ -1377,13 +1377,14 @@ impl RedisStore {
     }
 
     /// The fleet's demand on `route` that Redis's answers to this instance gave since
-    /// the last call (each answer's [`SharedView::demand_rps`]): their mean, each
-    /// answer weighing one, and the highest. `None` if no answer gave one since (no
+    /// the last call (each answer's [`SharedView::demand_rps`]): their mean over time,
+    /// each answer's standing until the next one's (or this call), and the highest. `None` if no answer gave one since (no
     /// decision or sync reached Redis, or Redis held no rate), or the store has not
     /// built the route. `rocgate serve`'s tuning hints take it at the end of each
     /// interval ([`crate::hints::Interval::fleet_demand`]).
     pub fn take_fleet_demand(&self, route: &str) -> Option<FleetDemand> {
-        self.inner.routes.get(route)?.demand_seen().take()
+        let now = self.inner.clock.now();
+        self.inner.routes.get(route)?.demand_seen().take(now)
     }
 
     /// Registers the `rocgate_store_*` series of every route that `engine` (the one
@@ -1851,7 +1852,7 @@ impl Inner {
         r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
         r.demand.store(reply.rate.to_bits(), Ordering::Relaxed);
         if reply.rate.is_finite() {
-            r.demand_seen().add(reply.rate);
+            r.demand_seen().add(reply.rate, now);
         }
         r.limit_gauge.set(reply.limit);
         // An answer to a call on a route that a reload has since dropped or made
@@ -2385,27 +2386,51 @@ struct Count {
 }
 
 /// The fleet's demand that the answers on a route gave (their `rate`), gathered for the
-/// tuning hints until [`RedisStore::take_fleet_demand`] takes it.
+/// tuning hints until [`RedisStore::take_fleet_demand`] takes it. Each answer's rate
+/// stands until the next answer (or the take), so the mean is over time: in exact
+/// mode answers come one per decision, and a mean over answers would weigh the busy
+/// stretches of this instance's traffic more.
 #[derive(Debug, Default)]
 struct DemandSeen {
-    sum: f64,
-    answers: u64,
+    /// The answers' rates, req/s, each times the seconds it stood.
+    weighted: f64,
+    /// The seconds those rates stood.
+    stood: f64,
+    /// The last answer's rate, and when (this instance's clock) it came.
+    last: Option<(f64, Nanos)>,
     peak: f64,
 }
 
 impl DemandSeen {
-    fn add(&mut self, rate: f64) {
-        self.sum += rate;
-        self.answers += 1;
+    /// An answer at `now` gave `rate`.
+    fn add(&mut self, rate: f64, now: Nanos) {
+        self.stand_until(now);
+        self.last = Some((rate, now));
         self.peak = self.peak.max(rate);
     }
 
-    /// The mean and peak of what the answers gave, and none gathered from then;
-    /// `None` if none gave one.
-    fn take(&mut self) -> Option<FleetDemand> {
-        let seen = std::mem::take(self);
-        (seen.answers > 0).then(|| FleetDemand {
-            mean_rps: seen.sum / seen.answers as f64,
+    /// The last answer's rate has stood until `now` (an answer that came with an
+    /// earlier `now` than the last, its call made before, stands for none).
+    fn stand_until(&mut self, now: Nanos) {
+        if let Some((rate, at)) = self.last {
+            let stood = now.saturating_since(at).as_secs_f64();
+            self.weighted += rate * stood;
+            self.stood += stood;
+        }
+    }
+
+    /// The mean over time until `now` and the peak of what the answers gave, and none
+    /// gathered from then; `None` if none gave one.
+    fn take(&mut self, now: Nanos) -> Option<FleetDemand> {
+        let mut seen = std::mem::take(self);
+        let (last, _) = seen.last?;
+        seen.stand_until(now);
+        Some(FleetDemand {
+            mean_rps: if seen.stood > 0.0 {
+                seen.weighted / seen.stood
+            } else {
+                last
+            },
             peak_rps: seen.peak,
         })
     }

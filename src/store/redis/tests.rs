@@ -1018,3 +1018,31 @@ async fn a_leave_waits_for_a_debit_in_flight_and_reports_what_is_not_paid() {
     assert_eq!(r.owed.load(Ordering::Relaxed), 5, "still owed");
     drop(silent);
 }
+
+/// The fleet's demand taken for an interval is the mean over time of what the answers
+/// said, each answer's rate standing until the next one (or the take), not the mean of
+/// the answers: in exact mode answers come one per decision, so half an interval at
+/// 1,000 req/s answered 250 times and half at 10 req/s answered 3 times is about 505
+/// req/s, where counting each answer once gave about 988. The peak is the highest
+/// answer; a single answer is its own mean; none is `None`.
+#[test]
+fn the_fleets_demand_is_weighed_by_time() {
+    let ms = Nanos::from_millis;
+    let mut seen = DemandSeen::default();
+    for i in 0..250 {
+        seen.add(1000.0, ms(2 * i));
+    }
+    for at in [500, 700, 900] {
+        seen.add(10.0, ms(at));
+    }
+    let taken = seen.take(ms(1000)).unwrap();
+    assert!(
+        (taken.mean_rps - 505.0).abs() < 1.0,
+        "{taken:?}: the mean over time is 505"
+    );
+    assert_eq!(taken.peak_rps, 1000.0);
+    assert_eq!(seen.take(ms(2000)), None, "none since the take");
+    seen.add(42.0, ms(3000));
+    let one = seen.take(ms(3000)).unwrap();
+    assert_eq!((one.mean_rps, one.peak_rps), (42.0, 42.0));
+}
