@@ -514,6 +514,17 @@ fn a_shadow_adaptive_verdict_without_other_hints_names_the_cut_settings() {
     );
 }
 
+/// The rules that judge cuts, ramps and restores: on a distributed route the shared
+/// controller's slots are not in this instance's history, and they say they do not
+/// judge it.
+const NOT_JUDGED_ON_A_DISTRIBUTED_ROUTE: [&str; 5] = [
+    "raise_burst",
+    "raise_danger_roc",
+    "lower_danger_roc",
+    "raise_min_rps",
+    "faster_restore",
+];
+
 /// `intervals` with the keys `keys(k)` refused in interval `k`, as hashes a key table
 /// would give them.
 fn with_refused_keys(
@@ -3003,13 +3014,7 @@ fn a_distributed_routes_base_limit_is_not_raised_from_one_instances_share() {
     assert_says(raise, "the fleet's base limit of 200 req/s");
     // The shared controller's slots are not in this instance's history: the rules
     // that judge cuts, ramps and restores say they do not judge it.
-    for rule in [
-        "raise_burst",
-        "raise_danger_roc",
-        "lower_danger_roc",
-        "raise_min_rps",
-        "faster_restore",
-    ] {
+    for rule in NOT_JUDGED_ON_A_DISTRIBUTED_ROUTE {
         let hint = find(&h, rule).unwrap_or_else(|| panic!("no {rule}: {h:#?}"));
         assert_eq!(hint.suggested, None, "{rule}");
         assert_says(hint, "not advised on a distributed route");
@@ -3123,13 +3128,7 @@ fn a_distributed_routes_base_limit_is_raised_on_the_fleets_demand() {
         1,
         "{h:#?}"
     );
-    for rule in [
-        "raise_burst",
-        "raise_danger_roc",
-        "lower_danger_roc",
-        "raise_min_rps",
-        "faster_restore",
-    ] {
+    for rule in NOT_JUDGED_ON_A_DISTRIBUTED_ROUTE {
         let hint = find(&h, rule).unwrap_or_else(|| panic!("no {rule}: {h:#?}"));
         assert_says(hint, "not advised on a distributed route");
     }

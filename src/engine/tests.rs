@@ -556,14 +556,7 @@ fn a_shadow_partitioned_route_counts_the_keys_enforcing_would_refuse() {
     for n in 100..150 {
         assert!(e.check(id, ip(n), Nanos::from_secs(1)).is_admit());
     }
-    let (hasher, three) = e
-        .route(id)
-        .unwrap()
-        .keys
-        .as_ref()
-        .unwrap()
-        .refused_by_hash()
-        .unwrap();
+    let (hasher, three) = refused_by_hash(&e, id);
     assert_eq!(three, by_hash(&hasher, 1..=3));
 
     let (e, id) = a_cut_shadow_adaptive_route();
@@ -583,14 +576,7 @@ fn a_shadow_partitioned_route_counts_the_keys_enforcing_would_refuse() {
     let cut = e.route_snapshot(id, at).unwrap();
     assert_eq!(cut.state, ControllerState::Cut);
     assert_eq!(cut.shadow_rejected_for(Reason::RocCut), before + 60);
-    let (hasher, twenty) = e
-        .route(id)
-        .unwrap()
-        .keys
-        .as_ref()
-        .unwrap()
-        .refused_by_hash()
-        .unwrap();
+    let (hasher, twenty) = refused_by_hash(&e, id);
     assert_eq!(twenty, by_hash(&hasher, 1..=20));
     assert_eq!(e.take_refused_keys(id), Some(twenty));
 }
@@ -605,6 +591,18 @@ fn by_hash(hasher: &std::hash::RandomState, keys: std::ops::RangeInclusive<u32>)
         sketch.record(hasher.hash_one(super::key_types::IpKey::new(addr, 64)));
     }
     sketch
+}
+
+/// The hasher of route `id`'s key table and the keys it refused so far, hashed by it
+/// (read, not taken).
+fn refused_by_hash(e: &Engine, id: RouteId) -> (std::hash::RandomState, KeySketch) {
+    e.route(id)
+        .unwrap()
+        .keys
+        .as_ref()
+        .unwrap()
+        .refused_by_hash()
+        .unwrap()
 }
 
 /// A reload carries the keys a partitioned route refused since the history last
@@ -646,14 +644,7 @@ fn a_reload_carries_the_keys_refused() {
     .unwrap();
     refuse(&old, 1..6, 0);
     let kept = reload(&old, "login", Mode::Enforce, 2);
-    let (hasher, five) = kept
-        .route(kept.route_at(0).unwrap())
-        .unwrap()
-        .keys
-        .as_ref()
-        .unwrap()
-        .refused_by_hash()
-        .unwrap();
+    let (hasher, five) = refused_by_hash(&kept, kept.route_at(0).unwrap());
     assert_eq!(five, by_hash(&hasher, 1..=5));
     assert_eq!(refused(&kept), five);
 
