@@ -1813,3 +1813,207 @@ async fn stacked_layers_both_hold_their_permits_until_the_response_goes() {
     assert_eq!(direct.call(get()).await.unwrap().status(), StatusCode::OK);
     assert_eq!(stacked.call(get()).await.unwrap().status(), StatusCode::OK);
 }
+
+/// A `Timeout` above a queued concurrency route (1 in flight, 2 may wait) cancels
+/// the requests it times out while they wait for the permit: 5,000 rounds of two such
+/// requests (10,000 cancelled waiters) leave the queue holding no one, so it takes its
+/// whole bound again, and none of them reached the inner service. A queued request
+/// woken for the freed permit and dropped before it takes it (its client left just
+/// then) passes the permit on to the next in line.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_above_a_queued_route_gives_every_cancelled_place_back() {
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let (l, _clock) = one_a_second(
+        "rq-queue-timeout",
+        "/rq-queue-timeout",
+        Algorithm::Concurrency { queue: 2 },
+    );
+    let get = || {
+        Request::get("/rq-queue-timeout")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut direct = l.layer(counting_service(calls.clone(), Duration::ZERO));
+    let mut timed = tower::timeout::Timeout::new(direct.clone(), Duration::from_millis(500));
+    // The permit rides in the response held here.
+    let held = direct.call(get()).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+
+    for _ in 0..5_000 {
+        let (a, b) = (timed.call(get()), timed.call(get()));
+        let full = timed.call(get()).await.unwrap();
+        assert_eq!(full.headers()["rocgate-reason"], "queue_full");
+        let (a, b) = tokio::join!(a, b);
+        for e in [a.unwrap_err(), b.unwrap_err()] {
+            assert!(e.is::<tower::timeout::error::Elapsed>(), "{e}");
+        }
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "no cancelled one was called"
+    );
+
+    let mut a = Box::pin(direct.call(get()));
+    let mut b = Box::pin(direct.call(get()));
+    assert!(poll_now(&mut a).is_pending() && poll_now(&mut b).is_pending());
+    let full = direct.call(get()).await.unwrap();
+    assert_eq!(full.headers()["rocgate-reason"], "queue_full", "2 wait");
+    drop(held);
+    drop(a);
+    let served = b.await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK, "{:?}", served.headers());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A response body that holds its request's concurrency permit
+/// (`hold_permit_through_body`) gives it back when it is dropped unread, or after
+/// part of it was read (its client left mid-stream), not only at its end.
+#[tokio::test]
+async fn a_body_holding_its_permit_gives_it_back_when_dropped_unfinished() {
+    use http_body_util::channel::Channel;
+    use rocgate::http::hold_permit_through_body;
+    use rocgate::limiter::Algorithm;
+    use tower::{Service as _, ServiceBuilder};
+    let (l, _clock) = one_a_second("rq-body", "/rq-body", Algorithm::Concurrency { queue: 0 });
+    let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = tower::service_fn({
+        let senders = senders.clone();
+        move |_req: Request<Body>| {
+            // Two chunks in, and the sender kept: the body never ends by itself.
+            let (mut tx, body) = Channel::<bytes::Bytes>::new(2);
+            let senders = senders.clone();
+            async move {
+                tx.send_data("a".into()).await.unwrap();
+                tx.send_data("b".into()).await.unwrap();
+                senders.lock().unwrap().push(tx);
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::new(body)))
+            }
+        }
+    });
+    let mut svc = ServiceBuilder::new()
+        .map_response(hold_permit_through_body)
+        .layer(l)
+        .service(handler);
+    let get = || Request::get("/rq-body").body(Body::empty()).unwrap();
+    for read in [0, 1] {
+        let mut body = svc.call(get()).await.unwrap().into_body();
+        for _ in 0..read {
+            assert_eq!(
+                body.frame().await.unwrap().unwrap().into_data().unwrap(),
+                "a"
+            );
+        }
+        let refused = svc.call(get()).await.unwrap();
+        assert_eq!(
+            refused.headers()["rocgate-reason"],
+            "concurrency",
+            "held by the body, {read} chunks read"
+        );
+        drop(body);
+        let next = svc.call(get()).await.unwrap();
+        assert_eq!(
+            next.status(),
+            StatusCode::OK,
+            "{read} chunks read, then dropped"
+        );
+    }
+}
+
+/// A queued request, handed its permit, whose inner service panics in `call` or whose
+/// inner future panics (each in a task of its own, as a server runs it): the permit
+/// goes back as the panic unwinds, and the queue holds no one after.
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_that_panics_gives_its_permit_and_place_back() {
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    let (l, _clock) = one_a_second(
+        "rq-queue-panic",
+        "/rq-queue-panic",
+        Algorithm::Concurrency { queue: 1 },
+    );
+    let get = |fail: &str| {
+        Request::get("/rq-queue-panic")
+            .header("fail", fail)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let inner = tower::service_fn(|req: Request<Body>| {
+        let fail = req.headers()["fail"].to_str().unwrap().to_owned();
+        assert_ne!(fail, "call", "the inner service panics in call");
+        async move {
+            assert_ne!(fail, "future", "the inner future panics");
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        }
+    });
+    let mut svc = l.layer(inner);
+    for fail in ["call", "future"] {
+        let held = svc.call(get("no")).await.unwrap();
+        let queued = tokio::spawn(svc.call(get(fail)));
+        tokio::task::yield_now().await;
+        let full = svc.call(get("no")).await.unwrap();
+        assert_eq!(full.headers()["rocgate-reason"], "queue_full", "{fail}");
+        drop(held);
+        assert!(queued.await.unwrap_err().is_panic(), "{fail}");
+        let next = svc.call(get("no")).await.unwrap();
+        assert_eq!(
+            next.status(),
+            StatusCode::OK,
+            "{fail}: {:?}",
+            next.headers()
+        );
+        let queued = tokio::spawn(svc.call(get("no")));
+        tokio::task::yield_now().await;
+        assert!(!queued.is_finished(), "{fail}: one place in the queue");
+        let full = svc.call(get("no")).await.unwrap();
+        assert_eq!(full.headers()["rocgate-reason"], "queue_full", "{fail}");
+        drop(next);
+        assert_eq!(queued.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+}
+
+/// A leaky-bucket request refused `queue_full` is told, in `Retry-After`, the wait
+/// its bucket computed rounded up to whole seconds (2.5 s is 3, never 2; a wait under
+/// a second is 1, never 0), and in `retry_after_ms` to the millisecond; sent again
+/// after that wait on the engine's clock, it is admitted, and a millisecond sooner it
+/// is not.
+#[tokio::test(start_paused = true)]
+async fn a_paced_routes_queue_full_retry_after_rounds_up_to_what_the_client_needs() {
+    use rocgate::limiter::Algorithm;
+    use tower::{Layer as _, Service as _};
+    // One request each 2.5 s; one may wait.
+    let mut r = route("rq-paced-retry", RouteMatch::prefix("/rq-paced-retry"), 0.4);
+    r.controller.cut_limit_rps = 0.4;
+    r.algorithm = Algorithm::LeakyBucket { queue: 1 };
+    let (l, clock) = layer(vec![r]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = l.layer(counting_service(calls, Duration::ZERO));
+    let get = || Request::get("/rq-paced-retry").body(Body::empty()).unwrap();
+    assert_eq!(svc.call(get()).await.unwrap().status(), StatusCode::OK);
+    // Paced to 2.5 s; kept, so that its place stays taken.
+    let _paced = svc.call(get());
+    let told = |res: http::Response<Body>| async move {
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()["rocgate-reason"], "queue_full");
+        let secs = res.headers()[http::header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        (secs, json["retry_after_ms"].as_u64().unwrap())
+    };
+    let full = svc.call(get()).await.unwrap();
+    assert_eq!(told(full).await, ("3".to_owned(), 2_500));
+    clock.advance(Duration::from_millis(2_100));
+    let full = svc.call(get()).await.unwrap();
+    assert_eq!(told(full).await, ("1".to_owned(), 400));
+    clock.advance(Duration::from_millis(399));
+    let full = svc.call(get()).await.unwrap();
+    assert_eq!(told(full).await, ("1".to_owned(), 1));
+    clock.advance(Duration::from_millis(1));
+    let admitted = svc.call(get());
+    assert_eq!(admitted.await.unwrap().status(), StatusCode::OK);
+}

@@ -354,6 +354,33 @@ proptest! {
         }
     }
 
+    /// A leaky bucket's `queue_full` refusal says exactly what its client needs: a
+    /// request sent `retry_after` later is admitted (paced to the end of the queue),
+    /// one sent a nanosecond sooner is refused, whatever came before (arrivals, and
+    /// the limit changed halfway through them).
+    #[test]
+    fn leaky_bucket_retry_after_is_exact(
+        rate in limit_rps(),
+        queue in 0u32..8,
+        changed in prop::option::of(limit_rps()),
+        gaps in gaps_us(5_000, 1..200),
+    ) {
+        let b = LeakyBucket::new(rate, queue);
+        let half = gaps.len() / 2;
+        for (i, t) in times(&gaps).into_iter().enumerate() {
+            if let (true, Some(limit)) = (i == half, changed) {
+                b.set_limit(limit);
+            }
+            if let Decision::Reject(r) = b.check(t) {
+                prop_assert!(r.retry_after > Duration::ZERO);
+                let sooner = t + r.retry_after - Duration::from_nanos(1);
+                prop_assert!(!b.check(sooner).is_admit(), "admitted before {:?}", r.retry_after);
+                prop_assert!(b.check(t + r.retry_after).is_admit(), "refused after {:?}", r.retry_after);
+                break;
+            }
+        }
+    }
+
     /// The window-counting limiters honour their retry_after too, and never admit
     /// more than their quota in one fixed window.
     #[test]

@@ -886,3 +886,60 @@ fn a_bucket_copied_at_another_rate_takes_its_tokens() {
     lower.copy_from(&bucket, ms(0));
     assert_eq!(lower.level(ms(0)).value, 10.0);
 }
+
+/// Ten thousand queued requests given up (a timeout above the layer, clients gone),
+/// most of them listening for a permit, the first in line woken for one as they go:
+/// each round leaves the queue holding no one, the freed permit taken at once by the
+/// next request, and the queue then takes its whole bound again and hands its permits
+/// out in order, one per release. The rounds give up in arrival order, back to front,
+/// and the odd ones before the even ones.
+#[test]
+fn a_queue_emptied_by_ten_thousand_cancellations_takes_its_whole_bound_again() {
+    const QUEUE: usize = 10_000;
+    let c = Concurrency::new(1.0, QUEUE as u32);
+    let line = |c: &Concurrency| -> Vec<(Ticket, Arc<Wakes>)> {
+        let line: Vec<_> = (0..QUEUE).map(|_| queued(c)).collect();
+        assert_eq!(c.check().rejection().unwrap().reason, Reason::QueueFull);
+        line
+    };
+    let orders: [fn(usize) -> usize; 3] = [|i| i, |i| QUEUE - 1 - i, |i| (1 - i % 2) * QUEUE + i];
+    for order in orders {
+        let held = c.check();
+        assert!(matches!(held, Decision::Admit(Admit::Held(_))));
+        let mut waiting = line(&c);
+        // Every tenth never polled (its future not yet run when its client left).
+        for (i, (t, w)) in waiting.iter_mut().enumerate() {
+            if i % 10 != 0 {
+                assert!(poll(t, w).is_pending());
+            }
+        }
+        drop(held);
+        assert_eq!(waiting[1].1.count(), 1, "the first listening is woken");
+        let mut waiting: Vec<_> = waiting.into_iter().map(Some).collect();
+        let mut at: Vec<usize> = (0..QUEUE).collect();
+        at.sort_by_key(|&i| order(i));
+        for i in at {
+            drop(waiting[i].take());
+        }
+        assert_eq!((c.waiting(), c.level().value), (0, 0.0));
+        let Decision::Admit(Admit::Held(permit)) = c.check() else {
+            panic!("the free permit is taken at once");
+        };
+        drop(permit);
+    }
+    let held = c.check();
+    let mut waiting = line(&c);
+    for (t, w) in &mut waiting {
+        assert!(poll(t, w).is_pending());
+    }
+    drop(held);
+    for (t, w) in &mut waiting {
+        assert_eq!(w.count(), 1, "woken in order, one per release");
+        let Poll::Ready(permit) = poll(t, w) else {
+            panic!("a woken waiter gets the permit");
+        };
+        assert_eq!(c.level().value, 1.0);
+        drop(permit);
+    }
+    assert_eq!((c.waiting(), c.level().value), (0, 0.0));
+}
