@@ -3235,3 +3235,91 @@ fn an_upstream_error_is_the_proxy_errors_source() {
         assert!(other.source().is_none(), "{other}");
     }
 }
+
+/// A request queued for a concurrency permit whose HTTP/1.1 client closes its
+/// connection while it waits gives its place in the queue back: the next request is
+/// queued in its place, not refused `queue_full`, and is served once the permit is
+/// free; the one that left never reaches the upstream.
+#[tokio::test]
+async fn a_queued_request_whose_client_closes_gives_its_place_back() {
+    let (open, gate) = oneshot::channel::<()>();
+    let gate = Arc::new(Mutex::new(Some(gate)));
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let app = Router::new().fallback({
+        let hits = Arc::clone(&hits);
+        move || {
+            hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let gate = gate.lock().unwrap().take();
+            async move {
+                match gate {
+                    Some(gate) => Response::new(Body::new(GatedBody(Some(gate)))),
+                    None => Response::new(Body::from("ok")),
+                }
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut route = RouteConfig::new("one", RouteMatch::prefix("/"));
+    route.controller.base_limit_rps = 1.0;
+    route.controller.cut_limit_rps = 1.0;
+    route.controller.danger_roc = f64::MAX;
+    route.algorithm = Algorithm::Concurrency { queue: 1 };
+    let proxy = start_proxy(settings(upstream), vec![route]).await;
+
+    // The permit, held by a body that streams until the gate opens.
+    let mut first = Client::connect(proxy.addr).await;
+    let head = within("the first head", async {
+        first.sender.ready().await.unwrap();
+        first
+            .sender
+            .send_request(empty(get("/stream")))
+            .await
+            .unwrap()
+    })
+    .await;
+    assert_eq!(head.status(), StatusCode::OK);
+
+    // Queued, then its client goes.
+    let request = format!("GET /left HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+    let mut left = connect(proxy.addr).await;
+    left.write_all(request.as_bytes()).await.unwrap();
+    sleep(Duration::from_millis(100)).await;
+    let full = send(proxy.addr, empty(get("/full"))).await;
+    assert_eq!(full.headers["rocgate-reason"], "queue_full", "one waits");
+    drop(left);
+
+    // Its place is given back once the proxy sees the close.
+    let started = Instant::now();
+    let mut next = loop {
+        let mut stream = connect(proxy.addr).await;
+        let request = format!("GET /next HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 1024];
+        match timeout(Duration::from_millis(200), stream.read(&mut buf)).await {
+            Err(_) => break stream,
+            Ok(read) => {
+                let answer = String::from_utf8_lossy(&buf[..read.unwrap()]).into_owned();
+                assert!(answer.contains("queue_full"), "{answer}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(3),
+                    "the place of a client that left is still taken"
+                );
+            }
+        }
+    };
+    open.send(()).unwrap();
+    let body = within("the first body", head.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..], b"done");
+    let answer = read_until_seen(&mut next, "\r\n\r\nok").await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the one that left never reached the upstream"
+    );
+}
