@@ -1483,6 +1483,39 @@ fn a_key_with_a_request_still_queued_is_not_evicted() {
     drop(permit);
 }
 
+/// Keys whose queued requests all gave up (their clients left: polled and woken for
+/// a permit, or never polled) hold nothing: unseen for the idle timeout, every one
+/// is evicted at the next sweep, and a key that comes back starts with its whole
+/// queue. A place or a wake left counted would have kept the table full.
+#[test]
+fn keys_whose_queued_requests_gave_up_are_evicted_once_idle() {
+    let e = engine(vec![one_in_flight_per_ip(2)]);
+    let id = e.route_at(0).unwrap();
+    let queued = |n| match e.check(id, ip(n), Nanos::ZERO) {
+        Decision::Admit(Admit::Queued(ticket)) => ticket,
+        other => panic!("key {n} queues two: {other:?}"),
+    };
+    for n in 0..100 {
+        let held = e.check(id, ip(n), Nanos::ZERO);
+        assert!(matches!(held, Decision::Admit(Admit::Held(_))));
+        let (mut woken, never_polled) = (queued(n), queued(n));
+        let full = e.check(id, ip(n), Nanos::ZERO).rejection().unwrap();
+        assert_eq!(full.reason, Reason::QueueFull);
+        assert!(poll_once(&mut woken).is_pending());
+        drop(held);
+        drop(woken);
+        drop(never_polled);
+    }
+    assert_eq!(e.route_snapshot(id, Nanos::ZERO).unwrap().keys, 100);
+    // 30 s later, past the idle timeout, a request rolls the window and sweeps.
+    assert!(e.check(id, ip(1_000), Nanos::from_secs(30)).is_admit());
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().keys, 1);
+    let held = e.check(id, ip(0), Nanos::from_secs(30));
+    assert!(matches!(held, Decision::Admit(Admit::Held(_))));
+    let _line = (queued(0), queued(0));
+    assert!(!e.check(id, ip(0), Nanos::from_secs(30)).is_admit());
+}
+
 #[test]
 fn a_raised_limit_lets_in_the_requests_queued_on_a_key() {
     // Keys catch up with a limit change on their next request; a key's queued
