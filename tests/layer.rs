@@ -1814,12 +1814,32 @@ async fn stacked_layers_both_hold_their_permits_until_the_response_goes() {
     assert_eq!(stacked.call(get()).await.unwrap().status(), StatusCode::OK);
 }
 
+/// Sends `rounds` rounds of two requests through `timed`, a timeout of 500 ms above a
+/// route whose one permit is held and whose queue takes 2: both wait, a third is
+/// refused `queue_full`, and both time out.
+async fn time_out_in_the_queue<S>(timed: &mut S, get: impl Fn() -> Request<Body>, rounds: usize)
+where
+    S: tower::Service<Request<Body>, Response = http::Response<Body>, Error = tower::BoxError>,
+{
+    for _ in 0..rounds {
+        let a = timed.ready().await.unwrap().call(get());
+        let b = timed.ready().await.unwrap().call(get());
+        let full = timed.ready().await.unwrap().call(get()).await.unwrap();
+        assert_eq!(full.headers()["rocgate-reason"], "queue_full");
+        let (a, b) = tokio::join!(a, b);
+        for e in [a.unwrap_err(), b.unwrap_err()] {
+            assert!(e.is::<tower::timeout::error::Elapsed>(), "{e}");
+        }
+    }
+}
+
 /// A `Timeout` above a queued concurrency route (1 in flight, 2 may wait) cancels
 /// the requests it times out while they wait for the permit: 5,000 rounds of two such
-/// requests (10,000 cancelled waiters) leave the queue holding no one, so it takes its
-/// whole bound again, and none of them reached the inner service. A queued request
-/// woken for the freed permit and dropped before it takes it (its client left just
-/// then) passes the permit on to the next in line.
+/// requests (10,000 cancelled waiters), then 1,000 more through a `Buffer` between the
+/// timeout and the layer, leave the queue holding no one, so it takes its whole bound
+/// again, and none of them reached the inner service. A queued request woken for the
+/// freed permit and dropped before it takes it (its client left just then) passes the
+/// permit on to the next in line.
 #[tokio::test(start_paused = true)]
 async fn a_timeout_above_a_queued_route_gives_every_cancelled_place_back() {
     use rocgate::limiter::Algorithm;
@@ -1841,15 +1861,10 @@ async fn a_timeout_above_a_queued_route_gives_every_cancelled_place_back() {
     let held = direct.call(get()).await.unwrap();
     assert_eq!(held.status(), StatusCode::OK);
 
-    for _ in 0..5_000 {
-        let (a, b) = (timed.call(get()), timed.call(get()));
-        let full = timed.call(get()).await.unwrap();
-        assert_eq!(full.headers()["rocgate-reason"], "queue_full");
-        let (a, b) = tokio::join!(a, b);
-        for e in [a.unwrap_err(), b.unwrap_err()] {
-            assert!(e.is::<tower::timeout::error::Elapsed>(), "{e}");
-        }
-    }
+    time_out_in_the_queue(&mut timed, get, 5_000).await;
+    let buffered = tower::buffer::Buffer::new(direct.clone(), 4);
+    let mut timed = tower::timeout::Timeout::new(buffered, Duration::from_millis(500));
+    time_out_in_the_queue(&mut timed, get, 1_000).await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,
