@@ -200,6 +200,17 @@ end"
 ///   since the heartbeat's probe brought the route back, or, in batched mode, the
 ///   first call answered since a sync of the instance failed or was skipped, whose
 ///   arrivals were dropped): drops `through`, as below.
+/// - `ARGV[10]` to `ARGV[13]`, absent but from an instance that last saw the
+///   controller cut or recovering, recently (see [`Seed`]): that state (`1`|`2`),
+///   its limit, when it was entered (ns, Redis time; empty where the instance does
+///   not know) and its ROC. Where the controller hash holds no step (no `roc`: Redis
+///   restarted empty, was flushed, or the key was evicted or expired), the call
+///   writes them into it (`entered` now where empty), rearmed for one window from
+///   now (`armed`; no `safe`), `through` the slot before now: the controller goes on
+///   from what the instance saw rather than afresh at the base limit, and a step
+///   handed out on the hash as it was before (whose `through` was another, or none)
+///   cannot be stored over it. One script: the first call to find the hash without
+///   a step writes it, the others read it.
 ///
 /// A call whose slot length differs from `slot_us` (a reload, or a release, changed
 /// the route's slot) starts the window afresh: slot numbers counted in another length
@@ -254,7 +265,7 @@ end"
 /// count that is no count, such as `nan`, which `HINCRBY` never stores).
 ///
 /// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll,
-/// rate, memory}`; `limit` is the one the call was decided at (the stored one, or
+/// rate, memory, seeded}`; `limit` is the one the call was decided at (the stored one, or
 /// `ARGV[3]` if lower); `tokens` is the bucket's level after this call (nil when
 /// `ARGV[7]` is `0`); `roll` is nil but for the call that observed a new slot: `{lo,
 /// counts of slots lo..cur (or lo..slot-1, whichever ends first; none when `cur` is
@@ -265,7 +276,9 @@ end"
 /// controller is not normal, for a call
 /// that was refused or took no token (batched mode): the controller fields as in
 /// `roll`, from which the caller tells when the limit will next rise (the
-/// `Retry-After` of a rejection for a cut).
+/// `Retry-After` of a rejection for a cut); `seeded` is `1` if this call wrote the
+/// caller's seed (`ARGV[10]`) into the controller hash (`memory` then nil where it
+/// has none), and absent otherwise.
 pub const DECIDE: &str = concat!(
     bucket_lua!(),
     r"
@@ -276,7 +289,6 @@ local slots = tonumber(ARGV[2])
 local ttl = ARGV[5]
 local slot = math.floor(now / slot_us)
 local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots', 'rate')
-local limit = shared_limit(ctl[1], tonumber(ARGV[3]))
 local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
 if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
   if ctl[8] and ctl[8] ~= ARGV[1] then
@@ -304,6 +316,20 @@ if ctl[3] and (ARGV[9] == '1' or not (stored_through and stored_through >= 0 and
   ctl[3] = false
 end
 if ctl[3] then ctl[3] = string.format('%.0f', stored_through) end
+local seeded = false
+if ARGV[10] and not ctl[7] then
+  local entered = ARGV[12]
+  if entered == '' then entered = string.format('%.0f', now) .. '000' end
+  local armed = string.format('%.0f', now + slot_us * slots) .. '000'
+  local through = string.format('%.0f', slot - 1)
+  redis.call('HSET', KEYS[3], 'limit', ARGV[11], 'state', ARGV[10], 'entered', entered,
+    'armed', armed, 'roc', ARGV[13], 'through', through, 'slot_us', ARGV[1], 'slots', ARGV[2])
+  redis.call('HDEL', KEYS[3], 'safe')
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  ctl = {ARGV[11], ARGV[10], through, entered, armed, false, ARGV[13], ARGV[1], ARGV[2], ctl[10]}
+  seeded = true
+end
+local limit = shared_limit(ctl[1], tonumber(ARGV[3]))
 local roll = false
 local fresh = cur == nil or cur < slot
 if fresh then
@@ -360,6 +386,10 @@ local state = tonumber(ctl[2])
 if state ~= 1 and state ~= 2 then state = 0 end
 local result = {admit, wait, string.format('%.17g', limit), state, now, slot, ctl[7], level, roll, ctl[10]}
 if state ~= 0 and (admit == 0 or ARGV[7] ~= '1') then result[11] = ctl end
+if seeded then
+  result[11] = result[11] or false
+  result[12] = 1
+end
 return result
 "
 );
@@ -726,6 +756,29 @@ const UNKNOWN_LEVEL: Level = Level {
 /// A decision, and the reason it rejected the request, or would have in shadow mode.
 type Verdict = (Decision, Option<Reason>);
 
+/// What an instance last saw of a shared controller that was cut or recovering, sent
+/// with each call ([`DECIDE`]'s `ARGV[10]` to `ARGV[13]`) so that Redis, should it
+/// have lost the controller (restarted empty, flushed, its key evicted or expired),
+/// continues it from there rather than afresh at the base limit in the middle of the
+/// spike that cut it. Only while the instance's last answer on the route is no older
+/// than the route's `max_cut`: the longest a cut holds whatever the traffic, past
+/// which what was seen says nothing of the cut now. Continued as the controller
+/// continues a stored one: rearmed for one window (the window is empty; its refill
+/// would read as a rise), a cut then restoring after `hold` of calm (or at once if
+/// `max_cut` has passed since `entered`), a restore on its schedule.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Seed {
+    /// [`ControllerState::as_index`]: cut or recovering.
+    state: u8,
+    /// The limit last seen, req/s.
+    limit_rps: f64,
+    /// When the state was entered (Redis's clock, ns), if this instance knows; else
+    /// Redis's now.
+    entered: Option<u64>,
+    /// The ROC last seen (NaN, never answered, is sent as 0).
+    roc: f64,
+}
+
 /// A route's shared state as one instance sees it.
 struct SharedRoute {
     name: Arc<str>,
@@ -754,6 +807,16 @@ struct SharedRoute {
     limit: AtomicU64,
     /// The shared controller state last seen ([`ControllerState::as_index`]).
     state: AtomicU8,
+    /// When (this instance's clock, ns) an answer last told `limit` and `state`; 0
+    /// before any.
+    seen_at: AtomicU64,
+    /// When (Redis's clock, ns) the state [`entered_state`](Self::entered_state) was
+    /// entered, as the last controller memory an answer carried, or a step this
+    /// instance stored, told it: what a [`Seed`] carries over.
+    entered: AtomicU64,
+    /// The state whose entry `entered` tells ([`ControllerState::as_index`]; `Normal`
+    /// when none told).
+    entered_state: AtomicU8,
     /// The shared ROC last seen, f64 bits (NaN before any).
     roc: AtomicU64,
     /// The fleet's demand last seen, req/s, f64 bits (NaN before any, or when the
@@ -844,6 +907,37 @@ impl SharedRoute {
                 next.miss();
             }
         }
+    }
+
+    /// What a call at `now` carries for Redis to re-seed the shared controller with,
+    /// should it find it gone: the state this instance last saw, if cut or
+    /// recovering, and told by an answer within the route's `max_cut` (see [`Seed`]).
+    fn seed(&self, params: &ControllerParams, now: Nanos) -> Option<Seed> {
+        let state = self.state.load(Ordering::Relaxed);
+        let seen_at = self.seen_at.load(Ordering::Relaxed);
+        if state == ControllerState::Normal.as_index()
+            || seen_at == 0
+            || now.saturating_since(Nanos::new(seen_at)) > params.max_cut
+        {
+            return None;
+        }
+        let entered = (self.entered_state.load(Ordering::Relaxed) == state)
+            .then(|| self.entered.load(Ordering::Relaxed))
+            .filter(|&at| at > 0);
+        Some(Seed {
+            state,
+            limit_rps: self.seen_limit(),
+            entered,
+            roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
+        })
+    }
+
+    /// Notes when the state `memory` holds was entered, for a [`Seed`].
+    fn note_entered(&self, memory: &ControllerMemory) {
+        self.entered
+            .store(memory.entered_at.as_u64(), Ordering::Relaxed);
+        self.entered_state
+            .store(memory.state.as_index(), Ordering::Relaxed);
     }
 
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
@@ -1180,7 +1274,7 @@ impl RedisStore {
         let call = {
             let (inner, r) = (Arc::clone(inner), Arc::clone(&r));
             RunsToEnd::new(async move {
-                let Some(reply) = inner.call(&r, 1, true, owed).await else {
+                let Some(reply) = inner.call(&r, 1, true, owed, &params).await else {
                     // Owed still: the call may have been applied anyway (a timeout on
                     // a Redis that answers later), so this can debit twice, never not
                     // at all.
@@ -1663,6 +1757,9 @@ impl Inner {
             base_limit: AtomicU64::new(base.to_bits()),
             limit: AtomicU64::new(base.to_bits()),
             state: AtomicU8::new(ControllerState::Normal.as_index()),
+            seen_at: AtomicU64::new(0),
+            entered: AtomicU64::new(0),
+            entered_state: AtomicU8::new(ControllerState::Normal.as_index()),
             // Not known before Redis answers (see [`SharedView::roc`]).
             roc: AtomicU64::new(f64::NAN.to_bits()),
             demand: AtomicU64::new(f64::NAN.to_bits()),
@@ -1695,11 +1792,17 @@ impl Inner {
                 (&r.next_raise, &old.next_raise),
                 (&r.tokens, &old.tokens),
                 (&r.tokens_at, &old.tokens_at),
+                (&r.seen_at, &old.seen_at),
+                (&r.entered, &old.entered),
             ] {
                 to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
             }
-            r.state
-                .store(old.state.load(Ordering::Relaxed), Ordering::Relaxed);
+            for (to, from) in [
+                (&r.state, &old.state),
+                (&r.entered_state, &old.entered_state),
+            ] {
+                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
             // The fleet's demand its answers gave since the hints last took it.
             *r.demand_seen() = std::mem::take(&mut *old.demand_seen());
             // What it owes, and what decisions still in flight on it come to owe.
@@ -1752,9 +1855,17 @@ impl Inner {
     }
 
     /// Runs [`DECIDE`]: counts `arrivals`, and, if `take`, debits `debit` tokens and
-    /// takes one. `None` if Redis erred, did not answer within `timeout`, or answered
-    /// nonsense; the breaker and the error counters know either way.
-    async fn call(&self, r: &SharedRoute, arrivals: u64, take: bool, debit: u64) -> Option<Reply> {
+    /// takes one; with the route's [`Seed`] under `params`, if it has one. `None` if
+    /// Redis erred, did not answer within `timeout`, or answered nonsense; the breaker
+    /// and the error counters know either way.
+    async fn call(
+        &self,
+        r: &SharedRoute,
+        arrivals: u64,
+        take: bool,
+        debit: u64,
+        params: &ControllerParams,
+    ) -> Option<Reply> {
         // A call on a route in fallback is its probe: the decisions taken locally
         // meanwhile are missing from the shared window, so an answer restarts the
         // shared controller's window (see [`DECIDE`]). The first call after the
@@ -1778,6 +1889,14 @@ impl Inner {
             .arg(u8::from(take))
             .arg(debit)
             .arg(u8::from(gap));
+        if let Some(seed) = r.seed(params, self.clock.now()) {
+            let roc = if seed.roc.is_finite() { seed.roc } else { 0.0 };
+            invocation
+                .arg(seed.state)
+                .arg(format!("{:?}", seed.limit_rps))
+                .arg(seed.entered.map_or_else(String::new, |at| at.to_string()))
+                .arg(format!("{roc:?}"));
+        }
         let answer =
             tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
         let reply = match answer {
@@ -1831,7 +1950,24 @@ impl Inner {
     ) {
         r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
         let seen = r.state.swap(reply.state, Ordering::Relaxed);
-        if reply.afresh && seen != ControllerState::Normal.as_index() {
+        r.seen_at.store(now.as_u64().max(1), Ordering::Relaxed);
+        let memory = reply
+            .memory
+            .as_ref()
+            .or(reply.roll.as_ref().map(|roll| &roll.memory));
+        if let Some(m) = memory.and_then(|m| m.memory.as_ref()) {
+            r.note_entered(m);
+        }
+        if reply.seeded {
+            // This call found the controller gone and carried over what this instance
+            // last saw: no transition says it either.
+            tracing::warn!(
+                route = r.name.as_ref(),
+                state = state_of(reply.state).as_str(),
+                limit_rps = reply.limit,
+                "shared controller state gone from Redis (restarted empty, flushed, or the route's keys evicted or expired): carried over from what this instance last saw, rearmed for one window"
+            );
+        } else if reply.afresh && seen != ControllerState::Normal.as_index() {
             // No transition says it: the cut (or restore) this instance last saw is
             // gone with Redis's state, the route back at its base limit, its
             // controller unarmed for a window.
@@ -2451,6 +2587,8 @@ struct Reply {
     /// no instance has stepped yet, or one whose state Redis lost (restarted empty,
     /// flushed, or its keys evicted or expired).
     afresh: bool,
+    /// Whether this call wrote its [`Seed`] into a controller hash that held no step.
+    seeded: bool,
     /// The shared bucket's level after the call (when it took a token).
     tokens: Option<f64>,
     roll: Option<Roll>,
@@ -2504,6 +2642,7 @@ impl Reply {
             Some(Value::Array(ctl)) => Some(StoredController::parse(&ctl)),
             _ => None,
         };
+        let seeded = next().as_ref().and_then(int) == Some(1);
         (limit.is_finite() && limit > 0.0).then_some(Reply {
             admit,
             wait_us,
@@ -2514,6 +2653,7 @@ impl Reply {
             roc,
             rate,
             afresh,
+            seeded,
             tokens,
             roll,
             memory,
@@ -2665,7 +2805,7 @@ async fn sync(
     let send = |arrivals| {
         let (inner, r, params) = (&inner, &r, &params);
         async move {
-            match inner.call(r, arrivals, false, 0).await {
+            match inner.call(r, arrivals, false, 0, params).await {
                 Some(reply) => inner.absorb(r, reply, params, inner.clock.now()),
                 None => r.miss(),
             }
@@ -2791,6 +2931,7 @@ async fn step(
         // Stored: no other instance stores these slots' steps, so counting and logging
         // here counts and logs each transition once in the fleet.
         Ok(Ok(1)) => {
+            r.note_entered(&m);
             let mut stepped = r.stepped.lock().unwrap_or_else(PoisonError::into_inner);
             stepped.time_in_cut += in_cut;
             for (t, _) in &transitions {

@@ -380,6 +380,16 @@ fn a_reply_carries_the_buckets_level_and_the_roll_after_it() {
     let memory = reply.memory.unwrap().memory.unwrap();
     assert_eq!(memory.state, ControllerState::Cut);
     assert_eq!(memory.entered_at, Nanos::from_secs(4));
+    assert!(!reply.seeded);
+    // A call that carried its seed over: `seeded` after a memory slot left nil.
+    let mut seeded = head();
+    seeded.push(text("12"));
+    seeded.push(Value::Nil);
+    seeded.push(Value::Nil);
+    seeded.push(Value::Nil);
+    seeded.push(Value::Int(1));
+    let reply = Reply::parse(Value::Array(seeded)).unwrap();
+    assert!(reply.seeded && reply.memory.is_none());
 }
 
 #[test]
@@ -865,7 +875,11 @@ async fn a_call_that_fails_leaves_the_gap_it_was_to_say() {
     let (_, r) = order_of(&store, &order_engine(1), Nanos::ZERO);
     r.miss();
     assert_eq!(r.mode(), StoreMode::Shared);
-    assert!(store.inner.call(&r, 1, true, 0).await.is_none());
+    assert!(store
+        .inner
+        .call(&r, 1, true, 0, &ControllerParams::default())
+        .await
+        .is_none());
     assert!(
         r.missed.load(Ordering::Relaxed),
         "the gap, still to be said"
