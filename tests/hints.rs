@@ -3096,7 +3096,7 @@ fn with_fleet_demand(
     (mean, peak): (f64, f64),
 ) -> Vec<Interval> {
     for i in intervals.iter_mut().take(with) {
-        i.fleet_demand = Some(FleetDemand::new(mean, peak));
+        i.fleet_demand = Some(FleetDemand::new(mean, peak, i.secs()));
     }
     intervals
 }

@@ -92,16 +92,39 @@ pub struct Interval {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct FleetDemand {
-    /// The mean of what the answers gave.
+    /// The mean over time of what the answers gave.
     pub mean_rps: f64,
     /// The highest.
     pub peak_rps: f64,
+    /// The seconds the mean stands for: those in which an answer's figure stood (from
+    /// the interval's first answer, less the stretches from a call Redis did not
+    /// answer to the next answer). An interval measured only in part weighs by these,
+    /// not by its length, where several are folded or averaged.
+    pub measured_s: f64,
 }
 
 impl FleetDemand {
-    /// The fleet's demand with mean `mean_rps` and peak `peak_rps`.
-    pub fn new(mean_rps: f64, peak_rps: f64) -> Self {
-        FleetDemand { mean_rps, peak_rps }
+    /// The fleet's demand with mean `mean_rps` and peak `peak_rps`, measured over
+    /// `measured_s` seconds.
+    pub fn new(mean_rps: f64, peak_rps: f64, measured_s: f64) -> Self {
+        FleetDemand {
+            mean_rps,
+            peak_rps,
+            measured_s,
+        }
+    }
+
+    /// This figure and `other` as one: the means weighted by the seconds each
+    /// measured (the higher mean where neither measured any: a single answer taken
+    /// at once), the higher peak, the seconds added.
+    pub fn fold(self, other: FleetDemand) -> FleetDemand {
+        let (a, b) = (self.measured_s, other.measured_s);
+        let mean = if a + b > 0.0 {
+            (self.mean_rps * a + other.mean_rps * b) / (a + b)
+        } else {
+            self.mean_rps.max(other.mean_rps)
+        };
+        FleetDemand::new(mean, self.peak_rps.max(other.peak_rps), a + b)
     }
 }
 
@@ -151,7 +174,6 @@ impl Interval {
     /// peaks the higher. The start stays this one's, so that the two age out of `keep`
     /// with the newer part (what began in `keep` is never dropped with an older one).
     fn take_in(&mut self, earlier: &Interval) {
-        let later_length = self.length;
         self.length = self.length.saturating_add(earlier.length);
         self.offered += earlier.offered;
         for (mine, theirs) in self.rejected.iter_mut().zip(&earlier.rejected) {
@@ -187,15 +209,7 @@ impl Interval {
         };
         self.refused_keys = merge_keys(self.refused_keys.take(), earlier.refused_keys.as_deref());
         self.fleet_demand = match (self.fleet_demand, earlier.fleet_demand) {
-            (Some(mine), Some(theirs)) => {
-                let (a, b) = (later_length.as_secs_f64(), earlier.length.as_secs_f64());
-                let mean = if a + b > 0.0 {
-                    (mine.mean_rps * a + theirs.mean_rps * b) / (a + b)
-                } else {
-                    mine.mean_rps.max(theirs.mean_rps)
-                };
-                Some(FleetDemand::new(mean, mine.peak_rps.max(theirs.peak_rps)))
-            }
+            (Some(mine), Some(theirs)) => Some(mine.fold(theirs)),
             (mine, theirs) => mine.or(theirs),
         };
     }
@@ -698,7 +712,8 @@ mod tests {
 
     /// A distributed route's fleet demand, given for its open interval, is the closed
     /// interval's; the next interval has none until given; two intervals folded into
-    /// one weigh each's mean by its length and keep the higher peak.
+    /// one weigh each's mean by the seconds it measured (not its length: one measured
+    /// a quarter of its second weighs a quarter) and keep the higher peak.
     #[test]
     fn the_fleet_demand_given_is_the_closed_intervals_and_folds_by_length() {
         let config = crate::config::Config::new(vec![RouteConfig::new("r", RouteMatch::any())]);
@@ -709,20 +724,26 @@ mod tests {
             distributed: true,
             ..settings("r")
         };
-        h.fleet_demand("r", FleetDemand::new(1.0, 1.0));
+        h.fleet_demand("r", FleetDemand::new(1.0, 1.0, 1.0));
         h.tick(s(0), &engine.snapshot(s(0)), [shared.clone()], None);
-        h.fleet_demand("r", FleetDemand::new(600.0, 700.0));
+        h.fleet_demand("r", FleetDemand::new(600.0, 700.0, 0.25));
         h.tick(s(1), &engine.snapshot(s(1)), [shared.clone()], None);
         h.tick(s(2), &engine.snapshot(s(2)), [shared.clone()], None);
         let kept = &h.since(Nanos::ZERO)[0].1;
         let demand: Vec<_> = kept.iter().map(|i| i.fleet_demand).collect();
-        assert_eq!(demand, [Some(FleetDemand::new(600.0, 700.0)), None]);
+        assert_eq!(demand, [Some(FleetDemand::new(600.0, 700.0, 0.25)), None]);
         let mut later = Interval::new(s(3), Duration::from_secs(3));
-        later.fleet_demand = Some(FleetDemand::new(200.0, 300.0));
+        later.fleet_demand = Some(FleetDemand::new(200.0, 300.0, 1.75));
         later.take_in(&kept[0]);
-        assert_eq!(later.fleet_demand, Some(FleetDemand::new(300.0, 700.0)));
+        assert_eq!(
+            later.fleet_demand,
+            Some(FleetDemand::new(250.0, 700.0, 2.0))
+        );
         later.take_in(&kept[1]);
-        assert_eq!(later.fleet_demand, Some(FleetDemand::new(300.0, 700.0)));
+        assert_eq!(
+            later.fleet_demand,
+            Some(FleetDemand::new(250.0, 700.0, 2.0))
+        );
     }
 
     /// `keep` of one interval keeps two: the interval closed by a tick a little late

@@ -954,26 +954,19 @@ impl<'a> Evidence<'a> {
     }
 
     /// A distributed route's fleet demand over the intervals that have a figure
-    /// ([`Interval::fleet_demand`]): their means weighted by length, and the highest
-    /// peak. `None` on a route not distributed, and where no interval has one (Redis
+    /// ([`Interval::fleet_demand`]): their means weighted by the seconds each
+    /// measured ([`FleetDemand::fold`]), and the highest peak. `None` on a route not distributed, and where no interval has one (Redis
     /// away, or it held no rate): then the fleet's demand is not observed.
     fn fleet_demand(&self) -> Option<Fleet> {
         if !self.s.distributed {
             return None;
         }
-        let (mut secs, mut weighted, mut peak, mut intervals) = (0.0, 0.0, 0.0_f64, 0);
-        for i in self.intervals {
-            if let Some(d) = i.fleet_demand {
-                secs += i.secs();
-                weighted += d.mean_rps * i.secs();
-                peak = peak.max(d.peak_rps);
-                intervals += 1;
-            }
+        let (mut demand, mut intervals) = (None::<FleetDemand>, 0);
+        for d in self.intervals.iter().filter_map(|i| i.fleet_demand) {
+            demand = Some(demand.map_or(d, |all| all.fold(d)));
+            intervals += 1;
         }
-        (intervals > 0).then(|| Fleet {
-            demand: FleetDemand::new(weighted / secs, peak),
-            intervals,
-        })
+        demand.map(|demand| Fleet { demand, intervals })
     }
 
     /// A suggested limit as the route's algorithm takes it (the config file's rules):

@@ -1472,7 +1472,9 @@ impl RedisStore {
 
     /// The fleet's demand on `route` that Redis's answers to this instance gave since
     /// the last call (each answer's [`SharedView::demand_rps`]): their mean over time,
-    /// each answer's standing until the next one's (or this call), and the highest. `None` if no answer gave one since (no
+    /// each answer's standing until the next one's (or this call, or a call Redis did
+    /// not answer), the highest, and the seconds measured
+    /// ([`FleetDemand::measured_s`]). `None` if no answer gave one since (no
     /// decision or sync reached Redis, or Redis held no rate), or the store has not
     /// built the route. `rocgate serve`'s tuning hints take it at the end of each
     /// interval ([`crate::hints::Interval::fleet_demand`]).
@@ -1927,6 +1929,7 @@ impl Inner {
             if missed {
                 r.miss();
             }
+            r.demand_seen().stop(self.clock.now());
             self.failed(r);
         }
         reply
@@ -2525,15 +2528,21 @@ struct Count {
 /// tuning hints until [`RedisStore::take_fleet_demand`] takes it. Each answer's rate
 /// stands until the next answer (or the take), so the mean is over time: in exact
 /// mode answers come one per decision, and a mean over answers would weigh the busy
-/// stretches of this instance's traffic more.
+/// stretches of this instance's traffic more. A call that Redis does not answer ends
+/// the last rate's stand ([`stop`](Self::stop)): while Redis is away the fleet's
+/// demand is not measured, and the seconds measured ([`FleetDemand::measured_s`])
+/// leave that stretch out.
 #[derive(Debug, Default)]
 struct DemandSeen {
     /// The answers' rates, req/s, each times the seconds it stood.
     weighted: f64,
     /// The seconds those rates stood.
     stood: f64,
-    /// The last answer's rate, and when (this instance's clock) it came.
-    last: Option<(f64, Nanos)>,
+    /// The last answer's rate while it stands, and when (this instance's clock) it
+    /// came.
+    standing: Option<(f64, Nanos)>,
+    /// The last answer's rate, standing or not; `None` before any.
+    last: Option<f64>,
     peak: f64,
 }
 
@@ -2541,34 +2550,40 @@ impl DemandSeen {
     /// An answer at `now` gave `rate`.
     fn add(&mut self, rate: f64, now: Nanos) {
         self.stand_until(now);
-        self.last = Some((rate, now));
+        self.standing = Some((rate, now));
+        self.last = Some(rate);
         self.peak = self.peak.max(rate);
+    }
+
+    /// A call at `now` was not answered: the last rate stands no longer.
+    fn stop(&mut self, now: Nanos) {
+        self.stand_until(now);
+        self.standing = None;
     }
 
     /// The last answer's rate has stood until `now` (an answer that came with an
     /// earlier `now` than the last, its call made before, stands for none).
     fn stand_until(&mut self, now: Nanos) {
-        if let Some((rate, at)) = self.last {
+        if let Some((rate, at)) = self.standing {
             let stood = now.saturating_since(at).as_secs_f64();
             self.weighted += rate * stood;
             self.stood += stood;
+            self.standing = Some((rate, now.max(at)));
         }
     }
 
-    /// The mean over time until `now` and the peak of what the answers gave, and none
-    /// gathered from then; `None` if none gave one.
+    /// The mean over time until `now`, the peak of what the answers gave and the
+    /// seconds measured, and none gathered from then; `None` if none gave one.
     fn take(&mut self, now: Nanos) -> Option<FleetDemand> {
         let mut seen = std::mem::take(self);
-        let (last, _) = seen.last?;
+        let last = seen.last?;
         seen.stand_until(now);
-        Some(FleetDemand {
-            mean_rps: if seen.stood > 0.0 {
-                seen.weighted / seen.stood
-            } else {
-                last
-            },
-            peak_rps: seen.peak,
-        })
+        let mean_rps = if seen.stood > 0.0 {
+            seen.weighted / seen.stood
+        } else {
+            last
+        };
+        Some(FleetDemand::new(mean_rps, seen.peak, seen.stood))
     }
 }
 

@@ -1060,3 +1060,30 @@ fn the_fleets_demand_is_weighed_by_time() {
     let one = seen.take(ms(3000)).unwrap();
     assert_eq!((one.mean_rps, one.peak_rps), (42.0, 42.0));
 }
+
+/// An interval measured only in part (Redis away for the rest: a call failed, and no
+/// answer came again before the take) says so: the seconds its mean stands for end at
+/// the failure, not at the take. Folded with a whole interval, the part-measured one
+/// weighs by those seconds: 10 s at 100 req/s and 1 s measured at 1,000 of another
+/// 10 s interval is about 182 req/s, where weighing each by its length read 550.
+#[test]
+fn the_fleets_demand_counts_only_the_seconds_measured() {
+    let s = Nanos::from_secs;
+    let mut seen = DemandSeen::default();
+    seen.add(100.0, s(0));
+    let whole = seen.take(s(10)).unwrap();
+    assert_eq!((whole.mean_rps, whole.measured_s), (100.0, 10.0));
+    seen.add(1000.0, s(10));
+    seen.stop(s(11));
+    let part = seen.take(s(20)).unwrap();
+    assert_eq!((part.mean_rps, part.measured_s), (1000.0, 1.0));
+    let both = whole.fold(part);
+    assert!((both.mean_rps - 2000.0 / 11.0).abs() < 1e-9, "{both:?}");
+    assert_eq!((both.peak_rps, both.measured_s), (1000.0, 11.0));
+    // An answer after the failure stands again from then.
+    seen.add(50.0, s(20));
+    seen.stop(s(22));
+    seen.add(30.0, s(25));
+    let back = seen.take(s(26)).unwrap();
+    assert_eq!((back.mean_rps, back.measured_s), (130.0 / 3.0, 3.0));
+}
