@@ -756,6 +756,44 @@ const UNKNOWN_LEVEL: Level = Level {
 /// A decision, and the reason it rejected the request, or would have in shadow mode.
 type Verdict = (Decision, Option<Reason>);
 
+/// The debt a decision's call carries to Redis ([`SharedRoute::owed`], taken whole),
+/// counted in [`Inner::carrying`] until dropped, once the call has ended and, if it
+/// failed, the debt is owed again: a leave waits for it, so that its debits send a debt
+/// such a call gives back, or report it, rather than find nothing owed.
+struct Carried {
+    inner: Arc<Inner>,
+    tokens: u64,
+}
+
+impl Carried {
+    /// Takes what `r` owes for a decision's call; `None` when nothing is owed, or once
+    /// the instance has left (the debt then stays owed, for the leave's debits).
+    fn take(inner: &Arc<Inner>, r: &SharedRoute) -> Option<Carried> {
+        if r.owed.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        // SeqCst, as the leave's: counted before `left` is read.
+        inner.carrying.fetch_add(1, Ordering::SeqCst);
+        let mut carried = Carried {
+            inner: Arc::clone(inner),
+            tokens: 0,
+        };
+        if inner.left.load(Ordering::SeqCst) {
+            return None;
+        }
+        carried.tokens = r.owed.swap(0, Ordering::Relaxed);
+        Some(carried)
+    }
+}
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        if self.inner.carrying.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.inner.carried.notify_waiters();
+        }
+    }
+}
+
 /// What an instance last saw of a shared controller that was cut or recovering, sent
 /// with each call ([`DECIDE`]'s `ARGV[10]` to `ARGV[13]`) so that Redis, should it
 /// have lost the controller (restarted empty, flushed, its key evicted or expired),
@@ -1067,8 +1105,14 @@ struct Inner {
     errors: Counter,
     /// Decisions taken locally, all routes.
     fallbacks: AtomicU64,
-    /// Set by [`RedisStore::leave`]: the heartbeat stops.
+    /// Set by [`RedisStore::leave`]: the heartbeat stops, and decisions carry no debt.
     left: AtomicBool,
+    /// Decisions whose call carries a debt ([`Carried`]), until the call has ended
+    /// (the debt paid, or owed again): a leave waits for them, so that its debits see
+    /// a debt such a call gives back.
+    carrying: AtomicUsize,
+    /// Told when `carrying` falls to 0.
+    carried: tokio::sync::Notify,
     /// Held by a beat from its look at `left` to its answer, and by a leave around its
     /// `ZREM`: a beat in flight when the instance leaves cannot add it back after (its
     /// `EVALSHA`, or the `EVAL` that follows a `NOSCRIPT`, reaching Redis after the
@@ -1188,6 +1232,8 @@ impl RedisStore {
             errors: metrics::counter!(metric::STORE_ERRORS, "kind" => "error"),
             fallbacks: AtomicU64::new(0),
             left: AtomicBool::new(false),
+            carrying: AtomicUsize::new(0),
+            carried: tokio::sync::Notify::new(),
             beating: tokio::sync::Mutex::new(()),
             leaving: Mutex::new(None),
         });
@@ -1250,10 +1296,8 @@ impl RedisStore {
         }
         // What this instance admitted in fallback goes with the next call that reaches
         // Redis (a load only, on the common path where nothing is owed).
-        let owed = match r.owed.load(Ordering::Relaxed) {
-            0 => 0,
-            _ => r.owed.swap(0, Ordering::Relaxed),
-        };
+        let carried = Carried::take(inner, &r);
+        let owed = carried.as_ref().map_or(0, |c| c.tokens);
         // Taken before the call, which may end without this caller: a rollover its
         // answer won is stepped on them. Their base limit goes with the call: a lowered
         // one applies to this decision, before the shared controller steps on it (see
@@ -1277,10 +1321,12 @@ impl RedisStore {
                 let Some(reply) = inner.call(&r, 1, true, owed, &params).await else {
                     // Owed still: the call may have been applied anyway (a timeout on
                     // a Redis that answers later), so this can debit twice, never not
-                    // at all.
+                    // at all. Before the leave that waits for it is told.
                     r.owe(owed);
+                    drop(carried);
                     return None;
                 };
+                drop(carried);
                 let answer = (reply.admit, reply.wait_us, reply.limit, reply.state);
                 let tokens = reply.tokens;
                 inner.absorb(&r, reply, &params, now);
@@ -1593,7 +1639,7 @@ impl RedisStore {
                 let (done, ended) = tokio::sync::watch::channel(false);
                 let inner = Arc::clone(&self.inner);
                 tokio::spawn(async move {
-                    inner.leave().await;
+                    let _ = inner.leave().await;
                     let _ = done.send(true);
                 });
                 ended
@@ -1605,10 +1651,16 @@ impl RedisStore {
 }
 
 impl Inner {
-    /// [`RedisStore::leave`]'s work, run once.
-    async fn leave(self: &Arc<Self>) {
-        self.left.store(true, Ordering::Relaxed);
-        // A beat in flight ends first (within `timeout`); none starts after.
+    /// [`RedisStore::leave`]'s work, run once; returns the routes whose debt Redis did
+    /// not take, as the warning names them.
+    async fn leave(self: &Arc<Self>) -> Vec<(Arc<str>, u64)> {
+        // SeqCst, as `Carried::take`'s: a decision either sees the leave and carries
+        // nothing, or is counted before the wait below reads the count.
+        self.left.store(true, Ordering::SeqCst);
+        // Decisions whose call carries a debt end first, and a beat in flight (each
+        // within `timeout`, under way together: the beat goes on while the
+        // decisions are waited for); no beat starts after.
+        let _ = tokio::time::timeout(self.config.timeout, self.carried_calls_end()).await;
         let _beating = self.beating.lock().await;
         let unpaid = self.settle().await;
         if !unpaid.is_empty() {
@@ -1625,6 +1677,20 @@ impl Inner {
             .arg(&self.member)
             .to_owned();
         let _ = tokio::time::timeout(self.config.timeout, self.conn.query::<Value>(&cmd)).await;
+        unpaid
+    }
+
+    /// Returns once no decision's call carries a debt ([`Carried`]).
+    async fn carried_calls_end(&self) {
+        loop {
+            let ended = self.carried.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.carrying.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            ended.await;
+        }
     }
 
     fn mode(&self) -> StoreMode {

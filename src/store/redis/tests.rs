@@ -1087,3 +1087,43 @@ fn the_fleets_demand_counts_only_the_seconds_measured() {
     let back = seen.take(s(26)).unwrap();
     assert_eq!((back.mean_rps, back.measured_s), (130.0 / 3.0, 3.0));
 }
+
+/// A decision in flight at the leave, carrying what the fallback admitted (a request
+/// past the shutdown grace), whose call fails after the leave began: the leave waits
+/// for it (within the `timeout` it waits for a beat in flight), so its debits see the
+/// debt given back, try it, and report it not paid, where they found nothing owed and
+/// the debt left unreported. The whole leave still within three `timeout`s. On
+/// tokio's paused clock, on a Redis that accepts connections and answers nothing.
+#[tokio::test(start_paused = true)]
+async fn a_leave_waits_for_a_decision_carrying_a_debt() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let clock = Arc::new(crate::clock::ManualClock::new());
+    let store = a_store_on(port, SyncMode::Exact, clock);
+    let timeout = store.inner.config.timeout;
+    let engine = Arc::new(order_engine(1));
+    let (id, r) = order_of(&store, &engine, Nanos::ZERO);
+    // Past the first beat, which the silent Redis times out.
+    tokio::time::sleep(timeout * 2).await;
+    r.owe(5);
+    let decision = {
+        let (store, engine) = (store.clone(), Arc::clone(&engine));
+        tokio::spawn(async move { store.check(&engine, id, Nanos::ZERO).await })
+    };
+    while r.owed.load(Ordering::Relaxed) != 0 {
+        assert!(!decision.is_finished(), "the decision never took the debt");
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(timeout / 2).await;
+    let started = tokio::time::Instant::now();
+    let unpaid = store.inner.leave().await;
+    // The 5 it carried, and its own request, which its fallback admitted.
+    assert!(decision.await.unwrap().is_admit());
+    assert_eq!(unpaid, [(Arc::clone(&r.name), 6)]);
+    assert!(
+        started.elapsed() <= timeout * 3,
+        "{:?} for a timeout of {timeout:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}
