@@ -201,7 +201,7 @@ end"
 ///   first call answered since a sync of the instance failed or was skipped, whose
 ///   arrivals were dropped): drops `through`, as below.
 /// - `ARGV[10]` to `ARGV[13]`, absent but from an instance that last saw the
-///   controller cut or recovering, recently (see [`Seed`]): that state (`1`|`2`),
+///   controller cut or recovering, recently (see `Seed`): that state (`1`|`2`),
 ///   its limit, when it was entered (ns, Redis time; empty where the instance does
 ///   not know) and its ROC. Where the controller hash holds no step (no `roc`: Redis
 ///   restarted empty, was flushed, or the key was evicted or expired), the call
