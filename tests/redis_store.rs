@@ -2668,6 +2668,29 @@ async fn a_cut_that_redis_lost_is_carried_over_and_still_ends() {
         (was.as_index(), limit),
         "the hash holds the cut carried over"
     );
+    // A step handed out on the hash as Redis had lost it (no `through`: a fresh
+    // controller, at base) cannot be stored over what was carried.
+    let through: u64 = hget(&mut conn, "{carried:order}:c", "through");
+    let fresh_step: i64 = redis::cmd("EVAL")
+        .arg(rocgate::store::redis::SAVE)
+        .arg(1)
+        .arg("{carried:order}:c")
+        .arg(
+            &[
+                "",
+                &(through + 1).to_string(),
+                "200.0",
+                "0",
+                "0",
+                "0",
+                "",
+                "0.0",
+            ][..],
+        )
+        .arg(&["60000", "100000", "10", "0.0"][..])
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(fresh_step, 0, "a fresh step stored over the carried cut");
     let _ = b.check().await;
     let (_, state_b, limit_b) = seen(&b);
     assert!(
