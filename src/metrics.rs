@@ -44,7 +44,8 @@
 //! | `rocgate_upstream_requests` | gauge | | proxy: requests holding a place under `max_upstream_requests`: from forwarding until the response body ends, or the WebSocket tunnel closes |
 //! | `rocgate_max_upstream_requests` | gauge | | proxy: `max_upstream_requests`, the most places there are (a restart changes it, a reload does not) |
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
-//! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: times every one of `max_connections` was taken and accepting paused |
+//! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: connections accepted while every one of `max_connections` was taken: each waited for a place, idle ones closed to make room |
+//! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: idle keep-alive connections (no request in progress) closed gracefully to make room for a connection waiting at `max_connections` |
 //! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted, their client address holding `max_connections_per_client` already |
 //! | `rocgate_lingering_connections` | gauge | | proxy: client connections being closed as lingering closes now: answered with a body left unread, their write half shut, reading what the client still sends (they hold a place under `max_connections`) |
 //! | `rocgate_lingering_closes_total` | counter | `ended` | proxy: lingering closes by how they ended: `client_closed` (the client closed its side, or reset it), `lingering_timeout` (it sent nothing for that long), `lingering_time` (that long in all), `lingering_bytes` (it sent more than a lingering close reads, 64 MiB), `shutdown` |
@@ -134,6 +135,8 @@ pub const CLIENT_CONNECTIONS: &str = "rocgate_client_connections";
 pub const CONNECTION_LIMIT_REACHED: &str = "rocgate_client_connection_limit_reached_total";
 /// `rocgate_client_connections_refused_total`.
 pub const CONNECTIONS_REFUSED: &str = "rocgate_client_connections_refused_total";
+/// `rocgate_client_connections_reclaimed_total`.
+pub const CONNECTIONS_RECLAIMED: &str = "rocgate_client_connections_reclaimed_total";
 /// `rocgate_lingering_connections`.
 pub const LINGERING_CONNECTIONS: &str = "rocgate_lingering_connections";
 /// `rocgate_lingering_closes_total`.
@@ -164,7 +167,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 45] = [
+pub const ALL: [&str; 46] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -196,6 +199,7 @@ pub const ALL: [&str; 45] = [
     CLIENT_CONNECTIONS,
     CONNECTION_LIMIT_REACHED,
     CONNECTIONS_REFUSED,
+    CONNECTIONS_RECLAIMED,
     LINGERING_CONNECTIONS,
     LINGERING_CLOSES,
     CONFIG_RELOADS,
@@ -321,7 +325,11 @@ pub fn describe() {
     describe_gauge!(CLIENT_CONNECTIONS, "Client connections open.");
     describe_counter!(
         CONNECTION_LIMIT_REACHED,
-        "Times max_connections was reached and accepting paused."
+        "Connections accepted while every one of max_connections was taken: each waited for a place."
+    );
+    describe_counter!(
+        CONNECTIONS_RECLAIMED,
+        "Idle keep-alive connections closed gracefully to make room at max_connections."
     );
     describe_counter!(
         CONNECTIONS_REFUSED,

@@ -273,41 +273,68 @@ async fn open_connections(proxy: &RunningProxy) -> f64 {
     metric(proxy, "rocgate_client_connections").await.unwrap()
 }
 
+/// At `max_connections`, connections whose requests are in progress (a slow answer, a
+/// body still streaming) are not closed to make room: a new connection waits, and
+/// their answers come whole. Once one of them has its answer and goes idle, it is
+/// closed gracefully for the new one, which is served well before `idle_timeout`
+/// (60 s: it waited that long for an idle keep-alive connection to close).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_beyond_max_connections_waits_until_one_closes() {
+async fn a_connection_beyond_max_connections_waits_while_requests_are_in_progress() {
     let upstream = start_upstream().await;
-    // Long timeouts: the first two connections stay open for as long as the test runs.
+    // Long timeouts: only making room closes a connection within the test.
     let secs = Duration::from_secs(60);
     let proxy = start_proxy(upstream, 2, secs, secs).await;
-    let mut first = H1::connect(proxy.addr).await;
-    let mut second = H1::connect(proxy.addr).await;
-    for client in [&mut first, &mut second] {
-        let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
-        assert_eq!(status, StatusCode::OK);
+    let mut busy = Vec::new();
+    for path in ["/slow", "/drip"] {
+        let mut client = H1::connect(proxy.addr).await;
+        busy.push(tokio::spawn(async move {
+            let answer = timeout(IO_TIMEOUT, client.send(path)).await.unwrap();
+            (answer, client)
+        }));
     }
-    // The admin API's connections are not counted.
-    assert_eq!(open_connections(&proxy).await, 2.0);
-
-    // The kernel completes the third connection (it waits in the backlog), and its
-    // request gets no answer while two are open.
+    // The kernel completes the third connection (it waits at the cap), and its request
+    // gets no answer while the two are in progress.
     let mut third = H1::connect(proxy.addr).await;
     let answer = tokio::spawn(async move {
-        let answer = third.send("/").await;
+        let answer = timeout(IO_TIMEOUT, third.send("/")).await;
         (answer, third)
     });
     sleep(SHORT_IDLE).await;
     assert!(!answer.is_finished(), "a third connection was served");
+    // The admin API's connections are not counted.
     assert_eq!(open_connections(&proxy).await, 2.0);
     let reached = metric(&proxy, "rocgate_client_connection_limit_reached_total").await;
     assert!(reached >= Some(1.0), "the cap was reached: {reached:?}");
 
-    // Once the first closes, the third is accepted and served.
-    first.close();
-    let ((status, body), third) = timeout(IO_TIMEOUT, answer).await.unwrap().unwrap();
+    let mut clients = Vec::new();
+    for (task, body) in busy.into_iter().zip([&b"slow"[..], b"ddddd"]) {
+        let ((status, got), client) = task.await.unwrap();
+        assert_eq!((status, &got[..]), (StatusCode::OK, body), "answered whole");
+        clients.push(client);
+    }
+    let (served, third) = answer.await.unwrap();
+    let (status, body) = served.expect("served once a connection went idle");
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
     assert_eq!(open_connections(&proxy).await, 2.0);
+    let reclaimed = "rocgate_client_connections_reclaimed_total";
+    assert_eq!(metric(&proxy, reclaimed).await, Some(1.0));
+    // The one closed for it was closed between requests: its client saw a clean end.
+    // The other stays open.
+    let closed = timeout(IO_TIMEOUT, async {
+        loop {
+            if let Some(at) = clients.iter().position(|c| c.conn.is_finished()) {
+                break at;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("one of the two is closed");
+    let ended = clients.remove(closed).conn.await.unwrap();
+    assert!(ended.is_ok(), "closed gracefully: {ended:?}");
+    assert!(!clients[0].conn.is_finished(), "both were closed");
 
-    second.close();
+    clients.pop().unwrap().close();
     third.close();
     timeout(IO_TIMEOUT, async {
         while open_connections(&proxy).await != 0.0 {
@@ -316,6 +343,56 @@ async fn a_connection_beyond_max_connections_waits_until_one_closes() {
     })
     .await
     .expect("the gauge falls to 0 once every connection is closed");
+}
+
+/// At `max_connections`, open connections idle between requests are closed to make
+/// room for a new one, the oldest idle first, gracefully: an HTTP/1.1 one after its
+/// answer (its client reads the end, no reset), an h2c one with a GOAWAY. The new
+/// connection is served at once, where it waited for one of them to close at
+/// `idle_timeout` (60 s). Connections not needed for room stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_oldest_first_to_make_room_at_the_cap() {
+    use tokio::io::AsyncReadExt;
+    let upstream = start_upstream().await;
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy(upstream, 3, secs, secs).await;
+    // Idle in this order: an HTTP/1.1 connection, an h2c one, another HTTP/1.1 one.
+    let mut oldest = TcpStream::connect(proxy.addr).await.unwrap();
+    raw_request(&mut oldest).await;
+    let mut h2 = H2::connect(proxy.addr).await;
+    let (status, _) = timeout(IO_TIMEOUT, h2.send("/")).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let mut newest = H1::connect(proxy.addr).await;
+    let (status, _) = timeout(IO_TIMEOUT, newest.send("/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+
+    let mut fourth = H1::connect(proxy.addr).await;
+    let (status, body) = timeout(IO_TIMEOUT, fourth.send("/"))
+        .await
+        .expect("served while the others idle");
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    // The oldest was closed after its answer, which its client had read whole: it
+    // reads the end, not a reset.
+    let mut buf = [0u8; 64];
+    let end = timeout(IO_TIMEOUT, oldest.read(&mut buf)).await.unwrap();
+    assert!(matches!(end, Ok(0)), "a clean end: {end:?}");
+
+    // The fourth is idle now too; the next oldest, the h2c one, makes room next.
+    let mut fifth = H1::connect(proxy.addr).await;
+    let (status, _) = timeout(IO_TIMEOUT, fifth.send("/"))
+        .await
+        .expect("served while the others idle");
+    assert_eq!(status, StatusCode::OK);
+    let ended = timeout(IO_TIMEOUT, h2.conn)
+        .await
+        .expect("the h2c connection is closed")
+        .unwrap();
+    assert!(ended.is_ok(), "closed gracefully: {ended:?}");
+    assert!(!newest.conn.is_finished() && !fourth.conn.is_finished());
+    let (status, _) = timeout(IO_TIMEOUT, newest.send("/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let reclaimed = "rocgate_client_connections_reclaimed_total";
+    assert_eq!(metric(&proxy, reclaimed).await, Some(2.0));
 }
 
 /// With `max_connections_per_client`, an address that holds that many has its next
@@ -375,9 +452,9 @@ async fn a_client_address_beyond_its_cap_is_closed_while_others_are_served() {
     }
 }
 
-/// The cap's warning is logged when the cap is first reached, then at most once per
-/// 10 s of the proxy's clock however often connections wait, each time with the cap
-/// and how often it was reached.
+/// The cap's warning is logged when a connection is first accepted at the cap, then at
+/// most once per 10 s of the proxy's clock however often connections wait, each time
+/// with the cap and how many connections were accepted at it.
 #[tokio::test]
 async fn reaching_the_cap_is_logged_at_most_once_per_ten_seconds() {
     // A current-thread runtime: the proxy's tasks run on this thread, under the
@@ -390,8 +467,8 @@ async fn reaching_the_cap_is_logged_at_most_once_per_ten_seconds() {
     let secs = Duration::from_secs(60);
     let proxy = start_proxy_on(clock.clone(), upstream, 1, secs, secs).await;
 
-    // The first connection takes the only place: the accept loop finds the cap reached
-    // at once, and warns.
+    // The first connection takes the only place: the accept loop accepts the second at
+    // the cap at once, and warns.
     let mut first = H1::connect(proxy.addr).await;
     let second = H1::connect(proxy.addr).await;
     let third = H1::connect(proxy.addr).await;
@@ -403,8 +480,9 @@ async fn reaching_the_cap_is_logged_at_most_once_per_ten_seconds() {
     assert!(lines[0].contains("max_connections=1"), "{}", lines[0]);
     assert!(lines[0].contains("times_reached=1"), "{}", lines[0]);
 
-    // The second takes the place the first leaves, and the cap is reached again at the
-    // same instant of the proxy's clock: counted, not logged.
+    // The second takes the place the first leaves (closed, idle, to make room for it),
+    // and the third is accepted at the cap at the same instant of the proxy's clock:
+    // counted, not logged.
     let serve = |mut client: H1| async move {
         let (status, _) = timeout(IO_TIMEOUT, client.send("/")).await.unwrap();
         assert_eq!(status, StatusCode::OK);
@@ -414,12 +492,20 @@ async fn reaching_the_cap_is_logged_at_most_once_per_ten_seconds() {
     let second = serve(second).await;
     assert_eq!(warned().len(), 1, "{:#?}", warned());
 
-    // 10 s later by the proxy's clock, the next time is logged again, with the times
-    // reached in between counted (the registry's counter is shared with the other
-    // tests of this file, so the log's count is the one asserted).
+    // 10 s later by the proxy's clock, the next connection accepted at the cap is
+    // logged again, with those in between counted (the registry's counter is shared
+    // with the other tests of this file, so the log's count is the one asserted).
     clock.advance(Duration::from_secs(10));
     second.close();
-    serve(third).await.close();
+    let _third = serve(third).await;
+    let _fourth = H1::connect(proxy.addr).await;
+    timeout(IO_TIMEOUT, async {
+        while warned().len() < 2 {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the fourth is accepted at the cap");
     let lines = warned();
     assert_eq!(lines.len(), 2, "{lines:#?}");
     assert!(lines[1].contains("times_reached=3"), "{}", lines[1]);

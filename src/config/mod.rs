@@ -1015,7 +1015,8 @@ pub struct ServerConfig {
     /// How long requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
     /// Most client connections open at once (the admin API's are not counted); at the
-    /// cap, further connections wait in the kernel's listen backlog.
+    /// cap, the connections idle longest are closed to make room, and further
+    /// connections wait (in the kernel's listen backlog) until one closes.
     pub max_connections: usize,
     /// Most client connections open at once from one client address (an IPv6 client's
     /// /64), if set; the trusted proxies' connections are not counted. Beyond it, a

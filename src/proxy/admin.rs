@@ -82,8 +82,8 @@ pub(crate) struct Exporter {
     pub(crate) lanes: super::lane::LaneCount,
     /// Requests holding a place under `max_upstream_requests`.
     pub(crate) upstream_requests: super::forward::UpstreamRequests,
-    /// Client connections open, times their cap was reached, and their lingering
-    /// closes.
+    /// Client connections open, those accepted at their cap, those closed to make
+    /// room there, and their lingering closes.
     pub(crate) connections: Arc<super::connections::ClientConnections>,
     /// The routes whose `rocgate_upstream_errors_total` series of every kind are
     /// registered (at 0 before their first error): each is registered once, where
@@ -151,7 +151,10 @@ pub(crate) async fn serve(
         let mut stopping = stopping.clone();
         let mut ended = ended.clone();
         let connection = async move {
-            if !super::protocol_known_within(&stream, header_read_timeout).await {
+            if super::protocol_known_within(&stream, header_read_timeout)
+                .await
+                .is_none()
+            {
                 return;
             }
             let conn = builder
@@ -480,6 +483,7 @@ fn metrics_text(state: &AdminState) -> impl IntoResponse {
     metrics::counter!(crate::metrics::CONNECTION_LIMIT_REACHED)
         .absolute(m.connections.limit_reached());
     metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).absolute(m.connections.refused());
+    metrics::counter!(crate::metrics::CONNECTIONS_RECLAIMED).absolute(m.connections.reclaimed());
     let lingering = m.connections.lingering();
     metrics::gauge!(crate::metrics::LINGERING_CONNECTIONS).set(lingering.under_way() as f64);
     // Every end at 0 before its first, so that `rate` counts that one too.

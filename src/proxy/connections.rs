@@ -1,15 +1,19 @@
 //! Client connections: how many may be open at once (`max_connections`), and when an
 //! idle one is closed (`idle_timeout`).
 //!
-//! The accept loop takes a [`Place`] before it accepts: at the cap it stops accepting,
-//! and further connections wait in the kernel's listen backlog (as with nginx's
-//! `worker_connections` and Envoy's listener limits) until a connection closes and
-//! gives its place back, which wakes the loop at once. A connection accepted holds its
-//! place, as a [`Slot`], until it closes. With `max_connections_per_client`, a client
-//! address (an IPv6 client's /64) that holds that many already has a new connection
-//! closed as soon as it is accepted, before a byte of it is read, so that one client
-//! cannot take every place (HAProxy's `src_conn_cur`, nginx's `limit_conn` by address);
-//! the trusted proxies' connections, which carry many clients, are not counted.
+//! A connection accepted takes a [`Place`] under the cap and holds it, as a [`Slot`],
+//! until it closes. At the cap, the connection accepted waits for a place, and further
+//! ones wait in the kernel's listen backlog (as with nginx's `worker_connections` and
+//! Envoy's listener limits), until a connection closes and gives its place back, which
+//! wakes the loop at once. Meanwhile the connections idle longest between requests are
+//! asked to close to make room ([`Reclaimable`]), as nginx closes its reusable
+//! connections when it runs out (`ngx_drain_connections`): idle keep-alive connections
+//! would otherwise hold every place for up to `idle_timeout` while nothing is served.
+//! With `max_connections_per_client`, a client address (an IPv6 client's /64) that
+//! holds that many already has a new connection closed as soon as it is accepted,
+//! before a byte of it is read, so that one client cannot take every place (HAProxy's
+//! `src_conn_cur`, nginx's `limit_conn` by address); the trusted proxies' connections,
+//! which carry many clients, are not counted.
 //!
 //! A connection's [`Activity`] counts its requests in progress: a request begins when
 //! the service is called and ends with its response body (or with the service's
@@ -58,6 +62,8 @@ use crate::http::{HeldPermit, HoldUntilEnd};
 use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Body as _, Frame, SizeHint};
+use hyper_util::rt::TokioExecutor;
+use hyper_util::server::conn::auto;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -79,7 +85,7 @@ pub(crate) struct ClientConnections {
     max: usize,
     /// Connections open now.
     open: Arc<AtomicUsize>,
-    /// Times the accept loop found every slot taken.
+    /// Connections accepted with every place taken.
     limit_reached: AtomicU64,
     /// The cap per client address, if any.
     per_client: Option<PerClient>,
@@ -87,6 +93,8 @@ pub(crate) struct ClientConnections {
     refused: AtomicU64,
     /// Connections closed as lingering closes.
     lingering: Arc<LingeringCloses>,
+    /// The connections being served, which may be asked to close when idle.
+    reclaimable: Arc<Reclaimable>,
 }
 
 /// The cap on connections per client address, and the connections each address
@@ -122,6 +130,7 @@ impl ClientConnections {
             per_client: None,
             refused: AtomicU64::new(0),
             lingering: Arc::default(),
+            reclaimable: Arc::default(),
         }
     }
 
@@ -149,7 +158,7 @@ impl ClientConnections {
             .map(Place)
     }
 
-    /// Counts the cap as reached once more; returns how many times it was.
+    /// Counts a connection accepted at the cap; returns how many were.
     pub(crate) fn reached(&self) -> u64 {
         self.limit_reached.fetch_add(1, Ordering::Relaxed) + 1
     }
@@ -163,11 +172,11 @@ impl ClientConnections {
         Place(permit)
     }
 
-    /// Counts a connection from `peer` accepted into `place` as open, until the slot
-    /// is dropped; `None`, the place given back and the refusal counted, if `peer`'s
-    /// address holds `max_connections_per_client` already.
-    pub(crate) fn open_in(&self, place: Place, peer: IpAddr) -> Option<Slot> {
-        let client = match &self.per_client {
+    /// Counts a connection just accepted from `peer` against its client address's
+    /// cap, until the [`Slot`] it opens is dropped; `None`, the refusal counted, if
+    /// that address holds `max_connections_per_client` already.
+    pub(crate) fn admit(&self, peer: IpAddr) -> Option<Admitted> {
+        match &self.per_client {
             Some(cap) if !cap.exempt.iter().any(|n| n.contains(&peer.to_canonical())) => {
                 let address = client_address(peer);
                 let mut open = cap.open.lock().unwrap_or_else(PoisonError::into_inner);
@@ -177,19 +186,23 @@ impl ClientConnections {
                     return None;
                 }
                 *held += 1;
-                Some(ClientHold {
+                Some(Admitted(Some(ClientHold {
                     open: Arc::clone(&cap.open),
                     address,
-                })
+                })))
             }
-            _ => None,
-        };
+            _ => Some(Admitted(None)),
+        }
+    }
+
+    /// Counts a connection `admitted` into `place` as open, until the slot is dropped.
+    pub(crate) fn open_in(&self, place: Place, admitted: Admitted) -> Slot {
         self.open.fetch_add(1, Ordering::Relaxed);
-        Some(Slot {
+        Slot {
             _permit: place.0,
             open: Arc::clone(&self.open),
-            _client: client,
-        })
+            _client: admitted.0,
+        }
     }
 
     /// Connections closed as soon as accepted since start, their client address at
@@ -203,7 +216,7 @@ impl ClientConnections {
         self.open.load(Ordering::Relaxed)
     }
 
-    /// Times the cap was reached since start.
+    /// Connections accepted at the cap since start.
     pub(crate) fn limit_reached(&self) -> u64 {
         self.limit_reached.load(Ordering::Relaxed)
     }
@@ -212,7 +225,22 @@ impl ClientConnections {
     pub(crate) fn lingering(&self) -> &Arc<LingeringCloses> {
         &self.lingering
     }
+
+    /// The connections being served, which may be asked to close when idle.
+    pub(crate) fn reclaimable(&self) -> &Arc<Reclaimable> {
+        &self.reclaimable
+    }
+
+    /// Connections closed to make room at the cap since start.
+    pub(crate) fn reclaimed(&self) -> u64 {
+        self.reclaimable.reclaimed.load(Ordering::Relaxed)
+    }
 }
+
+/// A connection accepted and counted against its client address's cap (if that
+/// address has one), not yet open.
+#[derive(Debug)]
+pub(crate) struct Admitted(Option<ClientHold>);
 
 /// A place under the cap for a connection not yet accepted, given back when dropped.
 #[derive(Debug)]
@@ -248,6 +276,236 @@ impl Drop for ClientHold {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The most idle connections asked at once to close to make room at the cap: as
+/// nginx's `ngx_drain_connections`, an eighth of those idle, at least one and at most
+/// 32. Asking for a few more than the one connection waiting makes room for those
+/// behind it in the backlog with one look at the connections, not one look each.
+pub(crate) const RECLAIM_AT_MOST: usize = 32;
+
+/// The client connections being served (from their protocol known to their last
+/// response: not a tunnel, nor a lingering close), which the accept loop asks to
+/// close, when idle, to make room at the cap.
+///
+/// A connection is idle with no request in progress ([`Activity`]) and, over
+/// HTTP/1.1, no byte of its next request head read ([`Arrivals`]): such a connection
+/// is closed as the idle timeout closes it, between requests, and no request is cut.
+/// A request in progress is never touched. An HTTP/2 connection with no stream in
+/// progress gets a GOAWAY, which tells its client which streams were not taken.
+///
+/// Nothing here is on a request's way: a connection registers as it begins to be
+/// served and leaves as it ends (a lock each), and its task's every wake costs two
+/// loads ([`Reclaimable::asked`]). The accept loop, when a connection waits at the
+/// cap, looks at every connection registered (under the lock, a few nanoseconds
+/// each) for those idle longest, and wakes them; if none is idle, the first that goes
+/// idle while the connection waits closes itself.
+///
+/// A connection that goes idle at the very moment the loop looks may be seen busy by
+/// the loop while it saw no room wanted: the connection waiting then has the next one
+/// to go idle, or the next to close.
+#[derive(Debug, Default)]
+pub(crate) struct Reclaimable {
+    serving: Mutex<Serving>,
+    /// Whether a connection waits at the cap that no connection was asked to make room
+    /// for: the first connection to go idle makes it.
+    wanted: AtomicBool,
+    /// Connections closed to make room.
+    reclaimed: AtomicU64,
+}
+
+/// The connections registered, by index, and the indices free.
+#[derive(Debug, Default)]
+struct Serving {
+    entries: Vec<Option<Arc<Reclaim>>>,
+    free: Vec<usize>,
+}
+
+/// One connection as [`Reclaimable`] sees it.
+#[derive(Debug)]
+struct Reclaim {
+    activity: Arc<Activity>,
+    /// The reads of an HTTP/1.1 connection since its head timer last made a sleep
+    /// (its next head begun); `None` over HTTP/2.
+    head: Option<Arc<Arrivals>>,
+    /// Whether the accept loop asked it to close.
+    asked: AtomicBool,
+    /// Its task's waker, from its first poll of [`Asked`].
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Reclaim {
+    /// Since when the connection has been idle, or `None` while a request is in
+    /// progress or a head is begun.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.head.as_ref().is_some_and(|head| head.seen()) {
+            return None;
+        }
+        self.activity.idle_since()
+    }
+}
+
+impl Reclaimable {
+    /// Registers a connection being served, whose requests `activity` counts, and over
+    /// HTTP/1.1 whose head reads `head` records, until the returned guard is dropped.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        activity: Arc<Activity>,
+        head: Option<Arc<Arrivals>>,
+    ) -> Registered {
+        let reclaim = Arc::new(Reclaim {
+            activity,
+            head,
+            asked: AtomicBool::new(false),
+            waker: Mutex::new(None),
+        });
+        let mut serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = Some(Arc::clone(&reclaim));
+        let index = match serving.free.pop() {
+            Some(index) => {
+                serving.entries[index] = entry;
+                index
+            }
+            None => {
+                serving.entries.push(entry);
+                serving.entries.len() - 1
+            }
+        };
+        Registered {
+            registry: Arc::clone(self),
+            reclaim,
+            index,
+        }
+    }
+
+    /// Asks the connections idle longest to close, for a connection waiting at the
+    /// cap: an eighth of those idle and not asked yet, at least one, at most
+    /// [`RECLAIM_AT_MOST`]. With none idle, the first to go idle closes, until
+    /// [`Reclaimable::made_room`]. Returns how many were asked.
+    pub(crate) fn make_room(&self) -> usize {
+        // Wanted before the look: a connection that goes idle during it closes, rather
+        // than be missed by both.
+        self.wanted.store(true, Ordering::SeqCst);
+        let serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut idle: Vec<(Instant, usize)> = serving
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(index, entry)| {
+                let reclaim = entry.as_ref()?;
+                if reclaim.asked.load(Ordering::Relaxed) {
+                    return None;
+                }
+                Some((reclaim.idle_since()?, index))
+            })
+            .collect();
+        if idle.is_empty() {
+            return 0;
+        }
+        self.wanted.store(false, Ordering::Relaxed);
+        let asked = (idle.len() / 8).clamp(1, RECLAIM_AT_MOST);
+        if asked < idle.len() {
+            idle.select_nth_unstable(asked - 1);
+            idle.truncate(asked);
+        }
+        for (_, index) in idle {
+            if let Some(reclaim) = &serving.entries[index] {
+                reclaim.asked.store(true, Ordering::Release);
+                if let Some(waker) = &*reclaim.waker.lock().unwrap_or_else(PoisonError::into_inner)
+                {
+                    waker.wake_by_ref();
+                }
+            }
+        }
+        asked
+    }
+
+    /// The connection that waited at the cap has its place: no room is wanted.
+    pub(crate) fn made_room(&self) {
+        self.wanted.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A connection registered with [`Reclaimable`], until dropped.
+#[derive(Debug)]
+pub(crate) struct Registered {
+    registry: Arc<Reclaimable>,
+    reclaim: Arc<Reclaim>,
+    index: usize,
+}
+
+impl Registered {
+    /// Completes once the connection is idle and asked to close to make room at the
+    /// cap (or, with room wanted that no connection was asked for, once it is idle),
+    /// counted as reclaimed. The connection's task is its only poller.
+    pub(crate) fn asked(&self) -> Asked<'_> {
+        Asked {
+            registered: self,
+            waker_set: false,
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut serving = self
+            .registry
+            .serving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        serving.entries[self.index] = None;
+        serving.free.push(self.index);
+    }
+}
+
+/// The future of [`Registered::asked`]. Like [`Idle`], it is polled at every wake of
+/// the connection's task: until the connection is asked, or room is wanted, a poll is
+/// two loads. Its waker is the task's, registered at the first poll.
+#[derive(Debug)]
+pub(crate) struct Asked<'a> {
+    registered: &'a Registered,
+    waker_set: bool,
+}
+
+impl Future for Asked<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let Registered {
+            registry, reclaim, ..
+        } = this.registered;
+        if !this.waker_set {
+            *reclaim.waker.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(cx.waker().clone());
+            this.waker_set = true;
+        }
+        let asked = reclaim.asked.load(Ordering::Acquire);
+        if !asked && !registry.wanted.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        if reclaim.idle_since().is_none() {
+            // Busy again since the loop looked: the next to go idle makes the room.
+            if asked {
+                reclaim.asked.store(false, Ordering::Relaxed);
+                registry.wanted.store(true, Ordering::SeqCst);
+            }
+            return Poll::Pending;
+        }
+        if !asked {
+            let wanted =
+                registry
+                    .wanted
+                    .compare_exchange(true, false, Ordering::SeqCst, Ordering::Relaxed);
+            if wanted.is_err() {
+                return Poll::Pending;
+            }
+            // Closing now: the loop looks past it until it is gone.
+            reclaim.asked.store(true, Ordering::Relaxed);
+        }
+        registry.reclaimed.fetch_add(1, Ordering::Relaxed);
+        Poll::Ready(())
     }
 }
 
@@ -1165,9 +1423,17 @@ impl HeadTimer {
         }
     }
 
-    /// Where the connection's socket records its reads.
-    pub(crate) fn arrivals(&self) -> Arc<Arrivals> {
-        Arc::clone(&self.shared.arrivals)
+    /// Times the HTTP/1 request heads of the one connection `builder` serves next
+    /// with a timer of its own, each head `timeout`; returns where the connection's
+    /// [`Watched`] socket must record its reads.
+    pub(crate) fn time_heads(
+        builder: &mut auto::Builder<TokioExecutor>,
+        timeout: Duration,
+    ) -> Arc<Arrivals> {
+        let heads = HeadTimer::new(timeout);
+        let arrivals = Arc::clone(&heads.shared.arrivals);
+        builder.http1().timer(heads);
+        arrivals
     }
 }
 
@@ -1269,12 +1535,13 @@ mod tests {
         assert!(connections.try_acquire().is_none(), "two of two taken");
         // A place counts as open once a connection is accepted into it.
         assert_eq!(connections.open(), 0);
-        let a = connections.open_in(a, PEER).expect("no cap per client");
-        let b = connections.open_in(b, PEER).expect("no cap per client");
+        let admit = || connections.admit(PEER).expect("no cap per client");
+        let a = connections.open_in(a, admit());
+        let b = connections.open_in(b, admit());
         assert_eq!(connections.open(), 2);
         drop(a);
         assert_eq!(connections.open(), 1);
-        let c = connections.open_in(connections.acquire().await, PEER);
+        let c = connections.open_in(connections.acquire().await, admit());
         assert_eq!(connections.open(), 2);
         assert_eq!(connections.reached(), 1);
         assert_eq!(connections.limit_reached(), 1);
@@ -1284,8 +1551,9 @@ mod tests {
 
     /// Opens a connection from `peer`, if its address is under its cap.
     fn open_from(connections: &ClientConnections, peer: &str) -> Option<Slot> {
+        let admitted = connections.admit(peer.parse().unwrap())?;
         let place = connections.try_acquire().expect("places to spare");
-        connections.open_in(place, peer.parse().unwrap())
+        Some(connections.open_in(place, admitted))
     }
 
     #[test]
@@ -1380,7 +1648,7 @@ mod tests {
         use hyper::rt::Timer as _;
         const HEAD: Duration = Duration::from_secs(10);
         let timer = HeadTimer::new(HEAD);
-        let arrivals = timer.arrivals();
+        let arrivals = Arc::clone(&timer.shared.arrivals);
         let start = Instant::now();
         // Polled by this task, as hyper polls them in the connection's: the shared
         // sleep keeps the waker of the first poll.
@@ -1416,7 +1684,7 @@ mod tests {
         use hyper::rt::Timer as _;
         const HEAD: Duration = Duration::from_secs(10);
         let timer = HeadTimer::new(HEAD);
-        let arrivals = timer.arrivals();
+        let arrivals = Arc::clone(&timer.shared.arrivals);
         // The first head's bytes were read before its sleep was made (hyper-util reads
         // them to tell HTTP/1.1 from HTTP/2): it keeps hyper's deadline, bytes or none.
         let start = Instant::now();
@@ -1443,6 +1711,83 @@ mod tests {
     /// Polls `sleep` once with this task's waker.
     async fn poll_here(sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>) -> Poll<()> {
         std::future::poll_fn(|cx| Poll::Ready(sleep.as_mut().poll(cx))).await
+    }
+
+    /// Registers an HTTP/1.1 connection that has served one request, ended now.
+    fn served_one(registry: &Arc<Reclaimable>) -> (Arc<Activity>, Arc<Arrivals>, Registered) {
+        let activity = Activity::new();
+        drop(activity.begin());
+        let head = Arc::<Arrivals>::default();
+        let registered = registry.register(Arc::clone(&activity), Some(Arc::clone(&head)));
+        (activity, head, registered)
+    }
+
+    /// Whether `registered` is asked to close (and closes) at this poll.
+    fn closes(registered: &Registered) -> bool {
+        let asked = registered.asked();
+        tokio::pin!(asked);
+        futures_poll(asked).is_ready()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_connections_idle_longest_make_room_and_no_busy_one_does() {
+        let registry = Arc::<Reclaimable>::default();
+        // Oldest of all, but not idle: a request in progress, a next head begun.
+        let busy = served_one(&registry);
+        let request = busy.0.begin();
+        let begun = served_one(&registry);
+        begun.1.read();
+        // 17 idle, gone idle a second apart, an HTTP/2 one among them.
+        let mut idle = Vec::new();
+        for n in 0..17 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            if n == 1 {
+                let h2 = Activity::new();
+                idle.push(registry.register(h2, None));
+            } else {
+                idle.push(served_one(&registry).2);
+            }
+        }
+        // An eighth of the 17: the two idle longest, the HTTP/2 one second.
+        assert_eq!(registry.make_room(), 2);
+        let closing: Vec<bool> = idle.iter().map(closes).collect();
+        assert_eq!(closing.iter().filter(|c| **c).count(), 2, "{closing:?}");
+        assert!(closing[0] && closing[1], "{closing:?}");
+        assert!(!closes(&busy.2) && !closes(&begun.2));
+        // Those closing are looked past; a connection that has closed leaves.
+        drop(idle.remove(0));
+        assert_eq!(registry.make_room(), 1);
+        assert!(closes(&idle[1]));
+        assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 3);
+        drop(request);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_none_idle_the_first_to_go_idle_makes_room() {
+        let registry = Arc::<Reclaimable>::default();
+        let (first, _, first_registered) = served_one(&registry);
+        let (second, _, second_registered) = served_one(&registry);
+        let requests = (first.begin(), second.begin());
+        assert_eq!(registry.make_room(), 0);
+        assert!(!closes(&first_registered));
+        // The second goes idle first: it makes the room, and the room is made.
+        drop(requests.1);
+        assert!(closes(&second_registered));
+        drop(requests.0);
+        assert!(!closes(&first_registered));
+
+        // One asked that is busy again by its poll passes the ask on to the next that
+        // goes idle; the room made, none more closes.
+        let third = served_one(&registry);
+        assert_eq!(registry.make_room(), 1, "the first, idle longest");
+        let again = (first.begin(), third.0.begin());
+        assert!(!closes(&first_registered) && !closes(&third.2));
+        drop(again.1);
+        assert!(closes(&third.2));
+        drop(again.0);
+        assert!(!closes(&first_registered));
+        registry.made_room();
+        assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test(start_paused = true)]

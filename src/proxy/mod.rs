@@ -12,8 +12,8 @@
 //! of its first byte (the wait for it is `idle_timeout`'s); an HTTP/2 connection silent
 //! that long is pinged, and closed unless it answers within as long. At most
 //! `max_connections` client connections are open at once (further ones wait in the
-//! listen backlog), and one with no request in progress for `idle_timeout` is closed
-//! gracefully. At most `max_upstream_requests` requests are in flight to the upstream
+//! listen backlog, while those idle longest are closed to make room), and one with no
+//! request in progress for `idle_timeout` is closed gracefully. At most `max_upstream_requests` requests are in flight to the upstream
 //! (the forwarder's cap; beyond it, 503 `upstream_overflow`). On shutdown the listeners close at once and requests in flight get up
 //! to `shutdown_grace` to finish. An admitted HTTP/1.1 upgrade (WebSocket) that the
 //! upstream accepts becomes a tunnel between the two connections (`tunnel`), closed
@@ -919,26 +919,6 @@ impl Proxy {
         let mut accept_failures = AcceptFailures::default();
         tokio::pin!(shutdown);
         loop {
-            let place = match connections.try_acquire() {
-                Some(place) => place,
-                None => {
-                    let times_reached = connections.reached();
-                    let now = clock.now();
-                    if limit_warned.is_none_or(|at| now.saturating_since(at) >= LIMIT_WARN_EVERY) {
-                        limit_warned = Some(now);
-                        tracing::warn!(
-                            max_connections = connections.max(),
-                            times_reached,
-                            "client connection limit reached: new connections wait in the \
-                             listen backlog until one closes"
-                        );
-                    }
-                    tokio::select! {
-                        place = connections.acquire() => place,
-                        () = &mut shutdown => break,
-                    }
-                }
-            };
             let (stream, peer) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok(a) => a,
@@ -958,7 +938,7 @@ impl Proxy {
                 },
                 () = &mut shutdown => break,
             };
-            let Some(slot) = connections.open_in(place, peer.ip()) else {
+            let Some(admitted) = connections.admit(peer.ip()) else {
                 let refused = connections.refused();
                 let now = clock.now();
                 if refusal_warned.is_none_or(|at| now.saturating_since(at) >= LIMIT_WARN_EVERY) {
@@ -973,6 +953,36 @@ impl Proxy {
                 }
                 continue;
             };
+            let place = match connections.try_acquire() {
+                Some(place) => place,
+                None => {
+                    // At the cap: this connection waits for a place, those behind it in
+                    // the listen backlog, and the connections idle longest are asked
+                    // to close to make room.
+                    let times_reached = connections.reached();
+                    let now = clock.now();
+                    if limit_warned.is_none_or(|at| now.saturating_since(at) >= LIMIT_WARN_EVERY) {
+                        limit_warned = Some(now);
+                        tracing::warn!(
+                            max_connections = connections.max(),
+                            times_reached,
+                            "client connection limit reached: idle keep-alive connections \
+                             are closed to make room, and new connections wait until one \
+                             closes"
+                        );
+                    }
+                    let reclaimable = connections.reclaimable();
+                    let asked = reclaimable.make_room();
+                    tracing::debug!(asked, "idle connections asked to close to make room");
+                    let place = tokio::select! {
+                        place = connections.acquire() => place,
+                        () = &mut shutdown => break,
+                    };
+                    reclaimable.made_room();
+                    place
+                }
+            };
+            let slot = connections.open_in(place, admitted);
             let _ = stream.set_nodelay(true);
             let (forwarder, driver) = forwarder.for_connection(peer);
             let checks = forwarder.clone();
@@ -987,25 +997,22 @@ impl Proxy {
             };
             let reloader = self.reloader.clone();
             let mut builder = builder.clone();
-            // The connection's request heads share one timer, not one each; each but
-            // the first is timed from its first byte, which the socket records.
-            let heads = connections::HeadTimer::new(header_timeout);
-            let arrivals = heads.arrivals();
-            builder.http1().timer(heads);
+            let arrivals = connections::HeadTimer::time_heads(&mut builder, header_timeout);
+            let reclaimable = Arc::clone(connections.reclaimable());
             let mut stopping = stopping.clone();
             let mut aborting = aborting.clone();
             tokio::spawn(async move {
                 let _slot = slot;
                 // A connection that has sent nothing has no request in flight: shutdown
                 // closes it at once rather than wait for its first byte.
-                let protocol_known = tokio::select! {
+                let protocol = tokio::select! {
                     biased;
                     known = protocol_known_within(&stream, header_timeout) => known,
-                    _ = stopping.changed() => false,
+                    _ = stopping.changed() => None,
                 };
-                if !protocol_known {
+                let Some(protocol) = protocol else {
                     return;
-                }
+                };
                 // hyper's socket, handed back once hyper is done with it.
                 let back = Arc::new(connections::Handback::default());
                 // The connection's service, its lane and their timers live in this
@@ -1013,6 +1020,9 @@ impl Proxy {
                 // and so does a lingering close.
                 let (upgraded, ended) = async {
                     let activity = connections::Activity::new();
+                    // Asked to close when idle, to make room at the cap, until served.
+                    let head = (protocol == Protocol::Http1).then(|| Arc::clone(&arrivals));
+                    let registered = reclaimable.register(Arc::clone(&activity), head);
                     let streams = connections::Streams::new();
                     let svc = hyper::service::service_fn({
                         let activity = Arc::clone(&activity);
@@ -1073,6 +1083,8 @@ impl Proxy {
                     // An HTTP/2 stream whose response the client leaves unread as long.
                     let sweep = streams.sweep(idle_timeout);
                     tokio::pin!(sweep);
+                    let asked = registered.asked();
+                    tokio::pin!(asked);
                     let probe = stopping.clone();
                     let stopping = connections::Stopping::new(stopping.changed(), probe);
                     tokio::pin!(stopping);
@@ -1105,6 +1117,13 @@ impl Proxy {
                                 () = idle.as_mut(), if !closing => {
                                     tracing::debug!(%peer, "idle connection closed");
                                     // Gone idle: the last request's body was read through.
+                                    activity.body_read();
+                                    closing = true;
+                                    conn.as_mut().graceful_shutdown();
+                                }
+                                () = asked.as_mut(), if !closing => {
+                                    tracing::debug!(%peer, "idle connection closed to make room at max_connections");
+                                    // Idle: the last request's body was read through.
                                     activity.body_read();
                                     closing = true;
                                     conn.as_mut().graceful_shutdown();
@@ -1405,21 +1424,31 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// client that stops within it (a slowloris) is looked at more than once.
 const PREFACE_LOOK_EVERY: Duration = Duration::from_millis(50);
 
+/// The protocol a client connection speaks, as its first bytes tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    /// HTTP/1.1 (or 1.0).
+    Http1,
+    /// h2c: HTTP/2's preface came whole.
+    Http2,
+}
+
 /// Waits until a connection has sent enough to tell its protocol: bytes that do not
 /// begin HTTP/2's preface (HTTP/1.1, whose head hyper then times), or the preface
-/// whole. False if the peer closes, or sends nothing or too little in time: hyper
+/// whole. `None` if the peer closes, or sends nothing or too little in time: hyper
 /// would wait for the rest of a preface, held open, until `idle_timeout`.
-async fn protocol_known_within(stream: &TcpStream, timeout: Duration) -> bool {
+async fn protocol_known_within(stream: &TcpStream, timeout: Duration) -> Option<Protocol> {
     let mut seen = [0u8; H2_PREFACE.len()];
     let known = async {
         loop {
             match stream.peek(&mut seen).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) if n == H2_PREFACE.len() || seen[..n] != H2_PREFACE[..n] => return true,
+                Ok(0) | Err(_) => return None,
+                Ok(n) if seen[..n] != H2_PREFACE[..n] => return Some(Protocol::Http1),
+                Ok(n) if n == H2_PREFACE.len() => return Some(Protocol::Http2),
                 // Still within the preface; what was read stays unread for hyper.
                 Ok(_) => tokio::time::sleep(PREFACE_LOOK_EVERY).await,
             }
         }
     };
-    tokio::time::timeout(timeout, known).await.unwrap_or(false)
+    tokio::time::timeout(timeout, known).await.ok().flatten()
 }
