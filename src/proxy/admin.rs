@@ -18,11 +18,13 @@
 //! without one, they take changes from loopback only, and none from a web page.
 //!
 //! Its connections are served as the proxy's are: a request head must come within
-//! `header_read_timeout` (slowloris), and at most [`MAX_CONNECTIONS`] are open at once
-//! (further ones wait in the listen backlog). Each is a file descriptor of the process
+//! `header_read_timeout` of its first byte (slowloris), a keep-alive connection with
+//! no request for `idle_timeout` is closed, and at most [`MAX_CONNECTIONS`] are open
+//! at once (further ones wait in the listen backlog). Each is a file descriptor of the process
 //! that accepts the proxy's clients, and the admin API is often opened to a
 //! Prometheus on another host.
 
+use super::connections::{Activity, HeadTimer, Watched, WriteStall};
 use super::hints::Advisor;
 use super::{ReloadError, Reloader, RouteChangeError};
 use crate::clock::Nanos;
@@ -104,18 +106,23 @@ pub(crate) const MAX_CONNECTIONS: usize = 256;
 /// How long, once stopped, the admin API waits for its connections to finish.
 const DRAIN: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` with `builder` (the proxy's, which bounds a request
-/// head by `header_read_timeout`), at most [`MAX_CONNECTIONS`] connections at once,
-/// until `stopped` completes; then closes the listener, gives the connections open
-/// up to [`DRAIN`] to finish, and ends those that have not (a change whose body is
-/// still coming): none outlives the proxy's `run`.
+/// Serves `router` on `listener` with `builder` (the proxy's), at most
+/// [`MAX_CONNECTIONS`] connections at once, until `stopped` completes; then closes
+/// the listener, gives the connections open up to [`DRAIN`] to finish, and ends those
+/// that have not (a change whose body is still coming): none outlives the proxy's
+/// `run`. A connection's request heads are timed as the proxy's clients' are
+/// ([`HeadTimer`](super::connections::HeadTimer)): `header_read_timeout` from a head's
+/// first byte, the wait for the next request on a keep-alive connection bounded by
+/// `idle_timeout`, after which the connection is closed gracefully.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     builder: auto::Builder<TokioExecutor>,
     header_read_timeout: Duration,
+    idle_timeout: Duration,
     stopped: impl Future<Output = ()>,
 ) {
+    use tower::ServiceExt as _;
     let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (stop, stopping) = watch::channel(());
     let (end, ended) = watch::channel(());
@@ -145,9 +152,9 @@ pub(crate) async fn serve(
             },
             () = &mut stopped => break,
         };
-        let service =
-            hyper_util::service::TowerToHyperService::new(for_connection(&router, peer.ip()));
-        let builder = builder.clone();
+        let router = for_connection(&router, peer.ip());
+        let mut builder = builder.clone();
+        let arrivals = HeadTimer::time_heads(&mut builder, header_read_timeout);
         let mut stopping = stopping.clone();
         let mut ended = ended.clone();
         let connection = async move {
@@ -157,15 +164,34 @@ pub(crate) async fn serve(
             {
                 return;
             }
+            let activity = Activity::new();
+            let service = hyper::service::service_fn({
+                let activity = Arc::clone(&activity);
+                move |req: http::Request<hyper::body::Incoming>| {
+                    let busy = activity.begin();
+                    let answer = router.clone().oneshot(req);
+                    async move { answer.await.map(|r| busy.hold_through_body(r)) }
+                }
+            });
+            let stream = Watched::new(stream, WriteStall::new(), arrivals, Arc::default());
             let conn = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .into_owned();
             tokio::pin!(conn);
-            let served = tokio::select! {
-                served = conn.as_mut() => served,
-                _ = stopping.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            let idle = activity.idle(idle_timeout);
+            tokio::pin!(idle);
+            let mut closing = false;
+            let served = loop {
+                tokio::select! {
+                    served = conn.as_mut() => break served,
+                    () = idle.as_mut(), if !closing => {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    _ = stopping.changed(), if !closing => {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
                 }
             };
             if let Err(e) = served {

@@ -1425,7 +1425,8 @@ impl HeadTimer {
 
     /// Times the HTTP/1 request heads of the one connection `builder` serves next
     /// with a timer of its own, each head `timeout`; returns where the connection's
-    /// [`Watched`] socket must record its reads.
+    /// [`Watched`] socket must record its reads. The proxy's client connections and
+    /// the admin API's are timed so.
     pub(crate) fn time_heads(
         builder: &mut auto::Builder<TokioExecutor>,
         timeout: Duration,

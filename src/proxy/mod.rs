@@ -903,6 +903,7 @@ impl Proxy {
             admin_router,
             builder.clone(),
             self.settings.header_read_timeout,
+            self.settings.idle_timeout,
             async {
                 let _ = admin_stopped.await;
             },
