@@ -13,8 +13,9 @@
 //! that long is pinged, and closed unless it answers within as long. At most
 //! `max_connections` client connections are open at once (further ones wait in the
 //! listen backlog, while those idle longest are closed to make room), and one with no
-//! request in progress for `idle_timeout` is closed gracefully. At most `max_upstream_requests` requests are in flight to the upstream
-//! (the forwarder's cap; beyond it, 503 `upstream_overflow`). On shutdown the listeners close at once and requests in flight get up
+//! request in progress for `idle_timeout` is closed gracefully. At most
+//! `max_upstream_requests` requests are in flight to the upstream (the forwarder's
+//! cap; beyond it, 503 `upstream_overflow`). On shutdown the listeners close at once and requests in flight get up
 //! to `shutdown_grace` to finish. An admitted HTTP/1.1 upgrade (WebSocket) that the
 //! upstream accepts becomes a tunnel between the two connections (`tunnel`), closed
 //! once nothing crosses it for `idle_timeout`.
@@ -998,6 +999,8 @@ impl Proxy {
             };
             let reloader = self.reloader.clone();
             let mut builder = builder.clone();
+            // The connection's request heads share one timer, not one each; each but
+            // the first is timed from its first byte, which the socket records.
             let arrivals = connections::HeadTimer::time_heads(&mut builder, header_timeout);
             let reclaimable = Arc::clone(connections.reclaimable());
             let mut stopping = stopping.clone();
