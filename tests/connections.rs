@@ -316,8 +316,10 @@ async fn a_connection_beyond_max_connections_waits_while_requests_are_in_progres
     let (status, body) = served.expect("served once a connection went idle");
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
     assert_eq!(open_connections(&proxy).await, 2.0);
+    // The registry is the process's, shared with the other tests of this file: at
+    // least this proxy's one.
     let reclaimed = "rocgate_client_connections_reclaimed_total";
-    assert_eq!(metric(&proxy, reclaimed).await, Some(1.0));
+    assert!(metric(&proxy, reclaimed).await >= Some(1.0));
     // The one closed for it was closed between requests: its client saw a clean end.
     // The other stays open.
     let closed = timeout(IO_TIMEOUT, async {
@@ -391,8 +393,9 @@ async fn idle_connections_are_closed_oldest_first_to_make_room_at_the_cap() {
     assert!(!newest.conn.is_finished() && !fourth.conn.is_finished());
     let (status, _) = timeout(IO_TIMEOUT, newest.send("/")).await.unwrap();
     assert_eq!(status, StatusCode::OK);
+    // At least this proxy's two: the registry is shared with the other tests.
     let reclaimed = "rocgate_client_connections_reclaimed_total";
-    assert_eq!(metric(&proxy, reclaimed).await, Some(2.0));
+    assert!(metric(&proxy, reclaimed).await >= Some(2.0));
 }
 
 /// With `max_connections_per_client`, an address that holds that many has its next
