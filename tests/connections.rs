@@ -273,25 +273,36 @@ async fn open_connections(proxy: &RunningProxy) -> f64 {
     metric(proxy, "rocgate_client_connections").await.unwrap()
 }
 
-/// At `max_connections`, connections whose requests are in progress (a slow answer, a
-/// body still streaming) are not closed to make room: a new connection waits, and
-/// their answers come whole. Once one of them has its answer and goes idle, it is
-/// closed gracefully for the new one, which is served well before `idle_timeout`
-/// (60 s: it waited that long for an idle keep-alive connection to close).
+/// At `max_connections`, connections whose requests are in progress (an h2c stream
+/// whose body is still streaming, an HTTP/1.1 request waiting on a slow answer) are
+/// not closed to make room: a new connection waits, the h2c one takes new streams
+/// meanwhile (no GOAWAY), and their answers come whole. Once one of them has its
+/// answer and goes idle, it is closed gracefully for the new one, which is served well
+/// before `idle_timeout` (60 s: it waited that long for an idle keep-alive connection
+/// to close).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_beyond_max_connections_waits_while_requests_are_in_progress() {
     let upstream = start_upstream().await;
     // Long timeouts: only making room closes a connection within the test.
     let secs = Duration::from_secs(60);
     let proxy = start_proxy(upstream, 2, secs, secs).await;
-    let mut busy = Vec::new();
-    for path in ["/slow", "/drip"] {
-        let mut client = H1::connect(proxy.addr).await;
-        busy.push(tokio::spawn(async move {
-            let answer = timeout(IO_TIMEOUT, client.send(path)).await.unwrap();
-            (answer, client)
-        }));
-    }
+    // An h2c connection with no stream open is idle: its stream's answer has begun
+    // (its head is in) before the third connection comes.
+    let mut h2 = H2::connect(proxy.addr).await;
+    let res = timeout(IO_TIMEOUT, h2.sender.send_request(get("/drip")))
+        .await
+        .unwrap()
+        .unwrap();
+    let drip = tokio::spawn(async move {
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ddddd", "answered whole");
+    });
+    let mut h1 = H1::connect(proxy.addr).await;
+    let slow = tokio::spawn(async move {
+        let (status, body) = timeout(IO_TIMEOUT, h1.send("/slow")).await.unwrap();
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"slow"[..]));
+        h1
+    });
     // The kernel completes the third connection (it waits at the cap), and its request
     // gets no answer while the two are in progress.
     let mut third = H1::connect(proxy.addr).await;
@@ -305,13 +316,15 @@ async fn a_connection_beyond_max_connections_waits_while_requests_are_in_progres
     assert_eq!(open_connections(&proxy).await, 2.0);
     let reached = metric(&proxy, "rocgate_client_connection_limit_reached_total").await;
     assert!(reached >= Some(1.0), "the cap was reached: {reached:?}");
+    // The h2c connection, busy, was not asked to close: it takes another stream.
+    let (status, _) = timeout(IO_TIMEOUT, h2.send("/"))
+        .await
+        .unwrap()
+        .expect("a new stream on the busy h2c connection");
+    assert_eq!(status, StatusCode::OK);
 
-    let mut clients = Vec::new();
-    for (task, body) in busy.into_iter().zip([&b"slow"[..], b"ddddd"]) {
-        let ((status, got), client) = task.await.unwrap();
-        assert_eq!((status, &got[..]), (StatusCode::OK, body), "answered whole");
-        clients.push(client);
-    }
+    drip.await.unwrap();
+    let h1 = slow.await.unwrap();
     let (served, third) = answer.await.unwrap();
     let (status, body) = served.expect("served once a connection went idle");
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
@@ -320,11 +333,12 @@ async fn a_connection_beyond_max_connections_waits_while_requests_are_in_progres
     // least this proxy's one.
     let reclaimed = "rocgate_client_connections_reclaimed_total";
     assert!(metric(&proxy, reclaimed).await >= Some(1.0));
-    // The one closed for it was closed between requests: its client saw a clean end.
-    // The other stays open.
+    // The one closed for it was closed between requests: its client saw a clean end
+    // (an h2c GOAWAY or an HTTP/1.1 end after the answer). The other stays open.
+    let mut conns = vec![h2.conn, h1.conn];
     let closed = timeout(IO_TIMEOUT, async {
         loop {
-            if let Some(at) = clients.iter().position(|c| c.conn.is_finished()) {
+            if let Some(at) = conns.iter().position(JoinHandle::is_finished) {
                 break at;
             }
             sleep(Duration::from_millis(20)).await;
@@ -332,11 +346,11 @@ async fn a_connection_beyond_max_connections_waits_while_requests_are_in_progres
     })
     .await
     .expect("one of the two is closed");
-    let ended = clients.remove(closed).conn.await.unwrap();
+    let ended = conns.remove(closed).await.unwrap();
     assert!(ended.is_ok(), "closed gracefully: {ended:?}");
-    assert!(!clients[0].conn.is_finished(), "both were closed");
+    assert!(!conns[0].is_finished(), "both were closed");
 
-    clients.pop().unwrap().close();
+    conns[0].abort();
     third.close();
     timeout(IO_TIMEOUT, async {
         while open_connections(&proxy).await != 0.0 {
