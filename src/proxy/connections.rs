@@ -297,14 +297,16 @@ pub(crate) const RECLAIM_AT_MOST: usize = 32;
 ///
 /// Nothing here is on a request's way: a connection registers as it begins to be
 /// served and leaves as it ends (a lock each), and its task's every wake costs two
-/// loads ([`Reclaimable::asked`]). The accept loop, when a connection waits at the
+/// loads ([`Registered::asked`]). The accept loop, when a connection waits at the
 /// cap, looks at every connection registered (under the lock, a few nanoseconds
 /// each) for those idle longest, and wakes them; if none is idle, the first that goes
 /// idle while the connection waits closes itself.
 ///
 /// A connection that goes idle at the very moment the loop looks may be seen busy by
 /// the loop while it saw no room wanted: the connection waiting then has the next one
-/// to go idle, or the next to close.
+/// to go idle, or the next to close. An HTTP/2 stream ends in a task of its own, which
+/// may end after the connection's task last woke: such a connection sees the room
+/// wanted at its next wake (a frame, or its ping every `header_read_timeout`).
 #[derive(Debug, Default)]
 pub(crate) struct Reclaimable {
     serving: Mutex<Serving>,
