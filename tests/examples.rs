@@ -114,6 +114,30 @@ fn api_keys_tiers_gives_each_tier_its_limits_cut_or_not() {
     assert_eq!(state(&e, search, 12.0).0, ControllerState::Cut);
 }
 
+/// api-keys-tiers.toml: a paying customer that starts at its tier's full rate from a
+/// quiet route is no spike: it gets its limit, and nobody is cut. With a `danger_roc`
+/// below a `vip` key's base limit (400 against 500), one such key starting at 480 req/s
+/// cut the route within 2 s: itself to 250 req/s, every other key to 15, for 12 s.
+#[test]
+fn api_keys_tiers_lets_a_vip_key_start_at_its_limit() {
+    let e = engine("api-keys-tiers.toml");
+    for (path, vip, other) in [("/api/search", 480.0, 20.0), ("/api/items/7", 980.0, 50.0)] {
+        let id = route(&e, "GET", path);
+        offer(&e, id, Key::Value("key-someone"), 0.0, 10.0, other);
+        // The vip key's requests and the other key's, in time order.
+        let mut arrivals: Vec<(f64, &str)> = (0..(20.0 * vip) as u32)
+            .map(|k| (10.0 + f64::from(k) / vip, "key-acme-prod"))
+            .chain((0..(20.0 * other) as u32).map(|k| (10.0 + f64::from(k) / other, "key-someone")))
+            .collect();
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (t, key) in arrivals {
+            let d = e.check(id, Key::Value(key), Nanos::from_secs_f64(t));
+            assert!(d.is_admit(), "{path}: {key} refused at {t} s: {d:?}");
+        }
+        assert_eq!(e.route_snapshot(id, Nanos::from_secs(30)).unwrap().cuts, 0);
+    }
+}
+
 /// per-ip.toml: a client flooding the login route is held to 5 req/s, and the API to
 /// 20, while another client at its own pace is served whole; an IPv6 client rotating
 /// addresses inside its /64 is one client.
