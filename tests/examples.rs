@@ -93,8 +93,8 @@ fn api_keys_tiers_gives_each_tier_its_limits_cut_or_not() {
         100
     );
 
-    // The route's whole demand, past its first window, jumps by 3,000 req/s: a ROC
-    // above 400, whichever keys send it.
+    // The route's whole demand, past its first window, jumps by 3,000 req/s: a ROC of
+    // 1,000 in a second, above 600, whichever keys send it.
     offer(&e, search, Key::Value("key-spike"), 10.0, 11.0, 3000.0);
     assert_eq!(state(&e, search, 11.0), (ControllerState::Cut, 15.0));
     // Each key drained, then a second of refill at its tier's cut limit.
@@ -121,13 +121,15 @@ fn api_keys_tiers_gives_each_tier_its_limits_cut_or_not() {
 #[test]
 fn api_keys_tiers_lets_a_vip_key_start_at_its_limit() {
     let e = engine("api-keys-tiers.toml");
+    let evenly = |key: &'static str, rate: f64| {
+        (0..(20.0 * rate) as u32).map(move |k| (10.0 + f64::from(k) / rate, key))
+    };
     for (path, vip, other) in [("/api/search", 480.0, 20.0), ("/api/items/7", 980.0, 50.0)] {
         let id = route(&e, "GET", path);
         offer(&e, id, Key::Value("key-someone"), 0.0, 10.0, other);
-        // The vip key's requests and the other key's, in time order.
-        let mut arrivals: Vec<(f64, &str)> = (0..(20.0 * vip) as u32)
-            .map(|k| (10.0 + f64::from(k) / vip, "key-acme-prod"))
-            .chain((0..(20.0 * other) as u32).map(|k| (10.0 + f64::from(k) / other, "key-someone")))
+        // 20 s of the vip key's requests and the other key's, in time order.
+        let mut arrivals: Vec<(f64, &str)> = evenly("key-acme-prod", vip)
+            .chain(evenly("key-someone", other))
             .collect();
         arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
         for (t, key) in arrivals {
