@@ -271,7 +271,8 @@ fn step(from: f64, to: f64) -> [(f64, f64); 4] {
 
 /// relative-roc.toml: one threshold, "demand more than doubles", cuts a small route
 /// and a busy one alike; growing by 90% cuts neither, a doubling from a trickle does
-/// not cut the busy route (its min_rps of 100), and the warm-up ramp cuts neither.
+/// not cut the busy route (its min_rps of 100), and the warm-up ramp cuts neither; a
+/// climb from silence reads against min_rps.
 #[test]
 fn relative_roc_cuts_a_doubling_at_any_volume() {
     let cuts = |route: &str, points: &[(f64, f64)]| {
@@ -285,6 +286,17 @@ fn relative_roc_cuts_a_doubling_at_any_volume() {
     assert_eq!(cuts("order", &step(20.0, 38.0)), 0);
     assert_eq!(cuts("catalog", &step(2000.0, 3800.0)), 0);
     assert_eq!(cuts("catalog", &step(20.0, 45.0)), 0);
+    // From silence the earlier half counts as min_rps: a climb from 0 to 200 req/s in
+    // a minute is cut at about 24 req/s, under the cut limit, so nothing is refused.
+    let from_silence = simulate(
+        "relative-roc.toml",
+        "order",
+        &[(0.0, 0.0), (60.0, 200.0)],
+        UNIX_EPOCH,
+    );
+    let s = &from_silence.summary;
+    assert_eq!((s.cuts.len(), s.rejected), (1, 0), "{:?}", s.cuts);
+    assert!((7.0..7.5).contains(&s.cuts[0].t_s), "{:?}", s.cuts);
     let warm_up = Scenario::Warmup.profile();
     for route in ["order", "catalog"] {
         let r = Simulator::new(example("relative-roc.toml"), Some(route))
