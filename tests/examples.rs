@@ -2,8 +2,9 @@
 //! `config/examples/` run through the engine on the virtual clock, its main claims
 //! asserted (a tier's limits, cut and not; one client held while another is served;
 //! each algorithm's limit; a relative threshold that takes doubling, whatever the
-//! volume; a scheduled event's profile in force for its time). The flash-sale
-//! example's claims are `tests/scenarios.rs`'.
+//! volume; a scheduled event's profile in force for its time; shadow modes counting
+//! what enforcing would reject). The flash-sale example's claims are
+//! `tests/scenarios.rs`'.
 
 use rocgate::clock::Nanos;
 use rocgate::config::Config;
@@ -363,4 +364,28 @@ fn scheduled_event_runs_black_friday_for_its_half_hour() {
     );
     assert_eq!(limits(&r, 9.9), (200.0, 80.0, 20.0));
     assert_eq!(limits(&r, 10.0), (300.0, 80.0, 20.0));
+}
+
+/// shadow.toml: on the flash sale, `checkout` (shadow) admits everything and counts
+/// what `order`, the same limits enforced, rejects; `cart` (shadow_adaptive) rejects
+/// by its base limit alone and counts what its cut would have rejected on top.
+#[test]
+fn shadow_counts_what_enforcing_would_reject() {
+    let run = |route: &str| {
+        Simulator::new(example("shadow.toml"), Some(route))
+            .unwrap()
+            .run_profile(&Scenario::FlashSale.profile(), ArrivalModel::Uniform)
+            .unwrap()
+            .summary
+    };
+    let (checkout, order) = (run("checkout"), run("order"));
+    assert_eq!(checkout.admitted, checkout.offered);
+    assert!(order.rejected > 0);
+    assert_eq!(checkout.shadow_rejected, order.rejected);
+    assert_eq!(checkout.shadow_rejected_by_reason, order.rejected_by_reason);
+    let cart = run("cart");
+    assert_eq!(cart.cuts.len(), 1);
+    assert_eq!(cart.rejected, cart.rejected_by_reason.limit);
+    assert!(cart.shadow_rejected > 0);
+    assert_eq!(cart.shadow_rejected, cart.shadow_rejected_by_reason.roc_cut);
 }
