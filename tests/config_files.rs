@@ -2000,6 +2000,9 @@ fn store_section() {
     );
     assert_eq!(r.timeout, Duration::from_millis(50));
     assert_eq!(r.fail_mode, FailMode::Local);
+    // A fleet's example says the fleet's size: the default 1 would have every
+    // instance restarted during a Redis outage admit the whole limit.
+    assert_eq!(r.expected_instances, 3);
 
     let text = route(
         "[store]\nbackend = \"redis\"\nurl = \"redis://10.0.0.5:6380\"\ntimeout = \"20ms\"\n\
