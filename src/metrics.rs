@@ -56,6 +56,7 @@
 //! | `rocgate_store_errors_total` | counter | `kind` | shared-store calls that failed: `timeout`, `error` (none in local mode) |
 //! | `rocgate_store_fallback_total` | counter | `route` | decisions on distributed routes taken locally because the store could not answer (at 0 from the start, in `rocgate serve`) |
 //! | `rocgate_store_requests_total` | counter | `route`, `decision` | decisions on the shared state: `admitted`, `rejected`, `shadow_rejected` (each at 0 from the start, in `rocgate serve`) |
+//! | `rocgate_store_controllers_carried_total` | counter | `route` | shared controllers Redis had lost (restarted empty, flushed, the route's keys evicted or expired) mid-cut that a call of this instance carried over from what it last saw, cut or recovering (at 0 from the start, in `rocgate serve`; summed over the fleet, one a loss) |
 //! | `rocgate_store_limit_rps` | gauge | `route` | the shared limit, as this instance last saw it (in exact mode, this instance's base limit in force where that is lower: the limit Redis decided its last request at); in `rocgate serve`, before the instance's first decision on the route, its base limit in force, as the store starts it |
 //! | `rocgate_store_roc` | gauge | `route` | ROC of the last slot the shared controller observed (the fleet's traffic, in the route's `roc_mode`), as this instance last saw it |
 //! | `rocgate_store_demand_rps` | gauge | `route` | the fleet's demand, req/s: every instance's arrivals in the later half of the shared window, as the shared controller last stepped on them (the slot whose ROC is `rocgate_store_roc`), as Redis's last answer to this instance gave it; `rocgate_demand_rps` keeps this instance's own |
@@ -155,6 +156,8 @@ pub const STORE_ERRORS: &str = "rocgate_store_errors_total";
 pub const STORE_FALLBACK: &str = "rocgate_store_fallback_total";
 /// `rocgate_store_requests_total`.
 pub const STORE_REQUESTS: &str = "rocgate_store_requests_total";
+/// `rocgate_store_controllers_carried_total`.
+pub const STORE_CARRIED: &str = "rocgate_store_controllers_carried_total";
 /// `rocgate_store_limit_rps`.
 pub const STORE_LIMIT: &str = "rocgate_store_limit_rps";
 /// `rocgate_store_roc`.
@@ -167,7 +170,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 46] = [
+pub const ALL: [&str; 47] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -209,6 +212,7 @@ pub const ALL: [&str; 46] = [
     STORE_ERRORS,
     STORE_FALLBACK,
     STORE_REQUESTS,
+    STORE_CARRIED,
     STORE_LIMIT,
     STORE_ROC,
     STORE_DEMAND,
@@ -362,6 +366,10 @@ pub fn describe() {
         "Decisions on distributed routes taken locally because the store could not answer."
     );
     describe_counter!(STORE_REQUESTS, "Decisions on the shared state.");
+    describe_counter!(
+        STORE_CARRIED,
+        "Shared controllers Redis had lost (restarted empty, flushed, keys evicted or expired) that a call of this instance carried over from what it last saw, cut or recovering."
+    );
     describe_gauge!(STORE_LIMIT, "The shared limit as last seen, req/s.");
     describe_gauge!(
         STORE_ROC,

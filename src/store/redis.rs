@@ -899,6 +899,9 @@ struct SharedRoute {
     rejected: Counter,
     shadow_rejected: Counter,
     fallbacks: Counter,
+    /// `rocgate_store_controllers_carried_total`: answers whose call carried this
+    /// instance's [`Seed`] into a controller Redis had lost.
+    carried: Counter,
     limit_gauge: Gauge,
     /// Batched mode: arrivals since the last sync.
     pending: AtomicU64,
@@ -1572,6 +1575,7 @@ impl RedisStore {
                     .increment(0);
             }
             metrics::counter!(metric::STORE_FALLBACK, "route" => route()).increment(0);
+            carried_counter(&name);
             metrics::gauge!(metric::STORE_LIMIT, "route" => route()).set(view.limit_rps);
             undecided.insert(name);
         }
@@ -1844,6 +1848,7 @@ impl Inner {
             rejected: counter("rejected"),
             shadow_rejected: counter("shadow_rejected"),
             fallbacks: metrics::counter!(metric::STORE_FALLBACK, "route" => label.to_string()),
+            carried: carried_counter(&label),
             limit_gauge: metrics::gauge!(metric::STORE_LIMIT, "route" => label.to_string()),
             pending: AtomicU64::new(0),
             missed: AtomicBool::new(false),
@@ -2030,6 +2035,7 @@ impl Inner {
         if reply.seeded {
             // This call found the controller gone and carried over what this instance
             // last saw: no transition says it either.
+            r.carried.increment(1);
             tracing::warn!(
                 route = r.name.as_ref(),
                 state = state_of(reply.state).as_str(),
@@ -2819,6 +2825,14 @@ fn float(v: &Value) -> Option<f64> {
         Value::Double(d) => Some(*d),
         _ => None,
     }
+}
+
+/// A route's `rocgate_store_controllers_carried_total`, at 0 from when it is first
+/// asked for (so that `increase` counts the first carry-over).
+fn carried_counter(route: &str) -> Counter {
+    let counter = metrics::counter!(metric::STORE_CARRIED, "route" => route.to_string());
+    counter.increment(0);
+    counter
 }
 
 fn state_of(index: u8) -> ControllerState {

@@ -1127,3 +1127,61 @@ async fn a_leave_waits_for_a_decision_carrying_a_debt() {
     );
     drop(silent);
 }
+
+/// A DECIDE answer in state `state` (1 cut), whose call wrote its seed if `seeded`.
+fn an_answer(state: i64, seeded: bool) -> Reply {
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let mut answer = vec![
+        Value::Int(1),
+        Value::Int(0),
+        text("60"),
+        Value::Int(state),
+        Value::Int(5_000_000),
+        Value::Int(50),
+        text("90"),
+        text("12"),
+        Value::Nil,
+        Value::Nil,
+        Value::Nil,
+    ];
+    if seeded {
+        answer.push(Value::Int(1));
+    }
+    Reply::parse(Value::Array(answer)).unwrap()
+}
+
+/// Each answer whose call carried its instance's view of a controller Redis had lost
+/// counts once in `rocgate_store_controllers_carried_total{route}`, which is at 0
+/// from the route's first call: an operator alerts on it, where only a warning in
+/// the log said that Redis lost a cut mid-spike. An answer on the carried controller
+/// (not seeded) counts nothing.
+#[cfg(feature = "proxy")]
+#[tokio::test]
+async fn a_controller_carried_over_is_counted() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let engine = order_engine(1);
+    let (_, r) = metrics::with_local_recorder(&recorder, || order_of(&store, &engine, Nanos::ZERO));
+    let carried = || {
+        handle
+            .render()
+            .lines()
+            .find(|l| l.starts_with(r#"rocgate_store_controllers_carried_total{route="order"}"#))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(carried().as_deref(), Some("0"));
+    let params = ControllerParams::default();
+    store
+        .inner
+        .absorb(&r, an_answer(1, true), &params, Nanos::from_secs(1));
+    store
+        .inner
+        .absorb(&r, an_answer(1, false), &params, Nanos::from_secs(2));
+    assert_eq!(carried().as_deref(), Some("1"));
+    store
+        .inner
+        .absorb(&r, an_answer(1, true), &params, Nanos::from_secs(3));
+    assert_eq!(carried().as_deref(), Some("2"));
+}
