@@ -810,8 +810,9 @@ struct Seed {
     state: u8,
     /// The limit last seen, req/s.
     limit_rps: f64,
-    /// When the state was entered (Redis's clock, ns), if this instance knows; else
-    /// Redis's now.
+    /// When the state was entered (Redis's clock, ns), if this instance knows (a
+    /// memory told it, or the answer that first showed the state, an upper bound);
+    /// else Redis's now.
     entered: Option<u64>,
     /// The ROC last seen (NaN, never answered, is sent as 0).
     roc: f64,
@@ -850,7 +851,9 @@ struct SharedRoute {
     seen_at: AtomicU64,
     /// When (Redis's clock, ns) the state [`entered_state`](Self::entered_state) was
     /// entered, as the last controller memory an answer carried, or a step this
-    /// instance stored, told it: what a [`Seed`] carries over.
+    /// instance stored, told it; else, for a state an answer without memory showed
+    /// after another, that answer's time (it was entered no later): what a [`Seed`]
+    /// carries over.
     entered: AtomicU64,
     /// The state whose entry `entered` tells ([`ControllerState::as_index`]; `Normal`
     /// when none told).
@@ -2031,6 +2034,13 @@ impl Inner {
             .or(reply.roll.as_ref().map(|roll| &roll.memory));
         if let Some(m) = memory.and_then(|m| m.memory.as_ref()) {
             r.note_entered(m);
+        } else if seen != reply.state {
+            // A state this instance had not seen, with no memory to say when it was
+            // entered: no later than this answer's time. What it noted of an earlier
+            // state (another cut's entry, the same state's index) is not this one's.
+            r.entered
+                .store(reply.now_us.saturating_mul(1000), Ordering::Relaxed);
+            r.entered_state.store(reply.state, Ordering::Relaxed);
         }
         if reply.seeded {
             // This call found the controller gone and carried over what this instance

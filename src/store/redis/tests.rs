@@ -1130,19 +1130,37 @@ async fn a_leave_waits_for_a_decision_carrying_a_debt() {
 
 /// A DECIDE answer in state `state` (1 cut), whose call wrote its seed if `seeded`.
 fn an_answer(state: i64, seeded: bool) -> Reply {
+    an_answer_at(state, seeded, 5_000_000, None)
+}
+
+/// A DECIDE answer at Redis's `now_us` in state `state`, admitted, whose call wrote
+/// its seed if `seeded`, with the controller's memory (the state entered at
+/// `entered`, ns) if given, as a refusal's answer carries it.
+fn an_answer_at(state: i64, seeded: bool, now_us: i64, entered: Option<u64>) -> Reply {
     let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let memory = entered.map_or(Value::Nil, |at| {
+        Value::Array(vec![
+            text("60"),
+            text(&state.to_string()),
+            text("49"),
+            text(&at.to_string()),
+            text(&at.to_string()),
+            Value::Nil,
+            text("90"),
+        ])
+    });
     let mut answer = vec![
         Value::Int(1),
         Value::Int(0),
         text("60"),
         Value::Int(state),
-        Value::Int(5_000_000),
+        Value::Int(now_us),
         Value::Int(50),
         text("90"),
         text("12"),
         Value::Nil,
         Value::Nil,
-        Value::Nil,
+        memory,
     ];
     if seeded {
         answer.push(Value::Int(1));
@@ -1184,4 +1202,35 @@ async fn a_controller_carried_over_is_counted() {
         .inner
         .absorb(&r, an_answer(1, true), &params, Nanos::from_secs(3));
     assert_eq!(carried().as_deref(), Some("2"));
+}
+
+/// What a call carries over of a cut is when this cut was entered, never an earlier
+/// cut's: an instance that learnt a cut's entry (at 4 s), then saw the route normal
+/// and cut again with no memory in its answers (its requests admitted) carried the
+/// first cut's entry with the second, whose `max_cut` then read as passed, and a
+/// controller Redis lost a moment into a cut restored at once. Without a memory, the
+/// entry is when an answer first showed the state (9 s, Redis's clock), not the
+/// time of the carry-over (a `max_cut` counted afresh from it, a cut held longer).
+#[tokio::test]
+async fn a_seed_carries_when_its_own_cut_was_entered() {
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let engine = order_engine(1);
+    let (_, r) = order_of(&store, &engine, Nanos::ZERO);
+    let params = ControllerParams::default();
+    let s = Nanos::from_secs;
+    let absorb = |reply, now| store.inner.absorb(&r, reply, &params, now);
+    absorb(an_answer_at(1, false, 5_000_000, Some(s(4).as_u64())), s(1));
+    assert_eq!(r.seed(&params, s(1)).unwrap().entered, Some(s(4).as_u64()));
+    absorb(an_answer_at(1, false, 6_000_000, None), s(2));
+    assert_eq!(
+        r.seed(&params, s(2)).unwrap().entered,
+        Some(s(4).as_u64()),
+        "the same cut"
+    );
+    absorb(an_answer_at(0, false, 8_000_000, None), s(4));
+    assert_eq!(r.seed(&params, s(4)), None);
+    absorb(an_answer_at(1, false, 9_000_000, None), s(5));
+    absorb(an_answer_at(1, false, 10_000_000, None), s(6));
+    let seed = r.seed(&params, s(6)).unwrap();
+    assert_eq!((seed.state, seed.entered), (1, Some(s(9).as_u64())));
 }
