@@ -2754,6 +2754,44 @@ async fn the_first_instance_to_carry_a_lost_cut_over_wins() {
     assert_eq!(stored, (1, 60.0));
 }
 
+/// Batched mode carries a cut Redis lost over as exact mode does: the slot's sync,
+/// the same script taking no token, carries what its instance last saw, and the first
+/// to find the controller gone writes it back; both instances then decide at their
+/// share of the cut limit, not of the base (the path was untested).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_that_redis_lost_is_carried_over_in_batched_mode() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let mut config = patient_config(&server, "carried-batched");
+    config.mode = SyncMode::Batched;
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+    flush(&mut conn);
+
+    let mut stored: (Option<u8>, Option<f64>) = (None, None);
+    for _ in 0..200 {
+        let _ = a.check().await;
+        let _ = b.check().await;
+        stored = hmget(&mut conn, "{carried-batched:order}:c", &["state", "limit"][..]);
+        if stored.0.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(stored, (Some(1), Some(60.0)), "the cut carried over");
+    // The next slot's syncs read it back.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    for i in [&a, &b] {
+        let _ = i.check().await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let _ = i.check().await;
+        assert_eq!(seen(i), (StoreMode::Shared, ControllerState::Cut, 60.0));
+    }
+}
+
 /// What an instance saw of a cut longer ago than the route's `max_cut` (its clock
 /// moved on, no answer since) is not carried over into a Redis that lost its state:
 /// the shared controller starts afresh at the base limit, as before.
@@ -6809,6 +6847,11 @@ async fn a_distributed_route_never_decided_has_its_store_series_from_the_start()
     );
     assert_eq!(
         sample(&text, "rocgate_store_fallback_total", &[route]).as_deref(),
+        Some("0"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "rocgate_store_controllers_carried_total", &[route]).as_deref(),
         Some("0"),
         "{text}"
     );
