@@ -2775,7 +2775,11 @@ async fn a_cut_that_redis_lost_is_carried_over_in_batched_mode() {
     for _ in 0..200 {
         let _ = a.check().await;
         let _ = b.check().await;
-        stored = hmget(&mut conn, "{carried-batched:order}:c", &["state", "limit"][..]);
+        stored = hmget(
+            &mut conn,
+            "{carried-batched:order}:c",
+            &["state", "limit"][..],
+        );
         if stored.0.is_some() {
             break;
         }

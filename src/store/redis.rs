@@ -808,7 +808,7 @@ impl Drop for Carried {
 struct Seed {
     /// [`ControllerState::as_index`]: cut or recovering.
     state: u8,
-    /// The limit last seen, req/s.
+    /// The limit last seen, req/s, within the cut and base limits in force.
     limit_rps: f64,
     /// When the state was entered (Redis's clock, ns), if this instance knows (a
     /// memory told it, or the answer that first showed the state, an upper bound);
@@ -955,7 +955,8 @@ impl SharedRoute {
 
     /// What a call at `now` carries for Redis to re-seed the shared controller with,
     /// should it find it gone: the state this instance last saw, if cut or
-    /// recovering, and told by an answer within the route's `max_cut` (see [`Seed`]).
+    /// recovering, and told by an answer within the route's `max_cut` (see [`Seed`]),
+    /// its limit brought within `params`' cut and base limits.
     fn seed(&self, params: &ControllerParams, now: Nanos) -> Option<Seed> {
         let state = self.state.load(Ordering::Relaxed);
         let seen_at = self.seen_at.load(Ordering::Relaxed);
@@ -970,7 +971,12 @@ impl SharedRoute {
             .filter(|&at| at > 0);
         Some(Seed {
             state,
-            limit_rps: self.seen_limit(),
+            // Within the parameters in force (a reload since the view may have raised
+            // the cut limit or lowered the base), as the first step would bring it.
+            limit_rps: self
+                .seen_limit()
+                .max(params.cut_limit_rps)
+                .min(params.base_limit_rps),
             entered,
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
         })

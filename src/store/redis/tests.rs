@@ -1234,3 +1234,28 @@ async fn a_seed_carries_when_its_own_cut_was_entered() {
     let seed = r.seed(&params, s(6)).unwrap();
     assert_eq!((seed.state, seed.entered), (1, Some(s(9).as_u64())));
 }
+
+/// The limit a call carries over is one the parameters in force take: a cut seen at
+/// 60 req/s, carried after a reload raised `cut_limit` to 80, goes back at 80, and
+/// under a base limit lowered to 50, at 50. The view was carried as seen, and the
+/// shared bucket refilled at 60 (below the cut limit in force) until the first step.
+#[tokio::test]
+async fn a_seed_carries_a_limit_within_the_parameters_in_force() {
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let engine = order_engine(1);
+    let (_, r) = order_of(&store, &engine, Nanos::ZERO);
+    let s = Nanos::from_secs;
+    let seen = ControllerParams::default();
+    store.inner.absorb(&r, an_answer(1, false), &seen, s(1));
+    let limit = |base_limit_rps, cut_limit_rps| {
+        let params = ControllerParams {
+            base_limit_rps,
+            cut_limit_rps,
+            ..ControllerParams::default()
+        };
+        r.seed(&params, s(2)).unwrap().limit_rps
+    };
+    assert_eq!(limit(200.0, 30.0), 60.0, "as seen");
+    assert_eq!(limit(200.0, 80.0), 80.0);
+    assert_eq!(limit(50.0, 40.0), 50.0);
+}
