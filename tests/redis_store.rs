@@ -2721,11 +2721,13 @@ async fn a_cut_that_redis_lost_is_carried_over_and_still_ends() {
     );
 }
 
-/// Two instances that last saw the route differently (one cut, the other recovering)
-/// after Redis lost its state: the first decision carries what its instance saw, and
-/// the other's reads that, not its own (one atomic script: the first to write wins).
+/// Two instances that last saw the route differently (one cut, the other recovering
+/// after it) after Redis lost its state: the first decision carries what its instance
+/// saw, and the other's, whose view is newer, carries its own over it; both then read
+/// the newer (one atomic script each: the newest view wins until the carried
+/// controller is stepped; the first to write won, a cut that had since moved on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_first_instance_to_carry_a_lost_cut_over_wins() {
+async fn the_newest_view_of_a_lost_cut_wins() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let mut conn = server.connection().unwrap();
@@ -2748,10 +2750,83 @@ async fn the_first_instance_to_carry_a_lost_cut_over_wins() {
 
     let _ = a.check().await;
     let _ = b.check().await;
-    assert_eq!(seen(&a), (StoreMode::Shared, ControllerState::Cut, 60.0));
-    assert_eq!(seen(&b), (StoreMode::Shared, ControllerState::Cut, 60.0));
+    let _ = a.check().await;
+    let recovering = (StoreMode::Shared, ControllerState::Recovering, 120.0);
+    assert_eq!(seen(&a), recovering);
+    assert_eq!(seen(&b), recovering);
     let stored: (u8, f64) = hmget(&mut conn, "{first:order}:c", &["state", "limit"][..]);
-    assert_eq!(stored, (1, 60.0));
+    assert_eq!(stored, (2, 120.0));
+}
+
+/// A cut that one instance last saw, but that the fleet restored since (the other
+/// instance saw the route normal after it), does not come back when Redis loses the
+/// controller: each call carries its view with when Redis answered it, and the newer
+/// one wins until the carried controller is stepped. The instance with the stale view
+/// called first and carried its cut back; the other then read the fleet cut again to
+/// 60 req/s, for a hold and a restore, with no spike (found by helper-216).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_the_fleet_restored_since_is_not_carried_back() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "restored");
+    let route = quick_route();
+    let (a, _clock_a) = Instance::manual(&route, &config);
+    let (b, _clock_b) = Instance::manual(&route, &config);
+    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+    let _ = a.check().await;
+    assert_eq!(seen(&a).1, ControllerState::Cut);
+    // The fleet restored (written by hand, as a step stores it): b sees it, a not.
+    hset(
+        &mut conn,
+        "{restored:order}:c",
+        &["state", "0", "limit", "200"][..],
+    );
+    let _ = b.check().await;
+    assert_eq!(
+        seen(&b),
+        (StoreMode::Shared, ControllerState::Normal, 200.0)
+    );
+    flush(&mut conn);
+
+    let _ = a.check().await;
+    let _ = b.check().await;
+    let _ = a.check().await;
+    for i in [&a, &b] {
+        assert_eq!(seen(i), (StoreMode::Shared, ControllerState::Normal, 200.0));
+    }
+    let stored: Option<u8> = hget(&mut conn, "{restored:order}:c", "state");
+    assert_ne!(stored, Some(1), "the stale cut carried back");
+}
+
+/// An instance whose only answer since Redis lost the controller found none (it
+/// started meanwhile, or called first) carries no view of it: its normal answer says
+/// nothing of the fleet's controller, and does not undo the cut that an instance which
+/// saw it carries over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_found_no_controller_is_no_view_to_carry() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = patient_config(&server, "no-view");
+    let route = quick_route();
+    let (a, _clock_a) = Instance::manual(&route, &config);
+    let (b, _clock_b) = Instance::manual(&route, &config);
+    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+    let _ = a.check().await;
+    assert_eq!(seen(&a).1, ControllerState::Cut);
+    flush(&mut conn);
+
+    let (c, _clock_c) = Instance::manual(&route, &config);
+    let _ = c.check().await;
+    assert_eq!(seen(&c).1, ControllerState::Normal, "afresh");
+    let _ = a.check().await;
+    let _ = c.check().await;
+    let _ = a.check().await;
+    assert_eq!(seen(&a).1, ControllerState::Cut);
+    assert_eq!(seen(&c).1, ControllerState::Cut);
+    let stored: Option<u8> = hget(&mut conn, "{no-view:order}:c", "state");
+    assert_eq!(stored, Some(1));
 }
 
 /// Batched mode carries a cut Redis lost over as exact mode does: the slot's sync,

@@ -179,7 +179,8 @@ end"
 ///   `slot_us` (the slot length, µs, that the slot numbers of the window and of
 ///   `through` count), `slots` (slots per window the controller last stepped on) and
 ///   `rate` (the fleet's demand, req/s, in the later half of the last window stepped:
-///   the sample whose ROC is `roc`).
+///   the sample whose ROC is `roc`); after Redis lost it, `view` and `seeded` (see
+///   `ARGV[10]` below).
 /// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` the calling
 ///   instance's base limit in force: the limit until the controller hash has one (a
 ///   stored `limit` that is no limit the config takes, such as `nan` or one below
@@ -200,17 +201,25 @@ end"
 ///   since the heartbeat's probe brought the route back, or, in batched mode, the
 ///   first call answered since a sync of the instance failed or was skipped, whose
 ///   arrivals were dropped): drops `through`, as below.
-/// - `ARGV[10]` to `ARGV[13]`, absent but from an instance that last saw the
-///   controller cut or recovering, recently (see `Seed`): that state (`1`|`2`),
-///   its limit, when it was entered (ns, Redis time; empty where the instance does
-///   not know) and its ROC. Where the controller hash holds no step (no `roc`: Redis
-///   restarted empty, was flushed, or the key was evicted or expired), the call
-///   writes them into it (`entered` now where empty), rearmed for one window from
+/// - `ARGV[10]` to `ARGV[14]`, absent but from an instance that saw the controller
+///   stepped, recently (see `Seed`): the state it saw (`0`|`1`|`2`), its limit, when
+///   it was entered (ns, Redis time; empty where the instance does not know), its ROC
+///   and when that view was answered (µs, Redis time). Where the controller hash
+///   holds no step (no `roc`: Redis restarted empty, was flushed, or the key was
+///   evicted or expired), or holds a step carried over that has not been stepped
+///   since (`seeded`, the `through` it was carried at, still `through`), a view newer
+///   than the newest carried so far (`view`) is carried: a cut or a restore is
+///   written into the hash (`entered` now where empty), rearmed for one window from
 ///   now (`armed`; no `safe`), `through` the slot before now: the controller goes on
 ///   from what the instance saw rather than afresh at the base limit, and a step
 ///   handed out on the hash as it was before (whose `through` was another, or none)
-///   cannot be stored over it. One script: the first call to find the hash without
-///   a step writes it, the others read it.
+///   cannot be stored over it (a view of the state carried already leaves it as it
+///   is: one carry-over, one warning); a normal view removes a step carried over (the
+///   hash holds no step again: afresh, at the base limit). Either way `view` records
+///   it, so
+///   that an older view, come later, changes nothing: a cut that one instance last
+///   saw does not come back over the restore that another saw after it. One script:
+///   the newest view to call before the carried controller is stepped wins.
 ///
 /// A call whose slot length differs from `slot_us` (a reload, or a release, changed
 /// the route's slot) starts the window afresh: slot numbers counted in another length
@@ -265,7 +274,7 @@ end"
 /// count that is no count, such as `nan`, which `HINCRBY` never stores).
 ///
 /// Returns `{admit (1|0), wait µs, limit, state, now µs, slot, roc, tokens, roll,
-/// rate, memory, seeded}`; `limit` is the one the call was decided at (the stored one, or
+/// rate, memory, seeded, view}`; `limit` is the one the call was decided at (the stored one, or
 /// `ARGV[3]` if lower); `tokens` is the bucket's level after this call (nil when
 /// `ARGV[7]` is `0`); `roll` is nil but for the call that observed a new slot: `{lo,
 /// counts of slots lo..cur (or lo..slot-1, whichever ends first; none when `cur` is
@@ -277,8 +286,11 @@ end"
 /// that was refused or took no token (batched mode): the controller fields as in
 /// `roll`, from which the caller tells when the limit will next rise (the
 /// `Retry-After` of a rejection for a cut); `seeded` is `1` if this call wrote the
-/// caller's seed (`ARGV[10]`) into the controller hash (`memory` then nil where it
-/// has none), and absent otherwise.
+/// caller's cut or restore (`ARGV[10]`) into the controller hash (`memory` then nil
+/// where it has none); `view` is the `view` of a controller carried over and not
+/// stepped since: the time of the view it was carried from, which is what an answer
+/// on it tells (an answer's own time would make each a newer view, carried again
+/// and rearmed at each call, never stepped). Both are absent otherwise.
 pub const DECIDE: &str = concat!(
     bucket_lua!(),
     r"
@@ -288,7 +300,7 @@ local slot_us = tonumber(ARGV[1])
 local slots = tonumber(ARGV[2])
 local ttl = ARGV[5]
 local slot = math.floor(now / slot_us)
-local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots', 'rate')
+local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots', 'rate', 'view', 'seeded')
 local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
 if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
   if ctl[8] and ctl[8] ~= ARGV[1] then
@@ -317,17 +329,30 @@ if ctl[3] and (ARGV[9] == '1' or not (stored_through and stored_through >= 0 and
 end
 if ctl[3] then ctl[3] = string.format('%.0f', stored_through) end
 local seeded = false
-if ARGV[10] and not ctl[7] then
-  local entered = ARGV[12]
-  if entered == '' then entered = string.format('%.0f', now) .. '000' end
-  local armed = string.format('%.0f', now + slot_us * slots) .. '000'
-  local through = string.format('%.0f', slot - 1)
-  redis.call('HSET', KEYS[3], 'limit', ARGV[11], 'state', ARGV[10], 'entered', entered,
-    'armed', armed, 'roc', ARGV[13], 'through', through, 'slot_us', ARGV[1], 'slots', ARGV[2])
-  redis.call('HDEL', KEYS[3], 'safe')
+local view = tonumber(ARGV[14])
+local unstepped = ctl[7] and ctl[3] and tonumber(ctl[12]) == tonumber(ctl[3])
+if view and (not ctl[7] or unstepped) and not (tonumber(ctl[11]) and tonumber(ctl[11]) >= view) then
+  redis.call('HSET', KEYS[3], 'view', ARGV[14])
   redis.call('PEXPIRE', KEYS[3], ttl)
-  ctl = {ARGV[11], ARGV[10], through, entered, armed, false, ARGV[13], ARGV[1], ARGV[2], ctl[10]}
-  seeded = true
+  if ARGV[10] == '0' then
+    if ctl[7] then
+      redis.call('HDEL', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'seeded')
+      ctl = {false, false, false, false, false, false, false, ctl[8], ctl[9], ctl[10]}
+      unstepped = false
+    end
+  elseif not (ctl[7] and ctl[2] == ARGV[10]) then
+    local entered = ARGV[12]
+    if entered == '' then entered = string.format('%.0f', now) .. '000' end
+    local armed = string.format('%.0f', now + slot_us * slots) .. '000'
+    local through = string.format('%.0f', slot - 1)
+    redis.call('HSET', KEYS[3], 'limit', ARGV[11], 'state', ARGV[10], 'entered', entered,
+      'armed', armed, 'roc', ARGV[13], 'through', through, 'slot_us', ARGV[1], 'slots', ARGV[2],
+      'seeded', through)
+    redis.call('HDEL', KEYS[3], 'safe')
+    ctl = {ARGV[11], ARGV[10], through, entered, armed, false, ARGV[13], ARGV[1], ARGV[2], ctl[10], ARGV[14], through}
+    seeded = true
+    unstepped = true
+  end
 end
 local limit = shared_limit(ctl[1], tonumber(ARGV[3]))
 local roll = false
@@ -386,9 +411,10 @@ local state = tonumber(ctl[2])
 if state ~= 1 and state ~= 2 then state = 0 end
 local result = {admit, wait, string.format('%.17g', limit), state, now, slot, ctl[7], level, roll, ctl[10]}
 if state ~= 0 and (admit == 0 or ARGV[7] ~= '1') then result[11] = ctl end
-if seeded then
+if unstepped then
   result[11] = result[11] or false
-  result[12] = 1
+  result[12] = seeded and 1 or false
+  result[13] = ctl[11]
 end
 return result
 "
@@ -794,19 +820,23 @@ impl Drop for Carried {
     }
 }
 
-/// What an instance last saw of a shared controller that was cut or recovering, sent
-/// with each call ([`DECIDE`]'s `ARGV[10]` to `ARGV[13]`) so that Redis, should it
-/// have lost the controller (restarted empty, flushed, its key evicted or expired),
-/// continues it from there rather than afresh at the base limit in the middle of the
-/// spike that cut it. Only while the instance's last answer on the route is no older
-/// than the route's `max_cut`: the longest a cut holds whatever the traffic, past
-/// which what was seen says nothing of the cut now. Continued as the controller
-/// continues a stored one: rearmed for one window (the window is empty; its refill
-/// would read as a rise), a cut then restoring after `hold` of calm (or at once if
-/// `max_cut` has passed since `entered`), a restore on its schedule.
+/// What an instance last saw of a shared controller, sent with each call
+/// ([`DECIDE`]'s `ARGV[10]` to `ARGV[14]`) so that Redis, should it have lost the
+/// controller (restarted empty, flushed, its key evicted or expired), continues a
+/// cut or a restore from there rather than afresh at the base limit in the middle of
+/// the spike that cut it. Only while the instance's last answer on the route is no
+/// older than the route's `max_cut`: the longest a cut holds whatever the traffic,
+/// past which what was seen says nothing of the cut now; and only a view a stored
+/// step told (an answer that found no step says nothing of the fleet's controller).
+/// Continued as the controller continues a stored one: rearmed for one window (the
+/// window is empty; its refill would read as a rise), a cut then restoring after
+/// `hold` of calm (or at once if `max_cut` has passed since `entered`), a restore on
+/// its schedule. A normal view is carried too, so that the newest view wins: a cut
+/// seen before the fleet restored, carried by an instance whose view is stale, is
+/// undone by one that saw the restore, until the carried controller is stepped.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Seed {
-    /// [`ControllerState::as_index`]: cut or recovering.
+    /// [`ControllerState::as_index`].
     state: u8,
     /// The limit last seen, req/s, within the cut and base limits in force.
     limit_rps: f64,
@@ -816,6 +846,9 @@ struct Seed {
     entered: Option<u64>,
     /// The ROC last seen (NaN, never answered, is sent as 0).
     roc: f64,
+    /// When (Redis's clock, µs) the answer that told this view came: the newest view
+    /// of those carried wins.
+    view_us: u64,
 }
 
 /// A route's shared state as one instance sees it.
@@ -849,6 +882,10 @@ struct SharedRoute {
     /// When (this instance's clock, ns) an answer last told `limit` and `state`; 0
     /// before any.
     seen_at: AtomicU64,
+    /// When (Redis's clock, µs) that answer came, if it read a stored step; 0 if it
+    /// found none (Redis had lost the controller, or no instance had stepped it): the
+    /// view a [`Seed`] carries, and how new it is.
+    view_us: AtomicU64,
     /// When (Redis's clock, ns) the state [`entered_state`](Self::entered_state) was
     /// entered, as the last controller memory an answer carried, or a step this
     /// instance stored, told it; else, for a state an answer without memory showed
@@ -954,13 +991,14 @@ impl SharedRoute {
     }
 
     /// What a call at `now` carries for Redis to re-seed the shared controller with,
-    /// should it find it gone: the state this instance last saw, if cut or
-    /// recovering, and told by an answer within the route's `max_cut` (see [`Seed`]),
-    /// its limit brought within `params`' cut and base limits.
+    /// should it find it gone: the state this instance last saw, told by an answer
+    /// on a stored step within the route's `max_cut` (see [`Seed`]), its limit
+    /// brought within `params`' cut and base limits.
     fn seed(&self, params: &ControllerParams, now: Nanos) -> Option<Seed> {
         let state = self.state.load(Ordering::Relaxed);
         let seen_at = self.seen_at.load(Ordering::Relaxed);
-        if state == ControllerState::Normal.as_index()
+        let view_us = self.view_us.load(Ordering::Relaxed);
+        if view_us == 0
             || seen_at == 0
             || now.saturating_since(Nanos::new(seen_at)) > params.max_cut
         {
@@ -979,6 +1017,7 @@ impl SharedRoute {
                 .min(params.base_limit_rps),
             entered,
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
+            view_us,
         })
     }
 
@@ -1839,6 +1878,7 @@ impl Inner {
             limit: AtomicU64::new(base.to_bits()),
             state: AtomicU8::new(ControllerState::Normal.as_index()),
             seen_at: AtomicU64::new(0),
+            view_us: AtomicU64::new(0),
             entered: AtomicU64::new(0),
             entered_state: AtomicU8::new(ControllerState::Normal.as_index()),
             // Not known before Redis answers (see [`SharedView::roc`]).
@@ -1875,6 +1915,7 @@ impl Inner {
                 (&r.tokens, &old.tokens),
                 (&r.tokens_at, &old.tokens_at),
                 (&r.seen_at, &old.seen_at),
+                (&r.view_us, &old.view_us),
                 (&r.entered, &old.entered),
             ] {
                 to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -1977,7 +2018,8 @@ impl Inner {
                 .arg(seed.state)
                 .arg(format!("{:?}", seed.limit_rps))
                 .arg(seed.entered.map_or_else(String::new, |at| at.to_string()))
-                .arg(format!("{roc:?}"));
+                .arg(format!("{roc:?}"))
+                .arg(seed.view_us);
         }
         let answer =
             tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
@@ -2034,6 +2076,12 @@ impl Inner {
         r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
         let seen = r.state.swap(reply.state, Ordering::Relaxed);
         r.seen_at.store(now.as_u64().max(1), Ordering::Relaxed);
+        let view_us = match reply.carried_view_us {
+            _ if reply.afresh => 0,
+            Some(carried) => carried.max(1),
+            None => reply.now_us.max(1),
+        };
+        r.view_us.store(view_us, Ordering::Relaxed);
         let memory = reply
             .memory
             .as_ref()
@@ -2692,6 +2740,9 @@ struct Reply {
     afresh: bool,
     /// Whether this call wrote its [`Seed`] into a controller hash that held no step.
     seeded: bool,
+    /// Of a controller carried over and not stepped since: when (Redis's clock, µs)
+    /// the view it was carried from was answered, the time of what this answer tells.
+    carried_view_us: Option<u64>,
     /// The shared bucket's level after the call (when it took a token).
     tokens: Option<f64>,
     roll: Option<Roll>,
@@ -2746,6 +2797,10 @@ impl Reply {
             _ => None,
         };
         let seeded = next().as_ref().and_then(int) == Some(1);
+        let carried_view_us = next()
+            .as_ref()
+            .and_then(int)
+            .and_then(|v| u64::try_from(v).ok());
         (limit.is_finite() && limit > 0.0).then_some(Reply {
             admit,
             wait_us,
@@ -2757,6 +2812,7 @@ impl Reply {
             rate,
             afresh,
             seeded,
+            carried_view_us,
             tokens,
             roll,
             memory,

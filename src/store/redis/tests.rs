@@ -1228,7 +1228,7 @@ async fn a_seed_carries_when_its_own_cut_was_entered() {
         "the same cut"
     );
     absorb(an_answer_at(0, false, 8_000_000, None), s(4));
-    assert_eq!(r.seed(&params, s(4)), None);
+    assert_eq!(r.seed(&params, s(4)).unwrap().state, 0);
     absorb(an_answer_at(1, false, 9_000_000, None), s(5));
     absorb(an_answer_at(1, false, 10_000_000, None), s(6));
     let seed = r.seed(&params, s(6)).unwrap();
@@ -1258,4 +1258,32 @@ async fn a_seed_carries_a_limit_within_the_parameters_in_force() {
     assert_eq!(limit(200.0, 30.0), 60.0, "as seen");
     assert_eq!(limit(200.0, 80.0), 80.0);
     assert_eq!(limit(50.0, 40.0), 50.0);
+}
+
+/// An answer that found no step stored (Redis lost the controller, or none stepped it
+/// yet) leaves its instance no view to carry: it says nothing of the fleet's
+/// controller, and carried as a normal view it would undo a cut another instance
+/// carried over.
+#[tokio::test]
+async fn an_answer_that_found_no_step_leaves_no_seed() {
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let engine = order_engine(1);
+    let (_, r) = order_of(&store, &engine, Nanos::ZERO);
+    let params = ControllerParams::default();
+    let s = Nanos::from_secs;
+    store.inner.absorb(&r, an_answer(1, false), &params, s(1));
+    assert_eq!(r.seed(&params, s(1)).unwrap().view_us, 5_000_000);
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let afresh = Reply::parse(Value::Array(vec![
+        Value::Int(1),
+        Value::Int(0),
+        text("200"),
+        Value::Int(0),
+        Value::Int(6_000_000),
+        Value::Int(60),
+        Value::Nil,
+    ]))
+    .unwrap();
+    store.inner.absorb(&r, afresh, &params, s(2));
+    assert_eq!(r.seed(&params, s(2)), None);
 }
