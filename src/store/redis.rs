@@ -1623,7 +1623,7 @@ impl RedisStore {
                     .increment(0);
             }
             metrics::counter!(metric::STORE_FALLBACK, "route" => route()).increment(0);
-            carried_counter(&name);
+            let _at_zero = carried_counter(&name);
             metrics::gauge!(metric::STORE_LIMIT, "route" => route()).set(view.limit_rps);
             undecided.insert(name);
         }
@@ -2899,8 +2899,8 @@ fn float(v: &Value) -> Option<f64> {
     }
 }
 
-/// A route's `rocgate_store_controllers_carried_total`, at 0 from when it is first
-/// asked for (so that `increase` counts the first carry-over).
+/// A route's `rocgate_store_controllers_carried_total`, set at 0 if it has no
+/// series yet (so that `increase` counts the first carry-over).
 fn carried_counter(route: &str) -> Counter {
     let counter = metrics::counter!(metric::STORE_CARRIED, "route" => route.to_string());
     counter.increment(0);
