@@ -2829,6 +2829,31 @@ async fn an_answer_that_found_no_controller_is_no_view_to_carry() {
     assert_eq!(stored, Some(1));
 }
 
+/// On a cluster, a route's controller key evicted alone mid-cut (`DEL` on the master
+/// holding it; its window and bucket kept) is carried over by the same script, as on
+/// one server: the first decision of an instance that saw the cut writes it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_whose_key_a_cluster_master_lost_is_carried_over() {
+    let cluster = RedisCluster::start().await;
+    let config = store_config(&cluster, "carried-cluster");
+    let route = quick_route();
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+    let key = "{carried-cluster:order}:c";
+    let owner = &cluster.nodes[cluster.owner(key)];
+    let deleted: i64 = owner.query(redis::cmd("DEL").arg(key)).unwrap();
+    assert_eq!(deleted, 1);
+
+    let _ = a.check().await;
+    let stored: (Option<u8>, Option<f64>) = owner
+        .query(redis::cmd("HMGET").arg(key).arg("state").arg("limit"))
+        .unwrap();
+    assert_eq!(stored, (Some(1), Some(60.0)), "the cut carried over");
+    let _ = b.check().await;
+    assert_eq!(seen(&b), (StoreMode::Shared, ControllerState::Cut, 60.0));
+}
+
 /// Batched mode carries a cut Redis lost over as exact mode does: the slot's sync,
 /// the same script taking no token, carries what its instance last saw, and the first
 /// to find the controller gone writes it back; both instances then decide at their
