@@ -69,7 +69,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -310,12 +310,20 @@ pub(crate) const RECLAIM_AT_MOST: usize = 32;
 #[derive(Debug, Default)]
 pub(crate) struct Reclaimable {
     serving: Mutex<Serving>,
-    /// Whether a connection waits at the cap that no connection was asked to make room
-    /// for: the first connection to go idle makes it.
-    wanted: AtomicBool,
+    /// Whether a connection waits at the cap ([`WAITING`]), and whether no connection
+    /// was asked to make room for it ([`WANTED`]): the first connection to go idle then
+    /// makes it. One word, so that an ask passed on ([`Asked`]) wants room only while
+    /// a connection waits: passed on after the room was made, it would close the next
+    /// connection to go idle, however long after and with no connection waiting.
+    room: AtomicU8,
     /// Connections closed to make room.
     reclaimed: AtomicU64,
 }
+
+/// [`Reclaimable`]'s `room`: a connection waits at the cap.
+const WAITING: u8 = 1;
+/// [`Reclaimable`]'s `room`: room is wanted that no connection was asked to make.
+const WANTED: u8 = 2;
 
 /// The connections registered, by index, and the indices free.
 #[derive(Debug, Default)]
@@ -388,7 +396,7 @@ impl Reclaimable {
     pub(crate) fn make_room(&self) -> usize {
         // Wanted before the look: a connection that goes idle during it closes, rather
         // than be missed by both.
-        self.wanted.store(true, Ordering::SeqCst);
+        self.room.store(WAITING | WANTED, Ordering::SeqCst);
         let serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
         let mut idle: Vec<(Instant, usize)> = serving
             .entries
@@ -405,7 +413,7 @@ impl Reclaimable {
         if idle.is_empty() {
             return 0;
         }
-        self.wanted.store(false, Ordering::Relaxed);
+        self.room.fetch_and(!WANTED, Ordering::Relaxed);
         let asked = (idle.len() / 8).clamp(1, RECLAIM_AT_MOST);
         if asked < idle.len() {
             idle.select_nth_unstable(asked - 1);
@@ -425,7 +433,7 @@ impl Reclaimable {
 
     /// The connection that waited at the cap has its place: no room is wanted.
     pub(crate) fn made_room(&self) {
-        self.wanted.store(false, Ordering::Relaxed);
+        self.room.store(0, Ordering::SeqCst);
     }
 }
 
@@ -484,22 +492,29 @@ impl Future for Asked<'_> {
             this.waker_set = true;
         }
         let asked = reclaim.asked.load(Ordering::Acquire);
-        if !asked && !registry.wanted.load(Ordering::SeqCst) {
+        if !asked && registry.room.load(Ordering::SeqCst) & WANTED == 0 {
             return Poll::Pending;
         }
         if reclaim.idle_since().is_none() {
-            // Busy again since the loop looked: the next to go idle makes the room.
+            // Busy again since the loop looked: the next to go idle makes the room, if
+            // a connection still waits for it.
             if asked {
                 reclaim.asked.store(false, Ordering::Relaxed);
-                registry.wanted.store(true, Ordering::SeqCst);
+                let _ = registry
+                    .room
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |room| {
+                        (room & WAITING != 0).then_some(room | WANTED)
+                    });
             }
             return Poll::Pending;
         }
         if !asked {
-            let wanted =
-                registry
-                    .wanted
-                    .compare_exchange(true, false, Ordering::SeqCst, Ordering::Relaxed);
+            let wanted = registry.room.compare_exchange(
+                WAITING | WANTED,
+                WAITING,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            );
             if wanted.is_err() {
                 return Poll::Pending;
             }
@@ -1791,6 +1806,31 @@ mod tests {
         assert!(!closes(&first_registered));
         registry.made_room();
         assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ask_passed_on_after_the_room_was_made_closes_no_connection() {
+        let registry = Arc::<Reclaimable>::default();
+        let (first, _, first_registered) = served_one(&registry);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let (_second, _, second_registered) = served_one(&registry);
+        assert_eq!(registry.make_room(), 1, "the first, idle longest");
+        // Busy again before its task looks, and the connection waiting has its place
+        // meanwhile (another closed): the ask it passes on finds no room wanted.
+        let request = first.begin();
+        registry.made_room();
+        assert!(!closes(&first_registered));
+        // The next to go idle, or idle already, is not closed: no connection waits.
+        assert!(!closes(&second_registered));
+        drop(request);
+        assert!(!closes(&first_registered));
+        assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 0);
+        // Room wanted again is made by the first to go idle, once.
+        let request = first.begin();
+        assert_eq!(registry.make_room(), 1, "the second");
+        assert!(closes(&second_registered));
+        drop(request);
+        assert!(!closes(&first_registered));
     }
 
     #[tokio::test(start_paused = true)]

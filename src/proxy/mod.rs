@@ -978,7 +978,12 @@ impl Proxy {
                     tracing::debug!(asked, "idle connections asked to close to make room");
                     let place = tokio::select! {
                         place = connections.acquire() => place,
-                        () = &mut shutdown => break,
+                        () = &mut shutdown => {
+                            // No connection waits: those going idle as they close at
+                            // shutdown are not counted as closed to make room.
+                            reclaimable.made_room();
+                            break;
+                        }
                     };
                     reclaimable.made_room();
                     place
