@@ -1432,6 +1432,47 @@ async fn an_admin_connection_idle_past_header_read_timeout_serves_its_next_reque
     p.stop().await;
 }
 
+/// With every admin place held by an idle keep-alive connection (a scraper that pools
+/// many), a new connection is served at once: the idle one longest is closed to make
+/// room, as the proxy's are, not after `idle_timeout` (75 s), long enough for a
+/// liveness probe on `/healthz` to fail; before `idle_timeout` held them, such a
+/// connection closed at `header_read_timeout`. The one closed sees a clean end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_connection_at_the_cap_is_served_while_the_others_idle() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn healthz(stream: &mut tokio::net::TcpStream) {
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.ends_with(b"\r\n\r\nok") {
+            let n = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf))
+                .await
+                .expect("an answer within 1 s")
+                .unwrap();
+            assert_ne!(n, 0, "closed before its answer: {got:?}");
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+    let p = start(None).await;
+    let max = 256;
+    let mut idle = Vec::new();
+    for _ in 0..max {
+        let mut stream = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+        healthz(&mut stream).await;
+        idle.push(stream);
+    }
+    let mut fresh = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    healthz(&mut fresh).await;
+    // The oldest was closed for it, after its answer: it reads the end.
+    let mut buf = [0u8; 16];
+    let end = tokio::time::timeout(Duration::from_secs(5), idle[0].read(&mut buf)).await;
+    assert!(matches!(end, Ok(Ok(0))), "a clean end: {end:?}");
+    p.stop().await;
+}
+
 /// A route left silent in a cut reads where its controller stands now, in the admin
 /// API and in `/metrics`, without waiting for the periodic upkeep.
 #[tokio::test]

@@ -20,11 +20,12 @@
 //! Its connections are served as the proxy's are: a request head must come within
 //! `header_read_timeout` of its first byte (slowloris), a keep-alive connection with
 //! no request for `idle_timeout` is closed, and at most [`MAX_CONNECTIONS`] are open
-//! at once (further ones wait in the listen backlog). Each is a file descriptor of the process
+//! at once (further ones wait in the listen backlog, while those idle longest are
+//! closed to make room). Each is a file descriptor of the process
 //! that accepts the proxy's clients, and the admin API is often opened to a
 //! Prometheus on another host.
 
-use super::connections::{Activity, HeadTimer, Watched, WriteStall};
+use super::connections::{Activity, HeadTimer, Reclaimable, Watched, WriteStall};
 use super::hints::Advisor;
 use super::{ReloadError, Reloader, RouteChangeError};
 use crate::clock::Nanos;
@@ -113,7 +114,10 @@ const DRAIN: Duration = Duration::from_secs(1);
 /// `run`. A connection's request heads are timed as the proxy's clients' are
 /// ([`HeadTimer`](super::connections::HeadTimer)): `header_read_timeout` from a head's
 /// first byte, the wait for the next request on a keep-alive connection bounded by
-/// `idle_timeout`, after which the connection is closed gracefully.
+/// `idle_timeout`, after which the connection is closed gracefully. At the cap, a
+/// connection accepted waits for a place while the connections idle longest are
+/// closed to make room ([`Reclaimable`]): idle keep-alive connections would
+/// otherwise hold every place, `/healthz` included, for up to `idle_timeout`.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
@@ -124,18 +128,12 @@ pub(crate) async fn serve(
 ) {
     use tower::ServiceExt as _;
     let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let reclaimable = Arc::<Reclaimable>::default();
     let (stop, stopping) = watch::channel(());
     let (end, ended) = watch::channel(());
     let mut accept_failures = super::AcceptFailures::default();
     tokio::pin!(stopped);
     loop {
-        let place = tokio::select! {
-            place = Arc::clone(&places).acquire_owned() => match place {
-                Ok(place) => place,
-                Err(_) => break,
-            },
-            () = &mut stopped => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -152,19 +150,40 @@ pub(crate) async fn serve(
             },
             () = &mut stopped => break,
         };
+        let place = match Arc::clone(&places).try_acquire_owned() {
+            Ok(place) => place,
+            // At the cap: this connection waits for a place while the connections idle
+            // longest are asked to close, as the proxy's are.
+            Err(_) => {
+                reclaimable.make_room();
+                let place = tokio::select! {
+                    place = Arc::clone(&places).acquire_owned() => place,
+                    () = &mut stopped => {
+                        reclaimable.made_room();
+                        break;
+                    }
+                };
+                reclaimable.made_room();
+                match place {
+                    Ok(place) => place,
+                    Err(_) => break,
+                }
+            }
+        };
         let router = for_connection(&router, peer.ip());
+        let reclaimable = Arc::clone(&reclaimable);
         let mut builder = builder.clone();
         let arrivals = HeadTimer::time_heads(&mut builder, header_read_timeout);
         let mut stopping = stopping.clone();
         let mut ended = ended.clone();
         let connection = async move {
-            if super::protocol_known_within(&stream, header_read_timeout)
-                .await
-                .is_none()
-            {
+            let Some(protocol) = super::protocol_known_within(&stream, header_read_timeout).await
+            else {
                 return;
-            }
+            };
             let activity = Activity::new();
+            let head = (protocol == super::Protocol::Http1).then(|| Arc::clone(&arrivals));
+            let registered = reclaimable.register(Arc::clone(&activity), head);
             let service = hyper::service::service_fn({
                 let activity = Arc::clone(&activity);
                 move |req: http::Request<hyper::body::Incoming>| {
@@ -180,11 +199,20 @@ pub(crate) async fn serve(
             tokio::pin!(conn);
             let idle = activity.idle(idle_timeout);
             tokio::pin!(idle);
+            let asked = registered.asked();
+            tokio::pin!(asked);
             let mut closing = false;
             let served = loop {
                 tokio::select! {
+                    // The connection first: a head it reads in this wake makes it busy
+                    // before it is looked at as idle.
+                    biased;
                     served = conn.as_mut() => break served,
                     () = idle.as_mut(), if !closing => {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    () = asked.as_mut(), if !closing => {
                         closing = true;
                         conn.as_mut().graceful_shutdown();
                     }
