@@ -45,7 +45,7 @@
 //! | `rocgate_max_upstream_requests` | gauge | | proxy: `max_upstream_requests`, the most places there are (a restart changes it, a reload does not) |
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: connections accepted while every one of `max_connections` was taken: each waited for a place, idle ones closed to make room |
-//! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: idle keep-alive connections (no request in progress) closed gracefully to make room for a connection waiting at `max_connections` |
+//! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: keep-alive connections closed gracefully to make room for a connection waiting at `max_connections`: idle ones (no request in progress), and HTTP/1.1 ones closed after an answer that said `Connection: close` |
 //! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted, their client address holding `max_connections_per_client` already |
 //! | `rocgate_lingering_connections` | gauge | | proxy: client connections being closed as lingering closes now: answered with a body left unread, their write half shut, reading what the client still sends (they hold a place under `max_connections`) |
 //! | `rocgate_lingering_closes_total` | counter | `ended` | proxy: lingering closes by how they ended: `client_closed` (the client closed its side, or reset it), `lingering_timeout` (it sent nothing for that long), `lingering_time` (that long in all), `lingering_bytes` (it sent more than a lingering close reads, 64 MiB), `shutdown` |
@@ -333,7 +333,7 @@ pub fn describe() {
     );
     describe_counter!(
         CONNECTIONS_RECLAIMED,
-        "Idle keep-alive connections closed gracefully to make room at max_connections."
+        "Keep-alive connections closed gracefully to make room at max_connections (idle, or after an answer saying Connection: close)."
     );
     describe_counter!(
         CONNECTIONS_REFUSED,

@@ -361,6 +361,38 @@ async fn a_connection_beyond_max_connections_waits_while_requests_are_in_progres
     .expect("the gauge falls to 0 once every connection is closed");
 }
 
+/// At `max_connections` with every connection busy, the next HTTP/1.1 answer closes
+/// its connection for the one waiting, and says so (`Connection: close`): a client that
+/// reuses its connection at once would otherwise find it closed, after an answer that
+/// promised it open, before the answer to the request it sent next. The one waiting is
+/// served then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_busy_http1_connection_closes_after_an_answer_that_says_so() {
+    let upstream = start_upstream().await;
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy(upstream, 1, secs, secs).await;
+    let mut busy = H1::connect(proxy.addr).await;
+    busy.sender.ready().await.unwrap();
+    let slow = busy.sender.send_request(get("/slow"));
+    let slow = tokio::spawn(async move {
+        let res = timeout(IO_TIMEOUT, slow).await.unwrap().unwrap();
+        let close = res.headers().get(http::header::CONNECTION).cloned();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (close, body)
+    });
+    sleep(SHORT_IDLE).await;
+    let mut waiting = H1::connect(proxy.addr).await;
+    let (status, body) = timeout(IO_TIMEOUT, waiting.send("/"))
+        .await
+        .expect("served once the busy one closed");
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    let (close, body) = slow.await.unwrap();
+    assert_eq!(&body[..], b"slow", "answered whole");
+    assert_eq!(close.as_ref().map(|v| v.as_bytes()), Some(&b"close"[..]));
+    let ended = timeout(IO_TIMEOUT, busy.conn).await.unwrap().unwrap();
+    assert!(ended.is_ok(), "closed gracefully: {ended:?}");
+}
+
 /// At `max_connections`, open connections idle between requests are closed to make
 /// room for a new one, the oldest idle first, gracefully: an HTTP/1.1 one after its
 /// answer (its client reads the end, no reset), an h2c one with a GOAWAY. The new
@@ -381,6 +413,8 @@ async fn idle_connections_are_closed_oldest_first_to_make_room_at_the_cap() {
     let mut newest = H1::connect(proxy.addr).await;
     let (status, _) = timeout(IO_TIMEOUT, newest.send("/")).await.unwrap();
     assert_eq!(status, StatusCode::OK);
+    // An HTTP/1.1 connection is closed to make room once idle for 100 ms.
+    sleep(SHORT_IDLE).await;
 
     let mut fourth = H1::connect(proxy.addr).await;
     let (status, body) = timeout(IO_TIMEOUT, fourth.send("/"))

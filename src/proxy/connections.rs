@@ -70,7 +70,7 @@ use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -285,6 +285,15 @@ impl Drop for Slot {
 /// behind it in the backlog with one look at the connections, not one look each.
 pub(crate) const RECLAIM_AT_MOST: usize = 32;
 
+/// How long an HTTP/1.1 connection must have been idle to be closed to make room, and
+/// how often the accept loop looks again while a connection waits at the cap. A
+/// client that reuses its connection at once (a busy one: its next request follows
+/// its last answer within a round trip) would find it closed before an answer, as it
+/// reused it; that many fewer clients reuse a connection idle this long. A busy
+/// connection's next answer carries `Connection: close` instead
+/// ([`Reclaimable::close_after_answer`]).
+pub(crate) const RECLAIM_IDLE_LEAST: Duration = Duration::from_millis(100);
+
 /// The client connections being served (from their protocol known to their last
 /// response: not a tunnel, nor a lingering close), which the accept loop asks to
 /// close, when idle, to make room at the cap.
@@ -295,24 +304,30 @@ pub(crate) const RECLAIM_AT_MOST: usize = 32;
 /// A request in progress is never touched. An HTTP/2 connection with no stream in
 /// progress gets a GOAWAY, which tells its client which streams were not taken.
 ///
-/// Nothing here is on a request's way: a connection registers as it begins to be
+/// An HTTP/1.1 connection counts as idle once it has been for [`RECLAIM_IDLE_LEAST`]:
+/// a busy client reuses its connection within a round trip of its last answer, and
+/// would find it closed before the answer to its next request.
+///
+/// Nothing here is on a request's way but a load per HTTP/1.1 answer
+/// ([`Reclaimable::close_after_answer`]): a connection registers as it begins to be
 /// served and leaves as it ends (a lock each), and its task's every wake costs two
-/// loads ([`Registered::asked`]). The accept loop, when a connection waits at the
-/// cap, looks at every connection registered (under the lock, a few nanoseconds
-/// each) for those idle longest, and wakes them; if none is idle, the first that goes
-/// idle while the connection waits closes itself.
+/// loads ([`Registered::asked`]). The accept loop, while a connection waits at the
+/// cap, looks every [`RECLAIM_IDLE_LEAST`] at every connection registered (under the
+/// lock, a few nanoseconds each) for those idle longest, and wakes them; if none is
+/// idle, the next HTTP/1.1 answer made closes its connection and says so
+/// (`Connection: close`), or the first HTTP/2 connection to go idle closes.
 ///
 /// A connection that goes idle at the very moment the loop looks may be seen busy by
-/// the loop while it saw no room wanted: the connection waiting then has the next one
-/// to go idle, or the next to close. An HTTP/2 stream ends in a task of its own, which
+/// the loop while it saw no room wanted: the connection waiting then has the next
+/// answer, the next look, or the next to close. An HTTP/2 stream ends in a task of its own, which
 /// may end after the connection's task last woke: such a connection sees the room
 /// wanted at its next wake (a frame, or its ping every `header_read_timeout`).
 #[derive(Debug, Default)]
 pub(crate) struct Reclaimable {
     serving: Mutex<Serving>,
     /// Whether a connection waits at the cap ([`WAITING`]), and whether no connection
-    /// was asked to make room for it ([`WANTED`]): the first connection to go idle then
-    /// makes it. One word, so that an ask passed on ([`Asked`]) wants room only while
+    /// was asked to make room for it ([`WANTED`]): the next HTTP/1.1 answer, or the
+    /// first HTTP/2 connection to go idle, then makes it. One word, so that an ask passed on ([`Asked`]) wants room only while
     /// a connection waits: passed on after the room was made, it would close the next
     /// connection to go idle, however long after and with no connection waiting.
     room: AtomicU8,
@@ -354,6 +369,16 @@ impl Reclaim {
         }
         self.activity.idle_since()
     }
+
+    /// Since when the connection has been idle, if it may be closed to make room: an
+    /// HTTP/2 one once idle (its GOAWAY tells its client which streams were taken), an
+    /// HTTP/1.1 one once idle for [`RECLAIM_IDLE_LEAST`].
+    fn reclaimable_since(&self) -> Option<Instant> {
+        let since = self.idle_since()?;
+        let long_enough = self.head.is_none()
+            || Instant::now().saturating_duration_since(since) >= RECLAIM_IDLE_LEAST;
+        long_enough.then_some(since)
+    }
 }
 
 impl Reclaimable {
@@ -364,6 +389,7 @@ impl Reclaimable {
         activity: Arc<Activity>,
         head: Option<Arc<Arrivals>>,
     ) -> Registered {
+        let _ = activity.reclaimable.set(Arc::clone(self));
         let reclaim = Arc::new(Reclaim {
             activity,
             head,
@@ -391,8 +417,10 @@ impl Reclaimable {
 
     /// Asks the connections idle longest to close, for a connection waiting at the
     /// cap: an eighth of those idle and not asked yet, at least one, at most
-    /// [`RECLAIM_AT_MOST`]. With none idle, the first to go idle closes, until
-    /// [`Reclaimable::made_room`]. Returns how many were asked.
+    /// [`RECLAIM_AT_MOST`], an HTTP/1.1 one idle for [`RECLAIM_IDLE_LEAST`] at least.
+    /// With none idle, the next HTTP/1.1 answer made closes its connection
+    /// ([`Reclaimable::close_after_answer`]), or the first HTTP/2 connection to go idle
+    /// closes, until [`Reclaimable::made_room`]. Returns how many were asked.
     pub(crate) fn make_room(&self) -> usize {
         // Wanted before the look: a connection that goes idle during it closes, rather
         // than be missed by both.
@@ -407,7 +435,7 @@ impl Reclaimable {
                 if reclaim.asked.load(Ordering::Relaxed) {
                     return None;
                 }
-                Some((reclaim.idle_since()?, index))
+                Some((reclaim.reclaimable_since()?, index))
             })
             .collect();
         if idle.is_empty() {
@@ -431,6 +459,29 @@ impl Reclaimable {
         asked
     }
 
+    /// Whether the HTTP/1.1 answer being made ends its connection to make room: if room
+    /// is wanted that no connection was asked to make, this answer takes it (counted as
+    /// reclaimed), and carries `Connection: close`, which its client reads before it
+    /// reuses the connection. A load while no room is wanted.
+    pub(crate) fn close_after_answer(&self) -> bool {
+        if self.room.load(Ordering::Relaxed) & WANTED == 0 {
+            return false;
+        }
+        let taken = self
+            .room
+            .compare_exchange(
+                WAITING | WANTED,
+                WAITING,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if taken {
+            self.reclaimed.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
     /// The connection that waited at the cap has its place: no room is wanted.
     pub(crate) fn made_room(&self) {
         self.room.store(0, Ordering::SeqCst);
@@ -447,7 +498,8 @@ pub(crate) struct Registered {
 
 impl Registered {
     /// Completes once the connection is idle and asked to close to make room at the
-    /// cap (or, with room wanted that no connection was asked for, once it is idle),
+    /// cap (or, with room wanted that no connection was asked for, once it is idle:
+    /// an HTTP/1.1 one for [`RECLAIM_IDLE_LEAST`]),
     /// counted as reclaimed. The connection's task is its only poller.
     pub(crate) fn asked(&self) -> Asked<'_> {
         Asked {
@@ -495,7 +547,7 @@ impl Future for Asked<'_> {
         if !asked && registry.room.load(Ordering::SeqCst) & WANTED == 0 {
             return Poll::Pending;
         }
-        if reclaim.idle_since().is_none() {
+        if reclaim.reclaimable_since().is_none() {
             // Busy again since the loop looked: the next to go idle makes the room, if
             // a connection still waits for it.
             if asked {
@@ -540,6 +592,8 @@ pub(crate) struct Activity {
     /// Put by the request whose 101 upgraded the connection, for the connection's
     /// task to run once hyper has handed the connection over.
     tunnel: Mutex<Option<Tunnel>>,
+    /// Where the connection is registered to make room at the cap, once it is.
+    reclaimable: OnceLock<Arc<Reclaimable>>,
 }
 
 impl Activity {
@@ -552,6 +606,7 @@ impl Activity {
             last_end: AtomicU64::new(0),
             opened: Instant::now(),
             tunnel: Mutex::new(None),
+            reclaimable: OnceLock::new(),
         })
     }
 
@@ -715,6 +770,15 @@ impl Busy {
     ) -> http::Response<HoldUntilEnd<B, Busy>> {
         self.permit = response.extensions_mut().remove::<HeldPermit>();
         response.map(|body| HoldUntilEnd::new(body, self))
+    }
+
+    /// Whether the connection closes after this request's answer, an HTTP/1.1 one, to
+    /// make room at the cap ([`Reclaimable::close_after_answer`]).
+    pub(crate) fn close_after_answer(&self) -> bool {
+        self.activity
+            .reclaimable
+            .get()
+            .is_some_and(|room| room.close_after_answer())
     }
 
     /// Moves the tunnel of a 101 (put in its extensions by the forwarder), with the
@@ -1781,31 +1845,63 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn with_none_idle_the_first_to_go_idle_makes_room() {
+    async fn with_none_idle_the_next_http1_answer_or_http2_connection_idle_makes_room() {
         let registry = Arc::<Reclaimable>::default();
         let (first, _, first_registered) = served_one(&registry);
         let (second, _, second_registered) = served_one(&registry);
         let requests = (first.begin(), second.begin());
         assert_eq!(registry.make_room(), 0);
         assert!(!closes(&first_registered));
-        // The second goes idle first: it makes the room, and the room is made.
+        // The second goes idle first: its client, busy, may reuse it at once, and it
+        // is not closed; the first's answer, made next, takes the room and says so.
         drop(requests.1);
-        assert!(closes(&second_registered));
+        assert!(!closes(&second_registered));
+        assert!(requests.0.close_after_answer());
+        assert!(!second.begin().close_after_answer(), "the room is made");
         drop(requests.0);
-        assert!(!closes(&first_registered));
-
-        // One asked that is busy again by its poll passes the ask on to the next that
-        // goes idle; the room made, none more closes.
-        let third = served_one(&registry);
-        assert_eq!(registry.make_room(), 1, "the first, idle longest");
-        let again = (first.begin(), third.0.begin());
-        assert!(!closes(&first_registered) && !closes(&third.2));
-        drop(again.1);
-        assert!(closes(&third.2));
-        drop(again.0);
-        assert!(!closes(&first_registered));
+        assert!(!closes(&first_registered) && !closes(&second_registered));
         registry.made_room();
-        assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 2);
+
+        // An HTTP/1.1 connection idle for RECLAIM_IDLE_LEAST is closed at the loop's
+        // next look; an HTTP/2 one, told by a GOAWAY, as soon as it goes idle.
+        let h2 = Activity::new();
+        let h2_registered = registry.register(Arc::clone(&h2), None);
+        let request = h2.begin();
+        assert_eq!(
+            registry.make_room(),
+            0,
+            "the HTTP/1.1 ones idle too briefly"
+        );
+        drop(request);
+        assert!(closes(&h2_registered));
+        registry.made_room();
+        tokio::time::advance(RECLAIM_IDLE_LEAST).await;
+        assert_eq!(registry.make_room(), 1);
+        assert!(closes(&first_registered) || closes(&second_registered));
+        registry.made_room();
+        assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ask_passed_on_by_a_connection_busy_again_goes_to_the_next_answer() {
+        let registry = Arc::<Reclaimable>::default();
+        let (first, _, first_registered) = served_one(&registry);
+        let (second, _, second_registered) = served_one(&registry);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            registry.make_room(),
+            1,
+            "an eighth of the two, at least one"
+        );
+        // Busy again by their polls: the one asked passes the ask on, which the next
+        // answer takes; none closes as it goes idle.
+        let again = (first.begin(), second.begin());
+        assert!(!closes(&first_registered) && !closes(&second_registered));
+        assert!(again.1.close_after_answer());
+        drop(again);
+        assert!(!closes(&first_registered) && !closes(&second_registered));
+        registry.made_room();
+        assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1825,8 +1921,9 @@ mod tests {
         drop(request);
         assert!(!closes(&first_registered));
         assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 0);
-        // Room wanted again is made by the first to go idle, once.
+        // Room wanted again is made by the one idle longest, once.
         let request = first.begin();
+        tokio::time::advance(RECLAIM_IDLE_LEAST).await;
         assert_eq!(registry.make_room(), 1, "the second");
         assert!(closes(&second_registered));
         drop(request);

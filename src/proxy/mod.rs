@@ -974,16 +974,24 @@ impl Proxy {
                         );
                     }
                     let reclaimable = connections.reclaimable();
-                    let asked = reclaimable.make_room();
-                    tracing::debug!(asked, "idle connections asked to close to make room");
-                    let place = tokio::select! {
-                        place = connections.acquire() => place,
-                        () = &mut shutdown => {
-                            // No connection waits: those going idle as they close at
-                            // shutdown are not counted as closed to make room.
-                            reclaimable.made_room();
-                            break;
+                    let acquire = connections.acquire();
+                    tokio::pin!(acquire);
+                    // Looked at again while it waits: an HTTP/1.1 connection is closed
+                    // once idle for `RECLAIM_IDLE_LEAST`, and nothing wakes the loop then.
+                    let place = loop {
+                        let asked = reclaimable.make_room();
+                        tracing::debug!(asked, "idle connections asked to close to make room");
+                        tokio::select! {
+                            place = &mut acquire => break Some(place),
+                            () = tokio::time::sleep(connections::RECLAIM_IDLE_LEAST) => {}
+                            () = &mut shutdown => break None,
                         }
+                    };
+                    let Some(place) = place else {
+                        // No connection waits: those going idle as they close at
+                        // shutdown are not counted as closed to make room.
+                        reclaimable.made_room();
+                        break;
                     };
                     reclaimable.made_room();
                     place
@@ -1063,6 +1071,17 @@ impl Proxy {
                                 };
                                 if head {
                                     leave_out_body(&mut r);
+                                }
+                                // Room wanted at the cap: this HTTP/1.1 connection closes
+                                // after this answer, which says so to its client.
+                                if h2.is_none()
+                                    && r.status() != http::StatusCode::SWITCHING_PROTOCOLS
+                                    && busy.close_after_answer()
+                                {
+                                    r.headers_mut().insert(
+                                        http::header::CONNECTION,
+                                        http::HeaderValue::from_static("close"),
+                                    );
                                 }
                                 busy.hand_over_tunnel(&mut r);
                                 let r = busy.hold_through_body(r);
