@@ -393,6 +393,30 @@ async fn at_the_cap_a_busy_http1_connection_closes_after_an_answer_that_says_so(
     assert!(ended.is_ok(), "closed gracefully: {ended:?}");
 }
 
+/// A connection accepted at `max_connections`, waiting for a place, is closed as
+/// shutdown begins: its socket is not held while the connection in progress finishes
+/// (within the 1 s grace), nor served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_waiting_at_the_cap_is_closed_at_shutdown() {
+    let upstream = start_upstream().await;
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy(upstream, 1, secs, secs).await;
+    let mut busy = H1::connect(proxy.addr).await;
+    let slow = tokio::spawn(async move { busy.try_send("/slow").await });
+    sleep(SHORT_IDLE).await;
+    let mut waiting = H1::connect(proxy.addr).await;
+    let answer = tokio::spawn(async move { waiting.try_send("/").await });
+    sleep(SHORT_IDLE).await;
+    assert!(!answer.is_finished(), "served at the cap");
+    drop(proxy);
+    let answer = timeout(SHORT_IDLE, answer)
+        .await
+        .expect("closed as shutdown begins")
+        .unwrap();
+    assert!(answer.is_err(), "not served: {answer:?}");
+    slow.abort();
+}
+
 /// At `max_connections`, open connections idle between requests are closed to make
 /// room for a new one, the oldest idle first, gracefully: an HTTP/1.1 one after its
 /// answer (its client reads the end, no reset), an h2c one with a GOAWAY. The new
