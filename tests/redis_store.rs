@@ -2721,6 +2721,44 @@ async fn a_cut_that_redis_lost_is_carried_over_and_still_ends() {
     );
 }
 
+/// Two instances on one route (prefix `prefix`), both cut by a spike; then Redis's
+/// controller is written `b_sees` (fields by hand, as a step stores them) and only
+/// `b` decides on it, so the two last saw it differently; then Redis loses it all
+/// (FLUSHALL), and `a`, `b` and `a` again decide: the stale view calls first.
+struct LostAfterTwoViews {
+    a: Instance,
+    b: Instance,
+    conn: redis::Connection,
+    _clocks: [Arc<ManualClock>; 2],
+}
+
+impl LostAfterTwoViews {
+    async fn run(server: &RedisServer, prefix: &str, b_sees: &[&str]) -> LostAfterTwoViews {
+        let mut conn = server.connection().unwrap();
+        let config = patient_config(server, prefix);
+        let route = quick_route();
+        let (a, clock_a) = Instance::manual(&route, &config);
+        let (b, clock_b) = Instance::manual(&route, &config);
+        spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
+        let _ = a.check().await;
+        assert_eq!(seen(&a).1, ControllerState::Cut);
+        hset(&mut conn, format!("{{{prefix}:order}}:c"), b_sees);
+        let _ = b.check().await;
+        let b_state: u8 = b_sees[1].parse().unwrap();
+        assert_eq!(seen(&b).1.as_index(), b_state, "b saw what was written");
+        flush(&mut conn);
+        let _ = a.check().await;
+        let _ = b.check().await;
+        let _ = a.check().await;
+        LostAfterTwoViews {
+            a,
+            b,
+            conn,
+            _clocks: [clock_a, clock_b],
+        }
+    }
+}
+
 /// Two instances that last saw the route differently (one cut, the other recovering
 /// after it) after Redis lost its state: the first decision carries what its instance
 /// saw, and the other's, whose view is newer, carries its own over it; both then read
@@ -2730,31 +2768,13 @@ async fn a_cut_that_redis_lost_is_carried_over_and_still_ends() {
 async fn the_newest_view_of_a_lost_cut_wins() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "first");
-    let route = quick_route();
-    let (a, _clock_a) = Instance::manual(&route, &config);
-    let (b, _clock_b) = Instance::manual(&route, &config);
-    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
-    let _ = a.check().await;
-    assert_eq!(seen(&a).1, ControllerState::Cut);
     // b's last answer: recovering at 120 (written by hand, its through kept).
-    hset(
-        &mut conn,
-        "{first:order}:c",
-        &["state", "2", "limit", "120"][..],
-    );
-    let _ = b.check().await;
-    assert_eq!(seen(&b).1, ControllerState::Recovering);
-    flush(&mut conn);
-
-    let _ = a.check().await;
-    let _ = b.check().await;
-    let _ = a.check().await;
+    let mut lost = LostAfterTwoViews::run(&server, "first", &["state", "2", "limit", "120"]).await;
+    let (a, b, conn) = (&lost.a, &lost.b, &mut lost.conn);
     let recovering = (StoreMode::Shared, ControllerState::Recovering, 120.0);
-    assert_eq!(seen(&a), recovering);
-    assert_eq!(seen(&b), recovering);
-    let stored: (u8, f64) = hmget(&mut conn, "{first:order}:c", &["state", "limit"][..]);
+    assert_eq!(seen(a), recovering);
+    assert_eq!(seen(b), recovering);
+    let stored: (u8, f64) = hmget(conn, "{first:order}:c", &["state", "limit"][..]);
     assert_eq!(stored, (2, 120.0));
 }
 
@@ -2768,34 +2788,13 @@ async fn the_newest_view_of_a_lost_cut_wins() {
 async fn a_cut_the_fleet_restored_since_is_not_carried_back() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
-    let mut conn = server.connection().unwrap();
-    let config = patient_config(&server, "restored");
-    let route = quick_route();
-    let (a, _clock_a) = Instance::manual(&route, &config);
-    let (b, _clock_b) = Instance::manual(&route, &config);
-    spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
-    let _ = a.check().await;
-    assert_eq!(seen(&a).1, ControllerState::Cut);
     // The fleet restored (written by hand, as a step stores it): b sees it, a not.
-    hset(
-        &mut conn,
-        "{restored:order}:c",
-        &["state", "0", "limit", "200"][..],
-    );
-    let _ = b.check().await;
-    assert_eq!(
-        seen(&b),
-        (StoreMode::Shared, ControllerState::Normal, 200.0)
-    );
-    flush(&mut conn);
-
-    let _ = a.check().await;
-    let _ = b.check().await;
-    let _ = a.check().await;
-    for i in [&a, &b] {
+    let mut lost =
+        LostAfterTwoViews::run(&server, "restored", &["state", "0", "limit", "200"]).await;
+    for i in [&lost.a, &lost.b] {
         assert_eq!(seen(i), (StoreMode::Shared, ControllerState::Normal, 200.0));
     }
-    let stored: Option<u8> = hget(&mut conn, "{restored:order}:c", "state");
+    let stored: Option<u8> = hget(&mut lost.conn, "{restored:order}:c", "state");
     assert_ne!(stored, Some(1), "the stale cut carried back");
 }
 
