@@ -1571,6 +1571,32 @@ async fn a_buffer_outside_hands_every_request_on_and_one_inside_is_the_inner_ser
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// A request whose `fail` header tells [`panicking_inner`] where to panic.
+fn failing(req: http::request::Builder, fail: &str) -> Request<Body> {
+    req.header("fail", fail).body(Body::empty()).unwrap()
+}
+
+/// An inner service that panics in `call` for a request whose `fail` header is
+/// `call`, in its response future for `future`, and answers 200 otherwise.
+fn panicking_inner() -> impl tower::Service<
+    Request<Body>,
+    Response = http::Response<Body>,
+    Error = std::convert::Infallible,
+    Future = impl std::future::Future<
+        Output = Result<http::Response<Body>, std::convert::Infallible>,
+    > + Send,
+> + Clone
+       + Send {
+    tower::service_fn(|req: Request<Body>| {
+        let fail = req.headers()["fail"].to_str().unwrap().to_owned();
+        assert_ne!(fail, "call", "the inner service panics in call");
+        async move {
+            assert_ne!(fail, "future", "the inner future panics");
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        }
+    })
+}
+
 #[tokio::test]
 async fn a_panicking_inner_service_gives_its_concurrency_permit_back() {
     // A panic unwinds through the layer (in `call`, or in the response future's task):
@@ -1578,21 +1604,8 @@ async fn a_panicking_inner_service_gives_its_concurrency_permit_back() {
     use rocgate::limiter::Algorithm;
     use tower::{Layer as _, Service as _};
     let (l, _clock) = one_a_second("rq-panic", "/rq-panic", Algorithm::Concurrency { queue: 0 });
-    let get = |fail: &str| {
-        Request::get("/rq-panic")
-            .header("fail", fail)
-            .body(Body::empty())
-            .unwrap()
-    };
-    let inner = tower::service_fn(|req: Request<Body>| {
-        let fail = req.headers()["fail"].to_str().unwrap().to_owned();
-        assert_ne!(fail, "call", "the inner service panics in call");
-        async move {
-            assert_ne!(fail, "future", "the inner future panics");
-            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
-        }
-    });
-    let mut svc = l.layer(inner);
+    let get = |fail: &str| failing(Request::get("/rq-panic"), fail);
+    let mut svc = l.layer(panicking_inner());
     let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         drop(svc.call(get("call")));
     }));
@@ -1949,21 +1962,8 @@ async fn a_queued_request_that_panics_gives_its_permit_and_place_back() {
         "/rq-queue-panic",
         Algorithm::Concurrency { queue: 1 },
     );
-    let get = |fail: &str| {
-        Request::get("/rq-queue-panic")
-            .header("fail", fail)
-            .body(Body::empty())
-            .unwrap()
-    };
-    let inner = tower::service_fn(|req: Request<Body>| {
-        let fail = req.headers()["fail"].to_str().unwrap().to_owned();
-        assert_ne!(fail, "call", "the inner service panics in call");
-        async move {
-            assert_ne!(fail, "future", "the inner future panics");
-            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
-        }
-    });
-    let mut svc = l.layer(inner);
+    let get = |fail: &str| failing(Request::get("/rq-queue-panic"), fail);
+    let mut svc = l.layer(panicking_inner());
     for fail in ["call", "future"] {
         let held = svc.call(get("no")).await.unwrap();
         let queued = tokio::spawn(svc.call(get(fail)));
