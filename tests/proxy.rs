@@ -2288,43 +2288,74 @@ impl http_body::Body for GatedBody {
     }
 }
 
+/// A route admitting one request in flight (a concurrency limit, never cut) with
+/// `queue` places to wait in, before an upstream whose first answer's body streams
+/// until `open` is sent; the permit is held by that first request, whose head has
+/// come. `hits` counts the requests the upstream got.
+struct PermitHeld {
+    proxy: RunningProxy,
+    open: oneshot::Sender<()>,
+    head: Response<hyper::body::Incoming>,
+    hits: Arc<std::sync::atomic::AtomicUsize>,
+    /// The first request's connection, open while its body streams.
+    _first: Client,
+}
+
+impl PermitHeld {
+    async fn start(queue: u32) -> PermitHeld {
+        let (open, gate) = oneshot::channel::<()>();
+        let gate = Arc::new(Mutex::new(Some(gate)));
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = listener.local_addr().unwrap();
+        let app = Router::new().fallback({
+            let hits = Arc::clone(&hits);
+            move || {
+                hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let gate = gate.lock().unwrap().take();
+                async move {
+                    match gate {
+                        Some(gate) => Response::new(Body::new(GatedBody(Some(gate)))),
+                        None => Response::new(Body::from("ok")),
+                    }
+                }
+            }
+        });
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut route = RouteConfig::new("one", RouteMatch::prefix("/"));
+        route.controller.base_limit_rps = 1.0;
+        route.controller.cut_limit_rps = 1.0;
+        route.controller.danger_roc = f64::MAX;
+        route.algorithm = Algorithm::Concurrency { queue };
+        let proxy = start_proxy(settings(upstream), vec![route]).await;
+        let mut first = Client::connect(proxy.addr).await;
+        let head = within("the first head", async {
+            first.sender.ready().await.unwrap();
+            first
+                .sender
+                .send_request(empty(get("/stream")))
+                .await
+                .unwrap()
+        })
+        .await;
+        assert_eq!(head.status(), StatusCode::OK);
+        PermitHeld {
+            proxy,
+            open,
+            head,
+            hits,
+            _first: first,
+        }
+    }
+}
+
 /// With the concurrency algorithm, a request stays in flight until its response body
 /// has been sent: while the one permit's response streams, the next request is
 /// refused; once the body ends, the permit is back.
 #[tokio::test]
 async fn a_concurrency_permit_is_held_until_the_response_body_ends() {
-    let (open, gate) = oneshot::channel::<()>();
-    let gate = Arc::new(Mutex::new(Some(gate)));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    let app = Router::new().fallback(move || {
-        let gate = gate.lock().unwrap().take();
-        async move {
-            match gate {
-                Some(gate) => Response::new(Body::new(GatedBody(Some(gate)))),
-                None => Response::new(Body::from("ok")),
-            }
-        }
-    });
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let mut route = RouteConfig::new("one", RouteMatch::prefix("/"));
-    route.controller.base_limit_rps = 1.0;
-    route.controller.cut_limit_rps = 1.0;
-    route.controller.danger_roc = f64::MAX;
-    route.algorithm = Algorithm::Concurrency { queue: 0 };
-    let proxy = start_proxy(settings(upstream), vec![route]).await;
-
-    let mut first = Client::connect(proxy.addr).await;
-    let head = within("the first head", async {
-        first.sender.ready().await.unwrap();
-        first
-            .sender
-            .send_request(empty(get("/stream")))
-            .await
-            .unwrap()
-    })
-    .await;
-    assert_eq!(head.status(), StatusCode::OK);
+    let held = PermitHeld::start(0).await;
+    let (proxy, open, head) = (&held.proxy, held.open, held.head);
     let refused = send(proxy.addr, empty(get("/other"))).await;
     assert_eq!(
         refused.status,
@@ -3242,44 +3273,8 @@ fn an_upstream_error_is_the_proxy_errors_source() {
 /// free; the one that left never reaches the upstream.
 #[tokio::test]
 async fn a_queued_request_whose_client_closes_gives_its_place_back() {
-    let (open, gate) = oneshot::channel::<()>();
-    let gate = Arc::new(Mutex::new(Some(gate)));
-    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    let app = Router::new().fallback({
-        let hits = Arc::clone(&hits);
-        move || {
-            hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let gate = gate.lock().unwrap().take();
-            async move {
-                match gate {
-                    Some(gate) => Response::new(Body::new(GatedBody(Some(gate)))),
-                    None => Response::new(Body::from("ok")),
-                }
-            }
-        }
-    });
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let mut route = RouteConfig::new("one", RouteMatch::prefix("/"));
-    route.controller.base_limit_rps = 1.0;
-    route.controller.cut_limit_rps = 1.0;
-    route.controller.danger_roc = f64::MAX;
-    route.algorithm = Algorithm::Concurrency { queue: 1 };
-    let proxy = start_proxy(settings(upstream), vec![route]).await;
-
-    // The permit, held by a body that streams until the gate opens.
-    let mut first = Client::connect(proxy.addr).await;
-    let head = within("the first head", async {
-        first.sender.ready().await.unwrap();
-        first
-            .sender
-            .send_request(empty(get("/stream")))
-            .await
-            .unwrap()
-    })
-    .await;
-    assert_eq!(head.status(), StatusCode::OK);
+    let held = PermitHeld::start(1).await;
+    let (proxy, open, head, hits) = (&held.proxy, held.open, held.head, held.hits);
 
     // Queued, then its client goes.
     let request = format!("GET /left HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
