@@ -1400,35 +1400,38 @@ async fn an_admin_connection_silent_or_dripping_is_closed() {
     p.stop().await;
 }
 
+/// Asks `/healthz` on an open admin connection and reads its answer, which must come
+/// within `within` and before the connection closes.
+async fn healthz_on(stream: &mut tokio::net::TcpStream, within: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"\r\n\r\nok") {
+        let n = tokio::time::timeout(within, stream.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no answer within {within:?}"))
+            .unwrap();
+        assert_ne!(n, 0, "closed before its answer: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// An admin connection idle between requests past `header_read_timeout` serves its
 /// next request, as the proxy's connections do: the wait for the next request is
 /// `idle_timeout`'s. It was closed at `header_read_timeout`, and a client that pooled
 /// it longer (a Prometheus scraping every 15 s) reused it just as it closed.
 #[tokio::test]
 async fn an_admin_connection_idle_past_header_read_timeout_serves_its_next_request() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let p = start(None).await;
     let mut stream = tokio::net::TcpStream::connect(p.admin).await.unwrap();
-    let mut healthz = async || {
-        stream
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !got.ends_with(b"\r\n\r\nok") {
-            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
-                .await
-                .expect("an answer within 5 s")
-                .unwrap();
-            assert_ne!(n, 0, "closed before its answer: {got:?}");
-            got.extend_from_slice(&buf[..n]);
-        }
-    };
-    healthz().await;
+    healthz_on(&mut stream, Duration::from_secs(5)).await;
     // header_read_timeout is 2 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    healthz().await;
+    healthz_on(&mut stream, Duration::from_secs(5)).await;
     p.stop().await;
 }
 
@@ -1439,22 +1442,9 @@ async fn an_admin_connection_idle_past_header_read_timeout_serves_its_next_reque
 /// connection closed at `header_read_timeout`. The one closed sees a clean end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_connection_at_the_cap_is_served_while_the_others_idle() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     async fn healthz(stream: &mut tokio::net::TcpStream) {
-        stream
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !got.ends_with(b"\r\n\r\nok") {
-            let n = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf))
-                .await
-                .expect("an answer within 1 s")
-                .unwrap();
-            assert_ne!(n, 0, "closed before its answer: {got:?}");
-            got.extend_from_slice(&buf[..n]);
-        }
+        healthz_on(stream, Duration::from_secs(1)).await;
     }
     let p = start(None).await;
     let max = 256;
