@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Sourced by the benchmark scripts (bench-http.sh, bench-ab.sh, callgrind-http.sh,
-# proxy-ab.sh): installing the Debian packages they need, a temporary directory, and
-# stopping the processes they started, by PID only.
+# proxy-ab.sh, bench-cap.sh): installing the Debian packages they need, a temporary
+# directory, and stopping the processes they started, by PID only.
 
 # Installs the Debian packages named, if any (fetching the package lists again if the
 # first attempt fails).

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# Sourced by scripts/bench-http.sh and scripts/callgrind-http.sh: the configurations
-# of `rocgate serve` and nginx that the proxy benchmarks compare, written the same way
-# for both so that the two measure the same thing.
+# Sourced by scripts/bench-http.sh, scripts/callgrind-http.sh, scripts/proxy-ab.sh and
+# scripts/bench-cap.sh: the configurations of `rocgate serve` and nginx that the proxy
+# benchmarks compare, written the same way for both so that the two measure the same
+# thing.
 
 # Writes to $1 a rocgate config: one route for every path limited to $2 req/s with a
 # bucket of one second, forwarding to the upstream URL $3, both listeners on free
