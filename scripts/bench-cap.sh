@@ -21,7 +21,8 @@
 # only the first 50 of wrk's connections while the other 150 wait: its req/s is then
 # that of 50 clients, not comparable with a build that serves all 200.
 #
-# Usage:  scripts/bench-cap.sh BINARY [B_BINARY]      (DURATION=10: about 1 min a build)
+# Usage:  scripts/bench-cap.sh BINARY [B_BINARY]   (DURATION=10: 15 s a build, 35 s for one
+#                                                  that leaves new clients waiting)
 #         DURATION=20 scripts/bench-cap.sh /tmp/rocgate-old target/release/rocgate
 # Needs curl, wrk and python3 (installed with apt-get when missing). Loopback only;
 # stops by itself (each phase is bounded in time); every process it starts is killed
