@@ -194,7 +194,7 @@ run() {
     ((gauge == 0)) || { echo "bench-cap: $gauge connections still open 30 s after wrk" >&2; exit 1; }
 
     echo "$label phase 2: 50 idle keep-alive connections held, 100 new clients 10 at a time"
-    out=$(phase2 "${url##*:}")
+    out=$(phase2 "${url##*:}") || { echo "bench-cap: phase 2 failed against $label" >&2; exit 1; }
     read -r ok failed q50 q99 qmax wall closed reset open first <<<"$out"
     if [[ $first == - ]]; then first=; else first=", the first: $first"; fi
     reclaimed1=$(metric rocgate_client_connections_reclaimed_total "$admin")
