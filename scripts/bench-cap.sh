@@ -55,22 +55,7 @@ cargo build --release --quiet --example bench_server --no-default-features --fea
     >"$work/upstream.out" 2>&1 &
 pids+=($!)
 
-# Waits up to 10 s for the function $1 to print a URL that answers, and prints it.
-await() {
-    local url
-    for _ in $(seq 100); do
-        url=$($1)
-        if [[ -n $url ]] && curl -s -o /dev/null --max-time 1 "$url/"; then
-            echo "$url"
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "bench-cap: $2 did not answer within 10 s" >&2
-    return 1
-}
-upstream_url() { sed -n 's/^listening on //p' "$work/upstream.out"; }
-upstream=$(await upstream_url upstream)
+upstream=$(await_url upstream_url upstream)
 proxy_url() { sed -n 's/.* listen=\([0-9.:]*\).*/http:\/\/\1/p' "$work/proxy.err"; }
 admin_url() { sed -n 's/.* admin=\([0-9.:]*\).*/http:\/\/\1/p' "$work/proxy.err"; }
 
@@ -173,8 +158,8 @@ run() {
     RUST_LOG=info "$bin" serve --config "$work/$label.toml" >/dev/null 2>"$work/proxy.err" &
     pid=$!
     pids+=("$pid")
-    url=$(await proxy_url "proxy $label")
-    admin=$(await admin_url "the admin API of $label")
+    url=$(await_url proxy_url "proxy $label")
+    admin=$(await_url admin_url "the admin API of $label")
 
     echo "$label phase 1: wrk -t2 -c200 -d${DURATION}s --timeout 30s --latency"
     wrk -t2 -c200 -d"${DURATION}s" --timeout 30s --latency "$url/" >"$work/wrk.out"

@@ -57,22 +57,7 @@ taskset -c 1 "${CARGO_TARGET_DIR:-target}/release/examples/bench_server" bare 12
     >"$work/upstream.out" 2>&1 &
 pids+=($!)
 
-# Waits up to 10 s for the function $1 to print a URL that answers, and prints it.
-await() {
-    local url
-    for _ in $(seq 100); do
-        url=$($1)
-        if [[ -n $url ]] && curl -s -o /dev/null --max-time 1 "$url/"; then
-            echo "$url"
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "proxy-ab: $2 did not answer within 10 s" >&2
-    return 1
-}
-upstream_url() { sed -n 's/^listening on //p' "$work/upstream.out"; }
-upstream=$(await upstream_url upstream)
+upstream=$(await_url upstream_url upstream)
 
 # Starts build $2 as proxy $1 on CPU 0; its PID goes to $work/$1.pid.
 start() {
@@ -90,8 +75,8 @@ start b "$2"
 a_url() { sed -n 's/.* listen=\([0-9.:]*\).*/http:\/\/\1/p' "$work/a.err"; }
 b_url() { sed -n 's/.* listen=\([0-9.:]*\).*/http:\/\/\1/p' "$work/b.err"; }
 admin_url() { sed -n 's/.* admin=\([0-9.:]*\).*/http:\/\/\1/p' "$work/$1.err"; }
-url_a=$(await a_url "proxy A")
-url_b=$(await b_url "proxy B")
+url_a=$(await_url a_url "proxy A")
+url_b=$(await_url b_url "proxy B")
 for url in "$url_a" "$url_b"; do
     taskset -c 1 wrk -t1 -c64 -d1s "$url/" >/dev/null
 done
