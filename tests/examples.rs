@@ -16,6 +16,10 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+#[path = "common/offer.rs"]
+mod offer;
+use offer::offer;
+
 /// `config/examples/NAME`, as `rocgate` loads it.
 fn example(name: &str) -> Config {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -40,17 +44,6 @@ fn route(e: &Engine, method: &str, path: &str) -> RouteId {
 fn at_once(e: &Engine, id: RouteId, key: Key<'_>, n: usize, at: f64) -> usize {
     let at = Nanos::from_secs_f64(at);
     (0..n).filter(|_| e.check(id, key, at).is_admit()).count()
-}
-
-/// Offers `rate` req/s evenly from `from` to `to` (seconds); the requests admitted.
-fn offer(e: &Engine, id: RouteId, key: Key<'_>, from: f64, to: f64, rate: f64) -> u64 {
-    let n = ((to - from) * rate).round() as u64;
-    (0..n)
-        .filter(|k| {
-            let now = Nanos::from_secs_f64(from + *k as f64 / rate);
-            e.check(id, key, now).is_admit()
-        })
-        .count() as u64
 }
 
 fn ip(text: &str) -> Key<'static> {

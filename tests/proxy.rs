@@ -2349,6 +2349,17 @@ impl PermitHeld {
     }
 }
 
+/// Opens a [`PermitHeld`]'s gate: the first request's body streams to its end, which
+/// gives its permit back.
+async fn end_the_first_body(open: oneshot::Sender<()>, head: Response<hyper::body::Incoming>) {
+    open.send(()).unwrap();
+    let body = within("the first body", head.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..], b"done");
+}
+
 /// With the concurrency algorithm, a request stays in flight until its response body
 /// has been sent: while the one permit's response streams, the next request is
 /// refused; once the body ends, the permit is back.
@@ -2362,12 +2373,7 @@ async fn a_concurrency_permit_is_held_until_the_response_body_ends() {
         StatusCode::TOO_MANY_REQUESTS,
         "the first body still streams"
     );
-    open.send(()).unwrap();
-    let body = within("the first body", head.into_body().collect())
-        .await
-        .unwrap()
-        .to_bytes();
-    assert_eq!(&body[..], b"done");
+    end_the_first_body(open, head).await;
     assert_eq!(
         send(proxy.addr, empty(get("/other"))).await.status,
         StatusCode::OK,
@@ -3304,12 +3310,7 @@ async fn a_queued_request_whose_client_closes_gives_its_place_back() {
             }
         }
     };
-    open.send(()).unwrap();
-    let body = within("the first body", head.into_body().collect())
-        .await
-        .unwrap()
-        .to_bytes();
-    assert_eq!(&body[..], b"done");
+    end_the_first_body(open, head).await;
     let answer = read_until_seen(&mut next, "\r\n\r\nok").await;
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
     assert_eq!(

@@ -8,19 +8,12 @@ use rocgate::engine::{Engine, Key, RouteId};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 
+#[path = "common/offer.rs"]
+mod offer;
+use offer::offer;
+
 fn engine(routes: Vec<RouteConfig>) -> Engine {
     Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
-}
-
-/// Offers `rate` req/s evenly from `from` to `to` (seconds); returns those admitted.
-fn offer(e: &Engine, id: RouteId, key: Key<'_>, from: f64, to: f64, rate: f64) -> u64 {
-    let n = ((to - from) * rate).round() as u64;
-    (0..n)
-        .filter(|k| {
-            let now = Nanos::from_secs_f64(from + *k as f64 / rate);
-            e.check(id, key, now).is_admit()
-        })
-        .count() as u64
 }
 
 /// `n` requests at one instant; returns those admitted.
