@@ -155,18 +155,12 @@ pub(crate) async fn serve(
             // At the cap: this connection waits for a place while the connections idle
             // longest are asked to close, as the proxy's are.
             Err(_) => {
-                reclaimable.make_room();
-                let place = tokio::select! {
-                    place = Arc::clone(&places).acquire_owned() => place,
-                    () = &mut stopped => {
-                        reclaimable.made_room();
-                        break;
-                    }
-                };
-                reclaimable.made_room();
-                match place {
-                    Ok(place) => place,
-                    Err(_) => break,
+                let waited = reclaimable
+                    .wait_for_place(Arc::clone(&places).acquire_owned(), &mut stopped)
+                    .await;
+                match waited {
+                    Some(Ok(place)) => place,
+                    Some(Err(_)) | None => break,
                 }
             }
         };

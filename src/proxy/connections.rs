@@ -486,6 +486,31 @@ impl Reclaimable {
     pub(crate) fn made_room(&self) {
         self.room.store(0, Ordering::SeqCst);
     }
+
+    /// For a connection accepted at the cap: waits for `place` while the connections
+    /// idle longest are asked to close ([`make_room`](Self::make_room)), looking again
+    /// every [`RECLAIM_IDLE_LEAST`] (an HTTP/1.1 connection becomes closable once idle
+    /// that long, and nothing wakes the waiter then); `None` if `stop` completes first.
+    /// Either way no room is wanted after: those closing at shutdown are not counted
+    /// as closed to make room. The proxy's accept loop and the admin API's wait so.
+    pub(crate) async fn wait_for_place<P>(
+        &self,
+        place: impl Future<Output = P>,
+        stop: impl Future<Output = ()>,
+    ) -> Option<P> {
+        tokio::pin!(place, stop);
+        let got = loop {
+            let asked = self.make_room();
+            tracing::debug!(asked, "idle connections asked to close to make room");
+            tokio::select! {
+                place = &mut place => break Some(place),
+                () = tokio::time::sleep(RECLAIM_IDLE_LEAST) => {}
+                () = &mut stop => break None,
+            }
+        };
+        self.made_room();
+        got
+    }
 }
 
 /// A connection registered with [`Reclaimable`], until dropped.

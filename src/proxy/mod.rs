@@ -973,27 +973,11 @@ impl Proxy {
                              closes"
                         );
                     }
-                    let reclaimable = connections.reclaimable();
-                    let acquire = connections.acquire();
-                    tokio::pin!(acquire);
-                    // Looked at again while it waits: an HTTP/1.1 connection is closed
-                    // once idle for `RECLAIM_IDLE_LEAST`, and nothing wakes the loop then.
-                    let place = loop {
-                        let asked = reclaimable.make_room();
-                        tracing::debug!(asked, "idle connections asked to close to make room");
-                        tokio::select! {
-                            place = &mut acquire => break Some(place),
-                            () = tokio::time::sleep(connections::RECLAIM_IDLE_LEAST) => {}
-                            () = &mut shutdown => break None,
-                        }
-                    };
-                    let Some(place) = place else {
-                        // No connection waits: those going idle as they close at
-                        // shutdown are not counted as closed to make room.
-                        reclaimable.made_room();
-                        break;
-                    };
-                    reclaimable.made_room();
+                    let waited = connections
+                        .reclaimable()
+                        .wait_for_place(connections.acquire(), &mut shutdown)
+                        .await;
+                    let Some(place) = waited else { break };
                     place
                 }
             };
