@@ -1674,8 +1674,12 @@ impl RedisStore {
     /// does not take (it errs, or does not answer within `timeout`) is logged once, as
     /// a warning naming the routes and the tokens: the shared bucket was not debited
     /// them, and the instance leaving takes the debt with it. Returns within three
-    /// times `timeout` at most, whatever Redis does: a beat or a debit in flight, the
-    /// debits, the `ZREM`, each bounded by it.
+    /// times `timeout` at most, whatever Redis does: a beat, a debit or a decision's
+    /// call carrying a debit in flight, the debits, the `ZREM`, each bounded by it. A
+    /// decision's call is waited for up to twice `timeout`, so that a call timing out
+    /// gives its debit back before the wait ends (one `timeout` could end in the same
+    /// timer tick); only a decision whose caller holds it and no longer polls it
+    /// (its call then never ends) makes that wait, and the leave four `timeout`s.
     ///
     /// The leave runs once: it is a task of its own, which a caller that gives up
     /// (`rocgate serve`'s second SIGTERM drops the shutdown that was leaving) leaves
@@ -1711,8 +1715,16 @@ impl Inner {
         self.left.store(true, Ordering::SeqCst);
         // Decisions whose call carries a debt end first, and a beat in flight (each
         // within `timeout`, under way together: the beat goes on while the
-        // decisions are waited for); no beat starts after.
-        let _ = tokio::time::timeout(self.config.timeout, self.carried_calls_end()).await;
+        // decisions are waited for); no beat starts after. A call waited for began
+        // before the leave and ends within its `timeout`, giving its debt back as its
+        // deadline passes: a wait of one `timeout` too could end in the tick the
+        // call's does, before the call gives it back. The second `timeout` bounds
+        // only a decision its caller holds and no longer polls.
+        let _ = tokio::time::timeout(
+            self.config.timeout.saturating_mul(2),
+            self.carried_calls_end(),
+        )
+        .await;
         let _beating = self.beating.lock().await;
         let unpaid = self.settle().await;
         if !unpaid.is_empty() {

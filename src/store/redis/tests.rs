@@ -1096,6 +1096,22 @@ fn the_fleets_demand_counts_only_the_seconds_measured() {
 /// tokio's paused clock, on a Redis that accepts connections and answers nothing.
 #[tokio::test(start_paused = true)]
 async fn a_leave_waits_for_a_decision_carrying_a_debt() {
+    a_leave_during_a_call_carrying_a_debt(|timeout| timeout / 2).await;
+}
+
+/// As [`a_leave_waits_for_a_decision_carrying_a_debt`], the leave begun in the tick
+/// the decision's call began: the leave's wait and the call's `timeout` then end in
+/// one timer tick, and the leave must still see the debt the call gives back. It
+/// stopped waiting first, found nothing owed and reported nothing.
+#[tokio::test(start_paused = true)]
+async fn a_leave_begun_with_a_call_carrying_a_debt_sees_the_debt_given_back() {
+    a_leave_during_a_call_carrying_a_debt(|_| Duration::ZERO).await;
+}
+
+/// A decision carrying 5 owed on a silent Redis, and the leave begun `after(timeout)`
+/// its call did: the leave reports the 5 and the request the decision's fallback
+/// admitted, within three `timeout`s.
+async fn a_leave_during_a_call_carrying_a_debt(after: impl Fn(Duration) -> Duration) {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
     let clock = Arc::new(crate::clock::ManualClock::new());
@@ -1114,7 +1130,7 @@ async fn a_leave_waits_for_a_decision_carrying_a_debt() {
         assert!(!decision.is_finished(), "the decision never took the debt");
         tokio::task::yield_now().await;
     }
-    tokio::time::sleep(timeout / 2).await;
+    tokio::time::sleep(after(timeout)).await;
     let started = tokio::time::Instant::now();
     let unpaid = store.inner.leave().await;
     // The 5 it carried, and its own request, which its fallback admitted.
