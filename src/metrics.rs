@@ -58,8 +58,8 @@
 //! | `rocgate_store_requests_total` | counter | `route`, `decision` | decisions on the shared state: `admitted`, `rejected`, `shadow_rejected` (each at 0 from the start, in `rocgate serve`) |
 //! | `rocgate_store_controllers_carried_total` | counter | `route` | shared controllers Redis had lost (restarted empty, flushed, the route's keys evicted or expired) mid-cut that a call of this instance carried over from what it last saw, cut or recovering (at 0 from the start, in `rocgate serve`; summed over the fleet, one a loss) |
 //! | `rocgate_store_limit_rps` | gauge | `route` | the shared limit, as this instance last saw it (in exact mode, this instance's base limit in force where that is lower: the limit Redis decided its last request at); in `rocgate serve`, before the instance's first decision on the route, its base limit in force, as the store starts it |
-//! | `rocgate_store_roc` | gauge | `route` | ROC of the last slot the shared controller observed (the fleet's traffic, in the route's `roc_mode`), as this instance last saw it |
-//! | `rocgate_store_demand_rps` | gauge | `route` | the fleet's demand, req/s: every instance's arrivals in the later half of the shared window, as the shared controller last stepped on them (the slot whose ROC is `rocgate_store_roc`), as Redis's last answer to this instance gave it; `rocgate_demand_rps` keeps this instance's own |
+//! | `rocgate_store_roc` | gauge | `route` | ROC of the last slot the shared controller observed (the fleet's traffic, in the route's `roc_mode`), as this instance last saw it; left out (NaN) while the route decides in fallback |
+//! | `rocgate_store_demand_rps` | gauge | `route` | the fleet's demand, req/s: every instance's arrivals in the later half of the shared window, as the shared controller last stepped on them (the slot whose ROC is `rocgate_store_roc`), as Redis's last answer to this instance gave it; left out (NaN) while the route decides in fallback; `rocgate_demand_rps` keeps this instance's own |
 //! | `rocgate_store_instances` | gauge | | live instances, as last counted through the heartbeat |
 //! | `rocgate_build_info` | gauge | `version` | always 1 |
 

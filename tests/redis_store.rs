@@ -4528,6 +4528,59 @@ async fn a_distributed_routes_limiter_level_is_the_shared_buckets() {
     proxy.stop().await;
 }
 
+/// While a route decides locally (Redis silent), `/metrics` leaves out its shared ROC
+/// and the fleet's demand (NaN), which read Redis's last answer as if current (only
+/// the dashboard's panels guarded against it); they are back once Redis answers.
+/// `rocgate_store_limit_rps` stays: the limit last seen, a share of which the fallback
+/// enforces, and by which the alerts tell a distributed route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_roc_and_demand_are_left_out_in_fallback() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let proxy = Served::on_redis(quick_route(), store_config(&server, "stale-gauges")).await;
+    let mut client = http1::connect(proxy.addr).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    let (c, a) = (&mut client, &mut admin);
+    until_shown(c, a, "shared", [true, true, true]).await;
+    server.signal("-STOP");
+    until_shown(c, a, "fallback_local", [false, false, true]).await;
+    server.signal("-CONT");
+    until_shown(c, a, "shared", [true, true, true]).await;
+    proxy.stop().await;
+}
+
+/// Requests `POST /api/order` until `GET /admin/store` says the route `order` is in
+/// `mode` and `/metrics` shows its `rocgate_store_roc`, `rocgate_store_demand_rps`
+/// and `rocgate_store_limit_rps` as `gauges` says; fails after 10 s.
+async fn until_shown(
+    client: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+    admin: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+    mode: &str,
+    gauges: [bool; 3],
+) {
+    let series = [
+        r#"rocgate_store_roc{route="order"} "#,
+        r#"rocgate_store_demand_rps{route="order"} "#,
+        r#"rocgate_store_limit_rps{route="order"} "#,
+    ];
+    let started = tokio::time::Instant::now();
+    loop {
+        let _ = post_order(client).await;
+        let store: serde_json::Value =
+            serde_json::from_str(&get(admin, "/admin/store").await).unwrap();
+        let text = get(admin, "/metrics").await;
+        let shown = series.map(|s| text.lines().any(|l| l.starts_with(s)));
+        if store["routes"]["order"]["mode"] == mode && shown == gauges {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not {mode} with {gauges:?}: {store} {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A distributed route cut by the shared controller: `GET /admin/routes/order` says
 /// what `/metrics` and `GET /admin/store` say (cut, at the cut limit), not what the
 /// instance's own controller, which does not step for a distributed route, would.

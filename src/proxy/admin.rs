@@ -518,8 +518,9 @@ fn metrics_text(state: &AdminState) -> impl IntoResponse {
         store.register_undecided(&engine);
     }
     #[cfg(feature = "redis")]
-    m.collector
-        .collect_with(&engine, now, |route| shared_control(state, &engine, route));
+    m.collector.collect_with(&engine, now, |route| {
+        exported_control(state, &engine, route)
+    });
     #[cfg(not(feature = "redis"))]
     m.collector.collect(&engine, now);
     register_upstream_errors(m, &engine);
@@ -591,14 +592,39 @@ fn shared_control(
     route: &str,
 ) -> Option<crate::metrics::SharedControl> {
     let view = state.store.as_ref()?.shared_view(engine, route)?;
-    Some(crate::metrics::SharedControl {
+    Some(control_of(&view))
+}
+
+/// [`shared_control`] as `/metrics` exports it: while the route decides locally (Redis
+/// away), no shared ROC nor fleet demand (NaN, left out of `/metrics`), which would
+/// read Redis's last answer as if current; back with the first answer. The limit
+/// stays: the one last seen, a share of which the fallback enforces.
+#[cfg(feature = "redis")]
+fn exported_control(
+    state: &AdminState,
+    engine: &Engine,
+    route: &str,
+) -> Option<crate::metrics::SharedControl> {
+    let view = state.store.as_ref()?.shared_view(engine, route)?;
+    let mut control = control_of(&view);
+    if view.mode == crate::store::redis::StoreMode::Fallback {
+        control.roc = f64::NAN;
+        control.demand_rps = f64::NAN;
+    }
+    Some(control)
+}
+
+/// What the metrics take of a shared store's view of a route.
+#[cfg(feature = "redis")]
+fn control_of(view: &crate::store::redis::SharedView) -> crate::metrics::SharedControl {
+    crate::metrics::SharedControl {
         limit_rps: view.limit_rps,
         state: view.state,
         roc: view.roc,
         demand_rps: view.demand_rps,
         stepped: view.stepped,
         level: Some(view.level),
-    })
+    }
 }
 
 /// A route's snapshot as `/metrics` reads it: for a route a shared store decides, the
