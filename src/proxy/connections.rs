@@ -294,6 +294,14 @@ pub(crate) const RECLAIM_AT_MOST: usize = 32;
 /// ([`Reclaimable::close_after_answer`]).
 pub(crate) const RECLAIM_IDLE_LEAST: Duration = Duration::from_millis(100);
 
+/// How long a connection asked to close to make room counts as that room being made:
+/// while one does, no other is asked. An idle HTTP/1.1 connection closes at its task's
+/// next poll, an HTTP/2 one within a round trip of its client (who answers the
+/// GOAWAY's ping); one asked this long ago whose client has not answered (hyper waits
+/// for the ping until `header_read_timeout`) no longer counts, and the next look
+/// asks others.
+pub(crate) const RECLAIM_ASK_PENDING_MOST: Duration = Duration::from_secs(1);
+
 /// The client connections being served (from their protocol known to their last
 /// response: not a tunnel, nor a lingering close), which the accept loop asks to
 /// close, when idle, to make room at the cap.
@@ -356,11 +364,20 @@ struct Reclaim {
     head: Option<Arc<Arrivals>>,
     /// Whether the accept loop asked it to close.
     asked: AtomicBool,
+    /// When it was asked, in nanoseconds from its activity's opening.
+    asked_at: AtomicU64,
     /// Its task's waker, from its first poll of [`Asked`].
     waker: Mutex<Option<Waker>>,
 }
 
 impl Reclaim {
+    /// Marks the connection asked to close, now.
+    fn ask(&self) {
+        let at = nanos_since(self.activity.opened);
+        self.asked_at.store(at, Ordering::Relaxed);
+        self.asked.store(true, Ordering::Release);
+    }
+
     /// Since when the connection has been idle, or `None` while a request is in
     /// progress or a head is begun.
     fn idle_since(&self) -> Option<Instant> {
@@ -394,6 +411,7 @@ impl Reclaimable {
             activity,
             head,
             asked: AtomicBool::new(false),
+            asked_at: AtomicU64::new(0),
             waker: Mutex::new(None),
         });
         let mut serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
@@ -417,8 +435,12 @@ impl Reclaimable {
 
     /// Asks the connections idle longest to close, for a connection waiting at the
     /// cap: an eighth of those idle and not asked yet, at least one, at most
-    /// [`RECLAIM_AT_MOST`], an HTTP/1.1 one idle for [`RECLAIM_IDLE_LEAST`] at least.
-    /// With none idle, the next HTTP/1.1 answer made closes its connection
+    /// [`RECLAIM_AT_MOST`], an HTTP/1.1 one idle for [`RECLAIM_IDLE_LEAST`] at least;
+    /// none while one asked in the last [`RECLAIM_ASK_PENDING_MOST`] is still closing
+    /// (the room is being made: each look of the waiting connection, every
+    /// [`RECLAIM_IDLE_LEAST`], and each connection waiting after it, would otherwise
+    /// ask as many again, and a burst close many more than it takes). With none idle,
+    /// the next HTTP/1.1 answer made closes its connection
     /// ([`Reclaimable::close_after_answer`]), or the first HTTP/2 connection to go idle
     /// closes, until [`Reclaimable::made_room`]. Returns how many were asked.
     pub(crate) fn make_room(&self) -> usize {
@@ -426,18 +448,26 @@ impl Reclaimable {
         // than be missed by both.
         self.room.store(WAITING | WANTED, Ordering::SeqCst);
         let serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut closing = false;
         let mut idle: Vec<(Instant, usize)> = serving
             .entries
             .iter()
             .enumerate()
             .filter_map(|(index, entry)| {
                 let reclaim = entry.as_ref()?;
-                if reclaim.asked.load(Ordering::Relaxed) {
+                if reclaim.asked.load(Ordering::Acquire) {
+                    let asked_at = Duration::from_nanos(reclaim.asked_at.load(Ordering::Relaxed));
+                    closing |=
+                        reclaim.activity.opened.elapsed() < asked_at + RECLAIM_ASK_PENDING_MOST;
                     return None;
                 }
                 Some((reclaim.reclaimable_since()?, index))
             })
             .collect();
+        if closing {
+            self.room.fetch_and(!WANTED, Ordering::Relaxed);
+            return 0;
+        }
         if idle.is_empty() {
             return 0;
         }
@@ -449,7 +479,7 @@ impl Reclaimable {
         }
         for (_, index) in idle {
             if let Some(reclaim) = &serving.entries[index] {
-                reclaim.asked.store(true, Ordering::Release);
+                reclaim.ask();
                 if let Some(waker) = &*reclaim.waker.lock().unwrap_or_else(PoisonError::into_inner)
                 {
                     waker.wake_by_ref();
@@ -596,7 +626,7 @@ impl Future for Asked<'_> {
                 return Poll::Pending;
             }
             // Closing now: the loop looks past it until it is gone.
-            reclaim.asked.store(true, Ordering::Relaxed);
+            reclaim.ask();
         }
         registry.reclaimed.fetch_add(1, Ordering::Relaxed);
         Poll::Ready(())
@@ -1861,10 +1891,11 @@ mod tests {
         assert_eq!(closing.iter().filter(|c| **c).count(), 2, "{closing:?}");
         assert!(closing[0] && closing[1], "{closing:?}");
         assert!(!closes(&busy.2) && !closes(&begun.2));
-        // Those closing are looked past; a connection that has closed leaves.
-        drop(idle.remove(0));
+        // While those asked are closing, none other is asked; once closed, they leave.
+        assert_eq!(registry.make_room(), 0);
+        drop(idle.drain(..2));
         assert_eq!(registry.make_room(), 1);
-        assert!(closes(&idle[1]));
+        assert!(closes(&idle[0]));
         assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 3);
         drop(request);
     }
@@ -1899,6 +1930,7 @@ mod tests {
         );
         drop(request);
         assert!(closes(&h2_registered));
+        drop(h2_registered);
         registry.made_room();
         tokio::time::advance(RECLAIM_IDLE_LEAST).await;
         assert_eq!(registry.make_room(), 1);
@@ -1953,6 +1985,42 @@ mod tests {
         assert!(closes(&second_registered));
         drop(request);
         assert!(!closes(&first_registered));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn asks_not_yet_closed_count_against_the_room_wanted() {
+        let registry = Arc::<Reclaimable>::default();
+        // 12 idle: an eighth of them is one.
+        let mut idle: Vec<Registered> = (0..12).map(|_| served_one(&registry).2).collect();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // 4 connections wait at the cap in turn, each looked for 3 times (every
+        // RECLAIM_IDLE_LEAST) before the one asked for it closes and gives it its
+        // place: the one asked, still closing, is room being made, and no other is
+        // asked meanwhile. 4 waiting close 4, where asking again at every look
+        // closed 3 for each.
+        let mut asked = 0;
+        for _ in 0..4 {
+            for _ in 0..3 {
+                asked += registry.make_room();
+                tokio::time::advance(RECLAIM_IDLE_LEAST).await;
+            }
+            let at = idle.iter().position(closes).expect("one was asked");
+            drop(idle.remove(at));
+            registry.made_room();
+        }
+        assert_eq!(asked, 4);
+        assert_eq!(registry.reclaimed.load(Ordering::Relaxed), 4);
+        // A connection asked that has not closed within RECLAIM_ASK_PENDING_MOST (an
+        // HTTP/2 client that does not answer its GOAWAY's ping) no longer counts: the
+        // next look asks another.
+        assert_eq!(registry.make_room(), 1);
+        assert_eq!(registry.make_room(), 0);
+        // Room being made is not left wanted for the next answer to make too.
+        let (busy, _, _busy_registered) = served_one(&registry);
+        assert!(!busy.begin().close_after_answer());
+        tokio::time::advance(RECLAIM_ASK_PENDING_MOST).await;
+        assert_eq!(registry.make_room(), 1);
+        registry.made_room();
     }
 
     #[tokio::test(start_paused = true)]
