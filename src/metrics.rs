@@ -46,6 +46,7 @@
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: connections accepted while every one of `max_connections` was taken: each waited for a place, idle ones closed to make room |
 //! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: keep-alive connections closed gracefully to make room for a connection waiting at `max_connections`: idle ones (no request in progress), and HTTP/1.1 ones closed after an answer that said `Connection: close` |
+//! | `rocgate_admin_connections_reclaimed_total` | counter | | proxy: the admin API's keep-alive connections closed gracefully to make room for one waiting at its cap of 256 (a scraper or client pooling that many idle ones); not counted in `rocgate_client_connections_reclaimed_total`, which, as the other `rocgate_client_connections*` series, counts the proxy's clients' |
 //! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted, their client address holding `max_connections_per_client` already |
 //! | `rocgate_lingering_connections` | gauge | | proxy: client connections being closed as lingering closes now: answered with a body left unread, their write half shut, reading what the client still sends (they hold a place under `max_connections`) |
 //! | `rocgate_lingering_closes_total` | counter | `ended` | proxy: lingering closes by how they ended: `client_closed` (the client closed its side, or reset it), `lingering_timeout` (it sent nothing for that long), `lingering_time` (that long in all), `lingering_bytes` (it sent more than a lingering close reads, 64 MiB), `shutdown` |
@@ -138,6 +139,8 @@ pub const CONNECTION_LIMIT_REACHED: &str = "rocgate_client_connection_limit_reac
 pub const CONNECTIONS_REFUSED: &str = "rocgate_client_connections_refused_total";
 /// `rocgate_client_connections_reclaimed_total`.
 pub const CONNECTIONS_RECLAIMED: &str = "rocgate_client_connections_reclaimed_total";
+/// `rocgate_admin_connections_reclaimed_total`.
+pub const ADMIN_CONNECTIONS_RECLAIMED: &str = "rocgate_admin_connections_reclaimed_total";
 /// `rocgate_lingering_connections`.
 pub const LINGERING_CONNECTIONS: &str = "rocgate_lingering_connections";
 /// `rocgate_lingering_closes_total`.
@@ -170,7 +173,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 47] = [
+pub const ALL: [&str; 48] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -203,6 +206,7 @@ pub const ALL: [&str; 47] = [
     CONNECTION_LIMIT_REACHED,
     CONNECTIONS_REFUSED,
     CONNECTIONS_RECLAIMED,
+    ADMIN_CONNECTIONS_RECLAIMED,
     LINGERING_CONNECTIONS,
     LINGERING_CLOSES,
     CONFIG_RELOADS,
@@ -334,6 +338,10 @@ pub fn describe() {
     describe_counter!(
         CONNECTIONS_RECLAIMED,
         "Keep-alive connections closed gracefully to make room at max_connections (idle, or after an answer saying Connection: close)."
+    );
+    describe_counter!(
+        ADMIN_CONNECTIONS_RECLAIMED,
+        "Admin API keep-alive connections closed gracefully to make room at its cap of 256."
     );
     describe_counter!(
         CONNECTIONS_REFUSED,

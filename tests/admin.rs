@@ -1460,6 +1460,18 @@ async fn an_admin_connection_at_the_cap_is_served_while_the_others_idle() {
     let mut buf = [0u8; 16];
     let end = tokio::time::timeout(Duration::from_secs(5), idle[0].read(&mut buf)).await;
     assert!(matches!(end, Ok(Ok(0))), "a clean end: {end:?}");
+    // Counted apart from the proxy's client connections (the scrape's own connection,
+    // at the cap too, may have closed one more).
+    let text = metrics_text(p.admin).await;
+    let reclaimed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("rocgate_admin_connections_reclaimed_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(reclaimed.is_some_and(|n| n >= 1.0), "{text}");
+    assert!(
+        text.contains("\nrocgate_client_connections_reclaimed_total 0\n"),
+        "{text}"
+    );
     p.stop().await;
 }
 

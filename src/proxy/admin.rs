@@ -88,6 +88,8 @@ pub(crate) struct Exporter {
     /// Client connections open, those accepted at their cap, those closed to make
     /// room there, and their lingering closes.
     pub(crate) connections: Arc<super::connections::ClientConnections>,
+    /// The admin API's own connections, which may be closed to make room at its cap.
+    pub(crate) admin_connections: Arc<Reclaimable>,
     /// The routes whose `rocgate_upstream_errors_total` series of every kind are
     /// registered (at 0 before their first error): each is registered once, where
     /// looking all up at every scrape cost 11 registry lookups a route.
@@ -116,11 +118,13 @@ const DRAIN: Duration = Duration::from_secs(1);
 /// first byte, the wait for the next request on a keep-alive connection bounded by
 /// `idle_timeout`, after which the connection is closed gracefully. At the cap, a
 /// connection accepted waits for a place while the connections idle longest are
-/// closed to make room ([`Reclaimable`]): idle keep-alive connections would
-/// otherwise hold every place, `/healthz` included, for up to `idle_timeout`.
+/// closed to make room (`reclaimable`, whose count `/metrics` exports): idle
+/// keep-alive connections would otherwise hold every place, `/healthz` included, for
+/// up to `idle_timeout`.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
+    reclaimable: Arc<Reclaimable>,
     builder: auto::Builder<TokioExecutor>,
     header_read_timeout: Duration,
     idle_timeout: Duration,
@@ -128,7 +132,6 @@ pub(crate) async fn serve(
 ) {
     use tower::ServiceExt as _;
     let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let reclaimable = Arc::<Reclaimable>::default();
     let (stop, stopping) = watch::channel(());
     let (end, ended) = watch::channel(());
     let mut accept_failures = super::AcceptFailures::default();
@@ -533,6 +536,8 @@ fn metrics_text(state: &AdminState) -> impl IntoResponse {
         .absolute(m.connections.limit_reached());
     metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).absolute(m.connections.refused());
     metrics::counter!(crate::metrics::CONNECTIONS_RECLAIMED).absolute(m.connections.reclaimed());
+    metrics::counter!(crate::metrics::ADMIN_CONNECTIONS_RECLAIMED)
+        .absolute(m.admin_connections.reclaimed());
     let lingering = m.connections.lingering();
     metrics::gauge!(crate::metrics::LINGERING_CONNECTIONS).set(lingering.under_way() as f64);
     // Every end at 0 before its first, so that `rate` counts that one too.
@@ -1010,6 +1015,7 @@ mod tests {
                 lanes: super::super::lane::LaneCount::new(1),
                 upstream_requests: super::super::forward::UpstreamRequests::new(1),
                 connections: Arc::new(super::super::connections::ClientConnections::new(1)),
+                admin_connections: Arc::default(),
                 errors_registered: Mutex::default(),
             }),
             #[cfg(feature = "redis")]

@@ -233,7 +233,7 @@ impl ClientConnections {
 
     /// Connections closed to make room at the cap since start.
     pub(crate) fn reclaimed(&self) -> u64 {
-        self.reclaimable.reclaimed.load(Ordering::Relaxed)
+        self.reclaimable.reclaimed()
     }
 }
 
@@ -510,6 +510,11 @@ impl Reclaimable {
             self.reclaimed.fetch_add(1, Ordering::Relaxed);
         }
         taken
+    }
+
+    /// Connections closed to make room since start.
+    pub(crate) fn reclaimed(&self) -> u64 {
+        self.reclaimed.load(Ordering::Relaxed)
     }
 
     /// The connection that waited at the cap has its place: no room is wanted.

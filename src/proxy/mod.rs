@@ -867,6 +867,9 @@ impl Proxy {
         });
         // Set once shutdown begins: `/readyz` says so from then on.
         let shutting_down = Arc::new(AtomicBool::new(false));
+        // The admin API's connections closed to make room at its cap, which its
+        // `/metrics` exports.
+        let admin_connections = Arc::<connections::Reclaimable>::default();
         let admin_router = admin::router(admin::AdminState {
             reloader: self.reloader.clone(),
             shutting_down: Arc::clone(&shutting_down),
@@ -883,6 +886,7 @@ impl Proxy {
                 lanes,
                 upstream_requests,
                 connections: Arc::clone(&connections),
+                admin_connections: Arc::clone(&admin_connections),
                 errors_registered: std::sync::Mutex::default(),
             }),
         });
@@ -902,6 +906,7 @@ impl Proxy {
         let admin = tokio::spawn(admin::serve(
             self.admin,
             admin_router,
+            admin_connections,
             builder.clone(),
             self.settings.header_read_timeout,
             self.settings.idle_timeout,
