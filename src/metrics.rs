@@ -45,7 +45,7 @@
 //! | `rocgate_max_upstream_requests` | gauge | | proxy: `max_upstream_requests`, the most places there are (a restart changes it, a reload does not) |
 //! | `rocgate_client_connections` | gauge | | proxy: client connections open (at most `max_connections`; the admin API's are not counted) |
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: connections accepted while every one of `max_connections` was taken: each waited for a place, idle ones closed to make room |
-//! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: keep-alive connections closed gracefully to make room for a connection waiting at `max_connections`: idle ones (no request in progress), and HTTP/1.1 ones closed after an answer that said `Connection: close` |
+//! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: keep-alive connections closed gracefully to make room for a connection waiting at `max_connections`: idle ones (no request in progress; a new one that has sent nothing, closed with no answer), and HTTP/1.1 ones closed after an answer that said `Connection: close` |
 //! | `rocgate_admin_connections_reclaimed_total` | counter | | proxy: the admin API's keep-alive connections closed gracefully to make room for one waiting at its cap of 256 (a scraper or client pooling that many idle ones); not counted in `rocgate_client_connections_reclaimed_total`, which, as the other `rocgate_client_connections*` series, counts the proxy's clients' |
 //! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted, their client address holding `max_connections_per_client` already |
 //! | `rocgate_lingering_connections` | gauge | | proxy: client connections being closed as lingering closes now: answered with a body left unread, their write half shut, reading what the client still sends (they hold a place under `max_connections`) |
@@ -337,7 +337,7 @@ pub fn describe() {
     );
     describe_counter!(
         CONNECTIONS_RECLAIMED,
-        "Keep-alive connections closed gracefully to make room at max_connections (idle, or after an answer saying Connection: close)."
+        "Keep-alive connections closed gracefully to make room at max_connections (idle, new ones that sent nothing included, or after an answer saying Connection: close)."
     );
     describe_counter!(
         ADMIN_CONNECTIONS_RECLAIMED,

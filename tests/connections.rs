@@ -470,6 +470,57 @@ async fn idle_connections_are_closed_oldest_first_to_make_room_at_the_cap() {
     assert!(metric(&proxy, reclaimed).await >= Some(2.0));
 }
 
+/// At `max_connections`, a connection that has sent nothing (a browser's preconnect, or
+/// a client that holds places by opening connections) is closed to make room once open
+/// for 100 ms, as an idle one is, without an answer: nothing was asked. One whose first
+/// bytes came is not: an HTTP/1.1 head begun, or part of HTTP/2's preface (still being
+/// told apart from HTTP/1.1), is served once whole. Before, the new connection waited
+/// for the silent one to reach `header_read_timeout` (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_has_sent_nothing_is_closed_to_make_room_at_the_cap() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = start_upstream().await;
+    let secs = Duration::from_secs(60);
+    let proxy = start_proxy(upstream, 3, secs, secs).await;
+    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut head = TcpStream::connect(proxy.addr).await.unwrap();
+    head.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+    let mut preface = TcpStream::connect(proxy.addr).await.unwrap();
+    preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    sleep(SHORT_IDLE).await;
+
+    let mut fourth = H1::connect(proxy.addr).await;
+    let (status, body) = timeout(IO_TIMEOUT, fourth.send("/"))
+        .await
+        .expect("served while a silent connection held a place");
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    let mut buf = [0u8; 64];
+    let end = timeout(IO_TIMEOUT, silent.read(&mut buf)).await.unwrap();
+    assert!(matches!(end, Ok(0)), "closed with nothing sent: {end:?}");
+    // The head begun is served once whole.
+    head.write_all(b"Host: rocgate.test\r\n\r\n").await.unwrap();
+    let mut got = Vec::new();
+    while !got.ends_with(b"\r\n\r\nok") {
+        let n = timeout(IO_TIMEOUT, head.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(n, 0, "closed before its answer: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    // The h2c one, its preface whole and its SETTINGS sent, has the server's.
+    preface
+        .write_all(b"\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut frame = [0u8; 9];
+    timeout(IO_TIMEOUT, preface.read_exact(&mut frame))
+        .await
+        .unwrap()
+        .expect("open, not closed for the fourth");
+    assert_eq!(frame[3], 0x04, "a SETTINGS frame: {frame:?}");
+}
+
 /// With `max_connections_per_client`, an address that holds that many has its next
 /// connection closed as soon as it is accepted, while another address is served; a
 /// connection that closes gives its address's place back. The trusted proxies'

@@ -174,13 +174,24 @@ pub(crate) async fn serve(
         let mut stopping = stopping.clone();
         let mut ended = ended.clone();
         let connection = async move {
-            let Some(protocol) = super::protocol_known_within(&stream, header_read_timeout).await
-            else {
+            // Idle since accepted until its first byte, as the proxy's clients'.
+            let activity = Activity::new();
+            let fresh = reclaimable.register(Arc::clone(&activity), Some(Arc::clone(&arrivals)));
+            let protocol = tokio::select! {
+                biased;
+                known = super::protocol_known_within(&stream, header_read_timeout, &arrivals) => known,
+                () = fresh.asked_before_first_byte(&stream) => None,
+            };
+            let Some(protocol) = protocol else {
                 return;
             };
-            let activity = Activity::new();
-            let head = (protocol == super::Protocol::Http1).then(|| Arc::clone(&arrivals));
-            let registered = reclaimable.register(Arc::clone(&activity), head);
+            let registered = match protocol {
+                super::Protocol::Http1 => fresh,
+                super::Protocol::Http2 => {
+                    drop(fresh);
+                    reclaimable.register(Arc::clone(&activity), None)
+                }
+            };
             let service = hyper::service::service_fn({
                 let activity = Arc::clone(&activity);
                 move |req: http::Request<hyper::body::Incoming>| {

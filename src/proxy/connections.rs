@@ -302,13 +302,18 @@ pub(crate) const RECLAIM_IDLE_LEAST: Duration = Duration::from_millis(100);
 /// asks others.
 pub(crate) const RECLAIM_ASK_PENDING_MOST: Duration = Duration::from_secs(1);
 
-/// The client connections being served (from their protocol known to their last
+/// The client connections being served (from their acceptance to their last
 /// response: not a tunnel, nor a lingering close), which the accept loop asks to
 /// close, when idle, to make room at the cap.
 ///
 /// A connection is idle with no request in progress ([`Activity`]) and, over
 /// HTTP/1.1, no byte of its next request head read ([`Arrivals`]): such a connection
 /// is closed as the idle timeout closes it, between requests, and no request is cut.
+/// A connection whose protocol is not yet told is idle, since accepted, until its
+/// first byte comes ([`Registered::asked_before_first_byte`]), and is closed with no
+/// answer: nginx reuses such a connection as it does an idle keep-alive one, and
+/// clients that open connections and send nothing (a browser's preconnect, or one
+/// that holds places so) would otherwise hold them until `header_read_timeout`.
 /// A request in progress is never touched. An HTTP/2 connection with no stream in
 /// progress gets a GOAWAY, which tells its client which streams were not taken.
 ///
@@ -317,8 +322,9 @@ pub(crate) const RECLAIM_ASK_PENDING_MOST: Duration = Duration::from_secs(1);
 /// would find it closed before the answer to its next request.
 ///
 /// Nothing here is on a request's way but a load per HTTP/1.1 answer
-/// ([`Reclaimable::close_after_answer`]): a connection registers as it begins to be
-/// served and leaves as it ends (a lock each), and its task's every wake costs two
+/// ([`Reclaimable::close_after_answer`]): a connection registers as it is accepted
+/// and leaves as it ends (a lock each; an h2c one registers again once told, with no
+/// head to begin), and its task's every wake costs two
 /// loads ([`Registered::asked`]). The accept loop, while a connection waits at the
 /// cap, looks every [`RECLAIM_IDLE_LEAST`] at every connection registered (under the
 /// lock, a few nanoseconds each) for those idle longest, and wakes them; if none is
@@ -557,6 +563,30 @@ pub(crate) struct Registered {
 }
 
 impl Registered {
+    /// As [`Registered::asked`], for a connection registered as accepted, its protocol
+    /// not yet told ([`Arrivals`] records its first bytes as they are peeked at): it is
+    /// idle, since accepted, until a byte comes. Before it may complete, the socket is
+    /// peeked at, which does not wait for the runtime to have seen it readable: a byte
+    /// there makes the connection busy, and the ask is passed on, so that a request
+    /// whose first bytes came is not cut. The connection is then closed with no answer.
+    pub(crate) fn asked_before_first_byte<'a>(
+        &'a self,
+        stream: &'a TcpStream,
+    ) -> impl Future<Output = ()> + 'a {
+        let mut asked = self.asked();
+        std::future::poll_fn(move |cx| {
+            let reclaim = &self.reclaim;
+            let may_be_asked = reclaim.asked.load(Ordering::Acquire)
+                || self.registry.room.load(Ordering::SeqCst) & WANTED != 0;
+            if may_be_asked && has_bytes(stream) {
+                if let Some(first) = &reclaim.head {
+                    first.read();
+                }
+            }
+            Pin::new(&mut asked).poll(cx)
+        })
+    }
+
     /// Completes once the connection is idle and asked to close to make room at the
     /// cap (or, with room wanted that no connection was asked for, once it is idle:
     /// an HTTP/1.1 one for [`RECLAIM_IDLE_LEAST`]),
@@ -579,6 +609,14 @@ impl Drop for Registered {
         serving.entries[self.index] = None;
         serving.free.push(self.index);
     }
+}
+
+/// Whether bytes wait to be read on `stream`, as the kernel holds them now.
+fn has_bytes(stream: &TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    socket2::SockRef::from(stream)
+        .peek(&mut byte)
+        .is_ok_and(|n| n > 0)
 }
 
 /// The future of [`Registered::asked`]. Like [`Idle`], it is polled at every wake of
@@ -1531,8 +1569,8 @@ struct SharedSleep {
 pub(crate) struct Arrivals(AtomicBool);
 
 impl Arrivals {
-    /// Records bytes read.
-    fn read(&self) {
+    /// Records bytes read (or peeked at, to tell the connection's protocol).
+    pub(crate) fn read(&self) {
         self.0.store(true, Ordering::Relaxed);
     }
 

@@ -1009,11 +1009,21 @@ impl Proxy {
             let mut aborting = aborting.clone();
             tokio::spawn(async move {
                 let _slot = slot;
+                // Idle since accepted until its first byte: at the cap, a connection
+                // that has sent nothing is closed to make room as an idle one is, with
+                // no answer (nothing was asked).
+                let activity = connections::Activity::new();
+                let fresh =
+                    reclaimable.register(Arc::clone(&activity), Some(Arc::clone(&arrivals)));
                 // A connection that has sent nothing has no request in flight: shutdown
                 // closes it at once rather than wait for its first byte.
                 let protocol = tokio::select! {
                     biased;
-                    known = protocol_known_within(&stream, header_timeout) => known,
+                    known = protocol_known_within(&stream, header_timeout, &arrivals) => known,
+                    () = fresh.asked_before_first_byte(&stream) => {
+                        tracing::debug!(%peer, "connection that had sent nothing closed to make room at max_connections");
+                        None
+                    }
                     _ = stopping.changed() => None,
                 };
                 let Some(protocol) = protocol else {
@@ -1025,10 +1035,15 @@ impl Proxy {
                 // block: an upgraded connection's tunnel runs after it, without them,
                 // and so does a lingering close.
                 let (upgraded, ended) = async {
-                    let activity = connections::Activity::new();
-                    // Asked to close when idle, to make room at the cap, until served.
-                    let head = (protocol == Protocol::Http1).then(|| Arc::clone(&arrivals));
-                    let registered = reclaimable.register(Arc::clone(&activity), head);
+                    // Asked to close when idle, to make room at the cap, until served:
+                    // an h2c connection has no head to begin.
+                    let registered = match protocol {
+                        Protocol::Http1 => fresh,
+                        Protocol::Http2 => {
+                            drop(fresh);
+                            reclaimable.register(Arc::clone(&activity), None)
+                        }
+                    };
                     let streams = connections::Streams::new();
                     let svc = hyper::service::service_fn({
                         let activity = Arc::clone(&activity);
@@ -1452,13 +1467,22 @@ enum Protocol {
 
 /// Waits until a connection has sent enough to tell its protocol: bytes that do not
 /// begin HTTP/2's preface (HTTP/1.1, whose head hyper then times), or the preface
-/// whole. `None` if the peer closes, or sends nothing or too little in time: hyper
-/// would wait for the rest of a preface, held open, until `idle_timeout`.
-async fn protocol_known_within(stream: &TcpStream, timeout: Duration) -> Option<Protocol> {
+/// whole; its first bytes, as they come, are recorded in `first`. `None` if the peer
+/// closes, or sends nothing or too little in time: hyper would wait for the rest of a
+/// preface, held open, until `idle_timeout`.
+async fn protocol_known_within(
+    stream: &TcpStream,
+    timeout: Duration,
+    first: &connections::Arrivals,
+) -> Option<Protocol> {
     let mut seen = [0u8; H2_PREFACE.len()];
     let known = async {
         loop {
-            match stream.peek(&mut seen).await {
+            let peeked = stream.peek(&mut seen).await;
+            if matches!(peeked, Ok(n) if n > 0) {
+                first.read();
+            }
+            match peeked {
                 Ok(0) | Err(_) => return None,
                 Ok(n) if seen[..n] != H2_PREFACE[..n] => return Some(Protocol::Http1),
                 Ok(n) if n == H2_PREFACE.len() => return Some(Protocol::Http2),
