@@ -174,13 +174,15 @@ pub(crate) async fn serve(
         let mut stopping = stopping.clone();
         let mut ended = ended.clone();
         let connection = async move {
-            // Idle since accepted until its first byte, as the proxy's clients'.
+            // Idle since accepted until its first byte, as the proxy's clients'; with
+            // no request to finish, closed at once when the API stops.
             let activity = Activity::new();
             let fresh = reclaimable.register(Arc::clone(&activity), Some(Arc::clone(&arrivals)));
             let protocol = tokio::select! {
                 biased;
                 known = super::protocol_known_within(&stream, header_read_timeout, &arrivals) => known,
                 () = fresh.asked_before_first_byte(&stream) => None,
+                _ = stopping.changed() => None,
             };
             let Some(protocol) = protocol else {
                 return;
@@ -1269,6 +1271,46 @@ mod tests {
             .unwrap();
         assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
         assert_eq!(started.elapsed(), BODY_READ_TIMEOUT);
+    }
+
+    /// A connection that has sent nothing when the admin API stops is closed at once,
+    /// as the proxy's clients' are: it has no request to finish, and holding it would
+    /// hold the stop for the whole drain ([`DRAIN`]).
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_has_sent_nothing_does_not_hold_the_stop() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // Heads and idle waits far longer than the drain: only the stop ends them.
+        let hour = Duration::from_secs(3600);
+        let serving = tokio::spawn(serve(
+            listener,
+            router(state().await),
+            Arc::default(),
+            auto::Builder::new(TokioExecutor::new()),
+            hour,
+            hour,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // Answered, so accepted after the silent one.
+        let mut asked = tokio::net::TcpStream::connect(addr).await.unwrap();
+        asked
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        asked.read_to_end(&mut answer).await.unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+        let stopping = tokio::time::Instant::now();
+        stop.send(()).unwrap();
+        serving.await.unwrap();
+        assert!(stopping.elapsed() < DRAIN, "{:?}", stopping.elapsed());
+        let mut buf = [0u8; 16];
+        assert_eq!(silent.read(&mut buf).await.unwrap(), 0);
     }
 
     /// The router, served as a connection from `peer` is, refuses every change from
