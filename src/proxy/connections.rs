@@ -1211,14 +1211,11 @@ pub(crate) async fn linger(
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut left = bounds.bytes;
-    if !unread_body {
-        let mut probe = [0u8; 64];
-        match stream.try_read(&mut probe) {
-            // Nothing waits (or the client is gone), and nothing is owed: a plain
-            // close.
-            Ok(0) | Err(_) => return,
-            Ok(n) => left = left.saturating_sub(n as u64),
-        }
+    // Looked for in the socket itself: the runtime may not have seen bytes that came
+    // since hyper's last read found none.
+    if !unread_body && !has_bytes(&stream) {
+        // Nothing waits (or the client is gone), and nothing is owed: a plain close.
+        return;
     }
     let under_way = bounds.closes.begin();
     let reading = async {
@@ -2064,6 +2061,57 @@ mod tests {
         tokio::time::advance(RECLAIM_ASK_PENDING_MOST).await;
         assert_eq!(registry.make_room(), 1);
         registry.made_room();
+    }
+
+    /// A connection closed with nothing owed (idle, or closed to make room) whose
+    /// client's next request came before the runtime saw its socket readable (hyper's
+    /// last read found nothing) is closed as a lingering close, not with the request
+    /// unread: closed so, the socket would answer with a reset, which can throw away
+    /// an answer its client has not read yet. (It was closed at once: the probe for
+    /// bytes waiting asked the runtime, which had not looked.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn bytes_the_runtime_has_not_seen_yet_make_a_lingering_close() {
+        use std::io::{Read as _, Write as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        // hyper's last read found nothing, and the runtime has not looked since: the
+        // request below comes as the server's task runs on.
+        let nothing = server.try_read(&mut [0u8; 1]);
+        assert!(
+            nothing
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+            "{nothing:?}"
+        );
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let closes = Arc::<LingeringCloses>::default();
+        let bounds = Lingering {
+            time: Duration::from_secs(30),
+            timeout: Duration::from_secs(5),
+            bytes: 1 << 20,
+            closes: Arc::clone(&closes),
+        };
+        let lingering = linger(server, false, bounds, std::future::pending());
+        tokio::pin!(lingering);
+        assert!(
+            futures_poll(lingering.as_mut()).is_pending(),
+            "closed with the request unread"
+        );
+        assert_eq!(closes.under_way(), 1);
+        // The client reads the end (not a reset), and closes its side.
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(client.read(&mut buf).unwrap(), 0);
+        drop(client);
+        tokio::time::timeout(Duration::from_secs(5), lingering)
+            .await
+            .expect("ends as the client closes");
+        assert_eq!(closes.ended(LingerEnd::ClientClosed), 1);
     }
 
     #[tokio::test(start_paused = true)]
