@@ -604,12 +604,7 @@ impl Controller {
                 } else {
                     self.safe_since = None;
                 }
-                let by_hold = self.safe_since.map(|since| self.hold_done(since));
-                let by_max = self.entered_at + self.params.max_cut;
-                // Not dated before the controller was armed: a cut whose hold or
-                // max_cut passed while it was not restores from then, one step at a
-                // time, not with the steps it would have taken meanwhile.
-                let start = by_hold.map_or(by_max, |t| t.min(by_max)).max(self.armed_at);
+                let start = self.cut_end();
                 if start <= now {
                     self.enter(ControllerState::Recovering, start, roc, &mut on_transition);
                 }
@@ -638,6 +633,26 @@ impl Controller {
             );
             self.enter(ControllerState::Normal, at, roc, on_transition);
         }
+    }
+
+    /// In `Cut`, when the cut ends by the clock alone, as the readings observed so far
+    /// have it: its hold of calm done, or `max_cut`, whichever comes first, and not
+    /// before the controller is armed. `None` in the other states. A caller that steps
+    /// the controller once for many slots that read alike (a silence longer than the
+    /// window) observes that reading at the slot where this falls too, before a change
+    /// of parameters later in the silence, as stepping each slot would have.
+    pub fn cut_ends_at(&self) -> Option<Nanos> {
+        (self.state == ControllerState::Cut).then(|| self.cut_end())
+    }
+
+    /// [`cut_ends_at`](Self::cut_ends_at) of a controller in `Cut`.
+    fn cut_end(&self) -> Nanos {
+        let by_hold = self.safe_since.map(|since| self.hold_done(since));
+        let by_max = self.entered_at + self.params.max_cut;
+        // Not dated before the controller was armed: a cut whose hold or max_cut
+        // passed while it was not restores from then, one step at a time, not with the
+        // steps it would have taken meanwhile.
+        by_hold.map_or(by_max, |t| t.min(by_max)).max(self.armed_at)
     }
 
     /// The earliest time a calm stretch starting at `since` lets restoring begin.

@@ -1325,6 +1325,53 @@ fn a_silence_after_a_runtime_change_lands_where_upkeep_would() {
     assert_eq!(jumped.transitions, stepped.transitions);
 }
 
+/// A cut whose `max_cut` runs out during a silence longer than the window, before a
+/// scheduled event ends in that same silence: one request at the end of the silence
+/// finds the route where stepping every slot (upkeep) puts it, restoring from when
+/// `max_cut` ran out, from the event's cut limit. The event's end, stepped at its slot
+/// before the cut's end (due earlier, but not stepped: no slot of its own in the
+/// jump), held the cut to it: restoring began at the event's end, from the route's
+/// own cut limit. (found by helper-223)
+#[test]
+fn a_cut_that_runs_out_in_a_silence_before_an_event_ends_lands_where_upkeep_would() {
+    let run = |upkeep: bool| {
+        let mut cfg = RouteConfig::new("r", RouteMatch::any());
+        cfg.controller.max_cut = Duration::from_secs(8);
+        cfg.controller.hold = Duration::from_secs(30);
+        let mut sale = cfg.controller.clone();
+        sale.cut_limit_rps = 100.0;
+        sale.base_limit_rps = 300.0;
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(5);
+        cfg.events = vec![Event::new("sale", start, Duration::from_secs(15), sale)];
+        let e = engine(vec![cfg]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+        offer(&e, id, Key::None, 10.0, 11.0, 900.0);
+        let cut = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+        assert_eq!((cut.state, cut.limit_rps), (ControllerState::Cut, 100.0));
+        if upkeep {
+            for ms in (11_100..40_000).step_by(100) {
+                e.catch_up(id, Nanos::from_millis(ms));
+            }
+        }
+        let end = Nanos::from_secs(40);
+        let _ = e.check(id, Key::None, end);
+        (cut.state_since, e.route_snapshot(id, end).unwrap())
+    };
+    let ((cut_at, stepped), (_, jumped)) = (run(true), run(false));
+    // Restoring from max_cut's end (before the window's replay is over: 17 s), at the
+    // sale's cut limit; at the route's own base 200 by 40 s.
+    assert!(cut_at + Duration::from_secs(8) > Nanos::from_secs(17));
+    assert_eq!(stepped.state, ControllerState::Normal);
+    assert_eq!(
+        (jumped.state, jumped.state_since, jumped.limit_rps),
+        (stepped.state, stepped.state_since, stepped.limit_rps)
+    );
+    assert_eq!(jumped.transitions, stepped.transitions);
+    assert_eq!(jumped.time_in_cut, stepped.time_in_cut);
+    assert_eq!(stepped.time_in_cut, Duration::from_secs(8));
+}
+
 #[test]
 fn keys_of_every_rate_algorithm_follow_the_cut_at_their_own_limit() {
     for algorithm in RATE_ALGORITHMS {

@@ -6,7 +6,7 @@ mod common;
 use common::cases;
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
-use rocgate::config::{Config, RouteConfig, RouteMatch};
+use rocgate::config::{Config, Event, RouteConfig, RouteMatch};
 use rocgate::controller::{Controller, ControllerParams, ControllerState, Transition};
 use rocgate::engine::{Engine, Key};
 use rocgate::limiter::{
@@ -738,5 +738,77 @@ proptest! {
         prop_assert_eq!(stepped.state(), jumped.state());
         prop_assert_eq!(stepped.limit_rps(), jumped.limit_rps());
         prop_assert_eq!(stepped.limit_since(), jumped.limit_since());
+    }
+
+    /// An engine stepped once at the end of a silence lands where one brought up to
+    /// every slot of it (upkeep) does: same transitions, state, limit and time in cut,
+    /// whatever the demand and parameters before, a runtime change before it, and a
+    /// scheduled event that starts or ends before, during or after the silence (the
+    /// controller-level property above sees no change of profile).
+    #[test]
+    fn an_engine_silence_lands_where_upkeep_would(
+        rates in prop::collection::vec(prop_oneof![3 => 0u64..10, 1 => 10u64..90], 20..80),
+        hold_ms in 0u64..3_000,
+        dwell_ms in 0u64..3_000,
+        max_cut_ms in 100u64..10_000,
+        interval_ms in 100u64..2_000,
+        step in 5.0f64..150.0,
+        silence_slots in 1u64..200,
+        event in prop::option::of((0u64..20_000, 100u64..10_000, 20.0f64..100.0, 100.0f64..400.0, 10.0f64..200.0)),
+        update in prop::option::of((0u64..8_000, 10.0f64..100.0)),
+        offset_ms in 0u64..100,
+    ) {
+        let mut p = ControllerParams::default();
+        p.hold = Duration::from_millis(hold_ms);
+        p.min_dwell = Duration::from_millis(dwell_ms);
+        p.max_cut = Duration::from_millis(max_cut_ms);
+        p.restore_interval = Duration::from_millis(interval_ms);
+        p.restore_step_rps = step;
+        let event = event.map(|(start_ms, duration_ms, cut, base, danger)| {
+            let mut sale = p.clone();
+            sale.cut_limit_rps = cut;
+            sale.base_limit_rps = base;
+            sale.danger_roc = danger;
+            sale.safe_roc = danger / 4.0;
+            let start = SystemTime::UNIX_EPOCH + Duration::from_millis(start_ms);
+            Event::new("sale", start, Duration::from_millis(duration_ms), sale)
+        });
+        let run = |upkeep: bool| {
+            let seen: Arc<Mutex<Vec<Transition>>> = Arc::default();
+            let sink = Arc::clone(&seen);
+            let mut route = RouteConfig::new("r", RouteMatch::any());
+            route.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
+            route.controller = p.clone();
+            route.events.extend(event.clone());
+            let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .with_transition_hook(Arc::new(move |_, t| sink.lock().unwrap().push(*t)));
+            let id = e.route_at(0).unwrap();
+            let mut update = update;
+            for (slot, &n) in (0u64..).zip(&rates) {
+                for k in 0..n {
+                    let at = Nanos::new(slot * 100_000_000 + k * 100_000_000 / n);
+                    if let Some((_, cut)) = update.filter(|&(u, _)| at >= Nanos::from_millis(u)) {
+                        let mut q = e.route_params(id).unwrap();
+                        q.cut_limit_rps = cut;
+                        e.update_route(id, q, at).unwrap();
+                        update = None;
+                    }
+                    let _ = e.check(id, Key::None, at);
+                }
+            }
+            let start = rates.len() as u64 * 100;
+            if upkeep {
+                for k in 1..=silence_slots {
+                    e.catch_up(id, Nanos::from_millis(start + 100 * k));
+                }
+            }
+            let end = Nanos::from_millis(start + 100 * silence_slots + offset_ms);
+            let _ = e.check(id, Key::None, end);
+            let s = e.route_snapshot(id, end).unwrap();
+            let seen = seen.lock().unwrap().clone();
+            (seen, s.state, s.limit_rps, s.state_since, s.active_event, s.time_in_cut)
+        };
+        prop_assert_eq!(run(false), run(true));
     }
 }

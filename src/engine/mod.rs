@@ -1175,33 +1175,46 @@ impl Engine {
         let slot_ns = r.counter.slot_ns();
         let mut last_at = None;
         ring.advance(&r.counter, r.counter.slot_index(now), |s| {
-            // A silence longer than the window ends in one sample for every slot past
-            // the window's replay: they all read alike. If the controller was armed
-            // again among them, or an event started or ended, it observes that reading
-            // from that slot too, as stepping each slot would have (a cut's calm counts
-            // from the arming, an event's profile is in force from its start).
-            let mut among = Vec::new();
-            if let Some(last) = last_at.filter(|&last| s.at > last + r.window.slot()) {
-                let marks = events.iter().flat_map(|e| [e.start, e.end]);
-                for mark in marks.chain([controller.memory().armed_at]) {
-                    let slot = Nanos::new(mark.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns));
-                    if last < mark && slot < s.at {
-                        among.push(slot);
-                    }
-                }
-                among.sort_unstable();
-                among.dedup();
-            }
-            last_at = Some(s.at);
-            let among = among.into_iter().map(|at| SampleAt { at, ..s });
-            for s in among.chain([s]) {
+            // The profile due at `at`, then `s`'s reading observed at `at`.
+            let mut step = |controller: &mut Controller, at: Nanos| {
                 let entered = controller.entered_at();
-                follow_events(events, active_event, own, controller, s.at, |t| {
+                follow_events(events, active_event, own, controller, at, |t| {
                     record(t, entered);
                 });
                 let entered = controller.entered_at();
-                controller.observe(s, |t| record(t, entered));
+                controller.observe(SampleAt { at, ..s }, |t| record(t, entered));
+            };
+            // A silence longer than the window ends in one sample for every slot past
+            // the window's replay: they all read alike. If the controller was armed
+            // again among them, an event started or ended, or a cut ran out by the
+            // clock, it observes that reading from that slot too, as stepping each slot
+            // would have (a cut's calm counts from the arming, an event's profile is in
+            // force from its start, a cut that ran out restores from then, not from a
+            // change of profile after it). The next such slot is looked for after each
+            // step, which may move the arming and the cut's end.
+            if let Some(mut last) = last_at.filter(|&last| s.at > last + r.window.slot()) {
+                loop {
+                    let marks = events
+                        .iter()
+                        .flat_map(|e| [e.start, e.end])
+                        .chain([controller.memory().armed_at])
+                        .chain(controller.cut_ends_at());
+                    let next = marks
+                        .filter(|&mark| last < mark)
+                        .map(|mark| {
+                            Nanos::new(mark.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns))
+                        })
+                        .filter(|&slot| slot < s.at)
+                        .min();
+                    let Some(at) = next else {
+                        break;
+                    };
+                    step(controller, at);
+                    last = at;
+                }
             }
+            last_at = Some(s.at);
+            step(controller, s.at);
             if let Some(h) = sample_hook {
                 let report = SlotReport {
                     at: s.at,
