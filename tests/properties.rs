@@ -698,6 +698,57 @@ proptest! {
         prop_assert_eq!(s.cuts, seen.iter().filter(|t| t.to == ControllerState::Cut).count() as u64);
     }
 
+    /// `Retry-After` of a cut whose calm is known, or of a restore, is when the limit
+    /// next rises: [`Controller::next_raise_at`], rounded up to the slot whose end
+    /// observes it, is the first slot at which the limit is higher, whatever the hold,
+    /// dwell, `max_cut` and restore schedule, and however long the cut read not calm.
+    /// (Before a calm reading the estimate is a floor: a cut's spike cannot read calm
+    /// before it fills the window.)
+    #[test]
+    fn the_next_raise_is_when_the_limit_rises(
+        hold_ms in 0u64..5_000,
+        dwell_ms in 0u64..5_000,
+        max_cut_ms in 100u64..30_000,
+        interval_ms in 1u64..3_000,
+        step in 5.0f64..150.0,
+        not_calm_slots in 1u64..80,
+        calm_slots in 1u64..200,
+    ) {
+        let mut p = ControllerParams::default();
+        p.hold = Duration::from_millis(hold_ms);
+        p.min_dwell = Duration::from_millis(dwell_ms);
+        p.max_cut = Duration::from_millis(max_cut_ms);
+        p.restore_interval = Duration::from_millis(interval_ms);
+        p.restore_step_rps = step;
+        let window = Duration::from_secs(6);
+        let mut c = Controller::new(p, Nanos::ZERO, window);
+        let mut t = 6_000u64;
+        let observe = |c: &mut Controller, t: u64, prev: f64, r: f64| {
+            c.observe(SampleAt { at: Nanos::from_millis(t), sample: sample_of(prev, r) }, |_| {});
+        };
+        observe(&mut c, t, 40.0, 600.0);
+        prop_assert_eq!(c.state(), ControllerState::Cut);
+        for _ in 0..not_calm_slots {
+            t += 100;
+            observe(&mut c, t, 300.0, 340.0);
+        }
+        for _ in 0..calm_slots {
+            t += 100;
+            observe(&mut c, t, 300.0, 300.0);
+        }
+        let Some(estimate) = c.next_raise_at(Nanos::from_millis(t), window) else {
+            prop_assert_eq!(c.state(), ControllerState::Normal);
+            return Ok(());
+        };
+        let (state, limit) = (c.state(), c.limit_rps());
+        let first = (1..=3_000u64).map(|k| t + 100 * k).find(|&at| {
+            observe(&mut c, at, 300.0, 300.0);
+            c.limit_rps() > limit
+        });
+        let slot = estimate.as_u64().div_ceil(100_000_000) * 100;
+        prop_assert_eq!(first, Some(slot), "estimated {} in {:?} at {} ms", estimate, state, t);
+    }
+
     /// A silence lands the controller where stepping it through every empty slot
     /// would: one sample at the silence's start and one at its end give the same
     /// state, limit and transitions, whatever the parameters and the demand before.
