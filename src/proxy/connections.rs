@@ -565,26 +565,17 @@ pub(crate) struct Registered {
 impl Registered {
     /// As [`Registered::asked`], for a connection registered as accepted, its protocol
     /// not yet told ([`Arrivals`] records its first bytes as they are peeked at): it is
-    /// idle, since accepted, until a byte comes. Before it may complete, the socket is
-    /// peeked at, which does not wait for the runtime to have seen it readable: a byte
-    /// there makes the connection busy, and the ask is passed on, so that a request
-    /// whose first bytes came is not cut. The connection is then closed with no answer.
-    pub(crate) fn asked_before_first_byte<'a>(
-        &'a self,
-        stream: &'a TcpStream,
-    ) -> impl Future<Output = ()> + 'a {
-        let mut asked = self.asked();
-        std::future::poll_fn(move |cx| {
-            let reclaim = &self.reclaim;
-            let may_be_asked = reclaim.asked.load(Ordering::Acquire)
-                || self.registry.room.load(Ordering::SeqCst) & WANTED != 0;
-            if may_be_asked && has_bytes(stream) {
-                if let Some(first) = &reclaim.head {
-                    first.read();
-                }
-            }
-            Pin::new(&mut asked).poll(cx)
-        })
+    /// idle, since accepted, until a byte comes. Once it is asked (or room is wanted),
+    /// and before it may complete, the socket is peeked at, which does not wait for the
+    /// runtime to have seen it readable: a byte there makes the connection busy, and
+    /// the ask is passed on, so that a request whose first bytes came is not cut. The
+    /// connection is then closed with no answer.
+    pub(crate) fn asked_before_first_byte<'a>(&'a self, stream: &'a TcpStream) -> Asked<'a> {
+        Asked {
+            registered: self,
+            waker_set: false,
+            fresh: Some(stream),
+        }
     }
 
     /// Completes once the connection is idle and asked to close to make room at the
@@ -595,6 +586,7 @@ impl Registered {
         Asked {
             registered: self,
             waker_set: false,
+            fresh: None,
         }
     }
 }
@@ -619,13 +611,17 @@ fn has_bytes(stream: &TcpStream) -> bool {
         .is_ok_and(|n| n > 0)
 }
 
-/// The future of [`Registered::asked`]. Like [`Idle`], it is polled at every wake of
-/// the connection's task: until the connection is asked, or room is wanted, a poll is
-/// two loads. Its waker is the task's, registered at the first poll.
+/// The future of [`Registered::asked`] and [`Registered::asked_before_first_byte`].
+/// Like [`Idle`], it is polled at every wake of the connection's task: until the
+/// connection is asked, or room is wanted, a poll is two loads. Its waker is the
+/// task's, registered at the first poll.
 #[derive(Debug)]
 pub(crate) struct Asked<'a> {
     registered: &'a Registered,
     waker_set: bool,
+    /// The socket of a connection that has sent nothing yet
+    /// ([`Registered::asked_before_first_byte`]), peeked at once the ask is read.
+    fresh: Option<&'a TcpStream>,
 }
 
 impl Future for Asked<'_> {
@@ -644,6 +640,13 @@ impl Future for Asked<'_> {
         let asked = reclaim.asked.load(Ordering::Acquire);
         if !asked && registry.room.load(Ordering::SeqCst) & WANTED == 0 {
             return Poll::Pending;
+        }
+        // Looked for after the ask is read: an ask made since the last look (here or in
+        // the runtime's) finds the bytes that came before it.
+        if let (Some(stream), Some(first)) = (this.fresh, &reclaim.head) {
+            if has_bytes(stream) {
+                first.read();
+            }
         }
         if reclaim.reclaimable_since().is_none() {
             // Busy again since the loop looked: the next to go idle makes the room, if
@@ -2112,6 +2115,50 @@ mod tests {
             .await
             .expect("ends as the client closes");
         assert_eq!(closes.ended(LingerEnd::ClientClosed), 1);
+    }
+
+    /// A connection that has sent nothing, asked to close to make room while its task
+    /// polls (after the poll looked whether it may be asked, before it reads the ask),
+    /// still peeks at its socket before it closes: a head begun there keeps it open.
+    /// (It closed with the head unread: the peek was gated on a look made before the
+    /// ask.) The ask lands in that gap while the test holds the lock on the
+    /// connection's waker, which the poll takes, at its first, between the two.
+    #[test]
+    fn an_ask_made_while_a_fresh_connection_polls_still_peeks_before_it_closes() {
+        use std::io::Write as _;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (mut client, server) = runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            (client, listener.accept().await.unwrap().0)
+        });
+        let registry = Arc::<Reclaimable>::default();
+        let first = Arc::<Arrivals>::default();
+        let fresh = registry.register(Activity::new(), Some(Arc::clone(&first)));
+        // Open long enough to be closed, and its first bytes come.
+        runtime.block_on(async { tokio::time::sleep(RECLAIM_IDLE_LEAST).await });
+        client.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        let waker = fresh.reclaim.waker.lock().unwrap();
+        let closed = std::thread::scope(|scope| {
+            let polled = scope.spawn(|| {
+                let closing = fresh.asked_before_first_byte(&server);
+                tokio::pin!(closing);
+                futures_poll(closing).is_ready()
+            });
+            // The poll, past its look, waits for the waker's lock; the loop asks. (Were
+            // the poll slower to get there, the ask would come before its look, and the
+            // test would prove nothing, not fail.)
+            runtime.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+            registry.room.store(WAITING, Ordering::SeqCst);
+            fresh.reclaim.ask();
+            drop(waker);
+            polled.join().unwrap()
+        });
+        assert!(!closed, "closed with a head begun");
+        assert!(first.seen());
     }
 
     #[tokio::test(start_paused = true)]
