@@ -17,6 +17,9 @@
 //!   addresses, all present before measuring; against governor's keyed limiter
 //!   (DashMap store) over the same keys. Key insertion is not measured.
 //! - `reject`: the rejecting path (bucket empty): under a spike most requests take it.
+//! - `concurrency`: `Engine::check` on a route limited by `concurrency` (no queue),
+//!   rocgate alone: an admission whose permit is dropped at once (`admit_release`),
+//!   and a refusal with every permit held (`reject`).
 //! - `header_keys`: a route partitioned by a header, keys cycling over 1,000 values
 //!   of 8 bytes (kept whole as keys), 32 bytes (an API key) and 1,024 bytes (a JWT),
 //!   the two longer ones keyed by their SHA-256: what the digest adds to a decision.
@@ -246,6 +249,33 @@ fn reject(c: &mut Criterion) {
         },
         |lim| lim.check()
     );
+    g.finish();
+}
+
+/// One route limited by `concurrency` to `limit` requests in flight, no queue, whose
+/// controller never cuts.
+fn concurrency_engine(limit: f64) -> Engine {
+    let mut r = RouteConfig::new("bench", RouteMatch::any());
+    r.controller.base_limit_rps = limit;
+    r.controller.cut_limit_rps = limit;
+    r.controller.danger_roc = f64::MAX;
+    r.algorithm = Algorithm::Concurrency { queue: 0 };
+    Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
+}
+
+fn concurrency(c: &mut Criterion) {
+    let mut g = c.benchmark_group("concurrency");
+    let e = concurrency_engine(1.0);
+    let route = bench_route(&e);
+    g.bench_function("admit_release/given_now", |b| {
+        b.iter(|| e.check(route, Key::None, black_box(NOW)));
+    });
+    let held = e.check(route, Key::None, NOW);
+    assert!(held.is_admit());
+    g.bench_function("reject/given_now", |b| {
+        b.iter(|| e.check(route, Key::None, black_box(NOW)));
+    });
+    drop(held);
     g.finish();
 }
 
@@ -620,6 +650,7 @@ fn main() {
     keyed(&mut c);
     header_keys(&mut c);
     reject(&mut c);
+    concurrency(&mut c);
     occupancy(&mut c);
     window(&mut c);
     c.final_summary();

@@ -96,7 +96,7 @@ fn other_limiters_are_exact_under_contention() {
 fn concurrency_permits_never_exceed_the_limit() {
     let c = Concurrency::new(3.0, 0);
     let peak = AtomicU64::new(0);
-    let admitted = hammer(4, || match c.check() {
+    let admitted = hammer(4, || match c.check(Nanos::ZERO) {
         Decision::Admit(permit) => {
             peak.fetch_max(c.level().value as u64, Ordering::Relaxed);
             drop(permit);
@@ -158,7 +158,7 @@ fn queued_requests_all_get_their_permits_under_contention() {
     let (c, clock) = (Concurrency::new(1.0, 3), MonotonicClock::new());
     let (peak, queued, lost) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU32::new(0));
     let admitted = hammer(4, || {
-        let permit = match c.check() {
+        let permit = match c.check(Nanos::ZERO) {
             Decision::Admit(Admit::Held(permit)) => permit,
             Decision::Admit(Admit::Queued(ticket)) => {
                 queued.fetch_add(1, Ordering::Relaxed);

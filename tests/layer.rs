@@ -2032,3 +2032,31 @@ async fn a_paced_routes_queue_full_retry_after_rounds_up_to_what_the_client_need
     let admitted = svc.call(get());
     assert_eq!(admitted.await.unwrap().status(), StatusCode::OK);
 }
+
+/// A `concurrency` refusal's `Retry-After` is when a permit is expected to come free,
+/// from how long the layer's permits were held on its clock: with uploads held 30 s,
+/// 30 s (plus jitter), where it said 1 s whatever the holds. Until one is timed, 1 s.
+#[tokio::test]
+async fn a_concurrency_refusal_is_told_how_long_permits_are_held() {
+    use tower::{Layer as _, Service as _};
+    let (l, clock) = one_a_second("upload", "/upload", Algorithm::Concurrency { queue: 0 });
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = l.layer(counting_service(calls, Duration::ZERO));
+    let post = || Request::post("/upload").body(Body::empty()).unwrap();
+    let held = svc.ready().await.unwrap().call(post()).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let refused = svc.ready().await.unwrap().call(post()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1", "no hold timed yet");
+    clock.advance(Duration::from_secs(30));
+    drop(held); // the permit, in its extensions, held 30 s
+    let _held = svc.ready().await.unwrap().call(post()).await.unwrap();
+    let refused = svc.ready().await.unwrap().call(post()).await.unwrap();
+    assert_eq!(refused.headers()["rocgate-reason"], "concurrency");
+    let secs: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((30..=40).contains(&secs), "told {secs} s");
+}

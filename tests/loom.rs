@@ -516,7 +516,7 @@ fn leaky_bucket_give_back_races_a_new_request_soundly() {
 /// A request through the limiter, to the end: a permit now, or a queue place
 /// awaited to a permit (loom reports a deadlock if nobody ever wakes it), or `None`.
 fn acquire(c: &Concurrency) -> Option<Permit> {
-    match c.check() {
+    match c.check(Nanos::ZERO) {
         Decision::Admit(Admit::Held(permit)) => Some(permit),
         Decision::Admit(Admit::Queued(ticket)) => Some(block_on(ticket)),
         Decision::Admit(other) => panic!("{other:?}"),
@@ -607,10 +607,10 @@ fn concurrency_dropped_waiter_leaks_nothing() {
     check(|| {
         let c = Concurrency::new(1.0, 2);
         let held = acquire(&c).expect("a permit");
-        let Decision::Admit(Admit::Queued(mut first)) = c.check() else {
+        let Decision::Admit(Admit::Queued(mut first)) = c.check(Nanos::ZERO) else {
             panic!("a queue place");
         };
-        let Decision::Admit(Admit::Queued(second)) = c.check() else {
+        let Decision::Admit(Admit::Queued(second)) = c.check(Nanos::ZERO) else {
             panic!("a queue place");
         };
         // The first in line listens, then gives up.

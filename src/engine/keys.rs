@@ -752,7 +752,7 @@ impl KeyState for ConcurrencyKey {
     fn check(&self, r: &Route, tiers: &TierTable, now: Nanos) -> Decision {
         self.catch_up(r, tiers);
         touch(&self.last_seen_s, now);
-        let decision = self.limiter.check();
+        let decision = self.limiter.check(now);
         // Queued: a limit change may have looked for this key's waiters (`wake_queued`)
         // before the request counted itself in the queue, and passed the key by. The
         // request then looks at the route's generation again, after counting itself:

@@ -5,7 +5,7 @@ use super::service::AdmissionService;
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::config::{ClientIpHeader, Config, ConfigError, Partition};
 use crate::engine::{Engine, Key, RouteId, TableKey};
-use crate::limiter::{Admit, Decision, Pace};
+use crate::limiter::{Admit, Decision, HoldClock, Pace};
 use arc_swap::ArcSwap;
 use axum::extract::{ConnectInfo, MatchedPath, OriginalUri};
 use http::{HeaderValue, Request};
@@ -116,6 +116,8 @@ impl std::fmt::Debug for SharedEngine {
 pub(crate) struct Gate {
     pub(crate) engine: SharedEngine,
     pub(crate) clock: Arc<dyn Clock>,
+    /// `clock`, as the concurrency permits it admits are timed on.
+    pub(crate) hold_clock: Arc<HoldClock>,
     route_key: RouteKey,
     resolver: ClientIpResolver,
     /// Whether admitted requests carry a [`MatchedRoute`] extension.
@@ -547,6 +549,7 @@ impl AdmissionLayerBuilder {
         AdmissionLayer {
             gate: Arc::new(Gate {
                 engine: self.engine,
+                hold_clock: Arc::new(HoldClock(Arc::clone(&self.clock))),
                 clock: self.clock,
                 route_key: self.route_key,
                 resolver: ClientIpResolver::new(self.trusted).with_header(self.client_ip_header),

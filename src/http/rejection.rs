@@ -100,16 +100,28 @@ static JSON: HeaderValue = HeaderValue::from_static("application/json");
 /// cut, the restore schedule (`restore_eta`) with jitter. So is a distributed route's
 /// `fallback_local` refusal while the shared controller was last seen cut or
 /// recovering (its `restore_eta` is the schedule last seen): the cut is still in
-/// force, and its bucket's wait would send every client it refuses back at once.
+/// force, and its bucket's wait would send every client it refuses back at once. A
+/// `concurrency` refusal told more than a second (its permits held long: see
+/// [`Concurrency`](crate::limiter::Concurrency)) gets the same jitter over its wait:
+/// the clients it refuses within a second are all told the same mean wait, and the
+/// permits freed then are a few. Told a second or less, the header's whole second.
 pub fn retry_after(rejection: &Rejection, restore_eta: Option<Duration>) -> Duration {
     match (rejection.reason, restore_eta) {
-        (Reason::RocCut | Reason::FallbackLocal, Some(eta)) => {
-            let spread = eta.clamp(Duration::from_secs(1), Duration::from_secs(10));
-            let jitter = spread.mul_f64(fastrand::f64());
-            rejection.retry_after.max(eta) + jitter
+        (Reason::RocCut | Reason::FallbackLocal, Some(eta)) => jittered(
+            rejection.retry_after.max(eta),
+            eta.max(Duration::from_secs(1)),
+        ),
+        (Reason::Concurrency, _) if rejection.retry_after > Duration::from_secs(1) => {
+            jittered(rejection.retry_after, rejection.retry_after)
         }
         _ => rejection.retry_after,
     }
+}
+
+/// `wait` plus a random jitter of up to `spread`, at most 10 s, so that clients told
+/// the same wait do not all come back in the same second.
+fn jittered(wait: Duration, spread: Duration) -> Duration {
+    wait + spread.min(Duration::from_secs(10)).mul_f64(fastrand::f64())
 }
 
 /// The response to a rejected request on `route`, with the route's status
@@ -483,7 +495,7 @@ mod tests {
         assert!(limit < 16.0, "{limit}");
         let granted = crate::limiter::Concurrency::new(limit, 0);
         let held: Vec<_> = (0..20)
-            .map(|_| granted.check())
+            .map(|_| granted.check(Nanos::ZERO))
             .filter(|d| d.is_admit())
             .collect();
         assert_eq!(held.len(), 16);
@@ -639,5 +651,24 @@ mod tests {
         };
         told_the_eta_plus_jitter(&rej, Duration::from_millis(6500));
         assert_eq!(retry_after(&rej, None), Duration::from_millis(33));
+    }
+
+    /// A `concurrency` refusal told more than a second (permits held long) is told
+    /// its wait plus up to as long again, as a cut's are: every client refused within
+    /// a second is told the same mean wait. Told a second or less, exactly that (the
+    /// header says 1 either way).
+    #[test]
+    fn a_long_concurrency_wait_is_jittered_a_short_one_is_not() {
+        let wait = Duration::from_millis(4500);
+        let rej = Rejection {
+            retry_after: wait,
+            reason: Reason::Concurrency,
+        };
+        told_the_eta_plus_jitter(&rej, wait);
+        let short = Rejection {
+            retry_after: Duration::from_secs(1),
+            reason: Reason::Concurrency,
+        };
+        assert_eq!(retry_after(&short, None), Duration::from_secs(1));
     }
 }

@@ -150,7 +150,10 @@ where
         let label = engine.route_label(route).filter(|_| gate.matched_route);
         match admit {
             Admit::Now => self.forward(req, None, label),
-            Admit::Held(permit) => self.forward(req, Some(permit), label),
+            Admit::Held(mut permit) => {
+                permit.time_on(&gate.hold_clock);
+                self.forward(req, Some(permit), label)
+            }
             Admit::Paced(pace) => {
                 if let Some(label) = label {
                     req.extensions_mut().insert(MatchedRoute(label));
@@ -171,7 +174,8 @@ where
                 let sleep = Box::pin(tokio::time::sleep(wait));
                 self.take_along(Some(Wait::Sleep(sleep, place)), None, req)
             }
-            Admit::Queued(ticket) => {
+            Admit::Queued(mut ticket) => {
+                ticket.time_on(&gate.hold_clock);
                 if let Some(label) = label {
                     req.extensions_mut().insert(MatchedRoute(label));
                 }

@@ -1,9 +1,21 @@
 //! The concurrency limiter: permits held by RAII guards, with an optional bounded
 //! queue of tickets.
+//!
+//! # When a refused request is told to come back
+//!
+//! A permit given the clock its grant's `now` was read from ([`Permit::time_on`])
+//! is timed from its grant to its release, and the limiter keeps a moving mean `H` of how
+//! long a permit is held (each release weighing 1/8; kept within 0.1%). A request refused is told
+//! when, on average, a permit comes free for it: with `n` permits held, each for about
+//! `H` and granted at unrelated times, one comes free every `H / n` on average; it needs
+//! as many releases as bring the permits in flight under the limit (one, unless the
+//! limit was lowered under them) plus one for each request queued ahead of it, so
+//! `releases × H / n`, at most [`CONCURRENCY_RETRY_MAX`]. Until a hold has been timed,
+//! 1 s.
 
 use super::{reject, Admit, Decision, Level, Reason, MAX_PERMITS};
-use crate::clock::duration_nanos;
-use crate::sync::{Arc, AtomicU32, Ordering};
+use crate::clock::{duration_nanos, Clock, Nanos};
+use crate::sync::{Arc, AtomicU16, AtomicU32, Ordering};
 use event_listener::{Event, EventListener, IntoNotification};
 use std::future::Future;
 use std::mem::ManuallyDrop;
@@ -35,11 +47,32 @@ struct ConcurrencyShared {
     /// route level, where they fill what would be padding.
     key_generation: AtomicU32,
     key_tier: u16,
+    /// A moving mean of how long a permit is held, µs, packed in 16 bits
+    /// ([`pack_us`]); 0 until one is timed. In what was padding: a partitioned
+    /// route's every key holds one. (The clock a permit is timed on goes with the
+    /// permit, for the same reason.)
+    mean_hold: AtomicU16,
 }
 
-/// How long a rejected request is told to wait when the limit is in flight counts
-/// (there is no schedule to derive it from).
+/// The clock permits are timed on ([`Permit::time_on`]): behind an `Arc` of its own,
+/// so that a permit holds it in one word.
+pub struct HoldClock(pub std::sync::Arc<dyn Clock>);
+
+impl std::fmt::Debug for HoldClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HoldClock")
+    }
+}
+
+/// How long a refused request is told to wait while no permit's hold has been timed.
 const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
+
+/// The longest a request refused for a permit is told to wait. The wait is a mean
+/// over past holds: past a minute that says little of when the next permit frees (a
+/// controller restoring the limit frees permits at once, and a request already in
+/// flight may end any moment), and a client told longer is better told to come back
+/// and be told again.
+pub const CONCURRENCY_RETRY_MAX: Duration = Duration::from_secs(60);
 
 // `in_flight` and `waiting` are read and written in sequentially consistent order: a
 // ticket counts itself in `waiting` before it tries for a permit, a release frees its
@@ -66,6 +99,38 @@ impl ConcurrencyShared {
             self.freed.notify(n.additional());
         }
     }
+
+    /// Counts a permit granted at `granted`, released now, into the mean hold, if
+    /// holds are timed. Two releases at once may each write the mean from the same
+    /// read: one of the two samples is then lost, which a mean of many can afford
+    /// (a compare-and-swap loop would make releases contend).
+    fn time_hold(&self, granted: Nanos, clock: &HoldClock) {
+        let held_us = clock.0.now().saturating_since(granted).as_micros();
+        let held = i64::try_from(held_us).unwrap_or(i64::MAX).max(1);
+        let mean = unpack_us(self.mean_hold.load(Ordering::Relaxed));
+        let mean = if mean == 0 {
+            held
+        } else {
+            mean + (held - mean) / 8
+        };
+        self.mean_hold.store(pack_us(mean), Ordering::Relaxed);
+    }
+
+    /// How long a request refused now is told to wait, ns (see the module's docs).
+    fn retry_after_ns(&self) -> u64 {
+        let mean_us = unpack_us(self.mean_hold.load(Ordering::Relaxed)).unsigned_abs();
+        if mean_us == 0 {
+            return duration_nanos(CONCURRENCY_RETRY);
+        }
+        let held = u128::from(self.in_flight.load(Ordering::Relaxed)).max(1);
+        let limit = u128::from(self.limit.load(Ordering::Relaxed));
+        let ahead = u128::from(self.waiting.load(Ordering::Relaxed));
+        let releases = (held + 1).saturating_sub(limit).max(1) + ahead;
+        let wait = u128::from(mean_us) * 1_000 * releases / held;
+        u64::try_from(wait)
+            .unwrap_or(u64::MAX)
+            .min(duration_nanos(CONCURRENCY_RETRY_MAX))
+    }
 }
 
 impl Concurrency {
@@ -91,6 +156,7 @@ impl Concurrency {
                 freed: Event::new(),
                 key_generation: AtomicU32::new(generation),
                 key_tier: tier,
+                mean_hold: AtomicU16::new(0),
             }),
         }
     }
@@ -106,15 +172,15 @@ impl Concurrency {
         self.shared.key_tier
     }
 
-    /// Takes a permit, a place in the queue, or neither.
-    pub fn check(&self) -> Decision {
+    /// Takes a permit granted at `now`, a place in the queue, or neither.
+    pub fn check(&self, now: Nanos) -> Decision {
         let s = &self.shared;
         if s.waiting.load(Ordering::SeqCst) == 0 && s.try_acquire() {
-            return Decision::Admit(Admit::Held(Permit::new(Arc::clone(s))));
+            return Decision::Admit(Admit::Held(Permit::new(Arc::clone(s), now)));
         }
         let queue = s.queue.load(Ordering::Relaxed);
         if queue == 0 {
-            return reject(duration_nanos(CONCURRENCY_RETRY), Reason::Concurrency);
+            return reject(s.retry_after_ns(), Reason::Concurrency);
         }
         let queued = s
             .waiting
@@ -129,9 +195,10 @@ impl Concurrency {
             Decision::Admit(Admit::Queued(Ticket {
                 shared: ManuallyDrop::new(Some(Arc::clone(s))),
                 listener: None,
+                clock: None,
             }))
         } else {
-            reject(duration_nanos(CONCURRENCY_RETRY), Reason::QueueFull)
+            reject(s.retry_after_ns(), Reason::QueueFull)
         }
     }
 
@@ -189,6 +256,19 @@ impl Concurrency {
     }
 }
 
+/// `us` (at least 1) in 16 bits: up to 2,047 exactly, above as its 11 leading bits
+/// and how far they are shifted (5 bits): within 0.1%, up to 51 days.
+pub(super) fn pack_us(us: i64) -> u16 {
+    let us = u64::try_from(us).unwrap_or(1).clamp(1, 0x7FF << 31);
+    let shift = (64 - us.leading_zeros()).saturating_sub(11);
+    (u16::try_from(shift).unwrap_or(31) << 11) | u16::try_from(us >> shift).unwrap_or(0x7FF)
+}
+
+/// The µs that [`pack_us`] packed (0 for 0).
+pub(super) fn unpack_us(packed: u16) -> i64 {
+    i64::from(packed & 0x7FF) << (packed >> 11)
+}
+
 /// Whole permits for a limit of `limit` requests in flight: rounded down, but a limit
 /// a rounding error short of a whole number is that number. A key's limit is computed
 /// as `cut + (base − cut) × progress`, which for a route recovering at 16 between 1 and
@@ -210,13 +290,28 @@ pub struct Permit {
     // below releases the `Arc` too: a `Decision`'s drop glue is then a tag check and
     // at most one call, small enough to inline on the paths that hold no permit.
     shared: ManuallyDrop<Option<Arc<ConcurrencyShared>>>,
+    /// When it was granted, on `clock`.
+    granted: Nanos,
+    /// The clock its hold is timed on, if given one.
+    clock: Option<std::sync::Arc<HoldClock>>,
 }
 
 impl Permit {
-    fn new(shared: Arc<ConcurrencyShared>) -> Self {
+    fn new(shared: Arc<ConcurrencyShared>, granted: Nanos) -> Self {
         Permit {
             shared: ManuallyDrop::new(Some(shared)),
+            granted,
+            clock: None,
         }
+    }
+
+    /// Times this permit's hold on `clock`, the clock the `now` given to
+    /// [`Concurrency::check`] was read from: released, it counts how long it was held
+    /// into the wait its limiter tells refused requests. The tower layer (and so
+    /// `rocgate serve`) times every permit it is handed; permits never timed leave
+    /// that wait at 1 s.
+    pub fn time_on(&mut self, clock: &std::sync::Arc<HoldClock>) {
+        self.clock = Some(std::sync::Arc::clone(clock));
     }
 }
 
@@ -224,6 +319,9 @@ impl Drop for Permit {
     #[inline(never)]
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
+            if let Some(clock) = &self.clock {
+                shared.time_hold(self.granted, clock);
+            }
             shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             shared.notify_waiting(1);
         }
@@ -240,6 +338,8 @@ pub struct Ticket {
     shared: ManuallyDrop<Option<Arc<ConcurrencyShared>>>,
     /// Its place among the listeners for a freed permit, once it has had to wait.
     listener: Option<EventListener>,
+    /// The clock the permit it takes is timed on, if given one.
+    clock: Option<std::sync::Arc<HoldClock>>,
 }
 
 impl Future for Ticket {
@@ -273,7 +373,19 @@ impl Future for Ticket {
         // A listener notified meanwhile passes its notification on as it drops.
         self.listener = None;
         shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        Poll::Ready(Permit::new(shared))
+        let clock = self.clock.take();
+        let granted = clock.as_ref().map_or(Nanos::ZERO, |c| c.0.now());
+        let mut permit = Permit::new(shared, granted);
+        permit.clock = clock;
+        Poll::Ready(permit)
+    }
+}
+
+impl Ticket {
+    /// [`Permit::time_on`], for the permit this ticket takes: timed from when it is
+    /// taken.
+    pub fn time_on(&mut self, clock: &std::sync::Arc<HoldClock>) {
+        self.clock = Some(std::sync::Arc::clone(clock));
     }
 }
 

@@ -53,7 +53,7 @@ pub(crate) mod words;
 
 #[cfg(feature = "http")]
 pub(crate) use concurrency::permits;
-pub use concurrency::{Concurrency, Permit, Ticket};
+pub use concurrency::{Concurrency, HoldClock, Permit, Ticket, CONCURRENCY_RETRY_MAX};
 pub use leaky::LeakyBucket;
 pub use token_bucket::TokenBucket;
 pub use window::{FixedWindow, SlidingWindowCounter};
@@ -334,7 +334,7 @@ impl Limiter {
             Limiter::FixedWindow(l) => l.check(now),
             Limiter::SlidingWindow(l) => l.check(now),
             Limiter::LeakyBucket(l) => l.check(now),
-            Limiter::Concurrency(l) => l.check(),
+            Limiter::Concurrency(l) => l.check(now),
         }
     }
 
