@@ -122,14 +122,19 @@ impl ConcurrencyShared {
         if mean_us == 0 {
             return duration_nanos(CONCURRENCY_RETRY);
         }
-        let held = u128::from(self.in_flight.load(Ordering::Relaxed)).max(1);
-        let limit = u128::from(self.limit.load(Ordering::Relaxed));
-        let ahead = u128::from(self.waiting.load(Ordering::Relaxed));
+        let held = u64::from(self.in_flight.load(Ordering::Relaxed)).max(1);
+        let limit = u64::from(self.limit.load(Ordering::Relaxed));
+        let ahead = u64::from(self.waiting.load(Ordering::Relaxed));
         let releases = (held + 1).saturating_sub(limit).max(1) + ahead;
-        let wait = u128::from(mean_us) * 1_000 * releases / held;
-        u64::try_from(wait)
-            .unwrap_or(u64::MAX)
-            .min(duration_nanos(CONCURRENCY_RETRY_MAX))
+        let mean_ns = mean_us * 1_000;
+        // In 64 bits but for a product that needs more (a mean of hours over many
+        // releases): a 128-bit division is a call into the runtime library.
+        let wait = match mean_ns.checked_mul(releases) {
+            Some(product) => product / held,
+            None => u64::try_from(u128::from(mean_ns) * u128::from(releases) / u128::from(held))
+                .unwrap_or(u64::MAX),
+        };
+        wait.min(duration_nanos(CONCURRENCY_RETRY_MAX))
     }
 }
 
