@@ -2060,3 +2060,37 @@ async fn a_concurrency_refusal_is_told_how_long_permits_are_held() {
         .unwrap();
     assert!((30..=40).contains(&secs), "told {secs} s");
 }
+
+/// A `concurrency` route's `queue_full` is told when a permit is expected to come
+/// free for it, as its `concurrency` refusal is: an estimate from the mean hold, over
+/// a second jittered as that one is, so that the clients a full queue refuses within
+/// the same second do not all come back at once. It was told the bare mean, every
+/// client the same (the jitter was left to `concurrency`, and `queue_full` taken for
+/// a `leaky_bucket`'s, whose wait is exact).
+#[tokio::test]
+async fn a_concurrency_routes_queue_full_is_jittered_as_its_refusals_are() {
+    use tower::{Layer as _, Service as _};
+    let (l, clock) = one_a_second("queued", "/queued", Algorithm::Concurrency { queue: 1 });
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = l.layer(counting_service(calls, Duration::ZERO));
+    let post = || Request::post("/queued").body(Body::empty()).unwrap();
+    let held = svc.ready().await.unwrap().call(post()).await.unwrap();
+    clock.advance(Duration::from_secs(10));
+    drop(held); // a hold of 10 s timed
+    let _held = svc.ready().await.unwrap().call(post()).await.unwrap();
+    let _queued = svc.ready().await.unwrap().call(post());
+    let mut told = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let refused = svc.ready().await.unwrap().call(post()).await.unwrap();
+        assert_eq!(refused.headers()["rocgate-reason"], "queue_full");
+        let secs: u64 = refused.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        // Two releases of a permit held 10 s: 20 s, plus up to 10 s.
+        assert!((20..=30).contains(&secs), "told {secs} s");
+        told.insert(secs);
+    }
+    assert!(told.len() >= 2, "every client told the same: {told:?}");
+}

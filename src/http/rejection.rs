@@ -105,13 +105,45 @@ static JSON: HeaderValue = HeaderValue::from_static("application/json");
 /// [`Concurrency`](crate::limiter::Concurrency)) gets the same jitter over its wait:
 /// the clients it refuses within a second are all told the same mean wait, and the
 /// permits freed then are a few. Told a second or less, the header's whole second.
+///
+/// A `queue_full` is told its wait as it is: the rejection does not say whether a
+/// `leaky_bucket` (whose wait is exact) or a `concurrency` route refused it. The
+/// admission layer, which knows the route, jitters a `concurrency` route's
+/// `queue_full` as its `concurrency` refusals.
 pub fn retry_after(rejection: &Rejection, restore_eta: Option<Duration>) -> Duration {
+    told(
+        rejection,
+        restore_eta,
+        rejection.reason == Reason::Concurrency,
+    )
+}
+
+/// [`retry_after`] for a rejection on `route`, the route of `engine` that refused
+/// it: a `concurrency` route's `queue_full` is, like its `concurrency` refusal, an
+/// estimate from how long permits are held, jittered when over a second.
+pub(crate) fn retry_after_on(
+    engine: &Engine,
+    route: RouteId,
+    rejection: &Rejection,
+    restore_eta: Option<Duration>,
+) -> Duration {
+    let estimated = match rejection.reason {
+        Reason::Concurrency => true,
+        Reason::QueueFull => matches!(engine.algorithm(route), Some(Algorithm::Concurrency { .. })),
+        _ => false,
+    };
+    told(rejection, restore_eta, estimated)
+}
+
+/// [`retry_after`], `estimated` telling whether the limiter's wait is a concurrency
+/// limiter's estimate.
+fn told(rejection: &Rejection, restore_eta: Option<Duration>, estimated: bool) -> Duration {
     match (rejection.reason, restore_eta) {
         (Reason::RocCut | Reason::FallbackLocal, Some(eta)) => jittered(
             rejection.retry_after.max(eta),
             eta.max(Duration::from_secs(1)),
         ),
-        (Reason::Concurrency, _) if rejection.retry_after > Duration::from_secs(1) => {
+        _ if estimated && rejection.retry_after > Duration::from_secs(1) => {
             jittered(rejection.retry_after, rejection.retry_after)
         }
         _ => rejection.retry_after,

@@ -131,7 +131,7 @@ where
             Decision::Admit(admit) => admit,
             Decision::Reject(rejection) => {
                 let eta = engine.restore_eta(route, decided.now);
-                let retry_after = rejection::retry_after(&rejection, eta);
+                let retry_after = rejection::retry_after_on(&engine, route, &rejection, eta);
                 let limit = decided
                     .refused_at
                     .or_else(|| engine.limit_rps(route))
