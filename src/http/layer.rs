@@ -549,7 +549,7 @@ impl AdmissionLayerBuilder {
         AdmissionLayer {
             gate: Arc::new(Gate {
                 engine: self.engine,
-                hold_clock: Arc::new(HoldClock(Arc::clone(&self.clock))),
+                hold_clock: Arc::new(HoldClock::new(Arc::clone(&self.clock))),
                 clock: self.clock,
                 route_key: self.route_key,
                 resolver: ClientIpResolver::new(self.trusted).with_header(self.client_ip_header),

@@ -56,7 +56,19 @@ struct ConcurrencyShared {
 
 /// The clock permits are timed on ([`Permit::time_on`]): behind an `Arc` of its own,
 /// so that a permit holds it in one word.
-pub struct HoldClock(pub std::sync::Arc<dyn Clock>);
+pub struct HoldClock(std::sync::Arc<dyn Clock>);
+
+impl HoldClock {
+    /// Permits timed on `clock`, which must be the clock the `now` given to
+    /// [`Concurrency::check`] is read from: a hold is timed from that `now`.
+    pub fn new(clock: std::sync::Arc<dyn Clock>) -> Self {
+        HoldClock(clock)
+    }
+
+    fn now(&self) -> Nanos {
+        self.0.now()
+    }
+}
 
 impl std::fmt::Debug for HoldClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -105,7 +117,7 @@ impl ConcurrencyShared {
     /// read: one of the two samples is then lost, which a mean of many can afford
     /// (a compare-and-swap loop would make releases contend).
     fn time_hold(&self, granted: Nanos, clock: &HoldClock) {
-        let held_us = clock.0.now().saturating_since(granted).as_micros();
+        let held_us = clock.now().saturating_since(granted).as_micros();
         let held = i64::try_from(held_us).unwrap_or(i64::MAX).max(1);
         let mean = unpack_us(self.mean_hold.load(Ordering::Relaxed));
         let mean = if mean == 0 {
@@ -379,7 +391,7 @@ impl Future for Ticket {
         self.listener = None;
         shared.waiting.fetch_sub(1, Ordering::SeqCst);
         let clock = self.clock.take();
-        let granted = clock.as_ref().map_or(Nanos::ZERO, |c| c.0.now());
+        let granted = clock.as_ref().map_or(Nanos::ZERO, |c| c.now());
         let mut permit = Permit::new(shared, granted);
         permit.clock = clock;
         Poll::Ready(permit)

@@ -1002,7 +1002,7 @@ fn permit(d: Decision) -> Permit {
 #[test]
 fn a_refusal_is_told_when_a_permit_is_expected_to_come_free() {
     let clock = std::sync::Arc::new(crate::clock::ManualClock::new());
-    let on = std::sync::Arc::new(HoldClock(clock.clone()));
+    let on = std::sync::Arc::new(HoldClock::new(clock.clone()));
     let now = || crate::clock::Clock::now(&*clock);
     let retry = |c: &Concurrency| c.check(now()).rejection().unwrap();
     let timed = |d: Decision| {
@@ -1044,7 +1044,7 @@ fn a_refusal_is_told_when_a_permit_is_expected_to_come_free() {
 #[test]
 fn a_full_queue_is_told_the_releases_it_waits_behind() {
     let clock = std::sync::Arc::new(crate::clock::ManualClock::new());
-    let on = std::sync::Arc::new(HoldClock(clock.clone()));
+    let on = std::sync::Arc::new(HoldClock::new(clock.clone()));
     let now = || crate::clock::Clock::now(&*clock);
     let c = Concurrency::new(1.0, 2);
     let held = permit(c.check(now()));
