@@ -1061,32 +1061,28 @@ impl Proxy {
                                 Some(e) => Err(refuse(&reloader.engine(), &req, e)),
                                 None => {
                                     // The peer is the service's own (`for_peer`), as
-                                    // the forwarder's. Readied before it is called, as
-                                    // tower asks, here and at once: the admission
-                                    // layer is always ready (it readies the
+                                    // the forwarder's. Readied before it is called
+                                    // (`ready_and_call`), here and at once: the
+                                    // admission layer is always ready (it readies the
                                     // `Forwarder` itself, in its response future), and
                                     // so is the front over it. Readied in the response
                                     // future instead (`oneshot`), a refused request's
                                     // body was dropped after hyper had looked at it,
                                     // and a refused chunked body left the connection
                                     // open (`a_rejected_requests_unread_body_is_not_
-                                    // read_as_the_next_request`). A layer added that
-                                    // is not always ready fails every proxied test in
-                                    // a debug build here, not called unready unseen.
-                                    let mut service = service.clone();
-                                    let waker = std::task::Waker::noop();
-                                    let ready =
-                                        service.poll_ready(&mut std::task::Context::from_waker(waker));
+                                    // read_as_the_next_request`).
+                                    let called = ready_and_call(service.clone(), req);
                                     debug_assert!(
-                                        matches!(ready, std::task::Poll::Ready(Ok(()))),
+                                        called.is_ok(),
                                         "the admission service is always ready"
                                     );
-                                    Ok(service.call(req))
+                                    Ok(called)
                                 }
                             };
                             async move {
                                 let mut r = match response {
-                                    Ok(response) => response.await?,
+                                    Ok(Ok(called)) => called.await?,
+                                    Ok(Err(unready)) => unready.await?,
                                     Err(refused) => refused,
                                 };
                                 if head {
@@ -1331,6 +1327,23 @@ fn open_store(
     }
 }
 
+/// `service` called with `req` if it is ready now, as `rocgate serve`'s admission
+/// service always is (and the front over it); else the two, to be readied and called
+/// in the response future, as tower's `Oneshot` does, rather than called unready. Readied
+/// later, a refused request's body would be dropped late (see its call), so serve
+/// asserts, in a debug build, that its service was ready.
+fn ready_and_call<S, R>(mut service: S, req: R) -> Result<S::Future, tower::util::Oneshot<S, R>>
+where
+    S: Service<R, Error = std::convert::Infallible>,
+{
+    let waker = std::task::Waker::noop();
+    match service.poll_ready(&mut std::task::Context::from_waker(waker)) {
+        std::task::Poll::Ready(Ok(())) => Ok(service.call(req)),
+        std::task::Poll::Ready(Err(never)) => match never {},
+        std::task::Poll::Pending => Err(tower::util::Oneshot::new(service, req)),
+    }
+}
+
 /// The answer to a request refused for its head alone ([`Forwarder::refusal`]), before
 /// admission: counted under the route it would have taken, as the forwarder counts
 /// what it refuses.
@@ -1508,4 +1521,86 @@ async fn protocol_known_within(
         }
     };
     tokio::time::timeout(timeout, known).await.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ready_and_call;
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    /// Not ready when first asked (it wakes its task at once), ready after; counts
+    /// the calls made while it was not ready, and all calls.
+    #[derive(Default)]
+    struct ReadyOnSecondAsk {
+        asked: u32,
+        unready_calls: Arc<AtomicU32>,
+        calls: Arc<AtomicU32>,
+    }
+
+    impl tower::Service<()> for ReadyOnSecondAsk {
+        type Response = ();
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<(), Infallible>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            self.asked += 1;
+            if self.asked == 1 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, (): ()) -> Self::Future {
+            if self.asked < 2 {
+                self.unready_calls.fetch_add(1, Ordering::SeqCst);
+            }
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(()))
+        }
+    }
+
+    /// Serve's service is called only once ready: one not ready when a request comes
+    /// is readied in the response future, then called, as tower asks. It used to be
+    /// called at once, ready or not (a debug build asserted it was ready, a release
+    /// build went on and called it unready).
+    #[test]
+    fn a_service_not_ready_is_readied_before_it_is_called() {
+        let service = ReadyOnSecondAsk::default();
+        let (unready_calls, calls) = (
+            Arc::clone(&service.unready_calls),
+            Arc::clone(&service.calls),
+        );
+        let Err(mut later) = ready_and_call(service, ()) else {
+            panic!("called at once, not ready");
+        };
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "not called yet");
+        let waker = std::task::Waker::noop();
+        let polled = Pin::new(&mut later).poll(&mut Context::from_waker(waker));
+        assert!(polled.is_ready(), "readied, then called");
+        assert_eq!(
+            (
+                unready_calls.load(Ordering::SeqCst),
+                calls.load(Ordering::SeqCst)
+            ),
+            (0, 1)
+        );
+    }
+
+    /// A service ready at once is called at once.
+    #[test]
+    fn a_ready_service_is_called_at_once() {
+        let service = ReadyOnSecondAsk {
+            asked: 1,
+            ..ReadyOnSecondAsk::default()
+        };
+        let calls = Arc::clone(&service.calls);
+        assert!(ready_and_call(service, ()).is_ok());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
 }
