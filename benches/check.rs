@@ -19,7 +19,9 @@
 //! - `reject`: the rejecting path (bucket empty): under a spike most requests take it.
 //! - `concurrency`: `Engine::check` on a route limited by `concurrency` (no queue),
 //!   rocgate alone: an admission whose permit is dropped at once (`admit_release`),
-//!   and a refusal with every permit held (`reject`).
+//!   and a refusal with every permit held (`reject`); each also as the tower layer
+//!   has it, the permit timed on a monotonic clock (`timed_monotonic`), and refused
+//!   with a mean hold known (`hold_timed`).
 //! - `header_keys`: a route partitioned by a header, keys cycling over 1,000 values
 //!   of 8 bytes (kept whole as keys), 32 bytes (an API key) and 1,024 bytes (a JWT),
 //!   the two longer ones keyed by their SHA-256: what the digest adds to a decision.
@@ -70,7 +72,7 @@ use governor::{Quota, RateLimiter};
 use rocgate::clock::{Clock as _, MonotonicClock, Nanos};
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key, RouteId};
-use rocgate::limiter::Algorithm;
+use rocgate::limiter::{Admit, Algorithm, Decision, HoldClock};
 use rocgate::window::{SlotCounter, SlotRing, WindowSpec};
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -273,6 +275,28 @@ fn concurrency(c: &mut Criterion) {
     let held = e.check(route, Key::None, NOW);
     assert!(held.is_admit());
     g.bench_function("reject/given_now", |b| {
+        b.iter(|| e.check(route, Key::None, black_box(NOW)));
+    });
+    drop(held);
+    // Timed, as the tower layer times every permit it hands on: the hold clock's
+    // `Arc` taken and given back, and the clock read at release. Then refused with a
+    // mean hold known, which the refusal's wait is computed from (on an engine of
+    // its own: refused above, no hold has been timed).
+    let e = concurrency_engine(1.0);
+    let route = bench_route(&e);
+    let on = std::sync::Arc::new(HoldClock::new(std::sync::Arc::new(MonotonicClock::new())));
+    g.bench_function("admit_release/timed_monotonic", |b| {
+        b.iter(|| {
+            if let Decision::Admit(Admit::Held(mut permit)) =
+                e.check(route, Key::None, black_box(NOW))
+            {
+                permit.time_on(&on);
+            }
+        });
+    });
+    let held = e.check(route, Key::None, NOW);
+    assert!(held.is_admit());
+    g.bench_function("reject/hold_timed", |b| {
         b.iter(|| e.check(route, Key::None, black_box(NOW)));
     });
     drop(held);
