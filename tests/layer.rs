@@ -2094,3 +2094,25 @@ async fn a_concurrency_routes_queue_full_is_jittered_as_its_refusals_are() {
     }
     assert!(told.len() >= 2, "every client told the same: {told:?}");
 }
+
+/// Permits held a few milliseconds: the header still says 1 s (whole seconds, at
+/// least 1), and the body's `retry_after_ms` the estimate itself, rounded up.
+#[tokio::test]
+async fn a_concurrency_refusal_of_short_holds_says_1_s_and_the_estimate_in_ms() {
+    use tower::{Layer as _, Service as _};
+    let (l, clock) = one_a_second("short", "/short", Algorithm::Concurrency { queue: 0 });
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut svc = l.layer(counting_service(calls, Duration::ZERO));
+    let post = || Request::post("/short").body(Body::empty()).unwrap();
+    let held = svc.ready().await.unwrap().call(post()).await.unwrap();
+    clock.advance(Duration::from_millis(5));
+    drop(held);
+    let _held = svc.ready().await.unwrap().call(post()).await.unwrap();
+    let refused = svc.ready().await.unwrap().call(post()).await.unwrap();
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body = axum::body::to_bytes(refused.into_body(), 1024)
+        .await
+        .unwrap();
+    let body = std::str::from_utf8(&body).unwrap();
+    assert!(body.contains(r#""retry_after_ms":5,"#), "{body}");
+}
