@@ -336,11 +336,12 @@ impl Drop for Permit {
     #[inline(never)]
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
+            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            shared.notify_waiting(1);
+            // After the permit is free: its clock read does not delay the next holder.
             if let Some(clock) = &self.clock {
                 shared.time_hold(self.granted, clock);
             }
-            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-            shared.notify_waiting(1);
         }
     }
 }
