@@ -645,6 +645,31 @@ impl Controller {
         (self.state == ControllerState::Cut).then(|| self.cut_end())
     }
 
+    /// Where a caller that steps the controller once for many slots that read alike
+    /// (a silence longer than the window, each slot `slot_ns` long) must step it at an
+    /// earlier slot too, as stepping each slot would have: the end of the first slot
+    /// that ends after `after` (the last slot stepped) and before `until` (the one the
+    /// silence ends in) and holds one of `edges` (a change of profile due then, a
+    /// scheduled event's start or end), the time the controller is armed, or
+    /// [`cut_ends_at`](Self::cut_ends_at). `None` if there is none. Looked for again
+    /// after each such step, which may move the arming and the cut's end.
+    pub fn next_stop(
+        &self,
+        edges: impl IntoIterator<Item = Nanos>,
+        after: Nanos,
+        until: Nanos,
+        slot_ns: u64,
+    ) -> Option<Nanos> {
+        edges
+            .into_iter()
+            .chain([self.armed_at])
+            .chain(self.cut_ends_at())
+            .filter(|&mark| after < mark)
+            .map(|mark| Nanos::new(mark.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns)))
+            .filter(|&slot| slot < until)
+            .min()
+    }
+
     /// [`cut_ends_at`](Self::cut_ends_at) of a controller in `Cut`.
     fn cut_end(&self) -> Nanos {
         let by_hold = self.safe_since.map(|since| self.hold_done(since));

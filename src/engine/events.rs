@@ -93,10 +93,20 @@ impl RouteState {
     /// then, or else the route's own (in force once a request or an upkeep has put
     /// them there: see [`follow_events`]).
     pub(super) fn params_due(&self, at: Nanos) -> &ControllerParams {
-        self.events
-            .iter()
-            .find(|e| e.start <= at && at < e.end)
-            .map_or(&self.own, |e| &e.params)
+        due(spans(&self.events), at).map_or(&self.own, |(_, params)| params)
+    }
+
+    /// The route's [`Schedule`] as of now.
+    pub(super) fn schedule(&self) -> Schedule {
+        Schedule {
+            own: self.own.clone(),
+            // An event never due (one that has ended, placed at 0 for no time) changes
+            // nothing.
+            events: spans(&self.events)
+                .filter(|(start, end, _)| start < end)
+                .map(|(start, end, params)| (start, end, params.clone()))
+                .collect(),
+        }
     }
 
     /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,
@@ -124,10 +134,123 @@ pub(super) fn follow_events(
     at: Nanos,
     on_transition: impl FnMut(Transition),
 ) {
-    let due = events.iter().position(|e| e.start <= at && at < e.end);
-    if due != *active {
-        *active = due;
-        let params = due.map_or_else(|| own.clone(), |i| events[i].params.clone());
+    put_in_force(
+        due(spans(events), at),
+        active,
+        own,
+        controller,
+        at,
+        on_transition,
+    );
+}
+
+/// Each event's start, end and profile.
+fn spans(
+    events: &[ScheduledEvent],
+) -> impl Iterator<Item = (Nanos, Nanos, &ControllerParams)> + '_ {
+    events.iter().map(|e| (e.start, e.end, &e.params))
+}
+
+/// The profile running at `at` among `spans` (start, end, profile), with its index.
+fn due<'a>(
+    spans: impl Iterator<Item = (Nanos, Nanos, &'a ControllerParams)>,
+    at: Nanos,
+) -> Option<(usize, &'a ControllerParams)> {
+    spans
+        .enumerate()
+        .find(|(_, (start, end, _))| *start <= at && at < *end)
+        .map(|(i, (_, _, params))| (i, params))
+}
+
+/// Puts `due` in force (the profile due, with its index, or the route's `own`
+/// without one), unless it is the one `active` says is.
+fn put_in_force(
+    due: Option<(usize, &ControllerParams)>,
+    active: &mut Option<usize>,
+    own: &ControllerParams,
+    controller: &mut Controller,
+    at: Nanos,
+    on_transition: impl FnMut(Transition),
+) {
+    let index = due.map(|(i, _)| i);
+    if index != *active {
+        *active = index;
+        let params = due.map_or(own, |(_, params)| params).clone();
         controller.set_params(params, at, on_transition);
+    }
+}
+
+/// The profiles a route runs over time, as taken from the engine
+/// ([`Engine::schedule`](super::Engine::schedule)): its own parameters, and each
+/// scheduled event's from its start to its end. What a shared store steps the
+/// route's shared controller under, each slot under the profile due at its end, as
+/// the engine steps a local route.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Schedule {
+    own: ControllerParams,
+    events: Vec<(Nanos, Nanos, ControllerParams)>,
+}
+
+impl Schedule {
+    /// A schedule of the route's `own` parameters and `events`, each a start, an end
+    /// and the profile in force from the one to the other.
+    pub fn new(own: ControllerParams, events: Vec<(Nanos, Nanos, ControllerParams)>) -> Self {
+        Schedule { own, events }
+    }
+
+    fn spans(&self) -> impl Iterator<Item = (Nanos, Nanos, &ControllerParams)> {
+        self.events
+            .iter()
+            .map(|(start, end, params)| (*start, *end, params))
+    }
+
+    /// The parameters due at `at`: those of the event running then, or else the
+    /// route's own (as [`Engine::params_at`](super::Engine::params_at) tells them).
+    pub fn params_at(&self, at: Nanos) -> &ControllerParams {
+        due(self.spans(), at).map_or(&self.own, |(_, params)| params)
+    }
+
+    /// Which event runs at `at`, by its index, if one does: what `active` says in
+    /// [`follow`](Self::follow).
+    pub fn event_at(&self, at: Nanos) -> Option<usize> {
+        due(self.spans(), at).map(|(i, _)| i)
+    }
+
+    /// Each event's start and end: where the profile due may change.
+    pub fn edges(&self) -> impl Iterator<Item = Nanos> + '_ {
+        self.events
+            .iter()
+            .flat_map(|(start, end, _)| [*start, *end])
+    }
+
+    /// Puts the profile due at `at` in force in `controller`, as the engine does
+    /// before each step of a local route, unless `active` (the event whose profile
+    /// is in force, by its index, `None` for the route's own) says it is already. A
+    /// transition the change makes is passed to `on_transition`.
+    pub fn follow(
+        &self,
+        active: &mut Option<usize>,
+        controller: &mut Controller,
+        at: Nanos,
+        on_transition: impl FnMut(Transition),
+    ) {
+        let due = due(self.spans(), at);
+        put_in_force(due, active, &self.own, controller, at, on_transition);
+    }
+
+    /// The schedule on another clock, whose time is `there` where this one's is
+    /// `here` (a shared store's, which steps the controller on its own time).
+    pub fn on_clock(mut self, here: Nanos, there: Nanos) -> Self {
+        let moved = |t: Nanos| {
+            Nanos::new(
+                t.as_u64()
+                    .saturating_add(there.as_u64())
+                    .saturating_sub(here.as_u64()),
+            )
+        };
+        for (start, end, _) in &mut self.events {
+            (*start, *end) = (moved(*start), moved(*end));
+        }
+        self
     }
 }

@@ -31,6 +31,7 @@ mod keys;
 mod snapshot;
 
 use events::follow_events;
+pub use events::Schedule;
 use key_types::IpKey;
 pub(crate) use key_types::TableKey;
 use keys::{Keys, Shadow};
@@ -659,6 +660,14 @@ impl Engine {
         Some(self.route(route)?.lock().params_due(now).clone())
     }
 
+    /// The route's [`Schedule`]: its own parameters and its scheduled events' profiles,
+    /// from which [`params_at`](Self::params_at) tells those due at any time. (A
+    /// shared store steps its controller, over the slots since it last did, under
+    /// these.) `None` if this engine does not hold `route` (see [`RouteId`]).
+    pub fn schedule(&self, route: RouteId) -> Option<Schedule> {
+        Some(self.route(route)?.lock().schedule())
+    }
+
     /// Places every route's scheduled events again from the wall clock, where `now` is
     /// `wall_now`. Events are placed on the engine's monotonic clock when the engine is
     /// built or reloaded; the two clocks part when the wall clock is stepped (an NTP
@@ -1193,22 +1202,8 @@ impl Engine {
             // change of profile after it). The next such slot is looked for after each
             // step, which may move the arming and the cut's end.
             if let Some(mut last) = last_at.filter(|&last| s.at > last + r.window.slot()) {
-                loop {
-                    let marks = events
-                        .iter()
-                        .flat_map(|e| [e.start, e.end])
-                        .chain([controller.memory().armed_at])
-                        .chain(controller.cut_ends_at());
-                    let next = marks
-                        .filter(|&mark| last < mark)
-                        .map(|mark| {
-                            Nanos::new(mark.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns))
-                        })
-                        .filter(|&slot| slot < s.at)
-                        .min();
-                    let Some(at) = next else {
-                        break;
-                    };
+                let edges = || events.iter().flat_map(|e| [e.start, e.end]);
+                while let Some(at) = controller.next_stop(edges(), last, s.at, slot_ns) {
                     step(controller, at);
                     last = at;
                 }

@@ -109,7 +109,7 @@ use crate::config::{Mode, Partition, MIN_LIMIT};
 use crate::controller::{
     Controller, ControllerMemory, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
-use crate::engine::{Engine, RouteId};
+use crate::engine::{Engine, RouteId, Schedule};
 use crate::hints::FleetDemand;
 use crate::limiter::{Admit, Algorithm, Decision, Level, Reason, Rejection, TokenBucket};
 use crate::metrics as metric;
@@ -1354,13 +1354,15 @@ impl RedisStore {
         // one applies to this decision, before the shared controller steps on it (see
         // [`DECIDE`]'s `ARGV[3]`). A route this engine no longer holds keeps the base
         // it had.
-        let params = engine.params_at(route, now);
-        if let Some(params) = &params {
-            r.base_limit
-                .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+        let schedule = engine.schedule(route);
+        if let Some(schedule) = &schedule {
+            r.base_limit.store(
+                schedule.params_at(now).base_limit_rps.to_bits(),
+                Ordering::Relaxed,
+            );
         }
-        let params = params.unwrap_or_default();
-        let base_limit = params.base_limit_rps;
+        let schedule = schedule.unwrap_or_default();
+        let base_limit = schedule.params_at(now).base_limit_rps;
         // The call runs to its answer or its `timeout`, and the answer is taken in,
         // even if this decision's caller stops waiting first (its client gone, a
         // deadline shorter than `timeout`): the breaker learns how Redis answered, so
@@ -1369,7 +1371,8 @@ impl RedisStore {
         let call = {
             let (inner, r) = (Arc::clone(inner), Arc::clone(&r));
             RunsToEnd::new(async move {
-                let Some(reply) = inner.call(&r, 1, true, owed, &params).await else {
+                let params = schedule.params_at(now);
+                let Some(reply) = inner.call(&r, 1, true, owed, params).await else {
                     // Owed still: the call may have been applied anyway (a timeout on
                     // a Redis that answers later), so this can debit twice, never not
                     // at all. Before the leave that waits for it is told.
@@ -1380,7 +1383,7 @@ impl RedisStore {
                 drop(carried);
                 let answer = (reply.admit, reply.wait_us, reply.limit, reply.state);
                 let tokens = reply.tokens;
-                inner.absorb(&r, reply, &params, now);
+                inner.absorb(&r, reply, &schedule, now);
                 if let Some(tokens) = tokens {
                     r.tokens.store(tokens.to_bits(), Ordering::Relaxed);
                     r.tokens_at.store(now.as_u64(), Ordering::Relaxed);
@@ -2070,9 +2073,10 @@ impl Inner {
     }
 
     /// Takes in what Redis answered at `now` (this instance's clock): the shared limit
-    /// and state, when the limit will next rise if it told the controller's memory,
-    /// and, for the winner of a rollover, the controller step under `params` (in a
-    /// task of its own). The
+    /// and state, when the limit will next rise if it told the controller's memory
+    /// (under the profile of `schedule` due now), and, for the winner of a rollover,
+    /// the controller step under `schedule`, each slot under the profile due at its
+    /// end, moved onto Redis's clock (in a task of its own). The
     /// base limit is taken before the call, not from its answer: in exact mode by each
     /// decision, in batched mode by each slot's first decision only (see
     /// [`Inner::batched`]): the end-of-slot sync, answered after the next slot's first
@@ -2082,7 +2086,7 @@ impl Inner {
         self: &Arc<Self>,
         r: &Arc<SharedRoute>,
         reply: Reply,
-        params: &ControllerParams,
+        schedule: &Schedule,
         now: Nanos,
     ) {
         r.limit.store(reply.limit.to_bits(), Ordering::Relaxed);
@@ -2132,7 +2136,7 @@ impl Inner {
         if reply.state == ControllerState::Normal.as_index() {
             r.next_raise.store(0, Ordering::Relaxed);
         } else if let Some(memory) = &reply.memory {
-            let at = next_raise(params, &r.window, memory, reply.now_us)
+            let at = next_raise(schedule.params_at(now), &r.window, memory, reply.now_us)
                 .map_or(0, |eta| (now + eta).as_u64().max(1));
             r.next_raise.store(at, Ordering::Relaxed);
         }
@@ -2149,10 +2153,11 @@ impl Inner {
             r.limit_gauge.set(f64::NAN);
         }
         if let Some(roll) = reply.roll {
+            let redis_now = Nanos::new(reply.now_us.saturating_mul(1000));
             tokio::spawn(step(
                 Arc::clone(self),
                 Arc::clone(r),
-                params.clone(),
+                schedule.clone().on_clock(now, redis_now),
                 reply.slot,
                 reply.now_us,
                 roll,
@@ -2186,20 +2191,24 @@ impl Inner {
             // here on, whether Redis answers, fails or is skipped. A route this
             // engine no longer holds (a reload raced the request) keeps the base it had
             // and syncs nothing more.
-            let params = engine.params_at(route, now);
-            if let Some(params) = &params {
-                r.base_limit
-                    .store(params.base_limit_rps.to_bits(), Ordering::Relaxed);
+            let schedule = engine.schedule(route);
+            if let Some(schedule) = &schedule {
+                r.base_limit.store(
+                    schedule.params_at(now).base_limit_rps.to_bits(),
+                    Ordering::Relaxed,
+                );
             }
             // Arrivals of a failed or skipped sync are dropped: dumped into a later
             // slot they would look like a spike. The hole they leave would read as a
             // fall, then as a rise, so the next call says so (`missed`).
             let arrivals = r.pending.swap(0, Ordering::Relaxed);
-            if let Some(params) = params.filter(|_| r.breaker().call(now) != Call::Skip) {
+            if let Some(schedule) = schedule.filter(|_| r.breaker().call(now) != Call::Skip) {
+                let params = schedule.params_at(now).clone();
                 tokio::spawn(sync(
                     Arc::clone(self),
                     Arc::clone(r),
                     arrivals,
+                    schedule,
                     params,
                     slot,
                 ));
@@ -2978,14 +2987,15 @@ async fn sync(
     inner: Arc<Inner>,
     r: Arc<SharedRoute>,
     arrivals: u64,
+    schedule: Schedule,
     params: ControllerParams,
     slot: u64,
 ) {
     let send = |arrivals| {
-        let (inner, r, params) = (&inner, &r, &params);
+        let (inner, r, schedule, params) = (&inner, &r, &schedule, &params);
         async move {
             match inner.call(r, arrivals, false, 0, params).await {
-                Some(reply) => inner.absorb(r, reply, params, inner.clock.now()),
+                Some(reply) => inner.absorb(r, reply, schedule, inner.clock.now()),
                 None => r.miss(),
             }
         }
@@ -3071,18 +3081,19 @@ async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
     sent.then_some(arrivals)
 }
 
-/// Steps the controller over the slots the rollover completed and stores the result.
+/// Steps the controller over the slots the rollover completed, under `schedule` (on
+/// Redis's clock), and stores the result.
 async fn step(
     inner: Arc<Inner>,
     r: Arc<SharedRoute>,
-    params: ControllerParams,
+    schedule: Schedule,
     slot: u64,
     now_us: u64,
     roll: Roll,
 ) {
     let now = Nanos::new(now_us.saturating_mul(1000));
     let Some((controller, through, transitions, in_cut, rate)) =
-        replay(params, &r.window, &roll, slot, now)
+        replay(&schedule, &r.window, &roll, slot, now)
     else {
         return;
     };
@@ -3137,6 +3148,10 @@ async fn step(
 /// Transitions, each with when the state it left was entered.
 type Entered = Vec<(Transition, Nanos)>;
 
+/// What [`replay`] gives: the controller, the slot stepped through, the transitions,
+/// the time in cut and the fleet's demand.
+type Replayed = (Controller, u64, Entered, Duration, f64);
+
 /// The controller after observing every slot from the one after `through` up to
 /// `slot - 1`, the new `through`, the transitions on the way, each with when the
 /// state it left was entered, the time it spent in cut over the slots stepped
@@ -3151,15 +3166,21 @@ type Entered = Vec<(Transition, Nanos)>;
 /// the last window's are stepped. The silent slots after it are stepped as the engine
 /// steps a silence longer than the window: each until the window reads all zero, then
 /// only the last, when the controller catches up on that reading's time (a cut's calm
-/// counts from its first calm slot, not from one window before now); and the slot where
-/// the controller was armed, if that came in between.
+/// counts from its first calm slot, not from one window before now); and, if they came
+/// in between, the slots where the controller was armed, a scheduled event started or
+/// ended, or a cut ran out by the clock ([`Controller::next_stop`]).
+///
+/// Each slot is stepped under the profile of `schedule` (on Redis's clock) due at its
+/// end, put in force before the step as the engine puts it in force for a local
+/// route; the stored controller is continued under the profile due when it was last
+/// stepped.
 fn replay(
-    params: ControllerParams,
+    schedule: &Schedule,
     window: &WindowSpec,
     roll: &Roll,
     slot: u64,
     now: Nanos,
-) -> Option<(Controller, u64, Entered, Duration, f64)> {
+) -> Option<Replayed> {
     let last = slot.checked_sub(1)?;
     let slots = window.slots() as u64;
     let half = slots / 2;
@@ -3176,6 +3197,8 @@ fn replay(
     }
     let slot_ns = window.slot().as_micros() as u64 * 1000;
     let stepped_at = stepped_at(window, &roll.memory, now);
+    let mut active = schedule.event_at(stepped_at);
+    let params = schedule.params_at(stepped_at).clone();
     let mut controller = resume(params, window, &roll.memory, now);
     let count = |i: u64| -> u64 {
         let at = (i as i64).saturating_sub(roll.lo);
@@ -3209,8 +3232,7 @@ fn replay(
             roc: rate_recent_rps - rate_prev_rps,
         };
         let at = Nanos::new((s + 1).saturating_mul(slot_ns));
-        let entered = controller.entered_at();
-        controller.observe(SampleAt { at, sample }, |t| {
+        let mut record = |t: Transition, entered: Nanos| {
             if let Some(since) = cut_since.take() {
                 in_cut += t.at.saturating_since(since);
             }
@@ -3218,7 +3240,11 @@ fn replay(
                 cut_since = Some(t.at);
             }
             transitions.push((t, entered));
-        });
+        };
+        let entered = controller.entered_at();
+        schedule.follow(&mut active, controller, at, |t| record(t, entered));
+        let entered = controller.entered_at();
+        controller.observe(SampleAt { at, sample }, |t| record(t, entered));
     };
     // The first slot whose window holds no call: it and every later one read zero.
     let quiet = called.saturating_add(slots).saturating_sub(1);
@@ -3227,11 +3253,13 @@ fn replay(
         observe(&mut controller, s);
     }
     if each_until < last {
-        // The slot whose end is the first at or after the controller was armed.
-        let armed_ns = controller.memory().armed_at.as_u64();
-        let armed = armed_ns.div_ceil(slot_ns.max(1)).saturating_sub(1);
-        if each_until < armed && armed < last {
-            observe(&mut controller, armed);
+        let end = |s: u64| Nanos::new((s + 1).saturating_mul(slot_ns));
+        let mut after = end(each_until);
+        while let Some(stop) =
+            controller.next_stop(schedule.edges(), after, end(last), slot_ns.max(1))
+        {
+            observe(&mut controller, stop.as_u64() / slot_ns.max(1) - 1);
+            after = stop;
         }
         observe(&mut controller, last);
     }

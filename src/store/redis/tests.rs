@@ -2,21 +2,25 @@
 //! window and controller memory, and the encoding of what the scripts store.
 
 use super::*;
+use crate::engine::Schedule;
 
 fn window() -> WindowSpec {
     WindowSpec::new(Duration::from_secs(1), Duration::from_millis(100)).unwrap()
 }
 
 /// [`replay`] of `r` under the default parameters, called in slot 110 at 11 s.
-fn replay_to_slot_110(r: &Roll) -> (Controller, u64, Entered, Duration, f64) {
-    replay(
-        ControllerParams::default(),
-        &window(),
-        r,
-        110,
-        Nanos::from_secs(11),
-    )
-    .unwrap()
+fn replay_to_slot_110(r: &Roll) -> Replayed {
+    replay(&defaults(), &window(), r, 110, Nanos::from_secs(11)).unwrap()
+}
+
+/// The schedule of a route without events, of `params`.
+fn no_events(params: ControllerParams) -> Schedule {
+    Schedule::new(params, Vec::new())
+}
+
+/// The schedule of a route without events, of the default parameters.
+fn defaults() -> Schedule {
+    no_events(ControllerParams::default())
 }
 
 fn roll(lo: i64, counts: Vec<u64>, through: Option<u64>) -> Roll {
@@ -79,7 +83,7 @@ fn replay_observes_each_completed_slot_once() {
         ..ControllerParams::default()
     };
     let now = Nanos::from_millis(11_000);
-    let (c, through, _, _, rate) = replay(params, &window(), &r, 110, now).unwrap();
+    let (c, through, _, _, rate) = replay(&no_events(params), &window(), &r, 110, now).unwrap();
     assert_eq!(through, 109);
     // Half-windows of 0.5 s: 50 then 250 arrivals, 100 → 500 req/s.
     assert_eq!(c.last_roc(), 400.0);
@@ -106,7 +110,7 @@ fn tcp_user_timeout_is_four_keepalive_probes_of_the_timeout_rounded_up() {
 #[test]
 fn replay_with_nothing_new_does_nothing() {
     let r = roll(100, vec![1; 10], Some(109));
-    assert!(replay(ControllerParams::default(), &window(), &r, 110, Nanos::ZERO).is_none());
+    assert!(replay(&defaults(), &window(), &r, 110, Nanos::ZERO).is_none());
 }
 
 /// A stored controller cut since 5 s, calm since `safe_since` if any.
@@ -200,7 +204,8 @@ fn replay_reports_a_restore_ending_in_the_slot_it_steps() {
     });
     let now = Nanos::from_millis(20_301);
     let params = ControllerParams::default();
-    let (c, through, transitions, _, _) = replay(params, &window(), &r, 203, now).unwrap();
+    let (c, through, transitions, _, _) =
+        replay(&no_events(params), &window(), &r, 203, now).unwrap();
     assert_eq!(through, 202);
     assert_eq!(c.state(), ControllerState::Normal);
     assert_eq!(c.entered_at(), Nanos::from_millis(20_300));
@@ -233,6 +238,31 @@ fn cut_then_silent(memory: ControllerMemory, through: u64) -> Roll {
     r
 }
 
+/// Redis's now at the call that begins slot `s`: a millisecond into it.
+fn call(s: u64) -> Nanos {
+    Nanos::from_millis(s * 100 + 1)
+}
+
+/// The route of [`cut_then_silent`], `cut` as of slot 109, stepped under `schedule`
+/// over its silence until 40 s: one rollover per slot (the memory it ends with and the
+/// transitions on the way), and all at once (what [`replay`] gives).
+fn silent_until_40_s(
+    schedule: &Schedule,
+    cut: ControllerMemory,
+) -> ((ControllerMemory, Entered), Replayed) {
+    let mut stepped = cut;
+    let mut every_slot = Vec::new();
+    for s in 110..400 {
+        let r = cut_then_silent(stepped, s - 1);
+        let (c, _, t, _, _) = replay(schedule, &window(), &r, s + 1, call(s + 1)).unwrap();
+        stepped = c.memory();
+        every_slot.extend(t);
+    }
+    let r = cut_then_silent(cut, 109);
+    let at_once = replay(schedule, &window(), &r, 400, call(400)).unwrap();
+    ((stepped, every_slot), at_once)
+}
+
 /// A route cut at 11 s, then silent until 40 s: the rollover at 40 s lands where
 /// stepping every slot (one rollover per slot) would have, at base since 20.3 s
 /// (calm from 11.3 s, restoring from 13.3 s after the 2 s hold, seven steps of
@@ -240,33 +270,21 @@ fn cut_then_silent(memory: ControllerMemory, through: u64) -> Roll {
 /// 39.1 s, and came back still cut at 60 req/s.
 #[test]
 fn replay_after_a_silence_lands_where_stepping_every_slot_would() {
-    let params = ControllerParams::default();
-    // Redis's now at the call that begins slot `s`: a millisecond into it.
-    let call = |s: u64| Nanos::from_millis(s * 100 + 1);
+    let params = no_events(ControllerParams::default());
     let mut r = roll(
         100,
         (100..110).map(|s| if s < 105 { 10 } else { 100 }).collect(),
         Some(108),
     );
     r.memory.memory = Some(calm_at_base());
-    let (cut, _, _, _, _) = replay(params.clone(), &window(), &r, 110, call(110)).unwrap();
+    let (cut, _, _, _, _) = replay(&params, &window(), &r, 110, call(110)).unwrap();
     assert_eq!(cut.state(), ControllerState::Cut);
-    let cut = cut.memory();
 
-    let mut stepped = cut;
-    let mut every_slot = Vec::new();
-    for s in 110..400 {
-        let r = cut_then_silent(stepped, s - 1);
-        let (c, _, t, _, _) = replay(params.clone(), &window(), &r, s + 1, call(s + 1)).unwrap();
-        stepped = c.memory();
-        every_slot.extend(t);
-    }
+    let ((stepped, every_slot), (c, through, at_once, _, _)) =
+        silent_until_40_s(&params, cut.memory());
     assert_eq!(stepped.state, ControllerState::Normal);
     assert_eq!(stepped.limit_rps, 200.0);
     assert_eq!(stepped.entered_at, Nanos::from_millis(20_300));
-
-    let r = cut_then_silent(cut, 109);
-    let (c, through, at_once, _, _) = replay(params, &window(), &r, 400, call(400)).unwrap();
     assert_eq!(through, 399);
     assert_eq!(c.memory(), stepped);
     // The same transitions, and the same time in the cut counted.
@@ -277,6 +295,124 @@ fn replay_after_a_silence_lands_where_stepping_every_slot_would() {
         (ts.iter().map(|(t, _)| *t).collect::<Vec<_>>(), counts)
     };
     assert_eq!(counted(&at_once), counted(&every_slot));
+}
+
+/// The route of `replay_after_a_silence_lands_where_stepping_every_slot_would`
+/// with a `sale` (its start, its duration, its profile) beside its `own` parameters,
+/// cut by the slot that ended at 10.6 s, then silent from 11.1 s until 40 s. Stepped
+/// at once, the silence lands where stepping every slot (one rollover per slot, each
+/// under the profile due then) puts it: the same memory, the same transitions; and
+/// they are the local engine's, given the same arrivals (Redis's clock is the
+/// engine's here).
+fn a_silence_across_an_event_lands_where_stepping_every_slot_would(
+    own: ControllerParams,
+    sale: (Duration, Duration, ControllerParams),
+) {
+    use crate::config::{Config, Event, RouteConfig, RouteMatch};
+    use crate::engine::Key;
+    let (start, duration, profile) = sale;
+    let start_at = Nanos::ZERO + start;
+    let schedule = Schedule::new(
+        own.clone(),
+        vec![(start_at, start_at + duration, profile.clone())],
+    );
+    let schedule = &schedule;
+    // Stepped last by the slot that ended at 10 s, steady at 10 a slot until then.
+    let mut r = roll(
+        90,
+        (90..110).map(|s| if s < 105 { 10 } else { 100 }).collect(),
+        Some(99),
+    );
+    r.memory.memory = Some(calm_at_base());
+    let (cut, _, cutting, _, _) = replay(schedule, &window(), &r, 110, call(110)).unwrap();
+    assert_eq!(cut.state(), ControllerState::Cut);
+    let path = |ts: &Entered| {
+        ts.iter()
+            .map(|(t, _)| (t.from, t.to, t.at, t.limit_rps))
+            .collect::<Vec<_>>()
+    };
+    let ((stepped, every_slot), (c, _, at_once, _, _)) = silent_until_40_s(schedule, cut.memory());
+    let counted = |ts: &Entered| {
+        let mut counts = TransitionCounts::default();
+        ts.iter()
+            .for_each(|(t, entered)| counts.record(t, *entered));
+        counts
+    };
+    assert_eq!(path(&at_once), path(&every_slot));
+    assert_eq!(counted(&at_once), counted(&every_slot));
+    assert_eq!(c.memory(), stepped);
+
+    let seen: Arc<Mutex<Vec<Transition>>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    let mut route = RouteConfig::new("r", RouteMatch::any());
+    route.window = window();
+    route.controller = own;
+    let epoch = std::time::UNIX_EPOCH;
+    route
+        .events
+        .push(Event::new("sale", epoch + start, duration, profile));
+    let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, epoch)
+        .unwrap()
+        .with_transition_hook(Arc::new(move |_, t| sink.lock().unwrap().push(*t)));
+    let id = engine.route_at(0).unwrap();
+    // Steady at 10 a slot before the spike, as the stored memory has it: calm at base.
+    for s in 0..=110u64 {
+        let n = match s {
+            ..105 => 10,
+            105..110 => 100,
+            _ => 1,
+        };
+        for k in 0..n {
+            let _ = engine.check(
+                id,
+                Key::None,
+                Nanos::new(s * 100_000_000 + k * 100_000_000 / n),
+            );
+        }
+    }
+    let _ = engine.check(id, Key::None, call(400));
+    let local: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| (t.from, t.to, t.at, t.limit_rps))
+        .collect();
+    let shared: Vec<_> = path(&cutting).into_iter().chain(path(&at_once)).collect();
+    assert_eq!(shared, local);
+}
+
+/// A sale from 14 s to 17 s restores by 5 req/s a second from a cut limit of 40:
+/// a restore begun at 13.3 s goes on under it from its start, and under the route's
+/// own parameters again from its end. Stepped at once under the profile due at 40 s
+/// alone (the route's own), the silence restored as though there had been no sale.
+#[test]
+fn replay_after_a_silence_follows_an_event_started_and_ended_in_it() {
+    let own = ControllerParams::default();
+    let sale = ControllerParams {
+        cut_limit_rps: 40.0,
+        restore_step_rps: 5.0,
+        ..own.clone()
+    };
+    let s = Duration::from_secs;
+    a_silence_across_an_event_lands_where_stepping_every_slot_would(own, (s(14), s(3), sale));
+}
+
+/// A sale until 20 s that holds a cut for 30 s of calm, but no more than 8 s: the
+/// cut at 10.6 s runs out by `max_cut` at 18.6 s, under the sale, and restores from
+/// then, under the route's own parameters from 20 s: at base at 25.6 s. Stepped at
+/// once under the route's own profile, it restored from 13.3 s, after their 2 s hold
+/// (at base at 20.3 s); with a stop at the sale's end but none at the cut's, the
+/// route's own parameters put in force there would have held the cut until 20 s.
+#[test]
+fn replay_after_a_silence_ends_a_cut_under_the_event_due_then() {
+    let own = ControllerParams::default();
+    let sale = ControllerParams {
+        hold: Duration::from_secs(30),
+        max_cut: Duration::from_secs(8),
+        ..own.clone()
+    };
+    let s = Duration::from_secs;
+    a_silence_across_an_event_lands_where_stepping_every_slot_would(own, (s(0), s(20), sale));
 }
 
 /// The same cut, stored as armed only from 30 s (a time written under a clock
@@ -292,8 +428,7 @@ fn replay_after_a_silence_observes_the_slot_where_it_was_armed() {
     cut.armed_at = Nanos::from_millis(29_950);
     let r = cut_then_silent(cut, 109);
     let now = Nanos::from_millis(40_001);
-    let (c, _, transitions, _, _) =
-        replay(ControllerParams::default(), &window(), &r, 400, now).unwrap();
+    let (c, _, transitions, _, _) = replay(&defaults(), &window(), &r, 400, now).unwrap();
     let path: Vec<_> = transitions.iter().map(|(t, _)| (t.to, t.at)).collect();
     assert_eq!(
         path,
@@ -313,8 +448,7 @@ fn replay_rearms_a_stored_controller_without_through() {
     let mut r = roll(100, counts, None);
     r.memory.memory = Some(calm_at_base());
     let now = Nanos::from_secs(11);
-    let (c, through, _, _, _) =
-        replay(ControllerParams::default(), &window(), &r, 110, now).unwrap();
+    let (c, through, _, _, _) = replay(&defaults(), &window(), &r, 110, now).unwrap();
     assert_eq!(through, 109);
     assert_eq!(c.last_roc(), 900.0);
     // A spike, but no action for one window from now, as after a local reload.
@@ -494,8 +628,7 @@ fn a_restore_stored_without_through_keeps_its_pace() {
         last_roc: 0.0,
     });
     let now = Nanos::from_millis(18_201);
-    let (c, through, _, _, _) =
-        replay(ControllerParams::default(), &window(), &r, 182, now).unwrap();
+    let (c, through, _, _, _) = replay(&defaults(), &window(), &r, 182, now).unwrap();
     assert_eq!(through, 181);
     assert_eq!(c.limit_rps(), 140.0);
 }
@@ -599,7 +732,14 @@ fn stored_numbers_past_their_range_overflow_nothing() {
             counts: vec![1; 10],
             memory: stored,
         };
-        assert!(replay(params.clone(), &window(), &r, 110, Nanos::from_secs(11)).is_none());
+        assert!(replay(
+            &no_events(params.clone()),
+            &window(),
+            &r,
+            110,
+            Nanos::from_secs(11)
+        )
+        .is_none());
     }
     let (_, through, _, _, _) = replay_to_slot_110(&roll(i64::MIN, vec![1; 10], Some(99)));
     assert_eq!(through, 109);
@@ -748,8 +888,17 @@ async fn a_sync_failing_after_a_rebuild_marks_the_gap_on_the_rebuilt_route() {
         .unwrap();
     let (id, new) = order_of(&store, &engine, Nanos::ZERO);
     assert!(!Arc::ptr_eq(&old, &new));
-    let params = engine.params_at(id, Nanos::ZERO).unwrap();
-    sync(Arc::clone(&store.inner), Arc::clone(&old), 5, params, 0).await;
+    let schedule = engine.schedule(id).unwrap();
+    let params = schedule.params_at(Nanos::ZERO).clone();
+    sync(
+        Arc::clone(&store.inner),
+        Arc::clone(&old),
+        5,
+        schedule,
+        params,
+        0,
+    )
+    .await;
     assert!(new.missed.load(Ordering::Relaxed));
     assert!(!old.missed.load(Ordering::Relaxed));
 }
@@ -1207,16 +1356,25 @@ async fn a_controller_carried_over_is_counted() {
     };
     assert_eq!(carried().as_deref(), Some("0"));
     let params = ControllerParams::default();
-    store
-        .inner
-        .absorb(&r, an_answer(1, true), &params, Nanos::from_secs(1));
-    store
-        .inner
-        .absorb(&r, an_answer(1, false), &params, Nanos::from_secs(2));
+    store.inner.absorb(
+        &r,
+        an_answer(1, true),
+        &no_events(params.clone()),
+        Nanos::from_secs(1),
+    );
+    store.inner.absorb(
+        &r,
+        an_answer(1, false),
+        &no_events(params.clone()),
+        Nanos::from_secs(2),
+    );
     assert_eq!(carried().as_deref(), Some("1"));
-    store
-        .inner
-        .absorb(&r, an_answer(1, true), &params, Nanos::from_secs(3));
+    store.inner.absorb(
+        &r,
+        an_answer(1, true),
+        &no_events(params.clone()),
+        Nanos::from_secs(3),
+    );
     assert_eq!(carried().as_deref(), Some("2"));
 }
 
@@ -1234,7 +1392,11 @@ async fn a_seed_carries_when_its_own_cut_was_entered() {
     let (_, r) = order_of(&store, &engine, Nanos::ZERO);
     let params = ControllerParams::default();
     let s = Nanos::from_secs;
-    let absorb = |reply, now| store.inner.absorb(&r, reply, &params, now);
+    let absorb = |reply, now| {
+        store
+            .inner
+            .absorb(&r, reply, &no_events(params.clone()), now)
+    };
     absorb(an_answer_at(1, false, 5_000_000, Some(s(4).as_u64())), s(1));
     assert_eq!(r.seed(&params, s(1)).unwrap().entered, Some(s(4).as_u64()));
     absorb(an_answer_at(1, false, 6_000_000, None), s(2));
@@ -1262,7 +1424,9 @@ async fn a_seed_carries_a_limit_within_the_parameters_in_force() {
     let (_, r) = order_of(&store, &engine, Nanos::ZERO);
     let s = Nanos::from_secs;
     let seen = ControllerParams::default();
-    store.inner.absorb(&r, an_answer(1, false), &seen, s(1));
+    store
+        .inner
+        .absorb(&r, an_answer(1, false), &no_events(seen.clone()), s(1));
     let limit = |base_limit_rps, cut_limit_rps| {
         let params = ControllerParams {
             base_limit_rps,
@@ -1287,7 +1451,9 @@ async fn an_answer_that_found_no_step_leaves_no_seed() {
     let (_, r) = order_of(&store, &engine, Nanos::ZERO);
     let params = ControllerParams::default();
     let s = Nanos::from_secs;
-    store.inner.absorb(&r, an_answer(1, false), &params, s(1));
+    store
+        .inner
+        .absorb(&r, an_answer(1, false), &no_events(params.clone()), s(1));
     assert_eq!(r.seed(&params, s(1)).unwrap().view_us, 5_000_000);
     let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
     let afresh = Reply::parse(Value::Array(vec![
@@ -1300,6 +1466,28 @@ async fn an_answer_that_found_no_step_leaves_no_seed() {
         Value::Nil,
     ]))
     .unwrap();
-    store.inner.absorb(&r, afresh, &params, s(2));
+    store
+        .inner
+        .absorb(&r, afresh, &no_events(params.clone()), s(2));
     assert_eq!(r.seed(&params, s(2)), None);
+}
+
+/// A schedule taken at 5 s on the engine's clock, moved onto Redis's, which reads
+/// 1000 s then: a sale from 14 s to 17 s is due from 1009 s to 1012 s there, and
+/// the route's own parameters around it.
+#[test]
+fn a_schedule_moves_onto_redis_clock_by_the_two_clocks_gap() {
+    let own = ControllerParams::default();
+    let sale = ControllerParams {
+        cut_limit_rps: 40.0,
+        ..own.clone()
+    };
+    let s = Nanos::from_secs;
+    let schedule = Schedule::new(own.clone(), vec![(s(14), s(17), sale.clone())]);
+    let there = schedule.on_clock(s(5), s(1000));
+    assert_eq!(there.params_at(s(1008)), &own);
+    assert_eq!(there.params_at(s(1009)), &sale);
+    assert_eq!(there.params_at(s(1011)), &sale);
+    assert_eq!(there.params_at(s(1012)), &own);
+    assert_eq!(there.edges().collect::<Vec<_>>(), [s(1009), s(1012)]);
 }
