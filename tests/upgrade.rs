@@ -36,7 +36,11 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 #[path = "common/proxy.rs"]
 mod running;
 
-use running::{connect, read_head, settings, start_proxy, start_proxy_from, within, RunningProxy};
+use rocgate::clock::{Clock, ManualClock};
+use running::{
+    connect, read_head, settings, start_proxy, start_proxy_from, start_proxy_with_clock, within,
+    RunningProxy,
+};
 
 // ---------------------------------------------------------------------------------
 // Upstream
@@ -431,6 +435,48 @@ async fn a_tunnel_holds_its_concurrency_permit_until_it_closes() {
         .await
         .expect("a handshake once the tunnel closed");
     assert_eq!(next_text(&mut again).await, "welcome");
+}
+
+/// A tunnel's permit is not timed: the hour a WebSocket was open is not a request's
+/// service time, and counted into the route's mean hold (weighing 1/8) it lifted the
+/// mean of 1 µs requests to 450 s, every refusal told the 60 s cap. Requests timed
+/// before it set the wait a refused handshake is told after it closes, as they did
+/// before it opened. On a manual clock, which the admission layer times holds on.
+#[tokio::test]
+async fn a_tunnels_life_is_not_counted_as_a_hold() {
+    let (upstream_addr, _upstream) = start_upstream().await;
+    let clock = Arc::new(ManualClock::new());
+    let proxy = start_proxy_with_clock(
+        settings(upstream_addr),
+        vec![one_at_a_time("ws_hold", "/")],
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    )
+    .await;
+    // A request held for no time on the manual clock: a mean hold of 1 µs.
+    let mut plain = connect(proxy.addr).await;
+    assert!(last_plain_get(&mut plain).await.ends_with("ok"));
+    until("the request's permit back", || {
+        proxy.level("ws_hold") == 0.0
+    })
+    .await;
+    let mut ws = open(proxy.addr, "/ws", &[]).await.expect("the handshake");
+    assert_eq!(next_text(&mut ws).await, "welcome");
+    clock.advance(Duration::from_secs(3600));
+    within("close", ws.close(None)).await.unwrap();
+    until("the tunnel's permit back", || proxy.level("ws_hold") == 0.0).await;
+
+    let mut holder = open(proxy.addr, "/ws", &[]).await.expect("a handshake");
+    assert_eq!(next_text(&mut holder).await, "welcome");
+    let response = refused(open(proxy.addr, "/ws", &[]).await);
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: serde_json::Value =
+        serde_json::from_slice(response.body().as_deref().expect("a body")).unwrap();
+    assert_eq!(body["reason"], "concurrency");
+    assert_eq!(
+        body["retry_after_ms"], 1,
+        "one 1 µs hold over one permit, not the tunnel's hour"
+    );
 }
 
 /// A reload that rebuilds the tunnels' concurrency route (here a new window) hands

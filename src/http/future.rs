@@ -42,9 +42,26 @@ pub(crate) enum Wait {
 /// layers are stacked, it holds the permits of the layers inside it too.
 #[derive(Clone, Debug)]
 pub struct HeldPermit {
-    _permit: Arc<Permit>,
+    permit: Arc<Permit>,
     /// The permit a layer inside this one put in the response, if any.
-    _inner: Option<Box<HeldPermit>>,
+    inner: Option<Box<HeldPermit>>,
+}
+
+impl HeldPermit {
+    /// These permits, released without their holds counted into the wait their routes
+    /// tell refused requests ([`Permit::stop_timing`]): for permits that go on with an
+    /// upgraded connection (a WebSocket tunnel), open for as long as its two ends keep
+    /// it, which says nothing of how long the route's requests are served in.
+    /// `rocgate serve` does this with the permit a 101 hands its tunnel. A clone of
+    /// this `HeldPermit` held elsewhere (the response's extensions cloned) leaves its
+    /// permits timed: take it out of the response, as `serve` does.
+    pub fn untimed(mut self) -> Self {
+        if let Some(permit) = Arc::get_mut(&mut self.permit) {
+            permit.stop_timing();
+        }
+        self.inner = self.inner.map(|inner| Box::new(inner.untimed()));
+        self
+    }
 }
 
 /// Moves an admitted response's concurrency permit ([`HeldPermit`], put in its
@@ -262,8 +279,8 @@ where
                         let extensions = response.extensions_mut();
                         let inner = extensions.remove::<HeldPermit>().map(Box::new);
                         extensions.insert(HeldPermit {
-                            _permit: Arc::new(permit),
-                            _inner: inner,
+                            permit: Arc::new(permit),
+                            inner,
                         });
                     }
                     return Poll::Ready(Ok(response));

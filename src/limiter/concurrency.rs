@@ -11,7 +11,8 @@
 //! as many releases as bring the permits in flight under the limit (one, unless the
 //! limit was lowered under them) plus one for each request queued ahead of it, so
 //! `releases × H / n`, at most [`CONCURRENCY_RETRY_MAX`]. Until a hold has been timed,
-//! 1 s.
+//! 1 s. A permit that goes on with something other than a request (a WebSocket
+//! tunnel) is not timed ([`Permit::stop_timing`]).
 
 use super::{reject, Admit, Decision, Level, Reason, MAX_PERMITS};
 use crate::clock::{duration_nanos, Clock, Nanos};
@@ -329,6 +330,16 @@ impl Permit {
     /// that wait at 1 s.
     pub fn time_on(&mut self, clock: &std::sync::Arc<HoldClock>) {
         self.clock = Some(std::sync::Arc::clone(clock));
+    }
+
+    /// Undoes [`time_on`](Self::time_on): released, this permit leaves the wait its
+    /// limiter tells refused requests as it is. For a permit that goes on with
+    /// something other than a request, such as an upgraded connection (a WebSocket
+    /// tunnel), whose life is not a request's service time: an hour's hold, weighing
+    /// 1/8 in the mean, would tell every request refused after it the longest wait
+    /// ([`CONCURRENCY_RETRY_MAX`]), though requests are served in milliseconds.
+    pub fn stop_timing(&mut self) {
+        self.clock = None;
     }
 }
 

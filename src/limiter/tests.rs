@@ -1039,6 +1039,34 @@ fn a_refusal_is_told_when_a_permit_is_expected_to_come_free() {
     assert_eq!(retry(&c).retry_after, CONCURRENCY_RETRY_MAX);
 }
 
+/// A permit whose timing is stopped (one an upgraded connection goes on holding) is
+/// released without counting its hold: an hour-long tunnel, weighing 1/8, lifted a
+/// mean of 5 ms to 450 s, and every refusal was told the 60 s cap.
+#[test]
+fn a_permit_no_longer_timed_leaves_the_mean_hold_alone() {
+    let clock = std::sync::Arc::new(crate::clock::ManualClock::new());
+    let on = std::sync::Arc::new(HoldClock::new(clock.clone()));
+    let now = || crate::clock::Clock::now(&*clock);
+    let timed = |d: Decision| {
+        let mut p = permit(d);
+        p.time_on(&on);
+        p
+    };
+    let c = Concurrency::new(1.0, 0);
+    let request = timed(c.check(now()));
+    clock.advance(Duration::from_millis(5));
+    drop(request);
+    let mut tunnel = timed(c.check(now()));
+    tunnel.stop_timing();
+    clock.advance(Duration::from_secs(3600));
+    drop(tunnel);
+    let _held = timed(c.check(now()));
+    about(
+        c.check(now()).rejection().unwrap().retry_after,
+        Duration::from_millis(5),
+    );
+}
+
 /// With a queue, a request refused with `queue_full` waits behind the requests queued
 /// ahead of it too; a permit taken from the queue is timed from when it was taken.
 #[test]

@@ -55,9 +55,12 @@ impl Tunnel {
         self
     }
 
-    /// Holds the request's concurrency permit, if it has one, until the tunnel closes.
+    /// Holds the request's concurrency permit, if it has one, until the tunnel closes,
+    /// untimed: its hold is the tunnel's life, not a request's service time, and counted
+    /// into the route's mean hold an hour-long tunnel would tell every refusal on the
+    /// route the longest wait, for dozens of releases after it closed.
     pub(crate) fn holding(mut self, permit: Option<HeldPermit>) -> Self {
-        self.permit = permit;
+        self.permit = permit.map(HeldPermit::untimed);
         self
     }
 

@@ -91,6 +91,19 @@ pub(crate) async fn start_proxy(
     run(proxy)
 }
 
+/// [`start_proxy`] on `clock`, which the engine, its controllers and the admission
+/// layer (the hold of a concurrency permit among them) read.
+pub(crate) async fn start_proxy_with_clock(
+    settings: ProxySettings,
+    routes: Vec<RouteConfig>,
+    clock: std::sync::Arc<dyn rocgate::clock::Clock>,
+) -> RunningProxy {
+    let proxy = Proxy::bind_with_clock(settings, &Config::new(routes), None, clock)
+        .await
+        .unwrap();
+    run(proxy)
+}
+
 /// A proxy over the routes of the config file `file`, which `reloader.reload()` reads
 /// again.
 pub(crate) async fn start_proxy_from(settings: ProxySettings, file: &Path) -> RunningProxy {
