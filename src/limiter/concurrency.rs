@@ -11,8 +11,10 @@
 //! as many releases as bring the permits in flight under the limit (one, unless the
 //! limit was lowered under them) plus one for each request queued ahead of it, so
 //! `releases × H / n`, at most [`CONCURRENCY_RETRY_MAX`]. Until a hold has been timed,
-//! 1 s. A permit that goes on with something other than a request (a WebSocket
-//! tunnel) is not timed ([`Permit::stop_timing`]).
+//! 1 s. At a limit of 0 no release admits it: [`CONCURRENCY_RETRY_MAX`], the longest
+//! this limiter tells (as a token bucket at a limit of 0 tells the longest it can). A
+//! permit that goes on with something other than a request (a WebSocket tunnel) is not
+//! timed ([`Permit::stop_timing`]).
 
 use super::{reject, Admit, Decision, Level, Reason, MAX_PERMITS};
 use crate::clock::{duration_nanos, Clock, Nanos};
@@ -84,7 +86,8 @@ const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
 /// over past holds: past a minute that says little of when the next permit frees (a
 /// controller restoring the limit frees permits at once, and a request already in
 /// flight may end any moment), and a client told longer is better told to come back
-/// and be told again.
+/// and be told again. Also what a request refused at a limit of 0 is told, which no
+/// release admits.
 pub const CONCURRENCY_RETRY_MAX: Duration = Duration::from_secs(60);
 
 // `in_flight` and `waiting` are read and written in sequentially consistent order: a
@@ -131,12 +134,15 @@ impl ConcurrencyShared {
 
     /// How long a request refused now is told to wait, ns (see the module's docs).
     fn retry_after_ns(&self) -> u64 {
+        let limit = u64::from(self.limit.load(Ordering::Relaxed));
+        if limit == 0 {
+            return duration_nanos(CONCURRENCY_RETRY_MAX);
+        }
         let mean_us = unpack_us(self.mean_hold.load(Ordering::Relaxed)).unsigned_abs();
         if mean_us == 0 {
             return duration_nanos(CONCURRENCY_RETRY);
         }
         let held = u64::from(self.in_flight.load(Ordering::Relaxed)).max(1);
-        let limit = u64::from(self.limit.load(Ordering::Relaxed));
         let ahead = u64::from(self.waiting.load(Ordering::Relaxed));
         let releases = (held + 1).saturating_sub(limit).max(1) + ahead;
         let mean_ns = mean_us * 1_000;

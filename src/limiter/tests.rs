@@ -1067,6 +1067,37 @@ fn a_permit_no_longer_timed_leaves_the_mean_hold_alone() {
     );
 }
 
+/// At a limit of 0 no release admits a refused request: it is told the longest wait,
+/// [`CONCURRENCY_RETRY_MAX`], as a token bucket at a limit of 0 tells the longest it
+/// can, whatever the holds timed and the permits held (it was told 2 × H with none
+/// held, (n + 1) × H / n with n held over the limit, 1 s before a hold was timed).
+#[test]
+fn a_limit_of_0_is_told_the_longest_wait() {
+    let clock = std::sync::Arc::new(crate::clock::ManualClock::new());
+    let on = std::sync::Arc::new(HoldClock::new(clock.clone()));
+    let now = || crate::clock::Clock::now(&*clock);
+    let told = |c: &Concurrency, reason| {
+        let r = c.check(now()).rejection().unwrap();
+        assert_eq!(r.reason, reason);
+        r.retry_after
+    };
+    let untimed = Concurrency::new(0.0, 0);
+    assert_eq!(told(&untimed, Reason::Concurrency), CONCURRENCY_RETRY_MAX);
+    let c = Concurrency::new(1.0, 0);
+    let mut p = permit(c.check(now()));
+    p.time_on(&on);
+    clock.advance(Duration::from_secs(2));
+    drop(p);
+    let held = permit(c.check(now()));
+    c.set_limit(0.0);
+    assert_eq!(told(&c, Reason::Concurrency), CONCURRENCY_RETRY_MAX);
+    drop(held);
+    assert_eq!(told(&c, Reason::Concurrency), CONCURRENCY_RETRY_MAX);
+    let queued = Concurrency::new(0.0, 1);
+    let _waits = queued.check(now());
+    assert_eq!(told(&queued, Reason::QueueFull), CONCURRENCY_RETRY_MAX);
+}
+
 /// With a queue, a request refused with `queue_full` waits behind the requests queued
 /// ahead of it too; a permit taken from the queue is timed from when it was taken.
 #[test]
