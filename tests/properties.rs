@@ -863,3 +863,158 @@ proptest! {
         prop_assert_eq!(run(false), run(true));
     }
 }
+
+/// A count of slots, whether the duration ends on a slot's boundary, and if not, how
+/// far into the next slot, for [`slots_of`].
+type Span = (u64, bool, f64);
+
+/// A duration of `slots` slots of `slot`, on a slot's boundary or `frac` of a slot past
+/// it.
+fn slots_of(slot: Duration, (slots, on_edge, frac): Span) -> Duration {
+    let past = if on_edge { 0.0 } else { frac };
+    slot * u32::try_from(slots).unwrap() + slot.mul_f64(past)
+}
+
+/// A [`Span`] of fewer than `most` slots.
+fn slot_span(most: u64) -> impl Strategy<Value = Span> {
+    (0..most, any::<bool>(), 0.0f64..1.0)
+}
+
+/// One event of [`an_engine_silence_with_events_lands_where_upkeep_would`]: the gap since
+/// the last one ended (or since the origin), its length, its cut and base limits, its
+/// danger threshold (over the route's, in absolute mode) and its hold.
+type EventSpec = (Span, Span, f64, f64, f64, Span);
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    /// [`an_engine_silence_lands_where_upkeep_would`], with what its generator leaves
+    /// out: up to four events, back to back or not, their edges on slot boundaries or
+    /// inside a slot; relative ROC as well as absolute; slots of 1 ms to 250 ms and
+    /// windows of 4 to 40 of them; `max_cut` down to 1 ns (the config takes no zero) and
+    /// `hold` longer than the silence; and a runtime change of `cut_limit` and
+    /// `max_cut`, or a reload with them, made before, during or after the silence
+    /// (during it, on a route no request has stepped since the silence began).
+    #[test]
+    fn an_engine_silence_with_events_lands_where_upkeep_would(
+        slot_us in prop_oneof![Just(1_000u64), Just(3_000), Just(50_000), Just(250_000)],
+        half in 2u64..20,
+        rates in prop::collection::vec(prop_oneof![3 => 0u64..6, 1 => 6u64..60], 10..90),
+        relative in any::<bool>(),
+        hold in slot_span(80),
+        dwell in slot_span(40),
+        max_cut in slot_span(120),
+        interval in slot_span(30),
+        step in 5.0f64..150.0,
+        silence_slots in 1u64..400,
+        events in prop::collection::vec(
+            (slot_span(60), (1u64..80, any::<bool>(), 0.0f64..1.0), 20.0f64..100.0,
+             100.0f64..400.0, 0.5f64..3.0, slot_span(60)),
+            0..5,
+        ),
+        update in prop::option::of((slot_span(500), 10.0f64..100.0, slot_span(120), any::<bool>())),
+        offset in 0.0f64..1.0,
+    ) {
+        let slot = Duration::from_micros(slot_us);
+        let slot_ns = slot_us * 1_000;
+        let mut p = ControllerParams::default();
+        p.hold = slots_of(slot, hold);
+        p.min_dwell = slots_of(slot, dwell);
+        p.max_cut = slots_of(slot, max_cut).max(Duration::from_nanos(1));
+        p.restore_interval = slots_of(slot, interval).max(Duration::from_micros(1));
+        p.restore_step_rps = step;
+        // Thresholds in each mode's unit: demand in req/s grows as slots shrink.
+        let rps = 1e9 / slot_ns as f64;
+        if relative {
+            p.roc_mode = RocMode::Relative;
+            p.danger_roc = 1.0;
+            p.safe_roc = 0.25;
+            p.min_rps = rps / half as f64;
+        } else {
+            p.danger_roc = 3.0 * rps / half as f64;
+            p.safe_roc = p.danger_roc / 4.0;
+            p.min_rps = 0.0;
+        }
+        let mut from = Duration::ZERO;
+        let events: Vec<Event> = events
+            .iter()
+            .enumerate()
+            .map(|(i, &(gap, len, cut, base, danger, ev_hold)): (usize, &EventSpec)| {
+                let mut sale = p.clone();
+                sale.cut_limit_rps = cut;
+                sale.base_limit_rps = base;
+                sale.danger_roc = if relative { danger } else { danger * p.danger_roc };
+                sale.safe_roc = sale.danger_roc / 4.0;
+                sale.hold = slots_of(slot, ev_hold);
+                sale.max_cut = slots_of(slot, len).clamp(Duration::from_nanos(1), p.max_cut + slot);
+                let start = from + slots_of(slot, gap);
+                let length = slots_of(slot, len).max(Duration::from_micros(1));
+                from = start + length;
+                Event::new(format!("e{i}"), SystemTime::UNIX_EPOCH + start, length, sale)
+            })
+            .collect();
+        let start_ns = rates.len() as u64 * slot_ns;
+        let end = Nanos::new(
+            start_ns + silence_slots * slot_ns + (offset * slot_ns as f64) as u64,
+        );
+        let update = update.map(|(at, cut, max_cut, reload)| {
+            let at = Nanos::ZERO + slots_of(slot, at);
+            let max_cut = slots_of(slot, max_cut).max(Duration::from_nanos(1));
+            (at.min(end), cut, max_cut, reload)
+        });
+        let route = |own: &ControllerParams| {
+            let mut route = RouteConfig::new("r", RouteMatch::any());
+            route.window = WindowSpec::new(slot * (2 * half) as u32, slot).unwrap();
+            route.controller = own.clone();
+            route.events = events.clone();
+            route
+        };
+        let run = |upkeep: bool| {
+            let seen: Arc<Mutex<Vec<Transition>>> = Arc::default();
+            let sink = Arc::clone(&seen);
+            let mut e = Engine::new(&Config::new(vec![route(&p)]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .with_transition_hook(Arc::new(move |_, t| sink.lock().unwrap().push(*t)));
+            let id = e.route_at(0).unwrap();
+            let mut update = update;
+            // The change, if it is due by `now`: a runtime change of the route's own
+            // parameters, or a reload with them; the engine to go on with.
+            let mut apply = |e: Engine, now: Nanos| match update.filter(|&(u, ..)| now >= u) {
+                Some((at, cut, max_cut, reload)) => {
+                    update = None;
+                    let mut q = p.clone();
+                    q.cut_limit_rps = cut;
+                    q.max_cut = max_cut;
+                    if reload {
+                        e.reload(&Config::new(vec![route(&q)]), at, SystemTime::UNIX_EPOCH)
+                            .unwrap()
+                    } else {
+                        e.update_route(id, q, at).unwrap();
+                        e
+                    }
+                }
+                None => e,
+            };
+            for (slot, &n) in (0u64..).zip(&rates) {
+                for k in 0..n {
+                    let at = Nanos::new(slot * slot_ns + k * slot_ns / n);
+                    e = apply(e, at);
+                    let _ = e.check(id, Key::None, at);
+                }
+            }
+            for k in 1..=silence_slots {
+                let at = Nanos::new(start_ns + k * slot_ns);
+                e = apply(e, at.min(end));
+                if upkeep {
+                    e.catch_up(id, at);
+                }
+            }
+            e = apply(e, end);
+            let _ = e.check(id, Key::None, end);
+            let s = e.route_snapshot(id, end).unwrap();
+            let seen = seen.lock().unwrap().clone();
+            (seen, s.state, s.limit_rps, s.state_since, s.active_event, s.time_in_cut)
+        };
+        prop_assert_eq!(run(false), run(true));
+    }
+}
