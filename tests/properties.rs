@@ -85,6 +85,24 @@ fn bucket_capacity(rate: f64, burst: Duration) -> f64 {
     (rate * burst.as_secs_f64() + 1e-6).floor().max(1.0)
 }
 
+/// The default controller parameters with the hold, dwell, `max_cut` and restore
+/// interval (ms) and the restore step a property drew.
+fn timed_params(
+    hold_ms: u64,
+    dwell_ms: u64,
+    max_cut_ms: u64,
+    interval_ms: u64,
+    step: f64,
+) -> ControllerParams {
+    let mut p = ControllerParams::default();
+    p.hold = Duration::from_millis(hold_ms);
+    p.min_dwell = Duration::from_millis(dwell_ms);
+    p.max_cut = Duration::from_millis(max_cut_ms);
+    p.restore_interval = Duration::from_millis(interval_ms);
+    p.restore_step_rps = step;
+    p
+}
+
 /// The ROC sample of a route whose rate went from `prev` to `r` req/s, its two
 /// windows 3 s each: what the controller properties feed a controller every 100 ms.
 fn sample_of(prev: f64, r: f64) -> RocSample {
@@ -714,12 +732,7 @@ proptest! {
         not_calm_slots in 1u64..80,
         calm_slots in 1u64..200,
     ) {
-        let mut p = ControllerParams::default();
-        p.hold = Duration::from_millis(hold_ms);
-        p.min_dwell = Duration::from_millis(dwell_ms);
-        p.max_cut = Duration::from_millis(max_cut_ms);
-        p.restore_interval = Duration::from_millis(interval_ms);
-        p.restore_step_rps = step;
+        let p = timed_params(hold_ms, dwell_ms, max_cut_ms, interval_ms, step);
         let window = Duration::from_secs(6);
         let mut c = Controller::new(p, Nanos::ZERO, window);
         let mut t = 6_000u64;
@@ -762,12 +775,7 @@ proptest! {
         step in 5.0f64..150.0,
         silence_slots in 1u64..1_000,
     ) {
-        let mut p = ControllerParams::default();
-        p.hold = Duration::from_millis(hold_ms);
-        p.min_dwell = Duration::from_millis(dwell_ms);
-        p.max_cut = Duration::from_millis(max_cut_ms);
-        p.restore_interval = Duration::from_millis(interval_ms);
-        p.restore_step_rps = step;
+        let p = timed_params(hold_ms, dwell_ms, max_cut_ms, interval_ms, step);
         let mut stepped = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
         let mut t = 0u64;
         let mut prev = 0.0;
@@ -809,12 +817,7 @@ proptest! {
         update in prop::option::of((0u64..8_000, 10.0f64..100.0)),
         offset_ms in 0u64..100,
     ) {
-        let mut p = ControllerParams::default();
-        p.hold = Duration::from_millis(hold_ms);
-        p.min_dwell = Duration::from_millis(dwell_ms);
-        p.max_cut = Duration::from_millis(max_cut_ms);
-        p.restore_interval = Duration::from_millis(interval_ms);
-        p.restore_step_rps = step;
+        let p = timed_params(hold_ms, dwell_ms, max_cut_ms, interval_ms, step);
         let event = event.map(|(start_ms, duration_ms, cut, base, danger)| {
             let mut sale = p.clone();
             sale.cut_limit_rps = cut;
