@@ -869,8 +869,10 @@ pub(crate) fn host_key(value: &str) -> std::borrow::Cow<'_, str> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyLimits {
-    /// Most keys tracked at once. When the table is full, new keys share one overflow
-    /// limiter (at the route's per-key limit) until idle keys are evicted.
+    /// Most keys tracked at once, besides the keys the route's tiers list (which take
+    /// a place in a full table). When the table is full, new keys share one overflow
+    /// limiter (at the route's per-key limit) until keys are evicted: a full table
+    /// evicts every key whose limiter holds nothing, idle or not.
     pub max_keys: usize,
     /// A key unseen for this long is evicted (at most 7 days).
     pub idle_timeout: Duration,
