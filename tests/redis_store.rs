@@ -4532,7 +4532,10 @@ async fn a_distributed_routes_limiter_level_is_the_shared_buckets() {
 /// and the fleet's demand (NaN), which read Redis's last answer as if current (only
 /// the dashboard's panels guarded against it); they are back once Redis answers.
 /// `rocgate_store_limit_rps` stays: the limit last seen, a share of which the fallback
-/// enforces, and by which the alerts tell a distributed route.
+/// enforces, and by which the alerts tell a distributed route. `GET /admin/routes`
+/// leaves out the shared ROC as `/metrics` does (`roc` null: it showed the last
+/// answer's); `GET /admin/store` keeps the route's view as last seen, dated by
+/// `answered_ms_ago`, which grows through the outage (it had no date).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shared_roc_and_demand_are_left_out_in_fallback() {
     let _serial = one_at_a_time().await;
@@ -4542,11 +4545,47 @@ async fn the_shared_roc_and_demand_are_left_out_in_fallback() {
     let mut admin = http1::connect(proxy.admin).await;
     let (c, a) = (&mut client, &mut admin);
     until_shown(c, a, "shared", [true, true, true]).await;
+    assert_admin_roc(a, true).await;
     server.signal("-STOP");
+    let stopped = tokio::time::Instant::now();
     until_shown(c, a, "fallback_local", [false, false, true]).await;
+    assert_admin_roc(a, false).await;
+    let order = |store: &serde_json::Value| store["routes"]["order"].clone();
+    let before = order(&serde_json::from_str(&get(a, "/admin/store").await).unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = order(&serde_json::from_str(&get(a, "/admin/store").await).unwrap());
+    assert!(
+        after["roc"].is_f64() && after["demand_rps"].is_f64(),
+        "{after}"
+    );
+    let ago = |view: &serde_json::Value| view["answered_ms_ago"].as_u64().unwrap();
+    assert!(ago(&after) >= ago(&before) + 300, "{before} {after}");
     server.signal("-CONT");
     until_shown(c, a, "shared", [true, true, true]).await;
+    assert_admin_roc(a, true).await;
+    let _ = post_order(c).await;
+    let back = order(&serde_json::from_str(&get(a, "/admin/store").await).unwrap());
+    // Answered since Redis resumed, after it was stopped.
+    assert!(
+        u128::from(ago(&back)) < stopped.elapsed().as_millis(),
+        "{back}"
+    );
     proxy.stop().await;
+}
+
+/// Asserts that `GET /admin/routes/order` and `GET /admin/routes` show the route's
+/// shared ROC (a number) if `shown`, else `roc` null.
+async fn assert_admin_roc(
+    admin: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+    shown: bool,
+) {
+    let one: serde_json::Value =
+        serde_json::from_str(&get(admin, "/admin/routes/order").await).unwrap();
+    let all: serde_json::Value = serde_json::from_str(&get(admin, "/admin/routes").await).unwrap();
+    assert_eq!(one["roc"].is_f64(), shown, "{one}");
+    assert_eq!(one["roc"].is_null(), !shown, "{one}");
+    assert_eq!(all["routes"][0]["roc"].is_f64(), shown, "{all}");
+    assert_eq!(all["routes"][0]["roc"].is_null(), !shown, "{all}");
 }
 
 /// Requests `POST /api/order` until `GET /admin/store` says the route `order` is in
@@ -6818,7 +6857,8 @@ async fn an_exact_route_never_answered_shows_no_bucket_level() {
 /// `capacity` and `roc` null. It showed the local engine's bucket, full, which decides
 /// none of the route's requests; `RedisStore::shared_view` said the route was not
 /// shared. `GET /admin/store` lists it as `/admin/routes` shows it: shared, normal at
-/// its base limit, `roc` null (it listed only the routes the store had built).
+/// its base limit, `roc` and `answered_ms_ago` null (it listed only the routes the
+/// store had built).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_distributed_route_never_decided_shows_no_shared_state() {
     let _serial = one_at_a_time().await;
@@ -6852,6 +6892,7 @@ async fn a_distributed_route_never_decided_shows_no_shared_state() {
             "state": "normal",
             "roc": null,
             "demand_rps": null,
+            "answered_ms_ago": null,
             "owed_tokens": 0,
         }),
         "{store}"
@@ -6902,7 +6943,7 @@ async fn the_admin_store_shows_each_routes_debt_and_readme_names_every_field() {
 
 /// [`RedisStore::shared_view`] of a route the engine shares and the store has not
 /// built (no decision on it yet): the route is shared, its state not known (no level,
-/// no ROC), its limit the base limit in force, as the store starts it.
+/// no ROC, no answer to date it), its limit the base limit in force, as the store starts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_route_never_decided_has_a_view_of_nothing_known() {
     let _serial = one_at_a_time().await;
@@ -6913,6 +6954,7 @@ async fn a_shared_route_never_decided_has_a_view_of_nothing_known() {
     assert_eq!(view.limit_rps, 100.0);
     assert_eq!(view.state, ControllerState::Normal);
     assert!(view.roc.is_nan(), "{view:?}");
+    assert_eq!(view.answered_ago, None, "never answered: {view:?}");
     assert!(
         view.level.value.is_nan() && view.level.capacity.is_nan(),
         "{view:?}"

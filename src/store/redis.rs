@@ -750,6 +750,12 @@ pub struct SharedView {
     /// NaN before such an answer, and while Redis holds none (no step stored since the
     /// route's state was lost, or only steps of an older release, which stores none).
     pub demand_rps: f64,
+    /// How long ago (this instance's clock) Redis last answered this instance on the
+    /// route, the answer that told [`limit_rps`](Self::limit_rps),
+    /// [`state`](Self::state), [`roc`](Self::roc) and
+    /// [`demand_rps`](Self::demand_rps): their age, which grows while the route is in
+    /// fallback. `None` before any answer.
+    pub answered_ago: Option<Duration>,
     /// The shared controller's transitions that this instance stepped and stored:
     /// each is stepped and stored by one instance, so summed over the fleet they are
     /// the shared controller's.
@@ -1064,6 +1070,10 @@ impl SharedRoute {
             state: state_of(self.state.load(Ordering::Relaxed)),
             roc: f64::from_bits(self.roc.load(Ordering::Relaxed)),
             demand_rps: f64::from_bits(self.demand.load(Ordering::Relaxed)),
+            answered_ago: match self.seen_at.load(Ordering::Relaxed) {
+                0 => None,
+                at => Some(now.saturating_since(Nanos::new(at))),
+            },
             stepped: *self.stepped.lock().unwrap_or_else(PoisonError::into_inner),
             level: self.level(config, now),
             owed_tokens: self.owed.load(Ordering::Relaxed),
@@ -1563,6 +1573,7 @@ impl RedisStore {
                 state: ControllerState::Normal,
                 roc: f64::NAN,
                 demand_rps: f64::NAN,
+                answered_ago: None,
                 stepped: TransitionCounts::default(),
                 level: UNKNOWN_LEVEL,
                 owed_tokens: 0,
