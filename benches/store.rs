@@ -14,11 +14,13 @@
 //!   of each slot spawns the slot's sync, which runs between timed decisions).
 //!
 //! Run with `cargo bench --bench store`; `ROUNDS` decisions per backend (default
-//! 20000).
+//! 20000); `EVENTS` scheduled events on the route (default 0), each to come (a minute
+//! every hour from the start), so that they change no decision but make the route's
+//! schedule, which a shared store steps its controller under, one of that many.
 #![allow(clippy::disallowed_methods)] // a benchmark measures wall time, by definition
 
 use rocgate::clock::{Clock, MonotonicClock};
-use rocgate::config::{Config, RouteConfig, RouteMatch};
+use rocgate::config::{Config, Event, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key};
 use rocgate::limiter::Algorithm;
 use rocgate::store::redis::RedisStore;
@@ -93,6 +95,23 @@ fn main() {
         route.algorithm = Algorithm::TokenBucket {
             burst: Duration::from_secs(2000),
         };
+        let events: u32 = std::env::var("EVENTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        route.events = (1..=events)
+            .map(|i| {
+                let mut profile = route.controller.clone();
+                profile.danger_roc = 2e9;
+                let start = SystemTime::UNIX_EPOCH + Duration::from_secs(3600 * u64::from(i));
+                Event::new(
+                    format!("event-{i}"),
+                    start,
+                    Duration::from_secs(60),
+                    profile,
+                )
+            })
+            .collect();
         let config = Config::new(vec![route]);
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();

@@ -1,11 +1,13 @@
 //! Scheduled events on the engine's clock: where a configured event's wall-clock
-//! window lies ([`span`]), and which profile, an event's or the route's own, is in
-//! force at a given moment ([`follow_events`]).
+//! window lies ([`span`]), which profile, an event's or the route's own, is in
+//! force at a given moment ([`follow_events`]), and the route's [`Schedule`] of
+//! them that a shared store steps its controller under, built again at each change.
 
 use super::{RouteState, ScheduledEvent};
 use crate::clock::Nanos;
 use crate::config::Event;
 use crate::controller::{Controller, ControllerParams, Transition};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 impl ScheduledEvent {
@@ -44,10 +46,14 @@ impl ScheduledEvent {
 
     /// Places the event again, where `now` is `wall_now`: one that the wall clock
     /// has passed is placed at 0 for no time, never due, until the wall clock is
-    /// stepped back into it; one [`retired`](Self::retire) never again.
-    pub(super) fn align(&mut self, now: Nanos, wall_now: SystemTime) {
+    /// stepped back into it; one [`retired`](Self::retire) never again. Whether it
+    /// moved.
+    pub(super) fn align(&mut self, now: Nanos, wall_now: SystemTime) -> bool {
         let (start, duration) = self.wall;
-        (self.start, self.end) = span(start, duration, now, wall_now).unwrap_or_default();
+        let placed = span(start, duration, now, wall_now).unwrap_or_default();
+        let moved = placed != (self.start, self.end);
+        (self.start, self.end) = placed;
+        moved
     }
 
     /// Never places the event again: a runtime change was made beside it once it had
@@ -88,6 +94,20 @@ fn span(
     }
 }
 
+/// The [`Schedule`] of a route whose own parameters are `own` and whose events are
+/// `events`.
+pub(super) fn schedule_of(own: &ControllerParams, events: &[ScheduledEvent]) -> Schedule {
+    Schedule {
+        own: own.clone(),
+        // An event never due (one that has ended, placed at 0 for no time) changes
+        // nothing.
+        events: spans(events)
+            .filter(|(start, end, _)| start < end)
+            .map(|(start, end, params)| (start, end, params.clone()))
+            .collect(),
+    }
+}
+
 impl RouteState {
     /// The controller parameters due at `at`: those of the scheduled event running
     /// then, or else the route's own (in force once a request or an upkeep has put
@@ -96,17 +116,12 @@ impl RouteState {
         due(spans(&self.events), at).map_or(&self.own, |(_, params)| params)
     }
 
-    /// The route's [`Schedule`] as of now.
-    pub(super) fn schedule(&self) -> Schedule {
-        Schedule {
-            own: self.own.clone(),
-            // An event never due (one that has ended, placed at 0 for no time) changes
-            // nothing.
-            events: spans(&self.events)
-                .filter(|(start, end, _)| start < end)
-                .map(|(start, end, params)| (start, end, params.clone()))
-                .collect(),
-        }
+    /// Builds the route's [`Schedule`] again from its own parameters and its events:
+    /// after every change of either (a reload, a runtime change or its withdrawal, an
+    /// event placed again or retired), so that [`Engine::schedule`](super::Engine::schedule)
+    /// hands out the one in force without copying it.
+    pub(super) fn reschedule(&mut self) {
+        self.schedule = Arc::new(schedule_of(&self.own, &self.events));
     }
 
     /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,

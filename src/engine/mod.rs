@@ -305,6 +305,9 @@ struct RouteState {
     /// The route's own profile, in force outside events.
     own: ControllerParams,
     events: Vec<ScheduledEvent>,
+    /// `own` and `events` as a [`Schedule`], built again whenever either changes
+    /// ([`RouteState::reschedule`]): what [`Engine::schedule`] hands out.
+    schedule: Arc<Schedule>,
     active_event: Option<usize>,
     counts: TransitionCounts,
     /// When the key table was last swept.
@@ -568,6 +571,7 @@ impl Engine {
                     e.retire();
                 }
             }
+            st.reschedule();
         }
         // The silence before the change is stepped under the parameters that were in
         // force during it.
@@ -663,9 +667,12 @@ impl Engine {
     /// The route's [`Schedule`]: its own parameters and its scheduled events' profiles,
     /// from which [`params_at`](Self::params_at) tells those due at any time. (A
     /// shared store steps its controller, over the slots since it last did, under
-    /// these.) `None` if this engine does not hold `route` (see [`RouteId`]).
-    pub fn schedule(&self, route: RouteId) -> Option<Schedule> {
-        Some(self.route(route)?.lock().schedule())
+    /// these.) The one in force, shared: the route builds it again whenever its
+    /// parameters or events change (a reload, a runtime change, an event placed
+    /// again), so that taking it costs no copy; the next call sees a change made
+    /// since. `None` if this engine does not hold `route` (see [`RouteId`]).
+    pub fn schedule(&self, route: RouteId) -> Option<Arc<Schedule>> {
+        Some(Arc::clone(&self.route(route)?.lock().schedule))
     }
 
     /// Places every route's scheduled events again from the wall clock, where `now` is
@@ -680,8 +687,12 @@ impl Engine {
     pub fn align_events(&self, now: Nanos, wall_now: SystemTime) {
         for e in self.routes.iter() {
             let mut st = e.route.lock();
+            let mut moved = false;
             for e in &mut st.events {
-                e.align(now, wall_now);
+                moved |= e.align(now, wall_now);
+            }
+            if moved {
+                st.reschedule();
             }
         }
     }
@@ -1514,7 +1525,7 @@ impl Route {
             }
             _ => None,
         };
-        let events = cfg
+        let events: Vec<ScheduledEvent> = cfg
             .events
             .iter()
             .map(|e| ScheduledEvent::place(e, written_over, p, now, wall_now))
@@ -1547,6 +1558,7 @@ impl Route {
                 ring: SlotRing::new(&cfg.window),
                 controller: Controller::new(p.clone(), now, cfg.window.window()),
                 own: p.clone(),
+                schedule: Arc::new(events::schedule_of(p, &events)),
                 events,
                 active_event: None,
                 counts: TransitionCounts::default(),
@@ -1650,6 +1662,7 @@ impl Route {
             }
         }
         st.own = params.clone();
+        st.reschedule();
         // Whatever was in force, the profile due now replaces it (in one step: the
         // route's own profile set on the way would move a recovering controller).
         let due = st.events.iter().position(|e| e.start <= now && now < e.end);

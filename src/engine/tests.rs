@@ -665,3 +665,74 @@ fn a_reload_carries_the_keys_refused() {
     let renamed = reload(&rebuilt, "signin", Mode::Shadow, 10);
     assert!(refused(&renamed).is_empty());
 }
+
+/// The schedule a shared store takes per decision ([`Engine::schedule`]) is the
+/// route's, shared rather than copied, and follows every change of the route's own
+/// parameters or events at once: a runtime change, an event placed again from the
+/// wall clock, a reload that keeps the route. After each, it is the one built afresh
+/// from the route's state, and says the new parameters and edges; one not rebuilt
+/// would hand the store the old ones until the next change.
+#[test]
+fn the_shared_schedule_follows_each_change_at_once() {
+    let s = Nanos::from_secs_f64;
+    let built_afresh = |e: &Engine| {
+        let st = e.routes[0].route.lock();
+        events::schedule_of(&st.own, &st.events)
+    };
+    let e = Engine::new(
+        &Config::new(vec![with_a_sale("order")]),
+        Nanos::ZERO,
+        std::time::UNIX_EPOCH,
+    )
+    .unwrap();
+    let id = e.route_at(0).unwrap();
+    let schedule = e.schedule(id).unwrap();
+    assert_eq!(*schedule, built_afresh(&e));
+    assert!(Arc::ptr_eq(&schedule, &e.schedule(id).unwrap()), "copied");
+    assert_eq!(schedule.params_at(s(1.0)).base_limit_rps, 200.0);
+    assert_eq!(schedule.params_at(s(2.5)).base_limit_rps, 20.0);
+    assert_eq!(schedule.edges().collect::<Vec<_>>(), [s(2.0), s(3.0)]);
+
+    // A runtime change: the route's own parameters, and the sale's profile follows in
+    // the fields it leaves as the route's own.
+    let mut changed = e.params_at(id, s(1.0)).unwrap();
+    changed.base_limit_rps = 100.0;
+    changed.danger_roc += 1.0;
+    e.update_route(id, changed.clone(), s(1.0)).unwrap();
+    let schedule = e.schedule(id).unwrap();
+    assert_eq!(*schedule, built_afresh(&e));
+    assert_eq!(*schedule.params_at(s(1.0)), changed);
+    assert_eq!(schedule.params_at(s(2.5)).base_limit_rps, 20.0);
+    assert_eq!(schedule.params_at(s(2.5)).danger_roc, changed.danger_roc);
+
+    // The wall clock stepped half a second ahead: the sale comes half a second sooner
+    // on the engine's clock.
+    e.align_events(s(1.0), std::time::UNIX_EPOCH + Duration::from_millis(1500));
+    let schedule = e.schedule(id).unwrap();
+    assert_eq!(*schedule, built_afresh(&e));
+    assert_eq!(schedule.edges().collect::<Vec<_>>(), [s(1.5), s(2.5)]);
+    // Placed again where it stands: the same schedule, not rebuilt.
+    e.align_events(s(1.0), std::time::UNIX_EPOCH + Duration::from_millis(1500));
+    assert!(Arc::ptr_eq(&schedule, &e.schedule(id).unwrap()));
+
+    // A reload that keeps the route: the file's parameters and its sale, moved.
+    let mut cfg = with_a_sale("order");
+    cfg.controller.base_limit_rps = 150.0;
+    cfg.events[0].start = std::time::UNIX_EPOCH + Duration::from_secs(5);
+    let reloaded = e
+        .reload(
+            &Config::new(vec![cfg]),
+            s(1.0),
+            std::time::UNIX_EPOCH + Duration::from_secs(1),
+        )
+        .unwrap();
+    assert!(
+        Arc::ptr_eq(&e.routes[0].route, &reloaded.routes[0].route),
+        "kept"
+    );
+    let id = reloaded.route_at(0).unwrap();
+    let schedule = reloaded.schedule(id).unwrap();
+    assert_eq!(*schedule, built_afresh(&reloaded));
+    assert_eq!(schedule.params_at(s(1.0)).base_limit_rps, 150.0);
+    assert_eq!(schedule.edges().collect::<Vec<_>>(), [s(5.0), s(6.0)]);
+}

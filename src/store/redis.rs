@@ -1359,8 +1359,9 @@ impl RedisStore {
         // Redis (a load only, on the common path where nothing is owed).
         let carried = Carried::take(inner, &r);
         let owed = carried.as_ref().map_or(0, |c| c.tokens);
-        // Taken before the call, which may end without this caller: a rollover its
-        // answer won is stepped on them. Their base limit goes with the call: a lowered
+        // Taken before the call (the schedule the route holds, shared, not copied),
+        // which may end without this caller: a rollover its answer won is stepped on
+        // them. Their base limit goes with the call: a lowered
         // one applies to this decision, before the shared controller steps on it (see
         // [`DECIDE`]'s `ARGV[3]`). A route this engine no longer holds keeps the base
         // it had.
@@ -2998,7 +2999,7 @@ async fn sync(
     inner: Arc<Inner>,
     r: Arc<SharedRoute>,
     arrivals: u64,
-    schedule: Schedule,
+    schedule: Arc<Schedule>,
     params: ControllerParams,
     slot: u64,
 ) {
