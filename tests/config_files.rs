@@ -2168,6 +2168,14 @@ fn store_section() {
         "store.instance_id",
         "1 to 128 characters",
     );
+    // Characters, as the refusal says, not bytes: 128 of "é" (256 bytes) were refused.
+    let id = |n: usize| redis(&format!("instance_id = \"{}\"", "é".repeat(n)));
+    let c = Config::from_toml_str(&id(128), "store.toml").unwrap_or_else(|e| panic!("{e}"));
+    let StoreConfig::Redis(r) = c.store else {
+        panic!("the redis backend")
+    };
+    assert_eq!(r.instance_id.map(|i| i.chars().count()), Some(128));
+    refused(&id(129), "store.instance_id", "1 to 128 characters");
     refused(&redis("timeout = 5"), "store.timeout", "");
     refused(
         &redis("url = \"redis://a:6379\"\ncluster_nodes = [\"redis://b:7000\"]"),

@@ -2919,7 +2919,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         field(p, "expected_instances", checked);
     }
     if let Some(id) = raw.instance_id {
-        let checked = if id.trim().is_empty() || id.len() > 128 {
+        let checked = if id.trim().is_empty() || id.chars().count() > 128 {
             Err(format!(
                 "must be 1 to 128 characters; leave it out for a random one, got {:?}",
                 quoted(&id)
