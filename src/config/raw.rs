@@ -1617,7 +1617,6 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
     })
 }
 
-/// The route's tiers: named key values with limits of their own.
 /// The client an address is keyed as: IPv4 (an IPv4-mapped IPv6 address too) whole,
 /// IPv6 by its first `v6_prefix` bits, as the engine keys a request.
 fn client_key(ip: IpAddr, v6_prefix: u8) -> String {
@@ -1633,6 +1632,7 @@ fn client_key(ip: IpAddr, v6_prefix: u8) -> String {
     }
 }
 
+/// The route's tiers: named key values with limits of their own.
 fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> Option<Vec<Tier>> {
     let partition = s.partition.as_ref().map(|k| &k.value);
     if !raw.is_empty() && partition == Some(&PartitionKind::Route) {
