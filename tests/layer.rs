@@ -455,6 +455,62 @@ async fn a_host_partition_named_in_any_case_folds_the_spellings_of_a_host() {
     }
 }
 
+/// A route partitioned by `Authorization` (or `Proxy-Authorization`, named in any
+/// case) keys a credential however its scheme is spelled: the scheme is
+/// case-insensitive and one or more spaces part it from the credentials (RFC 9110
+/// §11.1, §11.4), so "Bearer t", "bearer t" and "BEARER  t" are one token to the
+/// upstream. Each spelling was a key of its own: 2^6 quotas for one token from the case
+/// of "Bearer" alone, one more per added space. The credentials keep their case, and a
+/// bare token (no scheme) is its own key.
+#[tokio::test]
+async fn an_authorization_partition_keys_a_credential_however_its_scheme_is_spelled() {
+    let spellings = [
+        "Bearer tok-Secret.1",
+        "bearer tok-Secret.1",
+        "BEARER  tok-Secret.1",
+        "bEaReR \t tok-Secret.1",
+        "Bearer tok-Secret.1\t\t",
+        " \tBearer   tok-Secret.1",
+    ];
+    for name in ["authorization", "Authorization", "proxy-authorization"] {
+        let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 2.0);
+        r.controller.cut_limit_rps = 1.0;
+        r.partition = Partition::Header(name.into(), KeyLimits::default());
+        let (l, _clock) = layer(vec![r]);
+        let engine = l.engine();
+        let app = app(l, Arc::default());
+        let send = |value: &str| {
+            let mut req = post_order();
+            req.headers_mut().insert(
+                name.to_ascii_lowercase()
+                    .as_str()
+                    .parse::<http::HeaderName>()
+                    .unwrap(),
+                value.parse().unwrap(),
+            );
+            let app = app.clone();
+            async move { app.oneshot(req).await.unwrap().status() == StatusCode::OK }
+        };
+        let mut admitted = 0;
+        for value in spellings {
+            admitted += usize::from(send(value).await);
+        }
+        assert_eq!(admitted, 2, "one token's 2 req/s, partitioned by {name:?}");
+        assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 1, "{name:?}");
+        // Other credentials: another case of the token, a bare token, a bare token in
+        // another case, another scheme.
+        for value in [
+            "Bearer tok-secret.1",
+            "tok-Secret.1",
+            "TOK-Secret.1",
+            "Basic tok-Secret.1",
+        ] {
+            assert!(send(value).await, "{value:?}, partitioned by {name:?}");
+        }
+        assert_eq!(engine.snapshot(Nanos::from_secs(1))[0].keys, 5, "{name:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_repeated_key_header_is_no_key() {
     // The first of two values was the key: a client could send a fresh one first on

@@ -816,7 +816,9 @@ pub enum Partition {
     /// than once counts as no key, like a missing header. `host` is the host the
     /// request is for, its name alone in lower case (no port, no trailing dot): of its
     /// target's authority where it has one (absolute form, HTTP/2's `:authority`), else
-    /// of its `Host`.
+    /// of its `Host`. `authorization` and `proxy-authorization` are a credential, its
+    /// scheme in lower case, one space, then the credentials as sent (`Bearer  t` is
+    /// `bearer t`), a value with no space kept whole.
     Header(String, KeyLimits),
 }
 
@@ -862,6 +864,50 @@ pub(crate) fn host_key(value: &str) -> std::borrow::Cow<'_, str> {
         std::borrow::Cow::Owned(name.to_ascii_lowercase())
     } else {
         std::borrow::Cow::Borrowed(name)
+    }
+}
+
+/// Whether a `header:<name>` partition is keyed by credentials ([`credentials_key`]):
+/// `Authorization` or `Proxy-Authorization`, in any case.
+pub(crate) fn is_credentials_header(name: &str) -> bool {
+    // Exactly first, as a config names them (in lower case): a byte-wise comparison
+    // took 92 instructions of a request's decision.
+    matches!(name, "authorization" | "proxy-authorization")
+        || name.eq_ignore_ascii_case("authorization")
+        || name.eq_ignore_ascii_case("proxy-authorization")
+}
+
+/// The key of a `header:authorization` (or `header:proxy-authorization`) partition,
+/// from a value without the whitespace around it: its scheme in lower case and one
+/// space, then the credentials as sent, so that every spelling of one credential is
+/// one key. The scheme is case-insensitive and parted from the credentials by one or
+/// more spaces (RFC 9110 §11.1, §11.4: `Bearer t`, `bearer t` and `BEARER  t` are one
+/// token to the upstream); a tab there, which the grammar has not, is folded too. The
+/// credentials keep their case (a token68 or an auth-param value is case-sensitive in
+/// general), and a value with no space or tab (a bare token, as some APIs take) is kept
+/// whole. Each spelling used to be a key of its own: 2^6 quotas for one token from the
+/// case of `Bearer` alone, one more per added space.
+pub(crate) fn credentials_key(value: &str) -> std::borrow::Cow<'_, str> {
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let mut upper = false;
+    let Some(end) = value.bytes().position(|b| {
+        upper |= b.is_ascii_uppercase();
+        blank(&b)
+    }) else {
+        return std::borrow::Cow::Borrowed(value);
+    };
+    let (scheme, rest) = value.split_at(end);
+    let spaces = rest.bytes().take_while(blank).count();
+    let credentials = &rest[spaces..];
+    if spaces == 1 && rest.starts_with(' ') && !upper {
+        std::borrow::Cow::Borrowed(value)
+    } else {
+        let mut key = String::with_capacity(scheme.len() + 1 + credentials.len());
+        key.push_str(scheme);
+        key.make_ascii_lowercase();
+        key.push(' ');
+        key.push_str(credentials);
+        std::borrow::Cow::Owned(key)
     }
 }
 
@@ -1141,5 +1187,43 @@ mod quoting_tests {
             )
         );
         assert_eq!(quotes_bounded("an \"open quote"), "an \"open quote");
+    }
+}
+
+#[cfg(test)]
+mod credentials_key_tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    /// A value already in its key's form is the key itself, borrowed (no allocation on
+    /// the common path); another spelling is folded to that form, its credentials as
+    /// sent.
+    #[test]
+    fn a_credential_is_keyed_by_its_scheme_in_lower_case_and_one_space() {
+        for value in [
+            "bearer Tok.1",
+            "basic dTpw",
+            "Tok.1",
+            "TOK",
+            "digest a=\"B\", c=D",
+        ] {
+            assert!(
+                matches!(credentials_key(value), Cow::Borrowed(v) if v == value),
+                "{value:?}"
+            );
+        }
+        for (value, key) in [
+            ("Bearer Tok.1", "bearer Tok.1"),
+            ("BEARER   Tok.1", "bearer Tok.1"),
+            ("bearer\tTok.1", "bearer Tok.1"),
+            ("bearer \t Tok.1", "bearer Tok.1"),
+            ("bearer  Tok 1", "bearer Tok 1"),
+            ("Digest a=\"B\",  c=D", "digest a=\"B\",  c=D"),
+        ] {
+            assert!(
+                matches!(credentials_key(value), Cow::Owned(k) if k == key),
+                "{value:?}"
+            );
+        }
     }
 }

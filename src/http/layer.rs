@@ -285,11 +285,15 @@ impl Gate {
                             .map(|v| v.trim_matches([' ', '\t']))
                     }
                 };
-                // One host however it is spelled (see `host_key`): a key per spelling
-                // was a fresh quota per spelling.
+                // One host, one credential, however it is spelled (see `host_key`,
+                // `credentials_key`): a key per spelling was a fresh quota per spelling.
                 let value = match value {
                     Some(v) if host => {
                         folded = crate::config::host_key(v);
+                        Some(&*folded)
+                    }
+                    Some(v) if crate::config::is_credentials_header(name) => {
+                        folded = crate::config::credentials_key(v);
                         Some(&*folded)
                     }
                     other => other,
