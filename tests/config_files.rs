@@ -921,6 +921,30 @@ fn tiers() {
         );
     }
     Config::from_toml_str(&host_tier("shop.example"), "t.toml").unwrap();
+    // A `header:authorization` (or `proxy-authorization`) partition keys credentials
+    // by their scheme in lower case and one space.
+    for header in ["Authorization", "proxy-authorization"] {
+        let credentials_tier = |value: &str| {
+            route(&format!(
+                "partition = \"header:{header}\"\n[[routes.tiers]]\nname = \"a\"\nvalues = [{value:?}]\nbase_limit = 10\ncut_limit = 5"
+            ))
+        };
+        for (value, key) in [
+            ("Bearer gold-Token", "bearer gold-Token"),
+            ("bearer  gold-Token", "bearer gold-Token"),
+            ("BASIC\tZ29sZA==", "basic Z29sZA=="),
+        ] {
+            refused(
+                &credentials_tier(value),
+                "routes[0].tiers[0].values[0]",
+                &format!("can never match: credentials are keyed by their scheme in lower case, one space, then the credentials as sent ({key:?}), got {value:?}"),
+            );
+        }
+        for value in ["bearer gold-Token", "Gold-Token", "basic Z29sZA=="] {
+            Config::from_toml_str(&credentials_tier(value), "t.toml")
+                .unwrap_or_else(|e| panic!("{header}, {value:?}: {e}"));
+        }
+    }
 }
 
 #[test]

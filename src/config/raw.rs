@@ -1711,6 +1711,20 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                             );
                             continue;
                         }
+                        Some(PartitionKind::Header(h))
+                            if super::is_credentials_header(h)
+                                && super::credentials_key(&value) != value.as_str() =>
+                        {
+                            p.at(
+                                location,
+                                format!(
+                                    "can never match: credentials are keyed by their scheme in lower case, one space, then the credentials as sent ({:?}), got {:?}",
+                                    quoted(&super::credentials_key(&value)),
+                                    quoted(&value)
+                                ),
+                            );
+                            continue;
+                        }
                         _ => value,
                     };
                     let key = key.unwrap_or_else(|| value.clone());
