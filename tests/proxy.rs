@@ -859,6 +859,37 @@ async fn spoofed_forwarded_for_values_from_one_client_share_one_bucket() {
     assert_eq!(upstream.hits(), CAPACITY);
 }
 
+/// `serve` keys a `header:authorization` partition by the credential however its
+/// scheme is spelled (`credentials_key`), through the same layer as the tower one, and
+/// sends the header on as the client wrote it: the key is rocgate's, not the request.
+#[tokio::test]
+async fn an_authorization_partition_keys_one_token_however_its_scheme_is_spelled() {
+    const CAPACITY: u64 = 2;
+    let upstream = start_upstream().await;
+    let mut route = trickle_route("per-token", "/per-token", CAPACITY);
+    route.partition = Partition::Header("authorization".into(), KeyLimits::default());
+    let proxy = start_proxy(settings(upstream.addr), vec![route]).await;
+    let mut client = Client::connect(proxy.addr).await;
+    let mut ok = 0;
+    for value in ["BEARER  t0k", "Bearer t0k", "bearer t0k", "bEaReR\tt0k"] {
+        let req = empty(get("/per-token").header(header::AUTHORIZATION, value));
+        match client.send(req).await.status {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(ok, CAPACITY, "one token's bucket");
+    let snap = proxy.snapshot("per-token");
+    assert_eq!(snap.keys, 1);
+    let sent: Vec<_> = upstream
+        .only_n("/per-token", CAPACITY as usize)
+        .into_iter()
+        .map(|s| s.headers[header::AUTHORIZATION].clone())
+        .collect();
+    assert_eq!(sent, ["BEARER  t0k", "Bearer t0k"]);
+}
+
 // ---------------------------------------------------------------------------------
 // 5. Request smuggling
 
