@@ -736,3 +736,106 @@ fn the_shared_schedule_follows_each_change_at_once() {
     assert_eq!(schedule.params_at(s(1.0)).base_limit_rps, 150.0);
     assert_eq!(schedule.edges().collect::<Vec<_>>(), [s(5.0), s(6.0)]);
 }
+
+/// The schedule [`Engine::schedule`] hands out is, after any sequence of what changes
+/// a route's own parameters or events, the one built afresh from the route's state,
+/// and tells the parameters [`Engine::params_at`] does at each edge: drawn sequences
+/// of requests, runtime changes (some retiring an event that has ended, whose profile
+/// the change's cut limit no longer fits), the wall clock, up to a second off the
+/// engine's, placing the events again, upkeeps (of a route decided here or
+/// elsewhere), catch-ups, snapshots, and reloads that keep the route (moving an
+/// event, with or without a runtime change kept) or rebuild it (a new window). A
+/// writer of the parameters or events that left the shared schedule as it was would
+/// hand a shared store the old profile until the next change.
+#[test]
+fn the_shared_schedule_is_the_routes_after_any_change() {
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut draw = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut retired = 0;
+    // `late` sets its base limit only: its cut limit is the route's own, which a
+    // change above 50 leaves it no room for.
+    let mut file = with_a_sale("order");
+    file.controller.cut_limit_rps = 40.0;
+    let mut late = file.controller.clone();
+    late.base_limit_rps = 50.0;
+    let at = |ms: u64| std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    file.events
+        .push(Event::new("late", at(6000), Duration::from_secs(2), late));
+    for round in 0..100 {
+        let mut e = Engine::new(&Config::new(vec![file.clone()]), Nanos::ZERO, at(0)).unwrap();
+        let mut t = 0;
+        for step in 0..60 {
+            t += draw(700);
+            let now = Nanos::from_millis(t);
+            // The wall clock up to a second either side of the engine's.
+            let wall = at((t + draw(2000)).saturating_sub(1000));
+            let id = e.route_at(0).unwrap();
+            match draw(7) {
+                0 => {
+                    for _ in 0..draw(50) {
+                        let _ = e.check(id, Key::None, now);
+                    }
+                }
+                1 => {
+                    let mut p = e.route_params(id).unwrap();
+                    p.base_limit_rps = [5.0, 30.0, 100.0, 200.0][draw(4) as usize];
+                    p.cut_limit_rps = p.base_limit_rps / 2.0;
+                    p.danger_roc = 30.0 + draw(5) as f64;
+                    let _ = e.update_route(id, p, now);
+                }
+                2 => e.align_events(now, wall),
+                3 => {
+                    let elsewhere = draw(2) == 0;
+                    e.upkeep(now, wall, |_| elsewhere);
+                }
+                4 => e.catch_up(id, now),
+                5 => {
+                    let mut cfg = file.clone();
+                    cfg.controller.base_limit_rps = [100.0, 200.0][draw(2) as usize];
+                    cfg.events[0].start = at(draw(5000));
+                    if draw(3) == 0 {
+                        cfg.window =
+                            WindowSpec::new(Duration::from_secs(2), Duration::from_millis(200))
+                                .unwrap();
+                    }
+                    let mut kept = e.route_params(id).unwrap();
+                    kept.base_limit_rps = 250.0;
+                    let changes = match draw(2) {
+                        0 => vec![("order".to_owned(), kept)],
+                        _ => Vec::new(),
+                    };
+                    e = e
+                        .reload_keeping(&Config::new(vec![cfg]), &changes, now, wall)
+                        .unwrap()
+                        .0;
+                }
+                _ => {
+                    let _ = e.route_snapshot(id, now);
+                }
+            }
+            let id = e.route_at(0).unwrap();
+            let schedule = e.schedule(id).unwrap();
+            let st = e.routes[0].route.lock();
+            let afresh = events::schedule_of(&st.own, &st.events);
+            assert_eq!(*schedule, afresh, "round {round}, step {step}");
+            retired += st.events.iter().filter(|e| e.wall.1.is_zero()).count();
+            let edges: Vec<Nanos> = st.events.iter().flat_map(|e| [e.start, e.end]).collect();
+            drop(st);
+            for edge in edges {
+                for t in [edge, edge - Duration::from_nanos(1)] {
+                    assert_eq!(
+                        *schedule.params_at(t),
+                        e.params_at(id, t).unwrap(),
+                        "round {round}, step {step}, at {t:?}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(retired > 0, "no change retired an event");
+}
