@@ -547,6 +547,11 @@ impl Controller {
     /// calm: both halves carry it), a window after the cut began, or `now` once that
     /// has passed: the estimate is the earliest calm, plus the `hold` and the
     /// interval. Never later than `max_cut` allows.
+    ///
+    /// Under the parameters in force alone: a change of parameters due before then (a
+    /// scheduled event's start or end) is not seen here.
+    /// [`Schedule::next_raise`](crate::engine::Schedule::next_raise) walks a route's
+    /// controller through them, as the engine and a shared store tell `Retry-After`.
     pub fn next_raise_at(&self, now: Nanos, window: Duration) -> Option<Nanos> {
         let at = match self.state {
             ControllerState::Normal => return None,

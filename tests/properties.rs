@@ -1024,3 +1024,103 @@ proptest! {
         prop_assert_eq!(run(false), run(true));
     }
 }
+
+/// One event of [`the_retry_after_of_a_cut_is_when_the_limit_rises_through_events`]:
+/// the gap since the last one ended (or since the origin), its length, and its
+/// profile's cut and base limits, hold, `max_cut`, restore interval, restore step and
+/// `min_dwell` (slots of 100 ms).
+type RaiseEventSpec = (Span, Span, f64, f64, Span, Span, Span, f64, Span);
+
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// `Retry-After` of a cut ([`Engine::restore_eta`] at a request the cut meets,
+    /// its calm known) on a route with up to three scheduled events, their edges on
+    /// slot boundaries or inside a slot, before, around or after the raise: rounded up
+    /// to the slot whose end observes it, it is the first slot at which the limit in
+    /// force, stepped slot by slot through calm readings, is above the limit the
+    /// request met (an event's edge may raise it itself, or change the hold,
+    /// `max_cut`, dwell or restore schedule that dates the raise); none if it never
+    /// is.
+    #[test]
+    fn the_retry_after_of_a_cut_is_when_the_limit_rises_through_events(
+        hold in slot_span(40),
+        dwell in slot_span(20),
+        max_cut in (1u64..100, any::<bool>(), 0.0f64..1.0),
+        interval in (1u64..20, any::<bool>(), 0.0f64..1.0),
+        step in 5.0f64..150.0,
+        events in prop::collection::vec(
+            (slot_span(150), (1u64..120, any::<bool>(), 0.0f64..1.0), 20.0f64..150.0,
+             150.0f64..400.0, slot_span(40), (1u64..100, any::<bool>(), 0.0f64..1.0),
+             (1u64..20, any::<bool>(), 0.0f64..1.0), 5.0f64..150.0, slot_span(20)),
+            0..4,
+        ),
+        probe_slots in 0u64..60,
+        probe_frac in 0.0f64..1.0,
+    ) {
+        let slot = Duration::from_millis(100);
+        let slot_ns = 100_000_000u64;
+        let mut p = ControllerParams::default();
+        p.hold = slots_of(slot, hold);
+        p.min_dwell = slots_of(slot, dwell);
+        p.max_cut = slots_of(slot, max_cut);
+        p.restore_interval = slots_of(slot, interval);
+        p.restore_step_rps = step;
+        let mut from = Duration::ZERO;
+        let events: Vec<Event> = events
+            .iter()
+            .enumerate()
+            .map(|(i, &(gap, len, cut, base, ev_hold, ev_max_cut, ev_interval, ev_step, ev_dwell)):
+                  (usize, &RaiseEventSpec)| {
+                let mut sale = p.clone();
+                sale.cut_limit_rps = cut;
+                sale.base_limit_rps = base;
+                sale.hold = slots_of(slot, ev_hold);
+                sale.max_cut = slots_of(slot, ev_max_cut);
+                sale.restore_interval = slots_of(slot, ev_interval);
+                sale.restore_step_rps = ev_step;
+                sale.min_dwell = slots_of(slot, ev_dwell);
+                let start = from + slots_of(slot, gap);
+                let length = slots_of(slot, len);
+                from = start + length;
+                Event::new(format!("e{i}"), SystemTime::UNIX_EPOCH + start, length, sale)
+            })
+            .collect();
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.window = WindowSpec::new(Duration::from_secs(2), slot).unwrap();
+        route.controller = p;
+        route.events = events;
+        let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        // A spike of 300 requests in the slot from 2 s, once the controller is armed:
+        // a cut at 2.1 s, whatever profile is in force (each has the route's
+        // thresholds and a dwell under 2 s). Then silence: calm from 3.1 s, once the
+        // spike is in the window's earlier half.
+        for k in 0..300u64 {
+            let _ = e.check(id, Key::None, Nanos::new(2 * 1_000_000_000 + k * slot_ns / 300));
+        }
+        let mut t = 21 * slot_ns;
+        e.catch_up(id, Nanos::new(t));
+        prop_assert_eq!(e.route_snapshot(id, Nanos::new(t)).unwrap().state, ControllerState::Cut);
+        let probe_slot = 31 + probe_slots;
+        while t < probe_slot * slot_ns {
+            t += slot_ns;
+            e.catch_up(id, Nanos::new(t));
+        }
+        let probe = Nanos::new(t + (probe_frac * slot_ns as f64) as u64);
+        let _ = e.check(id, Key::None, probe);
+        let eta = e.restore_eta(id, probe);
+        let state = e.route_snapshot(id, probe).unwrap().state;
+        if state == ControllerState::Normal {
+            prop_assert_eq!(eta, None);
+            return Ok(());
+        }
+        let limit = e.limit_rps(id).unwrap();
+        let first = (1..=3_000u64).map(|k| (probe_slot + k) * slot_ns).find(|&at| {
+            e.catch_up(id, Nanos::new(at));
+            e.limit_rps(id).unwrap() > limit
+        });
+        let told = eta.map(|eta| (probe + eta).as_u64().div_ceil(slot_ns) * slot_ns);
+        prop_assert_eq!(told, first, "told {:?} at {} in {:?} at {} req/s", eta, probe, state, limit);
+    }
+}

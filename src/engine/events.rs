@@ -1,12 +1,15 @@
 //! Scheduled events on the engine's clock: where a configured event's wall-clock
 //! window lies ([`span`]), which profile, an event's or the route's own, is in
-//! force at a given moment ([`follow_events`]), and the route's [`Schedule`] of
-//! them that a shared store steps its controller under, built again at each change.
+//! force at a given moment ([`follow_events`]), the route's [`Schedule`] of them
+//! that a shared store steps its controller under, built again at each change, and
+//! when a cut route's limit next rises through the events due before it
+//! ([`raise_through`]).
 
 use super::{RouteState, ScheduledEvent};
-use crate::clock::Nanos;
+use crate::clock::{duration_nanos, Nanos};
 use crate::config::Event;
-use crate::controller::{Controller, ControllerParams, Transition};
+use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
+use crate::window::{RocSample, SampleAt, WindowSpec};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -122,6 +125,25 @@ impl RouteState {
     /// hands out the one in force without copying it.
     pub(super) fn reschedule(&mut self) {
         self.schedule = Arc::new(schedule_of(&self.own, &self.events));
+    }
+
+    /// When the controller's limit next rises above where it stands, as seen at
+    /// `now` on a route whose window is `window`, through the scheduled events due
+    /// before then ([`raise_through`]). A route without events costs what
+    /// [`Controller::next_raise_at`] does.
+    pub(super) fn next_raise(&self, now: Nanos, window: &WindowSpec) -> Option<Nanos> {
+        if self.events.is_empty() {
+            return self.controller.next_raise_at(now, window.window());
+        }
+        raise_through(
+            || spans(&self.events),
+            &self.own,
+            self.active_event,
+            &self.controller,
+            now,
+            now,
+            window,
+        )
     }
 
     /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,
@@ -253,6 +275,34 @@ impl Schedule {
         put_in_force(due, active, &self.own, controller, at, on_transition);
     }
 
+    /// When `controller`, stepped through the slots that end at or before `stepped`
+    /// under the profile `active` says is in force (as [`follow`](Self::follow) keeps
+    /// it), next raises its limit above where it stands, as seen at `now` (not before
+    /// `stepped`) on a route whose window is `window`: what
+    /// [`Controller::next_raise_at`] tells, unless an event starts or ends in a slot
+    /// before then, in which case the controller is walked through the edges as the
+    /// engine steps it, the readings calm. `None` in `Normal`, or if the limit never
+    /// rises above where it stands (an event lowered it, and nothing takes it back up
+    /// past that).
+    pub fn next_raise(
+        &self,
+        active: Option<usize>,
+        controller: &Controller,
+        stepped: Nanos,
+        now: Nanos,
+        window: &WindowSpec,
+    ) -> Option<Nanos> {
+        raise_through(
+            || self.spans(),
+            &self.own,
+            active,
+            controller,
+            stepped,
+            now,
+            window,
+        )
+    }
+
     /// The schedule on another clock, whose time is `there` where this one's is
     /// `here` (a shared store's, which steps the controller on its own time).
     pub fn on_clock(mut self, here: Nanos, there: Nanos) -> Self {
@@ -268,4 +318,146 @@ impl Schedule {
         }
         self
     }
+}
+
+/// When `controller`'s limit next rises above where it stands, as seen at `now`, the
+/// controller stepped up to the slot ending at or before `stepped` under the profile
+/// `active` names (`None`: the route's `own`), on a route whose window is `window`,
+/// its scheduled events' spans given by `spans`.
+///
+/// Without an edge (an event's start or end) in a slot that ends before the slot of
+/// [`Controller::next_raise_at`], that estimate. Otherwise a clone of the controller
+/// is walked as the engine steps it, the readings calm from where `next_raise_at`
+/// takes the calm to begin (a cut's known calm, or else the earliest a spike can
+/// read calm): it observes a calm reading at the slot where its calm begins or its
+/// cut ends by the clock, and at each edge's slot the profile due there is put in
+/// force (as [`follow_events`] does), then the slot observed; the first slot at which
+/// the limit is above where it stood is the answer, or the time the restore, between
+/// edges, takes it there. An edge may raise the limit itself (an event's higher cut
+/// limit, or one that ends and restores the route's own), move the raise (another
+/// hold, `max_cut`, dwell or restore schedule), or lower the limit, from which the
+/// restore must climb back past where it stood. Runs once per step, not per decision.
+fn raise_through<'a, I>(
+    spans: impl Fn() -> I,
+    own: &ControllerParams,
+    active: Option<usize>,
+    controller: &Controller,
+    stepped: Nanos,
+    now: Nanos,
+    spec: &WindowSpec,
+) -> Option<Nanos>
+where
+    I: Iterator<Item = (Nanos, Nanos, &'a ControllerParams)>,
+{
+    let window = spec.window();
+    let slot_ns = duration_nanos(spec.slot()).max(1);
+    // The end of the slot holding `t` (`t` itself on a boundary): where the engine
+    // observes what happens at `t`.
+    let slot_end = |t: Nanos| Nanos::new(t.as_u64().div_ceil(slot_ns).saturating_mul(slot_ns));
+    let next_edge = |after: Nanos| {
+        spans()
+            .flat_map(|(start, end, _)| [start, end])
+            .map(slot_end)
+            .filter(|&at| at > after)
+            .min()
+    };
+    let estimate = controller.next_raise_at(now, window)?;
+    match next_edge(stepped) {
+        Some(edge) if slot_end(estimate) >= edge => {}
+        _ => return Some(estimate),
+    }
+    let limit = controller.limit_rps();
+    let mut c = controller.clone();
+    let mut active = active;
+    let mut from = stepped;
+    let observe = |c: &mut Controller, at: Nanos| {
+        let sample = RocSample::default();
+        c.observe(SampleAt { at, sample }, |_| {});
+    };
+    loop {
+        let edge = next_edge(from);
+        let p = c.params();
+        let rise = match c.state() {
+            ControllerState::Normal => None,
+            ControllerState::Cut if p.cut_limit_rps + p.restore_step_rps > limit => {
+                c.next_raise_at(now.max(from), window)
+            }
+            // Its first step does not take it past the limit: walked stop by stop.
+            ControllerState::Cut => None,
+            ControllerState::Recovering => restored_past(&c, limit, now, window),
+        };
+        if let Some(at) = rise.filter(|&at| edge.is_none_or(|edge| slot_end(at) < edge)) {
+            return Some(at);
+        }
+        let stop = cut_stop(&c, from, now, window).map(slot_end);
+        match (stop, edge) {
+            (Some(stop), edge) if edge.is_none_or(|edge| stop < edge) => {
+                observe(&mut c, stop);
+                from = stop;
+            }
+            (_, Some(edge)) => {
+                put_in_force(due(spans(), edge), &mut active, own, &mut c, edge, |_| {});
+                if c.limit_rps() > limit {
+                    return Some(edge);
+                }
+                // A cut whose calm has not begun reads no calm here (its spike fills
+                // the window yet), which changes nothing but a cut's end by the clock.
+                let calm = c.memory().safe_since.is_some()
+                    || cut_stop(&c, from, now, window).is_some_and(|s| slot_end(s) <= edge);
+                if c.state() != ControllerState::Cut || calm {
+                    observe(&mut c, edge);
+                }
+                from = edge;
+            }
+            (_, None) => return None,
+        }
+        if c.limit_rps() > limit {
+            return Some(from);
+        }
+    }
+}
+
+/// In `Cut`, the next time after `after` at which the controller must observe a calm
+/// reading, without an edge, for [`raise_through`] to step it as the engine does:
+/// when its cut ends by the clock ([`Controller::cut_ends_at`]), or, its calm not yet
+/// begun, where [`Controller::next_raise_at`] takes it to begin (a window after the
+/// cut, not before `now` or the arming), if a reading of no arrivals reads calm
+/// under its `safe_roc` (one of 0 or below takes none as calm). `None` in the other
+/// states.
+fn cut_stop(c: &Controller, after: Nanos, now: Nanos, window: Duration) -> Option<Nanos> {
+    let end = c.cut_ends_at()?;
+    let m = c.memory();
+    let calm = (m.safe_since.is_none() && c.params().safe_roc > 0.0)
+        .then(|| (m.entered_at + window).max(now).max(m.armed_at));
+    let next = Nanos::new(after.as_u64().saturating_add(1));
+    Some(calm.map_or(end, |calm| calm.min(end)).max(next))
+}
+
+/// In `Recovering`, when the restore takes the limit above `limit`:
+/// [`Controller::next_raise_at`] if it stands there, else the first of its steps
+/// past `limit`. `None` if the base limit is not above it.
+fn restored_past(c: &Controller, limit: f64, now: Nanos, window: Duration) -> Option<Nanos> {
+    if c.limit_rps() >= limit {
+        return c.next_raise_at(now, window);
+    }
+    let p = c.params();
+    if p.base_limit_rps <= limit || p.restore_step_rps <= 0.0 {
+        return None;
+    }
+    let past = |k: u64| p.cut_limit_rps + k as f64 * p.restore_step_rps > limit;
+    let mut k = ((limit - p.cut_limit_rps) / p.restore_step_rps)
+        .floor()
+        .max(0.0) as u64;
+    while !past(k) {
+        k += 1;
+    }
+    while k > 0 && past(k - 1) {
+        k -= 1;
+    }
+    let interval = duration_nanos(p.restore_interval).max(1);
+    Some(Nanos::new(
+        c.entered_at()
+            .as_u64()
+            .saturating_add(k.saturating_mul(interval)),
+    ))
 }

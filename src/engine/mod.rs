@@ -1248,7 +1248,7 @@ impl Engine {
                 r.set_limiters(&st.controller, at, behind);
             }
         }
-        r.publish_next_raise(&st.controller, now);
+        r.publish_next_raise(st, now);
         if let Some(keys) = &r.keys {
             keys.sweep(r, &mut st.last_sweep, now, true);
             if let Some(Shadow::Keys(shadow)) = &r.shadow {
@@ -1340,10 +1340,15 @@ impl Engine {
         })
     }
 
-    /// How long until the controller next raises a cut route's limit, at the earliest
-    /// (see [`Controller::next_raise_at`]): the basis of `Retry-After` for `roc_cut`
-    /// rejections. `None` when the route is not cut, or this engine does not hold
-    /// `route` (see [`RouteId`]). One atomic load.
+    /// How long until the controller next raises a cut route's limit above where it
+    /// stands, at the earliest (see [`Controller::next_raise_at`]), through the
+    /// route's scheduled events: an event that starts or ends in a slot before then
+    /// is put in force at that slot's end, as the engine steps it, and may raise the
+    /// limit itself or move the raise ([`Schedule::next_raise`]). The basis of
+    /// `Retry-After` for `roc_cut` rejections, as of the route's last step (each
+    /// completed slot). `None` when the route is not cut, when its limit never rises
+    /// above where it stands (an event lowered it, and its base stays below that), or
+    /// this engine does not hold `route` (see [`RouteId`]). One atomic load.
     pub fn restore_eta(&self, route: RouteId, now: Nanos) -> Option<Duration> {
         match self.route(route)?.next_raise.load(Ordering::Relaxed) {
             0 => None,
@@ -1680,15 +1685,13 @@ impl Route {
             st.controller.rearm(now, self.window.window());
         }
         self.apply_limit(&st.controller, now);
-        self.publish_next_raise(&st.controller, now);
+        self.publish_next_raise(st, now);
     }
 
-    /// Publishes when the controller next raises the limit, as seen at `now`, for
-    /// [`Engine::restore_eta`].
-    fn publish_next_raise(&self, c: &Controller, now: Nanos) {
-        let at = c
-            .next_raise_at(now, self.window.window())
-            .map_or(0, Nanos::as_u64);
+    /// Publishes when the controller next raises the limit, as seen at `now`, through
+    /// the scheduled events due before then, for [`Engine::restore_eta`].
+    fn publish_next_raise(&self, st: &RouteState, now: Nanos) {
+        let at = st.next_raise(now, &self.window).map_or(0, Nanos::as_u64);
         self.next_raise.store(at, Ordering::Relaxed);
     }
 
