@@ -2148,7 +2148,9 @@ impl Inner {
         if reply.state == ControllerState::Normal.as_index() {
             r.next_raise.store(0, Ordering::Relaxed);
         } else if let Some(memory) = &reply.memory {
-            let at = next_raise(schedule.params_at(now), &r.window, memory, reply.now_us)
+            let redis_now = Nanos::new(reply.now_us.saturating_mul(1000));
+            let on_redis = schedule.clone().on_clock(now, redis_now);
+            let at = next_raise(&on_redis, &r.window, memory, reply.now_us)
                 .map_or(0, |eta| (now + eta).as_u64().max(1));
             r.next_raise.store(at, Ordering::Relaxed);
         }
@@ -3319,20 +3321,25 @@ fn resume(
     c
 }
 
-/// How long after Redis's `now_us` the stored controller, continued under `params`,
-/// will next raise the limit ([`Controller::next_raise_at`], as
-/// [`Engine::restore_eta`] tells it of a local route); `None` without a memory, or in
-/// `Normal`.
+/// How long after Redis's `now_us` the stored controller will next raise the limit
+/// above where it stands, as [`Engine::restore_eta`] tells it of a local route: the
+/// controller continued, as the next step continues it, under the profile of
+/// `schedule` (on Redis's clock) due when it was last stepped, then walked through
+/// the events due before the raise ([`Schedule::next_raise`]), the slots not yet
+/// stepped included. `None` without a memory, in `Normal`, or if the limit never
+/// rises above where it stands.
 fn next_raise(
-    params: &ControllerParams,
+    schedule: &Schedule,
     window: &WindowSpec,
     stored: &StoredController,
     now_us: u64,
 ) -> Option<Duration> {
     stored.memory?;
     let now = Nanos::new(now_us.saturating_mul(1000));
-    let c = resume(params.clone(), window, stored, now);
-    Some(c.next_raise_at(now, window.window())?.saturating_since(now))
+    let stepped = stepped_at(window, stored, now);
+    let c = resume(schedule.params_at(stepped).clone(), window, stored, now);
+    let at = schedule.next_raise(schedule.event_at(stepped), &c, stepped, now, window)?;
+    Some(at.saturating_since(now))
 }
 
 /// A [`SharedRoute::fallback_limit`] that is no share's: the fallback bucket's last

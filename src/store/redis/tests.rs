@@ -415,6 +415,133 @@ fn replay_after_a_silence_ends_a_cut_under_the_event_due_then() {
     a_silence_across_an_event_lands_where_stepping_every_slot_would(own, (s(0), s(20), sale));
 }
 
+/// The route of [`cut_then_silent`], cut by the slot that ended at 10.6 s, silent
+/// from 11.1 s and calm from 11.3 s, with a `sale` beside the route's own
+/// parameters: from each call in the silence from 11.4 s until 20 s, the shared
+/// controller's next raise, its memory stored as of the slot before the call or
+/// (`behind`) a few slots earlier, is the local engine's [`Engine::restore_eta`]
+/// stepped through the same slots, given the same arrivals (Redis's clock is the
+/// engine's here): [`next_raise`] follows the sale's edges as the engine does, the
+/// slots not yet stepped included. The calls' slots and the waits they are told.
+fn a_shared_raise_through_an_event_is_the_engines(
+    sale: (Duration, Duration, ControllerParams),
+    behind: u64,
+) -> Vec<(u64, Option<Duration>)> {
+    use crate::config::{Config, Event, RouteConfig, RouteMatch};
+    use crate::engine::Key;
+    let own = ControllerParams::default();
+    let (start, duration, profile) = sale;
+    let start_at = Nanos::ZERO + start;
+    let schedule = Schedule::new(
+        own.clone(),
+        vec![(start_at, start_at + duration, profile.clone())],
+    );
+    let mut r = roll(
+        90,
+        (90..110).map(|s| if s < 105 { 10 } else { 100 }).collect(),
+        Some(99),
+    );
+    r.memory.memory = Some(calm_at_base());
+    let (cut, _, _, _, _) = replay(&schedule, &window(), &r, 110, call(110)).unwrap();
+    assert_eq!(cut.state(), ControllerState::Cut);
+
+    let mut route = RouteConfig::new("r", RouteMatch::any());
+    route.window = window();
+    route.controller = own;
+    let epoch = std::time::UNIX_EPOCH;
+    route
+        .events
+        .push(Event::new("sale", epoch + start, duration, profile));
+    let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, epoch).unwrap();
+    let id = engine.route_at(0).unwrap();
+    for s in 0..=110u64 {
+        let n = match s {
+            ..105 => 10,
+            105..110 => 100,
+            _ => 1,
+        };
+        for k in 0..n {
+            let _ = engine.check(
+                id,
+                Key::None,
+                Nanos::new(s * 100_000_000 + k * 100_000_000 / n),
+            );
+        }
+    }
+    let mut told = Vec::new();
+    for s in 114 + behind..200 {
+        let now = call(s);
+        engine.catch_up(id, call(s - behind));
+        let local = engine.restore_eta(id, now);
+        let through = s - 1 - behind;
+        let (c, _, _, _, _) = replay(
+            &schedule,
+            &window(),
+            &cut_then_silent(cut.memory(), 109),
+            through + 1,
+            now,
+        )
+        .unwrap();
+        let stored = StoredController {
+            through: Some(through),
+            memory: Some(c.memory()),
+        };
+        let shared = next_raise(&schedule, &window(), &stored, now.as_u64() / 1000);
+        assert_eq!(shared, local, "at {now} (stored through slot {through})");
+        told.push((s, shared));
+    }
+    told
+}
+
+/// A sale from 12.05 s whose cut limit, 100 req/s, is above the route's 60: the cut
+/// route's limit rises at the end of the slot the sale starts in, 12.1 s, not after
+/// the route's 2 s hold of calm and one interval (14.1 s, as the profile in force
+/// alone tells). The shared controller tells it as the engine does, stored as of the
+/// last slot or three slots behind (the sale's start among the slots not stepped).
+#[test]
+fn a_shared_raise_comes_at_an_events_higher_cut_limit() {
+    let sale = ControllerParams {
+        cut_limit_rps: 100.0,
+        ..ControllerParams::default()
+    };
+    let span = (Duration::from_millis(12_050), Duration::from_secs(3));
+    for behind in [0, 3] {
+        let told =
+            a_shared_raise_through_an_event_is_the_engines((span.0, span.1, sale.clone()), behind);
+        let (s, eta) = told[0];
+        assert_eq!(
+            call(s) + eta.unwrap(),
+            Nanos::from_millis(12_100),
+            "{told:?}"
+        );
+    }
+}
+
+/// A sale from 11.5 s to 13.5 s that holds a cut for 10 s of calm: the route's own
+/// 2 s hold of the calm begun at 11.3 s is not done when the sale starts, so the
+/// cut holds until the sale ends and restores from 13.5 s, its first step at
+/// 14.5 s; a call in the calm before the sale is told that, not the route's own
+/// 14.3 s (the profile in force alone). With the stored controller a few slots
+/// behind too.
+#[test]
+fn a_shared_raise_waits_for_an_events_longer_hold() {
+    let sale = ControllerParams {
+        hold: Duration::from_secs(10),
+        ..ControllerParams::default()
+    };
+    let span = (Duration::from_millis(11_500), Duration::from_secs(2));
+    for behind in [0, 3] {
+        let told =
+            a_shared_raise_through_an_event_is_the_engines((span.0, span.1, sale.clone()), behind);
+        let (s, eta) = told[0];
+        assert_eq!(
+            call(s) + eta.unwrap(),
+            Nanos::from_millis(14_500),
+            "{told:?}"
+        );
+    }
+}
+
 /// The same cut, stored as armed only from 30 s (a time written under a clock
 /// ahead of Redis's, as after a failover): the silence is calm from the slot where
 /// the controller was armed, restoring from 32 s after the hold, at base at 39 s,
@@ -549,17 +676,32 @@ fn a_stored_cut_rises_after_its_hold_and_one_interval() {
     // Still spiking: calm a window (1 s) after the cut at the earliest, then the hold
     // and one interval.
     assert_eq!(
-        next_raise(&params, &window(), &cut_at(4, None), us(4)),
+        next_raise(
+            &no_events(params.clone()),
+            &window(),
+            &cut_at(4, None),
+            us(4)
+        ),
         Some(Duration::from_secs(7))
     );
     // Calm since 6 s: at 11 s and one interval, seen at 8 s.
     assert_eq!(
-        next_raise(&params, &window(), &cut_at(4, Some(6)), us(8)),
+        next_raise(
+            &no_events(params.clone()),
+            &window(),
+            &cut_at(4, Some(6)),
+            us(8)
+        ),
         Some(Duration::from_secs(4))
     );
     // No memory, or normal: not known.
     assert_eq!(
-        next_raise(&params, &window(), &StoredController::default(), us(8)),
+        next_raise(
+            &no_events(params.clone()),
+            &window(),
+            &StoredController::default(),
+            us(8)
+        ),
         None
     );
 }
@@ -726,7 +868,7 @@ fn stored_numbers_past_their_range_overflow_nothing() {
         ];
         let stored = StoredController::parse(&ctl);
         assert_eq!(stored.through, Some(u64::MAX));
-        assert!(next_raise(&params, &window(), &stored, 11_000_000).is_some());
+        assert!(next_raise(&no_events(params.clone()), &window(), &stored, 11_000_000).is_some());
         let r = Roll {
             lo: 100,
             counts: vec![1; 10],
