@@ -131,6 +131,7 @@ impl RouteState {
     /// `now` on a route whose window is `window`, through the scheduled events due
     /// before then ([`raise_through`]). A route without events costs what
     /// [`Controller::next_raise_at`] does.
+    #[inline]
     pub(super) fn next_raise(&self, now: Nanos, window: &WindowSpec) -> Option<Nanos> {
         if self.events.is_empty() {
             return self.controller.next_raise_at(now, window.window());
@@ -336,7 +337,9 @@ impl Schedule {
 /// edges, takes it there. An edge may raise the limit itself (an event's higher cut
 /// limit, or one that ends and restores the route's own), move the raise (another
 /// hold, `max_cut`, dwell or restore schedule), or lower the limit, from which the
-/// restore must climb back past where it stood. Runs once per step, not per decision.
+/// restore must climb back past where it stood. Runs once per step, not per decision;
+/// out of line, so that a step of a route without events is as small as before.
+#[inline(never)]
 fn raise_through<'a, I>(
     spans: impl Fn() -> I,
     own: &ControllerParams,
