@@ -505,15 +505,20 @@ fn a_shared_raise_comes_at_an_events_higher_cut_limit() {
         ..ControllerParams::default()
     };
     let span = (Duration::from_millis(12_050), Duration::from_secs(3));
+    first_call_is_told(span, sale, Nanos::from_millis(12_100));
+}
+
+/// [`a_shared_raise_through_an_event_is_the_engines`] for one event over `span` of
+/// `params`, the stored controller current and three slots behind: the first call is
+/// told the limit rises at `raise`.
+fn first_call_is_told(span: (Duration, Duration), params: ControllerParams, raise: Nanos) {
     for behind in [0, 3] {
-        let told =
-            a_shared_raise_through_an_event_is_the_engines((span.0, span.1, sale.clone()), behind);
-        let (s, eta) = told[0];
-        assert_eq!(
-            call(s) + eta.unwrap(),
-            Nanos::from_millis(12_100),
-            "{told:?}"
+        let told = a_shared_raise_through_an_event_is_the_engines(
+            (span.0, span.1, params.clone()),
+            behind,
         );
+        let (s, eta) = told[0];
+        assert_eq!(call(s) + eta.unwrap(), raise, "{told:?}");
     }
 }
 
@@ -530,16 +535,7 @@ fn a_shared_raise_waits_for_an_events_longer_hold() {
         ..ControllerParams::default()
     };
     let span = (Duration::from_millis(11_500), Duration::from_secs(2));
-    for behind in [0, 3] {
-        let told =
-            a_shared_raise_through_an_event_is_the_engines((span.0, span.1, sale.clone()), behind);
-        let (s, eta) = told[0];
-        assert_eq!(
-            call(s) + eta.unwrap(),
-            Nanos::from_millis(14_500),
-            "{told:?}"
-        );
-    }
+    first_call_is_told(span, sale, Nanos::from_millis(14_500));
 }
 
 /// The same cut, stored as armed only from 30 s (a time written under a clock
