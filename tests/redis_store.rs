@@ -4579,6 +4579,58 @@ async fn the_shared_roc_and_demand_are_left_out_in_fallback() {
     proxy.stop().await;
 }
 
+/// Redis back, the heartbeat's probe puts the route back in `shared` without an answer
+/// (it reads nothing): `/metrics` and `GET /admin/routes` go on leaving out the shared
+/// ROC and the fleet's demand, Redis's last answer from before the fall, until a
+/// decision's answer is taken in (they showed the pre-outage reading again as soon as
+/// the mode flipped back). `GET /admin/store` keeps showing it, dated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_roc_and_demand_stay_out_after_the_probe_until_an_answer() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let proxy = Served::on_redis(quick_route(), store_config(&server, "probed-gauges")).await;
+    let mut client = http1::connect(proxy.addr).await;
+    let mut admin = http1::connect(proxy.admin).await;
+    let (c, a) = (&mut client, &mut admin);
+    until_shown(c, a, "shared", [true, true, true]).await;
+    server.signal("-STOP");
+    until_shown(c, a, "fallback_local", [false, false, true]).await;
+    // No request from here until the probe's return is checked: every decision's call
+    // has timed out (50 ms) before Redis resumes, and none is sent after.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.signal("-CONT");
+    let resumed = tokio::time::Instant::now();
+    let store = loop {
+        let store: serde_json::Value = serde_json::from_str(&get(a, "/admin/store").await).unwrap();
+        if store["routes"]["order"]["mode"] == "shared" {
+            break store;
+        }
+        assert!(resumed.elapsed() < Duration::from_secs(10), "{store}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let order = &store["routes"]["order"];
+    assert!(
+        order["roc"].is_f64() && order["demand_rps"].is_f64(),
+        "{store}"
+    );
+    assert!(order["answered_ms_ago"].as_u64().unwrap() >= 500, "{store}");
+    let text = get(a, "/metrics").await;
+    let shown = |series: &str| text.lines().any(|l| l.starts_with(series));
+    assert!(!shown(r#"rocgate_store_roc{route="order"} "#), "{text}");
+    assert!(
+        !shown(r#"rocgate_store_demand_rps{route="order"} "#),
+        "{text}"
+    );
+    assert!(
+        shown(r#"rocgate_store_limit_rps{route="order"} "#),
+        "{text}"
+    );
+    assert_admin_roc(a, false).await;
+    until_shown(c, a, "shared", [true, true, true]).await;
+    assert_admin_roc(a, true).await;
+    proxy.stop().await;
+}
+
 /// Asserts that `GET /admin/routes/order` and `GET /admin/routes` show the route's
 /// shared ROC (a number) if `shown`, else `roc` null.
 async fn assert_admin_roc(

@@ -6,13 +6,13 @@
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | the engine has routes and serves |
 //! | `GET /metrics` | Prometheus metrics (see [`crate::metrics`]) |
-//! | `GET /admin/routes` | every route's live state as JSON (a route a shared store decides: the shared limit, state and ROC, `roc` null while the route is in fallback, as `/metrics` leaves it out) |
+//! | `GET /admin/routes` | every route's live state as JSON (a route a shared store decides: the shared limit, state and ROC, `roc` null from the route's fall to fallback until Redis answers it again, the heartbeat's probe that puts it back in `shared` being no answer, as `/metrics` leaves it out) |
 //! | `GET /admin/routes/{name}` | one route's live state |
 //! | `PUT /admin/routes/{name}` | change a route's limits and thresholds (JSON body) |
 //! | `DELETE /admin/routes/{name}/change` | withdraw the route's runtime change: the file's parameters are in force again |
 //! | `POST /admin/reload` | read the config file again (the routes; `restart_required` lists the other sections changed, which wait for a restart; `runtime_changes_kept` the routes whose runtime change stays, the file having left them as they were, `runtime_changes_replaced` those whose change the file's new parameters replaced, `runtime_changes_dropped` those whose change went with them, the file having no route of that name, and `events_ended` the file's scheduled events that have ended, never to run; 422 with every error for a file refused, 409 without a file, 500 for a reload that failed within) |
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
-//! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen, the fleet's demand included, dated by `answered_ms_ago` (kept in fallback, where `/metrics` leaves the ROC and demand out; one not decided on yet: shared, normal at its base limit, `roc`, `demand_rps` and `answered_ms_ago` null), with the tokens its fallback admitted that the shared bucket is still owed |
+//! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen, the fleet's demand included, dated by `answered_ms_ago` (kept in fallback and until the next answer, where `/metrics` leaves the ROC and demand out; one not decided on yet: shared, normal at its base limit, `roc`, `demand_rps` and `answered_ms_ago` null), with the tokens its fallback admitted that the shared bucket is still owed |
 //!
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set;
 //! without one, they take changes from loopback only, and none from a web page.
@@ -603,11 +603,16 @@ fn register_upstream_errors(m: &Exporter, engine: &Engine) {
 }
 
 /// The shared limit and controller state of `route`, if a shared store decides it, as
-/// `/metrics` and `GET /admin/routes` show it: while the route decides locally (Redis
-/// away), no shared ROC nor fleet demand (NaN, left out of `/metrics`, `roc` null in
-/// `/admin/routes`), which would read Redis's last answer as if current; back with
-/// the first answer. The limit stays: the one last seen, a share of which the
-/// fallback enforces. (`GET /admin/store` keeps the last answer's, dated.)
+/// `/metrics` and `GET /admin/routes` show it: from the route's fall to local decisions
+/// (Redis away) until the first answer taken in after it, no shared ROC nor fleet
+/// demand (NaN, left out of `/metrics`, `roc` null in `/admin/routes`), which would
+/// read Redis's last answer, from before the outage, as if current: through the
+/// fallback, and after the heartbeat's probe puts the route back in `shared`, which
+/// reads nothing ([`SharedView::fell_since_answer`]). The limit stays: the one last
+/// seen, a share of which the fallback enforces. (`GET /admin/store` keeps the last
+/// answer's, dated.)
+///
+/// [`SharedView::fell_since_answer`]: crate::store::redis::SharedView::fell_since_answer
 #[cfg(feature = "redis")]
 fn exported_control(
     state: &AdminState,
@@ -616,7 +621,7 @@ fn exported_control(
 ) -> Option<crate::metrics::SharedControl> {
     let view = state.store.as_ref()?.shared_view(engine, route)?;
     let mut control = control_of(&view);
-    if view.mode == crate::store::redis::StoreMode::Fallback {
+    if view.mode == crate::store::redis::StoreMode::Fallback || view.fell_since_answer {
         control.roc = f64::NAN;
         control.demand_rps = f64::NAN;
     }
@@ -639,7 +644,7 @@ fn control_of(view: &crate::store::redis::SharedView) -> crate::metrics::SharedC
 /// A route's snapshot as the admin API shows it: for a route a shared store decides,
 /// the shared limit, controller state, transitions and the ROC the shared controller
 /// compares with its thresholds (the local controller does not step for it), NaN
-/// while the route decides in fallback ([`exported_control`]).
+/// from the route's fall to fallback until Redis answers again ([`exported_control`]).
 fn as_exported(state: &AdminState, engine: &Engine, s: RouteSnapshot) -> RouteSnapshot {
     #[cfg(feature = "redis")]
     if let Some(control) = exported_control(state, engine, &s.name) {

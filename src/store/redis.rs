@@ -756,6 +756,13 @@ pub struct SharedView {
     /// [`demand_rps`](Self::demand_rps): their age, which grows while the route is in
     /// fallback. `None` before any answer.
     pub answered_ago: Option<Duration>,
+    /// Whether the route fell back to local decisions since Redis last answered this
+    /// instance on it: true from the fall until the first answer taken in after it
+    /// (a decision's or a sync's), so through the return to [`StoreMode::Shared`] by
+    /// the heartbeat's probe, which reads nothing. What the last answer told (its
+    /// [`roc`](Self::roc) and [`demand_rps`](Self::demand_rps)) is then from before
+    /// the outage.
+    pub fell_since_answer: bool,
     /// The shared controller's transitions that this instance stepped and stored:
     /// each is stepped and stored by one instance, so summed over the fleet they are
     /// the shared controller's.
@@ -869,6 +876,10 @@ struct SharedRoute {
     breaker: Mutex<Breaker>,
     /// Whether this route is decided locally for now.
     fallen: AtomicBool,
+    /// Whether the route fell back since an answer was last taken in
+    /// ([`SharedView::fell_since_answer`]): set by the fall, cleared by
+    /// [`Inner::absorb`] once the answer's ROC and demand are stored.
+    fell_since_answer: AtomicBool,
     /// Whether the store dropped this route (see [`Inner::retire`]).
     retired: AtomicBool,
     window: WindowSpec,
@@ -1064,6 +1075,9 @@ impl SharedRoute {
     }
 
     fn view(&self, config: &RedisConfig, now: Nanos) -> SharedView {
+        // Acquire, before the ROC and demand are read, with the release that clears
+        // it in `Inner::absorb`: cleared, they are that answer's (or a later one's).
+        let fell_since_answer = self.fell_since_answer.load(Ordering::Acquire);
         SharedView {
             mode: self.mode(),
             limit_rps: f64::from_bits(self.limit.load(Ordering::Relaxed)),
@@ -1074,6 +1088,7 @@ impl SharedRoute {
                 0 => None,
                 at => Some(now.saturating_since(Nanos::new(at))),
             },
+            fell_since_answer,
             stepped: *self.stepped.lock().unwrap_or_else(PoisonError::into_inner),
             level: self.level(config, now),
             owed_tokens: self.owed.load(Ordering::Relaxed),
@@ -1575,6 +1590,7 @@ impl RedisStore {
                 roc: f64::NAN,
                 demand_rps: f64::NAN,
                 answered_ago: None,
+                fell_since_answer: false,
                 stepped: TransitionCounts::default(),
                 level: UNKNOWN_LEVEL,
                 owed_tokens: 0,
@@ -1812,6 +1828,9 @@ impl Inner {
         if r.fallen.swap(fall, Ordering::Relaxed) == fall {
             return;
         }
+        if fall {
+            r.fell_since_answer.store(true, Ordering::Relaxed);
+        }
         let before = if fall {
             self.fallen.fetch_add(1, Ordering::Relaxed)
         } else {
@@ -1896,6 +1915,7 @@ impl Inner {
                 self.config.probe_interval,
             )),
             fallen: AtomicBool::new(false),
+            fell_since_answer: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             window,
             burst,
@@ -2156,6 +2176,7 @@ impl Inner {
         }
         r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
         r.demand.store(reply.rate.to_bits(), Ordering::Relaxed);
+        r.fell_since_answer.store(false, Ordering::Release);
         if reply.rate.is_finite() {
             r.demand_seen().add(reply.rate, now);
         }
