@@ -640,6 +640,42 @@ async fn a_heartbeat_set_lost_with_redis_does_not_shrink_the_count() {
     assert_eq!(a.store.instances(), 1, "a leave is seen at once");
 }
 
+/// A beat that reached a Redis restarted empty but whose answer was lost (it came
+/// after `timeout`) put this instance into the new set: the next beat, answered, finds
+/// it there and counts only those who beat since. The first beat answered after one
+/// that failed keeps the count from falling for three beats, as one that found the
+/// instance missing does: whether a beat that failed reached Redis is not known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_beat_answered_after_a_failed_one_does_not_shrink_the_count() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let config = hand_beaten_config(&server, "lost-answer");
+    let route = route(90.0, Duration::from_secs(1));
+    let a = Instance::system(&route, &config);
+    let b = Instance::system(&route, &config);
+    let c = Instance::system(&route, &config);
+    for i in [&a, &b, &c] {
+        beat_answered(&i.store).await;
+    }
+    assert_eq!(beat_answered(&a.store).await, 3);
+
+    server.kill();
+    assert_eq!(a.store.beat().await, None, "Redis is away");
+    server.restart().await;
+    // What the beat whose answer was lost left in the new set.
+    let mut redis = server.connection().unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis).unwrap();
+    let ends = secs * 1000 + micros / 1000 + 3 * 3_600_000;
+    let _: () = redis::cmd("ZADD")
+        .arg("{lost-answer}:instances")
+        .arg(&[ends.to_string(), a.store.instance_id().to_owned()])
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(beat_answered(&a.store).await, 1, "found in the new set");
+    assert_eq!(a.store.instances(), 3, "a count from a set just rebuilt");
+    drop((b, c));
+}
+
 /// A route that a reload makes local (here: partitioned by client IP) keeps the view
 /// the store last had of it, but no longer shows as shared: the metrics then report
 /// the local engine's limit, state and ROC for it, not a frozen shared one.

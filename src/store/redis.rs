@@ -20,8 +20,8 @@
 //! window if longer, each with one slot more), renewed once per slot. Instances
 //! announce themselves in the sorted set `{<prefix>}:instances` ([`HEARTBEAT`]) and
 //! learn the live count (`expected_instances` until then; one that finds itself
-//! missing from the set, lost with Redis, lets the count fall only three beats
-//! later).
+//! missing from the set, lost with Redis, or beats again after a beat that failed,
+//! lets the count fall only three beats later).
 //!
 //! Redis Cluster (`cluster_nodes`): the same scripts over redis-rs's cluster client,
 //! which sends each call to the master of its keys' slot and follows `MOVED`/`ASK`.
@@ -1675,8 +1675,8 @@ impl RedisStore {
 
     /// Beats once now (the heartbeat task beats every `heartbeat`): announces this
     /// instance and updates the live count ([`instances`](Self::instances): for three
-    /// beats after one that found this instance missing from the set, it does not
-    /// fall). Then probes each route in fallback whose probe is due (the one probe of
+    /// beats after one that found this instance missing from the set, or the first
+    /// answered after one that failed, it does not fall). Then probes each route in fallback whose probe is due (the one probe of
     /// its `probe_interval`, which its decisions then do not get), with a `SETRANGE`
     /// of nothing on its `:probe` key (a write that creates nothing, refused where a
     /// decision's script would be), all at once, each within `timeout`: an answer
@@ -2340,7 +2340,9 @@ impl Inner {
     /// Takes in the live count `n` that beat `seq` answered, if no later beat's answer
     /// came first (the background beat and an explicit [`RedisStore::beat`] can
     /// overlap). A beat that found this instance `missing` from the heartbeat set (its
-    /// first, or the set was lost with Redis, or expired in an outage) may count only
+    /// first, or the set was lost with Redis, or expired in an outage), or the first
+    /// answered after one that failed (which may have reached a Redis that had lost
+    /// the set, its answer lost), may count only
     /// the instances that have beaten into the set since: for [`HELD_BEATS`] beats
     /// from it, the count may rise but not fall, so that a Redis
     /// that fails again meanwhile does not leave this instance in fallback at a share
@@ -2617,7 +2619,11 @@ impl Inner {
         match answer {
             Ok(Ok((n, missing))) => {
                 let n = n.clamp(1, u64::from(u16::MAX));
-                let instances = self.counted(seq, n, missing == 1);
+                // A beat that failed may have reached Redis all the same (its answer
+                // lost or late), and put this instance into a set Redis had lost:
+                // this one then finds it there, yet the set is as new.
+                let after_failure = self.heard.load(Ordering::Relaxed) == UNREACHED;
+                let instances = self.counted(seq, n, missing == 1 || after_failure);
                 if self.heard.swap(REACHED, Ordering::Relaxed) != REACHED {
                     tracing::info!(instances, "shared store reached");
                 }
