@@ -373,8 +373,16 @@ where
     let mut c = controller.clone();
     let mut active = active;
     let mut from = stepped;
+    // A reading calm under any thresholds, as a calm begun reads on: all of the
+    // demand gone at once (ROC of -1 in relative mode, below any `safe_roc` in
+    // absolute mode). A reading of no change is not calm under a `safe_roc` of 0 or
+    // below, and would forget a calm the controller has seen begin.
     let observe = |c: &mut Controller, at: Nanos| {
-        let sample = RocSample::default();
+        let sample = RocSample {
+            rate_prev_rps: f64::MAX,
+            roc: f64::MIN,
+            ..RocSample::default()
+        };
         c.observe(SampleAt { at, sample }, |_| {});
     };
     loop {

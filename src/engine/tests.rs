@@ -839,3 +839,54 @@ fn the_shared_schedule_is_the_routes_after_any_change() {
     }
     assert!(retired > 0, "no change retired an event");
 }
+
+/// `Retry-After` of a cut whose calm is known, with an event's edge before the raise,
+/// on a route whose `safe_roc` is below 0 (calm is demand falling faster than 50/s
+/// a second): the walk through the edge must read the calm on, as
+/// [`Controller::next_raise_at`] does, not take a reading of no change, which is not
+/// calm under that threshold. A spike of 300 in the slot from 2 s cuts at 2.1 s; from
+/// 3.1 s it is in the window's earlier half (ROC -300 a second, calm) until 4.1 s; the
+/// hold of 0.5 s ends the cut at 3.6 s, and the sale from 3.35 s (a restore interval
+/// of 0.5 s) takes the limit up at 4.1 s. The walk used to read no calm at the
+/// sale's slot (3.4 s), forget the calm begun at 3.1 s, and tell 5.1 s.
+#[test]
+fn a_cut_calm_under_a_negative_safe_roc_stays_calm_through_an_edge() {
+    let ms = Nanos::from_millis;
+    let mut cfg = RouteConfig::new("r", crate::config::RouteMatch::any());
+    cfg.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
+    cfg.controller.safe_roc = -50.0;
+    cfg.controller.hold = Duration::from_millis(500);
+    let mut sale = cfg.controller.clone();
+    sale.restore_interval = Duration::from_millis(500);
+    let start = std::time::UNIX_EPOCH + Duration::from_millis(3_350);
+    cfg.events = vec![Event::new("sale", start, Duration::from_secs(10), sale)];
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    for k in 0..300 {
+        let _ = e.check(
+            id,
+            Key::None,
+            Nanos::new(2_000_000_000 + k * 100_000_000 / 300),
+        );
+    }
+    for slot in 21..=31 {
+        e.catch_up(id, ms(slot * 100));
+    }
+    assert_eq!(
+        e.route_snapshot(id, ms(3_100)).unwrap().state,
+        ControllerState::Cut
+    );
+    let probe = ms(3_150);
+    let _ = e.check(id, Key::None, probe);
+    let told = probe + e.restore_eta(id, probe).unwrap();
+    let limit = e.limit_rps(id).unwrap();
+    let raised = (32..100)
+        .map(|slot| ms(slot * 100))
+        .find(|&at| {
+            e.catch_up(id, at);
+            e.limit_rps(id).unwrap() > limit
+        })
+        .unwrap();
+    assert_eq!(raised, ms(4_100), "the engine's own raise");
+    assert_eq!(told, raised);
+}
