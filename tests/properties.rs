@@ -1028,14 +1028,46 @@ proptest! {
 /// One event of [`the_retry_after_of_a_cut_is_when_the_limit_rises_through_events`]:
 /// the gap since the last one ended (or since the origin), its length, and its
 /// profile's cut and base limits, hold, `max_cut`, restore interval, restore step and
-/// `min_dwell` (slots of 100 ms).
-type RaiseEventSpec = (Span, Span, f64, f64, Span, Span, Span, f64, Span);
+/// `min_dwell` (slots of 100 ms), and whether its ROC is relative, with where its
+/// danger and safe thresholds lie in their ranges for that mode.
+type RaiseEventSpec = (
+    Span,
+    Span,
+    f64,
+    f64,
+    Span,
+    Span,
+    Span,
+    f64,
+    Span,
+    bool,
+    f64,
+    f64,
+);
+
+/// ROC thresholds for [`the_retry_after_of_a_cut_is_when_the_limit_rises_through_events`]
+/// in the mode `relative` says, `danger` and `safe` (0 to 1) placing each in its range:
+/// the spike reads above any danger (300/s a second absolute, 30 relative to a
+/// `min_rps` of 10), and its leaving, the silence after it and the one request the
+/// probe adds (-300/s a second, 0 and 1, or -1, 0 and 0.1) below any safe threshold.
+fn raise_thresholds(p: &mut ControllerParams, relative: bool, danger: f64, safe: f64) {
+    if relative {
+        p.roc_mode = RocMode::Relative;
+        p.danger_roc = 1.0 + danger * 24.0;
+        p.safe_roc = 0.15 + safe * 0.8;
+    } else {
+        p.roc_mode = RocMode::Absolute;
+        p.danger_roc = 80.0 + danger * 200.0;
+        p.safe_roc = 2.0 + safe * 77.0;
+    }
+}
 
 proptest! {
     #![proptest_config(cases(256))]
 
     /// `Retry-After` of a cut ([`Engine::restore_eta`] at a request the cut meets,
-    /// its calm known) on a route with up to three scheduled events, their edges on
+    /// its calm known) on a route, its ROC absolute or relative, with up to three
+    /// scheduled events, each with its own ROC mode and thresholds, their edges on
     /// slot boundaries or inside a slot, before, around or after the raise: rounded up
     /// to the slot whose end observes it, it is the first slot at which the limit in
     /// force, stepped slot by slot through calm readings, is above the limit the
@@ -1049,10 +1081,12 @@ proptest! {
         max_cut in (1u64..100, any::<bool>(), 0.0f64..1.0),
         interval in (1u64..20, any::<bool>(), 0.0f64..1.0),
         step in 5.0f64..150.0,
+        thresholds in (any::<bool>(), 0.0f64..1.0, 0.0f64..1.0),
         events in prop::collection::vec(
             (slot_span(150), (1u64..120, any::<bool>(), 0.0f64..1.0), 20.0f64..150.0,
              150.0f64..400.0, slot_span(40), (1u64..100, any::<bool>(), 0.0f64..1.0),
-             (1u64..20, any::<bool>(), 0.0f64..1.0), 5.0f64..150.0, slot_span(20)),
+             (1u64..20, any::<bool>(), 0.0f64..1.0), 5.0f64..150.0, slot_span(20),
+             any::<bool>(), 0.0f64..1.0, 0.0f64..1.0),
             0..4,
         ),
         probe_slots in 0u64..60,
@@ -1066,11 +1100,13 @@ proptest! {
         p.max_cut = slots_of(slot, max_cut);
         p.restore_interval = slots_of(slot, interval);
         p.restore_step_rps = step;
+        raise_thresholds(&mut p, thresholds.0, thresholds.1, thresholds.2);
         let mut from = Duration::ZERO;
         let events: Vec<Event> = events
             .iter()
             .enumerate()
-            .map(|(i, &(gap, len, cut, base, ev_hold, ev_max_cut, ev_interval, ev_step, ev_dwell)):
+            .map(|(i, &(gap, len, cut, base, ev_hold, ev_max_cut, ev_interval, ev_step, ev_dwell,
+                        relative, danger, safe)):
                   (usize, &RaiseEventSpec)| {
                 let mut sale = p.clone();
                 sale.cut_limit_rps = cut;
@@ -1080,6 +1116,7 @@ proptest! {
                 sale.restore_interval = slots_of(slot, ev_interval);
                 sale.restore_step_rps = ev_step;
                 sale.min_dwell = slots_of(slot, ev_dwell);
+                raise_thresholds(&mut sale, relative, danger, safe);
                 let start = from + slots_of(slot, gap);
                 let length = slots_of(slot, len);
                 from = start + length;
@@ -1093,8 +1130,8 @@ proptest! {
         let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let id = e.route_at(0).unwrap();
         // A spike of 300 requests in the slot from 2 s, once the controller is armed:
-        // a cut at 2.1 s, whatever profile is in force (each has the route's
-        // thresholds and a dwell under 2 s). Then silence: calm from 3.1 s, once the
+        // a cut at 2.1 s, whatever profile is in force (each reads the spike above its
+        // danger threshold, and has a dwell under 2 s). Then silence: calm from 3.1 s, once the
         // spike is in the window's earlier half.
         for k in 0..300u64 {
             let _ = e.check(id, Key::None, Nanos::new(2 * 1_000_000_000 + k * slot_ns / 300));
