@@ -1027,7 +1027,8 @@ proptest! {
 
 /// One event of [`the_retry_after_of_a_cut_is_when_the_limit_rises_through_events`]:
 /// the gap since the last one ended (or since the origin), its length, and its
-/// profile's cut and base limits, hold, `max_cut`, restore interval, restore step and
+/// profile's cut limit and how far above it its base limit lies (the base from 21/s,
+/// below the route's cut, up), hold, `max_cut`, restore interval, restore step and
 /// `min_dwell` (slots of 100 ms), and whether its ROC is relative, with where its
 /// danger and safe thresholds lie in their ranges for that mode.
 type RaiseEventSpec = (
@@ -1084,7 +1085,7 @@ proptest! {
         thresholds in (any::<bool>(), 0.0f64..1.0, 0.0f64..1.0),
         events in prop::collection::vec(
             (slot_span(150), (1u64..120, any::<bool>(), 0.0f64..1.0), 20.0f64..150.0,
-             150.0f64..400.0, slot_span(40), (1u64..100, any::<bool>(), 0.0f64..1.0),
+             1.0f64..300.0, slot_span(40), (1u64..100, any::<bool>(), 0.0f64..1.0),
              (1u64..20, any::<bool>(), 0.0f64..1.0), 5.0f64..150.0, slot_span(20),
              any::<bool>(), 0.0f64..1.0, 0.0f64..1.0),
             0..4,
@@ -1110,7 +1111,7 @@ proptest! {
                   (usize, &RaiseEventSpec)| {
                 let mut sale = p.clone();
                 sale.cut_limit_rps = cut;
-                sale.base_limit_rps = base;
+                sale.base_limit_rps = cut + base;
                 sale.hold = slots_of(slot, ev_hold);
                 sale.max_cut = slots_of(slot, ev_max_cut);
                 sale.restore_interval = slots_of(slot, ev_interval);

@@ -390,7 +390,10 @@ where
         let p = c.params();
         let rise = match c.state() {
             ControllerState::Normal => None,
-            ControllerState::Cut if p.cut_limit_rps + p.restore_step_rps > limit => {
+            // Its first step, which stops at the base limit, takes it past the limit.
+            ControllerState::Cut
+                if (p.cut_limit_rps + p.restore_step_rps).min(p.base_limit_rps) > limit =>
+            {
                 c.next_raise_at(now.max(from), window)
             }
             // Its first step does not take it past the limit: walked stop by stop.

@@ -890,3 +890,58 @@ fn a_cut_calm_under_a_negative_safe_roc_stays_calm_through_an_edge() {
     assert_eq!(raised, ms(4_100), "the engine's own raise");
     assert_eq!(told, raised);
 }
+
+/// `Retry-After` of a cut when an event due before the raise lowers both the cut and
+/// the base limit below the limit the request met: the cut's first restore step
+/// under the event stops at the event's base, no raise past that limit, and the limit
+/// first rises above it when the event ends. A spike of 300 in the slot from 2 s cuts
+/// to 60/s at 2.1 s, calm from 3.1 s; the event from 3.5 s to 10 s (cut 50, base 55)
+/// holds the cut at 50 until 5.1 s, its first step (6.1 s) takes it to 55, and its end
+/// at 10 s restores the route's base of 200. The walk used to take the step past
+/// where the cut stood (50 + 20 above 60) as the raise, capped by the base or not, and
+/// tell 6.1 s.
+#[test]
+fn a_cut_under_an_event_whose_base_is_below_the_limit_rises_when_it_ends() {
+    let ms = Nanos::from_millis;
+    let mut cfg = RouteConfig::new("r", crate::config::RouteMatch::any());
+    cfg.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
+    let mut sale = cfg.controller.clone();
+    sale.cut_limit_rps = 50.0;
+    sale.base_limit_rps = 55.0;
+    let start = std::time::UNIX_EPOCH + Duration::from_millis(3_500);
+    cfg.events = vec![Event::new(
+        "sale",
+        start,
+        Duration::from_millis(6_500),
+        sale,
+    )];
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    for k in 0..300 {
+        let _ = e.check(
+            id,
+            Key::None,
+            Nanos::new(2_000_000_000 + k * 100_000_000 / 300),
+        );
+    }
+    for slot in 21..=31 {
+        e.catch_up(id, ms(slot * 100));
+    }
+    assert_eq!(
+        e.route_snapshot(id, ms(3_100)).unwrap().state,
+        ControllerState::Cut
+    );
+    let probe = ms(3_150);
+    let _ = e.check(id, Key::None, probe);
+    let told = probe + e.restore_eta(id, probe).unwrap();
+    let limit = e.limit_rps(id).unwrap();
+    let raised = (32..200)
+        .map(|slot| ms(slot * 100))
+        .find(|&at| {
+            e.catch_up(id, at);
+            e.limit_rps(id).unwrap() > limit
+        })
+        .unwrap();
+    assert_eq!(raised, ms(10_000), "the engine's own raise");
+    assert_eq!(told, raised);
+}
