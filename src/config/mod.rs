@@ -888,26 +888,36 @@ pub(crate) fn is_credentials_header(name: &str) -> bool {
 /// whole. Each spelling used to be a key of its own: 2^6 quotas for one token from the
 /// case of `Bearer` alone, one more per added space.
 pub(crate) fn credentials_key(value: &str) -> std::borrow::Cow<'_, str> {
+    match credentials_fold(value) {
+        None => std::borrow::Cow::Borrowed(value),
+        Some((scheme, credentials)) => {
+            let mut key = String::with_capacity(scheme.len() + 1 + credentials.len());
+            key.push_str(scheme);
+            key.make_ascii_lowercase();
+            key.push(' ');
+            key.push_str(credentials);
+            std::borrow::Cow::Owned(key)
+        }
+    }
+}
+
+/// How [`credentials_key`] folds `value`: its scheme and its credentials, which the
+/// key is with the scheme in lower case and one space between them; `None` for a
+/// value that is its own key (no space or tab, or already in the key's form). The
+/// layer builds a credential's table key from these parts, with no `String`.
+pub(crate) fn credentials_fold(value: &str) -> Option<(&str, &str)> {
     let blank = |b: &u8| *b == b' ' || *b == b'\t';
     let mut upper = false;
-    let Some(end) = value.bytes().position(|b| {
+    let end = value.bytes().position(|b| {
         upper |= b.is_ascii_uppercase();
         blank(&b)
-    }) else {
-        return std::borrow::Cow::Borrowed(value);
-    };
+    })?;
     let (scheme, rest) = value.split_at(end);
     let spaces = rest.bytes().take_while(blank).count();
-    let credentials = &rest[spaces..];
     if spaces == 1 && rest.starts_with(' ') && !upper {
-        std::borrow::Cow::Borrowed(value)
+        None
     } else {
-        let mut key = String::with_capacity(scheme.len() + 1 + credentials.len());
-        key.push_str(scheme);
-        key.make_ascii_lowercase();
-        key.push(' ');
-        key.push_str(credentials);
-        std::borrow::Cow::Owned(key)
+        Some((scheme, &rest[spaces..]))
     }
 }
 
@@ -1195,9 +1205,8 @@ mod credentials_key_tests {
     use super::*;
     use std::borrow::Cow;
 
-    /// A value already in its key's form is the key itself, borrowed (no allocation on
-    /// the common path); another spelling is folded to that form, its credentials as
-    /// sent.
+    /// A value already in its key's form is the key itself, borrowed; another spelling
+    /// is folded to that form, its credentials as sent.
     #[test]
     fn a_credential_is_keyed_by_its_scheme_in_lower_case_and_one_space() {
         for value in [

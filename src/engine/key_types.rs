@@ -4,6 +4,8 @@
 //! it matches.
 
 use super::Key;
+#[cfg(feature = "http")]
+use crate::config::credentials_fold;
 use crate::config::{Partition, RouteConfig, MAX_KEY_VALUE_BYTES};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -32,6 +34,18 @@ impl TableKey {
             Key::Ip(ip) => TableKey::Ip(ip),
             Key::Value(v) => TableKey::Value(ValueKey::new(v)),
         }
+    }
+
+    /// The table key of a `header:authorization` (or `proxy-authorization`) value:
+    /// that of its [`credentials_key`](crate::config::credentials_key), made with no
+    /// `String` however the value is spelled.
+    #[cfg(feature = "http")]
+    #[inline]
+    pub(crate) fn of_credentials(value: &str) -> Self {
+        TableKey::Value(match credentials_fold(value) {
+            None => ValueKey::new(value),
+            Some((scheme, credentials)) => ValueKey::of_credentials(scheme, credentials),
+        })
     }
 }
 
@@ -157,6 +171,42 @@ impl ValueKey {
         }
         ValueKey(key)
     }
+
+    /// The key of the value `scheme` in lower case, one space, then `credentials` (the
+    /// fold of [`credentials_key`](crate::config::credentials_key)), with no such value
+    /// made: a short one is written into the key's bytes, a long one hashed in its
+    /// three parts (the scheme lower-cased on the stack, 64 bytes at a time), the same
+    /// digest as of the value whole.
+    #[cfg(feature = "http")]
+    fn of_credentials(scheme: &str, credentials: &str) -> Self {
+        let (scheme, credentials) = (scheme.as_bytes(), credentials.as_bytes());
+        let len = scheme.len() + 1 + credentials.len();
+        let mut key = [0u8; 16];
+        match u8::try_from(len) {
+            Ok(n) if len <= MAX_KEY_VALUE_BYTES => {
+                key[..scheme.len()].copy_from_slice(scheme);
+                key[..scheme.len()].make_ascii_lowercase();
+                key[scheme.len()] = b' ';
+                key[scheme.len() + 1..len].copy_from_slice(credentials);
+                key[15] = n;
+            }
+            _ => {
+                use sha2::Digest as _;
+                let mut sha = sha2::Sha256::new();
+                let mut lower = [0u8; 64];
+                for piece in scheme.chunks(lower.len()) {
+                    let lower = &mut lower[..piece.len()];
+                    lower.copy_from_slice(piece);
+                    lower.make_ascii_lowercase();
+                    sha.update(&*lower);
+                }
+                sha.update(b" ");
+                sha.update(credentials);
+                key.copy_from_slice(&sha.finalize()[..16]);
+            }
+        }
+        ValueKey(key)
+    }
 }
 
 impl Hash for ValueKey {
@@ -199,5 +249,78 @@ mod tests {
         assert_eq!(short[15], 15);
         assert_ne!(ValueKey::new("k").bits(), ValueKey::new("k\0").bits());
         assert_ne!(ValueKey::new("").bits(), ValueKey::new("\0").bits());
+    }
+
+    /// The layer's key of a credential (the layer's alone: built without `http`, no
+    /// code makes one).
+    #[cfg(feature = "http")]
+    mod credentials {
+        use super::*;
+        use crate::config::credentials_key;
+
+        /// The table key the layer makes of an `Authorization` value, which is the
+        /// key of its fold, `credentials_key` (and, for a value already folded, of
+        /// the value).
+        fn credentials_bits(value: &str) -> u128 {
+            match TableKey::of_credentials(value) {
+                TableKey::Value(key) => key.bits(),
+                _ => panic!("{value:?} is no header value's key"),
+            }
+        }
+
+        /// A credential's key made from its parts is its folded value's key, whatever
+        /// the scheme's case and the blanks after it, on either side of the 15 bytes
+        /// kept whole (up to 15, 16, a scheme longer than the 64 bytes it is
+        /// lower-cased by at a time) and for a value with no blank.
+        #[test]
+        fn a_credential_is_keyed_as_its_folded_value() {
+            let long_scheme = format!("X-{}", "Ab".repeat(70));
+            let schemes = ["", "b", "Bearer", "bearer", "BEARER", "Basic", &long_scheme];
+            let blanks = [" ", "  ", "\t", " \t ", ""];
+            let mut checked = std::collections::HashSet::new();
+            for scheme in schemes {
+                for blank in blanks {
+                    for len in 0..=70 {
+                        let credentials: String = "tOk.9-_~+/=".chars().cycle().take(len).collect();
+                        let value = format!("{scheme}{blank}{credentials}");
+                        let folded = credentials_key(&value);
+                        assert_eq!(
+                            credentials_bits(&value),
+                            ValueKey::new(&folded).bits(),
+                            "{value:?}"
+                        );
+                        checked.insert(folded.len());
+                    }
+                }
+            }
+            // Both sides of the boundary were met, folded and kept whole.
+            assert!((0..=40)
+                .chain([143, 144, 211])
+                .all(|n| checked.contains(&n)));
+            // One key for every spelling of a credential, short or long; another case
+            // of its credentials is another key.
+            for credentials in ["t0k", "t0k0123", "t0k01234", "t0k".repeat(20).as_str()] {
+                let key = credentials_bits(&format!("bearer {credentials}"));
+                for scheme in ["Bearer ", "BEARER   ", "bEaReR\t"] {
+                    assert_eq!(credentials_bits(&format!("{scheme}{credentials}")), key);
+                }
+                let other = credentials.to_ascii_uppercase();
+                assert_ne!(credentials_bits(&format!("Bearer {other}")), key);
+            }
+        }
+
+        proptest::proptest! {
+            /// Any value, blanks anywhere, beyond ASCII too: the layer's key of it is
+            /// the key of `credentials_key`'s fold.
+            #[test]
+            fn any_credential_is_keyed_as_its_folded_value(
+                value in "[ \tA-Za-z0-9é=.]{0,90}"
+            ) {
+                proptest::prop_assert_eq!(
+                    credentials_bits(&value),
+                    ValueKey::new(&credentials_key(&value)).bits()
+                );
+            }
+        }
     }
 }

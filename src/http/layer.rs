@@ -224,11 +224,11 @@ impl Gate {
         req: &Request<B>,
         peer: Option<SocketAddr>,
     ) -> Decided {
-        let folded: std::borrow::Cow<'_, str>;
         let joined: Vec<u8>;
+        // A request's key becomes its table key once, kept by a paced request.
         let key = match engine.partition(route) {
             // A route this engine does not hold: `check` admits it, whatever the key.
-            None | Some(Partition::Route) => Key::None,
+            None | Some(Partition::Route) => TableKey::None,
             Some(Partition::ClientIp(_)) => {
                 let ext = req.extensions();
                 let peer = peer
@@ -240,7 +240,7 @@ impl Gate {
                 }
                 self.resolver
                     .resolve(peer, req.headers())
-                    .map_or(Key::None, Key::Ip)
+                    .map_or(TableKey::None, TableKey::Ip)
             }
             Some(Partition::Header(name, _)) => {
                 // The host a request is for is its target's authority where it has one
@@ -287,25 +287,20 @@ impl Gate {
                 };
                 // One host, one credential, however it is spelled (see `host_key`,
                 // `credentials_key`): a key per spelling was a fresh quota per spelling.
-                let value = match value {
-                    Some(v) if host => {
-                        folded = crate::config::host_key(v);
-                        Some(&*folded)
-                    }
+                // However long: the engine keys a long value by its digest. A
+                // credential's key is made from its parts, with no folded copy.
+                match value {
+                    Some(v) if host => TableKey::of(Key::Value(&crate::config::host_key(v))),
                     Some(v) if crate::config::is_credentials_header(name) => {
-                        folded = crate::config::credentials_key(v);
-                        Some(&*folded)
+                        TableKey::of_credentials(v)
                     }
-                    other => other,
-                };
-                // However long: the engine keys a long value by its digest.
-                value.map_or(Key::None, Key::Value)
+                    Some(v) => TableKey::of(Key::Value(v)),
+                    None => TableKey::None,
+                }
             }
         };
         // One call site, so that the check can be inlined here.
         let now = self.clock.now();
-        // A header value becomes its table key once, kept by a paced request.
-        let key = TableKey::of(key);
         let decision = engine.check_key(route, key, now);
         let (refused_at, paced_key) = match decision {
             Decision::Reject(_) => (engine.key_limit_rps_of(route, key), None),
