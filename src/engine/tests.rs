@@ -860,33 +860,7 @@ fn a_cut_calm_under_a_negative_safe_roc_stays_calm_through_an_edge() {
     sale.restore_interval = Duration::from_millis(500);
     let start = std::time::UNIX_EPOCH + Duration::from_millis(3_350);
     cfg.events = vec![Event::new("sale", start, Duration::from_secs(10), sale)];
-    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
-    let id = e.route_at(0).unwrap();
-    for k in 0..300 {
-        let _ = e.check(
-            id,
-            Key::None,
-            Nanos::new(2_000_000_000 + k * 100_000_000 / 300),
-        );
-    }
-    for slot in 21..=31 {
-        e.catch_up(id, ms(slot * 100));
-    }
-    assert_eq!(
-        e.route_snapshot(id, ms(3_100)).unwrap().state,
-        ControllerState::Cut
-    );
-    let probe = ms(3_150);
-    let _ = e.check(id, Key::None, probe);
-    let told = probe + e.restore_eta(id, probe).unwrap();
-    let limit = e.limit_rps(id).unwrap();
-    let raised = (32..100)
-        .map(|slot| ms(slot * 100))
-        .find(|&at| {
-            e.catch_up(id, at);
-            e.limit_rps(id).unwrap() > limit
-        })
-        .unwrap();
+    let (told, raised) = told_and_raised(cfg);
     assert_eq!(raised, ms(4_100), "the engine's own raise");
     assert_eq!(told, raised);
 }
@@ -915,6 +889,17 @@ fn a_cut_under_an_event_whose_base_is_below_the_limit_rises_when_it_ends() {
         Duration::from_millis(6_500),
         sale,
     )];
+    let (told, raised) = told_and_raised(cfg);
+    assert_eq!(raised, ms(10_000), "the engine's own raise");
+    assert_eq!(told, raised);
+}
+
+/// A route of `cfg` (a 2 s window of 100 ms slots) cut by a spike of 300 in the slot
+/// from 2 s, stepped slot by slot to 3.1 s (still cut), then refused at 3.15 s: when
+/// its `Retry-After` says the limit rises, and the slot end at which the engine,
+/// stepped slot by slot from there, first raises it (within 20 s).
+fn told_and_raised(cfg: RouteConfig) -> (Nanos, Nanos) {
+    let ms = Nanos::from_millis;
     let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
     let id = e.route_at(0).unwrap();
     for k in 0..300 {
@@ -942,6 +927,5 @@ fn a_cut_under_an_event_whose_base_is_below_the_limit_rises_when_it_ends() {
             e.limit_rps(id).unwrap() > limit
         })
         .unwrap();
-    assert_eq!(raised, ms(10_000), "the engine's own raise");
-    assert_eq!(told, raised);
+    (told, raised)
 }
