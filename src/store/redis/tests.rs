@@ -297,6 +297,43 @@ fn replay_after_a_silence_lands_where_stepping_every_slot_would() {
     assert_eq!(counted(&at_once), counted(&every_slot));
 }
 
+/// A local engine of one route of `own` parameters beside a `sale` (its start, its
+/// duration, its profile), on the window of [`window`], its clock starting with the
+/// wall clock's epoch (Redis's clock is the engine's in these tests).
+fn sale_engine(own: ControllerParams, sale: (Duration, Duration, ControllerParams)) -> Engine {
+    use crate::config::{Config, Event, RouteConfig, RouteMatch};
+    let (start, duration, profile) = sale;
+    let mut route = RouteConfig::new("r", RouteMatch::any());
+    route.window = window();
+    route.controller = own;
+    let epoch = std::time::UNIX_EPOCH;
+    route
+        .events
+        .push(Event::new("sale", epoch + start, duration, profile));
+    Engine::new(&Config::new(vec![route]), Nanos::ZERO, epoch).unwrap()
+}
+
+/// The arrivals the memory of [`cut_then_silent`] stands for, offered to route `id`:
+/// steady at 10 a slot until 10.5 s (calm at base), 100 a slot until 11 s, then one in
+/// the slot from 11 s.
+fn offer_the_spike(engine: &Engine, id: crate::engine::RouteId) {
+    use crate::engine::Key;
+    for s in 0..=110u64 {
+        let n = match s {
+            ..105 => 10,
+            105..110 => 100,
+            _ => 1,
+        };
+        for k in 0..n {
+            let _ = engine.check(
+                id,
+                Key::None,
+                Nanos::new(s * 100_000_000 + k * 100_000_000 / n),
+            );
+        }
+    }
+}
+
 /// The route of `replay_after_a_silence_lands_where_stepping_every_slot_would`
 /// with a `sale` (its start, its duration, its profile) beside its `own` parameters,
 /// cut by the slot that ended at 10.6 s, then silent from 11.1 s until 40 s. Stepped
@@ -308,7 +345,6 @@ fn a_silence_across_an_event_lands_where_stepping_every_slot_would(
     own: ControllerParams,
     sale: (Duration, Duration, ControllerParams),
 ) {
-    use crate::config::{Config, Event, RouteConfig, RouteMatch};
     use crate::engine::Key;
     let (start, duration, profile) = sale;
     let start_at = Nanos::ZERO + start;
@@ -344,32 +380,10 @@ fn a_silence_across_an_event_lands_where_stepping_every_slot_would(
 
     let seen: Arc<Mutex<Vec<Transition>>> = Arc::default();
     let sink = Arc::clone(&seen);
-    let mut route = RouteConfig::new("r", RouteMatch::any());
-    route.window = window();
-    route.controller = own;
-    let epoch = std::time::UNIX_EPOCH;
-    route
-        .events
-        .push(Event::new("sale", epoch + start, duration, profile));
-    let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, epoch)
-        .unwrap()
+    let engine = sale_engine(own, (start, duration, profile))
         .with_transition_hook(Arc::new(move |_, t| sink.lock().unwrap().push(*t)));
     let id = engine.route_at(0).unwrap();
-    // Steady at 10 a slot before the spike, as the stored memory has it: calm at base.
-    for s in 0..=110u64 {
-        let n = match s {
-            ..105 => 10,
-            105..110 => 100,
-            _ => 1,
-        };
-        for k in 0..n {
-            let _ = engine.check(
-                id,
-                Key::None,
-                Nanos::new(s * 100_000_000 + k * 100_000_000 / n),
-            );
-        }
-    }
+    offer_the_spike(&engine, id);
     let _ = engine.check(id, Key::None, call(400));
     let local: Vec<_> = seen
         .lock()
@@ -427,8 +441,6 @@ fn a_shared_raise_through_an_event_is_the_engines(
     sale: (Duration, Duration, ControllerParams),
     behind: u64,
 ) -> Vec<(u64, Option<Duration>)> {
-    use crate::config::{Config, Event, RouteConfig, RouteMatch};
-    use crate::engine::Key;
     let own = ControllerParams::default();
     let (start, duration, profile) = sale;
     let start_at = Nanos::ZERO + start;
@@ -445,29 +457,9 @@ fn a_shared_raise_through_an_event_is_the_engines(
     let (cut, _, _, _, _) = replay(&schedule, &window(), &r, 110, call(110)).unwrap();
     assert_eq!(cut.state(), ControllerState::Cut);
 
-    let mut route = RouteConfig::new("r", RouteMatch::any());
-    route.window = window();
-    route.controller = own;
-    let epoch = std::time::UNIX_EPOCH;
-    route
-        .events
-        .push(Event::new("sale", epoch + start, duration, profile));
-    let engine = Engine::new(&Config::new(vec![route]), Nanos::ZERO, epoch).unwrap();
+    let engine = sale_engine(own, (start, duration, profile));
     let id = engine.route_at(0).unwrap();
-    for s in 0..=110u64 {
-        let n = match s {
-            ..105 => 10,
-            105..110 => 100,
-            _ => 1,
-        };
-        for k in 0..n {
-            let _ = engine.check(
-                id,
-                Key::None,
-                Nanos::new(s * 100_000_000 + k * 100_000_000 / n),
-            );
-        }
-    }
+    offer_the_spike(&engine, id);
     let mut told = Vec::new();
     for s in 114 + behind..200 {
         let now = call(s);
