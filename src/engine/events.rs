@@ -10,7 +10,6 @@ use crate::clock::{duration_nanos, Nanos};
 use crate::config::Event;
 use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
 use crate::window::{RocSample, SampleAt, WindowSpec};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 impl ScheduledEvent {
@@ -119,12 +118,13 @@ impl RouteState {
         due(spans(&self.events), at).map_or(&self.own, |(_, params)| params)
     }
 
-    /// Builds the route's [`Schedule`] again from its own parameters and its events:
-    /// after every change of either (a reload, a runtime change or its withdrawal, an
-    /// event placed again or retired), so that [`Engine::schedule`](super::Engine::schedule)
-    /// hands out the one in force without copying it.
+    /// Drops the route's [`Schedule`] after every change of its own parameters or its
+    /// events (a reload, a runtime change or its withdrawal, an event placed again or
+    /// retired), so that [`Engine::schedule`](super::Engine::schedule) builds the one
+    /// in force at its next call, and hands it out without copying it until the next
+    /// change.
     pub(super) fn reschedule(&mut self) {
-        self.schedule = Arc::new(schedule_of(&self.own, &self.events));
+        self.schedule = None;
     }
 
     /// When the controller's limit next rises above where it stands, as seen at

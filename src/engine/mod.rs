@@ -305,9 +305,11 @@ struct RouteState {
     /// The route's own profile, in force outside events.
     own: ControllerParams,
     events: Vec<ScheduledEvent>,
-    /// `own` and `events` as a [`Schedule`], built again whenever either changes
-    /// ([`RouteState::reschedule`]): what [`Engine::schedule`] hands out.
-    schedule: Arc<Schedule>,
+    /// `own` and `events` as a [`Schedule`], what [`Engine::schedule`] hands out:
+    /// built at its first call after a change of either ([`RouteState::reschedule`]
+    /// drops it), so that a route no shared store asks for costs a pointer, not a
+    /// copy of its parameters.
+    schedule: Option<Arc<Schedule>>,
     active_event: Option<usize>,
     counts: TransitionCounts,
     /// When the key table was last swept.
@@ -672,7 +674,12 @@ impl Engine {
     /// again), so that taking it costs no copy; the next call sees a change made
     /// since. `None` if this engine does not hold `route` (see [`RouteId`]).
     pub fn schedule(&self, route: RouteId) -> Option<Arc<Schedule>> {
-        Some(Arc::clone(&self.route(route)?.lock().schedule))
+        let mut st = self.route(route)?.lock();
+        let st = &mut *st;
+        let schedule = st
+            .schedule
+            .get_or_insert_with(|| Arc::new(events::schedule_of(&st.own, &st.events)));
+        Some(Arc::clone(schedule))
     }
 
     /// Places every route's scheduled events again from the wall clock, where `now` is
@@ -1563,7 +1570,7 @@ impl Route {
                 ring: SlotRing::new(&cfg.window),
                 controller: Controller::new(p.clone(), now, cfg.window.window()),
                 own: p.clone(),
-                schedule: Arc::new(events::schedule_of(p, &events)),
+                schedule: None,
                 events,
                 active_event: None,
                 counts: TransitionCounts::default(),
