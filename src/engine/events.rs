@@ -1,7 +1,7 @@
 //! Scheduled events on the engine's clock: where a configured event's wall-clock
 //! window lies ([`span`]), which profile, an event's or the route's own, is in
 //! force at a given moment ([`follow_events`]), the route's [`Schedule`] of them
-//! that a shared store steps its controller under, built again at each change, and
+//! that a shared store steps its controller under, built again after each change, and
 //! when a cut route's limit next rises through the events due before it
 //! ([`raise_through`]).
 
