@@ -134,7 +134,7 @@ async fn rejection_carries_retry_after_ratelimit_headers_and_json() {
     let res = app.clone().oneshot(post_order()).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     let h = res.headers();
-    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry = retry_after_secs(h);
     assert!(retry >= 1);
     assert_eq!(h["ratelimit-policy"], r#""order";q=2;w=1"#);
     assert_eq!(h["ratelimit"], format!(r#""order";r=0;t={retry}"#).as_str());
@@ -2109,11 +2109,7 @@ async fn a_concurrency_refusal_is_told_how_long_permits_are_held() {
     let _held = svc.ready().await.unwrap().call(post()).await.unwrap();
     let refused = svc.ready().await.unwrap().call(post()).await.unwrap();
     assert_eq!(refused.headers()["rocgate-reason"], "concurrency");
-    let secs: u64 = refused.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let secs = retry_after_secs(refused.headers());
     assert!((30..=40).contains(&secs), "told {secs} s");
 }
 
@@ -2139,11 +2135,7 @@ async fn a_concurrency_routes_queue_full_is_jittered_as_its_refusals_are() {
     for _ in 0..40 {
         let refused = svc.ready().await.unwrap().call(post()).await.unwrap();
         assert_eq!(refused.headers()["rocgate-reason"], "queue_full");
-        let secs: u64 = refused.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let secs = retry_after_secs(refused.headers());
         // Two releases of a permit held 10 s: 20 s, plus up to 10 s.
         assert!((20..=30).contains(&secs), "told {secs} s");
         told.insert(secs);
@@ -2171,4 +2163,9 @@ async fn a_concurrency_refusal_of_short_holds_says_1_s_and_the_estimate_in_ms() 
         .unwrap();
     let body = std::str::from_utf8(&body).unwrap();
     assert!(body.contains(r#""retry_after_ms":5,"#), "{body}");
+}
+
+/// A refusal's `Retry-After`, in whole seconds.
+fn retry_after_secs(headers: &http::HeaderMap) -> u64 {
+    headers["retry-after"].to_str().unwrap().parse().unwrap()
 }
