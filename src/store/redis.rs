@@ -1676,7 +1676,8 @@ impl RedisStore {
     /// Beats once now (the heartbeat task beats every `heartbeat`): announces this
     /// instance and updates the live count ([`instances`](Self::instances): for three
     /// beats after one that found this instance missing from the set, or the first
-    /// answered after one that failed, it does not fall). Then probes each route in fallback whose probe is due (the one probe of
+    /// answered after one that failed, it does not fall). Then probes each route in
+    /// fallback whose probe is due (the one probe of
     /// its `probe_interval`, which its decisions then do not get), with a `SETRANGE`
     /// of nothing on its `:probe` key (a write that creates nothing, refused where a
     /// decision's script would be), all at once, each within `timeout`: an answer
@@ -2342,8 +2343,8 @@ impl Inner {
     /// overlap). A beat that found this instance `missing` from the heartbeat set (its
     /// first, or the set was lost with Redis, or expired in an outage), or the first
     /// answered after one that failed (which may have reached a Redis that had lost
-    /// the set, its answer lost), may count only
-    /// the instances that have beaten into the set since: for [`HELD_BEATS`] beats
+    /// the set, its answer lost), may count only the instances that have beaten into
+    /// the set since: for [`HELD_BEATS`] beats
     /// from it, the count may rise but not fall, so that a Redis
     /// that fails again meanwhile does not leave this instance in fallback at a share
     /// counted from a half-empty set. Returns the count now in force.
