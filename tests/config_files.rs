@@ -1,7 +1,7 @@
 //! The shipped configuration files are valid, and broken ones are refused with the
 //! field path and the reason, every problem at once.
 
-use rocgate::config::{ClientIpHeader, Config, Mode, Partition, ServerConfig};
+use rocgate::config::{ClientIpHeader, Config, Mode, Partition, ProxyProtocol, ServerConfig};
 use rocgate::limiter::{Algorithm, MAX_WINDOW_COUNT};
 use rocgate::window::RocMode;
 use std::path::{Path, PathBuf};
@@ -178,6 +178,7 @@ fn an_over_long_value_is_quoted_by_a_bounded_prefix() {
         route(&format!("[[routes.events]]\nname = \"sale\"\nstart = \"{long}\"\nduration = \"1m\"")),
         format!("[server]\ntrusted_proxies = [\"{long}\"]\n{ORDER}"),
         format!("[server]\nclient_ip_header = \"{long}\"\n{ORDER}"),
+        format!("[server]\nproxy_protocol = \"{long}\"\n{ORDER}"),
         route(&format!("hold = {long}")),
         route(&format!("tiers = \"{long}\"")),
         route(&format!("tiers = [{{ name = \"gold\", base_limit = 10, keys = [\"{long}\"] }}]\npartition = \"ip\"")),
@@ -1254,6 +1255,30 @@ fn env_override_changes_a_default() {
     );
 }
 
+/// `proxy_protocol` is set from the environment as any `[server]` field, and refused
+/// there as in the file, naming the variable.
+#[test]
+fn env_override_sets_proxy_protocol() {
+    let text = route("[server]\ntrusted_proxies = [\"10.0.0.0/8\"]");
+    let env = [(
+        "ROCGATE__SERVER__PROXY_PROTOCOL".to_owned(),
+        "v1".to_owned(),
+    )];
+    let c = Config::from_toml_str_with_env(&text, "rocgate.toml", env)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.proxy_protocol, ProxyProtocol::V1);
+    let env = [(
+        "ROCGATE__SERVER__PROXY_PROTOCOL".to_owned(),
+        "on".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env).unwrap_err();
+    assert!(
+        e.to_string().contains("server.proxy_protocol: must be")
+            && e.to_string().contains("ROCGATE__SERVER__PROXY_PROTOCOL"),
+        "{e}"
+    );
+}
+
 #[test]
 fn env_override_of_no_field_is_refused_and_an_empty_value_skipped() {
     let text =
@@ -1733,6 +1758,7 @@ fn server_and_admin_sections() {
          max_connections_per_client = 2\n\
          idle_timeout = \"90s\"\nlingering_time = \"12s\"\nlingering_timeout = \"1500ms\"\n\
          trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\nclient_ip_header = \"Forwarded\"\n\
+         proxy_protocol = \"V2\"\n\
          [admin]\nlisten = \"127.0.0.1:9999\"\ntoken = \"t0k\"\n"
     );
     let c = Config::from_toml_str(&text, "server.toml").unwrap_or_else(|e| panic!("{e}"));
@@ -1756,6 +1782,7 @@ fn server_and_admin_sections() {
         .collect();
     assert_eq!(nets, ["10.0.0.0/8", "192.168.1.7/32"]);
     assert_eq!(c.server.client_ip_header, ClientIpHeader::Forwarded);
+    assert_eq!(c.server.proxy_protocol, ProxyProtocol::V2);
     assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9999");
     assert_eq!(c.server.admin_token.as_deref(), Some("t0k"));
     // Left out, the defaults.
@@ -1948,6 +1975,17 @@ fn server_and_admin_sections() {
         &route("[server]\nclient_ip_header = \"x-real-ip\""),
         "server.client_ip_header",
         "must be \"x-forwarded-for\" or \"forwarded\", got \"x-real-ip\"",
+    );
+    refused(
+        &route("[server]\ntrusted_proxies = [\"10.0.0.0/8\"]\nproxy_protocol = \"v3\""),
+        "server.proxy_protocol",
+        "must be \"off\", \"v1\", \"v2\" or \"any\", got \"v3\"",
+    );
+    // Read from no peer, the header would name no client: the file says whose to read.
+    refused(
+        &route("[server]\nproxy_protocol = \"any\""),
+        "server.proxy_protocol",
+        "\"any\" needs server.trusted_proxies",
     );
     refused(
         &route("[admin]\ntoken = \" \""),

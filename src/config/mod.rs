@@ -775,6 +775,46 @@ impl ClientIpHeader {
     }
 }
 
+/// The PROXY protocol header `rocgate serve` expects at the start of each connection
+/// from a trusted proxy (`[server] proxy_protocol`): an L4 load balancer (HAProxy in
+/// TCP mode, AWS NLB, GCP's TCP load balancer) names the client in it, the address
+/// then taken as the connection's peer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProxyProtocol {
+    /// No header is read: the socket's peer is the connection's.
+    #[default]
+    Off,
+    /// The text header (version 1, `PROXY TCP4 ...`).
+    V1,
+    /// The binary header (version 2).
+    V2,
+    /// Either version.
+    Any,
+}
+
+impl ProxyProtocol {
+    /// The setting's name as written in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyProtocol::Off => "off",
+            ProxyProtocol::V1 => "v1",
+            ProxyProtocol::V2 => "v2",
+            ProxyProtocol::Any => "any",
+        }
+    }
+
+    /// Whether a header of version 1 (text) is taken.
+    pub fn takes_v1(self) -> bool {
+        matches!(self, ProxyProtocol::V1 | ProxyProtocol::Any)
+    }
+
+    /// Whether a header of version 2 (binary) is taken.
+    pub fn takes_v2(self) -> bool {
+        matches!(self, ProxyProtocol::V2 | ProxyProtocol::Any)
+    }
+}
+
 /// What the route does with the controller's decisions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1070,6 +1110,13 @@ pub struct ServerConfig {
     /// The header the trusted proxies write the client's address in: only that one
     /// is read.
     pub client_ip_header: ClientIpHeader,
+    /// The PROXY protocol header each connection from a trusted proxy must begin with
+    /// (off by default): its source address is the connection's peer from then on,
+    /// for client IP keys, `X-Forwarded-For` and `max_connections_per_client`. A
+    /// connection from a trusted proxy without a valid header is closed; one from any
+    /// other peer is read as plain HTTP, its socket's peer its address (a header it
+    /// sends is a malformed request).
+    pub proxy_protocol: ProxyProtocol,
     /// How long requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
     /// Most client connections open at once (the admin API's are not counted); at the
@@ -1118,6 +1165,7 @@ impl Default for ServerConfig {
             normalize_path: true,
             trusted_proxies: Vec::new(),
             client_ip_header: ClientIpHeader::XForwardedFor,
+            proxy_protocol: ProxyProtocol::Off,
             shutdown_grace: Duration::from_secs(30),
             max_connections: 10_000,
             max_connections_per_client: None,

@@ -15,7 +15,7 @@
 
 use super::load::Problem;
 use super::{quoted, quotes_bounded, Segment, Tier};
-use super::{ClientIpHeader, HintsConfig, ServerConfig, UpstreamError};
+use super::{ClientIpHeader, HintsConfig, ProxyProtocol, ServerConfig, UpstreamError};
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
 use crate::controller::{ControllerParams, ProfileFields};
 use crate::hints::Policy;
@@ -99,6 +99,7 @@ struct RawServer {
     normalize_path: Option<Flag>,
     trusted_proxies: Option<Vec<String>>,
     client_ip_header: Option<String>,
+    proxy_protocol: Option<String>,
     shutdown_grace: Option<String>,
     max_connections: Option<Whole>,
     max_connections_per_client: Option<Whole>,
@@ -2424,12 +2425,34 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
     if let Some(Flag(normalize)) = server.normalize_path {
         out.normalize_path = normalize;
     }
-    for (i, text) in server
-        .trusted_proxies
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-    {
+    let trusted = server.trusted_proxies.unwrap_or_default();
+    if let Some(version) = server.proxy_protocol {
+        let checked = match version.trim().to_ascii_lowercase().as_str() {
+            "off" => Ok(ProxyProtocol::Off),
+            "v1" => Ok(ProxyProtocol::V1),
+            "v2" => Ok(ProxyProtocol::V2),
+            "any" => Ok(ProxyProtocol::Any),
+            _ => Err(format!(
+                "must be \"off\", \"v1\", \"v2\" or \"any\", got {:?}",
+                quoted(&version)
+            )),
+        }
+        .and_then(|v| match v {
+            ProxyProtocol::Off => Ok(v),
+            _ if trusted.is_empty() => Err(format!(
+                "{:?} needs server.trusted_proxies: the load balancers' networks, whose \
+                 connections must begin with the header (no other peer's is read)",
+                v.as_str()
+            )),
+            _ => Ok(v),
+        });
+        field(
+            p,
+            "server.proxy_protocol",
+            checked.map(|v| out.proxy_protocol = v),
+        );
+    }
+    for (i, text) in trusted.iter().enumerate() {
         let path = format!("server.trusted_proxies[{i}]");
         field(p, &path, network(text).map(|n| out.trusted_proxies.push(n)));
     }
