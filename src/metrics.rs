@@ -48,6 +48,7 @@
 //! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: keep-alive connections closed gracefully to make room for a connection waiting at `max_connections`: idle ones (no request in progress; a new one that has sent nothing, closed with no answer), and HTTP/1.1 ones closed after an answer that said `Connection: close` |
 //! | `rocgate_admin_connections_reclaimed_total` | counter | | proxy: the admin API's keep-alive connections closed gracefully to make room for one waiting at its cap of 256 (a scraper or client pooling that many idle ones); not counted in `rocgate_client_connections_reclaimed_total`, which, as the other `rocgate_client_connections*` series, counts the proxy's clients' |
 //! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted, their client address holding `max_connections_per_client` already |
+//! | `rocgate_proxy_protocol_refused_total` | counter | `reason` | proxy: connections from trusted proxies closed for their PROXY protocol header (`proxy_protocol`): `invalid` (none, of a version not taken, malformed, or a text one past 107 bytes), `timeout` (not whole within `header_read_timeout`); each at 0 from the start |
 //! | `rocgate_lingering_connections` | gauge | | proxy: client connections being closed as lingering closes now: answered with a body left unread, or closed (idle, keep-alive, HTTP/2) with bytes waiting unread, their write half shut, reading what the client still sends (they hold a place under `max_connections`) |
 //! | `rocgate_lingering_closes_total` | counter | `ended` | proxy: lingering closes by how they ended: `client_closed` (the client closed its side, or reset it: most closes that found bytes waiting end so), `lingering_timeout` (it sent nothing for that long), `lingering_time` (that long in all), `lingering_bytes` (it sent more than a lingering close reads, 64 MiB), `shutdown` |
 //! | `rocgate_config_reloads_total` | counter | `result` | proxy: config reloads (SIGHUP or `POST /admin/reload`), `applied` or `refused` (the running config kept) |
@@ -137,6 +138,8 @@ pub const CLIENT_CONNECTIONS: &str = "rocgate_client_connections";
 pub const CONNECTION_LIMIT_REACHED: &str = "rocgate_client_connection_limit_reached_total";
 /// `rocgate_client_connections_refused_total`.
 pub const CONNECTIONS_REFUSED: &str = "rocgate_client_connections_refused_total";
+/// `rocgate_proxy_protocol_refused_total`.
+pub const PROXY_PROTOCOL_REFUSED: &str = "rocgate_proxy_protocol_refused_total";
 /// `rocgate_client_connections_reclaimed_total`.
 pub const CONNECTIONS_RECLAIMED: &str = "rocgate_client_connections_reclaimed_total";
 /// `rocgate_admin_connections_reclaimed_total`.
@@ -173,7 +176,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 48] = [
+pub const ALL: [&str; 49] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -205,6 +208,7 @@ pub const ALL: [&str; 48] = [
     CLIENT_CONNECTIONS,
     CONNECTION_LIMIT_REACHED,
     CONNECTIONS_REFUSED,
+    PROXY_PROTOCOL_REFUSED,
     CONNECTIONS_RECLAIMED,
     ADMIN_CONNECTIONS_RECLAIMED,
     LINGERING_CONNECTIONS,
@@ -346,6 +350,10 @@ pub fn describe() {
     describe_counter!(
         CONNECTIONS_REFUSED,
         "Connections closed as accepted: their client address held max_connections_per_client."
+    );
+    describe_counter!(
+        PROXY_PROTOCOL_REFUSED,
+        "Connections from trusted proxies closed for their PROXY protocol header (proxy_protocol): invalid, or not whole within header_read_timeout."
     );
     describe_gauge!(
         LINGERING_CONNECTIONS,

@@ -548,6 +548,10 @@ fn metrics_text(state: &AdminState) -> impl IntoResponse {
     metrics::counter!(crate::metrics::CONNECTION_LIMIT_REACHED)
         .absolute(m.connections.limit_reached());
     metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).absolute(m.connections.refused());
+    for (reason, count) in m.connections.headers_refused() {
+        metrics::counter!(crate::metrics::PROXY_PROTOCOL_REFUSED, "reason" => reason)
+            .absolute(count);
+    }
     metrics::counter!(crate::metrics::CONNECTIONS_RECLAIMED).absolute(m.connections.reclaimed());
     metrics::counter!(crate::metrics::ADMIN_CONNECTIONS_RECLAIMED)
         .absolute(m.admin_connections.reclaimed());

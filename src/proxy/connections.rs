@@ -91,6 +91,10 @@ pub(crate) struct ClientConnections {
     per_client: Option<PerClient>,
     /// Connections closed as accepted, their address at its cap.
     refused: AtomicU64,
+    /// Connections closed for their PROXY protocol header: invalid, and not whole in
+    /// time.
+    header_invalid: AtomicU64,
+    header_timeout: AtomicU64,
     /// Connections closed as lingering closes.
     lingering: Arc<LingeringCloses>,
     /// The connections being served, which may be asked to close when idle.
@@ -129,6 +133,8 @@ impl ClientConnections {
             limit_reached: AtomicU64::new(0),
             per_client: None,
             refused: AtomicU64::new(0),
+            header_invalid: AtomicU64::new(0),
+            header_timeout: AtomicU64::new(0),
             lingering: Arc::default(),
             reclaimable: Arc::default(),
         }
@@ -209,6 +215,27 @@ impl ClientConnections {
     /// `max_connections_per_client`.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection closed for its PROXY protocol header (not one its peer
+    /// closed before the header was whole).
+    pub(crate) fn header_refused(&self, refusal: &super::proxy_header::Refusal) {
+        use super::proxy_header::Refusal;
+        let count = match refusal {
+            Refusal::Invalid(_) => &self.header_invalid,
+            Refusal::Timeout => &self.header_timeout,
+            Refusal::Closed => return,
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections closed for their PROXY protocol header since start, by reason
+    /// (`invalid`, `timeout`).
+    pub(crate) fn headers_refused(&self) -> [(&'static str, u64); 2] {
+        [
+            ("invalid", self.header_invalid.load(Ordering::Relaxed)),
+            ("timeout", self.header_timeout.load(Ordering::Relaxed)),
+        ]
     }
 
     /// Connections open now (accepted and not yet closed).

@@ -6,7 +6,10 @@
 //! body is read, so a rejected request is never forwarded and its body never read; an
 //! HTTP/1.1 connection closed with a body unread is closed as a lingering close
 //! (`connections::linger`), within `lingering_time` and `lingering_timeout`.
-//! Bodies stream both ways. A connection must send enough to tell HTTP/1.1 from
+//! Bodies stream both ways. With `proxy_protocol`, a trusted proxy's connection must
+//! first send a PROXY protocol header (`proxy_header`), within `header_read_timeout`,
+//! whose client is the connection's peer from then on; without one it is closed. A
+//! connection must send enough to tell HTTP/1.1 from
 //! HTTP/2 (its first byte, or HTTP/2's preface whole), then its complete request head,
 //! each within `header_read_timeout` (slowloris), and each later head within as long
 //! of its first byte (the wait for it is `idle_timeout`'s); an HTTP/2 connection silent
@@ -26,6 +29,7 @@ mod error;
 mod forward;
 mod hints;
 mod lane;
+mod proxy_header;
 mod tunnel;
 
 pub use hints::Advisor;
@@ -36,7 +40,7 @@ pub use error::{BindError, ProxyError, ReloadError};
 pub use forward::{ForwardSettings, Forwarder};
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::config::{Config, ServerConfig, UNMATCHED_ROUTE};
+use crate::config::{Config, ProxyProtocol, ServerConfig, UNMATCHED_ROUTE};
 use crate::controller::ControllerParams;
 use crate::controller::Transition;
 use crate::engine::{Engine, RefusedChange};
@@ -100,6 +104,10 @@ pub struct ProxySettings {
     pub lingering_timeout: Duration,
     /// The most a lingering close reads ([`LINGERING_BYTES`]).
     pub lingering_bytes: u64,
+    /// The PROXY protocol header each connection from a trusted proxy begins with, if
+    /// any: its client is the connection's peer. Read within `header_read_timeout`; a
+    /// connection from a trusted proxy without one is closed.
+    pub proxy_protocol: ProxyProtocol,
 }
 
 /// The default [`ProxySettings::lingering_bytes`]: above the default `max_body_bytes`
@@ -123,6 +131,7 @@ impl ProxySettings {
             lingering_time: server.lingering_time,
             lingering_timeout: server.lingering_timeout,
             lingering_bytes: LINGERING_BYTES,
+            proxy_protocol: server.proxy_protocol,
         }
     }
 }
@@ -817,18 +826,24 @@ impl Proxy {
                 clock: Arc::clone(&self.reloader.clock),
             })
         });
+        // Made in the connection's task, once its peer is known (a PROXY protocol
+        // header names it).
         #[cfg(feature = "redis")]
-        let service_for = |forwarder: Forwarder, peer| {
+        let service_for = Arc::new(move |forwarder: Forwarder, peer| {
             shared::Front::new(
                 handing_route(layer.layer(forwarder.clone()).for_peer(peer), &forwarder),
                 shared_gate.clone(),
                 forwarder,
             )
-        };
+        });
         #[cfg(not(feature = "redis"))]
-        let service_for = |forwarder: Forwarder, peer| {
+        let service_for = Arc::new(move |forwarder: Forwarder, peer| {
             let service = layer.layer(forwarder.clone()).for_peer(peer);
             handing_route(service, &forwarder)
+        });
+        let header_from = match self.settings.proxy_protocol {
+            ProxyProtocol::Off => Vec::new(),
+            _ => self.settings.forward.resolver_networks(),
         };
         let prometheus = prometheus();
         let upkeep = tokio::spawn({
@@ -988,9 +1003,15 @@ impl Proxy {
             };
             let slot = connections.open_in(place, admitted);
             let _ = stream.set_nodelay(true);
-            let (forwarder, driver) = forwarder.for_connection(peer);
-            let checks = forwarder.clone();
-            let service = service_for(forwarder, peer);
+            // A trusted proxy's connection begins with the PROXY protocol header, if
+            // `proxy_protocol` expects one; any other peer's is read as HTTP.
+            let expects_header = header_from
+                .iter()
+                .any(|n| n.contains(&peer.ip().to_canonical()));
+            let proxy_protocol = self.settings.proxy_protocol;
+            let base = forwarder.clone();
+            let service_for = Arc::clone(&service_for);
+            let counts = Arc::clone(&connections);
             let header_timeout = self.settings.header_read_timeout;
             let idle_timeout = self.settings.idle_timeout;
             let lingering = connections::Lingering {
@@ -1017,18 +1038,56 @@ impl Proxy {
                     reclaimable.register(Arc::clone(&activity), Some(Arc::clone(&arrivals)));
                 // A connection that has sent nothing has no request in flight: shutdown
                 // closes it at once rather than wait for its first byte.
-                let protocol = tokio::select! {
+                // The client its proxy names, if it begins with a PROXY protocol
+                // header, else the socket's peer; then its protocol.
+                let opened = async {
+                    if !expects_header {
+                        let protocol =
+                            protocol_known_within(&stream, header_timeout, &arrivals).await?;
+                        return Some((peer, None, protocol));
+                    }
+                    let named =
+                        proxy_header::client_of(&stream, peer, proxy_protocol, header_timeout)
+                            .await;
+                    let client = match named {
+                        Ok(client) => client,
+                        Err(refusal) => {
+                            counts.header_refused(&refusal);
+                            tracing::debug!(%peer, "connection closed: {refusal}");
+                            return None;
+                        }
+                    };
+                    // A client its proxy names counts against its own address's
+                    // `max_connections_per_client` (its proxy's connections are not).
+                    let admitted = match client == peer {
+                        true => None,
+                        false => match counts.admit(client.ip()) {
+                            Some(admitted) => Some(admitted),
+                            None => {
+                                tracing::debug!(%client, proxy = %peer, "connection closed: its client address holds max_connections_per_client");
+                                return None;
+                            }
+                        },
+                    };
+                    let protocol =
+                        protocol_known_within(&stream, header_timeout, &arrivals).await?;
+                    Some((client, admitted, protocol))
+                };
+                let opened = tokio::select! {
                     biased;
-                    known = protocol_known_within(&stream, header_timeout, &arrivals) => known,
+                    known = opened => known,
                     () = fresh.asked_before_first_byte(&stream) => {
                         tracing::debug!(%peer, "connection that had sent nothing closed to make room at max_connections");
                         None
                     }
                     _ = stopping.changed() => None,
                 };
-                let Some(protocol) = protocol else {
+                let Some((peer, _client, protocol)) = opened else {
                     return;
                 };
+                let (forwarder, driver) = base.for_connection(peer);
+                let checks = forwarder.clone();
+                let service = service_for(forwarder, peer);
                 // hyper's socket, handed back once hyper is done with it.
                 let back = Arc::new(connections::Handback::default());
                 // The connection's service, its lane and their timers live in this

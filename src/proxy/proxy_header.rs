@@ -1,0 +1,293 @@
+//! The PROXY protocol header (`[server] proxy_protocol`) that an L4 load balancer
+//! (HAProxy in TCP mode, AWS NLB, GCP's TCP load balancer) sends at the start of a
+//! connection to name its client, which then is the connection's peer.
+//!
+//! The header is read before any HTTP, within bounds of bytes (a text header's 107, a
+//! binary one's 16 and the length it states) and of time (the caller's), and no
+//! further than its last byte: what follows it stays in the socket, for HTTP. The
+//! bytes read are parsed by the `ppp` crate. A header that names no client (a text
+//! `PROXY UNKNOWN`, a binary `LOCAL`: the load balancer's health checks, or a family
+//! other than TCP over IPv4 or IPv6) leaves the socket's peer the connection's.
+
+use crate::config::ProxyProtocol;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// The longest text (version 1) header, its CRLF included.
+const V1_MAX: usize = 107;
+/// The binary (version 2) header's fixed part: its signature, version and command,
+/// family and protocol, and the length of what follows.
+const V2_FIXED: usize = 16;
+/// How a binary (version 2) header begins.
+const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
+
+/// Why a connection's header was not taken: the connection is closed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The peer closed (or reset) its side before its header was whole.
+    Closed,
+    /// Not a header of a version taken, or one that does not parse.
+    Invalid(String),
+    /// Not whole within the time given.
+    Timeout,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Closed => f.write_str("closed before its PROXY protocol header was whole"),
+            Refusal::Invalid(why) => write!(f, "invalid PROXY protocol header: {why}"),
+            Refusal::Timeout => {
+                f.write_str("no whole PROXY protocol header within header_read_timeout")
+            }
+        }
+    }
+}
+
+/// Reads the header of a version `taken` that `stream` begins with, within `timeout`;
+/// returns the client it names, or `peer` (the socket's) for a header that names none.
+pub(crate) async fn client_of(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    taken: ProxyProtocol,
+    timeout: Duration,
+) -> Result<SocketAddr, Refusal> {
+    tokio::time::timeout(timeout, read(stream, peer, taken))
+        .await
+        .unwrap_or(Err(Refusal::Timeout))
+}
+
+async fn read(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    taken: ProxyProtocol,
+) -> Result<SocketAddr, Refusal> {
+    let mut first = [0u8; 1];
+    if stream.peek(&mut first).await.map_err(|_| Refusal::Closed)? == 0 {
+        return Err(Refusal::Closed);
+    }
+    match first[0] {
+        b'\r' if taken.takes_v2() => v2(stream, peer).await,
+        b'P' if taken.takes_v1() => v1(stream, peer).await,
+        _ => Err(Refusal::Invalid(format!(
+            "the connection does not begin with a header of proxy_protocol {:?}",
+            taken.as_str()
+        ))),
+    }
+}
+
+/// A text header: read up to its line feed, at most [`V1_MAX`] bytes.
+async fn v1(stream: &TcpStream, peer: SocketAddr) -> Result<SocketAddr, Refusal> {
+    let mut header = [0u8; V1_MAX];
+    let mut len = 0;
+    loop {
+        let n = stream
+            .peek(&mut header[len..])
+            .await
+            .map_err(|_| Refusal::Closed)?;
+        if n == 0 {
+            return Err(Refusal::Closed);
+        }
+        // What comes before the line feed is header: taken from the socket as it comes,
+        // so that the next peek waits for more.
+        let end = match header[len..len + n].iter().position(|&b| b == b'\n') {
+            Some(at) => len + at + 1,
+            None => len + n,
+        };
+        read_exact(stream, &mut header[len..end]).await?;
+        len = end;
+        if header[len - 1] == b'\n' {
+            break;
+        }
+        if len == V1_MAX {
+            return Err(Refusal::Invalid(format!(
+                "a version 1 header longer than {V1_MAX} bytes"
+            )));
+        }
+    }
+    let parsed =
+        ppp::v1::Header::try_from(&header[..len]).map_err(|e| Refusal::Invalid(e.to_string()))?;
+    Ok(match parsed.addresses {
+        ppp::v1::Addresses::Tcp4(a) => SocketAddr::from((a.source_address, a.source_port)),
+        ppp::v1::Addresses::Tcp6(a) => SocketAddr::from((a.source_address, a.source_port)),
+        ppp::v1::Addresses::Unknown => peer,
+    })
+}
+
+/// A binary header: its fixed part, then the length it states.
+async fn v2(stream: &TcpStream, peer: SocketAddr) -> Result<SocketAddr, Refusal> {
+    let mut fixed = [0u8; V2_FIXED];
+    read_exact(stream, &mut fixed).await?;
+    if fixed[..V2_SIGNATURE.len()] != V2_SIGNATURE[..] {
+        return Err(Refusal::Invalid("not a version 2 signature".to_owned()));
+    }
+    let rest = usize::from(u16::from_be_bytes([fixed[14], fixed[15]]));
+    let mut header = vec![0u8; V2_FIXED + rest];
+    header[..V2_FIXED].copy_from_slice(&fixed);
+    read_exact(stream, &mut header[V2_FIXED..]).await?;
+    let parsed =
+        ppp::v2::Header::try_from(&header[..]).map_err(|e| Refusal::Invalid(e.to_string()))?;
+    Ok(match (parsed.command, parsed.addresses) {
+        (ppp::v2::Command::Proxy, ppp::v2::Addresses::IPv4(a)) => {
+            SocketAddr::from((a.source_address, a.source_port))
+        }
+        (ppp::v2::Command::Proxy, ppp::v2::Addresses::IPv6(a)) => {
+            SocketAddr::from((a.source_address, a.source_port))
+        }
+        _ => peer,
+    })
+}
+
+/// Fills `buf` from `stream`, reading no further.
+async fn read_exact(stream: &TcpStream, mut buf: &mut [u8]) -> Result<(), Refusal> {
+    while !buf.is_empty() {
+        stream.readable().await.map_err(|_| Refusal::Closed)?;
+        match stream.try_read(buf) {
+            Ok(0) => return Err(Refusal::Closed),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(Refusal::Closed),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{client_of, Refusal};
+    use crate::config::ProxyProtocol;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// The client named by what a client sends in `writes` (flushed one by one, a
+    /// pause between them), under `taken`; and what the connection then has to read.
+    async fn header_of(
+        writes: &[&[u8]],
+        taken: ProxyProtocol,
+    ) -> (Result<SocketAddr, Refusal>, SocketAddr, Vec<u8>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, peer) = listener.accept().await.unwrap();
+        let writes: Vec<Vec<u8>> = writes.iter().map(|w| w.to_vec()).collect();
+        let sending = tokio::spawn(async move {
+            for w in writes {
+                client.write_all(&w).await.unwrap();
+                client.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            client.shutdown().await.unwrap();
+            client
+        });
+        let named = client_of(&server, peer, taken, Duration::from_secs(10)).await;
+        let _client = sending.await.unwrap();
+        let mut rest = Vec::new();
+        let mut server = server;
+        if named.is_ok() {
+            server.read_to_end(&mut rest).await.unwrap();
+        }
+        (named, peer, rest)
+    }
+
+    /// A binary header: `command` (0x20 LOCAL, 0x21 PROXY), `family` and its addresses.
+    fn v2(command: u8, family: u8, addresses: &[u8]) -> Vec<u8> {
+        let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+        h.push(command);
+        h.push(family);
+        h.extend_from_slice(&u16::try_from(addresses.len()).unwrap().to_be_bytes());
+        h.extend_from_slice(addresses);
+        h
+    }
+
+    #[tokio::test]
+    async fn a_text_header_split_over_writes_names_the_client_and_leaves_what_follows() {
+        let (named, _, rest) = header_of(
+            &[
+                b"PROX",
+                b"Y TCP4 203.0.113.7 10.0.0.1 5123",
+                b" 80\r",
+                b"\nGET / HTTP/1.1\r\n",
+            ],
+            ProxyProtocol::V1,
+        )
+        .await;
+        assert_eq!(named, Ok("203.0.113.7:5123".parse().unwrap()));
+        assert_eq!(rest, b"GET / HTTP/1.1\r\n");
+    }
+
+    #[tokio::test]
+    async fn a_binary_header_names_an_ipv6_client_and_leaves_what_follows() {
+        let mut addresses = Vec::new();
+        addresses.extend_from_slice(
+            &"2001:db8::7"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
+        addresses.extend_from_slice(
+            &"2001:db8::1"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
+        addresses.extend_from_slice(&443u16.to_be_bytes());
+        addresses.extend_from_slice(&80u16.to_be_bytes());
+        let mut sent = v2(0x21, 0x21, &addresses);
+        sent.extend_from_slice(b"PRI * HTTP/2.0");
+        let (named, _, rest) = header_of(&[&sent], ProxyProtocol::Any).await;
+        assert_eq!(named, Ok("[2001:db8::7]:443".parse().unwrap()));
+        assert_eq!(rest, b"PRI * HTTP/2.0");
+    }
+
+    #[tokio::test]
+    async fn unknown_and_local_leave_the_socket_peer() {
+        let (named, peer, rest) = header_of(&[b"PROXY UNKNOWN\r\nGET"], ProxyProtocol::Any).await;
+        assert_eq!(named, Ok(peer));
+        assert_eq!(rest, b"GET");
+        let (named, peer, _) = header_of(&[&v2(0x20, 0x00, &[])], ProxyProtocol::V2).await;
+        assert_eq!(named, Ok(peer));
+    }
+
+    #[tokio::test]
+    async fn a_header_of_a_version_not_taken_or_malformed_or_too_long_is_refused() {
+        let text: &[u8] = b"PROXY TCP4 203.0.113.7 10.0.0.1 5123 80\r\n";
+        let binary = v2(0x21, 0x11, &[203, 0, 113, 7, 10, 0, 0, 1, 0, 1, 0, 80]);
+        let long = [b"PROXY TCP4 ".as_slice(), &[b'1'; 120]].concat();
+        for (sent, taken) in [
+            (text, ProxyProtocol::V2),
+            (&binary[..], ProxyProtocol::V1),
+            (b"GET / HTTP/1.1\r\n\r\n", ProxyProtocol::Any),
+            (
+                b"PROXY TCP4 203.0.113.300 10.0.0.1 5123 80\r\n",
+                ProxyProtocol::Any,
+            ),
+            (
+                b"PROXY TCP4 203.0.113.7 10.0.0.1 5123 80\n",
+                ProxyProtocol::Any,
+            ),
+            (&long, ProxyProtocol::Any),
+            (b"\r\n\r\n\0\r\nQUIX\n\x21\x11\x00\x00", ProxyProtocol::Any),
+        ] {
+            let (named, _, _) = header_of(&[sent], taken).await;
+            assert!(
+                matches!(named, Err(Refusal::Invalid(_))),
+                "{:?} under {taken:?}: {named:?}",
+                String::from_utf8_lossy(sent)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_header_cut_short_is_closed() {
+        let (named, _, _) = header_of(&[b"PROXY TCP4 203.0"], ProxyProtocol::Any).await;
+        assert_eq!(named, Err(Refusal::Closed));
+        let (named, _, _) =
+            header_of(&[&v2(0x21, 0x11, &[203, 0, 113])[..15]], ProxyProtocol::Any).await;
+        assert_eq!(named, Err(Refusal::Closed));
+    }
+}

@@ -1,0 +1,348 @@
+//! `[server] proxy_protocol` over real sockets on 127.0.0.1: a trusted proxy's
+//! connection begins with a PROXY protocol header (version 1 or 2), whose client is
+//! the connection's peer for client IP keys and the `X-Forwarded-For` sent upstream; a
+//! header that names no client (`UNKNOWN`, `LOCAL`) leaves the socket's peer; a
+//! connection from a trusted proxy without a valid header, or silent past
+//! `header_read_timeout`, is closed, and the proxy serves the next; any other peer's
+//! connection is plain HTTP. The upstream answers with the `X-Forwarded-For` it
+//! received. One test alone scrapes `/metrics` (the recorder is one per process).
+#![cfg(feature = "proxy")]
+
+use axum::Router;
+use http::HeaderMap;
+use rocgate::config::{KeyLimits, Partition, ProxyProtocol, RouteConfig, RouteMatch};
+use rocgate::http::ClientIpResolver;
+use rocgate::limiter::Algorithm;
+use rocgate::proxy::ProxySettings;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[path = "common/proxy.rs"]
+mod running;
+
+use running::{connect, settings, start_proxy, within, RunningProxy, HEADER_READ_TIMEOUT};
+
+/// A request that closes its connection once answered.
+const REQUEST: &[u8] = b"GET /per-ip HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n";
+
+/// An upstream answering each request with the `X-Forwarded-For` it received.
+async fn start_upstream() -> SocketAddr {
+    let app = Router::new().fallback(|headers: HeaderMap| async move {
+        headers
+            .get("x-forwarded-for")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// A route partitioned by client address, each key admitting one request (then a
+/// trickle nothing reaches in a test).
+fn per_ip() -> RouteConfig {
+    let mut route = RouteConfig::new("per-ip", RouteMatch::prefix("/per-ip"));
+    route.controller.base_limit_rps = 1.0 / 1024.0;
+    route.controller.cut_limit_rps = 1.0 / 1024.0;
+    route.controller.danger_roc = f64::MAX;
+    route.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_secs(1024),
+    };
+    route.partition = Partition::ClientIp(KeyLimits::default());
+    route
+}
+
+/// Settings expecting `proxy_protocol` from the trusted `networks`.
+fn expecting(
+    upstream: SocketAddr,
+    proxy_protocol: ProxyProtocol,
+    networks: &[&str],
+) -> ProxySettings {
+    let mut s = settings(upstream);
+    s.proxy_protocol = proxy_protocol;
+    s.forward.resolver =
+        ClientIpResolver::new(networks.iter().map(|n| n.parse().unwrap()).collect());
+    s
+}
+
+/// What the proxy answers a connection that sends `writes` (a pause between them) and
+/// closes nothing: the status and body, or `None` if it was closed with no answer.
+async fn exchange(proxy: &RunningProxy, writes: &[&[u8]]) -> Option<(u16, String)> {
+    let mut stream = connect(proxy.addr).await;
+    for (i, w) in writes.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        if stream.write_all(w).await.is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    // A connection closed with bytes unread may end in a reset: no answer either way.
+    let _ = within("the answer", stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8(answer).unwrap();
+    let status = answer.get(9..12)?.parse().unwrap();
+    let body = answer.split_once("\r\n\r\n").unwrap().1.to_owned();
+    Some((status, body))
+}
+
+fn v1(client: &str) -> Vec<u8> {
+    let tcp = if client.contains(':') { "TCP6" } else { "TCP4" };
+    let dest = if client.contains(':') {
+        "::1"
+    } else {
+        "127.0.0.1"
+    };
+    format!("PROXY {tcp} {client} {dest} 5123 80\r\n").into_bytes()
+}
+
+/// A binary header: `command` (0x20 LOCAL, 0x21 PROXY), `family` (0x11 TCP over IPv4,
+/// 0x21 over IPv6, 0x00 unspecified) and its addresses.
+fn v2_raw(command: u8, family: u8, addresses: &[u8]) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.push(command);
+    h.push(family);
+    h.extend_from_slice(&u16::try_from(addresses.len()).unwrap().to_be_bytes());
+    h.extend_from_slice(addresses);
+    h
+}
+
+/// A binary PROXY header naming `client` (port 5123).
+fn v2(client: &str) -> Vec<u8> {
+    let ip: std::net::IpAddr = client.parse().unwrap();
+    let (family, mut addresses) = match ip {
+        std::net::IpAddr::V4(v4) => (0x11, [v4.octets(), [127, 0, 0, 1]].concat()),
+        std::net::IpAddr::V6(v6) => (0x21, [v6.octets(), Ipv6Addr::LOCALHOST.octets()].concat()),
+    };
+    addresses.extend_from_slice(&5123u16.to_be_bytes());
+    addresses.extend_from_slice(&80u16.to_be_bytes());
+    v2_raw(0x21, family, &addresses)
+}
+
+fn with_request(header: Vec<u8>) -> Vec<u8> {
+    [header, REQUEST.to_vec()].concat()
+}
+
+#[tokio::test]
+async fn each_client_a_header_names_gets_its_own_key_and_is_the_forwarded_address() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        expecting(upstream, ProxyProtocol::Any, &["127.0.0.1/32"]),
+        vec![per_ip()],
+    )
+    .await;
+    for (header, client) in [
+        (v1("203.0.113.7"), "203.0.113.7"),
+        (v2("198.51.100.9"), "198.51.100.9"),
+        (v1("2001:db8::7"), "2001:db8::7"),
+        (v2("2001:db8:1::8"), "2001:db8:1::8"),
+    ] {
+        let answer = exchange(&proxy, &[&with_request(header)]).await;
+        // The load balancer's address is no hop: the upstream sees the client alone.
+        // (An IPv6 client's key is its /64.)
+        assert_eq!(answer, Some((200, client.to_owned())), "{client}");
+    }
+    // The same client, through another connection of the load balancer: its key.
+    let again = exchange(&proxy, &[&with_request(v2("203.0.113.7"))]).await;
+    assert_eq!(again.map(|(status, _)| status), Some(429));
+    assert_eq!(proxy.snapshot("per-ip").keys, 4);
+}
+
+#[tokio::test]
+async fn without_proxy_protocol_the_load_balancers_connections_share_its_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        expecting(upstream, ProxyProtocol::Off, &["127.0.0.1/32"]),
+        vec![per_ip()],
+    )
+    .await;
+    let first = exchange(&proxy, &[REQUEST]).await;
+    assert_eq!(first, Some((200, "127.0.0.1".to_owned())));
+    let second = exchange(&proxy, &[REQUEST]).await;
+    assert_eq!(second.map(|(status, _)| status), Some(429));
+    // A header is no part of HTTP here.
+    let header = exchange(&proxy, &[&with_request(v1("203.0.113.7"))]).await;
+    assert_eq!(header.map(|(status, _)| status), Some(400));
+    assert_eq!(proxy.snapshot("per-ip").keys, 1);
+}
+
+#[tokio::test]
+async fn a_header_split_over_writes_and_followed_by_http_in_its_last_is_read_whole() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        expecting(upstream, ProxyProtocol::V1, &["127.0.0.0/8"]),
+        vec![per_ip()],
+    )
+    .await;
+    let last = [b"\n".as_slice(), REQUEST].concat();
+    let answer = exchange(
+        &proxy,
+        &[
+            b"PROXY TCP4 203.0",
+            b".113.7 127.0.0.1 51",
+            b"23 80\r",
+            &last,
+        ],
+    )
+    .await;
+    assert_eq!(answer, Some((200, "203.0.113.7".to_owned())));
+    // A binary header, where v1 alone is taken: closed.
+    let binary = v2("198.51.100.9");
+    let (a, b) = binary.split_at(10);
+    assert_eq!(
+        exchange(&proxy, &[a, &with_request(b.to_vec())]).await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn unknown_and_local_leave_the_load_balancer_the_peer() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        expecting(upstream, ProxyProtocol::Any, &["127.0.0.1/32"]),
+        vec![per_ip()],
+    )
+    .await;
+    let unknown = exchange(&proxy, &[&with_request(b"PROXY UNKNOWN\r\n".to_vec())]).await;
+    assert_eq!(unknown, Some((200, "127.0.0.1".to_owned())));
+    let local = exchange(&proxy, &[&with_request(v2_raw(0x20, 0x00, &[]))]).await;
+    assert_eq!(
+        local.map(|(status, _)| status),
+        Some(429),
+        "127.0.0.1's key"
+    );
+    assert_eq!(proxy.snapshot("per-ip").keys, 1);
+}
+
+#[tokio::test]
+async fn an_untrusted_peers_connection_is_plain_http_and_its_header_no_address() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        expecting(upstream, ProxyProtocol::Any, &["10.0.0.0/8"]),
+        vec![per_ip()],
+    )
+    .await;
+    let header = exchange(&proxy, &[&with_request(v1("203.0.113.7"))]).await;
+    assert_eq!(header.map(|(status, _)| status), Some(400));
+    let plain = exchange(&proxy, &[REQUEST]).await;
+    assert_eq!(plain, Some((200, "127.0.0.1".to_owned())));
+}
+
+/// A client its proxy names counts against `max_connections_per_client` as if it had
+/// connected itself, from its header on: its second connection is closed, another
+/// client's is served.
+#[tokio::test]
+async fn a_named_client_holds_its_own_connections_under_the_per_client_cap() {
+    let upstream = start_upstream().await;
+    let mut s = expecting(upstream, ProxyProtocol::V2, &["127.0.0.1/32"]);
+    s.max_connections_per_client = Some(1);
+    s.header_read_timeout = Duration::from_secs(10);
+    let proxy = start_proxy(s, vec![per_ip()]).await;
+    // Its header read, the connection waits for its request, held open.
+    let mut held = connect(proxy.addr).await;
+    held.write_all(&v2("203.0.113.7")).await.unwrap();
+    let mut refused = false;
+    for _ in 0..50 {
+        if exchange(&proxy, &[&with_request(v2("203.0.113.7"))])
+            .await
+            .is_none()
+        {
+            refused = true;
+            break;
+        }
+        // The held connection's header not read yet: its place not yet taken.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "the client's second connection was served");
+    let other = exchange(&proxy, &[&with_request(v2("198.51.100.9"))]).await;
+    assert_eq!(other, Some((200, "198.51.100.9".to_owned())));
+    held.write_all(REQUEST).await.unwrap();
+    let mut answer = Vec::new();
+    within(
+        "the held connection's answer",
+        held.read_to_end(&mut answer),
+    )
+    .await
+    .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("203.0.113.7"), "{answer}");
+}
+
+/// The one test that scrapes `/metrics`.
+#[tokio::test]
+async fn bad_or_missing_headers_and_silence_close_the_connection_and_are_counted() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        expecting(upstream, ProxyProtocol::Any, &["127.0.0.1/32"]),
+        vec![per_ip()],
+    )
+    .await;
+    let oversized = [b"PROXY TCP4 ".as_slice(), &[b'1'; 200], b"\r\n"].concat();
+    let bad_v2_length = v2_raw(0x21, 0x11, &[203, 0, 113, 7]);
+    for sent in [
+        REQUEST.to_vec(),
+        with_request(b"PROXY TCP4 203.0.113.300 127.0.0.1 5123 80\r\n".to_vec()),
+        with_request(oversized),
+        with_request(bad_v2_length),
+    ] {
+        let answer = exchange(&proxy, &[&sent]).await;
+        assert_eq!(answer, None, "{:?}", String::from_utf8_lossy(&sent));
+    }
+    // A connection that sends nothing holds a place, then is closed past
+    // header_read_timeout.
+    let mut silent = connect(proxy.addr).await;
+    let mut open = 0.0;
+    for _ in 0..20 {
+        tokio::time::sleep(HEADER_READ_TIMEOUT / 40).await;
+        open = metric(&proxy, "rocgate_client_connections ").await;
+        if open == 1.0 {
+            break;
+        }
+    }
+    assert_eq!(
+        open, 1.0,
+        "the silent connection, and it alone, counted as open"
+    );
+    let mut rest = Vec::new();
+    let read = within(
+        "the silent connection's close",
+        silent.read_to_end(&mut rest),
+    )
+    .await;
+    assert!(read.is_err() || rest.is_empty(), "{rest:?}");
+    // The proxy serves the next connection all the same.
+    let served = exchange(&proxy, &[&with_request(v1("203.0.113.7"))]).await;
+    assert_eq!(served, Some((200, "203.0.113.7".to_owned())));
+    let refused = "rocgate_proxy_protocol_refused_total";
+    assert_eq!(
+        metric(&proxy, &format!("{refused}{{reason=\"invalid\"}}")).await,
+        4.0
+    );
+    assert_eq!(
+        metric(&proxy, &format!("{refused}{{reason=\"timeout\"}}")).await,
+        1.0
+    );
+}
+
+/// The value of the series `prefix` (its name and labels as exposed) in the proxy's
+/// `/metrics`.
+async fn metric(proxy: &RunningProxy, prefix: &str) -> f64 {
+    let mut admin = TcpStream::connect(proxy.admin).await.unwrap();
+    admin
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    within("/metrics", admin.read_to_string(&mut text))
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
