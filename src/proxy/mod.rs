@@ -1036,8 +1036,6 @@ impl Proxy {
                 let activity = connections::Activity::new();
                 let fresh =
                     reclaimable.register(Arc::clone(&activity), Some(Arc::clone(&arrivals)));
-                // A connection that has sent nothing has no request in flight: shutdown
-                // closes it at once rather than wait for its first byte.
                 // The client its proxy names, if it begins with a PROXY protocol
                 // header, else the socket's peer; then its protocol.
                 let opened = async {
@@ -1073,6 +1071,8 @@ impl Proxy {
                         protocol_known_within(&stream, header_timeout, &arrivals).await?;
                     Some((client, admitted, protocol))
                 };
+                // A connection that has sent nothing has no request in flight: shutdown
+                // closes it at once rather than wait for its first byte.
                 let opened = tokio::select! {
                     biased;
                     known = opened => known,
