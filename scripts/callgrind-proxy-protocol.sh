@@ -3,7 +3,7 @@
 # request (`Connection: close`), plain and behind a PROXY protocol header: what reading
 # the header costs a connection (`[server] proxy_protocol`, README's "Behind an L4 load
 # balancer").
-#   plain: proxy_protocol = "off", plain HTTP/1.1;
+#   plain: no proxy_protocol (off), plain HTTP/1.1;
 #   v1:    proxy_protocol = "any", a text header naming one of 256 clients first;
 #   v2:    proxy_protocol = "any", a binary header (TCP over IPv4) so.
 # For each: start rocgate serve under `valgrind --tool=callgrind` in front of
@@ -14,6 +14,9 @@
 #
 # Usage:  scripts/callgrind-proxy-protocol.sh
 #         CONNECTIONS=5000 KINDS="plain v2" scripts/callgrind-proxy-protocol.sh
+#         ROCGATE=/tmp/old/rocgate KINDS=plain scripts/callgrind-proxy-protocol.sh
+# ROCGATE names the binary measured (default: this tree's release build); `plain`
+# writes no proxy_protocol, so a build from before it can be measured so.
 # Needs valgrind, curl and python3. Loopback only; every process it starts is killed
 # by PID on exit.
 set -euo pipefail
@@ -38,8 +41,11 @@ done
 install_packages "${missing[@]}"
 
 cargo build --release --quiet --example bench_server --no-default-features --features http
-cargo build --release --quiet --bin rocgate
 target="${CARGO_TARGET_DIR:-target}/release"
+if [[ -z ${ROCGATE:-} ]]; then
+    cargo build --release --quiet --bin rocgate
+    ROCGATE="$target/rocgate"
+fi
 
 work_reaped_on_exit
 
@@ -84,8 +90,8 @@ pids+=($!)
 upstream=$(await_url upstream_url "the upstream")
 
 for kind in $KINDS; do
-    protocol=any
-    [[ $kind == plain ]] && protocol=off
+    protocol='proxy_protocol = "any"'
+    [[ $kind == plain ]] && protocol=""
     cat >"$work/rocgate.toml" <<TOML
 [defaults]
 base_limit = 2000000
@@ -101,13 +107,13 @@ path_prefix = "/"
 listen = "127.0.0.1:0"
 upstream = "$upstream"
 trusted_proxies = ["127.0.0.1"]
-proxy_protocol = "$protocol"
+$protocol
 
 [admin]
 listen = "127.0.0.1:0"
 TOML
     RUST_LOG=info valgrind --tool=callgrind --callgrind-out-file="$work/rocgate-$kind.%p" \
-        "$target/rocgate" serve --config "$work/rocgate.toml" >/dev/null 2>"$work/rocgate-$kind.err" &
+        "$ROCGATE" serve --config "$work/rocgate.toml" >/dev/null 2>"$work/rocgate-$kind.err" &
     pid=$!
     pids+=("$pid")
     listen=""
