@@ -129,11 +129,15 @@ async fn v2(stream: &TcpStream, peer: SocketAddr) -> Result<SocketAddr, Refusal>
     read_exact(stream, &mut header[V2_FIXED..]).await?;
     let parsed =
         ppp::v2::Header::try_from(&header[..]).map_err(|e| Refusal::Invalid(e.to_string()))?;
-    Ok(match (parsed.command, parsed.addresses) {
-        (ppp::v2::Command::Proxy, ppp::v2::Addresses::IPv4(a)) => {
+    // Only TCP (`\x11`, `\x21`) names this connection's client: a receiver falls back
+    // to the connection's endpoints for the others it does not serve (UDP, or a family
+    // with no protocol), as for `LOCAL` (HAProxy's proxy-protocol.txt, 2.2).
+    use ppp::v2::{Addresses, Command, Protocol};
+    Ok(match (parsed.command, parsed.protocol, parsed.addresses) {
+        (Command::Proxy, Protocol::Stream, Addresses::IPv4(a)) => {
             SocketAddr::from((a.source_address, a.source_port))
         }
-        (ppp::v2::Command::Proxy, ppp::v2::Addresses::IPv6(a)) => {
+        (Command::Proxy, Protocol::Stream, Addresses::IPv6(a)) => {
             SocketAddr::from((a.source_address, a.source_port))
         }
         _ => peer,
@@ -251,6 +255,41 @@ mod tests {
         assert_eq!(rest, b"GET");
         let (named, peer, _) = header_of(&[&v2(0x20, 0x00, &[])], ProxyProtocol::V2).await;
         assert_eq!(named, Ok(peer));
+    }
+
+    /// A binary header of another transport than TCP (UDP over IPv4 or IPv6, or
+    /// an address family with no protocol) names no client of this TCP connection: as
+    /// the PROXY protocol's receiver must, it falls back to the connection's own
+    /// endpoints (HAProxy's spec, 2.2: "automatically falls back to the UNSPEC mode").
+    #[tokio::test]
+    async fn a_binary_header_of_another_transport_than_tcp_leaves_the_socket_peer() {
+        let v4 = [203, 0, 113, 7, 10, 0, 0, 1, 0x14, 0x03, 0, 53];
+        let v6 = [
+            "2001:db8::7"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+            "2001:db8::1"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        ]
+        .concat();
+        let v6 = [&v6[..], &[0x14, 0x03, 0, 53]].concat();
+        for (family, addresses) in [
+            (0x12, &v4[..]),
+            (0x22, &v6[..]),
+            (0x10, &v4[..]),
+            (0x20, &v6[..]),
+        ] {
+            let (named, peer, rest) = header_of(
+                &[&[v2(0x21, family, addresses), b"GET".to_vec()].concat()],
+                ProxyProtocol::V2,
+            )
+            .await;
+            assert_eq!(named, Ok(peer), "family and protocol {family:#04x}");
+            assert_eq!(rest, b"GET", "family and protocol {family:#04x}");
+        }
     }
 
     #[tokio::test]
