@@ -22,6 +22,11 @@ use tokio::net::{TcpListener, TcpStream};
 #[path = "common/proxy.rs"]
 mod running;
 
+#[path = "common/captured.rs"]
+mod captured;
+
+use captured::Captured;
+
 use running::{connect, settings, start_proxy, within, RunningProxy, HEADER_READ_TIMEOUT};
 
 /// A request that closes its connection once answered.
@@ -270,6 +275,51 @@ async fn a_named_client_holds_its_own_connections_under_the_per_client_cap() {
     let answer = String::from_utf8(answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("203.0.113.7"), "{answer}");
+}
+
+/// A named client refused at `max_connections_per_client` is warned of as a client
+/// refused as accepted is (README: "with a warning naming the address at most once
+/// every 10 s"): the line names the client, and its load balancer.
+#[tokio::test]
+async fn a_named_client_refused_at_its_cap_is_warned_of_naming_it() {
+    // A current-thread runtime: the proxy's tasks log on this thread.
+    let (log, _capturing) = Captured::on_this_thread();
+    let upstream = start_upstream().await;
+    let mut s = expecting(upstream, ProxyProtocol::V1, &["127.0.0.1/32"]);
+    s.max_connections_per_client = Some(1);
+    s.header_read_timeout = Duration::from_secs(10);
+    let proxy = start_proxy(s, vec![per_ip()]).await;
+    let mut held = connect(proxy.addr).await;
+    held.write_all(&v1("203.0.113.7")).await.unwrap();
+    let mut refused = false;
+    for _ in 0..50 {
+        if exchange(&proxy, &[&with_request(v1("203.0.113.7"))])
+            .await
+            .is_none()
+        {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "the client's second connection was served");
+    let lines = log.lines_with("max_connections_per_client");
+    let warned: Vec<_> = lines.iter().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warned.len(), 1, "{lines:#?}");
+    assert!(warned[0].contains("203.0.113.7"), "{}", warned[0]);
+    assert!(warned[0].contains("proxy=127.0.0.1:"), "{}", warned[0]);
+    assert!(warned[0].contains("refused=1"), "{}", warned[0]);
+    // Within 10 s, another refusal is counted, not logged.
+    assert_eq!(
+        exchange(&proxy, &[&with_request(v1("203.0.113.7"))]).await,
+        None
+    );
+    let again = log.lines_with("max_connections_per_client");
+    assert_eq!(
+        again.iter().filter(|l| l.contains("WARN")).count(),
+        1,
+        "{again:#?}"
+    );
 }
 
 /// The one test that scrapes `/metrics`.

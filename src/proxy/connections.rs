@@ -58,6 +58,7 @@
 //! rather than waking it again.
 
 use super::tunnel::Tunnel;
+use crate::clock::Nanos;
 use crate::http::{HeldPermit, HoldUntilEnd};
 use axum::body::Body;
 use bytes::Bytes;
@@ -91,6 +92,9 @@ pub(crate) struct ClientConnections {
     per_client: Option<PerClient>,
     /// Connections closed as accepted, their address at its cap.
     refused: AtomicU64,
+    /// When such a connection was last warned of: the proxy clock's nanoseconds plus
+    /// one, 0 if never.
+    refusal_warned: AtomicU64,
     /// Connections closed for their PROXY protocol header: invalid, and not whole in
     /// time.
     header_invalid: AtomicU64,
@@ -133,6 +137,7 @@ impl ClientConnections {
             limit_reached: AtomicU64::new(0),
             per_client: None,
             refused: AtomicU64::new(0),
+            refusal_warned: AtomicU64::new(0),
             header_invalid: AtomicU64::new(0),
             header_timeout: AtomicU64::new(0),
             lingering: Arc::default(),
@@ -215,6 +220,24 @@ impl ClientConnections {
     /// `max_connections_per_client`.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Whether a connection closed `now` at `max_connections_per_client` is to be
+    /// warned of: the first, then at most one every `every`, whether the accept loop
+    /// closed it or its task did (its client named by a PROXY protocol header).
+    pub(crate) fn warn_refusal(&self, now: Nanos, every: Duration) -> bool {
+        let last = self.refusal_warned.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_since(Nanos::new(last - 1)) < every {
+            return false;
+        }
+        self.refusal_warned
+            .compare_exchange(
+                last,
+                now.as_u64().saturating_add(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
     }
 
     /// Counts a connection closed for its PROXY protocol header (not one its peer
@@ -1793,6 +1816,22 @@ mod tests {
         let cap = connections.per_client.as_ref().unwrap();
         assert!(cap.open.lock().unwrap().is_empty());
         assert_eq!(connections.open(), 5);
+    }
+
+    /// The first refusal is warned of, at any instant of the clock (its origin
+    /// included), then one at most every period; a clock read behind the last warning
+    /// warns of none.
+    #[test]
+    fn a_refusal_is_warned_of_first_then_once_a_period() {
+        let every = Duration::from_secs(10);
+        let connections = ClientConnections::new(1);
+        assert!(connections.warn_refusal(Nanos::ZERO, every));
+        assert!(!connections.warn_refusal(Nanos::ZERO, every));
+        assert!(!connections.warn_refusal(Nanos::from_millis(9_999), every));
+        assert!(connections.warn_refusal(Nanos::from_secs(10), every));
+        assert!(!connections.warn_refusal(Nanos::from_secs(5), every));
+        assert!(!connections.warn_refusal(Nanos::from_secs(19), every));
+        assert!(connections.warn_refusal(Nanos::from_secs(25), every));
     }
 
     #[tokio::test(start_paused = true)]

@@ -937,7 +937,6 @@ impl Proxy {
         let (abort, aborting) = tokio::sync::watch::channel(());
         let clock = Arc::clone(&self.reloader.clock);
         let mut limit_warned: Option<crate::clock::Nanos> = None;
-        let mut refusal_warned: Option<crate::clock::Nanos> = None;
         let mut accept_failures = AcceptFailures::default();
         tokio::pin!(shutdown);
         loop {
@@ -961,14 +960,11 @@ impl Proxy {
                 () = &mut shutdown => break,
             };
             let Some(admitted) = connections.admit(peer.ip()) else {
-                let refused = connections.refused();
-                let now = clock.now();
-                if refusal_warned.is_none_or(|at| now.saturating_since(at) >= LIMIT_WARN_EVERY) {
-                    refusal_warned = Some(now);
+                if connections.warn_refusal(clock.now(), LIMIT_WARN_EVERY) {
                     tracing::warn!(
                         %peer,
                         max_connections_per_client = self.settings.max_connections_per_client,
-                        refused,
+                        refused = connections.refused(),
                         "a client address holds max_connections_per_client: its new \
                          connections are closed as accepted"
                     );
@@ -1012,6 +1008,8 @@ impl Proxy {
             let base = forwarder.clone();
             let service_for = Arc::clone(&service_for);
             let counts = Arc::clone(&connections);
+            let clock = Arc::clone(&clock);
+            let max_connections_per_client = self.settings.max_connections_per_client;
             let header_timeout = self.settings.header_read_timeout;
             let idle_timeout = self.settings.idle_timeout;
             let lingering = connections::Lingering {
@@ -1062,7 +1060,17 @@ impl Proxy {
                         false => match counts.admit(client.ip()) {
                             Some(admitted) => Some(admitted),
                             None => {
-                                tracing::debug!(%client, proxy = %peer, "connection closed: its client address holds max_connections_per_client");
+                                if counts.warn_refusal(clock.now(), LIMIT_WARN_EVERY) {
+                                    tracing::warn!(
+                                        %client,
+                                        proxy = %peer,
+                                        max_connections_per_client,
+                                        refused = counts.refused(),
+                                        "a client address holds max_connections_per_client: \
+                                         its new connections are closed once their PROXY \
+                                         protocol header names it"
+                                    );
+                                }
                                 return None;
                             }
                         },
