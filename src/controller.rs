@@ -542,11 +542,15 @@ impl Controller {
     /// interval after it is armed again. A restore in progress keeps its schedule.
     ///
     /// In `Cut`, once ROC is calm: when its `hold` ends, plus one `restore_interval`.
-    /// Before that, when the cut's spike is known to end is not, but it cannot read as
-    /// calm before it fills the whole window (a spike that holds its level then reads
-    /// calm: both halves carry it), a window after the cut began, or `now` once that
-    /// has passed: the estimate is the earliest calm, plus the `hold` and the
-    /// interval. Never later than `max_cut` allows.
+    /// Before that, when the cut's spike ends is not known, and without the window's
+    /// readings this takes the calm to begin a window after the cut began (a spike
+    /// that holds its level fills the window by then, and both halves carry it), or
+    /// `now` once that has passed: the estimate is that calm, plus the `hold` and the
+    /// interval. Under a `safe_roc` of 0 or below a spike that holds its level never
+    /// reads calm (its ROC falls to 0, not under it): the estimate is the end of
+    /// `max_cut` plus the interval. Never later than `max_cut` allows.
+    /// [`next_raise_held`](Self::next_raise_held) tells it from the readings a spike
+    /// that holds its level will give, which the engine has.
     ///
     /// Under the parameters in force alone: a change of parameters due before then (a
     /// scheduled event's start or end) is not seen here.
@@ -556,21 +560,119 @@ impl Controller {
         let at = match self.state {
             ControllerState::Normal => return None,
             ControllerState::Cut => {
-                let max_cut = self.entered_at + self.params.max_cut;
                 // A calm that starts while the controller is disarmed is seen, and
                 // its hold counted, from when it is armed again.
-                let calm = self
-                    .safe_since
-                    .unwrap_or_else(|| (self.entered_at + window).max(now).max(self.armed_at));
-                self.hold_done(calm).min(max_cut).max(self.armed_at) + self.params.restore_interval
+                let calm = self.safe_since.or_else(|| {
+                    (self.params.safe_roc > 0.0)
+                        .then(|| (self.entered_at + window).max(now).max(self.armed_at))
+                });
+                self.cut_end_at(calm)
+                    .saturating_add(duration_nanos(self.params.restore_interval))
+            }
+            ControllerState::Recovering => self.step_at(self.limit_steps().saturating_add(1)),
+        };
+        Some(Nanos::new(at))
+    }
+
+    /// When the limit will next rise above where it stands if demand holds its
+    /// level, told from `readings`: the window's readings at the ends of the slots to
+    /// come if each holds what the last one completed did
+    /// ([`SlotRing::held`](crate::window::SlotRing::held)), past which they stay as
+    /// the last. A copy of the controller observes each, and the first slot end at
+    /// which its limit is above where it stands is the answer: a spike still rising
+    /// reads calm later, one under a `safe_roc` near its height before it fills the
+    /// window, and a `max_cut` or a restore step met while it reads above
+    /// `danger_roc` cuts again. Past them, what the readings leave: the hold of the
+    /// calm they end in, or `max_cut` if they end in none, then the restore's first
+    /// step past the limit; or that step of a restore under way. `None` in `Normal`,
+    /// or if the limit never rises past where it stands. Costs an observation a
+    /// reading (one a window slot): taken once a step while cut or recovering, not
+    /// once a decision. [`next_raise_at`](Self::next_raise_at) is its estimate
+    /// without the readings.
+    pub fn next_raise_held(&self, readings: impl IntoIterator<Item = SampleAt>) -> Option<Nanos> {
+        if self.state == ControllerState::Normal {
+            return None;
+        }
+        let limit = self.limit_rps;
+        let mut c = self.clone();
+        for s in readings {
+            c.observe(s, |_| {});
+            if c.limit_rps > limit {
+                return Some(s.at);
+            }
+        }
+        c.raised_past(limit, c.safe_since)
+    }
+
+    /// When the limit is first above `limit`, the readings to come reading as the last
+    /// one did: in `Cut`, the restore's first step past it from the end of the hold of
+    /// a calm begun at `calm` (`None`: none, the cut ends at `max_cut`); in
+    /// `Recovering`, the first of its steps past it, and not before the next. `None`
+    /// in `Normal`, or if the base limit is not above `limit`.
+    pub(crate) fn raised_past(&self, limit: f64, calm: Option<Nanos>) -> Option<Nanos> {
+        let steps = self.steps_past(limit)?;
+        let at = match self.state {
+            ControllerState::Normal => return None,
+            ControllerState::Cut => {
+                let interval = duration_nanos(self.params.restore_interval);
+                self.cut_end_at(calm)
+                    .saturating_add(steps.saturating_mul(interval))
             }
             ControllerState::Recovering => {
-                let interval = duration_nanos(self.params.restore_interval).max(1);
-                let done = self.limit_steps() * interval;
-                Nanos::new(self.entered_at.as_u64().saturating_add(done + interval))
+                self.step_at(steps.max(self.limit_steps().saturating_add(1)))
             }
         };
-        Some(at)
+        Some(Nanos::new(at))
+    }
+
+    /// When a cut whose calm begins at `calm` (`None`: never) ends, ns: when its hold
+    /// of that calm, or else `max_cut`, ends, not before the controller is armed.
+    fn cut_end_at(&self, calm: Option<Nanos>) -> u64 {
+        let max_cut = self.entered_at + self.params.max_cut;
+        let end = calm.map_or(max_cut, |calm| self.hold_done(calm).min(max_cut));
+        end.max(self.armed_at).as_u64()
+    }
+
+    /// When a restore's step `k` is due, ns, counted from `entered_at` (saturating).
+    fn step_at(&self, k: u64) -> u64 {
+        let interval = duration_nanos(self.params.restore_interval).max(1);
+        self.entered_at
+            .as_u64()
+            .saturating_add(k.saturating_mul(interval))
+    }
+
+    /// The fewest restore steps after which the limit is above `limit`: the first
+    /// whose sum of steps passes it, or the one that reaches the base limit, whichever
+    /// comes first (a step too small to move the sum in floating point never passes
+    /// it, but the count to base saturates). `None` if the base limit is not above
+    /// `limit`. A bounded number of operations, whatever the parameters.
+    fn steps_past(&self, limit: f64) -> Option<u64> {
+        let p = &self.params;
+        // NaN passes neither: no raise past a limit that is not a number.
+        if p.base_limit_rps.partial_cmp(&limit) != Some(std::cmp::Ordering::Greater) {
+            return None;
+        }
+        let to_base = self.steps_to_base().max(1);
+        if p.restore_step_rps.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+            return Some(to_base);
+        }
+        let past = |k: u64| p.cut_limit_rps + k as f64 * p.restore_step_rps > limit;
+        // The quotient, then one step either way for its rounding; the `as` cast
+        // saturates a quotient too large for a count.
+        let mut k = ((limit - p.cut_limit_rps) / p.restore_step_rps)
+            .floor()
+            .max(0.0) as u64;
+        if past(k) {
+            if k > 0 && past(k - 1) {
+                k -= 1;
+            }
+        } else {
+            k = k.saturating_add(1);
+            if !past(k) {
+                return Some(to_base);
+            }
+        }
+        Some(k.clamp(1, to_base))
     }
 
     /// Observes one completed slot. Transitions are passed to `on_transition` in order.
@@ -1022,6 +1124,42 @@ mod tests {
         run(&mut c, 10_100, 12_000, 600.0, 600.0);
         assert_eq!(c.state(), ControllerState::Cut);
         assert_eq!(at(&c, 12_000), Some(Nanos::from_millis(13_100)));
+    }
+
+    /// Under a `safe_roc` of 0 or below, a spike that holds its level never reads
+    /// calm (its ROC falls to 0, not under it): a cut whose calm is not known ends at
+    /// `max_cut`, as [`Schedule::next_raise`](crate::engine::Schedule::next_raise)'s
+    /// walk has it. It took the calm at the window's end, as under a positive one.
+    #[test]
+    fn the_next_raise_of_a_cut_never_calm_under_a_safe_roc_of_0_is_max_cut() {
+        let window = Duration::from_secs(6);
+        for safe_roc in [0.0, -5.0] {
+            let p = ControllerParams {
+                safe_roc,
+                ..ControllerParams::default()
+            };
+            let mut c = Controller::new(p, Nanos::ZERO, window);
+            run(&mut c, 10_000, 10_000, 40.0, 600.0);
+            assert_eq!(c.state(), ControllerState::Cut);
+            // Cut at 10 s, max_cut 60 s, a 1 s restore interval.
+            assert_eq!(
+                c.next_raise_at(Nanos::from_secs(10), window),
+                Some(Nanos::from_secs(71))
+            );
+            // The held spike's readings: ROC 0 from 16 s on, never under 0.
+            run(&mut c, 10_100, 69_900, 600.0, 600.0);
+            assert_eq!(c.state(), ControllerState::Cut);
+            run(&mut c, 70_000, 70_900, 600.0, 600.0);
+            assert_eq!(
+                (c.state(), c.limit_rps()),
+                (ControllerState::Recovering, 60.0)
+            );
+            run(&mut c, 71_000, 71_000, 600.0, 600.0);
+            assert_eq!(
+                (c.state(), c.limit_rps()),
+                (ControllerState::Recovering, 80.0)
+            );
+        }
     }
 
     #[test]

@@ -376,6 +376,34 @@ impl SlotRing {
         }
     }
 
+    /// The readings the window will give at the ends of its next slots if each holds
+    /// what the last completed one did (a spike that holds its level), one a slot,
+    /// up to the one at which it holds nothing else (each after it reads the same).
+    pub fn held(&self) -> impl Iterator<Item = RocSample> + '_ {
+        let n = self.counts.len();
+        let half = self.half();
+        let half_secs = self.slot_secs * half as f64;
+        let at = move |i: usize| u64::from(self.counts[(self.head + i) % n]);
+        let level = at(n - 1);
+        // The slot `i` places after the oldest, the held ones past the ring.
+        let slot = move |i: usize| if i < n { at(i) } else { level };
+        let (mut prev, mut recent) = (self.prev_sum, self.recent_sum);
+        (0..n).map(move |m| {
+            let crossing = slot(m + half);
+            prev = prev - slot(m) + crossing;
+            recent = recent - crossing + level;
+            let (rate_prev_rps, rate_recent_rps) =
+                (prev as f64 / half_secs, recent as f64 / half_secs);
+            RocSample {
+                n_prev: prev,
+                n_recent: recent,
+                rate_prev_rps,
+                rate_recent_rps,
+                roc: rate_recent_rps - rate_prev_rps,
+            }
+        })
+    }
+
     /// The largest count in any run of `span_slots` consecutive completed slots.
     pub fn max_run(&self, span_slots: usize) -> u64 {
         let n = self.counts.len();

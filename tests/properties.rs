@@ -1162,3 +1162,96 @@ proptest! {
         prop_assert_eq!(told, first, "told {:?} at {} in {:?} at {} req/s", eta, probe, state, limit);
     }
 }
+
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// `Retry-After` of a cut whose calm is not yet known ([`Engine::restore_eta`] at
+    /// any moment of the cut, before its calm reading or after), on a spike that
+    /// holds its level: rounded up to the slot whose end observes it, it is the first
+    /// slot at which the limit is above the one in force then, the spike held slot
+    /// after slot. A held spike reads calm once its ROC falls under `safe_roc`, which
+    /// may be before it fills the window (a `safe_roc` near its height) and is never
+    /// after the window it began in, not the one the cut began in; under a `safe_roc`
+    /// of 0 or below it never reads calm (its ROC falls to 0, not under it), and the
+    /// cut ends at `max_cut`. Absolute and relative ROC, a base load under the spike
+    /// or none.
+    #[test]
+    fn the_retry_after_of_a_held_spike_is_when_the_limit_rises(
+        base_per_slot in 0u64..5,
+        spike_per_slot in 20u64..80,
+        hold in slot_span(40),
+        dwell in slot_span(20),
+        max_cut in (1u64..150, any::<bool>(), 0.0f64..1.0),
+        interval in (1u64..20, any::<bool>(), 0.0f64..1.0),
+        step in 5.0f64..150.0,
+        relative in any::<bool>(),
+        danger in 0.0f64..1.0,
+        safe in -0.3f64..1.0,
+        probe_slots in 0u64..60,
+        probe_frac in 0.0f64..1.0,
+    ) {
+        let slot = Duration::from_millis(100);
+        let slot_ns = 100_000_000u64;
+        let mut p = ControllerParams::default();
+        p.hold = slots_of(slot, hold);
+        p.min_dwell = slots_of(slot, dwell);
+        p.max_cut = slots_of(slot, max_cut);
+        p.restore_interval = slots_of(slot, interval);
+        p.restore_step_rps = step;
+        // Under the spike's peak (at least 160/s absolute, 4 relative to a base of
+        // 40/s), and a safe threshold from below 0 (above -1, relative) to near the
+        // danger one.
+        if relative {
+            p.roc_mode = RocMode::Relative;
+            p.danger_roc = 1.0 + danger * 2.5;
+            p.safe_roc = safe * p.danger_roc.min(3.0);
+        } else {
+            p.roc_mode = RocMode::Absolute;
+            p.danger_roc = 50.0 + danger * 100.0;
+            p.safe_roc = safe * p.danger_roc;
+        }
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.window = WindowSpec::new(Duration::from_secs(2), slot).unwrap();
+        route.controller = p;
+        let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        // The base load from the start, the spike from 2.5 s (the controller armed at
+        // 2 s), evenly spread over each slot.
+        let load = |slot: u64| if slot < 25 { base_per_slot } else { spike_per_slot };
+        let run_slot = |slot: u64| {
+            let at = Nanos::new(slot * slot_ns);
+            e.catch_up(id, at);
+            let n = load(slot);
+            for k in 0..n {
+                let _ = e.check(id, Key::None, Nanos::new(slot * slot_ns + k * slot_ns / n));
+            }
+        };
+        let mut k = 0u64;
+        while e.route_snapshot(id, Nanos::new(k * slot_ns)).unwrap().state != ControllerState::Cut {
+            prop_assert!(k < 50, "no cut by {} slots", k);
+            run_slot(k);
+            k += 1;
+        }
+        for _ in 0..probe_slots {
+            run_slot(k);
+            k += 1;
+        }
+        e.catch_up(id, Nanos::new(k * slot_ns));
+        let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
+        let eta = e.restore_eta(id, probe);
+        let state = e.route_snapshot(id, probe).unwrap().state;
+        if state == ControllerState::Normal {
+            prop_assert_eq!(eta, None);
+            return Ok(());
+        }
+        let limit = e.limit_rps(id).unwrap();
+        run_slot(k);
+        let first = (k + 1..k + 3_000).find(|&s| {
+            run_slot(s);
+            e.limit_rps(id).unwrap() > limit
+        }).map(|s| s * slot_ns);
+        let told = eta.map(|eta| (probe + eta).as_u64().div_ceil(slot_ns) * slot_ns);
+        prop_assert_eq!(told, first, "told {:?} at {} in {:?} at {} req/s", eta, probe, state, limit);
+    }
+}

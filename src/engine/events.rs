@@ -128,21 +128,35 @@ impl RouteState {
     }
 
     /// When the controller's limit next rises above where it stands, as seen at
-    /// `now` on a route whose window is `window`, through the scheduled events due
-    /// before then ([`raise_through`]). A route without events costs what
-    /// [`Controller::next_raise_at`] does.
+    /// `now` on a route whose window is `window`, its last completed slot ending at
+    /// `stepped`: [`Controller::next_raise_held`] from the readings the window gives
+    /// if its last slot's demand holds, unless a scheduled event starts or ends in a
+    /// slot before then, through which the controller is walked ([`raise_through`]).
+    /// A route in `Normal` costs what [`Controller::next_raise_at`] does, one cut or
+    /// recovering an observation a window slot.
     #[inline]
-    pub(super) fn next_raise(&self, now: Nanos, window: &WindowSpec) -> Option<Nanos> {
+    pub(super) fn next_raise(
+        &self,
+        now: Nanos,
+        stepped: Nanos,
+        window: &WindowSpec,
+    ) -> Option<Nanos> {
+        let slot_ns = duration_nanos(window.slot());
+        let readings = (1u64..).zip(self.ring.held()).map(|(k, sample)| SampleAt {
+            at: Nanos::new(stepped.as_u64().saturating_add(k.saturating_mul(slot_ns))),
+            sample,
+        });
+        let held = self.controller.next_raise_held(readings);
         if self.events.is_empty() {
-            return self.controller.next_raise_at(now, window.window());
+            return held;
         }
         raise_through(
             || spans(&self.events),
             &self.own,
             self.active_event,
             &self.controller,
-            now,
-            now,
+            held?,
+            (now, now),
             window,
         )
     }
@@ -298,8 +312,8 @@ impl Schedule {
             &self.own,
             active,
             controller,
-            stepped,
-            now,
+            controller.next_raise_at(now, window.window())?,
+            (stepped, now),
             window,
         )
     }
@@ -322,12 +336,14 @@ impl Schedule {
 }
 
 /// When `controller`'s limit next rises above where it stands, as seen at `now`, the
-/// controller stepped up to the slot ending at or before `stepped` under the profile
-/// `active` names (`None`: the route's `own`), on a route whose window is `window`,
-/// its scheduled events' spans given by `spans`.
+/// controller stepped up to the slot ending at or before `stepped` (`(stepped, now)`)
+/// under the profile `active` names (`None`: the route's `own`), on a route whose
+/// window is `window`, its scheduled events' spans given by `spans`, and `estimate`
+/// the raise without them ([`Controller::next_raise_at`], or
+/// [`Controller::next_raise_held`] where the window's readings are known).
 ///
 /// Without an edge (an event's start or end) in a slot that ends before the slot of
-/// [`Controller::next_raise_at`], that estimate. Otherwise a clone of the controller
+/// `estimate`, that estimate. Otherwise a clone of the controller
 /// is walked as the engine steps it, the readings calm from where `next_raise_at`
 /// takes the calm to begin (a cut's known calm, or else the earliest a spike can
 /// read calm): it observes a calm reading at the slot where its calm begins or its
@@ -345,8 +361,8 @@ fn raise_through<'a, I>(
     own: &ControllerParams,
     active: Option<usize>,
     controller: &Controller,
-    stepped: Nanos,
-    now: Nanos,
+    estimate: Nanos,
+    (stepped, now): (Nanos, Nanos),
     spec: &WindowSpec,
 ) -> Option<Nanos>
 where
@@ -364,7 +380,6 @@ where
             .filter(|&at| at > after)
             .min()
     };
-    let estimate = controller.next_raise_at(now, window)?;
     match next_edge(stepped) {
         Some(edge) if slot_end(estimate) >= edge => {}
         _ => return Some(estimate),
@@ -398,7 +413,7 @@ where
             }
             // Its first step does not take it past the limit: walked stop by stop.
             ControllerState::Cut => None,
-            ControllerState::Recovering => restored_past(&c, limit, now, window),
+            ControllerState::Recovering => c.raised_past(limit, None),
         };
         if let Some(at) = rise.filter(|&at| edge.is_none_or(|edge| slot_end(at) < edge)) {
             return Some(at);
@@ -445,33 +460,4 @@ fn cut_stop(c: &Controller, after: Nanos, now: Nanos, window: Duration) -> Optio
         .then(|| (m.entered_at + window).max(now).max(m.armed_at));
     let next = Nanos::new(after.as_u64().saturating_add(1));
     Some(calm.map_or(end, |calm| calm.min(end)).max(next))
-}
-
-/// In `Recovering`, when the restore takes the limit above `limit`:
-/// [`Controller::next_raise_at`] if it stands there, else the first of its steps
-/// past `limit`. `None` if the base limit is not above it.
-fn restored_past(c: &Controller, limit: f64, now: Nanos, window: Duration) -> Option<Nanos> {
-    if c.limit_rps() >= limit {
-        return c.next_raise_at(now, window);
-    }
-    let p = c.params();
-    if p.base_limit_rps <= limit || p.restore_step_rps <= 0.0 {
-        return None;
-    }
-    let past = |k: u64| p.cut_limit_rps + k as f64 * p.restore_step_rps > limit;
-    let mut k = ((limit - p.cut_limit_rps) / p.restore_step_rps)
-        .floor()
-        .max(0.0) as u64;
-    while !past(k) {
-        k += 1;
-    }
-    while k > 0 && past(k - 1) {
-        k -= 1;
-    }
-    let interval = duration_nanos(p.restore_interval).max(1);
-    Some(Nanos::new(
-        c.entered_at()
-            .as_u64()
-            .saturating_add(k.saturating_mul(interval)),
-    ))
 }

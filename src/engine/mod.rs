@@ -1698,7 +1698,14 @@ impl Route {
     /// Publishes when the controller next raises the limit, as seen at `now`, through
     /// the scheduled events due before then, for [`Engine::restore_eta`].
     fn publish_next_raise(&self, st: &RouteState, now: Nanos) {
-        let at = st.next_raise(now, &self.window).map_or(0, Nanos::as_u64);
+        let stepped = Nanos::new(
+            self.counter
+                .current()
+                .saturating_mul(self.counter.slot_ns()),
+        );
+        let at = st
+            .next_raise(now, stepped, &self.window)
+            .map_or(0, Nanos::as_u64);
         self.next_raise.store(at, Ordering::Relaxed);
     }
 

@@ -929,3 +929,46 @@ fn told_and_raised(cfg: RouteConfig) -> (Nanos, Nanos) {
         .unwrap();
     (told, raised)
 }
+
+/// Under a `safe_roc` of 0 or below a cut whose calm is not known ends at `max_cut`
+/// (a spike that holds its level never reads under 0), walked through events or not:
+/// cut at 10 s, an event lowering the cut limit to 30/s from 12 s to 50 s, which the
+/// walk steps stop by stop (its first step does not take the limit past the 60/s the
+/// request met), ends at the cut's `max_cut` (70 s) and the first step past 60/s is at
+/// 71 s, as without the event. The walk took the calm at its last edge (50 s), plus
+/// the hold and the interval: 53 s, where `next_raise_at` said 19 s.
+#[test]
+fn a_cut_never_calm_under_a_safe_roc_of_0_is_raised_at_max_cut_through_events() {
+    let s = Nanos::from_secs;
+    let window = WindowSpec::new(Duration::from_secs(6), Duration::from_millis(100)).unwrap();
+    let own = ControllerParams {
+        safe_roc: 0.0,
+        ..ControllerParams::default()
+    };
+    let mut c = Controller::new(own.clone(), Nanos::ZERO, window.window());
+    let spike = RocSample {
+        n_prev: 120,
+        n_recent: 1_800,
+        rate_prev_rps: 40.0,
+        rate_recent_rps: 600.0,
+        roc: 560.0,
+    };
+    c.observe(
+        SampleAt {
+            at: s(10),
+            sample: spike,
+        },
+        |_| {},
+    );
+    assert_eq!(c.state(), ControllerState::Cut);
+    let lower = ControllerParams {
+        cut_limit_rps: 30.0,
+        ..own.clone()
+    };
+    let schedule = Schedule::new(own.clone(), vec![(s(12), s(50), lower)]);
+    assert_eq!(
+        schedule.next_raise(None, &c, s(10), s(10), &window),
+        Some(s(71))
+    );
+    assert_eq!(c.next_raise_at(s(10), window.window()), Some(s(71)));
+}
