@@ -2916,3 +2916,61 @@ fn a_key_idle_across_several_limit_changes_comes_back_within_a_bucket_of_the_rou
         assert_eq!(key_next, route_next, "{case}: alike after the burst");
     }
 }
+
+/// A tier's key refused by a cut is told when *its* limit next rises, which follows
+/// the controller's progress between the route's cut and base limits: a scheduled
+/// event whose cut limit is higher than the route's (6/s over 2/s, from 4 s) raises the
+/// route's limit at its start, but leaves the progress at 0 and the `vip` tier's
+/// keys at their cut limit (40/s) until the restore's first step; a tier whose cut
+/// limit is its base (`flat`, 5/s) is never raised, and is told none (its limiter's
+/// wait). It was told the route's raise, 4 s, which raised neither.
+#[test]
+fn a_tier_key_is_told_when_its_own_limit_rises() {
+    let slot_ns = 100_000_000u64;
+    let mut cfg = vip_keys(KeyLimits::default(), &["gold"]);
+    cfg.tiers.push(Tier::new("flat", ["even"], 5.0, 5.0));
+    cfg.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
+    let mut sale = cfg.controller.clone();
+    sale.cut_limit_rps = 6.0;
+    cfg.events = vec![Event::new(
+        "sale",
+        SystemTime::UNIX_EPOCH + Duration::from_secs(4),
+        Duration::from_secs(16),
+        sale,
+    )];
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    // A spike of 300 anonymous requests in the slot from 2 s cuts the route at 2.1 s;
+    // calm from 3.1 s.
+    for k in 0..300 {
+        let _ = e.check(id, Key::None, Nanos::new(2_000_000_000 + k * slot_ns / 300));
+    }
+    let probe = Nanos::from_millis(3_150);
+    e.catch_up(id, probe);
+    assert_eq!(
+        e.route_snapshot(id, probe).unwrap().state,
+        ControllerState::Cut
+    );
+    let slot_of =
+        |eta: Option<Duration>| eta.map(|eta| (probe + eta).as_u64().div_ceil(slot_ns) * slot_ns);
+    let told = |key| slot_of(e.key_restore_eta(id, key, probe));
+    let (gold, even, plain) = (Key::Value("gold"), Key::Value("even"), Key::Value("plain"));
+    assert_eq!(told(plain), slot_of(e.restore_eta(id, probe)));
+    assert_eq!(told(plain), Some(4_000_000_000), "the sale's cut limit");
+    assert_eq!(told(even), None);
+    let limits = |e: &Engine| [gold, even, plain].map(|k| e.key_limit_rps(id, k).unwrap());
+    let refused = limits(&e);
+    assert_eq!(refused, [40.0, 5.0, 2.0]);
+    let told = [gold, even, plain].map(told);
+    let mut first = [None; 3];
+    for slot in 32..200u64 {
+        e.catch_up(id, Nanos::new(slot * slot_ns));
+        for (i, limit) in limits(&e).into_iter().enumerate() {
+            if limit > refused[i] && first[i].is_none() {
+                first[i] = Some(slot * slot_ns);
+            }
+        }
+    }
+    assert_eq!(first, told);
+    assert!(told[0] > told[2], "{told:?}");
+}

@@ -134,13 +134,20 @@ impl RouteState {
     /// slot before then, through which the controller is walked ([`raise_through`]).
     /// A route in `Normal` costs what [`Controller::next_raise_at`] does, one cut or
     /// recovering an observation a window slot.
+    ///
+    /// And when its progress between cut and base next rises above where it stands,
+    /// which raises a tier's key limits (`tiers`: the route has tiers; else the
+    /// first again): the same without events, under one profile; through an event's
+    /// edge, one that raises the limit with its profile's higher cut limit leaves the
+    /// progress at 0, and one that lowers the base may raise the progress alone.
     #[inline]
     pub(super) fn next_raise(
         &self,
         now: Nanos,
         stepped: Nanos,
         window: &WindowSpec,
-    ) -> Option<Nanos> {
+        tiers: bool,
+    ) -> (Option<Nanos>, Option<Nanos>) {
         let slot_ns = duration_nanos(window.slot());
         let readings = (1u64..).zip(self.ring.held()).map(|(k, sample)| SampleAt {
             at: Nanos::new(stepped.as_u64().saturating_add(k.saturating_mul(slot_ns))),
@@ -148,16 +155,30 @@ impl RouteState {
         });
         let held = self.controller.next_raise_held(readings);
         if self.events.is_empty() {
-            return held;
+            return (held, held);
         }
-        raise_through(
-            || spans(&self.events),
-            &self.own,
-            self.active_event,
-            &self.controller,
-            held?,
-            (now, now),
-            window,
+        let Some(held) = held else {
+            return (None, None);
+        };
+        let through = |past| {
+            raise_through(
+                || spans(&self.events),
+                &self.own,
+                self.active_event,
+                &self.controller,
+                (past, held),
+                (now, now),
+                window,
+            )
+        };
+        let limit = through(Level::Limit);
+        (
+            limit,
+            if tiers {
+                through(Level::Progress)
+            } else {
+                limit
+            },
         )
     }
 
@@ -312,7 +333,10 @@ impl Schedule {
             &self.own,
             active,
             controller,
-            controller.next_raise_at(now, window.window())?,
+            (
+                Level::Limit,
+                controller.next_raise_at(now, window.window())?,
+            ),
             (stepped, now),
             window,
         )
@@ -335,11 +359,12 @@ impl Schedule {
     }
 }
 
-/// When `controller`'s limit next rises above where it stands, as seen at `now`, the
-/// controller stepped up to the slot ending at or before `stepped` (`(stepped, now)`)
-/// under the profile `active` names (`None`: the route's `own`), on a route whose
-/// window is `window`, its scheduled events' spans given by `spans`, and `estimate`
-/// the raise without them ([`Controller::next_raise_at`], or
+/// When `controller`'s limit next rises above where it stands (or, by `past`, its
+/// progress between cut and base, which a tier's key limits follow), as seen at
+/// `now`, the controller stepped up to the slot ending at or before `stepped` under
+/// the profile `active` names (`None`: the route's `own`), on a route whose window is
+/// `window`, its scheduled events' spans given by `spans`, and `estimate` the raise
+/// without them ([`Controller::next_raise_at`], or
 /// [`Controller::next_raise_held`] where the window's readings are known).
 ///
 /// Without an edge (an event's start or end) in a slot that ends before the slot of
@@ -361,7 +386,7 @@ fn raise_through<'a, I>(
     own: &ControllerParams,
     active: Option<usize>,
     controller: &Controller,
-    estimate: Nanos,
+    (past, estimate): (Level, Nanos),
     (stepped, now): (Nanos, Nanos),
     spec: &WindowSpec,
 ) -> Option<Nanos>
@@ -384,7 +409,7 @@ where
         Some(edge) if slot_end(estimate) >= edge => {}
         _ => return Some(estimate),
     }
-    let limit = controller.limit_rps();
+    let past = past.of(controller);
     let mut c = controller.clone();
     let mut active = active;
     let mut from = stepped;
@@ -407,13 +432,14 @@ where
             ControllerState::Normal => None,
             // Its first step, which stops at the base limit, takes it past the limit.
             ControllerState::Cut
-                if (p.cut_limit_rps + p.restore_step_rps).min(p.base_limit_rps) > limit =>
+                if (p.cut_limit_rps + p.restore_step_rps).min(p.base_limit_rps)
+                    > past.limit(&c) =>
             {
                 c.next_raise_at(now.max(from), window)
             }
             // Its first step does not take it past the limit: walked stop by stop.
             ControllerState::Cut => None,
-            ControllerState::Recovering => c.raised_past(limit, None),
+            ControllerState::Recovering => c.raised_past(past.limit(&c), None),
         };
         if let Some(at) = rise.filter(|&at| edge.is_none_or(|edge| slot_end(at) < edge)) {
             return Some(at);
@@ -426,7 +452,7 @@ where
             }
             (_, Some(edge)) => {
                 put_in_force(due(spans(), edge), &mut active, own, &mut c, edge, |_| {});
-                if c.limit_rps() > limit {
+                if past.by(&c) {
                     return Some(edge);
                 }
                 // A cut whose calm has not begun reads no calm here (its spike fills
@@ -440,7 +466,7 @@ where
             }
             (_, None) => return None,
         }
-        if c.limit_rps() > limit {
+        if past.by(&c) {
             return Some(from);
         }
     }
@@ -460,4 +486,57 @@ fn cut_stop(c: &Controller, after: Nanos, now: Nanos, window: Duration) -> Optio
         .then(|| (m.entered_at + window).max(now).max(m.armed_at));
     let next = Nanos::new(after.as_u64().saturating_add(1));
     Some(calm.map_or(end, |calm| calm.min(end)).max(next))
+}
+
+/// What a raise must take a controller past, for [`raise_through`]: its limit, or its
+/// progress between its cut and base limits, which a tier's key limits follow
+/// ([`Controller::progress`]).
+#[derive(Clone, Copy)]
+enum Level {
+    Limit,
+    Progress,
+}
+
+/// A [`Level`] where a controller stands.
+#[derive(Clone, Copy)]
+enum Past {
+    Limit(f64),
+    Progress(f64),
+}
+
+impl Level {
+    fn of(self, c: &Controller) -> Past {
+        match self {
+            Level::Limit => Past::Limit(c.limit_rps()),
+            Level::Progress => Past::Progress(c.progress()),
+        }
+    }
+}
+
+impl Past {
+    /// Whether `c` stands above it.
+    fn by(self, c: &Controller) -> bool {
+        match self {
+            Past::Limit(limit) => c.limit_rps() > limit,
+            Past::Progress(progress) => c.progress() > progress,
+        }
+    }
+
+    /// The limit above which `c`, under its parameters in force, stands above it:
+    /// none (infinite) for progress where the cut limit is not below the base, which
+    /// holds the progress at 1.
+    fn limit(self, c: &Controller) -> f64 {
+        match self {
+            Past::Limit(limit) => limit,
+            Past::Progress(progress) => {
+                let p = c.params();
+                let span = p.base_limit_rps - p.cut_limit_rps;
+                if span > 0.0 {
+                    p.cut_limit_rps + span * progress
+                } else {
+                    f64::INFINITY
+                }
+            }
+        }
+    }
 }

@@ -356,6 +356,12 @@ impl TierTable {
         }
     }
 
+    /// The base and cut limits of tier `tier` (from 1), if the table has it.
+    pub(super) fn tier_limits(&self, tier: u16) -> Option<(f64, f64)> {
+        let i = usize::from(tier).checked_sub(1)?;
+        self.tiers.get(i).copied()
+    }
+
     pub(super) fn limit(&self, tier: u16, progress: f64) -> f64 {
         let (base, cut) = match tier {
             0 => (

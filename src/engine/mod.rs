@@ -253,7 +253,9 @@ struct Route {
     mode: Mode,
     window: WindowSpec,
     algorithm: Algorithm,
-    tiers: Vec<Tier>,
+    /// The configured tiers (a boxed slice, 8 bytes less than a `Vec`, which made
+    /// room for [`Route::next_tier_raise`]).
+    tiers: Box<[Tier]>,
     reject_status: AtomicU16,
     counter: SlotCounter,
     /// Route-level enforcement (partition `Route`); for shadow_adaptive, at base limit.
@@ -295,6 +297,9 @@ struct Route {
     limit: AtomicU64,
     /// When the controller will next raise the limit (ns on the engine's clock; 0: not cut).
     next_raise: AtomicU64,
+    /// On a route with tiers, when the controller's progress between cut and base
+    /// will next rise, which raises a tier's key limits (as `next_raise`).
+    next_tier_raise: AtomicU64,
     partition: Partition,
     state: Mutex<RouteState>,
 }
@@ -551,7 +556,7 @@ impl Engine {
         checked.controller = params;
         checked.algorithm = r.algorithm;
         checked.partition = r.partition.clone();
-        checked.tiers = r.tiers.clone();
+        checked.tiers = r.tiers.to_vec();
         let ended: Vec<bool>;
         (checked.events, ended) = {
             // As `reconfigure` will have them: moved onto the new parameters.
@@ -1327,23 +1332,9 @@ impl Engine {
     /// [`Engine::key_limit_rps`] of a key already in the form the key tables take it.
     pub(crate) fn key_limit_rps_of(&self, route: RouteId, key: TableKey) -> Option<f64> {
         let r = self.route(route)?;
-        let Some(keys) = r.keys.as_ref().filter(|_| !r.tiers.is_empty()) else {
-            return Some(r.limit_rps());
-        };
-        if keys.overflowed(key) {
-            return Some(r.limit_rps());
-        }
-        let tiers = keys.tiers();
-        let tier = match (key, &r.partition) {
-            (TableKey::Ip(ip), Partition::ClientIp(limits)) => {
-                tiers.tier_of(&IpKey::new(ip, limits.ipv6_prefix))
-            }
-            (TableKey::Value(value), _) => tiers.tier_of(&value),
-            _ => 0,
-        };
-        Some(match tier {
-            0 => r.limit_rps(),
-            tier => tiers.limit(tier, tiers.progress(r)),
+        Some(match (r.tier_of(key), &r.keys) {
+            (Some((base, cut)), Some(keys)) => cut + (base - cut) * keys.tiers().progress(r),
+            _ => r.limit_rps(),
         })
     }
 
@@ -1357,9 +1348,34 @@ impl Engine {
     /// above where it stands (an event lowered it, and its base stays below that), or
     /// this engine does not hold `route` (see [`RouteId`]). One atomic load.
     pub fn restore_eta(&self, route: RouteId, now: Nanos) -> Option<Duration> {
-        match self.route(route)?.next_raise.load(Ordering::Relaxed) {
-            0 => None,
-            at => Some(Nanos::new(at).saturating_since(now)),
+        eta(&self.route(route)?.next_raise, now)
+    }
+
+    /// [`restore_eta`](Self::restore_eta) for requests with `key`: for a key of a
+    /// tier with limits of its own, how long until the controller next raises the
+    /// tier's limit, between the tier's cut and base limits as the controller's
+    /// progress between the route's stands (see
+    /// [`key_limit_rps`](Self::key_limit_rps)): a raise of the route's limit that
+    /// leaves that progress where it is (a scheduled event's higher cut limit) is
+    /// none for it, and a tier whose cut limit is its base is never raised (`None`:
+    /// its limiter's wait is the one to tell). The route's own otherwise. One atomic
+    /// load, and the key's tier looked up.
+    pub fn key_restore_eta(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Option<Duration> {
+        self.key_restore_eta_of(route, TableKey::of(key), now)
+    }
+
+    /// [`Engine::key_restore_eta`] of a key already in the form the key tables take.
+    pub(crate) fn key_restore_eta_of(
+        &self,
+        route: RouteId,
+        key: TableKey,
+        now: Nanos,
+    ) -> Option<Duration> {
+        let r = self.route(route)?;
+        match r.tier_of(key) {
+            None => eta(&r.next_raise, now),
+            Some((base, cut)) if base > cut => eta(&r.next_tier_raise, now),
+            Some(_) => None,
         }
     }
 
@@ -1496,7 +1512,34 @@ enum HandedOver<'a> {
     Keys(&'a Keys, u32, u64),
 }
 
+/// How long from `now` until the time `next` holds (ns; 0: none).
+fn eta(next: &AtomicU64, now: Nanos) -> Option<Duration> {
+    match next.load(Ordering::Relaxed) {
+        0 => None,
+        at => Some(Nanos::new(at).saturating_since(now)),
+    }
+}
+
 impl Route {
+    /// The base and cut limits of the tier `key` belongs to, for a key of a tier
+    /// that has its own state; `None` for others (a route without tiers, a key in
+    /// none, or one a full key table sends to its shared overflow limiter).
+    fn tier_of(&self, key: TableKey) -> Option<(f64, f64)> {
+        let keys = self.keys.as_ref().filter(|_| !self.tiers.is_empty())?;
+        if keys.overflowed(key) {
+            return None;
+        }
+        let tiers = keys.tiers();
+        let tier = match (key, &self.partition) {
+            (TableKey::Ip(ip), Partition::ClientIp(limits)) => {
+                tiers.tier_of(&IpKey::new(ip, limits.ipv6_prefix))
+            }
+            (TableKey::Value(value), _) => tiers.tier_of(&value),
+            _ => 0,
+        };
+        tiers.tier_limits(tier)
+    }
+
     /// The route `cfg` describes, fresh at `now`; or, with the concurrency permits a
     /// reload took from the route this one rebuilds ([`Route::hand_over`]), around
     /// those, set to its limit. Its events' profiles were written over `written_over`
@@ -1548,7 +1591,7 @@ impl Route {
             mode: cfg.mode,
             window: cfg.window,
             algorithm: cfg.algorithm,
-            tiers: cfg.tiers.clone(),
+            tiers: cfg.tiers.clone().into_boxed_slice(),
             reject_status: AtomicU16::new(cfg.reject_status),
             counter: SlotCounter::new(&cfg.window),
             limiter: permits.map_or_else(
@@ -1565,6 +1608,7 @@ impl Route {
             engaged: AtomicBool::new(false),
             limit: AtomicU64::new(p.base_limit_rps.to_bits()),
             next_raise: AtomicU64::new(0),
+            next_tier_raise: AtomicU64::new(0),
             partition: cfg.partition.clone(),
             state: Mutex::new(RouteState {
                 ring: SlotRing::new(&cfg.window),
@@ -1624,7 +1668,7 @@ impl Route {
                 HandedOver::Route(permits.handed_over(queue))
             }
             (Some(keys @ Keys::Concurrency(_)), _)
-                if cfg.partition == self.partition && cfg.tiers == self.tiers =>
+                if cfg.partition == self.partition && cfg.tiers[..] == self.tiers[..] =>
             {
                 HandedOver::Keys(keys, queue, self.generation.load(Ordering::SeqCst))
             }
@@ -1642,7 +1686,7 @@ impl Route {
             && self.window == cfg.window
             && self.algorithm == cfg.algorithm
             && self.partition == cfg.partition
-            && self.tiers == cfg.tiers
+            && self.tiers[..] == cfg.tiers[..]
     }
 
     /// New own parameters (and, on reload, new events, with the parameters their
@@ -1703,10 +1747,14 @@ impl Route {
                 .current()
                 .saturating_mul(self.counter.slot_ns()),
         );
-        let at = st
-            .next_raise(now, stepped, &self.window)
-            .map_or(0, Nanos::as_u64);
-        self.next_raise.store(at, Ordering::Relaxed);
+        let tiers = !self.tiers.is_empty();
+        let (limit, progress) = st.next_raise(now, stepped, &self.window, tiers);
+        self.next_raise
+            .store(limit.map_or(0, Nanos::as_u64), Ordering::Relaxed);
+        if tiers {
+            self.next_tier_raise
+                .store(progress.map_or(0, Nanos::as_u64), Ordering::Relaxed);
+        }
     }
 
     /// Starts the window at the slot containing `now` (so a clock that starts far from

@@ -302,15 +302,20 @@ impl Gate {
         // One call site, so that the check can be inlined here.
         let now = self.clock.now();
         let decision = engine.check_key(route, key, now);
-        let (refused_at, paced_key) = match decision {
-            Decision::Reject(_) => (engine.key_limit_rps_of(route, key), None),
-            Decision::Admit(Admit::Paced(_)) => (None, Some(key)),
-            Decision::Admit(_) => (None, None),
+        let (refused_at, restore_eta, paced_key) = match decision {
+            Decision::Reject(_) => (
+                engine.key_limit_rps_of(route, key),
+                engine.key_restore_eta_of(route, key, now),
+                None,
+            ),
+            Decision::Admit(Admit::Paced(_)) => (None, None, Some(key)),
+            Decision::Admit(_) => (None, None, None),
         };
         Decided {
             decision,
             now,
             refused_at,
+            restore_eta,
             paced_key,
         }
     }
@@ -323,6 +328,9 @@ pub(crate) struct Decided {
     pub(crate) now: Nanos,
     /// For a rejection, the limit it was refused at.
     pub(crate) refused_at: Option<f64>,
+    /// For a rejection, when the limit it was refused at next rises
+    /// ([`Engine::key_restore_eta`]: its key's tier's, on a route with tiers).
+    pub(crate) restore_eta: Option<Duration>,
     /// For a paced admission, the key it was decided on.
     pub(crate) paced_key: Option<TableKey>,
 }

@@ -130,7 +130,7 @@ where
         let admit = match decided.decision {
             Decision::Admit(admit) => admit,
             Decision::Reject(rejection) => {
-                let eta = engine.restore_eta(route, decided.now);
+                let eta = decided.restore_eta;
                 let retry_after = rejection::retry_after_on(&engine, route, &rejection, eta);
                 let limit = decided
                     .refused_at
