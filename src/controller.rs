@@ -808,7 +808,7 @@ impl Controller {
         if k > 0 && reaches(k - 1) {
             k -= 1;
         } else if !reaches(k) {
-            k += 1;
+            k = k.saturating_add(1);
         }
         k
     }

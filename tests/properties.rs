@@ -7,8 +7,10 @@ use common::cases;
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, Event, RouteConfig, RouteMatch};
-use rocgate::controller::{Controller, ControllerParams, ControllerState, Transition};
-use rocgate::engine::{Engine, Key};
+use rocgate::controller::{
+    Controller, ControllerMemory, ControllerParams, ControllerState, Transition,
+};
+use rocgate::engine::{Engine, Key, Schedule};
 use rocgate::limiter::{
     Admit, Decision, FixedWindow, LeakyBucket, Pace, SlidingWindowCounter, TokenBucket,
 };
@@ -1253,5 +1255,129 @@ proptest! {
         }).map(|s| s * slot_ns);
         let told = eta.map(|eta| (probe + eta).as_u64().div_ceil(slot_ns) * slot_ns);
         prop_assert_eq!(told, first, "told {:?} at {} in {:?} at {} req/s", eta, probe, state, limit);
+    }
+}
+
+/// A rate for [`next_raise_is_total`]: the extremes code that builds parameters
+/// without the config's checks may give (no step at all, one too small to move a sum
+/// of rates, one past any sum), and ordinary values.
+fn extreme_rps() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        Just(0.0),
+        Just(1e-300),
+        Just(f64::MIN_POSITIVE),
+        Just(-1.0),
+        Just(1e300),
+        Just(f64::MAX),
+        Just(f64::INFINITY),
+        Just(f64::NAN),
+        0.0f64..1_000.0,
+    ]
+}
+
+/// A duration for [`next_raise_is_total`]: none, the shortest, the longest, ordinary.
+fn extreme_duration() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        Just(Duration::ZERO),
+        Just(Duration::from_nanos(1)),
+        Just(Duration::from_nanos(u64::MAX)),
+        Just(Duration::MAX),
+        (0u64..10_000).prop_map(Duration::from_millis),
+    ]
+}
+
+/// Controller parameters for [`next_raise_is_total`], built in code, unchecked.
+fn extreme_params() -> impl Strategy<Value = ControllerParams> {
+    (
+        (
+            extreme_rps(),
+            extreme_rps(),
+            extreme_rps(),
+            extreme_rps(),
+            extreme_rps(),
+        ),
+        (
+            extreme_duration(),
+            extreme_duration(),
+            extreme_duration(),
+            extreme_duration(),
+        ),
+        any::<bool>(),
+    )
+        .prop_map(
+            |((base, cut, step, danger, safe), (hold, interval, dwell, max_cut), relative)| {
+                let mut p = ControllerParams::default();
+                p.base_limit_rps = base;
+                p.cut_limit_rps = cut;
+                p.restore_step_rps = step;
+                p.danger_roc = danger;
+                p.safe_roc = safe;
+                p.hold = hold;
+                p.restore_interval = interval;
+                p.min_dwell = dwell;
+                p.max_cut = max_cut;
+                p.roc_mode = if relative {
+                    RocMode::Relative
+                } else {
+                    RocMode::Absolute
+                };
+                p
+            },
+        )
+}
+
+/// A time for [`next_raise_is_total`]: near the origin, ordinary, or near the end of
+/// the clock.
+fn extreme_time() -> impl Strategy<Value = Nanos> {
+    prop_oneof![
+        Just(Nanos::ZERO),
+        Just(Nanos::new(u64::MAX)),
+        Just(Nanos::new(u64::MAX - 1)),
+        (0u64..100_000_000_000).prop_map(Nanos::new),
+    ]
+}
+
+proptest! {
+    #![proptest_config(cases(512))]
+
+    /// [`Schedule::next_raise`] and [`Controller::next_raise_at`] are total over
+    /// parameters that code may build without the config's checks: a restore step of
+    /// 1e-300 (too small to move the limit, its count of steps past any `u64`), of 0,
+    /// negative, infinite or NaN; a zero or the longest restore interval, hold and
+    /// `max_cut`; limits at the extremes of `f64`; times at the end of the clock;
+    /// a controller in any state at any limit, through up to three events of such
+    /// profiles. Each returns (no overflow, no loop without end: a step of 1e-300
+    /// had the restore's step count overflow, in `next_raise_at` and in the walk's
+    /// search for the first step past the limit, which counted up one step at a
+    /// time): `next_raise_at` tells a raise in `Cut` and `Recovering`, and neither
+    /// tells one in `Normal`.
+    #[test]
+    fn next_raise_is_total(
+        own in extreme_params(),
+        state in prop_oneof![
+            Just(ControllerState::Normal),
+            Just(ControllerState::Cut),
+            Just(ControllerState::Recovering),
+        ],
+        (entered_at, armed_at, stepped) in (extreme_time(), extreme_time(), extreme_time()),
+        safe_since in proptest::option::of(extreme_time()),
+        limit in extreme_rps(),
+        events in prop::collection::vec((extreme_time(), extreme_time(), extreme_params()), 0..4),
+    ) {
+        let window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
+        let memory = ControllerMemory {
+            state,
+            entered_at,
+            armed_at,
+            safe_since,
+            limit_rps: limit,
+            last_roc: 0.0,
+        };
+        let c = Controller::from_memory(own.clone(), memory, stepped);
+        let normal = c.state() == ControllerState::Normal;
+        prop_assert_eq!(c.next_raise_at(stepped, window.window()).is_none(), normal);
+        let schedule = Schedule::new(own, events);
+        let at = schedule.next_raise(schedule.event_at(stepped), &c, stepped, stepped, &window);
+        prop_assert!(!normal || at.is_none(), "{:?} in Normal", at);
     }
 }

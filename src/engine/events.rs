@@ -320,6 +320,11 @@ impl Schedule {
     /// engine steps it, the readings calm. `None` in `Normal`, or if the limit never
     /// rises above where it stands (an event lowered it, and nothing takes it back up
     /// past that).
+    ///
+    /// Total over parameters that code builds without the config's checks (a restore
+    /// step of 1e-300, 0 or NaN, a zero restore interval, times at the end of the
+    /// clock): a count of restore steps or a time past `u64` saturates, and the walk
+    /// takes a bounded number of stops per edge.
     pub fn next_raise(
         &self,
         active: Option<usize>,
