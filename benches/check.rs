@@ -22,6 +22,15 @@
 //!   and a refusal with every permit held (`reject`); each also as the tower layer
 //!   has it, the permit timed on a monotonic clock (`timed_monotonic`), and refused
 //!   with a mean hold known (`hold_timed`).
+//! - `retry_after`: what telling a `roc_cut` refusal its `Retry-After` costs, on a
+//!   route cut (default window, 6 s of 100 ms slots; a hold and `max_cut` of a day,
+//!   so that it stays cut), with no scheduled event and with 3 ahead of its raise,
+//!   each a profile of its own (a longer hold): `refusal`, one refused decision and
+//!   `Engine::restore_eta` read for it (a load of what the last step published); and
+//!   `step`, the step that publishes it, once a slot (`Engine::catch_up` to the next
+//!   slot's end: the window's roll, the controller's step, and the raise told from
+//!   the window's readings of a spike that holds its level, then walked through the
+//!   events' edges), each measured on a fresh route, 100 ms of virtual time a call.
 //! - `header_keys`: a route partitioned by a header, keys cycling over 1,000 values
 //!   of 8 bytes (kept whole as keys), 32 bytes (an API key) and 1,024 bytes (a JWT),
 //!   the two longer ones keyed by their SHA-256: what the digest adds to a decision.
@@ -70,7 +79,7 @@ use criterion::{BenchmarkGroup, Criterion};
 use governor::clock::{Clock as _, FakeRelativeClock, QuantaClock};
 use governor::{Quota, RateLimiter};
 use rocgate::clock::{Clock as _, MonotonicClock, Nanos};
-use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::config::{Config, Event, KeyLimits, Partition, RouteConfig, RouteMatch};
 use rocgate::engine::{Engine, Key, RouteId};
 use rocgate::limiter::{Admit, Algorithm, Decision, HoldClock};
 use rocgate::window::{SlotCounter, SlotRing, WindowSpec};
@@ -666,6 +675,72 @@ fn window(c: &mut Criterion) {
     g.finish();
 }
 
+/// A route cut at 10.1 s by a spike of 600 requests in the slot from 10 s, its hold and
+/// `max_cut` a day long (the longest the config takes) so that it stays cut, with
+/// `events` scheduled events ahead of its raise (from 2, 3 and 4 h, for 30 min each,
+/// each with a hold of its own: a measurement steps a route through well under an
+/// hour): the
+/// engine, the route, and the end of the slot it was last stepped at.
+fn cut_engine(events: u32) -> (Engine, RouteId, Nanos) {
+    let day = Duration::from_secs(24 * 3600);
+    let mut r = RouteConfig::new("bench", RouteMatch::any());
+    r.controller.hold = day;
+    r.controller.max_cut = day;
+    r.events = (1..=events)
+        .map(|i| {
+            let mut p = r.controller.clone();
+            p.hold = day - Duration::from_secs(u64::from(i));
+            let start = SystemTime::UNIX_EPOCH + Duration::from_secs(3600 * (1 + u64::from(i)));
+            Event::new(format!("e{i}"), start, Duration::from_secs(1800), p)
+        })
+        .collect();
+    let e = Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = bench_route(&e);
+    for k in 0..40u64 {
+        let _ = e.check(id, Key::None, Nanos::new(k * 250_000_000));
+    }
+    for k in 0..600u64 {
+        let _ = e.check(
+            id,
+            Key::None,
+            Nanos::new(10_000_000_000 + k * 100_000_000 / 600),
+        );
+    }
+    let at = Nanos::from_millis(10_200);
+    e.catch_up(id, at);
+    assert!(e.restore_eta(id, at).is_some(), "cut");
+    (e, id, at)
+}
+
+fn retry_after(c: &mut Criterion) {
+    let mut g = c.benchmark_group("retry_after");
+    for events in [0, 3] {
+        let (e, id, at) = cut_engine(events);
+        let now = at + Duration::from_millis(50);
+        g.bench_function(format!("refusal/{events}_events"), |b| {
+            b.iter(|| {
+                let d = e.check(id, Key::None, black_box(now));
+                (d, e.restore_eta(id, now))
+            })
+        });
+        g.bench_function(format!("step/{events}_events"), |b| {
+            b.iter_custom(|iters| {
+                let (e, id, at) = cut_engine(events);
+                let clock = MonotonicClock::new();
+                let start = clock.now();
+                for i in 1..=iters {
+                    e.catch_up(id, at + Duration::from_millis(100 * i));
+                }
+                let took = clock.now().saturating_since(start);
+                let end = at + Duration::from_millis(100 * iters);
+                assert!(e.restore_eta(id, end).is_some(), "still cut");
+                took
+            })
+        });
+    }
+    g.finish();
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     primitives(&mut c);
@@ -673,6 +748,7 @@ fn main() {
     route_2_threads(&mut c);
     keyed(&mut c);
     header_keys(&mut c);
+    retry_after(&mut c);
     reject(&mut c);
     concurrency(&mut c);
     occupancy(&mut c);
