@@ -433,6 +433,49 @@ fn checks_allocate_nothing_once_a_key_exists() {
     }
 }
 
+/// Through the tower layer, a request whose `Host` has capitals (and a port, a
+/// trailing dot) allocates no more than one in lower case: its key, the host's name in
+/// lower case, is made without a lower-cased copy (one `String` a request, before).
+#[cfg(feature = "http")]
+#[test]
+fn a_host_in_capitals_is_keyed_without_an_allocation() {
+    use rocgate::http::AdmissionLayer;
+    use tower::{Layer as _, ServiceExt as _};
+    let mut r = route(0, Partition::Header("host".into(), limits(100)));
+    r.matcher = RouteMatch::any();
+    r.controller.base_limit_rps = 1e6;
+    r.controller.cut_limit_rps = 1e6;
+    let layer = AdmissionLayer::from_config(&Config::new(vec![r])).unwrap();
+    let svc = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(bytes::Bytes::new()))
+    }));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let allocations = |host: &str| {
+        let req = http::Request::get("/")
+            .header("host", host)
+            .body(())
+            .unwrap();
+        let svc = svc.clone();
+        let info = measure(|| {
+            let response = rt.block_on(svc.oneshot(req)).unwrap();
+            assert_eq!(response.status(), http::StatusCode::OK, "{host:?}");
+        });
+        info.count_total
+    };
+    for name in ["shop.example", "api.shop-example.com"] {
+        // The key made, then a request on it, in lower case.
+        allocations(name);
+        let lower = allocations(name);
+        let upper = name.to_ascii_uppercase();
+        for host in [upper.clone(), format!("{upper}:8080"), format!("{upper}.")] {
+            assert_eq!(allocations(&host), lower, "{host:?} against {name:?}");
+        }
+    }
+    assert_eq!(layer.engine().snapshot(Nanos::ZERO)[0].keys, 2);
+}
+
 /// A [`spike`] on `e`'s first route with `key`: it cuts, and allocates nothing.
 #[track_caller]
 fn spike_allocates_nothing(e: &Engine, key: Key<'_>) {

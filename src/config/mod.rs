@@ -891,20 +891,26 @@ pub const MAX_KEY_VALUE_BYTES: usize = 15;
 /// a key of its own, a fresh quota per spelling: 2^n for a name of n letters, 65,536
 /// for its ports.
 pub(crate) fn host_key(value: &str) -> std::borrow::Cow<'_, str> {
-    let end = match value.strip_prefix('[') {
-        Some(rest) => rest.find(']').map_or(value.len(), |close| close + 2),
-        None => value.find(':').unwrap_or(value.len()),
-    };
-    let name = &value[..end];
-    let name = name
-        .strip_suffix('.')
-        .filter(|n| !n.is_empty())
-        .unwrap_or(name);
+    let name = host_name(value);
     if name.bytes().any(|b| b.is_ascii_uppercase()) {
         std::borrow::Cow::Owned(name.to_ascii_lowercase())
     } else {
         std::borrow::Cow::Borrowed(name)
     }
+}
+
+/// The host name of a `Host` value as sent, which [`host_key`] is in lower case: the
+/// value without its port and one trailing dot. The layer builds a host's table key
+/// from it, lower-casing as it copies or hashes, with no `String`.
+pub(crate) fn host_name(value: &str) -> &str {
+    let end = match value.strip_prefix('[') {
+        Some(rest) => rest.find(']').map_or(value.len(), |close| close + 2),
+        None => value.find(':').unwrap_or(value.len()),
+    };
+    let name = &value[..end];
+    name.strip_suffix('.')
+        .filter(|n| !n.is_empty())
+        .unwrap_or(name)
 }
 
 /// Whether a `header:<name>` partition is keyed by credentials ([`credentials_key`]):

@@ -5,7 +5,7 @@
 
 use super::Key;
 #[cfg(feature = "http")]
-use crate::config::credentials_fold;
+use crate::config::{credentials_fold, host_name};
 use crate::config::{Partition, RouteConfig, MAX_KEY_VALUE_BYTES};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -34,6 +34,15 @@ impl TableKey {
             Key::Ip(ip) => TableKey::Ip(ip),
             Key::Value(v) => TableKey::Value(ValueKey::new(v)),
         }
+    }
+
+    /// The table key of a `header:host` value: that of its
+    /// [`host_key`](crate::config::host_key), made with no `String` however the value
+    /// is spelled.
+    #[cfg(feature = "http")]
+    #[inline]
+    pub(crate) fn of_host(value: &str) -> Self {
+        TableKey::Value(ValueKey::of_lower_case(host_name(value)))
     }
 
     /// The table key of a `header:authorization` (or `proxy-authorization`) value:
@@ -172,11 +181,36 @@ impl ValueKey {
         ValueKey(key)
     }
 
+    /// The key of `value` in ASCII lower case, with no such value made: a short one is
+    /// lower-cased in the key's bytes, a long one as it is hashed
+    /// ([`update_lower_case`]), the same key as of the value lower-cased whole.
+    #[cfg(feature = "http")]
+    fn of_lower_case(value: &str) -> Self {
+        let bytes = value.as_bytes();
+        let mut key = [0u8; 16];
+        match u8::try_from(bytes.len()) {
+            Ok(len) if bytes.len() <= MAX_KEY_VALUE_BYTES => {
+                key[..bytes.len()].copy_from_slice(bytes);
+                // All 16 bytes, the zeros past the value unchanged: a fixed length the
+                // compiler lowers in a few vector instructions.
+                key.make_ascii_lowercase();
+                key[15] = len;
+            }
+            _ => {
+                use sha2::Digest as _;
+                let mut sha = sha2::Sha256::new();
+                update_lower_case(&mut sha, bytes);
+                key.copy_from_slice(&sha.finalize()[..16]);
+            }
+        }
+        ValueKey(key)
+    }
+
     /// The key of the value `scheme` in lower case, one space, then `credentials` (the
     /// fold of [`credentials_key`](crate::config::credentials_key)), with no such value
     /// made: a short one is written into the key's bytes, a long one hashed in its
-    /// three parts (the scheme lower-cased on the stack, 64 bytes at a time), the same
-    /// digest as of the value whole.
+    /// three parts (the scheme lower-cased as it is hashed, [`update_lower_case`]), the
+    /// same digest as of the value whole.
     #[cfg(feature = "http")]
     fn of_credentials(scheme: &str, credentials: &str) -> Self {
         let (scheme, credentials) = (scheme.as_bytes(), credentials.as_bytes());
@@ -193,19 +227,27 @@ impl ValueKey {
             _ => {
                 use sha2::Digest as _;
                 let mut sha = sha2::Sha256::new();
-                let mut lower = [0u8; 64];
-                for piece in scheme.chunks(lower.len()) {
-                    let lower = &mut lower[..piece.len()];
-                    lower.copy_from_slice(piece);
-                    lower.make_ascii_lowercase();
-                    sha.update(&*lower);
-                }
+                update_lower_case(&mut sha, scheme);
                 sha.update(b" ");
                 sha.update(credentials);
                 key.copy_from_slice(&sha.finalize()[..16]);
             }
         }
         ValueKey(key)
+    }
+}
+
+/// Hashes `bytes` in ASCII lower case into `sha`, lower-cased on the stack 64 bytes
+/// (SHA-256's block) at a time.
+#[cfg(feature = "http")]
+fn update_lower_case(sha: &mut sha2::Sha256, bytes: &[u8]) {
+    use sha2::Digest as _;
+    let mut lower = [0u8; 64];
+    for piece in bytes.chunks(lower.len()) {
+        let lower = &mut lower[..piece.len()];
+        lower.copy_from_slice(piece);
+        lower.make_ascii_lowercase();
+        sha.update(&*lower);
     }
 }
 
@@ -249,6 +291,89 @@ mod tests {
         assert_eq!(short[15], 15);
         assert_ne!(ValueKey::new("k").bits(), ValueKey::new("k\0").bits());
         assert_ne!(ValueKey::new("").bits(), ValueKey::new("\0").bits());
+    }
+
+    /// The layer's key of a host (the layer's alone: built without `http`, no code
+    /// makes one).
+    #[cfg(feature = "http")]
+    mod hosts {
+        use super::*;
+        use crate::config::host_key;
+
+        /// The table key the layer makes of a `Host` value.
+        fn host_bits(value: &str) -> u128 {
+            match TableKey::of_host(value) {
+                TableKey::Value(key) => key.bits(),
+                _ => panic!("{value:?} is no header value's key"),
+            }
+        }
+
+        /// Every spelling of a host (letter case, a port, a trailing dot) is keyed as
+        /// its name in lower case, sent as it is (the key a host in lower case had when
+        /// it was folded into a `String`, which only a name with a capital was): kept
+        /// whole up to 15 bytes, by its digest beyond, and beyond the 64 bytes a long
+        /// name is lower-cased by at a time.
+        #[test]
+        fn every_spelling_of_a_host_is_keyed_as_its_name_in_lower_case() {
+            let long = format!("{}.example.com", "ab".repeat(40));
+            let names = [
+                "example.com",
+                "fifteen-bytes.x",
+                "api.shop-example.com",
+                long.as_str(),
+                "[2001:db8::1]",
+            ];
+            for name in names {
+                let key = ValueKey::new(name).bits();
+                let upper = name.to_ascii_uppercase();
+                let mixed: String = name
+                    .chars()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        if i % 2 == 0 {
+                            c.to_ascii_uppercase()
+                        } else {
+                            c
+                        }
+                    })
+                    .collect();
+                for spelling in [name, &upper, &mixed] {
+                    for suffix in ["", ":8080", ":", ".", ".:443"] {
+                        if name.starts_with('[') && suffix.starts_with('.') {
+                            continue;
+                        }
+                        let value = format!("{spelling}{suffix}");
+                        assert_eq!(host_bits(&value), key, "{value:?} is {name:?}");
+                        assert_eq!(
+                            host_bits(&value),
+                            ValueKey::new(&host_key(&value)).bits(),
+                            "{value:?}"
+                        );
+                    }
+                }
+            }
+            assert_eq!(host_bits("Example.COM"), host_bits("example.com"));
+            // Another host, another key.
+            for (a, b) in [
+                ("example.com", "example.org"),
+                ("Example.COM", "example.co"),
+                (long.as_str(), &long[1..]),
+            ] {
+                assert_ne!(host_bits(a), host_bits(b), "{a:?}, {b:?}");
+            }
+        }
+
+        proptest::proptest! {
+            /// Any value, ports and brackets and bytes beyond ASCII too: the layer's
+            /// key of it is the key of `host_key`'s fold.
+            #[test]
+            fn any_host_is_keyed_as_its_folded_name(value in "[A-Za-z0-9.:\\[\\]é-]{0,90}") {
+                proptest::prop_assert_eq!(
+                    host_bits(&value),
+                    ValueKey::new(&host_key(&value)).bits()
+                );
+            }
+        }
     }
 
     /// The layer's key of a credential (the layer's alone: built without `http`, no

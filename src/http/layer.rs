@@ -287,10 +287,11 @@ impl Gate {
                 };
                 // One host, one credential, however it is spelled (see `host_key`,
                 // `credentials_key`): a key per spelling was a fresh quota per spelling.
-                // However long: the engine keys a long value by its digest. A
-                // credential's key is made from its parts, with no folded copy.
+                // However long: the engine keys a long value by its digest. A host's
+                // and a credential's key are made from the value as sent, lower-cased
+                // as copied or hashed, with no folded copy.
                 match value {
-                    Some(v) if host => TableKey::of(Key::Value(&crate::config::host_key(v))),
+                    Some(v) if host => TableKey::of_host(v),
                     Some(v) if crate::config::is_credentials_header(name) => {
                         TableKey::of_credentials(v)
                     }
