@@ -1289,4 +1289,45 @@ mod credentials_key_tests {
             );
         }
     }
+
+    /// A tier built in code (no file) on a credentials partition, its header named in
+    /// any case, is refused as a file's is when no request's credential can match it
+    /// (a scheme with a capital, more than one blank or a tab after it), and taken in
+    /// its key's form: by `Config::validate`, which `Engine::new` (so every layer and
+    /// simulator built in code) calls first.
+    #[test]
+    fn a_tier_built_in_code_that_no_credential_can_match_is_refused() {
+        let config = |header: &str, value: &str| {
+            let mut route = RouteConfig::new("api", RouteMatch::any());
+            route.partition = Partition::Header(header.into(), KeyLimits::default());
+            route.tiers = vec![Tier::new("gold", [value], 100.0, 50.0)];
+            Config::new(vec![route])
+        };
+        for header in ["authorization", "Proxy-Authorization", "AUTHORIZATION"] {
+            for (value, key) in [
+                ("Bearer t", "bearer t"),
+                ("bearer  t", "bearer t"),
+                ("bearer\tt", "bearer t"),
+                ("DIGEST a=\"B\", c=D", "digest a=\"B\", c=D"),
+            ] {
+                let e = config(header, value).validate().unwrap_err().to_string();
+                assert!(
+                    e.contains("routes[0].tiers[0].values[0]: can never match: credentials are keyed by their scheme in lower case")
+                        && e.contains(&format!("({key:?}), got {value:?}")),
+                    "{header}, {value:?}: {e}"
+                );
+                let engine = crate::engine::Engine::new(
+                    &config(header, value),
+                    crate::clock::Nanos::ZERO,
+                    SystemTime::UNIX_EPOCH,
+                );
+                assert_eq!(engine.unwrap_err().to_string(), e);
+            }
+            for value in ["bearer t", "T0ken", "digest a=\"B\", c=D"] {
+                config(header, value)
+                    .validate()
+                    .unwrap_or_else(|e| panic!("{header}, {value:?}: {e}"));
+            }
+        }
+    }
 }
