@@ -932,7 +932,11 @@ pub(crate) fn is_credentials_header(name: &str) -> bool {
 /// credentials keep their case (a token68 or an auth-param value is case-sensitive in
 /// general), and a value with no space or tab (a bare token, as some APIs take) is kept
 /// whole. Each spelling used to be a key of its own: 2^6 quotas for one token from the
-/// case of `Bearer` alone, one more per added space.
+/// case of `Bearer` alone, one more per added space. An auth-param list (`Digest a="B",
+/// c=D`) is kept as sent, though its names are case-insensitive and a value may be
+/// quoted or not (RFC 9110 §11.2): the schemes that send one sign each request anew (a
+/// fresh key whatever its spelling), and a canonical form would cost every credential
+/// a parse and a sort (README, "Partitions").
 pub(crate) fn credentials_key(value: &str) -> std::borrow::Cow<'_, str> {
     match credentials_fold(value) {
         None => std::borrow::Cow::Borrowed(value),
