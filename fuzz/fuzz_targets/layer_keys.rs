@@ -10,7 +10,12 @@
 //! rejection status; path normalization is idempotent (for paths whose every `%`
 //! begins an escape); the index finds the route that trying every route in config
 //! order finds, on the normalized path and as written; no route tracks more keys than
-//! its `max_keys` and its tiers' values (a tier's key takes a place in a full table).
+//! its `max_keys` and its tiers' values (a tier's key takes a place in a full table);
+//! on `creds`, partitioned by `header:authorization` with a bucket of one request per
+//! key (`limit × burst` at most 1), a request's one credential spelled another way
+//! that folds alike (its scheme in another case, other spaces and tabs after it and
+//! around the value) is the same key: sent at the same instant, it is refused and
+//! adds no key.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -64,6 +69,20 @@ algorithm = "concurrency"
 base_limit = 2
 cut_limit = 1
 queue = 0
+
+[[routes]]
+name = "creds"
+path_prefix = "/c"
+partition = "header:authorization"
+base_limit = 2
+cut_limit = 1
+burst = "500ms"
+max_keys = 8
+[[routes.tiers]]
+name = "listed"
+values = ["bearer gold-Token", "Opaque-T0ken", "basic Z29sZA=="]
+base_limit = 1
+cut_limit = 0.5
 
 [[routes]]
 name = "item"
@@ -153,6 +172,48 @@ struct Req {
     peer: Option<([u8; 16], bool)>,
     headers: Vec<(u8, Vec<u8>)>,
     advance_ms: u16,
+    /// How the request's credential is spelled again on `creds`.
+    respell: u32,
+}
+
+/// Another spelling of the credential `value` (without the blanks around it, as the
+/// layer reads it) that folds as it does: its scheme's ASCII letters in the other case
+/// where `bits` says, one to three spaces or tabs after the scheme, up to three around
+/// the value. A value with no blank, kept whole, gains only the blanks around it.
+fn respelled(value: &str, bits: u32) -> String {
+    let blanks = |from: u32, n: u32| -> String {
+        (0..n)
+            .map(|i| {
+                if bits >> (from + i) & 1 == 0 {
+                    ' '
+                } else {
+                    '\t'
+                }
+            })
+            .collect()
+    };
+    let core = match value.find([' ', '\t']) {
+        None => value.to_owned(),
+        Some(end) => {
+            let (scheme, rest) = value.split_at(end);
+            let scheme: String = scheme
+                .chars()
+                .enumerate()
+                .map(|(i, c)| match bits >> (i % 12) & 1 {
+                    1 if c.is_ascii_lowercase() => c.to_ascii_uppercase(),
+                    1 => c.to_ascii_lowercase(),
+                    _ => c,
+                })
+                .collect();
+            let between = blanks(12, 1 + (bits >> 15) % 3);
+            format!("{scheme}{between}{}", rest.trim_start_matches([' ', '\t']))
+        }
+    };
+    format!(
+        "{}{core}{}",
+        blanks(17, (bits >> 20) % 4),
+        blanks(22, (bits >> 25) % 4)
+    )
 }
 
 const METHODS: [&[u8]; 6] = [b"GET", b"POST", b"HEAD", b"PUT", b"PATCH", b"DELETE"];
@@ -218,6 +279,7 @@ fuzz_target!(|reqs: Vec<Req>| {
             linear(written),
             "{method} {path:?} as written"
         );
+        let (again_method, again_uri) = (method.clone(), uri.clone());
         let mut req = Request::builder().method(method).uri(uri).body(()).unwrap();
         for (which, value) in &r.headers {
             let name = NAMES[usize::from(*which) % NAMES.len()];
@@ -240,12 +302,50 @@ fuzz_target!(|reqs: Vec<Req>| {
         let service = w.layer.layer(tower::service_fn(|_req: Request<()>| async {
             Ok::<_, Infallible>(Response::new(bytes::Bytes::new()))
         }));
-        let response = w.runtime.block_on(service.oneshot(req)).unwrap();
+        // The request's one credential, if it is on `creds` and has one.
+        let creds = engine.route_id("creds").unwrap();
+        let mut values = req.headers().get_all("authorization").iter();
+        let credential = match (values.next(), values.next()) {
+            (Some(v), None)
+                if engine.route_for_written(again_method.as_str(), &path) == Some(creds) =>
+            {
+                std::str::from_utf8(v.as_bytes())
+                    .ok()
+                    .map(|v| v.trim_matches([' ', '\t']).to_owned())
+            }
+            _ => None,
+        };
+        let response = w.runtime.block_on(service.clone().oneshot(req)).unwrap();
         let status = response.status();
         assert!(
             status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
             "status {status}"
         );
+        if let Some(value) = credential {
+            // The key's bucket holds one request: the request took it, or found it
+            // empty. Another spelling of its credential, at the same instant, is the
+            // same key (no new one), and refused.
+            let again = respelled(&value, r.respell);
+            let keys =
+                |engine: &Engine| engine.route_snapshot(creds, w.clock.now()).map(|s| s.keys);
+            let before = keys(&engine);
+            let req = Request::builder()
+                .method(again_method)
+                .uri(again_uri)
+                .header(
+                    "authorization",
+                    HeaderValue::from_bytes(again.as_bytes()).unwrap(),
+                )
+                .body(())
+                .unwrap();
+            let status = w.runtime.block_on(service.oneshot(req)).unwrap().status();
+            assert_eq!(
+                status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{again:?}, spelled {value:?} first"
+            );
+            assert_eq!(keys(&engine), before, "{again:?}, spelled {value:?} first");
+        }
         for route in engine.snapshot(w.clock.now()) {
             // A key listed in a tier takes a place beyond `max_keys`: 16 keys in
             // `by_ip`'s table, then its tier's 10.0.0.7, made 17.
