@@ -34,6 +34,8 @@
 //! | `rocgate_cut_seconds_total` | counter | `route` | time spent in `cut`, whole seconds, a cut under way counted to the collection (never taken back if its end is later dated before that) |
 //! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic; shadow modes' would-be rejections are not in it |
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
+//! | `rocgate_route_limit_rps`, `rocgate_route_limit_tokens` | gauge | `route` | a partitioned route's limit over its keys together (`route_limit`) as enforced now (scaled by a cut as the keys' limit is), and its bucket's tokens left; only for routes with one |
+//! | `rocgate_route_limit_rejected_total` | counter | `route` | requests a partitioned route's `route_limit` refused (in `shadow` mode, would have), after their key's own limit admitted them: the part of `rocgate_requests_total`'s `limit` and `roc_cut` that is the keys' total, not a key's own limit; only for routes with one |
 //! | `rocgate_max_keys` | gauge | `route` | keys a partitioned route tracks at most (`max_keys`; 0 for a route limited as a whole): at it, new keys share one overflow limiter |
 //! | `rocgate_keys_evicted_total` | counter | `route` | keys a partitioned route evicted: idle for `idle_timeout`, or at rest while its table was full |
 //! | `rocgate_key_overflow_total` | counter | `route` | requests of new keys a partitioned route decided on its one shared overflow limiter, its key table full (`rocgate_keys` may read below `max_keys` between sweeps meanwhile) |
@@ -116,6 +118,12 @@ pub const REJECTION_RATIO: &str = "rocgate_rejection_ratio";
 pub const KEYS: &str = "rocgate_keys";
 /// `rocgate_max_keys`.
 pub const MAX_KEYS: &str = "rocgate_max_keys";
+/// `rocgate_route_limit_rps`.
+pub const ROUTE_LIMIT: &str = "rocgate_route_limit_rps";
+/// `rocgate_route_limit_tokens`.
+pub const ROUTE_LIMIT_TOKENS: &str = "rocgate_route_limit_tokens";
+/// `rocgate_route_limit_rejected_total`.
+pub const ROUTE_LIMIT_REJECTED: &str = "rocgate_route_limit_rejected_total";
 /// `rocgate_keys_evicted_total`.
 pub const KEYS_EVICTED: &str = "rocgate_keys_evicted_total";
 /// `rocgate_key_overflow_total`.
@@ -176,7 +184,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 49] = [
+pub const ALL: [&str; 52] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -189,6 +197,9 @@ pub const ALL: [&str; 49] = [
     SAFE_ROC,
     LIMITER_LEVEL,
     LIMITER_CAPACITY,
+    ROUTE_LIMIT,
+    ROUTE_LIMIT_TOKENS,
+    ROUTE_LIMIT_REJECTED,
     CONTROLLER_STATE,
     TRANSITIONS,
     CUTS,
@@ -292,6 +303,18 @@ pub fn describe() {
         "1 for the controller's state, 0 for the others."
     );
     describe_counter!(TRANSITIONS, "Controller state changes.");
+    describe_gauge!(
+        ROUTE_LIMIT,
+        "A partitioned route's limit over its keys together, as enforced now, req/s."
+    );
+    describe_gauge!(
+        ROUTE_LIMIT_TOKENS,
+        "Tokens left in a partitioned route's limit over its keys together."
+    );
+    describe_counter!(
+        ROUTE_LIMIT_REJECTED,
+        "Requests a partitioned route's limit over its keys together refused."
+    );
     describe_counter!(CUTS, "Cuts.");
     describe_counter!(
         CUT_VS_BASE,
@@ -506,6 +529,7 @@ struct RouteCounters {
     key_overflow: Monotonic,
     cut_vs_base_rejected: Monotonic,
     cut_vs_base_admitted: Monotonic,
+    route_limit_rejected: Monotonic,
 }
 
 impl RouteCounters {
@@ -521,6 +545,7 @@ impl RouteCounters {
                     &mut self.key_overflow,
                     &mut self.cut_vs_base_rejected,
                     &mut self.cut_vs_base_admitted,
+                    &mut self.route_limit_rejected,
                 ])
                 .for_each(Monotonic::restart);
             self.serial = serial;
@@ -567,6 +592,9 @@ impl RouteCounters {
         }
         if let (Some(n), Some(handle)) = (s.cut_vs_base_admitted, &h.cut_vs_base_admitted) {
             handle.absolute(self.cut_vs_base_admitted.next(n));
+        }
+        if let (Some(t), Some(handle)) = (s.route_limit, &h.route_limit_rejected) {
+            handle.absolute(self.route_limit_rejected.next(t.rejected));
         }
     }
 }
@@ -905,6 +933,19 @@ fn route_gauges(
         .set(now.map_or(f64::NAN, |(_, ratio)| ratio));
     h.keys.set(v(|s| s.keys as f64));
     h.max_keys.set(v(|s| s.max_keys as f64));
+    // A route's total, or NaN once it has none (removed, or the route gone).
+    let total = now.and_then(|(s, _)| s.route_limit);
+    if total.is_some() || series.route_limit.is_some() {
+        let [limit, tokens] = series.route_limit.get_or_insert_with(|| {
+            let r = || route.to_owned();
+            [
+                gauge!(ROUTE_LIMIT, "route" => r()),
+                gauge!(ROUTE_LIMIT_TOKENS, "route" => r()),
+            ]
+        });
+        limit.set(total.map_or(f64::NAN, |t| t.limit_rps));
+        tokens.set(total.map_or(f64::NAN, |t| t.level.value));
+    }
     limiter_gauges(series, route, algorithm, now.map(|(s, _)| s));
 }
 
@@ -939,6 +980,9 @@ struct RouteSeries {
     limiters: Vec<LimiterSeries>,
     /// `rocgate_store_roc` and `rocgate_store_demand_rps`.
     store: Option<StoreSeries>,
+    /// `rocgate_route_limit_rps` and `rocgate_route_limit_tokens`, registered once the
+    /// route has a `route_limit`.
+    route_limit: Option<[Gauge; 2]>,
 }
 
 impl RouteSeries {
@@ -965,6 +1009,10 @@ impl RouteSeries {
             &mut h.cut_vs_base_admitted,
             "admitted",
         );
+        if s.route_limit.is_some() && h.route_limit_rejected.is_none() {
+            h.route_limit_rejected =
+                Some(counter!(ROUTE_LIMIT_REJECTED, "route" => s.name.clone()));
+        }
         h
     }
 
@@ -1018,6 +1066,9 @@ struct CounterSeries {
     /// `rocgate_cut_vs_base_total{decision="admitted"}`, registered once the route
     /// counts it.
     cut_vs_base_admitted: Option<Counter>,
+    /// `rocgate_route_limit_rejected_total`, registered once the route has a
+    /// `route_limit`.
+    route_limit_rejected: Option<Counter>,
 }
 
 impl CounterSeries {
@@ -1050,6 +1101,7 @@ impl CounterSeries {
             key_overflow: counter!(KEY_OVERFLOW, "route" => r()),
             cut_vs_base_rejected: None,
             cut_vs_base_admitted: None,
+            route_limit_rejected: None,
         }
     }
 }

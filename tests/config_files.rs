@@ -2890,3 +2890,89 @@ fn every_duration_has_an_upper_bound() {
     ));
     Config::from_toml_str(&at_bounds, "bounds.toml").unwrap();
 }
+
+/// `route_limit`, a partitioned route's keys together: read where it is written, and
+/// refused (each problem under its own field path) where it could do nothing, where
+/// no token bucket could hold it, and with the Redis store, which shares no
+/// partitioned route.
+#[test]
+fn route_limit_is_a_partitioned_routes_total() {
+    let c = Config::from_toml_str(
+        &route("partition = \"ip\"\nbase_limit = 10\ncut_limit = 2\nroute_limit = 500"),
+        "good.toml",
+    )
+    .unwrap();
+    assert_eq!(c.routes[0].route_limit_rps, Some(500.0));
+    let c = Config::from_toml_str(&route("partition = \"header:x-api-key\""), "good.toml").unwrap();
+    assert_eq!(c.routes[0].route_limit_rps, None);
+    let c = Config::from_toml_str(
+        &route("partition = \"ip\"\nalgorithm = \"sliding_window\"\nroute_limit = 50.5"),
+        "good.toml",
+    )
+    .unwrap();
+    assert_eq!(c.routes[0].route_limit_rps, Some(50.5));
+
+    refused(
+        &route("route_limit = 500"),
+        "routes[0].route_limit",
+        "applies only to partitioned routes",
+    );
+    refused(
+        &route("partition = \"ip\"\nroute_limit = 0"),
+        "routes[0].route_limit",
+        "must be a number > 0, got 0",
+    );
+    refused(
+        &route("partition = \"ip\"\nroute_limit = \"lots\""),
+        "routes[0].route_limit",
+        "",
+    );
+    refused(
+        &route("partition = \"ip\"\nroute_limit = 3000000"),
+        "routes[0].route_limit",
+        "must be at most 2000000 req/s",
+    );
+    refused(
+        &route("partition = \"ip\"\nburst = \"1h\"\nbase_limit = 1\ncut_limit = 1\nroute_limit = 2000000"),
+        "routes[0].route_limit",
+        "route_limit × burst must be at most",
+    );
+    for algorithm in ["leaky_bucket", "concurrency"] {
+        refused(
+            &route(&format!(
+                "partition = \"ip\"\nalgorithm = \"{algorithm}\"\nroute_limit = 100"
+            )),
+            "routes[0].route_limit",
+            &format!("applies only with token_bucket, fixed_window or sliding_window, and this route uses {algorithm}"),
+        );
+    }
+    // Not a setting of [defaults] or of an event: a total is one route's.
+    refused(
+        &format!("[defaults]\nroute_limit = 5\n{ORDER}"),
+        "defaults.route_limit",
+        "unknown field `route_limit`",
+    );
+    // Every problem is reported, each once, under its own path.
+    let found = problems(&format!(
+        "{}{}",
+        route("route_limit = 5"),
+        "[[routes]]\nname = \"b\"\npath = \"/b\"\npartition = \"ip\"\nroute_limit = -1\n"
+    ));
+    assert_eq!(
+        found
+            .iter()
+            .filter(|l| l.starts_with("routes[0].route_limit")
+                || l.starts_with("routes[1].route_limit"))
+            .count(),
+        2,
+        "{found:?}"
+    );
+    refused(
+        &format!(
+            "{}[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n",
+            route("partition = \"ip\"\nroute_limit = 500")
+        ),
+        "routes[0].route_limit",
+        "cannot be shared through the Redis store",
+    );
+}

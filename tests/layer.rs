@@ -2169,3 +2169,38 @@ async fn a_concurrency_refusal_of_short_holds_says_1_s_and_the_estimate_in_ms() 
 fn retry_after_secs(headers: &http::HeaderMap) -> u64 {
     headers["retry-after"].to_str().unwrap().parse().unwrap()
 }
+
+/// A refusal by a partitioned route's `route_limit` (its keys together) is a 429 like
+/// a key's own: the reason, and the total's exact wait in `retry_after_ms` (rounded up
+/// to whole seconds in `Retry-After`), after which the next key is admitted.
+#[tokio::test]
+async fn a_refusal_by_the_keys_total_carries_retry_after_and_the_reason() {
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    r.partition = Partition::Header("x-key".into(), KeyLimits::default());
+    r.route_limit_rps = Some(4.0);
+    let (l, clock) = layer(vec![r]);
+    let engine = l.engine();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let order = |key: &str| {
+        let mut req = post_order();
+        req.headers_mut()
+            .insert("x-key", http::HeaderValue::from_str(key).unwrap());
+        app.clone().oneshot(req)
+    };
+    for key in ["a", "b", "c", "d"] {
+        assert_eq!(order(key).await.unwrap().status(), StatusCode::OK, "{key}");
+    }
+    // Key `e` is well within its own 5 req/s: the total of 4 refuses it.
+    let res = order("e").await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after_secs(res.headers()), 1);
+    assert_eq!(res.headers()["rocgate-reason"], "limit");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["reason"], "limit");
+    assert_eq!(json["retry_after_ms"], 250);
+    let total = engine.snapshot(clock.now())[0].route_limit.unwrap();
+    assert_eq!(total.rejected, 1);
+    clock.advance(Duration::from_millis(250));
+    assert_eq!(order("f").await.unwrap().status(), StatusCode::OK);
+}

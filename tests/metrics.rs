@@ -288,6 +288,7 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
     per_ip.partition = Partition::ClientIp(KeyLimits::default());
     per_ip.controller.base_limit_rps = 1e6;
     per_ip.controller.cut_limit_rps = 1e5;
+    per_ip.route_limit_rps = Some(2e6);
     let mut rest = RouteConfig::new("rest", RouteMatch::any());
     rest.controller.base_limit_rps = 1e6;
     rest.controller.cut_limit_rps = 1e5;
@@ -377,6 +378,20 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
         after_text.contains(&format!(r#"rocgate_max_keys{{route="per-ip"}} {max_keys}"#))
             && after_text.contains(r#"rocgate_max_keys{route="rest"} 0"#),
         "a partitioned route's max_keys, 0 for one limited as a whole"
+    );
+    // 2,000,000 req/s, or its cut's share (the traffic above may cut the route).
+    let total = after_text
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"rocgate_route_limit_rps{route="per-ip"} "#))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        matches!(total, Some(t) if (2e5..=2e6).contains(&t)),
+        "a partitioned route's total: {total:?}"
+    );
+    assert!(
+        after_text.contains(r#"rocgate_route_limit_rejected_total{route="per-ip"} 0"#)
+            && !after_text.contains(r#"rocgate_route_limit_rps{route="rest"}"#),
+        "the total's refusals, and no total for a route without one"
     );
     let _ = stop.send(());
     run.await.unwrap().unwrap();

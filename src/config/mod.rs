@@ -412,6 +412,14 @@ pub struct RouteConfig {
     pub algorithm: Algorithm,
     /// Whether the limit applies to the route as a whole or to each key.
     pub partition: Partition,
+    /// A partitioned route's limit over its keys' requests together, req/s
+    /// (`route_limit`): one token bucket for the route, with the route's burst (its
+    /// `burst`, or `limiter_window` for the window counters), tried after a key's own
+    /// limiter admits, and scaled by the cut as the keys' limit is (`limit_rps /
+    /// base_limit_rps`). `None`: no limit over the keys together. Only on partitioned
+    /// routes with `token_bucket`, `fixed_window` or `sliding_window`, and not with the
+    /// Redis store.
+    pub route_limit_rps: Option<f64>,
     /// Key values with limits of their own (partitioned routes only).
     pub tiers: Vec<Tier>,
     /// Scheduled events that run another profile for a while.
@@ -431,6 +439,7 @@ impl RouteConfig {
             controller: ControllerParams::default(),
             algorithm: Algorithm::default(),
             partition: Partition::Route,
+            route_limit_rps: None,
             tiers: Vec::new(),
             events: Vec::new(),
         }

@@ -195,6 +195,7 @@ tables! {
         method: Option<String>,
         path: Option<String>,
         path_prefix: Option<String>,
+        route_limit: Option<Num>,
         tiers: Vec<RawTier>,
         events: Vec<RawEvent>,
     }
@@ -1442,6 +1443,75 @@ fn partition_of(p: &mut Problems, s: &Settings, at: Scope) -> Option<Partition> 
     })
 }
 
+/// A partitioned route's `route_limit`, its keys' requests together, req/s: a limit
+/// ([`limit`]) held by a token bucket whose burst is the route's (`burst`, or
+/// `limiter_window` for the window counters), within what such a bucket holds and
+/// spaces. Refused on a route limited as a whole (its `base_limit` is its total
+/// already) and with `leaky_bucket` or `concurrency`, whose admissions (paced, or
+/// holding a permit) the total could not take back once it refused. `Some(None)` when
+/// not written; `None` when refused.
+fn route_limit_of(
+    p: &mut Problems,
+    at: Scope,
+    raw: Option<Num>,
+    s: &Settings,
+) -> Option<Option<f64>> {
+    let Some(raw) = raw else {
+        return Some(None);
+    };
+    let field = at.path("route_limit");
+    let value = match limit(raw) {
+        Ok(value) => value,
+        Err(message) => {
+            p.at(field, message);
+            return None;
+        }
+    };
+    if s.partition.as_ref()?.value == PartitionKind::Route {
+        p.at(
+            field,
+            r#"applies only to partitioned routes (partition = "ip" or "header:<name>"): a route limited as a whole holds its total with base_limit"#,
+        );
+        return None;
+    }
+    let kind = s.algorithm.as_ref()?.value;
+    let burst = match kind {
+        Kind::TokenBucket => s.burst.as_ref()?.value,
+        Kind::FixedWindow | Kind::SlidingWindow => s.limiter_window.as_ref()?.value,
+        Kind::LeakyBucket | Kind::Concurrency => {
+            p.at(
+                field,
+                format!(
+                    "applies only with token_bucket, fixed_window or sliding_window, and this route uses {} (a request it admits paced or holding a permit could not be taken back when the total refuses it)",
+                    kind_name(kind)
+                ),
+            );
+            return None;
+        }
+    };
+    if value > MAX_SPACED_RATE {
+        p.at(
+            field,
+            format!(
+                "must be at most {MAX_SPACED_RATE} req/s (a token bucket holds it, spacing requests a whole number of nanoseconds apart), got {value}"
+            ),
+        );
+        return None;
+    }
+    let tokens = gcra::tokens(value, gcra::burst_ms(burst));
+    if tokens > f64::from(gcra::MAX_TOKENS) {
+        p.at(
+            field,
+            format!(
+                "route_limit × burst must be at most {} tokens (what a token bucket holds), got {tokens}",
+                gcra::MAX_TOKENS
+            ),
+        );
+        return None;
+    }
+    Some(Some(value))
+}
+
 /// The first parameter name a template gives twice (`id` of `/a/{id}/{id}`): one name
 /// for two segments, a slip in the template (the engine's matching ignores names, but
 /// whoever reads the template, or a handler reading its parameters by name, cannot
@@ -1895,6 +1965,7 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
     check_route_limits(p, &s);
     let algorithm = algorithm_of(p, &s, at);
     let partition = partition_of(p, &s, at);
+    let route_limit = route_limit_of(p, at, own.route_limit, &s);
     let tiers = route_tiers(p, i, own.tiers, &s);
     let events = route_events(p, i, own.events, &s);
     Some(RouteConfig {
@@ -1906,6 +1977,7 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
         controller: controller?,
         algorithm: algorithm?,
         partition: partition?,
+        route_limit_rps: route_limit?,
         tiers: tiers?,
         events: events?,
     })
@@ -2027,6 +2099,16 @@ impl TryFrom<RawConfig> for Config {
         let server = server_config(&mut p, raw.server, raw.admin);
         let hints = hints_config(&mut p, raw.hints);
         let store = store_config(&mut p, raw.store);
+        if matches!(store, StoreConfig::Redis(_)) {
+            for (i, r) in routes.iter().enumerate() {
+                if r.as_ref().is_some_and(|r| r.route_limit_rps.is_some()) {
+                    p.at(
+                        Scope::Route(i).path("route_limit"),
+                        r#"cannot be shared through the Redis store (backend = "redis"), which decides only routes limited as a whole: each instance would hold its own total, the fleet's being that many times more; remove it, or use backend = "local""#,
+                    );
+                }
+            }
+        }
         if p.0.is_empty() {
             Ok(Config {
                 routes: routes.into_iter().flatten().collect(),
@@ -2130,6 +2212,7 @@ impl RawRoute {
             method: r.matcher.method.clone(),
             path,
             path_prefix,
+            route_limit: r.route_limit_rps.map(Num),
             tiers: r
                 .tiers
                 .iter()

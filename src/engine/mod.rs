@@ -25,17 +25,19 @@
 //! # Ok::<(), rocgate::config::ConfigError>(())
 //! ```
 
+mod aggregate;
 mod events;
 mod key_types;
 mod keys;
 mod snapshot;
 
+use aggregate::Aggregate;
 use events::follow_events;
 pub use events::Schedule;
 use key_types::IpKey;
 pub(crate) use key_types::TableKey;
 use keys::{Keys, Shadow};
-pub use snapshot::RouteSnapshot;
+pub use snapshot::{RouteLimitSnapshot, RouteSnapshot};
 
 use crate::clock::Nanos;
 use crate::config::{
@@ -232,8 +234,11 @@ const BEHIND_SHADOW: u8 = 2;
 /// [`Route::behind`]: the twin of an `enforce` or `shadow` route-wide token bucket
 /// ([`Shadow::Twin`]), whose rate follows the base limit while a cut holds.
 const BEHIND_TWIN: u8 = 4;
+/// [`Route::behind`]: the total over a partitioned route's keys ([`Aggregate`]),
+/// whose limit follows the cut.
+const BEHIND_AGGREGATE: u8 = 16;
 /// The [`Route::behind`] bits of changes left to make.
-const BEHIND_CHANGES: u8 = BEHIND_LIMITER | BEHIND_SHADOW | BEHIND_TWIN;
+const BEHIND_CHANGES: u8 = BEHIND_LIMITER | BEHIND_SHADOW | BEHIND_TWIN | BEHIND_AGGREGATE;
 /// [`Route::behind`]: a cut holds on a route with a twin ([`Shadow::Twin`]), which
 /// every decision is tried against too, out of line ([`Engine::decide_twinned`]).
 /// No change is left to make for it: it sends the route's decisions out of line for
@@ -253,8 +258,7 @@ struct Route {
     mode: Mode,
     window: WindowSpec,
     algorithm: Algorithm,
-    /// The configured tiers (a boxed slice, 8 bytes less than a `Vec`, which made
-    /// room for [`Route::next_tier_raise`]).
+    /// The configured tiers, boxed: a slice's two words, not a vector's three.
     tiers: Box<[Tier]>,
     reject_status: AtomicU16,
     counter: SlotCounter,
@@ -272,7 +276,7 @@ struct Route {
     /// models see a key read it as the hand-over is made; see [`Route::hand_over`]).
     handed_over: AtomicBool,
     /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`],
-    /// [`BEHIND_TWIN`]) a limit change has not reached yet: a token bucket's change
+    /// [`BEHIND_TWIN`], [`BEHIND_AGGREGATE`]) a limit change has not reached yet: a token bucket's change
     /// that found its note taken, left for the next decision on the route
     /// ([`Route::finish_change`]); and [`TWIN_ENGAGED`] while a cut holds on a route
     /// with a twin. Written under the state lock only, read by decisions as a hint (a
@@ -282,6 +286,9 @@ struct Route {
     /// engages or ends.
     behind: AtomicU8,
     keys: Option<Keys>,
+    /// A partitioned route's limit over its keys together (`route_limit`), tried after
+    /// a key's own admits. Boxed: a route without one pays a pointer.
+    aggregate: Option<Box<Aggregate>>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
     generation: AtomicU64,
     /// When the limit last changed (ns on the engine's clock), what a route-wide
@@ -474,6 +481,9 @@ impl Engine {
                         // The silence before the reload is stepped under the parameters
                         // that were in force during it.
                         self.bring_up_to(r, now);
+                        if let (Some(a), Some(total)) = (&r.aggregate, cfg.route_limit_rps) {
+                            a.configure(total);
+                        }
                         r.reconfigure(&own.controller, events, now, wall_now, hook);
                         r.reject_status.store(cfg.reject_status, Ordering::Relaxed);
                         Arc::clone(r)
@@ -556,6 +566,7 @@ impl Engine {
         checked.controller = params;
         checked.algorithm = r.algorithm;
         checked.partition = r.partition.clone();
+        checked.route_limit_rps = r.aggregate.as_ref().map(|a| a.configured_rps());
         checked.tiers = r.tiers.to_vec();
         let ended: Vec<bool>;
         (checked.events, ended) = {
@@ -1013,6 +1024,17 @@ impl Engine {
                 let decision = keys.check(r, key, now);
                 if !decision.is_admit() {
                     keys.note_refused(key);
+                } else if let Some(aggregate) = &r.aggregate {
+                    // After the key's own limiter admitted: a key refused by its own
+                    // limit spends none of the route's total.
+                    if let Err(retry_after_ns) = aggregate.take(now) {
+                        aggregate.count_refusal();
+                        return self.refused(
+                            r,
+                            Duration::from_nanos(retry_after_ns.max(1)),
+                            Reason::Limit,
+                        );
+                    }
                 }
                 self.settle(r, key, now, decision)
             }
@@ -1602,6 +1624,10 @@ impl Route {
             handed_over: AtomicBool::new(false),
             behind: AtomicU8::new(0),
             keys,
+            aggregate: cfg
+                .route_limit_rps
+                .filter(|_| cfg.partition != Partition::Route)
+                .map(|total| Box::new(Aggregate::new(total, cfg.algorithm, now))),
             generation: AtomicU64::new(generation),
             changed_at: AtomicU64::new(now.as_u64()),
             progress: AtomicU64::new(1.0f64.to_bits()),
@@ -1687,6 +1713,7 @@ impl Route {
             && self.algorithm == cfg.algorithm
             && self.partition == cfg.partition
             && self.tiers[..] == cfg.tiers[..]
+            && self.aggregate.is_some() == cfg.route_limit_rps.is_some()
     }
 
     /// New own parameters (and, on reload, new events, with the parameters their
@@ -1812,8 +1839,9 @@ impl Route {
     }
 
     /// Sets the route-wide limiters among `which` ([`BEHIND_LIMITER`],
-    /// [`BEHIND_SHADOW`], [`BEHIND_TWIN`]) to the controller's limit as of `at` (a
-    /// twin to the base limit), each without waiting, and records those whose change
+    /// [`BEHIND_SHADOW`], [`BEHIND_TWIN`], [`BEHIND_AGGREGATE`]) to the controller's
+    /// limit as of `at` (a twin to the base limit, a partitioned route's total to its
+    /// share of the configured one: [`Aggregate::target_rps`]), each without waiting, and records those whose change
     /// could not take its note as [`behind`](Route::behind). Called with the state
     /// lock held.
     ///
@@ -1885,7 +1913,13 @@ impl Route {
             }
             _ => set(&self.limiter, limit, BEHIND_LIMITER),
         };
-        self.behind.store(behind, Ordering::Relaxed);
+        let aggregate = match &self.aggregate {
+            Some(a) if which & BEHIND_AGGREGATE != 0 && !a.follow(c, self.mode, at) => {
+                BEHIND_AGGREGATE
+            }
+            _ => 0,
+        };
+        self.behind.store(behind | aggregate, Ordering::Relaxed);
     }
 
     /// Makes the limit change that a route-wide limiter is [`behind`](Route::behind)
@@ -1969,6 +2003,12 @@ impl Route {
             transitions: st.counts.transitions,
             active_event: st.active_event.map(|i| st.events[i].name.clone()),
             keys: self.keys.as_ref().map_or(0, Keys::len),
+            route_limit: self.aggregate.as_ref().map(|a| RouteLimitSnapshot {
+                limit_rps: a.target_rps(c, self.mode),
+                configured_rps: a.configured_rps(),
+                level: a.level(now),
+                rejected: a.rejected(),
+            }),
             max_keys: match &self.partition {
                 Partition::Route => 0,
                 Partition::ClientIp(limits) | Partition::Header(_, limits) => limits.max_keys,

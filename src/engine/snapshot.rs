@@ -88,6 +88,9 @@ pub struct RouteSnapshot {
     pub active_event: Option<String>,
     /// Keys tracked (partitioned routes).
     pub keys: usize,
+    /// A partitioned route's limit over its keys together (`route_limit`), and how
+    /// full it is; `None` for a route without one.
+    pub route_limit: Option<RouteLimitSnapshot>,
     /// Keys a partitioned route tracks at most (its `max_keys`; 0 for a route limited
     /// as a whole): once `keys` reaches it, new keys share one overflow limiter.
     pub max_keys: usize,
@@ -114,6 +117,24 @@ pub struct RouteSnapshot {
     pub roc_mode: RocMode,
     /// The enforcing algorithm's name, as in config.
     pub algorithm: &'static str,
+}
+
+/// A partitioned route's limit over its keys together (`route_limit`), as a
+/// [`RouteSnapshot`] shows it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RouteLimitSnapshot {
+    /// The total enforced now, req/s: the configured one, scaled by the cut as the
+    /// keys' limit is (`limit_rps / base_limit_rps`; in `shadow_adaptive`, unscaled).
+    pub limit_rps: f64,
+    /// The total as configured (`route_limit`), req/s.
+    pub configured_rps: f64,
+    /// Its token bucket's tokens left and capacity.
+    pub level: Level,
+    /// Requests it refused since the route was built (in `shadow` mode, would have),
+    /// counted among `rejected` (or `shadow_rejected`) as `limit`, or `roc_cut` while
+    /// a cut holds: the part of those the keys' total refused, not a key's own limit.
+    pub rejected: u64,
 }
 
 impl RouteSnapshot {

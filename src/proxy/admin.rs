@@ -991,6 +991,13 @@ pub(crate) fn route_json(s: &RouteSnapshot) -> Value {
         "time_in_cut_seconds": s.time_in_cut.as_secs_f64(),
         "active_event": s.active_event,
         "keys": s.keys,
+        "route_limit": s.route_limit.map(|t| json!({
+            "limit_rps": t.limit_rps,
+            "configured_rps": t.configured_rps,
+            "tokens": t.level.value,
+            "capacity": t.level.capacity,
+            "rejected": t.rejected,
+        })),
     })
 }
 
@@ -1060,6 +1067,34 @@ mod tests {
         assert_eq!(route_json(&s)["cut_own_net"], -2);
         s.cut_vs_base_admitted = None;
         assert!(route_json(&s)["cut_own_net"].is_null());
+    }
+
+    /// A partitioned route's `route_limit` shows its total in force, its tokens and
+    /// the requests it refused; a route without one shows `null`.
+    #[test]
+    fn a_routes_total_over_its_keys_is_shown_with_its_tokens() {
+        use crate::config::{KeyLimits, Partition, RouteConfig, RouteMatch};
+        let mut keyed = RouteConfig::new("keyed", RouteMatch::prefix("/k"));
+        keyed.partition = Partition::ClientIp(KeyLimits::default());
+        keyed.route_limit_rps = Some(3.0);
+        let plain = RouteConfig::new("plain", RouteMatch::any());
+        let config = crate::config::Config::new(vec![keyed, plain]);
+        let now = crate::clock::Nanos::ZERO;
+        let engine = Engine::new(&config, now, std::time::SystemTime::UNIX_EPOCH).unwrap();
+        let id = engine.route_at(0).unwrap();
+        for n in 0..5u8 {
+            let ip = std::net::IpAddr::from([10, 0, 0, n]);
+            let _ = engine.check(id, crate::engine::Key::Ip(ip), now);
+        }
+        let snapshots = engine.snapshot(now);
+        let total = &route_json(&snapshots[0])["route_limit"];
+        assert_eq!(total["limit_rps"], 3.0);
+        assert_eq!(total["configured_rps"], 3.0);
+        assert_eq!(total["capacity"], 3.0);
+        assert!(total["tokens"].as_f64().is_some_and(|t| t < 1.0), "{total}");
+        assert_eq!(total["rejected"], 2);
+        assert!(route_json(&snapshots[0])["tokens"].is_null());
+        assert!(route_json(&snapshots[1])["route_limit"].is_null());
     }
 
     /// A reload asked of a proxy started without a config file reloads nothing: it is

@@ -1,0 +1,102 @@
+//! A partitioned route's limit over its keys together (`route_limit`): one token bucket
+//! for the route, tried after a key's own limiter admits, scaled by the cut as the
+//! keys' limit is.
+//!
+//! A key refused by its own limit never reaches it, so it does not spend the other
+//! keys' shared quota; a key its own limit admits and the total refuses has spent its
+//! own token (as with Envoy's descriptors checked together). While the controller
+//! holds the route's limit below base, the total is held at the same fraction of its
+//! configured value (`limit / base_limit`); in `shadow_adaptive`, which enforces the
+//! base limits, at its configured value. A change keeps the tokens there are (clamped
+//! to the new capacity), never refilling them, as the limiters' contract says.
+
+use crate::clock::Nanos;
+use crate::config::Mode;
+use crate::controller::Controller;
+use crate::limiter::{Algorithm, Level, TokenBucket};
+use crate::sync::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The route-wide token bucket of a partitioned route's `route_limit`.
+pub(super) struct Aggregate {
+    /// The configured total, req/s, as f64 bits: a reload that keeps the route sets
+    /// it in place ([`Aggregate::configure`]).
+    configured: AtomicU64,
+    /// The total as enforced now.
+    bucket: TokenBucket,
+    /// Requests its refusal decided (in `shadow`, would have), since the route was built.
+    rejected: AtomicU64,
+}
+
+impl Aggregate {
+    /// The total of a route with `algorithm` at `limit_rps`, full at `now`: its
+    /// bucket holds the route's burst (a token bucket's `burst`, a window counter's
+    /// window).
+    pub(super) fn new(limit_rps: f64, algorithm: Algorithm, now: Nanos) -> Self {
+        let burst = match algorithm {
+            Algorithm::TokenBucket { burst } => burst,
+            Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => window,
+            // Refused by the configuration: a second of the limit.
+            _ => Duration::from_secs(1),
+        };
+        Aggregate {
+            configured: AtomicU64::new(limit_rps.to_bits()),
+            bucket: TokenBucket::new(limit_rps, burst, now),
+            rejected: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes one token at `now`, or says in how many nanoseconds one will be there.
+    #[inline]
+    pub(super) fn take(&self, now: Nanos) -> Result<(), u64> {
+        self.bucket.take(now)
+    }
+
+    /// Counts a request the total refused.
+    #[inline]
+    pub(super) fn count_refusal(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets the configured total (a reload), which the next [`Aggregate::follow`]
+    /// puts in force.
+    pub(super) fn configure(&self, limit_rps: f64) {
+        self.configured
+            .store(limit_rps.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The configured total, req/s.
+    pub(super) fn configured_rps(&self) -> f64 {
+        f64::from_bits(self.configured.load(Ordering::Relaxed))
+    }
+
+    /// The total `c` holds the route to in `mode`: the configured one scaled by the
+    /// controller's limit over its base limit (never above 1), or in `shadow_adaptive`
+    /// the configured one.
+    pub(super) fn target_rps(&self, c: &Controller, mode: Mode) -> f64 {
+        let configured = self.configured_rps();
+        let base = c.params().base_limit_rps;
+        if mode == Mode::ShadowAdaptive || base <= 0.0 {
+            return configured;
+        }
+        (configured * (c.limit_rps() / base).min(1.0)).max(crate::config::MIN_LIMIT)
+    }
+
+    /// Puts the total `c` holds the route to in force as of `at`, without waiting:
+    /// `false` when the change found its bucket's note taken and changed nothing (the
+    /// engine makes it later). A bucket at that total already is left alone.
+    pub(super) fn follow(&self, c: &Controller, mode: Mode, at: Nanos) -> bool {
+        let target = self.target_rps(c, mode);
+        self.bucket.is_at(target) || self.bucket.try_set_limit(target, at)
+    }
+
+    /// Tokens left at `now` and the capacity.
+    pub(super) fn level(&self, now: Nanos) -> Level {
+        self.bucket.level(now)
+    }
+
+    /// Requests refused by the total since the route was built.
+    pub(super) fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,274 @@
+//! `route_limit`, a partitioned route's limit over its keys together, on a virtual
+//! clock: it holds the keys' sum, spends nothing for a key its own limit refuses,
+//! tells an exact Retry-After, follows the cut, counts in shadow, and survives a reload.
+
+use proptest::prelude::*;
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
+use rocgate::controller::ControllerState;
+use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::limiter::{Algorithm, Reason};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, SystemTime};
+
+fn engine(routes: Vec<RouteConfig>) -> Engine {
+    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
+}
+
+fn ip(n: u32) -> Key<'static> {
+    Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
+}
+
+/// A route keyed by client IP at `per_key` req/s each (a cut to a fifth of it), its
+/// keys together at `total` req/s, both with a burst of one second.
+fn keyed(per_key: f64, total: f64) -> RouteConfig {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.base_limit_rps = per_key;
+    cfg.controller.cut_limit_rps = per_key / 5.0;
+    cfg.route_limit_rps = Some(total);
+    cfg
+}
+
+/// The route's total as its snapshot shows it at `now`.
+fn total(e: &Engine, id: RouteId, now: Nanos) -> rocgate::engine::RouteLimitSnapshot {
+    e.route_snapshot(id, now).unwrap().route_limit.unwrap()
+}
+
+/// Many keys each well under their own limit are held to the total together: 100
+/// keys at 10 req/s each offer 1,000 req/s, and a total of 50 req/s admits its burst
+/// (50) and 50 a second after it.
+#[test]
+fn keys_under_their_own_limits_are_held_to_the_total() {
+    let e = engine(vec![keyed(10.0, 50.0)]);
+    let id = e.route_at(0).unwrap();
+    let mut admitted = 0;
+    // 4 s: each of 100 keys sends 1 request every 100 ms (10 req/s, its own limit).
+    for tick in 0..40u64 {
+        let now = Nanos::from_millis(tick * 100);
+        for k in 0..100 {
+            admitted += usize::from(e.check(id, ip(k), now).is_admit());
+        }
+    }
+    // 50 at once, then 5 every 100 ms for 39 ticks.
+    assert_eq!(admitted, 50 + 39 * 5);
+    let s = e.route_snapshot(id, Nanos::from_secs(4)).unwrap();
+    assert_eq!(s.rejected_for(Reason::Limit), 4000 - admitted as u64);
+    assert_eq!(s.route_limit.unwrap().rejected, 4000 - admitted as u64);
+    // Without the total, every request was within its key's limit.
+    let mut open = keyed(10.0, 50.0);
+    open.route_limit_rps = None;
+    let e = engine(vec![open]);
+    let id = e.route_at(0).unwrap();
+    let all = (0..100).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
+    assert_eq!(all.count(), 100);
+    assert_eq!(e.route_snapshot(id, Nanos::ZERO).unwrap().route_limit, None);
+}
+
+/// A key its own limit refuses spends nothing of the total: one greedy key sending
+/// 100 at once has 5 admitted (its own burst), and leaves the other 15 of the total's
+/// 20 to 15 other keys; only the 16th is refused by the total.
+#[test]
+fn a_key_refused_by_its_own_limit_spends_none_of_the_total() {
+    let e = engine(vec![keyed(5.0, 20.0)]);
+    let id = e.route_at(0).unwrap();
+    let greedy = (0..100).filter(|_| e.check(id, ip(0), Nanos::ZERO).is_admit());
+    assert_eq!(greedy.count(), 5);
+    assert_eq!(total(&e, id, Nanos::ZERO).rejected, 0);
+    let others = (1..=15).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
+    assert_eq!(others.count(), 15);
+    let refused = e.check(id, ip(16), Nanos::ZERO).rejection().unwrap();
+    assert_eq!(refused.reason, Reason::Limit);
+    let t = total(&e, id, Nanos::ZERO);
+    assert_eq!(t.rejected, 1);
+    assert!(t.level.value < 1.0, "{:?}", t.level);
+    let s = e.route_snapshot(id, Nanos::ZERO).unwrap();
+    assert_eq!(s.rejected_for(Reason::Limit), 95 + 1);
+}
+
+/// A refusal by the total says when the total has a token again, exactly: a request
+/// then is admitted, one a nanosecond earlier is not. (A key admitted by its own
+/// limit and refused by the total has spent its own token: it is the next key that
+/// comes at that time.)
+#[test]
+fn a_refusal_by_the_total_tells_an_exact_retry_after() {
+    let e = engine(vec![keyed(10.0, 4.0)]);
+    let id = e.route_at(0).unwrap();
+    let at = Nanos::from_millis(1234);
+    let admitted = (0..4).filter(|&k| e.check(id, ip(k), at).is_admit());
+    assert_eq!(admitted.count(), 4);
+    let r = e.check(id, ip(4), at).rejection().unwrap();
+    // 4 req/s: a token every 250 ms.
+    assert_eq!(r.retry_after, Duration::from_millis(250));
+    let then = Nanos::new(at.as_u64() + r.retry_after.as_nanos() as u64);
+    assert!(!e.check(id, ip(5), Nanos::new(then.as_u64() - 1)).is_admit());
+    assert!(e.check(id, ip(6), then).is_admit());
+}
+
+/// A cut holds the total at the cut's fraction of it (the keys' limit over their
+/// base, here 60/200), its tokens clamped, never refilled; refusals by it then say
+/// `roc_cut`; the restore brings the total back.
+#[test]
+fn the_cut_scales_the_total_and_the_restore_brings_it_back() {
+    let mut cfg = keyed(200.0, 1000.0);
+    cfg.controller.cut_limit_rps = 60.0;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let t = total(&e, id, Nanos::ZERO);
+    assert_eq!((t.limit_rps, t.configured_rps), (1000.0, 1000.0));
+    assert_eq!(t.level.capacity, 1000.0);
+    // A calm 40 req/s, then one client's spike cuts the route.
+    for k in 0..400u64 {
+        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+    }
+    for k in 0..600u64 {
+        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+    }
+    let now = Nanos::from_secs(11);
+    let s = e.route_snapshot(id, now).unwrap();
+    assert_eq!(s.state, ControllerState::Cut);
+    let t = s.route_limit.unwrap();
+    assert_eq!((t.limit_rps, t.configured_rps), (300.0, 1000.0));
+    assert_eq!(t.level.capacity, 300.0);
+    assert!(t.level.value <= 300.0, "tokens clamped: {:?}", t.level);
+    // 400 keys at once: each under its own (cut) limit, 300 of them within the total
+    // at most; those it refuses say `roc_cut`.
+    let admitted = (100..500)
+        .filter(|&k| e.check(id, ip(k), now).is_admit())
+        .count();
+    assert!(admitted <= 300, "admitted {admitted} over a total of 300");
+    let t = total(&e, id, now);
+    assert_eq!(t.rejected as usize, 400 - admitted);
+    let refused = e.check(id, ip(999), now).rejection().unwrap();
+    assert_eq!(refused.reason, Reason::RocCut);
+    // Restored after an hour's silence: the total is back at 1,000, its bucket
+    // refilled by time (an hour), not by the change.
+    let later = Nanos::from_secs(3600);
+    assert!(e.check(id, ip(1000), later).is_admit());
+    let s = e.route_snapshot(id, later).unwrap();
+    assert_eq!(s.state, ControllerState::Normal);
+    let t = s.route_limit.unwrap();
+    assert_eq!((t.limit_rps, t.level.capacity), (1000.0, 1000.0));
+}
+
+/// In `shadow` mode the total refuses nothing and counts what it would have refused;
+/// in `shadow_adaptive` it is enforced at its configured value whatever the cut.
+#[test]
+fn shadow_counts_the_totals_refusals_and_admits() {
+    let mut cfg = keyed(10.0, 5.0);
+    cfg.mode = Mode::Shadow;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let admitted = (0..12).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
+    assert_eq!(admitted.count(), 12);
+    let s = e.route_snapshot(id, Nanos::ZERO).unwrap();
+    assert_eq!(s.rejected_total(), 0);
+    assert_eq!(s.shadow_rejected_for(Reason::Limit), 7);
+    assert_eq!(s.route_limit.unwrap().rejected, 7);
+
+    let mut cfg = keyed(200.0, 1000.0);
+    cfg.controller.cut_limit_rps = 60.0;
+    cfg.mode = Mode::ShadowAdaptive;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    for k in 0..400u64 {
+        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+    }
+    for k in 0..600u64 {
+        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+    }
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!(s.state, ControllerState::Cut);
+    assert_eq!(s.route_limit.unwrap().limit_rps, 1000.0);
+}
+
+/// A reload that keeps the route keeps its total's state: a changed total takes
+/// effect as limits do (tokens clamped, never refilled), and the tokens spent stay
+/// spent. Adding or removing the total rebuilds the route.
+#[test]
+fn a_reload_carries_the_totals_state_and_takes_a_new_value() {
+    let e = engine(vec![keyed(10.0, 10.0)]);
+    let id = e.route_at(0).unwrap();
+    let admitted = (0..10).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
+    assert_eq!(admitted.count(), 10);
+    let now = Nanos::from_millis(100);
+    let e2 = e
+        .reload(
+            &Config::new(vec![keyed(10.0, 20.0)]),
+            now,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id2 = e2.route_at(0).unwrap();
+    assert_eq!(id2, id, "the route is kept");
+    let t = total(&e2, id2, now);
+    assert_eq!(
+        (t.configured_rps, t.limit_rps, t.level.capacity),
+        (20.0, 20.0, 20.0)
+    );
+    // One token refilled in the 100 ms at 10 req/s, none by the change.
+    assert!(t.level.value < 2.0, "{:?}", t.level);
+    let admitted = (10..20).filter(|&k| e2.check(id2, ip(k), now).is_admit());
+    assert_eq!(admitted.count(), 1);
+    // A runtime change of the keys' parameters keeps the total.
+    let mut params = e2.route_params(id2).unwrap();
+    params.base_limit_rps = 20.0;
+    e2.update_route(id2, params, now).unwrap();
+    assert_eq!(total(&e2, id2, now).configured_rps, 20.0);
+
+    let mut without = keyed(10.0, 10.0);
+    without.route_limit_rps = None;
+    let e3 = e2
+        .reload(&Config::new(vec![without]), now, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id3 = e3.route_at(0).unwrap();
+    assert_ne!(id3, id2, "removing the total rebuilds the route");
+    assert_eq!(e3.route_snapshot(id3, now).unwrap().route_limit, None);
+}
+
+/// The window counters' routes hold their total with their window as its burst.
+#[test]
+fn a_window_counters_total_takes_its_window_as_burst() {
+    let mut cfg = keyed(10.0, 4.0);
+    cfg.algorithm = Algorithm::FixedWindow {
+        window: Duration::from_secs(2),
+    };
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let t = total(&e, id, Nanos::ZERO);
+    assert_eq!(t.level.capacity, 8.0);
+    let admitted = (0..20).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
+    assert_eq!(admitted.count(), 8);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever the keys and their timing, a route whose keys each stay within their
+    /// own limit admits, over any span from the start to T, at most the total's burst
+    /// and its rate over T (as its token bucket refills), and no key more than its own.
+    #[test]
+    fn the_route_admits_at_most_the_totals_burst_and_rate(
+        total_rps in 1u32..200,
+        per_key in 1u32..50,
+        steps in prop::collection::vec((0u32..64, 0u64..50_000_000), 1..400),
+    ) {
+        let e = engine(vec![keyed(f64::from(per_key), f64::from(total_rps))]);
+        let id = e.route_at(0).unwrap();
+        let mut now = 0u64;
+        let mut admitted = 0u64;
+        let mut by_key = [0u64; 64];
+        for (key, gap_ns) in steps {
+            now += gap_ns;
+            if e.check(id, ip(key), Nanos::new(now)).is_admit() {
+                admitted += 1;
+                by_key[key as usize] += 1;
+                let t = now as f64 / 1e9;
+                let most = f64::from(total_rps) * (1.0 + t) + 1.0;
+                prop_assert!(admitted as f64 <= most, "{admitted} admitted by {t} s, at most {most}");
+                let own = f64::from(per_key) * (1.0 + t) + 1.0;
+                prop_assert!(by_key[key as usize] as f64 <= own);
+            }
+        }
+    }
+}
