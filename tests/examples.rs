@@ -136,7 +136,8 @@ fn api_keys_tiers_lets_a_vip_key_start_at_its_limit() {
 
 /// per-ip.toml: a client flooding the login route is held to 5 req/s, and the API to
 /// 20, while another client at its own pace is served whole; an IPv6 client rotating
-/// addresses inside its /64 is one client.
+/// addresses inside its /64 is one client; the API's clients together are held to
+/// its `route_limit`.
 #[test]
 fn per_ip_holds_one_client_while_another_is_served() {
     let e = engine("per-ip.toml");
@@ -171,6 +172,16 @@ fn per_ip_holds_one_client_while_another_is_served() {
         .count();
     assert_eq!(rotated, 5, "a /64 is one client");
     assert_eq!(at_once(&e, login, ip("2001:db8:0:2::1"), 100, 30.0), 5);
+    // The API's clients together are held to its route_limit: 3,000 clients at once,
+    // each within its own 20 req/s, have a second of the 2,000 req/s admitted.
+    let api = route(&e, "GET", "/api/items");
+    let together = (0..3000u32)
+        .filter(|n| {
+            let key = ip(&std::net::Ipv4Addr::from(0x0a00_0000 + n).to_string());
+            e.check(api, key, Nanos::from_secs(40)).is_admit()
+        })
+        .count();
+    assert_eq!(together, 2000, "the API's clients together");
 }
 
 /// algorithms.toml: each algorithm enforces the limit its comment gives.
