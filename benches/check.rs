@@ -16,6 +16,9 @@
 //! - `keyed_10k`: a route partitioned by client IP, keys cycling over 10,000 IPv4
 //!   addresses, all present before measuring; against governor's keyed limiter
 //!   (DashMap store) over the same keys. Key insertion is not measured.
+//!   `rocgate/given_now/route_limit`: the same route with a `route_limit` over its
+//!   keys together (at the same rate and burst, never refusing): what the total's
+//!   token bucket adds to a keyed decision.
 //! - `reject`: the rejecting path (bucket empty): under a spike most requests take it.
 //! - `concurrency`: `Engine::check` on a route limited by `concurrency` (no queue),
 //!   rocgate alone: an admission whose permit is dropped at once (`admit_release`),
@@ -111,21 +114,41 @@ fn bench_route(e: &Engine) -> RouteId {
 
 /// One route taking every request, limited at `rate_rps` with a burst of `burst`, whose
 /// controller never cuts.
-fn route(rate_rps: u32, burst: Duration, partition: Partition) -> Engine {
+fn route_config(rate_rps: u32, burst: Duration, partition: Partition) -> RouteConfig {
     let mut r = RouteConfig::new("bench", RouteMatch::any());
     r.controller.base_limit_rps = f64::from(rate_rps);
     r.controller.cut_limit_rps = f64::from(rate_rps);
     r.controller.danger_roc = f64::MAX;
     r.algorithm = Algorithm::TokenBucket { burst };
     r.partition = partition;
+    r
+}
+
+/// The engine of [`route_config`]'s route.
+fn route(rate_rps: u32, burst: Duration, partition: Partition) -> Engine {
+    engine_of(route_config(rate_rps, burst, partition))
+}
+
+fn engine_of(r: RouteConfig) -> Engine {
     Engine::new(&Config::new(vec![r]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
 }
 
-/// rocgate with the same GCRA parameters as [`open_quota`] (its burst kept to the
-/// millisecond: 1,295 tokens fewer).
+/// The burst of [`open_quota`] (kept to the millisecond: 1,295 tokens fewer).
+fn open_burst() -> Duration {
+    Duration::from_secs_f64(f64::from(BURST) / f64::from(RATE))
+}
+
+/// rocgate with the same GCRA parameters as [`open_quota`].
 fn open_engine(partition: Partition) -> Engine {
-    let burst = Duration::from_secs_f64(f64::from(BURST) / f64::from(RATE));
-    route(RATE, burst, partition)
+    route(RATE, open_burst(), partition)
+}
+
+/// [`open_engine`] with a `route_limit` over the keys together at the same rate and
+/// burst, which never empties in a run either: the keyed decision and the total's.
+fn open_engine_with_total(partition: Partition) -> Engine {
+    let mut r = route_config(RATE, open_burst(), partition);
+    r.route_limit_rps = Some(f64::from(RATE));
+    engine_of(r)
 }
 
 fn open_quota() -> Quota {
@@ -321,8 +344,7 @@ fn keyed(c: &mut Criterion) {
         v.max_keys = KEYS as usize;
         v
     });
-    let filled_engine = || {
-        let e = open_engine(partition.clone());
+    let filled = |e: Engine| {
         for ip in &keys {
             assert!(e
                 .check(bench_route(&e), Key::Ip(*ip), Nanos::ZERO)
@@ -330,8 +352,14 @@ fn keyed(c: &mut Criterion) {
         }
         e
     };
+    let filled_engine = || filled(open_engine(partition.clone()));
     rocgate_variants(&mut g, filled_engine, |e, route, now| {
         e.check(route, Key::Ip(next.next().unwrap()), now)
+    });
+    let e = filled(open_engine_with_total(partition.clone()));
+    let route = bench_route(&e);
+    g.bench_function("rocgate/given_now/route_limit", |b| {
+        b.iter(|| e.check(route, Key::Ip(next.next().unwrap()), black_box(NOW)))
     });
     governor_variants!(
         &mut g,

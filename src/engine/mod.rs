@@ -6,8 +6,10 @@
 //! word). Only the one request that wins a slot rollover takes the route's state lock,
 //! with `try_lock`: on a route as a whole no request ever waits for another. On a
 //! partitioned route a request may wait briefly on its key's shard of the key table
-//! while another request inserts a key there or sweeps idle keys out. Nothing
-//! allocates unless a new key enters a partitioned route.
+//! while another request inserts a key there or sweeps idle keys out; one its key
+//! admits is then tried against the route's `route_limit` over its keys together, if
+//! it has one (one CAS more). Nothing allocates unless a new key enters a partitioned
+//! route.
 //!
 //! ```
 //! use rocgate::clock::Nanos;
@@ -1028,12 +1030,7 @@ impl Engine {
                     // After the key's own limiter admitted: a key refused by its own
                     // limit spends none of the route's total.
                     if let Err(retry_after_ns) = aggregate.take(now) {
-                        aggregate.count_refusal();
-                        return self.refused(
-                            r,
-                            Duration::from_nanos(retry_after_ns.max(1)),
-                            Reason::Limit,
-                        );
+                        return self.refused_by_total(r, aggregate, retry_after_ns);
                     }
                 }
                 self.settle(r, key, now, decision)
@@ -1041,6 +1038,21 @@ impl Engine {
             // Inline: out of line, a fixed window's admission cost 25 instructions more.
             (None, limiter) => self.settle(r, key, now, limiter.check(now)),
         }
+    }
+
+    /// A request its key admitted that the route's total over its keys refused, a
+    /// token there in `retry_after_ns`: counted as the total's, then as any refusal
+    /// ([`Engine::refused`]). Out of line, so that a keyed decision the total admits,
+    /// or on a route without one, keeps none of this path's registers.
+    #[cold]
+    #[inline(never)]
+    fn refused_by_total(&self, r: &Route, total: &Aggregate, retry_after_ns: u64) -> Decision {
+        total.count_refusal();
+        self.refused(
+            r,
+            Duration::from_nanos(retry_after_ns.max(1)),
+            Reason::Limit,
+        )
     }
 
     /// An admission by a route-wide token bucket on a `shadow_adaptive` route.
