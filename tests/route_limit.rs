@@ -265,7 +265,10 @@ proptest! {
                 by_key[key as usize] += 1;
                 let t = now as f64 / 1e9;
                 let most = f64::from(total_rps) * (1.0 + t) + 1.0;
-                prop_assert!(admitted as f64 <= most, "{admitted} admitted by {t} s, at most {most}");
+                prop_assert!(
+                    admitted as f64 <= most,
+                    "{admitted} admitted by {t} s, at most {most}"
+                );
                 let own = f64::from(per_key) * (1.0 + t) + 1.0;
                 prop_assert!(by_key[key as usize] as f64 <= own);
             }

@@ -278,9 +278,9 @@ struct Route {
     /// models see a key read it as the hand-over is made; see [`Route::hand_over`]).
     handed_over: AtomicBool,
     /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`],
-    /// [`BEHIND_TWIN`], [`BEHIND_AGGREGATE`]) a limit change has not reached yet: a token bucket's change
-    /// that found its note taken, left for the next decision on the route
-    /// ([`Route::finish_change`]); and [`TWIN_ENGAGED`] while a cut holds on a route
+    /// [`BEHIND_TWIN`], [`BEHIND_AGGREGATE`]) a limit change has not reached yet: a
+    /// token bucket's change that found its note taken, left for the next decision on
+    /// the route ([`Route::finish_change`]); and [`TWIN_ENGAGED`] while a cut holds on a route
     /// with a twin. Written under the state lock only, read by decisions as a hint (a
     /// stale read puts the change off, or tries the lock, for one decision, and
     /// decides one request with or without the twin at a cut's edges). Loom's under
@@ -1638,7 +1638,6 @@ impl Route {
             keys,
             aggregate: cfg
                 .route_limit_rps
-                .filter(|_| cfg.partition != Partition::Route)
                 .map(|total| Box::new(Aggregate::new(total, cfg.algorithm, now))),
             generation: AtomicU64::new(generation),
             changed_at: AtomicU64::new(now.as_u64()),
@@ -1853,9 +1852,9 @@ impl Route {
     /// Sets the route-wide limiters among `which` ([`BEHIND_LIMITER`],
     /// [`BEHIND_SHADOW`], [`BEHIND_TWIN`], [`BEHIND_AGGREGATE`]) to the controller's
     /// limit as of `at` (a twin to the base limit, a partitioned route's total to its
-    /// share of the configured one: [`Aggregate::target_rps`]), each without waiting, and records those whose change
-    /// could not take its note as [`behind`](Route::behind). Called with the state
-    /// lock held.
+    /// share of the configured one: [`Aggregate::target_rps`]), each without waiting,
+    /// and records those whose change could not take its note as
+    /// [`behind`](Route::behind). Called with the state lock held.
     ///
     /// On a route with a twin ([`Shadow::Twin`]), a cut that engages (the limit below
     /// base) first sets the twin at the base limit and gives it the route's bucket's
