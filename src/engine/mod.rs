@@ -287,10 +287,9 @@ struct Route {
     /// loom, as the lock is, so that the models see a decision read it as a cut
     /// engages or ends.
     behind: AtomicU8,
-    keys: Option<Keys>,
-    /// A partitioned route's limit over its keys together (`route_limit`), tried after
-    /// a key's own admits. Boxed: a route without one pays a pointer.
-    aggregate: Option<Box<Aggregate>>,
+    /// What only a partitioned route has. Boxed: a route limited as a whole (most
+    /// routes) pays a pointer for it.
+    partitioned: Option<Box<Partitioned>>,
     /// Bumped whenever the controller's limit or parameters change; keys catch up lazily.
     generation: AtomicU64,
     /// When the limit last changed (ns on the engine's clock), what a route-wide
@@ -306,11 +305,20 @@ struct Route {
     limit: AtomicU64,
     /// When the controller will next raise the limit (ns on the engine's clock; 0: not cut).
     next_raise: AtomicU64,
-    /// On a route with tiers, when the controller's progress between cut and base
-    /// will next rise, which raises a tier's key limits (as `next_raise`).
-    next_tier_raise: AtomicU64,
     partition: Partition,
     state: Mutex<RouteState>,
+}
+
+/// A partitioned route's own state, beside the [`Route`]'s.
+struct Partitioned {
+    /// The key tables.
+    keys: Keys,
+    /// The limit over the keys together (`route_limit`), tried after a key's own
+    /// admits. Boxed: a route without one pays a pointer.
+    aggregate: Option<Box<Aggregate>>,
+    /// On a route with tiers, when the controller's progress between cut and base
+    /// will next rise, which raises a tier's key limits (as [`Route::next_raise`]).
+    next_tier_raise: AtomicU64,
 }
 
 struct RouteState {
@@ -483,7 +491,7 @@ impl Engine {
                         // The silence before the reload is stepped under the parameters
                         // that were in force during it.
                         self.bring_up_to(r, now);
-                        if let (Some(a), Some(total)) = (&r.aggregate, cfg.route_limit_rps) {
+                        if let (Some(a), Some(total)) = (r.aggregate(), cfg.route_limit_rps) {
                             a.configure(total);
                         }
                         r.reconfigure(&own.controller, events, now, wall_now, hook);
@@ -505,8 +513,8 @@ impl Engine {
                         // The keys the route refused since the hints history last took
                         // them, read, not taken: the old engine decides on until the
                         // swap, and its route is dropped with it.
-                        let refused = before.and_then(|r| r.keys.as_ref()?.refused_by_hash());
-                        if let (Some(keys), Some((hasher, refused))) = (&route.keys, refused) {
+                        let refused = before.and_then(|r| r.keys()?.refused_by_hash());
+                        if let (Some(keys), Some((hasher, refused))) = (route.keys(), refused) {
                             keys.carry_refused(hasher, &refused);
                         }
                         Arc::new(route)
@@ -525,7 +533,7 @@ impl Engine {
                 .routes
                 .get_mut(i)
                 .and_then(|s| Arc::get_mut(&mut s.route));
-            if let Some(keys) = built.and_then(|r| r.keys.as_mut()) {
+            if let Some(keys) = built.and_then(|r| r.partitioned.as_mut().map(|p| &mut p.keys)) {
                 keys.take_over(old, queue);
             }
         }
@@ -568,7 +576,7 @@ impl Engine {
         checked.controller = params;
         checked.algorithm = r.algorithm;
         checked.partition = r.partition.clone();
-        checked.route_limit_rps = r.aggregate.as_ref().map(|a| a.configured_rps());
+        checked.route_limit_rps = r.aggregate().map(|a| a.configured_rps());
         checked.tiers = r.tiers.to_vec();
         let ended: Vec<bool>;
         (checked.events, ended) = {
@@ -1012,7 +1020,7 @@ impl Engine {
         r.counter.add();
         // The common case, a route-wide token bucket, is decided from a two-register
         // result: the `Decision` is built once, in the caller's slot, never moved.
-        match (&r.keys, &r.limiter) {
+        match (r.keys(), &r.limiter) {
             (None, Limiter::TokenBucket(bucket)) => match bucket.take(now) {
                 Ok(()) if r.mode != Mode::ShadowAdaptive => Decision::Admit(Admit::Now),
                 Ok(()) => self.admit_shadowed(r, key, now),
@@ -1026,7 +1034,7 @@ impl Engine {
                 let decision = keys.check(r, key, now);
                 if !decision.is_admit() {
                     keys.note_refused(key);
-                } else if let Some(aggregate) = &r.aggregate {
+                } else if let Some(aggregate) = r.aggregate() {
                     // After the key's own limiter admitted: a key refused by its own
                     // limit spends none of the route's total.
                     if let Err(retry_after_ns) = aggregate.take(now) {
@@ -1100,7 +1108,7 @@ impl Engine {
         let Some(r) = self.route(route) else {
             return false;
         };
-        match &r.keys {
+        match r.keys() {
             None => r.limiter.give_back(pace, now),
             Some(keys) => keys.give_back(key, pace, now),
         }
@@ -1177,7 +1185,7 @@ impl Engine {
             r.counter.counters().add(CUT_REJECTED);
             // A key the cut would have refused counts among the keys refused, as
             // enforcing would have refused it.
-            if let (Shadow::Keys(_), Some(keys)) = (shadow, &r.keys) {
+            if let (Shadow::Keys(_), Some(keys)) = (shadow, r.keys()) {
                 keys.note_refused(key);
             }
         }
@@ -1217,7 +1225,8 @@ impl Engine {
         let before = standing(&st.controller);
         let hook = self.hook.as_deref();
         let sample_hook = self.sample_hook.as_deref();
-        let level = (sample_hook.is_some() && r.keys.is_none()).then(|| r.limiter.level(now));
+        let level =
+            (sample_hook.is_some() && r.partitioned.is_none()).then(|| r.limiter.level(now));
         let exhausted = level.is_some_and(|l| l.exhausted(&r.algorithm));
         let in_flight = level
             .filter(|_| matches!(r.algorithm, Algorithm::Concurrency { .. }))
@@ -1295,7 +1304,7 @@ impl Engine {
             }
         }
         r.publish_next_raise(st, now);
-        if let Some(keys) = &r.keys {
+        if let Some(keys) = r.keys() {
             keys.sweep(r, &mut st.last_sweep, now, true);
             if let Some(Shadow::Keys(shadow)) = &r.shadow {
                 shadow.sweep(r, &mut st.last_shadow_sweep, now, false);
@@ -1366,7 +1375,7 @@ impl Engine {
     /// [`Engine::key_limit_rps`] of a key already in the form the key tables take it.
     pub(crate) fn key_limit_rps_of(&self, route: RouteId, key: TableKey) -> Option<f64> {
         let r = self.route(route)?;
-        Some(match (r.tier_of(key), &r.keys) {
+        Some(match (r.tier_of(key), r.keys()) {
             (Some((base, cut)), Some(keys)) => cut + (base - cut) * keys.tiers().progress(r),
             _ => r.limit_rps(),
         })
@@ -1408,7 +1417,7 @@ impl Engine {
         let r = self.route(route)?;
         match r.tier_of(key) {
             None => eta(&r.next_raise, now),
-            Some((base, cut)) if base > cut => eta(&r.next_tier_raise, now),
+            Some((base, cut)) if base > cut => eta(&r.partitioned.as_ref()?.next_tier_raise, now),
             Some(_) => None,
         }
     }
@@ -1448,7 +1457,7 @@ impl Engine {
     /// reads them without emptying). `None` for a route limited as a whole, or one
     /// this engine does not hold.
     pub fn take_refused_keys(&self, route: RouteId) -> Option<KeySketch> {
-        Some(self.route(route)?.keys.as_ref()?.take_refused())
+        Some(self.route(route)?.keys()?.take_refused())
     }
 }
 
@@ -1555,11 +1564,21 @@ fn eta(next: &AtomicU64, now: Nanos) -> Option<Duration> {
 }
 
 impl Route {
+    /// A partitioned route's key tables; `None` on a route limited as a whole.
+    fn keys(&self) -> Option<&Keys> {
+        self.partitioned.as_deref().map(|p| &p.keys)
+    }
+
+    /// A partitioned route's limit over its keys together, if it has one.
+    fn aggregate(&self) -> Option<&Aggregate> {
+        self.partitioned.as_deref()?.aggregate.as_deref()
+    }
+
     /// The base and cut limits of the tier `key` belongs to, for a key of a tier
     /// that has its own state; `None` for others (a route without tiers, a key in
     /// none, or one a full key table sends to its shared overflow limiter).
     fn tier_of(&self, key: TableKey) -> Option<(f64, f64)> {
-        let keys = self.keys.as_ref().filter(|_| !self.tiers.is_empty())?;
+        let keys = self.keys().filter(|_| !self.tiers.is_empty())?;
         if keys.overflowed(key) {
             return None;
         }
@@ -1635,17 +1654,21 @@ impl Route {
             shadow,
             handed_over: AtomicBool::new(false),
             behind: AtomicU8::new(0),
-            keys,
-            aggregate: cfg
-                .route_limit_rps
-                .map(|total| Box::new(Aggregate::new(total, cfg.algorithm, now))),
+            partitioned: keys.map(|keys| {
+                Box::new(Partitioned {
+                    keys,
+                    aggregate: cfg
+                        .route_limit_rps
+                        .map(|total| Box::new(Aggregate::new(total, cfg.algorithm, now))),
+                    next_tier_raise: AtomicU64::new(0),
+                })
+            }),
             generation: AtomicU64::new(generation),
             changed_at: AtomicU64::new(now.as_u64()),
             progress: AtomicU64::new(1.0f64.to_bits()),
             engaged: AtomicBool::new(false),
             limit: AtomicU64::new(p.base_limit_rps.to_bits()),
             next_raise: AtomicU64::new(0),
-            next_tier_raise: AtomicU64::new(0),
             partition: cfg.partition.clone(),
             state: Mutex::new(RouteState {
                 ring: SlotRing::new(&cfg.window),
@@ -1700,7 +1723,7 @@ impl Route {
             return None;
         };
         let _st = self.lock();
-        let handed = match (&self.keys, &self.limiter) {
+        let handed = match (self.keys(), &self.limiter) {
             (None, Limiter::Concurrency(permits)) if cfg.partition == Partition::Route => {
                 HandedOver::Route(permits.handed_over(queue))
             }
@@ -1724,7 +1747,7 @@ impl Route {
             && self.algorithm == cfg.algorithm
             && self.partition == cfg.partition
             && self.tiers[..] == cfg.tiers[..]
-            && self.aggregate.is_some() == cfg.route_limit_rps.is_some()
+            && self.aggregate().is_some() == cfg.route_limit_rps.is_some()
     }
 
     /// New own parameters (and, on reload, new events, with the parameters their
@@ -1789,8 +1812,8 @@ impl Route {
         let (limit, progress) = st.next_raise(now, stepped, &self.window, tiers);
         self.next_raise
             .store(limit.map_or(0, Nanos::as_u64), Ordering::Relaxed);
-        if tiers {
-            self.next_tier_raise
+        if let Some(p) = self.partitioned.as_deref().filter(|_| tiers) {
+            p.next_tier_raise
                 .store(progress.map_or(0, Nanos::as_u64), Ordering::Relaxed);
         }
     }
@@ -1817,7 +1840,7 @@ impl Route {
         let limit = c.limit_rps();
         let base = c.params().base_limit_rps;
         let cut = c.params().cut_limit_rps;
-        if let Some(keys) = &self.keys {
+        if let Some(keys) = self.keys() {
             keys.tiers().set_default(base, cut, now);
         }
         if let Some(Shadow::Keys(keys)) = &self.shadow {
@@ -1844,7 +1867,7 @@ impl Route {
             self.generation.fetch_add(1, Ordering::SeqCst);
         }
         crate::sync::seq_cst_fence_under_loom();
-        if let Some(keys) = &self.keys {
+        if let Some(keys) = self.keys() {
             keys.wake_queued(self);
         }
     }
@@ -1924,7 +1947,7 @@ impl Route {
             }
             _ => set(&self.limiter, limit, BEHIND_LIMITER),
         };
-        let aggregate = match &self.aggregate {
+        let aggregate = match self.aggregate() {
             Some(a) if which & BEHIND_AGGREGATE != 0 && !a.follow(c, self.mode, at) => {
                 BEHIND_AGGREGATE
             }
@@ -1997,7 +2020,7 @@ impl Route {
             cut_limit_rps: p.cut_limit_rps,
             danger_roc: p.danger_roc,
             safe_roc: p.safe_roc,
-            level: match self.keys {
+            level: match self.partitioned {
                 None => self.limiter.level(now),
                 Some(_) => Level {
                     value: f64::NAN,
@@ -2013,8 +2036,8 @@ impl Route {
             cut_running,
             transitions: st.counts.transitions,
             active_event: st.active_event.map(|i| st.events[i].name.clone()),
-            keys: self.keys.as_ref().map_or(0, Keys::len),
-            route_limit: self.aggregate.as_ref().map(|a| RouteLimitSnapshot {
+            keys: self.keys().map_or(0, Keys::len),
+            route_limit: self.aggregate().map(|a| RouteLimitSnapshot {
                 limit_rps: a.target_rps(c, self.mode),
                 configured_rps: a.configured_rps(),
                 level: a.level(now),
@@ -2033,8 +2056,8 @@ impl Route {
                 Some(Shadow::Twin(_)) => 0,
                 _ => self.counter.counters().sum(KEYS_EVICTED),
             },
-            keys_overflowed: self.keys.as_ref().map_or(0, Keys::overflow_decisions),
-            refused_keys: self.keys.as_ref().map(Keys::refused),
+            keys_overflowed: self.keys().map_or(0, Keys::overflow_decisions),
+            refused_keys: self.keys().map(Keys::refused),
             window: self.window,
             min_rps: p.min_rps,
             roc_mode: p.roc_mode,

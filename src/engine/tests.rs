@@ -598,8 +598,7 @@ fn by_hash(hasher: &std::hash::RandomState, keys: std::ops::RangeInclusive<u32>)
 fn refused_by_hash(e: &Engine, id: RouteId) -> (std::hash::RandomState, KeySketch) {
     e.route(id)
         .unwrap()
-        .keys
-        .as_ref()
+        .keys()
         .unwrap()
         .refused_by_hash()
         .unwrap()
