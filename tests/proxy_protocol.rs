@@ -236,6 +236,32 @@ async fn an_untrusted_peers_connection_is_plain_http_and_its_header_no_address()
     assert_eq!(plain, Some((200, "127.0.0.1".to_owned())));
 }
 
+/// On a dual-stack listener an IPv4 load balancer's peer is IPv4-mapped
+/// (`::ffff:127.0.0.1`): it is trusted as its IPv4 address, its header read; and an
+/// untrusted IPv4 peer's header is not, there as on an IPv4 listener.
+#[tokio::test]
+async fn an_ipv4_mapped_peer_of_a_dual_stack_listener_is_trusted_as_its_ipv4_address() {
+    let upstream = start_upstream().await;
+    for trusted in ["127.0.0.1/32", "::ffff:127.0.0.1/128"] {
+        let mut s = expecting(upstream, ProxyProtocol::Any, &[trusted]);
+        s.listen = "[::]:0".parse().unwrap();
+        let mut proxy = start_proxy(s, vec![per_ip()]).await;
+        proxy.addr = SocketAddr::from(([127, 0, 0, 1], proxy.addr.port()));
+        let named = exchange(&proxy, &[&with_request(v2("203.0.113.7"))]).await;
+        assert_eq!(named, Some((200, "203.0.113.7".to_owned())), "{trusted}");
+        let missing = exchange(&proxy, &[REQUEST]).await;
+        assert_eq!(missing, None, "{trusted}: a trusted peer without a header");
+    }
+    let mut s = expecting(upstream, ProxyProtocol::Any, &["10.0.0.0/8"]);
+    s.listen = "[::]:0".parse().unwrap();
+    let mut proxy = start_proxy(s, vec![per_ip()]).await;
+    proxy.addr = SocketAddr::from(([127, 0, 0, 1], proxy.addr.port()));
+    let header = exchange(&proxy, &[&with_request(v2("203.0.113.7"))]).await;
+    assert_eq!(header.map(|(status, _)| status), Some(400));
+    let plain = exchange(&proxy, &[REQUEST]).await;
+    assert_eq!(plain, Some((200, "127.0.0.1".to_owned())));
+}
+
 /// A client its proxy names counts against `max_connections_per_client` as if it had
 /// connected itself, from its header on: its second connection is closed, another
 /// client's is served.

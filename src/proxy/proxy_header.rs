@@ -177,6 +177,8 @@ mod tests {
         let mut client = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
+        // Each write its own segment: no coalescing of a test's byte-at-a-time writes.
+        client.set_nodelay(true).unwrap();
         let (server, peer) = listener.accept().await.unwrap();
         let writes: Vec<Vec<u8>> = writes.iter().map(|w| w.to_vec()).collect();
         let sending = tokio::spawn(async move {
@@ -246,6 +248,47 @@ mod tests {
         let (named, _, rest) = header_of(&[&sent], ProxyProtocol::Any).await;
         assert_eq!(named, Ok("[2001:db8::7]:443".parse().unwrap()));
         assert_eq!(rest, b"PRI * HTTP/2.0");
+    }
+
+    /// A peer that sends its header a byte at a time has it read whole, and no byte
+    /// past it: a text one through its line feed, a binary one through its length.
+    #[tokio::test]
+    async fn a_header_sent_a_byte_at_a_time_is_read_to_its_end_and_no_further() {
+        let text = b"PROXY TCP4 203.0.113.7 10.0.0.1 5123 80\r\nGET".as_slice();
+        let binary = [
+            v2(
+                0x21,
+                0x11,
+                &[198, 51, 100, 9, 10, 0, 0, 1, 0x14, 0x03, 0, 80],
+            ),
+            b"GET".to_vec(),
+        ]
+        .concat();
+        for (sent, client) in [
+            (text, "203.0.113.7:5123"),
+            (&binary[..], "198.51.100.9:5123"),
+        ] {
+            let bytes: Vec<&[u8]> = sent.chunks(1).collect();
+            let (named, _, rest) = header_of(&bytes, ProxyProtocol::Any).await;
+            assert_eq!(named, Ok(client.parse().unwrap()));
+            assert_eq!(rest, b"GET");
+        }
+    }
+
+    /// A text header of the longest form (107 bytes, `UNKNOWN` with two IPv6
+    /// addresses of 39 characters) is taken; one byte more is refused.
+    #[tokio::test]
+    async fn a_text_header_of_107_bytes_is_taken_and_one_of_108_refused() {
+        let full = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
+        let longest = format!("PROXY UNKNOWN {full} {full} 65535 65535\r\n");
+        assert_eq!(longest.len(), 107);
+        let (named, peer, rest) =
+            header_of(&[format!("{longest}GET").as_bytes()], ProxyProtocol::V1).await;
+        assert_eq!(named, Ok(peer));
+        assert_eq!(rest, b"GET");
+        let over = format!("PROXY UNKNOWN {full} {full} 65535 655350\r\n");
+        let (named, _, _) = header_of(&[over.as_bytes()], ProxyProtocol::V1).await;
+        assert!(matches!(named, Err(Refusal::Invalid(_))), "{named:?}");
     }
 
     #[tokio::test]
