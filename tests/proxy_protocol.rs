@@ -262,6 +262,42 @@ async fn an_ipv4_mapped_peer_of_a_dual_stack_listener_is_trusted_as_its_ipv4_add
     assert_eq!(plain, Some((200, "127.0.0.1".to_owned())));
 }
 
+/// At `max_connections`, a connection whose header came but no byte of HTTP is
+/// closed to make room, with no answer, as a client's own connection that has sent
+/// nothing is (its client asked nothing yet); one whose request head has begun after
+/// its header is not, and is served once its head is whole.
+#[tokio::test]
+async fn at_the_cap_a_header_with_no_request_yet_is_closed_to_make_room() {
+    let upstream = start_upstream().await;
+    let mut s = expecting(upstream, ProxyProtocol::V1, &["127.0.0.1/32"]);
+    s.max_connections = 2;
+    s.header_read_timeout = Duration::from_secs(10);
+    s.idle_timeout = Duration::from_secs(10);
+    let proxy = start_proxy(s, vec![per_ip()]).await;
+    let mut header_only = connect(proxy.addr).await;
+    header_only.write_all(&v1("203.0.113.7")).await.unwrap();
+    let mut begun = connect(proxy.addr).await;
+    let head = [v1("203.0.113.8"), b"GET /per-ip HTTP/1.1\r\n".to_vec()].concat();
+    begun.write_all(&head).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let third = exchange(&proxy, &[&with_request(v1("198.51.100.9"))]).await;
+    assert_eq!(third, Some((200, "198.51.100.9".to_owned())));
+    let mut rest = Vec::new();
+    let read = within("the closed one", header_only.read_to_end(&mut rest)).await;
+    assert!(read.is_err() || rest.is_empty(), "answered: {rest:?}");
+    begun
+        .write_all(b"host: app\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    within("the begun one's answer", begun.read_to_end(&mut answer))
+        .await
+        .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("203.0.113.8"), "{answer}");
+}
+
 /// A client its proxy names counts against `max_connections_per_client` as if it had
 /// connected itself, from its header on: its second connection is closed, another
 /// client's is served.
