@@ -222,6 +222,42 @@ async fn unknown_and_local_leave_the_load_balancer_the_peer() {
     assert_eq!(proxy.snapshot("per-ip").keys, 1);
 }
 
+/// A connection whose header names no client (`UNKNOWN`, `LOCAL`, UDP) carries what
+/// its client wrote, not its load balancer: an L4 balancer writes no
+/// `X-Forwarded-For`. The one in the request names no one, for the key as upstream:
+/// else a client relayed so would choose its own address.
+#[tokio::test]
+async fn a_header_naming_no_client_leaves_the_requests_x_forwarded_for_untrusted() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        expecting(upstream, ProxyProtocol::Any, &["127.0.0.1/32"]),
+        vec![per_ip()],
+    )
+    .await;
+    let udp = v2_raw(
+        0x21,
+        0x12,
+        &[203, 0, 113, 7, 127, 0, 0, 1, 0x14, 0x03, 0, 80],
+    );
+    for (i, header) in [b"PROXY UNKNOWN\r\n".to_vec(), v2_raw(0x20, 0x00, &[]), udp]
+        .into_iter()
+        .enumerate()
+    {
+        let spoofed = format!(
+            "GET /per-ip HTTP/1.1\r\nhost: app\r\nx-forwarded-for: 6.6.6.{i}\r\n\
+             connection: close\r\n\r\n"
+        );
+        let answer = exchange(&proxy, &[&[header, spoofed.into_bytes()].concat()]).await;
+        match i {
+            // The balancer's own key, its one request admitted: the upstream sees the
+            // balancer's address alone.
+            0 => assert_eq!(answer, Some((200, "127.0.0.1".to_owned()))),
+            _ => assert_eq!(answer.map(|(status, _)| status), Some(429), "{i}"),
+        }
+    }
+    assert_eq!(proxy.snapshot("per-ip").keys, 1);
+}
+
 #[tokio::test]
 async fn an_untrusted_peers_connection_is_plain_http_and_its_header_no_address() {
     let upstream = start_upstream().await;

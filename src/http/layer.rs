@@ -212,7 +212,8 @@ impl Gate {
     }
 
     /// Reads the clock once and decides the request, from `peer` if its connection's
-    /// peer is known (else from its [`PeerAddr`] or `ConnectInfo`); returns the time
+    /// peer is known (else from its [`PeerAddr`] or `ConnectInfo`), its forwarding
+    /// headers read if that peer is a trusted proxy and `peer_forwards`; returns the time
     /// read too, for a rejection the limit it was refused at (its key's tier's, or the
     /// route's), and for a paced admission the key it was decided on (to give its
     /// place back with).
@@ -223,6 +224,7 @@ impl Gate {
         route: RouteId,
         req: &Request<B>,
         peer: Option<SocketAddr>,
+        peer_forwards: bool,
     ) -> Decided {
         let joined: Vec<u8>;
         // A request's key becomes its table key once, kept by a paced request.
@@ -238,9 +240,11 @@ impl Gate {
                 if peer.is_none() {
                     self.misplaced.no_peer(engine, route);
                 }
-                self.resolver
-                    .resolve(peer, req.headers())
-                    .map_or(TableKey::None, TableKey::Ip)
+                let client = match peer_forwards {
+                    true => self.resolver.resolve(peer, req.headers()),
+                    false => peer.map(|ip| ip.to_canonical()),
+                };
+                client.map_or(TableKey::None, TableKey::Ip)
             }
             Some(Partition::Header(name, _)) => {
                 // The host a request is for is its target's authority where it has one

@@ -21,6 +21,10 @@ pub struct AdmissionService<S> {
     /// (`rocgate serve`): taken as the request's [`PeerAddr`](super::PeerAddr), without
     /// an extension to insert in every request.
     peer: Option<SocketAddr>,
+    /// Whether the forwarding headers of `peer`'s requests are read if it is a trusted
+    /// proxy: not if a PROXY protocol header from it named no client, its requests then
+    /// being its relayed client's as that client wrote them.
+    peer_forwards: bool,
     /// Where the route of a request handed to the inner service at once goes, in
     /// place of a [`MatchedRoute`] extension, for an inner service that takes it from
     /// there as it is called (`rocgate serve`'s forwarder).
@@ -83,15 +87,19 @@ impl<S> AdmissionService<S> {
             inner,
             gate,
             peer: None,
+            peer_forwards: true,
             #[cfg(feature = "proxy")]
             route_slot: None,
         }
     }
 
-    /// This service for the requests of one client connection, from `peer`.
+    /// This service for the requests of one client connection, from `peer`, whose
+    /// forwarding headers are read if it is a trusted proxy and it `forwards` (not a
+    /// load balancer whose PROXY protocol header named no client).
     #[cfg(feature = "proxy")]
-    pub(crate) fn for_peer(mut self, peer: SocketAddr) -> Self {
+    pub(crate) fn for_peer(mut self, peer: SocketAddr, forwards: bool) -> Self {
         self.peer = Some(peer);
+        self.peer_forwards = forwards;
         self
     }
 
@@ -126,7 +134,7 @@ where
         let Some(route) = gate.route_of(&engine, &req) else {
             return self.forward(req, None, None);
         };
-        let decided = gate.decide(&engine, route, &req, self.peer);
+        let decided = gate.decide(&engine, route, &req, self.peer, self.peer_forwards);
         let admit = match decided.decision {
             Decision::Admit(admit) => admit,
             Decision::Reject(rejection) => {

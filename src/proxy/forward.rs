@@ -508,12 +508,15 @@ struct Connection {
 
 impl Connection {
     /// A connection from `peer` whose HTTP/1.1 requests go through `lane`.
-    fn new(lane: Lane, peer: IpAddr) -> Self {
+    fn new(lane: Lane, peer: IpAddr, forwards: bool) -> Self {
         Connection {
             lane,
             route: Arc::default(),
             timer: Mutex::new(LaneTimer::new()),
-            peer: Peer::new(peer),
+            peer: Peer {
+                forwards,
+                ..Peer::new(peer)
+            },
             durations: Mutex::new(None),
         }
     }
@@ -534,6 +537,10 @@ struct Peer {
     /// The canonical address (a dual-stack listener's IPv4 clients are mapped,
     /// `::ffff:1.2.3.4`: written as IPv4), as a header value.
     header: HeaderValue,
+    /// Whether its forwarding headers are passed on if it is a trusted proxy: not if
+    /// its PROXY protocol header named no client (what it sends is its relayed
+    /// client's, as that client wrote it).
+    forwards: bool,
 }
 
 impl Peer {
@@ -544,6 +551,7 @@ impl Peer {
             // Digits, dots, colons and hex letters: always a valid value.
             header: HeaderValue::from_maybe_shared(Bytes::from(text))
                 .expect("an IP address is a valid header value"),
+            forwards: true,
         }
     }
 }
@@ -743,14 +751,16 @@ impl Forwarder {
         refusal(req, self.inner.settings.max_body_bytes, &self.inner.via)
     }
 
-    /// This forwarder for the client connection from `peer`: its HTTP/1.1 requests get
+    /// This forwarder for the client connection from `peer`, whose forwarding headers
+    /// are passed on if it is a trusted proxy and it `forwards` (not a load balancer
+    /// whose PROXY protocol header named no client): its HTTP/1.1 requests get
     /// an upstream connection of their own (a [`Lane`]), polled by the returned driver,
     /// which must run beside the client connection, in its task.
-    pub(crate) fn for_connection(&self, peer: SocketAddr) -> (Forwarder, Driver) {
+    pub(crate) fn for_connection(&self, peer: SocketAddr, forwards: bool) -> (Forwarder, Driver) {
         let (lane, driver) = Lane::new();
         let forwarder = Forwarder {
             inner: Arc::clone(&self.inner),
-            connection: Some(Arc::new(Connection::new(lane, peer.ip()))),
+            connection: Some(Arc::new(Connection::new(lane, peer.ip(), forwards))),
         };
         (forwarder, driver)
     }
@@ -963,7 +973,7 @@ impl Inner {
         host: Option<&HeaderValue>,
         any: bool,
     ) {
-        let trusted = peer.is_some_and(|p| self.settings.resolver.is_trusted(p.ip));
+        let trusted = peer.is_some_and(|p| p.forwards && self.settings.resolver.is_trusted(p.ip));
         let forwarded_kind = self.settings.resolver.header() == ClientIpHeader::Forwarded;
         // The kind a trusted proxy writes, kept; the other is its client's.
         let (keep_x, keep_forwarded) = (trusted && !forwarded_kind, trusted && forwarded_kind);
@@ -1994,7 +2004,7 @@ mod tests {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         let (lane, _driver) = Lane::new();
-        let connection = Connection::new(lane, "203.0.113.7".parse().unwrap());
+        let connection = Connection::new(lane, "203.0.113.7".parse().unwrap(), true);
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
         metrics::with_local_recorder(&recorder, || {
             for (route, class) in [

@@ -829,16 +829,19 @@ impl Proxy {
         // Made in the connection's task, once its peer is known (a PROXY protocol
         // header names it).
         #[cfg(feature = "redis")]
-        let service_for = Arc::new(move |forwarder: Forwarder, peer| {
+        let service_for = Arc::new(move |forwarder: Forwarder, peer, forwards| {
             shared::Front::new(
-                handing_route(layer.layer(forwarder.clone()).for_peer(peer), &forwarder),
+                handing_route(
+                    layer.layer(forwarder.clone()).for_peer(peer, forwards),
+                    &forwarder,
+                ),
                 shared_gate.clone(),
                 forwarder,
             )
         });
         #[cfg(not(feature = "redis"))]
-        let service_for = Arc::new(move |forwarder: Forwarder, peer| {
-            let service = layer.layer(forwarder.clone()).for_peer(peer);
+        let service_for = Arc::new(move |forwarder: Forwarder, peer, forwards| {
+            let service = layer.layer(forwarder.clone()).for_peer(peer, forwards);
             handing_route(service, &forwarder)
         });
         let header_from = match self.settings.proxy_protocol {
@@ -1035,18 +1038,25 @@ impl Proxy {
                 let fresh =
                     reclaimable.register(Arc::clone(&activity), Some(Arc::clone(&arrivals)));
                 // The client its proxy names, if it begins with a PROXY protocol
-                // header, else the socket's peer; then its protocol.
+                // header, else the socket's peer; whether that peer's forwarding
+                // headers may be read (a trusted proxy's, unless its header named no
+                // client: its requests are then its relayed client's, as written);
+                // then its protocol.
                 let opened = async {
                     if !expects_header {
                         let protocol =
                             protocol_known_within(&stream, header_timeout, &arrivals).await?;
-                        return Some((peer, None, protocol));
+                        return Some((peer, true, None, protocol));
                     }
                     let named =
-                        proxy_header::client_of(&stream, peer, proxy_protocol, header_timeout)
-                            .await;
+                        proxy_header::client_of(&stream, proxy_protocol, header_timeout).await;
                     let client = match named {
-                        Ok(client) => client,
+                        Ok(Some(client)) => client,
+                        Ok(None) => {
+                            let protocol =
+                                protocol_known_within(&stream, header_timeout, &arrivals).await?;
+                            return Some((peer, false, None, protocol));
+                        }
                         Err(refusal) => {
                             counts.header_refused(&refusal);
                             tracing::debug!(%peer, "connection closed: {refusal}");
@@ -1055,29 +1065,26 @@ impl Proxy {
                     };
                     // A client its proxy names counts against its own address's
                     // `max_connections_per_client` (its proxy's connections are not).
-                    let admitted = match client == peer {
-                        true => None,
-                        false => match counts.admit(client.ip()) {
-                            Some(admitted) => Some(admitted),
-                            None => {
-                                if counts.warn_refusal(clock.now(), LIMIT_WARN_EVERY) {
-                                    tracing::warn!(
-                                        %client,
-                                        proxy = %peer,
-                                        max_connections_per_client,
-                                        refused = counts.refused(),
-                                        "a client address holds max_connections_per_client: \
-                                         its new connections are closed once their PROXY \
-                                         protocol header names it"
-                                    );
-                                }
-                                return None;
+                    let admitted = match counts.admit(client.ip()) {
+                        Some(admitted) => admitted,
+                        None => {
+                            if counts.warn_refusal(clock.now(), LIMIT_WARN_EVERY) {
+                                tracing::warn!(
+                                    %client,
+                                    proxy = %peer,
+                                    max_connections_per_client,
+                                    refused = counts.refused(),
+                                    "a client address holds max_connections_per_client: \
+                                     its new connections are closed once their PROXY \
+                                     protocol header names it"
+                                );
                             }
-                        },
+                            return None;
+                        }
                     };
                     let protocol =
                         protocol_known_within(&stream, header_timeout, &arrivals).await?;
-                    Some((client, admitted, protocol))
+                    Some((client, true, Some(admitted), protocol))
                 };
                 // A connection that has sent nothing has no request in flight: shutdown
                 // closes it at once rather than wait for its first byte.
@@ -1090,12 +1097,12 @@ impl Proxy {
                     }
                     _ = stopping.changed() => None,
                 };
-                let Some((peer, _client, protocol)) = opened else {
+                let Some((peer, forwards, _client, protocol)) = opened else {
                     return;
                 };
-                let (forwarder, driver) = base.for_connection(peer);
+                let (forwarder, driver) = base.for_connection(peer, forwards);
                 let checks = forwarder.clone();
-                let service = service_for(forwarder, peer);
+                let service = service_for(forwarder, peer, forwards);
                 // hyper's socket, handed back once hyper is done with it.
                 let back = Arc::new(connections::Handback::default());
                 // The connection's service, its lane and their timers live in this

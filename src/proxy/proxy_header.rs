@@ -7,7 +7,9 @@
 //! further than its last byte: what follows it stays in the socket, for HTTP. The
 //! bytes read are parsed by the `ppp` crate. A header that names no client (a text
 //! `PROXY UNKNOWN`, a binary `LOCAL`: the load balancer's health checks, or a family
-//! other than TCP over IPv4 or IPv6) leaves the socket's peer the connection's.
+//! other than TCP over IPv4 or IPv6) leaves the socket's peer the connection's, but
+//! not as a proxy: what it sends is its relayed client's, as that client wrote it, and
+//! the forwarding headers in it are not read (an L4 load balancer writes none).
 
 use crate::config::ProxyProtocol;
 use std::io;
@@ -47,30 +49,25 @@ impl std::fmt::Display for Refusal {
 }
 
 /// Reads the header of a version `taken` that `stream` begins with, within `timeout`;
-/// returns the client it names, or `peer` (the socket's) for a header that names none.
+/// returns the client it names, `None` for a header that names none.
 pub(crate) async fn client_of(
     stream: &TcpStream,
-    peer: SocketAddr,
     taken: ProxyProtocol,
     timeout: Duration,
-) -> Result<SocketAddr, Refusal> {
-    tokio::time::timeout(timeout, read(stream, peer, taken))
+) -> Result<Option<SocketAddr>, Refusal> {
+    tokio::time::timeout(timeout, read(stream, taken))
         .await
         .unwrap_or(Err(Refusal::Timeout))
 }
 
-async fn read(
-    stream: &TcpStream,
-    peer: SocketAddr,
-    taken: ProxyProtocol,
-) -> Result<SocketAddr, Refusal> {
+async fn read(stream: &TcpStream, taken: ProxyProtocol) -> Result<Option<SocketAddr>, Refusal> {
     let mut first = [0u8; 1];
     if stream.peek(&mut first).await.map_err(|_| Refusal::Closed)? == 0 {
         return Err(Refusal::Closed);
     }
     match first[0] {
-        b'\r' if taken.takes_v2() => v2(stream, peer).await,
-        b'P' if taken.takes_v1() => v1(stream, peer).await,
+        b'\r' if taken.takes_v2() => v2(stream).await,
+        b'P' if taken.takes_v1() => v1(stream).await,
         _ => Err(Refusal::Invalid(format!(
             "the connection does not begin with a header of proxy_protocol {:?}",
             taken.as_str()
@@ -79,7 +76,7 @@ async fn read(
 }
 
 /// A text header: read up to its line feed, at most [`V1_MAX`] bytes.
-async fn v1(stream: &TcpStream, peer: SocketAddr) -> Result<SocketAddr, Refusal> {
+async fn v1(stream: &TcpStream) -> Result<Option<SocketAddr>, Refusal> {
     let mut header = [0u8; V1_MAX];
     let mut len = 0;
     loop {
@@ -110,14 +107,14 @@ async fn v1(stream: &TcpStream, peer: SocketAddr) -> Result<SocketAddr, Refusal>
     let parsed =
         ppp::v1::Header::try_from(&header[..len]).map_err(|e| Refusal::Invalid(e.to_string()))?;
     Ok(match parsed.addresses {
-        ppp::v1::Addresses::Tcp4(a) => SocketAddr::from((a.source_address, a.source_port)),
-        ppp::v1::Addresses::Tcp6(a) => SocketAddr::from((a.source_address, a.source_port)),
-        ppp::v1::Addresses::Unknown => peer,
+        ppp::v1::Addresses::Tcp4(a) => Some(SocketAddr::from((a.source_address, a.source_port))),
+        ppp::v1::Addresses::Tcp6(a) => Some(SocketAddr::from((a.source_address, a.source_port))),
+        ppp::v1::Addresses::Unknown => None,
     })
 }
 
 /// A binary header: its fixed part, then the length it states.
-async fn v2(stream: &TcpStream, peer: SocketAddr) -> Result<SocketAddr, Refusal> {
+async fn v2(stream: &TcpStream) -> Result<Option<SocketAddr>, Refusal> {
     let mut fixed = [0u8; V2_FIXED];
     read_exact(stream, &mut fixed).await?;
     if fixed[..V2_SIGNATURE.len()] != V2_SIGNATURE[..] {
@@ -135,12 +132,12 @@ async fn v2(stream: &TcpStream, peer: SocketAddr) -> Result<SocketAddr, Refusal>
     use ppp::v2::{Addresses, Command, Protocol};
     Ok(match (parsed.command, parsed.protocol, parsed.addresses) {
         (Command::Proxy, Protocol::Stream, Addresses::IPv4(a)) => {
-            SocketAddr::from((a.source_address, a.source_port))
+            Some(SocketAddr::from((a.source_address, a.source_port)))
         }
         (Command::Proxy, Protocol::Stream, Addresses::IPv6(a)) => {
-            SocketAddr::from((a.source_address, a.source_port))
+            Some(SocketAddr::from((a.source_address, a.source_port)))
         }
-        _ => peer,
+        _ => None,
     })
 }
 
@@ -168,18 +165,19 @@ mod tests {
     use tokio::net::{TcpListener, TcpStream};
 
     /// The client named by what a client sends in `writes` (flushed one by one, a
-    /// pause between them), under `taken`; and what the connection then has to read.
+    /// pause between them), under `taken` (`None` if none); and what the connection
+    /// then has to read.
     async fn header_of(
         writes: &[&[u8]],
         taken: ProxyProtocol,
-    ) -> (Result<SocketAddr, Refusal>, SocketAddr, Vec<u8>) {
+    ) -> (Result<Option<SocketAddr>, Refusal>, Vec<u8>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut client = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
         // Each write its own segment: no coalescing of a test's byte-at-a-time writes.
         client.set_nodelay(true).unwrap();
-        let (server, peer) = listener.accept().await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
         let writes: Vec<Vec<u8>> = writes.iter().map(|w| w.to_vec()).collect();
         let sending = tokio::spawn(async move {
             for w in writes {
@@ -190,14 +188,14 @@ mod tests {
             client.shutdown().await.unwrap();
             client
         });
-        let named = client_of(&server, peer, taken, Duration::from_secs(10)).await;
+        let named = client_of(&server, taken, Duration::from_secs(10)).await;
         let _client = sending.await.unwrap();
         let mut rest = Vec::new();
         let mut server = server;
         if named.is_ok() {
             server.read_to_end(&mut rest).await.unwrap();
         }
-        (named, peer, rest)
+        (named, rest)
     }
 
     /// A binary header: `command` (0x20 LOCAL, 0x21 PROXY), `family` and its addresses.
@@ -212,7 +210,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_text_header_split_over_writes_names_the_client_and_leaves_what_follows() {
-        let (named, _, rest) = header_of(
+        let (named, rest) = header_of(
             &[
                 b"PROX",
                 b"Y TCP4 203.0.113.7 10.0.0.1 5123",
@@ -222,7 +220,7 @@ mod tests {
             ProxyProtocol::V1,
         )
         .await;
-        assert_eq!(named, Ok("203.0.113.7:5123".parse().unwrap()));
+        assert_eq!(named, Ok(Some("203.0.113.7:5123".parse().unwrap())));
         assert_eq!(rest, b"GET / HTTP/1.1\r\n");
     }
 
@@ -245,8 +243,8 @@ mod tests {
         addresses.extend_from_slice(&80u16.to_be_bytes());
         let mut sent = v2(0x21, 0x21, &addresses);
         sent.extend_from_slice(b"PRI * HTTP/2.0");
-        let (named, _, rest) = header_of(&[&sent], ProxyProtocol::Any).await;
-        assert_eq!(named, Ok("[2001:db8::7]:443".parse().unwrap()));
+        let (named, rest) = header_of(&[&sent], ProxyProtocol::Any).await;
+        assert_eq!(named, Ok(Some("[2001:db8::7]:443".parse().unwrap())));
         assert_eq!(rest, b"PRI * HTTP/2.0");
     }
 
@@ -269,8 +267,8 @@ mod tests {
             (&binary[..], "198.51.100.9:5123"),
         ] {
             let bytes: Vec<&[u8]> = sent.chunks(1).collect();
-            let (named, _, rest) = header_of(&bytes, ProxyProtocol::Any).await;
-            assert_eq!(named, Ok(client.parse().unwrap()));
+            let (named, rest) = header_of(&bytes, ProxyProtocol::Any).await;
+            assert_eq!(named, Ok(Some(client.parse().unwrap())));
             assert_eq!(rest, b"GET");
         }
     }
@@ -282,22 +280,22 @@ mod tests {
         let full = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
         let longest = format!("PROXY UNKNOWN {full} {full} 65535 65535\r\n");
         assert_eq!(longest.len(), 107);
-        let (named, peer, rest) =
+        let (named, rest) =
             header_of(&[format!("{longest}GET").as_bytes()], ProxyProtocol::V1).await;
-        assert_eq!(named, Ok(peer));
+        assert_eq!(named, Ok(None));
         assert_eq!(rest, b"GET");
         let over = format!("PROXY UNKNOWN {full} {full} 65535 655350\r\n");
-        let (named, _, _) = header_of(&[over.as_bytes()], ProxyProtocol::V1).await;
+        let (named, _) = header_of(&[over.as_bytes()], ProxyProtocol::V1).await;
         assert!(matches!(named, Err(Refusal::Invalid(_))), "{named:?}");
     }
 
     #[tokio::test]
-    async fn unknown_and_local_leave_the_socket_peer() {
-        let (named, peer, rest) = header_of(&[b"PROXY UNKNOWN\r\nGET"], ProxyProtocol::Any).await;
-        assert_eq!(named, Ok(peer));
+    async fn unknown_and_local_name_no_client() {
+        let (named, rest) = header_of(&[b"PROXY UNKNOWN\r\nGET"], ProxyProtocol::Any).await;
+        assert_eq!(named, Ok(None));
         assert_eq!(rest, b"GET");
-        let (named, peer, _) = header_of(&[&v2(0x20, 0x00, &[])], ProxyProtocol::V2).await;
-        assert_eq!(named, Ok(peer));
+        let (named, _) = header_of(&[&v2(0x20, 0x00, &[])], ProxyProtocol::V2).await;
+        assert_eq!(named, Ok(None));
     }
 
     /// A binary header of another transport than TCP (UDP over IPv4 or IPv6, or
@@ -305,7 +303,7 @@ mod tests {
     /// the PROXY protocol's receiver must, it falls back to the connection's own
     /// endpoints (HAProxy's spec, 2.2: "automatically falls back to the UNSPEC mode").
     #[tokio::test]
-    async fn a_binary_header_of_another_transport_than_tcp_leaves_the_socket_peer() {
+    async fn a_binary_header_of_another_transport_than_tcp_names_no_client() {
         let v4 = [203, 0, 113, 7, 10, 0, 0, 1, 0x14, 0x03, 0, 53];
         let v6 = [
             "2001:db8::7"
@@ -325,12 +323,12 @@ mod tests {
             (0x10, &v4[..]),
             (0x20, &v6[..]),
         ] {
-            let (named, peer, rest) = header_of(
+            let (named, rest) = header_of(
                 &[&[v2(0x21, family, addresses), b"GET".to_vec()].concat()],
                 ProxyProtocol::V2,
             )
             .await;
-            assert_eq!(named, Ok(peer), "family and protocol {family:#04x}");
+            assert_eq!(named, Ok(None), "family and protocol {family:#04x}");
             assert_eq!(rest, b"GET", "family and protocol {family:#04x}");
         }
     }
@@ -355,7 +353,7 @@ mod tests {
             (&long, ProxyProtocol::Any),
             (b"\r\n\r\n\0\r\nQUIX\n\x21\x11\x00\x00", ProxyProtocol::Any),
         ] {
-            let (named, _, _) = header_of(&[sent], taken).await;
+            let (named, _) = header_of(&[sent], taken).await;
             assert!(
                 matches!(named, Err(Refusal::Invalid(_))),
                 "{:?} under {taken:?}: {named:?}",
@@ -366,9 +364,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_header_cut_short_is_closed() {
-        let (named, _, _) = header_of(&[b"PROXY TCP4 203.0"], ProxyProtocol::Any).await;
+        let (named, _) = header_of(&[b"PROXY TCP4 203.0"], ProxyProtocol::Any).await;
         assert_eq!(named, Err(Refusal::Closed));
-        let (named, _, _) =
+        let (named, _) =
             header_of(&[&v2(0x21, 0x11, &[203, 0, 113])[..15]], ProxyProtocol::Any).await;
         assert_eq!(named, Err(Refusal::Closed));
     }
