@@ -1011,7 +1011,9 @@ impl Proxy {
             let base = forwarder.clone();
             let service_for = Arc::clone(&service_for);
             let counts = Arc::clone(&connections);
-            let clock = Arc::clone(&clock);
+            // Read if the client a header names is refused at its cap: not cloned for
+            // a connection that begins with no header.
+            let clock = expects_header.then(|| Arc::clone(&clock));
             let max_connections_per_client = self.settings.max_connections_per_client;
             let header_timeout = self.settings.header_read_timeout;
             let idle_timeout = self.settings.idle_timeout;
@@ -1068,7 +1070,8 @@ impl Proxy {
                     let admitted = match counts.admit(client.ip()) {
                         Some(admitted) => admitted,
                         None => {
-                            if counts.warn_refusal(clock.now(), LIMIT_WARN_EVERY) {
+                            let now = clock.as_ref().map(|clock| clock.now());
+                            if now.is_some_and(|now| counts.warn_refusal(now, LIMIT_WARN_EVERY)) {
                                 tracing::warn!(
                                     %client,
                                     proxy = %peer,
