@@ -1131,7 +1131,9 @@ pub struct ServerConfig {
     pub client_ip_header: ClientIpHeader,
     /// The PROXY protocol header each connection from a trusted proxy must begin with
     /// (off by default): its source address is the connection's peer from then on,
-    /// for client IP keys, `X-Forwarded-For` and `max_connections_per_client`. A
+    /// for client IP keys, `X-Forwarded-For` and `max_connections_per_client`; a header
+    /// that names none (`UNKNOWN`, `LOCAL`, a family other than TCP) leaves the proxy
+    /// the peer, the forwarding headers of its requests (its relayed client's) unread. A
     /// connection from a trusted proxy without a valid header is closed; one from any
     /// other peer is read as plain HTTP, its socket's peer its address (a header it
     /// sends is a malformed request).
