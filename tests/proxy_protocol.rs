@@ -1,10 +1,13 @@
 //! `[server] proxy_protocol` over real sockets on 127.0.0.1: a trusted proxy's
 //! connection begins with a PROXY protocol header (version 1 or 2), whose client is
-//! the connection's peer for client IP keys and the `X-Forwarded-For` sent upstream; a
-//! header that names no client (`UNKNOWN`, `LOCAL`) leaves the socket's peer; a
-//! connection from a trusted proxy without a valid header, or silent past
-//! `header_read_timeout`, is closed, and the proxy serves the next; any other peer's
-//! connection is plain HTTP. The upstream answers with the `X-Forwarded-For` it
+//! the connection's peer for client IP keys, the `X-Forwarded-For` sent upstream and
+//! `max_connections_per_client` (its refusals warned of); a header that names no client
+//! (`UNKNOWN`, `LOCAL`, UDP) leaves the socket's peer, the `X-Forwarded-For` its client
+//! wrote unread; a connection from a trusted proxy without a valid header, or silent
+//! past `header_read_timeout`, is closed, and the proxy serves the next; one whose
+//! header came but no request yet is closed to make room at `max_connections`; any
+//! other peer's connection is plain HTTP, an IPv4-mapped peer of a dual-stack listener
+//! taken as its IPv4 address. The upstream answers with the `X-Forwarded-For` it
 //! received. One test alone scrapes `/metrics` (the recorder is one per process).
 #![cfg(feature = "proxy")]
 
