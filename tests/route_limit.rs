@@ -275,3 +275,43 @@ proptest! {
         }
     }
 }
+
+/// A refusal by the total tells the later of the total's wait and the key's own: the
+/// key admitted by its own limit has spent its token there, and a retry when the total
+/// has one again is refused by the key's own limit if it has none by then. One token
+/// per key (1 req/s over a second), four together: the fifth key is refused by the
+/// total, which has a token again in 250 ms, and told its key's wait (a second, or
+/// a sliding window's two); sent again then it is admitted, a millisecond earlier
+/// it is not (a sliding window admits within its float tolerance of the time). So
+/// for each algorithm the total takes.
+#[test]
+fn a_refusal_by_the_total_waits_for_the_keys_own_token_too() {
+    let second = Duration::from_secs(1);
+    // A sliding window's one request weighs on the next window until it has passed.
+    for (algorithm, own) in [
+        (Algorithm::TokenBucket { burst: second }, second),
+        (Algorithm::FixedWindow { window: second }, second),
+        (Algorithm::SlidingWindow { window: second }, 2 * second),
+    ] {
+        let mut cfg = keyed(1.0, 4.0);
+        // A window's cut must still admit one request a window.
+        cfg.controller.cut_limit_rps = 1.0;
+        cfg.algorithm = algorithm;
+        let e = engine(vec![cfg]);
+        let id = e.route_at(0).unwrap();
+        let admitted = (0..4).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
+        assert_eq!(admitted.count(), 4, "{algorithm:?}");
+        let r = e.check(id, ip(4), Nanos::ZERO).rejection().unwrap();
+        assert_eq!(total(&e, id, Nanos::ZERO).rejected, 1, "{algorithm:?}");
+        assert_eq!(r.retry_after, own, "{algorithm:?}: the key's own token");
+        let then = r.retry_after.as_nanos() as u64;
+        assert!(
+            !e.check(id, ip(4), Nanos::new(then - 1_000_000)).is_admit(),
+            "{algorithm:?}"
+        );
+        assert!(
+            e.check(id, ip(4), Nanos::new(then)).is_admit(),
+            "{algorithm:?}"
+        );
+    }
+}

@@ -101,6 +101,13 @@ impl Keys {
         with_tables!(self, t => t.give_back(key, pace, now))
     }
 
+    /// The nanoseconds from `now` until the state that decided `key`'s request (its
+    /// own, the shared overflow's, the anonymous one) would admit another
+    /// ([`KeyState::wait`]).
+    pub(super) fn wait(&self, key: TableKey, now: Nanos) -> u64 {
+        with_tables!(self, t => t.wait(key, now))
+    }
+
     /// Sweeps the tables (see [`KeyTable::sweep`]); `counted`: the keys evicted count
     /// as the route's ([`super::KEYS_EVICTED`]), as the enforced table's do and a
     /// shadow table's do not.
@@ -255,6 +262,17 @@ impl<E: KeyState> KeyTables<E> {
         }
     }
 
+    fn wait(&self, key: TableKey, now: Nanos) -> u64 {
+        match (self, key) {
+            (KeyTables::Ip(t), TableKey::Ip(ip)) => {
+                t.wait(&IpKey::new(ip, t.limits.ipv6_prefix), now)
+            }
+            (KeyTables::Value(t), TableKey::Value(v)) => t.wait(&v, now),
+            (KeyTables::Ip(t), _) => t.anonymous.wait(&t.tiers, now),
+            (KeyTables::Value(t), _) => t.anonymous.wait(&t.tiers, now),
+        }
+    }
+
     fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos, counted: bool) {
         match self {
             KeyTables::Ip(t) => t.sweep(r, last, now, counted),
@@ -403,6 +421,15 @@ pub(super) trait KeyState: Send + Sync {
     /// has one.
     fn give_back(&self, _pace: Pace, _now: Nanos) -> bool {
         false
+    }
+
+    /// The nanoseconds from `now` until the key's limiter would admit a request, at
+    /// the limit it has (0: it would now), admitting none: what a request refused by
+    /// the route's `route_limit` after its key admitted it waits for its key too.
+    /// Only the algorithms a `route_limit` takes (token bucket, fixed and sliding
+    /// window) have a wait; the others, 0.
+    fn wait(&self, _tiers: &TierTable, _now: Nanos) -> u64 {
+        0
     }
 }
 
@@ -564,6 +591,10 @@ impl KeyState for BucketKey {
             == r.generation.load(Ordering::Acquire) as u32;
         caught_up && self.words().full(now)
     }
+
+    fn wait(&self, _tiers: &TierTable, now: Nanos) -> u64 {
+        self.words().wait(now)
+    }
 }
 
 impl BucketKey {
@@ -630,6 +661,12 @@ trait WordAlgo {
     fn give_back(_state: &AtomicU64, _pace: Pace, _now: Nanos) -> bool {
         false
     }
+
+    /// [`KeyState::wait`] on the state word, with the key's limit word; the window
+    /// counters' (the leaky bucket takes no `route_limit`: 0).
+    fn wait(_state: &AtomicU64, _limit_word: u64, _shape: u32, _now: Nanos) -> u64 {
+        0
+    }
 }
 
 /// [`FixedWindow`](crate::limiter::FixedWindow) per key; the limit word is the limit's bits.
@@ -659,6 +696,12 @@ impl WordAlgo for Fixed {
     fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool {
         words::fixed_count(state, words::window_ns(shape), now) == 0
     }
+
+    fn wait(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> u64 {
+        let window_ns = words::window_ns(shape);
+        let quota = words::quota(f64::from_bits(limit_word), window_ns);
+        words::fixed_wait(state, quota as u64, window_ns, now)
+    }
 }
 
 impl WordAlgo for Sliding {
@@ -678,6 +721,12 @@ impl WordAlgo for Sliding {
 
     fn at_rest(state: &AtomicU64, shape: u32, now: Nanos) -> bool {
         words::sliding_count(state, words::window_ns(shape), now) == 0.0
+    }
+
+    fn wait(state: &AtomicU64, limit_word: u64, shape: u32, now: Nanos) -> u64 {
+        let window_ns = words::window_ns(shape);
+        let quota = words::quota(f64::from_bits(limit_word), window_ns);
+        words::sliding_wait(state, quota, window_ns, now)
     }
 }
 
@@ -733,6 +782,11 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
 
     fn give_back(&self, pace: Pace, now: Nanos) -> bool {
         A::give_back(&self.state, pace, now)
+    }
+
+    fn wait(&self, tiers: &TierTable, now: Nanos) -> u64 {
+        let limit = self.limit.load(Ordering::Relaxed);
+        A::wait(&self.state, limit, tiers.shape, now)
     }
 }
 
@@ -1032,6 +1086,19 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             .get()
             .and_then(|map| map.get(key))
             .is_some_and(|entry| entry.give_back(pace, now))
+    }
+
+    /// [`KeyState::wait`] of the state a request with `key` was decided on: the key's
+    /// own, or the shared overflow's for a key the table holds no state of.
+    fn wait<Q>(&self, key: &Q, now: Nanos) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match self.map.get().and_then(|map| map.get(key)) {
+            Some(entry) => entry.wait(&self.tiers, now),
+            None => self.overflow.wait(&self.tiers, now),
+        }
     }
 
     /// Counts `key` among the keys refused. Hashed once more (the map's hash of it is

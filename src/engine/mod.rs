@@ -1038,7 +1038,7 @@ impl Engine {
                     // After the key's own limiter admitted: a key refused by its own
                     // limit spends none of the route's total.
                     if let Err(retry_after_ns) = aggregate.take(now) {
-                        return self.refused_by_total(r, aggregate, retry_after_ns);
+                        return self.refused_by_total(r, keys, key, now, retry_after_ns);
                     }
                 }
                 self.settle(r, key, now, decision)
@@ -1050,17 +1050,26 @@ impl Engine {
 
     /// A request its key admitted that the route's total over its keys refused, a
     /// token there in `retry_after_ns`: counted as the total's, then as any refusal
-    /// ([`Engine::refused`]). Out of line, so that a keyed decision the total admits,
-    /// or on a route without one, keeps none of this path's registers.
+    /// ([`Engine::refused`]), told to wait for the later of the total's token and its
+    /// key's next (the key spent one on it: sent again when the total has one, it
+    /// would be refused by its key's own limit if that had none by then). Out of
+    /// line, so that a keyed decision the total admits, or on a route without one,
+    /// keeps none of this path's registers.
     #[cold]
     #[inline(never)]
-    fn refused_by_total(&self, r: &Route, total: &Aggregate, retry_after_ns: u64) -> Decision {
-        total.count_refusal();
-        self.refused(
-            r,
-            Duration::from_nanos(retry_after_ns.max(1)),
-            Reason::Limit,
-        )
+    fn refused_by_total(
+        &self,
+        r: &Route,
+        keys: &Keys,
+        key: TableKey,
+        now: Nanos,
+        retry_after_ns: u64,
+    ) -> Decision {
+        if let Some(total) = &r.aggregate {
+            total.count_refusal();
+        }
+        let wait = retry_after_ns.max(keys.wait(key, now)).max(1);
+        self.refused(r, Duration::from_nanos(wait), Reason::Limit)
     }
 
     /// An admission by a route-wide token bucket on a `shadow_adaptive` route.

@@ -533,6 +533,19 @@ impl Words<'_> {
         }
     }
 
+    /// The nanoseconds from `now` until [`take`](Self::take) would take a token (0:
+    /// one is there now), taking none.
+    pub(crate) fn wait(self, now: Nanos) -> u64 {
+        let now = clamped(now);
+        loop {
+            let (word, tat, t, capacity) = self.read();
+            if self.still(word) {
+                let next = tat.max(now) + t;
+                return (next - now).saturating_sub(tolerance(t, capacity));
+            }
+        }
+    }
+
     /// Tokens left at `now` and the capacity.
     pub(crate) fn level(self, now: Nanos) -> Level {
         let now = clamped(now);

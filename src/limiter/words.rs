@@ -153,6 +153,19 @@ pub(crate) fn fixed(word: &AtomicU64, quota: u64, window_ns: u64, now: Nanos) ->
     }
 }
 
+/// Fixed window: the nanoseconds from `now` until [`fixed`] would count a request
+/// (0: it would now), counting none.
+pub(crate) fn fixed_wait(word: &AtomicU64, quota: u64, window_ns: u64, now: Nanos) -> u64 {
+    let idx = (now.as_u64() / window_ns) & IDX_MASK;
+    let late = late_windows(window_ns);
+    let p = Packed::load(word.load(Ordering::Relaxed)).at(idx, late);
+    if p.cur < quota {
+        return 0;
+    }
+    let at = p.effective_now(now.as_u64(), window_ns, late);
+    (at / window_ns + 1) * window_ns - now.as_u64()
+}
+
 /// Fixed window: the count of the window of `now`.
 pub(crate) fn fixed_count(word: &AtomicU64, window_ns: u64, now: Nanos) -> u64 {
     let idx = (now.as_u64() / window_ns) & IDX_MASK;
@@ -195,6 +208,21 @@ pub(crate) fn sliding(word: &AtomicU64, quota: f64, window_ns: u64, now: Nanos) 
             Ok(_) => return Decision::Admit(Admit::Now),
             Err(current) => seen = current,
         }
+    }
+}
+
+/// Sliding window: the nanoseconds from `now` until [`sliding`] would count a
+/// request (0: it would now), counting none.
+pub(crate) fn sliding_wait(word: &AtomicU64, quota: f64, window_ns: u64, now: Nanos) -> u64 {
+    let now = now.as_u64();
+    let idx = (now / window_ns) & IDX_MASK;
+    let late = late_windows(window_ns);
+    let p = Packed::load(word.load(Ordering::Relaxed)).at(idx, late);
+    let at = p.effective_now(now, window_ns, late);
+    if estimate(p, window_ns, at) + 1.0 > quota + 1e-9 {
+        retry_after(p, window_ns, at, quota) + (at - now)
+    } else {
+        0
     }
 }
 
