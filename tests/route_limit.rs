@@ -315,3 +315,49 @@ fn a_refusal_by_the_total_waits_for_the_keys_own_token_too() {
         );
     }
 }
+
+/// New keys a full key table decides on its one overflow limiter are held to the
+/// total too: two keys fill the table and spend 10 of the 15; of 20 new keys, the
+/// overflow limiter (10 tokens, the route's per-key limit) admits 10 and the total
+/// the 5 it has left.
+#[test]
+fn the_overflow_limiters_keys_are_held_to_the_total() {
+    let mut cfg = keyed(10.0, 15.0);
+    let mut limits = KeyLimits::default();
+    limits.max_keys = 2;
+    cfg.partition = Partition::ClientIp(limits);
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    for k in 0..2 {
+        let admitted = (0..5).filter(|_| e.check(id, ip(k), Nanos::ZERO).is_admit());
+        assert_eq!(admitted.count(), 5);
+    }
+    let admitted = (2..22).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
+    assert_eq!(admitted.count(), 5);
+    let s = e.route_snapshot(id, Nanos::ZERO).unwrap();
+    assert_eq!(s.keys_overflowed, 20);
+    // 5 refused by the total while the overflow limiter had tokens, 10 by the
+    // overflow limiter after.
+    assert_eq!(s.route_limit.unwrap().rejected, 5);
+    assert_eq!(s.rejected_for(Reason::Limit), 15);
+}
+
+/// A key of a tier, whatever its own limit, is held to the total with the others:
+/// the route's keys together are the route's (a partner's key at 100 req/s, with a
+/// total of 20, has 20 of 50 at once admitted, and leaves none to another key).
+#[test]
+fn a_tiers_key_is_held_to_the_total_with_the_others() {
+    let mut cfg = keyed(10.0, 20.0);
+    cfg.tiers = vec![rocgate::config::Tier::new(
+        "partner",
+        ["10.0.0.200"],
+        100.0,
+        100.0,
+    )];
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    let admitted = (0..50).filter(|_| e.check(id, ip(200), Nanos::ZERO).is_admit());
+    assert_eq!(admitted.count(), 20);
+    assert!(!e.check(id, ip(1), Nanos::ZERO).is_admit());
+    assert_eq!(total(&e, id, Nanos::ZERO).rejected, 31);
+}
