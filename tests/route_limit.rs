@@ -361,3 +361,39 @@ fn a_tiers_key_is_held_to_the_total_with_the_others() {
     assert!(!e.check(id, ip(1), Nanos::ZERO).is_admit());
     assert_eq!(total(&e, id, Nanos::ZERO).rejected, 31);
 }
+
+/// While a cut holds, a refusal by the total is told (by the HTTP layer's
+/// [`retry_after`](rocgate::http::rejection::retry_after)) the later of the restore
+/// schedule and the total's own wait, never the schedule alone when the total's
+/// token is later: a total of 0.2 req/s cut to 60/200 of it has a token every 16.7 s,
+/// later than the next restore step; a retry at that step is refused by the total
+/// again, one at the time told is admitted.
+#[cfg(feature = "http")]
+#[test]
+fn a_refusal_by_the_total_while_cut_is_told_no_earlier_than_its_token() {
+    use rocgate::http::rejection::retry_after;
+    let mut cfg = keyed(200.0, 0.2);
+    cfg.controller.cut_limit_rps = 60.0;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    for k in 0..400u64 {
+        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+    }
+    for k in 0..600u64 {
+        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+    }
+    let now = Nanos::from_secs(11);
+    assert_eq!(
+        e.route_snapshot(id, now).unwrap().state,
+        ControllerState::Cut
+    );
+    let r = e.check(id, ip(500), now).rejection().unwrap();
+    assert_eq!(r.reason, Reason::RocCut);
+    let eta = e.restore_eta(id, now).expect("a cut's restore schedule");
+    assert!(r.retry_after > eta, "{:?} vs {eta:?}", r.retry_after);
+    let told = retry_after(&r, Some(eta));
+    assert!(told >= r.retry_after, "{told:?} vs {:?}", r.retry_after);
+    let at = |d: Duration| Nanos::new(now.as_u64() + d.as_nanos() as u64);
+    assert!(!e.check(id, ip(501), at(eta)).is_admit());
+    assert!(e.check(id, ip(502), at(told)).is_admit());
+}
