@@ -397,3 +397,35 @@ fn a_refusal_by_the_total_while_cut_is_told_no_earlier_than_its_token() {
     assert!(!e.check(id, ip(501), at(eta)).is_admit());
     assert!(e.check(id, ip(502), at(told)).is_admit());
 }
+
+/// `shadow_adaptive` enforces the total unscaled, and counts among what the cut would
+/// have refused (`shadow_rejected`'s `roc_cut`) the requests the cut's total (scaled
+/// as in `enforce`) would have refused: during a cut to 60/200, 400 new keys at once,
+/// each within its cut limit, are all admitted by the total of 1,000, and about 100
+/// of them are past the cut's 300.
+#[test]
+fn shadow_adaptive_counts_what_the_cuts_total_would_refuse() {
+    let mut cfg = keyed(200.0, 1000.0);
+    cfg.controller.cut_limit_rps = 60.0;
+    cfg.mode = Mode::ShadowAdaptive;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    for k in 0..400u64 {
+        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+    }
+    for k in 0..600u64 {
+        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+    }
+    let now = Nanos::from_secs(11);
+    let before = e.route_snapshot(id, now).unwrap();
+    assert_eq!(before.state, ControllerState::Cut);
+    let admitted = (100..500)
+        .filter(|&k| e.check(id, ip(k), now).is_admit())
+        .count();
+    assert_eq!(admitted, 400, "the total of 1,000 enforced");
+    let after = e.route_snapshot(id, now).unwrap();
+    let would =
+        after.shadow_rejected_for(Reason::RocCut) - before.shadow_rejected_for(Reason::RocCut);
+    // The cut's total holds 300 tokens at most, of which the spike left some.
+    assert!((100..=400).contains(&would), "would have refused {would}");
+}

@@ -7,8 +7,10 @@
 //! own token (as with Envoy's descriptors checked together). While the controller
 //! holds the route's limit below base, the total is held at the same fraction of its
 //! configured value (`limit / base_limit`); in `shadow_adaptive`, which enforces the
-//! base limits, at its configured value. A change keeps the tokens there are (clamped
-//! to the new capacity), never refilling them, as the limiters' contract says.
+//! base limits, at its configured value, with a second bucket beside it at the cut's
+//! fraction, which counts what the cut's total would have refused. A change keeps the
+//! tokens there are (clamped to the new capacity), never refilling them, as the
+//! limiters' contract says.
 
 use crate::clock::Nanos;
 use crate::config::Mode;
@@ -24,15 +26,20 @@ pub(super) struct Aggregate {
     configured: AtomicU64,
     /// The total as enforced now.
     bucket: TokenBucket,
+    /// `shadow_adaptive`: the total as a cut would hold it ([`Aggregate::scaled_rps`]),
+    /// which every request admitted takes a token from outside cuts (so that a cut
+    /// finds it as drained as the enforced one) and, during a cut, every request the
+    /// shadow key table admits: a request it refuses counts as the cut's.
+    shadow: Option<TokenBucket>,
     /// Requests its refusal decided (in `shadow`, would have), since the route was built.
     rejected: AtomicU64,
 }
 
 impl Aggregate {
-    /// The total of a route with `algorithm` at `limit_rps`, full at `now`: its
-    /// bucket holds the route's burst (a token bucket's `burst`, a window counter's
-    /// window).
-    pub(super) fn new(limit_rps: f64, algorithm: Algorithm, now: Nanos) -> Self {
+    /// The total of a route in `mode` with `algorithm` at `limit_rps`, full at `now`:
+    /// its bucket holds the route's burst (a token bucket's `burst`, a window
+    /// counter's window).
+    pub(super) fn new(limit_rps: f64, mode: Mode, algorithm: Algorithm, now: Nanos) -> Self {
         let burst = match algorithm {
             Algorithm::TokenBucket { burst } => burst,
             Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => window,
@@ -42,6 +49,7 @@ impl Aggregate {
         Aggregate {
             configured: AtomicU64::new(limit_rps.to_bits()),
             bucket: TokenBucket::new(limit_rps, burst, now),
+            shadow: (mode == Mode::ShadowAdaptive).then(|| TokenBucket::new(limit_rps, burst, now)),
             rejected: AtomicU64::new(0),
         }
     }
@@ -50,6 +58,13 @@ impl Aggregate {
     #[inline]
     pub(super) fn take(&self, now: Nanos) -> Result<(), u64> {
         self.bucket.take(now)
+    }
+
+    /// `shadow_adaptive`: whether the total as the cut would hold it has a token for a
+    /// request admitted at `now`, taking it (`true` on a route in another mode).
+    #[inline]
+    pub(super) fn take_shadow(&self, now: Nanos) -> bool {
+        self.shadow.as_ref().is_none_or(|s| s.take(now).is_ok())
     }
 
     /// Counts a request the total refused.
@@ -74,20 +89,37 @@ impl Aggregate {
     /// controller's limit over its base limit (never above 1), or in `shadow_adaptive`
     /// the configured one.
     pub(super) fn target_rps(&self, c: &Controller, mode: Mode) -> f64 {
+        if mode == Mode::ShadowAdaptive {
+            return self.configured_rps();
+        }
+        self.scaled_rps(c)
+    }
+
+    /// The configured total scaled by `c`'s limit over its base limit (never above
+    /// 1): the total a cut holds the route to.
+    fn scaled_rps(&self, c: &Controller) -> f64 {
         let configured = self.configured_rps();
         let base = c.params().base_limit_rps;
-        if mode == Mode::ShadowAdaptive || base <= 0.0 {
+        if base <= 0.0 {
             return configured;
         }
         (configured * (c.limit_rps() / base).min(1.0)).max(crate::config::MIN_LIMIT)
     }
 
-    /// Puts the total `c` holds the route to in force as of `at`, without waiting:
-    /// `false` when the change found its bucket's note taken and changed nothing (the
-    /// engine makes it later). A bucket at that total already is left alone.
+    /// Puts the total `c` holds the route to in force as of `at` (and in
+    /// `shadow_adaptive` the cut's, in its shadow), without waiting: `false` when a
+    /// change found its bucket's note taken and changed nothing (the engine makes it
+    /// later; a bucket at its total already is left alone then).
     pub(super) fn follow(&self, c: &Controller, mode: Mode, at: Nanos) -> bool {
-        let target = self.target_rps(c, mode);
-        self.bucket.is_at(target) || self.bucket.try_set_limit(target, at)
+        let set = |bucket: &TokenBucket, target: f64| {
+            bucket.is_at(target) || bucket.try_set_limit(target, at)
+        };
+        let enforced = set(&self.bucket, self.target_rps(c, mode));
+        let shadow = self
+            .shadow
+            .as_ref()
+            .is_none_or(|s| set(s, self.scaled_rps(c)));
+        enforced && shadow
     }
 
     /// Tokens left at `now` and the capacity.

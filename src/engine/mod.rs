@@ -1065,7 +1065,7 @@ impl Engine {
         now: Nanos,
         retry_after_ns: u64,
     ) -> Decision {
-        if let Some(total) = &r.aggregate {
+        if let Some(total) = r.aggregate() {
             total.count_refusal();
         }
         let wait = retry_after_ns.max(keys.wait(key, now)).max(1);
@@ -1183,10 +1183,25 @@ impl Engine {
     /// Out of line: only shadow_adaptive routes come here.
     #[inline(never)]
     fn count_shadow_cut(r: &Route, shadow: &Shadow, key: TableKey, now: Nanos) {
-        let would_admit = match shadow {
-            Shadow::Route(limiter) => limiter.check(now).is_admit(),
-            Shadow::Keys(_) if !r.engaged.load(Ordering::Relaxed) => return,
-            Shadow::Keys(keys) => keys.check(r, key, now).is_admit(),
+        // Whether the cut would have admitted the request, and whether its key's limit
+        // would have (a key refused by the cut's total alone is not among the keys
+        // refused, as in `enforce`).
+        let (would_admit, key_would) = match shadow {
+            Shadow::Route(limiter) => (limiter.check(now).is_admit(), true),
+            Shadow::Keys(_) if !r.engaged.load(Ordering::Relaxed) => {
+                // The cut's total takes every admitted request's token, as the
+                // enforced total does, until a cut scales it.
+                if let Some(total) = r.aggregate() {
+                    total.take_shadow(now);
+                }
+                return;
+            }
+            // The cut's total is tried once the key's cut limit admits, as in `enforce`.
+            Shadow::Keys(keys) => {
+                let key_would = keys.check(r, key, now).is_admit();
+                let total = || r.aggregate().is_none_or(|t| t.take_shadow(now));
+                (key_would && total(), key_would)
+            }
             // Not shadow_adaptive's: a twin is tried in `decide_twinned` only.
             Shadow::Twin(_) => return,
         };
@@ -1194,7 +1209,7 @@ impl Engine {
             r.counter.counters().add(CUT_REJECTED);
             // A key the cut would have refused counts among the keys refused, as
             // enforcing would have refused it.
-            if let (Shadow::Keys(_), Some(keys)) = (shadow, r.keys()) {
+            if let (Shadow::Keys(_), Some(keys), false) = (shadow, r.keys(), key_would) {
                 keys.note_refused(key);
             }
         }
@@ -1668,7 +1683,7 @@ impl Route {
                     keys,
                     aggregate: cfg
                         .route_limit_rps
-                        .map(|total| Box::new(Aggregate::new(total, cfg.algorithm, now))),
+                        .map(|total| Box::new(Aggregate::new(total, cfg.mode, cfg.algorithm, now))),
                     next_tier_raise: AtomicU64::new(0),
                 })
             }),
