@@ -2172,10 +2172,12 @@ fn retry_after_secs(headers: &http::HeaderMap) -> u64 {
 
 /// A refusal by a partitioned route's `route_limit` (its keys together) is a 429 like
 /// a key's own: the reason, and the total's exact wait in `retry_after_ms` (rounded up
-/// to whole seconds in `Retry-After`), after which the next key is admitted.
+/// to whole seconds in `Retry-After`), after which the next key is admitted. Its
+/// `RateLimit-Policy` states the total's quota, which is used up, not the key's, which
+/// is not; a refusal by the key's own limit states the key's.
 #[tokio::test]
 async fn a_refusal_by_the_keys_total_carries_retry_after_and_the_reason() {
-    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    let mut r = route("order", RouteMatch::exact("POST", "/api/order"), 2.0);
     r.partition = Partition::Header("x-key".into(), KeyLimits::default());
     r.route_limit_rps = Some(4.0);
     let (l, clock) = layer(vec![r]);
@@ -2190,11 +2192,15 @@ async fn a_refusal_by_the_keys_total_carries_retry_after_and_the_reason() {
     for key in ["a", "b", "c", "d"] {
         assert_eq!(order(key).await.unwrap().status(), StatusCode::OK, "{key}");
     }
-    // Key `e` is well within its own 5 req/s: the total of 4 refuses it.
+    // Key `e` is within its own 2 req/s: the total of 4 refuses it.
     let res = order("e").await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(retry_after_secs(res.headers()), 1);
     assert_eq!(res.headers()["rocgate-reason"], "limit");
+    // The quota stated is the total's (4 a second, used up), not the key's 2, of
+    // which `e` had spent one.
+    assert_eq!(res.headers()["ratelimit-policy"], r#""order";q=4;w=1"#);
+    assert_eq!(res.headers()["ratelimit"], r#""order";r=0;t=1"#);
     let body = res.into_body().collect().await.unwrap().to_bytes();
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["reason"], "limit");
@@ -2203,4 +2209,20 @@ async fn a_refusal_by_the_keys_total_carries_retry_after_and_the_reason() {
     assert_eq!(total.rejected, 1);
     clock.advance(Duration::from_millis(250));
     assert_eq!(order("f").await.unwrap().status(), StatusCode::OK);
+    // A key refused by its own limit is told its own quota: a second on, the total
+    // full again, `f` has its 2 admitted and the third refused by its key.
+    clock.advance(Duration::from_secs(1));
+    for _ in 0..2 {
+        assert_eq!(order("f").await.unwrap().status(), StatusCode::OK);
+    }
+    let own = order("f").await.unwrap();
+    assert_eq!(own.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(own.headers()["ratelimit-policy"], r#""order";q=2;w=1"#);
+    assert_eq!(
+        engine.snapshot(clock.now())[0]
+            .route_limit
+            .unwrap()
+            .rejected,
+        1
+    );
 }

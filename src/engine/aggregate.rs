@@ -26,6 +26,10 @@ pub(super) struct Aggregate {
     configured: AtomicU64,
     /// The total as enforced now.
     bucket: TokenBucket,
+    /// The total in force, req/s, as f64 bits: the rate [`Aggregate::follow`] last
+    /// set `bucket` to (or left for the engine to set), for the quota a refusal by
+    /// it states, read without the route's state.
+    in_force: AtomicU64,
     /// `shadow_adaptive`: the total as a cut would hold it ([`Aggregate::scaled_rps`]),
     /// which every request admitted takes a token from outside cuts (so that a cut
     /// finds it as drained as the enforced one) and, during a cut, every request the
@@ -49,6 +53,7 @@ impl Aggregate {
         Aggregate {
             configured: AtomicU64::new(limit_rps.to_bits()),
             bucket: TokenBucket::new(limit_rps, burst, now),
+            in_force: AtomicU64::new(limit_rps.to_bits()),
             shadow: (mode == Mode::ShadowAdaptive).then(|| TokenBucket::new(limit_rps, burst, now)),
             rejected: AtomicU64::new(0),
         }
@@ -114,12 +119,19 @@ impl Aggregate {
         let set = |bucket: &TokenBucket, target: f64| {
             bucket.is_at(target) || bucket.try_set_limit(target, at)
         };
-        let enforced = set(&self.bucket, self.target_rps(c, mode));
+        let target = self.target_rps(c, mode);
+        self.in_force.store(target.to_bits(), Ordering::Relaxed);
+        let enforced = set(&self.bucket, target);
         let shadow = self
             .shadow
             .as_ref()
             .is_none_or(|s| set(s, self.scaled_rps(c)));
         enforced && shadow
+    }
+
+    /// The total in force, req/s (see [`Aggregate::follow`]). One atomic load.
+    pub(super) fn in_force_rps(&self) -> f64 {
+        f64::from_bits(self.in_force.load(Ordering::Relaxed))
     }
 
     /// Tokens left at `now` and the capacity.

@@ -1396,6 +1396,28 @@ impl Engine {
         self.key_limit_rps_of(route, TableKey::of(key))
     }
 
+    /// The limit a refusal of a request with `key` on `route` at `now` (`rejection`,
+    /// as [`Engine::check`] gave it) was made at, for the quota it states: the route's
+    /// `route_limit` in force if the refusal was its (told a longer wait than the
+    /// key's own state is from admitting), else the key's
+    /// ([`Engine::key_limit_rps_of`]). A refusal by the total whose key's own wait is
+    /// as long states the key's: that is the limit the client waits for.
+    pub(crate) fn refused_at_rps(
+        &self,
+        route: RouteId,
+        key: TableKey,
+        rejection: &Rejection,
+        now: Nanos,
+    ) -> Option<f64> {
+        let r = self.route(route)?;
+        if let (Some(total), Some(keys)) = (r.aggregate(), r.keys()) {
+            if rejection.retry_after > Duration::from_nanos(keys.wait(key, now)) {
+                return Some(total.in_force_rps());
+            }
+        }
+        self.key_limit_rps_of(route, key)
+    }
+
     /// [`Engine::key_limit_rps`] of a key already in the form the key tables take it.
     pub(crate) fn key_limit_rps_of(&self, route: RouteId, key: TableKey) -> Option<f64> {
         let r = self.route(route)?;

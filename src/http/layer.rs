@@ -307,9 +307,9 @@ impl Gate {
         // One call site, so that the check can be inlined here.
         let now = self.clock.now();
         let decision = engine.check_key(route, key, now);
-        let (refused_at, restore_eta, paced_key) = match decision {
-            Decision::Reject(_) => (
-                engine.key_limit_rps_of(route, key),
+        let (refused_at, restore_eta, paced_key) = match &decision {
+            Decision::Reject(rejection) => (
+                engine.refused_at_rps(route, key, rejection, now),
                 engine.key_restore_eta_of(route, key, now),
                 None,
             ),

@@ -18,7 +18,8 @@
 //! jitter of up to that long again (between 1 s and 10 s), so rejected clients do not
 //! all return in the same second. `RateLimit-Policy` and `RateLimit` follow the IETF
 //! draft (draft-ietf-httpapi-ratelimit-headers): the quota `q` is the limit the request
-//! was refused at (the route's in force, or its key's tier's) per `w = 1` second, or
+//! was refused at (the route's in force, or its key's tier's, or a partitioned
+//! route's `route_limit` in force when that refused it) per `w = 1` second, or
 //! over a window in which it is a whole number of requests (0.5 req/s is `q=1;w=2`,
 //! 2.5 req/s `q=5;w=2`); for the window algorithms what a window admits, over it
 //! (`q=2;w=1` at 2.5 req/s in windows of 1 s), and for the
