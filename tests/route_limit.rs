@@ -429,3 +429,39 @@ fn shadow_adaptive_counts_what_the_cuts_total_would_refuse() {
     // The cut's total holds 300 tokens at most, of which the spike left some.
     assert!((100..=400).contains(&would), "would have refused {would}");
 }
+
+/// A change that raises the total keeps the tokens it has: a cut clamps the total to
+/// 300, its keys spend them, and a runtime change that puts the cut limit at base
+/// (the total back at 1,000) at the same instant leaves it as empty as it was, with
+/// the capacity of 1,000.
+#[test]
+fn raising_the_total_refills_none_of_its_tokens() {
+    let mut cfg = keyed(200.0, 1000.0);
+    cfg.controller.cut_limit_rps = 60.0;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    for k in 0..400u64 {
+        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+    }
+    for k in 0..600u64 {
+        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+    }
+    let now = Nanos::from_secs(11);
+    assert_eq!(
+        e.route_snapshot(id, now).unwrap().state,
+        ControllerState::Cut
+    );
+    let _ = (100..500)
+        .filter(|&k| e.check(id, ip(k), now).is_admit())
+        .count();
+    let drained = total(&e, id, now);
+    assert_eq!(drained.level.capacity, 300.0);
+    assert!(drained.level.value < 1.0, "{:?}", drained.level);
+    let mut params = e.route_params(id).unwrap();
+    params.cut_limit_rps = 200.0;
+    e.update_route(id, params, now).unwrap();
+    let raised = total(&e, id, now);
+    assert_eq!((raised.limit_rps, raised.level.capacity), (1000.0, 1000.0));
+    assert!(raised.level.value < 1.0, "refilled: {:?}", raised.level);
+    assert!(!e.check(id, ip(600), now).is_admit());
+}
