@@ -971,3 +971,40 @@ fn a_cut_never_calm_under_a_safe_roc_of_0_is_raised_at_max_cut_through_events() 
     );
     assert_eq!(c.next_raise_at(s(10), window.window()), Some(s(71)));
 }
+
+/// A partitioned route's total whose cut found its bucket's note taken is left
+/// behind (`BEHIND_AGGREGATE`), decided at its old value meanwhile; a runtime change
+/// that lands while it is still behind moves what it is to become; the first
+/// decision after the note is free makes the change to the latest value (the cut
+/// limit raised to 100 of 200: 500 of the total's 1,000), not the cut's.
+#[test]
+fn a_totals_change_left_behind_takes_a_change_landing_meanwhile() {
+    let mut cfg = RouteConfig::new("keyed", crate::config::RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.controller.cut_limit_rps = 60.0;
+    cfg.route_limit_rps = Some(1000.0);
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let (id, r) = (e.route_at(0).unwrap(), &*e.routes[0].route);
+    let capacity = |now| r.aggregate().unwrap().level(now).capacity;
+    offer(&e, id, ip(1), 0.0, 10.0, 40.0);
+    crate::limiter::gcra::with_the_note_held(|| {
+        offer(&e, id, ip(1), 10.0, 11.0, 600.0);
+        assert!(e.limit_rps(id).unwrap() < 200.0, "cut");
+        assert_ne!(r.behind.load(Ordering::Relaxed) & BEHIND_AGGREGATE, 0);
+        assert_eq!(
+            capacity(Nanos::from_secs(11)),
+            1000.0,
+            "decided at 1,000 meanwhile"
+        );
+        let mut params = e.route_params(id).unwrap();
+        params.cut_limit_rps = 100.0;
+        e.update_route(id, params, Nanos::from_secs(11)).unwrap();
+        assert_ne!(r.behind.load(Ordering::Relaxed) & BEHIND_AGGREGATE, 0);
+    });
+    let _ = e.check(id, ip(2), Nanos::from_secs(11));
+    assert_eq!(r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES, 0);
+    assert_eq!(e.limit_rps(id), Some(100.0));
+    assert_eq!(capacity(Nanos::from_secs(11)), 500.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!(s.route_limit.unwrap().limit_rps, 500.0);
+}
