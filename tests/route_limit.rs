@@ -465,3 +465,24 @@ fn raising_the_total_refills_none_of_its_tokens() {
     assert!(raised.level.value < 1.0, "refilled: {:?}", raised.level);
     assert!(!e.check(id, ip(600), now).is_admit());
 }
+
+/// The limit a refusal was made at, for the quota it states: the total's in force
+/// when the total refused (told a longer wait than its key's own), the key's when
+/// the key's own limit did.
+#[test]
+fn a_refusal_states_the_limit_that_made_it() {
+    let e = engine(vec![keyed(2.0, 4.0)]);
+    let id = e.route_at(0).unwrap();
+    let admitted = (0..4).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
+    assert_eq!(admitted.count(), 4);
+    let by_total = e.check(id, ip(4), Nanos::ZERO).rejection().unwrap();
+    assert_eq!(
+        e.refused_limit_rps(id, ip(4), &by_total, Nanos::ZERO),
+        Some(4.0)
+    );
+    let now = Nanos::from_secs(1);
+    assert!(e.check(id, ip(5), now).is_admit());
+    assert!(e.check(id, ip(5), now).is_admit());
+    let by_key = e.check(id, ip(5), now).rejection().unwrap();
+    assert_eq!(e.refused_limit_rps(id, ip(5), &by_key, now), Some(2.0));
+}

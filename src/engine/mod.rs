@@ -1400,8 +1400,21 @@ impl Engine {
     /// as [`Engine::check`] gave it) was made at, for the quota it states: the route's
     /// `route_limit` in force if the refusal was its (told a longer wait than the
     /// key's own state is from admitting), else the key's
-    /// ([`Engine::key_limit_rps_of`]). A refusal by the total whose key's own wait is
-    /// as long states the key's: that is the limit the client waits for.
+    /// ([`key_limit_rps`](Self::key_limit_rps)). A refusal by the total whose key's
+    /// own wait is as long states the key's: that is the limit the client waits for.
+    /// Ask it at once: a request of the same key since may have moved the key's wait.
+    pub fn refused_limit_rps(
+        &self,
+        route: RouteId,
+        key: Key<'_>,
+        rejection: &Rejection,
+        now: Nanos,
+    ) -> Option<f64> {
+        self.refused_at_rps(route, TableKey::of(key), rejection, now)
+    }
+
+    /// [`Engine::refused_limit_rps`] of a key already in the form the key tables take
+    /// it.
     pub(crate) fn refused_at_rps(
         &self,
         route: RouteId,
