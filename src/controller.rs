@@ -46,6 +46,13 @@ use crate::window::{RocMode, RocSample, SampleAt};
 use std::fmt;
 use std::time::Duration;
 
+/// The most readings of a spike that holds its level that
+/// [`Controller::next_raise_held`] observes: a window of up to 1,024 slots is told to
+/// the slot (the default one holds 60), at about 13 ns a reading (`retry_after` in
+/// `benches/check.rs`: a step of a cut route under a window of 100,000 slots took
+/// 1.26 ms, and 25 µs with this bound).
+pub const HELD_READINGS: usize = 1024;
+
 /// Every parameter of the controller. Validated by the config layer; the controller
 /// itself only relies on `cut_limit ≤ base_limit`, `safe_roc ≤ danger_roc` and a
 /// non-zero `restore_interval`.
@@ -577,31 +584,49 @@ impl Controller {
     /// When the limit will next rise above where it stands if demand holds its
     /// level, told from `readings`: the window's readings at the ends of the slots to
     /// come if each holds what the last one completed did
-    /// ([`SlotRing::held`](crate::window::SlotRing::held)), past which they stay as
-    /// the last. A copy of the controller observes each, and the first slot end at
-    /// which its limit is above where it stands is the answer: a spike still rising
-    /// reads calm later, one under a `safe_roc` near its height before it fills the
-    /// window, and a `max_cut` or a restore step met while it reads above
+    /// ([`SlotRing::held`](crate::window::SlotRing::held)), the last of them at
+    /// `settled`, when the window holds that level alone, past which they stay as the
+    /// last (ROC 0). A copy of the controller observes each, and the first slot end
+    /// at which its limit is above where it stands is the answer: a spike still
+    /// rising reads calm later, one under a `safe_roc` near its height before it
+    /// fills the window, and a `max_cut` or a restore step met while it reads above
     /// `danger_roc` cuts again. Past them, what the readings leave: the hold of the
     /// calm they end in, or `max_cut` if they end in none, then the restore's first
     /// step past the limit; or that step of a restore under way. `None` in `Normal`,
-    /// or if the limit never rises past where it stands. Costs an observation a
-    /// reading (one a window slot): taken once a step while cut or recovering, not
-    /// once a decision. [`next_raise_at`](Self::next_raise_at) is its estimate
-    /// without the readings.
-    pub fn next_raise_held(&self, readings: impl IntoIterator<Item = SampleAt>) -> Option<Nanos> {
+    /// or if the limit never rises past where it stands.
+    ///
+    /// Observes [`HELD_READINGS`] readings at most (a window wider than that, up to
+    /// the config's 100,000 slots, would cost a millisecond a step): with more, and no
+    /// raise among those observed, the calm is taken to begin at `settled`, where the
+    /// held level surely reads calm under a positive `safe_roc` (ROC 0; under one of 0
+    /// or below, never: `max_cut`), not at a calm begun among the readings observed,
+    /// which those not observed may break. Later than the held spike's own raise by up
+    /// to the readings not observed, never earlier, but a restore met in them while
+    /// the spike reads above `danger_roc` (a cut again) is not seen. Taken once a step
+    /// while cut or recovering, not once a decision.
+    /// [`next_raise_at`](Self::next_raise_at) is its estimate without the readings.
+    pub fn next_raise_held(
+        &self,
+        readings: impl IntoIterator<Item = SampleAt>,
+        settled: Nanos,
+    ) -> Option<Nanos> {
         if self.state == ControllerState::Normal {
             return None;
         }
         let limit = self.limit_rps;
         let mut c = self.clone();
-        for s in readings {
+        let mut readings = readings.into_iter();
+        for s in readings.by_ref().take(HELD_READINGS) {
             c.observe(s, |_| {});
             if c.limit_rps > limit {
                 return Some(s.at);
             }
         }
-        c.raised_past(limit, c.safe_since)
+        let calm = match readings.next() {
+            None => c.safe_since,
+            Some(_) => (c.params.safe_roc > 0.0).then_some(settled),
+        };
+        c.raised_past(limit, calm)
     }
 
     /// When the limit is first above `limit`, the readings to come reading as the last
@@ -1124,6 +1149,38 @@ mod tests {
         run(&mut c, 10_100, 12_000, 600.0, 600.0);
         assert_eq!(c.state(), ControllerState::Cut);
         assert_eq!(at(&c, 12_000), Some(Nanos::from_millis(13_100)));
+    }
+
+    /// [`Controller::next_raise_held`] observes [`HELD_READINGS`] readings at most: a
+    /// cut at 10 s told from 5,000 readings a millisecond apart (a window of 5,000
+    /// slots), calm from the 3,000th, takes the calm at the last, 15 s (its raise 18 s,
+    /// after the 2 s hold and the 1 s interval), and takes 1,025 of them (the 1,025th
+    /// only to see that more follow); the same readings 10 ms apart, calm from the
+    /// 50th (10.5 s), raise the limit at the 350th, 13.5 s, to the reading. It observed
+    /// every reading, 1.26 ms a step under a window of 100,000 slots
+    /// (`benches/check.rs`, `retry_after/step/100000_slots`).
+    #[test]
+    fn the_held_readings_observed_are_capped() {
+        for (gap_ms, calm_from, raise_ms, taken) in
+            [(1, 3_000, 18_000, 1_025), (10, 50, 13_500, 350)]
+        {
+            let mut c = controller();
+            run(&mut c, 10_000, 10_000, 40.0, 600.0);
+            assert_eq!(c.state(), ControllerState::Cut);
+            let pulled = std::cell::Cell::new(0usize);
+            let readings = (1..=5_000u64)
+                .map(|k| {
+                    let recent = if k < calm_from { 600.0 } else { 40.0 };
+                    sample(10_000 + k * gap_ms, 40.0, recent)
+                })
+                .inspect(|_| pulled.set(pulled.get() + 1));
+            let settled = Nanos::from_millis(10_000 + 5_000 * gap_ms);
+            assert_eq!(
+                (c.next_raise_held(readings, settled), pulled.get()),
+                (Some(Nanos::from_millis(raise_ms)), taken),
+                "{gap_ms} ms apart"
+            );
+        }
     }
 
     /// Under a `safe_roc` of 0 or below, a spike that holds its level never reads

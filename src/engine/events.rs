@@ -133,7 +133,8 @@ impl RouteState {
     /// if its last slot's demand holds, unless a scheduled event starts or ends in a
     /// slot before then, through which the controller is walked ([`raise_through`]).
     /// A route in `Normal` costs what [`Controller::next_raise_at`] does, one cut or
-    /// recovering an observation a window slot.
+    /// recovering an observation a window slot, up to
+    /// [`HELD_READINGS`](crate::controller::HELD_READINGS).
     ///
     /// And when its progress between cut and base next rises above where it stands,
     /// which raises a tier's key limits (`tiers`: the route has tiers; else the
@@ -153,7 +154,12 @@ impl RouteState {
             at: Nanos::new(stepped.as_u64().saturating_add(k.saturating_mul(slot_ns))),
             sample,
         });
-        let held = self.controller.next_raise_held(readings);
+        let settled = Nanos::new(
+            stepped
+                .as_u64()
+                .saturating_add(duration_nanos(window.window())),
+        );
+        let held = self.controller.next_raise_held(readings, settled);
         if self.events.is_empty() {
             return (held, held);
         }
