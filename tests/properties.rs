@@ -1258,6 +1258,116 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// [`the_retry_after_of_a_held_spike_is_when_the_limit_rises`], the spike falling
+    /// once told, not held: from the slot after the probe its demand steps down,
+    /// slot by slot over `fall_slots`, to `fall_to` of its level (all of it gone, at
+    /// 0), and never rises again. Its ROC is never above the held spike's, so the
+    /// limit rises no later than told: a `Retry-After` told from the held spike is
+    /// never earlier than the raise of a spike that falls (a client that honours it
+    /// is not refused again by the cut). Absolute and relative ROC, a base load under
+    /// the spike or none.
+    #[test]
+    fn the_retry_after_of_a_falling_spike_is_not_before_the_limit_rises(
+        base_per_slot in 0u64..5,
+        spike_per_slot in 20u64..80,
+        hold in slot_span(40),
+        dwell in slot_span(20),
+        max_cut in (1u64..150, any::<bool>(), 0.0f64..1.0),
+        interval in (1u64..20, any::<bool>(), 0.0f64..1.0),
+        step in 5.0f64..150.0,
+        relative in any::<bool>(),
+        danger in 0.0f64..1.0,
+        safe in -0.3f64..1.0,
+        probe_slots in 0u64..60,
+        probe_frac in 0.0f64..1.0,
+        fall_to in 0.0f64..1.0,
+        fall_slots in 0u64..30,
+    ) {
+        let slot = Duration::from_millis(100);
+        let slot_ns = 100_000_000u64;
+        let mut p = ControllerParams::default();
+        p.hold = slots_of(slot, hold);
+        p.min_dwell = slots_of(slot, dwell);
+        p.max_cut = slots_of(slot, max_cut);
+        p.restore_interval = slots_of(slot, interval);
+        p.restore_step_rps = step;
+        if relative {
+            p.roc_mode = RocMode::Relative;
+            p.danger_roc = 1.0 + danger * 2.5;
+            p.safe_roc = safe * p.danger_roc.min(3.0);
+        } else {
+            p.roc_mode = RocMode::Absolute;
+            p.danger_roc = 50.0 + danger * 100.0;
+            p.safe_roc = safe * p.danger_roc;
+        }
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.window = WindowSpec::new(Duration::from_secs(2), slot).unwrap();
+        route.controller = p;
+        let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        // The base load from the start, the spike from 2.5 s, and from the slot after
+        // `fell` (the probe's) down to `fall_to` of it over `fall_slots` slots.
+        let fallen = (spike_per_slot as f64 * fall_to) as u64;
+        let fell = std::cell::Cell::new(u64::MAX);
+        let load = |slot: u64| {
+            if slot < 25 {
+                return base_per_slot;
+            }
+            let Some(into) = slot.checked_sub(fell.get()) else {
+                return spike_per_slot;
+            };
+            if into >= fall_slots {
+                fallen
+            } else {
+                spike_per_slot - (spike_per_slot - fallen) * into / fall_slots
+            }
+        };
+        let run_slot = |slot: u64| {
+            let at = Nanos::new(slot * slot_ns);
+            e.catch_up(id, at);
+            let n = load(slot);
+            for k in 0..n {
+                let _ = e.check(id, Key::None, Nanos::new(slot * slot_ns + k * slot_ns / n));
+            }
+        };
+        let mut k = 0u64;
+        while e.route_snapshot(id, Nanos::new(k * slot_ns)).unwrap().state != ControllerState::Cut {
+            prop_assert!(k < 50, "no cut by {} slots", k);
+            run_slot(k);
+            k += 1;
+        }
+        for _ in 0..probe_slots {
+            run_slot(k);
+            k += 1;
+        }
+        e.catch_up(id, Nanos::new(k * slot_ns));
+        let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
+        let eta = e.restore_eta(id, probe);
+        let state = e.route_snapshot(id, probe).unwrap().state;
+        if state == ControllerState::Normal {
+            prop_assert_eq!(eta, None);
+            return Ok(());
+        }
+        let limit = e.limit_rps(id).unwrap();
+        // The probe's slot still at the spike's level, which falls from the next.
+        run_slot(k);
+        fell.set(k + 1);
+        let first = (k + 1..k + 3_000).find(|&s| {
+            run_slot(s);
+            e.limit_rps(id).unwrap() > limit
+        }).map(|s| s * slot_ns);
+        let told = eta.map(|eta| (probe + eta).as_u64().div_ceil(slot_ns) * slot_ns);
+        let told_ns = told.unwrap_or(u64::MAX);
+        prop_assert!(
+            first.is_some_and(|first| first <= told_ns),
+            "raised at {:?}, told {:?} ({:?} at {}) in {:?} at {} req/s", first, told, eta, probe, state, limit
+        );
+    }
+}
+
 /// A rate for [`next_raise_is_total`]: the extremes code that builds parameters
 /// without the config's checks may give (no step at all, one too small to move a sum
 /// of rates, one past any sum), and ordinary values.
