@@ -2974,3 +2974,40 @@ fn a_tier_key_is_told_when_its_own_limit_rises() {
     assert_eq!(first, told);
     assert!(told[0] > told[2], "{told:?}");
 }
+
+/// A cut whose own profile never raises its limit (a cut limit that is its base) is
+/// still raised by a scheduled event whose cut limit is higher, at its start, and told
+/// so: cut at 10 s at 60/s, the sale from 15 s cuts at 100/s. It was told none (the
+/// limiter's wait): the raise under the route's own profile, which is none, ended the
+/// walk through the events before it began.
+#[test]
+fn a_cut_its_own_profile_never_raises_is_told_an_events_raise() {
+    let mut cfg = RouteConfig::new("r", RouteMatch::any());
+    cfg.controller.base_limit_rps = 60.0;
+    cfg.controller.cut_limit_rps = 60.0;
+    let mut sale = cfg.controller.clone();
+    sale.base_limit_rps = 200.0;
+    sale.cut_limit_rps = 100.0;
+    cfg.events = vec![Event::new(
+        "sale",
+        SystemTime::UNIX_EPOCH + Duration::from_secs(15),
+        Duration::from_secs(30),
+        sale,
+    )];
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    let now = Nanos::from_secs(11);
+    e.catch_up(id, now);
+    assert_eq!(
+        e.route_snapshot(id, now).unwrap().state,
+        ControllerState::Cut
+    );
+    assert_eq!(e.limit_rps(id), Some(60.0));
+    assert_eq!(e.restore_eta(id, now), Some(Duration::from_secs(4)));
+    e.catch_up(id, Nanos::from_millis(14_950));
+    assert_eq!(e.limit_rps(id), Some(60.0));
+    e.catch_up(id, Nanos::from_secs(15));
+    assert_eq!(e.limit_rps(id), Some(100.0));
+}

@@ -160,12 +160,11 @@ impl RouteState {
                 .saturating_add(duration_nanos(window.window())),
         );
         let held = self.controller.next_raise_held(readings, settled);
-        if self.events.is_empty() {
+        if self.events.is_empty() || self.controller.state() == ControllerState::Normal {
             return (held, held);
         }
-        let Some(held) = held else {
-            return (None, None);
-        };
+        // A raise the profile in force never makes (a cut limit that is its base) an
+        // event's edge may make still.
         let through = |past| {
             raise_through(
                 || spans(&self.events),
@@ -346,7 +345,7 @@ impl Schedule {
             controller,
             (
                 Level::Limit,
-                controller.next_raise_at(now, window.window())?,
+                Some(controller.next_raise_at(now, window.window())?),
             ),
             (stepped, now),
             window,
@@ -376,7 +375,8 @@ impl Schedule {
 /// the profile `active` names (`None`: the route's `own`), on a route whose window is
 /// `window`, its scheduled events' spans given by `spans`, and `estimate` the raise
 /// without them ([`Controller::next_raise_at`], or
-/// [`Controller::next_raise_held`] where the window's readings are known).
+/// [`Controller::next_raise_held`] where the window's readings are known; `None`:
+/// none under the profile in force, which an edge may still bring).
 ///
 /// Without an edge (an event's start or end) in a slot that ends before the slot of
 /// `estimate`, that estimate. Otherwise a clone of the controller
@@ -397,7 +397,7 @@ fn raise_through<'a, I>(
     own: &ControllerParams,
     active: Option<usize>,
     controller: &Controller,
-    (past, estimate): (Level, Nanos),
+    (past, estimate): (Level, Option<Nanos>),
     (stepped, now): (Nanos, Nanos),
     spec: &WindowSpec,
 ) -> Option<Nanos>
@@ -417,8 +417,8 @@ where
             .min()
     };
     match next_edge(stepped) {
-        Some(edge) if slot_end(estimate) >= edge => {}
-        _ => return Some(estimate),
+        Some(edge) if estimate.is_none_or(|estimate| slot_end(estimate) >= edge) => {}
+        _ => return estimate,
     }
     let past = past.of(controller);
     let mut c = controller.clone();
