@@ -1394,7 +1394,7 @@ impl Engine {
     /// tier, or one that a full key table sends to its shared overflow limiter, which
     /// holds keys to the route's limit). For the quota a rejection states.
     pub fn key_limit_rps(&self, route: RouteId, key: Key<'_>) -> Option<f64> {
-        self.key_limit_rps_of(route, TableKey::of(key))
+        Some(self.route(route)?.key_stand(TableKey::of(key)).0)
     }
 
     /// The limit a refusal of a request with `key` on `route` at `now` (`rejection`,
@@ -1411,39 +1411,39 @@ impl Engine {
         rejection: &Rejection,
         now: Nanos,
     ) -> Option<f64> {
-        self.refused_at_rps(route, TableKey::of(key), rejection, now)
+        self.key_refusal_of(route, TableKey::of(key), rejection, now)
+            .0
     }
 
-    /// [`Engine::refused_limit_rps`] of a key already in the form the key tables take
-    /// it.
-    pub(crate) fn refused_at_rps(
+    /// For a request with `key` refused on `route` at `now` (`rejection`): the limit
+    /// it was refused at ([`refused_limit_rps`](Self::refused_limit_rps)) and how long
+    /// until the key's own limit next rises
+    /// ([`key_restore_eta`](Self::key_restore_eta)), its tier looked up once.
+    pub(crate) fn key_refusal_of(
         &self,
         route: RouteId,
         key: TableKey,
         rejection: &Rejection,
         now: Nanos,
-    ) -> Option<f64> {
-        let r = self.route(route)?;
-        if let (Some(total), Some(keys)) = (r.aggregate(), r.keys()) {
-            if rejection.retry_after > Duration::from_nanos(keys.wait(key, now)) {
-                return Some(total.in_force_rps());
+    ) -> (Option<f64>, Option<Duration>) {
+        let Some(r) = self.route(route) else {
+            return (None, None);
+        };
+        let (limit, next) = r.key_stand(key);
+        let limit = match (r.aggregate(), r.keys()) {
+            (Some(total), Some(keys))
+                if rejection.retry_after > Duration::from_nanos(keys.wait(key, now)) =>
+            {
+                total.in_force_rps()
             }
-        }
-        self.key_limit_rps_of(route, key)
-    }
-
-    /// [`Engine::key_limit_rps`] of a key already in the form the key tables take it.
-    pub(crate) fn key_limit_rps_of(&self, route: RouteId, key: TableKey) -> Option<f64> {
-        let r = self.route(route)?;
-        Some(match (r.tier_of(key), r.keys()) {
-            (Some((base, cut)), Some(keys)) => cut + (base - cut) * keys.tiers().progress(r),
-            _ => r.limit_rps(),
-        })
+            _ => limit,
+        };
+        (Some(limit), next.and_then(|next| eta(next, now)))
     }
 
     /// How long until the controller next raises a cut route's limit above where it
-    /// stands, at the earliest (see [`Controller::next_raise_at`]), through the
-    /// route's scheduled events: an event that starts or ends in a slot before then
+    /// stands if the demand of its last slot holds (see
+    /// [`Controller::next_raise_held`]), through the route's scheduled events: an event that starts or ends in a slot before then
     /// is put in force at that slot's end, as the engine steps it, and may raise the
     /// limit itself or move the raise ([`Schedule::next_raise`]). The basis of
     /// `Retry-After` for `roc_cut` rejections, as of the route's last step (each
@@ -1464,22 +1464,8 @@ impl Engine {
     /// its limiter's wait is the one to tell). The route's own otherwise. One atomic
     /// load, and the key's tier looked up.
     pub fn key_restore_eta(&self, route: RouteId, key: Key<'_>, now: Nanos) -> Option<Duration> {
-        self.key_restore_eta_of(route, TableKey::of(key), now)
-    }
-
-    /// [`Engine::key_restore_eta`] of a key already in the form the key tables take.
-    pub(crate) fn key_restore_eta_of(
-        &self,
-        route: RouteId,
-        key: TableKey,
-        now: Nanos,
-    ) -> Option<Duration> {
-        let r = self.route(route)?;
-        match r.tier_of(key) {
-            None => eta(&r.next_raise, now),
-            Some((base, cut)) if base > cut => eta(&r.partitioned.as_ref()?.next_tier_raise, now),
-            Some(_) => None,
-        }
+        let (_, next) = self.route(route)?.key_stand(TableKey::of(key));
+        eta(next?, now)
     }
 
     /// The twin's level at `now` ([`Shadow::Twin`]), whether the route is marked
@@ -1632,6 +1618,22 @@ impl Route {
     /// A partitioned route's limit over its keys together, if it has one.
     fn aggregate(&self) -> Option<&Aggregate> {
         self.partitioned.as_deref()?.aggregate.as_deref()
+    }
+
+    /// The limit requests with `key` are held to now, and where the time of its next
+    /// raise is published (`None`: it is never raised): a key of a tier with limits of
+    /// its own, its tier's, between the tier's cut and base limits as the controller's
+    /// progress between the route's stands, and the time of that progress's next
+    /// raise (none for a tier whose cut limit is its base); the route's limit and
+    /// its next raise for any other.
+    fn key_stand(&self, key: TableKey) -> (f64, Option<&AtomicU64>) {
+        match (self.tier_of(key), self.partitioned.as_deref()) {
+            (Some((base, cut)), Some(p)) => (
+                cut + (base - cut) * p.keys.tiers().progress(self),
+                (base > cut).then_some(&p.next_tier_raise),
+            ),
+            _ => (self.limit_rps(), Some(&self.next_raise)),
+        }
     }
 
     /// The base and cut limits of the tier `key` belongs to, for a key of a tier

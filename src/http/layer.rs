@@ -308,11 +308,10 @@ impl Gate {
         let now = self.clock.now();
         let decision = engine.check_key(route, key, now);
         let (refused_at, restore_eta, paced_key) = match &decision {
-            Decision::Reject(rejection) => (
-                engine.refused_at_rps(route, key, rejection, now),
-                engine.key_restore_eta_of(route, key, now),
-                None,
-            ),
+            Decision::Reject(rejection) => {
+                let (refused_at, restore_eta) = engine.key_refusal_of(route, key, rejection, now);
+                (refused_at, restore_eta, None)
+            }
             Decision::Admit(Admit::Paced(_)) => (None, None, Some(key)),
             Decision::Admit(_) => (None, None, None),
         };
