@@ -1368,6 +1368,102 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// [`the_retry_after_of_a_held_spike_is_when_the_limit_rises`] on a route with a
+    /// scheduled event, from 0.5 s to 8 s after the spike began, for 0.1 s to 6 s,
+    /// whose profile moves the cut limit (lower or higher than the route's), the hold,
+    /// `max_cut` and the restore interval: the limit rises no later than told, where
+    /// one is told. The held readings are stepped through with the profile due at
+    /// each slot put in force first: taken as calm at an edge, as the walk through
+    /// the edges takes them, a spike still above `danger_roc` where the event's
+    /// profile re-dated a restore (its `min_dwell` then passed) was not seen to cut
+    /// again there, and the restore step at the edge was told (4.1 s, where the
+    /// limit rose at 5.6 s).
+    #[test]
+    fn the_retry_after_of_a_held_spike_through_an_event_is_not_before_the_limit_rises(
+        base_per_slot in 0u64..5,
+        spike_per_slot in 20u64..80,
+        hold in slot_span(40),
+        max_cut in (1u64..150, any::<bool>(), 0.0f64..1.0),
+        interval in (1u64..20, any::<bool>(), 0.0f64..1.0),
+        safe in -0.3f64..1.0,
+        probe_slots in 0u64..60,
+        probe_frac in 0.0f64..1.0,
+        event_at in 5u64..80,
+        event_len in 1u64..60,
+        event_cut in 10.0f64..150.0,
+        event_hold in slot_span(40),
+        event_max_cut in (1u64..150, any::<bool>(), 0.0f64..1.0),
+        event_interval in (1u64..20, any::<bool>(), 0.0f64..1.0),
+    ) {
+        let slot = Duration::from_millis(100);
+        let slot_ns = 100_000_000u64;
+        let mut p = ControllerParams::default();
+        p.hold = slots_of(slot, hold);
+        p.max_cut = slots_of(slot, max_cut);
+        p.restore_interval = slots_of(slot, interval);
+        p.danger_roc = 100.0;
+        p.safe_roc = safe * p.danger_roc;
+        let mut q = p.clone();
+        q.cut_limit_rps = event_cut;
+        q.hold = slots_of(slot, event_hold);
+        q.max_cut = slots_of(slot, event_max_cut);
+        q.restore_interval = slots_of(slot, event_interval);
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.window = WindowSpec::new(Duration::from_secs(2), slot).unwrap();
+        route.controller = p;
+        route.events = vec![Event::new(
+            "e",
+            SystemTime::UNIX_EPOCH + slot * u32::try_from(25 + event_at).unwrap(),
+            slot * u32::try_from(event_len).unwrap(),
+            q,
+        )];
+        let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        let load = |slot: u64| if slot < 25 { base_per_slot } else { spike_per_slot };
+        let run_slot = |slot: u64| {
+            let at = Nanos::new(slot * slot_ns);
+            e.catch_up(id, at);
+            let n = load(slot);
+            for k in 0..n {
+                let _ = e.check(id, Key::None, Nanos::new(slot * slot_ns + k * slot_ns / n));
+            }
+        };
+        let mut k = 0u64;
+        while e.route_snapshot(id, Nanos::new(k * slot_ns)).unwrap().state != ControllerState::Cut {
+            if k >= 50 {
+                // The event's profile came in before the cut and rearmed it.
+                return Ok(());
+            }
+            run_slot(k);
+            k += 1;
+        }
+        for _ in 0..probe_slots {
+            run_slot(k);
+            k += 1;
+        }
+        e.catch_up(id, Nanos::new(k * slot_ns));
+        let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
+        let Some(eta) = e.restore_eta(id, probe) else {
+            return Ok(());
+        };
+        let state = e.route_snapshot(id, probe).unwrap().state;
+        let limit = e.limit_rps(id).unwrap();
+        run_slot(k);
+        let first = (k + 1..k + 3_000).find(|&s| {
+            run_slot(s);
+            e.limit_rps(id).unwrap() > limit
+        }).map(|s| s * slot_ns);
+        let told = (probe + eta).as_u64().div_ceil(slot_ns) * slot_ns;
+        prop_assert!(
+            first.is_some_and(|first| first <= told),
+            "raised at {:?}, told {} ({:?} at {}) in {:?} at {} req/s", first, told, eta, probe, state, limit
+        );
+    }
+}
+
 /// A rate for [`next_raise_is_total`]: the extremes code that builds parameters
 /// without the config's checks may give (no step at all, one too small to move a sum
 /// of rates, one past any sum), and ordinary values.

@@ -8,7 +8,7 @@
 use super::{RouteState, ScheduledEvent};
 use crate::clock::{duration_nanos, Nanos};
 use crate::config::Event;
-use crate::controller::{Controller, ControllerParams, ControllerState, Transition};
+use crate::controller::{Controller, ControllerParams, ControllerState, Transition, HELD_READINGS};
 use crate::window::{RocSample, SampleAt, WindowSpec};
 use std::time::{Duration, SystemTime};
 
@@ -129,12 +129,16 @@ impl RouteState {
 
     /// When the controller's limit next rises above where it stands, as seen at
     /// `now` on a route whose window is `window`, its last completed slot ending at
-    /// `stepped`: [`Controller::next_raise_held`] from the readings the window gives
-    /// if its last slot's demand holds, unless a scheduled event starts or ends in a
-    /// slot before then, through which the controller is walked ([`raise_through`]).
-    /// A route in `Normal` costs what [`Controller::next_raise_at`] does, one cut or
-    /// recovering an observation a window slot, up to
-    /// [`HELD_READINGS`](crate::controller::HELD_READINGS).
+    /// `stepped`, if its last slot's demand holds: [`Controller::next_raise_held`]
+    /// from the readings the window then gives. On a route with events a copy of the
+    /// controller is stepped through those readings as the engine will step it, the
+    /// profile due at each slot's end put in force first, so that a spike that still
+    /// reads above `danger_roc` where an edge moves the restore cuts again there; past
+    /// them (or past [`HELD_READINGS`] of them, the calm then taken where the window
+    /// holds the held level alone, as `next_raise_held` takes it) it is walked
+    /// through the edges still ahead ([`raise_through`]). A route in `Normal` costs
+    /// what [`Controller::next_raise_at`] does, one cut or recovering an observation a
+    /// window slot, up to [`HELD_READINGS`].
     ///
     /// And when its progress between cut and base next rises above where it stands,
     /// which raises a tier's key limits (`tiers`: the route has tiers; else the
@@ -159,32 +163,82 @@ impl RouteState {
                 .as_u64()
                 .saturating_add(duration_nanos(window.window())),
         );
-        let held = self.controller.next_raise_held(readings, settled);
         if self.events.is_empty() || self.controller.state() == ControllerState::Normal {
+            let held = self.controller.next_raise_held(readings, settled);
             return (held, held);
         }
-        // A raise the profile in force never makes (a cut limit that is its base) an
-        // event's edge may make still.
-        let through = |past| {
+        let limit = Past::Limit(self.controller.limit_rps());
+        let progress = tiers.then(|| Past::Progress(self.controller.progress()));
+        let mut c = self.controller.clone();
+        let mut active = self.active_event;
+        let (mut limit_at, mut progress_at) = (None, None);
+        // The profile due is looked for at the first reading and where an edge has
+        // passed since, not at each reading.
+        let next_edge = |after: Nanos| {
+            spans(&self.events)
+                .flat_map(|(start, end, _)| [start, end])
+                .filter(|&at| at > after)
+                .min()
+        };
+        let mut edge = Some(stepped);
+        let mut observed = 0;
+        for s in readings.take(HELD_READINGS + 1) {
+            observed += 1;
+            if observed > HELD_READINGS {
+                break;
+            }
+            if edge.is_some_and(|edge| s.at >= edge) {
+                let due = due(spans(&self.events), s.at);
+                put_in_force(due, &mut active, &self.own, &mut c, s.at, |_| {});
+                edge = next_edge(s.at);
+            }
+            c.observe(s, |_| {});
+            if limit_at.is_none() && limit.by(&c) {
+                limit_at = Some(s.at);
+            }
+            if let Some(progress) = progress.filter(|_| progress_at.is_none()) {
+                if progress.by(&c) {
+                    progress_at = Some(s.at);
+                }
+            }
+            if limit_at.is_some() && (progress.is_none() || progress_at.is_some()) {
+                break;
+            }
+        }
+        // Past the readings observed: the calm they end in, or, cut short, the one the
+        // held level surely reads once it fills the window (as `next_raise_held`).
+        let cut_short = observed > HELD_READINGS;
+        let from = if cut_short {
+            Nanos::new(
+                stepped
+                    .as_u64()
+                    .saturating_add(slot_ns.saturating_mul(HELD_READINGS as u64)),
+            )
+        } else {
+            settled
+        };
+        let rest = |past: Past| {
+            let calm = if cut_short {
+                (c.params().safe_roc > 0.0).then_some(settled)
+            } else {
+                c.memory().safe_since
+            };
             raise_through(
                 || spans(&self.events),
                 &self.own,
-                self.active_event,
-                &self.controller,
-                (past, held),
-                (now, now),
+                active,
+                &c,
+                (past, c.raised_past(past.limit(&c), calm)),
+                (from.min(settled), settled.max(now)),
                 window,
             )
         };
-        let limit = through(Level::Limit);
-        (
-            limit,
-            if tiers {
-                through(Level::Progress)
-            } else {
-                limit
-            },
-        )
+        let limit_at = limit_at.or_else(|| rest(limit));
+        let progress_at = match progress {
+            Some(progress) => progress_at.or_else(|| rest(progress)),
+            None => limit_at,
+        };
+        (limit_at, progress_at)
     }
 
     /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,
@@ -344,7 +398,7 @@ impl Schedule {
             active,
             controller,
             (
-                Level::Limit,
+                Past::Limit(controller.limit_rps()),
                 Some(controller.next_raise_at(now, window.window())?),
             ),
             (stepped, now),
@@ -397,7 +451,7 @@ fn raise_through<'a, I>(
     own: &ControllerParams,
     active: Option<usize>,
     controller: &Controller,
-    (past, estimate): (Level, Option<Nanos>),
+    (past, estimate): (Past, Option<Nanos>),
     (stepped, now): (Nanos, Nanos),
     spec: &WindowSpec,
 ) -> Option<Nanos>
@@ -420,7 +474,6 @@ where
         Some(edge) if estimate.is_none_or(|estimate| slot_end(estimate) >= edge) => {}
         _ => return estimate,
     }
-    let past = past.of(controller);
     let mut c = controller.clone();
     let mut active = active;
     let mut from = stepped;
@@ -499,29 +552,13 @@ fn cut_stop(c: &Controller, after: Nanos, now: Nanos, window: Duration) -> Optio
     Some(calm.map_or(end, |calm| calm.min(end)).max(next))
 }
 
-/// What a raise must take a controller past, for [`raise_through`]: its limit, or its
-/// progress between its cut and base limits, which a tier's key limits follow
-/// ([`Controller::progress`]).
-#[derive(Clone, Copy)]
-enum Level {
-    Limit,
-    Progress,
-}
-
-/// A [`Level`] where a controller stands.
+/// Where a controller stands, which a raise must take it past, for
+/// [`raise_through`]: its limit, or its progress between its cut and base limits,
+/// which a tier's key limits follow ([`Controller::progress`]).
 #[derive(Clone, Copy)]
 enum Past {
     Limit(f64),
     Progress(f64),
-}
-
-impl Level {
-    fn of(self, c: &Controller) -> Past {
-        match self {
-            Level::Limit => Past::Limit(c.limit_rps()),
-            Level::Progress => Past::Progress(c.progress()),
-        }
-    }
 }
 
 impl Past {
