@@ -3011,3 +3011,54 @@ fn a_cut_its_own_profile_never_raises_is_told_an_events_raise() {
     e.catch_up(id, Nanos::from_secs(15));
     assert_eq!(e.limit_rps(id), Some(100.0));
 }
+
+/// On a window of more slots than the held projection observes (2,000 slots of
+/// 20 ms; it observes [`rocgate::controller::HELD_READINGS`]), a cut whose raise is
+/// not among the readings observed is told from a calm taken where the window holds
+/// the held level alone, a window after the last slot stepped: later than the held
+/// spike's raise, never earlier. A spike from 2 to 200 req/s at 41 s, held, is cut at
+/// 49.1 s, and told then: calm at 89.1 s, then the 2 s hold and the 1 s interval,
+/// 92.1 s. The limit first rises at 82 s, as a projection of all 2,000 readings
+/// would have told, at twice the observations a step.
+#[test]
+fn a_wide_window_is_told_its_raise_from_the_calm_of_a_full_window() {
+    let mut cfg = RouteConfig::new("r", RouteMatch::any());
+    cfg.window = WindowSpec::new(Duration::from_secs(40), Duration::from_millis(20)).unwrap();
+    assert!(cfg.window.slots() > rocgate::controller::HELD_READINGS);
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, Key::None, 0.0, 41.0, 2.0);
+    let mut from = 41.0;
+    let mut probe = None::<(Nanos, f64)>;
+    while probe.is_none() {
+        offer(&e, id, Key::None, from, from + 0.02, 200.0);
+        from += 0.02;
+        let now = Nanos::from_secs_f64(from);
+        e.catch_up(id, now);
+        if e.route_snapshot(id, now).unwrap().state == ControllerState::Cut {
+            probe = Some((now, e.limit_rps(id).unwrap()));
+        }
+        assert!(from < 60.0, "no cut");
+    }
+    let (now, limit) = probe.unwrap();
+    let told = now + e.restore_eta(id, now).expect("cut");
+    assert_eq!(told, now + Duration::from_secs(43));
+    let mut raised = None;
+    while raised.is_none() && from < 120.0 {
+        offer(&e, id, Key::None, from, from + 0.02, 200.0);
+        from += 0.02;
+        let at = Nanos::from_secs_f64(from);
+        e.catch_up(id, at);
+        if e.limit_rps(id).unwrap() > limit {
+            raised = Some(at);
+        }
+    }
+    assert_eq!(
+        (now, told, raised),
+        (
+            Nanos::from_millis(49_100),
+            Nanos::from_millis(92_100),
+            Some(Nanos::from_secs(82))
+        )
+    );
+}
