@@ -363,14 +363,117 @@ mod tests {
             }
         }
 
+        /// `host_key` as it was when the layer keyed a host by its fold in a
+        /// `String` (`ValueKey::new(&host_key(v))`), copied whole: the oracle of the
+        /// key a host had.
+        fn folded_before(value: &str) -> std::borrow::Cow<'_, str> {
+            let end = match value.strip_prefix('[') {
+                Some(rest) => rest.find(']').map_or(value.len(), |close| close + 2),
+                None => value.find(':').unwrap_or(value.len()),
+            };
+            let name = &value[..end];
+            let name = name
+                .strip_suffix('.')
+                .filter(|n| !n.is_empty())
+                .unwrap_or(name);
+            if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                std::borrow::Cow::Owned(name.to_ascii_lowercase())
+            } else {
+                std::borrow::Cow::Borrowed(name)
+            }
+        }
+
+        /// The key a host had before, at each edge: a name of 14 to 17 bytes (kept
+        /// whole up to 15, digested from 16) and of 63 to 66, 128 and 129 (the 64
+        /// bytes lower-cased at a time), in capitals, with a port or a trailing dot
+        /// beyond those lengths; letters beyond ASCII, capitals among them, which no
+        /// fold touches (`É`, `İ`, the Kelvin sign); IPv6 literals with a port and a
+        /// zone; a value that is no name (empty, a port alone, a dot alone, brackets
+        /// unclosed).
+        #[test]
+        fn a_host_is_keyed_as_before_at_every_edge() {
+            let mut values: Vec<String> = Vec::new();
+            for len in [1, 14, 15, 16, 17, 63, 64, 65, 66, 128, 129] {
+                // Names of `len` bytes.
+                for unit in ["A", "b", "É", "Aé"] {
+                    let mut name = unit.repeat(len / unit.len());
+                    while name.len() < len {
+                        name.push('X');
+                    }
+                    for suffix in ["", ":8080", ".", ".:443", ":"] {
+                        values.push(format!("{name}{suffix}"));
+                    }
+                }
+                let name = "X".repeat(len);
+                for suffix in ["", ":80", "."] {
+                    values.push(format!("[{name}]{suffix}"));
+                }
+            }
+            for value in [
+                "",
+                ":",
+                ":80",
+                ".",
+                "..",
+                ".:80",
+                "a..",
+                "[",
+                "[]",
+                "[]:80",
+                "]",
+                "[::1",
+                "[::1]",
+                "[::1]:8080",
+                "[::1]x",
+                "[2001:DB8::1]:443",
+                "[FE80::1%25ETH0]:8080",
+                "[fe80::1%eth0]",
+                "İstanbul.Example",
+                "\u{212A}elvin.example:80",
+                "SHOP.EXAMPLE.\u{00C9}",
+                "caf\u{00C9}.EXAMPLE.COM.",
+                "xn--CAF-DMA.example",
+                "Shop Example",
+                "@Shop.Example",
+            ] {
+                values.push(value.to_owned());
+            }
+            for value in &values {
+                assert_eq!(
+                    host_bits(value),
+                    ValueKey::new(&folded_before(value)).bits(),
+                    "{value:?}"
+                );
+                assert_eq!(folded_before(value), host_key(value), "{value:?}");
+            }
+            // A byte beyond ASCII is kept as it is: `É` is no `é`, in a kept name and
+            // in a digested one.
+            assert_ne!(host_bits("\u{00C9}.example"), host_bits("\u{00E9}.example"));
+            assert_ne!(
+                host_bits("\u{00C9}.shop-example.com"),
+                host_bits("\u{00E9}.shop-example.com")
+            );
+        }
+
         proptest::proptest! {
             /// Any value, ports and brackets and bytes beyond ASCII too: the layer's
-            /// key of it is the key of `host_key`'s fold.
+            /// key of it is the key of `host_key`'s fold, and the key it had before.
             #[test]
             fn any_host_is_keyed_as_its_folded_name(value in "[A-Za-z0-9.:\\[\\]é-]{0,90}") {
                 proptest::prop_assert_eq!(
                     host_bits(&value),
                     ValueKey::new(&host_key(&value)).bits()
+                );
+            }
+
+            /// Any printable value, ASCII or not (Latin-1's letters, capitals among
+            /// them, `İ`, the Kelvin sign), up to 140 characters: the key it had
+            /// before.
+            #[test]
+            fn any_host_is_keyed_as_before(value in "[ -~\u{00C0}-\u{00FF}\u{0130}\u{212A}]{0,140}") {
+                proptest::prop_assert_eq!(
+                    host_bits(&value),
+                    ValueKey::new(&folded_before(&value)).bits()
                 );
             }
         }
