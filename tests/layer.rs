@@ -455,6 +455,58 @@ async fn a_host_partition_named_in_any_case_folds_the_spellings_of_a_host() {
     }
 }
 
+/// A tier value of a `header:host` route, a host's key (its name in lower case),
+/// takes every spelling of that host (capitals, a port, a trailing dot), a name kept
+/// whole as its key and one keyed by its digest alike, as the layer keys a host with
+/// no lower-cased copy of it.
+#[tokio::test]
+async fn a_host_tier_takes_every_spelling_of_its_host() {
+    let names = [
+        "gold.example",
+        "fifteen-bytes.x",
+        "sixteen-bytes.xy",
+        "api.gold-shop.example.com",
+        "[2001:db8::7]",
+    ];
+    let mut r = route("shop", RouteMatch::prefix("/"), 1.0);
+    r.controller.cut_limit_rps = 1.0;
+    r.partition = Partition::Header("host".into(), KeyLimits::default());
+    r.tiers = vec![rocgate::config::Tier::new("gold", names, 4.0, 4.0)];
+    let (layer, _clock) = layer(vec![r]);
+    let engine = layer.engine();
+    let app = app(layer, Arc::default());
+    for name in names.into_iter().chain(["plain.example"]) {
+        let upper = name.to_ascii_uppercase();
+        let spellings = [
+            name.to_owned(),
+            upper.clone(),
+            format!("{upper}:8443"),
+            format!("{name}:"),
+            if name.starts_with('[') {
+                format!("{upper}:80")
+            } else {
+                format!("{upper}.")
+            },
+            format!("{upper}:1"),
+        ];
+        let mut admitted = 0;
+        for host in &spellings {
+            let req = Request::get("/api/items/1")
+                .header("host", host)
+                .body(Body::empty())
+                .unwrap();
+            admitted +=
+                usize::from(app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK);
+        }
+        let want = if name == "plain.example" { 1 } else { 4 };
+        assert_eq!(admitted, want, "{name:?}, spelled {spellings:?}");
+    }
+    assert_eq!(
+        engine.snapshot(rocgate::clock::Nanos::ZERO)[0].keys,
+        names.len() + 1
+    );
+}
+
 /// A route partitioned by `Authorization` (or `Proxy-Authorization`, named in any
 /// case) keys a credential however its scheme is spelled: the scheme is
 /// case-insensitive and one or more spaces part it from the credentials (RFC 9110
