@@ -15,7 +15,9 @@
 //! key (`limit × burst` at most 1), a request's one credential spelled another way
 //! that folds alike (its scheme in another case, other spaces and tabs after it and
 //! around the value) is the same key: sent at the same instant, it is refused and
-//! adds no key.
+//! adds no key; and likewise on `hosts`, partitioned by `header:host`, a request's one
+//! `Host` (its target naming no authority) spelled another way that names the same
+//! host (its ASCII letters in another case, a port, a trailing dot).
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -81,6 +83,20 @@ max_keys = 8
 [[routes.tiers]]
 name = "listed"
 values = ["bearer gold-Token", "Opaque-T0ken", "basic Z29sZA=="]
+base_limit = 1
+cut_limit = 0.5
+
+[[routes]]
+name = "hosts"
+path_prefix = "/n"
+partition = "header:host"
+base_limit = 2
+cut_limit = 1
+burst = "500ms"
+max_keys = 8
+[[routes.tiers]]
+name = "listed"
+values = ["gold.example", "api.gold-shop.example.com", "[2001:db8::7]"]
 base_limit = 1
 cut_limit = 0.5
 
@@ -172,8 +188,50 @@ struct Req {
     peer: Option<([u8; 16], bool)>,
     headers: Vec<(u8, Vec<u8>)>,
     advance_ms: u16,
-    /// How the request's credential is spelled again on `creds`.
+    /// How the request's credential is spelled again on `creds`, or its host on
+    /// `hosts`.
     respell: u32,
+}
+
+/// Another spelling of the `Host` value `value` (without the blanks around it, as the
+/// layer reads it) that names the same host: its name (up to a port, through the `]`
+/// of an IPv6 literal, without one trailing dot) with its ASCII letters in the other
+/// case where `bits` says, then a trailing dot, a port, both or neither (a port when
+/// the name ends in a blank, which the layer would trim else). A value beginning an
+/// IPv6 literal with no `]`, whose name runs to its end, only changes case.
+fn rehosted(value: &str, bits: u32) -> String {
+    let flip = |name: &str| -> String {
+        name.chars()
+            .enumerate()
+            .map(|(i, c)| match bits >> (i % 16) & 1 {
+                1 if c.is_ascii_lowercase() => c.to_ascii_uppercase(),
+                1 => c.to_ascii_lowercase(),
+                _ => c,
+            })
+            .collect()
+    };
+    let end = match value.strip_prefix('[') {
+        Some(rest) => match rest.find(']') {
+            Some(close) => close + 2,
+            None => return flip(value),
+        },
+        None => value.find(':').unwrap_or(value.len()),
+    };
+    let name = &value[..end];
+    let name = name
+        .strip_suffix('.')
+        .filter(|n| !n.is_empty())
+        .unwrap_or(name);
+    let mut again = flip(name);
+    let dot = !name.is_empty() && bits >> 16 & 1 == 1;
+    let port = bits >> 17 & 1 == 1 || (!dot && name.ends_with([' ', '\t']));
+    if dot {
+        again.push('.');
+    }
+    if port {
+        again.push_str(&format!(":{}", bits >> 18 & 0x3fff));
+    }
+    again
 }
 
 /// Another spelling of the credential `value` (without the blanks around it, as the
@@ -315,6 +373,20 @@ fuzz_target!(|reqs: Vec<Req>| {
             }
             _ => None,
         };
+        // The request's one `Host`, if it is on `hosts` and its target names no host.
+        let hosts = engine.route_id("hosts").unwrap();
+        let mut values = req.headers().get_all("host").iter();
+        let host = match (values.next(), values.next()) {
+            (Some(v), None)
+                if again_uri.authority().is_none()
+                    && engine.route_for_written(again_method.as_str(), &path) == Some(hosts) =>
+            {
+                std::str::from_utf8(v.as_bytes())
+                    .ok()
+                    .map(|v| v.trim_matches([' ', '\t']).to_owned())
+            }
+            _ => None,
+        };
         let response = w.runtime.block_on(service.clone().oneshot(req)).unwrap();
         let status = response.status();
         assert!(
@@ -336,6 +408,25 @@ fuzz_target!(|reqs: Vec<Req>| {
                     "authorization",
                     HeaderValue::from_bytes(again.as_bytes()).unwrap(),
                 )
+                .body(())
+                .unwrap();
+            let status = w.runtime.block_on(service.oneshot(req)).unwrap().status();
+            assert_eq!(
+                status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{again:?}, spelled {value:?} first"
+            );
+            assert_eq!(keys(&engine), before, "{again:?}, spelled {value:?} first");
+        } else if let Some(value) = host {
+            // As for a credential: the same host, the same key, its bucket empty.
+            let again = rehosted(&value, r.respell);
+            let keys =
+                |engine: &Engine| engine.route_snapshot(hosts, w.clock.now()).map(|s| s.keys);
+            let before = keys(&engine);
+            let req = Request::builder()
+                .method(again_method)
+                .uri(again_uri)
+                .header("host", HeaderValue::from_bytes(again.as_bytes()).unwrap())
                 .body(())
                 .unwrap();
             let status = w.runtime.block_on(service.oneshot(req)).unwrap().status();
