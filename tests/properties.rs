@@ -10,7 +10,7 @@ use rocgate::config::{Config, Event, RouteConfig, RouteMatch};
 use rocgate::controller::{
     Controller, ControllerMemory, ControllerParams, ControllerState, Transition,
 };
-use rocgate::engine::{Engine, Key, Schedule};
+use rocgate::engine::{Engine, Key, RouteId, Schedule};
 use rocgate::limiter::{
     Admit, Decision, FixedWindow, LeakyBucket, Pace, SlidingWindowCounter, TokenBucket,
 };
@@ -1221,25 +1221,10 @@ proptest! {
         // The base load from the start, the spike from 2.5 s (the controller armed at
         // 2 s), evenly spread over each slot.
         let load = |slot: u64| if slot < 25 { base_per_slot } else { spike_per_slot };
-        let run_slot = |slot: u64| {
-            let at = Nanos::new(slot * slot_ns);
-            e.catch_up(id, at);
-            let n = load(slot);
-            for k in 0..n {
-                let _ = e.check(id, Key::None, Nanos::new(slot * slot_ns + k * slot_ns / n));
-            }
-        };
-        let mut k = 0u64;
-        while e.route_snapshot(id, Nanos::new(k * slot_ns)).unwrap().state != ControllerState::Cut {
-            prop_assert!(k < 50, "no cut by {} slots", k);
-            run_slot(k);
-            k += 1;
-        }
-        for _ in 0..probe_slots {
-            run_slot(k);
-            k += 1;
-        }
-        e.catch_up(id, Nanos::new(k * slot_ns));
+        let run_slot = |slot: u64| feed_slot(&e, id, slot_ns, slot, load(slot));
+        let after_cut = slot_after_cut(&e, id, slot_ns, probe_slots, run_slot);
+        prop_assert!(after_cut.is_some(), "no cut by 50 slots");
+        let k = after_cut.unwrap();
         let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
         let eta = e.restore_eta(id, probe);
         let state = e.route_snapshot(id, probe).unwrap().state;
@@ -1325,25 +1310,10 @@ proptest! {
                 spike_per_slot - (spike_per_slot - fallen) * into / fall_slots
             }
         };
-        let run_slot = |slot: u64| {
-            let at = Nanos::new(slot * slot_ns);
-            e.catch_up(id, at);
-            let n = load(slot);
-            for k in 0..n {
-                let _ = e.check(id, Key::None, Nanos::new(slot * slot_ns + k * slot_ns / n));
-            }
-        };
-        let mut k = 0u64;
-        while e.route_snapshot(id, Nanos::new(k * slot_ns)).unwrap().state != ControllerState::Cut {
-            prop_assert!(k < 50, "no cut by {} slots", k);
-            run_slot(k);
-            k += 1;
-        }
-        for _ in 0..probe_slots {
-            run_slot(k);
-            k += 1;
-        }
-        e.catch_up(id, Nanos::new(k * slot_ns));
+        let run_slot = |slot: u64| feed_slot(&e, id, slot_ns, slot, load(slot));
+        let after_cut = slot_after_cut(&e, id, slot_ns, probe_slots, run_slot);
+        prop_assert!(after_cut.is_some(), "no cut by 50 slots");
+        let k = after_cut.unwrap();
         let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
         let eta = e.restore_eta(id, probe);
         let state = e.route_snapshot(id, probe).unwrap().state;
@@ -1423,28 +1393,11 @@ proptest! {
         let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let id = e.route_at(0).unwrap();
         let load = |slot: u64| if slot < 25 { base_per_slot } else { spike_per_slot };
-        let run_slot = |slot: u64| {
-            let at = Nanos::new(slot * slot_ns);
-            e.catch_up(id, at);
-            let n = load(slot);
-            for k in 0..n {
-                let _ = e.check(id, Key::None, Nanos::new(slot * slot_ns + k * slot_ns / n));
-            }
+        let run_slot = |slot: u64| feed_slot(&e, id, slot_ns, slot, load(slot));
+        // No cut by 50 slots: the event's profile came in before the cut and rearmed it.
+        let Some(k) = slot_after_cut(&e, id, slot_ns, probe_slots, run_slot) else {
+            return Ok(());
         };
-        let mut k = 0u64;
-        while e.route_snapshot(id, Nanos::new(k * slot_ns)).unwrap().state != ControllerState::Cut {
-            if k >= 50 {
-                // The event's profile came in before the cut and rearmed it.
-                return Ok(());
-            }
-            run_slot(k);
-            k += 1;
-        }
-        for _ in 0..probe_slots {
-            run_slot(k);
-            k += 1;
-        }
-        e.catch_up(id, Nanos::new(k * slot_ns));
         let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
         let Some(eta) = e.restore_eta(id, probe) else {
             return Ok(());
@@ -1462,6 +1415,41 @@ proptest! {
             "raised at {:?}, told {} ({:?} at {}) in {:?} at {} req/s", first, told, eta, probe, state, limit
         );
     }
+}
+
+/// Sends `n` checks on route `id`, spread evenly over slot `slot` of `slot_ns`,
+/// the route caught up to the slot's start first.
+fn feed_slot(e: &Engine, id: RouteId, slot_ns: u64, slot: u64, n: u64) {
+    e.catch_up(id, Nanos::new(slot * slot_ns));
+    for k in 0..n {
+        let _ = e.check(id, Key::None, Nanos::new(slot * slot_ns + k * slot_ns / n));
+    }
+}
+
+/// Runs `run_slot` from slot 0 until route `id` is cut, then `probe_slots` slots
+/// more, and catches the route up to the start of the next slot: that slot, or
+/// `None` where the route was not cut by slot 50.
+fn slot_after_cut(
+    e: &Engine,
+    id: RouteId,
+    slot_ns: u64,
+    probe_slots: u64,
+    run_slot: impl Fn(u64),
+) -> Option<u64> {
+    let mut k = 0u64;
+    while e.route_snapshot(id, Nanos::new(k * slot_ns)).unwrap().state != ControllerState::Cut {
+        if k >= 50 {
+            return None;
+        }
+        run_slot(k);
+        k += 1;
+    }
+    for _ in 0..probe_slots {
+        run_slot(k);
+        k += 1;
+    }
+    e.catch_up(id, Nanos::new(k * slot_ns));
+    Some(k)
 }
 
 /// A rate for [`next_raise_is_total`]: the extremes code that builds parameters
