@@ -30,6 +30,17 @@ fn keyed(per_key: f64, total: f64) -> RouteConfig {
     cfg
 }
 
+/// One client's calm 40 req/s for 10 s, then its spike of 600 req/s for 1 s, all on
+/// route `id`: enough to cut a route of the default controller by 11 s.
+fn spike_to_a_cut(e: &Engine, id: RouteId) {
+    for k in 0..400u64 {
+        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+    }
+    for k in 0..600u64 {
+        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+    }
+}
+
 /// The route's total as its snapshot shows it at `now`.
 fn total(e: &Engine, id: RouteId, now: Nanos) -> rocgate::engine::RouteLimitSnapshot {
     e.route_snapshot(id, now).unwrap().route_limit.unwrap()
@@ -118,12 +129,7 @@ fn the_cut_scales_the_total_and_the_restore_brings_it_back() {
     assert_eq!((t.limit_rps, t.configured_rps), (1000.0, 1000.0));
     assert_eq!(t.level.capacity, 1000.0);
     // A calm 40 req/s, then one client's spike cuts the route.
-    for k in 0..400u64 {
-        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
-    }
-    for k in 0..600u64 {
-        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
-    }
+    spike_to_a_cut(&e, id);
     let now = Nanos::from_secs(11);
     let s = e.route_snapshot(id, now).unwrap();
     assert_eq!(s.state, ControllerState::Cut);
@@ -171,12 +177,7 @@ fn shadow_counts_the_totals_refusals_and_admits() {
     cfg.mode = Mode::ShadowAdaptive;
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
-    for k in 0..400u64 {
-        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
-    }
-    for k in 0..600u64 {
-        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
-    }
+    spike_to_a_cut(&e, id);
     let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
     assert_eq!(s.state, ControllerState::Cut);
     assert_eq!(s.route_limit.unwrap().limit_rps, 1000.0);
@@ -376,12 +377,7 @@ fn a_refusal_by_the_total_while_cut_is_told_no_earlier_than_its_token() {
     cfg.controller.cut_limit_rps = 60.0;
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
-    for k in 0..400u64 {
-        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
-    }
-    for k in 0..600u64 {
-        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
-    }
+    spike_to_a_cut(&e, id);
     let now = Nanos::from_secs(11);
     assert_eq!(
         e.route_snapshot(id, now).unwrap().state,
@@ -410,12 +406,7 @@ fn shadow_adaptive_counts_what_the_cuts_total_would_refuse() {
     cfg.mode = Mode::ShadowAdaptive;
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
-    for k in 0..400u64 {
-        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
-    }
-    for k in 0..600u64 {
-        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
-    }
+    spike_to_a_cut(&e, id);
     let now = Nanos::from_secs(11);
     let before = e.route_snapshot(id, now).unwrap();
     assert_eq!(before.state, ControllerState::Cut);
@@ -440,12 +431,7 @@ fn raising_the_total_refills_none_of_its_tokens() {
     cfg.controller.cut_limit_rps = 60.0;
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
-    for k in 0..400u64 {
-        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
-    }
-    for k in 0..600u64 {
-        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
-    }
+    spike_to_a_cut(&e, id);
     let now = Nanos::from_secs(11);
     assert_eq!(
         e.route_snapshot(id, now).unwrap().state,
