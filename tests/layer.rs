@@ -424,6 +424,23 @@ async fn a_tier_value_longer_than_a_kept_value_matches_its_requests() {
     );
 }
 
+/// Sends `GET /api/items/1` to `app` once with each of `hosts` as its `host`: how
+/// many were admitted.
+async fn admitted_of_hosts<H: AsRef<str>>(
+    app: &Router,
+    hosts: impl IntoIterator<Item = H>,
+) -> usize {
+    let mut admitted = 0;
+    for host in hosts {
+        let req = Request::get("/api/items/1")
+            .header("host", host.as_ref())
+            .body(Body::empty())
+            .unwrap();
+        admitted += usize::from(app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK);
+    }
+    admitted
+}
+
 /// A route partitioned by `Host` (named in any case, as a `Partition` built in code
 /// may name it) keys every spelling of one host (a port, letter case, a trailing dot)
 /// as that host: named `Host`, each spelling had a fresh quota.
@@ -442,15 +459,7 @@ async fn a_host_partition_named_in_any_case_folds_the_spellings_of_a_host() {
         r.partition = Partition::Header(name.into(), KeyLimits::default());
         let (layer, _clock) = layer(vec![r]);
         let app = app(layer, Arc::default());
-        let mut admitted = 0;
-        for host in spellings {
-            let req = Request::get("/api/items/1")
-                .header("host", host)
-                .body(Body::empty())
-                .unwrap();
-            admitted +=
-                usize::from(app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK);
-        }
+        let admitted = admitted_of_hosts(&app, spellings).await;
         assert_eq!(admitted, 1, "partitioned by {name:?}");
     }
 }
@@ -489,15 +498,7 @@ async fn a_host_tier_takes_every_spelling_of_its_host() {
             },
             format!("{upper}:1"),
         ];
-        let mut admitted = 0;
-        for host in &spellings {
-            let req = Request::get("/api/items/1")
-                .header("host", host)
-                .body(Body::empty())
-                .unwrap();
-            admitted +=
-                usize::from(app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK);
-        }
+        let admitted = admitted_of_hosts(&app, &spellings).await;
         let want = if name == "plain.example" { 1 } else { 4 };
         assert_eq!(admitted, want, "{name:?}, spelled {spellings:?}");
     }
