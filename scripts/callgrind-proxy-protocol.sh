@@ -21,6 +21,8 @@
 # by PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/proxy-configs.sh
+source scripts/proxy-configs.sh
 # shellcheck source=scripts/processes.sh
 source scripts/processes.sh
 
@@ -92,26 +94,9 @@ upstream=$(await_url upstream_url "the upstream")
 for kind in $KINDS; do
     protocol='proxy_protocol = "any"'
     [[ $kind == plain ]] && protocol=""
-    cat >"$work/rocgate.toml" <<TOML
-[defaults]
-base_limit = 2000000
-cut_limit = 2000000
-algorithm = "token_bucket"
-burst = "1s"
-
-[[routes]]
-name = "all"
-path_prefix = "/"
-
-[server]
-listen = "127.0.0.1:0"
-upstream = "$upstream"
-trusted_proxies = ["127.0.0.1"]
-$protocol
-
-[admin]
-listen = "127.0.0.1:0"
-TOML
+    write_rocgate_config "$work/rocgate.toml" 2000000 "$upstream" \
+        "trusted_proxies = [\"127.0.0.1\"]
+$protocol"
     RUST_LOG=info valgrind --tool=callgrind --callgrind-out-file="$work/rocgate-$kind.%p" \
         "$ROCGATE" serve --config "$work/rocgate.toml" >/dev/null 2>"$work/rocgate-$kind.err" &
     pid=$!

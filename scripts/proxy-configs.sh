@@ -1,14 +1,15 @@
 # shellcheck shell=bash
-# Sourced by scripts/bench-http.sh, scripts/callgrind-http.sh, scripts/proxy-ab.sh and
-# scripts/bench-cap.sh: the configurations of `rocgate serve` and nginx that the proxy
-# benchmarks compare, written the same way for both so that the two measure the same
-# thing.
+# Sourced by scripts/bench-http.sh, scripts/callgrind-http.sh, scripts/proxy-ab.sh,
+# scripts/bench-cap.sh and scripts/callgrind-proxy-protocol.sh: the configurations of
+# `rocgate serve` and nginx that the proxy benchmarks compare, written the same way for
+# both so that the two measure the same thing.
 
 # Writes to $1 a rocgate config: one route for every path limited to $2 req/s with a
 # bucket of one second, forwarding to the upstream URL $3, both listeners on free
-# loopback ports.
+# loopback ports. $4, when given, is more lines of its [server] table (such as
+# `proxy_protocol = "any"`).
 write_rocgate_config() {
-    local file=$1 rate=$2 upstream=$3
+    local file=$1 rate=$2 upstream=$3 server=${4:-}
     cat >"$file" <<TOML
 [defaults]
 base_limit = $rate
@@ -23,6 +24,7 @@ path_prefix = "/"
 [server]
 listen = "127.0.0.1:0"
 upstream = "$upstream"
+$server
 
 [admin]
 listen = "127.0.0.1:0"
