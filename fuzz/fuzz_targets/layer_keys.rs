@@ -11,13 +11,18 @@
 //! begins an escape); the index finds the route that trying every route in config
 //! order finds, on the normalized path and as written; no route tracks more keys than
 //! its `max_keys` and its tiers' values (a tier's key takes a place in a full table);
-//! on `creds`, partitioned by `header:authorization` with a bucket of one request per
-//! key (`limit × burst` at most 1), a request's one credential spelled another way
-//! that folds alike (its scheme in another case, other spaces and tabs after it and
-//! around the value) is the same key: sent at the same instant, it is refused and
-//! adds no key; and likewise on `hosts`, partitioned by `header:host`, a request's one
-//! `Host` (its target naming no authority) spelled another way that names the same
-//! host (its ASCII letters in another case, a port, a trailing dot).
+//! and on `creds`, partitioned by `header:authorization`, and `hosts`, partitioned by
+//! `header:host` (each a bucket of one request per key, `limit × burst` at most 1), in
+//! an engine of their own made afresh for each check (so that its table has room and
+//! every key's bucket is full: the first request of a key is admitted), a request's
+//! one credential, then the same credential spelled another way that folds alike (its
+//! scheme in another case, other spaces and tabs after it and around the value), then
+//! another credential (one character of its value changed, a letter in the other case
+//! where the key keeps case, spelled another way too), sent at one instant: the first
+//! is admitted and adds a key, the second is refused and adds none, the third is
+//! admitted and adds one; and likewise a request's one `Host`, spelled another way
+//! that names the same host (its ASCII letters in another case, a port, a trailing
+//! dot), then another host (one character of its name changed).
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -148,6 +153,11 @@ struct World {
     engine: SharedEngine,
     config: Config,
     clock: Arc<ManualClock>,
+    /// `creds` and `hosts` alone, for the checks of their keys: `keyed_engine` holds
+    /// an engine made of them afresh for each check, which `keyed_layer` decides on.
+    keyed: Config,
+    keyed_engine: SharedEngine,
+    keyed_layer: AdmissionLayer,
 }
 
 fn world() -> &'static World {
@@ -171,12 +181,22 @@ fn world() -> &'static World {
             .enable_time()
             .build()
             .unwrap();
+        let mut keyed = config.clone();
+        keyed
+            .routes
+            .retain(|r| r.name == "creds" || r.name == "hosts");
+        let keyed_engine =
+            SharedEngine::new(Engine::new(&keyed, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
+        let keyed_layer = AdmissionLayer::with_engine(keyed_engine.clone(), clock.clone()).build();
         World {
             runtime,
             layer,
             engine,
             config,
             clock,
+            keyed,
+            keyed_engine,
+            keyed_layer,
         }
     })
 }
@@ -189,7 +209,7 @@ struct Req {
     headers: Vec<(u8, Vec<u8>)>,
     advance_ms: u16,
     /// How the request's credential is spelled again on `creds`, or its host on
-    /// `hosts`.
+    /// `hosts`, and which character of it another one changes.
     respell: u32,
 }
 
@@ -197,8 +217,10 @@ struct Req {
 /// layer reads it) that names the same host: its name (up to a port, through the `]`
 /// of an IPv6 literal, without one trailing dot) with its ASCII letters in the other
 /// case where `bits` says, then a trailing dot, a port, both or neither (a port when
-/// the name ends in a blank, which the layer would trim else). A value beginning an
-/// IPv6 literal with no `]`, whose name runs to its end, only changes case.
+/// the name ends in a blank, which the layer would trim else; a dot when it ends in
+/// one, which the layer would strip else, as it did from `-/..`, whose name is `-/.`).
+/// A value beginning an IPv6 literal with no `]`, whose name runs to its end, only
+/// changes case.
 fn rehosted(value: &str, bits: u32) -> String {
     let flip = |name: &str| -> String {
         name.chars()
@@ -210,20 +232,12 @@ fn rehosted(value: &str, bits: u32) -> String {
             })
             .collect()
     };
-    let end = match value.strip_prefix('[') {
-        Some(rest) => match rest.find(']') {
-            Some(close) => close + 2,
-            None => return flip(value),
-        },
-        None => value.find(':').unwrap_or(value.len()),
-    };
-    let name = &value[..end];
-    let name = name
-        .strip_suffix('.')
-        .filter(|n| !n.is_empty())
-        .unwrap_or(name);
+    if value.starts_with('[') && !value.contains(']') {
+        return flip(value);
+    }
+    let name = host_name(value);
     let mut again = flip(name);
-    let dot = !name.is_empty() && bits >> 16 & 1 == 1;
+    let dot = !name.is_empty() && (bits >> 16 & 1 == 1 || name.ends_with('.'));
     let port = bits >> 17 & 1 == 1 || (!dot && name.ends_with([' ', '\t']));
     if dot {
         again.push('.');
@@ -232,6 +246,118 @@ fn rehosted(value: &str, bits: u32) -> String {
         again.push_str(&format!(":{}", bits >> 18 & 0x3fff));
     }
     again
+}
+
+/// The name of the `Host` value `value`, which the layer keys in lower case: up to a
+/// port, through the `]` of an IPv6 literal (all of a value that begins one with no
+/// `]`), without one trailing dot.
+fn host_name(value: &str) -> &str {
+    let end = match value.strip_prefix('[') {
+        Some(rest) => rest.find(']').map_or(value.len(), |close| close + 2),
+        None => value.find(':').unwrap_or(value.len()),
+    };
+    let name = &value[..end];
+    name.strip_suffix('.')
+        .filter(|n| !n.is_empty())
+        .unwrap_or(name)
+}
+
+/// A letter other than `c` in either case: `q`, or `z` for a `q`.
+fn other_letter(c: char) -> char {
+    if c.eq_ignore_ascii_case(&'q') {
+        'z'
+    } else {
+        'q'
+    }
+}
+
+/// A `Host` value naming another host than `value` (without the blanks around it):
+/// the character of its name ([`host_name`]) that `bits` picks made another letter
+/// than it in either case; a value with no name gains one, `q`, before its port.
+fn other_host(value: &str, bits: u32) -> String {
+    let name = host_name(value);
+    let n = name.chars().count();
+    if n == 0 {
+        return format!("q{value}");
+    }
+    let at = bits as usize % n;
+    let changed: String = name
+        .chars()
+        .enumerate()
+        .map(|(i, c)| if i == at { other_letter(c) } else { c })
+        .collect();
+    format!("{changed}{}", &value[name.len()..])
+}
+
+/// Another credential than `value` (without the blanks around it): the character
+/// `bits` picks changed, outside the blanks after the scheme, which fold. In the
+/// scheme, made another letter than it in either case; in the credentials (all of a
+/// value with no space or tab, which is kept whole), an ASCII letter in the other case
+/// (the key keeps their case), another character made `q`.
+fn recredentialed(value: &str, bits: u32) -> String {
+    let chars: Vec<char> = value.chars().collect();
+    if chars.is_empty() {
+        return "q".to_owned();
+    }
+    let blank = |c: &char| matches!(c, ' ' | '\t');
+    let scheme = chars.iter().position(blank);
+    let mut at = bits as usize % chars.len();
+    if let Some(end) = scheme.filter(|&end| at >= end) {
+        // The credentials begin after the blanks; the value ends in none.
+        at = at.max(end + chars[end..].iter().take_while(|c| blank(c)).count());
+    }
+    let c = chars[at];
+    let changed = match scheme {
+        Some(end) if at < end => other_letter(c),
+        _ if c.is_ascii_lowercase() => c.to_ascii_uppercase(),
+        _ if c.is_ascii_uppercase() => c.to_ascii_lowercase(),
+        _ => 'q',
+    };
+    chars
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| if i == at { changed } else { c })
+        .collect()
+}
+
+/// Sends `first`, `again` and `other` as the `header` of a request to `target`, at one
+/// instant, through an engine of `creds` and `hosts` made now (its table empty, so
+/// every key's bucket full), and checks that `first` is admitted and adds a key, that
+/// `again`, spelling the same key, is refused and adds none, and that `other`, another
+/// key, is admitted and adds one.
+fn one_key_each(w: &World, route: &str, target: &str, header: &str, values: [&str; 3]) {
+    w.keyed_engine
+        .replace(Engine::new(&w.keyed, w.clock.now(), SystemTime::UNIX_EPOCH).unwrap());
+    let engine = w.keyed_engine.load();
+    let route = engine.route_id(route).unwrap();
+    let service = w
+        .keyed_layer
+        .layer(tower::service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(bytes::Bytes::new()))
+        }));
+    let expected = [
+        (StatusCode::OK, 1),
+        (StatusCode::TOO_MANY_REQUESTS, 1),
+        (StatusCode::OK, 2),
+    ];
+    for (value, (status, keys)) in values.into_iter().zip(expected) {
+        let req = Request::builder()
+            .uri(target)
+            .header(header, HeaderValue::from_bytes(value.as_bytes()).unwrap())
+            .body(())
+            .unwrap();
+        let got = w
+            .runtime
+            .block_on(service.clone().oneshot(req))
+            .unwrap()
+            .status();
+        let tracked = engine.route_snapshot(route, w.clock.now()).map(|s| s.keys);
+        assert_eq!(
+            (got, tracked),
+            (status, Some(keys)),
+            "{value:?} of {values:?}"
+        );
+    }
 }
 
 /// Another spelling of the credential `value` (without the blanks around it, as the
@@ -337,7 +463,6 @@ fuzz_target!(|reqs: Vec<Req>| {
             linear(written),
             "{method} {path:?} as written"
         );
-        let (again_method, again_uri) = (method.clone(), uri.clone());
         let mut req = Request::builder().method(method).uri(uri).body(()).unwrap();
         for (which, value) in &r.headers {
             let name = NAMES[usize::from(*which) % NAMES.len()];
@@ -360,82 +485,52 @@ fuzz_target!(|reqs: Vec<Req>| {
         let service = w.layer.layer(tower::service_fn(|_req: Request<()>| async {
             Ok::<_, Infallible>(Response::new(bytes::Bytes::new()))
         }));
-        // The request's one credential, if it is on `creds` and has one.
-        let creds = engine.route_id("creds").unwrap();
-        let mut values = req.headers().get_all("authorization").iter();
-        let credential = match (values.next(), values.next()) {
-            (Some(v), None)
-                if engine.route_for_written(again_method.as_str(), &path) == Some(creds) =>
-            {
-                std::str::from_utf8(v.as_bytes())
+        // The request's one credential and its one `Host`, each checked on a route
+        // of its own kind, whatever route the request is on.
+        let one = |name: &str| {
+            let mut values = req.headers().get_all(name).iter();
+            match (values.next(), values.next()) {
+                (Some(v), None) => std::str::from_utf8(v.as_bytes())
                     .ok()
-                    .map(|v| v.trim_matches([' ', '\t']).to_owned())
+                    .map(|v| v.trim_matches([' ', '\t']).to_owned()),
+                _ => None,
             }
-            _ => None,
         };
-        // The request's one `Host`, if it is on `hosts` and its target names no host.
-        let hosts = engine.route_id("hosts").unwrap();
-        let mut values = req.headers().get_all("host").iter();
-        let host = match (values.next(), values.next()) {
-            (Some(v), None)
-                if again_uri.authority().is_none()
-                    && engine.route_for_written(again_method.as_str(), &path) == Some(hosts) =>
-            {
-                std::str::from_utf8(v.as_bytes())
-                    .ok()
-                    .map(|v| v.trim_matches([' ', '\t']).to_owned())
-            }
-            _ => None,
-        };
-        let response = w.runtime.block_on(service.clone().oneshot(req)).unwrap();
+        let (credential, host) = (one("authorization"), one("host"));
+        let response = w.runtime.block_on(service.oneshot(req)).unwrap();
         let status = response.status();
         assert!(
             status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
             "status {status}"
         );
+        let bits = r.respell;
         if let Some(value) = credential {
-            // The key's bucket holds one request: the request took it, or found it
-            // empty. Another spelling of its credential, at the same instant, is the
-            // same key (no new one), and refused.
-            let again = respelled(&value, r.respell);
-            let keys =
-                |engine: &Engine| engine.route_snapshot(creds, w.clock.now()).map(|s| s.keys);
-            let before = keys(&engine);
-            let req = Request::builder()
-                .method(again_method)
-                .uri(again_uri)
-                .header(
-                    "authorization",
-                    HeaderValue::from_bytes(again.as_bytes()).unwrap(),
-                )
-                .body(())
-                .unwrap();
-            let status = w.runtime.block_on(service.oneshot(req)).unwrap().status();
-            assert_eq!(
-                status,
-                StatusCode::TOO_MANY_REQUESTS,
-                "{again:?}, spelled {value:?} first"
+            let other = recredentialed(&value, bits);
+            one_key_each(
+                w,
+                "creds",
+                "/c",
+                "authorization",
+                [
+                    &value,
+                    &respelled(&value, bits),
+                    &respelled(&other, bits.rotate_left(16)),
+                ],
             );
-            assert_eq!(keys(&engine), before, "{again:?}, spelled {value:?} first");
-        } else if let Some(value) = host {
-            // As for a credential: the same host, the same key, its bucket empty.
-            let again = rehosted(&value, r.respell);
-            let keys =
-                |engine: &Engine| engine.route_snapshot(hosts, w.clock.now()).map(|s| s.keys);
-            let before = keys(&engine);
-            let req = Request::builder()
-                .method(again_method)
-                .uri(again_uri)
-                .header("host", HeaderValue::from_bytes(again.as_bytes()).unwrap())
-                .body(())
-                .unwrap();
-            let status = w.runtime.block_on(service.oneshot(req)).unwrap().status();
-            assert_eq!(
-                status,
-                StatusCode::TOO_MANY_REQUESTS,
-                "{again:?}, spelled {value:?} first"
+        }
+        if let Some(value) = host {
+            let other = other_host(&value, bits);
+            one_key_each(
+                w,
+                "hosts",
+                "/n",
+                "host",
+                [
+                    &value,
+                    &rehosted(&value, bits),
+                    &rehosted(&other, bits.rotate_left(16)),
+                ],
             );
-            assert_eq!(keys(&engine), before, "{again:?}, spelled {value:?} first");
         }
         for route in engine.snapshot(w.clock.now()) {
             // A key listed in a tier takes a place beyond `max_keys`: 16 keys in
