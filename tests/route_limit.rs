@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
 use rocgate::controller::ControllerState;
-use rocgate::engine::{Engine, Key, RouteId};
+use rocgate::engine::{Engine, Key, RouteId, RouteSnapshot};
 use rocgate::limiter::{Algorithm, Reason};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
@@ -30,15 +30,30 @@ fn keyed(per_key: f64, total: f64) -> RouteConfig {
     cfg
 }
 
+/// A route keyed by IP at 200 req/s a key, cut to 60, with a total of `total` req/s,
+/// in `mode`, and its id.
+fn cut_to_60_of_200(total: f64, mode: Mode) -> (Engine, RouteId) {
+    let mut cfg = keyed(200.0, total);
+    cfg.controller.cut_limit_rps = 60.0;
+    cfg.mode = mode;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    (e, id)
+}
+
 /// One client's calm 40 req/s for 10 s, then its spike of 600 req/s for 1 s, all on
-/// route `id`: enough to cut a route of the default controller by 11 s.
-fn spike_to_a_cut(e: &Engine, id: RouteId) {
+/// route `id`: enough to cut a route of the default controller by 11 s. The route's
+/// snapshot at 11 s, checked to be cut.
+fn spike_to_a_cut(e: &Engine, id: RouteId) -> RouteSnapshot {
     for k in 0..400u64 {
         let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
     }
     for k in 0..600u64 {
         let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
     }
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!(s.state, ControllerState::Cut);
+    s
 }
 
 /// The route's total as its snapshot shows it at `now`.
@@ -121,18 +136,13 @@ fn a_refusal_by_the_total_tells_an_exact_retry_after() {
 /// `roc_cut`; the restore brings the total back.
 #[test]
 fn the_cut_scales_the_total_and_the_restore_brings_it_back() {
-    let mut cfg = keyed(200.0, 1000.0);
-    cfg.controller.cut_limit_rps = 60.0;
-    let e = engine(vec![cfg]);
-    let id = e.route_at(0).unwrap();
+    let (e, id) = cut_to_60_of_200(1000.0, Mode::Enforce);
     let t = total(&e, id, Nanos::ZERO);
     assert_eq!((t.limit_rps, t.configured_rps), (1000.0, 1000.0));
     assert_eq!(t.level.capacity, 1000.0);
     // A calm 40 req/s, then one client's spike cuts the route.
-    spike_to_a_cut(&e, id);
+    let s = spike_to_a_cut(&e, id);
     let now = Nanos::from_secs(11);
-    let s = e.route_snapshot(id, now).unwrap();
-    assert_eq!(s.state, ControllerState::Cut);
     let t = s.route_limit.unwrap();
     assert_eq!((t.limit_rps, t.configured_rps), (300.0, 1000.0));
     assert_eq!(t.level.capacity, 300.0);
@@ -172,14 +182,8 @@ fn shadow_counts_the_totals_refusals_and_admits() {
     assert_eq!(s.shadow_rejected_for(Reason::Limit), 7);
     assert_eq!(s.route_limit.unwrap().rejected, 7);
 
-    let mut cfg = keyed(200.0, 1000.0);
-    cfg.controller.cut_limit_rps = 60.0;
-    cfg.mode = Mode::ShadowAdaptive;
-    let e = engine(vec![cfg]);
-    let id = e.route_at(0).unwrap();
-    spike_to_a_cut(&e, id);
-    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
-    assert_eq!(s.state, ControllerState::Cut);
+    let (e, id) = cut_to_60_of_200(1000.0, Mode::ShadowAdaptive);
+    let s = spike_to_a_cut(&e, id);
     assert_eq!(s.route_limit.unwrap().limit_rps, 1000.0);
 }
 
@@ -373,16 +377,9 @@ fn a_tiers_key_is_held_to_the_total_with_the_others() {
 #[test]
 fn a_refusal_by_the_total_while_cut_is_told_no_earlier_than_its_token() {
     use rocgate::http::rejection::retry_after;
-    let mut cfg = keyed(200.0, 0.2);
-    cfg.controller.cut_limit_rps = 60.0;
-    let e = engine(vec![cfg]);
-    let id = e.route_at(0).unwrap();
+    let (e, id) = cut_to_60_of_200(0.2, Mode::Enforce);
     spike_to_a_cut(&e, id);
     let now = Nanos::from_secs(11);
-    assert_eq!(
-        e.route_snapshot(id, now).unwrap().state,
-        ControllerState::Cut
-    );
     let r = e.check(id, ip(500), now).rejection().unwrap();
     assert_eq!(r.reason, Reason::RocCut);
     let eta = e.restore_eta(id, now).expect("a cut's restore schedule");
@@ -401,15 +398,9 @@ fn a_refusal_by_the_total_while_cut_is_told_no_earlier_than_its_token() {
 /// of them are past the cut's 300.
 #[test]
 fn shadow_adaptive_counts_what_the_cuts_total_would_refuse() {
-    let mut cfg = keyed(200.0, 1000.0);
-    cfg.controller.cut_limit_rps = 60.0;
-    cfg.mode = Mode::ShadowAdaptive;
-    let e = engine(vec![cfg]);
-    let id = e.route_at(0).unwrap();
-    spike_to_a_cut(&e, id);
+    let (e, id) = cut_to_60_of_200(1000.0, Mode::ShadowAdaptive);
+    let before = spike_to_a_cut(&e, id);
     let now = Nanos::from_secs(11);
-    let before = e.route_snapshot(id, now).unwrap();
-    assert_eq!(before.state, ControllerState::Cut);
     let admitted = (100..500)
         .filter(|&k| e.check(id, ip(k), now).is_admit())
         .count();
@@ -427,16 +418,9 @@ fn shadow_adaptive_counts_what_the_cuts_total_would_refuse() {
 /// the capacity of 1,000.
 #[test]
 fn raising_the_total_refills_none_of_its_tokens() {
-    let mut cfg = keyed(200.0, 1000.0);
-    cfg.controller.cut_limit_rps = 60.0;
-    let e = engine(vec![cfg]);
-    let id = e.route_at(0).unwrap();
+    let (e, id) = cut_to_60_of_200(1000.0, Mode::Enforce);
     spike_to_a_cut(&e, id);
     let now = Nanos::from_secs(11);
-    assert_eq!(
-        e.route_snapshot(id, now).unwrap().state,
-        ControllerState::Cut
-    );
     let _ = (100..500)
         .filter(|&k| e.check(id, ip(k), now).is_admit())
         .count();
