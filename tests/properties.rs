@@ -1179,45 +1179,10 @@ proptest! {
     /// cut ends at `max_cut`. Absolute and relative ROC, a base load under the spike
     /// or none.
     #[test]
-    fn the_retry_after_of_a_held_spike_is_when_the_limit_rises(
-        base_per_slot in 0u64..5,
-        spike_per_slot in 20u64..80,
-        hold in slot_span(40),
-        dwell in slot_span(20),
-        max_cut in (1u64..150, any::<bool>(), 0.0f64..1.0),
-        interval in (1u64..20, any::<bool>(), 0.0f64..1.0),
-        step in 5.0f64..150.0,
-        relative in any::<bool>(),
-        danger in 0.0f64..1.0,
-        safe in -0.3f64..1.0,
-        probe_slots in 0u64..60,
-        probe_frac in 0.0f64..1.0,
-    ) {
-        let slot = Duration::from_millis(100);
+    fn the_retry_after_of_a_held_spike_is_when_the_limit_rises(spike in held_spike()) {
+        let HeldSpike { base_per_slot, spike_per_slot, probe_slots, probe_frac, .. } = spike;
         let slot_ns = 100_000_000u64;
-        let mut p = ControllerParams::default();
-        p.hold = slots_of(slot, hold);
-        p.min_dwell = slots_of(slot, dwell);
-        p.max_cut = slots_of(slot, max_cut);
-        p.restore_interval = slots_of(slot, interval);
-        p.restore_step_rps = step;
-        // Under the spike's peak (at least 160/s absolute, 4 relative to a base of
-        // 40/s), and a safe threshold from below 0 (above -1, relative) to near the
-        // danger one.
-        if relative {
-            p.roc_mode = RocMode::Relative;
-            p.danger_roc = 1.0 + danger * 2.5;
-            p.safe_roc = safe * p.danger_roc.min(3.0);
-        } else {
-            p.roc_mode = RocMode::Absolute;
-            p.danger_roc = 50.0 + danger * 100.0;
-            p.safe_roc = safe * p.danger_roc;
-        }
-        let mut route = RouteConfig::new("r", RouteMatch::any());
-        route.window = WindowSpec::new(Duration::from_secs(2), slot).unwrap();
-        route.controller = p;
-        let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
-        let id = e.route_at(0).unwrap();
+        let (e, id) = spike.engine();
         // The base load from the start, the spike from 2.5 s (the controller armed at
         // 2 s), evenly spread over each slot.
         let load = |slot: u64| if slot < 25 { base_per_slot } else { spike_per_slot };
@@ -1256,43 +1221,13 @@ proptest! {
     /// the spike or none.
     #[test]
     fn the_retry_after_of_a_falling_spike_is_not_before_the_limit_rises(
-        base_per_slot in 0u64..5,
-        spike_per_slot in 20u64..80,
-        hold in slot_span(40),
-        dwell in slot_span(20),
-        max_cut in (1u64..150, any::<bool>(), 0.0f64..1.0),
-        interval in (1u64..20, any::<bool>(), 0.0f64..1.0),
-        step in 5.0f64..150.0,
-        relative in any::<bool>(),
-        danger in 0.0f64..1.0,
-        safe in -0.3f64..1.0,
-        probe_slots in 0u64..60,
-        probe_frac in 0.0f64..1.0,
+        spike in held_spike(),
         fall_to in 0.0f64..1.0,
         fall_slots in 0u64..30,
     ) {
-        let slot = Duration::from_millis(100);
+        let HeldSpike { base_per_slot, spike_per_slot, probe_slots, probe_frac, .. } = spike;
         let slot_ns = 100_000_000u64;
-        let mut p = ControllerParams::default();
-        p.hold = slots_of(slot, hold);
-        p.min_dwell = slots_of(slot, dwell);
-        p.max_cut = slots_of(slot, max_cut);
-        p.restore_interval = slots_of(slot, interval);
-        p.restore_step_rps = step;
-        if relative {
-            p.roc_mode = RocMode::Relative;
-            p.danger_roc = 1.0 + danger * 2.5;
-            p.safe_roc = safe * p.danger_roc.min(3.0);
-        } else {
-            p.roc_mode = RocMode::Absolute;
-            p.danger_roc = 50.0 + danger * 100.0;
-            p.safe_roc = safe * p.danger_roc;
-        }
-        let mut route = RouteConfig::new("r", RouteMatch::any());
-        route.window = WindowSpec::new(Duration::from_secs(2), slot).unwrap();
-        route.controller = p;
-        let e = Engine::new(&Config::new(vec![route]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
-        let id = e.route_at(0).unwrap();
+        let (e, id) = spike.engine();
         // The base load from the start, the spike from 2.5 s, and from the slot after
         // `fell` (the probe's) down to `fall_to` of it over `fall_slots` slots.
         let fallen = (spike_per_slot as f64 * fall_to) as u64;
@@ -1414,6 +1349,99 @@ proptest! {
             first.is_some_and(|first| first <= told),
             "raised at {:?}, told {} ({:?} at {}) in {:?} at {} req/s", first, told, eta, probe, state, limit
         );
+    }
+}
+
+/// The route and probe of [`the_retry_after_of_a_held_spike_is_when_the_limit_rises`]
+/// and [`the_retry_after_of_a_falling_spike_is_not_before_the_limit_rises`]: the base
+/// load and the spike's level (requests a slot), the controller's hold, `min_dwell`,
+/// `max_cut`, restore interval and step, its ROC mode, where `danger` and `safe` (0 to
+/// 1, `safe` from -0.3) put its thresholds, and the probe's slots after the cut and
+/// place in its slot.
+#[derive(Clone, Copy, Debug)]
+struct HeldSpike {
+    base_per_slot: u64,
+    spike_per_slot: u64,
+    hold: Span,
+    dwell: Span,
+    max_cut: Span,
+    interval: Span,
+    step: f64,
+    relative: bool,
+    danger: f64,
+    safe: f64,
+    probe_slots: u64,
+    probe_frac: f64,
+}
+
+/// A [`HeldSpike`].
+fn held_spike() -> impl Strategy<Value = HeldSpike> {
+    (
+        (0u64..5, 20u64..80),
+        (slot_span(40), slot_span(20)),
+        (1u64..150, any::<bool>(), 0.0f64..1.0),
+        (1u64..20, any::<bool>(), 0.0f64..1.0),
+        (5.0f64..150.0, any::<bool>(), 0.0f64..1.0, -0.3f64..1.0),
+        (0u64..60, 0.0f64..1.0),
+    )
+        .prop_map(
+            |(
+                (base_per_slot, spike_per_slot),
+                (hold, dwell),
+                max_cut,
+                interval,
+                (step, relative, danger, safe),
+                (probe_slots, probe_frac),
+            )| HeldSpike {
+                base_per_slot,
+                spike_per_slot,
+                hold,
+                dwell,
+                max_cut,
+                interval,
+                step,
+                relative,
+                danger,
+                safe,
+                probe_slots,
+                probe_frac,
+            },
+        )
+}
+
+impl HeldSpike {
+    /// An engine of one route, a window of 2 s in 100 ms slots, limited as a whole by
+    /// the spike's controller: its thresholds under the spike's peak (at least 160/s
+    /// absolute, 4 relative to a base of 40/s), and a safe threshold from below 0
+    /// (above -1, relative) to near the danger one.
+    fn engine(&self) -> (Engine, RouteId) {
+        let slot = Duration::from_millis(100);
+        let mut p = ControllerParams::default();
+        p.hold = slots_of(slot, self.hold);
+        p.min_dwell = slots_of(slot, self.dwell);
+        p.max_cut = slots_of(slot, self.max_cut);
+        p.restore_interval = slots_of(slot, self.interval);
+        p.restore_step_rps = self.step;
+        if self.relative {
+            p.roc_mode = RocMode::Relative;
+            p.danger_roc = 1.0 + self.danger * 2.5;
+            p.safe_roc = self.safe * p.danger_roc.min(3.0);
+        } else {
+            p.roc_mode = RocMode::Absolute;
+            p.danger_roc = 50.0 + self.danger * 100.0;
+            p.safe_roc = self.safe * p.danger_roc;
+        }
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.window = WindowSpec::new(Duration::from_secs(2), slot).unwrap();
+        route.controller = p;
+        let e = Engine::new(
+            &Config::new(vec![route]),
+            Nanos::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        let id = e.route_at(0).unwrap();
+        (e, id)
     }
 }
 
