@@ -11,6 +11,13 @@
 //! fraction, which counts what the cut's total would have refused. A change keeps the
 //! tokens there are (clamped to the new capacity), never refilling them, as the
 //! limiters' contract says.
+//!
+//! On a fleet sharing a Redis store, which decides no partitioned route, the
+//! configured total is the fleet's: each instance holds its share, the total ÷ the
+//! live instances that the store counts ([`Aggregate::set_share`], which the store
+//! sets through [`Engine::set_route_limit_share`](super::Engine::set_route_limit_share)),
+//! its burst with it (the bucket's capacity is its rate × the route's burst). A
+//! change of the count is a limit change like the others.
 
 use crate::clock::Nanos;
 use crate::config::Mode;
@@ -24,6 +31,9 @@ pub(super) struct Aggregate {
     /// The configured total, req/s, as f64 bits: a reload that keeps the route sets
     /// it in place ([`Aggregate::configure`]).
     configured: AtomicU64,
+    /// The instances the configured total is shared by (1 but on a fleet sharing a
+    /// Redis store): this instance holds `configured ÷ this`.
+    share: AtomicU64,
     /// The total as enforced now.
     bucket: TokenBucket,
     /// The total in force, req/s, as f64 bits: the rate [`Aggregate::follow`] last
@@ -52,6 +62,7 @@ impl Aggregate {
         };
         Aggregate {
             configured: AtomicU64::new(limit_rps.to_bits()),
+            share: AtomicU64::new(1),
             bucket: TokenBucket::new(limit_rps, burst, now),
             in_force: AtomicU64::new(limit_rps.to_bits()),
             shadow: (mode == Mode::ShadowAdaptive).then(|| TokenBucket::new(limit_rps, burst, now)),
@@ -90,25 +101,38 @@ impl Aggregate {
         f64::from_bits(self.configured.load(Ordering::Relaxed))
     }
 
-    /// The total `c` holds the route to in `mode`: the configured one scaled by the
-    /// controller's limit over its base limit (never above 1), or in `shadow_adaptive`
-    /// the configured one.
+    /// Shares the configured total among `instances` (at least 1), which the next
+    /// [`Aggregate::follow`] puts in force: `false` if it was shared so already.
+    pub(super) fn set_share(&self, instances: u64) -> bool {
+        self.share.swap(instances.max(1), Ordering::Relaxed) != instances.max(1)
+    }
+
+    /// This instance's share of the configured total, req/s: all of it but on a
+    /// fleet ([`Aggregate::set_share`]).
+    fn share_rps(&self) -> f64 {
+        let instances = self.share.load(Ordering::Relaxed).max(1);
+        (self.configured_rps() / instances as f64).max(crate::config::MIN_LIMIT)
+    }
+
+    /// The total `c` holds the route to in `mode`: this instance's share of the
+    /// configured one scaled by the controller's limit over its base limit (never
+    /// above 1), or in `shadow_adaptive` the share unscaled.
     pub(super) fn target_rps(&self, c: &Controller, mode: Mode) -> f64 {
         if mode == Mode::ShadowAdaptive {
-            return self.configured_rps();
+            return self.share_rps();
         }
         self.scaled_rps(c)
     }
 
-    /// The configured total scaled by `c`'s limit over its base limit (never above
-    /// 1): the total a cut holds the route to.
+    /// This instance's share of the configured total scaled by `c`'s limit over its
+    /// base limit (never above 1): the total a cut holds the route to.
     fn scaled_rps(&self, c: &Controller) -> f64 {
-        let configured = self.configured_rps();
+        let share = self.share_rps();
         let base = c.params().base_limit_rps;
         if base <= 0.0 {
-            return configured;
+            return share;
         }
-        (configured * (c.limit_rps() / base).min(1.0)).max(crate::config::MIN_LIMIT)
+        (share * (c.limit_rps() / base).min(1.0)).max(crate::config::MIN_LIMIT)
     }
 
     /// Puts the total `c` holds the route to in force as of `at` (and in

@@ -614,6 +614,24 @@ impl Engine {
         Ok(())
     }
 
+    /// Shares each partitioned route's `route_limit` among `instances` (taken as 1
+    /// below 1): this engine then holds the total ÷ `instances`, its burst with it, as
+    /// of `now` (a limit change: tokens clamped to the new capacity, never refilled;
+    /// a cut scales the share as it scales the total). 1, the default, holds the
+    /// whole total. A Redis store that this engine is given to
+    /// (`RedisStore::follow`) sets it to the fleet's live count, and again at each
+    /// change of the count. A route already shared so is left alone.
+    pub fn set_route_limit_share(&self, instances: u64, now: Nanos) {
+        for slot in &self.routes {
+            let r = &slot.route;
+            if r.aggregate().is_some_and(|a| a.set_share(instances)) {
+                self.bring_up_to(r, now);
+                let st = r.lock();
+                r.apply_limit(&st.controller, now);
+            }
+        }
+    }
+
     /// The route's own controller parameters (outside events); `None` if this engine
     /// does not hold `route` (see [`RouteId`]).
     pub fn route_params(&self, route: RouteId) -> Option<ControllerParams> {

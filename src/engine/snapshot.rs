@@ -124,8 +124,10 @@ pub struct RouteSnapshot {
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct RouteLimitSnapshot {
-    /// The total enforced now, req/s: the configured one, scaled by the cut as the
-    /// keys' limit is (`limit_rps / base_limit_rps`; in `shadow_adaptive`, unscaled).
+    /// The total enforced now, req/s: the configured one (on a fleet, this instance's
+    /// share of it: [`Engine::set_route_limit_share`](super::Engine::set_route_limit_share)),
+    /// scaled by the cut as the keys' limit is (`limit_rps / base_limit_rps`; in
+    /// `shadow_adaptive`, unscaled).
     pub limit_rps: f64,
     /// The total as configured (`route_limit`), req/s.
     pub configured_rps: f64,

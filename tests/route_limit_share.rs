@@ -1,0 +1,157 @@
+//! A partitioned route's `route_limit` shared among the instances of a fleet
+//! ([`Engine::set_route_limit_share`], which a Redis store sets to its live count), on
+//! a virtual clock: each instance holds the total ÷ the count, its burst too; a change
+//! of the count is a limit change (tokens clamped, never refilled); a cut scales the
+//! share as it scales the total; a reload that keeps the route keeps its share.
+
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
+use rocgate::controller::ControllerState;
+use rocgate::engine::{Engine, Key, RouteId, RouteLimitSnapshot};
+use rocgate::limiter::Algorithm;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, SystemTime};
+
+fn engine(routes: Vec<RouteConfig>) -> Engine {
+    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
+}
+
+fn ip(n: u32) -> Key<'static> {
+    Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
+}
+
+/// A route keyed by client IP at `per_key` req/s each (a cut to a fifth of it), its
+/// keys together at `total` req/s, both with a burst of one second.
+fn keyed(per_key: f64, total: f64) -> RouteConfig {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_secs(1),
+    };
+    cfg.controller.base_limit_rps = per_key;
+    cfg.controller.cut_limit_rps = per_key / 5.0;
+    cfg.route_limit_rps = Some(total);
+    cfg
+}
+
+/// The route's total as its snapshot shows it at `now`.
+fn total(e: &Engine, id: RouteId, now: Nanos) -> RouteLimitSnapshot {
+    e.route_snapshot(id, now).unwrap().route_limit.unwrap()
+}
+
+/// Requests admitted of one each from keys `keys` at `now`, every key far under its
+/// own limit: what the total lets through.
+fn admitted(e: &Engine, id: RouteId, keys: std::ops::Range<u32>, now: Nanos) -> usize {
+    keys.filter(|&k| e.check(id, ip(k), now).is_admit()).count()
+}
+
+/// Shared by two, an instance holds half the total and half its burst; by three, a
+/// third; the tokens a lower share clamps are gone, and a higher share refills none:
+/// only time does, at the share's rate.
+#[test]
+fn the_share_is_the_total_over_the_instances_and_never_refills() {
+    let e = engine(vec![keyed(1000.0, 120.0)]);
+    let id = e.route_at(0).unwrap();
+    let t = total(&e, id, Nanos::ZERO);
+    assert_eq!((t.limit_rps, t.level.capacity), (120.0, 120.0));
+
+    e.set_route_limit_share(2, Nanos::ZERO);
+    let t = total(&e, id, Nanos::ZERO);
+    assert_eq!(
+        (t.configured_rps, t.limit_rps, t.level.capacity),
+        (120.0, 60.0, 60.0)
+    );
+    assert_eq!(t.level.value, 60.0, "the full bucket clamped to the share");
+    assert_eq!(admitted(&e, id, 0..200, Nanos::ZERO), 60);
+
+    // A third instance: 40 req/s, and the empty bucket stays empty.
+    e.set_route_limit_share(3, Nanos::ZERO);
+    let t = total(&e, id, Nanos::ZERO);
+    assert_eq!((t.limit_rps, t.level.capacity), (40.0, 40.0));
+    assert_eq!(admitted(&e, id, 200..300, Nanos::ZERO), 0);
+    // Half a second refills 20 at 40 req/s.
+    let half = Nanos::from_millis(500);
+    assert_eq!(admitted(&e, id, 300..400, half), 20);
+
+    // One leaves: 60 req/s, and the change gives no token back.
+    e.set_route_limit_share(2, half);
+    let t = total(&e, id, half);
+    assert_eq!((t.limit_rps, t.level.capacity), (60.0, 60.0));
+    assert!(t.level.value < 1.0, "refilled by the change: {:?}", t.level);
+    assert_eq!(admitted(&e, id, 400..500, half), 0);
+    // Two seconds later: refilled at the share's rate, up to the share's burst, 60.
+    let later = Nanos::from_millis(2500);
+    assert_eq!(admitted(&e, id, 500..700, later), 60);
+
+    // Alone again (or a count below 1, taken as 1): the whole total.
+    e.set_route_limit_share(0, later);
+    assert_eq!(total(&e, id, later).limit_rps, 120.0);
+}
+
+/// A cut scales the share as it scales the total (here 60/200 of 1,000 ÷ 2 is 150
+/// req/s), and `shadow_adaptive` enforces the share unscaled.
+#[test]
+fn a_cut_scales_the_share() {
+    let mut cfg = keyed(200.0, 1000.0);
+    cfg.controller.cut_limit_rps = 60.0;
+    for (mode, in_cut) in [(Mode::Enforce, 150.0), (Mode::ShadowAdaptive, 500.0)] {
+        let mut cfg = cfg.clone();
+        cfg.mode = mode;
+        let e = engine(vec![cfg]);
+        let id = e.route_at(0).unwrap();
+        e.set_route_limit_share(2, Nanos::ZERO);
+        // A calm 40 req/s for 10 s, then one client's spike of 600 req/s for 1 s.
+        for k in 0..400u64 {
+            let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+        }
+        for k in 0..600u64 {
+            let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+        }
+        let now = Nanos::from_secs(11);
+        let s = e.route_snapshot(id, now).unwrap();
+        assert_eq!(s.state, ControllerState::Cut, "{mode:?}");
+        let t = s.route_limit.unwrap();
+        assert_eq!(
+            (t.limit_rps, t.configured_rps),
+            (in_cut, 1000.0),
+            "{mode:?}"
+        );
+        // Four instances during the cut: half the share of two.
+        e.set_route_limit_share(4, now);
+        assert_eq!(total(&e, id, now).limit_rps, in_cut / 2.0, "{mode:?}");
+    }
+}
+
+/// A reload that keeps the route keeps its share (and a new value of the total is
+/// shared the same way); a route the reload builds anew holds the whole total until
+/// its share is set.
+#[test]
+fn a_reload_keeps_the_share_of_a_kept_route() {
+    let e = engine(vec![keyed(1000.0, 100.0)]);
+    let id = e.route_at(0).unwrap();
+    e.set_route_limit_share(4, Nanos::ZERO);
+    assert_eq!(total(&e, id, Nanos::ZERO).limit_rps, 25.0);
+    let now = Nanos::from_millis(100);
+    let e2 = e
+        .reload(
+            &Config::new(vec![keyed(1000.0, 200.0)]),
+            now,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    let id2 = e2.route_at(0).unwrap();
+    assert_eq!(id2, id, "the route is kept");
+    let t = total(&e2, id2, now);
+    assert_eq!((t.configured_rps, t.limit_rps), (200.0, 50.0));
+
+    let mut rebuilt = keyed(1000.0, 200.0);
+    rebuilt.partition = Partition::Header("x-api-key".into(), KeyLimits::default());
+    let e3 = e2
+        .reload(&Config::new(vec![rebuilt]), now, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id3 = e3.route_at(0).unwrap();
+    assert_ne!(id3, id2, "a new partition rebuilds the route");
+    assert_eq!(total(&e3, id3, now).limit_rps, 200.0);
+    e3.set_route_limit_share(4, now);
+    assert_eq!(total(&e3, id3, now).limit_rps, 50.0);
+}
