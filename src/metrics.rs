@@ -34,7 +34,7 @@
 //! | `rocgate_cut_seconds_total` | counter | `route` | time spent in `cut`, whole seconds, a cut under way counted to the collection (never taken back if its end is later dated before that) |
 //! | `rocgate_rejection_ratio` | gauge | `route` | rejected ÷ offered over the last window (at least), 0 without traffic; shadow modes' would-be rejections are not in it |
 //! | `rocgate_keys` | gauge | `route` | keys tracked by a partitioned route |
-//! | `rocgate_route_limit_rps`, `rocgate_route_limit_tokens` | gauge | `route` | a partitioned route's limit over its keys together (`route_limit`) as enforced now (scaled by a cut as the keys' limit is), and its bucket's tokens left; only for routes with one |
+//! | `rocgate_route_limit_rps`, `rocgate_route_limit_tokens` | gauge | `route` | a partitioned route's limit over its keys together (`route_limit`) as enforced now (scaled by a cut as the keys' limit is; with the Redis store, this instance's share of it), and its bucket's tokens left; only for routes with one |
 //! | `rocgate_route_limit_rejected_total` | counter | `route` | requests a partitioned route's `route_limit` refused (in `shadow` mode, would have), after their key's own limit admitted them: the part of `rocgate_requests_total`'s `limit` and `roc_cut` that is the keys' total, not a key's own limit; only for routes with one |
 //! | `rocgate_max_keys` | gauge | `route` | keys a partitioned route tracks at most (`max_keys`; 0 for a route limited as a whole): at it, new keys share one overflow limiter |
 //! | `rocgate_keys_evicted_total` | counter | `route` | keys a partitioned route evicted: idle for `idle_timeout`, or at rest while its table was full |

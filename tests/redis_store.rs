@@ -7480,3 +7480,165 @@ async fn two_instances_metrics_show_the_fleets_demand() {
         proxy.stop().await;
     }
 }
+
+/// An instance whose one route is partitioned by client IP, 1,000 req/s per key and a
+/// `route_limit` of 120 req/s over its keys together (burst 1 s): a route no store
+/// decides, whose total the store it follows shares among the live instances.
+struct Keyed {
+    engine: Arc<Engine>,
+    route: RouteId,
+    clock: Arc<dyn Clock>,
+    /// `None` once dropped: its heartbeat stops, as a crashed instance's.
+    store: Option<RedisStore>,
+}
+
+impl Keyed {
+    fn new(config: &RedisConfig, clock: Arc<dyn Clock>) -> Keyed {
+        use rocgate::config::{KeyLimits, Partition};
+        let mut cfg = RouteConfig::new("keyed", RouteMatch::any());
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        cfg.algorithm = Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        };
+        cfg.controller.base_limit_rps = 1000.0;
+        cfg.controller.cut_limit_rps = 200.0;
+        cfg.route_limit_rps = Some(120.0);
+        let engine = Engine::new(&Config::new(vec![cfg]), clock.now(), SystemTime::UNIX_EPOCH);
+        let engine = Arc::new(engine.unwrap());
+        let route = engine.route_at(0).unwrap();
+        let store = RedisStore::connect(config, Arc::clone(&clock)).unwrap();
+        assert!(!store.shares(&engine, route), "decided by the engine");
+        store.follow(&engine);
+        Keyed {
+            engine,
+            route,
+            clock,
+            store: Some(store),
+        }
+    }
+
+    fn store(&self) -> &RedisStore {
+        self.store.as_ref().unwrap()
+    }
+
+    /// The total this instance holds now: its rate and its bucket's capacity.
+    fn share(&self) -> (f64, f64) {
+        let s = self.engine.route_snapshot(self.route, self.clock.now());
+        let t = s.unwrap().route_limit.unwrap();
+        (t.limit_rps, t.level.capacity)
+    }
+
+    /// Requests admitted of one each from keys `keys` now, each far under its own
+    /// limit: what this instance's share lets through.
+    fn admitted(&self, keys: std::ops::Range<u32>) -> usize {
+        let now = self.clock.now();
+        let ip = |k: u32| Key::Ip(std::net::Ipv4Addr::from(0x0a00_0000 + k).into());
+        keys.filter(|&k| self.engine.check(self.route, ip(k), now).is_admit())
+            .count()
+    }
+}
+
+/// A partitioned route's `route_limit` on a fleet sharing one Redis is the fleet's:
+/// each instance holds the total ÷ the live instances its heartbeat counts (120 req/s:
+/// 60 each for two, 40 for three), its burst too, so that the fleet admits the total
+/// at once (60 + 60 here); a change of the count clamps the tokens and never refills
+/// them (a raise after a leave gives back none: only time refills, up to the share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_limit_is_shared_among_the_live_instances() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = hand_beaten_config(&server, "route-limit-share");
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1_000)));
+    let manual = || Arc::clone(&clock) as Arc<dyn Clock>;
+    let a = Keyed::new(&config, manual());
+    let b = Keyed::new(&config, manual());
+    beat_answered(a.store()).await;
+    assert_eq!(beat_answered(b.store()).await, 2);
+    assert_eq!(beat_answered(a.store()).await, 2);
+    for x in [&a, &b] {
+        assert_eq!(x.store().instances(), 2);
+        assert_eq!(x.share(), (60.0, 60.0));
+    }
+    assert_eq!(
+        a.admitted(0..200) + b.admitted(0..200),
+        120,
+        "the fleet's total"
+    );
+
+    // A third joins: 40 each, and the buckets drained stay so.
+    let c = Keyed::new(&config, manual());
+    assert_eq!(beat_answered(c.store()).await, 3);
+    assert_eq!(beat_answered(a.store()).await, 3);
+    assert_eq!(beat_answered(b.store()).await, 3);
+    for x in [&a, &b, &c] {
+        assert_eq!(x.share(), (40.0, 40.0));
+    }
+    assert_eq!(a.admitted(200..300) + b.admitted(200..300), 0);
+    assert_eq!(
+        c.admitted(200..300),
+        40,
+        "its full bucket clamped to its share"
+    );
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(
+        a.admitted(300..400),
+        40,
+        "refilled up to the share, no more"
+    );
+
+    // It leaves: 60 each again once a beat counts two, with no token given back.
+    c.store().leave().await;
+    for x in [&a, &b] {
+        for _ in 0..10 {
+            if x.store().instances() == 2 {
+                break;
+            }
+            beat_answered(x.store()).await;
+        }
+        assert_eq!(x.store().instances(), 2);
+        assert_eq!(x.share(), (60.0, 60.0));
+    }
+    assert_eq!(a.admitted(400..500), 0, "a raise refills nothing");
+    assert_eq!(
+        b.admitted(400..500),
+        40,
+        "b's 40 from the 2 s, none from the raise"
+    );
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(a.admitted(500..600), 60);
+}
+
+/// An instance that stops beating (dropped, as a crashed one) leaves the others' count
+/// after its beat stops counting (three heartbeats from its last), not at once: their
+/// share rises then, on their own heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_instances_share_returns_after_its_beats_expire() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = store_config(&server, "route-limit-gone");
+    let clock = Arc::new(MonotonicClock::new());
+    let system = || Arc::clone(&clock) as Arc<dyn Clock>;
+    let a = Keyed::new(&config, system());
+    let b = Keyed::new(&config, system());
+    let mut c = Keyed::new(&config, system());
+    let started = clock.now();
+    while [&a, &b, &c].iter().any(|x| x.share().0 != 40.0) {
+        let waited = clock.now().saturating_since(started);
+        assert!(waited < Duration::from_secs(5), "never counted three");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.store = None;
+    let gone = clock.now();
+    while a.share().0 != 60.0 || b.share().0 != 60.0 {
+        let waited = clock.now().saturating_since(gone);
+        assert!(waited < Duration::from_secs(5), "the share never rose");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its last beat counted until 3 × 200 ms after it, at most 200 ms before the drop.
+    let waited = clock.now().saturating_since(gone);
+    assert!(
+        waited >= Duration::from_millis(350),
+        "rose {waited:?} after the drop"
+    );
+    assert_eq!(a.store().instances(), 2);
+}

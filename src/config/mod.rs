@@ -417,8 +417,9 @@ pub struct RouteConfig {
     /// `burst`, or `limiter_window` for the window counters), tried after a key's own
     /// limiter admits, and scaled by the cut as the keys' limit is (`limit_rps /
     /// base_limit_rps`). `None`: no limit over the keys together. Only on partitioned
-    /// routes with `token_bucket`, `fixed_window` or `sliding_window`, and not with the
-    /// Redis store.
+    /// routes with `token_bucket`, `fixed_window` or `sliding_window`. With the Redis
+    /// store, the fleet's total: each instance holds its share, this ÷ the live
+    /// instances (`Engine::set_route_limit_share`, which the store sets).
     pub route_limit_rps: Option<f64>,
     /// Key values with limits of their own (partitioned routes only).
     pub tiers: Vec<Tier>,

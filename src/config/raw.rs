@@ -2099,16 +2099,6 @@ impl TryFrom<RawConfig> for Config {
         let server = server_config(&mut p, raw.server, raw.admin);
         let hints = hints_config(&mut p, raw.hints);
         let store = store_config(&mut p, raw.store);
-        if matches!(store, StoreConfig::Redis(_)) {
-            for (i, r) in routes.iter().enumerate() {
-                if r.as_ref().is_some_and(|r| r.route_limit_rps.is_some()) {
-                    p.at(
-                        Scope::Route(i).path("route_limit"),
-                        r#"cannot be shared through the Redis store (backend = "redis"), which decides only routes limited as a whole: each instance would hold its own total, the fleet's being that many times more; remove it, or use backend = "local""#,
-                    );
-                }
-            }
-        }
         if p.0.is_empty() {
             Ok(Config {
                 routes: routes.into_iter().flatten().collect(),

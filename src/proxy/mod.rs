@@ -515,12 +515,17 @@ impl Reloader {
         runtime_changes_replaced.sort();
         runtime_changes_dropped.sort();
         let next = Arc::new(next);
+        // Followed before it decides: its partitioned routes built anew then hold
+        // their share of `route_limit` from their first request, not the fleet's.
+        #[cfg(feature = "redis")]
+        if let Some(store) = &self.store {
+            store.follow(&next);
+        }
         self.collector
             .replace(now, || self.engine.replace(Arc::clone(&next)));
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             store.retain(&next);
-            store.follow(&next);
         }
         tracing::info!(path = %path.display(), routes = config.routes.len(), "config reloaded");
         let events_ended = warn_ended_events(&config, wall_now);
@@ -711,7 +716,8 @@ impl Proxy {
             collector
         };
         let engine = SharedEngine::new(engine);
-        // The heartbeat's debits are decided at the base limits in force there.
+        // The heartbeat's debits are decided at the base limits in force there, and
+        // its partitioned routes hold their share of `route_limit`.
         #[cfg(feature = "redis")]
         if let Some(store) = &store {
             store.follow(&engine.load());

@@ -7,7 +7,9 @@
 //! updated by Lua scripts in one atomic round trip per decision. When Redis errs, is
 //! slower than `timeout`, or the breaker is open, the decision is taken locally at
 //! this instance's share of the shared limit (shared limit ÷ live instances), so the
-//! store can never turn into an outage.
+//! store can never turn into an outage. A partitioned route, which no store decides,
+//! holds its share of its `route_limit` the same way (the fleet's total ÷ live
+//! instances).
 
 pub mod breaker;
 #[cfg(feature = "redis")]

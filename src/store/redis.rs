@@ -101,6 +101,14 @@
 //! Distributed routes are those limited as a whole (`partition = "route"`) with the
 //! token bucket, in `enforce` or `shadow` mode, with at most 1000 slots per window;
 //! other routes are decided by the local engine as before ([`RedisStore::shares`]).
+//! A partitioned route's `route_limit`, which no call here decides, is the fleet's
+//! total all the same: the store shares it among the live instances in the engine it
+//! follows ([`RedisStore::follow`], [`Engine::set_route_limit_share`]), at start and
+//! at each change of the count, so that each instance holds `route_limit ÷ n` (its
+//! burst too), the last count holding in fallback. Its bound is batched mode's for
+//! its share: about `route_limit` over the fleet while the balancer spreads the
+//! route's traffic evenly, less when unevenly (one instance that receives it all
+//! admits its share alone).
 
 use super::breaker::{Breaker, Call};
 use super::{FailMode, RedisConfig, RedisServers, SyncMode};
@@ -1443,7 +1451,8 @@ impl RedisStore {
     }
 
     /// Live instances as last counted through the heartbeat (`expected_instances`
-    /// until first counted): this instance's share is the shared limit ÷ this.
+    /// until first counted): this instance's share is the shared limit ÷ this, and
+    /// so is its share of a partitioned route's `route_limit` ([`follow`](Self::follow)).
     pub fn instances(&self) -> u64 {
         self.inner.instances()
     }
@@ -1542,12 +1551,22 @@ impl RedisStore {
     /// would be, a runtime change or a scheduled event since the route's last call
     /// included. Held weakly; a route it does not hold, or no engine followed, keeps
     /// the base limit of the route's last call.
+    ///
+    /// It also shares each partitioned route's `route_limit` of `engine`, which no
+    /// store decides, among the live instances ([`instances`](Self::instances)):
+    /// `engine` holds the total ÷ the live count, set now and again at each change
+    /// of the count ([`Engine::set_route_limit_share`]), so that the fleet's total is
+    /// the configured one. An engine never given to a store holds the whole total on
+    /// each instance: give it before it decides (`rocgate serve` gives a reload's
+    /// engine before putting it in force).
     pub fn follow(&self, engine: &Arc<Engine>) {
-        *self
+        let mut followed = self
             .inner
             .engine
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(engine);
+            .unwrap_or_else(PoisonError::into_inner);
+        *followed = Arc::downgrade(engine);
+        engine.set_route_limit_share(self.inner.instances(), self.inner.clock.now());
     }
 
     /// Forgets every route that `engine` (the one a reload just put in force) does
@@ -2366,7 +2385,22 @@ impl Inner {
         };
         self.instances.store(n, Ordering::Relaxed);
         metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
+        drop(count);
+        if n != before {
+            self.share_route_limits();
+        }
         n
+    }
+
+    /// Shares the `route_limit` of the engine followed ([`RedisStore::follow`]) among
+    /// the live instances as counted now. Under the engine's lock, which a follow
+    /// holds while it shares them too: whichever comes last sets the count in force
+    /// then, never an older one.
+    fn share_route_limits(&self) {
+        let followed = self.engine.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(engine) = followed.upgrade() {
+            engine.set_route_limit_share(self.instances(), self.clock.now());
+        }
     }
 
     /// Beats once ([`announce`](Self::announce)), then probes the routes in fallback
