@@ -7642,3 +7642,57 @@ async fn a_gone_instances_share_returns_after_its_beats_expire() {
     );
     assert_eq!(a.store().instances(), 2);
 }
+
+/// `rocgate serve` with a partitioned route's `route_limit` on the Redis store (a
+/// config file the store refused before): each of two instances holds half of it, as
+/// `GET /admin/routes/{name}` shows, once their heartbeats count two; a reload that
+/// rebuilds the route keeps it at half from its first request; and the instance left
+/// holds all of it again after the other shuts down (its leave).
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_shares_route_limit_among_its_fleet() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let file = |partition: &str| {
+        format!(
+            "[[routes]]\nname = \"keyed\"\npath_prefix = \"/\"\npartition = \"{partition}\"\n\
+             base_limit = 1000\ncut_limit = 200\nroute_limit = 100\n\
+             [store]\nbackend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"serve-share\"\n\
+             heartbeat = \"100ms\"\n",
+            server.url()
+        )
+    };
+    let (a, path, _dir) = served_from_file(&file("ip")).await;
+    let b = Served::with_ok_upstream(&Config::load(&path).unwrap(), None).await;
+    let total = async |proxy: &Served| -> serde_json::Value {
+        let mut admin = http1::connect(proxy.admin).await;
+        let route: serde_json::Value =
+            serde_json::from_str(&get(&mut admin, "/admin/routes/keyed").await).unwrap();
+        route["route_limit"].clone()
+    };
+    let until = async |proxy: &Served, limit: f64| {
+        let mut seen = serde_json::Value::Null;
+        for _ in 0..250 {
+            seen = total(proxy).await;
+            if seen["limit_rps"] == limit {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("never held {limit}: {seen}");
+    };
+    until(&a, 50.0).await;
+    until(&b, 50.0).await;
+    assert_eq!(total(&a).await["configured_rps"], 100.0);
+    assert_eq!(total(&a).await["capacity"], 50.0);
+
+    std::fs::write(&path, file("header:x-api-key")).unwrap();
+    a.reloader.reload_async().await.unwrap();
+    let rebuilt = total(&a).await;
+    assert_eq!(rebuilt["limit_rps"], 50.0, "{rebuilt}");
+    assert_eq!(rebuilt["capacity"], 50.0, "{rebuilt}");
+
+    b.stop().await;
+    until(&a, 100.0).await;
+    a.stop().await;
+}
