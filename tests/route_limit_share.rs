@@ -155,3 +155,59 @@ fn a_reload_keeps_the_share_of_a_kept_route() {
     e3.set_route_limit_share(4, now);
     assert_eq!(total(&e3, id3, now).limit_rps, 50.0);
 }
+
+/// A share changed after a silence takes effect when it is set, not at the restore
+/// steps the silence held: those are stepped first, at the share in force during them
+/// (as a reload or a runtime change steps the silence before it), so that a raise
+/// refills nothing before it was made. Two instances of one history (a cut, then
+/// silence through two restore steps, burst 10 s so the drained total is still
+/// refilling): the one brought up to the change first and the one changed outright
+/// hold the same tokens.
+#[test]
+fn a_share_change_after_a_silence_is_made_when_set() {
+    let mut cfg = keyed(200.0, 100.0);
+    cfg.controller.cut_limit_rps = 60.0;
+    cfg.controller.max_cut = Duration::from_secs(2);
+    cfg.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_secs(10),
+    };
+    let cut = || {
+        let e = engine(vec![cfg.clone()]);
+        let id = e.route_at(0).unwrap();
+        e.set_route_limit_share(2, Nanos::ZERO);
+        // A calm 40 req/s for 10 s, then one client's spike of 600 req/s for 1 s,
+        // which drains the total.
+        for k in 0..400u64 {
+            let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+        }
+        for k in 0..600u64 {
+            let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+        }
+        (e, id)
+    };
+    let change = Nanos::from_secs(15);
+    let (stepped, id) = cut();
+    stepped.catch_up(id, change);
+    let s = stepped.route_snapshot(id, change).unwrap();
+    assert_eq!(
+        s.state,
+        ControllerState::Recovering,
+        "restore steps in the silence"
+    );
+    assert!(s.limit_rps > 60.0, "{}", s.limit_rps);
+    let t = s.route_limit.unwrap();
+    assert!(
+        t.level.value < t.level.capacity,
+        "still refilling: {:?}",
+        t.level
+    );
+    stepped.set_route_limit_share(1, change);
+    let (outright, id2) = cut();
+    outright.set_route_limit_share(1, change);
+    let (a, b) = (total(&stepped, id, change), total(&outright, id2, change));
+    assert_eq!(a.limit_rps, b.limit_rps);
+    assert_eq!(
+        a.level, b.level,
+        "the silence's steps were made at the share set after them"
+    );
+}

@@ -103,8 +103,14 @@ impl Aggregate {
 
     /// Shares the configured total among `instances` (at least 1), which the next
     /// [`Aggregate::follow`] puts in force: `false` if it was shared so already.
+    /// Called with the route's state lock held, the silence before it stepped.
     pub(super) fn set_share(&self, instances: u64) -> bool {
         self.share.swap(instances.max(1), Ordering::Relaxed) != instances.max(1)
+    }
+
+    /// Whether the configured total is shared among `instances` (at least 1) already.
+    pub(super) fn is_shared_by(&self, instances: u64) -> bool {
+        self.share.load(Ordering::Relaxed) == instances.max(1)
     }
 
     /// This instance's share of the configured total, req/s: all of it but on a

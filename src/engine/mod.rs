@@ -624,9 +624,15 @@ impl Engine {
     pub fn set_route_limit_share(&self, instances: u64, now: Nanos) {
         for slot in &self.routes {
             let r = &slot.route;
-            if r.aggregate().is_some_and(|a| a.set_share(instances)) {
-                self.bring_up_to(r, now);
-                let st = r.lock();
+            let Some(a) = r.aggregate().filter(|a| !a.is_shared_by(instances)) else {
+                continue;
+            };
+            // The silence before the change is stepped under the share in force
+            // during it: a restore step in it must not take the new share from its
+            // own instant, refilling at it before it was set.
+            self.bring_up_to(r, now);
+            let st = r.lock();
+            if a.set_share(instances) {
                 r.apply_limit(&st.controller, now);
             }
         }
