@@ -72,8 +72,8 @@ pub struct RedisConfig {
     /// how long its beat counts.
     pub instance_id: Option<String>,
     /// The live instances this one assumes until a heartbeat has counted them (its
-    /// share is the shared limit ÷ this): bounds what a fleet started while Redis is
-    /// unreachable admits. Not a floor: once counted, the count is the heartbeat's.
+    /// share is the shared limit ÷ this, and so is its share of a partitioned route's
+    /// `route_limit`): bounds what a fleet started while Redis is unreachable admits. Not a floor: once counted, the count is the heartbeat's.
     pub expected_instances: u16,
 }
 
