@@ -7646,8 +7646,11 @@ async fn a_gone_instances_share_returns_after_its_beats_expire() {
 /// `rocgate serve` with a partitioned route's `route_limit` on the Redis store (a
 /// config file the store refused before): each of two instances holds half of it, as
 /// `GET /admin/routes/{name}` shows, once their heartbeats count two; a reload that
-/// rebuilds the route keeps it at half from its first request; and the instance left
-/// holds all of it again after the other shuts down (its leave).
+/// rebuilds the route holds the new route at half once the reload has answered (that
+/// it did before the route's first request, the store following the new engine before
+/// the swap, no request here can tell: a request between the swap and a later follow
+/// would be rare); and the instance left holds all of it again after the other shuts
+/// down (its leave).
 #[cfg(feature = "proxy")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_shares_route_limit_among_its_fleet() {
