@@ -617,7 +617,8 @@ impl Engine {
     /// Shares each partitioned route's `route_limit` among `instances` (taken as 1
     /// below 1): this engine then holds the total ÷ `instances`, its burst with it, as
     /// of `now` (a limit change: tokens clamped to the new capacity, never refilled;
-    /// a cut scales the share as it scales the total). 1, the default, holds the
+    /// a cut scales the share as it scales the total; the silence before `now` is
+    /// stepped first, under the share it had). 1, the default, holds the
     /// whole total. A Redis store that this engine is given to
     /// (`RedisStore::follow`) sets it to the fleet's live count, and again at each
     /// change of the count. A route already shared so is left alone.
