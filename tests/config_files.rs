@@ -1749,6 +1749,79 @@ fn the_proxy_and_the_admin_api_need_an_address_each() {
     assert_eq!(found.len(), 1, "{}", found.join("\n"));
 }
 
+/// `proxy_protocol_from` names the peers that send the PROXY protocol header apart
+/// from `trusted_proxies`; left out, it is `trusted_proxies`, as before it existed.
+#[test]
+fn proxy_protocol_from_is_its_own_list_and_defaults_to_the_trusted_proxies() {
+    let c = Config::from_toml_str(
+        &route(
+            "[server]\ntrusted_proxies = [\"192.168.1.7\"]\nproxy_protocol = \"v1\"\n\
+             proxy_protocol_from = [\"10.0.0.0/8\", \"::ffff:172.16.0.0/108\"]",
+        ),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let nets: Vec<String> = c
+        .server
+        .proxy_protocol_networks()
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(nets, ["10.0.0.0/8", "::ffff:172.16.0.0/108"]);
+    assert_eq!(c.server.trusted_proxies.len(), 1);
+    // Without trusted proxies at all: the balancer's header alone is believed.
+    let c = Config::from_toml_str(
+        &route("[server]\nproxy_protocol = \"any\"\nproxy_protocol_from = [\"10.0.0.1\"]"),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.proxy_protocol_networks().len(), 1);
+    assert!(c.server.trusted_proxies.is_empty());
+    // Left out: the trusted proxies, as an older file meant.
+    let c = Config::from_toml_str(
+        &route("[server]\ntrusted_proxies = [\"192.168.1.7\"]\nproxy_protocol = \"v2\""),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.proxy_protocol_from, None);
+    assert_eq!(
+        c.server.proxy_protocol_networks(),
+        &c.server.trusted_proxies[..]
+    );
+    refused(
+        &route("[server]\nproxy_protocol = \"v1\"\nproxy_protocol_from = [\"10.0.0.0/33\"]"),
+        "server.proxy_protocol_from[0]",
+        "must be a network",
+    );
+    refused(
+        &route("[server]\nproxy_protocol = \"v1\"\nproxy_protocol_from = [\"10.0.0.1\", \"lb\"]"),
+        "server.proxy_protocol_from[1]",
+        "must be a network such as \"10.0.0.0/8\" or an IP address, got \"lb\"",
+    );
+    // An empty list would expect the header from no one: the setting would be moot.
+    refused(
+        &route("[server]\ntrusted_proxies = [\"10.0.0.1\"]\nproxy_protocol = \"v1\"\nproxy_protocol_from = []"),
+        "server.proxy_protocol_from",
+        "must name at least one network",
+    );
+    // Without the header expected, the list says nothing: refused, not ignored.
+    refused(
+        &route("[server]\nproxy_protocol_from = [\"10.0.0.1\"]"),
+        "server.proxy_protocol_from",
+        "has no effect unless server.proxy_protocol is",
+    );
+    refused(
+        &route("[server]\nproxy_protocol = \"off\"\nproxy_protocol_from = [\"10.0.0.1\"]"),
+        "server.proxy_protocol_from",
+        "has no effect unless server.proxy_protocol is",
+    );
+    refused(
+        &route("[server]\nproxy_protocol_from = \"10.0.0.1\"\nproxy_protocol = \"v1\""),
+        "server.proxy_protocol_from",
+        "invalid type",
+    );
+}
+
 #[test]
 fn server_and_admin_sections() {
     let text = format!(
@@ -1985,7 +2058,7 @@ fn server_and_admin_sections() {
     refused(
         &route("[server]\nproxy_protocol = \"any\""),
         "server.proxy_protocol",
-        "\"any\" needs server.trusted_proxies",
+        "\"any\" needs server.proxy_protocol_from (or, left out, server.trusted_proxies)",
     );
     refused(
         &route("[admin]\ntoken = \" \""),

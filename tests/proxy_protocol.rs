@@ -79,7 +79,25 @@ fn expecting(
 /// What the proxy answers a connection that sends `writes` (a pause between them) and
 /// closes nothing: the status and body, or `None` if it was closed with no answer.
 async fn exchange(proxy: &RunningProxy, writes: &[&[u8]]) -> Option<(u16, String)> {
-    let mut stream = connect(proxy.addr).await;
+    exchange_on(connect(proxy.addr).await, writes).await
+}
+
+/// As [`exchange`], from the loopback address `from` (`127.0.0.2`: a peer of its own).
+async fn exchange_from(
+    proxy: &RunningProxy,
+    from: &str,
+    writes: &[&[u8]],
+) -> Option<(u16, String)> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(from.parse().unwrap(), 0))
+        .unwrap();
+    let stream = within("connect", socket.connect(proxy.addr)).await.unwrap();
+    exchange_on(stream, writes).await
+}
+
+/// What the proxy answers on `stream` to `writes`, as [`exchange`] says.
+async fn exchange_on(mut stream: TcpStream, writes: &[&[u8]]) -> Option<(u16, String)> {
     for (i, w) in writes.iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(Duration::from_millis(30)).await;
@@ -170,6 +188,50 @@ async fn each_client_a_header_names_gets_its_own_key_and_is_the_forwarded_addres
     let again = exchange(&proxy, &[&with_request(v2("203.0.113.7"))]).await;
     assert_eq!(again.map(|(status, _)| status), Some(429));
     assert_eq!(proxy.snapshot("per-ip").keys, 4);
+}
+
+/// `proxy_protocol_from` apart from the trusted proxies: an L7 proxy (127.0.0.2,
+/// trusted) beside an L4 balancer (127.0.0.3, its header expected) each does what it
+/// does. The L7 proxy's plain HTTP is served and its `X-Forwarded-For` believed; the
+/// balancer's header names its client, and its own `X-Forwarded-For` (relayed from a
+/// client as written) is not; a header from the L7 proxy, or plain HTTP from the
+/// balancer, is refused as before; and a client the balancer names is a proxy of
+/// `X-Forwarded-For` only if it is in the trusted proxies itself.
+#[tokio::test]
+async fn the_balancers_apart_from_the_trusted_proxies_each_send_what_they_send() {
+    let upstream = start_upstream().await;
+    let mut s = expecting(
+        upstream,
+        ProxyProtocol::Any,
+        &["127.0.0.2/32", "198.51.100.0/24"],
+    );
+    s.proxy_protocol_from = Some(vec!["127.0.0.3/32".parse().unwrap()]);
+    let proxy = start_proxy(s, vec![per_ip()]).await;
+    let forwarded = |xff: &str| {
+        format!(
+            "GET /per-ip HTTP/1.1\r\nhost: app\r\nx-forwarded-for: {xff}\r\n\
+             connection: close\r\n\r\n"
+        )
+        .into_bytes()
+    };
+    // The L7 proxy: plain HTTP, its X-Forwarded-For believed.
+    let l7 = exchange_from(&proxy, "127.0.0.2", &[&forwarded("203.0.113.7")]).await;
+    assert_eq!(l7, Some((200, "203.0.113.7, 127.0.0.2".to_owned())));
+    // The balancer: its header names the client; what the client wrote is not read.
+    let l4 = [v1("192.0.2.9"), forwarded("6.6.6.6")].concat();
+    let named = exchange_from(&proxy, "127.0.0.3", &[&l4]).await;
+    assert_eq!(named, Some((200, "192.0.2.9".to_owned())));
+    // A trusted L7 proxy behind the balancer: named, and its X-Forwarded-For read.
+    let behind = [v1("198.51.100.4"), forwarded("203.0.113.8")].concat();
+    let through = exchange_from(&proxy, "127.0.0.3", &[&behind]).await;
+    assert_eq!(through, Some((200, "203.0.113.8, 198.51.100.4".to_owned())));
+    // Each peer sends only what it is expected to.
+    let l7_header = exchange_from(&proxy, "127.0.0.2", &[&with_request(v1("192.0.2.10"))]).await;
+    assert_eq!(l7_header.map(|(status, _)| status), Some(400));
+    let l4_plain = exchange_from(&proxy, "127.0.0.3", &[REQUEST]).await;
+    assert_eq!(l4_plain, None);
+    // The three clients named, each its key; the refused connections none.
+    assert_eq!(proxy.snapshot("per-ip").keys, 3);
 }
 
 #[tokio::test]

@@ -786,7 +786,7 @@ impl ClientIpHeader {
 }
 
 /// The PROXY protocol header `rocgate serve` expects at the start of each connection
-/// from a trusted proxy (`[server] proxy_protocol`): an L4 load balancer (HAProxy in
+/// from `[server] proxy_protocol_from` (`[server] proxy_protocol`): an L4 load balancer (HAProxy in
 /// TCP mode, AWS NLB, GCP's TCP load balancer) names the client in it, the address
 /// then taken as the connection's peer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1130,15 +1130,26 @@ pub struct ServerConfig {
     /// The header the trusted proxies write the client's address in: only that one
     /// is read.
     pub client_ip_header: ClientIpHeader,
-    /// The PROXY protocol header each connection from a trusted proxy must begin with
+    /// The PROXY protocol header each connection from
+    /// [`proxy_protocol_networks`](Self::proxy_protocol_networks) must begin with
     /// (off by default): its source address is the connection's peer from then on,
     /// for client IP keys, `X-Forwarded-For` and `max_connections_per_client`; a header
     /// that names none (`UNKNOWN`, `LOCAL`, a family other than TCP) leaves the proxy
     /// the peer, the forwarding headers of its requests (its relayed client's) unread. A
-    /// connection from a trusted proxy without a valid header is closed; one from any
+    /// connection from those networks without a valid header is closed; one from any
     /// other peer is read as plain HTTP, its socket's peer its address (a header it
     /// sends is a malformed request).
     pub proxy_protocol: ProxyProtocol,
+    /// The peers whose connections must begin with the PROXY protocol header (with
+    /// [`proxy_protocol`](Self::proxy_protocol) on); `None`, as left out of a file,
+    /// for [`trusted_proxies`](Self::trusted_proxies)
+    /// ([`proxy_protocol_networks`](Self::proxy_protocol_networks)). Apart from
+    /// them, an L4 load balancer (its header believed) need not be a trusted proxy
+    /// (its `X-Forwarded-For` believed, which an L4 balancer relays from its client
+    /// as written), and an L7 proxy beside it (trusted, plain HTTP) need not send a
+    /// header. The client a header names is the connection's peer, its forwarding
+    /// headers believed only if it is itself in `trusted_proxies`.
+    pub proxy_protocol_from: Option<Vec<ipnet::IpNet>>,
     /// How long requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
     /// Most client connections open at once (the admin API's are not counted); at the
@@ -1173,6 +1184,17 @@ pub struct ServerConfig {
     pub admin_token: Option<String>,
 }
 
+impl ServerConfig {
+    /// The networks whose connections must begin with the PROXY protocol header,
+    /// `proxy_protocol` on: [`proxy_protocol_from`](Self::proxy_protocol_from), or
+    /// the trusted proxies where it is `None`.
+    pub fn proxy_protocol_networks(&self) -> &[ipnet::IpNet] {
+        self.proxy_protocol_from
+            .as_deref()
+            .unwrap_or(&self.trusted_proxies)
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -1188,6 +1210,7 @@ impl Default for ServerConfig {
             trusted_proxies: Vec::new(),
             client_ip_header: ClientIpHeader::XForwardedFor,
             proxy_protocol: ProxyProtocol::Off,
+            proxy_protocol_from: None,
             shutdown_grace: Duration::from_secs(30),
             max_connections: 10_000,
             max_connections_per_client: None,

@@ -100,6 +100,7 @@ struct RawServer {
     trusted_proxies: Option<Vec<String>>,
     client_ip_header: Option<String>,
     proxy_protocol: Option<String>,
+    proxy_protocol_from: Option<Vec<String>>,
     shutdown_grace: Option<String>,
     max_connections: Option<Whole>,
     max_connections_per_client: Option<Whole>,
@@ -2512,8 +2513,9 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         }
         .and_then(|v| match v {
             ProxyProtocol::Off => Ok(v),
-            _ if trusted.is_empty() => Err(format!(
-                "{:?} needs server.trusted_proxies: the load balancers' networks, whose \
+            _ if server.proxy_protocol_from.is_none() && trusted.is_empty() => Err(format!(
+                "{:?} needs server.proxy_protocol_from (or, left out, \
+                 server.trusted_proxies): the load balancers' networks, whose \
                  connections must begin with the header (no other peer's is read)",
                 v.as_str()
             )),
@@ -2528,6 +2530,35 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
     for (i, text) in trusted.iter().enumerate() {
         let path = format!("server.trusted_proxies[{i}]");
         field(p, &path, network(text).map(|n| out.trusted_proxies.push(n)));
+    }
+    if let Some(from) = server.proxy_protocol_from {
+        let checked = if out.proxy_protocol == ProxyProtocol::Off {
+            Err(
+                "has no effect unless server.proxy_protocol is \"v1\", \"v2\" or \"any\""
+                    .to_owned(),
+            )
+        } else if from.is_empty() {
+            Err(
+                "must name at least one network: the load balancers whose connections \
+                 begin with the PROXY protocol header (left out, server.trusted_proxies)"
+                    .to_owned(),
+            )
+        } else {
+            Ok(())
+        };
+        let networks = checked.map(|()| {
+            let mut networks = Vec::with_capacity(from.len());
+            for (i, text) in from.iter().enumerate() {
+                let path = format!("server.proxy_protocol_from[{i}]");
+                field(p, &path, network(text).map(|n| networks.push(n)));
+            }
+            networks
+        });
+        field(
+            p,
+            "server.proxy_protocol_from",
+            networks.map(|n| out.proxy_protocol_from = Some(n)),
+        );
     }
     if let Some(header) = server.client_ip_header {
         let checked = match header.trim().to_ascii_lowercase().as_str() {

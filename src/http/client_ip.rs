@@ -254,7 +254,7 @@ fn forwarded_for(element: &[u8]) -> Option<&[u8]> {
 
 /// A network within the IPv4-mapped range as the IPv4 network it maps; any other as
 /// it is.
-fn canonical_net(net: IpNet) -> IpNet {
+pub(crate) fn canonical_net(net: IpNet) -> IpNet {
     match net {
         IpNet::V6(v6) if v6.prefix_len() >= 96 => v6
             .network()

@@ -43,7 +43,7 @@
 //! # }
 //! ```
 
-mod client_ip;
+pub(crate) mod client_ip;
 mod future;
 mod layer;
 pub mod rejection;

@@ -6,8 +6,9 @@
 //! body is read, so a rejected request is never forwarded and its body never read; an
 //! HTTP/1.1 connection closed with a body unread is closed as a lingering close
 //! (`connections::linger`), within `lingering_time` and `lingering_timeout`.
-//! Bodies stream both ways. With `proxy_protocol`, a trusted proxy's connection must
-//! first send a PROXY protocol header (`proxy_header`), within `header_read_timeout`,
+//! Bodies stream both ways. With `proxy_protocol`, a connection from
+//! `proxy_protocol_from` (the trusted proxies unless set) must first send a PROXY
+//! protocol header (`proxy_header`), within `header_read_timeout`,
 //! whose client is the connection's peer from then on; without one it is closed. A
 //! connection must send enough to tell HTTP/1.1 from
 //! HTTP/2 (its first byte, or HTTP/2's preface whole), then its complete request head,
@@ -104,10 +105,16 @@ pub struct ProxySettings {
     pub lingering_timeout: Duration,
     /// The most a lingering close reads ([`LINGERING_BYTES`]).
     pub lingering_bytes: u64,
-    /// The PROXY protocol header each connection from a trusted proxy begins with, if
-    /// any: its client is the connection's peer. Read within `header_read_timeout`; a
-    /// connection from a trusted proxy without one is closed.
+    /// The PROXY protocol header each connection from
+    /// [`proxy_protocol_from`](Self::proxy_protocol_from) begins with, if any: its
+    /// client is the connection's peer. Read within `header_read_timeout`; a
+    /// connection from those peers without one is closed.
     pub proxy_protocol: ProxyProtocol,
+    /// The peers whose connections begin with the PROXY protocol header; `None` for
+    /// the trusted proxies (`forward.resolver`'s networks). Their connections are not
+    /// counted under `max_connections_per_client` (the clients their headers name
+    /// are).
+    pub proxy_protocol_from: Option<Vec<ipnet::IpNet>>,
 }
 
 /// The default [`ProxySettings::lingering_bytes`]: above the default `max_body_bytes`
@@ -132,6 +139,7 @@ impl ProxySettings {
             lingering_timeout: server.lingering_timeout,
             lingering_bytes: LINGERING_BYTES,
             proxy_protocol: server.proxy_protocol,
+            proxy_protocol_from: server.proxy_protocol_from.clone(),
         }
     }
 }
@@ -816,11 +824,31 @@ impl Proxy {
         let lanes = forwarder.lanes();
         let upstream_requests = forwarder.upstream_requests();
         let via = forwarder.via();
+        // The peers whose connections begin with a PROXY protocol header; IPv4-mapped
+        // networks as the IPv4 ones they map, as peers are compared.
+        let header_from: Vec<ipnet::IpNet> = match self.settings.proxy_protocol {
+            ProxyProtocol::Off => Vec::new(),
+            _ => self
+                .settings
+                .proxy_protocol_from
+                .clone()
+                .unwrap_or_else(|| self.settings.forward.resolver_networks())
+                .into_iter()
+                .map(crate::http::client_ip::canonical_net)
+                .collect(),
+        };
+        // The trusted proxies' and the load balancers' connections carry many clients:
+        // not counted (the clients a header names are).
+        let exempt = self
+            .settings
+            .forward
+            .resolver_networks()
+            .into_iter()
+            .chain(header_from.iter().copied())
+            .collect();
         let connections = Arc::new(
-            connections::ClientConnections::new(self.settings.max_connections).per_client(
-                self.settings.max_connections_per_client,
-                self.settings.forward.resolver_networks(),
-            ),
+            connections::ClientConnections::new(self.settings.max_connections)
+                .per_client(self.settings.max_connections_per_client, exempt),
         );
         // Each client connection gets its own forwarder (its lane, its peer), behind
         // the shared layer.
@@ -850,10 +878,6 @@ impl Proxy {
             let service = layer.layer(forwarder.clone()).for_peer(peer, forwards);
             handing_route(service, &forwarder)
         });
-        let header_from = match self.settings.proxy_protocol {
-            ProxyProtocol::Off => Vec::new(),
-            _ => self.settings.forward.resolver_networks(),
-        };
         let prometheus = prometheus();
         let upkeep = tokio::spawn({
             let handle = prometheus.clone();
@@ -1008,8 +1032,8 @@ impl Proxy {
             };
             let slot = connections.open_in(place, admitted);
             let _ = stream.set_nodelay(true);
-            // A trusted proxy's connection begins with the PROXY protocol header, if
-            // `proxy_protocol` expects one; any other peer's is read as HTTP.
+            // A connection from `proxy_protocol_from` begins with the PROXY protocol
+            // header, if `proxy_protocol` expects one; any other peer's is read as HTTP.
             let expects_header = header_from
                 .iter()
                 .any(|n| n.contains(&peer.ip().to_canonical()));
