@@ -1822,6 +1822,50 @@ fn proxy_protocol_from_is_its_own_list_and_defaults_to_the_trusted_proxies() {
     );
 }
 
+/// `trusted_hops` counts from 0 to 10, and stands apart from `trusted_proxies`.
+#[test]
+fn trusted_hops_are_bounded_and_not_with_trusted_proxies() {
+    let c = Config::from_toml_str(&route("[server]\ntrusted_hops = 2"), "t.toml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.trusted_hops, 2);
+    let c = Config::from_toml_str(
+        &route("[server]\ntrusted_hops = 0\ntrusted_proxies = [\"10.0.0.0/8\"]"),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.trusted_hops, 0);
+    assert_eq!(ServerConfig::default().trusted_hops, 0);
+    refused(
+        &route("[server]\ntrusted_hops = 11"),
+        "server.trusted_hops",
+        "must be at most 10, got 11",
+    );
+    refused(
+        &route("[server]\ntrusted_hops = -1"),
+        "server.trusted_hops",
+        "",
+    );
+    refused(
+        &route("[server]\ntrusted_hops = 1\ntrusted_proxies = [\"10.0.0.0/8\"]"),
+        "server.trusted_hops",
+        "cannot be combined with server.trusted_proxies",
+    );
+    // With the PROXY protocol, the balancers are named: no trusted proxies to default to.
+    refused(
+        &route("[server]\ntrusted_hops = 1\nproxy_protocol = \"v2\""),
+        "server.proxy_protocol",
+        "needs server.proxy_protocol_from",
+    );
+    Config::from_toml_str(
+        &route(
+            "[server]\ntrusted_hops = 1\nproxy_protocol = \"v2\"\n\
+             proxy_protocol_from = [\"10.0.0.0/8\"]",
+        ),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn server_and_admin_sections() {
     let text = format!(

@@ -1856,6 +1856,60 @@ async fn a_configs_trusted_proxies_are_the_layers() {
     assert_eq!(shared, StatusCode::TOO_MANY_REQUESTS, "the balancer's key");
 }
 
+/// A config's `[server] trusted_hops` is the layer's, from any peer: behind a CDN
+/// whose addresses cannot be listed (one hop that appends its client), each client is
+/// the right-most entry, a key of its own, whatever a client wrote to its left. The
+/// builder's count replaces the config's.
+#[tokio::test]
+async fn a_configs_trusted_hops_are_the_layers() {
+    let mut r = route("rq-hops", RouteMatch::exact("POST", "/api/order"), 1.0);
+    r.partition = Partition::ClientIp(KeyLimits::default());
+    let mut config = Config::new(vec![r]);
+    config.server.trusted_hops = 1;
+    let from = |xff: &str, peer: &str| {
+        let mut req = post_order();
+        req.headers_mut()
+            .insert("x-forwarded-for", xff.parse().unwrap());
+        req.extensions_mut()
+            .insert(PeerAddr(format!("{peer}:4242").parse().unwrap()));
+        req
+    };
+    let layers = [
+        AdmissionLayer::from_config(&config).unwrap(),
+        AdmissionLayer::builder(&config).unwrap().build(),
+    ];
+    for l in layers {
+        let app = app(l, Arc::new(AtomicU64::new(0)));
+        let status = |xff, peer| {
+            let app = app.clone();
+            async move { app.oneshot(from(xff, peer)).await.unwrap().status() }
+        };
+        assert_eq!(status("203.0.113.1", "198.51.100.1").await, StatusCode::OK);
+        // Through another CDN node: the same client, its key.
+        assert_eq!(
+            status("6.6.6.6, 203.0.113.1", "198.51.100.2").await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            status("203.0.113.1, 203.0.113.2", "198.51.100.1").await,
+            StatusCode::OK,
+            "a key of its own"
+        );
+    }
+    // Set in code, the builder's count replaces the config's: two hops.
+    let l = AdmissionLayer::builder(&config)
+        .unwrap()
+        .trusted_hops(2)
+        .build();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let first = app
+        .clone()
+        .oneshot(from("203.0.113.1, 10.0.0.1", "198.51.100.1"));
+    assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+    let again = app.oneshot(from("203.0.113.1, 10.0.0.2", "198.51.100.2"));
+    assert_eq!(again.await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
 /// Behind a proxy that writes RFC 7239's `Forwarded` and passes on the
 /// `X-Forwarded-For` its client sent, the config's `client_ip_header = "forwarded"`
 /// keys each client by the proxy's word: a client that sends `X-Forwarded-For` of its

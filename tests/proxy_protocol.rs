@@ -1,4 +1,5 @@
-//! `[server] proxy_protocol` over real sockets on 127.0.0.1: a trusted proxy's
+//! `[server] proxy_protocol`, `proxy_protocol_from` and `trusted_hops` over real
+//! sockets on 127.0.0.1 (and 127.0.0.2 and .3, peers of their own): a trusted proxy's
 //! connection begins with a PROXY protocol header (version 1 or 2), whose client is
 //! the connection's peer for client IP keys, the `X-Forwarded-For` sent upstream and
 //! `max_connections_per_client` (its refusals warned of); a header that names no client
@@ -7,8 +8,10 @@
 //! past `header_read_timeout`, is closed, and the proxy serves the next; one whose
 //! header came but no request yet is closed to make room at `max_connections`; any
 //! other peer's connection is plain HTTP, an IPv4-mapped peer of a dual-stack listener
-//! taken as its IPv4 address. The upstream answers with the `X-Forwarded-For` it
-//! received. One test alone scrapes `/metrics` (the recorder is one per process).
+//! taken as its IPv4 address. Peers in `proxy_protocol_from` apart from the trusted
+//! proxies each send what they are listed for; `trusted_hops` counts entries of
+//! `X-Forwarded-For` from the right, from any peer. The upstream answers with the
+//! `X-Forwarded-For` it received. One test alone scrapes `/metrics` (the recorder is one per process).
 #![cfg(feature = "proxy")]
 
 use axum::Router;
@@ -231,6 +234,45 @@ async fn the_balancers_apart_from_the_trusted_proxies_each_send_what_they_send()
     let l4_plain = exchange_from(&proxy, "127.0.0.3", &[REQUEST]).await;
     assert_eq!(l4_plain, None);
     // The three clients named, each its key; the refused connections none.
+    assert_eq!(proxy.snapshot("per-ip").keys, 3);
+}
+
+/// `[server] trusted_hops` through `rocgate serve`: from any peer, the client is the
+/// N-th entry of `X-Forwarded-For` from the right, for the key, and the chain is
+/// passed on with the peer appended; without the header, the peer is the client.
+#[tokio::test]
+async fn trusted_hops_key_each_client_by_its_entry_from_the_right() {
+    let mut server = rocgate::config::ServerConfig::default();
+    server.trusted_hops = 2;
+    let from_file = ProxySettings::from_server(&server, "http://127.0.0.1:1".parse().unwrap());
+    assert_eq!(from_file.forward.resolver.trusted_hops(), 2);
+    let upstream = start_upstream().await;
+    let mut s = settings(upstream);
+    s.forward.resolver = ClientIpResolver::default().with_trusted_hops(2);
+    let proxy = start_proxy(s, vec![per_ip()]).await;
+    let forwarded = |xff: &str| {
+        format!(
+            "GET /per-ip HTTP/1.1\r\nhost: app\r\nx-forwarded-for: {xff}\r\n\
+             connection: close\r\n\r\n"
+        )
+        .into_bytes()
+    };
+    let first = exchange(&proxy, &[&forwarded("6.6.6.6, 203.0.113.7, 198.51.100.1")]).await;
+    assert_eq!(
+        first,
+        Some((
+            200,
+            "6.6.6.6, 203.0.113.7, 198.51.100.1, 127.0.0.1".to_owned()
+        ))
+    );
+    // The same client through another edge node, whatever it wrote on the left.
+    let again = exchange(&proxy, &[&forwarded("6.6.6.7, 203.0.113.7, 198.51.100.2")]).await;
+    assert_eq!(again.map(|(status, _)| status), Some(429));
+    // Fewer entries than hops: the left-most; none: the peer.
+    let short = exchange(&proxy, &[&forwarded("192.0.2.4")]).await;
+    assert_eq!(short, Some((200, "192.0.2.4, 127.0.0.1".to_owned())));
+    let plain = exchange(&proxy, &[REQUEST]).await;
+    assert_eq!(plain, Some((200, "127.0.0.1".to_owned())));
     assert_eq!(proxy.snapshot("per-ip").keys, 3);
 }
 

@@ -1127,6 +1127,12 @@ pub struct ServerConfig {
     /// Networks whose client IP header ([`client_ip_header`](Self::client_ip_header))
     /// is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// How many entries of the client IP header are believed from the right, from
+    /// any peer (Envoy's `xff_num_trusted_hops`; 0, the default: none, the trusted
+    /// proxies decide); at most 10, and not with `trusted_proxies`. The client is the
+    /// N-th entry from the right, the left-most of fewer; every peer is taken for
+    /// the nearest of N proxies, so rocgate must be reachable through them alone.
+    pub trusted_hops: usize,
     /// The header the trusted proxies write the client's address in: only that one
     /// is read.
     pub client_ip_header: ClientIpHeader,
@@ -1208,6 +1214,7 @@ impl Default for ServerConfig {
             upstream_idle_timeout: Duration::from_secs(4),
             normalize_path: true,
             trusted_proxies: Vec::new(),
+            trusted_hops: 0,
             client_ip_header: ClientIpHeader::XForwardedFor,
             proxy_protocol: ProxyProtocol::Off,
             proxy_protocol_from: None,

@@ -98,6 +98,7 @@ struct RawServer {
     upstream_idle_timeout: Option<String>,
     normalize_path: Option<Flag>,
     trusted_proxies: Option<Vec<String>>,
+    trusted_hops: Option<Whole>,
     client_ip_header: Option<String>,
     proxy_protocol: Option<String>,
     proxy_protocol_from: Option<Vec<String>>,
@@ -2374,6 +2375,10 @@ fn network(text: &str) -> Result<ipnet::IpNet, String> {
 /// semaphore counts.
 const MAX_CONNECTIONS_LIMIT: usize = 10_000_000;
 
+/// The most `server.trusted_hops`: more proxies than a request passes through in any
+/// deployment seen (a CDN, a cloud balancer and an ingress are 3).
+const MAX_TRUSTED_HOPS: usize = 10;
+
 /// The largest `server.max_upstream_lanes`.
 const MAX_UPSTREAM_LANES: usize = 1_000_000;
 
@@ -2558,6 +2563,24 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             p,
             "server.proxy_protocol_from",
             networks.map(|n| out.proxy_protocol_from = Some(n)),
+        );
+    }
+    if let Some(w) = server.trusted_hops {
+        let checked = count_within(w, 0, MAX_TRUSTED_HOPS).and_then(|n| {
+            if n > 0 && !trusted.is_empty() {
+                Err(
+                    "cannot be combined with server.trusted_proxies: trust is by the \
+                     proxies' networks or by a count of hops, not both"
+                        .to_owned(),
+                )
+            } else {
+                Ok(n)
+            }
+        });
+        field(
+            p,
+            "server.trusted_hops",
+            checked.map(|n| out.trusted_hops = n),
         );
     }
     if let Some(header) = server.client_ip_header {

@@ -1,6 +1,6 @@
 //! The client's IP address: from the socket, and from `X-Forwarded-For` or RFC 7239
 //! `Forwarded` (one of them, as configured) only when the socket peer is a trusted
-//! proxy.
+//! proxy (by its network, or, with trusted hops, any peer for that many entries).
 
 use crate::config::ClientIpHeader;
 use http::header::GetAll;
@@ -32,6 +32,15 @@ pub struct PeerAddr(pub SocketAddr);
 /// `Forwarded` and passes on the `X-Forwarded-For` a client sent would otherwise let
 /// the client choose its own key. Headers from untrusted peers are ignored.
 ///
+/// With trusted hops ([`with_trusted_hops`](Self::with_trusted_hops), Envoy's
+/// `xff_num_trusted_hops`) in place of trusted networks, every peer is taken for the
+/// nearest of that many proxies, each of which appends to the header: the client is
+/// the hops-th entry from the right (the right-most being the one the peer appended),
+/// whatever the addresses. A header with fewer entries (a request that came through
+/// fewer proxies, each entry then one of theirs) gives its left-most; a malformed
+/// entry ends the walk as it does through trusted networks, the entry right of it
+/// taken (the peer, if it is the right-most).
+///
 /// ```
 /// use rocgate::http::ClientIpResolver;
 /// use http::HeaderMap;
@@ -48,6 +57,7 @@ pub struct PeerAddr(pub SocketAddr);
 pub struct ClientIpResolver {
     trusted: Vec<IpNet>,
     header: ClientIpHeader,
+    hops: usize,
 }
 
 impl ClientIpResolver {
@@ -59,7 +69,23 @@ impl ClientIpResolver {
         ClientIpResolver {
             trusted,
             header: ClientIpHeader::XForwardedFor,
+            hops: 0,
         }
+    }
+
+    /// Believes `hops` entries of the header from the right, whatever the peer and
+    /// the addresses (`0`, the default: the trusted networks decide). Every peer is
+    /// then a proxy, so rocgate must be reachable only through those proxies; the
+    /// trusted networks are not consulted.
+    pub fn with_trusted_hops(mut self, hops: usize) -> Self {
+        self.hops = hops;
+        self
+    }
+
+    /// The entries believed from the right whatever the peer (`0`: none, the trusted
+    /// networks decide).
+    pub fn trusted_hops(&self) -> usize {
+        self.hops
     }
 
     /// Reads `header` from the trusted proxies instead (and only it).
@@ -78,8 +104,13 @@ impl ClientIpResolver {
         &self.trusted
     }
 
-    /// Whether `ip` belongs to a trusted proxy network.
+    /// Whether the forwarding header of a peer at `ip` is read: `ip` belongs to a
+    /// trusted proxy network, or, with trusted hops, any.
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.hops > 0 || self.in_trusted_network(ip)
+    }
+
+    fn in_trusted_network(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         self.trusted.iter().any(|net| net.contains(&ip))
     }
@@ -109,14 +140,18 @@ impl ClientIpResolver {
                 rest: Some(v.as_bytes()),
             })
             .map(forwarded_for);
-        for entry in entries.chain(elements) {
+        for (taken, entry) in (1..).zip(entries.chain(elements)) {
             let ip = entry
                 .and_then(|entry| std::str::from_utf8(entry).ok())
                 .and_then(node_address);
             match ip {
                 Some(ip) => {
                     client = canonical(ip);
-                    if !self.is_trusted(client) {
+                    let further = match self.hops {
+                        0 => self.in_trusted_network(client),
+                        hops => taken < hops,
+                    };
+                    if !further {
                         break;
                     }
                 }
@@ -487,5 +522,56 @@ mod tests {
         // A network wider than the mapped range stays as written.
         let r = ClientIpResolver::new(vec!["::/0".parse().unwrap()]);
         assert!(r.is_trusted(ip("2001:db8::1")));
+    }
+
+    /// With trusted hops the client is the hops-th entry from the right, whatever
+    /// the peer and the addresses; fewer entries give the left-most; a malformed entry
+    /// ends the walk at the one right of it; ports, brackets and header lines are read
+    /// as through trusted networks.
+    #[test]
+    fn trusted_hops_take_the_nth_entry_from_the_right() {
+        let peer = Some(ip("198.51.100.200"));
+        let one = ClientIpResolver::default().with_trusted_hops(1);
+        assert!(one.is_trusted(ip("198.51.100.200")));
+        assert_eq!(
+            one.resolve(peer, &headers(&["6.6.6.6, 203.0.113.7"])),
+            Some(ip("203.0.113.7"))
+        );
+        let two = ClientIpResolver::default().with_trusted_hops(2);
+        let h = headers(&["6.6.6.6, 203.0.113.7, 198.51.100.1"]);
+        assert_eq!(two.resolve(peer, &h), Some(ip("203.0.113.7")));
+        // Over several header lines, the last line's entries nearest.
+        let h = headers(&["6.6.6.6, 203.0.113.7", "198.51.100.1"]);
+        assert_eq!(two.resolve(peer, &h), Some(ip("203.0.113.7")));
+        // Ports and brackets are no part of an address.
+        let h = headers(&["6.6.6.6, [2001:db8::7]:443, 198.51.100.1:80"]);
+        assert_eq!(two.resolve(peer, &h), Some(ip("2001:db8::7")));
+        let h = headers(&["6.6.6.6, [2001:db8::7], [2001:db8::1]"]);
+        assert_eq!(two.resolve(peer, &h), Some(ip("2001:db8::7")));
+        // Fewer entries than hops: the left-most; none: the peer.
+        let three = ClientIpResolver::default().with_trusted_hops(3);
+        let h = headers(&["203.0.113.7, 198.51.100.1"]);
+        assert_eq!(three.resolve(peer, &h), Some(ip("203.0.113.7")));
+        assert_eq!(three.resolve(peer, &HeaderMap::new()), peer);
+        // A malformed entry ends the walk at the entry right of it, or the peer.
+        let h = headers(&["1.1.1.1, junk, 198.51.100.1"]);
+        assert_eq!(three.resolve(peer, &h), Some(ip("198.51.100.1")));
+        let h = headers(&["1.1.1.1, 2.2.2.2, "]);
+        assert_eq!(three.resolve(peer, &h), peer);
+        // The trusted networks are not consulted: an address in one is no hop more.
+        let counted =
+            ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]).with_trusted_hops(1);
+        let h = headers(&["203.0.113.7, 10.0.0.5"]);
+        assert_eq!(counted.resolve(peer, &h), Some(ip("10.0.0.5")));
+        // `Forwarded`, when it is the header chosen, is counted the same way.
+        let forwarded_two = two.clone().with_header(ClientIpHeader::Forwarded);
+        let h = forwarded(&["for=6.6.6.6, for=\"[2001:db8::7]:443\"", "for=198.51.100.1"]);
+        assert_eq!(forwarded_two.resolve(peer, &h), Some(ip("2001:db8::7")));
+        let h = forwarded(&["for=6.6.6.6, for=unknown, for=198.51.100.1"]);
+        assert_eq!(forwarded_two.resolve(peer, &h), Some(ip("198.51.100.1")));
+        // Zero hops: the trusted networks alone, none here: the peer.
+        let none = ClientIpResolver::default().with_trusted_hops(0);
+        assert!(!none.is_trusted(ip("198.51.100.200")));
+        assert_eq!(none.resolve(peer, &headers(&["203.0.113.7"])), peer);
     }
 }

@@ -404,8 +404,8 @@ impl std::fmt::Debug for AdmissionLayer {
 
 impl AdmissionLayer {
     /// A layer over a new engine built from `config`, with the system clock, config
-    /// route matching and the config's trusted proxies (`[server] trusted_proxies`
-    /// and `client_ip_header`; none in a config built in code unless set). The routes are checked by the rules
+    /// route matching and the config's trusted proxies (`[server] trusted_proxies`,
+    /// `trusted_hops` and `client_ip_header`; none in a config built in code unless set). The routes are checked by the rules
     /// of the file first ([`Config::validate`]), so a route built in code that a file
     /// would refuse (a `cut_limit` above `base_limit`) is an error, not a layer.
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
@@ -414,8 +414,9 @@ impl AdmissionLayer {
 
     /// A builder over a new engine built from `config` (checked as for
     /// [`from_config`](Self::from_config)), trusting the config's trusted proxies
-    /// and reading their `client_ip_header` until
-    /// [`trusted_proxies`](AdmissionLayerBuilder::trusted_proxies) and
+    /// or hops and reading their `client_ip_header` until
+    /// [`trusted_proxies`](AdmissionLayerBuilder::trusted_proxies),
+    /// [`trusted_hops`](AdmissionLayerBuilder::trusted_hops) and
     /// [`client_ip_header`](AdmissionLayerBuilder::client_ip_header) say otherwise.
     pub fn builder(config: &Config) -> Result<AdmissionLayerBuilder, ConfigError> {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
@@ -424,6 +425,7 @@ impl AdmissionLayer {
         let engine = Engine::new(config, clock.now(), wall_now)?;
         Ok(AdmissionLayerBuilder::new(SharedEngine::new(engine), clock)
             .trusted_proxies(config.server.trusted_proxies.clone())
+            .trusted_hops(config.server.trusted_hops)
             .client_ip_header(config.server.client_ip_header))
     }
 
@@ -501,6 +503,7 @@ pub struct AdmissionLayerBuilder {
     clock: Arc<dyn Clock>,
     route_key: RouteKey,
     trusted: Vec<IpNet>,
+    trusted_hops: usize,
     client_ip_header: ClientIpHeader,
     matched_route: bool,
 }
@@ -510,6 +513,7 @@ impl std::fmt::Debug for AdmissionLayerBuilder {
         f.debug_struct("AdmissionLayerBuilder")
             .field("route_key", &self.route_key)
             .field("trusted", &self.trusted)
+            .field("trusted_hops", &self.trusted_hops)
             .field("client_ip_header", &self.client_ip_header)
             .finish_non_exhaustive()
     }
@@ -522,6 +526,7 @@ impl AdmissionLayerBuilder {
             clock,
             route_key: RouteKey::Config,
             trusted: Vec::new(),
+            trusted_hops: 0,
             client_ip_header: ClientIpHeader::XForwardedFor,
             matched_route: false,
         }
@@ -548,6 +553,16 @@ impl AdmissionLayerBuilder {
         self
     }
 
+    /// How many entries of the client IP header are believed from the right, from any
+    /// peer, in place of the count given before (`0` unless set: the trusted proxies
+    /// decide; by [`AdmissionLayer::builder`], the config's `trusted_hops`); see
+    /// [`ClientIpResolver::with_trusted_hops`]. The trusted proxies are then not
+    /// consulted.
+    pub fn trusted_hops(mut self, hops: usize) -> Self {
+        self.trusted_hops = hops;
+        self
+    }
+
     /// The header the trusted proxies name the client in (`X-Forwarded-For` unless
     /// set; by [`AdmissionLayer::builder`], the config's): only it is read.
     pub fn client_ip_header(mut self, header: ClientIpHeader) -> Self {
@@ -563,7 +578,9 @@ impl AdmissionLayerBuilder {
                 hold_clock: Arc::new(HoldClock::new(Arc::clone(&self.clock))),
                 clock: self.clock,
                 route_key: self.route_key,
-                resolver: ClientIpResolver::new(self.trusted).with_header(self.client_ip_header),
+                resolver: ClientIpResolver::new(self.trusted)
+                    .with_header(self.client_ip_header)
+                    .with_trusted_hops(self.trusted_hops),
                 matched_route: self.matched_route,
                 rejections: super::rejection::Templates::default(),
                 misplaced: Misplaced::default(),

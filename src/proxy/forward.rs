@@ -91,7 +91,8 @@ impl ForwardSettings {
             upstream_idle_timeout: server.upstream_idle_timeout,
             normalize_path: server.normalize_path,
             resolver: crate::http::ClientIpResolver::new(server.trusted_proxies.clone())
-                .with_header(server.client_ip_header),
+                .with_header(server.client_ip_header)
+                .with_trusted_hops(server.trusted_hops),
         }
     }
 

@@ -809,6 +809,7 @@ impl Proxy {
             Arc::clone(&self.reloader.clock),
         )
         .trusted_proxies(self.settings.forward.resolver_networks())
+        .trusted_hops(self.settings.forward.resolver.trusted_hops())
         .client_ip_header(self.settings.forward.resolver.header())
         .matched_route(true)
         .route_key(RouteKey::Normalized)
