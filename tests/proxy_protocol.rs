@@ -523,6 +523,39 @@ async fn a_named_client_refused_at_its_cap_is_warned_of_naming_it() {
     );
 }
 
+/// A connection from a load balancer closed for its header is warned of, naming the
+/// peer and the reason (a balancer without `send-proxy` has every connection closed,
+/// which a debug line hid), at most one line every 10 s: the next refusal within them
+/// is counted in the line after, not logged.
+#[tokio::test]
+async fn a_header_refusal_is_warned_of_naming_the_peer_and_reason_a_line_a_period() {
+    // A current-thread runtime: the proxy's tasks log on this thread.
+    let (log, _capturing) = Captured::on_this_thread();
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        expecting(upstream, ProxyProtocol::V1, &["127.0.0.1/32"]),
+        vec![per_ip()],
+    )
+    .await;
+    for _ in 0..2 {
+        assert_eq!(exchange(&proxy, &[REQUEST]).await, None);
+    }
+    let warned: Vec<_> = log
+        .lines_with("connection closed")
+        .into_iter()
+        .filter(|l| l.contains("WARN"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+    assert!(warned[0].contains("peer=127.0.0.1:"), "{}", warned[0]);
+    assert!(warned[0].contains("reason=\"invalid\""), "{}", warned[0]);
+    assert!(warned[0].contains("unwarned=0"), "{}", warned[0]);
+    assert!(
+        warned[0].contains("does not begin with a header of proxy_protocol \"v1\""),
+        "{}",
+        warned[0]
+    );
+}
+
 /// The one test that scrapes `/metrics`.
 #[tokio::test]
 async fn bad_or_missing_headers_and_silence_close_the_connection_and_are_counted() {

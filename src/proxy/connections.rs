@@ -99,6 +99,10 @@ pub(crate) struct ClientConnections {
     /// time.
     header_invalid: AtomicU64,
     header_timeout: AtomicU64,
+    /// When a header refusal was last warned of, as `refusal_warned`.
+    header_warned: AtomicU64,
+    /// Header refusals not warned of since the last one that was.
+    header_unwarned: AtomicU64,
     /// Connections closed as lingering closes.
     lingering: Arc<LingeringCloses>,
     /// The connections being served, which may be asked to close when idle.
@@ -125,6 +129,23 @@ fn client_address(peer: IpAddr) -> IpAddr {
     }
 }
 
+/// Whether something at `now` is the first, or the first at least `every` after the
+/// last that was (`last`: its nanoseconds plus one, 0 if none), which it then becomes;
+/// an instant behind the last is not.
+fn first_or_once_every(last: &AtomicU64, now: Nanos, every: Duration) -> bool {
+    let was = last.load(Ordering::Relaxed);
+    if was != 0 && now.saturating_since(Nanos::new(was - 1)) < every {
+        return false;
+    }
+    last.compare_exchange(
+        was,
+        now.as_u64().saturating_add(1),
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    )
+    .is_ok()
+}
+
 impl ClientConnections {
     /// A cap of `max` connections, taken as 1 if 0 and as `Semaphore::MAX_PERMITS` if
     /// more (the config allows from 1 to far fewer).
@@ -140,6 +161,8 @@ impl ClientConnections {
             refusal_warned: AtomicU64::new(0),
             header_invalid: AtomicU64::new(0),
             header_timeout: AtomicU64::new(0),
+            header_warned: AtomicU64::new(0),
+            header_unwarned: AtomicU64::new(0),
             lingering: Arc::default(),
             reclaimable: Arc::default(),
         }
@@ -226,18 +249,20 @@ impl ClientConnections {
     /// warned of: the first, then at most one every `every`, whether the accept loop
     /// closed it or its task did (its client named by a PROXY protocol header).
     pub(crate) fn warn_refusal(&self, now: Nanos, every: Duration) -> bool {
-        let last = self.refusal_warned.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_since(Nanos::new(last - 1)) < every {
-            return false;
+        first_or_once_every(&self.refusal_warned, now, every)
+    }
+
+    /// Whether a connection closed `now` for its PROXY protocol header is to be warned
+    /// of, as [`warn_refusal`](Self::warn_refusal) has it for its own: if so, how many
+    /// such refusals were not since the last that was (one line in a period, however
+    /// many peers are refused, the count of the rest in it).
+    pub(crate) fn warn_header_refusal(&self, now: Nanos, every: Duration) -> Option<u64> {
+        if first_or_once_every(&self.header_warned, now, every) {
+            Some(self.header_unwarned.swap(0, Ordering::Relaxed))
+        } else {
+            self.header_unwarned.fetch_add(1, Ordering::Relaxed);
+            None
         }
-        self.refusal_warned
-            .compare_exchange(
-                last,
-                now.as_u64().saturating_add(1),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
-            .is_ok()
     }
 
     /// Counts a connection closed for its PROXY protocol header (not one its peer
@@ -1832,6 +1857,36 @@ mod tests {
         assert!(!connections.warn_refusal(Nanos::from_secs(5), every));
         assert!(!connections.warn_refusal(Nanos::from_secs(19), every));
         assert!(connections.warn_refusal(Nanos::from_secs(25), every));
+    }
+
+    /// Header refusals are warned of as per-client ones, on a clock of their own:
+    /// the first, then one a period, each with the count of those not warned of since.
+    #[test]
+    fn a_header_refusal_is_warned_of_once_a_period_with_the_count_left_out() {
+        let every = Duration::from_secs(10);
+        let connections = ClientConnections::new(1);
+        assert!(connections.warn_refusal(Nanos::ZERO, every));
+        assert_eq!(connections.warn_header_refusal(Nanos::ZERO, every), Some(0));
+        assert_eq!(
+            connections.warn_header_refusal(Nanos::from_secs(1), every),
+            None
+        );
+        assert_eq!(
+            connections.warn_header_refusal(Nanos::from_secs(9), every),
+            None
+        );
+        assert_eq!(
+            connections.warn_header_refusal(Nanos::from_secs(10), every),
+            Some(2)
+        );
+        assert_eq!(
+            connections.warn_header_refusal(Nanos::from_secs(5), every),
+            None
+        );
+        assert_eq!(
+            connections.warn_header_refusal(Nanos::from_secs(30), every),
+            Some(1)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -1092,7 +1092,23 @@ impl Proxy {
                         }
                         Err(refusal) => {
                             counts.header_refused(&refusal);
-                            tracing::debug!(%peer, "connection closed: {refusal}");
+                            // A load balancer that sends no header, or a bad one, has
+                            // every connection closed: warned of, a line a period.
+                            let now = clock.as_ref().map(|clock| clock.now());
+                            let warned = refusal.reason().zip(now).and_then(|(reason, now)| {
+                                Some((reason, counts.warn_header_refusal(now, LIMIT_WARN_EVERY)?))
+                            });
+                            match warned {
+                                Some((reason, unwarned)) => tracing::warn!(
+                                    %peer,
+                                    reason,
+                                    unwarned,
+                                    "connection closed: {refusal} (one such line \
+                                     every 10 s at most, `unwarned` those left out \
+                                     since the last)"
+                                ),
+                                None => tracing::debug!(%peer, "connection closed: {refusal}"),
+                            }
                             return None;
                         }
                     };

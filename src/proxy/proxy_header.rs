@@ -36,6 +36,18 @@ pub(crate) enum Refusal {
     Timeout,
 }
 
+impl Refusal {
+    /// The refusal's `reason` label of `rocgate_proxy_protocol_refused_total`, if it
+    /// is counted (one closed mid-header is not).
+    pub(crate) fn reason(&self) -> Option<&'static str> {
+        match self {
+            Refusal::Closed => None,
+            Refusal::Invalid(_) => Some("invalid"),
+            Refusal::Timeout => Some("timeout"),
+        }
+    }
+}
+
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
