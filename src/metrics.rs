@@ -50,7 +50,7 @@
 //! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: keep-alive connections closed gracefully to make room for a connection waiting at `max_connections`: idle ones (no request in progress; a new one that has sent nothing, closed with no answer), and HTTP/1.1 ones closed after an answer that said `Connection: close` |
 //! | `rocgate_admin_connections_reclaimed_total` | counter | | proxy: the admin API's keep-alive connections closed gracefully to make room for one waiting at its cap of 256 (a scraper or client pooling that many idle ones); not counted in `rocgate_client_connections_reclaimed_total`, which, as the other `rocgate_client_connections*` series, counts the proxy's clients' |
 //! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted (or, with `proxy_protocol`, as soon as their header names their client), their client address holding `max_connections_per_client` already |
-//! | `rocgate_proxy_protocol_refused_total` | counter | `reason` | proxy: connections from `proxy_protocol_from` closed for their PROXY protocol header (`proxy_protocol`): `invalid` (none, of a version not taken, malformed, or a text one past 107 bytes), `timeout` (not whole within `header_read_timeout`); each at 0 from the start |
+//! | `rocgate_proxy_protocol_refused_total` | counter | `reason` | proxy: connections from `proxy_protocol_from` closed for their PROXY protocol header (`proxy_protocol`): `empty` (closed, or silent through `header_read_timeout`, before a byte: a health check that connects and closes, or a balancer that sends its header only with its client's first bytes), `invalid` (none, of a version not taken, malformed, or a text one past 107 bytes), `timeout` (not whole within `header_read_timeout`); each at 0 from the start |
 //! | `rocgate_lingering_connections` | gauge | | proxy: client connections being closed as lingering closes now: answered with a body left unread, or closed (idle, keep-alive, HTTP/2) with bytes waiting unread, their write half shut, reading what the client still sends (they hold a place under `max_connections`) |
 //! | `rocgate_lingering_closes_total` | counter | `ended` | proxy: lingering closes by how they ended: `client_closed` (the client closed its side, or reset it: most closes that found bytes waiting end so), `lingering_timeout` (it sent nothing for that long), `lingering_time` (that long in all), `lingering_bytes` (it sent more than a lingering close reads, 64 MiB), `shutdown` |
 //! | `rocgate_config_reloads_total` | counter | `result` | proxy: config reloads (SIGHUP or `POST /admin/reload`), `applied` or `refused` (the running config kept) |
@@ -376,7 +376,7 @@ pub fn describe() {
     );
     describe_counter!(
         PROXY_PROTOCOL_REFUSED,
-        "Connections from proxy_protocol_from closed for their PROXY protocol header (proxy_protocol): invalid, or not whole within header_read_timeout."
+        "Connections from proxy_protocol_from closed for their PROXY protocol header (proxy_protocol): empty (nothing sent before closing or header_read_timeout), invalid, or not whole within header_read_timeout."
     );
     describe_gauge!(
         LINGERING_CONNECTIONS,

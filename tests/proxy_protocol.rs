@@ -537,9 +537,13 @@ async fn a_header_refusal_is_warned_of_naming_the_peer_and_reason_a_line_a_perio
         vec![per_ip()],
     )
     .await;
+    // A connection closed before a byte (a health check) is no fault: not warned of.
+    drop(connect(proxy.addr).await);
     for _ in 0..2 {
         assert_eq!(exchange(&proxy, &[REQUEST]).await, None);
     }
+    let empty = log.lines_with("before it sent a byte");
+    assert!(empty.iter().all(|l| !l.contains("WARN")), "{empty:#?}");
     let warned: Vec<_> = log
         .lines_with("connection closed")
         .into_iter()
@@ -576,28 +580,35 @@ async fn bad_or_missing_headers_and_silence_close_the_connection_and_are_counted
         let answer = exchange(&proxy, &[&sent]).await;
         assert_eq!(answer, None, "{:?}", String::from_utf8_lossy(&sent));
     }
-    // A connection that sends nothing holds a place, then is closed past
-    // header_read_timeout.
+    // A connection closed before a byte (a health check) is empty.
+    drop(connect(proxy.addr).await);
+    // A connection that sends nothing, and one that begins its header and stops,
+    // hold a place, then are closed past header_read_timeout: the first empty, the
+    // second timed out.
     let mut silent = connect(proxy.addr).await;
+    let mut begun = connect(proxy.addr).await;
+    begun.write_all(b"PROXY TCP4 203.0").await.unwrap();
     let mut open = 0.0;
     for _ in 0..20 {
         tokio::time::sleep(HEADER_READ_TIMEOUT / 40).await;
         open = metric(&proxy, "rocgate_client_connections ").await;
-        if open == 1.0 {
+        if open == 2.0 {
             break;
         }
     }
     assert_eq!(
-        open, 1.0,
-        "the silent connection, and it alone, counted as open"
+        open, 2.0,
+        "the silent connection and the one begun, they alone, counted as open"
     );
-    let mut rest = Vec::new();
-    let read = within(
-        "the silent connection's close",
-        silent.read_to_end(&mut rest),
-    )
-    .await;
-    assert!(read.is_err() || rest.is_empty(), "{rest:?}");
+    for stalled in [&mut silent, &mut begun] {
+        let mut rest = Vec::new();
+        let read = within(
+            "a stalled connection's close",
+            stalled.read_to_end(&mut rest),
+        )
+        .await;
+        assert!(read.is_err() || rest.is_empty(), "{rest:?}");
+    }
     // The proxy serves the next connection all the same.
     let served = exchange(&proxy, &[&with_request(v1("203.0.113.7"))]).await;
     assert_eq!(served, Some((200, "203.0.113.7".to_owned())));
@@ -609,6 +620,10 @@ async fn bad_or_missing_headers_and_silence_close_the_connection_and_are_counted
     assert_eq!(
         metric(&proxy, &format!("{refused}{{reason=\"timeout\"}}")).await,
         1.0
+    );
+    assert_eq!(
+        metric(&proxy, &format!("{refused}{{reason=\"empty\"}}")).await,
+        2.0
     );
 }
 

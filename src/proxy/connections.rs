@@ -99,6 +99,8 @@ pub(crate) struct ClientConnections {
     /// time.
     header_invalid: AtomicU64,
     header_timeout: AtomicU64,
+    /// Connections closed, or timed out, before their first byte.
+    header_empty: AtomicU64,
     /// When a header refusal was last warned of, as `refusal_warned`.
     header_warned: AtomicU64,
     /// Header refusals not warned of since the last one that was.
@@ -161,6 +163,7 @@ impl ClientConnections {
             refusal_warned: AtomicU64::new(0),
             header_invalid: AtomicU64::new(0),
             header_timeout: AtomicU64::new(0),
+            header_empty: AtomicU64::new(0),
             header_warned: AtomicU64::new(0),
             header_unwarned: AtomicU64::new(0),
             lingering: Arc::default(),
@@ -266,10 +269,11 @@ impl ClientConnections {
     }
 
     /// Counts a connection closed for its PROXY protocol header (not one its peer
-    /// closed before the header was whole).
+    /// closed after a byte of it and before it was whole).
     pub(crate) fn header_refused(&self, refusal: &super::proxy_header::Refusal) {
         use super::proxy_header::Refusal;
         let count = match refusal {
+            Refusal::Empty => &self.header_empty,
             Refusal::Invalid(_) => &self.header_invalid,
             Refusal::Timeout => &self.header_timeout,
             Refusal::Closed => return,
@@ -278,9 +282,10 @@ impl ClientConnections {
     }
 
     /// Connections closed for their PROXY protocol header since start, by reason
-    /// (`invalid`, `timeout`).
-    pub(crate) fn headers_refused(&self) -> [(&'static str, u64); 2] {
+    /// (`empty`, `invalid`, `timeout`).
+    pub(crate) fn headers_refused(&self) -> [(&'static str, u64); 3] {
         [
+            ("empty", self.header_empty.load(Ordering::Relaxed)),
             ("invalid", self.header_invalid.load(Ordering::Relaxed)),
             ("timeout", self.header_timeout.load(Ordering::Relaxed)),
         ]

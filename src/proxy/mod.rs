@@ -1095,7 +1095,10 @@ impl Proxy {
                             // A load balancer that sends no header, or a bad one, has
                             // every connection closed: warned of, a line a period.
                             let now = clock.as_ref().map(|clock| clock.now());
-                            let warned = refusal.reason().zip(now).and_then(|(reason, now)| {
+                            // An empty one is not: a health check, or a balancer that
+                            // sends its header with its client's first bytes.
+                            let reason = refusal.reason().filter(|_| refusal.warns());
+                            let warned = reason.zip(now).and_then(|(reason, now)| {
                                 Some((reason, counts.warn_header_refusal(now, LIMIT_WARN_EVERY)?))
                             });
                             match warned {

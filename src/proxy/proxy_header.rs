@@ -9,11 +9,16 @@
 //! `PROXY UNKNOWN`, a binary `LOCAL`: the load balancer's health checks, or a family
 //! other than TCP over IPv4 or IPv6) leaves the socket's peer the connection's, but
 //! not as a proxy: what it sends is its relayed client's, as that client wrote it, and
-//! the forwarding headers in it are not read (an L4 load balancer writes none).
+//! the forwarding headers in it are not read (an L4 load balancer writes none). A
+//! connection closed, or silent through the time given, before its first byte is
+//! refused as empty, apart from one whose header was begun: a health check that
+//! connects and closes, or a balancer that sends its header only with its client's
+//! first bytes, is no fault of the balancer's.
 
 use crate::config::ProxyProtocol;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::net::TcpStream;
 
@@ -28,6 +33,10 @@ const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
 /// Why a connection's header was not taken: the connection is closed.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
+    /// The peer closed (or reset) its side, or the time given ran out, before it sent
+    /// a byte: a balancer's health check that connects and closes, or one that sends
+    /// its header only with its client's first bytes, which never came.
+    Empty,
     /// The peer closed (or reset) its side before its header was whole.
     Closed,
     /// Not a header of a version taken, or one that does not parse.
@@ -41,16 +50,24 @@ impl Refusal {
     /// is counted (one closed mid-header is not).
     pub(crate) fn reason(&self) -> Option<&'static str> {
         match self {
+            Refusal::Empty => Some("empty"),
             Refusal::Closed => None,
             Refusal::Invalid(_) => Some("invalid"),
             Refusal::Timeout => Some("timeout"),
         }
+    }
+
+    /// Whether the refusal is warned of: not an empty connection, which says nothing
+    /// wrong of the peer (it connected and sent nothing).
+    pub(crate) fn warns(&self) -> bool {
+        !matches!(self, Refusal::Empty)
     }
 }
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Refusal::Empty => f.write_str("closed or timed out before it sent a byte"),
             Refusal::Closed => f.write_str("closed before its PROXY protocol header was whole"),
             Refusal::Invalid(why) => write!(f, "invalid PROXY protocol header: {why}"),
             Refusal::Timeout => {
@@ -61,23 +78,39 @@ impl std::fmt::Display for Refusal {
 }
 
 /// Reads the header of a version `taken` that `stream` begins with, within `timeout`;
-/// returns the client it names, `None` for a header that names none.
+/// returns the client it names, `None` for a header that names none. A connection
+/// closed, or silent through `timeout`, before its first byte is
+/// [`Empty`](Refusal::Empty), not [`Closed`](Refusal::Closed) or
+/// [`Timeout`](Refusal::Timeout).
 pub(crate) async fn client_of(
     stream: &TcpStream,
     taken: ProxyProtocol,
     timeout: Duration,
 ) -> Result<Option<SocketAddr>, Refusal> {
-    tokio::time::timeout(timeout, read(stream, taken))
-        .await
-        .unwrap_or(Err(Refusal::Timeout))
+    // One timer for the whole header: whether a byte came says which refusal its end is.
+    let begun = AtomicBool::new(false);
+    let header = async {
+        let mut first = [0u8; 1];
+        match stream.peek(&mut first).await {
+            Ok(n) if n > 0 => begun.store(true, Ordering::Relaxed),
+            _ => return Err(Refusal::Empty),
+        }
+        read(stream, taken, first[0]).await
+    };
+    match tokio::time::timeout(timeout, header).await {
+        Ok(named) => named,
+        Err(_) if begun.load(Ordering::Relaxed) => Err(Refusal::Timeout),
+        Err(_) => Err(Refusal::Empty),
+    }
 }
 
-async fn read(stream: &TcpStream, taken: ProxyProtocol) -> Result<Option<SocketAddr>, Refusal> {
-    let mut first = [0u8; 1];
-    if stream.peek(&mut first).await.map_err(|_| Refusal::Closed)? == 0 {
-        return Err(Refusal::Closed);
-    }
-    match first[0] {
+/// The header that begins with `first` (peeked, still in the socket).
+async fn read(
+    stream: &TcpStream,
+    taken: ProxyProtocol,
+    first: u8,
+) -> Result<Option<SocketAddr>, Refusal> {
+    match first {
         b'\r' if taken.takes_v2() => v2(stream).await,
         b'P' if taken.takes_v1() => v1(stream).await,
         _ => Err(Refusal::Invalid(format!(
@@ -372,6 +405,27 @@ mod tests {
                 String::from_utf8_lossy(sent)
             );
         }
+    }
+
+    /// A connection closed, or silent through the time given, before its first byte
+    /// is empty; one silent after a byte of its header is timed out.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_sent_is_empty_and_a_header_begun_then_silent_a_timeout() {
+        let (named, _) = header_of(&[], ProxyProtocol::Any).await;
+        assert_eq!(named, Err(Refusal::Empty));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let timeout = Duration::from_secs(10);
+        let named = client_of(&server, ProxyProtocol::Any, timeout).await;
+        assert_eq!(named, Err(Refusal::Empty));
+        let mut begun = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        begun.write_all(b"PROXY TCP4 ").await.unwrap();
+        let named = client_of(&server, ProxyProtocol::Any, timeout).await;
+        assert_eq!(named, Err(Refusal::Timeout));
+        drop((silent, begun));
     }
 
     #[tokio::test]
