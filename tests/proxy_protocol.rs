@@ -91,12 +91,16 @@ async fn exchange_from(
     from: &str,
     writes: &[&[u8]],
 ) -> Option<(u16, String)> {
+    exchange_on(connect_from(proxy, from).await, writes).await
+}
+
+/// A connection to the proxy from the loopback address `from`.
+async fn connect_from(proxy: &RunningProxy, from: &str) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket
         .bind(SocketAddr::new(from.parse().unwrap(), 0))
         .unwrap();
-    let stream = within("connect", socket.connect(proxy.addr)).await.unwrap();
-    exchange_on(stream, writes).await
+    within("connect", socket.connect(proxy.addr)).await.unwrap()
 }
 
 /// What the proxy answers on `stream` to `writes`, as [`exchange`] says.
@@ -235,6 +239,38 @@ async fn the_balancers_apart_from_the_trusted_proxies_each_send_what_they_send()
     assert_eq!(l4_plain, None);
     // The three clients named, each its key; the refused connections none.
     assert_eq!(proxy.snapshot("per-ip").keys, 3);
+}
+
+/// A balancer in `proxy_protocol_from` alone carries many clients: its connections
+/// are not counted under `max_connections_per_client`, the clients its headers name
+/// are. (Counted, its second connection was closed as accepted.)
+#[tokio::test]
+async fn a_balancer_apart_from_the_trusted_proxies_is_not_held_to_the_per_client_cap() {
+    let upstream = start_upstream().await;
+    let mut s = expecting(upstream, ProxyProtocol::V1, &["127.0.0.2/32"]);
+    s.proxy_protocol_from = Some(vec!["127.0.0.3/32".parse().unwrap()]);
+    s.max_connections_per_client = Some(1);
+    s.header_read_timeout = Duration::from_secs(10);
+    let proxy = start_proxy(s, vec![per_ip()]).await;
+    let mut held = connect_from(&proxy, "127.0.0.3").await;
+    held.write_all(&v1("192.0.2.1")).await.unwrap();
+    let other = exchange_from(&proxy, "127.0.0.3", &[&with_request(v1("192.0.2.2"))]).await;
+    assert_eq!(other, Some((200, "192.0.2.2".to_owned())));
+    // The client named holds its own place: its second connection is refused once
+    // the held one's header is read.
+    let mut refused = false;
+    for _ in 0..50 {
+        let again = with_request(v1("192.0.2.1"));
+        if exchange_from(&proxy, "127.0.0.3", &[&again])
+            .await
+            .is_none()
+        {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "the held client's second connection was served");
 }
 
 /// `[server] trusted_hops` through `rocgate serve`: from any peer, the client is the
