@@ -273,6 +273,43 @@ async fn a_balancer_apart_from_the_trusted_proxies_is_not_held_to_the_per_client
     assert!(refused, "the held client's second connection was served");
 }
 
+/// A client a balancer's header names is held to `max_connections_per_client` even
+/// where its address lies in `proxy_protocol_from` (the balancers' network, which
+/// clients may share): only a named trusted proxy, an L7 proxy behind the balancer,
+/// carries many clients. (The named client's address was held against both lists, and
+/// its second connection served.)
+#[tokio::test]
+async fn a_named_client_in_the_balancers_network_is_held_to_its_cap() {
+    let upstream = start_upstream().await;
+    let mut s = expecting(upstream, ProxyProtocol::V1, &["198.51.100.0/24"]);
+    s.proxy_protocol_from = Some(vec!["127.0.0.0/24".parse().unwrap()]);
+    s.max_connections_per_client = Some(1);
+    s.header_read_timeout = Duration::from_secs(10);
+    let proxy = start_proxy(s, vec![per_ip()]).await;
+    let mut held = connect(proxy.addr).await;
+    held.write_all(&v1("127.0.0.50")).await.unwrap();
+    assert!(
+        refused_within_a_second(&proxy, &with_request(v1("127.0.0.50"))).await,
+        "the named client's second connection was served"
+    );
+    // A trusted L7 proxy behind the balancer is not held to it: its connection held,
+    // its next ones (each for a client of its own) are served, its header read or not.
+    let mut behind = connect(proxy.addr).await;
+    behind.write_all(&v1("198.51.100.4")).await.unwrap();
+    for i in 1..=10 {
+        let forwarded = format!(
+            "GET /per-ip HTTP/1.1\r\nhost: app\r\nx-forwarded-for: 203.0.113.{i}\r\n\
+             connection: close\r\n\r\n"
+        );
+        let sent = [v1("198.51.100.4"), forwarded.into_bytes()].concat();
+        let answer = exchange(&proxy, &[&sent]).await;
+        let body = format!("203.0.113.{i}, 198.51.100.4");
+        assert_eq!(answer, Some((200, body)));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop((held, behind));
+}
+
 /// `[server] trusted_hops` through `rocgate serve`: from any peer, the client is the
 /// N-th entry of `X-Forwarded-For` from the right, for the key, and the chain is
 /// passed on with the peer appended; without the header, the peer is the client.

@@ -1163,8 +1163,10 @@ pub struct ServerConfig {
     /// connections wait (in the kernel's listen backlog) until one closes.
     pub max_connections: usize,
     /// Most client connections open at once from one client address (an IPv6 client's
-    /// /64), if set; the trusted proxies' connections are not counted. Beyond it, a
-    /// connection is closed as soon as it is accepted.
+    /// /64), if set; the connections of the trusted proxies and of
+    /// [`proxy_protocol_networks`](Self::proxy_protocol_networks) are not counted (a
+    /// client a PROXY protocol header names is, unless it is a trusted proxy). Beyond
+    /// it, a connection is closed as soon as it is accepted.
     pub max_connections_per_client: Option<usize>,
     /// Most requests forwarded to the upstream at once, through the pool, lanes and
     /// WebSocket tunnels together, each counted until its response body ends or its

@@ -12,8 +12,10 @@
 //! With `max_connections_per_client`, a client address (an IPv6 client's /64) that
 //! holds that many already has a new connection closed as soon as it is accepted,
 //! before a byte of it is read, so that one client cannot take every place (HAProxy's
-//! `src_conn_cur`, nginx's `limit_conn` by address); the trusted proxies' connections,
-//! which carry many clients, are not counted.
+//! `src_conn_cur`, nginx's `limit_conn` by address); the connections of the trusted
+//! proxies and of the load balancers that send a PROXY protocol header, which carry
+//! many clients, are not counted (a client a header names is, unless it is a trusted
+//! proxy itself).
 //!
 //! A connection's [`Activity`] counts its requests in progress: a request begins when
 //! the service is called and ends with its response body (or with the service's
@@ -118,6 +120,9 @@ struct PerClient {
     max: usize,
     /// Addresses whose connections are not counted: the trusted proxies.
     exempt: Vec<ipnet::IpNet>,
+    /// Load balancers, whose own connections are not counted either: the clients
+    /// their headers name are, one of these networks or not.
+    balancers: Vec<ipnet::IpNet>,
     open: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
 
@@ -172,11 +177,18 @@ impl ClientConnections {
     }
 
     /// At most `max` connections open at once from one client address, if set, not
-    /// counting those from `exempt` networks.
-    pub(crate) fn per_client(mut self, max: Option<usize>, exempt: Vec<ipnet::IpNet>) -> Self {
+    /// counting those from `exempt` networks (the trusted proxies), nor the socket
+    /// peers in `balancers` (the load balancers that send a PROXY protocol header).
+    pub(crate) fn per_client(
+        mut self,
+        max: Option<usize>,
+        exempt: Vec<ipnet::IpNet>,
+        balancers: Vec<ipnet::IpNet>,
+    ) -> Self {
         self.per_client = max.map(|max| PerClient {
             max,
             exempt,
+            balancers,
             open: Arc::default(),
         });
         self
@@ -213,8 +225,25 @@ impl ClientConnections {
     /// cap, until the [`Slot`] it opens is dropped; `None`, the refusal counted, if
     /// that address holds `max_connections_per_client` already.
     pub(crate) fn admit(&self, peer: IpAddr) -> Option<Admitted> {
+        self.admit_unless(peer, true)
+    }
+
+    /// As [`admit`](Self::admit), for the client a PROXY protocol header named: not
+    /// counted only if it is a trusted proxy (it then carries many clients), whether
+    /// or not its address lies in a load balancer's network.
+    pub(crate) fn admit_named(&self, client: IpAddr) -> Option<Admitted> {
+        self.admit_unless(client, false)
+    }
+
+    /// [`admit`](Self::admit), the balancers' networks exempt or not.
+    fn admit_unless(&self, peer: IpAddr, balancers_exempt: bool) -> Option<Admitted> {
+        let ip = peer.to_canonical();
+        let exempt = |cap: &PerClient| {
+            let within = |nets: &[ipnet::IpNet]| nets.iter().any(|n| n.contains(&ip));
+            within(&cap.exempt) || (balancers_exempt && within(&cap.balancers))
+        };
         match &self.per_client {
-            Some(cap) if !cap.exempt.iter().any(|n| n.contains(&peer.to_canonical())) => {
+            Some(cap) if !exempt(cap) => {
                 let address = client_address(peer);
                 let mut open = cap.open.lock().unwrap_or_else(PoisonError::into_inner);
                 let held = open.entry(address).or_insert(0);
@@ -1819,7 +1848,7 @@ mod tests {
     #[test]
     fn a_client_address_holds_at_most_its_cap_and_the_trusted_proxies_none() {
         let trusted = vec!["10.0.0.0/8".parse().unwrap()];
-        let connections = ClientConnections::new(100).per_client(Some(2), trusted);
+        let connections = ClientConnections::new(100).per_client(Some(2), trusted, Vec::new());
         let a = open_from(&connections, "192.0.2.1").expect("a first");
         let b = open_from(&connections, "::ffff:192.0.2.1").expect("a second, mapped");
         assert!(open_from(&connections, "192.0.2.1").is_none(), "a third");
@@ -1846,6 +1875,29 @@ mod tests {
         let cap = connections.per_client.as_ref().unwrap();
         assert!(cap.open.lock().unwrap().is_empty());
         assert_eq!(connections.open(), 5);
+    }
+
+    /// A load balancer's own connections are not counted, but the clients its headers
+    /// name are, their addresses in its network or not; a trusted proxy named is not.
+    #[test]
+    fn a_named_client_is_counted_in_the_balancers_network_a_trusted_proxy_not() {
+        let trusted = vec!["198.51.100.0/24".parse().unwrap()];
+        let balancers = vec!["10.0.0.0/8".parse().unwrap()];
+        let connections = ClientConnections::new(100).per_client(Some(1), trusted, balancers);
+        let balancer: IpAddr = "10.0.0.1".parse().unwrap();
+        let accepted = [connections.admit(balancer), connections.admit(balancer)];
+        assert!(accepted.iter().all(Option::is_some), "a balancer's own");
+        let named: IpAddr = "10.9.9.9".parse().unwrap();
+        let first = connections.admit_named(named).expect("its first");
+        assert!(connections.admit_named(named).is_none(), "its second");
+        let proxy: IpAddr = "198.51.100.4".parse().unwrap();
+        let behind = [
+            connections.admit_named(proxy),
+            connections.admit_named(proxy),
+        ];
+        assert!(behind.iter().all(Option::is_some), "a trusted proxy's");
+        assert_eq!(connections.refused(), 1);
+        drop((accepted, first, behind));
     }
 
     /// The first refusal is warned of, at any instant of the clock (its origin

@@ -85,7 +85,8 @@ pub struct ProxySettings {
     /// counted.
     pub max_connections: usize,
     /// Most client connections open at once from one client address (an IPv6 client's
-    /// /64), if set; connections from the trusted proxies are not counted. Beyond it,
+    /// /64), if set; connections from the trusted proxies and from `proxy_protocol_from`
+    /// are not counted (a client a header names is, unless a trusted proxy). Beyond it,
     /// a connection is closed as soon as it is accepted.
     pub max_connections_per_client: Option<usize>,
     /// How long a client connection may have no request in progress before it is
@@ -839,17 +840,13 @@ impl Proxy {
                 .collect(),
         };
         // The trusted proxies' and the load balancers' connections carry many clients:
-        // not counted (the clients a header names are).
-        let exempt = self
-            .settings
-            .forward
-            .resolver_networks()
-            .into_iter()
-            .chain(header_from.iter().copied())
-            .collect();
+        // not counted (the clients a header names are, but for a trusted proxy).
         let connections = Arc::new(
-            connections::ClientConnections::new(self.settings.max_connections)
-                .per_client(self.settings.max_connections_per_client, exempt),
+            connections::ClientConnections::new(self.settings.max_connections).per_client(
+                self.settings.max_connections_per_client,
+                self.settings.forward.resolver_networks(),
+                header_from.clone(),
+            ),
         );
         // Each client connection gets its own forwarder (its lane, its peer), behind
         // the shared layer.
@@ -1117,7 +1114,7 @@ impl Proxy {
                     };
                     // A client its proxy names counts against its own address's
                     // `max_connections_per_client` (its proxy's connections are not).
-                    let admitted = match counts.admit(client.ip()) {
+                    let admitted = match counts.admit_named(client.ip()) {
                         Some(admitted) => admitted,
                         None => {
                             let now = clock.as_ref().map(|clock| clock.now());
