@@ -1820,6 +1820,18 @@ fn proxy_protocol_from_is_its_own_list_and_defaults_to_the_trusted_proxies() {
         "server.proxy_protocol_from",
         "invalid type",
     );
+    // A proxy_protocol misspelt is its own error: the list beside it is not said to
+    // have no effect (it would, were the version read), and its entries are checked.
+    let text =
+        route("[server]\nproxy_protocol = \"v3\"\nproxy_protocol_from = [\"10.0.0.1\", \"lb\"]");
+    let found = problems(&text);
+    assert_eq!(found.len(), 2, "{}", found.join("\n"));
+    refused(&text, "server.proxy_protocol", "must be \"off\", \"v1\"");
+    refused(
+        &text,
+        "server.proxy_protocol_from[1]",
+        "must be a network such as",
+    );
 }
 
 /// `trusted_hops` counts from 0 to 10, and stands apart from `trusted_proxies`.
@@ -1843,7 +1855,7 @@ fn trusted_hops_are_bounded_and_not_with_trusted_proxies() {
     refused(
         &route("[server]\ntrusted_hops = -1"),
         "server.trusted_hops",
-        "",
+        "expected a whole number ≥ 0",
     );
     refused(
         &route("[server]\ntrusted_hops = 1\ntrusted_proxies = [\"10.0.0.0/8\"]"),

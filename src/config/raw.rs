@@ -2505,8 +2505,11 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         out.normalize_path = normalize;
     }
     let trusted = server.trusted_proxies.unwrap_or_default();
+    // Whether the file turns the PROXY protocol off (leaves it out, or says "off"), not
+    // whether it was read: a misspelt version is an error of its own.
+    let mut protocol_off = true;
     if let Some(version) = server.proxy_protocol {
-        let checked = match version.trim().to_ascii_lowercase().as_str() {
+        let read = match version.trim().to_ascii_lowercase().as_str() {
             "off" => Ok(ProxyProtocol::Off),
             "v1" => Ok(ProxyProtocol::V1),
             "v2" => Ok(ProxyProtocol::V2),
@@ -2515,8 +2518,9 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
                 "must be \"off\", \"v1\", \"v2\" or \"any\", got {:?}",
                 quoted(&version)
             )),
-        }
-        .and_then(|v| match v {
+        };
+        protocol_off = read == Ok(ProxyProtocol::Off);
+        let checked = read.and_then(|v| match v {
             ProxyProtocol::Off => Ok(v),
             _ if server.proxy_protocol_from.is_none() && trusted.is_empty() => Err(format!(
                 "{:?} needs server.proxy_protocol_from (or, left out, \
@@ -2537,7 +2541,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         field(p, &path, network(text).map(|n| out.trusted_proxies.push(n)));
     }
     if let Some(from) = server.proxy_protocol_from {
-        let checked = if out.proxy_protocol == ProxyProtocol::Off {
+        let checked = if protocol_off {
             Err(
                 "has no effect unless server.proxy_protocol is \"v1\", \"v2\" or \"any\""
                     .to_owned(),
