@@ -1279,6 +1279,37 @@ fn env_override_sets_proxy_protocol() {
     );
 }
 
+/// `trusted_hops` is set from the environment (text, read as a whole number), and
+/// refused there as in the file, beside `trusted_proxies` or above 10, naming the
+/// variable.
+#[test]
+fn env_override_sets_trusted_hops() {
+    let var = |value: &str| [("ROCGATE__SERVER__TRUSTED_HOPS".to_owned(), value.to_owned())];
+    let c = Config::from_toml_str_with_env(&route(""), "rocgate.toml", var("2"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.trusted_hops, 2);
+    for (text, value, message) in [
+        (
+            route(""),
+            "11",
+            "server.trusted_hops: must be at most 10, got 11",
+        ),
+        (route(""), "two", "expected a whole number ≥ 0"),
+        (
+            route("[server]\ntrusted_proxies = [\"10.0.0.0/8\"]"),
+            "1",
+            "server.trusted_hops: cannot be combined with server.trusted_proxies",
+        ),
+    ] {
+        let e = Config::from_toml_str_with_env(&text, "rocgate.toml", var(value)).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains(message) && e.contains("ROCGATE__SERVER__TRUSTED_HOPS"),
+            "{value}: {e}"
+        );
+    }
+}
+
 #[test]
 fn env_override_of_no_field_is_refused_and_an_empty_value_skipped() {
     let text =
