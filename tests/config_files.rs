@@ -1277,6 +1277,19 @@ fn env_override_sets_proxy_protocol() {
             && e.to_string().contains("ROCGATE__SERVER__PROXY_PROTOCOL"),
         "{e}"
     );
+    // A list, as trusted_proxies: set in the file, not from the environment.
+    let env = [(
+        "ROCGATE__SERVER__PROXY_PROTOCOL_FROM".to_owned(),
+        "10.0.0.0/8".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("server.proxy_protocol_from: invalid type")
+            && e.to_string()
+                .contains("ROCGATE__SERVER__PROXY_PROTOCOL_FROM"),
+        "{e}"
+    );
 }
 
 /// `trusted_hops` is set from the environment (text, read as a whole number), and

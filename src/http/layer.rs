@@ -547,7 +547,8 @@ impl AdmissionLayerBuilder {
     }
 
     /// Proxies whose client IP header is believed, in place of those given before (by
-    /// [`AdmissionLayer::builder`], the config's).
+    /// [`AdmissionLayer::builder`], the config's); not consulted while
+    /// [`trusted_hops`](Self::trusted_hops) is above 0.
     pub fn trusted_proxies(mut self, networks: Vec<IpNet>) -> Self {
         self.trusted = networks;
         self
