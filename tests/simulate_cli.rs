@@ -174,12 +174,12 @@ fn flash_sale_writes_a_summary_with_a_cut_and_one_row_per_slot() {
             "route,t_s,offered,admitted,rejected,rejected_limit,rejected_roc_cut,\
              rejected_concurrency,rejected_queue_full,rejected_fallback_local,\
              shadow_rejected,overload,roc,danger_roc,safe_roc,limit_rps,base_limit_rps,\
-             state,level,level_capacity"
+             state,level,level_capacity,route_limit_rejected"
         )
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 600, "60 s in slots of 100 ms");
-    assert!(rows.iter().all(|r| r.len() == 20 && r[0] == "order"));
+    assert!(rows.iter().all(|r| r.len() == 21 && r[0] == "order"));
     let offered_sum: u64 = rows.iter().map(|r| r[2].parse::<u64>().unwrap()).sum();
     assert_eq!(offered_sum, offered);
     assert!(rows.iter().any(|r| r[17] == "cut"));

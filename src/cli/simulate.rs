@@ -331,9 +331,16 @@ fn earlier_run(dir: &Path) -> Vec<PathBuf> {
         .filter(|path| {
             regular(path)
                 && (!path.ends_with("timeseries.csv")
-                    || first_line(path).is_some_and(|l| l == SimRun::CSV_HEADER))
+                    || first_line(path).is_some_and(|l| is_a_runs_header(&l)))
         })
         .collect()
+}
+
+/// Whether `line` is the header of a run's `timeseries.csv`: this version's, or an
+/// earlier one's, written before its last column (`route_limit_rejected`) was added.
+fn is_a_runs_header(line: &str) -> bool {
+    line == SimRun::CSV_HEADER
+        || SimRun::CSV_HEADER.strip_suffix(",route_limit_rejected") == Some(line)
 }
 
 /// The `sweep.csv` of an earlier sweep in `dir`, if its header ends with the columns a
@@ -949,6 +956,9 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
         }
     };
     by_reason(out, &s.rejected_by_reason);
+    if s.mode != Mode::Shadow {
+        by_total(out, s);
+    }
     if s.shadow_rejected > 0 {
         line(
             out,
@@ -964,6 +974,9 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
             ),
         );
         by_reason(out, &s.shadow_rejected_by_reason);
+        if s.mode == Mode::Shadow {
+            by_total(out, s);
+        }
     }
     if let Some(without) = cuts_set_apart(s) {
         let own = CutsOwn::new(s.rejected, without, s.offered);
@@ -1000,6 +1013,21 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
             s.peak_admitted_1s, s.peak_admitted_1s_at_s, s.peak_offered_1s
         ),
     );
+}
+
+/// A partitioned route's line of the refusals its `route_limit` made (in `shadow`
+/// mode, would have), which the lines by reason above count among `limit` or
+/// `roc_cut`: said on a route with one that refused any.
+fn by_total(out: &mut String, s: &Summary) {
+    if let Some(n) = s.route_limit_rejected.filter(|&n| n > 0) {
+        line(
+            out,
+            format_args!(
+                "  of which    {n:>8}  {:5.1}%  by route_limit, the keys' total (not a key's own limit)",
+                100.0 * n as f64 / s.offered.max(1) as f64
+            ),
+        );
+    }
 }
 
 /// What an `enforce` route that cut rejects without its cuts, which its summary sets
@@ -1133,6 +1161,47 @@ mod tests {
         out.lines()
             .find(|l| l.starts_with("without cuts"))
             .map(str::to_owned)
+    }
+
+    /// A partitioned route's table says how many of its refusals were its
+    /// `route_limit`'s, under the reasons that count them (under those it would have
+    /// rejected, in `shadow`), and nothing of it on a route without one.
+    #[test]
+    fn the_totals_refusals_are_said_apart() {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\npartition = \"ip\"\n\
+                    base_limit = 100\nroute_limit = 20\n";
+        let profile = rocgate::sim::Profile::from_points(&[(0.0, 50.0), (10.0, 50.0)]).unwrap();
+        for mode in [Mode::Enforce, Mode::Shadow] {
+            let mut config = Config::from_toml_str(toml, "test").unwrap();
+            config.routes[0].mode = mode;
+            let s = Simulator::new(config, None)
+                .unwrap()
+                .run_profile(&profile, ArrivalModel::Uniform)
+                .unwrap()
+                .summary;
+            let n = s.route_limit_rejected.unwrap();
+            let mut out = String::new();
+            render_route(&mut out, &s, false);
+            let lines: Vec<&str> = out.lines().collect();
+            let at = lines
+                .iter()
+                .position(|l| l.contains("by route_limit"))
+                .unwrap_or_else(|| panic!("{mode:?}: {out}"));
+            assert!(lines[at].contains(&format!(" {n} ")), "{}", lines[at]);
+            let heading = if mode == Mode::Shadow {
+                "would reject"
+            } else {
+                "rejected"
+            };
+            let above = lines[..at]
+                .iter()
+                .rposition(|l| !l.starts_with("  "))
+                .unwrap();
+            assert!(lines[above].starts_with(heading), "{mode:?}: {out}");
+        }
+        let mut out = String::new();
+        render_route(&mut out, &flash_sale(Mode::Enforce), false);
+        assert!(!out.contains("route_limit"), "{out}");
     }
 
     /// The cuts' own rejections below zero are said as a difference, not saturated.

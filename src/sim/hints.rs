@@ -298,6 +298,7 @@ mod tests {
                 rejected: 0,
                 rejected_without_cuts: None,
                 cut_own_net: None,
+                route_limit_rejected: None,
                 rejected_by_reason: Default::default(),
                 shadow_rejected: 0,
                 shadow_rejected_by_reason: Default::default(),

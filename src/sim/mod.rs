@@ -91,6 +91,7 @@
 //! | `state` | the controller's state during the slot: `normal`, `cut`, `recovering` |
 //! | `level` | the limiter's level at the end of the slot: tokens left for a token bucket (requests counted, queued or in flight for the other algorithms); `NaN` on a partitioned route, whose limiters are each key's |
 //! | `level_capacity` | the most `level` can be at that time (the bucket's capacity) |
+//! | `route_limit_rejected` | of `rejected` (in `shadow` mode, of `shadow_rejected`), those a partitioned route's `route_limit` refused after their key's own limit admitted them, counted among `rejected_limit` or `rejected_roc_cut` too; 0 on a route without one |
 //!
 //! The engine steps its controller when the first request of a new slot arrives, so
 //! `roc`, the thresholds, `limit_rps` and `state` are exactly what decided that slot's
@@ -131,6 +132,7 @@
 //! | `start_unix_s`, `duration_s`, `slot_s` | as above, and the route's slot |
 //! | `offered`, `admitted`, `rejected` | request counts over the run |
 //! | `rejected_by_reason` | `{limit, roc_cut, concurrency, queue_full, fallback_local}` |
+//! | `route_limit_rejected` | a partitioned route's `route_limit`: of the requests `rejected_by_reason` (in `shadow` mode, `shadow_rejected_by_reason`) counts as `limit` or `roc_cut`, those the keys' total refused after their key's own limit admitted them; `null` on a route without one |
 //! | `rejected_without_cuts` | `enforce` routes: what the route rejects on the same arrivals with a controller that never cuts, by its base limit alone (an event's while one is active), counted by a second engine beside the run's; `rejected` less this is what the cuts themselves rejected (every refusal during a cut counts as `roc_cut`, those the base limit would have made too). Equal to `rejected` on a route that never cut; `null` on a route in a shadow mode |
 //! | `cut_own_net` | the cuts' own refusals as the run's engine counts them live, net (`GET /admin/routes`' `cut_own_net` at the run's end): against a twin token bucket at the base limit started from the route's at each cut's start; 0 on a route that never cut; `null` where not counted (a partitioned route, another algorithm, `shadow_adaptive`) |
 //! | `shadow_rejected`, `shadow_rejected_by_reason` | shadow modes: what would have been rejected |

@@ -525,6 +525,7 @@ fn summarize(
     let rejected_by_reason = ReasonCounts::from_pairs(&snap.rejected);
     let shadow_rejected_by_reason = ReasonCounts::from_pairs(&snap.shadow_rejected);
     let cut_own_net = snap.cut_own_net();
+    let route_limit_rejected = snap.route_limit.map(|t| t.rejected);
     Summary {
         route: snap.name,
         mode: snap.mode,
@@ -537,6 +538,7 @@ fn summarize(
         rejected_without_cuts: None,
         cut_own_net,
         rejected_by_reason,
+        route_limit_rejected,
         shadow_rejected: shadow_rejected_by_reason.total(),
         shadow_rejected_by_reason,
         overload: series.iter().map(|r| r.overload).sum(),
@@ -760,6 +762,9 @@ struct Recorder<'e> {
     /// Shadow would-rejects counted by the engine up to the last closed slot, by
     /// reason.
     shadow_seen: crate::hints::ReasonArray,
+    /// Refusals by the route's `route_limit` the engine counted up to the last closed
+    /// slot.
+    route_limit_seen: u64,
     rows: Vec<SlotRow>,
     /// Offered and admitted requests on the 100 ms grid, for the busiest second,
     /// when slots are longer than 100 ms or 1 s is not a whole number of them (whole
@@ -818,6 +823,7 @@ impl<'e> Recorder<'e> {
             boundary: slot_ns,
             row: SlotRow::empty(0.0),
             shadow_seen: Default::default(),
+            route_limit_seen: 0,
             rows: Vec::with_capacity(usize::try_from(slots).unwrap_or(0)),
             grid: (slot_ns > PEAK_GRID_NS || SECOND_NS % slot_ns != 0)
                 .then(|| (Peak::new(), Peak::new())),
@@ -890,9 +896,12 @@ impl<'e> Recorder<'e> {
                 let by_reason =
                     Reason::ALL.map(|r| (r, shadow[r.index()].saturating_sub(seen[r.index()])));
                 let shadow_rejected_by_reason = ReasonCounts::from_pairs(&by_reason);
+                let total = snap.route_limit.map_or(0, |t| t.rejected);
+                let seen = std::mem::replace(&mut self.route_limit_seen, total);
                 SlotRow {
                     shadow_rejected: shadow_rejected_by_reason.total(),
                     shadow_rejected_by_reason,
+                    route_limit_rejected: total.saturating_sub(seen),
                     roc: snap.roc,
                     danger_roc: snap.danger_roc,
                     safe_roc: snap.safe_roc,
@@ -1041,6 +1050,11 @@ pub struct SlotRow {
     pub shadow_rejected: u64,
     /// Of those, by the reason they would have been rejected for.
     pub shadow_rejected_by_reason: ReasonCounts,
+    /// Of the rejected (in `shadow` mode, of those that would have been), those a
+    /// partitioned route's `route_limit` refused, its keys together, after their key's
+    /// own limit admitted them: counted among `limit` or `roc_cut` too (0 on a route
+    /// without one).
+    pub route_limit_rejected: u64,
     /// Of the admitted, those above the service's capacity ([`Simulator::capacity`]).
     pub overload: u64,
     /// ROC of the last sample the controller saw when the slot began.
@@ -1072,6 +1086,7 @@ impl SlotRow {
             rejected: ReasonCounts::default(),
             shadow_rejected: 0,
             shadow_rejected_by_reason: ReasonCounts::default(),
+            route_limit_rejected: 0,
             overload: 0,
             roc: 0.0,
             danger_roc: 0.0,
@@ -1162,6 +1177,12 @@ pub struct Summary {
     pub cut_own_net: Option<i64>,
     /// Requests rejected, by reason.
     pub rejected_by_reason: ReasonCounts,
+    /// A partitioned route's `route_limit`: the requests it refused, its keys together,
+    /// after their key's own limit admitted them (in `shadow` mode, would have), of
+    /// those counted in `rejected_by_reason` (`shadow_rejected_by_reason`) as `limit`,
+    /// or `roc_cut` while a cut held: the part the total refused, not a key's own
+    /// limit. `None` on a route without one.
+    pub route_limit_rejected: Option<u64>,
     /// Shadow modes: requests admitted that would have been rejected.
     pub shadow_rejected: u64,
     /// Shadow would-rejects, by reason.
@@ -1256,7 +1277,7 @@ impl SimRun {
     pub const CSV_HEADER: &'static str = "route,t_s,offered,admitted,rejected,\
         rejected_limit,rejected_roc_cut,rejected_concurrency,rejected_queue_full,\
         rejected_fallback_local,shadow_rejected,overload,roc,danger_roc,safe_roc,\
-        limit_rps,base_limit_rps,state,level,level_capacity";
+        limit_rps,base_limit_rps,state,level,level_capacity,route_limit_rejected";
 
     /// The first route's result (the only one of a single-route run).
     fn into_first(self) -> Result<SimResult, SimError> {
@@ -1276,7 +1297,7 @@ impl SimRun {
                 let x = &r.rejected;
                 writeln!(
                     out,
-                    "{name},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{name},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     r.t_s,
                     r.offered,
                     r.admitted,
@@ -1296,6 +1317,7 @@ impl SimRun {
                     r.state,
                     r.level,
                     r.level_capacity,
+                    r.route_limit_rejected,
                 )?;
             }
         }
@@ -1342,6 +1364,38 @@ mod tests {
             beside = Some(live.try_set_limit(50.0, Nanos::ZERO));
         });
         assert_eq!(beside, Some(false), "changed beside the held change");
+    }
+
+    /// A partitioned route's `route_limit` refusals are set apart from its key's own:
+    /// in the summary (the total's part of `limit`) and slot by slot, and `None` on a
+    /// route without one. Before, both were only among `limit`.
+    #[test]
+    fn a_routes_total_refusals_are_counted_apart() {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/r\"\npartition = \"ip\"\n\
+                    base_limit = 100\nroute_limit = 20\n\
+                    [[routes]]\nname = \"s\"\npath_prefix = \"/s\"\npartition = \"ip\"\n";
+        let config = Config::from_toml_str(toml, "test").unwrap();
+        // 50 req/s for 10 s: under each key's limit of 100, over the total of 20.
+        let profile = super::super::Profile::from_points(&[(0.0, 50.0), (10.0, 50.0)]).unwrap();
+        let run = Simulator::new(config.clone(), Some("r"))
+            .unwrap()
+            .run_profile(&profile, ArrivalModel::Uniform)
+            .unwrap();
+        let s = &run.summary;
+        let total = s.route_limit_rejected.expect("a route with a route_limit");
+        assert!(total > 250 && total <= s.rejected, "{s:?}");
+        assert_eq!(
+            total, s.rejected_by_reason.limit,
+            "the keys' own refused none"
+        );
+        let by_slot: u64 = run.series.iter().map(|r| r.route_limit_rejected).sum();
+        assert_eq!(by_slot, total);
+        let without = Simulator::new(config, Some("s"))
+            .unwrap()
+            .run_profile(&profile, ArrivalModel::Uniform)
+            .unwrap();
+        assert_eq!(without.summary.route_limit_rejected, None);
+        assert!(without.series.iter().all(|r| r.route_limit_rejected == 0));
     }
 
     #[test]
