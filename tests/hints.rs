@@ -1246,6 +1246,56 @@ fn rejecting(
         .collect()
 }
 
+/// A partitioned route whose keys were held by its `route_limit`, not by their own
+/// limit, is told to raise the total, not its base limit: before, the total's
+/// refusals (counted among `limit`) read as the base limit's, and `raise_base_limit`
+/// advised raising each key's limit by 30%, which the total would have refused anyway.
+#[test]
+fn a_route_held_by_its_total_is_told_to_raise_the_total_not_its_base_limit() {
+    let keyed = engine_settings("partition = \"ip\"\nroute_limit = 500");
+    assert_eq!(keyed.route_limit_rps, Some(500.0));
+    let by_total = |reason: Reason, state: ControllerState| {
+        let mut intervals = rejecting(0, 30, 1_000, (reason, 300), 0);
+        for i in &mut intervals {
+            i.route_limit_rejected = 280;
+            i.in_state[usize::from(state.as_index())] = 1.0;
+        }
+        advise_over(&keyed, &intervals)
+    };
+    // Out of a cut: 28% refused by the total, 2% by the keys' own limit.
+    let h = by_total(Reason::Limit, ControllerState::Normal);
+    assert!(find(&h, "raise_base_limit").is_none(), "{:#?}", rules(&h));
+    assert_eq!(numbers(&h, "raise_route_limit"), (500.0, 650.0));
+    let hint = find(&h, "raise_route_limit").unwrap();
+    assert_eq!(hint.severity, Severity::Warn);
+    assert_eq!(hint.parameter.as_deref(), Some("route_limit"));
+    assert_says(
+        hint,
+        "28.0% of 30000 requests were rejected by the route_limit of 500",
+    );
+    // The same refusals during a cut are the cut's: neither is raised.
+    let h = by_total(Reason::RocCut, ControllerState::Cut);
+    assert!(find(&h, "raise_route_limit").is_none(), "{:#?}", rules(&h));
+    assert!(find(&h, "raise_base_limit").is_none(), "{:#?}", rules(&h));
+    // The keys' own limit refusing, the total refusing few: the base limit, as before.
+    let mut intervals = rejecting(0, 30, 1_000, (Reason::Limit, 300), 0);
+    for i in &mut intervals {
+        i.route_limit_rejected = 20;
+    }
+    let h = advise_over(&keyed, &intervals);
+    assert_eq!(numbers(&h, "raise_base_limit"), (200.0, 260.0));
+    assert!(find(&h, "raise_route_limit").is_none(), "{:#?}", rules(&h));
+    // A simulated run counts the total's refusals per slot: 50 req/s against a total
+    // of 20, every key's own limit 200, a healthy upstream of 1000 req/s.
+    let h = advise(
+        "partition = \"ip\"\nroute_limit = 20",
+        &steady(50.0),
+        Some(1000),
+    );
+    assert!(find(&h, "raise_base_limit").is_none(), "{:#?}", rules(&h));
+    assert_eq!(numbers(&h, "raise_route_limit"), (20.0, 26.0));
+}
+
 /// 30 one-second intervals, every other one a burst of 400 requests after 100, 150
 /// of each burst rejected by the limit; the upstream answered the rest, healthy.
 fn bursts_of_400() -> Vec<rocgate::hints::Interval> {
@@ -1874,6 +1924,7 @@ fn classic() -> RouteSettings {
         params: ControllerParams::default(),
         partitioned: false,
         tiered: false,
+        route_limit_rps: None,
         distributed: false,
         event: None,
     }

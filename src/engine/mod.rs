@@ -659,6 +659,7 @@ impl Engine {
             params: st.controller.params().clone(),
             partitioned: r.partition != Partition::Route,
             tiered: !r.tiers.is_empty(),
+            route_limit_rps: r.aggregate().map(|a| a.configured_rps()),
             distributed: false,
             event: st
                 .active_event
@@ -688,6 +689,7 @@ impl Engine {
             params: due.map_or_else(|| st.own.clone(), |e| e.params.clone()),
             partitioned: r.partition != Partition::Route,
             tiered: !r.tiers.is_empty(),
+            route_limit_rps: r.aggregate().map(|a| a.configured_rps()),
             distributed: false,
             event: due.map(|e| e.name.clone()),
         })

@@ -52,6 +52,11 @@ pub struct Interval {
     /// would have rejected them for (in `shadow_adaptive`, only the cut's,
     /// [`Reason::RocCut`]: it enforces the base limit).
     pub shadow_rejected: ReasonArray,
+    /// A partitioned route's `route_limit`: the requests it refused after their key's
+    /// own limit admitted them (in `shadow` mode, would have), counted among
+    /// `rejected` (`shadow_rejected`) as [`Reason::Limit`], or [`Reason::RocCut`] while
+    /// a cut held: the part of those the keys' total refused, not a key's own limit.
+    pub route_limit_rejected: u64,
     /// Every completed slot's ROC, in the route's mode.
     pub roc: Sketch,
     /// Seconds spent in each controller state, by [`ControllerState::as_index`].
@@ -186,6 +191,7 @@ impl Interval {
         {
             *mine += theirs;
         }
+        self.route_limit_rejected += earlier.route_limit_rejected;
         self.roc.merge(&earlier.roc);
         for (mine, theirs) in self.in_state.iter_mut().zip(&earlier.in_state) {
             *mine += theirs;
@@ -265,6 +271,10 @@ pub struct RouteSettings {
     /// Has tiers: a tier's rejections count as the base limit's do (reason `limit`),
     /// so what the base limit alone rejected is not observed.
     pub tiered: bool,
+    /// A partitioned route's `route_limit`, its keys together, req/s, as configured
+    /// (`None`: none). Its refusals ([`Interval::route_limit_rejected`]) are not the
+    /// base limit's.
+    pub route_limit_rps: Option<f64>,
     /// Distributed (`rocgate serve` with a Redis `[store]` that shares the route):
     /// the base limit, window and controller are the fleet's, while the history holds
     /// this instance's share of the requests, and no slot of the shared controller
@@ -386,6 +396,7 @@ struct Totals {
     offered: u64,
     rejected: ReasonArray,
     shadow_rejected: ReasonArray,
+    route_limit_rejected: u64,
     upstream: Option<MeterReading>,
 }
 
@@ -504,6 +515,7 @@ impl History {
                 offered: snap.offered,
                 rejected: reason_array(&snap.rejected),
                 shadow_rejected: reason_array(&snap.shadow_rejected),
+                route_limit_rejected: snap.route_limit.map_or(0, |t| t.rejected),
                 upstream: upstream.and_then(|u| u.reading(&snap.name)),
             };
             let interval = self.interval;
@@ -539,6 +551,8 @@ impl History {
             for (i, n) in totals.shadow_rejected.iter().enumerate() {
                 open.shadow_rejected[i] = delta(*n, before.shadow_rejected[i]);
             }
+            open.route_limit_rejected =
+                delta(totals.route_limit_rejected, before.route_limit_rejected);
             open.upstream = totals
                 .upstream
                 .map(|now| now.since(&before.upstream.unwrap_or_default()));
@@ -685,6 +699,7 @@ mod tests {
             params: ControllerParams::default(),
             partitioned: false,
             tiered: false,
+            route_limit_rps: None,
             distributed: false,
             event: None,
         }
@@ -849,6 +864,40 @@ mod tests {
         assert_eq!(i.rejected_total(), 0);
         assert_eq!(i.shadow_rejected[Reason::Limit.index()], 50);
         assert_eq!(i.shadow_rejected_total(), 50);
+    }
+
+    /// A partitioned route's `route_limit` refusals are kept per interval apart, as
+    /// the engine's snapshot counts them (of 250 at once, the keys' own limit of 200
+    /// refuses 50, a total of 100 another 100), each interval its own.
+    #[test]
+    fn ticks_keep_the_totals_refusals_apart() {
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.partition = crate::config::Partition::ClientIp(Default::default());
+        route.route_limit_rps = Some(100.0);
+        let engine = Engine::new(
+            &crate::config::Config::new(vec![route]),
+            Nanos::ZERO,
+            UNIX_EPOCH,
+        )
+        .unwrap();
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
+        let s = Nanos::from_secs;
+        let keyed = || RouteSettings {
+            partitioned: true,
+            route_limit_rps: Some(100.0),
+            ..settings("r")
+        };
+        h.tick(s(0), &engine.snapshot(s(0)), [keyed()], None);
+        for _ in 0..250 {
+            let _ = engine.check(engine.route_at(0).unwrap(), Key::None, s(0));
+        }
+        h.tick(s(1), &engine.snapshot(s(1)), [keyed()], None);
+        h.tick(s(2), &engine.snapshot(s(2)), [keyed()], None);
+        let all = h.since(Nanos::ZERO);
+        let i = &all[0].1;
+        assert_eq!(i[0].route_limit_rejected, 100);
+        assert_eq!(i[0].rejected[Reason::Limit.index()], 150);
+        assert_eq!(i[1].route_limit_rejected, 0);
     }
 
     /// A concurrency route's slots say how many requests were in flight: the interval

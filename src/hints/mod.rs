@@ -14,7 +14,8 @@
 //!
 //! | rule | evidence | suggestion |
 //! |---|---|---|
-//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); on a partitioned route, whose limit is each key's, quoting the distinct keys refused over the period ("from about 1400 clients"), an `info` hint "only if many clients are refused" under [`MANY_KEYS`] (a few keys over their own limit, one client's flood: the limit working) or where its intervals carry no count; not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
+//! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); on a partitioned route, whose limit is each key's, quoting the distinct keys refused over the period ("from about 1400 clients"), an `info` hint "only if many clients are refused" under [`MANY_KEYS`] (a few keys over their own limit, one client's flood: the limit working) or where its intervals carry no count; a `route_limit`'s refusals ([`Interval::route_limit_rejected`]) are not the base limit's and are left out; not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
+//! | `raise_route_limit` | a partitioned route's `route_limit` refused over 10% of the requests out of a cut (taken from an interval's `limit` count first: exact in one wholly out of or wholly in a cut), each after its key's own limit admitted it, while the upstream was measured and healthy as for `raise_base_limit` (in `shadow`, would have: an `info` hint); its refusals during a cut are the cut's, not judged | `route_limit` +30%, at most the upstream's capacity (known, or measured where it saturated) ÷ (1 + burst in seconds) on a token bucket, whose burst the total's bucket has too |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio (in `shadow`, would-be) swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
@@ -377,6 +378,7 @@ pub fn advise(
     let lower_burst = lowered.and_then(|b| e.lower_burst(b));
     let quiet_cuts = e.raise_min_rps(lowered);
     let raise_base = e.raise_base_limit();
+    let raise_total = e.raise_route_limit();
     let raise_burst = e.raise_burst(raise_base.as_ref().and_then(suggested_number));
     let lower_danger = e.lower_danger_roc();
     let raise_danger = if quiet_cuts.is_some() {
@@ -396,6 +398,7 @@ pub fn advise(
     };
     let mut hints: Vec<Hint> = [
         raise_base,
+        raise_total,
         lower_base,
         lower_cut,
         lower_min,
@@ -1428,6 +1431,82 @@ impl<'a> Evidence<'a> {
         ))
     }
 
+    /// A partitioned route's `route_limit` that refused over 10% of the requests out
+    /// of a cut, each admitted by its key's own limit first, while the upstream was
+    /// measured and healthy (as `raise_base_limit` asks): its keys together were held
+    /// below what the upstream took, not each key. Suggests the total +30%, at most
+    /// what the upstream's capacity (as [`Evidence::route_capacity`] finds it) takes
+    /// with a full bucket and a second of refill (a token bucket's burst is the
+    /// total's too).
+    fn raise_route_limit(&self) -> Option<Hint> {
+        let total = self.s.route_limit_rps?;
+        let refused: u64 = self
+            .intervals
+            .iter()
+            .map(|i| total_refused(self.s, i).0)
+            .sum();
+        if refused as f64 <= 0.10 * self.offered as f64 || !self.mostly_healthy() {
+            return None;
+        }
+        let mut target = total * 1.3;
+        let mut bound = String::new();
+        let mut at_capacity = false;
+        if let Some(cap) = self.route_capacity() {
+            let most = self.base_within(cap);
+            if most <= total * 1.01 {
+                return None;
+            }
+            if most < target {
+                target = most;
+                at_capacity = true;
+                bound = format!(
+                    ", at most {} so that its full bucket and a second of refill stay within the upstream's capacity of {} req/s",
+                    fmt_measured(most),
+                    fmt_measured(cap)
+                );
+            }
+        }
+        let wanted = if at_capacity {
+            round_within(target, total)
+        } else {
+            round_up(target, total)
+        };
+        let suggested = self.fit_limit(wanted, true);
+        if suggested <= total {
+            return None;
+        }
+        let (severity, refused_by) = if self.s.mode == Mode::Shadow {
+            (Severity::Info, "enforcing would have rejected")
+        } else {
+            (Severity::Warn, "")
+        };
+        let what = if refused_by.is_empty() {
+            format!(
+                "{} of {} requests were rejected by",
+                pct(refused, self.offered),
+                self.offered
+            )
+        } else {
+            format!(
+                "{refused_by} {} of {} requests by",
+                pct(refused, self.offered),
+                self.offered
+            )
+        };
+        Some(self.hint(
+            "raise_route_limit",
+            severity,
+            Some("route_limit"),
+            Some((Setting::Number(total), Setting::Number(suggested))),
+            format!(
+                "{what} the route_limit of {} req/s over its keys together, out of a cut and after each key's own limit admitted them (mean demand {} req/s) while the upstream was {}: raise it about 30%{bound}",
+                fmt_num(total),
+                fmt_measured(self.mean_rps()),
+                self.health_summary()
+            ),
+        ))
+    }
+
     fn lower_base_limit(&self) -> Option<Hint> {
         let base = self.base();
         // The saturations that the load let through may be blamed on: not those a
@@ -2301,14 +2380,31 @@ impl<'a> Evidence<'a> {
 /// its excess alone.
 fn base_refused(s: &RouteSettings, i: &Interval) -> (u64, u64) {
     let r = as_enforced(s.mode, i);
+    let (total_calm, total_cut) = total_refused(s, i);
     let cut = r[Reason::RocCut.index()] + paced_by_cut(s, i);
-    let own = r.iter().sum::<u64>() - cut - r[Reason::FallbackLocal.index()];
+    let own =
+        (r.iter().sum::<u64>() - cut - r[Reason::FallbackLocal.index()]).saturating_sub(total_calm);
+    let cut = cut.saturating_sub(total_cut);
     let rate = !matches!(s.algorithm, Algorithm::Concurrency { .. }) && !s.partitioned;
     if !rate {
         return (own, 0);
     }
     let excess = (i.offered as f64 - s.params.base_limit_rps * i.secs()).max(0.0) as u64;
     (own, excess.min(own + cut).saturating_sub(own))
+}
+
+/// A partitioned route's `route_limit` refusals in `i` ([`as_enforced`]:
+/// [`Interval::route_limit_rejected`]) as its counts by reason hold them: those under
+/// `limit`, outside a cut, and those under `roc_cut`. An interval does not say which
+/// of its refusals were made during a cut, so they are taken from `limit` first: exact
+/// in an interval wholly out of a cut (all `limit`) or wholly in one (all `roc_cut`).
+/// [`base_refused`] leaves both out of the base limit's; `raise_route_limit` judges
+/// the first.
+fn total_refused(s: &RouteSettings, i: &Interval) -> (u64, u64) {
+    let r = as_enforced(s.mode, i);
+    let calm = i.route_limit_rejected.min(r[Reason::Limit.index()]);
+    let in_cut = (i.route_limit_rejected - calm).min(r[Reason::RocCut.index()]);
+    (calm, in_cut)
 }
 
 /// The `queue_full` refusals in `i` ([`as_enforced`]) that [`base_refused`] counts as

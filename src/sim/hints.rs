@@ -111,6 +111,7 @@ pub fn intervals(
             for (reason, n) in row.shadow_rejected_by_reason.iter() {
                 i.shadow_rejected[reason.index()] += n;
             }
+            i.route_limit_rejected += row.route_limit_rejected;
             // The first window's ROC compares with an earlier half still filling
             // (about the whole rate), and the controller does not act on it.
             if armed == 0 {
@@ -261,6 +262,7 @@ fn by_profile(
                         .map_or_else(|| route.controller.clone(), |e| e.controller.clone()),
                     partitioned: route.partition != Partition::Route,
                     tiered: !route.tiers.is_empty(),
+                    route_limit_rps: route.route_limit_rps,
                     distributed: false,
                     event: i.event.clone(),
                 };
