@@ -167,6 +167,56 @@ fn the_cut_scales_the_total_and_the_restore_brings_it_back() {
     assert_eq!((t.limit_rps, t.level.capacity), (1000.0, 1000.0));
 }
 
+/// An operator's lowering of the base limit during a cut never raises the total:
+/// 60/200 of 1,000 is 300, and a base limit lowered to 100 (the cut limit kept) held
+/// it at 300, not 60/100 of it (600, before: the total followed limit ÷ base). A
+/// restore step raises it again, and the restore brings it back to 1,000.
+#[test]
+fn lowering_the_base_limit_during_a_cut_never_raises_the_total() {
+    let mut cfg = keyed(200.0, 1000.0);
+    cfg.controller.cut_limit_rps = 60.0;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    spike_to_a_cut(&e, id);
+    let now = Nanos::from_secs(11);
+    assert_eq!(
+        e.route_snapshot(id, now).unwrap().state,
+        ControllerState::Cut
+    );
+    assert_eq!(total(&e, id, now).limit_rps, 300.0);
+    let mut lowered = e.route_params(id).unwrap();
+    lowered.base_limit_rps = 100.0;
+    e.update_route(id, lowered.clone(), now).unwrap();
+    let t = total(&e, id, now);
+    assert_eq!((t.limit_rps, t.level.capacity), (300.0, 300.0), "{t:?}");
+    // Lowered again, with the cut limit: lower still (40/50 of 1,000 is 800, the
+    // fraction in force 0.3 is lower).
+    lowered.base_limit_rps = 50.0;
+    lowered.cut_limit_rps = 40.0;
+    e.update_route(id, lowered, now).unwrap();
+    assert_eq!(total(&e, id, now).limit_rps, 300.0);
+    // The restore's steps raise it; at base it is the configured total again.
+    let mut raised = None;
+    for s in 12..3600u64 {
+        let at = Nanos::from_secs(s);
+        let _ = e.check(id, ip(2), at);
+        let snap = e.route_snapshot(id, at).unwrap();
+        let t = snap.route_limit.unwrap();
+        if t.limit_rps > 300.0 && raised.is_none() {
+            raised = Some((snap.state, snap.limit_rps));
+        }
+        if snap.state == ControllerState::Normal {
+            assert_eq!(t.limit_rps, 1000.0);
+            break;
+        }
+    }
+    let (state, limit) = raised.expect("raised by the restore");
+    assert!(
+        state != ControllerState::Cut && limit > 40.0,
+        "{state:?} at {limit}"
+    );
+}
+
 /// In `shadow` mode the total refuses nothing and counts what it would have refused;
 /// in `shadow_adaptive` it is enforced at its configured value whatever the cut.
 #[test]

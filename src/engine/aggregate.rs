@@ -18,10 +18,20 @@
 //! sets through [`Engine::set_route_limit_share`](super::Engine::set_route_limit_share)),
 //! its burst with it (the bucket's capacity is its rate × the route's burst). A
 //! change of the count is a limit change like the others.
+//!
+//! While a cut holds, the fraction rises only with the controller's limit (a restore
+//! step, a raised cut limit): a change that leaves the limit where it was or lowers
+//! it (a runtime change or a reload lowering `base_limit` under the cut limit, an
+//! event's edge) takes the lower of the new fraction and the one in force, so that
+//! lowering the keys' base limit never raises their total (60/200 of 1,000 is 300,
+//! and a base lowered to 100 read 60/100, 600, before). Back at base (`Normal`) the
+//! fraction is 1 again, as a restore's last step makes it: a change that ends a
+//! restore early (a base limit lowered to the limit the restore had reached) puts the
+//! configured total back with it.
 
 use crate::clock::Nanos;
 use crate::config::Mode;
-use crate::controller::Controller;
+use crate::controller::{Controller, ControllerState};
 use crate::limiter::{Algorithm, Level, TokenBucket};
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -47,6 +57,10 @@ pub(super) struct Aggregate {
     shadow: Option<TokenBucket>,
     /// Requests its refusal decided (in `shadow`, would have), since the route was built.
     rejected: AtomicU64,
+    /// The fraction of the configured total in force ([`Aggregate::scale`]) and the
+    /// controller's limit it was taken at, req/s, each as f64 bits: set under the
+    /// route's state lock, as every [`Aggregate::follow`] is.
+    scale: (AtomicU64, AtomicU64),
 }
 
 impl Aggregate {
@@ -67,6 +81,10 @@ impl Aggregate {
             in_force: AtomicU64::new(limit_rps.to_bits()),
             shadow: (mode == Mode::ShadowAdaptive).then(|| TokenBucket::new(limit_rps, burst, now)),
             rejected: AtomicU64::new(0),
+            scale: (
+                AtomicU64::new(1f64.to_bits()),
+                AtomicU64::new(0f64.to_bits()),
+            ),
         }
     }
 
@@ -120,42 +138,52 @@ impl Aggregate {
         (self.configured_rps() / instances as f64).max(crate::config::MIN_LIMIT)
     }
 
-    /// The total `c` holds the route to in `mode`: this instance's share of the
-    /// configured one scaled by the controller's limit over its base limit (never
-    /// above 1), or in `shadow_adaptive` the share unscaled.
-    pub(super) fn target_rps(&self, c: &Controller, mode: Mode) -> f64 {
-        if mode == Mode::ShadowAdaptive {
-            return self.share_rps();
-        }
-        self.scaled_rps(c)
-    }
-
-    /// This instance's share of the configured total scaled by `c`'s limit over its
-    /// base limit (never above 1): the total a cut holds the route to.
-    fn scaled_rps(&self, c: &Controller) -> f64 {
-        let share = self.share_rps();
+    /// The fraction of the configured total a cut holds the route to under `c`, taken
+    /// as the one in force: `c`'s limit over its base limit (never above 1), but
+    /// while a cut holds (`c` not `Normal`) no higher than the one in force unless
+    /// `c`'s limit rose since it was taken (see the module doc). Called under the
+    /// route's state lock.
+    fn scale(&self, c: &Controller) -> f64 {
+        let (held, taken_at) = &self.scale;
+        let limit = c.limit_rps();
         let base = c.params().base_limit_rps;
-        if base <= 0.0 {
-            return share;
-        }
-        (share * (c.limit_rps() / base).min(1.0)).max(crate::config::MIN_LIMIT)
+        let ratio = if base > 0.0 {
+            (limit / base).min(1.0)
+        } else {
+            1.0
+        };
+        let rose = limit > f64::from_bits(taken_at.load(Ordering::Relaxed));
+        let scale = if c.state() == ControllerState::Normal || rose {
+            ratio
+        } else {
+            ratio.min(f64::from_bits(held.load(Ordering::Relaxed)))
+        };
+        held.store(scale.to_bits(), Ordering::Relaxed);
+        taken_at.store(limit.to_bits(), Ordering::Relaxed);
+        scale
     }
 
-    /// Puts the total `c` holds the route to in force as of `at` (and in
-    /// `shadow_adaptive` the cut's, in its shadow), without waiting: `false` when a
-    /// change found its bucket's note taken and changed nothing (the engine makes it
-    /// later; a bucket at its total already is left alone then).
+    /// Puts the total `c` holds the route to in force as of `at`: this instance's
+    /// share of the configured one ([`Aggregate::set_share`]) scaled by the cut
+    /// ([`Aggregate::scale`]), or in `shadow_adaptive` the share unscaled (and the
+    /// scaled one in its shadow), without waiting: `false` when a change
+    /// found its bucket's note taken and changed nothing (the engine makes it later; a
+    /// bucket at its total already is left alone then). Called under the route's state
+    /// lock.
     pub(super) fn follow(&self, c: &Controller, mode: Mode, at: Nanos) -> bool {
         let set = |bucket: &TokenBucket, target: f64| {
             bucket.is_at(target) || bucket.try_set_limit(target, at)
         };
-        let target = self.target_rps(c, mode);
+        let share = self.share_rps();
+        let scaled = (share * self.scale(c)).max(crate::config::MIN_LIMIT);
+        let target = if mode == Mode::ShadowAdaptive {
+            share
+        } else {
+            scaled
+        };
         self.in_force.store(target.to_bits(), Ordering::Relaxed);
         let enforced = set(&self.bucket, target);
-        let shadow = self
-            .shadow
-            .as_ref()
-            .is_none_or(|s| set(s, self.scaled_rps(c)));
+        let shadow = self.shadow.as_ref().is_none_or(|s| set(s, scaled));
         enforced && shadow
     }
 

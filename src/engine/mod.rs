@@ -1964,7 +1964,7 @@ impl Route {
     /// Sets the route-wide limiters among `which` ([`BEHIND_LIMITER`],
     /// [`BEHIND_SHADOW`], [`BEHIND_TWIN`], [`BEHIND_AGGREGATE`]) to the controller's
     /// limit as of `at` (a twin to the base limit, a partitioned route's total to its
-    /// share of the configured one: [`Aggregate::target_rps`]), each without waiting,
+    /// share of the configured one: [`Aggregate::follow`]), each without waiting,
     /// and records those whose change could not take its note as
     /// [`behind`](Route::behind). Called with the state lock held.
     ///
@@ -2127,7 +2127,7 @@ impl Route {
             active_event: st.active_event.map(|i| st.events[i].name.clone()),
             keys: self.keys().map_or(0, Keys::len),
             route_limit: self.aggregate().map(|a| RouteLimitSnapshot {
-                limit_rps: a.target_rps(c, self.mode),
+                limit_rps: a.in_force_rps(),
                 configured_rps: a.configured_rps(),
                 level: a.level(now),
                 rejected: a.rejected(),
