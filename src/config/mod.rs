@@ -416,10 +416,13 @@ pub struct RouteConfig {
     /// (`route_limit`): one token bucket for the route, with the route's burst (its
     /// `burst`, or `limiter_window` for the window counters), tried after a key's own
     /// limiter admits, and scaled by the cut as the keys' limit is (`limit_rps /
-    /// base_limit_rps`). `None`: no limit over the keys together. Only on partitioned
-    /// routes with `token_bucket`, `fixed_window` or `sliding_window`. With the Redis
-    /// store, the fleet's total: each instance holds its share, this ÷ the live
-    /// instances (`Engine::set_route_limit_share`, which the store sets).
+    /// base_limit_rps`, which while a cut holds rises only with `limit_rps`: lowering
+    /// `base_limit` does not raise the total). `None`: no limit over the keys together.
+    /// Only on partitioned routes with `token_bucket`, `fixed_window` or
+    /// `sliding_window`. With the Redis store, the fleet's total: each instance holds its
+    /// share, this ÷ the live instances (`Engine::set_route_limit_share`, which the store
+    /// sets). The route's own: no scheduled event sets it (an event's profile is the
+    /// controller's parameters), and during one it holds, scaled by the event's cut.
     pub route_limit_rps: Option<f64>,
     /// Key values with limits of their own (partitioned routes only).
     pub tiers: Vec<Tier>,
