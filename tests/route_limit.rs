@@ -217,6 +217,89 @@ fn lowering_the_base_limit_during_a_cut_never_raises_the_total() {
     );
 }
 
+/// A route of 100 req/s per key and 500 in total whose event `sale` (10 s to 30 s
+/// after the epoch) sets `event_lines` (TOML lines).
+fn with_sale(event_lines: &str) -> Result<Config, rocgate::config::ConfigError> {
+    let toml = format!(
+        "[[routes]]\nname = \"ip\"\npath_prefix = \"/\"\npartition = \"ip\"\n\
+         base_limit = 100\nroute_limit = 500\n\
+         [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:10Z\"\n\
+         duration = \"20s\"\n{event_lines}\n"
+    );
+    Config::from_toml_str(&toml, "test")
+}
+
+/// An event's `route_limit` is checked as the route's, each error naming the event's
+/// field, and only on a route with one of its own. Before, the field was unknown.
+#[test]
+fn an_events_route_limit_is_checked_as_the_routes() {
+    let c = with_sale("route_limit = 900").unwrap();
+    assert_eq!(c.routes[0].events[0].route_limit_rps, Some(900.0));
+    assert_eq!(
+        with_sale("").unwrap().routes[0].events[0].route_limit_rps,
+        None
+    );
+    let e = with_sale("route_limit = 0").unwrap_err().to_string();
+    assert!(e.contains("routes[0].events[0].route_limit: "), "{e}");
+    let e = with_sale("route_limit = 1e9").unwrap_err().to_string();
+    assert!(
+        e.contains("routes[0].events[0].route_limit: must be at most"),
+        "{e}"
+    );
+    let toml = "[[routes]]\nname = \"ip\"\npath_prefix = \"/\"\npartition = \"ip\"\n\
+                [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:10Z\"\n\
+                duration = \"20s\"\nroute_limit = 900\n";
+    let e = Config::from_toml_str(toml, "test").unwrap_err().to_string();
+    assert!(
+        e.contains("routes[0].events[0].route_limit: applies only on a route with a route_limit of its own"),
+        "{e}"
+    );
+}
+
+/// An event's `route_limit` is in force from its start (raised, as a limit change:
+/// refilled by time, not by the change) and the route's is back at its end, its
+/// tokens clamped; the hints judge the event's part against the event's total.
+#[test]
+fn an_event_carries_its_own_route_limit() {
+    let config = with_sale("route_limit = 900").unwrap();
+    let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    let at = Nanos::from_secs;
+    let _ = e.check(id, ip(1), at(5));
+    let t = total(&e, id, at(5));
+    assert_eq!((t.limit_rps, t.configured_rps), (500.0, 500.0));
+    assert_eq!(
+        e.route_settings_at(id, at(5)).unwrap().route_limit_rps,
+        Some(500.0)
+    );
+    assert_eq!(
+        e.route_settings_at(id, at(15)).unwrap().route_limit_rps,
+        Some(900.0)
+    );
+    let _ = e.check(id, ip(1), at(11));
+    let s = e.route_snapshot(id, at(11)).unwrap();
+    assert_eq!(s.active_event.as_deref(), Some("sale"));
+    let t = s.route_limit.unwrap();
+    assert_eq!(
+        (t.limit_rps, t.configured_rps, t.level.capacity),
+        (900.0, 900.0, 900.0)
+    );
+    // Not refilled by the change: what the bucket held, 500 at most.
+    assert!(t.level.value <= 500.0, "{t:?}");
+    // Filled over the event's seconds, then back at 500 at its end, clamped.
+    let _ = e.check(id, ip(1), at(29));
+    assert!(total(&e, id, at(29)).level.value > 800.0);
+    let _ = e.check(id, ip(1), at(31));
+    let s = e.route_snapshot(id, at(31)).unwrap();
+    assert_eq!(s.active_event, None);
+    let t = s.route_limit.unwrap();
+    assert_eq!(
+        (t.limit_rps, t.configured_rps, t.level.capacity),
+        (500.0, 500.0, 500.0)
+    );
+    assert!(t.level.value <= 500.0, "{t:?}");
+}
+
 /// In `shadow` mode the total refuses nothing and counts what it would have refused;
 /// in `shadow_adaptive` it is enforced at its configured value whatever the cut.
 #[test]

@@ -421,8 +421,8 @@ pub struct RouteConfig {
     /// Only on partitioned routes with `token_bucket`, `fixed_window` or
     /// `sliding_window`. With the Redis store, the fleet's total: each instance holds its
     /// share, this ÷ the live instances (`Engine::set_route_limit_share`, which the store
-    /// sets). The route's own: no scheduled event sets it (an event's profile is the
-    /// controller's parameters), and during one it holds, scaled by the event's cut.
+    /// sets). A scheduled event may set its own for its duration
+    /// ([`Event::route_limit_rps`]), shared so too.
     pub route_limit_rps: Option<f64>,
     /// Key values with limits of their own (partitioned routes only).
     pub tiers: Vec<Tier>,
@@ -1061,6 +1061,11 @@ pub struct Event {
     /// ([`ControllerParams::rebased`]), so an event built in code that sets a field to
     /// the route's own value follows a runtime change of it.
     pub sets: Option<ProfileFields>,
+    /// A partitioned route's `route_limit` meanwhile, req/s (`None`: the route's own):
+    /// put in force at the event's start and the route's back at its end, each as a
+    /// limit change (tokens clamped, never refilled), scaled by a cut as the route's
+    /// is. Only on a route with a `route_limit` of its own.
+    pub route_limit_rps: Option<f64>,
 }
 
 impl Event {
@@ -1078,6 +1083,7 @@ impl Event {
             duration,
             controller,
             sets: None,
+            route_limit_rps: None,
         }
     }
 

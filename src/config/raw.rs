@@ -214,9 +214,10 @@ struct RawTier {
 }
 
 /// The settings a `[[routes.events]]` table can change, as written: the controller's
-/// ([`RawEvent`]'s fields after `name`, `start` and `duration`). Any other setting
-/// (`burst`, `mode`) is the route's own, in force during its events too.
-pub(crate) const EVENT_SETTINGS: [&str; 12] = [
+/// and a partitioned route's `route_limit` ([`RawEvent`]'s fields after `name`,
+/// `start` and `duration`). Any other setting (`burst`, `mode`) is the route's own, in
+/// force during its events too.
+pub(crate) const EVENT_SETTINGS: [&str; 13] = [
     "base_limit",
     "cut_limit",
     "danger_roc",
@@ -229,6 +230,7 @@ pub(crate) const EVENT_SETTINGS: [&str; 12] = [
     "min_dwell",
     "max_cut",
     "roc_mode",
+    "route_limit",
 ];
 
 /// One `[[routes.events]]` table: when, and the controller settings it changes.
@@ -250,6 +252,7 @@ struct RawEvent {
     min_dwell: Option<String>,
     max_cut: Option<String>,
     roc_mode: Option<String>,
+    route_limit: Option<Num>,
 }
 
 impl RawSettings {
@@ -271,7 +274,8 @@ impl RawSettings {
 }
 
 impl RawEvent {
-    fn split(self) -> ([Option<String>; 3], RawSettings) {
+    /// Its name, start and duration, its controller settings, and its `route_limit`.
+    fn split(self) -> ([Option<String>; 3], RawSettings, Option<Num>) {
         let settings = RawSettings {
             base_limit: self.base_limit,
             cut_limit: self.cut_limit,
@@ -287,7 +291,11 @@ impl RawEvent {
             roc_mode: self.roc_mode,
             ..RawSettings::default()
         };
-        ([self.name, self.start, self.duration], settings)
+        (
+            [self.name, self.start, self.duration],
+            settings,
+            self.route_limit,
+        )
     }
 }
 
@@ -1842,12 +1850,16 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
     complete.then_some(tiers)
 }
 
-/// The route's scheduled events, each a profile over the route's own settings.
+/// The route's scheduled events, each a profile over the route's own settings. An
+/// event's `route_limit` is checked as the route's ([`route_limit_of`]), and only on a
+/// route with one of its own (`own_total`, as [`route_limit_of`] gave it): an event
+/// changes the route's total, it does not add one.
 fn route_events(
     p: &mut Problems,
     i: usize,
     raw: Vec<RawEvent>,
     s: &Settings,
+    own_total: Option<Option<f64>>,
 ) -> Option<Vec<Event>> {
     let mut names = HashMap::new();
     let mut events = Vec::new();
@@ -1855,7 +1867,7 @@ fn route_events(
     let mut complete = true;
     for (j, e) in raw.into_iter().enumerate() {
         let at = Scope::Event(i, j);
-        let ([name_raw, start_raw, duration_raw], settings) = e.split();
+        let ([name_raw, start_raw, duration_raw], settings, total_raw) = e.split();
         let sets = settings.profile_fields();
         let es = s.over(settings, at, p);
         let name = check_name(p, at, name_raw);
@@ -1898,14 +1910,27 @@ fn route_events(
         }
         let controller = controller_params(p, &es);
         check_route_limits(p, &es);
-        match (name, start, duration, controller) {
-            (Some(name), Some(start), Some(duration), Some(controller)) => events.push(Event {
-                name,
-                start: start.value,
-                duration: duration.value,
-                controller,
-                sets: Some(sets),
-            }),
+        let total = match (total_raw, own_total) {
+            (Some(_), Some(None)) => {
+                p.at(
+                    at.path("route_limit"),
+                    "applies only on a route with a route_limit of its own: an event changes the route's total, it does not add one",
+                );
+                None
+            }
+            (raw, _) => route_limit_of(p, at, raw, &es),
+        };
+        match (name, start, duration, controller, total) {
+            (Some(name), Some(start), Some(duration), Some(controller), Some(total)) => {
+                events.push(Event {
+                    name,
+                    start: start.value,
+                    duration: duration.value,
+                    controller,
+                    sets: Some(sets),
+                    route_limit_rps: total,
+                });
+            }
             _ => complete = false,
         }
     }
@@ -1969,7 +1994,7 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
     let partition = partition_of(p, &s, at);
     let route_limit = route_limit_of(p, at, own.route_limit, &s);
     let tiers = route_tiers(p, i, own.tiers, &s);
-    let events = route_events(p, i, own.events, &s);
+    let events = route_events(p, i, own.events, &s, route_limit);
     Some(RouteConfig {
         name: name?,
         matcher: matcher?,
@@ -2240,6 +2265,7 @@ impl RawRoute {
                         min_dwell: written(c.min_dwell).filter(|_| sets.min_dwell),
                         max_cut: written(c.max_cut).filter(|_| sets.max_cut),
                         roc_mode: roc_mode_name(c.roc_mode).filter(|_| sets.roc),
+                        route_limit: e.route_limit_rps.map(Num),
                     }
                 })
                 .collect(),

@@ -10,7 +10,9 @@
 //! base limits, at its configured value, with a second bucket beside it at the cut's
 //! fraction, which counts what the cut's total would have refused. A change keeps the
 //! tokens there are (clamped to the new capacity), never refilling them, as the
-//! limiters' contract says.
+//! limiters' contract says. A scheduled event may carry a total of its own, put in
+//! force at its start and the route's back at its end ([`Aggregate::choose`]), each
+//! such a change.
 //!
 //! On a fleet sharing a Redis store, which decides no partitioned route, the
 //! configured total is the fleet's: each instance holds its share, the total ÷ the
@@ -38,8 +40,11 @@ use std::time::Duration;
 
 /// The route-wide token bucket of a partitioned route's `route_limit`.
 pub(super) struct Aggregate {
-    /// The configured total, req/s, as f64 bits: a reload that keeps the route sets
-    /// it in place ([`Aggregate::configure`]).
+    /// The route's own configured total, req/s, as f64 bits: a reload that keeps the
+    /// route sets it in place ([`Aggregate::configure`]).
+    own: AtomicU64,
+    /// The configured total of the profile in force, req/s, as f64 bits: the running
+    /// event's, if it has one, else `own` ([`Aggregate::choose`]).
     configured: AtomicU64,
     /// The instances the configured total is shared by (1 but on a fleet sharing a
     /// Redis store): this instance holds `configured ÷ this`.
@@ -75,6 +80,7 @@ impl Aggregate {
             _ => Duration::from_secs(1),
         };
         Aggregate {
+            own: AtomicU64::new(limit_rps.to_bits()),
             configured: AtomicU64::new(limit_rps.to_bits()),
             share: AtomicU64::new(1),
             bucket: TokenBucket::new(limit_rps, burst, now),
@@ -107,14 +113,28 @@ impl Aggregate {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Sets the configured total (a reload), which the next [`Aggregate::follow`]
-    /// puts in force.
+    /// Sets the route's own configured total (a reload), which the next
+    /// [`Aggregate::choose`] without an event's and [`Aggregate::follow`] put in force.
     pub(super) fn configure(&self, limit_rps: f64) {
-        self.configured
-            .store(limit_rps.to_bits(), Ordering::Relaxed);
+        self.own.store(limit_rps.to_bits(), Ordering::Relaxed);
     }
 
-    /// The configured total, req/s.
+    /// Takes the configured total of the profile in force: `event`'s, the running
+    /// event's if it has one, else the route's own. Whether it changed (the next
+    /// [`Aggregate::follow`] puts it in force). Called under the route's state lock.
+    pub(super) fn choose(&self, event: Option<f64>) -> bool {
+        let total = event.unwrap_or_else(|| self.own_rps());
+        let before = self.configured.swap(total.to_bits(), Ordering::Relaxed);
+        before != total.to_bits()
+    }
+
+    /// The route's own configured total, req/s.
+    pub(super) fn own_rps(&self) -> f64 {
+        f64::from_bits(self.own.load(Ordering::Relaxed))
+    }
+
+    /// The configured total of the profile in force (the running event's, or the
+    /// route's own), req/s.
     pub(super) fn configured_rps(&self) -> f64 {
         f64::from_bits(self.configured.load(Ordering::Relaxed))
     }

@@ -118,6 +118,14 @@ impl RouteState {
         due(spans(&self.events), at).map_or(&self.own, |(_, params)| params)
     }
 
+    /// The `route_limit` of the event whose profile is in force (`active_event`), if
+    /// it sets one: `None` for the route's own.
+    pub(super) fn event_total(&self) -> Option<f64> {
+        self.active_event
+            .and_then(|i| self.events.get(i))
+            .and_then(|e| e.configured.0.route_limit_rps)
+    }
+
     /// Drops the route's [`Schedule`] after every change of its own parameters or its
     /// events (a reload, a runtime change or its withdrawal, an event placed again or
     /// retired), so that [`Engine::schedule`](super::Engine::schedule) builds the one

@@ -576,7 +576,7 @@ impl Engine {
         checked.controller = params;
         checked.algorithm = r.algorithm;
         checked.partition = r.partition.clone();
-        checked.route_limit_rps = r.aggregate().map(|a| a.configured_rps());
+        checked.route_limit_rps = r.aggregate().map(|a| a.own_rps());
         checked.tiers = r.tiers.to_vec();
         let ended: Vec<bool>;
         (checked.events, ended) = {
@@ -689,7 +689,10 @@ impl Engine {
             params: due.map_or_else(|| st.own.clone(), |e| e.params.clone()),
             partitioned: r.partition != Partition::Route,
             tiered: !r.tiers.is_empty(),
-            route_limit_rps: r.aggregate().map(|a| a.configured_rps()),
+            route_limit_rps: r.aggregate().map(|a| {
+                due.and_then(|e| e.configured.0.route_limit_rps)
+                    .unwrap_or_else(|| a.own_rps())
+            }),
             distributed: false,
             event: due.map(|e| e.name.clone()),
         })
@@ -1343,11 +1346,17 @@ impl Engine {
                 h(&r.name, &report);
             }
         });
+        // An event's edge that changed the total's profile (its `route_limit`) is a
+        // limit change too.
+        let total_changed = r.aggregate().is_some_and(|a| a.choose(st.event_total()));
         if standing(&st.controller) != before {
             // Dated where the controller changed the limit: after a silence, the
             // limiters refill at the new limit from then, not only from now.
             let at = st.controller.limit_since().min(now);
             r.apply_limit(&st.controller, at);
+        } else if total_changed {
+            // Dated now: a total raised at an edge past does not refill from there.
+            r.apply_limit(&st.controller, now);
         } else {
             let behind = r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES;
             if behind != 0 {
@@ -1873,6 +1882,9 @@ impl Route {
         // route's own profile set on the way would move a recovering controller).
         let due = st.events.iter().position(|e| e.start <= now && now < e.end);
         st.active_event = due;
+        if let Some(a) = self.aggregate() {
+            a.choose(st.event_total());
+        }
         let params = due.map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
         let changed = params != before;
         let (counts, entered) = (&mut st.counts, st.controller.entered_at());

@@ -129,7 +129,8 @@ pub struct RouteLimitSnapshot {
     /// scaled by the cut as the keys' limit is (`limit_rps / base_limit_rps`; in
     /// `shadow_adaptive`, unscaled).
     pub limit_rps: f64,
-    /// The total as configured (`route_limit`), req/s.
+    /// The total as configured (`route_limit`: the running event's, if it sets one, else
+    /// the route's own), req/s.
     pub configured_rps: f64,
     /// Its token bucket's tokens left and capacity.
     pub level: Level,

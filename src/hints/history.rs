@@ -272,7 +272,7 @@ pub struct RouteSettings {
     /// so what the base limit alone rejected is not observed.
     pub tiered: bool,
     /// A partitioned route's `route_limit`, its keys together, req/s, as configured
-    /// (`None`: none). Its refusals ([`Interval::route_limit_rejected`]) are not the
+    /// for the profile (an event's, if it sets one; `None`: none). Its refusals ([`Interval::route_limit_rejected`]) are not the
     /// base limit's.
     pub route_limit_rps: Option<f64>,
     /// Distributed (`rocgate serve` with a Redis `[store]` that shares the route):

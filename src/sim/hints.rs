@@ -262,7 +262,9 @@ fn by_profile(
                         .map_or_else(|| route.controller.clone(), |e| e.controller.clone()),
                     partitioned: route.partition != Partition::Route,
                     tiered: !route.tiers.is_empty(),
-                    route_limit_rps: route.route_limit_rps,
+                    route_limit_rps: route
+                        .route_limit_rps
+                        .map(|own| event.and_then(|e| e.route_limit_rps).unwrap_or(own)),
                     distributed: false,
                     event: i.event.clone(),
                 };

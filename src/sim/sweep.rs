@@ -731,10 +731,11 @@ mod tests {
     /// where 512^14 × 4 points (2^128) made "0 run(s)" and an empty table, exit 0.
     #[test]
     fn a_grid_past_any_count_is_refused_not_wrapped() {
-        // The event's numeric settings and three of the route's own: 14 parameters.
+        // The event's numeric settings a sweep varies (not `route_limit`) and three of
+        // the route's own: 14 parameters.
         let names = crate::config::EVENT_SETTINGS
             .iter()
-            .filter(|&&n| n != "roc_mode")
+            .filter(|&&n| !matches!(n, "roc_mode" | "route_limit"))
             .chain(&["burst", "queue", "window"]);
         let many: Vec<String> = (1..=512).map(|v| v.to_string()).collect();
         let mut params: Vec<SweepParam> = names

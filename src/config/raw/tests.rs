@@ -23,14 +23,17 @@ fn routes_written_back_read_as_themselves() {
     let mut r = RouteConfig::new("r", RouteMatch::exact("GET", "/api/items/{id}"));
     r.controller.hold = Duration::from_nanos(1_500_000_001);
     r.partition = Partition::Header("X-Api-Key".into(), KeyLimits::default());
+    r.route_limit_rps = Some(500.0);
     r.events.push(Event {
         name: "sale".into(),
         start: SystemTime::UNIX_EPOCH + Duration::from_nanos(1_764_000_000_123_456_789),
         duration: Duration::from_secs(60),
         controller: r.controller.clone(),
         sets: Some(ProfileFields::ALL),
+        route_limit_rps: Some(900.0),
     });
     let again = reread(std::slice::from_ref(&r)).expect("valid");
+    assert_eq!(again.routes[0].route_limit_rps, Some(500.0));
     assert_eq!(again.routes[0].controller, r.controller);
     assert_eq!(again.routes[0].events, r.events);
     assert_eq!(again.routes[0].matcher, r.matcher);
