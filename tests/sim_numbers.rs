@@ -643,12 +643,12 @@ fn summary_figures_agree_with_the_series_and_the_csv() {
             let csv = String::from_utf8(csv).unwrap();
             let mut lines = csv.lines();
             let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-            assert_eq!(header.len(), 20);
+            assert_eq!(header.len(), 21);
             let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
             let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
             assert_eq!(rows.len(), r.series.len());
             for (fields, row) in rows.iter().zip(&r.series) {
-                assert_eq!(fields.len(), 20);
+                assert_eq!(fields.len(), 21);
                 let n = |name: &str| fields[col(name)].parse::<f64>().unwrap();
                 assert_eq!(fields[col("route")], "r");
                 assert_eq!(n("t_s"), row.t_s);
@@ -669,6 +669,9 @@ fn summary_figures_agree_with_the_series_and_the_csv() {
                 assert_eq!(n("roc"), row.roc);
                 assert_eq!(fields[col("state")], row.state.as_str());
                 assert!(n("limit_rps") <= n("base_limit_rps") && n("level") <= n("level_capacity"));
+                // No route_limit: none of its refusals.
+                assert_eq!(n("route_limit_rejected") as u64, row.route_limit_rejected);
+                assert_eq!(row.route_limit_rejected, 0);
             }
         }
     }
