@@ -589,3 +589,28 @@ fn a_refusal_states_the_limit_that_made_it() {
     let by_key = e.check(id, ip(5), now).rejection().unwrap();
     assert_eq!(e.refused_limit_rps(id, ip(5), &by_key, now), Some(2.0));
 }
+
+/// An engine started during an event that sets its own `route_limit`, or a route
+/// rebuilt by a reload during it, holds the event's total from the first request, as
+/// it holds the event's profile. Before, its total was the route's own until the
+/// slot's end.
+#[test]
+fn a_route_built_during_an_event_holds_the_events_total() {
+    let config = with_sale("route_limit = 900").unwrap();
+    let at = Nanos::from_secs;
+    let wall = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let e = Engine::new(&config, at(15), wall(15)).unwrap();
+    let id = e.route_at(0).unwrap();
+    let _ = e.check(id, ip(1), at(15));
+    let s = e.route_snapshot(id, at(15)).unwrap();
+    assert_eq!(s.active_event.as_deref(), Some("sale"));
+    let t = s.route_limit.unwrap();
+    assert_eq!((t.limit_rps, t.configured_rps), (900.0, 900.0), "{t:?}");
+    // A reload that rebuilds the route (its partition changed) during the event.
+    let mut again = config.clone();
+    again.routes[0].partition = Partition::Header("x-key".into(), KeyLimits::default());
+    let e = e.reload(&again, at(16), wall(16)).unwrap();
+    let id = e.route_at(0).unwrap();
+    let t = total(&e, id, at(16));
+    assert_eq!((t.limit_rps, t.configured_rps), (900.0, 900.0), "{t:?}");
+}

@@ -69,10 +69,17 @@ pub(super) struct Aggregate {
 }
 
 impl Aggregate {
-    /// The total of a route in `mode` with `algorithm` at `limit_rps`, full at `now`:
-    /// its bucket holds the route's burst (a token bucket's `burst`, a window
-    /// counter's window).
-    pub(super) fn new(limit_rps: f64, mode: Mode, algorithm: Algorithm, now: Nanos) -> Self {
+    /// The total of a route in `mode` with `algorithm`, its own configured total
+    /// `own_rps`, at `limit_rps` (the profile's in force at `now`: a running event's,
+    /// or `own_rps`), full at `now`: its bucket holds the route's burst (a token
+    /// bucket's `burst`, a window counter's window).
+    pub(super) fn new(
+        own_rps: f64,
+        limit_rps: f64,
+        mode: Mode,
+        algorithm: Algorithm,
+        now: Nanos,
+    ) -> Self {
         let burst = match algorithm {
             Algorithm::TokenBucket { burst } => burst,
             Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => window,
@@ -80,7 +87,7 @@ impl Aggregate {
             _ => Duration::from_secs(1),
         };
         Aggregate {
-            own: AtomicU64::new(limit_rps.to_bits()),
+            own: AtomicU64::new(own_rps.to_bits()),
             configured: AtomicU64::new(limit_rps.to_bits()),
             share: AtomicU64::new(1),
             bucket: TokenBucket::new(limit_rps, burst, now),

@@ -1755,9 +1755,16 @@ impl Route {
             partitioned: keys.map(|keys| {
                 Box::new(Partitioned {
                     keys,
-                    aggregate: cfg
-                        .route_limit_rps
-                        .map(|total| Box::new(Aggregate::new(total, cfg.mode, cfg.algorithm, now))),
+                    aggregate: cfg.route_limit_rps.map(|own| {
+                        // The running event's, if it sets one: a route built during an
+                        // event starts at its total, full, as it starts at its profile.
+                        let total = events
+                            .iter()
+                            .find(|e| e.start <= now && now < e.end)
+                            .and_then(|e| e.configured.0.route_limit_rps)
+                            .unwrap_or(own);
+                        Box::new(Aggregate::new(own, total, cfg.mode, cfg.algorithm, now))
+                    }),
                     next_tier_raise: AtomicU64::new(0),
                 })
             }),
@@ -1921,13 +1928,16 @@ impl Route {
 
     /// Starts the window at the slot containing `now` (so a clock that starts far from
     /// zero does not replay empty slots since its origin), and puts in force the event
-    /// due now, if any.
+    /// due now, if any (and its `route_limit`, if it sets one).
     fn start(&self, now: Nanos) {
         let mut st = self.lock();
         let st = &mut *st;
         let idx = self.counter.slot_index(now);
         st.ring.advance(&self.counter, idx, |_| {});
         st.follow_events(now);
+        if let Some(a) = self.aggregate() {
+            a.choose(st.event_total());
+        }
         self.apply_limit(&st.controller, now);
     }
 
