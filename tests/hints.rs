@@ -3261,3 +3261,23 @@ fn a_distributed_routes_fleet_demand_is_judged_where_the_history_has_it() {
     assert_eq!(raise.suggested, None);
     assert_says(raise, "not advised on a distributed route");
 }
+
+/// On a window counter's partitioned route the total's bucket has the route's window
+/// as its burst (a token bucket's, as README says), so `raise_route_limit` stops at
+/// the capacity ÷ (1 + window in seconds), what a full bucket and a second of refill
+/// pass: 500 of 1000 req/s with a window of 1 s. Before, it read the window counter's
+/// bound (the capacity itself) and suggested 520, whose full bucket and a second of
+/// refill pass 1040 req/s.
+#[test]
+fn raise_route_limit_on_a_window_counter_counts_the_totals_burst() {
+    let h = advise(
+        "partition = \"ip\"\nalgorithm = \"fixed_window\"\nlimiter_window = \"1s\"\n\
+         base_limit = 1000\ncut_limit = 1000\nroute_limit = 400",
+        &steady(500.0),
+        Some(1000),
+    );
+    assert!(find(&h, "raise_base_limit").is_none(), "{:#?}", rules(&h));
+    let (current, suggested) = numbers(&h, "raise_route_limit");
+    assert_eq!(current, 400.0);
+    assert!(suggested > 400.0 && suggested <= 500.0, "{suggested}");
+}

@@ -15,7 +15,7 @@
 //! | rule | evidence | suggestion |
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); on a partitioned route, whose limit is each key's, quoting the distinct keys refused over the period ("from about 1400 clients"), an `info` hint "only if many clients are refused" under [`MANY_KEYS`] (a few keys over their own limit, one client's flood: the limit working) or where its intervals carry no count; a `route_limit`'s refusals ([`Interval::route_limit_rejected`]) are not the base limit's and are left out; not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
-//! | `raise_route_limit` | a partitioned route's `route_limit` refused over 10% of the requests out of a cut (taken from an interval's `limit` count first: exact in one wholly out of or wholly in a cut), each after its key's own limit admitted it, while the upstream was measured and healthy as for `raise_base_limit` (in `shadow`, would have: an `info` hint); its refusals during a cut are the cut's, not judged | `route_limit` +30%, at most the upstream's capacity (known, or measured where it saturated) ÷ (1 + burst in seconds) on a token bucket, whose burst the total's bucket has too |
+//! | `raise_route_limit` | a partitioned route's `route_limit` refused over 10% of the requests out of a cut (taken from an interval's `limit` count first: exact in one wholly out of or wholly in a cut), each after its key's own limit admitted it, while the upstream was measured and healthy as for `raise_base_limit` (in `shadow`, would have: an `info` hint); its refusals during a cut are the cut's, not judged | `route_limit` +30%, at most the upstream's capacity (known, or measured where it saturated) ÷ (1 + burst in seconds), the burst of the total's token bucket: the route's `burst`, or a window counter's window |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio (in `shadow`, would-be) swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
@@ -1436,8 +1436,9 @@ impl<'a> Evidence<'a> {
     /// measured and healthy (as `raise_base_limit` asks): its keys together were held
     /// below what the upstream took, not each key. Suggests the total +30%, at most
     /// what the upstream's capacity (as [`Evidence::route_capacity`] finds it) takes
-    /// with a full bucket and a second of refill (a token bucket's burst is the
-    /// total's too).
+    /// with a full bucket and a second of refill (the total's bucket has the route's
+    /// burst: a token bucket's `burst`, a window counter's window), and at most what
+    /// that bucket holds and spaces.
     fn raise_route_limit(&self) -> Option<Hint> {
         let total = self.s.route_limit_rps?;
         let refused: u64 = self
@@ -1451,8 +1452,9 @@ impl<'a> Evidence<'a> {
         let mut target = total * 1.3;
         let mut bound = String::new();
         let mut at_capacity = false;
+        let burst = self.total_burst_secs();
         if let Some(cap) = self.route_capacity() {
-            let most = self.base_within(cap);
+            let most = cap / (1.0 + burst);
             if most <= total * 1.01 {
                 return None;
             }
@@ -1471,7 +1473,15 @@ impl<'a> Evidence<'a> {
         } else {
             round_up(target, total)
         };
-        let suggested = self.fit_limit(wanted, true);
+        // What the total's token bucket holds and spaces, as the configuration
+        // checks it (not the keys' algorithm's bounds).
+        let suggested = wanted
+            .min(round_sig(
+                f64::from(gcra::MAX_TOKENS) / burst.max(1e-3),
+                4,
+                false,
+            ))
+            .min(MAX_SPACED_RATE);
         if suggested <= total {
             return None;
         }
@@ -1505,6 +1515,19 @@ impl<'a> Evidence<'a> {
                 self.health_summary()
             ),
         ))
+    }
+
+    /// The burst of a partitioned route's `route_limit` bucket, seconds: the route's
+    /// (a token bucket's `burst`, a window counter's window), as the engine builds it
+    /// whatever the keys' algorithm, at least a millisecond (what the bucket counts).
+    fn total_burst_secs(&self) -> f64 {
+        let burst = match self.s.algorithm {
+            Algorithm::TokenBucket { burst } => burst,
+            Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => window,
+            // Refused by the configuration with a route_limit.
+            Algorithm::LeakyBucket { .. } | Algorithm::Concurrency { .. } => Duration::from_secs(1),
+        };
+        f64::from(gcra::burst_ms(burst)) / 1e3
     }
 
     fn lower_base_limit(&self) -> Option<Hint> {
