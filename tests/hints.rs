@@ -3281,3 +3281,42 @@ fn raise_route_limit_on_a_window_counter_counts_the_totals_burst() {
     assert_eq!(current, 400.0);
     assert!(suggested > 400.0 && suggested <= 500.0, "{suggested}");
 }
+
+/// A `shadow` partitioned route whose keys the `route_limit` would have held, not
+/// their own limit, is told so by its verdict: the total's would-be refusals point at
+/// `raise_route_limit`, not at each key's base limit. Before, they were the base
+/// limit's ("100.0% of them by the base limit of 200 req/s: raise base_limit").
+#[test]
+fn a_shadow_verdict_tells_the_totals_would_be_refusals_apart() {
+    let h = advise(
+        "partition = \"ip\"\nroute_limit = 20\nmode = \"shadow\"",
+        &steady(50.0),
+        Some(1000),
+    );
+    let total = find(&h, "raise_route_limit").expect("raise_route_limit");
+    assert_eq!(total.severity, Severity::Info);
+    let verdict = find(&h, "shadow_verdict").expect("a verdict");
+    assert!(
+        verdict.reason.contains("by the route_limit of 20 req/s")
+            && verdict
+                .reason
+                .contains("see raise_route_limit (route_limit 20 → 26"),
+        "{}",
+        verdict.reason
+    );
+    assert!(!verdict.reason.contains("base limit"), "{}", verdict.reason);
+    // Without the hint (no upstream measured), the verdict still names the total.
+    let h = advise(
+        "partition = \"ip\"\nroute_limit = 20\nmode = \"shadow\"",
+        &steady(50.0),
+        None,
+    );
+    let verdict = find(&h, "shadow_verdict").expect("a verdict");
+    assert!(
+        verdict.reason.contains("by the route_limit of 20 req/s")
+            && verdict.reason.contains("raise route_limit"),
+        "{}",
+        verdict.reason
+    );
+    assert!(!verdict.reason.contains("base limit"), "{}", verdict.reason);
+}

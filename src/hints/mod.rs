@@ -22,7 +22,7 @@
 //! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (its own rejections, and the cut's of demand over its rate, as `raise_base_limit` counts them), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
-//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut; on a partitioned route the base limit's quoting the distinct keys enforcing would refuse over the period ("which would refuse about 1400 clients"; under [`MANY_KEYS`], "the limit working"; "if many clients would be refused" where no interval counted them), and `base_limit` without a value; on a `concurrency` or partitioned route `danger_roc` without a value, saying why (`raise_danger_roc` does not judge the route) |
+//! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut; on a partitioned route the base limit's quoting the distinct keys enforcing would refuse over the period ("which would refuse about 1400 clients"; under [`MANY_KEYS`], "the limit working"; "if many clients would be refused" where no interval counted them), and `base_limit` without a value, and a `route_limit`'s would-be refusals out of a cut as the total's (`raise_route_limit`), not the base limit's; on a `concurrency` or partitioned route `danger_roc` without a value, saying why (`raise_danger_roc` does not judge the route) |
 //!
 //! Every rule compares quantities in the units of the setting it changes. On a
 //! `concurrency` route the base limit counts requests in flight: the upstream's
@@ -2127,6 +2127,10 @@ impl<'a> Evidence<'a> {
         // `shadow_adaptive` may hold enforced ones), and a leaky bucket's `queue_full`
         // ones while the cut was in force are the cut's ([`paced_by_cut`]).
         let mut unneeded: ReasonArray = [0; Reason::ALL.len()];
+        // Of `unneeded`'s `limit`, those a partitioned route's `route_limit` would have
+        // made out of a cut ([`total_refused`]): its keys' total, not their own limit.
+        // (In `shadow_adaptive` its refusals are enforced ones, not among these.)
+        let mut by_total = 0;
         for (i, h) in self.intervals.iter().zip(&self.health) {
             would += i.shadow_rejected_total();
             if *h == Health::Saturated {
@@ -2143,8 +2147,12 @@ impl<'a> Evidence<'a> {
                     .min(i.shadow_rejected[Reason::RocCut.index()] + paced);
                 unneeded[Reason::RocCut.index()] -= beyond;
                 unneeded[Reason::Limit.index()] += beyond;
+                if self.s.mode == Mode::Shadow {
+                    by_total += total_refused(self.s, i).0;
+                }
             }
         }
+        let by_total = by_total.min(unneeded[Reason::Limit.index()]);
         let what = if self.s.mode == Mode::Shadow {
             "enforcing"
         } else {
@@ -2178,7 +2186,7 @@ impl<'a> Evidence<'a> {
                 ),
             ));
         }
-        let tune = self.shadow_tuning(&unneeded, others);
+        let tune = self.shadow_tuning(&unneeded, by_total, others);
         Some(self.hint(
             "shadow_verdict",
             Severity::Info,
@@ -2198,12 +2206,15 @@ impl<'a> Evidence<'a> {
     /// upstream was healthy) or the cut (`danger_roc`, `cut_limit`), quoting what the
     /// intervals hold. The cut's also points at a `faster_restore` hint among `others`:
     /// its would-be rejections include those while it restored the base limit.
-    fn shadow_tuning(&self, would: &ReasonArray, others: &[Hint]) -> String {
+    /// `by_total`: of `would`'s `limit`, those a partitioned route's `route_limit`
+    /// would have made, its keys together: the total's (`raise_route_limit`), not the
+    /// base limit's.
+    fn shadow_tuning(&self, would: &ReasonArray, by_total: u64, others: &[Hint]) -> String {
         let total: u64 = would.iter().sum();
         let cut = would[Reason::RocCut.index()];
         let fallback = would[Reason::FallbackLocal.index()];
-        let base = total - cut - fallback;
-        let mut parts = [(base, 0), (cut, 1), (fallback, 2)];
+        let base = total - cut - fallback - by_total;
+        let mut parts = [(base, 0), (cut, 1), (fallback, 2), (by_total, 3)];
         parts.sort_by_key(|&(n, _)| std::cmp::Reverse(n));
         parts
             .iter()
@@ -2211,10 +2222,15 @@ impl<'a> Evidence<'a> {
             .filter(|&(k, &(n, _))| k == 0 || (n > 0 && n * 10 >= total))
             .map(|(_, &(n, which))| {
                 let share = pct(n, total);
-                let (by, settings): (&str, &[&str]) = match which {
-                    0 => ("the base limit", &["base_limit", "burst"]),
-                    1 => ("the ROC cut", &["danger_roc", "cut_limit", "min_rps"]),
-                    _ => ("", &[]),
+                let route_limit = self.s.route_limit_rps.unwrap_or_default();
+                let (by, settings): (String, &[&str]) = match which {
+                    0 => ("the base limit".into(), &["base_limit", "burst"]),
+                    1 => ("the ROC cut".into(), &["danger_roc", "cut_limit", "min_rps"]),
+                    3 => (
+                        format!("the route_limit of {} req/s", fmt_num(route_limit)),
+                        &["route_limit"],
+                    ),
+                    _ => (String::new(), &[]),
                 };
                 let other = others.iter().find(|h| {
                     h.suggested.is_some()
@@ -2226,6 +2242,10 @@ impl<'a> Evidence<'a> {
                     (Some(h), _) => format!("{share} of them by {by}: see {}", change_of(h)),
                     (None, 0) => self.shadow_base_tuning(&share),
                     (None, 1) => self.shadow_cut_tuning(&share),
+                    (None, 3) => format!(
+                        "{share} of them by {by} over its keys together, each admitted by its own limit: raise route_limit{} if the upstream takes more (no value is suggested: raise_route_limit asks for over 10% refused while the upstream was measured healthy)",
+                        self.in_event()
+                    ),
                     (None, _) => format!(
                         "{share} of them by the local fallback limiter while Redis was away, which the route's limits do not set: judge again over a period with Redis reached"
                     ),
