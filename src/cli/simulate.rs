@@ -1204,6 +1204,25 @@ mod tests {
         assert!(!out.contains("route_limit"), "{out}");
     }
 
+    /// A run's `timeseries.csv` is known by its header, this version's or one written
+    /// before `route_limit_rejected` was added (removed as an earlier run's when a
+    /// sweep writes beside it); a user's CSV, or a header cut elsewhere, is not.
+    #[test]
+    fn an_earlier_versions_timeseries_header_is_a_runs() {
+        let old = "route,t_s,offered,admitted,rejected,rejected_limit,rejected_roc_cut,\
+                   rejected_concurrency,rejected_queue_full,rejected_fallback_local,\
+                   shadow_rejected,overload,roc,danger_roc,safe_roc,limit_rps,\
+                   base_limit_rps,state,level,level_capacity";
+        assert!(is_a_runs_header(old));
+        assert!(is_a_runs_header(&format!("{old},route_limit_rejected")));
+        assert!(is_a_runs_header(SimRun::CSV_HEADER));
+        assert!(!is_a_runs_header("route,t_s,offered"));
+        assert!(!is_a_runs_header(&format!(
+            "{old},route_limit_rejected,mine"
+        )));
+        assert!(!is_a_runs_header(""));
+    }
+
     /// The cuts' own rejections below zero are said as a difference, not saturated.
     #[test]
     fn rejections_without_cuts_above_the_runs_read_as_a_difference() {
