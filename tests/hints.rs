@@ -3320,3 +3320,35 @@ fn a_shadow_verdict_tells_the_totals_would_be_refusals_apart() {
     );
     assert!(!verdict.reason.contains("base limit"), "{}", verdict.reason);
 }
+
+/// A simulated event that sets its own `route_limit` is judged against it: the
+/// event's part of a steady 50 req/s is refused by the event's total of 30 (40%), the
+/// route's own part by its total of 20 (60%), each told to raise its own, the event's
+/// named in its hint as the `[[routes.events]]` entry the change belongs in.
+#[test]
+fn an_events_route_limit_is_judged_in_the_events_part() {
+    let h = advise(
+        "partition = \"ip\"\nroute_limit = 20\n\
+         [[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:30Z\"\n\
+         duration = \"30s\"\nroute_limit = 30",
+        &steady(50.0),
+        Some(1000),
+    );
+    let totals: Vec<(Option<&str>, (f64, f64))> = h
+        .iter()
+        .filter(|h| h.rule == "raise_route_limit")
+        .map(|x| {
+            let n = |s: &Option<Setting>| match s {
+                Some(Setting::Number(n)) => *n,
+                other => panic!("{other:?}"),
+            };
+            (x.event.as_deref(), (n(&x.current), n(&x.suggested)))
+        })
+        .collect();
+    assert_eq!(
+        totals,
+        [(None, (20.0, 26.0)), (Some("sale"), (30.0, 39.0))],
+        "{h:#?}"
+    );
+    assert!(find(&h, "raise_base_limit").is_none(), "{:#?}", rules(&h));
+}
