@@ -126,13 +126,39 @@ async fn exchange_on(mut stream: TcpStream, writes: &[&[u8]]) -> Option<(u16, St
 /// until one is closed unanswered: whether one was. A client's connection held
 /// open takes its place only once its header is read, which may not be yet.
 async fn refused_within_a_second(proxy: &RunningProxy, request: &[u8]) -> bool {
+    refused_within_a_second_from(proxy, None, request).await
+}
+
+/// As [`refused_within_a_second`], each connection from the loopback address `from`
+/// where one is given (as [`exchange_from`]).
+async fn refused_within_a_second_from(
+    proxy: &RunningProxy,
+    from: Option<&str>,
+    request: &[u8],
+) -> bool {
     for _ in 0..50 {
-        if exchange(proxy, &[request]).await.is_none() {
+        let answer = match from {
+            Some(from) => exchange_from(proxy, from, &[request]).await,
+            None => exchange(proxy, &[request]).await,
+        };
+        if answer.is_none() {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// A proxy expecting version 1 headers from the balancers `balancers`, apart from
+/// the trusted proxies `trusted`, each client held to one connection, a header
+/// waited for 10 s.
+async fn balancer_capped_at_one(trusted: &str, balancers: &str) -> RunningProxy {
+    let upstream = start_upstream().await;
+    let mut s = expecting(upstream, ProxyProtocol::V1, &[trusted]);
+    s.proxy_protocol_from = Some(vec![balancers.parse().unwrap()]);
+    s.max_connections_per_client = Some(1);
+    s.header_read_timeout = Duration::from_secs(10);
+    start_proxy(s, vec![per_ip()]).await
 }
 
 fn v1(client: &str) -> Vec<u8> {
@@ -170,6 +196,16 @@ fn v2(client: &str) -> Vec<u8> {
 
 fn with_request(header: Vec<u8>) -> Vec<u8> {
     [header, REQUEST.to_vec()].concat()
+}
+
+/// A request to `/per-ip` carrying `X-Forwarded-For: xff`, closing its connection
+/// once answered.
+fn forwarded(xff: &str) -> Vec<u8> {
+    format!(
+        "GET /per-ip HTTP/1.1\r\nhost: app\r\nx-forwarded-for: {xff}\r\n\
+         connection: close\r\n\r\n"
+    )
+    .into_bytes()
 }
 
 #[tokio::test]
@@ -214,13 +250,6 @@ async fn the_balancers_apart_from_the_trusted_proxies_each_send_what_they_send()
     );
     s.proxy_protocol_from = Some(vec!["127.0.0.3/32".parse().unwrap()]);
     let proxy = start_proxy(s, vec![per_ip()]).await;
-    let forwarded = |xff: &str| {
-        format!(
-            "GET /per-ip HTTP/1.1\r\nhost: app\r\nx-forwarded-for: {xff}\r\n\
-             connection: close\r\n\r\n"
-        )
-        .into_bytes()
-    };
     // The L7 proxy: plain HTTP, its X-Forwarded-For believed.
     let l7 = exchange_from(&proxy, "127.0.0.2", &[&forwarded("203.0.113.7")]).await;
     assert_eq!(l7, Some((200, "203.0.113.7, 127.0.0.2".to_owned())));
@@ -246,31 +275,18 @@ async fn the_balancers_apart_from_the_trusted_proxies_each_send_what_they_send()
 /// are. (Counted, its second connection was closed as accepted.)
 #[tokio::test]
 async fn a_balancer_apart_from_the_trusted_proxies_is_not_held_to_the_per_client_cap() {
-    let upstream = start_upstream().await;
-    let mut s = expecting(upstream, ProxyProtocol::V1, &["127.0.0.2/32"]);
-    s.proxy_protocol_from = Some(vec!["127.0.0.3/32".parse().unwrap()]);
-    s.max_connections_per_client = Some(1);
-    s.header_read_timeout = Duration::from_secs(10);
-    let proxy = start_proxy(s, vec![per_ip()]).await;
+    let proxy = balancer_capped_at_one("127.0.0.2/32", "127.0.0.3/32").await;
     let mut held = connect_from(&proxy, "127.0.0.3").await;
     held.write_all(&v1("192.0.2.1")).await.unwrap();
     let other = exchange_from(&proxy, "127.0.0.3", &[&with_request(v1("192.0.2.2"))]).await;
     assert_eq!(other, Some((200, "192.0.2.2".to_owned())));
     // The client named holds its own place: its second connection is refused once
     // the held one's header is read.
-    let mut refused = false;
-    for _ in 0..50 {
-        let again = with_request(v1("192.0.2.1"));
-        if exchange_from(&proxy, "127.0.0.3", &[&again])
-            .await
-            .is_none()
-        {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(refused, "the held client's second connection was served");
+    let again = with_request(v1("192.0.2.1"));
+    assert!(
+        refused_within_a_second_from(&proxy, Some("127.0.0.3"), &again).await,
+        "the held client's second connection was served"
+    );
 }
 
 /// A client a balancer's header names is held to `max_connections_per_client` even
@@ -280,12 +296,7 @@ async fn a_balancer_apart_from_the_trusted_proxies_is_not_held_to_the_per_client
 /// its second connection served.)
 #[tokio::test]
 async fn a_named_client_in_the_balancers_network_is_held_to_its_cap() {
-    let upstream = start_upstream().await;
-    let mut s = expecting(upstream, ProxyProtocol::V1, &["198.51.100.0/24"]);
-    s.proxy_protocol_from = Some(vec!["127.0.0.0/24".parse().unwrap()]);
-    s.max_connections_per_client = Some(1);
-    s.header_read_timeout = Duration::from_secs(10);
-    let proxy = start_proxy(s, vec![per_ip()]).await;
+    let proxy = balancer_capped_at_one("198.51.100.0/24", "127.0.0.0/24").await;
     let mut held = connect(proxy.addr).await;
     held.write_all(&v1("127.0.0.50")).await.unwrap();
     assert!(
@@ -297,11 +308,7 @@ async fn a_named_client_in_the_balancers_network_is_held_to_its_cap() {
     let mut behind = connect(proxy.addr).await;
     behind.write_all(&v1("198.51.100.4")).await.unwrap();
     for i in 1..=10 {
-        let forwarded = format!(
-            "GET /per-ip HTTP/1.1\r\nhost: app\r\nx-forwarded-for: 203.0.113.{i}\r\n\
-             connection: close\r\n\r\n"
-        );
-        let sent = [v1("198.51.100.4"), forwarded.into_bytes()].concat();
+        let sent = [v1("198.51.100.4"), forwarded(&format!("203.0.113.{i}"))].concat();
         let answer = exchange(&proxy, &[&sent]).await;
         let body = format!("203.0.113.{i}, 198.51.100.4");
         assert_eq!(answer, Some((200, body)));
@@ -323,13 +330,6 @@ async fn trusted_hops_key_each_client_by_its_entry_from_the_right() {
     let mut s = settings(upstream);
     s.forward.resolver = ClientIpResolver::default().with_trusted_hops(2);
     let proxy = start_proxy(s, vec![per_ip()]).await;
-    let forwarded = |xff: &str| {
-        format!(
-            "GET /per-ip HTTP/1.1\r\nhost: app\r\nx-forwarded-for: {xff}\r\n\
-             connection: close\r\n\r\n"
-        )
-        .into_bytes()
-    };
     let first = exchange(&proxy, &[&forwarded("6.6.6.6, 203.0.113.7, 198.51.100.1")]).await;
     assert_eq!(
         first,
