@@ -4,31 +4,16 @@
 
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
-use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
+use rocgate::config::{Config, KeyLimits, Mode, Partition};
 use rocgate::controller::ControllerState;
-use rocgate::engine::{Engine, Key, RouteId, RouteSnapshot};
+use rocgate::engine::{Engine, RouteId, RouteSnapshot};
 use rocgate::limiter::{Algorithm, Reason};
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 
-fn engine(routes: Vec<RouteConfig>) -> Engine {
-    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
-}
+#[path = "common/route_total.rs"]
+mod route_total;
 
-fn ip(n: u32) -> Key<'static> {
-    Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
-}
-
-/// A route keyed by client IP at `per_key` req/s each (a cut to a fifth of it), its
-/// keys together at `total` req/s, both with a burst of one second.
-fn keyed(per_key: f64, total: f64) -> RouteConfig {
-    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits::default());
-    cfg.controller.base_limit_rps = per_key;
-    cfg.controller.cut_limit_rps = per_key / 5.0;
-    cfg.route_limit_rps = Some(total);
-    cfg
-}
+use route_total::{engine, ip, keyed, total};
 
 /// A route keyed by IP at 200 req/s a key, cut to 60, with a total of `total` req/s,
 /// in `mode`, and its id.
@@ -54,11 +39,6 @@ fn spike_to_a_cut(e: &Engine, id: RouteId) -> RouteSnapshot {
     let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
     assert_eq!(s.state, ControllerState::Cut);
     s
-}
-
-/// The route's total as its snapshot shows it at `now`.
-fn total(e: &Engine, id: RouteId, now: Nanos) -> rocgate::engine::RouteLimitSnapshot {
-    e.route_snapshot(id, now).unwrap().route_limit.unwrap()
 }
 
 /// Many keys each well under their own limit are held to the total together: 100

@@ -5,39 +5,16 @@
 //! share as it scales the total; a reload that keeps the route keeps its share.
 
 use rocgate::clock::Nanos;
-use rocgate::config::{Config, KeyLimits, Mode, Partition, RouteConfig, RouteMatch};
+use rocgate::config::{Config, KeyLimits, Mode, Partition};
 use rocgate::controller::ControllerState;
-use rocgate::engine::{Engine, Key, RouteId, RouteLimitSnapshot};
+use rocgate::engine::{Engine, RouteId};
 use rocgate::limiter::Algorithm;
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 
-fn engine(routes: Vec<RouteConfig>) -> Engine {
-    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
-}
+#[path = "common/route_total.rs"]
+mod route_total;
 
-fn ip(n: u32) -> Key<'static> {
-    Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
-}
-
-/// A route keyed by client IP at `per_key` req/s each (a cut to a fifth of it), its
-/// keys together at `total` req/s, both with a burst of one second.
-fn keyed(per_key: f64, total: f64) -> RouteConfig {
-    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits::default());
-    cfg.algorithm = Algorithm::TokenBucket {
-        burst: Duration::from_secs(1),
-    };
-    cfg.controller.base_limit_rps = per_key;
-    cfg.controller.cut_limit_rps = per_key / 5.0;
-    cfg.route_limit_rps = Some(total);
-    cfg
-}
-
-/// The route's total as its snapshot shows it at `now`.
-fn total(e: &Engine, id: RouteId, now: Nanos) -> RouteLimitSnapshot {
-    e.route_snapshot(id, now).unwrap().route_limit.unwrap()
-}
+use route_total::{engine, ip, keyed, total};
 
 /// Requests admitted of one each from keys `keys` at `now`, every key far under its
 /// own limit: what the total lets through.

@@ -1,0 +1,39 @@
+//! What the tests of a partitioned route's `route_limit` share (tests/route_limit.rs,
+//! tests/route_limit_share.rs): an engine on a virtual clock from time zero, client IP
+//! keys, a keyed route with a total, and the total as its snapshot shows it.
+
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::engine::{Engine, Key, RouteId, RouteLimitSnapshot};
+use rocgate::limiter::Algorithm;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, SystemTime};
+
+/// An engine of `routes`, built at time zero.
+pub(crate) fn engine(routes: Vec<RouteConfig>) -> Engine {
+    Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap()
+}
+
+/// The client IP key `10.0.0.0 + n`.
+pub(crate) fn ip(n: u32) -> Key<'static> {
+    Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
+}
+
+/// A route keyed by client IP at `per_key` req/s each (a cut to a fifth of it), its
+/// keys together at `total` req/s, both with a burst of one second.
+pub(crate) fn keyed(per_key: f64, total: f64) -> RouteConfig {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    cfg.algorithm = Algorithm::TokenBucket {
+        burst: Duration::from_secs(1),
+    };
+    cfg.controller.base_limit_rps = per_key;
+    cfg.controller.cut_limit_rps = per_key / 5.0;
+    cfg.route_limit_rps = Some(total);
+    cfg
+}
+
+/// The route's total as its snapshot shows it at `now`.
+pub(crate) fn total(e: &Engine, id: RouteId, now: Nanos) -> RouteLimitSnapshot {
+    e.route_snapshot(id, now).unwrap().route_limit.unwrap()
+}
