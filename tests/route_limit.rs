@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 #[path = "common/route_total.rs"]
 mod route_total;
 
-use route_total::{engine, ip, keyed, total};
+use route_total::{engine, ip, keyed, reloaded, total};
 
 /// A route keyed by IP at 200 req/s a key, cut to 60, with a total of `total` req/s,
 /// in `mode`, and its id.
@@ -310,14 +310,7 @@ fn a_reload_carries_the_totals_state_and_takes_a_new_value() {
     let admitted = (0..10).filter(|&k| e.check(id, ip(k), Nanos::ZERO).is_admit());
     assert_eq!(admitted.count(), 10);
     let now = Nanos::from_millis(100);
-    let e2 = e
-        .reload(
-            &Config::new(vec![keyed(10.0, 20.0)]),
-            now,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    let id2 = e2.route_at(0).unwrap();
+    let (e2, id2) = reloaded(&e, keyed(10.0, 20.0), now);
     assert_eq!(id2, id, "the route is kept");
     let t = total(&e2, id2, now);
     assert_eq!(
@@ -336,10 +329,7 @@ fn a_reload_carries_the_totals_state_and_takes_a_new_value() {
 
     let mut without = keyed(10.0, 10.0);
     without.route_limit_rps = None;
-    let e3 = e2
-        .reload(&Config::new(vec![without]), now, SystemTime::UNIX_EPOCH)
-        .unwrap();
-    let id3 = e3.route_at(0).unwrap();
+    let (e3, id3) = reloaded(&e2, without, now);
     assert_ne!(id3, id2, "removing the total rebuilds the route");
     assert_eq!(e3.route_snapshot(id3, now).unwrap().route_limit, None);
 }

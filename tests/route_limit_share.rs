@@ -5,16 +5,16 @@
 //! share as it scales the total; a reload that keeps the route keeps its share.
 
 use rocgate::clock::Nanos;
-use rocgate::config::{Config, KeyLimits, Mode, Partition};
+use rocgate::config::{KeyLimits, Mode, Partition};
 use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, RouteId};
 use rocgate::limiter::Algorithm;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 #[path = "common/route_total.rs"]
 mod route_total;
 
-use route_total::{engine, ip, keyed, total};
+use route_total::{engine, ip, keyed, reloaded, total};
 
 /// Requests admitted of one each from keys `keys` at `now`, every key far under its
 /// own limit: what the total lets through.
@@ -109,24 +109,14 @@ fn a_reload_keeps_the_share_of_a_kept_route() {
     e.set_route_limit_share(4, Nanos::ZERO);
     assert_eq!(total(&e, id, Nanos::ZERO).limit_rps, 25.0);
     let now = Nanos::from_millis(100);
-    let e2 = e
-        .reload(
-            &Config::new(vec![keyed(1000.0, 200.0)]),
-            now,
-            SystemTime::UNIX_EPOCH,
-        )
-        .unwrap();
-    let id2 = e2.route_at(0).unwrap();
+    let (e2, id2) = reloaded(&e, keyed(1000.0, 200.0), now);
     assert_eq!(id2, id, "the route is kept");
     let t = total(&e2, id2, now);
     assert_eq!((t.configured_rps, t.limit_rps), (200.0, 50.0));
 
     let mut rebuilt = keyed(1000.0, 200.0);
     rebuilt.partition = Partition::Header("x-api-key".into(), KeyLimits::default());
-    let e3 = e2
-        .reload(&Config::new(vec![rebuilt]), now, SystemTime::UNIX_EPOCH)
-        .unwrap();
-    let id3 = e3.route_at(0).unwrap();
+    let (e3, id3) = reloaded(&e2, rebuilt, now);
     assert_ne!(id3, id2, "a new partition rebuilds the route");
     assert_eq!(total(&e3, id3, now).limit_rps, 200.0);
     e3.set_route_limit_share(4, now);

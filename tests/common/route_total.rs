@@ -1,6 +1,7 @@
 //! What the tests of a partitioned route's `route_limit` share (tests/route_limit.rs,
 //! tests/route_limit_share.rs): an engine on a virtual clock from time zero, client IP
-//! keys, a keyed route with a total, and the total as its snapshot shows it.
+//! keys, a keyed route with a total, an engine reloaded to one route, and the total as
+//! its snapshot shows it.
 
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
@@ -31,6 +32,15 @@ pub(crate) fn keyed(per_key: f64, total: f64) -> RouteConfig {
     cfg.controller.cut_limit_rps = per_key / 5.0;
     cfg.route_limit_rps = Some(total);
     cfg
+}
+
+/// `e` reloaded at `now` to the one route `route`, and that route's id.
+pub(crate) fn reloaded(e: &Engine, route: RouteConfig, now: Nanos) -> (Engine, RouteId) {
+    let e = e
+        .reload(&Config::new(vec![route]), now, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id = e.route_at(0).unwrap();
+    (e, id)
 }
 
 /// The route's total as its snapshot shows it at `now`.
