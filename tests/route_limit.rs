@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 #[path = "common/route_total.rs"]
 mod route_total;
 
-use route_total::{engine, ip, keyed, reloaded, total};
+use route_total::{calm_then_spike, engine, ip, keyed, reloaded, total};
 
 /// A route keyed by IP at 200 req/s a key, cut to 60, with a total of `total` req/s,
 /// in `mode`, and its id.
@@ -26,16 +26,10 @@ fn cut_to_60_of_200(total: f64, mode: Mode) -> (Engine, RouteId) {
     (e, id)
 }
 
-/// One client's calm 40 req/s for 10 s, then its spike of 600 req/s for 1 s, all on
-/// route `id`: enough to cut a route of the default controller by 11 s. The route's
-/// snapshot at 11 s, checked to be cut.
+/// [`calm_then_spike`] on route `id`, and the route's snapshot at 11 s, checked to be
+/// cut.
 fn spike_to_a_cut(e: &Engine, id: RouteId) -> RouteSnapshot {
-    for k in 0..400u64 {
-        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
-    }
-    for k in 0..600u64 {
-        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
-    }
+    calm_then_spike(e, id);
     let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
     assert_eq!(s.state, ControllerState::Cut);
     s

@@ -14,7 +14,7 @@ use std::time::Duration;
 #[path = "common/route_total.rs"]
 mod route_total;
 
-use route_total::{engine, ip, keyed, reloaded, total};
+use route_total::{calm_then_spike, engine, ip, keyed, reloaded, total};
 
 /// Requests admitted of one each from keys `keys` at `now`, every key far under its
 /// own limit: what the total lets through.
@@ -77,13 +77,7 @@ fn a_cut_scales_the_share() {
         let e = engine(vec![cfg]);
         let id = e.route_at(0).unwrap();
         e.set_route_limit_share(2, Nanos::ZERO);
-        // A calm 40 req/s for 10 s, then one client's spike of 600 req/s for 1 s.
-        for k in 0..400u64 {
-            let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
-        }
-        for k in 0..600u64 {
-            let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
-        }
+        calm_then_spike(&e, id);
         let now = Nanos::from_secs(11);
         let s = e.route_snapshot(id, now).unwrap();
         assert_eq!(s.state, ControllerState::Cut, "{mode:?}");
@@ -142,14 +136,8 @@ fn a_share_change_after_a_silence_is_made_when_set() {
         let e = engine(vec![cfg.clone()]);
         let id = e.route_at(0).unwrap();
         e.set_route_limit_share(2, Nanos::ZERO);
-        // A calm 40 req/s for 10 s, then one client's spike of 600 req/s for 1 s,
-        // which drains the total.
-        for k in 0..400u64 {
-            let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
-        }
-        for k in 0..600u64 {
-            let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
-        }
+        // The spike drains the total.
+        calm_then_spike(&e, id);
         (e, id)
     };
     let change = Nanos::from_secs(15);

@@ -1,7 +1,7 @@
 //! What the tests of a partitioned route's `route_limit` share (tests/route_limit.rs,
 //! tests/route_limit_share.rs): an engine on a virtual clock from time zero, client IP
-//! keys, a keyed route with a total, an engine reloaded to one route, and the total as
-//! its snapshot shows it.
+//! keys, a keyed route with a total, one client's spike that cuts it, an engine reloaded
+//! to one route, and the total as its snapshot shows it.
 
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
@@ -32,6 +32,17 @@ pub(crate) fn keyed(per_key: f64, total: f64) -> RouteConfig {
     cfg.controller.cut_limit_rps = per_key / 5.0;
     cfg.route_limit_rps = Some(total);
     cfg
+}
+
+/// One client's calm 40 req/s for 10 s, then its spike of 600 req/s for 1 s, all on
+/// route `id`: enough to cut a route of the default controller by 11 s.
+pub(crate) fn calm_then_spike(e: &Engine, id: RouteId) {
+    for k in 0..400u64 {
+        let _ = e.check(id, ip(1), Nanos::from_millis(k * 25));
+    }
+    for k in 0..600u64 {
+        let _ = e.check(id, ip(1), Nanos::new(10_000_000_000 + k * 1_666_666));
+    }
 }
 
 /// `e` reloaded at `now` to the one route `route`, and that route's id.
