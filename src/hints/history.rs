@@ -705,6 +705,29 @@ mod tests {
         }
     }
 
+    /// The engine of `route` alone, and a history of it in 1 s intervals kept 3 s,
+    /// ticked with `settings` at 0 s and at 1 s around 250 requests sent to the route
+    /// at 0 s.
+    fn ticked_around_250_at_once(
+        route: RouteConfig,
+        settings: impl Fn() -> RouteSettings,
+    ) -> (Engine, History) {
+        let engine = Engine::new(
+            &crate::config::Config::new(vec![route]),
+            Nanos::ZERO,
+            UNIX_EPOCH,
+        )
+        .unwrap();
+        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
+        let s = Nanos::from_secs;
+        h.tick(s(0), &engine.snapshot(s(0)), [settings()], None);
+        for _ in 0..250 {
+            let _ = engine.check(engine.route_at(0).unwrap(), Key::None, s(0));
+        }
+        h.tick(s(1), &engine.snapshot(s(1)), [settings()], None);
+        (engine, h)
+    }
+
     fn report(at_ms: u64, roc: f64, state: ControllerState) -> SlotReport {
         SlotReport {
             at: Nanos::new(at_ms * 1_000_000),
@@ -846,19 +869,7 @@ mod tests {
     fn ticks_keep_shadow_rejections_by_reason() {
         let mut route = RouteConfig::new("r", RouteMatch::any());
         route.mode = Mode::Shadow;
-        let engine = Engine::new(
-            &crate::config::Config::new(vec![route]),
-            Nanos::ZERO,
-            UNIX_EPOCH,
-        )
-        .unwrap();
-        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
-        let s = Nanos::from_secs;
-        h.tick(s(0), &engine.snapshot(s(0)), [settings("r")], None);
-        for _ in 0..250 {
-            let _ = engine.check(engine.route_at(0).unwrap(), Key::None, s(0));
-        }
-        h.tick(s(1), &engine.snapshot(s(1)), [settings("r")], None);
+        let (_, h) = ticked_around_250_at_once(route, || settings("r"));
         let all = h.since(Nanos::ZERO);
         let i = &all[0].1[0];
         assert_eq!(i.rejected_total(), 0);
@@ -874,24 +885,13 @@ mod tests {
         let mut route = RouteConfig::new("r", RouteMatch::any());
         route.partition = crate::config::Partition::ClientIp(Default::default());
         route.route_limit_rps = Some(100.0);
-        let engine = Engine::new(
-            &crate::config::Config::new(vec![route]),
-            Nanos::ZERO,
-            UNIX_EPOCH,
-        )
-        .unwrap();
-        let mut h = History::new(Duration::from_secs(1), Duration::from_secs(3));
-        let s = Nanos::from_secs;
         let keyed = || RouteSettings {
             partitioned: true,
             route_limit_rps: Some(100.0),
             ..settings("r")
         };
-        h.tick(s(0), &engine.snapshot(s(0)), [keyed()], None);
-        for _ in 0..250 {
-            let _ = engine.check(engine.route_at(0).unwrap(), Key::None, s(0));
-        }
-        h.tick(s(1), &engine.snapshot(s(1)), [keyed()], None);
+        let (engine, mut h) = ticked_around_250_at_once(route, keyed);
+        let s = Nanos::from_secs;
         h.tick(s(2), &engine.snapshot(s(2)), [keyed()], None);
         let all = h.since(Nanos::ZERO);
         let i = &all[0].1;
