@@ -76,6 +76,32 @@ fn post_order() -> Request<Body> {
     Request::post("/api/order").body(Body::empty()).unwrap()
 }
 
+/// [`post_order`] from the peer `peer` (port 4242), carrying `X-Forwarded-For: xff`.
+fn order_from(xff: &str, peer: &str) -> Request<Body> {
+    let mut req = post_order();
+    req.headers_mut()
+        .insert("x-forwarded-for", xff.parse().unwrap());
+    req.extensions_mut()
+        .insert(PeerAddr(format!("{peer}:4242").parse().unwrap()));
+    req
+}
+
+/// A config of one route `name`, `POST /api/order` at 1 request a second, keyed by
+/// client IP.
+fn order_per_client(name: &str) -> Config {
+    let mut r = route(name, RouteMatch::exact("POST", "/api/order"), 1.0);
+    r.partition = Partition::ClientIp(KeyLimits::default());
+    Config::new(vec![r])
+}
+
+/// The layers `config` builds: by `from_config`, and by its builder left as it is.
+fn layers_of(config: &Config) -> [AdmissionLayer; 2] {
+    [
+        AdmissionLayer::from_config(config).unwrap(),
+        AdmissionLayer::builder(config).unwrap().build(),
+    ]
+}
+
 /// A route cut by a spike, then silent: the upkeep the layer spawns brings it back to
 /// base without a request, and ends once the last clone of the layer is gone.
 #[tokio::test(start_paused = true)]
@@ -308,13 +334,7 @@ async fn spoofed_forwarded_for_from_an_untrusted_peer_lands_in_one_bucket() {
     let app = app(l, Arc::new(AtomicU64::new(0)));
     let mut admitted = 0;
     for n in 0..1_000u32 {
-        let mut req = post_order();
-        req.headers_mut().insert(
-            "x-forwarded-for",
-            format!("203.0.{}.{}", n / 256, n % 256).parse().unwrap(),
-        );
-        req.extensions_mut()
-            .insert(PeerAddr("198.51.100.7:4242".parse().unwrap()));
+        let req = order_from(&format!("203.0.{}.{}", n / 256, n % 256), "198.51.100.7");
         if app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK {
             admitted += 1;
         }
@@ -1808,23 +1828,10 @@ fn a_paced_call_that_panics_outside_tokio_gives_its_place_back() {
 /// the whole site one client's quota.
 #[tokio::test]
 async fn a_configs_trusted_proxies_are_the_layers() {
-    let mut r = route("rq-trusted", RouteMatch::exact("POST", "/api/order"), 1.0);
-    r.partition = Partition::ClientIp(KeyLimits::default());
-    let mut config = Config::new(vec![r]);
+    let mut config = order_per_client("rq-trusted");
     config.server.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
-    let from = |client: &str| {
-        let mut req = post_order();
-        req.headers_mut()
-            .insert("x-forwarded-for", client.parse().unwrap());
-        req.extensions_mut()
-            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
-        req
-    };
-    let layers = [
-        AdmissionLayer::from_config(&config).unwrap(),
-        AdmissionLayer::builder(&config).unwrap().build(),
-    ];
-    for l in layers {
+    let from = |client: &str| order_from(client, "10.0.0.1");
+    for l in layers_of(&config) {
         let app = app(l, Arc::new(AtomicU64::new(0)));
         let status = |client| {
             let app = app.clone();
@@ -1862,27 +1869,13 @@ async fn a_configs_trusted_proxies_are_the_layers() {
 /// builder's count replaces the config's.
 #[tokio::test]
 async fn a_configs_trusted_hops_are_the_layers() {
-    let mut r = route("rq-hops", RouteMatch::exact("POST", "/api/order"), 1.0);
-    r.partition = Partition::ClientIp(KeyLimits::default());
-    let mut config = Config::new(vec![r]);
+    let mut config = order_per_client("rq-hops");
     config.server.trusted_hops = 1;
-    let from = |xff: &str, peer: &str| {
-        let mut req = post_order();
-        req.headers_mut()
-            .insert("x-forwarded-for", xff.parse().unwrap());
-        req.extensions_mut()
-            .insert(PeerAddr(format!("{peer}:4242").parse().unwrap()));
-        req
-    };
-    let layers = [
-        AdmissionLayer::from_config(&config).unwrap(),
-        AdmissionLayer::builder(&config).unwrap().build(),
-    ];
-    for l in layers {
+    for l in layers_of(&config) {
         let app = app(l, Arc::new(AtomicU64::new(0)));
         let status = |xff, peer| {
             let app = app.clone();
-            async move { app.oneshot(from(xff, peer)).await.unwrap().status() }
+            async move { app.oneshot(order_from(xff, peer)).await.unwrap().status() }
         };
         assert_eq!(status("203.0.113.1", "198.51.100.1").await, StatusCode::OK);
         // Through another CDN node: the same client, its key.
@@ -1904,9 +1897,9 @@ async fn a_configs_trusted_hops_are_the_layers() {
     let app = app(l, Arc::new(AtomicU64::new(0)));
     let first = app
         .clone()
-        .oneshot(from("203.0.113.1, 10.0.0.1", "198.51.100.1"));
+        .oneshot(order_from("203.0.113.1, 10.0.0.1", "198.51.100.1"));
     assert_eq!(first.await.unwrap().status(), StatusCode::OK);
-    let again = app.oneshot(from("203.0.113.1, 10.0.0.2", "198.51.100.2"));
+    let again = app.oneshot(order_from("203.0.113.1, 10.0.0.2", "198.51.100.2"));
     assert_eq!(again.await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
@@ -1917,20 +1910,14 @@ async fn a_configs_trusted_hops_are_the_layers() {
 /// was one, so each invented address was a fresh key).
 #[tokio::test]
 async fn a_configs_client_ip_header_is_the_only_one_the_layer_reads() {
-    let mut r = route("rq-forwarded", RouteMatch::exact("POST", "/api/order"), 1.0);
-    r.partition = Partition::ClientIp(KeyLimits::default());
-    let mut config = Config::new(vec![r]);
+    let mut config = order_per_client("rq-forwarded");
     config.server.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
     config.server.client_ip_header = ClientIpHeader::Forwarded;
     let from = |client: &str, invented: &str| {
-        let mut req = post_order();
+        let mut req = order_from(invented, "10.0.0.1");
         let forwarded = format!("for={client}");
         req.headers_mut()
             .insert("forwarded", forwarded.parse().unwrap());
-        req.headers_mut()
-            .insert("x-forwarded-for", invented.parse().unwrap());
-        req.extensions_mut()
-            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
         req
     };
     let app = app(
