@@ -1008,3 +1008,52 @@ fn a_totals_change_left_behind_takes_a_change_landing_meanwhile() {
     let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
     assert_eq!(s.route_limit.unwrap().limit_rps, 500.0);
 }
+
+/// `Retry-After` of a cut told right after a runtime change or a reload that comes
+/// after a silence longer than the window: the silence is stepped before the change
+/// ([`Engine::bring_up_to`]) and the raise published at the change from the step at
+/// its slot, not from the last step before the silence (whose window still held the
+/// spike, and whose held projection would tell a raise a window or more late). A
+/// spike of 300 in the slot from 2 s cuts at 2.1 s; silence until 5.55 s, where the
+/// restore interval goes from 1 s to 0.7 s: told, as the engine raises it, 5.8 s.
+#[test]
+fn a_change_after_a_silence_tells_the_raise_from_the_step_at_the_change() {
+    let ms = Nanos::from_millis;
+    let mut cfg = RouteConfig::new("r", crate::config::RouteMatch::any());
+    cfg.window = WindowSpec::new(Duration::from_secs(2), Duration::from_millis(100)).unwrap();
+    let mut changed = cfg.controller.clone();
+    changed.restore_interval = Duration::from_millis(700);
+    let cut = || {
+        let config = Config::new(vec![cfg.clone()]);
+        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, Key::None, 2.0, 2.1, 3_000.0);
+        let _ = e.check(id, Key::None, ms(2_150));
+        assert_eq!(e.limit_rps(id), Some(60.0));
+        e
+    };
+    let at = ms(5_550);
+    // When the route, changed at `at`, tells its limit rises, and when it does.
+    let told_and_raised = |e: &Engine| {
+        let id = e.route_at(0).unwrap();
+        let told = at + e.restore_eta(id, at).unwrap();
+        let raised = (56..200)
+            .map(|slot| ms(slot * 100))
+            .find(|&t| {
+                e.catch_up(id, t);
+                e.limit_rps(id).unwrap() > 60.0
+            })
+            .unwrap();
+        (told, raised)
+    };
+    let updated = cut();
+    let id = updated.route_at(0).unwrap();
+    updated.update_route(id, changed.clone(), at).unwrap();
+    assert_eq!(told_and_raised(&updated), (ms(5_800), ms(5_800)));
+    let mut reloaded = cfg.clone();
+    reloaded.controller = changed;
+    let reloaded = cut()
+        .reload(&Config::new(vec![reloaded]), at, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    assert_eq!(told_and_raised(&reloaded), (ms(5_800), ms(5_800)));
+}
