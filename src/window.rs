@@ -305,6 +305,18 @@ impl SlotRing {
         self.counts.len() / 2
     }
 
+    /// A ring for windows of this shape holding `counts`, the completed slots' counts,
+    /// oldest first, the last of them the last completed slot (a count past
+    /// `u32::MAX` held as that): a window whose counts are kept elsewhere (a shared
+    /// store's), read as the engine reads its own ([`held`](Self::held)).
+    pub fn from_counts(spec: &WindowSpec, counts: impl IntoIterator<Item = u64>) -> Self {
+        let mut ring = SlotRing::new(spec);
+        for count in counts {
+            ring.push(u32::try_from(count).unwrap_or(u32::MAX));
+        }
+        ring
+    }
+
     /// Pushes one completed slot's count, dropping the oldest.
     fn push(&mut self, count: u32) {
         let n = self.counts.len();

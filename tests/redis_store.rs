@@ -7699,3 +7699,80 @@ async fn serve_shares_route_limit_among_its_fleet() {
     until(&a, 100.0).await;
     a.stop().await;
 }
+
+/// `Retry-After` of a cut on a shared route whose spike holds its level (found by
+/// helper-251): 50 req/s for 1.5 s, then 600 req/s held, on a 1 s window of 100 ms
+/// slots with a `danger_roc` of 280 and a `safe_roc` of 275, near the spike's
+/// height. The spike cuts once it fills 3 or 4 slots of the later half (ROC 110 a
+/// slot), and reads calm once it fills 3 slots of the earlier half (ROC 220; 330 at
+/// 2): some 0.8 s into it, then the 5 s hold and the 1 s interval. Each refusal's
+/// wait is told from the held spike's projection that the stepping instance stored,
+/// as a local route's for the same arrivals: never after the raise by more than a
+/// slot (two, for this machine's timing), nor after the local route's by more than a
+/// slot (its slots are on the instance's clock, Redis's on Redis's). The estimate from
+/// the stored controller alone took the calm to begin a window after the cut (at
+/// 1.3 s or 1.4 s), and told every refusal 0.5 s to 0.6 s after the raise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_spike_on_a_shared_route_is_told_its_raise() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let config = patient_config(&server, "held");
+    let mut route = quick_route();
+    route.controller.danger_roc = 280.0;
+    route.controller.safe_roc = 275.0;
+    let a = Instance::system(&route, &config);
+    let local = Engine::new(
+        &Config::new(vec![route.clone()]),
+        a.clock.now(),
+        SystemTime::UNIX_EPOCH,
+    )
+    .unwrap();
+    let id = local.route_at(0).unwrap();
+    let slot = Duration::from_millis(100);
+    let started = tokio::time::Instant::now();
+    // Each refusal for the cut, while the shared controller is seen cut: when the
+    // shared route and the local one say the limit rises (instance clock).
+    let mut told = Vec::new();
+    let mut raised = None;
+    while started.elapsed() < Duration::from_secs(12) && raised.is_none() {
+        // 10 ms of arrivals (one every other tick, then 6), then a wait to the next.
+        let tick = started.elapsed().as_millis() / 10;
+        let n = if started.elapsed() < Duration::from_millis(1_500) {
+            usize::from(tick % 2 == 0)
+        } else {
+            6
+        };
+        for _ in 0..n {
+            let decision = a.check().await;
+            let now = a.clock.now();
+            let _ = local.check(id, Key::None, now);
+            if let rocgate::limiter::Decision::Reject(r) = decision {
+                let cut = a.store.view("order").unwrap().state == ControllerState::Cut;
+                if r.reason == Reason::RocCut && cut {
+                    let shared = a.store.restore_eta("order", now).map(|eta| now + eta);
+                    let here = local.restore_eta(id, now).map(|eta| now + eta);
+                    told.push((now, shared, here));
+                }
+            }
+        }
+        let view = a.store.view("order").unwrap();
+        if view.state != ControllerState::Normal && view.limit_rps > 60.0 {
+            raised = Some(a.clock.now());
+        }
+        let next = started + Duration::from_millis((tick as u64 + 1) * 10);
+        tokio::time::sleep_until(next).await;
+    }
+    let raised = raised.expect("the held spike's cut restored within 12 s");
+    assert!(told.len() > 100, "{} refusals for the cut", told.len());
+    let late = told
+        .iter()
+        .filter(|(_, shared, here)| {
+            shared.is_none_or(|s| s > raised + 2 * slot || here.is_some_and(|h| s > h + slot))
+        })
+        .count();
+    let (first, last) = (told[0], told[told.len() - 1]);
+    assert_eq!(
+        late, 0,
+        "raised at {raised:?}; first refusal {first:?}, last {last:?}"
+    );
+}

@@ -161,94 +161,16 @@ impl RouteState {
         window: &WindowSpec,
         tiers: bool,
     ) -> (Option<Nanos>, Option<Nanos>) {
-        let slot_ns = duration_nanos(window.slot());
-        let readings = (1u64..).zip(self.ring.held()).map(|(k, sample)| SampleAt {
-            at: Nanos::new(stepped.as_u64().saturating_add(k.saturating_mul(slot_ns))),
-            sample,
-        });
-        let settled = Nanos::new(
-            stepped
-                .as_u64()
-                .saturating_add(duration_nanos(window.window())),
-        );
-        if self.events.is_empty() || self.controller.state() == ControllerState::Normal {
-            let held = self.controller.next_raise_held(readings, settled);
-            return (held, held);
-        }
-        let limit = Past::Limit(self.controller.limit_rps());
-        let progress = tiers.then(|| Past::Progress(self.controller.progress()));
-        let mut c = self.controller.clone();
-        let mut active = self.active_event;
-        let (mut limit_at, mut progress_at) = (None, None);
-        // The profile due is looked for at the first reading and where an edge has
-        // passed since, not at each reading.
-        let next_edge = |after: Nanos| {
-            spans(&self.events)
-                .flat_map(|(start, end, _)| [start, end])
-                .filter(|&at| at > after)
-                .min()
-        };
-        let mut edge = Some(stepped);
-        let mut observed = 0;
-        for s in readings.take(HELD_READINGS + 1) {
-            observed += 1;
-            if observed > HELD_READINGS {
-                break;
-            }
-            if edge.is_some_and(|edge| s.at >= edge) {
-                let due = due(spans(&self.events), s.at);
-                put_in_force(due, &mut active, &self.own, &mut c, s.at, |_| {});
-                edge = next_edge(s.at);
-            }
-            c.observe(s, |_| {});
-            if limit_at.is_none() && limit.by(&c) {
-                limit_at = Some(s.at);
-            }
-            if let Some(progress) = progress.filter(|_| progress_at.is_none()) {
-                if progress.by(&c) {
-                    progress_at = Some(s.at);
-                }
-            }
-            if limit_at.is_some() && (progress.is_none() || progress_at.is_some()) {
-                break;
-            }
-        }
-        // Past the readings observed: the calm they end in, or, cut short, the one the
-        // held level surely reads once it fills the window (as `next_raise_held`).
-        let cut_short = observed > HELD_READINGS;
-        let from = if cut_short {
-            Nanos::new(
-                stepped
-                    .as_u64()
-                    .saturating_add(slot_ns.saturating_mul(HELD_READINGS as u64)),
-            )
-        } else {
-            settled
-        };
-        let rest = |past: Past| {
-            let calm = if cut_short {
-                (c.params().safe_roc > 0.0).then_some(settled)
-            } else {
-                c.memory().safe_since
-            };
-            raise_through(
-                || spans(&self.events),
-                &self.own,
-                active,
-                &c,
-                (past, c.raised_past(past.limit(&c), calm)),
-                (from.min(settled), settled.max(now)),
-                window,
-            )
-        };
-        let limit_at = limit_at.or_else(|| rest(limit));
-        let progress_at = match progress {
-            Some(progress) => progress_at.or_else(|| rest(progress)),
-            None => limit_at,
-        };
-        (limit_at, progress_at)
+        held_raise(
+            || spans(&self.events),
+            &self.own,
+            (self.active_event, &self.controller),
+            self.ring.held(),
+            (stepped, now),
+            window,
+            tiers,
+        )
     }
-
     /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,
     /// where the controller is in `Normal` and no transition can follow.
     pub(super) fn follow_events(&mut self, at: Nanos) {
@@ -261,6 +183,113 @@ impl RouteState {
             |_| {},
         );
     }
+}
+
+/// [`RouteState::next_raise`] of a route whose scheduled events' spans `spans` gives,
+/// its own parameters `own`, its controller and the event whose profile is in force
+/// in it (`None`: `own`), and `held` the window's readings at the ends of the slots
+/// after `stepped` if the last slot's demand holds ([`SlotRing::held`](crate::window::SlotRing::held)):
+/// what a shared store, which has the window's completed slots where it steps the
+/// controller, tells too ([`Schedule::next_raise_held`]).
+fn held_raise<'a, S, I>(
+    spans: S,
+    own: &ControllerParams,
+    (active, controller): (Option<usize>, &Controller),
+    held: impl Iterator<Item = RocSample>,
+    (stepped, now): (Nanos, Nanos),
+    window: &WindowSpec,
+    tiers: bool,
+) -> (Option<Nanos>, Option<Nanos>)
+where
+    S: Fn() -> I,
+    I: Iterator<Item = (Nanos, Nanos, &'a ControllerParams)>,
+{
+    let slot_ns = duration_nanos(window.slot());
+    let readings = (1u64..).zip(held).map(|(k, sample)| SampleAt {
+        at: Nanos::new(stepped.as_u64().saturating_add(k.saturating_mul(slot_ns))),
+        sample,
+    });
+    let settled = Nanos::new(
+        stepped
+            .as_u64()
+            .saturating_add(duration_nanos(window.window())),
+    );
+    if spans().next().is_none() || controller.state() == ControllerState::Normal {
+        let held = controller.next_raise_held(readings, settled);
+        return (held, held);
+    }
+    let limit = Past::Limit(controller.limit_rps());
+    let progress = tiers.then(|| Past::Progress(controller.progress()));
+    let mut c = controller.clone();
+    let mut active = active;
+    let (mut limit_at, mut progress_at) = (None, None);
+    // The profile due is looked for at the first reading and where an edge has
+    // passed since, not at each reading.
+    let next_edge = |after: Nanos| {
+        spans()
+            .flat_map(|(start, end, _)| [start, end])
+            .filter(|&at| at > after)
+            .min()
+    };
+    let mut edge = Some(stepped);
+    let mut observed = 0;
+    for s in readings.take(HELD_READINGS + 1) {
+        observed += 1;
+        if observed > HELD_READINGS {
+            break;
+        }
+        if edge.is_some_and(|edge| s.at >= edge) {
+            let due = due(spans(), s.at);
+            put_in_force(due, &mut active, own, &mut c, s.at, |_| {});
+            edge = next_edge(s.at);
+        }
+        c.observe(s, |_| {});
+        if limit_at.is_none() && limit.by(&c) {
+            limit_at = Some(s.at);
+        }
+        if let Some(progress) = progress.filter(|_| progress_at.is_none()) {
+            if progress.by(&c) {
+                progress_at = Some(s.at);
+            }
+        }
+        if limit_at.is_some() && (progress.is_none() || progress_at.is_some()) {
+            break;
+        }
+    }
+    // Past the readings observed: the calm they end in, or, cut short, the one the
+    // held level surely reads once it fills the window (as `next_raise_held`).
+    let cut_short = observed > HELD_READINGS;
+    let from = if cut_short {
+        Nanos::new(
+            stepped
+                .as_u64()
+                .saturating_add(slot_ns.saturating_mul(HELD_READINGS as u64)),
+        )
+    } else {
+        settled
+    };
+    let rest = |past: Past| {
+        let calm = if cut_short {
+            (c.params().safe_roc > 0.0).then_some(settled)
+        } else {
+            c.memory().safe_since
+        };
+        raise_through(
+            &spans,
+            own,
+            active,
+            &c,
+            (past, c.raised_past(past.limit(&c), calm)),
+            (from.min(settled), settled.max(now)),
+            window,
+        )
+    };
+    let limit_at = limit_at.or_else(|| rest(limit));
+    let progress_at = match progress {
+        Some(progress) => progress_at.or_else(|| rest(progress)),
+        None => limit_at,
+    };
+    (limit_at, progress_at)
 }
 
 /// Puts the profile due at `at` in force: the scheduled event running then, or the
@@ -412,6 +441,35 @@ impl Schedule {
             (stepped, now),
             window,
         )
+    }
+
+    /// When `controller`, stepped through the slots that end at or before `stepped`
+    /// under the profile `active` says is in force, next raises its limit above where
+    /// it stands, as seen at `now`, if the last slot's demand holds: `held` gives the
+    /// window's readings at the ends of the slots after `stepped` if it does
+    /// ([`SlotRing::held`](crate::window::SlotRing::held)). What
+    /// [`Engine::restore_eta`](super::Engine::restore_eta) tells of a local route,
+    /// for a shared store that has the window's completed slots where it steps the
+    /// controller; [`next_raise`](Self::next_raise) is its estimate without them. At
+    /// most [`HELD_READINGS`] readings are observed.
+    pub fn next_raise_held(
+        &self,
+        (active, controller): (Option<usize>, &Controller),
+        held: impl Iterator<Item = RocSample>,
+        (stepped, now): (Nanos, Nanos),
+        window: &WindowSpec,
+    ) -> Option<Nanos> {
+        let at = (active, controller);
+        held_raise(
+            || self.spans(),
+            &self.own,
+            at,
+            held,
+            (stepped, now),
+            window,
+            false,
+        )
+        .0
     }
 
     /// The schedule on another clock, whose time is `there` where this one's is

@@ -121,7 +121,7 @@ use crate::engine::{Engine, RouteId, Schedule};
 use crate::hints::FleetDemand;
 use crate::limiter::{Admit, Algorithm, Decision, Level, Reason, Rejection, TokenBucket};
 use crate::metrics as metric;
-use crate::window::{RocSample, SampleAt, WindowSpec};
+use crate::window::{RocSample, SampleAt, SlotRing, WindowSpec};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use metrics::{Counter, Gauge};
@@ -185,10 +185,13 @@ end"
 ///   other, normal),
 ///   `through` (last slot stepped), `entered`, `armed`, `safe` (ns, Redis time), `roc`,
 ///   `slot_us` (the slot length, µs, that the slot numbers of the window and of
-///   `through` count), `slots` (slots per window the controller last stepped on) and
+///   `through` count), `slots` (slots per window the controller last stepped on),
 ///   `rate` (the fleet's demand, req/s, in the later half of the last window stepped:
-///   the sample whose ROC is `roc`); after Redis lost it, `view` and `seeded` (see
-///   `ARGV[10]` below).
+///   the sample whose ROC is `roc`) and `raise` (`<through>:<ns>`: when, Redis time,
+///   the limit next rises if the last slot's demand holds, as the instance that
+///   stepped through `through` projected it from the window's completed slots;
+///   nothing after the colon: it does not rise); after Redis lost it, `view` and
+///   `seeded` (see `ARGV[10]` below). A carry-over drops `raise`.
 /// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` the calling
 ///   instance's base limit in force: the limit until the controller hash has one (a
 ///   stored `limit` that is no limit the config takes, such as `nan` or one below
@@ -287,7 +290,7 @@ end"
 /// `ARGV[7]` is `0`); `roll` is nil but for the call that observed a new slot: `{lo,
 /// counts of slots lo..cur (or lo..slot-1, whichever ends first; none when `cur` is
 /// before `lo`), controller fields (limit, state, through, entered, armed, safe, roc,
-/// slot_us, slots, rate)}`; `rate` is the stored `rate` (nil before a step stored one:
+/// slot_us, slots, rate, view, seeded, raise)}`; `rate` is the stored `rate` (nil before a step stored one:
 /// an older release's `SAVE` stores none, and leaves the last one in place; a field
 /// more of the hash already read, no call more); `memory` is present only while the
 /// controller is not normal, for a call
@@ -308,7 +311,7 @@ local slot_us = tonumber(ARGV[1])
 local slots = tonumber(ARGV[2])
 local ttl = ARGV[5]
 local slot = math.floor(now / slot_us)
-local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots', 'rate', 'view', 'seeded')
+local ctl = redis.call('HMGET', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'slot_us', 'slots', 'rate', 'view', 'seeded', 'raise')
 local cur = tonumber(redis.call('HGET', KEYS[1], 'cur'))
 if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
   if ctl[8] and ctl[8] ~= ARGV[1] then
@@ -344,7 +347,7 @@ if view and (not ctl[7] or unstepped) and not (tonumber(ctl[11]) and tonumber(ct
   redis.call('PEXPIRE', KEYS[3], ttl)
   if ARGV[10] == '0' then
     if ctl[7] then
-      redis.call('HDEL', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'seeded')
+      redis.call('HDEL', KEYS[3], 'limit', 'state', 'through', 'entered', 'armed', 'safe', 'roc', 'seeded', 'raise')
       ctl = {false, false, false, false, false, false, false, ctl[8], ctl[9], ctl[10]}
       unstepped = false
     end
@@ -356,7 +359,7 @@ if view and (not ctl[7] or unstepped) and not (tonumber(ctl[11]) and tonumber(ct
     redis.call('HSET', KEYS[3], 'limit', ARGV[11], 'state', ARGV[10], 'entered', entered,
       'armed', armed, 'roc', ARGV[13], 'through', through, 'slot_us', ARGV[1], 'slots', ARGV[2],
       'seeded', through)
-    redis.call('HDEL', KEYS[3], 'safe')
+    redis.call('HDEL', KEYS[3], 'safe', 'raise')
     ctl = {ARGV[11], ARGV[10], through, entered, armed, false, ARGV[13], ARGV[1], ARGV[2], ctl[10], ARGV[14], through}
     seeded = true
     unstepped = true
@@ -437,14 +440,16 @@ return result
 ///   `ARGV[7]` safe since (empty: none); `ARGV[8]` roc; `ARGV[9]` key expiry, ms;
 ///   `ARGV[10]` the slot length, µs, and `ARGV[11]` the slots per window the step
 ///   was taken on; `ARGV[12]` the fleet's demand, req/s, in the later half of the
-///   last window stepped (`rate`, see [`DECIDE`]).
+///   last window stepped (`rate`, see [`DECIDE`]); `ARGV[13]` when the limit next
+///   rises if the spike holds, as the stepping instance projected it from the
+///   window's completed slots (`raise`, see [`DECIDE`]).
 ///
 /// Returns 1 if stored, 0 if the hash had moved on (or the route's window changed).
 pub const SAVE: &str = r"
 local stored = redis.call('HMGET', KEYS[1], 'through', 'slot_us', 'slots')
 if tonumber(stored[1]) ~= tonumber(ARGV[1]) or stored[2] ~= ARGV[10] or stored[3] ~= ARGV[11] then return 0 end
 redis.call('HSET', KEYS[1], 'through', ARGV[2], 'limit', ARGV[3], 'state', ARGV[4],
-  'entered', ARGV[5], 'armed', ARGV[6], 'roc', ARGV[8], 'rate', ARGV[12])
+  'entered', ARGV[5], 'armed', ARGV[6], 'roc', ARGV[8], 'rate', ARGV[12], 'raise', ARGV[13])
 if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'safe') else redis.call('HSET', KEYS[1], 'safe', ARGV[7]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[9])
 return 1
@@ -2188,10 +2193,12 @@ impl Inner {
         if reply.state == ControllerState::Normal.as_index() {
             r.next_raise.store(0, Ordering::Relaxed);
         } else if let Some(memory) = &reply.memory {
-            let redis_now = Nanos::new(reply.now_us.saturating_mul(1000));
-            let on_redis = schedule.clone().on_clock(now, redis_now);
-            let at = next_raise(&on_redis, &r.window, memory, reply.now_us)
-                .map_or(0, |eta| (now + eta).as_u64().max(1));
+            let eta = held_eta(memory, reply.slot, reply.now_us).unwrap_or_else(|| {
+                let redis_now = Nanos::new(reply.now_us.saturating_mul(1000));
+                let on_redis = schedule.clone().on_clock(now, redis_now);
+                next_raise(&on_redis, &r.window, memory, reply.now_us)
+            });
+            let at = eta.map_or(0, |eta| (now + eta).as_u64().max(1));
             r.next_raise.store(at, Ordering::Relaxed);
         }
         r.roc.store(reply.roc.to_bits(), Ordering::Relaxed);
@@ -2860,6 +2867,10 @@ struct Roll {
 struct StoredController {
     through: Option<u64>,
     memory: Option<ControllerMemory>,
+    /// `raise`: the slot stepped through when it was projected, and when (Redis
+    /// time) the limit next rises if the last slot's demand holds (`None`: it does
+    /// not rise).
+    held: Option<(u64, Option<Nanos>)>,
 }
 
 impl Reply {
@@ -2918,6 +2929,16 @@ impl Reply {
 }
 
 impl Roll {
+    /// The count of slot `i`: 0 for a slot the roll does not hold (before `lo`, or
+    /// after the last slot that had a call).
+    fn count(&self, i: u64) -> u64 {
+        let at = (i as i64).saturating_sub(self.lo);
+        usize::try_from(at)
+            .ok()
+            .and_then(|k| self.counts.get(k).copied())
+            .unwrap_or(0)
+    }
+
     fn parse(items: Vec<Value>) -> Option<Roll> {
         let [lo, Value::Array(counts), Value::Array(ctl)] = <[Value; 3]>::try_from(items).ok()?
         else {
@@ -2937,7 +2958,8 @@ impl Roll {
 }
 
 impl StoredController {
-    /// Fields `limit, state, through, entered, armed, safe, roc`; anything missing or
+    /// Fields `limit, state, through, entered, armed, safe, roc`, and `raise` (the
+    /// 13th: `<through>:<ns>`, the time empty for none); anything missing or
     /// unreadable, a limit that is no number of at least [`MIN_LIMIT`] included (as
     /// [`DECIDE`] reads it), means no memory (the controller starts afresh).
     fn parse(ctl: &[Value]) -> StoredController {
@@ -2960,7 +2982,22 @@ impl StoredController {
                 last_roc: field(6).unwrap_or(0.0),
             })
         })();
-        StoredController { through, memory }
+        let held = match ctl.get(12) {
+            Some(Value::BulkString(b)) => std::str::from_utf8(b).ok().and_then(|text| {
+                let (at, raise) = text.split_once(':')?;
+                let raise = match raise {
+                    "" => None,
+                    ns => Some(Nanos::new(ns.parse().ok()?)),
+                };
+                Some((at.parse().ok()?, raise))
+            }),
+            _ => None,
+        };
+        StoredController {
+            through,
+            memory,
+            held,
+        }
     }
 }
 
@@ -3175,6 +3212,7 @@ async fn step(
     };
     let m = controller.memory();
     let nanos = |n: Nanos| n.as_u64().to_string();
+    let raise = held_raise(&schedule, &r.window, &roll, (&controller, through), now);
     let mut invocation = inner.save.call(&[&r.keys[2]]);
     invocation
         .arg(
@@ -3192,7 +3230,11 @@ async fn step(
         .arg(r.ttl_ms)
         .arg(r.slot_us)
         .arg(r.window.slots())
-        .arg(format!("{rate:?}"));
+        .arg(format!("{rate:?}"))
+        .arg(format!(
+            "{through}:{}",
+            raise.map_or_else(String::new, nanos)
+        ));
     match tokio::time::timeout(inner.config.timeout, inner.conn.invoke::<i64>(&invocation)).await {
         // Stored: no other instance stores these slots' steps, so counting and logging
         // here counts and logs each transition once in the fleet.
@@ -3276,13 +3318,7 @@ fn replay(
     let mut active = schedule.event_at(stepped_at);
     let params = schedule.params_at(stepped_at).clone();
     let mut controller = resume(params, window, &roll.memory, now);
-    let count = |i: u64| -> u64 {
-        let at = (i as i64).saturating_sub(roll.lo);
-        usize::try_from(at)
-            .ok()
-            .and_then(|k| roll.counts.get(k).copied())
-            .unwrap_or(0)
-    };
+    let count = |i: u64| roll.count(i);
     let half_secs = window.half().as_secs_f64();
     let mut transitions = Vec::new();
     // Since when the controller has been in cut within the slots stepped, if it is.
@@ -3383,9 +3419,54 @@ fn resume(
     c
 }
 
+/// When (Redis's clock) `controller`, stepped through slot `through` under `schedule`
+/// (on Redis's clock) on the counts of `roll`, next raises the limit above where it
+/// stands if the demand of slot `through` holds: [`Schedule::next_raise_held`] on
+/// the window's readings to come, as [`Engine::restore_eta`] tells it of a local
+/// route, its window the window of slots that ends at `through` (those after the last
+/// that had a call count zero). Taken where the step is taken, off the decision's
+/// path, and stored with it (`raise`, see [`DECIDE`]): at most
+/// [`HELD_READINGS`](crate::controller::HELD_READINGS) readings, as the engine's.
+fn held_raise(
+    schedule: &Schedule,
+    window: &WindowSpec,
+    roll: &Roll,
+    (controller, through): (&Controller, u64),
+    now: Nanos,
+) -> Option<Nanos> {
+    let slots = window.slots() as u64;
+    let slot_ns = window.slot().as_micros() as u64 * 1000;
+    let stepped = Nanos::new(through.saturating_add(1).saturating_mul(slot_ns));
+    let first = through.saturating_add(1).saturating_sub(slots);
+    let ring = SlotRing::from_counts(window, (first..=through).map(|i| roll.count(i)));
+    let active = schedule.event_at(stepped);
+    schedule.next_raise_held((active, controller), ring.held(), (stepped, now), window)
+}
+
+/// How long after Redis's `now_us`, in slot `slot`, the stored controller will next
+/// raise the limit if the last slot's demand holds, as the instance that stepped it
+/// projected it ([`held_raise`]): `Some(None)` if it does not rise. `None` where no
+/// projection fits the stored step (a step stored by an older release, or dropped
+/// with `through`), or where that step is not of one of the two slots before `slot`
+/// (the step of the slot just completed may still be on its way): after a silence
+/// no step has covered yet, the held level of the slot before it is no longer what
+/// the window holds, and [`next_raise`] tells the raise instead.
+fn held_eta(stored: &StoredController, slot: u64, now_us: u64) -> Option<Option<Duration>> {
+    stored.memory?;
+    let through = stored.through?;
+    let (at, raise) = stored.held?;
+    if at != through || through.saturating_add(2) < slot {
+        return None;
+    }
+    let now = Nanos::new(now_us.saturating_mul(1000));
+    Some(raise.map(|at| at.saturating_since(now)))
+}
+
 /// How long after Redis's `now_us` the stored controller will next raise the limit
-/// above where it stands, as [`Engine::restore_eta`] tells it of a local route: the
-/// controller continued, as the next step continues it, under the profile of
+/// above where it stands, where no projection of the held spike fits the answer
+/// ([`held_eta`]): as [`Engine::restore_eta`] tells it of a local route, but for the
+/// window's readings, the calm of a cut not yet calm taken a window after the cut
+/// ([`Controller::next_raise_at`]): the controller continued, as the next step continues it, under the profile of
 /// `schedule` (on Redis's clock) due when it was last stepped, then walked through
 /// the events due before the raise ([`Schedule::next_raise`]), the slots not yet
 /// stepped included. `None` without a memory, in `Normal`, or if the limit never

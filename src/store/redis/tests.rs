@@ -29,7 +29,7 @@ fn roll(lo: i64, counts: Vec<u64>, through: Option<u64>) -> Roll {
         counts,
         memory: StoredController {
             through,
-            memory: None,
+            ..StoredController::default()
         },
     }
 }
@@ -477,6 +477,7 @@ fn a_shared_raise_through_an_event_is_the_engines(
         let stored = StoredController {
             through: Some(through),
             memory: Some(c.memory()),
+            held: None,
         };
         let shared = next_raise(&schedule, &window(), &stored, now.as_u64() / 1000);
         assert_eq!(shared, local, "at {now} (stored through slot {through})");
@@ -659,6 +660,7 @@ fn a_stored_cut_rises_after_its_hold_and_one_interval() {
             limit_rps: params.cut_limit_rps,
             last_roc: 0.0,
         }),
+        held: None,
     };
     let us = |s: u64| s * 1_000_000;
     // Still spiking: calm a window (1 s) after the cut at the earliest, then the hold
@@ -717,8 +719,30 @@ fn stored_controller_round_trips_through_the_hash_fields() {
     );
     assert_eq!(m.safe_since, None);
     assert_eq!(m.last_roc, 123.5);
+    assert_eq!(stored.held, None);
     let empty = StoredController::parse(&[Value::Nil, Value::Nil, Value::Nil]);
     assert_eq!(empty, StoredController::default());
+    // `raise`, the 13th field (after slot_us, slots, rate, view, seeded), with the
+    // `through` it was projected at: a time past 2^53 kept whole, or none.
+    let with_raise = |raise: &str| {
+        let mut fields = ctl.to_vec();
+        fields.extend([
+            text("100000"),
+            text("10"),
+            text("1.0"),
+            Value::Nil,
+            Value::Nil,
+        ]);
+        fields.push(text(raise));
+        StoredController::parse(&fields).held
+    };
+    let late = 1_765_000_000_123_456_789;
+    assert_eq!(
+        with_raise(&format!("42:{late}")),
+        Some((42, Some(Nanos::new(late))))
+    );
+    assert_eq!(with_raise("42:"), Some((42, None)));
+    assert_eq!(with_raise("nonsense"), None);
 }
 
 #[test]
@@ -1620,4 +1644,88 @@ fn a_schedule_moves_onto_redis_clock_by_the_two_clocks_gap() {
     assert_eq!(there.params_at(s(1011)), &sale);
     assert_eq!(there.params_at(s(1012)), &own);
     assert_eq!(there.edges().collect::<Vec<_>>(), [s(1009), s(1012)]);
+}
+
+/// `Retry-After` of a cut on a shared route from a spike that holds its level: steady
+/// at 10 a slot (100 req/s) until 10.5 s, then 100 a slot (1,000 req/s) held; cut at
+/// 10.6 s. Each slot's rollover steps the shared controller and projects the held
+/// spike from the window's completed slots ([`held_raise`]), stored with the step;
+/// from each call's answer ([`held_eta`]), the stored step of the slot before it or
+/// (`behind`) the one before that, the wait told is the local engine's
+/// [`Engine::restore_eta`] for the same arrivals stepped through the same slots,
+/// to the nanosecond (Redis's clock is the engine's here), once the step is a cut. The estimate from the
+/// stored controller alone ([`next_raise`], the readings calm from a window after the
+/// cut) told the first call of the cut 0.1 s later than the engine: the spike fills
+/// the window, and reads calm, at 11.5 s, not 11.6 s.
+#[test]
+fn a_shared_raise_of_a_held_spike_is_the_engines() {
+    use crate::config::{Config, RouteConfig, RouteMatch};
+    use crate::engine::Key;
+    let count = |s: u64| if s < 105 { 10 } else { 100 };
+    let schedule = defaults();
+    let slots = window().slots() as u64;
+    for behind in [0, 1] {
+        let mut route = RouteConfig::new("r", RouteMatch::any());
+        route.window = window();
+        let config = Config::new(vec![route]);
+        let engine = Engine::new(&config, Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+        let id = engine.route_at(0).unwrap();
+        let mut offered = 0;
+        let mut stored = StoredController::default();
+        let mut cut_told = Vec::new();
+        for s in 1..140u64 {
+            // The call in slot `s` wins its rollover: the slots before it stepped.
+            let lo = (s - 1).saturating_sub(2 * slots);
+            let r = Roll {
+                lo: lo as i64,
+                counts: (lo..s).map(count).collect(),
+                memory: std::mem::take(&mut stored),
+            };
+            let (c, through, _, _, _) = replay(&schedule, &window(), &r, s, call(s)).unwrap();
+            let raise = held_raise(&schedule, &window(), &r, (&c, through), call(s));
+            stored = StoredController {
+                through: Some(through),
+                memory: Some(c.memory()),
+                held: Some((through, raise)),
+            };
+            // A call `behind` slots later, its answer carrying that step.
+            let now = call(s + behind);
+            for slot in offered..s + behind {
+                for k in 0..count(slot) {
+                    let at = Nanos::new(slot * 100_000_000 + k * 100_000_000 / count(slot));
+                    let _ = engine.check(id, Key::None, at);
+                }
+            }
+            offered = s + behind;
+            engine.catch_up(id, now);
+            let local = engine.restore_eta(id, now);
+            let now_us = now.as_u64() / 1000;
+            let shared = held_eta(&stored, s + behind, now_us).unwrap();
+            // A step behind the engine's cut is normal: its answer tells no raise.
+            if behind == 0 || c.state() != ControllerState::Normal {
+                assert_eq!(shared, local, "slot {s}, {behind} behind");
+            }
+            if c.state() == ControllerState::Cut {
+                let old = next_raise(&schedule, &window(), &stored, now_us);
+                cut_told.push((now + shared.unwrap(), now + old.unwrap()));
+            }
+        }
+        // Cut at 10.6 s: calm at 11.5 s, a 2 s hold and a 1 s restore interval, 14.5 s
+        // (the calm a window after the cut said 14.6 s).
+        let ms = Nanos::from_millis;
+        assert_eq!(
+            cut_told.first(),
+            Some(&(ms(14_500), ms(14_600))),
+            "{behind} behind"
+        );
+        assert!(
+            cut_told.iter().all(|&(held, _)| held == ms(14_500)),
+            "{cut_told:?}"
+        );
+        assert_eq!(engine.limit_rps(id), Some(60.0));
+        engine.catch_up(id, ms(14_499));
+        assert_eq!(engine.limit_rps(id), Some(60.0));
+        engine.catch_up(id, ms(14_500));
+        assert!(engine.limit_rps(id) > Some(60.0));
+    }
 }
