@@ -171,6 +171,7 @@ impl RouteState {
             tiers,
         )
     }
+
     /// Puts the profile due at `at` in force (see [`follow_events`]), at the start,
     /// where the controller is in `Normal` and no transition can follow.
     pub(super) fn follow_events(&mut self, at: Nanos) {
@@ -188,9 +189,10 @@ impl RouteState {
 /// [`RouteState::next_raise`] of a route whose scheduled events' spans `spans` gives,
 /// its own parameters `own`, its controller and the event whose profile is in force
 /// in it (`None`: `own`), and `held` the window's readings at the ends of the slots
-/// after `stepped` if the last slot's demand holds ([`SlotRing::held`](crate::window::SlotRing::held)):
-/// what a shared store, which has the window's completed slots where it steps the
-/// controller, tells too ([`Schedule::next_raise_held`]).
+/// after `stepped` if the last slot's demand holds
+/// ([`SlotRing::held`](crate::window::SlotRing::held)): what a shared store, which
+/// has the window's completed slots where it steps the controller, tells too
+/// ([`Schedule::next_raise_held`]).
 fn held_raise<'a, S, I>(
     spans: S,
     own: &ControllerParams,
