@@ -7709,7 +7709,8 @@ async fn serve_shares_route_limit_among_its_fleet() {
 /// wait is told from the held spike's projection that the stepping instance stored,
 /// as a local route's for the same arrivals: never after the raise by more than a
 /// slot (two, for this machine's timing), nor after the local route's by more than a
-/// slot (its slots are on the instance's clock, Redis's on Redis's). The estimate from
+/// slot (its slots are on the instance's clock, Redis's on Redis's), and never before
+/// it by more than half a second (told within 20 ms before it here). The estimate from
 /// the stored controller alone took the calm to begin a window after the cut (at
 /// 1.3 s or 1.4 s), and told every refusal 0.5 s to 0.6 s after the raise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -7770,9 +7771,16 @@ async fn a_held_spike_on_a_shared_route_is_told_its_raise() {
             shared.is_none_or(|s| s > raised + 2 * slot || here.is_some_and(|h| s > h + slot))
         })
         .count();
+    // Nor told much before it (a wait of none, or the raise of another step):
+    // half a second early at most, for slots this machine's timing thinned.
+    let early = told
+        .iter()
+        .filter(|(_, shared, _)| shared.is_some_and(|s| s + 5 * slot < raised))
+        .count();
     let (first, last) = (told[0], told[told.len() - 1]);
     assert_eq!(
-        late, 0,
+        (late, early),
+        (0, 0),
         "raised at {raised:?}; first refusal {first:?}, last {last:?}"
     );
 }
