@@ -290,13 +290,14 @@ end"
 /// `ARGV[7]` is `0`); `roll` is nil but for the call that observed a new slot: `{lo,
 /// counts of slots lo..cur (or lo..slot-1, whichever ends first; none when `cur` is
 /// before `lo`), controller fields (limit, state, through, entered, armed, safe, roc,
-/// slot_us, slots, rate, view, seeded, raise)}`; `rate` is the stored `rate` (nil before a step stored one:
-/// an older release's `SAVE` stores none, and leaves the last one in place; a field
-/// more of the hash already read, no call more); `memory` is present only while the
-/// controller is not normal, for a call
-/// that was refused or took no token (batched mode): the controller fields as in
-/// `roll`, from which the caller tells when the limit will next rise (the
-/// `Retry-After` of a rejection for a cut); `seeded` is `1` if this call wrote the
+/// slot_us, slots, rate, view, seeded, raise)}`; `rate` is the stored `rate` (nil
+/// before a step stored one: an older release's `SAVE` stores none, and leaves the
+/// last one in place; a field more of the hash already read, no call more); `memory`
+/// is present only while the controller is not normal, for a call that was refused
+/// or took no token (batched mode): the controller fields as in `roll`, from which
+/// the caller tells when the limit will next rise (the `Retry-After` of a rejection
+/// for a cut: the stored `raise`, where it was projected at the stored `through`, of
+/// one of the two slots before the call's); `seeded` is `1` if this call wrote the
 /// caller's cut or restore (`ARGV[10]`) into the controller hash (`memory` then nil
 /// where it has none); `view` is the `view` of a controller carried over and not
 /// stepped since: the time of the view it was carried from, which is what an answer
@@ -3427,6 +3428,7 @@ fn resume(
 /// that had a call count zero). Taken where the step is taken, off the decision's
 /// path, and stored with it (`raise`, see [`DECIDE`]): at most
 /// [`HELD_READINGS`](crate::controller::HELD_READINGS) readings, as the engine's.
+/// `None` in `Normal`, without building the window: the limit is where it rises to.
 fn held_raise(
     schedule: &Schedule,
     window: &WindowSpec,
@@ -3434,6 +3436,9 @@ fn held_raise(
     (controller, through): (&Controller, u64),
     now: Nanos,
 ) -> Option<Nanos> {
+    if controller.state() == ControllerState::Normal {
+        return None;
+    }
     let slots = window.slots() as u64;
     let slot_ns = window.slot().as_micros() as u64 * 1000;
     let stepped = Nanos::new(through.saturating_add(1).saturating_mul(slot_ns));
@@ -3466,10 +3471,10 @@ fn held_eta(stored: &StoredController, slot: u64, now_us: u64) -> Option<Option<
 /// above where it stands, where no projection of the held spike fits the answer
 /// ([`held_eta`]): as [`Engine::restore_eta`] tells it of a local route, but for the
 /// window's readings, the calm of a cut not yet calm taken a window after the cut
-/// ([`Controller::next_raise_at`]): the controller continued, as the next step continues it, under the profile of
-/// `schedule` (on Redis's clock) due when it was last stepped, then walked through
-/// the events due before the raise ([`Schedule::next_raise`]), the slots not yet
-/// stepped included. `None` without a memory, in `Normal`, or if the limit never
+/// ([`Controller::next_raise_at`]): the controller continued, as the next step
+/// continues it, under the profile of `schedule` (on Redis's clock) due when it was
+/// last stepped, then walked through the events due before the raise
+/// ([`Schedule::next_raise`]), the slots not yet stepped included. `None` without a memory, in `Normal`, or if the limit never
 /// rises above where it stands.
 fn next_raise(
     schedule: &Schedule,
