@@ -2222,6 +2222,39 @@ async fn a_window_stamped_ahead_of_redis_clock_still_cuts() {
     spike_until_both_cut(&a, &b, Duration::from_millis(4)).await;
 }
 
+/// A stored step's `through` that a call drops (here one ahead of the window Redis
+/// keeps: a clock gone back) drops the held raise projected with it: a later SAVE
+/// from an older release, which writes no `raise`, could otherwise store a `through`
+/// equal to the stale raise's slot and pair the two again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_through_drops_its_raise() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut conn = server.connection().unwrap();
+    let config = store_config(&server, "dropraise");
+    let a = Instance::system(&quick_route(), &config);
+    first_step_stored(&a, &mut conn, "{dropraise:order}:c").await;
+    let ahead = redis_time_us(&mut conn) / 100_000 + 1_000;
+    hset(
+        &mut conn,
+        "{dropraise:order}:c",
+        (("through", ahead), ("raise", format!("{ahead}:1"))),
+    );
+    let _ = a.check().await;
+    let (through, raise): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg("{dropraise:order}:c")
+        .arg("through")
+        .arg("raise")
+        .query(&mut conn)
+        .unwrap();
+    assert_ne!(
+        through,
+        Some(ahead.to_string()),
+        "the call dropped the through"
+    );
+    assert_ne!(raise, Some(format!("{ahead}:1")), "and its raise with it");
+}
+
 /// A shared route cut and then silent for 29 s (its window and controller written as
 /// they stood after the cut, 29 s before Redis's now): the next request's rollover
 /// steps the shared controller where stepping every slot would have put it, at base

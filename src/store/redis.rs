@@ -191,7 +191,9 @@ end"
 ///   the limit next rises if the last slot's demand holds, as the instance that
 ///   stepped through `through` projected it from the window's completed slots;
 ///   nothing after the colon: it does not rise); after Redis lost it, `view` and
-///   `seeded` (see `ARGV[10]` below). A carry-over drops `raise`.
+///   `seeded` (see `ARGV[10]` below). A carry-over drops `raise`, and so does a call
+///   that drops `through` (a changed slot length, a window ahead of Redis's clock, a rearm):
+///   a raise is told only beside the `through` it was projected at.
 /// - `ARGV[1]` slot length, µs; `ARGV[2]` slots per window; `ARGV[3]` the calling
 ///   instance's base limit in force: the limit until the controller hash has one (a
 ///   stored `limit` that is no limit the config takes, such as `nan` or one below
@@ -320,8 +322,9 @@ if ctl[8] ~= ARGV[1] or ctl[9] ~= ARGV[2] then
     cur = nil
   end
   if ctl[8] then
-    redis.call('HDEL', KEYS[3], 'through')
+    redis.call('HDEL', KEYS[3], 'through', 'raise')
     ctl[3] = false
+    ctl[13] = false
   end
   redis.call('HSET', KEYS[3], 'slot_us', ARGV[1], 'slots', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ttl)
@@ -330,14 +333,16 @@ if cur ~= nil and not (cur <= slot + slots) then
   redis.call('DEL', KEYS[1])
   cur = nil
   if ctl[3] then
-    redis.call('HDEL', KEYS[3], 'through')
+    redis.call('HDEL', KEYS[3], 'through', 'raise')
     ctl[3] = false
+    ctl[13] = false
   end
 end
 local stored_through = tonumber(ctl[3])
 if ctl[3] and (ARGV[9] == '1' or not (stored_through and stored_through >= 0 and stored_through % 1 == 0 and stored_through < slot + slots)) then
-  redis.call('HDEL', KEYS[3], 'through')
+  redis.call('HDEL', KEYS[3], 'through', 'raise')
   ctl[3] = false
+  ctl[13] = false
 end
 if ctl[3] then ctl[3] = string.format('%.0f', stored_through) end
 local seeded = false
