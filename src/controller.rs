@@ -682,20 +682,26 @@ impl Controller {
             return Some(to_base);
         }
         let past = |k: u64| p.cut_limit_rps + k as f64 * p.restore_step_rps > limit;
-        // The quotient, then one step either way for its rounding; the `as` cast
-        // saturates a quotient too large for a count.
+        // The quotient, then up to two steps either way for its rounding: a limit the
+        // restore reached, `cut + j × step`, is passed at step j + 1, and its quotient
+        // may read just under j (60 + 19.648832001695304 over that step reads
+        // 0.9999999999999997), two steps short. The `as` cast saturates a quotient too
+        // large for a count.
         let mut k = ((limit - p.cut_limit_rps) / p.restore_step_rps)
             .floor()
             .max(0.0) as u64;
-        if past(k) {
+        for _ in 0..2 {
             if k > 0 && past(k - 1) {
                 k -= 1;
             }
-        } else {
-            k = k.saturating_add(1);
+        }
+        for _ in 0..2 {
             if !past(k) {
-                return Some(to_base);
+                k = k.saturating_add(1);
             }
+        }
+        if !past(k) {
+            return Some(to_base);
         }
         Some(k.clamp(1, to_base))
     }
@@ -1217,6 +1223,38 @@ mod tests {
                 (ControllerState::Recovering, 80.0)
             );
         }
+    }
+
+    /// A restore that has reached its first step, the limit the sum `cut + step`,
+    /// rises next at its second step, past that sum: with a step of
+    /// 19.648832001695304 the quotient `(limit - cut) / step` reads 0.9999999999999997,
+    /// whose floor's next step is the limit itself, not past it. Told from no readings
+    /// more ([`Controller::next_raise_held`]), the raise was the step that reaches the
+    /// base, the eighth (18.5 s, not 13.7 s).
+    #[test]
+    fn the_next_raise_of_a_restore_at_a_step_whose_quotient_rounds_down_is_the_next_step() {
+        let step = 19.648832001695304;
+        let p = ControllerParams {
+            restore_step_rps: step,
+            restore_interval: Duration::from_millis(800),
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        // Calm from 10.1 s: the 2 s hold ends at 12.1 s, the first step is at 12.9 s.
+        run(&mut c, 10_100, 12_900, 0.0, 0.0);
+        assert_eq!(
+            (c.state(), c.limit_rps()),
+            (ControllerState::Recovering, 60.0 + step)
+        );
+        assert!((c.limit_rps() - 60.0) / step < 1.0);
+        let told = c.next_raise_held([], Nanos::from_millis(12_900));
+        assert_eq!(told, Some(Nanos::from_millis(13_700)));
+        run(&mut c, 13_000, 13_600, 0.0, 0.0);
+        assert_eq!(c.limit_rps(), 60.0 + step);
+        run(&mut c, 13_700, 13_700, 0.0, 0.0);
+        assert!(c.limit_rps() > 60.0 + step);
     }
 
     #[test]

@@ -1180,31 +1180,7 @@ proptest! {
     /// or none.
     #[test]
     fn the_retry_after_of_a_held_spike_is_when_the_limit_rises(spike in held_spike()) {
-        let HeldSpike { base_per_slot, spike_per_slot, probe_slots, probe_frac, .. } = spike;
-        let slot_ns = 100_000_000u64;
-        let (e, id) = spike.engine();
-        // The base load from the start, the spike from 2.5 s (the controller armed at
-        // 2 s), evenly spread over each slot.
-        let load = |slot: u64| if slot < 25 { base_per_slot } else { spike_per_slot };
-        let run_slot = |slot: u64| feed_slot(&e, id, slot_ns, slot, load(slot));
-        let after_cut = slot_after_cut(&e, id, slot_ns, probe_slots, run_slot);
-        prop_assert!(after_cut.is_some(), "no cut by 50 slots");
-        let k = after_cut.unwrap();
-        let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
-        let eta = e.restore_eta(id, probe);
-        let state = e.route_snapshot(id, probe).unwrap().state;
-        if state == ControllerState::Normal {
-            prop_assert_eq!(eta, None);
-            return Ok(());
-        }
-        let limit = e.limit_rps(id).unwrap();
-        run_slot(k);
-        let first = (k + 1..k + 3_000).find(|&s| {
-            run_slot(s);
-            e.limit_rps(id).unwrap() > limit
-        }).map(|s| s * slot_ns);
-        let told = eta.map(|eta| (probe + eta).as_u64().div_ceil(slot_ns) * slot_ns);
-        prop_assert_eq!(told, first, "told {:?} at {} in {:?} at {} req/s", eta, probe, state, limit);
+        held_spike_is_told_its_raise(spike)?;
     }
 }
 
@@ -1350,6 +1326,83 @@ proptest! {
             "raised at {:?}, told {} ({:?} at {}) in {:?} at {} req/s", first, told, eta, probe, state, limit
         );
     }
+}
+
+/// [`the_retry_after_of_a_held_spike_is_when_the_limit_rises`] on a case it drew: a
+/// restore at its first step (79.6 req/s, 60 plus a step of 19.648832001695304) at
+/// 3.8 s, cut again at 4 s by the spike, restores from 4.221 s and rises at its
+/// second step, at 5.9 s, past the 20 held readings. Its first step's sum is the
+/// limit itself, whose quotient by the step reads just under 1, and the steps past
+/// the limit were taken as the count to base: 10.7 s told.
+#[test]
+fn a_held_spike_past_its_readings_is_told_the_step_past_a_restore_at_its_first() {
+    let spike = HeldSpike {
+        base_per_slot: 0,
+        spike_per_slot: 42,
+        hold: (0, false, 0.0),
+        dwell: (9, false, 0.9085392358982761),
+        max_cut: (2, false, 0.21073411272084563),
+        interval: (8, false, 0.0),
+        step: 19.648832001695304,
+        relative: false,
+        danger: 0.0,
+        safe: 0.0,
+        probe_slots: 10,
+        probe_frac: 0.0,
+    };
+    held_spike_is_told_its_raise(spike).unwrap();
+}
+
+/// The check of [`the_retry_after_of_a_held_spike_is_when_the_limit_rises`] on `spike`.
+fn held_spike_is_told_its_raise(spike: HeldSpike) -> Result<(), TestCaseError> {
+    let HeldSpike {
+        base_per_slot,
+        spike_per_slot,
+        probe_slots,
+        probe_frac,
+        ..
+    } = spike;
+    let slot_ns = 100_000_000u64;
+    let (e, id) = spike.engine();
+    // The base load from the start, the spike from 2.5 s (the controller armed at
+    // 2 s), evenly spread over each slot.
+    let load = |slot: u64| {
+        if slot < 25 {
+            base_per_slot
+        } else {
+            spike_per_slot
+        }
+    };
+    let run_slot = |slot: u64| feed_slot(&e, id, slot_ns, slot, load(slot));
+    let after_cut = slot_after_cut(&e, id, slot_ns, probe_slots, run_slot);
+    prop_assert!(after_cut.is_some(), "no cut by 50 slots");
+    let k = after_cut.unwrap();
+    let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
+    let eta = e.restore_eta(id, probe);
+    let state = e.route_snapshot(id, probe).unwrap().state;
+    if state == ControllerState::Normal {
+        prop_assert_eq!(eta, None);
+        return Ok(());
+    }
+    let limit = e.limit_rps(id).unwrap();
+    run_slot(k);
+    let first = (k + 1..k + 3_000)
+        .find(|&s| {
+            run_slot(s);
+            e.limit_rps(id).unwrap() > limit
+        })
+        .map(|s| s * slot_ns);
+    let told = eta.map(|eta| (probe + eta).as_u64().div_ceil(slot_ns) * slot_ns);
+    prop_assert_eq!(
+        told,
+        first,
+        "told {:?} at {} in {:?} at {} req/s",
+        eta,
+        probe,
+        state,
+        limit
+    );
+    Ok(())
 }
 
 /// The route and probe of [`the_retry_after_of_a_held_spike_is_when_the_limit_rises`]
