@@ -723,7 +723,9 @@ proptest! {
     /// observes it, is the first slot at which the limit is higher, whatever the hold,
     /// dwell, `max_cut` and restore schedule, and however long the cut read not calm.
     /// (Before a calm reading the estimate is a floor: a cut's spike cannot read calm
-    /// before it fills the window.)
+    /// before it fills the window.) [`Controller::next_raise_held`] from no readings
+    /// tells the same: a restore at a step whose quotient by the step reads just under
+    /// its count (60 + 19.648832001695304 over that step) was told the step to base.
     #[test]
     fn the_next_raise_is_when_the_limit_rises(
         hold_ms in 0u64..5_000,
@@ -755,6 +757,10 @@ proptest! {
             prop_assert_eq!(c.state(), ControllerState::Normal);
             return Ok(());
         };
+        // Told from no readings more (as `next_raise_held` tells the rest past the
+        // readings it observed): the same.
+        let held = c.next_raise_held(std::iter::empty(), Nanos::from_millis(t));
+        prop_assert_eq!(held, Some(estimate), "told from no readings in {:?}", c.state());
         let (state, limit) = (c.state(), c.limit_rps());
         let first = (1..=3_000u64).map(|k| t + 100 * k).find(|&at| {
             observe(&mut c, at, 300.0, 300.0);
