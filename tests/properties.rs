@@ -1207,7 +1207,7 @@ proptest! {
         fall_to in 0.0f64..1.0,
         fall_slots in 0u64..30,
     ) {
-        let HeldSpike { base_per_slot, spike_per_slot, probe_slots, probe_frac, .. } = spike;
+        let HeldSpike { base_per_slot, spike_per_slot, .. } = spike;
         let slot_ns = 100_000_000u64;
         let (e, id) = spike.engine();
         // The base load from the start, the spike from 2.5 s, and from the slot after
@@ -1228,17 +1228,11 @@ proptest! {
             }
         };
         let run_slot = |slot: u64| feed_slot(&e, id, slot_ns, slot, load(slot));
-        let after_cut = slot_after_cut(&e, id, slot_ns, probe_slots, run_slot);
-        prop_assert!(after_cut.is_some(), "no cut by 50 slots");
-        let k = after_cut.unwrap();
-        let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
-        let eta = e.restore_eta(id, probe);
-        let state = e.route_snapshot(id, probe).unwrap().state;
-        if state == ControllerState::Normal {
-            prop_assert_eq!(eta, None);
+        let Some(Probe { k, probe, eta, state, limit }) =
+            probe_after_cut(&e, id, slot_ns, &spike, run_slot)?
+        else {
             return Ok(());
-        }
-        let limit = e.limit_rps(id).unwrap();
+        };
         // The probe's slot still at the spike's level, which falls from the next.
         run_slot(k);
         fell.set(k + 1);
@@ -1364,8 +1358,6 @@ fn held_spike_is_told_its_raise(spike: HeldSpike) -> Result<(), TestCaseError> {
     let HeldSpike {
         base_per_slot,
         spike_per_slot,
-        probe_slots,
-        probe_frac,
         ..
     } = spike;
     let slot_ns = 100_000_000u64;
@@ -1380,17 +1372,16 @@ fn held_spike_is_told_its_raise(spike: HeldSpike) -> Result<(), TestCaseError> {
         }
     };
     let run_slot = |slot: u64| feed_slot(&e, id, slot_ns, slot, load(slot));
-    let after_cut = slot_after_cut(&e, id, slot_ns, probe_slots, run_slot);
-    prop_assert!(after_cut.is_some(), "no cut by 50 slots");
-    let k = after_cut.unwrap();
-    let probe = Nanos::new(k * slot_ns + (probe_frac * slot_ns as f64) as u64);
-    let eta = e.restore_eta(id, probe);
-    let state = e.route_snapshot(id, probe).unwrap().state;
-    if state == ControllerState::Normal {
-        prop_assert_eq!(eta, None);
+    let Some(Probe {
+        k,
+        probe,
+        eta,
+        state,
+        limit,
+    }) = probe_after_cut(&e, id, slot_ns, &spike, run_slot)?
+    else {
         return Ok(());
-    }
-    let limit = e.limit_rps(id).unwrap();
+    };
     run_slot(k);
     let first = (k + 1..k + 3_000)
         .find(|&s| {
@@ -1511,6 +1502,46 @@ fn feed_slot(e: &Engine, id: RouteId, slot_ns: u64, slot: u64, n: u64) {
     for k in 0..n {
         let _ = e.check(id, Key::None, Nanos::new(slot * slot_ns + k * slot_ns / n));
     }
+}
+
+/// What a restore-ETA property reads at its probe: the probe's slot `k`, the instant
+/// `probe` in it, the `eta` the route told then, its `state` and its `limit`.
+struct Probe {
+    k: u64,
+    probe: Nanos,
+    eta: Option<Duration>,
+    state: ControllerState,
+    limit: f64,
+}
+
+/// Runs `spike`'s route `id` to its cut and `spike.probe_slots` slots past it
+/// ([`slot_after_cut`]), then reads it `spike.probe_frac` into the next slot: `None`
+/// once asserted that a route back in `Normal` by then tells no raise.
+fn probe_after_cut(
+    e: &Engine,
+    id: RouteId,
+    slot_ns: u64,
+    spike: &HeldSpike,
+    run_slot: impl Fn(u64),
+) -> Result<Option<Probe>, TestCaseError> {
+    let after_cut = slot_after_cut(e, id, slot_ns, spike.probe_slots, run_slot);
+    prop_assert!(after_cut.is_some(), "no cut by 50 slots");
+    let k = after_cut.unwrap();
+    let probe = Nanos::new(k * slot_ns + (spike.probe_frac * slot_ns as f64) as u64);
+    let eta = e.restore_eta(id, probe);
+    let state = e.route_snapshot(id, probe).unwrap().state;
+    if state == ControllerState::Normal {
+        prop_assert_eq!(eta, None);
+        return Ok(None);
+    }
+    let limit = e.limit_rps(id).unwrap();
+    Ok(Some(Probe {
+        k,
+        probe,
+        eta,
+        state,
+        limit,
+    }))
 }
 
 /// Runs `run_slot` from slot 0 until route `id` is cut, then `probe_slots` slots
