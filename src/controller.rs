@@ -350,6 +350,8 @@ pub struct Controller {
     /// earlier half's rate and the absolute ROC): a change of `roc_mode` or `min_rps`
     /// reads it again. Not kept in [`ControllerMemory`].
     last_reading: Option<(f64, f64)>,
+    /// [`Controller::cut_fraction`]. Not kept in [`ControllerMemory`].
+    cut_fraction: f64,
 }
 
 impl Controller {
@@ -357,7 +359,6 @@ impl Controller {
     pub fn new(params: ControllerParams, now: Nanos, window: Duration) -> Self {
         let limit_rps = params.base_limit_rps;
         Controller {
-            params,
             state: ControllerState::Normal,
             entered_at: now,
             armed_at: now + window,
@@ -366,6 +367,8 @@ impl Controller {
             limit_since: now,
             last_roc: 0.0,
             last_reading: None,
+            cut_fraction: fraction_of_base(&params),
+            params,
         }
     }
 
@@ -401,6 +404,7 @@ impl Controller {
             limit_since: memory.entered_at,
             last_roc: memory.last_roc,
             last_reading: None,
+            cut_fraction: fraction_of_base(&params),
         };
         if c.state == ControllerState::Recovering && c.recovering_limit(now) < c.limit_rps {
             c.entered_at = c.restore_origin(now, now);
@@ -451,7 +455,8 @@ impl Controller {
     }
 
     /// Where the limit stands between cut (0.0) and base (1.0). Routes with several
-    /// tiers scale each tier's own limits by it.
+    /// tiers scale each tier's own limits by it, and a partitioned route's
+    /// `route_limit` its total, from [`Controller::cut_fraction`].
     pub fn progress(&self) -> f64 {
         let span = self.params.base_limit_rps - self.params.cut_limit_rps;
         if span <= 0.0 {
@@ -459,6 +464,16 @@ impl Controller {
         } else {
             ((self.limit_rps - self.params.cut_limit_rps) / span).clamp(0.0, 1.0)
         }
+    }
+
+    /// The fraction of its base limit the last cut held the limit to when it was
+    /// made: `cut_limit ÷ base_limit` as they stood when the controller last entered
+    /// `Cut` (at most 1; before any cut, and continued from a [`ControllerMemory`],
+    /// those of the parameters it was given). A change of parameters during the cut
+    /// or its restore does not move it. A partitioned route holds its `route_limit`
+    /// at this fraction in the cut and brings it back with [`Controller::progress`].
+    pub fn cut_fraction(&self) -> f64 {
+        self.cut_fraction
     }
 
     /// Suspends what ROC decides (a cut, the end of a cut) for one full window from
@@ -909,6 +924,9 @@ impl Controller {
         self.state = to;
         self.entered_at = at;
         self.safe_since = None;
+        if to == ControllerState::Cut {
+            self.cut_fraction = fraction_of_base(&self.params);
+        }
         self.limit_rps = match to {
             ControllerState::Normal => self.params.base_limit_rps,
             ControllerState::Cut | ControllerState::Recovering => self.params.cut_limit_rps,
@@ -921,6 +939,16 @@ impl Controller {
             roc,
             limit_rps: self.limit_rps,
         });
+    }
+}
+
+/// `params`' cut limit over its base limit, at most 1 (1 where the base is not
+/// positive: a cut that takes nothing away).
+fn fraction_of_base(params: &ControllerParams) -> f64 {
+    if params.base_limit_rps > 0.0 {
+        (params.cut_limit_rps / params.base_limit_rps).clamp(0.0, 1.0)
+    } else {
+        1.0
     }
 }
 
@@ -1016,6 +1044,28 @@ mod tests {
         assert_eq!(t[0].to, ControllerState::Normal);
         assert_eq!(t[0].at, Nanos::from_secs(21));
         assert_eq!(c.limit_rps(), 200.0);
+    }
+
+    /// The fraction of base a cut was made at is taken when it is made: a change of
+    /// parameters during the cut or its restore does not move it, and a cut made
+    /// again under the new ones takes theirs.
+    #[test]
+    fn the_cut_fraction_is_the_cuts_own() {
+        let mut c = controller();
+        assert_eq!(c.cut_fraction(), 0.3);
+        run(&mut c, 10_000, 10_000, 40.0, 600.0);
+        assert_eq!((c.state(), c.cut_fraction()), (ControllerState::Cut, 0.3));
+        let mut changed = c.params().clone();
+        changed.base_limit_rps = 100.0;
+        changed.cut_limit_rps = 50.0;
+        c.set_params(changed, Nanos::from_millis(10_050), |_| {});
+        assert_eq!((c.limit_rps(), c.cut_fraction()), (50.0, 0.3));
+        run(&mut c, 10_100, 13_000, 100.0, 100.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+        assert_eq!(c.cut_fraction(), 0.3);
+        let t = run(&mut c, 13_100, 14_000, 40.0, 600.0);
+        assert_eq!(t.last().map(|t| t.to), Some(ControllerState::Cut));
+        assert_eq!(c.cut_fraction(), 0.5);
     }
 
     #[test]

@@ -143,8 +143,8 @@ fn the_cut_scales_the_total_and_the_restore_brings_it_back() {
 
 /// An operator's lowering of the base limit during a cut never raises the total:
 /// 60/200 of 1,000 is 300, and a base limit lowered to 100 (the cut limit kept) held
-/// it at 300, not 60/100 of it (600, before: the total followed limit ÷ base). A
-/// restore step raises it again, and the restore brings it back to 1,000.
+/// it at 300, not 60/100 of it (600, before 420d6d3: the total followed limit ÷
+/// base). The restore raises it again, and brings it back to 1,000.
 #[test]
 fn lowering_the_base_limit_during_a_cut_never_raises_the_total() {
     let mut cfg = keyed(200.0, 1000.0);
@@ -163,8 +163,8 @@ fn lowering_the_base_limit_during_a_cut_never_raises_the_total() {
     e.update_route(id, lowered.clone(), now).unwrap();
     let t = total(&e, id, now);
     assert_eq!((t.limit_rps, t.level.capacity), (300.0, 300.0), "{t:?}");
-    // Lowered again, with the cut limit: lower still (40/50 of 1,000 is 800, the
-    // fraction in force 0.3 is lower).
+    // Lowered again, with the cut limit: the cut was made at 60/200 (40/50 of 1,000
+    // would be 800).
     lowered.base_limit_rps = 50.0;
     lowered.cut_limit_rps = 40.0;
     e.update_route(id, lowered, now).unwrap();
@@ -189,6 +189,112 @@ fn lowering_the_base_limit_during_a_cut_never_raises_the_total() {
         state != ControllerState::Cut && limit > 40.0,
         "{state:?} at {limit}"
     );
+}
+
+/// The route of [`cut_to_60_of_200`] (a total of 1,000), cut by 11 s, and the
+/// engine stepped each second to `until_s` by a quiet key: its restore's steps.
+fn cut_then_quiet(until_s: u64) -> (Engine, RouteId) {
+    let (e, id) = cut_to_60_of_200(1000.0, Mode::Enforce);
+    spike_to_a_cut(&e, id);
+    for s in 12..=until_s {
+        let _ = e.check(id, ip(2), Nanos::from_secs(s));
+    }
+    (e, id)
+}
+
+/// `e`'s route `id` at `now` with its base limit (and its cut limit, if `cut`) changed
+/// at runtime.
+fn put(e: &Engine, id: RouteId, base: f64, cut: Option<f64>, now: Nanos) {
+    let mut p = e.route_params(id).unwrap();
+    p.base_limit_rps = base;
+    p.cut_limit_rps = cut.unwrap_or(p.cut_limit_rps);
+    e.update_route(id, p, now).unwrap();
+}
+
+/// A base limit raised during a cut (a `PUT`, as an event's would) leaves the total
+/// at the cut's depth (60/200 of 1,000, 300), as it leaves the keys at the cut limit,
+/// and withdrawing it leaves it there too. Before, the raise halved it (60/400, 150)
+/// and the withdrawal kept the half until the next restore step: the fraction fell
+/// with a limit ÷ base that did not rise again.
+#[test]
+fn a_base_raised_and_withdrawn_during_a_cut_leaves_the_total_where_it_was() {
+    let (e, id) = cut_then_quiet(11);
+    let now = Nanos::from_secs(11);
+    assert_eq!(total(&e, id, now).limit_rps, 300.0);
+    put(&e, id, 400.0, None, now);
+    assert_eq!(e.route_snapshot(id, now).unwrap().limit_rps, 60.0);
+    let t = total(&e, id, now);
+    assert_eq!((t.limit_rps, t.level.capacity), (300.0, 300.0), "{t:?}");
+    put(&e, id, 200.0, None, now);
+    let t = total(&e, id, now);
+    assert_eq!((t.limit_rps, t.level.capacity), (300.0, 300.0), "{t:?}");
+    // A cut limit raised during the cut raises the keys' limit alone: the total stays
+    // at the fraction the cut was made at (as a tier's cut limit stays its own).
+    put(&e, id, 200.0, Some(100.0), now);
+    assert_eq!(e.route_snapshot(id, now).unwrap().limit_rps, 100.0);
+    assert_eq!(total(&e, id, now).limit_rps, 300.0);
+}
+
+/// A base limit lowered during a restore moves the total as it moves the keys'
+/// progress from cut to base: at 100 of 60 → 200 (2 steps of 7, the total 0.3 + 0.7
+/// × 2/7 of 1,000, 500), a base lowered to 110 puts the keys 4/5 of the way (860),
+/// one lowered to 100 all the way (the restore ends: 1,000). The change that ends
+/// the restore early puts the configured total back, as one just short of it nearly
+/// does. Before, the lowering to 110 held 500 (the limit had not risen) and the one
+/// to 100 gave 1,000: a jump of half the total between two bases 10 apart.
+#[test]
+fn a_base_lowered_in_a_restore_moves_the_total_with_the_keys_progress() {
+    let (e, id) = cut_then_quiet(11);
+    let mut at = 11;
+    let reach_100 = loop {
+        at += 1;
+        let now = Nanos::from_secs(at);
+        let _ = e.check(id, ip(2), now);
+        let s = e.route_snapshot(id, now).unwrap();
+        assert_ne!(s.state, ControllerState::Normal, "restored before 100");
+        if s.limit_rps == 100.0 {
+            break now;
+        }
+    };
+    assert_eq!(total(&e, id, reach_100).limit_rps, 500.0);
+    put(&e, id, 110.0, None, reach_100);
+    let s = e.route_snapshot(id, reach_100).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Recovering, 100.0));
+    let t = total(&e, id, reach_100);
+    assert!((t.limit_rps - 860.0).abs() < 1e-9, "{t:?}");
+    put(&e, id, 100.0, None, reach_100);
+    let s = e.route_snapshot(id, reach_100).unwrap();
+    assert_eq!(s.state, ControllerState::Normal);
+    assert_eq!(total(&e, id, reach_100).limit_rps, 1000.0);
+}
+
+/// Each restore step raises the total by the same amount, the keys' step over their
+/// span from cut to base of the part the cut took away (20/140 of 700, 100), after a
+/// base raised and withdrawn during the cut too. Before, the first step after the
+/// withdrawal jumped from the half held (150) to limit ÷ base (80/200, 400).
+#[test]
+fn every_restore_step_raises_the_total_alike() {
+    let (e, id) = cut_then_quiet(11);
+    let now = Nanos::from_secs(11);
+    put(&e, id, 400.0, None, now);
+    put(&e, id, 200.0, None, now);
+    let mut totals = vec![total(&e, id, now).limit_rps];
+    for s in 12..3600u64 {
+        let at = Nanos::from_secs(s);
+        let _ = e.check(id, ip(2), at);
+        let t = total(&e, id, at).limit_rps;
+        if t != *totals.last().unwrap() {
+            totals.push(t);
+        }
+        if e.route_snapshot(id, at).unwrap().state == ControllerState::Normal {
+            break;
+        }
+    }
+    let expected: Vec<f64> = (0..=7).map(|k| 300.0 + 100.0 * f64::from(k)).collect();
+    assert_eq!(totals.len(), expected.len(), "{totals:?}");
+    for (t, x) in totals.iter().zip(&expected) {
+        assert!((t - x).abs() < 1e-9, "{totals:?}");
+    }
 }
 
 /// A route of 100 req/s per key and 500 in total whose event `sale` (10 s to 30 s
@@ -577,4 +683,70 @@ fn a_route_built_during_an_event_holds_the_events_total() {
     let id = e.route_at(0).unwrap();
     let t = total(&e, id, at(16));
     assert_eq!((t.limit_rps, t.configured_rps), (900.0, 900.0), "{t:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The fraction of the total in force depends on the controller's standing, the
+    /// profile in force and the cut's own depth, not on the changes made on the way:
+    /// at any point of a cut and its restore (`at_s`), on a fleet of `instances`,
+    /// runtime changes of the base limit (and in a cut or at base, of the cut limit)
+    /// then undone leave the total where a twin route without them holds it; and no
+    /// change takes it above the configured share, nor its tokens above its capacity.
+    /// (In a restore the base limit stays above the limit reached, and the cut limit
+    /// as it is: either would change the restore's own limit, which undoing does not
+    /// take back.)
+    #[test]
+    fn changes_undone_leave_the_total_as_without_them(
+        at_s in 11u64..32,
+        instances in 1u64..4,
+        changes in prop::collection::vec((1u32..1000, 0.0f64..=1.0), 1..6),
+    ) {
+        let run = || {
+            let (e, id) = cut_to_60_of_200(1000.0, Mode::Enforce);
+            e.set_route_limit_share(instances, Nanos::ZERO);
+            spike_to_a_cut(&e, id);
+            for s in 12..=at_s {
+                let _ = e.check(id, ip(2), Nanos::from_secs(s));
+            }
+            (e, id)
+        };
+        let (e, id) = run();
+        let (twin, twin_id) = run();
+        let now = Nanos::from_secs(at_s);
+        let before = e.route_snapshot(id, now).unwrap();
+        let own = e.route_params(id).unwrap();
+        let share = 1000.0 / instances as f64;
+        for (base, cut) in changes {
+            let base = f64::from(base);
+            let mut p = own.clone();
+            if before.state == ControllerState::Recovering {
+                p.base_limit_rps = before.limit_rps + base;
+            } else {
+                p.base_limit_rps = base;
+                p.cut_limit_rps = (cut * base).clamp(1.0, base);
+            }
+            e.update_route(id, p, now).unwrap();
+            let s = e.route_snapshot(id, now).unwrap();
+            prop_assert_eq!(s.state, before.state);
+            let t = s.route_limit.unwrap();
+            prop_assert!(t.limit_rps <= share + 1e-9, "{:?} over {}", t, share);
+            prop_assert!(t.level.value <= t.level.capacity + 1e-9, "{:?}", t);
+        }
+        e.update_route(id, own, now).unwrap();
+        let (s, kept) = (
+            e.route_snapshot(id, now).unwrap(),
+            twin.route_snapshot(twin_id, now).unwrap(),
+        );
+        prop_assert_eq!((s.state, s.limit_rps), (kept.state, kept.limit_rps));
+        let (t, kept) = (s.route_limit.unwrap(), kept.route_limit.unwrap());
+        prop_assert!(
+            (t.limit_rps - kept.limit_rps).abs() < 1e-9
+                && (t.level.capacity - kept.level.capacity).abs() < 1e-9,
+            "{:?} where none changed: {:?}",
+            t,
+            kept
+        );
+    }
 }

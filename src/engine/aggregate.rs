@@ -5,10 +5,10 @@
 //! A key refused by its own limit never reaches it, so it does not spend the other
 //! keys' shared quota; a key its own limit admits and the total refuses has spent its
 //! own token (as with Envoy's descriptors checked together). While the controller
-//! holds the route's limit below base, the total is held at the same fraction of its
-//! configured value (`limit / base_limit`); in `shadow_adaptive`, which enforces the
-//! base limits, at its configured value, with a second bucket beside it at the cut's
-//! fraction, which counts what the cut's total would have refused. A change keeps the
+//! holds the route's limit below base, the total is held at a fraction of its
+//! configured value that follows the cut (below); in `shadow_adaptive`, which
+//! enforces the base limits, at its configured value, with a second bucket beside it
+//! at the cut's fraction, which counts what the cut's total would have refused. A change keeps the
 //! tokens there are (clamped to the new capacity), never refilling them, as the
 //! limiters' contract says. A scheduled event may carry a total of its own, put in
 //! force at its start and the route's back at its end ([`Aggregate::choose`]), each
@@ -21,19 +21,32 @@
 //! its burst with it (the bucket's capacity is its rate × the route's burst). A
 //! change of the count is a limit change like the others.
 //!
-//! While a cut holds, the fraction rises only with the controller's limit (a restore
-//! step, a raised cut limit): a change that leaves the limit where it was or lowers
-//! it (a runtime change or a reload lowering `base_limit` under the cut limit, an
-//! event's edge) takes the lower of the new fraction and the one in force, so that
-//! lowering the keys' base limit never raises their total (60/200 of 1,000 is 300,
-//! and a base lowered to 100 read 60/100, 600, before). Back at base (`Normal`) the
-//! fraction is 1 again, as a restore's last step makes it: a change that ends a
-//! restore early (a base limit lowered to the limit the restore had reached) puts the
-//! configured total back with it.
-
+//! A cut holds the total at the fraction of its configured value that the cut
+//! held the keys' limit to when it was made (`cut_limit ÷ base_limit` then, the
+//! controller's [`cut_fraction`](Controller::cut_fraction)), and its restore brings
+//! the total back as far as it brings the keys' limit from cut to base under the
+//! limits in force ([`progress`](Controller::progress)): the fraction is `f + (1 −
+//! f) × progress`, 1 at base. Without a change of limits during the cut that is
+//! `limit ÷ base_limit` (60/200 of 1,000 is 300, and each restore step of 20 brings
+//! back 100). It is read from the controller at every [`Aggregate::follow`], so it
+//! holds no state of its own: a change undone (a runtime change withdrawn, an event
+//! over) puts back the total it found. A change of `base_limit` during the cut moves
+//! neither the keys' limit (the cut limit) nor the total, whichever way (a base
+//! lowered to 100 under the cut limit of 60 does not raise it to 60/100, 600, nor
+//! does an event's base of 400 halve it to 60/400, 150); one of `cut_limit` moves the
+//! keys' alone, as the route's cut limit moves no tier's: the total is held as a tier
+//! of its own would be, its cut limit the configured total × that fraction. (Not the
+//! cut limit over the base at the cut: an event raising base, cut and total twofold
+//! would then hold the total at 120/200 of 2,000, four times what it was where the
+//! keys get twice. In `Cut`, no change raises the total but a raised total or a
+//! smaller count of instances sharing it.) During the restore a base limit lowered toward the limit reached
+//! brings the keys nearer their base, and the total with them (at 100 of 60 → 200, a
+//! base lowered to 110 puts both 4/5 of the way back, 860), up to the configured
+//! total when the change ends the restore: a rule that held the total lower there
+//! would put it back all at once at the restore's end.
 use crate::clock::Nanos;
 use crate::config::Mode;
-use crate::controller::{Controller, ControllerState};
+use crate::controller::Controller;
 use crate::limiter::{Algorithm, Level, TokenBucket};
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -55,17 +68,13 @@ pub(super) struct Aggregate {
     /// set `bucket` to (or left for the engine to set), for the quota a refusal by
     /// it states, read without the route's state.
     in_force: AtomicU64,
-    /// `shadow_adaptive`: the total as a cut would hold it ([`Aggregate::scaled_rps`]),
+    /// `shadow_adaptive`: the total as a cut would hold it ([`Aggregate::follow`]),
     /// which every request admitted takes a token from outside cuts (so that a cut
     /// finds it as drained as the enforced one) and, during a cut, every request the
     /// shadow key table admits: a request it refuses counts as the cut's.
     shadow: Option<TokenBucket>,
     /// Requests its refusal decided (in `shadow`, would have), since the route was built.
     rejected: AtomicU64,
-    /// The fraction of the configured total in force ([`Aggregate::scale`]) and the
-    /// controller's limit it was taken at, req/s, each as f64 bits: set under the
-    /// route's state lock, as every [`Aggregate::follow`] is.
-    scale: (AtomicU64, AtomicU64),
 }
 
 impl Aggregate {
@@ -94,10 +103,6 @@ impl Aggregate {
             in_force: AtomicU64::new(limit_rps.to_bits()),
             shadow: (mode == Mode::ShadowAdaptive).then(|| TokenBucket::new(limit_rps, burst, now)),
             rejected: AtomicU64::new(0),
-            scale: (
-                AtomicU64::new(1f64.to_bits()),
-                AtomicU64::new(0f64.to_bits()),
-            ),
         }
     }
 
@@ -165,29 +170,14 @@ impl Aggregate {
         (self.configured_rps() / instances as f64).max(crate::config::MIN_LIMIT)
     }
 
-    /// The fraction of the configured total a cut holds the route to under `c`, taken
-    /// as the one in force: `c`'s limit over its base limit (never above 1), but
-    /// while a cut holds (`c` not `Normal`) no higher than the one in force unless
-    /// `c`'s limit rose since it was taken (see the module doc). Called under the
-    /// route's state lock.
-    fn scale(&self, c: &Controller) -> f64 {
-        let (held, taken_at) = &self.scale;
-        let limit = c.limit_rps();
-        let base = c.params().base_limit_rps;
-        let ratio = if base > 0.0 {
-            (limit / base).min(1.0)
-        } else {
-            1.0
-        };
-        let rose = limit > f64::from_bits(taken_at.load(Ordering::Relaxed));
-        let scale = if c.state() == ControllerState::Normal || rose {
-            ratio
-        } else {
-            ratio.min(f64::from_bits(held.load(Ordering::Relaxed)))
-        };
-        held.store(scale.to_bits(), Ordering::Relaxed);
-        taken_at.store(limit.to_bits(), Ordering::Relaxed);
-        scale
+    /// The fraction of the configured total a cut holds the route to under `c`:
+    /// the fraction of base the cut was made at, `f` ([`Controller::cut_fraction`]),
+    /// brought back toward 1 as far as the keys' limit has come from cut to base
+    /// ([`Controller::progress`]): `f + (1 − f) × progress`, in `f ..= 1`, 1 at base
+    /// (see the module doc).
+    fn scale(c: &Controller) -> f64 {
+        let f = c.cut_fraction();
+        f + (1.0 - f) * c.progress()
     }
 
     /// Puts the total `c` holds the route to in force as of `at`: this instance's
@@ -202,7 +192,7 @@ impl Aggregate {
             bucket.is_at(target) || bucket.try_set_limit(target, at)
         };
         let share = self.share_rps();
-        let scaled = (share * self.scale(c)).max(crate::config::MIN_LIMIT);
+        let scaled = (share * Self::scale(c)).max(crate::config::MIN_LIMIT);
         let target = if mode == Mode::ShadowAdaptive {
             share
         } else {

@@ -1269,12 +1269,15 @@ impl Engine {
     fn roll_locked(&self, r: &Route, st: &mut RouteState, now: Nanos) {
         // What the limiters and the tier keys follow: the limit, the base limit, and
         // the cut, which with them says where the limit stands between the two (an
-        // event may move the cut and the step and leave the limit where it was).
+        // event may move the cut and the step and leave the limit where it was), and
+        // the fraction of base the cut was made at, which a partitioned route's total
+        // follows (a cut made again at the limit a restore had not raised yet).
         let standing = |c: &Controller| {
             (
                 c.limit_rps(),
                 c.params().base_limit_rps,
                 c.params().cut_limit_rps,
+                c.cut_fraction(),
             )
         };
         let before = standing(&st.controller);

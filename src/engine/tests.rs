@@ -973,10 +973,12 @@ fn a_cut_never_calm_under_a_safe_roc_of_0_is_raised_at_max_cut_through_events() 
 }
 
 /// A partitioned route's total whose cut found its bucket's note taken is left
-/// behind (`BEHIND_AGGREGATE`), decided at its old value meanwhile; a runtime change
-/// that lands while it is still behind moves what it is to become; the first
-/// decision after the note is free makes the change to the latest value (the cut
-/// limit raised to 100 of 200: 500 of the total's 1,000), not the cut's.
+/// behind (`BEHIND_AGGREGATE`), decided at its old value meanwhile; a change that
+/// lands while it is still behind moves what it is to become; the first decision
+/// after the note is free makes the change to the latest value (the total shared by
+/// two instances: 150 of the cut's 300), not the cut's. (A raised cut limit did it
+/// before; it no longer moves the total, which a cut holds at the fraction of base it
+/// was made at: `aggregate.rs`.)
 #[test]
 fn a_totals_change_left_behind_takes_a_change_landing_meanwhile() {
     let mut cfg = RouteConfig::new("keyed", crate::config::RouteMatch::any());
@@ -996,17 +998,15 @@ fn a_totals_change_left_behind_takes_a_change_landing_meanwhile() {
             1000.0,
             "decided at 1,000 meanwhile"
         );
-        let mut params = e.route_params(id).unwrap();
-        params.cut_limit_rps = 100.0;
-        e.update_route(id, params, Nanos::from_secs(11)).unwrap();
+        e.set_route_limit_share(2, Nanos::from_secs(11));
         assert_ne!(r.behind.load(Ordering::Relaxed) & BEHIND_AGGREGATE, 0);
     });
     let _ = e.check(id, ip(2), Nanos::from_secs(11));
     assert_eq!(r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES, 0);
-    assert_eq!(e.limit_rps(id), Some(100.0));
-    assert_eq!(capacity(Nanos::from_secs(11)), 500.0);
+    assert_eq!(e.limit_rps(id), Some(60.0));
+    assert_eq!(capacity(Nanos::from_secs(11)), 150.0);
     let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
-    assert_eq!(s.route_limit.unwrap().limit_rps, 500.0);
+    assert_eq!(s.route_limit.unwrap().limit_rps, 150.0);
 }
 
 /// `Retry-After` of a cut told right after a runtime change or a reload that comes
