@@ -1296,6 +1296,70 @@ fn a_route_held_by_its_total_is_told_to_raise_the_total_not_its_base_limit() {
     assert_eq!(numbers(&h, "raise_route_limit"), (20.0, 26.0));
 }
 
+/// On a fleet sharing a Redis store each instance holds `route_limit ÷` the live
+/// instances, and its history its share of the requests: `raise_route_limit` holds
+/// that share against the capacity this instance measured, and suggests the fleet's
+/// total at the instance count times what it found. A total of 500 over 2 instances
+/// (250 each, a burst of 100 ms), 37% refused by it, the upstream saturating once at
+/// 300 req/s of this instance's: each instance may take 300 ÷ 1.1, 273, so the
+/// fleet 545; before, the fleet's 500 was held against one instance's 300 and
+/// nothing was advised (as it still is for one instance alone).
+#[test]
+fn raise_route_limit_on_a_fleet_holds_the_share_against_this_instances_capacity() {
+    let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\npartition = \"ip\"\n\
+                route_limit = 500\nburst = \"100ms\"\n";
+    let config = Config::from_toml_str(toml, "test").unwrap();
+    let engine = Engine::new(&config, Nanos::ZERO, UNIX_EPOCH).unwrap();
+    let id = engine.route_id("r").unwrap();
+    assert_eq!(engine.route_settings(id).unwrap().route_limit_instances, 1);
+    engine.set_route_limit_share(2, Nanos::ZERO);
+    let fleet = engine.route_settings(id).unwrap();
+    assert_eq!(fleet.route_limit_instances, 2);
+    assert_eq!(
+        engine
+            .route_settings_at(id, Nanos::ZERO)
+            .unwrap()
+            .route_limit_instances,
+        2
+    );
+    // 39 healthy seconds at the share (400 offered, 150 refused by the total), one
+    // saturated at 300 admitted (5% failing).
+    let mut intervals = rejecting(0, 40, 400, (Reason::Limit, 150), 0);
+    for i in &mut intervals {
+        i.route_limit_rejected = 150;
+    }
+    let last = intervals.last_mut().unwrap();
+    last.rejected[Reason::Limit.index()] = 100;
+    last.route_limit_rejected = 100;
+    last.upstream = Some(rocgate::hints::UpstreamCounts {
+        requests: 300,
+        errors: 15,
+        ..rocgate::hints::UpstreamCounts::default()
+    });
+    let h = advise_over(&fleet, &intervals);
+    let (current, suggested) = numbers(&h, "raise_route_limit");
+    assert_eq!(current, 500.0);
+    assert!(
+        suggested > 500.0 && suggested <= 2.0 * 300.0 / 1.1,
+        "{suggested}"
+    );
+    let hint = find(&h, "raise_route_limit").unwrap();
+    assert_says(
+        hint,
+        "at most 545 (2 × 273, so that each instance's full bucket",
+    );
+    assert_says(
+        hint,
+        "shared by 2 instances: this one holds 250 req/s of it",
+    );
+    let alone = RouteSettings {
+        route_limit_instances: 1,
+        ..fleet
+    };
+    let h = advise_over(&alone, &intervals);
+    assert!(find(&h, "raise_route_limit").is_none(), "{:#?}", rules(&h));
+}
+
 /// 30 one-second intervals, every other one a burst of 400 requests after 100, 150
 /// of each burst rejected by the limit; the upstream answered the rest, healthy.
 fn bursts_of_400() -> Vec<rocgate::hints::Interval> {
@@ -1925,6 +1989,7 @@ fn classic() -> RouteSettings {
         partitioned: false,
         tiered: false,
         route_limit_rps: None,
+        route_limit_instances: 1,
         distributed: false,
         event: None,
     }

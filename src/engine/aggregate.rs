@@ -158,6 +158,11 @@ impl Aggregate {
         self.share.swap(instances.max(1), Ordering::Relaxed) != instances.max(1)
     }
 
+    /// The instances the configured total is shared among ([`Aggregate::set_share`]).
+    pub(super) fn instances(&self) -> u64 {
+        self.share.load(Ordering::Relaxed).max(1)
+    }
+
     /// Whether the configured total is shared among `instances` (at least 1) already.
     pub(super) fn is_shared_by(&self, instances: u64) -> bool {
         self.share.load(Ordering::Relaxed) == instances.max(1)

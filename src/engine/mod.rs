@@ -660,6 +660,7 @@ impl Engine {
             partitioned: r.partition != Partition::Route,
             tiered: !r.tiers.is_empty(),
             route_limit_rps: r.aggregate().map(|a| a.configured_rps()),
+            route_limit_instances: r.aggregate().map_or(1, Aggregate::instances),
             distributed: false,
             event: st
                 .active_event
@@ -693,6 +694,7 @@ impl Engine {
                 due.and_then(|e| e.configured.0.route_limit_rps)
                     .unwrap_or_else(|| a.own_rps())
             }),
+            route_limit_instances: r.aggregate().map_or(1, Aggregate::instances),
             distributed: false,
             event: due.map(|e| e.name.clone()),
         })

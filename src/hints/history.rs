@@ -275,6 +275,13 @@ pub struct RouteSettings {
     /// for the profile (an event's, if it sets one; `None`: none). Its refusals ([`Interval::route_limit_rejected`]) are not the
     /// base limit's.
     pub route_limit_rps: Option<f64>,
+    /// The instances `route_limit_rps` is shared by: 1, but on a fleet sharing a
+    /// Redis store the live count the store last set
+    /// ([`Engine::set_route_limit_share`](crate::engine::Engine::set_route_limit_share)),
+    /// where this instance holds `route_limit_rps ÷` it and its history holds its share
+    /// of the route's requests. Not part of the profile: a change of the count keeps
+    /// the route's history, judged under the latest count.
+    pub route_limit_instances: u64,
     /// Distributed (`rocgate serve` with a Redis `[store]` that shares the route):
     /// the base limit, window and controller are the fleet's, while the history holds
     /// this instance's share of the requests, and no slot of the shared controller
@@ -583,7 +590,7 @@ impl History {
             // raised one's, and a raise already made was advised again, and again.
             if h.profiles
                 .iter()
-                .any(|p| p.event == settings.event && *p != settings)
+                .any(|p| p.event == settings.event && !same_profile(p, &settings))
             {
                 h.done.retain(|i| i.event != settings.event);
             }
@@ -681,6 +688,17 @@ pub fn reason_array(counts: &[(Reason, u64)]) -> ReasonArray {
     out
 }
 
+/// Whether `a` and `b` are one profile: alike but for the count of instances
+/// sharing the route's `route_limit` ([`RouteSettings::route_limit_instances`]),
+/// which moves with the fleet, not with the route's configuration.
+fn same_profile(a: &RouteSettings, b: &RouteSettings) -> bool {
+    let a = RouteSettings {
+        route_limit_instances: b.route_limit_instances,
+        ..a.clone()
+    };
+    a == *b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -700,6 +718,7 @@ mod tests {
             partitioned: false,
             tiered: false,
             route_limit_rps: None,
+            route_limit_instances: 1,
             distributed: false,
             event: None,
         }
@@ -888,6 +907,7 @@ mod tests {
         let keyed = || RouteSettings {
             partitioned: true,
             route_limit_rps: Some(100.0),
+            route_limit_instances: 1,
             ..settings("r")
         };
         let (engine, mut h) = ticked_around_250_at_once(route, keyed);
@@ -898,6 +918,22 @@ mod tests {
         assert_eq!(i[0].route_limit_rejected, 100);
         assert_eq!(i[0].rejected[Reason::Limit.index()], 150);
         assert_eq!(i[1].route_limit_rejected, 0);
+        // A fleet's count of instances sharing the total moves with the fleet, not
+        // the route's configuration: the history is kept, under the latest count (a
+        // changed total drops it, as any change of the profile).
+        let shared = RouteSettings {
+            route_limit_instances: 3,
+            ..keyed()
+        };
+        h.tick(s(3), &engine.snapshot(s(3)), [shared.clone()], None);
+        let all = h.since(Nanos::ZERO);
+        assert_eq!((all[0].1.len(), &all[0].0), (3, &shared));
+        let raised = RouteSettings {
+            route_limit_rps: Some(200.0),
+            ..shared
+        };
+        h.tick(s(4), &engine.snapshot(s(4)), [raised], None);
+        assert!(h.since(Nanos::ZERO)[0].1.is_empty());
     }
 
     /// A concurrency route's slots say how many requests were in flight: the interval

@@ -265,6 +265,8 @@ fn by_profile(
                     route_limit_rps: route
                         .route_limit_rps
                         .map(|own| event.and_then(|e| e.route_limit_rps).unwrap_or(own)),
+                    // A simulation runs one instance: the whole total.
+                    route_limit_instances: 1,
                     distributed: false,
                     event: i.event.clone(),
                 };
