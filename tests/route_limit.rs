@@ -235,6 +235,55 @@ fn a_base_raised_and_withdrawn_during_a_cut_leaves_the_total_where_it_was() {
     assert_eq!(total(&e, id, now).limit_rps, 300.0);
 }
 
+/// An event raising the base limit while a cut holds (from 12 s to 14 s, 400 for the
+/// route's 200) leaves the total where the same cut without it holds it, during the
+/// event and after: 300 while cut, then the same restore. Before, the event halved it
+/// (60/400 of 1,000, 150) and its end kept the half until the first restore step.
+#[test]
+fn an_event_raising_the_base_during_a_cut_leaves_the_total_as_without_it() {
+    let route = |event: &str| {
+        let toml = format!(
+            "[[routes]]\nname = \"ip\"\npath_prefix = \"/\"\npartition = \"ip\"\n\
+             base_limit = 200\ncut_limit = 60\nroute_limit = 1000\nburst = \"1s\"\n{event}"
+        );
+        let config = Config::from_toml_str(&toml, "test").unwrap();
+        let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        spike_to_a_cut(&e, id);
+        (e, id)
+    };
+    let (with, id) = route(
+        "[[routes.events]]\nname = \"sale\"\nstart = \"1970-01-01T00:00:12Z\"\n\
+         duration = \"2s\"\nbase_limit = 400\n",
+    );
+    let (without, twin) = route("");
+    let mut seen = Vec::new();
+    for ms in (11_000..40_000u64).step_by(100) {
+        let at = Nanos::from_millis(ms);
+        let _ = with.check(id, ip(2), at);
+        let _ = without.check(twin, ip(2), at);
+        let s = with.route_snapshot(id, at).unwrap();
+        let t = s.route_limit.unwrap();
+        assert_eq!(
+            t.limit_rps,
+            total(&without, twin, at).limit_rps,
+            "at {ms} ms, {:?} in {:?}",
+            s.active_event,
+            s.state
+        );
+        if ms == 12_500 || ms == 14_500 {
+            seen.push((s.active_event.is_some(), s.state, t.limit_rps));
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            (true, ControllerState::Cut, 300.0),
+            (false, ControllerState::Cut, 300.0)
+        ]
+    );
+}
+
 /// A base limit lowered during a restore moves the total as it moves the keys'
 /// progress from cut to base: at 100 of 60 → 200 (2 steps of 7, the total 0.3 + 0.7
 /// × 2/7 of 1,000, 500), a base lowered to 110 puts the keys 4/5 of the way (860),
