@@ -4,11 +4,11 @@
 //!
 //! A key refused by its own limit never reaches it, so it does not spend the other
 //! keys' shared quota; a key its own limit admits and the total refuses has spent its
-//! own token (as with Envoy's descriptors checked together). While the controller
-//! holds the route's limit below base, the total is held at a fraction of its
-//! configured value that follows the cut (below); in `shadow_adaptive`, which
-//! enforces the base limits, at its configured value, with a second bucket beside it
-//! at the cut's fraction, which counts what the cut's total would have refused. A change keeps the
+//! own token (as with Envoy's descriptors checked together). While the controller holds
+//! the route's limit below base, the total is held at a fraction of its configured
+//! value that follows the cut (below); in `shadow_adaptive`, which enforces the base
+//! limits, at its configured value, with a second bucket beside it at the cut's
+//! fraction, which counts what the cut's total would have refused. A change keeps the
 //! tokens there are (clamped to the new capacity), never refilling them, as the
 //! limiters' contract says. A scheduled event may carry a total of its own, put in
 //! force at its start and the route's back at its end ([`Aggregate::choose`]), each
@@ -21,29 +21,30 @@
 //! its burst with it (the bucket's capacity is its rate × the route's burst). A
 //! change of the count is a limit change like the others.
 //!
-//! A cut holds the total at the fraction of its configured value that the cut
-//! held the keys' limit to when it was made (`cut_limit ÷ base_limit` then, the
-//! controller's [`cut_fraction`](Controller::cut_fraction)), and its restore brings
-//! the total back as far as it brings the keys' limit from cut to base under the
-//! limits in force ([`progress`](Controller::progress)): the fraction is `f + (1 −
-//! f) × progress`, 1 at base. Without a change of limits during the cut that is
-//! `limit ÷ base_limit` (60/200 of 1,000 is 300, and each restore step of 20 brings
-//! back 100). It is read from the controller at every [`Aggregate::follow`], so it
-//! holds no state of its own: a change undone (a runtime change withdrawn, an event
-//! over) puts back the total it found. A change of `base_limit` during the cut moves
-//! neither the keys' limit (the cut limit) nor the total, whichever way (a base
-//! lowered to 100 under the cut limit of 60 does not raise it to 60/100, 600, nor
-//! does an event's base of 400 halve it to 60/400, 150); one of `cut_limit` moves the
-//! keys' alone, as the route's cut limit moves no tier's: the total is held as a tier
-//! of its own would be, its cut limit the configured total × that fraction. (Not the
-//! cut limit over the base at the cut: an event raising base, cut and total twofold
-//! would then hold the total at 120/200 of 2,000, four times what it was where the
-//! keys get twice. In `Cut`, no change raises the total but a raised total or a
-//! smaller count of instances sharing it.) During the restore a base limit lowered toward the limit reached
-//! brings the keys nearer their base, and the total with them (at 100 of 60 → 200, a
-//! base lowered to 110 puts both 4/5 of the way back, 860), up to the configured
-//! total when the change ends the restore: a rule that held the total lower there
-//! would put it back all at once at the restore's end.
+//! A cut holds the total at the fraction of its configured value that the cut held the
+//! keys' limit to when it was made (`cut_limit ÷ base_limit` then, the controller's
+//! [`cut_fraction`](Controller::cut_fraction)), and its restore brings the total back
+//! as far as it brings the keys' limit from cut to base under the limits in force
+//! ([`progress`](Controller::progress)): the fraction is `f + (1 − f) × progress`, 1 at
+//! base. Without a change of limits during the cut that is `limit ÷ base_limit` (60/200
+//! of 1,000 is 300, and each restore step of 20 brings back 100). It is read from the
+//! controller at every [`Aggregate::follow`], so it holds no state of its own: a change
+//! undone (a runtime change withdrawn, an event over) puts back the total it found. A
+//! change of `base_limit` during the cut moves neither the keys' limit (the cut limit)
+//! nor the total, whichever way (a base lowered to 100 under the cut limit of 60 does
+//! not raise it to 60/100, 600, nor does an event's base of 400 halve it to 60/400,
+//! 150); one of `cut_limit` moves the keys' alone, as the route's cut limit moves no
+//! tier's: the total is held as a tier of its own would be, its cut limit the
+//! configured total × that fraction. (Not the cut limit over the base at the cut: an
+//! event raising base, cut and total twofold would then hold the total at 120/200 of
+//! 2,000, four times what it was where the keys get twice. In `Cut`, no change raises
+//! the total but a raised total or a smaller count of instances sharing it.) During the
+//! restore a base limit lowered toward the limit reached brings the keys nearer their
+//! base, and the total with them (at 100 of 60 → 200, a base lowered to 110 puts both
+//! 4/5 of the way back, 860), up to the configured total when the change ends the
+//! restore: a rule that held the total lower there would put it back all at once at the
+//! restore's end.
+
 use crate::clock::Nanos;
 use crate::config::Mode;
 use crate::controller::Controller;
