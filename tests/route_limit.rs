@@ -799,3 +799,27 @@ proptest! {
         );
     }
 }
+
+/// A cut limit raised during a restore above the limit reached (150, at 100 of 60 →
+/// 200) raises the keys to it and counts their progress from it: 0, so the total goes
+/// back to the fraction the cut was made at (300 of 1,000, from 500), as README's
+/// configuration reference on `route_limit` says. (A figure that keeps the sentence
+/// true, not a behaviour argued for: the keys rise while their total falls.)
+#[test]
+fn a_cut_limit_raised_in_a_restore_counts_the_totals_progress_from_it() {
+    let (e, id) = cut_then_quiet(11);
+    let mut at = 11;
+    let reach_100 = loop {
+        at += 1;
+        let now = Nanos::from_secs(at);
+        let _ = e.check(id, ip(2), now);
+        if e.route_snapshot(id, now).unwrap().limit_rps == 100.0 {
+            break now;
+        }
+    };
+    assert_eq!(total(&e, id, reach_100).limit_rps, 500.0);
+    put(&e, id, 200.0, Some(150.0), reach_100);
+    let s = e.route_snapshot(id, reach_100).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Recovering, 150.0));
+    assert_eq!(total(&e, id, reach_100).limit_rps, 300.0);
+}

@@ -415,9 +415,11 @@ pub struct RouteConfig {
     /// A partitioned route's limit over its keys' requests together, req/s
     /// (`route_limit`): one token bucket for the route, with the route's burst (its
     /// `burst`, or `limiter_window` for the window counters), tried after a key's own
-    /// limiter admits, and scaled by the cut as the keys' limit is (`limit_rps /
-    /// base_limit_rps`, which while a cut holds rises only with `limit_rps`: lowering
-    /// `base_limit` does not raise the total). `None`: no limit over the keys together.
+    /// limiter admits, and scaled by the cut as the keys' limit is: held at the
+    /// fraction of base the cut was made at, `f` (`cut_limit_rps / base_limit_rps`
+    /// then), and brought back as the keys' limit is restored, `f + (1 − f) ×` the
+    /// controller's progress from cut to base (a `base_limit` changed while the cut
+    /// holds does not move it). `None`: no limit over the keys together.
     /// Only on partitioned routes with `token_bucket`, `fixed_window` or
     /// `sliding_window`. With the Redis store, the fleet's total: each instance holds its
     /// share, this ÷ the live instances (`Engine::set_route_limit_share`, which the store

@@ -33,7 +33,7 @@
 //! change of `base_limit` during the cut moves neither the keys' limit (the cut limit)
 //! nor the total, whichever way (a base lowered to 100 under the cut limit of 60 does
 //! not raise it to 60/100, 600, nor does an event's base of 400 halve it to 60/400,
-//! 150); one of `cut_limit` moves the keys' alone, as the route's cut limit moves no
+//! 150); one of `cut_limit` while the cut holds moves the keys' alone, as the route's cut limit moves no
 //! tier's: the total is held as a tier of its own would be, its cut limit the
 //! configured total × that fraction. (Not the cut limit over the base at the cut: an
 //! event raising base, cut and total twofold would then hold the total at 120/200 of
@@ -43,7 +43,11 @@
 //! base, and the total with them (at 100 of 60 → 200, a base lowered to 110 puts both
 //! 4/5 of the way back, 860), up to the configured total when the change ends the
 //! restore: a rule that held the total lower there would put it back all at once at the
-//! restore's end.
+//! restore's end. A `cut_limit` changed during the restore moves the total too, with
+//! the keys' progress counted from the new cut limit: one raised above the limit
+//! reached puts the keys there, at progress 0, and the total back at its cut fraction
+//! (at 100 of 60 → 200, a cut limit of 150 raises the keys to 150 and lowers the total
+//! from 500 to 300), as it puts a tier back at its own cut limit.
 
 use crate::clock::Nanos;
 use crate::config::Mode;

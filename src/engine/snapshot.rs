@@ -126,7 +126,9 @@ pub struct RouteSnapshot {
 pub struct RouteLimitSnapshot {
     /// The total enforced now, req/s: the configured one (on a fleet, this instance's
     /// share of it: [`Engine::set_route_limit_share`](super::Engine::set_route_limit_share)),
-    /// scaled by the cut as the keys' limit is (`limit_rps / base_limit_rps`; in
+    /// scaled by the cut as the keys' limit is (the fraction of base the cut was made
+    /// at, brought back with the restore's progress:
+    /// [`Controller::cut_fraction`](crate::controller::Controller::cut_fraction); in
     /// `shadow_adaptive`, unscaled).
     pub limit_rps: f64,
     /// The total as configured (`route_limit`: the running event's, if it sets one, else
