@@ -1297,13 +1297,13 @@ fn a_route_held_by_its_total_is_told_to_raise_the_total_not_its_base_limit() {
 }
 
 /// On a fleet sharing a Redis store each instance holds `route_limit ÷` the live
-/// instances, and its history its share of the requests: `raise_route_limit` holds
-/// that share against the capacity this instance measured, and suggests the fleet's
-/// total at the instance count times what it found. A total of 500 over 2 instances
-/// (250 each, a burst of 100 ms), 37% refused by it, the upstream saturating once at
-/// 300 req/s of this instance's: each instance may take 300 ÷ 1.1, 273, so the
-/// fleet 545; before, the fleet's 500 was held against one instance's 300 and
-/// nothing was advised (as it still is for one instance alone).
+/// instances, and its history its share of the requests: `raise_route_limit` reads
+/// the capacity this instance measured for the fleet at the instance count of the
+/// interval it was measured in, and suggests the fleet's total within it. A total of
+/// 500 over 2 instances (250 each, a burst of 100 ms), 37% refused by it, the upstream
+/// saturating once at 300 req/s of this instance's: the fleet's capacity is 600, and
+/// its total may be 600 ÷ 1.1, 545; before, the fleet's 500 was held against one
+/// instance's 300 and nothing was advised (as it still is for one instance alone).
 #[test]
 fn raise_route_limit_on_a_fleet_holds_the_share_against_this_instances_capacity() {
     let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\npartition = \"ip\"\n\
@@ -1327,6 +1327,7 @@ fn raise_route_limit_on_a_fleet_holds_the_share_against_this_instances_capacity(
     let mut intervals = rejecting(0, 40, 400, (Reason::Limit, 150), 0);
     for i in &mut intervals {
         i.route_limit_rejected = 150;
+        i.route_limit_instances = 2;
     }
     let last = intervals.last_mut().unwrap();
     last.rejected[Reason::Limit.index()] = 100;
@@ -1346,12 +1347,32 @@ fn raise_route_limit_on_a_fleet_holds_the_share_against_this_instances_capacity(
     let hint = find(&h, "raise_route_limit").unwrap();
     assert_says(
         hint,
-        "at most 545 (2 × 273, so that each instance's full bucket",
+        "at most 545 so that the instances' full buckets and a second of refill stay within the upstream's capacity as this instance measured it, 600 req/s",
     );
     assert_says(
         hint,
         "shared by 2 instances: this one holds 250 req/s of it",
     );
+    // The fleet grown to 4 since: the readings were taken at 2, and the fleet's
+    // capacity is still 600 (before, 4 × 273, 1,091, above the upstream's: the 650 of
+    // +30% was suggested). Each instance now holds 125.
+    let grown = RouteSettings {
+        route_limit_instances: 4,
+        ..fleet.clone()
+    };
+    let h = advise_over(&grown, &intervals);
+    let (_, suggested) = numbers(&h, "raise_route_limit");
+    assert!(
+        suggested > 500.0 && suggested <= 2.0 * 300.0 / 1.1,
+        "{suggested}"
+    );
+    assert_says(
+        find(&h, "raise_route_limit").unwrap(),
+        "shared by 4 instances: this one holds 125 req/s of it",
+    );
+    for i in &mut intervals {
+        i.route_limit_instances = 1;
+    }
     let alone = RouteSettings {
         route_limit_instances: 1,
         ..fleet

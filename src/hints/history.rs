@@ -89,6 +89,12 @@ pub struct Interval {
     /// ([`History::fleet_demand`]); `None` where none did (Redis away, no decision,
     /// or no rate stored yet) and on a route limited by this instance alone.
     pub fleet_demand: Option<FleetDemand>,
+    /// A partitioned route's `route_limit` on a fleet sharing a Redis store: the
+    /// fewest instances it was shared by in the interval, as its start's and its
+    /// end's settings said ([`RouteSettings::route_limit_instances`]), whose share of
+    /// the route's requests this instance's figures hold; the fewest of those folded
+    /// together. 0 (an interval built without it) reads as 1.
+    pub route_limit_instances: u64,
 }
 
 /// The demand of every instance of a fleet on a distributed route over an interval,
@@ -218,6 +224,10 @@ impl Interval {
             (Some(mine), Some(theirs)) => Some(mine.fold(theirs)),
             (mine, theirs) => mine.or(theirs),
         };
+        self.route_limit_instances = self
+            .route_limit_instances
+            .max(1)
+            .min(earlier.route_limit_instances.max(1));
     }
 
     /// The distinct keys refused over `intervals` together: their sketches merged
@@ -280,7 +290,8 @@ pub struct RouteSettings {
     /// ([`Engine::set_route_limit_share`](crate::engine::Engine::set_route_limit_share)),
     /// where this instance holds `route_limit_rps ÷` it and its history holds its share
     /// of the route's requests. Not part of the profile: a change of the count keeps
-    /// the route's history, judged under the latest count.
+    /// the route's history, each interval holding the count it ran under
+    /// ([`Interval::route_limit_instances`]).
     pub route_limit_instances: u64,
     /// Distributed (`rocgate serve` with a Redis `[store]` that shares the route):
     /// the base limit, window and controller are the fleet's, while the history holds
@@ -534,6 +545,7 @@ impl History {
                     done: VecDeque::new(),
                     open: Interval {
                         event: settings.event.clone(),
+                        route_limit_instances: settings.route_limit_instances,
                         ..Interval::new(now, interval)
                     },
                     totals,
@@ -564,9 +576,13 @@ impl History {
                 .upstream
                 .map(|now| now.since(&before.upstream.unwrap_or_default()));
             open.refused_keys = snap.refused_keys.filter(|s| !s.is_empty()).map(Box::new);
+            open.route_limit_instances = open
+                .route_limit_instances
+                .min(settings.route_limit_instances);
             h.totals = totals;
             let next = Interval {
                 event: settings.event.clone(),
+                route_limit_instances: settings.route_limit_instances,
                 ..Interval::new(now, interval)
             };
             let mut closed = std::mem::replace(open, next);
@@ -919,8 +935,9 @@ mod tests {
         assert_eq!(i[0].rejected[Reason::Limit.index()], 150);
         assert_eq!(i[1].route_limit_rejected, 0);
         // A fleet's count of instances sharing the total moves with the fleet, not
-        // the route's configuration: the history is kept, under the latest count (a
-        // changed total drops it, as any change of the profile).
+        // the route's configuration: the history is kept, each interval with the
+        // fewest instances it ran under, at its start or its end (a changed total
+        // drops it, as any change of the profile).
         let shared = RouteSettings {
             route_limit_instances: 3,
             ..keyed()
@@ -928,11 +945,35 @@ mod tests {
         h.tick(s(3), &engine.snapshot(s(3)), [shared.clone()], None);
         let all = h.since(Nanos::ZERO);
         assert_eq!((all[0].1.len(), &all[0].0), (3, &shared));
+        let counts = |h: &History| -> Vec<u64> {
+            h.since(Nanos::ZERO)[0]
+                .1
+                .iter()
+                .map(|i| i.route_limit_instances)
+                .collect()
+        };
+        assert_eq!(counts(&h), [1, 1, 1]);
+        h.tick(s(4), &engine.snapshot(s(4)), [shared.clone()], None);
+        assert_eq!(counts(&h), [1, 1, 3]);
+        let shrunk = RouteSettings {
+            route_limit_instances: 2,
+            ..shared.clone()
+        };
+        h.tick(s(5), &engine.snapshot(s(5)), [shrunk], None);
+        assert_eq!(counts(&h), [1, 3, 2]);
+        // Folded, the fewer: a capacity read from them counts for no larger a fleet.
+        let kept = &h.since(Nanos::ZERO)[0].1;
+        let mut folded = kept[1].clone();
+        folded.take_in(&kept[2]);
+        assert_eq!(folded.route_limit_instances, 2);
+        let mut unset = Interval::new(s(9), Duration::from_secs(1));
+        unset.take_in(&kept[1]);
+        assert_eq!(unset.route_limit_instances, 1);
         let raised = RouteSettings {
             route_limit_rps: Some(200.0),
             ..shared
         };
-        h.tick(s(4), &engine.snapshot(s(4)), [raised], None);
+        h.tick(s(6), &engine.snapshot(s(6)), [raised], None);
         assert!(h.since(Nanos::ZERO)[0].1.is_empty());
     }
 

@@ -15,7 +15,7 @@
 //! | rule | evidence | suggestion |
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); on a partitioned route, whose limit is each key's, quoting the distinct keys refused over the period ("from about 1400 clients"), an `info` hint "only if many clients are refused" under [`MANY_KEYS`] (a few keys over their own limit, one client's flood: the limit working) or where its intervals carry no count; a `route_limit`'s refusals ([`Interval::route_limit_rejected`]) are not the base limit's and are left out; not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
-//! | `raise_route_limit` | a partitioned route's `route_limit` refused over 10% of the requests out of a cut (taken from an interval's `limit` count first: exact in one wholly out of or wholly in a cut), each after its key's own limit admitted it, while the upstream was measured and healthy as for `raise_base_limit` (in `shadow`, would have: an `info` hint); its refusals during a cut are the cut's, not judged | `route_limit` +30%, at most the upstream's capacity (known, or measured where it saturated) ÷ (1 + burst in seconds), the burst of the total's token bucket: the route's `burst`, or a window counter's window; on a fleet sharing a Redis store, where each instance holds `route_limit ÷ n` ([`RouteSettings::route_limit_instances`]) and its history its share of the requests, a measured capacity (the rate this instance admitted) bounds its share, and the suggestion is the fleet's total at `n` times that bound, saying so |
+//! | `raise_route_limit` | a partitioned route's `route_limit` refused over 10% of the requests out of a cut (taken from an interval's `limit` count first: exact in one wholly out of or wholly in a cut), each after its key's own limit admitted it, while the upstream was measured and healthy as for `raise_base_limit` (in `shadow`, would have: an `info` hint); its refusals during a cut are the cut's, not judged | `route_limit` +30%, at most the upstream's capacity (known, or measured where it saturated) ÷ (1 + burst in seconds), the burst of the total's token bucket: the route's `burst`, or a window counter's window; on a fleet sharing a Redis store, where each instance holds `route_limit ÷ n` ([`RouteSettings::route_limit_instances`]) and its history its share of the requests, a measured capacity (the rate this instance admitted) counts for the fleet times the instances sharing the total in the interval it was measured in ([`Interval::route_limit_instances`]), and bounds the fleet's total, saying so |
 //! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio (in `shadow`, would-be) swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
@@ -1443,10 +1443,12 @@ impl<'a> Evidence<'a> {
     /// On a fleet sharing the total ([`RouteSettings::route_limit_instances`] `n`
     /// above 1) this instance holds `total ÷ n`, its intervals hold its share of the
     /// requests, and a capacity measured from them is the rate it admitted when the
-    /// upstream saturated: that share of the total is held against that capacity, and
-    /// the bound so found is the fleet's at `n` times it (the fleet admits the total
-    /// when the balancer spreads the route evenly). A modelled capacity is the whole
-    /// upstream's, held against the whole total.
+    /// upstream saturated: each such reading counts for the fleet at the instances the
+    /// total was shared by in its interval ([`Interval::route_limit_instances`]) times
+    /// it (the fleet admits the total when the balancer spreads the route evenly), so
+    /// that readings taken before the fleet grew do not count for the larger fleet.
+    /// The bound so found is the fleet's, held against the whole total, as a modelled
+    /// capacity (the whole upstream's) is.
     fn raise_route_limit(&self) -> Option<Hint> {
         let total = self.s.route_limit_rps?;
         let instances = self.s.route_limit_instances.max(1);
@@ -1462,25 +1464,34 @@ impl<'a> Evidence<'a> {
         let mut bound = String::new();
         let mut at_capacity = false;
         let burst = self.total_burst_secs();
-        // A measured capacity is this instance's; a modelled one, the upstream's.
-        let fleet = if self.capacity_rps.is_some() {
-            1
+        // A measured capacity is this instance's share of the upstream's, read for the
+        // fleet at the instances sharing the total when it was measured; a modelled
+        // one, the upstream's.
+        let measured_on_a_fleet = self.capacity_rps.is_none()
+            && self
+                .capacity_readings()
+                .any(|i| i.route_limit_instances > 1);
+        let capacity = if measured_on_a_fleet {
+            let mut rates: Vec<f64> = self
+                .capacity_readings()
+                .map(|i| i.admitted() as f64 / i.secs() * i.route_limit_instances.max(1) as f64)
+                .collect();
+            median(&mut rates)
         } else {
-            instances
+            self.route_capacity()
         };
-        if let Some(cap) = self.route_capacity() {
-            let most = cap / (1.0 + burst) * fleet as f64;
+        if let Some(cap) = capacity {
+            let most = cap / (1.0 + burst);
             if most <= total * 1.01 {
                 return None;
             }
             if most < target {
                 target = most;
                 at_capacity = true;
-                bound = if fleet > 1 {
+                bound = if measured_on_a_fleet {
                     format!(
-                        ", at most {} ({fleet} × {}, so that each instance's full bucket and a second of refill stay within the upstream's capacity as this instance measured it, {} req/s of its own requests)",
+                        ", at most {} so that the instances' full buckets and a second of refill stay within the upstream's capacity as this instance measured it, {} req/s (the rate it admitted when the upstream saturated, times the instances sharing the total then)",
                         fmt_measured(most),
-                        fmt_measured(most / fleet as f64),
                         fmt_measured(cap)
                     )
                 } else {
