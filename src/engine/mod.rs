@@ -359,6 +359,13 @@ struct ScheduledEvent {
     wall: (SystemTime, Duration),
 }
 
+impl ScheduledEvent {
+    /// Whether the event is in force at `now`: from its start, up to its end.
+    fn runs_at(&self, now: Nanos) -> bool {
+        self.start <= now && now < self.end
+    }
+}
+
 impl Engine {
     /// Builds every route of `config`, after checking its routes by the rules of the
     /// file ([`Config::validate`]): routes built in code that a file would refuse (a
@@ -682,7 +689,7 @@ impl Engine {
     ) -> Option<crate::hints::RouteSettings> {
         let r = self.route(route)?;
         let st = r.lock();
-        let due = st.events.iter().find(|e| e.start <= now && now < e.end);
+        let due = st.events.iter().find(|e| e.runs_at(now));
         Some(crate::hints::RouteSettings {
             name: r.name.to_string(),
             mode: r.mode,
@@ -1765,7 +1772,7 @@ impl Route {
                         // event starts at its total, full, as it starts at its profile.
                         let total = events
                             .iter()
-                            .find(|e| e.start <= now && now < e.end)
+                            .find(|e| e.runs_at(now))
                             .and_then(|e| e.configured.0.route_limit_rps)
                             .unwrap_or(own);
                         Box::new(Aggregate::new(own, total, cfg.mode, cfg.algorithm, now))
@@ -1892,7 +1899,7 @@ impl Route {
         st.reschedule();
         // Whatever was in force, the profile due now replaces it (in one step: the
         // route's own profile set on the way would move a recovering controller).
-        let due = st.events.iter().position(|e| e.start <= now && now < e.end);
+        let due = st.events.iter().position(|e| e.runs_at(now));
         st.active_event = due;
         if let Some(a) = self.aggregate() {
             a.choose(st.event_total());
