@@ -4,11 +4,11 @@
 #   scripts/explore-properties.sh [MINUTES]      (default 10)
 #
 # scripts/test.sh (and so CI) draws the property tests' cases from one fixed seed. This
-# runs tests/properties.rs and tests/parser_properties.rs again and again, each run
-# from a new seed and with PROPTEST_CASES cases per property (default 2000), until
-# MINUTES have passed or a run fails. A failure's case is written to the test's
-# `.proptest-regressions` file (keep it, with the fix), and the seed printed replays
-# the whole run. Runs under nice: the machine stays usable.
+# runs tests/properties.rs, tests/limiter_properties.rs and tests/parser_properties.rs
+# again and again, each run from a new seed and with PROPTEST_CASES cases per property
+# (default 2000), until MINUTES have passed or a run fails. A failure's case is written
+# to the test's `.proptest-regressions` file (keep it, with the fix), and the seed
+# printed replays the whole run. Runs under nice: the machine stays usable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +20,7 @@ case "$minutes" in
         ;;
 esac
 export PROPTEST_CASES="${PROPTEST_CASES:-2000}"
-targets=(properties parser_properties)
+targets=(properties limiter_properties parser_properties)
 
 cargo test --all-features "${targets[@]/#/--test=}" --no-run --quiet
 end=$(($(date +%s) + minutes * 60))

@@ -1,0 +1,687 @@
+//! Property tests of every limiter's invariants where `tests/properties.rs` checks
+//! them for one algorithm only, or without limit changes or out-of-order clocks:
+//! the bound each algorithm's docs promise over any interval, with limit changes at
+//! any instant and callers whose clock reads run up to `J` behind one another (the
+//! property's `jitter`); the exact `retry_after` after such a history; extreme
+//! limits (the config's least, a nanosecond's worth of tokens, bursts at the edges
+//! the config takes); the key tables' bounds (`max_keys`, eviction only of keys at
+//! rest, one overflow limiter at the per-key limit); and a whole route's bound
+//! through its controller's cuts and restores. Failures are kept in
+//! `tests/limiter_properties.proptest-regressions`.
+
+mod common;
+
+use common::cases;
+use proptest::prelude::*;
+use rocgate::clock::Nanos;
+use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch, MIN_LIMIT};
+use rocgate::engine::{Engine, Key};
+use rocgate::limiter::{
+    Admit, Algorithm, Concurrency, Decision, FixedWindow, LeakyBucket, Limiter, Permit,
+    SlidingWindowCounter, TokenBucket, MAX_SPACED_RATE,
+};
+use rocgate::window::WindowSpec;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, SystemTime};
+
+/// One step of a history: the caller's clock read (true time less its jitter), and
+/// a limit change made there instead of a decision.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    read: u64,
+    change: Option<f64>,
+}
+
+/// A history of `len` steps in true time, gaps up to a power of ten of microseconds
+/// drawn up to `max_gap_us`, so that a load is often heavier than the limits
+/// (sometimes an idle stretch of up to a day), each read up to a drawn jitter behind true time (half of
+/// them on time), `weight` of them limit changes to a limit drawn by `limit`: the
+/// jitter and the steps.
+fn history(
+    max_gap_us: u64,
+    weight: f64,
+    limit: BoxedStrategy<f64>,
+    len: std::ops::Range<usize>,
+) -> impl Strategy<Value = (u64, Vec<Step>)> {
+    (jitter(), 0u32..=max_gap_us.ilog10()).prop_flat_map(move |(jitter_ns, scale)| {
+        let gap = prop_oneof![
+            30 => 0..10u64.pow(scale).max(2),
+            1 => 1_000_000u64..86_400_000_000,
+        ];
+        let late = prop_oneof![1 => Just(0u64), 1 => 0..=jitter_ns];
+        let step = (gap, late, prop::option::weighted(weight, limit.clone()));
+        let steps = prop::collection::vec(step, len.clone()).prop_map(move |steps| {
+            let mut t = jitter_ns;
+            steps
+                .into_iter()
+                .map(|(gap_us, late, change)| {
+                    t += gap_us * 1_000;
+                    Step {
+                        read: t - late,
+                        change,
+                    }
+                })
+                .collect()
+        });
+        (Just(jitter_ns), steps)
+    })
+}
+
+/// A rate limit: mostly ordinary, sometimes the config's least (one request in 11.6
+/// days), up to the most a spaced limiter is configured at, or past it up to a
+/// token a nanosecond (which the limiters take when built in code).
+fn rate_limit() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        8 => 1.0f64..2_000.0,
+        1 => prop_oneof![Just(MIN_LIMIT), MIN_LIMIT..1.0],
+        1 => prop_oneof![Just(MAX_SPACED_RATE), 2_000.0f64..MAX_SPACED_RATE],
+        1 => prop_oneof![Just(1e9), MAX_SPACED_RATE..1e9],
+    ]
+}
+
+/// How far behind one another callers read the clock: none, a few microseconds
+/// (threads racing), or up to most of the second a window counter tolerates.
+fn jitter() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        1 => Just(0u64),
+        2 => 0u64..50_000,
+        1 => 0u64..900_000_000,
+    ]
+}
+
+/// The rate a bucket keeps at `limit`: one token per whole nanoseconds (the
+/// interval rounded, as `MAX_SPACED_RATE` documents).
+fn kept_rate(limit: f64) -> f64 {
+    1e9 / (1e9 / limit).round().max(1.0)
+}
+
+/// The tokens a bucket of `limit` and `burst` holds: whole, at least one, at most
+/// what its 32 bits keep.
+fn capacity(limit: f64, burst: Duration) -> f64 {
+    (limit * burst.as_secs_f64() + 1e-6)
+        .floor()
+        .clamp(1.0, f64::from(u32::MAX))
+}
+
+/// In every interval [a, b] of clock reads, at most `capacity + rate × (b − a)`
+/// admissions were read in it (one more for the nanosecond rounding of a token's time).
+fn within_rate(admitted: &mut [u64], capacity: f64, rate: f64) -> Result<(), TestCaseError> {
+    admitted.sort_unstable();
+    for i in 0..admitted.len() {
+        for j in i..admitted.len() {
+            let span = (admitted[j] - admitted[i]) as f64 / 1e9;
+            let count = (j - i + 1) as f64;
+            prop_assert!(
+                count <= capacity + rate * span + 1.0,
+                "{count} admitted in {span}s (capacity {capacity}, rate {rate})"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// In every interval [a, b] of clock reads, at most `quota × (⌊(b − a + J) / W⌋ + 2)`
+/// admissions: a window's requests are counted in it, two windows meet an interval
+/// shorter than one, and a caller up to `J` late counts in the window the others
+/// moved to. With reads in order (`J` = 0), at most `quota` read in each window.
+fn within_windows(
+    admitted: &mut [u64],
+    quota: u64,
+    window_ns: u64,
+    jitter_ns: u64,
+) -> Result<(), TestCaseError> {
+    admitted.sort_unstable();
+    if jitter_ns == 0 {
+        for window in admitted.chunk_by(|a, b| a / window_ns == b / window_ns) {
+            prop_assert!(
+                window.len() as u64 <= quota,
+                "{} admitted in the window from {} ns, quota {quota}",
+                window.len(),
+                window[0] / window_ns * window_ns
+            );
+        }
+    }
+    for i in 0..admitted.len() {
+        for j in i..admitted.len() {
+            let span = admitted[j] - admitted[i];
+            let windows = (span + jitter_ns) / window_ns + 2;
+            let count = (j - i + 1) as u64;
+            prop_assert!(
+                count <= quota * windows,
+                "{count} admitted in {span} ns (quota {quota} per {window_ns} ns, jitter {jitter_ns} ns)"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The whole requests a window of `window` allows at `limit`, as the limiters count.
+fn quota(limit: f64, window: Duration) -> u64 {
+    (limit * window.as_secs_f64() + 1e-6).floor() as u64
+}
+
+/// A burst the config takes: its least (1 ms), ordinary ones, and its most (49.7
+/// days, what 32 bits of milliseconds keep).
+fn burst() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        1 => Just(Duration::from_millis(1)),
+        6 => (1u64..3_000).prop_map(Duration::from_millis),
+        1 => Just(Duration::from_millis(u64::from(u32::MAX))),
+    ]
+}
+
+/// A window the config takes: mostly ordinary, sometimes its least (1 ms).
+fn window() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        1 => Just(Duration::from_millis(1)),
+        4 => (1u64..2_000).prop_map(Duration::from_millis),
+        1 => Just(Duration::from_secs(60)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(cases(128))]
+
+    /// A token bucket, its limit changed at any instant (each change dated at its
+    /// caller's read) and its callers reading the clock up to `J` apart, admits in
+    /// every interval [a, b] of reads at most the largest capacity plus the largest
+    /// rate × (b − a) it had: a change clamps the tokens and never refills them (a
+    /// bucket lowered and raised again gets no fresh burst), and a late read takes
+    /// no token an earlier decision took. GCRA holds this exactly, reads out of
+    /// order or not: an admission leaves the TAT at most its read plus τ, and every
+    /// admission moves it one interval on.
+    #[test]
+    fn a_token_bucket_holds_its_bound_through_changes_and_late_reads(
+        first in rate_limit(),
+        burst in burst(),
+        (_, steps) in history(20_000, 0.05, rate_limit().boxed(), 1..300),
+    ) {
+        let b = TokenBucket::new(first, burst, Nanos::ZERO);
+        let (mut most_capacity, mut most_rate) = (capacity(first, burst), kept_rate(first));
+        let mut admitted = Vec::new();
+        for s in steps {
+            match s.change {
+                Some(limit) => {
+                    b.set_limit(limit, Nanos::new(s.read));
+                    most_capacity = most_capacity.max(capacity(limit, burst));
+                    most_rate = most_rate.max(kept_rate(limit));
+                }
+                None => {
+                    if b.check(Nanos::new(s.read)).is_admit() {
+                        admitted.push(s.read);
+                    }
+                }
+            }
+        }
+        within_rate(&mut admitted, most_capacity, most_rate)?;
+    }
+}
+
+/// A window limit: at least one request per window of `window` (as the config
+/// requires), up to what a window's 20-bit count holds.
+fn window_limit(window: Duration) -> BoxedStrategy<f64> {
+    let least = 1.0 / window.as_secs_f64();
+    let most = 1_000_000.0 / window.as_secs_f64();
+    prop_oneof![
+        8 => 1.0f64..2_000.0,
+        1 => Just(least),
+        1 => Just(most),
+    ]
+    .prop_map(move |l: f64| l.clamp(least, most))
+    .boxed()
+}
+
+/// A window, with a history of window limits and its jitter.
+fn windowed() -> impl Strategy<Value = (Duration, f64, (u64, Vec<Step>))> {
+    window().prop_flat_map(|w| {
+        (
+            Just(w),
+            window_limit(w),
+            history(20_000, 0.05, window_limit(w), 1..300),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(cases(128))]
+
+    /// A fixed window, its limit changed at any instant and its callers reading the
+    /// clock up to `J` apart, admits at most the largest quota it had per window,
+    /// so at most two quotas in an interval shorter than a window, and in every
+    /// interval [a, b] of reads at most `quota × (⌊(b − a + J) / W⌋ + 2)`: a change
+    /// keeps the window's count, and a late read cannot reopen a counted window.
+    #[test]
+    fn a_fixed_window_holds_its_bound_through_changes_and_late_reads(
+        (window, first, (jitter, steps)) in windowed(),
+    ) {
+        let w = FixedWindow::new(first, window, Nanos::ZERO);
+        let mut most = quota(first, window);
+        let mut admitted = Vec::new();
+        for s in steps {
+            match s.change {
+                Some(limit) => {
+                    w.set_limit(limit);
+                    most = most.max(quota(limit, window));
+                }
+                None => {
+                    if w.check(Nanos::new(s.read)).is_admit() {
+                        admitted.push(s.read);
+                    }
+                }
+            }
+        }
+        within_windows(&mut admitted, most, window.as_nanos() as u64, jitter)?;
+    }
+
+    /// A sliding-window counter, the same: it counts at most a quota in its current
+    /// window (the previous one's weight only lowers that), so the bound holds as
+    /// the fixed window's does, through limit changes and late reads. With reads in
+    /// order, its docs' "up to about two quotas less one" in a window's length holds:
+    /// at most `2 × quota − 1` in any interval shorter than a window.
+    #[test]
+    fn a_sliding_window_holds_its_bound_through_changes_and_late_reads(
+        (window, first, (jitter, steps)) in windowed(),
+    ) {
+        let w = SlidingWindowCounter::new(first, window, Nanos::ZERO);
+        let mut most = quota(first, window);
+        let mut admitted = Vec::new();
+        for s in steps {
+            match s.change {
+                Some(limit) => {
+                    w.set_limit(limit);
+                    most = most.max(quota(limit, window));
+                }
+                None => {
+                    if w.check(Nanos::new(s.read)).is_admit() {
+                        admitted.push(s.read);
+                    }
+                }
+            }
+        }
+        let window_ns = window.as_nanos() as u64;
+        within_windows(&mut admitted, most, window_ns, jitter)?;
+        if jitter == 0 {
+            // `admitted` is sorted: the most admitted in a span shorter than a window.
+            let mut first = 0;
+            for last in 0..admitted.len() {
+                while admitted[last] - admitted[first] >= window_ns {
+                    first += 1;
+                }
+                let count = (last - first + 1) as u64;
+                prop_assert!(
+                    count < 2 * most,
+                    "{count} admitted in {} ns, quota {most} per {window_ns} ns",
+                    admitted[last] - admitted[first]
+                );
+            }
+        }
+    }
+
+    /// A leaky bucket, its limit changed at any instant and its callers reading the
+    /// clock up to `J` apart, sends its requests one interval apart at the shortest
+    /// interval it had, each at or after its read, and makes none wait more than
+    /// `queue` intervals at the limit in force when it asked.
+    #[test]
+    fn a_leaky_bucket_keeps_its_pace_through_changes_and_late_reads(
+        first in rate_limit(),
+        queue in prop_oneof![Just(0u32), 0u32..16, Just(10_000)],
+        (_, steps) in history(20_000, 0.05, rate_limit().boxed(), 1..300),
+    ) {
+        let interval = |limit: f64| (1e9 / limit).round().max(1.0) as u64;
+        let b = LeakyBucket::new(first, queue);
+        let (mut t, mut shortest) = (interval(first), interval(first));
+        let mut departures = Vec::new();
+        for s in steps {
+            match s.change {
+                Some(limit) => {
+                    b.set_limit(limit);
+                    t = interval(limit);
+                    shortest = shortest.min(t);
+                }
+                None => match b.check(Nanos::new(s.read)) {
+                    Decision::Admit(Admit::Now) => departures.push(s.read),
+                    Decision::Admit(Admit::Paced(p)) => {
+                        let d = p.departure().as_u64();
+                        prop_assert!(d > s.read);
+                        prop_assert!(
+                            d - s.read <= t.saturating_mul(u64::from(queue)),
+                            "waits {} ns, {queue} intervals of {t} ns", d - s.read
+                        );
+                        departures.push(d);
+                    }
+                    Decision::Admit(other) => prop_assert!(false, "{other:?}"),
+                    Decision::Reject(_) => {}
+                },
+            }
+        }
+        for pair in departures.windows(2) {
+            prop_assert!(
+                pair[1] >= pair[0] + shortest,
+                "departures at {} and {} ns, the shortest interval {shortest} ns",
+                pair[0], pair[1]
+            );
+        }
+    }
+
+    /// A concurrency limiter grants a permit only while fewer than its limit in force
+    /// are held, through limit changes (a lowered limit leaves the permits held,
+    /// and grants none until they are under it) and releases in any order.
+    #[test]
+    fn a_concurrency_limiter_grants_under_its_limit_through_changes(
+        first in 0.0f64..8.0,
+        steps in prop::collection::vec(
+            prop_oneof![
+                4 => Just(None),
+                2 => any::<prop::sample::Index>().prop_map(|i| Some(Err(i))),
+                1 => (0.0f64..8.0).prop_map(|l| Some(Ok(l))),
+            ],
+            1..300,
+        ),
+    ) {
+        let permits = |limit: f64| limit.floor() as usize;
+        let c = Concurrency::new(first, 0);
+        let mut limit = permits(first);
+        let mut held: Vec<Permit> = Vec::new();
+        for step in steps {
+            match step {
+                None => match c.check(Nanos::ZERO) {
+                    Decision::Admit(Admit::Held(p)) => {
+                        prop_assert!(held.len() < limit, "granted with {} held, limit {limit}", held.len());
+                        held.push(p);
+                    }
+                    Decision::Admit(other) => prop_assert!(false, "{other:?}"),
+                    Decision::Reject(_) => prop_assert!(held.len() >= limit),
+                },
+                Some(Err(i)) if !held.is_empty() => drop(held.remove(i.index(held.len()))),
+                Some(Err(_)) => {}
+                Some(Ok(l)) => {
+                    c.set_limit(l);
+                    limit = permits(l);
+                }
+            }
+            prop_assert_eq!(c.level().value as usize, held.len());
+        }
+    }
+}
+
+/// An algorithm whose refusals say exactly when to come back, with a history of
+/// limits it takes (a window's at least one request per window) and its jitter.
+fn exact_retry() -> impl Strategy<Value = (Algorithm, f64, (u64, Vec<Step>))> {
+    let spaced = (burst(), prop_oneof![Just(0u32), 0u32..16]).prop_flat_map(|(burst, queue)| {
+        let algorithm = prop_oneof![
+            Just(Algorithm::TokenBucket { burst }),
+            Just(Algorithm::LeakyBucket { queue }),
+        ];
+        (
+            algorithm,
+            rate_limit(),
+            history(5_000, 0.05, rate_limit().boxed(), 1..200),
+        )
+    });
+    let windows = (window(), any::<bool>()).prop_flat_map(|(window, sliding)| {
+        let algorithm = if sliding {
+            Algorithm::SlidingWindow { window }
+        } else {
+            Algorithm::FixedWindow { window }
+        };
+        (
+            Just(algorithm),
+            window_limit(window),
+            history(5_000, 0.05, window_limit(window), 1..200),
+        )
+    });
+    prop_oneof![spaced, windows]
+}
+
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// After any history of decisions and limit changes, its callers reading the
+    /// clock up to `J` apart, a token bucket's, a leaky bucket's or a window's
+    /// refusal at a read `r` says exactly when to come back: a request read at
+    /// `r + retry_after` is admitted, if nothing else came and the limit did not
+    /// change meanwhile (what `Rejection::retry_after` promises). For the buckets,
+    /// whose wait is one clock's arithmetic, one read a nanosecond sooner is refused.
+    #[test]
+    fn retry_after_is_exact_after_changes_and_late_reads(
+        (algorithm, first, (_, steps)) in exact_retry(),
+    ) {
+        let l = Limiter::new(algorithm, first, Nanos::ZERO);
+        for s in steps {
+            let now = Nanos::new(s.read);
+            if let Some(limit) = s.change {
+                l.set_limit(limit, now);
+                continue;
+            }
+            let Decision::Reject(r) = l.check(now) else { continue };
+            prop_assert!(r.retry_after > Duration::ZERO);
+            if matches!(algorithm, Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. }) {
+                let sooner = now + r.retry_after - Duration::from_nanos(1);
+                prop_assert!(!l.check(sooner).is_admit(), "{algorithm:?}: admitted before {:?}", r.retry_after);
+            }
+            prop_assert!(
+                l.check(now + r.retry_after).is_admit(),
+                "{algorithm:?}: refused at {s:?} + {:?}", r.retry_after
+            );
+            break;
+        }
+    }
+}
+
+/// A client's address, as a key.
+fn ip(n: u32) -> Key<'static> {
+    Key::Ip(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
+}
+
+/// A rate algorithm of the engine's key tables: a token bucket of two seconds'
+/// burst, a window of ten seconds (longer than the idle timeouts drawn, so that
+/// keys go idle with counts in their windows), or a leaky bucket with a queue of 4.
+fn key_algorithm() -> impl Strategy<Value = Algorithm> {
+    let window = Duration::from_secs(10);
+    prop_oneof![
+        Just(Algorithm::TokenBucket {
+            burst: Duration::from_secs(2)
+        }),
+        Just(Algorithm::FixedWindow { window }),
+        Just(Algorithm::SlidingWindow { window }),
+        Just(Algorithm::LeakyBucket { queue: 4 }),
+    ]
+}
+
+/// What a limiter admitted at the reads it admitted them: a departure for a leaky
+/// bucket, a read otherwise.
+#[derive(Default)]
+struct Admitted(Vec<u64>);
+
+impl Admitted {
+    fn push(&mut self, read: u64, d: &Decision) {
+        match d {
+            Decision::Admit(Admit::Paced(p)) => self.0.push(p.departure().as_u64()),
+            Decision::Admit(_) => self.0.push(read),
+            Decision::Reject(_) => {}
+        }
+    }
+
+    /// Within what `algorithm` allows at the largest limit it had, `most` req/s,
+    /// callers reading up to `jitter` apart.
+    fn bounded(
+        &mut self,
+        algorithm: Algorithm,
+        most: f64,
+        jitter: u64,
+    ) -> Result<(), TestCaseError> {
+        match algorithm {
+            Algorithm::TokenBucket { burst } => {
+                within_rate(&mut self.0, capacity(most, burst), kept_rate(most))
+            }
+            Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
+                within_windows(
+                    &mut self.0,
+                    quota(most, window),
+                    window.as_nanos() as u64,
+                    jitter,
+                )
+            }
+            _ => {
+                // Departures, in the order they were given: one interval apart at
+                // the largest limit, unless a late read was let out at its read
+                // (a key at rest is new again), up to `jitter` early.
+                let shortest = (1e9 / most).round() as u64;
+                self.0.sort_unstable();
+                for pair in self.0.windows(2) {
+                    prop_assert!(
+                        pair[1] + jitter >= pair[0] + shortest,
+                        "departures at {} and {} ns, one per {shortest} ns",
+                        pair[0],
+                        pair[1]
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    /// A partitioned route's key table, under any sequence of keys (more than it
+    /// holds), of limit updates at any instant and of callers reading the clock up
+    /// to `J` apart, holds at most `max_keys` keys; each key admits no more than
+    /// its algorithm allows one limiter at the largest limit the route had (a key
+    /// is evicted only at rest, so one evicted comes back to what it would have
+    /// had: README, "Per-key state is bounded by `max_keys`"); and the requests of
+    /// keys that found the table full share one overflow limiter at the per-key
+    /// limit ("nor get more than one key's quota together").
+    #[test]
+    fn a_key_table_holds_its_bound_and_each_key_and_the_overflow_their_limit(
+        algorithm in key_algorithm(),
+        first in 0.1f64..20.0,
+        max_keys in 1usize..5,
+        idle_s in 1u64..5,
+        keys in 1u32..10,
+        (jitter, steps) in history(1_000_000, 0.03, (0.1f64..20.0).boxed(), 1..300),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 300),
+    ) {
+        let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        let mut limits = KeyLimits::default();
+        limits.max_keys = max_keys;
+        limits.idle_timeout = Duration::from_secs(idle_s);
+        cfg.partition = Partition::ClientIp(limits);
+        cfg.controller.base_limit_rps = first;
+        cfg.controller.cut_limit_rps = first;
+        let mut params = cfg.controller.clone();
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        let mut most = first;
+        let mut own: Vec<Admitted> = (0..keys).map(|_| Admitted::default()).collect();
+        let mut overflow = Admitted::default();
+        let mut overflowed = 0;
+        for (s, pick) in steps.into_iter().zip(picks) {
+            let now = Nanos::new(s.read);
+            if let Some(limit) = s.change {
+                params.base_limit_rps = limit;
+                params.cut_limit_rps = limit;
+                e.update_route(id, params.clone(), now).unwrap();
+                most = most.max(limit);
+                continue;
+            }
+            let k = pick.index(keys as usize);
+            let d = e.check(id, ip(k as u32), now);
+            let snapshot = e.route_snapshot(id, now).unwrap();
+            prop_assert!(snapshot.keys <= max_keys, "{} keys, max_keys {max_keys}", snapshot.keys);
+            if snapshot.keys_overflowed > overflowed {
+                overflowed = snapshot.keys_overflowed;
+                overflow.push(s.read, &d);
+            } else {
+                own[k].push(s.read, &d);
+            }
+        }
+        for key in &mut own {
+            key.bounded(algorithm, most, jitter)?;
+        }
+        overflow.bounded(algorithm, most, jitter)?;
+    }
+}
+
+/// A load in phases, each of up to 100 requests at gaps up to a power of ten of
+/// microseconds (10 µs to 1 s), so that the rate rises and falls by orders of
+/// magnitude, read up to a drawn jitter behind true time, 1% of the steps limit
+/// changes to a limit drawn by `limit`: the jitter and the steps.
+fn phased_history(limit: BoxedStrategy<f64>) -> impl Strategy<Value = (u64, Vec<Step>)> {
+    jitter().prop_flat_map(move |jitter_ns| {
+        let phase =
+            (1u32..=6).prop_flat_map(|scale| prop::collection::vec(0..10u64.pow(scale), 1..100));
+        let late = prop_oneof![1 => Just(0u64), 1 => 0..=jitter_ns];
+        let change = prop::option::weighted(0.01, limit.clone());
+        let steps = (
+            prop::collection::vec(phase, 1..8),
+            prop::collection::vec((late, change), 700),
+        )
+            .prop_map(move |(phases, marks)| {
+                let mut t = jitter_ns;
+                phases
+                    .into_iter()
+                    .flatten()
+                    .zip(marks)
+                    .map(|(gap_us, (late, change))| {
+                        t += gap_us * 1_000;
+                        Step {
+                            read: t - late,
+                            change,
+                        }
+                    })
+                    .collect()
+            });
+        (Just(jitter_ns), steps)
+    })
+}
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    /// A route limited as a whole, its controller cutting and restoring its limit at
+    /// slot rollovers (a cut limit below base, under a load that rises and falls),
+    /// its base limit updated at any instant and its callers reading the clock up to
+    /// `J` apart, admits no more than its algorithm allows one limiter at the
+    /// largest base limit it had: every change the engine makes, dated at its slot
+    /// or left behind for the next decision, clamps and never refills.
+    #[test]
+    fn a_route_holds_its_bound_through_cuts_updates_and_late_reads(
+        algorithm in key_algorithm(),
+        first in 1.0f64..50.0,
+        cut in 0.1f64..1.0,
+        (jitter, steps) in phased_history((1.0f64..50.0).boxed()),
+    ) {
+        let mut cfg = RouteConfig::new("r", RouteMatch::any());
+        cfg.algorithm = algorithm;
+        // Cuts at a rise of 5 req/s between the halves of a 1 s window, restored a
+        // tenth of base per 200 ms.
+        cfg.window = WindowSpec::new(Duration::from_secs(1), Duration::from_millis(50)).unwrap();
+        let c = &mut cfg.controller;
+        (c.danger_roc, c.safe_roc, c.min_rps) = (5.0, 1.0, 1.0);
+        (c.hold, c.min_dwell) = (Duration::from_millis(500), Duration::from_millis(200));
+        (c.restore_step_rps, c.restore_interval) = (first / 10.0, Duration::from_millis(200));
+        c.base_limit_rps = first;
+        c.cut_limit_rps = first * cut;
+        let mut params = cfg.controller.clone();
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        let mut most = first;
+        let mut admitted = Admitted::default();
+        for s in steps {
+            let now = Nanos::new(s.read);
+            if let Some(limit) = s.change {
+                params.base_limit_rps = limit;
+                params.cut_limit_rps = limit * cut;
+                e.update_route(id, params.clone(), now).unwrap();
+                most = most.max(limit);
+                continue;
+            }
+            let d = e.check(id, Key::None, now);
+            admitted.push(s.read, &d);
+        }
+        admitted.bounded(algorithm, most, jitter)?;
+    }
+}
