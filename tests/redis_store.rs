@@ -7817,3 +7817,53 @@ async fn a_held_spike_on_a_shared_route_is_told_its_raise() {
         "raised at {raised:?}; first refusal {first:?}, last {last:?}"
     );
 }
+
+/// Redis refuses the instance's credentials, at the default `timeout` (50 ms): a wrong
+/// password (`WRONGPASS`), and none where Redis requires one (`NOAUTH`). The
+/// heartbeat's warning says Redis refused them and names the setting to check. (The
+/// client retried a refused connection twice, 20 ms and 40 ms apart and more, past the
+/// timeout: the warning said `no answer within 50ms`, as if Redis were slow or away,
+/// and every beat after it, on a new connection, timed out alike.)
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn refused_credentials_are_named_in_the_warning_with_the_setting() {
+    let _serial = one_at_a_time().await;
+    // A current-thread runtime: the stores' tasks log under this thread's subscriber.
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let server = RedisServer::start().await;
+    let mut admin = server.connection().unwrap();
+    let mut config = as_acl_user(&server, &mut admin, hand_beaten_config(&server, "wrongpw"));
+    assert_eq!(config.timeout, RedisConfig::default().timeout);
+    config.servers = RedisServers::Single(format!("redis://a:wrong@127.0.0.1:{}", server.port));
+    let wrong = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    for _ in 0..3 {
+        assert_eq!(wrong.store.beat().await, None);
+    }
+    let lines = log.lines_with("shared store unreachable");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("AuthenticationFailed") && lines[0].contains("url"),
+        "{}",
+        lines[0]
+    );
+    drop(wrong);
+
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "s3cret"])
+        .query(&mut admin)
+        .unwrap();
+    let none = Instance::system(
+        &route(100.0, Duration::from_secs(1)),
+        &hand_beaten_config(&server, "nopw"),
+    );
+    for _ in 0..3 {
+        assert_eq!(none.store.beat().await, None);
+    }
+    let lines = log.lines_with("shared store unreachable");
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(
+        lines[1].contains("NOAUTH") && lines[1].contains("url"),
+        "{}",
+        lines[1]
+    );
+}

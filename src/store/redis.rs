@@ -1269,7 +1269,12 @@ impl RedisStore {
                     .set_response_timeout(None)
                     .set_min_delay(Duration::from_millis(20))
                     .set_max_delay(config.probe_interval)
-                    .set_number_of_retries(2);
+                    // No retry within a connection attempt: the calls and the
+                    // heartbeat try again anyway, and retries (20 ms, then 40 ms and
+                    // more, apart) took a connection that Redis refused (`WRONGPASS`,
+                    // `NOAUTH`) past `timeout`, which then hid Redis's answer behind a
+                    // timeout.
+                    .set_number_of_retries(0);
                 Conn::single(client, manager).map_err(StoreError::Url)?
             }
             RedisServers::Cluster(nodes) => {
@@ -2678,13 +2683,16 @@ impl Inner {
                 return Some(n);
             }
             Ok(Err(e)) => {
-                self.unreached(&e);
+                self.unreached(&e, setting_to_check(&e));
                 if !cured_by_reconnecting(&e) {
                     return None;
                 }
             }
             Err(_) => {
-                self.unreached(&format_args!("no answer within {:?}", self.config.timeout));
+                self.unreached(
+                    &format_args!("no answer within {:?}", self.config.timeout),
+                    None,
+                );
             }
         }
         self.conn.renew();
@@ -2692,11 +2700,13 @@ impl Inner {
         None
     }
 
-    /// A heartbeat failed: logged as a warning if the last one did not fail too.
-    fn unreached(&self, error: &dyn std::fmt::Display) {
+    /// A heartbeat failed: logged as a warning if the last one did not fail too, with
+    /// the setting to `check` where the error names one ([`setting_to_check`]).
+    fn unreached(&self, error: &dyn std::fmt::Display, check: Option<&str>) {
         if self.heard.swap(UNREACHED, Ordering::Relaxed) != UNREACHED {
             tracing::warn!(
                 error = %error,
+                check,
                 fail_mode = %self.config.fail_mode.as_str(),
                 "shared store unreachable: a decision that Redis does not answer follows fail_mode"
             );
@@ -2719,6 +2729,28 @@ impl Inner {
 fn cured_by_reconnecting(e: &redis::RedisError) -> bool {
     !matches!(e.code(), Some("OOM" | "NOPERM" | "BUSY"))
 }
+
+/// The setting an error of Redis's points at, for the warning that says it: Redis
+/// refused the credentials (`AUTH` refused, `WRONGPASS`, `NOAUTH`) or the rights
+/// (`NOPERM`) that the store's URL gives. `None` for an error no setting of the store
+/// explains (Redis away, slow, out of memory, a replica).
+fn setting_to_check(e: &redis::RedisError) -> Option<&'static str> {
+    if e.kind() == ErrorKind::AuthenticationFailed {
+        return Some(CHECK_CREDENTIALS);
+    }
+    match e.code() {
+        Some("WRONGPASS" | "NOAUTH") => Some(CHECK_CREDENTIALS),
+        Some("NOPERM") => Some(
+            "the ACL rights of the user in [store] url (or cluster_nodes): the scripts \
+             (EVALSHA, EVAL) and SETRANGE on the keys {<key_prefix>}:instances and \
+             {<key_prefix>:<route>}:*",
+        ),
+        _ => None,
+    }
+}
+
+/// [`setting_to_check`] for refused credentials.
+const CHECK_CREDENTIALS: &str = "the user and password in [store] url (or cluster_nodes)";
 
 /// Sets `rocgate_store_mode`: 1 for `mode`, 0 for the others.
 fn publish_mode(mode: StoreMode) {
