@@ -7867,3 +7867,48 @@ async fn refused_credentials_are_named_in_the_warning_with_the_setting() {
         lines[1]
     );
 }
+
+/// An ACL user whose key pattern lets the heartbeat through but not the route's keys
+/// (`~{<prefix>}:instances`, or `~{<prefix>}*`, where the route's keys begin
+/// `{<prefix>:`): Redis is reached, every decision is refused (`NOPERM`), and the route
+/// falls back. The warning of the fall names the route, the error and the setting to
+/// check. (It said `store mode changed mode="fallback_local"` and nothing more: the
+/// error was logged at `DEBUG` only, and the heartbeat, answered, said nothing.)
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_route_falling_back_names_the_error_that_sent_it() {
+    let _serial = one_at_a_time().await;
+    // A current-thread runtime: the store's tasks log under this thread's subscriber.
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let server = RedisServer::start().await;
+    let mut admin = server.connection().unwrap();
+    let _: () = acl(&[
+        "SETUSER",
+        "k",
+        "on",
+        ">pw",
+        "~{keyacl}:instances",
+        "&*",
+        "+@all",
+    ])
+    .query(&mut admin)
+    .unwrap();
+    let mut config = hand_beaten_config(&server, "keyacl");
+    config.servers = RedisServers::Single(format!("redis://k:pw@127.0.0.1:{}", server.port));
+    let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert_eq!(inst.store.beat().await, Some(1));
+    for _ in 0..config.failures_to_open {
+        assert!(inst.check().await.is_admit());
+    }
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+    let lines = log.lines_with("store mode changed");
+    let fell = lines
+        .iter()
+        .find(|l| l.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning: {lines:#?}"));
+    assert!(
+        fell.contains(r#"route="order""#) && fell.contains("NoPerm") && fell.contains("url"),
+        "{fell}"
+    );
+    assert!(log.lines_with("shared store unreachable").is_empty());
+}

@@ -1834,11 +1834,16 @@ impl Inner {
 
     /// Sets a route's mode; the instance's, and its gauge, when that changes.
     fn set_mode(&self, r: &SharedRoute, mode: StoreMode) {
+        self.set_mode_for(r, mode, None);
+    }
+
+    /// [`set_mode`](Self::set_mode), the fall logged with `why`.
+    fn set_mode_for(&self, r: &SharedRoute, mode: StoreMode, why: Option<&Why<'_>>) {
         if r.fallen.load(Ordering::Relaxed) == (mode == StoreMode::Fallback) {
             return;
         }
         let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
-        self.flip(r, mode);
+        self.flip(r, mode, why);
     }
 
     /// Takes a route the store no longer holds (a reload dropped or rebuilt it) out of
@@ -1850,13 +1855,15 @@ impl Inner {
         // SeqCst with the load in `absorb`: an answer that sets the route's gauge after
         // `retain` blanked it sees the route retired.
         r.retired.store(true, Ordering::SeqCst);
-        self.flip(r, StoreMode::Shared);
+        self.flip(r, StoreMode::Shared, None);
     }
 
     /// [`set_mode`](Self::set_mode), under `changing`: the count of fallen routes and
     /// the gauge published from it change together, and a route retired before
-    /// never falls.
-    fn flip(&self, r: &SharedRoute, mode: StoreMode) {
+    /// never falls. A fall's lines say `why` (the failure that opened the breaker),
+    /// which is all an operator learns of it where the heartbeat is answered (an ACL
+    /// that lets the heartbeat's key through but not the route's).
+    fn flip(&self, r: &SharedRoute, mode: StoreMode, why: Option<&Why<'_>>) {
         let fall = mode == StoreMode::Fallback;
         if fall && r.retired.load(Ordering::Relaxed) {
             return;
@@ -1872,9 +1879,13 @@ impl Inner {
         } else {
             self.fallen.fetch_sub(1, Ordering::Relaxed)
         };
+        let error = why.map(|w| w.error.to_string());
+        let check = why.and_then(|w| w.check);
         tracing::info!(
             route = r.name.as_ref(),
             mode = mode.as_str(),
+            error = error.as_deref(),
+            check,
             "route store mode changed"
         );
         // The instance's mode changes with the first route to fall and the last to
@@ -1883,16 +1894,23 @@ impl Inner {
         if before == usize::from(!fall) {
             publish_mode(mode);
             if fall {
-                tracing::warn!(mode = mode.as_str(), "store mode changed");
+                tracing::warn!(
+                    mode = mode.as_str(),
+                    route = r.name.as_ref(),
+                    error = error.as_deref(),
+                    check,
+                    "store mode changed"
+                );
             } else {
                 tracing::info!(mode = mode.as_str(), "store mode changed");
             }
         }
     }
 
-    /// A call on a route failed: feed its breaker; once that is open, the route is
-    /// decided locally.
-    fn failed(&self, r: &SharedRoute) {
+    /// A call on a route failed with `error` (and a setting to `check`, see
+    /// [`setting_to_check`]): feed its breaker; once that is open, the route is
+    /// decided locally, and its fall says why.
+    fn failed(&self, r: &SharedRoute, error: &dyn std::fmt::Display, check: Option<&str>) {
         let now = self.clock.now();
         // The mode changes under the breaker's lock, as on a success: a success
         // between the two would otherwise leave the route in fallback, its breaker
@@ -1900,7 +1918,7 @@ impl Inner {
         let mut b = r.breaker();
         b.failure(now);
         if b.is_open() {
-            self.set_mode(r, StoreMode::Fallback);
+            self.set_mode_for(r, StoreMode::Fallback, Some(&Why { error, check }));
         }
     }
 
@@ -2106,38 +2124,44 @@ impl Inner {
         }
         let answer =
             tokio::time::timeout(self.config.timeout, self.conn.invoke::<Value>(&invocation)).await;
+        // An answer, or why there was none (for the log line of the route's fall).
         let reply = match answer {
-            Ok(Ok(value)) => {
-                let reply = Reply::parse(value);
-                if reply.is_none() {
-                    self.errors.increment(1);
-                    tracing::debug!("store call answered something unreadable");
-                }
-                reply
-            }
+            Ok(Ok(value)) => Reply::parse(value).ok_or_else(|| {
+                self.errors.increment(1);
+                tracing::debug!("store call answered something unreadable");
+                (
+                    "an answer the decision script does not give".to_owned(),
+                    None,
+                )
+            }),
             Ok(Err(e)) => {
                 self.errors.increment(1);
                 tracing::debug!(error = %e, "store call failed");
-                None
+                Err((e.to_string(), setting_to_check(&e)))
             }
             Err(_) => {
                 self.timeouts.increment(1);
                 self.conn.suspect(&r.keys[0]);
-                None
+                Err((format!("no answer within {:?}", self.config.timeout), None))
             }
         };
-        if reply.is_some() {
-            let mut b = r.breaker();
-            b.success();
-            self.set_mode(r, StoreMode::Shared);
-        } else {
-            if missed {
-                r.miss();
+        let reply = match reply {
+            Ok(reply) => {
+                let mut b = r.breaker();
+                b.success();
+                self.set_mode(r, StoreMode::Shared);
+                reply
             }
-            r.demand_seen().stop(self.clock.now());
-            self.failed(r);
-        }
-        reply
+            Err((error, check)) => {
+                if missed {
+                    r.miss();
+                }
+                r.demand_seen().stop(self.clock.now());
+                self.failed(r, &error, check);
+                return None;
+            }
+        };
+        Some(reply)
     }
 
     /// Takes in what Redis answered at `now` (this instance's clock): the shared limit
@@ -2505,12 +2529,16 @@ impl Inner {
             Ok(Err(e)) => {
                 self.errors.increment(1);
                 tracing::debug!(route = r.name.as_ref(), error = %e, "store probe failed");
-                self.failed(&r);
+                self.failed(&r, &e, setting_to_check(&e));
             }
             Err(_) => {
                 self.timeouts.increment(1);
                 self.conn.suspect(&r.probe_key);
-                self.failed(&r);
+                self.failed(
+                    &r,
+                    &format_args!("no answer within {:?}", self.config.timeout),
+                    None,
+                );
             }
         }
     }
@@ -2747,6 +2775,13 @@ fn setting_to_check(e: &redis::RedisError) -> Option<&'static str> {
         ),
         _ => None,
     }
+}
+
+/// Why a route's calls failed, as the lines of its fall say it.
+struct Why<'a> {
+    error: &'a dyn std::fmt::Display,
+    /// [`setting_to_check`].
+    check: Option<&'a str>,
 }
 
 /// [`setting_to_check`] for refused credentials.

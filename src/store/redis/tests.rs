@@ -993,7 +993,7 @@ async fn the_heartbeat_probes_each_fallen_route_once_per_interval() {
             .unwrap()
     });
     for _ in 0..3 {
-        inner.failed(&order);
+        inner.failed(&order, &"refused", None);
     }
     assert_eq!(order.mode(), StoreMode::Fallback);
     let due = |at| -> Vec<Arc<str>> {
@@ -1140,7 +1140,7 @@ async fn a_rebuilt_route_takes_its_breaker_and_mode_together() {
                 for _ in 0..i % 2_000 * 5 {
                     std::hint::spin_loop();
                 }
-                inner.failed(&r);
+                inner.failed(&r, &"refused", None);
                 done.wait();
             }
         });
@@ -1150,8 +1150,8 @@ async fn a_rebuilt_route_takes_its_breaker_and_mode_together() {
                 b.success();
                 inner.set_mode(&old, StoreMode::Shared);
             }
-            inner.failed(&old);
-            inner.failed(&old);
+            inner.failed(&old, &"refused", None);
+            inner.failed(&old, &"refused", None);
             *current.lock().unwrap() = Arc::clone(&old);
             go.wait();
             let new = route_of(&engines[(i + 1) % 2]);
@@ -1222,7 +1222,7 @@ async fn the_heartbeat_sends_a_debt_only_for_a_shared_route_that_owes_one() {
     assert_eq!(owing(), [Arc::clone(&order.name)]);
     assert_eq!(cart.mode(), StoreMode::Shared);
     for _ in 0..3 {
-        inner.failed(&order);
+        inner.failed(&order, &"refused", None);
     }
     assert_eq!(order.mode(), StoreMode::Fallback);
     assert!(owing().is_empty(), "in fallback");
