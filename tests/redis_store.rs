@@ -7912,3 +7912,136 @@ async fn a_route_falling_back_names_the_error_that_sent_it() {
     );
     assert!(log.lines_with("shared store unreachable").is_empty());
 }
+
+/// Offers requests every 5 ms until `inst` is in `mode` or `within` has passed, each
+/// decision timed by `waits`; returns its mode then, and the decisions taken in
+/// fallback: admitted and refused.
+async fn timed_until_in(
+    inst: &Instance,
+    waits: &mut Waits,
+    mode: StoreMode,
+    within: Duration,
+) -> (StoreMode, (usize, usize)) {
+    let started = tokio::time::Instant::now();
+    let mut fallback = (0, 0);
+    while started.elapsed() < within && inst.store.mode() != mode {
+        let before = inst.store.fallback_decisions();
+        let admitted = waits.time("order", inst.check()).await.is_admit();
+        if inst.store.fallback_decisions() > before {
+            if admitted {
+                fallback.0 += 1;
+            } else {
+                fallback.1 += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (inst.store.mode(), fallback)
+}
+
+/// Waits until Redis's last snapshot has ended with `status` (`ok`, `err`).
+async fn snapshot_ended(admin: &mut redis::Connection, status: &str) {
+    for _ in 0..200 {
+        let info: String = redis::cmd("INFO").arg("persistence").query(admin).unwrap();
+        if info.contains("rdb_bgsave_in_progress:0")
+            && info.contains(&format!("rdb_last_bgsave_status:{status}"))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no snapshot ended {status}");
+}
+
+/// Redis refusing writes in place, behind the same address, while it answers reads:
+/// made a replica (`REPLICAOF`, `READONLY`) and back a master (`REPLICAOF NO ONE`),
+/// and its snapshots failing (`MISCONF`: `stop-writes-on-bgsave-error`, the snapshot's
+/// file name taken by a directory) until one succeeds. Under each `fail_mode` the
+/// route falls back within `timeout` per decision, decides as the mode says (`open`
+/// admits, `closed` refuses, `local` admits from its bucket), and is back on the shared
+/// state once Redis takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_refused_in_place_fall_back_by_fail_mode_and_come_back() {
+    use rocgate::store::FailMode;
+    let _serial = one_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start_with(&["--dir", dir.path().to_str().unwrap()]).await;
+    let master = RedisServer::beside(&server).await;
+    let mut admin = server.connection().unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "save", "3600 1"])
+        .query(&mut admin)
+        .unwrap();
+    let taken = dir.path().join("dump.rdb");
+    for (i, fail_mode) in [FailMode::Open, FailMode::Closed, FailMode::Local]
+        .into_iter()
+        .enumerate()
+    {
+        for readonly in [true, false] {
+            let mut config = store_config(&server, &format!("refused{i}{readonly}"));
+            config.fail_mode = fail_mode;
+            let inst = Instance::system(&route(100.0, Duration::from_secs(100)), &config);
+            beat_answered(&inst.store).await;
+            assert!(inst.check().await.is_admit());
+            assert_eq!(inst.store.mode(), StoreMode::Shared);
+            if readonly {
+                let _: () = redis::cmd("REPLICAOF")
+                    .arg("127.0.0.1")
+                    .arg(master.port)
+                    .query(&mut admin)
+                    .unwrap();
+            } else {
+                // A replica's sync saved its snapshot there.
+                let _ = std::fs::remove_file(&taken);
+                std::fs::create_dir(&taken).unwrap();
+                let _: String = redis::cmd("BGSAVE").query(&mut admin).unwrap();
+                snapshot_ended(&mut admin, "err").await;
+            }
+            let refused = redis::cmd("SET").arg("x").arg(1).query::<()>(&mut admin);
+            let code = refused.unwrap_err().code().map(str::to_owned);
+            let expected = if readonly { "READONLY" } else { "MISCONF" };
+            assert_eq!(code.as_deref(), Some(expected));
+            let mut waits = Waits::new(&config);
+            let (mode, (admitted, refused)) = timed_until_in(
+                &inst,
+                &mut waits,
+                StoreMode::Fallback,
+                Duration::from_secs(2),
+            )
+            .await;
+            assert_eq!(mode, StoreMode::Fallback, "{fail_mode:?}, {expected}");
+            let (more, _) = timed_until_in(
+                &inst,
+                &mut waits,
+                StoreMode::Shared,
+                Duration::from_millis(300),
+            )
+            .await;
+            assert_eq!(more, StoreMode::Fallback, "{expected}: no way back yet");
+            let fell = inst.store.fallback_decisions();
+            assert!(
+                fell > 0 && admitted + refused > 0,
+                "{fail_mode:?}, {expected}"
+            );
+            if fail_mode == FailMode::Closed {
+                assert_eq!(admitted, 0, "{expected}");
+            } else {
+                assert_eq!(refused, 0, "{fail_mode:?}, {expected}");
+            }
+            if readonly {
+                let _: () = redis::cmd("REPLICAOF")
+                    .arg(&["NO", "ONE"])
+                    .query(&mut admin)
+                    .unwrap();
+            } else {
+                std::fs::remove_dir(&taken).unwrap();
+                let _: String = redis::cmd("BGSAVE").query(&mut admin).unwrap();
+                snapshot_ended(&mut admin, "ok").await;
+            }
+            let (mode, _) =
+                timed_until_in(&inst, &mut waits, StoreMode::Shared, Duration::from_secs(3)).await;
+            assert_eq!(mode, StoreMode::Shared, "{fail_mode:?}, {expected}: back");
+            assert!(inst.check().await.is_admit());
+        }
+    }
+}
