@@ -8045,3 +8045,42 @@ async fn writes_refused_in_place_fall_back_by_fail_mode_and_come_back() {
         }
     }
 }
+
+/// A Redis Cluster whose nodes refuse the password of `cluster_nodes`: the cluster
+/// client says only `ClusterConnectionNotFound`, so the heartbeat's warning adds what
+/// a seed node answered a connection of its own, and the setting to check, without the
+/// password. (It said `No connections found - ClusterConnectionNotFound` and nothing
+/// more.)
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_cluster_refusing_the_password_is_named_in_the_warning() {
+    let _serial = one_at_a_time().await;
+    // A current-thread runtime: the store's tasks log under this thread's subscriber.
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let cluster = RedisCluster::start().await;
+    for node in &cluster.nodes {
+        let _: () = node
+            .query(&acl(&["SETUSER", "a", "on", ">pw", "~*", "&*", "+@all"]))
+            .unwrap();
+    }
+    let mut config = hand_beaten_config(&cluster, "cwrong");
+    config.servers = RedisServers::Cluster(
+        cluster.nodes[..2]
+            .iter()
+            .map(|n| format!("redis://a:wr0ng@127.0.0.1:{}", n.port))
+            .collect(),
+    );
+    let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    for _ in 0..3 {
+        assert_eq!(inst.store.beat().await, None);
+    }
+    let lines = log.lines_with("shared store unreachable");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("AuthenticationFailed")
+            && lines[0].contains("cluster_nodes")
+            && !lines[0].contains("wr0ng"),
+        "{}",
+        lines[0]
+    );
+}

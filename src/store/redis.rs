@@ -2711,7 +2711,10 @@ impl Inner {
                 return Some(n);
             }
             Ok(Err(e)) => {
-                self.unreached(&e, setting_to_check(&e));
+                match self.seeds_refusal(&e).await {
+                    Some((error, check)) => self.unreached(&error, Some(check)),
+                    None => self.unreached(&e, setting_to_check(&e)),
+                }
                 if !cured_by_reconnecting(&e) {
                     return None;
                 }
@@ -2725,6 +2728,38 @@ impl Inner {
         }
         self.conn.renew();
         self.conn.suspect(&self.instances_key);
+        None
+    }
+
+    /// On a cluster, whose client answers `ClusterConnectionNotFound` where every seed
+    /// node refused it (a wrong password among them): the first seed's refusal of a
+    /// connection of its own that names a setting ([`setting_to_check`]), with the
+    /// seed's address (not its URL, which may hold the password), for the heartbeat's
+    /// warning. Tried only when that warning is due (the last beat did not fail) and
+    /// `error` names no setting itself: one connection per seed, each within `timeout`.
+    async fn seeds_refusal(&self, error: &redis::RedisError) -> Option<(String, &'static str)> {
+        let RedisServers::Cluster(seeds) = &self.config.servers else {
+            return None;
+        };
+        if self.heard.load(Ordering::Relaxed) == UNREACHED || setting_to_check(error).is_some() {
+            return None;
+        }
+        for seed in seeds {
+            let Ok(client) = redis::Client::open(seed.as_str()) else {
+                continue;
+            };
+            let tried = tokio::time::timeout(self.config.timeout, async {
+                let mut c = client.get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<()>(&mut c).await
+            })
+            .await;
+            if let Ok(Err(e)) = tried {
+                if let Some(check) = setting_to_check(&e) {
+                    let at = client.get_connection_info().addr();
+                    return Some((format!("{error}; seed node {at}: {e}"), check));
+                }
+            }
+        }
         None
     }
 
