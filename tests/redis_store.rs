@@ -8084,3 +8084,37 @@ async fn a_cluster_refusing_the_password_is_named_in_the_warning() {
         lines[0]
     );
 }
+
+/// An ACL user refused a command the scripts run (here `TIME`), which Redis 7.0 words
+/// as `ERR The user executing the script can't run this command`, not `NOPERM`: the
+/// heartbeat's warning and the route's fall name the ACL rights to check, as for
+/// `NOPERM`. (They gave the error alone.)
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_script_command_the_acl_refuses_names_the_rights_to_check() {
+    let _serial = one_at_a_time().await;
+    // A current-thread runtime: the store's tasks log under this thread's subscriber.
+    let (log, _capturing) = captured::Captured::on_this_thread();
+    let server = RedisServer::start().await;
+    let mut admin = server.connection().unwrap();
+    let _: () = acl(&["SETUSER", "t", "on", ">pw", "~*", "&*", "+@all", "-time"])
+        .query(&mut admin)
+        .unwrap();
+    let mut config = hand_beaten_config(&server, "notime");
+    config.servers = RedisServers::Single(format!("redis://t:pw@127.0.0.1:{}", server.port));
+    let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert_eq!(inst.store.beat().await, None);
+    for _ in 0..config.failures_to_open {
+        assert!(inst.check().await.is_admit());
+    }
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+    for text in ["shared store unreachable", "route store mode changed"] {
+        let lines = log.lines_with(text);
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(
+            lines[0].contains("can't run this command") && lines[0].contains("ACL rights"),
+            "{}",
+            lines[0]
+        );
+    }
+}

@@ -2795,22 +2795,29 @@ fn cured_by_reconnecting(e: &redis::RedisError) -> bool {
 
 /// The setting an error of Redis's points at, for the warning that says it: Redis
 /// refused the credentials (`AUTH` refused, `WRONGPASS`, `NOAUTH`) or the rights
-/// (`NOPERM`) that the store's URL gives. `None` for an error no setting of the store
+/// (`NOPERM`, or a script's command refused, which Redis 7.0 words as an `ERR`) that
+/// the store's URL gives. `None` for an error no setting of the store
 /// explains (Redis away, slow, out of memory, a replica).
 fn setting_to_check(e: &redis::RedisError) -> Option<&'static str> {
     if e.kind() == ErrorKind::AuthenticationFailed {
         return Some(CHECK_CREDENTIALS);
     }
+    // Redis 7.0 words an ACL refusal inside a script as an `ERR`.
+    let refused_in_script = e
+        .detail()
+        .is_some_and(|d| d.starts_with("The user executing the script can't"));
     match e.code() {
         Some("WRONGPASS" | "NOAUTH") => Some(CHECK_CREDENTIALS),
-        Some("NOPERM") => Some(
-            "the ACL rights of the user in [store] url (or cluster_nodes): the scripts \
-             (EVALSHA, EVAL) and SETRANGE on the keys {<key_prefix>}:instances and \
-             {<key_prefix>:<route>}:*",
-        ),
+        Some("NOPERM") => Some(CHECK_RIGHTS),
+        _ if refused_in_script => Some(CHECK_RIGHTS),
         _ => None,
     }
 }
+
+/// [`setting_to_check`] for refused rights.
+const CHECK_RIGHTS: &str = "the ACL rights of the user in [store] url (or cluster_nodes): the \
+     scripts (EVALSHA, EVAL, and the commands they run) and SETRANGE on the keys \
+     {<key_prefix>}:instances and {<key_prefix>:<route>}:*";
 
 /// Why a route's calls failed, as the lines of its fall say it.
 struct Why<'a> {
