@@ -2692,6 +2692,7 @@ impl Inner {
         invocation
             .arg(self.member.as_str())
             .arg(ttl_ms(self.config.heartbeat.saturating_mul(3)));
+        let started = tokio::time::Instant::now();
         let answer = tokio::time::timeout(
             self.config.timeout,
             self.conn.invoke::<(u64, u64)>(&invocation),
@@ -2711,7 +2712,8 @@ impl Inner {
                 return Some(n);
             }
             Ok(Err(e)) => {
-                match self.seeds_refusal(&e).await {
+                let left = self.config.timeout.saturating_sub(started.elapsed());
+                match self.seeds_refusal(&e, left).await {
                     Some((error, check)) => self.unreached(&error, Some(check)),
                     None => self.unreached(&e, setting_to_check(&e)),
                 }
@@ -2732,32 +2734,46 @@ impl Inner {
     }
 
     /// On a cluster, whose client answers `ClusterConnectionNotFound` where every seed
-    /// node refused it (a wrong password among them): the first seed's refusal of a
-    /// connection of its own that names a setting ([`setting_to_check`]), with the
-    /// seed's address (not its URL, which may hold the password), for the heartbeat's
-    /// warning. Tried only when that warning is due (the last beat did not fail) and
-    /// `error` names no setting itself: one connection per seed, each within `timeout`.
-    async fn seeds_refusal(&self, error: &redis::RedisError) -> Option<(String, &'static str)> {
+    /// node refused it (a wrong password among them): a seed's refusal of a connection
+    /// of its own that names a setting ([`setting_to_check`]), with the seed's address
+    /// (not its URL, which may hold the password), for the heartbeat's warning. Tried
+    /// only when that warning is due (the last beat did not fail) and `error` names no
+    /// setting itself: one connection per seed, all at once, each closed again, and
+    /// all given up `within` (what is left of the beat's `timeout`, so that the beat,
+    /// and a leave waiting for it, stays within its bound); the first refusal to come
+    /// is taken.
+    async fn seeds_refusal(
+        &self,
+        error: &redis::RedisError,
+        within: Duration,
+    ) -> Option<(String, &'static str)> {
         let RedisServers::Cluster(seeds) = &self.config.servers else {
             return None;
         };
         if self.heard.load(Ordering::Relaxed) == UNREACHED || setting_to_check(error).is_some() {
             return None;
         }
+        let mut asked = tokio::task::JoinSet::new();
         for seed in seeds {
             let Ok(client) = redis::Client::open(seed.as_str()) else {
                 continue;
             };
-            let tried = tokio::time::timeout(self.config.timeout, async {
-                let mut c = client.get_multiplexed_async_connection().await?;
-                redis::cmd("PING").query_async::<()>(&mut c).await
-            })
-            .await;
-            if let Ok(Err(e)) = tried {
-                if let Some(check) = setting_to_check(&e) {
-                    let at = client.get_connection_info().addr();
-                    return Some((format!("{error}; seed node {at}: {e}"), check));
-                }
+            asked.spawn(async move {
+                let tried = tokio::time::timeout(within, async {
+                    let mut c = client.get_multiplexed_async_connection().await?;
+                    redis::cmd("PING").query_async::<()>(&mut c).await
+                })
+                .await;
+                let e = tried.ok()?.err()?;
+                let check = setting_to_check(&e)?;
+                let at = client.get_connection_info().addr();
+                Some((format!("seed node {at}: {e}"), check))
+            });
+        }
+        // Dropped at the first refusal, the set aborts the seeds still asked.
+        while let Some(answer) = asked.join_next().await {
+            if let Ok(Some((seed, check))) = answer {
+                return Some((format!("{error}; {seed}"), check));
             }
         }
         None

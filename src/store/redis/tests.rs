@@ -1889,3 +1889,38 @@ fn a_shared_raise_is_the_engines_over_drawn_traffic() {
     }
     assert!(compared > 5_000, "{compared} calls compared");
 }
+
+/// A cluster's heartbeat that failed with an error naming no setting asks each seed
+/// node on a connection of its own whether it refuses the credentials
+/// ([`Inner::seeds_refusal`]): three seeds that accept and never answer hold it no
+/// longer than the beat's own `timeout`, so a beat (and a leave waiting for it) stays
+/// within its bound. On tokio's paused clock, which jumps to each timeout once nothing
+/// else is ready.
+#[tokio::test(start_paused = true)]
+async fn the_seeds_asked_after_a_failed_beat_answer_within_the_beats_timeout() {
+    let silent: Vec<std::net::TcpListener> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let config = RedisConfig {
+        servers: RedisServers::Cluster(
+            silent
+                .iter()
+                .map(|l| format!("redis://127.0.0.1:{}", l.local_addr().unwrap().port()))
+                .collect(),
+        ),
+        ..RedisConfig::default()
+    };
+    let store = RedisStore::connect(&config, Arc::new(crate::clock::ManualClock::new())).unwrap();
+    let failed =
+        redis::RedisError::from((ErrorKind::ClusterConnectionNotFound, "No connections found"));
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        store.inner.seeds_refusal(&failed, config.timeout).await,
+        None
+    );
+    assert!(
+        started.elapsed() <= config.timeout,
+        "{:?} for three silent seeds",
+        started.elapsed()
+    );
+}
