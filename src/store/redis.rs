@@ -1267,13 +1267,11 @@ impl RedisStore {
                 let manager = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None)
-                    .set_min_delay(Duration::from_millis(20))
-                    .set_max_delay(config.probe_interval)
-                    // No retry within a connection attempt: the calls and the
-                    // heartbeat try again anyway, and retries (20 ms, then 40 ms and
-                    // more, apart) took a connection that Redis refused (`WRONGPASS`,
-                    // `NOAUTH`) past `timeout`, which then hid Redis's answer behind a
-                    // timeout.
+                    // No retry within a connection attempt (so no delay between
+                    // retries to set): the calls and the heartbeat try again anyway,
+                    // and retries (20 ms, then 40 ms and more, apart) took a connection
+                    // that Redis refused (`WRONGPASS`, `NOAUTH`) past `timeout`, which
+                    // then hid Redis's answer behind a timeout.
                     .set_number_of_retries(0);
                 Conn::single(client, manager).map_err(StoreError::Url)?
             }
