@@ -544,6 +544,10 @@ enum Conn {
 
 /// One server's connection, and what it takes to open a new one.
 ///
+/// A connection is opened with no retry: a call that finds it refused or dropped fails
+/// with that error at once (not a timeout), and the next call opens a new one, with no
+/// backoff in between (the breaker bounds those calls).
+///
 /// The connection manager reconnects when the connection errs, never when it merely
 /// stays silent: a connection gone dark (half-open: a NAT or load balancer that dropped
 /// the flow, a failover behind a virtual IP) errs only when the kernel gives up

@@ -1924,3 +1924,25 @@ async fn the_seeds_asked_after_a_failed_beat_answer_within_the_beats_timeout() {
         started.elapsed()
     );
 }
+
+/// One Redis that refuses connections (nothing listens: a Redis restarting): each call
+/// fails with the refusal, an I/O error, well within `timeout`, and the next call tries
+/// a new connection, which fails alike. The connection manager opens a connection with
+/// no retry: with two, 20 ms and 40 ms and more apart, the first call waited for them
+/// past `timeout` (50 ms) and counted as a timeout, not as the refusal it was.
+#[tokio::test]
+async fn a_refused_connection_fails_each_call_with_the_refusal_not_a_timeout() {
+    let store = a_store_where_nothing_listens(SyncMode::Exact);
+    let timeout = store.inner.config.timeout;
+    for call in 0..5 {
+        let answer = tokio::time::timeout(
+            timeout,
+            store.inner.conn.query::<Value>(&redis::cmd("PING")),
+        )
+        .await;
+        match answer {
+            Ok(Err(e)) => assert!(e.is_io_error(), "call {call}: {e}"),
+            other => panic!("call {call}: {other:?}"),
+        }
+    }
+}
