@@ -2834,8 +2834,9 @@ fn setting_to_check(e: &redis::RedisError) -> Option<&'static str> {
 
 /// [`setting_to_check`] for refused rights.
 const CHECK_RIGHTS: &str = "the ACL rights of the user in [store] url (or cluster_nodes): the \
-     scripts (EVALSHA, EVAL, and the commands they run) and SETRANGE on the keys \
-     {<key_prefix>}:instances and {<key_prefix>:<route>}:*";
+     scripts (EVALSHA, EVAL, and the commands they run), SETRANGE and ZREM on the keys \
+     {<key_prefix>}:instances and {<key_prefix>:<route>}:*, and on a cluster PING and \
+     CLUSTER SLOTS";
 
 /// Why a route's calls failed, as the lines of its fall say it.
 struct Why<'a> {
