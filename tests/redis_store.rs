@@ -8078,6 +8078,7 @@ async fn a_cluster_refusing_the_password_is_named_in_the_warning() {
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(
         lines[0].contains("AuthenticationFailed")
+            && lines[0].contains("seed node 127.0.0.1:")
             && lines[0].contains("cluster_nodes")
             && !lines[0].contains("wr0ng"),
         "{}",
