@@ -5,9 +5,9 @@
 //! property's `jitter`); the exact `retry_after` after such a history; extreme
 //! limits (the config's least, a nanosecond's worth of tokens, bursts at the edges
 //! the config takes); the key tables' bounds (`max_keys`, eviction only of keys at
-//! rest, one overflow limiter at the per-key limit); and a whole route's bound
-//! through its controller's cuts and restores. Failures are kept in
-//! `tests/limiter_properties.proptest-regressions`.
+//! rest, one overflow limiter at the per-key limit); and a whole route's bound and
+//! limit through its controller's cuts and restores, under surges shaped to cut it.
+//! Failures are kept in `tests/limiter_properties.proptest-regressions`.
 
 mod common;
 
@@ -15,6 +15,7 @@ use common::cases;
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch, MIN_LIMIT};
+use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key};
 use rocgate::limiter::{
     Admit, Algorithm, Concurrency, Decision, FixedWindow, LeakyBucket, Limiter, Permit,
@@ -605,83 +606,169 @@ proptest! {
     }
 }
 
-/// A load in phases, each of up to 100 requests at gaps up to a power of ten of
-/// microseconds (10 µs to 1 s), so that the rate rises and falls by orders of
-/// magnitude, read up to a drawn jitter behind true time, 1% of the steps limit
-/// changes to a limit drawn by `limit`: the jitter and the steps.
-fn phased_history(limit: BoxedStrategy<f64>) -> impl Strategy<Value = (u64, Vec<Step>)> {
-    jitter().prop_flat_map(move |jitter_ns| {
-        let phase =
-            (1u32..=6).prop_flat_map(|scale| prop::collection::vec(0..10u64.pow(scale), 1..100));
-        let late = prop_oneof![1 => Just(0u64), 1 => 0..=jitter_ns];
-        let change = prop::option::weighted(0.01, limit.clone());
-        let steps = (
-            prop::collection::vec(phase, 1..8),
-            prop::collection::vec((late, change), 700),
-        )
-            .prop_map(move |(phases, marks)| {
-                let mut t = jitter_ns;
-                phases
-                    .into_iter()
-                    .flatten()
-                    .zip(marks)
-                    .map(|(gap_us, (late, change))| {
-                        t += gap_us * 1_000;
-                        Step {
-                            read: t - late,
-                            change,
-                        }
-                    })
-                    .collect()
-            });
-        (Just(jitter_ns), steps)
-    })
-}
-
 proptest! {
     #![proptest_config(cases(64))]
 
-    /// A route limited as a whole, its controller cutting and restoring its limit at
-    /// slot rollovers (a cut limit below base, under a load that rises and falls),
-    /// its base limit updated at any instant and its callers reading the clock up to
-    /// `J` apart, admits no more than its algorithm allows one limiter at the
-    /// largest base limit it had: every change the engine makes, dated at its slot
-    /// or left behind for the next decision, clamps and never refills.
+    /// A route limited as a whole, under surges past its `danger_roc` (a step or a
+    /// ramp, each after a calm longer than its window) that cut it, and calms that
+    /// restore it, its base limit updated at any instant and its callers reading
+    /// the clock up to `J` apart: its limit stays within its cut and base limits in
+    /// force, and with `J` up to 50 ms it is back at base once the load has been
+    /// calm long enough for the restore (reads a good part of a half window apart
+    /// move calm arrivals between its halves, which can read as a rise past
+    /// `safe_roc` for as long as they go on); and it admits no more than its
+    /// algorithm allows one limiter at the largest base limit it had: every change
+    /// the engine makes, dated at its slot or left behind for the next decision,
+    /// clamps and never refills.
     #[test]
     fn a_route_holds_its_bound_through_cuts_updates_and_late_reads(
         algorithm in key_algorithm(),
         first in 1.0f64..50.0,
         cut in 0.1f64..1.0,
-        (jitter, steps) in phased_history((1.0f64..50.0).boxed()),
+        jitter in jitter(),
+        late in prop::collection::vec(0.0f64..=1.0, 64),
+        load in surges(),
+        changes in prop::collection::vec((0.0f64..1.0, 1.0f64..50.0), 0..3),
     ) {
-        let mut cfg = RouteConfig::new("r", RouteMatch::any());
-        cfg.algorithm = algorithm;
-        // Cuts at a rise of 5 req/s between the halves of a 1 s window, restored a
-        // tenth of base per 200 ms.
-        cfg.window = WindowSpec::new(Duration::from_secs(1), Duration::from_millis(50)).unwrap();
-        let c = &mut cfg.controller;
-        (c.danger_roc, c.safe_roc, c.min_rps) = (5.0, 1.0, 1.0);
-        (c.hold, c.min_dwell) = (Duration::from_millis(500), Duration::from_millis(200));
-        (c.restore_step_rps, c.restore_interval) = (first / 10.0, Duration::from_millis(200));
-        c.base_limit_rps = first;
-        c.cut_limit_rps = first * cut;
+        let cfg = surging_route("r", algorithm, first, cut);
         let mut params = cfg.controller.clone();
         let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
         let id = e.route_at(0).unwrap();
+        let reads = surge_reads(&load);
+        let end = *reads.last().unwrap();
+        let mut changes: Vec<(u64, f64)> = changes
+            .into_iter()
+            .map(|(at, limit)| ((at * end as f64) as u64, limit))
+            .collect();
+        changes.sort_by_key(|&(at, _)| at);
+        let mut changes = changes.into_iter().peekable();
         let mut most = first;
+        // A change of the route's parameters holds off cuts for a window.
+        let mut changed = false;
         let mut admitted = Admitted::default();
-        for s in steps {
-            let now = Nanos::new(s.read);
-            if let Some(limit) = s.change {
+        for (i, &t) in reads.iter().enumerate() {
+            let read = t + jitter - (late[i % late.len()] * jitter as f64) as u64;
+            while let Some((at, limit)) = changes.next_if(|&(at, _)| at <= t) {
                 params.base_limit_rps = limit;
                 params.cut_limit_rps = limit * cut;
-                e.update_route(id, params.clone(), now).unwrap();
+                params.restore_step_rps = limit / 10.0;
+                e.update_route(id, params.clone(), Nanos::new(at + jitter)).unwrap();
                 most = most.max(limit);
-                continue;
+                changed = true;
             }
-            let d = e.check(id, Key::None, now);
-            admitted.push(s.read, &d);
+            let d = e.check(id, Key::None, Nanos::new(read));
+            admitted.push(read, &d);
+            let s = e.route_snapshot(id, Nanos::new(read)).unwrap();
+            prop_assert_eq!((s.base_limit_rps, s.cut_limit_rps), (params.base_limit_rps, params.cut_limit_rps));
+            prop_assert!(
+                params.cut_limit_rps <= s.limit_rps && s.limit_rps <= params.base_limit_rps,
+                "a limit of {} in {:?}, cut {} and base {}",
+                s.limit_rps, s.state, params.cut_limit_rps, params.base_limit_rps
+            );
+        }
+        let s = e.route_snapshot(id, Nanos::new(end + jitter)).unwrap();
+        prop_assert!(s.cuts > 0 || changed, "the load never cut the route");
+        if jitter <= 50_000_000 {
+            prop_assert_eq!(s.state, ControllerState::Normal);
+            prop_assert_eq!(s.limit_rps, params.base_limit_rps);
         }
         admitted.bounded(algorithm, most, jitter)?;
     }
+}
+
+/// One surge of a load: `calm` req/s for `calm_s` seconds, then a step to `peak`
+/// req/s (or a ramp to it over the first half of the surge) held `peak_s` seconds.
+#[derive(Clone, Copy, Debug)]
+struct Surge {
+    calm: f64,
+    calm_s: f64,
+    peak: f64,
+    ramp: bool,
+    peak_s: f64,
+}
+
+/// Up to three surges, each after a calm longer than the 1 s window of
+/// [`surging_route`], each rising from under 10 req/s to over 100 for 0.4 s or more:
+/// at least 25 arrivals more in the later half of the window than in the earlier (a
+/// ramp's 10 or more over its 0.2 s and 20 over 0.2 s at its height, less the calm's
+/// 5), a rise of 50 req/s, over twice its `danger_roc`.
+fn surges() -> impl Strategy<Value = Vec<Surge>> {
+    let surge = (
+        1.0f64..10.0,
+        1.5f64..6.0,
+        100.0f64..400.0,
+        any::<bool>(),
+        0.4f64..2.0,
+    )
+        .prop_map(|(calm, calm_s, peak, ramp, peak_s)| Surge {
+            calm,
+            calm_s,
+            peak,
+            ramp,
+            peak_s,
+        });
+    prop::collection::vec(surge, 1..4)
+}
+
+/// How long the calm after the last surge lasts, seconds: past the restore of
+/// [`surging_route`] (its window, `hold`, ten steps and `min_dwell`, 3.7 s), with
+/// room to spare.
+const TAIL_S: f64 = 8.0;
+
+/// The reads of `surges` one after another and a calm of [`TAIL_S`] at the last
+/// calm rate, in ns from 0: each a gap its rate's after the one before, wiggled by up
+/// to half of it (a golden-ratio sequence, the same for every case); on a ramp, the
+/// n-th arrival where the ramp's rate, rising linearly, has brought n (give or take
+/// the wiggle) since it began.
+fn surge_reads(surges: &[Surge]) -> Vec<u64> {
+    let mut reads: Vec<u64> = Vec::new();
+    let wiggle = |n: usize| (n as f64 * 0.618_033_988_75).fract() - 0.5;
+    let mut t = 0.0f64;
+    let steady = |reads: &mut Vec<u64>, t: &mut f64, rate: f64, for_s: f64| {
+        let until = *t + for_s;
+        while *t < until {
+            *t += (1.0 + wiggle(reads.len())) / rate;
+            reads.push((*t * 1e9) as u64);
+        }
+    };
+    for s in surges {
+        steady(&mut reads, &mut t, s.calm, s.calm_s);
+        let (start, end) = (t, t + s.peak_s);
+        if s.ramp {
+            // From `calm` to `peak` over half the surge: by τ into it, `calm × τ +
+            // slope × τ² / 2` arrivals.
+            let slope = (s.peak - s.calm) / (s.peak_s / 2.0);
+            let mut n = 0.0;
+            while t < start + s.peak_s / 2.0 {
+                n += 1.0;
+                let arrivals = n + wiggle(reads.len());
+                let tau = ((s.calm * s.calm + 2.0 * slope * arrivals).sqrt() - s.calm) / slope;
+                t = start + tau;
+                reads.push((t * 1e9) as u64);
+            }
+        }
+        let left = end - t;
+        steady(&mut reads, &mut t, s.peak, left);
+    }
+    let last = surges.last().map_or(1.0, |s| s.calm);
+    steady(&mut reads, &mut t, last, TAIL_S);
+    reads
+}
+
+/// A route of `algorithm` whose controller cuts at a rise of 20 req/s between the
+/// halves of a 1 s window (slots of 50 ms), 5 arrivals in the later, reads calm
+/// under 10 req/s (a calm load's arrivals, wiggled, falling 2 or 3 more in one half
+/// than the other, read 4 to 6), holds 500 ms, and restores a tenth of
+/// `base` every 200 ms, at `base` req/s cut to `base × cut`.
+fn surging_route(name: &str, algorithm: Algorithm, base: f64, cut: f64) -> RouteConfig {
+    let mut cfg = RouteConfig::new(name, RouteMatch::any());
+    cfg.algorithm = algorithm;
+    cfg.window = WindowSpec::new(Duration::from_secs(1), Duration::from_millis(50)).unwrap();
+    let c = &mut cfg.controller;
+    (c.danger_roc, c.safe_roc, c.min_rps, c.min_samples) = (20.0, 10.0, 1.0, 5);
+    (c.hold, c.min_dwell) = (Duration::from_millis(500), Duration::from_millis(200));
+    (c.restore_step_rps, c.restore_interval) = (base / 10.0, Duration::from_millis(200));
+    c.base_limit_rps = base;
+    c.cut_limit_rps = base * cut;
+    cfg
 }
