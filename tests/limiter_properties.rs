@@ -5,20 +5,25 @@
 //! property's `jitter`); the exact `retry_after` after such a history; extreme
 //! limits (the config's least, a nanosecond's worth of tokens, bursts at the edges
 //! the config takes); the key tables' bounds (`max_keys`, eviction only of keys at
-//! rest, one overflow limiter at the per-key limit); and a whole route's bound and
-//! limit through its controller's cuts and restores, under surges shaped to cut it.
-//! Failures are kept in `tests/limiter_properties.proptest-regressions`.
+//! rest, one overflow limiter at the per-key limit); a whole route's bound and limit
+//! through its controller's cuts and restores, under surges shaped to cut it; and a
+//! partitioned route's `route_limit` (its keys' total, each key's and each tier's
+//! own bound) through cuts, runtime changes, events with a total of their own and
+//! changes of the fleet's share, with its refusals' exact `retry_after`. Failures
+//! are kept in `tests/limiter_properties.proptest-regressions`.
 
 mod common;
 
 use common::cases;
 use proptest::prelude::*;
 use rocgate::clock::Nanos;
-use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch, MIN_LIMIT};
+use rocgate::config::{
+    Config, Event, KeyLimits, Partition, RouteConfig, RouteMatch, Tier, MIN_LIMIT,
+};
 use rocgate::controller::ControllerState;
-use rocgate::engine::{Engine, Key};
+use rocgate::engine::{Engine, Key, RouteSnapshot};
 use rocgate::limiter::{
-    Admit, Algorithm, Concurrency, Decision, FixedWindow, LeakyBucket, Limiter, Permit,
+    Admit, Algorithm, Concurrency, Decision, FixedWindow, LeakyBucket, Limiter, Permit, Reason,
     SlidingWindowCounter, TokenBucket, MAX_SPACED_RATE,
 };
 use rocgate::window::WindowSpec;
@@ -659,7 +664,10 @@ proptest! {
             let d = e.check(id, Key::None, Nanos::new(read));
             admitted.push(read, &d);
             let s = e.route_snapshot(id, Nanos::new(read)).unwrap();
-            prop_assert_eq!((s.base_limit_rps, s.cut_limit_rps), (params.base_limit_rps, params.cut_limit_rps));
+            prop_assert_eq!(
+                (s.base_limit_rps, s.cut_limit_rps),
+                (params.base_limit_rps, params.cut_limit_rps)
+            );
             prop_assert!(
                 params.cut_limit_rps <= s.limit_rps && s.limit_rps <= params.base_limit_rps,
                 "a limit of {} in {:?}, cut {} and base {}",
@@ -771,4 +779,251 @@ fn surging_route(name: &str, algorithm: Algorithm, base: f64, cut: f64) -> Route
     c.base_limit_rps = base;
     c.cut_limit_rps = base * cut;
     cfg
+}
+
+/// The burst of a route's `route_limit`: the route's `burst`, or a window counter's
+/// window.
+fn total_burst(algorithm: Algorithm) -> Duration {
+    match algorithm {
+        Algorithm::TokenBucket { burst } => burst,
+        Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => window,
+        _ => Duration::from_secs(1),
+    }
+}
+
+/// A change made while a load runs, at a fraction of its length: the route's own
+/// base and cut limits (`Engine::update_route`, the cut a fraction of the base), or
+/// the instances the total is shared by (`Engine::set_route_limit_share`).
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Limits(f64, f64),
+    Share(u64),
+}
+
+/// A [`Change`] and when, a fraction of the load's length.
+fn change() -> impl Strategy<Value = (f64, Change)> {
+    let kind = prop_oneof![
+        ((1.0f64..50.0), (0.1f64..=1.0)).prop_map(|(b, c)| Change::Limits(b, c)),
+        (1u64..5).prop_map(Change::Share),
+    ];
+    (0.0f64..1.0, kind)
+}
+
+/// A scheduled event: its start after the previous one's end and its length,
+/// seconds, its base limit, its cut as a fraction of it, and its own `route_limit`.
+fn events() -> impl Strategy<Value = Vec<(f64, f64, f64, f64, f64)>> {
+    prop::collection::vec(
+        (
+            0.0f64..10.0,
+            0.5f64..8.0,
+            1.0f64..50.0,
+            0.1f64..=1.0,
+            2.0f64..100.0,
+        ),
+        0..3,
+    )
+}
+
+/// The rate algorithms a `route_limit` takes, with the burst its total takes: a
+/// token bucket's drawn, or a window counter's window of 10 s.
+fn total_algorithm() -> impl Strategy<Value = Algorithm> {
+    let window = Duration::from_secs(10);
+    prop_oneof![
+        4 => (1u64..3_000).prop_map(|ms| Algorithm::TokenBucket {
+            burst: Duration::from_millis(ms)
+        }),
+        1 => Just(Algorithm::FixedWindow { window }),
+        1 => Just(Algorithm::SlidingWindow { window }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    /// A partitioned route's `route_limit`, under surges that cut the route and calms
+    /// that restore it, runtime changes of the keys' limits (`Engine::update_route`),
+    /// scheduled events that set their own total, and changes of the instances it is
+    /// shared by (`Engine::set_route_limit_share`) at any instant, admits in every
+    /// interval [a, b] at most the capacity of the largest total configured (the
+    /// route's or an event's: a cut and a fleet's share only lower it) plus its rate
+    /// × (b − a), plus one (README: the total is a token bucket at `route_limit` with
+    /// the route's burst, scaled by a cut and shared by a fleet, each a limit change,
+    /// "tokens clamped, never refilled": lowered then raised, no fresh burst); no
+    /// change of the limits or the share leaves the total more tokens than it had
+    /// just before; each key admits no more than its own limiter at the largest base
+    /// limit it had, and each key of a tier no more than one at the tier's base limit
+    /// (the tier's limit follows the cut between its own cut and base limits).
+    #[test]
+    fn a_route_limit_holds_its_bound_through_cuts_events_and_share_changes(
+        algorithm in total_algorithm(),
+        base in 1.0f64..50.0,
+        cut in 0.1f64..=1.0,
+        own_total in 2.0f64..100.0,
+        tier in prop::option::of((1.0f64..100.0, 0.1f64..=1.0)),
+        keys in 2u32..8,
+        load in surges(),
+        changes in prop::collection::vec(change(), 0..6),
+        planned in events(),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 64),
+    ) {
+        let mut cfg = surging_route("keyed", algorithm, base, cut);
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        cfg.route_limit_rps = Some(own_total);
+        // Keys 0 and 1 are the tier's, if there is one.
+        if let Some((tier_base, tier_cut)) = tier {
+            let values = ["10.0.0.0", "10.0.0.1"];
+            cfg.tiers = vec![Tier::new("partner", values, tier_base, tier_base * tier_cut)];
+        }
+        let (mut most_base, mut most_total) = (base, own_total);
+        let mut start = 0.0;
+        for (i, &(after, length, event_base, event_cut, event_total)) in
+            planned.iter().enumerate()
+        {
+            start += after;
+            let mut p = cfg.controller.clone();
+            p.base_limit_rps = event_base;
+            p.cut_limit_rps = event_base * event_cut;
+            p.restore_step_rps = event_base / 10.0;
+            let mut event = Event::new(
+                format!("event{i}"),
+                SystemTime::UNIX_EPOCH + Duration::from_secs_f64(start),
+                Duration::from_secs_f64(length),
+                p,
+            );
+            event.route_limit_rps = Some(event_total);
+            cfg.events.push(event);
+            (most_base, most_total) = (most_base.max(event_base), most_total.max(event_total));
+            start += length;
+        }
+        let mut params = cfg.controller.clone();
+        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        let reads = surge_reads(&load);
+        let end = *reads.last().unwrap() as f64;
+        let mut changes: Vec<(u64, Change)> =
+            changes.into_iter().map(|(at, c)| ((at * end) as u64, c)).collect();
+        changes.sort_by_key(|&(at, _)| at);
+        let mut changes = changes.into_iter().peekable();
+        let mut own: Vec<Admitted> = (0..keys).map(|_| Admitted::default()).collect();
+        let mut all = Vec::new();
+        // A change of the route's parameters holds off cuts for a window.
+        let mut changed = false;
+        for (i, &read) in reads.iter().enumerate() {
+            while let Some((at, change)) = changes.next_if(|&(at, _)| at <= read) {
+                let at = Nanos::new(at);
+                // The silence before the change stepped first, as the change steps
+                // it: a restore step in it raises the total from its own slot.
+                e.catch_up(id, at);
+                let before = e.route_snapshot(id, at).unwrap().route_limit.unwrap();
+                match change {
+                    Change::Limits(b, c) => {
+                        params.base_limit_rps = b;
+                        params.cut_limit_rps = b * c;
+                        params.restore_step_rps = b / 10.0;
+                        e.update_route(id, params.clone(), at).unwrap();
+                        most_base = most_base.max(b);
+                        changed = true;
+                    }
+                    Change::Share(n) => e.set_route_limit_share(n, at),
+                }
+                // Clamped, never refilled: no more tokens than before the change.
+                let after = e.route_snapshot(id, at).unwrap().route_limit.unwrap();
+                prop_assert!(
+                    after.level.value <= before.level.value + 1e-9,
+                    "{change:?} took the total from {:?} to {:?}", before, after
+                );
+            }
+            let k = picks[i % picks.len()].index(keys as usize);
+            let d = e.check(id, ip(k as u32), Nanos::new(read));
+            if d.is_admit() {
+                all.push(read);
+            }
+            own[k].push(read, &d);
+        }
+        let cuts = e.route_snapshot(id, Nanos::new(end as u64)).unwrap().cuts;
+        prop_assert!(cuts > 0 || changed, "the load never cut the route");
+        let burst = total_burst(algorithm);
+        within_rate(&mut all, capacity(most_total, burst), kept_rate(most_total))?;
+        for (k, key) in own.iter_mut().enumerate() {
+            match tier {
+                Some((tier_base, _)) if k < 2 => key.bounded(algorithm, tier_base, 0)?,
+                _ => key.bounded(algorithm, most_base, 0)?,
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    /// A refusal by a partitioned route's `route_limit` with the reason `limit` (out
+    /// of a cut), after surges that cut and restore the route, tells exactly when to
+    /// come back (README: "told to wait for the later of the total's next token and
+    /// its key's … exactly"): the key's request read `retry_after` later is admitted,
+    /// if nothing else came meanwhile; on a token bucket, whose waits are one clock's
+    /// arithmetic, one read a nanosecond sooner is refused (a window counter admits
+    /// within its float tolerance of the time: tests/route_limit.rs,
+    /// `a_refusal_by_the_total_waits_for_the_keys_own_token_too`). The `skip`-th such
+    /// refusal is the one retried, on two engines run alike, unless the limit changed
+    /// by then (a cut the surge brings, or its restore).
+    #[test]
+    fn a_refusal_by_the_route_limit_tells_exactly_when_to_come_back(
+        algorithm in total_algorithm(),
+        base in 1.0f64..50.0,
+        cut in 0.1f64..=1.0,
+        own_total in 0.5f64..20.0,
+        keys in 2u32..8,
+        load in surges(),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 64),
+        skip in 0usize..4,
+    ) {
+        let mut cfg = surging_route("keyed", algorithm, base, cut);
+        cfg.partition = Partition::ClientIp(KeyLimits::default());
+        cfg.route_limit_rps = Some(own_total);
+        let config = Config::new(vec![cfg]);
+        let reads = surge_reads(&load);
+        // The engine, run up to the `skip`-th refusal by the total with `limit`: its
+        // read, key and wait.
+        let refused = || {
+            let e = Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+            let id = e.route_at(0).unwrap();
+            let (mut by_total, mut seen) = (0, 0);
+            for (i, &read) in reads.iter().enumerate() {
+                let k = picks[i % picks.len()].index(keys as usize) as u32;
+                let now = Nanos::new(read);
+                let Decision::Reject(r) = e.check(id, ip(k), now) else { continue };
+                let rejected = e.route_snapshot(id, now).unwrap().route_limit.unwrap().rejected;
+                if rejected == by_total {
+                    continue;
+                }
+                by_total = rejected;
+                if r.reason == Reason::Limit {
+                    if seen == skip {
+                        return Some((e, id, now, k, r.retry_after));
+                    }
+                    seen += 1;
+                }
+            }
+            None
+        };
+        let Some((e, id, now, k, wait)) = refused() else {
+            return Ok(());
+        };
+        prop_assert!(wait > Duration::ZERO);
+        let limits = |s: RouteSnapshot| (s.limit_rps, s.route_limit.unwrap().limit_rps);
+        let before = limits(e.route_snapshot(id, now).unwrap());
+        let admitted = e.check(id, ip(k), now + wait).is_admit();
+        // A cut the surge brings meanwhile changes the limit: no promise then.
+        if limits(e.route_snapshot(id, now + wait).unwrap()) != before {
+            return Ok(());
+        }
+        prop_assert!(admitted, "refused at {now:?} + {wait:?}");
+        if matches!(algorithm, Algorithm::TokenBucket { .. }) {
+            let (e, id, ..) = refused().unwrap();
+            prop_assert!(
+                !e.check(id, ip(k), now + wait - Duration::from_nanos(1)).is_admit(),
+                "admitted before {now:?} + {wait:?}"
+            );
+        }
+    }
 }
