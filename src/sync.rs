@@ -33,7 +33,8 @@ pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 ///
 /// The concurrency limiter pairs a `SeqCst` write of one word with a `SeqCst` read of
 /// another on both sides (a ticket counts itself in `waiting`, then reads
-/// `in_flight`; a release writes `in_flight`, then reads `waiting`): C11 forbids both
+/// `in_flight`; a release writes `in_flight`, then reads `waiting` and the limit,
+/// which a change writes before reading `in_flight`): C11 forbids both
 /// reads to miss the other side's write, so one of them sees the other. Loom models
 /// `SeqCst` accesses as `AcqRel` only (its README, "Unsupported features"), under
 /// which both may miss, and reports a lost wake-up that cannot happen. It does model

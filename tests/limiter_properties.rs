@@ -4,13 +4,15 @@
 //! any instant and callers whose clock reads run up to `J` behind one another (the
 //! property's `jitter`); the exact `retry_after` after such a history; extreme
 //! limits (the config's least, a nanosecond's worth of tokens, bursts at the edges
-//! the config takes); the key tables' bounds (`max_keys`, eviction only of keys at
-//! rest, one overflow limiter at the per-key limit); a whole route's bound and limit
-//! through its controller's cuts and restores, under surges shaped to cut it; and a
-//! partitioned route's `route_limit` (its keys' total, each key's and each tier's
-//! own bound) through cuts, runtime changes, events with a total of their own and
-//! changes of the fleet's share, with its refusals' exact `retry_after`. Failures
-//! are kept in `tests/limiter_properties.proptest-regressions`.
+//! the config takes); a concurrency queue's order and its permits under the limit
+//! through releases, tickets given up and limit changes; the key tables' bounds
+//! (`max_keys`, eviction only of keys at rest, one overflow limiter at the per-key
+//! limit); a whole route's bound and limit through its controller's cuts and
+//! restores, under surges shaped to cut it; and a partitioned route's `route_limit`
+//! (its keys' total, each key's and each tier's own bound) through cuts, runtime
+//! changes, events with a total of their own and changes of the fleet's share, with
+//! its refusals' exact `retry_after`. Failures are kept in
+//! `tests/limiter_properties.proptest-regressions`.
 
 mod common;
 
@@ -24,10 +26,15 @@ use rocgate::controller::ControllerState;
 use rocgate::engine::{Engine, Key, RouteSnapshot};
 use rocgate::limiter::{
     Admit, Algorithm, Concurrency, Decision, FixedWindow, LeakyBucket, Limiter, Permit, Reason,
-    SlidingWindowCounter, TokenBucket, MAX_SPACED_RATE,
+    SlidingWindowCounter, Ticket, TokenBucket, MAX_SPACED_RATE,
 };
 use rocgate::window::WindowSpec;
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, SystemTime};
 
 /// One step of a history: the caller's clock read (true time less its jitter), and
@@ -1024,6 +1031,140 @@ proptest! {
                 !e.check(id, ip(k), now + wait - Duration::from_nanos(1)).is_admit(),
                 "admitted before {now:?} + {wait:?}"
             );
+        }
+    }
+}
+
+/// A queued ticket's waker: sets its flag when the ticket is woken.
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, AtomicOrdering::SeqCst);
+    }
+}
+
+/// One step of a concurrency limiter's history: a request, a release of one of the
+/// permits held, a queued request giving up its ticket, or a limit change.
+#[derive(Clone, Debug)]
+enum Flight {
+    Request,
+    Release(prop::sample::Index),
+    GiveUp(prop::sample::Index),
+    Limit(f64),
+}
+
+/// The tickets waiting, oldest first: each with its number, its waker's flag and
+/// whether it has been polled.
+type Tickets = Vec<(usize, Pin<Box<Ticket>>, Arc<Flag>, bool)>;
+
+/// Polls, oldest first, the tickets new or woken, until none is, as a runtime runs
+/// the tasks woken: each granted must be the oldest waiting, and take no permit past
+/// `limit`.
+fn poll_woken(
+    tickets: &mut Tickets,
+    held: &mut Vec<Permit>,
+    limit: usize,
+) -> Result<(), TestCaseError> {
+    while let Some(i) = tickets
+        .iter()
+        .position(|(_, _, flag, polled)| !polled || flag.0.swap(false, AtomicOrdering::SeqCst))
+    {
+        let (n, ticket, flag, polled) = &mut tickets[i];
+        *polled = true;
+        let waker = Waker::from(Arc::clone(flag));
+        if let Poll::Ready(p) = ticket.as_mut().poll(&mut Context::from_waker(&waker)) {
+            let (n, oldest) = (*n, tickets[0].0);
+            prop_assert!(
+                held.len() < limit,
+                "ticket {n} granted with {} held, limit {limit}",
+                held.len()
+            );
+            prop_assert_eq!(i, 0, "ticket {} granted before {}", n, oldest);
+            held.push(p);
+            tickets.remove(i);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// A concurrency limiter with a queue, its tickets polled as a runtime polls them
+    /// (once when queued, then whenever woken, oldest first: after a step, or after
+    /// some more requests, releases and tickets given up, before a limit change),
+    /// through releases in any order, tickets given up and limit changes: it never
+    /// grants a permit that takes those held past the limit in force; a request is
+    /// queued only while fewer than `queue` wait, refused `queue_full` only when
+    /// `queue` do, and takes a permit at once only when none waits (a permit freed for
+    /// a ticket not yet polled is the ticket's); queued requests are granted in
+    /// arrival order, each as a permit comes free for it (README: "woken in arrival
+    /// order, one per freed permit; a limit raised … wakes as many as it frees
+    /// permits for"): none waits, once the woken are polled, while a permit under the
+    /// limit is free; and a ticket given up frees its place (`waiting` counts the
+    /// tickets held).
+    #[test]
+    fn a_concurrency_queue_grants_in_order_under_its_limit_through_changes(
+        first in 0.0f64..6.0,
+        queue in 1u32..6,
+        steps in prop::collection::vec(
+            (
+                prop_oneof![
+                    4 => Just(Flight::Request),
+                    3 => any::<prop::sample::Index>().prop_map(Flight::Release),
+                    1 => any::<prop::sample::Index>().prop_map(Flight::GiveUp),
+                    1 => (0.0f64..6.0).prop_map(Flight::Limit),
+                ],
+                prop::bool::weighted(0.75),
+            ),
+            1..300,
+        ),
+    ) {
+        let permits = |limit: f64| limit.floor() as usize;
+        let c = Concurrency::new(first, queue);
+        let mut limit = permits(first);
+        let mut held: Vec<Permit> = Vec::new();
+        let mut tickets: Tickets = Vec::new();
+        let mut queued = 0;
+        for (step, poll) in steps {
+            match step {
+                Flight::Request => match c.check(Nanos::ZERO) {
+                    Decision::Admit(Admit::Held(p)) => {
+                        prop_assert!(tickets.is_empty(), "a permit taken past {} waiting", tickets.len());
+                        prop_assert!(held.len() < limit, "granted with {} held, limit {limit}", held.len());
+                        held.push(p);
+                    }
+                    Decision::Admit(Admit::Queued(t)) => {
+                        prop_assert!(tickets.len() < queue as usize, "queued behind {} of {queue}", tickets.len());
+                        tickets.push((queued, Box::pin(t), Arc::new(Flag(AtomicBool::new(false))), false));
+                        queued += 1;
+                    }
+                    Decision::Reject(r) => {
+                        prop_assert_eq!(r.reason, Reason::QueueFull);
+                        prop_assert_eq!(tickets.len(), queue as usize);
+                    }
+                    Decision::Admit(other) => prop_assert!(false, "{other:?}"),
+                },
+                Flight::Release(i) if !held.is_empty() => drop(held.remove(i.index(held.len()))),
+                Flight::GiveUp(i) if !tickets.is_empty() => drop(tickets.remove(i.index(tickets.len()))),
+                Flight::Release(_) | Flight::GiveUp(_) => {}
+                Flight::Limit(l) => {
+                    // The woken run before the change.
+                    poll_woken(&mut tickets, &mut held, limit)?;
+                    c.set_limit(l);
+                    limit = permits(l);
+                }
+            }
+            if poll {
+                poll_woken(&mut tickets, &mut held, limit)?;
+                prop_assert!(
+                    tickets.is_empty() || held.len() >= limit,
+                    "{} waiting with {} held, limit {limit}", tickets.len(), held.len()
+                );
+            }
+            prop_assert_eq!(c.level().value as usize, held.len());
+            prop_assert_eq!(c.waiting() as usize, tickets.len());
         }
     }
 }

@@ -93,8 +93,10 @@ pub const CONCURRENCY_RETRY_MAX: Duration = Duration::from_secs(60);
 // `in_flight` and `waiting` are read and written in sequentially consistent order: a
 // ticket counts itself in `waiting` before it tries for a permit, a release frees its
 // permit before it reads `waiting`, so either the ticket sees the permit free or the
-// release sees the ticket waiting and notifies. (On x86 this costs nothing: the
-// writes are locked instructions anyway.)
+// release sees the ticket waiting and notifies. So are `in_flight` and `limit`: a
+// release frees its permit before it reads the limit (it notifies only under it),
+// `set_limit` writes the limit before it reads `in_flight`. (On x86 this costs
+// nothing: the writes are locked instructions anyway.)
 impl ConcurrencyShared {
     fn try_acquire(&self) -> bool {
         let limit = self.limit.load(Ordering::SeqCst);
@@ -353,8 +355,18 @@ impl Drop for Permit {
     #[inline(never)]
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-            shared.notify_waiting(1);
+            let left = shared.in_flight.fetch_sub(1, Ordering::SeqCst) - 1;
+            // Only a release that leaves those in flight under the limit frees a
+            // permit for a queued ticket: one over a lowered limit wakes none, which
+            // would find no permit and wait again at the back of the line, behind
+            // those queued after it. The limit is read after the write that frees the
+            // permit, as `set_limit` reads `in_flight` after writing the limit (see
+            // `seq_cst_fence_under_loom`): a raise racing a release sees the permit
+            // freed, or the release sees the raise.
+            crate::sync::seq_cst_fence_under_loom();
+            if left < shared.limit.load(Ordering::SeqCst) {
+                shared.notify_waiting(1);
+            }
             // After the permit is free: its clock read does not delay the next holder.
             if let Some(clock) = &self.clock {
                 shared.time_hold(self.granted, clock);
