@@ -13,6 +13,9 @@ mod captured;
 #[cfg(feature = "proxy")]
 #[path = "common/http1.rs"]
 mod http1;
+#[cfg(feature = "cli")]
+#[path = "common/serve.rs"]
+mod serve;
 
 use rocgate::clock::{Clock, ManualClock, MonotonicClock, Nanos};
 use rocgate::config::{Config, RouteConfig, RouteMatch};
@@ -8118,4 +8121,154 @@ async fn a_script_command_the_acl_refuses_names_the_rights_to_check() {
             lines[0]
         );
     }
+}
+
+/// A config file of the partitioned route `keyed` (every path, 1,000 req/s per key,
+/// keyed by `partition`) whose keys together hold `route_limit` req/s with a burst of
+/// `burst`, on the Redis at `url`, its keys under `prefix`, a heartbeat every
+/// `heartbeat`; `more` is appended (each line ending in a newline).
+fn keyed_total_file(
+    url: &str,
+    prefix: &str,
+    partition: &str,
+    route_limit: f64,
+    burst: &str,
+    heartbeat: &str,
+    more: &str,
+) -> String {
+    redis_file(
+        "keyed",
+        &format!(
+            "path_prefix = \"/\"\npartition = \"{partition}\"\nbase_limit = 1000\n\
+             cut_limit = 200\nroute_limit = {route_limit}\nburst = \"{burst}\""
+        ),
+        url,
+        prefix,
+        &format!("heartbeat = \"{heartbeat}\"\n{more}"),
+    )
+}
+
+/// `route_limit` of `GET /admin/routes/keyed` on the admin API at `admin`.
+#[cfg(feature = "proxy")]
+async fn keyed_total(admin: std::net::SocketAddr) -> serde_json::Value {
+    let mut conn = http1::connect(admin).await;
+    let route: serde_json::Value =
+        serde_json::from_str(&get(&mut conn, "/admin/routes/keyed").await).unwrap();
+    route["route_limit"].clone()
+}
+
+/// Waits (5 s at most) until the admin API at `admin` shows `keyed` holding `limit`
+/// req/s of its total.
+#[cfg(feature = "proxy")]
+async fn until_keyed_holds(admin: std::net::SocketAddr, limit: f64) {
+    let mut seen = serde_json::Value::Null;
+    for _ in 0..250 {
+        seen = keyed_total(admin).await;
+        if seen["limit_rps"] == limit {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{admin} never held {limit}: {seen}");
+}
+
+/// `rocgate serve` as a child process (killed by PID on drop) on free loopback ports,
+/// in front of `upstream`, serving the config file `config`: the child, its admin
+/// address as it logs it, and its log lines after that one (kept read, so that the
+/// child never blocks on a full pipe).
+#[cfg(feature = "cli")]
+fn serve_process(
+    config: &std::path::Path,
+    upstream: std::net::SocketAddr,
+) -> (
+    serve::Reap,
+    std::net::SocketAddr,
+    std::sync::mpsc::Receiver<String>,
+) {
+    let mut child = serve::Reap::spawn(
+        Command::new(env!("CARGO_BIN_EXE_rocgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--config")
+            .arg(config)
+            .args(["--upstream", &format!("http://{upstream}")])
+            .env("RUST_LOG", "info"),
+    );
+    let lines = serve::log_lines(child.0.stderr.take().unwrap());
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("serve logs its admin address");
+        if let Some(admin) = serve::field(&line, "admin=") {
+            return (child, admin, lines);
+        }
+    }
+}
+
+/// Two `rocgate serve` processes sharing a partitioned route's `route_limit` of 100
+/// (a heartbeat every 200 ms) each hold 50 once their heartbeats count two; the one
+/// killed by its PID (`SIGKILL`: no leave) keeps counting until its last beat expires,
+/// 3 × 200 ms after it, so the other holds 50 for at least 400 ms after the kill (its
+/// last beat was at most 200 ms before), then the whole 100, bucket too. A stop
+/// (`SIGTERM`, which leaves) gives it back at the other's next beat instead (about
+/// 200 ms; this test fails on one), once the other is past its first three beats, in
+/// which a count may only rise.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_serve_process_gives_its_share_back_once_its_beats_expire() {
+    let server = RedisServer::start().await;
+    let (upstream, upstream_task) = start_ok_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rocgate.toml");
+    let file = keyed_total_file(
+        &server.url(),
+        "serve-killed",
+        "ip",
+        100.0,
+        "1s",
+        "200ms",
+        "",
+    );
+    std::fs::write(&path, file).unwrap();
+    let (_a, a, _a_log) = serve_process(&path, upstream);
+    let (mut b, b_admin, _b_log) = serve_process(&path, upstream);
+    until_keyed_holds(a, 50.0).await;
+    until_keyed_holds(b_admin, 50.0).await;
+    // The admin API over a connection of its own, as any client reads it.
+    let req = http::Request::get("/admin/routes/keyed")
+        .header("host", "admin")
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+        .unwrap();
+    let (status, text) = serve::status_and_text(serve::send(a, req).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let route: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(route["route_limit"]["configured_rps"], 100.0, "{route}");
+    assert_eq!(route["route_limit"]["capacity"], 50.0, "{route}");
+    // Past a's first three beats, in which its count may rise but not fall (a leave
+    // would be seen at their end too, not told from a kill).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(keyed_total(a).await["limit_rps"], 50.0);
+
+    b.0.kill().unwrap();
+    let killed = tokio::time::Instant::now();
+    b.0.wait().unwrap();
+    let risen = loop {
+        let total = keyed_total(a).await;
+        if total["limit_rps"] == 100.0 {
+            assert_eq!(total["capacity"], 100.0, "{total}");
+            break killed.elapsed();
+        }
+        assert_eq!(total["limit_rps"], 50.0, "{total}");
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the share never rose: {total}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        risen >= Duration::from_millis(350),
+        "rose {risen:?} after the kill, before the killed one's last beat expired"
+    );
+    upstream_task.abort();
 }
