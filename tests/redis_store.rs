@@ -8403,7 +8403,7 @@ async fn a_reload_rebuilding_a_shared_total_holds_the_share_from_its_first_reque
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     stream.await.unwrap();
 
-    let answers = answers.lock().unwrap();
+    let answers = std::mem::take(&mut *answers.lock().unwrap());
     let drained = answers.iter().position(|x| x.status == 429).unwrap();
     for x in &answers[drained..] {
         let stated = x.policy_rps;
@@ -8428,7 +8428,6 @@ async fn a_reload_rebuilding_a_shared_total_holds_the_share_from_its_first_reque
         (20..=bound).contains(&admitted),
         "{admitted} admitted over {stretch:?} from the drain, of a bucket of 20"
     );
-    drop(answers);
     let total = keyed_total(a.admin).await;
     assert_eq!(
         (
