@@ -534,6 +534,49 @@ fn route_names_and_paths() {
         "t.toml",
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    // Another router's syntax in a parameter's name: a catch-all (axum's `{*rest}`) or
+    // a pattern (actix's and gorilla/mux's `{id:[0-9]+}`) was taken as a name, the
+    // parameter matching any one segment: `/files/a/b` missed the route, `/items/abc`
+    // took it. (helper-258)
+    refused(
+        "[[routes]]\nname = \"a\"\npath = \"/files/{*rest}\"\n",
+        "routes[0].path",
+        "invalid template \"/files/{*rest}\": {*rest} is no catch-all (a parameter takes \
+         one segment): to take every path under \"/files/\", write path_prefix = \"/files/\"",
+    );
+    refused(
+        "[[routes]]\nname = \"a\"\npath = \"/{*}\"\n",
+        "routes[0].path",
+        "{*} is no catch-all (a parameter takes one segment): to take every path under \
+         \"/\", write path_prefix = \"/\"",
+    );
+    refused(
+        "[[routes]]\nname = \"a\"\npath = \"/u/{user}/files/{*rest}\"\n",
+        "routes[0].path",
+        "{*rest} is no catch-all (a parameter takes one segment), and path_prefix takes no \
+         parameter",
+    );
+    for (path, name) in [
+        ("/items/{id:[0-9]+}", "id:[0-9]+"),
+        ("/items/{:id}", ":id"),
+        ("/items/{id+}", "id+"),
+        ("/items/{a.b}", "a.b"),
+    ] {
+        refused(
+            &format!("[[routes]]\nname = \"a\"\npath = \"{path}\"\n"),
+            "routes[0].path",
+            &format!(
+                "invalid template {path:?}: the parameter name {name:?} holds more than \
+                 letters, digits, _ and -: a parameter takes any one segment, with no \
+                 pattern or option"
+            ),
+        );
+    }
+    Config::from_toml_str(
+        "[[routes]]\nname = \"a\"\npath = \"/a/{item_id}/b/{item-ref}/{thé}\"\n",
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     refused(
         "[[routes]]\nname = \"a\"\nmethod = \"PO ST\"\npath = \"/a\"\n",
         "routes[0].method",

@@ -1534,6 +1534,79 @@ fn repeated_param(segments: &[Segment]) -> Option<&str> {
     })
 }
 
+/// A parameter of a template written in another router's syntax, which this one would
+/// take as a name and match any one segment with.
+enum ForeignParam<'a> {
+    /// A catch-all (`{*rest}`, as axum and matchit write it), at this segment.
+    CatchAll(usize, &'a str),
+    /// A name holding more than letters, digits, `_` and `-`: a pattern or an option
+    /// (`{id:[0-9]+}` of actix and gorilla/mux, `{:id}`, `{id?}`).
+    Pattern(&'a str),
+}
+
+impl ForeignParam<'_> {
+    /// The problem, for the template written `path` whose segments are `segments`.
+    fn message(&self, path: &str, segments: &[Segment]) -> String {
+        match self {
+            ForeignParam::CatchAll(at, name) => {
+                let mut prefix = String::from("/");
+                for segment in &segments[..*at] {
+                    match segment {
+                        Segment::Literal(l) => prefix.push_str(l),
+                        Segment::Param(_) => {
+                            return format!(
+                                "invalid template {:?}: {{{}}} is no catch-all (a parameter takes \
+                                 one segment), and path_prefix takes no parameter: list the \
+                                 routes, or take a literal prefix with path_prefix",
+                                quoted(path),
+                                quoted(name)
+                            );
+                        }
+                    }
+                    prefix.push('/');
+                }
+                format!(
+                    "invalid template {:?}: {{{}}} is no catch-all (a parameter takes one segment): \
+                     to take every path under {:?}, write path_prefix = {:?}",
+                    quoted(path),
+                    quoted(name),
+                    quoted(&prefix),
+                    quoted(&prefix)
+                )
+            }
+            ForeignParam::Pattern(name) => format!(
+                "invalid template {:?}: the parameter name {:?} holds more than letters, digits, _ \
+                 and -: a parameter takes any one segment, with no pattern or option",
+                quoted(path),
+                quoted(name)
+            ),
+        }
+    }
+}
+
+/// The first parameter of a template named as another router writes a catch-all or a
+/// pattern: taken as a name, it matched any one segment, so that `/files/{*rest}` missed
+/// `/files/a/b` and `/items/{id:[0-9]+}` took `/items/abc`. A name is letters (any
+/// script), digits, `_` and `-`.
+fn foreign_param(segments: &[Segment]) -> Option<ForeignParam<'_>> {
+    segments
+        .iter()
+        .enumerate()
+        .find_map(|(at, segment)| match segment {
+            Segment::Param(name) if name.starts_with('*') => {
+                Some(ForeignParam::CatchAll(at, name.as_str()))
+            }
+            Segment::Param(name)
+                if !name
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-') =>
+            {
+                Some(ForeignParam::Pattern(name.as_str()))
+            }
+            _ => None,
+        })
+}
+
 /// `path` with each character that is not printable ASCII percent-encoded (its UTF-8
 /// bytes, upper-case hex), as clients send it, or `None` if it has none. A template's
 /// `{param}` segment is a name, never sent, and is kept as written.
@@ -1676,18 +1749,24 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
                 p.at(at.path("path"), message);
                 None
             }
-            Some(PathPattern::Template(segments)) => match repeated_param(&segments) {
-                Some(name) => {
-                    let message = format!(
-                        "invalid template {:?}: the parameter {{{}}} is named twice; give each its own name",
-                        quoted(path),
-                        quoted(name)
-                    );
-                    p.at(at.path("path"), message);
-                    None
+            Some(PathPattern::Template(segments)) => {
+                match (foreign_param(&segments), repeated_param(&segments)) {
+                    (Some(problem), _) => {
+                        p.at(at.path("path"), problem.message(path, &segments));
+                        None
+                    }
+                    (None, Some(name)) => {
+                        let message = format!(
+                            "invalid template {:?}: the parameter {{{}}} is named twice; give each its own name",
+                            quoted(path),
+                            quoted(name)
+                        );
+                        p.at(at.path("path"), message);
+                        None
+                    }
+                    (None, None) => Some(PathPattern::Template(segments)),
                 }
-                None => Some(PathPattern::Template(segments)),
-            },
+            }
             pattern => pattern,
         },
         (Some(_), None) => None,
