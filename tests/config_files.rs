@@ -3195,3 +3195,54 @@ fn route_limit_is_a_partitioned_routes_total() {
     assert_eq!(c.routes[0].route_limit_rps, Some(500.0));
     assert!(matches!(c.store, rocgate::store::StoreConfig::Redis(_)));
 }
+
+/// A query field the Redis client does not read is refused, not ignored: a database
+/// written as `?db=5` on a `redis://` URL (which reads it from the path only) ran on
+/// database 0, sharing it with whatever else uses it; `?password=` sent none.
+/// (helper-258)
+#[cfg(feature = "redis")]
+#[test]
+fn a_redis_url_query_the_client_does_not_read_is_refused() {
+    use redis::IntoConnectionInfo as _;
+    let redis = |extra: &str| route(&format!("[store]\nbackend = \"redis\"\n{extra}"));
+    for (url, says) in [
+        (
+            "redis://cache:6379?db=5",
+            "the query field \"db\" is not read by the Redis client on a redis:// URL: \
+             it reads protocol alone there, the database from the path (redis://host:port/5)",
+        ),
+        (
+            "redis://cache:6379/2?password=secret",
+            "the query field \"password\" is not read by the Redis client on a redis:// URL",
+        ),
+        (
+            "unix:///run/redis.sock?database=2",
+            "the query field \"database\" is not read by the Redis client on a unix socket's \
+             URL: it reads db, user, pass and protocol",
+        ),
+    ] {
+        // The client takes it, and leaves the field unread: database 0, no password.
+        let info = url
+            .into_connection_info()
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(
+            info.redis_settings().db(),
+            if url.contains("/2") { 2 } else { 0 }
+        );
+        assert_eq!(info.redis_settings().password(), None, "{url}");
+        refused(&redis(&format!("url = {url:?}")), "store.url", says);
+    }
+    refused(
+        &redis("cluster_nodes = [\"redis://a:7000\", \"redis://b:7000?db=1\"]"),
+        "store.cluster_nodes[1]",
+        "the query field \"db\" is not read by the Redis client on a redis:// URL",
+    );
+    // What the client reads stays taken.
+    for url in [
+        "redis://cache:6379/?protocol=resp3",
+        "unix:///run/redis.sock?db=2&user=u&pass=p&protocol=3",
+    ] {
+        Config::from_toml_str(&redis(&format!("url = {url:?}")), "store.toml")
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+}

@@ -2935,6 +2935,26 @@ fn read_redis_url(t: &str) -> Result<RedisUrl, String> {
         e => format!("is not a URL the Redis client reads ({e})"),
     })?;
     let query: std::collections::HashMap<_, _> = u.query_pairs().collect();
+    // The client ignores any other field: `?db=5` on a redis:// URL ran on database 0.
+    let (read, reads, place) = if u.scheme() == "redis" {
+        (
+            &["protocol"][..],
+            "protocol alone there, the database from the path (redis://host:port/5)",
+            "a redis:// URL",
+        )
+    } else {
+        (
+            &["db", "user", "pass", "protocol"][..],
+            "db, user, pass and protocol",
+            "a unix socket's URL",
+        )
+    };
+    if let Some((field, _)) = u.query_pairs().find(|(k, _)| !read.contains(&k.as_ref())) {
+        return Err(format!(
+            "the query field {:?} is not read by the Redis client on {place}: it reads {reads}",
+            quoted(&field)
+        ));
+    }
     let resp = match query.get("protocol").map(|p| p.as_ref()) {
         None | Some("2" | "resp2") => 2,
         Some("3" | "resp3") => 3,
