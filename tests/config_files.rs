@@ -3246,3 +3246,44 @@ fn a_redis_url_query_the_client_does_not_read_is_refused() {
             .unwrap_or_else(|e| panic!("{url}: {e}"));
     }
 }
+
+/// A network written with an address inside it (`10.0.0.5/24`, as `ip addr` prints an
+/// interface's) is refused, naming both readings: it was taken as the whole network,
+/// `10.0.0.0/24`, so that copying the proxy's line believed every peer of its subnet.
+/// (helper-258)
+#[test]
+fn a_trusted_network_with_host_bits_is_refused() {
+    for (field, written, network, address) in [
+        ("trusted_proxies", "10.0.0.5/24", "10.0.0.0/24", "10.0.0.5"),
+        (
+            "trusted_proxies",
+            "2001:db8::7/64",
+            "2001:db8::/64",
+            "2001:db8::7",
+        ),
+        (
+            "proxy_protocol_from",
+            "192.168.1.9/16",
+            "192.168.0.0/16",
+            "192.168.1.9",
+        ),
+    ] {
+        let text = route(&format!(
+            "[server]\nproxy_protocol = \"v1\"\n{field} = [\"10.1.1.1\", \"{written}\"]"
+        ));
+        refused(
+            &text,
+            &format!("server.{field}[1]"),
+            &format!(
+                "{written:?} has bits set past its prefix: write {network:?} for the \
+                 network, or {address:?} for the one address"
+            ),
+        );
+    }
+    let c = Config::from_toml_str(
+        &route("[server]\ntrusted_proxies = [\"10.0.0.0/24\", \"10.1.1.1/32\", \"::/0\", \"10.2.2.2\"]"),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.trusted_proxies.len(), 4);
+}

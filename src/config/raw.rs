@@ -2461,17 +2461,30 @@ pub(super) fn host_and_port(authority: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// A trusted proxy network: a CIDR (`10.0.0.0/8`) or one address.
+/// A trusted proxy network: a CIDR (`10.0.0.0/8`) or one address. A CIDR with bits
+/// set past its prefix (`10.0.0.5/24`, as `ip addr` prints an interface's address) is
+/// refused: it was taken as its whole network, every peer of the proxy's subnet
+/// believed, where one address may have been meant.
 fn network(text: &str) -> Result<ipnet::IpNet, String> {
     let t = text.trim();
-    t.parse::<ipnet::IpNet>()
+    let net = t
+        .parse::<ipnet::IpNet>()
         .or_else(|_| t.parse::<IpAddr>().map(ipnet::IpNet::from))
         .map_err(|_| {
             format!(
                 "must be a network such as \"10.0.0.0/8\" or an IP address, got {:?}",
                 quoted(text)
             )
-        })
+        })?;
+    if net.addr() != net.network() {
+        return Err(format!(
+            "{:?} has bits set past its prefix: write {:?} for the network, or {:?} for the one address",
+            quoted(t),
+            net.trunc().to_string(),
+            net.addr().to_string()
+        ));
+    }
+    Ok(net)
 }
 
 /// The largest `server.max_connections` (and per client) and
