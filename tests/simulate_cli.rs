@@ -602,6 +602,29 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
         &out,
         "summary.json: exists and is no directory, where the output files go",
     );
+    // A symbolic link that leads nowhere (its target missing, or a loop) is named as
+    // such: it was "cannot create the output directory: File exists". (helper-258)
+    let dangling = out_dir.join("dangling");
+    std::os::unix::fs::symlink(out_dir.join("no-such-dir"), &dangling).unwrap();
+    let looped = out_dir.join("looped");
+    std::os::unix::fs::symlink(&looped, &looped).unwrap();
+    for (link, to) in [
+        (&dangling, out_dir.join("no-such-dir")),
+        (&looped, looped.clone()),
+    ] {
+        let out = simulate_to(link, &["--scenario", "steady"]);
+        let says = refused_saying(
+            &out,
+            &format!(
+                "{}: is a symbolic link to {}, which leads to no directory (its target \
+                 is missing, or the links loop)",
+                link.display(),
+                to.display()
+            ),
+        );
+        assert!(!says.contains("File exists"), "{says}");
+        assert!(out.stdout.is_empty(), "nothing ran");
+    }
 }
 
 #[test]

@@ -223,6 +223,17 @@ impl Outputs {
                 shown(dir)
             )));
         }
+        // A link that leads nowhere: `create_dir_all` says "File exists" of it.
+        if !dir.exists() {
+            if let Ok(to) = fs::read_link(dir) {
+                return Err(bad_input(format!(
+                    "{}: is a symbolic link to {}, which leads to no directory (its target \
+                     is missing, or the links loop)",
+                    shown(dir),
+                    shown(&to)
+                )));
+            }
+        }
         let created = CreatedDir((!dir.exists()).then(|| dir.to_owned()));
         fs::create_dir_all(dir).map_err(|e| {
             bad_input(format!(
