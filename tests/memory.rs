@@ -749,3 +749,29 @@ fn a_simulated_hour_keeps_the_keys_refused_per_interval() {
     assert!(row <= 192, "a row of {row} B");
     assert!(per_slot < row as f64 + 10.0, "{per_slot} B a slot");
 }
+
+/// A profile line of many fields is refused without holding a slice per field: one
+/// line of 1 MiB of commas (the 32 MiB a profile may hold is 32 of them) held 16 B
+/// of `&str` per comma, 16 MiB, in a vector that grew by doubling (a 30 MB line took
+/// 786 MB resident to say `found 30000001 field(s)`). (helper-258)
+#[test]
+fn a_profile_line_of_many_fields_is_refused_in_bounded_memory() {
+    use rocgate::sim::Profile;
+    const COMMAS: usize = 1 << 20;
+    let text = format!("0,5\n{}\n10,5\n", ",".repeat(COMMAS));
+    let mut result = None;
+    let parse = measure(|| result = Some(Profile::parse_csv(&text)));
+    let message = result.expect("parsed").unwrap_err().to_string();
+    assert_eq!(
+        message,
+        format!(
+            "line 2: expected `t_seconds,rate`, found {} field(s)",
+            COMMAS + 1
+        )
+    );
+    assert!(
+        parse.bytes_max < 64 * 1024,
+        "{} B at the peak of parsing a line of {COMMAS} commas",
+        parse.bytes_max
+    );
+}

@@ -176,10 +176,12 @@ impl Profile {
             if content.is_empty() {
                 continue;
             }
-            let fields: Vec<&str> = content.split(',').map(str::trim).collect();
+            // Read as they come, not collected: a line of a million commas held 16 B a
+            // field.
+            let fields = || content.split(',').map(str::trim);
             // Judged inside quotes: `"0","40"` is a point written wrong, not a header.
             let is_header = !seen_content
-                && fields.iter().all(|f| {
+                && fields().all(|f| {
                     let f = f.trim_start_matches(['"', '\'']);
                     f.parse::<f64>().is_err()
                         && !f.starts_with(|c: char| c.is_ascii_digit() || "+-.".contains(c))
@@ -188,19 +190,22 @@ impl Profile {
             if is_header {
                 // Read by position, a header `rate,t_seconds` had its points read
                 // swapped ("all its points are at t = 40").
-                let first = fields[0].to_ascii_lowercase();
-                if fields.len() == 2 && (first.starts_with("rate") || first.starts_with("rps")) {
+                let mut header = fields();
+                let written = header.next().unwrap_or_default();
+                let first = written.to_ascii_lowercase();
+                if header.count() == 1 && (first.starts_with("rate") || first.starts_with("rps")) {
                     return Err(ProfileError::SwappedHeader {
                         line,
-                        first: fields[0].to_owned(),
+                        first: written.to_owned(),
                     });
                 }
                 continue;
             }
-            let [t, rate] = fields[..] else {
+            let mut point = fields();
+            let (Some(t), Some(rate), None) = (point.next(), point.next(), point.next()) else {
                 return Err(ProfileError::Fields {
                     line,
-                    fields: fields.len(),
+                    fields: fields().count(),
                 });
             };
             points.push((
