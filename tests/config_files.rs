@@ -1120,6 +1120,30 @@ fn syntax_errors_carry_the_position() {
         "line 2, column 14",
         "invalid basic string",
     );
+    // A key of 100 parts (more than 80), which the parser refuses without a position: it was
+    // `bad.toml: recursion limit`, the file named and no line. (helper-258)
+    let deep = vec!["a"; 100].join(".");
+    for (text, line) in [
+        (format!("{ORDER}\n# a comment\n{deep} = 1\nb = 2\n"), 6),
+        (format!("[{deep}]\nb = 1\n{ORDER}"), 1),
+        (format!("{ORDER}base_limit = 5\nx = {{ {deep} = 1 }}\n"), 5),
+        (format!("{ORDER}{} = 1\n", vec!["a"; 81].join(".")), 4),
+    ] {
+        assert_eq!(
+            problems(&text),
+            [format!(
+                "line {line}: recursion limit: a key of more than 80 parts (a.b.c…, a table's \
+                 header too) is more than the TOML parser reads"
+            )],
+            "{text}"
+        );
+    }
+    // 80 parts are read: the key is then unknown, at its place.
+    refused(
+        &format!("{}.a = 1\n{ORDER}", vec!["x"; 79].join(".")),
+        "x",
+        "unknown field `x`",
+    );
 }
 
 /// A number TOML reads but 64 bits cannot hold is named with its field and position

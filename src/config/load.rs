@@ -747,9 +747,51 @@ fn syntax_problem(text: &str, error: &config::ConfigError) -> Problem {
     };
     let message = e.message().lines().collect::<Vec<_>>().join("; ");
     let Some(span) = e.span() else {
-        return Problem::new("", message);
+        // A key of more than 80 parts is refused with no position: it was the file
+        // alone, "recursion limit".
+        return match first_line_refused(text, e.message()) {
+            Some(line) if e.message() == "recursion limit" => Problem::new(
+                format!("line {line}"),
+                format!(
+                    "{message}: a key of more than 80 parts (a.b.c…, a table's header too) \
+                     is more than the TOML parser reads"
+                ),
+            ),
+            Some(line) => Problem::new(format!("line {line}"), message),
+            None => Problem::new("", message),
+        };
     };
     Problem::new(position(text, span.start), message)
+}
+
+/// The first line of `text` by which the TOML parser refuses it with `message` and no
+/// position: the fewest leading lines it refuses so (a key once read stays refused
+/// whatever follows it), found by bisection, a parse each step.
+fn first_line_refused(text: &str, message: &str) -> Option<usize> {
+    let ends: Vec<usize> = text
+        .match_indices('\n')
+        .map(|(at, _)| at + 1)
+        .chain((!text.ends_with('\n')).then_some(text.len()))
+        .collect();
+    let refused = |lines: usize| {
+        toml::de::DeTable::parse_recoverable(&text[..ends[lines - 1]])
+            .1
+            .iter()
+            .any(|e| e.span().is_none() && e.message() == message)
+    };
+    if ends.is_empty() || !refused(ends.len()) {
+        return None;
+    }
+    let (mut fine, mut refusing) = (0, ends.len());
+    while refusing - fine > 1 {
+        let mid = fine + (refusing - fine) / 2;
+        if refused(mid) {
+            refusing = mid;
+        } else {
+            fine = mid;
+        }
+    }
+    Some(refusing)
 }
 
 /// `line L, column C` of the byte offset `at` in `text`.
