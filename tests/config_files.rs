@@ -3261,14 +3261,40 @@ fn a_redis_url_query_the_client_does_not_read_is_refused() {
         "store.cluster_nodes[1]",
         "the query field \"db\" is not read by the Redis client on a redis:// URL",
     );
-    // What the client reads stays taken.
+    // What the client reads stays taken: a deployment that ran must still load. A
+    // field's name percent-encoded (the client decodes it), the user and password in
+    // the userinfo, an empty query or empty pairs, a scheme in capitals, an IPv6 host,
+    // both socket schemes. (helper-266, review)
     for url in [
         "redis://cache:6379/?protocol=resp3",
         "unix:///run/redis.sock?db=2&user=u&pass=p&protocol=3",
+        "redis+unix:///run/redis.sock?user=u&pass=p%26q&db=1",
+        "redis://:p%40ss@cache:6379/3?protocol=resp3",
+        "redis://user:pw@cache/?%70rotocol=3",
+        "REDIS://cache:6379/?protocol=2",
+        "redis://cache/?",
+        "redis://cache/?&protocol=3&",
+        "redis://[::1]:6379/0?protocol=resp2",
+        "redis://cache:6379/#fragment",
     ] {
+        let info = url
+            .into_connection_info()
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
         Config::from_toml_str(&redis(&format!("url = {url:?}")), "store.toml")
             .unwrap_or_else(|e| panic!("{url}: {e}"));
+        if url.contains("rotocol=3") || url.contains("resp3") {
+            assert_eq!(
+                info.redis_settings().protocol(),
+                redis::ProtocolVersion::RESP3,
+                "{url}"
+            );
+        }
     }
+    Config::from_toml_str(
+        &redis(r#"cluster_nodes = ["redis://u:p@a:7000/?protocol=3", "redis://u:p@b:7000/0?protocol=resp3"]"#),
+        "store.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A network written with an address inside it (`10.0.0.5/24`, as `ip addr` prints an
