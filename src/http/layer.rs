@@ -548,7 +548,9 @@ impl AdmissionLayerBuilder {
 
     /// Proxies whose client IP header is believed, in place of those given before (by
     /// [`AdmissionLayer::builder`], the config's); not consulted while
-    /// [`trusted_hops`](Self::trusted_hops) is above 0.
+    /// [`trusted_hops`](Self::trusted_hops) is above 0. A network is taken whole:
+    /// `10.0.0.5/24` trusts all of `10.0.0.0/24` (a config file refuses it, naming
+    /// both readings; here no check is made).
     pub fn trusted_proxies(mut self, networks: Vec<IpNet>) -> Self {
         self.trusted = networks;
         self
