@@ -608,11 +608,15 @@ fn a_directory_where_an_output_goes_is_refused_before_the_run() {
     std::os::unix::fs::symlink(out_dir.join("no-such-dir"), &dangling).unwrap();
     let looped = out_dir.join("looped");
     std::os::unix::fs::symlink(&looped, &looped).unwrap();
-    for (link, to) in [
-        (&dangling, out_dir.join("no-such-dir")),
-        (&looped, looped.clone()),
+    // So is one on the way to it (`--out dangling/run`), which was "File exists" too.
+    // (helper-266, review)
+    for (at, link, to) in [
+        (dangling.clone(), &dangling, out_dir.join("no-such-dir")),
+        (looped.clone(), &looped, looped.clone()),
+        (dangling.join("run"), &dangling, out_dir.join("no-such-dir")),
+        (looped.join("a").join("b"), &looped, looped.clone()),
     ] {
-        let out = simulate_to(link, &["--scenario", "steady"]);
+        let out = simulate_to(&at, &["--scenario", "steady"]);
         let says = refused_saying(
             &out,
             &format!(

@@ -223,16 +223,19 @@ impl Outputs {
                 shown(dir)
             )));
         }
-        // A link that leads nowhere: `create_dir_all` says "File exists" of it.
-        if !dir.exists() {
-            if let Ok(to) = fs::read_link(dir) {
-                return Err(bad_input(format!(
-                    "{}: is a symbolic link to {}, which leads to no directory (its target \
-                     is missing, or the links loop)",
-                    shown(dir),
-                    shown(&to)
-                )));
-            }
+        // A link that leads nowhere, the directory or one on the way to it
+        // (`dangling/run`): `create_dir_all` says "File exists" of it.
+        let dangling = dir
+            .ancestors()
+            .take_while(|at| !at.as_os_str().is_empty() && !at.exists())
+            .find_map(|at| fs::read_link(at).ok().map(|to| (at, to)));
+        if let Some((link, to)) = dangling {
+            return Err(bad_input(format!(
+                "{}: is a symbolic link to {}, which leads to no directory (its target \
+                 is missing, or the links loop)",
+                shown(link),
+                shown(&to)
+            )));
         }
         let created = CreatedDir((!dir.exists()).then(|| dir.to_owned()));
         fs::create_dir_all(dir).map_err(|e| {
