@@ -766,23 +766,25 @@ fn syntax_problem(text: &str, error: &config::ConfigError) -> Problem {
 
 /// The first line of `text` by which the TOML parser refuses it with `message` and no
 /// position: the fewest leading lines it refuses so (a key once read stays refused
-/// whatever follows it), found by bisection, a parse each step.
+/// whatever follows it), found by bisection, a parse each step. Each step finds the end
+/// of its lines afresh, a scan cheaper than its parse: a vector of every line's end
+/// held 8 B a line, 15.7 MB beside the parse of a file of 1 MiB of blank lines.
 fn first_line_refused(text: &str, message: &str) -> Option<usize> {
-    let ends: Vec<usize> = text
-        .match_indices('\n')
-        .map(|(at, _)| at + 1)
-        .chain((!text.ends_with('\n')).then_some(text.len()))
-        .collect();
+    let lines = text.split_inclusive('\n').count();
     let refused = |lines: usize| {
-        toml::de::DeTable::parse_recoverable(&text[..ends[lines - 1]])
+        let end = text
+            .match_indices('\n')
+            .nth(lines - 1)
+            .map_or(text.len(), |(at, _)| at + 1);
+        toml::de::DeTable::parse_recoverable(&text[..end])
             .1
             .iter()
             .any(|e| e.span().is_none() && e.message() == message)
     };
-    if ends.is_empty() || !refused(ends.len()) {
+    if lines == 0 || !refused(lines) {
         return None;
     }
-    let (mut fine, mut refusing) = (0, ends.len());
+    let (mut fine, mut refusing) = (0, lines);
     while refusing - fine > 1 {
         let mid = fine + (refusing - fine) / 2;
         if refused(mid) {
