@@ -226,6 +226,56 @@ async fn unmatched_requests_pass_and_matched_path_keys_by_template() {
     }
 }
 
+/// Keyed by axum's `MatchedPath`, a catch-all route (`/files/{*rest}`) is taken by the
+/// `path_prefix` the config's refusal of `path = "/files/{*rest}"` names, as every path
+/// under it is: its one bucket holds `/files/a` and `/files/a/b` alike. A config that
+/// wrote the template itself matched this `MatchedPath` text, and is now refused.
+/// (helper-266, review)
+#[tokio::test]
+async fn under_matched_path_a_catch_all_is_taken_by_the_prefix_its_refusal_names() {
+    let refused = Config::new(vec![route(
+        "files",
+        RouteMatch::exact("GET", "/files/{*rest}"),
+        1.0,
+    )])
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refused.contains("write path_prefix = \"/files/\""),
+        "{refused}"
+    );
+    let mut files = route("files", RouteMatch::prefix("/files/"), 1.0);
+    files.controller.cut_limit_rps = 1.0;
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let engine = Engine::new(
+        &Config::new(vec![files]),
+        clock.now(),
+        SystemTime::UNIX_EPOCH,
+    )
+    .unwrap();
+    let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
+        .route_key(RouteKey::MatchedPath)
+        .build();
+    let app = Router::new()
+        .route("/files/{*rest}", get(|| async { "file" }))
+        .layer(l);
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    assert_eq!(
+        app.clone().oneshot(get("/files/a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.clone()
+            .oneshot(get("/files/a/b"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the route's one bucket, spent"
+    );
+}
+
 /// A layer keyed by `MatchedPath` outside the router limits nothing (no request carries
 /// axum's `MatchedPath` there): it says so, once, after 100 requests without one. Inside
 /// the router, requests no route takes (which carry none either) do not make it say so.
