@@ -10,7 +10,8 @@
 //!   exact path matches with or without one) if a route has it;
 //! - templates, in a trie of segments, literal or parameter (a parameter takes any
 //!   non-empty segment), walked by the request's segments down every branch that
-//!   matches.
+//!   matches; a template that ends in a catch-all (`{*rest}`) is held by the node of
+//!   the segments before it, and taken there if the rest of the path is not empty.
 //!
 //! Of the routes whose path matches, the one taken is the lowest in config order whose
 //! method matches too: the same route as trying every matcher in config order, first
@@ -18,7 +19,9 @@
 //! it, not with the table. Both tries are flat arrays: the index costs a route about
 //! a hundred bytes (tests/memory.rs).
 
-use crate::config::{without_trailing_slash, PathPattern, RouteMatch, Segment};
+use crate::config::{
+    without_trailing_empty, without_trailing_slash, PathPattern, RouteMatch, Segment, TemplatePath,
+};
 
 /// A run of a flat array: `len` items from `start`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -303,6 +306,9 @@ struct SegmentNode {
     param: Option<usize>,
     /// The routes whose template ends here.
     routes: Vec<usize>,
+    /// The routes whose template ends here in a catch-all: they take the rest of the
+    /// path, if it is not empty.
+    catch_all: Vec<usize>,
 }
 
 /// Path templates segment by segment, as built (then flattened into [`Segments`]).
@@ -324,19 +330,24 @@ impl Default for SegmentTrie {
 impl SegmentTrie {
     fn insert(&mut self, segments: &[Segment], route: usize) {
         // A trailing slash is no segment, as for a template's match.
-        let segments = match segments.split_last() {
-            Some((Segment::Literal(l), rest)) if l.is_empty() && !rest.is_empty() => rest,
-            _ => segments,
-        };
+        let segments = without_trailing_empty(segments);
         let mut at = 0;
-        for segment in segments {
+        for (i, segment) in segments.iter().enumerate() {
             let next = match segment {
                 Segment::Literal(l) => self.nodes[at]
                     .literals
                     .iter()
                     .find(|(s, _)| s == l)
                     .map(|&(_, next)| next),
-                Segment::Param(_) => self.nodes[at].param,
+                // Last, it takes the rest of the path from this node; elsewhere, the
+                // template matches no path.
+                Segment::CatchAll(_) => {
+                    if i + 1 == segments.len() {
+                        self.nodes[at].catch_all.push(route);
+                    }
+                    return;
+                }
+                _ => self.nodes[at].param,
             };
             at = match next {
                 Some(next) => next,
@@ -345,7 +356,7 @@ impl SegmentTrie {
                     self.nodes.push(SegmentNode::default());
                     match segment {
                         Segment::Literal(l) => self.nodes[at].literals.push((l.clone(), next)),
-                        Segment::Param(_) => self.nodes[at].param = Some(next),
+                        _ => self.nodes[at].param = Some(next),
                     }
                     next
                 }
@@ -375,6 +386,8 @@ struct SegmentsNode {
     param: Option<usize>,
     /// The routes whose template ends here, in [`Segments::routes`].
     routes: Span,
+    /// The routes whose template ends here in a catch-all, in [`Segments::routes`].
+    catch_all: Span,
     /// The lowest route here or below (`usize::MAX` if none): a route found before it
     /// needs no walk down here.
     lowest: usize,
@@ -441,7 +454,14 @@ impl Segments {
                 },
                 param: node.param,
                 routes: Span::push(&mut flat.routes, &node.routes),
-                lowest: node.routes.iter().copied().min().unwrap_or(usize::MAX),
+                catch_all: Span::push(&mut flat.routes, &node.catch_all),
+                lowest: node
+                    .routes
+                    .iter()
+                    .chain(&node.catch_all)
+                    .copied()
+                    .min()
+                    .unwrap_or(usize::MAX),
             });
         }
         // Children come after their parents: the last nodes' lowest are whole first.
@@ -473,31 +493,37 @@ impl Segments {
         {
             return;
         }
-        let parts = without_trailing_slash(path)
-            .trim_start_matches('/')
-            .split('/');
-        self.walk(0, parts, best);
+        let path = TemplatePath::new(path);
+        self.walk(0, Some(path.segments()), &path, best);
     }
 
-    fn walk(&self, at: usize, mut parts: std::str::Split<'_, char>, best: &mut First<'_>) {
+    /// Walks down from node `at` with the segments `rest` (`None` once every one is
+    /// read) of `path`.
+    fn walk(&self, at: usize, rest: Option<&str>, path: &TemplatePath<'_>, best: &mut First<'_>) {
         let node = &self.nodes[at];
         if best.route <= node.lowest {
             return;
         }
-        let Some(part) = parts.next() else {
+        let Some(rest) = rest else {
             best.consider(node.routes.of(&self.routes));
             return;
         };
-        let part = part.as_bytes();
+        if node.catch_all.len > 0 && path.catches(rest) {
+            best.consider(node.catch_all.of(&self.routes));
+        }
+        let (part, next) = match rest.split_once('/') {
+            Some((part, next)) => (part.as_bytes(), Some(next)),
+            None => (rest.as_bytes(), None),
+        };
         let k = key(part);
         let literals = node.literals.of(&self.literals);
         let found =
             literals.binary_search_by(|l| literal_order(l.key, l.text.of(&self.text), k, part));
         if let Ok(i) = found {
-            self.walk(literals[i].node, parts.clone(), best);
+            self.walk(literals[i].node, next, path, best);
         }
-        if let Some(next) = node.param.filter(|_| !part.is_empty()) {
-            self.walk(next, parts, best);
+        if let Some(param) = node.param.filter(|_| !part.is_empty()) {
+            self.walk(param, next, path, best);
         }
     }
 }

@@ -534,49 +534,88 @@ fn route_names_and_paths() {
         "t.toml",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    // Another router's syntax in a parameter's name: a catch-all (axum's `{*rest}`) or
-    // a pattern (actix's and gorilla/mux's `{id:[0-9]+}`) was taken as a name, the
-    // parameter matching any one segment: `/files/a/b` missed the route, `/items/abc`
-    // took it. (helper-258)
+    // A catch-all (axum's `{*rest}`), last, takes the rest of the path, as axum's
+    // router does: `/files/a/b` too, where it matched one segment (and, refused, it
+    // broke a layer keyed by axum's `MatchedPath`, where it matched the template's own
+    // text). Not an empty rest: `/files/` and `/files` are no path it takes, as for
+    // matchit. (helper-268)
+    let c = Config::from_toml_str(
+        "[[routes]]\nname = \"a\"\npath = \"/files/{*rest}\"\n\
+         [[routes]]\nname = \"b\"\npath = \"/u/{user}/{*rest}\"\n",
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    for (path, files, user) in [
+        ("/files/a", true, false),
+        ("/files/a/b", true, false),
+        ("/files/a/b/", true, false),
+        ("/files/{*rest}", true, false),
+        ("/files/", false, false),
+        ("/files", false, false),
+        ("/u/x/a/b", false, true),
+        ("/u/x/", false, false),
+        ("/u//a", false, false),
+    ] {
+        assert_eq!(c.routes[0].matcher.matches("GET", path), files, "{path}");
+        assert_eq!(c.routes[1].matcher.matches("GET", path), user, "{path}");
+    }
+    // Anywhere else it is refused: axum's router refuses it so.
+    for path in ["/files/{*rest}/", "/files/{*rest}/x", "/{*a}/{*b}"] {
+        refused(
+            &format!("[[routes]]\nname = \"a\"\npath = \"{path}\"\n"),
+            "routes[0].path",
+            &format!("invalid template {path:?}: the catch-all "),
+        );
+    }
     refused(
-        "[[routes]]\nname = \"a\"\npath = \"/files/{*rest}\"\n",
+        "[[routes]]\nname = \"a\"\npath = \"/files/{*rest}/x\"\n",
         "routes[0].path",
-        "invalid template \"/files/{*rest}\": {*rest} is no catch-all (a parameter takes \
-         one segment): to take every path under \"/files/\", write path_prefix = \"/files/\"",
+        "the catch-all {*rest} takes the rest of the path, and must be the last segment \
+         (with no trailing slash), as in \"/files/{*rest}\"",
     );
     refused(
         "[[routes]]\nname = \"a\"\npath = \"/{*}\"\n",
         "routes[0].path",
-        "{*} is no catch-all (a parameter takes one segment): to take every path under \
-         \"/\", write path_prefix = \"/\"",
+        "invalid template \"/{*}\": each {param} must be a whole segment with a name",
     );
     refused(
-        "[[routes]]\nname = \"a\"\npath = \"/u/{user}/files/{*rest}\"\n",
+        "[[routes]]\nname = \"a\"\npath = \"/a/{id}/{*id}\"\n",
         "routes[0].path",
-        "{*rest} is no catch-all (a parameter takes one segment), and path_prefix takes no \
-         parameter",
+        "the parameter {id} is named twice",
     );
+    // A pattern in another router's syntax (actix's and gorilla/mux's
+    // `{id:[0-9]+}`), taken as a name, matched any one segment: `/items/abc` took
+    // the route. (helper-258)
     for (path, name) in [
         ("/items/{id:[0-9]+}", "id:[0-9]+"),
         ("/items/{:id}", ":id"),
-        ("/items/{id+}", "id+"),
-        ("/items/{a.b}", "a.b"),
+        ("/files/{*rest:.*}", "rest:.*"),
     ] {
         refused(
             &format!("[[routes]]\nname = \"a\"\npath = \"{path}\"\n"),
             "routes[0].path",
             &format!(
-                "invalid template {path:?}: the parameter name {name:?} holds more than \
-                 letters, digits, _ and -: a parameter takes any one segment, with no \
-                 pattern or option"
+                "invalid template {path:?}: the parameter name {name:?} holds ':', a pattern \
+                 in another router's syntax ({{id:[0-9]+}}), which is no part of this one's"
             ),
         );
     }
-    Config::from_toml_str(
-        "[[routes]]\nname = \"a\"\npath = \"/a/{item_id}/b/{item-ref}/{thé}\"\n",
+    // Any other name is a name, each matching one segment, as before helper-258's
+    // check (`{a.b}`, OpenAPI's style, was refused by it): no pattern is read there.
+    let c = Config::from_toml_str(
+        "[[routes]]\nname = \"a\"\n\
+         path = \"/a/{item_id}/b/{item-ref}/{thé}/{a.b}/{id+}/{x*}/{$v}\"\n",
         "t.toml",
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.routes[0].matcher.matches("GET", "/a/1/b/2/3/4/5/6/7"));
+    assert!(!c.routes[0].matcher.matches("GET", "/a/1/b/2/3/4/5/6/7/8"));
+    // A name with spaces (`{ id }`) stays refused, as before: no path holds whitespace.
+    refused(
+        "[[routes]]\nname = \"a\"\npath = \"/items/{ id }\"\n",
+        "routes[0].path",
+        "must not contain '?', '#' or whitespace",
+    );
     refused(
         "[[routes]]\nname = \"a\"\nmethod = \"PO ST\"\npath = \"/a\"\n",
         "routes[0].method",
@@ -604,6 +643,63 @@ fn route_names_and_paths() {
         "routes[1].path",
         "never matches: routes[0] (\"sub\") comes first",
     );
+    // A catch-all takes every path its rest can hold: a later route under it never
+    // matches, one that reaches outside it (its segments before, or an empty rest)
+    // does. (helper-268)
+    let after_files = |later: &str| {
+        format!(
+            "[[routes]]\nname = \"files\"\npath = \"/files/{{*rest}}\"\n\
+             [[routes]]\nname = \"later\"\n{later}\n"
+        )
+    };
+    for (later, field) in [
+        ("path = \"/files/a\"", "path"),
+        ("path = \"/files/a/b/\"", "path"),
+        ("path = \"/files/{id}\"", "path"),
+        ("path = \"/files/{id}/x/{*more}\"", "path"),
+        ("path = \"/files/{*other}\"", "path"),
+        ("path_prefix = \"/files/a\"", "path_prefix"),
+        ("path_prefix = \"/files/a/\"", "path_prefix"),
+    ] {
+        refused(
+            &after_files(later),
+            &format!("routes[1].{field}"),
+            "never matches: routes[0] (\"files\") comes first and its path takes every request",
+        );
+    }
+    for later in [
+        "path = \"/files\"",
+        "path = \"/files/\"",
+        "path = \"/file/a\"",
+        "path = \"/{dir}/a\"",
+        "path = \"/{*any}\"",
+        "path_prefix = \"/files/\"",
+        "path_prefix = \"/files\"",
+    ] {
+        Config::from_toml_str(&after_files(later), "t.toml")
+            .unwrap_or_else(|e| panic!("{later}: {e}"));
+    }
+    // And a catch-all after a route that covers it never matches.
+    for first in [
+        "path_prefix = \"/files/\"",
+        "path = \"/{dir}/{*rest}\"",
+        "path = \"/{*any}\"",
+    ] {
+        refused(
+            &format!(
+                "[[routes]]\nname = \"first\"\n{first}\n\
+                 [[routes]]\nname = \"files\"\npath = \"/files/{{*rest}}\"\n"
+            ),
+            "routes[1].path",
+            "never matches: routes[0] (\"first\") comes first",
+        );
+    }
+    Config::from_toml_str(
+        "[[routes]]\nname = \"first\"\npath = \"/files/{id}\"\n\
+         [[routes]]\nname = \"files\"\npath = \"/files/{*rest}\"\n",
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     refused(
         "[defaults]\nhold = \"2s\"\n",
         "routes",

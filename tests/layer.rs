@@ -226,54 +226,45 @@ async fn unmatched_requests_pass_and_matched_path_keys_by_template() {
     }
 }
 
-/// Keyed by axum's `MatchedPath`, a catch-all route (`/files/{*rest}`) is taken by the
-/// `path_prefix` the config's refusal of `path = "/files/{*rest}"` names, as every path
-/// under it is: its one bucket holds `/files/a` and `/files/a/b` alike. A config that
-/// wrote the template itself matched this `MatchedPath` text, and is now refused.
-/// (helper-266, review)
+/// A config's catch-all (`path = "/files/{*rest}"`, as axum writes it) takes the rest
+/// of the path under every route key: keyed by axum's `MatchedPath`, it matches that
+/// template's own text (as it did before it was refused, helper-266's review); on the
+/// request's path, it takes `/files/a/b` (where it matched one segment, `/files/a`, and
+/// the deeper path escaped the limit). `/files/`, no path it takes, passes. One bucket
+/// of one request for all: the second request is refused. (helper-268)
 #[tokio::test]
-async fn under_matched_path_a_catch_all_is_taken_by_the_prefix_its_refusal_names() {
-    let refused = Config::new(vec![route(
-        "files",
-        RouteMatch::exact("GET", "/files/{*rest}"),
-        1.0,
-    )])
-    .validate()
-    .unwrap_err()
-    .to_string();
-    assert!(
-        refused.contains("write path_prefix = \"/files/\""),
-        "{refused}"
-    );
-    let mut files = route("files", RouteMatch::prefix("/files/"), 1.0);
-    files.controller.cut_limit_rps = 1.0;
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
-    let engine = Engine::new(
-        &Config::new(vec![files]),
-        clock.now(),
-        SystemTime::UNIX_EPOCH,
-    )
-    .unwrap();
-    let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
-        .route_key(RouteKey::MatchedPath)
-        .build();
-    let app = Router::new()
-        .route("/files/{*rest}", get(|| async { "file" }))
-        .layer(l);
-    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
-    assert_eq!(
-        app.clone().oneshot(get("/files/a")).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        app.clone()
-            .oneshot(get("/files/a/b"))
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::TOO_MANY_REQUESTS,
-        "the route's one bucket, spent"
-    );
+async fn a_catch_all_takes_the_rest_of_the_path_under_every_route_key() {
+    for key in [
+        RouteKey::MatchedPath,
+        RouteKey::Config,
+        RouteKey::Normalized,
+    ] {
+        let mut files = route("files", RouteMatch::exact("GET", "/files/{*rest}"), 1.0);
+        files.controller.cut_limit_rps = 1.0;
+        let config = Config::new(vec![files]);
+        config.validate().unwrap_or_else(|e| panic!("{e}"));
+        let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+        let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
+            .route_key(key)
+            .build();
+        let app = Router::new()
+            .route("/files/{*rest}", get(|| async { "file" }))
+            .route("/files/", get(|| async { "index" }))
+            .layer(l);
+        let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+        let status = |path: &'static str| {
+            let app = app.clone();
+            async move { app.oneshot(get(path)).await.unwrap().status() }
+        };
+        assert_eq!(status("/files/a/b").await, StatusCode::OK, "{key:?}");
+        assert_eq!(
+            status("/files/a").await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{key:?}: the route's one bucket, spent"
+        );
+        assert_eq!(status("/files/").await, StatusCode::OK, "{key:?}");
+    }
 }
 
 /// A layer keyed by `MatchedPath` outside the router limits nothing (no request carries

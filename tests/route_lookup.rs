@@ -45,7 +45,8 @@ fn method() -> impl Strategy<Value = Option<&'static str>> {
 }
 
 /// A route's path pattern: exact, a prefix (ending in a slash, mid-segment, or the
-/// root), or a template with one or more parameters.
+/// root), or a template with one or more parameters, ending in a slash or a
+/// catch-all (`{*rest}`) or neither.
 fn pattern() -> impl Strategy<Value = PathPattern> {
     let segments = || prop::collection::vec(segment(), 0..4);
     prop_oneof![
@@ -71,19 +72,19 @@ fn pattern() -> impl Strategy<Value = PathPattern> {
         }),
         (
             prop::collection::vec((segment(), any::<bool>()), 1..5),
-            any::<bool>()
+            0..3u8
         )
-            .prop_map(|(s, slash)| {
+            .prop_map(|(s, end)| {
                 let mut p = String::new();
                 for (i, (seg, param)) in s.iter().enumerate() {
                     p.push('/');
-                    if *param {
-                        p.push_str(&format!("{{p{i}}}"));
-                    } else {
-                        p.push_str(seg);
+                    match (*param, end) {
+                        (_, 2) if i + 1 == s.len() => p.push_str("{*rest}"),
+                        (true, _) => p.push_str(&format!("{{p{i}}}")),
+                        (false, _) => p.push_str(seg),
                     }
                 }
-                if slash {
+                if end == 1 {
                     p.push('/');
                 }
                 PathPattern::parse_path(&p).expect("a valid template")
@@ -109,10 +110,11 @@ fn table() -> impl Strategy<Value = Vec<RouteConfig>> {
     })
 }
 
-/// A path a route of the table would take (a template's parameters filled in), or a
-/// random one, then perturbed: a trailing slash added or taken away, a byte cut off,
-/// a segment added, spelled otherwise (`//`, a `.` segment, a percent-encoded letter,
-/// a last segment of `..` or holding a backslash).
+/// A path a route of the table would take (a template's parameters filled in, a
+/// catch-all with one segment or two), or a random one, then perturbed: a trailing
+/// slash added or taken away, a byte cut off, a segment added, spelled otherwise
+/// (`//`, a `.` segment, a percent-encoded letter, a last segment of `..` or holding a
+/// backslash, an empty last segment).
 fn path(routes: &[RouteConfig], pick: usize, filler: &str, change: u8, extra: &str) -> String {
     let base = match &routes[pick % routes.len()].matcher.path {
         PathPattern::Exact(p) | PathPattern::Prefix(p) => p.clone(),
@@ -120,6 +122,7 @@ fn path(routes: &[RouteConfig], pick: usize, filler: &str, change: u8, extra: &s
             .iter()
             .map(|s| match s {
                 Segment::Literal(l) => format!("/{l}"),
+                Segment::CatchAll(_) if change % 2 == 1 => format!("/{filler}/{extra}"),
                 _ => format!("/{filler}"),
             })
             .collect(),
@@ -157,6 +160,9 @@ fn path(routes: &[RouteConfig], pick: usize, filler: &str, change: u8, extra: &s
         // segment, and behind `..` (`/x/..;/api`, the dot segment Tomcat resolves).
         13 => format!("{};{extra}", base.trim_end_matches('/')),
         14 => format!("/{extra}/..;{base}"),
+        // An empty last segment: no rest for a catch-all normalized, a rest of `/`
+        // as written (matchit's `/files/{*rest}` takes `/files//` so).
+        15 => format!("{}//", base.trim_end_matches('/')),
         _ => format!("/{extra}"),
     }
 }
@@ -171,7 +177,7 @@ proptest! {
             (
                 any::<usize>(),
                 segment(),
-                0u8..16,
+                0u8..17,
                 segment(),
                 prop::sample::select(vec!["GET", "HEAD", "POST", "PUT", "get", "head", "Post"]),
             ),

@@ -531,7 +531,8 @@ pub enum PathPattern {
     Exact(String),
     /// The path must start with this.
     Prefix(String),
-    /// Segment by segment; `{name}` stands for any one non-empty segment.
+    /// Segment by segment; `{name}` stands for any one non-empty segment, and a last
+    /// `{*name}` for the rest of the path.
     Template(Vec<Segment>),
 }
 
@@ -543,11 +544,18 @@ pub enum Segment {
     Literal(String),
     /// Any one non-empty segment, bound to this name.
     Param(String),
+    /// The rest of the path, slashes and all, bound to this name (`{*rest}`, as axum's
+    /// router, matchit, writes it): everything after the slash that ends the segments
+    /// before it, which must not be empty (`/files/{*rest}` takes `/files/a` and
+    /// `/files/a/b/`, not `/files/` or `/files`). Only as a template's last segment: a
+    /// template with one elsewhere matches no path.
+    CatchAll(String),
 }
 
 impl PathPattern {
-    /// Parses `/api/items/{id}` (a template), or any path without braces (exact).
-    /// Returns `None` when braces are unbalanced or a parameter has no name.
+    /// Parses `/api/items/{id}` or `/files/{*rest}` (a template), or any path without
+    /// braces (exact). Returns `None` when braces are unbalanced, a parameter has no
+    /// name, or a catch-all is not the last segment.
     pub fn parse_path(path: &str) -> Option<PathPattern> {
         if !path.contains(['{', '}']) {
             return Some(PathPattern::Exact(path.to_owned()));
@@ -557,16 +565,22 @@ impl PathPattern {
             .split('/')
             .map(
                 |seg| match seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
-                    Some(name) if !name.is_empty() && !name.contains(['{', '}']) => {
-                        Some(Segment::Param(name.to_owned()))
-                    }
-                    Some(_) => None,
+                    Some(name) if name.contains(['{', '}']) => None,
+                    Some(name) => match name.strip_prefix('*') {
+                        Some("") => None,
+                        Some(rest) => Some(Segment::CatchAll(rest.to_owned())),
+                        None if name.is_empty() => None,
+                        None => Some(Segment::Param(name.to_owned())),
+                    },
                     None if seg.contains(['{', '}']) => None,
                     None => Some(Segment::Literal(seg.to_owned())),
                 },
             )
             .collect::<Option<Vec<_>>>()?;
-        Some(PathPattern::Template(segments))
+        match segments.split_last() {
+            Some((_, before)) if before.iter().any(|s| matches!(s, Segment::CatchAll(_))) => None,
+            _ => Some(PathPattern::Template(segments)),
+        }
     }
 
     /// Whether `path` (without query string, [normalized](normalize_path)) matches. An
@@ -748,22 +762,79 @@ fn hex(digit: u8) -> Option<u8> {
 }
 
 /// Whether `path` matches a template, segment by segment (a trailing slash on either
-/// is no segment). Out of line, so that the exact and prefix matches stay small where
-/// they are inlined.
+/// is no segment; a catch-all takes the rest of the path as it is, a trailing slash
+/// too). Out of line, so that the exact and prefix matches stay small where they are
+/// inlined.
 #[inline(never)]
 fn template_matches(segments: &[Segment], path: &str) -> bool {
-    let segments = match segments.split_last() {
+    let segments = without_trailing_empty(segments);
+    let path = TemplatePath::new(path);
+    let mut rest = Some(path.segments());
+    for (i, segment) in segments.iter().enumerate() {
+        let Some(here) = rest else {
+            return false;
+        };
+        if let Segment::CatchAll(_) = segment {
+            return i + 1 == segments.len() && path.catches(here);
+        }
+        let (part, next) = match here.split_once('/') {
+            Some((part, next)) => (part, Some(next)),
+            None => (here, None),
+        };
+        let matches = match segment {
+            Segment::Literal(l) => l == part,
+            _ => !part.is_empty(),
+        };
+        if !matches {
+            return false;
+        }
+        rest = next;
+    }
+    rest.is_none()
+}
+
+/// A template's segments without a last empty literal (its trailing slash, which is
+/// no segment), unless that is its only one.
+pub(crate) fn without_trailing_empty(segments: &[Segment]) -> &[Segment] {
+    match segments.split_last() {
         Some((Segment::Literal(l), rest)) if l.is_empty() && !rest.is_empty() => rest,
         _ => segments,
-    };
-    let mut parts = without_trailing_slash(path)
-        .trim_start_matches('/')
-        .split('/');
-    segments.iter().all(|seg| match (seg, parts.next()) {
-        (Segment::Literal(l), Some(p)) => l == p,
-        (Segment::Param(_), Some(p)) => !p.is_empty(),
-        (_, None) => false,
-    }) && parts.next().is_none()
+    }
+}
+
+/// A request's path as templates read it: segment by segment without its leading
+/// slashes and trailing slash, and whole after a segment for a catch-all.
+pub(crate) struct TemplatePath<'a> {
+    /// The path without its leading slashes.
+    whole: &'a str,
+    /// Its segments: `whole` without a trailing slash.
+    segments: &'a str,
+}
+
+impl<'a> TemplatePath<'a> {
+    /// `path` (a request's, normalized or as written) read so.
+    #[inline]
+    pub(crate) fn new(path: &'a str) -> Self {
+        TemplatePath {
+            whole: path.trim_start_matches('/'),
+            segments: without_trailing_slash(path).trim_start_matches('/'),
+        }
+    }
+
+    /// The segments, `/`-separated, for the walk to read one by one.
+    #[inline]
+    pub(crate) fn segments(&self) -> &'a str {
+        self.segments
+    }
+
+    /// Whether a catch-all at `rest` (the segments not yet read, a suffix of
+    /// [`segments`](Self::segments)) takes the path: the rest of the path from there,
+    /// its trailing slash included, is not empty, as for matchit (`/files/{*rest}`
+    /// takes `/files/a` and `/files//`, not `/files/`).
+    #[inline]
+    pub(crate) fn catches(&self, rest: &str) -> bool {
+        self.whole.len() > self.segments.len() - rest.len()
+    }
 }
 
 /// The header in which trusted proxies name the client (`[server] client_ip_header`).

@@ -1529,82 +1529,35 @@ fn route_limit_of(
 fn repeated_param(segments: &[Segment]) -> Option<&str> {
     let mut seen = std::collections::HashSet::new();
     segments.iter().find_map(|segment| match segment {
-        Segment::Param(name) if !seen.insert(name.as_str()) => Some(name.as_str()),
+        Segment::Param(name) | Segment::CatchAll(name) if !seen.insert(name.as_str()) => {
+            Some(name.as_str())
+        }
         _ => None,
     })
 }
 
-/// A parameter of a template written in another router's syntax, which this one would
-/// take as a name and match any one segment with.
-enum ForeignParam<'a> {
-    /// A catch-all (`{*rest}`, as axum and matchit write it), at this segment.
-    CatchAll(usize, &'a str),
-    /// A name holding more than letters, digits, `_` and `-`: a pattern or an option
-    /// (`{id:[0-9]+}` of actix and gorilla/mux, `{:id}`, `{id?}`).
-    Pattern(&'a str),
+/// The first parameter name of a template that holds a `:`, a pattern in another
+/// router's syntax (`{id:[0-9]+}` of actix and gorilla/mux, `{:id}`): this one would
+/// take it as a name and match any one segment with it, `/items/abc` taken by
+/// `/items/{id:[0-9]+}`.
+fn patterned_param(segments: &[Segment]) -> Option<&str> {
+    segments.iter().find_map(|segment| match segment {
+        Segment::Param(name) | Segment::CatchAll(name) if name.contains(':') => Some(name.as_str()),
+        _ => None,
+    })
 }
 
-impl ForeignParam<'_> {
-    /// The problem, for the template written `path` whose segments are `segments`.
-    fn message(&self, path: &str, segments: &[Segment]) -> String {
-        match self {
-            ForeignParam::CatchAll(at, name) => {
-                let mut prefix = String::from("/");
-                for segment in &segments[..*at] {
-                    match segment {
-                        Segment::Literal(l) => prefix.push_str(l),
-                        Segment::Param(_) => {
-                            return format!(
-                                "invalid template {:?}: {{{}}} is no catch-all (a parameter takes \
-                                 one segment), and path_prefix takes no parameter: list the \
-                                 routes, or take a literal prefix with path_prefix",
-                                quoted(path),
-                                quoted(name)
-                            );
-                        }
-                    }
-                    prefix.push('/');
-                }
-                format!(
-                    "invalid template {:?}: {{{}}} is no catch-all (a parameter takes one segment): \
-                     to take every path under {:?}, write path_prefix = {:?}",
-                    quoted(path),
-                    quoted(name),
-                    quoted(&prefix),
-                    quoted(&prefix)
-                )
-            }
-            ForeignParam::Pattern(name) => format!(
-                "invalid template {:?}: the parameter name {:?} holds more than letters, digits, _ \
-                 and -: a parameter takes any one segment, with no pattern or option",
-                quoted(path),
-                quoted(name)
-            ),
-        }
-    }
-}
-
-/// The first parameter of a template named as another router writes a catch-all or a
-/// pattern: taken as a name, it matched any one segment, so that `/files/{*rest}` missed
-/// `/files/a/b` and `/items/{id:[0-9]+}` took `/items/abc`. A name is letters (any
-/// script), digits, `_` and `-`.
-fn foreign_param(segments: &[Segment]) -> Option<ForeignParam<'_>> {
-    segments
-        .iter()
-        .enumerate()
-        .find_map(|(at, segment)| match segment {
-            Segment::Param(name) if name.starts_with('*') => {
-                Some(ForeignParam::CatchAll(at, name.as_str()))
-            }
-            Segment::Param(name)
-                if !name
-                    .chars()
-                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-') =>
-            {
-                Some(ForeignParam::Pattern(name.as_str()))
-            }
-            _ => None,
-        })
+/// The first catch-all (`{*rest}`) of a template written `path` that is not its last
+/// segment (a trailing slash is one), with its name.
+fn misplaced_catch_all(path: &str) -> Option<&str> {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (_, before) = segments.split_last()?;
+    before.iter().find_map(|segment| {
+        segment
+            .strip_prefix("{*")
+            .and_then(|s| s.strip_suffix('}'))
+            .filter(|name| !name.is_empty() && !name.contains(['{', '}']))
+    })
 }
 
 /// `path` with each character that is not printable ASCII percent-encoded (its UTF-8
@@ -1742,17 +1695,34 @@ fn matcher(p: &mut Problems, at: Scope, own: &RouteFields) -> Option<RouteMatch>
         }
         (Some(path), None) if check("path", path) => match PathPattern::parse_path(path) {
             None => {
-                let message = format!(
-                    r#"invalid template {:?}: each {{param}} must be a whole segment with a name, as in "/api/items/{{id}}""#,
-                    quoted(path)
-                );
+                let message = match misplaced_catch_all(path) {
+                    Some(name) => format!(
+                        "invalid template {:?}: the catch-all {{*{}}} takes the rest of the path, \
+                         and must be the last segment (with no trailing slash), as in \
+                         \"/files/{{*rest}}\"",
+                        quoted(path),
+                        quoted(name)
+                    ),
+                    None => format!(
+                        r#"invalid template {:?}: each {{param}} must be a whole segment with a name, as in "/api/items/{{id}}" (or, last, a catch-all: "/files/{{*rest}}")"#,
+                        quoted(path)
+                    ),
+                };
                 p.at(at.path("path"), message);
                 None
             }
             Some(PathPattern::Template(segments)) => {
-                match (foreign_param(&segments), repeated_param(&segments)) {
-                    (Some(problem), _) => {
-                        p.at(at.path("path"), problem.message(path, &segments));
+                match (patterned_param(&segments), repeated_param(&segments)) {
+                    (Some(name), _) => {
+                        let message = format!(
+                            "invalid template {:?}: the parameter name {:?} holds ':', a pattern \
+                             in another router's syntax ({{id:[0-9]+}}), which is no part of \
+                             this one's: a parameter takes any one segment (a catch-all, the \
+                             rest of the path), whatever its name",
+                            quoted(path),
+                            quoted(name)
+                        );
+                        p.at(at.path("path"), message);
                         None
                     }
                     (None, Some(name)) => {
@@ -2115,33 +2085,66 @@ fn shadows(first: &RouteMatch, later: &RouteMatch) -> bool {
                             lead.push_str(l);
                             lead.push('/');
                         }
-                        Segment::Param(_) => break,
+                        _ => break,
                     }
                 }
                 lead.starts_with(p.as_str())
             }
             (PathPattern::Template(a), PathPattern::Template(b)) => template_covers(a, b),
+            (PathPattern::Template(a), PathPattern::Prefix(q)) => catch_all_covers(a, q),
             (a, b) => a == b,
         }
 }
 
-/// Whether the template `first` matches every path the template `later` matches: as
-/// many segments (a trailing slash aside), each a parameter or the same literal. The
-/// names of parameters do not matter.
-fn template_covers(first: &[Segment], later: &[Segment]) -> bool {
-    fn trimmed(segments: &[Segment]) -> &[Segment] {
-        match segments.split_last() {
-            Some((Segment::Literal(l), rest)) if l.is_empty() && !rest.is_empty() => rest,
-            _ => segments,
+/// Whether the template `first`, ending in a catch-all, matches every path that starts
+/// with `prefix`: the prefix holds each segment before the catch-all whole (a literal
+/// the same, a parameter's not empty), each followed by its slash, and then some text
+/// of the rest (`/files/{*rest}` takes every path under `/files/a`, not every path
+/// under `/files/`, which takes `/files/` itself).
+fn catch_all_covers(first: &[Segment], prefix: &str) -> bool {
+    let first = super::without_trailing_empty(first);
+    let Some((Segment::CatchAll(_), before)) = first.split_last() else {
+        return false;
+    };
+    let Some(mut rest) = prefix.strip_prefix('/') else {
+        return false;
+    };
+    for segment in before {
+        let Some((part, next)) = rest.split_once('/') else {
+            return false;
+        };
+        let takes = match segment {
+            Segment::Literal(l) => l == part,
+            _ => !part.is_empty(),
+        };
+        if !takes {
+            return false;
         }
+        rest = next;
     }
-    let (first, later) = (trimmed(first), trimmed(later));
-    first.len() == later.len()
-        && first.iter().zip(later).all(|pair| match pair {
+    !rest.is_empty()
+}
+
+/// Whether the template `first` matches every path the template `later` matches: as
+/// many segments (a trailing slash aside), each a parameter or the same literal; or,
+/// if `first` ends in a catch-all, the segments before it so and `later` longer (its
+/// rest, past them, is never empty: `/files/{*rest}` covers `/files/{id}`,
+/// `/files/a/{*rest}` and `/files/a/b`). The names of parameters do not matter.
+fn template_covers(first: &[Segment], later: &[Segment]) -> bool {
+    let (first, later) = (
+        super::without_trailing_empty(first),
+        super::without_trailing_empty(later),
+    );
+    let (before, lengths) = match first.split_last() {
+        Some((Segment::CatchAll(_), before)) => (before, later.len() > before.len()),
+        _ => (first, first.len() == later.len()),
+    };
+    lengths
+        && before.iter().zip(later).all(|pair| match pair {
+            (Segment::Literal(a), Segment::Literal(b)) => a == b,
             (Segment::Param(_), Segment::Param(_)) => true,
             (Segment::Param(_), Segment::Literal(l)) => !l.is_empty(),
-            (Segment::Literal(a), Segment::Literal(b)) => a == b,
-            (Segment::Literal(_), Segment::Param(_)) => false,
+            _ => false,
         })
 }
 
@@ -2283,6 +2286,11 @@ impl RawRoute {
                         Segment::Literal(l) => t.push_str(l),
                         Segment::Param(name) => {
                             t.push('{');
+                            t.push_str(name);
+                            t.push('}');
+                        }
+                        Segment::CatchAll(name) => {
+                            t.push_str("{*");
                             t.push_str(name);
                             t.push('}');
                         }
