@@ -1,6 +1,7 @@
 //! `Engine::route_for` (and `route_for_written`) finds the route that trying every
 //! route's matcher in config order finds (first match wins), on random route tables of exact paths, prefixes and
-//! templates, method-restricted or not, for paths drawn from the table and perturbed.
+//! templates, method-restricted or not, for paths drawn from the table and perturbed;
+//! and a route that validation refuses as never matching never is the first to match.
 
 mod common;
 
@@ -95,18 +96,25 @@ fn pattern() -> impl Strategy<Value = PathPattern> {
 /// A route table: the routes drawn that an engine takes (none shadowed by an earlier
 /// one, as the engine refuses such a table), in the order drawn.
 fn table() -> impl Strategy<Value = Vec<RouteConfig>> {
+    drawn().prop_map(|(routes, _)| routes)
+}
+
+/// Routes drawn: those an engine takes, in the order drawn, and every one drawn, each
+/// with whether it was refused (shadowed by an earlier one that was taken).
+fn drawn() -> impl Strategy<Value = (Vec<RouteConfig>, Vec<(RouteConfig, bool)>)> {
     prop::collection::vec((method(), pattern()), 1..40).prop_map(|drawn| {
         let mut routes: Vec<RouteConfig> = Vec::new();
+        let mut all = Vec::new();
         for (i, (method, path)) in drawn.into_iter().enumerate() {
-            routes.push(RouteConfig::new(
-                format!("r{i}"),
-                RouteMatch::new(method, path),
-            ));
-            if Config::new(routes.clone()).validate().is_err() {
+            let route = RouteConfig::new(format!("r{i}"), RouteMatch::new(method, path));
+            routes.push(route.clone());
+            let refused = Config::new(routes.clone()).validate().is_err();
+            if refused {
                 routes.pop();
             }
+            all.push((route, refused));
         }
-        routes
+        (routes, all)
     })
 }
 
@@ -207,6 +215,38 @@ proptest! {
                     linear(table, method, &path, false),
                     "as written: {} {} in {:?}", method, path,
                     table.iter().map(|r| (&r.matcher.method, &r.matcher.path)).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(common::cases(512))]
+
+    /// A route refused as one that `never matches` (an earlier route covers it:
+    /// templates, catch-alls, prefixes, exact paths) never is the first to match a
+    /// request's normalized path in the table that holds it: the check refuses no route
+    /// that would have taken a request. (As written, a path may start with `//`, which
+    /// a template reads past and a prefix does not: `//a/b` is taken by `/a/{id}`, not
+    /// by an earlier `path_prefix = "/a/"`.)
+    #[test]
+    fn a_route_refused_as_never_matching_never_matches_first(
+        (_, all) in drawn(),
+        requests in prop::collection::vec(
+            (any::<usize>(), segment(), 0u8..17, segment(), prop::sample::select(vec!["GET", "HEAD", "POST"])),
+            1..24,
+        ),
+    ) {
+        let routes: Vec<RouteConfig> = all.iter().map(|(r, _)| r.clone()).collect();
+        for &(pick, ref filler, change, ref extra, method) in &requests {
+            let path = path(&routes, pick, filler, change, extra);
+            if let Some(first) = linear(&routes, method, &path, true) {
+                prop_assert!(
+                    !all[first].1,
+                    "{} {} is taken by the refused {:?} in {:?}",
+                    method, path, routes[first].matcher,
+                    routes.iter().map(|r| (&r.matcher.method, &r.matcher.path)).collect::<Vec<_>>()
                 );
             }
         }
