@@ -169,6 +169,34 @@ fn within_windows(
 }
 
 /// The whole requests a window of `window` allows at `limit`, as the limiters count.
+/// Runs a window limiter of limit `first` through `steps` (`set_limit` at each
+/// change, `check` at each read): the reads it admitted, and the largest quota per
+/// window it had.
+fn run_window(
+    steps: &[Step],
+    window: Duration,
+    first: f64,
+    set_limit: impl Fn(f64),
+    check: impl Fn(Nanos) -> bool,
+) -> (Vec<u64>, u64) {
+    let mut most = quota(first, window);
+    let mut admitted = Vec::new();
+    for s in steps {
+        match s.change {
+            Some(limit) => {
+                set_limit(limit);
+                most = most.max(quota(limit, window));
+            }
+            None => {
+                if check(Nanos::new(s.read)) {
+                    admitted.push(s.read);
+                }
+            }
+        }
+    }
+    (admitted, most)
+}
+
 fn quota(limit: f64, window: Duration) -> u64 {
     (limit * window.as_secs_f64() + 1e-6).floor() as u64
 }
@@ -268,21 +296,13 @@ proptest! {
         (window, first, (jitter, steps)) in windowed(),
     ) {
         let w = FixedWindow::new(first, window, Nanos::ZERO);
-        let mut most = quota(first, window);
-        let mut admitted = Vec::new();
-        for s in steps {
-            match s.change {
-                Some(limit) => {
-                    w.set_limit(limit);
-                    most = most.max(quota(limit, window));
-                }
-                None => {
-                    if w.check(Nanos::new(s.read)).is_admit() {
-                        admitted.push(s.read);
-                    }
-                }
-            }
-        }
+        let (mut admitted, most) = run_window(
+            &steps,
+            window,
+            first,
+            |limit| w.set_limit(limit),
+            |at| w.check(at).is_admit(),
+        );
         within_windows(&mut admitted, most, window.as_nanos() as u64, jitter)?;
     }
 
@@ -296,21 +316,13 @@ proptest! {
         (window, first, (jitter, steps)) in windowed(),
     ) {
         let w = SlidingWindowCounter::new(first, window, Nanos::ZERO);
-        let mut most = quota(first, window);
-        let mut admitted = Vec::new();
-        for s in steps {
-            match s.change {
-                Some(limit) => {
-                    w.set_limit(limit);
-                    most = most.max(quota(limit, window));
-                }
-                None => {
-                    if w.check(Nanos::new(s.read)).is_admit() {
-                        admitted.push(s.read);
-                    }
-                }
-            }
-        }
+        let (mut admitted, most) = run_window(
+            &steps,
+            window,
+            first,
+            |limit| w.set_limit(limit),
+            |at| w.check(at).is_admit(),
+        );
         let window_ns = window.as_nanos() as u64;
         within_windows(&mut admitted, most, window_ns, jitter)?;
         if jitter == 0 {
