@@ -8618,3 +8618,51 @@ async fn a_fleets_hints_read_the_capacity_at_its_instance_count() {
     b.stop().await;
     upstream_task.abort();
 }
+
+/// While Redis is away the store's connection attempts are spaced by a backoff that
+/// grows from `timeout` to `probe_interval` (decisions between them fail at once, and
+/// fall back); a Redis that comes back is reached within one step of it, and each of
+/// twenty routes in fallback with its next probe, one `probe_interval` at most: the
+/// instance is shared again within that (100 ms + 100 ms here, plus 400 ms for a
+/// loaded machine), with every route deciding every millisecond meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_back_is_reached_within_one_backoff_step_and_one_probe() {
+    let _serial = one_at_a_time().await;
+    let mut server = RedisServer::start().await;
+    let config = store_config(&server, "backoff");
+    let names: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+    let routes: Vec<RouteConfig> = names
+        .iter()
+        .map(|n| route_named(n, 1000.0, Duration::from_secs(1)))
+        .collect();
+    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+    beat_answered(&inst.store).await;
+    let decide_all = || async {
+        for name in &names {
+            let _ = inst.check_on(name).await;
+        }
+    };
+    decide_all().await;
+    assert_eq!(inst.store.mode(), StoreMode::Shared);
+
+    server.kill();
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(1) {
+        decide_all().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+
+    server.restart().await;
+    let back = tokio::time::Instant::now();
+    while inst.store.mode() != StoreMode::Shared && back.elapsed() < Duration::from_secs(3) {
+        decide_all().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = back.elapsed();
+    let bound = config.probe_interval.max(config.timeout)
+        + config.probe_interval
+        + Duration::from_millis(400);
+    assert_eq!(inst.store.mode(), StoreMode::Shared, "not back in {took:?}");
+    assert!(took <= bound, "back after {took:?}, at most {bound:?}");
+}

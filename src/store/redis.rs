@@ -125,18 +125,18 @@ use crate::window::{RocSample, SampleAt, SlotRing, WindowSpec};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use metrics::{Counter, Gauge};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisResult, Script, ServerErrorKind,
-    ToRedisArgs, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
+    RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
 };
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -542,21 +542,240 @@ enum Conn {
     Cluster(Arc<Cluster>),
 }
 
-/// One server's connection, and what it takes to open a new one.
+/// One server's connection, and what it takes to open a new one, at most one at a
+/// time, spaced while Redis refuses or is away.
 ///
-/// A connection is opened with no retry: a call that finds it refused or dropped fails
-/// with that error at once (not a timeout), and the next call opens a new one, with no
-/// backoff in between (the breaker bounds those calls).
+/// A connection is opened in a task of its own (with no retry within it), one attempt
+/// at a time. The calls that find one being opened after a connection was open (a
+/// start, a dropped connection, a [`renew`](Conn::renew)) wait for it, within their
+/// own timeout; one that fails fails them with its error (the refusal: `WRONGPASS`,
+/// `NOAUTH`, a refused port), and the next call tries once more at once. After two
+/// failures in a row the link is down: calls fail at once with the last failure's
+/// error, and the first call after the backoff ([`Backoff`]: from `timeout`, doubling
+/// up to `probe_interval`) opens the next one, which it alone waits for. An answer
+/// from Redis (an error reply too) ends the run of failures. A connection that
+/// connects but fails its first command (a balancer that accepts and closes) counts as
+/// a failure too: open connections are not the measure, answers are.
 ///
-/// The connection manager reconnects when the connection errs, never when it merely
-/// stays silent: a connection gone dark (half-open: a NAT or load balancer that dropped
-/// the flow, a failover behind a virtual IP) errs only when the kernel gives up
+/// A connection errs when its peer closes or resets it, never when it merely stays
+/// silent: a connection gone dark (half-open: a NAT or load balancer that dropped the
+/// flow, a failover behind a virtual IP) errs only when the kernel gives up
 /// retransmitting, some 15 minutes later, and every call on it until then times out.
 /// [`Conn::renew`] replaces it.
 struct Single {
     client: redis::Client,
-    config: ConnectionManagerConfig,
-    manager: ArcSwap<ConnectionManager>,
+    config: AsyncConnectionConfig,
+    link: Arc<Mutex<Link>>,
+    /// Connection failures in a row since Redis last answered: written under `link`'s
+    /// lock, read without it (a call that Redis answers resets it only if not 0).
+    failures: Arc<AtomicU32>,
+    backoff: Backoff,
+}
+
+/// The state of [`Single`]'s connection.
+enum Link {
+    /// None (the last one, the `epoch`th, closed; 0 before the first): the next call
+    /// opens one.
+    Closed { epoch: u64 },
+    /// One being opened, the `epoch`th: its outcome comes on `outcome`. `down` is the
+    /// error of the failure before it, if the link was down: then only the call that
+    /// started it waits for it, the others fail at once with `down`.
+    Opening {
+        epoch: u64,
+        outcome: Outcome,
+        down: Option<RedisError>,
+    },
+    /// The `epoch`th connection, open.
+    Open {
+        epoch: u64,
+        connection: MultiplexedConnection,
+    },
+    /// Two or more connections failed in a row, the last with `error`: calls fail at
+    /// once with it until `retry_at`, when the next call opens a new one.
+    Down {
+        epoch: u64,
+        error: RedisError,
+        retry_at: tokio::time::Instant,
+    },
+}
+
+/// Where a connection attempt's outcome comes: `None` until it ends.
+type Outcome = tokio::sync::watch::Receiver<Option<RedisResult<MultiplexedConnection>>>;
+
+impl Link {
+    /// The number of connection attempts started so far.
+    fn epoch(&self) -> u64 {
+        match self {
+            Link::Closed { epoch }
+            | Link::Opening { epoch, .. }
+            | Link::Open { epoch, .. }
+            | Link::Down { epoch, .. } => *epoch,
+        }
+    }
+}
+
+/// The spacing of [`Single`]'s connection attempts while Redis refuses or is away:
+/// after the `n`th failure in a row (`n` ≥ 2), `first × 2^(n−2)`, at most `cap`, each
+/// drawn at random between half of that and all of it (so that instances that lost
+/// Redis together do not come back in step).
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    first: Duration,
+    cap: Duration,
+}
+
+impl Backoff {
+    /// The step after the `failures`th failure in a row (`failures` ≥ 2), before its
+    /// jitter.
+    fn step(self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(2).min(31);
+        self.first
+            .saturating_mul(1 << doublings)
+            .min(self.cap.max(self.first))
+    }
+
+    /// The wait after the `failures`th failure in a row: [`step`](Self::step), less up
+    /// to half of it at random (`bits`).
+    fn wait(self, failures: u32, bits: u64) -> Duration {
+        let step = self.step(failures);
+        let half = u64::try_from(step.as_nanos() / 2).unwrap_or(u64::MAX);
+        let off = if half == 0 { 0 } else { bits % half };
+        step - Duration::from_nanos(off)
+    }
+}
+
+impl Single {
+    /// A connection to send a call on, and its epoch: the open one; else the one being
+    /// opened, waited for (within the caller's timeout); else a new one, opened now if
+    /// the link is not down or its backoff has passed. While down, the last failure's
+    /// error at once.
+    async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
+        let (epoch, mut outcome) = {
+            let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+            match &*link {
+                Link::Open { epoch, connection } => return Ok((connection.clone(), *epoch)),
+                Link::Opening { down: Some(e), .. } => return Err(e.clone()),
+                Link::Opening {
+                    epoch,
+                    outcome,
+                    down: None,
+                } => (*epoch, outcome.clone()),
+                Link::Down {
+                    error, retry_at, ..
+                } if tokio::time::Instant::now() < *retry_at => return Err(error.clone()),
+                Link::Down { .. } | Link::Closed { .. } => self.open(&mut link),
+            }
+        };
+        let answer = outcome
+            .wait_for(Option::is_some)
+            .await
+            .map(|o| o.clone())
+            .ok()
+            .flatten();
+        match answer {
+            Some(Ok(connection)) => Ok((connection, epoch)),
+            Some(Err(e)) => Err(e),
+            None => Err(RedisError::from((
+                ErrorKind::Client,
+                "the store's connection attempt ended with no outcome",
+            ))),
+        }
+    }
+
+    /// Starts opening a connection, in a task of its own that records its outcome,
+    /// under `link`'s lock: the link goes `Opening`. Returns the attempt's epoch and
+    /// where its outcome comes.
+    fn open(&self, link: &mut Link) -> (u64, Outcome) {
+        let epoch = link.epoch() + 1;
+        let down = match link {
+            Link::Down { error, .. } => Some(error.clone()),
+            _ => None,
+        };
+        let (tell, outcome) = tokio::sync::watch::channel(None);
+        *link = Link::Opening {
+            epoch,
+            outcome: outcome.clone(),
+            down,
+        };
+        let (client, config) = (self.client.clone(), self.config.clone());
+        let (shared, failures, backoff) = (
+            Arc::clone(&self.link),
+            Arc::clone(&self.failures),
+            self.backoff,
+        );
+        tokio::spawn(async move {
+            let opened = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await;
+            {
+                let mut link = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                if matches!(&*link, Link::Opening { epoch: e, .. } if *e == epoch) {
+                    *link = match &opened {
+                        Ok(connection) => Link::Open {
+                            epoch,
+                            connection: connection.clone(),
+                        },
+                        Err(e) => failed(epoch, e, &failures, backoff),
+                    };
+                }
+            }
+            tell.send_replace(Some(opened));
+        });
+        (epoch, outcome)
+    }
+
+    /// Sends `cmd` on the connection ([`connection`](Self::connection)). An answer
+    /// ends the run of failures; a failure that means the connection is gone (closed,
+    /// reset, never answering in its protocol) counts as one and closes it.
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+        let (mut connection, epoch) = self.connection().await?;
+        match connection.req_packed_command(cmd).await {
+            Ok(value) => {
+                if self.failures.load(Ordering::Relaxed) != 0 {
+                    let _link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+                    self.failures.store(0, Ordering::Relaxed);
+                }
+                Ok(redis::from_redis_value(value.extract_error()?)?)
+            }
+            Err(e) => {
+                if e.is_unrecoverable_error() {
+                    let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+                    if matches!(&*link, Link::Open { epoch: at, .. } if *at == epoch) {
+                        *link = failed(epoch, &e, &self.failures, self.backoff);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes the open connection, for the next call to open a new one (if one is
+    /// being opened, or the link is down, it stays so).
+    fn renew(&self) {
+        let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Link::Open { epoch, .. } = &*link {
+            *link = Link::Closed { epoch: *epoch };
+            tracing::debug!("store connection replaced after a failed heartbeat");
+        }
+    }
+}
+
+/// The link after its `epoch`th connection failed with `error` (to open, or on a
+/// command), under its lock: one more failure in a row; after the first, closed (the
+/// next call tries again at once), after more, down for the backoff's wait.
+fn failed(epoch: u64, error: &RedisError, failures: &AtomicU32, backoff: Backoff) -> Link {
+    let n = failures.load(Ordering::Relaxed).saturating_add(1);
+    failures.store(n, Ordering::Relaxed);
+    if n < 2 {
+        return Link::Closed { epoch };
+    }
+    let wait = backoff.wait(n, random_bits());
+    tracing::debug!(error = %error, failures = n, ?wait, "store connection failed: next try after a wait");
+    Link::Down {
+        epoch,
+        error: error.clone(),
+        retry_at: tokio::time::Instant::now() + wait,
+    }
 }
 
 /// A Redis Cluster's connection, and what it takes to open a new one.
@@ -615,22 +834,20 @@ impl Cluster {
 }
 
 impl Conn {
-    fn single(client: redis::Client, config: ConnectionManagerConfig) -> RedisResult<Conn> {
-        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-        Ok(Conn::Single(Box::new(Single {
+    fn single(client: redis::Client, config: AsyncConnectionConfig, backoff: Backoff) -> Conn {
+        Conn::Single(Box::new(Single {
             client,
             config,
-            manager: ArcSwap::from_pointee(manager),
-        })))
+            link: Arc::new(Mutex::new(Link::Closed { epoch: 0 })),
+            failures: Arc::new(AtomicU32::new(0)),
+            backoff,
+        }))
     }
 
     /// Sends one command (on a cluster, to the node its first key's slot lives on).
     async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
-            Conn::Single(s) => {
-                let mut manager = ConnectionManager::clone(&s.manager.load());
-                cmd.query_async(&mut manager).await
-            }
+            Conn::Single(s) => s.query(cmd).await,
             Conn::Cluster(c) => {
                 let mut connection = ClusterConnection::clone(&c.connection.load());
                 cmd.query_async(&mut connection).await
@@ -653,19 +870,15 @@ impl Conn {
     /// One server: drops the connection for a new one (opened by the next call), after
     /// a heartbeat that it did not answer within `timeout`, or answered with an error
     /// a new connection may cure ([`cured_by_reconnecting`]).
-    /// Calls in flight keep the old one until they end. A Redis that is away, slow or
+    /// Calls in flight keep the old one until they end. A Redis that is slow or
     /// failing costs one new connection per heartbeat; one whose connection went dark
-    /// or only answers errors is reached again on the next call. A
+    /// or only answers errors is reached again on the next call. One that refuses
+    /// connections or is away leaves none open to replace: its attempts follow the
+    /// backoff ([`Single`]). A
     /// cluster's connection is replaced by [`suspect`](Self::suspect) instead.
     fn renew(&self) {
         if let Conn::Single(s) = self {
-            match ConnectionManager::new_lazy_with_config(s.client.clone(), s.config.clone()) {
-                Ok(manager) => {
-                    s.manager.store(Arc::new(manager));
-                    tracing::debug!("store connection replaced after a failed heartbeat");
-                }
-                Err(e) => tracing::debug!(error = %e, "store connection not replaced"),
-            }
+            s.renew();
         }
     }
 
@@ -1268,16 +1481,18 @@ impl RedisStore {
                     .map_err(StoreError::Url)?
                     .set_tcp_settings(tcp_settings(config.timeout));
                 let client = redis::Client::open(info).map_err(StoreError::Url)?;
-                let manager = ConnectionManagerConfig::new()
+                // No retry within a connection attempt: a refusal (`WRONGPASS`,
+                // `NOAUTH`, a closed port) is the call's answer at once, not a wait past
+                // `timeout` that hid it behind a timeout; the attempts are spaced
+                // between calls instead ([`Backoff`]).
+                let connection = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(None)
-                    // No retry within a connection attempt (so no delay between
-                    // retries to set): the calls and the heartbeat try again anyway,
-                    // and retries (20 ms, then 40 ms and more, apart) took a connection
-                    // that Redis refused (`WRONGPASS`, `NOAUTH`) past `timeout`, which
-                    // then hid Redis's answer behind a timeout.
-                    .set_number_of_retries(0);
-                Conn::single(client, manager).map_err(StoreError::Url)?
+                    .set_response_timeout(None);
+                let backoff = Backoff {
+                    first: config.timeout,
+                    cap: config.probe_interval,
+                };
+                Conn::single(client, connection, backoff)
             }
             RedisServers::Cluster(nodes) => {
                 // Retries (a redirection, a node reconnecting) stay within the
