@@ -1928,9 +1928,10 @@ async fn the_seeds_asked_after_a_failed_beat_answer_within_the_beats_timeout() {
 /// One Redis that refuses connections (nothing listens: a Redis restarting): each call
 /// fails with the refusal, an I/O error, well within `timeout`: the first two each
 /// with the connection they tried, the next ones at once with the second's error,
-/// until the backoff lets one try again. The connection manager opens a connection with
-/// no retry: with two, 20 ms and 40 ms and more apart, the first call waited for them
-/// past `timeout` (50 ms) and counted as a timeout, not as the refusal it was.
+/// until the backoff lets one try again. A connection is opened with no retry: with
+/// two, 20 ms and 40 ms and more apart (redis-rs's connection manager, as it was set
+/// up before), the first call waited for them past `timeout` (50 ms) and counted as a
+/// timeout, not as the refusal it was.
 #[tokio::test]
 async fn a_refused_connection_fails_each_call_with_the_refusal_not_a_timeout() {
     let store = a_store_where_nothing_listens(SyncMode::Exact);
