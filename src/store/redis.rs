@@ -35,6 +35,13 @@
 //! counted twice), the ambiguity of any retry on a lost reply; it errs on the side of
 //! admitting less. One server's connection sends each call once.
 //!
+//! While Redis refuses connections or is away, connection attempts are spaced: one at
+//! a time, the waits doubling from `timeout` up to `probe_interval` (with jitter), and
+//! the calls in between fail at once with the last attempt's error (the refusal named:
+//! `WRONGPASS`, `NOAUTH`), decided by `fail_mode` in the same request. On a cluster
+//! this holds while the client reaches no node at all; one node away is repaired by
+//! the client, with a backoff of its own.
+//!
 //! Failure: a call that errs or takes longer than `timeout` is decided locally within
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
 //! instances last seen), or by `fail_mode`. Each route has a [`Breaker`]: it stops
@@ -785,6 +792,12 @@ fn failed(epoch: u64, error: &RedisError, failures: &AtomicU32, backoff: Backoff
 /// dark (half-open) would hold the routes on that node in fallback until the kernel
 /// gives up on it, some 15 minutes later. [`Conn::suspect`] replaces the whole cluster
 /// connection by a new one if the new one answers on the route's keys.
+///
+/// A client that reaches no node at all (`ClusterConnectionNotFound`) connects to every
+/// seed node again for each call, and again for each of the call's retries: while that
+/// lasts the cluster is [`down`](Self::down), and one call per wait of the same backoff
+/// as one server's ([`Backoff`]) goes through. The client repairs a single node's
+/// connection by itself, one attempt at a time, with a backoff of its own.
 struct Cluster {
     client: ClusterClient,
     config: ClusterConfig,
@@ -794,9 +807,99 @@ struct Cluster {
     trying: AtomicBool,
     every: Duration,
     timeout: Duration,
+    /// Set while the client reaches no node at all (`ClusterConnectionNotFound`: every
+    /// seed refused or away), when each call would make it connect to every seed node
+    /// again: calls then fail at once with that error, and one call per wait of
+    /// `backoff` (after the `n`th such failure in a row, its wait after `n + 1`
+    /// failures: from `timeout`) goes through to try again.
+    down: Mutex<Option<ClusterDown>>,
+    backoff: Backoff,
+}
+
+/// [`Cluster::down`]: the last `ClusterConnectionNotFound`, how many came in a row,
+/// and when the next call may try again (`None` while one is trying).
+struct ClusterDown {
+    error: RedisError,
+    failures: u32,
+    retry_at: Option<tokio::time::Instant>,
+}
+
+/// A call that [`Cluster::admit`] let through while the cluster was down: if dropped
+/// before [`Cluster::record`] took its answer (its caller's timeout gave up on it),
+/// counts as one more failure, so that the next call may try after a wait.
+struct ClusterTry<'a> {
+    cluster: &'a Cluster,
+    answered: bool,
+}
+
+impl Drop for ClusterTry<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            let mut down = self
+                .cluster
+                .down
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(d) = down.as_mut() {
+                d.failures = d.failures.saturating_add(1);
+                d.retry_at = Some(self.cluster.retry_at(d.failures));
+            }
+        }
+    }
 }
 
 impl Cluster {
+    /// Whether a call may go to the client: `Ok(None)` while the cluster is not down,
+    /// `Ok(Some(_))` for the one call that tries again after the wait, else the last
+    /// `ClusterConnectionNotFound` at once.
+    fn admit(&self) -> RedisResult<Option<ClusterTry<'_>>> {
+        let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        match down.as_mut() {
+            None => Ok(None),
+            Some(d)
+                if d.retry_at
+                    .is_some_and(|at| tokio::time::Instant::now() >= at) =>
+            {
+                d.retry_at = None;
+                Ok(Some(ClusterTry {
+                    cluster: self,
+                    answered: false,
+                }))
+            }
+            Some(d) => Err(d.error.clone()),
+        }
+    }
+
+    /// Takes a call's answer: a `ClusterConnectionNotFound` takes the cluster down (or
+    /// keeps it down, one more failure in a row, if the call was the try); anything
+    /// else from the try brings it back up.
+    fn record<T>(&self, answer: &RedisResult<T>, tried: Option<ClusterTry<'_>>) {
+        let tried = tried.map(|mut t| t.answered = true).is_some();
+        let not_found = match answer {
+            Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => Some(e),
+            _ => None,
+        };
+        let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        match not_found {
+            Some(e) if tried || down.is_none() => {
+                let failures = down.as_ref().map_or(0, |d| d.failures).saturating_add(1);
+                *down = Some(ClusterDown {
+                    error: e.clone(),
+                    failures,
+                    retry_at: Some(self.retry_at(failures)),
+                });
+            }
+            None if tried => *down = None,
+            _ => {}
+        }
+    }
+
+    /// When the next call may try again after the `failures`th failure in a row.
+    fn retry_at(&self, failures: u32) -> tokio::time::Instant {
+        let wait = self.backoff.wait(failures.saturating_add(1), random_bits());
+        tokio::time::Instant::now() + wait
+    }
+
     /// Opens a new cluster connection and takes it in place of the current one if it
     /// answers on `key` within `timeout` (a node that is silent on every connection, or
     /// away, leaves the current one in place). Then waits `every` before the next try
@@ -849,8 +952,11 @@ impl Conn {
         match self {
             Conn::Single(s) => s.query(cmd).await,
             Conn::Cluster(c) => {
+                let tried = c.admit()?;
                 let mut connection = ClusterConnection::clone(&c.connection.load());
-                cmd.query_async(&mut connection).await
+                let answer = cmd.query_async(&mut connection).await;
+                c.record(&answer, tried);
+                answer
             }
         }
     }
@@ -1517,6 +1623,11 @@ impl RedisStore {
                     trying: AtomicBool::new(false),
                     every: config.heartbeat,
                     timeout: config.timeout,
+                    down: Mutex::new(None),
+                    backoff: Backoff {
+                        first: config.timeout,
+                        cap: config.probe_interval,
+                    },
                 }))
             }
         };
