@@ -670,7 +670,12 @@ impl Single {
                 Link::Down {
                     error, retry_at, ..
                 } if tokio::time::Instant::now() < *retry_at => return Err(error.clone()),
-                Link::Down { .. } | Link::Closed { .. } => self.open(&mut link),
+                Link::Down { .. } | Link::Closed { .. } => {
+                    let (epoch, outcome, start) = self.open(&mut link);
+                    drop(link);
+                    start();
+                    (epoch, outcome)
+                }
             }
         };
         let answer = outcome
@@ -689,10 +694,12 @@ impl Single {
         }
     }
 
-    /// Starts opening a connection, in a task of its own that records its outcome,
-    /// under `link`'s lock: the link goes `Opening`. Returns the attempt's epoch and
-    /// where its outcome comes.
-    fn open(&self, link: &mut Link) -> (u64, Outcome) {
+    /// Readies a connection attempt, under `link`'s lock: the link goes `Opening`.
+    /// Returns the attempt's epoch, where its outcome comes, and what starts it in a
+    /// task of its own that records its outcome, to call once the lock is released
+    /// (an attempt dropped unstarted, or by a runtime shutting down, takes the lock to
+    /// count as a failure: [`Attempt`]).
+    fn open(&self, link: &mut Link) -> (u64, Outcome, impl FnOnce()) {
         let epoch = link.epoch() + 1;
         let down = match link {
             Link::Down { error, .. } => Some(error.clone()),
@@ -710,25 +717,23 @@ impl Single {
             Arc::clone(&self.failures),
             self.backoff,
         );
-        tokio::spawn(async move {
-            let opened = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await;
-            {
-                let mut link = shared.lock().unwrap_or_else(PoisonError::into_inner);
-                if matches!(&*link, Link::Opening { epoch: e, .. } if *e == epoch) {
-                    *link = match &opened {
-                        Ok(connection) => Link::Open {
-                            epoch,
-                            connection: connection.clone(),
-                        },
-                        Err(e) => failed(epoch, e, &failures, backoff),
-                    };
-                }
-            }
-            tell.send_replace(Some(opened));
-        });
-        (epoch, outcome)
+        let mut attempt = Attempt {
+            epoch,
+            link: shared,
+            failures,
+            backoff,
+            ended: false,
+        };
+        let start = move || {
+            tokio::spawn(async move {
+                let opened = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await;
+                attempt.end(&opened);
+                tell.send_replace(Some(opened));
+            });
+        };
+        (epoch, outcome, start)
     }
 
     /// Sends `cmd` on the connection ([`connection`](Self::connection)). An answer
@@ -763,6 +768,47 @@ impl Single {
         if let Link::Open { epoch, .. } = &*link {
             *link = Link::Closed { epoch: *epoch };
             tracing::debug!("store connection replaced after a failed heartbeat");
+        }
+    }
+}
+
+/// [`Single::open`]'s attempt, in its task: records its outcome in the link. Dropped
+/// unended (its task panicked, or was dropped unfinished with the runtime that ran
+/// it), it counts as a failure, so that the link does not stay `Opening` with nobody
+/// to end it (its waiters see its outcome's sender gone).
+struct Attempt {
+    epoch: u64,
+    link: Arc<Mutex<Link>>,
+    failures: Arc<AtomicU32>,
+    backoff: Backoff,
+    ended: bool,
+}
+
+impl Attempt {
+    /// Takes the attempt's outcome: the link goes `Open`, or fails, if it is still
+    /// this attempt's.
+    fn end(&mut self, opened: &RedisResult<MultiplexedConnection>) {
+        self.ended = true;
+        let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(&*link, Link::Opening { epoch: e, .. } if *e == self.epoch) {
+            *link = match opened {
+                Ok(connection) => Link::Open {
+                    epoch: self.epoch,
+                    connection: connection.clone(),
+                },
+                Err(e) => failed(self.epoch, e, &self.failures, self.backoff),
+            };
+        }
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.end(&Err(RedisError::from((
+                ErrorKind::Client,
+                "the store's connection attempt ended with no outcome",
+            ))));
         }
     }
 }

@@ -2227,3 +2227,45 @@ async fn a_cluster_down_lets_one_call_try_per_wait() {
         "the next try after a wait"
     );
 }
+
+/// A connection attempt whose task ends with no outcome (dropped unfinished with the
+/// runtime that ran it, or panicked) leaves the link free for the next call to try
+/// again. Failed before: the link stayed `Opening` with nobody to end it, and every
+/// later call failed at once, "ended with no outcome", with no attempt (1 of 2).
+#[test]
+fn an_attempt_that_ends_with_no_outcome_lets_the_next_call_try_again() {
+    // Never accepted: the kernel completes the handshake, Redis's never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let ping = |store: &RedisStore| {
+        let inner = Arc::clone(&store.inner);
+        async move {
+            tokio::time::timeout(
+                Duration::from_millis(20),
+                inner.conn.query::<Value>(&redis::cmd("PING")),
+            )
+            .await
+        }
+    };
+    let first = runtime();
+    let store = first.block_on(async {
+        a_store_on(
+            port,
+            SyncMode::Exact,
+            Arc::new(crate::clock::ManualClock::new()),
+        )
+    });
+    assert!(first.block_on(ping(&store)).is_err(), "nothing answers");
+    assert_eq!(attempts_of(&store), 1);
+    drop(first);
+    let second = runtime();
+    let answer = second.block_on(ping(&store));
+    assert_eq!(attempts_of(&store), 2, "the next call tried: {answer:?}");
+    drop(listener);
+}
