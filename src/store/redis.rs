@@ -925,6 +925,11 @@ impl Cluster {
             Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => Some(e),
             _ => None,
         };
+        if !tried && not_found.is_none() {
+            // Changes nothing (the last arm below): every call on a cluster that is up
+            // would otherwise take the lock that all routes share.
+            return;
+        }
         let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
         match not_found {
             Some(e) if tried || down.is_none() => {
