@@ -4394,12 +4394,21 @@ async fn post_order(
 async fn post_order_head(
     client: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
 ) -> http::response::Parts {
-    use http_body_util::BodyExt;
-    client.ready().await.unwrap();
     let req = http::Request::post("/api/order")
         .header("host", "shop.example")
         .body(http_body_util::Empty::new())
         .unwrap();
+    head_of(client, req).await
+}
+
+/// `req` sent on `client` once it is ready, answered within 5 s: the response's head,
+/// its body read.
+async fn head_of(
+    client: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+    req: http::Request<http_body_util::Empty<hyper::body::Bytes>>,
+) -> http::response::Parts {
+    use http_body_util::BodyExt;
+    client.ready().await.unwrap();
     let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
         .await
         .unwrap()
@@ -6334,6 +6343,15 @@ impl Drop for SwitchRelay {
     }
 }
 
+/// A directory of the test's own, a Redis that keeps its files there (a replica's
+/// sync saves its snapshot there) and another Redis beside it.
+async fn one_in_a_dir_and_one_beside() -> (tempfile::TempDir, RedisServer, RedisServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start_with(&["--dir", dir.path().to_str().unwrap()]).await;
+    let beside = RedisServer::beside(&server).await;
+    (dir, server, beside)
+}
+
 /// Offers requests every 5 ms until `inst`'s decisions are made in `mode` or `within`
 /// has passed; returns its mode then.
 async fn offer_until_in(inst: &Instance, mode: StoreMode, within: Duration) -> StoreMode {
@@ -6356,9 +6374,7 @@ async fn offer_until_in(inst: &Instance, mode: StoreMode, within: Duration) -> S
 async fn a_failover_that_demotes_the_old_master_behind_the_same_address_is_followed() {
     let _serial = one_at_a_time().await;
     // The old master, as a replica, writes the new one's data to its directory.
-    let dir = tempfile::tempdir().unwrap();
-    let old = RedisServer::start_with(&["--dir", dir.path().to_str().unwrap()]).await;
-    let new = RedisServer::beside(&old).await;
+    let (_dir, old, new) = one_in_a_dir_and_one_beside().await;
     let relay = SwitchRelay::start(old.port).await;
     let mut config = patient_config(&old, "failover");
     config.servers = RedisServers::Single(format!("redis://127.0.0.1:{}", relay.port));
@@ -6421,13 +6437,61 @@ fn acl(args: &[&str]) -> redis::Cmd {
 fn as_acl_user(
     server: &RedisServer,
     admin: &mut redis::Connection,
-    mut config: RedisConfig,
+    config: RedisConfig,
 ) -> RedisConfig {
     let _: () = acl(&["SETUSER", "a", "on", ">pw", "~*", "&*", "+@all"])
         .query(admin)
         .unwrap();
-    config.servers = RedisServers::Single(format!("redis://a:pw@127.0.0.1:{}", server.port));
+    as_user(server, "a:pw", config)
+}
+
+/// `config` connecting to the single Redis `server` as `user_info` (`user:password`).
+fn as_user(server: &RedisServer, user_info: &str, mut config: RedisConfig) -> RedisConfig {
+    config.servers = RedisServers::Single(format!("redis://{user_info}@127.0.0.1:{}", server.port));
     config
+}
+
+/// The test lock and this thread's log capture, held together: the lock released last.
+type Held = (
+    tracing::subscriber::DefaultGuard,
+    tokio::sync::MutexGuard<'static, ()>,
+);
+
+/// The test lock, then this thread's log captured (in a current-thread runtime the
+/// stores' tasks log under this thread's subscriber): what holds both, and the log.
+async fn logged() -> (Held, captured::Captured) {
+    let serial = one_at_a_time().await;
+    let (log, capturing) = captured::Captured::on_this_thread();
+    ((capturing, serial), log)
+}
+
+/// A Redis of a test's own, its log [`logged`]: what holds the lock and the capture,
+/// the log, the server and an admin connection to it.
+async fn logged_redis() -> (Held, captured::Captured, RedisServer, redis::Connection) {
+    let (held, log) = logged().await;
+    let server = RedisServer::start().await;
+    let admin = server.connection().unwrap();
+    (held, log, server, admin)
+}
+
+/// Beats `inst`'s store three times, each unanswered, and returns the
+/// `shared store unreachable` lines of `log`, checked to number `count`.
+async fn unanswered_beats(inst: &Instance, log: &captured::Captured, count: usize) -> Vec<String> {
+    for _ in 0..3 {
+        assert_eq!(inst.store.beat().await, None);
+    }
+    let lines = log.lines_with("shared store unreachable");
+    assert_eq!(lines.len(), count, "{lines:#?}");
+    lines
+}
+
+/// Offers `inst` the `failures_to_open` requests of `config`, each admitted, after
+/// which its route is in fallback.
+async fn admitted_into_fallback(inst: &Instance, config: &RedisConfig) {
+    for _ in 0..config.failures_to_open {
+        assert!(inst.check().await.is_admit());
+    }
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
 }
 
 /// Redis refuses the instance's `AUTH` for a while (an ACL change, a password rotated
@@ -7712,36 +7776,19 @@ async fn serve_shares_route_limit_among_its_fleet() {
     };
     let (a, path, _dir) = served_from_file(&file("ip")).await;
     let b = Served::with_ok_upstream(&Config::load(&path).unwrap(), None).await;
-    let total = async |proxy: &Served| -> serde_json::Value {
-        let mut admin = http1::connect(proxy.admin).await;
-        let route: serde_json::Value =
-            serde_json::from_str(&get(&mut admin, "/admin/routes/keyed").await).unwrap();
-        route["route_limit"].clone()
-    };
-    let until = async |proxy: &Served, limit: f64| {
-        let mut seen = serde_json::Value::Null;
-        for _ in 0..250 {
-            seen = total(proxy).await;
-            if seen["limit_rps"] == limit {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("never held {limit}: {seen}");
-    };
-    until(&a, 50.0).await;
-    until(&b, 50.0).await;
-    assert_eq!(total(&a).await["configured_rps"], 100.0);
-    assert_eq!(total(&a).await["capacity"], 50.0);
+    until_keyed_holds(a.admin, 50.0).await;
+    until_keyed_holds(b.admin, 50.0).await;
+    assert_eq!(keyed_total(a.admin).await["configured_rps"], 100.0);
+    assert_eq!(keyed_total(a.admin).await["capacity"], 50.0);
 
     std::fs::write(&path, file("header:x-api-key")).unwrap();
     a.reloader.reload_async().await.unwrap();
-    let rebuilt = total(&a).await;
+    let rebuilt = keyed_total(a.admin).await;
     assert_eq!(rebuilt["limit_rps"], 50.0, "{rebuilt}");
     assert_eq!(rebuilt["capacity"], 50.0, "{rebuilt}");
 
     b.stop().await;
-    until(&a, 100.0).await;
+    until_keyed_holds(a.admin, 100.0).await;
     a.stop().await;
 }
 
@@ -7839,20 +7886,12 @@ async fn a_held_spike_on_a_shared_route_is_told_its_raise() {
 #[cfg(feature = "cli")]
 #[tokio::test]
 async fn refused_credentials_are_named_in_the_warning_with_the_setting() {
-    let _serial = one_at_a_time().await;
-    // A current-thread runtime: the stores' tasks log under this thread's subscriber.
-    let (log, _capturing) = captured::Captured::on_this_thread();
-    let server = RedisServer::start().await;
-    let mut admin = server.connection().unwrap();
-    let mut config = as_acl_user(&server, &mut admin, hand_beaten_config(&server, "wrongpw"));
+    let (_held, log, server, mut admin) = logged_redis().await;
+    let config = as_acl_user(&server, &mut admin, hand_beaten_config(&server, "wrongpw"));
     assert_eq!(config.timeout, RedisConfig::default().timeout);
-    config.servers = RedisServers::Single(format!("redis://a:wrong@127.0.0.1:{}", server.port));
+    let config = as_user(&server, "a:wrong", config);
     let wrong = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
-    for _ in 0..3 {
-        assert_eq!(wrong.store.beat().await, None);
-    }
-    let lines = log.lines_with("shared store unreachable");
-    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let lines = unanswered_beats(&wrong, &log, 1).await;
     assert!(
         lines[0].contains("AuthenticationFailed") && lines[0].contains("url"),
         "{}",
@@ -7868,11 +7907,7 @@ async fn refused_credentials_are_named_in_the_warning_with_the_setting() {
         &route(100.0, Duration::from_secs(1)),
         &hand_beaten_config(&server, "nopw"),
     );
-    for _ in 0..3 {
-        assert_eq!(none.store.beat().await, None);
-    }
-    let lines = log.lines_with("shared store unreachable");
-    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let lines = unanswered_beats(&none, &log, 2).await;
     assert!(
         lines[1].contains("NOAUTH") && lines[1].contains("url"),
         "{}",
@@ -7889,11 +7924,7 @@ async fn refused_credentials_are_named_in_the_warning_with_the_setting() {
 #[cfg(feature = "cli")]
 #[tokio::test]
 async fn a_route_falling_back_names_the_error_that_sent_it() {
-    let _serial = one_at_a_time().await;
-    // A current-thread runtime: the store's tasks log under this thread's subscriber.
-    let (log, _capturing) = captured::Captured::on_this_thread();
-    let server = RedisServer::start().await;
-    let mut admin = server.connection().unwrap();
+    let (_held, log, server, mut admin) = logged_redis().await;
     let _: () = acl(&[
         "SETUSER",
         "k",
@@ -7905,14 +7936,10 @@ async fn a_route_falling_back_names_the_error_that_sent_it() {
     ])
     .query(&mut admin)
     .unwrap();
-    let mut config = hand_beaten_config(&server, "keyacl");
-    config.servers = RedisServers::Single(format!("redis://k:pw@127.0.0.1:{}", server.port));
+    let config = as_user(&server, "k:pw", hand_beaten_config(&server, "keyacl"));
     let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     assert_eq!(inst.store.beat().await, Some(1));
-    for _ in 0..config.failures_to_open {
-        assert!(inst.check().await.is_admit());
-    }
-    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+    admitted_into_fallback(&inst, &config).await;
     let lines = log.lines_with("store mode changed");
     let fell = lines
         .iter()
@@ -7976,9 +8003,7 @@ async fn snapshot_ended(admin: &mut redis::Connection, status: &str) {
 async fn writes_refused_in_place_fall_back_by_fail_mode_and_come_back() {
     use rocgate::store::FailMode;
     let _serial = one_at_a_time().await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = RedisServer::start_with(&["--dir", dir.path().to_str().unwrap()]).await;
-    let master = RedisServer::beside(&server).await;
+    let (dir, server, master) = one_in_a_dir_and_one_beside().await;
     let mut admin = server.connection().unwrap();
     let _: () = redis::cmd("CONFIG")
         .arg(&["SET", "save", "3600 1"])
@@ -8014,21 +8039,12 @@ async fn writes_refused_in_place_fall_back_by_fail_mode_and_come_back() {
             let expected = if readonly { "READONLY" } else { "MISCONF" };
             assert_eq!(code.as_deref(), Some(expected));
             let mut waits = Waits::new(&config);
-            let (mode, (admitted, refused)) = timed_until_in(
-                &inst,
-                &mut waits,
-                StoreMode::Fallback,
-                Duration::from_secs(2),
-            )
-            .await;
+            let mut until_in =
+                async |mode, within| timed_until_in(&inst, &mut waits, mode, within).await;
+            let (mode, (admitted, refused)) =
+                until_in(StoreMode::Fallback, Duration::from_secs(2)).await;
             assert_eq!(mode, StoreMode::Fallback, "{fail_mode:?}, {expected}");
-            let (more, _) = timed_until_in(
-                &inst,
-                &mut waits,
-                StoreMode::Shared,
-                Duration::from_millis(300),
-            )
-            .await;
+            let (more, _) = until_in(StoreMode::Shared, Duration::from_millis(300)).await;
             assert_eq!(more, StoreMode::Fallback, "{expected}: no way back yet");
             let fell = inst.store.fallback_decisions();
             assert!(
@@ -8050,8 +8066,7 @@ async fn writes_refused_in_place_fall_back_by_fail_mode_and_come_back() {
                 let _: String = redis::cmd("BGSAVE").query(&mut admin).unwrap();
                 snapshot_ended(&mut admin, "ok").await;
             }
-            let (mode, _) =
-                timed_until_in(&inst, &mut waits, StoreMode::Shared, Duration::from_secs(3)).await;
+            let (mode, _) = until_in(StoreMode::Shared, Duration::from_secs(3)).await;
             assert_eq!(mode, StoreMode::Shared, "{fail_mode:?}, {expected}: back");
             assert!(inst.check().await.is_admit());
         }
@@ -8066,9 +8081,7 @@ async fn writes_refused_in_place_fall_back_by_fail_mode_and_come_back() {
 #[cfg(feature = "cli")]
 #[tokio::test]
 async fn a_cluster_refusing_the_password_is_named_in_the_warning() {
-    let _serial = one_at_a_time().await;
-    // A current-thread runtime: the store's tasks log under this thread's subscriber.
-    let (log, _capturing) = captured::Captured::on_this_thread();
+    let (_held, log) = logged().await;
     let cluster = RedisCluster::start().await;
     for node in &cluster.nodes {
         let _: () = node
@@ -8083,11 +8096,7 @@ async fn a_cluster_refusing_the_password_is_named_in_the_warning() {
             .collect(),
     );
     let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
-    for _ in 0..3 {
-        assert_eq!(inst.store.beat().await, None);
-    }
-    let lines = log.lines_with("shared store unreachable");
-    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let lines = unanswered_beats(&inst, &log, 1).await;
     assert!(
         lines[0].contains("AuthenticationFailed")
             && lines[0].contains("seed node 127.0.0.1:")
@@ -8105,22 +8114,14 @@ async fn a_cluster_refusing_the_password_is_named_in_the_warning() {
 #[cfg(feature = "cli")]
 #[tokio::test]
 async fn a_script_command_the_acl_refuses_names_the_rights_to_check() {
-    let _serial = one_at_a_time().await;
-    // A current-thread runtime: the store's tasks log under this thread's subscriber.
-    let (log, _capturing) = captured::Captured::on_this_thread();
-    let server = RedisServer::start().await;
-    let mut admin = server.connection().unwrap();
+    let (_held, log, server, mut admin) = logged_redis().await;
     let _: () = acl(&["SETUSER", "t", "on", ">pw", "~*", "&*", "+@all", "-time"])
         .query(&mut admin)
         .unwrap();
-    let mut config = hand_beaten_config(&server, "notime");
-    config.servers = RedisServers::Single(format!("redis://t:pw@127.0.0.1:{}", server.port));
+    let config = as_user(&server, "t:pw", hand_beaten_config(&server, "notime"));
     let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
     assert_eq!(inst.store.beat().await, None);
-    for _ in 0..config.failures_to_open {
-        assert!(inst.check().await.is_admit());
-    }
-    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+    admitted_into_fallback(&inst, &config).await;
     for text in ["shared store unreachable", "route store mode changed"] {
         let lines = log.lines_with(text);
         assert_eq!(lines.len(), 1, "{lines:#?}");
@@ -8314,22 +8315,15 @@ async fn stream_keyed(
     answers: Arc<std::sync::Mutex<Vec<Answered>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) {
-    use http_body_util::BodyExt;
     let mut client = http1::connect(addr).await;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        client.ready().await.unwrap();
         let req = http::Request::get("/")
             .header("host", "shop.example")
             .header("x-api-key", "k")
             .body(http_body_util::Empty::<hyper::body::Bytes>::new())
             .unwrap();
         let sent = tokio::time::Instant::now();
-        let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
-            .await
-            .unwrap()
-            .unwrap();
-        let (head, body) = res.into_parts();
-        let _ = body.collect().await;
+        let head = head_of(&mut client, req).await;
         let policy = head.headers.get("ratelimit-policy");
         answers.lock().unwrap().push(Answered {
             sent,
