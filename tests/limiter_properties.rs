@@ -272,14 +272,24 @@ fn window_limit(window: Duration) -> BoxedStrategy<f64> {
     .boxed()
 }
 
+/// A first window limit for `window`, and a history of `len` steps (gaps drawn up to
+/// `max_gap_us`), 5% of them changes to another window limit.
+fn window_limits(
+    window: Duration,
+    max_gap_us: u64,
+    len: std::ops::Range<usize>,
+) -> (BoxedStrategy<f64>, impl Strategy<Value = (u64, Vec<Step>)>) {
+    (
+        window_limit(window),
+        history(max_gap_us, 0.05, window_limit(window), len),
+    )
+}
+
 /// A window, with a history of window limits and its jitter.
 fn windowed() -> impl Strategy<Value = (Duration, f64, (u64, Vec<Step>))> {
     window().prop_flat_map(|w| {
-        (
-            Just(w),
-            window_limit(w),
-            history(20_000, 0.05, window_limit(w), 1..300),
-        )
+        let (first, history) = window_limits(w, 20_000, 1..300);
+        (Just(w), first, history)
     })
 }
 
@@ -449,11 +459,8 @@ fn exact_retry() -> impl Strategy<Value = (Algorithm, f64, (u64, Vec<Step>))> {
         } else {
             Algorithm::FixedWindow { window }
         };
-        (
-            Just(algorithm),
-            window_limit(window),
-            history(5_000, 0.05, window_limit(window), 1..200),
-        )
+        let (first, history) = window_limits(window, 5_000, 1..200);
+        (Just(algorithm), first, history)
     });
     prop_oneof![spaced, windows]
 }
