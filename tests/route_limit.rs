@@ -194,12 +194,39 @@ fn lowering_the_base_limit_during_a_cut_never_raises_the_total() {
 /// The route of [`cut_to_60_of_200`] (a total of 1,000), cut by 11 s, and the
 /// engine stepped each second to `until_s` by a quiet key: its restore's steps.
 fn cut_then_quiet(until_s: u64) -> (Engine, RouteId) {
+    cut_then_quiet_among(None, until_s)
+}
+
+/// [`cut_then_quiet`], its total shared by a fleet of `instances` (told before the
+/// spike), if given.
+fn cut_then_quiet_among(instances: Option<u64>, until_s: u64) -> (Engine, RouteId) {
     let (e, id) = cut_to_60_of_200(1000.0, Mode::Enforce);
+    if let Some(instances) = instances {
+        e.set_route_limit_share(instances, Nanos::ZERO);
+    }
     spike_to_a_cut(&e, id);
     for s in 12..=until_s {
         let _ = e.check(id, ip(2), Nanos::from_secs(s));
     }
     (e, id)
+}
+
+/// [`cut_then_quiet`]`(11)`, stepped on each second until its restore has raised the
+/// keys to 100 (of 60 → 200), never back to normal before: the engine, the route and
+/// that instant.
+fn restored_to_100() -> (Engine, RouteId, Nanos) {
+    let (e, id) = cut_then_quiet(11);
+    let mut at = 11;
+    loop {
+        at += 1;
+        let now = Nanos::from_secs(at);
+        let _ = e.check(id, ip(2), now);
+        let s = e.route_snapshot(id, now).unwrap();
+        assert_ne!(s.state, ControllerState::Normal, "restored before 100");
+        if s.limit_rps == 100.0 {
+            return (e, id, now);
+        }
+    }
 }
 
 /// `e`'s route `id` at `now` with its base limit (and its cut limit, if `cut`) changed
@@ -293,18 +320,7 @@ fn an_event_raising_the_base_during_a_cut_leaves_the_total_as_without_it() {
 /// to 100 gave 1,000: a jump of half the total between two bases 10 apart.
 #[test]
 fn a_base_lowered_in_a_restore_moves_the_total_with_the_keys_progress() {
-    let (e, id) = cut_then_quiet(11);
-    let mut at = 11;
-    let reach_100 = loop {
-        at += 1;
-        let now = Nanos::from_secs(at);
-        let _ = e.check(id, ip(2), now);
-        let s = e.route_snapshot(id, now).unwrap();
-        assert_ne!(s.state, ControllerState::Normal, "restored before 100");
-        if s.limit_rps == 100.0 {
-            break now;
-        }
-    };
+    let (e, id, reach_100) = restored_to_100();
     assert_eq!(total(&e, id, reach_100).limit_rps, 500.0);
     put(&e, id, 110.0, None, reach_100);
     let s = e.route_snapshot(id, reach_100).unwrap();
@@ -752,15 +768,7 @@ proptest! {
         instances in 1u64..4,
         changes in prop::collection::vec((1u32..1000, 0.0f64..=1.0), 1..6),
     ) {
-        let run = || {
-            let (e, id) = cut_to_60_of_200(1000.0, Mode::Enforce);
-            e.set_route_limit_share(instances, Nanos::ZERO);
-            spike_to_a_cut(&e, id);
-            for s in 12..=at_s {
-                let _ = e.check(id, ip(2), Nanos::from_secs(s));
-            }
-            (e, id)
-        };
+        let run = || cut_then_quiet_among(Some(instances), at_s);
         let (e, id) = run();
         let (twin, twin_id) = run();
         let now = Nanos::from_secs(at_s);
@@ -807,16 +815,7 @@ proptest! {
 /// true, not a behaviour argued for: the keys rise while their total falls.)
 #[test]
 fn a_cut_limit_raised_in_a_restore_counts_the_totals_progress_from_it() {
-    let (e, id) = cut_then_quiet(11);
-    let mut at = 11;
-    let reach_100 = loop {
-        at += 1;
-        let now = Nanos::from_secs(at);
-        let _ = e.check(id, ip(2), now);
-        if e.route_snapshot(id, now).unwrap().limit_rps == 100.0 {
-            break now;
-        }
-    };
+    let (e, id, reach_100) = restored_to_100();
     assert_eq!(total(&e, id, reach_100).limit_rps, 500.0);
     put(&e, id, 200.0, Some(150.0), reach_100);
     let s = e.route_snapshot(id, reach_100).unwrap();
