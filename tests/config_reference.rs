@@ -1,6 +1,7 @@
 //! README's configuration reference and `config/rocgate.toml` say what the parser
 //! takes: every table's fields under their names, each default the value the parser
-//! gives a field left out.
+//! gives a field left out. README's TOML examples load, and a field it names elsewhere
+//! (`` `[hints] keep` ``, `ROCGATE__DEFAULTS__HOLD`) is one its table takes.
 //!
 //! The fields a table takes are read from the parser itself: a field it does not know
 //! is refused with the list of those it does (serde's `deny_unknown_fields`), so no
@@ -391,4 +392,81 @@ fn the_default_file_shows_the_built_in_values() {
         checked >= 40,
         "only {checked} fields read from config/rocgate.toml"
     );
+}
+
+/// Every TOML example in README loads (beside a route, as a file needs one).
+#[test]
+fn readme_toml_examples_load() {
+    let blocks: Vec<&str> = README
+        .split("```toml\n")
+        .skip(1)
+        .map(|rest| rest.split("```").next().expect("a closed block"))
+        .collect();
+    assert!(!blocks.is_empty(), "README has TOML examples");
+    for block in blocks {
+        let text = format!("{ROUTE}{block}");
+        if let Err(e) = Config::from_toml_str(&text, "README") {
+            panic!("{e}\n{block}");
+        }
+    }
+}
+
+/// What a table's fields are read against: the text that opens the table.
+fn table_text(table: &str) -> String {
+    match table {
+        "routes" => ROUTE.to_owned(),
+        _ => format!("[{table}]\n"),
+    }
+}
+
+/// Where README names a table's field (`` `[hints] keep` ``, `` `[admin]` `listen` ``,
+/// `ROCGATE__ROUTES__0__BASE_LIMIT`), the table takes that field.
+#[test]
+fn readme_names_fields_where_their_tables_take_them() {
+    let ident = |text: &'static str| {
+        let end = text
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(text.len());
+        &text[..end]
+    };
+    // (table, field, as README writes it)
+    let mut named: Vec<(String, String, String)> = Vec::new();
+    for (at, _) in README.match_indices("`[") {
+        let rest = &README[at + 2..];
+        let Some(close) = rest.find(']') else {
+            continue;
+        };
+        let table = &rest[..close];
+        let after = &rest[close + 1..];
+        let field = [" ", "\n", "` `"]
+            .iter()
+            .find_map(|gap| after.strip_prefix(gap))
+            .map(ident);
+        if let Some(field) = field.filter(|f| !f.is_empty() && table == ident(table)) {
+            let written = format!("`[{table}] {field}`");
+            named.push((table.to_owned(), field.to_owned(), written));
+        }
+    }
+    for (at, _) in README.match_indices("ROCGATE__") {
+        let name = &README[at..];
+        let name = &name[..name
+            .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(name.len())];
+        let parts: Vec<String> = name
+            .split("__")
+            .skip(1)
+            .filter(|p| !p.is_empty() && !p.chars().all(|c| c.is_ascii_digit()))
+            .map(str::to_ascii_lowercase)
+            .collect();
+        if let [table, field, ..] = &parts[..] {
+            named.push((table.clone(), field.clone(), name.to_owned()));
+        }
+    }
+    assert!(named.len() >= 30, "only {} mentions found", named.len());
+    for (table, field, written) in named {
+        assert!(
+            accepted(&table_text(&table)).contains(&field),
+            "README names {written}, but [{table}] takes no {field}"
+        );
+    }
 }
