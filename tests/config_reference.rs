@@ -7,7 +7,9 @@
 //! is refused with the list of those it does (serde's `deny_unknown_fields`), so no
 //! list here repeats README's.
 
-use rocgate::config::Config;
+use rocgate::config::{patch_controller, Config, ConfigError};
+use rocgate::controller::ControllerParams;
+use rocgate::limiter::Algorithm;
 use std::collections::BTreeSet;
 
 const README: &str = include_str!("../README.md");
@@ -41,6 +43,11 @@ fn readme_section(heading: &str) -> &'static str {
 fn accepted(before: &str) -> BTreeSet<String> {
     let text = format!("{before}{UNKNOWN} = 1\n");
     let e = Config::from_toml_str(&text, "t.toml").expect_err("an unknown field is refused");
+    fields_expected(&e)
+}
+
+/// The fields a refusal of the field [`UNKNOWN`] lists as expected.
+fn fields_expected(e: &ConfigError) -> BTreeSet<String> {
     let message = e.problems()[0].message();
     let expected = message
         .split_once(&format!("unknown field `{UNKNOWN}`, expected "))
@@ -469,4 +476,29 @@ fn readme_names_fields_where_their_tables_take_them() {
             "README names {written}, but [{table}] takes no {field}"
         );
     }
+}
+
+/// The controller fields README says an event takes, "the fields `PUT
+/// /admin/routes/{name}` takes too", are those a runtime change takes.
+#[test]
+fn the_fields_a_runtime_change_takes_are_readmes() {
+    let section = readme_section("## Configuration reference");
+    let from = section
+        .find("any controller field:")
+        .expect("README's fields of an event");
+    let list = &section[from..];
+    let list = &list[..list
+        .find("(the fields `PUT /admin/routes/{name}` takes too)")
+        .expect("README says PUT takes them")];
+    let documented: BTreeSet<String> = list
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    let json = format!("{{\"{UNKNOWN}\": 1}}");
+    let current = ControllerParams::default();
+    let e = patch_controller(&current, &Algorithm::default(), &json, "PUT")
+        .expect_err("an unknown field is refused");
+    assert_eq!(documented, fields_expected(&e), "README's against PUT's");
 }
