@@ -164,27 +164,72 @@ fn toml_value(default: &str) -> String {
     }
 }
 
+/// Routes beside [`ROUTE`] (a route limited as a whole, with the token bucket) that
+/// read the settings it does not: a route partitioned by client IP (`max_keys`,
+/// `idle_timeout`, `ipv6_prefix`), one counting fixed windows (`limiter_window`) and a
+/// leaky bucket (`queue`). Against [`ROUTE`] alone, a `[defaults]` value of those
+/// loads as the built-in whatever it is, and a wrong default goes unseen.
+const READERS: &str = "[[routes]]\nname = \"keyed\"\npath = \"/k\"\npartition = \"ip\"\n\
+    [[routes]]\nname = \"windowed\"\npath = \"/w\"\nalgorithm = \"fixed_window\"\n\
+    [[routes]]\nname = \"paced\"\npath = \"/p\"\nalgorithm = \"leaky_bucket\"\n";
+
+/// Another valid value than `value` (a TOML value), where one can be told from it
+/// without knowing the field: a number moved (a whole one up by 1, another halved), a
+/// duration of one unit doubled, a flag turned over. `None` for other text (a mode's
+/// name, an address).
+fn another_value(value: &str) -> Option<String> {
+    if let Ok(whole) = value.parse::<u64>() {
+        return Some((whole + 1).to_string());
+    }
+    if let Ok(number) = value.parse::<f64>() {
+        return Some((number / 2.0).to_string());
+    }
+    match value {
+        "true" => return Some("false".to_owned()),
+        "false" => return Some("true".to_owned()),
+        _ => {}
+    }
+    let text = value.strip_prefix('"')?.strip_suffix('"')?;
+    let digits = text.find(|c: char| !c.is_ascii_digit())?;
+    let (count, unit) = text.split_at(digits);
+    let count: u64 = count.parse().ok()?;
+    let one_unit = unit.chars().all(|c| c.is_ascii_lowercase());
+    one_unit.then(|| format!("\"{}{unit}\"", count * 2))
+}
+
 /// Asserts that `field = value` written in `table` (after `base`'s other lines there)
 /// loads as the configuration that leaves it out: the value is the built-in one.
 /// `base` is the rest of the table; a line of it that sets `field` is left out.
+///
+/// The comparison tells something only if the configuration reads the field, so
+/// another value (where [`another_value`] finds one) must load as another
+/// configuration: the routes ([`ROUTE`] and [`READERS`]) are such that it does.
 fn assert_builtin(table: &str, base: &[&str], field: &str, value: &str, source: &str) {
     let base: Vec<&str> = base
         .iter()
         .copied()
         .filter(|line| line.split('=').next().map(str::trim) != Some(field))
         .collect();
-    let without = format!("{ROUTE}{table}\n{}\n", base.join("\n"));
-    let with = format!("{without}{field} = {value}\n");
+    let without = format!("{ROUTE}{READERS}{table}\n{}\n", base.join("\n"));
+    let with = |value: &str| format!("{without}{field} = {value}\n");
     let left_out = Config::from_toml_str(&without, "without.toml")
         .unwrap_or_else(|e| panic!("{source}: {e}\n{without}"));
-    let written = Config::from_toml_str(&with, "with.toml")
+    let written = Config::from_toml_str(&with(value), "with.toml")
         .unwrap_or_else(|e| panic!("{source}: `{field} = {value}` is refused: {e}"));
+    let in_table = table.rsplit('\n').next().expect("a table");
     assert_eq!(
-        written,
-        left_out,
-        "{source}: {field} = {value} (in {}) is not the built-in value",
-        table.rsplit('\n').next().expect("a table")
+        written, left_out,
+        "{source}: {field} = {value} (in {in_table}) is not the built-in value",
     );
+    if let Some(other) = another_value(value) {
+        let moved = Config::from_toml_str(&with(&other), "other.toml")
+            .unwrap_or_else(|e| panic!("{source}: `{field} = {other}` is refused: {e}"));
+        assert_ne!(
+            moved, left_out,
+            "{field} = {other} (in {in_table}) loads as the built-in value too: \
+             these routes do not read {field}, so its default is not checked"
+        );
+    }
 }
 
 /// README's table of route settings: (field, default) from each row.
@@ -233,17 +278,13 @@ fn the_route_table_names_every_setting_a_route_takes() {
     }
 }
 
-/// `[defaults]` after a route partitioned by client IP: the route settings that apply
-/// to partitioned routes alone (`max_keys`) are read too.
-const KEYED: &str = "[[routes]]\nname = \"keyed\"\npath = \"/k\"\npartition = \"ip\"\n[defaults]";
-
 /// Each default in the route table is the value the parser gives a setting left out,
-/// on a route partitioned or not.
+/// on routes that read it ([`READERS`]: partitioned or not, each algorithm's fields).
 #[test]
 fn the_route_tables_defaults_are_the_built_in_values() {
     for (field, default) in route_table() {
         let value = toml_value(default);
-        assert_builtin(KEYED, &[], field, &value, "README's route table");
+        assert_builtin("[defaults]", &[], field, &value, "README's route table");
     }
 }
 
