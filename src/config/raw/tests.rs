@@ -383,6 +383,15 @@ fn readme_section(title: &str) -> &'static str {
     &body[..end]
 }
 
+/// Routes that read the settings a route limited as a whole with the token bucket
+/// does not: one partitioned by client IP (`max_keys`, `idle_timeout`,
+/// `ipv6_prefix`), one counting fixed windows (`limiter_window`), a leaky bucket
+/// (`queue`). Without them a `[defaults]` value of those loads as the built-in one,
+/// whatever it is.
+const READERS: &str = "[[routes]]\nname = \"keyed\"\npath = \"/k\"\npartition = \"ip\"\n\
+    [[routes]]\nname = \"windowed\"\npath = \"/w\"\nalgorithm = \"fixed_window\"\n\
+    [[routes]]\nname = \"paced\"\npath = \"/p\"\nalgorithm = \"leaky_bucket\"\n";
+
 /// README's "Configuration reference" table lists exactly the settings a route and
 /// `[defaults]` take, each with the value a file that leaves it out gets; and the
 /// section names every field of the other tables (a route's own, tiers, events,
@@ -408,8 +417,8 @@ fn readme_configuration_reference_matches_the_file_format() {
         "README's table against [defaults]' fields"
     );
 
-    let route = "[[routes]]\nname = \"r\"\npath = \"/\"\n";
-    let builtin = Config::from_toml_str(route, "builtin").expect("a route of built-ins");
+    let route = format!("[[routes]]\nname = \"r\"\npath = \"/\"\n{READERS}");
+    let builtin = Config::from_toml_str(&route, "builtin").expect("a route of built-ins");
     for &(name, default) in &rows {
         let text = format!("[defaults]\n{name} = {default}\n{route}");
         let written = Config::from_toml_str(&text, "README")
@@ -571,12 +580,14 @@ fn default_file_shows_every_field_and_the_built_in_values() {
             assert!(shown, "config/rocgate.toml's {table} does not show {field}");
         }
     }
+    // The file's own routes are limited as a whole with the token bucket: with
+    // READERS before them, its `max_keys`, `queue` and the like are read too.
     let defaults = text.find("\n[defaults]\n").expect("[defaults]");
     let routes = text.find("\n[[routes]]\n").expect("[[routes]]");
-    let without = format!("{}{}", &text[..defaults], &text[routes..]);
+    let without = format!("{READERS}{}{}", &text[..defaults], &text[routes..]);
     assert_eq!(
         Config::from_toml_str(&without, "without [defaults]").expect("valid"),
-        Config::from_toml_str(text, "config/rocgate.toml").expect("valid"),
+        Config::from_toml_str(&format!("{READERS}{text}"), "config/rocgate.toml").expect("valid"),
         "config/rocgate.toml's [defaults] are not the built-in values"
     );
 
