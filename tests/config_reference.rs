@@ -179,7 +179,7 @@ const READERS: &str = "[[routes]]\nname = \"keyed\"\npath = \"/k\"\npartition = 
 /// name, an address).
 fn another_value(value: &str) -> Option<String> {
     if let Ok(whole) = value.parse::<u64>() {
-        return Some((whole + 1).to_string());
+        return whole.checked_add(1).map(|moved| moved.to_string());
     }
     if let Ok(number) = value.parse::<f64>() {
         return Some((number / 2.0).to_string());
@@ -354,7 +354,7 @@ fn the_server_paragraph_names_every_field_and_its_defaults() {
                     &[],
                     field,
                     &toml_value(default),
-                    "README's [server]",
+                    &format!("README's {header}"),
                 ),
                 // README leaves it to config/rocgate.toml.
                 None => assert!(
