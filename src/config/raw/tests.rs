@@ -607,13 +607,13 @@ fn default_file_shows_every_field_and_the_built_in_values() {
     }
 
     // The commented-out `[store]` shows the built-in values of the fields that have
-    // one (not `url`'s example database, `cluster_nodes` or `instance_id`).
+    // one (not `cluster_nodes` or `instance_id`, which are examples).
     let store = &text[text.find("\n# [store]\n").expect("# [store]")..];
     let shown: String = store
         .lines()
         .filter_map(|line| line.strip_prefix("# "))
         .filter(|line| {
-            !["url", "cluster_nodes", "instance_id"]
+            !["cluster_nodes", "instance_id"]
                 .iter()
                 .any(|f| line.starts_with(f))
         })
