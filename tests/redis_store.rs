@@ -8669,3 +8669,30 @@ async fn a_redis_back_is_reached_within_one_backoff_step_and_one_probe() {
     assert_eq!(inst.store.mode(), StoreMode::Shared, "not back in {took:?}");
     assert!(took <= bound, "back after {took:?}, at most {bound:?}");
 }
+
+/// A route in fallback that a reload rebuilds (a new burst) falls back again as the
+/// rebuilt route, and says why, as its first fall did: the error that opened its
+/// breaker. (The rebuilt route's fall logged no `error=`.)
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_fall_carried_through_a_rebuild_names_its_error() {
+    let (_held, log) = logged().await;
+    let port = free_ports(1)[0];
+    let (mut inst, clock) = unanswered_instance(port, "rebuiltwhy", |_| {});
+    until_fallback(&inst, &clock).await;
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+    inst.reload(route(100.0, Duration::from_secs(2)));
+    let _ = inst.check().await;
+    let falls: Vec<String> = log
+        .lines_with("route store mode changed")
+        .into_iter()
+        .filter(|l| l.contains("fallback"))
+        .collect();
+    assert_eq!(falls.len(), 2, "{falls:#?}");
+    for fall in &falls {
+        assert!(
+            fall.contains("error=") && fall.contains("refused"),
+            "{fall}"
+        );
+    }
+}

@@ -1269,6 +1269,9 @@ struct SharedRoute {
     breaker: Mutex<Breaker>,
     /// Whether this route is decided locally for now.
     fallen: AtomicBool,
+    /// Why it last fell: the error and the setting to check ([`Why`]), which the
+    /// route rebuilt from it on reload says as it falls in its place.
+    fell_for: Mutex<Option<(String, Option<String>)>>,
     /// Whether the route fell back since an answer was last taken in
     /// ([`SharedView::fell_since_answer`]): set by the fall, cleared by
     /// [`Inner::absorb`] once the answer's ROC and demand are stored.
@@ -2252,6 +2255,10 @@ impl Inner {
         }
         if fall {
             r.fell_since_answer.store(true, Ordering::Relaxed);
+            if let Some(w) = why {
+                *r.fell_for.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((w.error.to_string(), w.check.map(str::to_owned)));
+            }
         }
         let before = if fall {
             self.fallen.fetch_add(1, Ordering::Relaxed)
@@ -2348,6 +2355,7 @@ impl Inner {
                 self.config.probe_interval,
             )),
             fallen: AtomicBool::new(false),
+            fell_for: Mutex::new(None),
             fell_since_answer: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             window,
@@ -2428,7 +2436,17 @@ impl Inner {
             };
             *r.breaker() = breaker;
             if fallen {
-                self.set_mode(&r, StoreMode::Fallback);
+                // Said again with the error that sent the old one.
+                let fell_for = old
+                    .fell_for
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                let why = fell_for.as_ref().map(|(error, check)| Why {
+                    error,
+                    check: check.as_deref(),
+                });
+                self.set_mode_for(&r, StoreMode::Fallback, why.as_ref());
             }
         }
         if let Some(old) = self.routes.insert(label, Arc::clone(&r)) {
