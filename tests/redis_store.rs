@@ -8670,6 +8670,56 @@ async fn a_redis_back_is_reached_within_one_backoff_step_and_one_probe() {
     assert!(took <= bound, "back after {took:?}, at most {bound:?}");
 }
 
+/// The store's config on `server` with the protocol `protocol` in its URL, its
+/// heartbeat left to the test, and a timeout of 200 ms (room for a loaded machine).
+fn on_protocol(server: &RedisServer, prefix: &str, protocol: &str) -> RedisConfig {
+    let mut config = hand_beaten_config(server, prefix);
+    config.servers = RedisServers::Single(format!("{}/?protocol={protocol}", server.url()));
+    config.timeout = Duration::from_millis(200);
+    config
+}
+
+/// Redis drops the store's connection between calls (`CLIENT KILL`; a restart alike):
+/// on RESP3, whose connections tell of their end as it comes, the store opens the next
+/// one at once, and no call fails; on RESP2, which tells nothing, the first call after
+/// finds it gone and fails, and the next is answered on a new one. (On RESP3 the first
+/// call after each kill failed, as on RESP2: redis-rs's connection manager had
+/// reconnected at the notice, the store's own link waited for a call to fail.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_redis_drops_fails_no_call_on_resp3_and_one_on_resp2() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut admin = server.connection().unwrap();
+    for (protocol, expected) in [("resp3", 0), ("resp2", 1)] {
+        let config = on_protocol(&server, &format!("dropped{protocol}"), protocol);
+        let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+        beat_answered(&inst.store).await;
+        let mut failed = Vec::new();
+        for _ in 0..3 {
+            // Past the backoff's first step: a connection that lived that long and
+            // answered ends the run of failures.
+            tokio::time::sleep(config.timeout + Duration::from_millis(100)).await;
+            assert!(inst.store.beat().await.is_some(), "{protocol}");
+            let killed: u64 = redis::cmd("CLIENT")
+                .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+                .query(&mut admin)
+                .unwrap();
+            assert!(killed >= 1, "{protocol}: {killed} killed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut before = 0;
+            while inst.store.beat().await.is_none() {
+                before += 1;
+                assert!(before < 5, "{protocol}: no answer after {before} calls");
+            }
+            failed.push(before);
+        }
+        assert_eq!(
+            failed, [expected; 3],
+            "{protocol}: calls failed after each kill"
+        );
+    }
+}
+
 /// A route in fallback that a reload rebuilds (a new burst) falls back again as the
 /// rebuilt route, and says why, as its first fall did: the error that opened its
 /// breaker. (The rebuilt route's fall logged no `error=`.)

@@ -38,9 +38,11 @@
 //! While Redis refuses connections or is away, connection attempts are spaced: one at
 //! a time, the waits doubling from `timeout` up to `probe_interval` (with jitter), and
 //! the calls in between fail at once with the last attempt's error (the refusal named:
-//! `WRONGPASS`, `NOAUTH`), decided by `fail_mode` in the same request. On a cluster
-//! this holds while the client reaches no node at all; one node away is repaired by
-//! the client, with a backoff of its own.
+//! `WRONGPASS`, `NOAUTH`), decided by `fail_mode` in the same request. One server's
+//! next connection is opened as soon as the last is known gone (a call failed on it, or,
+//! on RESP3, the connection's notice of its end). On a cluster this holds while the
+//! client reaches no node at all; one node away is repaired by the client, with a
+//! backoff of its own.
 //!
 //! Failure: a call that errs or takes longer than `timeout` is decided locally within
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
@@ -137,8 +139,8 @@ use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
-    RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
+    PushInfo, PushKind, RedisError, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
 };
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
@@ -545,7 +547,7 @@ pub enum StoreError {
 /// (routing each command to the node that holds its keys' slot, following `MOVED` and
 /// `ASK`).
 enum Conn {
-    Single(Box<Single>),
+    Single(Arc<Single>),
     Cluster(Arc<Cluster>),
 }
 
@@ -553,16 +555,21 @@ enum Conn {
 /// time, spaced while Redis refuses or is away.
 ///
 /// A connection is opened in a task of its own (with no retry within it), one attempt
-/// at a time. The calls that find one being opened after a connection was open (a
-/// start, a dropped connection, a [`renew`](Conn::renew)) wait for it, within their
-/// own timeout; one that fails fails them with its error (the refusal: `WRONGPASS`,
-/// `NOAUTH`, a refused port), and the next call tries once more at once. After two
-/// failures in a row the link is down: calls fail at once with the last failure's
-/// error, and the first call after the backoff ([`Backoff`]: from `timeout`, doubling
-/// up to `probe_interval`) opens the next one, which it alone waits for. An answer
-/// from Redis (an error reply too) ends the run of failures. A connection that
-/// connects but fails its first command (a balancer that accepts and closes) counts as
-/// a failure too: open connections are not the measure, answers are.
+/// at a time. The link opens the next one as soon as it learns that its connection is
+/// gone ([`lost`](Self::lost)): a call failed with an error that says so (closed,
+/// reset, never answering in its protocol), or, on RESP3, the connection's own notice
+/// of its end, which redis-rs sends through the connection's push sender the moment
+/// it reads the end, between calls too (RESP2 connections take no push sender: there
+/// the first call after the end fails). The calls that find one being opened after a
+/// connection was open (a start, a dropped connection, a [`renew`](Conn::renew)) wait
+/// for it, within their own timeout; one that fails fails them with its error (the
+/// refusal: `WRONGPASS`, `NOAUTH`, a refused port), and the next call tries once more
+/// at once. After two failures in a row the link is down: calls fail at once with the
+/// last failure's error, and the first call after the backoff ([`Backoff`]: from
+/// `timeout`, doubling up to `probe_interval`) opens the next one, which it alone
+/// waits for. An answer from Redis (an error reply too) ends the run of failures. A
+/// connection that connects but fails its first command (a balancer that accepts and
+/// closes) counts as a failure too: open connections are not the measure, answers are.
 ///
 /// A connection errs when its peer closes or resets it, never when it merely stays
 /// silent: a connection gone dark (half-open: a NAT or load balancer that dropped the
@@ -572,10 +579,13 @@ enum Conn {
 struct Single {
     client: redis::Client,
     config: AsyncConnectionConfig,
-    link: Arc<Mutex<Link>>,
+    /// Whether the URL asks for RESP3 (`protocol=resp3`): each connection is then
+    /// given a push sender, through which it tells of its end.
+    resp3: bool,
+    link: Mutex<Link>,
     /// Connection failures in a row since Redis last answered: written under `link`'s
     /// lock, read without it (a call that Redis answers resets it only if not 0).
-    failures: Arc<AtomicU32>,
+    failures: AtomicU32,
     backoff: Backoff,
 }
 
@@ -656,7 +666,7 @@ impl Single {
     /// opened, waited for (within the caller's timeout); else a new one, opened now if
     /// the link is not down or its backoff has passed. While down, the last failure's
     /// error at once.
-    async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
+    async fn connection(self: &Arc<Self>) -> RedisResult<(MultiplexedConnection, u64)> {
         let (epoch, mut outcome) = {
             let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
             match &*link {
@@ -699,7 +709,7 @@ impl Single {
     /// task of its own that records its outcome, to call once the lock is released
     /// (an attempt dropped unstarted, or by a runtime shutting down, takes the lock to
     /// count as a failure: [`Attempt`]).
-    fn open(&self, link: &mut Link) -> (u64, Outcome, impl FnOnce()) {
+    fn open(self: &Arc<Self>, link: &mut Link) -> (u64, Outcome, impl FnOnce()) {
         let epoch = link.epoch() + 1;
         let down = match link {
             Link::Down { error, .. } => Some(error.clone()),
@@ -711,17 +721,22 @@ impl Single {
             outcome: outcome.clone(),
             down,
         };
-        let (client, config) = (self.client.clone(), self.config.clone());
-        let (shared, failures, backoff) = (
-            Arc::clone(&self.link),
-            Arc::clone(&self.failures),
-            self.backoff,
-        );
+        let mut config = self.config.clone();
+        if self.resp3 {
+            let single = Arc::downgrade(self);
+            config = config.set_push_sender(move |info: PushInfo| {
+                if info.kind == PushKind::Disconnection {
+                    if let Some(single) = single.upgrade() {
+                        single.lost(epoch, &closed_connection());
+                    }
+                }
+                Ok::<(), std::convert::Infallible>(())
+            });
+        }
+        let client = self.client.clone();
         let mut attempt = Attempt {
             epoch,
-            link: shared,
-            failures,
-            backoff,
+            single: Arc::clone(self),
             ended: false,
         };
         let start = move || {
@@ -737,9 +752,9 @@ impl Single {
     }
 
     /// Sends `cmd` on the connection ([`connection`](Self::connection)). An answer
-    /// ends the run of failures; a failure that means the connection is gone (closed,
-    /// reset, never answering in its protocol) counts as one and closes it.
-    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
+    /// ends the run of failures; a failure that means the connection is gone (closed, reset, never answering in
+    /// its protocol) counts as one ([`lost`](Self::lost)).
+    async fn query<T: FromRedisValue>(self: &Arc<Self>, cmd: &Cmd) -> RedisResult<T> {
         let (mut connection, epoch) = self.connection().await?;
         match connection.req_packed_command(cmd).await {
             Ok(value) => {
@@ -751,13 +766,26 @@ impl Single {
             }
             Err(e) => {
                 if e.is_unrecoverable_error() {
-                    let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
-                    if matches!(&*link, Link::Open { epoch: at, .. } if *at == epoch) {
-                        *link = failed(epoch, &e, &self.failures, self.backoff);
-                    }
+                    self.lost(epoch, &e);
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// The `epoch`th connection is gone (with `error`): if it is still the open one,
+    /// that is one more failure in a row ([`failed`]), and after the first the next
+    /// connection is opened at once, for the next call to find it open or opening.
+    fn lost(self: &Arc<Self>, epoch: u64, error: &RedisError) {
+        let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+        if !matches!(&*link, Link::Open { epoch: at, .. } if *at == epoch) {
+            return;
+        }
+        *link = failed(epoch, error, &self.failures, self.backoff);
+        if matches!(&*link, Link::Closed { .. }) {
+            let (_, _, start) = self.open(&mut link);
+            drop(link);
+            start();
         }
     }
 
@@ -778,9 +806,7 @@ impl Single {
 /// to end it (its waiters see its outcome's sender gone).
 struct Attempt {
     epoch: u64,
-    link: Arc<Mutex<Link>>,
-    failures: Arc<AtomicU32>,
-    backoff: Backoff,
+    single: Arc<Single>,
     ended: bool,
 }
 
@@ -789,14 +815,15 @@ impl Attempt {
     /// this attempt's.
     fn end(&mut self, opened: &RedisResult<MultiplexedConnection>) {
         self.ended = true;
-        let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+        let single = &self.single;
+        let mut link = single.link.lock().unwrap_or_else(PoisonError::into_inner);
         if matches!(&*link, Link::Opening { epoch: e, .. } if *e == self.epoch) {
             *link = match opened {
                 Ok(connection) => Link::Open {
                     epoch: self.epoch,
                     connection: connection.clone(),
                 },
-                Err(e) => failed(self.epoch, e, &self.failures, self.backoff),
+                Err(e) => failed(self.epoch, e, &single.failures, single.backoff),
             };
         }
     }
@@ -829,6 +856,12 @@ fn failed(epoch: u64, error: &RedisError, failures: &AtomicU32, backoff: Backoff
         error: error.clone(),
         retry_at: tokio::time::Instant::now() + wait,
     }
+}
+
+/// The error of a connection that told of its end (RESP3's notice): the one redis-rs
+/// gives a call on a connection that closed.
+fn closed_connection() -> RedisError {
+    RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
 }
 
 /// A Redis Cluster's connection, and what it takes to open a new one.
@@ -989,11 +1022,14 @@ impl Cluster {
 
 impl Conn {
     fn single(client: redis::Client, config: AsyncConnectionConfig, backoff: Backoff) -> Conn {
-        Conn::Single(Box::new(Single {
+        let resp3 =
+            client.get_connection_info().redis_settings().protocol() == ProtocolVersion::RESP3;
+        Conn::Single(Arc::new(Single {
             client,
             config,
-            link: Arc::new(Mutex::new(Link::Closed { epoch: 0 })),
-            failures: Arc::new(AtomicU32::new(0)),
+            resp3,
+            link: Mutex::new(Link::Closed { epoch: 0 }),
+            failures: AtomicU32::new(0),
             backoff,
         }))
     }
@@ -1031,7 +1067,8 @@ impl Conn {
     /// failing costs one new connection per heartbeat; one whose connection went dark
     /// or only answers errors is reached again on the next call. One that refuses
     /// connections or is away leaves none open to replace: its attempts follow the
-    /// backoff ([`Single`]). A
+    /// backoff ([`Single`]). A connection a call found gone is replaced by the link
+    /// itself ([`Single::lost`]), and the heartbeat leaves it be. A
     /// cluster's connection is replaced by [`suspect`](Self::suspect) instead.
     fn renew(&self) {
         if let Conn::Single(s) = self {
@@ -3078,7 +3115,8 @@ impl Inner {
 
     /// Announces this instance in the heartbeat set and takes in the live count
     /// ([`counted`](Self::counted)); on no answer or an error a new connection may
-    /// cure, replaces the connection ([`Conn::renew`], [`Conn::suspect`]).
+    /// cure, replaces the connection ([`Conn::renew`], [`Conn::suspect`]), but one
+    /// found gone, which one server's link replaces by itself ([`Single::lost`]).
     async fn announce(&self) -> Option<u64> {
         let _beating = self.beating.lock().await;
         if self.left.load(Ordering::Relaxed) {
@@ -3115,6 +3153,13 @@ impl Inner {
                     None => self.unreached(&e, setting_to_check(&e)),
                 }
                 if !cured_by_reconnecting(&e) {
+                    return None;
+                }
+                if e.is_unrecoverable_error() {
+                    // The connection is gone, and one server's link is opening the
+                    // next already (a cluster's client alike): a renew would drop
+                    // that one.
+                    self.conn.suspect(&self.instances_key);
                     return None;
                 }
             }
