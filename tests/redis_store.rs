@@ -8720,6 +8720,117 @@ async fn a_connection_redis_drops_fails_no_call_on_resp3_and_one_on_resp2() {
     }
 }
 
+/// A relay to Redis at `to` that lets one answer through on each connection and then
+/// closes it (a proxy that drops its connections after each answer): counts the
+/// connections it accepted.
+struct AnswerOnceRelay {
+    port: u16,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AnswerOnceRelay {
+    async fn start(to: u16) -> AnswerOnceRelay {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let (mut up, mut down) = ([0u8; 4096], [0u8; 4096]);
+                    // Set by the first script call, past the connection's setup: the
+                    // next bytes from Redis are its answer, the last relayed.
+                    let mut asked = false;
+                    loop {
+                        tokio::select! {
+                            n = cr.read(&mut up) => match n {
+                                Ok(n) if n > 0 => {
+                                    asked |= up[..n].windows(4).any(|w| w == b"EVAL");
+                                    if sw.write_all(&up[..n]).await.is_err() { return; }
+                                }
+                                _ => return,
+                            },
+                            n = sr.read(&mut down) => match n {
+                                Ok(n) if n > 0 => {
+                                    if cw.write_all(&down[..n]).await.is_err() || asked {
+                                        return;
+                                    }
+                                }
+                                _ => return,
+                            },
+                        }
+                    }
+                });
+            }
+        });
+        AnswerOnceRelay {
+            port,
+            accepted,
+            task,
+        }
+    }
+}
+
+impl Drop for AnswerOnceRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A proxy that answers once on each connection and then closes it: each answer is
+/// no evidence that Redis is back, so the store's connections stay within its backoff
+/// (from `timeout`, doubling to `probe_interval`, each wait at least half its step),
+/// whatever the calls. (Each answer ended the run of failures: 200 beats 5 ms apart
+/// opened one connection per two beats: 101 connections, 101 beats answered, in
+/// 1.46 s, against at most 32; now 16 to 18 in three runs, against at most 29.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_drops_each_connection_after_an_answer_is_reached_within_the_backoff() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let mut admin = server.connection().unwrap();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(rocgate::store::redis::HEARTBEAT)
+        .query(&mut admin)
+        .unwrap();
+    let relay = AnswerOnceRelay::start(server.port).await;
+    let mut config = hand_beaten_config(&server, "answeronce");
+    config.servers = RedisServers::Single(format!("redis://127.0.0.1:{}", relay.port));
+    let inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    let started = tokio::time::Instant::now();
+    let mut answered = 0;
+    for _ in 0..200 {
+        answered += usize::from(inst.store.beat().await.is_some());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    let accepted = relay.accepted.load(std::sync::atomic::Ordering::Relaxed);
+    // Two at once (the first, and the one after it failed), then one per wait.
+    let (mut most, mut spent, mut step) = (2, Duration::ZERO, config.timeout);
+    loop {
+        spent += step / 2;
+        most += 1;
+        if spent > elapsed {
+            break;
+        }
+        step = (step * 2).min(config.probe_interval.max(config.timeout));
+    }
+    assert!(answered >= 2, "{answered} beats answered");
+    assert!(
+        accepted <= most,
+        "{accepted} connections for 200 beats ({answered} answered) in {elapsed:?}, at most {most}"
+    );
+}
+
 /// A route in fallback that a reload rebuilds (a new burst) falls back again as the
 /// rebuilt route, and says why, as its first fall did: the error that opened its
 /// breaker. (The rebuilt route's fall logged no `error=`.)

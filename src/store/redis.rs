@@ -38,8 +38,9 @@
 //! While Redis refuses connections or is away, connection attempts are spaced: one at
 //! a time, the waits doubling from `timeout` up to `probe_interval` (with jitter), and
 //! the calls in between fail at once with the last attempt's error (the refusal named:
-//! `WRONGPASS`, `NOAUTH`), decided by `fail_mode` in the same request. One server's
-//! next connection is opened as soon as the last is known gone (a call failed on it, or,
+//! `WRONGPASS`, `NOAUTH`), decided by `fail_mode` in the same request. Only an answer
+//! on a connection that has lasted the current wait ends the run. One server's next
+//! connection is opened as soon as the last is known gone (a call failed on it, or,
 //! on RESP3, the connection's notice of its end). On a cluster this holds while the
 //! client reaches no node at all; one node away is repaired by the client, with a
 //! backoff of its own.
@@ -567,9 +568,15 @@ enum Conn {
 /// at once. After two failures in a row the link is down: calls fail at once with the
 /// last failure's error, and the first call after the backoff ([`Backoff`]: from
 /// `timeout`, doubling up to `probe_interval`) opens the next one, which it alone
-/// waits for. An answer from Redis (an error reply too) ends the run of failures. A
-/// connection that connects but fails its first command (a balancer that accepts and
-/// closes) counts as a failure too: open connections are not the measure, answers are.
+/// waits for. An answer from Redis (an error reply too) ends the run of failures if
+/// its connection has been open for the backoff's current step (its first step after
+/// one failure): a connection dropped sooner, answers or none, counts as one more
+/// failure in the run, so that a proxy that answers once on each connection and then
+/// drops it is reached at the backoff's pace, not once per answer. Calls are answered
+/// on a new connection at once all the same: the run only spaces the attempts after
+/// the next failure. A connection that connects but fails its first command (a
+/// balancer that accepts and closes) counts as a failure too: open connections are
+/// not the measure, lasting answers are.
 ///
 /// A connection errs when its peer closes or resets it, never when it merely stays
 /// silent: a connection gone dark (half-open: a NAT or load balancer that dropped the
@@ -583,8 +590,9 @@ struct Single {
     /// given a push sender, through which it tells of its end.
     resp3: bool,
     link: Mutex<Link>,
-    /// Connection failures in a row since Redis last answered: written under `link`'s
-    /// lock, read without it (a call that Redis answers resets it only if not 0).
+    /// Connection failures in a row since a lasting connection last answered: written
+    /// under `link`'s lock, read without it (a call that Redis answers resets it only
+    /// if not 0).
     failures: AtomicU32,
     backoff: Backoff,
 }
@@ -602,10 +610,11 @@ enum Link {
         outcome: Outcome,
         down: Option<RedisError>,
     },
-    /// The `epoch`th connection, open.
+    /// The `epoch`th connection, open since `opened`.
     Open {
         epoch: u64,
         connection: MultiplexedConnection,
+        opened: tokio::time::Instant,
     },
     /// Two or more connections failed in a row, the last with `error`: calls fail at
     /// once with it until `retry_at`, when the next call opens a new one.
@@ -662,15 +671,21 @@ impl Backoff {
 }
 
 impl Single {
-    /// A connection to send a call on, and its epoch: the open one; else the one being
-    /// opened, waited for (within the caller's timeout); else a new one, opened now if
-    /// the link is not down or its backoff has passed. While down, the last failure's
-    /// error at once.
-    async fn connection(self: &Arc<Self>) -> RedisResult<(MultiplexedConnection, u64)> {
+    /// A connection to send a call on, its epoch, and when it opened: the open one;
+    /// else the one being opened, waited for (within the caller's timeout); else a new
+    /// one, opened now if the link is not down or its backoff has passed. While down,
+    /// the last failure's error at once.
+    async fn connection(
+        self: &Arc<Self>,
+    ) -> RedisResult<(MultiplexedConnection, u64, tokio::time::Instant)> {
         let (epoch, mut outcome) = {
             let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
             match &*link {
-                Link::Open { epoch, connection } => return Ok((connection.clone(), *epoch)),
+                Link::Open {
+                    epoch,
+                    connection,
+                    opened,
+                } => return Ok((connection.clone(), *epoch, *opened)),
                 Link::Opening { down: Some(e), .. } => return Err(e.clone()),
                 Link::Opening {
                     epoch,
@@ -695,7 +710,8 @@ impl Single {
             .ok()
             .flatten();
         match answer {
-            Some(Ok(connection)) => Ok((connection, epoch)),
+            // Opened a moment ago, when its attempt ended.
+            Some(Ok(connection)) => Ok((connection, epoch, tokio::time::Instant::now())),
             Some(Err(e)) => Err(e),
             None => Err(RedisError::from((
                 ErrorKind::Client,
@@ -751,16 +767,21 @@ impl Single {
         (epoch, outcome, start)
     }
 
-    /// Sends `cmd` on the connection ([`connection`](Self::connection)). An answer
-    /// ends the run of failures; a failure that means the connection is gone (closed, reset, never answering in
+    /// Sends `cmd` on the connection ([`connection`](Self::connection)). An answer on
+    /// a connection open for the backoff's current step ends the run of failures; a
+    /// failure that means the connection is gone (closed, reset, never answering in
     /// its protocol) counts as one ([`lost`](Self::lost)).
     async fn query<T: FromRedisValue>(self: &Arc<Self>, cmd: &Cmd) -> RedisResult<T> {
-        let (mut connection, epoch) = self.connection().await?;
+        let (mut connection, epoch, opened) = self.connection().await?;
         match connection.req_packed_command(cmd).await {
             Ok(value) => {
-                if self.failures.load(Ordering::Relaxed) != 0 {
-                    let _link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
-                    self.failures.store(0, Ordering::Relaxed);
+                let failures = self.failures.load(Ordering::Relaxed);
+                if failures != 0 && opened.elapsed() >= self.backoff.step(failures.max(2)) {
+                    let link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+                    // Not if the connection failed meanwhile: that failure is the run's.
+                    if matches!(&*link, Link::Open { epoch: at, .. } if *at == epoch) {
+                        self.failures.store(0, Ordering::Relaxed);
+                    }
                 }
                 Ok(redis::from_redis_value(value.extract_error()?)?)
             }
@@ -822,6 +843,7 @@ impl Attempt {
                 Ok(connection) => Link::Open {
                     epoch: self.epoch,
                     connection: connection.clone(),
+                    opened: tokio::time::Instant::now(),
                 },
                 Err(e) => failed(self.epoch, e, &single.failures, single.backoff),
             };
