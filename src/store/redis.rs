@@ -33,7 +33,10 @@
 //! dropped or the call timed out on it: a call the node had applied before its reply
 //! was lost is then applied twice (a token taken twice, or a batched sync's arrivals
 //! counted twice), the ambiguity of any retry on a lost reply; it errs on the side of
-//! admitting less. One server's connection sends each call once.
+//! admitting less. One server's connection sends each call once, not again on a new
+//! connection after its own dropped: redis-rs 1.8 fails a call that never left (its
+//! connection had closed already) and one whose reply was lost with the same error (a
+//! broken pipe), and [`DECIDE`] applied twice counts twice.
 //!
 //! While Redis refuses connections or is away, connection attempts are spaced: one at
 //! a time, the waits doubling from `timeout` up to `probe_interval` (with jitter), and
