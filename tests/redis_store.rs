@@ -8857,3 +8857,42 @@ async fn a_fall_carried_through_a_rebuild_names_its_error() {
         );
     }
 }
+
+/// A route that fell for a setting to check (an ACL user whose keys leave the route's
+/// out: `NOPERM`) and that a reload rebuilds falls again as the rebuilt route naming
+/// that setting (`check=`) beside the error, as its first fall did.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_fall_carried_through_a_rebuild_names_the_setting_to_check() {
+    let (_held, log, server, mut admin) = logged_redis().await;
+    let _: () = acl(&[
+        "SETUSER",
+        "k",
+        "on",
+        ">pw",
+        "~{rebuiltacl}:instances",
+        "&*",
+        "+@all",
+    ])
+    .query(&mut admin)
+    .unwrap();
+    let config = as_user(&server, "k:pw", hand_beaten_config(&server, "rebuiltacl"));
+    let mut inst = Instance::system(&route(100.0, Duration::from_secs(1)), &config);
+    assert_eq!(inst.store.beat().await, Some(1));
+    admitted_into_fallback(&inst, &config).await;
+    inst.reload(route(100.0, Duration::from_secs(2)));
+    let _ = inst.check().await;
+    assert_eq!(inst.store.mode(), StoreMode::Fallback);
+    let falls: Vec<String> = log
+        .lines_with("route store mode changed")
+        .into_iter()
+        .filter(|l| l.contains("fallback"))
+        .collect();
+    assert_eq!(falls.len(), 2, "{falls:#?}");
+    for fall in &falls {
+        assert!(
+            fall.contains("NoPerm") && fall.contains("check=") && fall.contains("ACL rights"),
+            "{fall}"
+        );
+    }
+}
