@@ -42,11 +42,11 @@
 //! a time, the waits doubling from `timeout` up to `probe_interval` (with jitter), and
 //! the calls in between fail at once with the last attempt's error (the refusal named:
 //! `WRONGPASS`, `NOAUTH`), decided by `fail_mode` in the same request. Only an answer
-//! on a connection that has lasted the current wait ends the run. One server's next
-//! connection is opened as soon as the last is known gone (a call failed on it, or,
-//! on RESP3, the connection's notice of its end). On a cluster this holds while the
-//! client reaches no node at all; one node away is repaired by the client, with a
-//! backoff of its own.
+//! on a connection that has lasted the backoff's current step ends the run. At the
+//! run's first failure, one server's next connection is opened as soon as the last is
+//! known gone (a call failed on it, or, on RESP3, the connection's notice of its end).
+//! On a cluster this holds while the client reaches no node at all; one node away is
+//! repaired by the client, with a backoff of its own.
 //!
 //! Failure: a call that errs or takes longer than `timeout` is decided locally within
 //! the same request, at this instance's share (the shared limit last seen ÷ the live
@@ -559,16 +559,16 @@ enum Conn {
 /// time, spaced while Redis refuses or is away.
 ///
 /// A connection is opened in a task of its own (with no retry within it), one attempt
-/// at a time. The link opens the next one as soon as it learns that its connection is
-/// gone ([`lost`](Self::lost)): a call failed with an error that says so (closed,
-/// reset, never answering in its protocol), or, on RESP3, the connection's own notice
-/// of its end, which redis-rs sends through the connection's push sender the moment
-/// it reads the end, between calls too (RESP2 connections take no push sender: there
-/// the first call after the end fails). The calls that find one being opened after a
-/// connection was open (a start, a dropped connection, a [`renew`](Conn::renew)) wait
-/// for it, within their own timeout; one that fails fails them with its error (the
-/// refusal: `WRONGPASS`, `NOAUTH`, a refused port), and the next call tries once more
-/// at once. After two failures in a row the link is down: calls fail at once with the
+/// at a time. At the first failure of a run, the link opens the next one as soon as it
+/// learns that its connection is gone ([`lost`](Self::lost)): a call failed with an
+/// error that says so (closed, reset, never answering in its protocol), or, on RESP3,
+/// the connection's own notice of its end, which redis-rs sends through the
+/// connection's push sender the moment it reads the end, between calls too (RESP2
+/// connections take no push sender: there the first call after the end fails). The
+/// calls that find one being opened after a connection was open (a start, a dropped
+/// connection, a [`renew`](Conn::renew)) wait for it, within their own timeout; one
+/// that fails fails them with its error (the refusal: `WRONGPASS`, `NOAUTH`, a refused
+/// port), and the next call tries once more at once. After two failures in a row the link is down: calls fail at once with the
 /// last failure's error, and the first call after the backoff ([`Backoff`]: from
 /// `timeout`, doubling up to `probe_interval`) opens the next one, which it alone
 /// waits for. An answer from Redis (an error reply too) ends the run of failures if
