@@ -18,10 +18,18 @@
 //! match wins. The cost grows with the path's length and with the routes that share
 //! it, not with the table. Both tries are flat arrays: the index costs a route about
 //! a hundred bytes (tests/memory.rs).
+//!
+//! The tries as they are built, route by route ([`RouteTries`]), also serve the config
+//! check that refuses a route an earlier one shadows (`src/config/raw.rs`): walked by
+//! a later route's pattern rather than by a request's path, they give the earlier
+//! routes whose path could take every path of the later one, so that it is compared
+//! with those, not with every route before it.
 
 use crate::config::{
-    without_trailing_empty, without_trailing_slash, PathPattern, RouteMatch, Segment, TemplatePath,
+    literal_lead, without_trailing_empty, without_trailing_slash, PathPattern, RouteMatch, Segment,
+    TemplatePath,
 };
+use std::collections::HashMap;
 
 /// A run of a flat array: `len` items from `start`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -61,18 +69,13 @@ pub(crate) struct RouteIndex {
 impl RouteIndex {
     /// The index of `matchers`, in config order.
     pub(crate) fn new(matchers: &[RouteMatch]) -> Self {
-        let mut paths = ByteTrie::default();
-        let mut templates = SegmentTrie::default();
+        let mut tries = RouteTries::default();
         for (i, m) in matchers.iter().enumerate() {
-            match &m.path {
-                PathPattern::Exact(p) => paths.insert(without_trailing_slash(p), i, true),
-                PathPattern::Prefix(p) => paths.insert(p, i, false),
-                PathPattern::Template(segments) => templates.insert(segments, i),
-            }
+            tries.insert(i, &m.path);
         }
         RouteIndex {
-            paths: Radix::new(&paths),
-            templates: Segments::new(templates),
+            paths: Radix::new(&tries.paths),
+            templates: Segments::new(tries.templates),
         }
     }
 
@@ -87,6 +90,92 @@ impl RouteIndex {
         self.paths.visit(path, &mut best);
         self.templates.visit(path, &mut best);
         (best.route != usize::MAX).then_some(best.route)
+    }
+}
+
+/// Routes by path, added one by one in config order: what a [`RouteIndex`] is
+/// flattened from, and what the config check asks for the earlier routes that may
+/// shadow a later one ([`RouteTries::first_covering`]).
+#[derive(Debug, Default)]
+pub(crate) struct RouteTries {
+    /// Exact paths (without a trailing slash) and prefixes.
+    paths: ByteTrie,
+    /// Templates.
+    templates: SegmentTrie,
+}
+
+impl RouteTries {
+    /// Adds `route`, whose path is `path`: a number above every route's added before.
+    pub(crate) fn insert(&mut self, route: usize, path: &PathPattern) {
+        match path {
+            PathPattern::Exact(p) => self.paths.insert(without_trailing_slash(p), route, true),
+            PathPattern::Prefix(p) => self.paths.insert(p, route, false),
+            PathPattern::Template(segments) => self.templates.insert(segments, route),
+        }
+    }
+
+    /// The lowest route added for which `covers` holds, asked only of the routes whose
+    /// path could take every path `later` matches (each in config order, none after
+    /// one for which it held): for an exact path, those whose pattern matches it
+    /// without its trailing slash; for a prefix, the prefixes it starts with and the
+    /// catch-alls that take every path under it; for a template, the prefixes its
+    /// literal lead starts with and the templates that match every path it does.
+    /// `covers` decides: each of these is the condition its route's path needs to
+    /// take every path of `later` (an exact path's other spelling, the methods aside),
+    /// so a route for which it holds is among them. The cost grows with the routes
+    /// that could take `later`'s paths, and with its walk down the tries: the lengths
+    /// of its path and, for a template, the parameters of the earlier templates it
+    /// passes, not with the routes added.
+    pub(crate) fn first_covering(
+        &self,
+        later: &PathPattern,
+        mut covers: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
+        let mut first = usize::MAX;
+        let mut consider = |routes: &[usize]| {
+            for &route in routes {
+                if route >= first {
+                    return;
+                }
+                if covers(route) {
+                    first = route;
+                    return;
+                }
+            }
+        };
+        match later {
+            PathPattern::Exact(path) => {
+                let bare = without_trailing_slash(path);
+                for node in self.paths.along(bare) {
+                    consider(&node.prefix);
+                }
+                // An exact path matches `bare` if it is the same without its trailing
+                // slash, as it is held.
+                let key = without_trailing_slash(bare);
+                if let Some(node) = self.paths.along(key).nth(key.len()) {
+                    consider(&node.exact);
+                }
+                let bare = TemplatePath::new(bare);
+                self.templates
+                    .matching(0, Some(bare.segments()), &bare, &mut consider);
+            }
+            PathPattern::Prefix(prefix) => {
+                for node in self.paths.along(prefix) {
+                    consider(&node.prefix);
+                }
+                if let Some(rest) = prefix.strip_prefix('/') {
+                    self.templates.catching(0, rest, &mut consider);
+                }
+            }
+            PathPattern::Template(segments) => {
+                for node in self.paths.along(&literal_lead(segments)) {
+                    consider(&node.prefix);
+                }
+                self.templates
+                    .covering(0, without_trailing_empty(segments), &mut consider);
+            }
+        }
+        (first != usize::MAX).then_some(first)
     }
 }
 
@@ -157,6 +246,16 @@ impl ByteTrie {
         } else {
             node.prefix.push(route);
         }
+    }
+
+    /// The nodes of `path`'s first bytes, from none (the root) to all of them, as far
+    /// as the trie holds them: each holds the routes whose path is those bytes.
+    fn along<'a>(&'a self, path: &'a str) -> impl Iterator<Item = &'a ByteNode> + 'a {
+        let below = path.bytes().scan(0, |at, b| {
+            *at = *self.nodes[*at].children.get(&b)?;
+            Some(*at)
+        });
+        std::iter::once(0).chain(below).map(|at| &self.nodes[at])
     }
 }
 
@@ -301,7 +400,7 @@ impl Radix {
 #[derive(Debug, Default)]
 struct SegmentNode {
     /// A literal next segment, and its node.
-    literals: Vec<(String, usize)>,
+    literals: HashMap<String, usize>,
     /// A parameter as the next segment: its node.
     param: Option<usize>,
     /// The routes whose template ends here.
@@ -334,11 +433,7 @@ impl SegmentTrie {
         let mut at = 0;
         for (i, segment) in segments.iter().enumerate() {
             let next = match segment {
-                Segment::Literal(l) => self.nodes[at]
-                    .literals
-                    .iter()
-                    .find(|(s, _)| s == l)
-                    .map(|&(_, next)| next),
+                Segment::Literal(l) => self.nodes[at].literals.get(l).copied(),
                 // Last, it takes the rest of the path from this node; elsewhere, the
                 // template matches no path.
                 Segment::CatchAll(_) => {
@@ -355,7 +450,9 @@ impl SegmentTrie {
                     let next = self.nodes.len();
                     self.nodes.push(SegmentNode::default());
                     match segment {
-                        Segment::Literal(l) => self.nodes[at].literals.push((l.clone(), next)),
+                        Segment::Literal(l) => {
+                            self.nodes[at].literals.insert(l.clone(), next);
+                        }
                         _ => self.nodes[at].param = Some(next),
                     }
                     next
@@ -363,6 +460,81 @@ impl SegmentTrie {
             };
         }
         self.nodes[at].routes.push(route);
+    }
+
+    /// Offers `found` the routes below node `at` whose template matches the request's
+    /// `path` from there, `rest` being its segments not yet read (`None` once every one
+    /// is): as [`Segments::walk`] finds them, every one.
+    fn matching(
+        &self,
+        at: usize,
+        rest: Option<&str>,
+        path: &TemplatePath<'_>,
+        found: &mut impl FnMut(&[usize]),
+    ) {
+        let node = &self.nodes[at];
+        let Some(rest) = rest else {
+            found(&node.routes);
+            return;
+        };
+        if path.catches(rest) {
+            found(&node.catch_all);
+        }
+        let (part, next) = match rest.split_once('/') {
+            Some((part, next)) => (part, Some(next)),
+            None => (rest, None),
+        };
+        if let Some(&literal) = node.literals.get(part) {
+            self.matching(literal, next, path, found);
+        }
+        if let Some(param) = node.param.filter(|_| !part.is_empty()) {
+            self.matching(param, next, path, found);
+        }
+    }
+
+    /// Offers `found` the routes below node `at` whose template ends in a catch-all
+    /// that takes every path starting with `rest`, the part of a prefix not yet read:
+    /// each segment before the catch-all takes a segment of `rest` that a slash ends,
+    /// and some text follows them.
+    fn catching(&self, at: usize, rest: &str, found: &mut impl FnMut(&[usize])) {
+        let node = &self.nodes[at];
+        if !rest.is_empty() {
+            found(&node.catch_all);
+        }
+        let Some((part, next)) = rest.split_once('/') else {
+            return;
+        };
+        if let Some(&literal) = node.literals.get(part) {
+            self.catching(literal, next, found);
+        }
+        if let Some(param) = node.param.filter(|_| !part.is_empty()) {
+            self.catching(param, next, found);
+        }
+    }
+
+    /// Offers `found` the routes below node `at` whose template matches every path
+    /// that the segments `rest` (a later template's, not yet read) match: as many
+    /// segments, each a parameter or the same literal (a parameter covers a literal
+    /// that is not empty, and only a parameter covers one), or fewer before a
+    /// catch-all, with at least one segment of `rest` past them.
+    fn covering(&self, at: usize, rest: &[Segment], found: &mut impl FnMut(&[usize])) {
+        let node = &self.nodes[at];
+        let Some((segment, next)) = rest.split_first() else {
+            found(&node.routes);
+            return;
+        };
+        found(&node.catch_all);
+        let (literal, param) = match segment {
+            Segment::Literal(l) => (node.literals.get(l), !l.is_empty()),
+            Segment::Param(_) => (None, true),
+            Segment::CatchAll(_) => (None, false),
+        };
+        if let Some(&literal) = literal {
+            self.covering(literal, next, found);
+        }
+        if let Some(param) = node.param.filter(|_| param) {
+            self.covering(param, next, found);
+        }
     }
 }
 

@@ -802,6 +802,23 @@ pub(crate) fn without_trailing_empty(segments: &[Segment]) -> &[Segment] {
     }
 }
 
+/// The literal segments a template starts with, each between slashes (`/api/items/`
+/// for `/api/items/{id}`, `/` for `/{id}`): every path the template matches starts
+/// with it.
+pub(crate) fn literal_lead(segments: &[Segment]) -> String {
+    let mut lead = String::from("/");
+    for segment in segments {
+        match segment {
+            Segment::Literal(l) => {
+                lead.push_str(l);
+                lead.push('/');
+            }
+            _ => break,
+        }
+    }
+    lead
+}
+
 /// A request's path as templates read it: segment by segment without its leading
 /// slashes and trailing slash, and whole after a segment for a catch-all.
 pub(crate) struct TemplatePath<'a> {

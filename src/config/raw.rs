@@ -20,6 +20,7 @@ use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig,
 use crate::controller::{ControllerParams, ProfileFields};
 use crate::hints::Policy;
 use crate::limiter::{gcra, words, Algorithm, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
+use crate::route_index::RouteTries;
 use crate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
@@ -2059,6 +2060,28 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
     })
 }
 
+/// For each route (`None` where it is invalid), the first valid route before it that
+/// [`shadows`] it. Each route is compared only with the earlier routes whose path
+/// could take every path of its own ([`RouteTries::first_covering`]), not with every
+/// one before it: about linear in the routes where paths differ by their literals,
+/// and quadratic only where many routes share a path or a template's shape and differ
+/// by method alone.
+fn first_shadowing(matchers: &[Option<&RouteMatch>]) -> Vec<Option<usize>> {
+    let mut earlier = RouteTries::default();
+    matchers
+        .iter()
+        .enumerate()
+        .map(|(j, later)| {
+            let later = (*later)?;
+            let first = earlier.first_covering(&later.path, |i| {
+                matchers[i].is_some_and(|first| shadows(first, later))
+            });
+            earlier.insert(j, &later.path);
+            first
+        })
+        .collect()
+}
+
 /// Whether `first` takes every request that `later` would match, so `later` never
 /// sees one.
 fn shadows(first: &RouteMatch, later: &RouteMatch) -> bool {
@@ -2076,19 +2099,9 @@ fn shadows(first: &RouteMatch, later: &RouteMatch) -> bool {
                 first.path.matches(bare) && (bare == "/" || first.path.matches(&format!("{bare}/")))
             }
             (PathPattern::Prefix(p), PathPattern::Prefix(q)) => q.starts_with(p.as_str()),
+            // Every path the template matches starts with its literal lead.
             (PathPattern::Prefix(p), PathPattern::Template(segments)) => {
-                // Every path the template matches starts with its literal lead.
-                let mut lead = String::from("/");
-                for segment in segments {
-                    match segment {
-                        Segment::Literal(l) => {
-                            lead.push_str(l);
-                            lead.push('/');
-                        }
-                        _ => break,
-                    }
-                }
-                lead.starts_with(p.as_str())
+                super::literal_lead(segments).starts_with(p.as_str())
             }
             (PathPattern::Template(a), PathPattern::Template(b)) => template_covers(a, b),
             (PathPattern::Template(a), PathPattern::Prefix(q)) => catch_all_covers(a, q),
@@ -2167,6 +2180,11 @@ impl TryFrom<RawConfig> for Config {
             .enumerate()
             .map(|(i, r)| route(&mut p, i, r, &defaults))
             .collect();
+        let matchers: Vec<Option<&RouteMatch>> = routes
+            .iter()
+            .map(|r| r.as_ref().map(|r| &r.matcher))
+            .collect();
+        let shadowed_by = first_shadowing(&matchers);
         let mut names = HashMap::new();
         for (j, r) in routes.iter().enumerate() {
             let Some(r) = r else { continue };
@@ -2176,14 +2194,8 @@ impl TryFrom<RawConfig> for Config {
                     format!("duplicate of routes[{first}].name ({:?})", quoted(&r.name)),
                 );
             }
-            let earlier = routes[..j]
-                .iter()
-                .enumerate()
-                .filter_map(|(i, e)| Some((i, e.as_ref()?)));
-            if let Some((i, e)) = earlier
-                .into_iter()
-                .find(|(_, e)| shadows(&e.matcher, &r.matcher))
-            {
+            let earlier = shadowed_by[j].and_then(|i| Some((i, routes[i].as_ref()?)));
+            if let Some((i, e)) = earlier {
                 let field = match r.matcher.path {
                     PathPattern::Prefix(_) => "path_prefix",
                     _ => "path",

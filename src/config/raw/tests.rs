@@ -359,3 +359,100 @@ fn fields_of<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
     );
     fields
 }
+
+/// The check that refuses a route an earlier one shadows, as it was before the routes
+/// were indexed for it: every route against every valid one before it, first one that
+/// [`shadows`] it. The oracle of [`first_shadowing`].
+fn first_shadowing_pairwise(matchers: &[Option<&RouteMatch>]) -> Vec<Option<usize>> {
+    matchers
+        .iter()
+        .enumerate()
+        .map(|(j, later)| {
+            let later = (*later)?;
+            (0..j).find(|&i| matchers[i].is_some_and(|first| shadows(first, later)))
+        })
+        .collect()
+}
+
+/// Segments' text, few enough that routes share them: one a prefix of another (`a`,
+/// `ab`), two longer than 8 bytes that differ only after them, and the empty one
+/// (`//`, a trailing slash).
+fn shadow_text() -> impl proptest::strategy::Strategy<Value = String> + Clone {
+    use proptest::strategy::Strategy;
+    proptest::sample::select(vec!["a", "ab", "b", "api", "products-a", "products-b", ""])
+        .prop_map(str::to_owned)
+}
+
+/// A route's path pattern, normalized or not (`//`, an empty literal): an exact path,
+/// a prefix (ending in a slash, mid-segment, or the root), or a template of literals
+/// and parameters ending in a catch-all, a trailing slash or neither. (Not a catch-all
+/// before the last segment, which the file refuses before this check: the pairwise
+/// check read one before a catch-all as a parameter, where the route matches no path.)
+fn shadow_pattern() -> impl proptest::strategy::Strategy<Value = PathPattern> {
+    use proptest::prelude::*;
+    let text = || {
+        (prop::collection::vec(shadow_text(), 0..4), any::<bool>()).prop_map(|(s, slash)| {
+            let mut p = format!("/{}", s.join("/"));
+            if slash && !s.is_empty() {
+                p.push('/');
+            }
+            p
+        })
+    };
+    let segment = prop_oneof![
+        3 => shadow_text().prop_map(Segment::Literal),
+        2 => prop::sample::select(vec!["id", "x"]).prop_map(|n| Segment::Param(n.to_owned())),
+    ];
+    prop_oneof![
+        text().prop_map(PathPattern::Exact),
+        (text(), any::<bool>()).prop_map(|(mut p, cut)| {
+            if cut && p.len() > 1 {
+                p.pop();
+            }
+            PathPattern::Prefix(p)
+        }),
+        (prop::collection::vec(segment, 0..5), 0..3u8).prop_map(|(mut s, end)| {
+            match end {
+                0 => s.push(Segment::CatchAll("rest".to_owned())),
+                1 => s.push(Segment::Literal(String::new())),
+                _ => {}
+            }
+            PathPattern::Template(s)
+        }),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(2048))]
+
+    /// The check finds, for every route, the same earlier route that shadows it (or
+    /// none) as comparing it with every valid route before it: the index it walks
+    /// misses no route that shadows, whatever the patterns (exact paths, prefixes,
+    /// templates, catch-alls, literals that one another start with), the methods (any,
+    /// `GET` which takes `HEAD`, others) and the invalid routes (`None`) among them.
+    #[test]
+    fn the_indexed_shadow_check_finds_what_every_pair_finds(
+        drawn in proptest::collection::vec(
+            proptest::option::weighted(
+                0.9,
+                (
+                    proptest::sample::select(vec![None, Some("GET"), Some("HEAD"), Some("POST")]),
+                    shadow_pattern(),
+                ),
+            ),
+            1..40,
+        ),
+    ) {
+        let matchers: Vec<Option<RouteMatch>> = drawn
+            .into_iter()
+            .map(|r| r.map(|(method, path)| RouteMatch::new(method, path)))
+            .collect();
+        let matchers: Vec<Option<&RouteMatch>> = matchers.iter().map(Option::as_ref).collect();
+        proptest::prop_assert_eq!(
+            first_shadowing(&matchers),
+            first_shadowing_pairwise(&matchers),
+            "{:?}",
+            matchers
+        );
+    }
+}
