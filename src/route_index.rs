@@ -156,15 +156,14 @@ impl RouteTries {
                     consider(&node.exact);
                 }
                 let bare = TemplatePath::new(bare);
-                self.templates
-                    .matching(0, Some(bare.segments()), &bare, &mut consider);
+                self.templates.matching(&bare, &mut consider);
             }
             PathPattern::Prefix(prefix) => {
                 for node in self.paths.along(prefix) {
                     consider(&node.prefix);
                 }
                 if let Some(rest) = prefix.strip_prefix('/') {
-                    self.templates.catching(0, rest, &mut consider);
+                    self.templates.catching(rest, &mut consider);
                 }
             }
             PathPattern::Template(segments) => {
@@ -172,7 +171,7 @@ impl RouteTries {
                     consider(&node.prefix);
                 }
                 self.templates
-                    .covering(0, without_trailing_empty(segments), &mut consider);
+                    .covering(without_trailing_empty(segments), &mut consider);
             }
         }
         (first != usize::MAX).then_some(first)
@@ -462,78 +461,86 @@ impl SegmentTrie {
         self.nodes[at].routes.push(route);
     }
 
-    /// Offers `found` the routes below node `at` whose template matches the request's
-    /// `path` from there, `rest` being its segments not yet read (`None` once every one
-    /// is): as [`Segments::walk`] finds them, every one.
-    fn matching(
-        &self,
-        at: usize,
-        rest: Option<&str>,
-        path: &TemplatePath<'_>,
-        found: &mut impl FnMut(&[usize]),
-    ) {
-        let node = &self.nodes[at];
-        let Some(rest) = rest else {
-            found(&node.routes);
-            return;
-        };
-        if path.catches(rest) {
-            found(&node.catch_all);
-        }
-        let (part, next) = match rest.split_once('/') {
-            Some((part, next)) => (part, Some(next)),
-            None => (rest, None),
-        };
-        if let Some(&literal) = node.literals.get(part) {
-            self.matching(literal, next, path, found);
-        }
-        if let Some(param) = node.param.filter(|_| !part.is_empty()) {
-            self.matching(param, next, path, found);
-        }
-    }
-
-    /// Offers `found` the routes below node `at` whose template ends in a catch-all
-    /// that takes every path starting with `rest`, the part of a prefix not yet read:
-    /// each segment before the catch-all takes a segment of `rest` that a slash ends,
-    /// and some text follows them.
-    fn catching(&self, at: usize, rest: &str, found: &mut impl FnMut(&[usize])) {
-        let node = &self.nodes[at];
-        if !rest.is_empty() {
-            found(&node.catch_all);
-        }
-        let Some((part, next)) = rest.split_once('/') else {
-            return;
-        };
-        if let Some(&literal) = node.literals.get(part) {
-            self.catching(literal, next, found);
-        }
-        if let Some(param) = node.param.filter(|_| !part.is_empty()) {
-            self.catching(param, next, found);
+    /// Offers `found` the routes whose template matches the request's `path`: as
+    /// [`Segments::walk`] finds them, every one. The walk keeps the nodes still to
+    /// visit in a stack of its own, not the thread's: a route's path may be as many
+    /// segments deep as its file makes it.
+    fn matching(&self, path: &TemplatePath<'_>, found: &mut impl FnMut(&[usize])) {
+        // Each node to visit, with the path's segments not yet read (`None` once every
+        // one is).
+        let mut to_visit = vec![(0, Some(path.segments()))];
+        while let Some((at, rest)) = to_visit.pop() {
+            let node = &self.nodes[at];
+            let Some(rest) = rest else {
+                found(&node.routes);
+                continue;
+            };
+            if path.catches(rest) {
+                found(&node.catch_all);
+            }
+            let (part, next) = match rest.split_once('/') {
+                Some((part, next)) => (part, Some(next)),
+                None => (rest, None),
+            };
+            if let Some(&literal) = node.literals.get(part) {
+                to_visit.push((literal, next));
+            }
+            if let Some(param) = node.param.filter(|_| !part.is_empty()) {
+                to_visit.push((param, next));
+            }
         }
     }
 
-    /// Offers `found` the routes below node `at` whose template matches every path
-    /// that the segments `rest` (a later template's, not yet read) match: as many
-    /// segments, each a parameter or the same literal (a parameter covers a literal
-    /// that is not empty, and only a parameter covers one), or fewer before a
-    /// catch-all, with at least one segment of `rest` past them.
-    fn covering(&self, at: usize, rest: &[Segment], found: &mut impl FnMut(&[usize])) {
-        let node = &self.nodes[at];
-        let Some((segment, next)) = rest.split_first() else {
-            found(&node.routes);
-            return;
-        };
-        found(&node.catch_all);
-        let (literal, param) = match segment {
-            Segment::Literal(l) => (node.literals.get(l), !l.is_empty()),
-            Segment::Param(_) => (None, true),
-            Segment::CatchAll(_) => (None, false),
-        };
-        if let Some(&literal) = literal {
-            self.covering(literal, next, found);
+    /// Offers `found` the routes whose template ends in a catch-all that takes every
+    /// path starting with `/` and `rest`: each segment before the catch-all takes a
+    /// segment of `rest` that a slash ends, and some text follows them. Without
+    /// recursion, as [`matching`](Self::matching).
+    fn catching(&self, rest: &str, found: &mut impl FnMut(&[usize])) {
+        // Each node to visit, with the part of `rest` not yet read.
+        let mut to_visit = vec![(0, rest)];
+        while let Some((at, rest)) = to_visit.pop() {
+            let node = &self.nodes[at];
+            if !rest.is_empty() {
+                found(&node.catch_all);
+            }
+            let Some((part, next)) = rest.split_once('/') else {
+                continue;
+            };
+            if let Some(&literal) = node.literals.get(part) {
+                to_visit.push((literal, next));
+            }
+            if let Some(param) = node.param.filter(|_| !part.is_empty()) {
+                to_visit.push((param, next));
+            }
         }
-        if let Some(param) = node.param.filter(|_| param) {
-            self.covering(param, next, found);
+    }
+
+    /// Offers `found` the routes whose template matches every path that the template
+    /// `segments` (a later route's) matches: as many segments, each a parameter or the
+    /// same literal (a parameter covers a literal that is not empty, and only a
+    /// parameter covers one), or fewer before a catch-all, with at least one segment of
+    /// `segments` past them. Without recursion, as [`matching`](Self::matching).
+    fn covering(&self, segments: &[Segment], found: &mut impl FnMut(&[usize])) {
+        // Each node to visit, with the segments not yet read.
+        let mut to_visit = vec![(0, segments)];
+        while let Some((at, rest)) = to_visit.pop() {
+            let node = &self.nodes[at];
+            let Some((segment, next)) = rest.split_first() else {
+                found(&node.routes);
+                continue;
+            };
+            found(&node.catch_all);
+            let (literal, param) = match segment {
+                Segment::Literal(l) => (node.literals.get(l), !l.is_empty()),
+                Segment::Param(_) => (None, true),
+                Segment::CatchAll(_) => (None, false),
+            };
+            if let Some(&literal) = literal {
+                to_visit.push((literal, next));
+            }
+            if let Some(param) = node.param.filter(|_| param) {
+                to_visit.push((param, next));
+            }
         }
     }
 }

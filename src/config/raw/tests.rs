@@ -456,3 +456,26 @@ proptest::proptest! {
         );
     }
 }
+
+/// The check walks the tries without recursion: a template, an exact path and a
+/// prefix 100,000 segments deep are each found shadowed by the earlier deep template
+/// that takes their paths, where a walk that recursed once a segment overflowed the
+/// test thread's stack and aborted the process (a file like this aborted
+/// `check-config`, and a `serve` reload, with it).
+#[test]
+fn routes_of_many_segments_are_checked_without_overflowing_the_stack() {
+    let deep = "/a".repeat(100_000);
+    let routes = [
+        matcher(None, template(&format!("{deep}/{{*rest}}"))),
+        matcher(None, template(&format!("{deep}/{{id}}"))),
+        matcher(None, PathPattern::Exact(format!("{deep}/b"))),
+        matcher(None, PathPattern::Prefix(format!("{deep}/b"))),
+        matcher(Some("GET"), template(&format!("{deep}/{{id}}"))),
+        matcher(Some("GET"), PathPattern::Exact(format!("{deep}/c"))),
+    ];
+    let matchers: Vec<Option<&RouteMatch>> = routes.iter().map(Some).collect();
+    assert_eq!(
+        first_shadowing(&matchers),
+        [None, Some(0), Some(0), Some(0), Some(0), Some(0)]
+    );
+}
