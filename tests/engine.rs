@@ -924,6 +924,79 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     );
 }
 
+/// A reload keeps each route's state for the new route of the same name, matcher and
+/// structure, wherever it moved in the table, and for no other: not for a route that
+/// took its name or its matcher, nor for one renamed; and each runtime change goes to
+/// the route it names, the first given for a name if it is given twice.
+#[test]
+fn reload_keeps_each_routes_state_for_its_own_name_alone() {
+    let route = |name: &str, path: &str| RouteConfig::new(name, RouteMatch::prefix(path));
+    // More routes than `SCAN_ROUTES`, each with its own count of requests (r{i}: i + 1).
+    let old: Vec<RouteConfig> = (0..12)
+        .map(|i| route(&format!("r{i}"), &format!("/r{i}/")))
+        .collect();
+    let e = engine(old.clone());
+    for i in 0..12 {
+        offer(
+            &e,
+            e.route_at(i).unwrap(),
+            Key::None,
+            0.0,
+            1.0,
+            i as f64 + 1.0,
+        );
+    }
+    let mut change = old[5].controller.clone();
+    change.danger_roc = 150.0;
+    let mut second = change.clone();
+    second.danger_roc = 170.0;
+    let mut new: Vec<RouteConfig> = old.iter().rev().cloned().collect();
+    // r0 and r1 swap names; r2 is renamed; r3 takes another path; r4 another window.
+    new[11].name = "r1".to_owned();
+    new[10].name = "r0".to_owned();
+    new[9].name = "renamed".to_owned();
+    new[8].matcher = RouteMatch::prefix("/r3/other/");
+    new[7].window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    let now = Nanos::from_secs(1);
+    let (e2, refused) = e
+        .reload_keeping(
+            &Config::new(new),
+            &[
+                ("r5".to_owned(), change),
+                ("gone".to_owned(), second.clone()),
+                ("r5".to_owned(), second),
+            ],
+            now,
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    let offered = |name: &str| {
+        e2.route_snapshot(e2.route_id(name).unwrap(), now)
+            .unwrap()
+            .offered
+    };
+    for (name, expected) in [
+        ("r0", 0),
+        ("r1", 0),
+        ("renamed", 0),
+        ("r3", 0),
+        ("r4", 0),
+        ("r5", 6),
+        ("r6", 7),
+        ("r11", 12),
+    ] {
+        assert_eq!(offered(name), expected, "{name}");
+    }
+    let danger = |name: &str| {
+        e2.route_params(e2.route_id(name).unwrap())
+            .unwrap()
+            .danger_roc
+    };
+    assert_eq!(danger("r5"), 150.0);
+    assert_eq!(danger("r6"), old[6].controller.danger_roc);
+}
+
 /// A route limited as a whole to `limit` requests in flight, `queue` more waiting.
 fn in_flight(name: &str, limit: f64, queue: u32) -> RouteConfig {
     let mut cfg = RouteConfig::new(name, RouteMatch::prefix(format!("/{name}")));

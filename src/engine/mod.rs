@@ -56,6 +56,7 @@ use crate::route_index::RouteIndex;
 use crate::sync::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Mutex, MutexGuard, Ordering};
 use crate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::num::NonZeroU64;
@@ -467,13 +468,25 @@ impl Engine {
         config.validate()?;
         let mut refused = Vec::new();
         let mut keys_handed = Vec::new();
+        // Looked up by name, each name's first: a route is kept, or hands its permits
+        // and keys over, only under its own name (names are unique in an engine, as
+        // `Config::validate` wants them), and trying every old route for each new one
+        // made a reload quadratic in the routes.
+        let mut old_routes: HashMap<&str, usize> = HashMap::with_capacity(self.routes.len());
+        for (at, e) in self.routes.iter().enumerate() {
+            old_routes.entry(&*e.route.name).or_insert(at);
+        }
+        let mut changes_by_name: HashMap<&str, &ControllerParams> = HashMap::new();
+        for (name, params) in changes {
+            changes_by_name.entry(name.as_str()).or_insert(params);
+        }
         let routes = config
             .routes
             .iter()
             .enumerate()
             .map(|(i, cfg)| {
-                let change = changes.iter().find(|(name, _)| *name == cfg.name);
-                let own = match change.map(|(_, params)| changed(cfg, params, wall_now)) {
+                let change = changes_by_name.get(cfg.name.as_str()).copied();
+                let own = match change.map(|params| changed(cfg, params, wall_now)) {
                     Some(Ok(checked)) => Cow::Owned(checked),
                     Some(Err(error)) => {
                         refused.push(RefusedChange {
@@ -484,12 +497,10 @@ impl Engine {
                     }
                     None => Cow::Borrowed(cfg),
                 };
-                let kept = self
-                    .routes
-                    .iter()
-                    .map(|e| &e.route)
-                    .zip(self.matchers.iter())
-                    .find(|(r, m)| **m == cfg.matcher && r.same_structure(cfg));
+                let before = old_routes
+                    .get(cfg.name.as_str())
+                    .map(|&at| (&self.routes[at].route, &self.matchers[at]));
+                let kept = before.filter(|(r, m)| **m == cfg.matcher && r.same_structure(cfg));
                 match kept.map(|(r, _)| r) {
                     Some(r) => {
                         let hook = self.hook.as_ref();
@@ -506,11 +517,7 @@ impl Engine {
                         Arc::clone(r)
                     }
                     None => {
-                        let before = self
-                            .routes
-                            .iter()
-                            .find(|e| *e.route.name == cfg.name)
-                            .map(|e| &e.route);
+                        let before = before.map(|(r, _)| r);
                         let handed = before.and_then(|r| r.hand_over(cfg));
                         if let Some(HandedOver::Keys(keys, queue, _)) = handed {
                             keys_handed.push((i, keys, queue));
