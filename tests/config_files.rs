@@ -2142,12 +2142,12 @@ fn server_and_admin_sections() {
         "server.upstream",
         "with no path",
     );
-    // User info was refused as a path.
+    // User info was refused as a path. Its password is masked.
     refused(
         &route("[server]\nupstream = \"http://user:pw@x:80\""),
         "server.upstream",
         "must not carry user info (user:password@): rocgate sends no credentials upstream, \
-         got \"http://user:pw@x:80\"",
+         got \"http://user:***@x:80\"",
     );
     refused(
         &route("[server]\nupstream = \"http://x:80/a@b\""),
@@ -3432,4 +3432,206 @@ fn a_trusted_network_with_host_bits_is_refused() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.server.trusted_proxies.len(), 4);
+}
+
+/// The passwords the secrecy tests write, each as written and as the client decodes it.
+const PASSWORDS: [(&str, &str); 2] = [("s3cr3t-Pa55", "s3cr3t-Pa55"), ("p%40ss", "p@ss")];
+
+/// Asserts that `text` names `says` and holds neither form of `password`.
+fn says_without(text: &str, says: &str, (written, decoded): (&str, &str)) {
+    assert!(text.contains(says), "expected …{says}… in:\n{text}");
+    assert!(
+        !text.contains(written) && !text.contains(decoded),
+        "the password {written:?} shown in:\n{text}"
+    );
+}
+
+/// The refusals of a store's URL that quote it, each with `PW` where the password goes,
+/// the field they are reported at and what they say. A password in them was quoted
+/// whole into check-config's output and serve's log; it is masked (`***`), the rest of
+/// the URL shown as written.
+fn store_url_refusals() -> Vec<(&'static str, &'static str, &'static str)> {
+    let mut cases = vec![
+        (
+            "url",
+            "rediss://fleet:PW@cache:6380",
+            "rediss:// (TLS) is not supported",
+        ),
+        ("url", "http://fleet:PW@cache:6379", "must be a URL such as"),
+        ("url", "fleet:PW@cache:6379", "must be a URL such as"),
+    ];
+    #[cfg(feature = "redis")]
+    cases.extend([
+        (
+            "url",
+            "redis://fleet:PW@cache:notaport",
+            "port must be a number",
+        ),
+        (
+            "url",
+            "redis://fleet:PW@0.0.0.0:6379",
+            "is a wildcard address",
+        ),
+        (
+            "url",
+            "redis://fleet:PW@cache:6379/abc",
+            "the database /abc must be",
+        ),
+        (
+            "url",
+            "redis://fleet:PW@cache:6379/?db=1",
+            "the query field \"db\" is not read",
+        ),
+        (
+            "url",
+            "redis://fleet:PW/x@cache:6379",
+            "port must be a number",
+        ),
+        (
+            "url",
+            "unix:///run/redis.sock?user=fleet&pass=PW&db=x",
+            "the database ?db=x must be",
+        ),
+        (
+            "cluster_nodes",
+            "redis://fleet:PW@b:7000/1",
+            "a Redis Cluster has database 0 only",
+        ),
+        (
+            "cluster_nodes",
+            "redis://other:PW@b:7000",
+            "every node must give the user, password",
+        ),
+    ]);
+    cases
+}
+
+/// A store's password is never shown by a refusal of its URL, whether the file or an
+/// environment variable wrote it: masked, the rest of the URL kept.
+#[test]
+fn a_store_password_never_appears_in_a_refusal() {
+    let file = |field: &str, url: &str| {
+        let value = match field {
+            "url" => format!("{url:?}"),
+            _ => format!("[\"redis://fleet:s3cr3t-Pa55@a:7000\", {url:?}]"),
+        };
+        route(&format!("[store]\nbackend = \"redis\"\n{field} = {value}"))
+    };
+    for password in PASSWORDS {
+        for (field, url, says) in store_url_refusals() {
+            let url = url.replace("PW", password.0);
+            let from_file = problems(&file(field, &url)).join("\n");
+            says_without(&from_file, says, password);
+            says_without(&from_file, "***", password);
+            let var = format!("ROCGATE__STORE__{}", field.to_ascii_uppercase());
+            let text = match field {
+                "url" => route("[store]\nbackend = \"redis\""),
+                _ => route("[store]\nbackend = \"redis\"\ncluster_nodes = [\"redis://a:7000\"]"),
+            };
+            let value = match field {
+                "url" => url.clone(),
+                _ => format!("redis://fleet:{}@a:7000,{url}", password.0),
+            };
+            let from_env = Config::from_toml_str_with_env(&text, "t.toml", [(var.clone(), value)])
+                .expect_err("refused")
+                .to_string();
+            says_without(&from_env, says, password);
+            says_without(
+                &from_env,
+                &format!("set by environment variable {var}"),
+                password,
+            );
+        }
+        // Two variables for one field quote both values.
+        let url = format!("redis://fleet:{}@cache:6379", password.0);
+        let e = Config::from_toml_str_with_env(
+            &route("[store]\nbackend = \"redis\""),
+            "t.toml",
+            [
+                ("ROCGATE__STORE__URL".to_owned(), url.clone()),
+                ("rocgate__store__url".to_owned(), url.clone()),
+            ],
+        )
+        .expect_err("refused")
+        .to_string();
+        says_without(&e, "set by two environment variables", password);
+        says_without(&e, "redis://fleet:***@cache:6379", password);
+        // So is the proxy's upstream, which must carry no user info.
+        let upstream = format!(
+            "[server]\nupstream = \"http://app:{}@app:3000\"",
+            password.0
+        );
+        says_without(
+            &problems(&route(&upstream)).join("\n"),
+            "must not carry user info",
+            password,
+        );
+    }
+    // The admin token, set twice, is not quoted either.
+    let e = Config::from_toml_str_with_env(
+        ORDER,
+        "t.toml",
+        [
+            ("ROCGATE__ADMIN__TOKEN".to_owned(), "s3cr3t-Pa55".to_owned()),
+            ("rocgate__admin__token".to_owned(), "s3cr3t-Pa55".to_owned()),
+        ],
+    )
+    .expect_err("refused")
+    .to_string();
+    says_without(&e, "set by two environment variables", PASSWORDS[0]);
+}
+
+/// `rocgate check-config` refuses a store's URL from the environment without printing
+/// its password.
+#[test]
+fn check_config_prints_no_store_password() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .arg("check-config")
+        .arg(config_dir().join("rocgate.toml"))
+        .env("ROCGATE__STORE__BACKEND", "redis")
+        .env(
+            "ROCGATE__STORE__URL",
+            "rediss://fleet:s3cr3t-Pa55@cache:6380/2",
+        )
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(2));
+    says_without(
+        &String::from_utf8_lossy(&out.stderr),
+        "store.url: rediss:// (TLS) is not supported: rocgate is built without TLS for Redis; use redis://, through a TLS tunnel (such as stunnel) if Redis requires TLS, got \"rediss://fleet:***@cache:6380/2\"",
+        PASSWORDS[0],
+    );
+}
+
+/// A config's `Debug` shows its store's URLs with the password masked: logging
+/// `?config` printed them whole.
+#[test]
+fn a_configs_debug_masks_the_store_password() {
+    for password in PASSWORDS {
+        for (store, shown) in [
+            (
+                format!("url = \"redis://fleet:{}@cache:6379/3\"", password.0),
+                "Single(\"redis://fleet:***@cache:6379/3\")",
+            ),
+            (
+                format!(
+                    "url = \"unix:///run/redis.sock?user=fleet&pass={}&db=1\"",
+                    password.0
+                ),
+                "Single(\"unix:///run/redis.sock?user=fleet&pass=***&db=1\")",
+            ),
+            (
+                format!(
+                    "cluster_nodes = [\"redis://fleet:{0}@a:7000\", \"redis://fleet:{0}@b:7000\"]",
+                    password.0
+                ),
+                "Cluster([\"redis://fleet:***@a:7000\", \"redis://fleet:***@b:7000\"])",
+            ),
+        ] {
+            let text = route(&format!("[store]\nbackend = \"redis\"\n{store}"));
+            let config = Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+            says_without(&format!("{config:?}"), shown, password);
+            says_without(&format!("{config:#?}"), "***", password);
+        }
+    }
 }

@@ -628,7 +628,7 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
         (
             "http://user:pw@127.0.0.1:9090",
             "15m",
-            "--admin: must not carry user info (user:password@): hints sends no credentials, and reads the admin API without a token, got \"http://user:pw@127.0.0.1:9090\"",
+            "--admin: must not carry user info (user:password@): hints sends no credentials, and reads the admin API without a token, got \"http://user:***@127.0.0.1:9090\"",
         ),
         (
             "http://127.0.0.1:9",

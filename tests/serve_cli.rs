@@ -271,6 +271,58 @@ async fn a_second_sigterm_leaves_the_shared_store() {
     assert_eq!(redis.instances(), 0, "the instance left the heartbeat set");
 }
 
+/// A store's password is in no line of `serve`'s log, at debug level, while Redis
+/// refuses it: the start names the store by its prefix, the heartbeat's warning and
+/// the failures of calls and connections by Redis's answer, none by its URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_store_password_is_in_no_log_line() {
+    let redis = Redis::start().await;
+    let up = upstream(Duration::ZERO, Arc::new(AtomicU64::new(0))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    let config = format!(
+        "[[routes]]\nname = \"all\"\npath_prefix = \"/\"\n\n\
+         [store]\nbackend = \"redis\"\nurl = \"redis://fleet:s3cr3t-Pa55@127.0.0.1:{}/0\"\n\
+         heartbeat = \"100ms\"\n",
+        redis.1
+    );
+    std::fs::write(&file, config).unwrap();
+    let mut child = Reap::spawn(
+        serve_to(&format!("http://{up}"))
+            .arg("--config")
+            .arg(&file)
+            .env("RUST_LOG", "rocgate=debug"),
+    );
+    let lines = log_lines(child.0.stderr.take().unwrap());
+    let wanted = [
+        "shared store: redis",
+        "shared store unreachable",
+        "store call failed",
+        "authentication failed",
+    ];
+    // Up to 1,000 lines (the heartbeat's, every 100 ms), within 10 s of silence.
+    let mut log = String::new();
+    let mut asked = false;
+    for _ in 0..1000 {
+        if wanted.iter().all(|w| log.contains(w)) {
+            break;
+        }
+        let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) else {
+            break;
+        };
+        if let Some(listen) = field(&line, "listen=").filter(|_| !asked) {
+            asked = true;
+            let _ = get_status(listen, "/").await;
+        }
+        log.push_str(&line);
+        log.push('\n');
+    }
+    for w in wanted {
+        assert!(log.contains(w), "{w:?} is logged:\n{log}");
+    }
+    assert!(!log.contains("s3cr3t-Pa55"), "{log}");
+}
+
 /// `rocgate serve` in front of `upstream`, one route `all` for every path, sharing
 /// its state on `redis` with the heartbeat beating once at start only, and the
 /// `[store]` lines `store` more; its address and its log lines (info and up) after
@@ -792,6 +844,39 @@ async fn a_reload_does_not_ask_a_restart_for_what_a_flag_holds() {
     // A field no flag holds still does.
     std::fs::write(&file, server(18081, 3, 19091, 2048)).unwrap();
     assert_eq!(reload().await, serde_json::json!(["[server]"]));
+}
+
+/// A reload refused for its store's URL says why in its answer and its log line
+/// without the URL's password: both quoted the URL whole, and the log goes into
+/// tickets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reload_shows_no_store_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    std::fs::write(&file, RELOADED).unwrap();
+    let mut child = serve_file(&file);
+    let lines = log_lines(child.0.stderr.take().unwrap());
+    let started = logged(&lines, &["admin="]).expect("serve logs its admin address");
+    let admin = field(&started, "admin=").expect("an address");
+    for password in ["s3cr3t-Pa55", "p%40ss"] {
+        let store = format!(
+            "[store]\nbackend = \"redis\"\nurl = \"rediss://fleet:{password}@cache:6380/2\"\n"
+        );
+        std::fs::write(&file, format!("{RELOADED}{store}")).unwrap();
+        let (status, answer) = exchange(admin, "POST", "/admin/reload", "").await.unwrap();
+        assert_eq!(status, 422, "{answer}");
+        let line = logged(&lines, &["reload refused", "store.url"]).expect("the refusal is logged");
+        for shown in [&answer, &line] {
+            assert!(
+                shown.contains("rediss://fleet:***@cache:6380/2"),
+                "{password}: {shown}"
+            );
+            assert!(
+                !shown.contains(password) && !shown.contains("p@ss"),
+                "{password}: {shown}"
+            );
+        }
+    }
 }
 
 /// An upstream that cannot be reached is logged, naming it and why, at most once every

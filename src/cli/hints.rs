@@ -11,6 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rocgate::config::escaped;
 use rocgate::hints::{self, HintsReport};
+use rocgate::store::masked_url;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -40,7 +41,7 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
     let base = match admin_root(&args.admin) {
         Ok(base) => base,
         Err(wrong) => {
-            eprintln!("--admin: {wrong}, got {:?}", args.admin);
+            eprintln!("--admin: {wrong}, got {:?}", masked_url(&args.admin));
             return ExitCode::from(2);
         }
     };
@@ -51,7 +52,7 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
     let url: http::Uri = match format!("{base}/admin/hints?{query}").parse() {
         Ok(u) => u,
         Err(e) => {
-            eprintln!("--admin: {e}, got {:?}", args.admin);
+            eprintln!("--admin: {e}, got {:?}", masked_url(&args.admin));
             return ExitCode::from(2);
         }
     };

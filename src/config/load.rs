@@ -6,6 +6,8 @@
 
 use super::raw::{error_location, key_text, one_line, RawConfig};
 use super::{escaped, quoted, quotes_bounded, Config};
+use crate::store::masked_url;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
@@ -306,9 +308,9 @@ impl Config {
                     o.path.clone(),
                     format!(
                         "set by two environment variables, {first} ({:?}) and {} ({:?}): keep one",
-                        quoted(first_value),
+                        quoted(&o.shown_value(first_value)),
                         o.var,
-                        quoted(&value)
+                        quoted(&o.shown_value(&value))
                     ),
                 )),
                 None => {
@@ -573,6 +575,24 @@ impl Override {
             quoted(&path).to_string()
         } else {
             path.into_owned()
+        }
+    }
+
+    /// The variable's value as a problem quotes it: a store's URL (`store.url`, each
+    /// of `store.cluster_nodes`, comma-separated) with its password masked
+    /// ([`masked_url`]), the admin token as `***`, any other value as it is.
+    fn shown_value<'a>(&self, value: &'a str) -> Cow<'a, str> {
+        match self.path.as_str() {
+            "admin.token" => Cow::Borrowed("***"),
+            "store.url" => masked_url(value),
+            "store.cluster_nodes" => Cow::Owned(
+                value
+                    .split(',')
+                    .map(masked_url)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            _ => Cow::Borrowed(value),
         }
     }
 

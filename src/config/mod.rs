@@ -257,20 +257,21 @@ pub fn check_upstream(text: &str) -> Result<String, UpstreamError> {
 }
 
 /// Why an upstream URL was refused ([`check_upstream`], `server.upstream`). Each
-/// variant holds the text as given; `Display` names no field. Non-exhaustive: a new
+/// variant holds the text as given; `Display` names no field, and quotes the URL with
+/// a password in it masked ([`masked_url`](crate::store::masked_url)). Non-exhaustive: a new
 /// rule is not a breaking change.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum UpstreamError {
     /// An `https://` URL: rocgate reaches its upstream over plain HTTP only.
-    #[error("TLS upstreams are not supported: use http://, got {:?}", quoted(.url))]
+    #[error("TLS upstreams are not supported: use http://, got {:?}", quoted(&crate::store::masked_url(.url)))]
     Tls {
         /// The URL as given.
         url: String,
     },
     /// Not `http://` followed by an authority alone (a path, a query or a fragment
     /// after it, or nothing).
-    #[error("must be http://host[:port] with no path, got {:?}", quoted(.url))]
+    #[error("must be http://host[:port] with no path, got {:?}", quoted(&crate::store::masked_url(.url)))]
     NotAnAuthority {
         /// The URL as given.
         url: String,
@@ -279,7 +280,7 @@ pub enum UpstreamError {
     /// no credentials upstream.
     #[error(
         "must not carry user info (user:password@): rocgate sends no credentials upstream, got {:?}",
-        quoted(.url)
+        quoted(&crate::store::masked_url(.url))
     )]
     UserInfo {
         /// The URL as given.
@@ -288,7 +289,7 @@ pub enum UpstreamError {
     /// The authority names no host (`http://:3000`), or a malformed IPv6 one.
     #[error(
         "must name a host, as in http://127.0.0.1:3000 or http://[::1]:3000, got {:?}",
-        quoted(.url)
+        quoted(&crate::store::masked_url(.url))
     )]
     NoHost {
         /// The URL as given.
@@ -299,7 +300,7 @@ pub enum UpstreamError {
     #[error(
         "the host holds {:?}, which no host does (letters, digits and - . _ ~ ! $ & ' ( ) * + , ; =), got {:?}",
         .character.to_string(),
-        quoted(.url)
+        quoted(&crate::store::masked_url(.url))
     )]
     HostCharacter {
         /// The URL as given.

@@ -21,7 +21,7 @@ use crate::controller::{ControllerParams, ProfileFields};
 use crate::hints::Policy;
 use crate::limiter::{gcra, words, Algorithm, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
 use crate::route_index::RouteTries;
-use crate::store::{FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
+use crate::store::{masked_url, FailMode, RedisConfig, RedisServers, StoreConfig, SyncMode};
 use crate::window::{RocMode, WindowSpec};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::Deserialize;
@@ -31,7 +31,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The whole file.
-#[derive(Debug, Deserialize)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfig {
     #[serde(default)]
@@ -49,7 +49,7 @@ pub(crate) struct RawConfig {
 }
 
 /// `[store]`: where shared state lives.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawStore {
     backend: Option<String>,
@@ -69,7 +69,7 @@ struct RawStore {
 
 /// `store.cluster_nodes`: a list of URLs, or one string of comma-separated URLs (as an
 /// environment variable gives it).
-#[derive(Debug, Deserialize)]
+#[derive(Deserialize)]
 #[serde(untagged)]
 enum NodeList {
     List(Vec<String>),
@@ -2913,7 +2913,7 @@ fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<(&'a str, RedisUrl), 
     if scheme.as_deref() == Some("rediss") {
         return Err(format!(
             "rediss:// (TLS) is not supported: rocgate is built without TLS for Redis; use redis://, through a TLS tunnel (such as stunnel) if Redis requires TLS, got {:?}",
-            quoted(url)
+            quoted(&masked_url(url))
         ));
     }
     let known = scheme.is_some_and(|scheme| {
@@ -2925,17 +2925,17 @@ fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<(&'a str, RedisUrl), 
         return Err(format!(
             "must be a URL such as \"redis://127.0.0.1:6379\" ({}), got {:?}",
             schemes.join(", "),
-            quoted(url)
+            quoted(&masked_url(url))
         ));
     }
     read_redis_url(t)
         .map(|read| (t, read))
-        .map_err(|e| format!("{e}, got {:?}", quoted(url)))
+        .map_err(|e| format!("{e}, got {:?}", quoted(&masked_url(url))))
 }
 
 /// What a Redis URL gives besides its address, which every node of a Redis Cluster
 /// must give alike (the client refuses nodes that differ).
-#[derive(Debug, Default, PartialEq)]
+#[derive(Default, PartialEq)]
 struct RedisUrl {
     /// Percent-decoded, as the client reads it.
     username: String,
@@ -3059,7 +3059,7 @@ fn cluster_node((url, read): (&str, RedisUrl)) -> Result<(&str, RedisUrl), Strin
         return Err(format!(
             "a Redis Cluster has database 0 only, got {} in {:?}",
             read.database,
-            quoted(url)
+            quoted(&masked_url(url))
         ));
     }
     Ok((url, read))
@@ -3131,7 +3131,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
                         format!("store.cluster_nodes[{i}]"),
                         format!(
                             "every node must give the user, password and protocol of cluster_nodes[0] (the Redis client refuses nodes that differ), got {:?}",
-                            quoted(url)
+                            quoted(&masked_url(url))
                         ),
                     ),
                     Ok((t, read)) => {

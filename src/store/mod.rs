@@ -15,7 +15,94 @@ pub mod breaker;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+use std::borrow::Cow;
 use std::time::Duration;
+
+/// What [`masked_url`] writes in place of a password.
+const MASK: &str = "***";
+
+/// `url`, a store's URL as written (`[store] url`, one of `cluster_nodes`), with every
+/// password in it replaced by `***`, the rest as written: the user info's
+/// (`redis://user:***@cache:6379/3`) and each `pass` or `password` query field's
+/// (`unix:///run/redis.sock?user=u&pass=***&db=1`, as the client reads a socket's).
+/// Every error, log line and `Debug` that shows such a URL shows it so, and so do the
+/// refusals of an upstream's or `hints --admin`'s URL, which take no user info: an
+/// operator pastes them into tickets.
+///
+/// The user info ends at the last `@` before the path; with no `@` there, at the last
+/// `@` of the whole text, so that a password holding `/`, `?` or `#` unencoded (which
+/// the client reads as no password, and the config refuses, quoting the URL) is masked
+/// too, whatever else that masks. A query field is any `name=value` after a `?` or a
+/// `&` past the user info.
+///
+/// ```
+/// use rocgate::store::masked_url;
+///
+/// assert_eq!(masked_url("redis://fleet:p%40ss@cache:6379/3"), "redis://fleet:***@cache:6379/3");
+/// assert_eq!(
+///     masked_url("unix:///run/redis.sock?user=u&pass=s3cr3t&db=1"),
+///     "unix:///run/redis.sock?user=u&pass=***&db=1"
+/// );
+/// assert_eq!(masked_url("redis://cache:6379"), "redis://cache:6379");
+/// ```
+pub fn masked_url(url: &str) -> Cow<'_, str> {
+    let start = url.find("://").map_or(0, |at| at + 3);
+    let rest = &url[start..];
+    let authority = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let password = rest[..authority]
+        .rfind('@')
+        .or_else(|| rest.rfind('@'))
+        .and_then(|at| rest[..at].find(':').map(|colon| (colon + 1, at)))
+        .filter(|(from, to)| from < to);
+    // The query's fields are looked for after the user info.
+    let (mut out, after) = match password {
+        Some((from, to)) => (format!("{}{MASK}", &url[..start + from]), start + to),
+        None => (url[..start].to_owned(), start),
+    };
+    let mut masked = password.is_some();
+    // Each piece after a `?` or a `&` is a field (`pass=pw&`); the first is none.
+    for (i, piece) in url[after..].split_inclusive(['?', '&']).enumerate() {
+        let field = piece.trim_end_matches(['?', '&']);
+        match field.split_once('=') {
+            Some((key, value)) if i > 0 && !value.is_empty() && is_password_field(key) => {
+                masked = true;
+                out.push_str(&format!("{key}={MASK}{}", &piece[field.len()..]));
+            }
+            _ => out.push_str(piece),
+        }
+    }
+    if masked {
+        Cow::Owned(out)
+    } else {
+        Cow::Borrowed(url)
+    }
+}
+
+/// Whether a query field's name, as written, is `pass` or `password` once
+/// percent-decoded (`pa%73s`), as the client decodes it.
+fn is_password_field(key: &str) -> bool {
+    let bytes = key.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                decoded.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                decoded.push(b);
+                i += 1;
+            }
+        }
+    }
+    decoded == b"pass" || decoded == b"password"
+}
 
 /// `[store]`: where shared state lives.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -28,8 +115,9 @@ pub enum StoreConfig {
     Redis(RedisConfig),
 }
 
-/// Where Redis is: one server, or a Redis Cluster.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where Redis is: one server, or a Redis Cluster. `Debug` shows each URL with its
+/// password masked ([`masked_url`]).
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RedisServers {
     /// One Redis (`url`): `redis://[user:password@]host[:port][/db]` (or
@@ -39,6 +127,18 @@ pub enum RedisServers {
     /// `redis://[user:password@]host:port` (no TLS); the client discovers the
     /// others and follows `MOVED`/`ASK` redirections.
     Cluster(Vec<String>),
+}
+
+impl std::fmt::Debug for RedisServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisServers::Single(url) => f.debug_tuple("Single").field(&masked_url(url)).finish(),
+            RedisServers::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&nodes.iter().map(|n| masked_url(n)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
 }
 
 /// `[store]` with `backend = "redis"`.
@@ -139,6 +239,53 @@ impl FailMode {
             FailMode::Local => "local",
             FailMode::Open => "open",
             FailMode::Closed => "closed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::masked_url;
+
+    #[test]
+    fn masked_url_hides_every_password_and_keeps_the_rest() {
+        for (url, shown) in [
+            ("redis://cache:6379/2", "redis://cache:6379/2"),
+            ("redis://fleet@cache", "redis://fleet@cache"),
+            ("redis://fleet:@cache", "redis://fleet:@cache"),
+            ("redis://:pw@cache:6379", "redis://:***@cache:6379"),
+            (
+                "redis://fleet:p%40ss@[::1]:6379/3?protocol=resp3#x",
+                "redis://fleet:***@[::1]:6379/3?protocol=resp3#x",
+            ),
+            // A password with `@`, `/`, `?` or `#` unencoded: all of it is hidden.
+            ("redis://fleet:p@ss@cache", "redis://fleet:***@cache"),
+            ("redis://fleet:pa/ss@cache/1", "redis://fleet:***@cache/1"),
+            ("redis://fleet:pa?ss@cache", "redis://fleet:***@cache"),
+            ("redis://fleet:pa#ss@cache", "redis://fleet:***@cache"),
+            // No scheme: the user info is still found.
+            ("fleet:pw@cache:6379", "fleet:***@cache:6379"),
+            // A socket's password is a query field, its name percent-decoded.
+            (
+                "unix:///run/redis.sock?db=1&user=u&pass=pw&protocol=3",
+                "unix:///run/redis.sock?db=1&user=u&pass=***&protocol=3",
+            ),
+            (
+                "redis+unix:///run/redis.sock?pa%73s=pw&password=pw2&pass=",
+                "redis+unix:///run/redis.sock?pa%73s=***&password=***&pass=",
+            ),
+            (
+                "unix:///run/redis.sock?user=a@b&pass=pw",
+                "unix:///run/redis.sock?user=a@b&pass=***",
+            ),
+            ("rediss://u:pw@h?pass=pw", "rediss://u:***@h?pass=***"),
+            // An `@` in the query: its fields after it are still read.
+            (
+                "redis://cache/?protocol=a@b&pass=pw",
+                "redis://cache/?protocol=a@b&pass=***",
+            ),
+        ] {
+            assert_eq!(masked_url(url), shown, "{url}");
         }
     }
 }
