@@ -1279,6 +1279,28 @@ fn bad_sweeps_exit_2_with_the_reason() {
     }
 }
 
+/// A sweep whose runs together offer more than 10^10 requests is refused at once,
+/// naming the flag, the total and the bound: each run was bounded (10^9), the sum not,
+/// and 100 runs of 2 × 10^8 requests were taken (at about 110 ns a request, over half
+/// an hour of one core; the run is given 60 s here, the refusal taking milliseconds).
+#[test]
+fn a_sweep_past_its_total_of_requests_is_refused() {
+    let (_dir, profile) = file("busy.csv", "t_seconds,rate\n0,2000000\n100,2000000\n");
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(env!("CARGO_BIN_EXE_rocgate"))
+        .args(["simulate", "--profile", profile.to_str().unwrap()])
+        .args(["--sweep", "hold=1..100:1"])
+        .env_clear()
+        .output()
+        .expect("run rocgate under timeout");
+    refused_saying(
+        &out,
+        "--sweep: 100 runs × 200000000 requests = 20000000000 requests, more than 10000000000 in all",
+    );
+    assert!(out.stdout.is_empty(), "nothing ran");
+}
+
 /// `--start` takes UTC only: an offset is refused, naming it, where one after a
 /// fraction of a second (`19:00:00.0+01:00`) was dropped and the time read as UTC,
 /// placing the run's events an hour off.

@@ -119,7 +119,7 @@ pub(crate) struct SimulateArgs {
     pub(crate) capacity: Option<u64>,
     /// Run once per value of a route parameter and print a table:
     /// `[ROUTE.]NAME=START..END:STEP` or `[ROUTE.]NAME=V1,V2,…` (durations in seconds);
-    /// repeat for a grid of at most 400 runs.
+    /// repeat for a grid of at most 400 runs, offering at most 10^10 requests in all.
     #[arg(long = "sweep", value_name = "PARAM", value_parser = simulate::parse_sweep)]
     pub(crate) sweeps: Vec<rocgate::sim::SweepParam>,
     /// Directory for summary.json, timeseries.csv, chart.svg and chart.png (with

@@ -149,6 +149,14 @@ impl Traffic {
             Traffic::Log(log) => sim.replay(log),
         }
     }
+
+    /// The requests a run offers: the profile's expected count, or the log's.
+    fn requests(&self) -> f64 {
+        match self {
+            Traffic::Profile { profile, .. } => profile.expected_arrivals(),
+            Traffic::Log(log) => log.len() as f64,
+        }
+    }
 }
 
 /// The input and the run, as written to `summary.json`.
@@ -815,9 +823,11 @@ fn run_sweep(
     label: &str,
 ) -> Result<(), Failure> {
     let sweep = Sweep::new(args.sweeps.clone()).map_err(|e| bad_input(format!("--sweep: {e}")))?;
-    // Check every point before the output directory is touched.
+    // Check every point, and the requests of all the runs, before the output directory
+    // is touched.
     sweep
-        .simulators(sim)
+        .check_arrivals(traffic.requests())
+        .and_then(|()| sweep.simulators(sim))
         .map_err(|e| bad_input(format!("--sweep: {e}")))?;
     let outputs = args
         .out

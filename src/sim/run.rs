@@ -88,7 +88,7 @@ pub enum SimError {
 
 /// A request count as a person reads it: whole below 10^12, else in scientific
 /// notation (a profile may offer 10^300 requests, which `{:.0}` writes in 301 digits).
-fn count_of(n: f64) -> String {
+pub(super) fn count_of(n: f64) -> String {
     if n < 1e12 {
         format!("{n:.0}")
     } else {

@@ -6,7 +6,8 @@
 //! optionally prefixed by a route (`order.danger_roc`) to change that route only;
 //! otherwise the value applies to every route of the run. Durations are in seconds.
 //! Several parameters make a grid of every combination (the first one varies slowest),
-//! at most [`MAX_RUNS`] runs. A scheduled event's profile keeps the fields its table
+//! at most [`MAX_RUNS`] runs, offering at most [`MAX_SWEEP_ARRIVALS`] requests in all
+//! ([`Sweep::check_arrivals`]). A scheduled event's profile keeps the fields its table
 //! sets and takes the others from the point, as through a runtime change. Every point
 //! is checked by the config file's own rules, events and tiers included, before
 //! anything runs.
@@ -46,7 +47,7 @@
 //! | `overload_pct` | overload, % of offered (3 decimals) |
 //! | `overload_s` | whole seconds in which more than the capacity was admitted |
 
-use super::run::{csv_field, RunSummary, SimError, SimRun, Simulator};
+use super::run::{count_of, csv_field, RunSummary, SimError, SimRun, Simulator};
 use crate::config::{patch_controller, RouteConfig};
 use crate::limiter::Algorithm;
 use crate::window::WindowSpec;
@@ -58,6 +59,12 @@ use std::time::Duration;
 
 /// The most runs one sweep may make.
 pub const MAX_RUNS: usize = 400;
+
+/// The most requests one sweep may offer over all its runs: ten runs at the bound of
+/// one ([`MAX_ARRIVALS`](super::MAX_ARRIVALS)). At about 110 ns a request (`cargo bench
+/// --bench sim`), under twenty minutes of one core; [`MAX_RUNS`] runs at the bound of
+/// one were 400 × 10^9 requests, half a day.
+pub const MAX_SWEEP_ARRIVALS: f64 = 1e10;
 
 /// What a parameter's values are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +136,18 @@ pub enum SweepError {
         counts: Vec<String>,
         /// Runs the grid would make, [`u128::MAX`] for a count past it.
         runs: u128,
+    },
+    /// The runs would offer more than [`MAX_SWEEP_ARRIVALS`] requests in all.
+    #[error(
+        "{runs} runs × {} requests = {} requests, more than {MAX_SWEEP_ARRIVALS:.0} in all",
+        count_of(*.per_run),
+        count_of(*.runs as f64 * *.per_run)
+    )]
+    TooManyArrivals {
+        /// Runs the grid makes.
+        runs: usize,
+        /// Requests each run offers.
+        per_run: f64,
     },
     /// A parameter names a route the run does not drive.
     #[error("`{}`: route `{}` is not one of the routes run: {}", shown(.spec), shown(.route), run.join(", "))]
@@ -401,6 +420,18 @@ impl Sweep {
             });
         }
         Ok(Sweep { params })
+    }
+
+    /// Refuses a sweep whose runs, each offering `per_run` requests (a profile's
+    /// [`expected_arrivals`](super::Profile::expected_arrivals), an access log's
+    /// [`len`](super::AccessLog::len)), would offer more than [`MAX_SWEEP_ARRIVALS`] in
+    /// all. [`Sweep::run`], which is not given the traffic, does not check it.
+    pub fn check_arrivals(&self, per_run: f64) -> Result<(), SweepError> {
+        let runs = self.runs();
+        if runs as f64 * per_run > MAX_SWEEP_ARRIVALS {
+            return Err(SweepError::TooManyArrivals { runs, per_run });
+        }
+        Ok(())
     }
 
     /// The parameters, in order.
@@ -724,6 +755,28 @@ mod tests {
                 "{range}: {e}"
             );
         }
+    }
+
+    /// The runs' requests are bounded in all, at the bound and one past it, and a
+    /// count past any a person writes out is said in scientific notation.
+    #[test]
+    fn the_requests_of_all_runs_are_bounded() {
+        let sweep = Sweep::new(vec!["hold=1..100:1".parse().unwrap()]).unwrap();
+        assert_eq!(sweep.check_arrivals(MAX_SWEEP_ARRIVALS / 100.0), Ok(()));
+        assert_eq!(sweep.check_arrivals(0.0), Ok(()));
+        let e = sweep.check_arrivals(1e8 + 1.0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "100 runs × 100000001 requests = 10000000100 requests, more than 10000000000 in all"
+        );
+        let e = sweep.check_arrivals(1e300).unwrap_err().to_string();
+        assert!(
+            e.starts_with("100 runs × 1.00e300 requests = 1.00e302 requests"),
+            "{e}"
+        );
+        // One run is held by the bound of one, ten times lower.
+        let one = Sweep::new(Vec::new()).unwrap();
+        assert_eq!(one.check_arrivals(super::super::MAX_ARRIVALS), Ok(()));
     }
 
     /// A grid of more points than u128 holds is refused, its count saturated: the
