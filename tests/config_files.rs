@@ -3635,3 +3635,37 @@ fn a_configs_debug_masks_the_store_password() {
         }
     }
 }
+
+/// A huge number in a refusal is written with an exponent (`1e308`), not in its 309
+/// digits; a number a person writes (`2000001`, `0.5`) as it was. Each refusal that
+/// quotes a limit or a threshold.
+#[test]
+fn a_huge_number_is_quoted_compactly() {
+    for (extra, says) in [
+        ("cut_limit = 1e308", "routes[0].cut_limit: must be ≤ base_limit (200), got 1e308"),
+        ("safe_roc = 1e308", "routes[0].safe_roc: must be < danger_roc (80), got 1e308"),
+        ("base_limit = 1e308", "moves the rate by more than 0.1%), got 1e308"),
+        ("base_limit = 1e308", "restoring from cut_limit (60) to base_limit (1e308)"),
+        (
+            "base_limit = 1e308\nalgorithm = \"concurrency\"",
+            "(what its count of requests in flight holds), got 1e308",
+        ),
+        (
+            "base_limit = 1e308\nalgorithm = \"concurrency\"\ncut_limit = 0.5",
+            "routes[0].cut_limit: must be a whole number ≥ 1 with algorithm concurrency (it counts requests in flight), got 0.5",
+        ),
+        (
+            "roc_mode = \"relative\"\nsafe_roc = -1e308\ndanger_roc = 1",
+            "when roc_mode is relative (demand cannot fall by more than all of it), got -1e308",
+        ),
+        (
+            "route_limit = 1e308\npartition = \"ip\"",
+            "spacing requests a whole number of nanoseconds apart), got 1e308",
+        ),
+        ("base_limit = 2000001", "moves the rate by more than 0.1%), got 2000001"),
+    ] {
+        let found = problems(&route(extra)).join("\n");
+        assert!(found.contains(says), "{extra}: expected …{says}… in\n{found}");
+        assert!(!found.contains("0000000000000000"), "{extra}: digits in\n{found}");
+    }
+}

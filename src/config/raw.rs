@@ -1106,13 +1106,15 @@ fn ordered(p: &mut Problems, low: (&str, &Set<f64>), high: (&str, &Set<f64>), st
     if low.scope >= high.scope {
         let message = format!(
             "must be {below} {high_name} ({}), got {}",
-            high.value, low.value
+            figure(high.value),
+            figure(low.value)
         );
         p.at(low.scope.path(low_name), message);
     } else {
         let message = format!(
             "must be {above} {low_name} ({}), got {}",
-            low.value, high.value
+            figure(low.value),
+            figure(high.value)
         );
         p.at(high.scope.path(high_name), message);
     }
@@ -1146,7 +1148,7 @@ fn controller_params(p: &mut Problems, s: &Settings) -> Option<ControllerParams>
                 safe.scope.max(mode.scope).path("safe_roc"),
                 format!(
                     "must be > -1 when roc_mode is relative (demand cannot fall by more than all of it), got {}",
-                    safe.value
+                    figure(safe.value)
                 ),
             );
         }
@@ -1221,8 +1223,8 @@ fn restores_within_a_week(
             "restoring from cut_limit ({}) to base_limit ({}) in steps of {} every {} takes \
              {} steps, longer than 7days: take a restore_step of at least {} or a shorter \
              restore_interval",
-            cut.value,
-            base.value,
+            figure(cut.value),
+            figure(base.value),
             figure(step.value),
             humantime::format_duration(interval.value),
             figure(steps),
@@ -1256,14 +1258,14 @@ fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool
                 v.scope.max(kind.scope).path(field),
                 format!(
                     "must be a whole number ≥ 1 with algorithm concurrency (it counts requests in flight), got {}",
-                    v.value
+                    figure(v.value)
                 ),
             ),
             Kind::Concurrency if is_limit && v.value > f64::from(MAX_PERMITS) => p.at(
                 v.scope.max(kind.scope).path(field),
                 format!(
                     "must be at most {MAX_PERMITS} with algorithm concurrency (what its count of requests in flight holds), got {}",
-                    v.value
+                    figure(v.value)
                 ),
             ),
             Kind::TokenBucket | Kind::LeakyBucket if is_limit && v.value > MAX_SPACED_RATE => p.at(
@@ -1271,7 +1273,7 @@ fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool
                 format!(
                     "must be at most {MAX_SPACED_RATE} req/s with algorithm {} (it spaces requests a whole number of nanoseconds apart, which above {MAX_SPACED_RATE} req/s, 500 ns apart, moves the rate by more than 0.1%), got {}",
                     kind_name(kind.value),
-                    v.value
+                    figure(v.value)
                 ),
             ),
             Kind::TokenBucket if is_limit => {
@@ -1504,7 +1506,8 @@ fn route_limit_of(
         p.at(
             field,
             format!(
-                "must be at most {MAX_SPACED_RATE} req/s (a token bucket holds it, spacing requests a whole number of nanoseconds apart), got {value}"
+                "must be at most {MAX_SPACED_RATE} req/s (a token bucket holds it, spacing requests a whole number of nanoseconds apart), got {}",
+                figure(value)
             ),
         );
         return None;
