@@ -3669,3 +3669,42 @@ fn a_huge_number_is_quoted_compactly() {
         assert!(!found.contains("0000000000000000"), "{extra}: digits in\n{found}");
     }
 }
+
+/// The refusals `a_huge_number_is_quoted_compactly` missed: a window counter's quota
+/// (`cut_limit = 1e299` with a window algorithm), a token bucket's tokens, and
+/// `hints.error_budget` (`1e308`, `-1e-300`) were written in all their digits.
+#[test]
+fn every_number_a_refusal_quotes_is_compact() {
+    for (extra, says) in [
+        (
+            "algorithm = \"sliding_window\"\nbase_limit = 1e300\ncut_limit = 1e299",
+            "routes[0].cut_limit: cut_limit × limiter_window must be at most 1048575 requests (what a window counter holds), got 1e299",
+        ),
+        (
+            "algorithm = \"fixed_window\"\nlimiter_window = \"1ms\"\nbase_limit = 0.00001\ncut_limit = 0.00001\nrestore_step = 0.00001",
+            "base_limit × limiter_window must admit at least 1 request, got 1e-8",
+        ),
+        (
+            "burst = \"49days\"\nbase_limit = 2000000\ncut_limit = 1000000",
+            "base_limit × burst must be at most 4294967295 tokens (what a token bucket holds), got 8467200000000",
+        ),
+        (
+            "[hints]\nerror_budget = 1e308",
+            "hints.error_budget: must be a fraction of at least 0 and below 1, such as 0.01, got 1e308",
+        ),
+        (
+            "[hints]\nerror_budget = -1e-300",
+            "hints.error_budget: must be a fraction of at least 0 and below 1, such as 0.01, got -1e-300",
+        ),
+    ] {
+        let found = problems(&route(extra)).join("\n");
+        assert!(found.contains(says), "{extra}: expected …{says}… in\n{found}");
+        // No number of more than the 16 digits of a whole number below 10^15 and a
+        // fraction's.
+        let longest = found
+            .split(|c: char| !c.is_ascii_digit())
+            .map(str::len)
+            .max();
+        assert!(longest <= Some(16), "{extra}: digits in\n{found}");
+    }
+}

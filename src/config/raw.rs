@@ -1284,8 +1284,9 @@ fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool
                     p.at(
                         v.scope.max(kind.scope).max(burst.scope).path(field),
                         format!(
-                            "{field} × burst must be at most {} tokens (what a token bucket holds), got {tokens}",
-                            gcra::MAX_TOKENS
+                            "{field} × burst must be at most {} tokens (what a token bucket holds), got {}",
+                            gcra::MAX_TOKENS,
+                            figure(tokens)
                         ),
                     );
                 }
@@ -1300,11 +1301,18 @@ fn check_limits(p: &mut Problems, s: &Settings, limits: &[(&str, &Set<f64>, bool
                     p.at(
                         at,
                         format!(
-                            "{field} × limiter_window must be at most {MAX_WINDOW_COUNT} requests (what a window counter holds), got {quota}"
+                            "{field} × limiter_window must be at most {MAX_WINDOW_COUNT} requests (what a window counter holds), got {}",
+                            figure(quota)
                         ),
                     );
                 } else if words::quota(v.value, window_ns) < 1.0 {
-                    p.at(at, format!("{field} × limiter_window must admit at least 1 request, got {quota}"));
+                    p.at(
+                        at,
+                        format!(
+                            "{field} × limiter_window must admit at least 1 request, got {}",
+                            figure(quota)
+                        ),
+                    );
                 }
             }
             _ => {}
@@ -1517,8 +1525,9 @@ fn route_limit_of(
         p.at(
             field,
             format!(
-                "route_limit × burst must be at most {} tokens (what a token bucket holds), got {tokens}",
-                gcra::MAX_TOKENS
+                "route_limit × burst must be at most {} tokens (what a token bucket holds), got {}",
+                gcra::MAX_TOKENS,
+                figure(tokens)
             ),
         );
         return None;
@@ -2846,7 +2855,7 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
         } else {
             Err(format!(
                 "must be a fraction of at least 0 and below 1, such as 0.01, got {}",
-                v.0
+                figure(v.0)
             ))
         };
         field("error_budget", checked);
