@@ -48,7 +48,7 @@
 //! | `overload_s` | whole seconds in which more than the capacity was admitted |
 
 use super::run::{count_of, csv_field, RunSummary, SimError, SimRun, Simulator};
-use crate::config::{patch_controller, RouteConfig};
+use crate::config::{figure, patch_controller, RouteConfig};
 use crate::limiter::Algorithm;
 use crate::window::WindowSpec;
 use std::io;
@@ -244,10 +244,17 @@ impl FromStr for SweepParam {
                 let (start, end, step) =
                     (num(start, "start")?, num(end, "end")?, num(step, "step")?);
                 if step <= 0.0 {
-                    return Err(syntax(format!("the step must be above 0, got {step}")));
+                    return Err(syntax(format!(
+                        "the step must be above 0, got {}",
+                        figure(step)
+                    )));
                 }
                 if end < start {
-                    return Err(syntax(format!("the end {end} is below the start {start}")));
+                    return Err(syntax(format!(
+                        "the end {} is below the start {}",
+                        figure(end),
+                        figure(start)
+                    )));
                 }
                 let steps = ((end - start) / step + 1e-9).floor();
                 if steps >= MAX_RUNS as f64 {
@@ -280,7 +287,7 @@ impl FromStr for SweepParam {
                     Unit::Signed => "a finite number",
                     Unit::Seconds => "a number of seconds ≥ 0",
                 };
-                return Err(syntax(format!("{name} must be {kind}, got {v}")));
+                return Err(syntax(format!("{name} must be {kind}, got {}", figure(v))));
             }
         }
         Ok(SweepParam {
@@ -459,7 +466,7 @@ impl Sweep {
         self.params
             .iter()
             .zip(values)
-            .map(|(p, v)| format!("{}={}", p.label, crate::config::figure(*v)))
+            .map(|(p, v)| format!("{}={}", p.label, figure(*v)))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -631,7 +638,10 @@ fn apply(route: &mut RouteConfig, changes: &[(&SweepParam, f64)]) -> Result<(), 
                         .map_err(|e| format!("burst: {e}"))?;
                 }
                 Algorithm::TokenBucket { .. } => {
-                    return Err(format!("burst: must be longer than zero, got {v}"))
+                    return Err(format!(
+                        "burst: must be longer than zero, got {}",
+                        figure(v)
+                    ))
                 }
                 other => {
                     return Err(format!(
@@ -881,6 +891,25 @@ mod tests {
         let sweep = Sweep::new(vec!["slot=1e-300".parse().unwrap()]).unwrap();
         let e = sweep.simulators(&sim).unwrap_err().to_string();
         assert!(e.starts_with("at slot=1e-300: route `r`: "), "{e}");
+    }
+
+    /// A refused value far from 1 is quoted with an exponent: `hold=-1e308`, a step
+    /// of `-1e308` and a start of `1e308` were written in 309 digits.
+    #[test]
+    fn a_refused_value_far_from_one_is_quoted_with_an_exponent() {
+        for (spec, says) in [
+            (
+                "hold=-1e308",
+                "hold must be a number of seconds ≥ 0, got -1e308",
+            ),
+            ("hold=0..1:-1e308", "the step must be above 0, got -1e308"),
+            ("hold=1e308..1:1", "the end 1 is below the start 1e308"),
+            ("hold=1..-1e-300:1", "the end -1e-300 is below the start 1"),
+            ("queue=1e300", "queue must be a whole number ≥ 0, got 1e300"),
+        ] {
+            let e = spec.parse::<SweepParam>().unwrap_err().to_string();
+            assert!(e.contains(says), "{spec}: {e}");
+        }
     }
 
     #[test]
