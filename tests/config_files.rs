@@ -3459,6 +3459,8 @@ fn store_url_refusals() -> Vec<(&'static str, &'static str, &'static str)> {
         ),
         ("url", "http://fleet:PW@cache:6379", "must be a URL such as"),
         ("url", "fleet:PW@cache:6379", "must be a URL such as"),
+        // A `://` past the user info is no scheme's: the password before it was shown.
+        ("url", "fleet:PW@cache:6379/a://b", "must be a URL such as"),
     ];
     #[cfg(feature = "redis")]
     cases.extend([
@@ -3491,6 +3493,13 @@ fn store_url_refusals() -> Vec<(&'static str, &'static str, &'static str)> {
             "url",
             "unix:///run/redis.sock?user=fleet&pass=PW&db=x",
             "the database ?db=x must be",
+        ),
+        // A password field the client does not read, named in another case: refused,
+        // and was quoted with its value.
+        (
+            "url",
+            "unix:///run/redis.sock?user=fleet&PASS=PW",
+            "the query field \"PASS\" is not read",
         ),
         (
             "cluster_nodes",

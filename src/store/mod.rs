@@ -23,17 +23,19 @@ const MASK: &str = "***";
 
 /// `url`, a store's URL as written (`[store] url`, one of `cluster_nodes`), with every
 /// password in it replaced by `***`, the rest as written: the user info's
-/// (`redis://user:***@cache:6379/3`) and each `pass` or `password` query field's
-/// (`unix:///run/redis.sock?user=u&pass=***&db=1`, as the client reads a socket's).
+/// (`redis://user:***@cache:6379/3`) and each `pass` or `password` query field's, in
+/// any case (`unix:///run/redis.sock?user=u&pass=***&db=1`, as the client reads a
+/// socket's).
 /// Every error, log line and `Debug` that shows such a URL shows it so, and so do the
 /// refusals of an upstream's or `hints --admin`'s URL, which take no user info: an
 /// operator pastes them into tickets.
 ///
-/// The user info ends at the last `@` before the path; with no `@` there, at the last
-/// `@` of the whole text, so that a password holding `/`, `?` or `#` unencoded (which
-/// the client reads as no password, and the config refuses, quoting the URL) is masked
-/// too, whatever else that masks. A query field is any `name=value` after a `?` or a
-/// `&` past the user info.
+/// The user info begins after the scheme's `://` (at the start where no scheme comes
+/// before the first `://`) and ends at the last `@` before the path; with no `@`
+/// there, at the last `@` of the whole text, so that a password holding `/`, `?` or
+/// `#` unencoded (which the client reads as no password, and the config refuses,
+/// quoting the URL) is masked too, whatever else that masks. A query field is any
+/// `name=value` after a `?` or a `&` past the user info.
 ///
 /// ```
 /// use rocgate::store::masked_url;
@@ -46,7 +48,17 @@ const MASK: &str = "***";
 /// assert_eq!(masked_url("redis://cache:6379"), "redis://cache:6379");
 /// ```
 pub fn masked_url(url: &str) -> Cow<'_, str> {
-    let start = url.find("://").map_or(0, |at| at + 3);
+    // A scheme is a letter, then letters, digits, `+`, `-` or `.` (after any
+    // whitespace, which the config trims): a `://` later in the text
+    // (`fleet:pw@cache/a://b`) is no scheme's, and the user info is before it.
+    let start = url
+        .find("://")
+        .filter(|&at| {
+            let mut scheme = url[..at].trim_start().chars();
+            scheme.next().is_some_and(|c| c.is_ascii_alphabetic())
+                && scheme.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        })
+        .map_or(0, |at| at + 3);
     let rest = &url[start..];
     let authority = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let password = rest[..authority]
@@ -79,7 +91,8 @@ pub fn masked_url(url: &str) -> Cow<'_, str> {
 }
 
 /// Whether a query field's name, as written, is `pass` or `password` once
-/// percent-decoded (`pa%73s`), as the client decodes it.
+/// percent-decoded (`pa%73s`), as the client decodes it, in any case: a `PASS` the
+/// client does not read is refused, its URL quoted.
 fn is_password_field(key: &str) -> bool {
     let bytes = key.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
@@ -101,7 +114,7 @@ fn is_password_field(key: &str) -> bool {
             }
         }
     }
-    decoded == b"pass" || decoded == b"password"
+    decoded.eq_ignore_ascii_case(b"pass") || decoded.eq_ignore_ascii_case(b"password")
 }
 
 /// `[store]`: where shared state lives.
@@ -279,6 +292,17 @@ mod tests {
                 "unix:///run/redis.sock?user=a@b&pass=***",
             ),
             ("rediss://u:pw@h?pass=pw", "rediss://u:***@h?pass=***"),
+            // A `://` after the user info is no scheme's.
+            ("fleet:pw@cache:6379/a://b", "fleet:***@cache:6379/a://b"),
+            ("fleet:pw@cache?x=redis://h", "fleet:***@cache?x=redis://h"),
+            // Whitespace before the scheme, which the config trims: the scheme is kept.
+            (" rediss://u:pw@h:6380 ", " rediss://u:***@h:6380 "),
+            // A password field named in any case (which the client does not read, and
+            // the config refuses, quoting the URL).
+            (
+                "unix:///run/redis.sock?PASS=pw&Password=pw2",
+                "unix:///run/redis.sock?PASS=***&Password=***",
+            ),
             // An `@` in the query: its fields after it are still read.
             (
                 "redis://cache/?protocol=a@b&pass=pw",
