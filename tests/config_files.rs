@@ -3717,3 +3717,59 @@ fn every_number_a_refusal_quotes_is_compact() {
         assert!(longest <= Some(16), "{extra}: digits in\n{found}");
     }
 }
+
+/// `cluster_nodes` written as one string (as its environment variable gives it) is
+/// cut at its commas, and a comma in a node's password cut the URL in two: neither
+/// half was masked (`redis://fleet:s3c` has no `@`, `r3t@a:7000` no `:` before it),
+/// so each refusal showed half the password. A comma inside a node's user info is
+/// now read as part of it, as the URL is (the list form already took it).
+#[cfg(feature = "redis")]
+#[test]
+fn a_comma_in_a_cluster_password_is_part_of_it() {
+    let nodes = "redis://fleet:s3c,r3t@a:7000,redis://fleet:s3c,r3t@b:7000";
+    let text = route(&format!(
+        "[store]\nbackend = \"redis\"\ncluster_nodes = \"{nodes}\""
+    ));
+    let config = Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let rocgate::store::StoreConfig::Redis(redis) = &config.store else {
+        panic!("{:?}", config.store);
+    };
+    assert_eq!(
+        format!("{:?}", redis.servers),
+        "Cluster([\"redis://fleet:***@a:7000\", \"redis://fleet:***@b:7000\"])"
+    );
+    // Refused (a database on a node), from the file and from a variable, and the two
+    // values of two variables: no part of the password shown.
+    let refused = "redis://fleet:s3c,r3t@a:7000,redis://fleet:s3c,,r3t@b:7000/1";
+    let from_file = problems(&route(&format!(
+        "[store]\nbackend = \"redis\"\ncluster_nodes = \"{refused}\""
+    )))
+    .join("\n");
+    let with_env = |vars: Vec<(&str, &str)>| {
+        Config::from_toml_str_with_env(
+            &route("[store]\nbackend = \"redis\"\ncluster_nodes = [\"redis://a:7000\"]"),
+            "t.toml",
+            vars.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())),
+        )
+        .expect_err("refused")
+        .to_string()
+    };
+    let from_env = with_env(vec![("ROCGATE__STORE__CLUSTER_NODES", refused)]);
+    for shown in [&from_file, &from_env] {
+        assert!(
+            shown.contains("store.cluster_nodes[1]: a Redis Cluster has database 0 only, got 1 in \"redis://fleet:***@b:7000/1\""),
+            "{shown}"
+        );
+    }
+    let twice = with_env(vec![
+        ("ROCGATE__STORE__CLUSTER_NODES", nodes),
+        ("rocgate__store__cluster_nodes", nodes),
+    ]);
+    assert!(
+        twice.contains("set by two environment variables"),
+        "{twice}"
+    );
+    for shown in [&from_file, &from_env, &twice] {
+        assert!(!shown.contains("s3c") && !shown.contains("r3t"), "{shown}");
+    }
+}

@@ -4,7 +4,7 @@
 //! The file is read with the `config` crate, which also applies the overrides; see
 //! [`Config::load`] for how variables name fields.
 
-use super::raw::{error_location, key_text, one_line, RawConfig};
+use super::raw::{error_location, key_text, node_urls, one_line, RawConfig};
 use super::{escaped, quoted, quotes_bounded, Config};
 use crate::store::masked_url;
 use std::borrow::Cow;
@@ -579,15 +579,16 @@ impl Override {
     }
 
     /// The variable's value as a problem quotes it: a store's URL (`store.url`, each
-    /// of `store.cluster_nodes`, comma-separated) with its password masked
+    /// of `store.cluster_nodes`, comma-separated as [`node_urls`] cuts them) with its
+    /// password masked
     /// ([`masked_url`]), the admin token as `***`, any other value as it is.
     fn shown_value<'a>(&self, value: &'a str) -> Cow<'a, str> {
         match self.path.as_str() {
             "admin.token" => Cow::Borrowed("***"),
             "store.url" => masked_url(value),
             "store.cluster_nodes" => Cow::Owned(
-                value
-                    .split(',')
+                node_urls(value)
+                    .into_iter()
                     .map(masked_url)
                     .collect::<Vec<_>>()
                     .join(","),

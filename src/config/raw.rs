@@ -80,9 +80,48 @@ impl NodeList {
     fn into_urls(self) -> Vec<String> {
         match self {
             NodeList::List(urls) => urls,
-            NodeList::Text(text) => text.split(',').map(str::to_owned).collect(),
+            NodeList::Text(text) => node_urls(&text).into_iter().map(str::to_owned).collect(),
         }
     }
+}
+
+/// The URLs of `cluster_nodes` written as one string, cut at the commas between them.
+/// A comma in a node's user info (`redis://fleet:s3c,r3t@a:7000`: a URL's password
+/// may hold commas unencoded) is part of that node: the pieces that follow a URL with
+/// no `@` and begin no URL themselves (no `://`) are joined to it up to the last of
+/// them holding an `@`. Cut there, neither half was read, nor masked where a refusal
+/// quoted it ([`masked_url`]): each showed half the password.
+pub(super) fn node_urls(text: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut from = 0;
+    for piece in text.split(',') {
+        pieces.push((from, piece));
+        from += piece.len() + 1;
+    }
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut i = 0;
+    while i < pieces.len() {
+        // The URL at `i` and the pieces after it that begin no URL.
+        let end = (i + 1..pieces.len())
+            .find(|&j| pieces[j].1.contains("://"))
+            .unwrap_or(pieces.len());
+        let (at, first) = pieces[i];
+        let user_info_end = (i + 1..end)
+            .rev()
+            .find(|&j| pieces[j].1.contains('@'))
+            .filter(|_| !first.contains('@'));
+        let rest = match user_info_end {
+            Some(j) => {
+                let (last_at, last) = pieces[j];
+                out.push(&text[at..last_at + last.len()]);
+                j + 1
+            }
+            None => i,
+        };
+        out.extend(pieces[rest..end].iter().map(|&(_, piece)| piece));
+        i = end;
+    }
+    out
 }
 
 /// `[server]`: the reverse proxy.

@@ -479,3 +479,28 @@ fn routes_of_many_segments_are_checked_without_overflowing_the_stack() {
         [None, Some(0), Some(0), Some(0), Some(0), Some(0)]
     );
 }
+
+/// `cluster_nodes` as one string is cut at the commas between URLs, not at one in a
+/// node's user info; everything else is cut as it was, empty pieces included.
+#[test]
+fn node_urls_keep_a_comma_in_the_user_info() {
+    for (text, urls) in [
+        (
+            "redis://a:7000,redis://b:7000",
+            &["redis://a:7000", "redis://b:7000"][..],
+        ),
+        ("redis://a:7000,b:7000", &["redis://a:7000", "b:7000"]),
+        ("a:7000,,b:7000,", &["a:7000", "", "b:7000", ""]),
+        ("redis://u@a,x@b", &["redis://u@a", "x@b"]),
+        (
+            "redis://u:p,w@a:7000,redis://u:p,,w,@b,c",
+            &["redis://u:p,w@a:7000", "redis://u:p,,w,@b", "c"],
+        ),
+        (
+            "redis://u:p,w@a,x,redis://b",
+            &["redis://u:p,w@a", "x", "redis://b"],
+        ),
+    ] {
+        assert_eq!(node_urls(text), urls, "{text}");
+    }
+}
