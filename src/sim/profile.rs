@@ -100,7 +100,7 @@ pub enum ProfileError {
         t: f64,
     },
     /// A point's time is earlier than the previous point's.
-    #[error("line {line}: t_seconds must increase, got {t} after {previous}")]
+    #[error("line {line}: t_seconds must increase, got {} after {}", figure(*.t), figure(*.previous))]
     TimeNotIncreasing {
         /// The line.
         line: usize,
@@ -116,7 +116,7 @@ pub enum ProfileError {
         points: usize,
     },
     /// The last point is at the same time as the first.
-    #[error("a profile must span some time, but all its points are at t = {t}")]
+    #[error("a profile must span some time, but all its points are at t = {}", figure(*.t))]
     NoDuration {
         /// The time of every point.
         t: f64,
@@ -866,6 +866,23 @@ mod tests {
         assert_eq!(
             err,
             "unknown scenario `flashsale`; known scenarios: steady, warmup, flash-sale, bot-burst, double-spike"
+        );
+    }
+
+    /// A time far from 1 in a refusal is written with an exponent, as the others
+    /// are: `t_seconds = 1e-300` after 5 was written in 300 digits.
+    #[test]
+    fn a_refused_time_is_quoted_compactly() {
+        let e = Profile::parse_csv("0,1\n5,1\n1e-300,1\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "line 3: t_seconds must increase, got 1e-300 after 5");
+        let e = Profile::parse_csv("1e-300,1\n1e-300,1\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "a profile must span some time, but all its points are at t = 1e-300"
         );
     }
 }
