@@ -3575,6 +3575,20 @@ fn a_store_password_never_appears_in_a_refusal() {
             "must not carry user info",
             password,
         );
+        // And its two values when two variables set it: they were quoted whole.
+        let upstream = format!("http://app:{}@app:3000", password.0);
+        let e = Config::from_toml_str_with_env(
+            &route("[server]\nupstream = \"http://app:3000\""),
+            "t.toml",
+            [
+                ("ROCGATE__SERVER__UPSTREAM".to_owned(), upstream.clone()),
+                ("rocgate__server__upstream".to_owned(), upstream),
+            ],
+        )
+        .expect_err("refused")
+        .to_string();
+        says_without(&e, "set by two environment variables", password);
+        says_without(&e, "http://app:***@app:3000", password);
     }
     // The admin token, set twice, is not quoted either.
     let e = Config::from_toml_str_with_env(

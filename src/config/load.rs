@@ -579,13 +579,14 @@ impl Override {
     }
 
     /// The variable's value as a problem quotes it: a store's URL (`store.url`, each
-    /// of `store.cluster_nodes`, comma-separated as [`node_urls`] cuts them) with its
-    /// password masked
-    /// ([`masked_url`]), the admin token as `***`, any other value as it is.
+    /// of `store.cluster_nodes`, comma-separated as [`node_urls`] cuts them) and the
+    /// upstream's (`server.upstream`, refused with user info, and masked where that
+    /// refusal quotes it) with the password masked ([`masked_url`]), the admin token
+    /// as `***`, any other value as it is.
     fn shown_value<'a>(&self, value: &'a str) -> Cow<'a, str> {
         match self.path.as_str() {
             "admin.token" => Cow::Borrowed("***"),
-            "store.url" => masked_url(value),
+            "store.url" | "server.upstream" => masked_url(value),
             "store.cluster_nodes" => Cow::Owned(
                 node_urls(value)
                     .into_iter()
