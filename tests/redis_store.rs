@@ -1034,6 +1034,76 @@ async fn redis_stopped_never_holds_a_decision_past_the_timeout() {
     come_back([&a, &b], &mut waits).await;
 }
 
+/// The side of a relayed connection some bytes came from.
+#[derive(Clone, Copy)]
+enum Side {
+    Client,
+    Redis,
+}
+
+/// What a relay does with the bytes it read from one side of a connection.
+enum Relayed {
+    /// Write them to the other side.
+    Pass,
+    /// Write them to the other side, then close the connection.
+    PassAndClose,
+    /// Drop them, relay nothing more either way and hold both sockets open until the
+    /// test ends (a half-open connection).
+    Hold,
+}
+
+/// A TCP relay on a free loopback port in front of the Redis at `to`: its port and its
+/// task. `accepted` is called as each connection is accepted and gives that connection's
+/// policy, called with every read from either side.
+async fn relay<F>(
+    to: u16,
+    mut accepted: impl FnMut() -> F + Send + 'static,
+) -> (u16, tokio::task::JoinHandle<()>)
+where
+    F: FnMut(Side, &[u8]) -> Relayed + Send + 'static,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let mut policy = accepted();
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let (mut up, mut down) = ([0u8; 4096], [0u8; 4096]);
+                loop {
+                    let (from, bytes, to) = tokio::select! {
+                        n = cr.read(&mut up) => match n {
+                            Ok(n) if n > 0 => (Side::Client, &up[..n], &mut sw),
+                            _ => return,
+                        },
+                        n = sr.read(&mut down) => match n {
+                            Ok(n) if n > 0 => (Side::Redis, &down[..n], &mut cw),
+                            _ => return,
+                        },
+                    };
+                    match policy(from, bytes) {
+                        Relayed::Pass if to.write_all(bytes).await.is_ok() => {}
+                        Relayed::Pass => return,
+                        Relayed::PassAndClose => {
+                            let _ = to.write_all(bytes).await;
+                            return;
+                        }
+                        Relayed::Hold => break,
+                    }
+                }
+                let _held = (cr, cw, sr, sw);
+                std::future::pending::<()>().await;
+            });
+        }
+    });
+    (port, task)
+}
+
 /// A TCP relay on a free loopback port in front of a Redis. [`go_dark`](Self::go_dark)
 /// makes every connection open at that moment stop relaying either way while staying
 /// open (a half-open connection: a NAT or a load balancer that dropped the flow, a
@@ -1053,57 +1123,34 @@ type RedisWaits = Arc<std::sync::Mutex<Vec<(tokio::time::Instant, Duration)>>>;
 impl DarkeningRelay {
     async fn start(to: u16) -> DarkeningRelay {
         use std::sync::atomic::Ordering;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let dark = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let generation = Arc::clone(&dark);
         let waits = RedisWaits::default();
         let answers = Arc::clone(&waits);
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
-                    continue;
-                };
-                let born = generation.load(Ordering::Relaxed);
-                let generation = Arc::clone(&generation);
-                let answers = Arc::clone(&answers);
-                tokio::spawn(async move {
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let lit = || generation.load(Ordering::Relaxed) == born;
-                    let mut up = [0u8; 4096];
-                    let mut down = [0u8; 4096];
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let mut asked_at = None;
-                    loop {
-                        tokio::select! {
-                            n = cr.read(&mut up) => match n {
-                                Ok(n) if n > 0 && lit() => {
-                                    asked_at.get_or_insert_with(tokio::time::Instant::now);
-                                    if sw.write_all(&up[..n]).await.is_err() { return; }
-                                }
-                                Ok(n) if n > 0 => break,
-                                _ => return,
-                            },
-                            n = sr.read(&mut down) => match n {
-                                Ok(n) if n > 0 && lit() => {
-                                    if let Some(asked) = asked_at.take() {
-                                        let now = tokio::time::Instant::now();
-                                        answers.lock().unwrap().push((now, now - asked));
-                                    }
-                                    if cw.write_all(&down[..n]).await.is_err() { return; }
-                                }
-                                Ok(n) if n > 0 => break,
-                                _ => return,
-                            },
+        let (port, task) = relay(to, move || {
+            let born = generation.load(Ordering::Relaxed);
+            let generation = Arc::clone(&generation);
+            let answers = Arc::clone(&answers);
+            let mut asked_at = None;
+            move |from: Side, _: &[u8]| {
+                if generation.load(Ordering::Relaxed) != born {
+                    return Relayed::Hold;
+                }
+                match from {
+                    Side::Client => {
+                        asked_at.get_or_insert_with(tokio::time::Instant::now);
+                    }
+                    Side::Redis => {
+                        if let Some(asked) = asked_at.take() {
+                            let now = tokio::time::Instant::now();
+                            answers.lock().unwrap().push((now, now - asked));
                         }
                     }
-                    // Dark: hold both sockets open, relay nothing, until the test ends.
-                    let _held = (cr, cw, sr, sw);
-                    std::future::pending::<()>().await;
-                });
+                }
+                Relayed::Pass
             }
-        });
+        })
+        .await;
         DarkeningRelay {
             port,
             dark,
@@ -8732,46 +8779,23 @@ struct AnswerOnceRelay {
 impl AnswerOnceRelay {
     async fn start(to: u16) -> AnswerOnceRelay {
         use std::sync::atomic::Ordering;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counted = Arc::clone(&accepted);
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                counted.fetch_add(1, Ordering::Relaxed);
-                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
-                    continue;
-                };
-                tokio::spawn(async move {
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let (mut up, mut down) = ([0u8; 4096], [0u8; 4096]);
-                    // Set by the first script call, past the connection's setup: the
-                    // next bytes from Redis are its answer, the last relayed.
-                    let mut asked = false;
-                    loop {
-                        tokio::select! {
-                            n = cr.read(&mut up) => match n {
-                                Ok(n) if n > 0 => {
-                                    asked |= up[..n].windows(4).any(|w| w == b"EVAL");
-                                    if sw.write_all(&up[..n]).await.is_err() { return; }
-                                }
-                                _ => return,
-                            },
-                            n = sr.read(&mut down) => match n {
-                                Ok(n) if n > 0 => {
-                                    if cw.write_all(&down[..n]).await.is_err() || asked {
-                                        return;
-                                    }
-                                }
-                                _ => return,
-                            },
-                        }
-                    }
-                });
+        let (port, task) = relay(to, move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            // Set by the first script call, past the connection's setup: the next
+            // bytes from Redis are its answer, the last relayed.
+            let mut asked = false;
+            move |from: Side, bytes: &[u8]| match from {
+                Side::Client => {
+                    asked |= bytes.windows(4).any(|w| w == b"EVAL");
+                    Relayed::Pass
+                }
+                Side::Redis if asked => Relayed::PassAndClose,
+                Side::Redis => Relayed::Pass,
             }
-        });
+        })
+        .await;
         AnswerOnceRelay {
             port,
             accepted,
