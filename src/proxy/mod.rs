@@ -51,7 +51,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -482,9 +482,15 @@ impl Reloader {
         let (mut runtime_changes_kept, mut runtime_changes_replaced) = (Vec::new(), Vec::new());
         let mut runtime_changes_dropped = Vec::new();
         let (mut offered, mut files) = (Vec::new(), Vec::new());
+        // By name: a lookup per change, not a scan of the routes.
+        let in_file: HashMap<&str, _> = if changed.is_empty() {
+            HashMap::new()
+        } else {
+            config.routes.iter().map(|r| (r.name.as_str(), r)).collect()
+        };
         for (name, file, runtime) in &changed {
             // A route the file no longer has takes its change with it.
-            let Some(route) = config.routes.iter().find(|r| r.name == *name) else {
+            let Some(route) = in_file.get(name.as_str()) else {
                 runtime_changes_dropped.push(name.clone());
                 continue;
             };
@@ -513,8 +519,9 @@ impl Reloader {
                 tracing::warn!(route = %route, "the runtime change no longer fits the route: {problem}");
             }
         }
+        let refused_routes: HashSet<&str> = refused.iter().map(|r| r.route.as_str()).collect();
         for ((name, _), file) in offered.into_iter().zip(files) {
-            if refused.iter().any(|r| r.route == name) {
+            if refused_routes.contains(name.as_str()) {
                 runtime_changes_replaced.push(name);
             } else {
                 changed_at_runtime.insert(name.clone(), file);
