@@ -1,12 +1,14 @@
 //! The metric set: README's table gives each metric rocgate exports its type and
-//! labels, dashboards and alert rules use only those metrics, and raw paths and client
-//! addresses never become series.
+//! labels, dashboards and alert rules use only those metrics, labels and label
+//! values, and raw paths and client addresses never become series.
 #![cfg(feature = "proxy")]
 
 use rocgate::config::{Config, KeyLimits, Partition, RouteConfig, RouteMatch};
+use rocgate::controller::ControllerState;
 use rocgate::http::ClientIpResolver;
+use rocgate::metrics::{CONTROLLER_STATE, TRANSITIONS};
 use rocgate::proxy::{Proxy, ProxySettings};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -239,6 +241,319 @@ fn every_alert_has_a_runbook_row() {
     );
 }
 
+/// Every state of the controller.
+const STATES: [ControllerState; 3] = [
+    ControllerState::Normal,
+    ControllerState::Cut,
+    ControllerState::Recovering,
+];
+
+/// Labels every series has once Prometheus scrapes it (its target's).
+const TARGET_LABELS: [&str; 2] = ["instance", "job"];
+
+/// README's metrics table as metric → label → the values its labels column names for
+/// that label: the code spans inside the parentheses that follow the label's own span
+/// (none where it names none). `rocgate_requests_total`'s `reason` takes every
+/// [`rocgate::limiter::Reason`] too, which the table leaves to the reason's section;
+/// `1xx`…`5xx` stands for the five classes; the controller's `state`, `from` and `to`
+/// take every [`ControllerState`]'s name.
+fn readme_label_values() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut out = BTreeMap::new();
+    for row in readme_metrics_rows() {
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").collect();
+        let names: Vec<&str> = cells[0].split('`').skip(1).step_by(2).collect();
+        let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let (mut depth, mut current) = (0usize, None::<String>);
+        for (i, part) in cells[2].split('`').enumerate() {
+            if i % 2 == 1 {
+                let word = part.to_owned();
+                if depth == 0 {
+                    if word.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                        labels.entry(word.clone()).or_default();
+                        current = Some(word);
+                    }
+                } else if let Some(label) = &current {
+                    labels.get_mut(label).unwrap().insert(word);
+                }
+                continue;
+            }
+            for c in part.chars() {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth = depth.saturating_sub(1),
+                    _ => {}
+                }
+            }
+        }
+        for values in labels.values_mut() {
+            if values.contains("1xx") && values.contains("5xx") {
+                values.extend(["2xx", "3xx", "4xx"].map(str::to_owned));
+            }
+        }
+        for name in names {
+            let mut labels = labels.clone();
+            if name == rocgate::metrics::REQUESTS {
+                let reasons = labels.get_mut("reason").expect("requests have a reason");
+                reasons.extend(rocgate::limiter::Reason::ALL.map(|r| r.as_str().to_owned()));
+            }
+            for label in ["state", "from", "to"] {
+                if let Some(values) = labels
+                    .get_mut(label)
+                    .filter(|_| [CONTROLLER_STATE, TRANSITIONS].contains(&name))
+                {
+                    values.extend(STATES.map(|s| s.as_str().to_owned()));
+                }
+            }
+            out.insert(name.to_owned(), labels);
+        }
+    }
+    out
+}
+
+/// The label names in `expr`'s groupings and vector matchings (`by`, `without`, `on`,
+/// `ignoring`, `group_left`, `group_right`).
+fn grouping_labels(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = expr.as_bytes();
+    for keyword in [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ] {
+        let mut from = 0;
+        while let Some(at) = expr[from..].find(keyword) {
+            let start = from + at;
+            from = start + keyword.len();
+            let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+            if start > 0 && ident(bytes[start - 1]) {
+                continue;
+            }
+            let rest = expr[from..].trim_start();
+            let Some(list) = rest.strip_prefix('(') else {
+                continue;
+            };
+            let list = &list[..list.find(')').expect("a closed label list")];
+            out.extend(
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+    }
+    out
+}
+
+/// What in the PromQL `expr` (and the label names `shown` of its results: a legend's,
+/// an annotation's) does not match what rocgate exports, as README's table gives it:
+/// a label matcher on a label its metric does not have, a literal value (of `=`, `!=`,
+/// or `=~`/`!~` alternations of plain words) the table does not name for that label, a
+/// grouping or a shown label that no metric of the expression has.
+fn label_problems(expr: &str, shown: &[String]) -> Vec<String> {
+    let table = readme_label_values();
+    let mut problems = Vec::new();
+    let mut known: BTreeSet<String> = TARGET_LABELS.map(str::to_owned).into();
+    let mut rest = expr;
+    while let Some(at) = rest.find("rocgate_") {
+        let from = &rest[at..];
+        let name_len = from
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(from.len());
+        let name = &from[..name_len];
+        let (base, bucket) = match name.strip_suffix("_bucket") {
+            Some(base) if table.contains_key(base) => (base, true),
+            _ => (
+                ["_count", "_sum"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|b| table.contains_key(*b)))
+                    .unwrap_or(name),
+                false,
+            ),
+        };
+        let Some(labels) = table.get(base) else {
+            problems.push(format!("{name}: not in README's table"));
+            rest = &from[name_len..];
+            continue;
+        };
+        known.extend(labels.keys().cloned());
+        if bucket {
+            known.insert("le".to_owned());
+        }
+        let mut len = name_len;
+        if let Some(matchers) = from[name_len..].strip_prefix('{') {
+            let end = matchers.find('}').expect("a closed selector");
+            len += end + 2;
+            for matcher in matchers[..end].split(',').map(str::trim) {
+                let op_at = matcher.find(['=', '!']).expect("a label matcher");
+                let label = matcher[..op_at].trim();
+                let (op, value) = matcher[op_at..].split_at(
+                    if matcher[op_at..].starts_with("=~")
+                        || matcher[op_at..].starts_with("!~")
+                        || matcher[op_at..].starts_with("!=")
+                    {
+                        2
+                    } else {
+                        1
+                    },
+                );
+                let value = value.trim().trim_matches('"');
+                if TARGET_LABELS.contains(&label) {
+                    continue;
+                }
+                let Some(values) = labels.get(label) else {
+                    problems.push(format!("{name}: no label {label:?}"));
+                    continue;
+                };
+                let words: Vec<&str> = if op.ends_with('~') {
+                    value.split('|').collect()
+                } else {
+                    vec![value]
+                };
+                let literal = |w: &&str| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if words.iter().all(literal) {
+                    for word in words {
+                        if !values.contains(word) {
+                            problems.push(format!("{name}: {label} has no value {word:?}"));
+                        }
+                    }
+                }
+            }
+        }
+        rest = &from[len..];
+    }
+    for label in grouping_labels(expr).iter().chain(shown) {
+        if !known.contains(label) {
+            problems.push(format!(
+                "{label:?}: a label none of the expression's metrics has"
+            ));
+        }
+    }
+    problems
+}
+
+/// The label names a legend or annotation template shows: Grafana's `{{name}}`, an
+/// alert template's `$labels.name` (its actions, `{{ else }}`, are no labels).
+fn shown_labels(template: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for part in template.split("{{").skip(1) {
+        let inner = part.split("}}").next().unwrap_or_default();
+        if inner.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !inner.is_empty() {
+            out.push(inner.to_owned());
+        }
+    }
+    for part in template.split("$labels.").skip(1) {
+        let name: String = part
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        out.push(name);
+    }
+    out
+}
+
+/// Every label a dashboard or alert rule matches on, groups by or shows is one the
+/// metrics it reads have, and every label value it names is one rocgate exports, as
+/// README's table gives them (whose label names `ten_thousand_paths_and_clients_add_no_series`
+/// checks against a real scrape): a rule on a value no series has stays quiet for
+/// ever, a panel on one draws nothing.
+#[test]
+fn dashboards_and_rules_use_only_exported_labels() {
+    // The check itself finds what is wrong.
+    assert_eq!(
+        label_problems(
+            r#"sum by (kind) (rate(rocgate_requests_total{decision="refused",reason=~"roc_cut|limit",rout="a"}[5m])) > 0 and on (instance, route) rocgate_keys"#,
+            &["half".to_owned()],
+        ),
+        [
+            r#"rocgate_requests_total: decision has no value "refused""#,
+            r#"rocgate_requests_total: no label "rout""#,
+            r#""kind": a label none of the expression's metrics has"#,
+            r#""half": a label none of the expression's metrics has"#,
+        ]
+    );
+    assert!(label_problems(
+        r#"histogram_quantile(0.99, sum by (le, route) (rate(rocgate_upstream_request_duration_seconds_bucket{status_class="5xx"}[1m])))"#,
+        &["route".to_owned()],
+    )
+    .is_empty());
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards");
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let dash: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut exprs: Vec<(String, String)> = Vec::new();
+        for panel in dash["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                exprs.push((
+                    target["expr"].as_str().unwrap().to_owned(),
+                    target["legendFormat"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                ));
+            }
+        }
+        for a in dash["annotations"]["list"].as_array().unwrap() {
+            if let Some(expr) = a["expr"].as_str() {
+                let shown = format!(
+                    "{} {}",
+                    a["titleFormat"].as_str().unwrap_or_default(),
+                    a["textFormat"].as_str().unwrap_or_default()
+                );
+                exprs.push((expr.to_owned(), shown));
+            }
+        }
+        for v in dash["templating"]["list"].as_array().unwrap() {
+            if let Some(q) = v["query"]["query"].as_str() {
+                let (selector, label) = q
+                    .strip_prefix("label_values(")
+                    .and_then(|r| r.strip_suffix(')'))
+                    .and_then(|r| r.rsplit_once(','))
+                    .unwrap_or_else(|| panic!("unexpected variable query {q}"));
+                exprs.push((selector.to_owned(), format!("{{{{{}}}}}", label.trim())));
+            }
+        }
+        for (expr, shown) in exprs {
+            checked += 1;
+            for p in label_problems(&expr, &shown_labels(&shown)) {
+                problems.push(format!("{}: {p}\n  in {expr}", path.display()));
+            }
+        }
+    }
+    let rules = std::fs::read_to_string(root.join("alerts.yml")).unwrap();
+    let rules: String = rules
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for rule in rules.split("- alert: ").skip(1) {
+        let name = rule.lines().next().unwrap().trim();
+        let expr = rule
+            .split_once("expr:")
+            .map(|(_, r)| r)
+            .and_then(|r| r.split("\n        for:").next())
+            .and_then(|r| r.split("\n        labels:").next())
+            .unwrap_or_else(|| panic!("{name} has an expr"))
+            .trim_start_matches([' ', '|']);
+        let annotations = rule.split_once("annotations:").map_or("", |(_, a)| a);
+        checked += 1;
+        for p in label_problems(expr, &shown_labels(annotations)) {
+            problems.push(format!("alerts.yml {name}: {p}"));
+        }
+    }
+    assert!(checked >= 40, "{checked} expressions");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 #[test]
 fn names_are_found_in_expressions() {
     let names = metric_names(
@@ -405,7 +720,7 @@ async fn ten_thousand_paths_and_clients_add_no_series() {
 #[test]
 fn shared_routes_show_the_stores_limit_and_state() {
     use rocgate::clock::Nanos;
-    use rocgate::controller::{ControllerState, TransitionCounts};
+    use rocgate::controller::TransitionCounts;
     use rocgate::engine::Engine;
     use rocgate::metrics::{Collector, SharedControl};
     let engine = Engine::new(
@@ -872,7 +1187,7 @@ fn cut_seconds_carry_on_across_a_rebuild_during_a_cut() {
 #[test]
 fn a_local_cut_stays_counted_when_a_rebuild_hands_the_route_to_a_shared_store() {
     use rocgate::clock::Nanos;
-    use rocgate::controller::{ControllerState, TransitionCounts};
+    use rocgate::controller::TransitionCounts;
     use rocgate::engine::{Engine, Key};
     use rocgate::metrics::{Collector, SharedControl};
     let epoch = std::time::SystemTime::UNIX_EPOCH;
@@ -1363,7 +1678,7 @@ fn cut_seconds_do_not_jump_when_a_silent_cut_is_caught_up() {
 #[test]
 fn the_cut_against_the_base_limit_is_exported_where_counted() {
     use rocgate::clock::Nanos;
-    use rocgate::controller::{ControllerState, TransitionCounts};
+    use rocgate::controller::TransitionCounts;
     use rocgate::engine::{Engine, Key};
     use rocgate::metrics::{Collector, SharedControl};
     let route = |name: &str| {
