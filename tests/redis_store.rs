@@ -8920,3 +8920,63 @@ async fn a_fall_carried_through_a_rebuild_names_the_setting_to_check() {
         );
     }
 }
+
+/// `config/examples/redis.toml` shares what its comments say: its `order` and
+/// `seckill` routes (limited as a whole by a token bucket) on Redis, its partitioned
+/// `search` route not; nor such a route in `shadow_adaptive` mode, with another
+/// algorithm, or with a window of more than 1000 slots, which stay local too, while
+/// one in `shadow` mode is shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_example_shares_the_routes_its_comments_say() {
+    use rocgate::config::Mode;
+    let server = RedisServer::start().await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/redis.toml");
+    let example = Config::load(&path).unwrap();
+    let rocgate::store::StoreConfig::Redis(file) = &example.store else {
+        panic!("redis.toml has a Redis store");
+    };
+    let mut store = store_config(&server, "example");
+    store.mode = file.mode;
+    store.fail_mode = file.fail_mode;
+    let shared = |routes: Vec<RouteConfig>| -> Vec<bool> {
+        let count = routes.len();
+        let engine =
+            Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let store = RedisStore::connect(&store, Arc::new(MonotonicClock::new())).unwrap();
+        (0..count)
+            .map(|i| store.shares(&engine, engine.route_at(i).unwrap()))
+            .collect()
+    };
+    let names: Vec<&str> = example.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["order", "seckill", "search"]);
+    assert_eq!(shared(example.routes.clone()), [true, true, false]);
+
+    let order = &example.routes[0];
+    let with = |change: fn(&mut RouteConfig)| {
+        let mut r = order.clone();
+        change(&mut r);
+        r
+    };
+    let mut variants = vec![
+        with(|r| r.mode = Mode::Shadow),
+        with(|r| r.mode = Mode::ShadowAdaptive),
+        with(|r| {
+            r.algorithm = Algorithm::FixedWindow {
+                window: Duration::from_secs(1),
+            }
+        }),
+        with(|r| {
+            r.window = WindowSpec::new(Duration::from_millis(100_200), Duration::from_millis(100))
+                .unwrap();
+        }),
+        with(|r| {
+            r.window =
+                WindowSpec::new(Duration::from_secs(100), Duration::from_millis(100)).unwrap();
+        }),
+    ];
+    for (i, r) in variants.iter_mut().enumerate() {
+        r.name = format!("variant-{i}");
+        r.matcher = RouteMatch::prefix(format!("/{i}/"));
+    }
+    assert_eq!(shared(variants), [true, false, false, false, true]);
+}
