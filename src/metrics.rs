@@ -24,7 +24,7 @@
 //! | `rocgate_roc` | gauge | `route`, `mode` | ROC of the last completed slot, `absolute` and `relative` |
 //! | `rocgate_controller_roc` | gauge | `route` | ROC of the last completed slot in the route's `roc_mode`: what the controller compares with `danger_roc` and `safe_roc` |
 //! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode, from the end of its first window |
-//! | `rocgate_limit_rps`, `rocgate_base_limit_rps`, `rocgate_cut_limit_rps` | gauge | `route` | current, base and cut limit (in the shadow modes, the current limit is the controller's, not the one enforced) |
+//! | `rocgate_limit_rps`, `rocgate_base_limit_rps`, `rocgate_cut_limit_rps` | gauge | `route` | current, base and cut limit, req/s, or requests in flight on a `concurrency` route, a key's on a partitioned one (in the shadow modes, the current limit is the controller's, not the one enforced) |
 //! | `rocgate_danger_roc`, `rocgate_safe_roc` | gauge | `route` | thresholds in force |
 //! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, queue, in flight) and its maximum; NaN and a key's capacity on a partitioned route (each key has its own limiter); a distributed route's: the shared bucket as this instance last saw it (exact mode), or this instance's bucket at its share (batched mode, fallback); NaN in fallback with `fail_mode` `open` or `closed`, where no bucket decides |
 //! | `rocgate_controller_state` | gauge | `route`, `state` | 1 for the state the controller is in, 0 for the others |
