@@ -110,9 +110,13 @@ fn readme_metric_types_and_labels() -> std::collections::BTreeMap<String, (Strin
 }
 
 /// Every metric of `exposition` has the type and the label names README's table gives
-/// it.
+/// it, and each label value among those the table names for it, where it names any
+/// ([`readme_label_values`]); and the labels whose every value is exported from 0 have
+/// them all, so the table names none that rocgate does not export.
 fn assert_types_and_labels_as_readme_says(exposition: &str) {
     let readme = readme_metric_types_and_labels();
+    let values = readme_label_values();
+    let mut scraped: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     let mut seen = 0;
     for line in exposition.lines() {
         if let Some(typed) = line.strip_prefix("# TYPE ") {
@@ -130,19 +134,45 @@ fn assert_types_and_labels_as_readme_says(exposition: &str) {
                 .find_map(|s| name.strip_suffix(s))
                 .filter(|base| readme.get(*base).is_some_and(|(t, _)| t == "histogram"))
                 .unwrap_or(name);
-            let labels: BTreeSet<String> = labels
+            let pairs: Vec<(&str, &str)> = labels
                 .trim_end_matches('}')
                 .split(',')
-                .filter_map(|pair| pair.split_once('=').map(|(k, _)| k.to_owned()))
-                .filter(|k| k != "le")
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(k, v)| (k, v.trim_matches('"')))
+                .filter(|(k, _)| *k != "le")
                 .collect();
+            let labels: BTreeSet<String> = pairs.iter().map(|(k, _)| (*k).to_owned()).collect();
             let (_, documented) = readme
                 .get(name)
                 .unwrap_or_else(|| panic!("{name} is not in README's table"));
             assert_eq!(documented, &labels, "README's labels of {name}: {line}");
+            for (label, value) in pairs {
+                let named = &values[name][label];
+                assert!(
+                    named.is_empty() || named.contains(value),
+                    "README names {named:?} for {name}'s {label}, not {value:?}: {line}"
+                );
+                scraped
+                    .entry((name.to_owned(), label.to_owned()))
+                    .or_default()
+                    .insert(value.to_owned());
+            }
         }
     }
     assert!(seen >= 20, "only {seen} metrics in the scrape");
+    for (name, label) in [
+        (rocgate::metrics::UPSTREAM_ERRORS, "kind"),
+        (CONTROLLER_STATE, "state"),
+        (rocgate::metrics::LINGERING_CLOSES, "ended"),
+        (rocgate::metrics::PROXY_PROTOCOL_REFUSED, "reason"),
+    ] {
+        let key = (name.to_owned(), label.to_owned());
+        assert_eq!(
+            scraped.get(&key),
+            Some(&values[name][label]),
+            "{name}'s {label}: the values exported, and README's"
+        );
+    }
 }
 
 /// README's metrics table names every metric rocgate exports, and no other.
@@ -252,18 +282,33 @@ const STATES: [ControllerState; 3] = [
 const TARGET_LABELS: [&str; 2] = ["instance", "job"];
 
 /// README's metrics table as metric → label → the values its labels column names for
-/// that label: the code spans inside the parentheses that follow the label's own span
-/// (none where it names none). `rocgate_requests_total`'s `reason` takes every
+/// that label (none where it names none): in the parentheses that follow the label's
+/// own span, the code spans of its list, which starts the parentheses or a clause of
+/// them after a `;` and goes on after `,`, `or` or `…` (`` (`admitted`, `rejected`:
+/// … `` , `` (`empty`: …; `invalid`: … ``); not a span the prose mentions (`` within
+/// `timeout` ``, `` in `enforce` or `shadow` mode ``), one in parentheses nested
+/// deeper, nor a metric's name. `rocgate_requests_total`'s `reason` takes every
 /// [`rocgate::limiter::Reason`] too, which the table leaves to the reason's section;
 /// `1xx`…`5xx` stands for the five classes; the controller's `state`, `from` and `to`
 /// take every [`ControllerState`]'s name.
 fn readme_label_values() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    /// Where a list of values stands, in a label's parentheses.
+    #[derive(PartialEq)]
+    enum List {
+        /// At the start of the parentheses or of a clause: a span here starts it.
+        Start,
+        /// After a value: a span after only a separator goes on with it.
+        Value,
+        /// In prose: no span is a value until the next clause.
+        Prose,
+    }
     let mut out = BTreeMap::new();
     for row in readme_metrics_rows() {
         let cells: Vec<&str> = row.trim_matches('|').split(" | ").collect();
         let names: Vec<&str> = cells[0].split('`').skip(1).step_by(2).collect();
         let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let (mut depth, mut current) = (0usize, None::<String>);
+        let (mut list, mut between) = (List::Prose, String::new());
         for (i, part) in cells[2].split('`').enumerate() {
             if i % 2 == 1 {
                 let word = part.to_owned();
@@ -272,15 +317,34 @@ fn readme_label_values() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>>
                         labels.entry(word.clone()).or_default();
                         current = Some(word);
                     }
-                } else if let Some(label) = &current {
-                    labels.get_mut(label).unwrap().insert(word);
+                } else if depth == 1 {
+                    let separated = match list {
+                        List::Start => between.trim().is_empty(),
+                        List::Value => ["", ",", "or", ", or", "…"].contains(&between.trim()),
+                        List::Prose => false,
+                    };
+                    list = List::Prose;
+                    if let Some(label) = current.as_ref().filter(|_| separated) {
+                        if !word.starts_with("rocgate_") {
+                            labels.get_mut(label).unwrap().insert(word);
+                            list = List::Value;
+                        }
+                    }
+                    between.clear();
                 }
                 continue;
             }
             for c in part.chars() {
                 match c {
-                    '(' => depth += 1,
+                    '(' => {
+                        depth += 1;
+                        if depth == 1 {
+                            (list, between) = (List::Start, String::new());
+                        }
+                    }
                     ')' => depth = depth.saturating_sub(1),
+                    ';' if depth == 1 => (list, between) = (List::Start, String::new()),
+                    _ if depth == 1 => between.push(c),
                     _ => {}
                 }
             }
@@ -456,9 +520,12 @@ fn shown_labels(template: &str) -> Vec<String> {
 
 /// Every label a dashboard or alert rule matches on, groups by or shows is one the
 /// metrics it reads have, and every label value it names is one rocgate exports, as
-/// README's table gives them (whose label names `ten_thousand_paths_and_clients_add_no_series`
-/// checks against a real scrape): a rule on a value no series has stays quiet for
-/// ever, a panel on one draws nothing.
+/// README's table gives them (whose label names and values
+/// `ten_thousand_paths_and_clients_add_no_series` checks against a real scrape: every
+/// value scraped is one the table names, and the table names no other `kind` of
+/// upstream error, controller `state`, lingering close's `ended` or PROXY header
+/// refusal's `reason`): a rule on a value no series has stays quiet for ever, a panel
+/// on one draws nothing.
 #[test]
 fn dashboards_and_rules_use_only_exported_labels() {
     // The check itself finds what is wrong.
@@ -479,6 +546,20 @@ fn dashboards_and_rules_use_only_exported_labels() {
         &["route".to_owned()],
     )
     .is_empty());
+    // Words README's labels column names in its prose, not as a label's values: the
+    // setting a timeout waited, the functions that read a counter, the modes a count
+    // is kept in.
+    assert_eq!(
+        label_problems(
+            r#"rocgate_upstream_request_duration_seconds_count{status_class="response_timeout"} + rocgate_upstream_errors_total{kind="rate"} + rocgate_cut_vs_base_total{decision="shadow"}"#,
+            &[],
+        ),
+        [
+            r#"rocgate_upstream_request_duration_seconds_count: status_class has no value "response_timeout""#,
+            r#"rocgate_upstream_errors_total: kind has no value "rate""#,
+            r#"rocgate_cut_vs_base_total: decision has no value "shadow""#,
+        ]
+    );
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards");
     let mut problems = Vec::new();
