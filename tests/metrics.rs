@@ -374,19 +374,22 @@ fn readme_label_values() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>>
     out
 }
 
-/// The label names in `expr`'s groupings and vector matchings (`by`, `without`, `on`,
-/// `ignoring`, `group_left`, `group_right`).
-fn grouping_labels(expr: &str) -> Vec<String> {
+/// Every grouping and vector matching of PromQL.
+const GROUPINGS: [&str; 6] = [
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+
+/// The label names in `expr`'s groupings and vector matchings by the `keywords` (of
+/// [`GROUPINGS`]), each list's `keyword (…)`.
+fn grouping_labels(expr: &str, keywords: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     let bytes = expr.as_bytes();
-    for keyword in [
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
-    ] {
+    for &keyword in keywords {
         let mut from = 0;
         while let Some(at) = expr[from..].find(keyword) {
             let start = from + at;
@@ -415,7 +418,9 @@ fn grouping_labels(expr: &str) -> Vec<String> {
 /// an annotation's) does not match what rocgate exports, as README's table gives it:
 /// a label matcher on a label its metric does not have, a literal value (of `=`, `!=`,
 /// or `=~`/`!~` alternations of plain words) the table does not name for that label, a
-/// grouping or a shown label that no metric of the expression has.
+/// grouping or a shown label that no metric of the expression has, and in an
+/// expression that aggregates `by` labels (and none `without`), a shown label no `by`
+/// keeps (the union of them: an `or` of two groupings shows either's).
 fn label_problems(expr: &str, shown: &[String]) -> Vec<String> {
     let table = readme_label_values();
     let mut problems = Vec::new();
@@ -488,10 +493,21 @@ fn label_problems(expr: &str, shown: &[String]) -> Vec<String> {
         }
         rest = &from[len..];
     }
-    for label in grouping_labels(expr).iter().chain(shown) {
+    for label in grouping_labels(expr, &GROUPINGS).iter().chain(shown) {
         if !known.contains(label) {
             problems.push(format!(
                 "{label:?}: a label none of the expression's metrics has"
+            ));
+        }
+    }
+    let kept = grouping_labels(expr, &["by"]);
+    if !kept.is_empty() && grouping_labels(expr, &["without"]).is_empty() {
+        for label in shown
+            .iter()
+            .filter(|l| known.contains(*l) && !kept.contains(l))
+        {
+            problems.push(format!(
+                "{label:?}: shown, but no `by` of the expression keeps it"
             ));
         }
     }
@@ -546,6 +562,14 @@ fn dashboards_and_rules_use_only_exported_labels() {
         &["route".to_owned()],
     )
     .is_empty());
+    // A label the aggregation drops shows nothing, though the metric has it.
+    assert_eq!(
+        label_problems(
+            r#"max by (route) (rocgate_limiter_level{route=~"$route"})"#,
+            &["route".to_owned(), "algorithm".to_owned()],
+        ),
+        [r#""algorithm": shown, but no `by` of the expression keeps it"#]
+    );
     // Words README's labels column names in its prose, not as a label's values: the
     // setting a timeout waited, the functions that read a counter, the modes a count
     // is kept in.
