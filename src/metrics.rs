@@ -288,9 +288,18 @@ pub fn describe() {
         ROC_OBSERVED,
         "Every completed slot's ROC, in the route's mode."
     );
-    describe_gauge!(LIMIT, "The controller's current limit, req/s.");
-    describe_gauge!(BASE_LIMIT, "The base limit in force, req/s.");
-    describe_gauge!(CUT_LIMIT, "The cut limit in force, req/s.");
+    describe_gauge!(
+        LIMIT,
+        "The controller's current limit, req/s (in flight on a concurrency route, a key's on a partitioned one)."
+    );
+    describe_gauge!(
+        BASE_LIMIT,
+        "The base limit in force, req/s (in flight on a concurrency route, a key's on a partitioned one)."
+    );
+    describe_gauge!(
+        CUT_LIMIT,
+        "The cut limit in force, req/s (in flight on a concurrency route, a key's on a partitioned one)."
+    );
     describe_gauge!(DANGER_ROC, "ROC above which the route is cut.");
     describe_gauge!(SAFE_ROC, "ROC below which the route is calm.");
     describe_gauge!(
