@@ -4,7 +4,8 @@
 //! each algorithm's limit; a relative threshold that takes doubling, whatever the
 //! volume; a scheduled event's profile in force for its time; shadow modes counting
 //! what enforcing would reject). The flash-sale example's claims are
-//! `tests/scenarios.rs`'.
+//! `tests/scenarios.rs`'; the Redis example's, which need a Redis server,
+//! `tests/redis_store.rs`' (`the_redis_example_shares_the_routes_its_comments_say`).
 
 use rocgate::clock::Nanos;
 use rocgate::config::Config;
@@ -106,6 +107,31 @@ fn api_keys_tiers_gives_each_tier_its_limits_cut_or_not() {
         );
     }
     assert_eq!(state(&e, search, 12.0).0, ControllerState::Cut);
+}
+
+/// api-keys-tiers.toml: "header names are case-insensitive": the file's routes keyed
+/// by `header:X-API-Key` are keyed as by its `header:x-api-key`, the lower-case name
+/// the header is looked up by (an HTTP header map's names are lower case).
+#[test]
+fn api_keys_tiers_header_name_is_case_insensitive() {
+    use rocgate::config::Partition;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/api-keys-tiers.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches("\"header:x-api-key\"").count(), 2);
+    let written = example("api-keys-tiers.toml");
+    let upper = Config::from_toml_str(
+        &text.replace("\"header:x-api-key\"", "\"header:X-API-Key\""),
+        "api-keys-tiers.toml",
+    )
+    .unwrap();
+    for (w, u) in written.routes.iter().zip(&upper.routes) {
+        let Partition::Header(name, _) = &w.partition else {
+            panic!("{} is keyed by a header", w.name);
+        };
+        assert_eq!(name, "x-api-key");
+        assert_eq!(u.partition, w.partition, "{}", w.name);
+    }
+    assert_eq!(upper.routes.len(), 2);
 }
 
 /// api-keys-tiers.toml: a paying customer that starts at its tier's full rate from a
