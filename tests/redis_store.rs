@@ -3257,9 +3257,12 @@ async fn into_fallback(inst: &Instance, more: usize) -> usize {
 
 /// Waits for a probe to be due, and makes it: its caller leaves after 1 ms, its call
 /// to the stopped Redis goes on. A probe made while the store's connection is down
-/// (between two of its attempts, which the stopped Redis fails by the connection
-/// timeout) fails at once, decided locally: then another, a probe later, at most 20.
-/// Returns the requests those admitted.
+/// (an attempt under way that another call opened, or the backoff after one, which
+/// the stopped Redis fails by the connection timeout) fails at once, decided locally:
+/// then another, a probe later, at most 20. With the heartbeat beaten by hand, the
+/// probes are the only calls that open attempts: the first that finds the backoff
+/// over opens one and waits for it, at most an attempt and a backoff's wait after the
+/// first probe. Returns the requests those admitted.
 async fn leave_a_probe_waiting(inst: &Instance) -> usize {
     let mut admitted = 0;
     for _ in 0..20 {
@@ -3349,15 +3352,23 @@ async fn assert_debited_soon(
 async fn a_fallback_debit_outlives_a_probe_whose_caller_gave_up() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
-    let config = store_config(&server, "debit-kept");
+    // Beaten by hand: the probes are then the only calls that open the store's
+    // connections, and one of the first three waits on the attempt it opens (see
+    // [`leave_a_probe_waiting`]). A background beat every 200 ms opened each attempt
+    // itself, as soon as the last one's backoff allowed, and 20 probes 150 ms apart
+    // all came while an attempt was under way or its backoff not over, and failed at
+    // once (9 runs in 100 of this test alone, on d9b669e's link too; 0 and 1 in 100
+    // beside two busy loops).
+    let config = hand_beaten_config(&server, "debit-kept");
     // 1 req/s with 100 tokens shared: what fallback admits shows plainly in the level.
     let inst = Instance::system(&route(1.0, Duration::from_secs(100)), &config);
     beat_answered(&inst.store).await;
     assert!(inst.check().await.is_admit());
     server.signal("-STOP");
     let mut in_fallback = into_fallback(&inst, 0).await;
-    // Past a failed heartbeat, which replaces the connection.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A failed beat, which replaces the connection: the probe's call then waits on a
+    // connection attempt, before its command is written.
+    assert_eq!(inst.store.beat().await, None, "a beat on a stopped Redis");
     in_fallback += into_fallback(&inst, 40).await;
     in_fallback += leave_a_probe_waiting(&inst).await;
     server.signal("-CONT");
