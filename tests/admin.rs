@@ -82,7 +82,7 @@ async fn start_from(
         built.admin_listen = "127.0.0.1:0".parse().unwrap();
         built.header_read_timeout = Duration::from_secs(2);
         built.shutdown_grace = Duration::from_secs(2);
-        built.admin_token = token.map(str::to_owned);
+        built.admin_token = token.map(rocgate::config::Secret::from);
         built.forward.connect_timeout = Duration::from_millis(200);
         built.forward.response_timeout = Duration::from_secs(1);
         built.forward.max_body_bytes = 1024;
@@ -1732,5 +1732,20 @@ async fn admin_connections_end_before_run_returns() {
             String::from_utf8_lossy(&buf[..n])
         ),
         Err(_) => panic!("the admin connection was still open 3 s after Proxy::run returned"),
+    }
+}
+
+/// The admin token is `***` in the proxy's settings printed with `{:?}`, as in the
+/// config it came from: `ProxySettings` derived `Debug` over the token's text.
+#[test]
+fn the_admin_token_is_not_in_the_settings_debug_output() {
+    let text = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n[admin]\ntoken = \"s3cr3t\"\n";
+    let config = Config::from_toml_str(text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let settings =
+        ProxySettings::from_server(&config.server, "http://127.0.0.1:9".parse().unwrap());
+    assert!(settings.admin_token.is_some());
+    for shown in [format!("{settings:?}"), format!("{settings:#?}")] {
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("***"), "{shown}");
     }
 }

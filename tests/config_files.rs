@@ -1,7 +1,9 @@
 //! The shipped configuration files are valid, and broken ones are refused with the
 //! field path and the reason, every problem at once.
 
-use rocgate::config::{ClientIpHeader, Config, Mode, Partition, ProxyProtocol, ServerConfig};
+use rocgate::config::{
+    ClientIpHeader, Config, Mode, Partition, ProxyProtocol, Secret, ServerConfig,
+};
 use rocgate::limiter::{Algorithm, MAX_WINDOW_COUNT};
 use rocgate::window::RocMode;
 use std::path::{Path, PathBuf};
@@ -2120,7 +2122,10 @@ fn server_and_admin_sections() {
     assert_eq!(c.server.client_ip_header, ClientIpHeader::Forwarded);
     assert_eq!(c.server.proxy_protocol, ProxyProtocol::V2);
     assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9999");
-    assert_eq!(c.server.admin_token.as_deref(), Some("t0k"));
+    assert_eq!(
+        c.server.admin_token.as_ref().map(Secret::expose),
+        Some("t0k")
+    );
     // Left out, the defaults.
     assert_eq!(
         load("examples/flash-sale.toml").server,
@@ -3785,5 +3790,31 @@ fn a_comma_in_a_cluster_password_is_part_of_it() {
     );
     for shown in [&from_file, &from_env, &twice] {
         assert!(!shown.contains("s3c") && !shown.contains("r3t"), "{shown}");
+    }
+}
+
+/// The admin token, from the file or from the environment, is `***` wherever the
+/// config is printed with `{:?}`: `ServerConfig` derived `Debug` over the token's text,
+/// so that the next `tracing::debug!(?config)` would have logged it.
+#[test]
+fn the_admin_token_is_not_in_the_configs_debug_output() {
+    let file = Config::from_toml_str(
+        &format!("{ORDER}[admin]\ntoken = \"s3cr3t-file\"\n"),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let env = [("ROCGATE__ADMIN__TOKEN".to_owned(), "s3cr3t-env".to_owned())];
+    let from_env =
+        Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
+    for (config, token) in [(file, "s3cr3t-file"), (from_env, "s3cr3t-env")] {
+        assert!(config.server.admin_token.is_some(), "{token}");
+        for shown in [
+            format!("{:?}", config.server),
+            format!("{:#?}", config.server),
+            format!("{config:?}"),
+        ] {
+            assert!(!shown.contains(token), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
     }
 }

@@ -6,9 +6,11 @@
 
 mod load;
 mod raw;
+mod secret;
 pub(crate) use raw::{check_burst, check_route, figure, EVENT_SETTINGS, LONGEST_RESTORE};
 
 pub use load::{env_name_shown, ConfigError, Problem};
+pub use secret::Secret;
 
 /// The most characters of a value an error quotes ([`quoted`]).
 const QUOTED_CHARS: usize = 64;
@@ -1288,8 +1290,8 @@ pub struct ServerConfig {
     pub lingering_timeout: Duration,
     /// Where the admin API listens.
     pub admin_listen: SocketAddr,
-    /// Bearer token required by mutating admin endpoints, if set.
-    pub admin_token: Option<String>,
+    /// Bearer token required by mutating admin endpoints, if set (`***` in `{:?}`).
+    pub admin_token: Option<Secret>,
 }
 
 impl ServerConfig {

@@ -2831,7 +2831,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
                 unsendable(&token)
             ))
         } else {
-            out.admin_token = Some(token);
+            out.admin_token = Some(super::Secret::new(token));
             Ok(())
         };
         field(p, "admin.token", checked);

@@ -63,7 +63,7 @@ pub(crate) struct AdminState {
     /// flight finishing): `/readyz` answers 503 from then on.
     pub(crate) shutting_down: Arc<AtomicBool>,
     pub(crate) advisor: Arc<Advisor>,
-    pub(crate) token: Option<String>,
+    pub(crate) token: Option<crate::config::Secret>,
     pub(crate) metrics: Arc<Exporter>,
     /// Held by the answer being made on the blocking pool ([`off_the_workers`]): one
     /// at a time.
@@ -349,7 +349,11 @@ struct Peer(IpAddr);
 /// loopback (`POST /admin/reload` is a request a form may send, without a CORS
 /// preflight), or, through a name it re-binds to 127.0.0.1, change any limit. With a
 /// token, a page cannot send it.
-fn unauthorized(token: Option<&str>, headers: &HeaderMap, peer: IpAddr) -> Option<Response> {
+fn unauthorized(
+    token: Option<&crate::config::Secret>,
+    headers: &HeaderMap,
+    peer: IpAddr,
+) -> Option<Response> {
     let Some(token) = token else {
         if !peer.to_canonical().is_loopback() {
             return Some(error(
@@ -372,7 +376,7 @@ fn unauthorized(token: Option<&str>, headers: &HeaderMap, peer: IpAddr) -> Optio
         .get(http::header::AUTHORIZATION)
         .and_then(|v| bearer_token(v.as_bytes()));
     match given {
-        Some(g) if constant_time_eq(g, token.as_bytes()) => None,
+        Some(g) if token.matches(g) => None,
         // RFC 6750 §3: the scheme and realm; `invalid_token` when one was sent.
         Some(_) => Some(challenge(
             r#"Bearer realm="rocgate admin", error="invalid_token""#,
@@ -401,19 +405,6 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = value.split_at(space);
     let token = rest.trim_ascii_start();
     (scheme.eq_ignore_ascii_case(b"bearer") && !token.is_empty()).then_some(token)
-}
-
-/// Compares in a time that depends on the length of `given` only, so the time taken
-/// says nothing about the token, not even its length.
-fn constant_time_eq(given: &[u8], token: &[u8]) -> bool {
-    if token.is_empty() {
-        return false;
-    }
-    let differ = given
-        .iter()
-        .zip(token.iter().cycle())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    differ == 0 && given.len() == token.len()
 }
 
 /// The largest body the admin API reads: a change is a few fields.
@@ -732,7 +723,7 @@ fn authorized_route(
     uri: &Uri,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<String, Box<Response>> {
-    if let Some(denied) = unauthorized(state.token.as_deref(), headers, peer) {
+    if let Some(denied) = unauthorized(state.token.as_ref(), headers, peer) {
         return Err(Box::new(denied));
     }
     if let Some(refused) = query_refused(uri) {
@@ -838,7 +829,7 @@ async fn reload(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if let Some(denied) = unauthorized(state.token.as_deref(), &headers, peer) {
+    if let Some(denied) = unauthorized(state.token.as_ref(), &headers, peer) {
         return denied;
     }
     if let Some(refused) = query_refused(&uri) {
@@ -1411,7 +1402,11 @@ mod tests {
                 value.parse().unwrap(),
             );
         }
-        unauthorized(token, &map, peer.parse().unwrap())
+        unauthorized(
+            token.map(crate::config::Secret::from).as_ref(),
+            &map,
+            peer.parse().unwrap(),
+        )
     }
 
     /// The status a mutating request from `peer` with `headers` is refused with, if

@@ -93,8 +93,9 @@ pub struct ProxySettings {
     /// closed gracefully; also how long an upgraded connection's tunnel may carry
     /// nothing, either way, before it is closed.
     pub idle_timeout: Duration,
-    /// Bearer token required by the admin API's mutating endpoints, if set.
-    pub admin_token: Option<String>,
+    /// Bearer token required by the admin API's mutating endpoints, if set (`***` in
+    /// `{:?}`).
+    pub admin_token: Option<crate::config::Secret>,
     /// The longest a lingering close reads what the client still sends, in all
     /// (nginx's `lingering_time`): an HTTP/1.1 connection closed after an answer that
     /// left its request's body unread (a 429, a 413) reads and throws away the rest,
