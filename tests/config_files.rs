@@ -3818,3 +3818,66 @@ fn the_admin_token_is_not_in_the_configs_debug_output() {
         }
     }
 }
+
+/// An `[admin] token` that is not a TOML string is refused, naming the field and the
+/// kind of value written, never the value: `token = 0x1F` was taken as the token
+/// `31`, `token = 1e3` as `1000`, `token = true` as `true`, whatever the file said.
+#[test]
+fn an_admin_token_that_is_no_string_is_refused_without_its_value() {
+    for (value, kind) in [
+        ("123456", "an integer"),
+        ("0x1F", "an integer"),
+        ("1_000", "an integer"),
+        ("1e3", "a float"),
+        ("1.50", "a float"),
+        ("inf", "a float"),
+        ("true", "a boolean"),
+    ] {
+        let text = format!("{ORDER}[admin]\ntoken = {value}\n");
+        let found = problems(&text);
+        assert_eq!(
+            found,
+            [format!(
+                "admin.token: must be a string, got {kind}: write it in quotes (token = \"…\"), \
+                 the text a client sends"
+            )],
+            "{value}"
+        );
+        let e = Config::from_toml_str(&text, "bad.toml").unwrap_err();
+        let debug = format!("{e:?}");
+        for shown in [
+            "123456", "0x1F", "31", "1_000", "1000", "1.5", "inf", "true",
+        ] {
+            assert!(!debug.contains(shown), "{value}: {debug}");
+        }
+    }
+    // Set from the environment, a token is the variable's text, digits or not.
+    let env = [("ROCGATE__ADMIN__TOKEN".to_owned(), "0x1F".to_owned())];
+    let c = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
+    assert!(format!("{:?}", c.server).contains("admin_token: Some(***)"));
+}
+
+/// `rocgate check-config` refuses a token written as a number, naming the field and
+/// not the number.
+#[test]
+fn check_config_refuses_a_number_for_a_token_without_echoing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rocgate.toml");
+    std::fs::write(&file, format!("{ORDER}[admin]\ntoken = 987654321\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rocgate"))
+        .arg("check-config")
+        .arg(&file)
+        .env_remove("ROCGATE__ADMIN__TOKEN")
+        .output()
+        .expect("rocgate runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("987654321"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: admin.token: must be a string, got an integer: write it in quotes",
+            file.display()
+        )),
+        "{stderr}"
+    );
+}

@@ -156,7 +156,7 @@ struct RawServer {
 #[serde(deny_unknown_fields)]
 struct RawAdmin {
     listen: Option<String>,
-    token: Option<String>,
+    token: Option<TokenText>,
 }
 
 /// `[hints]`: what the tuning hints keep and call saturated.
@@ -469,6 +469,56 @@ impl<'de> Deserialize<'de> for DurationText {
             }
         }
         d.deserialize_any(DurationVisitor)
+    }
+}
+
+/// `[admin] token`: a TOML string, or a variable's text. A number or a boolean is
+/// refused, naming its kind and never its value (the token is a secret, and a
+/// refusal goes to logs): the `config` crate would take it as the text it writes for
+/// it, not as the file has it (`0x1F` as `31`, `1e3` as `1000`), and serde's own
+/// refusal quotes the value (``invalid type: integer `123456` ``).
+#[derive(Debug)]
+struct TokenText(String);
+
+impl<'de> Deserialize<'de> for TokenText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TokenVisitor;
+        impl TokenVisitor {
+            fn refuse<E: de::Error>(kind: &str) -> Result<TokenText, E> {
+                Err(E::custom(format!(
+                    "must be a string, got {kind}: write it in quotes (token = \"…\"), \
+                     the text a client sends"
+                )))
+            }
+        }
+        impl Visitor<'_> for TokenVisitor {
+            type Value = TokenText;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<TokenText, E> {
+                Self::refuse("a boolean")
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<TokenText, E> {
+                Self::refuse("an integer")
+            }
+            fn visit_i128<E: de::Error>(self, _: i128) -> Result<TokenText, E> {
+                Self::refuse("an integer")
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<TokenText, E> {
+                Self::refuse("an integer")
+            }
+            fn visit_u128<E: de::Error>(self, _: u128) -> Result<TokenText, E> {
+                Self::refuse("an integer")
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<TokenText, E> {
+                Self::refuse("a float")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TokenText, E> {
+                Ok(TokenText(v.to_owned()))
+            }
+        }
+        d.deserialize_any(TokenVisitor)
     }
 }
 
@@ -2822,7 +2872,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             ),
         );
     }
-    if let Some(token) = admin.token {
+    if let Some(TokenText(token)) = admin.token {
         let checked = if token.trim().is_empty() {
             Err("must not be empty; leave it out to run without a token".to_owned())
         } else if !is_header_value(&token) {
