@@ -1763,3 +1763,28 @@ fn a_partitioned_routes_raise_says_how_many_clients_were_refused() {
         "30 clients read as {about}: {verdict}"
     );
 }
+
+/// A swept value far from 1 is printed in the table with an exponent, as a refusal
+/// quotes it: `danger_roc=1e308` was printed in 309 digits, `hold=1e-300` in 302, and
+/// the refusal of `hold=1e308` quoted it in 309 too.
+#[test]
+fn a_swept_value_far_from_one_is_shown_with_an_exponent() {
+    let sweep =
+        |values: &str| rocgate(&["simulate", "--scenario", "flash-sale", "--sweep", values]);
+    let stdout = succeeded(&sweep("danger_roc=80,1e308"));
+    assert!(
+        stdout.contains("\n        80     66.0%      1     20.5 s     7.4 s       329\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\n     1e308  "), "{stdout}");
+    assert!(stdout.lines().all(|l| l.len() < 80), "{stdout}");
+    let stdout = succeeded(&sweep("hold=1e-300"));
+    assert!(stdout.contains("\n  1e-300  "), "{stdout}");
+    assert!(stdout.lines().all(|l| l.len() < 80), "{stdout}");
+    let stderr = refused(&sweep("hold=1e308"));
+    assert!(
+        stderr.contains("at hold=1e308: route `order`: 1e308 s is not a duration"),
+        "{stderr}"
+    );
+    assert!(stderr.len() < 200, "{stderr}");
+}

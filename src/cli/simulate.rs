@@ -12,7 +12,7 @@
 
 use super::SimulateArgs;
 use super::{out, shown};
-use rocgate::config::{Config, Mode, Partition};
+use rocgate::config::{figure, Config, Mode, Partition};
 use rocgate::sim::access_log::{self, LogError};
 use rocgate::sim::{
     chart, sweep, AccessLog, ArrivalModel, CutsOwn, LogOptions, LogReader, LogStats, Profile,
@@ -1112,7 +1112,7 @@ fn render_sweep(
         let s = &row.summary;
         let mut text = String::new();
         for (v, w) in row.values.iter().zip(&widths) {
-            let _ = write!(text, "{:>w$}  ", v.to_string());
+            let _ = write!(text, "{:>w$}  ", figure(*v));
         }
         let first = s
             .first_cut_s

@@ -7,7 +7,8 @@
 mod load;
 mod raw;
 mod secret;
-pub(crate) use raw::{check_burst, check_route, figure, EVENT_SETTINGS, LONGEST_RESTORE};
+pub use raw::figure;
+pub(crate) use raw::{check_burst, check_route, EVENT_SETTINGS, LONGEST_RESTORE};
 
 pub use load::{env_name_shown, ConfigError, Problem};
 pub use secret::Secret;

@@ -1323,8 +1323,18 @@ fn restores_within_a_week(
 }
 
 /// `x` as written in a file: in full, or with an exponent where that would run long
-/// (`1e-300`, not 300 zeros and a 1). For every number an error quotes.
-pub(crate) fn figure(x: f64) -> String {
+/// (`1e-300`, not 300 zeros and a 1). For every number an error quotes, and the
+/// swept values of `rocgate simulate --sweep`'s table.
+///
+/// ```
+/// use rocgate::config::figure;
+///
+/// assert_eq!(figure(2000001.0), "2000001");
+/// assert_eq!(figure(0.5), "0.5");
+/// assert_eq!(figure(1e308), "1e308");
+/// assert_eq!(figure(-1e-300), "-1e-300");
+/// ```
+pub fn figure(x: f64) -> String {
     if x != 0.0 && !(1e-4..1e15).contains(&x.abs()) {
         format!("{x:e}")
     } else {

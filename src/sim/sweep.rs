@@ -619,7 +619,8 @@ pub fn write_csv(sweep: &Sweep, rows: &[SweepRow], mut out: impl io::Write) -> i
 
 /// A duration of `secs` seconds (already checked ≥ 0 and finite).
 fn seconds(secs: f64) -> Result<Duration, String> {
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{secs} s is not a duration: {e}"))
+    Duration::try_from_secs_f64(secs)
+        .map_err(|e| format!("{} s is not a duration: {e}", figure(secs)))
 }
 
 /// Applies one point's values to a route, checked as the config file would be.
