@@ -3438,3 +3438,63 @@ fn an_events_route_limit_is_judged_in_the_events_part() {
     );
     assert!(find(&h, "raise_base_limit").is_none(), "{:#?}", rules(&h));
 }
+
+/// A suggested `restore_step` is the round number it reads as, printed as an operator
+/// would type it: the rules rounded by dividing by a power of ten below 1, which no
+/// float holds, so that doubling a step of 777000 suggested 1599999.9999999998 (shown
+/// 1600000, but the JSON and a config written from it carry the noise, and the file's
+/// 1600000 is not what was suggested), and one of 8.27e301 was printed in 303 digits.
+#[test]
+fn a_suggested_restore_step_is_the_number_it_reads_as() {
+    let intervals = healthy_seconds(20, (150, 50), Reason::RocCut, ControllerState::Recovering);
+    for (step, shown) in [
+        (777_000.0, "1600000"),
+        (1e6, "2000000"),
+        (1.654e10, "34000000000"),
+        (4.1e12, "8200000000000"),
+        (8.27e15, "1.7e16"),
+        (6.02e21, "1.3e22"),
+        (8.27e301, "1.7e302"),
+        (77.7, "160"),
+    ] {
+        let mut settings = classic();
+        settings.params.restore_step_rps = step;
+        settings.params.cut_limit_rps = step;
+        settings.params.base_limit_rps = step * 4.0;
+        let h = advise_over(&settings, &intervals);
+        let hint = find(&h, "faster_restore").unwrap_or_else(|| panic!("{step}: {h:#?}"));
+        let (current, suggested) = numbers(&h, "faster_restore");
+        assert_eq!(current, step);
+        let text = hint.suggested.as_ref().unwrap().to_string();
+        assert_eq!(text, shown, "{step}");
+        assert_eq!(text.parse::<f64>(), Ok(suggested), "{step}: {suggested:?}");
+        let json = serde_json::to_value(hint).unwrap();
+        assert_eq!(json["suggested"].as_f64(), Some(suggested), "{json}");
+    }
+}
+
+/// A suggested `restore_step`, written into the config as the hint prints it, loads as
+/// the step suggested, and is then large enough that the rule asks for a shorter
+/// interval instead: the file's 1600000 was a hair above the 1599999.9999999998
+/// suggested.
+#[test]
+fn a_suggested_restore_step_written_back_is_the_step_suggested() {
+    let route =
+        |step: &str| format!("base_limit = 2000000\ncut_limit = 100000\nrestore_step = {step}");
+    let intervals = healthy_seconds(20, (150, 50), Reason::RocCut, ControllerState::Recovering);
+    let h = advise_over(&engine_settings(&route("777000")), &intervals);
+    let hint = setting(&h, "restore_step");
+    let (_, suggested) = numbers(&h, "faster_restore");
+    let written = route(&hint.suggested.as_ref().unwrap().to_string());
+    let toml = format!("[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n{written}\n");
+    let config = Config::from_toml_str(&toml, "test").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.routes[0].controller.restore_step_rps, suggested);
+    assert_eq!(apply(&route("777000"), &h), Ok(()));
+    let again = advise_over(&engine_settings(&written), &intervals);
+    let next = find(&again, "faster_restore").unwrap_or_else(|| panic!("{again:#?}"));
+    assert_eq!(
+        next.parameter.as_deref(),
+        Some("restore_interval"),
+        "{next:#?}"
+    );
+}

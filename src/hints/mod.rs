@@ -2545,12 +2545,17 @@ fn median(xs: &mut [f64]) -> Option<f64> {
     Some(xs[xs.len() / 2])
 }
 
-/// `x` to `digits` significant digits, rounded up (`up`) or down.
+/// `x` to `digits` significant digits, rounded up (`up`) or down: the float nearest
+/// that decimal ([`decimal`]).
 fn round_sig(x: f64, digits: i32, up: bool) -> f64 {
     if x == 0.0 || !x.is_finite() {
         return x;
     }
-    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    let shift = digits - 1 - x.abs().log10().floor() as i32;
+    let scale = 10f64.powi(shift);
+    if !scale.is_finite() {
+        return x;
+    }
     let scaled = x * scale;
     // Not a hair above a round value because of binary fractions.
     let near = scaled.round();
@@ -2561,7 +2566,17 @@ fn round_sig(x: f64, digits: i32, up: bool) -> f64 {
     } else {
         scaled.floor()
     };
-    r / scale
+    decimal(r, -shift)
+}
+
+/// The float nearest `whole` × 10^`exponent` (`whole` a whole number of a few
+/// digits): the number that decimal reads as, written in a file or typed. Divided by
+/// 10^-`exponent`, it was off by a hair wherever that is below 1, which no float
+/// holds: 2 × 777000 rounded up to 2 digits was 1599999.9999999998, not 1600000.
+fn decimal(whole: f64, exponent: i32) -> f64 {
+    format!("{whole}e{exponent}")
+        .parse()
+        .unwrap_or(whole * 10f64.powi(exponent))
 }
 
 /// A suggested increase over `from`: `x` rounded up to a readable value.
@@ -2599,7 +2614,8 @@ fn round_duration(d: Duration) -> Duration {
 
 /// A setting or a suggestion as an operator reads it: no needless decimals, to the
 /// thousandth, whole from 100, and under 0.1 to 4 significant digits, as suggestions
-/// are rounded (a raise of a base limit of 0.001 to 0.0013 read "0.001 → 0.001").
+/// are rounded (a raise of a base limit of 0.001 to 0.0013 read "0.001 → 0.001");
+/// with an exponent past 10^15 or below 10^-4 ([`plain`]).
 fn fmt_num(x: f64) -> String {
     plain(num_shown(x))
 }
@@ -2658,25 +2674,26 @@ fn fmt_beside(x: f64, setting: f64) -> String {
         .map_or_else(|| plain(x), plain)
 }
 
-/// `x` to the nearest of `digits` significant digits.
+/// `x` to the nearest of `digits` significant digits: the float nearest that
+/// decimal ([`decimal`]).
 fn nearest_sig(x: f64, digits: i32) -> f64 {
     if x == 0.0 || !x.is_finite() {
         return x;
     }
-    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    let shift = digits - 1 - x.abs().log10().floor() as i32;
+    let scale = 10f64.powi(shift);
     if !scale.is_finite() {
         return x;
     }
-    (x * scale).round() / scale
+    decimal((x * scale).round(), -shift)
 }
 
-/// `r` without a fraction of zero.
+/// `r` as a file writes it ([`figure`](crate::config::figure)): without a fraction of
+/// zero, and with an exponent past 10^15 or below 10^-4, so that a suggestion of
+/// 1.7e302 is not printed in 303 digits, nor one past 2^63 as an integer a TOML file
+/// cannot hold.
 fn plain(r: f64) -> String {
-    if r.fract() == 0.0 && r.abs() < 1e15 {
-        format!("{r:.0}")
-    } else {
-        format!("{r}")
-    }
+    crate::config::figure(r)
 }
 
 fn fmt_secs(s: f64) -> String {
