@@ -476,9 +476,10 @@ impl<'de> Deserialize<'de> for DurationText {
 /// refused, naming its kind and never its value (the token is a secret, and a
 /// refusal goes to logs): the `config` crate would take it as the text it writes for
 /// it, not as the file has it (`0x1F` as `31`, `1e3` as `1000`), and serde's own
-/// refusal quotes the value (``invalid type: integer `123456` ``).
+/// refusal quotes the value (``invalid type: integer `123456` ``). Held as a
+/// [`Secret`](super::Secret), `***` in the `Debug` of [`RawAdmin`] too.
 #[derive(Debug)]
-struct TokenText(String);
+struct TokenText(super::Secret);
 
 impl<'de> Deserialize<'de> for TokenText {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -515,7 +516,7 @@ impl<'de> Deserialize<'de> for TokenText {
                 Self::refuse("a float")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<TokenText, E> {
-                Ok(TokenText(v.to_owned()))
+                Ok(TokenText(super::Secret::new(v)))
             }
         }
         d.deserialize_any(TokenVisitor)
@@ -2883,15 +2884,16 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         );
     }
     if let Some(TokenText(token)) = admin.token {
-        let checked = if token.trim().is_empty() {
+        let text = token.expose();
+        let checked = if text.trim().is_empty() {
             Err("must not be empty; leave it out to run without a token".to_owned())
-        } else if !is_header_value(&token) {
+        } else if !is_header_value(text) {
             Err(format!(
                 "must be sendable in an Authorization header: no control characters and no leading or trailing whitespace, got {}",
-                unsendable(&token)
+                unsendable(text)
             ))
         } else {
-            out.admin_token = Some(super::Secret::new(token));
+            out.admin_token = Some(token);
             Ok(())
         };
         field(p, "admin.token", checked);

@@ -504,3 +504,16 @@ fn node_urls_keep_a_comma_in_the_user_info() {
         assert_eq!(node_urls(text), urls, "{text}");
     }
 }
+
+/// The admin token read from a file is `***` in the `Debug` of the raw structs that
+/// hold it, as in the `Config` built from them: `TokenText` derived `Debug` over the
+/// token's text.
+#[test]
+fn the_raw_admin_token_is_not_in_the_debug_output() {
+    let admin: RawAdmin =
+        serde_json::from_str(r#"{"token": "s3cr3t"}"#).unwrap_or_else(|e| panic!("{e}"));
+    for shown in [format!("{admin:?}"), format!("{admin:#?}")] {
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("***"), "{shown}");
+    }
+}
