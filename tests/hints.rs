@@ -3498,3 +3498,45 @@ fn a_suggested_restore_step_written_back_is_the_step_suggested() {
         "{next:#?}"
     );
 }
+
+/// A suggestion of 4 significant digits is printed as suggested, in the table and in
+/// the reason: settings and suggestions were printed to the thousandth and whole from
+/// 100, so that a raise of the base limit bounded by what a restore covers in 7 days,
+/// 230.8, read "base_limit 200 → 231" and "at most 231", a value the config refuses,
+/// and 0.1065 read 0.107.
+#[test]
+fn a_suggestion_of_four_digits_is_printed_as_suggested() {
+    for (base, cut, step, shown) in [
+        ("200", 60.0, 21.35, "230.8"),
+        ("0.1", 0.03, 0.00957, "0.1065"),
+    ] {
+        let mut settings = classic();
+        settings.params.base_limit_rps = base.parse().unwrap();
+        settings.params.cut_limit_rps = cut;
+        settings.params.min_rps = cut / 10.0;
+        settings.params.restore_step_rps = step;
+        // 8 steps in 7 days: at most cut + 8 × step.
+        settings.params.restore_interval = Duration::from_secs(20 * 3600);
+        let intervals = healthy_seconds(30, (300, 100), Reason::Limit, ControllerState::Normal);
+        let h = advise_over(&settings, &intervals);
+        let hint = setting(&h, "base_limit");
+        let (_, suggested) = numbers(&h, "raise_base_limit");
+        let text = hint.suggested.as_ref().unwrap().to_string();
+        assert_eq!(text, shown, "{hint:#?}");
+        assert_eq!(text.parse::<f64>(), Ok(suggested), "{hint:#?}");
+        assert!(
+            rocgate::hints::table(&h).contains(&format!("base_limit {base} → {shown}\n")),
+            "{}",
+            rocgate::hints::table(&h)
+        );
+        assert_says(hint, &format!("at most {shown} so that a restore"));
+        let json = format!("{{\"base_limit\": {text}}}");
+        let r = rocgate::config::patch_controller(
+            &settings.params,
+            &settings.algorithm,
+            &json,
+            "hints",
+        );
+        assert!(r.is_ok(), "{json}: {}", r.unwrap_err());
+    }
+}

@@ -2612,25 +2612,24 @@ fn round_duration(d: Duration) -> Duration {
     }
 }
 
-/// A setting or a suggestion as an operator reads it: no needless decimals, to the
-/// thousandth, whole from 100, and under 0.1 to 4 significant digits, as suggestions
-/// are rounded (a raise of a base limit of 0.001 to 0.0013 read "0.001 → 0.001");
-/// with an exponent past 10^15 or below 10^-4 ([`plain`]).
+/// A setting or a suggestion as an operator reads it: no needless decimals, to 4
+/// significant digits at least, as suggestions are rounded (a raise of a base limit
+/// of 0.001 to 0.0013 read "0.001 → 0.001", one to 230.8 "→ 231", a value above the
+/// bound it was rounded down to), to the thousandth from 1 to 100 and whole from
+/// 1000; with an exponent past 10^15 or below 10^-4 ([`plain`]).
 fn fmt_num(x: f64) -> String {
     plain(num_shown(x))
 }
 
 /// The value [`fmt_num`] prints.
 fn num_shown(x: f64) -> f64 {
-    if x.abs() < 0.1 {
-        nearest_sig(x, 4)
+    let a = x.abs();
+    if a >= 1000.0 {
+        x.round()
+    } else if (1.0..100.0).contains(&a) {
+        (x * 1000.0).round() / 1000.0
     } else {
-        let r = (x * 1000.0).round() / 1000.0;
-        if r.abs() >= 100.0 {
-            r.round()
-        } else {
-            r
-        }
+        nearest_sig(x, 4)
     }
 }
 
