@@ -1000,3 +1000,35 @@ fn a_shadow_adaptive_routes_chart_says_the_cut_would_have_rejected_more() {
     assert!(svg.contains(&title), "{title:?} not in the chart's title");
     assert!(!svg.contains("would have been"));
 }
+
+/// A swept value in `sweep.csv` is the text the table and a refusal print, with an
+/// exponent past 10^15 or below 10^-4, and reads back as the very value run: `1e308`
+/// was written as a 1 and 308 zeros, `1e-300` as 300 zeros and a 1, a cell of 302
+/// characters beside the table's `1e-300`.
+#[test]
+fn a_swept_value_in_the_csv_is_written_as_the_table_writes_it() {
+    let sim = Simulator::new(config(), Some("order"))
+        .unwrap()
+        .capacity(250);
+    let params: Vec<SweepParam> = ["danger_roc=80,1e308", "order.hold=1e-300"]
+        .iter()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let sweep = Sweep::new(params).unwrap();
+    let rows = sweep.run(&sim, 1, try_flash_sale).unwrap();
+    let mut csv = Vec::new();
+    sweep::write_csv(&sweep, &rows, &mut csv).unwrap();
+    let csv = String::from_utf8(csv).unwrap();
+    let lines: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(lines.len(), 2, "{csv}");
+    for (line, values, shown) in [
+        (lines[0], [80.0, 1e-300], ["80", "1e-300"]),
+        (lines[1], [1e308, 1e-300], ["1e308", "1e-300"]),
+    ] {
+        let cells: Vec<&str> = line.split(',').collect();
+        assert_eq!(cells[..2], shown, "{line}");
+        for (cell, value) in cells.iter().zip(values) {
+            assert_eq!(cell.parse::<f64>(), Ok(value), "{line}");
+        }
+    }
+}

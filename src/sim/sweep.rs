@@ -589,13 +589,15 @@ impl Sweep {
     }
 }
 
-/// Writes the rows of a sweep as CSV: the header, then one line per run.
+/// Writes the rows of a sweep as CSV: the header, then one line per run, each swept
+/// value as the table prints it ([`figure`]: `1e308`, not a 1 and 308 zeros), which
+/// reads back as the value run.
 pub fn write_csv(sweep: &Sweep, rows: &[SweepRow], mut out: impl io::Write) -> io::Result<()> {
     writeln!(out, "{}", sweep.csv_header())?;
     for row in rows {
         let s = &row.summary;
         for v in &row.values {
-            write!(out, "{v},")?;
+            write!(out, "{},", figure(*v))?;
         }
         writeln!(
             out,
