@@ -3881,3 +3881,45 @@ fn check_config_refuses_a_number_for_a_token_without_echoing_it() {
         "{stderr}"
     );
 }
+
+/// An `[admin] token` written as a TOML date-time is refused as a number is, without
+/// its value: the `config` crate took `1979-05-27 07:32:00Z` as the token
+/// `1979-05-27T07:32:00Z`, the text it writes for it. Quoted, it is the token.
+#[test]
+fn an_admin_token_written_as_a_date_time_is_refused() {
+    for value in [
+        "1979-05-27 07:32:00Z",
+        "1979-05-27T07:32:00-07:00",
+        "1979-05-27",
+        "07:32:00",
+    ] {
+        for text in [
+            format!("{ORDER}[admin]\ntoken = {value}\n"),
+            format!("admin.token = {value}\n{ORDER}"),
+        ] {
+            assert_eq!(
+                problems(&text),
+                [
+                    "admin.token: must be a string, got a date-time: write it in quotes \
+                  (token = \"…\"), the text a client sends"
+                ],
+                "{text}"
+            );
+        }
+        let quoted = format!("{ORDER}[admin]\ntoken = \"{value}\"\n");
+        let c = Config::from_toml_str(&quoted, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.server.admin_token.as_ref().map(Secret::expose),
+            Some(value)
+        );
+        // Set from the environment, the variable's text, over the file's date-time.
+        let env = [("ROCGATE__ADMIN__TOKEN".to_owned(), "t0k".to_owned())];
+        let text = format!("{ORDER}[admin]\ntoken = {value}\n");
+        let c =
+            Config::from_toml_str_with_env(&text, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.server.admin_token.as_ref().map(Secret::expose),
+            Some("t0k")
+        );
+    }
+}

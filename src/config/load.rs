@@ -319,6 +319,13 @@ impl Config {
                 }
             }
         }
+        if !overrides.iter().any(|o| o.path == "admin.token") && token_is_datetime(text, &file) {
+            problems.push(Problem::new(
+                "admin.token",
+                "must be a string, got a date-time: write it in quotes (token = \"…\"), \
+                 the text a client sends",
+            ));
+        }
         // In the order the variables came (the environment's), not the map's: of
         // several unknown fields, the one the error names is the first set.
         let vars = overrides.iter().filter_map(|o| {
@@ -857,6 +864,28 @@ fn out_of_range_number(text: &str) -> Option<(String, usize)> {
         })
     }
     in_table("", DeTable::parse(text).ok()?.get_ref())
+}
+
+/// Whether the file's `[admin] token` is a TOML date-time, which the `config` crate
+/// reads as the text it writes for it (`1979-05-27 07:32:00Z` as
+/// `1979-05-27T07:32:00Z`), where a number or a boolean is refused by its type. The
+/// file is parsed again only where the token reads as a date-time.
+fn token_is_datetime(text: &str, file: &config::Config) -> bool {
+    use toml::de::{DeTable, DeValue};
+    let Ok(token) = file.get_string("admin.token") else {
+        return false;
+    };
+    if !DeValue::parse(&token).is_ok_and(|v| matches!(v.get_ref(), DeValue::Datetime(_))) {
+        return false;
+    }
+    DeTable::parse(text).is_ok_and(|table| {
+        let admin = table.get_ref().get("admin").map(|a| a.get_ref());
+        let token = match admin {
+            Some(DeValue::Table(admin)) => admin.get("token").map(|t| t.get_ref()),
+            _ => None,
+        };
+        matches!(token, Some(DeValue::Datetime(_)))
+    })
 }
 
 /// A deserialization error's message without the key and origin the `config` crate

@@ -476,8 +476,10 @@ impl<'de> Deserialize<'de> for DurationText {
 /// refused, naming its kind and never its value (the token is a secret, and a
 /// refusal goes to logs): the `config` crate would take it as the text it writes for
 /// it, not as the file has it (`0x1F` as `31`, `1e3` as `1000`), and serde's own
-/// refusal quotes the value (``invalid type: integer `123456` ``). Held as a
-/// [`Secret`](super::Secret), `***` in the `Debug` of [`RawAdmin`] too.
+/// refusal quotes the value (``invalid type: integer `123456` ``). A date-time
+/// reaches it as the crate's text for it, and is refused where the file is read
+/// (`token_is_datetime` in `load.rs`). Held as a [`Secret`](super::Secret), `***` in
+/// the `Debug` of [`RawAdmin`] too.
 #[derive(Debug)]
 struct TokenText(super::Secret);
 
