@@ -3852,9 +3852,16 @@ fn an_admin_token_that_is_no_string_is_refused_without_its_value() {
         }
     }
     // Set from the environment, a token is the variable's text, digits or not.
-    let env = [("ROCGATE__ADMIN__TOKEN".to_owned(), "0x1F".to_owned())];
-    let c = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
-    assert!(format!("{:?}", c.server).contains("admin_token: Some(***)"));
+    for text in ["0x1F", "123456", "1e3", "true"] {
+        let env = [("ROCGATE__ADMIN__TOKEN".to_owned(), text.to_owned())];
+        let c =
+            Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.server.admin_token.as_ref().map(Secret::expose),
+            Some(text)
+        );
+        assert!(format!("{:?}", c.server).contains("admin_token: Some(***)"));
+    }
 }
 
 /// `rocgate check-config` refuses a token written as a number, naming the field and
