@@ -5654,9 +5654,14 @@ impl RedisCluster {
 
     /// Polls `ready` every 20 ms for up to 10 s.
     async fn wait(&self, ready: impl Fn() -> bool) {
+        self.wait_for(|| ready().then_some(())).await;
+    }
+
+    /// Polls `found` every 20 ms for up to 10 s, until it finds something.
+    async fn wait_for<T>(&self, found: impl Fn() -> Option<T>) -> T {
         for _ in 0..500 {
-            if ready() {
-                return;
+            if let Some(found) = found() {
+                return found;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -5683,6 +5688,15 @@ impl RedisCluster {
 
     /// The node that holds `key`'s slot (by its index in `nodes`).
     fn owner(&self, key: &str) -> usize {
+        self.owner_named(key)
+            .unwrap_or_else(|| panic!("no node holds the slot of {key}"))
+    }
+
+    /// The node that holds `key`'s slot (by its index in `nodes`), as the first running
+    /// node tells it: `None` where it names no owner, as a node may for a moment while
+    /// it learns of a failover (seen once in 30 runs of
+    /// `cluster_master_killed_fails_over_to_its_replica` beside two busy cores).
+    fn owner_named(&self, key: &str) -> Option<usize> {
         let any = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
         let slot: i64 = any
             .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
@@ -5702,14 +5716,15 @@ impl RedisCluster {
             };
             if (lo..=hi).contains(&slot) {
                 let port = int(&master[1]);
-                return self
-                    .nodes
-                    .iter()
-                    .position(|n| i64::from(n.port) == port)
-                    .unwrap();
+                return Some(
+                    self.nodes
+                        .iter()
+                        .position(|n| i64::from(n.port) == port)
+                        .unwrap(),
+                );
             }
         }
-        panic!("no node holds slot {slot}");
+        None
     }
 }
 
@@ -6084,7 +6099,7 @@ async fn a_cluster_node_connection_gone_dark_is_replaced() {
 /// `SIGKILL` of the master holding a route's slot, in a cluster where each master has a
 /// replica: the route falls back within the timeout, and comes back to shared state
 /// on the replica once the cluster has promoted it (the dead node is never started
-/// again); no decision waits past the timeout meanwhile.
+/// again), and stays there; no decision waits past the timeout meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_master_killed_fails_over_to_its_replica() {
     let _serial = one_at_a_time().await;
@@ -6120,15 +6135,28 @@ async fn cluster_master_killed_fails_over_to_its_replica() {
     let back = back.expect("the route did not come back to shared state in 20 s");
     eprintln!("back to shared state {back:?} after the kill");
     // The node asked may learn of the promotion after the client did.
-    cluster.wait(|| cluster.owner(key) != master).await;
-    let promoted = cluster.owner(key);
-    // The shared state goes on on the promoted replica.
-    let fallbacks = inst.store.fallback_decisions();
-    for _ in 0..20 {
-        let _ = inst.check_on("order").await;
+    let promoted = cluster
+        .wait_for(|| cluster.owner_named(key).filter(|&o| o != master))
+        .await;
+    // The shared state goes on on the promoted replica: the route stays back, each
+    // decision within the bound, and none falls back but one that a stall of the test
+    // process explains (as in `a_connection_gone_dark_is_replaced`): a decision whose
+    // runtime stalled past the timeout is decided locally, as promised (seen once in
+    // 60 runs beside two busy cores, the timers 85 ms late).
+    let mut fell = Vec::new();
+    for i in 0..20 {
+        let before = inst.store.fallback_decisions();
+        let _ = waits.time("order", inst.check_on("order")).await;
+        assert_eq!(mode(), StoreMode::Shared, "decision {i} after the return");
+        if inst.store.fallback_decisions() > before && waits.last_stall < config.timeout / 2 {
+            fell.push((i, started.elapsed(), waits.last_stall));
+        }
     }
-    assert_eq!(inst.store.fallback_decisions(), fallbacks);
-    assert_eq!(mode(), StoreMode::Shared);
+    assert!(
+        fell.is_empty(),
+        "decisions after the return that fell back with no stall of the process to explain \
+         it (which, when after the kill, the timers' lateness): {fell:?}"
+    );
     let found: usize = cluster.nodes[promoted]
         .query(redis::cmd("EXISTS").arg(key))
         .unwrap();
