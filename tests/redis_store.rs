@@ -4548,10 +4548,12 @@ async fn two_proxies_share_one_limit() {
     let server = RedisServer::start().await;
     let (upstream_addr, upstream_task) = start_ok_upstream().await;
 
-    // 100 tokens refilling at 1/s: a short run admits its burst, shared.
+    // 100 tokens refilling at 1/s: a short run admits its burst, shared, every
+    // request refused by the shared bucket ("limit"): on a healthy Redis, with a
+    // timeout (1 s) that a loaded machine running the store's task late does not pass.
     let config = on_redis(
         route(1.0, Duration::from_secs(100)),
-        store_config(&server, "serve"),
+        patient_config(&server, "serve"),
     );
     let proxies = [
         Served::start(upstream_addr, &config, None).await,
