@@ -14,6 +14,8 @@ use std::time::Duration;
 
 #[path = "common/http1.rs"]
 mod http1;
+#[path = "common/promql.rs"]
+mod promql;
 
 /// Every `rocgate_*` metric name in `text`, histogram suffixes removed.
 fn metric_names(text: &str) -> BTreeSet<String> {
@@ -425,13 +427,7 @@ fn label_problems(expr: &str, shown: &[String]) -> Vec<String> {
     let table = readme_label_values();
     let mut problems = Vec::new();
     let mut known: BTreeSet<String> = TARGET_LABELS.map(str::to_owned).into();
-    let mut rest = expr;
-    while let Some(at) = rest.find("rocgate_") {
-        let from = &rest[at..];
-        let name_len = from
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(from.len());
-        let name = &from[..name_len];
+    for (name, matchers) in promql::rocgate_selectors(expr) {
         let (base, bucket) = match name.strip_suffix("_bucket") {
             Some(base) if table.contains_key(base) => (base, true),
             _ => (
@@ -444,18 +440,14 @@ fn label_problems(expr: &str, shown: &[String]) -> Vec<String> {
         };
         let Some(labels) = table.get(base) else {
             problems.push(format!("{name}: not in README's table"));
-            rest = &from[name_len..];
             continue;
         };
         known.extend(labels.keys().cloned());
         if bucket {
             known.insert("le".to_owned());
         }
-        let mut len = name_len;
-        if let Some(matchers) = from[name_len..].strip_prefix('{') {
-            let end = matchers.find('}').expect("a closed selector");
-            len += end + 2;
-            for matcher in matchers[..end].split(',').map(str::trim) {
+        if let Some(matchers) = matchers {
+            for matcher in matchers.split(',').map(str::trim) {
                 let op_at = matcher.find(['=', '!']).expect("a label matcher");
                 let label = matcher[..op_at].trim();
                 let (op, value) = matcher[op_at..].split_at(
@@ -491,7 +483,6 @@ fn label_problems(expr: &str, shown: &[String]) -> Vec<String> {
                 }
             }
         }
-        rest = &from[len..];
     }
     for label in grouping_labels(expr, &GROUPINGS).iter().chain(shown) {
         if !known.contains(label) {

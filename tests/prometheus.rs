@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+#[path = "common/promql.rs"]
+mod promql;
+
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<bytes::Bytes>>;
 
 /// A child process killed (by its PID) when dropped.
@@ -127,21 +130,13 @@ fn dashboard_queries(dashboard: &Value) -> Vec<String> {
 /// The vector selectors of a PromQL expression that read rocgate's metrics: each
 /// metric name with its label matchers, if any.
 fn selectors(expr: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = expr;
-    while let Some(at) = rest.find("rocgate_") {
-        let from = &rest[at..];
-        let name_len = from
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(from.len());
-        let len = match from[name_len..].strip_prefix('{') {
-            Some(labels) => name_len + 1 + labels.find('}').expect("a closed selector") + 1,
-            None => name_len,
-        };
-        out.push(from[..len].to_owned());
-        rest = &from[len..];
-    }
-    out
+    promql::rocgate_selectors(expr)
+        .into_iter()
+        .map(|(name, matchers)| match matchers {
+            Some(matchers) => format!("{name}{{{matchers}}}"),
+            None => name.to_owned(),
+        })
+        .collect()
 }
 
 /// The Grafana dashboard as shipped (`dashboards/rocgate.json`).
