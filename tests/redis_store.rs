@@ -338,8 +338,27 @@ fn hand_beaten_config(server: &impl Servers, prefix: &str) -> RedisConfig {
 
 /// The host's wall clock, unix time: Redis's (`TIME`) for a `redis-server` on this
 /// host, so that a window's slots on it (numbered from the epoch) are the shared
-/// window's.
-struct HostClock;
+/// window's. Wall time, unlike [`MonotonicClock`]'s, steps when the host's time is set
+/// (NTP mostly slews it instead): this one is held at the latest time it told, as a
+/// [`Clock`] never goes backwards, so a step back holds it still until the wall clock
+/// passes it again (its slots ahead of Redis's meanwhile), and a step forward is a jump
+/// in it as in Redis's.
+#[derive(Default)]
+struct HostClock {
+    /// The latest time told, unix ns.
+    latest: std::sync::atomic::AtomicU64,
+}
+
+impl HostClock {
+    /// `wall` (unix ns), or the latest time told if that is later.
+    fn after(&self, wall: u64) -> Nanos {
+        Nanos::new(
+            self.latest
+                .fetch_max(wall, std::sync::atomic::Ordering::Relaxed)
+                .max(wall),
+        )
+    }
+}
 
 impl Clock for HostClock {
     #[allow(clippy::disallowed_methods)] // Redis's clock, which is the host's
@@ -347,8 +366,24 @@ impl Clock for HostClock {
         let since = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap();
-        Nanos::new(u64::try_from(since.as_nanos()).unwrap())
+        self.after(u64::try_from(since.as_nanos()).unwrap())
     }
+}
+
+/// [`HostClock`] never goes backwards: a wall clock set back holds it at the latest
+/// time it told until the wall clock passes that again.
+#[test]
+fn the_host_clock_never_goes_backwards() {
+    let clock = HostClock::default();
+    assert_eq!(clock.after(5_000), Nanos::new(5_000));
+    assert_eq!(clock.after(3_000), Nanos::new(5_000));
+    assert_eq!(clock.after(5_001), Nanos::new(5_001));
+    let now = clock.now();
+    assert!(
+        now.as_u64() > 1_700_000_000 * 1_000_000_000,
+        "{now}: not unix time"
+    );
+    assert!(clock.now() >= now);
 }
 
 /// One rocgate instance: its own engine and clock, and a store on the shared Redis.
@@ -842,7 +877,8 @@ async fn each_instance_sees_the_fleets_demand() {
     let _serial = one_at_a_time().await;
     let server = RedisServer::start().await;
     let slot = u64::try_from(quick_route().window.slot().as_nanos()).unwrap();
-    let unix_ns = || HostClock.now().as_u64();
+    let host = HostClock::default();
+    let unix_ns = || host.now().as_u64();
     for mode in [SyncMode::Exact, SyncMode::Batched] {
         let mut config = patient_config(&server, &format!("fleet-demand-{mode:?}"));
         config.mode = mode;
@@ -7967,7 +8003,7 @@ async fn a_held_spike_on_a_shared_route_is_told_its_raise() {
     let mut route = quick_route();
     route.controller.danger_roc = 280.0;
     route.controller.safe_roc = 275.0;
-    let a = Instance::new(&route, &config, Arc::new(HostClock));
+    let a = Instance::new(&route, &config, Arc::new(HostClock::default()));
     let local = Engine::new(
         &Config::new(vec![route.clone()]),
         a.clock.now(),
