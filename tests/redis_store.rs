@@ -8757,16 +8757,15 @@ async fn raise_route_limit_hint(
     (hint, report)
 }
 
-/// `GET /admin/hints` on an instance of a two-instance fleet sharing a `route_limit`
-/// of 40 (20 req/s each, a burst of 1 s; history in 200 ms intervals): a burst of 100
-/// at once (20 admitted and what refills while they are offered, the rest refused by
-/// the total), 5 s at 10 req/s (all admitted, the upstream healthy: the median
-/// admitted rate), then, early in an
-/// interval that began after them, 10 at once with the bucket full again, the
-/// upstream failing one of them (saturated at 50 req/s admitted, this instance's).
-/// The capacity read for the fleet is that rate times the 2 instances of its
-/// interval, about 99 req/s (the interval a little over 200 ms), whose bound (÷ 2: a
-/// full bucket and a second of refill) is under the 52 of +30%: `raise_route_limit`
+/// `GET /admin/hints` on an instance of a two-instance fleet sharing a `route_limit` of
+/// 40 (20 req/s each, a burst of 1 s; history in 200 ms intervals): a burst of 100 at
+/// once (20 admitted and what refills while they are offered, the rest refused by the
+/// total), 5 s at 10 req/s (all admitted, the upstream healthy: the median admitted
+/// rate), then, early in an interval that began after them, 10 at once with the bucket
+/// full again, the upstream failing one of them (saturated at 50 req/s admitted, this
+/// instance's). The capacity read for the fleet is that rate times the 2 instances of
+/// its interval, about 99 req/s (the interval a little over 200 ms), whose bound (÷ 2:
+/// a full bucket and a second of refill) is under the 52 of +30%: `raise_route_limit`
 /// suggests 49 or so, quoting that capacity, the fleet's 2 instances and this one's 20
 /// req/s. Read for one instance, the bound (about 25) would be under the total, and
 /// nothing advised: the test fails so on a history that records a count of 1 in each
