@@ -370,11 +370,14 @@ fn key_churn_does_not_grow_memory() {
         total += bytes;
         held.push(total);
     }
-    // The tables may still grow a step as keys land unevenly in shards; a leak of the
-    // evicted entries would hold several times more.
+    // The tables may still grow a step as keys land unevenly in shards: a shard's table
+    // doubles, at most every shard's once, under twice the first round's memory (one
+    // CI run: 76,480 B, then 101,568 B from the second round on, two shards doubled).
+    // A leak of the evicted entries would hold a round's worth more at every round,
+    // eight times the first after eight.
     let (first, last) = (held[0], held[held.len() - 1]);
     assert!(
-        last * 4 <= first * 5,
+        last < first * 2,
         "memory after each round of {ROUND} new keys: {held:?} B"
     );
 }
