@@ -2697,6 +2697,25 @@ fn store_section() {
             },
         );
     }
+    // A user with no password, which the client reads and never sends (it
+    // authenticates only with a password): refused, where it connected
+    // unauthenticated.
+    #[cfg(feature = "redis")]
+    for url in [
+        "redis://fleet@cache:6379",
+        "redis://fleet:@cache:6379",
+        "unix:///run/redis.sock?user=fleet",
+    ] {
+        refused(
+            &redis(&format!("url = {url:?}")),
+            "store.url",
+            "names a user but no password",
+        );
+        use redis::IntoConnectionInfo as _;
+        let info = url.into_connection_info().unwrap();
+        assert_eq!(info.redis_settings().username(), Some("fleet"), "{url}");
+        assert_eq!(info.redis_settings().password(), None, "{url}");
+    }
     // What the client reads is taken: user and password, a database, IPv6, a query.
     for url in [
         "redis://cache.internal",
@@ -3498,6 +3517,13 @@ fn store_url_refusals() -> Vec<(&'static str, &'static str, &'static str)> {
             "url",
             "unix:///run/redis.sock?user=fleet&pass=PW&db=x",
             "the database ?db=x must be",
+        ),
+        // A password written without its colon is a user the client never sends:
+        // refused, and the whole user info hidden.
+        (
+            "url",
+            "redis://PW@cache:6379",
+            "names a user but no password",
         ),
         // A password field the client does not read, named in another case: refused,
         // and was quoted with its value.

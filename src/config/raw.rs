@@ -3153,9 +3153,27 @@ fn read_redis_url(t: &str) -> Result<RedisUrl, String> {
             Some(db) => whole(db, format!("?db={db}"), "unix:///run/redis.sock?db=0")?,
         }
     };
+    let username = decoded(u.username(), "user")?;
+    let password = u.password().map(|p| decoded(p, "password")).transpose()?;
+    // The client authenticates only with a password: a user alone is never sent, and
+    // is most often a password written without its colon.
+    if !u.username().is_empty() && u.password().is_none() {
+        return Err(
+            "names a user but no password, and the Redis client sends a user only with a password \
+             (redis://user:password@host; a password alone: redis://:password@host)"
+                .into(),
+        );
+    }
+    if query.contains_key("user") && !query.contains_key("pass") {
+        return Err(
+            "names a user but no password, and the Redis client sends a user only with a password \
+             (unix:///run/redis.sock?user=u&pass=p)"
+                .into(),
+        );
+    }
     Ok(RedisUrl {
-        username: decoded(u.username(), "user")?,
-        password: u.password().map(|p| decoded(p, "password")).transpose()?,
+        username,
+        password,
         resp,
         database,
     })

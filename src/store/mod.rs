@@ -23,7 +23,9 @@ const MASK: &str = "***";
 
 /// `url`, a store's URL as written (`[store] url`, one of `cluster_nodes`), with every
 /// password in it replaced by `***`, the rest as written: the user info's
-/// (`redis://user:***@cache:6379/3`) and each `pass` or `password` query field's, in
+/// (`redis://user:***@cache:6379/3`), the whole user info where it has no `:`
+/// (`redis://***@cache`: a password written without its colon, which the config
+/// refuses, quoting the URL) and each `pass` or `password` query field's, in
 /// any case (`unix:///run/redis.sock?user=u&pass=***&db=1`, as the client reads a
 /// socket's).
 /// Every error, log line and `Debug` that shows such a URL shows it so, and so do the
@@ -61,11 +63,15 @@ pub fn masked_url(url: &str) -> Cow<'_, str> {
         .map_or(0, |at| at + 3);
     let rest = &url[start..];
     let authority = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let password = rest[..authority]
-        .rfind('@')
-        .or_else(|| rest.rfind('@'))
-        .and_then(|at| rest[..at].find(':').map(|colon| (colon + 1, at)))
-        .filter(|(from, to)| from < to);
+    // A user info with no `:` is masked whole only before the authority's end: past
+    // it, an `@` is a path's or a query's.
+    let password = match rest[..authority].rfind('@') {
+        Some(at) => Some((rest[..at].find(':').map_or(0, |colon| colon + 1), at)),
+        None => rest
+            .rfind('@')
+            .and_then(|at| rest[..at].find(':').map(|colon| (colon + 1, at))),
+    }
+    .filter(|(from, to)| from < to);
     // The query's fields are looked for after the user info.
     let (mut out, after) = match password {
         Some((from, to)) => (format!("{}{MASK}", &url[..start + from]), start + to),
@@ -260,11 +266,36 @@ impl FailMode {
 mod tests {
     use super::masked_url;
 
+    proptest::proptest! {
+        /// Whatever a user info holds before the host, what could be a password in it
+        /// (past its first `:`, or all of it with no `:`) is not shown, and the host,
+        /// port and database are.
+        #[test]
+        fn a_user_info_never_shows_its_password(
+            user in "[a-z0-9:%!$&'()*+,;=.~-]{0,12}",
+            password in "[A-Z][A-Za-z0-9:%!$&'()*+,;=.~@-]{5,12}",
+            colon in proptest::bool::ANY,
+        ) {
+            // With no `:` before it, the password holds none (a `:` in it would make
+            // what comes before it a user name).
+            let password = if colon { password } else { password.replace(':', "") };
+            let info = if colon { format!("{user}:{password}") } else { password.clone() };
+            let url = format!("redis://{info}@cache:6379/1");
+            let shown = masked_url(&url);
+            proptest::prop_assert!(!shown.contains(&password), "{url} shown as {shown}");
+            proptest::prop_assert!(shown.ends_with("***@cache:6379/1"), "{url} shown as {shown}");
+        }
+    }
+
     #[test]
     fn masked_url_hides_every_password_and_keeps_the_rest() {
         for (url, shown) in [
             ("redis://cache:6379/2", "redis://cache:6379/2"),
-            ("redis://fleet@cache", "redis://fleet@cache"),
+            // A user info with no `:` is hidden whole: it is often a password
+            // written without its colon.
+            ("redis://s3cr3t@cache", "redis://***@cache"),
+            ("s3cr3t@cache:6379", "***@cache:6379"),
+            ("redis://@cache", "redis://@cache"),
             ("redis://fleet:@cache", "redis://fleet:@cache"),
             ("redis://:pw@cache:6379", "redis://:***@cache:6379"),
             (
