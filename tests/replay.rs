@@ -660,16 +660,19 @@ fn flash_sale_run(sim: &Simulator) -> SimRun {
     try_flash_sale(sim).unwrap()
 }
 
-#[test]
-fn sweeps_run_the_grid_in_order_on_any_number_of_threads() {
+/// The simulator of the route `order` at 250 req/s of capacity, and the sweep of
+/// `params` (`--sweep` arguments) over it.
+fn sweep_of(params: &[&str]) -> (Simulator, Sweep) {
     let sim = Simulator::new(config(), Some("order"))
         .unwrap()
         .capacity(250);
-    let params: Vec<SweepParam> = ["danger_roc=60..120:30", "order.hold=1,3"]
-        .iter()
-        .map(|p| p.parse().unwrap())
-        .collect();
-    let sweep = Sweep::new(params).unwrap();
+    let params: Vec<SweepParam> = params.iter().map(|p| p.parse().unwrap()).collect();
+    (sim, Sweep::new(params).unwrap())
+}
+
+#[test]
+fn sweeps_run_the_grid_in_order_on_any_number_of_threads() {
+    let (sim, sweep) = sweep_of(&["danger_roc=60..120:30", "order.hold=1,3"]);
     assert_eq!(sweep.runs(), 6);
     let one = sweep.run(&sim, 1, try_flash_sale).unwrap();
     let two = sweep.run(&sim, 2, try_flash_sale).unwrap();
@@ -1007,14 +1010,7 @@ fn a_shadow_adaptive_routes_chart_says_the_cut_would_have_rejected_more() {
 /// characters beside the table's `1e-300`.
 #[test]
 fn a_swept_value_in_the_csv_is_written_as_the_table_writes_it() {
-    let sim = Simulator::new(config(), Some("order"))
-        .unwrap()
-        .capacity(250);
-    let params: Vec<SweepParam> = ["danger_roc=80,1e308", "order.hold=1e-300"]
-        .iter()
-        .map(|p| p.parse().unwrap())
-        .collect();
-    let sweep = Sweep::new(params).unwrap();
+    let (sim, sweep) = sweep_of(&["danger_roc=80,1e308", "order.hold=1e-300"]);
     let rows = sweep.run(&sim, 1, try_flash_sale).unwrap();
     let mut csv = Vec::new();
     sweep::write_csv(&sweep, &rows, &mut csv).unwrap();
