@@ -29,6 +29,7 @@ use crate::config::{
     literal_lead, without_trailing_empty, without_trailing_slash, PathPattern, RouteMatch, Segment,
     TemplatePath,
 };
+use smallvec::SmallVec;
 use std::collections::HashMap;
 
 /// A run of a flat array: `len` items from `start`.
@@ -462,7 +463,7 @@ impl SegmentTrie {
     }
 
     /// Offers `found` the routes whose template matches the request's `path`: as
-    /// [`Segments::walk`] finds them, every one. The walk keeps the nodes still to
+    /// [`Segments::visit`] finds them, every one. The walk keeps the nodes still to
     /// visit in a stack of its own, not the thread's: a route's path may be as many
     /// segments deep as its file makes it.
     fn matching(&self, path: &TemplatePath<'_>, found: &mut impl FnMut(&[usize])) {
@@ -663,7 +664,9 @@ impl Segments {
         flat
     }
 
-    /// Offers `best` the routes of every template `path` matches.
+    /// Offers `best` the routes of every template `path` matches, down every branch
+    /// of the trie that matches (a literal's before a parameter's), each cut short
+    /// where no route below comes before the one found.
     fn visit(&self, path: &str, best: &mut First<'_>) {
         if self
             .nodes
@@ -673,36 +676,42 @@ impl Segments {
             return;
         }
         let path = TemplatePath::new(path);
-        self.walk(0, Some(path.segments()), &path, best);
-    }
-
-    /// Walks down from node `at` with the segments `rest` (`None` once every one is
-    /// read) of `path`.
-    fn walk(&self, at: usize, rest: Option<&str>, path: &TemplatePath<'_>, best: &mut First<'_>) {
-        let node = &self.nodes[at];
-        if best.route <= node.lowest {
-            return;
-        }
-        let Some(rest) = rest else {
-            best.consider(node.routes.of(&self.routes));
-            return;
-        };
-        if node.catch_all.len > 0 && path.catches(rest) {
-            best.consider(node.catch_all.of(&self.routes));
-        }
-        let (part, next) = match rest.split_once('/') {
-            Some((part, next)) => (part.as_bytes(), Some(next)),
-            None => (rest.as_bytes(), None),
-        };
-        let k = key(part);
-        let literals = node.literals.of(&self.literals);
-        let found =
-            literals.binary_search_by(|l| literal_order(l.key, l.text.of(&self.text), k, part));
-        if let Ok(i) = found {
-            self.walk(literals[i].node, next, path, best);
-        }
-        if let Some(param) = node.param.filter(|_| !part.is_empty()) {
-            self.walk(param, next, path, best);
+        // Each node still to visit, with the segments not yet read (`None` once every
+        // one is), in a stack of its own, not the thread's: a route's template may be
+        // as many segments deep as its file makes it, and a request as long, and a
+        // call per segment overflowed a 2 MiB thread stack at 8,000 segments (which
+        // aborts the process). It grows only where both a literal and a parameter
+        // match a segment: sixteen fit inline, more spill to the heap.
+        let mut to_visit: SmallVec<[(usize, Option<&str>); 16]> = SmallVec::new();
+        to_visit.push((0, Some(path.segments())));
+        while let Some((at, rest)) = to_visit.pop() {
+            let node = &self.nodes[at];
+            if best.route <= node.lowest {
+                continue;
+            }
+            let Some(rest) = rest else {
+                best.consider(node.routes.of(&self.routes));
+                continue;
+            };
+            if node.catch_all.len > 0 && path.catches(rest) {
+                best.consider(node.catch_all.of(&self.routes));
+            }
+            let (part, next) = match rest.split_once('/') {
+                Some((part, next)) => (part.as_bytes(), Some(next)),
+                None => (rest.as_bytes(), None),
+            };
+            // The parameter's branch goes in first, so that the literal's is visited
+            // first.
+            if let Some(param) = node.param.filter(|_| !part.is_empty()) {
+                to_visit.push((param, next));
+            }
+            let k = key(part);
+            let literals = node.literals.of(&self.literals);
+            let found =
+                literals.binary_search_by(|l| literal_order(l.key, l.text.of(&self.text), k, part));
+            if let Ok(i) = found {
+                to_visit.push((literals[i].node, next));
+            }
         }
     }
 }

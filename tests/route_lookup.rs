@@ -252,3 +252,60 @@ proptest! {
         }
     }
 }
+
+/// A request is looked up without a call per segment: in a table of more routes than
+/// the engine scans, templates 30,000 segments deep (of literals, of parameters, and
+/// of literals under a catch-all) are found, or not, on a
+/// thread of 256 KiB of stack, where the lookup that recursed once a segment
+/// overflowed a 2 MiB one at 8,000 and aborted the process (a `serve` of such a file
+/// aborted on its first long request).
+#[test]
+fn a_request_as_deep_as_its_route_is_looked_up_without_overflowing_the_stack() {
+    const DEEP: usize = 30_000;
+    let template = |s: &str| PathPattern::parse_path(s).unwrap();
+    let literals = "/a".repeat(DEEP);
+    let params: String = (0..DEEP).map(|i| format!("/{{p{i}}}")).collect();
+    let mut table = vec![
+        RouteConfig::new(
+            "literal",
+            RouteMatch::new(None, template(&format!("{literals}/{{id}}"))),
+        ),
+        RouteConfig::new(
+            "param",
+            RouteMatch::new(None, template(&format!("{params}/b"))),
+        ),
+        RouteConfig::new(
+            "rest",
+            RouteMatch::new(None, template(&format!("{literals}/c/{{*rest}}"))),
+        ),
+    ];
+    table.extend((0..SCAN_ROUTES).map(|i| {
+        RouteConfig::new(
+            format!("r{i}"),
+            RouteMatch::new(None, PathPattern::Exact(format!("/r{i}"))),
+        )
+    }));
+    let engine = Engine::new(&Config::new(table), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let found = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || {
+            ["/7", "/b", "/c/x/y", "/c", "/b/extra"].map(|tail| {
+                engine
+                    .route_for("GET", &format!("{literals}{tail}"))
+                    .and_then(|id| engine.route_name(id).map(str::to_owned))
+            })
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(
+        found,
+        [
+            Some("literal".to_owned()),
+            Some("literal".to_owned()),
+            Some("rest".to_owned()),
+            Some("literal".to_owned()),
+            None,
+        ]
+    );
+}
