@@ -1911,6 +1911,52 @@ async fn bodies_stream_both_ways_over_a_lane() {
     }
 }
 
+/// A GET (or any request) whose body has no declared length, chunked over HTTP/1.1 or
+/// DATA frames without `content-length` over h2c, reaches the upstream with its body,
+/// as one with a `Content-Length` does (Elasticsearch's `GET /_search` takes its query
+/// so). hyper's client sends a GET of unknown length as one with no body unless told
+/// `Transfer-Encoding: chunked`, and rocgate strips the client's (hop by hop): the
+/// upstream got the GET without its body, and answered it as a query of nothing.
+#[tokio::test]
+async fn a_get_whose_body_has_no_declared_length_is_forwarded_with_it() {
+    let (upstream, proxy) = forwarding_proxy().await;
+    // The connection's first request goes through the pool, its second on its lane.
+    let mut stream = connect(proxy.addr).await;
+    for path in ["/get-body-pooled", "/get-body-lane"] {
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+            chunked("{\"query\":1}")
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let answer = read_until_seen(&mut stream, "\r\n\r\nok").await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{path}: {answer}");
+        assert_eq!(upstream.only(path).body.unwrap(), "{\"query\":1}", "{path}");
+    }
+    let stream = connect(proxy.addr).await;
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let (mut body, channel) = http_body_util::channel::Channel::<Bytes, io::Error>::new(1);
+    let req = Request::get(format!("http://{HOST}/get-body-h2c"))
+        .body(channel)
+        .unwrap();
+    let answer = tokio::spawn(sender.send_request(req));
+    body.send_data(Bytes::from_static(b"{\"query\":2}"))
+        .await
+        .unwrap();
+    drop(body);
+    let res = within("h2 response", answer).await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        upstream.only("/get-body-h2c").body.unwrap(),
+        "{\"query\":2}"
+    );
+}
+
 /// Reads from `stream` until what was read contains `marker`.
 async fn read_until_seen(stream: &mut TcpStream, marker: &str) -> String {
     let mut seen = Vec::new();

@@ -940,6 +940,17 @@ impl Inner {
             // No body (most GETs): nothing to limit, nothing to time, nothing to box.
             return Ok((Request::from_parts(parts, Body::empty()), None, upgrade));
         }
+        // A body of no declared length (chunked, or HTTP/2's DATA frames without
+        // `content-length`) goes on chunked, which hyper's client assumes for every
+        // method but GET, HEAD and CONNECT: it sends those with no body at all unless
+        // told, and the upstream got a GET without its body (Elasticsearch's
+        // `GET /_search` taking its query so).
+        if body.size_hint().exact().is_none() {
+            parts.headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
         let progress = Arc::new(BodyProgress::new());
         let body = match usize::try_from(max) {
             Ok(max) => Body::new(TimedBody {
