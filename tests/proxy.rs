@@ -2666,6 +2666,68 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
     );
 }
 
+/// A `Host` that is no `host[:port]` (RFC 9110 §7.2) gets 400 (RFC 9112 §3.2: a server
+/// MUST), as Envoy and nginx answer it, and is not forwarded: it went up as it came,
+/// and into `X-Forwarded-Host`, where an upstream that builds links from it (a
+/// password reset's) was told `shop.example@evil.example`, which a browser reads as
+/// the host `evil.example`. In absolute form the target names the host and `Host` is
+/// ignored (RFC 9112 §3.2.2), whatever it holds; a valid `Host` is forwarded as sent.
+#[tokio::test]
+async fn a_host_that_names_no_host_gets_400_and_is_not_forwarded() {
+    let (upstream, proxy) = forwarding_proxy().await;
+    for (n, host) in [
+        &b"shop.example@evil.example"[..],
+        b"shop.example/evil",
+        b"shop example",
+        b"shop.example:80x",
+        b"[::1",
+        b"",
+        b"caf\xc3\xa9.example",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut request = format!("GET /bad-host-{n} HTTP/1.1\r\nHost: ").into_bytes();
+        request.extend_from_slice(host);
+        request.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        let raw = raw_exchange(proxy.addr, &request, IO_TIMEOUT).await;
+        let text = String::from_utf8_lossy(&raw);
+        let host = String::from_utf8_lossy(host);
+        assert!(text.starts_with("HTTP/1.1 400 "), "{host:?}: {text}");
+        assert!(
+            text.ends_with(
+                r#"{"error":"bad_request","detail":"a Host field that is no host[:port] (RFC 9112 §3.2)"}"#
+            ),
+            "{host:?}: {text}"
+        );
+    }
+    assert_eq!(upstream.all_paths(), Vec::<String>::new());
+    for (n, host) in [
+        "shop.example:8080",
+        "Shop.Example.",
+        "127.0.0.1",
+        "[::1]:8080",
+        "xn--caf-dma.example",
+        "shop.example:",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let path = format!("/good-host-{n}");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let seen = answered_200(&proxy, &upstream, request.as_bytes(), &path).await;
+        assert_eq!(seen.headers[header::HOST], host);
+    }
+    let seen = answered_200(
+        &proxy,
+        &upstream,
+        b"GET http://shop.example/abs HTTP/1.1\r\nHost: shop.example@evil.example\r\nConnection: close\r\n\r\n",
+        "/abs",
+    )
+    .await;
+    assert_eq!(seen.headers[header::HOST], "shop.example");
+}
+
 /// Each forwarded request names this instance in `Via` after the hops before it, by a
 /// pseudonym that stays the same across requests.
 #[tokio::test]

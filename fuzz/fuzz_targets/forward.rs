@@ -1,8 +1,8 @@
 //! `rocgate serve` end to end, in process: HTTP/1.1 bytes to the proxy (on
 //! 127.0.0.1), which forwards to a stub upstream (on 127.0.0.1) that records what it
 //! receives. Covers the request-head checks (`refusal`: CONNECT, a target in a form its
-//! method cannot take, two `Host`s or none in HTTP/1.1, a transfer coding besides
-//! chunked, body size), hop-by-hop stripping (the fixed list and every header named in
+//! method cannot take, two `Host`s or none in HTTP/1.1, a `Host` that is no
+//! `host[:port]`, a transfer coding besides chunked, body size), hop-by-hop stripping (the fixed list and every header named in
 //! `Connection`), `Host`, `TE`/`Trailer`, and the forwarding headers, from a trusted
 //! peer and from an untrusted one.
 //!

@@ -17,7 +17,8 @@ pub enum ProxyError {
     BadRequest,
     /// The request's head is one rocgate does not forward (400, `bad_request`), and
     /// why, which the response's `detail` says: CONNECT, a target in a form its method
-    /// cannot take, two `Host` fields, or an HTTP/1.1 request without one.
+    /// cannot take, two `Host` fields, an HTTP/1.1 request without one, or a `Host`
+    /// that is no `host[:port]`.
     Unforwardable(&'static str),
     /// The request body is larger than `max_body_bytes` (413).
     BodyTooLarge,

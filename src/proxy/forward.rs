@@ -417,6 +417,15 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
         }
         _ => {}
     }
+    // A `Host` that is no `host[:port]` gets 400 too (RFC 9112 §3.2), where it is the
+    // request's host: in absolute form the target's replaces it (RFC 9112 §3.2.2).
+    // Forwarded, `shop.example@evil.example` told an upstream that builds links from
+    // `Host` (or `X-Forwarded-Host`) of a host a browser reads as `evil.example`.
+    if uri.authority().is_none() && scan.host.is_some_and(|h| !names_a_host(h.as_bytes())) {
+        return Some(ProxyError::Unforwardable(
+            "a Host field that is no host[:port] (RFC 9112 §3.2)",
+        ));
+    }
     if scan.via && via.came_through(headers) {
         return Some(ProxyError::ForwardingLoop);
     }
@@ -429,6 +438,35 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     // A declared `Content-Length` (hyper has parsed it, and refused a malformed one)
     // is the body's size, exact, without a second header lookup.
     (req.body().size_hint().lower() > max_body_bytes).then_some(ProxyError::BodyTooLarge)
+}
+
+/// Whether `host`, a `Host` value, is `uri-host [":" port]` (RFC 9110 §7.2) with a
+/// host: an IP literal in brackets, or a name of URI characters (RFC 3986 §3.2.2's
+/// `reg-name`, an IPv4 address among them), never empty; then, after a colon, digits
+/// only. A userinfo (`@`), a path (`/`), whitespace and bytes beyond ASCII are none of
+/// these.
+fn names_a_host(host: &[u8]) -> bool {
+    let (name, port) = match host.first() {
+        Some(b'[') => match host.iter().position(|&b| b == b']') {
+            Some(end) => (&host[1..end], &host[end + 1..]),
+            None => return false,
+        },
+        _ => host.split_at(host.iter().position(|&b| b == b':').unwrap_or(host.len())),
+    };
+    let in_brackets = host.first() == Some(&b'[');
+    !name.is_empty()
+        && name.iter().all(|&b| {
+            matches!(b,
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9'
+                | b'-' | b'.' | b'_' | b'~' | b'%'
+                | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'='
+            ) || (in_brackets && b == b':')
+        })
+        && match port.split_first() {
+            None => true,
+            Some((b':', digits)) => digits.iter().all(u8::is_ascii_digit),
+            Some(_) => false,
+        }
 }
 
 /// Whether a message's `Transfer-Encoding`, if it has one, names `chunked` alone, once:
@@ -744,8 +782,8 @@ impl Forwarder {
     }
 
     /// Why `req` cannot be forwarded, known from its head alone (a tunnel, a target in
-    /// a form its method cannot take, two `Host`s or an HTTP/1.1 request with none, a
-    /// transfer coding besides chunked, a declared body over `max_body_bytes`, a
+    /// a form its method cannot take, two `Host`s, an HTTP/1.1 request with none or a
+    /// `Host` that is no `host[:port]`, a transfer coding besides chunked, a declared body over `max_body_bytes`, a
     /// forwarding loop): asked before admission, so that such a request spends no
     /// token.
     pub(crate) fn refusal(&self, req: &Request<Incoming>) -> Option<ProxyError> {
@@ -2107,6 +2145,40 @@ mod tests {
         drop(second);
         // A cap of 0 (a `ForwardSettings` set by hand) is one place, not none.
         assert!(UpstreamRequests::new(0).try_take().is_some());
+    }
+
+    #[test]
+    fn a_host_is_a_name_or_an_ip_literal_then_a_port_of_digits() {
+        for host in [
+            &b"shop.example"[..],
+            b"shop.example:8080",
+            b"shop.example:",
+            b"203.0.113.7:80",
+            b"[2001:db8::1]",
+            b"[2001:db8::1]:443",
+            b"xn--caf-dma.example",
+        ] {
+            assert!(names_a_host(host), "{}", String::from_utf8_lossy(host));
+        }
+        for host in [
+            &b""[..],
+            b":80",
+            b"[]",
+            b"[::1",
+            b"[::1]x",
+            b"[::1]:80:1",
+            b"shop.example:8o",
+            b"shop.example:80:1",
+            b"user@shop.example",
+            b"shop.example/x",
+            b"shop.example?x",
+            b"shop.example#x",
+            b"shop example",
+            b"shop.example\t",
+            b"caf\xc3\xa9.example",
+        ] {
+            assert!(!names_a_host(host), "{}", String::from_utf8_lossy(host));
+        }
     }
 
     #[test]
