@@ -157,8 +157,9 @@ async fn record(State(up): State<Upstream>, req: Request<Body>) -> Response<Body
         }
         "/big" => Response::new(Body::from(vec![b'b'; BIG])),
         "/hop" => Response::builder()
-            .header(header::CONNECTION, "X-Resp-Hop")
+            .header(header::CONNECTION, "X-Resp-Hop, X-Forwarded-For")
             .header("x-resp-hop", "1")
+            .header("x-forwarded-for", "10.0.0.9")
             .header("keep-alive", "timeout=5")
             .header(header::PROXY_AUTHENTICATE, "Basic realm=\"upstream\"")
             .header(header::UPGRADE, "h2c")
@@ -576,9 +577,13 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
     assert_eq!(up["x-kept"], "yes");
     assert_eq!(up[header::HOST], HOST);
 
+    // A header the upstream names in `Connection` is its hop's, a forwarding header
+    // too: only a request's are kept (`set_forwarded` rewrites them), and a response's
+    // `X-Forwarded-For` so named used to reach the client.
     let down = &res.headers;
     for name in [
         "x-resp-hop",
+        "x-forwarded-for",
         "keep-alive",
         "proxy-authenticate",
         "upgrade",

@@ -229,9 +229,8 @@ fn is_hop_by_hop(name: &str) -> bool {
     )
 }
 
-/// Removes hop-by-hop headers, including every header named in `Connection` but
-/// `Host` and the forwarding headers ([`is_forwarding`]), and a `Content-Length`
-/// beside a `Transfer-Encoding`.
+/// Removes a response's hop-by-hop headers, including every header named in
+/// `Connection`, and a `Content-Length` beside a `Transfer-Encoding`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if any_hop_by_hop(headers) {
         remove_hop_by_hop(headers, false, |_| false);
@@ -251,8 +250,8 @@ fn strip_but_upgrade(headers: &mut HeaderMap) {
 }
 
 /// [`strip_hop_by_hop`], without looking first whether there is any, but for the
-/// headers named in `Connection` that `keep` takes (a request's key: see
-/// [`Inner::rewrite`]). With `upgrade`
+/// headers named in `Connection` that `keep` takes (a request's `Host`, forwarding
+/// headers and key: see [`Inner::rewrite`]). With `upgrade`
 /// (an HTTP/1.1 request that hyper can hand over), a message whose `Connection` names
 /// `upgrade` and that has an `Upgrade` not offering `h2c` keeps its `Upgrade` and gets
 /// `Connection: upgrade`: returns whether it did. `h2c` is never tunnelled: an
@@ -267,13 +266,7 @@ fn remove_hop_by_hop(
     if headers.contains_key(header::TRANSFER_ENCODING) {
         headers.remove(header::CONTENT_LENGTH);
     }
-    // `Host` is end to end and HTTP/1.1 requires it (RFC 9112 §3.2): named as a
-    // connection option, it stays. Stripped, the request went up with the upstream's
-    // own `Host` through the pool, and with none at all over a lane. So do the
-    // forwarding headers, which `set_forwarded` keeps or replaces by who the peer is:
-    // a client behind a trusted proxy that passes its `Connection` on would otherwise
-    // strip the chain and the scheme the proxy wrote (Traefik's CVE-2024-45410). And
-    // so does what `keep` takes: the header a request was keyed by.
+    // What `keep` takes of the headers named stays.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -283,7 +276,7 @@ fn remove_hop_by_hop(
             // `keep` is not asked of the options most messages name, which are stripped
             // whatever it says (hop by hop) or are no header (`close`).
             let always = is_hop_by_hop(name.as_str()) || name.as_str() == "close";
-            name != header::HOST && !is_forwarding(name) && (always || !keep(name))
+            always || !keep(name)
         })
         .collect();
     let upgrading = upgrade && named.contains(&header::UPGRADE) && tunnelled(headers);
@@ -919,12 +912,22 @@ impl Inner {
             // fresh key a request (and `Connection` naming it) had a fresh quota each
             // time, and reached the upstream as a request with no key at all.
             let engine = self.keys.as_ref().map(SharedEngine::load);
-            let keyed = |name: &HeaderName| {
-                engine
-                    .as_deref()
-                    .is_some_and(|engine| engine.keys_by_header(name.as_str()))
+            // `Host` is end to end and HTTP/1.1 requires it (RFC 9112 §3.2): named as
+            // a connection option, it stays. Stripped, the request went up with the
+            // upstream's own `Host` through the pool, and with none at all over a lane.
+            // So do the forwarding headers, which `set_forwarded` keeps or replaces by
+            // who the peer is: a client behind a trusted proxy that passes its
+            // `Connection` on would otherwise strip the chain and the scheme the proxy
+            // wrote (Traefik's CVE-2024-45410). (A response's are stripped: nothing
+            // rewrites them.)
+            let kept = |name: &HeaderName| {
+                name == header::HOST
+                    || is_forwarding(name)
+                    || engine
+                        .as_deref()
+                        .is_some_and(|engine| engine.keys_by_header(name.as_str()))
             };
-            if remove_hop_by_hop(&mut parts.headers, upgrades, keyed) {
+            if remove_hop_by_hop(&mut parts.headers, upgrades, kept) {
                 upgrade = parts.extensions.remove::<OnUpgrade>();
                 if upgrade.is_none() {
                     parts.headers.remove(header::UPGRADE);
