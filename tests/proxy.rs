@@ -3051,6 +3051,29 @@ async fn an_upstream_response_with_both_framings_is_forwarded_by_its_chunks() {
     }
 }
 
+/// An upstream's `Content-Length: 5, 5` (one length repeated, as a proxy that combines
+/// field lines writes it) frames its body by that one length (RFC 9112 §6.3, as hyper
+/// reads it) and reaches the client as `Content-Length: 5`: the list is no valid
+/// `Content-Length` (`1*DIGIT`, RFC 9110 §8.6), which it used to be passed on as, for
+/// the client's parser to refuse or read as it may.
+#[tokio::test]
+async fn an_upstream_length_repeated_in_a_list_reaches_the_client_as_one() {
+    let upstream = raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\n\r\nhello").await;
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    let mut stream = connect(proxy.addr).await;
+    // The pool's request, then the lane's.
+    for _ in 0..2 {
+        stream
+            .write_all(b"GET /listed HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until_seen(&mut stream, "\r\n\r\nhello").await;
+        let head = answer.to_ascii_lowercase();
+        assert!(head.contains("\r\ncontent-length: 5\r\n"), "{answer}");
+        assert_eq!(head.matches("content-length").count(), 1, "{answer}");
+    }
+}
+
 /// A response body with a transfer coding besides chunked (`gzip, chunked`), which
 /// rocgate does not decode, is a 502: it used to go to the client with the chunks
 /// taken off and `Transfer-Encoding` dropped, gzip's bytes passed off as the content.

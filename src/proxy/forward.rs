@@ -1305,6 +1305,7 @@ impl Inner {
                     } else {
                         strip_hop_by_hop(&mut parts.headers);
                     }
+                    one_content_length(&mut parts.headers);
                     // The proxy answers in its own version: an HTTP/1.0 upstream's passed
                     // on would make hyper answer a keep-alive client in HTTP/1.0 and close
                     // its connection (hyper still answers an HTTP/1.0 client in 1.0).
@@ -1660,6 +1661,23 @@ fn record_duration(
             histogram.record(seconds);
             *durations = Some((Arc::clone(route), class, histogram));
         }
+    }
+}
+
+/// A response's `Content-Length` given as a list of one length repeated (`5, 5`, as a
+/// proxy that combines field lines writes it), which hyper's client frames the body by
+/// (RFC 9112 §6.3: the recipient uses that one value), set to that one length: the
+/// list is no valid `Content-Length` (`1*DIGIT`, RFC 9110 §8.6) to pass on.
+fn one_content_length(headers: &mut HeaderMap) {
+    let Some(listed) = headers
+        .get(header::CONTENT_LENGTH)
+        .filter(|v| v.as_bytes().contains(&b','))
+    else {
+        return;
+    };
+    let first = listed.as_bytes().split(|&b| b == b',').next();
+    if let Some(Ok(one)) = first.map(|length| HeaderValue::from_bytes(length.trim_ascii())) {
+        headers.insert(header::CONTENT_LENGTH, one);
     }
 }
 
