@@ -2635,6 +2635,53 @@ async fn trailers_pass_both_ways() {
     );
 }
 
+/// A client's trailer section carries no forwarding header and no hop-by-hop one to
+/// the upstream, whoever the peer: rocgate rewrites those in the head alone, and an
+/// untrusted client's `X-Forwarded-For: 6.6.6.6` sent as a trailer field (declared in
+/// `Trailer`) went up as it came, past the rewrite, to an upstream that reads trailer
+/// fields beside the head's. Other trailer fields still pass.
+#[tokio::test]
+async fn a_clients_trailers_carry_no_forwarding_or_hop_by_hop_header() {
+    // An upstream that answers with the request's trailer fields, `name=value;` each.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service =
+                hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    let collected = req.into_body().collect().await?;
+                    let mut seen = String::new();
+                    for (name, value) in collected.trailers().into_iter().flatten() {
+                        seen.push_str(&format!("{name}={};", value.to_str().unwrap()));
+                    }
+                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(seen))))
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    let request = "POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n\
+                   Trailer: x-sum, x-forwarded-for, x-real-ip, forwarded, proxy-authorization\r\n\
+                   Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nx-sum: 42\r\n\
+                   x-forwarded-for: 6.6.6.6\r\nx-real-ip: 6.6.6.6\r\nforwarded: for=6.6.6.6\r\n\
+                   proxy-authorization: Basic cHJveHk6c2VjcmV0\r\n\r\n";
+    // On a connection's first request (the pool), then its second (its lane).
+    let raw = raw_exchange(
+        proxy.addr,
+        format!("{request}{request}").as_bytes(),
+        HEADER_READ_TIMEOUT * 3,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{text}");
+    assert_eq!(text.matches("\r\n\r\nx-sum=42;").count(), 2, "{text}");
+    assert!(!text.contains("6.6.6.6"), "{text}");
+    assert!(!text.contains("proxy-authorization"), "{text}");
+}
+
 // ---------------------------------------------------------------------------------
 // 12. Host
 

@@ -1606,7 +1606,8 @@ impl BodyProgress {
     }
 }
 
-/// A request body on its way upstream, recording its [`BodyProgress`].
+/// A request body on its way upstream, recording its [`BodyProgress`], its trailer
+/// section stripped of the forwarding and hop-by-hop headers ([`strip_trailers`]).
 struct TimedBody<B> {
     body: B,
     progress: Arc<BodyProgress>,
@@ -1620,8 +1621,13 @@ impl<B: http_body::Body + Unpin> http_body::Body for TimedBody<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let mut polled = Pin::new(&mut self.body).poll_frame(cx);
         self.progress.polled(polled.is_pending());
+        if let Poll::Ready(Some(Ok(frame))) = &mut polled {
+            if let Some(trailers) = frame.trailers_mut() {
+                strip_trailers(trailers);
+            }
+        }
         polled
     }
 
@@ -1631,6 +1637,23 @@ impl<B: http_body::Body + Unpin> http_body::Body for TimedBody<B> {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// Removes from a request's trailer section the forwarding headers ([`is_forwarding`])
+/// and the hop-by-hop ones: `set_forwarded` rewrites the head's alone, and an untrusted
+/// client's `X-Forwarded-For` sent as a trailer field went past it to the upstream, as
+/// did a `Proxy-Authorization`, this hop's credentials. (hyper's client sends none of
+/// the fields that frame, route or authenticate a request, RFC 9110 §6.5.1's, and only
+/// those `Trailer` declares.)
+fn strip_trailers(trailers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = trailers
+        .keys()
+        .filter(|name| is_forwarding(name) || is_hop_by_hop(name.as_str()))
+        .cloned()
+        .collect();
+    for name in &names {
+        trailers.remove(name);
     }
 }
 
