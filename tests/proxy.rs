@@ -3121,6 +3121,55 @@ async fn an_upstream_length_repeated_in_a_list_reaches_the_client_as_one() {
     }
 }
 
+/// The same list on two field lines (`content-length: 5` twice, RFC 9110 §5.3) reaches
+/// an HTTP/2 client as one `content-length`: hyper's HTTP/2 server sends every line,
+/// and nghttp2 (curl's) resets a stream with a second one. A HEAD's answer, which hyper
+/// frames by no `Content-Length` and so does not check, gets its list's one length, or
+/// none where the list holds lengths that differ (no valid `Content-Length` is passed
+/// on, RFC 9110 §8.6): `, 5` used to reach the client as an empty `content-length`.
+#[tokio::test]
+async fn a_length_repeated_on_two_lines_or_listed_in_a_heads_answer_reaches_the_client_as_one() {
+    let twice =
+        raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello")
+            .await;
+    let proxy = start_proxy(settings(twice), Vec::new()).await;
+    let mut sender = h2c_connect(proxy.addr).await;
+    let req = Request::get(format!("http://{HOST}/twice"))
+        .body(Full::default())
+        .unwrap();
+    let res = within("h2 response", sender.send_request(req))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let lengths: Vec<_> = res
+        .headers()
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .collect();
+    assert_eq!(lengths, ["5"], "{res:?}");
+    for (listed, expected) in [(&b", 5"[..], Some("5")), (b"5, 6", None)] {
+        let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: ".to_vec();
+        answer.extend_from_slice(listed);
+        answer.extend_from_slice(b"\r\n\r\n");
+        let upstream = raw_upstream(answer.leak()).await;
+        let proxy = start_proxy(settings(upstream), Vec::new()).await;
+        let raw = raw_exchange(
+            proxy.addr,
+            b"HEAD /listed HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            IO_TIMEOUT,
+        )
+        .await;
+        let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200 ok\r\n"), "{head}");
+        let lengths: Vec<_> = head
+            .lines()
+            .filter_map(|line| line.strip_prefix("content-length:"))
+            .map(str::trim)
+            .collect();
+        assert_eq!(lengths, Vec::from_iter(expected), "{head}");
+    }
+}
+
 /// A response body with a transfer coding besides chunked (`gzip, chunked`), which
 /// rocgate does not decode, is a 502: it used to go to the client with the chunks
 /// taken off and `Transfer-Encoding` dropped, gzip's bytes passed off as the content.

@@ -1687,20 +1687,47 @@ fn record_duration(
     }
 }
 
-/// A response's `Content-Length` given as a list of one length repeated (`5, 5`, as a
-/// proxy that combines field lines writes it), which hyper's client frames the body by
-/// (RFC 9112 §6.3: the recipient uses that one value), set to that one length: the
-/// list is no valid `Content-Length` (`1*DIGIT`, RFC 9110 §8.6) to pass on.
+/// A response's `Content-Length` given as a list of one length repeated, on one field
+/// line (`5, 5`, as a proxy that combines field lines writes it) or on several (the
+/// same list, RFC 9110 §5.3), which hyper's client frames the body by (RFC 9112 §6.3:
+/// the recipient uses that one value), set to that one length: the list is no valid
+/// `Content-Length` (`1*DIGIT`, RFC 9110 §8.6) to pass on, and an HTTP/2 client gets
+/// every field line (nghttp2's refuses a second `content-length`). A list of lengths
+/// that differ, or of no length, which hyper lets through only where it frames no body
+/// by it (a HEAD's answer, a 204, a 304), is removed: a sender forwards no invalid
+/// `Content-Length` (RFC 9110 §8.6). One value without a comma is left as it is.
 fn one_content_length(headers: &mut HeaderMap) {
-    let Some(listed) = headers
-        .get(header::CONTENT_LENGTH)
-        .filter(|v| v.as_bytes().contains(&b','))
-    else {
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = values.next() else {
         return;
     };
-    let first = listed.as_bytes().split(|&b| b == b',').next();
-    if let Some(Ok(one)) = first.map(|length| HeaderValue::from_bytes(length.trim_ascii())) {
-        headers.insert(header::CONTENT_LENGTH, one);
+    if values.next().is_none() && !first.as_bytes().contains(&b',') {
+        return;
+    }
+    // Empty elements are no lengths (RFC 9110 §5.6.1: a recipient ignores them).
+    let mut lengths = headers
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|length| !length.is_empty())
+        .map(|length| {
+            length.iter().try_fold(0u64, |n, &digit| {
+                n.checked_mul(10)?
+                    .checked_add(u64::from(digit.checked_sub(b'0').filter(|d| *d < 10)?))
+            })
+        });
+    let one = match lengths.next() {
+        Some(Some(one)) if lengths.all(|length| length == Some(one)) => Some(one),
+        _ => None,
+    };
+    match one {
+        Some(one) => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(one));
+        }
+        None => {
+            headers.remove(header::CONTENT_LENGTH);
+        }
     }
 }
 
@@ -2223,6 +2250,40 @@ mod tests {
         ] {
             assert!(!names_a_host(host), "{}", String::from_utf8_lossy(host));
         }
+    }
+
+    #[test]
+    fn a_content_length_list_becomes_its_one_length_or_goes() {
+        let listed = |values: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::CONTENT_LENGTH, HeaderValue::from_static(v));
+            }
+            h.insert("x-kept", HeaderValue::from_static("yes"));
+            one_content_length(&mut h);
+            assert_eq!(h["x-kept"], "yes");
+            let lengths = h.get_all(header::CONTENT_LENGTH).iter();
+            lengths
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        // One length repeated, on one line or on several: that length, once.
+        assert_eq!(listed(&["5, 5"]), ["5"]);
+        assert_eq!(listed(&["5", "5"]), ["5"]);
+        assert_eq!(listed(&["5", "5, 5"]), ["5"]);
+        assert_eq!(listed(&["05 , 5"]), ["5"]);
+        assert_eq!(listed(&[", 5,"]), ["5"]);
+        // Lengths that differ, or none (a HEAD's answer, which hyper does not frame
+        // by it): no valid Content-Length to pass on.
+        assert!(listed(&["5, 6"]).is_empty());
+        assert!(listed(&["5", "6"]).is_empty());
+        assert!(listed(&[", "]).is_empty());
+        assert!(listed(&["5, x"]).is_empty());
+        assert!(listed(&["5, 99999999999999999999"]).is_empty());
+        // One value, as it came.
+        assert_eq!(listed(&["5"]), ["5"]);
+        assert_eq!(listed(&["007"]), ["007"]);
+        assert!(listed(&[]).is_empty());
     }
 
     #[test]
