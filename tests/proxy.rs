@@ -2719,11 +2719,13 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
 }
 
 /// A `Host` that is no `host[:port]` (RFC 9110 §7.2) gets 400 (RFC 9112 §3.2: a server
-/// MUST), as Envoy and nginx answer it, and is not forwarded: it went up as it came,
-/// and into `X-Forwarded-Host`, where an upstream that builds links from it (a
-/// password reset's) was told `shop.example@evil.example`, which a browser reads as
-/// the host `evil.example`. In absolute form the target names the host and `Host` is
-/// ignored (RFC 9112 §3.2.2), whatever it holds; a valid `Host` is forwarded as sent.
+/// MUST; stricter than nginx, which refuses whitespace and a path but takes a `@` and
+/// bytes beyond ASCII, and than Envoy, which takes a userinfo in HTTP/1), and is not
+/// forwarded: it went up as it came, and into `X-Forwarded-Host`, where an upstream
+/// that builds links from it (a password reset's) was told `shop.example@evil.example`,
+/// which a browser reads as the host `evil.example`. In absolute form the target names
+/// the host and `Host` is ignored (RFC 9112 §3.2.2), whatever it holds, as is an
+/// HTTP/2 request's beside its `:authority`; a valid `Host` is forwarded as sent.
 #[tokio::test]
 async fn a_host_that_names_no_host_gets_400_and_is_not_forwarded() {
     let (upstream, proxy) = forwarding_proxy().await;
@@ -2761,6 +2763,10 @@ async fn a_host_that_names_no_host_gets_400_and_is_not_forwarded() {
         "[::1]:8080",
         "xn--caf-dma.example",
         "shop.example:",
+        "localhost:65535",
+        "shop.example:0",
+        "[::1]",
+        "[fe80::1%25eth0]:80",
     ]
     .into_iter()
     .enumerate()
@@ -2778,6 +2784,36 @@ async fn a_host_that_names_no_host_gets_400_and_is_not_forwarded() {
     )
     .await;
     assert_eq!(seen.headers[header::HOST], "shop.example");
+    // HTTP/2: `:authority` names the host, and a `Host` beside it is not looked at;
+    // without `:authority`, `Host` is the request's host, checked as in HTTP/1.1.
+    let mut sender = h2c_connect(proxy.addr).await;
+    for (target, host, status) in [
+        (
+            "http://shop.example/h2-authority",
+            "shop.example@evil.example",
+            200,
+        ),
+        ("/h2-host", "shop.example:8443", 200),
+        ("/h2-bad-host", "shop.example@evil.example", 400),
+    ] {
+        let req = Request::get(target)
+            .header(header::HOST, host)
+            .body(Full::default())
+            .unwrap();
+        let res = within("h2 response", sender.send_request(req))
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), status, "{target} {host}");
+    }
+    assert_eq!(
+        upstream.only("/h2-authority").headers[header::HOST],
+        "shop.example"
+    );
+    assert_eq!(
+        upstream.only("/h2-host").headers[header::HOST],
+        "shop.example:8443"
+    );
+    assert!(upstream.seen("/h2-bad-host").is_empty());
 }
 
 /// Each forwarded request names this instance in `Via` after the hops before it, by a
