@@ -1960,6 +1960,51 @@ async fn a_get_whose_body_has_no_declared_length_is_forwarded_with_it() {
         upstream.only("/get-body-h2c").body.unwrap(),
         "{\"query\":2}"
     );
+    // Told so, not guessed: the bodies of unknown length went up chunked, with no
+    // `Content-Length`.
+    for path in ["/get-body-pooled", "/get-body-lane", "/get-body-h2c"] {
+        let seen = upstream.only(path);
+        assert_eq!(seen.headers[header::TRANSFER_ENCODING], "chunked", "{path}");
+        assert!(!seen.headers.contains_key(header::CONTENT_LENGTH), "{path}");
+    }
+    // A request with no body, or one of a declared length (0 too), goes as it came:
+    // not chunked, its `Content-Length` alone.
+    for (path, request, length) in [
+        ("/no-body", "GET /no-body HTTP/1.1\r\nHost: x\r\n", None),
+        (
+            "/zero",
+            "GET /zero HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n",
+            Some("0"),
+        ),
+        ("/head", "HEAD /head HTTP/1.1\r\nHost: x\r\n", None),
+        (
+            "/sized",
+            "GET /sized HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n",
+            Some("5"),
+        ),
+    ] {
+        let body = if length == Some("5") { "hello" } else { "" };
+        let request = format!("{request}Connection: close\r\n\r\n{body}");
+        let seen = answered_200(&proxy, &upstream, request.as_bytes(), path).await;
+        assert!(
+            !seen.headers.contains_key(header::TRANSFER_ENCODING),
+            "{path}"
+        );
+        let sent = seen.headers.get(header::CONTENT_LENGTH);
+        assert_eq!(sent.map(|v| v.to_str().unwrap()), length, "{path}");
+        assert_eq!(seen.body.unwrap(), body, "{path}");
+    }
+    let mut sender = h2c_connect(proxy.addr).await;
+    let req = Request::get(format!("http://{HOST}/no-body-h2c"))
+        .body(Full::default())
+        .unwrap();
+    let res = within("h2 response", sender.send_request(req))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let seen = upstream.only("/no-body-h2c");
+    assert!(!seen.headers.contains_key(header::TRANSFER_ENCODING));
+    assert_eq!(seen.body.unwrap(), "");
 }
 
 /// Reads from `stream` until what was read contains `marker`.
