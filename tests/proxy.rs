@@ -3251,6 +3251,58 @@ async fn a_length_repeated_on_two_lines_or_listed_in_a_heads_answer_reaches_the_
     }
 }
 
+/// An HTTP/2 client's `content-length` on two field lines (the h2 crate takes them,
+/// being equal) reaches the upstream as one `Content-Length`: sent on as two lines,
+/// an upstream on Node.js (llhttp) refuses a duplicate `Content-Length` whatever it
+/// holds. (hyper's HTTP/1 server already keeps one line of an HTTP/1.1 client's.)
+#[tokio::test]
+async fn an_h2_clients_length_on_two_lines_reaches_the_upstream_as_one() {
+    // An upstream that answers with the head of the request it read.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !read.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let end = read.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+                let head = read[..end].to_vec();
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    head.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                let _ = stream.write_all(&head).await;
+            });
+        }
+    });
+    let proxy = start_proxy(settings(upstream), Vec::new()).await;
+    let mut sender = h2c_connect(proxy.addr).await;
+    let req = Request::post(format!("http://{HOST}/twice"))
+        .header(header::CONTENT_LENGTH, "5")
+        .header(header::CONTENT_LENGTH, "5")
+        .body(Full::new(Bytes::from_static(b"hello")))
+        .unwrap();
+    let res = within("h2 response", sender.send_request(req))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let head = res.into_body().collect().await.unwrap().to_bytes();
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let lengths: Vec<_> = head
+        .lines()
+        .filter_map(|line| line.strip_prefix("content-length:"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(lengths, ["5"], "{head}");
+}
+
 /// A response body with a transfer coding besides chunked (`gzip, chunked`), which
 /// rocgate does not decode, is a 502: it used to go to the client with the chunks
 /// taken off and `Transfer-Encoding` dropped, gzip's bytes passed off as the content.

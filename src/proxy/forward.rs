@@ -954,6 +954,10 @@ impl Inner {
         }
         if parts.version == Version::HTTP_2 {
             join_cookies(&mut parts.headers);
+            // The h2 crate takes a `content-length` repeated on field lines of equal
+            // values, which HTTP/1.1 would send on as lines an upstream may refuse
+            // (llhttp's does); hyper's HTTP/1 server keeps one line itself.
+            one_content_length(&mut parts.headers);
         }
         self.set_forwarded(&mut parts.headers, peer, original_host.as_ref(), forwarding);
         parts
@@ -1687,14 +1691,16 @@ fn record_duration(
     }
 }
 
-/// A response's `Content-Length` given as a list of one length repeated, on one field
+/// A message's `Content-Length` given as a list of one length repeated, on one field
 /// line (`5, 5`, as a proxy that combines field lines writes it) or on several (the
-/// same list, RFC 9110 §5.3), which hyper's client frames the body by (RFC 9112 §6.3:
-/// the recipient uses that one value), set to that one length: the list is no valid
-/// `Content-Length` (`1*DIGIT`, RFC 9110 §8.6) to pass on, and an HTTP/2 client gets
-/// every field line (nghttp2's refuses a second `content-length`). A list of lengths
-/// that differ, or of no length, which hyper lets through only where it frames no body
-/// by it (a HEAD's answer, a 204, a 304), is removed: a sender forwards no invalid
+/// same list, RFC 9110 §5.3), set to that one length: the list is no valid
+/// `Content-Length` (`1*DIGIT`, RFC 9110 §8.6) to pass on, an HTTP/2 client gets every
+/// field line (nghttp2's refuses a second `content-length`), and so does an HTTP/1.1
+/// upstream (llhttp's refuses a second `Content-Length`). In a response, hyper's client
+/// frames the body by that one length (RFC 9112 §6.3: the recipient uses it); in an
+/// HTTP/2 request, the h2 crate took the lines, being equal. A list of lengths that
+/// differ, or of no length, which hyper lets through only where it frames no body by
+/// it (a HEAD's answer, a 204, a 304), is removed: a sender forwards no invalid
 /// `Content-Length` (RFC 9110 §8.6). One value without a comma is left as it is.
 fn one_content_length(headers: &mut HeaderMap) {
     let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
