@@ -1333,6 +1333,36 @@ async fn a_concurrency_permit_is_held_while_the_inner_service_readies_and_freed_
     assert!(poll_now(&mut after).is_ready());
 }
 
+/// An inner service that never becomes ready (here a `ConcurrencyLimit` whose one
+/// permit is never freed) keeps an admitted request waiting for as long as its future
+/// is polled: the layer has no deadline of its own, as tower's `Oneshot` has none. A
+/// `Timeout` outside the layer ends the wait with its error, and the concurrency
+/// permit the request held is given back, as it is when the future is dropped.
+#[tokio::test(start_paused = true)]
+async fn an_inner_service_never_ready_keeps_an_admitted_request_waiting_until_a_timeout_outside(
+) {
+    use rocgate::limiter::Algorithm;
+    use tower::Service as _;
+    let (l, _clock) = one_a_second("rq-never", "/rq-never", Algorithm::Concurrency { queue: 0 });
+    let calls = Arc::new(AtomicU64::new(0));
+    let (inner, _holder) = saturated(calls.clone()).await;
+    let svc = tower::Layer::layer(&l, inner);
+    let get = || Request::get("/rq-never").body(Body::empty()).unwrap();
+
+    let waiting = svc.clone().oneshot(get());
+    let waited = tokio::time::timeout(Duration::from_secs(3600), waiting).await;
+    assert!(waited.is_err(), "still waiting an hour on: {waited:?}");
+
+    let mut timed = tower::timeout::Timeout::new(svc.clone(), Duration::from_secs(5));
+    let error = timed.ready().await.unwrap().call(get()).await.unwrap_err();
+    assert!(error.is::<tower::timeout::error::Elapsed>(), "{error}");
+    // Both permits came back: the next request is admitted (it waits for the inner
+    // service) rather than refused for concurrency.
+    let mut next = Box::pin(svc.clone().call(get()));
+    assert!(poll_now(&mut next).is_pending(), "admitted, not refused");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "the inner service never called");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_paced_request_readies_the_inner_service_only_when_it_departs() {
     // The layer used to ready the inner service in `poll_ready` and take it along
