@@ -977,6 +977,46 @@ async fn a_head_request_counts_against_its_get_route() {
 /// get. It got the GET's body: axum's server leaves it out, but hyper's HTTP/2 server
 /// sends it in DATA frames a HEAD's stream must not carry, and the client resets the
 /// stream (`PROTOCOL_ERROR`) without seeing the 429 or its `Retry-After`.
+/// A rejected request's body is dropped unread. A client waiting on `Expect:
+/// 100-continue` is answered 429 without a `100 Continue`, so it need not send the
+/// body; hyper then closes the connection after the 429 rather than read a body it
+/// was never asked for (as it does after any response whose request body was left
+/// unread), so the client's next request goes on a new connection.
+#[tokio::test]
+async fn a_rejected_upload_is_answered_before_its_body_and_its_connection_closed() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (l, _clock) = layer(vec![route(
+        "upload",
+        RouteMatch::exact("POST", "/api/order"),
+        1.0,
+    )]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app(l, Arc::new(AtomicU64::new(0))))
+            .await
+            .unwrap()
+    });
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let empty = "POST /api/order HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n";
+    let upload = "POST /api/order HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 100000\r\n\r\n";
+    socket.write_all(empty.as_bytes()).await.unwrap();
+    socket.write_all(upload.as_bytes()).await.unwrap();
+    let mut read = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut read)).await;
+    server.abort();
+    assert!(
+        matches!(closed, Ok(Ok(_))),
+        "closed by the server: {closed:?}"
+    );
+    let read = String::from_utf8_lossy(&read);
+    let statuses: Vec<&str> = read
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| &read[i + 9..i + 12])
+        .collect();
+    assert_eq!(statuses, ["200", "429"], "{read}");
+}
+
 #[tokio::test]
 async fn a_head_the_layer_rejects_has_no_body() {
     let (l, _clock) = layer(vec![route("head", RouteMatch::exact("GET", "/x"), 1.0)]);
@@ -1339,8 +1379,7 @@ async fn a_concurrency_permit_is_held_while_the_inner_service_readies_and_freed_
 /// `Timeout` outside the layer ends the wait with its error, and the concurrency
 /// permit the request held is given back, as it is when the future is dropped.
 #[tokio::test(start_paused = true)]
-async fn an_inner_service_never_ready_keeps_an_admitted_request_waiting_until_a_timeout_outside(
-) {
+async fn an_inner_service_never_ready_keeps_an_admitted_request_waiting_until_a_timeout_outside() {
     use rocgate::limiter::Algorithm;
     use tower::Service as _;
     let (l, _clock) = one_a_second("rq-never", "/rq-never", Algorithm::Concurrency { queue: 0 });
@@ -1360,7 +1399,11 @@ async fn an_inner_service_never_ready_keeps_an_admitted_request_waiting_until_a_
     // service) rather than refused for concurrency.
     let mut next = Box::pin(svc.clone().call(get()));
     assert!(poll_now(&mut next).is_pending(), "admitted, not refused");
-    assert_eq!(calls.load(Ordering::SeqCst), 0, "the inner service never called");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "the inner service never called"
+    );
 }
 
 #[tokio::test(start_paused = true)]
