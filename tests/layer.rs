@@ -306,6 +306,39 @@ async fn a_matched_path_layer_outside_the_router_says_it_limits_nothing() {
     assert_eq!(log.lines_with(said).len(), 1);
 }
 
+/// A `MatchedPath` layer inside the router (`Router::layer`) sees every 404 too, which
+/// carries no `MatchedPath`: one under a path a config route takes (a prefix route's
+/// `/api/…` that no handler serves, as scanners send at start-up) is no sign of a
+/// misplaced layer. 100 of them before the first routed request said, at `WARN`, that
+/// the layer was outside the router and limited nothing, while it was in place and
+/// limited every routed request. The router marks each request it routes, found or
+/// not, with `OriginalUri`; the layer now counts only those without it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_matched_path_layer_inside_the_router_says_nothing_of_404s_a_prefix_takes() {
+    let said = "none of the first 100 requests a route takes carried axum's MatchedPath";
+    let (log, _guard) = captured::Captured::on_this_thread();
+    let routes = vec![route("api", RouteMatch::prefix("/api"), 1.0)];
+    let engine = Engine::new(&Config::new(routes), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let keyed =
+        AdmissionLayer::with_engine(SharedEngine::new(engine), Arc::new(ManualClock::new()))
+            .route_key(RouteKey::MatchedPath)
+            .build();
+    let inside = router(Arc::new(AtomicU64::new(0))).layer(keyed);
+    for _ in 0..200 {
+        let missing = Request::get("/api/missing").body(Body::empty()).unwrap();
+        let response = inside.clone().oneshot(missing).await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+    assert_eq!(log.lines_with(said), Vec::<String>::new());
+    // In place: the routed requests are limited.
+    assert_eq!(
+        inside.clone().oneshot(post_order()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let over = inside.clone().oneshot(post_order()).await.unwrap();
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
 /// A route partitioned by `ip` whose requests come without their connection's address
 /// (the app served without `ConnectInfo`) puts every client under one anonymous key:
 /// the layer says so, once, naming the route. It said nothing. (helper-147)

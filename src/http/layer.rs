@@ -147,9 +147,10 @@ impl Misplaced {
     /// outside the router (a few are requests no route of the router takes).
     const WITHOUT_MATCHED_PATH: u32 = 100;
 
-    /// A request carried `MatchedPath` (`true`) or did not, though a route takes its
-    /// written path (`routed`: a request no route takes, a 404 inside the router, says
-    /// nothing). Once it has said so, or seen one, it counts no more.
+    /// A request carried `MatchedPath` (`true`) or did not, though it came by no router
+    /// and a route takes its written path (`routed`: a request no route takes, or a
+    /// 404 inside the router, which carries the router's `OriginalUri`, says nothing).
+    /// Once it has said so, or seen one, it counts no more.
     #[inline]
     fn matched_path(&self, carried: bool, routed: impl FnOnce() -> bool) {
         if self.matched_path_seen.load(Ordering::Relaxed) {
@@ -203,8 +204,12 @@ impl Gate {
             RouteKey::Normalized => engine.route_for(method, whole_path()),
             RouteKey::MatchedPath => {
                 let path = req.extensions().get::<MatchedPath>();
+                // A request a router found no route for (a 404 inside it) carries the
+                // `OriginalUri` every router sets before it routes, and no
+                // `MatchedPath`: no sign of a layer outside the router.
                 self.misplaced.matched_path(path.is_some(), || {
-                    engine.route_for(method, whole_path()).is_some()
+                    req.extensions().get::<OriginalUri>().is_none()
+                        && engine.route_for(method, whole_path()).is_some()
                 });
                 engine.route_for(method, path?.as_str())
             }
