@@ -480,6 +480,82 @@ fn a_host_in_capitals_is_keyed_without_an_allocation() {
     assert_eq!(layer.engine().snapshot(Nanos::ZERO)[0].keys, 2);
 }
 
+/// Through the tower layer, a request admitted at once (its inner service ready) costs
+/// no allocation beyond what its inner service makes: on a route, on a route keyed by
+/// client IP (walked through `X-Forwarded-For` from a trusted proxy, its key already
+/// in the table), on a template, and unrouted, under each route key that needs no
+/// normalized copy of the path. `call` and the first poll of its future are counted,
+/// beside the same calls on the bare inner service. (With the builder's
+/// `matched_route(true)` the route's `MatchedRoute` extension is one allocation: this
+/// test then fails, as it should.)
+#[cfg(feature = "http")]
+#[test]
+fn an_admitted_request_through_the_layer_allocates_nothing_of_its_own() {
+    use rocgate::http::{AdmissionLayer, PeerAddr, RouteKey};
+    use std::future::Future as _;
+    use std::task::{Context, Poll, Waker};
+    use tower::{Layer as _, Service as _};
+
+    let wide = |r: &mut RouteConfig| {
+        r.controller.base_limit_rps = 1e6;
+        r.controller.cut_limit_rps = 1e6;
+    };
+    let mut plain = RouteConfig::new("plain", RouteMatch::prefix("/plain"));
+    let mut per_ip = RouteConfig::new("per_ip", RouteMatch::prefix("/ip"));
+    per_ip.partition = Partition::ClientIp(limits(100));
+    let mut template = RouteConfig::new("template", RouteMatch::exact("GET", "/t/{id}"));
+    for r in [&mut plain, &mut per_ip, &mut template] {
+        wide(r);
+    }
+    let mut config = Config::new(vec![plain, per_ip, template]);
+    config.server.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    let inner = tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(bytes::Bytes::new()))
+    });
+    let request = |path: &str| {
+        let mut req = http::Request::get(path)
+            .header("x-forwarded-for", "203.0.113.7, 10.0.0.2")
+            .body(())
+            .unwrap();
+        req.extensions_mut()
+            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+        req
+    };
+    let mut cx = Context::from_waker(Waker::noop());
+    // The allocations of a call on `service` and the first poll of its future.
+    let allocations = |service: &mut dyn FnMut(http::Request<()>) -> Poll<u16>, path| {
+        let req = request(path);
+        measure(|| assert_eq!(service(req), Poll::Ready(200), "{path}")).count_total
+    };
+    for key in [RouteKey::Config, RouteKey::Normalized] {
+        let layer = AdmissionLayer::builder(&config)
+            .unwrap()
+            .route_key(key)
+            .build();
+        let mut layered = layer.layer(inner);
+        let mut bare = inner;
+        for path in ["/plain/a", "/ip/a", "/t/42", "/nowhere"] {
+            let mut layered_call = |req| {
+                let mut f = std::pin::pin!(layered.call(req));
+                f.as_mut()
+                    .poll(&mut cx)
+                    .map(|r| r.unwrap().status().as_u16())
+            };
+            // The first makes the client's key.
+            allocations(&mut layered_call, path);
+            let with_layer = allocations(&mut layered_call, path);
+            let mut bare_call = |req| {
+                let mut f = std::pin::pin!(bare.call(req));
+                f.as_mut()
+                    .poll(&mut cx)
+                    .map(|r| r.unwrap().status().as_u16())
+            };
+            let without = allocations(&mut bare_call, path);
+            assert_eq!(with_layer, without, "{key:?} {path}");
+        }
+    }
+}
+
 /// A [`spike`] on `e`'s first route with `key`: it cuts, and allocates nothing.
 #[track_caller]
 fn spike_allocates_nothing(e: &Engine, key: Key<'_>) {
