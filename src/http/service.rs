@@ -155,7 +155,12 @@ where
                 return ResponseFuture::rejected(res);
             }
         };
-        let label = engine.route_label(route).filter(|_| gate.matched_route);
+        // The name's `Arc` is cloned only when it is handed on: its count is one word
+        // every core's admitted requests would write.
+        let label = gate
+            .matched_route
+            .then(|| engine.route_label(route))
+            .flatten();
         match admit {
             Admit::Now => self.forward(req, None, label),
             Admit::Held(mut permit) => {
