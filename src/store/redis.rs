@@ -90,12 +90,15 @@
 //!
 //! Batched mode (`mode = "batched"`) takes Redis off the hot path: each decision is
 //! local, on a token bucket at this instance's share of the shared limit, and counts
-//! the request; the first decision of each slot (on the instance's clock) starts, in a
+//! the request; the first decision of each sync slot starts, in a
 //! task of its own, one [`DECIDE`] call that adds the arrivals since the last sync to
 //! the shared window without taking a token, and learns the shared limit and
 //! controller state back (rollovers step the controller as in exact mode); the same
-//! task sends the arrivals that follow at the slot's end, unless a decision of the
-//! next slot has sent them. Its bounds:
+//! task sends the arrivals that follow at the sync slot's end, unless a decision of the
+//! next one has sent them. Sync slots are the route's slots on the instance's clock,
+//! shifted to begin halfway through Redis's (where the answers say Redis's begin), so
+//! that each sync lands in the slot it is meant for, however late, up to half a slot.
+//! Its bounds:
 //! - admission: instance `i` admits at most `limit ÷ n` per second plus a burst of
 //!   `limit ÷ n × burst`, so the fleet admits at most what exact mode admits
 //!   (`limit × (T + burst)` over `T`), if `n` is the true live count. With uneven load
@@ -1426,8 +1429,12 @@ struct SharedRoute {
     /// when the heartbeat's probe ([`Inner::probe`]) brought the route back from
     /// fallback, whose decisions were taken locally.
     missed: AtomicBool,
-    /// Batched mode: the slot (on this instance's clock) of the last sync.
+    /// Batched mode: the sync slot (see [`SharedRoute::sync_slot`]) of the last sync.
     synced_slot: AtomicU64,
+    /// Batched mode: what [`SharedRoute::sync_slot`] adds to this instance's clock, ns
+    /// (under one slot), so that its sync slots begin halfway through Redis's slots:
+    /// learned from the answers ([`SharedRoute::learn_phase`]), 0 until one is.
+    sync_shift: AtomicU64,
     /// The shared controller's transitions stepped and stored here.
     stepped: Mutex<TransitionCounts>,
 }
@@ -1517,6 +1524,45 @@ impl SharedRoute {
     /// The slot's length, ns (at least 1).
     fn slot_ns(&self) -> u64 {
         self.slot_us.saturating_mul(1000).max(1)
+    }
+
+    /// Batched mode: the sync slot of `now` (this instance's clock): a slot of the
+    /// route's length, shifted by `sync_shift` so that it begins halfway through one of
+    /// Redis's. A sync is sent at the first decision of each and at its end
+    /// ([`flush`]), and Redis counts it in the slot of its own clock then: where the
+    /// instance's slots began where Redis's do (its clock's origin is its start, so
+    /// anywhere in Redis's), a sync a millisecond later or earlier fell into the next
+    /// slot or this one, a slot's arrivals counted in the one beside it (0 then 2
+    /// slots' worth: a steady route read ROC 56 to 92 and was cut). Halfway, a sync
+    /// lands in the slot it is meant for however late it is, up to half a slot.
+    fn sync_slot(&self, now: Nanos) -> u64 {
+        now.as_u64()
+            .saturating_add(self.sync_shift.load(Ordering::Relaxed))
+            / self.slot_ns()
+    }
+
+    /// Batched mode: learns where Redis's slots begin on this instance's clock from an
+    /// answer that told Redis's time `redis_us` and was sent at `sent` and taken at
+    /// `answered` (this instance's clock), and shifts the sync slots to begin halfway
+    /// through Redis's ([`sync_shift`]). An answer whose round trip took half a slot or
+    /// more says too little (Redis's time is anywhere within it); a shift within an
+    /// eighth of a slot of the one held is kept, so that each sync slot stays put.
+    fn learn_phase(&self, redis_us: u64, sent: Nanos, answered: Nanos) {
+        let slot = self.slot_ns();
+        let trip = answered.as_u64().saturating_sub(sent.as_u64());
+        if trip >= slot / 2 {
+            return;
+        }
+        let shift = sync_shift(
+            slot,
+            redis_us.saturating_mul(1000),
+            sent.as_u64() + trip / 2,
+        );
+        let held = self.sync_shift.load(Ordering::Relaxed);
+        let apart = shift.abs_diff(held);
+        if apart.min(slot - apart) > slot / 8 {
+            self.sync_shift.store(shift, Ordering::Relaxed);
+        }
     }
 
     /// The shared limit last seen.
@@ -2452,6 +2498,7 @@ impl Inner {
             pending: AtomicU64::new(0),
             missed: AtomicBool::new(false),
             synced_slot: AtomicU64::new(u64::MAX),
+            sync_shift: AtomicU64::new(0),
             stepped: Mutex::new(stepped),
         });
         if let Some(old) = &before {
@@ -2484,6 +2531,11 @@ impl Inner {
             // first sync (the shared window would otherwise miss a slot of them).
             let pending = old.pending.swap(0, Ordering::Relaxed);
             r.pending.fetch_add(pending, Ordering::Relaxed);
+            // And where its sync slots begin, while its slots are as long.
+            if old.slot_us == r.slot_us {
+                r.sync_shift
+                    .store(old.sync_shift.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
             let level = old.fallback.level(now).value;
             self.share(&r, r.seen_limit(), now).lower_to(level, now);
             // And its breaker and mode: a route in fallback stays there (counted before
@@ -2722,7 +2774,7 @@ impl Inner {
     }
 
     /// Batched mode: counts the request for the next sync, starts the sync if this is
-    /// the first decision of a slot, and decides locally at this instance's share of
+    /// the first decision of a sync slot ([`SharedRoute::sync_slot`]), and decides locally at this instance's share of
     /// the shared limit last seen, or of the route's base limit in force (taken at the
     /// first decision of each slot) if lower: a lowered base limit applies within a
     /// slot, before the shared controller steps on it, and while Redis is away before
@@ -2736,7 +2788,7 @@ impl Inner {
         now: Nanos,
     ) -> Verdict {
         r.pending.fetch_add(1, Ordering::Relaxed);
-        let slot = now.as_u64() / r.slot_ns();
+        let slot = r.sync_slot(now);
         let last = r.synced_slot.load(Ordering::Relaxed);
         if slot != last
             && r.synced_slot
@@ -3706,8 +3758,13 @@ async fn sync(
     let send = |arrivals| {
         let (inner, r, schedule, params) = (&inner, &r, &schedule, &params);
         async move {
+            let sent = inner.clock.now();
             match inner.call(r, arrivals, false, 0, params).await {
-                Some(reply) => inner.absorb(r, reply, schedule, inner.clock.now()),
+                Some(reply) => {
+                    let answered = inner.clock.now();
+                    r.learn_phase(reply.now_us, sent, answered);
+                    inner.absorb(r, reply, schedule, answered);
+                }
                 None => r.miss(),
             }
         }
@@ -3772,12 +3829,15 @@ impl<T: Send + 'static, F: Future<Output = Option<T>> + Send + 'static> Drop for
 /// `missed`), the store dropped the route or the instance left, or the clock has not
 /// moved on (a manual one).
 async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
-    let slot_ns = r.slot_ns();
-    let end = slot.saturating_add(1).saturating_mul(slot_ns);
-    let wait = end.saturating_sub(inner.clock.now().as_u64());
+    let end = slot.saturating_add(1).saturating_mul(r.slot_ns());
+    let at = inner.clock.now();
+    let wait = end.saturating_sub(
+        at.as_u64()
+            .saturating_add(r.sync_shift.load(Ordering::Relaxed)),
+    );
     tokio::time::sleep(Duration::from_nanos(wait)).await;
     let now = inner.clock.now();
-    if now.as_u64() / slot_ns == slot
+    if r.sync_slot(now) <= slot
         || r.synced_slot.load(Ordering::Relaxed) != slot
         || r.retired.load(Ordering::Relaxed)
         || inner.left.load(Ordering::Relaxed)
@@ -3791,6 +3851,16 @@ async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
         r.miss();
     }
     sent.then_some(arrivals)
+}
+
+/// What [`SharedRoute::sync_slot`] adds to an instance's clock (ns, under `slot_ns`) for
+/// its slots of `slot_ns` to begin halfway through Redis's, where Redis's clock read
+/// `redis_ns` at the instance's `local_ns`.
+fn sync_shift(slot_ns: u64, redis_ns: u64, local_ns: u64) -> u64 {
+    // Redis's clock is the instance's plus `ahead` (modulo a slot); a sync slot
+    // begins at local time t where t + shift ≡ 0 and t + ahead ≡ slot_ns / 2.
+    let ahead = (redis_ns % slot_ns + slot_ns - local_ns % slot_ns) % slot_ns;
+    (ahead + slot_ns - slot_ns / 2) % slot_ns
 }
 
 /// Steps the controller over the slots the rollover completed, under `schedule` (on

@@ -2269,3 +2269,45 @@ fn an_attempt_that_ends_with_no_outcome_lets_the_next_call_try_again() {
     assert_eq!(attempts_of(&store), 2, "the next call tried: {answer:?}");
     drop(listener);
 }
+
+/// Batched mode: an answer that tells Redis's time shifts the route's sync slots to
+/// begin halfway through Redis's slots, wherever the instance's own clock begins them
+/// (here its slots begin 2.7 ms before Redis's end: a sync at their end landed in
+/// Redis's next slot or this one as a millisecond went). An answer whose round trip
+/// took half a slot says too little to move them, and one within an eighth of a slot
+/// of where they are leaves them there.
+#[tokio::test]
+async fn an_answer_shifts_the_sync_slots_halfway_into_rediss() {
+    let store = a_store_where_nothing_listens(SyncMode::Batched);
+    let engine = order_engine(1);
+    let local = Nanos::from_secs(1_000);
+    let (_, r) = order_of(&store, &engine, local);
+    let slot = r.slot_ns();
+    let redis_ns = |local: Nanos| local.as_u64() + 1_700_000_000 * 1_000_000_000 + slot - 2_700_000;
+    let redis_phase = |local: Nanos| redis_ns(local) % slot;
+    // Unshifted, the sync slots are the instance's: they begin 2.7 ms before Redis's.
+    let begins = |r: &SharedRoute| {
+        (local.as_u64() + 100_000..=local.as_u64() + slot)
+            .step_by(100_000)
+            .map(Nanos::new)
+            .find(|&t| r.sync_slot(t) != r.sync_slot(Nanos::new(t.as_u64() - 100_000)))
+            .unwrap()
+    };
+    assert_eq!(redis_phase(begins(&r)), slot - 2_700_000);
+    // A round trip of half a slot moves nothing.
+    let half = Duration::from_nanos(slot / 2);
+    r.learn_phase(redis_ns(local) / 1000, local, local + half);
+    assert_eq!(redis_phase(begins(&r)), slot - 2_700_000);
+    // A quick one: halfway through Redis's (within the µs its answer is rounded to).
+    let trip = Duration::from_micros(400);
+    r.learn_phase(redis_ns(local + trip / 2) / 1000, local, local + trip);
+    let halfway = redis_phase(begins(&r));
+    assert!(
+        halfway.abs_diff(slot / 2) <= 100_000,
+        "{halfway} ns into Redis's slot"
+    );
+    // An answer an eighth of a slot off (a slow one's midpoint) leaves them there.
+    let off = Duration::from_nanos(slot / 8);
+    r.learn_phase(redis_ns(local + off) / 1000, local, local + trip);
+    assert_eq!(redis_phase(begins(&r)), halfway);
+}
