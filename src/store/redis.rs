@@ -1544,9 +1544,12 @@ impl SharedRoute {
     /// Batched mode: learns where Redis's slots begin on this instance's clock from an
     /// answer that told Redis's time `redis_us` and was sent at `sent` and taken at
     /// `answered` (this instance's clock), and shifts the sync slots to begin halfway
-    /// through Redis's ([`sync_shift`]). An answer whose round trip took half a slot or
-    /// more says too little (Redis's time is anywhere within it); a shift within an
-    /// eighth of a slot of the one held is kept, so that each sync slot stays put.
+    /// through Redis's ([`sync_shift`]). Redis read its time anywhere within the round
+    /// trip, so the estimate (at its midpoint) is off by up to half of it: one whose
+    /// round trip took half a slot or more says too little, and a shift is moved only if
+    /// it is more than an eighth of a slot and that half a round trip from the one held,
+    /// so that each sync slot stays put however slow an answer is, and moves where
+    /// Redis's clock did (a failover to a server whose clock differs).
     fn learn_phase(&self, redis_us: u64, sent: Nanos, answered: Nanos) {
         let slot = self.slot_ns();
         let trip = answered.as_u64().saturating_sub(sent.as_u64());
@@ -1560,7 +1563,7 @@ impl SharedRoute {
         );
         let held = self.sync_shift.load(Ordering::Relaxed);
         let apart = shift.abs_diff(held);
-        if apart.min(slot - apart) > slot / 8 {
+        if apart.min(slot - apart) > slot / 8 + trip / 2 {
             self.sync_shift.store(shift, Ordering::Relaxed);
         }
     }

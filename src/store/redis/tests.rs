@@ -2311,3 +2311,49 @@ async fn an_answer_shifts_the_sync_slots_halfway_into_rediss() {
     r.learn_phase(redis_ns(local + off) / 1000, local, local + trip);
     assert_eq!(redis_phase(begins(&r)), halfway);
 }
+
+/// Where, on Redis's clock (`redis_ns` of the instance's), `r`'s sync slots begin: ns
+/// into Redis's slot, to the 0.1 ms, from the sync slot after `local`.
+fn sync_slots_begin(r: &SharedRoute, local: Nanos, redis_ns: impl Fn(Nanos) -> u64) -> u64 {
+    let slot = r.slot_ns();
+    let begins = (local.as_u64() + 100_000..=local.as_u64() + slot)
+        .step_by(100_000)
+        .map(Nanos::new)
+        .find(|&t| r.sync_slot(t) != r.sync_slot(Nanos::new(t.as_u64() - 100_000)))
+        .unwrap();
+    redis_ns(begins) % slot
+}
+
+/// Batched mode: a slow answer (a round trip under half a slot, Redis's time read at
+/// its start) leaves sync slots that begin halfway through Redis's where they are: its
+/// midpoint is off by up to a quarter of a slot, twice the eighth a shift must move by,
+/// and each such answer moved them there and the next quick one back (two syncs for a
+/// slot each time, and a sync slot a quarter of a slot from Redis's boundary).
+/// A quick answer that tells Redis's clock moved (a failover) still moves them.
+#[tokio::test]
+async fn a_slow_answer_leaves_the_sync_slots_where_a_quick_one_put_them() {
+    let store = a_store_where_nothing_listens(SyncMode::Batched);
+    let engine = order_engine(1);
+    let local = Nanos::from_secs(1_000);
+    let (_, r) = order_of(&store, &engine, local);
+    let slot = r.slot_ns();
+    let redis_ns = |local: Nanos| local.as_u64() + 1_700_000_000 * 1_000_000_000 + 3_100_000;
+    let trip = Duration::from_micros(400);
+    r.learn_phase(redis_ns(local + trip / 2) / 1000, local, local + trip);
+    let halfway = sync_slots_begin(&r, local, redis_ns);
+    assert!(halfway.abs_diff(slot / 2) <= 100_000, "{halfway} ns");
+    let slow = Duration::from_nanos(slot * 2 / 5);
+    r.learn_phase(redis_ns(local) / 1000, local, local + slow);
+    assert_eq!(
+        sync_slots_begin(&r, local, redis_ns),
+        halfway,
+        "a slow answer"
+    );
+    let failed_over = |local: Nanos| redis_ns(local) + slot / 4;
+    r.learn_phase(failed_over(local + trip / 2) / 1000, local, local + trip);
+    let moved = sync_slots_begin(&r, local, failed_over);
+    assert!(
+        moved.abs_diff(slot / 2) <= 100_000,
+        "after a failover: {moved} ns"
+    );
+}
