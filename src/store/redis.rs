@@ -1549,11 +1549,13 @@ impl SharedRoute {
     /// round trip took half a slot or more says too little, and a shift is moved only if
     /// it is more than an eighth of a slot and that half a round trip from the one held,
     /// so that each sync slot stays put however slow an answer is, and moves where
-    /// Redis's clock did (a failover to a server whose clock differs).
+    /// Redis's clock did (a failover to a server whose clock differs). An answer across
+    /// which the instance's clock did not move says nothing (a manual clock, whose time
+    /// is no wall clock's).
     fn learn_phase(&self, redis_us: u64, sent: Nanos, answered: Nanos) {
         let slot = self.slot_ns();
         let trip = answered.as_u64().saturating_sub(sent.as_u64());
-        if trip >= slot / 2 {
+        if trip == 0 || trip >= slot / 2 {
             return;
         }
         let shift = sync_shift(

@@ -2357,3 +2357,25 @@ async fn a_slow_answer_leaves_the_sync_slots_where_a_quick_one_put_them() {
         "after a failover: {moved} ns"
     );
 }
+
+/// Batched mode: an answer across which the instance's clock did not move (a manual
+/// one) tells nothing of where Redis's slots begin on it, and leaves the sync slots
+/// as they are: they moved with Redis's wall clock, so that whether a test's step of
+/// its manual clock crossed a sync slot's end depended on when it ran.
+#[tokio::test]
+async fn an_answer_on_a_clock_that_stands_still_leaves_the_sync_slots_alone() {
+    let store = a_store_where_nothing_listens(SyncMode::Batched);
+    let engine = order_engine(1);
+    let local = Nanos::from_secs(1_000);
+    let (_, r) = order_of(&store, &engine, local);
+    let slot = r.slot_ns();
+    let before: Vec<u64> = (0..10)
+        .map(|i| r.sync_slot(local + Duration::from_nanos(slot * i / 10)))
+        .collect();
+    let redis_us = (1_700_000_000 * 1_000_000_000 + slot / 3) / 1000;
+    r.learn_phase(redis_us, local, local);
+    let after: Vec<u64> = (0..10)
+        .map(|i| r.sync_slot(local + Duration::from_nanos(slot * i / 10)))
+        .collect();
+    assert_eq!(after, before);
+}
