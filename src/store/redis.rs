@@ -96,8 +96,9 @@
 //! controller state back (rollovers step the controller as in exact mode); the same
 //! task sends the arrivals that follow at the sync slot's end, unless a decision of the
 //! next one has sent them. Sync slots are the route's slots on the instance's clock,
-//! shifted to begin halfway through Redis's (where the answers say Redis's begin), so
-//! that each sync lands in the slot it is meant for, however late, up to half a slot.
+//! shifted to begin halfway through Redis's (where the answers say Redis's begin; the
+//! instance's own slots until one does), so that each sync lands in the slot it is
+//! meant for, however late, up to half a slot.
 //! Its bounds:
 //! - admission: instance `i` admits at most `limit ÷ n` per second plus a burst of
 //!   `limit ÷ n × burst`, so the fleet admits at most what exact mode admits
@@ -1853,7 +1854,7 @@ impl RedisStore {
     /// Exact mode: one round trip to Redis, or a local decision if Redis errs, takes
     /// longer than `timeout`, or the breaker is open; never waits longer than
     /// `timeout`. Batched mode: a local decision at this instance's share, never
-    /// waiting on Redis (the first decision of each slot starts the slot's sync in a
+    /// waiting on Redis (the first decision of each sync slot starts its sync in a
     /// task of its own).
     ///
     /// The decision is counted in `engine` ([`Engine::record`]), as [`Engine::check`]
@@ -2011,7 +2012,7 @@ impl RedisStore {
     /// `now`, as a fleet's (in batched mode and in fallback this instance decides at
     /// its share of it): the shared limit last seen ([`SharedView::limit_rps`]), or
     /// the route's base limit in force where lower, as [`check`](Self::check) decides
-    /// (in batched mode, the base taken at the first decision of the slot). `None`
+    /// (in batched mode, the base taken at the first decision of the sync slot). `None`
     /// for a route this instance has not decided on. The quota that a rejection's
     /// `RateLimit-Policy` states in `rocgate serve`: `reason` is the rejection's, and
     /// a fallback's under `fail_mode = "closed"`, which refuses every request, enforces
@@ -2779,11 +2780,12 @@ impl Inner {
     }
 
     /// Batched mode: counts the request for the next sync, starts the sync if this is
-    /// the first decision of a sync slot ([`SharedRoute::sync_slot`]), and decides locally at this instance's share of
-    /// the shared limit last seen, or of the route's base limit in force (taken at the
-    /// first decision of each slot) if lower: a lowered base limit applies within a
-    /// slot, before the shared controller steps on it, and while Redis is away before
-    /// the breaker opens as after.
+    /// the first decision of a sync slot ([`SharedRoute::sync_slot`]), and decides
+    /// locally at this instance's share of the shared limit last seen, or of the
+    /// route's base limit in force (taken at the first decision of each sync slot) if
+    /// lower: a lowered base limit applies within a sync slot, before the shared
+    /// controller steps on it, and while Redis is away before the breaker opens as
+    /// after.
     fn batched(
         self: &Arc<Self>,
         engine: &Engine,
@@ -2800,8 +2802,8 @@ impl Inner {
                 .compare_exchange(last, slot, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            // The base limit in force, taken once a slot: a lowered one applies from
-            // here on, whether Redis answers, fails or is skipped. A route this
+            // The base limit in force, taken once a sync slot: a lowered one applies
+            // from here on, whether Redis answers, fails or is skipped. A route this
             // engine no longer holds (a reload raced the request) keeps the base it had
             // and syncs nothing more.
             let schedule = engine.schedule(route);
@@ -3831,8 +3833,9 @@ impl<T: Send + 'static, F: Future<Output = Option<T>> + Send + 'static> Drop for
 /// that follows is still opened, and synced under the parameters then in force, by its
 /// first decision. `None` if there is nothing to send, a decision sent it, the breaker
 /// skips the call (its arrivals are dropped, as a decision's are, and the route marked
-/// `missed`), the store dropped the route or the instance left, or the clock has not
-/// moved on (a manual one).
+/// `missed`), the store dropped the route or the instance left, or the sync slot has
+/// not ended by the clock (a manual one that has not moved on, or sync slots an answer
+/// moved later meanwhile: the next decision sends them).
 async fn flush(inner: &Inner, r: &SharedRoute, slot: u64) -> Option<u64> {
     let end = slot.saturating_add(1).saturating_mul(r.slot_ns());
     let at = inner.clock.now();
