@@ -2379,3 +2379,34 @@ async fn an_answer_on_a_clock_that_stands_still_leaves_the_sync_slots_alone() {
         .collect();
     assert_eq!(after, before);
 }
+
+/// Batched mode: a reload that rebuilds a route (its burst changed) keeps where its
+/// sync slots begin, learned from the old route's answers; one that changes its slot
+/// length (100 ms to 50 ms) starts from the instance's own slots, to learn afresh.
+#[tokio::test]
+async fn a_rebuild_keeps_the_sync_slots_where_they_began_while_its_slots_are_as_long() {
+    let store = a_store_where_nothing_listens(SyncMode::Batched);
+    let epoch = std::time::UNIX_EPOCH;
+    let engine = order_engine(1);
+    let local = Nanos::from_secs(1_000);
+    let (_, old) = order_of(&store, &engine, local);
+    let slot = old.slot_ns();
+    let trip = Duration::from_micros(400);
+    let redis_us = (1_700_000_000 * 1_000_000_000 + slot / 3) / 1000;
+    old.learn_phase(redis_us, local, local + trip);
+    let shift = old.sync_shift.load(Ordering::Relaxed);
+    assert_ne!(shift, 0);
+    let engine = engine
+        .reload(&order_with_a_burst_of(2), local, epoch)
+        .unwrap();
+    let (_, rebuilt) = order_of(&store, &engine, local);
+    assert!(!Arc::ptr_eq(&old, &rebuilt));
+    assert_eq!(rebuilt.sync_shift.load(Ordering::Relaxed), shift);
+    let mut shorter = order_with_a_burst_of(2);
+    shorter.routes[0].window =
+        WindowSpec::new(Duration::from_secs(1), Duration::from_millis(50)).unwrap();
+    let engine = engine.reload(&shorter, local, epoch).unwrap();
+    let (_, rebuilt) = order_of(&store, &engine, local);
+    assert_eq!(rebuilt.slot_ns(), slot / 2);
+    assert_eq!(rebuilt.sync_shift.load(Ordering::Relaxed), 0);
+}
