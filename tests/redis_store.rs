@@ -6230,6 +6230,10 @@ async fn cluster_master_killed_fails_over_to_its_replica() {
     assert!(fell, "the route never fell back");
     let back = back.expect("the route did not come back to shared state in 20 s");
     eprintln!("back to shared state {back:?} after the kill");
+    eprintln!(
+        "MEASURE fallback during outage: {}",
+        inst.store.fallback_decisions()
+    );
     // The node asked may learn of the promotion after the client did.
     let promoted = cluster
         .wait_for(|| cluster.owner_named(key).filter(|&o| o != master))
@@ -6257,6 +6261,191 @@ async fn cluster_master_killed_fails_over_to_its_replica() {
         .query(redis::cmd("EXISTS").arg(key))
         .unwrap();
     assert_eq!(found, 1, "{key} on the promoted node {promoted}");
+}
+
+/// A call that a node refuses with `MOVED` (the client's slot map is stale: here the
+/// route's empty slot was given to another master after the client learned the map)
+/// is sent again to the node named, which runs it: the decision is shared. The client
+/// makes one try per send, so without the store's resend the decision would fall back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_call_refused_with_moved_is_sent_to_the_node_named() {
+    let _serial = one_at_a_time().await;
+    let cluster = RedisCluster::start().await;
+    let key = "{moved:order}:w";
+    let owner = cluster.owner(key);
+    let config = patient_config(&cluster, "moved");
+    let second = Duration::from_secs(1);
+    let routes = [
+        route_named("order", 100.0, second),
+        route_named("other", 100.0, second),
+    ];
+    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+    // The client learns the slot map on another route's call: `order`'s slot stays
+    // empty, so it may be given away.
+    assert!(inst.check_on("other").await.is_admit());
+    let slot: i64 = cluster.nodes[owner]
+        .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+        .unwrap();
+    let to = (owner + 1) % cluster.nodes.len();
+    let id: String = cluster.nodes[to]
+        .query(redis::cmd("CLUSTER").arg("MYID"))
+        .unwrap();
+    for node in &cluster.nodes {
+        let () = node
+            .query(
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(&id),
+            )
+            .unwrap();
+    }
+    cluster.wait(|| cluster.owner_named(key) == Some(to)).await;
+
+    let before = inst.store.fallback_decisions();
+    assert!(inst.check_on("order").await.is_admit());
+    assert_eq!(
+        inst.store.fallback_decisions(),
+        before,
+        "the decision was shared"
+    );
+    let found: usize = cluster.nodes[to]
+        .query(redis::cmd("EXISTS").arg(key))
+        .unwrap();
+    assert_eq!(found, 1, "{key} on the node the MOVED named");
+}
+
+/// A call whose reply was lost (the node ran it, then its connection dropped) is not
+/// sent again, though every later try would be refused with `MOVED` to a node that
+/// takes it: it may have run, and [`DECIDE`]'s arrival would be counted twice. The
+/// decision falls back, and the shared window counts the arrival once. (With the
+/// client's own retries, as before, the client sent it again after the drop, a
+/// `MOVED` took it to the live node, and the arrival was counted twice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_call_whose_reply_was_lost_is_not_sent_again() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    let node = LosingNode::start("{lost:order}", &server).await;
+    let mut config = patient_config(&server, "lost");
+    config.heartbeat = Duration::from_secs(3600);
+    config.servers = RedisServers::Cluster(vec![format!("redis://127.0.0.1:{}", node.port)]);
+    let routes = [route_named("order", 100.0, Duration::from_secs(1))];
+    let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+
+    let _ = inst.check_on("order").await;
+    let window: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg("{lost:order}:w")
+        .query(&mut server.connection().unwrap())
+        .unwrap();
+    let counted: f64 = window
+        .iter()
+        .filter(|(field, _)| *field != "cur")
+        .map(|(_, count)| count.parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(counted, 1.0, "arrivals in the shared window: {window:?}");
+    assert_eq!(inst.store.fallback_decisions(), 1, "decided locally");
+    // `EVALSHA` (`NOSCRIPT`), then the `EVAL` whose reply was lost: no more.
+    assert_eq!(node.calls_on_route(), 2);
+}
+
+/// A Redis Cluster node of the test's own whose `CLUSTER SLOTS` gives it every slot,
+/// in front of a standalone Redis (`server`): a command on a key that contains `route`
+/// it answers with `NOSCRIPT` if it is an `EVALSHA`; the first other one it runs on
+/// `server`, then closes the connection without the reply; after that it answers
+/// `MOVED` to `server`. Other keyed commands it answers with `MOVED` to `server`,
+/// `PING` with `PONG`, and anything else (a connection's setup) with `OK`.
+struct LosingNode {
+    port: u16,
+    calls_on_route: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LosingNode {
+    async fn start(route: &'static str, server: &RedisServer) -> LosingNode {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let live = server.port;
+        let client = redis::Client::open(server.url()).unwrap();
+        let calls_on_route = Arc::new(AtomicUsize::new(0));
+        let calls = Arc::clone(&calls_on_route);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (calls, client) = (Arc::clone(&calls), client.clone());
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut read = BufReader::new(read);
+                    // One command: `*<n>`, then `n` times `$<len>` and the bytes.
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let n: usize = line.trim_end()[1..].parse().unwrap();
+                        let mut args = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            line.clear();
+                            read.read_line(&mut line).await.unwrap();
+                            let len: usize = line.trim_end()[1..].parse().unwrap();
+                            let mut arg = vec![0; len + 2];
+                            read.read_exact(&mut arg).await.unwrap();
+                            arg.truncate(len);
+                            args.push(String::from_utf8_lossy(&arg).into_owned());
+                        }
+                        let name = args[0].to_ascii_uppercase();
+                        let answer = match name.as_str() {
+                            "CLUSTER" => format!(
+                                "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n"
+                            ),
+                            "PING" => "+PONG\r\n".to_owned(),
+                            "CLIENT" | "HELLO" | "SELECT" | "READONLY" => "+OK\r\n".to_owned(),
+                            _ if args.iter().any(|a| a.contains(route)) => {
+                                if name == "EVALSHA" {
+                                    calls.fetch_add(1, Ordering::Relaxed);
+                                    "-NOSCRIPT No matching script\r\n".to_owned()
+                                } else if calls.fetch_add(1, Ordering::Relaxed) == 1 {
+                                    let mut live =
+                                        client.get_multiplexed_async_connection().await.unwrap();
+                                    let _: redis::Value = redis::cmd(&args[0])
+                                        .arg(&args[1..])
+                                        .query_async(&mut live)
+                                        .await
+                                        .unwrap();
+                                    return;
+                                } else {
+                                    format!("-MOVED 0 127.0.0.1:{live}\r\n")
+                                }
+                            }
+                            _ => format!("-MOVED 0 127.0.0.1:{live}\r\n"),
+                        };
+                        if write.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        LosingNode {
+            port,
+            calls_on_route,
+            task,
+        }
+    }
+
+    /// How many commands on the route's keys it took.
+    fn calls_on_route(&self) -> usize {
+        self.calls_on_route
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for LosingNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Batched mode, with Redis away but its route's breaker not open yet (here it never

@@ -24,19 +24,27 @@
 //! lets the count fall only three beats later).
 //!
 //! Redis Cluster (`cluster_nodes`): the same scripts over redis-rs's cluster client,
-//! which sends each call to the master of its keys' slot and follows `MOVED`/`ASK`.
-//! Each [`DECIDE`] and [`SAVE`] call touches one route's keys only, so one slot;
-//! [`HEARTBEAT`] touches its own key only. Scripts go by `EVALSHA`, and by `EVAL` on
-//! `NOSCRIPT` (routed like any keyed command, where `SCRIPT LOAD` would go to every
-//! master and fail while any is down). The cluster client also sends a call again
-//! (at most twice, while the decision still waits for it) when the node's connection
-//! dropped or the call timed out on it: a call the node had applied before its reply
-//! was lost is then applied twice (a token taken twice, or a batched sync's arrivals
-//! counted twice), the ambiguity of any retry on a lost reply; it errs on the side of
-//! admitting less. One server's connection sends each call once, not again on a new
-//! connection after its own dropped: redis-rs 1.8 fails a call that never left (its
-//! connection had closed already) and one whose reply was lost with the same error (a
-//! broken pipe), and [`DECIDE`] applied twice counts twice.
+//! which sends each call to the master of its keys' slot. Each [`DECIDE`] and [`SAVE`]
+//! call touches one route's keys only, so one slot; [`HEARTBEAT`] touches its own key
+//! only. Scripts go by `EVALSHA`, and by `EVAL` on `NOSCRIPT` (routed like any keyed
+//! command, where `SCRIPT LOAD` would go to every master and fail while any is down). A
+//! call is sent again only after a node refused it, which proves that no node ran it:
+//! `MOVED` (to the node named, on the client's connection to it, or to the slot's node
+//! on the map the `MOVED` had the client refresh where it holds none), `ASK` (`ASKING`
+//! and the call, to the node named), `TRYAGAIN` or `CLUSTERDOWN` (after 5 ms, then 10,
+//! to the slot's node); at most twice per call, while the decision still waits for it.
+//! The client is built with no retries of its own: it hands back only its last try's
+//! error, and a try before whose reply was lost (its connection dropped, or the reply
+//! came late) may have run the call, which sent again would be applied twice (a token
+//! taken twice, or a batched sync's arrivals counted twice). A call whose connection
+//! failed is decided locally instead, as on one server, whose connection sends each
+//! call once, not again on a new connection after its own dropped: redis-rs 1.8 fails a
+//! call that never left (its connection had closed already) and one whose reply was
+//! lost with the same error (a broken pipe), and [`DECIDE`] applied twice counts twice.
+//! During a failover a node not yet told of it answers `MOVED` to the dead master:
+//! where the client holds no connection to it, the call goes to the slot's node on the
+//! refreshed map (and falls back if refused again); where it still holds the dead one,
+//! the try fails on it and the call falls back.
 //!
 //! While Redis refuses connections or is away, connection attempts are spaced: one at
 //! a time, the waits doubling from `timeout` up to `probe_interval` (with jitter), and
@@ -63,8 +71,7 @@
 //! fallback while any route is. A heartbeat that
 //! Redis does not answer within `timeout` replaces the connection (one server), which
 //! could otherwise have gone dark, silent and never erring, for minutes. On a cluster,
-//! whose client retries a timed-out request on the same node connection and reconnects
-//! only when it errs, a call (or heartbeat) that times out starts a try of a new
+//! whose client reconnects to a node only when its connection errs, a call (or heartbeat) that times out starts a try of a new
 //! cluster connection (at most one per heartbeat), taken if it answers on that call's
 //! keys: a node silent on every connection leaves the old one in place. Every
 //! connection also probes with TCP keepalive and (Linux) a user timeout set from
@@ -145,6 +152,7 @@ use metrics::{Counter, Gauge};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
@@ -895,15 +903,13 @@ fn closed_connection() -> RedisError {
 
 /// A Redis Cluster's connection, and what it takes to open a new one.
 ///
-/// The cluster client retries a request that timed out on the same node connection
-/// and reconnects to a node only when its connection errs: a node connection gone
+/// The cluster client reconnects to a node only when its connection errs: a node connection gone
 /// dark (half-open) would hold the routes on that node in fallback until the kernel
 /// gives up on it, some 15 minutes later. [`Conn::suspect`] replaces the whole cluster
 /// connection by a new one if the new one answers on the route's keys.
 ///
 /// A client that reaches no node at all (`ClusterConnectionNotFound`) connects to every
-/// seed node again for each call, and again for each of the call's retries: while that
-/// lasts the cluster is [`down`](Self::down), and one call per wait of the same backoff
+/// seed node again for each call: while that lasts the cluster is [`down`](Self::down), and one call per wait of the same backoff
 /// as one server's ([`Backoff`]) goes through. The client repairs a single node's
 /// connection by itself, one attempt at a time, with a backoff of its own.
 struct Cluster {
@@ -1070,9 +1076,21 @@ impl Conn {
             Conn::Cluster(c) => {
                 let tried = c.admit()?;
                 let mut connection = ClusterConnection::clone(&c.connection.load());
-                let answer = cmd.query_async(&mut connection).await;
+                let mut answer = connection
+                    .req_packed_command(cmd)
+                    .await
+                    .and_then(Value::extract_error);
+                for resend in 1..=RESENDS {
+                    let Some(refusal) = answer.as_ref().err().and_then(Refusal::of) else {
+                        break;
+                    };
+                    match refusal.resend(cmd, &mut connection, resend).await {
+                        Some(again) => answer = again,
+                        None => break,
+                    }
+                }
                 c.record(&answer, tried);
-                answer
+                Ok(redis::from_redis_value(answer?)?)
             }
         }
     }
@@ -1115,6 +1133,104 @@ impl Conn {
                 self.query(&call.command("EVAL", call.lua.body)).await
             }
             answer => answer,
+        }
+    }
+}
+
+/// How many times a cluster call refused by every node it went to is sent again.
+const RESENDS: u32 = 2;
+
+/// A cluster node's refusal of a call: an answer that proves the node did not run it
+/// (it checks a call's slot before running it), so the call may be sent again without
+/// the risk of applying it twice. Only a refusal of the one try the client made: it
+/// is built with no retries, since it hands back only its last try's error and a try
+/// before whose reply was lost may have run the call.
+#[derive(Debug, PartialEq)]
+enum Refusal {
+    /// `MOVED`: the slot lives on this node (`host`, `port`).
+    Moved(String, u16),
+    /// `ASK`: this node imports the key; it takes the call after `ASKING`.
+    Ask(String, u16),
+    /// `TRYAGAIN` (a multi-key call during a slot's migration) or `CLUSTERDOWN`: the
+    /// same call may be taken after a wait.
+    Wait,
+}
+
+impl Refusal {
+    /// The refusal `error` is, if it is one. Not any other error (a connection that
+    /// failed or timed out after the call was written, `ClusterConnectionNotFound`,
+    /// which the client also hands to a call in flight when a slot-map refresh fails).
+    fn of(error: &RedisError) -> Option<Refusal> {
+        let node = || {
+            let (node, _) = error.redirect_node()?;
+            let (host, port) = node.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        };
+        match error.kind() {
+            ErrorKind::Server(ServerErrorKind::Moved) => {
+                node().map(|(host, port)| Refusal::Moved(host, port))
+            }
+            ErrorKind::Server(ServerErrorKind::Ask) => {
+                node().map(|(host, port)| Refusal::Ask(host, port))
+            }
+            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown) => {
+                Some(Refusal::Wait)
+            }
+            _ => None,
+        }
+    }
+
+    /// Sends `cmd` again, the `n`th time, where the refusal says: to the node a
+    /// redirection names (on the connection the client holds to it; for a `MOVED` to a
+    /// node it holds none to, to the slot's node), or after a wait (5 ms, doubling) to
+    /// the slot's node. `None` where an `ASK` names a node the client holds no
+    /// connection to, or the client fails the call with `ClusterConnectionNotFound`
+    /// (which it also hands a call in flight when a slot-map refresh fails): the call
+    /// keeps the refusal as its answer.
+    async fn resend(
+        self,
+        cmd: &Cmd,
+        connection: &mut ClusterConnection,
+        n: u32,
+    ) -> Option<RedisResult<Value>> {
+        let again = match self {
+            Refusal::Moved(host, port) => {
+                let address = format!("{host}:{port}");
+                let node = SingleNodeRoutingInfo::ByAddress { host, port };
+                match connection
+                    .route_command(cmd.clone(), RoutingInfo::SingleNode(node))
+                    .await
+                {
+                    // No connection to the node named (the call never left: the
+                    // client's only `ClusterConnectionNotFound` that names a node): to
+                    // the slot's node on the map that the `MOVED` had the client
+                    // refresh.
+                    Err(e)
+                        if e.kind() == ErrorKind::ClusterConnectionNotFound
+                            && e.detail() == Some(address.as_str()) =>
+                    {
+                        connection.req_packed_command(cmd).await
+                    }
+                    again => again,
+                }
+            }
+            Refusal::Ask(host, port) => {
+                let mut asking = redis::pipe();
+                asking.cmd("ASKING").add_command(cmd.clone());
+                let node = SingleNodeRoutingInfo::ByAddress { host, port };
+                connection
+                    .route_pipeline(asking, 1, 1, node)
+                    .await
+                    .and_then(|mut answers| answers.pop().ok_or_else(closed_connection))
+            }
+            Refusal::Wait => {
+                tokio::time::sleep(Duration::from_millis(5 << n.min(6))).await;
+                connection.req_packed_command(cmd).await
+            }
+        };
+        match again {
+            Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => None,
+            again => Some(again.and_then(Value::extract_error)),
         }
     }
 }
@@ -1769,14 +1885,11 @@ impl RedisStore {
                 Conn::single(client, connection, backoff)
             }
             RedisServers::Cluster(nodes) => {
-                // Retries (a redirection, a node reconnecting) stay within the
-                // decision's own timeout, which bounds every call anyway.
+                // No retries: the client hands back only its last try's error, so a
+                // try before whose reply was lost (and that may have run) would be
+                // hidden; `Conn::query` sends a call again after a node's refusal only.
                 let client = ClusterClient::builder(nodes.iter().map(String::as_str))
-                    .retries(2)
-                    .min_retry_wait(5)
-                    .max_retry_wait(
-                        u64::try_from(config.probe_interval.as_millis()).unwrap_or(u64::MAX),
-                    )
+                    .retries(0)
                     .tcp_settings(tcp_settings(config.timeout))
                     .build()
                     .map_err(StoreError::ClusterNodes)?;

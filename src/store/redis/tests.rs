@@ -2410,3 +2410,48 @@ async fn a_rebuild_keeps_the_sync_slots_where_they_began_while_its_slots_are_as_
     assert_eq!(rebuilt.slot_ns(), slot / 2);
     assert_eq!(rebuilt.sync_shift.load(Ordering::Relaxed), 0);
 }
+
+/// The error a node's `answer` is, as the cluster client hands it back.
+fn answered(answer: &[u8]) -> RedisError {
+    redis::parse_redis_value(answer)
+        .unwrap()
+        .extract_error()
+        .unwrap_err()
+}
+
+#[test]
+fn a_redirection_or_a_wait_is_a_refusal_to_send_again() {
+    assert_eq!(
+        Refusal::of(&answered(b"-MOVED 7 127.0.0.1:7001\r\n")),
+        Some(Refusal::Moved("127.0.0.1".to_owned(), 7001))
+    );
+    assert_eq!(
+        Refusal::of(&answered(b"-ASK 7 10.0.0.2:7002\r\n")),
+        Some(Refusal::Ask("10.0.0.2".to_owned(), 7002))
+    );
+    for answer in [
+        &b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n"[..],
+        b"-CLUSTERDOWN Hash slot not served\r\n",
+    ] {
+        assert_eq!(Refusal::of(&answered(answer)), Some(Refusal::Wait));
+    }
+}
+
+#[test]
+fn an_error_after_which_the_call_may_have_run_is_no_refusal() {
+    for error in [
+        // The connection dropped, or the reply did not come in time: the node may have
+        // run the call.
+        closed_connection(),
+        RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+        RedisError::from(std::io::Error::other("MOVED 7 127.0.0.1:7001")),
+        // Also what the client hands a call in flight when a slot-map refresh fails.
+        RedisError::from((ErrorKind::ClusterConnectionNotFound, "No connections found")),
+        // The script ran and failed, or was not there: not a refusal of the node.
+        answered(b"-ERR Error running script\r\n"),
+        answered(b"-NOSCRIPT No matching script\r\n"),
+        answered(b"-READONLY You can't write against a read only replica.\r\n"),
+    ] {
+        assert_eq!(Refusal::of(&error), None, "{error:?}");
+    }
+}
