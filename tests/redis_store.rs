@@ -6265,10 +6265,11 @@ async fn cluster_master_killed_fails_over_to_its_replica() {
 
 /// A call that a node refuses with `MOVED` (the client's slot map is stale: here the
 /// route's empty slot was given to another master after the client learned the map)
-/// is sent again to the node named, which runs it: the decision is shared. The client
-/// makes one try per send, so without the store's resend the decision would fall back.
+/// is sent again, on the map the `MOVED` had the client refresh, to the node the slot
+/// now lives on, which runs it: the decision is shared. The client makes one try per
+/// send, so without the store's resend the decision would fall back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_a_call_refused_with_moved_is_sent_to_the_node_named() {
+async fn cluster_a_call_refused_with_moved_is_sent_to_the_slots_new_node() {
     let _serial = one_at_a_time().await;
     let cluster = RedisCluster::start().await;
     let key = "{moved:order}:w";
@@ -6313,7 +6314,7 @@ async fn cluster_a_call_refused_with_moved_is_sent_to_the_node_named() {
     let found: usize = cluster.nodes[to]
         .query(redis::cmd("EXISTS").arg(key))
         .unwrap();
-    assert_eq!(found, 1, "{key} on the node the MOVED named");
+    assert_eq!(found, 1, "{key} on the node the slot was given to");
 }
 
 /// A call whose reply was lost (the node ran it, then its connection dropped) is not
@@ -6364,7 +6365,7 @@ struct LosingNode {
 impl LosingNode {
     async fn start(route: &'static str, server: &RedisServer) -> LosingNode {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        use tokio::io::{AsyncWriteExt, BufReader};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let live = server.port;
@@ -6377,24 +6378,7 @@ impl LosingNode {
                 tokio::spawn(async move {
                     let (read, mut write) = stream.into_split();
                     let mut read = BufReader::new(read);
-                    // One command: `*<n>`, then `n` times `$<len>` and the bytes.
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if read.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let n: usize = line.trim_end()[1..].parse().unwrap();
-                        let mut args = Vec::with_capacity(n);
-                        for _ in 0..n {
-                            line.clear();
-                            read.read_line(&mut line).await.unwrap();
-                            let len: usize = line.trim_end()[1..].parse().unwrap();
-                            let mut arg = vec![0; len + 2];
-                            read.read_exact(&mut arg).await.unwrap();
-                            arg.truncate(len);
-                            args.push(String::from_utf8_lossy(&arg).into_owned());
-                        }
+                    while let Some(args) = read_command(&mut read).await {
                         let name = args[0].to_ascii_uppercase();
                         let answer = match name.as_str() {
                             "CLUSTER" => format!(
@@ -6445,6 +6429,134 @@ impl LosingNode {
 impl Drop for LosingNode {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Reads one command a client sent (`*<n>`, then `n` times `$<len>` and the bytes):
+/// its arguments, or `None` once the connection closed.
+async fn read_command(
+    read: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+) -> Option<Vec<String>> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut line = String::new();
+    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+        return None;
+    }
+    let n: usize = line.trim_end()[1..].parse().unwrap();
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        read.read_line(&mut line).await.ok()?;
+        let len: usize = line.trim_end()[1..].parse().unwrap();
+        let mut arg = vec![0; len + 2];
+        read.read_exact(&mut arg).await.ok()?;
+        arg.truncate(len);
+        args.push(String::from_utf8_lossy(&arg).into_owned());
+    }
+    Some(args)
+}
+
+/// A Redis Cluster node of the test's own whose `CLUSTER SLOTS` gives it every slot,
+/// and that refuses every keyed command with `refusal` (`MOVED` or `ASK`) naming a
+/// node where nothing listens: `PING` it answers with `PONG`, a connection's setup
+/// with `OK`. Counts the connections it accepted.
+struct RefusingNode {
+    port: u16,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RefusingNode {
+    async fn start(refusal: &'static str) -> RefusingNode {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let gone = {
+            let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            closed.local_addr().unwrap().port()
+        };
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut read = BufReader::new(read);
+                    while let Some(args) = read_command(&mut read).await {
+                        let answer = match args[0].to_ascii_uppercase().as_str() {
+                            "CLUSTER" => format!(
+                                "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n"
+                            ),
+                            "PING" => "+PONG\r\n".to_owned(),
+                            "CLIENT" | "HELLO" | "SELECT" | "READONLY" => "+OK\r\n".to_owned(),
+                            _ => format!("-{refusal} 0 127.0.0.1:{gone}\r\n"),
+                        };
+                        if write.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        RefusingNode {
+            port,
+            accepted,
+            task,
+        }
+    }
+
+    /// How many connections it accepted.
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for RefusingNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A call refused with `MOVED` or `ASK` naming a node the client holds no connection
+/// to (a dead master, during a failover, named by its replica; a new master being
+/// filled) falls back without making the client connect to its seed nodes again: 20
+/// such decisions open no connection to the one seed after the client's first. (Routed by
+/// address to such a node, the client fails the call with `ClusterConnectionNotFound`
+/// and reconnects to every seed node and every node of the map: two new connections
+/// to the seed per decision, 40 for 20, while every other call waited.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_redirection_to_a_node_not_held_opens_no_connections() {
+    let _serial = one_at_a_time().await;
+    let server = RedisServer::start().await;
+    for refusal in ["MOVED", "ASK"] {
+        let node = RefusingNode::start(refusal).await;
+        let mut config = patient_config(&server, "redirected");
+        config.heartbeat = Duration::from_secs(3600);
+        // Every decision calls the node: the breaker never opens.
+        config.failures_to_open = u32::MAX;
+        config.servers = RedisServers::Cluster(vec![format!("redis://127.0.0.1:{}", node.port)]);
+        let routes = [route_named("order", 100.0, Duration::from_secs(1))];
+        let inst = Instance::with_routes(&routes, &config, Arc::new(MonotonicClock::new()));
+        // The client's own connections, opened as it learns the map.
+        for _ in 0..3 {
+            let _ = inst.check_on("order").await;
+        }
+        let before = node.accepted();
+        for _ in 0..20 {
+            let _ = inst.check_on("order").await;
+        }
+        assert_eq!(
+            inst.store.fallback_decisions(),
+            23,
+            "{refusal}: decided locally"
+        );
+        assert_eq!(
+            node.accepted(),
+            before,
+            "{refusal}: connections to the seed over 20 decisions, after {before}"
+        );
     }
 }
 

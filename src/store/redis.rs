@@ -29,10 +29,13 @@
 //! only. Scripts go by `EVALSHA`, and by `EVAL` on `NOSCRIPT` (routed like any keyed
 //! command, where `SCRIPT LOAD` would go to every master and fail while any is down). A
 //! call is sent again only after a node refused it, which proves that no node ran it:
-//! `MOVED` (to the node named, on the client's connection to it, or to the slot's node
-//! on the map the `MOVED` had the client refresh where it holds none), `ASK` (`ASKING`
-//! and the call, to the node named), `TRYAGAIN` or `CLUSTERDOWN` (after 5 ms, then 10,
-//! to the slot's node); at most twice per call, while the decision still waits for it.
+//! `MOVED` (at once, to the slot's node on the map the `MOVED` had the client refresh),
+//! `TRYAGAIN` or `CLUSTERDOWN` (after 5 ms, then 10, to the slot's node); at most twice
+//! per call, while the decision still waits for it. Never by address to the node a
+//! redirection names: the client fails a call routed to a node it holds no connection
+//! to with `ClusterConnectionNotFound` and then reconnects to every seed node and every
+//! node of its map. So an `ASK` (a slot being migrated, whose key the node named imports)
+//! is not followed: the call falls back for the migration's moment.
 //! The client is built with no retries of its own: it hands back only its last try's
 //! error, and a try before whose reply was lost (its connection dropped, or the reply
 //! came late) may have run the call, which sent again would be applied twice (a token
@@ -41,10 +44,10 @@
 //! call once, not again on a new connection after its own dropped: redis-rs 1.8 fails a
 //! call that never left (its connection had closed already) and one whose reply was
 //! lost with the same error (a broken pipe), and [`DECIDE`] applied twice counts twice.
-//! During a failover a node not yet told of it answers `MOVED` to the dead master:
-//! where the client holds no connection to it, the call goes to the slot's node on the
-//! refreshed map (and falls back if refused again); where it still holds the dead one,
-//! the try fails on it and the call falls back.
+//! During a failover a node not yet told of it (the dead master's replica, to which the
+//! client sends the slot's calls while it holds no connection to the master) answers
+//! `MOVED` to the dead master: the call goes to the slot's node on the refreshed map,
+//! and falls back if refused again.
 //!
 //! While Redis refuses connections or is away, connection attempts are spaced: one at
 //! a time, the waits doubling from `timeout` up to `probe_interval` (with jitter), and
@@ -152,7 +155,6 @@ use metrics::{Counter, Gauge};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
@@ -1140,17 +1142,25 @@ impl Conn {
 /// How many times a cluster call refused by every node it went to is sent again.
 const RESENDS: u32 = 2;
 
-/// A cluster node's refusal of a call: an answer that proves the node did not run it
-/// (it checks a call's slot before running it), so the call may be sent again without
-/// the risk of applying it twice. Only a refusal of the one try the client made: it
-/// is built with no retries, since it hands back only its last try's error and a try
-/// before whose reply was lost may have run the call.
+/// A cluster node's refusal of a call that is sent again: an answer that proves the
+/// node did not run it (it checks a call's slot before running it), so the call may be
+/// sent again without the risk of applying it twice. Only a refusal of the one try the
+/// client made: it is built with no retries, since it hands back only its last try's
+/// error and a try before whose reply was lost may have run the call.
+///
+/// Neither a `MOVED` nor an `ASK` is sent to the node it names, by address: routed so
+/// to a node it holds no connection to (a dead master that its replica names during a
+/// failover, a new master being filled by a migration), the client fails the call with
+/// `ClusterConnectionNotFound` and, taking that for the loss of every node, reconnects
+/// to every seed node and every node of its map, while every other call waits. So an
+/// `ASK` (the key moved to a node that imports its slot, which takes the call only after
+/// `ASKING`, on the connection to it) is no refusal here: the call falls back for the
+/// moment of the slot's migration.
 #[derive(Debug, PartialEq)]
 enum Refusal {
-    /// `MOVED`: the slot lives on this node (`host`, `port`).
-    Moved(String, u16),
-    /// `ASK`: this node imports the key; it takes the call after `ASKING`.
-    Ask(String, u16),
+    /// `MOVED`: the slot lives on another node; the client refreshes its slot map
+    /// before it sends the next call.
+    Moved,
     /// `TRYAGAIN` (a multi-key call during a slot's migration) or `CLUSTERDOWN`: the
     /// same call may be taken after a wait.
     Wait,
@@ -1159,20 +1169,11 @@ enum Refusal {
 impl Refusal {
     /// The refusal `error` is, if it is one. Not any other error (a connection that
     /// failed or timed out after the call was written, `ClusterConnectionNotFound`,
-    /// which the client also hands to a call in flight when a slot-map refresh fails).
+    /// which the client also hands to a call in flight when a slot-map refresh fails),
+    /// nor an `ASK` (see [`Refusal`]).
     fn of(error: &RedisError) -> Option<Refusal> {
-        let node = || {
-            let (node, _) = error.redirect_node()?;
-            let (host, port) = node.rsplit_once(':')?;
-            Some((host.to_owned(), port.parse().ok()?))
-        };
         match error.kind() {
-            ErrorKind::Server(ServerErrorKind::Moved) => {
-                node().map(|(host, port)| Refusal::Moved(host, port))
-            }
-            ErrorKind::Server(ServerErrorKind::Ask) => {
-                node().map(|(host, port)| Refusal::Ask(host, port))
-            }
+            ErrorKind::Server(ServerErrorKind::Moved) => Some(Refusal::Moved),
             ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown) => {
                 Some(Refusal::Wait)
             }
@@ -1180,55 +1181,21 @@ impl Refusal {
         }
     }
 
-    /// Sends `cmd` again, the `n`th time, where the refusal says: to the node a
-    /// redirection names (on the connection the client holds to it; for a `MOVED` to a
-    /// node it holds none to, to the slot's node), or after a wait (5 ms, doubling) to
-    /// the slot's node. `None` where an `ASK` names a node the client holds no
-    /// connection to, or the client fails the call with `ClusterConnectionNotFound`
-    /// (which it also hands a call in flight when a slot-map refresh fails): the call
-    /// keeps the refusal as its answer.
+    /// Sends `cmd` again, the `n`th time, to the slot's node: after a `MOVED` at once,
+    /// on the map the `MOVED` had the client refresh (the client sends no call before
+    /// the refresh ends), else after a wait (5 ms, doubling). `None` where the client
+    /// fails the call with `ClusterConnectionNotFound` (which it also hands a call in
+    /// flight when a slot-map refresh fails): the call keeps the refusal as its answer.
     async fn resend(
         self,
         cmd: &Cmd,
         connection: &mut ClusterConnection,
         n: u32,
     ) -> Option<RedisResult<Value>> {
-        let again = match self {
-            Refusal::Moved(host, port) => {
-                let address = format!("{host}:{port}");
-                let node = SingleNodeRoutingInfo::ByAddress { host, port };
-                match connection
-                    .route_command(cmd.clone(), RoutingInfo::SingleNode(node))
-                    .await
-                {
-                    // No connection to the node named (the call never left: the
-                    // client's only `ClusterConnectionNotFound` that names a node): to
-                    // the slot's node on the map that the `MOVED` had the client
-                    // refresh.
-                    Err(e)
-                        if e.kind() == ErrorKind::ClusterConnectionNotFound
-                            && e.detail() == Some(address.as_str()) =>
-                    {
-                        connection.req_packed_command(cmd).await
-                    }
-                    again => again,
-                }
-            }
-            Refusal::Ask(host, port) => {
-                let mut asking = redis::pipe();
-                asking.cmd("ASKING").add_command(cmd.clone());
-                let node = SingleNodeRoutingInfo::ByAddress { host, port };
-                connection
-                    .route_pipeline(asking, 1, 1, node)
-                    .await
-                    .and_then(|mut answers| answers.pop().ok_or_else(closed_connection))
-            }
-            Refusal::Wait => {
-                tokio::time::sleep(Duration::from_millis(5 << n.min(6))).await;
-                connection.req_packed_command(cmd).await
-            }
-        };
-        match again {
+        if self == Refusal::Wait {
+            tokio::time::sleep(Duration::from_millis(5 << n.min(6))).await;
+        }
+        match connection.req_packed_command(cmd).await {
             Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => None,
             again => Some(again.and_then(Value::extract_error)),
         }

@@ -2423,11 +2423,7 @@ fn answered(answer: &[u8]) -> RedisError {
 fn a_redirection_or_a_wait_is_a_refusal_to_send_again() {
     assert_eq!(
         Refusal::of(&answered(b"-MOVED 7 127.0.0.1:7001\r\n")),
-        Some(Refusal::Moved("127.0.0.1".to_owned(), 7001))
-    );
-    assert_eq!(
-        Refusal::of(&answered(b"-ASK 7 10.0.0.2:7002\r\n")),
-        Some(Refusal::Ask("10.0.0.2".to_owned(), 7002))
+        Some(Refusal::Moved)
     );
     for answer in [
         &b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n"[..],
@@ -2451,6 +2447,9 @@ fn an_error_after_which_the_call_may_have_run_is_no_refusal() {
         answered(b"-ERR Error running script\r\n"),
         answered(b"-NOSCRIPT No matching script\r\n"),
         answered(b"-READONLY You can't write against a read only replica.\r\n"),
+        // Not run, but taken only on a connection to the node named, which the client
+        // may not hold (see `Refusal`).
+        answered(b"-ASK 7 10.0.0.2:7002\r\n"),
     ] {
         assert_eq!(Refusal::of(&error), None, "{error:?}");
     }
