@@ -1181,7 +1181,13 @@ impl Refusal {
         }
     }
 
-    /// Sends `cmd` again, the `n`th time, to the slot's node: after a `MOVED` at once,
+    /// The wait before the `n`th send again (from 1) after a `TRYAGAIN` or
+    /// `CLUSTERDOWN`: 5 ms, doubling.
+    fn wait(n: u32) -> Duration {
+        Duration::from_millis(5 << n.saturating_sub(1).min(6))
+    }
+
+    /// Sends `cmd` again, the `n`th time (from 1), to the slot's node: after a `MOVED` at once,
     /// on the map the `MOVED` had the client refresh (the client sends no call before
     /// the refresh ends), else after a wait (5 ms, doubling). `None` where the client
     /// fails the call with `ClusterConnectionNotFound` (which it also hands a call in
@@ -1193,7 +1199,7 @@ impl Refusal {
         n: u32,
     ) -> Option<RedisResult<Value>> {
         if self == Refusal::Wait {
-            tokio::time::sleep(Duration::from_millis(5 << n.min(6))).await;
+            tokio::time::sleep(Refusal::wait(n)).await;
         }
         match connection.req_packed_command(cmd).await {
             Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => None,

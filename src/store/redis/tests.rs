@@ -2454,3 +2454,13 @@ fn an_error_after_which_the_call_may_have_run_is_no_refusal() {
         assert_eq!(Refusal::of(&error), None, "{error:?}");
     }
 }
+
+#[test]
+fn the_waits_before_sending_again_are_5_then_10_ms() {
+    let waits: Vec<Duration> = (1..=RESENDS).map(Refusal::wait).collect();
+    assert_eq!(
+        waits,
+        [Duration::from_millis(5), Duration::from_millis(10)],
+        "as the module docs and README say"
+    );
+}
