@@ -144,7 +144,8 @@ pub enum RedisServers {
     Single(String),
     /// A Redis Cluster (`cluster_nodes`): one or more seed nodes,
     /// `redis://[user:password@]host:port` (no TLS); the client discovers the
-    /// others and follows `MOVED`/`ASK` redirections.
+    /// others, and a call refused with `MOVED` is sent again to the slot's new node
+    /// (an `ASK` is not followed: `rocgate::store::redis`'s module docs).
     Cluster(Vec<String>),
 }
 
