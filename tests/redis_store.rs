@@ -6230,10 +6230,6 @@ async fn cluster_master_killed_fails_over_to_its_replica() {
     assert!(fell, "the route never fell back");
     let back = back.expect("the route did not come back to shared state in 20 s");
     eprintln!("back to shared state {back:?} after the kill");
-    eprintln!(
-        "MEASURE fallback during outage: {}",
-        inst.store.fallback_decisions()
-    );
     // The node asked may learn of the promotion after the client did.
     let promoted = cluster
         .wait_for(|| cluster.owner_named(key).filter(|&o| o != master))
