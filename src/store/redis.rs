@@ -1187,11 +1187,12 @@ impl Refusal {
         Duration::from_millis(5 << n.saturating_sub(1).min(6))
     }
 
-    /// Sends `cmd` again, the `n`th time (from 1), to the slot's node: after a `MOVED` at once,
-    /// on the map the `MOVED` had the client refresh (the client sends no call before
-    /// the refresh ends), else after a wait (5 ms, doubling). `None` where the client
-    /// fails the call with `ClusterConnectionNotFound` (which it also hands a call in
-    /// flight when a slot-map refresh fails): the call keeps the refusal as its answer.
+    /// Sends `cmd` again, the `n`th time (from 1), to the slot's node: after a `MOVED`
+    /// at once, on the map the `MOVED` had the client refresh (the client sends no call
+    /// before the refresh ends), else after [`wait`](Self::wait). `None` where the
+    /// client fails the call with `ClusterConnectionNotFound` (which it also hands a
+    /// call in flight when a slot-map refresh fails): the call keeps the refusal as its
+    /// answer.
     async fn resend(
         self,
         cmd: &Cmd,
