@@ -2624,53 +2624,33 @@ async fn a_client_that_stalls_its_body_gets_408_not_504() {
 /// not among §7.6.1's hop-by-hop fields): stripped, every trailer was lost.
 #[tokio::test]
 async fn trailers_pass_both_ways() {
-    // An upstream that answers with the request's `x-sum` trailer as its body, in a
-    // chunked response that ends with an `x-checksum` trailer.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let service =
-                hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
-                    let collected = req.into_body().collect().await?;
-                    let sum = collected
-                        .trailers()
-                        .and_then(|t| t.get("x-sum"))
-                        .map_or(Bytes::from_static(b"none"), |v| {
-                            Bytes::copy_from_slice(v.as_bytes())
-                        });
-                    let mut trailers = HeaderMap::new();
-                    trailers.insert("x-checksum", HeaderValue::from_static("abc"));
-                    // A body of unknown length, so HTTP/1.1 sends it chunked.
-                    let (mut tx, body) =
-                        http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(2);
-                    let (_, _) = (
-                        tx.try_send(http_body::Frame::data(sum)),
-                        tx.try_send(http_body::Frame::trailers(trailers)),
-                    );
-                    let res = Response::builder()
-                        .header(header::TRAILER, "x-checksum")
-                        .body(body)
-                        .unwrap();
-                    Ok::<_, hyper::Error>(res)
+    // The upstream answers with the request's `x-sum` trailer as its body, in a chunked
+    // response that ends with an `x-checksum` trailer.
+    let text = trailers_through_proxy(
+        |trailers| {
+            let sum = trailers
+                .and_then(|t| t.get("x-sum"))
+                .map_or(Bytes::from_static(b"none"), |v| {
+                    Bytes::copy_from_slice(v.as_bytes())
                 });
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service),
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-checksum", HeaderValue::from_static("abc"));
+            // A body of unknown length, so HTTP/1.1 sends it chunked.
+            let (mut tx, body) =
+                http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(2);
+            let (_, _) = (
+                tx.try_send(http_body::Frame::data(sum)),
+                tx.try_send(http_body::Frame::trailers(trailers)),
             );
-        }
-    });
-    let proxy = start_proxy(settings(upstream), Vec::new()).await;
-    let request = "POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nTrailer: x-sum\r\n\
-                   Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nx-sum: 42\r\n\r\n";
-    // On a connection's first request (the pool), then its second (its lane).
-    let raw = raw_exchange(
-        proxy.addr,
-        format!("{request}{request}").as_bytes(),
-        HEADER_READ_TIMEOUT * 3,
+            Response::builder()
+                .header(header::TRAILER, "x-checksum")
+                .body(Body::new(body))
+                .unwrap()
+        },
+        "POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nTrailer: x-sum\r\n\
+         Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nx-sum: 42\r\n\r\n",
     )
     .await;
-    let text = String::from_utf8_lossy(&raw);
     assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{text}");
     assert_eq!(text.matches("\r\n2\r\n42\r\n").count(), 2, "{text}");
     assert_eq!(
@@ -2687,19 +2667,43 @@ async fn trailers_pass_both_ways() {
 /// fields beside the head's. Other trailer fields still pass.
 #[tokio::test]
 async fn a_clients_trailers_carry_no_forwarding_or_hop_by_hop_header() {
-    // An upstream that answers with the request's trailer fields, `name=value;` each.
+    // The upstream answers with the request's trailer fields, `name=value;` each.
+    let text = trailers_through_proxy(
+        |trailers| {
+            let mut seen = String::new();
+            for (name, value) in trailers.into_iter().flatten() {
+                seen.push_str(&format!("{name}={};", value.to_str().unwrap()));
+            }
+            Response::new(Body::from(seen))
+        },
+        "POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n\
+         Trailer: x-sum, x-forwarded-for, x-real-ip, forwarded, proxy-authorization\r\n\
+         Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nx-sum: 42\r\n\
+         x-forwarded-for: 6.6.6.6\r\nx-real-ip: 6.6.6.6\r\nforwarded: for=6.6.6.6\r\n\
+         proxy-authorization: Basic cHJveHk6c2VjcmV0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{text}");
+    assert_eq!(text.matches("\r\n\r\nx-sum=42;").count(), 2, "{text}");
+    assert!(!text.contains("6.6.6.6"), "{text}");
+    assert!(!text.contains("proxy-authorization"), "{text}");
+}
+
+/// Starts an HTTP/1.1 upstream that answers each request with what `answer` makes of
+/// its trailer fields, and a proxy in front of it; sends `request` twice on one
+/// connection (the pool's request, then its lane's) and returns what came back.
+async fn trailers_through_proxy(
+    answer: fn(Option<&HeaderMap>) -> Response<Body>,
+    request: &str,
+) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let service =
-                hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| async move {
                     let collected = req.into_body().collect().await?;
-                    let mut seen = String::new();
-                    for (name, value) in collected.trailers().into_iter().flatten() {
-                        seen.push_str(&format!("{name}={};", value.to_str().unwrap()));
-                    }
-                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(seen))))
+                    Ok::<_, hyper::Error>(answer(collected.trailers()))
                 });
             tokio::spawn(
                 hyper::server::conn::http1::Builder::new()
@@ -2708,23 +2712,13 @@ async fn a_clients_trailers_carry_no_forwarding_or_hop_by_hop_header() {
         }
     });
     let proxy = start_proxy(settings(upstream), Vec::new()).await;
-    let request = "POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n\
-                   Trailer: x-sum, x-forwarded-for, x-real-ip, forwarded, proxy-authorization\r\n\
-                   Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nx-sum: 42\r\n\
-                   x-forwarded-for: 6.6.6.6\r\nx-real-ip: 6.6.6.6\r\nforwarded: for=6.6.6.6\r\n\
-                   proxy-authorization: Basic cHJveHk6c2VjcmV0\r\n\r\n";
-    // On a connection's first request (the pool), then its second (its lane).
     let raw = raw_exchange(
         proxy.addr,
         format!("{request}{request}").as_bytes(),
         HEADER_READ_TIMEOUT * 3,
     )
     .await;
-    let text = String::from_utf8_lossy(&raw);
-    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{text}");
-    assert_eq!(text.matches("\r\n\r\nx-sum=42;").count(), 2, "{text}");
-    assert!(!text.contains("6.6.6.6"), "{text}");
-    assert!(!text.contains("proxy-authorization"), "{text}");
+    String::from_utf8_lossy(&raw).into_owned()
 }
 
 // ---------------------------------------------------------------------------------
