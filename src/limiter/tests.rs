@@ -491,6 +491,43 @@ fn sliding_window_weights_the_previous_window() {
     assert!(admitted(w.check(ms(1600))));
 }
 
+/// A sliding window's refusal says exactly when to come back: a request at
+/// `retry_after` is admitted, one a nanosecond sooner is not. The weighted count
+/// was compared in floating point with a tolerance of 1e-9 requests, which in a
+/// window of seconds is several nanoseconds of the previous window's weight: one
+/// request per 3.792 s, refused at 0 and told 7.584 s, was admitted at 7.584 s
+/// less 3 ns (the previous count times 3 ns over 3.792 s is 0.8e-9), and one per
+/// day 86 µs before its two days.
+#[test]
+fn a_sliding_window_admits_no_sooner_than_its_retry_after() {
+    for (limit, window_ms, sends) in [
+        (1.0 / 3.792, 3_792, vec![0, 0]),
+        (10.0, 1_000, vec![900; 12]),
+        (1.0 / 86_400.0, 86_400_000, vec![0, 0]),
+        (3.0, 1_000, vec![0, 0, 0, 0, 1_300, 1_300, 1_300]),
+    ] {
+        let w = SlidingWindowCounter::new(limit, Duration::from_millis(window_ms), Nanos::ZERO);
+        let Some((at, r)) = sends
+            .iter()
+            .find_map(|&t| w.check(ms(t)).rejection().map(|r| (ms(t), r)))
+        else {
+            panic!("{limit} per s in {window_ms} ms: nothing refused");
+        };
+        let back = at + r.retry_after;
+        let sooner = back - Duration::from_nanos(1);
+        assert!(
+            !admitted(w.check(sooner)),
+            "{limit} per s in {window_ms} ms: admitted before {:?}",
+            r.retry_after
+        );
+        assert!(
+            admitted(w.check(back)),
+            "{limit} per s in {window_ms} ms: refused at {:?}",
+            r.retry_after
+        );
+    }
+}
+
 /// A limiter built or set at a limit no config would hold (0, below 0, no number,
 /// far below one request in 11.6 days) never panics and admits at most its first
 /// request at once, for every algorithm: a limit of 0 or below made the token

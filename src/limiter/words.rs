@@ -180,20 +180,49 @@ fn estimate(p: Packed, window_ns: u64, now: u64) -> f64 {
     p.prev as f64 * (1.0 - into) + p.cur as f64
 }
 
+/// Sliding window: whether one more request fits the `quota` at `now`, weighing
+/// the previous window by what is left of the current one: `prev × (w − into) +
+/// (cur + 1) × w ≤ quota × w`, in integers (products in 128 bits: a count of 20
+/// bits times a window of up to 52), so that it agrees to the nanosecond with
+/// [`retry_after`], which solves the same inequality.
+fn fits(p: Packed, w: u64, now: u64, quota: u64) -> bool {
+    let Some(room) = quota.checked_sub(p.cur + 1) else {
+        return false;
+    };
+    u128::from(p.prev) * u128::from(w - now % w) <= u128::from(room) * u128::from(w)
+}
+
+/// The most nanoseconds of a window of `w` that a previous count of `prev` may
+/// still overlap so that it weighs at most `room` requests: `⌊room × w ÷ prev⌋`
+/// (a previous count of 0 weighs nothing over any of it).
+fn overlap_within(prev: u64, room: u64, w: u64) -> u64 {
+    if prev == 0 {
+        return w;
+    }
+    // In 64 bits but for a product that needs more (a window of hours): a 128-bit
+    // division is a call into the runtime library.
+    let most = match room.checked_mul(w) {
+        Some(product) => product / prev,
+        None => {
+            u64::try_from(u128::from(room) * u128::from(w) / u128::from(prev)).unwrap_or(u64::MAX)
+        }
+    };
+    most.min(w)
+}
+
 /// Sliding window: counts one request at `now`, or says when the weighted count
-/// will allow it.
+/// will allow it. `quota` is whole ([`quota`]).
 #[inline]
 pub(crate) fn sliding(word: &AtomicU64, quota: f64, window_ns: u64, now: Nanos) -> Decision {
     let now = now.as_u64();
+    let quota = quota as u64;
     let idx = (now / window_ns) & IDX_MASK;
     let late = late_windows(window_ns);
     let mut seen = word.load(Ordering::Relaxed);
     loop {
         let p = Packed::load(seen).at(idx, late);
         let at = p.effective_now(now, window_ns, late);
-        // The tolerance absorbs float rounding, so that a request sent at exactly
-        // `retry_after` (solved from the same formula) is admitted.
-        if estimate(p, window_ns, at) + 1.0 > quota + 1e-9 {
+        if !fits(p, window_ns, at, quota) {
             return reject(
                 retry_after(p, window_ns, at, quota) + (at - now),
                 Reason::Limit,
@@ -215,38 +244,38 @@ pub(crate) fn sliding(word: &AtomicU64, quota: f64, window_ns: u64, now: Nanos) 
 /// request (0: it would now), counting none.
 pub(crate) fn sliding_wait(word: &AtomicU64, quota: f64, window_ns: u64, now: Nanos) -> u64 {
     let now = now.as_u64();
+    let quota = quota as u64;
     let idx = (now / window_ns) & IDX_MASK;
     let late = late_windows(window_ns);
     let p = Packed::load(word.load(Ordering::Relaxed)).at(idx, late);
     let at = p.effective_now(now, window_ns, late);
-    if estimate(p, window_ns, at) + 1.0 > quota + 1e-9 {
-        retry_after(p, window_ns, at, quota) + (at - now)
-    } else {
+    if fits(p, window_ns, at, quota) {
         0
+    } else {
+        retry_after(p, window_ns, at, quota) + (at - now)
     }
 }
 
-/// Sliding window: time until `prev × (1 − into) + cur + 1 ≤ quota`, or until the
-/// next window if the current count alone is too high.
-fn retry_after(p: Packed, w: u64, now: u64, quota: f64) -> u64 {
-    let start = now - now % w;
-    let to_next = start + w - now;
-    let cur = p.cur as f64;
-    if p.prev > 0 && cur + 1.0 <= quota {
-        // Solve prev × (1 − x/w) = quota − cur − 1 for x, the offset into this window.
-        let x = (1.0 - (quota - cur - 1.0) / p.prev as f64) * w as f64;
-        let at = start + x.ceil() as u64;
-        if at > now {
-            return (at - now).min(to_next);
-        }
+/// Sliding window: the nanoseconds from `now` until [`fits`] holds, a request
+/// that does not fit now: later in this window, once the previous count weighs
+/// little enough, or in the next, where the current count becomes the weighted
+/// previous one. Solved in integers, the first nanosecond at which it holds.
+fn retry_after(p: Packed, w: u64, now: u64, quota: u64) -> u64 {
+    let into = now % w;
+    let to_next = w - into;
+    if let Some(room) = quota.checked_sub(p.cur + 1) {
+        // prev × (w − x) ≤ room × w from x = w − ⌊room × w ÷ prev⌋ on; past the
+        // window's end, the next window's start, where it fits (cur ≤ quota − 1).
+        let x = w - overlap_within(p.prev, room, w);
+        return (x - into).min(to_next);
     }
-    // Next window: the current count becomes the weighted previous one.
-    let x = if cur > 0.0 && cur + 1.0 > quota {
-        ((1.0 - (quota - 1.0).max(0.0) / cur) * w as f64).ceil() as u64
+    // Next window, with nothing counted in it: cur × (w − x) ≤ (quota − 1) × w.
+    let x = if p.cur > 0 {
+        w - overlap_within(p.cur, quota.saturating_sub(1), w)
     } else {
         0
     };
-    to_next + x.min(w)
+    to_next + x
 }
 
 /// Sliding window: the weighted count at `now`.
