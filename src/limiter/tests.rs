@@ -528,6 +528,45 @@ fn a_sliding_window_admits_no_sooner_than_its_retry_after() {
     }
 }
 
+/// A window counter decided in the last window 64 bits of nanoseconds count, whose
+/// end is past them, tells the time to that end and does not overflow: the fixed
+/// window computed the end as `(index + 1) × window` (a debug build panicked, "attempt
+/// to multiply with overflow"), and so did both counters for a word counted a whole
+/// wrap of the index earlier, which reads as a window ahead of `now`.
+#[test]
+fn window_counters_in_the_last_window_of_the_clock_tell_its_end() {
+    let w = 1_000_000_000;
+    let end = Nanos::new(u64::MAX);
+    let to_end = Duration::from_nanos(w - u64::MAX % w);
+    let wrap = Duration::from_secs(1 << 24);
+    for sliding in [false, true] {
+        let window = Duration::from_secs(1);
+        let new = |at: Nanos| {
+            if sliding {
+                Limiter::SlidingWindow(SlidingWindowCounter::new(1.0, window, at))
+            } else {
+                Limiter::FixedWindow(FixedWindow::new(1.0, window, at))
+            }
+        };
+        let l = new(end - Duration::from_nanos(5));
+        assert!(admitted(l.check(end - Duration::from_nanos(5))));
+        let r = l
+            .check(end)
+            .rejection()
+            .expect("the window's one request is taken");
+        // The sliding window's count weighs on the whole next window too.
+        let want = if sliding { to_end + window } else { to_end };
+        assert_eq!(r.retry_after, want, "sliding {sliding}");
+        let counted = end - wrap + window;
+        let l = new(counted);
+        assert!(admitted(l.check(counted)));
+        assert!(
+            !admitted(l.check(end)),
+            "sliding {sliding}: read a wrap later"
+        );
+    }
+}
+
 /// A limiter built or set at a limit no config would hold (0, below 0, no number,
 /// far below one request in 11.6 days) never panics and admits at most its first
 /// request at once, for every algorithm: a limit of 0 or below made the token

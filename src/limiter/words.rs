@@ -72,9 +72,19 @@ impl Packed {
         if ahead == 0 || ahead > late {
             now
         } else {
-            (now / window_ns + ahead) * window_ns
+            // Saturating: a word counted a whole wrap of the index earlier reads as
+            // ahead too, and its window, seen from the last ones 64 bits count, ends
+            // past them.
+            (now - now % window_ns).saturating_add(ahead * window_ns)
         }
     }
+}
+
+/// Nanoseconds from `now` to the end of the window of `at` (`now`, or the start of
+/// a word's window ahead of it): in differences, which hold where the window's end
+/// is past what 64 bits count.
+fn to_window_end(at: u64, now: u64, window_ns: u64) -> u64 {
+    window_ns - at % window_ns + (at - now)
 }
 
 /// How late a reader of a window word may be (from its clock read to its update):
@@ -138,8 +148,7 @@ pub(crate) fn fixed(word: &AtomicU64, quota: u64, window_ns: u64, now: Nanos) ->
         let p = Packed::load(seen).at(idx, late);
         if p.cur >= quota {
             let at = p.effective_now(now.as_u64(), window_ns, late);
-            let end = (at / window_ns + 1) * window_ns;
-            return reject(end - now.as_u64(), Reason::Limit);
+            return reject(to_window_end(at, now.as_u64(), window_ns), Reason::Limit);
         }
         let next = Packed {
             cur: p.cur + 1,
@@ -163,7 +172,7 @@ pub(crate) fn fixed_wait(word: &AtomicU64, quota: u64, window_ns: u64, now: Nano
         return 0;
     }
     let at = p.effective_now(now.as_u64(), window_ns, late);
-    (at / window_ns + 1) * window_ns - now.as_u64()
+    to_window_end(at, now.as_u64(), window_ns)
 }
 
 /// Fixed window: the count of the window of `now`.
