@@ -149,8 +149,9 @@ pub enum Admit {
 /// departure, and the next request takes that departure time. A place with requests
 /// scheduled behind it stays taken (they keep their departure times, one interval
 /// apart), and so do the places before it: the word holds one time, not a list.
-/// So the bucket never passes more than one request per interval, nor holds more
-/// than `queue` waiting. Giving a place back takes the `Pace`, so no place is given
+/// So giving places back never lets the bucket pass more than one request per
+/// interval, nor hold more waiting than its wait bound admits (`queue` at a steady
+/// limit; see [`LeakyBucket`] for a limit changed under a queue). Giving a place back takes the `Pace`, so no place is given
 /// back twice (a second give-back could take the place of the request that took it).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Pace {
@@ -222,7 +223,9 @@ pub enum Algorithm {
         /// Window length.
         window: Duration,
     },
-    /// Paces output at the limit; holds at most `queue` requests waiting.
+    /// Paces output at the limit; a request waits at most `queue` intervals at the
+    /// limit in force when it asks: `queue` requests waiting at a steady limit, up to
+    /// `base ÷ cut × queue` just after a cut (see [`LeakyBucket`]).
     LeakyBucket {
         /// Requests that may wait.
         queue: u32,

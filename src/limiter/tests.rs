@@ -679,6 +679,21 @@ fn leaky_bucket_paces_and_bounds_its_queue() {
     assert!(b.check(ms(100)).is_admit());
 }
 
+/// A cut under a full queue lets more than `queue` wait: the bound is a wait of
+/// `queue` intervals at the limit in force, and the requests already waiting keep
+/// their shorter spacing (what `Algorithm::LeakyBucket` and README say; they said
+/// the bucket never held more than `queue` waiting).
+#[test]
+fn a_cut_under_a_full_queue_lets_more_than_queue_wait() {
+    let b = LeakyBucket::new(100.0, 10);
+    let admitted_at_0 = |b: &LeakyBucket| (0..40).filter(|_| b.check(ms(0)).is_admit()).count();
+    // One leaves now, 10 wait, 10 ms apart.
+    assert_eq!(admitted_at_0(&b), 11);
+    b.set_limit(10.0);
+    // The 110 ms scheduled, 100 ms more each while the wait is at most 1 s: 9 more.
+    assert_eq!(admitted_at_0(&b), 9);
+}
+
 /// The pace of a paced decision.
 fn paced(d: Decision) -> Pace {
     match d {
