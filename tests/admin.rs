@@ -1749,3 +1749,57 @@ fn the_admin_token_is_not_in_the_settings_debug_output() {
         assert!(shown.contains("***"), "{shown}");
     }
 }
+
+/// A change that sends `Authorization` twice is refused (400, `invalid_request`, RFC
+/// 6750 §3.1), whichever of the two holds the token, and changes nothing: the first
+/// alone was checked, so a request with the token first and any other credential after
+/// it was taken, where a gateway in front that checks the last one (or all) saw another
+/// caller.
+#[tokio::test]
+async fn a_change_that_sends_authorization_twice_is_refused() {
+    let p = start(Some("s3cret")).await;
+    let changes = [
+        ("PUT", "/admin/routes/order", r#"{"base_limit": 150}"#),
+        ("DELETE", "/admin/routes/order/change", ""),
+        ("POST", "/admin/reload", ""),
+    ];
+    for twice in [
+        [
+            ("authorization", "Bearer s3cret"),
+            ("authorization", "Bearer wrong"),
+        ],
+        [
+            ("authorization", "Bearer wrong"),
+            ("authorization", "Bearer s3cret"),
+        ],
+        [
+            ("authorization", "Bearer s3cret"),
+            ("authorization", "Bearer s3cret"),
+        ],
+    ] {
+        for (method, path, body) in changes {
+            let (status, reply) =
+                call_with(p.admin, method, path, body.as_bytes().to_vec(), &twice).await;
+            assert_eq!(status, 400, "{method} {path} {twice:?}: {reply}");
+            assert_eq!(
+                reply["errors"][0],
+                "authorization: sent 2 times, where one is taken: nothing was changed",
+                "{method} {path} {twice:?}"
+            );
+        }
+    }
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["base_limit_rps"], 200.0, "{order}");
+    assert_eq!(order["runtime_change"], false, "{order}");
+    // One header with the token is taken, as ever.
+    let (status, reply) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"base_limit": 150}"#,
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    p.stop().await;
+}

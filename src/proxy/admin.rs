@@ -14,7 +14,8 @@
 //! | `GET /admin/hints?period=15m` | tuning hints over the last period (see [`crate::hints`]) |
 //! | `GET /admin/store` | the state store: backend, and with Redis this instance's mode, the live instances and each shared route as last seen, the fleet's demand included, dated by `answered_ms_ago` (kept in fallback and until the next answer, where `/metrics` leaves the ROC and demand out; one not decided on yet: shared, normal at its base limit, `roc`, `demand_rps` and `answered_ms_ago` null), with the tokens its fallback admitted that the shared bucket is still owed |
 //!
-//! Mutating endpoints require `Authorization: Bearer <token>` when a token is set;
+//! Mutating endpoints require `Authorization: Bearer <token>` when a token is set
+//! (one such header: a request that sends two is refused);
 //! without one, they take changes from loopback only, and none from a web page.
 //!
 //! Its connections are served as the proxy's are: a request head must come within
@@ -339,6 +340,8 @@ struct Peer(IpAddr);
 /// The refusal of a mutating request without the right bearer token (`token`, if the
 /// config sets one), if it lacks it. The scheme is matched in any case (RFC 9110
 /// §11.1); the token is compared as bytes, so any token the config takes can be sent.
+/// A request that sends `Authorization` more than once is refused (400), whatever each
+/// holds.
 ///
 /// Without a token, a change from beyond loopback is refused (403): an admin API
 /// opened to another host for Prometheus's scrapes would otherwise let anyone who
@@ -372,26 +375,40 @@ fn unauthorized(
             )],
         ));
     };
+    let sent = headers.get_all(http::header::AUTHORIZATION).iter().count();
+    if sent > 1 {
+        // RFC 6750 §3.1: credentials sent more than once are an invalid request (400).
+        // Taking one of them would trust whichever a gateway in front did not check.
+        return Some(challenge(
+            StatusCode::BAD_REQUEST,
+            format!("authorization: sent {sent} times, where one is taken: nothing was changed"),
+            r#"Bearer realm="rocgate admin", error="invalid_request""#,
+        ));
+    }
     let given = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| bearer_token(v.as_bytes()));
+    let required = || "a valid bearer token is required".to_owned();
     match given {
         Some(g) if token.matches(g) => None,
         // RFC 6750 §3: the scheme and realm; `invalid_token` when one was sent.
         Some(_) => Some(challenge(
+            StatusCode::UNAUTHORIZED,
+            required(),
             r#"Bearer realm="rocgate admin", error="invalid_token""#,
         )),
-        None => Some(challenge(r#"Bearer realm="rocgate admin""#)),
+        None => Some(challenge(
+            StatusCode::UNAUTHORIZED,
+            required(),
+            r#"Bearer realm="rocgate admin""#,
+        )),
     }
 }
 
-/// A 401 that names the scheme the admin API takes (`WWW-Authenticate`, which RFC 9110
-/// §15.5.2 requires of a 401).
-fn challenge(scheme: &'static str) -> Response {
-    let mut response = error(
-        StatusCode::UNAUTHORIZED,
-        vec!["a valid bearer token is required".into()],
-    );
+/// A refusal (`status`, `why`) that names the scheme the admin API takes
+/// (`WWW-Authenticate`, which RFC 9110 §15.5.2 requires of a 401).
+fn challenge(status: StatusCode, why: String, scheme: &'static str) -> Response {
+    let mut response = error(status, vec![why]);
     response.headers_mut().insert(
         http::header::WWW_AUTHENTICATE,
         http::HeaderValue::from_static(scheme),
