@@ -1,6 +1,10 @@
 //! The admin API over real sockets: live state, runtime changes, reload, bearer token.
 #![cfg(feature = "proxy")]
 
+#[path = "common/captured.rs"]
+mod captured;
+
+use captured::Captured;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -1802,4 +1806,68 @@ async fn a_change_that_sends_authorization_twice_is_refused() {
     .await;
     assert_eq!(status, 200, "{reply}");
     p.stop().await;
+}
+
+/// Each refused change is logged at `WARN`, naming the caller's address, the path, the
+/// status and why, and never the token sent nor the one set: a security reviewer or an
+/// operator paged mid-incident reads who was turned away (a script with an old token,
+/// someone trying tokens). Nothing was logged of a refusal.
+#[tokio::test]
+async fn a_refused_change_is_logged_without_any_token() {
+    let (log, _guard) = Captured::on_this_thread();
+    let p = start(Some("s3cret")).await;
+    let put = r#"{"base_limit": 150}"#;
+    let path = "/admin/routes/order";
+    assert_eq!(call(p.admin, "PUT", path, put, None).await.0, 401);
+    assert_eq!(
+        call(p.admin, "PUT", path, put, Some("guess-t0ken")).await.0,
+        401
+    );
+    let withdraw = "/admin/routes/order/change";
+    let twice = [
+        ("authorization", "Bearer s3cret"),
+        ("authorization", "Bearer s3cret"),
+    ];
+    assert_eq!(
+        call_with(p.admin, "DELETE", withdraw, Vec::new(), &twice)
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        call(p.admin, "POST", "/admin/reload", "", Some("s3cret"))
+            .await
+            .0,
+        200
+    );
+    p.stop().await;
+    let refused = log.lines_with("admin change refused");
+    assert_eq!(refused.len(), 3, "{refused:#?}");
+    for (line, (path, status, why)) in refused.iter().zip([
+        (path, 401, "a valid bearer token is required"),
+        (path, 401, "a valid bearer token is required"),
+        (withdraw, 400, "authorization: sent 2 times"),
+    ]) {
+        assert!(line.contains(" WARN "), "{line}");
+        assert!(line.contains("peer=127.0.0.1"), "{line}");
+        assert!(line.contains(&format!("path=\"{path}\"")), "{line}");
+        assert!(line.contains(&format!("status={status}")), "{line}");
+        assert!(line.contains(why), "{line}");
+    }
+    assert_eq!(log.lines_with("s3cret"), Vec::<String>::new());
+    assert_eq!(log.lines_with("guess-t0ken"), Vec::<String>::new());
+    // Without a token, a change from a web page is logged so too.
+    let (log, _guard) = Captured::on_this_thread();
+    let p = start(None).await;
+    let (status, _) = call_from_page(p.admin, "POST", "/admin/reload", "").await;
+    assert_eq!(status, 403);
+    p.stop().await;
+    let refused = log.lines_with("admin change refused");
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert!(refused[0].contains("status=403"), "{}", refused[0]);
+    assert!(
+        refused[0].contains("a change from a web page"),
+        "{}",
+        refused[0]
+    );
 }

@@ -352,37 +352,62 @@ struct Peer(IpAddr);
 /// loopback (`POST /admin/reload` is a request a form may send, without a CORS
 /// preflight), or, through a name it re-binds to 127.0.0.1, change any limit. With a
 /// token, a page cannot send it.
+///
+/// Each refusal is logged at `WARN` with the caller's address, the `path` asked for,
+/// the status and why, never a token: who was turned away (a script with an old token,
+/// someone trying tokens) is read in the log.
 fn unauthorized(
     token: Option<&crate::config::Secret>,
     headers: &HeaderMap,
     peer: IpAddr,
+    path: &str,
 ) -> Option<Response> {
+    let (status, why, scheme) = why_refused(token, headers, peer)?;
+    tracing::warn!(%peer, path, status = status.as_u16(), "admin change refused: {why}");
+    let mut response = error(status, vec![why]);
+    if let Some(scheme) = scheme {
+        // RFC 9110 §15.5.2 requires of a 401 the scheme the admin API takes.
+        response.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static(scheme),
+        );
+    }
+    Some(response)
+}
+
+/// Why [`unauthorized`] refuses a change, if it does: the status, the error, and the
+/// `WWW-Authenticate` challenge where the token decides.
+fn why_refused(
+    token: Option<&crate::config::Secret>,
+    headers: &HeaderMap,
+    peer: IpAddr,
+) -> Option<(StatusCode, String, Option<&'static str>)> {
     let Some(token) = token else {
         if !peer.to_canonical().is_loopback() {
-            return Some(error(
+            return Some((
                 StatusCode::FORBIDDEN,
-                vec![format!(
-                    "a change from {peer}, beyond loopback, is refused without [admin] token"
-                )],
+                format!("a change from {peer}, beyond loopback, is refused without [admin] token"),
+                None,
             ));
         }
         let origin = headers.get(http::header::ORIGIN)?;
-        return Some(error(
+        return Some((
             StatusCode::FORBIDDEN,
-            vec![format!(
+            format!(
                 "a change from a web page (Origin: {}) is refused without [admin] token",
                 String::from_utf8_lossy(origin.as_bytes())
-            )],
+            ),
+            None,
         ));
     };
     let sent = headers.get_all(http::header::AUTHORIZATION).iter().count();
     if sent > 1 {
         // RFC 6750 §3.1: credentials sent more than once are an invalid request (400).
         // Taking one of them would trust whichever a gateway in front did not check.
-        return Some(challenge(
+        return Some((
             StatusCode::BAD_REQUEST,
             format!("authorization: sent {sent} times, where one is taken: nothing was changed"),
-            r#"Bearer realm="rocgate admin", error="invalid_request""#,
+            Some(r#"Bearer realm="rocgate admin", error="invalid_request""#),
         ));
     }
     let given = headers
@@ -392,28 +417,17 @@ fn unauthorized(
     match given {
         Some(g) if token.matches(g) => None,
         // RFC 6750 §3: the scheme and realm; `invalid_token` when one was sent.
-        Some(_) => Some(challenge(
+        Some(_) => Some((
             StatusCode::UNAUTHORIZED,
             required(),
-            r#"Bearer realm="rocgate admin", error="invalid_token""#,
+            Some(r#"Bearer realm="rocgate admin", error="invalid_token""#),
         )),
-        None => Some(challenge(
+        None => Some((
             StatusCode::UNAUTHORIZED,
             required(),
-            r#"Bearer realm="rocgate admin""#,
+            Some(r#"Bearer realm="rocgate admin""#),
         )),
     }
-}
-
-/// A refusal (`status`, `why`) that names the scheme the admin API takes
-/// (`WWW-Authenticate`, which RFC 9110 §15.5.2 requires of a 401).
-fn challenge(status: StatusCode, why: String, scheme: &'static str) -> Response {
-    let mut response = error(status, vec![why]);
-    response.headers_mut().insert(
-        http::header::WWW_AUTHENTICATE,
-        http::HeaderValue::from_static(scheme),
-    );
-    response
 }
 
 /// The token of an `Authorization: Bearer <token>` value.
@@ -740,7 +754,7 @@ fn authorized_route(
     uri: &Uri,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<String, Box<Response>> {
-    if let Some(denied) = unauthorized(state.token.as_ref(), headers, peer) {
+    if let Some(denied) = unauthorized(state.token.as_ref(), headers, peer, uri.path()) {
         return Err(Box::new(denied));
     }
     if let Some(refused) = query_refused(uri) {
@@ -846,7 +860,7 @@ async fn reload(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if let Some(denied) = unauthorized(state.token.as_ref(), &headers, peer) {
+    if let Some(denied) = unauthorized(state.token.as_ref(), &headers, peer, uri.path()) {
         return denied;
     }
     if let Some(refused) = query_refused(&uri) {
@@ -1423,6 +1437,7 @@ mod tests {
             token.map(crate::config::Secret::from).as_ref(),
             &map,
             peer.parse().unwrap(),
+            "/admin/reload",
         )
     }
 
