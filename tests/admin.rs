@@ -1871,3 +1871,27 @@ async fn a_refused_change_is_logged_without_any_token() {
         refused[0]
     );
 }
+
+/// A change's body is read as JSON whatever its `Content-Type` says, as README says:
+/// `curl -d` sends a form's, and an operator mid-incident should not have to add
+/// `-H 'content-type: application/json'` for the change to be made.
+#[tokio::test]
+async fn a_change_is_read_as_json_whatever_its_content_type() {
+    let p = start(Some("s3cret")).await;
+    for (limit, content_type) in [
+        (301, "application/x-www-form-urlencoded"),
+        (302, "text/plain"),
+        (303, "application/json; charset=utf-8"),
+    ] {
+        let headers = [
+            ("authorization", "Bearer s3cret"),
+            ("content-type", content_type),
+        ];
+        let body = format!(r#"{{"base_limit": {limit}}}"#).into_bytes();
+        let (status, reply) =
+            call_with(p.admin, "PUT", "/admin/routes/order", body, &headers).await;
+        assert_eq!(status, 200, "{content_type}: {reply}");
+        assert_eq!(reply["base_limit_rps"], f64::from(limit), "{content_type}");
+    }
+    p.stop().await;
+}
