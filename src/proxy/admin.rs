@@ -69,6 +69,8 @@ pub(crate) struct AdminState {
     /// Held by the answer being made on the blocking pool ([`off_the_workers`]): one
     /// at a time.
     pub(crate) answering: Arc<tokio::sync::Mutex<()>>,
+    /// When a refused change was last logged ([`unauthorized`]).
+    pub(crate) refusals: Arc<Mutex<RefusalLog>>,
     /// The Redis store, if `[store] backend = "redis"`.
     #[cfg(feature = "redis")]
     pub(crate) store: Option<crate::store::redis::RedisStore>,
@@ -353,62 +355,128 @@ struct Peer(IpAddr);
 /// preflight), or, through a name it re-binds to 127.0.0.1, change any limit. With a
 /// token, a page cannot send it.
 ///
-/// Each refusal is logged at `WARN` with the caller's address, the `path` asked for,
-/// the status and why, never a token: who was turned away (a script with an old token,
-/// someone trying tokens) is read in the log.
+/// A refusal is logged at `WARN` with the caller's address, the `path` asked for, the
+/// status and why, never a token: who was turned away (a script with an old token,
+/// someone trying tokens) is read in the log. At most one line every
+/// [`REFUSALS_LOGGED_EVERY`] ([`RefusalLog`]), counting those refused since the last.
 fn unauthorized(
-    token: Option<&crate::config::Secret>,
+    state: &AdminState,
     headers: &HeaderMap,
     peer: IpAddr,
     path: &str,
 ) -> Option<Response> {
-    let (status, why, scheme) = why_refused(token, headers, peer)?;
-    tracing::warn!(%peer, path, status = status.as_u16(), "admin change refused: {why}");
-    let mut response = error(status, vec![why]);
-    if let Some(scheme) = scheme {
-        // RFC 9110 §15.5.2 requires of a 401 the scheme the admin API takes.
-        response.headers_mut().insert(
-            http::header::WWW_AUTHENTICATE,
-            http::HeaderValue::from_static(scheme),
+    let refusal = why_refused(state.token.as_ref(), headers, peer)?;
+    let now = state.reloader.clock().now();
+    if let Some(refused) = state
+        .refusals
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .refused(now)
+    {
+        let (status, why) = (refusal.status.as_u16(), &refusal.why);
+        tracing::warn!(
+            %peer,
+            path,
+            status,
+            refused,
+            "admin change refused: {why} (refused counts the changes refused since the last such line, at most one every {}s)",
+            REFUSALS_LOGGED_EVERY.as_secs()
         );
     }
-    Some(response)
+    Some(refusal.into_response())
 }
 
-/// Why [`unauthorized`] refuses a change, if it does: the status, the error, and the
-/// `WWW-Authenticate` challenge where the token decides.
+/// How often, at most, a refused change is logged: a client that sends changes
+/// without the token as fast as it can would otherwise write a line for each.
+const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(1);
+
+/// When a refused change was last logged, and how many were refused since.
+#[derive(Debug, Default)]
+pub(crate) struct RefusalLog {
+    logged_at: Option<Nanos>,
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    /// Counts a refusal at `now`; returns the refusals to log in a line (this one
+    /// and those since the last line) if that line was [`REFUSALS_LOGGED_EVERY`] ago
+    /// or more, else `None`.
+    fn refused(&mut self, now: Nanos) -> Option<u64> {
+        self.unlogged += 1;
+        if self
+            .logged_at
+            .is_some_and(|at| now.saturating_since(at) < REFUSALS_LOGGED_EVERY)
+        {
+            return None;
+        }
+        self.logged_at = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
+/// Why a change is refused: its status, the error, and the `WWW-Authenticate`
+/// challenge where the token decides.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    why: String,
+    scheme: Option<&'static str>,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut response = error(self.status, vec![self.why]);
+        if let Some(scheme) = self.scheme {
+            // RFC 9110 §15.5.2 requires of a 401 the scheme the admin API takes.
+            response.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static(scheme),
+            );
+        }
+        response
+    }
+}
+
+/// Why [`unauthorized`] refuses a change, if it does.
 fn why_refused(
     token: Option<&crate::config::Secret>,
     headers: &HeaderMap,
     peer: IpAddr,
-) -> Option<(StatusCode, String, Option<&'static str>)> {
+) -> Option<Refusal> {
+    let refusal = |status, why, scheme| {
+        Some(Refusal {
+            status,
+            why,
+            scheme,
+        })
+    };
     let Some(token) = token else {
         if !peer.to_canonical().is_loopback() {
-            return Some((
+            return refusal(
                 StatusCode::FORBIDDEN,
                 format!("a change from {peer}, beyond loopback, is refused without [admin] token"),
                 None,
-            ));
+            );
         }
         let origin = headers.get(http::header::ORIGIN)?;
-        return Some((
+        return refusal(
             StatusCode::FORBIDDEN,
             format!(
                 "a change from a web page (Origin: {}) is refused without [admin] token",
                 String::from_utf8_lossy(origin.as_bytes())
             ),
             None,
-        ));
+        );
     };
     let sent = headers.get_all(http::header::AUTHORIZATION).iter().count();
     if sent > 1 {
         // RFC 6750 §3.1: credentials sent more than once are an invalid request (400).
         // Taking one of them would trust whichever a gateway in front did not check.
-        return Some((
+        return refusal(
             StatusCode::BAD_REQUEST,
             format!("authorization: sent {sent} times, where one is taken: nothing was changed"),
             Some(r#"Bearer realm="rocgate admin", error="invalid_request""#),
-        ));
+        );
     }
     let given = headers
         .get(http::header::AUTHORIZATION)
@@ -417,16 +485,16 @@ fn why_refused(
     match given {
         Some(g) if token.matches(g) => None,
         // RFC 6750 §3: the scheme and realm; `invalid_token` when one was sent.
-        Some(_) => Some((
+        Some(_) => refusal(
             StatusCode::UNAUTHORIZED,
             required(),
             Some(r#"Bearer realm="rocgate admin", error="invalid_token""#),
-        )),
-        None => Some((
+        ),
+        None => refusal(
             StatusCode::UNAUTHORIZED,
             required(),
             Some(r#"Bearer realm="rocgate admin""#),
-        )),
+        ),
     }
 }
 
@@ -754,7 +822,7 @@ fn authorized_route(
     uri: &Uri,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<String, Box<Response>> {
-    if let Some(denied) = unauthorized(state.token.as_ref(), headers, peer, uri.path()) {
+    if let Some(denied) = unauthorized(state, headers, peer, uri.path()) {
         return Err(Box::new(denied));
     }
     if let Some(refused) = query_refused(uri) {
@@ -860,7 +928,7 @@ async fn reload(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if let Some(denied) = unauthorized(state.token.as_ref(), &headers, peer, uri.path()) {
+    if let Some(denied) = unauthorized(&state, &headers, peer, uri.path()) {
         return denied;
     }
     if let Some(refused) = query_refused(&uri) {
@@ -1050,6 +1118,7 @@ mod tests {
             advisor: proxy.advisor(),
             token: None,
             answering: Arc::default(),
+            refusals: Arc::default(),
             metrics: Arc::new(Exporter {
                 handle: metrics_exporter_prometheus::PrometheusBuilder::new()
                     .build_recorder()
@@ -1433,12 +1502,12 @@ mod tests {
                 value.parse().unwrap(),
             );
         }
-        unauthorized(
+        why_refused(
             token.map(crate::config::Secret::from).as_ref(),
             &map,
             peer.parse().unwrap(),
-            "/admin/reload",
         )
+        .map(IntoResponse::into_response)
     }
 
     /// The status a mutating request from `peer` with `headers` is refused with, if

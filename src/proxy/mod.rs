@@ -933,6 +933,7 @@ impl Proxy {
             token: self.settings.admin_token.clone(),
             via,
             answering: Arc::default(),
+            refusals: Arc::default(),
             metrics: Arc::new(admin::Exporter {
                 handle: prometheus,
                 collector: Arc::clone(&self.reloader.collector),
