@@ -1994,13 +1994,7 @@ async fn a_get_whose_body_has_no_declared_length_is_forwarded_with_it() {
         assert_eq!(sent.map(|v| v.to_str().unwrap()), length, "{path}");
         assert_eq!(seen.body.unwrap(), body, "{path}");
     }
-    let mut sender = h2c_connect(proxy.addr).await;
-    let req = Request::get(format!("http://{HOST}/no-body-h2c"))
-        .body(Full::default())
-        .unwrap();
-    let res = within("h2 response", sender.send_request(req))
-        .await
-        .unwrap();
+    let res = h2c_get(proxy.addr, "/no-body-h2c").await;
     assert_eq!(res.status(), StatusCode::OK);
     let seen = upstream.only("/no-body-h2c");
     assert!(!seen.headers.contains_key(header::TRANSFER_ENCODING));
@@ -2221,6 +2215,16 @@ async fn shutdown_closes_the_listener_and_lets_requests_in_flight_finish() {
 // HTTP/2 to clients
 
 /// An HTTP/2 (prior knowledge) connection to `addr`, driven by a task of its own.
+/// A GET of `path` with no body on a fresh h2c connection to `addr`, and its answer.
+async fn h2c_get(addr: SocketAddr, path: &str) -> Response<hyper::body::Incoming> {
+    let req = Request::get(format!("http://{HOST}{path}"))
+        .body(Full::default())
+        .unwrap();
+    within("h2 response", h2c_connect(addr).await.send_request(req))
+        .await
+        .unwrap()
+}
+
 async fn h2c_connect(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
     let stream = connect(addr).await;
     let (sender, conn) = hyper::client::conn::http2::handshake(
@@ -3208,13 +3212,7 @@ async fn a_length_repeated_on_two_lines_or_listed_in_a_heads_answer_reaches_the_
         raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello")
             .await;
     let proxy = start_proxy(settings(twice), Vec::new()).await;
-    let mut sender = h2c_connect(proxy.addr).await;
-    let req = Request::get(format!("http://{HOST}/twice"))
-        .body(Full::default())
-        .unwrap();
-    let res = within("h2 response", sender.send_request(req))
-        .await
-        .unwrap();
+    let res = h2c_get(proxy.addr, "/twice").await;
     assert_eq!(res.status(), StatusCode::OK);
     let lengths: Vec<_> = res
         .headers()
