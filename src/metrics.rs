@@ -26,7 +26,7 @@
 //! | `rocgate_roc_observed` | histogram | `route` | every slot's ROC in the route's mode, from the end of its first window |
 //! | `rocgate_limit_rps`, `rocgate_base_limit_rps`, `rocgate_cut_limit_rps` | gauge | `route` | current, base and cut limit, req/s, or requests in flight on a `concurrency` route, a key's on a partitioned one (in the shadow modes, the current limit is the controller's, not the one enforced) |
 //! | `rocgate_danger_roc`, `rocgate_safe_roc` | gauge | `route` | thresholds in force |
-//! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, queue, in flight) and its maximum; NaN and a key's capacity on a partitioned route (each key has its own limiter); a distributed route's: the shared bucket as this instance last saw it (exact mode), or this instance's bucket at its share (batched mode, fallback); NaN in fallback with `fail_mode` `open` or `closed`, where no bucket decides |
+//! | `rocgate_limiter_level`, `rocgate_limiter_capacity` | gauge | `route`, `algorithm` | tokens (or window count, requests in a leaky bucket, in flight) and its maximum (a leaky bucket's `queue + 1`); NaN and a key's capacity on a partitioned route (each key has its own limiter); a distributed route's: the shared bucket as this instance last saw it (exact mode), or this instance's bucket at its share (batched mode, fallback); NaN in fallback with `fail_mode` `open` or `closed`, where no bucket decides |
 //! | `rocgate_controller_state` | gauge | `route`, `state` | 1 for the state the controller is in, 0 for the others |
 //! | `rocgate_controller_transitions_total` | counter | `route`, `from`, `to` | state changes |
 //! | `rocgate_cuts_total` | counter | `route` | cuts |
@@ -304,7 +304,7 @@ pub fn describe() {
     describe_gauge!(SAFE_ROC, "ROC below which the route is calm.");
     describe_gauge!(
         LIMITER_LEVEL,
-        "Tokens left (or window count, queue depth, in flight)."
+        "Tokens left (or window count, requests in a leaky bucket, in flight)."
     );
     describe_gauge!(LIMITER_CAPACITY, "The most the limiter level can be.");
     describe_gauge!(

@@ -355,7 +355,8 @@ proptest! {
     /// A leaky bucket, its limit changed at any instant and its callers reading the
     /// clock up to `J` apart, sends its requests one interval apart at the shortest
     /// interval it had, each at or after its read, and makes none wait more than
-    /// `queue` intervals at the limit in force when it asked.
+    /// `queue` intervals at the limit in force when it asked; its level reads
+    /// exhausted exactly when it refuses.
     #[test]
     fn a_leaky_bucket_keeps_its_pace_through_changes_and_late_reads(
         first in rate_limit(),
@@ -373,9 +374,13 @@ proptest! {
                     t = interval(limit);
                     shortest = shortest.min(t);
                 }
-                None => match b.check(Nanos::new(s.read)) {
-                    Decision::Admit(Admit::Now) => departures.push(s.read),
-                    Decision::Admit(Admit::Paced(p)) => {
+                None => match (
+                    b.level(Nanos::new(s.read)).exhausted(&Algorithm::LeakyBucket { queue }),
+                    b.check(Nanos::new(s.read)),
+                ) {
+                    (true, d) => prop_assert!(!d.is_admit(), "exhausted, yet {d:?}"),
+                    (false, Decision::Admit(Admit::Now)) => departures.push(s.read),
+                    (false, Decision::Admit(Admit::Paced(p))) => {
                         let d = p.departure().as_u64();
                         prop_assert!(d > s.read);
                         prop_assert!(
@@ -384,8 +389,8 @@ proptest! {
                         );
                         departures.push(d);
                     }
-                    Decision::Admit(other) => prop_assert!(false, "{other:?}"),
-                    Decision::Reject(_) => {}
+                    (false, Decision::Admit(other)) => prop_assert!(false, "{other:?}"),
+                    (false, d) => prop_assert!(false, "room, yet {d:?}"),
                 },
             }
         }

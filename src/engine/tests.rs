@@ -370,6 +370,40 @@ fn slot_reports_carry_the_count_in_flight_of_a_concurrency_route() {
     );
 }
 
+/// A leaky-bucket route with no queue reports its limiter exhausted when a slot is
+/// closed while it is full (a request sent in the interval before), not when it is
+/// idle: it reported every slot exhausted, the level's 0 waiting read against
+/// a capacity of 0, and the tuning hints counted an idle route's time as exhausted.
+#[test]
+fn an_idle_leaky_route_with_no_queue_is_not_reported_exhausted() {
+    let mut cfg = RouteConfig::new("leaky_idle", crate::config::RouteMatch::any());
+    cfg.algorithm = Algorithm::LeakyBucket { queue: 0 };
+    cfg.controller.base_limit_rps = 1.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let hook = {
+        let reports = Arc::clone(&reports);
+        move |_: &str, r: &SlotReport| reports.lock().unwrap().push(r.exhausted)
+    };
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
+        .unwrap()
+        .with_sample_hook(Arc::new(hook));
+    let id = e.route_at(0).unwrap();
+    // Slots of 100 ms, reported by the request that rolls them, with the level it
+    // finds: idle at 550 ms and 1.7 s (a request at 550 ms keeps the bucket full to
+    // 1.55 s), full at 650 ms.
+    for (ms, admitted) in [(550, true), (650, false), (1700, true)] {
+        let d = e.check(id, Key::None, Nanos::from_millis(ms));
+        assert_eq!(d.is_admit(), admitted, "{ms} ms");
+    }
+    let seen = reports.lock().unwrap().clone();
+    let (idle, full) = (
+        seen.iter().filter(|&&x| !x).count(),
+        seen.iter().filter(|&&x| x).count(),
+    );
+    assert!(idle >= 10 && full >= 1, "{seen:?}");
+}
+
 /// A sample hook that panics once (at the first slot's report, 0.5 s) poisons the
 /// route's state lock, which the request rolling the window held. The route still
 /// rolls: the request that wins the rollover at 2 s takes the event's profile

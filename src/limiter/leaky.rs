@@ -51,7 +51,13 @@ impl LeakyBucket {
             .store(interval_ns(limit), Ordering::Relaxed);
     }
 
-    /// Requests waiting at `now`, and the queue size.
+    /// The requests in the bucket at `now`: those waiting and the last one sent
+    /// while its interval runs (the wait a request asking now would have, in
+    /// intervals at the limit in force, rounded up), against `queue + 1`, the most
+    /// at a steady limit. There is room for one more while it is under `queue + 1`:
+    /// an idle bucket has room at `queue = 0`, and a request just sent fills it.
+    /// After the limit is raised, the requests scheduled at the longer interval
+    /// may count more than `queue + 1` until they are sent.
     pub fn level(&self, now: Nanos) -> Level {
         let t = self.emission_ns.load(Ordering::Relaxed);
         let backlog = self
@@ -59,8 +65,8 @@ impl LeakyBucket {
             .load(Ordering::Relaxed)
             .saturating_sub(now.as_u64());
         Level {
-            value: (backlog / t.max(1)) as f64,
-            capacity: f64::from(self.queue),
+            value: backlog.div_ceil(t.max(1)) as f64,
+            capacity: f64::from(self.queue) + 1.0,
         }
     }
 }

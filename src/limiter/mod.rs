@@ -263,16 +263,18 @@ impl Default for Algorithm {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct Level {
-    /// Tokens left, requests counted in the window, requests queued, or in flight.
+    /// Tokens left, requests counted in the window, requests in a leaky bucket
+    /// (waiting, and the last one sent while its interval runs), or in flight.
     pub value: f64,
-    /// The most `value` can be.
+    /// The most `value` can be (a leaky bucket's `queue + 1`, which its requests may
+    /// pass after its limit is raised, scheduled at the longer interval).
     pub capacity: f64,
 }
 
 impl Level {
     /// Whether there is no room for one more request: no token left in a token
-    /// bucket (whose level counts what is left), or a full window, queue or set of
-    /// permits (whose levels count what is used).
+    /// bucket (whose level counts what is left), or a full window, leaky bucket or
+    /// set of permits (whose levels count what is used).
     pub fn exhausted(&self, algorithm: &Algorithm) -> bool {
         match algorithm {
             Algorithm::TokenBucket { .. } => self.value < 1.0,

@@ -679,6 +679,54 @@ fn leaky_bucket_paces_and_bounds_its_queue() {
     assert!(b.check(ms(100)).is_admit());
 }
 
+/// A leaky bucket's level counts the requests waiting and the last one sent while
+/// its interval runs, of `queue + 1`, and reads exhausted exactly when the next
+/// request would be refused: at `queue = 0` an idle bucket has room (it read
+/// exhausted, 0 waiting of a queue of 0), one just sent fills it until its
+/// interval ends.
+#[test]
+fn a_leaky_buckets_level_is_exhausted_exactly_when_it_refuses() {
+    let leaky = Algorithm::LeakyBucket { queue: 0 };
+    let b = LeakyBucket::new(10.0, 0);
+    let level = |at| b.level(ms(at));
+    assert_eq!(
+        level(0),
+        Level {
+            value: 0.0,
+            capacity: 1.0
+        }
+    );
+    assert!(!level(0).exhausted(&leaky));
+    assert!(b.check(ms(0)).is_admit());
+    assert_eq!(level(0).value, 1.0);
+    assert!(level(99).exhausted(&leaky));
+    assert!(!b.check(ms(99)).is_admit());
+    assert!(!level(100).exhausted(&leaky));
+    assert!(b.check(ms(100)).is_admit());
+
+    let queued = Algorithm::LeakyBucket { queue: 2 };
+    let b = LeakyBucket::new(10.0, 2);
+    for (n, at) in [(1.0, 0), (2.0, 0), (3.0, 0)] {
+        assert!(!b.level(ms(at)).exhausted(&queued));
+        assert!(b.check(ms(at)).is_admit());
+        assert_eq!(
+            b.level(ms(at)),
+            Level {
+                value: n,
+                capacity: 3.0
+            }
+        );
+    }
+    assert!(b.level(ms(0)).exhausted(&queued));
+    assert!(!b.check(ms(0)).is_admit());
+    // 50 ms on: one sent at 0, one waiting to 100 ms and one to 200 ms; the wait of
+    // one more, 250 ms, passes the queue's 200 ms (2.5 intervals, 3 rounded up).
+    assert_eq!(b.level(ms(50)).value, 3.0);
+    assert!(!b.check(ms(50)).is_admit());
+    assert_eq!(b.level(ms(100)).value, 2.0);
+    assert!(b.check(ms(100)).is_admit());
+}
+
 /// A cut under a full queue lets more than `queue` wait: the bound is a wait of
 /// `queue` intervals at the limit in force, and the requests already waiting keep
 /// their shorter spacing (what `Algorithm::LeakyBucket` and README say; they said
@@ -731,7 +779,8 @@ fn a_paced_request_dropped_last_gives_its_place_to_the_next() {
     // The one behind it, last again, gives its place back; the first's place,
     // given up while one was behind it, stays taken until 200 ms.
     assert!(b.give_back(next, ms(60)));
-    assert_eq!(b.level(ms(60)).value, 1.0, "one place, to 200 ms");
+    // The level is the wait of one more, 140 ms, in intervals rounded up.
+    assert_eq!(b.level(ms(60)).value, 2.0, "one place, to 200 ms");
     assert_eq!(paced(b.check(ms(70))).departure(), ms(200));
 }
 
